@@ -1,0 +1,160 @@
+#pragma once
+// The shared-memory channel between tulip (owner, producer of batches) and rose (worker, consumer
+// of batches, producer of completions). One POSIX shm segment per worker:
+//
+//   [Header][submission ring][completion ring][input arena: slots x input_bytes]
+//   [output arena: slots x output_bytes]
+//
+// Rings are single-producer single-consumer with `slots` entries (= pipeline depth). tulip owns
+// slot allocation: it only submits a batch into a free slot, so the submission ring can never
+// overflow; rose answers each batch with exactly one completion for the same slot. Doorbells are
+// futexes on the rings' head counters: a waiter spins briefly, then sleeps. Descriptors are plain
+// data (counts, byte offsets into the slot's input arena); no pointers cross the boundary.
+//
+// Threading: each ring has one producer thread and one consumer thread (per process); the header's
+// heartbeat/state fields are atomics any thread may touch. Channel objects are move-only owners of
+// the mapping; the creator (tulip) also unlinks the name on destruction.
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+
+#include "common/status.h"
+
+namespace garden::shm {
+
+inline constexpr uint64_t kMagic = 0x314D534E44524147ULL;  // "GARDNSM1" little-endian
+inline constexpr uint32_t kVersion = 1;
+
+enum class BatchKind : uint32_t {
+  kEmbed = 1,     // pooled (optionally L2-normalized) embeddings: rows=num_seqs, cols=hidden
+  kScore = 2,     // one float per sequence
+  kGenerate = 3,  // reserved for the LLM path
+};
+
+enum class PoolingMode : uint32_t { kDefault = 0, kLast = 1, kMean = 2, kCls = 3 };
+
+enum class WorkerState : uint32_t { kStarting = 0, kReady = 1, kStopping = 2, kFailed = 3 };
+
+// Sizes fixed at creation.
+struct Layout {
+  uint32_t slots = 4;                  // pipeline depth
+  uint64_t input_bytes = 1ull << 20;   // per slot
+  uint64_t output_bytes = 8ull << 20;  // per slot
+};
+
+// What rose tells tulip about its model once loaded (written before state becomes kReady).
+struct ModelFacts {
+  uint32_t hidden_size = 0;
+  uint32_t max_seq_len = 0;
+  uint32_t vocab_size = 0;
+  uint32_t pooling = 0;         // PoolingMode rose applies for kDefault
+  uint32_t has_score_head = 0;  // 1 when the checkpoint has a classification head
+  uint32_t max_batch_tokens = 0;
+  char name[64] = {};
+  char kind[16] = {};  // "embedding" or "llm"
+};
+
+// A batch, as tulip submits it. Input data lives in the slot's input arena at the given offsets:
+// token ids (int32 x num_tokens, sequences back to back) and sequence lengths (int32 x num_seqs).
+struct BatchDesc {
+  uint64_t batch_id = 0;
+  uint32_t slot = 0;
+  BatchKind kind = BatchKind::kEmbed;
+  uint32_t num_seqs = 0;
+  uint32_t num_tokens = 0;
+  PoolingMode pooling = PoolingMode::kDefault;
+  uint32_t normalize = 1;
+  int32_t score_yes = -1;  // kScore: logits of these two ids at the last position, or -1/-1 for
+  int32_t score_no = -1;   //         the classification head
+  uint32_t reserved = 0;
+  uint64_t tokens_offset = 0;   // bytes into the slot's input arena
+  uint64_t seqlens_offset = 0;  // bytes into the slot's input arena
+  int64_t deadline_ns = 0;      // CLOCK_MONOTONIC; 0 = none. Expired batches are answered, not run.
+  char request_id[48] = {};     // for log lines (first request of the batch)
+};
+
+// rose's answer for one batch. Output rows are float32, row-major, at offset 0 of the slot's
+// output arena.
+struct Completion {
+  uint64_t batch_id = 0;
+  uint32_t slot = 0;
+  int32_t status_code = 0;  // garden::StatusCode
+  uint32_t rows = 0;
+  uint32_t cols = 0;
+  uint64_t output_bytes = 0;
+  uint64_t step_us = 0;  // time from rose taking the batch to its result being ready
+  char message[160] = {};
+};
+
+int64_t monotonicNowNs();
+
+class Channel {
+ public:
+  // tulip: create (replacing a stale segment of the same name) and map.
+  static Result<Channel> create(const std::string& name, const Layout& layout);
+  // rose: map an existing segment; checks magic, version and layout sizes.
+  static Result<Channel> attach(const std::string& name);
+
+  Channel(Channel&& o) noexcept;
+  Channel& operator=(Channel&& o) noexcept;
+  Channel(const Channel&) = delete;
+  Channel& operator=(const Channel&) = delete;
+  ~Channel();
+
+  const std::string& name() const { return name_; }
+  const Layout& layout() const { return layout_; }
+
+  // --- submission ring (tulip produces, rose consumes) ---
+  // Returns false when the ring is full (cannot happen if tulip only submits to free slots).
+  bool trySubmit(const BatchDesc& d);
+  // Waits up to `timeout` for a batch. nullopt on timeout or after wakeAll().
+  std::optional<BatchDesc> waitSubmission(std::chrono::microseconds timeout);
+
+  // --- completion ring (rose produces, tulip consumes) ---
+  bool tryComplete(const Completion& c);
+  std::optional<Completion> waitCompletion(std::chrono::microseconds timeout);
+
+  // Wakes every sleeper on both rings (used at shutdown so threads re-check their stop flag).
+  void wakeAll();
+
+  // --- arenas ---
+  std::span<std::byte> inputArena(uint32_t slot);
+  std::span<std::byte> outputArena(uint32_t slot);
+  // The whole output arena (rose registers it with cudaHostRegister once).
+  std::span<std::byte> outputArenaAll();
+
+  // --- header fields ---
+  void setWorkerPid(int32_t pid);
+  int32_t workerPid() const;
+  int32_t ownerPid() const;
+  void beat();                         // heartbeat_ns = now
+  int64_t lastBeatNs() const;
+  // True when the worker has beaten at least once and not within `threshold`.
+  bool heartbeatStale(std::chrono::milliseconds threshold) const;
+  void setState(WorkerState s);
+  WorkerState state() const;
+  void setModelFacts(const ModelFacts& f);
+  ModelFacts modelFacts() const;
+
+  // Raw mapping (for tests).
+  void* base() const { return base_; }
+  size_t size() const { return size_; }
+
+ private:
+  Channel() = default;
+  void reset();
+  struct Header* header() const;
+
+  std::string name_;
+  Layout layout_;
+  void* base_ = nullptr;
+  size_t size_ = 0;
+  bool owner_ = false;
+};
+
+}  // namespace garden::shm
