@@ -1,1 +1,0 @@
-set(UNIT_DEPS garden_common)
