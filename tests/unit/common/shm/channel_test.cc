@@ -1,0 +1,288 @@
+#include "common/shm/channel.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <thread>
+
+namespace garden::shm {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::string uniqueName(const char* tag) {
+  static int n = 0;
+  return "/garden-test-" + std::string(tag) + "-" + std::to_string(getpid()) + "-" +
+         std::to_string(n++);
+}
+
+BatchDesc desc(uint64_t id, uint32_t slot) {
+  BatchDesc d;
+  d.batch_id = id;
+  d.slot = slot;
+  d.num_seqs = static_cast<uint32_t>(id % 7 + 1);
+  d.num_tokens = static_cast<uint32_t>(id * 3 + 1);
+  return d;
+}
+
+TEST(ShmChannel, CreateAttachAndSeeSameHeader) {
+  auto name = uniqueName("attach");
+  auto owner = Channel::create(name, Layout{3, 4096, 8192});
+  ASSERT_TRUE(owner.isOk()) << owner.status().toString();
+  auto worker = Channel::attach(name);
+  ASSERT_TRUE(worker.isOk()) << worker.status().toString();
+  EXPECT_EQ(worker->layout().slots, 3u);
+  EXPECT_EQ(worker->layout().input_bytes, 4096u);
+  EXPECT_EQ(worker->layout().output_bytes, 8192u);
+  EXPECT_EQ(worker->ownerPid(), getpid());
+  worker->setWorkerPid(1234);
+  EXPECT_EQ(owner->workerPid(), 1234);
+  ModelFacts f;
+  f.hidden_size = 1024;
+  std::strcpy(f.name, "tiny");
+  worker->setModelFacts(f);
+  worker->setState(WorkerState::kReady);
+  EXPECT_EQ(owner->state(), WorkerState::kReady);
+  EXPECT_EQ(owner->modelFacts().hidden_size, 1024u);
+  EXPECT_STREQ(owner->modelFacts().name, "tiny");
+  // Arenas are distinct per slot and shared between the two mappings.
+  auto in1 = owner->inputArena(1);
+  std::memset(in1.data(), 0x5a, in1.size());
+  EXPECT_EQ(static_cast<int>(worker->inputArena(1)[17]), 0x5a);
+  EXPECT_NE(static_cast<int>(worker->inputArena(0)[17]), 0x5a);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(owner->outputArenaAll().data()) % 4096, 0u);
+}
+
+TEST(ShmChannel, AttachMissingOrBadSegmentFails) {
+  auto missing = Channel::attach(uniqueName("missing"));
+  EXPECT_FALSE(missing.isOk());
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+
+  auto name = uniqueName("bad");
+  {
+    auto c = Channel::create(name, Layout{2, 4096, 4096});
+    ASSERT_TRUE(c.isOk());
+    std::memset(c->base(), 0, 8);  // wipe the magic
+    auto bad = Channel::attach(name);
+    ASSERT_FALSE(bad.isOk());
+    EXPECT_NE(bad.status().message().find("bad magic"), std::string::npos);
+  }
+  // The owner unlinked the name on destruction.
+  EXPECT_FALSE(Channel::attach(name).isOk());
+}
+
+TEST(ShmChannel, RejectsBadLayout) {
+  EXPECT_FALSE(Channel::create(uniqueName("layout"), Layout{0, 4096, 4096}).isOk());
+  EXPECT_FALSE(Channel::create(uniqueName("layout"), Layout{2, 0, 4096}).isOk());
+}
+
+TEST(ShmChannel, RingFifoWrapAroundAndFull) {
+  auto c = Channel::create(uniqueName("ring"), Layout{4, 4096, 4096});
+  ASSERT_TRUE(c.isOk());
+  uint64_t next_push = 0, next_pop = 0;
+  // Many rounds of uneven push/pop so indices wrap the ring many times.
+  for (int round = 0; round < 1000; ++round) {
+    int pushes = round % 5;
+    for (int i = 0; i < pushes; ++i) {
+      bool ok = c->trySubmit(desc(next_push, next_push % 4));
+      if (next_push - next_pop >= 4) {
+        EXPECT_FALSE(ok) << "ring accepted a 5th entry";
+      } else {
+        ASSERT_TRUE(ok);
+        ++next_push;
+      }
+    }
+    int pops = (round * 7) % 4;
+    for (int i = 0; i < pops; ++i) {
+      auto d = c->waitSubmission(0us);
+      if (next_pop == next_push) {
+        EXPECT_FALSE(d.has_value());
+      } else {
+        ASSERT_TRUE(d.has_value());
+        EXPECT_EQ(d->batch_id, next_pop);
+        EXPECT_EQ(d->num_tokens, next_pop * 3 + 1);
+        ++next_pop;
+      }
+    }
+  }
+  EXPECT_GT(next_pop, 100u);
+  // Fill completely: exactly `slots` entries fit.
+  while (c->waitSubmission(0us)) {
+  }
+  for (uint32_t i = 0; i < 4; ++i) EXPECT_TRUE(c->trySubmit(desc(i, i)));
+  EXPECT_FALSE(c->trySubmit(desc(99, 0)));
+  EXPECT_EQ(c->waitSubmission(0us)->batch_id, 0u);
+  EXPECT_TRUE(c->trySubmit(desc(100, 0)));
+}
+
+TEST(ShmChannel, CompletionRingIndependent) {
+  auto c = Channel::create(uniqueName("comp"), Layout{2, 4096, 4096});
+  ASSERT_TRUE(c.isOk());
+  Completion done;
+  done.batch_id = 7;
+  done.status_code = 3;
+  std::strcpy(done.message, "bad ids");
+  EXPECT_TRUE(c->tryComplete(done));
+  EXPECT_FALSE(c->waitSubmission(0us).has_value());
+  auto got = c->waitCompletion(0us);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->batch_id, 7u);
+  EXPECT_STREQ(got->message, "bad ids");
+}
+
+TEST(ShmChannel, WaitTimesOutThenWakesOnPush) {
+  auto c = Channel::create(uniqueName("wait"), Layout{2, 4096, 4096});
+  ASSERT_TRUE(c.isOk());
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_FALSE(c->waitSubmission(30ms).has_value());
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 25ms);
+
+  auto worker = Channel::attach(c->name());
+  ASSERT_TRUE(worker.isOk());
+  std::thread producer([&] {
+    std::this_thread::sleep_for(50ms);
+    c->trySubmit(desc(42, 1));
+  });
+  t0 = std::chrono::steady_clock::now();
+  std::optional<BatchDesc> got;
+  while (!got && std::chrono::steady_clock::now() - t0 < 5s) got = worker->waitSubmission(2s);
+  producer.join();
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->batch_id, 42u);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
+}
+
+TEST(ShmChannel, WakeAllReleasesSleeper) {
+  auto c = Channel::create(uniqueName("wake"), Layout{2, 4096, 4096});
+  ASSERT_TRUE(c.isOk());
+  std::atomic<bool> returned{false};
+  std::thread sleeper([&] {
+    (void)c->waitCompletion(10s);
+    returned = true;
+  });
+  std::this_thread::sleep_for(50ms);
+  auto t0 = std::chrono::steady_clock::now();
+  while (!returned && std::chrono::steady_clock::now() - t0 < 3s) {
+    c->wakeAll();
+    std::this_thread::sleep_for(5ms);
+  }
+  sleeper.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
+}
+
+TEST(ShmChannel, HeartbeatStaleness) {
+  auto c = Channel::create(uniqueName("beat"), Layout{2, 4096, 4096});
+  ASSERT_TRUE(c.isOk());
+  EXPECT_FALSE(c->heartbeatStale(10ms)) << "no beat yet is not stale";
+  c->beat();
+  EXPECT_FALSE(c->heartbeatStale(1000ms));
+  std::this_thread::sleep_for(40ms);
+  EXPECT_TRUE(c->heartbeatStale(20ms));
+  c->beat();
+  EXPECT_FALSE(c->heartbeatStale(20ms));
+}
+
+// A real second process: the child attaches by name, echoes each batch's input back through the
+// output arena of the same slot, and completes it. The parent checks order and contents, reusing
+// slots many times over (the pipelined pattern tulip uses).
+TEST(ShmChannel, TwoProcessProducerConsumer) {
+  auto name = uniqueName("twoproc");
+  constexpr uint32_t kSlots = 3;
+  auto c = Channel::create(name, Layout{kSlots, 4096, 4096});
+  ASSERT_TRUE(c.isOk());
+  constexpr int kBatches = 2000;
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    auto w = Channel::attach(name);
+    if (!w.isOk()) _exit(10);
+    w->setWorkerPid(getpid());
+    for (int n = 0; n < kBatches;) {
+      w->beat();
+      auto d = w->waitSubmission(std::chrono::milliseconds(100));
+      if (!d) continue;
+      auto in = w->inputArena(d->slot);
+      auto out = w->outputArena(d->slot);
+      int32_t v;
+      std::memcpy(&v, in.data(), 4);
+      v = v * 2 + 1;
+      std::memcpy(out.data(), &v, 4);
+      Completion done;
+      done.batch_id = d->batch_id;
+      done.slot = d->slot;
+      done.rows = 1;
+      done.cols = 1;
+      while (!w->tryComplete(done)) {
+      }
+      ++n;
+    }
+    _exit(0);
+  }
+  std::vector<bool> slot_busy(kSlots, false);
+  uint64_t submitted = 0, completed = 0;
+  auto t0 = std::chrono::steady_clock::now();
+  while (completed < kBatches && std::chrono::steady_clock::now() - t0 < 30s) {
+    for (uint32_t s = 0; s < kSlots && submitted < kBatches; ++s) {
+      if (slot_busy[s]) continue;
+      int32_t v = static_cast<int32_t>(submitted);
+      std::memcpy(c->inputArena(s).data(), &v, 4);
+      ASSERT_TRUE(c->trySubmit(desc(submitted, s)));
+      slot_busy[s] = true;
+      ++submitted;
+    }
+    auto done = c->waitCompletion(std::chrono::milliseconds(100));
+    if (!done) continue;
+    ASSERT_EQ(done->batch_id, completed) << "completions out of order";
+    int32_t v;
+    std::memcpy(&v, c->outputArena(done->slot).data(), 4);
+    ASSERT_EQ(v, static_cast<int32_t>(done->batch_id) * 2 + 1);
+    slot_busy[done->slot] = false;
+    ++completed;
+  }
+  EXPECT_EQ(completed, static_cast<uint64_t>(kBatches));
+  EXPECT_EQ(c->workerPid(), pid);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+// A worker that stops (SIGSTOP: alive but stuck) goes stale; the owner sees it.
+TEST(ShmChannel, StaleHeartbeatOfStoppedWorker) {
+  auto name = uniqueName("stuck");
+  auto c = Channel::create(name, Layout{2, 4096, 4096});
+  ASSERT_TRUE(c.isOk());
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    auto w = Channel::attach(name);
+    if (!w.isOk()) _exit(10);
+    while (true) {
+      w->beat();
+      usleep(10000);
+    }
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  while (c->lastBeatNs() == 0 && std::chrono::steady_clock::now() - t0 < 5s) usleep(1000);
+  ASSERT_NE(c->lastBeatNs(), 0);
+  usleep(100000);
+  EXPECT_FALSE(c->heartbeatStale(std::chrono::milliseconds(80)));
+  kill(pid, SIGSTOP);
+  usleep(300000);
+  EXPECT_TRUE(c->heartbeatStale(std::chrono::milliseconds(200)));
+  kill(pid, SIGCONT);
+  t0 = std::chrono::steady_clock::now();
+  while (c->heartbeatStale(std::chrono::milliseconds(200)) &&
+         std::chrono::steady_clock::now() - t0 < 5s)
+    usleep(1000);
+  EXPECT_FALSE(c->heartbeatStale(std::chrono::milliseconds(200)));
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+}
+
+}  // namespace
+}  // namespace garden::shm
