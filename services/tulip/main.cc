@@ -1,0 +1,222 @@
+// tulip: the scheduler. Serves garden.v1.Tulip + grpc.health.v1 on --port, batches embedding and
+// scoring requests onto one rose worker over shared memory, and supervises that worker.
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <climits>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include <simdjson.h>
+
+#include "common/flags.h"
+#include "common/logging.h"
+#include "common/metrics/registry.h"
+#include "common/metrics_http.h"
+#include "services/tulip/sched/embed_scheduler.h"
+#include "services/tulip/server/tulip_service.h"
+#include "services/tulip/worker/shm_worker.h"
+
+namespace fs = std::filesystem;
+using namespace garden;
+using namespace garden::tulip;
+
+namespace {
+
+// The rose binary next to tulip: the build tree (services/tulip/tulip → services/rose/rose) or a
+// bundle (bin/tulip → bin/rose).
+std::string defaultRoseBin() {
+  char buf[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) return "rose";
+  buf[n] = '\0';
+  fs::path self(buf);
+  for (auto cand : {self.parent_path() / "rose", self.parent_path().parent_path() / "rose" / "rose"}) {
+    if (fs::exists(cand)) return cand.string();
+  }
+  return "rose";
+}
+
+// hidden_size from the model's config.json, to size the output arena (rose reports the
+// authoritative facts once loaded).
+uint64_t hiddenSizeOf(const std::string& model_dir) {
+  simdjson::dom::parser parser;
+  simdjson::dom::element doc;
+  if (parser.load((fs::path(model_dir) / "config.json").string()).get(doc)) return 0;
+  int64_t h = 0;
+  if (doc["hidden_size"].get_int64().get(h)) return 0;
+  return h > 0 ? static_cast<uint64_t>(h) : 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string host = "0.0.0.0";
+  uint32_t port = 50051;
+  uint32_t metrics_port = 9091;
+  std::string model, device = "cpu", pooling = "default", shm_name, rose_bin, served_name;
+  std::string log_level = "info";
+  bool attach = false;
+  uint32_t depth = 4, max_batch_tokens = 8192, max_batch_seqs = 256, rose_threads = 0;
+  uint64_t queue_limit_tokens = 1u << 20;
+  uint32_t heartbeat_timeout_ms = 3000, drain_timeout_ms = 10000;
+  std::vector<std::string> rose_extra;
+
+  Flags flags("tulip", "Garden scheduler: gRPC in, batches to a rose worker over shared memory");
+  flags.add("host", &host, "address to bind the gRPC server to")
+      .add("port", &port, "gRPC port (garden.v1.Tulip and grpc.health.v1)")
+      .add("metrics-port", &metrics_port, "HTTP port for /metrics and /health (0 = off)")
+      .add("model", &model, "model directory (Hugging Face layout) rose loads")
+      .add("device", &device, "rose device: cpu or cuda")
+      .add("pooling", &pooling, "pooling override passed to rose: default|last|mean|cls")
+      .add("served-model-name", &served_name, "model name callers use (default: rose's)")
+      .add("shm-name", &shm_name, "shared-memory segment name (default /garden-tulip-<port>)")
+      .add("rose-bin", &rose_bin, "rose executable to spawn (default: next to tulip)")
+      .add("rose-threads", &rose_threads, "CPU threads for rose's cpu backend (0 = rose's default)")
+      .add("rose-arg", &rose_extra, "extra argument for rose (repeatable)")
+      .add("attach", &attach, "attach to a rose started beside tulip (it creates --shm-name)")
+      .add("depth", &depth, "batches in flight (pipeline depth = channel slots)")
+      .add("max-batch-tokens", &max_batch_tokens, "token budget of one batch")
+      .add("max-batch-seqs", &max_batch_seqs, "sequence cap of one batch")
+      .add("queue-limit-tokens", &queue_limit_tokens,
+           "queued tokens beyond which requests get RESOURCE_EXHAUSTED")
+      .add("heartbeat-timeout-ms", &heartbeat_timeout_ms,
+           "a worker silent this long is declared stuck and restarted")
+      .add("drain-timeout-ms", &drain_timeout_ms, "on SIGTERM, time allowed for in-flight work")
+      .add("log-level", &log_level, "debug|info|warn|error")
+      .useEnv("TULIP_");
+  flags.parseOrExit(argc, argv);
+  log::setService("tulip");
+  if (auto lv = log::parseLevel(log_level); lv.isOk()) log::setLevel(*lv);
+
+  if (!attach && model.empty()) {
+    std::fprintf(stderr, "tulip: --model is required (or --attach to a running rose)\n");
+    return 2;
+  }
+  if (depth == 0 || depth > 64) {
+    std::fprintf(stderr, "tulip: --depth must be 1..64\n");
+    return 2;
+  }
+  if (shm_name.empty()) shm_name = "/garden-tulip-" + std::to_string(port);
+  if (rose_bin.empty()) rose_bin = defaultRoseBin();
+
+  // Take SIGTERM/SIGINT synchronously on the main thread (blocked before any thread starts).
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGTERM);
+  sigaddset(&sigs, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+
+  uint64_t hidden = model.empty() ? 0 : hiddenSizeOf(model);
+  if (hidden == 0) hidden = 8192;  // unknown: size for the widest model we serve
+  ShmWorkerOptions wopts;
+  wopts.shm_name = shm_name;
+  wopts.attach = attach;
+  wopts.rose_bin = rose_bin;
+  wopts.layout.slots = depth;
+  wopts.layout.input_bytes =
+      (uint64_t{max_batch_tokens} + max_batch_seqs) * sizeof(int32_t) + 4096;
+  wopts.layout.output_bytes = uint64_t{max_batch_seqs} * hidden * sizeof(float);
+  wopts.heartbeat_timeout = std::chrono::milliseconds(heartbeat_timeout_ms);
+  wopts.rose_args = {"--model", model, "--device", device, "--pooling", pooling,
+                     "--max-batch-tokens", std::to_string(max_batch_tokens)};
+  if (rose_threads > 0) {
+    wopts.rose_args.push_back("--threads");
+    wopts.rose_args.push_back(std::to_string(rose_threads));
+  }
+  wopts.rose_args.insert(wopts.rose_args.end(), rose_extra.begin(), rose_extra.end());
+  auto worker = ShmWorker::start(wopts);
+  if (!worker.isOk()) {
+    log::error("cannot start the rose worker", {{"error", worker.status()}});
+    return 1;
+  }
+
+  SchedulerOptions sopts;
+  sopts.max_batch_tokens = max_batch_tokens;
+  sopts.max_batch_seqs = max_batch_seqs;
+  sopts.queue_limit_tokens = queue_limit_tokens;
+  EmbedScheduler scheduler(**worker, sopts);
+  (*worker)->setOnChange([&scheduler] { scheduler.poke(); });
+
+  auto& reg = metrics::Registry::global();
+  auto& g_ready = reg.gauge("tulip_worker_ready", "1 when the rose worker is ready").get();
+  auto& g_restarts = reg.gauge("tulip_worker_restarts", "rose worker restarts so far").get();
+  auto& g_qtokens = reg.gauge("tulip_queue_tokens", "tokens waiting to be batched").get();
+  auto& g_qreqs = reg.gauge("tulip_queue_requests", "requests waiting to be batched").get();
+  auto& g_inflight = reg.gauge("tulip_inflight_tokens", "tokens in batches on the worker").get();
+
+  TulipService service(scheduler, **worker, ServiceOptions{served_name});
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  int bound_port = 0;
+  builder.AddListeningPort(host + ":" + std::to_string(port), grpc::InsecureServerCredentials(),
+                           &bound_port);
+  builder.RegisterService(&service);
+  builder.SetMaxReceiveMessageSize(256 << 20);
+  builder.SetMaxSendMessageSize(256 << 20);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || bound_port == 0) {
+    log::error("cannot listen", {{"address", host + ":" + std::to_string(port)}});
+    return 1;
+  }
+  auto* health = server->GetHealthCheckService();
+  health->SetServingStatus(false);
+
+  MetricsHttpServer metrics_http;
+  if (metrics_port != 0) {
+    Status st = metrics_http.start(host == "0.0.0.0" ? "0.0.0.0" : host,
+                                   static_cast<uint16_t>(metrics_port),
+                                   [&] { return (*worker)->ready(); });
+    if (!st.isOk()) {
+      log::error("cannot serve metrics", {{"error", st}});
+      return 1;
+    }
+  }
+  log::info("listening", {{"port", bound_port},
+                          {"metrics_port", metrics_port},
+                          {"shm", shm_name},
+                          {"mode", attach ? "attach" : "spawn"},
+                          {"rose", rose_bin}});
+
+  // Health follows the worker; gauges follow the scheduler.
+  std::atomic<bool> stopping{false};
+  std::thread watcher([&] {
+    bool last = false;
+    while (!stopping) {
+      bool ready = (*worker)->ready();
+      if (ready != last) {
+        health->SetServingStatus(ready);
+        health->SetServingStatus("garden.v1.Tulip", ready);
+        last = ready;
+      }
+      auto s = scheduler.stats();
+      g_ready.set(ready ? 1 : 0);
+      g_restarts.set(static_cast<double>((*worker)->restarts()));
+      g_qtokens.set(static_cast<double>(s.queued_tokens));
+      g_qreqs.set(static_cast<double>(s.queued_requests));
+      g_inflight.set(static_cast<double>(s.inflight_tokens));
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  });
+
+  int sig = 0;
+  sigwait(&sigs, &sig);
+  log::info("shutting down", {{"signal", sig}, {"drain_ms", drain_timeout_ms}});
+  stopping = true;
+  watcher.join();
+  health->SetServingStatus(false);
+  server->Shutdown(std::chrono::system_clock::now() +
+                   std::chrono::milliseconds(drain_timeout_ms));
+  scheduler.stop();
+  (*worker)->stop();
+  metrics_http.stop();
+  log::info("stopped");
+  return 0;
+}

@@ -1,0 +1,277 @@
+#include "services/tulip/server/tulip_service.h"
+
+#include <chrono>
+#include <cstring>
+#include <random>
+
+#include "common/logging.h"
+#include "common/metrics/registry.h"
+#include "services/tulip/server/status_map.h"
+
+namespace garden::tulip {
+namespace {
+
+namespace v1 = garden::v1;
+
+struct Metrics {
+  metrics::CounterFamily& requests;
+  metrics::HistogramFamily& latency;
+  metrics::HistogramFamily& queue;
+  metrics::CounterFamily& tokens;
+  static Metrics& get() {
+    auto& r = metrics::Registry::global();
+    static Metrics m{
+        r.counter("tulip_requests_total", "gRPC requests by method and status code",
+                  {"method", "code"}),
+        r.histogram("tulip_request_duration_seconds", "Request handling time in tulip",
+                    {"method"}),
+        r.histogram("tulip_queue_wait_seconds", "Time a request waited before batching",
+                    {"method"}),
+        r.counter("tulip_prompt_tokens_total", "Tokens accepted for embedding or scoring",
+                  {"method"}),
+    };
+    return m;
+  }
+};
+
+std::string requestId(const grpc::CallbackServerContext* ctx) {
+  auto it = ctx->client_metadata().find("x-request-id");
+  if (it != ctx->client_metadata().end()) return std::string(it->second.data(), it->second.size());
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  char buf[24];
+  std::snprintf(buf, sizeof(buf), "tulip-%016llx", static_cast<unsigned long long>(rng()));
+  return buf;
+}
+
+// The remaining time of the call's gRPC deadline as a CLOCK_MONOTONIC deadline (0 = none).
+int64_t monotonicDeadline(const grpc::CallbackServerContext* ctx) {
+  auto dl = ctx->deadline();
+  if (dl == std::chrono::system_clock::time_point::max()) return 0;
+  auto left = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                  dl - std::chrono::system_clock::now())
+                  .count();
+  if (left > int64_t{365} * 24 * 3600 * 1000000000LL) return 0;
+  return shm::monotonicNowNs() + std::max<int64_t>(left, 0);
+}
+
+shm::PoolingMode toPooling(v1::Pooling p) {
+  switch (p) {
+    case v1::POOLING_LAST: return shm::PoolingMode::kLast;
+    case v1::POOLING_MEAN: return shm::PoolingMode::kMean;
+    case v1::POOLING_CLS: return shm::PoolingMode::kCls;
+    default: return shm::PoolingMode::kDefault;
+  }
+}
+
+template <typename Seqs>
+std::vector<std::vector<int32_t>> copyInputs(const Seqs& seqs, uint64_t* tokens) {
+  std::vector<std::vector<int32_t>> out;
+  out.reserve(seqs.size());
+  *tokens = 0;
+  for (const auto& s : seqs) {
+    out.emplace_back(s.ids().begin(), s.ids().end());
+    *tokens += s.ids_size();
+  }
+  return out;
+}
+
+// A unary call whose answer comes from the scheduler. Cancellation by the caller cancels the job;
+// the reactor deletes itself once gRPC is done with it.
+class JobReactor final : public grpc::ServerUnaryReactor {
+ public:
+  JobReactor(EmbedScheduler& sched, std::string method, std::string request_id)
+      : sched_(sched), method_(std::move(method)), request_id_(std::move(request_id)),
+        t0_(std::chrono::steady_clock::now()) {}
+
+  void start(std::shared_ptr<EmbedJob> job, uint64_t tokens,
+             std::function<void(const EmbedJob&, uint64_t total_us)> fill) {
+    job_ = job;
+    tokens_ = tokens;
+    job->on_done = [this, fill = std::move(fill)](const Status& st) {
+      if (st.isOk()) fill(*job_, totalUs());
+      done(st);
+    };
+    Status st = sched_.submit(job);
+    if (!st.isOk()) {
+      job->on_done = nullptr;
+      done(st);
+    }
+  }
+
+  void done(const Status& st) {
+    const uint64_t total_us = totalUs();
+    auto& m = Metrics::get();
+    m.requests.labels({method_, std::string(statusCodeName(st.code()))}).inc();
+    m.latency.labels({method_}).observe(total_us / 1e6);
+    if (st.isOk()) {
+      m.tokens.labels({method_}).inc(static_cast<double>(tokens_));
+      m.queue.labels({method_}).observe(job_->queue_us / 1e6);
+    }
+    log::info("request", {{"request_id", request_id_},
+                          {"method", method_},
+                          {"sequences", job_ ? job_->inputs.size() : 0},
+                          {"tokens", tokens_},
+                          {"status", st},
+                          {"queue_us", job_ ? job_->queue_us : 0},
+                          {"inference_us", job_ ? job_->inference_us : 0},
+                          {"total_us", total_us}});
+    Finish(toGrpcStatus(st));
+  }
+
+  void OnCancel() override {
+    if (job_) sched_.cancel(job_);
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  uint64_t totalUs() const {
+    return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() -
+                                                                  t0_)
+        .count();
+  }
+
+  EmbedScheduler& sched_;
+  std::string method_;
+  std::string request_id_;
+  std::chrono::steady_clock::time_point t0_;
+  std::shared_ptr<EmbedJob> job_;
+  uint64_t tokens_ = 0;
+};
+
+grpc::ServerUnaryReactor* finishNow(grpc::CallbackServerContext* ctx, const grpc::Status& st) {
+  auto* r = ctx->DefaultReactor();
+  r->Finish(st);
+  return r;
+}
+
+void fillTimings(const EmbedJob& job, uint64_t total_us, v1::Timings* t) {
+  t->set_queue_us(job.queue_us);
+  t->set_inference_us(job.inference_us);
+  t->set_total_us(total_us);
+}
+
+}  // namespace
+
+TulipService::TulipService(EmbedScheduler& scheduler, Worker& worker, ServiceOptions opts)
+    : scheduler_(scheduler), worker_(worker), opts_(std::move(opts)) {}
+
+std::string TulipService::modelName() const {
+  if (!opts_.served_model_name.empty()) return opts_.served_model_name;
+  auto f = worker_.facts();
+  return std::string(f.name, strnlen(f.name, sizeof(f.name)));
+}
+
+grpc::ServerUnaryReactor* TulipService::Embed(grpc::CallbackServerContext* ctx,
+                                              const v1::EmbedRequest* req,
+                                              v1::EmbedResponse* resp) {
+  if (!req->model().empty() && worker_.ready() && req->model() != modelName()) {
+    return finishNow(ctx, toGrpcStatus(notFound("model '" + req->model() +
+                                                "' is not served here (serving '" +
+                                                modelName() + "')")));
+  }
+  auto job = std::make_shared<EmbedJob>();
+  job->kind = shm::BatchKind::kEmbed;
+  uint64_t tokens = 0;
+  job->inputs = copyInputs(req->inputs(), &tokens);
+  job->pooling = toPooling(req->pooling());
+  job->normalize = req->normalize();
+  job->dimensions = req->dimensions();
+  job->deadline_ns = monotonicDeadline(ctx);
+  job->request_id = requestId(ctx);
+  auto* reactor = new JobReactor(scheduler_, "Embed", job->request_id);
+  reactor->start(job, tokens, [resp](const EmbedJob& j, uint64_t total_us) {
+    resp->set_dim(j.dim);
+    resp->set_prompt_tokens(0);
+    uint64_t n = 0;
+    for (size_t i = 0; i < j.inputs.size(); ++i) {
+      // Little-endian float32: the host order on every platform we build for.
+      resp->add_embeddings(reinterpret_cast<const char*>(j.values.data() + i * j.dim),
+                           j.dim * sizeof(float));
+      n += j.inputs[i].size();
+    }
+    resp->set_prompt_tokens(n);
+    fillTimings(j, total_us, resp->mutable_timings());
+  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* TulipService::Score(grpc::CallbackServerContext* ctx,
+                                              const v1::ScoreRequest* req,
+                                              v1::ScoreResponse* resp) {
+  if (!req->model().empty() && worker_.ready() && req->model() != modelName()) {
+    return finishNow(ctx, toGrpcStatus(notFound("model '" + req->model() +
+                                                "' is not served here")));
+  }
+  auto job = std::make_shared<EmbedJob>();
+  job->kind = shm::BatchKind::kScore;
+  uint64_t tokens = 0;
+  job->inputs = copyInputs(req->inputs(), &tokens);
+  job->score_yes = req->yes_token();
+  job->score_no = req->no_token();
+  if (job->score_yes == 0 && job->score_no == 0) {
+    // proto3 default (both unset): the classification head.
+    job->score_yes = job->score_no = -1;
+  }
+  job->deadline_ns = monotonicDeadline(ctx);
+  job->request_id = requestId(ctx);
+  auto* reactor = new JobReactor(scheduler_, "Score", job->request_id);
+  reactor->start(job, tokens, [resp](const EmbedJob& j, uint64_t total_us) {
+    uint64_t n = 0;
+    for (size_t i = 0; i < j.inputs.size(); ++i) {
+      resp->add_scores(j.values[i]);
+      n += j.inputs[i].size();
+    }
+    resp->set_prompt_tokens(n);
+    fillTimings(j, total_us, resp->mutable_timings());
+  });
+  return reactor;
+}
+
+grpc::ServerWriteReactor<v1::GenerateChunk>* TulipService::Generate(
+    grpc::CallbackServerContext* ctx, const v1::GenerateRequest* req) {
+  class Refuse final : public grpc::ServerWriteReactor<v1::GenerateChunk> {
+   public:
+    Refuse() {
+      Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                          "Generate: this tulip serves an embedding model; text generation is "
+                          "served by an LLM worker"));
+    }
+    void OnDone() override { delete this; }
+  };
+  return new Refuse();
+}
+
+grpc::ServerUnaryReactor* TulipService::Load(grpc::CallbackServerContext* ctx,
+                                             const v1::LoadRequest* req,
+                                             v1::LoadResponse* resp) {
+  auto s = scheduler_.stats();
+  resp->set_queued_requests(s.queued_requests);
+  resp->set_queued_tokens(s.queued_tokens);
+  resp->set_inflight_tokens(s.inflight_tokens);
+  resp->set_queue_limit_tokens(s.queue_limit_tokens);
+  resp->set_worker_ready(worker_.ready());
+  auto f = worker_.facts();
+  resp->set_model(modelName());
+  resp->set_max_seq_len(f.max_seq_len);
+  resp->set_hidden_size(f.hidden_size);
+  return finishNow(ctx, grpc::Status::OK);
+}
+
+grpc::ServerUnaryReactor* TulipService::ModelInfo(grpc::CallbackServerContext* ctx,
+                                                  const v1::ModelInfoRequest* req,
+                                                  v1::ModelInfoResponse* resp) {
+  if (!worker_.ready()) {
+    return finishNow(ctx, toGrpcStatus(unavailable("rose worker is not ready yet")));
+  }
+  auto f = worker_.facts();
+  resp->set_model(modelName());
+  resp->set_kind(std::string(f.kind, strnlen(f.kind, sizeof(f.kind))));
+  resp->set_hidden_size(f.hidden_size);
+  resp->set_max_seq_len(f.max_seq_len);
+  resp->set_vocab_size(f.vocab_size);
+  resp->set_pooling(static_cast<v1::Pooling>(f.pooling));
+  resp->set_has_score_head(f.has_score_head != 0);
+  return finishNow(ctx, grpc::Status::OK);
+}
+
+}  // namespace garden::tulip

@@ -1,0 +1,46 @@
+#pragma once
+// TulipService: the garden.v1.Tulip gRPC service (callback API). Requests are validated and handed
+// to the EmbedScheduler; the reactor finishes when the scheduler calls back, or cancels the job
+// when the caller goes away. Includes gRPC headers: include it only from the server's .cc files.
+
+#include <memory>
+#include <string>
+
+#include "garden/v1/garden.grpc.pb.h"
+#include "services/tulip/sched/embed_scheduler.h"
+#include "services/tulip/worker/worker.h"
+
+namespace garden::tulip {
+
+struct ServiceOptions {
+  std::string served_model_name;  // empty: the name rose reports
+};
+
+class TulipService final : public garden::v1::Tulip::CallbackService {
+ public:
+  TulipService(EmbedScheduler& scheduler, Worker& worker, ServiceOptions opts);
+
+  grpc::ServerUnaryReactor* Embed(grpc::CallbackServerContext* ctx,
+                                  const garden::v1::EmbedRequest* req,
+                                  garden::v1::EmbedResponse* resp) override;
+  grpc::ServerUnaryReactor* Score(grpc::CallbackServerContext* ctx,
+                                  const garden::v1::ScoreRequest* req,
+                                  garden::v1::ScoreResponse* resp) override;
+  grpc::ServerWriteReactor<garden::v1::GenerateChunk>* Generate(
+      grpc::CallbackServerContext* ctx, const garden::v1::GenerateRequest* req) override;
+  grpc::ServerUnaryReactor* Load(grpc::CallbackServerContext* ctx,
+                                 const garden::v1::LoadRequest* req,
+                                 garden::v1::LoadResponse* resp) override;
+  grpc::ServerUnaryReactor* ModelInfo(grpc::CallbackServerContext* ctx,
+                                      const garden::v1::ModelInfoRequest* req,
+                                      garden::v1::ModelInfoResponse* resp) override;
+
+  std::string modelName() const;
+
+ private:
+  EmbedScheduler& scheduler_;
+  Worker& worker_;
+  const ServiceOptions opts_;
+};
+
+}  // namespace garden::tulip

@@ -1,0 +1,376 @@
+#include "services/tulip/worker/shm_worker.h"
+
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "common/logging.h"
+
+namespace garden::tulip {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr uint64_t kSeqLensAlign = 64;
+
+uint64_t alignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+std::string describeExit(int status) {
+  if (WIFEXITED(status)) return "exited with code " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    return std::string("was killed by signal ") + std::to_string(WTERMSIG(status)) + " (" +
+           strsignal(WTERMSIG(status)) + ")";
+  }
+  return "stopped (status " + std::to_string(status) + ")";
+}
+
+}  // namespace
+
+ShmWorker::ShmWorker(ShmWorkerOptions opts) : opts_(std::move(opts)) {
+  slots_.resize(opts_.layout.slots);
+}
+
+Result<std::unique_ptr<ShmWorker>> ShmWorker::start(ShmWorkerOptions opts) {
+  if (opts.shm_name.empty()) return invalidArgument("shm_name is empty");
+  if (!opts.attach) {
+    if (opts.rose_bin.empty()) return invalidArgument("rose_bin is empty (or use attach mode)");
+    if (access(opts.rose_bin.c_str(), X_OK) != 0)
+      return failedPrecondition("rose binary not executable: " + opts.rose_bin);
+  }
+  std::unique_ptr<ShmWorker> w(new ShmWorker(std::move(opts)));
+  w->thread_ = std::thread([p = w.get()] { p->run(); });
+  return w;
+}
+
+ShmWorker::~ShmWorker() { stop(); }
+
+void ShmWorker::stop() {
+  if (stop_.exchange(true)) {
+    if (thread_.joinable()) thread_.join();
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> l(sleep_mu_);
+  }
+  sleep_cv_.notify_all();
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (channel_) channel_->wakeAll();
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+shm::ModelFacts ShmWorker::facts() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return facts_;
+}
+
+uint32_t ShmWorker::inflight() const {
+  std::lock_guard<std::mutex> l(mu_);
+  uint32_t n = 0;
+  for (const auto& s : slots_) n += s.busy ? 1 : 0;
+  return n;
+}
+
+uint64_t ShmWorker::maxBatchInts() const {
+  // tokens + alignment padding + seq_lens must fit the input arena.
+  return (opts_.layout.input_bytes - kSeqLensAlign) / sizeof(int32_t);
+}
+
+std::string ShmWorker::lastFailure() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return last_failure_;
+}
+
+Status ShmWorker::trySubmit(WorkBatch batch, WorkDone done) {
+  if (!ready()) return unavailable("rose worker is not ready");
+  if (batch.seq_lens.empty()) return invalidArgument("empty batch");
+  const uint64_t token_bytes = batch.tokens.size() * sizeof(int32_t);
+  const uint64_t lens_off = alignUp(token_bytes, kSeqLensAlign);
+  const uint64_t need = lens_off + batch.seq_lens.size() * sizeof(int32_t);
+  if (need > opts_.layout.input_bytes) {
+    return invalidArgument("batch of " + std::to_string(batch.tokens.size()) +
+                           " tokens does not fit the channel's input arena");
+  }
+  std::lock_guard<std::mutex> l(mu_);
+  if (!channel_ || !ready()) return unavailable("rose worker is not ready");
+  uint32_t slot = 0;
+  while (slot < slots_.size() && slots_[slot].busy) ++slot;
+  if (slot == slots_.size()) return failedPrecondition("no free slot");
+  auto arena = channel_->inputArena(slot);
+  std::memcpy(arena.data(), batch.tokens.data(), token_bytes);
+  std::memcpy(arena.data() + lens_off, batch.seq_lens.data(),
+              batch.seq_lens.size() * sizeof(int32_t));
+  shm::BatchDesc d;
+  d.batch_id = next_batch_id_++;
+  d.slot = slot;
+  d.kind = batch.kind;
+  d.num_seqs = static_cast<uint32_t>(batch.seq_lens.size());
+  d.num_tokens = static_cast<uint32_t>(batch.tokens.size());
+  d.pooling = batch.pooling;
+  d.normalize = batch.normalize ? 1 : 0;
+  d.score_yes = batch.score_yes;
+  d.score_no = batch.score_no;
+  d.tokens_offset = 0;
+  d.seqlens_offset = lens_off;
+  d.deadline_ns = batch.deadline_ns;
+  std::strncpy(d.request_id, batch.request_id.c_str(), sizeof(d.request_id) - 1);
+  // The ring has one entry per slot, and this slot was free, so the push cannot fail.
+  CHECK(channel_->trySubmit(d));
+  slots_[slot] = Inflight{true, d.batch_id, std::move(done), shm::monotonicNowNs()};
+  return okStatus();
+}
+
+void ShmWorker::notifyChange() {
+  if (on_change_) on_change_();
+}
+
+bool ShmWorker::sleepUnlessStopped(std::chrono::milliseconds d) {
+  std::unique_lock<std::mutex> l(sleep_mu_);
+  sleep_cv_.wait_for(l, d, [this] { return stop_.load(); });
+  return !stop_.load();
+}
+
+Status ShmWorker::connect() {
+  if (opts_.attach) {
+    ASSIGN_OR_RETURN(shm::Channel ch, shm::Channel::attach(opts_.shm_name));
+    if (ch.layout().slots == 0) return failedPrecondition("attached channel has no slots");
+    std::lock_guard<std::mutex> l(mu_);
+    slots_.assign(ch.layout().slots, Inflight{});
+    channel_.emplace(std::move(ch));
+    worker_pid_ = channel_->workerPid();
+    return okStatus();
+  }
+  ASSIGN_OR_RETURN(shm::Channel ch, shm::Channel::create(opts_.shm_name, opts_.layout));
+  std::vector<std::string> args = {opts_.rose_bin, "--shm-name", opts_.shm_name};
+  args.insert(args.end(), opts_.rose_args.begin(), opts_.rose_args.end());
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid < 0) return errnoStatus("fork", errno);
+  if (pid == 0) {
+    // The worker must never outlive tulip holding the GPU and the segment.
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);
+    // tulip blocks SIGTERM/SIGINT to take them with sigwait; rose must get them normally.
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  child_ = pid;
+  worker_pid_ = pid;
+  std::lock_guard<std::mutex> l(mu_);
+  slots_.assign(opts_.layout.slots, Inflight{});
+  channel_.emplace(std::move(ch));
+  return okStatus();
+}
+
+void ShmWorker::reapChild(bool force) {
+  pid_t pid = child_.load();
+  if (pid <= 0) return;
+  if (force) kill(pid, SIGKILL);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  child_ = -1;
+}
+
+void ShmWorker::markDead(const std::string& reason) {
+  ready_ = false;
+  std::vector<Inflight> lost;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    last_failure_ = reason;
+    for (auto& s : slots_) {
+      if (s.busy) lost.push_back(std::move(s));
+      s = Inflight{};
+    }
+    channel_.reset();
+  }
+  log::error("rose worker lost", {{"reason", reason}, {"inflight_batches", lost.size()}});
+  WorkResult r;
+  r.status = unavailable(reason);
+  for (auto& s : lost) s.done(r);
+  reapChild(/*force=*/true);
+  notifyChange();
+}
+
+void ShmWorker::run() {
+  auto backoff = opts_.backoff_min;
+  bool first = true;
+  while (!stop_) {
+    // --- (re)connect ---
+    if (!first) {
+      restarts_++;
+      if (!sleepUnlessStopped(backoff)) break;
+      backoff = std::min(backoff * 2, opts_.backoff_max);
+    }
+    first = false;
+    Status st = connect();
+    if (!st.isOk()) {
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        last_failure_ = st.toString();
+      }
+      if (!opts_.attach || st.code() != StatusCode::kNotFound)
+        log::warn("rose worker connect failed", {{"error", st}});
+      continue;
+    }
+    // --- wait for the model to load ---
+    const int64_t started = shm::monotonicNowNs();
+    bool up = false;
+    while (!stop_) {
+      shm::WorkerState state;
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        state = channel_->state();
+      }
+      if (state == shm::WorkerState::kReady) {
+        up = true;
+        break;
+      }
+      if (state == shm::WorkerState::kFailed) {
+        markDead("rose worker failed to start (see its log)");
+        break;
+      }
+      pid_t pid = child_.load();
+      int status = 0;
+      if (pid > 0 && waitpid(pid, &status, WNOHANG) == pid) {
+        child_ = -1;
+        markDead("rose worker (pid " + std::to_string(pid) + ") " + describeExit(status) +
+                 " while starting");
+        break;
+      }
+      if (opts_.attach && channel_->workerPid() > 0 && kill(channel_->workerPid(), 0) != 0) {
+        markDead("rose worker (pid " + std::to_string(channel_->workerPid()) +
+                 ") is gone while starting");
+        break;
+      }
+      if (shm::monotonicNowNs() - started > opts_.start_timeout.count() * 1000000) {
+        markDead("rose worker did not become ready within " +
+                 std::to_string(opts_.start_timeout.count()) + " ms");
+        break;
+      }
+      sleepUnlessStopped(20ms);
+    }
+    if (!up) continue;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      facts_ = channel_->modelFacts();
+      worker_pid_ = channel_->workerPid() > 0 ? channel_->workerPid() : child_.load();
+    }
+    ready_ = true;
+    backoff = opts_.backoff_min;
+    log::info("rose worker ready", {{"pid", static_cast<int64_t>(worker_pid_.load())},
+                                    {"model", std::string(facts_.name)},
+                                    {"hidden_size", facts_.hidden_size}});
+    notifyChange();
+
+    // --- serve: take completions, watch liveness ---
+    while (!stop_) {
+      // Only this thread replaces channel_, so reading it here without mu_ is safe.
+      auto c = channel_->waitCompletion(50ms);
+      if (c) {
+        Inflight entry;
+        {
+          std::lock_guard<std::mutex> l(mu_);
+          if (c->slot < slots_.size() && slots_[c->slot].busy &&
+              slots_[c->slot].batch_id == c->batch_id) {
+            entry = std::move(slots_[c->slot]);
+            slots_[c->slot].done = nullptr;  // stays busy until the callback has read the arena
+          }
+        }
+        if (entry.done) {
+          WorkResult r;
+          if (c->status_code != 0) {
+            c->message[sizeof(c->message) - 1] = '\0';
+            r.status = Status(static_cast<StatusCode>(c->status_code), c->message);
+          } else {
+            const uint64_t floats = uint64_t{c->rows} * c->cols;
+            if (floats * sizeof(float) > opts_.layout.output_bytes ||
+                c->output_bytes != floats * sizeof(float)) {
+              r.status = internalError("rose returned an output larger than its slot");
+            } else {
+              auto out = channel_->outputArena(c->slot);
+              r.rows = {reinterpret_cast<const float*>(out.data()), floats};
+              r.num_rows = c->rows;
+              r.cols = c->cols;
+            }
+          }
+          r.step_us = c->step_us;
+          entry.done(r);
+          {
+            std::lock_guard<std::mutex> l(mu_);
+            slots_[c->slot] = Inflight{};
+          }
+          notifyChange();
+        } else {
+          log::warn("completion for an unknown batch dropped",
+                    {{"batch_id", c->batch_id}, {"slot", c->slot}});
+        }
+        continue;
+      }
+      // Liveness.
+      pid_t pid = child_.load();
+      int status = 0;
+      if (pid > 0 && waitpid(pid, &status, WNOHANG) == pid) {
+        child_ = -1;
+        markDead("rose worker (pid " + std::to_string(pid) + ") " + describeExit(status));
+        break;
+      }
+      if (opts_.attach && channel_->workerPid() > 0 && kill(channel_->workerPid(), 0) != 0) {
+        markDead("rose worker (pid " + std::to_string(channel_->workerPid()) + ") is gone");
+        break;
+      }
+      if (channel_->heartbeatStale(opts_.heartbeat_timeout)) {
+        markDead("rose worker (pid " + std::to_string(worker_pid_.load()) +
+                 ") stopped answering: no heartbeat for " +
+                 std::to_string(opts_.heartbeat_timeout.count()) + " ms");
+        break;
+      }
+      if (channel_->state() == shm::WorkerState::kFailed ||
+          channel_->state() == shm::WorkerState::kStopping) {
+        markDead("rose worker reported it is " +
+                 std::string(channel_->state() == shm::WorkerState::kFailed ? "failed"
+                                                                            : "stopping"));
+        break;
+      }
+    }
+  }
+  // Shutdown: answer whatever is still in flight, then stop the child politely.
+  ready_ = false;
+  std::vector<Inflight> lost;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    for (auto& s : slots_) {
+      if (s.busy && s.done) lost.push_back(std::move(s));
+      s = Inflight{};
+    }
+  }
+  WorkResult r;
+  r.status = cancelledError("tulip is shutting down");
+  for (auto& s : lost) s.done(r);
+  pid_t pid = child_.load();
+  if (pid > 0) {
+    kill(pid, SIGTERM);
+    for (int i = 0; i < 100; ++i) {
+      if (waitpid(pid, nullptr, WNOHANG) == pid) {
+        child_ = -1;
+        break;
+      }
+      usleep(20000);
+    }
+    if (child_.load() > 0) reapChild(/*force=*/true);
+  }
+  std::lock_guard<std::mutex> l(mu_);
+  channel_.reset();
+}
+
+}  // namespace garden::tulip

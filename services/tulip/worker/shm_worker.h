@@ -1,0 +1,103 @@
+#pragma once
+// ShmWorker: a rose process driven over the shared-memory channel, and its supervisor.
+//
+// Spawned mode (default): tulip creates the segment and starts rose as a child that dies with tulip
+// (PR_SET_PDEATHSIG). Attach mode: rose runs beside tulip (a sidecar container), created the
+// segment itself, and tulip maps it by name. Either way one supervisor thread owns the completion
+// ring and watches the worker: process exit, a stale heartbeat (alive but stuck) or a failed state
+// mark it dead; every batch in flight is answered UNAVAILABLE with the reason, and the worker is
+// restarted (spawned mode) or re-attached (attach mode) with exponential backoff.
+//
+// Threads: trySubmit from the scheduler thread; callbacks run on the supervisor thread.
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/shm/channel.h"
+#include "services/tulip/worker/worker.h"
+
+namespace garden::tulip {
+
+struct ShmWorkerOptions {
+  std::string shm_name;  // e.g. "/garden-tulip-50051"
+  shm::Layout layout;
+  bool attach = false;
+  std::string rose_bin;                // spawned mode: the rose executable
+  std::vector<std::string> rose_args;  // passed after `--shm-name NAME`
+  std::chrono::milliseconds heartbeat_timeout{3000};
+  std::chrono::milliseconds start_timeout{600000};
+  std::chrono::milliseconds backoff_min{250};
+  std::chrono::milliseconds backoff_max{30000};
+};
+
+class ShmWorker final : public Worker {
+ public:
+  // Starts the supervisor (which spawns or attaches); returns at once. ready() turns true once
+  // rose reports its model loaded.
+  static Result<std::unique_ptr<ShmWorker>> start(ShmWorkerOptions opts);
+  ~ShmWorker() override;
+
+  bool ready() const override { return ready_.load(std::memory_order_acquire); }
+  shm::ModelFacts facts() const override;
+  uint32_t depth() const override { return opts_.layout.slots; }
+  uint32_t inflight() const override;
+  uint64_t maxBatchInts() const override;
+  uint64_t maxBatchFloats() const override { return opts_.layout.output_bytes / sizeof(float); }
+  Status trySubmit(WorkBatch batch, WorkDone done) override;
+  void setOnChange(std::function<void()> fn) override { on_change_ = std::move(fn); }
+
+  // Observability.
+  uint64_t restarts() const { return restarts_.load(); }
+  pid_t workerPid() const { return worker_pid_.load(); }
+  std::string lastFailure() const;
+
+  // Stops the supervisor, answers in-flight work CANCELLED and terminates the child.
+  void stop();
+
+ private:
+  explicit ShmWorker(ShmWorkerOptions opts);
+
+  struct Inflight {
+    bool busy = false;
+    uint64_t batch_id = 0;
+    WorkDone done;
+    int64_t submitted_ns = 0;
+  };
+
+  void run();
+  Status connect();
+  void markDead(const std::string& reason);
+  void notifyChange();
+  bool sleepUnlessStopped(std::chrono::milliseconds d);
+  void reapChild(bool force);
+
+  const ShmWorkerOptions opts_;
+  std::function<void()> on_change_;
+
+  mutable std::mutex mu_;
+  std::optional<shm::Channel> channel_;  // guarded by mu_; replaced only by the supervisor
+  std::vector<Inflight> slots_;          // guarded by mu_
+  uint64_t next_batch_id_ = 1;           // guarded by mu_
+  shm::ModelFacts facts_;                // guarded by mu_
+  std::string last_failure_;             // guarded by mu_
+
+  std::atomic<bool> ready_{false};
+  std::atomic<bool> stop_{false};
+  std::atomic<pid_t> child_{-1};
+  std::atomic<pid_t> worker_pid_{-1};
+  std::atomic<uint64_t> restarts_{0};
+  std::mutex sleep_mu_;
+  std::condition_variable sleep_cv_;
+  std::thread thread_;
+};
+
+}  // namespace garden::tulip

@@ -1,0 +1,69 @@
+#pragma once
+// Worker: tulip's view of a model worker (rose). The scheduler submits plain batches and gets
+// exactly one callback per accepted batch, from the worker's completion thread — also when the
+// worker dies (UNAVAILABLE) — so no request is ever left hanging.
+//
+// Implementations: ShmWorker (a rose process over shared memory), and fakes in tests/fakes/tulip/.
+// Threads: trySubmit may be called from one scheduler thread; the accessors from any thread.
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/shm/channel.h"
+#include "common/status.h"
+
+namespace garden::tulip {
+
+struct WorkBatch {
+  shm::BatchKind kind = shm::BatchKind::kEmbed;
+  std::vector<int32_t> tokens;    // all sequences back to back
+  std::vector<int32_t> seq_lens;  // one per sequence
+  shm::PoolingMode pooling = shm::PoolingMode::kDefault;
+  bool normalize = true;
+  int32_t score_yes = -1;
+  int32_t score_no = -1;
+  int64_t deadline_ns = 0;  // CLOCK_MONOTONIC, 0 = none
+  std::string request_id;   // of the batch's first request, for rose's log line
+};
+
+// The batch's result. `rows` points into the worker's output arena and is valid only during the
+// callback: copy what you keep. On error, rows is empty.
+struct WorkResult {
+  Status status;
+  std::span<const float> rows;
+  uint32_t num_rows = 0;
+  uint32_t cols = 0;
+  uint64_t step_us = 0;
+};
+
+using WorkDone = std::function<void(const WorkResult&)>;
+
+class Worker {
+ public:
+  virtual ~Worker() = default;
+
+  // Ready to take batches (model loaded, heartbeat fresh).
+  virtual bool ready() const = 0;
+  // Facts the worker reported about its model (valid once ready() has been true).
+  virtual shm::ModelFacts facts() const = 0;
+  // Maximum batches in flight, and how many are in flight now.
+  virtual uint32_t depth() const = 0;
+  virtual uint32_t inflight() const = 0;
+  // Capacity of one batch's input/output in the channel (tokens + sequences, output floats).
+  virtual uint64_t maxBatchInts() const = 0;
+  virtual uint64_t maxBatchFloats() const = 0;
+
+  // Accepts the batch when the worker is ready and a slot is free; `done` is then called exactly
+  // once. Returns FAILED_PRECONDITION (no free slot: retry after a completion), UNAVAILABLE (not
+  // ready) or INVALID_ARGUMENT (batch larger than the channel) without calling `done`.
+  virtual Status trySubmit(WorkBatch batch, WorkDone done) = 0;
+
+  // Called (from the worker's thread) whenever a slot frees up or readiness changes, so the
+  // scheduler can re-check its queue. Set once before use.
+  virtual void setOnChange(std::function<void()> fn) = 0;
+};
+
+}  // namespace garden::tulip

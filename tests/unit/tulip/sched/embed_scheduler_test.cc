@@ -1,0 +1,361 @@
+#include "services/tulip/sched/embed_scheduler.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <future>
+#include <thread>
+
+#include "tests/fakes/tulip/fake_worker.h"
+
+namespace garden::tulip {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::FakeWorker;
+
+template <typename Pred>
+bool waitFor(Pred pred, std::chrono::milliseconds limit = 3000ms) {
+  auto t0 = std::chrono::steady_clock::now();
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() - t0 > limit) return false;
+    std::this_thread::sleep_for(1ms);
+  }
+  return true;
+}
+
+struct Outcome {
+  std::promise<Status> p;
+  std::future<Status> f = p.get_future();
+  bool ready() const { return f.wait_for(0s) == std::future_status::ready; }
+};
+
+std::shared_ptr<EmbedJob> makeJob(std::vector<std::vector<int32_t>> inputs, Outcome& out) {
+  auto j = std::make_shared<EmbedJob>();
+  j->inputs = std::move(inputs);
+  j->on_done = [&out](const Status& s) { out.p.set_value(s); };
+  return j;
+}
+
+std::vector<int32_t> seq(int len, int start = 1) {
+  std::vector<int32_t> s;
+  for (int i = 0; i < len; ++i) s.push_back(start + i);
+  return s;
+}
+
+TEST(EmbedScheduler, OneRequestOneBatchValuesInOrder) {
+  FakeWorker w(2, 4);
+  EmbedScheduler s(w, SchedulerOptions{});
+  w.setOnChange([&] { s.poke(); });
+  Outcome out;
+  auto job = makeJob({{1, 2}, {10}, {3, 3, 3}}, out);
+  ASSERT_TRUE(s.submit(job).isOk());
+  ASSERT_TRUE(waitFor([&] { return w.heldCount() == 1; }));
+  auto b = w.submitted();
+  ASSERT_EQ(b.size(), 1u);
+  EXPECT_EQ(b[0].tokens, (std::vector<int32_t>{1, 2, 10, 3, 3, 3}));
+  EXPECT_EQ(b[0].seq_lens, (std::vector<int32_t>{2, 1, 3}));
+  EXPECT_FALSE(out.ready());
+  ASSERT_TRUE(w.completeNext());
+  ASSERT_TRUE(out.f.wait_for(2s) == std::future_status::ready);
+  EXPECT_TRUE(out.f.get().isOk());
+  ASSERT_EQ(job->dim, 4u);
+  ASSERT_EQ(job->values.size(), 12u);
+  // row[k] = sum(ids) + k, in input order.
+  EXPECT_EQ(job->values[0], 3.0f);
+  EXPECT_EQ(job->values[3], 6.0f);
+  EXPECT_EQ(job->values[4], 10.0f);
+  EXPECT_EQ(job->values[8], 9.0f);
+  EXPECT_EQ(job->values[11], 12.0f);
+}
+
+TEST(EmbedScheduler, TokenBudgetSplitsFcfsAcrossRequests) {
+  FakeWorker w(8, 2);
+  SchedulerOptions o;
+  o.max_batch_tokens = 12;
+  EmbedScheduler s(w, o);
+  w.setOnChange([&] { s.poke(); });
+  Outcome a, b;
+  auto ja = makeJob({seq(5, 1), seq(5, 2), seq(5, 3)}, a);
+  auto jb = makeJob({seq(5, 4), seq(2, 5)}, b);
+  // Hold batching until both are queued, so the expected batches are exact.
+  w.setReady(true);
+  ASSERT_TRUE(s.submit(ja).isOk());
+  ASSERT_TRUE(s.submit(jb).isOk());
+  ASSERT_TRUE(waitFor([&] {
+    size_t toks = 0;
+    for (auto& x : w.submitted()) toks += x.tokens.size();
+    return toks == 22;
+  }));
+  auto batches = w.submitted();
+  // Budget 12: [a0 a1] [a2 b0 ... ] must respect 12 tokens and FCFS order.
+  std::vector<std::vector<int32_t>> lens;
+  for (auto& x : batches) {
+    lens.push_back(x.seq_lens);
+    int total = 0;
+    for (int l : x.seq_lens) total += l;
+    EXPECT_LE(total, 12);
+  }
+  // Whatever the timing, sequences go out in FCFS order: 5,5,5,5,2.
+  std::vector<int32_t> flat;
+  for (auto& l : lens) flat.insert(flat.end(), l.begin(), l.end());
+  EXPECT_EQ(flat, (std::vector<int32_t>{5, 5, 5, 5, 2}));
+  while (w.completeNext()) {
+  }
+  ASSERT_EQ(a.f.wait_for(2s), std::future_status::ready);
+  ASSERT_EQ(b.f.wait_for(2s), std::future_status::ready);
+  EXPECT_TRUE(a.f.get().isOk());
+  EXPECT_TRUE(b.f.get().isOk());
+  // a2 = {3..7} sums to 25.
+  EXPECT_EQ(ja->values[2 * 2], 25.0f);
+  EXPECT_EQ(jb->values[1 * 2 + 1], 5.0f + 6.0f + 1.0f);
+}
+
+TEST(EmbedScheduler, ExactBatchesWhenQueuedBeforeWorkerFrees) {
+  FakeWorker w(1, 2);
+  SchedulerOptions o;
+  o.max_batch_tokens = 10;
+  EmbedScheduler s(w, o);
+  w.setOnChange([&] { s.poke(); });
+  Outcome first, second;
+  ASSERT_TRUE(s.submit(makeJob({seq(4)}, first)).isOk());
+  ASSERT_TRUE(waitFor([&] { return w.heldCount() == 1; }));
+  // Depth 1 and busy: these queue up and are batched together once the slot frees.
+  auto js = makeJob({seq(3), seq(3), seq(3), seq(3)}, second);
+  ASSERT_TRUE(s.submit(js).isOk());
+  std::this_thread::sleep_for(30ms);
+  EXPECT_EQ(w.submitted().size(), 1u) << "depth 1 must not exceed one batch in flight";
+  auto st = s.stats();
+  EXPECT_EQ(st.queued_requests, 1u);
+  EXPECT_EQ(st.queued_tokens, 12u);
+  EXPECT_EQ(st.inflight_tokens, 4u);
+  ASSERT_TRUE(w.completeNext());
+  ASSERT_TRUE(waitFor([&] { return w.submitted().size() == 2; }));
+  EXPECT_EQ(w.submitted()[1].seq_lens, (std::vector<int32_t>{3, 3, 3}));
+  ASSERT_TRUE(w.completeNext());
+  ASSERT_TRUE(waitFor([&] { return w.submitted().size() == 3; }));
+  EXPECT_EQ(w.submitted()[2].seq_lens, (std::vector<int32_t>{3}));
+  EXPECT_FALSE(second.ready());
+  ASSERT_TRUE(w.completeNext());
+  ASSERT_EQ(second.f.wait_for(2s), std::future_status::ready);
+  EXPECT_TRUE(second.f.get().isOk());
+  EXPECT_EQ(s.stats().queued_tokens, 0u);
+  EXPECT_EQ(s.stats().inflight_tokens, 0u);
+}
+
+TEST(EmbedScheduler, SequenceCapLimitsBatch) {
+  FakeWorker w(4, 2);
+  SchedulerOptions o;
+  o.max_batch_seqs = 2;
+  EmbedScheduler s(w, o);
+  w.setOnChange([&] { s.poke(); });
+  Outcome out;
+  ASSERT_TRUE(s.submit(makeJob({{1}, {2}, {3}, {4}, {5}}, out)).isOk());
+  ASSERT_TRUE(waitFor([&] { return w.submitted().size() == 3; }));
+  for (auto& b : w.submitted()) EXPECT_LE(b.seq_lens.size(), 2u);
+  while (w.completeNext()) {
+  }
+  ASSERT_EQ(out.f.wait_for(2s), std::future_status::ready);
+}
+
+TEST(EmbedScheduler, ValidationErrorsNameTheInput) {
+  FakeWorker w(2, 4);
+  w.facts_.has_score_head = 0;
+  EmbedScheduler s(w, SchedulerOptions{});
+  Outcome o;
+  auto check = [&](std::shared_ptr<EmbedJob> j, const std::string& needle) {
+    Status st = s.submit(j);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << needle;
+    EXPECT_NE(st.message().find(needle), std::string::npos) << st.message();
+  };
+  check(makeJob({}, o), "at least one");
+  check(makeJob({{1}, {}}, o), "inputs[1]: empty");
+  check(makeJob({seq(65)}, o), "inputs[0]: 65 tokens");
+  check(makeJob({{1, 1000}}, o), "token id 1000");
+  check(makeJob({{1, -3}}, o), "token id -3");
+  auto dims = makeJob({{1}}, o);
+  dims->dimensions = 5;
+  check(dims, "dimensions");
+  auto score = makeJob({{1}}, o);
+  score->kind = shm::BatchKind::kScore;
+  check(score, "classification head");
+  score->score_yes = 3;
+  score->score_no = 5000;
+  check(score, "yes_token/no_token");
+  EXPECT_TRUE(w.submitted().empty());
+}
+
+TEST(EmbedScheduler, QueueLimitRejectsWithResourceExhausted) {
+  FakeWorker w(1, 2);
+  SchedulerOptions o;
+  o.queue_limit_tokens = 10;
+  EmbedScheduler s(w, o);
+  w.setOnChange([&] { s.poke(); });
+  w.setReady(true);
+  Outcome a, b, c;
+  ASSERT_TRUE(s.submit(makeJob({seq(8)}, a)).isOk());
+  ASSERT_TRUE(waitFor([&] { return w.heldCount() == 1; }));
+  // In flight does not count against the queue; 8 queued fit, 3 more do not.
+  ASSERT_TRUE(s.submit(makeJob({seq(8)}, b)).isOk());
+  Status st = s.submit(makeJob({seq(3)}, c));
+  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(st.message().find("limit 10"), std::string::npos);
+  while (!b.ready()) {
+    w.completeNext();
+    std::this_thread::sleep_for(1ms);
+  }
+  EXPECT_TRUE(a.f.get().isOk());
+  EXPECT_TRUE(b.f.get().isOk());
+}
+
+TEST(EmbedScheduler, CancelledQueuedJobNeverReachesWorker) {
+  FakeWorker w(1, 2);
+  EmbedScheduler s(w, SchedulerOptions{});
+  w.setOnChange([&] { s.poke(); });
+  Outcome a, b;
+  ASSERT_TRUE(s.submit(makeJob({seq(2)}, a)).isOk());
+  ASSERT_TRUE(waitFor([&] { return w.heldCount() == 1; }));
+  auto jb = makeJob({seq(3, 50)}, b);
+  ASSERT_TRUE(s.submit(jb).isOk());
+  s.cancel(jb);
+  ASSERT_EQ(b.f.wait_for(2s), std::future_status::ready);
+  EXPECT_EQ(b.f.get().code(), StatusCode::kCancelled);
+  ASSERT_TRUE(w.completeNext());
+  ASSERT_EQ(a.f.wait_for(2s), std::future_status::ready);
+  std::this_thread::sleep_for(30ms);
+  ASSERT_EQ(w.submitted().size(), 1u);
+  EXPECT_EQ(s.stats().queued_tokens, 0u);
+}
+
+TEST(EmbedScheduler, ExpiredDeadlineDroppedBeforeWorker) {
+  FakeWorker w(1, 2);
+  EmbedScheduler s(w, SchedulerOptions{});
+  w.setOnChange([&] { s.poke(); });
+  Outcome a, b;
+  ASSERT_TRUE(s.submit(makeJob({seq(2)}, a)).isOk());
+  ASSERT_TRUE(waitFor([&] { return w.heldCount() == 1; }));
+  auto jb = makeJob({seq(3)}, b);
+  jb->deadline_ns = shm::monotonicNowNs() + 20'000'000;  // 20 ms
+  ASSERT_TRUE(s.submit(jb).isOk());
+  ASSERT_EQ(b.f.wait_for(2s), std::future_status::ready);
+  EXPECT_EQ(b.f.get().code(), StatusCode::kDeadlineExceeded);
+  w.completeNext();
+  std::this_thread::sleep_for(30ms);
+  EXPECT_EQ(w.submitted().size(), 1u);
+}
+
+TEST(EmbedScheduler, WorkerFailureFailsOnlyItsRequestsThenRecovers) {
+  FakeWorker w(2, 2);
+  EmbedScheduler s(w, SchedulerOptions{});
+  w.setOnChange([&] { s.poke(); });
+  Outcome a, b;
+  ASSERT_TRUE(s.submit(makeJob({seq(2)}, a)).isOk());
+  ASSERT_TRUE(waitFor([&] { return w.heldCount() == 1; }));
+  ASSERT_TRUE(w.completeNext(unavailable("rose worker (pid 7) was killed by signal 9")));
+  ASSERT_EQ(a.f.wait_for(2s), std::future_status::ready);
+  Status st = a.f.get();
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable);
+  EXPECT_NE(st.message().find("signal 9"), std::string::npos);
+  ASSERT_TRUE(s.submit(makeJob({seq(2)}, b)).isOk());
+  ASSERT_TRUE(waitFor([&] { return w.heldCount() == 1; }));
+  ASSERT_TRUE(w.completeNext());
+  ASSERT_EQ(b.f.wait_for(2s), std::future_status::ready);
+  EXPECT_TRUE(b.f.get().isOk());
+}
+
+TEST(EmbedScheduler, NotReadyRejectsAndFailsQueued) {
+  FakeWorker w(1, 2);
+  EmbedScheduler s(w, SchedulerOptions{});
+  w.setOnChange([&] { s.poke(); });
+  Outcome a, b, c;
+  ASSERT_TRUE(s.submit(makeJob({seq(2)}, a)).isOk());
+  ASSERT_TRUE(waitFor([&] { return w.heldCount() == 1; }));
+  ASSERT_TRUE(s.submit(makeJob({seq(2)}, b)).isOk());
+  w.setReady(false);  // the worker died: queued work fails fast instead of hanging
+  ASSERT_EQ(b.f.wait_for(2s), std::future_status::ready);
+  EXPECT_EQ(b.f.get().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(s.submit(makeJob({seq(2)}, c)).code(), StatusCode::kUnavailable);
+  w.completeNext(unavailable("gone"));
+  ASSERT_EQ(a.f.wait_for(2s), std::future_status::ready);
+}
+
+TEST(EmbedScheduler, DimensionsTruncateAndRenormalize) {
+  FakeWorker w(1, 4);
+  EmbedScheduler s(w, SchedulerOptions{});
+  w.setOnChange([&] { s.poke(); });
+  Outcome out;
+  auto j = makeJob({{1, 2}}, out);  // row = 3,4,5,6
+  j->dimensions = 2;
+  ASSERT_TRUE(s.submit(j).isOk());
+  ASSERT_TRUE(waitFor([&] { return w.heldCount() == 1; }));
+  w.completeNext();
+  ASSERT_EQ(out.f.wait_for(2s), std::future_status::ready);
+  ASSERT_EQ(j->values.size(), 2u);
+  EXPECT_NEAR(j->values[0], 0.6f, 1e-6);
+  EXPECT_NEAR(j->values[1], 0.8f, 1e-6);
+}
+
+TEST(EmbedScheduler, IncompatibleKindsGoInSeparateBatches) {
+  FakeWorker w(1, 2);
+  EmbedScheduler s(w, SchedulerOptions{});
+  w.setOnChange([&] { s.poke(); });
+  Outcome a, b, c;
+  ASSERT_TRUE(s.submit(makeJob({seq(1)}, a)).isOk());
+  ASSERT_TRUE(waitFor([&] { return w.heldCount() == 1; }));
+  auto score = makeJob({seq(3), seq(4)}, b);
+  score->kind = shm::BatchKind::kScore;
+  score->score_yes = 1;
+  score->score_no = 2;
+  ASSERT_TRUE(s.submit(score).isOk());
+  ASSERT_TRUE(s.submit(makeJob({seq(2)}, c)).isOk());
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(waitFor([&] { return w.heldCount() == 1; }));
+    w.completeNext();
+  }
+  ASSERT_EQ(c.f.wait_for(2s), std::future_status::ready);
+  auto bs = w.submitted();
+  ASSERT_EQ(bs.size(), 3u);
+  EXPECT_EQ(bs[1].kind, shm::BatchKind::kScore);
+  EXPECT_EQ(bs[1].score_yes, 1);
+  EXPECT_EQ(bs[2].kind, shm::BatchKind::kEmbed);
+  EXPECT_TRUE(b.f.get().isOk());
+  EXPECT_EQ(score->values, (std::vector<float>{3.0f, 4.0f}));
+}
+
+TEST(EmbedScheduler, ManyConcurrentSubmittersAllComplete) {
+  FakeWorker w(3, 2);
+  SchedulerOptions o;
+  o.max_batch_tokens = 64;
+  EmbedScheduler s(w, o);
+  w.setOnChange([&] { s.poke(); });
+  std::atomic<bool> run{true};
+  std::thread completer([&] {
+    while (run) {
+      if (!w.completeNext()) std::this_thread::sleep_for(100us);
+    }
+  });
+  constexpr int kThreads = 4, kPer = 50;
+  std::atomic<int> ok{0};
+  std::vector<std::thread> ts;
+  for (int t = 0; t < kThreads; ++t) {
+    ts.emplace_back([&, t] {
+      for (int i = 0; i < kPer; ++i) {
+        Outcome o;
+        auto j = makeJob({seq(1 + (i % 7), t), seq(3, i)}, o);
+        if (!s.submit(j).isOk()) continue;
+        if (o.f.wait_for(5s) == std::future_status::ready && o.f.get().isOk()) {
+          float expect0 = 0;
+          for (int k = 0; k < 1 + (i % 7); ++k) expect0 += t + k;
+          if (j->values[0] == expect0) ok++;
+        }
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  run = false;
+  completer.join();
+  EXPECT_EQ(ok.load(), kThreads * kPer);
+}
+
+}  // namespace
+}  // namespace garden::tulip

@@ -1,0 +1,262 @@
+#include "services/tulip/worker/shm_worker.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <future>
+#include <thread>
+
+namespace garden::tulip {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::string fakeRose() {
+  const char* b = std::getenv("GARDEN_BUILD_DIR");
+  return std::string(b ? b : ".") + "/tests/fakes/fake-rose";
+}
+
+std::string uniqueName(const char* tag) {
+  static int n = 0;
+  return "/garden-wtest-" + std::string(tag) + "-" + std::to_string(getpid()) + "-" +
+         std::to_string(n++);
+}
+
+template <typename Pred>
+bool waitFor(Pred pred, std::chrono::milliseconds limit = 5000ms) {
+  auto t0 = std::chrono::steady_clock::now();
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() - t0 > limit) return false;
+    std::this_thread::sleep_for(2ms);
+  }
+  return true;
+}
+
+ShmWorkerOptions opts(const char* tag, std::vector<std::string> args = {}) {
+  ShmWorkerOptions o;
+  o.shm_name = uniqueName(tag);
+  o.layout = shm::Layout{2, 1 << 16, 1 << 16};
+  o.rose_bin = fakeRose();
+  o.rose_args = std::move(args);
+  o.heartbeat_timeout = 400ms;
+  o.backoff_min = 50ms;
+  o.backoff_max = 200ms;
+  return o;
+}
+
+WorkBatch batch(std::vector<std::vector<int32_t>> seqs) {
+  WorkBatch b;
+  for (auto& s : seqs) {
+    b.tokens.insert(b.tokens.end(), s.begin(), s.end());
+    b.seq_lens.push_back(static_cast<int32_t>(s.size()));
+  }
+  return b;
+}
+
+struct Result1 {
+  std::promise<std::pair<Status, std::vector<float>>> p;
+  std::future<std::pair<Status, std::vector<float>>> f = p.get_future();
+  WorkDone done() {
+    return [this](const WorkResult& r) {
+      p.set_value({r.status, std::vector<float>(r.rows.begin(), r.rows.end())});
+    };
+  }
+};
+
+TEST(ShmWorker, ServesBatchesThroughARealProcess) {
+  auto w = ShmWorker::start(opts("serve"));
+  ASSERT_TRUE(w.isOk()) << w.status().toString();
+  ASSERT_TRUE(waitFor([&] { return (*w)->ready(); }));
+  EXPECT_EQ((*w)->facts().hidden_size, 4u);
+  EXPECT_STREQ((*w)->facts().name, "fake");
+  for (int round = 0; round < 20; ++round) {
+    Result1 r;
+    ASSERT_TRUE((*w)->trySubmit(batch({{1, 2, 3}, {round}}), r.done()).isOk());
+    ASSERT_EQ(r.f.wait_for(5s), std::future_status::ready);
+    auto [st, rows] = r.f.get();
+    ASSERT_TRUE(st.isOk()) << st.toString();
+    ASSERT_EQ(rows.size(), 8u);
+    EXPECT_EQ(rows[0], 6.0f);
+    EXPECT_EQ(rows[1], 3.0f);
+    EXPECT_EQ(rows[4], static_cast<float>(round));
+  }
+  EXPECT_EQ((*w)->restarts(), 0u);
+}
+
+TEST(ShmWorker, PipelinesUpToDepthThenRefuses) {
+  auto w = ShmWorker::start(opts("depth", {"--delay-ms", "200"}));
+  ASSERT_TRUE(w.isOk());
+  ASSERT_TRUE(waitFor([&] { return (*w)->ready(); }));
+  Result1 a, b, c;
+  ASSERT_TRUE((*w)->trySubmit(batch({{1}}), a.done()).isOk());
+  ASSERT_TRUE((*w)->trySubmit(batch({{2}}), b.done()).isOk());
+  EXPECT_EQ((*w)->inflight(), 2u);
+  EXPECT_EQ((*w)->trySubmit(batch({{3}}), c.done()).code(), StatusCode::kFailedPrecondition);
+  ASSERT_EQ(a.f.wait_for(5s), std::future_status::ready);
+  ASSERT_EQ(b.f.wait_for(5s), std::future_status::ready);
+  EXPECT_EQ(b.f.get().second[0], 2.0f);
+}
+
+TEST(ShmWorker, RejectsBatchLargerThanArena) {
+  auto o = opts("big");
+  o.layout.input_bytes = 4096;
+  auto w = ShmWorker::start(o);
+  ASSERT_TRUE(w.isOk());
+  ASSERT_TRUE(waitFor([&] { return (*w)->ready(); }));
+  Result1 r;
+  EXPECT_EQ((*w)->trySubmit(batch({std::vector<int32_t>(2000, 1)}), r.done()).code(),
+            StatusCode::kInvalidArgument);
+}
+
+TEST(ShmWorker, KilledWorkerFailsInflightAndRestarts) {
+  auto w = ShmWorker::start(opts("kill", {"--delay-ms", "2000"}));
+  ASSERT_TRUE(w.isOk());
+  ASSERT_TRUE(waitFor([&] { return (*w)->ready(); }));
+  pid_t first = (*w)->workerPid();
+  Result1 r;
+  ASSERT_TRUE((*w)->trySubmit(batch({{5}}), r.done()).isOk());
+  std::this_thread::sleep_for(100ms);
+  kill(first, SIGKILL);
+  ASSERT_EQ(r.f.wait_for(5s), std::future_status::ready);
+  auto [st, rows] = r.f.get();
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable);
+  EXPECT_NE(st.message().find("signal 9"), std::string::npos) << st.message();
+  ASSERT_TRUE(waitFor([&] { return (*w)->ready() && (*w)->workerPid() != first; }));
+  EXPECT_EQ((*w)->restarts(), 1u);
+  Result1 again;
+  ASSERT_TRUE((*w)->trySubmit(batch({{7}}), again.done()).isOk());
+  ASSERT_EQ(again.f.wait_for(5s), std::future_status::ready);
+  EXPECT_TRUE(again.f.get().first.isOk());
+}
+
+TEST(ShmWorker, CrashingWorkerReportsExitCode) {
+  auto w = ShmWorker::start(opts("crash", {"--crash-after", "0"}));
+  ASSERT_TRUE(w.isOk());
+  ASSERT_TRUE(waitFor([&] { return (*w)->ready(); }));
+  Result1 r;
+  ASSERT_TRUE((*w)->trySubmit(batch({{5}}), r.done()).isOk());
+  ASSERT_EQ(r.f.wait_for(5s), std::future_status::ready);
+  auto [st, rows] = r.f.get();
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable);
+  EXPECT_NE(st.message().find("exited with code 3"), std::string::npos) << st.message();
+}
+
+TEST(ShmWorker, StuckWorkerDetectedByHeartbeat) {
+  auto w = ShmWorker::start(opts("hang", {"--hang-after", "0"}));
+  ASSERT_TRUE(w.isOk());
+  ASSERT_TRUE(waitFor([&] { return (*w)->ready(); }));
+  pid_t first = (*w)->workerPid();
+  Result1 r;
+  auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE((*w)->trySubmit(batch({{5}}), r.done()).isOk());
+  ASSERT_EQ(r.f.wait_for(5s), std::future_status::ready);
+  auto [st, rows] = r.f.get();
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable);
+  EXPECT_NE(st.message().find("no heartbeat"), std::string::npos) << st.message();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
+  // The stuck process was killed, not left behind.
+  EXPECT_TRUE(waitFor([&] { return kill(first, 0) != 0; }));
+  ASSERT_TRUE(waitFor([&] { return (*w)->ready(); }));
+}
+
+TEST(ShmWorker, StoppedWorkerDetectedAndReplaced) {
+  auto w = ShmWorker::start(opts("sigstop"));
+  ASSERT_TRUE(w.isOk());
+  ASSERT_TRUE(waitFor([&] { return (*w)->ready(); }));
+  pid_t first = (*w)->workerPid();
+  kill(first, SIGSTOP);
+  ASSERT_TRUE(waitFor([&] { return !(*w)->ready(); }, 3000ms));
+  ASSERT_TRUE(waitFor([&] { return (*w)->ready() && (*w)->workerPid() != first; }));
+  EXPECT_NE((*w)->lastFailure().find("no heartbeat"), std::string::npos);
+}
+
+TEST(ShmWorker, FailedStartIsRetriedWithBackoff) {
+  auto w = ShmWorker::start(opts("failstart", {"--fail-start"}));
+  ASSERT_TRUE(w.isOk());
+  ASSERT_TRUE(waitFor([&] { return (*w)->restarts() >= 2; }));
+  EXPECT_FALSE((*w)->ready());
+  EXPECT_NE((*w)->lastFailure().find("failed to start"), std::string::npos)
+      << (*w)->lastFailure();
+  Result1 r;
+  EXPECT_EQ((*w)->trySubmit(batch({{1}}), r.done()).code(), StatusCode::kUnavailable);
+}
+
+TEST(ShmWorker, MissingBinaryIsAnError) {
+  auto o = opts("nobin");
+  o.rose_bin = "/nonexistent/rose";
+  auto w = ShmWorker::start(o);
+  EXPECT_FALSE(w.isOk());
+  EXPECT_NE(w.status().message().find("/nonexistent/rose"), std::string::npos);
+}
+
+pid_t spawnSidecar(const std::string& name) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    std::string bin = fakeRose();
+    execl(bin.c_str(), bin.c_str(), "--shm-name", name.c_str(), "--create-shm", nullptr);
+    _exit(127);
+  }
+  return pid;
+}
+
+TEST(ShmWorker, AttachModeFollowsASidecarAcrossRestarts) {
+  auto o = opts("attach");
+  o.attach = true;
+  pid_t side = spawnSidecar(o.shm_name);
+  auto w = ShmWorker::start(o);
+  ASSERT_TRUE(w.isOk());
+  ASSERT_TRUE(waitFor([&] { return (*w)->ready(); }));
+  EXPECT_EQ((*w)->workerPid(), side);
+  Result1 r;
+  ASSERT_TRUE((*w)->trySubmit(batch({{4, 4}}), r.done()).isOk());
+  ASSERT_EQ(r.f.wait_for(5s), std::future_status::ready);
+  EXPECT_EQ(r.f.get().second[0], 8.0f);
+  kill(side, SIGKILL);
+  waitpid(side, nullptr, 0);
+  ASSERT_TRUE(waitFor([&] { return !(*w)->ready(); }));
+  pid_t side2 = spawnSidecar(o.shm_name);  // the container restarts
+  ASSERT_TRUE(waitFor([&] { return (*w)->ready(); }));
+  EXPECT_EQ((*w)->workerPid(), side2);
+  Result1 r2;
+  ASSERT_TRUE((*w)->trySubmit(batch({{1, 1}}), r2.done()).isOk());
+  ASSERT_EQ(r2.f.wait_for(5s), std::future_status::ready);
+  EXPECT_EQ(r2.f.get().second[0], 2.0f);
+  (*w)->stop();
+  kill(side2, SIGTERM);
+  waitpid(side2, nullptr, 0);
+}
+
+// If tulip dies, its rose must not linger holding the GPU and the segment.
+TEST(ShmWorker, WorkerDiesWithItsOwner) {
+  auto o = opts("orphan");
+  int pipefd[2];
+  ASSERT_EQ(pipe(pipefd), 0);
+  pid_t owner = fork();
+  if (owner == 0) {
+    close(pipefd[0]);
+    auto w = ShmWorker::start(o);
+    if (!w.isOk()) _exit(1);
+    while (!(*w)->ready()) usleep(1000);
+    pid_t child = (*w)->workerPid();
+    (void)!write(pipefd[1], &child, sizeof(child));
+    pause();
+    _exit(0);
+  }
+  close(pipefd[1]);
+  pid_t rose = 0;
+  ASSERT_EQ(read(pipefd[0], &rose, sizeof(rose)), static_cast<ssize_t>(sizeof(rose)));
+  ASSERT_GT(rose, 0);
+  EXPECT_EQ(kill(rose, 0), 0);
+  kill(owner, SIGKILL);
+  waitpid(owner, nullptr, 0);
+  EXPECT_TRUE(waitFor([&] { return kill(rose, 0) != 0; }, 3000ms))
+      << "rose outlived its tulip";
+  shm_unlink(o.shm_name.c_str());
+}
+
+}  // namespace
+}  // namespace garden::tulip
