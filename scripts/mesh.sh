@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Starts rose (spawned by tulip), tulip and ivy locally in the foreground from the build tree, and
+# stops all three cleanly on Ctrl-C / SIGTERM.
+#   scripts/mesh.sh --model DIR [--port 8080] [--device cpu|cuda] [--pooling last|mean|cls]
+#                   [--tulip-port 50051] [--metrics-port 9091] [--name NAME]
+set -euo pipefail
+source "$(dirname "$0")/common.sh"
+
+MODEL="" PORT=8080 DEVICE=cpu POOLING=default TULIP_PORT=50051 METRICS_PORT=9091 NAME=""
+usage() { sed -n '2,5p' "$0" | sed 's/^# \{0,1\}//'; }
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --model) MODEL="$2"; shift 2 ;;
+    --port) PORT="$2"; shift 2 ;;
+    --device) DEVICE="$2"; shift 2 ;;
+    --pooling) POOLING="$2"; shift 2 ;;
+    --tulip-port) TULIP_PORT="$2"; shift 2 ;;
+    --metrics-port) METRICS_PORT="$2"; shift 2 ;;
+    --name) NAME="$2"; shift 2 ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "mesh.sh: unknown argument $1" >&2; usage >&2; exit 2 ;;
+  esac
+done
+[ -n "$MODEL" ] || { echo "mesh.sh: --model DIR is required" >&2; usage >&2; exit 2; }
+[ -f "$MODEL/config.json" ] || { echo "mesh.sh: $MODEL/config.json not found" >&2; exit 2; }
+case "$DEVICE" in cpu|cuda) ;; *) echo "mesh.sh: --device must be cpu or cuda" >&2; exit 2 ;; esac
+MODEL="$(cd "$MODEL" && pwd)"
+
+IVY="$BUILD_DIR/services/ivy/ivy"
+TULIP="$BUILD_DIR/services/tulip/tulip"
+ROSE="$BUILD_DIR/services/rose/rose"
+for b in "$IVY" "$TULIP" "$ROSE"; do
+  [ -x "$b" ] || { echo "mesh.sh: $b is missing; build first (scripts/demo.sh does)" >&2; exit 2; }
+done
+
+TOKENIZER_ARGS=()
+[ -f "$MODEL/tokenizer.model" ] && TOKENIZER_ARGS=(--tokenizer "$MODEL/tokenizer.model")
+[ ! -f "$MODEL/tokenizer.model" ] && [ -f "$MODEL/tokenizer.json" ] && TOKENIZER_ARGS=(--tokenizer "$MODEL/tokenizer.json")
+NAME_ARGS=()
+[ -n "$NAME" ] && NAME_ARGS=(--served-model-name "$NAME")
+
+pids=()
+stop() {
+  trap - INT TERM EXIT
+  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+}
+trap 'stop; exit 0' INT TERM
+trap stop EXIT
+
+"$TULIP" --port "$TULIP_PORT" --metrics-port "$METRICS_PORT" --model "$MODEL" --device "$DEVICE" \
+  --pooling "$POOLING" --rose-bin "$ROSE" --shm-name "/garden-mesh-$TULIP_PORT" "${NAME_ARGS[@]}" &
+pids+=($!)
+"$IVY" --port "$PORT" --tulip "127.0.0.1:$TULIP_PORT" "${TOKENIZER_ARGS[@]}" "${NAME_ARGS[@]}" &
+pids+=($!)
+
+echo "mesh: ivy on :$PORT, tulip on :$TULIP_PORT (metrics :$METRICS_PORT), rose on $DEVICE; Ctrl-C stops" >&2
+# Exit (stopping the others) as soon as either tier exits on its own.
+wait -n "${pids[@]}" || true
+echo "mesh: a tier exited; stopping the mesh" >&2
+exit 1
