@@ -66,7 +66,7 @@ int main(int argc, char** argv) {
   bool attach = false;
   uint32_t depth = 4, max_batch_tokens = 8192, max_batch_seqs = 256, rose_threads = 0;
   uint64_t queue_limit_tokens = 1u << 20;
-  uint32_t heartbeat_timeout_ms = 3000, drain_timeout_ms = 10000;
+  uint32_t heartbeat_timeout_ms = 3000, drain_timeout_ms = 10000, step_timeout_ms = 60000;
   std::vector<std::string> rose_extra;
 
   Flags flags("tulip", "Garden scheduler: gRPC in, batches to a rose worker over shared memory");
@@ -89,6 +89,8 @@ int main(int argc, char** argv) {
            "queued tokens beyond which requests get RESOURCE_EXHAUSTED")
       .add("heartbeat-timeout-ms", &heartbeat_timeout_ms,
            "a worker silent this long is declared stuck and restarted")
+      .add("step-timeout-ms", &step_timeout_ms,
+           "a batch in flight this long means a stuck worker: it is restarted")
       .add("drain-timeout-ms", &drain_timeout_ms, "on SIGTERM, time allowed for in-flight work")
       .add("log-level", &log_level, "debug|info|warn|error")
       .useEnv("TULIP_");
@@ -125,6 +127,7 @@ int main(int argc, char** argv) {
       (uint64_t{max_batch_tokens} + max_batch_seqs) * sizeof(int32_t) + 4096;
   wopts.layout.output_bytes = uint64_t{max_batch_seqs} * hidden * sizeof(float);
   wopts.heartbeat_timeout = std::chrono::milliseconds(heartbeat_timeout_ms);
+  wopts.step_timeout = std::chrono::milliseconds(step_timeout_ms);
   wopts.rose_args = {"--model", model, "--device", device, "--pooling", pooling,
                      "--max-batch-tokens", std::to_string(max_batch_tokens)};
   if (rose_threads > 0) {

@@ -335,6 +335,19 @@ void ShmWorker::run() {
                  std::to_string(opts_.heartbeat_timeout.count()) + " ms");
         break;
       }
+      int64_t oldest = 0;
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        for (const auto& sl : slots_)
+          if (sl.busy && (oldest == 0 || sl.submitted_ns < oldest)) oldest = sl.submitted_ns;
+      }
+      if (oldest != 0 &&
+          shm::monotonicNowNs() - oldest > opts_.step_timeout.count() * 1000000) {
+        markDead("rose worker (pid " + std::to_string(worker_pid_.load()) +
+                 ") is stuck: a step did not complete within " +
+                 std::to_string(opts_.step_timeout.count()) + " ms");
+        break;
+      }
       if (channel_->state() == shm::WorkerState::kFailed ||
           channel_->state() == shm::WorkerState::kStopping) {
         markDead("rose worker reported it is " +

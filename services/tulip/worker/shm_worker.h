@@ -34,6 +34,9 @@ struct ShmWorkerOptions {
   std::string rose_bin;                // spawned mode: the rose executable
   std::vector<std::string> rose_args;  // passed after `--shm-name NAME`
   std::chrono::milliseconds heartbeat_timeout{3000};
+  // A batch in flight longer than this means a step that never completes (while the process may
+  // still beat): the worker is declared stuck and restarted.
+  std::chrono::milliseconds step_timeout{60000};
   std::chrono::milliseconds start_timeout{600000};
   std::chrono::milliseconds backoff_min{250};
   std::chrono::milliseconds backoff_max{30000};

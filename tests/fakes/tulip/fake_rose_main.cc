@@ -4,6 +4,7 @@
 //   --delay-ms N        each batch takes N ms
 //   --crash-after N     exit(3) when batch N+1 arrives
 //   --hang-after N      after N batches stop beating and answering (alive but stuck)
+//   --stall-after N     after N batches keep beating but never answer (a step that never ends)
 //   --fail-start        report WorkerState::kFailed instead of loading
 //   --create-shm        sidecar mode: create the segment (depth 2) instead of attaching
 #include <signal.h>
@@ -23,7 +24,7 @@ static volatile sig_atomic_t g_stop = 0;
 
 int main(int argc, char** argv) {
   std::string name;
-  int delay_ms = 0, crash_after = -1, hang_after = -1;
+  int delay_ms = 0, crash_after = -1, hang_after = -1, stall_after = -1;
   bool fail_start = false, create = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -32,6 +33,7 @@ int main(int argc, char** argv) {
     else if (a == "--delay-ms") delay_ms = std::atoi(next().c_str());
     else if (a == "--crash-after") crash_after = std::atoi(next().c_str());
     else if (a == "--hang-after") hang_after = std::atoi(next().c_str());
+    else if (a == "--stall-after") stall_after = std::atoi(next().c_str());
     else if (a == "--fail-start") fail_start = true;
     else if (a == "--create-shm") create = true;
     // everything else (--model, --device, ...) is accepted and ignored
@@ -66,6 +68,13 @@ int main(int argc, char** argv) {
     if (crash_after >= 0 && served >= crash_after) std::exit(3);
     if (hang_after >= 0 && served >= hang_after) {
       while (true) pause();
+    }
+    if (stall_after >= 0 && served >= stall_after) {
+      while (!g_stop) {
+        ch->beat();
+        usleep(10000);
+      }
+      break;
     }
     if (delay_ms > 0) {
       for (int t = 0; t < delay_ms; t += 10) {

@@ -163,6 +163,22 @@ TEST(ShmWorker, StuckWorkerDetectedByHeartbeat) {
   ASSERT_TRUE(waitFor([&] { return (*w)->ready(); }));
 }
 
+TEST(ShmWorker, StepThatNeverCompletesIsDetected) {
+  auto o = opts("stall", {"--stall-after", "0"});
+  o.step_timeout = 500ms;
+  auto w = ShmWorker::start(o);
+  ASSERT_TRUE(w.isOk());
+  ASSERT_TRUE(waitFor([&] { return (*w)->ready(); }));
+  Result1 r;
+  ASSERT_TRUE((*w)->trySubmit(batch({{5}}), r.done()).isOk());
+  ASSERT_EQ(r.f.wait_for(5s), std::future_status::ready);
+  auto [st, rows] = r.f.get();
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable);
+  EXPECT_NE(st.message().find("did not complete within 500 ms"), std::string::npos)
+      << st.message();
+  ASSERT_TRUE(waitFor([&] { return (*w)->ready(); }));
+}
+
 TEST(ShmWorker, StoppedWorkerDetectedAndReplaced) {
   auto w = ShmWorker::start(opts("sigstop"));
   ASSERT_TRUE(w.isOk());

@@ -1,0 +1,229 @@
+#include "tests/integration/support/harness.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+namespace garden::testing {
+
+namespace fs = std::filesystem;
+
+std::string sourceDir() {
+  const char* s = std::getenv("GARDEN_SOURCE_DIR");
+  return s ? s : ".";
+}
+
+std::string buildDir() {
+  const char* s = std::getenv("GARDEN_BUILD_DIR");
+  return s ? s : ".";
+}
+
+std::string binary(const std::string& rel) { return buildDir() + "/" + rel; }
+
+TempDir::TempDir() {
+  std::string tmpl = (fs::temp_directory_path() / "garden-it-XXXXXX").string();
+  char* p = mkdtemp(tmpl.data());
+  path_ = p ? p : "/tmp";
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  if (!path_.empty() && path_ != "/tmp") fs::remove_all(path_, ec);
+}
+
+int freePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t len = sizeof(a);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  int port = ntohs(a.sin_port);
+  close(fd);
+  return port;
+}
+
+Process::Process(std::vector<std::string> argv, std::string log_path)
+    : log_path_(std::move(log_path)) {
+  std::vector<char*> args;
+  for (auto& a : argv) args.push_back(a.data());
+  args.push_back(nullptr);
+  pid_ = fork();
+  if (pid_ == 0) {
+    int fd = open(log_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (fd >= 0) {
+      dup2(fd, 1);
+      dup2(fd, 2);
+      close(fd);
+    }
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    execv(args[0], args.data());
+    std::fprintf(stderr, "exec %s failed: %s\n", args[0], std::strerror(errno));
+    _exit(127);
+  }
+}
+
+Process::~Process() {
+  if (pid_ > 0 && !reaped_) {
+    if (signal(SIGTERM, std::chrono::milliseconds(5000)) == -1) signal(SIGKILL);
+  }
+}
+
+bool Process::alive() {
+  if (reaped_) return false;
+  int st = 0;
+  if (waitpid(pid_, &st, WNOHANG) == pid_) {
+    reaped_ = true;
+    status_ = st;
+    return false;
+  }
+  return true;
+}
+
+int Process::signal(int sig, std::chrono::milliseconds wait) {
+  if (reaped_) return status_;
+  ::kill(pid_, sig);
+  if (sig != SIGTERM && sig != SIGKILL && sig != SIGINT) return 0;
+  auto t0 = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - t0 < wait) {
+    if (!alive()) return status_;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return -1;
+}
+
+std::string Process::log() const {
+  std::ifstream f(log_path_);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+std::vector<pid_t> childrenOf(pid_t pid) {
+  std::vector<pid_t> out;
+  std::error_code ec;
+  for (auto& t : fs::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
+    std::ifstream f(t.path() / "children");
+    pid_t c;
+    while (f >> c) out.push_back(c);
+  }
+  return out;
+}
+
+HttpResponse http(int port, const std::string& method, const std::string& path,
+                  const std::string& body, const std::map<std::string, std::string>& headers,
+                  std::chrono::milliseconds timeout) {
+  HttpResponse r;
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return r;
+  timeval tv{static_cast<time_t>(timeout.count() / 1000),
+             static_cast<suseconds_t>((timeout.count() % 1000) * 1000)};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    close(fd);
+    return r;
+  }
+  std::string req = method + " " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n";
+  bool has_type = false;
+  for (auto& [k, v] : headers) {
+    req += k + ": " + v + "\r\n";
+    if (strcasecmp(k.c_str(), "content-type") == 0) has_type = true;
+  }
+  if (!body.empty() || method == "POST") {
+    if (!has_type) req += "Content-Type: application/json\r\n";
+    req += "Content-Length: " + std::to_string(body.size()) + "\r\n";
+  }
+  req += "\r\n";
+  req += body;
+  size_t off = 0;
+  while (off < req.size()) {
+    ssize_t n = send(fd, req.data() + off, req.size() - off, MSG_NOSIGNAL);
+    if (n <= 0) break;  // the server may answer early (e.g. 413) and close
+    off += static_cast<size_t>(n);
+  }
+  std::string raw;
+  char buf[65536];
+  while (true) {
+    ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) break;
+    raw.append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+  size_t hdr_end = raw.find("\r\n\r\n");
+  if (hdr_end == std::string::npos || raw.compare(0, 5, "HTTP/") != 0) return r;
+  std::istringstream hs(raw.substr(0, hdr_end));
+  std::string line;
+  std::getline(hs, line);
+  r.status = std::atoi(line.substr(line.find(' ') + 1).c_str());
+  while (std::getline(hs, line)) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    auto c = line.find(':');
+    if (c == std::string::npos) continue;
+    std::string k = line.substr(0, c), v = line.substr(c + 1);
+    std::transform(k.begin(), k.end(), k.begin(), ::tolower);
+    v.erase(0, v.find_first_not_of(' '));
+    r.headers[k] = v;
+  }
+  std::string rest = raw.substr(hdr_end + 4);
+  if (r.headers["transfer-encoding"] == "chunked") {
+    size_t p = 0;
+    while (p < rest.size()) {
+      size_t e = rest.find("\r\n", p);
+      if (e == std::string::npos) break;
+      size_t len = std::strtoul(rest.substr(p, e - p).c_str(), nullptr, 16);
+      if (len == 0) break;
+      r.body += rest.substr(e + 2, len);
+      p = e + 2 + len + 2;
+    }
+  } else {
+    r.body = rest;
+  }
+  return r;
+}
+
+bool waitForHttp(int port, const std::string& path, int want, std::chrono::milliseconds limit) {
+  auto t0 = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - t0 < limit) {
+    if (http(port, "GET", path, "", {}, std::chrono::milliseconds(2000)).status == want)
+      return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
+int run(const std::vector<std::string>& argv, const std::string& log_path) {
+  Process p(argv, log_path.empty() ? "/dev/null" : log_path);
+  auto t0 = std::chrono::steady_clock::now();
+  while (p.alive()) {
+    if (std::chrono::steady_clock::now() - t0 > std::chrono::minutes(5)) {
+      p.signal(SIGKILL);
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  int st = p.signal(0);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+}  // namespace garden::testing

@@ -1,0 +1,77 @@
+#pragma once
+// Integration-test support: real processes on real ports, and a small blocking HTTP/1.1 client.
+// Used only by tests (single-threaded unless stated).
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace garden::testing {
+
+// Repository and build paths from the environment ctest sets (GARDEN_SOURCE_DIR/GARDEN_BUILD_DIR).
+std::string sourceDir();
+std::string buildDir();
+std::string binary(const std::string& rel);  // buildDir() + "/" + rel
+
+// A fresh temporary directory, removed by the destructor.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// A port that was free a moment ago (bind to 0, read, close).
+int freePort();
+
+// A child process whose stdout+stderr go to `log_path`. The destructor sends SIGTERM, waits up to
+// 5 s, then SIGKILLs.
+class Process {
+ public:
+  Process(std::vector<std::string> argv, std::string log_path);
+  ~Process();
+  Process(const Process&) = delete;
+  Process& operator=(const Process&) = delete;
+
+  pid_t pid() const { return pid_; }
+  bool alive();
+  // Sends `sig`; for SIGTERM/SIGKILL waits for exit (up to `wait`) and returns the wait status.
+  int signal(int sig, std::chrono::milliseconds wait = std::chrono::milliseconds(5000));
+  std::string log() const;
+  const std::string& logPath() const { return log_path_; }
+
+ private:
+  pid_t pid_ = -1;
+  int status_ = 0;
+  bool reaped_ = false;
+  std::string log_path_;
+};
+
+// Direct children of `pid` (from /proc).
+std::vector<pid_t> childrenOf(pid_t pid);
+
+struct HttpResponse {
+  int status = 0;  // 0 = connection failed
+  std::map<std::string, std::string> headers;  // lower-cased names
+  std::string body;
+};
+
+// One request on a new connection (Connection: close).
+HttpResponse http(int port, const std::string& method, const std::string& path,
+                  const std::string& body = "",
+                  const std::map<std::string, std::string>& headers = {},
+                  std::chrono::milliseconds timeout = std::chrono::milliseconds(60000));
+
+// Polls GET path until it answers `want` or the limit passes.
+bool waitForHttp(int port, const std::string& path, int want, std::chrono::milliseconds limit);
+
+// Runs a command, returns its exit status; output appended to `log_path` if given.
+int run(const std::vector<std::string>& argv, const std::string& log_path = "");
+
+}  // namespace garden::testing
