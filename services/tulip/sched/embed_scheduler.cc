@@ -5,6 +5,7 @@
 #include <unordered_set>
 
 #include "common/logging.h"
+#include "common/metrics/registry.h"
 
 namespace garden::tulip {
 namespace {
@@ -15,6 +16,29 @@ uint64_t usSince(int64_t t0_ns) {
   int64_t d = shm::monotonicNowNs() - t0_ns;
   return d > 0 ? static_cast<uint64_t>(d / 1000) : 0;
 }
+
+struct BatchMetrics {
+  metrics::Histogram& tokens;
+  metrics::Histogram& fill;
+  metrics::Histogram& step;
+  metrics::Histogram& roundtrip;
+  metrics::CounterFamily& batches;
+  static BatchMetrics& get() {
+    auto& r = metrics::Registry::global();
+    static BatchMetrics m{
+        r.histogram("tulip_batch_tokens", "Tokens per batch sent to rose", {},
+                    {16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384, 65536})
+            .get(),
+        r.histogram("tulip_batch_fill_ratio", "Batch tokens / token budget", {},
+                    {0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0})
+            .get(),
+        r.histogram("tulip_worker_step_seconds", "rose's own time for one batch").get(),
+        r.histogram("tulip_batch_roundtrip_seconds", "Batch submitted until its result").get(),
+        r.counter("tulip_batches_total", "Batches completed by rose, by outcome", {"outcome"}),
+    };
+    return m;
+  }
+};
 
 bool compatible(const EmbedJob& a, const EmbedJob& b) {
   return a.kind == b.kind && a.pooling == b.pooling && a.normalize == b.normalize &&
@@ -246,6 +270,12 @@ void EmbedScheduler::onResult(std::vector<Part> parts, uint64_t tokens, int64_t 
     }
   }
   const uint64_t batch_us = usSince(submitted_ns);
+  auto& bm = BatchMetrics::get();
+  bm.batches.labels({st.isOk() ? "ok" : std::string(statusCodeName(st.code()))}).inc();
+  if (st.isOk()) {
+    bm.step.observe(r.step_us / 1e6);
+    bm.roundtrip.observe(batch_us / 1e6);
+  }
   std::vector<std::pair<std::shared_ptr<Pending>, Status>> done;
   {
     std::lock_guard<std::mutex> l(mu_);
@@ -305,6 +335,8 @@ void EmbedScheduler::loop() {
     if (parts.empty()) continue;
     const uint64_t tokens = batch.tokens.size();
     inflight_tokens_ += tokens;
+    BatchMetrics::get().tokens.observe(static_cast<double>(tokens));
+    BatchMetrics::get().fill.observe(static_cast<double>(tokens) / opts_.max_batch_tokens);
     l.unlock();
     const int64_t t0 = shm::monotonicNowNs();
     auto shared_parts = std::make_shared<std::vector<Part>>(parts);
