@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <future>
+#include <mutex>
 #include <thread>
 
 #include "common/json_writer.h"
@@ -98,12 +99,15 @@ class MeshTest : public ::testing::Test {
 
   // Direct forward of one sequence: last-token pooling + L2 norm (the default model's pooling).
   static std::vector<float> direct(const std::vector<int32_t>& ids) {
+    // The model's workspace is single-threaded: one direct forward at a time.
+    static std::mutex mu;
+    std::lock_guard<std::mutex> lock(mu);
     std::vector<float> out(model_->hiddenSize());
     int32_t len = static_cast<int32_t>(ids.size());
     rose::BatchInput in{ids, std::span<const int32_t>(&len, 1)};
     EXPECT_TRUE(model_->validate(in).isOk());
     model_->enqueueEmbed(in, model_->pooling().mode, true, out.data());
-    backend_->synchronize();
+    EXPECT_TRUE(backend_->synchronize().isOk());
     return out;
   }
 
@@ -285,7 +289,9 @@ TEST_F(MeshTest, ErrorsAreOpenAIShapedWithTheFieldNamed) {
     std::string_view msg;
     EXPECT_FALSE(doc["error"]["message"].get_string().get(msg)) << r.body;
     EXPECT_FALSE(msg.empty());
-    if (!c.param.empty()) EXPECT_EQ(errorParam(r.body), c.param) << r.body;
+    if (!c.param.empty()) {
+      EXPECT_EQ(errorParam(r.body), c.param) << r.body;
+    }
   }
   // Body over the size limit (1 MiB here).
   std::string big = R"({"model":"tiny","input":")" + std::string(2 << 20, 'a') + "\"}";
@@ -330,7 +336,6 @@ TEST_F(MeshTest, ConcurrentRequestsAllAnsweredCorrectly) {
       return ok;
     }));
   }
-  // direct() is used from several threads above; the CPU backend serializes on synchronize.
   for (auto& f : fs) EXPECT_TRUE(f.get());
 }
 
