@@ -1,0 +1,490 @@
+// Kernel microbenchmarks for rose's CUDA backend.
+//
+// Workloads (Qwen3-Embedding-0.6B shapes, 8192-token batches unless noted):
+//   embedding      T=8192 H=1024 gather                         (TB/s)
+//   rms_norm_add   T=8192 H=1024, residual add fused            (TB/s)
+//   qk_norm_rope   T=8192 Hq=16 Hkv=8 D=128                     (TB/s)
+//   swiglu         T=8192 I=3072                                (TB/s)
+//   pool_mean      T=8192 H=1024, 16 sequences, L2              (TB/s)
+//   pool_last      T=8192 H=1024, 16 sequences, L2              (TB/s of the rows read)
+//   attention      causal 16x512, causal 4x2048, bidir 8x1024, causal 64x128 (TFLOP/s)
+//   gemm           M=8192: qkv 4096x1024, o 1024x2048, gate_up 6144x1024, down 1024x3072,
+//                  and 8192^3 (TFLOP/s)
+// Method: inputs are random (never zeros); each workload rotates over enough input/output sets
+// to exceed 4x the 60 MB L2; a sampled correctness check against a host f32 computation runs
+// before timing; warm-up, then the median of per-launch CUDA-event times. Rooflines: 4.2 TB/s
+// (device copy, read+write) and 805 TFLOP/s (bf16 dense GEMM), measured on the GPU host
+// (docs: shared/design/GPU_HOST.md).
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "services/rose/ops/cuda/attention.cuh"
+#include "services/rose/ops/cuda/embedding.cuh"
+#include "services/rose/ops/cuda/gemm.h"
+#include "services/rose/ops/cuda/pool.cuh"
+#include "services/rose/ops/cuda/qk_norm_rope.cuh"
+#include "services/rose/ops/cuda/rms_norm.cuh"
+#include "services/rose/ops/cuda/swiglu.cuh"
+
+namespace garden::rose::cuda {
+namespace {
+
+constexpr double kPeakBw = 4.2e12;     // bytes/s
+constexpr double kPeakFlops = 805e12;  // bf16 dense
+constexpr size_t kRotateBytes = 256ull << 20;
+
+#define CK(x)                                                                                 \
+  do {                                                                                        \
+    cudaError_t e_ = (x);                                                                     \
+    if (e_ != cudaSuccess) {                                                                  \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                           \
+    }                                                                                         \
+  } while (0)
+#define OK(x)                                                      \
+  do {                                                             \
+    Status s_ = (x);                                               \
+    if (!s_.isOk()) {                                              \
+      std::fprintf(stderr, "%s: %s\n", #x, s_.toString().c_str()); \
+      std::exit(1);                                                \
+    }                                                              \
+  } while (0)
+
+std::mt19937 g_rng(42);
+int g_failures = 0;
+
+float bf(float x) { return __bfloat162float(__float2bfloat16(x)); }
+
+struct Dev {
+  void* p = nullptr;
+  size_t bytes = 0;
+  explicit Dev(size_t b) : bytes(b) { CK(cudaMalloc(&p, b)); }
+  ~Dev() { cudaFree(p); }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(p);
+  }
+};
+
+// Random bf16 on the device (host-generated), returns host copy as float.
+std::vector<float> fillBf16(const Dev& d, float lo, float hi) {
+  size_t n = d.bytes / 2;
+  std::vector<__nv_bfloat16> h(n);
+  std::vector<float> f(n);
+  std::uniform_real_distribution<float> u(lo, hi);
+  for (size_t i = 0; i < n; ++i) {
+    h[i] = __float2bfloat16(u(g_rng));
+    f[i] = __bfloat162float(h[i]);
+  }
+  CK(cudaMemcpy(d.p, h.data(), n * 2, cudaMemcpyHostToDevice));
+  return f;
+}
+std::vector<float> readBf16(const void* p, size_t n) {
+  std::vector<__nv_bfloat16> h(n);
+  CK(cudaMemcpy(h.data(), p, n * 2, cudaMemcpyDeviceToHost));
+  std::vector<float> f(n);
+  for (size_t i = 0; i < n; ++i) f[i] = __bfloat162float(h[i]);
+  return f;
+}
+void poison(const Dev& d) { CK(cudaMemset(d.p, 0xFF, d.bytes)); }
+
+void check(const char* name, double got, double ref, double atol, double rtol) {
+  if (!(std::fabs(got - ref) <= atol + rtol * std::fabs(ref))) {
+    if (g_failures < 20) std::printf("  CHECK FAILED %s: got %g ref %g\n", name, got, ref);
+    ++g_failures;
+  }
+}
+
+int setsFor(size_t bytes_per_set) {
+  return static_cast<int>(
+      std::clamp<size_t>(kRotateBytes / std::max<size_t>(bytes_per_set, 1) + 1, 2, 32));
+}
+
+// Median per-launch time (seconds) of run(set) rotating over `sets`.
+double timeIt(const std::function<void(int)>& run, int sets, int iters = 60) {
+  for (int i = 0; i < 5; ++i) run(i % sets);
+  CK(cudaDeviceSynchronize());
+  std::vector<cudaEvent_t> ev(2 * iters);
+  for (auto& e : ev) CK(cudaEventCreate(&e));
+  for (int i = 0; i < iters; ++i) {
+    CK(cudaEventRecord(ev[2 * i]));
+    run(i % sets);
+    CK(cudaEventRecord(ev[2 * i + 1]));
+  }
+  CK(cudaDeviceSynchronize());
+  std::vector<float> ms(iters);
+  for (int i = 0; i < iters; ++i) CK(cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]));
+  for (auto& e : ev) cudaEventDestroy(e);
+  std::sort(ms.begin(), ms.end());
+  return ms[iters / 2] * 1e-3;
+}
+
+void reportBw(const std::string& name, const std::string& shape, double sec, double bytes) {
+  const double bw = bytes / sec;
+  std::printf("%-14s %-34s %9.1f us %8.3f TB/s  %5.1f%% of 4.2 TB/s\n", name.c_str(), shape.c_str(),
+              sec * 1e6, bw / 1e12, 100 * bw / kPeakBw);
+}
+void reportFlops(const std::string& name, const std::string& shape, double sec, double flops) {
+  const double f = flops / sec;
+  std::printf("%-14s %-34s %9.1f us %8.1f TFLOP/s %5.1f%% of 805\n", name.c_str(), shape.c_str(),
+              sec * 1e6, f / 1e12, 100 * f / kPeakFlops);
+}
+
+void benchEmbedding() {
+  const int64_t t = 8192, h = 1024, vocab = 151669;
+  Dev table(vocab * h * 2);
+  auto tf = fillBf16(table, -1, 1);
+  const size_t per = t * h * 2 * 2 + t * 4;
+  const int sets = setsFor(per);
+  std::vector<std::unique_ptr<Dev>> ids, out;
+  std::vector<std::vector<int32_t>> hid(sets);
+  std::uniform_int_distribution<int32_t> u(0, vocab - 1);
+  for (int s = 0; s < sets; ++s) {
+    hid[s].resize(t);
+    for (auto& x : hid[s]) x = u(g_rng);
+    ids.push_back(std::make_unique<Dev>(t * 4));
+    out.push_back(std::make_unique<Dev>(t * h * 2));
+    CK(cudaMemcpy(ids[s]->p, hid[s].data(), t * 4, cudaMemcpyHostToDevice));
+  }
+  auto run = [&](int s) {
+    EmbeddingArgs a{
+        table.as<__nv_bfloat16>(), ids[s]->as<int32_t>(), out[s]->as<__nv_bfloat16>(), t, h, vocab};
+    OK(launchEmbedding(a, nullptr));
+  };
+  poison(*out[0]);
+  run(0);
+  auto o = readBf16(out[0]->p, t * h);
+  for (int64_t r : {int64_t{0}, t / 2, t - 1})
+    for (int64_t c = 0; c < h; c += 97)
+      check("embedding", o[r * h + c], tf[hid[0][r] * h + c], 0, 0);
+  reportBw("embedding", "T=8192 H=1024", timeIt(run, sets), 2.0 * t * h * 2 + t * 4);
+}
+
+void benchRmsNorm() {
+  const int64_t t = 8192, h = 1024;
+  Dev w(h * 2);
+  auto wf = fillBf16(w, 0.5, 1.5);
+  const int sets = setsFor(t * h * 2 * 3);
+  std::vector<std::unique_ptr<Dev>> x, r, o;
+  std::vector<float> x0, r0;
+  for (int s = 0; s < sets; ++s) {
+    x.push_back(std::make_unique<Dev>(t * h * 2));
+    r.push_back(std::make_unique<Dev>(t * h * 2));
+    o.push_back(std::make_unique<Dev>(t * h * 2));
+    auto xf = fillBf16(*x[s], -2, 2);
+    auto rf = fillBf16(*r[s], -2, 2);
+    if (s == 0) {
+      x0 = xf;
+      r0 = rf;
+    }
+  }
+  auto run = [&](int s) {
+    RmsNormArgs a{x[s]->as<__nv_bfloat16>(),
+                  r[s]->as<__nv_bfloat16>(),
+                  w.as<__nv_bfloat16>(),
+                  o[s]->as<__nv_bfloat16>(),
+                  t,
+                  h,
+                  1e-6f};
+    OK(launchRmsNorm(a, nullptr));
+  };
+  poison(*o[0]);
+  run(0);
+  auto of = readBf16(o[0]->p, t * h);
+  for (int64_t row : {int64_t{0}, int64_t{4097}, t - 1}) {
+    double ss = 0;
+    std::vector<float> v(h);
+    for (int64_t i = 0; i < h; ++i) {
+      v[i] = bf(x0[row * h + i] + r0[row * h + i]);
+      ss += v[i] * v[i];
+    }
+    const double inv = 1 / std::sqrt(ss / h + 1e-6);
+    for (int64_t i = 0; i < h; i += 31)
+      check("rms_norm", of[row * h + i], v[i] * inv * wf[i], 2e-2, 2e-2);
+  }
+  reportBw("rms_norm_add", "T=8192 H=1024", timeIt(run, sets), 4.0 * t * h * 2);
+}
+
+void benchQkNormRope() {
+  const int64_t t = 8192, maxpos = 8192;
+  const int hq = 16, hkv = 8, d = 128;
+  const int64_t width = (hq + 2 * hkv) * d;
+  Dev qw(d * 2), kw(d * 2);
+  auto qwf = fillBf16(qw, 0.5, 1.5);
+  fillBf16(kw, 0.5, 1.5);
+  std::vector<float> cs(maxpos * 64), sn(maxpos * 64);
+  for (int64_t p = 0; p < maxpos; ++p)
+    for (int i = 0; i < 64; ++i) {
+      double inv = std::pow(1e6, -2.0 * i / 128);
+      cs[p * 64 + i] = std::cos(p * inv);
+      sn[p * 64 + i] = std::sin(p * inv);
+    }
+  Dev dc(cs.size() * 4), ds(sn.size() * 4), pos(t * 4);
+  CK(cudaMemcpy(dc.p, cs.data(), dc.bytes, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(ds.p, sn.data(), ds.bytes, cudaMemcpyHostToDevice));
+  std::vector<int32_t> hp(t);
+  for (int64_t i = 0; i < t; ++i) hp[i] = static_cast<int32_t>(i % 512);
+  CK(cudaMemcpy(pos.p, hp.data(), t * 4, cudaMemcpyHostToDevice));
+  const int sets = setsFor(t * width * 2);
+  std::vector<std::unique_ptr<Dev>> q;
+  std::vector<float> q0;
+  for (int s = 0; s < sets; ++s) {
+    q.push_back(std::make_unique<Dev>(t * width * 2));
+    auto f = fillBf16(*q[s], -2, 2);
+    if (s == 0) q0 = f;
+  }
+  auto run = [&](int s) {
+    QkNormRopeArgs a;
+    a.qkv = q[s]->as<__nv_bfloat16>();
+    a.q_weight = qw.as<__nv_bfloat16>();
+    a.k_weight = kw.as<__nv_bfloat16>();
+    a.positions = pos.as<int32_t>();
+    a.cos = dc.as<float>();
+    a.sin = ds.as<float>();
+    a.num_tokens = t;
+    a.num_q_heads = hq;
+    a.num_kv_heads = hkv;
+    a.head_dim = d;
+    a.rotary_dim = d;
+    a.max_pos = static_cast<int32_t>(maxpos);
+    OK(launchQkNormRope(a, nullptr));
+  };
+  run(0);
+  auto of = readBf16(q[0]->p, t * width);
+  for (int64_t tok : {int64_t{3}, int64_t{700}}) {  // q head 5
+    const float* x = &q0[tok * width + 5 * d];
+    double ss = 0;
+    for (int i = 0; i < d; ++i) ss += x[i] * x[i];
+    const double inv = 1 / std::sqrt(ss / d + 1e-6);
+    std::vector<double> n(d);
+    for (int i = 0; i < d; ++i) n[i] = x[i] * inv * qwf[i];
+    const int p = hp[tok];
+    for (int i = 0; i < 64; i += 7) {
+      check("qk_norm_rope", of[tok * width + 5 * d + i],
+            n[i] * cs[p * 64 + i] - n[i + 64] * sn[p * 64 + i], 3e-2, 3e-2);
+    }
+  }
+  // in place: read + write the q and k heads
+  reportBw("qk_norm_rope", "T=8192 Hq=16 Hkv=8 D=128", timeIt(run, sets),
+           2.0 * t * (hq + hkv) * d * 2);
+}
+
+void benchSwiglu() {
+  const int64_t t = 8192, inter = 3072;
+  const int sets = setsFor(t * inter * 2 * 3);
+  std::vector<std::unique_ptr<Dev>> gu, o;
+  std::vector<float> g0;
+  for (int s = 0; s < sets; ++s) {
+    gu.push_back(std::make_unique<Dev>(t * 2 * inter * 2));
+    o.push_back(std::make_unique<Dev>(t * inter * 2));
+    auto f = fillBf16(*gu[s], -4, 4);
+    if (s == 0) g0 = f;
+  }
+  auto run = [&](int s) {
+    SwigluArgs a{gu[s]->as<__nv_bfloat16>(), o[s]->as<__nv_bfloat16>(), t, inter};
+    OK(launchSwiglu(a, nullptr));
+  };
+  poison(*o[0]);
+  run(0);
+  auto of = readBf16(o[0]->p, t * inter);
+  for (int64_t i = 0; i < t * inter; i += 100003) {
+    const int64_t r = i / inter, c = i % inter;
+    const double gv = g0[r * 2 * inter + c], uv = g0[r * 2 * inter + inter + c];
+    check("swiglu", of[i], gv / (1 + std::exp(-gv)) * uv, 2e-2, 2e-2);
+  }
+  reportBw("swiglu", "T=8192 I=3072", timeIt(run, sets), 3.0 * t * inter * 2);
+}
+
+void benchPool() {
+  const int64_t t = 8192, h = 1024;
+  const int ns = 16;
+  std::vector<int32_t> cu(ns + 1);
+  for (int i = 0; i <= ns; ++i) cu[i] = static_cast<int32_t>(i * t / ns);
+  Dev dcu(cu.size() * 4);
+  CK(cudaMemcpy(dcu.p, cu.data(), dcu.bytes, cudaMemcpyHostToDevice));
+  const int sets = setsFor(t * h * 2);
+  std::vector<std::unique_ptr<Dev>> hid, o;
+  std::vector<float> h0;
+  for (int s = 0; s < sets; ++s) {
+    hid.push_back(std::make_unique<Dev>(t * h * 2));
+    o.push_back(std::make_unique<Dev>(ns * h * 4));
+    auto f = fillBf16(*hid[s], -3, 3);
+    if (s == 0) h0 = f;
+  }
+  for (PoolKind kind : {PoolKind::kMean, PoolKind::kLast}) {
+    auto run = [&](int s) {
+      PoolArgs a{
+          hid[s]->as<__nv_bfloat16>(), dcu.as<int32_t>(), o[s]->as<float>(), ns, h, kind, true};
+      OK(launchPool(a, nullptr));
+    };
+    poison(*o[0]);
+    run(0);
+    std::vector<float> of(ns * h);
+    CK(cudaMemcpy(of.data(), o[0]->p, of.size() * 4, cudaMemcpyDeviceToHost));
+    for (int sq : {0, ns - 1}) {
+      std::vector<double> v(h, 0);
+      double ss = 0;
+      for (int64_t i = 0; i < h; ++i) {
+        if (kind == PoolKind::kMean) {
+          for (int64_t r = cu[sq]; r < cu[sq + 1]; ++r) v[i] += h0[r * h + i];
+          v[i] /= (cu[sq + 1] - cu[sq]);
+        } else {
+          v[i] = h0[(cu[sq + 1] - 1) * h + i];
+        }
+        ss += v[i] * v[i];
+      }
+      for (int64_t i = 0; i < h; i += 13)
+        check("pool", of[sq * h + i], v[i] / std::sqrt(ss), 1e-5, 1e-3);
+    }
+    const double bytes = kind == PoolKind::kMean ? t * h * 2.0 : ns * h * 2.0;
+    reportBw(kind == PoolKind::kMean ? "pool_mean" : "pool_last", "T=8192 H=1024 16 seqs",
+             timeIt(run, sets), bytes + ns * h * 4.0);
+  }
+}
+
+void benchAttention(int nseq, int len, bool causal) {
+  const int hq = 16, hkv = 8, d = 128;
+  const int64_t t = static_cast<int64_t>(nseq) * len, width = (hq + 2 * hkv) * d;
+  std::vector<int32_t> cu(nseq + 1);
+  for (int i = 0; i <= nseq; ++i) cu[i] = i * len;
+  Dev dcu(cu.size() * 4);
+  CK(cudaMemcpy(dcu.p, cu.data(), dcu.bytes, cudaMemcpyHostToDevice));
+  const int sets = setsFor(t * width * 2 + t * hq * d * 2);
+  std::vector<std::unique_ptr<Dev>> q, o;
+  std::vector<float> q0;
+  for (int s = 0; s < sets; ++s) {
+    q.push_back(std::make_unique<Dev>(t * width * 2));
+    o.push_back(std::make_unique<Dev>(t * hq * d * 2));
+    auto f = fillBf16(*q[s], -2, 2);
+    if (s == 0) q0 = f;
+  }
+  const float scale = 1.f / std::sqrt(128.f);
+  auto run = [&](int s) {
+    AttentionArgs a;
+    a.qkv = q[s]->as<__nv_bfloat16>();
+    a.cu_seqlens = dcu.as<int32_t>();
+    a.out = o[s]->as<__nv_bfloat16>();
+    a.num_tokens = t;
+    a.num_seqs = nseq;
+    a.num_q_heads = hq;
+    a.num_kv_heads = hkv;
+    a.head_dim = d;
+    a.scale = scale;
+    a.causal = causal;
+    OK(launchAttention(a, nullptr));
+  };
+  poison(*o[0]);
+  run(0);
+  auto of = readBf16(o[0]->p, t * hq * d);
+  // Sampled rows: (sequence 0, query len-1, head 3) and (last sequence, query len/2, head 14).
+  for (auto [sq, qi, h] :
+       std::vector<std::tuple<int, int, int>>{{0, len - 1, 3}, {nseq - 1, len / 2, 14}}) {
+    const int64_t row = cu[sq] + qi;
+    const int kvh = h / 2;
+    const int end = causal ? qi + 1 : len;
+    std::vector<double> sc(end);
+    double mx = -1e30;
+    for (int j = 0; j < end; ++j) {
+      double dot = 0;
+      for (int i = 0; i < d; ++i)
+        dot += q0[row * width + h * d + i] * q0[(cu[sq] + j) * width + (hq + kvh) * d + i];
+      sc[j] = dot * scale;
+      mx = std::max(mx, sc[j]);
+    }
+    double sum = 0;
+    for (auto& v : sc) {
+      v = std::exp(v - mx);
+      sum += v;
+    }
+    for (int i = 0; i < d; i += 9) {
+      double acc = 0;
+      for (int j = 0; j < end; ++j)
+        acc += sc[j] * q0[(cu[sq] + j) * width + (hq + hkv + kvh) * d + i];
+      check("attention", of[row * hq * d + h * d + i], acc / sum, 1e-2, 2e-2);
+    }
+  }
+  const double pairs = causal ? nseq * (static_cast<double>(len) * (len + 1) / 2)
+                              : nseq * static_cast<double>(len) * len;
+  const double flops = 4.0 * pairs * hq * d;
+  char shape[64];
+  std::snprintf(shape, sizeof(shape), "%s %dx%d Hq16 Hkv8 D128", causal ? "causal" : "bidir", nseq,
+                len);
+  reportFlops("attention", shape, timeIt(run, sets, 40), flops);
+}
+
+void benchGemm(GemmRunner& g, int64_t m, int64_t n, int64_t k, const char* name) {
+  Dev w(n * k * 2);
+  auto wf = fillBf16(w, -0.05f, 0.05f);
+  const int sets = setsFor(m * k * 2 + m * n * 2 + n * k * 2);
+  std::vector<std::unique_ptr<Dev>> x, y;
+  std::vector<float> x0;
+  for (int s = 0; s < sets && s < 8; ++s) {
+    x.push_back(std::make_unique<Dev>(m * k * 2));
+    y.push_back(std::make_unique<Dev>(m * n * 2));
+    auto f = fillBf16(*x[s], -1, 1);
+    if (s == 0) x0 = f;
+  }
+  const int used = static_cast<int>(x.size());
+  auto run = [&](int s) {
+    OK(g.run(x[s]->as<__nv_bfloat16>(), w.as<__nv_bfloat16>(), nullptr, y[s]->as<__nv_bfloat16>(),
+             m, n, k, nullptr));
+  };
+  poison(*y[0]);
+  run(0);
+  auto yf = readBf16(y[0]->p, m * n);
+  for (auto [i, j] : std::vector<std::pair<int64_t, int64_t>>{
+           {0, 0}, {m - 1, n - 1}, {m / 3, n / 2}, {7, n - 5}}) {
+    double acc = 0;
+    for (int64_t kk = 0; kk < k; ++kk) acc += static_cast<double>(x0[i * k + kk]) * wf[j * k + kk];
+    check("gemm", yf[i * n + j], acc, 2e-3 + 1e-2 * std::fabs(acc), 1e-2);
+  }
+  char shape[64];
+  std::snprintf(shape, sizeof(shape), "M=%ld N=%ld K=%ld", static_cast<long>(m),
+                static_cast<long>(n), static_cast<long>(k));
+  reportFlops(name, shape, timeIt(run, used, 30), 2.0 * m * n * k);
+}
+
+}  // namespace
+}  // namespace garden::rose::cuda
+
+int main() {
+  using namespace garden::rose::cuda;
+  cudaDeviceProp prop{};
+  CK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("# rose kernel bench on %s (%d SMs, L2 %d MB)\n", prop.name, prop.multiProcessorCount,
+              prop.l2CacheSize >> 20);
+  std::printf("%-14s %-34s %12s %16s\n", "kernel", "shape", "median", "rate");
+  benchEmbedding();
+  benchRmsNorm();
+  benchQkNormRope();
+  benchSwiglu();
+  benchPool();
+  benchAttention(16, 512, true);
+  benchAttention(4, 2048, true);
+  benchAttention(8, 1024, false);
+  benchAttention(64, 128, true);
+  auto g = GemmRunner::create();
+  if (!g.isOk()) {
+    std::fprintf(stderr, "%s\n", g.status().toString().c_str());
+    return 1;
+  }
+  benchGemm(**g, 8192, 4096, 1024, "gemm_qkv");
+  benchGemm(**g, 8192, 1024, 2048, "gemm_o");
+  benchGemm(**g, 8192, 6144, 1024, "gemm_gate_up");
+  benchGemm(**g, 8192, 1024, 3072, "gemm_down");
+  benchGemm(**g, 8192, 8192, 8192, "gemm_square");
+  CK(cudaDeviceSynchronize());
+  std::printf("# correctness checks failed: %d\n", g_failures);
+  return g_failures == 0 ? 0 : 2;
+}

@@ -1,0 +1,395 @@
+#include "services/rose/ops/cuda/cuda_backend.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "services/rose/ops/cuda/attention.cuh"
+#include "services/rose/ops/cuda/cuda_utils.h"
+#include "services/rose/ops/cuda/embedding.cuh"
+#include "services/rose/ops/cuda/pool.cuh"
+#include "services/rose/ops/cuda/qk_norm_rope.cuh"
+#include "services/rose/ops/cuda/rms_norm.cuh"
+#include "services/rose/ops/cuda/swiglu.cuh"
+
+namespace garden::rose {
+
+Result<std::unique_ptr<Backend>> makeCudaBackend(const BackendOptions& opts) {
+  ASSIGN_OR_RETURN(auto b, cuda::CudaBackend::create(opts));
+  return std::unique_ptr<Backend>(std::move(b));
+}
+
+namespace cuda {
+namespace {
+
+constexpr size_t kStagingBytes = size_t{16} << 20;
+
+// Op contract violations are broken invariants (backend.h): abort with the reason.
+void checkOk(const Status& s, const char* op) {
+  if (s.isOk()) return;
+  std::string m = std::string("cuda backend: ") + op + ": " + s.toString() + "\n";
+  std::fwrite(m.data(), 1, m.size(), stderr);
+  std::abort();
+}
+
+void require(bool cond, const char* op, const char* what) {
+  if (!cond) checkOk(internalError(what), op);
+}
+
+using bf16 = __nv_bfloat16;
+
+bool is(const Tensor& t, DType d) { return !t.empty() && t.dtype == d; }
+
+class CudaEvent final : public Event {
+ public:
+  explicit CudaEvent(cudaEvent_t e) : e_(e) {}
+  ~CudaEvent() override { cudaEventDestroy(e_); }
+  bool query() override { return cudaEventQuery(e_) != cudaErrorNotReady; }
+  Status wait() override {
+    CUDA_RETURN_IF_ERROR(cudaEventSynchronize(e_));
+    return okStatus();
+  }
+  cudaEvent_t get() const { return e_; }
+
+ private:
+  cudaEvent_t e_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const BackendOptions& opts) {
+  int count = 0;
+  CUDA_RETURN_IF_ERROR(cudaGetDeviceCount(&count));
+  if (opts.device_index < 0 || opts.device_index >= count) {
+    return invalidArgument("cuda backend: device_index " + std::to_string(opts.device_index) +
+                           " out of range (" + std::to_string(count) + " devices)");
+  }
+  std::unique_ptr<CudaBackend> b(new CudaBackend(opts.device_index));
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(b->device_));
+  CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&b->stream_, cudaStreamNonBlocking));
+  ASSIGN_OR_RETURN(b->gemm_, GemmRunner::create());
+  b->graphs_ = std::make_unique<GraphCache>(b->stream_);
+  CUDA_RETURN_IF_ERROR(
+      cudaHostAlloc(reinterpret_cast<void**>(&b->staging_), kStagingBytes, cudaHostAllocDefault));
+  b->staging_bytes_ = kStagingBytes;
+  return b;
+}
+
+CudaBackend::~CudaBackend() {
+  if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  graphs_.reset();
+  gemm_.reset();
+  for (auto& s : staged_) cudaEventDestroy(s.done);
+  for (auto e : free_events_) cudaEventDestroy(e);
+  if (staging_ != nullptr) cudaFreeHost(staging_);
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+}
+
+Result<Buffer> CudaBackend::allocate(size_t bytes) {
+  void* p = nullptr;
+  cudaError_t e = cudaMalloc(&p, bytes == 0 ? 1 : bytes);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return resourceExhausted("cuda backend: cannot allocate " + std::to_string(bytes) +
+                             " bytes of device memory: " + cudaGetErrorString(e));
+  }
+  return Buffer(this, p, bytes);
+}
+
+void CudaBackend::release(void* data, size_t /*bytes*/) { cudaFree(data); }
+
+Status CudaBackend::uploadConvert(const Tensor& dst, const HostView& src) {
+  if (dst.empty()) return invalidArgument("uploadConvert: empty destination");
+  if (dst.numel() != src.numel) {
+    return invalidArgument("uploadConvert: destination has " + std::to_string(dst.numel()) +
+                           " elements, source " + std::to_string(src.numel));
+  }
+  const size_t n = static_cast<size_t>(src.numel);
+  std::vector<uint16_t> tmp16;
+  std::vector<float> tmp32;
+  const void* host = src.data;
+  if (dst.dtype == DType::kBF16) {
+    if (src.dtype != DType::kBF16) {
+      tmp32.resize(n);
+      RETURN_IF_ERROR(convertToF32(src.data, src.dtype, n, tmp32.data()));
+      tmp16.resize(n);
+      for (size_t i = 0; i < n; ++i) tmp16[i] = f32ToBf16(tmp32[i]);
+      host = tmp16.data();
+    }
+  } else if (dst.dtype == DType::kF32) {
+    if (src.dtype != DType::kF32) {
+      tmp32.resize(n);
+      RETURN_IF_ERROR(convertToF32(src.data, src.dtype, n, tmp32.data()));
+      host = tmp32.data();
+    }
+  } else if (dst.dtype == DType::kI32) {
+    if (src.dtype != DType::kI32)
+      return invalidArgument("uploadConvert: I32 destination needs I32 source");
+  } else {
+    return invalidArgument("uploadConvert: unsupported destination dtype " +
+                           std::string(dtypeName(dst.dtype)));
+  }
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+  CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(dst.data, host, dst.bytes(), cudaMemcpyHostToDevice, stream_));
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  return okStatus();
+}
+
+Status CudaBackend::registerHostMemory(void* ptr, size_t bytes) {
+  CUDA_RETURN_IF_ERROR(cudaHostRegister(ptr, bytes, cudaHostRegisterDefault));
+  return okStatus();
+}
+
+void CudaBackend::unregisterHostMemory(void* ptr) { cudaHostUnregister(ptr); }
+
+void CudaBackend::launch(std::function<void()> work) {
+  CUDA_CHECK(cudaSetDevice(device_));
+  work();
+}
+
+Result<std::unique_ptr<Event>> CudaBackend::createEvent() {
+  cudaEvent_t e = nullptr;
+  CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  return std::unique_ptr<Event>(new CudaEvent(e));
+}
+
+Status CudaBackend::recordEvent(Event& event) {
+  auto* ce = dynamic_cast<CudaEvent*>(&event);
+  if (ce == nullptr) return invalidArgument("recordEvent: not an event of the cuda backend");
+  CUDA_RETURN_IF_ERROR(cudaEventRecord(ce->get(), stream_));
+  return okStatus();
+}
+
+Status CudaBackend::synchronize() {
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  return okStatus();
+}
+
+char* CudaBackend::stage(size_t bytes) {
+  const size_t need = (bytes + 255) / 256 * 256;
+  size_t begin = staging_cursor_;
+  if (begin + need > staging_bytes_) begin = 0;
+  const size_t end = begin + need;
+  // Copies complete in stream order: waiting for the newest overlapping one frees all older.
+  int last = -1;
+  for (size_t i = 0; i < staged_.size(); ++i) {
+    if (staged_[i].begin < end && begin < staged_[i].end) last = static_cast<int>(i);
+  }
+  for (int i = 0; i <= last; ++i) {
+    Staged s = staged_.front();
+    staged_.pop_front();
+    if (i == last) CUDA_CHECK(cudaEventSynchronize(s.done));
+    free_events_.push_back(s.done);
+  }
+  staging_cursor_ = end;
+  Staged s;
+  s.begin = begin;
+  s.end = end;
+  if (free_events_.empty()) {
+    CUDA_CHECK(cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming));
+  } else {
+    s.done = free_events_.back();
+    free_events_.pop_back();
+  }
+  staged_.push_back(s);
+  return staging_ + begin;
+}
+
+void CudaBackend::copyToDevice(const Tensor& dst, const void* src, size_t bytes) {
+  require(bytes <= dst.bytes(), "copyToDevice", "more bytes than the destination view holds");
+  if (bytes == 0) return;
+  if (bytes > staging_bytes_ / 2) {
+    // Rare (load-time sized) copy: synchronous from pageable memory.
+    CUDA_CHECK(cudaMemcpyAsync(dst.data, src, bytes, cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return;
+  }
+  char* st = stage(bytes);
+  std::memcpy(st, src, bytes);
+  CUDA_CHECK(cudaMemcpyAsync(dst.data, st, bytes, cudaMemcpyHostToDevice, stream_));
+  CUDA_CHECK(cudaEventRecord(staged_.back().done, stream_));
+}
+
+void CudaBackend::copyToHost(void* dst, const Tensor& src, size_t bytes) {
+  require(bytes <= src.bytes(), "copyToHost", "more bytes than the source view holds");
+  if (bytes == 0) return;
+  CUDA_CHECK(cudaMemcpyAsync(dst, src.data, bytes, cudaMemcpyDeviceToHost, stream_));
+}
+
+void CudaBackend::embedding(const Tensor& table, const Tensor& ids, const Tensor& out) {
+  require(is(table, DType::kBF16) && is(ids, DType::kI32) && is(out, DType::kBF16), "embedding",
+          "dtypes must be table BF16, ids I32, out BF16");
+  require(out.rows() == ids.numel() && out.cols() == table.cols(), "embedding", "shape mismatch");
+  EmbeddingArgs a;
+  a.table = table.as<bf16>();
+  a.ids = ids.as<int32_t>();
+  a.out = out.as<bf16>();
+  a.num_tokens = ids.numel();
+  a.hidden = table.cols();
+  a.vocab = table.rows();
+  checkOk(launchEmbedding(a, stream_), "embedding");
+}
+
+void CudaBackend::rmsNorm(const Tensor& x, const Tensor& residual, const Tensor& weight,
+                          const Tensor& out, const RmsNormParams& p) {
+  require(is(x, DType::kBF16) && is(weight, DType::kBF16) && is(out, DType::kBF16), "rmsNorm",
+          "dtypes must be BF16");
+  require(residual.empty() || residual.dtype == DType::kBF16, "rmsNorm", "residual must be BF16");
+  require(out.rows() == x.rows() && out.cols() == x.cols() && weight.numel() == x.cols(), "rmsNorm",
+          "shape mismatch");
+  require(residual.empty() || (residual.rows() == x.rows() && residual.cols() == x.cols()),
+          "rmsNorm", "residual shape mismatch");
+  RmsNormArgs a;
+  a.x = x.as<bf16>();
+  a.residual = residual.empty() ? nullptr : residual.as<bf16>();
+  a.weight = weight.as<bf16>();
+  a.out = out.as<bf16>();
+  a.rows = x.rows();
+  a.hidden = x.cols();
+  a.eps = p.eps;
+  checkOk(launchRmsNorm(a, stream_), "rmsNorm");
+}
+
+void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) {
+  require(is(x, DType::kBF16) && is(w, DType::kBF16) && is(y, DType::kBF16), "linear",
+          "dtypes must be BF16");
+  require(x.cols() == w.cols() && y.rows() == x.rows() && y.cols() == w.rows(), "linear",
+          "shape mismatch");
+  require(bias.empty() || (bias.dtype == DType::kBF16 && bias.numel() == w.rows()), "linear",
+          "bias must be BF16 [N]");
+  checkOk(gemm_->run(x.as<bf16>(), w.as<bf16>(), bias.empty() ? nullptr : bias.as<bf16>(),
+                     y.as<bf16>(), x.rows(), w.rows(), w.cols(), stream_),
+          "linear");
+}
+
+void CudaBackend::qkNormRope(const Tensor& qkv, const Tensor& q_weight, const Tensor& k_weight,
+                             const Tensor& positions, const Tensor& cos, const Tensor& sin,
+                             const QkNormRopeParams& p) {
+  require(is(qkv, DType::kBF16) && is(positions, DType::kI32), "qkNormRope",
+          "qkv must be BF16, positions I32");
+  require(qkv.cols() == static_cast<int64_t>(p.num_q_heads + 2 * p.num_kv_heads) * p.head_dim,
+          "qkNormRope", "qkv columns != (Hq + 2*Hkv) * head_dim");
+  require(positions.numel() == qkv.rows(), "qkNormRope", "positions must have one entry per token");
+  if (p.apply_norm) {
+    require(is(q_weight, DType::kBF16) && is(k_weight, DType::kBF16) &&
+                q_weight.numel() == p.head_dim && k_weight.numel() == p.head_dim,
+            "qkNormRope", "q/k norm weights must be BF16 [head_dim]");
+  }
+  if (p.rotary_dim > 0) {
+    require(is(cos, DType::kF32) && is(sin, DType::kF32) && cos.cols() == p.rotary_dim / 2 &&
+                sin.rows() == cos.rows() && sin.cols() == cos.cols(),
+            "qkNormRope", "cos/sin must be F32 [max_pos, rotary_dim/2]");
+  }
+  QkNormRopeArgs a;
+  a.qkv = qkv.as<bf16>();
+  a.q_weight = p.apply_norm ? q_weight.as<bf16>() : nullptr;
+  a.k_weight = p.apply_norm ? k_weight.as<bf16>() : nullptr;
+  a.positions = positions.as<int32_t>();
+  a.cos = p.rotary_dim > 0 ? cos.as<float>() : nullptr;
+  a.sin = p.rotary_dim > 0 ? sin.as<float>() : nullptr;
+  a.num_tokens = qkv.rows();
+  a.num_q_heads = p.num_q_heads;
+  a.num_kv_heads = p.num_kv_heads;
+  a.head_dim = p.head_dim;
+  a.rotary_dim = p.rotary_dim;
+  a.max_pos = p.rotary_dim > 0 ? static_cast<int32_t>(cos.rows()) : 0;
+  a.eps = p.eps;
+  a.apply_norm = p.apply_norm;
+  checkOk(launchQkNormRope(a, stream_), "qkNormRope");
+}
+
+void CudaBackend::attention(const Tensor& qkv, const Tensor& cu_seqlens, const Tensor& out,
+                            const AttentionParams& p) {
+  require(is(qkv, DType::kBF16) && is(out, DType::kBF16) && is(cu_seqlens, DType::kI32),
+          "attention", "qkv/out must be BF16, cu_seqlens I32");
+  require(qkv.cols() == static_cast<int64_t>(p.num_q_heads + 2 * p.num_kv_heads) * p.head_dim,
+          "attention", "qkv columns != (Hq + 2*Hkv) * head_dim");
+  require(
+      out.rows() == qkv.rows() && out.cols() == static_cast<int64_t>(p.num_q_heads) * p.head_dim,
+      "attention", "out must be [T, Hq*head_dim]");
+  require(cu_seqlens.numel() >= p.num_seqs + 1, "attention", "cu_seqlens too short");
+  AttentionArgs a;
+  a.qkv = qkv.as<bf16>();
+  a.cu_seqlens = cu_seqlens.as<int32_t>();
+  a.out = out.as<bf16>();
+  a.num_tokens = qkv.rows();
+  a.num_seqs = p.num_seqs;
+  a.num_q_heads = p.num_q_heads;
+  a.num_kv_heads = p.num_kv_heads;
+  a.head_dim = p.head_dim;
+  a.scale = p.scale;
+  a.causal = p.causal;
+  checkOk(launchAttention(a, stream_), "attention");
+}
+
+void CudaBackend::swiglu(const Tensor& gate_up, const Tensor& out) {
+  require(is(gate_up, DType::kBF16) && is(out, DType::kBF16), "swiglu", "dtypes must be BF16");
+  require(gate_up.rows() == out.rows() && gate_up.cols() == 2 * out.cols(), "swiglu",
+          "gate_up must be [T, 2I] and out [T, I]");
+  SwigluArgs a;
+  a.gate_up = gate_up.as<bf16>();
+  a.out = out.as<bf16>();
+  a.num_tokens = out.rows();
+  a.inter = out.cols();
+  checkOk(launchSwiglu(a, stream_), "swiglu");
+}
+
+void CudaBackend::pool(const Tensor& hidden, const Tensor& cu_seqlens, const Tensor& out,
+                       const PoolParams& p) {
+  require(is(hidden, DType::kBF16) && is(out, DType::kF32) && is(cu_seqlens, DType::kI32), "pool",
+          "hidden BF16, out F32, cu_seqlens I32");
+  require(out.rows() == p.num_seqs && out.cols() == hidden.cols() &&
+              cu_seqlens.numel() >= p.num_seqs + 1,
+          "pool", "shape mismatch");
+  PoolArgs a;
+  a.hidden = hidden.as<bf16>();
+  a.cu_seqlens = cu_seqlens.as<int32_t>();
+  a.out = out.as<float>();
+  a.num_seqs = p.num_seqs;
+  a.hidden_size = hidden.cols();
+  a.kind = static_cast<PoolKind>(static_cast<int32_t>(p.mode));
+  a.normalize = p.normalize;
+  checkOk(launchPool(a, stream_), "pool");
+}
+
+void CudaBackend::score(const Tensor& hidden, const Tensor& cu_seqlens, const Tensor& head,
+                        const Tensor& out, const ScoreParams& p) {
+  require(is(hidden, DType::kBF16) && is(head, DType::kBF16) && is(out, DType::kF32) &&
+              is(cu_seqlens, DType::kI32),
+          "score", "hidden/head BF16, out F32, cu_seqlens I32");
+  require(head.cols() == hidden.cols() && out.numel() == p.num_seqs && p.pos_row < head.rows() &&
+              p.neg_row < head.rows(),
+          "score", "shape mismatch");
+  ScoreArgs a;
+  a.hidden = hidden.as<bf16>();
+  a.cu_seqlens = cu_seqlens.as<int32_t>();
+  a.head = head.as<bf16>();
+  a.out = out.as<float>();
+  a.num_seqs = p.num_seqs;
+  a.hidden_size = hidden.cols();
+  a.pos_row = p.pos_row;
+  a.neg_row = p.neg_row;
+  a.apply_sigmoid = p.apply_sigmoid;
+  checkOk(launchScore(a, stream_), "score");
+}
+
+Status CudaBackend::runGraph(const GraphKey& key, const std::function<void()>& body) {
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+  return graphs_->run(key, [&]() -> Status {
+    body();
+    return okStatus();
+  });
+}
+
+Status CudaBackend::precaptureGraph(const GraphKey& key, const std::function<void()>& body) {
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+  return graphs_->precapture(key, [&]() -> Status {
+    body();
+    return okStatus();
+  });
+}
+
+}  // namespace cuda
+}  // namespace garden::rose

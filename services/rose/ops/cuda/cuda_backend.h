@@ -1,0 +1,95 @@
+#pragma once
+// The "cuda" Backend (services/rose/ops/backend.h): bf16 weights, activations and residual stream,
+// f32 accumulation, one non-blocking CUDA stream per backend on which every op and copy is
+// enqueued in program order. Ops map one to one onto the kernel launchers in this folder (GEMMs
+// through cuBLASLt, see gemm.h); none of them allocates or synchronizes, so a forward pass built
+// from them can be captured into a CUDA graph (runGraph).
+//
+// copyToDevice stages the caller's bytes in a pinned ring buffer so the caller may reuse them at
+// once; copyToHost writes into memory registered with registerHostMemory (the shm output arena)
+// when the stream reaches it. Threads: one thread drives the backend (launch/ops/copies); events
+// may be queried or waited on from any thread.
+
+#include <cuda_runtime_api.h>
+
+#include <deque>
+#include <memory>
+#include <vector>
+
+#include "services/rose/graph/graph_cache.h"
+#include "services/rose/ops/backend.h"
+#include "services/rose/ops/cuda/gemm.h"
+
+namespace garden::rose::cuda {
+
+class CudaBackend final : public Backend {
+ public:
+  static Result<std::unique_ptr<CudaBackend>> create(const BackendOptions& opts);
+  ~CudaBackend() override;
+
+  std::string_view name() const override { return "cuda"; }
+  DType weightDType() const override { return DType::kBF16; }
+  DType activationDType() const override { return DType::kBF16; }
+  DType residualDType() const override { return DType::kBF16; }
+
+  Result<Buffer> allocate(size_t bytes) override;
+  Status uploadConvert(const Tensor& dst, const HostView& src) override;
+  Status registerHostMemory(void* ptr, size_t bytes) override;
+  void unregisterHostMemory(void* ptr) override;
+
+  void launch(std::function<void()> work) override;
+  Result<std::unique_ptr<Event>> createEvent() override;
+  Status recordEvent(Event& event) override;
+  Status synchronize() override;
+
+  void copyToDevice(const Tensor& dst, const void* src, size_t bytes) override;
+  void copyToHost(void* dst, const Tensor& src, size_t bytes) override;
+
+  void embedding(const Tensor& table, const Tensor& ids, const Tensor& out) override;
+  void rmsNorm(const Tensor& x, const Tensor& residual, const Tensor& weight, const Tensor& out,
+               const RmsNormParams& p) override;
+  void linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) override;
+  void qkNormRope(const Tensor& qkv, const Tensor& q_weight, const Tensor& k_weight,
+                  const Tensor& positions, const Tensor& cos, const Tensor& sin,
+                  const QkNormRopeParams& p) override;
+  void attention(const Tensor& qkv, const Tensor& cu_seqlens, const Tensor& out,
+                 const AttentionParams& p) override;
+  void swiglu(const Tensor& gate_up, const Tensor& out) override;
+  void pool(const Tensor& hidden, const Tensor& cu_seqlens, const Tensor& out,
+            const PoolParams& p) override;
+  void score(const Tensor& hidden, const Tensor& cu_seqlens, const Tensor& head, const Tensor& out,
+             const ScoreParams& p) override;
+
+  // ---- CUDA-only ----
+  cudaStream_t stream() const { return stream_; }
+  // Runs `body` (which enqueues ops of this backend only, see [TAG_GRAPH_BODY]) through the graph
+  // cache: eager on first sight of `key`, captured on the second, replayed after.
+  Status runGraph(const GraphKey& key, const std::function<void()>& body);
+  Status precaptureGraph(const GraphKey& key, const std::function<void()>& body);
+  const GraphCache::Stats& graphStats() const { return graphs_->stats(); }
+  GemmRunner& gemm() { return *gemm_; }
+
+ protected:
+  void release(void* data, size_t bytes) override;
+
+ private:
+  explicit CudaBackend(int device) : device_(device) {}
+  // Reserves `bytes` of the pinned staging ring, waiting for older copies that still read it.
+  char* stage(size_t bytes);
+
+  struct Staged {
+    size_t begin = 0, end = 0;
+    cudaEvent_t done = nullptr;
+  };
+  int device_ = 0;
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<GemmRunner> gemm_;
+  std::unique_ptr<GraphCache> graphs_;
+  char* staging_ = nullptr;  // pinned host ring
+  size_t staging_bytes_ = 0;
+  size_t staging_cursor_ = 0;
+  std::deque<Staged> staged_;
+  std::vector<cudaEvent_t> free_events_;
+};
+
+}  // namespace garden::rose::cuda

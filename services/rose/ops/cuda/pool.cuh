@@ -1,0 +1,47 @@
+#pragma once
+// Per-sequence pooling of the final hidden states (last token, mean, or first/CLS token) with
+// optional L2 normalization (x / max(||x||, 1e-12), like torch.nn.functional.normalize), written
+// as float32 rows. One block per sequence; its shape depends only on `hidden`, so a sequence's
+// result does not depend on the rest of its batch. A zero-length sequence yields a zero row.
+// Pointers are device memory owned by the caller.
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "common/status.h"
+
+namespace garden::rose::cuda {
+
+enum class PoolKind : int32_t { kLast = 1, kMean = 2, kCls = 3 };
+
+struct PoolArgs {
+  const __nv_bfloat16* hidden = nullptr;  // [num_tokens, hidden_size]
+  const int32_t* cu_seqlens = nullptr;    // [num_seqs + 1]
+  float* out = nullptr;                   // [num_seqs, hidden_size]
+  int32_t num_seqs = 0;
+  int64_t hidden_size = 0;  // multiple of 8, at most 8192; hidden 16-byte aligned
+  PoolKind kind = PoolKind::kLast;
+  bool normalize = true;
+};
+
+Status launchPool(const PoolArgs& a, cudaStream_t stream);
+
+// Scores from each sequence's last token: z = h.W[pos_row] - (neg_row >= 0 ? h.W[neg_row] : 0),
+// out = sigmoid(z) when apply_sigmoid. One warp per sequence, f32 dot products.
+struct ScoreArgs {
+  const __nv_bfloat16* hidden = nullptr;  // [num_tokens, hidden_size]
+  const int32_t* cu_seqlens = nullptr;    // [num_seqs + 1]
+  const __nv_bfloat16* head = nullptr;    // [rows, hidden_size]
+  float* out = nullptr;                   // [num_seqs]
+  int32_t num_seqs = 0;
+  int64_t hidden_size = 0;  // multiple of 8
+  int32_t pos_row = 0;
+  int32_t neg_row = -1;
+  bool apply_sigmoid = true;
+};
+
+Status launchScore(const ScoreArgs& a, cudaStream_t stream);
+
+}  // namespace garden::rose::cuda

@@ -1,0 +1,102 @@
+#include <algorithm>
+
+#include "services/rose/ops/cuda/common.cuh"
+#include "services/rose/ops/cuda/cuda_utils.h"
+#include "services/rose/ops/cuda/rms_norm.cuh"
+
+namespace garden::rose::cuda {
+namespace {
+
+// blockDim = (tx threads per row, ty rows per block); tx is a multiple of 32 and depends only on
+// hidden. Each thread keeps kChunks 8-wide chunks of its row in registers.
+template <int kChunks>
+__global__ void rmsNormKernel(RmsNormArgs a) {
+  extern __shared__ float red[];  // [ty][tx / 32] partial sums
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
+  const bool active = row < a.rows;
+  const int chunks = static_cast<int>(a.hidden / 8);
+  const int64_t off = active ? row * a.hidden : 0;
+  float v[kChunks][8];
+  float ss = 0.f;
+#pragma unroll
+  for (int k = 0; k < kChunks; ++k) {
+    const int c = threadIdx.x + k * blockDim.x;
+    if (active && c < chunks) {
+      loadF32x8(a.x + off + c * 8, v[k]);
+      if (a.residual != nullptr) {
+        float r[8];
+        loadF32x8(a.residual + off + c * 8, r);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[k][i] = roundBf16(v[k][i] + r[i]);
+        storeF32x8(a.residual + off + c * 8, v[k]);
+      }
+#pragma unroll
+      for (int i = 0; i < 8; ++i) ss += v[k][i] * v[k][i];
+    }
+  }
+  ss = warpSum(ss);
+  const int nw = blockDim.x / 32;
+  if (nw > 1) {
+    if ((threadIdx.x & 31) == 0) red[threadIdx.y * nw + threadIdx.x / 32] = ss;
+    __syncthreads();
+    ss = 0.f;
+    for (int w = 0; w < nw; ++w) ss += red[threadIdx.y * nw + w];
+  }
+  const float rstd = rsqrtf(ss / static_cast<float>(a.hidden) + a.eps);
+#pragma unroll
+  for (int k = 0; k < kChunks; ++k) {
+    const int c = threadIdx.x + k * blockDim.x;
+    if (active && c < chunks) {
+      float w[8];
+      loadF32x8(a.weight + c * 8, w);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[k][i] = roundBf16(v[k][i] * rstd) * w[i];
+      storeF32x8(a.out + off + c * 8, v[k]);
+    }
+  }
+}
+
+}  // namespace
+
+Status launchRmsNorm(const RmsNormArgs& a, cudaStream_t stream) {
+  if (a.rows == 0) return okStatus();
+  if (a.hidden <= 0 || a.hidden % 8 != 0 || a.hidden > 32768)
+    return invalidArgument("rms_norm: hidden must be a multiple of 8 in [8, 32768]");
+  if ((reinterpret_cast<uintptr_t>(a.x) | reinterpret_cast<uintptr_t>(a.out) |
+       reinterpret_cast<uintptr_t>(a.weight) | reinterpret_cast<uintptr_t>(a.residual)) %
+          16 !=
+      0)
+    return invalidArgument("rms_norm: pointers must be 16-byte aligned");
+  const int chunks = static_cast<int>(a.hidden / 8);
+  // Threads per row from hidden alone (batch invariance): up to 4 chunks per thread, at most
+  // 1024 threads. hidden 1024 -> 32 threads x 4 chunks (one warp per row).
+  int tx = std::max(32, ((chunks + 3) / 4 + 31) / 32 * 32);
+  tx = std::min(tx, 1024);
+  const int per_thread = (chunks + tx - 1) / tx;
+  // Decode-like: one row per block. Prefill-like: fill 128..256-thread blocks with rows.
+  const bool few = a.rows < 4 * smCount();
+  const int ty = few ? 1 : std::max(1, 128 / tx);
+  dim3 block(tx, ty);
+  dim3 grid(static_cast<unsigned>((a.rows + ty - 1) / ty));
+  const size_t smem = sizeof(float) * static_cast<size_t>(ty * (tx / 32));
+  switch (per_thread) {
+    case 1:
+      rmsNormKernel<1><<<grid, block, smem, stream>>>(a);
+      break;
+    case 2:
+      rmsNormKernel<2><<<grid, block, smem, stream>>>(a);
+      break;
+    case 3:
+      rmsNormKernel<3><<<grid, block, smem, stream>>>(a);
+      break;
+    case 4:
+      rmsNormKernel<4><<<grid, block, smem, stream>>>(a);
+      break;
+    default:
+      return invalidArgument("rms_norm: unsupported hidden size");
+  }
+  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return okStatus();
+}
+
+}  // namespace garden::rose::cuda

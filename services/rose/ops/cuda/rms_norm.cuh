@@ -1,0 +1,31 @@
+#pragma once
+// RMSNorm fused with the residual add (bf16 in and out, f32 sums):
+//   with residual:    residual = bf16(x + residual); out = rmsnorm(residual) * weight
+//   without (null):   out = rmsnorm(x) * weight
+// Mirrors Hugging Face's Qwen3RMSNorm rounding: the normalized row is rounded to bf16 before the
+// weight multiply. `out` may alias `x` (each row is read fully before it is written). The per-row
+// reduction tree depends only on `hidden`, never on the number of rows, so a row's result does
+// not depend on what else is in the batch. Pointers are device memory owned by the caller.
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "common/status.h"
+
+namespace garden::rose::cuda {
+
+struct RmsNormArgs {
+  const __nv_bfloat16* x = nullptr;       // [rows, hidden]
+  __nv_bfloat16* residual = nullptr;      // [rows, hidden] or null
+  const __nv_bfloat16* weight = nullptr;  // [hidden]
+  __nv_bfloat16* out = nullptr;           // [rows, hidden]
+  int64_t rows = 0;
+  int64_t hidden = 0;  // multiple of 8, at most 32768; pointers 16-byte aligned
+  float eps = 1e-6f;
+};
+
+Status launchRmsNorm(const RmsNormArgs& a, cudaStream_t stream);
+
+}  // namespace garden::rose::cuda

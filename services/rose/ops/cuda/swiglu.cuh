@@ -1,0 +1,24 @@
+#pragma once
+// SwiGLU: out[t, i] = silu(gate_up[t, i]) * gate_up[t, I + i] (bf16 in/out, f32 math; silu's
+// result is rounded to bf16 before the product, like Hugging Face's bf16 MLP). Pointers are device
+// memory owned by the caller.
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "common/status.h"
+
+namespace garden::rose::cuda {
+
+struct SwigluArgs {
+  const __nv_bfloat16* gate_up = nullptr;  // [num_tokens, 2 * inter]
+  __nv_bfloat16* out = nullptr;            // [num_tokens, inter]
+  int64_t num_tokens = 0;
+  int64_t inter = 0;  // multiple of 8; pointers 16-byte aligned
+};
+
+Status launchSwiglu(const SwigluArgs& a, cudaStream_t stream);
+
+}  // namespace garden::rose::cuda

@@ -1,0 +1,57 @@
+#pragma once
+// Helpers for the GPU test suite (tests/gpu, ctest label `gpu`): the CPU (fp32 reference) and CUDA
+// backends side by side, random inputs rounded to bf16 (so both backends see identical values),
+// output poisoning (all-ones bytes: NaN in bf16 and f32) and tolerance checks that report the
+// worst element. Single-threaded test use only.
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "services/rose/ops/backend.h"
+
+namespace garden::rose::gputest {
+
+// Both backends; the test fails (never skips) when no CUDA device is present.
+struct Backends {
+  std::unique_ptr<Backend> cpu;
+  std::unique_ptr<Backend> gpu;
+};
+Backends makeBackends();
+
+// n values uniform in [lo, hi), each rounded to a bf16-representable float.
+std::vector<float> randomBf16(size_t n, std::mt19937& rng, float lo = -1.f, float hi = 1.f);
+
+// Allocates (dtype, dims) on `b` and uploads `data` (f32 host values) into it.
+OwnedTensor upload(Backend& b, DType dtype, std::initializer_list<int64_t> dims,
+                   const std::vector<float>& data);
+OwnedTensor uploadI32(Backend& b, std::initializer_list<int64_t> dims,
+                      const std::vector<int32_t>& data);
+OwnedTensor allocate(Backend& b, DType dtype, std::initializer_list<int64_t> dims);
+// Fills the tensor with 0xFF bytes (NaN for bf16/f32) so unwritten outputs are caught.
+void poison(Backend& b, const Tensor& t);
+// Synchronizes and returns the tensor's values as float.
+std::vector<float> download(Backend& b, const Tensor& t);
+
+struct CloseStats {
+  double max_abs = 0;  // worst |got - ref|
+  double max_ref = 0;  // max |ref|
+  int64_t worst = -1;  // index of the worst violation
+  int64_t bad = 0;     // elements outside atol + rtol * |ref|
+  int64_t nonfinite = 0;
+};
+CloseStats compare(const std::vector<float>& got, const std::vector<float>& ref, double atol,
+                   double rtol);
+// EXPECTs every element within atol + rtol*|ref| and finite; prints the worst one otherwise.
+void expectClose(const std::vector<float>& got, const std::vector<float>& ref, double atol,
+                 double rtol, const std::string& what);
+// Cosine similarity of rows [r*cols, (r+1)*cols).
+double rowCosine(const std::vector<float>& a, const std::vector<float>& b, int64_t row,
+                 int64_t cols);
+
+}  // namespace garden::rose::gputest

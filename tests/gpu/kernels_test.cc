@@ -1,0 +1,472 @@
+// Every CUDA op against the CPU fp32 reference backend on fresh random inputs (bf16-representable,
+// never zeros), GPU outputs poisoned with NaN before each run, many shapes including odd sizes and
+// batch 1. Label `gpu`: needs a CUDA device (fails, never skips, without one).
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <sstream>
+#include <string>
+
+#include "services/rose/ops/cuda/attention.cuh"
+#include "services/rose/ops/cuda/cuda_backend.h"
+#include "tests/gpu/gpu_test_util.h"
+
+namespace garden::rose::gputest {
+namespace {
+
+std::string shape(std::initializer_list<int64_t> dims) {
+  std::ostringstream s;
+  bool first = true;
+  for (int64_t d : dims) {
+    if (!first) s << 'x';
+    s << d;
+    first = false;
+  }
+  return s.str();
+}
+
+class GpuOps : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    be_ = makeBackends();
+    ASSERT_TRUE(be_.cpu && be_.gpu);
+    rng_.seed(::testing::UnitTest::GetInstance()->random_seed() + 12345);
+  }
+  Backend& cpu() { return *be_.cpu; }
+  Backend& gpu() { return *be_.gpu; }
+  DType act() { return gpu().activationDType(); }
+  Backends be_;
+  std::mt19937 rng_;
+};
+
+TEST_F(GpuOps, EmbeddingGatherIsExact) {
+  const int64_t vocab = 777;
+  for (auto [t, h] :
+       std::vector<std::pair<int64_t, int64_t>>{{1, 8}, {17, 1024}, {300, 1024}, {1000, 2560}}) {
+    SCOPED_TRACE(shape({t, h}));
+    auto table = randomBf16(static_cast<size_t>(vocab * h), rng_);
+    std::vector<int32_t> ids(static_cast<size_t>(t));
+    std::uniform_int_distribution<int32_t> d(0, static_cast<int32_t>(vocab - 1));
+    for (auto& x : ids) x = d(rng_);
+    ids[0] = static_cast<int32_t>(vocab - 1);
+    auto ct = upload(cpu(), DType::kF32, {vocab, h}, table);
+    auto gt = upload(gpu(), gpu().weightDType(), {vocab, h}, table);
+    auto ci = uploadI32(cpu(), {t}, ids);
+    auto gi = uploadI32(gpu(), {t}, ids);
+    auto co = allocate(cpu(), DType::kF32, {t, h});
+    auto go = allocate(gpu(), gpu().residualDType(), {t, h});
+    poison(gpu(), go.view);
+    cpu().embedding(ct.view, ci.view, co.view);
+    gpu().embedding(gt.view, gi.view, go.view);
+    expectClose(download(gpu(), go.view), download(cpu(), co.view), 0, 0, "embedding");
+  }
+}
+
+TEST_F(GpuOps, RmsNormWithAndWithoutResidual) {
+  for (auto [t, h] : std::vector<std::pair<int64_t, int64_t>>{
+           {1, 1024}, {17, 8}, {97, 2560}, {1000, 1024}, {64, 4096}, {33, 2880}, {2000, 1024}}) {
+    for (bool with_res : {false, true}) {
+      SCOPED_TRACE(shape({t, h}) + (with_res ? " residual" : " plain"));
+      auto x = randomBf16(static_cast<size_t>(t * h), rng_, -2.f, 2.f);
+      auto r = randomBf16(static_cast<size_t>(t * h), rng_, -2.f, 2.f);
+      auto w = randomBf16(static_cast<size_t>(h), rng_, 0.5f, 1.5f);
+      auto cx = upload(cpu(), DType::kF32, {t, h}, x);
+      auto gx = upload(gpu(), act(), {t, h}, x);
+      auto cr = upload(cpu(), DType::kF32, {t, h}, r);
+      auto gr = upload(gpu(), gpu().residualDType(), {t, h}, r);
+      auto cw = upload(cpu(), DType::kF32, {h}, w);
+      auto gw = upload(gpu(), gpu().weightDType(), {h}, w);
+      auto co = allocate(cpu(), DType::kF32, {t, h});
+      auto go = allocate(gpu(), act(), {t, h});
+      poison(gpu(), go.view);
+      RmsNormParams p;
+      p.eps = 1e-6f;
+      cpu().rmsNorm(cx.view, with_res ? cr.view : Tensor(), cw.view, co.view, p);
+      gpu().rmsNorm(gx.view, with_res ? gr.view : Tensor(), gw.view, go.view, p);
+      expectClose(download(gpu(), go.view), download(cpu(), co.view), 2e-2, 2e-2, "rms_norm out");
+      if (with_res) {
+        expectClose(download(gpu(), gr.view), download(cpu(), cr.view), 1e-2, 8e-3,
+                    "rms_norm residual");
+      }
+    }
+  }
+}
+
+TEST_F(GpuOps, RmsNormOutAliasesX) {
+  const int64_t t = 19, h = 1024;
+  auto x = randomBf16(static_cast<size_t>(t * h), rng_, -2.f, 2.f);
+  auto w = randomBf16(static_cast<size_t>(h), rng_, 0.5f, 1.5f);
+  auto cx = upload(cpu(), DType::kF32, {t, h}, x);
+  auto gx = upload(gpu(), act(), {t, h}, x);
+  auto cw = upload(cpu(), DType::kF32, {h}, w);
+  auto gw = upload(gpu(), gpu().weightDType(), {h}, w);
+  cpu().rmsNorm(cx.view, Tensor(), cw.view, cx.view, {});
+  gpu().rmsNorm(gx.view, Tensor(), gw.view, gx.view, {});
+  expectClose(download(gpu(), gx.view), download(cpu(), cx.view), 2e-2, 2e-2, "rms_norm in place");
+}
+
+TEST_F(GpuOps, LinearMatchesReference) {
+  struct S {
+    int64_t m, n, k;
+    bool bias;
+  };
+  for (S s : std::vector<S>{{1, 1024, 1024, false},
+                            {17, 6144, 1024, false},
+                            {97, 1024, 3072, false},
+                            {300, 2048, 1024, true},
+                            {1000, 256, 128, false},
+                            {5, 1032, 520, true}}) {
+    SCOPED_TRACE(shape({s.m, s.n, s.k}) + (s.bias ? " bias" : ""));
+    auto x = randomBf16(static_cast<size_t>(s.m * s.k), rng_, -1.f, 1.f);
+    auto w = randomBf16(static_cast<size_t>(s.n * s.k), rng_, -0.06f, 0.06f);
+    auto b = randomBf16(static_cast<size_t>(s.n), rng_, -0.5f, 0.5f);
+    auto cx = upload(cpu(), DType::kF32, {s.m, s.k}, x);
+    auto gx = upload(gpu(), act(), {s.m, s.k}, x);
+    auto cw = upload(cpu(), DType::kF32, {s.n, s.k}, w);
+    auto gw = upload(gpu(), gpu().weightDType(), {s.n, s.k}, w);
+    auto cb = upload(cpu(), DType::kF32, {s.n}, b);
+    auto gb = upload(gpu(), gpu().weightDType(), {s.n}, b);
+    auto cy = allocate(cpu(), DType::kF32, {s.m, s.n});
+    auto gy = allocate(gpu(), act(), {s.m, s.n});
+    poison(gpu(), gy.view);
+    cpu().linear(cx.view, cw.view, s.bias ? cb.view : Tensor(), cy.view);
+    gpu().linear(gx.view, gw.view, s.bias ? gb.view : Tensor(), gy.view);
+    auto ref = download(cpu(), cy.view);
+    double mx = 0;
+    for (float v : ref) mx = std::max(mx, static_cast<double>(std::fabs(v)));
+    expectClose(download(gpu(), gy.view), ref, 1e-2 * mx, 1e-2, "linear");
+  }
+}
+
+TEST_F(GpuOps, LinearRowDoesNotDependOnM) {
+  // One algorithm per (N, K): a row's bits do not change with the number of rows.
+  const int64_t n = 1024, k = 3072, m = 1000;
+  auto x = randomBf16(static_cast<size_t>(m * k), rng_, -1.f, 1.f);
+  auto w = randomBf16(static_cast<size_t>(n * k), rng_, -0.06f, 0.06f);
+  auto gw = upload(gpu(), gpu().weightDType(), {n, k}, w);
+  auto gx = upload(gpu(), act(), {m, k}, x);
+  auto gy = allocate(gpu(), act(), {m, n});
+  gpu().linear(gx.view, gw.view, Tensor(), gy.view);
+  auto full = download(gpu(), gy.view);
+  for (int64_t rows : {1, 2, 17, 97, 640}) {
+    SCOPED_TRACE("rows " + std::to_string(rows));
+    auto sub = gy.view.rowSlice(0, rows);
+    poison(gpu(), sub);
+    gpu().linear(gx.view.rowSlice(0, rows), gw.view, Tensor(), sub);
+    auto part = download(gpu(), sub);
+    EXPECT_EQ(0, std::memcmp(part.data(), full.data(), part.size() * sizeof(float)));
+  }
+}
+
+std::pair<std::vector<float>, std::vector<float>> ropeTables(int64_t max_pos, int64_t rot,
+                                                             double theta) {
+  const int64_t half = rot / 2;
+  std::vector<float> c(static_cast<size_t>(max_pos * half)), s(c.size());
+  for (int64_t p = 0; p < max_pos; ++p) {
+    for (int64_t i = 0; i < half; ++i) {
+      const double inv = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(rot));
+      c[static_cast<size_t>(p * half + i)] = static_cast<float>(std::cos(p * inv));
+      s[static_cast<size_t>(p * half + i)] = static_cast<float>(std::sin(p * inv));
+    }
+  }
+  return {c, s};
+}
+
+TEST_F(GpuOps, QkNormRope) {
+  struct S {
+    int32_t hq, hkv, d, rot;
+    bool norm;
+  };
+  const int64_t max_pos = 4096;
+  for (S s : std::vector<S>{{16, 8, 128, 128, true},
+                            {16, 8, 128, 64, true},
+                            {4, 4, 64, 64, true},
+                            {8, 2, 128, 128, false},
+                            {3, 1, 128, 0, true}}) {
+    for (int64_t t : {1, 17, 300, 1000}) {  // 1000: the prefill (4 heads per warp) path
+      SCOPED_TRACE(shape({t, s.hq, s.hkv, s.d, s.rot}) + (s.norm ? " norm" : " rope-only"));
+      const int64_t width = static_cast<int64_t>(s.hq + 2 * s.hkv) * s.d;
+      auto qkv = randomBf16(static_cast<size_t>(t * width), rng_, -2.f, 2.f);
+      auto qw = randomBf16(static_cast<size_t>(s.d), rng_, 0.5f, 1.5f);
+      auto kw = randomBf16(static_cast<size_t>(s.d), rng_, 0.5f, 1.5f);
+      std::vector<int32_t> pos(static_cast<size_t>(t));
+      std::uniform_int_distribution<int32_t> pd(0, max_pos - 1);
+      for (auto& p : pos) p = pd(rng_);
+      const int64_t rot = std::max<int64_t>(s.rot, 2);  // a [max_pos, 1] table when rot is 0
+      auto [c, sn] = ropeTables(max_pos, rot, 1e6);
+      auto cq = upload(cpu(), DType::kF32, {t, width}, qkv);
+      auto gq = upload(gpu(), act(), {t, width}, qkv);
+      auto cqw = upload(cpu(), DType::kF32, {s.d}, qw);
+      auto gqw = upload(gpu(), gpu().weightDType(), {s.d}, qw);
+      auto ckw = upload(cpu(), DType::kF32, {s.d}, kw);
+      auto gkw = upload(gpu(), gpu().weightDType(), {s.d}, kw);
+      auto cp = uploadI32(cpu(), {t}, pos);
+      auto gp = uploadI32(gpu(), {t}, pos);
+      const int64_t half = rot / 2;
+      auto cc = upload(cpu(), DType::kF32, {max_pos, half}, c);
+      auto gc = upload(gpu(), DType::kF32, {max_pos, half}, c);
+      auto cs = upload(cpu(), DType::kF32, {max_pos, half}, sn);
+      auto gs = upload(gpu(), DType::kF32, {max_pos, half}, sn);
+      QkNormRopeParams p;
+      p.num_q_heads = s.hq;
+      p.num_kv_heads = s.hkv;
+      p.head_dim = s.d;
+      p.rotary_dim = s.rot;
+      p.apply_norm = s.norm;
+      if (s.rot == 0) {
+        // rotary_dim 0: the tables are not read; pass empty views to the CPU as well as the GPU.
+        QkNormRopeParams p0 = p;
+        cpu().qkNormRope(cq.view, cqw.view, ckw.view, cp.view, cc.view.reshaped({max_pos, 0}),
+                         cs.view.reshaped({max_pos, 0}), p0);
+        gpu().qkNormRope(gq.view, gqw.view, gkw.view, gp.view, Tensor(), Tensor(), p0);
+      } else {
+        cpu().qkNormRope(cq.view, cqw.view, ckw.view, cp.view, cc.view, cs.view, p);
+        gpu().qkNormRope(gq.view, gqw.view, gkw.view, gp.view, gc.view, gs.view, p);
+      }
+      expectClose(download(gpu(), gq.view), download(cpu(), cq.view), 3e-2, 2e-2, "qk_norm_rope");
+    }
+  }
+}
+
+struct AttnCase {
+  int32_t hq, hkv, d;
+  bool causal;
+  std::vector<int32_t> lens;
+};
+
+std::vector<int32_t> cumulative(const std::vector<int32_t>& lens) {
+  std::vector<int32_t> cu(lens.size() + 1, 0);
+  for (size_t i = 0; i < lens.size(); ++i) cu[i + 1] = cu[i] + lens[i];
+  return cu;
+}
+
+TEST_F(GpuOps, VarlenAttentionBothTileSizes) {
+  std::vector<AttnCase> cases;
+  for (bool causal : {true, false}) {
+    for (auto lens : std::vector<std::vector<int32_t>>{
+             {1}, {17}, {1, 63, 64, 65, 130, 7}, {300, 5, 1000}, {1537}}) {
+      cases.push_back({16, 8, 128, causal, lens});
+    }
+    cases.push_back({4, 4, 128, causal, {33, 129, 2}});
+    cases.push_back({8, 2, 64, causal, {1, 77, 200}});
+  }
+  auto& cb = static_cast<cuda::CudaBackend&>(gpu());
+  for (const AttnCase& c : cases) {
+    const auto cu = cumulative(c.lens);
+    const int64_t t = cu.back();
+    const int64_t width = static_cast<int64_t>(c.hq + 2 * c.hkv) * c.d;
+    std::string name = shape({t, c.hq, c.hkv, c.d}) + (c.causal ? " causal" : " bidir") + " seqs";
+    for (int32_t l : c.lens) {
+      name += ' ';
+      name += std::to_string(l);
+    }
+    SCOPED_TRACE(name);
+    auto qkv = randomBf16(static_cast<size_t>(t * width), rng_, -2.f, 2.f);
+    auto cq = upload(cpu(), DType::kF32, {t, width}, qkv);
+    auto gq = upload(gpu(), act(), {t, width}, qkv);
+    const int64_t ns = static_cast<int64_t>(c.lens.size());
+    auto ccu = uploadI32(cpu(), {ns + 1}, cu);
+    auto gcu = uploadI32(gpu(), {ns + 1}, cu);
+    auto co = allocate(cpu(), DType::kF32, {t, static_cast<int64_t>(c.hq) * c.d});
+    AttentionParams p;
+    p.num_seqs = static_cast<int32_t>(ns);
+    p.num_q_heads = c.hq;
+    p.num_kv_heads = c.hkv;
+    p.head_dim = c.d;
+    p.max_seqlen = *std::max_element(c.lens.begin(), c.lens.end());
+    p.scale = 1.f / std::sqrt(static_cast<float>(c.d));
+    p.causal = c.causal;
+    cpu().attention(cq.view, ccu.view, co.view, p);
+    auto ref = download(cpu(), co.view);
+    std::vector<float> results[3];
+    for (int variant = 0; variant < 3; ++variant) {
+      auto go = allocate(gpu(), act(), {t, static_cast<int64_t>(c.hq) * c.d});
+      poison(gpu(), go.view);
+      if (variant == 0) {
+        gpu().attention(gq.view, gcu.view, go.view, p);
+      } else {
+        cuda::AttentionArgs a;
+        a.qkv = gq.view.as<__nv_bfloat16>();
+        a.cu_seqlens = gcu.view.as<int32_t>();
+        a.out = go.view.as<__nv_bfloat16>();
+        a.num_tokens = t;
+        a.num_seqs = p.num_seqs;
+        a.num_q_heads = c.hq;
+        a.num_kv_heads = c.hkv;
+        a.head_dim = c.d;
+        a.scale = p.scale;
+        a.causal = c.causal;
+        Status s = cuda::launchAttention(a, cb.stream(), variant == 1 ? 16 : 64);
+        ASSERT_TRUE(s.isOk()) << s.toString();
+      }
+      results[variant] = download(gpu(), go.view);
+      expectClose(results[variant], ref, 1e-2, 2e-2,
+                  variant == 0   ? "attention (auto)"
+                  : variant == 1 ? "attention (16 rows)"
+                                 : "attention (64 rows)");
+      // Per (token, head) relative L2 error: long diffuse rows have small outputs that an
+      // absolute tolerance would not police.
+      double worst = 0;
+      int64_t worst_row = -1;
+      for (int64_t r = 0; r < t * c.hq; ++r) {
+        double num = 0, den = 0;
+        for (int64_t i = r * c.d; i < (r + 1) * c.d; ++i) {
+          const double dlt = results[variant][static_cast<size_t>(i)] - ref[static_cast<size_t>(i)];
+          num += dlt * dlt;
+          den += static_cast<double>(ref[static_cast<size_t>(i)]) * ref[static_cast<size_t>(i)];
+        }
+        const double rel = std::sqrt(num / std::max(den, 1e-30));
+        if (!(rel <= worst)) {
+          worst = rel;
+          worst_row = r;
+        }
+      }
+      EXPECT_LE(worst, 1e-2) << "worst relative L2 error at token " << worst_row / c.hq << " head "
+                             << worst_row % c.hq;
+    }
+    // The tile size does not change a row's arithmetic.
+    EXPECT_EQ(0,
+              std::memcmp(results[1].data(), results[2].data(), results[1].size() * sizeof(float)))
+        << "16-row and 64-row tiles differ";
+  }
+}
+
+TEST_F(GpuOps, AttentionRowDoesNotDependOnBatch) {
+  const int32_t hq = 16, hkv = 8, d = 128;
+  const int64_t width = (hq + 2 * hkv) * d;
+  for (bool causal : {true, false}) {
+    const int32_t la = 130;
+    auto a_rows = randomBf16(static_cast<size_t>(la * width), rng_, -2.f, 2.f);
+    auto run = [&](const std::vector<int32_t>& lens, int which) {
+      const auto cu = cumulative(lens);
+      const int64_t t = cu.back();
+      auto qkv = randomBf16(static_cast<size_t>(t * width), rng_, -2.f, 2.f);
+      std::copy(a_rows.begin(), a_rows.end(), qkv.begin() + cu[static_cast<size_t>(which)] * width);
+      auto gq = upload(gpu(), act(), {t, width}, qkv);
+      auto gcu = uploadI32(gpu(), {static_cast<int64_t>(lens.size()) + 1}, cu);
+      auto go = allocate(gpu(), act(), {t, static_cast<int64_t>(hq) * d});
+      poison(gpu(), go.view);
+      AttentionParams p;
+      p.num_seqs = static_cast<int32_t>(lens.size());
+      p.num_q_heads = hq;
+      p.num_kv_heads = hkv;
+      p.head_dim = d;
+      p.max_seqlen = 1000;
+      p.scale = 1.f / std::sqrt(128.f);
+      p.causal = causal;
+      gpu().attention(gq.view, gcu.view, go.view, p);
+      auto all = download(gpu(), go.view);
+      return std::vector<float>(all.begin() + cu[static_cast<size_t>(which)] * hq * d,
+                                all.begin() + (cu[static_cast<size_t>(which)] + la) * hq * d);
+    };
+    auto alone = run({la}, 0);
+    auto batched = run({5, la, 64, 1000}, 1);
+    ASSERT_EQ(alone.size(), batched.size());
+    EXPECT_EQ(0, std::memcmp(alone.data(), batched.data(), alone.size() * sizeof(float)))
+        << (causal ? "causal" : "bidirectional")
+        << ": a sequence's attention changed with its batch";
+  }
+}
+
+TEST_F(GpuOps, Swiglu) {
+  for (auto [t, i] :
+       std::vector<std::pair<int64_t, int64_t>>{{1, 8}, {17, 3072}, {300, 3072}, {1000, 1536}}) {
+    SCOPED_TRACE(shape({t, i}));
+    auto gu = randomBf16(static_cast<size_t>(t * 2 * i), rng_, -4.f, 4.f);
+    auto cg = upload(cpu(), DType::kF32, {t, 2 * i}, gu);
+    auto gg = upload(gpu(), act(), {t, 2 * i}, gu);
+    auto co = allocate(cpu(), DType::kF32, {t, i});
+    auto go = allocate(gpu(), act(), {t, i});
+    poison(gpu(), go.view);
+    cpu().swiglu(cg.view, co.view);
+    gpu().swiglu(gg.view, go.view);
+    expectClose(download(gpu(), go.view), download(cpu(), co.view), 2e-2, 2e-2, "swiglu");
+  }
+}
+
+TEST_F(GpuOps, PoolingModesWithAndWithoutL2) {
+  for (int64_t h : {8, 1024, 4096}) {
+    for (auto lens : std::vector<std::vector<int32_t>>{{1}, {17}, {1, 63, 300, 2}}) {
+      for (PoolMode mode : {PoolMode::kLast, PoolMode::kMean, PoolMode::kCls}) {
+        for (bool norm : {true, false}) {
+          SCOPED_TRACE("h " + std::to_string(h) + " seqs " + std::to_string(lens.size()) +
+                       " mode " + std::to_string(static_cast<int>(mode)) + (norm ? " l2" : ""));
+          const auto cu = cumulative(lens);
+          const int64_t t = cu.back(), ns = static_cast<int64_t>(lens.size());
+          auto hid = randomBf16(static_cast<size_t>(t * h), rng_, -3.f, 3.f);
+          auto ch = upload(cpu(), DType::kF32, {t, h}, hid);
+          auto gh = upload(gpu(), act(), {t, h}, hid);
+          auto ccu = uploadI32(cpu(), {ns + 1}, cu);
+          auto gcu = uploadI32(gpu(), {ns + 1}, cu);
+          auto co = allocate(cpu(), DType::kF32, {ns, h});
+          auto go = allocate(gpu(), DType::kF32, {ns, h});
+          poison(gpu(), go.view);
+          PoolParams p;
+          p.num_seqs = static_cast<int32_t>(ns);
+          p.mode = mode;
+          p.normalize = norm;
+          cpu().pool(ch.view, ccu.view, co.view, p);
+          gpu().pool(gh.view, gcu.view, go.view, p);
+          expectClose(download(gpu(), go.view), download(cpu(), co.view), 1e-5, 1e-4, "pool");
+        }
+      }
+    }
+  }
+}
+
+TEST_F(GpuOps, ScoreHead) {
+  const int64_t h = 1024, rows = 10;
+  const std::vector<int32_t> lens = {1, 17, 300, 5};
+  const auto cu = cumulative(lens);
+  const int64_t t = cu.back(), ns = static_cast<int64_t>(lens.size());
+  auto hid = randomBf16(static_cast<size_t>(t * h), rng_, -1.f, 1.f);
+  auto head = randomBf16(static_cast<size_t>(rows * h), rng_, -0.1f, 0.1f);
+  auto ch = upload(cpu(), DType::kF32, {t, h}, hid);
+  auto gh = upload(gpu(), act(), {t, h}, hid);
+  auto chd = upload(cpu(), DType::kF32, {rows, h}, head);
+  auto ghd = upload(gpu(), gpu().weightDType(), {rows, h}, head);
+  auto ccu = uploadI32(cpu(), {ns + 1}, cu);
+  auto gcu = uploadI32(gpu(), {ns + 1}, cu);
+  for (auto [pos, neg, sig] :
+       std::vector<std::tuple<int, int, bool>>{{3, 7, true}, {0, -1, true}, {9, 2, false}}) {
+    SCOPED_TRACE("pos " + std::to_string(pos) + " neg " + std::to_string(neg));
+    auto co = allocate(cpu(), DType::kF32, {ns});
+    auto go = allocate(gpu(), DType::kF32, {ns});
+    poison(gpu(), go.view);
+    ScoreParams p;
+    p.num_seqs = static_cast<int32_t>(ns);
+    p.pos_row = pos;
+    p.neg_row = neg;
+    p.apply_sigmoid = sig;
+    cpu().score(ch.view, ccu.view, chd.view, co.view, p);
+    gpu().score(gh.view, gcu.view, ghd.view, go.view, p);
+    expectClose(download(gpu(), go.view), download(cpu(), co.view), 1e-4, 1e-4, "score");
+  }
+}
+
+TEST_F(GpuOps, EventsAndStagedCopies) {
+  // copyToDevice may reuse its source at once; many staged copies wrap the ring.
+  const int64_t n = 300000;
+  auto dst = allocate(gpu(), DType::kI32, {n});
+  std::vector<int32_t> src(static_cast<size_t>(n));
+  auto ev = gpu().createEvent();
+  ASSERT_TRUE(ev.isOk());
+  for (int round = 0; round < 40; ++round) {
+    std::iota(src.begin(), src.end(), round * 7);
+    gpu().copyToDevice(dst.view, src.data(), src.size() * 4);
+    std::fill(src.begin(), src.end(), -1);  // reuse at once
+    ASSERT_TRUE(gpu().recordEvent(**ev).isOk());
+    ASSERT_TRUE((*ev)->wait().isOk());
+    EXPECT_TRUE((*ev)->query());
+    auto back = download(gpu(), dst.view);
+    ASSERT_EQ(back[0], static_cast<float>(round * 7));
+    ASSERT_EQ(back[static_cast<size_t>(n - 1)], static_cast<float>(round * 7 + n - 1));
+  }
+}
+
+}  // namespace
+}  // namespace garden::rose::gputest
