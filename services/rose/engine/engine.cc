@@ -1,0 +1,287 @@
+#include "services/rose/engine/engine.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/logging.h"
+
+namespace garden::rose {
+namespace {
+
+void copyMessage(char (&dst)[160], const std::string& msg) {
+  const size_t n = std::min(msg.size(), sizeof(dst) - 1);
+  std::memcpy(dst, msg.data(), n);
+  dst[n] = '\0';
+}
+
+// a + b <= limit without overflow.
+bool fits(uint64_t offset, uint64_t bytes, uint64_t limit) {
+  return offset <= limit && bytes <= limit - offset;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Engine>> Engine::create(shm::Channel& channel, Backend& backend,
+                                               Qwen3Model& model, const EngineOptions& opts) {
+  std::unique_ptr<Engine> e(new Engine(channel, backend, model, opts));
+  const uint32_t n = channel.layout().slots;
+  if (n == 0) return invalidArgument("channel has no slots");
+  const size_t cap = static_cast<size_t>(model.maxBatchTokens());
+  for (uint32_t i = 0; i < n; ++i) {
+    auto s = std::make_unique<Slot>();
+    ASSIGN_OR_RETURN(s->event, backend.createEvent());
+    s->tokens.resize(cap);
+    s->seqlens.resize(cap);
+    e->slots_.push_back(std::move(s));
+  }
+  // Results are copied straight into the output arena: let the backend pin it.
+  auto all = channel.outputArenaAll();
+  RETURN_IF_ERROR(backend.registerHostMemory(all.data(), all.size()));
+  e->completion_thread_ = std::thread([p = e.get()] { p->completionLoop(); });
+  return e;
+}
+
+Engine::~Engine() {
+  drain(std::chrono::seconds(30));
+  auto all = channel_.outputArenaAll();
+  backend_.unregisterHostMemory(all.data());
+}
+
+void Engine::announceReady() {
+  shm::ModelFacts f;
+  f.hidden_size = static_cast<uint32_t>(model_.hiddenSize());
+  f.max_seq_len = static_cast<uint32_t>(model_.maxSeqLen());
+  f.vocab_size = static_cast<uint32_t>(model_.vocabSize());
+  f.pooling = static_cast<uint32_t>(opts_.default_pooling);
+  f.has_score_head = model_.hasScoreHead() ? 1 : 0;
+  f.max_batch_tokens = static_cast<uint32_t>(model_.maxBatchTokens());
+  std::strncpy(f.name, opts_.model_name.c_str(), sizeof(f.name) - 1);
+  std::strncpy(f.kind, "embedding", sizeof(f.kind) - 1);
+  channel_.setWorkerPid(static_cast<int32_t>(getpid()));
+  channel_.setModelFacts(f);
+  channel_.beat();
+  channel_.setState(shm::WorkerState::kReady);
+}
+
+Status Engine::admit(const shm::BatchDesc& d, uint32_t* rows, uint32_t* cols) {
+  const shm::Layout& l = channel_.layout();
+  if (d.kind != shm::BatchKind::kEmbed && d.kind != shm::BatchKind::kScore) {
+    if (d.kind == shm::BatchKind::kGenerate) {
+      return unimplemented("batch kind generate is not served by this rose (embedding model)");
+    }
+    return invalidArgument("batch kind " + std::to_string(static_cast<uint32_t>(d.kind)) +
+                           " is unknown");
+  }
+  if (d.num_seqs == 0) return invalidArgument("num_seqs is 0");
+  if (d.num_tokens == 0) return invalidArgument("num_tokens is 0");
+  if (d.num_tokens > model_.maxBatchTokens()) {
+    return invalidArgument("num_tokens " + std::to_string(d.num_tokens) +
+                           " exceeds max_batch_tokens " + std::to_string(model_.maxBatchTokens()));
+  }
+  if (d.num_seqs > d.num_tokens) {
+    return invalidArgument("num_seqs " + std::to_string(d.num_seqs) + " exceeds num_tokens " +
+                           std::to_string(d.num_tokens));
+  }
+  const uint64_t tok_bytes = uint64_t{d.num_tokens} * sizeof(int32_t);
+  const uint64_t len_bytes = uint64_t{d.num_seqs} * sizeof(int32_t);
+  if (!fits(d.tokens_offset, tok_bytes, l.input_bytes)) {
+    return invalidArgument("tokens (offset " + std::to_string(d.tokens_offset) + ", " +
+                           std::to_string(tok_bytes) + " bytes) run past the input arena (" +
+                           std::to_string(l.input_bytes) + " bytes)");
+  }
+  if (!fits(d.seqlens_offset, len_bytes, l.input_bytes)) {
+    return invalidArgument("seqlens (offset " + std::to_string(d.seqlens_offset) + ", " +
+                           std::to_string(len_bytes) + " bytes) run past the input arena (" +
+                           std::to_string(l.input_bytes) + " bytes)");
+  }
+  *rows = d.num_seqs;
+  *cols = d.kind == shm::BatchKind::kEmbed ? static_cast<uint32_t>(model_.hiddenSize()) : 1;
+  const uint64_t out_bytes = uint64_t{*rows} * *cols * sizeof(float);
+  if (out_bytes > l.output_bytes) {
+    return invalidArgument("result needs " + std::to_string(out_bytes) +
+                           " bytes, more than the output arena's " +
+                           std::to_string(l.output_bytes));
+  }
+  if (d.kind == shm::BatchKind::kEmbed) {
+    if (static_cast<uint32_t>(d.pooling) > static_cast<uint32_t>(shm::PoolingMode::kCls)) {
+      return invalidArgument("pooling " + std::to_string(static_cast<uint32_t>(d.pooling)) +
+                             " is unknown");
+    }
+  } else {
+    RETURN_IF_ERROR(model_.validateScore({d.score_yes, d.score_no}));
+  }
+  // Copy out of shared memory first: what is validated is what runs, whatever the other side
+  // writes afterwards.
+  Slot& s = *slots_[d.slot];
+  auto in = channel_.inputArena(d.slot);
+  std::memcpy(s.tokens.data(), in.data() + d.tokens_offset, tok_bytes);
+  std::memcpy(s.seqlens.data(), in.data() + d.seqlens_offset, len_bytes);
+  BatchInput bi{std::span<const int32_t>(s.tokens.data(), d.num_tokens),
+                std::span<const int32_t>(s.seqlens.data(), d.num_seqs)};
+  return model_.validate(bi);
+}
+
+void Engine::reject(const shm::BatchDesc& d, const Status& st,
+                    std::chrono::steady_clock::time_point t) {
+  Pending p;
+  p.completion.batch_id = d.batch_id;
+  p.completion.slot = d.slot;
+  p.completion.status_code = static_cast<int32_t>(st.code());
+  copyMessage(p.completion.message, st.message());
+  p.taken = t;
+  rejected_.fetch_add(1);
+  log::warn(
+      "batch rejected",
+      {{"batch_id", d.batch_id},
+       {"slot", d.slot},
+       {"request_id", std::string_view(d.request_id, strnlen(d.request_id, sizeof(d.request_id)))},
+       {"error", st}});
+  push(std::move(p));
+}
+
+bool Engine::step(std::chrono::microseconds wait) {
+  channel_.beat();
+  std::optional<shm::BatchDesc> got = channel_.waitSubmission(wait);
+  channel_.beat();
+  if (!got) return false;
+  const shm::BatchDesc d = *got;
+  const auto taken = std::chrono::steady_clock::now();
+
+  if (d.slot >= slots_.size()) {
+    reject(d,
+           invalidArgument("slot " + std::to_string(d.slot) + " out of range (" +
+                           std::to_string(slots_.size()) + " slots)"),
+           taken);
+    return true;
+  }
+  Slot& slot = *slots_[d.slot];
+  if (slot.busy.load()) {
+    // Protocol violation: the slot's previous batch is still running. Answer without touching
+    // the slot's staging or output.
+    reject(d, invalidArgument("slot " + std::to_string(d.slot) + " is still in use"), taken);
+    return true;
+  }
+  if (d.deadline_ns != 0 && d.deadline_ns < shm::monotonicNowNs()) {
+    reject(d, deadlineExceeded("deadline passed before the batch ran"), taken);
+    return true;
+  }
+  uint32_t rows = 0, cols = 0;
+  if (Status st = admit(d, &rows, &cols); !st.isOk()) {
+    reject(d, st, taken);
+    return true;
+  }
+
+  slot.busy.store(true);
+  float* out = reinterpret_cast<float*>(channel_.outputArena(d.slot).data());
+  BatchInput in{std::span<const int32_t>(slot.tokens.data(), d.num_tokens),
+                std::span<const int32_t>(slot.seqlens.data(), d.num_seqs)};
+  if (d.kind == shm::BatchKind::kEmbed) {
+    const PoolMode mode = d.pooling == shm::PoolingMode::kDefault
+                              ? opts_.default_pooling
+                              : static_cast<PoolMode>(static_cast<uint32_t>(d.pooling));
+    const bool normalize = d.normalize != 0;
+    backend_.launch(
+        [this, in, mode, normalize, out] { model_.enqueueEmbed(in, mode, normalize, out); });
+  } else {
+    const ScoreRequest req{d.score_yes, d.score_no};
+    backend_.launch([this, in, req, out] { model_.enqueueScore(in, req, out); });
+  }
+  Pending p;
+  p.launched = true;
+  p.taken = taken;
+  p.completion.batch_id = d.batch_id;
+  p.completion.slot = d.slot;
+  p.completion.status_code = 0;
+  p.completion.rows = rows;
+  p.completion.cols = cols;
+  p.completion.output_bytes = uint64_t{rows} * cols * sizeof(float);
+  if (Status st = backend_.recordEvent(*slot.event); !st.isOk()) {
+    // Cannot track this batch: wait for it here (rare, backend failure) and report the error.
+    (void)backend_.synchronize();
+    p.completion.status_code = static_cast<int32_t>(st.code());
+    copyMessage(p.completion.message, st.message());
+  }
+  run_.fetch_add(1);
+  push(std::move(p));
+  return true;
+}
+
+void Engine::push(Pending p) {
+  in_flight_.fetch_add(1);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_.push_back(std::move(p));
+  }
+  cv_.notify_all();
+}
+
+void Engine::completionLoop() {
+  for (;;) {
+    Pending p;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_completions_ || !pending_.empty(); });
+      if (pending_.empty()) return;  // stopping and drained
+      p = pending_.front();
+    }
+    if (p.launched && p.completion.status_code == 0) {
+      Status st = slots_[p.completion.slot]->event->wait();
+      if (!st.isOk()) {
+        p.completion.status_code = static_cast<int32_t>(st.code());
+        p.completion.rows = p.completion.cols = 0;
+        p.completion.output_bytes = 0;
+        copyMessage(p.completion.message, st.message());
+        log::error("forward pass failed", {{"batch_id", p.completion.batch_id}, {"error", st}});
+      }
+    }
+    p.completion.step_us =
+        static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
+                                  std::chrono::steady_clock::now() - p.taken)
+                                  .count());
+    if (p.launched) slots_[p.completion.slot]->busy.store(false);
+    // The ring has a slot per pipeline slot, so it has room unless tulip stopped consuming;
+    // retry then (until stopping) rather than drop an answer.
+    while (!channel_.tryComplete(p.completion)) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (stop_completions_) break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    published_.fetch_add(1);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      pending_.pop_front();
+    }
+    in_flight_.fetch_sub(1);
+    cv_.notify_all();
+  }
+}
+
+bool Engine::drain(std::chrono::milliseconds timeout) {
+  bool ok;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    ok = cv_.wait_for(lock, timeout, [&] { return pending_.empty(); });
+    stop_completions_ = true;
+  }
+  cv_.notify_all();
+  if (completion_thread_.joinable()) {
+    if (!ok) (void)backend_.synchronize();  // let the completion thread finish its wait
+    completion_thread_.join();
+  }
+  return ok;
+}
+
+void Engine::run(const std::function<bool()>& should_stop) {
+  while (!should_stop()) step(opts_.poll);
+  channel_.setState(shm::WorkerState::kStopping);
+  channel_.wakeAll();
+  if (!drain(std::chrono::seconds(30))) log::warn("stopping with batches still in flight");
+}
+
+EngineStats Engine::stats() const { return {run_.load(), rejected_.load(), published_.load()}; }
+
+}  // namespace garden::rose

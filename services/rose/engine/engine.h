@@ -1,0 +1,107 @@
+#pragma once
+// rose's step loop on the shared-memory channel [TAG_ROSE_LAZY]. step() takes one batch
+// descriptor from the submission ring, validates it against the arena and the model (a bad
+// descriptor is answered INVALID_ARGUMENT with a message, an expired deadline DEADLINE_EXCEEDED,
+// both without running), copies its token ids and lengths into the slot's private staging,
+// launches the forward pass on the backend and records the slot's event — and returns without
+// waiting. A completion thread waits on the events in submission order and publishes each
+// Completion (result rows float32 at offset 0 of the slot's output arena) once its result is in
+// memory. Heartbeats: every step() beats, and run() never blocks longer than ~20 ms between steps.
+//
+// Threads: step()/run() on one thread (the step thread; it also owns the backend's launching
+// side); the completion thread is owned by the Engine and joined by drain()/the destructor. The
+// Channel, Backend and model must outlive the Engine.
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/shm/channel.h"
+#include "common/status.h"
+#include "services/rose/model/qwen3.h"
+#include "services/rose/ops/backend.h"
+
+namespace garden::rose {
+
+struct EngineOptions {
+  PoolMode default_pooling = PoolMode::kLast;  // for BatchDesc.pooling == kDefault
+  std::string model_name;                      // ModelFacts.name (truncated to 63 bytes)
+  std::chrono::microseconds poll = std::chrono::milliseconds(20);  // run(): longest wait per step
+};
+
+struct EngineStats {
+  uint64_t batches_run = 0;       // launched forward passes
+  uint64_t batches_rejected = 0;  // answered with an error without running
+  uint64_t completions = 0;       // published completions (run + rejected)
+};
+
+class Engine {
+ public:
+  static Result<std::unique_ptr<Engine>> create(shm::Channel& channel, Backend& backend,
+                                                Qwen3Model& model, const EngineOptions& opts);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Writes ModelFacts and sets the worker state to kReady (and the worker pid).
+  void announceReady();
+
+  // Takes at most one batch (waiting up to `wait`), beats the heartbeat. Returns true when a
+  // batch was taken (run or rejected). Never waits for a forward pass.
+  bool step(std::chrono::microseconds wait);
+
+  // Steps until should_stop() returns true (checked every step), then sets kStopping and drains.
+  void run(const std::function<bool()>& should_stop);
+
+  // Waits (up to `timeout`) until every taken batch has been published, then stops the
+  // completion thread. Returns false on timeout. Called by run() and the destructor.
+  bool drain(std::chrono::milliseconds timeout);
+
+  EngineStats stats() const;
+  uint32_t inFlight() const { return in_flight_.load(); }
+
+ private:
+  struct Slot {
+    std::unique_ptr<Event> event;
+    std::vector<int32_t> tokens;   // staging, max_batch_tokens
+    std::vector<int32_t> seqlens;  // staging, max_batch_tokens
+    std::atomic<bool> busy{false};
+  };
+  struct Pending {
+    shm::Completion completion;  // filled except step_us (and status when run)
+    bool launched = false;
+    std::chrono::steady_clock::time_point taken;
+  };
+
+  Engine(shm::Channel& c, Backend& b, Qwen3Model& m, const EngineOptions& o)
+      : channel_(c), backend_(b), model_(m), opts_(o) {}
+  // Validates `d`, fills the slot staging, returns the output shape.
+  Status admit(const shm::BatchDesc& d, uint32_t* rows, uint32_t* cols);
+  void reject(const shm::BatchDesc& d, const Status& st, std::chrono::steady_clock::time_point t);
+  void push(Pending p);
+  void completionLoop();
+
+  shm::Channel& channel_;
+  Backend& backend_;
+  Qwen3Model& model_;
+  EngineOptions opts_;
+  std::vector<std::unique_ptr<Slot>> slots_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Pending> pending_;
+  bool stop_completions_ = false;
+  std::thread completion_thread_;
+  std::atomic<uint32_t> in_flight_{0};
+  std::atomic<uint64_t> run_{0}, rejected_{0}, published_{0};
+};
+
+}  // namespace garden::rose

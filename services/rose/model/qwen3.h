@@ -1,0 +1,120 @@
+#pragma once
+// The Qwen3 transformer (Qwen3-Embedding, Qwen3-Reranker, Qwen3ForSequenceClassification, any
+// Qwen3ForCausalLM/Qwen3Model checkpoint) for embedding and scoring batches, written once
+// against the op interface (services/rose/ops/backend.h).
+//
+// Loading: DIR/config.json + safetensors (single file or sharded). Tensor names are accepted with
+// and without the `model.` prefix; `lm_head.weight` when present and the embeddings are not tied,
+// else the embedding table is the LM head; `score.weight` ([num_labels, hidden]) when present is
+// the classification head. q/k/v and gate/up weights are fused at load (one GEMM each).
+//
+// Forward, for a ragged batch (sequences back to back, positions restart at 0 per sequence):
+//   embed → L × [RMSNorm → QKV → per-head QK RMSNorm + RoPE → attention (causal or
+//   bidirectional, GQA) → O → add+RMSNorm → gate_up → SwiGLU → down → add] → final RMSNorm
+// then pooling (+ L2 normalization) or a score head. The activation workspace is allocated once
+// at load for max_batch_tokens tokens; enqueue*() never allocates device memory.
+//
+// Threads: load() on any thread; enqueue*() on the backend's launching thread, either inside
+// Backend::launch() (the engine) or directly followed by Backend::synchronize() (tests). The
+// enqueued work reads only the model's own buffers, so the caller's input spans may be reused
+// once enqueue*() has run (inside launch, that is when the closure runs).
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/model_config.h"
+#include "common/status.h"
+#include "services/rose/model/pooling_config.h"
+#include "services/rose/ops/backend.h"
+
+namespace garden::rose {
+
+struct Qwen3Options {
+  int64_t max_batch_tokens = 8192;
+  // Attention override: -1 = from config.json (`is_causal`, default causal), 0 = bidirectional,
+  // 1 = causal.
+  int causal = -1;
+  bool load_lm_head = true;  // the LM head is only needed for yes/no scoring
+  // When set, the pooling mode is this and modules.json / 1_Pooling are not read (so a model
+  // whose files name a mode rose does not serve can still be served with an explicit one).
+  std::optional<PoolMode> pooling_override;
+};
+
+// One batch, host side: token ids back to back, one length per sequence.
+struct BatchInput {
+  std::span<const int32_t> tokens;
+  std::span<const int32_t> seqlens;
+};
+
+// What a score batch asks for: the yes/no logit difference at the last position through the LM
+// head (yes_id/no_id >= 0), or the classification head (both -1).
+struct ScoreRequest {
+  int32_t yes_id = -1;
+  int32_t no_id = -1;
+};
+
+class Qwen3Model {
+ public:
+  static Result<std::unique_ptr<Qwen3Model>> load(const std::string& dir, Backend& backend,
+                                                  const Qwen3Options& opts);
+  ~Qwen3Model();
+
+  const ModelConfig& config() const { return config_; }
+  const PoolingConfig& pooling() const { return pooling_; }
+  bool causal() const { return causal_; }
+  bool hasScoreHead() const { return !score_.view.empty(); }
+  bool hasLmHead() const { return lm_head_ != nullptr; }
+  int64_t hiddenSize() const { return config_.hidden_size; }
+  int64_t maxBatchTokens() const { return max_tokens_; }
+  int64_t maxSeqLen() const { return config_.max_position_embeddings; }
+  int64_t vocabSize() const { return config_.vocab_size; }
+
+  // Host-side checks of a batch (counts, lengths, token ids, token budget): INVALID_ARGUMENT
+  // naming the problem. enqueue*() require a batch that passed.
+  Status validate(const BatchInput& in) const;
+  // Checks that a score request can be served (head present, ids in range).
+  Status validateScore(const ScoreRequest& req) const;
+
+  // Enqueue the forward pass and the copy of the result into `out` (host memory that stays valid
+  // until an event recorded after this call fires):
+  //   embed:  out F32 [num_seqs, hidden]
+  //   score:  out F32 [num_seqs] (sigmoid of the logit / logit difference)
+  //   hidden: out F32 [num_tokens, hidden] (the last hidden state after the final norm)
+  void enqueueEmbed(const BatchInput& in, PoolMode mode, bool normalize, float* out);
+  void enqueueScore(const BatchInput& in, const ScoreRequest& req, float* out);
+  void enqueueHidden(const BatchInput& in, float* out);
+
+ private:
+  struct Layer {
+    OwnedTensor input_norm, post_norm, q_norm, k_norm;
+    OwnedTensor qkv, qkv_bias, o, o_bias, gate_up, down;
+  };
+
+  Qwen3Model(Backend& b) : backend_(b) {}
+  // Runs everything up to the final norm; returns the hidden-state view [T, H].
+  Tensor enqueueBody(const BatchInput& in);
+
+  Backend& backend_;
+  ModelConfig config_;
+  PoolingConfig pooling_;
+  bool causal_ = true;
+  int64_t max_tokens_ = 0;
+  int64_t rotary_dim_ = 0;
+
+  OwnedTensor embed_, final_norm_, lm_head_own_, score_, rope_cos_, rope_sin_;
+  const OwnedTensor* lm_head_ = nullptr;  // &embed_ when tied
+  std::vector<Layer> layers_;
+
+  // Workspace, sized for max_tokens_.
+  OwnedTensor ids_, positions_, cu_seqlens_, residual_, x_, qkv_buf_, attn_, gate_up_buf_, mlp_,
+      pooled_, scores_;
+  // Host staging for positions and cu_seqlens.
+  std::vector<int32_t> host_positions_, host_cu_;
+  int32_t max_seqlen_ = 0;
+};
+
+}  // namespace garden::rose

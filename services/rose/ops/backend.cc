@@ -1,0 +1,22 @@
+#include "services/rose/ops/backend.h"
+
+#include <string>
+
+namespace garden::rose {
+
+Result<std::unique_ptr<Backend>> makeBackend(std::string_view device, const BackendOptions& opts) {
+  if (device == "cpu") return makeCpuBackend(opts);
+  if (device == "cuda") {
+#if defined(GARDEN_HAVE_CUDA) && GARDEN_HAVE_CUDA
+    return makeCudaBackend(opts);
+#else
+    return failedPrecondition(
+        "--device cuda: this rose was built without CUDA (GARDEN_HAVE_CUDA is off); rebuild on a "
+        "machine with nvcc or use --device cpu");
+#endif
+  }
+  return invalidArgument("--device: unknown device '" + std::string(device) +
+                         "' (expected cpu or cuda)");
+}
+
+}  // namespace garden::rose

@@ -1,0 +1,306 @@
+#pragma once
+// The op interface rose's model code is written against. A Backend owns device memory and an
+// ordered execution queue (a CUDA stream; on the CPU a compute thread); model code (e.g.
+// services/rose/model/qwen3.*) is written once against it. Two implementations:
+//   - "cpu"  (services/rose/ops/cpu/): the fp32 reference CI runs; weights and activations f32.
+//   - "cuda" (services/rose/ops/cuda/): bf16 weights and activations; built only with CUDA.
+//
+// Memory. allocate() returns a move-only Buffer (frees on destruction); Tensor is a non-owning,
+// contiguous, row-major view (pointer + dtype + shape). Weights are uploaded once at load with
+// uploadConvert(), which converts host f32/bf16/f16 into the destination tensor's dtype. The
+// model allocates its per-batch activation workspace once, sized from max_batch_tokens, so the
+// hot path never allocates.
+//
+// Execution [TAG_ROSE_LAZY]. Every op and copy is *enqueued* in order on the backend's queue:
+//   - the engine calls launch(work): CUDA runs `work` inline on the calling thread (it only
+//     enqueues kernels); CPU hands `work` to its compute thread and returns at once. Inside
+//     `work` the op methods execute (CPU) or enqueue (CUDA) in program order;
+//   - recordEvent(e) marks "everything launched so far"; e.query() / e.wait() tell when it has
+//     finished. The engine's completion thread waits on the event, then publishes the result.
+//   - Called outside launch(), the ops run (CPU) or enqueue (CUDA) on the calling thread, in
+//     order with what was launched before; synchronize() waits for all of it. Tests do this.
+// Contracts every op shares: shapes and dtypes are validated by the caller (the model); an op
+// given inconsistent views CHECK-fails (a broken invariant, not a request error). Views must not
+// overlap unless the op says so. Counts come from the params (host values), never read back
+// from device memory.
+//
+// Threads: one thread (the engine's step thread, or the loader before serving) calls launch()
+// and the op/copy/upload methods; event query()/wait() may be called from any thread.
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "common/safetensors.h"  // garden::DType
+#include "common/status.h"
+
+namespace garden::rose {
+
+class Backend;
+
+// A non-owning, contiguous, row-major view of device (or, for the CPU backend, host) memory.
+struct Tensor {
+  void* data = nullptr;
+  DType dtype = DType::kF32;
+  int32_t ndim = 0;
+  std::array<int64_t, 4> shape{};
+
+  Tensor() = default;
+  Tensor(void* d, DType t, std::initializer_list<int64_t> dims) : data(d), dtype(t) {
+    for (int64_t s : dims) shape[static_cast<size_t>(ndim++)] = s;
+  }
+
+  bool empty() const { return data == nullptr; }
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int32_t i = 0; i < ndim; ++i) n *= shape[static_cast<size_t>(i)];
+    return ndim == 0 ? 0 : n;
+  }
+  size_t bytes() const { return static_cast<size_t>(numel()) * dtypeSize(dtype); }
+  int64_t dim(int32_t i) const { return shape[static_cast<size_t>(i)]; }
+  // 2-D helpers: rows = dim 0, cols = product of the others.
+  int64_t rows() const { return ndim == 0 ? 0 : shape[0]; }
+  int64_t cols() const { return rows() == 0 ? 0 : numel() / rows(); }
+  // Rows [first, first+count) of a view whose first dim is rows; same trailing dims.
+  Tensor rowSlice(int64_t first, int64_t count) const {
+    Tensor t = *this;
+    t.data = static_cast<std::byte*>(data) + static_cast<size_t>(first * cols()) * dtypeSize(dtype);
+    t.shape[0] = count;
+    return t;
+  }
+  // The same memory seen with another shape of equal numel (CHECKed by callers).
+  Tensor reshaped(std::initializer_list<int64_t> dims) const {
+    Tensor t(data, dtype, dims);
+    return t;
+  }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(data);
+  }
+};
+
+// Host data to upload (weights, tables). F32, F16 or BF16 for float destinations; I32 → I32.
+struct HostView {
+  const void* data = nullptr;
+  DType dtype = DType::kF32;
+  int64_t numel = 0;
+};
+
+// Move-only owner of one device allocation; frees through its backend on destruction.
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(Backend* owner, void* data, size_t bytes) : owner_(owner), data_(data), bytes_(bytes) {}
+  Buffer(Buffer&& o) noexcept { *this = std::move(o); }
+  Buffer& operator=(Buffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      owner_ = std::exchange(o.owner_, nullptr);
+      data_ = std::exchange(o.data_, nullptr);
+      bytes_ = std::exchange(o.bytes_, 0);
+    }
+    return *this;
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer() { reset(); }
+
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+  inline void reset();
+
+ private:
+  Backend* owner_ = nullptr;
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// A tensor together with the buffer that holds it (weights, workspace blocks).
+struct OwnedTensor {
+  Buffer buffer;
+  Tensor view;
+};
+
+// Completion marker on the backend's queue (CUDA: a cudaEvent_t; CPU: a task sequence number).
+// Create once (per pipeline slot), record per batch.
+class Event {
+ public:
+  virtual ~Event() = default;
+  // True when all work enqueued before the last recordEvent(*this) has finished (true if never
+  // recorded). Never blocks.
+  virtual bool query() = 0;
+  // Blocks until then. Returns an error only when the device failed (a sticky CUDA error).
+  virtual Status wait() = 0;
+};
+
+enum class PoolMode : uint8_t { kLast = 1, kMean = 2, kCls = 3 };
+
+struct BackendOptions {
+  int32_t threads = 0;              // CPU: compute threads (0 = hardware concurrency)
+  int32_t device_index = 0;         // CUDA: which GPU
+  int64_t max_batch_tokens = 8192;  // upper bound on tokens of one launched batch
+};
+
+// ---- op params (POD) ----
+
+struct RmsNormParams {
+  float eps = 1e-6f;
+};
+
+// Per-head RMSNorm over head_dim (weight [head_dim]) then rotary embedding (NeoX "rotate half":
+// pairs (i, i + rotary_dim/2)), in place on the q and k heads of a packed qkv tensor.
+struct QkNormRopeParams {
+  int32_t num_q_heads = 0;
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;
+  int32_t rotary_dim = 0;  // <= head_dim, even; dims beyond it pass through
+  float eps = 1e-6f;
+  bool apply_norm = true;  // false: RoPE only (models without QK norm)
+};
+
+// Ragged (varlen) attention over sequences packed back to back.
+struct AttentionParams {
+  int32_t num_seqs = 0;
+  int32_t num_q_heads = 0;
+  int32_t num_kv_heads = 0;  // divides num_q_heads (GQA: q head h reads kv head h / group)
+  int32_t head_dim = 0;
+  int32_t max_seqlen = 0;  // host-known longest sequence (for kernel planning)
+  float scale = 0.f;       // usually 1/sqrt(head_dim)
+  bool causal = true;      // false: bidirectional within each sequence
+};
+
+struct PoolParams {
+  int32_t num_seqs = 0;
+  PoolMode mode = PoolMode::kLast;
+  bool normalize = true;  // L2-normalize each pooled row (eps 1e-12 on the norm, like torch)
+};
+
+// Scores from the last token of each sequence: z = h·W[pos_row] − (neg_row >= 0 ? h·W[neg_row] :
+// 0), score = sigmoid(z) when apply_sigmoid, else z. Reranker yes/no: W = lm_head, pos = yes, neg =
+// no. Classification head: W = score.weight, pos = 0, neg = -1.
+struct ScoreParams {
+  int32_t num_seqs = 0;
+  int32_t pos_row = 0;
+  int32_t neg_row = -1;
+  bool apply_sigmoid = true;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual std::string_view name() const = 0;  // "cpu" | "cuda"
+  // Storage types this backend wants: the model allocates with these.
+  virtual DType weightDType() const = 0;      // cpu: F32, cuda: BF16
+  virtual DType activationDType() const = 0;  // cpu: F32, cuda: BF16
+  virtual DType residualDType() const = 0;    // the residual stream (may be wider)
+
+  // ---- memory ----
+  // Device memory of `bytes` (aligned to 256). RESOURCE_EXHAUSTED when out of memory.
+  virtual Result<Buffer> allocate(size_t bytes) = 0;
+  // Convenience: a buffer sized for (dtype, dims) and its view.
+  Result<OwnedTensor> allocateTensor(DType dtype, std::initializer_list<int64_t> dims);
+  // Synchronous (load time): converts `src` into `dst` (dst.numel() == src.numel). Float
+  // destinations accept F32/F16/BF16 sources; I32 accepts I32.
+  virtual Status uploadConvert(const Tensor& dst, const HostView& src) = 0;
+  // Pins host memory the queue will copy from/to (the shm arenas); CPU: no-op.
+  virtual Status registerHostMemory(void* ptr, size_t bytes) { return okStatus(); }
+  virtual void unregisterHostMemory(void* ptr) {}
+
+  // ---- ordered execution ----
+  // See [TAG_ROSE_LAZY] above. `work` must not throw; it runs exactly once.
+  virtual void launch(std::function<void()> work) = 0;
+  virtual Result<std::unique_ptr<Event>> createEvent() = 0;
+  virtual Status recordEvent(Event& event) = 0;
+  // Waits for everything enqueued so far.
+  virtual Status synchronize() = 0;
+
+  // Enqueued copies. copyToDevice: `src` may be reused as soon as the call returns (the
+  // backend stages it if it must). copyToHost: `dst` is written when the work completes (after
+  // an event recorded later fires).
+  virtual void copyToDevice(const Tensor& dst, const void* src, size_t bytes) = 0;
+  virtual void copyToHost(void* dst, const Tensor& src, size_t bytes) = 0;
+
+  // ---- ops (enqueued) ----
+  // out[t, :] = table[ids[t], :]. ids I32 [T] (< rows(table), checked by the caller), table
+  // weight dtype [V, H], out residual dtype [T, H].
+  virtual void embedding(const Tensor& table, const Tensor& ids, const Tensor& out) = 0;
+
+  // With residual: residual = x + residual, then out = rmsnorm(residual) * weight.
+  // Without (residual.empty()): out = rmsnorm(x) * weight.
+  // x, out [T, H] (activation dtype; out may alias x; x may alias residual only when residual is
+  // empty, i.e. the first norm reads the residual stream directly); weight [H]; the mean of
+  // squares is accumulated in f32.
+  virtual void rmsNorm(const Tensor& x, const Tensor& residual, const Tensor& weight,
+                       const Tensor& out, const RmsNormParams& p) = 0;
+
+  // y[T, N] = x[T, K] · w[N, K]^T (+ bias[N] when non-empty). w weight dtype, x/y activation.
+  virtual void linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) = 0;
+
+  // In place on qkv [T, (Hq + 2·Hkv)·D] (q heads, then k heads, then v heads per row):
+  // per-head RMSNorm of q (q_weight [D]) and k (k_weight [D]), then RoPE with the position of
+  // each token: positions I32 [T]; cos, sin F32 [max_pos, rotary_dim/2].
+  virtual void qkNormRope(const Tensor& qkv, const Tensor& q_weight, const Tensor& k_weight,
+                          const Tensor& positions, const Tensor& cos, const Tensor& sin,
+                          const QkNormRopeParams& p) = 0;
+
+  // out [T, Hq·D] = softmax(q·kᵀ·scale [+ causal mask]) · v within each sequence.
+  // qkv packed as for qkNormRope; cu_seqlens I32 [num_seqs + 1] (0, len0, len0+len1, ...).
+  virtual void attention(const Tensor& qkv, const Tensor& cu_seqlens, const Tensor& out,
+                         const AttentionParams& p) = 0;
+
+  // out [T, I] = silu(gate_up[:, :I]) * gate_up[:, I:], gate_up [T, 2I].
+  virtual void swiglu(const Tensor& gate_up, const Tensor& out) = 0;
+
+  // out F32 [num_seqs, H]: per-sequence pooling of hidden [T, H] (activation dtype) with
+  // cu_seqlens as above; optional L2 normalization.
+  virtual void pool(const Tensor& hidden, const Tensor& cu_seqlens, const Tensor& out,
+                    const PoolParams& p) = 0;
+
+  // out F32 [num_seqs]: see ScoreParams. head [R, H] weight dtype.
+  virtual void score(const Tensor& hidden, const Tensor& cu_seqlens, const Tensor& head,
+                     const Tensor& out, const ScoreParams& p) = 0;
+
+ protected:
+  friend class Buffer;
+  // Frees memory returned by allocate().
+  virtual void release(void* data, size_t bytes) = 0;
+};
+
+inline Result<OwnedTensor> Backend::allocateTensor(DType dtype,
+                                                   std::initializer_list<int64_t> dims) {
+  OwnedTensor t;
+  t.view = Tensor(nullptr, dtype, dims);
+  for (int64_t d : dims) {
+    if (d < 0) return invalidArgument("allocateTensor: negative dimension");
+  }
+  const size_t bytes = t.view.bytes();
+  ASSIGN_OR_RETURN(t.buffer, allocate(bytes == 0 ? 1 : bytes));
+  t.view.data = t.buffer.data();
+  return t;
+}
+
+inline void Buffer::reset() {
+  if (owner_ != nullptr && data_ != nullptr) owner_->release(data_, bytes_);
+  owner_ = nullptr;
+  data_ = nullptr;
+  bytes_ = 0;
+}
+
+// "cpu" or "cuda". "cuda" needs a build with CUDA (GARDEN_HAVE_CUDA); otherwise
+// FAILED_PRECONDITION. Unknown names: INVALID_ARGUMENT.
+Result<std::unique_ptr<Backend>> makeBackend(std::string_view device, const BackendOptions& opts);
+
+// Defined by the backend libraries.
+Result<std::unique_ptr<Backend>> makeCpuBackend(const BackendOptions& opts);
+#if defined(GARDEN_HAVE_CUDA) && GARDEN_HAVE_CUDA
+Result<std::unique_ptr<Backend>> makeCudaBackend(const BackendOptions& opts);
+#endif
+
+}  // namespace garden::rose

@@ -1,0 +1,580 @@
+#include "services/rose/ops/cpu/cpu_backend.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <new>
+#include <thread>
+#include <vector>
+
+#include "services/rose/ops/cpu/thread_pool.h"
+
+namespace garden::rose::cpu {
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Vector helpers (GCC vector extensions; 8 floats per vector). They are always inlined into
+// their callers, so the 32-byte-vector ABI note (-Wpsabi) does not apply to any real call.
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+typedef float V8 __attribute__((vector_size(32)));
+
+__attribute__((always_inline)) inline V8 load8(const float* p) {
+  V8 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+__attribute__((always_inline)) inline void store8(float* p, const V8& v) {
+  std::memcpy(p, &v, sizeof(v));
+}
+__attribute__((always_inline)) inline float hsum(const V8& v) {
+  return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
+}
+
+#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
+#define GARDEN_CPU_CLONES __attribute__((target_clones("arch=haswell", "default")))
+#else
+#define GARDEN_CPU_CLONES
+#endif
+
+GARDEN_CPU_CLONES
+float dot(const float* a, const float* b, int64_t n) {
+  V8 acc0 = {}, acc1 = {};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    acc0 += load8(a + i) * load8(b + i);
+    acc1 += load8(a + i + 8) * load8(b + i + 8);
+  }
+  for (; i + 8 <= n; i += 8) acc0 += load8(a + i) * load8(b + i);
+  float s = hsum(acc0 + acc1);
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+// y += alpha * x
+GARDEN_CPU_CLONES
+void axpy(float alpha, const float* x, float* y, int64_t n) {
+  V8 va = {alpha, alpha, alpha, alpha, alpha, alpha, alpha, alpha};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) store8(y + i, load8(y + i) + va * load8(x + i));
+  for (; i < n; ++i) y[i] += alpha * x[i];
+}
+
+// GEMM micro-kernel: a 4 (rows of x) by 3 (rows of w) tile of y = x wᵀ over the full K.
+// Tail tiles pass duplicated row pointers and only store the valid part.
+constexpr int kTr = 4;
+constexpr int kNr = 3;
+
+GARDEN_CPU_CLONES
+void gemmTile(const float* const* xr, const float* const* wr, int64_t k, float out[kTr][kNr]) {
+  // Twelve named accumulators + three w vectors + one x vector = 16 registers (AVX2): written
+  // out so the compiler keeps them in registers instead of a stack array.
+  const float *x0 = xr[0], *x1 = xr[1], *x2 = xr[2], *x3 = xr[3];
+  const float *w0 = wr[0], *w1 = wr[1], *w2 = wr[2];
+  V8 a00 = {}, a01 = {}, a02 = {}, a10 = {}, a11 = {}, a12 = {};
+  V8 a20 = {}, a21 = {}, a22 = {}, a30 = {}, a31 = {}, a32 = {};
+  int64_t i = 0;
+  for (; i + 8 <= k; i += 8) {
+    const V8 v0 = load8(w0 + i), v1 = load8(w1 + i), v2 = load8(w2 + i);
+    V8 xv = load8(x0 + i);
+    a00 += xv * v0;
+    a01 += xv * v1;
+    a02 += xv * v2;
+    xv = load8(x1 + i);
+    a10 += xv * v0;
+    a11 += xv * v1;
+    a12 += xv * v2;
+    xv = load8(x2 + i);
+    a20 += xv * v0;
+    a21 += xv * v1;
+    a22 += xv * v2;
+    xv = load8(x3 + i);
+    a30 += xv * v0;
+    a31 += xv * v1;
+    a32 += xv * v2;
+  }
+  const V8* acc[kTr][kNr] = {
+      {&a00, &a01, &a02}, {&a10, &a11, &a12}, {&a20, &a21, &a22}, {&a30, &a31, &a32}};
+  for (int r = 0; r < kTr; ++r) {
+    for (int c = 0; c < kNr; ++c) {
+      float s = hsum(*acc[r][c]);
+      for (int64_t j = i; j < k; ++j) s += xr[r][j] * wr[c][j];
+      out[r][c] = s;
+    }
+  }
+}
+
+// y[:, n0:n1] for all T rows.
+void gemmColumns(const float* x, const float* w, const float* bias, float* y, int64_t t_rows,
+                 int64_t n_total, int64_t k, int64_t n0, int64_t n1) {
+  constexpr int64_t kNBlock = 48;  // rows of w kept hot in L2 while all of x streams by
+  for (int64_t nb = n0; nb < n1; nb += kNBlock) {
+    int64_t ne = std::min(n1, nb + kNBlock);
+    for (int64_t t = 0; t < t_rows; t += kTr) {
+      int64_t tr = std::min<int64_t>(kTr, t_rows - t);
+      const float* xr[kTr];
+      for (int r = 0; r < kTr; ++r) xr[r] = x + (t + std::min<int64_t>(r, tr - 1)) * k;
+      for (int64_t n = nb; n < ne; n += kNr) {
+        int64_t nr = std::min<int64_t>(kNr, ne - n);
+        const float* wr[kNr];
+        for (int c = 0; c < kNr; ++c) wr[c] = w + (n + std::min<int64_t>(c, nr - 1)) * k;
+        float out[kTr][kNr];
+        gemmTile(xr, wr, k, out);
+        for (int64_t r = 0; r < tr; ++r) {
+          float* yrow = y + (t + r) * n_total + n;
+          for (int64_t c = 0; c < nr; ++c) yrow[c] = out[r][c] + (bias ? bias[n + c] : 0.f);
+        }
+      }
+    }
+  }
+}
+
+float silu(float x) { return x / (1.f + std::exp(-x)); }
+
+// ---------------------------------------------------------------------------------------------
+
+class CpuEvent final : public Event {
+ public:
+  explicit CpuEvent(class CpuBackend* b) : backend_(b) {}
+  bool query() override;
+  Status wait() override;
+  uint64_t target = 0;
+
+ private:
+  class CpuBackend* backend_;
+};
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(const BackendOptions& opts)
+      : pool_(opts.threads > 0
+                  ? opts.threads
+                  : std::max(1, static_cast<int>(std::thread::hardware_concurrency()))),
+        max_tokens_(std::max<int64_t>(1, opts.max_batch_tokens)) {
+    scratch_.resize(static_cast<size_t>(pool_.size()));
+    for (auto& sc : scratch_) sc.resize(static_cast<size_t>(max_tokens_));
+    compute_ = std::thread([this] { computeLoop(); });
+  }
+
+  ~CpuBackend() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_work_.notify_all();
+    compute_.join();
+  }
+
+  std::string_view name() const override { return "cpu"; }
+  DType weightDType() const override { return DType::kF32; }
+  DType activationDType() const override { return DType::kF32; }
+  DType residualDType() const override { return DType::kF32; }
+
+  Result<Buffer> allocate(size_t bytes) override {
+    size_t rounded = (std::max<size_t>(bytes, 1) + 255) / 256 * 256;
+    void* p = std::aligned_alloc(256, rounded);
+    if (p == nullptr) {
+      return resourceExhausted("cpu backend: cannot allocate " + std::to_string(bytes) + " bytes");
+    }
+    return Buffer(this, p, bytes);
+  }
+
+  Status uploadConvert(const Tensor& dst, const HostView& src) override {
+    if (dst.numel() != src.numel) {
+      return invalidArgument("uploadConvert: element count mismatch (" +
+                             std::to_string(dst.numel()) + " vs " + std::to_string(src.numel) +
+                             ")");
+    }
+    syncIfForeign();
+    if (dst.dtype == DType::kF32) {
+      return convertToF32(src.data, src.dtype, static_cast<size_t>(src.numel), dst.as<float>());
+    }
+    if (dst.dtype == src.dtype) {
+      std::memcpy(dst.data, src.data, dst.bytes());
+      return okStatus();
+    }
+    return invalidArgument("uploadConvert: cannot convert " + std::string(dtypeName(src.dtype)) +
+                           " to " + std::string(dtypeName(dst.dtype)) + " on cpu");
+  }
+
+  void launch(std::function<void()> work) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(std::move(work));
+      ++enqueued_;
+    }
+    cv_work_.notify_one();
+  }
+
+  Result<std::unique_ptr<Event>> createEvent() override {
+    return std::unique_ptr<Event>(std::make_unique<CpuEvent>(this));
+  }
+
+  Status recordEvent(Event& event) override {
+    auto* e = dynamic_cast<CpuEvent*>(&event);
+    if (e == nullptr) return invalidArgument("recordEvent: not a cpu event");
+    std::lock_guard<std::mutex> lock(mu_);
+    e->target = enqueued_;
+    return okStatus();
+  }
+
+  Status synchronize() override {
+    if (std::this_thread::get_id() == compute_.get_id()) return okStatus();
+    std::unique_lock<std::mutex> lock(mu_);
+    uint64_t target = enqueued_;
+    cv_done_.wait(lock, [&] { return done_ >= target; });
+    return okStatus();
+  }
+
+  bool reached(uint64_t target) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return done_ >= target;
+  }
+  void waitFor(uint64_t target) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_done_.wait(lock, [&] { return done_ >= target; });
+  }
+
+  void copyToDevice(const Tensor& dst, const void* src, size_t bytes) override {
+    syncIfForeign();
+    CHECK(bytes <= dst.bytes());
+    std::memcpy(dst.data, src, bytes);
+  }
+  void copyToHost(void* dst, const Tensor& src, size_t bytes) override {
+    syncIfForeign();
+    CHECK(bytes <= src.bytes());
+    std::memcpy(dst, src.data, bytes);
+  }
+
+  // ---- ops ----
+
+  void embedding(const Tensor& table, const Tensor& ids, const Tensor& out) override {
+    syncIfForeign();
+    checkF32(table);
+    checkF32(out);
+    CHECK(ids.dtype == DType::kI32);
+    const int64_t t_rows = ids.numel(), h = table.cols(), v = table.rows();
+    CHECK(out.rows() == t_rows && out.cols() == h);
+    const int32_t* id = ids.as<int32_t>();
+    const float* tab = table.as<float>();
+    float* o = out.as<float>();
+    for (int64_t t = 0; t < t_rows; ++t) {
+      CHECK(id[t] >= 0 && id[t] < v);
+      std::memcpy(o + t * h, tab + static_cast<int64_t>(id[t]) * h, sizeof(float) * h);
+    }
+  }
+
+  void rmsNorm(const Tensor& x, const Tensor& residual, const Tensor& weight, const Tensor& out,
+               const RmsNormParams& p) override {
+    syncIfForeign();
+    checkF32(x);
+    checkF32(out);
+    checkF32(weight);
+    const int64_t t_rows = x.rows(), h = x.cols();
+    CHECK(out.rows() == t_rows && out.cols() == h && weight.numel() == h);
+    const bool has_res = !residual.empty();
+    if (has_res) {
+      checkF32(residual);
+      CHECK(residual.rows() == t_rows && residual.cols() == h);
+    }
+    const float* xp = x.as<float>();
+    float* rp = has_res ? residual.as<float>() : nullptr;
+    const float* wp = weight.as<float>();
+    float* op = out.as<float>();
+    const float eps = p.eps;
+    pool_.parallelFor(t_rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, h)),
+                      [&](int64_t b, int64_t e, int) {
+                        for (int64_t t = b; t < e; ++t) {
+                          const float* src = xp + t * h;
+                          if (has_res) {
+                            float* r = rp + t * h;
+                            for (int64_t i = 0; i < h; ++i) r[i] += src[i];
+                            src = r;
+                          }
+                          float ss = dot(src, src, h);
+                          float inv = 1.f / std::sqrt(ss / static_cast<float>(h) + eps);
+                          float* o = op + t * h;
+                          for (int64_t i = 0; i < h; ++i) o[i] = wp[i] * (src[i] * inv);
+                        }
+                      });
+  }
+
+  void linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) override {
+    syncIfForeign();
+    checkF32(x);
+    checkF32(w);
+    checkF32(y);
+    const int64_t t_rows = x.rows(), k = x.cols(), n = w.rows();
+    CHECK(w.cols() == k);
+    CHECK(y.rows() == t_rows && y.cols() == n);
+    const float* bp = nullptr;
+    if (!bias.empty()) {
+      checkF32(bias);
+      CHECK(bias.numel() == n);
+      bp = bias.as<float>();
+    }
+    const float* xp = x.as<float>();
+    const float* wp = w.as<float>();
+    float* yp = y.as<float>();
+    // Split over output columns in multiples of the micro-tile width.
+    int64_t col_groups = (n + kNr - 1) / kNr;
+    int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, k * t_rows / 64 + 1));
+    pool_.parallelFor(col_groups, grain, [&](int64_t b, int64_t e, int) {
+      gemmColumns(xp, wp, bp, yp, t_rows, n, k, b * kNr, std::min(n, e * kNr));
+    });
+  }
+
+  void qkNormRope(const Tensor& qkv, const Tensor& q_weight, const Tensor& k_weight,
+                  const Tensor& positions, const Tensor& cos, const Tensor& sin,
+                  const QkNormRopeParams& p) override {
+    syncIfForeign();
+    checkF32(qkv);
+    checkF32(cos);
+    checkF32(sin);
+    CHECK(positions.dtype == DType::kI32);
+    const int64_t d = p.head_dim, hq = p.num_q_heads, hkv = p.num_kv_heads;
+    const int64_t width = (hq + 2 * hkv) * d;
+    const int64_t t_rows = qkv.rows();
+    CHECK(qkv.cols() == width && positions.numel() == t_rows);
+    CHECK(p.rotary_dim % 2 == 0 && p.rotary_dim <= d);
+    const int64_t half = p.rotary_dim / 2;
+    CHECK(cos.cols() == half && sin.cols() == half);
+    const int64_t max_pos = cos.rows();
+    if (p.apply_norm) {
+      checkF32(q_weight);
+      checkF32(k_weight);
+      CHECK(q_weight.numel() == d && k_weight.numel() == d);
+    }
+    float* base = qkv.as<float>();
+    const int32_t* pos = positions.as<int32_t>();
+    const float* cp = cos.as<float>();
+    const float* sp = sin.as<float>();
+    const float* qw = p.apply_norm ? q_weight.as<float>() : nullptr;
+    const float* kw = p.apply_norm ? k_weight.as<float>() : nullptr;
+    const float eps = p.eps;
+    pool_.parallelFor(t_rows, 8, [&](int64_t b, int64_t e, int) {
+      for (int64_t t = b; t < e; ++t) {
+        CHECK(pos[t] >= 0 && pos[t] < max_pos);
+        const float* c = cp + static_cast<int64_t>(pos[t]) * half;
+        const float* s = sp + static_cast<int64_t>(pos[t]) * half;
+        for (int64_t head = 0; head < hq + hkv; ++head) {
+          float* v = base + t * width + head * d;
+          if (qw != nullptr) {
+            const float* wgt = head < hq ? qw : kw;
+            float inv = 1.f / std::sqrt(dot(v, v, d) / static_cast<float>(d) + eps);
+            for (int64_t i = 0; i < d; ++i) v[i] = wgt[i] * (v[i] * inv);
+          }
+          for (int64_t i = 0; i < half; ++i) {
+            float x1 = v[i], x2 = v[i + half];
+            v[i] = x1 * c[i] - x2 * s[i];
+            v[i + half] = x2 * c[i] + x1 * s[i];
+          }
+        }
+      }
+    });
+  }
+
+  void attention(const Tensor& qkv, const Tensor& cu_seqlens, const Tensor& out,
+                 const AttentionParams& p) override {
+    syncIfForeign();
+    checkF32(qkv);
+    checkF32(out);
+    CHECK(cu_seqlens.dtype == DType::kI32 && cu_seqlens.numel() == p.num_seqs + 1);
+    const int64_t d = p.head_dim, hq = p.num_q_heads, hkv = p.num_kv_heads;
+    CHECK(hkv > 0 && hq % hkv == 0);
+    const int64_t group = hq / hkv;
+    const int64_t width = (hq + 2 * hkv) * d;
+    const int64_t t_rows = qkv.rows();
+    CHECK(qkv.cols() == width && out.rows() == t_rows && out.cols() == hq * d);
+    const int32_t* cu = cu_seqlens.as<int32_t>();
+    CHECK(cu[0] == 0 && cu[p.num_seqs] == t_rows);
+    const float* base = qkv.as<float>();
+    float* op = out.as<float>();
+    const float scale = p.scale;
+    const bool causal = p.causal;
+    int64_t longest = 0;
+    for (int32_t s = 0; s < p.num_seqs; ++s)
+      longest = std::max<int64_t>(longest, cu[s + 1] - cu[s]);
+    for (auto& sc : scratch_) {  // only grows past max_batch_tokens if a caller exceeded it
+      if (static_cast<int64_t>(sc.size()) < longest) sc.resize(static_cast<size_t>(longest));
+    }
+    // Work item = (token t, q head h); the sequence of t found by binary search.
+    pool_.parallelFor(t_rows * hq, 4, [&](int64_t b, int64_t e, int worker) {
+      float* scores = scratch_[static_cast<size_t>(worker)].data();
+      for (int64_t item = b; item < e; ++item) {
+        const int64_t t = item / hq, h = item % hq;
+        const int64_t seq =
+            std::upper_bound(cu, cu + p.num_seqs + 1, static_cast<int32_t>(t)) - cu - 1;
+        const int64_t start = cu[seq], end = causal ? t + 1 : cu[seq + 1];
+        const int64_t kvh = h / group;
+        const float* q = base + t * width + h * d;
+        const float* k0 = base + (hq + kvh) * d;
+        const float* v0 = base + (hq + hkv + kvh) * d;
+        float mx = -INFINITY;
+        for (int64_t j = start; j < end; ++j) {
+          float sc = dot(q, k0 + j * width, d) * scale;
+          scores[j - start] = sc;
+          mx = std::max(mx, sc);
+        }
+        float sum = 0.f;
+        for (int64_t j = 0; j < end - start; ++j) {
+          scores[j] = std::exp(scores[j] - mx);
+          sum += scores[j];
+        }
+        float* o = op + t * hq * d + h * d;
+        std::fill(o, o + d, 0.f);
+        const float inv = 1.f / sum;
+        for (int64_t j = start; j < end; ++j) axpy(scores[j - start] * inv, v0 + j * width, o, d);
+      }
+    });
+  }
+
+  void swiglu(const Tensor& gate_up, const Tensor& out) override {
+    syncIfForeign();
+    checkF32(gate_up);
+    checkF32(out);
+    const int64_t t_rows = gate_up.rows(), inter = out.cols();
+    CHECK(gate_up.cols() == 2 * inter && out.rows() == t_rows);
+    const float* g = gate_up.as<float>();
+    float* o = out.as<float>();
+    pool_.parallelFor(t_rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, inter)),
+                      [&](int64_t b, int64_t e, int) {
+                        for (int64_t t = b; t < e; ++t) {
+                          const float* gr = g + t * 2 * inter;
+                          const float* ur = gr + inter;
+                          float* orow = o + t * inter;
+                          for (int64_t i = 0; i < inter; ++i) orow[i] = silu(gr[i]) * ur[i];
+                        }
+                      });
+  }
+
+  void pool(const Tensor& hidden, const Tensor& cu_seqlens, const Tensor& out,
+            const PoolParams& p) override {
+    syncIfForeign();
+    checkF32(hidden);
+    checkF32(out);
+    CHECK(cu_seqlens.dtype == DType::kI32 && cu_seqlens.numel() == p.num_seqs + 1);
+    const int64_t h = hidden.cols();
+    CHECK(out.rows() == p.num_seqs && out.cols() == h);
+    const int32_t* cu = cu_seqlens.as<int32_t>();
+    const float* hp = hidden.as<float>();
+    float* op = out.as<float>();
+    for (int32_t s = 0; s < p.num_seqs; ++s) {
+      const int64_t start = cu[s], end = cu[s + 1];
+      CHECK(end > start && end <= hidden.rows());
+      float* o = op + s * h;
+      switch (p.mode) {
+        case PoolMode::kLast:
+          std::memcpy(o, hp + (end - 1) * h, sizeof(float) * h);
+          break;
+        case PoolMode::kCls:
+          std::memcpy(o, hp + start * h, sizeof(float) * h);
+          break;
+        case PoolMode::kMean: {
+          std::fill(o, o + h, 0.f);
+          for (int64_t t = start; t < end; ++t) axpy(1.f, hp + t * h, o, h);
+          const float inv = 1.f / static_cast<float>(end - start);
+          for (int64_t i = 0; i < h; ++i) o[i] *= inv;
+          break;
+        }
+      }
+      if (p.normalize) {
+        const float norm = std::sqrt(dot(o, o, h));
+        const float inv = 1.f / std::max(norm, 1e-12f);
+        for (int64_t i = 0; i < h; ++i) o[i] *= inv;
+      }
+    }
+  }
+
+  void score(const Tensor& hidden, const Tensor& cu_seqlens, const Tensor& head, const Tensor& out,
+             const ScoreParams& p) override {
+    syncIfForeign();
+    checkF32(hidden);
+    checkF32(head);
+    checkF32(out);
+    CHECK(cu_seqlens.dtype == DType::kI32 && cu_seqlens.numel() == p.num_seqs + 1);
+    const int64_t h = hidden.cols();
+    CHECK(head.cols() == h && out.numel() == p.num_seqs);
+    CHECK(p.pos_row >= 0 && p.pos_row < head.rows() && p.neg_row < head.rows());
+    const int32_t* cu = cu_seqlens.as<int32_t>();
+    const float* hp = hidden.as<float>();
+    const float* wp = head.as<float>();
+    float* op = out.as<float>();
+    for (int32_t s = 0; s < p.num_seqs; ++s) {
+      CHECK(cu[s + 1] > cu[s] && cu[s + 1] <= hidden.rows());
+      const float* last = hp + static_cast<int64_t>(cu[s + 1] - 1) * h;
+      float z = dot(last, wp + static_cast<int64_t>(p.pos_row) * h, h);
+      if (p.neg_row >= 0) z -= dot(last, wp + static_cast<int64_t>(p.neg_row) * h, h);
+      op[s] = p.apply_sigmoid ? 1.f / (1.f + std::exp(-z)) : z;
+    }
+  }
+
+ protected:
+  void release(void* data, size_t bytes) override { std::free(data); }
+
+ private:
+  static void checkF32(const Tensor& t) { CHECK_MSG(t.dtype == DType::kF32, "cpu op wants F32"); }
+
+  // Ops called from a thread other than the compute thread first wait for launched work, so
+  // they run in order with it (see [TAG_ROSE_LAZY]).
+  void syncIfForeign() {
+    if (std::this_thread::get_id() != compute_.get_id()) (void)synchronize();
+  }
+
+  void computeLoop() {
+    for (;;) {
+      std::function<void()> work;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_work_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;  // stop_ and drained
+        work = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      work();
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        ++done_;
+      }
+      cv_done_.notify_all();
+    }
+  }
+
+  ThreadPool pool_;
+  int64_t max_tokens_;
+  std::vector<std::vector<float>> scratch_;  // per pool worker (attention scores)
+
+  std::mutex mu_;
+  std::condition_variable cv_work_;
+  std::condition_variable cv_done_;
+  std::deque<std::function<void()>> queue_;
+  uint64_t enqueued_ = 0;
+  uint64_t done_ = 0;
+  bool stop_ = false;
+  std::thread compute_;
+};
+
+bool CpuEvent::query() { return backend_->reached(target); }
+Status CpuEvent::wait() {
+  backend_->waitFor(target);
+  return okStatus();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Backend>> create(const BackendOptions& opts) {
+  return std::unique_ptr<Backend>(std::make_unique<CpuBackend>(opts));
+}
+
+}  // namespace garden::rose::cpu
+
+namespace garden::rose {
+Result<std::unique_ptr<Backend>> makeCpuBackend(const BackendOptions& opts) {
+  return cpu::create(opts);
+}
+}  // namespace garden::rose

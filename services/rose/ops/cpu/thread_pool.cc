@@ -1,0 +1,73 @@
+#include "services/rose/ops/cpu/thread_pool.h"
+
+#include <algorithm>
+
+namespace garden::rose::cpu {
+
+ThreadPool::ThreadPool(int threads) {
+  int extra = std::max(1, threads) - 1;
+  workers_.reserve(static_cast<size_t>(extra));
+  for (int i = 0; i < extra; ++i) workers_.emplace_back([this, i] { workerLoop(i + 1); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_start_.notify_all();
+  for (auto& t : workers_) t.join();
+}
+
+void ThreadPool::parallelFor(int64_t n, int64_t grain,
+                             const std::function<void(int64_t, int64_t, int)>& fn) {
+  if (n <= 0) return;
+  grain = std::max<int64_t>(1, grain);
+  int64_t max_chunks = std::max<int64_t>(1, n / grain);
+  int64_t chunks = std::min<int64_t>(size(), max_chunks);
+  if (chunks <= 1 || workers_.empty()) {
+    fn(0, n, 0);
+    return;
+  }
+  int64_t chunk = (n + chunks - 1) / chunks;
+  chunks = (n + chunk - 1) / chunk;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    job_ = &fn;
+    job_n_ = n;
+    job_chunk_ = chunk;
+    job_chunks_ = chunks;
+    pending_ = static_cast<int>(chunks - 1);
+    ++generation_;
+  }
+  cv_start_.notify_all();
+  fn(0, std::min(n, chunk), 0);  // chunk 0 on the caller
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_done_.wait(lock, [this] { return pending_ == 0; });
+  job_ = nullptr;
+}
+
+void ThreadPool::workerLoop(int index) {
+  uint64_t seen = 0;
+  for (;;) {
+    const std::function<void(int64_t, int64_t, int)>* job;
+    int64_t begin, end;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_start_.wait(lock, [&] { return stop_ || generation_ != seen; });
+      if (stop_) return;
+      seen = generation_;
+      if (index >= job_chunks_) continue;  // not needed for this job
+      job = job_;
+      begin = job_chunk_ * index;
+      end = std::min(job_n_, begin + job_chunk_);
+    }
+    (*job)(begin, end, index);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (--pending_ == 0) cv_done_.notify_one();
+    }
+  }
+}
+
+}  // namespace garden::rose::cpu

@@ -1,0 +1,48 @@
+#pragma once
+// A small fork-join pool for the CPU backend's ops: parallelFor splits [0, n) into contiguous
+// chunks, runs them on the workers and the calling thread, and returns when all are done.
+//
+// Threads: parallelFor must be called by one thread at a time (the CPU backend's compute thread,
+// or a test thread when nothing is launched). The pool owns its worker threads; the destructor
+// joins them.
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace garden::rose::cpu {
+
+class ThreadPool {
+ public:
+  // `threads` total workers including the caller (>= 1).
+  explicit ThreadPool(int threads);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int size() const { return static_cast<int>(workers_.size()) + 1; }
+
+  // Calls fn(begin, end, worker_index) over chunks covering [0, n); chunks hold at least `grain`
+  // items (except possibly the last). worker_index is in [0, size()).
+  void parallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t, int)>& fn);
+
+ private:
+  void workerLoop(int index);
+
+  std::vector<std::thread> workers_;
+  std::mutex mu_;
+  std::condition_variable cv_start_;
+  std::condition_variable cv_done_;
+  const std::function<void(int64_t, int64_t, int)>* job_ = nullptr;
+  int64_t job_n_ = 0;
+  int64_t job_chunk_ = 0;
+  int64_t job_chunks_ = 0;
+  uint64_t generation_ = 0;
+  int pending_ = 0;
+  bool stop_ = false;
+};
+
+}  // namespace garden::rose::cpu

@@ -1,0 +1,60 @@
+// rose-mkmodel: writes the built-in default model (see services/rose/tools/mkmodel.h).
+//
+//   rose-mkmodel --out DIR [--seed N] [--repo DIR] [--vocab-size 2000] [--dtype bf16|f32]
+//                [--spm-train spm_train]
+
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+#include "common/flags.h"
+#include "services/rose/tools/mkmodel.h"
+
+namespace {
+
+// The repository root: the nearest ancestor of the working directory holding services/rose.
+std::string defaultRepo() {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  for (fs::path p = fs::current_path(ec); !p.empty(); p = p.parent_path()) {
+    if (fs::is_directory(p / "services" / "rose", ec)) return p.string();
+    if (p == p.parent_path()) break;
+  }
+  return fs::current_path(ec).string();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  garden::rose::MkModelOptions o;
+  o.repo_root = defaultRepo();
+  std::string dtype = "bf16";
+  garden::Flags flags(
+      "rose-mkmodel",
+      "Writes a tiny random Qwen3 checkpoint + sentencepiece tokenizer (the default "
+      "model; its embeddings are meaningless)");
+  flags.add("out", &o.out_dir, "output directory (created)")
+      .add("seed", &o.seed, "weight PRNG seed")
+      .add("repo", &o.repo_root, "repository root whose text trains the tokenizer")
+      .add("vocab-size", &o.vocab_size, "tokenizer vocabulary size (soft limit)")
+      .add("dtype", &dtype, "weight dtype: bf16 or f32")
+      .add("spm-train", &o.spm_train, "the sentencepiece trainer binary");
+  flags.parseOrExit(argc, argv);
+  if (dtype != "bf16" && dtype != "f32") {
+    std::fprintf(stderr, "rose-mkmodel: --dtype must be bf16 or f32\n");
+    return 2;
+  }
+  o.bf16 = dtype == "bf16";
+  if (o.out_dir.empty()) {
+    std::fprintf(stderr, "rose-mkmodel: --out is required\n");
+    return 2;
+  }
+  garden::Status st = garden::rose::makeDefaultModel(o);
+  if (!st.isOk()) {
+    std::fprintf(stderr, "rose-mkmodel: %s\n", st.toString().c_str());
+    return 1;
+  }
+  std::printf("rose-mkmodel: wrote %s (random weights; embeddings are meaningless)\n",
+              o.out_dir.c_str());
+  return 0;
+}

@@ -1,0 +1,235 @@
+// The `rose` binary as a process: spawned by a stand-in tulip on a Channel it created, in sidecar
+// mode (--create-shm), with a bad model directory, and orphaned (it must exit when its parent
+// dies). Results are compared with a direct forward pass of the same checkpoint.
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/shm/channel.h"
+#include "services/rose/model/qwen3.h"
+#include "services/rose/ops/backend.h"
+
+namespace garden::rose {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::string sourceDir() {
+  const char* s = std::getenv("GARDEN_SOURCE_DIR");
+  return s ? s : ".";
+}
+std::string roseBin() {
+  const char* b = std::getenv("GARDEN_BUILD_DIR");
+  return std::string(b ? b : ".") + "/services/rose/rose";
+}
+std::string fixtureDir() { return sourceDir() + "/tests/conformance/qwen3/fixtures"; }
+
+std::string uniqueName(const char* tag) {
+  static std::atomic<int> n{0};
+  return std::string("/rose-bin-") + tag + "-" + std::to_string(getpid()) + "-" +
+         std::to_string(n++);
+}
+
+pid_t spawn(const std::vector<std::string>& args) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    std::vector<char*> argv;
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+// Waits for `pid` to exit; returns its wait status, or -1 after the timeout.
+int waitExit(pid_t pid, std::chrono::milliseconds timeout) {
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < end) {
+    int st = 0;
+    pid_t r = waitpid(pid, &st, WNOHANG);
+    if (r == pid) return st;
+    std::this_thread::sleep_for(10ms);
+  }
+  return -1;
+}
+
+bool waitState(shm::Channel& ch, shm::WorkerState s, std::chrono::milliseconds timeout) {
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < end) {
+    if (ch.state() == s) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return false;
+}
+
+// Submits one embed batch and checks the result against a direct forward pass.
+void checkServes(shm::Channel& ch, uint32_t slot) {
+  const std::vector<int32_t> tokens = {11, 22, 33, 44, 55};
+  const std::vector<int32_t> lens = {2, 3};
+  auto in = ch.inputArena(slot);
+  std::memcpy(in.data(), tokens.data(), tokens.size() * 4);
+  std::memcpy(in.data() + 64, lens.data(), lens.size() * 4);
+  shm::BatchDesc d;
+  d.batch_id = 7;
+  d.slot = slot;
+  d.num_seqs = 2;
+  d.num_tokens = 5;
+  d.seqlens_offset = 64;
+  ASSERT_TRUE(ch.trySubmit(d));
+  auto c = ch.waitCompletion(20s);
+  ASSERT_TRUE(c.has_value());
+  ASSERT_EQ(c->status_code, 0) << c->message;
+  ASSERT_EQ(c->rows, 2u);
+  ASSERT_EQ(c->cols, 64u);
+
+  BackendOptions bo;
+  bo.threads = 1;
+  auto backend = std::move(makeBackend("cpu", bo)).value();
+  Qwen3Options mo;
+  mo.max_batch_tokens = 64;
+  auto model = std::move(Qwen3Model::load(fixtureDir(), *backend, mo)).value();
+  std::vector<float> want(2 * 64);
+  model->enqueueEmbed({tokens, lens}, model->pooling().mode, true, want.data());
+  ASSERT_TRUE(backend->synchronize().isOk());
+  std::vector<float> got(2 * 64);
+  std::memcpy(got.data(), ch.outputArena(slot).data(), got.size() * 4);
+  EXPECT_EQ(got, want);
+}
+
+TEST(RoseBinary, SpawnedRoseServesAndStopsOnSigterm) {
+  const std::string name = uniqueName("spawned");
+  auto ch = shm::Channel::create(name, shm::Layout{2, 4096, 64 * 64 * 4});
+  ASSERT_TRUE(ch.isOk()) << ch.status().toString();
+  pid_t pid = spawn({roseBin(), "--model", fixtureDir(), "--shm-name", name, "--threads", "1",
+                     "--max-batch-tokens", "64"});
+  ASSERT_GT(pid, 0);
+  ASSERT_TRUE(waitState(*ch, shm::WorkerState::kReady, 30s)) << "rose did not become ready";
+  EXPECT_EQ(ch->workerPid(), pid);
+  EXPECT_EQ(ch->modelFacts().hidden_size, 64u);
+  EXPECT_STREQ(ch->modelFacts().name, "fixtures");
+  checkServes(*ch, 1);
+  EXPECT_FALSE(ch->heartbeatStale(1s));
+  kill(pid, SIGTERM);
+  int st = waitExit(pid, 10s);
+  ASSERT_NE(st, -1) << "rose did not exit on SIGTERM";
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "status " << st;
+  EXPECT_EQ(ch->state(), shm::WorkerState::kStopping);
+}
+
+TEST(RoseBinary, SidecarCreatesTheChannel) {
+  const std::string name = uniqueName("sidecar");
+  pid_t pid = spawn({roseBin(), "--model", fixtureDir(), "--shm-name", name, "--create-shm",
+                     "--depth", "2", "--threads", "1", "--max-batch-tokens", "64"});
+  ASSERT_GT(pid, 0);
+  std::optional<shm::Channel> ch;
+  const auto end = std::chrono::steady_clock::now() + 30s;
+  while (!ch && std::chrono::steady_clock::now() < end) {
+    auto a = shm::Channel::attach(name);
+    if (a.isOk() && a->state() == shm::WorkerState::kReady) {
+      ch.emplace(std::move(a).value());
+    } else {
+      std::this_thread::sleep_for(20ms);
+    }
+  }
+  ASSERT_TRUE(ch.has_value()) << "sidecar rose did not create a ready channel";
+  EXPECT_EQ(ch->layout().slots, 2u);
+  EXPECT_EQ(ch->layout().output_bytes, 64u * 64 * 4);  // max_batch_tokens x hidden x f32
+  checkServes(*ch, 0);
+  kill(pid, SIGTERM);
+  int st = waitExit(pid, 10s);
+  ASSERT_NE(st, -1);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
+TEST(RoseBinary, BadModelDirectoryReportsFailed) {
+  const std::string name = uniqueName("bad");
+  auto ch = shm::Channel::create(name, shm::Layout{1, 4096, 4096});
+  ASSERT_TRUE(ch.isOk());
+  pid_t pid = spawn({roseBin(), "--model", "/nonexistent/model", "--shm-name", name});
+  int st = waitExit(pid, 20s);
+  ASSERT_NE(st, -1);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 1);
+  EXPECT_EQ(ch->state(), shm::WorkerState::kFailed);
+}
+
+TEST(RoseBinary, BadFlagsExitWithUsageError) {
+  pid_t pid = spawn({roseBin(), "--model", fixtureDir(), "--shm-name", "/x", "--pooling", "max"});
+  int st = waitExit(pid, 10s);
+  ASSERT_NE(st, -1);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 2);
+  pid = spawn(
+      {roseBin(), "--model", fixtureDir(), "--shm-name", "/x", "--device", "cuda", "--create-shm"});
+  st = waitExit(pid, 20s);
+  ASSERT_NE(st, -1);
+#if !(defined(GARDEN_HAVE_CUDA) && GARDEN_HAVE_CUDA)
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 1);  // FAILED_PRECONDITION: no CUDA build
+#endif
+}
+
+TEST(RoseBinary, ExitsWhenItsParentDies) {
+  // Orphans are re-parented to this process, so the test can reap rose after its parent exits.
+  ASSERT_EQ(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+  const std::string name = uniqueName("orphan");
+  auto ch = shm::Channel::create(name, shm::Layout{1, 4096, 64 * 64 * 4});
+  ASSERT_TRUE(ch.isOk());
+  pid_t parent = fork();
+  if (parent == 0) {
+    // The stand-in tulip: spawns rose, waits until it is ready, then dies abruptly.
+    pid_t rose = spawn({roseBin(), "--model", fixtureDir(), "--shm-name", name, "--threads", "1",
+                        "--max-batch-tokens", "64"});
+    const auto end = std::chrono::steady_clock::now() + 30s;
+    while (ch->state() != shm::WorkerState::kReady && std::chrono::steady_clock::now() < end) {
+      std::this_thread::sleep_for(10ms);
+    }
+    _exit(rose > 0 && ch->state() == shm::WorkerState::kReady ? 0 : 1);
+  }
+  int pst = waitExit(parent, 40s);
+  ASSERT_NE(pst, -1);
+  ASSERT_TRUE(WIFEXITED(pst) && WEXITSTATUS(pst) == 0) << "rose did not start under its parent";
+  const pid_t rose = ch->workerPid();
+  ASSERT_GT(rose, 0);
+  int st = waitExit(rose, 10s);
+  ASSERT_NE(st, -1) << "rose outlived its parent";
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "status " << st;
+  EXPECT_EQ(ch->state(), shm::WorkerState::kStopping);
+  prctl(PR_SET_CHILD_SUBREAPER, 0);
+}
+
+TEST(RoseBinary, ExitsWhenTheChannelOwnerIsGone) {
+  // The owner (tulip) created the channel and died without unlinking it (_exit skips the
+  // destructor); rose, whose own parent (this test) is alive, must notice the dead owner pid.
+  const std::string name = uniqueName("owner");
+  pid_t owner = fork();
+  if (owner == 0) {
+    auto ch = shm::Channel::create(name, shm::Layout{1, 4096, 64 * 64 * 4});
+    _exit(ch.isOk() ? 0 : 1);
+  }
+  int ost = waitExit(owner, 10s);
+  ASSERT_TRUE(WIFEXITED(ost) && WEXITSTATUS(ost) == 0);
+  auto ch = shm::Channel::attach(name);
+  ASSERT_TRUE(ch.isOk()) << ch.status().toString();
+  EXPECT_EQ(ch->ownerPid(), owner);
+  pid_t pid = spawn({roseBin(), "--model", fixtureDir(), "--shm-name", name, "--threads", "1",
+                     "--max-batch-tokens", "64"});
+  int st = waitExit(pid, 20s);
+  shm_unlink(name.c_str());
+  ASSERT_NE(st, -1) << "rose kept running without its channel owner";
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "status " << st;
+  EXPECT_EQ(ch->state(), shm::WorkerState::kStopping);
+}
+
+}  // namespace
+}  // namespace garden::rose
