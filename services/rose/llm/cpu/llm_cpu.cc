@@ -1,0 +1,299 @@
+#include "services/rose/llm/cpu/llm_cpu.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "services/rose/llm/sampling/sampler.h"
+#include "services/rose/ops/cpu/thread_pool.h"
+
+namespace garden::rose::cpu {
+namespace {
+
+float dot(const float* a, const float* b, int64_t n) {
+  float s = 0.f;
+  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+void checkF32(const Tensor& t) { CHECK_MSG(t.dtype == DType::kF32, "cpu llm op wants F32"); }
+void checkI32(const Tensor& t) { CHECK_MSG(t.dtype == DType::kI32, "cpu llm op wants I32"); }
+
+class CpuLlmOps final : public LlmOps {
+ public:
+  CpuLlmOps(Backend& backend, int threads) : backend_(backend), pool_(threads) {
+    scratch_.resize(static_cast<size_t>(pool_.size()));
+  }
+
+  void kvWrite(const Tensor& qkv, const Tensor& slot_mapping, const Tensor& k_cache,
+               const Tensor& v_cache, const KvWriteParams& p) override {
+    sync();
+    checkF32(qkv);
+    checkF32(k_cache);
+    checkF32(v_cache);
+    checkI32(slot_mapping);
+    const int64_t d = p.head_dim, hq = p.num_q_heads, hkv = p.num_kv_heads;
+    const int64_t width = (hq + 2 * hkv) * d;
+    const int64_t t_rows = qkv.rows();
+    CHECK(qkv.cols() == width && slot_mapping.numel() == t_rows);
+    CHECK(k_cache.ndim == 4 && k_cache.dim(2) == hkv && k_cache.dim(3) == d);
+    CHECK(v_cache.numel() == k_cache.numel());
+    const int64_t slots = k_cache.dim(0) * k_cache.dim(1);
+    const int32_t* sm = slot_mapping.as<int32_t>();
+    const float* src = qkv.as<float>();
+    float* kc = k_cache.as<float>();
+    float* vc = v_cache.as<float>();
+    const size_t row_bytes = sizeof(float) * static_cast<size_t>(hkv * d);
+    for (int64_t t = 0; t < t_rows; ++t) {
+      const int64_t slot = sm[t];
+      CHECK(slot >= 0 && slot < slots);
+      std::memcpy(kc + slot * hkv * d, src + t * width + hq * d, row_bytes);
+      std::memcpy(vc + slot * hkv * d, src + t * width + (hq + hkv) * d, row_bytes);
+    }
+  }
+
+  void pagedAttention(const Tensor& qkv, const Tensor& k_cache, const Tensor& v_cache,
+                      const Tensor& cu_q, const Tensor& positions, const Tensor& block_tables,
+                      const Tensor& sinks, const Tensor& out,
+                      const PagedAttentionParams& p) override {
+    sync();
+    checkF32(qkv);
+    checkF32(k_cache);
+    checkF32(v_cache);
+    checkF32(out);
+    checkI32(cu_q);
+    checkI32(positions);
+    checkI32(block_tables);
+    const int64_t d = p.head_dim, hq = p.num_q_heads, hkv = p.num_kv_heads, bs = p.block_size;
+    CHECK(hkv > 0 && hq % hkv == 0 && bs > 0);
+    const int64_t group = hq / hkv;
+    const int64_t width = (hq + 2 * hkv) * d;
+    const int64_t t_rows = qkv.rows();
+    CHECK(qkv.cols() == width && out.rows() == t_rows && out.cols() == hq * d);
+    CHECK(positions.numel() == t_rows && cu_q.numel() == p.num_seqs + 1);
+    CHECK(block_tables.numel() >= static_cast<int64_t>(p.num_seqs) * p.max_blocks_per_seq);
+    CHECK(k_cache.ndim == 4 && k_cache.dim(1) == bs && k_cache.dim(2) == hkv &&
+          k_cache.dim(3) == d);
+    const bool has_sinks = !sinks.empty();
+    if (has_sinks) {
+      checkF32(sinks);
+      CHECK(sinks.numel() == hq);
+    }
+    const int64_t num_blocks = k_cache.dim(0);
+    const int32_t* cu = cu_q.as<int32_t>();
+    CHECK(cu[0] == 0 && cu[p.num_seqs] == t_rows);
+    const int32_t* pos = positions.as<int32_t>();
+    const int32_t* bt = block_tables.as<int32_t>();
+    const float* base = qkv.as<float>();
+    const float* kc = k_cache.as<float>();
+    const float* vc = v_cache.as<float>();
+    const float* sk = has_sinks ? sinks.as<float>() : nullptr;
+    float* op = out.as<float>();
+    int64_t longest = p.max_context;
+    for (int64_t t = 0; t < t_rows; ++t) longest = std::max<int64_t>(longest, pos[t] + 1);
+    for (auto& sc : scratch_) {
+      if (static_cast<int64_t>(sc.size()) < longest) sc.resize(static_cast<size_t>(longest));
+    }
+    const float scale = p.scale;
+    const int64_t window = p.sliding_window;
+    pool_.parallelFor(t_rows * hq, 4, [&](int64_t b, int64_t e, int worker) {
+      float* scores = scratch_[static_cast<size_t>(worker)].data();
+      for (int64_t item = b; item < e; ++item) {
+        const int64_t t = item / hq, h = item % hq, g = h / group;
+        const int64_t seq =
+            std::upper_bound(cu, cu + p.num_seqs + 1, static_cast<int32_t>(t)) - cu - 1;
+        const int32_t* table = bt + seq * p.max_blocks_per_seq;
+        const int64_t i = pos[t];
+        CHECK(i >= 0 && i / bs < p.max_blocks_per_seq);
+        const int64_t lo = window > 0 ? std::max<int64_t>(0, i - window + 1) : 0;
+        const float* q = base + t * width + h * d;
+        float mx = has_sinks ? sk[h] : -INFINITY;
+        for (int64_t j = lo; j <= i; ++j) {
+          const int64_t block = table[j / bs];
+          CHECK(block >= 0 && block < num_blocks);
+          const float* k = kc + ((block * bs + j % bs) * hkv + g) * d;
+          const float s = dot(q, k, d) * scale;
+          scores[j - lo] = s;
+          mx = std::max(mx, s);
+        }
+        float sum = has_sinks ? std::exp(sk[h] - mx) : 0.f;
+        for (int64_t j = lo; j <= i; ++j) {
+          scores[j - lo] = std::exp(scores[j - lo] - mx);
+          sum += scores[j - lo];
+        }
+        const float inv = 1.f / sum;
+        float* o = op + t * hq * d + h * d;
+        std::fill(o, o + d, 0.f);
+        for (int64_t j = lo; j <= i; ++j) {
+          const int64_t block = table[j / bs];
+          const float* v = vc + ((block * bs + j % bs) * hkv + g) * d;
+          const float a = scores[j - lo] * inv;
+          for (int64_t c = 0; c < d; ++c) o[c] += a * v[c];
+        }
+      }
+    });
+  }
+
+  void moeRoute(const Tensor& router_logits, const Tensor& topk_ids, const Tensor& topk_weights,
+                const MoeRouteParams& p) override {
+    sync();
+    checkF32(router_logits);
+    checkI32(topk_ids);
+    checkF32(topk_weights);
+    const int64_t t_rows = router_logits.rows(), e = router_logits.cols(), k = p.top_k;
+    CHECK(k > 0 && k <= e);
+    CHECK(topk_ids.numel() == t_rows * k && topk_weights.numel() == t_rows * k);
+    const float* lg = router_logits.as<float>();
+    int32_t* ids = topk_ids.as<int32_t>();
+    float* w = topk_weights.as<float>();
+    std::vector<int32_t> order(static_cast<size_t>(e));
+    for (int64_t t = 0; t < t_rows; ++t) {
+      const float* row = lg + t * e;
+      for (int64_t x = 0; x < e; ++x) order[static_cast<size_t>(x)] = static_cast<int32_t>(x);
+      std::partial_sort(order.begin(), order.begin() + k, order.end(), [row](int32_t a, int32_t b) {
+        return row[a] != row[b] ? row[a] > row[b] : a < b;
+      });
+      const float mx = row[order[0]];
+      float sum = 0.f;
+      for (int64_t x = 0; x < k; ++x) {
+        const int32_t id = order[static_cast<size_t>(x)];
+        ids[t * k + x] = id;
+        w[t * k + x] = std::exp(row[id] - mx);
+        sum += w[t * k + x];
+      }
+      for (int64_t x = 0; x < k; ++x) w[t * k + x] /= sum;
+    }
+  }
+
+  void moeExperts(const Tensor& x, const Tensor& topk_ids, const Tensor& topk_weights,
+                  const Tensor& w1, const Tensor& b1, const Tensor& w2, const Tensor& b2,
+                  const Tensor& out, const MoeExpertsParams& p) override {
+    sync();
+    checkF32(x);
+    checkF32(w1);
+    checkF32(w2);
+    checkF32(out);
+    checkI32(topk_ids);
+    checkF32(topk_weights);
+    const int64_t t_rows = x.rows(), hdim = p.hidden, inter = p.intermediate, k = p.top_k,
+                  ne = p.num_experts;
+    CHECK(x.cols() == hdim && out.rows() == t_rows && out.cols() == hdim);
+    CHECK(x.data != out.data);
+    CHECK(w1.numel() == ne * 2 * inter * hdim && w2.numel() == ne * hdim * inter);
+    CHECK(topk_ids.numel() == t_rows * k && topk_weights.numel() == t_rows * k);
+    const float* b1p = nullptr;
+    const float* b2p = nullptr;
+    if (!b1.empty()) {
+      checkF32(b1);
+      CHECK(b1.numel() == ne * 2 * inter);
+      b1p = b1.as<float>();
+    }
+    if (!b2.empty()) {
+      checkF32(b2);
+      CHECK(b2.numel() == ne * hdim);
+      b2p = b2.as<float>();
+    }
+    const float* xp = x.as<float>();
+    const float* w1p = w1.as<float>();
+    const float* w2p = w2.as<float>();
+    const int32_t* ids = topk_ids.as<int32_t>();
+    const float* wts = topk_weights.as<float>();
+    float* op = out.as<float>();
+    const float limit = p.swiglu_limit, alpha = p.swiglu_alpha;
+    for (auto& sc : scratch_) {
+      if (static_cast<int64_t>(sc.size()) < 3 * inter) sc.resize(static_cast<size_t>(3 * inter));
+    }
+    pool_.parallelFor(t_rows, 1, [&](int64_t b, int64_t e, int worker) {
+      float* h = scratch_[static_cast<size_t>(worker)].data();  // [2I]
+      float* a = h + 2 * inter;                                 // [I]
+      for (int64_t t = b; t < e; ++t) {
+        const float* xr = xp + t * hdim;
+        float* o = op + t * hdim;
+        std::fill(o, o + hdim, 0.f);
+        for (int64_t s = 0; s < k; ++s) {
+          const int64_t ex = ids[t * k + s];
+          CHECK(ex >= 0 && ex < ne);
+          const float wt = wts[t * k + s];
+          const float* w1e = w1p + ex * 2 * inter * hdim;
+          for (int64_t r = 0; r < 2 * inter; ++r) {
+            h[r] = dot(w1e + r * hdim, xr, hdim) + (b1p ? b1p[ex * 2 * inter + r] : 0.f);
+          }
+          for (int64_t c = 0; c < inter; ++c) {
+            const float gate = std::min(h[2 * c], limit);
+            const float up = std::clamp(h[2 * c + 1], -limit, limit);
+            a[c] = gate / (1.f + std::exp(-alpha * gate)) * (up + 1.f);
+          }
+          const float* w2e = w2p + ex * hdim * inter;
+          for (int64_t r = 0; r < hdim; ++r) {
+            o[r] += wt * (dot(w2e + r * inter, a, inter) + (b2p ? b2p[ex * hdim + r] : 0.f));
+          }
+        }
+      }
+    });
+  }
+
+  void gatherRows(const Tensor& in, const Tensor& rows, const Tensor& out) override {
+    sync();
+    checkI32(rows);
+    CHECK(in.dtype == out.dtype && in.cols() == out.cols() && out.rows() == rows.numel());
+    const size_t row_bytes = static_cast<size_t>(in.cols()) * dtypeSize(in.dtype);
+    const int32_t* r = rows.as<int32_t>();
+    for (int64_t i = 0; i < rows.numel(); ++i) {
+      CHECK(r[i] >= 0 && r[i] < in.rows());
+      std::memcpy(static_cast<std::byte*>(out.data) + i * row_bytes,
+                  static_cast<const std::byte*>(in.data) + r[i] * row_bytes, row_bytes);
+    }
+  }
+
+  void sample(const Tensor& logits, std::span<const SampleRow> rows,
+              const Tensor& out_ids) override {
+    sync();
+    checkF32(logits);
+    checkI32(out_ids);
+    CHECK(out_ids.numel() >= static_cast<int64_t>(rows.size()));
+    const int64_t v = logits.cols();
+    int32_t* o = out_ids.as<int32_t>();
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const SampleRow& r = rows[i];
+      CHECK(r.row >= 0 && r.row < logits.rows());
+      std::span<const float> row(logits.as<float>() + r.row * v, static_cast<size_t>(v));
+      o[i] = sampler_.sample(row, r.params, r.counter);
+    }
+  }
+
+ private:
+  // Called from the compute thread this returns at once; from another thread it waits for the
+  // launched work first ([TAG_ROSE_LAZY]).
+  void sync() { (void)backend_.synchronize(); }
+
+  Backend& backend_;
+  ThreadPool pool_;
+  std::vector<std::vector<float>> scratch_;  // per pool worker
+  Sampler sampler_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<LlmOps>> createLlmOps(Backend& backend, int32_t threads) {
+  if (backend.name() != "cpu") {
+    return invalidArgument("cpu llm ops need a cpu backend (got '" + std::string(backend.name()) +
+                           "')");
+  }
+  const int n =
+      threads > 0 ? threads : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  return std::unique_ptr<LlmOps>(std::make_unique<CpuLlmOps>(backend, n));
+}
+
+}  // namespace garden::rose::cpu
+
+namespace garden::rose {
+
+Result<std::unique_ptr<LlmOps>> makeLlmOps(Backend& backend, int32_t threads) {
+  if (backend.name() == "cpu") return cpu::createLlmOps(backend, threads);
+  return unimplemented("no LLM ops for backend '" + std::string(backend.name()) +
+                       "' yet (cpu only)");
+}
+
+}  // namespace garden::rose

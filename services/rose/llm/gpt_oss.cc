@@ -1,0 +1,651 @@
+#include "services/rose/llm/gpt_oss.h"
+
+#include <simdjson.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <iterator>
+#include <unordered_set>
+
+#include "common/safetensors.h"
+#include "services/rose/llm/mxfp4.h"
+#include "services/rose/llm/sampling/sampler.h"
+
+namespace garden::rose {
+namespace {
+
+using simdjson::dom::element;
+using simdjson::dom::object;
+
+std::string shapeString(const std::vector<int64_t>& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+// Optional number / bool / string fields of a JSON object; absent or null keeps `out`.
+Status optNumber(object o, std::string_view key, const std::string& label, double* out) {
+  element e;
+  if (o[key].get(e) || e.is_null()) return okStatus();
+  double d;
+  if (e.get_double().get(d))
+    return invalidArgument(label + ": " + std::string(key) + ": must be a number");
+  *out = d;
+  return okStatus();
+}
+Status optBool(object o, std::string_view key, const std::string& label, bool* out) {
+  element e;
+  if (o[key].get(e) || e.is_null()) return okStatus();
+  bool b;
+  if (e.get_bool().get(b))
+    return invalidArgument(label + ": " + std::string(key) + ": must be true or false");
+  *out = b;
+  return okStatus();
+}
+Status optString(object o, std::string_view key, const std::string& label, std::string* out) {
+  element e;
+  if (o[key].get(e) || e.is_null()) return okStatus();
+  std::string_view s;
+  if (e.get_string().get(s))
+    return invalidArgument(label + ": " + std::string(key) + ": must be a string");
+  *out = std::string(s);
+  return okStatus();
+}
+
+const TensorView* findTensor(const SafetensorsCheckpoint& ck, const std::string& name) {
+  if (const TensorView* t = ck.find(name)) return t;
+  if (name.rfind("model.", 0) == 0) return ck.find(name.substr(6));
+  return nullptr;
+}
+
+Result<const TensorView*> requireTensor(const SafetensorsCheckpoint& ck, const std::string& name,
+                                        const std::vector<int64_t>& shape) {
+  const TensorView* t = findTensor(ck, name);
+  if (t == nullptr) return invalidArgument("checkpoint has no tensor '" + name + "'");
+  if (t->shape != shape) {
+    return invalidArgument("tensor '" + t->name + "' has shape " + shapeString(t->shape) +
+                           ", config.json implies " + shapeString(shape));
+  }
+  if (t->dtype != DType::kF32 && t->dtype != DType::kBF16 && t->dtype != DType::kF16) {
+    return invalidArgument("tensor '" + t->name + "' has dtype " +
+                           std::string(dtypeName(t->dtype)) + " (want F32, BF16 or F16)");
+  }
+  return t;
+}
+
+Status uploadInto(Backend& b, const Tensor& dst, const TensorView& src) {
+  return b.uploadConvert(dst, HostView{src.data, src.dtype, src.numel()}).withContext(src.name);
+}
+
+// One or more checkpoint tensors stacked along rows into a new tensor of `dtype`.
+Result<OwnedTensor> uploadStacked(Backend& b, DType dtype,
+                                  const std::vector<const TensorView*>& parts) {
+  int64_t rows = 0;
+  const bool two_d = parts[0]->shape.size() == 2;
+  const int64_t cols = two_d ? parts[0]->shape[1] : 1;
+  for (const TensorView* p : parts) rows += p->shape[0];
+  Result<OwnedTensor> t =
+      two_d ? b.allocateTensor(dtype, {rows, cols}) : b.allocateTensor(dtype, {rows});
+  if (!t.isOk()) return t.status();
+  int64_t row = 0;
+  for (const TensorView* p : parts) {
+    RETURN_IF_ERROR(uploadInto(b, t->view.rowSlice(row, p->shape[0]), *p));
+    row += p->shape[0];
+  }
+  return t;
+}
+
+Result<OwnedTensor> uploadOne(Backend& b, const SafetensorsCheckpoint& ck, const std::string& name,
+                              const std::vector<int64_t>& shape, DType dtype) {
+  ASSIGN_OR_RETURN(const TensorView* t, requireTensor(ck, name, shape));
+  return uploadStacked(b, dtype, {t});
+}
+
+// Expert weight [E, out, in] into `dst` (allocated [E, out, in]), from MXFP4 blocks/scales
+// ([E, out, in/32, 16] / [E, out, in/32]) or a dense tensor ([E, in, out] transposed HF layout
+// when `transposed`, else [E, out, in]).
+Status uploadExpertsMxfp4(Backend& b, const Tensor& dst, const TensorView& blocks,
+                          const TensorView& scales, int64_t e, int64_t out, int64_t in) {
+  ASSIGN_OR_RETURN(Mxfp4Shape ms, checkMxfp4(blocks, scales));
+  if (ms.prefix != std::vector<int64_t>{e, out} || ms.groups * 32 != in) {
+    return invalidArgument("MXFP4 tensor '" + blocks.name + "' has shape " +
+                           shapeString(blocks.shape) + ", config.json implies [" +
+                           std::to_string(e) + ", " + std::to_string(out) + ", " +
+                           std::to_string(in / 32) + ", 16]");
+  }
+  std::vector<uint16_t> staging(static_cast<size_t>(out * in));
+  const auto* bp = reinterpret_cast<const uint8_t*>(blocks.data);
+  const auto* sp = reinterpret_cast<const uint8_t*>(scales.data);
+  const int64_t groups = in / 32;
+  for (int64_t x = 0; x < e; ++x) {
+    dequantizeMxfp4Bf16(bp + x * out * groups * 16, sp + x * out * groups, out, groups,
+                        staging.data());
+    RETURN_IF_ERROR(
+        b.uploadConvert(dst.rowSlice(x, 1), HostView{staging.data(), DType::kBF16, out * in})
+            .withContext(blocks.name));
+  }
+  return okStatus();
+}
+
+Status uploadExpertsDense(Backend& b, const Tensor& dst, const TensorView& src, int64_t e,
+                          int64_t out, int64_t in, bool transposed) {
+  const std::vector<int64_t> want =
+      transposed ? std::vector<int64_t>{e, in, out} : std::vector<int64_t>{e, out, in};
+  if (src.shape != want) {
+    return invalidArgument("tensor '" + src.name + "' has shape " + shapeString(src.shape) +
+                           ", expected " + shapeString(want) +
+                           (transposed ? " (transformers' [E, in, out] layout, as "
+                                         "gate_up_proj implies)"
+                                       : " ([E, out, in], as gate_up_proj implies)"));
+  }
+  if (src.dtype != DType::kF32 && src.dtype != DType::kBF16 && src.dtype != DType::kF16) {
+    return invalidArgument("tensor '" + src.name + "' has dtype " +
+                           std::string(dtypeName(src.dtype)));
+  }
+  std::vector<float> raw(static_cast<size_t>(out * in)), staging(raw.size());
+  const size_t esize = dtypeSize(src.dtype);
+  for (int64_t x = 0; x < e; ++x) {
+    RETURN_IF_ERROR(convertToF32(src.data + static_cast<size_t>(x * out * in) * esize, src.dtype,
+                                 raw.size(), raw.data()));
+    if (transposed) {  // raw [in, out] → staging [out, in]
+      for (int64_t i = 0; i < in; ++i) {
+        for (int64_t o = 0; o < out; ++o)
+          staging[static_cast<size_t>(o * in + i)] = raw[static_cast<size_t>(i * out + o)];
+      }
+    } else {
+      staging.swap(raw);
+    }
+    RETURN_IF_ERROR(
+        b.uploadConvert(dst.rowSlice(x, 1), HostView{staging.data(), DType::kF32, out * in})
+            .withContext(src.name));
+  }
+  return okStatus();
+}
+
+}  // namespace
+
+Result<GptOssConfig> parseGptOssConfig(std::string_view json, std::string_view label_sv) {
+  const std::string label(label_sv);
+  GptOssConfig c;
+  ASSIGN_OR_RETURN(c.base, parseModelConfig(json, label));
+  const ModelConfig& m = c.base;
+  simdjson::dom::parser parser;
+  element root;
+  if (parser.parse(json.data(), json.size(), true).get(root))
+    return invalidArgument(label + ": not valid JSON");
+  object o;
+  if (root.get_object().get(o)) return invalidArgument(label + ": not a JSON object");
+
+  if (!m.model_type.empty() && m.model_type != "gpt_oss") {
+    return invalidArgument(label + ": model_type: '" + m.model_type + "' is not gpt_oss");
+  }
+  if (m.num_local_experts <= 0)
+    return invalidArgument(label + ": num_local_experts: must be a positive integer");
+  if (m.num_experts_per_tok <= 0 || m.num_experts_per_tok > m.num_local_experts) {
+    return invalidArgument(label + ": num_experts_per_tok: must be in [1, num_local_experts]");
+  }
+  if (m.intermediate_size <= 0)
+    return invalidArgument(label + ": intermediate_size: must be a positive integer");
+  if (m.head_dim % 2 != 0) return invalidArgument(label + ": head_dim: must be even (RoPE)");
+
+  c.rope.type = "default";
+  for (std::string_view key : {"rope_scaling", "rope_parameters"}) {
+    element e;
+    if (o[key].get(e) || e.is_null()) continue;
+    object ro;
+    if (e.get_object().get(ro))
+      return invalidArgument(label + ": " + std::string(key) + ": must be an object");
+    const std::string sub = label + "." + std::string(key);
+    RETURN_IF_ERROR(optString(ro, "rope_type", sub, &c.rope.type));
+    RETURN_IF_ERROR(optString(ro, "type", sub, &c.rope.type));
+    RETURN_IF_ERROR(optNumber(ro, "factor", sub, &c.rope.factor));
+    RETURN_IF_ERROR(optNumber(ro, "beta_fast", sub, &c.rope.beta_fast));
+    RETURN_IF_ERROR(optNumber(ro, "beta_slow", sub, &c.rope.beta_slow));
+    double omax = static_cast<double>(c.rope.original_max_position_embeddings);
+    RETURN_IF_ERROR(optNumber(ro, "original_max_position_embeddings", sub, &omax));
+    c.rope.original_max_position_embeddings = static_cast<int64_t>(omax);
+    RETURN_IF_ERROR(optBool(ro, "truncate", sub, &c.rope.truncate));
+    RETURN_IF_ERROR(optNumber(ro, "attention_factor", sub, &c.rope.attention_factor));
+  }
+  double limit = c.swiglu_limit, alpha = c.swiglu_alpha;
+  RETURN_IF_ERROR(optNumber(o, "swiglu_limit", label, &limit));
+  RETURN_IF_ERROR(optNumber(o, "swiglu_alpha", label, &alpha));
+  if (!(limit > 0)) return invalidArgument(label + ": swiglu_limit: must be positive");
+  c.swiglu_limit = static_cast<float>(limit);
+  c.swiglu_alpha = static_cast<float>(alpha);
+  {
+    element e;
+    if (!o["quantization_config"].get(e) && !e.is_null()) {
+      object qo;
+      if (e.get_object().get(qo))
+        return invalidArgument(label + ": quantization_config: must be an object");
+      RETURN_IF_ERROR(
+          optString(qo, "quant_method", label + ".quantization_config", &c.quant_method));
+      if (!c.quant_method.empty() && c.quant_method != "mxfp4") {
+        return unimplemented(label + ": quantization_config.quant_method: '" + c.quant_method +
+                             "' is not supported (mxfp4 or none)");
+      }
+    }
+  }
+  c.sliding.assign(static_cast<size_t>(m.num_hidden_layers), 0);
+  for (int64_t l = 0; l < m.num_hidden_layers; ++l) {
+    if (m.layer_types.empty()) {
+      c.sliding[static_cast<size_t>(l)] = l % 2 == 0;  // transformers' GptOssConfig default
+    } else {
+      const std::string& t = m.layer_types[static_cast<size_t>(l)];
+      if (t != "sliding_attention" && t != "full_attention") {
+        return invalidArgument(label + ": layer_types[" + std::to_string(l) + "]: '" + t +
+                               "' (want sliding_attention or full_attention)");
+      }
+      c.sliding[static_cast<size_t>(l)] = t == "sliding_attention";
+    }
+    if (c.sliding[static_cast<size_t>(l)] && m.sliding_window <= 0) {
+      return invalidArgument(
+          label + ": sliding_window: must be positive when a layer is sliding_attention");
+    }
+  }
+  return c;
+}
+
+Result<GptOssConfig> loadGptOssConfig(const std::string& dir) {
+  const std::string path = dir + "/config.json";
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return notFound(path + ": cannot open");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return parseGptOssConfig(text, path);
+}
+
+GptOssModel::~GptOssModel() = default;
+
+Result<std::unique_ptr<GptOssModel>> GptOssModel::load(const std::string& dir, Backend& backend,
+                                                       LlmOps& ops, const GptOssOptions& opts) {
+  std::unique_ptr<GptOssModel> m(new GptOssModel(backend, ops));
+  ASSIGN_OR_RETURN(m->config_, loadGptOssConfig(dir));
+  if (opts.max_batch_tokens <= 0 || opts.max_seqs <= 0 || opts.max_logits_rows <= 0 ||
+      opts.max_model_len < 0 || opts.min_block_size <= 0) {
+    return invalidArgument(
+        "gpt-oss options: max_batch_tokens, max_seqs, max_logits_rows and min_block_size must "
+        "be positive");
+  }
+  m->opts_ = opts;
+  const ModelConfig& c = m->config_.base;
+  m->max_model_len_ = opts.max_model_len > 0 ? opts.max_model_len
+                                             : std::min<int64_t>(c.max_position_embeddings, 131072);
+  Backend& b = backend;
+  const DType wt = b.weightDType();
+  const int64_t h = c.hidden_size, d = c.head_dim, hq = c.num_attention_heads,
+                hkv = c.num_key_value_heads, inter = c.intermediate_size, v = c.vocab_size,
+                ne = c.num_local_experts;
+
+  ASSIGN_OR_RETURN(auto ck, SafetensorsCheckpoint::openDir(dir));
+  ASSIGN_OR_RETURN(m->embed_, uploadOne(b, *ck, "model.embed_tokens.weight", {v, h}, wt));
+  ASSIGN_OR_RETURN(m->final_norm_, uploadOne(b, *ck, "model.norm.weight", {h}, wt));
+  if (c.tie_word_embeddings) {
+    ASSIGN_OR_RETURN(m->lm_head_, uploadOne(b, *ck, "model.embed_tokens.weight", {v, h}, wt));
+  } else {
+    ASSIGN_OR_RETURN(m->lm_head_, uploadOne(b, *ck, "lm_head.weight", {v, h}, wt));
+  }
+  m->layers_.resize(static_cast<size_t>(c.num_hidden_layers));
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    Layer& L = m->layers_[static_cast<size_t>(l)];
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    ASSIGN_OR_RETURN(L.input_norm, uploadOne(b, *ck, p + "input_layernorm.weight", {h}, wt));
+    ASSIGN_OR_RETURN(L.post_norm,
+                     uploadOne(b, *ck, p + "post_attention_layernorm.weight", {h}, wt));
+    ASSIGN_OR_RETURN(auto* q, requireTensor(*ck, p + "self_attn.q_proj.weight", {hq * d, h}));
+    ASSIGN_OR_RETURN(auto* k, requireTensor(*ck, p + "self_attn.k_proj.weight", {hkv * d, h}));
+    ASSIGN_OR_RETURN(auto* vv, requireTensor(*ck, p + "self_attn.v_proj.weight", {hkv * d, h}));
+    ASSIGN_OR_RETURN(L.qkv, uploadStacked(b, wt, {q, k, vv}));
+    ASSIGN_OR_RETURN(auto* qb, requireTensor(*ck, p + "self_attn.q_proj.bias", {hq * d}));
+    ASSIGN_OR_RETURN(auto* kb, requireTensor(*ck, p + "self_attn.k_proj.bias", {hkv * d}));
+    ASSIGN_OR_RETURN(auto* vb, requireTensor(*ck, p + "self_attn.v_proj.bias", {hkv * d}));
+    ASSIGN_OR_RETURN(L.qkv_bias, uploadStacked(b, wt, {qb, kb, vb}));
+    ASSIGN_OR_RETURN(L.o, uploadOne(b, *ck, p + "self_attn.o_proj.weight", {h, hq * d}, wt));
+    ASSIGN_OR_RETURN(L.o_bias, uploadOne(b, *ck, p + "self_attn.o_proj.bias", {h}, wt));
+    ASSIGN_OR_RETURN(L.sinks, uploadOne(b, *ck, p + "self_attn.sinks", {hq}, DType::kF32));
+    ASSIGN_OR_RETURN(L.router, uploadOne(b, *ck, p + "mlp.router.weight", {ne, h}, wt));
+    ASSIGN_OR_RETURN(L.router_bias, uploadOne(b, *ck, p + "mlp.router.bias", {ne}, wt));
+    ASSIGN_OR_RETURN(L.b1,
+                     uploadOne(b, *ck, p + "mlp.experts.gate_up_proj_bias", {ne, 2 * inter}, wt));
+    ASSIGN_OR_RETURN(L.b2, uploadOne(b, *ck, p + "mlp.experts.down_proj_bias", {ne, h}, wt));
+    ASSIGN_OR_RETURN(L.w1, b.allocateTensor(wt, {ne, 2 * inter, h}));
+    ASSIGN_OR_RETURN(L.w2, b.allocateTensor(wt, {ne, h, inter}));
+    const std::string ex = p + "mlp.experts.";
+    const TensorView* gu_blocks = findTensor(*ck, ex + "gate_up_proj_blocks");
+    if (gu_blocks != nullptr) {
+      const TensorView* gu_scales = findTensor(*ck, ex + "gate_up_proj_scales");
+      const TensorView* dn_blocks = findTensor(*ck, ex + "down_proj_blocks");
+      const TensorView* dn_scales = findTensor(*ck, ex + "down_proj_scales");
+      if (gu_scales == nullptr || dn_blocks == nullptr || dn_scales == nullptr) {
+        return invalidArgument("checkpoint has '" + gu_blocks->name + "' but not all of " + ex +
+                               "{gate_up_proj_scales, down_proj_blocks, down_proj_scales}");
+      }
+      RETURN_IF_ERROR(uploadExpertsMxfp4(b, L.w1.view, *gu_blocks, *gu_scales, ne, 2 * inter, h));
+      RETURN_IF_ERROR(uploadExpertsMxfp4(b, L.w2.view, *dn_blocks, *dn_scales, ne, h, inter));
+    } else {
+      const TensorView* gu = findTensor(*ck, ex + "gate_up_proj");
+      const TensorView* dn = findTensor(*ck, ex + "down_proj");
+      if (gu == nullptr || dn == nullptr) {
+        return invalidArgument("checkpoint has neither MXFP4 experts (" + ex +
+                               "gate_up_proj_blocks) nor "
+                               "dense ones (" +
+                               ex + "gate_up_proj, " + ex + "down_proj)");
+      }
+      // transformers keeps [E, H, 2I] / [E, I, H] (x @ W); [E, 2I, H] / [E, H, I] is accepted too.
+      // When H == 2I the shape cannot tell: the transformers layout is assumed.
+      const bool transposed = gu->shape == std::vector<int64_t>{ne, h, 2 * inter};
+      RETURN_IF_ERROR(uploadExpertsDense(b, L.w1.view, *gu, ne, 2 * inter, h, transposed));
+      RETURN_IF_ERROR(uploadExpertsDense(b, L.w2.view, *dn, ne, h, inter, transposed));
+    }
+  }
+
+  // YaRN RoPE tables with the attention scaling folded in.
+  ASSIGN_OR_RETURN(RopeFrequencies freqs, computeRopeFrequencies(d, c.rope_theta, m->config_.rope,
+                                                                 c.max_position_embeddings));
+  {
+    const int64_t half = d / 2, n = m->max_model_len_;
+    std::vector<float> cosv(static_cast<size_t>(n * half)), sinv(cosv.size());
+    buildRopeTables(freqs, n, cosv.data(), sinv.data());
+    ASSIGN_OR_RETURN(m->rope_cos_, b.allocateTensor(DType::kF32, {n, half}));
+    ASSIGN_OR_RETURN(m->rope_sin_, b.allocateTensor(DType::kF32, {n, half}));
+    RETURN_IF_ERROR(b.uploadConvert(m->rope_cos_.view, {cosv.data(), DType::kF32, n * half}));
+    RETURN_IF_ERROR(b.uploadConvert(m->rope_sin_.view, {sinv.data(), DType::kF32, n * half}));
+  }
+
+  // Workspace. block_tables holds [num_seqs, longest table] of a step; its capacity is
+  // max_seqs sequences of max_model_len tokens in blocks of min_block_size (validate() checks).
+  const int64_t t = opts.max_batch_tokens, s = opts.max_seqs, r = opts.max_logits_rows;
+  const DType act = b.activationDType();
+  m->table_capacity_ = s * kvBlocksFor(m->max_model_len_, opts.min_block_size);
+  ASSIGN_OR_RETURN(m->block_tables_, b.allocateTensor(DType::kI32, {m->table_capacity_}));
+  ASSIGN_OR_RETURN(m->ids_, b.allocateTensor(DType::kI32, {t}));
+  ASSIGN_OR_RETURN(m->positions_, b.allocateTensor(DType::kI32, {t}));
+  ASSIGN_OR_RETURN(m->slots_, b.allocateTensor(DType::kI32, {t}));
+  ASSIGN_OR_RETURN(m->cu_q_, b.allocateTensor(DType::kI32, {s + 1}));
+  ASSIGN_OR_RETURN(m->rows_, b.allocateTensor(DType::kI32, {r}));
+  ASSIGN_OR_RETURN(m->residual_, b.allocateTensor(b.residualDType(), {t, h}));
+  ASSIGN_OR_RETURN(m->x_, b.allocateTensor(act, {t, h}));
+  ASSIGN_OR_RETURN(m->moe_out_, b.allocateTensor(act, {t, h}));
+  ASSIGN_OR_RETURN(m->qkv_buf_, b.allocateTensor(act, {t, (hq + 2 * hkv) * d}));
+  ASSIGN_OR_RETURN(m->attn_, b.allocateTensor(act, {t, hq * d}));
+  ASSIGN_OR_RETURN(m->router_logits_, b.allocateTensor(DType::kF32, {t, ne}));
+  ASSIGN_OR_RETURN(m->topk_ids_, b.allocateTensor(DType::kI32, {t, c.num_experts_per_tok}));
+  ASSIGN_OR_RETURN(m->topk_w_, b.allocateTensor(DType::kF32, {t, c.num_experts_per_tok}));
+  ASSIGN_OR_RETURN(m->gathered_, b.allocateTensor(act, {r, h}));
+  ASSIGN_OR_RETURN(m->logits_, b.allocateTensor(DType::kF32, {r, v}));
+  ASSIGN_OR_RETURN(m->sampled_, b.allocateTensor(DType::kI32, {s}));
+  return m;
+}
+
+KvCacheShape GptOssModel::kvShape(int32_t num_blocks, int32_t block_size) const {
+  KvCacheShape s;
+  s.num_layers = static_cast<int32_t>(config_.base.num_hidden_layers);
+  s.num_blocks = num_blocks;
+  s.block_size = block_size;
+  s.num_kv_heads = static_cast<int32_t>(config_.base.num_key_value_heads);
+  s.head_dim = static_cast<int32_t>(config_.base.head_dim);
+  return s;
+}
+
+DType GptOssModel::kvDType() const { return backend_.activationDType(); }
+
+Status GptOssModel::validate(const LlmStep& step, const PagedKvCache& kv) const {
+  const KvCacheShape& ks = kv.shape();
+  const KvCacheShape want = kvShape(ks.num_blocks, ks.block_size);
+  if (ks.num_layers != want.num_layers || ks.num_kv_heads != want.num_kv_heads ||
+      ks.head_dim != want.head_dim || kv.dtype() != kvDType()) {
+    return invalidArgument(
+        "kv cache shape/dtype does not match the model (layers, kv heads, head_dim, dtype)");
+  }
+  const int64_t n_seq = static_cast<int64_t>(step.seqs.size());
+  if (n_seq == 0) return invalidArgument("step has no sequences");
+  if (n_seq > opts_.max_seqs) {
+    return invalidArgument("step has " + std::to_string(n_seq) + " sequences, more than max_seqs " +
+                           std::to_string(opts_.max_seqs));
+  }
+  int64_t total = 0, rows = 0;
+  std::unordered_set<int64_t> slots;
+  for (int64_t i = 0; i < n_seq; ++i) {
+    const LlmStepSeq& s = step.seqs[static_cast<size_t>(i)];
+    const std::string who = "sequence " + std::to_string(i) + ": ";
+    if (s.num_tokens <= 0) return invalidArgument(who + "num_tokens must be >= 1");
+    if (s.token_offset < 0 ||
+        static_cast<size_t>(s.token_offset) + static_cast<size_t>(s.num_tokens) >
+            step.tokens.size()) {
+      return invalidArgument(who + "token_offset/num_tokens outside the token array");
+    }
+    if (s.position < 0) return invalidArgument(who + "position must be >= 0");
+    const int64_t end = static_cast<int64_t>(s.position) + s.num_tokens;
+    if (end > max_model_len_) {
+      return invalidArgument(who + "position + num_tokens = " + std::to_string(end) +
+                             " exceeds max_model_len " + std::to_string(max_model_len_));
+    }
+    if (s.num_blocks < 0 || s.block_offset < 0 ||
+        static_cast<size_t>(s.block_offset) + static_cast<size_t>(s.num_blocks) >
+            step.block_ids.size()) {
+      return invalidArgument(who + "block_offset/num_blocks outside the block id array");
+    }
+    if (s.num_blocks < kvBlocksFor(end, ks.block_size)) {
+      return invalidArgument(who + "block table has " + std::to_string(s.num_blocks) + " blocks, " +
+                             std::to_string(kvBlocksFor(end, ks.block_size)) + " needed for " +
+                             std::to_string(end) + " tokens");
+    }
+    const auto table = step.block_ids.subspan(static_cast<size_t>(s.block_offset),
+                                              static_cast<size_t>(s.num_blocks));
+    for (size_t bi = 0; bi < table.size(); ++bi) {
+      if (table[bi] < 0 || table[bi] >= ks.num_blocks) {
+        return invalidArgument(who + "block id " + std::to_string(table[bi]) +
+                               " outside the cache [0, " + std::to_string(ks.num_blocks) + ")");
+      }
+    }
+    for (int32_t j = 0; j < s.num_tokens; ++j) {
+      const int32_t id = step.tokens[static_cast<size_t>(s.token_offset + j)];
+      if (id < 0 || id >= config_.base.vocab_size) {
+        return invalidArgument(who + "token " + std::to_string(j) + " has id " +
+                               std::to_string(id) + " outside the vocabulary [0, " +
+                               std::to_string(config_.base.vocab_size) + ")");
+      }
+      if (!slots.insert(kvSlot(table, s.position + j, ks.block_size)).second) {
+        return invalidArgument(who + "token " + std::to_string(j) +
+                               " writes a KV slot another token of this step writes");
+      }
+    }
+    if (s.logits != LogitsMode::kNone && s.logits != LogitsMode::kLast &&
+        s.logits != LogitsMode::kAll) {
+      return invalidArgument(who + "logits mode must be 0 (none), 1 (last) or 2 (all)");
+    }
+    if (s.sample > 1) return invalidArgument(who + "sample must be 0 or 1");
+    if (s.sample) RETURN_IF_ERROR(validateSamplingParams(s.sampling).withContext(who + "sampling"));
+    total += s.num_tokens;
+    rows += s.logits == LogitsMode::kAll ? s.num_tokens
+                                         : (s.logits == LogitsMode::kLast || s.sample ? 1 : 0);
+  }
+  if (total > opts_.max_batch_tokens) {
+    return invalidArgument("step has " + std::to_string(total) +
+                           " tokens, more than max_batch_tokens " +
+                           std::to_string(opts_.max_batch_tokens));
+  }
+  int64_t longest_table = 0;
+  for (const LlmStepSeq& s : step.seqs) {
+    longest_table = std::max(
+        longest_table, kvBlocksFor(static_cast<int64_t>(s.position) + s.num_tokens, ks.block_size));
+  }
+  if (n_seq * longest_table > table_capacity_) {
+    return invalidArgument(
+        "step's block tables (" + std::to_string(n_seq) + " x " + std::to_string(longest_table) +
+        " blocks) exceed the model's table capacity " + std::to_string(table_capacity_) +
+        " (blocks smaller than min_block_size)");
+  }
+  if (rows > opts_.max_logits_rows) {
+    return invalidArgument("step asks for " + std::to_string(rows) +
+                           " logits rows, more than max_logits_rows " +
+                           std::to_string(opts_.max_logits_rows));
+  }
+  return okStatus();
+}
+
+void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logits_out,
+                              int32_t* sampled_out) {
+  Backend& b = backend_;
+  const ModelConfig& c = config_.base;
+  const int32_t n_seq = static_cast<int32_t>(step.seqs.size());
+  const int32_t bs = kv.shape().block_size;
+
+  // ---- host plan ----
+  int64_t t_total = 0;
+  int32_t maxb = 1, max_ctx = 1;
+  for (const LlmStepSeq& s : step.seqs) {
+    t_total += s.num_tokens;
+    maxb = std::max(maxb, static_cast<int32_t>(kvBlocksFor(s.position + s.num_tokens, bs)));
+    max_ctx = std::max(max_ctx, s.position + s.num_tokens);
+  }
+  CHECK(n_seq > 0 && t_total > 0 && t_total <= opts_.max_batch_tokens && n_seq <= opts_.max_seqs);
+  CHECK(static_cast<int64_t>(n_seq) * maxb <= table_capacity_);
+  const int64_t t = t_total;
+  h_positions_.assign(static_cast<size_t>(t), 0);
+  h_slots_.assign(static_cast<size_t>(t), 0);
+  h_cu_.assign(static_cast<size_t>(n_seq) + 1, 0);
+  h_tables_.assign(static_cast<size_t>(n_seq) * static_cast<size_t>(maxb), -1);
+  h_rows_.clear();
+  h_samples_.clear();
+  std::vector<int32_t>& ids = h_ids_;
+  std::vector<int32_t>& last_row = h_last_row_;
+  ids.assign(static_cast<size_t>(t), 0);
+  last_row.assign(static_cast<size_t>(n_seq), 0);
+  int32_t row = 0;
+  for (int32_t si = 0; si < n_seq; ++si) {
+    const LlmStepSeq& s = step.seqs[static_cast<size_t>(si)];
+    const auto table = step.block_ids.subspan(static_cast<size_t>(s.block_offset),
+                                              static_cast<size_t>(s.num_blocks));
+    const int32_t needed = static_cast<int32_t>(kvBlocksFor(s.position + s.num_tokens, bs));
+    for (int32_t bi = 0; bi < needed; ++bi) {
+      h_tables_[static_cast<size_t>(si) * maxb + bi] = table[static_cast<size_t>(bi)];
+    }
+    for (int32_t j = 0; j < s.num_tokens; ++j) {
+      const size_t r = static_cast<size_t>(row + j);
+      ids[r] = step.tokens[static_cast<size_t>(s.token_offset + j)];
+      h_positions_[r] = s.position + j;
+      h_slots_[r] = static_cast<int32_t>(kvSlot(table, s.position + j, bs));
+    }
+    if (s.logits == LogitsMode::kAll) {
+      for (int32_t j = 0; j < s.num_tokens; ++j) h_rows_.push_back(row + j);
+    } else if (s.logits == LogitsMode::kLast) {
+      h_rows_.push_back(row + s.num_tokens - 1);
+    }
+    last_row[static_cast<size_t>(si)] = row + s.num_tokens - 1;
+    row += s.num_tokens;
+    h_cu_[static_cast<size_t>(si) + 1] = row;
+  }
+  const int64_t n_out_rows = static_cast<int64_t>(h_rows_.size());
+  // Sampling rows: the last-token row where it is already computed, else an extra row.
+  for (int32_t si = 0; si < n_seq; ++si) {
+    const LlmStepSeq& s = step.seqs[static_cast<size_t>(si)];
+    if (!s.sample) continue;
+    int32_t r = -1;
+    for (int64_t k = 0; k < n_out_rows; ++k) {
+      if (h_rows_[static_cast<size_t>(k)] == last_row[static_cast<size_t>(si)])
+        r = static_cast<int32_t>(k);
+    }
+    if (r < 0) {
+      r = static_cast<int32_t>(h_rows_.size());
+      h_rows_.push_back(last_row[static_cast<size_t>(si)]);
+    }
+    SampleRow sr;
+    sr.row = r;
+    sr.counter = static_cast<uint64_t>(s.position) + static_cast<uint64_t>(s.num_tokens);
+    sr.params = s.sampling;
+    h_samples_.push_back(sr);
+  }
+  const int64_t n_rows = static_cast<int64_t>(h_rows_.size());
+  CHECK(n_rows <= opts_.max_logits_rows);
+
+  const Tensor ids_t = ids_.view.rowSlice(0, t);
+  const Tensor pos = positions_.view.rowSlice(0, t);
+  const Tensor slots = slots_.view.rowSlice(0, t);
+  const Tensor cu = cu_q_.view.rowSlice(0, n_seq + 1);
+  // block_tables: a [S, maxb] view at the front of its buffer.
+  const Tensor tables(block_tables_.view.data, DType::kI32, {n_seq, maxb});
+  b.copyToDevice(ids_t, ids.data(), sizeof(int32_t) * static_cast<size_t>(t));
+  b.copyToDevice(pos, h_positions_.data(), sizeof(int32_t) * static_cast<size_t>(t));
+  b.copyToDevice(slots, h_slots_.data(), sizeof(int32_t) * static_cast<size_t>(t));
+  b.copyToDevice(cu, h_cu_.data(), sizeof(int32_t) * static_cast<size_t>(n_seq + 1));
+  b.copyToDevice(tables, h_tables_.data(), sizeof(int32_t) * h_tables_.size());
+
+  // ---- forward ----
+  const int64_t h = c.hidden_size;
+  const Tensor res = residual_.view.rowSlice(0, t);
+  const Tensor x = x_.view.rowSlice(0, t);
+  const Tensor moe = moe_out_.view.rowSlice(0, t);
+  const Tensor qkv = qkv_buf_.view.rowSlice(0, t);
+  const Tensor attn = attn_.view.rowSlice(0, t);
+  const Tensor rl = router_logits_.view.rowSlice(0, t);
+  const Tensor tk_ids = topk_ids_.view.rowSlice(0, t);
+  const Tensor tk_w = topk_w_.view.rowSlice(0, t);
+  const RmsNormParams norm{static_cast<float>(c.rms_norm_eps)};
+  QkNormRopeParams rope;
+  rope.num_q_heads = static_cast<int32_t>(c.num_attention_heads);
+  rope.num_kv_heads = static_cast<int32_t>(c.num_key_value_heads);
+  rope.head_dim = static_cast<int32_t>(c.head_dim);
+  rope.rotary_dim = rope.head_dim;
+  rope.apply_norm = false;
+  KvWriteParams kvp{rope.num_q_heads, rope.num_kv_heads, rope.head_dim};
+  PagedAttentionParams ap;
+  ap.num_seqs = n_seq;
+  ap.num_q_heads = rope.num_q_heads;
+  ap.num_kv_heads = rope.num_kv_heads;
+  ap.head_dim = rope.head_dim;
+  ap.block_size = bs;
+  ap.max_blocks_per_seq = maxb;
+  ap.max_context = max_ctx;
+  ap.scale = 1.f / std::sqrt(static_cast<float>(c.head_dim));
+  MoeExpertsParams mp;
+  mp.num_experts = static_cast<int32_t>(c.num_local_experts);
+  mp.top_k = static_cast<int32_t>(c.num_experts_per_tok);
+  mp.hidden = static_cast<int32_t>(h);
+  mp.intermediate = static_cast<int32_t>(c.intermediate_size);
+  mp.swiglu_limit = config_.swiglu_limit;
+  mp.swiglu_alpha = config_.swiglu_alpha;
+
+  b.embedding(embed_.view, ids_t, res);
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const Layer& L = layers_[l];
+    if (l == 0) {
+      b.rmsNorm(res, Tensor(), L.input_norm.view, x, norm);
+    } else {
+      b.rmsNorm(moe, res, L.input_norm.view, x, norm);  // res += moe out; x = norm(res)
+    }
+    b.linear(x, L.qkv.view, L.qkv_bias.view, qkv);
+    b.qkNormRope(qkv, Tensor(), Tensor(), pos, rope_cos_.view, rope_sin_.view, rope);
+    const int32_t li = static_cast<int32_t>(l);
+    ops_.kvWrite(qkv, slots, kv.keys(li), kv.values(li), kvp);
+    ap.sliding_window = config_.sliding[l] ? static_cast<int32_t>(c.sliding_window) : 0;
+    ops_.pagedAttention(qkv, kv.keys(li), kv.values(li), cu, pos, tables, L.sinks.view, attn, ap);
+    b.linear(attn, L.o.view, L.o_bias.view, x);
+    b.rmsNorm(x, res, L.post_norm.view, x, norm);  // res += attn out; x = norm(res)
+    b.linear(x, L.router.view, L.router_bias.view, rl);
+    ops_.moeRoute(rl, tk_ids, tk_w, MoeRouteParams{mp.top_k});
+    ops_.moeExperts(x, tk_ids, tk_w, L.w1.view, L.b1.view, L.w2.view, L.b2.view, moe, mp);
+  }
+  b.rmsNorm(moe, res, final_norm_.view, x, norm);
+  if (n_rows == 0) return;
+  const Tensor rows = rows_.view.rowSlice(0, n_rows);
+  b.copyToDevice(rows, h_rows_.data(), sizeof(int32_t) * static_cast<size_t>(n_rows));
+  const Tensor gathered = gathered_.view.rowSlice(0, n_rows);
+  const Tensor logits = logits_.view.rowSlice(0, n_rows);
+  ops_.gatherRows(x, rows, gathered);
+  b.linear(gathered, lm_head_.view, Tensor(), logits);
+  if (n_out_rows > 0) {
+    CHECK(logits_out != nullptr);
+    b.copyToHost(logits_out, logits,
+                 static_cast<size_t>(n_out_rows * c.vocab_size) * sizeof(float));
+  }
+  if (!h_samples_.empty()) {
+    CHECK(sampled_out != nullptr);
+    const Tensor sampled = sampled_.view.rowSlice(0, static_cast<int64_t>(h_samples_.size()));
+    ops_.sample(logits, h_samples_, sampled);
+    b.copyToHost(sampled_out, sampled, sizeof(int32_t) * h_samples_.size());
+  }
+}
+
+}  // namespace garden::rose

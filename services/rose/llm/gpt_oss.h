@@ -1,0 +1,116 @@
+#pragma once
+// The gpt-oss decoder (gpt-oss-20b / gpt-oss-120b and any GptOssForCausalLM checkpoint), written
+// once against the op interfaces (services/rose/ops/backend.h + services/rose/llm/llm_ops.h).
+// Spec: /work/shared/spec/gpt-oss.md.
+//
+// Loading: DIR/config.json + safetensors (one file or an index + shards), Hugging Face names.
+// Expert weights come as published (MXFP4 `*_blocks` / `*_scales`, dequantized exactly at load)
+// or dense (a bf16/f32 re-export: `mlp.experts.gate_up_proj` in transformers' [E, H, 2I] layout,
+// or [E, 2I, H]); both end up as W1 [E, 2I, H] (gate/up rows interleaved) and W2 [E, H, I].
+// q/k/v are fused into one GEMM; sinks are kept in F32.
+//
+// Forward of one step (services/rose/llm/step.h): per sequence, new tokens at positions
+// position.., K/V written into the paged cache through its block table, then
+//   embed → L × [RMSNorm → QKV(+bias) → YaRN RoPE (half split) → paged attention with the
+//   per-head sink (sliding window on `sliding_attention` layers) → O(+bias) → add+RMSNorm →
+//   router(+bias) → top-k, softmax over the selected → clamped SwiGLU experts (+biases) → add]
+//   → final RMSNorm → unembedding of the rows asked for → logits and/or sampled token ids.
+// Chunked prefill is the same call with fewer tokens per step; decode is one token per step.
+//
+// Threads: load() on any thread; enqueueStep() on the backend's launching thread (inside
+// Backend::launch(), or directly followed by Backend::synchronize() in tests). The step's host
+// arrays are read while enqueueStep() runs; results land in the caller's buffers when the
+// enqueued work completes.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/model_config.h"
+#include "common/status.h"
+#include "services/rose/llm/kv/paged_kv_cache.h"
+#include "services/rose/llm/llm_ops.h"
+#include "services/rose/llm/rope.h"
+#include "services/rose/llm/step.h"
+#include "services/rose/ops/backend.h"
+
+namespace garden::rose {
+
+struct GptOssConfig {
+  ModelConfig base;
+  RopeScaling rope;
+  float swiglu_limit = 7.f;
+  float swiglu_alpha = 1.702f;
+  std::string quant_method;      // quantization_config.quant_method ("mxfp4" for the published)
+  std::vector<uint8_t> sliding;  // per layer: 1 = sliding-window attention
+};
+
+// Parses config.json text (the ModelConfig fields plus rope_scaling / rope_parameters YaRN keys,
+// swiglu_limit, quantization_config, layer_types defaulting to sliding on even layers).
+// INVALID_ARGUMENT naming the field.
+Result<GptOssConfig> parseGptOssConfig(std::string_view json,
+                                       std::string_view label = "config.json");
+Result<GptOssConfig> loadGptOssConfig(const std::string& dir);
+
+struct GptOssOptions {
+  int64_t max_batch_tokens = 2048;  // new tokens per step
+  int32_t max_seqs = 256;           // sequences per step
+  int64_t max_logits_rows = 256;    // logits rows computed per step (returned + sampled)
+  int64_t max_model_len = 0;        // 0: min(max_position_embeddings, 131072)
+  int32_t min_block_size = 16;      // sizes the block-table workspace: max_seqs sequences of
+                                    // max_model_len tokens in blocks of this many tokens
+};
+
+class GptOssModel {
+ public:
+  static Result<std::unique_ptr<GptOssModel>> load(const std::string& dir, Backend& backend,
+                                                   LlmOps& ops, const GptOssOptions& opts);
+  ~GptOssModel();
+
+  const GptOssConfig& config() const { return config_; }
+  int64_t vocabSize() const { return config_.base.vocab_size; }
+  int64_t maxModelLen() const { return max_model_len_; }
+  // The cache shape this model needs for `num_blocks` blocks of `block_size` tokens.
+  KvCacheShape kvShape(int32_t num_blocks, int32_t block_size) const;
+  // The dtype the cache must have (the backend's activation dtype).
+  DType kvDType() const;
+
+  // Host-side checks (counts, ranges, token ids, block tables cover the tokens, block ids inside
+  // the cache, no two tokens writing one slot, sampling params, budgets): INVALID_ARGUMENT
+  // naming the sequence and field. enqueueStep() requires a step that passed.
+  Status validate(const LlmStep& step, const PagedKvCache& kv) const;
+
+  // Enqueues the step. logits_out: F32 [logitsRows(step), vocab] (may be null when that is 0);
+  // sampled_out: I32, one id per sequence with sample != 0, in sequence order (may be null when
+  // none samples). Both are written when the enqueued work completes.
+  void enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logits_out, int32_t* sampled_out);
+
+ private:
+  struct Layer {
+    OwnedTensor input_norm, post_norm, qkv, qkv_bias, o, o_bias, sinks;
+    OwnedTensor router, router_bias, w1, b1, w2, b2;
+  };
+
+  GptOssModel(Backend& b, LlmOps& ops) : backend_(b), ops_(ops) {}
+
+  Backend& backend_;
+  LlmOps& ops_;
+  GptOssConfig config_;
+  GptOssOptions opts_;
+  int64_t max_model_len_ = 0;
+
+  OwnedTensor embed_, lm_head_, final_norm_, rope_cos_, rope_sin_;
+  std::vector<Layer> layers_;
+
+  // Workspace.
+  OwnedTensor ids_, positions_, slots_, cu_q_, block_tables_, rows_, residual_, x_, moe_out_,
+      qkv_buf_, attn_, router_logits_, topk_ids_, topk_w_, gathered_, logits_, sampled_;
+  int64_t table_capacity_ = 0;  // elements of block_tables_
+  // Host staging (valid until the next enqueueStep()).
+  std::vector<int32_t> h_ids_, h_positions_, h_slots_, h_cu_, h_tables_, h_rows_, h_last_row_;
+  std::vector<SampleRow> h_samples_;
+};
+
+}  // namespace garden::rose

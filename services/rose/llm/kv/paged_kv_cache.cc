@@ -1,0 +1,40 @@
+#include "services/rose/llm/kv/paged_kv_cache.h"
+
+#include <string>
+
+namespace garden::rose {
+
+int64_t kvSlot(std::span<const int32_t> block_table, int64_t pos, int32_t block_size) {
+  const int64_t idx = pos / block_size;
+  CHECK(pos >= 0 && idx < static_cast<int64_t>(block_table.size()));
+  return static_cast<int64_t>(block_table[static_cast<size_t>(idx)]) * block_size +
+         pos % block_size;
+}
+
+Result<std::unique_ptr<PagedKvCache>> PagedKvCache::create(Backend& backend,
+                                                           const KvCacheShape& shape, DType dtype) {
+  if (shape.num_layers <= 0 || shape.num_blocks <= 0 || shape.block_size <= 0 ||
+      shape.num_kv_heads <= 0 || shape.head_dim <= 0) {
+    return invalidArgument(
+        "kv cache: num_layers, num_blocks, block_size, num_kv_heads and "
+        "head_dim must all be positive");
+  }
+  std::unique_ptr<PagedKvCache> c(new PagedKvCache());
+  c->shape_ = shape;
+  c->dtype_ = dtype;
+  const size_t bytes =
+      static_cast<size_t>(shape.elementsPerLayer()) * shape.num_layers * dtypeSize(dtype);
+  ASSIGN_OR_RETURN(c->k_, backend.allocate(bytes));
+  ASSIGN_OR_RETURN(c->v_, backend.allocate(bytes));
+  return c;
+}
+
+Tensor PagedKvCache::layerView(const Buffer& b, int32_t layer) const {
+  CHECK(layer >= 0 && layer < shape_.num_layers);
+  auto* base = static_cast<std::byte*>(b.data()) +
+               static_cast<size_t>(shape_.elementsPerLayer()) * layer * dtypeSize(dtype_);
+  return Tensor(base, dtype_,
+                {shape_.num_blocks, shape_.block_size, shape_.num_kv_heads, shape_.head_dim});
+}
+
+}  // namespace garden::rose

@@ -1,0 +1,63 @@
+#pragma once
+// Paged KV cache storage on the worker side. Per layer, K and V are each
+// [num_blocks, block_size, num_kv_heads, head_dim] (so the whole cache is
+// [num_layers][num_blocks][block_size][kv_heads][head_dim] for K and again for V), in backend
+// memory. A token at absolute position j of a sequence with block table B lives in slot
+// B[j / block_size] · block_size + j % block_size. rose never allocates blocks: tulip's
+// scheduler owns block ids and hands block tables in each step (services/rose/llm/step.h); this
+// class only holds the memory. Contents of never-written slots are unspecified.
+//
+// Threads: created on the loading thread; the views are used by the launching thread.
+
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "common/status.h"
+#include "services/rose/ops/backend.h"
+
+namespace garden::rose {
+
+struct KvCacheShape {
+  int32_t num_layers = 0;
+  int32_t num_blocks = 0;
+  int32_t block_size = 0;
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;
+
+  int64_t elementsPerLayer() const {
+    return static_cast<int64_t>(num_blocks) * block_size * num_kv_heads * head_dim;
+  }
+};
+
+// Blocks needed to hold `tokens` tokens.
+inline int64_t kvBlocksFor(int64_t tokens, int32_t block_size) {
+  return (tokens + block_size - 1) / block_size;
+}
+
+// The slot of absolute position `pos` through `block_table` (CHECKs that it is covered).
+int64_t kvSlot(std::span<const int32_t> block_table, int64_t pos, int32_t block_size);
+
+class PagedKvCache {
+ public:
+  // INVALID_ARGUMENT for non-positive dimensions; RESOURCE_EXHAUSTED when memory runs out.
+  static Result<std::unique_ptr<PagedKvCache>> create(Backend& backend, const KvCacheShape& shape,
+                                                      DType dtype);
+
+  const KvCacheShape& shape() const { return shape_; }
+  DType dtype() const { return dtype_; }
+  size_t bytes() const { return k_.bytes() + v_.bytes(); }
+  // [num_blocks, block_size, num_kv_heads, head_dim] views of one layer.
+  Tensor keys(int32_t layer) const { return layerView(k_, layer); }
+  Tensor values(int32_t layer) const { return layerView(v_, layer); }
+
+ private:
+  PagedKvCache() = default;
+  Tensor layerView(const Buffer& b, int32_t layer) const;
+
+  KvCacheShape shape_;
+  DType dtype_ = DType::kF32;
+  Buffer k_, v_;
+};
+
+}  // namespace garden::rose

@@ -1,0 +1,71 @@
+#pragma once
+// The LLM step descriptor: what one forward step of a decoder (gpt-oss) is asked to do, as plain
+// data. tulip's scheduler owns KV block allocation; per step it hands rose, for each sequence,
+// its new token ids, its position offset (tokens already in the KV cache), its block table
+// (block ids, in order) and what it wants back (logits and/or one sampled token). Everything
+// here is trivially copyable and pointer-free apart from the spans of LlmStep, whose arrays
+// are flat (offsets into shared token / block arrays), so the shm batch format can carry the
+// same three arrays verbatim [TAG_LLM_STEP_FORMAT].
+//
+// Semantics:
+//   - sequence s owns tokens[token_offset, token_offset + num_tokens) and
+//     block_ids[block_offset, block_offset + num_blocks);
+//   - its new tokens take absolute positions position .. position + num_tokens - 1; the KV of
+//     positions < position is already in the cache (written by earlier steps through the same
+//     block table); block_ids must cover position + num_tokens tokens;
+//   - logits: kNone, kLast (the last new token's row) or kAll (every new token's row);
+//   - sample != 0: one token is drawn from the last new token's logits with `sampling`; the
+//     random stream is counter-based: (seed, position + num_tokens) → the same draw whatever
+//     the batch, chunking or step the sequence is in.
+//
+// Threads: plain value types.
+
+#include <cstdint>
+#include <span>
+#include <type_traits>
+
+namespace garden::rose {
+
+// temperature 0 = greedy (argmax, lowest id on ties). top_k 0 = off, top_p 1 = off.
+// Order of application: temperature → top-k → top-p → draw.
+struct SamplingParams {
+  float temperature = 0.f;
+  float top_p = 1.f;
+  int32_t top_k = 0;
+  int32_t reserved = 0;
+  uint64_t seed = 0;
+};
+
+enum class LogitsMode : uint8_t { kNone = 0, kLast = 1, kAll = 2 };
+
+struct LlmStepSeq {
+  int32_t token_offset = 0;
+  int32_t num_tokens = 0;
+  int32_t position = 0;  // tokens already in the KV cache
+  int32_t block_offset = 0;
+  int32_t num_blocks = 0;
+  LogitsMode logits = LogitsMode::kNone;
+  uint8_t sample = 0;
+  uint8_t reserved[2] = {0, 0};
+  SamplingParams sampling;
+};
+static_assert(std::is_trivially_copyable_v<LlmStepSeq>);
+static_assert(std::is_standard_layout_v<LlmStepSeq>);
+
+// A view of one step's three flat arrays (host memory).
+struct LlmStep {
+  std::span<const LlmStepSeq> seqs;
+  std::span<const int32_t> tokens;
+  std::span<const int32_t> block_ids;
+};
+
+// Rows of logits a step returns, in sequence order: num_tokens for kAll, 1 for kLast, 0 else.
+inline int64_t logitsRows(const LlmStep& step) {
+  int64_t rows = 0;
+  for (const LlmStepSeq& s : step.seqs) {
+    rows += s.logits == LogitsMode::kAll ? s.num_tokens : (s.logits == LogitsMode::kLast ? 1 : 0);
+  }
+  return rows;
+}
+
+}  // namespace garden::rose

@@ -1,0 +1,1 @@
+set(UNIT_DEPS garden_rose_llm garden_rose_ops garden_common)
