@@ -23,6 +23,7 @@
 
 #include "common/flags.h"
 #include "common/logging.h"
+#include "common/metrics_http.h"
 #include "common/shm/channel.h"
 #include "services/rose/engine/engine.h"
 #include "services/rose/model/qwen3.h"
@@ -45,6 +46,7 @@ int main(int argc, char** argv) {
   using namespace garden;
   std::string model_dir, shm_name, device = "cpu", pooling = "default", attention = "default";
   std::string log_level = "info";
+  uint32_t metrics_port = 0;
   int64_t max_batch_tokens = 8192;
   int32_t threads = 0;
   bool create_shm = false;
@@ -68,6 +70,7 @@ int main(int argc, char** argv) {
            "with --create-shm: input arena bytes per slot (0 = from --max-batch-tokens)")
       .add("output-bytes", &output_bytes,
            "with --create-shm: output arena bytes per slot (0 = from the model)")
+      .add("metrics-port", &metrics_port, "HTTP port for /metrics and /health (0 = off)")
       .add("log-level", &log_level, "debug, info, warn, error");
   flags.useEnv("ROSE_");
   flags.parseOrExit(argc, argv);
@@ -206,6 +209,12 @@ int main(int argc, char** argv) {
                       {"score_head", (*model)->hasScoreHead()},
                       {"max_batch_tokens", max_batch_tokens},
                       {"load_ms", static_cast<int64_t>(load_ms)}});
+
+  garden::MetricsHttpServer metrics_http;
+  if (metrics_port != 0) {
+    Status mst = metrics_http.start("0.0.0.0", static_cast<uint16_t>(metrics_port));
+    if (!mst.isOk()) return fail(mst, "cannot serve metrics");
+  }
 
   // Owner liveness: when tulip created the channel, its pid is in the header.
   const int32_t owner = create_shm ? 0 : channel->ownerPid();

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "common/logging.h"
+#include "common/metrics/registry.h"
 
 namespace garden::rose {
 namespace {
@@ -240,6 +241,18 @@ void Engine::completionLoop() {
         static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
                                   std::chrono::steady_clock::now() - p.taken)
                                   .count());
+    {
+      static auto& batches = metrics::Registry::global().counter(
+          "rose_batches_total", "Batches answered by rose, by outcome", {"outcome"});
+      static auto& step_seconds =
+          metrics::Registry::global()
+              .histogram("rose_step_seconds", "Batch taken until its result was published")
+              .get();
+      batches
+          .labels({std::string(statusCodeName(static_cast<StatusCode>(p.completion.status_code)))})
+          .inc();
+      if (p.launched) step_seconds.observe(p.completion.step_us / 1e6);
+    }
     if (p.launched) slots_[p.completion.slot]->busy.store(false);
     // The ring has a slot per pipeline slot, so it has room unless tulip stopped consuming;
     // retry then (until stopping) rather than drop an answer.
