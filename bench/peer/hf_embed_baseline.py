@@ -1,0 +1,225 @@
+#!/usr/bin/env python3
+"""Hugging Face transformers peer baseline for the embedding suites 1-3, on the same GPU in the same
+run as garden, writing the same result schema (garden.bench.result.v1, system "hf_transformers")
+so bench/render/render.py puts both side by side with their ratio.
+
+    python3 bench/peer/hf_embed_baseline.py --out DIR [--suites 1,2,3] [--quick]
+
+The model is transformers' Qwen3 (AutoModel.from_config) at Qwen3-Embedding-0.6B shape with
+random weights (no network on the GPU host): hidden 1024, 28 layers, 16 heads, 8 kv heads, head
+dim 128, intermediate 3072, vocab 151669, bf16, attn_implementation="sdpa". Embedding = last-token
+pooling + L2 normalize (Qwen3-Embedding's recipe). Scoring (suite 2) = the same forward, then the
+last token's hidden state against two rows of a [2, hidden] head (the "yes"/"no" rows of an LM
+head, which is what a Qwen3-Reranker score needs), score = sigmoid(yes - no).
+
+Timing: each request is timed with CUDA events from the host-to-device copy of its token ids to
+the device-to-host copy of its results (so the host<->GPU hops a server pays are counted), after
+warm-up, with torch.inference_mode(). Inputs are seeded random ids of exactly the target length,
+so no padding is ever needed (attention_mask all ones). Suite 3's "four concurrent clients" have
+no meaning for a single in-process model: batches of 100 run back to back on one stream, which is
+the most throughput HF gets from one GPU without a server (recorded in "notes").
+Exit status 0, 1 when torch/transformers/CUDA are missing (with a message saying which).
+"""
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import random
+import socket
+import subprocess
+import sys
+import time
+
+QWEN3_EMBEDDING_06B = dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16,
+                           num_key_value_heads=8, head_dim=128, intermediate_size=3072,
+                           vocab_size=151669, max_position_embeddings=32768, rms_norm_eps=1e-6,
+                           rope_theta=1000000.0, tie_word_embeddings=True, hidden_act="silu")
+
+# (suite, workload, mode, batch, seq_len, concurrency label, default count, default seconds)
+WORKLOADS = []
+for n in (128, 512, 4096):
+    WORKLOADS.append(("1", "low_latency_embedding", f"embed_tok{n}_b1_c1", "embed", 1, n, 1, 500, 0))
+for b in (5, 25, 50):
+    WORKLOADS.append(("2", "low_latency_scoring", f"score_tok512_b{b}_c1", "score", b, 512, 1, 200, 0))
+for n in (512, 1024, 4096):
+    WORKLOADS.append(("3", "high_throughput", f"embed_tok{n}_b100_c4", "embed", 100, n, 4, 0, 20))
+
+
+def percentile(sorted_vals, q):
+    """Nearest rank, as the loadgen computes it (bench/loadgen/stats.cc)."""
+    if not sorted_vals:
+        return 0.0
+    rank = max(1, math.ceil(q / 100.0 * len(sorted_vals)))
+    return sorted_vals[min(rank, len(sorted_vals)) - 1]
+
+
+def summarize(samples):
+    s = sorted(samples)
+    if not s:
+        return dict(count=0, min=0, mean=0, p50=0, p90=0, p99=0, max=0)
+    return dict(count=len(s), min=s[0], mean=sum(s) / len(s), p50=percentile(s, 50),
+                p90=percentile(s, 90), p99=percentile(s, 99), max=s[-1])
+
+
+def host_info():
+    cpu = "?"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    gpu = "none"
+    try:
+        gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version",
+                              "--format=csv,noheader"], capture_output=True, text=True,
+                             timeout=20).stdout.strip().replace("\n", ";") or "none"
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return dict(hostname=socket.gethostname(), cpu=cpu, cores=os.cpu_count() or 0,
+                kernel=f"{platform.system()} {platform.release()}", gpu=gpu)
+
+
+def make_result(w, args, host, versions, lat_ms, items, tokens, wall_s, notes):
+    suite_no, suite, name, mode, batch, seq, conc = w[:7]
+    return {
+        "schema": "garden.bench.result.v1", "workload": name, "suite": suite,
+        "system": "hf_transformers",
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "git_commit": os.environ.get("GARDEN_COMMIT", "unknown"), "host": host,
+        "flags": {k: str(v) for k, v in vars(args).items()} | versions,
+        "config": dict(mode=mode, protocol="in-process", input="tokens", endpoint="", batch=batch,
+                       seq_len=seq, concurrency=conc, warmup=args.warmup, count=len(lat_ms),
+                       duration_s=0),
+        "model": dict(name="Qwen3-Embedding-0.6B-shape (random weights)", kind="embedding",
+                      hidden_size=QWEN3_EMBEDDING_06B["hidden_size"], max_seq_len=32768,
+                      vocab_size=QWEN3_EMBEDDING_06B["vocab_size"]),
+        "input_tokens": dict(per_input_mean=seq, per_input_min=seq, per_input_max=seq),
+        "requests": dict(ok=len(lat_ms), errors=0, by_status={"OK": len(lat_ms)},
+                         error_samples=[]),
+        "duration_s": wall_s,
+        "latency_ms": summarize(lat_ms),
+        "throughput": dict(requests_per_s=len(lat_ms) / wall_s, items_per_s=items / wall_s,
+                           tokens_per_s=tokens / wall_s,
+                           **({"embeddings_per_s": items / wall_s} if mode == "embed" else {})),
+        "notes": notes,
+    }
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description="HF transformers peer baseline (suites 1-3)")
+    ap.add_argument("--out", required=True, help="results directory (created)")
+    ap.add_argument("--suites", default="1,2,3", help="comma-separated suite numbers")
+    ap.add_argument("--warmup", type=int, default=10, help="warm-up requests per workload")
+    ap.add_argument("--count", type=int, default=0, help="timed requests (overrides defaults)")
+    ap.add_argument("--duration", type=float, default=0,
+                    help="timed seconds for throughput workloads (overrides the default 20)")
+    ap.add_argument("--max-len", type=int, default=0, help="skip longer workloads")
+    ap.add_argument("--quick", action="store_true", help="tiny counts (a smoke run)")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--attn", default="sdpa", help="attn_implementation")
+    args = ap.parse_args(argv)
+
+    try:
+        import torch
+        import transformers
+        from transformers import AutoModel, Qwen3Config
+    except ImportError as e:
+        print(f"hf_embed_baseline.py: needs torch and transformers ({e})", file=sys.stderr)
+        return 1
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print("hf_embed_baseline.py: CUDA is not available (use --device cpu for a smoke run)",
+              file=sys.stderr)
+        return 1
+    dev = torch.device(args.device)
+    os.makedirs(args.out, exist_ok=True)
+    torch.manual_seed(args.seed)
+    cfg = Qwen3Config(**QWEN3_EMBEDDING_06B)
+    t0 = time.time()
+    with torch.device(dev):
+        model = AutoModel.from_config(cfg, attn_implementation=args.attn)
+    model = model.to(dtype=torch.bfloat16).eval()
+    head = torch.randn(2, cfg.hidden_size, dtype=torch.bfloat16, device=dev) * 0.02
+    print(f"model ready in {time.time() - t0:.1f} s: "
+          f"{sum(p.numel() for p in model.parameters()) / 1e6:.0f}M params, attn={args.attn}",
+          file=sys.stderr)
+    versions = {"torch": torch.__version__, "transformers": transformers.__version__,
+                "attn_implementation": args.attn}
+    host = host_info()
+    cuda = dev.type == "cuda"
+    rng = random.Random(args.seed)
+    suites = set(args.suites.split(","))
+
+    def forward(ids_cpu, mode):
+        ids = ids_cpu.to(dev, non_blocking=True)
+        mask = torch.ones_like(ids)
+        h = model(input_ids=ids, attention_mask=mask).last_hidden_state[:, -1, :]
+        if mode == "embed":
+            out = torch.nn.functional.normalize(h.float(), p=2, dim=-1)
+        else:
+            logits = h @ head.t()
+            out = torch.sigmoid((logits[:, 0] - logits[:, 1]).float())
+        return out.to("cpu", non_blocking=False)
+
+    for w in WORKLOADS:
+        suite_no, suite, name, mode, batch, seq, conc, dcount, dsecs = w
+        if suite_no not in suites or (args.max_len and seq > args.max_len):
+            continue
+        pool = []
+        for _ in range(4):
+            ids = [[rng.randrange(10, 151643) for _ in range(seq)] for _ in range(batch)]
+            t = torch.tensor(ids, dtype=torch.long)
+            pool.append(t.pin_memory() if cuda else t)
+        count, secs = dcount, dsecs
+        if args.count:
+            count, secs = args.count, 0
+        elif args.duration and dsecs:
+            secs = args.duration
+        if args.quick:
+            count, secs = 3, 0
+        warm = 2 if args.quick else args.warmup
+        with torch.inference_mode():
+            for i in range(warm):
+                forward(pool[i % len(pool)], mode)
+            if cuda:
+                torch.cuda.synchronize()
+            lat = []
+            start = time.perf_counter()
+            i = 0
+            while (count and i < count) or (not count and time.perf_counter() - start < secs):
+                x = pool[i % len(pool)]
+                if cuda:
+                    e0 = torch.cuda.Event(enable_timing=True)
+                    e1 = torch.cuda.Event(enable_timing=True)
+                    e0.record()
+                    forward(x, mode)
+                    e1.record()
+                    e1.synchronize()
+                    lat.append(e0.elapsed_time(e1))
+                else:
+                    t1 = time.perf_counter()
+                    forward(x, mode)
+                    lat.append((time.perf_counter() - t1) * 1e3)
+                i += 1
+            wall = time.perf_counter() - start
+        notes = ("in-process HF transformers; latency by CUDA events around H2D copy, forward, "
+                 "pooling and D2H copy" if cuda else "CPU smoke run (not a GPU figure)")
+        if conc > 1:
+            notes += "; batches run back to back on one stream (no server, no client concurrency)"
+        r = make_result(w, args, host, versions, lat, len(lat) * batch, len(lat) * batch * seq,
+                        wall, notes)
+        with open(os.path.join(args.out, f"{name}.json"), "w") as f:
+            json.dump(r, f, indent=1)
+        print(f"{name}: {len(lat)} requests, p50 {r['latency_ms']['p50']:.3f} ms, p99 "
+              f"{r['latency_ms']['p99']:.3f} ms, {r['throughput']['items_per_s']:.1f} items/s",
+              file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
