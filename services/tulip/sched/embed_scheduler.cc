@@ -246,6 +246,7 @@ std::vector<EmbedScheduler::Part> EmbedScheduler::formBatch(WorkBatch& batch) {
       if (!p->started) {
         p->started = true;
         job.queue_us = usSince(p->enqueued_ns);
+        job.first_submit_ns = shm::monotonicNowNs();
       }
     }
     if (job.deadline_ns > 0 && (batch.deadline_ns == 0 || job.deadline_ns < batch.deadline_ns))
@@ -285,7 +286,7 @@ void EmbedScheduler::onResult(std::vector<Part> parts, uint64_t tokens, int64_t 
       auto& p = parts[i].p;
       auto& job = *p->job;
       if (seen.insert(p.get()).second) {
-        job.inference_us += batch_us;
+        job.inference_us = usSince(job.first_submit_ns);
         job.step_us += r.step_us;
       }
       if (st.isOk()) {

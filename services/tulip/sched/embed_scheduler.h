@@ -50,7 +50,8 @@ struct EmbedJob {
   uint32_t dim = 0;
   std::vector<float> values;
   uint64_t queue_us = 0;      // enqueue until its first sequence went into a batch
-  uint64_t inference_us = 0;  // sum over its batches of submit → result
+  uint64_t inference_us = 0;  // wall time from its first batch's submission to its last result
+  int64_t first_submit_ns = 0;  // (scheduler bookkeeping for inference_us)
   uint64_t step_us = 0;       // sum of rose's own step times
 
   // Called exactly once with the final status (from the worker or scheduler thread).

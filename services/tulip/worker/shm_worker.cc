@@ -125,8 +125,19 @@ Status ShmWorker::trySubmit(WorkBatch batch, WorkDone done) {
   return okStatus();
 }
 
+void ShmWorker::setOnChange(std::function<void()> fn) {
+  auto f = std::make_shared<const std::function<void()>>(std::move(fn));
+  std::lock_guard<std::mutex> l(on_change_mu_);
+  on_change_ = std::move(f);
+}
+
 void ShmWorker::notifyChange() {
-  if (on_change_) on_change_();
+  std::shared_ptr<const std::function<void()>> f;
+  {
+    std::lock_guard<std::mutex> l(on_change_mu_);
+    f = on_change_;
+  }
+  if (f && *f) (*f)();
 }
 
 bool ShmWorker::sleepUnlessStopped(std::chrono::milliseconds d) {

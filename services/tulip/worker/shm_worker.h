@@ -56,7 +56,8 @@ class ShmWorker final : public Worker {
   uint64_t maxBatchInts() const override;
   uint64_t maxBatchFloats() const override { return opts_.layout.output_bytes / sizeof(float); }
   Status trySubmit(WorkBatch batch, WorkDone done) override;
-  void setOnChange(std::function<void()> fn) override { on_change_ = std::move(fn); }
+  // Thread-safe: the supervisor may already be running (and notifying) when this is called.
+  void setOnChange(std::function<void()> fn) override;
 
   // Observability.
   uint64_t restarts() const { return restarts_.load(); }
@@ -84,7 +85,8 @@ class ShmWorker final : public Worker {
   void reapChild(bool force);
 
   const ShmWorkerOptions opts_;
-  std::function<void()> on_change_;
+  std::mutex on_change_mu_;
+  std::shared_ptr<const std::function<void()>> on_change_;  // guarded by on_change_mu_
 
   mutable std::mutex mu_;
   std::optional<shm::Channel> channel_;  // guarded by mu_; replaced only by the supervisor
