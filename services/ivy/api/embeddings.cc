@@ -1,0 +1,307 @@
+#include "services/ivy/api/embeddings.h"
+
+#include <simdjson.h>
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+
+#include "common/json_writer.h"
+#include "services/ivy/api/errors.h"
+
+namespace garden::ivy {
+namespace {
+
+using simdjson::dom::element;
+using simdjson::dom::element_type;
+
+static_assert(std::endian::native == std::endian::little,
+              "base64 embeddings are little-endian float32; add a byte swap for big-endian hosts");
+
+std::string indexPath(std::string_view base, size_t i) {
+  std::string p(base);
+  p += '[';
+  p += std::to_string(i);
+  p += ']';
+  return p;
+}
+
+bool isInteger(const element& e) {
+  auto t = e.type();
+  return t == element_type::INT64 || t == element_type::UINT64;
+}
+
+std::string_view typeName(const element& e) {
+  switch (e.type()) {
+    case element_type::ARRAY:
+      return "an array";
+    case element_type::OBJECT:
+      return "an object";
+    case element_type::INT64:
+    case element_type::UINT64:
+      return "an integer";
+    case element_type::DOUBLE:
+      return "a non-integer number";
+    case element_type::STRING:
+      return "a string";
+    case element_type::BOOL:
+      return "a boolean";
+    case element_type::NULL_VALUE:
+      return "null";
+  }
+  return "an unknown type";
+}
+
+// One token id at `path`, range-checked against the vocabulary.
+Result<int32_t> tokenId(const element& e, const std::string& path, const ModelSpec& spec) {
+  if (!isInteger(e)) {
+    return invalidField(
+        path, std::string("must be an integer token id, got ") + std::string(typeName(e)));
+  }
+  bool in_range = false;
+  int64_t v = 0;
+  if (e.type() == element_type::INT64) {
+    v = int64_t(e);
+    in_range = v >= 0 && v < int64_t(spec.vocab_size);
+  }
+  if (!in_range) {
+    std::string shown =
+        e.type() == element_type::INT64 ? std::to_string(v) : std::to_string(uint64_t(e));
+    return invalidField(path, "token id " + shown + " is outside the vocabulary [0, " +
+                                  std::to_string(spec.vocab_size) + ")");
+  }
+  return static_cast<int32_t>(v);
+}
+
+Status checkLength(size_t tokens, const std::string& path, const ModelSpec& spec) {
+  if (tokens > spec.max_seq_len) {
+    return invalidField(path, "has " + std::to_string(tokens) +
+                                  " tokens, more than the model's maximum of " +
+                                  std::to_string(spec.max_seq_len));
+  }
+  return okStatus();
+}
+
+// An array of token ids (the whole `input`, or one element of an array of arrays).
+Result<std::vector<int32_t>> tokenArray(simdjson::dom::array arr, const std::string& path,
+                                        const ModelSpec& spec) {
+  size_t n = arr.size();
+  if (n == 0) return invalidField(path, "must not be an empty array of token ids");
+  RETURN_IF_ERROR(checkLength(n, path, spec));
+  std::vector<int32_t> ids;
+  ids.reserve(n);
+  size_t i = 0;
+  for (element e : arr) {
+    ASSIGN_OR_RETURN(int32_t id, tokenId(e, indexPath(path, i), spec));
+    ids.push_back(id);
+    ++i;
+  }
+  return ids;
+}
+
+Status parseInput(const element& input, const ModelSpec& spec, const EmbeddingsLimits& limits,
+                  EmbeddingsRequest* req) {
+  std::vector<EmbeddingInput>* out = &req->inputs;
+  if (input.type() == element_type::STRING) {
+    std::string_view s = input.get_string().value_unsafe();
+    if (s.empty()) return invalidField("input", "must not be an empty string");
+    out->push_back(EmbeddingInput{true, std::string(s), {}});
+    return okStatus();
+  }
+  if (input.type() != element_type::ARRAY) {
+    return invalidField("input", std::string("must be a string, an array of strings, an array "
+                                             "of token ids or an array of arrays of token ids, "
+                                             "got ") +
+                                     std::string(typeName(input)));
+  }
+  simdjson::dom::array arr = input.get_array().value_unsafe();
+  size_t n = arr.size();
+  if (n == 0) return invalidField("input", "must not be an empty array");
+  element first = arr.at(0).value_unsafe();
+  if (isInteger(first)) {  // one sequence of token ids
+    ASSIGN_OR_RETURN(std::vector<int32_t> ids, tokenArray(arr, "input", spec));
+    out->push_back(EmbeddingInput{false, {}, std::move(ids)});
+    return okStatus();
+  }
+  if (n > limits.max_inputs) {
+    return invalidField("input", "has " + std::to_string(n) + " inputs, more than the maximum of " +
+                                     std::to_string(limits.max_inputs));
+  }
+  const element_type kind = first.type();
+  if (kind != element_type::STRING && kind != element_type::ARRAY) {
+    return invalidField("input[0]", std::string("must be a string, a token id or an array of "
+                                                "token ids, got ") +
+                                        std::string(typeName(first)));
+  }
+  req->batched = true;
+  out->reserve(n);
+  size_t i = 0;
+  for (element e : arr) {
+    std::string path = indexPath("input", i);
+    if (e.type() != kind) {
+      return invalidField(path, std::string("must be ") +
+                                    (kind == element_type::STRING ? "a string" : "an array") +
+                                    " like input[0], got " + std::string(typeName(e)));
+    }
+    if (kind == element_type::STRING) {
+      std::string_view s = e.get_string().value_unsafe();
+      if (s.empty()) return invalidField(path, "must not be an empty string");
+      out->push_back(EmbeddingInput{true, std::string(s), {}});
+    } else {
+      ASSIGN_OR_RETURN(std::vector<int32_t> ids,
+                       tokenArray(e.get_array().value_unsafe(), path, spec));
+      out->push_back(EmbeddingInput{false, {}, std::move(ids)});
+    }
+    ++i;
+  }
+  return okStatus();
+}
+
+}  // namespace
+
+Result<EmbeddingsRequest> parseEmbeddingsRequest(std::string_view body, const ModelSpec& spec,
+                                                 const EmbeddingsLimits& limits) {
+  thread_local simdjson::dom::parser parser;
+  element root;
+  auto err = parser.parse(body.data(), body.size(), /*realloc_if_needed=*/true).get(root);
+  if (err) {
+    return invalidArgument(std::string("We could not parse the JSON body of your request (") +
+                           simdjson::error_message(err) + ")");
+  }
+  if (root.type() != element_type::OBJECT) {
+    return invalidField("body",
+                        std::string("must be a JSON object, got ") + std::string(typeName(root)));
+  }
+  simdjson::dom::object obj = root.get_object().value_unsafe();
+  EmbeddingsRequest req;
+
+  element model;
+  if (obj.at_key("model").get(model)) return invalidField("model", "is required");
+  if (model.type() != element_type::STRING) {
+    return invalidField("model",
+                        std::string("must be a string, got ") + std::string(typeName(model)));
+  }
+  req.model = std::string(model.get_string().value_unsafe());
+  if (req.model != spec.served_name) {
+    return notFound("model: The model '" + req.model + "' does not exist (this server serves '" +
+                    spec.served_name + "')");
+  }
+
+  element format;
+  if (!obj.at_key("encoding_format").get(format) && !format.is_null()) {
+    std::string_view f;
+    if (format.get(f) || (f != "float" && f != "base64")) {
+      return invalidField("encoding_format", "must be \"float\" or \"base64\"");
+    }
+    req.encoding_format = f == "base64" ? EncodingFormat::kBase64 : EncodingFormat::kFloat;
+  }
+
+  element dims;
+  if (!obj.at_key("dimensions").get(dims) && !dims.is_null()) {
+    if (!isInteger(dims)) {
+      return invalidField("dimensions",
+                          std::string("must be an integer, got ") + std::string(typeName(dims)));
+    }
+    bool ok = dims.type() == element_type::INT64 && int64_t(dims) >= 1 &&
+              int64_t(dims) <= int64_t(spec.hidden_size);
+    if (!ok) {
+      return invalidField("dimensions", "must be between 1 and the model's width " +
+                                            std::to_string(spec.hidden_size));
+    }
+    req.dimensions = static_cast<uint32_t>(int64_t(dims));
+  }
+
+  element input;
+  if (obj.at_key("input").get(input)) return invalidField("input", "is required");
+  RETURN_IF_ERROR(parseInput(input, spec, limits, &req));
+  return req;
+}
+
+Result<std::vector<std::vector<int32_t>>> resolveTokens(const EmbeddingsRequest& request,
+                                                        const TextEncoder* encoder,
+                                                        const ModelSpec& spec) {
+  std::vector<std::vector<int32_t>> out;
+  out.reserve(request.inputs.size());
+  for (size_t i = 0; i < request.inputs.size(); ++i) {
+    const EmbeddingInput& in = request.inputs[i];
+    // A lone string or token array was the whole `input`; otherwise name the element.
+    std::string path = request.batched ? indexPath("input", i) : std::string("input");
+    if (!in.is_text) {
+      RETURN_IF_ERROR(checkLength(in.ids.size(), path, spec));
+      out.push_back(in.ids);
+      continue;
+    }
+    if (encoder == nullptr) {
+      return invalidField(path,
+                          "text input is not accepted: this server has no tokenizer "
+                          "configured; send token ids instead");
+    }
+    ASSIGN_OR_RETURN(std::vector<int32_t> ids, encoder->encode(in.text));
+    if (ids.empty()) return invalidField(path, "produced no tokens");
+    RETURN_IF_ERROR(checkLength(ids.size(), path, spec));
+    for (int32_t id : ids) {
+      if (id < 0 || uint32_t(id) >= spec.vocab_size) {
+        return internalError("tokenizer produced id " + std::to_string(id) +
+                             " outside the model's vocabulary of " +
+                             std::to_string(spec.vocab_size) + " (tokenizer/model mismatch)");
+      }
+    }
+    out.push_back(std::move(ids));
+  }
+  return out;
+}
+
+std::vector<float> truncateAndNormalize(std::span<const float> values, size_t dim, size_t dims) {
+  CHECK(dim > 0 && dims >= 1 && dims <= dim && values.size() % dim == 0);
+  size_t rows = values.size() / dim;
+  std::vector<float> out(rows * dims);
+  for (size_t r = 0; r < rows; ++r) {
+    const float* src = values.data() + r * dim;
+    float* dst = out.data() + r * dims;
+    double sum = 0;
+    for (size_t j = 0; j < dims; ++j) sum += double(src[j]) * double(src[j]);
+    double norm = std::sqrt(sum);
+    double scale = norm > 0 ? 1.0 / norm : 0.0;
+    for (size_t j = 0; j < dims; ++j) dst[j] = static_cast<float>(double(src[j]) * scale);
+  }
+  return out;
+}
+
+std::string renderEmbeddingsResponse(std::string_view model, std::span<const float> values,
+                                     size_t dim, EncodingFormat format, uint64_t prompt_tokens) {
+  CHECK(dim > 0 && values.size() % dim == 0);
+  size_t rows = values.size() / dim;
+  std::string out;
+  // ~10 bytes per float as text, 4/3 * 4 as base64.
+  out.reserve(128 + rows * (64 + dim * (format == EncodingFormat::kFloat ? 11 : 6)));
+  JsonWriter w(&out);
+  w.beginObject().field("object", "list").key("data").beginArray();
+  for (size_t r = 0; r < rows; ++r) {
+    std::span<const float> row = values.subspan(r * dim, dim);
+    w.beginObject().field("object", "embedding").field("index", r).key("embedding");
+    if (format == EncodingFormat::kFloat) {
+      w.floatArray(row);
+    } else {
+      std::string b64;
+      appendBase64(b64, row.data(), row.size_bytes());
+      w.value(std::string_view(b64));
+    }
+    w.endObject();
+  }
+  w.endArray().field("model", model);
+  w.key("usage").beginObject().field("prompt_tokens", prompt_tokens);
+  w.field("total_tokens", prompt_tokens).endObject();
+  w.endObject();
+  return out;
+}
+
+std::string renderModelsResponse(const ModelSpec& spec) {
+  JsonWriter w;
+  w.beginObject().field("object", "list").key("data").beginArray();
+  w.beginObject().field("id", spec.served_name).field("object", "model");
+  w.field("created", spec.created).field("owned_by", "garden").endObject();
+  w.endArray().endObject();
+  return w.take();
+}
+
+}  // namespace garden::ivy

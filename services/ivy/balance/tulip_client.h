@@ -1,0 +1,75 @@
+#pragma once
+// TulipClient: how ivy talks to one tulip replica. An abstract interface so HTTP code and tests
+// never depend on gRPC (tests use tests/fakes/ivy/fake_tulip_client.h), and so a replica pool can
+// implement the same interface later (balance/ grows a pool in a later issue).
+//
+// Contract: every method returns at once and never blocks the caller (HTTP io threads call it);
+// `done` runs exactly once, on a client-owned thread (gRPC's callback threads for the real client),
+// and must itself not block. The client must outlive all calls in flight.
+//
+// makeGrpcTulipClient() is the real implementation (garden.v1.Tulip + grpc.health.v1.Health,
+// gRPC callback API). gRPC headers stay in the .cc (pimpl) so including this header is cheap.
+// gRPC failures map to Status codes in fromGrpcCode(), which api/errors.h then maps to HTTP:
+// UNAVAILABLE → 503, RESOURCE_EXHAUSTED → 429, DEADLINE_EXCEEDED → 504, INVALID_ARGUMENT → 400.
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+
+namespace garden::ivy {
+
+struct EmbedCall {
+  std::string request_id;  // sent as gRPC metadata `x-request-id`
+  std::string model;       // tulip's model name
+  std::vector<std::vector<int32_t>> inputs;
+  std::chrono::milliseconds timeout{0};  // 0 = no deadline
+};
+
+struct EmbedReply {
+  uint32_t dim = 0;
+  std::vector<float> values;  // inputs.size() × dim, L2-normalized rows, in input order
+  uint64_t prompt_tokens = 0;
+  uint64_t queue_us = 0;
+  uint64_t inference_us = 0;
+  uint64_t total_us = 0;
+};
+
+struct TulipModelInfo {
+  std::string model;
+  std::string kind;
+  uint32_t hidden_size = 0;
+  uint32_t max_seq_len = 0;
+  uint32_t vocab_size = 0;
+};
+
+class TulipClient {
+ public:
+  using EmbedDone = std::function<void(Result<EmbedReply>)>;
+  using ModelInfoDone = std::function<void(Result<TulipModelInfo>)>;
+  using HealthDone = std::function<void(Status)>;
+
+  virtual ~TulipClient() = default;
+
+  virtual void embed(EmbedCall call, EmbedDone done) = 0;
+  virtual void modelInfo(std::chrono::milliseconds timeout, ModelInfoDone done) = 0;
+  // OK when the replica reports SERVING, UNAVAILABLE otherwise.
+  virtual void health(std::chrono::milliseconds timeout, HealthDone done) = 0;
+  // "host:port", for logs.
+  virtual std::string endpoint() const = 0;
+};
+
+// A client for one tulip at `target` ("host:port"). Connects lazily; never fails to construct.
+std::unique_ptr<TulipClient> makeGrpcTulipClient(const std::string& target);
+
+// gRPC status code (numeric, canonical) + message → the Status ivy maps to HTTP. Upstream codes
+// ivy reserves for its own HTTP conditions (OUT_OF_RANGE, UNIMPLEMENTED, NOT_FOUND) and codes that
+// mean a misconfigured deployment are remapped; see the .cc for the table.
+Status fromGrpcCode(int grpc_code, std::string_view message);
+
+}  // namespace garden::ivy

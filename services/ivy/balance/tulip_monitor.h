@@ -1,0 +1,63 @@
+#pragma once
+// TulipMonitor: learns the served model from tulip and tracks whether tulip is healthy, which is
+// what ivy's /ready reports. One background thread: until ModelInfo succeeds it retries every
+// `retry_interval`; after that it runs a health check every `health_interval` and re-fetches
+// ModelInfo whenever health recovers (tulip may have restarted). ready() is true only while a
+// ModelSpec is known and the last health check passed.
+//
+// spec() and ready() may be called from any thread (HTTP io threads call them per request). The
+// monitor does not own the client; the client must outlive the monitor.
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "services/ivy/api/model_spec.h"
+#include "services/ivy/balance/tulip_client.h"
+
+namespace garden::ivy {
+
+struct TulipMonitorOptions {
+  std::string served_model_name;  // empty: use tulip's model name
+  std::chrono::milliseconds retry_interval{500};
+  std::chrono::milliseconds health_interval{1000};
+  std::chrono::milliseconds rpc_timeout{2000};
+};
+
+class TulipMonitor {
+ public:
+  TulipMonitor(TulipClient* client, TulipMonitorOptions options);
+  ~TulipMonitor();  // stops and joins
+  TulipMonitor(const TulipMonitor&) = delete;
+  TulipMonitor& operator=(const TulipMonitor&) = delete;
+
+  void start();
+  void stop();
+
+  // The model, or nullptr before ModelInfo first succeeded.
+  std::shared_ptr<const ModelSpec> spec() const;
+  bool ready() const { return ready_.load(std::memory_order_acquire); }
+  // Blocks until ready or the timeout passes; returns ready(). For tests and startup logs.
+  bool waitReady(std::chrono::milliseconds timeout);
+
+ private:
+  void run();
+  bool fetchModelInfo();  // true on success
+  Status checkHealth();
+
+  TulipClient* client_;
+  TulipMonitorOptions options_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;                  // guarded by mu_
+  std::shared_ptr<const ModelSpec> spec_;  // guarded by mu_
+  std::atomic<bool> ready_{false};
+  uint64_t model_info_failures_ = 0;  // monitor thread only
+  std::thread thread_;
+};
+
+}  // namespace garden::ivy

@@ -1,0 +1,43 @@
+#pragma once
+// HttpRequest / HttpResponse: plain structs between the Beast server (server.cc, the only file that
+// sees Beast) and the router and route handlers, so those are testable without sockets.
+// A Responder delivers exactly one response for a request; it may be called from any thread (it
+// posts back to the connection's strand). Calling it more than once is a bug and CHECK-fails.
+
+#include <chrono>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace garden::ivy {
+
+struct HttpRequest {
+  std::string method;                                        // "GET", "POST", ... as sent
+  std::string path;                                          // target without the query string
+  std::string query;                                         // after '?', may be empty
+  std::vector<std::pair<std::string, std::string>> headers;  // names lower-cased
+  std::string body;
+  std::string request_id;  // x-request-id as received (sanitized) or generated
+  std::chrono::steady_clock::time_point received;
+
+  // First header with this (lower-case) name, or "".
+  std::string_view header(std::string_view lower_name) const {
+    for (const auto& [k, v] : headers) {
+      if (k == lower_name) return v;
+    }
+    return {};
+  }
+};
+
+struct HttpResponse {
+  int status = 200;
+  std::string content_type = "application/json";
+  std::vector<std::pair<std::string, std::string>> headers;  // extra headers
+  std::string body;
+};
+
+using Responder = std::function<void(HttpResponse)>;
+
+}  // namespace garden::ivy

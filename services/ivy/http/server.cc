@@ -1,0 +1,406 @@
+#include "services/ivy/http/server.h"
+
+#include <array>
+#include <atomic>
+#include <boost/asio/dispatch.hpp>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <condition_variable>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "common/logging.h"
+
+namespace garden::ivy {
+namespace {
+
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace net = boost::asio;
+using tcp = net::ip::tcp;
+
+constexpr std::chrono::seconds kLingerTimeout{2};
+
+bool isRequestIdChar(char c) {
+  return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' ||
+         c == '_' || c == ':' || c == '-';
+}
+
+// Beast 1.74 uses boost::string_view; convert at the boundary.
+template <typename View>
+std::string_view sv(const View& v) {
+  return std::string_view(v.data(), v.size());
+}
+
+std::string toLower(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) {
+    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string requestIdFor(std::string_view incoming) {
+  if (!incoming.empty() && incoming.size() <= 128) {
+    bool ok = true;
+    for (char c : incoming) ok = ok && isRequestIdChar(c);
+    if (ok) return std::string(incoming);
+  }
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string id(32, '0');
+  uint64_t a = rng(), b = rng();
+  for (int i = 0; i < 16; ++i) {
+    id[i] = kHex[(a >> (4 * i)) & 0xf];
+    id[16 + i] = kHex[(b >> (4 * i)) & 0xf];
+  }
+  return id;
+}
+
+class Session;
+
+struct HttpServer::Core : std::enable_shared_from_this<HttpServer::Core> {
+  Core(HttpServerOptions o, const Router* r, AccessObserver d)
+      : options(std::move(o)), router(r), on_done(std::move(d)), acceptor(net::make_strand(ioc)) {}
+
+  void doAccept();
+  void add(Session* s, std::weak_ptr<Session> w) {
+    std::lock_guard<std::mutex> lock(mu);
+    sessions.emplace(s, std::move(w));
+  }
+  void remove(Session* s) {
+    std::lock_guard<std::mutex> lock(mu);
+    sessions.erase(s);
+  }
+
+  HttpServerOptions options;
+  const Router* router;
+  AccessObserver on_done;
+  net::io_context ioc;
+  tcp::acceptor acceptor;
+  uint16_t port = 0;
+  std::atomic<bool> stopping{false};
+  std::vector<std::thread> threads;
+  std::mutex mu;
+  std::condition_variable cv;
+  int running = 0;                                                // guarded by mu
+  std::unordered_map<Session*, std::weak_ptr<Session>> sessions;  // guarded by mu
+};
+
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(std::shared_ptr<HttpServer::Core> core, tcp::socket&& socket)
+      : core_(std::move(core)), stream_(std::move(socket)) {}
+  ~Session() { core_->remove(this); }
+
+  void start() {
+    core_->add(this, weak_from_this());
+    beast::error_code ec;
+    stream_.socket().set_option(tcp::no_delay(true), ec);
+    net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->readHeader(); });
+  }
+
+  // Called (posted) by HttpServer::stop(): idle connections close now, busy ones after replying.
+  void onStop() {
+    net::post(stream_.get_executor(), [self = shared_from_this()] {
+      self->stopping_ = true;
+      if (!self->busy_) self->stream_.cancel();
+    });
+  }
+
+ private:
+  const HttpServerOptions& options() const { return core_->options; }
+
+  // A protocol error in what the client sent deserves a response; a closed, reset, timed-out or
+  // cancelled connection does not.
+  static bool isAnswerable(const beast::error_code& ec) {
+    return ec.category() == beast::error_code(http::error::body_limit).category() &&
+           ec != http::error::end_of_stream && ec != http::error::partial_message;
+  }
+
+  void readHeader() {
+    if (stopping_ || core_->stopping.load()) return close();
+    parser_.emplace();
+    parser_->body_limit(options().max_body_bytes);
+    parser_->header_limit(options().max_header_bytes);
+    stream_.expires_after(options().idle_timeout);
+    http::async_read_header(stream_, buffer_, *parser_,
+                            beast::bind_front_handler(&Session::onHeader, shared_from_this()));
+  }
+
+  // Copies what is known of the request line and headers into the per-request fields.
+  void captureHeader() {
+    start_ = std::chrono::steady_clock::now();
+    busy_ = true;
+    keep_alive_ = false;
+    method_.clear();
+    path_.clear();
+    query_.clear();
+    std::string_view incoming_id;
+    if (parser_->is_header_done()) {
+      auto& req = parser_->get();
+      method_ = std::string(sv(req.method_string()));
+      std::string_view target = sv(req.target());
+      size_t q = target.find('?');
+      path_ = std::string(target.substr(0, q));
+      if (q != std::string_view::npos) query_ = std::string(target.substr(q + 1));
+      incoming_id = sv(req["x-request-id"]);
+      keep_alive_ = req.keep_alive();
+    }
+    request_id_ = requestIdFor(incoming_id);
+    route_ = core_->router->routeLabel(path_);
+  }
+
+  void onHeader(beast::error_code ec, size_t) {
+    if (ec && !isAnswerable(ec)) return close();
+    captureHeader();
+    if (ec == http::error::body_limit) return sendTooLarge();
+    if (ec == http::error::header_limit) {
+      return fail(invalidArgument("request header is larger than " +
+                                  std::to_string(options().max_header_bytes) + " bytes"));
+    }
+    if (ec) return fail(invalidArgument("malformed HTTP request: " + ec.message()));
+    if (auto c = parser_->content_length(); c && *c > options().max_body_bytes) {
+      return sendTooLarge();
+    }
+    auto& req = parser_->get();
+    if (beast::iequals(req[http::field::expect], "100-continue")) {
+      auto cont = std::make_shared<http::response<http::empty_body>>(http::status::continue_, 11);
+      http::async_write(stream_, *cont,
+                        [self = shared_from_this(), cont](beast::error_code wec, size_t) {
+                          if (wec) return self->close();
+                          self->readBody();
+                        });
+      return;
+    }
+    readBody();
+  }
+
+  void readBody() {
+    stream_.expires_after(options().idle_timeout);
+    http::async_read(stream_, buffer_, *parser_,
+                     beast::bind_front_handler(&Session::onBody, shared_from_this()));
+  }
+
+  void onBody(beast::error_code ec, size_t) {
+    if (ec == http::error::body_limit) return sendTooLarge();
+    if (ec) {
+      if (isAnswerable(ec))
+        return fail(invalidArgument("malformed HTTP request body: " + ec.message()));
+      return close();
+    }
+    auto& req = parser_->get();
+    HttpRequest r;
+    r.method = method_;
+    r.path = path_;
+    r.query = query_;
+    r.request_id = request_id_;
+    r.received = start_;
+    for (const auto& f : req) {
+      r.headers.emplace_back(toLower(sv(f.name_string())), std::string(sv(f.value())));
+    }
+    r.body = std::move(req.body());
+    request_bytes_ = r.body.size();
+
+    // Keeps the io_context running (stop() drains) until the response is handed back.
+    struct Pending {
+      Pending(std::shared_ptr<Session> s, net::io_context& ioc)
+          : session(std::move(s)), work(net::make_work_guard(ioc)) {}
+      std::shared_ptr<Session> session;
+      net::executor_work_guard<net::io_context::executor_type> work;
+      std::atomic<bool> called{false};
+    };
+    auto pending = std::make_shared<Pending>(shared_from_this(), core_->ioc);
+    Responder respond = [pending](HttpResponse response) {
+      CHECK_MSG(!pending->called.exchange(true), "Responder called twice");
+      auto s = pending->session;
+      net::post(s->stream_.get_executor(),
+                [s, response = std::move(response)]() mutable { s->write(std::move(response)); });
+      pending->work.reset();
+    };
+    core_->router->dispatch(std::move(r), std::move(respond));
+  }
+
+  void sendTooLarge() {
+    fail(outOfRange("request body is larger than the limit of " +
+                    std::to_string(options().max_body_bytes) + " bytes"));
+  }
+
+  // An error response on a connection whose input can no longer be trusted: always closes.
+  void fail(const Status& st) {
+    keep_alive_ = false;
+    linger_ = true;
+    write(errorResponse(st));
+  }
+
+  void write(HttpResponse r) {
+    bool keep = keep_alive_ && !stopping_ && !core_->stopping.load();
+    res_ = {};
+    res_.version(11);
+    res_.result(static_cast<unsigned>(r.status));
+    res_.set(http::field::server, "garden-ivy");
+    res_.set(http::field::content_type, r.content_type);
+    res_.set("x-request-id", request_id_);
+    for (auto& [k, v] : r.headers) res_.set(k, v);
+    res_.body() = std::move(r.body);
+    res_.keep_alive(keep);
+    res_.prepare_payload();
+
+    AccessRecord rec;
+    rec.request_id = request_id_;
+    rec.method = method_;
+    rec.path = path_;
+    rec.route = route_;
+    rec.status = r.status;
+    rec.latency = std::chrono::duration_cast<std::chrono::microseconds>(
+        std::chrono::steady_clock::now() - start_);
+    rec.request_bytes = request_bytes_;
+    rec.response_bytes = res_.body().size();
+    if (core_->on_done) core_->on_done(rec);
+    request_bytes_ = 0;
+
+    stream_.expires_after(options().idle_timeout);
+    http::async_write(stream_, res_,
+                      [self = shared_from_this(), keep](beast::error_code ec, size_t) {
+                        self->busy_ = false;
+                        if (ec) return self->close();
+                        if (!keep) return self->linger_ ? self->lingerClose() : self->close();
+                        self->readHeader();
+                      });
+  }
+
+  // Half-close, then drain what the client still sends (e.g. the rest of a body we refused) for a
+  // moment, so the kernel does not answer it with a RST that would destroy our response.
+  void lingerClose() {
+    beast::error_code ec;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
+    if (ec) return close();
+    stream_.expires_after(kLingerTimeout);
+    drain();
+  }
+  void drain() {
+    stream_.async_read_some(net::buffer(scratch_),
+                            [self = shared_from_this()](beast::error_code ec, size_t) {
+                              if (ec) return self->close();
+                              self->drain();
+                            });
+  }
+
+  void close() {
+    beast::error_code ec;
+    stream_.socket().shutdown(tcp::socket::shutdown_both, ec);
+    stream_.socket().close(ec);
+  }
+
+  std::shared_ptr<HttpServer::Core> core_;  // first member: destroyed last (owns the io_context)
+  beast::tcp_stream stream_;
+  beast::flat_buffer buffer_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  http::response<http::string_body> res_;
+  std::array<char, 16384> scratch_;
+  bool busy_ = false;
+  bool stopping_ = false;
+  bool keep_alive_ = false;
+  bool linger_ = false;  // the request was not read to its end: drain before closing
+  std::string request_id_, method_, path_, query_;
+  std::string_view route_ = "other";
+  std::chrono::steady_clock::time_point start_;
+  size_t request_bytes_ = 0;
+};
+
+void HttpServer::Core::doAccept() {
+  acceptor.async_accept(net::make_strand(ioc),
+                        [self = shared_from_this()](beast::error_code ec, tcp::socket socket) {
+                          if (ec) {
+                            if (ec == net::error::operation_aborted || !self->acceptor.is_open())
+                              return;
+                            log::warn("accept failed", {{"error", ec.message()}});
+                          } else {
+                            std::make_shared<Session>(self, std::move(socket))->start();
+                          }
+                          self->doAccept();
+                        });
+}
+
+HttpServer::HttpServer(HttpServerOptions options, const Router* router, AccessObserver on_done)
+    : core_(std::make_shared<Core>(std::move(options), router, std::move(on_done))) {}
+
+HttpServer::~HttpServer() { stop(); }
+
+Status HttpServer::start() {
+  Core& c = *core_;
+  CHECK(c.threads.empty());
+  beast::error_code ec;
+  tcp::resolver resolver(c.ioc);
+  auto results =
+      resolver.resolve(c.options.host, std::to_string(c.options.port), tcp::resolver::passive, ec);
+  std::string where = c.options.host + ":" + std::to_string(c.options.port);
+  if (ec || results.empty()) return unavailable("cannot resolve " + where + ": " + ec.message());
+  tcp::endpoint ep = results.begin()->endpoint();
+  c.acceptor.open(ep.protocol(), ec);
+  if (!ec) c.acceptor.set_option(net::socket_base::reuse_address(true), ec);
+  if (!ec) c.acceptor.bind(ep, ec);
+  if (!ec) c.acceptor.listen(net::socket_base::max_listen_connections, ec);
+  if (ec) return unavailable("cannot listen on " + where + ": " + ec.message());
+  c.port = c.acceptor.local_endpoint().port();
+  c.doAccept();
+  int n = c.options.threads > 0
+              ? c.options.threads
+              : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  {
+    std::lock_guard<std::mutex> lock(c.mu);
+    c.running = n;
+  }
+  for (int i = 0; i < n; ++i) {
+    c.threads.emplace_back([core = core_.get()] {
+      core->ioc.run();
+      std::lock_guard<std::mutex> lock(core->mu);
+      if (--core->running == 0) core->cv.notify_all();
+    });
+  }
+  return okStatus();
+}
+
+uint16_t HttpServer::port() const { return core_->port; }
+
+void HttpServer::stop() {
+  Core& c = *core_;
+  if (c.stopping.exchange(true)) return;
+  if (c.threads.empty()) return;
+  net::post(c.acceptor.get_executor(), [core = core_] {
+    beast::error_code ec;
+    core->acceptor.close(ec);
+  });
+  std::vector<std::shared_ptr<Session>> live;
+  {
+    std::lock_guard<std::mutex> lock(c.mu);
+    for (auto& [p, w] : c.sessions) {
+      if (auto s = w.lock()) live.push_back(std::move(s));
+    }
+  }
+  for (auto& s : live) s->onStop();
+  live.clear();
+  {
+    std::unique_lock<std::mutex> lock(c.mu);
+    if (!c.cv.wait_for(lock, c.options.drain_timeout, [&c] { return c.running == 0; })) {
+      log::warn("http drain timed out; dropping requests in flight", {});
+      lock.unlock();
+      c.ioc.stop();
+    }
+  }
+  for (auto& t : c.threads) t.join();
+  c.threads.clear();
+}
+
+}  // namespace garden::ivy

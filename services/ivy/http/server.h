@@ -1,0 +1,79 @@
+#pragma once
+// HttpServer: the Boost.Beast HTTP/1.1 server. Beast and Asio appear only in server.cc.
+//
+// * `threads` io threads run one io_context; each connection lives on its own strand. Handlers are
+//   called on that strand and must not block; they answer through the Responder, from any thread.
+// * Keep-alive: requests on one connection are served in order; the connection stays open while
+//   the client asks for it and the server is not stopping. An idle or slow connection is closed
+//   after `idle_timeout`.
+// * Body limit: a Content-Length over `max_body_bytes` is answered 413 right after the header,
+//   before any of the body is read (also a chunked body that grows past it); the connection is then
+//   closed. `Expect: 100-continue` is honoured (so curl does not wait before sending).
+// * Request ids: `x-request-id` is taken from the request when it is 1..128 characters of
+//   [A-Za-z0-9._:-], otherwise one is generated (32 hex digits); it is always returned.
+// * After each response `on_done` gets an AccessRecord (for the per-request log line and metrics).
+// * stop(): stops accepting, closes idle connections, lets requests in flight finish (up to
+//   `drain_timeout`), then joins the threads. Idempotent; the destructor calls it.
+//
+// Lifetime: the router and on_done must outlive the server. A Responder called after stop() is
+// safe (the connection state it holds keeps the io_context alive) and its response is dropped.
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "common/status.h"
+#include "services/ivy/http/message.h"
+#include "services/ivy/http/router.h"
+
+namespace garden::ivy {
+
+struct HttpServerOptions {
+  std::string host = "0.0.0.0";
+  uint16_t port = 8080;  // 0: an ephemeral port (see HttpServer::port())
+  int threads = 0;       // <= 0: one per hardware thread
+  uint64_t max_body_bytes = 8ull << 20;
+  uint32_t max_header_bytes = 64u << 10;
+  std::chrono::milliseconds idle_timeout{60000};
+  std::chrono::milliseconds drain_timeout{10000};
+};
+
+struct AccessRecord {
+  std::string_view request_id;
+  std::string_view method;
+  std::string_view path;
+  std::string_view route;  // router label ("other" when unmatched)
+  int status = 0;
+  std::chrono::microseconds latency{0};
+  size_t request_bytes = 0;
+  size_t response_bytes = 0;
+};
+
+using AccessObserver = std::function<void(const AccessRecord&)>;
+
+class HttpServer {
+ public:
+  HttpServer(HttpServerOptions options, const Router* router, AccessObserver on_done);
+  ~HttpServer();
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  // Binds, listens and starts the io threads. UNAVAILABLE naming host:port if binding fails.
+  Status start();
+  // The bound port (useful with port 0). Valid after start().
+  uint16_t port() const;
+  void stop();
+
+  struct Core;  // implementation (server.cc); public only so connection objects can name it
+
+ private:
+  std::shared_ptr<Core> core_;
+};
+
+// The x-request-id to use: `incoming` when acceptable (see above), otherwise a fresh random id.
+std::string requestIdFor(std::string_view incoming);
+
+}  // namespace garden::ivy

@@ -1,0 +1,1 @@
+set(UNIT_DEPS ivy_api garden_common)

@@ -1,0 +1,336 @@
+// The gRPC TulipClient against an in-process gRPC server implementing garden.v1.Tulip and
+// grpc.health.v1.Health: wire encoding, metadata, deadlines and the gRPC → Status mapping.
+
+#include "services/ivy/balance/tulip_client.h"
+
+#include <gmock/gmock.h>
+#include <grpc/grpc.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <future>
+#include <mutex>
+#include <thread>
+
+#include "garden/v1/garden.grpc.pb.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "services/ivy/api/text_encoder.h"
+#include "services/ivy/balance/tulip_monitor.h"
+
+namespace garden::ivy {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Keeps gRPC's callback machinery alive for the whole test process, as it is in the ivy binary
+// (one client for its lifetime). gRPC 1.51 shares one "callback alternative" completion queue
+// among channels and destroys it when the last user goes away; every test here creates and
+// destroys a channel, and that destroy/recreate cycle crashes in the CQ's nexting thread
+// (use after free in grpc_completion_queue_next). One client that made a callback call and is
+// never destroyed keeps the CQ's refcount above zero.
+class GrpcOnce : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    grpc_init();
+    static TulipClient* keep = makeGrpcTulipClient("127.0.0.1:1").release();
+    std::promise<Status> p;
+    keep->health(std::chrono::milliseconds(200), [&p](Status s) { p.set_value(std::move(s)); });
+    p.get_future().wait();
+  }
+};
+const auto* const kGrpcOnce = ::testing::AddGlobalTestEnvironment(new GrpcOnce);
+
+// A scriptable Tulip service: returns `status` if not OK, else echoes inputs as embeddings where
+// row i is [i, len(ids), sum(ids), ...] padded to `dim`.
+class FakeTulipService final : public v1::Tulip::Service {
+ public:
+  grpc::Status Embed(grpc::ServerContext* ctx, const v1::EmbedRequest* req,
+                     v1::EmbedResponse* resp) override {
+    std::lock_guard<std::mutex> lock(mu);
+    auto md = ctx->client_metadata().find("x-request-id");
+    last_request_id =
+        md == ctx->client_metadata().end() ? "" : std::string(md->second.data(), md->second.size());
+    last_request = *req;
+    if (delay.count() > 0) std::this_thread::sleep_for(delay);
+    if (!status.ok()) return status;
+    resp->set_dim(dim);
+    uint64_t tokens = 0;
+    for (int i = 0; i < req->inputs_size(); ++i) {
+      const auto& ids = req->inputs(i).ids();
+      std::vector<float> row(dim, 0.0f);
+      row[0] = static_cast<float>(i);
+      if (dim > 1) row[1] = static_cast<float>(ids.size());
+      float sum = 0;
+      for (int id : ids) sum += static_cast<float>(id);
+      if (dim > 2) row[2] = sum;
+      tokens += ids.size();
+      std::string bytes(reinterpret_cast<const char*>(row.data()), row.size() * sizeof(float));
+      if (corrupt_row_bytes && i == 0) bytes.pop_back();
+      resp->add_embeddings(bytes);
+    }
+    if (drop_one) resp->mutable_embeddings()->RemoveLast();
+    resp->set_prompt_tokens(tokens);
+    resp->mutable_timings()->set_queue_us(11);
+    resp->mutable_timings()->set_inference_us(22);
+    resp->mutable_timings()->set_total_us(33);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status ModelInfo(grpc::ServerContext*, const v1::ModelInfoRequest*,
+                         v1::ModelInfoResponse* resp) override {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!status.ok()) return status;
+    resp->set_model("qwen3-embedding-0.6b");
+    resp->set_kind("embedding");
+    resp->set_hidden_size(1024);
+    resp->set_max_seq_len(8192);
+    resp->set_vocab_size(151669);
+    return grpc::Status::OK;
+  }
+
+  std::mutex mu;
+  grpc::Status status = grpc::Status::OK;
+  std::chrono::milliseconds delay{0};
+  uint32_t dim = 4;
+  bool corrupt_row_bytes = false;
+  bool drop_one = false;
+  std::string last_request_id;
+  v1::EmbedRequest last_request;
+};
+
+class FakeHealthService final : public grpc::health::v1::Health::Service {
+ public:
+  grpc::Status Check(grpc::ServerContext*, const grpc::health::v1::HealthCheckRequest*,
+                     grpc::health::v1::HealthCheckResponse* resp) override {
+    resp->set_status(serving.load() ? grpc::health::v1::HealthCheckResponse::SERVING
+                                    : grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+    return grpc::Status::OK;
+  }
+  std::atomic<bool> serving{true};
+};
+
+class TulipClientTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    grpc::ServerBuilder b;
+    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    b.RegisterService(&tulip_);
+    b.RegisterService(&health_);
+    server_ = b.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    ASSERT_GT(port_, 0);
+    client_ = makeGrpcTulipClient("127.0.0.1:" + std::to_string(port_));
+  }
+  void TearDown() override {
+    client_.reset();
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  }
+
+  Result<EmbedReply> embedSync(EmbedCall call) {
+    std::promise<Result<EmbedReply>> p;
+    auto f = p.get_future();
+    client_->embed(std::move(call), [&p](Result<EmbedReply> r) { p.set_value(std::move(r)); });
+    EXPECT_EQ(f.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+    return f.get();
+  }
+
+  EmbedCall call2() {
+    EmbedCall c;
+    c.request_id = "rid-7";
+    c.model = "qwen3-embedding-0.6b";
+    c.inputs = {{1, 2, 3}, {10}};
+    c.timeout = std::chrono::milliseconds(5000);
+    return c;
+  }
+
+  int port_ = 0;
+  FakeTulipService tulip_;
+  FakeHealthService health_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<TulipClient> client_;
+};
+
+TEST_F(TulipClientTest, EmbedRoundTrip) {
+  Result<EmbedReply> r = embedSync(call2());
+  ASSERT_TRUE(r.isOk()) << r.status().toString();
+  EXPECT_EQ(r->dim, 4u);
+  ASSERT_EQ(r->values.size(), 8u);
+  EXPECT_EQ(r->values[0], 0.0f);
+  EXPECT_EQ(r->values[1], 3.0f);
+  EXPECT_EQ(r->values[2], 6.0f);
+  EXPECT_EQ(r->values[4], 1.0f);
+  EXPECT_EQ(r->values[5], 1.0f);
+  EXPECT_EQ(r->values[6], 10.0f);
+  EXPECT_EQ(r->prompt_tokens, 4u);
+  EXPECT_EQ(r->queue_us, 11u);
+  EXPECT_EQ(r->inference_us, 22u);
+  EXPECT_EQ(r->total_us, 33u);
+  std::lock_guard<std::mutex> lock(tulip_.mu);
+  EXPECT_EQ(tulip_.last_request_id, "rid-7");
+  EXPECT_EQ(tulip_.last_request.model(), "qwen3-embedding-0.6b");
+  EXPECT_TRUE(tulip_.last_request.normalize());
+  EXPECT_EQ(tulip_.last_request.dimensions(), 0u);
+  ASSERT_EQ(tulip_.last_request.inputs_size(), 2);
+  EXPECT_EQ(tulip_.last_request.inputs(0).ids_size(), 3);
+  EXPECT_EQ(tulip_.last_request.inputs(1).ids(0), 10);
+}
+
+TEST_F(TulipClientTest, GrpcErrorsMapToStatus) {
+  struct Case {
+    grpc::StatusCode grpc;
+    StatusCode want;
+  };
+  const Case cases[] = {
+      {grpc::StatusCode::UNAVAILABLE, StatusCode::kUnavailable},
+      {grpc::StatusCode::RESOURCE_EXHAUSTED, StatusCode::kResourceExhausted},
+      {grpc::StatusCode::INVALID_ARGUMENT, StatusCode::kInvalidArgument},
+      {grpc::StatusCode::DEADLINE_EXCEEDED, StatusCode::kDeadlineExceeded},
+      {grpc::StatusCode::OUT_OF_RANGE, StatusCode::kInvalidArgument},
+      {grpc::StatusCode::FAILED_PRECONDITION, StatusCode::kUnavailable},
+      {grpc::StatusCode::NOT_FOUND, StatusCode::kInternal},
+      {grpc::StatusCode::UNIMPLEMENTED, StatusCode::kInternal},
+      {grpc::StatusCode::INTERNAL, StatusCode::kInternal},
+  };
+  for (const Case& c : cases) {
+    {
+      std::lock_guard<std::mutex> lock(tulip_.mu);
+      tulip_.status = grpc::Status(c.grpc, "scripted failure");
+    }
+    Result<EmbedReply> r = embedSync(call2());
+    ASSERT_FALSE(r.isOk());
+    EXPECT_EQ(r.status().code(), c.want) << static_cast<int>(c.grpc);
+    EXPECT_EQ(r.status().message(), "tulip: scripted failure");
+  }
+}
+
+TEST_F(TulipClientTest, DeadlineExceeded) {
+  {
+    std::lock_guard<std::mutex> lock(tulip_.mu);
+    tulip_.delay = std::chrono::milliseconds(500);
+  }
+  EmbedCall c = call2();
+  c.timeout = std::chrono::milliseconds(50);
+  Result<EmbedReply> r = embedSync(std::move(c));
+  ASSERT_FALSE(r.isOk());
+  EXPECT_EQ(r.status().code(), StatusCode::kDeadlineExceeded);
+}
+
+TEST_F(TulipClientTest, MalformedRepliesAreInternalErrors) {
+  {
+    std::lock_guard<std::mutex> lock(tulip_.mu);
+    tulip_.corrupt_row_bytes = true;
+  }
+  Result<EmbedReply> r = embedSync(call2());
+  ASSERT_FALSE(r.isOk());
+  EXPECT_EQ(r.status().code(), StatusCode::kInternal);
+  EXPECT_THAT(r.status().message(), HasSubstr("embedding 0 has 15 bytes, expected 16"));
+  {
+    std::lock_guard<std::mutex> lock(tulip_.mu);
+    tulip_.corrupt_row_bytes = false;
+    tulip_.drop_one = true;
+  }
+  Result<EmbedReply> r2 = embedSync(call2());
+  ASSERT_FALSE(r2.isOk());
+  EXPECT_THAT(r2.status().message(), HasSubstr("returned 1 embeddings for 2 inputs"));
+}
+
+TEST_F(TulipClientTest, ModelInfoAndHealth) {
+  std::promise<Result<TulipModelInfo>> p;
+  client_->modelInfo(std::chrono::milliseconds(5000),
+                     [&p](Result<TulipModelInfo> r) { p.set_value(std::move(r)); });
+  Result<TulipModelInfo> info = p.get_future().get();
+  ASSERT_TRUE(info.isOk()) << info.status().toString();
+  EXPECT_EQ(info->model, "qwen3-embedding-0.6b");
+  EXPECT_EQ(info->kind, "embedding");
+  EXPECT_EQ(info->hidden_size, 1024u);
+  EXPECT_EQ(info->max_seq_len, 8192u);
+  EXPECT_EQ(info->vocab_size, 151669u);
+
+  auto health = [&] {
+    std::promise<Status> hp;
+    client_->health(std::chrono::milliseconds(5000), [&hp](Status s) { hp.set_value(s); });
+    return hp.get_future().get();
+  };
+  EXPECT_TRUE(health().isOk());
+  health_.serving = false;
+  Status h = health();
+  EXPECT_EQ(h.code(), StatusCode::kUnavailable);
+  EXPECT_THAT(h.message(), HasSubstr("NOT_SERVING"));
+}
+
+TEST_F(TulipClientTest, MonitorLearnsModelAndTracksHealth) {
+  TulipMonitorOptions o;
+  o.served_model_name = "embed";
+  o.retry_interval = std::chrono::milliseconds(10);
+  o.health_interval = std::chrono::milliseconds(10);
+  TulipMonitor m(client_.get(), o);
+  EXPECT_EQ(m.spec(), nullptr);
+  EXPECT_FALSE(m.ready());
+  m.start();
+  ASSERT_TRUE(m.waitReady(std::chrono::seconds(5)));
+  auto spec = m.spec();
+  ASSERT_NE(spec, nullptr);
+  EXPECT_EQ(spec->served_name, "embed");
+  EXPECT_EQ(spec->upstream_name, "qwen3-embedding-0.6b");
+  EXPECT_EQ(spec->hidden_size, 1024u);
+  health_.serving = false;
+  for (int i = 0; i < 500 && m.ready(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_FALSE(m.ready());
+  health_.serving = true;
+  EXPECT_TRUE(m.waitReady(std::chrono::seconds(5)));
+  m.stop();
+  EXPECT_FALSE(m.ready());
+}
+
+TEST(TulipClientUnreachable, IsUnavailable) {
+  // Port 1 on loopback: nothing listens there.
+  auto client = makeGrpcTulipClient("127.0.0.1:1");
+  std::promise<Result<EmbedReply>> p;
+  EmbedCall c;
+  c.inputs = {{1}};
+  c.timeout = std::chrono::milliseconds(2000);
+  client->embed(std::move(c), [&p](Result<EmbedReply> r) { p.set_value(std::move(r)); });
+  Result<EmbedReply> r = p.get_future().get();
+  ASSERT_FALSE(r.isOk());
+  EXPECT_EQ(r.status().code(), StatusCode::kUnavailable) << r.status().toString();
+}
+
+TEST(FromGrpcCode, Table) {
+  EXPECT_TRUE(fromGrpcCode(0, "").isOk());
+  EXPECT_EQ(fromGrpcCode(14, "x").code(), StatusCode::kUnavailable);
+  EXPECT_EQ(fromGrpcCode(8, "x").code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(fromGrpcCode(4, "x").code(), StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(fromGrpcCode(3, "x").code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(fromGrpcCode(1, "x").code(), StatusCode::kCancelled);
+  EXPECT_EQ(fromGrpcCode(10, "x").code(), StatusCode::kUnavailable);  // ABORTED: retryable
+  EXPECT_EQ(fromGrpcCode(16, "x").code(), StatusCode::kInternal);     // our misconfiguration
+  EXPECT_EQ(fromGrpcCode(99, "x").code(), StatusCode::kInternal);
+  EXPECT_EQ(fromGrpcCode(2, "").message(), "tulip: (no message)");
+}
+
+// [TAG_SPM_ISOLATION] regression: this binary links libprotobuf (gRPC); loading libsentencepiece
+// into it used to crash. The encoder must work here and give the reference CLI's ids.
+TEST_F(TulipClientTest, SentencePieceWorksAlongsideProtobuf) {
+  const char* src = std::getenv("GARDEN_SOURCE_DIR");
+  std::string dir = std::string(src != nullptr ? src : ".") + "/tests/unit/ivy/api/testdata/";
+  auto enc = loadSentencePieceEncoder(dir + "tiny_unigram.model");
+#if defined(__SANITIZE_ADDRESS__)
+  // Sanitizer runtimes refuse RTLD_DEEPBIND, so isolation is impossible there: the load must
+  // fail cleanly instead of crashing the process.
+  ASSERT_FALSE(enc.isOk());
+  EXPECT_EQ(enc.status().code(), StatusCode::kFailedPrecondition);
+  return;
+#endif
+  ASSERT_TRUE(enc.isOk()) << enc.status().toString();
+  auto ids = (*enc)->encode("Hello world, the quick brown fox.");
+  ASSERT_TRUE(ids.isOk());
+  // First line of spm_expected_ids.txt (from the reference spm_encode).
+  EXPECT_EQ(*ids, (std::vector<int32_t>{351, 394, 394, 396, 326, 47, 295, 289, 319, 305, 259}));
+  Result<EmbedReply> r = embedSync(call2());  // and gRPC + protobuf still work
+  EXPECT_TRUE(r.isOk()) << r.status().toString();
+}
+
+}  // namespace
+}  // namespace garden::ivy

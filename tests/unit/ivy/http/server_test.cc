@@ -1,0 +1,566 @@
+// HTTP-level tests: the real Beast server, router and ivy routes in-process on an ephemeral port,
+// with a FakeTulipClient behind them, driven by raw sockets (so the wire format itself is tested).
+
+#include "services/ivy/http/server.h"
+
+#include <arpa/inet.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <simdjson.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "common/json_writer.h"
+#include "common/logging.h"
+#include "services/ivy/http/service.h"
+#include "tests/fakes/ivy/fake_tulip_client.h"
+
+namespace garden::ivy {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+struct Response {
+  int status = -1;                             // -1: connection closed before a response
+  std::map<std::string, std::string> headers;  // lower-case names
+  std::string body;
+  std::string header(const std::string& k) const {
+    auto it = headers.find(k);
+    return it == headers.end() ? "" : it->second;
+  }
+};
+
+// A blocking HTTP/1.1 client on one TCP connection (5 s receive timeout so nothing hangs).
+class Conn {
+ public:
+  explicit Conn(uint16_t port) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    timeval tv{5, 0};
+    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    connected_ = ::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  }
+  ~Conn() { ::close(fd_); }
+  bool connected() const { return connected_; }
+
+  void send(std::string_view data) {
+    while (!data.empty()) {
+      ssize_t n = ::send(fd_, data.data(), data.size(), MSG_NOSIGNAL);
+      if (n <= 0) return;
+      data.remove_prefix(static_cast<size_t>(n));
+    }
+  }
+
+  // Reads one response (Content-Length framed). Interim 1xx responses are returned as well.
+  Response read() {
+    Response r;
+    size_t end;
+    while ((end = buf_.find("\r\n\r\n")) == std::string::npos) {
+      if (!fill()) return r;
+    }
+    std::string head = buf_.substr(0, end);
+    buf_.erase(0, end + 4);
+    size_t line_end = head.find("\r\n");
+    std::string status_line = head.substr(0, line_end);
+    r.status = std::atoi(status_line.substr(9, 3).c_str());
+    size_t pos = line_end == std::string::npos ? head.size() : line_end + 2;
+    while (pos < head.size()) {
+      size_t e = head.find("\r\n", pos);
+      if (e == std::string::npos) e = head.size();
+      std::string line = head.substr(pos, e - pos);
+      size_t colon = line.find(':');
+      std::string k = line.substr(0, colon);
+      for (char& c : k) c = static_cast<char>(std::tolower(c));
+      std::string v = line.substr(colon + 1);
+      while (!v.empty() && v[0] == ' ') v.erase(0, 1);
+      r.headers[k] = v;
+      pos = e + 2;
+    }
+    size_t len = std::strtoull(r.header("content-length").c_str(), nullptr, 10);
+    while (buf_.size() < len) {
+      if (!fill()) return Response{};
+    }
+    r.body = buf_.substr(0, len);
+    buf_.erase(0, len);
+    return r;
+  }
+
+  // True when the server closed the connection (EOF) with nothing more to read.
+  bool closedByPeer() {
+    if (!buf_.empty()) return false;
+    char c;
+    ssize_t n = ::recv(fd_, &c, 1, 0);
+    return n == 0;
+  }
+
+ private:
+  bool fill() {
+    char tmp[65536];
+    ssize_t n = ::recv(fd_, tmp, sizeof tmp, 0);
+    if (n <= 0) return false;
+    buf_.append(tmp, static_cast<size_t>(n));
+    return true;
+  }
+
+  int fd_ = -1;
+  bool connected_ = false;
+  std::string buf_;
+};
+
+std::string post(std::string_view path, std::string_view body, std::string_view extra = "") {
+  std::string s =
+      "POST " + std::string(path) + " HTTP/1.1\r\nHost: t\r\n" +
+      "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) + "\r\n" +
+      std::string(extra) + "\r\n";
+  return s + std::string(body);
+}
+
+std::string get(std::string_view path, std::string_view extra = "") {
+  return "GET " + std::string(path) + " HTTP/1.1\r\nHost: t\r\n" + std::string(extra) + "\r\n";
+}
+
+// One id per byte. The sentencepiece encoder is tested against the reference in unit_ivy_api;
+// here a trivial encoder keeps this binary free of libsentencepiece (which cannot be isolated
+// from libprotobuf under ASan, see api/spm_shim.cc [TAG_SPM_ISOLATION]).
+class ByteEncoder : public TextEncoder {
+ public:
+  Result<std::vector<int32_t>> encode(std::string_view text) const override {
+    return std::vector<int32_t>(text.begin(), text.end());
+  }
+  uint32_t vocabSize() const override { return 256; }
+};
+
+class IvyServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    log::setSinkForTesting([this](std::string_view line) {
+      std::lock_guard<std::mutex> lock(log_mu_);
+      log_lines_.emplace_back(line);
+    });
+    encoder_ = std::make_unique<ByteEncoder>();
+    TulipModelInfo info;
+    info.model = "fake-upstream";
+    info.kind = "embedding";
+    info.hidden_size = 8;
+    info.max_seq_len = 64;
+    info.vocab_size = 1000;
+    fake_.setModelInfo(info);
+  }
+
+  void TearDown() override {
+    if (server_) server_->stop();
+    server_.reset();
+    if (monitor_) monitor_->stop();
+    log::setSinkForTesting({});
+  }
+
+  void startServer(bool wait_ready = true) {
+    TulipMonitorOptions mo;
+    mo.served_model_name = "garden-embed";
+    mo.retry_interval = std::chrono::milliseconds(10);
+    mo.health_interval = std::chrono::milliseconds(10);
+    monitor_ = std::make_unique<TulipMonitor>(&fake_, mo);
+    IvyServiceOptions so;
+    so.request_timeout = std::chrono::milliseconds(1000);
+    service_ = std::make_unique<IvyService>(so, &fake_, monitor_.get(), encoder_.get(), &registry_);
+    service_->registerRoutes(&router_);
+    HttpServerOptions ho;
+    ho.host = "127.0.0.1";
+    ho.port = 0;
+    ho.threads = 2;
+    ho.max_body_bytes = 4096;
+    ho.drain_timeout = std::chrono::milliseconds(3000);
+    server_ = std::make_unique<HttpServer>(
+        ho, &router_, [this](const AccessRecord& r) { service_->onRequestDone(r); });
+    ASSERT_TRUE(server_->start().isOk());
+    ASSERT_NE(server_->port(), 0);
+    monitor_->start();
+    if (wait_ready) {
+      ASSERT_TRUE(monitor_->waitReady(std::chrono::seconds(5)));
+    }
+  }
+
+  Response roundTrip(const std::string& request) {
+    Conn c(server_->port());
+    EXPECT_TRUE(c.connected());
+    c.send(request);
+    return c.read();
+  }
+
+  // Parses an OpenAI error body and checks its fields.
+  void expectError(const Response& r, int status, std::string_view param,
+                   std::string_view message_part) {
+    EXPECT_EQ(r.status, status) << r.body;
+    EXPECT_EQ(r.header("content-type"), "application/json");
+    simdjson::dom::parser p;
+    simdjson::dom::element root;
+    ASSERT_FALSE(p.parse(r.body).get(root)) << r.body;
+    simdjson::dom::element err = root["error"];
+    std::string_view msg = err["message"];
+    EXPECT_THAT(std::string(msg), HasSubstr(std::string(message_part)));
+    EXPECT_TRUE(err["type"].is_string());
+    if (param.empty()) {
+      EXPECT_TRUE(err["param"].is_null()) << r.body;
+    } else {
+      EXPECT_EQ(std::string_view(err["param"]), param) << r.body;
+    }
+  }
+
+  std::vector<std::string> logLines() {
+    std::lock_guard<std::mutex> lock(log_mu_);
+    return log_lines_;
+  }
+
+  FakeTulipClient fake_;
+  metrics::Registry registry_;
+  std::unique_ptr<TextEncoder> encoder_;
+  std::unique_ptr<TulipMonitor> monitor_;
+  std::unique_ptr<IvyService> service_;
+  Router router_;
+  std::unique_ptr<HttpServer> server_;
+  std::mutex log_mu_;
+  std::vector<std::string> log_lines_;
+};
+
+TEST_F(IvyServerTest, EmbeddingsFloatSuccess) {
+  startServer();
+  const std::string text = "Hello world, the quick brown fox.";
+  Response r =
+      roundTrip(post("/v1/embeddings", R"({"model":"garden-embed","input":")" + text + R"("})",
+                     "x-request-id: req-123\r\n"));
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.header("x-request-id"), "req-123");
+  EXPECT_EQ(r.header("content-type"), "application/json");
+
+  // Tulip got the encoder's ids of the text, the request id and its own model name.
+  auto want_ids = encoder_->encode(text);
+  ASSERT_TRUE(want_ids.isOk());
+  auto calls = fake_.embedCalls();
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0].request_id, "req-123");
+  EXPECT_EQ(calls[0].model, "fake-upstream");
+  ASSERT_EQ(calls[0].inputs.size(), 1u);
+  EXPECT_EQ(calls[0].inputs[0], *want_ids);
+  EXPECT_EQ(calls[0].timeout, std::chrono::milliseconds(1000));
+
+  simdjson::dom::parser p;
+  simdjson::dom::element root;
+  ASSERT_FALSE(p.parse(r.body).get(root)) << r.body;
+  EXPECT_EQ(std::string_view(root["model"]), "garden-embed");
+  EXPECT_EQ(uint64_t(root["usage"]["prompt_tokens"]), want_ids->size());
+  simdjson::dom::array emb = root["data"].at(0)["embedding"];
+  std::vector<float> expect = fakeEmbedding(*want_ids, 8);
+  ASSERT_EQ(emb.size(), 8u);
+  size_t j = 0;
+  for (simdjson::dom::element x : emb) EXPECT_EQ(static_cast<float>(double(x)), expect[j++]);
+}
+
+TEST_F(IvyServerTest, EmbeddingsTokenArraysBase64AndDimensions) {
+  startServer();
+  Response r = roundTrip(post(
+      "/v1/embeddings",
+      R"({"model":"garden-embed","input":[[1,2,3],[999]],"encoding_format":"base64","dimensions":3})"));
+  ASSERT_EQ(r.status, 200) << r.body;
+  auto calls = fake_.embedCalls();
+  ASSERT_EQ(calls.size(), 1u);
+  ASSERT_EQ(calls[0].inputs.size(), 2u);
+  EXPECT_EQ(calls[0].inputs[0], (std::vector<int32_t>{1, 2, 3}));  // passed through untouched
+  EXPECT_EQ(calls[0].inputs[1], (std::vector<int32_t>{999}));
+  EXPECT_FALSE(r.header("x-request-id").empty());  // generated
+  EXPECT_EQ(calls[0].request_id, r.header("x-request-id"));
+
+  simdjson::dom::parser p;
+  simdjson::dom::element root;
+  ASSERT_FALSE(p.parse(r.body).get(root)) << r.body;
+  EXPECT_EQ(uint64_t(root["usage"]["prompt_tokens"]), 4u);
+  int i = 0;
+  for (simdjson::dom::element d : simdjson::dom::array(root["data"])) {
+    EXPECT_EQ(int64_t(d["index"]), i);
+    auto bytes = base64Decode(std::string_view(d["embedding"]));
+    ASSERT_TRUE(bytes.isOk());
+    ASSERT_EQ(bytes->size(), 3 * sizeof(float));
+    float got[3];
+    std::memcpy(got, bytes->data(), sizeof got);
+    std::vector<float> full = fakeEmbedding(calls[0].inputs[i], 8);
+    double n = std::sqrt(double(full[0]) * full[0] + double(full[1]) * full[1] +
+                         double(full[2]) * full[2]);
+    double norm = 0;
+    for (int k = 0; k < 3; ++k) {
+      EXPECT_NEAR(got[k], full[k] / n, 1e-6);
+      norm += double(got[k]) * got[k];
+    }
+    EXPECT_NEAR(norm, 1.0, 1e-6);
+    ++i;
+  }
+  EXPECT_EQ(i, 2);
+}
+
+TEST_F(IvyServerTest, RequestValidationErrors) {
+  startServer();
+  expectError(roundTrip(post("/v1/embeddings", "{not json")), 400, "",
+              "could not parse the JSON body");
+  expectError(roundTrip(post("/v1/embeddings", R"({"model":"garden-embed","input":5})")), 400,
+              "input", "input: must be a string");
+  expectError(roundTrip(post("/v1/embeddings", R"({"model":"garden-embed","input":""})")), 400,
+              "input", "must not be an empty string");
+  expectError(roundTrip(post("/v1/embeddings", R"({"model":"garden-embed","input":[]})")), 400,
+              "input", "must not be an empty array");
+  expectError(roundTrip(post("/v1/embeddings", R"({"model":"garden-embed","input":[[1],[]]})")),
+              400, "input", "input[1]: must not be an empty array");
+  expectError(roundTrip(post("/v1/embeddings", R"({"model":"garden-embed","input":[1000]})")), 400,
+              "input", "outside the vocabulary");
+  expectError(
+      roundTrip(post("/v1/embeddings", R"({"model":"garden-embed","input":"x","dimensions":9})")),
+      400, "dimensions", "between 1 and the model's width 8");
+  std::string long_text(200, 'Q');  // 200 tokens > max_seq_len 64
+  expectError(roundTrip(post("/v1/embeddings",
+                             R"({"model":"garden-embed","input":["ok",")" + long_text + R"("]})")),
+              400, "input", "input[1]: has");
+  Response nf = roundTrip(post("/v1/embeddings", R"({"model":"gpt-4","input":"x"})"));
+  expectError(nf, 404, "model", "'gpt-4' does not exist");
+  EXPECT_THAT(nf.body, HasSubstr("\"code\":\"model_not_found\""));
+  EXPECT_TRUE(fake_.embedCalls().empty());  // nothing invalid reached tulip
+}
+
+TEST_F(IvyServerTest, RoutingErrors) {
+  startServer();
+  expectError(roundTrip(get("/v1/nothing")), 404, "", "Unknown route");
+  Response m = roundTrip(get("/v1/embeddings"));
+  expectError(m, 405, "", "not allowed");
+  EXPECT_EQ(m.header("allow"), "POST");
+}
+
+TEST_F(IvyServerTest, UpstreamErrorsMapToStatuses) {
+  startServer();
+  struct Case {
+    Status st;
+    int http;
+    bool retry_after;
+  };
+  const Case cases[] = {
+      {resourceExhausted("tulip: queue full"), 429, true},
+      {unavailable("tulip: worker restarting"), 503, true},
+      {deadlineExceeded("tulip: deadline"), 504, false},
+      {invalidArgument("tulip: bad ids"), 400, false},
+      {internalError("tulip: boom"), 500, false},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.st.toString());
+    fake_.setEmbedError(c.st);
+    Response r = roundTrip(post("/v1/embeddings", R"({"model":"garden-embed","input":[5]})"));
+    expectError(r, c.http, "", c.st.message());
+    EXPECT_EQ(r.header("retry-after"), c.retry_after ? "1" : "");
+  }
+}
+
+TEST_F(IvyServerTest, BodyTooLargeIs413BeforeTheBodyIsRead) {
+  startServer();
+  {
+    // Only the header is sent: the 413 must come without waiting for the 100000-byte body.
+    Conn c(server_->port());
+    c.send("POST /v1/embeddings HTTP/1.1\r\nHost: t\r\nContent-Length: 100000\r\n\r\n");
+    Response r = c.read();
+    expectError(r, 413, "", "larger than the limit of 4096 bytes");
+    EXPECT_EQ(r.header("connection"), "close");
+    EXPECT_TRUE(c.closedByPeer());
+  }
+  {
+    // Chunked bodies are cut off once they pass the limit.
+    Conn c(server_->port());
+    std::string chunk(5000, 'a');
+    char size_hex[16];
+    std::snprintf(size_hex, sizeof size_hex, "%zx", chunk.size());
+    c.send("POST /v1/embeddings HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n" +
+           std::string(size_hex) + "\r\n" + chunk + "\r\n0\r\n\r\n");
+    expectError(c.read(), 413, "", "larger than the limit");
+  }
+  // A body right at the limit is accepted (and then judged on its content).
+  std::string body = R"({"model":"garden-embed","input":"x","user":")";
+  body += std::string(4096 - body.size() - 2, 'u') + "\"}";
+  ASSERT_EQ(body.size(), 4096u);
+  EXPECT_EQ(roundTrip(post("/v1/embeddings", body)).status, 200);
+}
+
+TEST_F(IvyServerTest, KeepAliveServesManyRequestsOnOneConnection) {
+  startServer();
+  Conn c(server_->port());
+  ASSERT_TRUE(c.connected());
+  for (int i = 0; i < 5; ++i) {
+    c.send(post("/v1/embeddings",
+                R"({"model":"garden-embed","input":[)" + std::to_string(i + 1) + "]}"));
+    Response r = c.read();
+    ASSERT_EQ(r.status, 200) << r.body;
+    c.send(post("/v1/embeddings", R"({"model":"garden-embed","input":""})"));  // a 400 keeps it
+    EXPECT_EQ(c.read().status, 400);
+    c.send(get("/health"));
+    EXPECT_EQ(c.read().status, 200);
+  }
+  // Pipelined: two requests in one write, answered in order.
+  c.send(get("/v1/models") + post("/v1/embeddings", R"({"model":"garden-embed","input":[7]})"));
+  Response a = c.read();
+  Response b = c.read();
+  EXPECT_EQ(a.status, 200);
+  EXPECT_THAT(a.body, HasSubstr("\"object\":\"list\""));
+  EXPECT_EQ(b.status, 200);
+  EXPECT_THAT(b.body, HasSubstr("\"embedding\""));
+  EXPECT_EQ(fake_.embedCalls().size(), 6u);
+  // Connection: close is honoured.
+  c.send(get("/health", "Connection: close\r\n"));
+  Response last = c.read();
+  EXPECT_EQ(last.status, 200);
+  EXPECT_EQ(last.header("connection"), "close");
+  EXPECT_TRUE(c.closedByPeer());
+}
+
+TEST_F(IvyServerTest, ExpectContinue) {
+  startServer();
+  Conn c(server_->port());
+  std::string body = R"({"model":"garden-embed","input":[3]})";
+  c.send("POST /v1/embeddings HTTP/1.1\r\nHost: t\r\nExpect: 100-continue\r\nContent-Length: " +
+         std::to_string(body.size()) + "\r\n\r\n");
+  Response cont = c.read();
+  EXPECT_EQ(cont.status, 100);
+  c.send(body);
+  EXPECT_EQ(c.read().status, 200);
+}
+
+TEST_F(IvyServerTest, ModelsHealthReadyAndMetrics) {
+  startServer();
+  Response models = roundTrip(get("/v1/models"));
+  ASSERT_EQ(models.status, 200);
+  simdjson::dom::parser p;
+  simdjson::dom::element root;
+  ASSERT_FALSE(p.parse(models.body).get(root)) << models.body;
+  EXPECT_EQ(std::string_view(root["object"]), "list");
+  EXPECT_EQ(std::string_view(root["data"].at(0)["id"]), "garden-embed");
+  EXPECT_EQ(std::string_view(root["data"].at(0)["object"]), "model");
+
+  EXPECT_EQ(roundTrip(get("/health")).status, 200);
+  Response ready = roundTrip(get("/ready"));
+  EXPECT_EQ(ready.status, 200);
+  EXPECT_THAT(ready.body, HasSubstr("garden-embed"));
+
+  EXPECT_EQ(roundTrip(post("/v1/embeddings", R"({"model":"garden-embed","input":[1]})")).status,
+            200);
+  EXPECT_EQ(roundTrip(post("/v1/embeddings", R"({"model":"x","input":[1]})")).status, 404);
+  Response m = roundTrip(get("/metrics"));
+  ASSERT_EQ(m.status, 200);
+  EXPECT_THAT(m.header("content-type"), StartsWith("text/plain; version=0.0.4"));
+  EXPECT_THAT(m.body,
+              HasSubstr(R"(ivy_http_requests_total{route="/v1/embeddings",status="200"} 1)"));
+  EXPECT_THAT(m.body,
+              HasSubstr(R"(ivy_http_requests_total{route="/v1/embeddings",status="404"} 1)"));
+  EXPECT_THAT(m.body, HasSubstr(R"(ivy_http_requests_total{route="/ready",status="200"} 1)"));
+  EXPECT_THAT(m.body,
+              HasSubstr(R"(ivy_http_request_duration_seconds_count{route="/v1/embeddings"} 2)"));
+  EXPECT_THAT(m.body, HasSubstr("ivy_embeddings_inputs_total 1"));
+  EXPECT_THAT(m.body, HasSubstr("ivy_ready 1"));
+}
+
+TEST_F(IvyServerTest, NotReadyUntilTulipAnswersAndWhileUnhealthy) {
+  fake_.setModelInfoError(unavailable("connection refused"));
+  startServer(/*wait_ready=*/false);
+  EXPECT_EQ(roundTrip(get("/health")).status, 200);
+  Response r = roundTrip(get("/ready"));
+  expectError(r, 503, "", "not ready");
+  EXPECT_EQ(r.header("retry-after"), "1");
+  Response e = roundTrip(post("/v1/embeddings", R"({"model":"garden-embed","input":[1]})"));
+  expectError(e, 503, "", "not loaded yet");
+  expectError(roundTrip(get("/v1/models")), 503, "", "not loaded yet");
+  // The monitor keeps retrying; once tulip answers ivy becomes ready.
+  fake_.setModelInfoError(okStatus());
+  ASSERT_TRUE(monitor_->waitReady(std::chrono::seconds(5)));
+  EXPECT_GE(fake_.modelInfoCalls(), 2);
+  EXPECT_EQ(roundTrip(get("/ready")).status, 200);
+  // Health failing makes it not ready again; recovery makes it ready.
+  fake_.setHealth(unavailable("NOT_SERVING"));
+  for (int i = 0; i < 500 && monitor_->ready(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(roundTrip(get("/ready")).status, 503);
+  fake_.setHealth(okStatus());
+  ASSERT_TRUE(monitor_->waitReady(std::chrono::seconds(5)));
+  EXPECT_EQ(roundTrip(get("/ready")).status, 200);
+}
+
+TEST_F(IvyServerTest, OneStructuredLogLinePerRequest) {
+  startServer();
+  EXPECT_EQ(roundTrip(post("/v1/embeddings", R"({"model":"garden-embed","input":[1]})",
+                           "X-Request-Id: trace-42\r\n"))
+                .status,
+            200);
+  std::vector<std::string> request_lines;
+  for (const auto& l : logLines()) {
+    if (l.find("\"msg\":\"request\"") != std::string::npos) request_lines.push_back(l);
+  }
+  ASSERT_EQ(request_lines.size(), 1u);
+  simdjson::dom::parser p;
+  simdjson::dom::element root;
+  ASSERT_FALSE(p.parse(request_lines[0]).get(root)) << request_lines[0];
+  EXPECT_EQ(std::string_view(root["request_id"]), "trace-42");
+  EXPECT_EQ(std::string_view(root["route"]), "/v1/embeddings");
+  EXPECT_EQ(std::string_view(root["method"]), "POST");
+  EXPECT_EQ(int64_t(root["status"]), 200);
+  EXPECT_GE(int64_t(root["latency_us"]), 0);
+}
+
+TEST_F(IvyServerTest, BadRequestIdIsReplaced) {
+  startServer();
+  Response r = roundTrip(get("/health", "x-request-id: has spaces and ü\r\n"));
+  EXPECT_EQ(r.status, 200);
+  std::string id = r.header("x-request-id");
+  EXPECT_EQ(id.size(), 32u);
+  EXPECT_EQ(id.find_first_not_of("0123456789abcdef"), std::string::npos) << id;
+  EXPECT_EQ(requestIdFor("ok-id_1.2:3"), "ok-id_1.2:3");
+  EXPECT_EQ(requestIdFor(std::string(129, 'a')).size(), 32u);
+  EXPECT_NE(requestIdFor(""), requestIdFor(""));
+}
+
+TEST_F(IvyServerTest, MalformedHttpGets400AndClose) {
+  startServer();
+  Conn c(server_->port());
+  c.send("THIS IS NOT HTTP\r\n\r\n");
+  Response r = c.read();
+  EXPECT_EQ(r.status, 400);
+  EXPECT_TRUE(c.closedByPeer());
+}
+
+TEST_F(IvyServerTest, StopDrainsRequestsInFlight) {
+  startServer();
+  fake_.setEmbedDelay(std::chrono::milliseconds(300));
+  Conn busy(server_->port());
+  busy.send(post("/v1/embeddings", R"({"model":"garden-embed","input":[1]})"));
+  Conn idle(server_->port());
+  idle.send(get("/health"));
+  EXPECT_EQ(idle.read().status, 200);
+  // Wait until the slow request reached tulip, then stop while it is in flight.
+  for (int i = 0; i < 200 && fake_.embedCalls().empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_EQ(fake_.embedCalls().size(), 1u);
+  std::thread stopper([this] { server_->stop(); });
+  Response r = busy.read();
+  stopper.join();
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.header("connection"), "close");
+  EXPECT_TRUE(idle.closedByPeer());
+  // No longer accepting.
+  Conn after(server_->port());
+  EXPECT_FALSE(after.connected());
+}
+
+}  // namespace
+}  // namespace garden::ivy
