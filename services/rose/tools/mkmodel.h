@@ -31,7 +31,7 @@ struct MkModelOptions {
   int64_t num_layers = 2;
   int64_t num_heads = 4;
   int64_t num_kv_heads = 2;
-  int64_t head_dim = 16;
+  int64_t head_dim = 64;  // the CUDA kernels serve head_dim 64 and 128
   int64_t intermediate_size = 128;
   int64_t max_position = 512;
 };
