@@ -13,7 +13,11 @@
 #include "common/flags.h"
 #include "common/logging.h"
 #include "common/metrics/registry.h"
+#include "services/ivy/api/garden_encoder.h"
 #include "services/ivy/api/text_encoder.h"
+#include "services/ivy/harmony/cli.h"
+#include "services/ivy/http/tokenize_routes.h"
+#include "services/ivy/tokenizer/cli.h"
 #include "services/ivy/balance/tulip_client.h"
 #include "services/ivy/balance/tulip_monitor.h"
 #include "services/ivy/http/router.h"
@@ -30,6 +34,7 @@ int run(int argc, char** argv) {
   uint32_t port = 8080;
   std::string tulip = "127.0.0.1:50051";
   std::string tokenizer;
+  std::string tokenizer_impl = "garden";
   std::string model_dir;
   std::string served_model_name;
   int32_t threads = 0;
@@ -42,8 +47,11 @@ int run(int argc, char** argv) {
       .add("port", &port, "HTTP port (0: an ephemeral port, logged at start)")
       .add("tulip", &tulip, "tulip gRPC endpoint host:port")
       .add("tokenizer", &tokenizer,
-           "sentencepiece .model for text inputs (default: <model-dir>/tokenizer.model; without "
-           "one only token-id inputs are accepted)")
+           "tokenizer for text inputs: sentencepiece .model or tokenizer.json (default: "
+           "<model-dir>/tokenizer.model, then tokenizer.json; without one only token-id inputs "
+           "are accepted)")
+      .add("tokenizer-impl", &tokenizer_impl,
+           "garden (ours: .model or tokenizer.json) | sentencepiece (libsentencepiece, .model)")
       .add("model-dir", &model_dir, "model directory (for the default --tokenizer)")
       .add("served-model-name", &served_model_name,
            "the model name callers send (default: tulip's model name)")
@@ -71,18 +79,41 @@ int run(int argc, char** argv) {
   }
 
   if (tokenizer.empty() && !model_dir.empty()) {
-    std::filesystem::path p = std::filesystem::path(model_dir) / "tokenizer.model";
-    if (std::filesystem::exists(p)) tokenizer = p.string();
+    for (const char* name : {"tokenizer.model", "tokenizer.json"}) {
+      std::filesystem::path p = std::filesystem::path(model_dir) / name;
+      if (std::filesystem::exists(p)) {
+        tokenizer = p.string();
+        break;
+      }
+    }
+  }
+  if (tokenizer_impl != "garden" && tokenizer_impl != "sentencepiece") {
+    std::fprintf(stderr, "ivy: --tokenizer-impl must be garden or sentencepiece\n");
+    return 2;
   }
   std::unique_ptr<TextEncoder> encoder;
+  const Tokenizer* own_tokenizer = nullptr;  // for /tokenize and /detokenize
   if (!tokenizer.empty()) {
-    Result<std::unique_ptr<TextEncoder>> e = loadSentencePieceEncoder(tokenizer);
+    Result<std::unique_ptr<TextEncoder>> e = invalidArgument("unreachable");
+    if (tokenizer_impl == "garden") {
+      auto g = loadGardenEncoder(tokenizer);
+      if (g.isOk()) {
+        own_tokenizer = &(*g)->tokenizer();
+        e = std::unique_ptr<TextEncoder>(std::move(g).value());
+      } else {
+        e = g.status();
+      }
+    } else {
+      e = loadSentencePieceEncoder(tokenizer);
+    }
     if (!e.isOk()) {
       log::error("cannot load tokenizer", {{"path", tokenizer}, {"status", e.status()}});
       return 1;
     }
     encoder = std::move(e).value();
-    log::info("tokenizer loaded", {{"path", tokenizer}, {"vocab_size", encoder->vocabSize()}});
+    log::info("tokenizer loaded", {{"path", tokenizer},
+                                   {"impl", tokenizer_impl},
+                                   {"vocab_size", encoder->vocabSize()}});
   } else {
     log::warn("no tokenizer: only token-id inputs are accepted", {});
   }
@@ -105,6 +136,7 @@ int run(int argc, char** argv) {
                      &metrics::Registry::global());
   Router router;
   service.registerRoutes(&router);
+  registerTokenizeRoutes(&router, own_tokenizer, [&monitor] { return monitor.spec(); });
 
   HttpServerOptions server_options;
   server_options.host = host;
@@ -136,4 +168,12 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) { return run(argc, argv); }
+// Subcommands: `ivy tokenize --tokenizer PATH` (JSON-lines strings in, id arrays out) and
+// `ivy harmony-render` (a chat request in, the rendered ids and text out); otherwise the server.
+int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "tokenize")
+    return garden::ivy::runTokenizeCli(argc - 1, argv + 1);
+  if (argc > 1 && std::string(argv[1]) == "harmony-render")
+    return garden::ivy::harmony::runHarmonyRenderCli(argc - 1, argv + 1);
+  return run(argc, argv);
+}

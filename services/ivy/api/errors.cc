@@ -8,8 +8,10 @@ namespace garden::ivy {
 namespace {
 
 // Top-level request fields of every ivy endpoint; extend when an endpoint is added.
-constexpr std::array<std::string_view, 8> kRequestFields = {
-    "model", "input", "encoding_format", "dimensions", "user", "body", "messages", "prompt"};
+constexpr std::array<std::string_view, 16> kRequestFields = {
+    "model",    "input",       "encoding_format", "dimensions",  "user",       "body",
+    "messages", "prompt",      "text",            "tokens",      "tools",      "tool_choice",
+    "reasoning_effort", "max_tokens", "temperature", "stream"};
 
 constexpr int kRetryAfterSeconds = 1;
 

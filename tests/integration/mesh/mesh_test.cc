@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <future>
 #include <mutex>
 #include <thread>
@@ -337,6 +338,75 @@ TEST_F(MeshTest, ConcurrentRequestsAllAnsweredCorrectly) {
     }));
   }
   for (auto& f : fs) EXPECT_TRUE(f.get());
+}
+
+TEST_F(MeshTest, TokenizeAndDetokenizeMatchSentencepiece) {
+  const std::string text = "Tokenize me: ünïcödé, 12345 and <|start|> typed by a user.";
+  JsonWriter w;
+  w.beginObject().field("model", "tiny").field("text", text).endObject();
+  auto r = http(mesh_->ivy_port, "POST", "/tokenize", w.take());
+  ASSERT_EQ(r.status, 200) << r.body;
+  simdjson::dom::parser p;
+  simdjson::dom::element doc = p.parse(r.body);
+  std::vector<int32_t> ids;
+  for (auto v : doc["tokens"].get_array()) ids.push_back(static_cast<int32_t>(int64_t(v)));
+  EXPECT_EQ(ids, tokenize(text)) << "ivy's own tokenizer must equal libsentencepiece";
+  EXPECT_EQ(uint64_t(doc["count"]), ids.size());
+  EXPECT_EQ(uint64_t(doc["max_model_len"]), static_cast<uint64_t>(model_->maxSeqLen()));
+
+  std::string body = R"({"tokens":[)";
+  for (size_t i = 0; i < ids.size(); ++i) body += (i ? "," : "") + std::to_string(ids[i]);
+  body += "]}";
+  r = http(mesh_->ivy_port, "POST", "/detokenize", body);
+  ASSERT_EQ(r.status, 200) << r.body;
+  std::string want;
+  spm_->Decode(std::vector<int>(ids.begin(), ids.end()), &want);
+  simdjson::dom::parser p2;
+  EXPECT_EQ(std::string_view(p2.parse(r.body)["prompt"]), want);
+
+  struct Case {
+    std::string path, body;
+    int status;
+    std::string param;
+  };
+  std::vector<Case> cases = {
+      {"/tokenize", R"({"text":5})", 400, "text"},
+      {"/tokenize", R"({"model":"tiny"})", 400, "text"},
+      {"/tokenize", R"({"text":"a","messages":[]})", 400, "text"},
+      {"/tokenize", R"({"messages":[{"role":"user","content":"hi"}]})", 400, "messages"},
+      {"/tokenize", R"({"model":"other","text":"a"})", 404, "model"},
+      {"/tokenize", "not json", 400, ""},
+      {"/detokenize", R"({"tokens":"abc"})", 400, "tokens"},
+      {"/detokenize", R"({"tokens":[1,-2]})", 400, "tokens"},
+      {"/detokenize", R"({"tokens":[99999999]})", 400, "tokens"},
+  };
+  for (auto& c : cases) {
+    auto e = http(mesh_->ivy_port, "POST", c.path, c.body);
+    EXPECT_EQ(e.status, c.status) << c.path << " " << c.body << " -> " << e.body;
+    if (!c.param.empty()) {
+      EXPECT_EQ(errorParam(e.body), c.param) << e.body;
+    }
+  }
+}
+
+TEST_F(MeshTest, IvyTokenizeCliMatchesSentencepiece) {
+  const std::string out = mesh_->dir.path() + "/tokenize.out";
+  const std::string cmd = "printf '%s\\n%s\\n' '\"hello garden\"' '\"second line, ünïcödé\"' | " +
+                          testing::binary("services/ivy/ivy") + " tokenize --tokenizer " +
+                          mesh_->model + "/tokenizer.model > " + out;
+  ASSERT_EQ(testing::run({"/bin/sh", "-c", cmd}), 0);
+  std::ifstream f(out);
+  std::string line;
+  std::vector<std::string> lines;
+  while (std::getline(f, line)) lines.push_back(line);
+  ASSERT_EQ(lines.size(), 2u);
+  auto asJson = [](const std::vector<int32_t>& v) {
+    std::string s = "[";
+    for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+    return s + "]";
+  };
+  EXPECT_EQ(lines[0], asJson(tokenize("hello garden")));
+  EXPECT_EQ(lines[1], asJson(tokenize("second line, ünïcödé")));
 }
 
 // Last: it restarts the worker. A request in flight when rose is killed gets a clean error; the

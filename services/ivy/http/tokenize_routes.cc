@@ -1,0 +1,125 @@
+#include "services/ivy/http/tokenize_routes.h"
+
+#include <simdjson.h>
+
+#include "common/json_writer.h"
+#include "services/ivy/api/errors.h"
+#include "services/ivy/harmony/encode.h"
+#include "services/ivy/harmony/openai_request.h"
+#include "services/ivy/harmony/render.h"
+
+namespace garden::ivy {
+namespace {
+
+HttpResponse json(std::string body) {
+  HttpResponse r;
+  r.status = 200;
+  r.body = std::move(body);
+  return r;
+}
+
+// Checks `model` when given. OK when absent or equal to the served name.
+Status checkModel(simdjson::dom::element doc, const std::shared_ptr<const ModelSpec>& spec) {
+  simdjson::dom::element m;
+  if (doc["model"].get(m)) return okStatus();
+  std::string_view name;
+  if (m.get_string().get(name)) return invalidField("model", "must be a string");
+  if (spec && name != spec->served_name) {
+    return notFound("model: '" + std::string(name) + "' does not exist (serving '" +
+                    spec->served_name + "')");
+  }
+  return okStatus();
+}
+
+Result<std::vector<TokenId>> chatIds(std::string_view body, const Tokenizer& tok) {
+  if (Status st = harmony::checkHarmonyTokenizer(tok); !st.isOk()) {
+    return invalidField("messages", "chat messages need a Harmony (o200k_harmony) tokenizer; this "
+                                    "model's tokenizer is not one: " +
+                                        st.message());
+  }
+  ASSIGN_OR_RETURN(harmony::HarmonyChatRequest req,
+                   harmony::harmonyRequestFromOpenAiJson(body, harmony::ChatRenderOptions{}));
+  ASSIGN_OR_RETURN(std::vector<harmony::Segment> segs,
+                   harmony::renderConversationForCompletion(req.messages, harmony::Role::kAssistant,
+                                                            harmony::RenderConfig{}));
+  auto prefix = harmony::toolChoicePrefix(req);
+  segs.insert(segs.end(), prefix.begin(), prefix.end());
+  return harmony::encodeSegments(segs, tok);
+}
+
+}  // namespace
+
+void registerTokenizeRoutes(Router* router, const Tokenizer* tokenizer,
+                            std::function<std::shared_ptr<const ModelSpec>()> spec_fn) {
+  router->add("POST", "/tokenize", [tokenizer, spec_fn](HttpRequest req, Responder respond) {
+    if (tokenizer == nullptr)
+      return respond(errorResponse(invalidField(
+          "text", "this server has no tokenizer configured (start ivy with --tokenizer)")));
+    simdjson::dom::parser parser;
+    simdjson::dom::element doc;
+    if (parser.parse(req.body).get(doc) || !doc.is_object())
+      return respond(errorResponse(invalidArgument("request body must be a JSON object")));
+    auto spec = spec_fn();
+    if (Status st = checkModel(doc, spec); !st.isOk()) return respond(errorResponse(st));
+    std::vector<TokenId> ids;
+    simdjson::dom::element text, messages;
+    const bool has_text = !doc["text"].get(text);
+    const bool has_messages = !doc["messages"].get(messages);
+    if (has_text == has_messages)
+      return respond(errorResponse(
+          invalidField("text", "give exactly one of `text` (a string) or `messages` (a chat)")));
+    if (has_text) {
+      std::string_view t;
+      if (text.get_string().get(t)) return respond(errorResponse(invalidField("text", "must be a string")));
+      tokenizer->encode(t, &ids);
+    } else {
+      auto r = chatIds(req.body, *tokenizer);
+      if (!r.isOk()) return respond(errorResponse(r.status()));
+      ids = std::move(r).value();
+    }
+    JsonWriter w;
+    w.beginObject().field("count", static_cast<uint64_t>(ids.size()));
+    w.key("max_model_len");
+    if (spec) {
+      w.value(static_cast<uint64_t>(spec->max_seq_len));
+    } else {
+      w.null();
+    }
+    w.key("tokens").intArray(ids);
+    w.endObject();
+    respond(json(w.take()));
+  });
+
+  router->add("POST", "/detokenize", [tokenizer, spec_fn](HttpRequest req, Responder respond) {
+    if (tokenizer == nullptr)
+      return respond(errorResponse(invalidField(
+          "tokens", "this server has no tokenizer configured (start ivy with --tokenizer)")));
+    simdjson::dom::parser parser;
+    simdjson::dom::element doc;
+    if (parser.parse(req.body).get(doc) || !doc.is_object())
+      return respond(errorResponse(invalidArgument("request body must be a JSON object")));
+    if (Status st = checkModel(doc, spec_fn()); !st.isOk()) return respond(errorResponse(st));
+    simdjson::dom::array arr;
+    if (doc["tokens"].get_array().get(arr))
+      return respond(errorResponse(invalidField("tokens", "must be an array of token ids")));
+    std::vector<TokenId> ids;
+    size_t i = 0;
+    for (auto v : arr) {
+      int64_t id;
+      if (v.get_int64().get(id) || id < 0 || id >= tokenizer->vocabSize()) {
+        return respond(errorResponse(invalidField(
+            "tokens[" + std::to_string(i) + "]",
+            "must be a token id in [0, " + std::to_string(tokenizer->vocabSize()) + ")")));
+      }
+      ids.push_back(static_cast<TokenId>(id));
+      ++i;
+    }
+    auto text = tokenizer->decode(ids, /*skip_special=*/false);
+    if (!text.isOk()) return respond(errorResponse(text.status()));
+    JsonWriter w;
+    w.beginObject().field("prompt", *text).endObject();
+    respond(json(w.take()));
+  });
+}
+
+}  // namespace garden::ivy
