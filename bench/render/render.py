@@ -185,8 +185,8 @@ def render_markdown(results, usd_per_hour):
         server = [r for r in rs if r.get("server_us")]
         if server:
             lines += ["Where the time goes (tulip's own timings, p50 in ms): queue = waiting for a "
-                      "batch, inference = batch submitted to rose until published (summed over the "
-                      "request's batches, so pipelined batches can make it exceed tulip), tulip = "
+                      "batch, inference = wall time from the request's first batch being submitted to rose "
+                      "until its last result was published, tulip = "
                       "tulip's whole handling; client - tulip = network, gRPC and serialization.", "",
                       "| workload | client p50 | tulip p50 | queue p50 | inference p50 | "
                       "client - tulip |", "|---|---|---|---|---|---|"]
