@@ -12,6 +12,7 @@ PKGS=(
   prometheus
   clang libclang-rt-14-dev
   patchelf unzip
+  unicode-data
   python3
 )
 

@@ -54,6 +54,11 @@ class GrpcTulipClient final : public TulipClient {
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    // A DNS name with several addresses (a Kubernetes headless Service: one per tulip pod) gets
+    // every pod, requests spread round-robin over the ready ones; the name is re-resolved when
+    // connections change. (Least-loaded balancing with splitting and retries is the balance/ pool's
+    // job once it exists.)
+    args.SetLoadBalancingPolicyName("round_robin");
     channel_ = grpc::CreateCustomChannel(target_, grpc::InsecureChannelCredentials(), args);
     tulip_ = v1::Tulip::NewStub(channel_);
     health_ = grpc::health::v1::Health::NewStub(channel_);

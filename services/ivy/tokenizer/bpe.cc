@@ -14,6 +14,7 @@
 #include "services/ivy/tokenizer/tokenizer_json.h"
 #include "services/ivy/tokenizer/unicode_tables.h"
 #include "services/ivy/tokenizer/unigram.h"
+#include "services/ivy/tokenizer/unigram_json.h"
 #include "services/ivy/tokenizer/utf8.h"
 
 namespace garden::ivy {
@@ -696,7 +697,7 @@ Result<std::unique_ptr<Tokenizer>> loadTokenizerJson(std::string_view json,
     return invalidArgument(std::string(name) + ": tokenizer.json has no model.type");
   }
   if (type == "BPE") return BpeTokenizer::create(doc, name);
-  if (type == "Unigram") return loadUnigramTokenizerJson(json, name);
+  if (type == "Unigram") return loadHfUnigramJson(json, name);
   return invalidArgument(std::string(name) + ": unsupported tokenizer.json model type \"" +
                          std::string(type) + "\" (supported: BPE, Unigram)");
 }

@@ -4,6 +4,7 @@
 
 #include "services/ivy/tokenizer/tokenizer_json.h"
 #include "services/ivy/tokenizer/unigram.h"
+#include "services/ivy/tokenizer/unigram_json.h"
 
 namespace garden::ivy {
 
@@ -44,7 +45,9 @@ Result<std::unique_ptr<Tokenizer>> loadTokenizerFromBytes(std::string_view bytes
     ++i;
   }
   if (i < bytes.size() && bytes[i] == '{') {
-    return loadTokenizerJson(bytes, name);  // tokenizer.json: the model type decides
+    // tokenizer.json: the model type decides (Unigram here, BPE in bpe.cc).
+    if (isUnigramTokenizerJson(bytes)) return loadHfUnigramJson(bytes, name);
+    return loadTokenizerJson(bytes, name);
   }
   return loadSentencePieceModel(bytes, name);
 }

@@ -664,12 +664,4 @@ Result<std::unique_ptr<Tokenizer>> loadSentencePieceModel(std::string_view bytes
   return UnigramTokenizer::create(std::move(spec), name);
 }
 
-Result<std::unique_ptr<Tokenizer>> loadUnigramTokenizerJson(std::string_view json,
-                                                            std::string_view name) {
-  (void)json;
-  return unimplemented(std::string(name) +
-                       ": tokenizer.json Unigram models are not supported yet; use the "
-                       "sentencepiece .model file");
-}
-
 }  // namespace garden::ivy

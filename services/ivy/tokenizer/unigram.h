@@ -22,8 +22,5 @@ namespace garden::ivy {
 
 Result<std::unique_ptr<Tokenizer>> loadSentencePieceModel(std::string_view bytes,
                                                           std::string_view name);
-// tokenizer.json with a Unigram model.
-Result<std::unique_ptr<Tokenizer>> loadUnigramTokenizerJson(std::string_view json,
-                                                            std::string_view name);
 
 }  // namespace garden::ivy

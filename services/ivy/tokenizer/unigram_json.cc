@@ -1,0 +1,801 @@
+#include "services/ivy/tokenizer/unigram_json.h"
+
+#include <simdjson.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "services/ivy/tokenizer/double_array.h"
+#include "services/ivy/tokenizer/unicode_tables.h"
+#include "services/ivy/tokenizer/utf8.h"
+
+namespace garden::ivy {
+
+namespace grapheme {
+struct Range {
+  uint32_t first;
+  uint32_t last;
+  uint8_t prop;
+};
+extern const Range kRanges[];
+extern const size_t kRangeCount;
+}  // namespace grapheme
+
+namespace {
+
+constexpr std::string_view kMeta = "\xE2\x96\x81";  // U+2581, the Metaspace replacement default
+
+// Grapheme_Cluster_Break values, as numbered by gen_grapheme_table.py.
+enum Gcb : uint8_t {
+  kOther, kCR, kLF, kControl, kExtend, kZWJ, kRI, kPrepend, kSpacingMark, kL, kV, kT, kLV, kLVT,
+  kPict
+};
+
+Gcb gcbOf(uint32_t cp) {
+  size_t lo = 0, hi = grapheme::kRangeCount;
+  while (lo < hi) {
+    const size_t mid = (lo + hi) / 2;
+    if (grapheme::kRanges[mid].last < cp) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  if (lo < grapheme::kRangeCount && grapheme::kRanges[lo].first <= cp) {
+    return static_cast<Gcb>(grapheme::kRanges[lo].prop);
+  }
+  return kOther;
+}
+
+}  // namespace
+
+void splitGraphemes(std::string_view s, std::vector<std::string_view>* out) {
+  out->clear();
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  size_t start = 0, i = 0;
+  Gcb prev = kOther;
+  bool pict_seq = false;   // inside ExtPict Extend* (ZWJ)?
+  int ri_count = 0;        // RIs in the current run
+  bool first = true;
+  while (i < s.size()) {
+    uint32_t cp = 0;
+    int len = utf8::decode(p + i, s.size() - i, &cp);
+    if (len <= 0) len = 1;
+    const Gcb cur = gcbOf(cp);
+    bool brk = true;
+    if (first) {
+      brk = false;
+    } else if (prev == kCR && cur == kLF) {
+      brk = false;
+    } else if (prev == kControl || prev == kCR || prev == kLF) {
+      brk = true;
+    } else if (cur == kControl || cur == kCR || cur == kLF) {
+      brk = true;
+    } else if (prev == kL && (cur == kL || cur == kV || cur == kLV || cur == kLVT)) {
+      brk = false;
+    } else if ((prev == kLV || prev == kV) && (cur == kV || cur == kT)) {
+      brk = false;
+    } else if ((prev == kLVT || prev == kT) && cur == kT) {
+      brk = false;
+    } else if (cur == kExtend || cur == kZWJ || cur == kSpacingMark) {
+      brk = false;
+    } else if (prev == kPrepend) {
+      brk = false;
+    } else if (prev == kZWJ && cur == kPict && pict_seq) {
+      brk = false;
+    } else if (prev == kRI && cur == kRI && ri_count % 2 == 1) {
+      brk = false;
+    }
+    if (brk) {
+      out->push_back(s.substr(start, i - start));
+      start = i;
+    }
+    // State for GB11 and GB12/13.
+    if (cur == kPict) {
+      pict_seq = true;
+    } else if (cur == kExtend && pict_seq && prev != kZWJ) {
+      pict_seq = true;
+    } else if (cur == kZWJ && pict_seq) {
+      pict_seq = true;
+    } else {
+      pict_seq = false;
+    }
+    ri_count = cur == kRI ? ri_count + 1 : 0;
+    prev = cur;
+    first = false;
+    i += static_cast<size_t>(len);
+  }
+  if (start < s.size()) out->push_back(s.substr(start));
+}
+
+namespace {
+
+Result<std::string> base64Decode(std::string_view in) {
+  auto val = [](char c) -> int {
+    if (c >= 'A' && c <= 'Z') return c - 'A';
+    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+    if (c >= '0' && c <= '9') return c - '0' + 52;
+    if (c == '+') return 62;
+    if (c == '/') return 63;
+    return -1;
+  };
+  std::string out;
+  out.reserve(in.size() / 4 * 3);
+  uint32_t acc = 0;
+  int bits = 0;
+  for (char c : in) {
+    if (c == '=') break;
+    const int v = val(c);
+    if (v < 0) return invalidArgument("invalid base64");
+    acc = (acc << 6) | static_cast<uint32_t>(v);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out.push_back(static_cast<char>((acc >> bits) & 0xFF));
+    }
+  }
+  return out;
+}
+
+// HF's Precompiled normalizer (spm_precompiled): darts-clone trie + NUL-terminated strings.
+class Precompiled {
+ public:
+  Status init(const std::string& blob) {
+    uint32_t trie_size = 0;
+    if (blob.size() <= 4) return invalidArgument("precompiled_charsmap is too short");
+    std::memcpy(&trie_size, blob.data(), 4);
+    if (trie_size >= blob.size() - 4 || trie_size % 4 != 0 || trie_size == 0) {
+      return invalidArgument("precompiled_charsmap trie size exceeds the blob");
+    }
+    units_.resize(trie_size / 4);
+    std::memcpy(units_.data(), blob.data() + 4, trie_size);
+    normalized_ = blob.substr(4 + trie_size);
+    return okStatus();
+  }
+  // The replacement of the SHORTEST key that is a prefix of `chunk` (spm_precompiled's
+  // `results[0]`), or false.
+  bool transform(std::string_view chunk, std::string_view* norm) const {
+    auto offset = [](uint32_t u) { return (u >> 10) << ((u & (1u << 9)) >> 6); };
+    auto label = [](uint32_t u) { return u & ((1u << 31) | 0xFFu); };
+    auto hasLeaf = [](uint32_t u) { return ((u >> 8) & 1u) == 1u; };
+    uint32_t pos = 0;
+    uint32_t unit = units_[0];
+    pos ^= offset(unit);
+    for (char ch : chunk) {
+      const auto c = static_cast<unsigned char>(ch);
+      pos ^= c;
+      if (pos >= units_.size()) return false;
+      unit = units_[pos];
+      if (label(unit) != c) return false;
+      pos ^= offset(unit);
+      if (pos >= units_.size()) return false;
+      if (hasLeaf(unit)) {
+        const uint32_t index = units_[pos] & ((1u << 31) - 1);
+        if (index >= normalized_.size()) return false;
+        const size_t end = normalized_.find('\0', index);
+        *norm = std::string_view(normalized_).substr(
+            index, (end == std::string::npos ? normalized_.size() : end) - index);
+        return true;
+      }
+    }
+    return false;
+  }
+
+  void apply(std::string_view in, std::string* out) const {
+    thread_local std::vector<std::string_view> clusters;
+    splitGraphemes(in, &clusters);
+    std::string_view norm;
+    for (std::string_view g : clusters) {
+      if (g.size() < 6 && transform(g, &norm)) {
+        out->append(norm);
+        continue;
+      }
+      const auto* p = reinterpret_cast<const unsigned char*>(g.data());
+      size_t i = 0;
+      while (i < g.size()) {
+        uint32_t cp;
+        int len = utf8::decode(p + i, g.size() - i, &cp);
+        if (len <= 0) len = 1;
+        const std::string_view part = g.substr(i, static_cast<size_t>(len));
+        if (transform(part, &norm)) {
+          out->append(norm);
+        } else {
+          out->append(part);
+        }
+        i += static_cast<size_t>(len);
+      }
+    }
+  }
+
+ private:
+  std::vector<uint32_t> units_;
+  std::string normalized_;
+};
+
+struct NormStep {
+  enum Kind { kPrecompiled, kStrip, kReplaceString, kReplaceSpaces } kind;
+  bool strip_left = false, strip_right = false;
+  std::string pattern, content;
+  size_t min_run = 0;  // kReplaceSpaces: runs of >= min_run ASCII spaces
+  std::shared_ptr<Precompiled> precompiled;
+};
+
+enum class Prepend { kAlways, kFirst, kNever };
+
+struct AddedToken {
+  std::string content;
+  TokenId id;
+  bool special;
+};
+
+class HfUnigramTokenizer final : public Tokenizer {
+ public:
+  static Result<std::unique_ptr<Tokenizer>> create(const simdjson::dom::element& doc,
+                                                   std::string_view name);
+
+  TokenizerKind kind() const override { return TokenizerKind::kUnigram; }
+  void encode(std::string_view text, std::vector<TokenId>* out) const override {
+    encodeImpl(text, false, out);
+  }
+  void encodeAllowingSpecial(std::string_view text, std::vector<TokenId>* out) const override {
+    encodeImpl(text, true, out);
+  }
+  int32_t vocabSize() const override { return vocab_size_; }
+  std::optional<std::string_view> idToPiece(TokenId id) const override {
+    const std::string* s = tokenString(id);
+    if (s == nullptr) return std::nullopt;
+    return std::string_view(*s);
+  }
+  std::optional<TokenId> tokenId(std::string_view piece) const override {
+    for (const auto& a : added_) {
+      if (a.content == piece) return a.id;
+    }
+    auto it = piece_to_id_.find(std::string(piece));
+    if (it == piece_to_id_.end()) return std::nullopt;
+    return it->second;
+  }
+  bool isSpecial(TokenId id) const override {
+    return id >= 0 && static_cast<size_t>(id) < added_index_.size() &&
+           added_index_[static_cast<size_t>(id)] >= 0 &&
+           added_[static_cast<size_t>(added_index_[static_cast<size_t>(id)])].special;
+  }
+  std::vector<TokenId> specialIds() const override {
+    std::vector<TokenId> ids;
+    for (const auto& a : added_) {
+      if (a.special) ids.push_back(a.id);
+    }
+    std::sort(ids.begin(), ids.end());
+    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+    return ids;
+  }
+  bool decodeStep(TokenId id, bool skip_special, DecodeState* state,
+                  std::string* out) const override;
+  // Pieces are whole UTF-8 strings: nothing is ever held back.
+  void decodeFinish(DecodeState* state, std::string* out) const override {}
+
+ private:
+  const std::string* tokenString(TokenId id) const {
+    if (id < 0 || id >= vocab_size_) return nullptr;
+    const int32_t ai = added_index_[static_cast<size_t>(id)];
+    if (ai >= 0) return &added_[static_cast<size_t>(ai)].content;
+    if (static_cast<size_t>(id) < pieces_.size()) return &pieces_[static_cast<size_t>(id)];
+    return nullptr;
+  }
+  void encodeImpl(std::string_view text, bool allow_special, std::vector<TokenId>* out) const;
+  void encodeSegment(std::string_view segment, bool at_start, bool allow_special,
+                     std::vector<TokenId>* out) const;
+  // `trie`: trie_ (all pieces, as HF) or plain_trie_ (special pieces left out: caller text).
+  void viterbi(const DoubleArray& trie, std::string_view s, std::vector<TokenId>* out) const;
+
+  std::vector<std::string> pieces_;
+  std::vector<double> scores_;
+  std::unordered_map<std::string, TokenId> piece_to_id_;
+  DoubleArray trie_;
+  DoubleArray plain_trie_;
+  double min_score_ = 0;
+  TokenId unk_id_ = 0;
+  bool byte_fallback_ = false;
+  TokenId byte_ids_[256];  // id of "<0xXX>", or -1
+  std::vector<NormStep> norm_;
+  bool metaspace_ = false;
+  std::string replacement_ = std::string(kMeta);
+  Prepend prepend_ = Prepend::kAlways;
+  bool split_ = true;
+  bool decoder_metaspace_ = false;
+  std::string dec_replacement_ = std::string(kMeta);
+  Prepend dec_prepend_ = Prepend::kAlways;
+  std::vector<AddedToken> added_;
+  std::vector<int32_t> added_index_;  // id -> index into added_ (the last entry wins), or -1
+  bool added_first_byte_[256] = {};
+  int32_t vocab_size_ = 0;
+};
+
+void HfUnigramTokenizer::viterbi(const DoubleArray& trie, std::string_view s,
+                                 std::vector<TokenId>* out) const {
+  struct Node {
+    int32_t id = -1;
+    double score = 0;
+    int64_t starts_at = -1;
+  };
+  thread_local std::vector<Node> best;
+  const size_t size = s.size();
+  best.assign(size + 1, Node());
+  const double unk_score = min_score_ - 10.0;
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  size_t start = 0;
+  while (start < size) {
+    const double till_here = best[start].score;
+    bool has_single = false;
+    uint32_t cp;
+    int mb = utf8::decode(p + start, size - start, &cp);
+    const size_t mblen = mb > 0 ? static_cast<size_t>(mb) : 1;
+    int32_t node = DoubleArray::kRoot;
+    for (size_t k = start; k < size; ++k) {
+      node = trie.next(node, p[k]);
+      if (node < 0) break;
+      const int32_t id = trie.value(node);
+      if (id < 0) continue;
+      const size_t key_pos = k + 1;
+      const double cand = scores_[static_cast<size_t>(id)] + till_here;
+      Node& t = best[key_pos];
+      if (t.starts_at < 0 || cand > t.score) {
+        t.score = cand;
+        t.starts_at = static_cast<int64_t>(start);
+        t.id = id;
+      }
+      if (key_pos - start == mblen) has_single = true;
+    }
+    if (!has_single) {
+      Node& t = best[start + mblen];
+      const double cand = unk_score + till_here;
+      if (t.starts_at < 0 || cand > t.score) {
+        t.score = cand;
+        t.starts_at = static_cast<int64_t>(start);
+        t.id = unk_id_;
+      }
+    }
+    start += mblen;
+  }
+  // Backtrack; runs of unk are fused into one string (HF fuse_unk), then looked up again.
+  struct Piece {
+    size_t begin, end;
+    int32_t id;  // -1: fused unk run
+  };
+  thread_local std::vector<Piece> pieces;
+  pieces.clear();
+  size_t ends_at = size;
+  while (ends_at > 0) {
+    const Node& n = best[ends_at];
+    const auto st = static_cast<size_t>(n.starts_at);
+    if (n.id == unk_id_) {
+      if (!pieces.empty() && pieces.back().id == -1) {
+        pieces.back().begin = st;
+      } else {
+        pieces.push_back({st, ends_at, -1});
+      }
+    } else {
+      pieces.push_back({st, ends_at, n.id});
+    }
+    ends_at = st;
+  }
+  for (auto it = pieces.rbegin(); it != pieces.rend(); ++it) {
+    if (it->id >= 0) {
+      out->push_back(it->id);
+      continue;
+    }
+    const std::string str(s.substr(it->begin, it->end - it->begin));
+    auto f = piece_to_id_.find(str);
+    if (f != piece_to_id_.end() && (&trie == &trie_ || !isSpecial(f->second))) {
+      out->push_back(f->second);
+      continue;
+    }
+    if (byte_fallback_) {  // only when every byte has its <0xXX> piece (as HF)
+      bool all = true;
+      for (char c : str) all = all && byte_ids_[static_cast<unsigned char>(c)] >= 0;
+      if (all) {
+        for (char c : str) out->push_back(byte_ids_[static_cast<unsigned char>(c)]);
+        continue;
+      }
+    }
+    out->push_back(unk_id_);
+  }
+}
+
+void HfUnigramTokenizer::encodeSegment(std::string_view segment, bool at_start,
+                                       bool allow_special, std::vector<TokenId>* out) const {
+  const DoubleArray& trie = allow_special ? trie_ : plain_trie_;
+  thread_local std::string a, b;
+  a.assign(segment);
+  for (const NormStep& st : norm_) {
+    b.clear();
+    switch (st.kind) {
+      case NormStep::kPrecompiled:
+        st.precompiled->apply(a, &b);
+        break;
+      case NormStep::kStrip: {
+        size_t lo = 0, hi = a.size();
+        const auto* p = reinterpret_cast<const unsigned char*>(a.data());
+        if (st.strip_left) {
+          while (lo < hi) {
+            uint32_t cp;
+            const int len = utf8::decode(p + lo, hi - lo, &cp);
+            if (len <= 0 || !unicode::isWhiteSpace(cp)) break;
+            lo += static_cast<size_t>(len);
+          }
+        }
+        if (st.strip_right) {
+          while (hi > lo) {
+            size_t k = hi - 1;
+            while (k > lo && utf8::isTrail(p[k])) --k;
+            uint32_t cp;
+            const int len = utf8::decode(p + k, hi - k, &cp);
+            if (len <= 0 || !unicode::isWhiteSpace(cp)) break;
+            hi = k;
+          }
+        }
+        b.assign(a, lo, hi - lo);
+        break;
+      }
+      case NormStep::kReplaceString: {
+        size_t i = 0;
+        while (true) {
+          const size_t f = a.find(st.pattern, i);
+          if (f == std::string::npos) break;
+          b.append(a, i, f - i);
+          b.append(st.content);
+          i = f + st.pattern.size();
+        }
+        b.append(a, i, std::string::npos);
+        break;
+      }
+      case NormStep::kReplaceSpaces: {
+        size_t i = 0;
+        while (i < a.size()) {
+          if (a[i] != ' ') {
+            b.push_back(a[i++]);
+            continue;
+          }
+          size_t j = i;
+          while (j < a.size() && a[j] == ' ') ++j;
+          if (j - i >= st.min_run) {
+            b.append(st.content);
+          } else {
+            b.append(a, i, j - i);
+          }
+          i = j;
+        }
+        break;
+      }
+    }
+    a.swap(b);
+  }
+  if (a.empty()) return;
+  if (!metaspace_) {
+    viterbi(trie, a, out);
+    return;
+  }
+  b.clear();
+  for (char c : a) {
+    if (c == ' ') {
+      b.append(replacement_);
+    } else {
+      b.push_back(c);
+    }
+  }
+  const bool starts_rep = b.compare(0, replacement_.size(), replacement_) == 0;
+  if ((prepend_ == Prepend::kAlways || (prepend_ == Prepend::kFirst && at_start)) &&
+      !starts_rep) {
+    b.insert(0, replacement_);
+  }
+  if (!split_) {
+    viterbi(trie, b, out);
+    return;
+  }
+  // Split MergedWithNext: every replacement starts a new piece.
+  size_t piece_start = 0;
+  size_t pos = b.find(replacement_, 1);
+  while (pos != std::string::npos) {
+    if (pos > piece_start) {
+      viterbi(trie, std::string_view(b).substr(piece_start, pos - piece_start), out);
+    }
+    piece_start = pos;
+    pos = b.find(replacement_, pos + replacement_.size());
+  }
+  if (piece_start < b.size()) viterbi(trie, std::string_view(b).substr(piece_start), out);
+}
+
+void HfUnigramTokenizer::encodeImpl(std::string_view raw, bool allow_special,
+                                    std::vector<TokenId>* out) const {
+  // HF input is a Rust String: invalid UTF-8 becomes U+FFFD first (from_utf8_lossy).
+  thread_local std::string text;
+  text.clear();
+  utf8::appendLossy(raw, true, &text);
+  const std::string_view t(text);
+  size_t seg_start = 0, i = 0;
+  while (i < t.size()) {
+    // Leftmost-longest added token at i.
+    const AddedToken* best = nullptr;
+    if (!added_first_byte_[static_cast<unsigned char>(t[i])]) {
+      ++i;
+      continue;
+    }
+    for (const auto& a : added_) {
+      if (a.special && !allow_special) continue;
+      if (t.compare(i, a.content.size(), a.content) == 0 &&
+          (best == nullptr || a.content.size() > best->content.size())) {
+        best = &a;
+      }
+    }
+    if (best == nullptr) {
+      ++i;
+      continue;
+    }
+    if (i > seg_start) {
+      encodeSegment(t.substr(seg_start, i - seg_start), seg_start == 0, allow_special, out);
+    }
+    out->push_back(best->id);
+    i += best->content.size();
+    seg_start = i;
+  }
+  if (seg_start < t.size()) {
+    encodeSegment(t.substr(seg_start), seg_start == 0, allow_special, out);
+  }
+}
+
+bool HfUnigramTokenizer::decodeStep(TokenId id, bool skip_special, DecodeState* state,
+                                    std::string* out) const {
+  const std::string* s = tokenString(id);
+  if (s == nullptr) return false;
+  if (skip_special && isSpecial(id)) return true;
+  const size_t i = state->tokens++;
+  if (!decoder_metaspace_) {
+    out->append(*s);
+    return true;
+  }
+  size_t k = 0;
+  while (k < s->size()) {
+    if (s->compare(k, dec_replacement_.size(), dec_replacement_) == 0) {
+      if (!(i == 0 && dec_prepend_ != Prepend::kNever)) out->push_back(' ');
+      k += dec_replacement_.size();
+    } else {
+      out->push_back((*s)[k++]);
+    }
+  }
+  return true;
+}
+
+#define UJ_REQUIRE(expr, what)                                                      \
+  if ((expr) != simdjson::SUCCESS)                                                   \
+  return invalidArgument(std::string(name) + ": tokenizer.json: " + (what))
+
+Result<Prepend> parsePrepend(const simdjson::dom::element& e, std::string_view name,
+                             const char* where) {
+  std::string_view scheme;
+  if (e["prepend_scheme"].get(scheme) == simdjson::SUCCESS) {
+    if (scheme == "always") return Prepend::kAlways;
+    if (scheme == "first") return Prepend::kFirst;
+    if (scheme == "never") return Prepend::kNever;
+    return invalidArgument(std::string(name) + ": tokenizer.json: " + where +
+                           ".prepend_scheme \"" + std::string(scheme) + "\" is not supported");
+  }
+  bool add_prefix_space = true;
+  if (e["add_prefix_space"].get(add_prefix_space) == simdjson::SUCCESS && !add_prefix_space) {
+    return Prepend::kNever;
+  }
+  return Prepend::kAlways;
+}
+
+Status parseNormalizer(const simdjson::dom::element& e, std::string_view name,
+                       std::vector<NormStep>* steps) {
+  std::string_view type;
+  UJ_REQUIRE(e["type"].get(type), "normalizer without a type");
+  if (type == "Sequence") {
+    simdjson::dom::array seq;
+    UJ_REQUIRE(e["normalizers"].get(seq), "normalizer Sequence without normalizers");
+    for (simdjson::dom::element sub : seq) RETURN_IF_ERROR(parseNormalizer(sub, name, steps));
+    return okStatus();
+  }
+  NormStep st{};
+  if (type == "Precompiled") {
+    st.kind = NormStep::kPrecompiled;
+    std::string_view b64;
+    UJ_REQUIRE(e["precompiled_charsmap"].get(b64), "Precompiled without precompiled_charsmap");
+    auto blob = base64Decode(b64);
+    if (!blob.isOk()) {
+      return invalidArgument(std::string(name) +
+                             ": tokenizer.json: normalizer.precompiled_charsmap is not base64");
+    }
+    if (blob->empty()) return okStatus();
+    st.precompiled = std::make_shared<Precompiled>();
+    const Status s = st.precompiled->init(*blob);
+    if (!s.isOk()) {
+      return invalidArgument(std::string(name) + ": tokenizer.json: normalizer: " + s.message());
+    }
+  } else if (type == "Strip") {
+    st.kind = NormStep::kStrip;
+    UJ_REQUIRE(e["strip_left"].get(st.strip_left), "Strip without strip_left");
+    UJ_REQUIRE(e["strip_right"].get(st.strip_right), "Strip without strip_right");
+  } else if (type == "Replace") {
+    std::string_view content, pat;
+    UJ_REQUIRE(e["content"].get(content), "Replace without content");
+    st.content.assign(content);
+    if (e["pattern"]["String"].get(pat) == simdjson::SUCCESS) {
+      if (pat.empty()) {
+        return invalidArgument(std::string(name) + ": tokenizer.json: empty Replace pattern");
+      }
+      st.kind = NormStep::kReplaceString;
+      st.pattern.assign(pat);
+    } else if (e["pattern"]["Regex"].get(pat) == simdjson::SUCCESS) {
+      // Only the regex that SpmConverter writes: " {n,}".
+      if (pat.size() < 5 || pat[0] != ' ' || pat[1] != '{' || pat.substr(pat.size() - 2) != ",}" ||
+          pat.find_first_not_of("0123456789", 2) != pat.size() - 2) {
+        return invalidArgument(std::string(name) + ": tokenizer.json: normalizer Replace regex \"" +
+                               std::string(pat) + "\" is not supported (only \" {n,}\")");
+      }
+      st.kind = NormStep::kReplaceSpaces;
+      st.min_run = std::stoul(std::string(pat.substr(2, pat.size() - 4)));
+      if (st.min_run == 0) st.min_run = 1;
+    } else {
+      return invalidArgument(std::string(name) + ": tokenizer.json: Replace without pattern");
+    }
+  } else {
+    return invalidArgument(std::string(name) + ": tokenizer.json: normalizer type \"" +
+                           std::string(type) +
+                           "\" is not supported for Unigram (Precompiled, Strip, Replace)");
+  }
+  steps->push_back(std::move(st));
+  return okStatus();
+}
+
+Result<std::unique_ptr<Tokenizer>> HfUnigramTokenizer::create(const simdjson::dom::element& doc,
+                                                               std::string_view name) {
+  auto t = std::make_unique<HfUnigramTokenizer>();
+  const std::string n(name);
+  simdjson::dom::element e;
+  if (doc["normalizer"].get(e) == simdjson::SUCCESS && !e.is_null()) {
+    RETURN_IF_ERROR(parseNormalizer(e, name, &t->norm_));
+  }
+  if (doc["pre_tokenizer"].get(e) == simdjson::SUCCESS && !e.is_null()) {
+    std::string_view type, rep;
+    UJ_REQUIRE(e["type"].get(type), "pre_tokenizer without a type");
+    if (type != "Metaspace") {
+      return invalidArgument(n + ": tokenizer.json: pre_tokenizer type \"" + std::string(type) +
+                             "\" is not supported for Unigram (Metaspace)");
+    }
+    t->metaspace_ = true;
+    UJ_REQUIRE(e["replacement"].get(rep), "Metaspace without replacement");
+    if (rep.empty()) return invalidArgument(n + ": tokenizer.json: empty Metaspace replacement");
+    t->replacement_.assign(rep);
+    ASSIGN_OR_RETURN(t->prepend_, parsePrepend(e, name, "pre_tokenizer"));
+    bool split = true;
+    if (e["split"].get(split) == simdjson::SUCCESS) t->split_ = split;
+  }
+  if (doc["decoder"].get(e) == simdjson::SUCCESS && !e.is_null()) {
+    std::string_view type, rep;
+    UJ_REQUIRE(e["type"].get(type), "decoder without a type");
+    if (type != "Metaspace") {
+      return invalidArgument(n + ": tokenizer.json: decoder type \"" + std::string(type) +
+                             "\" is not supported for Unigram (Metaspace)");
+    }
+    t->decoder_metaspace_ = true;
+    UJ_REQUIRE(e["replacement"].get(rep), "decoder Metaspace without replacement");
+    if (rep.empty()) return invalidArgument(n + ": tokenizer.json: empty decoder replacement");
+    t->dec_replacement_.assign(rep);
+    ASSIGN_OR_RETURN(t->dec_prepend_, parsePrepend(e, name, "decoder"));
+  }
+  // Model.
+  simdjson::dom::element model;
+  UJ_REQUIRE(doc["model"].get(model), "no model");
+  simdjson::dom::array vocab;
+  UJ_REQUIRE(model["vocab"].get(vocab), "model.vocab missing");
+  int64_t unk = 0;
+  UJ_REQUIRE(model["unk_id"].get(unk), "model.unk_id missing or null");
+  bool bf = false;
+  if (model["byte_fallback"].get(bf) == simdjson::SUCCESS) t->byte_fallback_ = bf;
+  std::vector<std::pair<std::string_view, int32_t>> keys;
+  t->min_score_ = std::numeric_limits<double>::max();
+  for (simdjson::dom::element entry : vocab) {
+    simdjson::dom::array pair;
+    std::string_view piece;
+    double score = 0;
+    UJ_REQUIRE(entry.get(pair), "model.vocab entry is not [piece, score]");
+    if (pair.size() != 2 || pair.at(0).get(piece) != simdjson::SUCCESS ||
+        pair.at(1).get(score) != simdjson::SUCCESS) {
+      return invalidArgument(n + ": tokenizer.json: model.vocab entry " +
+                             std::to_string(t->pieces_.size()) + " is not [piece, score]");
+    }
+    const auto id = static_cast<TokenId>(t->pieces_.size());
+    t->pieces_.emplace_back(piece);
+    t->scores_.push_back(score);
+    t->piece_to_id_[std::string(piece)] = id;  // a duplicate: the last id wins (as HF)
+    t->min_score_ = std::min(t->min_score_, score);
+  }
+  if (t->pieces_.empty()) return invalidArgument(n + ": tokenizer.json: model.vocab is empty");
+  if (unk < 0 || unk >= static_cast<int64_t>(t->pieces_.size())) {
+    return invalidArgument(n + ": tokenizer.json: model.unk_id " + std::to_string(unk) +
+                           " is out of range");
+  }
+  t->unk_id_ = static_cast<TokenId>(unk);
+  for (const auto& [piece, id] : t->piece_to_id_) {
+    if (!piece.empty()) keys.emplace_back(piece, id);
+  }
+  std::vector<std::pair<std::string_view, int32_t>> plain_keys;
+  for (int b = 0; b < 256; ++b) {
+    char buf[8];
+    std::snprintf(buf, sizeof(buf), "<0x%02X>", b);
+    auto it = t->piece_to_id_.find(buf);
+    t->byte_ids_[b] = it == t->piece_to_id_.end() ? -1 : it->second;
+  }
+  t->vocab_size_ = static_cast<int32_t>(t->pieces_.size());
+  // Added tokens.
+  simdjson::dom::array added;
+  if (doc["added_tokens"].get(added) == simdjson::SUCCESS) {
+    for (simdjson::dom::element a : added) {
+      int64_t id = 0;
+      std::string_view content;
+      bool special = false, normalized = false, lstrip = false, rstrip = false, single = false;
+      UJ_REQUIRE(a["id"].get(id), "added_tokens entry without id");
+      UJ_REQUIRE(a["content"].get(content), "added_tokens entry without content");
+      UJ_REQUIRE(a["special"].get(special), "added_tokens entry without special");
+      if (a["normalized"].get(normalized) != simdjson::SUCCESS) normalized = false;
+      if (a["lstrip"].get(lstrip) != simdjson::SUCCESS) lstrip = false;
+      if (a["rstrip"].get(rstrip) != simdjson::SUCCESS) rstrip = false;
+      if (a["single_word"].get(single) != simdjson::SUCCESS) single = false;
+      if (id < 0 || id > std::numeric_limits<int32_t>::max() - 1 || content.empty()) {
+        return invalidArgument(n + ": tokenizer.json: added_tokens entry \"" +
+                               std::string(content) + "\" has a bad id or empty content");
+      }
+      if (normalized || lstrip || rstrip || single) {
+        return unimplemented(n + ": tokenizer.json: added token \"" + std::string(content) +
+                             "\" uses normalized/lstrip/rstrip/single_word, not supported for "
+                             "Unigram yet");
+      }
+      t->added_.push_back({std::string(content), static_cast<TokenId>(id), special});
+      t->vocab_size_ = std::max(t->vocab_size_, static_cast<int32_t>(id + 1));
+    }
+  }
+  t->added_index_.assign(static_cast<size_t>(t->vocab_size_), -1);
+  for (size_t i = 0; i < t->added_.size(); ++i) {
+    t->added_index_[static_cast<size_t>(t->added_[i].id)] = static_cast<int32_t>(i);
+    t->added_first_byte_[static_cast<unsigned char>(t->added_[i].content[0])] = true;
+  }
+  for (const auto& [piece, id] : keys) {
+    if (!t->isSpecial(id)) plain_keys.emplace_back(piece, id);
+  }
+  RETURN_IF_ERROR(t->trie_.build(std::move(keys)));
+  RETURN_IF_ERROR(t->plain_trie_.build(std::move(plain_keys)));
+  return std::unique_ptr<Tokenizer>(std::move(t));
+}
+
+simdjson::error_code parseDoc(std::string_view json, simdjson::dom::parser* parser,
+                              simdjson::dom::element* doc) {
+  simdjson::padded_string padded(json);
+  return parser->parse(padded).get(*doc);
+}
+
+}  // namespace
+
+bool isUnigramTokenizerJson(std::string_view json) {
+  simdjson::dom::parser parser;
+  simdjson::dom::element doc;
+  if (parseDoc(json, &parser, &doc) != simdjson::SUCCESS) return false;
+  std::string_view type;
+  return doc["model"]["type"].get(type) == simdjson::SUCCESS && type == "Unigram";
+}
+
+Result<std::unique_ptr<Tokenizer>> loadHfUnigramJson(std::string_view json,
+                                                     std::string_view name) {
+  simdjson::dom::parser parser;
+  simdjson::dom::element doc;
+  if (parseDoc(json, &parser, &doc) != simdjson::SUCCESS) {
+    return invalidArgument(std::string(name) + ": tokenizer.json is not valid JSON");
+  }
+  return HfUnigramTokenizer::create(doc, name);
+}
+
+}  // namespace garden::ivy

@@ -1,0 +1,32 @@
+#pragma once
+// Hugging Face `tokenizer.json` files whose model is Unigram (what transformers' SpmConverter
+// writes from a sentencepiece model), run exactly as HF `tokenizers` runs them:
+// added tokens split first (leftmost-longest, raw text); per segment the normalizers
+// (Precompiled charsmap applied per extended grapheme cluster with HF's shortest-prefix rule,
+// Strip, Replace), the Metaspace pre-tokenizer (prepend_scheme always/first/never, split), the
+// Unigram Viterbi (all vocab pieces in the trie, unk fusing, byte_fallback) and the Metaspace
+// decoder. Anything else in the file is rejected at load with an error naming the field.
+//
+// Called by the loader dispatch in tokenizer.cc. The returned tokenizer is immutable; all
+// methods are safe from any thread.
+
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+#include "services/ivy/tokenizer/tokenizer.h"
+
+namespace garden::ivy {
+
+// True when `json` parses and its model.type is "Unigram" (load-time only).
+bool isUnigramTokenizerJson(std::string_view json);
+// Loads such a file; `name` is used in error messages.
+Result<std::unique_ptr<Tokenizer>> loadHfUnigramJson(std::string_view json, std::string_view name);
+
+// Splits valid UTF-8 into extended grapheme clusters (UAX #29 GB3..GB13 and GB999, Unicode
+// 15.0 data from grapheme_table.cc; GB9c of 15.1 is not implemented). *out views into `utf8`.
+// Exposed for the conformance test against Unicode's GraphemeBreakTest.txt.
+void splitGraphemes(std::string_view utf8, std::vector<std::string_view>* out);
+
+}  // namespace garden::ivy

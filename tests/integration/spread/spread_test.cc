@@ -1,0 +1,62 @@
+// ivy in front of two tulip replicas (each with fake-rose) given as one gRPC target with two
+// addresses — what a Kubernetes headless Service resolves to — spreads requests over both.
+#include <gtest/gtest.h>
+
+#include <regex>
+
+#include "tests/integration/support/harness.h"
+
+namespace garden {
+namespace {
+
+using namespace std::chrono_literals;
+
+double embedOk(int metrics_port) {
+  auto r = testing::http(metrics_port, "GET", "/metrics");
+  std::smatch m;
+  static const std::regex re(R"re(tulip_requests_total\{method="Embed",code="OK"\} ([0-9.e+]+))re");
+  if (!std::regex_search(r.body, m, re)) return 0;
+  return std::stod(m[1]);
+}
+
+TEST(Spread, IvySpreadsOverEveryResolvedTulip) {
+  testing::TempDir dir;
+  std::vector<std::unique_ptr<testing::Process>> tulips;
+  std::vector<int> grpc_ports, metrics_ports;
+  for (int i = 0; i < 2; ++i) {
+    grpc_ports.push_back(testing::freePort());
+    metrics_ports.push_back(testing::freePort());
+    tulips.push_back(std::make_unique<testing::Process>(
+        std::vector<std::string>{testing::binary("services/tulip/tulip"), "--host", "127.0.0.1",
+                                 "--port", std::to_string(grpc_ports[i]), "--metrics-port",
+                                 std::to_string(metrics_ports[i]), "--model", dir.path(),
+                                 "--rose-bin", testing::binary("tests/fakes/fake-rose"),
+                                 "--shm-name",
+                                 "/garden-spread-" + std::to_string(getpid()) + "-" +
+                                     std::to_string(i)},
+        dir.path() + "/tulip" + std::to_string(i) + ".log"));
+  }
+  for (int p : metrics_ports) ASSERT_TRUE(testing::waitForHttp(p, "/health", 200, 30s));
+  const int ivy_port = testing::freePort();
+  testing::Process ivy({testing::binary("services/ivy/ivy"), "--host", "127.0.0.1", "--port",
+                        std::to_string(ivy_port), "--tulip",
+                        "ipv4:127.0.0.1:" + std::to_string(grpc_ports[0]) + ",127.0.0.1:" +
+                            std::to_string(grpc_ports[1]),
+                        "--threads", "1"},
+                       dir.path() + "/ivy.log");
+  ASSERT_TRUE(testing::waitForHttp(ivy_port, "/ready", 200, 30s)) << ivy.log();
+  constexpr int kRequests = 40;
+  for (int i = 0; i < kRequests; ++i) {
+    auto r = testing::http(ivy_port, "POST", "/v1/embeddings",
+                           R"({"model":"fake","input":[[1,2,)" + std::to_string(i) + "]]}");
+    ASSERT_EQ(r.status, 200) << r.body;
+  }
+  std::this_thread::sleep_for(200ms);
+  const double a = embedOk(metrics_ports[0]), b = embedOk(metrics_ports[1]);
+  EXPECT_EQ(a + b, kRequests);
+  // Round-robin over two ready replicas: neither gets more than 60%.
+  EXPECT_LE(std::max(a, b), 0.6 * kRequests) << a << " vs " << b;
+}
+
+}  // namespace
+}  // namespace garden
