@@ -7,6 +7,7 @@
 #include <string>
 #include <string_view>
 
+#include "common/json_writer.h"
 #include "services/ivy/harmony/encode.h"
 #include "services/ivy/harmony/openai_request.h"
 #include "services/ivy/harmony/render.h"
@@ -14,38 +15,6 @@
 
 namespace garden::ivy::harmony {
 namespace {
-
-void appendJsonString(std::string& out, std::string_view s) {
-  out.push_back('"');
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (c < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof(buf), "\\u%04x", c);
-          out += buf;
-        } else {
-          out.push_back(static_cast<char>(c));
-        }
-    }
-  }
-  out.push_back('"');
-}
 
 constexpr std::string_view kUsage =
     "usage: ivy harmony-render [--tokenizer=PATH] [--date=YYYY-MM-DD] [--keep-analysis] "
@@ -117,7 +86,7 @@ int runHarmonyRenderCli(int argc, char** argv) {
     }
   } else {
     out = "{\"text\":";
-    appendJsonString(out, text);
+    JsonWriter::appendQuoted(out, text);
     if (ids) {
       out += ",\"ids\":[";
       for (size_t i = 0; i < ids->size(); ++i) {

@@ -4,34 +4,19 @@
 
 #include <map>
 
+#include "services/ivy/harmony/json_access.h"
+
 namespace garden::ivy::harmony {
 namespace {
 
 using simdjson::dom::element;
 using simdjson::dom::element_type;
+using json::asArray;
+using json::asObject;
+using json::asString;
+using json::field;
 
-simdjson::dom::array asArray(const element& e) {
-  simdjson::dom::array a;
-  if (e.get(a) != simdjson::SUCCESS) return {};
-  return a;
-}
-simdjson::dom::object asObject(const element& e) {
-  simdjson::dom::object o;
-  if (e.get(o) != simdjson::SUCCESS) return {};
-  return o;
-}
-std::string_view asString(const element& e) {
-  std::string_view s;
-  if (e.get(s) != simdjson::SUCCESS) return {};
-  return s;
-}
 
-std::optional<element> field(const element& e, std::string_view key) {
-  if (e.type() != element_type::OBJECT) return std::nullopt;
-  element v;
-  if (asObject(e).at_key(key).get(v) != simdjson::SUCCESS) return std::nullopt;
-  return v;
-}
 
 Status fieldError(const std::string& path, std::string_view what) {
   return invalidArgument(path + ": " + std::string(what));

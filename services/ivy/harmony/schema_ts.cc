@@ -8,27 +8,18 @@
 #include <string>
 #include <vector>
 
+#include "services/ivy/harmony/json_access.h"
+
 namespace garden::ivy::harmony {
 namespace {
 
 using simdjson::dom::element;
 using simdjson::dom::element_type;
+using json::asArray;
+using json::asObject;
+using json::asString;
+using json::field;
 
-simdjson::dom::array asArray(const element& e) {
-  simdjson::dom::array a;
-  if (e.get(a) != simdjson::SUCCESS) return {};
-  return a;
-}
-simdjson::dom::object asObject(const element& e) {
-  simdjson::dom::object o;
-  if (e.get(o) != simdjson::SUCCESS) return {};
-  return o;
-}
-std::string_view asString(const element& e) {
-  std::string_view s;
-  if (e.get(s) != simdjson::SUCCESS) return {};
-  return s;
-}
 
 template <typename T>
 T scalar(const element& e) {
@@ -47,12 +38,6 @@ element firstOf(const simdjson::dom::array& a) {
   return e;
 }
 
-std::optional<element> field(const element& e, std::string_view key) {
-  if (e.type() != element_type::OBJECT) return std::nullopt;
-  element v;
-  if (asObject(e).at_key(key).get(v) != simdjson::SUCCESS) return std::nullopt;
-  return v;
-}
 
 std::optional<std::string_view> stringField(const element& e, std::string_view key) {
   auto f = field(e, key);
