@@ -9,6 +9,7 @@
 #include <unordered_set>
 
 #include "common/safetensors.h"
+#include "services/rose/model/weights.h"
 #include "services/rose/llm/mxfp4.h"
 #include "services/rose/llm/sampling/sampler.h"
 
@@ -17,12 +18,6 @@ namespace {
 
 using simdjson::dom::element;
 using simdjson::dom::object;
-
-std::string shapeString(const std::vector<int64_t>& s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
 
 // Optional number / bool / string fields of a JSON object; absent or null keeps `out`.
 Status optNumber(object o, std::string_view key, const std::string& label, double* out) {
@@ -63,19 +58,8 @@ Result<const TensorView*> requireTensor(const SafetensorsCheckpoint& ck, const s
                                         const std::vector<int64_t>& shape) {
   const TensorView* t = findTensor(ck, name);
   if (t == nullptr) return invalidArgument("checkpoint has no tensor '" + name + "'");
-  if (t->shape != shape) {
-    return invalidArgument("tensor '" + t->name + "' has shape " + shapeString(t->shape) +
-                           ", config.json implies " + shapeString(shape));
-  }
-  if (t->dtype != DType::kF32 && t->dtype != DType::kBF16 && t->dtype != DType::kF16) {
-    return invalidArgument("tensor '" + t->name + "' has dtype " +
-                           std::string(dtypeName(t->dtype)) + " (want F32, BF16 or F16)");
-  }
+  RETURN_IF_ERROR(checkTensor(*t, shape));
   return t;
-}
-
-Status uploadInto(Backend& b, const Tensor& dst, const TensorView& src) {
-  return b.uploadConvert(dst, HostView{src.data, src.dtype, src.numel()}).withContext(src.name);
 }
 
 // One or more checkpoint tensors stacked along rows into a new tensor of `dtype`.

@@ -5,18 +5,10 @@
 #include <string>
 
 #include "common/safetensors.h"
+#include "services/rose/model/weights.h"
 
 namespace garden::rose {
 namespace {
-
-std::string shapeString(const std::vector<int64_t>& s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (i) out += ", ";
-    out += std::to_string(s[i]);
-  }
-  return out + "]";
-}
 
 // Finds `name` with or without the "model." prefix.
 const TensorView* findTensor(const SafetensorsCheckpoint& ck, const std::string& name) {
@@ -30,19 +22,8 @@ Result<const TensorView*> requireTensor(const SafetensorsCheckpoint& ck, const s
   if (t == nullptr) {
     return invalidArgument("checkpoint has no tensor '" + name + "' (nor 'model." + name + "')");
   }
-  if (t->shape != shape) {
-    return invalidArgument("tensor '" + t->name + "' has shape " + shapeString(t->shape) +
-                           ", config.json implies " + shapeString(shape));
-  }
-  if (t->dtype != DType::kF32 && t->dtype != DType::kBF16 && t->dtype != DType::kF16) {
-    return invalidArgument("tensor '" + t->name + "' has dtype " +
-                           std::string(dtypeName(t->dtype)) + " (want F32, BF16 or F16)");
-  }
+  RETURN_IF_ERROR(checkTensor(*t, shape));
   return t;
-}
-
-Status uploadInto(Backend& b, const Tensor& dst, const TensorView& src) {
-  return b.uploadConvert(dst, HostView{src.data, src.dtype, src.numel()}).withContext(src.name);
 }
 
 // Uploads one or more checkpoint tensors stacked along rows into a new weight tensor.
