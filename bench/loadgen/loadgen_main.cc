@@ -72,6 +72,8 @@ Result<Payload> calibratedText(const Options& o, const std::string& model, Rng& 
   // bracket, bisection otherwise, so this converges even when the target sits at the model's
   // maximum length.
   int32_t under = 0, over = std::numeric_limits<int32_t>::max();
+  std::string under_text;  // the longest text measured below the target, and its count
+  int64_t under_tokens = -1;
   auto inside = [&](int32_t w) {
     if (w > under && w < over) return w;
     if (over == std::numeric_limits<int32_t>::max()) return std::max(w, under + 1);
@@ -99,6 +101,10 @@ Result<Payload> calibratedText(const Options& o, const std::string& model, Rng& 
     }
     if (std::llabs(t - target) <= tol) break;
     if (t < target) {
+      if (words > under) {
+        under_text = text;
+        under_tokens = t;
+      }
       under = std::max(under, words);
     } else {
       over = std::min(over, words);
@@ -106,6 +112,21 @@ Result<Payload> calibratedText(const Options& o, const std::string& model, Rng& 
     words = inside(nextWordCount(words, static_cast<int32_t>(t), target));
   }
   if (best_tokens < 0) return last_error;
+  // Fine step: one more word can add several tokens (a small vocabulary splits words), so the
+  // bracket may close around the target; pad the longest short text with single letters
+  // (about one token each) until it is within the tolerance.
+  for (int pad = 0; std::llabs(best_tokens - target) > tol && under_tokens >= 0 &&
+                    under_tokens < target - tol && pad < 24;
+       ++pad) {
+    under_text += " a";
+    auto counted = httpCountTokens(o.endpoint, model, under_text, timeout);
+    if (!counted.isOk()) break;
+    under_tokens = static_cast<int64_t>(*counted);
+    if (std::llabs(under_tokens - target) < std::llabs(best_tokens - target)) {
+      best = under_text;
+      best_tokens = under_tokens;
+    }
+  }
   rng.discard(1);
   words_per_token = static_cast<double>(best_words) / static_cast<double>(best_tokens);
   Payload p;

@@ -28,12 +28,12 @@
 namespace garden::shm {
 
 inline constexpr uint64_t kMagic = 0x314D534E44524147ULL;  // "GARDNSM1" little-endian
-inline constexpr uint32_t kVersion = 1;
+inline constexpr uint32_t kVersion = 2;
 
 enum class BatchKind : uint32_t {
   kEmbed = 1,     // pooled (optionally L2-normalized) embeddings: rows=num_seqs, cols=hidden
   kScore = 2,     // one float per sequence
-  kGenerate = 3,  // reserved for the LLM path
+  kGenerate = 3,  // one LLM step (common/shm/llm_batch.h): sampled token ids back
 };
 
 enum class PoolingMode : uint32_t { kDefault = 0, kLast = 1, kMean = 2, kCls = 3 };
@@ -57,10 +57,18 @@ struct ModelFacts {
   uint32_t max_batch_tokens = 0;
   char name[64] = {};
   char kind[16] = {};  // "embedding" or "llm"
+  // kind "llm" only: the paged KV cache rose allocated (tulip's block manager hands out ids
+  // 0..kv_num_blocks-1, each holding kv_block_size tokens) and the model's end-of-sequence ids
+  // (generation_config.json / config.json eos_token_id; -1 = unused entry).
+  uint32_t kv_num_blocks = 0;
+  uint32_t kv_block_size = 0;
+  int32_t eos_ids[4] = {-1, -1, -1, -1};
 };
 
 // A batch, as tulip submits it. Input data lives in the slot's input arena at the given offsets:
 // token ids (int32 x num_tokens, sequences back to back) and sequence lengths (int32 x num_seqs).
+// kGenerate batches (one LLM step) use seqs_offset/blocks_offset/num_blocks instead of
+// seqlens_offset; see common/shm/llm_batch.h for their layout and their completion.
 struct BatchDesc {
   uint64_t batch_id = 0;
   uint32_t slot = 0;
@@ -71,9 +79,11 @@ struct BatchDesc {
   uint32_t normalize = 1;
   int32_t score_yes = -1;  // kScore: logits of these two ids at the last position, or -1/-1 for
   int32_t score_no = -1;   //         the classification head
-  uint32_t reserved = 0;
+  uint32_t num_blocks = 0;       // kGenerate: entries of the block-id array
   uint64_t tokens_offset = 0;   // bytes into the slot's input arena
   uint64_t seqlens_offset = 0;  // bytes into the slot's input arena
+  uint64_t seqs_offset = 0;     // kGenerate: llm::LlmStepSeq x num_seqs
+  uint64_t blocks_offset = 0;   // kGenerate: int32 block ids x num_blocks
   int64_t deadline_ns = 0;      // CLOCK_MONOTONIC; 0 = none. Expired batches are answered, not run.
   char request_id[48] = {};     // for log lines (first request of the batch)
 };

@@ -33,6 +33,15 @@ Status fromGrpcCode(int grpc_code, std::string_view message) {
   }
 }
 
+void TulipClient::score(ScoreCall, ScoreDone done) {
+  done(Status(StatusCode::kUnimplemented, "scoring is not implemented by this client"));
+}
+
+std::shared_ptr<GenerateStream> TulipClient::generate(GenerateCall, ChunkFn, StreamDone on_done) {
+  on_done(Status(StatusCode::kUnimplemented, "generation is not implemented by this client"));
+  return nullptr;
+}
+
 namespace {
 
 Status fromGrpc(const grpc::Status& s) {

@@ -40,12 +40,67 @@ struct EmbedReply {
   uint64_t total_us = 0;
 };
 
+struct ScoreCall {
+  std::string request_id;
+  std::string model;
+  std::vector<std::vector<int32_t>> inputs;
+  int32_t yes_token = -1;  // -1/-1: the checkpoint's classification head
+  int32_t no_token = -1;
+  std::chrono::milliseconds timeout{0};
+};
+
+struct ScoreReply {
+  std::vector<float> scores;  // one per input, in input order
+  uint64_t prompt_tokens = 0;
+  uint64_t queue_us = 0;
+  uint64_t inference_us = 0;
+  uint64_t total_us = 0;
+};
+
+struct GenerateCall {
+  std::string request_id;
+  std::string model;
+  std::vector<int32_t> prompt_ids;
+  uint32_t max_tokens = 0;
+  float temperature = 0.f;  // 0 = greedy
+  float top_p = 1.f;
+  int32_t top_k = 0;
+  bool has_seed = false;
+  uint64_t seed = 0;
+  std::vector<int32_t> stop_token_ids;
+  bool ignore_eos = false;
+  std::chrono::milliseconds timeout{0};
+};
+
+enum class FinishReason { kNone = 0, kStop = 1, kLength = 2, kCancelled = 3 };
+
+// One streamed GenerateChunk. The last chunk has finish != kNone and the usage counts.
+struct GenerateChunkMsg {
+  std::vector<int32_t> token_ids;
+  FinishReason finish = FinishReason::kNone;
+  uint32_t prompt_tokens = 0;
+  uint32_t cached_prompt_tokens = 0;
+  uint32_t completion_tokens = 0;
+  uint64_t queue_us = 0;
+  uint64_t total_us = 0;
+};
+
+// Handle of a Generate stream in flight. cancel() is idempotent and thread-safe; after it the
+// stream ends (on_done runs with CANCELLED unless it already finished).
+class GenerateStream {
+ public:
+  virtual ~GenerateStream() = default;
+  virtual void cancel() = 0;
+};
+
 struct TulipModelInfo {
   std::string model;
   std::string kind;
   uint32_t hidden_size = 0;
   uint32_t max_seq_len = 0;
   uint32_t vocab_size = 0;
+  bool has_score_head = false;
+  std::vector<int32_t> eos_token_ids;  // kind "llm"
 };
 
 class TulipClient {
@@ -53,10 +108,18 @@ class TulipClient {
   using EmbedDone = std::function<void(Result<EmbedReply>)>;
   using ModelInfoDone = std::function<void(Result<TulipModelInfo>)>;
   using HealthDone = std::function<void(Status)>;
+  using ScoreDone = std::function<void(Result<ScoreReply>)>;
+  // Chunks arrive in order, one call at a time; on_done runs exactly once, after the last chunk.
+  using ChunkFn = std::function<void(GenerateChunkMsg)>;
+  using StreamDone = std::function<void(Status)>;
 
   virtual ~TulipClient() = default;
 
   virtual void embed(EmbedCall call, EmbedDone done) = 0;
+  // Default implementations answer UNIMPLEMENTED (so fakes need only what they test).
+  virtual void score(ScoreCall call, ScoreDone done);
+  virtual std::shared_ptr<GenerateStream> generate(GenerateCall call, ChunkFn on_chunk,
+                                                   StreamDone on_done);
   virtual void modelInfo(std::chrono::milliseconds timeout, ModelInfoDone done) = 0;
   // OK when the replica reports SERVING, UNAVAILABLE otherwise.
   virtual void health(std::chrono::milliseconds timeout, HealthDone done) = 0;

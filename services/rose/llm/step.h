@@ -18,39 +18,20 @@
 //     random stream is counter-based: (seed, position + num_tokens) → the same draw whatever
 //     the batch, chunking or step the sequence is in.
 //
+// The POD types live in common/llm/step.h (tulip builds them too).
+//
 // Threads: plain value types.
 
 #include <cstdint>
 #include <span>
-#include <type_traits>
+
+#include "common/llm/step.h"
 
 namespace garden::rose {
 
-// temperature 0 = greedy (argmax, lowest id on ties). top_k 0 = off, top_p 1 = off.
-// Order of application: temperature → top-k → top-p → draw.
-struct SamplingParams {
-  float temperature = 0.f;
-  float top_p = 1.f;
-  int32_t top_k = 0;
-  int32_t reserved = 0;
-  uint64_t seed = 0;
-};
-
-enum class LogitsMode : uint8_t { kNone = 0, kLast = 1, kAll = 2 };
-
-struct LlmStepSeq {
-  int32_t token_offset = 0;
-  int32_t num_tokens = 0;
-  int32_t position = 0;  // tokens already in the KV cache
-  int32_t block_offset = 0;
-  int32_t num_blocks = 0;
-  LogitsMode logits = LogitsMode::kNone;
-  uint8_t sample = 0;
-  uint8_t reserved[2] = {0, 0};
-  SamplingParams sampling;
-};
-static_assert(std::is_trivially_copyable_v<LlmStepSeq>);
-static_assert(std::is_standard_layout_v<LlmStepSeq>);
+using llm::LlmStepSeq;
+using llm::LogitsMode;
+using llm::SamplingParams;
 
 // A view of one step's three flat arrays (host memory).
 struct LlmStep {

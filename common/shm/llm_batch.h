@@ -1,0 +1,36 @@
+#pragma once
+// The shm format of one LLM step (BatchKind::kGenerate) [TAG_LLM_STEP_FORMAT].
+//
+// Input (the slot's input arena; offsets in the BatchDesc, each 8-byte aligned):
+//   seqs_offset:   llm::LlmStepSeq x num_seqs  (token_offset / block_offset index the arrays below)
+//   tokens_offset: int32 token ids x num_tokens
+//   blocks_offset: int32 KV block ids x num_blocks
+// BatchDesc.num_tokens must equal the sum of the sequences' num_tokens; seqlens_offset is unused.
+// Block ids index the paged KV cache rose announced in ModelFacts (kv_num_blocks blocks of
+// kv_block_size tokens); tulip owns allocation, rose only reads and writes the blocks it is told.
+//
+// Output (the slot's output arena, offset 0): int32 sampled token ids, one per sequence with
+// sample != 0, in sequence order. Completion.rows = that count, cols = 1, output_bytes = 4*rows.
+// Logits never cross the channel. A step that fails validation is answered INVALID_ARGUMENT
+// with nothing written to the KV cache.
+//
+// Threads: plain functions over caller-owned memory.
+
+#include <cstdint>
+#include <span>
+
+#include "common/llm/step.h"
+#include "common/shm/channel.h"
+
+namespace garden::shm {
+
+inline constexpr uint64_t kLlmAlign = 8;
+inline uint64_t llmAlignUp(uint64_t v) { return (v + kLlmAlign - 1) & ~(kLlmAlign - 1); }
+
+// Bytes of input arena a step needs.
+inline uint64_t llmStepBytes(uint64_t num_seqs, uint64_t num_tokens, uint64_t num_blocks) {
+  return llmAlignUp(num_seqs * sizeof(llm::LlmStepSeq)) + llmAlignUp(num_tokens * 4) +
+         llmAlignUp(num_blocks * 4);
+}
+
+}  // namespace garden::shm
