@@ -2,12 +2,18 @@
 # Starts rose (spawned by tulip), tulip and ivy locally in the foreground from the build tree, and
 # stops all three cleanly on Ctrl-C / SIGTERM.
 #   scripts/mesh.sh --model DIR [--port 8080] [--device cpu|cuda] [--pooling last|mean|cls]
-#                   [--tulip-port 50051] [--metrics-port 9091] [--name NAME]
+#                   [--tulip-port 50051] [--metrics-port 9091] [--name NAME] [--rose-threads N]
+#                   [--tulip-arg ARG]... [--ivy-arg ARG]...
+# DIR is a Hugging Face model directory: an embedding model (Qwen3) or a chat model (gpt-oss:
+# config.json model_type "gpt_oss"; ivy then serves /v1/chat/completions and /v1/completions).
+# ivy tokenizes with DIR/tokenizer.model, else DIR/tokenizer.json. One model per mesh: run a
+# second mesh on other ports for a second model (scripts/demo.sh runs two).
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 
-MODEL="" PORT=8080 DEVICE=cpu POOLING=default TULIP_PORT=50051 METRICS_PORT=9091 NAME=""
-usage() { sed -n '2,5p' "$0" | sed 's/^# \{0,1\}//'; }
+MODEL="" PORT=8080 DEVICE=cpu POOLING="" TULIP_PORT=50051 METRICS_PORT=9091 NAME="" ROSE_THREADS=""
+TULIP_EXTRA=() IVY_EXTRA=()
+usage() { sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --model) MODEL="$2"; shift 2 ;;
@@ -17,6 +23,9 @@ while [ $# -gt 0 ]; do
     --tulip-port) TULIP_PORT="$2"; shift 2 ;;
     --metrics-port) METRICS_PORT="$2"; shift 2 ;;
     --name) NAME="$2"; shift 2 ;;
+    --rose-threads) ROSE_THREADS="$2"; shift 2 ;;
+    --tulip-arg) TULIP_EXTRA+=("$2"); shift 2 ;;
+    --ivy-arg) IVY_EXTRA+=("$2"); shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "mesh.sh: unknown argument $1" >&2; usage >&2; exit 2 ;;
   esac
@@ -38,23 +47,34 @@ TOKENIZER_ARGS=()
 [ ! -f "$MODEL/tokenizer.model" ] && [ -f "$MODEL/tokenizer.json" ] && TOKENIZER_ARGS=(--tokenizer "$MODEL/tokenizer.json")
 NAME_ARGS=()
 [ -n "$NAME" ] && NAME_ARGS=(--served-model-name "$NAME")
+ROSE_ARGS=()
+[ -n "$POOLING" ] && ROSE_ARGS+=(--pooling "$POOLING")
+[ -n "$ROSE_THREADS" ] && ROSE_ARGS+=(--rose-threads "$ROSE_THREADS")
+KIND=embedding
+grep -Eq '"model_type"[[:space:]]*:[[:space:]]*"gpt_oss"' "$MODEL/config.json" && KIND=chat
 
 pids=()
 stop() {
-  trap - INT TERM EXIT
+  trap - INT TERM HUP EXIT
   for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
   for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
 }
-trap 'stop; exit 0' INT TERM
+trap 'stop; exit 0' INT TERM HUP
 trap stop EXIT
+# Job control: each tier gets its own process group, so a terminal's Ctrl-C reaches this script
+# only, and the tiers stop in order through stop() (SIGTERM) rather than all at once.
+set -m
 
 "$TULIP" --port "$TULIP_PORT" --metrics-port "$METRICS_PORT" --model "$MODEL" --device "$DEVICE" \
-  --pooling "$POOLING" --rose-bin "$ROSE" --shm-name "/garden-mesh-$TULIP_PORT" "${NAME_ARGS[@]}" &
+  --rose-bin "$ROSE" --shm-name "/garden-mesh-$TULIP_PORT" "${ROSE_ARGS[@]}" "${NAME_ARGS[@]}" \
+  "${TULIP_EXTRA[@]}" &
 pids+=($!)
-"$IVY" --port "$PORT" --tulip "127.0.0.1:$TULIP_PORT" "${TOKENIZER_ARGS[@]}" "${NAME_ARGS[@]}" &
+"$IVY" --port "$PORT" --tulip "127.0.0.1:$TULIP_PORT" "${TOKENIZER_ARGS[@]}" "${NAME_ARGS[@]}" \
+  "${IVY_EXTRA[@]}" &
 pids+=($!)
 
-echo "mesh: ivy on :$PORT, tulip on :$TULIP_PORT (metrics :$METRICS_PORT), rose on $DEVICE; Ctrl-C stops" >&2
+echo "mesh: $KIND model $MODEL: ivy on :$PORT, tulip on :$TULIP_PORT (metrics :$METRICS_PORT)," \
+  "rose on $DEVICE; Ctrl-C stops" >&2
 # Exit (stopping the others) as soon as either tier exits on its own.
 wait -n "${pids[@]}" || true
 echo "mesh: a tier exited; stopping the mesh" >&2

@@ -1,15 +1,38 @@
 #!/usr/bin/env bash
 # The test entry point (CI runs it through .ci/run): installs what is missing, builds everything
 # with warnings as errors, runs every CPU test through ctest (GPU tests carry the `gpu` label and
-# run on the GPU host), then builds the libFuzzer targets with clang in build/fuzz and runs each
-# for a short bounded time.
-#   SKIP_FUZZ=1 skips the fuzz stage; extra arguments go to the main ctest run.
+# run on the GPU host), then the unit and integration tests again under ASan+UBSan in build/asan,
+# then builds the libFuzzer targets with clang in build/fuzz and runs each for a short bounded time.
+#   SKIP_ASAN=1 / SKIP_FUZZ=1 skip those stages; extra arguments go to the main ctest run.
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 
 "$GARDEN_ROOT/scripts/install-deps.sh"
 GARDEN_CMAKE_ARGS="-DGARDEN_WERROR=ON ${GARDEN_CMAKE_ARGS:-}" garden_build
 ctest --test-dir "$BUILD_DIR" -LE gpu --output-on-failure -j "$(garden_jobs)" "$@"
+
+# ASan+UBSan: the unit and integration tests again, built with -DGARDEN_SANITIZE=ON in build/asan (only the targets those tests need: no benchmarks, conformance data or CUDA).
+# UBSan findings abort the test (-fno-sanitize-recover); leak checking is off (gRPC and protobuf
+# keep process-lifetime allocations that LeakSanitizer reports). SKIP_ASAN=1 skips the stage;
+# ASAN_LABELS narrows it (default "unit|integration").
+if [ "${SKIP_ASAN:-0}" != 1 ]; then
+  ASAN_DIR="$BUILD_DIR/asan"
+  ASAN_LABELS="${ASAN_LABELS:-unit|integration}"
+  if [ ! -f "$ASAN_DIR/build.ninja" ]; then
+    cmake -G Ninja -S "$GARDEN_ROOT" -B "$ASAN_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+      -DGARDEN_SANITIZE=ON -DGARDEN_WERROR=ON -DGARDEN_CUDA=OFF
+  fi
+  # The test executables of those labels that are build targets (their CMake dependencies bring
+  # the binaries the integration tests start).
+  asan_targets=$(ctest --test-dir "$ASAN_DIR" -N -L "$ASAN_LABELS" -LE gpu |
+    sed -n 's/^ *Test *#[0-9]*: *//p' |
+    while read -r t; do ninja -C "$ASAN_DIR" -t query "$t" >/dev/null 2>&1 && echo "$t"; done)
+  # shellcheck disable=SC2086
+  cmake --build "$ASAN_DIR" -j "$(garden_jobs)" --target $asan_targets
+  ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:strict_string_checks=1" \
+    UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1" \
+    ctest --test-dir "$ASAN_DIR" -L "$ASAN_LABELS" -LE gpu --output-on-failure -j "$(garden_jobs)"
+fi
 
 if [ "${SKIP_FUZZ:-0}" != 1 ]; then
   FUZZ_DIR="$BUILD_DIR/fuzz"

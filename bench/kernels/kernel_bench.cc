@@ -5,9 +5,10 @@
 //   rms_norm_add   T=8192 H=1024, residual add fused            (TB/s)
 //   qk_norm_rope   T=8192 Hq=16 Hkv=8 D=128                     (TB/s)
 //   swiglu         T=8192 I=3072                                (TB/s)
-//   pool_mean      T=8192 H=1024, 16 sequences, L2              (TB/s)
-//   pool_last      T=8192 H=1024, 16 sequences, L2              (TB/s of the rows read)
-//   attention      causal 16x512, causal 4x2048, bidir 8x1024, causal 64x128 (TFLOP/s)
+//   pool_mean      v1 and v2, H=1024, L2: 16x512, 1x4096, 100x512 (TB/s)
+//   pool_last      same shapes, L2                              (TB/s of the rows read)
+//   attention      v1 and v2 (v2 checked bit-equal to v1): causal 16x512, 4x2048, 64x128,
+//                  1x128, 1x512, 1x4096, 100x512; bidir 8x1024 (TFLOP/s)
 //   gemm           M=8192: qkv 4096x1024, o 1024x2048, gate_up 6144x1024, down 1024x3072,
 //                  and 8192^3 (TFLOP/s)
 // Method: inputs are random (never zeros); each workload rotates over enough input/output sets
@@ -23,6 +24,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <random>
@@ -306,9 +308,8 @@ void benchSwiglu() {
   reportBw("swiglu", "T=8192 I=3072", timeIt(run, sets), 3.0 * t * inter * 2);
 }
 
-void benchPool() {
-  const int64_t t = 8192, h = 1024;
-  const int ns = 16;
+void benchPool(int ns, int64_t t) {
+  const int64_t h = 1024;
   std::vector<int32_t> cu(ns + 1);
   for (int i = 0; i <= ns; ++i) cu[i] = static_cast<int32_t>(i * t / ns);
   Dev dcu(cu.size() * 4);
@@ -322,11 +323,14 @@ void benchPool() {
     auto f = fillBf16(*hid[s], -3, 3);
     if (s == 0) h0 = f;
   }
-  for (PoolKind kind : {PoolKind::kMean, PoolKind::kLast}) {
+  const std::pair<PoolKind, PoolKernel> cases[] = {{PoolKind::kMean, PoolKernel::kV1},
+                                                   {PoolKind::kMean, PoolKernel::kV2},
+                                                   {PoolKind::kLast, PoolKernel::kV2}};
+  for (auto [kind, variant] : cases) {
     auto run = [&](int s) {
       PoolArgs a{
           hid[s]->as<__nv_bfloat16>(), dcu.as<int32_t>(), o[s]->as<float>(), ns, h, kind, true};
-      OK(launchPool(a, nullptr));
+      OK(launchPool(a, nullptr, variant));
     };
     poison(*o[0]);
     run(0);
@@ -348,11 +352,16 @@ void benchPool() {
         check("pool", of[sq * h + i], v[i] / std::sqrt(ss), 1e-5, 1e-3);
     }
     const double bytes = kind == PoolKind::kMean ? t * h * 2.0 : ns * h * 2.0;
-    reportBw(kind == PoolKind::kMean ? "pool_mean" : "pool_last", "T=8192 H=1024 16 seqs",
-             timeIt(run, sets), bytes + ns * h * 4.0);
+    char shape[64];
+    std::snprintf(shape, sizeof(shape), "T=%ld H=1024 %d seqs", static_cast<long>(t), ns);
+    const char* name = kind == PoolKind::kLast      ? "pool_last"
+                       : variant == PoolKernel::kV1 ? "pool_mean_v1"
+                                                    : "pool_mean_v2";
+    reportBw(name, shape, timeIt(run, sets), bytes + ns * h * 4.0);
   }
 }
 
+// Times v1 then v2 on the same inputs (v2 also checked bit-equal to v1).
 void benchAttention(int nseq, int len, bool causal) {
   const int hq = 16, hkv = 8, d = 128;
   const int64_t t = static_cast<int64_t>(nseq) * len, width = (hq + 2 * hkv) * d;
@@ -370,60 +379,89 @@ void benchAttention(int nseq, int len, bool causal) {
     if (s == 0) q0 = f;
   }
   const float scale = 1.f / std::sqrt(128.f);
-  auto run = [&](int s) {
-    AttentionArgs a;
-    a.qkv = q[s]->as<__nv_bfloat16>();
-    a.cu_seqlens = dcu.as<int32_t>();
-    a.out = o[s]->as<__nv_bfloat16>();
-    a.num_tokens = t;
-    a.num_seqs = nseq;
-    a.num_q_heads = hq;
-    a.num_kv_heads = hkv;
-    a.head_dim = d;
-    a.scale = scale;
-    a.causal = causal;
-    OK(launchAttention(a, nullptr));
-  };
-  poison(*o[0]);
-  run(0);
-  auto of = readBf16(o[0]->p, t * hq * d);
-  // Sampled rows: (sequence 0, query len-1, head 3) and (last sequence, query len/2, head 14).
-  for (auto [sq, qi, h] :
-       std::vector<std::tuple<int, int, int>>{{0, len - 1, 3}, {nseq - 1, len / 2, 14}}) {
-    const int64_t row = cu[sq] + qi;
-    const int kvh = h / 2;
-    const int end = causal ? qi + 1 : len;
-    std::vector<double> sc(end);
-    double mx = -1e30;
-    for (int j = 0; j < end; ++j) {
-      double dot = 0;
-      for (int i = 0; i < d; ++i)
-        dot += q0[row * width + h * d + i] * q0[(cu[sq] + j) * width + (hq + kvh) * d + i];
-      sc[j] = dot * scale;
-      mx = std::max(mx, sc[j]);
+  for (AttentionKernel variant : {AttentionKernel::kV1, AttentionKernel::kV2}) {
+    auto run = [&](int s) {
+      AttentionArgs a;
+      a.qkv = q[s]->as<__nv_bfloat16>();
+      a.cu_seqlens = dcu.as<int32_t>();
+      a.out = o[s]->as<__nv_bfloat16>();
+      a.num_tokens = t;
+      a.num_seqs = nseq;
+      a.num_q_heads = hq;
+      a.num_kv_heads = hkv;
+      a.head_dim = d;
+      a.scale = scale;
+      a.causal = causal;
+      OK(launchAttention(a, nullptr, 0, variant));
+    };
+    poison(*o[0]);
+    run(0);
+    auto of = readBf16(o[0]->p, t * hq * d);
+    if (variant == AttentionKernel::kV2) {
+      // The variants differ in schedule only: v2 must equal v1 bit for bit on every output.
+      std::vector<__nv_bfloat16> v2(static_cast<size_t>(t * hq * d)), v1(v2.size());
+      CK(cudaMemcpy(v2.data(), o[0]->p, v2.size() * 2, cudaMemcpyDeviceToHost));
+      poison(*o[0]);
+      AttentionArgs a;
+      a.qkv = q[0]->as<__nv_bfloat16>();
+      a.cu_seqlens = dcu.as<int32_t>();
+      a.out = o[0]->as<__nv_bfloat16>();
+      a.num_tokens = t;
+      a.num_seqs = nseq;
+      a.num_q_heads = hq;
+      a.num_kv_heads = hkv;
+      a.head_dim = d;
+      a.scale = scale;
+      a.causal = causal;
+      OK(launchAttention(a, nullptr, 0, AttentionKernel::kV1));
+      CK(cudaMemcpy(v1.data(), o[0]->p, v1.size() * 2, cudaMemcpyDeviceToHost));
+      size_t diff = 0;
+      for (size_t i = 0; i < v1.size(); ++i) diff += std::memcmp(&v1[i], &v2[i], 2) != 0 ? 1 : 0;
+      if (diff != 0) {
+        std::printf("  CHECK FAILED attention v2 != v1 on %zu of %zu outputs\n", diff, v1.size());
+        ++g_failures;
+      }
     }
-    double sum = 0;
-    for (auto& v : sc) {
-      v = std::exp(v - mx);
-      sum += v;
+    // Sampled rows: (sequence 0, query len-1, head 3) and (last sequence, query len/2, head 14).
+    for (auto [sq, qi, h] :
+         std::vector<std::tuple<int, int, int>>{{0, len - 1, 3}, {nseq - 1, len / 2, 14}}) {
+      const int64_t row = cu[sq] + qi;
+      const int kvh = h / 2;
+      const int end = causal ? qi + 1 : len;
+      std::vector<double> sc(end);
+      double mx = -1e30;
+      for (int j = 0; j < end; ++j) {
+        double dot = 0;
+        for (int i = 0; i < d; ++i)
+          dot += q0[row * width + h * d + i] * q0[(cu[sq] + j) * width + (hq + kvh) * d + i];
+        sc[j] = dot * scale;
+        mx = std::max(mx, sc[j]);
+      }
+      double sum = 0;
+      for (auto& v : sc) {
+        v = std::exp(v - mx);
+        sum += v;
+      }
+      for (int i = 0; i < d; i += 9) {
+        double acc = 0;
+        for (int j = 0; j < end; ++j)
+          acc += sc[j] * q0[(cu[sq] + j) * width + (hq + hkv + kvh) * d + i];
+        check("attention", of[row * hq * d + h * d + i], acc / sum, 1e-2, 2e-2);
+      }
     }
-    for (int i = 0; i < d; i += 9) {
-      double acc = 0;
-      for (int j = 0; j < end; ++j)
-        acc += sc[j] * q0[(cu[sq] + j) * width + (hq + hkv + kvh) * d + i];
-      check("attention", of[row * hq * d + h * d + i], acc / sum, 1e-2, 2e-2);
-    }
+    const double pairs = causal ? nseq * (static_cast<double>(len) * (len + 1) / 2)
+                                : nseq * static_cast<double>(len) * len;
+    const double flops = 4.0 * pairs * hq * d;
+    char shape[64];
+    std::snprintf(shape, sizeof(shape), "%s %dx%d Hq16 Hkv8 D128", causal ? "causal" : "bidir",
+                  nseq, len);
+    reportFlops(variant == AttentionKernel::kV1 ? "attention_v1" : "attention_v2", shape,
+                timeIt(run, sets, 40), flops);
   }
-  const double pairs = causal ? nseq * (static_cast<double>(len) * (len + 1) / 2)
-                              : nseq * static_cast<double>(len) * len;
-  const double flops = 4.0 * pairs * hq * d;
-  char shape[64];
-  std::snprintf(shape, sizeof(shape), "%s %dx%d Hq16 Hkv8 D128", causal ? "causal" : "bidir", nseq,
-                len);
-  reportFlops("attention", shape, timeIt(run, sets, 40), flops);
 }
 
-void benchGemm(GemmRunner& g, int64_t m, int64_t n, int64_t k, const char* name) {
+void benchGemm(GemmRunner& g, int64_t m, int64_t n, int64_t k, const char* name,
+               const char* tag = "") {
   Dev w(n * k * 2);
   auto wf = fillBf16(w, -0.05f, 0.05f);
   const int sets = setsFor(m * k * 2 + m * n * 2 + n * k * 2);
@@ -450,8 +488,8 @@ void benchGemm(GemmRunner& g, int64_t m, int64_t n, int64_t k, const char* name)
     check("gemm", yf[i * n + j], acc, 2e-3 + 1e-2 * std::fabs(acc), 1e-2);
   }
   char shape[64];
-  std::snprintf(shape, sizeof(shape), "M=%ld N=%ld K=%ld", static_cast<long>(m),
-                static_cast<long>(n), static_cast<long>(k));
+  std::snprintf(shape, sizeof(shape), "M=%ld N=%ld K=%ld%s", static_cast<long>(m),
+                static_cast<long>(n), static_cast<long>(k), tag);
   reportFlops(name, shape, timeIt(run, used, 30), 2.0 * m * n * k);
 }
 
@@ -469,11 +507,14 @@ int main() {
   benchRmsNorm();
   benchQkNormRope();
   benchSwiglu();
-  benchPool();
-  benchAttention(16, 512, true);
-  benchAttention(4, 2048, true);
-  benchAttention(8, 1024, false);
-  benchAttention(64, 128, true);
+  benchPool(16, 8192);
+  benchPool(1, 4096);
+  benchPool(100, 51200);
+  // Old (v1) and new (v2) attention side by side; v2 is also checked bit-equal to v1.
+  const std::tuple<int, int, bool> shapes[] = {{16, 512, true}, {4, 2048, true}, {8, 1024, false},
+                                               {64, 128, true}, {1, 128, true},  {1, 512, true},
+                                               {1, 4096, true}, {100, 512, true}};
+  for (auto [n, len, causal] : shapes) benchAttention(n, len, causal);
   auto g = GemmRunner::create();
   if (!g.isOk()) {
     std::fprintf(stderr, "%s\n", g.status().toString().c_str());
@@ -484,6 +525,20 @@ int main() {
   benchGemm(**g, 8192, 6144, 1024, "gemm_gate_up");
   benchGemm(**g, 8192, 1024, 3072, "gemm_down");
   benchGemm(**g, 8192, 8192, 8192, "gemm_square");
+  // Few tokens (weight-bandwidth bound): the heuristic's untimed pick (GARDEN_GEMM_TUNE=0) against
+  // the choice timed per M bucket (gemm.h), on the Qwen3-0.6B layer shapes.
+  auto heur = GemmRunner::create(size_t{32} << 20, false);
+  auto tuned = GemmRunner::create(size_t{32} << 20, true);
+  if (!heur.isOk() || !tuned.isOk()) return 1;
+  for (int64_t m : {128, 512}) {
+    for (auto [n, k, name] : {std::tuple<int64_t, int64_t, const char*>{4096, 1024, "gemm_qkv"},
+                              {1024, 2048, "gemm_o"},
+                              {6144, 1024, "gemm_gate_up"},
+                              {1024, 3072, "gemm_down"}}) {
+      benchGemm(**heur, m, n, k, name, " heur");
+      benchGemm(**tuned, m, n, k, name, " tuned");
+    }
+  }
   CK(cudaDeviceSynchronize());
   std::printf("# correctness checks failed: %d\n", g_failures);
   return g_failures == 0 ? 0 : 2;

@@ -84,6 +84,10 @@ Result<ServedModel> httpModelInfo(const std::string& endpoint, std::chrono::mill
 // POSTs one /v1/embeddings request with `text` and returns usage.prompt_tokens.
 Result<uint64_t> httpCountTokens(const std::string& endpoint, const std::string& model,
                                  const std::string& text, std::chrono::milliseconds timeout);
+// POSTs one /tokenize request with a chat of one user message `text` and returns the Harmony
+// prompt's token count (what the chat endpoint reports as usage.prompt_tokens for that chat).
+Result<uint64_t> httpCountChatTokens(const std::string& endpoint, const std::string& model,
+                                     const std::string& text, std::chrono::milliseconds timeout);
 
 // The request bodies the HTTP driver sends (exposed for tests).
 std::string embeddingsBody(const std::string& model, const Payload& p,

@@ -3,6 +3,7 @@
 // server-sent event (time to first token, inter-token latency). See driver.h.
 #include <simdjson.h>
 
+#include <atomic>
 #include <thread>
 
 #include "bench/loadgen/driver.h"
@@ -52,10 +53,12 @@ Result<uint64_t> checkEmbeddings(simdjson::dom::parser& parser, const std::strin
   return tokens;
 }
 
-// Whether a chat chunk carries generated text (content or reasoning), and its usage if present.
+// What one chat SSE event carries: generated text (content, reasoning or tool calls), a
+// finish_reason, and the usage counts (the include_usage chunk).
 struct ChatChunk {
   bool has_token = false;
-  uint64_t completion_tokens = 0;
+  std::string finish_reason;  // empty: none in this event
+  uint64_t prompt_tokens = 0, completion_tokens = 0;
 };
 ChatChunk parseChatChunk(simdjson::dom::parser& parser, std::string_view data) {
   ChatChunk c;
@@ -64,6 +67,8 @@ ChatChunk parseChatChunk(simdjson::dom::parser& parser, std::string_view data) {
   simdjson::dom::array choices;
   if (!doc["choices"].get_array().get(choices)) {
     for (auto ch : choices) {
+      std::string_view finish;
+      if (!ch["finish_reason"].get_string().get(finish)) c.finish_reason = std::string(finish);
       simdjson::dom::object delta;
       if (ch["delta"].get_object().get(delta)) continue;
       for (const char* k : {"content", "reasoning_content", "tool_calls"}) {
@@ -76,6 +81,7 @@ ChatChunk parseChatChunk(simdjson::dom::parser& parser, std::string_view data) {
   }
   uint64_t n = 0;
   if (!doc["usage"]["completion_tokens"].get_uint64().get(n)) c.completion_tokens = n;
+  if (!doc["usage"]["prompt_tokens"].get_uint64().get(n)) c.prompt_tokens = n;
   return c;
 }
 
@@ -118,10 +124,11 @@ class HttpDriver : public Driver {
     for (size_t c = 0; c < recs.size(); ++c) {
       threads.emplace_back([&, c] {
         simdjson::dom::parser parser;
-        size_t next = c;
         while (gate.claim()) {
-          size_t i = next % requests_.size();
-          next += recs.size();
+          // One cursor over the pool for all clients and phases: the measured phase does not
+          // replay the warm-up's payloads, so a pool at least warm-up + count long never repeats
+          // a chat prompt (no prefix-cache hits between requests beyond what prompts share).
+          size_t i = cursor_.fetch_add(1, std::memory_order_relaxed) % requests_.size();
           if (cfg_.mode == Mode::kChat) {
             chatOnce(*conns_[c], parser, i, recs[c]);
           } else {
@@ -170,7 +177,8 @@ class HttpDriver : public Driver {
     auto t0 = Clock::now();
     Clock::time_point last_token{};
     bool first = true, saw_done = false;
-    uint64_t events_with_tokens = 0, usage_tokens = 0;
+    uint64_t events_with_tokens = 0, usage_tokens = 0, usage_prompt = 0;
+    std::string finish;
     std::vector<double> itl;
     double ttft = 0;
     std::string error_body;
@@ -181,6 +189,8 @@ class HttpDriver : public Driver {
       }
       ChatChunk c = parseChatChunk(parser, data);
       if (c.completion_tokens) usage_tokens = c.completion_tokens;
+      if (c.prompt_tokens) usage_prompt = c.prompt_tokens;
+      if (!c.finish_reason.empty()) finish = std::move(c.finish_reason);
       if (!c.has_token) return;
       auto now = Clock::now();
       ++events_with_tokens;
@@ -218,10 +228,17 @@ class HttpDriver : public Driver {
     }
     rec.success(ms);
     rec.items += 1;
-    rec.tokens += tokens_[i];
+    rec.tokens += usage_prompt ? usage_prompt : tokens_[i];
     rec.ttft_ms.push_back(ttft);
     rec.itl_ms.insert(rec.itl_ms.end(), itl.begin(), itl.end());
-    rec.output_tokens += usage_tokens ? usage_tokens : events_with_tokens;
+    const uint64_t out = usage_tokens ? usage_tokens : events_with_tokens;
+    rec.output_tokens += out;
+    // [TAG_CHAT_TPOT] Time per output token after the first: immune to how many tokens ivy
+    // packs into one SSE event (the ITL gaps are per event). Undefined, so not recorded, when
+    // the whole answer came in one event.
+    if (out >= 2 && events_with_tokens >= 2)
+      rec.tpot_ms.push_back((ms - ttft) / static_cast<double>(out - 1));
+    ++rec.finish_reasons[finish.empty() ? "none" : finish];
   }
 
   DriverConfig cfg_;
@@ -231,6 +248,7 @@ class HttpDriver : public Driver {
   std::vector<size_t> sizes_;
   std::vector<uint64_t> tokens_;
   std::vector<std::unique_ptr<Connection>> conns_;
+  std::atomic<size_t> cursor_{0};
 };
 
 }  // namespace
@@ -269,6 +287,22 @@ Result<ServedModel> httpModelInfo(const std::string& endpoint, std::chrono::mill
   ServedModel m;
   m.name = std::string(id);
   return m;
+}
+
+Result<uint64_t> httpCountChatTokens(const std::string& endpoint, const std::string& model,
+                                     const std::string& text, std::chrono::milliseconds timeout) {
+  JsonWriter w;
+  w.beginObject().field("model", model).key("messages").beginArray();
+  w.beginObject().field("role", "user").field("content", text).endObject();
+  w.endArray().endObject();
+  ASSIGN_OR_RETURN(std::string body, getJson(endpoint, "POST", "/tokenize", w.take(), timeout));
+  simdjson::dom::parser parser;
+  simdjson::dom::element doc;
+  if (parser.parse(body).get(doc)) return dataLoss("/tokenize reply is not JSON");
+  uint64_t count = 0;
+  if (doc["count"].get_uint64().get(count) || count == 0)
+    return dataLoss("/tokenize reply has no count");
+  return count;
 }
 
 Result<uint64_t> httpCountTokens(const std::string& endpoint, const std::string& model,

@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <limits>
 
@@ -42,6 +43,7 @@ struct Options {
   std::string info_endpoint;
   uint32_t vocab_size = 0;
   bool require_ok = false;
+  bool ignore_eos = true;
 };
 
 // [TAG_TEXT_LENGTH_CALIBRATION] Text inputs for ivy must tokenize to about --seq-len tokens, but
@@ -52,8 +54,13 @@ struct Options {
 // long bounds the bracket). The measured per-input
 // token counts go into the result's input_tokens. Texts start from the previous text's
 // words-per-token ratio, so after the first one a text usually needs one or two probes.
-Result<Payload> calibratedText(const Options& o, const std::string& model, Rng& rng,
-                               double& words_per_token, std::chrono::milliseconds timeout) {
+// Chat prompts are calibrated the same way against ivy's /tokenize with a one-message chat, so
+// the count is the whole Harmony prompt (system and framing tokens included), i.e. what the chat
+// endpoint reports as usage.prompt_tokens.
+using TokenCounter = std::function<Result<uint64_t>(const std::string& text)>;
+
+Result<Payload> calibratedText(const Options& o, const TokenCounter& count_tokens, Rng& rng,
+                               double& words_per_token) {
   const int32_t target = o.seq_len;
   const int32_t tol = std::max<int32_t>(1, static_cast<int32_t>(target * o.text_tolerance));
   // The first text starts with a short probe (a small vocabulary can split a word into many
@@ -83,7 +90,7 @@ Result<Payload> calibratedText(const Options& o, const std::string& model, Rng& 
     if (over - under <= 1) break;  // no word count left between the two
     Rng r = text_rng;
     std::string text = randomWords(r, words);
-    auto counted = httpCountTokens(o.endpoint, model, text, timeout);
+    auto counted = count_tokens(text);
     if (!counted.isOk()) {
       // Too long for the model (HTTP 400): the count is an upper bound; anything else is fatal.
       if (counted.status().message().find("answered 400") == std::string::npos || words == 1)
@@ -119,7 +126,7 @@ Result<Payload> calibratedText(const Options& o, const std::string& model, Rng& 
                     under_tokens < target - tol && pad < 24;
        ++pad) {
     under_text += " a";
-    auto counted = httpCountTokens(o.endpoint, model, under_text, timeout);
+    auto counted = count_tokens(under_text);
     if (!counted.isOk()) break;
     under_tokens = static_cast<int64_t>(*counted);
     if (std::llabs(under_tokens - target) < std::llabs(best_tokens - target)) {
@@ -159,6 +166,8 @@ int runMain(int argc, char** argv) {
       .add("max-token-id", &o.max_token_id, "random ids stay below min(this, vocab size)")
       .add("encoding-format", &o.encoding_format, "http embeddings: float or base64")
       .add("max-tokens", &o.max_tokens, "chat: output tokens per request")
+      .add("ignore-eos", &o.ignore_eos,
+           "chat: ask the server to ignore end-of-sequence ids (every stream --max-tokens long)")
       .add("text-tolerance", &o.text_tolerance, "text: accepted relative token-count error")
       .add("workload", &o.workload, "workload name (default derived from the shape)")
       .add("suite", &o.suite, "suite name recorded in the result")
@@ -256,6 +265,24 @@ int runMain(int argc, char** argv) {
   double words_per_token = 0;  // unknown until the first text is calibrated
   double tmin = 1e300, tmax = 0, tsum = 0;
   uint64_t tn = 0;
+  TokenCounter count_tokens = [&](const std::string& text) {
+    return httpCountTokens(o.endpoint, model, text, timeout);
+  };
+  bool calibrate = true;
+  if (*mode == Mode::kChat) {
+    count_tokens = [&](const std::string& text) {
+      return httpCountChatTokens(o.endpoint, model, text, timeout);
+    };
+    // A server without Harmony /tokenize (another chat format): fall back to the estimate.
+    auto probe = count_tokens("hello");
+    if (!probe.isOk()) {
+      calibrate = false;
+      std::fprintf(stderr,
+                   "loadgen: warning: cannot count chat prompt tokens through /tokenize (%s); "
+                   "prompts are estimated at 0.75 words per token\n",
+                   probe.status().toString().c_str());
+    }
+  }
   for (int32_t i = 0; i < o.pool; ++i) {
     Payload p;
     for (int32_t b = 0; b < o.batch; ++b) {
@@ -266,13 +293,13 @@ int runMain(int argc, char** argv) {
         tmax = std::max<double>(tmax, o.seq_len);
         tsum += o.seq_len;
         ++tn;
-      } else if (*mode == Mode::kChat) {
-        // No embeddings endpoint to probe on a chat server: the word count is the estimate
-        // (0.75 words per token); the server's usage.prompt_tokens is the truth.
+      } else if (!calibrate) {
+        // The word count is the estimate (0.75 words per token); the server's
+        // usage.prompt_tokens is the truth (the driver records it).
         p.text_inputs.push_back(randomWords(rng, std::max(1, static_cast<int>(o.seq_len * 0.75))));
         p.tokens += static_cast<uint64_t>(o.seq_len);
       } else {
-        auto t = calibratedText(o, model, rng, words_per_token, timeout);
+        auto t = calibratedText(o, count_tokens, rng, words_per_token);
         if (!t.isOk()) return fail(t.status().withContext("text calibration"));
         double tok = static_cast<double>(t->tokens);
         tmin = std::min(tmin, tok);
@@ -298,6 +325,7 @@ int runMain(int argc, char** argv) {
   cfg.no_token = no;
   cfg.encoding_format = o.encoding_format;
   cfg.max_tokens = o.max_tokens;
+  cfg.ignore_eos = o.ignore_eos;
   auto driver = *protocol == Protocol::kGrpc ? makeGrpcDriver(cfg, std::move(pool))
                                              : makeHttpDriver(cfg, std::move(pool));
   if (!driver.isOk()) return fail(driver.status());
@@ -337,7 +365,8 @@ int runMain(int argc, char** argv) {
              {"yes_token", std::to_string(yes)},
              {"no_token", std::to_string(no)},
              {"encoding_format", o.encoding_format},
-             {"max_tokens", std::to_string(o.max_tokens)}};
+             {"max_tokens", std::to_string(o.max_tokens)},
+             {"ignore_eos", o.ignore_eos ? "true" : "false"}};
   r.mode = *mode;
   r.protocol = *protocol;
   r.input = *input;

@@ -120,8 +120,12 @@ std::string renderReport(const RunReport& r) {
     w.key("chat").beginObject();
     summaryObject(w, "ttft_ms", rec.ttft_ms);
     summaryObject(w, "itl_ms", rec.itl_ms);
+    summaryObject(w, "tpot_ms", rec.tpot_ms);
     w.field("output_tokens", rec.output_tokens);
     w.field("output_tokens_per_s", static_cast<double>(rec.output_tokens) / wall);
+    w.key("finish_reasons").beginObject();
+    for (auto& [k, v] : rec.finish_reasons) w.field(k, v);
+    w.endObject();
     w.endObject();
   }
   w.endObject();

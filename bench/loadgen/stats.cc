@@ -48,7 +48,9 @@ void Recorder::merge(const Recorder& o) {
   server_total_us.insert(server_total_us.end(), o.server_total_us.begin(), o.server_total_us.end());
   ttft_ms.insert(ttft_ms.end(), o.ttft_ms.begin(), o.ttft_ms.end());
   itl_ms.insert(itl_ms.end(), o.itl_ms.begin(), o.itl_ms.end());
+  tpot_ms.insert(tpot_ms.end(), o.tpot_ms.begin(), o.tpot_ms.end());
   output_tokens += o.output_tokens;
+  for (auto& [k, v] : o.finish_reasons) finish_reasons[k] += v;
   for (auto& e : o.error_samples)
     if (error_samples.size() < 5) error_samples.push_back(e);
 }

@@ -31,9 +31,13 @@ struct Recorder {
   uint64_t tokens = 0;  // input tokens of successful requests (server-reported where available)
   // Server-side stage timings (gRPC Timings) of successful requests, in microseconds.
   std::vector<double> server_queue_us, server_inference_us, server_total_us;
-  // Chat streams: time to first token, inter-token gaps, output tokens.
-  std::vector<double> ttft_ms, itl_ms;
+  // Chat streams: time to first token, inter-token gaps (between SSE events that carry generated
+  // text), time per output token ((latency - TTFT) / (output tokens - 1), per stream with at least
+  // two events with text: robust to several tokens arriving in one event), output tokens, finish
+  // reasons.
+  std::vector<double> ttft_ms, itl_ms, tpot_ms;
   uint64_t output_tokens = 0;
+  std::map<std::string, uint64_t> finish_reasons;  // "length", "stop", ... ("none": not sent)
   // First few error messages, for the report (bounded).
   std::vector<std::string> error_samples;
 

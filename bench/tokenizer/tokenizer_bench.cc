@@ -5,7 +5,9 @@
 //   bpe:<name>/throughput  ours on a tokenizer.json (HF `tokenizers` is timed by hf_bench.py
 //   bpe:<name>/latency512  on the very same texts, which this binary writes with --dump-texts)
 // Before timing, ours and libsentencepiece must give identical ids on every text (the bench
-// aborts otherwise). Times are thread CPU time. Output: one JSON object per line on stdout.
+// aborts otherwise). Times are thread CPU time; ours and libsentencepiece are timed in
+// alternation (document pass by pass, request by request) so that load on a shared machine
+// falls on both alike. Output: one JSON object per line on stdout.
 //
 // usage: tokenizer_bench --corpus corpus.jsonl [--sp-model m.model] [--bpe name=tokenizer.json]...
 //                        [--dump-texts DIR] [--seconds S]
@@ -111,6 +113,54 @@ Timing throughput(const std::vector<std::string>& docs, double seconds, EncodeFn
   return {bytes / elapsed / 1e6, tokens / elapsed};
 }
 
+// Two encoders timed in alternation (one pass over the documents each, in turn), so a load
+// change on a shared machine hits both sides alike; the ratio is what this is for.
+template <typename EncodeA, typename EncodeB>
+std::pair<Timing, Timing> throughputInterleaved(const std::vector<std::string>& docs,
+                                                double seconds, EncodeA a, EncodeB b) {
+  size_t bytes = 0, tokens_a = 0, tokens_b = 0;
+  for (const auto& d : docs) tokens_a += a(d) + b(d);  // warm-up
+  tokens_a = 0;
+  double ta = 0, tb = 0;
+  do {
+    auto t0 = Clock::now();
+    for (const auto& d : docs) tokens_a += a(d);
+    auto t1 = Clock::now();
+    for (const auto& d : docs) tokens_b += b(d);
+    auto t2 = Clock::now();
+    for (const auto& d : docs) bytes += d.size();
+    ta += std::chrono::duration<double>(t1 - t0).count();
+    tb += std::chrono::duration<double>(t2 - t1).count();
+  } while (ta + tb < 2 * seconds);
+  return {{bytes / ta / 1e6, tokens_a / ta}, {bytes / tb / 1e6, tokens_b / tb}};
+}
+
+// Per-request latency of two encoders, requests alternating a, b, a, b, ...
+template <typename EncodeA, typename EncodeB>
+std::pair<std::pair<double, double>, std::pair<double, double>> latencyInterleaved(
+    const std::string& text, int iters, EncodeA a, EncodeB b) {
+  std::vector<double> ua, ub;
+  ua.reserve(iters);
+  ub.reserve(iters);
+  for (int i = 0; i < 50; ++i) {
+    a(text);
+    b(text);
+  }
+  for (int i = 0; i < iters; ++i) {
+    const auto t0 = Clock::now();
+    a(text);
+    const auto t1 = Clock::now();
+    b(text);
+    const auto t2 = Clock::now();
+    ua.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+    ub.push_back(std::chrono::duration<double, std::micro>(t2 - t1).count());
+  }
+  std::sort(ua.begin(), ua.end());
+  std::sort(ub.begin(), ub.end());
+  return {{ua[ua.size() / 2], ua[ua.size() * 99 / 100]},
+          {ub[ub.size() / 2], ub[ub.size() * 99 / 100]}};
+}
+
 template <typename EncodeFn>
 std::pair<double, double> latency(const std::string& text, int iters, EncodeFn encode) {
   std::vector<double> us;
@@ -154,6 +204,7 @@ int main(int argc, char** argv) {
   std::string corpus_path, sp_model, dump_dir;
   std::vector<std::pair<std::string, std::string>> bpes;
   double seconds = 2.0;
+  bool per_line = false;  // diagnostic: ours vs libsentencepiece per corpus line (unigram)
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -167,6 +218,7 @@ int main(int argc, char** argv) {
     else if (a == "--sp-model") sp_model = next();
     else if (a == "--dump-texts") dump_dir = next();
     else if (a == "--seconds") seconds = std::atof(next().c_str());
+    else if (a == "--per-line") per_line = true;
     else if (a == "--bpe") {
       std::string v = next();
       const size_t eq = v.find('=');
@@ -224,16 +276,33 @@ int main(int argc, char** argv) {
       (void)spm.Encode(t, &ref);
       return ref.size();
     };
+    if (per_line) {
+      // Each non-empty corpus line repeated to ~4 KB, timed alone: which text classes have
+      // the lowest ratio. One JSON line per corpus line.
+      for (size_t li = 0; li < corpus.size(); ++li) {
+        if (corpus[li].empty()) continue;
+        std::string text;
+        while (text.size() < 4096) text += corpus[li] + "\n";
+        const std::vector<std::string> one{text};
+        auto [pa, pb] = throughputInterleaved(one, 0.05, ours_count, spm_count);
+        std::string out;
+        garden::JsonWriter w(&out);
+        w.beginObject().key("line").value(static_cast<int64_t>(li)).key("ours_mb_s")
+            .value(pa.mb_per_s).key("spm_mb_s").value(pb.mb_per_s).key("ratio")
+            .value(pa.mb_per_s / pb.mb_per_s).key("bytes").value(static_cast<uint64_t>(corpus[li].size()))
+            .endObject();
+        std::printf("%s\n", out.c_str());
+      }
+      return 0;
+    }
     const std::string t512 = make512(corpus, ours_count);
     const size_t n512 = ours_count(t512);
-    auto a = throughput(docs, seconds, ours_count);
+    auto [a, b] = throughputInterleaved(docs, seconds, ours_count, spm_count);
     emit("unigram/throughput", "ours", "mb_per_s", a.mb_per_s, "tokens_per_s", a.tokens_per_s, 0);
-    auto b = throughput(docs, seconds, spm_count);
     emit("unigram/throughput", "libsentencepiece", "mb_per_s", b.mb_per_s, "tokens_per_s",
          b.tokens_per_s, 0);
-    auto la = latency(t512, 3000, ours_count);
+    auto [la, lb] = latencyInterleaved(t512, 3000, ours_count, spm_count);
     emit("unigram/latency512", "ours", "p50_us", la.first, "p99_us", la.second, n512);
-    auto lb = latency(t512, 3000, spm_count);
     emit("unigram/latency512", "libsentencepiece", "p50_us", lb.first, "p99_us", lb.second, n512);
     if (!dump_dir.empty()) dumpTexts(dump_dir, "unigram", docs, t512);
   }

@@ -63,6 +63,9 @@ struct ModelFacts {
   uint32_t kv_num_blocks = 0;
   uint32_t kv_block_size = 0;
   int32_t eos_ids[4] = {-1, -1, -1, -1};
+  // kind "llm" only: most sequences one kGenerate step may carry (rose's --max-seqs); a step
+  // with more is answered INVALID_ARGUMENT. max_batch_tokens bounds its new tokens likewise.
+  uint32_t max_seqs = 0;
 };
 
 // A batch, as tulip submits it. Input data lives in the slot's input arena at the given offsets:

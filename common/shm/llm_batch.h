@@ -9,10 +9,18 @@
 // Block ids index the paged KV cache rose announced in ModelFacts (kv_num_blocks blocks of
 // kv_block_size tokens); tulip owns allocation, rose only reads and writes the blocks it is told.
 //
+// Limits (rose answers INVALID_ARGUMENT naming the field, before anything runs):
+//   num_seqs <= ModelFacts.max_seqs, num_tokens <= ModelFacts.max_batch_tokens,
+//   position + num_tokens <= ModelFacts.max_seq_len per sequence, every block id in
+//   [0, kv_num_blocks), num_blocks <= max_seqs * ceil(max_seq_len / kv_block_size), and
+//   LlmStepSeq.logits == kNone (logits never cross the channel).
+//
 // Output (the slot's output arena, offset 0): int32 sampled token ids, one per sequence with
-// sample != 0, in sequence order. Completion.rows = that count, cols = 1, output_bytes = 4*rows.
-// Logits never cross the channel. A step that fails validation is answered INVALID_ARGUMENT
-// with nothing written to the KV cache.
+// sample != 0, in sequence order. Completion.rows = that count, cols = 1, output_bytes = 4*rows
+// (a step where no sequence samples, e.g. a prefill chunk, completes with rows = 0).
+// A step that fails validation is answered INVALID_ARGUMENT with nothing written to the KV
+// cache; an expired deadline DEADLINE_EXCEEDED, not run; a batch of another kind sent to an
+// llm worker INVALID_ARGUMENT.
 //
 // Threads: plain functions over caller-owned memory.
 

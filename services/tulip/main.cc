@@ -1,5 +1,6 @@
 // tulip: the scheduler. Serves garden.v1.Tulip + grpc.health.v1 on --port, batches embedding and
-// scoring requests onto one rose worker over shared memory, and supervises that worker.
+// scoring requests (or, when the worker reports ModelFacts kind "llm", runs continuous batching
+// of Generate streams) onto one rose worker over shared memory, and supervises that worker.
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
@@ -8,6 +9,7 @@
 #include <unistd.h>
 
 #include <climits>
+#include <cstring>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -20,6 +22,8 @@
 #include "common/logging.h"
 #include "common/metrics/registry.h"
 #include "common/metrics_http.h"
+#include "common/shm/llm_batch.h"
+#include "services/tulip/llm/llm_scheduler.h"
 #include "services/tulip/sched/embed_scheduler.h"
 #include "services/tulip/server/tulip_service.h"
 #include "services/tulip/worker/shm_worker.h"
@@ -55,6 +59,16 @@ uint64_t hiddenSizeOf(const std::string& model_dir) {
   return h > 0 ? static_cast<uint64_t>(h) : 0;
 }
 
+// max_position_embeddings from config.json (0 when unknown), to size an LLM step's block tables.
+uint64_t maxPositionsOf(const std::string& model_dir) {
+  simdjson::dom::parser parser;
+  simdjson::dom::element doc;
+  if (parser.load((fs::path(model_dir) / "config.json").string()).get(doc)) return 0;
+  int64_t n = 0;
+  if (doc["max_position_embeddings"].get_int64().get(n)) return 0;
+  return n > 0 ? static_cast<uint64_t>(n) : 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -65,7 +79,9 @@ int main(int argc, char** argv) {
   std::string log_level = "info";
   bool attach = false;
   uint32_t depth = 4, max_batch_tokens = 8192, max_batch_seqs = 256, rose_threads = 0;
-  uint64_t queue_limit_tokens = 1u << 20;
+  uint64_t queue_limit_tokens = 1u << 20, max_waiting_tokens = 0;
+  uint32_t max_num_seqs = 256;
+  bool prefix_caching = true;
   uint32_t heartbeat_timeout_ms = 3000, drain_timeout_ms = 10000, step_timeout_ms = 60000;
   std::vector<std::string> rose_extra;
 
@@ -87,6 +103,12 @@ int main(int argc, char** argv) {
       .add("max-batch-seqs", &max_batch_seqs, "sequence cap of one batch")
       .add("queue-limit-tokens", &queue_limit_tokens,
            "queued tokens beyond which requests get RESOURCE_EXHAUSTED")
+      .add("max-num-seqs", &max_num_seqs, "LLM: sequences generated at once (running set)")
+      .add("max-waiting-tokens", &max_waiting_tokens,
+           "LLM: prompt tokens waiting beyond which Generate gets RESOURCE_EXHAUSTED "
+           "(0 = --queue-limit-tokens)")
+      .add("enable-prefix-caching", &prefix_caching,
+           "LLM: share the KV of repeated prompt prefixes (full blocks)")
       .add("heartbeat-timeout-ms", &heartbeat_timeout_ms,
            "a worker silent this long is declared stuck and restarted")
       .add("step-timeout-ms", &step_timeout_ms,
@@ -106,6 +128,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "tulip: --depth must be 1..64\n");
     return 2;
   }
+  if (max_num_seqs == 0) {
+    std::fprintf(stderr, "tulip: --max-num-seqs must be >= 1\n");
+    return 2;
+  }
+  if (max_waiting_tokens == 0) max_waiting_tokens = queue_limit_tokens;
   if (shm_name.empty()) shm_name = "/garden-tulip-" + std::to_string(port);
   if (rose_bin.empty()) rose_bin = defaultRoseBin();
 
@@ -125,6 +152,17 @@ int main(int argc, char** argv) {
   wopts.layout.slots = depth;
   wopts.layout.input_bytes =
       (uint64_t{max_batch_tokens} + max_batch_seqs) * sizeof(int32_t) + 4096;
+  {
+    // An LLM step: descriptors, tokens and every sequence's block table (blocks of >= 16
+    // tokens assumed; a step that would not fit carries fewer sequences). Pages of the segment
+    // are only backed once touched, so generous sizing costs nothing until used.
+    uint64_t positions = model.empty() ? 0 : maxPositionsOf(model);
+    if (positions == 0) positions = 8192;
+    const uint64_t blocks = std::min<uint64_t>(uint64_t{max_num_seqs} * ((positions + 15) / 16),
+                                               uint64_t{16} << 20);
+    wopts.layout.input_bytes = std::max<uint64_t>(
+        wopts.layout.input_bytes, shm::llmStepBytes(max_num_seqs, max_batch_tokens, blocks));
+  }
   wopts.layout.output_bytes = uint64_t{max_batch_seqs} * hidden * sizeof(float);
   wopts.heartbeat_timeout = std::chrono::milliseconds(heartbeat_timeout_ms);
   wopts.step_timeout = std::chrono::milliseconds(step_timeout_ms);
@@ -146,7 +184,16 @@ int main(int argc, char** argv) {
   sopts.max_batch_seqs = max_batch_seqs;
   sopts.queue_limit_tokens = queue_limit_tokens;
   EmbedScheduler scheduler(**worker, sopts);
-  (*worker)->setOnChange([&scheduler] { scheduler.poke(); });
+  LlmSchedulerOptions lopts;
+  lopts.max_batch_tokens = max_batch_tokens;
+  lopts.max_num_seqs = max_num_seqs;
+  lopts.max_waiting_tokens = max_waiting_tokens;
+  lopts.enable_prefix_caching = prefix_caching;
+  LlmScheduler llm_scheduler(**worker, lopts);
+  (*worker)->setOnChange([&scheduler, &llm_scheduler] {
+    scheduler.poke();
+    llm_scheduler.poke();
+  });
 
   auto& reg = metrics::Registry::global();
   auto& g_ready = reg.gauge("tulip_worker_ready", "1 when the rose worker is ready").get();
@@ -155,7 +202,7 @@ int main(int argc, char** argv) {
   auto& g_qreqs = reg.gauge("tulip_queue_requests", "requests waiting to be batched").get();
   auto& g_inflight = reg.gauge("tulip_inflight_tokens", "tokens in batches on the worker").get();
 
-  TulipService service(scheduler, **worker, ServiceOptions{served_name});
+  TulipService service(scheduler, llm_scheduler, **worker, ServiceOptions{served_name});
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   int bound_port = 0;
@@ -199,12 +246,20 @@ int main(int argc, char** argv) {
         health->SetServingStatus("garden.v1.Tulip", ready);
         last = ready;
       }
-      auto s = scheduler.stats();
       g_ready.set(ready ? 1 : 0);
       g_restarts.set(static_cast<double>((*worker)->restarts()));
-      g_qtokens.set(static_cast<double>(s.queued_tokens));
-      g_qreqs.set(static_cast<double>(s.queued_requests));
-      g_inflight.set(static_cast<double>(s.inflight_tokens));
+      const auto f = (*worker)->facts();
+      if (std::string(f.kind, strnlen(f.kind, sizeof(f.kind))) == "llm") {
+        auto s = llm_scheduler.stats();
+        g_qtokens.set(static_cast<double>(s.waiting_tokens));
+        g_qreqs.set(static_cast<double>(s.waiting));
+        g_inflight.set(static_cast<double>(s.inflight_tokens));
+      } else {
+        auto s = scheduler.stats();
+        g_qtokens.set(static_cast<double>(s.queued_tokens));
+        g_qreqs.set(static_cast<double>(s.queued_requests));
+        g_inflight.set(static_cast<double>(s.inflight_tokens));
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
   });
@@ -218,6 +273,7 @@ int main(int argc, char** argv) {
   server->Shutdown(std::chrono::system_clock::now() +
                    std::chrono::milliseconds(drain_timeout_ms));
   scheduler.stop();
+  llm_scheduler.stop();
   (*worker)->stop();
   metrics_http.stop();
   log::info("stopped");

@@ -1,8 +1,10 @@
 // End to end on the GPU: rose's Qwen3Model on the CUDA backend, at Qwen3-Embedding-0.6B shapes with
 // random weights, against Hugging Face transformers (bf16) run on the same checkpoint by
 // make_e2e_reference.py (the ctest fixture gpu_e2e_reference). Checks cosine >= 0.999 per
-// sequence, and that a sequence's embedding is bit-identical whatever else is in its batch.
-// Label `gpu`.
+// sequence, and that a sequence's embedding does not depend on what else is in its batch:
+// bit-identical when the batch's token count falls in the same GEMM M bucket (and always with
+// GARDEN_GEMM_TUNE=0), to within bf16 rounding otherwise (the tuned cuBLASLt algorithm, split-K
+// included, is chosen per M bucket: services/rose/ops/cuda/gemm.h). Label `gpu`.
 
 #include <gtest/gtest.h>
 
@@ -15,6 +17,7 @@
 #include <vector>
 
 #include "services/rose/model/qwen3.h"
+#include "services/rose/ops/cuda/cuda_backend.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace garden::rose::gputest {
@@ -94,16 +97,29 @@ TEST(GpuEndToEnd, Qwen3EmbeddingMatchesTransformersAndIsBatchInvariant) {
   }
   std::printf("e2e: %zu sequences, min cosine vs transformers %.6f\n", lens.size(), min_cos);
 
-  // The same sequence alone, and in a different batch, gives the same bits.
-  size_t mismatches = 0;
+  // The same sequence alone, and in a different batch: the same bits when both batches' GEMMs
+  // use the same algorithms (same M bucket, or tuning off); otherwise equal to within bf16
+  // rounding, 28 layers deep (cosine >= 0.9999, every value within 8 bf16 ulps of the row's
+  // largest |value|).
+  const bool tuned = static_cast<cuda::CudaBackend&>(b).gemm().tuning();
+  const int64_t all_tokens = static_cast<int64_t>(tokens.size());
+  size_t mismatches = 0, cross_bucket = 0;
   for (size_t i = 0; i < lens.size(); ++i) {
     const auto alone = embed({i});
-    if (std::memcmp(alone.data(), batched.data() + i * static_cast<size_t>(h), alone.size() * 4) !=
-        0) {
-      ++mismatches;
-      const double c = rowCosine(alone, batched, 0, h);
-      ADD_FAILURE() << "sequence " << i << " (length " << lens[i]
-                    << ") differs alone vs batched (cosine " << c << ")";
+    const float* in_batch = batched.data() + i * static_cast<size_t>(h);
+    if (!tuned ||
+        cuda::GemmRunner::algoBucket(lens[i]) == cuda::GemmRunner::algoBucket(all_tokens)) {
+      if (std::memcmp(alone.data(), in_batch, alone.size() * 4) != 0) {
+        ++mismatches;
+        const double c = rowCosine(alone, batched, 0, h);
+        ADD_FAILURE() << "sequence " << i << " (length " << lens[i]
+                      << ") differs alone vs batched in the same GEMM bucket (cosine " << c << ")";
+      }
+    } else {
+      ++cross_bucket;
+      expectSameWithinBf16(alone.data(), in_batch, h, 0.9999, 8,
+                           "e2e: sequence " + std::to_string(i) + " (length " +
+                               std::to_string(lens[i]) + ") alone vs batched");
     }
   }
   std::vector<size_t> rev(all.rbegin(), all.rend());
@@ -112,7 +128,10 @@ TEST(GpuEndToEnd, Qwen3EmbeddingMatchesTransformersAndIsBatchInvariant) {
     EXPECT_EQ(0, std::memcmp(reversed.data() + j * h, batched.data() + rev[j] * h, h * 4))
         << "sequence " << rev[j] << " differs when the batch order is reversed";
   }
-  std::printf("e2e: batch invariance mismatches %zu of %zu\n", mismatches, lens.size());
+  std::printf(
+      "e2e: batch invariance: %zu bit mismatches within a bucket, %zu of %zu compared "
+      "across GEMM buckets (tolerance)\n",
+      mismatches, cross_bucket, lens.size());
 }
 
 // The project's rule: the CUDA backend agrees with the CPU fp32 reference backend. Long sequences

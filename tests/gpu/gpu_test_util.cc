@@ -1,6 +1,8 @@
 #include "tests/gpu/gpu_test_util.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 
 #include "common/safetensors.h"
@@ -134,6 +136,40 @@ double rowCosine(const std::vector<float>& a, const std::vector<float>& b, int64
   }
   if (na == 0 || nb == 0) return (na == nb) ? 1.0 : 0.0;
   return dot / std::sqrt(na * nb);
+}
+
+double expectSameWithinBf16(const float* got, const float* want, int64_t cols, double min_cos,
+                            int max_ulps, const std::string& what) {
+  double dot = 0, na = 0, nb = 0, mx = 0, worst = 0;
+  int64_t differ = 0;
+  for (int64_t i = 0; i < cols; ++i) {
+    const double a = got[i], b = want[i];
+    dot += a * b;
+    na += a * a;
+    nb += b * b;
+    mx = std::max({mx, std::fabs(a), std::fabs(b)});
+    worst = std::max(worst, std::fabs(a - b));
+    if (std::memcmp(&got[i], &want[i], sizeof(float)) != 0) ++differ;
+  }
+  const double cs = (na == 0 || nb == 0) ? (na == nb ? 1.0 : 0.0) : dot / std::sqrt(na * nb);
+  int e = 0;
+  std::frexp(mx, &e);  // mx = f * 2^e, f in [0.5, 1): the bf16 ulp at mx is 2^(e - 8)
+  const double ulp = std::ldexp(1.0, e - 8);
+  std::printf(
+      "%s: cosine %.8f, max |diff| %.3g (%.2f bf16 ulps of max |value| %.3g), %lld of %lld "
+      "differ\n",
+      what.c_str(), cs, worst, worst / ulp, mx, static_cast<long long>(differ),
+      static_cast<long long>(cols));
+  EXPECT_GE(cs, min_cos) << what;
+  EXPECT_LE(worst, max_ulps * ulp)
+      << what << ": max |diff| " << worst << " = " << worst / ulp << " bf16 ulps of " << mx;
+  for (int64_t i = 0; i < cols; ++i) {
+    if (!std::isfinite(got[i])) {
+      ADD_FAILURE() << what << ": non-finite value at " << i;
+      break;
+    }
+  }
+  return cs;
 }
 
 }  // namespace garden::rose::gputest

@@ -54,4 +54,12 @@ void expectClose(const std::vector<float>& got, const std::vector<float>& ref, d
 double rowCosine(const std::vector<float>& a, const std::vector<float>& b, int64_t row,
                  int64_t cols);
 
+// One sequence's embedding from two batches whose GEMMs ran in different M buckets: the tuned
+// cuBLASLt algorithm (services/rose/ops/cuda/gemm.h; split-K included) may differ per bucket, so
+// f32 summation orders, and therefore rare bf16 roundings, differ. EXPECTs the `cols` values at
+// `got` / `want` to agree to within bf16 rounding: cosine >= min_cos and every |diff| <= max_ulps
+// bf16 ulps of the larger row's largest |value|. Prints and returns the cosine.
+double expectSameWithinBf16(const float* got, const float* want, int64_t cols, double min_cos,
+                            int max_ulps, const std::string& what);
+
 }  // namespace garden::rose::gputest

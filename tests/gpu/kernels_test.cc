@@ -4,8 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <iostream>
 #include <numeric>
 #include <random>
 #include <sstream>
@@ -13,6 +15,7 @@
 
 #include "services/rose/ops/cuda/attention.cuh"
 #include "services/rose/ops/cuda/cuda_backend.h"
+#include "services/rose/ops/cuda/pool.cuh"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace garden::rose::gputest {
@@ -96,6 +99,38 @@ TEST_F(GpuOps, RmsNormWithAndWithoutResidual) {
   }
 }
 
+TEST_F(GpuOps, RmsNormRowDoesNotDependOnRowCount) {
+  // Few rows (< 4 per SM) take the one-row-per-block kernel with one chunk per thread, many rows
+  // the multi-row kernel; both sum a row's squares in the same order, so a row's bits (out and
+  // the updated residual) are the same whether it is normalized among 1000 rows or among 100.
+  const int64_t t = 1000, few = 100;
+  for (int64_t h : {1024, 2880, 4096}) {
+    for (bool with_res : {false, true}) {
+      SCOPED_TRACE("hidden " + std::to_string(h) + (with_res ? " residual" : " plain"));
+      auto x = randomBf16(static_cast<size_t>(t * h), rng_, -2.f, 2.f);
+      auto r = randomBf16(static_cast<size_t>(t * h), rng_, -2.f, 2.f);
+      auto w = randomBf16(static_cast<size_t>(h), rng_, 0.5f, 1.5f);
+      auto gw = upload(gpu(), gpu().weightDType(), {h}, w);
+      std::vector<float> outs[2], ress[2];
+      for (int64_t rows : {t, few}) {
+        const auto len = static_cast<std::ptrdiff_t>(rows * h);
+        auto gx = upload(gpu(), act(), {rows, h}, std::vector<float>(x.begin(), x.begin() + len));
+        auto gr = upload(gpu(), gpu().residualDType(), {rows, h},
+                         std::vector<float>(r.begin(), r.begin() + len));
+        auto go = allocate(gpu(), act(), {rows, h});
+        poison(gpu(), go.view);
+        gpu().rmsNorm(gx.view, with_res ? gr.view : Tensor(), gw.view, go.view, {});
+        outs[rows == few] = download(gpu(), go.view);
+        ress[rows == few] = download(gpu(), gr.view);
+      }
+      const size_t n = static_cast<size_t>(few * h);
+      EXPECT_EQ(0, std::memcmp(outs[0].data(), outs[1].data(), n * sizeof(float)));
+      EXPECT_EQ(0, std::memcmp(ress[0].data(), ress[1].data(), n * sizeof(float)));
+      for (size_t i = 0; i < n; ++i) ASSERT_TRUE(std::isfinite(outs[1][i])) << i;
+    }
+  }
+}
+
 TEST_F(GpuOps, RmsNormOutAliasesX) {
   const int64_t t = 19, h = 1024;
   auto x = randomBf16(static_cast<size_t>(t * h), rng_, -2.f, 2.f);
@@ -119,7 +154,11 @@ TEST_F(GpuOps, LinearMatchesReference) {
                             {97, 1024, 3072, false},
                             {300, 2048, 1024, true},
                             {1000, 256, 128, false},
-                            {5, 1032, 520, true}}) {
+                            {5, 1032, 520, true},
+                            // Qwen3-0.6B shapes at 128 tokens (tuned choices: split-K likely).
+                            {128, 1024, 2048, false},
+                            {128, 1024, 3072, false},
+                            {128, 6144, 1024, false}}) {
     SCOPED_TRACE(shape({s.m, s.n, s.k}) + (s.bias ? " bias" : ""));
     auto x = randomBf16(static_cast<size_t>(s.m * s.k), rng_, -1.f, 1.f);
     auto w = randomBf16(static_cast<size_t>(s.n * s.k), rng_, -0.06f, 0.06f);
@@ -142,24 +181,137 @@ TEST_F(GpuOps, LinearMatchesReference) {
   }
 }
 
-TEST_F(GpuOps, LinearRowDoesNotDependOnM) {
-  // One algorithm per (N, K): a row's bits do not change with the number of rows.
+// Two bf16 results of the same GEMM row computed with different f32 summation orders (another
+// algorithm, split-K): each value within 2 bf16 ulps (2 * 2^-7 relative) of the other, plus a
+// small absolute floor for values near zero where cancellation makes relative bounds meaningless.
+void expectWithinBf16Rounding(const std::vector<float>& got, const std::vector<float>& want,
+                              const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double mx = 0;
+  for (float v : want) mx = std::max(mx, static_cast<double>(std::fabs(v)));
+  size_t bad = 0, differ = 0, worst_at = 0;
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double a = got[i], b = want[i], d = std::fabs(a - b);
+    if (std::memcmp(&got[i], &want[i], sizeof(float)) != 0) ++differ;
+    const double tol = 2.0 * std::ldexp(std::max(std::fabs(a), std::fabs(b)), -7) + 1e-4 * mx;
+    if (!(d <= tol)) {
+      if (bad++ == 0 || d > worst) worst_at = i;
+      worst = std::max(worst, d);
+    }
+  }
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size()
+                     << " values beyond 2 bf16 ulps (worst |diff| " << worst << " at " << worst_at
+                     << ": " << got[worst_at] << " vs " << want[worst_at] << ")";
+  std::cout << what << ": " << differ << " of " << got.size() << " values not bit-identical\n";
+}
+
+TEST_F(GpuOps, LinearRowBitsDependOnlyOnTheMBucket) {
+  // gemm.h: with tuning on, one algorithm per (M bucket, N, K): a row's bits do not change with
+  // the number of rows inside one bucket (that is what keeps graphed == eager bit for bit, the
+  // graph padding M within its bucket). Across buckets the timed choice may differ (split-K
+  // changes the f32 summation order), so rows only agree to within bf16 rounding. With tuning
+  // off (GARDEN_GEMM_TUNE=0) there is one algorithm per (N, K) and every M gives the same bits.
   const int64_t n = 1024, k = 3072, m = 1000;
   auto x = randomBf16(static_cast<size_t>(m * k), rng_, -1.f, 1.f);
   auto w = randomBf16(static_cast<size_t>(n * k), rng_, -0.06f, 0.06f);
   auto gw = upload(gpu(), gpu().weightDType(), {n, k}, w);
   auto gx = upload(gpu(), act(), {m, k}, x);
   auto gy = allocate(gpu(), act(), {m, n});
-  gpu().linear(gx.view, gw.view, Tensor(), gy.view);
-  auto full = download(gpu(), gy.view);
-  for (int64_t rows : {1, 2, 17, 97, 640}) {
-    SCOPED_TRACE("rows " + std::to_string(rows));
-    auto sub = gy.view.rowSlice(0, rows);
-    poison(gpu(), sub);
-    gpu().linear(gx.view.rowSlice(0, rows), gw.view, Tensor(), sub);
-    auto part = download(gpu(), sub);
-    EXPECT_EQ(0, std::memcmp(part.data(), full.data(), part.size() * sizeof(float)));
+  auto& cb = static_cast<cuda::CudaBackend&>(gpu());
+  ASSERT_TRUE(gpu().synchronize().isOk());
+  for (bool tune : {true, false}) {
+    SCOPED_TRACE(tune ? "tuned" : "untuned");
+    auto runner = cuda::GemmRunner::create(size_t{32} << 20, tune);
+    ASSERT_TRUE(runner.isOk()) << runner.status().toString();
+    cuda::GemmRunner& g = **runner;
+    auto run = [&](int64_t rows, const Tensor& y) {
+      Status s = g.run(gx.view.as<__nv_bfloat16>(), gw.view.as<__nv_bfloat16>(), nullptr,
+                       y.as<__nv_bfloat16>(), rows, n, k, cb.stream());
+      ASSERT_TRUE(s.isOk()) << s.toString();
+    };
+    poison(gpu(), gy.view);
+    run(m, gy.view);
+    auto full = download(gpu(), gy.view);
+    EXPECT_EQ(g.tunedShapes() > 0, tune);  // 1000 x 1024 x 3072 has many candidates
+    for (int64_t rows : {961, 999, 1, 2, 17, 64, 97, 640}) {
+      SCOPED_TRACE("rows " + std::to_string(rows));
+      auto sub = gy.view.rowSlice(0, rows);
+      poison(gpu(), sub);
+      run(rows, sub);
+      auto part = download(gpu(), sub);
+      std::vector<float> want(full.begin(),
+                              full.begin() + static_cast<std::ptrdiff_t>(part.size()));
+      if (!tune || cuda::GemmRunner::algoBucket(rows) == cuda::GemmRunner::algoBucket(m)) {
+        EXPECT_EQ(0, std::memcmp(part.data(), want.data(), part.size() * sizeof(float)));
+      } else {
+        expectWithinBf16Rounding(part, want, "rows " + std::to_string(rows) + " vs 1000");
+      }
+    }
+    EXPECT_EQ(g.untimedInCapture(), 0u);
+    EXPECT_EQ(g.variantFallbacks(), 0u);  // every M ran its bucket's algorithm
   }
+  EXPECT_EQ(cuda::GemmRunner::algoBucket(1), 64);
+  EXPECT_EQ(cuda::GemmRunner::algoBucket(1000), 1024);
+  EXPECT_EQ(cuda::GemmRunner::algoBucket(1025), 1280);
+  EXPECT_EQ(cuda::GemmRunner::algoBucket(4097), 5120);
+  for (uint32_t t = 1; t <= 9000; ++t) {  // graph buckets nest in algorithm buckets
+    ASSERT_EQ(cuda::GemmRunner::algoBucket(graphTokensBucket(t)), cuda::GemmRunner::algoBucket(t))
+        << t;
+  }
+}
+
+TEST_F(GpuOps, LinearFirstSeenInsideACaptureIsUntimedAndCaptures) {
+  // A shape first seen while the stream is captured takes the heuristic's first pick without
+  // timing (no events or syncs in the capture); the graph replays to the same bits as an eager
+  // call of the same runner, and to within bf16 rounding of the timed choice. (A timed runner
+  // goes first, as the graph cache's eager first run would, so every candidate's kernel is
+  // already loaded when the capture starts.)
+  const int64_t n = 2048, k = 1024, m = 200;
+  auto x = randomBf16(static_cast<size_t>(m * k), rng_, -1.f, 1.f);
+  auto w = randomBf16(static_cast<size_t>(n * k), rng_, -0.06f, 0.06f);
+  auto gw = upload(gpu(), gpu().weightDType(), {n, k}, w);
+  auto gx = upload(gpu(), act(), {m, k}, x);
+  auto gy = allocate(gpu(), act(), {m, n});
+  auto& cb = static_cast<cuda::CudaBackend&>(gpu());
+  auto run = [&](cuda::GemmRunner& r) {
+    return r.run(gx.view.as<__nv_bfloat16>(), gw.view.as<__nv_bfloat16>(), nullptr,
+                 gy.view.as<__nv_bfloat16>(), m, n, k, cb.stream());
+  };
+  auto timed_runner = cuda::GemmRunner::create(size_t{32} << 20, true);
+  ASSERT_TRUE(timed_runner.isOk()) << timed_runner.status().toString();
+  poison(gpu(), gy.view);
+  ASSERT_TRUE(run(**timed_runner).isOk());
+  auto timed = download(gpu(), gy.view);
+  EXPECT_EQ((*timed_runner)->tunedShapes(), 1u);
+  EXPECT_EQ((*timed_runner)->untimedInCapture(), 0u);
+
+  auto runner = cuda::GemmRunner::create(size_t{32} << 20, true);
+  ASSERT_TRUE(runner.isOk()) << runner.status().toString();
+  cuda::GemmRunner& g = **runner;
+  poison(gpu(), gy.view);
+  ASSERT_TRUE(gpu().synchronize().isOk());
+  cudaStream_t s = cb.stream();
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  Status st = run(g);
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
+  ASSERT_TRUE(st.isOk()) << st.toString();
+  ASSERT_NE(graph, nullptr);
+  EXPECT_EQ(g.untimedInCapture(), 1u);
+  EXPECT_EQ(g.tunedShapes(), 0u);
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  cudaGraphDestroy(graph);
+  ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+  auto graphed = download(gpu(), gy.view);
+  cudaGraphExecDestroy(exec);
+  poison(gpu(), gy.view);
+  ASSERT_TRUE(run(g).isOk());  // eager: the cached (untimed) choice, no tuning now
+  auto eager = download(gpu(), gy.view);
+  EXPECT_EQ(g.tunedShapes(), 0u);
+  EXPECT_EQ(0, std::memcmp(graphed.data(), eager.data(), eager.size() * sizeof(float)));
+  expectWithinBf16Rounding(timed, eager, "timed vs untimed choice");
 }
 
 std::pair<std::vector<float>, std::vector<float>> ropeTables(int64_t max_pos, int64_t rot,
@@ -253,6 +405,7 @@ TEST_F(GpuOps, VarlenAttentionBothTileSizes) {
     }
     cases.push_back({4, 4, 128, causal, {33, 129, 2}});
     cases.push_back({8, 2, 64, causal, {1, 77, 200}});
+    cases.push_back({6, 2, 128, causal, {100, 3, 257}});  // group 3: v2 with one head per block
   }
   auto& cb = static_cast<cuda::CudaBackend&>(gpu());
   for (const AttnCase& c : cases) {
@@ -282,8 +435,9 @@ TEST_F(GpuOps, VarlenAttentionBothTileSizes) {
     p.causal = c.causal;
     cpu().attention(cq.view, ccu.view, co.view, p);
     auto ref = download(cpu(), co.view);
-    std::vector<float> results[3];
-    for (int variant = 0; variant < 3; ++variant) {
+    // 0: the backend op (default kernel); 1/2: v1 with 16/64-row tiles; 3/4: v2 with 16/64.
+    std::vector<float> results[5];
+    for (int variant = 0; variant < 5; ++variant) {
       auto go = allocate(gpu(), act(), {t, static_cast<int64_t>(c.hq) * c.d});
       poison(gpu(), go.view);
       if (variant == 0) {
@@ -300,14 +454,16 @@ TEST_F(GpuOps, VarlenAttentionBothTileSizes) {
         a.head_dim = c.d;
         a.scale = p.scale;
         a.causal = c.causal;
-        Status s = cuda::launchAttention(a, cb.stream(), variant == 1 ? 16 : 64);
+        Status s = cuda::launchAttention(
+            a, cb.stream(), variant % 2 == 1 ? 16 : 64,
+            variant <= 2 ? cuda::AttentionKernel::kV1 : cuda::AttentionKernel::kV2);
         ASSERT_TRUE(s.isOk()) << s.toString();
       }
       results[variant] = download(gpu(), go.view);
-      expectClose(results[variant], ref, 1e-2, 2e-2,
-                  variant == 0   ? "attention (auto)"
-                  : variant == 1 ? "attention (16 rows)"
-                                 : "attention (64 rows)");
+      static const char* const kNames[] = {"attention (auto)", "attention v1 (16 rows)",
+                                           "attention v1 (64 rows)", "attention v2 (16 rows)",
+                                           "attention v2 (64 rows)"};
+      expectClose(results[variant], ref, 1e-2, 2e-2, kNames[variant]);
       // Per (token, head) relative L2 error: long diffuse rows have small outputs that an
       // absolute tolerance would not police.
       double worst = 0;
@@ -328,10 +484,12 @@ TEST_F(GpuOps, VarlenAttentionBothTileSizes) {
       EXPECT_LE(worst, 1e-2) << "worst relative L2 error at token " << worst_row / c.hq << " head "
                              << worst_row % c.hq;
     }
-    // The tile size does not change a row's arithmetic.
-    EXPECT_EQ(0,
-              std::memcmp(results[1].data(), results[2].data(), results[1].size() * sizeof(float)))
-        << "16-row and 64-row tiles differ";
+    // Neither the tile size nor the kernel variant changes a row's arithmetic.
+    for (int v = 2; v < 5; ++v) {
+      EXPECT_EQ(
+          0, std::memcmp(results[1].data(), results[v].data(), results[1].size() * sizeof(float)))
+          << "variant " << v << " differs from v1 with 16-row tiles";
+    }
   }
 }
 
@@ -390,7 +548,8 @@ TEST_F(GpuOps, Swiglu) {
 
 TEST_F(GpuOps, PoolingModesWithAndWithoutL2) {
   for (int64_t h : {8, 1024, 4096}) {
-    for (auto lens : std::vector<std::vector<int32_t>>{{1}, {17}, {1, 63, 300, 2}}) {
+    for (auto lens :
+         std::vector<std::vector<int32_t>>{{1}, {17}, {1, 63, 300, 2}, {2000}, {5, 777, 64}}) {
       for (PoolMode mode : {PoolMode::kLast, PoolMode::kMean, PoolMode::kCls}) {
         for (bool norm : {true, false}) {
           SCOPED_TRACE("h " + std::to_string(h) + " seqs " + std::to_string(lens.size()) +
@@ -411,11 +570,55 @@ TEST_F(GpuOps, PoolingModesWithAndWithoutL2) {
           p.normalize = norm;
           cpu().pool(ch.view, ccu.view, co.view, p);
           gpu().pool(gh.view, gcu.view, go.view, p);
-          expectClose(download(gpu(), go.view), download(cpu(), co.view), 1e-5, 1e-4, "pool");
+          const auto want = download(cpu(), co.view);
+          expectClose(download(gpu(), go.view), want, 1e-5, 1e-4, "pool (default kernel)");
+          // Both kernels explicitly (v2: one cluster of blocks per sequence for mean).
+          for (auto k : {cuda::PoolKernel::kV1, cuda::PoolKernel::kV2}) {
+            poison(gpu(), go.view);
+            cuda::PoolArgs a;
+            a.hidden = gh.view.as<__nv_bfloat16>();
+            a.cu_seqlens = gcu.view.as<int32_t>();
+            a.out = go.view.as<float>();
+            a.num_seqs = static_cast<int32_t>(ns);
+            a.hidden_size = h;
+            a.kind = static_cast<cuda::PoolKind>(static_cast<int32_t>(mode));
+            a.normalize = norm;
+            Status s = cuda::launchPool(a, static_cast<cuda::CudaBackend&>(gpu()).stream(), k);
+            ASSERT_TRUE(s.isOk()) << s.toString();
+            expectClose(download(gpu(), go.view), want, 1e-5, 1e-4,
+                        k == cuda::PoolKernel::kV1 ? "pool v1" : "pool v2");
+          }
         }
       }
     }
   }
+}
+
+TEST_F(GpuOps, MeanPoolRowDoesNotDependOnBatch) {
+  const int64_t h = 1024;
+  const int32_t la = 1000;
+  auto a_rows = randomBf16(static_cast<size_t>(la * h), rng_, -3.f, 3.f);
+  auto run = [&](const std::vector<int32_t>& lens, int which) {
+    const auto cu = cumulative(lens);
+    const int64_t t = cu.back(), ns = static_cast<int64_t>(lens.size());
+    auto hid = randomBf16(static_cast<size_t>(t * h), rng_, -3.f, 3.f);
+    std::copy(a_rows.begin(), a_rows.end(), hid.begin() + cu[static_cast<size_t>(which)] * h);
+    auto gh = upload(gpu(), act(), {t, h}, hid);
+    auto gcu = uploadI32(gpu(), {ns + 1}, cu);
+    auto go = allocate(gpu(), DType::kF32, {ns, h});
+    poison(gpu(), go.view);
+    PoolParams p;
+    p.num_seqs = static_cast<int32_t>(ns);
+    p.mode = PoolMode::kMean;
+    p.normalize = true;
+    gpu().pool(gh.view, gcu.view, go.view, p);
+    auto all = download(gpu(), go.view);
+    return std::vector<float>(all.begin() + which * h, all.begin() + (which + 1) * h);
+  };
+  auto alone = run({la}, 0);
+  auto batched = run({7, 300, la, 64, 1}, 2);
+  EXPECT_EQ(0, std::memcmp(alone.data(), batched.data(), alone.size() * sizeof(float)))
+      << "a sequence's mean pooling changed with its batch";
 }
 
 TEST_F(GpuOps, ScoreHead) {

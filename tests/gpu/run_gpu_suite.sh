@@ -3,17 +3,18 @@
 #   gpu.txt        the card as found (nvidia-smi)
 #   kernels.log    gpu_kernels_test (every op vs the CPU reference)
 #   graph.log      gpu_graph_test (lazy capture, replay == eager, CUDA forward vs CPU)
+#   modelgraph.log gpu_model_graph_test (Qwen3 + Engine through graphs == eager, batch invariance)
 #   memcheck.log   compute-sanitizer memcheck over gpu_graph_test and the attention/pool tests
 #   bench.txt      rose_kernel_bench (kernel microbenchmarks)
 #   e2e.log        make_e2e_reference.py (transformers, bf16) + gpu_e2e_test
-# usage: tests/gpu/run_gpu_suite.sh BIN_DIR OUT_DIR [steps...]   (steps: kernels graph memcheck
-#        bench e2e; default all). BIN_DIR holds the binaries and lib/ with any shared libraries
+# usage: tests/gpu/run_gpu_suite.sh BIN_DIR OUT_DIR [steps...]   (steps: kernels graph modelgraph
+#        memcheck bench e2e; default all). BIN_DIR holds the binaries and lib/ with any shared libraries
 #        the host lacks. Exit status: number of failed steps.
 set -u
 BIN=$(cd "$1" && pwd)
 OUT=$2
 shift 2
-STEPS=${*:-kernels graph bench memcheck e2e}
+STEPS=${*:-kernels graph modelgraph bench memcheck e2e}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH="$BIN/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 export PATH="/usr/local/cuda/bin:$PATH"
@@ -39,6 +40,7 @@ for s in $STEPS; do
   case $s in
     kernels) step kernels kernels.log 150 "$BIN/gpu_kernels_test" ;;
     graph) step graph graph.log 60 "$BIN/gpu_graph_test" ;;
+    modelgraph) step modelgraph modelgraph.log 150 "$BIN/gpu_model_graph_test" ;;
     memcheck) step memcheck memcheck.log 200 bash -c "compute-sanitizer --tool memcheck --error-exitcode 3 '$BIN/gpu_graph_test' && compute-sanitizer --tool memcheck --error-exitcode 3 '$BIN/gpu_kernels_test' --gtest_filter='*Attention*:*Pool*:*Embedding*:*QkNormRope*:*Swiglu*:*Score*'" ;;
     bench) step bench bench.txt 150 "$BIN/rose_kernel_bench" ;;
     e2e) step e2e e2e.log 300 bash -c "PYTHONUNBUFFERED=1 python3 '$HERE/make_e2e_reference.py' --out /tmp/garden_e2e && GARDEN_E2E_DIR=/tmp/garden_e2e '$BIN/gpu_e2e_test'" ;;

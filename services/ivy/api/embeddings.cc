@@ -73,21 +73,15 @@ Result<int32_t> tokenId(const element& e, const std::string& path, const ModelSp
   return static_cast<int32_t>(v);
 }
 
-Status checkLength(size_t tokens, const std::string& path, const ModelSpec& spec) {
-  if (tokens > spec.max_seq_len) {
-    return invalidField(path, "has " + std::to_string(tokens) +
-                                  " tokens, more than the model's maximum of " +
-                                  std::to_string(spec.max_seq_len));
-  }
-  return okStatus();
-}
-
 // An array of token ids (the whole `input`, or one element of an array of arrays).
 Result<std::vector<int32_t>> tokenArray(simdjson::dom::array arr, const std::string& path,
-                                        const ModelSpec& spec) {
+                                        const ModelSpec& spec, const RequestLimits& limits,
+                                        size_t* total) {
   size_t n = arr.size();
   if (n == 0) return invalidField(path, "must not be an empty array of token ids");
-  RETURN_IF_ERROR(checkLength(n, path, spec));
+  RETURN_IF_ERROR(checkInputTokens(n, path, limits, spec.max_seq_len));
+  *total += n;
+  RETURN_IF_ERROR(checkRequestTokens(*total, "input", limits));
   std::vector<int32_t> ids;
   ids.reserve(n);
   size_t i = 0;
@@ -105,6 +99,7 @@ Status parseInput(const element& input, const ModelSpec& spec, const EmbeddingsL
   if (input.type() == element_type::STRING) {
     std::string_view s = input.get_string().value_unsafe();
     if (s.empty()) return invalidField("input", "must not be an empty string");
+    RETURN_IF_ERROR(checkInputChars(s, "input", limits));
     out->push_back(EmbeddingInput{true, std::string(s), {}});
     return okStatus();
   }
@@ -116,16 +111,18 @@ Status parseInput(const element& input, const ModelSpec& spec, const EmbeddingsL
   }
   simdjson::dom::array arr = input.get_array().value_unsafe();
   size_t n = arr.size();
+  size_t total_tokens = 0;
   if (n == 0) return invalidField("input", "must not be an empty array");
   element first = arr.at(0).value_unsafe();
   if (isInteger(first)) {  // one sequence of token ids
-    ASSIGN_OR_RETURN(std::vector<int32_t> ids, tokenArray(arr, "input", spec));
+    ASSIGN_OR_RETURN(std::vector<int32_t> ids,
+                     tokenArray(arr, "input", spec, limits, &total_tokens));
     out->push_back(EmbeddingInput{false, {}, std::move(ids)});
     return okStatus();
   }
   if (n > limits.max_inputs) {
-    return invalidField("input", "has " + std::to_string(n) + " inputs, more than the maximum of " +
-                                     std::to_string(limits.max_inputs));
+    return invalidField("input", "has " + std::to_string(n) + " inputs, more than the limit of " +
+                                     std::to_string(limits.max_inputs) + " (--max-inputs)");
   }
   const element_type kind = first.type();
   if (kind != element_type::STRING && kind != element_type::ARRAY) {
@@ -146,10 +143,11 @@ Status parseInput(const element& input, const ModelSpec& spec, const EmbeddingsL
     if (kind == element_type::STRING) {
       std::string_view s = e.get_string().value_unsafe();
       if (s.empty()) return invalidField(path, "must not be an empty string");
+      RETURN_IF_ERROR(checkInputChars(s, path, limits));
       out->push_back(EmbeddingInput{true, std::string(s), {}});
     } else {
-      ASSIGN_OR_RETURN(std::vector<int32_t> ids,
-                       tokenArray(e.get_array().value_unsafe(), path, spec));
+      ASSIGN_OR_RETURN(std::vector<int32_t> ids, tokenArray(e.get_array().value_unsafe(), path,
+                                                            spec, limits, &total_tokens));
       out->push_back(EmbeddingInput{false, {}, std::move(ids)});
     }
     ++i;
@@ -161,7 +159,19 @@ Status parseInput(const element& input, const ModelSpec& spec, const EmbeddingsL
 
 Result<EmbeddingsRequest> parseEmbeddingsRequest(std::string_view body, const ModelSpec& spec,
                                                  const EmbeddingsLimits& limits) {
+  if (longestStringOver(body, limits.max_input_chars) > 0) {
+    return invalidField("input", "a text is longer than the limit of " +
+                                     std::to_string(limits.max_input_chars) +
+                                     " characters (--max-input-chars)");
+  }
   thread_local simdjson::dom::parser parser;
+  // The parser keeps buffers sized for the largest document it has seen (about 13 bytes per
+  // body byte); a thread that parsed one huge body gives them back afterwards.
+  struct Shrink {
+    ~Shrink() {
+      if (parser.capacity() > (size_t{1} << 20)) parser = simdjson::dom::parser();
+    }
+  } shrink;
   element root;
   auto err = parser.parse(body.data(), body.size(), /*realloc_if_needed=*/true).get(root);
   if (err) {
@@ -211,6 +221,20 @@ Result<EmbeddingsRequest> parseEmbeddingsRequest(std::string_view body, const Mo
     req.dimensions = static_cast<uint32_t>(int64_t(dims));
   }
 
+  for (std::string_view field : {"input_type", "prompt_name"}) {
+    element e;
+    if (obj.at_key(field).get(e) || e.is_null()) continue;
+    std::string_view name;
+    if (e.get(name)) {
+      return invalidField(field, std::string("must be a string, got ") + std::string(typeName(e)));
+    }
+    if (!req.prompt_field.empty()) {
+      return invalidField(field, "give only one of `input_type` and `prompt_name`");
+    }
+    req.prompt_name = std::string(name);
+    req.prompt_field = std::string(field);
+  }
+
   element input;
   if (obj.at_key("input").get(input)) return invalidField("input", "is required");
   RETURN_IF_ERROR(parseInput(input, spec, limits, &req));
@@ -219,15 +243,26 @@ Result<EmbeddingsRequest> parseEmbeddingsRequest(std::string_view body, const Mo
 
 Result<std::vector<std::vector<int32_t>>> resolveTokens(const EmbeddingsRequest& request,
                                                         const TextEncoder* encoder,
-                                                        const ModelSpec& spec) {
+                                                        const ModelSpec& spec,
+                                                        const RequestLimits& limits,
+                                                        std::string_view prompt) {
   std::vector<std::vector<int32_t>> out;
   out.reserve(request.inputs.size());
+  size_t total = 0;
+  std::string prompted;
   for (size_t i = 0; i < request.inputs.size(); ++i) {
     const EmbeddingInput& in = request.inputs[i];
     // A lone string or token array was the whole `input`; otherwise name the element.
     std::string path = request.batched ? indexPath("input", i) : std::string("input");
     if (!in.is_text) {
-      RETURN_IF_ERROR(checkLength(in.ids.size(), path, spec));
+      if (!prompt.empty()) {
+        return invalidField(request.prompt_field.empty() ? "input" : request.prompt_field,
+                            "a prompt cannot be applied to token-id inputs; send text, or put the "
+                            "prompt's ids in the input yourself");
+      }
+      RETURN_IF_ERROR(checkInputTokens(in.ids.size(), path, limits, spec.max_seq_len));
+      total += in.ids.size();
+      RETURN_IF_ERROR(checkRequestTokens(total, "input", limits));
       out.push_back(in.ids);
       continue;
     }
@@ -236,9 +271,18 @@ Result<std::vector<std::vector<int32_t>>> resolveTokens(const EmbeddingsRequest&
                           "text input is not accepted: this server has no tokenizer "
                           "configured; send token ids instead");
     }
-    ASSIGN_OR_RETURN(std::vector<int32_t> ids, encoder->encode(in.text));
+    std::string_view text = in.text;
+    if (!prompt.empty()) {
+      // sentence-transformers prepends the prompt to the text and tokenizes the whole.
+      prompted.assign(prompt);
+      prompted += in.text;
+      text = prompted;
+    }
+    ASSIGN_OR_RETURN(std::vector<int32_t> ids, encoder->encode(text));
     if (ids.empty()) return invalidField(path, "produced no tokens");
-    RETURN_IF_ERROR(checkLength(ids.size(), path, spec));
+    RETURN_IF_ERROR(checkInputTokens(ids.size(), path, limits, spec.max_seq_len));
+    total += ids.size();
+    RETURN_IF_ERROR(checkRequestTokens(total, "input", limits));
     for (int32_t id : ids) {
       if (id < 0 || uint32_t(id) >= spec.vocab_size) {
         return internalError("tokenizer produced id " + std::to_string(id) +

@@ -8,7 +8,11 @@
 //           "input": str | [str] | [int] | [[int]],
 //           "encoding_format": "float" | "base64" (default float),
 //           "dimensions": int in [1, hidden_size] (truncate then L2-renormalize),
-//           "user": ignored}. Unknown fields are ignored.
+//           "input_type": "query" | "document" | another prompt name (see api/prompts.h),
+//           "prompt_name": a prompt name (sentence-transformers' name for the same; give one of
+//                          the two), "user": ignored}. Unknown fields are ignored.
+// Limits (api/limits.h): input count and characters per text input while parsing, before any
+// tokenization; tokens per input and per request as inputs are tokenized.
 // Every rejection is a Status following [TAG_FIELD_ERRORS] (the message starts with the field's
 // path), so api/errors.h turns it into a 400 naming the field.
 
@@ -19,6 +23,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "services/ivy/api/limits.h"
 #include "services/ivy/api/model_spec.h"
 #include "services/ivy/api/text_encoder.h"
 
@@ -38,10 +43,8 @@ struct EmbeddingsRequest {
   bool batched = false;  // `input` was an array of strings or of arrays (errors name input[i])
   EncodingFormat encoding_format = EncodingFormat::kFloat;
   uint32_t dimensions = 0;  // 0 = the model's full width
-};
-
-struct EmbeddingsLimits {
-  size_t max_inputs = 2048;  // OpenAI's limit on the number of inputs per request
+  std::string prompt_name;   // "" = none named (a configured default may still apply)
+  std::string prompt_field;  // the field that named it: "input_type" or "prompt_name"
 };
 
 // Parses and validates `body` against `spec`: JSON syntax, types, empty inputs, model name,
@@ -50,11 +53,16 @@ Result<EmbeddingsRequest> parseEmbeddingsRequest(std::string_view body, const Mo
                                                  const EmbeddingsLimits& limits = {});
 
 // Token ids for every input, in order: text inputs are encoded with `encoder` (nullptr: text is
-// rejected with 400 because no tokenizer is configured); each result is checked against
-// spec.max_seq_len (400 naming "input[i]") and the vocabulary, and must not be empty.
+// rejected with 400 because no tokenizer is configured), `prompt` (a prompt prefix, see
+// api/prompts.h) prepended to the text; each result is checked against the per-input token limit
+// (400 naming "input[i]") and the vocabulary, and must not be empty; the running total against
+// --max-request-tokens (stops tokenizing at the first input over it). A non-empty `prompt` with
+// token-id inputs is a 400 naming `request.prompt_field` (a prompt cannot be applied to ids).
 Result<std::vector<std::vector<int32_t>>> resolveTokens(const EmbeddingsRequest& request,
                                                         const TextEncoder* encoder,
-                                                        const ModelSpec& spec);
+                                                        const ModelSpec& spec,
+                                                        const RequestLimits& limits = {},
+                                                        std::string_view prompt = {});
 
 // Truncates each `dim`-wide row of `values` (rows × dim floats) to `dims` and L2-renormalizes it
 // (a zero row stays zero). Returns rows × dims floats. dims must be in [1, dim].

@@ -8,10 +8,24 @@ namespace garden::ivy {
 namespace {
 
 // Top-level request fields of every ivy endpoint; extend when an endpoint is added.
-constexpr std::array<std::string_view, 16> kRequestFields = {
+constexpr std::array<std::string_view, 36> kRequestFields = {
     "model",    "input",       "encoding_format", "dimensions",  "user",       "body",
     "messages", "prompt",      "text",            "tokens",      "tools",      "tool_choice",
-    "reasoning_effort", "max_tokens", "temperature", "stream"};
+    "reasoning_effort", "max_tokens", "temperature", "stream",
+    // chat / completions sampling fields (api/completions_common.h)
+    "max_completion_tokens", "top_p", "top_k", "seed", "stop", "n", "stream_options", "echo",
+    "ignore_eos", "logprobs", "suffix", "best_of", "top_logprobs",
+    // embeddings prompts, score and rerank (api/embeddings.h, api/score.h)
+    "input_type", "prompt_name", "query", "documents", "instruction", "top_n", "return_documents"};
+
+// A request header named as the culprit ("x-request-timeout: ..."): lower-case, starts "x-".
+bool isHeaderName(std::string_view s) {
+  if (s.size() < 3 || s.substr(0, 2) != "x-") return false;
+  for (char c : s) {
+    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-')) return false;
+  }
+  return true;
+}
 
 constexpr int kRetryAfterSeconds = 1;
 
@@ -30,6 +44,7 @@ std::string_view paramOf(std::string_view message) {
   size_t colon = message.find(": ");
   if (colon == std::string_view::npos || colon == 0) return {};
   std::string_view path = message.substr(0, colon);
+  if (isHeaderName(path)) return path;
   size_t root_end = 0;
   while (root_end < path.size() && isIdentChar(path[root_end])) ++root_end;
   std::string_view root = path.substr(0, root_end);

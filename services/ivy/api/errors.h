@@ -7,7 +7,8 @@
 // Status message with its path, e.g. invalidField("input[2]", "has 9000 tokens ...") gives
 // INVALID_ARGUMENT "input[2]: has 9000 tokens ...". toHttpError() recovers `param` ("input") from
 // that prefix when its root is a known request field (kRequestFields), so the message a caller sees
-// still names the exact element while `param` is the top-level field, as OpenAI does.
+// still names the exact element while `param` is the top-level field, as OpenAI does. A request
+// header at fault is named the same way ("x-request-timeout: must be ...") and becomes `param`.
 //
 // Code → HTTP (ivy reserves two codes for HTTP-layer conditions, see the .cc):
 //   INVALID_ARGUMENT, FAILED_PRECONDITION → 400 invalid_request_error
@@ -18,7 +19,8 @@
 //   RESOURCE_EXHAUSTED   → 429 + Retry-After
 //   UNAVAILABLE          → 503 + Retry-After
 //   DEADLINE_EXCEEDED    → 504
-//   UNAUTHENTICATED 401, PERMISSION_DENIED 403, everything else 500 server_error.
+//   UNAUTHENTICATED 401 (errorResponse adds WWW-Authenticate), PERMISSION_DENIED 403,
+//   everything else 500 server_error.
 
 #include <string>
 #include <string_view>

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace garden::ivy {
 
@@ -15,7 +16,9 @@ struct ModelSpec {
   uint32_t hidden_size = 0;   // embedding width
   uint32_t max_seq_len = 0;   // longest accepted input, in tokens
   uint32_t vocab_size = 0;    // token ids must be in [0, vocab_size)
+  bool has_score_head = false;  // scoring uses the classification head, not yes/no logits
   int64_t created = 0;        // unix seconds, for /v1/models
+  std::vector<int32_t> eos_token_ids;  // kind "llm": end-of-sequence ids (ModelInfo)
 };
 
 }  // namespace garden::ivy

@@ -33,6 +33,49 @@ Status fromGrpcCode(int grpc_code, std::string_view message) {
   }
 }
 
+void CallCanceller::cancel() {
+  std::vector<std::pair<uint64_t, std::function<void()>>> hooks;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (cancelled_) return;
+    cancelled_ = true;
+    hooks.swap(hooks_);
+  }
+  for (auto& h : hooks) h.second();
+}
+
+bool CallCanceller::cancelled() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cancelled_;
+}
+
+uint64_t CallCanceller::add(std::function<void()> hook) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!cancelled_) {
+      hooks_.emplace_back(next_id_, std::move(hook));
+      return next_id_++;
+    }
+  }
+  hook();
+  return 0;
+}
+
+void CallCanceller::remove(uint64_t id) {
+  if (id == 0) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t i = 0; i < hooks_.size(); ++i) {
+    if (hooks_[i].first == id) {
+      hooks_.erase(hooks_.begin() + static_cast<std::ptrdiff_t>(i));
+      return;
+    }
+  }
+}
+
+void TulipClient::load(std::chrono::milliseconds, LoadDone done) {
+  done(Status(StatusCode::kUnimplemented, "load is not implemented by this client"));
+}
+
 void TulipClient::score(ScoreCall, ScoreDone done) {
   done(Status(StatusCode::kUnimplemented, "scoring is not implemented by this client"));
 }
@@ -52,6 +95,81 @@ void setDeadline(grpc::ClientContext* ctx, std::chrono::milliseconds timeout) {
   if (timeout.count() > 0) ctx->set_deadline(std::chrono::system_clock::now() + timeout);
 }
 
+// One Generate stream [TAG_GENERATE_STREAM]: a gRPC client read reactor that is also the caller's
+// GenerateStream handle. It keeps itself alive (self_) until OnDone, so the caller may drop the
+// handle at any time; cancel() after the end is a no-op (TryCancel on a finished call).
+class GenerateReactor final : public grpc::ClientReadReactor<v1::GenerateChunk>,
+                              public GenerateStream,
+                              public std::enable_shared_from_this<GenerateReactor> {
+ public:
+  GenerateReactor(TulipClient::ChunkFn on_chunk, TulipClient::StreamDone on_done)
+      : on_chunk_(std::move(on_chunk)), on_done_(std::move(on_done)) {}
+
+  void start(v1::Tulip::Stub* stub, const GenerateCall& call) {
+    if (!call.request_id.empty()) ctx_.AddMetadata("x-request-id", call.request_id);
+    setDeadline(&ctx_, call.timeout);
+    req_.set_model(call.model);
+    req_.mutable_prompt_ids()->Add(call.prompt_ids.begin(), call.prompt_ids.end());
+    req_.set_max_tokens(call.max_tokens);
+    auto* sp = req_.mutable_sampling();
+    sp->set_temperature(call.temperature);
+    sp->set_top_p(call.top_p);
+    sp->set_top_k(call.top_k);
+    sp->set_seed(call.seed);
+    sp->set_has_seed(call.has_seed);
+    req_.mutable_stop_token_ids()->Add(call.stop_token_ids.begin(), call.stop_token_ids.end());
+    req_.set_ignore_eos(call.ignore_eos);
+    self_ = shared_from_this();
+    stub->async()->Generate(&ctx_, &req_, this);
+    StartRead(&chunk_);
+    StartCall();
+  }
+
+  void cancel() override { ctx_.TryCancel(); }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return;  // end of stream or failure: OnDone follows
+    GenerateChunkMsg m;
+    m.token_ids.assign(chunk_.token_ids().begin(), chunk_.token_ids().end());
+    switch (chunk_.finish_reason()) {
+      case v1::FINISH_STOP:
+        m.finish = FinishReason::kStop;
+        break;
+      case v1::FINISH_LENGTH:
+        m.finish = FinishReason::kLength;
+        break;
+      case v1::FINISH_CANCELLED:
+        m.finish = FinishReason::kCancelled;
+        break;
+      default:
+        m.finish = FinishReason::kNone;
+        break;
+    }
+    m.prompt_tokens = chunk_.prompt_tokens();
+    m.cached_prompt_tokens = chunk_.cached_prompt_tokens();
+    m.completion_tokens = chunk_.completion_tokens();
+    m.queue_us = chunk_.timings().queue_us();
+    m.total_us = chunk_.timings().total_us();
+    on_chunk_(std::move(m));
+    StartRead(&chunk_);
+  }
+
+  void OnDone(const grpc::Status& s) override {
+    on_done_(s.ok() ? okStatus() : fromGrpc(s));
+    on_chunk_ = nullptr;
+    on_done_ = nullptr;
+    auto keep = std::move(self_);  // may destroy *this when it goes out of scope
+  }
+
+ private:
+  grpc::ClientContext ctx_;
+  v1::GenerateRequest req_;
+  v1::GenerateChunk chunk_;
+  TulipClient::ChunkFn on_chunk_;
+  TulipClient::StreamDone on_done_;
+  std::shared_ptr<GenerateReactor> self_;
+};
+
 class GrpcTulipClient final : public TulipClient {
  public:
   explicit GrpcTulipClient(std::string target) : target_(std::move(target)) {
@@ -63,10 +181,8 @@ class GrpcTulipClient final : public TulipClient {
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-    // A DNS name with several addresses (a Kubernetes headless Service: one per tulip pod) gets
-    // every pod, requests spread round-robin over the ready ones; the name is re-resolved when
-    // connections change. (Least-loaded balancing with splitting and retries is the balance/ pool's
-    // job once it exists.)
+    // ivy's ReplicaPool gives each client one address (it resolves DNS names itself and balances
+    // by load); a target with several addresses still spreads round-robin over the ready ones.
     args.SetLoadBalancingPolicyName("round_robin");
     channel_ = grpc::CreateCustomChannel(target_, grpc::InsecureChannelCredentials(), args);
     tulip_ = v1::Tulip::NewStub(channel_);
@@ -80,8 +196,11 @@ class GrpcTulipClient final : public TulipClient {
       v1::EmbedResponse resp;
       EmbedDone done;
       size_t n = 0;
+      std::shared_ptr<CallCanceller> cancel;
+      uint64_t cancel_hook = 0;
     };
-    auto* st = new State;
+    // Shared with the cancel hook (a weak reference), which may run while the call completes.
+    auto st = std::make_shared<State>();
     st->done = std::move(done);
     st->n = call.inputs.size();
     if (!call.request_id.empty()) st->ctx.AddMetadata("x-request-id", call.request_id);
@@ -92,11 +211,91 @@ class GrpcTulipClient final : public TulipClient {
       auto* ts = st->req.add_inputs();
       ts->mutable_ids()->Add(seq.begin(), seq.end());
     }
-    tulip_->async()->Embed(&st->ctx, &st->req, &st->resp, [st](grpc::Status s) {
+    if (call.cancel) {
+      st->cancel = std::move(call.cancel);
+      std::weak_ptr<State> weak = st;
+      st->cancel_hook = st->cancel->add([weak] {
+        if (auto s = weak.lock()) s->ctx.TryCancel();
+      });
+    }
+    State* raw = st.get();
+    tulip_->async()->Embed(&raw->ctx, &raw->req, &raw->resp, [st](grpc::Status s) mutable {
+      if (st->cancel) st->cancel->remove(st->cancel_hook);
+      EmbedDone done = std::move(st->done);
+      Result<EmbedReply> r = s.ok() ? decode(st->resp, st->n) : Result<EmbedReply>(fromGrpc(s));
+      st.reset();  // the call's state goes before the caller's callback, as before
+      done(std::move(r));
+    });
+  }
+
+  // Score: the same shape as embed(), with the yes/no ids (or
+  // -1/-1 for the classification head) and one float per input back.
+  void score(ScoreCall call, ScoreDone done) override {
+    struct State {
+      grpc::ClientContext ctx;
+      v1::ScoreRequest req;
+      v1::ScoreResponse resp;
+      ScoreDone done;
+      size_t n = 0;
+      std::shared_ptr<CallCanceller> cancel;
+      uint64_t cancel_hook = 0;
+    };
+    auto st = std::make_shared<State>();
+    st->done = std::move(done);
+    st->n = call.inputs.size();
+    if (!call.request_id.empty()) st->ctx.AddMetadata("x-request-id", call.request_id);
+    setDeadline(&st->ctx, call.timeout);
+    st->req.set_model(call.model);
+    st->req.set_yes_token(call.yes_token);
+    st->req.set_no_token(call.no_token);
+    for (const auto& seq : call.inputs) {
+      st->req.add_inputs()->mutable_ids()->Add(seq.begin(), seq.end());
+    }
+    if (call.cancel) {
+      st->cancel = std::move(call.cancel);
+      std::weak_ptr<State> weak = st;
+      st->cancel_hook = st->cancel->add([weak] {
+        if (auto s = weak.lock()) s->ctx.TryCancel();
+      });
+    }
+    State* raw = st.get();
+    tulip_->async()->Score(&raw->ctx, &raw->req, &raw->resp, [st](grpc::Status s) mutable {
+      if (st->cancel) st->cancel->remove(st->cancel_hook);
+      ScoreDone done = std::move(st->done);
+      Result<ScoreReply> r = s.ok() ? decodeScore(st->resp, st->n) : Result<ScoreReply>(fromGrpc(s));
+      st.reset();
+      done(std::move(r));
+    });
+  }
+
+  void load(std::chrono::milliseconds timeout, LoadDone done) override {
+    struct State {
+      grpc::ClientContext ctx;
+      v1::LoadRequest req;
+      v1::LoadResponse resp;
+      LoadDone done;
+    };
+    auto* st = new State;
+    st->done = std::move(done);
+    setDeadline(&st->ctx, timeout);
+    tulip_->async()->Load(&st->ctx, &st->req, &st->resp, [st](grpc::Status s) {
       std::unique_ptr<State> owned(st);
       if (!s.ok()) return owned->done(fromGrpc(s));
-      owned->done(decode(owned->resp, owned->n));
+      TulipLoad l;
+      l.queued_requests = owned->resp.queued_requests();
+      l.queued_tokens = owned->resp.queued_tokens();
+      l.inflight_tokens = owned->resp.inflight_tokens();
+      l.queue_limit_tokens = owned->resp.queue_limit_tokens();
+      l.worker_ready = owned->resp.worker_ready();
+      owned->done(l);
     });
+  }
+
+  std::shared_ptr<GenerateStream> generate(GenerateCall call, ChunkFn on_chunk,
+                                           StreamDone on_done) override {
+    auto r = std::make_shared<GenerateReactor>(std::move(on_chunk), std::move(on_done));
+    r->start(tulip_.get(), call);
+    return r;
   }
 
   void modelInfo(std::chrono::milliseconds timeout, ModelInfoDone done) override {
@@ -118,6 +317,9 @@ class GrpcTulipClient final : public TulipClient {
       info.hidden_size = owned->resp.hidden_size();
       info.max_seq_len = owned->resp.max_seq_len();
       info.vocab_size = owned->resp.vocab_size();
+      info.has_score_head = owned->resp.has_score_head();
+      info.eos_token_ids.assign(owned->resp.eos_token_ids().begin(),
+                                owned->resp.eos_token_ids().end());
       owned->done(std::move(info));
     });
   }
@@ -148,6 +350,20 @@ class GrpcTulipClient final : public TulipClient {
   std::string endpoint() const override { return target_; }
 
  private:
+  static Result<ScoreReply> decodeScore(const v1::ScoreResponse& resp, size_t n) {
+    if (static_cast<size_t>(resp.scores_size()) != n) {
+      return internalError("tulip: returned " + std::to_string(resp.scores_size()) +
+                           " scores for " + std::to_string(n) + " inputs");
+    }
+    ScoreReply r;
+    r.scores.assign(resp.scores().begin(), resp.scores().end());
+    r.prompt_tokens = resp.prompt_tokens();
+    r.queue_us = resp.timings().queue_us();
+    r.inference_us = resp.timings().inference_us();
+    r.total_us = resp.timings().total_us();
+    return r;
+  }
+
   static Result<EmbedReply> decode(const v1::EmbedResponse& resp, size_t n) {
     if (static_cast<size_t>(resp.embeddings_size()) != n) {
       return internalError("tulip: returned " + std::to_string(resp.embeddings_size()) +

@@ -1,7 +1,7 @@
 #pragma once
 // TulipClient: how ivy talks to one tulip replica. An abstract interface so HTTP code and tests
-// never depend on gRPC (tests use tests/fakes/ivy/fake_tulip_client.h), and so a replica pool can
-// implement the same interface later (balance/ grows a pool in a later issue).
+// never depend on gRPC (tests use tests/fakes/ivy/fake_tulip_client.h), and so the replica pool
+// (balance/replica_pool.h) implements the same interface over many of them.
 //
 // Contract: every method returns at once and never blocks the caller (HTTP io threads call it);
 // `done` runs exactly once, on a client-owned thread (gRPC's callback threads for the real client),
@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -24,11 +25,31 @@
 
 namespace garden::ivy {
 
+// Cancellation shared by a caller and the clients serving its calls (the pool cancels the other
+// chunks of a split request when one fails). cancel() runs every registered hook once, outside the
+// lock (a hook may complete its call inline); a hook added after cancel() runs at once. A client
+// removes its hook when the call completes; a hook must stay safe to run until remove() returns.
+// Thread-safe.
+class CallCanceller {
+ public:
+  void cancel();
+  bool cancelled() const;
+  uint64_t add(std::function<void()> hook);  // returns an id for remove(); 0 when run at once
+  void remove(uint64_t id);
+
+ private:
+  mutable std::mutex mu_;
+  bool cancelled_ = false;                                         // guarded by mu_
+  uint64_t next_id_ = 1;                                           // guarded by mu_
+  std::vector<std::pair<uint64_t, std::function<void()>>> hooks_;  // guarded by mu_
+};
+
 struct EmbedCall {
   std::string request_id;  // sent as gRPC metadata `x-request-id`
   std::string model;       // tulip's model name
   std::vector<std::vector<int32_t>> inputs;
   std::chrono::milliseconds timeout{0};  // 0 = no deadline
+  std::shared_ptr<CallCanceller> cancel;  // optional: cancel() ends the call with CANCELLED
 };
 
 struct EmbedReply {
@@ -47,6 +68,7 @@ struct ScoreCall {
   int32_t yes_token = -1;  // -1/-1: the checkpoint's classification head
   int32_t no_token = -1;
   std::chrono::milliseconds timeout{0};
+  std::shared_ptr<CallCanceller> cancel;  // optional, as in EmbedCall
 };
 
 struct ScoreReply {
@@ -103,6 +125,15 @@ struct TulipModelInfo {
   std::vector<int32_t> eos_token_ids;  // kind "llm"
 };
 
+// tulip's Load RPC: its scheduler's queue, what the pool balances on.
+struct TulipLoad {
+  uint64_t queued_requests = 0;
+  uint64_t queued_tokens = 0;
+  uint64_t inflight_tokens = 0;
+  uint64_t queue_limit_tokens = 0;
+  bool worker_ready = false;
+};
+
 class TulipClient {
  public:
   using EmbedDone = std::function<void(Result<EmbedReply>)>;
@@ -112,6 +143,7 @@ class TulipClient {
   // Chunks arrive in order, one call at a time; on_done runs exactly once, after the last chunk.
   using ChunkFn = std::function<void(GenerateChunkMsg)>;
   using StreamDone = std::function<void(Status)>;
+  using LoadDone = std::function<void(Result<TulipLoad>)>;
 
   virtual ~TulipClient() = default;
 
@@ -123,11 +155,14 @@ class TulipClient {
   virtual void modelInfo(std::chrono::milliseconds timeout, ModelInfoDone done) = 0;
   // OK when the replica reports SERVING, UNAVAILABLE otherwise.
   virtual void health(std::chrono::milliseconds timeout, HealthDone done) = 0;
+  // Default: UNIMPLEMENTED.
+  virtual void load(std::chrono::milliseconds timeout, LoadDone done);
   // "host:port", for logs.
   virtual std::string endpoint() const = 0;
 };
 
-// A client for one tulip at `target` ("host:port"). Connects lazily; never fails to construct.
+// A client for one tulip at `target`, a gRPC target ("host:port", or "ipv4:10.0.0.7:50051" as the
+// replica pool passes one resolved address). Connects lazily; never fails to construct.
 std::unique_ptr<TulipClient> makeGrpcTulipClient(const std::string& target);
 
 // gRPC status code (numeric, canonical) + message → the Status ivy maps to HTTP. Upstream codes

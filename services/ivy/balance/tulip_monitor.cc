@@ -3,15 +3,41 @@
 #include <future>
 
 #include "common/logging.h"
+#include "services/ivy/balance/replica_pool.h"
 
 namespace garden::ivy {
+
+// [TAG_MODEL_SPEC] The one place ModelInfo becomes a ModelSpec (TulipMonitor and ReplicaPool).
+ModelSpec makeModelSpec(const TulipModelInfo& info, const std::string& served_model_name) {
+  ModelSpec spec;
+  spec.upstream_name = info.model;
+  spec.served_name = served_model_name.empty() ? info.model : served_model_name;
+  spec.kind = info.kind;
+  spec.hidden_size = info.hidden_size;
+  spec.max_seq_len = info.max_seq_len;
+  spec.vocab_size = info.vocab_size;
+  spec.has_score_head = info.has_score_head;
+  spec.eos_token_ids = info.eos_token_ids;
+  spec.created = std::chrono::duration_cast<std::chrono::seconds>(
+                     std::chrono::system_clock::now().time_since_epoch())
+                     .count();
+  return spec;
+}
 
 TulipMonitor::TulipMonitor(TulipClient* client, TulipMonitorOptions options)
     : client_(client), options_(std::move(options)) {}
 
+TulipMonitor::TulipMonitor(const ReplicaPool* pool) : client_(nullptr), pool_(pool) {}
+
 TulipMonitor::~TulipMonitor() { stop(); }
 
+bool TulipMonitor::ready() const {
+  if (pool_ != nullptr) return pool_->ready();
+  return ready_.load(std::memory_order_acquire);
+}
+
 void TulipMonitor::start() {
+  if (pool_ != nullptr) return;  // the pool runs its own probes
   CHECK(!thread_.joinable());
   thread_ = std::thread([this] { run(); });
 }
@@ -26,6 +52,7 @@ void TulipMonitor::stop() {
 }
 
 std::shared_ptr<const ModelSpec> TulipMonitor::spec() const {
+  if (pool_ != nullptr) return pool_->spec();
   std::lock_guard<std::mutex> lock(mu_);
   return spec_;
 }
@@ -63,16 +90,7 @@ bool TulipMonitor::fetchModelInfo() {
                                                {"vocab_size", r->vocab_size}});
     return false;
   }
-  auto spec = std::make_shared<ModelSpec>();
-  spec->upstream_name = r->model;
-  spec->served_name = options_.served_model_name.empty() ? r->model : options_.served_model_name;
-  spec->kind = r->kind;
-  spec->hidden_size = r->hidden_size;
-  spec->max_seq_len = r->max_seq_len;
-  spec->vocab_size = r->vocab_size;
-  spec->created = std::chrono::duration_cast<std::chrono::seconds>(
-                      std::chrono::system_clock::now().time_since_epoch())
-                      .count();
+  auto spec = std::make_shared<ModelSpec>(makeModelSpec(*r, options_.served_model_name));
   log::info("tulip model", {{"tulip", client_->endpoint()},
                             {"model", spec->upstream_name},
                             {"served_name", spec->served_name},

@@ -7,6 +7,10 @@
 //
 // spec() and ready() may be called from any thread (HTTP io threads call them per request). The
 // monitor does not own the client; the client must outlive the monitor.
+//
+// With a ReplicaPool (balance/replica_pool.h, what the ivy binary uses) the monitor is a view of
+// the pool: spec() and ready() are the pool's (ready while any replica is healthy), start() and
+// stop() do nothing; the pool probes every replica itself.
 
 #include <atomic>
 #include <chrono>
@@ -21,6 +25,11 @@
 
 namespace garden::ivy {
 
+class ReplicaPool;
+
+// ModelInfo → ModelSpec (served_name: --served-model-name, empty = the model's own name).
+ModelSpec makeModelSpec(const TulipModelInfo& info, const std::string& served_model_name);
+
 struct TulipMonitorOptions {
   std::string served_model_name;  // empty: use tulip's model name
   std::chrono::milliseconds retry_interval{500};
@@ -31,6 +40,8 @@ struct TulipMonitorOptions {
 class TulipMonitor {
  public:
   TulipMonitor(TulipClient* client, TulipMonitorOptions options);
+  // A view of `pool`, which must outlive the monitor.
+  explicit TulipMonitor(const ReplicaPool* pool);
   ~TulipMonitor();  // stops and joins
   TulipMonitor(const TulipMonitor&) = delete;
   TulipMonitor& operator=(const TulipMonitor&) = delete;
@@ -40,7 +51,7 @@ class TulipMonitor {
 
   // The model, or nullptr before ModelInfo first succeeded.
   std::shared_ptr<const ModelSpec> spec() const;
-  bool ready() const { return ready_.load(std::memory_order_acquire); }
+  bool ready() const;
   // Blocks until ready or the timeout passes; returns ready(). For tests and startup logs.
   bool waitReady(std::chrono::milliseconds timeout);
 
@@ -50,6 +61,7 @@ class TulipMonitor {
   Status checkHealth();
 
   TulipClient* client_;
+  const ReplicaPool* pool_ = nullptr;
   TulipMonitorOptions options_;
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -6,12 +6,15 @@
 
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
 namespace garden::ivy {
+
+class ResponseStream;  // http/response_stream.h
 
 struct HttpRequest {
   std::string method;                                        // "GET", "POST", ... as sent
@@ -36,6 +39,8 @@ struct HttpResponse {
   std::string content_type = "application/json";
   std::vector<std::pair<std::string, std::string>> headers;  // extra headers
   std::string body;
+  // Set: a streamed body (chunked; `body` is ignored), see http/response_stream.h.
+  std::shared_ptr<ResponseStream> stream;
 };
 
 using Responder = std::function<void(HttpResponse)>;

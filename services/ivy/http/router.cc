@@ -10,13 +10,15 @@ HttpResponse errorResponse(const Status& status) {
   r.status = e.status;
   r.body = renderErrorBody(e);
   if (e.retry_after_s > 0) r.headers.emplace_back("Retry-After", std::to_string(e.retry_after_s));
+  if (e.status == 401) r.headers.emplace_back("WWW-Authenticate", "Bearer realm=\"garden\"");
   return r;
 }
 
-void Router::add(std::string_view method, std::string_view path, Handler handler) {
+void Router::add(std::string_view method, std::string_view path, Handler handler,
+                 Access access) {
   auto& methods = routes_[std::string(path)];
   CHECK_MSG(methods.find(std::string(method)) == methods.end(), "duplicate route");
-  methods.emplace(std::string(method), std::move(handler));
+  methods.emplace(std::string(method), Route{std::move(handler), access});
 }
 
 std::string_view Router::routeLabel(std::string_view path) const {
@@ -45,7 +47,13 @@ std::string_view Router::dispatch(HttpRequest request, Responder respond) const 
     respond(std::move(r));
     return label;
   }
-  m->second(std::move(request), std::move(respond));
+  if (gate_ && m->second.access == Access::kProtected) {
+    if (Status st = gate_(request); !st.isOk()) {
+      respond(errorResponse(st));
+      return label;
+    }
+  }
+  m->second.handler(std::move(request), std::move(respond));
   return label;
 }
 

@@ -11,6 +11,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <condition_variable>
+#include <cstdio>
 #include <mutex>
 #include <optional>
 #include <random>
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "common/logging.h"
+#include "services/ivy/http/response_stream.h"
 
 namespace garden::ivy {
 namespace {
@@ -245,6 +247,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void write(HttpResponse r) {
+    if (r.stream) return startStream(std::move(r));
     bool keep = keep_alive_ && !stopping_ && !core_->stopping.load();
     res_ = {};
     res_.version(11);
@@ -280,6 +283,120 @@ class Session : public std::enable_shared_from_this<Session> {
                       });
   }
 
+  // --- streamed responses (http/response_stream.h) [TAG_HTTP_STREAMING] ---
+  // The header goes out with Transfer-Encoding: chunked; then each batch of bytes the handler
+  // wrote becomes one chunk. Meanwhile a read on the raw socket (no idle timeout: generation may
+  // pause) watches for the client closing, which cancels the stream. Bytes the client sends early
+  // (a pipelined request) are kept in buffer_ for the next request.
+  void startStream(HttpResponse r) {
+    body_stream_ = std::move(r.stream);
+    stream_keep_ = keep_alive_ && !stopping_ && !core_->stopping.load();
+    stream_status_ = r.status;
+    stream_bytes_ = 0;
+    sres_ = {};
+    sres_.version(11);
+    sres_.result(static_cast<unsigned>(r.status));
+    sres_.set(http::field::server, "garden-ivy");
+    sres_.set(http::field::content_type, r.content_type);
+    sres_.set("x-request-id", request_id_);
+    for (auto& [k, v] : r.headers) sres_.set(k, v);
+    sres_.keep_alive(stream_keep_);
+    sres_.chunked(true);
+    ssr_.emplace(sres_);
+    stream_.expires_after(options().idle_timeout);
+    http::async_write_header(
+        stream_, *ssr_, [self = shared_from_this()](beast::error_code ec, size_t) {
+          if (ec) return self->abortStream();
+          // A strong reference: the stream keeps the connection alive until it ends; detach() or
+          // cancel() breaks the cycle.
+          self->body_stream_->attach(
+              [s = self] { net::post(s->stream_.get_executor(), [s] { s->pumpStream(); }); });
+          self->watchClient();
+          self->pumpStream();
+        });
+  }
+
+  void watchClient() {
+    watching_ = true;
+    stream_.socket().async_read_some(
+        buffer_.prepare(4096), [self = shared_from_this()](beast::error_code ec, size_t n) {
+          self->watching_ = false;
+          if (!ec) self->buffer_.commit(n);
+          if (self->body_stream_) {
+            if (ec) return self->abortStream();  // the client closed or reset mid-stream
+            return;  // pipelined bytes: keep them; a close is then noticed by the next write
+          }
+          // The stream already finished (finishStream cancelled this read).
+          if (ec && ec != net::error::operation_aborted) return self->close();
+          self->readHeader();
+        });
+  }
+
+  void pumpStream() {
+    if (!body_stream_ || stream_writing_) return;
+    ResponseStream::Taken t = body_stream_->take();
+    if (t.data.empty() && !t.ended) return;
+    chunk_out_.clear();
+    if (!t.data.empty()) {
+      char hex[20];
+      int len = std::snprintf(hex, sizeof hex, "%zx\r\n", t.data.size());
+      chunk_out_.append(hex, static_cast<size_t>(len));
+      chunk_out_ += t.data;
+      chunk_out_ += "\r\n";
+      stream_bytes_ += t.data.size();
+    }
+    if (t.ended) chunk_out_ += "0\r\n\r\n";
+    stream_writing_ = true;
+    stream_.expires_after(options().idle_timeout);
+    net::async_write(stream_, net::buffer(chunk_out_),
+                     [self = shared_from_this(), ended = t.ended](beast::error_code ec, size_t) {
+                       self->stream_writing_ = false;
+                       if (ec) return self->abortStream();
+                       if (ended) return self->finishStream();
+                       self->pumpStream();
+                     });
+  }
+
+  void logStream(int status) {
+    AccessRecord rec;
+    rec.request_id = request_id_;
+    rec.method = method_;
+    rec.path = path_;
+    rec.route = route_;
+    rec.status = status;
+    rec.latency = std::chrono::duration_cast<std::chrono::microseconds>(
+        std::chrono::steady_clock::now() - start_);
+    rec.request_bytes = request_bytes_;
+    rec.response_bytes = stream_bytes_;
+    if (core_->on_done) core_->on_done(rec);
+    request_bytes_ = 0;
+  }
+
+  void finishStream() {
+    body_stream_->detach();
+    body_stream_.reset();
+    ssr_.reset();
+    logStream(stream_status_);
+    busy_ = false;
+    if (!stream_keep_ || stopping_ || core_->stopping.load()) return close();
+    if (watching_) {
+      beast::error_code ec;
+      stream_.socket().cancel(ec);  // watchClient's handler continues with readHeader()
+      return;
+    }
+    readHeader();
+  }
+
+  void abortStream() {
+    if (!body_stream_) return close();
+    auto body = std::move(body_stream_);
+    body->cancel();
+    ssr_.reset();
+    logStream(499);  // client closed request (nginx's convention) for logs and metrics
+    busy_ = false;
+    close();
+  }
+
   // Half-close, then drain what the client still sends (e.g. the rest of a body we refused) for a
   // moment, so the kernel does not answer it with a RST that would destroy our response.
   void lingerClose() {
@@ -308,6 +425,16 @@ class Session : public std::enable_shared_from_this<Session> {
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
   http::response<http::string_body> res_;
+  // Streamed response state (strand only).
+  std::shared_ptr<ResponseStream> body_stream_;
+  http::response<http::empty_body> sres_;
+  std::optional<http::response_serializer<http::empty_body>> ssr_;
+  std::string chunk_out_;
+  bool stream_keep_ = false;
+  bool stream_writing_ = false;
+  bool watching_ = false;
+  int stream_status_ = 0;
+  size_t stream_bytes_ = 0;
   std::array<char, 16384> scratch_;
   bool busy_ = false;
   bool stopping_ = false;

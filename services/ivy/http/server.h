@@ -11,6 +11,9 @@
 //   closed. `Expect: 100-continue` is honoured (so curl does not wait before sending).
 // * Request ids: `x-request-id` is taken from the request when it is 1..128 characters of
 //   [A-Za-z0-9._:-], otherwise one is generated (32 hex digits); it is always returned.
+// * Streamed responses (HttpResponse::stream, http/response_stream.h): the header goes out with
+//   Transfer-Encoding: chunked, then whatever the handler writes, chunk by chunk; the client
+//   closing the connection cancels the stream (logged with status 499). [TAG_HTTP_STREAMING]
 // * After each response `on_done` gets an AccessRecord (for the per-request log line and metrics).
 // * stop(): stops accepting, closes idle connections, lets requests in flight finish (up to
 //   `drain_timeout`), then joins the threads. Idempotent; the destructor calls it.

@@ -32,6 +32,11 @@ class DoubleArray {
   // Exact lookup; -1 when absent.
   int32_t find(std::string_view key) const;
   bool empty() const { return units_.size() <= 1; }
+  // Raw arrays, for callers that pack their own node layout (the unigram lattice walk):
+  // index i has base(i), check(i) (parent, or < 0 when free / the root) and value(i).
+  size_t unitCount() const { return units_.size(); }
+  int32_t base(size_t i) const { return units_[i].base; }
+  int32_t check(size_t i) const { return units_[i].check; }
 
  private:
   struct Unit {

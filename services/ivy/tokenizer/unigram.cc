@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <cfloat>
+#include <cmath>
 #include <cstring>
+#include <limits>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -245,8 +248,13 @@ class UnigramTokenizer final : public Tokenizer {
   // sentencepiece Normalizer::NormalizePrefix: returns the normalized form of the longest
   // prefix rule (or the char itself) and how many input bytes it consumed.
   std::string_view normalizePrefix(std::string_view input, size_t* consumed) const;
-  void normalize(std::string_view input, std::string* normalized) const;
+  // Returns a view of a per-thread buffer, valid until this thread's next normalize().
+  std::string_view normalize(std::string_view input) const;
   void viterbi(std::string_view normalized, std::vector<TokenId>* out) const;
+  // sentencepiece's lattice walk written plainly (node structs with a "not reached" marker).
+  // Used when the fast walk's preconditions do not hold (non-finite scores, or a text so long
+  // that a path score could overflow a float).
+  void viterbiReference(std::string_view normalized, std::vector<TokenId>* out) const;
 
   std::vector<std::string> pieces_;
   std::vector<float> scores_;
@@ -258,6 +266,29 @@ class UnigramTokenizer final : public Tokenizer {
   std::vector<PieceInfo> info_;  // scores_ and types_ side by side for the lattice walk
   std::unordered_map<std::string, TokenId> piece_ids_;
   DoubleArray trie_;          // NORMAL, USER_DEFINED, UNUSED pieces -> id
+  // The same trie packed for the lattice walk ([TAG_LATTICE_NODES]): unit i of trie_ with the
+  // piece that ends there and its edge score, so one step reads one node. UNUSED pieces are
+  // left out (the lattice skips them); a USER_DEFINED piece's score depends only on its length,
+  // i.e. on the node, so it is precomputed too.
+  // 16 bytes, four to a cache line: long documents in many scripts touch much of the trie, so
+  // its footprint decides how much of the walk hits L1/L2.
+  struct LatticeNode {
+    int32_t base;
+    int32_t check;
+    int32_t piece;  // the piece id, or kNoPiece
+    // The edge score as the walk adds it (widened to double): a NORMAL piece's float score,
+    // -infinity without a piece, NaN for a USER_DEFINED piece, whose double edge (not a
+    // float) is user_edge_[piece]. Normal scores are never NaN here (scores_finite_).
+    float edge;
+  };
+  std::vector<double> user_edge_;  // id -> edge of a USER_DEFINED piece (others unused)
+  static constexpr int32_t kNoPiece = -1;
+  std::vector<LatticeNode> lattice_;
+  // The fast walk starts every position at -infinity instead of "not reached"; equal to
+  // sentencepiece's rule while every candidate is finite: all scores finite and
+  // text_bytes * max_abs_edge_score_ far below FLT_MAX.
+  bool scores_finite_ = true;
+  double max_abs_edge_score_ = 0;
   DoubleArray user_defined_;  // user-defined symbols (kept raw by the normalizer)
   bool has_user_defined_ = false;
   TokenId unk_id_ = -1;
@@ -273,6 +304,15 @@ class UnigramTokenizer final : public Tokenizer {
   // Normalizer charsmap: darts units + NUL-separated normalized strings.
   std::vector<uint32_t> charsmap_units_;
   std::string charsmap_normalized_;
+  // Length of the NUL-terminated string at each offset of charsmap_normalized_ (capped at
+  // 0xFFFF, beyond which strlen decides), so a rule's output needs no strlen.
+  std::vector<uint16_t> charsmap_len_;
+  std::string_view charsmapValue(uint32_t value) const {
+    if (value >= charsmap_normalized_.size()) return {};  // broken model: normalize to nothing
+    const char* p = charsmap_normalized_.data() + value;
+    const uint16_t len = charsmap_len_[value];
+    return len == 0xFFFF ? std::string_view(p) : std::string_view(p, len);
+  }
   DartsView charsmap_;
   // Per leading byte: 0 = copy this byte/char as-is (no rule, no user symbol starts with it),
   // 1 = needs the full prefix lookup.
@@ -281,6 +321,19 @@ class UnigramTokenizer final : public Tokenizer {
   // no user-defined symbol starts with this character, so it is copied as-is.
   std::vector<uint64_t> bmp_plain_;
   bool bmpPlain(uint32_t cp) const { return (bmp_plain_[cp >> 6] >> (cp & 63)) & 1; }
+  // ASCII bytes whose charsmap lookup is decided by the next byte alone ([TAG_ASCII_CLASS]):
+  // no user-defined symbol starts with them and no charsmap key continues them with an ASCII
+  // byte, so before an ASCII byte (or at the end) the rule is the byte's own: none
+  // (kAsciiPlainBeforeAscii, copied) or ascii_value_ (kAsciiMappedBeforeAscii).
+  enum AsciiClass : uint8_t {
+    kAsciiPlain,  // no lookup ever (lead_needs_lookup_ == 0); not ' '
+    kAsciiSpace,  // ' ' with no lookup
+    kAsciiPlainBeforeAscii,
+    kAsciiMappedBeforeAscii,
+    kAsciiLookup,  // always the full prefix lookup
+  };
+  uint8_t ascii_class_[128];
+  std::string_view ascii_value_[128];
 };
 
 Result<std::unique_ptr<Tokenizer>> UnigramTokenizer::create(SpmSpec spec, std::string_view name) {
@@ -377,6 +430,14 @@ Result<std::unique_ptr<Tokenizer>> UnigramTokenizer::create(SpmSpec spec, std::s
     t->charsmap_normalized_ = blob.substr(4 + trie_size);
     t->charsmap_normalized_.push_back('\0');  // every value must end in a NUL
     t->charsmap_ = DartsView(t->charsmap_units_);
+    const std::string& norm = t->charsmap_normalized_;  // ends in a NUL
+    t->charsmap_len_.assign(norm.size(), 0);
+    for (size_t i = norm.size() - 1; i-- > 0;) {
+      if (norm[i] != '\0') {
+        const int len = std::min(t->charsmap_len_[i + 1] + 1, 0xFFFF);
+        t->charsmap_len_[i] = static_cast<uint16_t>(len);
+      }
+    }
   }
   for (int c = 0; c < 256; ++c) {
     const auto b = static_cast<unsigned char>(c);
@@ -404,6 +465,75 @@ Result<std::unique_ptr<Tokenizer>> UnigramTokenizer::create(SpmSpec spec, std::s
     }
     if (plain) t->bmp_plain_[cp >> 6] |= 1ull << (cp & 63);
   }
+  // [TAG_ASCII_CLASS]
+  for (int c = 0; c < 128; ++c) {
+    const auto b = static_cast<unsigned char>(c);
+    t->ascii_value_[c] = {};
+    if (!t->lead_needs_lookup_[c]) {
+      t->ascii_class_[c] = c == ' ' ? kAsciiSpace : kAsciiPlain;
+      continue;
+    }
+    t->ascii_class_[c] = kAsciiLookup;
+    if (t->has_user_defined_ && t->user_defined_.next(DoubleArray::kRoot, b) >= 0) continue;
+    bool ascii_continuation = false;
+    for (int d = 0; d < 128 && !ascii_continuation; ++d) {
+      const char key[2] = {static_cast<char>(c), static_cast<char>(d)};
+      ascii_continuation = t->charsmap_.hasPath(std::string_view(key, 2));
+    }
+    if (ascii_continuation) continue;
+    uint32_t value = 0;
+    const std::string_view one(reinterpret_cast<const char*>(&b), 1);
+    if (t->charsmap_.longestPrefix(one, &value) == 1) {
+      t->ascii_class_[c] = kAsciiMappedBeforeAscii;
+      t->ascii_value_[c] = t->charsmapValue(value);
+    } else {
+      t->ascii_class_[c] = kAsciiPlainBeforeAscii;
+    }
+  }
+  // [TAG_LATTICE_NODES]
+  size_t max_piece_len = 0;
+  for (size_t i = 0; i < count; ++i) max_piece_len = std::max(max_piece_len, t->pieces_[i].size());
+  t->lattice_.resize(t->trie_.unitCount());
+  for (size_t i = 0; i < t->lattice_.size(); ++i) {
+    LatticeNode& node = t->lattice_[i];
+    node.base = t->trie_.base(i);
+    node.check = t->trie_.check(i);
+    node.piece = kNoPiece;
+    node.edge = -std::numeric_limits<float>::infinity();
+    const int32_t id = t->trie_.value(static_cast<int32_t>(i));
+    if (id < 0) continue;
+    if (t->types_[id] == kNormal) {
+      node.piece = id;
+      node.edge = t->scores_[id];
+    } else if (t->types_[id] == kUserDefined) {
+      node.piece = id;
+      // sentencepiece: length (bytes, the node's depth) * max_score in float, then - 0.1 in
+      // double.
+      const size_t len = t->pieces_[id].size();
+      if (t->user_edge_.empty()) t->user_edge_.assign(count, 0.0);
+      t->user_edge_[static_cast<size_t>(id)] =
+          static_cast<double>(static_cast<float>(len) * t->max_score_) - 0.1;
+      node.edge = std::numeric_limits<float>::quiet_NaN();
+    }
+  }
+  // std::max would drop a NaN, so finiteness is checked on every edge score separately.
+  double max_abs = 0;
+  bool finite = true;
+  auto note = [&](double edge) {
+    if (!std::isfinite(edge)) finite = false;
+    max_abs = std::max(max_abs, std::fabs(edge));
+  };
+  note(static_cast<double>(t->min_score_ - 10.0f));  // <unk>
+  for (size_t i = 0; i < count; ++i) {
+    if (t->types_[i] == kNormal) note(double{t->scores_[i]});
+  }
+  if (!user_keys.empty()) {
+    for (size_t len = 1; len <= max_piece_len; ++len) {
+      note(static_cast<double>(static_cast<float>(len) * t->max_score_) - 0.1);
+    }
+  }
+  t->scores_finite_ = finite;
+  t->max_abs_edge_score_ = max_abs;
   return std::unique_ptr<Tokenizer>(std::move(t));
 }
 
@@ -429,8 +559,7 @@ std::string_view UnigramTokenizer::normalizePrefix(std::string_view input,
     const size_t len = charsmap_.longestPrefix(input, &value);
     if (len > 0) {
       *consumed = len;
-      if (value >= charsmap_normalized_.size()) return {};  // broken model: normalize to nothing
-      return std::string_view(charsmap_normalized_.data() + value);
+      return charsmapValue(value);
     }
   }
   if (lead < 0x80) {
@@ -448,9 +577,8 @@ std::string_view UnigramTokenizer::normalizePrefix(std::string_view input,
   return input.substr(0, static_cast<size_t>(len));
 }
 
-void UnigramTokenizer::normalize(std::string_view input, std::string* normalized) const {
-  normalized->clear();
-  if (input.empty()) return;
+std::string_view UnigramTokenizer::normalize(std::string_view input) const {
+  if (input.empty()) return {};
   size_t consumed = 0;
   if (remove_extra_whitespaces_) {
     while (!input.empty()) {
@@ -459,63 +587,122 @@ void UnigramTokenizer::normalize(std::string_view input, std::string* normalized
       input.remove_prefix(consumed);
     }
   }
-  if (input.empty()) return;
-  normalized->reserve(input.size() * 3 + 3);
+  if (input.empty()) return {};
+  // Output goes to a raw per-thread buffer. The fast paths write at most 3 bytes per input
+  // byte (a space becomes U+2581), so a buffer of 3 * input + 3 only needs checking where a
+  // charsmap rule may expand more than that (the general path below).
+  struct Buffer {
+    std::unique_ptr<char[]> data;
+    size_t capacity = 0;
+  };
+  thread_local Buffer buf;
+  auto ensure = [](size_t need, size_t used) {
+    if (buf.capacity >= need) return;
+    const size_t cap = std::max(need, buf.capacity * 2);
+    std::unique_ptr<char[]> grown(new char[cap]);
+    if (used > 0) std::memcpy(grown.get(), buf.data.get(), used);
+    buf.data = std::move(grown);
+    buf.capacity = cap;
+  };
+  ensure(input.size() * 3 + 3, 0);
+  char* w = buf.data.get();
   const std::string_view space = escape_whitespaces_ ? kSpaceSymbol : std::string_view(" ");
-  if (add_dummy_prefix_) normalized->append(space);
+  auto putSpace = [&]() {
+    std::memcpy(w, space.data(), space.size());
+    w += space.size();
+  };
+  if (add_dummy_prefix_) putSpace();
   bool is_prev_space = remove_extra_whitespaces_;
-  while (!input.empty()) {
-    const auto lead = static_cast<unsigned char>(input[0]);
+  const char* in = input.data();
+  const char* const end = in + input.size();
+  while (in < end) {
+    const auto lead = static_cast<unsigned char>(*in);
     std::string_view sp;
+    consumed = 0;
     if (lead < 0x80) {
-      if (!lead_needs_lookup_[lead]) {
-        // Fast path: a plain ASCII byte maps to itself (a space to the space symbol, dropped
-        // after another space when extra whitespace is removed).
-        if (lead == ' ') {
-          if (!is_prev_space) normalized->append(space);
-          is_prev_space = remove_extra_whitespaces_;
-        } else {
-          normalized->push_back(static_cast<char>(lead));
-          is_prev_space = false;
+      // Fast paths ([TAG_ASCII_CLASS]): a run of ASCII bytes that map to themselves is copied
+      // at once; a space becomes the space symbol (dropped after another space when extra
+      // whitespace is removed).
+      const uint8_t cls = ascii_class_[lead];
+      if (cls <= kAsciiPlainBeforeAscii && cls != kAsciiSpace) {
+        // Inside a run every byte is followed by an ASCII byte; only the last one may stand
+        // before a non-ASCII byte, where a kAsciiPlainBeforeAscii byte needs the lookup.
+        // Copied while scanned (runs are short: a call to memcpy would cost more).
+        const char* q = in;
+        *w++ = *q++;
+        while (q < end) {
+          const auto c = static_cast<unsigned char>(*q);
+          if (c >= 0x80) break;
+          const uint8_t k = ascii_class_[c];
+          if (k != kAsciiPlain && k != kAsciiPlainBeforeAscii) break;
+          *w++ = static_cast<char>(c);
+          ++q;
         }
-        input.remove_prefix(1);
+        if (q < end && static_cast<unsigned char>(*q) >= 0x80 &&
+            ascii_class_[static_cast<unsigned char>(q[-1])] == kAsciiPlainBeforeAscii) {
+          --q;
+          --w;
+        }
+        if (q > in) {
+          is_prev_space = false;
+          in = q;
+          continue;
+        }
+        // A lone kAsciiPlainBeforeAscii byte before a non-ASCII byte: full lookup below.
+      } else if (cls == kAsciiSpace) {
+        if (!is_prev_space) putSpace();
+        is_prev_space = remove_extra_whitespaces_;
+        ++in;
         continue;
+      } else if (cls == kAsciiMappedBeforeAscii &&
+                 (in + 1 == end || static_cast<unsigned char>(in[1]) < 0x80)) {
+        sp = ascii_value_[lead];
+        consumed = 1;
       }
     } else if (lead >= 0xC2 && lead < 0xF0) {
       uint32_t cp;
-      const int len = utf8::decode(reinterpret_cast<const unsigned char*>(input.data()),
-                                   input.size(), &cp);
+      const int len = utf8::decode(reinterpret_cast<const unsigned char*>(in),
+                                   static_cast<size_t>(end - in), &cp);
       if (len > 0 && bmpPlain(cp)) {
-        normalized->append(input.data(), static_cast<size_t>(len));
+        for (int k = 0; k < len; ++k) *w++ = in[k];
         is_prev_space = false;
-        input.remove_prefix(static_cast<size_t>(len));
+        in += len;
         continue;
       }
     }
-    sp = normalizePrefix(input, &consumed);
+    if (consumed == 0) {
+      sp = normalizePrefix(std::string_view(in, static_cast<size_t>(end - in)), &consumed);
+    }
     while (is_prev_space && !sp.empty() && sp[0] == ' ') sp.remove_prefix(1);
     if (!sp.empty()) {
+      // Keep room for this rule's output plus 3 bytes per input byte still to come.
+      const size_t used = static_cast<size_t>(w - buf.data.get());
+      ensure(used + sp.size() * 3 + static_cast<size_t>(end - in) * 3 + 3, used);
+      w = buf.data.get() + used;
       for (char ch : sp) {
         if (ch == ' ') {
-          normalized->append(space);
+          putSpace();
         } else {
-          normalized->push_back(ch);
+          *w++ = ch;
         }
       }
       is_prev_space = sp.back() == ' ';
     }
-    input.remove_prefix(consumed);
+    in += consumed;
     if (!remove_extra_whitespaces_) is_prev_space = false;
   }
+  const char* const begin = buf.data.get();
   if (remove_extra_whitespaces_) {
-    while (normalized->size() >= space.size() &&
-           std::string_view(*normalized).substr(normalized->size() - space.size()) == space) {
-      normalized->resize(normalized->size() - space.size());
+    while (static_cast<size_t>(w - begin) >= space.size() &&
+           std::memcmp(w - space.size(), space.data(), space.size()) == 0) {
+      w -= space.size();
     }
   }
+  return std::string_view(begin, static_cast<size_t>(w - begin));
 }
 
-void UnigramTokenizer::viterbi(std::string_view normalized, std::vector<TokenId>* out) const {
+void UnigramTokenizer::viterbiReference(std::string_view normalized,
+                                        std::vector<TokenId>* out) const {
   struct BestPathNode {
     TokenId id;
     float best_path_score;
@@ -592,9 +779,122 @@ void UnigramTokenizer::viterbi(std::string_view normalized, std::vector<TokenId>
   }
 }
 
+// The lattice walk of sentencepiece's optimized encoder without node objects: per position a
+// best score and a back-pointer, the trie walked over lattice_ directly, scratch reused per
+// thread. Same float/double arithmetic and the same tie-breaking (first best wins) as
+// viterbiReference(); only "not reached" is -infinity instead of a marker (see scores_finite_).
+void UnigramTokenizer::viterbi(std::string_view normalized, std::vector<TokenId>* out) const {
+  const size_t size_bytes = normalized.size();
+  if (!scores_finite_ || size_bytes >= static_cast<size_t>(INT32_MAX) ||
+      static_cast<double>(size_bytes + 1) * max_abs_edge_score_ > 1e37) {
+    viterbiReference(normalized, out);
+    return;
+  }
+  struct Back {
+    int32_t starts_at;
+    TokenId id;
+  };
+  struct Scratch {
+    std::unique_ptr<float[]> score;
+    std::unique_ptr<Back[]> back;
+    std::unique_ptr<int32_t[]> ends;
+    size_t capacity = 0;
+  };
+  thread_local Scratch scratch;
+  if (scratch.capacity < size_bytes + 1) {
+    const size_t cap = std::max<size_t>(size_bytes + 1, scratch.capacity * 2);
+    scratch.score.reset(new float[cap]);
+    scratch.back.reset(new Back[cap]);
+    scratch.ends.reset(new int32_t[cap]);
+    scratch.capacity = cap;
+  }
+  const int32_t size = static_cast<int32_t>(size_bytes);
+  float* const score = scratch.score.get();
+  Back* const back = scratch.back.get();
+  std::fill(score + 1, score + size + 1, -std::numeric_limits<float>::infinity());
+  score[0] = 0.0f;
+  const float unk_score = min_score_ - 10.0f;  // kUnkPenalty
+  const auto* data = reinterpret_cast<const unsigned char*>(normalized.data());
+  const LatticeNode* const nodes = lattice_.data();
+  const auto root_base = static_cast<uint32_t>(nodes[0].base);
+  static constexpr int8_t kOneCharLen[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4};
+  int32_t starts_at = 0;
+  while (starts_at < size) {
+    const float till_here = score[starts_at];
+    const double till_here_d = till_here;
+    const int32_t single_end =
+        starts_at + std::min<int32_t>(kOneCharLen[data[starts_at] >> 4], size - starts_at);
+    int32_t s = 0;  // DoubleArray::kRoot
+    uint32_t base = root_base;
+    int32_t key_pos = starts_at;
+    // One step of the walk: the node reached, or nullptr when the trie has no such child. A
+    // node without a piece scores -infinity, so its candidate never wins (every reached
+    // position is finite, an unreached one is -infinity and needs a strict improvement).
+    // sentencepiece adds and compares in double.
+    auto step = [&]() {
+      // lattice_ keeps trie_'s padding, so base + 255 is inside it ([TAG_DA_PADDING]).
+      const uint32_t t = base + data[key_pos];
+      const LatticeNode& node = nodes[t];
+      if (node.check != s) return static_cast<const LatticeNode*>(nullptr);
+      s = static_cast<int32_t>(t);
+      base = static_cast<uint32_t>(node.base);
+      ++key_pos;
+      // Most nodes carry no piece (inside a multi-byte character, or a prefix that is no
+      // piece); their -infinity candidate never wins, so they skip the update.
+      if (node.piece == kNoPiece) return &node;
+      double edge = static_cast<double>(node.edge);
+      if (__builtin_expect(node.edge != node.edge, 0)) edge = user_edge_[node.piece];  // NaN
+      const double candidate = edge + till_here_d;
+      // Written back either way (selects, not a branch): whether a candidate wins is data
+      // dependent and mispredicts often on text with many competing pieces.
+      const float current = score[key_pos];
+      const bool better = candidate > static_cast<double>(current);
+      score[key_pos] = better ? static_cast<float>(candidate) : current;
+      const Back old = back[key_pos];
+      back[key_pos] = better ? Back{starts_at, node.piece} : old;
+      return &node;
+    };
+    // The first character's bytes apart: whether a piece covers exactly it decides <unk>.
+    bool has_single_node = false;
+    const LatticeNode* node = nullptr;
+    while (key_pos < single_end && (node = step()) != nullptr) {
+    }
+    if (key_pos == single_end && node != nullptr) {
+      has_single_node = node->piece != kNoPiece;
+      while (key_pos < size && step() != nullptr) {
+      }
+    }
+    if (!has_single_node) {
+      const float candidate = unk_score + till_here;
+      if (candidate > score[single_end]) {
+        score[single_end] = candidate;
+        back[single_end] = {starts_at, unk_id_};
+      }
+    }
+    starts_at = single_end;
+  }
+  // Every character boundary is reached (a piece or <unk> covers each character), so the
+  // back-pointers from `size` lead to 0.
+  int32_t* const ends = scratch.ends.get();
+  size_t count = 0;
+  for (int32_t e = size; e > 0; e = back[e].starts_at) ends[count++] = e;
+  out->reserve(out->size() + count);
+  bool prev_unk = false;
+  for (size_t k = count; k-- > 0;) {
+    const int32_t piece_end = ends[k];
+    const Back& b = back[piece_end];
+    const bool is_unk = b.id == unk_id_;
+    if (is_unk && byte_fallback_) {
+      for (int32_t i = b.starts_at; i < piece_end; ++i) out->push_back(byte_ids_[data[i]]);
+    } else if (!(is_unk && prev_unk)) {
+      out->push_back(b.id);
+    }
+    prev_unk = is_unk;
+  }
+}
+
 void UnigramTokenizer::encode(std::string_view text, std::vector<TokenId>* out) const {
-  thread_local std::string normalized;
-  normalize(text, &normalized);
+  const std::string_view normalized = normalize(text);
   if (normalized.empty()) return;
   viterbi(normalized, out);
 }

@@ -231,12 +231,64 @@ struct AddedToken {
   std::string content;
   TokenId id;
   bool special;
+  bool lstrip = false, rstrip = false, single_word = false, normalized = false;
+  std::string pattern;  // what is matched: content, or its normalized form when `normalized`
+};
+
+// Rust regex's Unicode \w (HF's single_word test): Alphabetic, marks, decimal digits, connector
+// punctuation, join controls. Alphabetic is approximated by the letter categories, Nl and the
+// Other_Alphabetic symbols of the enclosed-letter blocks (its other members are marks).
+bool isWordChar(uint32_t cp) {
+  const uint32_t bit = 1u << unicode::category(cp);
+  if (bit & (unicode::kLetterMask | unicode::kMarkMask | unicode::bit(unicode::kNd) |
+             unicode::bit(unicode::kNl) | unicode::bit(unicode::kPc))) {
+    return true;
+  }
+  return cp == 0x200C || cp == 0x200D || (cp >= 0x24B6 && cp <= 0x24E9) ||
+         (cp >= 0x1F130 && cp <= 0x1F149) || (cp >= 0x1F150 && cp <= 0x1F169) ||
+         (cp >= 0x1F170 && cp <= 0x1F189);
+}
+
+size_t utf8Length(uint32_t cp) { return cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4; }
+
+// The code point that ends s[0..end) (valid UTF-8), or -1 at the start.
+int64_t lastCodePoint(std::string_view s, size_t end) {
+  if (end == 0) return -1;
+  size_t k = end - 1;
+  while (k > 0 && utf8::isTrail(static_cast<unsigned char>(s[k]))) --k;
+  uint32_t cp;
+  if (utf8::decode(reinterpret_cast<const unsigned char*>(s.data()) + k, end - k, &cp) <= 0) {
+    return -1;
+  }
+  return cp;
+}
+
+int64_t firstCodePoint(std::string_view s, size_t begin) {
+  uint32_t cp;
+  if (utf8::decode(reinterpret_cast<const unsigned char*>(s.data()) + begin, s.size() - begin,
+                   &cp) <= 0) {
+    return -1;
+  }
+  return cp;
+}
+
+// One decoder step of a tokenizer.json decoder Sequence (the ByteFallback chain).
+struct DecodeStepSpec {
+  enum Kind { kReplace, kByteFallback, kFuse, kStrip } kind;
+  std::string pattern, content;  // kReplace
+  uint32_t strip_char = ' ';     // kStrip
+  size_t strip_start = 0;        // kStrip: leading strip_char removed, at most this many
+  size_t strip_stop = 0;         // kStrip: trailing ones
 };
 
 class HfUnigramTokenizer final : public Tokenizer {
  public:
   static Result<std::unique_ptr<Tokenizer>> create(const simdjson::dom::element& doc,
                                                    std::string_view name);
+  // decoder: a Sequence of Replace (String pattern), ByteFallback, Fuse and Strip (what
+  // transformers writes for Llama-style sentencepiece models), or one of them alone.
+  static Status parseDecoderChain(const simdjson::dom::element& e, std::string_view name,
+                                  HfUnigramTokenizer* t);
 
   TokenizerKind kind() const override { return TokenizerKind::kUnigram; }
   void encode(std::string_view text, std::vector<TokenId>* out) const override {
@@ -275,20 +327,40 @@ class HfUnigramTokenizer final : public Tokenizer {
   }
   bool decodeStep(TokenId id, bool skip_special, DecodeState* state,
                   std::string* out) const override;
-  // Pieces are whole UTF-8 strings: nothing is ever held back.
-  void decodeFinish(DecodeState* state, std::string* out) const override {}
+  // Metaspace: pieces are whole UTF-8 strings, nothing is held back. ByteFallback chain: a run
+  // of <0xXX> pieces is held until it ends (HF decodes the run as a whole).
+  void decodeFinish(DecodeState* state, std::string* out) const override {
+    if (!decoder_chain_.empty()) flushBytes(state, out);
+  }
 
  private:
+  // An added token's string is its pattern: HF tokenizers (>= 0.23) keeps a `normalized: true`
+  // token (special or not) in its normalized form and gives that back for id_to_token and
+  // decode; a `normalized: false` one as its content.
   const std::string* tokenString(TokenId id) const {
     if (id < 0 || id >= vocab_size_) return nullptr;
     const int32_t ai = added_index_[static_cast<size_t>(id)];
-    if (ai >= 0) return &added_[static_cast<size_t>(ai)].content;
+    if (ai >= 0) return &added_[static_cast<size_t>(ai)].pattern;
     if (static_cast<size_t>(id) < pieces_.size()) return &pieces_[static_cast<size_t>(id)];
     return nullptr;
   }
   void encodeImpl(std::string_view text, bool allow_special, std::vector<TokenId>* out) const;
-  void encodeSegment(std::string_view segment, bool at_start, bool allow_special,
-                     std::vector<TokenId>* out) const;
+  // The normalizer chain (norm_) over `in`, into *out (a per-thread buffer is used inside).
+  void normalizeText(std::string_view in, std::string* out) const;
+  // Metaspace pre-tokenizer + model over already normalized text.
+  void tokenizeNormalized(std::string_view normalized, bool at_start, bool allow_special,
+                          std::vector<TokenId>* out) const;
+  // HF AddedVocabulary::find_matches over `text` with the tokens `set` (indices into added_):
+  // leftmost-longest matches; specials skipped unless allowed; single_word, lstrip, rstrip
+  // applied. Calls gap(begin, end) for text between tokens and token(id) in order.
+  template <typename Gap, typename Token>
+  void splitAdded(std::string_view text, const std::vector<uint32_t>& set,
+                  const bool (&first_byte)[256], bool allow_special, Gap gap,
+                  Token token) const;
+  // The ByteFallback decoder chain (decoder Sequence of Replace, ByteFallback, Fuse, Strip).
+  bool decodeStepChain(const std::string& piece, DecodeState* state, std::string* out) const;
+  void flushBytes(DecodeState* state, std::string* out) const;
+  void emitDecoded(std::string_view text, DecodeState* state, std::string* out) const;
   // `trie`: trie_ (all pieces, as HF) or plain_trie_ (special pieces left out: caller text).
   void viterbi(const DoubleArray& trie, std::string_view s, std::vector<TokenId>* out) const;
 
@@ -309,9 +381,16 @@ class HfUnigramTokenizer final : public Tokenizer {
   bool decoder_metaspace_ = false;
   std::string dec_replacement_ = std::string(kMeta);
   Prepend dec_prepend_ = Prepend::kAlways;
+  std::vector<DecodeStepSpec> decoder_chain_;  // empty: Metaspace or no decoder
+  bool decoder_byte_fallback_ = false;
+  size_t decoder_bf_index_ = 0;                  // ByteFallback's place in decoder_chain_
+  const DecodeStepSpec* fused_strip_ = nullptr;  // a Strip after Fuse (start <= 1, stop 0)
   std::vector<AddedToken> added_;
   std::vector<int32_t> added_index_;  // id -> index into added_ (the last entry wins), or -1
-  bool added_first_byte_[256] = {};
+  std::vector<uint32_t> raw_added_;   // matched on the raw text (normalized == false)
+  std::vector<uint32_t> norm_added_;  // matched on the normalized text
+  bool raw_first_byte_[256] = {};
+  bool norm_first_byte_[256] = {};
   int32_t vocab_size_ = 0;
 };
 
@@ -406,11 +485,9 @@ void HfUnigramTokenizer::viterbi(const DoubleArray& trie, std::string_view s,
   }
 }
 
-void HfUnigramTokenizer::encodeSegment(std::string_view segment, bool at_start,
-                                       bool allow_special, std::vector<TokenId>* out) const {
-  const DoubleArray& trie = allow_special ? trie_ : plain_trie_;
+void HfUnigramTokenizer::normalizeText(std::string_view in, std::string* out) const {
   thread_local std::string a, b;
-  a.assign(segment);
+  a.assign(in);
   for (const NormStep& st : norm_) {
     b.clear();
     switch (st.kind) {
@@ -474,6 +551,13 @@ void HfUnigramTokenizer::encodeSegment(std::string_view segment, bool at_start,
     }
     a.swap(b);
   }
+  out->swap(a);
+}
+
+void HfUnigramTokenizer::tokenizeNormalized(std::string_view a, bool at_start, bool allow_special,
+                                            std::vector<TokenId>* out) const {
+  const DoubleArray& trie = allow_special ? trie_ : plain_trie_;
+  thread_local std::string b;
   if (a.empty()) return;
   if (!metaspace_) {
     viterbi(trie, a, out);
@@ -509,25 +593,23 @@ void HfUnigramTokenizer::encodeSegment(std::string_view segment, bool at_start,
   if (piece_start < b.size()) viterbi(trie, std::string_view(b).substr(piece_start), out);
 }
 
-void HfUnigramTokenizer::encodeImpl(std::string_view raw, bool allow_special,
-                                    std::vector<TokenId>* out) const {
-  // HF input is a Rust String: invalid UTF-8 becomes U+FFFD first (from_utf8_lossy).
-  thread_local std::string text;
-  text.clear();
-  utf8::appendLossy(raw, true, &text);
-  const std::string_view t(text);
-  size_t seg_start = 0, i = 0;
+template <typename Gap, typename Token>
+void HfUnigramTokenizer::splitAdded(std::string_view t, const std::vector<uint32_t>& set,
+                                    const bool (&first_byte)[256], bool allow_special, Gap gap,
+                                    Token token) const {
+  size_t start_offset = 0;  // end of the last token taken (HF's start_offset)
+  size_t i = 0;
   while (i < t.size()) {
-    // Leftmost-longest added token at i.
-    const AddedToken* best = nullptr;
-    if (!added_first_byte_[static_cast<unsigned char>(t[i])]) {
+    if (!first_byte[static_cast<unsigned char>(t[i])]) {
       ++i;
       continue;
     }
-    for (const auto& a : added_) {
-      if (a.special && !allow_special) continue;
-      if (t.compare(i, a.content.size(), a.content) == 0 &&
-          (best == nullptr || a.content.size() > best->content.size())) {
+    // Leftmost-longest match at i (Aho-Corasick LeftmostLongest; the first listed wins a tie).
+    const AddedToken* best = nullptr;
+    for (uint32_t k : set) {
+      const AddedToken& a = added_[k];
+      if (t.compare(i, a.pattern.size(), a.pattern) == 0 &&
+          (best == nullptr || a.pattern.size() > best->pattern.size())) {
         best = &a;
       }
     }
@@ -535,16 +617,70 @@ void HfUnigramTokenizer::encodeImpl(std::string_view raw, bool allow_special,
       ++i;
       continue;
     }
-    if (i > seg_start) {
-      encodeSegment(t.substr(seg_start, i - seg_start), seg_start == 0, allow_special, out);
+    size_t start = i, stop = i + best->pattern.size();
+    i = stop;  // matches never overlap, whether or not this one is taken
+    // Caller text never yields a special token: HF's encode_special_tokens skips the match
+    // (its text stays ordinary text).
+    if (best->special && !allow_special) continue;
+    if (best->single_word) {
+      const int64_t before = lastCodePoint(t, start);
+      const int64_t after = stop < t.size() ? firstCodePoint(t, stop) : -1;
+      const bool start_space = before < 0 || !isWordChar(static_cast<uint32_t>(before));
+      const bool stop_space = after < 0 || !isWordChar(static_cast<uint32_t>(after));
+      if (!start_space || !stop_space) continue;
     }
-    out->push_back(best->id);
-    i += best->content.size();
-    seg_start = i;
+    if (best->lstrip) {
+      size_t new_start = start;
+      for (int64_t cp; (cp = lastCodePoint(t, new_start)) >= 0 &&
+                       unicode::isWhiteSpace(static_cast<uint32_t>(cp));) {
+        new_start -= utf8Length(static_cast<uint32_t>(cp));
+      }
+      start = std::max(new_start, start_offset);
+    }
+    if (best->rstrip) {
+      for (int64_t cp; stop < t.size() && (cp = firstCodePoint(t, stop)) >= 0 &&
+                       unicode::isWhiteSpace(static_cast<uint32_t>(cp));) {
+        stop += utf8Length(static_cast<uint32_t>(cp));
+      }
+    }
+    if (start_offset < start) gap(start_offset, start);
+    token(best->id);
+    start_offset = stop;
   }
-  if (seg_start < t.size()) {
-    encodeSegment(t.substr(seg_start), seg_start == 0, allow_special, out);
-  }
+  if (start_offset < t.size()) gap(start_offset, t.size());
+}
+
+void HfUnigramTokenizer::encodeImpl(std::string_view raw, bool allow_special,
+                                    std::vector<TokenId>* out) const {
+  // HF input is a Rust String: invalid UTF-8 becomes U+FFFD first (from_utf8_lossy).
+  thread_local std::string text;
+  text.clear();
+  utf8::appendLossy(raw, true, &text);
+  const std::string_view t(text);
+  auto emit = [out](TokenId id) { out->push_back(id); };
+  // 1. Tokens with normalized == false, on the raw text; 2. per gap: the normalizer, then the
+  // tokens with normalized == true on the normalized gap; 3. Metaspace + model on what is left.
+  // A piece counts as the text's start for prepend_scheme "first" when it begins at byte 0 of
+  // the input (HF: offsets_original().0 == 0).
+  splitAdded(
+      t, raw_added_, raw_first_byte_, allow_special,
+      [&](size_t begin, size_t end) {
+        thread_local std::string normalized;
+        normalizeText(t.substr(begin, end - begin), &normalized);
+        if (norm_added_.empty()) {
+          tokenizeNormalized(normalized, begin == 0, allow_special, out);
+          return;
+        }
+        const std::string_view n(normalized);
+        splitAdded(
+            n, norm_added_, norm_first_byte_, allow_special,
+            [&](size_t b2, size_t e2) {
+              tokenizeNormalized(n.substr(b2, e2 - b2), begin == 0 && b2 == 0, allow_special,
+                                 out);
+            },
+            emit);
+      },
+      emit);
 }
 
 bool HfUnigramTokenizer::decodeStep(TokenId id, bool skip_special, DecodeState* state,
@@ -552,6 +688,7 @@ bool HfUnigramTokenizer::decodeStep(TokenId id, bool skip_special, DecodeState* 
   const std::string* s = tokenString(id);
   if (s == nullptr) return false;
   if (skip_special && isSpecial(id)) return true;
+  if (!decoder_chain_.empty()) return decodeStepChain(*s, state, out);
   const size_t i = state->tokens++;
   if (!decoder_metaspace_) {
     out->append(*s);
@@ -566,6 +703,131 @@ bool HfUnigramTokenizer::decodeStep(TokenId id, bool skip_special, DecodeState* 
       out->push_back((*s)[k++]);
     }
   }
+  return true;
+}
+
+// Per-token steps of decoder_chain_ in [from, to), stopping at Fuse (ByteFallback is handled by
+// the caller).
+void applyTokenSteps(const std::vector<DecodeStepSpec>& chain, size_t from, size_t to,
+                     std::string* tok) {
+  thread_local std::string tmp;
+  for (size_t k = from; k < to && k < chain.size(); ++k) {
+    const DecodeStepSpec& st = chain[k];
+    if (st.kind == DecodeStepSpec::kFuse) return;
+    if (st.kind == DecodeStepSpec::kReplace) {
+      tmp.clear();
+      size_t i = 0;
+      for (size_t f; (f = tok->find(st.pattern, i)) != std::string::npos;
+           i = f + st.pattern.size()) {
+        tmp.append(*tok, i, f - i);
+        tmp.append(st.content);
+      }
+      tmp.append(*tok, i, std::string::npos);
+      tok->swap(tmp);
+    } else if (st.kind == DecodeStepSpec::kStrip) {
+      // HF Strip on one token: at most strip_start leading and strip_stop trailing strip_char.
+      const auto* p = reinterpret_cast<const unsigned char*>(tok->data());
+      size_t lo = 0, hi = tok->size();
+      for (size_t n = 0; n < st.strip_start && lo < hi; ++n) {
+        uint32_t cp;
+        const int len = utf8::decode(p + lo, hi - lo, &cp);
+        if (len <= 0 || cp != st.strip_char) break;
+        lo += static_cast<size_t>(len);
+      }
+      for (size_t n = 0; n < st.strip_stop && hi > lo; ++n) {
+        size_t k2 = hi - 1;
+        while (k2 > lo && utf8::isTrail(p[k2])) --k2;
+        uint32_t cp;
+        const int len = utf8::decode(p + k2, hi - k2, &cp);
+        if (len <= 0 || cp != st.strip_char) break;
+        hi = k2;
+      }
+      *tok = tok->substr(lo, hi - lo);
+    }
+  }
+}
+
+// "<0xXX>" as HF's ByteFallback reads it (u8::from_str_radix over the two characters, which
+// takes a leading '+').
+bool byteToken(std::string_view tok, uint8_t* byte) {
+  if (tok.size() != 6 || tok.substr(0, 3) != "<0x" || tok[5] != '>') return false;
+  auto hex = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  const int hi = tok[3] == '+' ? 0 : hex(tok[3]);
+  const int lo = hex(tok[4]);
+  if (hi < 0 || lo < 0) return false;
+  *byte = static_cast<uint8_t>(hi * 16 + lo);
+  return true;
+}
+
+void HfUnigramTokenizer::emitDecoded(std::string_view text, DecodeState* state,
+                                     std::string* out) const {
+  // A Strip after Fuse sees the whole text: it removes (at most one) leading strip_char of
+  // the first non-empty output. flag0: that point has passed.
+  if (!state->flag0 && !text.empty()) {
+    state->flag0 = true;
+    if (fused_strip_ != nullptr && fused_strip_->strip_start > 0) {
+      uint32_t cp;
+      const int len = utf8::decode(reinterpret_cast<const unsigned char*>(text.data()),
+                                   text.size(), &cp);
+      if (len > 0 && cp == fused_strip_->strip_char) text.remove_prefix(static_cast<size_t>(len));
+    }
+  }
+  out->append(text);
+  state->emitted += text.size();
+}
+
+void HfUnigramTokenizer::flushBytes(DecodeState* state, std::string* out) const {
+  if (state->pending.empty()) return;
+  // HF: the run is one token when it is valid UTF-8, else one U+FFFD token per byte.
+  const auto* p = reinterpret_cast<const unsigned char*>(state->pending.data());
+  bool valid = true;
+  for (size_t i = 0; i < state->pending.size();) {
+    uint32_t cp;
+    const int len = utf8::decode(p + i, state->pending.size() - i, &cp);
+    if (len <= 0) {
+      valid = false;
+      break;
+    }
+    i += static_cast<size_t>(len);
+  }
+  thread_local std::string tok;
+  const size_t count = valid ? 1 : state->pending.size();
+  for (size_t i = 0; i < count; ++i) {
+    if (valid) {
+      tok = state->pending;
+    } else {
+      tok.assign(utf8::kReplacement);
+    }
+    applyTokenSteps(decoder_chain_, decoder_bf_index_ + 1, decoder_chain_.size(), &tok);
+    emitDecoded(tok, state, out);
+  }
+  state->pending.clear();
+}
+
+bool HfUnigramTokenizer::decodeStepChain(const std::string& piece, DecodeState* state,
+                                         std::string* out) const {
+  ++state->tokens;
+  thread_local std::string tok;
+  tok = piece;
+  if (!decoder_byte_fallback_) {
+    applyTokenSteps(decoder_chain_, 0, decoder_chain_.size(), &tok);
+    emitDecoded(tok, state, out);
+    return true;
+  }
+  applyTokenSteps(decoder_chain_, 0, decoder_bf_index_, &tok);
+  uint8_t byte;
+  if (byteToken(tok, &byte)) {
+    state->pending.push_back(static_cast<char>(byte));  // held until the run ends
+    return true;
+  }
+  flushBytes(state, out);
+  applyTokenSteps(decoder_chain_, decoder_bf_index_ + 1, decoder_chain_.size(), &tok);
+  emitDecoded(tok, state, out);
   return true;
 }
 
@@ -652,6 +914,89 @@ Status parseNormalizer(const simdjson::dom::element& e, std::string_view name,
   return okStatus();
 }
 
+Status HfUnigramTokenizer::parseDecoderChain(const simdjson::dom::element& e,
+                                             std::string_view name, HfUnigramTokenizer* t) {
+  const std::string where = std::string(name) + ": tokenizer.json: decoder";
+  std::vector<simdjson::dom::element> steps;
+  std::string_view type;
+  UJ_REQUIRE(e["type"].get(type), "decoder without a type");
+  if (type == "Sequence") {
+    simdjson::dom::array seq;
+    UJ_REQUIRE(e["decoders"].get(seq), "decoder Sequence without decoders");
+    for (simdjson::dom::element d : seq) steps.push_back(d);
+  } else {
+    steps.push_back(e);
+  }
+  bool fused = false;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const std::string at = where + "s[" + std::to_string(i) + "]";
+    std::string_view st_type;
+    if (steps[i]["type"].get(st_type) != simdjson::SUCCESS) {
+      return invalidArgument(at + " has no type");
+    }
+    DecodeStepSpec st{};
+    if (st_type == "Replace") {
+      std::string_view pat, content;
+      if (steps[i]["pattern"]["String"].get(pat) != simdjson::SUCCESS || pat.empty()) {
+        return invalidArgument(at + ": Replace needs a non-empty String pattern (Regex is not "
+                                    "supported)");
+      }
+      if (steps[i]["content"].get(content) != simdjson::SUCCESS) {
+        return invalidArgument(at + ": Replace without content");
+      }
+      if (fused) return invalidArgument(at + ": Replace after Fuse is not supported");
+      st.kind = DecodeStepSpec::kReplace;
+      st.pattern.assign(pat);
+      st.content.assign(content);
+    } else if (st_type == "ByteFallback") {
+      if (fused || t->decoder_byte_fallback_) {
+        return invalidArgument(at + ": ByteFallback after Fuse or twice is not supported");
+      }
+      st.kind = DecodeStepSpec::kByteFallback;
+      t->decoder_byte_fallback_ = true;
+      t->decoder_bf_index_ = t->decoder_chain_.size();
+    } else if (st_type == "Fuse") {
+      st.kind = DecodeStepSpec::kFuse;
+      fused = true;
+    } else if (st_type == "Strip") {
+      std::string_view content;
+      uint64_t start = 0, stop = 0;
+      if (steps[i]["content"].get(content) != simdjson::SUCCESS ||
+          steps[i]["start"].get(start) != simdjson::SUCCESS ||
+          steps[i]["stop"].get(stop) != simdjson::SUCCESS) {
+        return invalidArgument(at + ": Strip needs content, start and stop");
+      }
+      uint32_t cp = 0;
+      if (utf8::decode(reinterpret_cast<const unsigned char*>(content.data()), content.size(),
+                       &cp) != static_cast<int>(content.size()) ||
+          content.empty()) {
+        return invalidArgument(at + ": Strip content must be one character");
+      }
+      if (fused && (start > 1 || stop != 0 || t->fused_strip_ != nullptr)) {
+        return invalidArgument(at + ": after Fuse only one Strip with start <= 1 and stop 0 is "
+                                    "supported (a streamed decode cannot take text back)");
+      }
+      st.kind = DecodeStepSpec::kStrip;
+      st.strip_char = cp;
+      st.strip_start = static_cast<size_t>(start);
+      st.strip_stop = static_cast<size_t>(stop);
+    } else {
+      return invalidArgument(at + ": decoder type \"" + std::string(st_type) +
+                             "\" is not supported for Unigram (Metaspace, or a Sequence of "
+                             "Replace, ByteFallback, Fuse, Strip)");
+    }
+    t->decoder_chain_.push_back(std::move(st));
+  }
+  if (t->decoder_chain_.empty()) return invalidArgument(where + ": empty decoder Sequence");
+  // Pointers into decoder_chain_ only once it no longer grows.
+  bool after = false;
+  for (const DecodeStepSpec& st : t->decoder_chain_) {
+    if (st.kind == DecodeStepSpec::kFuse) after = true;
+    if (after && st.kind == DecodeStepSpec::kStrip) t->fused_strip_ = &st;
+  }
+  return okStatus();
+}
+
 Result<std::unique_ptr<Tokenizer>> HfUnigramTokenizer::create(const simdjson::dom::element& doc,
                                                                std::string_view name) {
   auto t = std::make_unique<HfUnigramTokenizer>();
@@ -676,12 +1021,16 @@ Result<std::unique_ptr<Tokenizer>> HfUnigramTokenizer::create(const simdjson::do
     if (e["split"].get(split) == simdjson::SUCCESS) t->split_ = split;
   }
   if (doc["decoder"].get(e) == simdjson::SUCCESS && !e.is_null()) {
-    std::string_view type, rep;
+    std::string_view type;
     UJ_REQUIRE(e["type"].get(type), "decoder without a type");
     if (type != "Metaspace") {
-      return invalidArgument(n + ": tokenizer.json: decoder type \"" + std::string(type) +
-                             "\" is not supported for Unigram (Metaspace)");
+      RETURN_IF_ERROR(parseDecoderChain(e, name, t.get()));
     }
+  }
+  if (!t->decoder_chain_.empty()) {
+    // The chain is set up; nothing Metaspace-specific follows.
+  } else if (doc["decoder"].get(e) == simdjson::SUCCESS && !e.is_null()) {
+    std::string_view rep;
     t->decoder_metaspace_ = true;
     UJ_REQUIRE(e["replacement"].get(rep), "decoder Metaspace without replacement");
     if (rep.empty()) return invalidArgument(n + ": tokenizer.json: empty decoder replacement");
@@ -750,19 +1099,34 @@ Result<std::unique_ptr<Tokenizer>> HfUnigramTokenizer::create(const simdjson::do
         return invalidArgument(n + ": tokenizer.json: added_tokens entry \"" +
                                std::string(content) + "\" has a bad id or empty content");
       }
-      if (normalized || lstrip || rstrip || single) {
-        return unimplemented(n + ": tokenizer.json: added token \"" + std::string(content) +
-                             "\" uses normalized/lstrip/rstrip/single_word, not supported for "
-                             "Unigram yet");
+      AddedToken tok{std::string(content), static_cast<TokenId>(id), special};
+      tok.lstrip = lstrip;
+      tok.rstrip = rstrip;
+      tok.single_word = single;
+      tok.normalized = normalized;
+      // HF matches a normalized token by its content run through the normalizer.
+      if (normalized) {
+        t->normalizeText(content, &tok.pattern);
+      } else {
+        tok.pattern.assign(content);
       }
-      t->added_.push_back({std::string(content), static_cast<TokenId>(id), special});
+      t->added_.push_back(std::move(tok));
       t->vocab_size_ = std::max(t->vocab_size_, static_cast<int32_t>(id + 1));
     }
   }
   t->added_index_.assign(static_cast<size_t>(t->vocab_size_), -1);
   for (size_t i = 0; i < t->added_.size(); ++i) {
-    t->added_index_[static_cast<size_t>(t->added_[i].id)] = static_cast<int32_t>(i);
-    t->added_first_byte_[static_cast<unsigned char>(t->added_[i].content[0])] = true;
+    const AddedToken& a = t->added_[i];
+    t->added_index_[static_cast<size_t>(a.id)] = static_cast<int32_t>(i);
+    if (a.pattern.empty()) continue;  // normalized to nothing: can never match
+    const auto first = static_cast<unsigned char>(a.pattern[0]);
+    if (a.normalized) {
+      t->norm_added_.push_back(static_cast<uint32_t>(i));
+      t->norm_first_byte_[first] = true;
+    } else {
+      t->raw_added_.push_back(static_cast<uint32_t>(i));
+      t->raw_first_byte_[first] = true;
+    }
   }
   for (const auto& [piece, id] : keys) {
     if (!t->isSpecial(id)) plain_keys.emplace_back(piece, id);

@@ -1,11 +1,20 @@
 #pragma once
 // Hugging Face `tokenizer.json` files whose model is Unigram (what transformers' SpmConverter
 // writes from a sentencepiece model), run exactly as HF `tokenizers` runs them:
-// added tokens split first (leftmost-longest, raw text); per segment the normalizers
-// (Precompiled charsmap applied per extended grapheme cluster with HF's shortest-prefix rule,
-// Strip, Replace), the Metaspace pre-tokenizer (prepend_scheme always/first/never, split), the
-// Unigram Viterbi (all vocab pieces in the trie, unk fusing, byte_fallback) and the Metaspace
-// decoder. Anything else in the file is rejected at load with an error naming the field.
+// added tokens split first (HF AddedVocabulary: leftmost-longest; `normalized: false` tokens on
+// the raw text, `normalized: true` ones on each normalized gap; single_word, lstrip, rstrip as
+// HF applies them); per segment the normalizers (Precompiled charsmap applied per extended
+// grapheme cluster with HF's shortest-prefix rule, Strip, Replace), the Metaspace pre-tokenizer
+// (prepend_scheme always/first/never, split), the Unigram Viterbi (all vocab pieces in the trie,
+// unk fusing, byte_fallback) and the decoder: Metaspace, or the ByteFallback chain (Sequence of
+// Replace, ByteFallback, Fuse, Strip; a byte run is decoded as a whole, invalid UTF-8 becoming
+// one U+FFFD per byte, and the streaming decode holds the run until it ends). Anything else in
+// the file is rejected at load with an error naming the field.
+// An added token with `normalized: true` (special or not) decodes, and maps back from its id,
+// as its content run through the normalizer, as HF tokenizers 0.23 does; others as their
+// content.
+// Known gap: with prepend_scheme "first", HF decides "start of text" by original offsets; when
+// the normalizer deletes the text's leading characters HF does not prepend, we do.
 //
 // Called by the loader dispatch in tokenizer.cc. The returned tokenizer is immutable; all
 // methods are safe from any thread.

@@ -37,17 +37,32 @@ Result<std::unique_ptr<Engine>> Engine::create(shm::Channel& channel, Backend& b
     s->seqlens.resize(cap);
     e->slots_.push_back(std::move(s));
   }
+  if (opts.cuda_graphs && backend.graphs() != nullptr && model.graphsEnabled()) {
+    e->graphs_ = backend.graphs();
+  }
+  if (!opts.precapture.empty() && e->graphs_ == nullptr) {
+    return invalidArgument("precapture needs CUDA graphs (backend " + std::string(backend.name()) +
+                           ", cuda graphs " + (opts.cuda_graphs ? "on" : "off") + ")");
+  }
+  for (const auto& [seqs, tokens] : opts.precapture) {
+    Status st = model.precaptureEmbed(*e->graphs_, seqs, tokens, opts.default_pooling, true);
+    if (!st.isOk()) {
+      return Status(st.code(), "precapture " + std::to_string(seqs) + "x" + std::to_string(tokens) +
+                                   ": " + st.message());
+    }
+  }
+  if (!opts.precapture.empty()) RETURN_IF_ERROR(backend.synchronize());
   // Results are copied straight into the output arena: let the backend pin it.
   auto all = channel.outputArenaAll();
   RETURN_IF_ERROR(backend.registerHostMemory(all.data(), all.size()));
+  e->registered_ = true;
   e->completion_thread_ = std::thread([p = e.get()] { p->completionLoop(); });
   return e;
 }
 
 Engine::~Engine() {
   drain(std::chrono::seconds(30));
-  auto all = channel_.outputArenaAll();
-  backend_.unregisterHostMemory(all.data());
+  if (registered_) backend_.unregisterHostMemory(channel_.outputArenaAll().data());
 }
 
 void Engine::announceReady() {
@@ -178,15 +193,31 @@ bool Engine::step(std::chrono::microseconds wait) {
   float* out = reinterpret_cast<float*>(channel_.outputArena(d.slot).data());
   BatchInput in{std::span<const int32_t>(slot.tokens.data(), d.num_tokens),
                 std::span<const int32_t>(slot.seqlens.data(), d.num_seqs)};
-  if (d.kind == shm::BatchKind::kEmbed) {
-    const PoolMode mode = d.pooling == shm::PoolingMode::kDefault
-                              ? opts_.default_pooling
-                              : static_cast<PoolMode>(static_cast<uint32_t>(d.pooling));
-    const bool normalize = d.normalize != 0;
+  const PoolMode mode = d.pooling == shm::PoolingMode::kDefault
+                            ? opts_.default_pooling
+                            : static_cast<PoolMode>(static_cast<uint32_t>(d.pooling));
+  const bool normalize = d.normalize != 0;
+  const ScoreRequest req{d.score_yes, d.score_no};
+  Status graph_status;
+  if (graphs_ != nullptr) {
+    // Padded to the bucket and replayed (engine.h); runs on this thread, enqueues only.
+    const GraphExecStats before = graphs_->graphStats();
+    graph_status = d.kind == shm::BatchKind::kEmbed
+                       ? model_.enqueueEmbedGraphed(*graphs_, in, mode, normalize, out)
+                       : model_.enqueueScoreGraphed(*graphs_, in, req, out);
+    const GraphExecStats after = graphs_->graphStats();
+    static auto& graph_runs = metrics::Registry::global().counter(
+        "rose_cuda_graph_runs_total", "Batches run through the CUDA graph cache, by how", {"how"});
+    static auto& replayed = graph_runs.labels({"replay"});
+    static auto& captured = graph_runs.labels({"capture"});
+    static auto& eager = graph_runs.labels({"eager"});
+    if (after.replays > before.replays) replayed.inc();
+    if (after.captures > before.captures) captured.inc();
+    if (after.eager > before.eager) eager.inc();
+  } else if (d.kind == shm::BatchKind::kEmbed) {
     backend_.launch(
         [this, in, mode, normalize, out] { model_.enqueueEmbed(in, mode, normalize, out); });
   } else {
-    const ScoreRequest req{d.score_yes, d.score_no};
     backend_.launch([this, in, req, out] { model_.enqueueScore(in, req, out); });
   }
   Pending p;
@@ -198,12 +229,29 @@ bool Engine::step(std::chrono::microseconds wait) {
   p.completion.rows = rows;
   p.completion.cols = cols;
   p.completion.output_bytes = uint64_t{rows} * cols * sizeof(float);
-  if (Status st = backend_.recordEvent(*slot.event); !st.isOk()) {
+  if (!graph_status.isOk()) {
+    // The graph run failed part-way: let what was enqueued finish, then report the error.
+    (void)backend_.synchronize();
+    p.completion.status_code = static_cast<int32_t>(graph_status.code());
+    p.completion.rows = p.completion.cols = 0;
+    p.completion.output_bytes = 0;
+    copyMessage(p.completion.message, graph_status.message());
+    log::error("graph run failed", {{"batch_id", d.batch_id}, {"error", graph_status}});
+  } else if (Status st = backend_.recordEvent(*slot.event); !st.isOk()) {
     // Cannot track this batch: wait for it here (rare, backend failure) and report the error.
     (void)backend_.synchronize();
     p.completion.status_code = static_cast<int32_t>(st.code());
     copyMessage(p.completion.message, st.message());
   }
+  // One line per batch with the id of its first request [TAG_REQUEST_ID_LOGS], the id ivy and
+  // tulip log for that request. Debug level: a busy GPU runs thousands of batches a second.
+  log::debug("batch",
+             {{"batch_id", d.batch_id},
+              {"request_id",
+               std::string_view(d.request_id, strnlen(d.request_id, sizeof(d.request_id)))},
+              {"kind", d.kind == shm::BatchKind::kEmbed ? "embed" : "score"},
+              {"seqs", d.num_seqs},
+              {"tokens", d.num_tokens}});
   run_.fetch_add(1);
   push(std::move(p));
   return true;
@@ -295,6 +343,11 @@ void Engine::run(const std::function<bool()>& should_stop) {
   if (!drain(std::chrono::seconds(30))) log::warn("stopping with batches still in flight");
 }
 
-EngineStats Engine::stats() const { return {run_.load(), rejected_.load(), published_.load()}; }
+EngineStats Engine::stats() const {
+  EngineStats st{run_.load(), rejected_.load(), published_.load()};
+  st.graphs = graphs_ != nullptr;
+  if (graphs_ != nullptr) st.graph = graphs_->graphStats();
+  return st;
+}
 
 }  // namespace garden::rose

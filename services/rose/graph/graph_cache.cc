@@ -4,17 +4,9 @@
 
 namespace garden::rose {
 
-uint32_t tokensBucket(uint32_t tokens) {
-  if (tokens == 0) return 0;
-  const uint32_t step = tokens <= 1024 ? 64 : 256;
-  return (tokens + step - 1) / step * step;
-}
+uint32_t tokensBucket(uint32_t tokens) { return graphTokensBucket(tokens); }
 
-uint32_t seqsBucket(uint32_t seqs) {
-  uint32_t b = 1;
-  while (b < seqs) b <<= 1;
-  return seqs == 0 ? 0 : b;
-}
+uint32_t seqsBucket(uint32_t seqs) { return graphSeqsBucket(seqs); }
 
 GraphCache::~GraphCache() {
   for (auto& [key, e] : entries_) {

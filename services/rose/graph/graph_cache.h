@@ -1,8 +1,9 @@
 #pragma once
 // CUDA graphs for rose's forward passes, one per shape bucket (batch kind, sequences bucket, tokens
-// bucket). Capture is lazy: the first time a key is seen its work runs eagerly (warm-up: module
-// loading, cuBLASLt plans), the second time it is captured and the graph launched, later times
-// the graph is replayed. precapture() does warm-up + capture at start for a given list of shapes.
+// bucket, variant). Capture is lazy: the first time a key is seen its work runs eagerly (warm-up:
+// module loading, cuBLASLt plans), the second time it is captured and the graph launched, later
+// times the graph is replayed. precapture() does warm-up + capture at start for a given list of
+// shapes.
 //
 // Contract for the enqueue callback [TAG_GRAPH_BODY]: it must enqueue device work only on the
 // cache's stream, read every per-batch value (token ids, positions, cu_seqlens) from device
@@ -20,13 +21,15 @@
 #include <map>
 
 #include "common/status.h"
+#include "services/rose/ops/backend.h"  // graphTokensBucket, graphSeqsBucket
 
 namespace garden::rose {
 
 struct GraphKey {
-  uint32_t kind = 0;    // batch kind (e.g. shm::BatchKind)
-  uint32_t seqs = 0;    // sequences bucket (seqsBucket)
-  uint32_t tokens = 0;  // tokens bucket (tokensBucket)
+  uint32_t kind = 0;     // batch kind (e.g. shm::BatchKind)
+  uint32_t seqs = 0;     // sequences bucket (seqsBucket)
+  uint32_t tokens = 0;   // tokens bucket (tokensBucket)
+  uint64_t variant = 0;  // what else the captured work bakes in (pooling mode, head rows, ...)
   auto operator<=>(const GraphKey&) const = default;
 };
 

@@ -151,22 +151,29 @@ Result<std::unique_ptr<Qwen3Model>> Qwen3Model::load(const std::string& dir, Bac
     RETURN_IF_ERROR(b.uploadConvert(m->rope_sin_.view, {sinv.data(), DType::kF32, max_pos * half}));
   }
 
-  // Workspace.
-  const int64_t t = m->max_tokens_;
+  // Workspace. With graphs, sized for the largest padded bucket too (enqueueEmbedGraphed).
+  if (b.graphs() != nullptr) {
+    m->graph_tokens_ = graphTokensBucket(static_cast<uint32_t>(m->max_tokens_));
+    m->graph_seqs_ =
+        static_cast<int32_t>(graphSeqsBucket(static_cast<uint32_t>(m->max_tokens_) + 1));
+  }
+  const int64_t t = std::max(m->max_tokens_, m->graph_tokens_);
+  const int64_t ns = std::max<int64_t>(m->max_tokens_, m->graph_seqs_);
   const DType act = b.activationDType();
   ASSIGN_OR_RETURN(m->ids_, b.allocateTensor(DType::kI32, {t}));
   ASSIGN_OR_RETURN(m->positions_, b.allocateTensor(DType::kI32, {t}));
-  ASSIGN_OR_RETURN(m->cu_seqlens_, b.allocateTensor(DType::kI32, {t + 1}));
+  ASSIGN_OR_RETURN(m->cu_seqlens_, b.allocateTensor(DType::kI32, {ns + 1}));
   ASSIGN_OR_RETURN(m->residual_, b.allocateTensor(b.residualDType(), {t, h}));
   ASSIGN_OR_RETURN(m->x_, b.allocateTensor(act, {t, h}));
   ASSIGN_OR_RETURN(m->qkv_buf_, b.allocateTensor(act, {t, (hq + 2 * hkv) * d}));
   ASSIGN_OR_RETURN(m->attn_, b.allocateTensor(act, {t, hq * d}));
   ASSIGN_OR_RETURN(m->gate_up_buf_, b.allocateTensor(act, {t, 2 * inter}));
   ASSIGN_OR_RETURN(m->mlp_, b.allocateTensor(act, {t, inter}));
-  ASSIGN_OR_RETURN(m->pooled_, b.allocateTensor(DType::kF32, {t, h}));
-  ASSIGN_OR_RETURN(m->scores_, b.allocateTensor(DType::kF32, {t}));
+  ASSIGN_OR_RETURN(m->pooled_, b.allocateTensor(DType::kF32, {ns, h}));
+  ASSIGN_OR_RETURN(m->scores_, b.allocateTensor(DType::kF32, {ns}));
   m->host_positions_.resize(static_cast<size_t>(t));
-  m->host_cu_.resize(static_cast<size_t>(t + 1));
+  m->host_cu_.resize(static_cast<size_t>(ns + 1));
+  m->host_pad_ids_.assign(256, 0);
   return m;
 }
 
@@ -230,12 +237,15 @@ Status Qwen3Model::validateScore(const ScoreRequest& req) const {
   return okStatus();
 }
 
-Tensor Qwen3Model::enqueueBody(const BatchInput& in) {
+void Qwen3Model::stageInputs(const BatchInput& in, int64_t tokens, int32_t seqs) {
   Backend& b = backend_;
-  const ModelConfig& c = config_;
   const int64_t t = static_cast<int64_t>(in.tokens.size());
   const int32_t n_seq = static_cast<int32_t>(in.seqlens.size());
-  CHECK(t > 0 && t <= max_tokens_ && n_seq > 0);
+  CHECK(t > 0 && tokens >= t && n_seq > 0 && seqs >= n_seq);
+  CHECK(tokens == t || seqs > n_seq);  // spare tokens need the padding sequence
+  CHECK(tokens <= static_cast<int64_t>(host_positions_.size()) &&
+        static_cast<size_t>(seqs) < host_cu_.size());
+  CHECK(tokens - t <= static_cast<int64_t>(host_pad_ids_.size()));
 
   // Host plan: cu_seqlens, per-token positions, longest sequence.
   host_cu_[0] = 0;
@@ -248,13 +258,38 @@ Tensor Qwen3Model::enqueueBody(const BatchInput& in) {
     for (int32_t i = 0; i < len; ++i) host_positions_[static_cast<size_t>(start + i)] = i;
   }
   CHECK(host_cu_[static_cast<size_t>(n_seq)] == t);
+  // Padding: one sequence holding the spare tokens (position 0 each: always inside the RoPE
+  // table; its result is discarded), then empty ones.
+  for (int64_t i = t; i < tokens; ++i) host_positions_[static_cast<size_t>(i)] = 0;
+  for (int32_t s = n_seq; s < seqs; ++s)
+    host_cu_[static_cast<size_t>(s) + 1] = static_cast<int32_t>(tokens);
 
+  b.copyToDevice(ids_.view.rowSlice(0, t), in.tokens.data(),
+                 sizeof(int32_t) * static_cast<size_t>(t));
+  if (tokens > t) {
+    b.copyToDevice(ids_.view.rowSlice(t, tokens - t), host_pad_ids_.data(),
+                   sizeof(int32_t) * static_cast<size_t>(tokens - t));
+  }
+  b.copyToDevice(positions_.view.rowSlice(0, tokens), host_positions_.data(),
+                 sizeof(int32_t) * static_cast<size_t>(tokens));
+  b.copyToDevice(cu_seqlens_.view.rowSlice(0, seqs + 1), host_cu_.data(),
+                 sizeof(int32_t) * static_cast<size_t>(seqs + 1));
+}
+
+Tensor Qwen3Model::enqueueBody(const BatchInput& in) {
+  const int64_t t = static_cast<int64_t>(in.tokens.size());
+  const int32_t n_seq = static_cast<int32_t>(in.seqlens.size());
+  CHECK(t > 0 && t <= max_tokens_ && n_seq > 0);
+  stageInputs(in, t, n_seq);
+  return enqueueLayers(t, n_seq, max_seqlen_);
+}
+
+Tensor Qwen3Model::enqueueLayers(int64_t t, int32_t n_seq, int32_t max_seqlen) {
+  Backend& b = backend_;
+  const ModelConfig& c = config_;
   const Tensor ids = ids_.view.rowSlice(0, t);
   const Tensor pos = positions_.view.rowSlice(0, t);
   const Tensor cu = cu_seqlens_.view.rowSlice(0, n_seq + 1);
-  b.copyToDevice(ids, in.tokens.data(), sizeof(int32_t) * static_cast<size_t>(t));
-  b.copyToDevice(pos, host_positions_.data(), sizeof(int32_t) * static_cast<size_t>(t));
-  b.copyToDevice(cu, host_cu_.data(), sizeof(int32_t) * static_cast<size_t>(n_seq + 1));
 
   const Tensor res = residual_.view.rowSlice(0, t);
   const Tensor x = x_.view.rowSlice(0, t);
@@ -274,7 +309,7 @@ Tensor Qwen3Model::enqueueBody(const BatchInput& in) {
   ap.num_q_heads = qk.num_q_heads;
   ap.num_kv_heads = qk.num_kv_heads;
   ap.head_dim = qk.head_dim;
-  ap.max_seqlen = max_seqlen_;
+  ap.max_seqlen = max_seqlen;
   ap.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   ap.causal = causal_;
 
@@ -308,9 +343,7 @@ void Qwen3Model::enqueueEmbed(const BatchInput& in, PoolMode mode, bool normaliz
   backend_.copyToHost(out, pooled, pooled.bytes());
 }
 
-void Qwen3Model::enqueueScore(const BatchInput& in, const ScoreRequest& req, float* out) {
-  const Tensor x = enqueueBody(in);
-  const int32_t n_seq = static_cast<int32_t>(in.seqlens.size());
+void Qwen3Model::enqueueScoreHead(const Tensor& x, int32_t n_seq, const ScoreRequest& req) {
   const Tensor scores = scores_.view.rowSlice(0, n_seq);
   ScoreParams sp;
   sp.num_seqs = n_seq;
@@ -329,6 +362,13 @@ void Qwen3Model::enqueueScore(const BatchInput& in, const ScoreRequest& req, flo
     sp.neg_row = score_.view.rows() >= 2 ? 0 : -1;
   }
   backend_.score(x, cu_seqlens_.view.rowSlice(0, n_seq + 1), *head, scores, sp);
+}
+
+void Qwen3Model::enqueueScore(const BatchInput& in, const ScoreRequest& req, float* out) {
+  const Tensor x = enqueueBody(in);
+  const int32_t n_seq = static_cast<int32_t>(in.seqlens.size());
+  enqueueScoreHead(x, n_seq, req);
+  const Tensor scores = scores_.view.rowSlice(0, n_seq);
   backend_.copyToHost(out, scores, scores.bytes());
 }
 
@@ -337,6 +377,109 @@ void Qwen3Model::enqueueHidden(const BatchInput& in, float* out) {
   // The raw hidden state is a test/conformance path; it is served from f32 backends only.
   CHECK_MSG(x.dtype == DType::kF32, "enqueueHidden needs float32 activations");
   backend_.copyToHost(out, x, x.bytes());
+}
+
+namespace {
+constexpr uint32_t kGraphEmbed = 1, kGraphScore = 2;  // GraphShapeKey::kind
+}  // namespace
+
+Result<Qwen3Model::Bucket> Qwen3Model::bucketFor(int64_t tokens, int32_t seqs) const {
+  if (!graphsEnabled()) {
+    return failedPrecondition("the model was loaded on a backend without CUDA graphs");
+  }
+  if (tokens <= 0 || seqs <= 0 || tokens > max_tokens_) {
+    return invalidArgument("graph bucket: " + std::to_string(seqs) + " sequences of " +
+                           std::to_string(tokens) + " tokens do not fit max_batch_tokens " +
+                           std::to_string(max_tokens_));
+  }
+  Bucket bk;
+  bk.tokens = graphTokensBucket(static_cast<uint32_t>(tokens));
+  bk.seqs = static_cast<int32_t>(graphSeqsBucket(static_cast<uint32_t>(seqs) + 1));
+  CHECK(bk.tokens <= graph_tokens_ && bk.seqs <= graph_seqs_);
+  return bk;
+}
+
+Status Qwen3Model::enqueueEmbedGraphed(GraphExecutor& g, const BatchInput& in, PoolMode mode,
+                                       bool normalize, float* out) {
+  const int32_t n_seq = static_cast<int32_t>(in.seqlens.size());
+  ASSIGN_OR_RETURN(const Bucket bk, bucketFor(static_cast<int64_t>(in.tokens.size()), n_seq));
+  stageInputs(in, bk.tokens, bk.seqs);
+  struct Ctx {
+    Qwen3Model* m;
+    Bucket bk;
+    PoolMode mode;
+    bool normalize;
+  } ctx{this, bk, mode, normalize};
+  const GraphShapeKey key{kGraphEmbed, static_cast<uint32_t>(bk.seqs),
+                          static_cast<uint32_t>(bk.tokens),
+                          (static_cast<uint64_t>(mode) << 1) | (normalize ? 1u : 0u)};
+  RETURN_IF_ERROR(g.run(key, [&ctx] {
+    Qwen3Model& m = *ctx.m;
+    const Tensor x =
+        m.enqueueLayers(ctx.bk.tokens, ctx.bk.seqs, static_cast<int32_t>(ctx.bk.tokens));
+    m.backend_.pool(x, m.cu_seqlens_.view.rowSlice(0, ctx.bk.seqs + 1),
+                    m.pooled_.view.rowSlice(0, ctx.bk.seqs),
+                    PoolParams{ctx.bk.seqs, ctx.mode, ctx.normalize});
+  }));
+  const Tensor pooled = pooled_.view.rowSlice(0, n_seq);
+  backend_.copyToHost(out, pooled, pooled.bytes());
+  return okStatus();
+}
+
+Status Qwen3Model::enqueueScoreGraphed(GraphExecutor& g, const BatchInput& in,
+                                       const ScoreRequest& req, float* out) {
+  const int32_t n_seq = static_cast<int32_t>(in.seqlens.size());
+  ASSIGN_OR_RETURN(const Bucket bk, bucketFor(static_cast<int64_t>(in.tokens.size()), n_seq));
+  stageInputs(in, bk.tokens, bk.seqs);
+  struct Ctx {
+    Qwen3Model* m;
+    Bucket bk;
+    ScoreRequest req;
+  } ctx{this, bk, req};
+  const GraphShapeKey key{kGraphScore, static_cast<uint32_t>(bk.seqs),
+                          static_cast<uint32_t>(bk.tokens),
+                          (static_cast<uint64_t>(static_cast<uint32_t>(req.yes_id)) << 32) |
+                              static_cast<uint32_t>(req.no_id)};
+  RETURN_IF_ERROR(g.run(key, [&ctx] {
+    const Tensor x =
+        ctx.m->enqueueLayers(ctx.bk.tokens, ctx.bk.seqs, static_cast<int32_t>(ctx.bk.tokens));
+    ctx.m->enqueueScoreHead(x, ctx.bk.seqs, ctx.req);
+  }));
+  const Tensor scores = scores_.view.rowSlice(0, n_seq);
+  backend_.copyToHost(out, scores, scores.bytes());
+  return okStatus();
+}
+
+Status Qwen3Model::precaptureEmbed(GraphExecutor& g, int32_t seqs, int64_t tokens, PoolMode mode,
+                                   bool normalize) {
+  if (seqs <= 0 || tokens < seqs) {
+    return invalidArgument("precapture: need 1 <= sequences <= tokens (got " +
+                           std::to_string(seqs) + "x" + std::to_string(tokens) + ")");
+  }
+  if (tokens > max_tokens_) {
+    return invalidArgument("precapture: " + std::to_string(tokens) +
+                           " tokens exceed max_batch_tokens " + std::to_string(max_tokens_));
+  }
+  const int64_t per = tokens / seqs;
+  if (per + tokens % seqs > config_.max_position_embeddings) {
+    return invalidArgument("precapture: sequences of " + std::to_string(per + tokens % seqs) +
+                           " tokens exceed the model's max_seq_len " +
+                           std::to_string(config_.max_position_embeddings));
+  }
+  std::vector<int32_t> ids(static_cast<size_t>(tokens), 0);
+  std::vector<int32_t> lens(static_cast<size_t>(seqs), static_cast<int32_t>(per));
+  lens.back() += static_cast<int32_t>(tokens % seqs);
+  const BatchInput in{ids, lens};
+  ASSIGN_OR_RETURN(const Bucket bk, bucketFor(tokens, seqs));
+  stageInputs(in, bk.tokens, bk.seqs);
+  const GraphShapeKey key{kGraphEmbed, static_cast<uint32_t>(bk.seqs),
+                          static_cast<uint32_t>(bk.tokens),
+                          (static_cast<uint64_t>(mode) << 1) | (normalize ? 1u : 0u)};
+  return g.precapture(key, [&] {
+    const Tensor x = enqueueLayers(bk.tokens, bk.seqs, static_cast<int32_t>(bk.tokens));
+    backend_.pool(x, cu_seqlens_.view.rowSlice(0, bk.seqs + 1), pooled_.view.rowSlice(0, bk.seqs),
+                  PoolParams{bk.seqs, mode, normalize});
+  });
 }
 
 }  // namespace garden::rose

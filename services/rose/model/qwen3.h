@@ -88,6 +88,26 @@ class Qwen3Model {
   void enqueueScore(const BatchInput& in, const ScoreRequest& req, float* out);
   void enqueueHidden(const BatchInput& in, float* out);
 
+  // ---- CUDA-graph path [TAG_GRAPH_EXEC] (backends whose graphs() is not null) ----
+  // The same forward pass padded to a bucket and run through `g` (lazy capture: eager, capture,
+  // replay). Padding: tokens to graphTokensBucket(num_tokens), sequences to
+  // graphSeqsBucket(num_seqs + 1): the real sequences, then one padding sequence that holds the
+  // spare tokens (id 0, possibly none), then empty ones. Every op is per row or per sequence, so
+  // the real sequences' results equal the unpadded pass. The ids/positions/cu_seqlens copies are
+  // enqueued before the graph into the fixed workspace buffers, the copy of the first num_seqs
+  // result rows into `out` after it. Runs on the calling thread (no Backend::launch); errors are
+  // the graph run's (the result copy is then not enqueued). Requires graphsEnabled().
+  Status enqueueEmbedGraphed(GraphExecutor& g, const BatchInput& in, PoolMode mode, bool normalize,
+                             float* out);
+  Status enqueueScoreGraphed(GraphExecutor& g, const BatchInput& in, const ScoreRequest& req,
+                             float* out);
+  // Captures the embed graph of the bucket that a batch of `seqs` sequences and `tokens` tokens
+  // lands in, now (a synthetic batch of equal lengths). INVALID_ARGUMENT when it does not fit.
+  Status precaptureEmbed(GraphExecutor& g, int32_t seqs, int64_t tokens, PoolMode mode,
+                         bool normalize);
+  // True when the workspace was sized for padded buckets (the backend had graphs() at load).
+  bool graphsEnabled() const { return graph_tokens_ > 0; }
+
  private:
   struct Layer {
     OwnedTensor input_norm, post_norm, q_norm, k_norm;
@@ -97,6 +117,17 @@ class Qwen3Model {
   Qwen3Model(Backend& b) : backend_(b) {}
   // Runs everything up to the final norm; returns the hidden-state view [T, H].
   Tensor enqueueBody(const BatchInput& in);
+  // enqueueBody's two halves: the host plan + copies of ids/positions/cu_seqlens, with the batch
+  // padded to (tokens, seqs) as described at enqueueEmbedGraphed (no padding when equal to the
+  // batch's own counts); and the device work for that shape, reading the staged buffers.
+  void stageInputs(const BatchInput& in, int64_t tokens, int32_t seqs);
+  Tensor enqueueLayers(int64_t tokens, int32_t seqs, int32_t max_seqlen);
+  void enqueueScoreHead(const Tensor& x, int32_t seqs, const ScoreRequest& req);
+  struct Bucket {
+    int64_t tokens = 0;
+    int32_t seqs = 0;
+  };
+  Result<Bucket> bucketFor(int64_t tokens, int32_t seqs) const;
 
   Backend& backend_;
   ModelConfig config_;
@@ -114,7 +145,10 @@ class Qwen3Model {
       pooled_, scores_;
   // Host staging for positions and cu_seqlens.
   std::vector<int32_t> host_positions_, host_cu_;
+  std::vector<int32_t> host_pad_ids_;  // zeros: the padding sequence's token ids
   int32_t max_seqlen_ = 0;
+  int64_t graph_tokens_ = 0;  // padded-bucket capacity of the workspace (0: no graph path)
+  int32_t graph_seqs_ = 0;
 };
 
 }  // namespace garden::rose

@@ -191,9 +191,49 @@ struct ScoreParams {
   bool apply_sigmoid = true;
 };
 
+// Optional capability [TAG_GRAPH_EXEC]: replaying whole forward passes (CUDA graphs). `body`
+// enqueues ops of the owning backend only, reads every per-batch value from device buffers at
+// fixed addresses and uses host values (counts, pointers) that depend on the key alone; it runs on
+// the calling thread (the backend's launching thread). run(): first sight of a key runs `body`
+// eagerly, the second captures and launches it, later ones replay the capture. precapture(): a
+// warm-up run plus the capture now. Backends without graphs return nullptr from graphs().
+struct GraphShapeKey {
+  uint32_t kind = 0;     // what the body computes (e.g. shm::BatchKind)
+  uint32_t seqs = 0;     // sequences bucket
+  uint32_t tokens = 0;   // tokens bucket
+  uint64_t variant = 0;  // anything else the body bakes in (pooling mode, head rows, ...)
+};
+// Buckets: tokens pad to a multiple of 64 up to 1024, of 256 above; sequences to the next power
+// of two. 0 stays 0.
+inline uint32_t graphTokensBucket(uint32_t tokens) {
+  const uint32_t step = tokens <= 1024 ? 64 : 256;
+  return (tokens + step - 1) / step * step;
+}
+inline uint32_t graphSeqsBucket(uint32_t seqs) {
+  if (seqs == 0) return 0;
+  uint32_t b = 1;
+  while (b < seqs) b <<= 1;
+  return b;
+}
+struct GraphExecStats {
+  uint64_t eager = 0;
+  uint64_t captures = 0;
+  uint64_t replays = 0;
+  uint64_t capture_failures = 0;
+};
+class GraphExecutor {
+ public:
+  virtual ~GraphExecutor() = default;
+  virtual Status run(const GraphShapeKey& key, const std::function<void()>& body) = 0;
+  virtual Status precapture(const GraphShapeKey& key, const std::function<void()>& body) = 0;
+  virtual GraphExecStats graphStats() const = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
+  // The graph capability (see GraphExecutor), or nullptr (the CPU backend).
+  virtual GraphExecutor* graphs() { return nullptr; }
 
   virtual std::string_view name() const = 0;  // "cpu" | "cuda"
   // Storage types this backend wants: the model allocates with these.

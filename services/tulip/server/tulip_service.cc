@@ -1,7 +1,10 @@
 #include "services/tulip/server/tulip_service.h"
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
+#include <mutex>
+#include <optional>
 #include <random>
 
 #include "common/logging.h"
@@ -150,10 +153,153 @@ void fillTimings(const EmbedJob& job, uint64_t total_us, v1::Timings* t) {
   t->set_total_us(total_us);
 }
 
+
+// One Generate stream. Events come from the LLM scheduler's thread; writes complete on gRPC's.
+// At most one write is in flight: tokens arriving meanwhile wait in `pending_` (bounded by the
+// request's max_tokens) and go out together in the next chunk. The reactor is deleted once both
+// gRPC (OnDone) and the scheduler (its last event) are done with it.
+class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateChunk> {
+ public:
+  GenerateReactor(LlmScheduler& sched, std::string request_id)
+      : sched_(sched), request_id_(std::move(request_id)), t0_(std::chrono::steady_clock::now()) {}
+
+  void start(std::shared_ptr<LlmRequest> req) {
+    req_ = req;
+    req->on_event = [this](const GenerateEvent& ev) { onEvent(ev); };
+    Status st = sched_.submit(req);
+    if (!st.isOk()) {
+      req->on_event = nullptr;
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        GenerateEvent ev;
+        ev.last = true;
+        ev.status = st;
+        final_ = ev;
+        pumpLocked();
+      }
+      unref();  // the scheduler will never call
+    }
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::lock_guard<std::mutex> l(mu_);
+    writing_ = false;
+    if (!ok && !broken_) {
+      // The caller is gone (the call was cancelled): stop generating for it.
+      broken_ = true;
+      sched_.cancel(req_);
+    }
+    pumpLocked();
+  }
+
+  void OnCancel() override {
+    if (req_) sched_.cancel(req_);
+  }
+
+  void OnDone() override {
+    GenerateEvent fin;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (final_) fin = *final_;
+    }
+    const uint64_t total_us = std::chrono::duration_cast<std::chrono::microseconds>(
+                                  std::chrono::steady_clock::now() - t0_)
+                                  .count();
+    Status st = fin.status;
+    if (st.isOk() && fin.finish == FinishReason::kCancelled)
+      st = cancelledError("request cancelled by the caller");
+    auto& m = Metrics::get();
+    m.requests.labels({"Generate", std::string(statusCodeName(st.code()))}).inc();
+    m.latency.labels({"Generate"}).observe(total_us / 1e6);
+    if (fin.prompt_tokens > 0) {
+      m.tokens.labels({"Generate"}).inc(static_cast<double>(fin.prompt_tokens));
+      m.queue.labels({"Generate"}).observe(fin.queue_us / 1e6);
+    }
+    log::info("request", {{"request_id", request_id_},
+                          {"method", "Generate"},
+                          {"prompt_tokens", fin.prompt_tokens},
+                          {"cached_prompt_tokens", fin.cached_prompt_tokens},
+                          {"completion_tokens", fin.completion_tokens},
+                          {"finish", static_cast<int64_t>(fin.finish)},
+                          {"status", st},
+                          {"queue_us", fin.queue_us},
+                          {"total_us", total_us}});
+    unref();
+  }
+
+ private:
+  void onEvent(const GenerateEvent& ev) {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (ev.token >= 0) pending_.push_back(ev.token);
+      if (ev.last) final_ = ev;
+      pumpLocked();
+    }
+    if (ev.last) unref();  // nothing more comes from the scheduler
+  }
+
+  // Starts the next write or the finish when nothing is in flight. mu_ held.
+  void pumpLocked() {
+    if (writing_ || finished_) return;
+    if (broken_ || (final_ && (!final_->status.isOk() ||
+                               final_->finish == FinishReason::kCancelled))) {
+      if (!final_) return;  // broken: wait for the scheduler's last event
+      finished_ = true;
+      Status st = final_->status;
+      if (st.isOk()) st = cancelledError("request cancelled by the caller");
+      Finish(toGrpcStatus(st));
+      return;
+    }
+    if (pending_.empty() && !final_) return;
+    chunk_.Clear();
+    chunk_.mutable_token_ids()->Add(pending_.begin(), pending_.end());
+    pending_.clear();
+    writing_ = true;
+    if (final_) {
+      const GenerateEvent& f = *final_;
+      chunk_.set_finish_reason(static_cast<v1::FinishReason>(f.finish));
+      chunk_.set_prompt_tokens(f.prompt_tokens);
+      chunk_.set_cached_prompt_tokens(f.cached_prompt_tokens);
+      chunk_.set_completion_tokens(f.completion_tokens);
+      auto* t = chunk_.mutable_timings();
+      t->set_queue_us(f.queue_us);
+      t->set_inference_us(f.inference_us);
+      t->set_total_us(f.total_us);
+      finished_ = true;
+      StartWriteAndFinish(&chunk_, grpc::WriteOptions(), grpc::Status::OK);
+    } else {
+      StartWrite(&chunk_);
+    }
+  }
+
+  void unref() {
+    if (refs_.fetch_sub(1) == 1) delete this;
+  }
+
+  LlmScheduler& sched_;
+  const std::string request_id_;
+  const std::chrono::steady_clock::time_point t0_;
+  std::shared_ptr<LlmRequest> req_;
+  std::atomic<int> refs_{2};  // gRPC (OnDone) and the scheduler (last event)
+  std::mutex mu_;
+  std::vector<int32_t> pending_;         // guarded by mu_
+  std::optional<GenerateEvent> final_;   // guarded by mu_
+  v1::GenerateChunk chunk_;              // guarded by mu_; owned by the write in flight
+  bool writing_ = false;                 // guarded by mu_
+  bool finished_ = false;                // guarded by mu_
+  bool broken_ = false;                  // guarded by mu_
+};
+
 }  // namespace
 
-TulipService::TulipService(EmbedScheduler& scheduler, Worker& worker, ServiceOptions opts)
-    : scheduler_(scheduler), worker_(worker), opts_(std::move(opts)) {}
+TulipService::TulipService(EmbedScheduler& scheduler, LlmScheduler& llm, Worker& worker,
+                           ServiceOptions opts)
+    : scheduler_(scheduler), llm_(llm), worker_(worker), opts_(std::move(opts)) {}
+
+bool TulipService::servesLlm() const {
+  auto f = worker_.facts();
+  return std::string(f.kind, strnlen(f.kind, sizeof(f.kind))) == "llm";
+}
 
 std::string TulipService::modelName() const {
   if (!opts_.served_model_name.empty()) return opts_.served_model_name;
@@ -168,6 +314,11 @@ grpc::ServerUnaryReactor* TulipService::Embed(grpc::CallbackServerContext* ctx,
     return finishNow(ctx, toGrpcStatus(notFound("model '" + req->model() +
                                                 "' is not served here (serving '" +
                                                 modelName() + "')")));
+  }
+  if (worker_.ready() && servesLlm()) {
+    return finishNow(ctx, toGrpcStatus(unimplemented(
+                              "Embed: this tulip serves an LLM ('" + modelName() +
+                              "'); embeddings are served by an embedding worker")));
   }
   auto job = std::make_shared<EmbedJob>();
   job->kind = shm::BatchKind::kEmbed;
@@ -202,6 +353,11 @@ grpc::ServerUnaryReactor* TulipService::Score(grpc::CallbackServerContext* ctx,
     return finishNow(ctx, toGrpcStatus(notFound("model '" + req->model() +
                                                 "' is not served here")));
   }
+  if (worker_.ready() && servesLlm()) {
+    return finishNow(ctx, toGrpcStatus(unimplemented(
+                              "Score: this tulip serves an LLM ('" + modelName() +
+                              "'); scoring is served by an embedding worker")));
+  }
   auto job = std::make_shared<EmbedJob>();
   job->kind = shm::BatchKind::kScore;
   uint64_t tokens = 0;
@@ -231,24 +387,57 @@ grpc::ServerWriteReactor<v1::GenerateChunk>* TulipService::Generate(
     grpc::CallbackServerContext* ctx, const v1::GenerateRequest* req) {
   class Refuse final : public grpc::ServerWriteReactor<v1::GenerateChunk> {
    public:
-    Refuse() {
-      Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                          "Generate: this tulip serves an embedding model; text generation is "
-                          "served by an LLM worker"));
-    }
+    explicit Refuse(const grpc::Status& st) { Finish(st); }
     void OnDone() override { delete this; }
   };
-  return new Refuse();
+  if (worker_.ready() && !servesLlm()) {
+    return new Refuse(grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                                   "Generate: this tulip serves an embedding model; text "
+                                   "generation is served by an LLM worker"));
+  }
+  if (!req->model().empty() && worker_.ready() && req->model() != modelName()) {
+    return new Refuse(toGrpcStatus(notFound("model '" + req->model() +
+                                            "' is not served here (serving '" + modelName() +
+                                            "')")));
+  }
+  auto r = std::make_shared<LlmRequest>();
+  GenerateParams& p = r->params;
+  p.prompt.assign(req->prompt_ids().begin(), req->prompt_ids().end());
+  p.max_tokens = req->max_tokens();
+  p.sampling.temperature = req->sampling().temperature();
+  p.sampling.top_p = req->sampling().top_p();
+  p.sampling.top_k = req->sampling().top_k();
+  p.sampling.seed = req->sampling().seed();
+  p.has_seed = req->sampling().has_seed();
+  p.stop_token_ids.assign(req->stop_token_ids().begin(), req->stop_token_ids().end());
+  p.ignore_eos = req->ignore_eos();
+  p.deadline_ns = monotonicDeadline(ctx);
+  p.request_id = requestId(ctx);
+  auto* reactor = new GenerateReactor(llm_, p.request_id);
+  reactor->start(std::move(r));
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* TulipService::Load(grpc::CallbackServerContext* ctx,
                                              const v1::LoadRequest* req,
                                              v1::LoadResponse* resp) {
-  auto s = scheduler_.stats();
-  resp->set_queued_requests(s.queued_requests);
-  resp->set_queued_tokens(s.queued_tokens);
-  resp->set_inflight_tokens(s.inflight_tokens);
-  resp->set_queue_limit_tokens(s.queue_limit_tokens);
+  if (servesLlm()) {
+    auto s = llm_.stats();
+    resp->set_queued_requests(s.waiting);
+    resp->set_queued_tokens(s.waiting_tokens);
+    resp->set_inflight_tokens(s.inflight_tokens);
+    resp->set_queue_limit_tokens(s.max_waiting_tokens);
+    resp->set_running_seqs(s.running);
+    resp->set_waiting_seqs(s.waiting);
+    resp->set_kv_free_blocks(s.kv_free_blocks);
+    resp->set_kv_total_blocks(s.kv_total_blocks);
+  } else {
+    auto s = scheduler_.stats();
+    resp->set_queued_requests(s.queued_requests);
+    resp->set_queued_tokens(s.queued_tokens);
+    resp->set_inflight_tokens(s.inflight_tokens);
+    resp->set_queue_limit_tokens(s.queue_limit_tokens);
+  }
   resp->set_worker_ready(worker_.ready());
   auto f = worker_.facts();
   resp->set_model(modelName());
@@ -271,6 +460,10 @@ grpc::ServerUnaryReactor* TulipService::ModelInfo(grpc::CallbackServerContext* c
   resp->set_vocab_size(f.vocab_size);
   resp->set_pooling(static_cast<v1::Pooling>(f.pooling));
   resp->set_has_score_head(f.has_score_head != 0);
+  for (int32_t e : f.eos_ids)
+    if (e >= 0) resp->add_eos_token_ids(e);
+  resp->set_kv_blocks(f.kv_num_blocks);
+  resp->set_kv_block_size(f.kv_block_size);
   return finishNow(ctx, grpc::Status::OK);
 }
 

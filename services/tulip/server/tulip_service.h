@@ -1,12 +1,18 @@
 #pragma once
-// TulipService: the garden.v1.Tulip gRPC service (callback API). Requests are validated and handed
-// to the EmbedScheduler; the reactor finishes when the scheduler calls back, or cancels the job
-// when the caller goes away. Includes gRPC headers: include it only from the server's .cc files.
+// TulipService: the garden.v1.Tulip gRPC service (callback API). Embed/Score requests are
+// validated and handed to the EmbedScheduler; the reactor finishes when the scheduler calls back,
+// or cancels the job when the caller goes away. Generate streams tokens from the LlmScheduler:
+// one write in flight per stream, tokens that arrive meanwhile are coalesced into the next chunk
+// (so a slow reader costs at most its own max_tokens ids), and a caller that goes away cancels
+// the sequence, which frees its KV blocks. Which methods are served follows the worker's
+// ModelFacts kind ("embedding": Embed/Score, "llm": Generate).
+// Includes gRPC headers: include it only from the server's .cc files.
 
 #include <memory>
 #include <string>
 
 #include "garden/v1/garden.grpc.pb.h"
+#include "services/tulip/llm/llm_scheduler.h"
 #include "services/tulip/sched/embed_scheduler.h"
 #include "services/tulip/worker/worker.h"
 
@@ -18,7 +24,7 @@ struct ServiceOptions {
 
 class TulipService final : public garden::v1::Tulip::CallbackService {
  public:
-  TulipService(EmbedScheduler& scheduler, Worker& worker, ServiceOptions opts);
+  TulipService(EmbedScheduler& scheduler, LlmScheduler& llm, Worker& worker, ServiceOptions opts);
 
   grpc::ServerUnaryReactor* Embed(grpc::CallbackServerContext* ctx,
                                   const garden::v1::EmbedRequest* req,
@@ -38,7 +44,10 @@ class TulipService final : public garden::v1::Tulip::CallbackService {
   std::string modelName() const;
 
  private:
+  bool servesLlm() const;
+
   EmbedScheduler& scheduler_;
+  LlmScheduler& llm_;
   Worker& worker_;
   const ServiceOptions opts_;
 };

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "common/logging.h"
+#include "common/shm/llm_batch.h"
 
 namespace garden::tulip {
 namespace {
@@ -76,6 +77,12 @@ uint32_t ShmWorker::inflight() const {
   return n;
 }
 
+uint64_t ShmWorker::inputBytes() const {
+  std::lock_guard<std::mutex> l(mu_);
+  // Attach mode: rose sized the channel.
+  return channel_ ? channel_->layout().input_bytes : opts_.layout.input_bytes;
+}
+
 uint64_t ShmWorker::maxBatchInts() const {
   // tokens + alignment padding + seq_lens must fit the input arena.
   return (opts_.layout.input_bytes - kSeqLensAlign) / sizeof(int32_t);
@@ -88,40 +95,60 @@ std::string ShmWorker::lastFailure() const {
 
 Status ShmWorker::trySubmit(WorkBatch batch, WorkDone done) {
   if (!ready()) return unavailable("rose worker is not ready");
-  if (batch.seq_lens.empty()) return invalidArgument("empty batch");
+  const bool generate = batch.kind == shm::BatchKind::kGenerate;
+  if (generate ? batch.llm_seqs.empty() : batch.seq_lens.empty())
+    return invalidArgument("empty batch");
   const uint64_t token_bytes = batch.tokens.size() * sizeof(int32_t);
-  const uint64_t lens_off = alignUp(token_bytes, kSeqLensAlign);
-  const uint64_t need = lens_off + batch.seq_lens.size() * sizeof(int32_t);
+  // kEmbed/kScore: tokens, then seq_lens. kGenerate: seqs, tokens, block ids
+  // (common/shm/llm_batch.h) [TAG_LLM_STEP_FORMAT].
+  const uint64_t seqs_bytes = batch.llm_seqs.size() * sizeof(llm::LlmStepSeq);
+  const uint64_t tokens_off = generate ? shm::llmAlignUp(seqs_bytes) : 0;
+  const uint64_t second_off = generate ? tokens_off + shm::llmAlignUp(token_bytes)
+                                       : alignUp(token_bytes, kSeqLensAlign);
+  const uint64_t second_bytes = generate ? batch.block_ids.size() * sizeof(int32_t)
+                                         : batch.seq_lens.size() * sizeof(int32_t);
+  const uint64_t need = second_off + second_bytes;
   if (need > opts_.layout.input_bytes) {
     return invalidArgument("batch of " + std::to_string(batch.tokens.size()) +
                            " tokens does not fit the channel's input arena");
   }
   std::lock_guard<std::mutex> l(mu_);
   if (!channel_ || !ready()) return unavailable("rose worker is not ready");
+  if (need > channel_->layout().input_bytes) {
+    return invalidArgument("batch of " + std::to_string(batch.tokens.size()) +
+                           " tokens does not fit the channel's input arena");
+  }
   uint32_t slot = 0;
   while (slot < slots_.size() && slots_[slot].busy) ++slot;
   if (slot == slots_.size()) return failedPrecondition("no free slot");
   auto arena = channel_->inputArena(slot);
-  std::memcpy(arena.data(), batch.tokens.data(), token_bytes);
-  std::memcpy(arena.data() + lens_off, batch.seq_lens.data(),
-              batch.seq_lens.size() * sizeof(int32_t));
+  if (generate) std::memcpy(arena.data(), batch.llm_seqs.data(), seqs_bytes);
+  std::memcpy(arena.data() + tokens_off, batch.tokens.data(), token_bytes);
+  std::memcpy(arena.data() + second_off,
+              generate ? batch.block_ids.data() : batch.seq_lens.data(), second_bytes);
   shm::BatchDesc d;
   d.batch_id = next_batch_id_++;
   d.slot = slot;
   d.kind = batch.kind;
-  d.num_seqs = static_cast<uint32_t>(batch.seq_lens.size());
+  d.num_seqs = static_cast<uint32_t>(generate ? batch.llm_seqs.size() : batch.seq_lens.size());
   d.num_tokens = static_cast<uint32_t>(batch.tokens.size());
   d.pooling = batch.pooling;
   d.normalize = batch.normalize ? 1 : 0;
   d.score_yes = batch.score_yes;
   d.score_no = batch.score_no;
-  d.tokens_offset = 0;
-  d.seqlens_offset = lens_off;
+  d.tokens_offset = tokens_off;
+  if (generate) {
+    d.seqs_offset = 0;
+    d.blocks_offset = second_off;
+    d.num_blocks = static_cast<uint32_t>(batch.block_ids.size());
+  } else {
+    d.seqlens_offset = second_off;
+  }
   d.deadline_ns = batch.deadline_ns;
   std::strncpy(d.request_id, batch.request_id.c_str(), sizeof(d.request_id) - 1);
   // The ring has one entry per slot, and this slot was free, so the push cannot fail.
   CHECK(channel_->trySubmit(d));
-  slots_[slot] = Inflight{true, d.batch_id, std::move(done), shm::monotonicNowNs()};
+  slots_[slot] = Inflight{true, d.batch_id, std::move(done), shm::monotonicNowNs(), batch.kind};
   return okStatus();
 }
 
@@ -244,6 +271,13 @@ void ShmWorker::run() {
         state = channel_->state();
       }
       if (state == shm::WorkerState::kReady) {
+        // Attach mode: a segment left by a sidecar that was killed still says kReady; wait for
+        // the replacement to create a fresh one instead of serving a dead worker.
+        const int32_t wpid = channel_->workerPid();
+        if (opts_.attach && wpid > 0 && kill(wpid, 0) != 0) {
+          markDead("rose worker (pid " + std::to_string(wpid) + ") is gone (stale segment)");
+          break;
+        }
         up = true;
         break;
       }
@@ -303,6 +337,19 @@ void ShmWorker::run() {
           if (c->status_code != 0) {
             c->message[sizeof(c->message) - 1] = '\0';
             r.status = Status(static_cast<StatusCode>(c->status_code), c->message);
+          } else if (entry.kind == shm::BatchKind::kGenerate) {
+            // One int32 sampled id per sampling sequence (common/shm/llm_batch.h).
+            const uint64_t bytes = uint64_t{c->rows} * sizeof(int32_t);
+            if (bytes > opts_.layout.output_bytes || c->output_bytes != bytes) {
+              r.status = internalError("rose returned a malformed LLM step result (" +
+                                       std::to_string(c->rows) + " ids, " +
+                                       std::to_string(c->output_bytes) + " bytes)");
+            } else {
+              auto out = channel_->outputArena(c->slot);
+              r.token_ids = {reinterpret_cast<const int32_t*>(out.data()), c->rows};
+              r.num_rows = c->rows;
+              r.cols = 1;
+            }
           } else {
             const uint64_t floats = uint64_t{c->rows} * c->cols;
             if (floats * sizeof(float) > opts_.layout.output_bytes ||

@@ -55,6 +55,7 @@ class ShmWorker final : public Worker {
   uint32_t inflight() const override;
   uint64_t maxBatchInts() const override;
   uint64_t maxBatchFloats() const override { return opts_.layout.output_bytes / sizeof(float); }
+  uint64_t inputBytes() const override;
   Status trySubmit(WorkBatch batch, WorkDone done) override;
   // Thread-safe: the supervisor may already be running (and notifying) when this is called.
   void setOnChange(std::function<void()> fn) override;
@@ -75,6 +76,7 @@ class ShmWorker final : public Worker {
     uint64_t batch_id = 0;
     WorkDone done;
     int64_t submitted_ns = 0;
+    shm::BatchKind kind = shm::BatchKind::kEmbed;
   };
 
   void run();

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "common/llm/step.h"
 #include "common/shm/channel.h"
 #include "common/status.h"
 
@@ -20,7 +21,11 @@ namespace garden::tulip {
 struct WorkBatch {
   shm::BatchKind kind = shm::BatchKind::kEmbed;
   std::vector<int32_t> tokens;    // all sequences back to back
-  std::vector<int32_t> seq_lens;  // one per sequence
+  std::vector<int32_t> seq_lens;  // one per sequence (kEmbed / kScore)
+  // kGenerate (one LLM step, common/shm/llm_batch.h): one descriptor per sequence and the flat
+  // block-id array their block_offset/num_blocks index; `tokens` holds the new tokens.
+  std::vector<llm::LlmStepSeq> llm_seqs;
+  std::vector<int32_t> block_ids;
   shm::PoolingMode pooling = shm::PoolingMode::kDefault;
   bool normalize = true;
   int32_t score_yes = -1;
@@ -34,6 +39,7 @@ struct WorkBatch {
 struct WorkResult {
   Status status;
   std::span<const float> rows;
+  std::span<const int32_t> token_ids;  // kGenerate: one sampled id per sequence with sample != 0
   uint32_t num_rows = 0;
   uint32_t cols = 0;
   uint64_t step_us = 0;
@@ -55,6 +61,8 @@ class Worker {
   // Capacity of one batch's input/output in the channel (tokens + sequences, output floats).
   virtual uint64_t maxBatchInts() const = 0;
   virtual uint64_t maxBatchFloats() const = 0;
+  // Bytes of one batch's input arena (bounds a kGenerate step: shm::llmStepBytes).
+  virtual uint64_t inputBytes() const { return maxBatchInts() * sizeof(int32_t); }
 
   // Accepts the batch when the worker is ready and a slot is free; `done` is then called exactly
   // once. Returns FAILED_PRECONDITION (no free slot: retry after a completion), UNAVAILABLE (not

@@ -124,8 +124,12 @@ std::vector<std::string> testInputs() {
       "a", "b", "Z", "0", "7", " ", "  ", "\t", "\n", "\r\n", "'", "/", ".", "<", ">", "|",
       "é", "e\xcc\x81", "ß", "ſ", "\xe2\x96\x81", "漢", "か", "ｶ", "한", "\xe1\x84\x80",
       "😀", "\xe2\x80\x8d", "\xef\xbb\xbf", "\xc2\xa0", "\xe3\x80\x80", "ﬁ", "Ａ", "①",
-      "<sep>", "<cls>", "<|start|>", "<ctl>", "<unk>", "<s>", "ab", "http", "\xe2\x81\x87"};
-  for (int i = 0; i < 400; ++i) {
+      "<sep>", "<cls>", "<|start|>", "<ctl>", "<unk>", "<s>", "ab", "http", "\xe2\x81\x87",
+      // ASCII letters before combining marks (the normalizer's ASCII fast path must hand
+      // these to the charsmap), kana + combining dakuten, Hangul jamo pairs, "\n" runs.
+      "e", "A", "o", "\xcc\x88", "\xcc\x81", "\xe3\x82\x99", "\xe3\x82\xab",
+      "\xe1\x85\xa1", "\n\n", "\x0b", "\t ", "\xef\xac\x81"};
+  for (int i = 0; i < 1500; ++i) {
     std::string s;
     const int n = 1 + static_cast<int>(rng() % 40);
     for (int k = 0; k < n; ++k) s += alphabet[rng() % alphabet.size()];

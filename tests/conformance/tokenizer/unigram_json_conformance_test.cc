@@ -6,8 +6,13 @@
 // encodeAllowingSpecial; encode() must agree wherever no special token is written in the text)
 // and for decode; the streaming detokenizer must equal decode. Note: HF's converter drops
 // byte_fallback (the files say false), and that is what is tested: the file as HF runs it.
+// Every fixture pair in the folder is tested; *_bytefb_added files (gen_unigram_json_fixtures.py
+// --variants) add byte_fallback, the ByteFallback decoder chain and added tokens with lstrip /
+// rstrip / single_word / normalized.
 
+#include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -48,7 +53,31 @@ bool readIds(simdjson::dom::element e, std::vector<TokenId>* out) {
   return true;
 }
 
-class UnigramJsonConformance : public ::testing::TestWithParam<const char*> {};
+// Every fixture pair in fixtures/unigram_json/ (<name>.tokenizer.json + <name>.jsonl) is a case:
+// the SpmConverter files and, once generated on the GPU host, the *_bytefb_added variants
+// (ByteFallback decoder chain, added tokens with lstrip/rstrip/single_word/normalized).
+std::vector<std::string> fixtureNames() {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(fixtureDir(), ec)) {
+    const std::string file = entry.path().filename().string();
+    const std::string suffix = ".tokenizer.json";
+    if (file.size() > suffix.size() && file.ends_with(suffix)) {
+      names.push_back(file.substr(0, file.size() - suffix.size()));
+    }
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+TEST(UnigramJsonFixtures, TheConvertedFilesArePresent) {
+  const auto names = fixtureNames();
+  for (const char* want : {"nfkc_v1200_bytes", "identity_v800"}) {
+    EXPECT_NE(std::find(names.begin(), names.end(), want), names.end()) << want;
+  }
+}
+
+class UnigramJsonConformance : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(UnigramJsonConformance, MatchesHuggingFaceTokenizers) {
   const std::string name = GetParam();
@@ -116,8 +145,10 @@ TEST_P(UnigramJsonConformance, MatchesHuggingFaceTokenizers) {
               name.c_str(), cases, enc_bad, plain_bad, dec_bad, stream_bad);
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, UnigramJsonConformance,
-                         ::testing::Values("nfkc_v1200_bytes", "identity_v800"));
+INSTANTIATE_TEST_SUITE_P(Fixtures, UnigramJsonConformance, ::testing::ValuesIn(fixtureNames()),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param;
+                         });
 
 // HF's Precompiled normalizer works per extended grapheme cluster (unicode-segmentation); our
 // segmentation against Unicode's own GraphemeBreakTest.txt (15.0.0, comments stripped).

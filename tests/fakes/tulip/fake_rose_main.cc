@@ -7,6 +7,11 @@
 //   --stall-after N     after N batches keep beating but never answer (a step that never ends)
 //   --fail-start        report WorkerState::kFailed instead of loading
 //   --create-shm        sidecar mode: create the segment (depth 2) instead of attaching
+// LLM mode (--llm): ModelFacts kind "llm" and kGenerate steps run through the deterministic fake
+// model of tests/fakes/tulip/fake_llm_model.h (next token = f(tokens so far), read back through
+// the block tables from a fake KV cache), so the expected streams are computable:
+//   --kv-blocks N (64)  --kv-block-size N (4)  --max-seq-len N (128)  --eos ID (999)
+//   --vocab N (1000)    --name NAME (fake-llm)    --max-seqs N (0 = no limit; larger steps refused)
 #include <signal.h>
 #include <unistd.h>
 
@@ -17,6 +22,8 @@
 #include <thread>
 
 #include "common/shm/channel.h"
+#include "common/shm/llm_batch.h"
+#include "tests/fakes/tulip/fake_llm_model.h"
 
 using namespace garden;
 
@@ -25,7 +32,10 @@ static volatile sig_atomic_t g_stop = 0;
 int main(int argc, char** argv) {
   std::string name;
   int delay_ms = 0, crash_after = -1, hang_after = -1, stall_after = -1;
-  bool fail_start = false, create = false;
+  bool fail_start = false, create = false, llm = false;
+  uint32_t kv_blocks = 64, kv_block_size = 4, max_seq_len = 128, vocab = 1000, max_seqs = 0;
+  int32_t eos = 999;
+  std::string model_name = "fake-llm";
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
@@ -36,6 +46,14 @@ int main(int argc, char** argv) {
     else if (a == "--stall-after") stall_after = std::atoi(next().c_str());
     else if (a == "--fail-start") fail_start = true;
     else if (a == "--create-shm") create = true;
+    else if (a == "--llm") llm = true;
+    else if (a == "--kv-blocks") kv_blocks = std::atoi(next().c_str());
+    else if (a == "--kv-block-size") kv_block_size = std::atoi(next().c_str());
+    else if (a == "--max-seq-len") max_seq_len = std::atoi(next().c_str());
+    else if (a == "--eos") eos = std::atoi(next().c_str());
+    else if (a == "--vocab") vocab = std::atoi(next().c_str());
+    else if (a == "--max-seqs") max_seqs = std::atoi(next().c_str());
+    else if (a == "--name") model_name = next();
     // everything else (--model, --device, ...) is accepted and ignored
   }
   signal(SIGTERM, [](int) { g_stop = 1; });
@@ -57,6 +75,18 @@ int main(int argc, char** argv) {
   f.has_score_head = 1;
   std::strcpy(f.name, "fake");
   std::strcpy(f.kind, "embedding");
+  if (llm) {
+    f.max_seq_len = max_seq_len;
+    f.vocab_size = vocab;
+    f.has_score_head = 0;
+    f.kv_num_blocks = kv_blocks;
+    f.kv_block_size = kv_block_size;
+    f.eos_ids[0] = eos;
+    f.max_seqs = max_seqs;
+    std::snprintf(f.name, sizeof(f.name), "%s", model_name.c_str());
+    std::strcpy(f.kind, "llm");
+  }
+  garden::tulip::testing::FakeLlmEngine engine(kv_blocks, kv_block_size, vocab);
   ch->setModelFacts(f);
   ch->beat();
   ch->setState(shm::WorkerState::kReady);
@@ -84,6 +114,49 @@ int main(int argc, char** argv) {
     }
     auto in = ch->inputArena(d->slot);
     auto out = ch->outputArena(d->slot);
+    if (d->kind == shm::BatchKind::kGenerate) {
+      shm::Completion c;
+      c.batch_id = d->batch_id;
+      c.slot = d->slot;
+      const uint64_t need = d->num_seqs == 0 ? ~0ull
+                                             : shm::llmStepBytes(d->num_seqs, d->num_tokens,
+                                                                 d->num_blocks);
+      Result<std::vector<int32_t>> ids = invalidArgument("not an LLM worker");
+      if (!llm) {
+        ids = unimplemented("batch kind generate is not served by this fake (embedding mode)");
+      } else if (max_seqs > 0 && d->num_seqs > max_seqs) {
+        ids = invalidArgument("num_seqs " + std::to_string(d->num_seqs) + " exceeds max_seqs");
+      } else if (need > in.size() || d->seqs_offset + d->num_seqs * sizeof(llm::LlmStepSeq) >
+                                         in.size() ||
+                 d->tokens_offset + d->num_tokens * 4ull > in.size() ||
+                 d->blocks_offset + d->num_blocks * 4ull > in.size()) {
+        ids = invalidArgument("step arrays run past the input arena");
+      } else {
+        std::span<const llm::LlmStepSeq> seqs(
+            reinterpret_cast<const llm::LlmStepSeq*>(in.data() + d->seqs_offset), d->num_seqs);
+        std::span<const int32_t> toks(
+            reinterpret_cast<const int32_t*>(in.data() + d->tokens_offset), d->num_tokens);
+        std::span<const int32_t> blocks(
+            reinterpret_cast<const int32_t*>(in.data() + d->blocks_offset), d->num_blocks);
+        uint64_t sum = 0;
+        for (const auto& sq : seqs) sum += sq.num_tokens > 0 ? sq.num_tokens : 0;
+        if (sum != d->num_tokens) ids = invalidArgument("num_tokens != sum of the sequences'");
+        else ids = engine.step(seqs, toks, blocks);
+      }
+      if (ids.isOk()) {
+        std::memcpy(out.data(), ids->data(), ids->size() * sizeof(int32_t));
+        c.rows = static_cast<uint32_t>(ids->size());
+        c.cols = 1;
+        c.output_bytes = c.rows * sizeof(int32_t);
+      } else {
+        c.status_code = static_cast<int32_t>(ids.status().code());
+        std::snprintf(c.message, sizeof(c.message), "%s", ids.status().message().c_str());
+        std::fprintf(stderr, "fake-rose: step refused: %s\n", ids.status().message().c_str());
+      }
+      ch->tryComplete(c);
+      ++served;
+      continue;
+    }
     const int32_t* toks = reinterpret_cast<const int32_t*>(in.data() + d->tokens_offset);
     const int32_t* lens = reinterpret_cast<const int32_t*>(in.data() + d->seqlens_offset);
     float* rows = reinterpret_cast<float*>(out.data());

@@ -7,6 +7,13 @@
 //   * every token id handed on is in [0, vocab) and every input within max_seq_len;
 //   * rejections are 400 (with param null or a request field), 404 model_not_found, or the one
 //     500 for a tokenizer/model vocabulary mismatch, which this setup can never produce.
+// The same body also goes through the gateway parsers (api/limits.h, api/score.h): /v1/score and
+// /v1/rerank parsing → the Qwen3-Reranker template on our own tokenizer (the same tiny model) →
+// score/rerank rendering, with
+//   * every accepted text within --max-input-chars, every rendered pair within the token limits;
+//   * the raw pre-scan agreeing with the parsed texts (no accepted text is over the limit);
+//   * rerank results sorted by score, at most top_n, indices valid and distinct;
+//   * the x-request-timeout parser answering a value in (0, 3600 s] or a 400 naming the header.
 
 #include <simdjson.h>
 
@@ -16,9 +23,14 @@
 #include <cstdlib>
 #include <string_view>
 
+#include <set>
+
 #include "services/ivy/api/embeddings.h"
 #include "services/ivy/api/errors.h"
+#include "services/ivy/api/limits.h"
+#include "services/ivy/api/score.h"
 #include "services/ivy/api/text_encoder.h"
+#include "services/ivy/tokenizer/tokenizer.h"
 
 namespace {
 
@@ -64,11 +76,96 @@ void checkRejection(const Status& st) {
   requireJson(renderErrorBody(e));
 }
 
+const Tokenizer& tokenizer() {
+  static std::unique_ptr<Tokenizer> tok = [] {
+    auto r = loadTokenizer(GARDEN_FUZZ_SPM_MODEL);
+    require(r.isOk(), "cannot load the fuzz tokenizer model (garden)");
+    return std::move(r).value();
+  }();
+  return *tok;
+}
+
+void fuzzGateway(std::string_view body) {
+  static const RerankTemplate tmpl(tokenizer());
+  ModelSpec s = spec();
+  s.max_seq_len = 4096;  // the template alone is ~100 tokens of the tiny model
+  RequestLimits limits;
+  limits.max_inputs = 16;
+  limits.max_input_chars = 200;
+  limits.max_request_tokens = 8192;
+
+  auto timeout = parseRequestTimeout(body.substr(0, 40));
+  if (timeout.isOk()) {
+    if (timeout->has_value()) {
+      require(timeout->value().count() > 0 && timeout->value().count() <= 3600000000,
+              "timeout range");
+    }
+  } else {
+    HttpError e = toHttpError(timeout.status());
+    require(e.status == 400 && e.param == "x-request-timeout", "timeout rejection");
+  }
+
+  for (ScoreApi api : {ScoreApi::kScore, ScoreApi::kRerank}) {
+    Result<ScoringRequest> req = parseScoringRequest(body, s, limits, api);
+    if (!req.isOk()) {
+      checkRejection(req.status());
+      continue;
+    }
+    require(longestStringOver(body, limits.max_input_chars) == 0, "pre-scan missed a long text");
+    require(!req->documents.empty() && req->documents.size() <= limits.max_inputs, "doc count");
+    require(countChars(req->query) <= limits.max_input_chars, "query chars");
+    for (const auto& d : req->documents) {
+      require(!d.empty() && countChars(d) <= limits.max_input_chars, "document chars");
+    }
+    auto ids = tmpl.render(*req, s, limits);
+    if (!ids.isOk()) {
+      checkRejection(ids.status());
+      continue;
+    }
+    require(ids->size() == req->documents.size(), "one pair per document");
+    uint64_t total = 0;
+    std::vector<float> scores;
+    for (const auto& seq : *ids) {
+      require(seq.size() > tmpl.prefix().size() + tmpl.suffix().size(), "pair has content");
+      require(seq.size() <= s.max_seq_len, "pair length");
+      for (int32_t id : seq) require(id >= 0 && uint32_t(id) < s.vocab_size, "pair id in vocab");
+      total += seq.size();
+      scores.push_back(static_cast<float>(seq.size() % 13) / 13.0f);
+    }
+    require(total <= limits.max_request_tokens, "request tokens");
+    std::string out = api == ScoreApi::kScore
+                          ? renderScoreResponse("id", s.served_name, scores, total)
+                          : renderRerankResponse("id", s.served_name, *req, scores, total);
+    thread_local simdjson::dom::parser parser;
+    simdjson::dom::element root;
+    require(!parser.parse(out).get(root), "score response is not valid JSON");
+    simdjson::dom::array arr;
+    if (api == ScoreApi::kScore) {
+      require(!root["data"].get(arr) && arr.size() == scores.size(), "one score per document");
+    } else {
+      require(!root["results"].get(arr), "results");
+      size_t want = req->top_n > 0 && req->top_n < scores.size() ? req->top_n : scores.size();
+      require(arr.size() == want, "top_n");
+      double prev = 2.0;
+      std::set<int64_t> seen;
+      for (auto x : arr) {
+        int64_t i = -1;
+        double v = -1;
+        require(!x["index"].get(i) && i >= 0 && size_t(i) < scores.size(), "rerank index");
+        require(seen.insert(i).second, "rerank index repeated");
+        require(!x["relevance_score"].get(v) && v <= prev, "rerank order");
+        prev = v;
+      }
+    }
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const ModelSpec kSpec = spec();
   std::string_view body(reinterpret_cast<const char*>(data), size);
+  fuzzGateway(body);
   EmbeddingsLimits limits;
   limits.max_inputs = 64;
   Result<EmbeddingsRequest> req = parseEmbeddingsRequest(body, kSpec, limits);

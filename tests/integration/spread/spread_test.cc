@@ -1,8 +1,10 @@
 // ivy in front of two tulip replicas (each with fake-rose) given as one gRPC target with two
 // addresses — what a Kubernetes headless Service resolves to — spreads requests over both.
+// (The replica pool's own suite is tests/integration/pool.)
 #include <gtest/gtest.h>
 
 #include <regex>
+#include <thread>
 
 #include "tests/integration/support/harness.h"
 
@@ -15,6 +17,15 @@ double embedOk(int metrics_port) {
   auto r = testing::http(metrics_port, "GET", "/metrics");
   std::smatch m;
   static const std::regex re(R"re(tulip_requests_total\{method="Embed",code="OK"\} ([0-9.e+]+))re");
+  if (!std::regex_search(r.body, m, re)) return 0;
+  return std::stod(m[1]);
+}
+
+// ivy's count of healthy replicas (the pool's ivy_replicas gauge).
+double healthyReplicas(int ivy_port) {
+  auto r = testing::http(ivy_port, "GET", "/metrics");
+  std::smatch m;
+  static const std::regex re(R"re(ivy_replicas\{state="healthy"\} ([0-9.e+]+))re");
   if (!std::regex_search(r.body, m, re)) return 0;
   return std::stod(m[1]);
 }
@@ -45,6 +56,9 @@ TEST(Spread, IvySpreadsOverEveryResolvedTulip) {
                         "--threads", "1"},
                        dir.path() + "/ivy.log");
   ASSERT_TRUE(testing::waitForHttp(ivy_port, "/ready", 200, 30s)) << ivy.log();
+  // /ready needs one healthy replica; spreading needs both (the second may still be starting).
+  for (int i = 0; i < 600 && healthyReplicas(ivy_port) < 2; ++i) std::this_thread::sleep_for(50ms);
+  ASSERT_EQ(healthyReplicas(ivy_port), 2) << ivy.log();
   constexpr int kRequests = 40;
   for (int i = 0; i < kRequests; ++i) {
     auto r = testing::http(ivy_port, "POST", "/v1/embeddings",
@@ -54,7 +68,7 @@ TEST(Spread, IvySpreadsOverEveryResolvedTulip) {
   std::this_thread::sleep_for(200ms);
   const double a = embedOk(metrics_ports[0]), b = embedOk(metrics_ports[1]);
   EXPECT_EQ(a + b, kRequests);
-  // Round-robin over two ready replicas: neither gets more than 60%.
+  // Least-loaded with round-robin ties over two idle replicas: neither gets more than 60%.
   EXPECT_LE(std::max(a, b), 0.6 * kRequests) << a << " vs " << b;
 }
 

@@ -44,11 +44,18 @@ __device__ bool findTile(const int32_t* cu, int num_seqs, int tile, int kM, int&
   return false;
 }
 
-// kWarps warps x 16 query rows each = kM rows per block. Per warp: S (16 x 64) = Q K^T with Q
-// fragments held in registers; P = exp2(S - m) in registers reused as the A operand of P V.
-template <int kD, int kWarps, bool kCausal>
-__global__ void __launch_bounds__(kWarps * 32) attentionKernel(AttentionArgs a) {
-  constexpr int kM = 16 * kWarps;        // query rows per block
+// kWarps warps x 16 query rows each = kM rows per block and q head. Per warp: S (16 x 64) = Q K^T
+// with Q fragments held in registers; P = exp2(S - m) in registers reused as the A operand of P V.
+// kV2 (the default kernel, AttentionKernel::kV2) changes only the schedule, never a row's
+// arithmetic, so both variants give bit-identical results:
+//   - kHeads q heads of one GQA group per block share each K/V tile in shared memory (kHeads x
+//     kWarps warps; half the K/V loads per FLOP for Qwen3's 2 q heads per kv head);
+//   - the causal/length mask is applied only to the tiles that need it (the last one, and the
+//     diagonal ones of a causal warp);
+//   - causal query tiles run longest-first within a sequence (fewer stragglers in the last wave).
+template <int kD, int kWarps, bool kCausal, int kHeads = 1, bool kV2 = false>
+__global__ void __launch_bounds__(32 * kWarps * kHeads) attentionKernel(AttentionArgs a) {
+  constexpr int kM = 16 * kWarps;        // query rows per block and head
   constexpr int kN = kKeysPerTile;       // keys per tile
   constexpr int kRow = kD + 8;           // padded smem row (elements): conflict-free ldmatrix
   constexpr int kKSteps = kD / 16;       // k-steps of Q K^T over head_dim
@@ -62,9 +69,10 @@ __global__ void __launch_bounds__(kWarps * 32) attentionKernel(AttentionArgs a) 
   if (!findTile(a.cu_seqlens, a.num_seqs, blockIdx.x, kM, seq, q0)) return;
   const int start = a.cu_seqlens[seq];
   const int len = a.cu_seqlens[seq + 1] - start;
-  const int qh = blockIdx.y;
+  if (kV2 && kCausal) q0 = ((len + kM - 1) / kM - 1) * kM - q0;  // longest tiles first
+  const int qh = blockIdx.y * kHeads + static_cast<int>(threadIdx.x / (32 * kWarps));
   const int kvh = qh / (a.num_q_heads / a.num_kv_heads);
-  const int warp = threadIdx.x / 32;
+  const int warp = (threadIdx.x / 32) % kWarps;  // row group within the head
   const int lane = threadIdx.x & 31;
   const int g = lane >> 2;  // row within the 8-row half of a fragment
   const int t = lane & 3;   // column pair within a fragment
@@ -100,7 +108,7 @@ __global__ void __launch_bounds__(kWarps * 32) attentionKernel(AttentionArgs a) 
   const int n_tiles = (kv_len + kN - 1) / kN;
   auto load_tile = [&](int j, int stage) {
     const int key0 = j * kN;
-    for (int i = threadIdx.x; i < kN * kChunksPerRow; i += kWarps * 32) {
+    for (int i = threadIdx.x; i < kN * kChunksPerRow; i += kWarps * kHeads * 32) {
       const int r = i / kChunksPerRow;
       const int c = (i % kChunksPerRow) * 8;
       const int key = key0 + r;
@@ -145,17 +153,32 @@ __global__ void __launch_bounds__(kWarps * 32) attentionKernel(AttentionArgs a) 
 
     const int key0 = j * kN;
     float mx0 = -INFINITY, mx1 = -INFINITY;
+    // Warp-uniform: every key of the tile is valid for every row of this warp.
+    const bool full = kV2 && key0 + kN <= len && (!kCausal || key0 + kN - 1 <= q0 + warp * 16);
+    if (full) {
 #pragma unroll
-    for (int nt = 0; nt < kN / 8; ++nt) {
+      for (int nt = 0; nt < kN / 8; ++nt) {
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int key = key0 + nt * 8 + 2 * t + e;
-        const bool ok0 = key < len && (!kCausal || key <= r0);
-        const bool ok1 = key < len && (!kCausal || key <= r1);
-        s[nt][e] = ok0 ? s[nt][e] * scale_log2 : -INFINITY;
-        s[nt][2 + e] = ok1 ? s[nt][2 + e] * scale_log2 : -INFINITY;
-        mx0 = fmaxf(mx0, s[nt][e]);
-        mx1 = fmaxf(mx1, s[nt][2 + e]);
+        for (int e = 0; e < 2; ++e) {
+          s[nt][e] = s[nt][e] * scale_log2;
+          s[nt][2 + e] = s[nt][2 + e] * scale_log2;
+          mx0 = fmaxf(mx0, s[nt][e]);
+          mx1 = fmaxf(mx1, s[nt][2 + e]);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int nt = 0; nt < kN / 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int key = key0 + nt * 8 + 2 * t + e;
+          const bool ok0 = key < len && (!kCausal || key <= r0);
+          const bool ok1 = key < len && (!kCausal || key <= r1);
+          s[nt][e] = ok0 ? s[nt][e] * scale_log2 : -INFINITY;
+          s[nt][2 + e] = ok1 ? s[nt][2 + e] * scale_log2 : -INFINITY;
+          mx0 = fmaxf(mx0, s[nt][e]);
+          mx1 = fmaxf(mx1, s[nt][2 + e]);
+        }
       }
     }
     mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
@@ -229,38 +252,59 @@ __global__ void __launch_bounds__(kWarps * 32) attentionKernel(AttentionArgs a) 
   }
 }
 
-template <int kD, int kWarps, bool kCausal>
+template <int kD, int kWarps, bool kCausal, int kHeads, bool kV2>
 Status launchInstance(const AttentionArgs& a, cudaStream_t stream) {
   constexpr int kM = 16 * kWarps;
   constexpr size_t smem = attentionSmemBytes<kD>();
   static bool configured = false;  // [TAG_ATTN_SMEM] one attribute call per instance
   if (!configured) {
-    CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(attentionKernel<kD, kWarps, kCausal>,
+    CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(attentionKernel<kD, kWarps, kCausal, kHeads, kV2>,
                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
                                               static_cast<int>(smem)));
     configured = true;
   }
   // Upper bound on tiles: sum ceil(len / kM) <= ceil(T / kM) + num_seqs. Extra blocks exit.
   const int64_t tiles = (a.num_tokens + kM - 1) / kM + a.num_seqs;
-  dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(a.num_q_heads));
-  attentionKernel<kD, kWarps, kCausal><<<grid, kWarps * 32, smem, stream>>>(a);
+  dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(a.num_q_heads / kHeads));
+  attentionKernel<kD, kWarps, kCausal, kHeads, kV2>
+      <<<grid, kWarps * kHeads * 32, smem, stream>>>(a);
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return okStatus();
 }
 
-template <int kD>
-Status dispatchRows(const AttentionArgs& a, cudaStream_t stream, int rows) {
-  if (rows == 16) {
-    return a.causal ? launchInstance<kD, 1, true>(a, stream)
-                    : launchInstance<kD, 1, false>(a, stream);
+template <int kD, int kWarps>
+Status dispatchVariant(const AttentionArgs& a, cudaStream_t stream, AttentionKernel variant) {
+  const int group = a.num_q_heads / a.num_kv_heads;
+  if (variant == AttentionKernel::kV1) {
+    return a.causal ? launchInstance<kD, kWarps, true, 1, false>(a, stream)
+                    : launchInstance<kD, kWarps, false, 1, false>(a, stream);
   }
-  return a.causal ? launchInstance<kD, 4, true>(a, stream)
-                  : launchInstance<kD, 4, false>(a, stream);
+  if (group % 2 == 0) {
+    return a.causal ? launchInstance<kD, kWarps, true, 2, true>(a, stream)
+                    : launchInstance<kD, kWarps, false, 2, true>(a, stream);
+  }
+  return a.causal ? launchInstance<kD, kWarps, true, 1, true>(a, stream)
+                  : launchInstance<kD, kWarps, false, 1, true>(a, stream);
 }
+
+template <int kD>
+Status dispatchRows(const AttentionArgs& a, cudaStream_t stream, int rows,
+                    AttentionKernel variant) {
+  if (rows == 16) return dispatchVariant<kD, 1>(a, stream, variant);
+  return dispatchVariant<kD, 4>(a, stream, variant);
+}
+
+AttentionKernel g_default_kernel = AttentionKernel::kV2;
 
 }  // namespace
 
-Status launchAttention(const AttentionArgs& a, cudaStream_t stream, int force_rows) {
+void setDefaultAttentionKernel(AttentionKernel k) {
+  g_default_kernel = k == AttentionKernel::kDefault ? AttentionKernel::kV2 : k;
+}
+AttentionKernel defaultAttentionKernel() { return g_default_kernel; }
+
+Status launchAttention(const AttentionArgs& a, cudaStream_t stream, int force_rows,
+                       AttentionKernel kernel) {
   if (a.num_tokens == 0 || a.num_seqs == 0) return okStatus();
   if (a.head_dim != 64 && a.head_dim != 128)
     return unimplemented("attention: head_dim must be 64 or 128");
@@ -277,7 +321,9 @@ Status launchAttention(const AttentionArgs& a, cudaStream_t stream, int force_ro
     const int64_t tiles64 = (a.num_tokens + 63) / 64 * a.num_q_heads;
     rows = tiles64 < 2 * smCount() ? 16 : 64;
   }
-  return a.head_dim == 128 ? dispatchRows<128>(a, stream, rows) : dispatchRows<64>(a, stream, rows);
+  const AttentionKernel k = kernel == AttentionKernel::kDefault ? g_default_kernel : kernel;
+  return a.head_dim == 128 ? dispatchRows<128>(a, stream, rows, k)
+                           : dispatchRows<64>(a, stream, rows, k);
 }
 
 }  // namespace garden::rose::cuda

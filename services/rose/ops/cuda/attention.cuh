@@ -32,7 +32,18 @@ struct AttentionArgs {
   bool causal = true;
 };
 
+// Kernel variants, kept side by side for the benchmarks; both compute bit-identical results.
+//   kV1: one q head per block, every K/V tile masked, tiles in sequence order.
+//   kV2: the q heads of a GQA group share K/V tiles in one block, masks only where needed,
+//        causal tiles longest-first (see attention.cu).
+enum class AttentionKernel : int32_t { kDefault = 0, kV1 = 1, kV2 = 2 };
+// The kernel kDefault means (kV2 unless changed; rose reads GARDEN_ATTENTION_KERNEL=v1|v2 at
+// backend creation). Not thread-safe: set before launching.
+void setDefaultAttentionKernel(AttentionKernel k);
+AttentionKernel defaultAttentionKernel();
+
 // Tile choice: 0 = by problem size (default), 16 or 64 query rows per block (tests use both).
-Status launchAttention(const AttentionArgs& a, cudaStream_t stream, int force_rows = 0);
+Status launchAttention(const AttentionArgs& a, cudaStream_t stream, int force_rows = 0,
+                       AttentionKernel kernel = AttentionKernel::kDefault);
 
 }  // namespace garden::rose::cuda

@@ -65,10 +65,27 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const BackendOptions& o
     return invalidArgument("cuda backend: device_index " + std::to_string(opts.device_index) +
                            " out of range (" + std::to_string(count) + " devices)");
   }
+  // Kernel selection for side-by-side benchmarks (attention.cuh): GARDEN_ATTENTION_KERNEL=v1|v2.
+  if (const char* k = std::getenv("GARDEN_ATTENTION_KERNEL"); k != nullptr && *k != '\0') {
+    const std::string v(k);
+    if (v != "v1" && v != "v2") {
+      return invalidArgument("GARDEN_ATTENTION_KERNEL must be v1 or v2, got '" + v + "'");
+    }
+    setDefaultAttentionKernel(v == "v1" ? AttentionKernel::kV1 : AttentionKernel::kV2);
+  }
+  // GEMM algorithm tuning (gemm.h): GARDEN_GEMM_TUNE=0 keeps the untimed heuristic choice.
+  bool tune_gemm = true;
+  if (const char* t = std::getenv("GARDEN_GEMM_TUNE"); t != nullptr && *t != '\0') {
+    const std::string v(t);
+    if (v != "0" && v != "1") {
+      return invalidArgument("GARDEN_GEMM_TUNE must be 0 or 1, got '" + v + "'");
+    }
+    tune_gemm = v == "1";
+  }
   std::unique_ptr<CudaBackend> b(new CudaBackend(opts.device_index));
   CUDA_RETURN_IF_ERROR(cudaSetDevice(b->device_));
   CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&b->stream_, cudaStreamNonBlocking));
-  ASSIGN_OR_RETURN(b->gemm_, GemmRunner::create());
+  ASSIGN_OR_RETURN(b->gemm_, GemmRunner::create(size_t{32} << 20, tune_gemm));
   b->graphs_ = std::make_unique<GraphCache>(b->stream_);
   CUDA_RETURN_IF_ERROR(
       cudaHostAlloc(reinterpret_cast<void**>(&b->staging_), kStagingBytes, cudaHostAllocDefault));

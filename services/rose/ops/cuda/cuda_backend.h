@@ -22,7 +22,7 @@
 
 namespace garden::rose::cuda {
 
-class CudaBackend final : public Backend {
+class CudaBackend final : public Backend, public GraphExecutor {
  public:
   static Result<std::unique_ptr<CudaBackend>> create(const BackendOptions& opts);
   ~CudaBackend() override;
@@ -60,13 +60,25 @@ class CudaBackend final : public Backend {
   void score(const Tensor& hidden, const Tensor& cu_seqlens, const Tensor& head, const Tensor& out,
              const ScoreParams& p) override;
 
+  // ---- graphs (GraphExecutor, [TAG_GRAPH_EXEC]) ----
+  GraphExecutor* graphs() override { return this; }
+  Status run(const GraphShapeKey& key, const std::function<void()>& body) override {
+    return runGraph(GraphKey{key.kind, key.seqs, key.tokens, key.variant}, body);
+  }
+  Status precapture(const GraphShapeKey& key, const std::function<void()>& body) override {
+    return precaptureGraph(GraphKey{key.kind, key.seqs, key.tokens, key.variant}, body);
+  }
+  GraphExecStats graphStats() const override {
+    const GraphCache::Stats& s = graphs_->stats();
+    return {s.eager, s.captures, s.replays, s.capture_failures};
+  }
+
   // ---- CUDA-only ----
   cudaStream_t stream() const { return stream_; }
   // Runs `body` (which enqueues ops of this backend only, see [TAG_GRAPH_BODY]) through the graph
   // cache: eager on first sight of `key`, captured on the second, replayed after.
   Status runGraph(const GraphKey& key, const std::function<void()>& body);
   Status precaptureGraph(const GraphKey& key, const std::function<void()>& body);
-  const GraphCache::Stats& graphStats() const { return graphs_->stats(); }
   GemmRunner& gemm() { return *gemm_; }
 
  protected:

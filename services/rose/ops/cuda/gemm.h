@@ -1,17 +1,35 @@
 #pragma once
 // bf16 GEMMs through cuBLASLt for rose's linear layers: y[M, N] = x[M, K] . w[N, K]^T (+ bias[N]),
-// row-major bf16 in and out, f32 accumulation. The matmul descriptor, layouts and algorithm are
-// chosen once per (M, N, K, bias) shape and cached; the workspace is allocated once at creation,
-// so the hot path never allocates and the calls are CUDA-graph capturable.
+// row-major bf16 in and out, f32 accumulation. The matmul descriptor and layouts are built once per
+// (M, N, K, bias) shape and cached; the workspace is allocated once at creation, so the hot path
+// never allocates and the calls are CUDA-graph capturable.
 //
-// Batch invariance: the algorithm is chosen once per (N, K, bias) — by the heuristic at a
-// reference M of 2048 rows, with split-K turned off — and reused for every M, so a row of y is
-// computed by the same kernel with the same reduction order whatever else is in the batch (a
-// sequence's embedding does not depend on its batch). Only if that algorithm rejects some M does
-// that M get its own heuristic choice (counted in variantFallbacks()).
+// Algorithm choice (tuning on, the default): one algorithm per (M bucket, N, K, bias), where the
+// M bucket is algoBucket(M) — 64-row steps up to 1024, 256 up to 4096, 1024 above; the buckets
+// nest the graph token buckets (graphTokensBucket), so a batch padded to its graph bucket and the
+// same batch run eagerly use the same algorithm and give bit-identical results. The first time a
+// bucket is seen (an eager run: the graph cache runs a bucket eagerly before capturing it), up
+// to 16 heuristic candidates for the bucket's largest M — split-K included when its partial sums
+// stay f32 (REDUCTION_SCHEME_COMPUTE_TYPE) and fit the workspace at that M — are each timed on
+// the call's real operands with CUDA events (2 warm-ups, then the mean of 5 runs, L2 flushed
+// before each, as in a forward pass whose weights are cold) and the fastest is cached (logged
+// as "gemm tuned" with its time and the heuristic first pick's). A winner must also give the
+// first M/2 rows the same bits when run at M/2 (checked on the host for M/2 * N <= 4M; a
+// candidate that fails, e.g. a work split that depends on the tile count, is skipped). The
+// candidates write into the real y; the call itself then recomputes y with the winner, so nothing
+// the caller reads is affected. This synchronizes the stream once per new bucket. A bucket first
+// seen while the stream is being captured takes the heuristic's first pick untimed (counted in
+// untimedInCapture()), never breaking the capture. Consequence: rows of y are bit-identical for any
+// M of one bucket, but across buckets (a sequence batched with more or fewer tokens) they agree
+// only to within bf16 rounding (split-K changes the f32 summation order).
+//
+// Tuning off (create(..., false); GARDEN_GEMM_TUNE=0 for the CUDA backend): the previous policy —
+// one algorithm per (N, K, bias), the heuristic's first choice at a reference M of 2048 with
+// split-K turned off, reused for every M, so a row's bits never depend on M. Only if that
+// algorithm rejects some M does that M get its own heuristic choice (variantFallbacks()).
 //
 // Threads: one thread (the backend's owner thread) uses a GemmRunner. Move-only owner of the
-// cuBLASLt handle, the cached descriptors and the workspace.
+// cuBLASLt handle, the cached descriptors, the workspace and (once tuning ran) an L2-flush buffer.
 
 #include <cublasLt.h>
 #include <cuda_bf16.h>
@@ -28,17 +46,27 @@ namespace garden::rose::cuda {
 
 class GemmRunner {
  public:
-  static Result<std::unique_ptr<GemmRunner>> create(size_t workspace_bytes = size_t{32} << 20);
+  static Result<std::unique_ptr<GemmRunner>> create(size_t workspace_bytes = size_t{32} << 20,
+                                                    bool tune = true);
   ~GemmRunner();
   GemmRunner(const GemmRunner&) = delete;
   GemmRunner& operator=(const GemmRunner&) = delete;
 
-  // Enqueues y = x . w^T (+ bias) on `stream`. Pointers 16-byte aligned, K and N multiples of 8.
+  // Enqueues y = x . w^T (+ bias) on `stream`. Pointers 16-byte aligned, K and N multiples of 8;
+  // y must not overlap x, w or bias. The first call of a new (M bucket, N, K, bias) with tuning
+  // on and the stream not capturing times candidates (see above) and synchronizes `stream`.
   Status run(const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_bfloat16* bias,
              __nv_bfloat16* y, int64_t m, int64_t n, int64_t k, cudaStream_t stream);
 
+  // The M bucket sharing one algorithm: 64-row steps up to 1024, 256 up to 4096, 1024 above.
+  // algoBucket(graphTokensBucket(m)) == algoBucket(m) for every m.
+  static int64_t algoBucket(int64_t m);
+
+  bool tuning() const { return tune_; }
   size_t cachedPlans() const { return plans_.size(); }
   size_t variantFallbacks() const { return fallbacks_; }
+  size_t tunedShapes() const { return tuned_; }         // algorithms chosen by timing
+  size_t untimedInCapture() const { return untimed_; }  // first seen while capturing
 
  private:
   struct Plan {  // owns its descriptors
@@ -50,18 +78,41 @@ class GemmRunner {
     Plan& operator=(const Plan&) = delete;
     ~Plan();
   };
+  struct Operands {
+    const __nv_bfloat16 *x, *w, *bias;
+    __nv_bfloat16* y;
+    cudaStream_t stream;
+  };
   GemmRunner() = default;
-  Result<Plan*> plan(int64_t m, int64_t n, int64_t k, bool bias);
+  Result<Plan*> plan(int64_t m, int64_t n, int64_t k, const Operands& ops);
   Status makeLayouts(Plan& p, int64_t m, int64_t n, int64_t k, bool bias);
   // Heuristic choice for this plan's shape with split-K disabled; false when none qualifies.
   Result<bool> pickAlgo(Plan& p, cublasLtMatmulAlgo_t* out);
+  // Tuning: the fastest (or, while capturing, the first) heuristic candidate for the bucket of
+  // `exact` (whose shape is m x n x k), measured on `ops`.
+  Result<cublasLtMatmulAlgo_t> chooseAlgo(Plan& exact, int64_t m, int64_t n, int64_t k,
+                                          const Operands& ops);
+  bool fits(const Plan& p, const cublasLtMatmulAlgo_t& algo) const;
+  // Whether `algo` computes the first rows of y with the same bits at M = m and M = m / 2.
+  Result<bool> rowsIndependentOfM(const Plan& exact, const cublasLtMatmulAlgo_t& algo, int64_t m,
+                                  int64_t n, int64_t k, const Operands& ops);
+  Status enqueue(const Plan& p, const cublasLtMatmulAlgo_t& algo, const Operands& ops);
 
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
+  bool tune_ = true;
+  void* flush_ = nullptr;  // L2 flush buffer for timing (allocated on the first tuning)
+  size_t flush_bytes_ = 0;
+  static constexpr int kTimedReps = 5;
+  cudaEvent_t events_[2 * kTimedReps] = {};
   std::map<std::tuple<int64_t, int64_t, int64_t, bool>, std::unique_ptr<Plan>> plans_;
-  std::map<std::tuple<int64_t, int64_t, bool>, cublasLtMatmulAlgo_t> algos_;  // per (N, K, bias)
+  // Per (M bucket, N, K, bias); the bucket is 0 for every M with tuning off.
+  std::map<std::tuple<int64_t, int64_t, int64_t, bool>, cublasLtMatmulAlgo_t> algos_;
   size_t fallbacks_ = 0;
+  size_t tuned_ = 0;
+  size_t untimed_ = 0;
+  size_t m_dependent_ = 0;
 };
 
 }  // namespace garden::rose::cuda

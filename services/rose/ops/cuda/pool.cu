@@ -1,3 +1,5 @@
+#include <cooperative_groups.h>
+
 #include <algorithm>
 
 #include "services/rose/ops/cuda/common.cuh"
@@ -105,6 +107,139 @@ __global__ void poolKernel(PoolArgs a) {
   }
 }
 
+// Mean pooling, v2: a cluster of kClusterBlocks blocks per sequence (grid kClusterBlocks x
+// num_seqs). Block `rank` sums the tokens rank*ty + y + k*(kClusterBlocks*ty), kUnroll tokens per
+// step (independent 16-byte loads in flight), its token stripes are combined through shared
+// memory, and rank 0 adds the kClusterBlocks block sums read through distributed shared memory
+// in rank order, scales, normalizes and writes. The summation order depends on the sequence's
+// length and hidden size alone: batch-invariant and deterministic.
+constexpr int kClusterBlocks = 8;
+constexpr int kUnroll = 4;
+
+__global__ void __cluster_dims__(kClusterBlocks, 1, 1) poolMeanClusterKernel(PoolArgs a) {
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  extern __shared__ float sm[];  // [ty * hidden] partial sums, then [32] for the norm reduction
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int seq = blockIdx.y;
+  const int start = a.cu_seqlens[seq];
+  const int len = a.cu_seqlens[seq + 1] - start;
+  const int chunks = static_cast<int>(a.hidden_size / 8);
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int stripes = static_cast<int>(blockDim.y);
+  float acc[kMaxChunksPerThread][8];
+#pragma unroll
+  for (int k = 0; k < kMaxChunksPerThread; ++k)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[k][i] = 0.f;
+
+  const int step = kClusterBlocks * stripes;
+  const int first = rank * stripes + ty;
+  int tok = first;
+  // kUnroll tokens a step: their loads are independent and issued before the adds.
+  for (; tok + (kUnroll - 1) * step < len; tok += kUnroll * step) {
+#pragma unroll
+    for (int k = 0; k < kMaxChunksPerThread; ++k) {
+      const int c = tx + k * static_cast<int>(blockDim.x);
+      if (c < chunks) {
+        float v[kUnroll][8];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u)
+          loadF32x8(a.hidden + static_cast<int64_t>(start + tok + u * step) * a.hidden_size + c * 8,
+                    v[u]);
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+          for (int i = 0; i < 8; ++i) acc[k][i] += v[u][i];
+      }
+    }
+  }
+  for (; tok < len; tok += step) {
+#pragma unroll
+    for (int k = 0; k < kMaxChunksPerThread; ++k) {
+      const int c = tx + k * static_cast<int>(blockDim.x);
+      if (c < chunks) {
+        float v[8];
+        loadF32x8(a.hidden + static_cast<int64_t>(start + tok) * a.hidden_size + c * 8, v);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[k][i] += v[i];
+      }
+    }
+  }
+  float* part = sm;
+  float* red = sm + stripes * a.hidden_size;
+#pragma unroll
+  for (int k = 0; k < kMaxChunksPerThread; ++k) {
+    const int c = tx + k * static_cast<int>(blockDim.x);
+    if (c < chunks)
+#pragma unroll
+      for (int i = 0; i < 8; ++i) part[ty * a.hidden_size + c * 8 + i] = acc[k][i];
+  }
+  __syncthreads();
+  // Stripe 0 folds the block's stripes into part[0..hidden) (fixed order).
+  if (ty == 0) {
+#pragma unroll
+    for (int k = 0; k < kMaxChunksPerThread; ++k) {
+      const int c = tx + k * static_cast<int>(blockDim.x);
+      if (c < chunks) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          float v = part[c * 8 + i];
+          for (int y = 1; y < stripes; ++y) v += part[y * a.hidden_size + c * 8 + i];
+          part[c * 8 + i] = v;
+        }
+      }
+    }
+  }
+  cluster.sync();  // every block's sum is in its shared memory
+  float ss = 0.f;
+  const float inv_count = len > 0 ? 1.f / static_cast<float>(len) : 0.f;
+  if (rank == 0 && ty == 0) {
+#pragma unroll
+    for (int k = 0; k < kMaxChunksPerThread; ++k) {
+      const int c = tx + k * static_cast<int>(blockDim.x);
+      if (c < chunks) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[k][i] = 0.f;
+        for (int r = 0; r < kClusterBlocks; ++r) {
+          const float* remote = cluster.map_shared_rank(part, r);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) acc[k][i] += remote[c * 8 + i];
+        }
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          acc[k][i] *= inv_count;
+          ss += acc[k][i] * acc[k][i];
+        }
+      }
+    }
+    ss = warpSum(ss);
+    if ((tx & 31) == 0) red[tx / 32] = ss;
+  }
+  cluster.sync();  // rank 0 is done reading the others' shared memory
+  if (rank != 0 || ty != 0) return;
+  __syncwarp();
+  float scale = 1.f;
+  if (a.normalize) {
+    // red[] was written by stripe-0 warps before the cluster barrier.
+    float tot = 0.f;
+    for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) tot += red[w];
+    scale = 1.f / fmaxf(sqrtf(tot), 1e-12f);
+  }
+  float* out = a.out + static_cast<int64_t>(seq) * a.hidden_size;
+#pragma unroll
+  for (int k = 0; k < kMaxChunksPerThread; ++k) {
+    const int c = tx + k * static_cast<int>(blockDim.x);
+    if (c < chunks) {
+      float4* o4 = reinterpret_cast<float4*>(out + c * 8);
+      o4[0] =
+          make_float4(acc[k][0] * scale, acc[k][1] * scale, acc[k][2] * scale, acc[k][3] * scale);
+      o4[1] =
+          make_float4(acc[k][4] * scale, acc[k][5] * scale, acc[k][6] * scale, acc[k][7] * scale);
+    }
+  }
+}
+
 __global__ void scoreKernel(ScoreArgs a) {
   const int seq = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x & 31;
@@ -139,7 +274,7 @@ __global__ void scoreKernel(ScoreArgs a) {
 
 }  // namespace
 
-Status launchPool(const PoolArgs& a, cudaStream_t stream) {
+Status launchPool(const PoolArgs& a, cudaStream_t stream, PoolKernel kernel) {
   if (a.num_seqs == 0) return okStatus();
   if (a.hidden_size <= 0 || a.hidden_size % 8 != 0 || a.hidden_size > 8192)
     return invalidArgument("pool: hidden_size must be a multiple of 8 in [8, 8192]");
@@ -159,7 +294,13 @@ Status launchPool(const PoolArgs& a, cudaStream_t stream) {
     ty = std::min(ty, 8);
   }
   const size_t smem = sizeof(float) * (static_cast<size_t>(ty) * a.hidden_size + 32);
-  poolKernel<<<a.num_seqs, dim3(tx, ty), smem, stream>>>(a);
+  const PoolKernel k = kernel == PoolKernel::kDefault ? PoolKernel::kV2 : kernel;
+  if (a.kind == PoolKind::kMean && k == PoolKernel::kV2 && a.num_seqs <= 65535) {
+    // v2 mean: one cluster of blocks per sequence (the one-token modes stay on one block).
+    poolMeanClusterKernel<<<dim3(kClusterBlocks, a.num_seqs), dim3(tx, ty), smem, stream>>>(a);
+  } else {
+    poolKernel<<<a.num_seqs, dim3(tx, ty), smem, stream>>>(a);
+  }
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return okStatus();
 }

@@ -1,9 +1,9 @@
 #pragma once
 // Per-sequence pooling of the final hidden states (last token, mean, or first/CLS token) with
 // optional L2 normalization (x / max(||x||, 1e-12), like torch.nn.functional.normalize), written
-// as float32 rows. One block per sequence; its shape depends only on `hidden`, so a sequence's
-// result does not depend on the rest of its batch. A zero-length sequence yields a zero row.
-// Pointers are device memory owned by the caller.
+// as float32 rows. One block (v1) or one cluster of blocks (v2, mean) per sequence; the launch
+// shape per sequence depends only on `hidden`, so a sequence's result does not depend on its batch.
+// A zero-length sequence yields a zero row. Pointers are device memory owned by the caller.
 
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
@@ -26,7 +26,12 @@ struct PoolArgs {
   bool normalize = true;
 };
 
-Status launchPool(const PoolArgs& a, cudaStream_t stream);
+// kV1: one block per sequence. kV2 (default): mean pooling spreads each sequence over a cluster of
+// 8 blocks (distributed shared memory for the final sum, 4 tokens of loads in flight per thread);
+// last/CLS read one row and stay on one block. Both are batch-invariant; their mean results
+// differ only by float summation order.
+enum class PoolKernel : int32_t { kDefault = 0, kV1 = 1, kV2 = 2 };
+Status launchPool(const PoolArgs& a, cudaStream_t stream, PoolKernel kernel = PoolKernel::kDefault);
 
 // Scores from each sequence's last token: z = h.W[pos_row] - (neg_row >= 0 ? h.W[neg_row] : 0),
 // out = sigmoid(z) when apply_sigmoid. One warp per sequence, f32 dot products.

@@ -56,6 +56,68 @@ __global__ void rmsNormKernel(RmsNormArgs a) {
   }
 }
 
+// Few rows (one row per block): the same arithmetic as rmsNormKernel with tx threads per row,
+// spread over blockDim.y = chunk groups so each thread loads one 8-wide chunk (4x the loads in
+// flight for hidden 1024). Thread (x, k) owns chunk x + k * tx; lane x of group 0 then sums the
+// squares of its chunks k = 0, 1, ... in the order rmsNormKernel's thread x does, and the
+// cross-lane / cross-warp reductions are the same, so every row's bits equal rmsNormKernel's.
+__global__ void rmsNormSplitKernel(RmsNormArgs a) {
+  extern __shared__ float sm[];  // [groups][8][tx] values, then [tx / 32] warp sums, then rstd
+  const int tx = blockDim.x, groups = blockDim.y;
+  float* sv = sm;
+  float* red = sm + static_cast<size_t>(groups) * 8 * tx;
+  const int64_t off = static_cast<int64_t>(blockIdx.x) * a.hidden;
+  const int chunks = static_cast<int>(a.hidden / 8);
+  const int c = threadIdx.x + threadIdx.y * tx;
+  float v[8], w[8];
+  if (c < chunks) {
+    loadF32x8(a.weight + c * 8, w);
+    loadF32x8(a.x + off + c * 8, v);
+    if (a.residual != nullptr) {
+      float r[8];
+      loadF32x8(a.residual + off + c * 8, r);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[i] = roundBf16(v[i] + r[i]);
+      storeF32x8(a.residual + off + c * 8, v);
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) sv[(threadIdx.y * 8 + i) * tx + threadIdx.x] = v[i];
+  }
+  __syncthreads();
+  const int nw = tx / 32;
+  if (threadIdx.y == 0) {
+    float ss = 0.f;
+    for (int k = 0; k < groups; ++k) {
+      if (threadIdx.x + k * tx < chunks) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const float x = sv[(k * 8 + i) * tx + threadIdx.x];
+          ss += x * x;
+        }
+      }
+    }
+    ss = warpSum(ss);
+    if (nw > 1) {
+      if ((threadIdx.x & 31) == 0) red[threadIdx.x / 32] = ss;
+    } else if (threadIdx.x == 0) {
+      red[nw] = ss;
+    }
+  }
+  __syncthreads();
+  if (nw > 1 && threadIdx.y == 0 && threadIdx.x == 0) {
+    float t = 0.f;
+    for (int i = 0; i < nw; ++i) t += red[i];
+    red[nw] = t;
+  }
+  if (nw > 1) __syncthreads();
+  const float rstd = rsqrtf(red[nw] / static_cast<float>(a.hidden) + a.eps);
+  if (c < chunks) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = roundBf16(v[i] * rstd) * w[i];
+    storeF32x8(a.out + off + c * 8, v);
+  }
+}
+
 }  // namespace
 
 Status launchRmsNorm(const RmsNormArgs& a, cudaStream_t stream) {
@@ -75,6 +137,13 @@ Status launchRmsNorm(const RmsNormArgs& a, cudaStream_t stream) {
   const int per_thread = (chunks + tx - 1) / tx;
   // Decode-like: one row per block. Prefill-like: fill 128..256-thread blocks with rows.
   const bool few = a.rows < 4 * smCount();
+  if (few && per_thread > 1 && tx * per_thread <= 1024) {
+    // One row per block, one chunk per thread (same bits, see rmsNormSplitKernel).
+    const size_t smem = sizeof(float) * (static_cast<size_t>(per_thread) * 8 * tx + tx / 32 + 1);
+    rmsNormSplitKernel<<<static_cast<unsigned>(a.rows), dim3(tx, per_thread), smem, stream>>>(a);
+    CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    return okStatus();
+  }
   const int ty = few ? 1 : std::max(1, 128 / tx);
   dim3 block(tx, ty);
   dim3 grid(static_cast<unsigned>((a.rows + ty - 1) / ty));

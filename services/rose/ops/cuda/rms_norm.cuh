@@ -5,7 +5,8 @@
 // Mirrors Hugging Face's Qwen3RMSNorm rounding: the normalized row is rounded to bf16 before the
 // weight multiply. `out` may alias `x` (each row is read fully before it is written). The per-row
 // reduction tree depends only on `hidden`, never on the number of rows, so a row's result does
-// not depend on what else is in the batch. Pointers are device memory owned by the caller.
+// not depend on what else is in the batch (few rows run one row per block with one 8-wide chunk
+// per thread, many rows several rows per block; both sum in the same order). Pointers are device memory owned by the caller.
 
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <atomic>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -291,7 +292,7 @@ TEST(HttpDriver, ChatStreamsGiveTtftItlAndOutputTokens) {
   cfg.max_tokens = 4;
   std::vector<Payload> pool(1);
   pool[0].text_inputs = {"hello there"};
-  pool[0].tokens = 9;
+  pool[0].tokens = 5;  // the calibrated estimate; the stream's usage.prompt_tokens (9) wins
   auto d = makeHttpDriver(cfg, pool);
   ASSERT_TRUE(d.isOk()) << d.status().toString();
   auto r = (*d)->run(PhaseSpec{4, 0});
@@ -311,6 +312,122 @@ TEST(HttpDriver, ChatStreamsGiveTtftItlAndOutputTokens) {
   EXPECT_GE(itl[4], 4.0);
   EXPECT_EQ(r->rec.output_tokens, 12u);
   EXPECT_EQ(r->rec.items, 3u);
+  EXPECT_EQ(r->rec.tokens, 27u);
+  EXPECT_EQ(r->rec.finish_reasons, (std::map<std::string, uint64_t>{{"length", 3}}));
+  // Time per output token: (latency - TTFT) / 3 covers the three 5 ms gaps and the tail.
+  ASSERT_EQ(r->rec.tpot_ms.size(), 3u);
+  for (double t : r->rec.tpot_ms) {
+    EXPECT_GE(t, 4.0);
+    EXPECT_LT(t, 1000.0);
+  }
+}
+
+TEST(HttpDriver, ChatWithoutFinishReasonOrUsageFallsBackToEvents) {
+  // A server that streams two reasoning deltas in ONE event batch and no usage chunk: output
+  // tokens are the events with text, the finish reason is recorded as "none".
+  FakeServer server([&](int, const std::string&, const std::string& body, int fd) {
+    simdjson::dom::parser p;
+    EXPECT_EQ(p.parse(body)["ignore_eos"].error(), simdjson::NO_SUCH_FIELD);  // not asked
+    FakeServer::send(fd,
+                     "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                     "Connection: close\r\n\r\n"
+                     "data: {\"choices\":[{\"index\":0,\"delta\":{\"reasoning_content\":\"a\"}}]}\n\n"
+                     "data: {\"choices\":[{\"index\":0,\"delta\":{\"reasoning_content\":\"\"}}]}\n\n"
+                     "data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0}]}}]}\n\n"
+                     "data: [DONE]\n\n");
+    return false;
+  });
+  DriverConfig cfg;
+  cfg.mode = Mode::kChat;
+  cfg.input = InputKind::kText;
+  cfg.endpoint = server.endpoint();
+  cfg.model = "m";
+  cfg.ignore_eos = false;
+  std::vector<Payload> pool(1);
+  pool[0].text_inputs = {"x"};
+  pool[0].tokens = 7;
+  auto d = makeHttpDriver(cfg, pool);
+  ASSERT_TRUE(d.isOk()) << d.status().toString();
+  auto r = (*d)->run(PhaseSpec{2, 0});
+  ASSERT_TRUE(r.isOk());
+  EXPECT_EQ(r->rec.ok, 2u);
+  EXPECT_EQ(r->rec.output_tokens, 4u);  // two events with text per stream (the empty one is not)
+  EXPECT_EQ(r->rec.tokens, 14u);        // no usage: the pool's count
+  EXPECT_EQ(r->rec.finish_reasons, (std::map<std::string, uint64_t>{{"none", 2}}));
+  EXPECT_EQ(r->rec.tpot_ms.size(), 2u);
+  EXPECT_EQ(r->rec.itl_ms.size(), 2u);
+}
+
+TEST(HttpDriver, PhasesDoNotReplayPayloads) {
+  // Warm-up and measured phases walk one cursor over the pool: with a pool of warm-up + count
+  // payloads every request carries a different prompt (chat prompts must not hit the prefix
+  // cache because the warm-up already sent them).
+  std::mutex mu;
+  std::vector<std::string> prompts;
+  FakeServer server([&](int, const std::string&, const std::string& body, int fd) {
+    simdjson::dom::parser p;
+    std::string_view content = p.parse(body)["messages"].at(0)["content"].get_string().value();
+    {
+      std::lock_guard<std::mutex> l(mu);
+      prompts.emplace_back(content);
+    }
+    std::string sse =
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"x\"},"
+        "\"finish_reason\":\"length\"}]}\n\ndata: [DONE]\n\n";
+    FakeServer::send(fd, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: " +
+                             std::to_string(sse.size()) + "\r\n\r\n" + sse);
+    return true;
+  });
+  DriverConfig cfg;
+  cfg.mode = Mode::kChat;
+  cfg.input = InputKind::kText;
+  cfg.endpoint = server.endpoint();
+  cfg.model = "m";
+  cfg.concurrency = 3;
+  std::vector<Payload> pool(9);
+  for (size_t i = 0; i < pool.size(); ++i) pool[i].text_inputs = {"prompt " + std::to_string(i)};
+  auto d = makeHttpDriver(cfg, pool);
+  ASSERT_TRUE(d.isOk()) << d.status().toString();
+  ASSERT_EQ((*d)->run(PhaseSpec{3, 0})->rec.ok, 3u);  // warm-up
+  auto measured = (*d)->run(PhaseSpec{6, 0});
+  ASSERT_TRUE(measured.isOk());
+  ASSERT_EQ(measured->rec.ok, 6u);
+  // One event per answer: TTFT is measured, TPOT is undefined and not recorded.
+  EXPECT_EQ(measured->rec.ttft_ms.size(), 6u);
+  EXPECT_TRUE(measured->rec.tpot_ms.empty());
+  EXPECT_TRUE(measured->rec.itl_ms.empty());
+  std::sort(prompts.begin(), prompts.end());
+  EXPECT_EQ(prompts.size(), 9u);
+  EXPECT_EQ(std::unique(prompts.begin(), prompts.end()), prompts.end()) << "a prompt repeated";
+}
+
+TEST(HttpCount, ChatTokensThroughTokenize) {
+  FakeServer server([&](int n, const std::string& path, const std::string& body, int fd) {
+    EXPECT_EQ(path, "/tokenize");
+    simdjson::dom::parser p;
+    auto doc = p.parse(body);
+    EXPECT_EQ(std::string_view(doc["model"].get_string().value()), "gpt");
+    EXPECT_EQ(std::string_view(doc["messages"].at(0)["role"].get_string().value()), "user");
+    EXPECT_EQ(std::string_view(doc["messages"].at(0)["content"].get_string().value()),
+              "two \"words\"");
+    if (n == 0) {
+      FakeServer::send(fd, FakeServer::response(200, "{\"count\":57,\"tokens\":[]}"));
+    } else if (n == 1) {
+      FakeServer::send(fd, FakeServer::response(400, "{\"error\":{\"param\":\"messages\"}}"));
+    } else {
+      FakeServer::send(fd, FakeServer::response(200, "{\"tokens\":[]}"));
+    }
+    return false;
+  });
+  auto a = httpCountChatTokens(server.endpoint(), "gpt", "two \"words\"", 5000ms);
+  ASSERT_TRUE(a.isOk()) << a.status().toString();
+  EXPECT_EQ(*a, 57u);
+  auto b = httpCountChatTokens(server.endpoint(), "gpt", "two \"words\"", 5000ms);
+  ASSERT_FALSE(b.isOk());
+  EXPECT_NE(b.status().message().find("answered 400"), std::string::npos);
+  auto c = httpCountChatTokens(server.endpoint(), "gpt", "two \"words\"", 5000ms);
+  ASSERT_FALSE(c.isOk());
+  EXPECT_NE(c.status().message().find("no count"), std::string::npos);
 }
 
 TEST(RequestBodies, EmbeddingsAndChat) {
@@ -379,6 +496,38 @@ TEST(Report, JsonHasTheSchemaFields) {
   EXPECT_EQ(std::string_view(doc["flags"]["seq_len"]), "128");
   EXPECT_FALSE(std::string_view(doc["host"]["cpu"]).empty());
   EXPECT_NE(summaryLine(r).find("100 ok, 1 err"), std::string::npos);
+  EXPECT_TRUE(doc["chat"].error() == simdjson::NO_SUCH_FIELD);
+}
+
+TEST(Report, ChatSectionHasTtftItlTpotAndFinishReasons) {
+  RunReport r;
+  r.workload = "chat_text128_c2";
+  r.mode = Mode::kChat;
+  r.protocol = Protocol::kHttp;
+  r.input = InputKind::kText;
+  r.measured.wall_s = 4.0;
+  auto& rec = r.measured.rec;
+  for (int i = 1; i <= 4; ++i) {
+    rec.success(100.0 * i);
+    rec.ttft_ms.push_back(10.0 * i);
+    rec.tpot_ms.push_back(2.0 * i);
+  }
+  rec.itl_ms = {1, 2, 3};
+  rec.output_tokens = 200;
+  rec.finish_reasons = {{"length", 3}, {"stop", 1}};
+  std::string json = renderReport(r);
+  simdjson::dom::parser p;
+  simdjson::dom::element doc;
+  ASSERT_FALSE(p.parse(json).get(doc)) << json;
+  EXPECT_DOUBLE_EQ(double(doc["chat"]["ttft_ms"]["p50"]), 20.0);
+  EXPECT_DOUBLE_EQ(double(doc["chat"]["itl_ms"]["max"]), 3.0);
+  EXPECT_DOUBLE_EQ(double(doc["chat"]["tpot_ms"]["mean"]), 5.0);
+  EXPECT_EQ(uint64_t(doc["chat"]["tpot_ms"]["count"]), 4u);
+  EXPECT_EQ(uint64_t(doc["chat"]["output_tokens"]), 200u);
+  EXPECT_DOUBLE_EQ(double(doc["chat"]["output_tokens_per_s"]), 50.0);
+  EXPECT_EQ(uint64_t(doc["chat"]["finish_reasons"]["length"]), 3u);
+  EXPECT_EQ(uint64_t(doc["chat"]["finish_reasons"]["stop"]), 1u);
+  EXPECT_EQ(std::string_view(doc["config"]["mode"]), "chat");
 }
 
 }  // namespace

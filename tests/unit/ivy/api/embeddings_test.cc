@@ -198,7 +198,7 @@ TEST(ParseEmbeddings, TooManyInputs) {
   auto r =
       parseEmbeddingsRequest(R"({"model":"test-embed","input":["a","b","c"]})", testSpec(), limits);
   ASSERT_FALSE(r.isOk());
-  EXPECT_EQ(r.status().message(), "input: has 3 inputs, more than the maximum of 2");
+  EXPECT_EQ(r.status().message(), "input: has 3 inputs, more than the limit of 2 (--max-inputs)");
 }
 
 TEST(ParseEmbeddings, EncodingFormatAndDimensionsValidation) {

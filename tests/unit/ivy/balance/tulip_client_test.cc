@@ -16,6 +16,7 @@
 #include "garden/v1/garden.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "services/ivy/api/text_encoder.h"
+#include "services/ivy/balance/replica_pool.h"
 #include "services/ivy/balance/tulip_monitor.h"
 
 namespace garden::ivy {
@@ -52,6 +53,7 @@ class FakeTulipService final : public v1::Tulip::Service {
     last_request_id =
         md == ctx->client_metadata().end() ? "" : std::string(md->second.data(), md->second.size());
     last_request = *req;
+    ++embed_calls;
     if (delay.count() > 0) std::this_thread::sleep_for(delay);
     if (!status.ok()) return status;
     resp->set_dim(dim);
@@ -89,7 +91,20 @@ class FakeTulipService final : public v1::Tulip::Service {
     return grpc::Status::OK;
   }
 
+  grpc::Status Load(grpc::ServerContext*, const v1::LoadRequest*,
+                    v1::LoadResponse* resp) override {
+    std::lock_guard<std::mutex> lock(mu);
+    resp->set_queued_requests(3);
+    resp->set_queued_tokens(queued_tokens);
+    resp->set_inflight_tokens(40);
+    resp->set_queue_limit_tokens(1000);
+    resp->set_worker_ready(true);
+    return grpc::Status::OK;
+  }
+
   std::mutex mu;
+  uint64_t queued_tokens = 120;
+  int embed_calls = 0;
   grpc::Status status = grpc::Status::OK;
   std::chrono::milliseconds delay{0};
   uint32_t dim = 4;
@@ -282,6 +297,153 @@ TEST_F(TulipClientTest, MonitorLearnsModelAndTracksHealth) {
   EXPECT_TRUE(m.waitReady(std::chrono::seconds(5)));
   m.stop();
   EXPECT_FALSE(m.ready());
+}
+
+TEST_F(TulipClientTest, Load) {
+  std::promise<Result<TulipLoad>> p;
+  client_->load(std::chrono::milliseconds(5000),
+                [&p](Result<TulipLoad> r) { p.set_value(std::move(r)); });
+  Result<TulipLoad> l = p.get_future().get();
+  ASSERT_TRUE(l.isOk()) << l.status().toString();
+  EXPECT_EQ(l->queued_requests, 3u);
+  EXPECT_EQ(l->queued_tokens, 120u);
+  EXPECT_EQ(l->inflight_tokens, 40u);
+  EXPECT_EQ(l->queue_limit_tokens, 1000u);
+  EXPECT_TRUE(l->worker_ready);
+}
+
+TEST_F(TulipClientTest, CancellerEndsACallInFlight) {
+  {
+    std::lock_guard<std::mutex> lock(tulip_.mu);
+    tulip_.delay = std::chrono::milliseconds(800);
+  }
+  EmbedCall c = call2();
+  c.cancel = std::make_shared<CallCanceller>();
+  auto cancel = c.cancel;
+  std::promise<Result<EmbedReply>> p;
+  auto f = p.get_future();
+  const auto t0 = std::chrono::steady_clock::now();
+  client_->embed(std::move(c), [&p](Result<EmbedReply> r) { p.set_value(std::move(r)); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  cancel->cancel();
+  ASSERT_EQ(f.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  Result<EmbedReply> r = f.get();
+  ASSERT_FALSE(r.isOk());
+  EXPECT_EQ(r.status().code(), StatusCode::kCancelled) << r.status().toString();
+  // Answered at cancel time, not when the server finished its 800 ms.
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(700));
+  // A canceller that already fired cancels a new call at once.
+  EmbedCall late = call2();
+  late.cancel = cancel;
+  Result<EmbedReply> r2 = embedSync(std::move(late));
+  EXPECT_EQ(r2.status().code(), StatusCode::kCancelled);
+}
+
+// The pool over real gRPC channels: two in-process tulips behind one DNS name, a split request
+// spread over both and reassembled in order; a replica leaving DNS is drained and its channel
+// destroyed, then it comes back with a fresh channel.
+TEST(ReplicaPoolGrpc, SplitsOverRealChannelsAndFollowsDns) {
+  struct Tulip {
+    FakeTulipService tulip;
+    FakeHealthService health;
+    std::unique_ptr<grpc::Server> server;
+    int port = 0;
+  };
+  Tulip t[2];
+  for (auto& x : t) {
+    grpc::ServerBuilder b;
+    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &x.port);
+    b.RegisterService(&x.tulip);
+    b.RegisterService(&x.health);
+    x.server = b.BuildAndStart();
+    ASSERT_NE(x.server, nullptr);
+  }
+  const std::string a0 = "ipv4:127.0.0.1:" + std::to_string(t[0].port);
+  const std::string a1 = "ipv4:127.0.0.1:" + std::to_string(t[1].port);
+  std::mutex mu;
+  std::vector<std::string> dns = {a0, a1};
+  auto resolver = [&](const std::string& host, uint16_t) -> Result<std::vector<std::string>> {
+    EXPECT_EQ(host, "tulips");
+    std::lock_guard<std::mutex> lock(mu);
+    return dns;
+  };
+  auto eps = parseTulipEndpoints({"tulips:1"});
+  ASSERT_TRUE(eps.isOk());
+  ReplicaPoolOptions o;
+  o.split_max_inputs = 2;
+  o.tick = std::chrono::milliseconds(5);
+  o.resolve_interval = std::chrono::milliseconds(20);
+  metrics::Registry registry;
+  auto made = ReplicaPool::create(*eps, o, nullptr, resolver, &registry);
+  ASSERT_TRUE(made.isOk()) << made.status().toString();
+  std::unique_ptr<ReplicaPool> pool = std::move(made).value();
+  pool->start();
+  ASSERT_TRUE(pool->waitReady(std::chrono::seconds(10)));
+  auto healthy = [&] {
+    int n = 0;
+    for (auto& v : pool->replicas()) n += v.state == ReplicaState::kHealthy;
+    return n;
+  };
+  for (int i = 0; i < 1000 && healthy() < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(healthy(), 2);
+  auto embed = [&](std::vector<std::vector<int32_t>> in) {
+    std::promise<Result<EmbedReply>> p;
+    EmbedCall c;
+    c.model = "qwen3-embedding-0.6b";
+    c.inputs = std::move(in);
+    c.timeout = std::chrono::milliseconds(5000);
+    pool->embed(std::move(c), [&p](Result<EmbedReply> r) { p.set_value(std::move(r)); });
+    return p.get_future().get();
+  };
+  std::vector<std::vector<int32_t>> in;
+  for (int i = 0; i < 9; ++i) in.push_back({i, 100 * i});
+  Result<EmbedReply> r = embed(in);
+  ASSERT_TRUE(r.isOk()) << r.status().toString();
+  ASSERT_EQ(r->dim, 4u);
+  for (int i = 0; i < 9; ++i) {
+    EXPECT_EQ(r->values[i * 4 + 0], float(i % 2)) << i;  // row index within its 2-input chunk
+    EXPECT_EQ(r->values[i * 4 + 2], float(101 * i)) << i;  // sum of the ids: input order kept
+  }
+  EXPECT_EQ(r->prompt_tokens, 18u);
+  int calls0, calls1;
+  {
+    std::lock_guard<std::mutex> l0(t[0].tulip.mu);
+    std::lock_guard<std::mutex> l1(t[1].tulip.mu);
+    calls0 = t[0].tulip.embed_calls;
+    calls1 = t[1].tulip.embed_calls;
+  }
+  EXPECT_EQ(calls0 + calls1, 5);
+  EXPECT_GE(calls0, 1);
+  EXPECT_GE(calls1, 1);
+
+  auto waitFor = [&](size_t n, const std::string& addr, ReplicaState st) {
+    for (int i = 0; i < 1000; ++i) {
+      auto v = pool->replicas();
+      bool ok = v.size() == n;
+      bool found = false;
+      for (auto& x : v) found = found || (x.address == addr && x.state == st);
+      if (ok && (addr.empty() || found)) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
+  };
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    dns = {a0};
+  }
+  ASSERT_TRUE(waitFor(1, a0, ReplicaState::kHealthy));
+  for (int k = 0; k < 3; ++k) ASSERT_TRUE(embed({{1, 2}}).isOk());
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    dns = {a0, a1};
+  }
+  ASSERT_TRUE(waitFor(2, a1, ReplicaState::kHealthy));
+  for (int k = 0; k < 4; ++k) ASSERT_TRUE(embed({{1, 2}, {3}, {4}}).isOk());
+  pool->stop();
+  pool.reset();
+  for (auto& x : t) x.server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
 }
 
 TEST(TulipClientUnreachable, IsUnavailable) {

@@ -5,6 +5,7 @@
 #include "services/ivy/tokenizer/tokenizer.h"
 
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -73,6 +74,19 @@ TEST(Unigram, HandBuiltModel) {
   auto bad = t.decode(std::vector<TokenId>{4, 99}, false);
   ASSERT_FALSE(bad.isOk());
   EXPECT_NE(bad.status().message().find("99"), std::string::npos);
+}
+
+// Scores that could overflow a float path sum (or are not numbers) send the encoder to its plain
+// reference walk (see unigram.cc viterbi()); the ids must be the same.
+TEST(Unigram, ExtremeScoresUseTheReferenceWalkWithTheSameIds) {
+  for (const float odd : {-3e37f, std::numeric_limits<float>::quiet_NaN()}) {
+    auto r = loadTokenizerFromBytes(spmModel() + piece("zz", odd, 1), "odd.model");
+    ASSERT_TRUE(r.isOk()) << r.status().toString();
+    const Tokenizer& t = **r;
+    EXPECT_EQ(t.encode("ab  c"), (std::vector<TokenId>{4, 3, 7}));
+    EXPECT_EQ(t.encode("abx"), (std::vector<TokenId>{4, 0}));
+    EXPECT_EQ(t.encode("xyz"), (std::vector<TokenId>{3, 0}));
+  }
 }
 
 TEST(Unigram, LoadErrorsNameTheFile) {

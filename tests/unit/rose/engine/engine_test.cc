@@ -317,5 +317,28 @@ TEST_F(EngineTest, StepBeatsAndRunStopsCleanly) {
   EXPECT_EQ(channel_->state(), shm::WorkerState::kStopping);
 }
 
+TEST_F(EngineTest, CpuBackendRunsEagerAndRefusesPrecapture) {
+  // CUDA graphs are a capability of the cuda backend: on the cpu backend the default
+  // (cuda_graphs on) runs every batch eagerly, and an explicit precapture list is refused.
+  EXPECT_EQ(backend_->graphs(), nullptr);
+  EXPECT_FALSE(model_->graphsEnabled());
+  EXPECT_FALSE(engine_->stats().graphs);
+  const std::vector<int32_t> tokens = {3, 4, 5, 6, 7}, lens = {2, 3};
+  shm::Completion c = submitAndWait(put(0, tokens, lens));
+  ASSERT_EQ(c.status_code, 0) << c.message;
+  EXPECT_EQ(outputRows(0, 2 * 64), directEmbed(tokens, lens, PoolMode::kMean, true));
+  EXPECT_EQ(engine_->stats().graph.replays, 0u);
+
+  auto ch = shm::Channel::create(name_ + "-pre", shm::Layout{2, 4096, 4096});
+  ASSERT_TRUE(ch.isOk()) << ch.status().toString();
+  EngineOptions eo;
+  eo.precapture = {{1, 64}};
+  auto e = Engine::create(*ch, *backend_, *model_, eo);
+  ASSERT_FALSE(e.isOk());
+  EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(e.status().message().find("precapture needs CUDA graphs"), std::string::npos)
+      << e.status().message();
+}
+
 }  // namespace
 }  // namespace garden::rose

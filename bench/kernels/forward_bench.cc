@@ -1,0 +1,175 @@
+// Whole-forward benchmark of rose's Qwen3 embedding pass on the CUDA backend, without the mesh:
+// for each batch shape, the eager pass (one launch per op, as with --cuda-graphs off) against the
+// same pass through the graph cache (padded to its bucket, replayed), and the attention kernel
+// v1 against v2 inside the graphed pass. Time = host wall clock from the first enqueue to the
+// end of a synchronize (what a batch costs the engine), median of --iters runs after warm-up.
+// Correctness: the graphed result must equal the eager one bit for bit, per shape and kernel.
+//
+//   rose_forward_bench MODEL_DIR [--iters N]
+// Prints one table; exit 0 when every comparison matched, 2 otherwise.
+
+#include <cuda_profiler_api.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "services/rose/model/qwen3.h"
+#include "services/rose/ops/backend.h"
+#include "services/rose/ops/cuda/attention.cuh"
+
+namespace {
+
+using garden::rose::Backend;
+using garden::rose::BatchInput;
+using garden::rose::PoolMode;
+using garden::rose::Qwen3Model;
+
+double medianMs(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+template <typename F>
+double timeMs(Backend& b, int iters, F&& f) {
+  std::vector<double> t;
+  for (int i = 0; i < iters; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    if (!b.synchronize().isOk()) std::exit(1);
+    t.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return medianMs(t);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace garden;
+  using namespace garden::rose;
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: rose_forward_bench MODEL_DIR [--iters N]\n");
+    return 2;
+  }
+  const std::string dir = argv[1];
+  int iters = 30;
+  if (argc >= 4 && std::string(argv[2]) == "--iters") iters = std::max(3, std::atoi(argv[3]));
+  std::vector<std::pair<int32_t, int32_t>> shapes = {
+      {1, 128}, {1, 512}, {1, 1024}, {1, 4096}, {5, 512}, {16, 512}, {8, 1024}, {2, 4096}};
+  // GARDEN_FORWARD_SHAPES=1x128,1x4096 runs only those (profiling under ncu).
+  if (const char* env = std::getenv("GARDEN_FORWARD_SHAPES"); env != nullptr && *env != 0) {
+    shapes.clear();
+    std::string spec(env);
+    for (size_t pos = 0; pos < spec.size();) {
+      size_t end = spec.find(',', pos);
+      if (end == std::string::npos) end = spec.size();
+      int n = 0, len = 0;
+      if (std::sscanf(spec.substr(pos, end - pos).c_str(), "%dx%d", &n, &len) != 2 || n <= 0 ||
+          len <= 0) {
+        std::fprintf(stderr, "GARDEN_FORWARD_SHAPES: bad entry in %s\n", env);
+        return 2;
+      }
+      shapes.emplace_back(n, len);
+      pos = end + 1;
+    }
+  }
+  // [shape][attention kernel v1, v2]: graphed times; eager with v2.
+  std::vector<std::array<double, 2>> t_graph(shapes.size());
+  std::vector<double> t_eager(shapes.size());
+  int mismatches = 0;
+  uint64_t capture_failures = 0;
+  // One backend (and graph cache) per attention kernel: a captured graph keeps the kernel it
+  // was captured with.
+  for (int k = 0; k < 2; ++k) {
+    cuda::setDefaultAttentionKernel(k == 0 ? cuda::AttentionKernel::kV1
+                                           : cuda::AttentionKernel::kV2);
+    BackendOptions bo;
+    bo.max_batch_tokens = 8192;
+    auto backend = makeBackend("cuda", bo);
+    if (!backend.isOk()) {
+      std::fprintf(stderr, "%s\n", backend.status().toString().c_str());
+      return 1;
+    }
+    Backend& b = **backend;
+    Qwen3Options mo;
+    mo.max_batch_tokens = 8192;
+    mo.pooling_override = PoolMode::kLast;
+    mo.load_lm_head = false;
+    auto model = Qwen3Model::load(dir, b, mo);
+    if (!model.isOk()) {
+      std::fprintf(stderr, "%s\n", model.status().toString().c_str());
+      return 1;
+    }
+    Qwen3Model& m = **model;
+    GraphExecutor* g = b.graphs();
+    if (g == nullptr || !m.graphsEnabled()) {
+      std::fprintf(stderr, "no CUDA graphs on this backend\n");
+      return 1;
+    }
+    const int64_t h = m.hiddenSize();
+    std::mt19937 rng(7);
+    std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(m.vocabSize()) - 1);
+    for (size_t si = 0; si < shapes.size(); ++si) {
+      const auto [n, len] = shapes[si];
+      std::vector<int32_t> ids(static_cast<size_t>(n) * len), lens(static_cast<size_t>(n), len);
+      for (auto& x : ids) x = tok(rng);
+      const BatchInput in{ids, lens};
+      std::vector<float> eager_out(static_cast<size_t>(n * h)), graph_out(eager_out.size());
+      // Warm-up: eager twice, graph three times (eager, capture, replay). The first eager pass
+      // tunes the GEMMs of this M bucket (services/rose/ops/cuda/gemm.h), so under
+      // `ncu --profile-from-start off` (bench/suites/gpu_profile.sh) only the second is profiled.
+      for (int w = 0; w < 2; ++w) {
+        if (w == 1 && (!b.synchronize().isOk() || cudaProfilerStart() != cudaSuccess)) return 1;
+        m.enqueueEmbed(in, PoolMode::kLast, true, eager_out.data());
+        if (w == 1 && (!b.synchronize().isOk() || cudaProfilerStop() != cudaSuccess)) return 1;
+      }
+      for (int w = 0; w < 3; ++w) {
+        if (!m.enqueueEmbedGraphed(*g, in, PoolMode::kLast, true, graph_out.data()).isOk()) {
+          std::fprintf(stderr, "graph run failed\n");
+          return 1;
+        }
+      }
+      if (!b.synchronize().isOk()) return 1;
+      std::memset(graph_out.data(), 0xFF, graph_out.size() * sizeof(float));
+      (void)m.enqueueEmbedGraphed(*g, in, PoolMode::kLast, true, graph_out.data());
+      std::memset(eager_out.data(), 0xFF, eager_out.size() * sizeof(float));
+      m.enqueueEmbed(in, PoolMode::kLast, true, eager_out.data());
+      if (!b.synchronize().isOk()) return 1;
+      if (std::memcmp(eager_out.data(), graph_out.data(), eager_out.size() * sizeof(float)) != 0) {
+        std::printf("MISMATCH %dx%d attention v%d: graphed != eager\n", n, len, k + 1);
+        ++mismatches;
+      }
+      if (k == 1) {
+        t_eager[si] = timeMs(b, iters, [&] {
+          m.enqueueEmbed(in, PoolMode::kLast, true, eager_out.data());
+        });
+      }
+      t_graph[si][static_cast<size_t>(k)] = timeMs(b, iters, [&] {
+        (void)m.enqueueEmbedGraphed(*g, in, PoolMode::kLast, true, graph_out.data());
+      });
+    }
+    capture_failures += g->graphStats().capture_failures;
+  }
+  std::printf("# rose forward: eager vs CUDA graph (median of %d, ms, host wall incl. launches)\n",
+              iters);
+  std::printf("%-10s %8s %12s %12s %8s %14s\n", "batch", "tokens", "eager(v2)", "graph(v2)",
+              "speedup", "graph(attn v1)");
+  for (size_t si = 0; si < shapes.size(); ++si) {
+    char batch[32];
+    std::snprintf(batch, sizeof(batch), "%dx%d", shapes[si].first, shapes[si].second);
+    std::printf("%-10s %8d %12.3f %12.3f %7.2fx %14.3f\n", batch,
+                shapes[si].first * shapes[si].second, t_eager[si], t_graph[si][1],
+                t_eager[si] / t_graph[si][1], t_graph[si][0]);
+  }
+  std::printf("# capture failures %llu; eager vs graphed mismatches: %d\n",
+              static_cast<unsigned long long>(capture_failures), mismatches);
+  return mismatches == 0 && capture_failures == 0 ? 0 : 2;
+}

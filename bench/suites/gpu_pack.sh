@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Packs the GPU test binaries and the kernel bench of a CUDA build tree for the GPU host (input
+# GPUBIN of bench/suites/gpu_session2.sh): stripped executables plus lib/ with every shared
+# library they need that is not glibc, libstdc++/libgcc or CUDA (the host has those).
+#   bench/suites/gpu_pack.sh BUILD_DIR DEST      (DEST is recreated; prints its size)
+set -euo pipefail
+BUILD="$(cd "$1" && pwd)"; DEST="$2"
+bins=(tests/gpu/gpu_kernels_test tests/gpu/gpu_graph_test tests/gpu/gpu_model_graph_test
+      bench/kernels/rose_kernel_bench bench/kernels/rose_forward_bench)
+rm -rf "$DEST"; mkdir -p "$DEST/lib"
+for b in "${bins[@]}"; do
+  [ -x "$BUILD/$b" ] || { echo "gpu_pack.sh: $BUILD/$b missing: ninja -C $BUILD $(basename "$b")" >&2; exit 1; }
+  strip -o "$DEST/$(basename "$b")" "$BUILD/$b"
+  ldd "$BUILD/$b" | awk '/=> \// {print $3}' | while read -r lib; do
+    case "$(basename "$lib")" in
+      libc.so*|libm.so*|libdl.so*|libpthread.so*|librt.so*|ld-linux*|libstdc++*|libgcc_s*) ;;
+      libcuda*|libcublas*|libcudart*|libnccl*|libcudnn*) ;;
+      *) [ -e "$DEST/lib/$(basename "$lib")" ] || cp -L "$lib" "$DEST/lib/" ;;
+    esac
+  done
+done
+du -sh "$DEST"
+ls "$DEST" "$DEST/lib"

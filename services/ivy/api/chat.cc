@@ -1,0 +1,278 @@
+#include "services/ivy/api/chat.h"
+
+#include <algorithm>
+#include <map>
+
+#include "common/json_writer.h"
+#include "services/ivy/api/errors.h"
+#include "services/ivy/harmony/encode.h"
+#include "services/ivy/harmony/render.h"
+#include "services/ivy/harmony/tokens.h"
+
+namespace garden::ivy {
+namespace {
+
+using simdjson::dom::element;
+
+struct AssembledCall {
+  std::string id;
+  std::string name;
+  std::string arguments;
+};
+
+// Tool-call fragments (in stream order) -> whole calls by index.
+std::vector<AssembledCall> assembleCalls(const std::vector<harmony::ToolCallDelta>& deltas) {
+  std::vector<AssembledCall> calls;
+  std::map<size_t, size_t> slot;  // index -> position in calls
+  for (const auto& d : deltas) {
+    auto [it, inserted] = slot.emplace(d.index, calls.size());
+    if (inserted) calls.emplace_back();
+    AssembledCall& c = calls[it->second];
+    if (d.id) c.id = *d.id;
+    if (d.name) c.name = *d.name;
+    c.arguments += d.arguments;
+  }
+  return calls;
+}
+
+}  // namespace
+
+Result<ChatRequest> parseChatRequest(std::string_view body, const ModelSpec& spec,
+                                     const Tokenizer* tokenizer,
+                                     const harmony::ChatRenderOptions& render_options) {
+  thread_local simdjson::dom::parser parser;
+  element root;
+  if (auto err = parser.parse(body.data(), body.size(), true).get(root); err != simdjson::SUCCESS) {
+    return invalidArgument(std::string("request body is not valid JSON: ") +
+                           simdjson::error_message(err));
+  }
+  if (!root.is_object()) return invalidArgument("request body must be a JSON object");
+  RETURN_IF_ERROR(checkGenerativeModel(root, spec, "/v1/chat/completions"));
+  if (tokenizer == nullptr) {
+    return failedPrecondition(
+        "this server has no tokenizer configured; chat needs the model's Harmony tokenizer "
+        "(start ivy with --tokenizer)");
+  }
+  if (Status st = harmony::checkHarmonyTokenizer(*tokenizer); !st.isOk()) {
+    return failedPrecondition(
+        "chat needs a Harmony (o200k_harmony) tokenizer; this server's is "
+        "not one: " +
+        st.message());
+  }
+  ChatRequest req;
+  RETURN_IF_ERROR(parseSamplingFields(root, ApiKind::kChat, &req.sampling));
+  ASSIGN_OR_RETURN(req.harmony, harmony::harmonyRequestFromOpenAiJson(body, render_options));
+  if (req.harmony.tool_choice == harmony::ToolChoice::kRequired &&
+      req.harmony.function_names.size() == 1) {
+    // "required" with one tool is that tool: force the whole header, not just the namespace.
+    req.harmony.tool_choice = harmony::ToolChoice::kNamed;
+    req.harmony.tool_choice_name = req.harmony.function_names[0];
+  }
+  ASSIGN_OR_RETURN(std::vector<harmony::Segment> segments,
+                   harmony::renderConversationForCompletion(
+                       req.harmony.messages, harmony::Role::kAssistant, render_options.render));
+  harmony::encodeSegments(segments, *tokenizer, &req.prompt_ids);
+  std::vector<harmony::Segment> prefix = harmony::toolChoicePrefix(req.harmony);
+  req.forced_prefix_ids = harmony::encodeSegments(prefix, *tokenizer);
+  req.prompt_ids.insert(req.prompt_ids.end(), req.forced_prefix_ids.begin(),
+                        req.forced_prefix_ids.end());
+  ASSIGN_OR_RETURN(req.max_tokens, resolveMaxTokens(req.sampling, req.prompt_ids.size(),
+                                                    spec.max_seq_len, 0, "messages"));
+  for (harmony::HarmonyTokenId id : harmony::kAssistantStopTokens) req.stop_token_ids.push_back(id);
+  if (!req.sampling.ignore_eos) {
+    for (int32_t id : spec.eos_token_ids) {
+      if (std::find(req.stop_token_ids.begin(), req.stop_token_ids.end(), id) ==
+          req.stop_token_ids.end())
+        req.stop_token_ids.push_back(id);
+    }
+  }
+  return req;
+}
+
+ChatCompletionOutput::ChatCompletionOutput(const Tokenizer& tokenizer, const ChatRequest& request,
+                                           ResponseIdentity identity)
+    : identity_(std::move(identity)),
+      stream_(request.sampling.stream),
+      include_usage_(request.sampling.include_usage),
+      prompt_len_(request.prompt_ids.size()),
+      decoder_(tokenizer, harmony::ParserOptions{},
+               [&] {
+                 harmony::ChatOutputOptions o;
+                 o.function_names = request.harmony.function_names;
+                 o.allow_tool_calls = request.harmony.tool_choice != harmony::ToolChoice::kNone;
+                 o.make_tool_call_id = identity_.make_tool_call_id
+                                           ? identity_.make_tool_call_id
+                                           : [](size_t) { return randomId("call_"); };
+                 return o;
+               }()),
+      stop_(request.sampling.stop) {
+  if (stream_) {
+    std::string json;
+    JsonWriter j(&json);
+    j.beginObject();
+    writeChunkHead(j);
+    j.key("choices").beginArray().beginObject().field("index", 0);
+    j.key("delta").beginObject().field("role", "assistant").field("content", "").endObject();
+    j.nullField("logprobs").nullField("finish_reason").endObject().endArray();
+    if (include_usage_) j.nullField("usage");
+    j.endObject();
+    appendSseEvent(&sse_, json);
+  }
+  // The forced tool_choice prefix is part of the assistant turn: replay it so the call it opens
+  // is in the output exactly as if the model had written it.
+  for (TokenId id : request.forced_prefix_ids) emit(decoder_.push(id));
+}
+
+void ChatCompletionOutput::writeChunkHead(JsonWriter& w) const {
+  w.field("id", identity_.id)
+      .field("object", "chat.completion.chunk")
+      .field("created", identity_.created)
+      .field("model", identity_.model);
+}
+
+void ChatCompletionOutput::emit(harmony::ChatDelta delta) {
+  if (stop_.active() && !delta.content.empty()) {
+    bool matched = false;
+    delta.content = stop_.push(delta.content, &matched);
+  }
+  if (delta.empty()) return;
+  total_.append(delta);
+  if (!stream_) return;
+  std::string json;
+  JsonWriter w(&json);
+  w.beginObject();
+  writeChunkHead(w);
+  w.key("choices").beginArray().beginObject().field("index", 0);
+  w.key("delta").beginObject();
+  if (!delta.reasoning_content.empty()) w.field("reasoning_content", delta.reasoning_content);
+  if (!delta.content.empty()) w.field("content", delta.content);
+  if (!delta.tool_calls.empty()) {
+    w.key("tool_calls").beginArray();
+    for (const auto& c : delta.tool_calls) {
+      w.beginObject().field("index", static_cast<uint64_t>(c.index));
+      if (c.id) w.field("id", *c.id).field("type", "function");
+      w.key("function").beginObject();
+      if (c.name) w.field("name", *c.name);
+      w.field("arguments", c.arguments).endObject();
+      w.endObject();
+    }
+    w.endArray();
+  }
+  w.endObject();
+  w.nullField("logprobs").nullField("finish_reason").endObject().endArray();
+  if (include_usage_) w.nullField("usage");
+  w.endObject();
+  appendSseEvent(&sse_, json);
+}
+
+bool ChatCompletionOutput::onTokens(size_t, std::span<const int32_t> ids) {
+  if (finished_) return false;
+  for (int32_t id : ids) {
+    ++generated_;
+    emit(decoder_.push(id));
+    if (stop_.matched()) {
+      finish(harmony::FinishReason::kStop, ChoiceEnd{});
+      return false;
+    }
+  }
+  return true;
+}
+
+void ChatCompletionOutput::finishChoice(size_t, const ChoiceEnd& end) {
+  if (finished_) return;
+  emit(decoder_.finish());
+  if (stop_.matched()) return finish(harmony::FinishReason::kStop, end);
+  if (stop_.active()) {
+    harmony::ChatDelta tail;
+    tail.content = stop_.flush();
+    if (!tail.content.empty()) {
+      total_.append(tail);
+      if (stream_) {
+        // Not through emit(): the matcher already ruled this text out as a stop string.
+        std::string json;
+        JsonWriter w(&json);
+        w.beginObject();
+        writeChunkHead(w);
+        w.key("choices").beginArray().beginObject().field("index", 0);
+        w.key("delta").beginObject().field("content", tail.content).endObject();
+        w.nullField("logprobs").nullField("finish_reason").endObject().endArray();
+        if (include_usage_) w.nullField("usage");
+        w.endObject();
+        appendSseEvent(&sse_, json);
+      }
+    }
+  }
+  finish(decoder_.finishReason(end.hit_length), end);
+}
+
+void ChatCompletionOutput::finish(harmony::FinishReason reason, const ChoiceEnd& end) {
+  finished_ = true;
+  finish_reason_ = reason;
+  usage_.prompt_tokens = end.prompt_tokens != 0 ? end.prompt_tokens : prompt_len_;
+  usage_.completion_tokens = end.completion_tokens != 0 ? end.completion_tokens : generated_;
+  usage_.cached_tokens = end.cached_prompt_tokens;
+  if (!stream_) return;
+  std::string json;
+  JsonWriter w(&json);
+  w.beginObject();
+  writeChunkHead(w);
+  w.key("choices").beginArray().beginObject().field("index", 0);
+  w.key("delta").beginObject().endObject();
+  w.nullField("logprobs").field("finish_reason", harmony::finishReasonName(reason));
+  w.endObject().endArray();
+  if (include_usage_) w.nullField("usage");
+  w.endObject();
+  appendSseEvent(&sse_, json);
+  if (include_usage_) {
+    json.clear();
+    JsonWriter u(&json);
+    u.beginObject();
+    writeChunkHead(u);
+    u.key("choices").beginArray().endArray();
+    writeUsage(u, usage_);
+    u.endObject();
+    appendSseEvent(&sse_, json);
+  }
+  sse_.append(kSseDone);
+}
+
+std::string ChatCompletionOutput::takeSse() {
+  std::string out;
+  out.swap(sse_);
+  return out;
+}
+
+std::string ChatCompletionOutput::responseJson() const {
+  JsonWriter w;
+  w.beginObject()
+      .field("id", identity_.id)
+      .field("object", "chat.completion")
+      .field("created", identity_.created)
+      .field("model", identity_.model);
+  w.key("choices").beginArray().beginObject().field("index", 0);
+  w.key("message").beginObject().field("role", "assistant");
+  std::vector<AssembledCall> calls = assembleCalls(total_.tool_calls);
+  if (total_.content.empty() && !calls.empty()) {
+    w.nullField("content");
+  } else {
+    w.field("content", total_.content);
+  }
+  if (!total_.reasoning_content.empty()) w.field("reasoning_content", total_.reasoning_content);
+  if (!calls.empty()) {
+    w.key("tool_calls").beginArray();
+    for (const auto& c : calls) {
+      w.beginObject().field("id", c.id).field("type", "function");
+      w.key("function").beginObject().field("name", c.name).field("arguments", c.arguments);
+      w.endObject().endObject();
+    }
+    w.endArray();
+  }
+  w.endObject();
+  w.nullField("logprobs").field("finish_reason", harmony::finishReasonName(finish_reason_));
+  w.endObject().endArray();
+  writeUsage(w, usage_);
+  w.endObject();
+  return w.take();
+}
+
+}  // namespace garden::ivy

@@ -1,0 +1,105 @@
+#pragma once
+// POST /v1/chat/completions over Harmony (gpt-oss): request parsing into the prompt ids and
+// generation parameters, and ChatCompletionOutput, which turns generated ids into the OpenAI
+// response (stream of chat.completion.chunk events, or one chat.completion).
+//
+// Request: the OpenAI chat shape. messages / tools / tool_choice / reasoning_effort are mapped by
+// harmony/openai_request.h; the sampling and streaming fields by api/completions_common.h.
+// The prompt is the Harmony completion prompt (ending in "<|start|>assistant") followed by the
+// tool_choice prefix:
+//   * a named function: the prefix is the whole call header (harmony::toolChoicePrefix), so the
+//     model's turn starts inside the call's arguments; "required" with exactly one tool is treated
+//     as that tool named; "required" with several opens "to=functions." and the model writes the
+//     name. The prefix ids are replayed through the output decoder first, so the call appears as
+//     if the model wrote it.
+//   * "none": the tools are left out of the prompt AND calls the model makes anyway are not
+//     exposed (they go to reasoning_content); finish_reason is then never tool_calls.
+// Generation stops at <|return|> and <|call|> (plus the model's eos ids).
+//
+// Output (ChatCompletionOutput): generated ids -> lenient Harmony parser -> chat deltas
+// (harmony/chat_output.h: analysis -> reasoning_content, final/commentary -> content,
+// to=functions.X -> tool_calls). Stop strings apply to `content` only: the content is cut before
+// the match and finish_reason is "stop". finish_reason: "length" when tulip stopped at max_tokens
+// (with everything produced so far), "tool_calls" when the turn made calls, otherwise "stop".
+// Streaming: a role chunk, then one chunk per non-empty delta (reasoning_content, content,
+// tool_calls with index/id/type/function.name first, then argument fragments), a chunk with
+// finish_reason, a usage chunk (choices: []) when stream_options.include_usage, then [DONE].
+// Non-streaming: the same deltas assembled into one message; usage is always present.
+// [TAG_STREAM_EQUALS_FULL]
+//
+// Parsing is pure (any thread). A ChatCompletionOutput is used by one thread at a time.
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+#include "services/ivy/api/completions_common.h"
+#include "services/ivy/api/model_spec.h"
+#include "services/ivy/harmony/chat_output.h"
+#include "services/ivy/harmony/openai_request.h"
+#include "services/ivy/tokenizer/tokenizer.h"
+
+namespace garden::ivy {
+
+struct ChatRequest {
+  harmony::HarmonyChatRequest harmony;
+  std::vector<TokenId> prompt_ids;         // rendered conversation + tool_choice prefix
+  std::vector<TokenId> forced_prefix_ids;  // the tool_choice prefix (the tail of prompt_ids)
+  std::vector<TokenId> stop_token_ids;     // <|return|>, <|call|>, then the model's eos ids
+  SamplingRequest sampling;
+  uint32_t max_tokens = 0;  // resolved against the context length
+};
+
+// `tokenizer` null or not a Harmony tokenizer: 400 naming messages (chat needs o200k_harmony).
+Result<ChatRequest> parseChatRequest(std::string_view body, const ModelSpec& spec,
+                                     const Tokenizer* tokenizer,
+                                     const harmony::ChatRenderOptions& render_options = {});
+
+struct ResponseIdentity {
+  std::string id;       // "chatcmpl-..." / "cmpl-..."
+  int64_t created = 0;  // unix seconds
+  std::string model;    // the served name
+  // Tool-call ids, by index within the completion; default randomId("call_").
+  std::function<std::string(size_t index)> make_tool_call_id;
+};
+
+class ChatCompletionOutput final : public GenerationOutput {
+ public:
+  // `tokenizer` must outlive this object.
+  ChatCompletionOutput(const Tokenizer& tokenizer, const ChatRequest& request,
+                       ResponseIdentity identity);
+
+  size_t choices() const override { return 1; }
+  bool onTokens(size_t choice, std::span<const int32_t> ids) override;
+  void finishChoice(size_t choice, const ChoiceEnd& end) override;
+  std::string takeSse() override;
+  std::string responseJson() const override;
+
+  // The accumulated deltas (what responseJson() renders), for tests.
+  const harmony::ChatDelta& assembled() const { return total_; }
+  const harmony::HarmonyOutputDecoder& decoder() const { return decoder_; }
+
+ private:
+  void emit(harmony::ChatDelta delta);
+  void finish(harmony::FinishReason reason, const ChoiceEnd& end);
+  void writeChunkHead(JsonWriter& w) const;
+
+  ResponseIdentity identity_;
+  bool stream_;
+  bool include_usage_;
+  uint64_t prompt_len_;
+  harmony::HarmonyOutputDecoder decoder_;
+  StopStringMatcher stop_;
+  harmony::ChatDelta total_;
+  std::string sse_;
+  uint64_t generated_ = 0;
+  bool finished_ = false;
+  harmony::FinishReason finish_reason_ = harmony::FinishReason::kStop;
+  Usage usage_;
+};
+
+}  // namespace garden::ivy

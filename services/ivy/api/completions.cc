@@ -1,0 +1,301 @@
+#include "services/ivy/api/completions.h"
+
+#include <algorithm>
+
+#include "common/json_writer.h"
+#include "services/ivy/api/errors.h"
+
+namespace garden::ivy {
+namespace {
+
+using simdjson::dom::element;
+using simdjson::dom::element_type;
+
+constexpr uint32_t kDefaultMaxTokens = 16;  // OpenAI's default for /v1/completions
+
+Result<std::vector<TokenId>> idsOf(const element& arr_el, const ModelSpec& spec,
+                                   const std::string& path) {
+  simdjson::dom::array arr;
+  if (arr_el.get_array().get(arr) != simdjson::SUCCESS)
+    return invalidField(path, "must be an array");
+  std::vector<TokenId> ids;
+  ids.reserve(arr.size());
+  size_t i = 0;
+  for (element e : arr) {
+    int64_t id;
+    if (e.get_int64().get(id) != simdjson::SUCCESS || id < 0 ||
+        (spec.vocab_size != 0 && id >= spec.vocab_size)) {
+      return invalidField(path + "[" + std::to_string(i) + "]",
+                          "must be a token id in [0, " + std::to_string(spec.vocab_size) + ")");
+    }
+    ids.push_back(static_cast<TokenId>(id));
+    ++i;
+  }
+  if (ids.empty()) return invalidField(path, "must not be empty");
+  return ids;
+}
+
+}  // namespace
+
+Result<CompletionsRequest> parseCompletionsRequest(std::string_view body, const ModelSpec& spec,
+                                                   const Tokenizer* tokenizer,
+                                                   const CompletionsLimits& limits) {
+  thread_local simdjson::dom::parser parser;
+  element root;
+  if (auto err = parser.parse(body.data(), body.size(), true).get(root); err != simdjson::SUCCESS) {
+    return invalidArgument(std::string("request body is not valid JSON: ") +
+                           simdjson::error_message(err));
+  }
+  if (!root.is_object()) return invalidArgument("request body must be a JSON object");
+  RETURN_IF_ERROR(checkGenerativeModel(root, spec, "/v1/completions"));
+  if (tokenizer == nullptr) {
+    return failedPrecondition(
+        "this server has no tokenizer configured; /v1/completions needs one to produce text "
+        "(start ivy with --tokenizer)");
+  }
+  CompletionsRequest req;
+  RETURN_IF_ERROR(parseSamplingFields(root, ApiKind::kCompletions, &req.sampling));
+  element echo;
+  if (root["echo"].get(echo) == simdjson::SUCCESS && echo.type() != element_type::NULL_VALUE) {
+    if (echo.get_bool().get(req.echo) != simdjson::SUCCESS)
+      return invalidField("echo", "must be a boolean");
+  }
+
+  element prompt;
+  if (root["prompt"].get(prompt) != simdjson::SUCCESS ||
+      prompt.type() == element_type::NULL_VALUE) {
+    return invalidField("prompt", "missing");
+  }
+  auto addText = [&](std::string_view text, const std::string& path) -> Status {
+    std::vector<TokenId> ids;
+    tokenizer->encode(text, &ids);
+    if (ids.empty()) return invalidField(path, "must not be empty");
+    req.prompts.push_back(std::move(ids));
+    req.prompt_texts.emplace_back(text);
+    req.prompt_is_text.push_back(true);
+    return okStatus();
+  };
+  std::string_view text;
+  bool batched = false;  // an array of prompts: errors name prompt[i]
+  if (prompt.get_string().get(text) == simdjson::SUCCESS) {
+    RETURN_IF_ERROR(addText(text, "prompt"));
+  } else if (prompt.type() == element_type::ARRAY) {
+    simdjson::dom::array arr;
+    if (prompt.get_array().get(arr) != simdjson::SUCCESS)
+      return invalidField("prompt", "must be an array");
+    if (arr.size() == 0) return invalidField("prompt", "must not be empty");
+    element first = arr.at(0).value_unsafe();
+    if (first.is_int64() || first.is_uint64()) {
+      ASSIGN_OR_RETURN(auto ids, idsOf(prompt, spec, "prompt"));
+      req.prompts.push_back(std::move(ids));
+      req.prompt_texts.emplace_back();
+      req.prompt_is_text.push_back(false);
+    } else {
+      batched = true;
+      if (arr.size() > limits.max_prompts)
+        return invalidField("prompt",
+                            "has more than " + std::to_string(limits.max_prompts) + " prompts");
+      size_t i = 0;
+      for (element e : arr) {
+        std::string path = "prompt[" + std::to_string(i++) + "]";
+        if (e.get_string().get(text) == simdjson::SUCCESS) {
+          RETURN_IF_ERROR(addText(text, path));
+        } else if (e.type() == element_type::ARRAY) {
+          ASSIGN_OR_RETURN(auto ids, idsOf(e, spec, path));
+          req.prompts.push_back(std::move(ids));
+          req.prompt_texts.emplace_back();
+          req.prompt_is_text.push_back(false);
+        } else {
+          return invalidField(path, "must be a string or an array of token ids");
+        }
+      }
+    }
+  } else {
+    return invalidField("prompt",
+                        "must be a string, an array of strings, an array of token ids or an "
+                        "array of token-id arrays");
+  }
+  for (size_t i = 0; i < req.prompts.size(); ++i) {
+    std::string field = batched ? "prompt[" + std::to_string(i) + "]" : std::string("prompt");
+    ASSIGN_OR_RETURN(uint32_t m, resolveMaxTokens(req.sampling, req.prompts[i].size(),
+                                                  spec.max_seq_len, kDefaultMaxTokens, field));
+    req.max_tokens.push_back(m);
+  }
+  if (!req.sampling.ignore_eos) req.stop_token_ids = spec.eos_token_ids;
+  return req;
+}
+
+CompletionsOutput::CompletionsOutput(const Tokenizer& tokenizer, const CompletionsRequest& request,
+                                     ResponseIdentity identity)
+    : identity_(std::move(identity)),
+      stream_(request.sampling.stream),
+      include_usage_(request.sampling.include_usage),
+      unfinished_(request.prompts.size()) {
+  choices_.reserve(request.prompts.size());
+  for (size_t i = 0; i < request.prompts.size(); ++i) {
+    choices_.emplace_back(tokenizer, request.sampling.stop);
+    choices_.back().prompt_len = request.prompts[i].size();
+  }
+  if (!request.echo) return;
+  for (size_t i = 0; i < request.prompts.size(); ++i) {
+    std::string echo;
+    if (request.prompt_is_text[i]) {
+      echo = request.prompt_texts[i];
+    } else {
+      auto decoded = tokenizer.decode(request.prompts[i], /*skip_special=*/false);
+      if (decoded.isOk()) echo = std::move(decoded).value();
+    }
+    // The echoed prompt is not generated text: stop strings do not apply to it.
+    if (echo.empty()) continue;
+    choices_[i].text += echo;
+    if (stream_) {
+      std::string json;
+      JsonWriter w(&json);
+      w.beginObject();
+      writeHead(w);
+      w.key("choices").beginArray().beginObject().field("index", static_cast<uint64_t>(i));
+      w.field("text", echo).nullField("logprobs").nullField("finish_reason");
+      w.endObject().endArray();
+      if (include_usage_) w.nullField("usage");
+      w.endObject();
+      appendSseEvent(&sse_, json);
+    }
+  }
+}
+
+void CompletionsOutput::writeHead(JsonWriter& w) const {
+  w.field("id", identity_.id)
+      .field("object", "text_completion")
+      .field("created", identity_.created)
+      .field("model", identity_.model);
+}
+
+void CompletionsOutput::emitText(size_t i, std::string text) {
+  Choice& c = choices_[i];
+  if (c.stop.active()) {
+    bool matched = false;
+    text = c.stop.push(text, &matched);
+  }
+  if (text.empty()) return;
+  c.text += text;
+  if (!stream_) return;
+  std::string json;
+  JsonWriter w(&json);
+  w.beginObject();
+  writeHead(w);
+  w.key("choices").beginArray().beginObject().field("index", static_cast<uint64_t>(i));
+  w.field("text", text).nullField("logprobs").nullField("finish_reason");
+  w.endObject().endArray();
+  if (include_usage_) w.nullField("usage");
+  w.endObject();
+  appendSseEvent(&sse_, json);
+}
+
+bool CompletionsOutput::onTokens(size_t i, std::span<const int32_t> ids) {
+  Choice& c = choices_[i];
+  if (c.finished) return false;
+  for (int32_t id : ids) {
+    ++c.generated;
+    Result<std::string> piece = c.detok.push(id);
+    // An id outside the tokenizer's vocabulary (a model with padded embeddings) reads as U+FFFD.
+    emitText(i, piece.isOk() ? std::move(piece).value() : std::string("\xEF\xBF\xBD"));
+    if (c.stop.matched()) {
+      finish(i, "stop", ChoiceEnd{});
+      return false;
+    }
+  }
+  return true;
+}
+
+void CompletionsOutput::finishChoice(size_t i, const ChoiceEnd& end) {
+  Choice& c = choices_[i];
+  if (c.finished) return;
+  emitText(i, c.detok.finish());
+  if (c.stop.matched()) return finish(i, "stop", end);
+  if (c.stop.active()) {
+    std::string tail = c.stop.flush();
+    if (!tail.empty()) {
+      c.text += tail;
+      if (stream_) {
+        std::string json;
+        JsonWriter w(&json);
+        w.beginObject();
+        writeHead(w);
+        w.key("choices").beginArray().beginObject().field("index", static_cast<uint64_t>(i));
+        w.field("text", tail).nullField("logprobs").nullField("finish_reason");
+        w.endObject().endArray();
+        if (include_usage_) w.nullField("usage");
+        w.endObject();
+        appendSseEvent(&sse_, json);
+      }
+    }
+  }
+  finish(i, end.hit_length ? "length" : "stop", end);
+}
+
+void CompletionsOutput::finish(size_t i, std::string_view reason, const ChoiceEnd& end) {
+  Choice& c = choices_[i];
+  c.finished = true;
+  c.finish_reason = reason;
+  c.usage.prompt_tokens = end.prompt_tokens != 0 ? end.prompt_tokens : c.prompt_len;
+  c.usage.completion_tokens = end.completion_tokens != 0 ? end.completion_tokens : c.generated;
+  c.usage.cached_tokens = end.cached_prompt_tokens;
+  --unfinished_;
+  if (!stream_) return;
+  std::string json;
+  JsonWriter w(&json);
+  w.beginObject();
+  writeHead(w);
+  w.key("choices").beginArray().beginObject().field("index", static_cast<uint64_t>(i));
+  w.field("text", "").nullField("logprobs").field("finish_reason", reason);
+  w.endObject().endArray();
+  if (include_usage_) w.nullField("usage");
+  w.endObject();
+  appendSseEvent(&sse_, json);
+  if (unfinished_ != 0) return;
+  if (include_usage_) {
+    Usage total;
+    for (const Choice& ch : choices_) {
+      total.prompt_tokens += ch.usage.prompt_tokens;
+      total.completion_tokens += ch.usage.completion_tokens;
+      total.cached_tokens += ch.usage.cached_tokens;
+    }
+    json.clear();
+    JsonWriter u(&json);
+    u.beginObject();
+    writeHead(u);
+    u.key("choices").beginArray().endArray();
+    writeUsage(u, total);
+    u.endObject();
+    appendSseEvent(&sse_, json);
+  }
+  sse_.append(kSseDone);
+}
+
+std::string CompletionsOutput::takeSse() {
+  std::string out;
+  out.swap(sse_);
+  return out;
+}
+
+std::string CompletionsOutput::responseJson() const {
+  JsonWriter w;
+  w.beginObject();
+  writeHead(w);
+  w.key("choices").beginArray();
+  Usage total;
+  for (size_t i = 0; i < choices_.size(); ++i) {
+    const Choice& c = choices_[i];
+    w.beginObject().field("index", static_cast<uint64_t>(i)).field("text", c.text);
+    w.nullField("logprobs").field("finish_reason", c.finish_reason).endObject();
+    total.prompt_tokens += c.usage.prompt_tokens;
+    total.completion_tokens += c.usage.completion_tokens;
+    total.cached_tokens += c.usage.cached_tokens;
+  }
+  w.endArray();
+  writeUsage(w, total);
+  w.endObject();
+  return w.take();
+}
+
+}  // namespace garden::ivy

@@ -1,0 +1,90 @@
+#pragma once
+// POST /v1/completions (OpenAI legacy completions, vLLM extensions): raw prompts in, text out.
+//
+// Request: `prompt` is a string, an array of strings, an array of token ids, or an array of
+// token-id arrays; each prompt is one choice (its `index` is the prompt's position). Sampling and
+// streaming fields: api/completions_common.h; `echo` (bool) prepends the prompt text to the
+// choice's text; `ignore_eos` (vLLM) keeps generating past the model's eos ids. max_tokens
+// defaults to 16 (OpenAI), clamped to the context left. Generation stops at the model's eos ids
+// (ModelSpec::eos_token_ids, from tulip's ModelInfo) unless ignore_eos. Text is decoded with the
+// streaming detokenizer (special tokens skipped), so a delta never splits a UTF-8 character;
+// stop strings cut the text (finish_reason "stop"); tulip stopping at max_tokens gives "length".
+//
+// Streaming: text_completion chunks {"choices":[{"index","text","logprobs":null,
+// "finish_reason":null}]} as text arrives (choices interleave), a finish chunk per choice, a usage
+// chunk (choices: []) when stream_options.include_usage, then [DONE]. Non-streaming: the same
+// pieces assembled per choice; usage summed over the prompts. [TAG_STREAM_EQUALS_FULL]
+//
+// Parsing is pure (any thread). A CompletionsOutput is used by one thread at a time.
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+#include "services/ivy/api/chat.h"
+#include "services/ivy/api/completions_common.h"
+#include "services/ivy/api/model_spec.h"
+#include "services/ivy/tokenizer/tokenizer.h"
+
+namespace garden::ivy {
+
+struct CompletionsRequest {
+  std::vector<std::vector<TokenId>> prompts;  // one per choice, never empty
+  std::vector<std::string> prompt_texts;      // per prompt: the text given (empty for ids)
+  std::vector<bool> prompt_is_text;
+  bool echo = false;
+  SamplingRequest sampling;
+  std::vector<uint32_t> max_tokens;     // per prompt, resolved against the context length
+  std::vector<TokenId> stop_token_ids;  // the model's eos ids unless ignore_eos
+};
+
+struct CompletionsLimits {
+  size_t max_prompts = 128;
+};
+
+// `tokenizer` null: 400 (text cannot be produced without one).
+Result<CompletionsRequest> parseCompletionsRequest(std::string_view body, const ModelSpec& spec,
+                                                   const Tokenizer* tokenizer,
+                                                   const CompletionsLimits& limits = {});
+
+class CompletionsOutput final : public GenerationOutput {
+ public:
+  CompletionsOutput(const Tokenizer& tokenizer, const CompletionsRequest& request,
+                    ResponseIdentity identity);
+
+  size_t choices() const override { return choices_.size(); }
+  bool onTokens(size_t choice, std::span<const int32_t> ids) override;
+  void finishChoice(size_t choice, const ChoiceEnd& end) override;
+  std::string takeSse() override;
+  std::string responseJson() const override;
+
+  const std::string& text(size_t choice) const { return choices_[choice].text; }
+
+ private:
+  struct Choice {
+    explicit Choice(const Tokenizer& tok, std::vector<std::string> stops)
+        : detok(tok, /*skip_special=*/true), stop(std::move(stops)) {}
+    StreamingDetokenizer detok;
+    StopStringMatcher stop;
+    std::string text;  // assembled
+    uint64_t prompt_len = 0;
+    uint64_t generated = 0;
+    bool finished = false;
+    std::string_view finish_reason = "stop";
+    Usage usage;
+  };
+  void emitText(size_t choice, std::string text);
+  void finish(size_t choice, std::string_view reason, const ChoiceEnd& end);
+  void writeHead(JsonWriter& w) const;
+
+  ResponseIdentity identity_;
+  bool stream_;
+  bool include_usage_;
+  std::vector<Choice> choices_;
+  size_t unfinished_;
+  std::string sse_;
+};
+
+}  // namespace garden::ivy

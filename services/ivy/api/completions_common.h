@@ -1,0 +1,130 @@
+#pragma once
+// What /v1/chat/completions and /v1/completions share: the sampling and streaming fields of the
+// request, stop-string matching on generated text, server-sent-event framing, usage, and the
+// GenerationOutput interface through which the HTTP layer (http/chat_routes.cc) drives either
+// endpoint's response builder with generated token ids.
+//
+// Request fields (OpenAI names; null counts as absent; unknown fields are ignored):
+//   max_tokens | max_completion_tokens (int >= 1; the latter wins), temperature [0, 2],
+//   top_p (0, 1], top_k (int >= -1; -1 and 0 = off), seed (int), stop (string or array of up to
+//   16 non-empty strings), n (only 1), stream (bool), stream_options.include_usage (bool),
+//   ignore_eos (bool, vLLM), user (ignored). Unsupported features are rejected by name rather
+//   than silently ignored: logprobs / top_logprobs (chat), logprobs / suffix / best_of != 1
+//   (completions), presence_penalty / frequency_penalty other than 0.
+// Every error follows [TAG_FIELD_ERRORS] (the message starts with the field).
+//
+// Parsing functions are pure and callable from any thread; a GenerationOutput and a
+// StopStringMatcher belong to one request and are used by one thread at a time.
+
+#include <simdjson.h>
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/json_writer.h"
+#include "common/status.h"
+#include "services/ivy/api/model_spec.h"
+
+namespace garden::ivy {
+
+struct SamplingRequest {
+  std::optional<uint32_t> max_tokens;
+  float temperature = 1.f;
+  float top_p = 1.f;
+  int32_t top_k = 0;
+  bool has_seed = false;
+  uint64_t seed = 0;
+  std::vector<std::string> stop;
+  bool stream = false;
+  bool include_usage = false;
+  bool ignore_eos = false;
+};
+
+enum class ApiKind { kChat, kCompletions };
+
+// The fields listed above from a parsed request object.
+Status parseSamplingFields(const simdjson::dom::element& root, ApiKind api, SamplingRequest* out);
+
+// `model` when present must be a string equal to spec.served_name (NOT_FOUND otherwise), and the
+// served model must be an LLM (400 naming `model` when it is an embedding model).
+Status checkGenerativeModel(const simdjson::dom::element& root, const ModelSpec& spec,
+                            std::string_view endpoint);
+
+// The max_tokens to send for a prompt of `prompt_len` tokens: the requested value (400 naming
+// max_tokens when prompt + max_tokens exceeds max_seq_len), else `default_tokens` clamped to
+// what is left of the context (0 = all of it). 400 naming `prompt_field` when the prompt alone
+// fills the context. max_seq_len 0 means unknown (no checks; the default falls back to 4096).
+Result<uint32_t> resolveMaxTokens(const SamplingRequest& sampling, size_t prompt_len,
+                                  uint32_t max_seq_len, uint32_t default_tokens,
+                                  std::string_view prompt_field);
+
+// Stop strings over a text stream (the decoded content). Text that might be the start of a stop
+// string is held back until it is known not to be, so a stop string never reaches the caller even
+// when it spans deltas. Deltas are whole UTF-8 characters and so is every piece returned.
+class StopStringMatcher {
+ public:
+  explicit StopStringMatcher(std::vector<std::string> stops);
+  // Returns the text that is safe to emit now. When a stop string completes, `*matched` becomes
+  // true and the returned text ends right before it; everything after is discarded.
+  std::string push(std::string_view text, bool* matched);
+  // End of the text: what is still held back.
+  std::string flush();
+  bool matched() const { return matched_; }
+  bool active() const { return !stops_.empty(); }
+
+ private:
+  std::vector<std::string> stops_;
+  std::string held_;
+  bool matched_ = false;
+};
+
+// "data: <json>\n\n" appended to *out; and the terminating event.
+void appendSseEvent(std::string* out, std::string_view json);
+inline constexpr std::string_view kSseDone = "data: [DONE]\n\n";
+
+// prefix + 24 random alphanumerics ("chatcmpl-...", "cmpl-...", "call_...").
+std::string randomId(std::string_view prefix);
+
+struct Usage {
+  uint64_t prompt_tokens = 0;
+  uint64_t completion_tokens = 0;
+  uint64_t cached_tokens = 0;
+};
+// "usage":{"prompt_tokens","completion_tokens","total_tokens","prompt_tokens_details":{...}}
+void writeUsage(JsonWriter& w, const Usage& usage);
+
+// How one generation (one choice) ended, as the HTTP layer saw it from tulip.
+struct ChoiceEnd {
+  bool hit_length = false;     // tulip stopped at max_tokens
+  uint32_t prompt_tokens = 0;  // tulip's count (0: not reported)
+  uint32_t cached_prompt_tokens = 0;
+  uint32_t completion_tokens = 0;  // tulip's count (0: not reported)
+};
+
+// A response under construction, fed with generated ids. Streaming and non-streaming responses
+// are produced by the same calls: every delta is both framed as an SSE chunk and accumulated;
+// responseJson() renders the accumulated deltas. [TAG_STREAM_EQUALS_FULL]
+class GenerationOutput {
+ public:
+  virtual ~GenerationOutput() = default;
+  virtual size_t choices() const = 0;
+  // Applies generated ids of `choice`. False once a stop string matched: the choice is complete
+  // (the caller cancels its generation and must not call finishChoice for it).
+  virtual bool onTokens(size_t choice, std::span<const int32_t> ids) = 0;
+  // Generation of `choice` ended normally.
+  virtual void finishChoice(size_t choice, const ChoiceEnd& end) = 0;
+  // Streaming: SSE bytes produced since the last call. After every choice finished, this includes
+  // the usage chunk (when asked) and [DONE].
+  virtual std::string takeSse() = 0;
+  // Non-streaming: the whole response (after every choice finished).
+  virtual std::string responseJson() const = 0;
+};
+
+// The SSE event for an error after the stream began: {"error":{...}} then [DONE].
+std::string sseErrorEvents(const Status& status);
+
+}  // namespace garden::ivy

@@ -1,0 +1,271 @@
+#include "services/tulip/kv/block_manager.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+namespace garden::tulip {
+namespace {
+
+constexpr uint64_t kRootHash = 0x67617264656e4b56ULL;  // "gardenKV"
+
+uint64_t mix64(uint64_t x) {
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ULL;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebULL;
+  x ^= x >> 31;
+  return x;
+}
+
+}  // namespace
+
+KvBlockManager::KvBlockManager(KvOptions opts) : opts_(opts) {
+  CHECK(opts_.block_size > 0);
+  blocks_.resize(opts_.num_blocks);
+  block_tokens_.assign(uint64_t{opts_.num_blocks} * opts_.block_size, 0);
+  reset();
+}
+
+uint64_t KvBlockManager::hashBlock(uint64_t parent, std::span<const int32_t> tokens) {
+  uint64_t h = mix64(parent ^ 0x9e3779b97f4a7c15ULL);
+  for (int32_t t : tokens) h = mix64(h ^ (static_cast<uint64_t>(static_cast<uint32_t>(t)) + 1));
+  // 0 never names a block (SeqState::last_hash 0 means "root").
+  return h == 0 ? 1 : h;
+}
+
+void KvBlockManager::reset() {
+  seqs_.clear();
+  cache_.clear();
+  head_ = tail_ = -1;
+  free_count_ = 0;
+  for (auto& b : blocks_) b = Block{};
+  for (int32_t i = 0; i < static_cast<int32_t>(opts_.num_blocks); ++i) pushBack(i);
+}
+
+void KvBlockManager::pushFront(int32_t b) {
+  Block& blk = blocks_[b];
+  blk.prev = -1;
+  blk.next = head_;
+  if (head_ >= 0) blocks_[head_].prev = b;
+  head_ = b;
+  if (tail_ < 0) tail_ = b;
+  blk.in_free = true;
+  ++free_count_;
+}
+
+void KvBlockManager::pushBack(int32_t b) {
+  Block& blk = blocks_[b];
+  blk.next = -1;
+  blk.prev = tail_;
+  if (tail_ >= 0) blocks_[tail_].next = b;
+  tail_ = b;
+  if (head_ < 0) head_ = b;
+  blk.in_free = true;
+  ++free_count_;
+}
+
+void KvBlockManager::unlink(int32_t b) {
+  Block& blk = blocks_[b];
+  CHECK(blk.in_free);
+  if (blk.prev >= 0)
+    blocks_[blk.prev].next = blk.next;
+  else
+    head_ = blk.next;
+  if (blk.next >= 0)
+    blocks_[blk.next].prev = blk.prev;
+  else
+    tail_ = blk.prev;
+  blk.prev = blk.next = -1;
+  blk.in_free = false;
+  --free_count_;
+}
+
+void KvBlockManager::uncache(int32_t b) {
+  Block& blk = blocks_[b];
+  if (!blk.cached) return;
+  auto it = cache_.find(blk.hash);
+  if (it != cache_.end() && it->second == b) cache_.erase(it);
+  blk.cached = false;
+  blk.hash = blk.parent_hash = 0;
+}
+
+int32_t KvBlockManager::popFront() {
+  const int32_t b = head_;
+  CHECK(b >= 0);
+  unlink(b);
+  if (blocks_[b].cached) {
+    uncache(b);
+    ++evictions_;
+  }
+  return b;
+}
+
+int32_t KvBlockManager::lookup(uint64_t parent, uint64_t hash,
+                               std::span<const int32_t> tokens) const {
+  auto it = cache_.find(hash);
+  if (it == cache_.end()) return -1;
+  const int32_t b = it->second;
+  const Block& blk = blocks_[b];
+  if (blk.parent_hash != parent) return -1;
+  const int32_t* stored = block_tokens_.data() + uint64_t(b) * opts_.block_size;
+  if (!std::equal(tokens.begin(), tokens.end(), stored)) return -1;
+  return b;
+}
+
+std::vector<int32_t> KvBlockManager::findCachedPrefix(std::span<const int32_t> tokens) const {
+  std::vector<int32_t> out;
+  if (!opts_.prefix_caching || tokens.empty()) return out;
+  const uint64_t bs = opts_.block_size;
+  const uint64_t limit = tokens.size() - 1;  // at least one token left to compute
+  uint64_t parent = kRootHash;
+  for (uint64_t i = 0; (i + 1) * bs <= limit; ++i) {
+    auto blk = tokens.subspan(i * bs, bs);
+    const uint64_t h = hashBlock(parent, blk);
+    const int32_t b = lookup(parent, h, blk);
+    if (b < 0) break;
+    out.push_back(b);
+    parent = h;
+  }
+  return out;
+}
+
+std::optional<std::span<const int32_t>> KvBlockManager::allocate(SeqId seq, uint64_t num_tokens,
+                                                                 std::span<const int32_t> prefix) {
+  auto it = seqs_.find(seq);
+  const bool fresh = it == seqs_.end() || it->second.table.empty();
+  if (!fresh) prefix = {};
+  const uint64_t have = fresh ? prefix.size() : it->second.table.size();
+  const uint64_t want = blocksFor(num_tokens);
+  const uint64_t add = want > have ? want - have : 0;
+  // Prefix blocks without references leave the free queue too.
+  uint64_t revive = 0;
+  for (int32_t b : prefix) {
+    CHECK(b >= 0 && static_cast<uint32_t>(b) < opts_.num_blocks && blocks_[b].cached);
+    if (blocks_[b].ref == 0) ++revive;
+  }
+  if (add + revive > free_count_) return std::nullopt;
+  if (it == seqs_.end()) it = seqs_.emplace(seq, SeqState{}).first;
+  SeqState& s = it->second;
+  if (fresh && !prefix.empty()) {
+    for (int32_t b : prefix) {
+      if (blocks_[b].ref == 0) unlink(b);
+      ++blocks_[b].ref;
+      s.table.push_back(b);
+    }
+    s.hashed_blocks = static_cast<uint32_t>(prefix.size());
+    s.last_hash = blocks_[prefix.back()].hash;
+  }
+  for (uint64_t i = 0; i < add; ++i) {
+    const int32_t b = popFront();
+    blocks_[b].ref = 1;
+    s.table.push_back(b);
+  }
+  return std::span<const int32_t>(s.table);
+}
+
+void KvBlockManager::commit(SeqId seq, std::span<const int32_t> tokens, uint64_t num_computed) {
+  if (!opts_.prefix_caching) return;
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return;
+  SeqState& s = it->second;
+  const uint64_t bs = opts_.block_size;
+  num_computed = std::min<uint64_t>(num_computed, tokens.size());
+  const uint64_t full = std::min<uint64_t>(num_computed / bs, s.table.size());
+  while (s.hashed_blocks < full) {
+    const uint64_t i = s.hashed_blocks;
+    const uint64_t parent = s.hashed_blocks == 0 ? kRootHash : s.last_hash;
+    auto blk = tokens.subspan(i * bs, bs);
+    const uint64_t h = hashBlock(parent, blk);
+    const int32_t b = s.table[i];
+    Block& block = blocks_[b];
+    if (!block.cached && cache_.find(h) == cache_.end()) {
+      block.cached = true;
+      block.hash = h;
+      block.parent_hash = parent;
+      std::copy(blk.begin(), blk.end(), block_tokens_.begin() + uint64_t(b) * bs);
+      cache_.emplace(h, b);
+    }
+    // A block computed twice (two sequences missed at once) stays private: the first copy is
+    // the cached one. The chain hash continues either way (it depends on contents only).
+    s.last_hash = h;
+    ++s.hashed_blocks;
+  }
+}
+
+void KvBlockManager::free(SeqId seq) {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return;
+  const auto& table = it->second.table;
+  // Later blocks are pushed first, so a prefix's head outlives its tail in the LRU queue.
+  for (auto b = table.rbegin(); b != table.rend(); ++b) {
+    Block& blk = blocks_[*b];
+    CHECK(blk.ref > 0);
+    if (--blk.ref == 0) {
+      if (blk.cached)
+        pushBack(*b);
+      else
+        pushFront(*b);
+    }
+  }
+  seqs_.erase(it);
+}
+
+std::span<const int32_t> KvBlockManager::blockTable(SeqId seq) const {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return {};
+  return it->second.table;
+}
+
+std::vector<int32_t> KvBlockManager::freeQueue() const {
+  std::vector<int32_t> out;
+  for (int32_t b = head_; b >= 0; b = blocks_[b].next) out.push_back(b);
+  return out;
+}
+
+Status KvBlockManager::checkInvariants() const {
+  std::vector<int32_t> refs(opts_.num_blocks, 0);
+  for (const auto& [id, s] : seqs_) {
+    std::vector<int32_t> sorted = s.table;
+    std::sort(sorted.begin(), sorted.end());
+    if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end())
+      return internalError("seq " + std::to_string(id) + " holds a block twice");
+    for (int32_t b : s.table) {
+      if (b < 0 || static_cast<uint32_t>(b) >= opts_.num_blocks)
+        return internalError("seq " + std::to_string(id) + " holds block id " + std::to_string(b));
+      ++refs[b];
+    }
+    if (s.hashed_blocks > s.table.size())
+      return internalError("seq " + std::to_string(id) + " hashed more blocks than it holds");
+  }
+  uint32_t in_queue = 0;
+  int32_t prev = -1;
+  for (int32_t b = head_; b >= 0; b = blocks_[b].next) {
+    if (blocks_[b].prev != prev)
+      return internalError("free queue links broken at " + std::to_string(b));
+    if (!blocks_[b].in_free) return internalError("block in queue not marked free");
+    if (++in_queue > opts_.num_blocks) return internalError("free queue has a cycle");
+    prev = b;
+  }
+  if (prev != tail_) return internalError("free queue tail mismatch");
+  if (in_queue != free_count_) return internalError("free count mismatch");
+  uint32_t cached = 0;
+  for (uint32_t b = 0; b < opts_.num_blocks; ++b) {
+    const Block& blk = blocks_[b];
+    if (blk.ref != refs[b])
+      return internalError("block " + std::to_string(b) + " ref " + std::to_string(blk.ref) +
+                           " but held by " + std::to_string(refs[b]) + " tables");
+    if ((blk.ref == 0) != blk.in_free)
+      return internalError("block " + std::to_string(b) + " free flag disagrees with its ref");
+    if (blk.cached) {
+      ++cached;
+      auto it = cache_.find(blk.hash);
+      if (it == cache_.end() || it->second != static_cast<int32_t>(b))
+        return internalError("cached block " + std::to_string(b) + " missing from the map");
+    }
+  }
+  if (cached != cache_.size()) return internalError("cache map has stale entries");
+  return okStatus();
+}
+
+}  // namespace garden::tulip

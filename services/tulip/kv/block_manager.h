@@ -1,0 +1,126 @@
+#pragma once
+// KvBlockManager: tulip's bookkeeping of rose's paged KV cache. rose allocates `num_blocks`
+// blocks of `block_size` tokens (ModelFacts kv_num_blocks / kv_block_size) and never chooses
+// block ids itself; this class hands them out, one block table per sequence, and keeps a prefix
+// cache of full blocks.
+//
+// Prefix cache: a full block whose tokens' KV has been written (commit()) is registered under
+// hash(parent block's hash, the block's tokens), so a later sequence whose prompt starts with the
+// same full blocks shares them instead of recomputing them. Blocks carry reference counts (one per
+// sequence table holding them); a block with no references is *free*: it sits in one LRU queue
+// (front = reused first). Never-cached free blocks go to the front, cached ones to the back when
+// their last reference drops, so allocation consumes plain free blocks first and evicts cached
+// ones least recently released first. A hit on a cached free block takes it out of the queue.
+// Hash hits are verified against the stored tokens and parent hash, so a 64-bit collision can
+// never hand a sequence another prompt's KV.
+//
+// Allocation is all or nothing: allocate() returns nullopt and changes nothing when blocks run
+// out (the scheduler then preempts or waits).
+//
+// Threads: not thread-safe; the LLM scheduler calls it under its own mutex.
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "common/status.h"
+
+namespace garden::tulip {
+
+using SeqId = uint64_t;
+
+struct KvOptions {
+  uint32_t num_blocks = 0;
+  uint32_t block_size = 16;
+  bool prefix_caching = true;
+};
+
+class KvBlockManager {
+ public:
+  explicit KvBlockManager(KvOptions opts);
+
+  uint32_t blocksTotal() const { return opts_.num_blocks; }
+  // Blocks allocate() may hand out: never used, or cached without references.
+  uint32_t blocksFree() const { return free_count_; }
+  uint32_t blocksUsed() const { return opts_.num_blocks - free_count_; }
+  uint32_t blocksCached() const { return static_cast<uint32_t>(cache_.size()); }
+  uint32_t blockSize() const { return opts_.block_size; }
+  bool prefixCaching() const { return opts_.prefix_caching; }
+  uint64_t evictions() const { return evictions_; }
+
+  // Blocks needed to hold `tokens` tokens.
+  uint32_t blocksFor(uint64_t tokens) const {
+    return static_cast<uint32_t>((tokens + opts_.block_size - 1) / opts_.block_size);
+  }
+
+  // The cached full blocks that start `tokens`, in order, leaving at least the last token out
+  // (a step must compute one token to sample from). No state change; empty when caching is off.
+  std::vector<int32_t> findCachedPrefix(std::span<const int32_t> tokens) const;
+
+  // Grows `seq`'s table so it covers `num_tokens` tokens. A sequence without a table first takes
+  // `prefix` (from findCachedPrefix with no state change in between; its blocks gain a
+  // reference). Returns the table, or nullopt (nothing changed) when free blocks run out.
+  std::optional<std::span<const int32_t>> allocate(SeqId seq, uint64_t num_tokens,
+                                                   std::span<const int32_t> prefix = {});
+
+  // Registers `seq`'s full blocks within tokens[0, num_computed) (KV written) in the prefix
+  // cache. `tokens` are the sequence's tokens from position 0.
+  void commit(SeqId seq, std::span<const int32_t> tokens, uint64_t num_computed);
+
+  // Drops `seq`'s references (no-op for an unknown sequence). Its blocks become free; cached ones
+  // stay reusable until evicted, later blocks of the table evicted first.
+  void free(SeqId seq);
+
+  // Forgets every sequence and cached block (the worker restarted: the KV contents are gone).
+  void reset();
+
+  std::span<const int32_t> blockTable(SeqId seq) const;
+  bool hasSeq(SeqId seq) const { return seqs_.count(seq) != 0; }
+  size_t numSeqs() const { return seqs_.size(); }
+
+  // For tests.
+  int32_t refCount(int32_t block) const { return blocks_[block].ref; }
+  bool isCached(int32_t block) const { return blocks_[block].cached; }
+  // Free blocks in reuse order (front first).
+  std::vector<int32_t> freeQueue() const;
+  // OK, or INTERNAL naming the first broken invariant (references = table memberships, the free
+  // queue holds exactly the unreferenced blocks, the cache map and block flags agree).
+  Status checkInvariants() const;
+
+ private:
+  struct Block {
+    int32_t ref = 0;
+    int32_t prev = -1;  // free-queue links (-1 = none)
+    int32_t next = -1;
+    bool in_free = false;
+    bool cached = false;
+    uint64_t hash = 0;
+    uint64_t parent_hash = 0;
+  };
+  struct SeqState {
+    std::vector<int32_t> table;
+    uint32_t hashed_blocks = 0;  // leading blocks whose chain hash is known
+    uint64_t last_hash = 0;      // chain hash of block hashed_blocks - 1 (root when 0)
+  };
+
+  static uint64_t hashBlock(uint64_t parent, std::span<const int32_t> tokens);
+  int32_t lookup(uint64_t parent, uint64_t hash, std::span<const int32_t> tokens) const;
+  void pushFront(int32_t b);
+  void pushBack(int32_t b);
+  void unlink(int32_t b);
+  int32_t popFront();  // evicts a cached block it takes
+  void uncache(int32_t b);
+
+  const KvOptions opts_;
+  std::vector<Block> blocks_;
+  std::vector<int32_t> block_tokens_;  // block_size per block: the contents of cached blocks
+  int32_t head_ = -1, tail_ = -1;
+  uint32_t free_count_ = 0;
+  std::unordered_map<uint64_t, int32_t> cache_;  // chain hash -> block
+  std::unordered_map<SeqId, SeqState> seqs_;
+  uint64_t evictions_ = 0;
+};
+
+}  // namespace garden::tulip

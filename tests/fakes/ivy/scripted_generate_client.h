@@ -1,0 +1,221 @@
+#pragma once
+// ScriptedGenerateClient: a TulipClient whose generate() streams scripted token ids, for the chat
+// and completions tests. Like tulip it honours max_tokens (finish length), stop_token_ids (finish
+// stop; the stop id is included in the output, as tulip does) and cancel() (on_done CANCELLED);
+// a script that runs out ends with finish stop. The last chunk carries the usage counts
+// (prompt_tokens = prompt length, cached_prompt_tokens = setCachedTokens()).
+// Callbacks run on the fake's own worker thread, never inline in generate(). Thread-safe.
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "services/ivy/balance/tulip_client.h"
+
+namespace garden::ivy::testing {
+
+class ScriptedGenerateClient final : public TulipClient {
+ public:
+  using Script = std::function<std::vector<int32_t>(const GenerateCall&)>;
+
+  ScriptedGenerateClient() : worker_([this] { run(); }) {
+    info_.model = "fake-llm";
+    info_.kind = "llm";
+    info_.max_seq_len = 4096;
+    info_.vocab_size = 201088;
+  }
+  ~ScriptedGenerateClient() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    worker_.join();
+  }
+
+  // --- configuration ---
+  void setScript(Script s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    script_ = std::move(s);
+  }
+  void setScript(std::vector<int32_t> ids) {
+    setScript([ids](const GenerateCall&) { return ids; });
+  }
+  void setChunkSize(size_t n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    chunk_size_ = n == 0 ? 1 : n;
+  }
+  void setChunkDelay(std::chrono::milliseconds d) {
+    std::lock_guard<std::mutex> lock(mu_);
+    delay_ = d;
+  }
+  // The stream fails with `s` once `after_tokens` tokens were sent (OK status: no failure).
+  void setError(Status s, size_t after_tokens = 0) {
+    std::lock_guard<std::mutex> lock(mu_);
+    error_ = std::move(s);
+    error_after_ = after_tokens;
+  }
+  void setCachedTokens(uint32_t n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    cached_ = n;
+  }
+
+  // --- observation ---
+  std::vector<GenerateCall> calls() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return calls_;
+  }
+  int cancelledStreams() const { return cancelled_.load(); }
+  int activeStreams() const { return active_.load(); }
+  // Waits until no stream is in flight.
+  bool waitIdle(std::chrono::milliseconds timeout) {
+    auto until = std::chrono::steady_clock::now() + timeout;
+    while (active_.load() != 0) {
+      if (std::chrono::steady_clock::now() > until) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    return true;
+  }
+
+  // --- TulipClient ---
+  std::shared_ptr<GenerateStream> generate(GenerateCall call, ChunkFn on_chunk,
+                                           StreamDone on_done) override {
+    auto s = std::make_shared<Stream>();
+    std::lock_guard<std::mutex> lock(mu_);
+    calls_.push_back(call);
+    s->tokens = script_ ? script_(call) : std::vector<int32_t>{};
+    s->call = std::move(call);
+    s->on_chunk = std::move(on_chunk);
+    s->on_done = std::move(on_done);
+    ++active_;
+    enqueueLocked(s);
+    return s;
+  }
+  void embed(EmbedCall, EmbedDone done) override {
+    done(Status(StatusCode::kUnimplemented, "the scripted client only generates"));
+  }
+  void modelInfo(std::chrono::milliseconds, ModelInfoDone done) override {
+    TulipModelInfo info;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      info = info_;
+    }
+    done(info);
+  }
+  void health(std::chrono::milliseconds, HealthDone done) override { done(okStatus()); }
+  std::string endpoint() const override { return "scripted:0"; }
+
+ private:
+  struct Stream : GenerateStream {
+    void cancel() override { cancelled.store(true); }
+    GenerateCall call;
+    std::vector<int32_t> tokens;
+    size_t pos = 0;  // tokens sent
+    ChunkFn on_chunk;
+    StreamDone on_done;
+    std::atomic<bool> cancelled{false};
+  };
+
+  void enqueueLocked(std::shared_ptr<Stream> s) {
+    queue_.push_back({std::chrono::steady_clock::now() + delay_, std::move(s)});
+    cv_.notify_all();
+  }
+
+  void finishStream(const std::shared_ptr<Stream>& s, Status st) {
+    auto done = std::move(s->on_done);
+    s->on_chunk = nullptr;
+    s->on_done = nullptr;
+    done(std::move(st));
+    --active_;
+  }
+
+  // One step of a stream: a chunk, or its end.
+  void step(const std::shared_ptr<Stream>& s) {
+    if (s->cancelled.load()) {
+      ++cancelled_;
+      return finishStream(s, cancelledError("cancelled by the caller"));
+    }
+    Status err;
+    size_t error_after, chunk;
+    uint32_t cached;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      err = error_;
+      error_after = error_after_;
+      chunk = chunk_size_;
+      cached = cached_;
+    }
+    if (!err.isOk() && s->pos >= error_after) return finishStream(s, err);
+    GenerateChunkMsg m;
+    const auto& stops = s->call.stop_token_ids;
+    while (m.token_ids.size() < chunk) {
+      if (s->pos >= s->call.max_tokens) {
+        m.finish = FinishReason::kLength;
+        break;
+      }
+      if (s->pos >= s->tokens.size()) {
+        m.finish = FinishReason::kStop;
+        break;
+      }
+      int32_t id = s->tokens[s->pos++];
+      m.token_ids.push_back(id);
+      if (std::find(stops.begin(), stops.end(), id) != stops.end()) {
+        m.finish = FinishReason::kStop;
+        break;
+      }
+      if (!err.isOk() && s->pos >= error_after) break;
+    }
+    if (m.finish == FinishReason::kNone && s->pos >= s->call.max_tokens)
+      m.finish = FinishReason::kLength;
+    if (m.finish != FinishReason::kNone) {
+      m.prompt_tokens = static_cast<uint32_t>(s->call.prompt_ids.size());
+      m.cached_prompt_tokens = cached;
+      m.completion_tokens = static_cast<uint32_t>(s->pos);
+    }
+    const bool last = m.finish != FinishReason::kNone;
+    s->on_chunk(std::move(m));
+    if (last) return finishStream(s, okStatus());
+    std::lock_guard<std::mutex> lock(mu_);
+    enqueueLocked(s);
+  }
+
+  void run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (true) {
+      cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+      if (queue_.empty() && stop_) return;
+      if (queue_.empty()) continue;
+      auto [at, s] = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      std::this_thread::sleep_until(at);
+      step(s);
+      lock.lock();
+    }
+  }
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  Script script_;
+  size_t chunk_size_ = 1;
+  std::chrono::milliseconds delay_{0};
+  Status error_;
+  size_t error_after_ = 0;
+  uint32_t cached_ = 0;
+  TulipModelInfo info_;
+  std::vector<GenerateCall> calls_;
+  std::deque<std::pair<std::chrono::steady_clock::time_point, std::shared_ptr<Stream>>> queue_;
+  std::atomic<int> cancelled_{0};
+  std::atomic<int> active_{0};
+  std::thread worker_;  // last: started after everything above exists
+};
+
+}  // namespace garden::ivy::testing

@@ -1,0 +1,137 @@
+#pragma once
+// FakeLlmWorker: an in-process LLM Worker for scheduler tests. Steps (kGenerate batches) are held
+// until the test completes them, running the FakeLlmEngine (fake_llm_model.h) over the step, so
+// tests see every step's exact layout and control ordering and failures.
+//
+// Threads: trySubmit from the scheduler thread; complete*/accessors from the test thread.
+
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "services/tulip/worker/worker.h"
+#include "tests/fakes/tulip/fake_llm_model.h"
+
+namespace garden::tulip::testing {
+
+class FakeLlmWorker final : public Worker {
+ public:
+  FakeLlmWorker(uint32_t kv_blocks, uint32_t block_size, uint32_t max_seq_len = 256,
+                uint32_t vocab = 1000, int32_t eos = 999)
+      : engine_(kv_blocks, block_size, vocab) {
+    facts_.max_seq_len = max_seq_len;
+    facts_.vocab_size = vocab;
+    facts_.kv_num_blocks = kv_blocks;
+    facts_.kv_block_size = block_size;
+    facts_.eos_ids[0] = eos;
+    std::strcpy(facts_.name, "fake-llm");
+    std::strcpy(facts_.kind, "llm");
+  }
+
+  bool ready() const override { return ready_; }
+  shm::ModelFacts facts() const override {
+    std::lock_guard<std::mutex> l(mu_);
+    return facts_;
+  }
+  uint32_t depth() const override { return 2; }
+  uint32_t inflight() const override {
+    std::lock_guard<std::mutex> l(mu_);
+    return static_cast<uint32_t>(held_.size());
+  }
+  uint64_t maxBatchInts() const override { return 1 << 20; }
+  uint64_t maxBatchFloats() const override { return 1 << 20; }
+  uint64_t inputBytes() const override { return input_bytes_; }
+  Status trySubmit(WorkBatch batch, WorkDone done) override {
+    std::lock_guard<std::mutex> l(mu_);
+    if (!ready_) return unavailable("fake not ready");
+    if (held_.size() >= 2) return failedPrecondition("no free slot");
+    if (batch.kind != shm::BatchKind::kGenerate) return invalidArgument("not a kGenerate batch");
+    submitted_.push_back(batch);
+    held_.push_back({std::move(batch), std::move(done)});
+    return okStatus();
+  }
+  void setOnChange(std::function<void()> fn) override { on_change_ = std::move(fn); }
+
+  // Runs the oldest held step through the fake model (or fails it with `fail`).
+  bool completeNext(Status fail = Status()) {
+    Held h;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (held_.empty()) return false;
+      h = std::move(held_.front());
+      held_.pop_front();
+    }
+    WorkResult r;
+    std::vector<int32_t> ids;
+    if (!fail.isOk()) {
+      r.status = fail;
+    } else {
+      auto res = engine_.step(h.batch.llm_seqs, h.batch.tokens, h.batch.block_ids);
+      if (!res.isOk()) {
+        r.status = res.status();
+        errors_.push_back(res.status().toString());
+      } else {
+        ids = *res;
+        r.token_ids = ids;
+        r.num_rows = static_cast<uint32_t>(ids.size());
+        r.cols = 1;
+      }
+    }
+    h.done(r);
+    if (on_change_) on_change_();
+    return true;
+  }
+
+  // Completes steps as they come until `pred` holds (or the limit passes).
+  template <typename Pred>
+  bool runUntil(Pred pred, std::chrono::milliseconds limit = std::chrono::milliseconds(10000)) {
+    auto t0 = std::chrono::steady_clock::now();
+    while (!pred()) {
+      if (std::chrono::steady_clock::now() - t0 > limit) return false;
+      if (!completeNext()) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    return true;
+  }
+
+  // Waits until `n` steps are held.
+  bool waitHeld(size_t n, std::chrono::milliseconds limit = std::chrono::milliseconds(5000)) {
+    auto t0 = std::chrono::steady_clock::now();
+    while (inflight() < n) {
+      if (std::chrono::steady_clock::now() - t0 > limit) return false;
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    return true;
+  }
+
+  void setReady(bool r) {
+    ready_ = r;
+    if (!r) engine_.reset();  // a restarted worker has an empty cache
+    if (on_change_) on_change_();
+  }
+  std::vector<WorkBatch> submitted() const {
+    std::lock_guard<std::mutex> l(mu_);
+    return submitted_;
+  }
+  // Steps the fake model refused (a scheduler bug shows up here).
+  const std::vector<std::string>& errors() const { return errors_; }
+
+  uint64_t input_bytes_ = 1 << 20;
+
+ private:
+  struct Held {
+    WorkBatch batch;
+    WorkDone done;
+  };
+  mutable std::mutex mu_;
+  shm::ModelFacts facts_;
+  FakeLlmEngine engine_;
+  std::atomic<bool> ready_{true};
+  std::function<void()> on_change_;
+  std::deque<Held> held_;
+  std::vector<WorkBatch> submitted_;
+  std::vector<std::string> errors_;
+};
+
+}  // namespace garden::tulip::testing

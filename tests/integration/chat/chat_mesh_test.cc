@@ -1,0 +1,410 @@
+// Chat and completions through the three real binaries on CPU: ivy (Harmony render + parse, SSE)
+// -> tulip (continuous batching, Generate stream) -> rose (a tiny random gpt-oss). The weights are
+// random, so assertions are about the protocol: response shapes, finish reasons against token
+// counts, streaming == non-streaming under greedy sampling, forced tool calls and their round
+// trip, concurrency, and that a client leaving mid-stream frees its sequence in tulip.
+
+#include <arpa/inet.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <simdjson.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <fstream>
+#include <memory>
+#include <thread>
+
+#include "garden/v1/garden.grpc.pb.h"
+#include "tests/integration/support/harness.h"
+
+namespace garden {
+namespace {
+
+using namespace std::chrono_literals;
+
+struct Mesh {
+  testing::TempDir dir;
+  std::unique_ptr<testing::Process> tulip, ivy;
+  int tulip_port = 0, ivy_port = 0;
+  std::string error;  // set when the mesh could not start
+};
+Mesh* g_mesh = nullptr;
+
+const std::string kTool =
+    R"({"type":"function","function":{"name":"get_weather","description":"Weather in a city",)"
+    R"("parameters":{"type":"object","properties":{"city":{"type":"string"}},)"
+    R"("required":["city"]}}})";
+
+class ChatMesh : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    g_mesh = new Mesh;
+    Mesh& m = *g_mesh;
+    const std::string tok = testing::sourceDir() + "/tests/assets/tokenizers/gptoss/tokenizer.json";
+    if (!std::ifstream(tok).good()) {
+      m.error = "missing " + tok + " (tokenizer_assets fixture)";
+      return;
+    }
+    const std::string model = m.dir.path() + "/gptoss";
+    int rc = testing::run({testing::binary("services/rose/rose-mkmodel"), "--kind", "gpt-oss",
+                           "--out", model, "--tokenizer-json", tok},
+                          m.dir.path() + "/mkmodel.log");
+    if (rc != 0) {
+      m.error = "rose-mkmodel failed, see " + m.dir.path() + "/mkmodel.log";
+      return;
+    }
+    m.tulip_port = testing::freePort();
+    m.ivy_port = testing::freePort();
+    m.tulip = std::make_unique<testing::Process>(
+        std::vector<std::string>{
+            testing::binary("services/tulip/tulip"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            std::to_string(m.tulip_port),
+            "--metrics-port",
+            "0",
+            "--model",
+            model,
+            "--device",
+            "cpu",
+            "--rose-bin",
+            testing::binary("services/rose/rose"),
+            "--rose-threads",
+            "2",
+            "--shm-name",
+            "/garden-chat-" + std::to_string(getpid()) + "-" + std::to_string(m.tulip_port),
+            "--served-model-name",
+            "gpt-oss-tiny",
+            "--heartbeat-timeout-ms",
+            "10000"},
+        m.dir.path() + "/tulip.log");
+    m.ivy = std::make_unique<testing::Process>(
+        std::vector<std::string>{testing::binary("services/ivy/ivy"), "--host", "127.0.0.1",
+                                 "--port", std::to_string(m.ivy_port), "--tulip",
+                                 "127.0.0.1:" + std::to_string(m.tulip_port), "--tokenizer", tok,
+                                 "--threads", "2"},
+        m.dir.path() + "/ivy.log");
+    if (!testing::waitForHttp(m.ivy_port, "/ready", 200, 240s)) {
+      m.error = "mesh not ready in 240 s.\n--- tulip ---\n" + m.tulip->log() + "\n--- ivy ---\n" +
+                m.ivy->log();
+    }
+  }
+  static void TearDownTestSuite() {
+    delete g_mesh;
+    g_mesh = nullptr;
+  }
+  void SetUp() override { ASSERT_TRUE(g_mesh->error.empty()) << g_mesh->error; }
+
+  static testing::HttpResponse post(const std::string& path, const std::string& body) {
+    return testing::http(g_mesh->ivy_port, "POST", path, body, {}, 120s);
+  }
+
+  // tulip's Load: sequences still running or waiting.
+  static int64_t tulipSeqs() {
+    auto ch = grpc::CreateChannel("127.0.0.1:" + std::to_string(g_mesh->tulip_port),
+                                  grpc::InsecureChannelCredentials());
+    auto stub = v1::Tulip::NewStub(ch);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + 5s);
+    v1::LoadRequest req;
+    v1::LoadResponse resp;
+    if (!stub->Load(&ctx, req, &resp).ok()) return -1;
+    return int64_t(resp.running_seqs()) + resp.waiting_seqs();
+  }
+};
+
+struct Chat {
+  std::string content, reasoning, finish_reason;
+  bool content_null = false;
+  std::vector<std::pair<std::string, std::string>> calls;  // name, arguments
+  std::vector<std::string> call_ids;
+  int64_t prompt_tokens = -1, completion_tokens = -1, total_tokens = -1;
+};
+
+Chat parseChat(const std::string& body) {
+  simdjson::dom::parser p;
+  simdjson::dom::element doc;
+  Chat c;
+  if (p.parse(body).get(doc)) {
+    ADD_FAILURE() << "invalid JSON: " << body;
+    return c;
+  }
+  simdjson::dom::element msg = doc["choices"].at(0)["message"];
+  simdjson::dom::element v;
+  std::string_view s;
+  if (!msg["content"].get(v)) {
+    if (v.is_null())
+      c.content_null = true;
+    else if (!v.get_string().get(s))
+      c.content = std::string(s);
+  }
+  if (!msg["reasoning_content"].get_string().get(s)) c.reasoning = std::string(s);
+  simdjson::dom::array calls;
+  if (!msg["tool_calls"].get_array().get(calls)) {
+    for (auto call : calls) {
+      std::string_view name, args, id;
+      EXPECT_FALSE(call["function"]["name"].get_string().get(name));
+      EXPECT_FALSE(call["function"]["arguments"].get_string().get(args));
+      EXPECT_FALSE(call["id"].get_string().get(id));
+      c.calls.emplace_back(std::string(name), std::string(args));
+      c.call_ids.emplace_back(id);
+    }
+  }
+  if (!doc["choices"].at(0)["finish_reason"].get_string().get(s)) c.finish_reason = std::string(s);
+  EXPECT_FALSE(doc["usage"]["prompt_tokens"].get(c.prompt_tokens));
+  EXPECT_FALSE(doc["usage"]["completion_tokens"].get(c.completion_tokens));
+  EXPECT_FALSE(doc["usage"]["total_tokens"].get(c.total_tokens));
+  return c;
+}
+
+Chat parseChatStream(const std::string& body) {
+  Chat c;
+  size_t pos = 0;
+  bool done = false;
+  std::map<int64_t, std::pair<std::string, std::string>> calls;
+  while (pos < body.size()) {
+    size_t end = body.find("\n\n", pos);
+    if (end == std::string::npos) {
+      ADD_FAILURE() << "unterminated event: " << body.substr(pos);
+      break;
+    }
+    std::string ev = body.substr(pos, end - pos);
+    pos = end + 2;
+    EXPECT_EQ(ev.rfind("data: ", 0), 0u) << ev;
+    std::string payload = ev.substr(6);
+    if (payload == "[DONE]") {
+      done = true;
+      break;
+    }
+    simdjson::dom::parser p;
+    simdjson::dom::element doc;
+    if (p.parse(payload).get(doc)) {
+      ADD_FAILURE() << "invalid JSON event: " << payload;
+      continue;
+    }
+    simdjson::dom::array choices;
+    EXPECT_FALSE(doc["choices"].get_array().get(choices));
+    if (choices.size() == 0) {
+      EXPECT_FALSE(doc["usage"]["prompt_tokens"].get(c.prompt_tokens));
+      EXPECT_FALSE(doc["usage"]["completion_tokens"].get(c.completion_tokens));
+      EXPECT_FALSE(doc["usage"]["total_tokens"].get(c.total_tokens));
+      continue;
+    }
+    simdjson::dom::element delta = choices.at(0)["delta"];
+    std::string_view s;
+    if (!delta["content"].get_string().get(s)) c.content += s;
+    if (!delta["reasoning_content"].get_string().get(s)) c.reasoning += s;
+    simdjson::dom::array tcs;
+    if (!delta["tool_calls"].get_array().get(tcs)) {
+      for (auto tc : tcs) {
+        int64_t index = -1;
+        EXPECT_FALSE(tc["index"].get(index));
+        if (!tc["function"]["name"].get_string().get(s)) calls[index].first += s;
+        if (!tc["function"]["arguments"].get_string().get(s)) calls[index].second += s;
+      }
+    }
+    if (!choices.at(0)["finish_reason"].get_string().get(s)) c.finish_reason = std::string(s);
+  }
+  EXPECT_TRUE(done) << "no [DONE]";
+  EXPECT_EQ(pos, body.size()) << "bytes after [DONE]";
+  for (auto& [i, call] : calls) c.calls.push_back(call);
+  return c;
+}
+
+void expectConsistent(const Chat& c, int64_t max_tokens) {
+  EXPECT_GT(c.prompt_tokens, 0);
+  EXPECT_GE(c.completion_tokens, 1);
+  EXPECT_LE(c.completion_tokens, max_tokens);
+  EXPECT_EQ(c.total_tokens, c.prompt_tokens + c.completion_tokens);
+  if (c.finish_reason == "length") {
+    EXPECT_EQ(c.completion_tokens, max_tokens);
+  } else {
+    EXPECT_TRUE(c.finish_reason == "stop" || c.finish_reason == "tool_calls") << c.finish_reason;
+  }
+}
+
+std::string userChat(const std::string& text, const std::string& extra) {
+  return R"({"model":"gpt-oss-tiny","messages":[{"role":"user","content":")" + text + R"("}])" +
+         (extra.empty() ? "" : "," + extra) + "}";
+}
+
+TEST_F(ChatMesh, NonStreamingAndStreamingAgreeUnderGreedy) {
+  const std::string fields = R"("max_tokens":12,"temperature":0)";
+  auto full = post("/v1/chat/completions", userChat("What is 2 + 2?", fields));
+  ASSERT_EQ(full.status, 200) << full.body;
+  Chat a = parseChat(full.body);
+  expectConsistent(a, 12);
+
+  auto st = post("/v1/chat/completions",
+                 userChat("What is 2 + 2?",
+                          fields + R"(,"stream":true,"stream_options":{"include_usage":true})"));
+  ASSERT_EQ(st.status, 200) << st.body;
+  EXPECT_EQ(st.headers["content-type"], "text/event-stream");
+  Chat b = parseChatStream(st.body);
+  expectConsistent(b, 12);
+  // Same prompt, greedy: the same tokens, so the same assembled message.
+  EXPECT_EQ(a.content, b.content);
+  EXPECT_EQ(a.reasoning, b.reasoning);
+  EXPECT_EQ(a.calls, b.calls);
+  EXPECT_EQ(a.finish_reason, b.finish_reason);
+  EXPECT_EQ(a.prompt_tokens, b.prompt_tokens);
+  EXPECT_EQ(a.completion_tokens, b.completion_tokens);
+}
+
+TEST_F(ChatMesh, MaxTokensGivesLength) {
+  auto r =
+      post("/v1/completions",
+           R"({"model":"gpt-oss-tiny","prompt":"Once upon","max_tokens":4,"ignore_eos":true})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  simdjson::dom::parser p;
+  simdjson::dom::element doc = p.parse(r.body);
+  EXPECT_EQ(std::string_view(doc["choices"].at(0)["finish_reason"]), "length");
+  EXPECT_EQ(int64_t(doc["usage"]["completion_tokens"]), 4);
+
+  auto c = post("/v1/chat/completions", userChat("hi", R"("max_tokens":3)"));
+  ASSERT_EQ(c.status, 200) << c.body;
+  Chat chat = parseChat(c.body);
+  expectConsistent(chat, 3);
+}
+
+TEST_F(ChatMesh, ForcedToolCallRoundTrip) {
+  // The random model will not call a tool by itself: force it.
+  auto r = post("/v1/chat/completions",
+                userChat("Weather in Paris?",
+                         R"("tools":[)" + kTool +
+                             R"(],"tool_choice":{"type":"function","function":)"
+                             R"({"name":"get_weather"}},"max_tokens":8,"temperature":0)"));
+  ASSERT_EQ(r.status, 200) << r.body;
+  Chat c = parseChat(r.body);
+  ASSERT_EQ(c.calls.size(), 1u) << r.body;
+  EXPECT_EQ(c.calls[0].first, "get_weather");
+  expectConsistent(c, 8);
+  // A random model rarely writes <|call|> within 8 tokens: then finish is length, else tool_calls.
+  EXPECT_TRUE(c.finish_reason == "length" || c.finish_reason == "tool_calls") << c.finish_reason;
+
+  // The same request streamed gives the same call.
+  auto st = post(
+      "/v1/chat/completions",
+      userChat("Weather in Paris?", R"("tools":[)" + kTool +
+                                        R"(],"tool_choice":{"type":"function","function":)"
+                                        R"({"name":"get_weather"}},"max_tokens":8,"temperature":0,)"
+                                        R"("stream":true)"));
+  ASSERT_EQ(st.status, 200) << st.body;
+  EXPECT_EQ(parseChatStream(st.body).calls, c.calls);
+
+  // Send the tool result back; the model continues the conversation.
+  std::string args;
+  for (char ch : std::string(R"({"city":"Paris"})")) {
+    if (ch == '"') args += '\\';
+    args += ch;
+  }
+  std::string body = R"({"model":"gpt-oss-tiny","tools":[)" + kTool +
+                     R"(],"max_tokens":6,"messages":[{"role":"user","content":"Weather?"},)"
+                     R"({"role":"assistant","content":null,"tool_calls":[{"id":")" +
+                     c.call_ids[0] +
+                     R"(","type":"function","function":{"name":"get_weather","arguments":")" +
+                     args + R"("}}]},{"role":"tool","tool_call_id":")" + c.call_ids[0] +
+                     R"(","content":"sunny, 21C"}]})";
+  auto next = post("/v1/chat/completions", body);
+  ASSERT_EQ(next.status, 200) << next.body;
+  Chat n = parseChat(next.body);
+  expectConsistent(n, 6);
+  EXPECT_GT(n.prompt_tokens, c.prompt_tokens);
+
+  // tool_choice "required" with one tool forces that tool, so even a random model calls it.
+  auto req = post("/v1/chat/completions",
+                  userChat("Weather?", R"("tools":[)" + kTool +
+                                           R"(],"tool_choice":"required","max_tokens":8)"));
+  ASSERT_EQ(req.status, 200) << req.body;
+  Chat rq = parseChat(req.body);
+  ASSERT_EQ(rq.calls.size(), 1u) << req.body;
+}
+
+TEST_F(ChatMesh, ManyConcurrentChats) {
+  constexpr int kN = 12;
+  std::atomic<int> ok{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kN; ++i) {
+    threads.emplace_back([&, i] {
+      std::string extra = R"("max_tokens":6)";
+      if (i % 2) extra += R"(,"stream":true)";
+      auto r = post("/v1/chat/completions", userChat("hello " + std::to_string(i), extra));
+      if (r.status != 200) {
+        ADD_FAILURE() << r.status << " " << r.body;
+        return;
+      }
+      Chat c = i % 2 ? parseChatStream(r.body) : parseChat(r.body);
+      if (!c.finish_reason.empty()) ok.fetch_add(1);
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(ok.load(), kN);
+}
+
+TEST_F(ChatMesh, ClientLeavingMidStreamFreesTheSequence) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  struct Closer {
+    int* fd;
+    ~Closer() {
+      if (*fd >= 0) ::close(*fd);
+    }
+  } closer{&fd};
+  timeval tv{60, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(g_mesh->ivy_port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  std::string body = userChat("Tell me a long story", R"("max_tokens":2000,"stream":true)");
+  std::string req =
+      "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+      "application/json\r\nContent-Length: " +
+      std::to_string(body.size()) + "\r\n\r\n" + body;
+  ASSERT_EQ(::send(fd, req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
+  std::string got;
+  char buf[4096];
+  // The role chunk goes out with tulip's first generated chunk: generation is under way. (Later
+  // events may take long: a random model rarely completes a Harmony header, and header tokens
+  // produce no output until the parser's header limit.)
+  while (got.find("\"role\":\"assistant\"") == std::string::npos) {
+    ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    ASSERT_GT(n, 0) << "stream ended early: " << got;
+    got.append(buf, static_cast<size_t>(n));
+  }
+  EXPECT_GE(tulipSeqs(), 1);
+  ::close(fd);
+  fd = -1;
+  // tulip's running set empties long before 2000 tokens could have been generated.
+  int64_t seqs = -1;
+  for (int i = 0; i < 300; ++i) {
+    seqs = tulipSeqs();
+    if (seqs == 0) break;
+    std::this_thread::sleep_for(100ms);
+  }
+  EXPECT_EQ(seqs, 0);
+  // And ivy still serves.
+  auto r = post("/v1/chat/completions", userChat("hi", R"("max_tokens":2)"));
+  EXPECT_EQ(r.status, 200) << r.body;
+}
+
+TEST_F(ChatMesh, ErrorsAreOpenAiShaped) {
+  auto bad = post("/v1/chat/completions", userChat("hi", R"("n":2)"));
+  EXPECT_EQ(bad.status, 400);
+  EXPECT_NE(bad.body.find(R"("param":"n")"), std::string::npos) << bad.body;
+  auto nf = post("/v1/chat/completions",
+                 R"({"model":"nope","messages":[{"role":"user","content":"x"}]})");
+  EXPECT_EQ(nf.status, 404) << nf.body;
+  // An LLM does not embed.
+  auto emb = post("/v1/embeddings", R"({"model":"gpt-oss-tiny","input":"x"})");
+  EXPECT_GE(emb.status, 400) << emb.body;
+  EXPECT_LT(emb.status, 500) << emb.body;
+}
+
+}  // namespace
+}  // namespace garden

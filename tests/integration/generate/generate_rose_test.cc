@@ -1,0 +1,247 @@
+// Generate through tulip with the REAL rose on a tiny random gpt-oss checkpoint (rose-mkmodel's
+// generator, cpu backend): every greedy stream — batched with others, prefilled in chunks under
+// a small token budget, served from the prefix cache, preempted on a tiny KV cache — equals rose's
+// own greedy continuation computed directly in this process (the same model, one sequence,
+// whole context recomputed per token, no paging tricks).
+#include <arpa/inet.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <future>
+#include <thread>
+
+#include "garden/v1/garden.grpc.pb.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "services/rose/llm/gpt_oss.h"
+#include "services/rose/llm/kv/paged_kv_cache.h"
+#include "services/rose/llm/llm_ops.h"
+#include "services/rose/llm/step.h"
+#include "services/rose/ops/backend.h"
+#include "services/rose/tools/mkmodel_gpt_oss.h"
+#include "tests/integration/support/harness.h"
+
+namespace garden {
+namespace {
+
+using namespace std::chrono_literals;
+namespace v1 = garden::v1;
+
+constexpr int32_t kBlock = 8;
+
+std::vector<int32_t> prompt(int32_t n, int32_t start) {
+  std::vector<int32_t> v(n);
+  for (int32_t i = 0; i < n; ++i) v[i] = start + 37 * i;
+  return v;
+}
+
+class GenerateRose : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new testing::TempDir();
+    rose::MkGptOssOptions mk;
+    mk.out_dir = dir_->path() + "/gpt-oss";
+    mk.seed = 11;
+    Status st = rose::makeGptOssModel(mk);
+    ASSERT_TRUE(st.isOk()) << st.toString();
+  }
+  static void TearDownTestSuite() {
+    delete dir_;
+    dir_ = nullptr;
+  }
+  static std::string modelDir() { return dir_->path() + "/gpt-oss"; }
+
+  // rose's greedy continuation, the plain way: one sequence, its whole context as one step.
+  static std::vector<int32_t> reference(std::vector<int32_t> tokens, int n) {
+    auto backend = rose::makeBackend("cpu", rose::BackendOptions{1, 0, 256}).value();
+    auto ops = rose::makeLlmOps(*backend, 1).value();
+    rose::GptOssOptions o;
+    o.max_batch_tokens = 256;
+    o.max_seqs = 1;
+    o.max_logits_rows = 1;
+    o.max_model_len = 128;
+    o.min_block_size = kBlock;
+    auto model = rose::GptOssModel::load(modelDir(), *backend, *ops, o);
+    EXPECT_TRUE(model.isOk()) << model.status().toString();
+    if (!model.isOk()) return {};
+    auto kv =
+        rose::PagedKvCache::create(*backend, (*model)->kvShape(16, kBlock), (*model)->kvDType())
+            .value();
+    std::vector<int32_t> out;
+    for (int i = 0; i < n; ++i) {
+      const int32_t len = static_cast<int32_t>(tokens.size());
+      rose::LlmStepSeq s;
+      s.num_tokens = len;
+      s.num_blocks = (len + kBlock - 1) / kBlock;
+      s.sample = 1;
+      std::vector<rose::LlmStepSeq> seqs = {s};
+      std::vector<int32_t> blocks(s.num_blocks);
+      for (int32_t b = 0; b < s.num_blocks; ++b) blocks[b] = b;
+      rose::LlmStep step{seqs, tokens, blocks};
+      Status v = (*model)->validate(step, *kv);
+      EXPECT_TRUE(v.isOk()) << v.toString();
+      int32_t id = -1;
+      backend->launch([&] { (*model)->enqueueStep(step, *kv, nullptr, &id); });
+      EXPECT_TRUE(backend->synchronize().isOk());
+      out.push_back(id);
+      tokens.push_back(id);
+    }
+    return out;
+  }
+
+  void startTulip(int kv_blocks) {
+    port_ = testing::freePort();
+    std::vector<std::string> argv = {
+        testing::binary("services/tulip/tulip"),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        std::to_string(port_),
+        "--metrics-port",
+        std::to_string(metrics_port_ = testing::freePort()),
+        "--model",
+        modelDir(),
+        "--rose-bin",
+        testing::binary("services/rose/rose"),
+        "--shm-name",
+        "/garden-genrose-" + std::to_string(getpid()) + "-" + std::to_string(port_),
+        "--max-batch-tokens",
+        "16",
+        "--max-num-seqs",
+        "4",
+        "--rose-threads",
+        "1",
+        "--rose-arg=--kv-blocks",
+        "--rose-arg=" + std::to_string(kv_blocks),
+        "--rose-arg=--kv-block-size",
+        "--rose-arg=" + std::to_string(kBlock),
+        "--rose-arg=--max-model-len",
+        "--rose-arg=128",
+        "--rose-arg=--max-seqs",
+        "--rose-arg=4"};
+    tulip_ = std::make_unique<testing::Process>(
+        argv, dir_->path() + "/tulip-" + std::to_string(port_) + ".log");
+    auto t0 = std::chrono::steady_clock::now();
+    bool listening = false;
+    while (!listening && std::chrono::steady_clock::now() - t0 < 60s) {
+      int fd = socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_port = htons(static_cast<uint16_t>(port_));
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      listening = connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+      close(fd);
+      if (!listening) std::this_thread::sleep_for(20ms);
+    }
+    ASSERT_TRUE(listening) << tulip_->log();
+    auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(port_),
+                                       grpc::InsecureChannelCredentials());
+    stub_ = v1::Tulip::NewStub(channel);
+    auto health = grpc::health::v1::Health::NewStub(channel);
+    while (std::chrono::steady_clock::now() - t0 < 120s) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + 500ms);
+      grpc::health::v1::HealthCheckResponse resp;
+      if (health->Check(&ctx, grpc::health::v1::HealthCheckRequest(), &resp).ok() &&
+          resp.status() == grpc::health::v1::HealthCheckResponse::SERVING)
+        return;
+      std::this_thread::sleep_for(50ms);
+    }
+    FAIL() << "tulip + rose never became healthy\n" << tulip_->log();
+  }
+
+  struct Out {
+    grpc::Status status;
+    std::vector<int32_t> tokens;
+    v1::GenerateChunk last;
+  };
+  Out generate(const std::vector<int32_t>& p, uint32_t n) {
+    v1::GenerateRequest r;
+    for (int32_t t : p) r.add_prompt_ids(t);
+    r.set_max_tokens(n);
+    r.set_ignore_eos(true);  // a random model may emit an eos id; the reference does not stop
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + 120s);
+    auto reader = stub_->Generate(&ctx, r);
+    Out out;
+    v1::GenerateChunk c;
+    while (reader->Read(&c)) {
+      out.tokens.insert(out.tokens.end(), c.token_ids().begin(), c.token_ids().end());
+      out.last = c;
+    }
+    out.status = reader->Finish();
+    return out;
+  }
+
+  double metric(const std::string& name) {
+    auto r = testing::http(metrics_port_, "GET", "/metrics");
+    auto at = r.body.find("\n" + name + " ");
+    if (at == std::string::npos) return -1;
+    return std::stod(r.body.substr(at + name.size() + 2));
+  }
+
+  static testing::TempDir* dir_;
+  int port_ = 0, metrics_port_ = 0;
+  std::unique_ptr<testing::Process> tulip_;
+  std::unique_ptr<v1::Tulip::Stub> stub_;
+};
+
+testing::TempDir* GenerateRose::dir_ = nullptr;
+
+TEST_F(GenerateRose, GreedyStreamsEqualRosesOwnContinuation) {
+  const auto a = prompt(20, 1000), b = prompt(27, 5000);
+  const auto want_a = reference(a, 8), want_b = reference(b, 8);
+  ASSERT_EQ(want_a.size(), 8u);
+  ASSERT_NE(want_a, want_b);
+  startTulip(64);
+  {
+    grpc::ClientContext ctx;
+    v1::ModelInfoResponse info;
+    ASSERT_TRUE(stub_->ModelInfo(&ctx, v1::ModelInfoRequest(), &info).ok());
+    EXPECT_EQ(info.kind(), "llm");
+    EXPECT_EQ(info.kv_blocks(), 64u);
+    EXPECT_EQ(info.kv_block_size(), static_cast<uint32_t>(kBlock));
+    EXPECT_GT(info.eos_token_ids_size(), 0);
+  }
+  // Two concurrent streams, prefilled in chunks of at most 16 tokens.
+  auto fa = std::async(std::launch::async, [&] { return generate(a, 8); });
+  auto fb = std::async(std::launch::async, [&] { return generate(b, 8); });
+  auto oa = fa.get(), ob = fb.get();
+  ASSERT_TRUE(oa.status.ok()) << oa.status.error_message() << tulip_->log();
+  ASSERT_TRUE(ob.status.ok()) << ob.status.error_message();
+  EXPECT_EQ(oa.tokens, want_a);
+  EXPECT_EQ(ob.tokens, want_b);
+  EXPECT_EQ(oa.last.finish_reason(), v1::FINISH_LENGTH);
+  // The same prompt again: its full blocks come from the prefix cache, the stream is the same.
+  auto again = generate(a, 8);
+  ASSERT_TRUE(again.status.ok());
+  EXPECT_EQ(again.tokens, want_a);
+  EXPECT_EQ(again.last.cached_prompt_tokens(), 16u);  // 20 tokens: two full blocks of 8
+}
+
+TEST_F(GenerateRose, PreemptionOnATinyCacheStillGivesRosesContinuation) {
+  // 9 blocks of 8 = 72 token slots for three streams that grow to 28, 35 and 30 tokens.
+  const auto a = prompt(20, 300), b = prompt(27, 7000), c = prompt(22, 90000);
+  const auto want_a = reference(a, 8), want_b = reference(b, 8), want_c = reference(c, 8);
+  startTulip(9);
+  auto fa = std::async(std::launch::async, [&] { return generate(a, 8); });
+  auto fb = std::async(std::launch::async, [&] { return generate(b, 8); });
+  auto fc = std::async(std::launch::async, [&] { return generate(c, 8); });
+  auto oa = fa.get(), ob = fb.get(), oc = fc.get();
+  ASSERT_TRUE(oa.status.ok()) << oa.status.error_message() << tulip_->log();
+  ASSERT_TRUE(ob.status.ok()) << ob.status.error_message();
+  ASSERT_TRUE(oc.status.ok()) << oc.status.error_message();
+  EXPECT_EQ(oa.tokens, want_a);
+  EXPECT_EQ(ob.tokens, want_b);
+  EXPECT_EQ(oc.tokens, want_c);
+  grpc::ClientContext ctx;
+  v1::LoadResponse load;
+  ASSERT_TRUE(stub_->Load(&ctx, v1::LoadRequest(), &load).ok());
+  EXPECT_EQ(load.kv_free_blocks(), 9u);
+  EXPECT_GT(metric("tulip_llm_preemptions_total"), 0.0);
+}
+
+}  // namespace
+}  // namespace garden

@@ -1,0 +1,547 @@
+// The LLM engine in-process on a real shm Channel, with the CPU backend and the tiny gpt-oss
+// checkpoint from tests/conformance/gpt_oss/fixtures (its outputs are checked against
+// transformers there): kGenerate steps (chunked prefill, several sequences per step, decode)
+// give exactly the sampled ids of a GptOssModel driven directly, greedy and seeded; malformed
+// descriptors and expired deadlines are answered without running and without touching the KV
+// cache, and the engine keeps serving; ModelFacts announce the llm; eos ids and checkpoint
+// kind are read from the model's files.
+
+#include "services/rose/engine/llm_engine.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <vector>
+
+#include "common/shm/channel.h"
+#include "common/shm/llm_batch.h"
+#include "services/rose/llm/gpt_oss.h"
+#include "services/rose/llm/llm_ops.h"
+#include "services/rose/ops/backend.h"
+
+namespace garden::rose {
+namespace {
+
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+fs::path sourceDir() {
+  const char* src = std::getenv("GARDEN_SOURCE_DIR");
+  return src ? fs::path(src) : fs::path(".");
+}
+std::string fixtureDir() {
+  return (sourceDir() / "tests/conformance/gpt_oss/fixtures/mxfp4").string();
+}
+
+constexpr int32_t kBlocks = 32, kBlockSize = 4, kMaxSeqs = 4, kMaxLen = 64;
+constexpr int64_t kMaxTokens = 48;
+constexpr uint64_t kInputBytes = 16384;
+
+LlmStepSeq seq(int32_t tok_off, int32_t n, int32_t pos, int32_t blk_off, int32_t nblk,
+               bool sample = false, SamplingParams sp = {}) {
+  LlmStepSeq s;
+  s.token_offset = tok_off;
+  s.num_tokens = n;
+  s.position = pos;
+  s.block_offset = blk_off;
+  s.num_blocks = nblk;
+  s.sample = sample ? 1 : 0;
+  s.sampling = sp;
+  return s;
+}
+
+struct Step {
+  std::vector<LlmStepSeq> seqs;
+  std::vector<int32_t> tokens;
+  std::vector<int32_t> blocks;
+};
+
+class LlmEngineTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    static std::atomic<int> counter{0};
+    name_ = "/rose-llm-engine-test-" + std::to_string(getpid()) + "-" + std::to_string(counter++);
+    auto ch = shm::Channel::create(name_, shm::Layout{3, kInputBytes, 4096});
+    ASSERT_TRUE(ch.isOk()) << ch.status().toString();
+    channel_.emplace(std::move(ch).value());
+    BackendOptions bo;
+    bo.threads = 1;
+    bo.max_batch_tokens = kMaxTokens;
+    GptOssOptions go;
+    go.max_batch_tokens = kMaxTokens;
+    go.max_seqs = kMaxSeqs;
+    go.max_logits_rows = kMaxSeqs;
+    go.max_model_len = kMaxLen;
+    go.min_block_size = kBlockSize;
+    for (int i = 0; i < 2; ++i) {
+      backends_[i] = std::move(makeBackend("cpu", bo)).value();
+      ops_[i] = std::move(makeLlmOps(*backends_[i], 1)).value();
+      auto m = GptOssModel::load(fixtureDir(), *backends_[i], *ops_[i], go);
+      ASSERT_TRUE(m.isOk()) << m.status().toString();
+      models_[i] = std::move(m).value();
+    }
+    ref_kv_ = PagedKvCache::create(*backends_[1], models_[1]->kvShape(kBlocks, kBlockSize),
+                                   models_[1]->kvDType())
+                  .value();
+    LlmEngineOptions eo;
+    eo.model_name = "tiny-gpt-oss";
+    eo.kv_num_blocks = kBlocks;
+    eo.kv_block_size = kBlockSize;
+    eo.max_seqs = kMaxSeqs;
+    eo.max_batch_tokens = kMaxTokens;
+    eo.eos_ids = {2, 7};
+    auto e = LlmEngine::create(*channel_, *backends_[0], *models_[0], eo);
+    ASSERT_TRUE(e.isOk()) << e.status().toString();
+    engine_ = std::move(e).value();
+    engine_->announceReady();
+  }
+
+  void TearDown() override { engine_.reset(); }
+
+  // Writes the step's three arrays into `slot`'s input arena (8-byte aligned, back to back) and
+  // returns a descriptor for them.
+  shm::BatchDesc put(uint32_t slot, const Step& s) {
+    auto in = channel_->inputArena(slot);
+    shm::BatchDesc d;
+    d.batch_id = ++next_id_;
+    d.slot = slot;
+    d.kind = shm::BatchKind::kGenerate;
+    d.num_seqs = static_cast<uint32_t>(s.seqs.size());
+    d.num_blocks = static_cast<uint32_t>(s.blocks.size());
+    uint32_t total = 0;
+    for (const auto& q : s.seqs) total += static_cast<uint32_t>(q.num_tokens);
+    d.num_tokens = total;
+    uint64_t off = 0;
+    d.seqs_offset = off;
+    std::memcpy(in.data() + off, s.seqs.data(), s.seqs.size() * sizeof(LlmStepSeq));
+    off += shm::llmAlignUp(s.seqs.size() * sizeof(LlmStepSeq));
+    d.tokens_offset = off;
+    std::memcpy(in.data() + off, s.tokens.data(), s.tokens.size() * 4);
+    off += shm::llmAlignUp(s.tokens.size() * 4);
+    d.blocks_offset = off;
+    std::memcpy(in.data() + off, s.blocks.data(), s.blocks.size() * 4);
+    std::strcpy(d.request_id, "req-llm-test");
+    return d;
+  }
+
+  shm::Completion submitAndWait(const shm::BatchDesc& d) {
+    EXPECT_TRUE(channel_->trySubmit(d));
+    EXPECT_TRUE(engine_->step(1s));
+    auto c = channel_->waitCompletion(20s);
+    EXPECT_TRUE(c.has_value());
+    return c.value_or(shm::Completion{});
+  }
+
+  // Runs the step through the engine; returns the sampled ids (asserting success).
+  std::vector<int32_t> engineStep(uint32_t slot, const Step& s) {
+    shm::Completion c = submitAndWait(put(slot, s));
+    EXPECT_EQ(c.status_code, 0) << c.message;
+    EXPECT_EQ(c.slot, slot);
+    uint32_t sampling = 0;
+    for (const auto& q : s.seqs) sampling += q.sample;
+    EXPECT_EQ(c.rows, sampling);
+    EXPECT_EQ(c.cols, 1u);
+    EXPECT_EQ(c.output_bytes, 4u * sampling);
+    std::vector<int32_t> out(c.rows);
+    std::memcpy(out.data(), channel_->outputArena(slot).data(), out.size() * 4);
+    return out;
+  }
+
+  // The same step on the independent reference model and cache.
+  std::vector<int32_t> refStep(const Step& s) {
+    LlmStep step{s.seqs, s.tokens, s.blocks};
+    Status st = models_[1]->validate(step, *ref_kv_);
+    EXPECT_TRUE(st.isOk()) << st.toString();
+    std::vector<int32_t> out;
+    for (const auto& q : s.seqs) {
+      if (q.sample) out.push_back(-1);
+    }
+    models_[1]->enqueueStep(step, *ref_kv_, nullptr, out.data());
+    EXPECT_TRUE(backends_[1]->synchronize().isOk());
+    return out;
+  }
+
+  // Snapshot of the engine's whole KV cache (CPU backend memory is host memory).
+  std::vector<std::byte> kvBytes() {
+    const PagedKvCache& kv = engine_->kvCache();
+    std::vector<std::byte> out;
+    for (int32_t l = 0; l < kv.shape().num_layers; ++l) {
+      for (const Tensor& t : {kv.keys(l), kv.values(l)}) {
+        const auto* p = static_cast<const std::byte*>(t.data);
+        out.insert(out.end(), p, p + t.bytes());
+      }
+    }
+    return out;
+  }
+
+  void expectRejected(const shm::BatchDesc& d, StatusCode code, const std::string& needle) {
+    shm::Completion c = submitAndWait(d);
+    EXPECT_EQ(c.status_code, static_cast<int32_t>(code)) << c.message;
+    EXPECT_EQ(c.batch_id, d.batch_id);
+    EXPECT_EQ(c.rows, 0u);
+    EXPECT_NE(std::string(c.message).find(needle), std::string::npos)
+        << "'" << c.message << "' lacks '" << needle << "'";
+  }
+
+  std::string name_;
+  std::optional<shm::Channel> channel_;
+  std::unique_ptr<Backend> backends_[2];
+  std::unique_ptr<LlmOps> ops_[2];
+  std::unique_ptr<GptOssModel> models_[2];  // [0] serves the engine, [1] is the reference
+  std::unique_ptr<PagedKvCache> ref_kv_;
+  std::unique_ptr<LlmEngine> engine_;
+  uint64_t next_id_ = 500;
+};
+
+TEST_F(LlmEngineTest, AnnouncesLlmFacts) {
+  EXPECT_EQ(channel_->state(), shm::WorkerState::kReady);
+  EXPECT_EQ(channel_->workerPid(), getpid());
+  const shm::ModelFacts f = channel_->modelFacts();
+  EXPECT_STREQ(f.kind, "llm");
+  EXPECT_STREQ(f.name, "tiny-gpt-oss");
+  EXPECT_EQ(f.vocab_size, 512u);
+  EXPECT_EQ(f.hidden_size, 32u);
+  EXPECT_EQ(f.max_seq_len, static_cast<uint32_t>(kMaxLen));
+  EXPECT_EQ(f.max_batch_tokens, static_cast<uint32_t>(kMaxTokens));
+  EXPECT_EQ(f.max_seqs, static_cast<uint32_t>(kMaxSeqs));
+  EXPECT_EQ(f.kv_num_blocks, static_cast<uint32_t>(kBlocks));
+  EXPECT_EQ(f.kv_block_size, static_cast<uint32_t>(kBlockSize));
+  EXPECT_EQ(f.eos_ids[0], 2);
+  EXPECT_EQ(f.eos_ids[1], 7);
+  EXPECT_EQ(f.eos_ids[2], -1);
+  EXPECT_EQ(f.eos_ids[3], -1);
+  EXPECT_EQ(engine_->kvCache().shape().num_blocks, kBlocks);
+}
+
+// Three sequences: A's prompt is prefilled in two chunks, B (seeded sampling) and C (greedy) in
+// one; then all three decode together for several steps, each fed the token the engine sampled
+// for it. Every sampled id equals the direct model's on the same steps.
+TEST_F(LlmEngineTest, ChunkedPrefillAndDecodeEqualTheModelDrivenDirectly) {
+  SamplingParams seeded;
+  seeded.temperature = 0.9f;
+  seeded.top_p = 0.9f;
+  seeded.top_k = 40;
+  seeded.seed = 12345;
+  SamplingParams greedy;  // temperature 0
+  const std::vector<int32_t> a_prompt = {5, 17, 300, 42, 99, 7, 260, 11, 400, 3};
+  const std::vector<int32_t> b_prompt = {1, 2, 3, 4, 5, 6, 7};
+  const std::vector<int32_t> c_prompt = {500, 9, 77};
+  // Non-contiguous block tables (6 blocks = 24 tokens each), handed whole every step.
+  const std::vector<int32_t> a_blocks = {3, 7, 11, 15, 19, 23};
+  const std::vector<int32_t> b_blocks = {0, 5, 9, 13, 20, 30};
+  const std::vector<int32_t> c_blocks = {2, 8, 14, 21, 22, 31};
+  std::vector<int32_t> all_blocks = a_blocks;
+  all_blocks.insert(all_blocks.end(), b_blocks.begin(), b_blocks.end());
+  all_blocks.insert(all_blocks.end(), c_blocks.begin(), c_blocks.end());
+
+  auto compare = [&](uint32_t slot, const Step& s) {
+    auto got = engineStep(slot, s);
+    auto want = refStep(s);
+    EXPECT_EQ(got, want) << "slot " << slot;
+    return got;
+  };
+
+  // Step 1: A's first chunk (no sample), B and C whole prompts (sample).
+  Step s1;
+  s1.seqs = {seq(0, 6, 0, 0, 6), seq(6, 7, 0, 6, 6, true, seeded),
+             seq(13, 3, 0, 12, 6, true, greedy)};
+  s1.tokens.assign(a_prompt.begin(), a_prompt.begin() + 6);
+  s1.tokens.insert(s1.tokens.end(), b_prompt.begin(), b_prompt.end());
+  s1.tokens.insert(s1.tokens.end(), c_prompt.begin(), c_prompt.end());
+  s1.blocks = all_blocks;
+  auto out = compare(0, s1);
+  ASSERT_EQ(out.size(), 2u);
+  int32_t b_next = out[0], c_next = out[1];
+
+  // Step 2: A's second chunk (sample), B and C decode.
+  Step s2;
+  s2.seqs = {seq(0, 4, 6, 0, 6, true, greedy), seq(4, 1, 7, 6, 6, true, seeded),
+             seq(5, 1, 3, 12, 6, true, greedy)};
+  s2.tokens.assign(a_prompt.begin() + 6, a_prompt.end());
+  s2.tokens.push_back(b_next);
+  s2.tokens.push_back(c_next);
+  s2.blocks = all_blocks;
+  out = compare(1, s2);
+  ASSERT_EQ(out.size(), 3u);
+  int32_t a_next = out[0];
+  b_next = out[1];
+  c_next = out[2];
+  int32_t a_pos = 10, b_pos = 8, c_pos = 4;
+
+  // Decode steps, rotating over the slots; crosses the fixture's sliding window (8).
+  std::vector<int32_t> a_gen;
+  for (int i = 0; i < 6; ++i) {
+    Step s;
+    s.seqs = {seq(0, 1, a_pos, 0, 6, true, greedy), seq(1, 1, b_pos, 6, 6, true, seeded),
+              seq(2, 1, c_pos, 12, 6, true, greedy)};
+    s.tokens = {a_next, b_next, c_next};
+    s.blocks = all_blocks;
+    out = compare(static_cast<uint32_t>(i % 3), s);
+    ASSERT_EQ(out.size(), 3u);
+    a_next = out[0];
+    b_next = out[1];
+    c_next = out[2];
+    ++a_pos, ++b_pos, ++c_pos;
+    a_gen.push_back(a_next);
+    for (int32_t id : out) EXPECT_TRUE(id >= 0 && id < 512) << id;
+  }
+  EXPECT_EQ(engine_->stats().steps_run, 8u);
+  EXPECT_EQ(engine_->stats().steps_rejected, 0u);
+}
+
+// A step in which no sequence samples (a prefill chunk) completes with zero rows.
+TEST_F(LlmEngineTest, StepWithoutSamplingCompletesWithNoRows) {
+  Step s;
+  s.seqs = {seq(0, 5, 0, 0, 2)};
+  s.tokens = {1, 2, 3, 4, 5};
+  s.blocks = {4, 9};
+  shm::Completion c = submitAndWait(put(2, s));
+  EXPECT_EQ(c.status_code, 0) << c.message;
+  EXPECT_EQ(c.rows, 0u);
+  EXPECT_EQ(c.output_bytes, 0u);
+}
+
+TEST_F(LlmEngineTest, MalformedDescriptorsAreRejectedWithoutTouchingTheCache) {
+  // A live sequence with its prompt in blocks 0 and 1.
+  Step live;
+  live.seqs = {seq(0, 5, 0, 0, 2, true)};
+  live.tokens = {10, 20, 30, 40, 50};
+  live.blocks = {0, 1};
+  auto first = engineStep(0, live);
+  ASSERT_EQ(first, refStep(live));
+  const std::vector<std::byte> before = kvBytes();
+
+  // A valid-looking step that writes the live sequence's blocks (position 0, block 0), made
+  // invalid by a second sequence; each variant below is rejected as a whole.
+  Step clobber;
+  clobber.seqs = {seq(0, 3, 0, 0, 1, true), seq(3, 2, 0, 1, 1, true)};
+  clobber.tokens = {7, 8, 9, 1, 2};
+  clobber.blocks = {0, 1};
+
+  auto bad_token = clobber;
+  bad_token.tokens[4] = 512;  // vocabulary is 512
+  expectRejected(put(1, bad_token), StatusCode::kInvalidArgument, "outside the vocabulary");
+
+  auto bad_block = clobber;
+  bad_block.blocks[1] = kBlocks;  // one past the cache
+  expectRejected(put(1, bad_block), StatusCode::kInvalidArgument, "outside the cache");
+
+  auto bad_range = clobber;
+  bad_range.seqs[1].block_offset = 2;  // past the block id array
+  expectRejected(put(1, bad_range), StatusCode::kInvalidArgument, "block id array");
+
+  auto logits = clobber;
+  logits.seqs[1].logits = LogitsMode::kLast;
+  expectRejected(put(1, logits), StatusCode::kInvalidArgument, "logits");
+
+  auto too_long = clobber;
+  too_long.seqs[1].position = kMaxLen - 1;  // position + num_tokens > max_model_len
+  too_long.seqs[1].num_blocks = 1;
+  expectRejected(put(1, too_long), StatusCode::kInvalidArgument, "max_model_len");
+
+  shm::BatchDesc d = put(1, clobber);
+  d.num_tokens += 1;  // the sequences sum to 5
+  expectRejected(d, StatusCode::kInvalidArgument, "sum to 5");
+
+  d = put(1, clobber);
+  d.seqs_offset = kInputBytes - 8;
+  expectRejected(d, StatusCode::kInvalidArgument, "seqs (offset");
+
+  d = put(1, clobber);
+  d.blocks_offset = ~uint64_t{0} - 7;  // overflow-safe range check
+  expectRejected(d, StatusCode::kInvalidArgument, "blocks (offset");
+
+  d = put(1, clobber);
+  d.tokens_offset += 4;
+  expectRejected(d, StatusCode::kInvalidArgument, "aligned");
+
+  d = put(1, clobber);
+  d.num_seqs = kMaxSeqs + 1;
+  expectRejected(d, StatusCode::kInvalidArgument, "max_seqs");
+
+  d = put(1, clobber);
+  d.num_tokens = kMaxTokens + 1;
+  expectRejected(d, StatusCode::kInvalidArgument, "max_batch_tokens");
+
+  d = put(1, clobber);
+  d.num_seqs = 0;
+  expectRejected(d, StatusCode::kInvalidArgument, "num_seqs");
+
+  d = put(1, clobber);
+  d.num_blocks = static_cast<uint32_t>(engine_->maxStepBlocks() + 1);
+  expectRejected(d, StatusCode::kInvalidArgument, "num_blocks");
+
+  d = put(1, clobber);
+  d.kind = shm::BatchKind::kEmbed;
+  expectRejected(d, StatusCode::kInvalidArgument, "serves an llm");
+  d.kind = static_cast<shm::BatchKind>(99);
+  expectRejected(d, StatusCode::kInvalidArgument, "serves an llm");
+
+  d = put(1, clobber);
+  d.slot = 7;
+  expectRejected(d, StatusCode::kInvalidArgument, "slot 7");
+
+  EXPECT_EQ(kvBytes(), before) << "a rejected step wrote the KV cache";
+  EXPECT_EQ(engine_->stats().steps_rejected, 16u);
+  EXPECT_EQ(engine_->inFlight(), 0u);
+
+  // The engine keeps serving: the live sequence decodes exactly as the reference's.
+  int32_t next = first[0];
+  for (int32_t pos = 5; pos < 8; ++pos) {
+    Step s;
+    s.seqs = {seq(0, 1, pos, 0, 2, true)};
+    s.tokens = {next};
+    s.blocks = {0, 1};
+    auto got = engineStep(static_cast<uint32_t>(pos % 3), s);
+    ASSERT_EQ(got, refStep(s));
+    next = got[0];
+  }
+}
+
+TEST_F(LlmEngineTest, ExpiredDeadlineIsAnsweredWithoutRunning) {
+  const std::vector<std::byte> before = kvBytes();
+  Step s;
+  s.seqs = {seq(0, 3, 0, 0, 1, true)};
+  s.tokens = {1, 2, 3};
+  s.blocks = {5};
+  shm::BatchDesc d = put(0, s);
+  d.deadline_ns = shm::monotonicNowNs() - 1'000'000;
+  expectRejected(d, StatusCode::kDeadlineExceeded, "deadline");
+  EXPECT_EQ(kvBytes(), before);
+  EXPECT_EQ(engine_->stats().steps_run, 0u);
+  // A deadline in the future runs.
+  d = put(0, s);
+  d.deadline_ns = shm::monotonicNowNs() + 60'000'000'000;
+  shm::Completion c = submitAndWait(d);
+  EXPECT_EQ(c.status_code, 0) << c.message;
+  EXPECT_EQ(c.rows, 1u);
+  EXPECT_EQ(engine_->stats().steps_run, 1u);
+}
+
+// Several steps in flight on different slots (independent sequences): each completes with its
+// own result, in submission order.
+TEST_F(LlmEngineTest, PipelinedStepsOnSeveralSlots) {
+  std::vector<Step> steps;
+  for (int i = 0; i < 3; ++i) {
+    Step s;
+    s.seqs = {seq(0, 4, 0, 0, 1, true)};
+    s.tokens = {10 + i, 20 + i, 30 + i, 40 + i};
+    s.blocks = {10 + i};
+    steps.push_back(s);
+  }
+  std::vector<shm::BatchDesc> ds;
+  for (uint32_t i = 0; i < 3; ++i) {
+    ds.push_back(put(i, steps[i]));
+    ASSERT_TRUE(channel_->trySubmit(ds.back()));
+  }
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(engine_->step(1s));
+  for (uint32_t i = 0; i < 3; ++i) {
+    auto c = channel_->waitCompletion(20s);
+    ASSERT_TRUE(c.has_value());
+    EXPECT_EQ(c->batch_id, ds[i].batch_id);
+    ASSERT_EQ(c->status_code, 0) << c->message;
+    int32_t got;
+    std::memcpy(&got, channel_->outputArena(i).data(), 4);
+    EXPECT_EQ(std::vector<int32_t>{got}, refStep(steps[i]));
+  }
+}
+
+TEST(LlmEngineCreate, BadOptionsAreClearErrors) {
+  auto ch = shm::Channel::create("/rose-llm-engine-create-" + std::to_string(getpid()),
+                                 shm::Layout{2, 4096, 4096});
+  ASSERT_TRUE(ch.isOk());
+  auto backend = std::move(makeBackend("cpu", BackendOptions{1, 0, 16})).value();
+  auto ops = std::move(makeLlmOps(*backend, 1)).value();
+  GptOssOptions go;
+  go.max_batch_tokens = 16;
+  go.max_seqs = 2;
+  go.max_logits_rows = 2;
+  go.max_model_len = 32;
+  auto model = std::move(GptOssModel::load(fixtureDir(), *backend, *ops, go)).value();
+  LlmEngineOptions eo;
+  eo.kv_num_blocks = 0;
+  auto e = LlmEngine::create(*ch, *backend, *model, eo);
+  EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(e.status().message().find("kv_num_blocks"), std::string::npos);
+  eo.kv_num_blocks = 8;
+  eo.eos_ids = {512};
+  e = LlmEngine::create(*ch, *backend, *model, eo);
+  EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(e.status().message().find("eos id 512"), std::string::npos);
+  eo.eos_ids = {1, 2, 3, 4, 5};
+  e = LlmEngine::create(*ch, *backend, *model, eo);
+  EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument);
+  eo.eos_ids = {};
+  eo.max_seqs = 2000;  // 8000 bytes of ids > the 4096-byte output arena
+  e = LlmEngine::create(*ch, *backend, *model, eo);
+  EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(e.status().message().find("output arena"), std::string::npos);
+  eo.max_seqs = 2;
+  e = LlmEngine::create(*ch, *backend, *model, eo);
+  EXPECT_TRUE(e.isOk()) << e.status().toString();
+}
+
+// ---- checkpoint files ----
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    char t[] = "/tmp/llm_engine_test_XXXXXX";
+    path = mkdtemp(t);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  void write(const std::string& name, const std::string& text) const {
+    std::ofstream(path / name) << text;
+  }
+};
+
+TEST(LlmCheckpointFiles, KindDetection) {
+  EXPECT_TRUE(isGptOssCheckpoint(fixtureDir()).value());
+  EXPECT_FALSE(
+      isGptOssCheckpoint((sourceDir() / "tests/conformance/qwen3/fixtures").string()).value());
+  TempDir t;
+  t.write("config.json", R"({"architectures": ["GptOssForCausalLM"]})");
+  EXPECT_TRUE(isGptOssCheckpoint(t.path.string()).value());
+  t.write("config.json", R"({"model_type": "qwen3", "architectures": ["Qwen3Model"]})");
+  EXPECT_FALSE(isGptOssCheckpoint(t.path.string()).value());
+  t.write("config.json", "{not json");
+  EXPECT_EQ(isGptOssCheckpoint(t.path.string()).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(isGptOssCheckpoint((t.path / "missing").string()).status().code(),
+            StatusCode::kNotFound);
+}
+
+TEST(LlmCheckpointFiles, EosIdsFromGenerationConfigElseConfig) {
+  // The fixture has eos_token_id null and no generation_config.json.
+  EXPECT_TRUE(loadEosIds(fixtureDir()).value().empty());
+  TempDir t;
+  t.write("config.json", R"({"eos_token_id": 200002})");
+  EXPECT_EQ(loadEosIds(t.path.string()).value(), (std::vector<int32_t>{200002}));
+  t.write("generation_config.json",
+          R"({"bos_token_id": 199998, "eos_token_id": [200002, 199999, 200012, 200002]})");
+  EXPECT_EQ(loadEosIds(t.path.string()).value(), (std::vector<int32_t>{200002, 199999, 200012}));
+  t.write("generation_config.json", R"({"eos_token_id": 200012})");
+  EXPECT_EQ(loadEosIds(t.path.string()).value(), (std::vector<int32_t>{200012}));
+  // No eos in generation_config.json: config.json's.
+  t.write("generation_config.json", R"({"do_sample": true})");
+  EXPECT_EQ(loadEosIds(t.path.string()).value(), (std::vector<int32_t>{200002}));
+  t.write("generation_config.json", R"({"eos_token_id": [1, 2, 3, 4, 5]})");
+  auto r = loadEosIds(t.path.string());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("at most 4"), std::string::npos) << r.status().toString();
+  t.write("generation_config.json", R"({"eos_token_id": "x"})");
+  r = loadEosIds(t.path.string());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("generation_config.json: eos_token_id"), std::string::npos)
+      << r.status().toString();
+}
+
+}  // namespace
+}  // namespace garden::rose

@@ -1,0 +1,284 @@
+// The `rose` binary on a gpt-oss checkpoint (rose-mkmodel's tiny one, real o200k_harmony vocab
+// size): as a sidecar (--create-shm) it announces kind "llm", its KV cache and the checkpoint's
+// eos ids, serves a kGenerate step with the ids a directly driven GptOssModel samples, and stops
+// cleanly on SIGTERM; spawned on a channel it sizes the KV cache from --kv-cache-mb; on the cuda
+// device it fails with a clear state (no CUDA LLM ops yet).
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/shm/channel.h"
+#include "common/shm/llm_batch.h"
+#include "services/rose/llm/gpt_oss.h"
+#include "services/rose/llm/llm_ops.h"
+#include "services/rose/ops/backend.h"
+#include "services/rose/tools/mkmodel_gpt_oss.h"
+
+namespace garden::rose {
+namespace {
+
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+std::string roseBin() {
+  const char* b = std::getenv("GARDEN_BUILD_DIR");
+  return std::string(b ? b : ".") + "/services/rose/rose";
+}
+
+std::string uniqueName(const char* tag) {
+  static std::atomic<int> n{0};
+  return std::string("/rose-llm-bin-") + tag + "-" + std::to_string(getpid()) + "-" +
+         std::to_string(n++);
+}
+
+pid_t spawn(const std::vector<std::string>& args) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    std::vector<char*> argv;
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+int waitExit(pid_t pid, std::chrono::milliseconds timeout) {
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < end) {
+    int st = 0;
+    if (waitpid(pid, &st, WNOHANG) == pid) return st;
+    std::this_thread::sleep_for(10ms);
+  }
+  return -1;
+}
+
+bool waitState(shm::Channel& ch, shm::WorkerState s, std::chrono::milliseconds timeout) {
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < end) {
+    if (ch.state() == s) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return false;
+}
+
+// One tiny gpt-oss checkpoint for the whole suite (written once, ~26 MB).
+class RoseLlmBinary : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    char t[] = "/tmp/rose_llm_binary_XXXXXX";
+    dir_ = new fs::path(mkdtemp(t));
+    MkGptOssOptions o;
+    o.out_dir = (*dir_ / "tiny-gpt-oss").string();
+    o.seed = 3;
+    Status st = makeGptOssModel(o);
+    ASSERT_TRUE(st.isOk()) << st.toString();
+  }
+  static void TearDownTestSuite() {
+    std::error_code ec;
+    fs::remove_all(*dir_, ec);
+    delete dir_;
+  }
+  static std::string modelDir() { return (*dir_ / "tiny-gpt-oss").string(); }
+  static fs::path* dir_;
+};
+fs::path* RoseLlmBinary::dir_ = nullptr;
+
+TEST_F(RoseLlmBinary, SidecarAnnouncesTheLlmAndServesAStep) {
+  const std::string name = uniqueName("sidecar");
+  pid_t pid = spawn({roseBin(),
+                     "--model",
+                     modelDir(),
+                     "--shm-name",
+                     name,
+                     "--create-shm",
+                     "--depth",
+                     "2",
+                     "--threads",
+                     "1",
+                     "--max-batch-tokens",
+                     "64",
+                     "--kv-blocks",
+                     "40",
+                     "--kv-block-size",
+                     "16",
+                     "--max-model-len",
+                     "256",
+                     "--max-seqs",
+                     "8"});
+  ASSERT_GT(pid, 0);
+  std::optional<shm::Channel> ch;
+  const auto end = std::chrono::steady_clock::now() + 60s;
+  while (!ch && std::chrono::steady_clock::now() < end) {
+    auto a = shm::Channel::attach(name);
+    if (a.isOk() && a->state() == shm::WorkerState::kReady) {
+      ch.emplace(std::move(a).value());
+    } else {
+      std::this_thread::sleep_for(20ms);
+    }
+  }
+  ASSERT_TRUE(ch.has_value()) << "sidecar rose did not create a ready channel";
+  const shm::ModelFacts f = ch->modelFacts();
+  EXPECT_STREQ(f.kind, "llm");
+  EXPECT_STREQ(f.name, "tiny-gpt-oss");
+  EXPECT_EQ(f.vocab_size, 201088u);
+  EXPECT_EQ(f.hidden_size, 32u);
+  EXPECT_EQ(f.max_seq_len, 256u);
+  EXPECT_EQ(f.max_batch_tokens, 64u);
+  EXPECT_EQ(f.max_seqs, 8u);
+  EXPECT_EQ(f.kv_num_blocks, 40u);
+  EXPECT_EQ(f.kv_block_size, 16u);
+  // generation_config.json as published: <|return|>, <|endoftext|>, <|call|>.
+  EXPECT_EQ(f.eos_ids[0], 200002);
+  EXPECT_EQ(f.eos_ids[1], 199999);
+  EXPECT_EQ(f.eos_ids[2], 200012);
+  EXPECT_EQ(f.eos_ids[3], -1);
+  EXPECT_EQ(ch->layout().slots, 2u);
+  // Input arena sized for max_seqs sequences of max_model_len tokens.
+  EXPECT_EQ(ch->layout().input_bytes, shm::llmStepBytes(8, 64, 8 * 16));
+
+  // One step: a Harmony-looking prompt (greedy) and a seeded second sequence.
+  const std::vector<int32_t> tokens = {200006, 1428,   200008, 12194, 200007,
+                                       200006, 173781, 9,      8,     7};
+  std::vector<llm::LlmStepSeq> seqs(2);
+  seqs[0].token_offset = 0;
+  seqs[0].num_tokens = 7;
+  seqs[0].num_blocks = 1;
+  seqs[0].block_offset = 0;
+  seqs[0].sample = 1;
+  seqs[1].token_offset = 7;
+  seqs[1].num_tokens = 3;
+  seqs[1].block_offset = 1;
+  seqs[1].num_blocks = 1;
+  seqs[1].sample = 1;
+  seqs[1].sampling.temperature = 1.0f;
+  seqs[1].sampling.seed = 99;
+  const std::vector<int32_t> blocks = {39, 4};
+  auto in = ch->inputArena(1);
+  std::memcpy(in.data(), seqs.data(), seqs.size() * sizeof(llm::LlmStepSeq));
+  std::memcpy(in.data() + 96, tokens.data(), tokens.size() * 4);
+  std::memcpy(in.data() + 136, blocks.data(), blocks.size() * 4);
+  shm::BatchDesc d;
+  d.batch_id = 42;
+  d.slot = 1;
+  d.kind = shm::BatchKind::kGenerate;
+  d.num_seqs = 2;
+  d.num_tokens = 10;
+  d.num_blocks = 2;
+  d.seqs_offset = 0;
+  d.tokens_offset = 96;
+  d.blocks_offset = 136;
+  ASSERT_TRUE(ch->trySubmit(d));
+  auto c = ch->waitCompletion(30s);
+  ASSERT_TRUE(c.has_value());
+  ASSERT_EQ(c->status_code, 0) << c->message;
+  EXPECT_EQ(c->batch_id, 42u);
+  ASSERT_EQ(c->rows, 2u);
+  EXPECT_EQ(c->cols, 1u);
+  std::vector<int32_t> got(2);
+  std::memcpy(got.data(), ch->outputArena(1).data(), 8);
+
+  // The same step on the model driven directly.
+  auto backend = std::move(makeBackend("cpu", BackendOptions{1, 0, 64})).value();
+  auto ops = std::move(makeLlmOps(*backend, 1)).value();
+  GptOssOptions go;
+  go.max_batch_tokens = 64;
+  go.max_seqs = 8;
+  go.max_logits_rows = 8;
+  go.max_model_len = 256;
+  auto model = std::move(GptOssModel::load(modelDir(), *backend, *ops, go)).value();
+  auto kv =
+      std::move(PagedKvCache::create(*backend, model->kvShape(40, 16), model->kvDType())).value();
+  LlmStep step{seqs, tokens, blocks};
+  ASSERT_TRUE(model->validate(step, *kv).isOk());
+  std::vector<int32_t> want(2, -1);
+  model->enqueueStep(step, *kv, nullptr, want.data());
+  ASSERT_TRUE(backend->synchronize().isOk());
+  EXPECT_EQ(got, want);
+
+  // An embedding batch is refused by name.
+  shm::BatchDesc e;
+  e.batch_id = 43;
+  e.slot = 0;
+  e.kind = shm::BatchKind::kEmbed;
+  e.num_seqs = 1;
+  e.num_tokens = 1;
+  ASSERT_TRUE(ch->trySubmit(e));
+  c = ch->waitCompletion(30s);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->status_code, static_cast<int32_t>(StatusCode::kInvalidArgument));
+  EXPECT_NE(std::string(c->message).find("serves an llm"), std::string::npos) << c->message;
+
+  EXPECT_FALSE(ch->heartbeatStale(2s));
+  kill(pid, SIGTERM);
+  int st = waitExit(pid, 15s);
+  ASSERT_NE(st, -1) << "rose did not exit on SIGTERM";
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "status " << st;
+}
+
+TEST_F(RoseLlmBinary, SpawnedSizesTheKvCacheFromMegabytes) {
+  const std::string name = uniqueName("spawned");
+  auto ch = shm::Channel::create(name, shm::Layout{2, 8192, 4096});
+  ASSERT_TRUE(ch.isOk()) << ch.status().toString();
+  pid_t pid = spawn({roseBin(), "--model", modelDir(), "--shm-name", name, "--threads", "1",
+                     "--max-batch-tokens", "32", "--kv-cache-mb", "1", "--kv-block-size", "8",
+                     "--max-model-len", "128", "--max-seqs", "4"});
+  ASSERT_GT(pid, 0);
+  ASSERT_TRUE(waitState(*ch, shm::WorkerState::kReady, 60s)) << "rose did not become ready";
+  EXPECT_EQ(ch->workerPid(), pid);
+  const shm::ModelFacts f = ch->modelFacts();
+  EXPECT_STREQ(f.kind, "llm");
+  // 1 MiB / (K and V x 2 layers x 8 tokens x 2 kv heads x 64 dims x 4 bytes (f32 on cpu)).
+  EXPECT_EQ(f.kv_num_blocks, (1u << 20) / (2 * 2 * 8 * 2 * 64 * 4));
+  EXPECT_EQ(f.kv_block_size, 8u);
+  EXPECT_EQ(f.max_seq_len, 128u);
+  kill(pid, SIGTERM);
+  int st = waitExit(pid, 15s);
+  ASSERT_NE(st, -1);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "status " << st;
+  EXPECT_EQ(ch->state(), shm::WorkerState::kStopping);
+}
+
+TEST_F(RoseLlmBinary, CudaDeviceFailsClearly) {
+  const std::string name = uniqueName("cuda");
+  auto ch = shm::Channel::create(name, shm::Layout{2, 8192, 4096});
+  ASSERT_TRUE(ch.isOk()) << ch.status().toString();
+  pid_t pid = spawn({roseBin(), "--model", modelDir(), "--shm-name", name, "--device", "cuda",
+                     "--log-level", "error"});
+  ASSERT_GT(pid, 0);
+  int st = waitExit(pid, 30s);
+  ASSERT_NE(st, -1) << "rose did not exit";
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 1) << "status " << st;
+  EXPECT_EQ(ch->state(), shm::WorkerState::kFailed);
+}
+
+TEST_F(RoseLlmBinary, BadKvFlagsExitTwo) {
+  const std::string name = uniqueName("flags");
+  for (const std::vector<std::string>& extra :
+       {std::vector<std::string>{"--kv-block-size", "0"},
+        std::vector<std::string>{"--kv-blocks=-1"},
+        std::vector<std::string>{"--kv-blocks", "0", "--kv-cache-mb", "0"}}) {
+    std::vector<std::string> args = {roseBin(),    "--model", modelDir(),
+                                     "--shm-name", name,      "--create-shm"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    pid_t pid = spawn(args);
+    ASSERT_GT(pid, 0);
+    int st = waitExit(pid, 30s);
+    ASSERT_NE(st, -1);
+    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 2) << extra[0] << " status " << st;
+  }
+}
+
+}  // namespace
+}  // namespace garden::rose

@@ -1,0 +1,413 @@
+// LlmScheduler against the in-process fake LLM (tests/fakes/tulip/fake_llm_worker.h): exact step
+// layouts (tokens, positions, block tables), chunked prefill, prefix-cache hits, preemption by
+// recompute, stop conditions, cancellation, worker failure and admission errors. The fake model
+// reads earlier tokens back through the block tables, so any bookkeeping error changes a stream.
+#include "services/tulip/llm/llm_scheduler.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <random>
+
+#include "common/shm/llm_batch.h"
+#include "tests/fakes/tulip/fake_llm_worker.h"
+
+namespace garden::tulip {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::FakeLlmWorker;
+using testing::fakeReference;
+
+constexpr uint32_t kVocab = 1000;
+constexpr int32_t kEos = 999;
+
+struct Stream {
+  std::mutex mu;
+  std::vector<int32_t> tokens;
+  std::optional<GenerateEvent> last;
+  std::shared_ptr<LlmRequest> req;
+  int events_after_last = 0;
+  bool done() {
+    std::lock_guard<std::mutex> l(mu);
+    return last.has_value();
+  }
+};
+
+GenerateParams params(std::vector<int32_t> prompt, uint32_t max_tokens) {
+  GenerateParams p;
+  p.prompt = std::move(prompt);
+  p.max_tokens = max_tokens;
+  p.has_seed = true;
+  return p;
+}
+
+std::shared_ptr<Stream> start(LlmScheduler& s, GenerateParams p, Status* st_out = nullptr) {
+  auto out = std::make_shared<Stream>();
+  out->req = std::make_shared<LlmRequest>();
+  out->req->params = std::move(p);
+  out->req->on_event = [o = out.get()](const GenerateEvent& ev) {
+    std::lock_guard<std::mutex> l(o->mu);
+    if (o->last) ++o->events_after_last;
+    if (ev.token >= 0) o->tokens.push_back(ev.token);
+    if (ev.last) o->last = ev;
+  };
+  Status st = s.submit(out->req);
+  if (st_out)
+    *st_out = st;
+  else
+    EXPECT_TRUE(st.isOk()) << st.toString();
+  return out;
+}
+
+std::vector<int32_t> range(int32_t n, int32_t start = 10) {
+  std::vector<int32_t> v(n);
+  for (int32_t i = 0; i < n; ++i) v[i] = start + i;
+  return v;
+}
+
+std::vector<int32_t> ref(const std::vector<int32_t>& prompt, uint32_t n,
+                         llm::SamplingParams p = {}) {
+  return fakeReference(prompt, n, p, kVocab);
+}
+
+TEST(LlmScheduler, PrefillThenDecodeStepsHaveExactLayout) {
+  FakeLlmWorker w(16, 4);
+  LlmScheduler s(w, {64, 8, 1 << 20, true});
+  auto a = start(s, params(range(6), 3));
+  ASSERT_TRUE(w.waitHeld(1));
+  auto b = start(s, params(range(3, 50), 2));
+  // Step 1: a's whole prompt, sampling; blocks 0,1.
+  auto st = w.submitted();
+  ASSERT_EQ(st.size(), 1u);
+  ASSERT_EQ(st[0].llm_seqs.size(), 1u);
+  EXPECT_EQ(st[0].tokens, range(6));
+  EXPECT_EQ(st[0].block_ids, (std::vector<int32_t>{0, 1}));
+  EXPECT_EQ(st[0].llm_seqs[0].position, 0);
+  EXPECT_EQ(st[0].llm_seqs[0].num_tokens, 6);
+  EXPECT_EQ(st[0].llm_seqs[0].sample, 1);
+  ASSERT_TRUE(w.completeNext());
+  ASSERT_TRUE(w.waitHeld(1));
+  // Step 2: a's decode (position 6) and b's prefill (blocks 2).
+  st = w.submitted();
+  ASSERT_EQ(st.size(), 2u);
+  ASSERT_EQ(st[1].llm_seqs.size(), 2u);
+  EXPECT_EQ(st[1].llm_seqs[0].position, 6);
+  EXPECT_EQ(st[1].llm_seqs[0].num_tokens, 1);
+  EXPECT_EQ(st[1].tokens[0], ref(range(6), 1)[0]);
+  EXPECT_EQ(st[1].llm_seqs[1].position, 0);
+  EXPECT_EQ(st[1].llm_seqs[1].num_tokens, 3);
+  EXPECT_EQ(st[1].block_ids, (std::vector<int32_t>{0, 1, 2}));
+  ASSERT_TRUE(w.runUntil([&] { return a->done() && b->done(); }));
+  EXPECT_EQ(a->tokens, ref(range(6), 3));
+  EXPECT_EQ(b->tokens, ref(range(3, 50), 2));
+  EXPECT_EQ(a->last->finish, FinishReason::kLength);
+  EXPECT_TRUE(a->last->status.isOk());
+  EXPECT_EQ(a->last->prompt_tokens, 6u);
+  EXPECT_EQ(a->last->completion_tokens, 3u);
+  EXPECT_EQ(a->events_after_last, 0);
+  EXPECT_TRUE(w.errors().empty()) << w.errors()[0];
+  auto stats = s.stats();
+  EXPECT_EQ(stats.running, 0u);
+  EXPECT_EQ(stats.kv_free_blocks, 16u);
+}
+
+TEST(LlmScheduler, ChunkedPrefillUnderTokenBudget) {
+  FakeLlmWorker w(32, 4);
+  LlmScheduler s(w, {4, 8, 1 << 20, true});
+  auto a = start(s, params(range(10), 2));
+  std::vector<std::pair<int, int>> want = {{0, 4}, {4, 4}, {8, 2}};
+  for (auto [pos, n] : want) {
+    ASSERT_TRUE(w.waitHeld(1));
+    auto last = w.submitted().back();
+    ASSERT_EQ(last.llm_seqs.size(), 1u);
+    EXPECT_EQ(last.llm_seqs[0].position, pos);
+    EXPECT_EQ(last.llm_seqs[0].num_tokens, n);
+    EXPECT_EQ(last.llm_seqs[0].sample, pos + n == 10 ? 1 : 0);
+    EXPECT_EQ(last.llm_seqs[0].num_blocks, (pos + n + 3) / 4);
+    ASSERT_TRUE(w.completeNext());
+  }
+  ASSERT_TRUE(w.runUntil([&] { return a->done(); }));
+  EXPECT_EQ(a->tokens, ref(range(10), 2));
+  EXPECT_TRUE(w.errors().empty());
+}
+
+TEST(LlmScheduler, RepeatedPromptHitsThePrefixCache) {
+  FakeLlmWorker w(32, 4);
+  LlmScheduler s(w, {64, 8, 1 << 20, true});
+  const auto prompt = range(12);
+  auto a = start(s, params(prompt, 2));
+  ASSERT_TRUE(w.runUntil([&] { return a->done(); }));
+  EXPECT_EQ(a->last->cached_prompt_tokens, 0u);
+  auto b = start(s, params(prompt, 4));
+  ASSERT_TRUE(w.waitHeld(1));
+  auto step = w.submitted().back();
+  // 12 tokens: two full blocks hit (the third full block holds the last token: recomputed).
+  ASSERT_EQ(step.llm_seqs.size(), 1u);
+  EXPECT_EQ(step.llm_seqs[0].position, 8);
+  EXPECT_EQ(step.llm_seqs[0].num_tokens, 4);
+  auto a_first = w.submitted()[0].block_ids;
+  EXPECT_EQ(step.block_ids[0], a_first[0]);
+  EXPECT_EQ(step.block_ids[1], a_first[1]);
+  ASSERT_TRUE(w.runUntil([&] { return b->done(); }));
+  EXPECT_EQ(b->tokens, ref(prompt, 4));
+  EXPECT_EQ(b->last->cached_prompt_tokens, 8u);
+  EXPECT_EQ(s.stats().cached_prompt_tokens, 8u);
+  EXPECT_EQ(s.stats().kv_free_blocks, 32u);
+
+  // Caching off: no hit.
+  FakeLlmWorker w2(32, 4);
+  LlmScheduler s2(w2, {64, 8, 1 << 20, false});
+  auto c = start(s2, params(prompt, 1));
+  ASSERT_TRUE(w2.runUntil([&] { return c->done(); }));
+  auto d = start(s2, params(prompt, 1));
+  ASSERT_TRUE(w2.runUntil([&] { return d->done(); }));
+  EXPECT_EQ(d->last->cached_prompt_tokens, 0u);
+  EXPECT_EQ(d->tokens, c->tokens);
+}
+
+TEST(LlmScheduler, PreemptionByRecomputeKeepsStreamsExact) {
+  // 8 blocks of 2 tokens = 16 token slots for three sequences that want 10 + 10 + 10.
+  FakeLlmWorker w(8, 2, 64);
+  LlmScheduler s(w, {64, 8, 1 << 20, true});
+  llm::SamplingParams hot;
+  hot.temperature = 0.8f;
+  hot.seed = 42;
+  auto pa = params(range(4, 100), 6);
+  pa.sampling = hot;
+  auto a = start(s, pa);
+  auto b = start(s, params(range(4, 200), 6));
+  auto c = start(s, params(range(4, 300), 6));
+  ASSERT_TRUE(w.runUntil([&] { return a->done() && b->done() && c->done(); }));
+  EXPECT_EQ(a->tokens, ref(range(4, 100), 6, hot));
+  EXPECT_EQ(b->tokens, ref(range(4, 200), 6));
+  EXPECT_EQ(c->tokens, ref(range(4, 300), 6));
+  EXPECT_GT(s.stats().preemptions, 0u);
+  EXPECT_TRUE(w.errors().empty()) << w.errors()[0];
+  EXPECT_EQ(s.stats().kv_free_blocks, 8u);
+  EXPECT_EQ(s.stats().waiting, 0u);
+}
+
+TEST(LlmScheduler, StopConditions) {
+  FakeLlmWorker w(64, 4, 20);
+  LlmScheduler s(w, {64, 8, 1 << 20, true});
+  const auto full = ref(range(5), 10);
+  // A stop token: the stream ends with it.
+  auto p = params(range(5), 10);
+  p.stop_token_ids = {full[3]};
+  auto a = start(s, p);
+  ASSERT_TRUE(w.runUntil([&] { return a->done(); }));
+  EXPECT_EQ(a->tokens, std::vector<int32_t>(full.begin(), full.begin() + 4));
+  EXPECT_EQ(a->last->finish, FinishReason::kStop);
+  EXPECT_EQ(a->last->token, full[3]);
+  // max_tokens 0: until the context (20) is full.
+  auto b = start(s, params(range(5), 0));
+  ASSERT_TRUE(w.runUntil([&] { return b->done(); }));
+  EXPECT_EQ(b->tokens.size(), 15u);
+  EXPECT_EQ(b->last->finish, FinishReason::kLength);
+  // max_tokens beyond the context also stops at the context.
+  auto c = start(s, params(range(18), 100));
+  ASSERT_TRUE(w.runUntil([&] { return c->done(); }));
+  EXPECT_EQ(c->tokens.size(), 2u);
+  EXPECT_EQ(c->last->finish, FinishReason::kLength);
+}
+
+TEST(LlmScheduler, EosStopsUnlessIgnored) {
+  // Find a prompt whose greedy stream hits the eos id (999) within 8 tokens.
+  std::vector<int32_t> prompt;
+  size_t at = 0;
+  for (int32_t x = 0; x < 200000 && prompt.empty(); ++x) {
+    std::vector<int32_t> cand = {x % 997, x / 997 + 1};
+    auto r = ref(cand, 8);
+    for (size_t i = 0; i < r.size(); ++i)
+      if (r[i] == kEos) {
+        prompt = cand;
+        at = i;
+        break;
+      }
+  }
+  ASSERT_FALSE(prompt.empty());
+  FakeLlmWorker w(64, 4);
+  LlmScheduler s(w, {64, 8, 1 << 20, true});
+  auto a = start(s, params(prompt, 8));
+  auto p = params(prompt, 8);
+  p.ignore_eos = true;
+  auto b = start(s, p);
+  ASSERT_TRUE(w.runUntil([&] { return a->done() && b->done(); }));
+  EXPECT_EQ(a->tokens.size(), at + 1);
+  EXPECT_EQ(a->tokens.back(), kEos);
+  EXPECT_EQ(a->last->finish, FinishReason::kStop);
+  EXPECT_EQ(b->tokens, ref(prompt, 8));
+  EXPECT_EQ(b->last->finish, FinishReason::kLength);
+}
+
+TEST(LlmScheduler, CancelWhileInFlightFreesBlocksAtOnce) {
+  FakeLlmWorker w(16, 4);
+  LlmScheduler s(w, {64, 8, 1 << 20, true});
+  auto a = start(s, params(range(9), 50));
+  ASSERT_TRUE(w.waitHeld(1));
+  ASSERT_TRUE(w.completeNext());
+  ASSERT_TRUE(w.waitHeld(1));  // a decode step is on the worker
+  s.cancel(a->req);
+  auto t0 = std::chrono::steady_clock::now();
+  while (!a->done() && std::chrono::steady_clock::now() - t0 < 3s) std::this_thread::sleep_for(1ms);
+  ASSERT_TRUE(a->done());
+  EXPECT_EQ(a->last->finish, FinishReason::kCancelled);
+  EXPECT_EQ(a->last->status.code(), StatusCode::kCancelled);
+  EXPECT_EQ(s.stats().kv_free_blocks, 16u);
+  EXPECT_EQ(s.stats().running, 0u);
+  // The step's late result changes nothing and emits nothing.
+  ASSERT_TRUE(w.completeNext());
+  std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(a->events_after_last, 0);
+  EXPECT_EQ(a->tokens.size(), 1u);
+  // A waiting request can be cancelled too.
+  auto b = start(s, params(range(3), 5));
+  s.cancel(b->req);
+  ASSERT_TRUE(w.runUntil([&] { return b->done(); }));
+  EXPECT_EQ(b->last->finish, FinishReason::kCancelled);
+  EXPECT_EQ(s.stats().kv_free_blocks, 16u);
+}
+
+TEST(LlmScheduler, WorkerFailureEndsRunningStreamsAndRecovers) {
+  FakeLlmWorker w(16, 4);
+  LlmScheduler s(w, {64, 8, 1 << 20, true});
+  auto a = start(s, params(range(5), 20));
+  auto b = start(s, params(range(6, 40), 20));
+  ASSERT_TRUE(w.waitHeld(1));
+  ASSERT_TRUE(w.completeNext());
+  ASSERT_TRUE(w.waitHeld(1));
+  w.setReady(false);
+  ASSERT_TRUE(w.completeNext(unavailable("rose worker (pid 1) was killed by signal 9")));
+  auto t0 = std::chrono::steady_clock::now();
+  while (!(a->done() && b->done()) && std::chrono::steady_clock::now() - t0 < 3s)
+    std::this_thread::sleep_for(1ms);
+  ASSERT_TRUE(a->done() && b->done());
+  EXPECT_EQ(a->last->status.code(), StatusCode::kUnavailable);
+  // Either the failed step or the loop noticing the worker down ends it first; both say why.
+  EXPECT_NE(a->last->status.message().find("rose worker"), std::string::npos)
+      << a->last->status.message();
+  EXPECT_EQ(b->last->status.code(), StatusCode::kUnavailable);
+  // While down, new requests are refused; once ready, the cache is rebuilt and streams work.
+  Status st;
+  start(s, params(range(3), 2), &st);
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable);
+  w.setReady(true);
+  auto c = start(s, params(range(5), 4));
+  ASSERT_TRUE(w.runUntil([&] { return c->done(); }));
+  EXPECT_EQ(c->tokens, ref(range(5), 4));
+  EXPECT_EQ(c->last->cached_prompt_tokens, 0u);  // the old cache is gone
+  EXPECT_TRUE(w.errors().empty()) << w.errors()[0];
+}
+
+TEST(LlmScheduler, FailedStepEndsItsStreamsWithTheWorkersReason) {
+  FakeLlmWorker w(16, 4);
+  LlmScheduler s(w, {64, 8, 1 << 20, true});
+  auto a = start(s, params(range(5), 20));
+  ASSERT_TRUE(w.waitHeld(1));
+  ASSERT_TRUE(w.completeNext(unavailable("rose worker (pid 1) was killed by signal 9")));
+  ASSERT_TRUE(w.runUntil([&] { return a->done(); }));
+  EXPECT_EQ(a->last->status.code(), StatusCode::kUnavailable);
+  EXPECT_NE(a->last->status.message().find("killed by signal 9"), std::string::npos)
+      << a->last->status.message();
+  EXPECT_EQ(s.stats().kv_free_blocks, 16u);
+}
+
+TEST(LlmScheduler, StepsStayWithinTheChannelArena) {
+  FakeLlmWorker w(64, 4);
+  // Room for one sequence of a few tokens and blocks per step, not two.
+  w.input_bytes_ = shm::llmStepBytes(1, 12, 8);
+  LlmScheduler s(w, {64, 8, 1 << 20, true});
+  auto a = start(s, params(range(6), 4));
+  auto b = start(s, params(range(7, 100), 4));
+  ASSERT_TRUE(w.runUntil([&] { return a->done() && b->done(); }));
+  EXPECT_EQ(a->tokens, ref(range(6), 4));
+  EXPECT_EQ(b->tokens, ref(range(7, 100), 4));
+  for (auto& st : w.submitted()) {
+    EXPECT_LE(shm::llmStepBytes(st.llm_seqs.size(), st.tokens.size(), st.block_ids.size()),
+              w.input_bytes_);
+  }
+}
+
+TEST(LlmScheduler, AdmissionErrorsNameTheField) {
+  FakeLlmWorker w(16, 4, 32);
+  LlmScheduler s(w, {64, 8, 10, true});
+  struct Case {
+    GenerateParams p;
+    StatusCode code;
+    std::string needle;
+  };
+  std::vector<Case> cases;
+  cases.push_back({params({}, 1), StatusCode::kInvalidArgument, "prompt_ids"});
+  cases.push_back({params(range(32), 1), StatusCode::kInvalidArgument, "context is 32"});
+  cases.push_back({params({1, 5000}, 1), StatusCode::kInvalidArgument, "prompt_ids[1]"});
+  auto t = params({1}, 1);
+  t.sampling.temperature = -1;
+  cases.push_back({t, StatusCode::kInvalidArgument, "sampling.temperature"});
+  auto tp = params({1}, 1);
+  tp.sampling.top_p = 1.5f;
+  cases.push_back({tp, StatusCode::kInvalidArgument, "sampling.top_p"});
+  auto tk = params({1}, 1);
+  tk.sampling.top_k = -2;
+  cases.push_back({tk, StatusCode::kInvalidArgument, "sampling.top_k"});
+  auto stop = params({1}, 1);
+  stop.stop_token_ids = {-3};
+  cases.push_back({stop, StatusCode::kInvalidArgument, "stop_token_ids[0]"});
+  cases.push_back({params(range(11), 1), StatusCode::kResourceExhausted, "limit 10"});
+  for (auto& c : cases) {
+    Status st;
+    start(s, c.p, &st);
+    EXPECT_EQ(st.code(), c.code) << st.toString();
+    EXPECT_NE(st.message().find(c.needle), std::string::npos) << st.toString();
+  }
+  // The waiting limit counts waiting prompts only: a running one no longer counts.
+  auto a = start(s, params(range(8), 2));
+  ASSERT_TRUE(w.waitHeld(1));
+  auto b = start(s, params(range(8), 2));
+  ASSERT_TRUE(w.runUntil([&] { return a->done() && b->done(); }));
+}
+
+TEST(LlmScheduler, ManyRandomStreamsOnATinyCacheAllMatchTheReference) {
+  FakeLlmWorker w(12, 2, 48);
+  LlmScheduler s(w, {16, 4, 1 << 20, true});
+  std::mt19937 rng(7);
+  std::vector<std::shared_ptr<Stream>> streams;
+  std::vector<std::vector<int32_t>> want;
+  std::vector<std::vector<int32_t>> prompts = {range(5, 1), range(7, 1), range(3, 60)};
+  for (int i = 0; i < 24; ++i) {
+    std::vector<int32_t> prompt = prompts[rng() % prompts.size()];
+    for (uint32_t k = rng() % 4; k > 0; --k) prompt.push_back(static_cast<int32_t>(rng() % 900));
+    const uint32_t n = 1 + rng() % 9;
+    auto p = params(prompt, n);
+    if (i % 3 == 0) {
+      p.sampling.temperature = 1.f;
+      p.sampling.seed = i;
+    }
+    want.push_back(ref(prompt, n, p.sampling));
+    streams.push_back(start(s, p));
+  }
+  ASSERT_TRUE(w.runUntil(
+      [&] {
+        for (auto& st : streams)
+          if (!st->done()) return false;
+        return true;
+      },
+      30000ms));
+  for (size_t i = 0; i < streams.size(); ++i) {
+    EXPECT_EQ(streams[i]->tokens, want[i]) << "stream " << i;
+    EXPECT_TRUE(streams[i]->last->status.isOk());
+  }
+  EXPECT_TRUE(w.errors().empty()) << w.errors()[0];
+  auto st = s.stats();
+  EXPECT_EQ(st.kv_free_blocks, 12u);
+  EXPECT_EQ(st.running + st.waiting, 0u);
+  EXPECT_GT(st.cached_prompt_tokens, 0u);
+  // Every step respected the budget and the sequence cap.
+  for (auto& b : w.submitted()) {
+    EXPECT_LE(b.tokens.size(), 16u);
+    EXPECT_LE(b.llm_seqs.size(), 4u);
+  }
+}
+
+}  // namespace
+}  // namespace garden::tulip
