@@ -482,7 +482,12 @@ TEST_F(IvyServerTest, NotReadyUntilTulipAnswersAndWhileUnhealthy) {
   Response e = roundTrip(post("/v1/embeddings", R"({"model":"garden-embed","input":[1]})"));
   expectError(e, 503, "", "not loaded yet");
   expectError(roundTrip(get("/v1/models")), 503, "", "not loaded yet");
-  // The monitor keeps retrying; once tulip answers ivy becomes ready.
+  // The monitor keeps retrying; once tulip answers ivy becomes ready. (Wait until the monitor has
+  // seen the refusal at least once, so a slow first poll cannot skip it.)
+  for (int i = 0; i < 1000 && fake_.modelInfoCalls() < 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_GE(fake_.modelInfoCalls(), 1);
   fake_.setModelInfoError(okStatus());
   ASSERT_TRUE(monitor_->waitReady(std::chrono::seconds(5)));
   EXPECT_GE(fake_.modelInfoCalls(), 2);
