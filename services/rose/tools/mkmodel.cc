@@ -17,28 +17,15 @@
 #include <vector>
 
 #include "common/safetensors.h"
+#include "services/rose/tools/mkmodel_common.h"
 
 namespace garden::rose {
 namespace {
 
 namespace fs = std::filesystem;
 
-// splitmix64: a tiny, fully specified PRNG (identical on every platform and compiler).
-class Prng {
- public:
-  explicit Prng(uint64_t seed) : s_(seed) {}
-  uint64_t next() {
-    uint64_t z = (s_ += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-  }
-  // Uniform in [-1, 1) from the top 24 bits: exact in float, no libm involved.
-  float uniform() { return static_cast<float>(next() >> 40) / 8388608.0f - 1.0f; }
-
- private:
-  uint64_t s_;
-};
+using mkmodel::Prng;
+using mkmodel::writeFile;
 
 bool skipDir(const std::string& name) {
   return name.starts_with("build") || name.starts_with(".") || name == "node_modules" ||
@@ -52,14 +39,6 @@ bool textFile(const fs::path& p) {
     if (ext == e) return true;
   }
   return false;
-}
-
-Status writeFile(const fs::path& p, std::string_view text) {
-  std::ofstream out(p, std::ios::binary | std::ios::trunc);
-  if (!out) return internalError("cannot write " + p.string());
-  out.write(text.data(), static_cast<std::streamsize>(text.size()));
-  if (!out) return internalError("cannot write " + p.string());
-  return okStatus();
 }
 
 // Runs argv with cwd, stdout+stderr to log_path; returns the exit status.
@@ -93,20 +72,6 @@ Status runChild(const std::vector<std::string>& args, const std::string& cwd,
     return notFound(args[0] + ": cannot execute (is sentencepiece's spm_train installed?)");
   }
   return internalError(args[0] + " failed (status " + std::to_string(status) + "): " + log);
-}
-
-std::vector<std::byte> weights(Prng& rng, size_t n, float scale, float offset, bool bf16) {
-  std::vector<std::byte> out(n * (bf16 ? 2 : 4));
-  for (size_t i = 0; i < n; ++i) {
-    const float v = offset + scale * rng.uniform();
-    if (bf16) {
-      const uint16_t b = f32ToBf16(v);
-      std::memcpy(out.data() + 2 * i, &b, 2);
-    } else {
-      std::memcpy(out.data() + 4 * i, &v, 4);
-    }
-  }
-  return out;
 }
 
 }  // namespace
@@ -196,7 +161,8 @@ Status makeDefaultModel(const MkModelOptions& o) {
   auto add = [&](std::string name, std::vector<int64_t> shape, float scale, float offset) {
     size_t n = 1;
     for (int64_t s : shape) n *= static_cast<size_t>(s);
-    ts.push_back({std::move(name), dt, std::move(shape), weights(rng, n, scale, offset, o.bf16)});
+    ts.push_back({std::move(name), dt, std::move(shape),
+                  mkmodel::randomWeights(rng, n, scale, offset, o.bf16)});
   };
   // Uniform[-a, a] has std a/sqrt(3): linear layers get std ~ 1/sqrt(fan_in).
   auto lin = [](int64_t fan_in) { return 1.7320508f / std::sqrt(static_cast<float>(fan_in)); };

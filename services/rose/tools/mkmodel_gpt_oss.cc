@@ -8,42 +8,16 @@
 #include <vector>
 
 #include "common/safetensors.h"
+#include "services/rose/tools/mkmodel_common.h"
 
 namespace garden::rose {
 namespace {
 
 namespace fs = std::filesystem;
 
-// splitmix64: fully specified, identical on every platform and compiler.
-class Prng {
- public:
-  explicit Prng(uint64_t seed) : s_(seed) {}
-  uint64_t next() {
-    uint64_t z = (s_ += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-  }
-  // Uniform in [-1, 1) from the top 24 bits: exact in float.
-  float uniform() { return static_cast<float>(next() >> 40) / 8388608.0f - 1.0f; }
-
- private:
-  uint64_t s_;
-};
-
-Status writeFile(const fs::path& p, std::string_view text) {
-  std::ofstream out(p, std::ios::binary | std::ios::trunc);
-  if (!out) return internalError("cannot write " + p.string());
-  out.write(text.data(), static_cast<std::streamsize>(text.size()));
-  if (!out) return internalError("cannot write " + p.string());
-  return okStatus();
-}
-
-size_t numel(const std::vector<int64_t>& shape) {
-  size_t n = 1;
-  for (int64_t s : shape) n *= static_cast<size_t>(s);
-  return n;
-}
+using mkmodel::numel;
+using mkmodel::Prng;
+using mkmodel::writeFile;
 
 }  // namespace
 
@@ -83,12 +57,7 @@ Status makeGptOssModel(const MkGptOssOptions& o) {
   Prng rng(0x6770742d6f737300ULL ^ o.seed);  // "gpt-oss"
   std::vector<TensorToWrite> ts;
   auto bf16 = [&](std::string name, std::vector<int64_t> shape, float scale, float offset) {
-    const size_t n = numel(shape);
-    std::vector<std::byte> bytes(n * 2);
-    for (size_t i = 0; i < n; ++i) {
-      const uint16_t b = f32ToBf16(offset + scale * rng.uniform());
-      std::memcpy(bytes.data() + 2 * i, &b, 2);
-    }
+    std::vector<std::byte> bytes = mkmodel::randomWeights(rng, numel(shape), scale, offset, true);
     ts.push_back({std::move(name), DType::kBF16, std::move(shape), std::move(bytes)});
   };
   // MXFP4 weight [E, out, in]: random E2M1 codes, E8M0 scales around 2^k with k chosen so the
