@@ -1,7 +1,7 @@
 // Whole-forward benchmark of rose's Qwen3 embedding pass on the CUDA backend, without the mesh:
 // for each batch shape, the eager pass (one launch per op, as with --cuda-graphs off) against the
 // same pass through the graph cache (padded to its bucket, replayed), and the attention kernel
-// v1 against v2 inside the graphed pass. Time = host wall clock from the first enqueue to the
+// v3 against v2 inside the graphed pass. Time = host wall clock from the first enqueue to the
 // end of a synchronize (what a batch costs the engine), median of --iters runs after warm-up.
 // Correctness: the graphed result must equal the eager one bit for bit, per shape and kernel.
 //
@@ -81,15 +81,20 @@ int main(int argc, char** argv) {
       pos = end + 1;
     }
   }
-  // [shape][attention kernel v1, v2]: graphed times; eager with v2.
+  // [shape][attention kernel v3, v2]: graphed times; eager with v2. v3_vs_v2 counts the shapes
+  // whose graphed embeddings differ between the two kernels (informational: v3 is designed to be
+  // bit-identical to v2, a difference is reported, not failed, since both are checked against the
+  // CPU reference by tests/gpu).
   std::vector<std::array<double, 2>> t_graph(shapes.size());
   std::vector<double> t_eager(shapes.size());
   int mismatches = 0;
+  int v3_vs_v2 = 0;
+  std::vector<std::vector<float>> v3_out(shapes.size());
   uint64_t capture_failures = 0;
   // One backend (and graph cache) per attention kernel: a captured graph keeps the kernel it
   // was captured with.
   for (int k = 0; k < 2; ++k) {
-    cuda::setDefaultAttentionKernel(k == 0 ? cuda::AttentionKernel::kV1
+    cuda::setDefaultAttentionKernel(k == 0 ? cuda::AttentionKernel::kV3
                                            : cuda::AttentionKernel::kV2);
     BackendOptions bo;
     bo.max_batch_tokens = 8192;
@@ -144,8 +149,15 @@ int main(int argc, char** argv) {
       m.enqueueEmbed(in, PoolMode::kLast, true, eager_out.data());
       if (!b.synchronize().isOk()) return 1;
       if (std::memcmp(eager_out.data(), graph_out.data(), eager_out.size() * sizeof(float)) != 0) {
-        std::printf("MISMATCH %dx%d attention v%d: graphed != eager\n", n, len, k + 1);
+        std::printf("MISMATCH %dx%d attention v%d: graphed != eager\n", n, len, k == 0 ? 3 : 2);
         ++mismatches;
+      }
+      if (k == 0) {
+        v3_out[si] = graph_out;
+      } else if (std::memcmp(v3_out[si].data(), graph_out.data(),
+                             graph_out.size() * sizeof(float)) != 0) {
+        ++v3_vs_v2;
+        std::printf("# note: %dx%d graphed embeddings differ between attention v3 and v2\n", n, len);
       }
       if (k == 1) {
         t_eager[si] = timeMs(b, iters, [&] {
@@ -161,7 +173,7 @@ int main(int argc, char** argv) {
   std::printf("# rose forward: eager vs CUDA graph (median of %d, ms, host wall incl. launches)\n",
               iters);
   std::printf("%-10s %8s %12s %12s %8s %14s\n", "batch", "tokens", "eager(v2)", "graph(v2)",
-              "speedup", "graph(attn v1)");
+              "speedup", "graph(attn v3)");
   for (size_t si = 0; si < shapes.size(); ++si) {
     char batch[32];
     std::snprintf(batch, sizeof(batch), "%dx%d", shapes[si].first, shapes[si].second);
@@ -169,7 +181,7 @@ int main(int argc, char** argv) {
                 shapes[si].first * shapes[si].second, t_eager[si], t_graph[si][1],
                 t_eager[si] / t_graph[si][1], t_graph[si][0]);
   }
-  std::printf("# capture failures %llu; eager vs graphed mismatches: %d\n",
-              static_cast<unsigned long long>(capture_failures), mismatches);
+  std::printf("# capture failures %llu; eager vs graphed mismatches: %d; shapes where v3 != v2: %d\n",
+              static_cast<unsigned long long>(capture_failures), mismatches, v3_vs_v2);
   return mismatches == 0 && capture_failures == 0 ? 0 : 2;
 }

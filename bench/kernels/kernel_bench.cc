@@ -7,10 +7,17 @@
 //   swiglu         T=8192 I=3072                                (TB/s)
 //   pool_mean      v1 and v2, H=1024, L2: 16x512, 1x4096, 100x512 (TB/s)
 //   pool_last      same shapes, L2                              (TB/s of the rows read)
-//   attention      v1 and v2 (v2 checked bit-equal to v1): causal 16x512, 4x2048, 64x128,
-//                  1x128, 1x512, 1x4096, 100x512; bidir 8x1024 (TFLOP/s)
+//   attention      v1, v2, v3 (policy) and v3 forced to each tile shape (128 rows shared by a
+//                  GQA pair, 128 rows per head, 64 rows shared, 128 rows shared with 3 K/V
+//                  stages); all checked bit-equal to v1:
+//                  causal 16x512, 4x2048, 64x128, 1x128, 1x512, 1x2048, 1x4096, 4x1024, 100x512;
+//                  bidir 8x1024 (TFLOP/s)
 //   gemm           M=8192: qkv 4096x1024, o 1024x2048, gate_up 6144x1024, down 1024x3072,
 //                  and 8192^3 (TFLOP/s)
+//   gemm_smallm    M=1,64,128,256,512 on the same four shapes, weights cold (L2 flushed before each
+//                  timed launch, as GemmRunner's tuner times): the tuned runner with cuBLASLt only,
+//                  with the custom small-M kernel among its candidates, and the kernel directly in
+//                  each (N tile, split count) the tuner times (us, GB/s of weight bytes)
 // Method: inputs are random (never zeros); each workload rotates over enough input/output sets
 // to exceed 4x the 60 MB L2; a sampled correctness check against a host f32 computation runs
 // before timing; warm-up, then the median of per-launch CUDA-event times. Rooflines: 4.2 TB/s
@@ -34,6 +41,7 @@
 #include "services/rose/ops/cuda/attention.cuh"
 #include "services/rose/ops/cuda/embedding.cuh"
 #include "services/rose/ops/cuda/gemm.h"
+#include "services/rose/ops/cuda/gemm_smallm.cuh"
 #include "services/rose/ops/cuda/pool.cuh"
 #include "services/rose/ops/cuda/qk_norm_rope.cuh"
 #include "services/rose/ops/cuda/rms_norm.cuh"
@@ -361,7 +369,8 @@ void benchPool(int ns, int64_t t) {
   }
 }
 
-// Times v1 then v2 on the same inputs (v2 also checked bit-equal to v1).
+// Times v1, v2 and v3 (its policy, then each forced tile shape) on the same inputs; every
+// variant after v1 is also checked bit-equal to v1.
 void benchAttention(int nseq, int len, bool causal) {
   const int hq = 16, hkv = 8, d = 128;
   const int64_t t = static_cast<int64_t>(nseq) * len, width = (hq + 2 * hkv) * d;
@@ -379,7 +388,21 @@ void benchAttention(int nseq, int len, bool causal) {
     if (s == 0) q0 = f;
   }
   const float scale = 1.f / std::sqrt(128.f);
-  for (AttentionKernel variant : {AttentionKernel::kV1, AttentionKernel::kV2}) {
+  struct Variant {
+    const char* name;
+    AttentionKernel kernel;
+    AttentionV3Tile tile;  // kV3 only: kAuto = the v3 policy
+  };
+  const Variant variants[] = {
+      {"attention_v1", AttentionKernel::kV1, AttentionV3Tile::kAuto},
+      {"attention_v2", AttentionKernel::kV2, AttentionV3Tile::kAuto},
+      {"attention_v3", AttentionKernel::kV3, AttentionV3Tile::kAuto},
+      {"attn_v3_128s", AttentionKernel::kV3, AttentionV3Tile::k128Shared},
+      {"attn_v3_128h", AttentionKernel::kV3, AttentionV3Tile::k128PerHead},
+      {"attn_v3_64s", AttentionKernel::kV3, AttentionV3Tile::k64Shared},
+      {"attn_v3_128s3", AttentionKernel::kV3, AttentionV3Tile::k128Shared3Stage},
+  };
+  for (const Variant& variant : variants) {
     auto run = [&](int s) {
       AttentionArgs a;
       a.qkv = q[s]->as<__nv_bfloat16>();
@@ -392,13 +415,17 @@ void benchAttention(int nseq, int len, bool causal) {
       a.head_dim = d;
       a.scale = scale;
       a.causal = causal;
-      OK(launchAttention(a, nullptr, 0, variant));
+      if (variant.tile == AttentionV3Tile::kAuto) {
+        OK(launchAttention(a, nullptr, 0, variant.kernel));
+      } else {
+        OK(launchAttentionV3(a, nullptr, variant.tile));
+      }
     };
     poison(*o[0]);
     run(0);
     auto of = readBf16(o[0]->p, t * hq * d);
-    if (variant == AttentionKernel::kV2) {
-      // The variants differ in schedule only: v2 must equal v1 bit for bit on every output.
+    if (variant.kernel != AttentionKernel::kV1) {
+      // The variants differ in schedule only: each must equal v1 bit for bit on every output.
       std::vector<__nv_bfloat16> v2(static_cast<size_t>(t * hq * d)), v1(v2.size());
       CK(cudaMemcpy(v2.data(), o[0]->p, v2.size() * 2, cudaMemcpyDeviceToHost));
       poison(*o[0]);
@@ -418,7 +445,8 @@ void benchAttention(int nseq, int len, bool causal) {
       size_t diff = 0;
       for (size_t i = 0; i < v1.size(); ++i) diff += std::memcmp(&v1[i], &v2[i], 2) != 0 ? 1 : 0;
       if (diff != 0) {
-        std::printf("  CHECK FAILED attention v2 != v1 on %zu of %zu outputs\n", diff, v1.size());
+        std::printf("  CHECK FAILED %s != v1 on %zu of %zu outputs\n", variant.name, diff,
+                    v1.size());
         ++g_failures;
       }
     }
@@ -455,8 +483,7 @@ void benchAttention(int nseq, int len, bool causal) {
     char shape[64];
     std::snprintf(shape, sizeof(shape), "%s %dx%d Hq16 Hkv8 D128", causal ? "causal" : "bidir",
                   nseq, len);
-    reportFlops(variant == AttentionKernel::kV1 ? "attention_v1" : "attention_v2", shape,
-                timeIt(run, sets, 40), flops);
+    reportFlops(variant.name, shape, timeIt(run, sets, 40), flops);
   }
 }
 
@@ -493,16 +520,116 @@ void benchGemm(GemmRunner& g, int64_t m, int64_t n, int64_t k, const char* name,
   reportFlops(name, shape, timeIt(run, used, 30), 2.0 * m * n * k);
 }
 
+// Few tokens, weights cold: a 128 MB memset (over 2x the L2) before each timed launch.
+void benchSmallM() {
+  Dev flush(size_t{128} << 20);
+  cudaEvent_t e0 = nullptr, e1 = nullptr;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  auto timeCold = [&](const std::function<void()>& run) {
+    constexpr int kReps = 25;
+    for (int i = 0; i < 3; ++i) run();
+    std::vector<float> ms(kReps);
+    for (int r = 0; r < kReps; ++r) {
+      CK(cudaMemsetAsync(flush.p, r & 0xff, flush.bytes));
+      CK(cudaEventRecord(e0));
+      run();
+      CK(cudaEventRecord(e1));
+      CK(cudaEventSynchronize(e1));
+      CK(cudaEventElapsedTime(&ms[r], e0, e1));
+    }
+    std::sort(ms.begin(), ms.end());
+    return ms[kReps / 2] * 1e-3;
+  };
+  auto lt = GemmRunner::create(size_t{32} << 20, true, 0);
+  auto all = GemmRunner::create(size_t{32} << 20, true, 1);
+  if (!lt.isOk() || !all.isOk()) std::exit(1);
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  for (int64_t m : {1, 64, 128, 256, 512}) {
+    for (auto [n, k, name] : {std::tuple<int64_t, int64_t, const char*>{4096, 1024, "qkv"},
+                              {1024, 2048, "o"},
+                              {6144, 1024, "gate_up"},
+                              {1024, 3072, "down"}}) {
+      Dev w(n * k * 2), x(m * k * 2), y(m * n * 2);
+      auto wf = fillBf16(w, -0.05f, 0.05f);
+      auto xf = fillBf16(x, -1, 1);
+      const double wbytes = static_cast<double>(n * k * 2);
+      auto line = [&](const char* what, double sec) {
+        char shape[64];
+        std::snprintf(shape, sizeof(shape), "%s M=%ld N=%ld K=%ld", name, static_cast<long>(m),
+                      static_cast<long>(n), static_cast<long>(k));
+        std::printf("%-22s %-30s %9.2f us %8.1f GB/s\n", what, shape, sec * 1e6,
+                    wbytes / sec / 1e9);
+      };
+      auto verify = [&](const char* what) {
+        auto yf = readBf16(y.p, m * n);
+        for (auto [i, j] : std::vector<std::pair<int64_t, int64_t>>{
+                 {0, 0}, {m - 1, n - 1}, {m / 3, n / 2}, {m / 2, n - 5}}) {
+          double acc = 0;
+          for (int64_t kk = 0; kk < k; ++kk) {
+            acc += static_cast<double>(xf[i * k + kk]) * wf[j * k + kk];
+          }
+          check(what, yf[i * n + j], acc, 2e-3 + 1e-2 * std::fabs(acc), 1e-2);
+        }
+      };
+      for (auto [runner, what] :
+           {std::pair<GemmRunner*, const char*>{lt->get(), "runner cublaslt-only"},
+            {all->get(), "runner +smallm"}}) {
+        auto run = [&, runner = runner] {
+          OK(runner->run(x.as<__nv_bfloat16>(), w.as<__nv_bfloat16>(), nullptr,
+                         y.as<__nv_bfloat16>(), m, n, k, nullptr));
+        };
+        poison(y);
+        run();
+        verify(what);
+        line(what, timeCold(run));
+      }
+      SmallMConfig cfgs[8] = {};
+      const int nc = m <= kSmallMMaxRows ? smallMGemmCandidates(n, k, sms, cfgs) : 0;
+      for (int i = 0; i < nc; ++i) {
+        SmallMGemmArgs a;
+        a.x = x.as<__nv_bfloat16>();
+        a.w = w.as<__nv_bfloat16>();
+        a.y = y.as<__nv_bfloat16>();
+        a.m = m;
+        a.n = n;
+        a.k = k;
+        a.splits = cfgs[i].splits;
+        a.tile_n = cfgs[i].tile_n;
+        auto run = [&] { OK(launchSmallMGemm(a, nullptr)); };
+        char what[32];
+        std::snprintf(what, sizeof(what), "smallm tile%d split%d", cfgs[i].tile_n, cfgs[i].splits);
+        poison(y);
+        run();
+        verify(what);
+        line(what, timeCold(run));
+      }
+    }
+  }
+  std::printf("# small-M kernel won %zu of %zu tuned buckets\n", (*all)->smallMWins(),
+              (*all)->tunedShapes());
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+}
+
 }  // namespace
 }  // namespace garden::rose::cuda
 
-int main() {
+int main(int argc, char** argv) {
   using namespace garden::rose::cuda;
+  // `rose_kernel_bench gemm_smallm` runs only the few-token GEMM comparison.
+  const bool only_smallm = argc > 1 && std::strcmp(argv[1], "gemm_smallm") == 0;
   cudaDeviceProp prop{};
   CK(cudaGetDeviceProperties(&prop, 0));
   std::printf("# rose kernel bench on %s (%d SMs, L2 %d MB)\n", prop.name, prop.multiProcessorCount,
               prop.l2CacheSize >> 20);
   std::printf("%-14s %-34s %12s %16s\n", "kernel", "shape", "median", "rate");
+  if (only_smallm) {
+    benchSmallM();
+    std::printf("# correctness checks failed: %d\n", g_failures);
+    return g_failures == 0 ? 0 : 2;
+  }
   benchEmbedding();
   benchRmsNorm();
   benchQkNormRope();
@@ -510,10 +637,10 @@ int main() {
   benchPool(16, 8192);
   benchPool(1, 4096);
   benchPool(100, 51200);
-  // Old (v1) and new (v2) attention side by side; v2 is also checked bit-equal to v1.
-  const std::tuple<int, int, bool> shapes[] = {{16, 512, true}, {4, 2048, true}, {8, 1024, false},
-                                               {64, 128, true}, {1, 128, true},  {1, 512, true},
-                                               {1, 4096, true}, {100, 512, true}};
+  // Attention v1, v2 and v3 side by side; v2 and v3 are also checked bit-equal to v1.
+  const std::tuple<int, int, bool> shapes[] = {
+      {16, 512, true}, {4, 2048, true}, {8, 1024, false}, {64, 128, true}, {1, 128, true},
+      {1, 512, true},  {1, 2048, true}, {1, 4096, true},  {4, 1024, true}, {100, 512, true}};
   for (auto [n, len, causal] : shapes) benchAttention(n, len, causal);
   auto g = GemmRunner::create();
   if (!g.isOk()) {
@@ -539,6 +666,7 @@ int main() {
       benchGemm(**tuned, m, n, k, name, " tuned");
     }
   }
+  benchSmallM();
   CK(cudaDeviceSynchronize());
   std::printf("# correctness checks failed: %d\n", g_failures);
   return g_failures == 0 ? 0 : 2;

@@ -6,8 +6,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <map>
 #include <numeric>
 #include <random>
 #include <sstream>
@@ -15,6 +17,7 @@
 
 #include "services/rose/ops/cuda/attention.cuh"
 #include "services/rose/ops/cuda/cuda_backend.h"
+#include "services/rose/ops/cuda/gemm_smallm.cuh"
 #include "services/rose/ops/cuda/pool.cuh"
 #include "tests/gpu/gpu_test_util.h"
 
@@ -314,6 +317,247 @@ TEST_F(GpuOps, LinearFirstSeenInsideACaptureIsUntimedAndCaptures) {
   expectWithinBf16Rounding(timed, eager, "timed vs untimed choice");
 }
 
+// The custom small-M GEMM (gemm_smallm.cuh), launched directly.
+struct SmallMShape {
+  int64_t n, k;
+};
+const SmallMShape kQwen3Linears[] = {{4096, 1024}, {1024, 2048}, {6144, 1024}, {1024, 3072}};
+
+// Host reference: y[i, j] = sum_k x[i, k] w[j, k] in f32 (8 interleaved partial sums), no bias.
+std::vector<float> hostLinear(const std::vector<float>& x, const std::vector<float>& w, int64_t m,
+                              int64_t n, int64_t k) {
+  std::vector<float> y(static_cast<size_t>(m * n));
+  for (int64_t i = 0; i < m; ++i) {
+    const float* xr = x.data() + i * k;
+    for (int64_t j = 0; j < n; ++j) {
+      const float* wr = w.data() + j * k;
+      float p[8] = {};
+      for (int64_t kk = 0; kk < k; kk += 8) {
+        for (int l = 0; l < 8; ++l) p[l] += xr[kk + l] * wr[kk + l];
+      }
+      y[static_cast<size_t>(i * n + j)] =
+          ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
+    }
+  }
+  return y;
+}
+
+int deviceSms() {
+  int sms = 0;
+  EXPECT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  return sms;
+}
+
+Status launchSmallM(const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& y,
+                    int64_t m, cuda::SmallMConfig cfg, cudaStream_t s) {
+  cuda::SmallMGemmArgs a;
+  a.x = x.as<__nv_bfloat16>();
+  a.w = w.as<__nv_bfloat16>();
+  a.bias = bias != nullptr ? bias->as<__nv_bfloat16>() : nullptr;
+  a.y = y.as<__nv_bfloat16>();
+  a.m = m;
+  a.n = w.rows();
+  a.k = w.cols();
+  a.splits = cfg.splits;
+  a.tile_n = cfg.tile_n;
+  return cuda::launchSmallMGemm(a, s);
+}
+
+TEST_F(GpuOps, SmallMGemmMatchesReferenceAndRowBitsIgnoreM) {
+  // Every (N tile, split count) the tuner would time, bias on and off, M from 1 to 256 (masked
+  // tails): within bf16 rounding of the f32 reference, rows past M left untouched (still
+  // poisoned), each row bit-identical to the same row computed at M = 256, and both N tiles
+  // bit-identical at the same split count.
+  auto& cb = static_cast<cuda::CudaBackend&>(gpu());
+  const int sms = deviceSms();
+  const int64_t mmax = 256;
+  for (const SmallMShape& sh : kQwen3Linears) {
+    const int64_t n = sh.n, k = sh.k;
+    auto x = randomBf16(static_cast<size_t>(mmax * k), rng_, -1.f, 1.f);
+    auto w = randomBf16(static_cast<size_t>(n * k), rng_, -0.06f, 0.06f);
+    auto b = randomBf16(static_cast<size_t>(n), rng_, -0.5f, 0.5f);
+    auto gx = upload(gpu(), act(), {mmax, k}, x);
+    auto gw = upload(gpu(), gpu().weightDType(), {n, k}, w);
+    auto gb = upload(gpu(), gpu().weightDType(), {n}, b);
+    auto gy = allocate(gpu(), act(), {mmax, n});
+    const auto ref0 = hostLinear(x, w, mmax, n, k);
+    cuda::SmallMConfig cfgs[8] = {};
+    const int nc = cuda::smallMGemmCandidates(n, k, sms, cfgs);
+    ASSERT_GT(nc, 0) << n << "x" << k;
+    std::map<std::pair<int, bool>, std::vector<float>> by_splits;  // M = 256 results
+    for (int ci = 0; ci < nc; ++ci) {
+      for (bool bias : {false, true}) {
+        std::vector<float> ref = ref0;
+        if (bias) {
+          for (size_t i = 0; i < ref.size(); ++i) ref[i] += b[i % static_cast<size_t>(n)];
+        }
+        double mx = 0;
+        for (float v : ref) mx = std::max(mx, static_cast<double>(std::fabs(v)));
+        std::vector<float> full;  // the M = 256 result
+        for (int64_t m : {256, 1, 7, 16, 63, 64, 100, 128, 129, 200}) {
+          SCOPED_TRACE(shape({m, n, k}) + " tile_n " + std::to_string(cfgs[ci].tile_n) +
+                       " splits " + std::to_string(cfgs[ci].splits) + (bias ? " bias" : ""));
+          poison(gpu(), gy.view);
+          Status st = launchSmallM(gx.view, gw.view, bias ? &gb.view : nullptr, gy.view, m,
+                                   cfgs[ci], cb.stream());
+          ASSERT_TRUE(st.isOk()) << st.toString();
+          auto all = download(gpu(), gy.view);
+          const size_t valid = static_cast<size_t>(m * n);
+          std::vector<float> got(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(valid));
+          std::vector<float> want(ref.begin(), ref.begin() + static_cast<std::ptrdiff_t>(valid));
+          expectClose(got, want, 2e-3 * mx, 1e-2, "smallm gemm");
+          size_t written_past_m = 0;
+          for (size_t i = valid; i < all.size(); ++i) written_past_m += std::isnan(all[i]) ? 0 : 1;
+          EXPECT_EQ(written_past_m, 0u) << "rows past M were written";
+          if (m == mmax) {
+            full = got;
+            auto [it, fresh] = by_splits.emplace(std::make_pair(cfgs[ci].splits, bias), got);
+            if (!fresh) {
+              EXPECT_EQ(0, std::memcmp(got.data(), it->second.data(), valid * sizeof(float)))
+                  << "N tiles 64 and 128 differ at the same split count";
+            }
+          } else {
+            EXPECT_EQ(0, std::memcmp(got.data(), full.data(), valid * sizeof(float)))
+                << "rows differ from the same rows at M = 256";
+          }
+        }
+      }
+    }
+  }
+  // Shapes outside the kernel's rules are refused with a clear error, never launched.
+  auto gx = allocate(gpu(), act(), {300, 1024});
+  auto gw = allocate(gpu(), gpu().weightDType(), {1024, 1024});
+  auto gy = allocate(gpu(), act(), {300, 1024});
+  EXPECT_FALSE(launchSmallM(gx.view, gw.view, nullptr, gy.view, 300, {64, 1}, cb.stream()).isOk());
+  EXPECT_FALSE(launchSmallM(gx.view, gw.view, nullptr, gy.view, 0, {64, 1}, cb.stream()).isOk());
+  EXPECT_FALSE(launchSmallM(gx.view, gw.view, nullptr, gy.view, 8, {64, 3}, cb.stream()).isOk());
+  EXPECT_FALSE(launchSmallM(gx.view, gw.view, nullptr, gy.view, 8, {96, 1}, cb.stream()).isOk());
+  EXPECT_FALSE(cuda::smallMGemmSupported(8, 1000, 1024, 1));       // N not a multiple of 64
+  EXPECT_FALSE(cuda::smallMGemmSupported(8, 1088, 1024, 1, 128));  // ... nor of 128
+  EXPECT_FALSE(cuda::smallMGemmSupported(8, 1024, 1024 + 64, 2));  // K not split evenly
+  EXPECT_TRUE(cuda::smallMGemmSupported(256, 1024, 3072, 8));
+}
+
+TEST_F(GpuOps, SmallMGemmRepeatsAndReplaysInAGraph) {
+  // No state survives a launch (cluster reduction, no counters): repeated launches and graph
+  // replays give the same bits; M = 37 gives the first 37 rows of M = 128 bit for bit.
+  auto& cb = static_cast<cuda::CudaBackend&>(gpu());
+  cudaStream_t s = cb.stream();
+  const int sms = deviceSms();
+  for (int pick : {0, 1, 2, 3}) {  // o and gate_up; the first and the last configuration
+    const SmallMShape& sh = kQwen3Linears[pick < 2 ? 1 : 2];
+    const int64_t n = sh.n, k = sh.k, m = 128, m2 = 37;
+    cuda::SmallMConfig cfgs[8] = {};
+    const int nc = cuda::smallMGemmCandidates(n, k, sms, cfgs);
+    ASSERT_GT(nc, 0);
+    const cuda::SmallMConfig sp = cfgs[pick % 2 == 0 ? 0 : nc - 1];
+    SCOPED_TRACE(shape({n, k}) + " tile_n " + std::to_string(sp.tile_n) + " splits " +
+                 std::to_string(sp.splits));
+    auto x = randomBf16(static_cast<size_t>(m * k), rng_, -1.f, 1.f);
+    auto w = randomBf16(static_cast<size_t>(n * k), rng_, -0.06f, 0.06f);
+    auto b = randomBf16(static_cast<size_t>(n), rng_, -0.5f, 0.5f);
+    auto gx = upload(gpu(), act(), {m, k}, x);
+    auto gw = upload(gpu(), gpu().weightDType(), {n, k}, w);
+    auto gb = upload(gpu(), gpu().weightDType(), {n}, b);
+    auto gy = allocate(gpu(), act(), {m, n});
+    auto gy2 = allocate(gpu(), act(), {m2, n});
+    poison(gpu(), gy.view);
+    ASSERT_TRUE(launchSmallM(gx.view, gw.view, &gb.view, gy.view, m, sp, s).isOk());
+    const auto first = download(gpu(), gy.view);
+    for (int rep = 0; rep < 3; ++rep) {
+      poison(gpu(), gy.view);
+      ASSERT_TRUE(launchSmallM(gx.view, gw.view, &gb.view, gy.view, m, sp, s).isOk());
+      EXPECT_EQ(0, std::memcmp(download(gpu(), gy.view).data(), first.data(),
+                               first.size() * sizeof(float)))
+          << "repeat " << rep;
+    }
+    poison(gpu(), gy2.view);
+    ASSERT_TRUE(launchSmallM(gx.view, gw.view, &gb.view, gy2.view, m2, sp, s).isOk());
+    const auto part = download(gpu(), gy2.view);
+    EXPECT_EQ(0, std::memcmp(part.data(), first.data(), part.size() * sizeof(float)))
+        << "M = 37 rows differ from M = 128";
+
+    ASSERT_TRUE(gpu().synchronize().isOk());
+    ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    Status st = launchSmallM(gx.view, gw.view, &gb.view, gy.view, m, sp, s);
+    Status st2 = launchSmallM(gx.view, gw.view, &gb.view, gy2.view, m2, sp, s);
+    cudaGraph_t graph = nullptr;
+    ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
+    ASSERT_TRUE(st.isOk()) << st.toString();
+    ASSERT_TRUE(st2.isOk()) << st2.toString();
+    cudaGraphExec_t exec = nullptr;
+    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    cudaGraphDestroy(graph);
+    for (int rep = 0; rep < 3; ++rep) {
+      poison(gpu(), gy.view);
+      poison(gpu(), gy2.view);
+      ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+      EXPECT_EQ(0, std::memcmp(download(gpu(), gy.view).data(), first.data(),
+                               first.size() * sizeof(float)))
+          << "replay " << rep;
+      EXPECT_EQ(0, std::memcmp(download(gpu(), gy2.view).data(), part.data(),
+                               part.size() * sizeof(float)))
+          << "replay " << rep << " (M = 37)";
+    }
+    cudaGraphExecDestroy(exec);
+  }
+}
+
+TEST_F(GpuOps, LinearTunesTheSmallMKernelAsACandidate) {
+  // GemmRunner with the custom kernel among its candidates (the default) and without it
+  // (GARDEN_GEMM_SMALLM=0): both within bf16 rounding of each other on the Qwen3 shapes at few
+  // tokens; which one won each bucket is printed (timing decides it, so it is not asserted).
+  auto& cb = static_cast<cuda::CudaBackend&>(gpu());
+  auto with = cuda::GemmRunner::create(size_t{32} << 20, true, 1);
+  auto without = cuda::GemmRunner::create(size_t{32} << 20, true, 0);
+  auto untuned = cuda::GemmRunner::create(size_t{32} << 20, false, 1);
+  ASSERT_TRUE(with.isOk() && without.isOk() && untuned.isOk());
+  EXPECT_TRUE((*with)->smallMEnabled());
+  EXPECT_FALSE((*without)->smallMEnabled());
+  EXPECT_FALSE((*untuned)->smallMEnabled());  // tuning off: the old policy exactly
+  for (const SmallMShape& sh : kQwen3Linears) {
+    for (int64_t m : {1, 128, 256}) {
+      const int64_t n = sh.n, k = sh.k;
+      SCOPED_TRACE(shape({m, n, k}));
+      auto x = randomBf16(static_cast<size_t>(m * k), rng_, -1.f, 1.f);
+      auto w = randomBf16(static_cast<size_t>(n * k), rng_, -0.06f, 0.06f);
+      auto gx = upload(gpu(), act(), {m, k}, x);
+      auto gw = upload(gpu(), gpu().weightDType(), {n, k}, w);
+      auto gy = allocate(gpu(), act(), {m, n});
+      std::vector<float> outs[2];
+      for (int r = 0; r < 2; ++r) {
+        cuda::GemmRunner& g = r == 0 ? **with : **without;
+        poison(gpu(), gy.view);
+        Status st = g.run(gx.view.as<__nv_bfloat16>(), gw.view.as<__nv_bfloat16>(), nullptr,
+                          gy.view.as<__nv_bfloat16>(), m, n, k, cb.stream());
+        ASSERT_TRUE(st.isOk()) << st.toString();
+        outs[r] = download(gpu(), gy.view);
+      }
+      expectWithinBf16Rounding(outs[0], outs[1], "smallm candidate vs cuBLASLt only");
+      // A row at M - 1 (same bucket) has the same bits as at M, whichever kind won the bucket.
+      if (m > 1) {
+        auto sub = gy.view.rowSlice(0, m - 1);
+        poison(gpu(), sub);
+        ASSERT_TRUE((*with)
+                        ->run(gx.view.as<__nv_bfloat16>(), gw.view.as<__nv_bfloat16>(), nullptr,
+                              sub.as<__nv_bfloat16>(), m - 1, n, k, cb.stream())
+                        .isOk());
+        auto half = download(gpu(), sub);
+        EXPECT_EQ(0, std::memcmp(half.data(), outs[0].data(), half.size() * sizeof(float)));
+      }
+    }
+  }
+  std::cout << "small-M kernel won " << (*with)->smallMWins() << " of " << (*with)->tunedShapes()
+            << " tuned buckets\n";
+  EXPECT_EQ((*without)->smallMWins(), 0u);
+  EXPECT_EQ((*with)->variantFallbacks(), 0u);
+  ASSERT_EQ(setenv("GARDEN_GEMM_SMALLM", "yes", 1), 0);
+  auto bad = cuda::GemmRunner::create(size_t{1} << 20, true);
+  ASSERT_EQ(unsetenv("GARDEN_GEMM_SMALLM"), 0);
+  ASSERT_FALSE(bad.isOk());
+  EXPECT_NE(bad.status().toString().find("GARDEN_GEMM_SMALLM"), std::string::npos);
+}
+
 std::pair<std::vector<float>, std::vector<float>> ropeTables(int64_t max_pos, int64_t rot,
                                                              double theta) {
   const int64_t half = rot / 2;
@@ -399,8 +643,10 @@ std::vector<int32_t> cumulative(const std::vector<int32_t>& lens) {
 TEST_F(GpuOps, VarlenAttentionBothTileSizes) {
   std::vector<AttnCase> cases;
   for (bool causal : {true, false}) {
-    for (auto lens : std::vector<std::vector<int32_t>>{
-             {1}, {17}, {1, 63, 64, 65, 130, 7}, {300, 5, 1000}, {1537}}) {
+    const std::vector<std::vector<int32_t>> all_lens = {
+        {1},    {17},  {1, 63, 64, 65, 130, 7},     {300, 5, 1000},
+        {1537}, {129}, {65, 1, 1000, 127, 63, 129}, {4096}};
+    for (const auto& lens : all_lens) {
       cases.push_back({16, 8, 128, causal, lens});
     }
     cases.push_back({4, 4, 128, causal, {33, 129, 2}});
@@ -435,9 +681,12 @@ TEST_F(GpuOps, VarlenAttentionBothTileSizes) {
     p.causal = c.causal;
     cpu().attention(cq.view, ccu.view, co.view, p);
     auto ref = download(cpu(), co.view);
-    // 0: the backend op (default kernel); 1/2: v1 with 16/64-row tiles; 3/4: v2 with 16/64.
-    std::vector<float> results[5];
-    for (int variant = 0; variant < 5; ++variant) {
+    // 0: the backend op (default kernel); 1/2: v1 with 16/64-row tiles; 3/4: v2 with 16/64;
+    // 5: v3 (its size policy); 6/7/8/9: v3 forced to 128 rows shared by a GQA pair, 128 rows one
+    // head per block, 64 rows shared, 128 rows shared with 3 K/V stages.
+    constexpr int kVariants = 10;
+    std::vector<float> results[kVariants];
+    for (int variant = 0; variant < kVariants; ++variant) {
       auto go = allocate(gpu(), act(), {t, static_cast<int64_t>(c.hq) * c.d});
       poison(gpu(), go.view);
       if (variant == 0) {
@@ -454,15 +703,32 @@ TEST_F(GpuOps, VarlenAttentionBothTileSizes) {
         a.head_dim = c.d;
         a.scale = p.scale;
         a.causal = c.causal;
-        Status s = cuda::launchAttention(
-            a, cb.stream(), variant % 2 == 1 ? 16 : 64,
-            variant <= 2 ? cuda::AttentionKernel::kV1 : cuda::AttentionKernel::kV2);
+        Status s;
+        if (variant <= 4) {
+          s = cuda::launchAttention(
+              a, cb.stream(), variant % 2 == 1 ? 16 : 64,
+              variant <= 2 ? cuda::AttentionKernel::kV1 : cuda::AttentionKernel::kV2);
+        } else if (variant == 5) {
+          s = cuda::launchAttention(a, cb.stream(), 0, cuda::AttentionKernel::kV3);
+        } else {
+          static const cuda::AttentionV3Tile kTiles[] = {
+              cuda::AttentionV3Tile::k128Shared, cuda::AttentionV3Tile::k128PerHead,
+              cuda::AttentionV3Tile::k64Shared, cuda::AttentionV3Tile::k128Shared3Stage};
+          s = cuda::launchAttentionV3(a, cb.stream(), kTiles[variant - 6]);
+        }
         ASSERT_TRUE(s.isOk()) << s.toString();
       }
       results[variant] = download(gpu(), go.view);
-      static const char* const kNames[] = {"attention (auto)", "attention v1 (16 rows)",
-                                           "attention v1 (64 rows)", "attention v2 (16 rows)",
-                                           "attention v2 (64 rows)"};
+      static const char* const kNames[] = {"attention (auto)",
+                                           "attention v1 (16 rows)",
+                                           "attention v1 (64 rows)",
+                                           "attention v2 (16 rows)",
+                                           "attention v2 (64 rows)",
+                                           "attention v3 (policy)",
+                                           "attention v3 (128 rows, shared)",
+                                           "attention v3 (128 rows, per head)",
+                                           "attention v3 (64 rows, shared)",
+                                           "attention v3 (128 rows, shared, 3 stages)"};
       expectClose(results[variant], ref, 1e-2, 2e-2, kNames[variant]);
       // Per (token, head) relative L2 error: long diffuse rows have small outputs that an
       // absolute tolerance would not police.
@@ -485,7 +751,7 @@ TEST_F(GpuOps, VarlenAttentionBothTileSizes) {
                              << worst_row % c.hq;
     }
     // Neither the tile size nor the kernel variant changes a row's arithmetic.
-    for (int v = 2; v < 5; ++v) {
+    for (int v = 2; v < kVariants; ++v) {
       EXPECT_EQ(
           0, std::memcmp(results[1].data(), results[v].data(), results[1].size() * sizeof(float)))
           << "variant " << v << " differs from v1 with 16-row tiles";
@@ -527,6 +793,62 @@ TEST_F(GpuOps, AttentionRowDoesNotDependOnBatch) {
     EXPECT_EQ(0, std::memcmp(alone.data(), batched.data(), alone.size() * sizeof(float)))
         << (causal ? "causal" : "bidirectional")
         << ": a sequence's attention changed with its batch";
+  }
+}
+
+// kV3 (and each of its forced tiles): a sequence alone and in a batch give identical bits. Alone,
+// the 1000-token sequence is small enough that the v3 policy runs kV2 with 16-row tiles; in the
+// batch (with a 4096-token sequence) it runs the kV3 kernel, so this also checks that the two
+// kernels agree bit for bit.
+TEST_F(GpuOps, AttentionV3RowDoesNotDependOnBatch) {
+  const int32_t hq = 16, hkv = 8, d = 128;
+  const int64_t width = (hq + 2 * hkv) * d;
+  auto& cb = static_cast<cuda::CudaBackend&>(gpu());
+  for (bool causal : {true, false}) {
+    const int32_t la = 1000;
+    auto a_rows = randomBf16(static_cast<size_t>(la * width), rng_, -2.f, 2.f);
+    auto run = [&](const std::vector<int32_t>& lens, int which, int tile) {
+      const auto cu = cumulative(lens);
+      const int64_t t = cu.back();
+      auto qkv = randomBf16(static_cast<size_t>(t * width), rng_, -2.f, 2.f);
+      std::copy(a_rows.begin(), a_rows.end(), qkv.begin() + cu[static_cast<size_t>(which)] * width);
+      auto gq = upload(gpu(), act(), {t, width}, qkv);
+      auto gcu = uploadI32(gpu(), {static_cast<int64_t>(lens.size()) + 1}, cu);
+      auto go = allocate(gpu(), act(), {t, static_cast<int64_t>(hq) * d});
+      poison(gpu(), go.view);
+      cuda::AttentionArgs a;
+      a.qkv = gq.view.as<__nv_bfloat16>();
+      a.cu_seqlens = gcu.view.as<int32_t>();
+      a.out = go.view.as<__nv_bfloat16>();
+      a.num_tokens = t;
+      a.num_seqs = static_cast<int32_t>(lens.size());
+      a.num_q_heads = hq;
+      a.num_kv_heads = hkv;
+      a.head_dim = d;
+      a.scale = 1.f / std::sqrt(128.f);
+      a.causal = causal;
+      Status s = tile == 0 ? cuda::launchAttention(a, cb.stream(), 0, cuda::AttentionKernel::kV3)
+                           : cuda::launchAttentionV3(a, cb.stream(),
+                                                     static_cast<cuda::AttentionV3Tile>(tile));
+      EXPECT_TRUE(s.isOk()) << s.toString();
+      auto all = download(gpu(), go.view);
+      return std::vector<float>(all.begin() + cu[static_cast<size_t>(which)] * hq * d,
+                                all.begin() + (cu[static_cast<size_t>(which)] + la) * hq * d);
+    };
+    // 0: the v3 policy; 1..4: AttentionV3Tile k128Shared, k128PerHead, k64Shared,
+    // k128Shared3Stage.
+    for (int tile = 0; tile <= 4; ++tile) {
+      SCOPED_TRACE("tile " + std::to_string(tile));
+      auto alone = run({la}, 0, tile);
+      auto batched = run({5, 4096, la, 1, 77}, 2, tile);
+      ASSERT_EQ(alone.size(), batched.size());
+      EXPECT_EQ(0, std::memcmp(alone.data(), batched.data(), alone.size() * sizeof(float)))
+          << (causal ? "causal" : "bidirectional")
+          << ": a sequence's v3 attention changed with its batch";
+      // Not vacuous: the poisoned output was overwritten with finite values.
+      EXPECT_TRUE(
+          std::all_of(alone.begin(), alone.end(), [](float v) { return std::isfinite(v); }));
+    }
   }
 }
 

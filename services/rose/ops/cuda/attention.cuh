@@ -32,18 +32,37 @@ struct AttentionArgs {
   bool causal = true;
 };
 
-// Kernel variants, kept side by side for the benchmarks; both compute bit-identical results.
+// Kernel variants, kept side by side for the benchmarks; all compute bit-identical results.
 //   kV1: one q head per block, every K/V tile masked, tiles in sequence order.
 //   kV2: the q heads of a GQA group share K/V tiles in one block, masks only where needed,
 //        causal tiles longest-first (see attention.cu).
-enum class AttentionKernel : int32_t { kDefault = 0, kV1 = 1, kV2 = 2 };
-// The kernel kDefault means (kV2 unless changed; rose reads GARDEN_ATTENTION_KERNEL=v1|v2 at
-// backend creation). Not thread-safe: set before launching.
+//   kV3: as kV2 but 32 query rows per warp (two m16 tiles share every K/V fragment read from
+//        shared memory) with the Q tile in shared memory; 64- or 128-row tiles per head. It is
+//        a policy: prefill-like sizes with head_dim 128 run the kV3 kernel, decode-like sizes
+//        (few query tiles) and head_dim 64 run kV2 (see launchV3Auto in attention.cu).
+enum class AttentionKernel : int32_t { kDefault = 0, kV1 = 1, kV2 = 2, kV3 = 3 };
+// The kernel kDefault means (kV3, the policy, unless changed; rose reads
+// GARDEN_ATTENTION_KERNEL=v1|v2|v3 at backend creation). Not thread-safe: set before launching.
 void setDefaultAttentionKernel(AttentionKernel k);
 AttentionKernel defaultAttentionKernel();
 
 // Tile choice: 0 = by problem size (default), 16 or 64 query rows per block (tests use both).
+// kV3 picks its own tiles: force_rows must be 0 (launchAttentionV3 forces one).
 Status launchAttention(const AttentionArgs& a, cudaStream_t stream, int force_rows = 0,
                        AttentionKernel kernel = AttentionKernel::kDefault);
+
+// kV3 with a forced tile shape (tests, benchmarks). kAuto is the kV3 policy launchAttention uses.
+// "Shared": two q heads of a GQA group per block share the K/V tiles; 4 warps per head = 128
+// rows, 2 warps = 64 rows. An odd group runs one head per block with 128 rows (k128PerHead).
+// K/V tiles are double-buffered, except k128Shared3Stage (3 stages). head_dim 64 always runs
+// kV2 (64-row tiles).
+enum class AttentionV3Tile : int32_t {
+  kAuto = 0,
+  k128Shared = 1,
+  k128PerHead = 2,
+  k64Shared = 3,
+  k128Shared3Stage = 4,
+};
+Status launchAttentionV3(const AttentionArgs& a, cudaStream_t stream, AttentionV3Tile tile);
 
 }  // namespace garden::rose::cuda

@@ -65,13 +65,16 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const BackendOptions& o
     return invalidArgument("cuda backend: device_index " + std::to_string(opts.device_index) +
                            " out of range (" + std::to_string(count) + " devices)");
   }
-  // Kernel selection for side-by-side benchmarks (attention.cuh): GARDEN_ATTENTION_KERNEL=v1|v2.
+  // Kernel selection for side-by-side benchmarks (attention.cuh):
+  // GARDEN_ATTENTION_KERNEL=v1|v2|v3.
   if (const char* k = std::getenv("GARDEN_ATTENTION_KERNEL"); k != nullptr && *k != '\0') {
     const std::string v(k);
-    if (v != "v1" && v != "v2") {
-      return invalidArgument("GARDEN_ATTENTION_KERNEL must be v1 or v2, got '" + v + "'");
+    if (v != "v1" && v != "v2" && v != "v3") {
+      return invalidArgument("GARDEN_ATTENTION_KERNEL must be v1, v2 or v3, got '" + v + "'");
     }
-    setDefaultAttentionKernel(v == "v1" ? AttentionKernel::kV1 : AttentionKernel::kV2);
+    setDefaultAttentionKernel(v == "v1"   ? AttentionKernel::kV1
+                              : v == "v2" ? AttentionKernel::kV2
+                                          : AttentionKernel::kV3);
   }
   // GEMM algorithm tuning (gemm.h): GARDEN_GEMM_TUNE=0 keeps the untimed heuristic choice.
   bool tune_gemm = true;

@@ -1,12 +1,14 @@
 #include "services/rose/ops/cuda/gemm.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "common/logging.h"
 #include "services/rose/ops/cuda/cuda_utils.h"
+#include "services/rose/ops/cuda/gemm_smallm.cuh"
 
 namespace garden::rose::cuda {
 
@@ -32,9 +34,25 @@ int64_t GemmRunner::algoBucket(int64_t m) {
   return (m + step - 1) / step * step;
 }
 
-Result<std::unique_ptr<GemmRunner>> GemmRunner::create(size_t workspace_bytes, bool tune) {
+Result<std::unique_ptr<GemmRunner>> GemmRunner::create(size_t workspace_bytes, bool tune,
+                                                       int smallm) {
+  if (smallm < 0) {
+    smallm = 1;
+    if (const char* e = std::getenv("GARDEN_GEMM_SMALLM"); e != nullptr && *e != '\0') {
+      const std::string v(e);
+      if (v != "0" && v != "1") {
+        return invalidArgument("GARDEN_GEMM_SMALLM must be 0 or 1, got '" + v + "'");
+      }
+      smallm = v == "1" ? 1 : 0;
+    }
+  }
   std::unique_ptr<GemmRunner> r(new GemmRunner());
   r->tune_ = tune;
+  r->smallm_ = tune && smallm != 0;
+  if (r->smallm_) {
+    RETURN_IF_ERROR(prepareSmallMGemm());  // outside any capture: sets the kernels' smem limits
+    r->num_sms_ = smCount();
+  }
   LT_RETURN_IF_ERROR(cublasLtCreate(&r->handle_));
   if (workspace_bytes > 0) CUDA_RETURN_IF_ERROR(cudaMalloc(&r->workspace_, workspace_bytes));
   r->workspace_bytes_ = workspace_bytes;
@@ -144,20 +162,40 @@ Status GemmRunner::enqueue(const Plan& p, const cublasLtMatmulAlgo_t& algo, cons
   return okStatus();
 }
 
-// Runs `algo` at M = m into y and at M = m / 2 into the flush buffer and compares the common
+Status GemmRunner::enqueueChoice(const Plan& p, const Choice& choice, int64_t m, int64_t n,
+                                 int64_t k, const Operands& ops) {
+  if (choice.smallm_splits > 0) {
+    SmallMGemmArgs a;
+    a.x = ops.x;
+    a.w = ops.w;
+    a.bias = ops.bias;
+    a.y = ops.y;
+    a.m = m;
+    a.n = n;
+    a.k = k;
+    a.splits = choice.smallm_splits;
+    a.tile_n = choice.smallm_tile_n;
+    return launchSmallMGemm(a, ops.stream);
+  }
+  return enqueue(p, choice.algo, ops);
+}
+
+// Runs `choice` at M = m into y and at M = m / 2 into the flush buffer and compares the common
 // rows bit for bit (true also when the check does not apply: m < 2 or too large to compare).
-Result<bool> GemmRunner::rowsIndependentOfM(const Plan& exact, const cublasLtMatmulAlgo_t& algo,
-                                            int64_t m, int64_t n, int64_t k, const Operands& ops) {
+Result<bool> GemmRunner::rowsIndependentOfM(const Plan& exact, const Choice& choice, int64_t m,
+                                            int64_t n, int64_t k, const Operands& ops) {
   const int64_t half = m / 2;
   const size_t bytes = static_cast<size_t>(half * n) * sizeof(__nv_bfloat16);
   if (half < 1 || half * n > kMaxCheckElems || bytes > flush_bytes_) return true;
-  Plan p;
-  RETURN_IF_ERROR(makeLayouts(p, half, n, k, ops.bias != nullptr));
-  if (!fits(p, algo)) return false;
-  RETURN_IF_ERROR(enqueue(exact, algo, ops));
+  Plan p;  // the M / 2 shape (cuBLASLt only; the custom kernel takes M as an argument)
+  if (choice.smallm_splits == 0) {
+    RETURN_IF_ERROR(makeLayouts(p, half, n, k, ops.bias != nullptr));
+    if (!fits(p, choice.algo)) return false;
+  }
+  RETURN_IF_ERROR(enqueueChoice(exact, choice, m, n, k, ops));
   Operands part = ops;
   part.y = static_cast<__nv_bfloat16*>(flush_);
-  RETURN_IF_ERROR(enqueue(p, algo, part));
+  RETURN_IF_ERROR(enqueueChoice(p, choice, half, n, k, part));
   std::vector<uint16_t> a(static_cast<size_t>(half * n)), b(a.size());
   CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(a.data(), ops.y, bytes, cudaMemcpyDeviceToHost, ops.stream));
   CUDA_RETURN_IF_ERROR(
@@ -166,8 +204,8 @@ Result<bool> GemmRunner::rowsIndependentOfM(const Plan& exact, const cublasLtMat
   return std::memcmp(a.data(), b.data(), bytes) == 0;
 }
 
-Result<cublasLtMatmulAlgo_t> GemmRunner::chooseAlgo(Plan& exact, int64_t m, int64_t n, int64_t k,
-                                                    const Operands& ops) {
+Result<GemmRunner::Choice> GemmRunner::chooseAlgo(Plan& exact, int64_t m, int64_t n, int64_t k,
+                                                  const Operands& ops) {
   const bool bias = ops.bias != nullptr;
   const int64_t bucket = algoBucket(m);
   // Candidates from the heuristic at the bucket's largest M, so that each fits (workspace
@@ -196,13 +234,13 @@ Result<cublasLtMatmulAlgo_t> GemmRunner::chooseAlgo(Plan& exact, int64_t m, int6
   }
   cublasLtMatmulPreferenceDestroy(pref);
   LT_RETURN_IF_ERROR(hs);
-  std::vector<cublasLtMatmulAlgo_t> cands;
-  cands.reserve(static_cast<size_t>(found));
+  std::vector<Choice> cands;
+  cands.reserve(static_cast<size_t>(found) + 4);
   for (int i = 0; i < found; ++i) {
     if (results[i].state != CUBLAS_STATUS_SUCCESS) continue;
     if (results[i].workspaceSize > workspace_bytes_) continue;
     if (!fits(exact, results[i].algo)) continue;
-    cands.push_back(results[i].algo);
+    cands.push_back(Choice{results[i].algo, 0, 0});
   }
   if (cands.empty()) {
     return internalError("cuBLASLt: no bf16 algorithm for m=" + std::to_string(m) + " (bucket " +
@@ -214,6 +252,18 @@ Result<cublasLtMatmulAlgo_t> GemmRunner::chooseAlgo(Plan& exact, int64_t m, int6
   if (cs != cudaStreamCaptureStatusNone) {
     ++untimed_;  // never enqueue timing work (events, syncs) into a capture
     return cands[0];
+  }
+  // The custom kernel (gemm_smallm.cuh), one candidate per (N tile, split count), after
+  // cuBLASLt's.
+  const size_t num_lt = cands.size();
+  if (smallm_ && bucket <= kSmallMMaxRows) {
+    SmallMConfig cfgs[8] = {};
+    const int nc = smallMGemmCandidates(n, k, num_sms_, cfgs);
+    for (int i = 0; i < nc; ++i) {
+      if (smallMGemmSupported(bucket, n, k, cfgs[i].splits, cfgs[i].tile_n)) {
+        cands.push_back(Choice{{}, cfgs[i].splits, cfgs[i].tile_n});
+      }
+    }
   }
   if (cands.size() == 1) return cands[0];
 
@@ -227,11 +277,13 @@ Result<cublasLtMatmulAlgo_t> GemmRunner::chooseAlgo(Plan& exact, int64_t m, int6
   std::vector<float> avg_ms(cands.size(), -1.f);  // < 0: the candidate failed to launch
   for (size_t c = 0; c < cands.size(); ++c) {
     bool ok = true;
-    for (int r = 0; r < kWarmups && ok; ++r) ok = enqueue(exact, cands[c], ops).isOk();
+    for (int r = 0; r < kWarmups && ok; ++r) {
+      ok = enqueueChoice(exact, cands[c], m, n, k, ops).isOk();
+    }
     for (int r = 0; r < kTimedReps && ok; ++r) {
       CUDA_RETURN_IF_ERROR(cudaMemsetAsync(flush_, r & 0xff, flush_bytes_, ops.stream));
       CUDA_RETURN_IF_ERROR(cudaEventRecord(events_[2 * r], ops.stream));
-      ok = enqueue(exact, cands[c], ops).isOk();
+      ok = enqueueChoice(exact, cands[c], m, n, k, ops).isOk();
       CUDA_RETURN_IF_ERROR(cudaEventRecord(events_[2 * r + 1], ops.stream));
     }
     CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(ops.stream));
@@ -268,16 +320,25 @@ Result<cublasLtMatmulAlgo_t> GemmRunner::chooseAlgo(Plan& exact, int64_t m, int6
                          " n=" + std::to_string(n) + " k=" + std::to_string(k));
   }
   const float best_ms = avg_ms[best], first_ms = avg_ms[0];
+  float best_lt_ms = -1.f;  // the fastest cuBLASLt candidate that launched
+  for (size_t c = 0; c < num_lt; ++c) {
+    if (avg_ms[c] >= 0.f && (best_lt_ms < 0.f || avg_ms[c] < best_lt_ms)) best_lt_ms = avg_ms[c];
+  }
   ++tuned_;
+  const bool smallm_won = cands[best].smallm_splits > 0;
+  if (smallm_won) ++smallm_wins_;
   int32_t splitk = 1, tile = 0;
   uint32_t scheme = 0;
   size_t written = 0;
-  cublasLtMatmulAlgoConfigGetAttribute(&cands[best], CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme,
-                                       sizeof(scheme), &written);
-  cublasLtMatmulAlgoConfigGetAttribute(&cands[best], CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk,
-                                       sizeof(splitk), &written);
-  cublasLtMatmulAlgoConfigGetAttribute(&cands[best], CUBLASLT_ALGO_CONFIG_TILE_ID, &tile,
-                                       sizeof(tile), &written);
+  if (!smallm_won) {
+    const cublasLtMatmulAlgo_t& a = cands[best].algo;
+    cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme,
+                                         sizeof(scheme), &written);
+    cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk,
+                                         sizeof(splitk), &written);
+    cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile),
+                                         &written);
+  }
   log::info("gemm tuned", {{"m", m},
                            {"bucket", bucket},
                            {"n", n},
@@ -287,6 +348,11 @@ Result<cublasLtMatmulAlgo_t> GemmRunner::chooseAlgo(Plan& exact, int64_t m, int6
                            {"best", best},
                            {"best_us", static_cast<double>(best_ms) * 1e3},
                            {"first_us", static_cast<double>(first_ms) * 1e3},
+                           {"best_cublaslt_us", static_cast<double>(best_lt_ms) * 1e3},
+                           {"kernel", smallm_won ? "smallm" : "cublaslt"},
+                           {"smallm_candidates", cands.size() - num_lt},
+                           {"smallm_splits", cands[best].smallm_splits},
+                           {"smallm_tile_n", cands[best].smallm_tile_n},
                            {"splitk", splitk},
                            {"reduction", scheme},
                            {"tile_id", tile}});
@@ -303,7 +369,7 @@ Result<GemmRunner::Plan*> GemmRunner::plan(int64_t m, int64_t n, int64_t k, cons
   const auto akey = std::make_tuple(tune_ ? algoBucket(m) : int64_t{0}, n, k, bias);
   auto ait = algos_.find(akey);
   if (ait == algos_.end()) {
-    cublasLtMatmulAlgo_t algo{};
+    Choice algo;
     if (tune_) {
       ASSIGN_OR_RETURN(algo, chooseAlgo(*p, m, n, k, ops));
     } else {
@@ -311,7 +377,7 @@ Result<GemmRunner::Plan*> GemmRunner::plan(int64_t m, int64_t n, int64_t k, cons
       constexpr int64_t kReferenceM = 2048;
       Plan ref;
       RETURN_IF_ERROR(makeLayouts(ref, kReferenceM, n, k, bias));
-      ASSIGN_OR_RETURN(const bool ok, pickAlgo(ref, &algo));
+      ASSIGN_OR_RETURN(const bool ok, pickAlgo(ref, &algo.algo));
       if (!ok) {
         return internalError("cuBLASLt: no bf16 algorithm without split-K for n=" +
                              std::to_string(n) + " k=" + std::to_string(k));
@@ -319,12 +385,21 @@ Result<GemmRunner::Plan*> GemmRunner::plan(int64_t m, int64_t n, int64_t k, cons
     }
     ait = algos_.emplace(akey, algo).first;
   }
-  p->algo = ait->second;
-  const bool fit =
-      tune_ ? fits(*p, p->algo)
-            : fitNoSplitK(handle_, p->desc, p->a, p->b, p->c, &p->algo, workspace_bytes_);
+  p->algo = ait->second.algo;
+  p->smallm_splits = ait->second.smallm_splits;
+  p->smallm_tile_n = ait->second.smallm_tile_n;
+  // The custom kernel takes every M of its bucket (<= 256) for the (N, K) it was timed on.
+  bool fit = false;
+  if (p->smallm_splits > 0) {
+    fit = smallMGemmSupported(m, n, k, p->smallm_splits, p->smallm_tile_n);
+  } else if (tune_) {
+    fit = fits(*p, p->algo);
+  } else {
+    fit = fitNoSplitK(handle_, p->desc, p->a, p->b, p->c, &p->algo, workspace_bytes_);
+  }
   if (!fit) {
     ++fallbacks_;
+    p->smallm_splits = 0;
     ASSIGN_OR_RETURN(const bool ok, pickAlgo(*p, &p->algo));
     if (!ok) {
       return internalError(
@@ -343,7 +418,7 @@ Status GemmRunner::run(const __nv_bfloat16* x, const __nv_bfloat16* w, const __n
   if (m < 0 || n <= 0 || k <= 0) return invalidArgument("gemm: bad shape");
   const Operands ops{x, w, bias, y, stream};
   ASSIGN_OR_RETURN(Plan * p, plan(m, n, k, ops));
-  return enqueue(*p, p->algo, ops);
+  return enqueueChoice(*p, Choice{p->algo, p->smallm_splits, p->smallm_tile_n}, m, n, k, ops);
 }
 
 }  // namespace garden::rose::cuda

@@ -23,6 +23,17 @@
 // M of one bucket, but across buckets (a sequence batched with more or fewer tokens) they agree
 // only to within bf16 rounding (split-K changes the f32 summation order).
 //
+// The custom weight-streaming kernel (gemm_smallm.cuh) is one more candidate in that timing for
+// M buckets <= 256 when its shape rules hold (N % 64 == 0, K % (64 * splits) == 0): one candidate
+// per (N tile, split count) smallMGemmCandidates(N, K) offers, timed the same way (L2 flushed,
+// events) after cuBLASLt's and held to the same M/2 bit check (which it always passes: its bits
+// depend on the split count, never on M). Its split-K reduction runs inside a thread-block
+// cluster, so it needs no workspace and keeps no state between calls. The "gemm tuned" log line
+// says which kind won ("kernel": "smallm" or "cublaslt", "smallm_splits", "smallm_tile_n",
+// "best_cublaslt_us"). create(..., smallm = 0), or GARDEN_GEMM_SMALLM=0 in the environment when
+// smallm is -1 (the default), leaves it out. It is never used with tuning off, nor for a bucket
+// first seen while capturing (both keep cuBLASLt's heuristic pick as before).
+//
 // Tuning off (create(..., false); GARDEN_GEMM_TUNE=0 for the CUDA backend): the previous policy —
 // one algorithm per (N, K, bias), the heuristic's first choice at a reference M of 2048 with
 // split-K turned off, reused for every M, so a row's bits never depend on M. Only if that
@@ -46,8 +57,10 @@ namespace garden::rose::cuda {
 
 class GemmRunner {
  public:
+  // smallm: 1 = time the custom small-M kernel as a candidate, 0 = never, -1 = from the
+  // environment (GARDEN_GEMM_SMALLM=0|1, default 1; any other value is invalidArgument).
   static Result<std::unique_ptr<GemmRunner>> create(size_t workspace_bytes = size_t{32} << 20,
-                                                    bool tune = true);
+                                                    bool tune = true, int smallm = -1);
   ~GemmRunner();
   GemmRunner(const GemmRunner&) = delete;
   GemmRunner& operator=(const GemmRunner&) = delete;
@@ -67,12 +80,16 @@ class GemmRunner {
   size_t variantFallbacks() const { return fallbacks_; }
   size_t tunedShapes() const { return tuned_; }         // algorithms chosen by timing
   size_t untimedInCapture() const { return untimed_; }  // first seen while capturing
+  bool smallMEnabled() const { return smallm_; }
+  size_t smallMWins() const { return smallm_wins_; }  // tuned buckets won by the custom kernel
 
  private:
   struct Plan {  // owns its descriptors
     cublasLtMatmulDesc_t desc = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo{};
+    int smallm_splits = 0;  // > 0: the custom kernel with this split count instead of `algo`
+    int smallm_tile_n = 0;  // ... and this N tile
     Plan() = default;
     Plan(const Plan&) = delete;
     Plan& operator=(const Plan&) = delete;
@@ -83,6 +100,12 @@ class GemmRunner {
     __nv_bfloat16* y;
     cudaStream_t stream;
   };
+  // One tuning choice: a cuBLASLt algorithm, or (smallm_splits > 0) the custom kernel.
+  struct Choice {
+    cublasLtMatmulAlgo_t algo{};
+    int smallm_splits = 0;
+    int smallm_tile_n = 0;
+  };
   GemmRunner() = default;
   Result<Plan*> plan(int64_t m, int64_t n, int64_t k, const Operands& ops);
   Status makeLayouts(Plan& p, int64_t m, int64_t n, int64_t k, bool bias);
@@ -90,29 +113,34 @@ class GemmRunner {
   Result<bool> pickAlgo(Plan& p, cublasLtMatmulAlgo_t* out);
   // Tuning: the fastest (or, while capturing, the first) heuristic candidate for the bucket of
   // `exact` (whose shape is m x n x k), measured on `ops`.
-  Result<cublasLtMatmulAlgo_t> chooseAlgo(Plan& exact, int64_t m, int64_t n, int64_t k,
-                                          const Operands& ops);
+  Result<Choice> chooseAlgo(Plan& exact, int64_t m, int64_t n, int64_t k, const Operands& ops);
   bool fits(const Plan& p, const cublasLtMatmulAlgo_t& algo) const;
   // Whether `algo` computes the first rows of y with the same bits at M = m and M = m / 2.
-  Result<bool> rowsIndependentOfM(const Plan& exact, const cublasLtMatmulAlgo_t& algo, int64_t m,
-                                  int64_t n, int64_t k, const Operands& ops);
+  Result<bool> rowsIndependentOfM(const Plan& exact, const Choice& choice, int64_t m, int64_t n,
+                                  int64_t k, const Operands& ops);
   Status enqueue(const Plan& p, const cublasLtMatmulAlgo_t& algo, const Operands& ops);
+  // `choice` at M = m (p is the plan of shape m x n x k).
+  Status enqueueChoice(const Plan& p, const Choice& choice, int64_t m, int64_t n, int64_t k,
+                       const Operands& ops);
 
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
   bool tune_ = true;
+  bool smallm_ = true;
+  int num_sms_ = 0;
   void* flush_ = nullptr;  // L2 flush buffer for timing (allocated on the first tuning)
   size_t flush_bytes_ = 0;
   static constexpr int kTimedReps = 5;
   cudaEvent_t events_[2 * kTimedReps] = {};
   std::map<std::tuple<int64_t, int64_t, int64_t, bool>, std::unique_ptr<Plan>> plans_;
   // Per (M bucket, N, K, bias); the bucket is 0 for every M with tuning off.
-  std::map<std::tuple<int64_t, int64_t, int64_t, bool>, cublasLtMatmulAlgo_t> algos_;
+  std::map<std::tuple<int64_t, int64_t, int64_t, bool>, Choice> algos_;
   size_t fallbacks_ = 0;
   size_t tuned_ = 0;
   size_t untimed_ = 0;
   size_t m_dependent_ = 0;
+  size_t smallm_wins_ = 0;
 };
 
 }  // namespace garden::rose::cuda
