@@ -41,13 +41,8 @@ Result<ChatRequest> parseChatRequest(std::string_view body, const ModelSpec& spe
                                      const Tokenizer* tokenizer,
                                      const harmony::ChatRenderOptions& render_options) {
   thread_local simdjson::dom::parser parser;
-  element root;
-  if (auto err = parser.parse(body.data(), body.size(), true).get(root); err != simdjson::SUCCESS) {
-    return invalidArgument(std::string("request body is not valid JSON: ") +
-                           simdjson::error_message(err));
-  }
-  if (!root.is_object()) return invalidArgument("request body must be a JSON object");
-  RETURN_IF_ERROR(checkGenerativeModel(root, spec, "/v1/chat/completions"));
+  ASSIGN_OR_RETURN(element root,
+                   parseGenerativeRequestBody(body, spec, "/v1/chat/completions", parser));
   if (tokenizer == nullptr) {
     return failedPrecondition(
         "this server has no tokenizer configured; chat needs the model's Harmony tokenizer "

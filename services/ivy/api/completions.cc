@@ -41,13 +41,7 @@ Result<CompletionsRequest> parseCompletionsRequest(std::string_view body, const 
                                                    const Tokenizer* tokenizer,
                                                    const CompletionsLimits& limits) {
   thread_local simdjson::dom::parser parser;
-  element root;
-  if (auto err = parser.parse(body.data(), body.size(), true).get(root); err != simdjson::SUCCESS) {
-    return invalidArgument(std::string("request body is not valid JSON: ") +
-                           simdjson::error_message(err));
-  }
-  if (!root.is_object()) return invalidArgument("request body must be a JSON object");
-  RETURN_IF_ERROR(checkGenerativeModel(root, spec, "/v1/completions"));
+  ASSIGN_OR_RETURN(element root, parseGenerativeRequestBody(body, spec, "/v1/completions", parser));
   if (tokenizer == nullptr) {
     return failedPrecondition(
         "this server has no tokenizer configured; /v1/completions needs one to produce text "

@@ -76,6 +76,26 @@ Status parseStop(const element& root, std::vector<std::string>* out) {
   return okStatus();
 }
 
+// `model` names the served model, which must be an LLM (see parseGenerativeRequestBody).
+Status checkGenerativeModel(const element& root, const ModelSpec& spec, std::string_view endpoint) {
+  if (auto m = present(root, "model")) {
+    std::string_view name;
+    if (m->get_string().get(name) != simdjson::SUCCESS)
+      return invalidField("model", "must be a string");
+    if (name != spec.served_name) {
+      return notFound("model: '" + std::string(name) + "' does not exist (serving '" +
+                      spec.served_name + "')");
+    }
+  }
+  if (spec.kind != "llm") {
+    return invalidField("model", "'" + spec.served_name + "' is an " +
+                                     (spec.kind.empty() ? std::string("unknown") : spec.kind) +
+                                     " model; " + std::string(endpoint) +
+                                     " needs a generative (llm) model");
+  }
+  return okStatus();
+}
+
 }  // namespace
 
 Status parseSamplingFields(const element& root, ApiKind api, SamplingRequest* out) {
@@ -150,23 +170,17 @@ Status parseSamplingFields(const element& root, ApiKind api, SamplingRequest* ou
   return okStatus();
 }
 
-Status checkGenerativeModel(const element& root, const ModelSpec& spec, std::string_view endpoint) {
-  if (auto m = present(root, "model")) {
-    std::string_view name;
-    if (m->get_string().get(name) != simdjson::SUCCESS)
-      return invalidField("model", "must be a string");
-    if (name != spec.served_name) {
-      return notFound("model: '" + std::string(name) + "' does not exist (serving '" +
-                      spec.served_name + "')");
-    }
+Result<element> parseGenerativeRequestBody(std::string_view body, const ModelSpec& spec,
+                                           std::string_view endpoint,
+                                           simdjson::dom::parser& parser) {
+  element root;
+  if (auto err = parser.parse(body.data(), body.size(), true).get(root); err != simdjson::SUCCESS) {
+    return invalidArgument(std::string("request body is not valid JSON: ") +
+                           simdjson::error_message(err));
   }
-  if (spec.kind != "llm") {
-    return invalidField("model", "'" + spec.served_name + "' is an " +
-                                     (spec.kind.empty() ? std::string("unknown") : spec.kind) +
-                                     " model; " + std::string(endpoint) +
-                                     " needs a generative (llm) model");
-  }
-  return okStatus();
+  if (!root.is_object()) return invalidArgument("request body must be a JSON object");
+  RETURN_IF_ERROR(checkGenerativeModel(root, spec, endpoint));
+  return root;
 }
 
 Result<uint32_t> resolveMaxTokens(const SamplingRequest& sampling, size_t prompt_len,

@@ -49,10 +49,14 @@ enum class ApiKind { kChat, kCompletions };
 // The fields listed above from a parsed request object.
 Status parseSamplingFields(const simdjson::dom::element& root, ApiKind api, SamplingRequest* out);
 
-// `model` when present must be a string equal to spec.served_name (NOT_FOUND otherwise), and the
-// served model must be an LLM (400 naming `model` when it is an embedding model).
-Status checkGenerativeModel(const simdjson::dom::element& root, const ModelSpec& spec,
-                            std::string_view endpoint);
+// The start both endpoints share: `body` parsed with `parser` (which owns the returned element)
+// must be a JSON object (400 otherwise); its `model` when present must be a string equal to
+// spec.served_name (NOT_FOUND otherwise), and the served model must be an LLM (400 naming `model`
+// when it is an embedding model; `endpoint` names the route in that message).
+Result<simdjson::dom::element> parseGenerativeRequestBody(std::string_view body,
+                                                          const ModelSpec& spec,
+                                                          std::string_view endpoint,
+                                                          simdjson::dom::parser& parser);
 
 // The max_tokens to send for a prompt of `prompt_len` tokens: the requested value (400 naming
 // max_tokens when prompt + max_tokens exceeds max_seq_len), else `default_tokens` clamped to

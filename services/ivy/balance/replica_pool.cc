@@ -277,6 +277,8 @@ class ReplicaPool::SplitOp : public std::enable_shared_from_this<SplitOp<Traits>
       tried = c.tried;
       last = c.last_error;
     }
+    // Cancelled (the caller went away, or another chunk failed): no new attempt is sent.
+    if (cancel_->cancelled()) return fail(cancelledError("the request was cancelled"));
     milliseconds timeout{0};
     if (has_deadline_) {
       auto left = std::chrono::ceil<milliseconds>(deadline_ - pool_->now());
@@ -314,10 +316,11 @@ class ReplicaPool::SplitOp : public std::enable_shared_from_this<SplitOp<Traits>
   void onReply(size_t ci, Replica* r, Result<Reply> res) {
     Chunk& c = chunks_[ci];
     std::string name;
-    if (!res.isOk()) {
+    // A chunk we cancelled (the caller left, or a sibling failed) is not the replica's failure.
+    if (!res.isOk() && !(res.status().code() == StatusCode::kCancelled && cancel_->cancelled())) {
       pool_->onCallFailed(r, res.status());
-      name = r->name;
     }
+    if (!res.isOk()) name = r->name;
     pool_->release(r, c.tokens);  // last touch of r
     std::unique_lock<std::mutex> lock(mu_);
     if (finished_) return;

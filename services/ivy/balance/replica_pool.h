@@ -16,6 +16,9 @@
 //     refused RESOURCE_EXHAUSTED tries every other healthy replica once before the call gets
 //     RESOURCE_EXHAUSTED (→ 429). Generate retries only while no chunk has reached the caller.
 //     One chunk failing for good fails the whole call with its error and cancels the others;
+//   * cancels: the caller's EmbedCall/ScoreCall::cancel (ivy fires it when the HTTP client goes
+//     away [TAG_CLIENT_DISCONNECT]) cancels every chunk in flight and stops retries and further
+//     attempts; the call ends CANCELLED. Chunks cancelled this way are not replica failures;
 //   * ejects a replica whose call failed UNAVAILABLE or whose health check failed, and re-probes it
 //     with exponential backoff (probe_backoff_initial doubling up to probe_backoff_max; a replica
 //     not yet healthy since it appeared doubles only up to 5 × probe_backoff_initial);

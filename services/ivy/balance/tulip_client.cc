@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <cstring>
+#include <utility>
 
 #include "garden/v1/garden.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -33,45 +34,6 @@ Status fromGrpcCode(int grpc_code, std::string_view message) {
   }
 }
 
-void CallCanceller::cancel() {
-  std::vector<std::pair<uint64_t, std::function<void()>>> hooks;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (cancelled_) return;
-    cancelled_ = true;
-    hooks.swap(hooks_);
-  }
-  for (auto& h : hooks) h.second();
-}
-
-bool CallCanceller::cancelled() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return cancelled_;
-}
-
-uint64_t CallCanceller::add(std::function<void()> hook) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!cancelled_) {
-      hooks_.emplace_back(next_id_, std::move(hook));
-      return next_id_++;
-    }
-  }
-  hook();
-  return 0;
-}
-
-void CallCanceller::remove(uint64_t id) {
-  if (id == 0) return;
-  std::lock_guard<std::mutex> lock(mu_);
-  for (size_t i = 0; i < hooks_.size(); ++i) {
-    if (hooks_[i].first == id) {
-      hooks_.erase(hooks_.begin() + static_cast<std::ptrdiff_t>(i));
-      return;
-    }
-  }
-}
-
 void TulipClient::load(std::chrono::milliseconds, LoadDone done) {
   done(Status(StatusCode::kUnimplemented, "load is not implemented by this client"));
 }
@@ -93,6 +55,52 @@ Status fromGrpc(const grpc::Status& s) {
 
 void setDeadline(grpc::ClientContext* ctx, std::chrono::milliseconds timeout) {
   if (timeout.count() > 0) ctx->set_deadline(std::chrono::system_clock::now() + timeout);
+}
+
+// What every unary call takes besides its request.
+struct UnaryOptions {
+  std::chrono::milliseconds timeout{0};   // 0 = no deadline
+  std::string_view request_id;            // sent as `x-request-id` when not empty
+  std::shared_ptr<CallCanceller> cancel;  // optional: cancel() TryCancels the call
+};
+
+// One unary call on gRPC's callback API [TAG_UNARY_CALL]. The context, request and response live
+// in one State shared with the cancel hook (a weak reference: the hook may run while the call
+// completes). `fill(Req*)` writes the request; `invoke(ctx, req, resp, on_done)` starts the stub
+// method; `decode(const Resp&)` makes what `done` gets on success (a Result<T>, or a Status),
+// a failed call gets fromGrpc(status). The State is released before `done` runs.
+template <typename Req, typename Resp, typename Invoke, typename Fill, typename Decode,
+          typename Done>
+void unaryCall(Invoke invoke, UnaryOptions options, Fill fill, Decode decode, Done done) {
+  using Out = decltype(decode(std::declval<const Resp&>()));
+  struct State {
+    grpc::ClientContext ctx;
+    Req req;
+    Resp resp;
+    std::shared_ptr<CallCanceller> cancel;
+    uint64_t cancel_hook = 0;
+  };
+  auto st = std::make_shared<State>();
+  if (!options.request_id.empty()) {
+    st->ctx.AddMetadata("x-request-id", std::string(options.request_id));
+  }
+  setDeadline(&st->ctx, options.timeout);
+  fill(&st->req);
+  if (options.cancel) {
+    st->cancel = std::move(options.cancel);
+    std::weak_ptr<State> weak = st;
+    st->cancel_hook = st->cancel->add([weak] {
+      if (auto s = weak.lock()) s->ctx.TryCancel();
+    });
+  }
+  State* raw = st.get();
+  invoke(&raw->ctx, &raw->req, &raw->resp,
+         [st, decode = std::move(decode), done = std::move(done)](grpc::Status s) mutable {
+           if (st->cancel) st->cancel->remove(st->cancel_hook);
+           Out out = s.ok() ? decode(std::as_const(st->resp)) : Out(fromGrpc(s));
+           st.reset();
+           done(std::move(out));
+         });
 }
 
 // One Generate stream [TAG_GENERATE_STREAM]: a gRPC client read reactor that is also the caller's
@@ -190,105 +198,58 @@ class GrpcTulipClient final : public TulipClient {
   }
 
   void embed(EmbedCall call, EmbedDone done) override {
-    struct State {
-      grpc::ClientContext ctx;
-      v1::EmbedRequest req;
-      v1::EmbedResponse resp;
-      EmbedDone done;
-      size_t n = 0;
-      std::shared_ptr<CallCanceller> cancel;
-      uint64_t cancel_hook = 0;
-    };
-    // Shared with the cancel hook (a weak reference), which may run while the call completes.
-    auto st = std::make_shared<State>();
-    st->done = std::move(done);
-    st->n = call.inputs.size();
-    if (!call.request_id.empty()) st->ctx.AddMetadata("x-request-id", call.request_id);
-    setDeadline(&st->ctx, call.timeout);
-    st->req.set_model(call.model);
-    st->req.set_normalize(true);
-    for (const auto& seq : call.inputs) {
-      auto* ts = st->req.add_inputs();
-      ts->mutable_ids()->Add(seq.begin(), seq.end());
-    }
-    if (call.cancel) {
-      st->cancel = std::move(call.cancel);
-      std::weak_ptr<State> weak = st;
-      st->cancel_hook = st->cancel->add([weak] {
-        if (auto s = weak.lock()) s->ctx.TryCancel();
-      });
-    }
-    State* raw = st.get();
-    tulip_->async()->Embed(&raw->ctx, &raw->req, &raw->resp, [st](grpc::Status s) mutable {
-      if (st->cancel) st->cancel->remove(st->cancel_hook);
-      EmbedDone done = std::move(st->done);
-      Result<EmbedReply> r = s.ok() ? decode(st->resp, st->n) : Result<EmbedReply>(fromGrpc(s));
-      st.reset();  // the call's state goes before the caller's callback, as before
-      done(std::move(r));
-    });
+    const size_t n = call.inputs.size();
+    unaryCall<v1::EmbedRequest, v1::EmbedResponse>(
+        [this](auto* ctx, auto* req, auto* resp, auto on_done) {
+          tulip_->async()->Embed(ctx, req, resp, std::move(on_done));
+        },
+        {call.timeout, call.request_id, std::move(call.cancel)},
+        [&call](v1::EmbedRequest* req) {
+          req->set_model(call.model);
+          req->set_normalize(true);
+          for (const auto& seq : call.inputs) {
+            req->add_inputs()->mutable_ids()->Add(seq.begin(), seq.end());
+          }
+        },
+        [n](const v1::EmbedResponse& resp) { return decode(resp, n); }, std::move(done));
   }
 
-  // Score: the same shape as embed(), with the yes/no ids (or
-  // -1/-1 for the classification head) and one float per input back.
+  // Score: the same shape as embed(), with the yes/no ids (or -1/-1 for the classification head)
+  // and one float per input back.
   void score(ScoreCall call, ScoreDone done) override {
-    struct State {
-      grpc::ClientContext ctx;
-      v1::ScoreRequest req;
-      v1::ScoreResponse resp;
-      ScoreDone done;
-      size_t n = 0;
-      std::shared_ptr<CallCanceller> cancel;
-      uint64_t cancel_hook = 0;
-    };
-    auto st = std::make_shared<State>();
-    st->done = std::move(done);
-    st->n = call.inputs.size();
-    if (!call.request_id.empty()) st->ctx.AddMetadata("x-request-id", call.request_id);
-    setDeadline(&st->ctx, call.timeout);
-    st->req.set_model(call.model);
-    st->req.set_yes_token(call.yes_token);
-    st->req.set_no_token(call.no_token);
-    for (const auto& seq : call.inputs) {
-      st->req.add_inputs()->mutable_ids()->Add(seq.begin(), seq.end());
-    }
-    if (call.cancel) {
-      st->cancel = std::move(call.cancel);
-      std::weak_ptr<State> weak = st;
-      st->cancel_hook = st->cancel->add([weak] {
-        if (auto s = weak.lock()) s->ctx.TryCancel();
-      });
-    }
-    State* raw = st.get();
-    tulip_->async()->Score(&raw->ctx, &raw->req, &raw->resp, [st](grpc::Status s) mutable {
-      if (st->cancel) st->cancel->remove(st->cancel_hook);
-      ScoreDone done = std::move(st->done);
-      Result<ScoreReply> r = s.ok() ? decodeScore(st->resp, st->n) : Result<ScoreReply>(fromGrpc(s));
-      st.reset();
-      done(std::move(r));
-    });
+    const size_t n = call.inputs.size();
+    unaryCall<v1::ScoreRequest, v1::ScoreResponse>(
+        [this](auto* ctx, auto* req, auto* resp, auto on_done) {
+          tulip_->async()->Score(ctx, req, resp, std::move(on_done));
+        },
+        {call.timeout, call.request_id, std::move(call.cancel)},
+        [&call](v1::ScoreRequest* req) {
+          req->set_model(call.model);
+          req->set_yes_token(call.yes_token);
+          req->set_no_token(call.no_token);
+          for (const auto& seq : call.inputs) {
+            req->add_inputs()->mutable_ids()->Add(seq.begin(), seq.end());
+          }
+        },
+        [n](const v1::ScoreResponse& resp) { return decodeScore(resp, n); }, std::move(done));
   }
 
   void load(std::chrono::milliseconds timeout, LoadDone done) override {
-    struct State {
-      grpc::ClientContext ctx;
-      v1::LoadRequest req;
-      v1::LoadResponse resp;
-      LoadDone done;
-    };
-    auto* st = new State;
-    st->done = std::move(done);
-    setDeadline(&st->ctx, timeout);
-    tulip_->async()->Load(&st->ctx, &st->req, &st->resp, [st](grpc::Status s) {
-      std::unique_ptr<State> owned(st);
-      if (!s.ok()) return owned->done(fromGrpc(s));
-      TulipLoad l;
-      l.queued_requests = owned->resp.queued_requests();
-      l.queued_tokens = owned->resp.queued_tokens();
-      l.inflight_tokens = owned->resp.inflight_tokens();
-      l.queue_limit_tokens = owned->resp.queue_limit_tokens();
-      l.worker_ready = owned->resp.worker_ready();
-      owned->done(l);
-    });
+    unaryCall<v1::LoadRequest, v1::LoadResponse>(
+        [this](auto* ctx, auto* req, auto* resp, auto on_done) {
+          tulip_->async()->Load(ctx, req, resp, std::move(on_done));
+        },
+        {timeout, {}, nullptr}, [](v1::LoadRequest*) {},
+        [](const v1::LoadResponse& resp) -> Result<TulipLoad> {
+          TulipLoad l;
+          l.queued_requests = resp.queued_requests();
+          l.queued_tokens = resp.queued_tokens();
+          l.inflight_tokens = resp.inflight_tokens();
+          l.queue_limit_tokens = resp.queue_limit_tokens();
+          l.worker_ready = resp.worker_ready();
+          return l;
+        },
+        std::move(done));
   }
 
   std::shared_ptr<GenerateStream> generate(GenerateCall call, ChunkFn on_chunk,
@@ -299,52 +260,41 @@ class GrpcTulipClient final : public TulipClient {
   }
 
   void modelInfo(std::chrono::milliseconds timeout, ModelInfoDone done) override {
-    struct State {
-      grpc::ClientContext ctx;
-      v1::ModelInfoRequest req;
-      v1::ModelInfoResponse resp;
-      ModelInfoDone done;
-    };
-    auto* st = new State;
-    st->done = std::move(done);
-    setDeadline(&st->ctx, timeout);
-    tulip_->async()->ModelInfo(&st->ctx, &st->req, &st->resp, [st](grpc::Status s) {
-      std::unique_ptr<State> owned(st);
-      if (!s.ok()) return owned->done(fromGrpc(s));
-      TulipModelInfo info;
-      info.model = owned->resp.model();
-      info.kind = owned->resp.kind();
-      info.hidden_size = owned->resp.hidden_size();
-      info.max_seq_len = owned->resp.max_seq_len();
-      info.vocab_size = owned->resp.vocab_size();
-      info.has_score_head = owned->resp.has_score_head();
-      info.eos_token_ids.assign(owned->resp.eos_token_ids().begin(),
-                                owned->resp.eos_token_ids().end());
-      owned->done(std::move(info));
-    });
+    unaryCall<v1::ModelInfoRequest, v1::ModelInfoResponse>(
+        [this](auto* ctx, auto* req, auto* resp, auto on_done) {
+          tulip_->async()->ModelInfo(ctx, req, resp, std::move(on_done));
+        },
+        {timeout, {}, nullptr}, [](v1::ModelInfoRequest*) {},
+        [](const v1::ModelInfoResponse& resp) -> Result<TulipModelInfo> {
+          TulipModelInfo info;
+          info.model = resp.model();
+          info.kind = resp.kind();
+          info.hidden_size = resp.hidden_size();
+          info.max_seq_len = resp.max_seq_len();
+          info.vocab_size = resp.vocab_size();
+          info.has_score_head = resp.has_score_head();
+          info.eos_token_ids.assign(resp.eos_token_ids().begin(), resp.eos_token_ids().end());
+          return info;
+        },
+        std::move(done));
   }
 
   void health(std::chrono::milliseconds timeout, HealthDone done) override {
-    struct State {
-      grpc::ClientContext ctx;
-      grpc::health::v1::HealthCheckRequest req;
-      grpc::health::v1::HealthCheckResponse resp;
-      HealthDone done;
-    };
-    auto* st = new State;
-    st->done = std::move(done);
-    setDeadline(&st->ctx, timeout);
-    st->req.set_service("");  // the server as a whole
-    health_->async()->Check(&st->ctx, &st->req, &st->resp, [st](grpc::Status s) {
-      std::unique_ptr<State> owned(st);
-      if (!s.ok()) return owned->done(fromGrpc(s));
-      if (owned->resp.status() != grpc::health::v1::HealthCheckResponse::SERVING) {
-        return owned->done(unavailable(
-            "tulip: health status " +
-            grpc::health::v1::HealthCheckResponse::ServingStatus_Name(owned->resp.status())));
-      }
-      owned->done(okStatus());
-    });
+    using grpc::health::v1::HealthCheckResponse;
+    unaryCall<grpc::health::v1::HealthCheckRequest, HealthCheckResponse>(
+        [this](auto* ctx, auto* req, auto* resp, auto on_done) {
+          health_->async()->Check(ctx, req, resp, std::move(on_done));
+        },
+        {timeout, {}, nullptr},
+        [](grpc::health::v1::HealthCheckRequest* req) { req->set_service(""); },  // the server
+        [](const HealthCheckResponse& resp) -> Status {
+          if (resp.status() != HealthCheckResponse::SERVING) {
+            return unavailable("tulip: health status " +
+                               HealthCheckResponse::ServingStatus_Name(resp.status()));
+          }
+          return okStatus();
+        },
+        std::move(done));
   }
 
   std::string endpoint() const override { return target_; }

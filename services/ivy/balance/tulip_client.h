@@ -22,33 +22,15 @@
 #include <vector>
 
 #include "common/status.h"
+#include "services/ivy/balance/call_canceller.h"
 
 namespace garden::ivy {
-
-// Cancellation shared by a caller and the clients serving its calls (the pool cancels the other
-// chunks of a split request when one fails). cancel() runs every registered hook once, outside the
-// lock (a hook may complete its call inline); a hook added after cancel() runs at once. A client
-// removes its hook when the call completes; a hook must stay safe to run until remove() returns.
-// Thread-safe.
-class CallCanceller {
- public:
-  void cancel();
-  bool cancelled() const;
-  uint64_t add(std::function<void()> hook);  // returns an id for remove(); 0 when run at once
-  void remove(uint64_t id);
-
- private:
-  mutable std::mutex mu_;
-  bool cancelled_ = false;                                         // guarded by mu_
-  uint64_t next_id_ = 1;                                           // guarded by mu_
-  std::vector<std::pair<uint64_t, std::function<void()>>> hooks_;  // guarded by mu_
-};
 
 struct EmbedCall {
   std::string request_id;  // sent as gRPC metadata `x-request-id`
   std::string model;       // tulip's model name
   std::vector<std::vector<int32_t>> inputs;
-  std::chrono::milliseconds timeout{0};  // 0 = no deadline
+  std::chrono::milliseconds timeout{0};   // 0 = no deadline
   std::shared_ptr<CallCanceller> cancel;  // optional: cancel() ends the call with CANCELLED
 };
 

@@ -50,7 +50,16 @@ class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
         choices_(out_->choices()),
         remaining_(choices_.size()) {}
 
-  void start(TulipClient* client, std::vector<GenerateCall> calls) {
+  // `cancel` (the request's, may be null) fires when the client goes away before the response:
+  // every stream of the request is cancelled [TAG_CLIENT_DISCONNECT].
+  void start(TulipClient* client, std::vector<GenerateCall> calls,
+             const std::shared_ptr<CallCanceller>& cancel) {
+    if (cancel) {
+      std::weak_ptr<GenerationJob> weak = weak_from_this();
+      cancel->add([weak] {
+        if (auto job = weak.lock()) job->cancelAll();
+      });  // the canceller dies with the request; the hook holds no strong reference
+    }
     for (size_t i = 0; i < calls.size(); ++i) {
       auto self = shared_from_this();
       std::shared_ptr<GenerateStream> h = client->generate(
@@ -122,7 +131,8 @@ class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
     for (auto& h : to_cancel) h->cancel();
   }
 
-  // The client went away (streaming only).
+  // The client went away: before the response (the request's canceller), or during a streamed one
+  // (the ResponseStream's cancel).
   void cancelAll() {
     std::vector<std::shared_ptr<GenerateStream>> to_cancel;
     {
@@ -133,6 +143,9 @@ class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
         if (!c.done && c.handle) to_cancel.push_back(c.handle);
       }
       metrics_->requests.labels({endpoint_, "client_gone"}).inc();
+      // Nothing was sent yet: answer anyway so the server lets go of the request at once (it
+      // drops this response: the client is gone).
+      if (!body_) respond_(errorResponse(cancelledError("the client closed the connection")));
     }
     log::info("client went away; generation cancelled",
               {{"request_id", request_id_}, {"streams", static_cast<uint64_t>(to_cancel.size())}});
@@ -255,7 +268,7 @@ void registerChatRoutes(Router* router, TulipClient* client, const Tokenizer* to
                                         metrics.get(), "chat", req.request_id);
     std::vector<GenerateCall> calls;
     calls.push_back(std::move(call));
-    job->start(client, std::move(calls));
+    job->start(client, std::move(calls), req.cancel);
   });
 
   router->add("POST", "/v1/completions", [=](HttpRequest req, Responder respond) {
@@ -282,7 +295,7 @@ void registerChatRoutes(Router* router, TulipClient* client, const Tokenizer* to
     auto job =
         std::make_shared<GenerationJob>(std::move(out), parsed->sampling.stream, std::move(respond),
                                         metrics.get(), "completions", req.request_id);
-    job->start(client, std::move(calls));
+    job->start(client, std::move(calls), req.cancel);
   });
 }
 

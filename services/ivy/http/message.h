@@ -3,6 +3,12 @@
 // sees Beast) and the router and route handlers, so those are testable without sockets.
 // A Responder delivers exactly one response for a request; it may be called from any thread (it
 // posts back to the connection's strand). Calling it more than once is a bug and CHECK-fails.
+//
+// Client gone [TAG_CLIENT_DISCONNECT]: the server fires HttpRequest::cancel when the client closes
+// (or resets) the connection while the request waits for its response. A handler that starts
+// upstream work hands `cancel` on (EmbedCall::cancel, or a hook that cancels its Generate streams)
+// so that work stops. Its Responder may still be called (that response is dropped) or simply be
+// destroyed.
 
 #include <chrono>
 #include <functional>
@@ -11,6 +17,8 @@
 #include <string_view>
 #include <utility>
 #include <vector>
+
+#include "services/ivy/balance/call_canceller.h"
 
 namespace garden::ivy {
 
@@ -24,6 +32,9 @@ struct HttpRequest {
   std::string body;
   std::string request_id;  // x-request-id as received (sanitized) or generated
   std::chrono::steady_clock::time_point received;
+  // Fired by the server when the client goes away before the response (never null from the
+  // server; tests may leave it null).
+  std::shared_ptr<CallCanceller> cancel;
 
   // First header with this (lower-case) name, or "".
   std::string_view header(std::string_view lower_name) const {

@@ -1,5 +1,7 @@
 #include "services/ivy/http/server.h"
 
+#include <sys/socket.h>
+
 #include <array>
 #include <atomic>
 #include <boost/asio/dispatch.hpp>
@@ -10,6 +12,7 @@
 #include <boost/asio/strand.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <cerrno>
 #include <condition_variable>
 #include <cstdio>
 #include <mutex>
@@ -145,6 +148,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void captureHeader() {
     start_ = std::chrono::steady_clock::now();
     busy_ = true;
+    client_gone_ = false;
     keep_alive_ = false;
     method_.clear();
     path_.clear();
@@ -214,6 +218,11 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     r.body = std::move(req.body());
     request_bytes_ = r.body.size();
+    // [TAG_CLIENT_DISCONNECT] This request's cancellation, fired by onReadable().
+    ++request_seq_;
+    request_cancel_ = std::make_shared<CallCanceller>();
+    r.cancel = request_cancel_;
+    awaiting_ = true;
 
     // Keeps the io_context running (stop() drains) until the response is handed back.
     struct Pending {
@@ -232,6 +241,55 @@ class Session : public std::enable_shared_from_this<Session> {
       pending->work.reset();
     };
     core_->router->dispatch(std::move(r), std::move(respond));
+    // A handler that answered at once (its write() is already posted) needs no watch.
+    if (!pending->called.load()) watchDisconnect();
+  }
+
+  // --- client gone while the response is awaited [TAG_CLIENT_DISCONNECT] ---
+  // One async_wait for readability; nothing is read. write() cancels it (strand), so a response
+  // and a disconnect never both take effect: whichever runs first on the strand wins.
+  void watchDisconnect() {
+    wait_armed_ = true;
+    stream_.socket().async_wait(tcp::socket::wait_read,
+                                [self = shared_from_this(), seq = request_seq_](
+                                    beast::error_code ec) { self->onReadable(seq, ec); });
+  }
+
+  void onReadable(uint64_t seq, beast::error_code ec) {
+    if (seq != request_seq_) return;  // the wait of an earlier request, already answered
+    wait_armed_ = false;
+    if (!awaiting_ || client_gone_ || ec == net::error::operation_aborted) return;
+    if (!ec) {
+      char c;
+      ssize_t n = ::recv(stream_.socket().native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
+      // Data: the next pipelined request. It stays in the kernel for the next readHeader(); the
+      // watch ends here (waiting again would fire at once while those bytes are unread).
+      if (n > 0) return;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+        return watchDisconnect();  // a spurious wake-up
+      }
+    }
+    clientGone();  // n == 0: EOF; n < 0 or ec: reset or another socket error
+  }
+
+  void clientGone() {
+    client_gone_ = true;
+    AccessRecord rec;
+    rec.request_id = request_id_;
+    rec.method = method_;
+    rec.path = path_;
+    rec.route = route_;
+    rec.status = 499;  // client closed request (nginx's convention)
+    rec.latency = std::chrono::duration_cast<std::chrono::microseconds>(
+        std::chrono::steady_clock::now() - start_);
+    rec.request_bytes = request_bytes_;
+    rec.client_gone = true;
+    if (core_->on_done) core_->on_done(rec);
+    request_bytes_ = 0;
+    close();
+    // Last: the hooks may complete calls inline, whose Responder only posts to this strand.
+    std::shared_ptr<CallCanceller> cancel = std::move(request_cancel_);
+    cancel->cancel();
   }
 
   void sendTooLarge() {
@@ -247,6 +305,20 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void write(HttpResponse r) {
+    if (awaiting_) {  // the response of a dispatched request [TAG_CLIENT_DISCONNECT]
+      awaiting_ = false;
+      request_cancel_.reset();
+      if (wait_armed_) {
+        beast::error_code ec;
+        stream_.socket().cancel(ec);  // onReadable then sees operation_aborted (or !awaiting_)
+        wait_armed_ = false;
+      }
+      if (client_gone_) {  // already logged as 499 and closed: drop the response
+        if (r.stream) r.stream->cancel();
+        busy_ = false;
+        return;
+      }
+    }
     if (r.stream) return startStream(std::move(r));
     bool keep = keep_alive_ && !stopping_ && !core_->stopping.load();
     res_ = {};
@@ -368,6 +440,7 @@ class Session : public std::enable_shared_from_this<Session> {
         std::chrono::steady_clock::now() - start_);
     rec.request_bytes = request_bytes_;
     rec.response_bytes = stream_bytes_;
+    rec.client_gone = status == 499;
     if (core_->on_done) core_->on_done(rec);
     request_bytes_ = 0;
   }
@@ -440,6 +513,12 @@ class Session : public std::enable_shared_from_this<Session> {
   bool stopping_ = false;
   bool keep_alive_ = false;
   bool linger_ = false;  // the request was not read to its end: drain before closing
+  // The dispatched request awaiting its response [TAG_CLIENT_DISCONNECT] (strand only).
+  uint64_t request_seq_ = 0;
+  std::shared_ptr<CallCanceller> request_cancel_;
+  bool awaiting_ = false;     // dispatched; write() not yet called for it
+  bool wait_armed_ = false;   // watchDisconnect()'s async_wait is outstanding
+  bool client_gone_ = false;  // the client left before the response: it is dropped
   std::string request_id_, method_, path_, query_;
   std::string_view route_ = "other";
   std::chrono::steady_clock::time_point start_;

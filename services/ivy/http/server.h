@@ -14,6 +14,16 @@
 // * Streamed responses (HttpResponse::stream, http/response_stream.h): the header goes out with
 //   Transfer-Encoding: chunked, then whatever the handler writes, chunk by chunk; the client
 //   closing the connection cancels the stream (logged with status 499). [TAG_HTTP_STREAMING]
+// * Client gone [TAG_CLIENT_DISCONNECT]: while a request waits for its handler's response, one
+//   async_wait for readability watches the socket (no read, no thread). When it fires, a
+//   non-consuming recv(MSG_PEEK) tells EOF (0 bytes) or an error (reset) from data: data is the
+//   client's next, pipelined request, which stays in the kernel for the next read (the watch then
+//   ends for this request). On EOF or reset the request's HttpRequest::cancel is fired (the
+//   handler's upstream calls are cancelled), the connection is closed, the AccessRecord goes out
+//   with status 499 and client_gone set, and the response, whenever the handler delivers it, is
+//   dropped. A client that half-closes its sending side and still waits for the answer is treated
+//   as gone too (as nginx does for proxied requests). Completion and disconnect are both decided
+//   on the connection's strand, so exactly one of them wins.
 // * After each response `on_done` gets an AccessRecord (for the per-request log line and metrics).
 // * stop(): stops accepting, closes idle connections, lets requests in flight finish (up to
 //   `drain_timeout`), then joins the threads. Idempotent; the destructor calls it.
@@ -53,6 +63,9 @@ struct AccessRecord {
   std::chrono::microseconds latency{0};
   size_t request_bytes = 0;
   size_t response_bytes = 0;
+  // The client closed the connection before the response was complete (status 499): the request
+  // was cancelled [TAG_CLIENT_DISCONNECT], or a streamed response was cut off.
+  bool client_gone = false;
 };
 
 using AccessObserver = std::function<void(const AccessRecord&)>;

@@ -51,6 +51,11 @@ IvyService::IvyService(IvyServiceOptions options, TulipClient* client, TulipMoni
           "scoring needs a tokenizer: start ivy with --tokenizer (tokenizer-impl garden)")),
       requests_(registry->counter("ivy_http_requests_total", "HTTP requests by route and status",
                                   {"route", "status"})),
+      client_gone_(registry->counter(
+          "ivy_http_client_disconnects_total",
+          "Requests whose client closed the connection before the response was complete; their "
+          "upstream calls were cancelled (logged with status 499)",
+          {"route"})),
       latency_(registry->histogram("ivy_http_request_duration_seconds",
                                    "HTTP request latency from header received to response",
                                    {"route"})),
@@ -110,6 +115,7 @@ void IvyService::registerRoutes(Router* router, Router* admin) {
 
 void IvyService::onRequestDone(const AccessRecord& rec) {
   requests_.labels({rec.route, std::to_string(rec.status)}).inc();
+  if (rec.client_gone) client_gone_.labels({rec.route}).inc();
   latency_.labels({rec.route}).observe(std::chrono::duration<double>(rec.latency).count());
   log::info("request", {{"request_id", rec.request_id},
                         {"method", rec.method},
@@ -194,6 +200,7 @@ void IvyService::embeddings(HttpRequest request, Responder respond) {
   call.model = spec->upstream_name;
   call.inputs = std::move(tokens).value();
   call.timeout = *left;
+  call.cancel = request.cancel;  // the client leaving cancels every chunk [TAG_CLIENT_DISCONNECT]
   times.tokenized = times.sent = Clock::now();
   inflight_requests_.set(static_cast<double>(admission_.requestsInFlight()));
   inflight_tokens_.set(static_cast<double>(admission_.tokensInFlight()));
@@ -270,6 +277,7 @@ void IvyService::scoring(HttpRequest request, Responder respond, ScoreApi api) {
   call.model = spec->upstream_name;
   call.inputs = std::move(tokens).value();
   call.timeout = *left;
+  call.cancel = request.cancel;  // the client leaving cancels every chunk [TAG_CLIENT_DISCONNECT]
   times.tokenized = times.sent = Clock::now();
   inflight_requests_.set(static_cast<double>(admission_.requestsInFlight()));
   inflight_tokens_.set(static_cast<double>(admission_.tokensInFlight()));

@@ -9,7 +9,8 @@
 // Order of work in a model request [TAG_ADMISSION]: admission (in-flight requests; 429) →
 // x-request-timeout header (400) → parse with the cheap limits (count, characters; 400) →
 // tokenize with the token limits (400) → admission of the tokens (429) → deadline left? (504) →
-// upstream call with the remaining time as its gRPC deadline.
+// upstream call with the remaining time as its gRPC deadline, cancelled (every chunk, retries
+// included) if the client closes the connection first (HttpRequest::cancel).
 //
 // Timing headers on every response that reached tulip [TAG_TIMING_HEADERS] (microseconds):
 //   x-garden-tokenize-us   handler start → ids ready (parse, validate, template, tokenize)
@@ -22,6 +23,8 @@
 // onRequestDone() is the server's AccessObserver: one structured log line per request
 // (request_id, method, route, status, latency_us) and the Prometheus series
 //   ivy_http_requests_total{route,status}, ivy_http_request_duration_seconds{route},
+//   ivy_http_client_disconnects_total{route} (client gone before the response; its upstream calls
+//   were cancelled [TAG_CLIENT_DISCONNECT]),
 //   ivy_embeddings_inputs_total, ivy_embeddings_prompt_tokens_total, ivy_score_documents_total,
 //   ivy_admission_rejected_total{limit}, ivy_inflight_requests, ivy_inflight_tokens, ivy_ready.
 //
@@ -54,8 +57,8 @@ struct IvyServiceOptions {
   RequestLimits embeddings_limits;                   // all model endpoints
   uint64_t max_inflight_requests = 1024;             // 0 = unbounded
   uint64_t max_inflight_tokens = 4u << 20;           // 0 = unbounded
-  const PromptSet* prompts = nullptr;    // embedding prompt prefixes; null = none
-  const Tokenizer* tokenizer = nullptr;  // needed by /v1/score and /v1/rerank
+  const PromptSet* prompts = nullptr;                // embedding prompt prefixes; null = none
+  const Tokenizer* tokenizer = nullptr;              // needed by /v1/score and /v1/rerank
   std::string score_yes_token = "yes";
   std::string score_no_token = "no";
   const ApiKeys* api_keys = nullptr;  // null: no authentication
@@ -96,6 +99,7 @@ class IvyService {
   std::unique_ptr<RerankTemplate> rerank_template_;  // null without a tokenizer
   Result<YesNoTokens> yes_no_;
   metrics::CounterFamily& requests_;
+  metrics::CounterFamily& client_gone_;
   metrics::HistogramFamily& latency_;
   metrics::Counter& inputs_;
   metrics::Counter& prompt_tokens_;

@@ -679,6 +679,35 @@ TEST_F(PoolTest, CallerCancellationReachesEveryChunk) {
     std::this_thread::sleep_for(5ms);
   }
   EXPECT_EQ(fake(1)->cancelledCalls() + fake(2)->cancelledCalls(), 4);
+  // Cancelled by the caller: not a failure of the replicas (no failure series, no ejection). Every
+  // reply was handled once its tokens were released.
+  for (int i = 0; i < 400; ++i) {
+    bool zero = true;
+    for (auto& v : pool_->replicas()) zero = zero && v.outstanding_tokens == 0;
+    if (zero) break;
+    std::this_thread::sleep_for(5ms);
+  }
+  for (auto& v : pool_->replicas()) EXPECT_EQ(v.state, ReplicaState::kHealthy) << v.address;
+  EXPECT_EQ(metric(R"(ivy_replica_failures_total{replica="10.0.0.1:1",code="CANCELLED"})"), -1);
+  EXPECT_EQ(metric(R"(ivy_replica_failures_total{replica="10.0.0.2:1",code="CANCELLED"})"), -1);
+}
+
+// A caller already gone (its client disconnected before the call was made): nothing is sent.
+TEST_F(PoolTest, CallCancelledBeforeItStartsSendsNoChunk) {
+  auto o = defaults();
+  o.split_max_inputs = 1;
+  makeStatic(2, o);
+  settle();
+  auto c = call(inputs(3));
+  c.cancel = std::make_shared<CallCanceller>();
+  c.cancel->cancel();
+  auto f = embedAsync(std::move(c));
+  ASSERT_EQ(f.wait_for(5s), std::future_status::ready);
+  auto r = f.get();
+  ASSERT_FALSE(r.isOk());
+  EXPECT_EQ(r.status().code(), StatusCode::kCancelled);
+  EXPECT_EQ(fake(1)->embedCalls().size() + fake(2)->embedCalls().size(), 0u);
+  for (auto& v : pool_->replicas()) EXPECT_EQ(v.outstanding_tokens, 0) << v.address;
 }
 
 TEST_F(PoolTest, ReplicaWithAnotherModelIsNotUsed) {

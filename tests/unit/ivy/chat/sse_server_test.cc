@@ -175,6 +175,54 @@ TEST_F(SseServerTest, ClientDisconnectCancelsGeneration) {
   EXPECT_EQ(h_.client().cancelledStreams(), 1);
 }
 
+// Not streamed: the client leaving while the answer is generated cancels every generation of the
+// request [TAG_CLIENT_DISCONNECT] (nothing was written yet, so only the connection tells).
+TEST_F(SseServerTest, ClientDisconnectCancelsNonStreamingGeneration) {
+  auto waitCalls = [this](size_t n) {
+    for (int i = 0; i < 1000 && h_.client().calls().size() < n; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return h_.client().calls().size() >= n;
+  };
+  std::vector<int32_t> script = h_.ids("<|channel|>final<|message|>");
+  for (int i = 0; i < 2000; ++i) script.push_back('a');
+  h_.client().setScript(script);
+  h_.client().setChunkDelay(std::chrono::milliseconds(5));
+  {
+    Conn c(server_->port());
+    ASSERT_TRUE(c.connected());
+    c.post("/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}]})");
+    ASSERT_TRUE(waitCalls(1));
+    c.closeNow();
+  }
+  EXPECT_TRUE(h_.client().waitIdle(std::chrono::seconds(8)));
+  EXPECT_EQ(h_.client().cancelledStreams(), 1);
+  // /v1/completions with two prompts: both generations are cancelled.
+  {
+    Conn c(server_->port());
+    ASSERT_TRUE(c.connected());
+    c.post("/v1/completions", R"({"prompt":["a","b"],"max_tokens":2000})");
+    ASSERT_TRUE(waitCalls(3));
+    c.closeNow();
+  }
+  EXPECT_TRUE(h_.client().waitIdle(std::chrono::seconds(8)));
+  EXPECT_EQ(h_.client().cancelledStreams(), 3);
+  std::string page = h_.registry().expose();
+  EXPECT_THAT(page,
+              HasSubstr(R"(ivy_generate_requests_total{endpoint="chat",outcome="client_gone"} 1)"));
+  EXPECT_THAT(
+      page,
+      HasSubstr(R"(ivy_generate_requests_total{endpoint="completions",outcome="client_gone"} 1)"));
+  // A new request is served normally.
+  h_.client().setScript(h_.ids("<|channel|>final<|message|>Hi<|return|>"));
+  h_.client().setChunkDelay(std::chrono::milliseconds(0));
+  Conn c(server_->port());
+  c.post("/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}]})");
+  std::string head = c.readHead();
+  EXPECT_TRUE(head.starts_with("HTTP/1.1 200 OK\r\n")) << head;
+  EXPECT_THAT(c.readContentLength(head), HasSubstr(R"("content":"Hi")"));
+}
+
 TEST_F(SseServerTest, ErrorsBeforeStreamingAreOrdinaryResponses) {
   Conn c(server_->port());
   c.post("/v1/chat/completions", R"({"messages":[],"stream":true})");

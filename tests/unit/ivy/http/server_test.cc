@@ -53,8 +53,12 @@ class Conn {
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     connected_ = ::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
   }
-  ~Conn() { ::close(fd_); }
+  ~Conn() { closeNow(); }
   bool connected() const { return connected_; }
+  void closeNow() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
 
   void send(std::string_view data) {
     while (!data.empty()) {
@@ -567,6 +571,196 @@ TEST_F(IvyServerTest, StopDrainsRequestsInFlight) {
   // No longer accepting.
   Conn after(server_->port());
   EXPECT_FALSE(after.connected());
+}
+
+// --- client gone while the response is awaited [TAG_CLIENT_DISCONNECT] ---
+
+// Polls `pred` every 5 ms for up to `limit`.
+template <typename Pred>
+bool eventually(Pred pred, std::chrono::milliseconds limit = std::chrono::milliseconds(5000)) {
+  auto until = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < until) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return pred();
+}
+
+// The value of one Prometheus series line `name{labels}` in `page`, or -1 when absent.
+double seriesValue(const std::string& page, const std::string& series) {
+  size_t pos = 0;
+  while ((pos = page.find(series + " ", pos)) != std::string::npos) {
+    if (pos == 0 || page[pos - 1] == '\n')
+      return std::strtod(page.c_str() + pos + series.size(), nullptr);
+    pos += series.size();
+  }
+  return -1;
+}
+
+// The sum of every series of `page` whose line starts with `prefix`.
+double seriesSum(const std::string& page, const std::string& prefix) {
+  double sum = 0;
+  size_t pos = 0;
+  while ((pos = page.find(prefix, pos)) != std::string::npos) {
+    if (pos == 0 || page[pos - 1] == '\n') {
+      size_t sp = page.find(' ', pos);
+      sum += std::strtod(page.c_str() + sp, nullptr);
+    }
+    pos += prefix.size();
+  }
+  return sum;
+}
+
+TEST_F(IvyServerTest, ClientDisconnectCancelsTheUpstreamCallAndDropsTheResponse) {
+  startServer();
+  fake_.setHold(true);  // tulip "works" until released or cancelled
+  {
+    Conn c(server_->port());
+    ASSERT_TRUE(c.connected());
+    c.send(post("/v1/embeddings", R"({"model":"garden-embed","input":[1,2,3]})",
+                "X-Request-Id: gone-1\r\n"));
+    ASSERT_TRUE(eventually([&] { return fake_.heldCount() == 1; }));
+    ASSERT_EQ(fake_.embedCalls().size(), 1u);
+    EXPECT_NE(fake_.embedCalls()[0].cancel, nullptr);
+    EXPECT_EQ(fake_.cancelledCalls(), 0);
+    c.closeNow();
+  }
+  // The held call ends CANCELLED because the client left (not because it was released).
+  ASSERT_TRUE(eventually([&] { return fake_.cancelledCalls() == 1; }));
+  EXPECT_EQ(fake_.heldCount(), 0u);
+  const std::string series = R"(ivy_http_client_disconnects_total{route="/v1/embeddings"})";
+  ASSERT_TRUE(eventually([&] { return seriesValue(registry_.expose(), series) == 1; }))
+      << registry_.expose();
+  std::string page = registry_.expose();
+  EXPECT_EQ(seriesValue(page, R"(ivy_http_requests_total{route="/v1/embeddings",status="499"})"),
+            1);
+  // The response the handler produced afterwards (CANCELLED) was dropped, not counted.
+  EXPECT_EQ(seriesSum(page, R"(ivy_http_requests_total{route="/v1/embeddings",)"), 1) << page;
+  // Exactly one access line for it, with status 499.
+  int lines = 0;
+  for (const auto& l : logLines()) {
+    if (l.find("\"msg\":\"request\"") == std::string::npos) continue;
+    if (l.find("gone-1") == std::string::npos) continue;
+    ++lines;
+    EXPECT_THAT(l, HasSubstr("\"status\":499")) << l;
+  }
+  EXPECT_EQ(lines, 1);
+  // The in-flight bound was released and the next request (new connection) is served.
+  fake_.setHold(false);
+  Response r = roundTrip(post("/v1/embeddings", R"({"model":"garden-embed","input":[4]})"));
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_TRUE(eventually([&] {
+    return roundTrip(get("/metrics")).body.find("\nivy_inflight_requests 0\n") != std::string::npos;
+  }));
+}
+
+TEST_F(IvyServerTest, KeepAliveRequestAbandonedAfterAnAnswerIsCancelled) {
+  startServer();
+  fake_.setHold(true);
+  {
+    Conn c(server_->port());
+    ASSERT_TRUE(c.connected());
+    // Scoring needs a tokenizer (none here): answered at once with 400 (no watch is armed).
+    c.send(post("/v1/score", R"({"model":"garden-embed","query":"q","documents":["d"]})"));
+    Response r = c.read();
+    EXPECT_EQ(r.status, 400) << r.body;
+    // Keep-alive after an answer: the next request on the same connection is then abandoned.
+    c.send(post("/v1/embeddings", R"({"model":"garden-embed","input":[5]})"));
+    ASSERT_TRUE(eventually([&] { return fake_.heldCount() == 1; }));
+  }
+  ASSERT_TRUE(eventually([&] { return fake_.cancelledCalls() == 1; }));
+  ASSERT_TRUE(eventually([&] {
+    return seriesValue(registry_.expose(),
+                       R"(ivy_http_client_disconnects_total{route="/v1/embeddings"})") == 1;
+  }));
+  EXPECT_EQ(
+      seriesValue(registry_.expose(), R"(ivy_http_client_disconnects_total{route="/v1/score"})"),
+      -1);
+}
+
+TEST_F(IvyServerTest, PipelinedRequestWhileTheFirstIsPendingIsKeptAndAnswered) {
+  startServer();
+  fake_.setHold(true);
+  Conn c(server_->port());
+  ASSERT_TRUE(c.connected());
+  c.send(post("/v1/embeddings", R"({"model":"garden-embed","input":[1]})"));
+  ASSERT_TRUE(eventually([&] { return fake_.heldCount() == 1; }));
+  // The next request arrives while the first waits: the watch sees data, which is not a close.
+  c.send(post("/v1/embeddings", R"({"model":"garden-embed","input":[2]})"));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  c.send(get("/health"));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(fake_.cancelledCalls(), 0);
+  EXPECT_EQ(fake_.embedCalls().size(), 1u);  // the second is not read before the first is done
+  fake_.setHold(false);
+  fake_.releaseHeld();
+  Response a = c.read();
+  Response b = c.read();
+  Response h = c.read();
+  EXPECT_EQ(a.status, 200) << a.body;
+  EXPECT_EQ(b.status, 200) << b.body;
+  EXPECT_EQ(h.status, 200) << h.body;
+  EXPECT_THAT(h.body, HasSubstr("ok"));
+  ASSERT_EQ(fake_.embedCalls().size(), 2u);
+  EXPECT_EQ(fake_.embedCalls()[0].inputs, (std::vector<std::vector<int32_t>>{{1}}));
+  EXPECT_EQ(fake_.embedCalls()[1].inputs, (std::vector<std::vector<int32_t>>{{2}}));
+  EXPECT_EQ(fake_.cancelledCalls(), 0);
+  // Two requests in one write, the first held: both answered in order.
+  fake_.setHold(true);
+  c.send(post("/v1/embeddings", R"({"model":"garden-embed","input":[3]})") + get("/v1/models"));
+  ASSERT_TRUE(eventually([&] { return fake_.heldCount() == 1; }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  fake_.setHold(false);
+  fake_.releaseHeld();
+  Response d = c.read();
+  Response m = c.read();
+  EXPECT_EQ(d.status, 200) << d.body;
+  EXPECT_THAT(d.body, HasSubstr("\"embedding\""));
+  EXPECT_EQ(m.status, 200) << m.body;
+  EXPECT_THAT(m.body, HasSubstr("\"object\":\"list\""));
+  EXPECT_EQ(fake_.cancelledCalls(), 0);
+  EXPECT_EQ(seriesValue(registry_.expose(),
+                        R"(ivy_http_client_disconnects_total{route="/v1/embeddings"})"),
+            -1);
+}
+
+// Replies and disconnects at about the same moment: each request is accounted exactly once (a
+// response or a 499), nothing crashes, and the server keeps serving.
+TEST_F(IvyServerTest, DisconnectRacingTheReplyIsAccountedOnce) {
+  startServer();
+  constexpr int kRequests = 40;
+  for (int i = 0; i < kRequests; ++i) {
+    fake_.setEmbedDelay(std::chrono::milliseconds(i % 4));
+    const size_t before = fake_.embedCalls().size();
+    Conn c(server_->port());
+    ASSERT_TRUE(c.connected());
+    c.send(post("/v1/embeddings",
+                R"({"model":"garden-embed","input":[)" + std::to_string(i + 1) + "]}"));
+    ASSERT_TRUE(eventually([&] { return fake_.embedCalls().size() == before + 1; }));
+    if (i % 2 == 1) std::this_thread::sleep_for(std::chrono::microseconds(500 * (i % 5)));
+    c.closeNow();
+  }
+  auto accounted = [&] {
+    std::string page = registry_.expose();
+    double ok = std::max(
+        0.0, seriesValue(page, R"(ivy_http_requests_total{route="/v1/embeddings",status="200"})"));
+    double gone = std::max(
+        0.0, seriesValue(page, R"(ivy_http_requests_total{route="/v1/embeddings",status="499"})"));
+    return ok + gone;
+  };
+  ASSERT_TRUE(eventually([&] { return accounted() == kRequests; })) << registry_.expose();
+  std::string page = registry_.expose();
+  EXPECT_EQ(
+      std::max(0.0, seriesValue(page,
+                                R"(ivy_http_requests_total{route="/v1/embeddings",status="499"})")),
+      std::max(0.0,
+               seriesValue(page, R"(ivy_http_client_disconnects_total{route="/v1/embeddings"})")));
+  fake_.setEmbedDelay(std::chrono::milliseconds(0));
+  EXPECT_EQ(roundTrip(post("/v1/embeddings", R"({"model":"garden-embed","input":[9]})")).status,
+            200);
+  EXPECT_TRUE(eventually([&] {
+    return roundTrip(get("/metrics")).body.find("\nivy_inflight_requests 0\n") != std::string::npos;
+  }));
 }
 
 }  // namespace
