@@ -130,14 +130,14 @@ std::optional<Entry> ringTryPop(RingCtl* r) {
 
 // Spin briefly, then sleep on the head futex until something is published or the timeout ends.
 template <typename Entry>
-std::optional<Entry> ringWaitPop(RingCtl* r, std::chrono::microseconds timeout) {
-  for (int i = 0; i < kSpinIterations; ++i) {
+std::optional<Entry> ringWaitPop(RingCtl* r, std::chrono::microseconds timeout, bool spin = true) {
+  for (int i = 0; spin && i < kSpinIterations; ++i) {
     if (auto e = ringTryPop<Entry>(r)) return e;
 #if defined(__x86_64__)
     __builtin_ia32_pause();
 #endif
   }
-  if (timeout.count() <= 0) return std::nullopt;
+  if (timeout.count() <= 0) return spin ? std::nullopt : ringTryPop<Entry>(r);
   const int64_t deadline = monotonicNowNs() + timeout.count() * 1000;
   while (true) {
     uint32_t head = r->head.load(std::memory_order_acquire);
@@ -303,8 +303,12 @@ bool Channel::tryComplete(const Completion& c) {
   return ringPush(ringAt(base_, header()->comp_ring_offset), c);
 }
 
-std::optional<Completion> Channel::waitCompletion(std::chrono::microseconds timeout) {
-  return ringWaitPop<Completion>(ringAt(base_, header()->comp_ring_offset), timeout);
+std::optional<Completion> Channel::waitCompletion(std::chrono::microseconds timeout, bool spin) {
+  return ringWaitPop<Completion>(ringAt(base_, header()->comp_ring_offset), timeout, spin);
+}
+
+std::optional<Completion> Channel::tryTakeCompletion() {
+  return ringTryPop<Completion>(ringAt(base_, header()->comp_ring_offset));
 }
 
 void Channel::wakeAll() {

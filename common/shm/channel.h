@@ -28,7 +28,8 @@
 namespace garden::shm {
 
 inline constexpr uint64_t kMagic = 0x314D534E44524147ULL;  // "GARDNSM1" little-endian
-inline constexpr uint32_t kVersion = 2;
+// 3: Completion carries rose's trace stamps (taken/launched/ready/published).
+inline constexpr uint32_t kVersion = 3;
 
 enum class BatchKind : uint32_t {
   kEmbed = 1,     // pooled (optionally L2-normalized) embeddings: rows=num_seqs, cols=hidden
@@ -101,6 +102,12 @@ struct Completion {
   uint32_t cols = 0;
   uint64_t output_bytes = 0;
   uint64_t step_us = 0;  // time from rose taking the batch to its result being ready
+  // Trace stamps, CLOCK_MONOTONIC ns (0 = not recorded): rose's step thread took the batch and
+  // had launched it; its completion thread saw the result in memory and published this entry.
+  int64_t taken_ns = 0;
+  int64_t launched_ns = 0;
+  int64_t ready_ns = 0;
+  int64_t published_ns = 0;
   char message[160] = {};
 };
 
@@ -130,7 +137,11 @@ class Channel {
 
   // --- completion ring (rose produces, tulip consumes) ---
   bool tryComplete(const Completion& c);
-  std::optional<Completion> waitCompletion(std::chrono::microseconds timeout);
+  // Waits up to `timeout`; with `spin` it first spins briefly (like waitSubmission) before
+  // sleeping on the doorbell, without it it sleeps at once (for a caller running its own spin).
+  std::optional<Completion> waitCompletion(std::chrono::microseconds timeout, bool spin = true);
+  // Takes a published completion if there is one; never waits.
+  std::optional<Completion> tryTakeCompletion();
 
   // Wakes every sleeper on both rings (used at shutdown so threads re-check their stop flag).
   void wakeAll();

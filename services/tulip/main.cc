@@ -79,6 +79,8 @@ int main(int argc, char** argv) {
   std::string log_level = "info";
   bool attach = false;
   uint32_t depth = 4, max_batch_tokens = 8192, max_batch_seqs = 256, rose_threads = 0;
+  uint32_t max_inflight_batches = 2;
+  int32_t completion_spin_us = -1;
   uint64_t queue_limit_tokens = 1u << 20, max_waiting_tokens = 0;
   uint32_t max_num_seqs = 256;
   bool prefix_caching = true;
@@ -101,6 +103,15 @@ int main(int argc, char** argv) {
       .add("depth", &depth, "batches in flight (pipeline depth = channel slots)")
       .add("max-batch-tokens", &max_batch_tokens, "token budget of one batch")
       .add("max-batch-seqs", &max_batch_seqs, "sequence cap of one batch")
+      .add("max-inflight-batches", &max_inflight_batches,
+           "embeddings/scores: batches on rose at once (<= --depth; 0 = --depth). 2 = one "
+           "running + one staged: requests arriving meanwhile coalesce into the next batch, a "
+           "lone request is still sent at once")
+      .add("completion-spin-us", &completion_spin_us,
+           "while a batch is in flight, spin up to this long around its expected completion "
+           "instead of sleeping on the doorbell (0 = always sleep; never spins while idle; "
+           "-1 = 200 with --device cuda, 0 on cpu, where a spinning thread would take a core "
+           "from the forward pass)")
       .add("queue-limit-tokens", &queue_limit_tokens,
            "queued tokens beyond which requests get RESOURCE_EXHAUSTED")
       .add("max-num-seqs", &max_num_seqs, "LLM: sequences generated at once (running set)")
@@ -166,6 +177,8 @@ int main(int argc, char** argv) {
   wopts.layout.output_bytes = uint64_t{max_batch_seqs} * hidden * sizeof(float);
   wopts.heartbeat_timeout = std::chrono::milliseconds(heartbeat_timeout_ms);
   wopts.step_timeout = std::chrono::milliseconds(step_timeout_ms);
+  if (completion_spin_us < 0) completion_spin_us = device == "cuda" ? 200 : 0;
+  wopts.completion_spin = std::chrono::microseconds(completion_spin_us);
   wopts.rose_args = {"--model", model, "--device", device, "--pooling", pooling,
                      "--max-batch-tokens", std::to_string(max_batch_tokens)};
   if (rose_threads > 0) {
@@ -183,6 +196,7 @@ int main(int argc, char** argv) {
   sopts.max_batch_tokens = max_batch_tokens;
   sopts.max_batch_seqs = max_batch_seqs;
   sopts.queue_limit_tokens = queue_limit_tokens;
+  sopts.max_inflight_batches = max_inflight_batches;
   EmbedScheduler scheduler(**worker, sopts);
   LlmSchedulerOptions lopts;
   lopts.max_batch_tokens = max_batch_tokens;

@@ -147,6 +147,7 @@ void Engine::reject(const shm::BatchDesc& d, const Status& st,
   p.completion.status_code = static_cast<int32_t>(st.code());
   copyMessage(p.completion.message, st.message());
   p.taken = t;
+  p.completion.taken_ns = shm::monotonicNowNs();
   rejected_.fetch_add(1);
   log::warn(
       "batch rejected",
@@ -164,6 +165,7 @@ bool Engine::step(std::chrono::microseconds wait) {
   if (!got) return false;
   const shm::BatchDesc d = *got;
   const auto taken = std::chrono::steady_clock::now();
+  const int64_t taken_ns = shm::monotonicNowNs();
 
   if (d.slot >= slots_.size()) {
     reject(d,
@@ -223,6 +225,7 @@ bool Engine::step(std::chrono::microseconds wait) {
   Pending p;
   p.launched = true;
   p.taken = taken;
+  p.completion.taken_ns = taken_ns;
   p.completion.batch_id = d.batch_id;
   p.completion.slot = d.slot;
   p.completion.status_code = 0;
@@ -243,6 +246,7 @@ bool Engine::step(std::chrono::microseconds wait) {
     p.completion.status_code = static_cast<int32_t>(st.code());
     copyMessage(p.completion.message, st.message());
   }
+  p.completion.launched_ns = shm::monotonicNowNs();
   // One line per batch with the id of its first request [TAG_REQUEST_ID_LOGS], the id ivy and
   // tulip log for that request. Debug level: a busy GPU runs thousands of batches a second.
   log::debug("batch",
@@ -267,6 +271,13 @@ void Engine::push(Pending p) {
 }
 
 void Engine::completionLoop() {
+  static auto& batches = metrics::Registry::global().counter(
+      "rose_batches_total", "Batches answered by rose, by outcome", {"outcome"});
+  static auto& batches_ok = batches.labels({"OK"});
+  static auto& step_seconds =
+      metrics::Registry::global()
+          .histogram("rose_step_seconds", "Batch taken until its result was published")
+          .get();
   for (;;) {
     Pending p;
     {
@@ -285,25 +296,16 @@ void Engine::completionLoop() {
         log::error("forward pass failed", {{"batch_id", p.completion.batch_id}, {"error", st}});
       }
     }
+    p.completion.ready_ns = shm::monotonicNowNs();
     p.completion.step_us =
         static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
                                   std::chrono::steady_clock::now() - p.taken)
                                   .count());
-    {
-      static auto& batches = metrics::Registry::global().counter(
-          "rose_batches_total", "Batches answered by rose, by outcome", {"outcome"});
-      static auto& step_seconds =
-          metrics::Registry::global()
-              .histogram("rose_step_seconds", "Batch taken until its result was published")
-              .get();
-      batches
-          .labels({std::string(statusCodeName(static_cast<StatusCode>(p.completion.status_code)))})
-          .inc();
-      if (p.launched) step_seconds.observe(p.completion.step_us / 1e6);
-    }
     if (p.launched) slots_[p.completion.slot]->busy.store(false);
+    // Publish first, account after: the caller is waiting on this entry.
     // The ring has a slot per pipeline slot, so it has room unless tulip stopped consuming;
     // retry then (until stopping) rather than drop an answer.
+    p.completion.published_ns = shm::monotonicNowNs();
     while (!channel_.tryComplete(p.completion)) {
       {
         std::lock_guard<std::mutex> lock(mu_);
@@ -311,6 +313,14 @@ void Engine::completionLoop() {
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
+    if (p.completion.status_code == 0) {
+      batches_ok.inc();
+    } else {
+      batches
+          .labels({std::string(statusCodeName(static_cast<StatusCode>(p.completion.status_code)))})
+          .inc();
+    }
+    if (p.launched) step_seconds.observe(p.completion.step_us / 1e6);
     published_.fetch_add(1);
     {
       std::lock_guard<std::mutex> lock(mu_);

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <unordered_set>
 
 #include "common/logging.h"
 #include "common/metrics/registry.h"
@@ -55,8 +54,29 @@ EmbedScheduler::EmbedScheduler(Worker& worker, SchedulerOptions opts)
 EmbedScheduler::~EmbedScheduler() { stop(); }
 
 void EmbedScheduler::poke() {
-  { std::lock_guard<std::mutex> l(mu_); }
-  cv_.notify_all();
+  // Only queued work needs the scheduler thread (a slot freed, readiness changed, a queued job
+  // was cancelled); with an empty queue a completion does not wake it.
+  bool work;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    work = !queue_.empty() || !to_finish_.empty();
+  }
+  if (work) cv_.notify_all();
+}
+
+uint32_t EmbedScheduler::inflightCap() const {
+  const uint32_t depth = worker_.depth();
+  return opts_.max_inflight_batches == 0 ? depth : std::min(opts_.max_inflight_batches, depth);
+}
+
+uint32_t EmbedScheduler::inflightBatches() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return inflight_batches_;
+}
+
+uint32_t EmbedScheduler::maxInflightBatchesSeen() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return inflight_batches_max_;
 }
 
 Status EmbedScheduler::submit(std::shared_ptr<EmbedJob> job) {
@@ -120,6 +140,7 @@ Status EmbedScheduler::submit(std::shared_ptr<EmbedJob> job) {
   p->remaining = p->job->inputs.size();
   p->queued_tokens = tokens;
   p->enqueued_ns = shm::monotonicNowNs();
+  Outbox out;
   {
     std::lock_guard<std::mutex> l(mu_);
     if (stop_) return unavailable("tulip is shutting down");
@@ -131,8 +152,11 @@ Status EmbedScheduler::submit(std::shared_ptr<EmbedJob> job) {
     }
     queued_tokens_ += tokens;
     queue_.push_back(std::move(p));
+    // Below the cap this sends the request on from this thread at once [TAG_EMBED_INFLIGHT];
+    // otherwise it waits for the completion that frees a place.
+    dispatchLocked(out);
   }
-  cv_.notify_all();
+  flush(out);
   return okStatus();
 }
 
@@ -224,7 +248,6 @@ std::vector<EmbedScheduler::Part> EmbedScheduler::formBatch(WorkBatch& batch) {
   batch.score_yes = head.score_yes;
   batch.score_no = head.score_no;
   batch.request_id = head.request_id;
-  const int64_t now = shm::monotonicNowNs();
   uint64_t tokens = 0;
   bool full = false;
   for (auto& p : queue_) {
@@ -252,14 +275,13 @@ std::vector<EmbedScheduler::Part> EmbedScheduler::formBatch(WorkBatch& batch) {
     if (job.deadline_ns > 0 && (batch.deadline_ns == 0 || job.deadline_ns < batch.deadline_ns))
       batch.deadline_ns = job.deadline_ns;
   }
-  (void)now;
   while (!queue_.empty() && queue_.front()->next_seq == queue_.front()->job->inputs.size())
     queue_.pop_front();
   return parts;
 }
 
-void EmbedScheduler::onResult(std::vector<Part> parts, uint64_t tokens, int64_t submitted_ns,
-                              const WorkResult& r) {
+void EmbedScheduler::onResult(std::vector<Part>& parts, uint64_t tokens, int64_t submitted_ns,
+                              const WorkResult& r, bool dispatch_next) {
   Status st = r.status;
   const bool scoring = !parts.empty() && parts[0].p->job->kind == shm::BatchKind::kScore;
   if (st.isOk()) {
@@ -272,22 +294,34 @@ void EmbedScheduler::onResult(std::vector<Part> parts, uint64_t tokens, int64_t 
   }
   const uint64_t batch_us = usSince(submitted_ns);
   auto& bm = BatchMetrics::get();
-  bm.batches.labels({st.isOk() ? "ok" : std::string(statusCodeName(st.code()))}).inc();
   if (st.isOk()) {
+    static auto& ok_batches = bm.batches.labels({"ok"});
+    ok_batches.inc();
     bm.step.observe(r.step_us / 1e6);
     bm.roundtrip.observe(batch_us / 1e6);
+  } else {
+    bm.batches.labels({std::string(statusCodeName(st.code()))}).inc();
   }
   std::vector<std::pair<std::shared_ptr<Pending>, Status>> done;
+  Outbox out;
   {
     std::lock_guard<std::mutex> l(mu_);
     inflight_tokens_ -= tokens;
-    std::unordered_set<Pending*> seen;
+    --inflight_batches_;
+    const int64_t now = shm::monotonicNowNs();
+    const Pending* last = nullptr;  // a request's sequences are contiguous in a batch
     for (size_t i = 0; i < parts.size(); ++i) {
       auto& p = parts[i].p;
       auto& job = *p->job;
-      if (seen.insert(p.get()).second) {
+      if (p.get() != last) {
+        last = p.get();
         job.inference_us = usSince(job.first_submit_ns);
         job.step_us += r.step_us;
+        job.trace.rose_taken_ns = r.rose_taken_ns;
+        job.trace.rose_launched_ns = r.rose_launched_ns;
+        job.trace.rose_ready_ns = r.rose_ready_ns;
+        job.trace.rose_published_ns = r.rose_published_ns;
+        job.trace.seen_ns = r.seen_ns;
       }
       if (st.isOk()) {
         const float* row = r.rows.data() + i * r.cols;
@@ -304,56 +338,89 @@ void EmbedScheduler::onResult(std::vector<Part> parts, uint64_t tokens, int64_t 
       }
       if (--p->remaining == 0 && !p->finished) {
         p->finished = true;
+        job.trace.done_ns = now;
         Status final_st = p->error;
         if (final_st.isOk() && job.cancelled.load())
           final_st = cancelledError("request cancelled by the caller");
         done.emplace_back(p, final_st);
       }
     }
+    // Refill the freed place before answering [TAG_EMBED_INFLIGHT]: what queued up while this
+    // batch ran goes out as one batch now, so the worker is not left idle during the replies.
+    // Not after a failed batch: when the worker died, every batch it held is answered with the
+    // reason first, and the queue is failed (or dispatched) by the scheduler thread afterwards.
+    if (dispatch_next && st.isOk() && !stop_) dispatchLocked(out);
   }
   for (auto& [p, s] : done) finish(p, s);
-  cv_.notify_all();
+  flush(out);
+}
+
+void EmbedScheduler::dispatchLocked(Outbox& out) {
+  dropDead();
+  if (!to_finish_.empty()) {
+    for (auto& f : to_finish_) out.finished.push_back(std::move(f));
+    to_finish_.clear();
+  }
+  const uint32_t cap = inflightCap();
+  while (!stop_ && !queue_.empty() && inflight_batches_ < cap && worker_.ready() &&
+         worker_.inflight() < worker_.depth()) {
+    WorkBatch batch;
+    std::vector<Part> parts = formBatch(batch);
+    if (parts.empty()) break;
+    const uint64_t tokens = batch.tokens.size();
+    inflight_tokens_ += tokens;
+    ++inflight_batches_;
+    inflight_batches_max_ = std::max(inflight_batches_max_, inflight_batches_);
+    auto& bm = BatchMetrics::get();
+    bm.tokens.observe(static_cast<double>(tokens));
+    bm.fill.observe(static_cast<double>(tokens) / opts_.max_batch_tokens);
+    const int64_t t0 = shm::monotonicNowNs();
+    // Stamped before the hand-off: once submitted, the result may arrive on the worker's thread
+    // (it waits for mu_, held here, before touching the parts).
+    for (auto& part : parts) part.p->job->trace.dispatched_ns = t0;
+    auto shared_parts = std::make_shared<std::vector<Part>>(std::move(parts));
+    // mu_ stays held: batches reach the worker in FIFO order whichever thread dispatches them.
+    // (Lock order scheduler mu_ -> worker; the worker never calls back holding its own lock.)
+    Status st =
+        worker_.trySubmit(std::move(batch), [this, shared_parts, tokens, t0](const WorkResult& r) {
+          onResult(*shared_parts, tokens, t0, r, /*dispatch_next=*/true);
+        });
+    if (!st.isOk()) {
+      log::warn("batch submission failed", {{"error", st}});
+      out.refused.push_back(
+          Refused{std::move(*shared_parts), tokens, t0,
+                  st.code() == StatusCode::kFailedPrecondition
+                      ? unavailable("rose worker has no free slot: " + st.message())
+                      : st});
+      break;
+    }
+  }
+}
+
+void EmbedScheduler::flush(Outbox& out) {
+  for (auto& [p, s] : out.finished) finish(p, s);
+  for (auto& r : out.refused) {
+    WorkResult wr;
+    wr.status = r.status;
+    onResult(r.parts, r.tokens, r.submitted_ns, wr, /*dispatch_next=*/false);
+  }
 }
 
 void EmbedScheduler::loop() {
+  // Dispatch normally happens inline (submit, completions); this thread covers what no request
+  // or completion drives: a slot the worker released after its callback, readiness changes,
+  // cancellations and deadlines of queued requests (checked at least every 20 ms).
   std::unique_lock<std::mutex> l(mu_);
   while (!stop_) {
-    dropDead();
-    if (!to_finish_.empty()) {
-      auto fin = std::move(to_finish_);
-      to_finish_.clear();
+    Outbox out;
+    dispatchLocked(out);
+    if (!out.empty()) {
       l.unlock();
-      for (auto& [p, s] : fin) finish(p, s);
+      flush(out);
       l.lock();
       continue;
     }
-    if (queue_.empty() || !worker_.ready() || worker_.inflight() >= worker_.depth()) {
-      cv_.wait_for(l, 20ms);
-      continue;
-    }
-    WorkBatch batch;
-    std::vector<Part> parts = formBatch(batch);
-    if (parts.empty()) continue;
-    const uint64_t tokens = batch.tokens.size();
-    inflight_tokens_ += tokens;
-    BatchMetrics::get().tokens.observe(static_cast<double>(tokens));
-    BatchMetrics::get().fill.observe(static_cast<double>(tokens) / opts_.max_batch_tokens);
-    l.unlock();
-    const int64_t t0 = shm::monotonicNowNs();
-    auto shared_parts = std::make_shared<std::vector<Part>>(parts);
-    Status st = worker_.trySubmit(std::move(batch), [this, shared_parts, tokens, t0](
-                                                        const WorkResult& r) {
-      onResult(std::move(*shared_parts), tokens, t0, r);
-    });
-    if (!st.isOk()) {
-      log::warn("batch submission failed", {{"error", st}});
-      WorkResult r;
-      r.status = st.code() == StatusCode::kFailedPrecondition
-                     ? unavailable("rose worker has no free slot: " + st.message())
-                     : st;
-      onResult(std::move(parts), tokens, t0, r);
-    }
-    l.lock();
+    cv_.wait_for(l, 20ms);
   }
 }
 

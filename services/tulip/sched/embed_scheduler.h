@@ -1,16 +1,25 @@
 #pragma once
 // EmbedScheduler: token-budget batching of embedding and scoring requests.
 //
-// Requests arrive tokenized. Their sequences wait in one FIFO; whenever the worker has a free slot,
-// the scheduler thread forms a batch first-come-first-served up to a token budget (and a sequence
-// cap), so up to `depth` batches are in flight while the next one is being prepared. A request's
-// sequences may span several batches; it completes when its last sequence has a result. Admission
-// is bounded in tokens (RESOURCE_EXHAUSTED past the limit), expired or cancelled sequences are
-// dropped before they reach the worker, and a worker failure fails exactly the requests it held.
+// Requests arrive tokenized. Their sequences wait in one FIFO; batches are formed
+// first-come-first-served up to a token budget (and a sequence cap). Batch formation
+// [TAG_EMBED_INFLIGHT]: at most `max_inflight_batches` batches are on the worker at once (default
+// 2: one running, one staged behind it so rose's host preparation overlaps the GPU). A request that
+// finds the worker below that cap is dispatched at once, by the thread that submitted it (no
+// hand-off, no timer); requests that arrive while the cap is reached accumulate in the queue and go
+// out together as the next batch, dispatched by the completion that frees the place. So a lone
+// request pays no added latency, and concurrent small requests coalesce instead of queueing inside
+// rose one by one. A request's sequences may span several batches; it completes when its last
+// sequence has a result. Admission is bounded in tokens (RESOURCE_EXHAUSTED past the limit),
+// expired or cancelled sequences are dropped before they reach the worker, and a worker failure
+// fails exactly the requests it held.
 //
-// Threads: submit()/cancel() from any thread (gRPC handlers); batching state lives behind one mutex
-// and is driven by the scheduler thread; completion callbacks run on the worker's thread.
-
+// Threads: submit()/cancel() from any thread (gRPC handlers). Batching state lives behind one
+// mutex; batches are formed and handed to the worker with it held (so they reach the worker in
+// FIFO order) by whichever thread changed the picture: submit() (work arrived), the completion
+// callback (a place freed; it runs on the worker's thread) or the scheduler thread (wake-ups from
+// the worker, deadlines, cancellations, retries). on_done runs on the worker's thread, the
+// scheduler thread, or — only when the worker refuses a batch submitted inline — inside submit().
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -32,6 +41,22 @@ struct SchedulerOptions {
   uint32_t max_batch_tokens = 8192;  // token budget per batch
   uint32_t max_batch_seqs = 256;     // sequence cap per batch
   uint64_t queue_limit_tokens = 1u << 20;
+  // Batches on the worker at once (see the header comment); 0 = up to the worker's depth (every
+  // free slot takes a batch at once: the pre-2026-11-30 behaviour, no coalescing under load).
+  uint32_t max_inflight_batches = 2;
+};
+
+// Where one request's time went (CLOCK_MONOTONIC ns; 0 = not reached). For batch-1 requests every
+// stamp is its only batch's; for multi-batch requests the last batch's.
+struct EmbedTrace {
+  int64_t arrived_ns = 0;         // the server got the call
+  int64_t dispatched_ns = 0;      // its (last) batch was handed to the worker
+  int64_t rose_taken_ns = 0;      // rose's step thread took the batch off the ring
+  int64_t rose_launched_ns = 0;   // ... and had launched its forward pass
+  int64_t rose_ready_ns = 0;      // rose's completion thread saw the result in memory
+  int64_t rose_published_ns = 0;  // ... and published the completion
+  int64_t seen_ns = 0;            // tulip's worker thread took the completion
+  int64_t done_ns = 0;            // results copied, about to answer
 };
 
 // One caller's request. Filled by the server, completed by the scheduler.
@@ -53,6 +78,7 @@ struct EmbedJob {
   uint64_t inference_us = 0;  // wall time from its first batch's submission to its last result
   int64_t first_submit_ns = 0;  // (scheduler bookkeeping for inference_us)
   uint64_t step_us = 0;       // sum of rose's own step times
+  EmbedTrace trace;
 
   // Called exactly once with the final status (from the worker or scheduler thread).
   std::function<void(const Status&)> on_done;
@@ -80,6 +106,9 @@ class EmbedScheduler {
   void cancel(const std::shared_ptr<EmbedJob>& job);
 
   SchedulerStats stats() const;
+  // Batches this scheduler has on the worker now, and the most there ever were at once.
+  uint32_t inflightBatches() const;
+  uint32_t maxInflightBatchesSeen() const;
   // Stops the scheduler thread; queued jobs get CANCELLED.
   void stop();
 
@@ -102,12 +131,35 @@ class EmbedScheduler {
     size_t seq;
   };
 
+  // What a dispatch leaves to do once mu_ is released: batches the worker refused (answered
+  // through onResult) and requests dropped from the queue (expired, cancelled, worker down).
+  struct Refused {
+    std::vector<Part> parts;
+    uint64_t tokens = 0;
+    int64_t submitted_ns = 0;
+    Status status;
+  };
+  struct Outbox {
+    std::vector<Refused> refused;
+    std::vector<std::pair<std::shared_ptr<Pending>, Status>> finished;
+    bool empty() const { return refused.empty() && finished.empty(); }
+  };
+
   void loop();
   // Forms one batch from the queue head (mu_ held). Empty when nothing is runnable.
   std::vector<Part> formBatch(WorkBatch& batch);
+  // Cap on batches in flight (mu_ not needed: options and worker depth are fixed).
+  uint32_t inflightCap() const;
+  // Drops dead queued requests, then forms and submits batches while the queue has work and the
+  // cap, the worker's free slots and its readiness allow (mu_ held). Stops at the first refusal.
+  void dispatchLocked(Outbox& out);
+  // Answers what dispatchLocked left (mu_ NOT held).
+  void flush(Outbox& out);
   void finish(const std::shared_ptr<Pending>& p, Status st);  // mu_ NOT held
-  void onResult(std::vector<Part> parts, uint64_t tokens, int64_t submitted_ns,
-                const WorkResult& r);
+  // A batch's result (mu_ NOT held). With `dispatch_next`, the freed place is refilled from the
+  // queue at once, before the finished requests are answered.
+  void onResult(std::vector<Part>& parts, uint64_t tokens, int64_t submitted_ns,
+                const WorkResult& r, bool dispatch_next);
   void dropDead();  // fails expired/cancelled queued sequences (mu_ held; collects finishes)
 
   Worker& worker_;
@@ -118,6 +170,8 @@ class EmbedScheduler {
   std::deque<std::shared_ptr<Pending>> queue_;  // guarded by mu_
   uint64_t queued_tokens_ = 0;                  // guarded by mu_
   uint64_t inflight_tokens_ = 0;                // guarded by mu_
+  uint32_t inflight_batches_ = 0;               // guarded by mu_
+  uint32_t inflight_batches_max_ = 0;           // guarded by mu_
   std::vector<std::pair<std::shared_ptr<Pending>, Status>> to_finish_;  // guarded by mu_
   bool stop_ = false;                                                   // guarded by mu_
   std::thread thread_;

@@ -82,9 +82,8 @@ std::vector<std::vector<int32_t>> copyInputs(const Seqs& seqs, uint64_t* tokens)
 // the reactor deletes itself once gRPC is done with it.
 class JobReactor final : public grpc::ServerUnaryReactor {
  public:
-  JobReactor(EmbedScheduler& sched, std::string method, std::string request_id)
-      : sched_(sched), method_(std::move(method)), request_id_(std::move(request_id)),
-        t0_(std::chrono::steady_clock::now()) {}
+  JobReactor(EmbedScheduler& sched, const char* method)
+      : sched_(sched), method_(method), t0_(std::chrono::steady_clock::now()) {}
 
   void start(std::shared_ptr<EmbedJob> job, uint64_t tokens,
              std::function<void(const EmbedJob&, uint64_t total_us)> fill) {
@@ -103,22 +102,30 @@ class JobReactor final : public grpc::ServerUnaryReactor {
 
   void done(const Status& st) {
     const uint64_t total_us = totalUs();
-    auto& m = Metrics::get();
-    m.requests.labels({method_, std::string(statusCodeName(st.code()))}).inc();
-    m.latency.labels({method_}).observe(total_us / 1e6);
-    if (st.isOk()) {
-      m.tokens.labels({method_}).inc(static_cast<double>(tokens_));
-      m.queue.labels({method_}).observe(job_->queue_us / 1e6);
-    }
-    log::info("request", {{"request_id", request_id_},
-                          {"method", method_},
-                          {"sequences", job_ ? job_->inputs.size() : 0},
-                          {"tokens", tokens_},
-                          {"status", st},
-                          {"queue_us", job_ ? job_->queue_us : 0},
-                          {"inference_us", job_ ? job_->inference_us : 0},
-                          {"total_us", total_us}});
+    // Answer first: the request line and the metrics must not delay the reply. Once Finish is
+    // called gRPC may run OnDone (delete this) on another thread, so only locals are used after.
+    const std::shared_ptr<EmbedJob> job = job_;
+    const char* method = method_;
+    const uint64_t tokens = tokens_;
+    const int64_t reply_ns = shm::monotonicNowNs();
     Finish(toGrpcStatus(st));
+    const int64_t finish_ns = shm::monotonicNowNs();
+    auto& m = Metrics::get();
+    m.requests.labels({method, std::string(statusCodeName(st.code()))}).inc();
+    m.latency.labels({method}).observe(total_us / 1e6);
+    if (st.isOk()) {
+      m.tokens.labels({method}).inc(static_cast<double>(tokens));
+      m.queue.labels({method}).observe(job->queue_us / 1e6);
+    }
+    log::info("request", {{"request_id", job->request_id},
+                          {"method", method},
+                          {"sequences", job->inputs.size()},
+                          {"tokens", tokens},
+                          {"status", st},
+                          {"queue_us", job->queue_us},
+                          {"inference_us", job->inference_us},
+                          {"total_us", total_us}});
+    if (log::enabled(log::Level::kDebug) && st.isOk()) logTrace(*job, reply_ns, finish_ns);
   }
 
   void OnCancel() override {
@@ -127,6 +134,29 @@ class JobReactor final : public grpc::ServerUnaryReactor {
   void OnDone() override { delete this; }
 
  private:
+  // One line per request with where its time went, hop by hop (microseconds; the last batch's
+  // stamps for a multi-batch request). Between the hops: arrived -> dispatched (gRPC handler,
+  // validation, scheduler), -> rose took it (shm doorbell, rose's step thread), -> launched (rose
+  // host work), -> ready (forward pass; on the cpu backend also the completion thread's wake-up),
+  // -> published (rose completion thread), -> seen (shm doorbell, tulip's worker thread),
+  // -> done (results copied), -> reply (response filled), -> finish (gRPC's Finish returned).
+  static void logTrace(const EmbedJob& j, int64_t reply_ns, int64_t finish_ns) {
+    const EmbedTrace& t = j.trace;
+    auto us = [](int64_t a, int64_t b) { return a > 0 && b > 0 ? (b - a) / 1000.0 : -1.0; };
+    log::debug("request trace", {{"request_id", j.request_id},
+                                 {"ingress_us", us(t.arrived_ns, t.dispatched_ns)},
+                                 {"to_rose_us", us(t.dispatched_ns, t.rose_taken_ns)},
+                                 {"rose_launch_us", us(t.rose_taken_ns, t.rose_launched_ns)},
+                                 {"rose_forward_us", us(t.rose_launched_ns, t.rose_ready_ns)},
+                                 {"rose_publish_us", us(t.rose_ready_ns, t.rose_published_ns)},
+                                 {"to_tulip_us", us(t.rose_published_ns, t.seen_ns)},
+                                 {"results_us", us(t.seen_ns, t.done_ns)},
+                                 {"fill_us", us(t.done_ns, reply_ns)},
+                                 {"finish_call_us", us(reply_ns, finish_ns)},
+                                 {"tulip_total_us", us(t.arrived_ns, finish_ns)},
+                                 {"step_us", j.step_us}});
+  }
+
   uint64_t totalUs() const {
     return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() -
                                                                   t0_)
@@ -134,8 +164,7 @@ class JobReactor final : public grpc::ServerUnaryReactor {
   }
 
   EmbedScheduler& sched_;
-  std::string method_;
-  std::string request_id_;
+  const char* method_;
   std::chrono::steady_clock::time_point t0_;
   std::shared_ptr<EmbedJob> job_;
   uint64_t tokens_ = 0;
@@ -321,6 +350,7 @@ grpc::ServerUnaryReactor* TulipService::Embed(grpc::CallbackServerContext* ctx,
                               "'); embeddings are served by an embedding worker")));
   }
   auto job = std::make_shared<EmbedJob>();
+  job->trace.arrived_ns = shm::monotonicNowNs();
   job->kind = shm::BatchKind::kEmbed;
   uint64_t tokens = 0;
   job->inputs = copyInputs(req->inputs(), &tokens);
@@ -329,7 +359,7 @@ grpc::ServerUnaryReactor* TulipService::Embed(grpc::CallbackServerContext* ctx,
   job->dimensions = req->dimensions();
   job->deadline_ns = monotonicDeadline(ctx);
   job->request_id = requestId(ctx);
-  auto* reactor = new JobReactor(scheduler_, "Embed", job->request_id);
+  auto* reactor = new JobReactor(scheduler_, "Embed");
   reactor->start(job, tokens, [resp](const EmbedJob& j, uint64_t total_us) {
     resp->set_dim(j.dim);
     resp->set_prompt_tokens(0);
@@ -359,6 +389,7 @@ grpc::ServerUnaryReactor* TulipService::Score(grpc::CallbackServerContext* ctx,
                               "'); scoring is served by an embedding worker")));
   }
   auto job = std::make_shared<EmbedJob>();
+  job->trace.arrived_ns = shm::monotonicNowNs();
   job->kind = shm::BatchKind::kScore;
   uint64_t tokens = 0;
   job->inputs = copyInputs(req->inputs(), &tokens);
@@ -370,7 +401,7 @@ grpc::ServerUnaryReactor* TulipService::Score(grpc::CallbackServerContext* ctx,
   }
   job->deadline_ns = monotonicDeadline(ctx);
   job->request_id = requestId(ctx);
-  auto* reactor = new JobReactor(scheduler_, "Score", job->request_id);
+  auto* reactor = new JobReactor(scheduler_, "Score");
   reactor->start(job, tokens, [resp](const EmbedJob& j, uint64_t total_us) {
     uint64_t n = 0;
     for (size_t i = 0; i < j.inputs.size(); ++i) {

@@ -240,6 +240,39 @@ void ShmWorker::markDead(const std::string& reason) {
   notifyChange();
 }
 
+std::optional<shm::Completion> ShmWorker::nextCompletion() {
+  // [TAG_COMPLETION_SPIN] Only this thread replaces channel_, so reading it without mu_ is safe.
+  const int64_t window_ns = static_cast<int64_t>(opts_.completion_spin.count()) * 1000;
+  int64_t oldest = 0;
+  if (window_ns > 0 && service_ewma_ns_ > 0) {
+    std::lock_guard<std::mutex> l(mu_);
+    for (const auto& sl : slots_)
+      if (sl.busy && sl.done && (oldest == 0 || sl.submitted_ns < oldest)) oldest = sl.submitted_ns;
+  }
+  if (oldest == 0) return channel_->waitCompletion(50ms);  // idle (or no estimate yet): sleep
+  const int64_t expected = std::max(oldest, last_seen_ns_) + service_ewma_ns_;
+  const int64_t spin_from = expected - std::min(window_ns / 2, service_ewma_ns_ / 2);
+  const int64_t spin_until = spin_from + window_ns;
+  int64_t now = shm::monotonicNowNs();
+  if (now >= spin_until) return channel_->waitCompletion(50ms, /*spin=*/false);
+  if (now < spin_from) {
+    // Asleep until the window opens; an early result still rings the doorbell.
+    auto c = channel_->waitCompletion(std::chrono::microseconds((spin_from - now) / 1000 + 1),
+                                      /*spin=*/false);
+    if (c) return c;
+    now = shm::monotonicNowNs();
+    if (now < spin_from) return std::nullopt;  // woken to re-check state (stop, wakeAll)
+  }
+  while (now < spin_until && !stop_.load(std::memory_order_relaxed)) {
+    if (auto c = channel_->tryTakeCompletion()) return c;
+#if defined(__x86_64__)
+    __builtin_ia32_pause();
+#endif
+    now = shm::monotonicNowNs();
+  }
+  return channel_->waitCompletion(50ms, /*spin=*/false);
+}
+
 void ShmWorker::run() {
   auto backoff = opts_.backoff_min;
   bool first = true;
@@ -321,8 +354,9 @@ void ShmWorker::run() {
     // --- serve: take completions, watch liveness ---
     while (!stop_) {
       // Only this thread replaces channel_, so reading it here without mu_ is safe.
-      auto c = channel_->waitCompletion(50ms);
+      auto c = nextCompletion();
       if (c) {
+        const int64_t seen_ns = shm::monotonicNowNs();
         Inflight entry;
         {
           std::lock_guard<std::mutex> l(mu_);
@@ -363,6 +397,17 @@ void ShmWorker::run() {
             }
           }
           r.step_us = c->step_us;
+          r.rose_taken_ns = c->taken_ns;
+          r.rose_launched_ns = c->launched_ns;
+          r.rose_ready_ns = c->ready_ns;
+          r.rose_published_ns = c->published_ns;
+          r.seen_ns = seen_ns;
+          if (c->status_code == 0) {
+            const int64_t service = seen_ns - std::max(entry.submitted_ns, last_seen_ns_);
+            service_ewma_ns_ =
+                service_ewma_ns_ == 0 ? service : (7 * service_ewma_ns_ + service) / 8;
+          }
+          last_seen_ns_ = seen_ns;
           entry.done(r);
           {
             std::lock_guard<std::mutex> l(mu_);

@@ -38,6 +38,11 @@ struct ShmWorkerOptions {
   // still beat): the worker is declared stuck and restarted.
   std::chrono::milliseconds step_timeout{60000};
   std::chrono::milliseconds start_timeout{600000};
+  // Completion pacing [TAG_COMPLETION_SPIN]: while a batch is in flight, the supervisor sleeps
+  // until shortly before its result is expected (from recent batches' service times), then spins
+  // for it for at most this long instead of sleeping on the doorbell, which takes a futex wake-up
+  // off every request's critical path. 0 = always sleep on the doorbell. Never spins while idle.
+  std::chrono::microseconds completion_spin{200};
   std::chrono::milliseconds backoff_min{250};
   std::chrono::milliseconds backoff_max{30000};
 };
@@ -80,6 +85,9 @@ class ShmWorker final : public Worker {
   };
 
   void run();
+  // The next completion, paced as completion_spin says (supervisor thread). nullopt when none
+  // came within ~50 ms, or on a wake-up to re-check state.
+  std::optional<shm::Completion> nextCompletion();
   Status connect();
   void markDead(const std::string& reason);
   void notifyChange();
@@ -96,6 +104,11 @@ class ShmWorker final : public Worker {
   uint64_t next_batch_id_ = 1;           // guarded by mu_
   shm::ModelFacts facts_;                // guarded by mu_
   std::string last_failure_;             // guarded by mu_
+
+  // Supervisor thread only: service time of recent batches (EWMA; completion seen minus the later
+  // of its submission and the previous completion) and when the previous completion was seen.
+  int64_t service_ewma_ns_ = 0;
+  int64_t last_seen_ns_ = 0;
 
   std::atomic<bool> ready_{false};
   std::atomic<bool> stop_{false};

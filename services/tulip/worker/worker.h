@@ -4,7 +4,9 @@
 // worker dies (UNAVAILABLE) — so no request is ever left hanging.
 //
 // Implementations: ShmWorker (a rose process over shared memory), and fakes in tests/fakes/tulip/.
-// Threads: trySubmit may be called from one scheduler thread; the accessors from any thread.
+// Threads: trySubmit and the accessors from any thread (implementations lock internally). `done`
+// callbacks run without the implementation's own lock held, so a callback may submit the next
+// batch (the embedding scheduler does).
 
 #include <cstdint>
 #include <functional>
@@ -43,6 +45,13 @@ struct WorkResult {
   uint32_t num_rows = 0;
   uint32_t cols = 0;
   uint64_t step_us = 0;
+  // Trace stamps (CLOCK_MONOTONIC ns, 0 = unknown): rose took the batch, had launched it, saw its
+  // result ready, published the completion; the worker's thread took the completion.
+  int64_t rose_taken_ns = 0;
+  int64_t rose_launched_ns = 0;
+  int64_t rose_ready_ns = 0;
+  int64_t rose_published_ns = 0;
+  int64_t seen_ns = 0;
 };
 
 using WorkDone = std::function<void(const WorkResult&)>;

@@ -2,6 +2,10 @@
 // "model": an embedding row is [sum(ids), len, 0, 1] (hidden 4); a score is len.
 // Failure modes on demand:
 //   --delay-ms N        each batch takes N ms
+//   --step-us F --step-us-per-token P
+//                       embedding/score batches take F + P x tokens microseconds (a GPU-like cost:
+//                       a fixed part per batch plus a part per token, so batching pays; sleeps,
+//                       so it costs no CPU). --max-seq-len also applies in embedding mode.
 //   --crash-after N     exit(3) when batch N+1 arrives
 //   --hang-after N      after N batches stop beating and answering (alive but stuck)
 //   --stall-after N     after N batches keep beating but never answer (a step that never ends)
@@ -13,6 +17,7 @@
 //   --kv-blocks N (64)  --kv-block-size N (4)  --max-seq-len N (128)  --eos ID (999)
 //   --vocab N (1000)    --name NAME (fake-llm)    --max-seqs N (0 = no limit; larger steps refused)
 #include <signal.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -31,8 +36,9 @@ static volatile sig_atomic_t g_stop = 0;
 
 int main(int argc, char** argv) {
   std::string name;
-  int delay_ms = 0, crash_after = -1, hang_after = -1, stall_after = -1;
-  bool fail_start = false, create = false, llm = false;
+  int delay_ms = 0, step_us = 0, step_us_per_token = 0, crash_after = -1, hang_after = -1,
+      stall_after = -1;
+  bool fail_start = false, create = false, llm = false, max_seq_len_set = false;
   uint32_t kv_blocks = 64, kv_block_size = 4, max_seq_len = 128, vocab = 1000, max_seqs = 0;
   int32_t eos = 999;
   std::string model_name = "fake-llm";
@@ -49,7 +55,13 @@ int main(int argc, char** argv) {
     else if (a == "--llm") llm = true;
     else if (a == "--kv-blocks") kv_blocks = std::atoi(next().c_str());
     else if (a == "--kv-block-size") kv_block_size = std::atoi(next().c_str());
-    else if (a == "--max-seq-len") max_seq_len = std::atoi(next().c_str());
+    else if (a == "--max-seq-len") {
+      max_seq_len = std::atoi(next().c_str());
+      max_seq_len_set = true;
+    } else if (a == "--step-us")
+      step_us = std::atoi(next().c_str());
+    else if (a == "--step-us-per-token")
+      step_us_per_token = std::atoi(next().c_str());
     else if (a == "--eos") eos = std::atoi(next().c_str());
     else if (a == "--vocab") vocab = std::atoi(next().c_str());
     else if (a == "--max-seqs") max_seqs = std::atoi(next().c_str());
@@ -70,7 +82,7 @@ int main(int argc, char** argv) {
   }
   shm::ModelFacts f;
   f.hidden_size = 4;
-  f.max_seq_len = 64;
+  f.max_seq_len = max_seq_len_set ? max_seq_len : 64;
   f.vocab_size = 1000;
   f.has_score_head = 1;
   std::strcpy(f.name, "fake");
@@ -95,6 +107,7 @@ int main(int argc, char** argv) {
     ch->beat();
     auto d = ch->waitSubmission(std::chrono::milliseconds(50));
     if (!d) continue;
+    const int64_t taken_ns = shm::monotonicNowNs();
     if (crash_after >= 0 && served >= crash_after) std::exit(3);
     if (hang_after >= 0 && served >= hang_after) {
       while (true) pause();
@@ -157,6 +170,13 @@ int main(int argc, char** argv) {
       ++served;
       continue;
     }
+    if (step_us > 0 || step_us_per_token > 0) {
+      const int64_t cost_ns =
+          (int64_t{step_us} + int64_t{step_us_per_token} * d->num_tokens) * 1000;
+      timespec ts{static_cast<time_t>(cost_ns / 1000000000),
+                  static_cast<long>(cost_ns % 1000000000)};
+      nanosleep(&ts, nullptr);
+    }
     const int32_t* toks = reinterpret_cast<const int32_t*>(in.data() + d->tokens_offset);
     const int32_t* lens = reinterpret_cast<const int32_t*>(in.data() + d->seqlens_offset);
     float* rows = reinterpret_cast<float*>(out.data());
@@ -181,6 +201,8 @@ int main(int argc, char** argv) {
     c.rows = d->num_seqs;
     c.cols = cols;
     c.output_bytes = uint64_t{d->num_seqs} * cols * sizeof(float);
+    c.taken_ns = taken_ns;
+    c.published_ns = shm::monotonicNowNs();
     ch->tryComplete(c);
     ++served;
   }

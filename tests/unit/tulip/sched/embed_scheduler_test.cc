@@ -73,6 +73,7 @@ TEST(EmbedScheduler, TokenBudgetSplitsFcfsAcrossRequests) {
   FakeWorker w(8, 2);
   SchedulerOptions o;
   o.max_batch_tokens = 12;
+  o.max_inflight_batches = 0;  // every free slot takes a batch (no completions in this test)
   EmbedScheduler s(w, o);
   w.setOnChange([&] { s.poke(); });
   Outcome a, b;
@@ -147,6 +148,7 @@ TEST(EmbedScheduler, SequenceCapLimitsBatch) {
   FakeWorker w(4, 2);
   SchedulerOptions o;
   o.max_batch_seqs = 2;
+  o.max_inflight_batches = 0;  // all three batches go out before any completes
   EmbedScheduler s(w, o);
   w.setOnChange([&] { s.poke(); });
   Outcome out;
@@ -355,6 +357,212 @@ TEST(EmbedScheduler, ManyConcurrentSubmittersAllComplete) {
   run = false;
   completer.join();
   EXPECT_EQ(ok.load(), kThreads * kPer);
+}
+
+// --- batch formation under concurrency [TAG_EMBED_INFLIGHT] -----------------------------------
+// The fake worker's completions run the scheduler's callback on the test thread, and dispatch
+// happens inline (in submit() and in the completion), so these expectations are exact: no
+// waiting, no timing.
+
+std::vector<std::vector<int32_t>> lensOf(const std::vector<WorkBatch>& bs) {
+  std::vector<std::vector<int32_t>> out;
+  for (const auto& b : bs) out.push_back(b.seq_lens);
+  return out;
+}
+
+TEST(EmbedSchedulerBatching, LoneRequestOnIdleWorkerIsDispatchedBeforeSubmitReturns) {
+  FakeWorker w(4, 2);
+  EmbedScheduler s(w, SchedulerOptions{});  // default cap 2
+  w.setOnChange([&] { s.poke(); });
+  Outcome a;
+  auto ja = makeJob({seq(7)}, a);
+  ASSERT_TRUE(s.submit(ja).isOk());
+  // No hand-off to another thread, no timer: the batch is on the worker already.
+  ASSERT_EQ(w.submitted().size(), 1u);
+  EXPECT_EQ(w.submitted()[0].seq_lens, (std::vector<int32_t>{7}));
+  EXPECT_EQ(s.inflightBatches(), 1u);
+  EXPECT_GT(ja->trace.dispatched_ns, 0);
+  ASSERT_TRUE(w.completeNext());
+  ASSERT_EQ(a.f.wait_for(2s), std::future_status::ready);
+  EXPECT_TRUE(a.f.get().isOk());
+  EXPECT_GE(ja->trace.done_ns, ja->trace.dispatched_ns);
+  EXPECT_EQ(s.inflightBatches(), 0u);
+  // Idle again: the next lone request goes out at once too.
+  Outcome b;
+  ASSERT_TRUE(s.submit(makeJob({seq(3)}, b)).isOk());
+  EXPECT_EQ(w.submitted().size(), 2u);
+  ASSERT_TRUE(w.completeNext());
+  EXPECT_TRUE(b.f.get().isOk());
+}
+
+TEST(EmbedSchedulerBatching, ArrivalsWhileOneBatchRunsFormOneNextBatch) {
+  FakeWorker w(4, 2);
+  SchedulerOptions o;
+  o.max_inflight_batches = 1;
+  EmbedScheduler s(w, o);
+  w.setOnChange([&] { s.poke(); });
+  Outcome a, b, c, d, e;
+  ASSERT_TRUE(s.submit(makeJob({seq(4, 1)}, a)).isOk());
+  ASSERT_EQ(w.submitted().size(), 1u);
+  auto jb = makeJob({seq(2, 10)}, b);
+  auto jc = makeJob({seq(3, 20)}, c);
+  auto jd = makeJob({seq(1, 30)}, d);
+  auto je = makeJob({seq(5, 40)}, e);
+  for (auto& j : {jb, jc, jd, je}) ASSERT_TRUE(s.submit(j).isOk());
+  // The worker has free slots (depth 4), but the cap holds them back: they wait, coalescing.
+  EXPECT_EQ(w.submitted().size(), 1u);
+  EXPECT_EQ(s.stats().queued_requests, 4u);
+  EXPECT_EQ(s.stats().queued_tokens, 11u);
+  ASSERT_TRUE(w.completeNext());  // the running batch ends: its completion dispatches the next
+  ASSERT_EQ(w.submitted().size(), 2u);
+  EXPECT_EQ(w.submitted()[1].seq_lens, (std::vector<int32_t>{2, 3, 1, 5}));
+  EXPECT_EQ(s.stats().queued_requests, 0u);
+  EXPECT_EQ(s.stats().inflight_tokens, 11u);
+  EXPECT_TRUE(a.f.get().isOk());
+  EXPECT_FALSE(b.ready());
+  ASSERT_TRUE(w.completeNext());
+  for (auto* out : {&b, &c, &d, &e}) EXPECT_TRUE(out->f.get().isOk());
+  // Each request got its own row: row[k] = sum(ids) + k.
+  EXPECT_EQ(jc->values[0], 20.0f + 21.0f + 22.0f);
+  EXPECT_EQ(je->values[1], 40.0f + 41.0f + 42.0f + 43.0f + 44.0f + 1.0f);
+  EXPECT_EQ(s.maxInflightBatchesSeen(), 1u);
+}
+
+TEST(EmbedSchedulerBatching, DefaultCapStagesOneBatchAndCoalescesTheRest) {
+  FakeWorker w(4, 2);
+  EmbedScheduler s(w, SchedulerOptions{});  // cap 2: one running, one staged
+  w.setOnChange([&] { s.poke(); });
+  Outcome a, b, c, d, e;
+  ASSERT_TRUE(s.submit(makeJob({seq(4)}, a)).isOk());
+  ASSERT_TRUE(s.submit(makeJob({seq(2)}, b)).isOk());  // staged behind a, alone
+  ASSERT_TRUE(s.submit(makeJob({seq(3)}, c)).isOk());
+  ASSERT_TRUE(s.submit(makeJob({seq(1)}, d)).isOk());
+  ASSERT_TRUE(s.submit(makeJob({seq(6)}, e)).isOk());
+  EXPECT_EQ(lensOf(w.submitted()), (std::vector<std::vector<int32_t>>{{4}, {2}}));
+  EXPECT_EQ(w.heldCount(), 2u);
+  ASSERT_TRUE(w.completeNext());
+  EXPECT_EQ(lensOf(w.submitted()), (std::vector<std::vector<int32_t>>{{4}, {2}, {3, 1, 6}}));
+  EXPECT_EQ(w.heldCount(), 2u);
+  while (w.completeNext()) {
+  }
+  for (auto* out : {&a, &b, &c, &d, &e}) EXPECT_TRUE(out->f.get().isOk());
+  EXPECT_EQ(w.submitted().size(), 3u);
+  EXPECT_EQ(s.maxInflightBatchesSeen(), 2u);
+}
+
+TEST(EmbedSchedulerBatching, CoalescedBatchesStillHonourBudgetSeqCapAndFifo) {
+  FakeWorker w(4, 2);
+  SchedulerOptions o;
+  o.max_inflight_batches = 1;
+  o.max_batch_tokens = 12;
+  o.max_batch_seqs = 3;
+  EmbedScheduler s(w, o);
+  w.setOnChange([&] { s.poke(); });
+  Outcome x, a, b, c;
+  ASSERT_TRUE(s.submit(makeJob({seq(1)}, x)).isOk());  // running
+  auto ja = makeJob({seq(5, 1), seq(5, 2), seq(5, 3)}, a);
+  auto jb = makeJob({seq(5, 4), seq(2, 5)}, b);
+  auto jc = makeJob({seq(1, 6), seq(1, 7), seq(1, 8), seq(1, 9)}, c);
+  for (auto& j : {ja, jb, jc}) ASSERT_TRUE(s.submit(j).isOk());
+  ASSERT_EQ(w.submitted().size(), 1u);
+  // Each completion dispatches exactly the next batch: 12-token budget, 3-sequence cap, FIFO.
+  const std::vector<std::vector<int32_t>> want = {{1}, {5, 5}, {5, 5, 2}, {1, 1, 1}, {1}};
+  for (size_t i = 1; i < want.size(); ++i) {
+    ASSERT_TRUE(w.completeNext());
+    ASSERT_EQ(w.submitted().size(), i + 1);
+    EXPECT_EQ(w.submitted()[i].seq_lens, want[i]) << "batch " << i;
+    EXPECT_EQ(w.heldCount(), 1u);
+  }
+  ASSERT_TRUE(w.completeNext());
+  for (auto* out : {&x, &a, &b, &c}) EXPECT_TRUE(out->f.get().isOk());
+  EXPECT_EQ(ja->values[2 * 2], 25.0f);  // a2 = {3..7}
+  EXPECT_EQ(jc->values[3 * 2], 9.0f);
+  EXPECT_EQ(s.stats().inflight_tokens, 0u);
+}
+
+TEST(EmbedSchedulerBatching, CancelledAndExpiredWaitersStayOutOfTheCoalescedBatch) {
+  FakeWorker w(4, 2);
+  SchedulerOptions o;
+  o.max_inflight_batches = 1;
+  EmbedScheduler s(w, o);
+  w.setOnChange([&] { s.poke(); });
+  Outcome a, b, c, d, e;
+  ASSERT_TRUE(s.submit(makeJob({seq(1)}, a)).isOk());
+  auto jb = makeJob({seq(2)}, b);
+  auto jc = makeJob({seq(3)}, c);
+  auto jd = makeJob({seq(4)}, d);
+  auto je = makeJob({seq(5)}, e);
+  jd->deadline_ns = shm::monotonicNowNs() - 1;  // already expired when the batch forms
+  for (auto& j : {jb, jc, jd, je}) ASSERT_TRUE(s.submit(j).isOk());
+  s.cancel(jc);
+  ASSERT_EQ(c.f.wait_for(2s), std::future_status::ready);  // dropped by the scheduler thread
+  EXPECT_EQ(c.f.get().code(), StatusCode::kCancelled);
+  ASSERT_TRUE(w.completeNext());
+  ASSERT_EQ(d.f.wait_for(2s), std::future_status::ready);
+  EXPECT_EQ(d.f.get().code(), StatusCode::kDeadlineExceeded);
+  ASSERT_EQ(w.submitted().size(), 2u);
+  EXPECT_EQ(w.submitted()[1].seq_lens, (std::vector<int32_t>{2, 5}));
+  EXPECT_EQ(w.submitted()[1].deadline_ns, 0);
+  ASSERT_TRUE(w.completeNext());
+  EXPECT_TRUE(b.f.get().isOk());
+  EXPECT_TRUE(e.f.get().isOk());
+}
+
+TEST(EmbedSchedulerBatching, CapZeroFillsEveryFreeSlot) {
+  FakeWorker w(3, 2);
+  SchedulerOptions o;
+  o.max_inflight_batches = 0;
+  EmbedScheduler s(w, o);
+  w.setOnChange([&] { s.poke(); });
+  Outcome a, b, c, d;
+  for (auto* out : {&a, &b, &c, &d}) ASSERT_TRUE(s.submit(makeJob({seq(2)}, *out)).isOk());
+  EXPECT_EQ(w.submitted().size(), 3u);  // depth 3: three single-request batches at once
+  EXPECT_EQ(s.stats().queued_requests, 1u);
+  while (!d.ready()) {
+    ASSERT_TRUE(waitFor([&] { return w.heldCount() > 0; }));
+    w.completeNext();
+  }
+  EXPECT_EQ(s.maxInflightBatchesSeen(), 3u);
+}
+
+TEST(EmbedSchedulerBatching, NeverMoreThanCapInFlightUnderConcurrentLoad) {
+  FakeWorker w(4, 2);
+  SchedulerOptions o;
+  o.max_inflight_batches = 2;
+  o.max_batch_tokens = 32;
+  EmbedScheduler s(w, o);
+  w.setOnChange([&] { s.poke(); });
+  std::atomic<bool> run{true};
+  std::atomic<size_t> most_held{0};
+  std::thread completer([&] {
+    while (run) {
+      size_t held = w.heldCount();
+      if (held > most_held) most_held = held;
+      if (!w.completeNext()) std::this_thread::sleep_for(50us);
+    }
+  });
+  constexpr int kThreads = 6, kPer = 40;
+  std::atomic<int> ok{0};
+  std::vector<std::thread> ts;
+  for (int t = 0; t < kThreads; ++t) {
+    ts.emplace_back([&, t] {
+      for (int i = 0; i < kPer; ++i) {
+        Outcome out;
+        auto j = makeJob({seq(1 + (i % 5), t)}, out);
+        if (!s.submit(j).isOk()) continue;
+        if (out.f.wait_for(5s) == std::future_status::ready && out.f.get().isOk()) ok++;
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  run = false;
+  completer.join();
+  EXPECT_EQ(ok.load(), kThreads * kPer);
+  EXPECT_LE(s.maxInflightBatchesSeen(), 2u);
+  EXPECT_LE(most_held.load(), 2u);
+  EXPECT_EQ(s.inflightBatches(), 0u);
+  // Concurrency coalesced: fewer batches than requests.
+  EXPECT_LT(w.submitted().size(), static_cast<size_t>(kThreads * kPer));
 }
 
 }  // namespace

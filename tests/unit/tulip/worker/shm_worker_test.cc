@@ -7,7 +7,9 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <functional>
 #include <future>
+#include <mutex>
 #include <thread>
 
 namespace garden::tulip {
@@ -99,6 +101,54 @@ TEST(ShmWorker, PipelinesUpToDepthThenRefuses) {
   ASSERT_EQ(a.f.wait_for(5s), std::future_status::ready);
   ASSERT_EQ(b.f.wait_for(5s), std::future_status::ready);
   EXPECT_EQ(b.f.get().second[0], 2.0f);
+}
+
+// The embedding scheduler submits the next batch from inside a completion callback, and tulip's
+// trace reads rose's stamps from the result; with completion pacing on ([TAG_COMPLETION_SPIN],
+// 2 ms batches) every result still arrives, in order, with ordered stamps.
+TEST(ShmWorker, CallbackMaySubmitNextBatchAndStampsArePropagated) {
+  ShmWorkerOptions o = opts("chain", {"--step-us", "2000"});
+  o.completion_spin = 200us;
+  auto w = ShmWorker::start(o);
+  ASSERT_TRUE(w.isOk());
+  ASSERT_TRUE(waitFor([&] { return (*w)->ready(); }));
+  constexpr int kBatches = 20;
+  struct Chain {
+    std::mutex mu;
+    std::vector<float> firsts;
+    int bad_stamps = 0;
+    Status error;
+    std::promise<void> all;
+  } chain;
+  std::function<void(int)> submit = [&](int i) {
+    Status st = (*w)->trySubmit(batch({{i, 1}}), [&, i](const WorkResult& r) {
+      {
+        std::lock_guard<std::mutex> l(chain.mu);
+        if (!r.status.isOk() && chain.error.isOk()) chain.error = r.status;
+        if (r.status.isOk()) chain.firsts.push_back(r.rows[0]);
+        if (!(r.rose_taken_ns > 0 && r.rose_taken_ns <= r.rose_published_ns &&
+              r.rose_published_ns <= r.seen_ns))
+          ++chain.bad_stamps;
+      }
+      if (i + 1 < kBatches)
+        submit(i + 1);  // from the worker's own thread
+      else
+        chain.all.set_value();
+    });
+    if (!st.isOk()) {
+      std::lock_guard<std::mutex> l(chain.mu);
+      chain.error = st;
+      chain.all.set_value();
+    }
+  };
+  submit(0);
+  ASSERT_EQ(chain.all.get_future().wait_for(20s), std::future_status::ready);
+  std::lock_guard<std::mutex> l(chain.mu);
+  ASSERT_TRUE(chain.error.isOk()) << chain.error.toString();
+  ASSERT_EQ(chain.firsts.size(), static_cast<size_t>(kBatches));
+  for (int i = 0; i < kBatches; ++i) EXPECT_EQ(chain.firsts[i], static_cast<float>(i + 1));
+  EXPECT_EQ(chain.bad_stamps, 0);
+  EXPECT_EQ((*w)->restarts(), 0u);
 }
 
 TEST(ShmWorker, RejectsBatchLargerThanArena) {

@@ -1,0 +1,137 @@
+// Batch formation under concurrency, end to end [TAG_EMBED_INFLIGHT]: tulip (a real process)
+// drives fake-rose, whose every batch sleeps 400 ms, so requests that arrive while a batch runs
+// are certainly concurrent with it. With the default cap (2 batches in flight) seven requests
+// that arrive together take three batches: the first runs, the second is staged alone, the other
+// five coalesce into one. With --max-inflight-batches 0 (every free slot, the old behaviour)
+// the first four go out one by one. Batches are counted from tulip's own metrics.
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <future>
+#include <string>
+#include <thread>
+
+#include "garden/v1/garden.grpc.pb.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "tests/integration/support/harness.h"
+
+namespace garden {
+namespace {
+
+using namespace std::chrono_literals;
+namespace v1 = garden::v1;
+
+class TulipBatching : public ::testing::Test {
+ protected:
+  void startTulip(const std::string& max_inflight) {
+    port_ = testing::freePort();
+    metrics_port_ = testing::freePort();
+    std::vector<std::string> argv = {
+        testing::binary("services/tulip/tulip"),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        std::to_string(port_),
+        "--metrics-port",
+        std::to_string(metrics_port_),
+        "--model",
+        dir_.path(),
+        "--rose-bin",
+        testing::binary("tests/fakes/fake-rose"),
+        "--shm-name",
+        "/garden-tb-" + std::to_string(getpid()) + "-" + std::to_string(port_),
+        "--rose-arg=--step-us",
+        "--rose-arg=400000",  // 400 ms per batch, whatever its size
+        "--max-inflight-batches",
+        max_inflight,
+        "--log-level",
+        "warn"};
+    tulip_ = std::make_unique<testing::Process>(argv, dir_.path() + "/tulip.log");
+    channel_ = grpc::CreateChannel("127.0.0.1:" + std::to_string(port_),
+                                   grpc::InsecureChannelCredentials());
+    stub_ = v1::Tulip::NewStub(channel_);
+    auto health = grpc::health::v1::Health::NewStub(channel_);
+    auto t0 = std::chrono::steady_clock::now();
+    while (std::chrono::steady_clock::now() - t0 < 30s) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + 500ms);
+      grpc::health::v1::HealthCheckRequest req;
+      grpc::health::v1::HealthCheckResponse resp;
+      if (health->Check(&ctx, req, &resp).ok() &&
+          resp.status() == grpc::health::v1::HealthCheckResponse::SERVING)
+        return;
+      std::this_thread::sleep_for(50ms);
+    }
+    FAIL() << "tulip never became healthy\n" << tulip_->log();
+  }
+
+  // One Embed of a single sequence {base, base+1, base+2}; checks fake-rose's row
+  // [sum(ids), len, 0, 1].
+  bool embedOne(int32_t base) {
+    v1::EmbedRequest req;
+    auto* t = req.add_inputs();
+    for (int32_t k = 0; k < 3; ++k) t->add_ids(base + k);
+    req.set_normalize(false);
+    v1::EmbedResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + 30s);
+    grpc::Status st = stub_->Embed(&ctx, req, &resp);
+    if (!st.ok() || resp.embeddings_size() != 1 || resp.dim() != 4) {
+      ADD_FAILURE() << "Embed(" << base << "): " << st.error_message();
+      return false;
+    }
+    float row[4];
+    std::memcpy(row, resp.embeddings(0).data(), sizeof(row));
+    EXPECT_EQ(row[0], 3.0f * base + 3.0f) << base;
+    EXPECT_EQ(row[1], 3.0f) << base;
+    return true;
+  }
+
+  // tulip_batches_total{outcome="ok"} from /metrics.
+  int okBatches() {
+    auto r = testing::http(metrics_port_, "GET", "/metrics");
+    EXPECT_EQ(r.status, 200);
+    const std::string key = "tulip_batches_total{outcome=\"ok\"} ";
+    auto at = r.body.find(key);
+    if (at == std::string::npos) return 0;
+    return std::stoi(r.body.substr(at + key.size()));
+  }
+
+  // One request, then six more together while its batch runs; returns the batches they took.
+  int sevenRequests() {
+    auto first = std::async(std::launch::async, [&] { return embedOne(10); });
+    std::this_thread::sleep_for(50ms);  // (not needed for the bound: any order gives 3 batches)
+    std::vector<std::future<bool>> rest;
+    for (int i = 0; i < 6; ++i)
+      rest.push_back(std::async(std::launch::async, [&, i] { return embedOne(100 * (i + 1)); }));
+    EXPECT_TRUE(first.get());
+    for (auto& f : rest) EXPECT_TRUE(f.get());
+    return okBatches();
+  }
+
+  testing::TempDir dir_;
+  int port_ = 0, metrics_port_ = 0;
+  std::unique_ptr<testing::Process> tulip_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Tulip::Stub> stub_;
+};
+
+TEST_F(TulipBatching, ConcurrentArrivalsCoalesceBehindTheRunningBatch) {
+  startTulip("2");
+  ASSERT_EQ(okBatches(), 0);
+  // Lone request on an idle worker: one batch of its own.
+  ASSERT_TRUE(embedOne(1));
+  EXPECT_EQ(okBatches(), 1);
+  // Seven (arriving within one 400 ms batch): one running, one staged, five coalesced.
+  EXPECT_EQ(sevenRequests() - 1, 3) << tulip_->log();
+}
+
+TEST_F(TulipBatching, CapZeroFillsEverySlotOneRequestAtATime) {
+  startTulip("0");
+  // Depth 4: the first four requests go out as four batches; the three left wait and coalesce.
+  EXPECT_EQ(sevenRequests(), 5) << tulip_->log();
+}
+
+}  // namespace
+}  // namespace garden
