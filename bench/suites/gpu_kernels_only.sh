@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Kernel-level GPU check in ONE device call, no mesh: the tests/gpu binaries, the kernel
-# microbenchmarks and the whole-forward bench (small-M GEMM candidate off vs on), then
+# microbenchmarks and the whole-forward bench (small-M GEMM candidate on vs off, the default), then
 # compute-sanitizer memcheck of the new kernels' tests. Inputs: GPUBIN from gpu_pack.sh.
 #   bench/suites/gpu_kernels_only.sh GPUBIN DEST      (prints a summary; rc = failed steps)
 # Env: KTEST_FILTER (gtest filter for the kernels test, default all), MEMCHECK_FILTER.
@@ -27,7 +27,7 @@ step model_graph_test 120 "$BIN/gpu_model_graph_test"
 step kernel_bench 150 "$BIN/rose_kernel_bench"
 MODEL=$(mktemp -d)/qwen3-0.6b-random
 step make_model 90 python3 "$ROOT/bench/suites/make_random_qwen3.py" --out "$MODEL"
-step forward_smallm0 90 env GARDEN_GEMM_SMALLM=0 "$BIN/rose_forward_bench" "$MODEL" --iters 20
+step forward_smallm1 90 env GARDEN_GEMM_SMALLM=1 "$BIN/rose_forward_bench" "$MODEL" --iters 20
 step forward 90 "$BIN/rose_forward_bench" "$MODEL" --iters 20
 if command -v compute-sanitizer >/dev/null 2>&1; then
   step memcheck 120 compute-sanitizer --tool memcheck --error-exitcode 3 "$BIN/gpu_kernels_test" \

@@ -37,7 +37,7 @@ int64_t GemmRunner::algoBucket(int64_t m) {
 Result<std::unique_ptr<GemmRunner>> GemmRunner::create(size_t workspace_bytes, bool tune,
                                                        int smallm) {
   if (smallm < 0) {
-    smallm = 1;
+    smallm = 0;  // off unless asked for: on the H200 it lost to cuBLASLt at every real bucket
     if (const char* e = std::getenv("GARDEN_GEMM_SMALLM"); e != nullptr && *e != '\0') {
       const std::string v(e);
       if (v != "0" && v != "1") {
