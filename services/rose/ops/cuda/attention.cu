@@ -55,6 +55,7 @@ __device__ bool findTile(const int32_t* cu, int num_seqs, int tile, int kM, int&
 //   - causal query tiles run longest-first within a sequence (fewer stragglers in the last wave).
 template <int kD, int kWarps, bool kCausal, int kHeads = 1, bool kV2 = false>
 __global__ void __launch_bounds__(32 * kWarps * kHeads) attentionKernel(AttentionArgs a) {
+  pdlWait();  // [TAG_PDL]
   constexpr int kM = 16 * kWarps;        // query rows per block and head
   constexpr int kN = kKeysPerTile;       // keys per tile
   constexpr int kRow = kD + 8;           // padded smem row (elements): conflict-free ldmatrix
@@ -268,8 +269,8 @@ Status launchInstance(const AttentionArgs& a, cudaStream_t stream) {
   // Upper bound on tiles: sum ceil(len / kM) <= ceil(T / kM) + num_seqs. Extra blocks exit.
   const int64_t tiles = (a.num_tokens + kM - 1) / kM + a.num_seqs;
   dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(a.num_q_heads / kHeads));
-  attentionKernel<kD, kWarps, kCausal, kHeads, kV2>
-      <<<grid, kWarps * kHeads * 32, smem, stream>>>(a);
+  CUDA_RETURN_IF_ERROR(launchPdl(attentionKernel<kD, kWarps, kCausal, kHeads, kV2>, grid,
+                                 dim3(kWarps * kHeads * 32), smem, stream, a));
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return okStatus();
 }
@@ -348,6 +349,7 @@ __device__ __forceinline__ void stsF32x4(uint32_t addr, float x, float y, float 
 
 template <int kD, int kWarps, bool kCausal, int kHeads, int kStages>
 __global__ void __launch_bounds__(32 * kWarps * kHeads, 1) attentionKernelV3(AttentionArgs a) {
+  pdlWait();  // [TAG_PDL]
   static_assert(kStages == 2 || kStages == 3, "K/V pipeline depth");
   constexpr int kMT = kV3MTiles;
   constexpr int kWarpRows = 16 * kMT;     // query rows per warp
@@ -631,8 +633,8 @@ Status launchV3Instance(const AttentionArgs& a, cudaStream_t stream) {
   }
   const int64_t tiles = (a.num_tokens + kM - 1) / kM + a.num_seqs;
   dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(a.num_q_heads / kHeads));
-  attentionKernelV3<kD, kWarps, kCausal, kHeads, kStages>
-      <<<grid, kWarps * kHeads * 32, smem, stream>>>(a);
+  CUDA_RETURN_IF_ERROR(launchPdl(attentionKernelV3<kD, kWarps, kCausal, kHeads, kStages>, grid,
+                                 dim3(kWarps * kHeads * 32), smem, stream, a));
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return okStatus();
 }

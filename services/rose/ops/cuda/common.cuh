@@ -4,12 +4,47 @@
 // mma.sync m16n8k16 bf16) the attention kernel uses. Stateless; owns nothing.
 
 #include <cuda_bf16.h>
+#include <cuda_runtime.h>
 
 #include <cstdint>
+#include <utility>
+
+#include "services/rose/ops/cuda/cuda_utils.h"
 
 namespace garden::rose::cuda {
 
 using bf16 = __nv_bfloat16;
+
+// Programmatic dependent launch [TAG_PDL]. The elementwise/attention kernels that follow another
+// kernel are launched with launchPdl(): when pdlLaunch() is on (GARDEN_PDL, cuda_utils.h) and the
+// stream is not being captured, their blocks may be scheduled while the previous kernel's last
+// blocks still run, and each kernel's first statement is pdlWait(), which blocks until the
+// previous grid has completed and its writes are visible (a no-op for a normal launch). So nothing
+// is read early; only the launch latency and the previous kernel's tail overlap. Measured on the
+// H200 (bench/results/gpu-embed-2026-11-30-h200-s3/pdl): eager forward 1x128 1.54 -> 1.40 ms,
+// 1x512 2.37 -> 2.16 ms; inside CUDA graphs no gain (1x128 1.20 vs 1.23 ms), so captured launches
+// stay plain. Results are bit-identical either way.
+__device__ __forceinline__ void pdlWait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
+template <typename... KernelArgs, typename... Args>
+cudaError_t launchPdl(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem,
+                      cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  if (pdlLaunch() && cudaStreamIsCapturing(stream, &capturing) == cudaSuccess &&
+      capturing == cudaStreamCaptureStatusNone) {
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+  }
+  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
 
 // Eight bf16 values, one 16-byte load or store.
 struct alignas(16) Bf16x8 {

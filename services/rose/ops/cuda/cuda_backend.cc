@@ -85,6 +85,12 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const BackendOptions& o
     }
     tune_gemm = v == "1";
   }
+  // Programmatic dependent launch of rose's own kernels (common.cuh [TAG_PDL]): GARDEN_PDL=0|1.
+  if (const char* t = std::getenv("GARDEN_PDL"); t != nullptr && *t != '\0') {
+    const std::string v(t);
+    if (v != "0" && v != "1") return invalidArgument("GARDEN_PDL must be 0 or 1, got '" + v + "'");
+    setPdlLaunch(v == "1");
+  }
   std::unique_ptr<CudaBackend> b(new CudaBackend(opts.device_index));
   CUDA_RETURN_IF_ERROR(cudaSetDevice(b->device_));
   CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&b->stream_, cudaStreamNonBlocking));

@@ -19,6 +19,10 @@ Status cudaStatus(cudaError_t err, const char* expr, const char* file, int line)
 
 // Multiprocessor count of the current device (queried once per device).
 int smCount();
+// Programmatic dependent launch for rose's own kernels (common.cuh [TAG_PDL]); set once at
+// backend creation (GARDEN_PDL), read by the launchers. Not thread-safe: set before launching.
+void setPdlLaunch(bool on);
+bool pdlLaunch();
 
 }  // namespace garden::rose::cuda
 

@@ -14,6 +14,7 @@ constexpr int kWarpsPerBlock = 4;
 template <int kD>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     qkNormRopeKernel(QkNormRopeArgs a, int heads_per_warp) {
+  pdlWait();  // [TAG_PDL]
   constexpr int kE = kD / 32;
   __shared__ float head_buf[kWarpsPerBlock]
                            [kD];  // the normalized head, for the rotate-half partner
@@ -109,9 +110,9 @@ Status launchQkNormRope(const QkNormRopeArgs& a, cudaStream_t stream) {
   dim3 grid(static_cast<unsigned>((warps + kWarpsPerBlock - 1) / kWarpsPerBlock));
   dim3 block(kWarpsPerBlock * 32);
   if (a.head_dim == 128) {
-    qkNormRopeKernel<128><<<grid, block, 0, stream>>>(a, hpw);
+    CUDA_RETURN_IF_ERROR(launchPdl(qkNormRopeKernel<128>, grid, block, 0, stream, a, hpw));
   } else {
-    qkNormRopeKernel<64><<<grid, block, 0, stream>>>(a, hpw);
+    CUDA_RETURN_IF_ERROR(launchPdl(qkNormRopeKernel<64>, grid, block, 0, stream, a, hpw));
   }
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return okStatus();

@@ -9,6 +9,7 @@ namespace {
 
 // Grid-stride over 8-wide chunks of the output.
 __global__ void swigluKernel(SwigluArgs a) {
+  pdlWait();  // [TAG_PDL]
   const int64_t chunks_per_row = a.inter / 8;
   const int64_t total = a.num_tokens * chunks_per_row;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
@@ -37,7 +38,8 @@ Status launchSwiglu(const SwigluArgs& a, cudaStream_t stream) {
   // 8 resident-block waves, grid-stride for the rest.
   const int threads = total < 128LL * smCount() ? 128 : 256;
   const int64_t blocks = std::min<int64_t>((total + threads - 1) / threads, 8LL * smCount());
-  swigluKernel<<<static_cast<unsigned>(blocks), threads, 0, stream>>>(a);
+  CUDA_RETURN_IF_ERROR(launchPdl(swigluKernel, dim3(static_cast<unsigned>(blocks)),
+                                 dim3(threads), 0, stream, a));
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return okStatus();
 }
