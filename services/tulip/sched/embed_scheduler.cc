@@ -22,6 +22,7 @@ struct BatchMetrics {
   metrics::Histogram& step;
   metrics::Histogram& roundtrip;
   metrics::CounterFamily& batches;
+  metrics::CounterFamily& dropped;
   static BatchMetrics& get() {
     auto& r = metrics::Registry::global();
     static BatchMetrics m{
@@ -34,6 +35,9 @@ struct BatchMetrics {
         r.histogram("tulip_worker_step_seconds", "rose's own time for one batch").get(),
         r.histogram("tulip_batch_roundtrip_seconds", "Batch submitted until its result").get(),
         r.counter("tulip_batches_total", "Batches completed by rose, by outcome", {"outcome"}),
+        r.counter("tulip_embed_dropped_sequences_total",
+                  "Queued embed/score sequences dropped before reaching rose, by reason",
+                  {"reason"}),
     };
     return m;
   }
@@ -207,18 +211,23 @@ void EmbedScheduler::dropDead() {
   for (auto it = queue_.begin(); it != queue_.end();) {
     auto& p = *it;
     Status why;
+    const char* reason = nullptr;
     if (p->job->cancelled.load()) {
       why = cancelledError("request cancelled by the caller");
+      reason = "cancelled";
     } else if (p->job->deadline_ns > 0 && now >= p->job->deadline_ns) {
       why = deadlineExceeded("deadline expired while queued in tulip");
+      reason = "deadline";
     } else if (worker_down) {
       why = unavailable("rose worker is restarting; " + std::string("retry shortly"));
+      reason = "worker_down";
     }
     if (why.isOk()) {
       ++it;
       continue;
     }
     const size_t dropped = p->job->inputs.size() - p->next_seq;
+    BatchMetrics::get().dropped.labels({reason}).inc(static_cast<double>(dropped));
     queued_tokens_ -= p->queued_tokens;
     p->queued_tokens = 0;
     p->next_seq = p->job->inputs.size();

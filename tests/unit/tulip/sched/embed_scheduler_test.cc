@@ -6,6 +6,7 @@
 #include <future>
 #include <thread>
 
+#include "common/metrics/registry.h"
 #include "tests/fakes/tulip/fake_worker.h"
 
 namespace garden::tulip {
@@ -35,6 +36,14 @@ std::shared_ptr<EmbedJob> makeJob(std::vector<std::vector<int32_t>> inputs, Outc
   j->inputs = std::move(inputs);
   j->on_done = [&out](const Status& s) { out.p.set_value(s); };
   return j;
+}
+
+// tulip_embed_dropped_sequences_total{reason} as exposed now (0 before the first drop).
+double droppedSequences(const std::string& reason) {
+  const std::string text = metrics::Registry::global().expose();
+  const std::string key = "tulip_embed_dropped_sequences_total{reason=\"" + reason + "\"} ";
+  const size_t pos = text.find(key);
+  return pos == std::string::npos ? 0.0 : std::stod(text.substr(pos + key.size()));
 }
 
 std::vector<int32_t> seq(int len, int start = 1) {
@@ -217,11 +226,13 @@ TEST(EmbedScheduler, CancelledQueuedJobNeverReachesWorker) {
   Outcome a, b;
   ASSERT_TRUE(s.submit(makeJob({seq(2)}, a)).isOk());
   ASSERT_TRUE(waitFor([&] { return w.heldCount() == 1; }));
-  auto jb = makeJob({seq(3, 50)}, b);
+  const double dropped_before = droppedSequences("cancelled");
+  auto jb = makeJob({seq(3, 50), seq(2, 60)}, b);
   ASSERT_TRUE(s.submit(jb).isOk());
   s.cancel(jb);
   ASSERT_EQ(b.f.wait_for(2s), std::future_status::ready);
   EXPECT_EQ(b.f.get().code(), StatusCode::kCancelled);
+  EXPECT_EQ(droppedSequences("cancelled") - dropped_before, 2.0);  // both of its sequences
   ASSERT_TRUE(w.completeNext());
   ASSERT_EQ(a.f.wait_for(2s), std::future_status::ready);
   std::this_thread::sleep_for(30ms);
@@ -236,11 +247,13 @@ TEST(EmbedScheduler, ExpiredDeadlineDroppedBeforeWorker) {
   Outcome a, b;
   ASSERT_TRUE(s.submit(makeJob({seq(2)}, a)).isOk());
   ASSERT_TRUE(waitFor([&] { return w.heldCount() == 1; }));
+  const double dropped_before = droppedSequences("deadline");
   auto jb = makeJob({seq(3)}, b);
   jb->deadline_ns = shm::monotonicNowNs() + 20'000'000;  // 20 ms
   ASSERT_TRUE(s.submit(jb).isOk());
   ASSERT_EQ(b.f.wait_for(2s), std::future_status::ready);
   EXPECT_EQ(b.f.get().code(), StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(droppedSequences("deadline") - dropped_before, 1.0);
   w.completeNext();
   std::this_thread::sleep_for(30ms);
   EXPECT_EQ(w.submitted().size(), 1u);
