@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Packs the GPU test binaries and the kernel bench of a CUDA build tree for the GPU host (input
-# GPUBIN of bench/suites/gpu_session2.sh): stripped executables plus lib/ with every shared
+# GPUBIN of bench/suites/gpu_embed_suites.sh): stripped executables plus lib/ with every shared
 # library they need that is not glibc, libstdc++/libgcc or CUDA (the host has those).
 #   bench/suites/gpu_pack.sh BUILD_DIR DEST      (DEST is recreated; prints its size)
 set -euo pipefail

@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
-# GPU session 3 (issue 4: attention v3 for long sequences, the small-M weight-streaming GEMM,
-# tulip batch formation) in ONE device call, building nothing. Same inputs and layout as
-# gpu_session2.sh; the mesh comparison is now session 2's configuration (graphs on, attention v2,
-# GARDEN_GEMM_SMALLM=0) against the current defaults, both graphs on. Inputs, both carried from the dev machine:
+# The H200 embedding benchmark in ONE device call, building nothing (replaces the per-session
+# scripts; session 2's figures came from its predecessor, session 3's from this one). Inputs,
+# both carried from the dev machine:
 #   BUNDLE  a release bundle (scripts/bundle.sh with CUDA) with bench/loadgen/loadgen in its bin/
 #   GPUBIN  the GPU test binaries and kernel bench (bench/suites/gpu_pack.sh makes it):
 #           gpu_kernels_test gpu_graph_test gpu_model_graph_test rose_kernel_bench
@@ -20,7 +19,7 @@
 #   5. the Hugging Face peer (bench/peer/hf_embed_baseline.py) on the same GPU, alone
 #   6. reports (render.py) and one comparison table: graphs off vs on vs HF, against the goals
 #
-#     bench/suites/gpu_session3.sh BUNDLE GPUBIN DEST [--quick]
+#     bench/suites/gpu_embed_suites.sh BUNDLE GPUBIN DEST [--quick]
 # Everything (logs, JSON, reports) is written under a work folder and packed at the end (also when
 # stopped early) into DEST/session3.tgz; DEST also gets summary.txt, comparison.md,
 # kernel_bench.txt and forward_bench.txt (the device tool returns at most 8 files). The last lines printed are the
