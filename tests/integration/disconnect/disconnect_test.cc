@@ -11,84 +11,29 @@
 //   * Pipelining on one keep-alive connection: a second request written while the first waits
 //     for tulip, and a third written with it, are all answered in order (the disconnect watch must
 //     not eat them).
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <sys/time.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "tests/integration/support/harness.h"
+#include "tests/support/raw_http_conn.h"
 
 namespace garden {
 namespace {
 
 using namespace std::chrono_literals;
 
-// A blocking HTTP/1.1 client on one keep-alive connection (Content-Length framed responses).
-class Conn {
+// A blocking HTTP/1.1 client on one keep-alive connection (60 s receive timeout: a loaded tulip
+// is slow).
+class Conn : public testing::RawHttpConn {
  public:
-  explicit Conn(int port) {
-    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    timeval tv{60, 0};
-    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(static_cast<uint16_t>(port));
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    connected_ = ::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
-  }
-  ~Conn() { closeNow(); }
-  bool connected() const { return connected_; }
-  void closeNow() {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-  bool send(std::string_view d) {
-    while (!d.empty()) {
-      ssize_t n = ::send(fd_, d.data(), d.size(), MSG_NOSIGNAL);
-      if (n <= 0) return false;
-      d.remove_prefix(static_cast<size_t>(n));
-    }
-    return true;
-  }
-  // One response: {status, body}; status 0 when the connection ended first.
-  std::pair<int, std::string> read() {
-    size_t end;
-    while ((end = buf_.find("\r\n\r\n")) == std::string::npos) {
-      if (!fill()) return {0, ""};
-    }
-    std::string head = buf_.substr(0, end);
-    buf_.erase(0, end + 4);
-    int status = std::atoi(head.substr(9, 3).c_str());
-    std::string lower = head;
-    for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    size_t p = lower.find("content-length: ");
-    size_t len = p == std::string::npos ? 0 : std::strtoull(lower.c_str() + p + 16, nullptr, 10);
-    while (buf_.size() < len) {
-      if (!fill()) return {0, ""};
-    }
-    std::string body = buf_.substr(0, len);
-    buf_.erase(0, len);
-    return {status, body};
-  }
-
- private:
-  bool fill() {
-    char tmp[65536];
-    ssize_t n = ::recv(fd_, tmp, sizeof tmp, 0);
-    if (n <= 0) return false;
-    buf_.append(tmp, static_cast<size_t>(n));
-    return true;
-  }
-  int fd_ = -1;
-  bool connected_ = false;
-  std::string buf_;
+  explicit Conn(int port) : RawHttpConn(port, 60) {}
 };
 
 std::string post(const std::string& path, const std::string& body) {
@@ -138,58 +83,64 @@ bool eventually(std::chrono::milliseconds limit, Pred pred) {
 constexpr int kInputs = 400;  // 400 batches of one 500-token sequence
 constexpr int kChunks = 50;   // ivy's split: 4096 tokens per chunk = 8 inputs
 
-class DisconnectTest : public ::testing::Test {
+// A mesh for one test suite: tulip (spawning rose, one thread) with ivy in front of it. A suite's
+// SetUpTestSuite creates dir_, writes its model there and calls startMesh; the mesh is stopped
+// and the statics reset when the suite ends, so the next suite starts its own.
+class MeshTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new testing::TempDir();
-    model_ = dir_->path() + "/model";
-    ASSERT_EQ(testing::run({testing::binary("services/rose/rose-mkmodel"), "--out", model_,
-                            "--repo", testing::sourceDir()},
-                           dir_->path() + "/mkmodel.log"),
-              0);
+  // tulip gets the flags every mesh here uses plus `tulip_flags`, ivy likewise plus `ivy_flags`;
+  // then waits up to `ready_within` for ivy's /ready.
+  static void startMesh(const std::string& model, const std::string& shm_prefix,
+                        const std::string& served_model_name,
+                        const std::vector<std::string>& tulip_flags,
+                        const std::vector<std::string>& ivy_flags,
+                        std::chrono::seconds ready_within) {
     tulip_port_ = testing::freePort();
     tulip_metrics_ = testing::freePort();
     ivy_port_ = testing::freePort();
-    tulip_ = new testing::Process(
-        {testing::binary("services/tulip/tulip"),
-         "--host",
-         "127.0.0.1",
-         "--port",
-         std::to_string(tulip_port_),
-         "--metrics-port",
-         std::to_string(tulip_metrics_),
-         "--model",
-         model_,
-         "--rose-bin",
-         testing::binary("services/rose/rose"),
-         "--shm-name",
-         "/garden-disc-" + std::to_string(getpid()) + "-" + std::to_string(tulip_port_),
-         "--served-model-name",
-         "tiny",
-         "--rose-threads",
-         "1",
-         "--depth",
-         "1",
-         "--max-batch-seqs",
-         "1",
-         "--heartbeat-timeout-ms",
-         "10000"},
-        dir_->path() + "/tulip.log");
-    ivy_ = new testing::Process(
-        {testing::binary("services/ivy/ivy"), "--host", "127.0.0.1", "--port",
-         std::to_string(ivy_port_), "--tulip", "127.0.0.1:" + std::to_string(tulip_port_),
-         "--model-dir", model_, "--threads", "2", "--request-timeout-ms", "120000",
-         "--split-max-tokens", "4096"},
-        dir_->path() + "/ivy.log");
-    ASSERT_TRUE(testing::waitForHttp(ivy_port_, "/ready", 200, 90s))
-        << "mesh not ready\n--- tulip ---\n"
-        << tulip_->log() << "\n--- ivy ---\n"
-        << ivy_->log();
+    std::vector<std::string> tulip_argv = {
+        testing::binary("services/tulip/tulip"),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        std::to_string(tulip_port_),
+        "--metrics-port",
+        std::to_string(tulip_metrics_),
+        "--model",
+        model,
+        "--rose-bin",
+        testing::binary("services/rose/rose"),
+        "--rose-threads",
+        "1",
+        "--shm-name",
+        shm_prefix + std::to_string(getpid()) + "-" + std::to_string(tulip_port_),
+        "--served-model-name",
+        served_model_name,
+        "--heartbeat-timeout-ms",
+        "10000"};
+    tulip_argv.insert(tulip_argv.end(), tulip_flags.begin(), tulip_flags.end());
+    tulip_ = new testing::Process(std::move(tulip_argv), dir_->path() + "/tulip.log");
+    std::vector<std::string> ivy_argv = {testing::binary("services/ivy/ivy"),
+                                         "--host",
+                                         "127.0.0.1",
+                                         "--port",
+                                         std::to_string(ivy_port_),
+                                         "--tulip",
+                                         "127.0.0.1:" + std::to_string(tulip_port_),
+                                         "--threads",
+                                         "2"};
+    ivy_argv.insert(ivy_argv.end(), ivy_flags.begin(), ivy_flags.end());
+    ivy_ = new testing::Process(std::move(ivy_argv), dir_->path() + "/ivy.log");
+    ASSERT_TRUE(testing::waitForHttp(ivy_port_, "/ready", 200, ready_within))
+        << "mesh not ready\n" + logs();
   }
   static void TearDownTestSuite() {
     delete ivy_;
     delete tulip_;
     delete dir_;
+    ivy_ = nullptr;
+    tulip_ = nullptr;
+    dir_ = nullptr;
   }
   void SetUp() override {
     if (ivy_ == nullptr || !ivy_->alive()) GTEST_FAIL() << "the mesh did not start";
@@ -203,53 +154,72 @@ class DisconnectTest : public ::testing::Test {
     return "--- tulip ---\n" + tulip_->log() + "\n--- ivy ---\n" + ivy_->log();
   }
 
-  static testing::TempDir* dir_;
-  static std::string model_;
-  static int tulip_port_, tulip_metrics_, ivy_port_;
-  static testing::Process* tulip_;
-  static testing::Process* ivy_;
+  // Sends `request` on a new connection and hangs up once `working()` holds (tulip is on it).
+  template <typename Pred>
+  static void hangUpWhen(const std::string& request, Pred working) {
+    Conn c(ivy_port_);
+    ASSERT_TRUE(c.connected());
+    ASSERT_TRUE(c.send(request));
+    ASSERT_TRUE(eventually(60s, working)) << logs();
+    c.closeNow();
+  }
+  // True once ivy has counted exactly one client disconnect on `route`.
+  static bool disconnectCounted(const std::string& route) {
+    return eventually(30s, [&] {
+      return metric(ivyMetrics(),
+                    R"(ivy_http_client_disconnects_total{route=")" + route + R"("})") == 1;
+    });
+  }
+  // True once `settled(page)` holds for tulip's metrics page; `page` keeps the last one read.
+  template <typename Pred>
+  static bool tulipSettles(std::string* page, Pred settled) {
+    return eventually(30s, [&] {
+      *page = tulipMetrics();
+      return settled(*page);
+    });
+  }
+
+  static inline testing::TempDir* dir_ = nullptr;
+  static inline int tulip_port_ = 0, tulip_metrics_ = 0, ivy_port_ = 0;
+  static inline testing::Process* tulip_ = nullptr;
+  static inline testing::Process* ivy_ = nullptr;
 };
 
-testing::TempDir* DisconnectTest::dir_ = nullptr;
-std::string DisconnectTest::model_;
-int DisconnectTest::tulip_port_ = 0;
-int DisconnectTest::tulip_metrics_ = 0;
-int DisconnectTest::ivy_port_ = 0;
-testing::Process* DisconnectTest::tulip_ = nullptr;
-testing::Process* DisconnectTest::ivy_ = nullptr;
+class DisconnectTest : public MeshTest {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new testing::TempDir();
+    const std::string model = dir_->path() + "/model";
+    ASSERT_EQ(testing::run({testing::binary("services/rose/rose-mkmodel"), "--out", model, "--repo",
+                            testing::sourceDir()},
+                           dir_->path() + "/mkmodel.log"),
+              0);
+    startMesh(
+        model, "/garden-disc-", "tiny", {"--depth", "1", "--max-batch-seqs", "1"},
+        {"--model-dir", model, "--request-timeout-ms", "120000", "--split-max-tokens", "4096"},
+        90s);
+  }
+};
 
 TEST_F(DisconnectTest, ClosedConnectionCancelsEveryChunkInTulip) {
   const std::string tulip_before = tulipMetrics();
   const double batches0 = metric(tulip_before, "tulip_batches_total{");
   const double ok0 = metric(tulip_before, R"(tulip_requests_total{method="Embed",code="OK"})");
-  {
-    Conn c(ivy_port_);
-    ASSERT_TRUE(c.connected());
-    ASSERT_TRUE(c.send(post("/v1/embeddings", embeddingBody(kInputs, 500))));
-    // tulip is working on it: its first batches ran.
-    ASSERT_TRUE(eventually(60s, [&] {
-      return metric(tulipMetrics(), "tulip_batches_total{") >= batches0 + 2;
-    })) << logs();
-    c.closeNow();
-  }
+  // Closed once tulip is working on it: its first batches ran.
+  ASSERT_NO_FATAL_FAILURE(hangUpWhen(post("/v1/embeddings", embeddingBody(kInputs, 500)), [&] {
+    return metric(tulipMetrics(), "tulip_batches_total{") >= batches0 + 2;
+  }));
   // ivy noticed and counted the disconnect.
-  ASSERT_TRUE(eventually(
-      30s,
-      [&] {
-        return metric(ivyMetrics(),
-                      R"(ivy_http_client_disconnects_total{route="/v1/embeddings"})") == 1;
-      }))
-      << ivyMetrics() << logs();
+  ASSERT_TRUE(disconnectCounted("/v1/embeddings")) << ivyMetrics() << logs();
   // Every chunk's call ended in tulip: CANCELLED (at least the queued ones) or OK (done before).
   std::string t;
-  ASSERT_TRUE(eventually(
-      30s,
-      [&] {
-        t = tulipMetrics();
-        const double ok = metric(t, R"(tulip_requests_total{method="Embed",code="OK"})") - ok0;
+  ASSERT_TRUE(tulipSettles(
+      &t,
+      [&](const std::string& page) {
+        const double ok = metric(page, R"(tulip_requests_total{method="Embed",code="OK"})") - ok0;
         const double cancelled =
-            metric(t, R"(tulip_requests_total{method="Embed",code="CANCELLED"})");
-        return ok + cancelled == kChunks && metric(t, "tulip_queue_tokens ") == 0;
+            metric(page, R"(tulip_requests_total{method="Embed",code="CANCELLED"})");
+        return ok + cancelled == kChunks && metric(page, "tulip_queue_tokens ") == 0;
       }))
       << t << logs();
   const double cancelled = metric(t, R"(tulip_requests_total{method="Embed",code="CANCELLED"})");
@@ -265,9 +235,9 @@ TEST_F(DisconnectTest, ClosedConnectionCancelsEveryChunkInTulip) {
   Conn next(ivy_port_);
   ASSERT_TRUE(next.connected());
   ASSERT_TRUE(next.send(post("/v1/embeddings", embeddingBody(2, 16))));
-  auto [status, body] = next.read();
-  EXPECT_EQ(status, 200) << body;
-  EXPECT_NE(body.find("\"embedding\""), std::string::npos) << body;
+  const testing::RawHttpResponse r = next.read();
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_NE(r.body.find("\"embedding\""), std::string::npos) << r.body;
   EXPECT_EQ(metric(ivyMetrics(), R"(ivy_http_client_disconnects_total{)"), 1);
 }
 
@@ -280,31 +250,31 @@ TEST_F(DisconnectTest, PipelinedKeepAliveRequestsAreAllAnswered) {
   std::this_thread::sleep_for(300ms);
   ASSERT_TRUE(c.send(post("/v1/embeddings", embeddingBody(1, 8)) +
                      "GET /health HTTP/1.1\r\nHost: t\r\n\r\n"));
-  auto [s1, b1] = c.read();
-  auto [s2, b2] = c.read();
-  auto [s3, b3] = c.read();
-  EXPECT_EQ(s1, 200) << b1;
-  EXPECT_EQ(s2, 200) << b2;
-  EXPECT_EQ(s3, 200) << b3;
-  EXPECT_NE(b1.find("\"index\":15"), std::string::npos);  // all 16 embeddings of the first
-  EXPECT_EQ(b2.find("\"index\":1"), std::string::npos);   // the second has one
-  EXPECT_NE(b2.find("\"index\":0"), std::string::npos) << b2;
-  EXPECT_NE(b3.find("ok"), std::string::npos) << b3;
+  const testing::RawHttpResponse r1 = c.read();
+  const testing::RawHttpResponse r2 = c.read();
+  const testing::RawHttpResponse r3 = c.read();
+  EXPECT_EQ(r1.status, 200) << r1.body;
+  EXPECT_EQ(r2.status, 200) << r2.body;
+  EXPECT_EQ(r3.status, 200) << r3.body;
+  EXPECT_NE(r1.body.find("\"index\":15"), std::string::npos);  // all 16 embeddings of the first
+  EXPECT_EQ(r2.body.find("\"index\":1"), std::string::npos);   // the second has one
+  EXPECT_NE(r2.body.find("\"index\":0"), std::string::npos) << r2.body;
+  EXPECT_NE(r3.body.find("ok"), std::string::npos) << r3.body;
   // Two requests written back to back in one send, on the same connection.
   ASSERT_TRUE(c.send(post("/v1/embeddings", embeddingBody(4, 300)) +
                      post("/v1/embeddings", embeddingBody(2, 8))));
-  auto [s4, b4] = c.read();
-  auto [s5, b5] = c.read();
-  EXPECT_EQ(s4, 200) << b4;
-  EXPECT_EQ(s5, 200) << b5;
-  EXPECT_NE(b4.find("\"index\":3"), std::string::npos);
-  EXPECT_NE(b5.find("\"index\":1"), std::string::npos);
+  const testing::RawHttpResponse r4 = c.read();
+  const testing::RawHttpResponse r5 = c.read();
+  EXPECT_EQ(r4.status, 200) << r4.body;
+  EXPECT_EQ(r5.status, 200) << r5.body;
+  EXPECT_NE(r4.body.find("\"index\":3"), std::string::npos);
+  EXPECT_NE(r5.body.find("\"index\":1"), std::string::npos);
   EXPECT_EQ(metric(ivyMetrics(), "ivy_http_client_disconnects_total{"), gone0);
 }
 
 // The same for generation: a non-streaming /v1/completions of 2000 tokens on the tiny random
 // gpt-oss (ignore_eos, so only max_tokens ends it) is cancelled in tulip when its client leaves.
-class GenerateDisconnectTest : public ::testing::Test {
+class GenerateDisconnectTest : public MeshTest {
  protected:
   static void SetUpTestSuite() {
     dir_ = new testing::TempDir();
@@ -315,95 +285,24 @@ class GenerateDisconnectTest : public ::testing::Test {
                            dir_->path() + "/mkmodel.log"),
               0)
         << "rose-mkmodel --kind gpt-oss failed (is " << tok << " there?)";
-    tulip_port_ = testing::freePort();
-    tulip_metrics_ = testing::freePort();
-    ivy_port_ = testing::freePort();
-    tulip_ = new testing::Process(
-        {testing::binary("services/tulip/tulip"),
-         "--host",
-         "127.0.0.1",
-         "--port",
-         std::to_string(tulip_port_),
-         "--metrics-port",
-         std::to_string(tulip_metrics_),
-         "--model",
-         model,
-         "--device",
-         "cpu",
-         "--rose-bin",
-         testing::binary("services/rose/rose"),
-         "--rose-threads",
-         "1",
-         "--shm-name",
-         "/garden-discg-" + std::to_string(getpid()) + "-" + std::to_string(tulip_port_),
-         "--served-model-name",
-         "gpt-oss-tiny",
-         "--heartbeat-timeout-ms",
-         "10000"},
-        dir_->path() + "/tulip.log");
-    ivy_ = new testing::Process(
-        {testing::binary("services/ivy/ivy"), "--host", "127.0.0.1", "--port",
-         std::to_string(ivy_port_), "--tulip", "127.0.0.1:" + std::to_string(tulip_port_),
-         "--tokenizer", tok, "--threads", "2"},
-        dir_->path() + "/ivy.log");
-    ASSERT_TRUE(testing::waitForHttp(ivy_port_, "/ready", 200, 240s))
-        << "chat mesh not ready\n--- tulip ---\n"
-        << tulip_->log() << "\n--- ivy ---\n"
-        << ivy_->log();
+    startMesh(model, "/garden-discg-", "gpt-oss-tiny", {"--device", "cpu"}, {"--tokenizer", tok},
+              240s);
   }
-  static void TearDownTestSuite() {
-    delete ivy_;
-    delete tulip_;
-    delete dir_;
-  }
-  void SetUp() override {
-    if (ivy_ == nullptr || !ivy_->alive()) GTEST_FAIL() << "the chat mesh did not start";
-  }
-  static std::string logs() {
-    return "--- tulip ---\n" + tulip_->log() + "\n--- ivy ---\n" + ivy_->log();
-  }
-
-  static testing::TempDir* dir_;
-  static int tulip_port_, tulip_metrics_, ivy_port_;
-  static testing::Process* tulip_;
-  static testing::Process* ivy_;
 };
 
-testing::TempDir* GenerateDisconnectTest::dir_ = nullptr;
-int GenerateDisconnectTest::tulip_port_ = 0;
-int GenerateDisconnectTest::tulip_metrics_ = 0;
-int GenerateDisconnectTest::ivy_port_ = 0;
-testing::Process* GenerateDisconnectTest::tulip_ = nullptr;
-testing::Process* GenerateDisconnectTest::ivy_ = nullptr;
-
 TEST_F(GenerateDisconnectTest, ClosedConnectionCancelsNonStreamingGeneration) {
-  auto tulipMetrics = [] { return testing::http(tulip_metrics_, "GET", "/metrics").body; };
-  auto ivyMetrics = [] { return testing::http(ivy_port_, "GET", "/metrics").body; };
-  {
-    Conn c(ivy_port_);
-    ASSERT_TRUE(c.connected());
-    ASSERT_TRUE(c.send(post("/v1/completions", R"({"model":"gpt-oss-tiny","prompt":"Once upon",)"
-                                               R"("max_tokens":2000,"ignore_eos":true})")));
-    // tulip is generating it.
-    ASSERT_TRUE(eventually(60s, [&] {
-      return metric(tulipMetrics(), "tulip_generated_tokens_total ") >= 3;
-    })) << logs();
-    c.closeNow();
-  }
-  ASSERT_TRUE(eventually(
-      30s,
-      [&] {
-        return metric(ivyMetrics(),
-                      R"(ivy_http_client_disconnects_total{route="/v1/completions"})") == 1;
-      }))
-      << ivyMetrics() << logs();
+  // Closed once tulip is generating it.
+  ASSERT_NO_FATAL_FAILURE(
+      hangUpWhen(post("/v1/completions", R"({"model":"gpt-oss-tiny","prompt":"Once upon",)"
+                                         R"("max_tokens":2000,"ignore_eos":true})"),
+                 [] { return metric(tulipMetrics(), "tulip_generated_tokens_total ") >= 3; }));
+  ASSERT_TRUE(disconnectCounted("/v1/completions")) << ivyMetrics() << logs();
   std::string t;
-  ASSERT_TRUE(eventually(
-      30s,
-      [&] {
-        t = tulipMetrics();
-        return metric(t, R"(tulip_requests_total{method="Generate",code="CANCELLED"})") == 1 &&
-               metric(t, "tulip_llm_running_sequences ") == 0;
+  ASSERT_TRUE(tulipSettles(
+      &t,
+      [](const std::string& page) {
+        return metric(page, R"(tulip_requests_total{method="Generate",code="CANCELLED"})") == 1 &&
+               metric(page, "tulip_llm_running_sequences ") == 0;
       }))
       << t << logs();
   const double tokens = metric(t, "tulip_generated_tokens_total ");
@@ -418,9 +317,9 @@ TEST_F(GenerateDisconnectTest, ClosedConnectionCancelsNonStreamingGeneration) {
   ASSERT_TRUE(next.connected());
   ASSERT_TRUE(next.send(post("/v1/completions", R"({"model":"gpt-oss-tiny","prompt":"Hi",)"
                                                 R"("max_tokens":3,"ignore_eos":true})")));
-  auto [status, body] = next.read();
-  EXPECT_EQ(status, 200) << body;
-  EXPECT_NE(body.find(R"("completion_tokens":3)"), std::string::npos) << body;
+  const testing::RawHttpResponse r = next.read();
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_NE(r.body.find(R"("completion_tokens":3)"), std::string::npos) << r.body;
 }
 
 }  // namespace

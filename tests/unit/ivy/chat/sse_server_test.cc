@@ -1,18 +1,14 @@
 // Streamed responses over the real Beast server (chunked transfer + SSE framing on the wire,
 // keep-alive after a stream, client disconnect cancelling generation), driven by raw sockets.
 
-#include <arpa/inet.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <sys/time.h>
-#include <unistd.h>
 
 #include <cstdlib>
 #include <thread>
 
 #include "services/ivy/http/server.h"
+#include "tests/support/raw_http_conn.h"
 #include "tests/unit/ivy/chat/chat_harness.h"
 
 namespace garden::ivy::testing {
@@ -20,97 +16,47 @@ namespace {
 
 using ::testing::HasSubstr;
 
-class Conn {
+// The shared raw client (10 s receive timeout) plus what these tests add: a POST shorthand and
+// readers for a chunked body and for a Content-Length body after readHead().
+class Conn : public garden::testing::RawHttpConn {
  public:
-  explicit Conn(uint16_t port) {
-    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    timeval tv{10, 0};
-    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(port);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    connected_ = ::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
-  }
-  ~Conn() { closeNow(); }
-  bool connected() const { return connected_; }
-  void closeNow() {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-  void send(std::string_view d) {
-    while (!d.empty()) {
-      ssize_t n = ::send(fd_, d.data(), d.size(), MSG_NOSIGNAL);
-      if (n <= 0) return;
-      d.remove_prefix(static_cast<size_t>(n));
-    }
-  }
+  explicit Conn(int port) : RawHttpConn(port, 10) {}
   void post(const std::string& path, const std::string& body) {
     send("POST " + path + " HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" +
          "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body);
   }
-  bool fill() {
-    char tmp[4096];
-    ssize_t n = ::recv(fd_, tmp, sizeof tmp, 0);
-    if (n <= 0) return false;
-    buf_.append(tmp, static_cast<size_t>(n));
-    return true;
-  }
-  // Reads until `s` is in the buffer.
-  bool readUntil(std::string_view s) {
-    while (buf_.find(s) == std::string::npos) {
-      if (!fill()) return false;
-    }
-    return true;
-  }
-  // The head (status line + headers) of the next response.
-  std::string readHead() {
-    if (!readUntil("\r\n\r\n")) return "";
-    size_t end = buf_.find("\r\n\r\n");
-    std::string head = buf_.substr(0, end + 4);
-    buf_.erase(0, end + 4);
-    return head;
-  }
   // A chunked body, de-chunked; `raw` gets the bytes as sent. Checks the framing strictly.
   std::string readChunked(std::string* raw) {
+    std::string& buf = buffer();
     std::string body;
     while (true) {
       if (!readUntil("\r\n")) {
         ADD_FAILURE() << "connection closed inside the chunked body";
         return body;
       }
-      size_t eol = buf_.find("\r\n");
-      std::string size_line = buf_.substr(0, eol);
+      size_t eol = buf.find("\r\n");
+      std::string size_line = buf.substr(0, eol);
       size_t size = std::strtoul(size_line.c_str(), nullptr, 16);
-      while (buf_.size() < eol + 2 + size + 2) {
+      while (buf.size() < eol + 2 + size + 2) {
         if (!fill()) {
           ADD_FAILURE() << "truncated chunk";
           return body;
         }
       }
-      raw->append(buf_, 0, eol + 2 + size + 2);
-      EXPECT_EQ(buf_.substr(eol + 2 + size, 2), "\r\n");
-      body.append(buf_, eol + 2, size);
-      buf_.erase(0, eol + 2 + size + 2);
+      raw->append(buf, 0, eol + 2 + size + 2);
+      EXPECT_EQ(buf.substr(eol + 2 + size, 2), "\r\n");
+      body.append(buf, eol + 2, size);
+      buf.erase(0, eol + 2 + size + 2);
       if (size == 0) return body;
     }
   }
+  // The Content-Length body that follows `head` ("" when the connection ended first).
   std::string readContentLength(const std::string& head) {
-    size_t p = head.find("Content-Length: ");
-    if (p == std::string::npos) p = head.find("content-length: ");
-    size_t n = std::strtoul(head.c_str() + p + 16, nullptr, 10);
-    while (buf_.size() < n) {
-      if (!fill()) break;
-    }
-    std::string body = buf_.substr(0, n);
-    buf_.erase(0, n);
+    const std::string len = garden::testing::parseRawHttpHead(head).header("content-length");
+    std::string body;
+    readBytes(std::strtoul(len.c_str(), nullptr, 10), &body);
     return body;
   }
-
- private:
-  int fd_ = -1;
-  bool connected_ = false;
-  std::string buf_;
 };
 
 class SseServerTest : public ::testing::Test {
@@ -124,6 +70,13 @@ class SseServerTest : public ::testing::Test {
     ASSERT_TRUE(server_->start().isOk());
   }
   void TearDown() override { server_->stop(); }
+  // The fake answers 2000 tokens 'a', 5 ms apart: 10 s unless cancelled.
+  void scriptLongAnswer() {
+    std::vector<int32_t> script = h_.ids("<|channel|>final<|message|>");
+    for (int i = 0; i < 2000; ++i) script.push_back('a');
+    h_.client().setScript(script);
+    h_.client().setChunkDelay(std::chrono::milliseconds(5));
+  }
 
   ChatHarness h_;
   std::unique_ptr<HttpServer> server_;
@@ -160,10 +113,7 @@ TEST_F(SseServerTest, ChunkedSseOnTheWireThenKeepAlive) {
 }
 
 TEST_F(SseServerTest, ClientDisconnectCancelsGeneration) {
-  std::vector<int32_t> script = h_.ids("<|channel|>final<|message|>");
-  for (int i = 0; i < 2000; ++i) script.push_back('a');
-  h_.client().setScript(script);
-  h_.client().setChunkDelay(std::chrono::milliseconds(5));
+  scriptLongAnswer();
   Conn c(server_->port());
   ASSERT_TRUE(c.connected());
   c.post("/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"stream":true})");
@@ -184,10 +134,7 @@ TEST_F(SseServerTest, ClientDisconnectCancelsNonStreamingGeneration) {
     }
     return h_.client().calls().size() >= n;
   };
-  std::vector<int32_t> script = h_.ids("<|channel|>final<|message|>");
-  for (int i = 0; i < 2000; ++i) script.push_back('a');
-  h_.client().setScript(script);
-  h_.client().setChunkDelay(std::chrono::milliseconds(5));
+  scriptLongAnswer();
   {
     Conn c(server_->port());
     ASSERT_TRUE(c.connected());

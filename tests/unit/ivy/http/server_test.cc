@@ -3,19 +3,12 @@
 
 #include "services/ivy/http/server.h"
 
-#include <arpa/inet.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <simdjson.h>
-#include <sys/socket.h>
-#include <sys/time.h>
-#include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
-#include <map>
 #include <mutex>
 #include <thread>
 
@@ -23,6 +16,7 @@
 #include "common/logging.h"
 #include "services/ivy/http/service.h"
 #include "tests/fakes/ivy/fake_tulip_client.h"
+#include "tests/support/raw_http_conn.h"
 
 namespace garden::ivy {
 namespace {
@@ -30,98 +24,12 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
-struct Response {
-  int status = -1;                             // -1: connection closed before a response
-  std::map<std::string, std::string> headers;  // lower-case names
-  std::string body;
-  std::string header(const std::string& k) const {
-    auto it = headers.find(k);
-    return it == headers.end() ? "" : it->second;
-  }
-};
+using Response = garden::testing::RawHttpResponse;  // status 0: closed before a response
 
 // A blocking HTTP/1.1 client on one TCP connection (5 s receive timeout so nothing hangs).
-class Conn {
+class Conn : public garden::testing::RawHttpConn {
  public:
-  explicit Conn(uint16_t port) {
-    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    timeval tv{5, 0};
-    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(port);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    connected_ = ::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
-  }
-  ~Conn() { closeNow(); }
-  bool connected() const { return connected_; }
-  void closeNow() {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-
-  void send(std::string_view data) {
-    while (!data.empty()) {
-      ssize_t n = ::send(fd_, data.data(), data.size(), MSG_NOSIGNAL);
-      if (n <= 0) return;
-      data.remove_prefix(static_cast<size_t>(n));
-    }
-  }
-
-  // Reads one response (Content-Length framed). Interim 1xx responses are returned as well.
-  Response read() {
-    Response r;
-    size_t end;
-    while ((end = buf_.find("\r\n\r\n")) == std::string::npos) {
-      if (!fill()) return r;
-    }
-    std::string head = buf_.substr(0, end);
-    buf_.erase(0, end + 4);
-    size_t line_end = head.find("\r\n");
-    std::string status_line = head.substr(0, line_end);
-    r.status = std::atoi(status_line.substr(9, 3).c_str());
-    size_t pos = line_end == std::string::npos ? head.size() : line_end + 2;
-    while (pos < head.size()) {
-      size_t e = head.find("\r\n", pos);
-      if (e == std::string::npos) e = head.size();
-      std::string line = head.substr(pos, e - pos);
-      size_t colon = line.find(':');
-      std::string k = line.substr(0, colon);
-      for (char& c : k) c = static_cast<char>(std::tolower(c));
-      std::string v = line.substr(colon + 1);
-      while (!v.empty() && v[0] == ' ') v.erase(0, 1);
-      r.headers[k] = v;
-      pos = e + 2;
-    }
-    size_t len = std::strtoull(r.header("content-length").c_str(), nullptr, 10);
-    while (buf_.size() < len) {
-      if (!fill()) return Response{};
-    }
-    r.body = buf_.substr(0, len);
-    buf_.erase(0, len);
-    return r;
-  }
-
-  // True when the server closed the connection (EOF) with nothing more to read.
-  bool closedByPeer() {
-    if (!buf_.empty()) return false;
-    char c;
-    ssize_t n = ::recv(fd_, &c, 1, 0);
-    return n == 0;
-  }
-
- private:
-  bool fill() {
-    char tmp[65536];
-    ssize_t n = ::recv(fd_, tmp, sizeof tmp, 0);
-    if (n <= 0) return false;
-    buf_.append(tmp, static_cast<size_t>(n));
-    return true;
-  }
-
-  int fd_ = -1;
-  bool connected_ = false;
-  std::string buf_;
+  explicit Conn(int port) : RawHttpConn(port, 5) {}
 };
 
 std::string post(std::string_view path, std::string_view body, std::string_view extra = "") {
