@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""Hugging Face transformers peer baseline for the embedding suites 1-3, on the same GPU in the same
+"""Hugging Face transformers peer baseline for the embedding suites 1-4, on the same GPU in the same
 run as garden, writing the same result schema (garden.bench.result.v1, system "hf_transformers")
 so bench/render/render.py puts both side by side with their ratio.
 
     python3 bench/peer/hf_embed_baseline.py --out DIR [--suites 1,2,3] [--quick]
+    python3 bench/peer/hf_embed_baseline.py --out DIR --suites 4 --tokenizer tokenizer.json
 
 The model is transformers' Qwen3 (AutoModel.from_config) at Qwen3-Embedding-0.6B shape with
 random weights (no network on the GPU host): hidden 1024, 28 layers, 16 heads, 8 kv heads, head
@@ -18,6 +19,11 @@ warm-up, with torch.inference_mode(). Inputs are seeded random ids of exactly th
 so no padding is ever needed (attention_mask all ones). Suite 3's "four concurrent clients" have
 no meaning for a single in-process model: batches of 100 run back to back on one stream, which is
 the most throughput HF gets from one GPU without a server (recorded in "notes").
+Suite 4 (high concurrency, text): ~512-token texts of common English words (calibrated with the
+given tokenizer.json through HF `tokenizers`, as garden's loadgen calibrates against ivy), batch 1,
+1/2/4/8/16 client threads sharing the one in-process model, each request timed on the host from
+tokenization to the embedding on the host — what a thread-per-request HF server would do, without
+its HTTP layer (recorded in "notes").
 Exit status 0, 1 when torch/transformers/CUDA are missing (with a message saying which).
 """
 import argparse
@@ -84,7 +90,7 @@ def host_info():
                 kernel=f"{platform.system()} {platform.release()}", gpu=gpu)
 
 
-def make_result(w, args, host, versions, lat_ms, items, tokens, wall_s, notes):
+def make_result(w, args, host, versions, lat_ms, items, tokens, wall_s, notes, input_kind="tokens"):
     suite_no, suite, name, mode, batch, seq, conc = w[:7]
     return {
         "schema": "garden.bench.result.v1", "workload": name, "suite": suite,
@@ -92,7 +98,7 @@ def make_result(w, args, host, versions, lat_ms, items, tokens, wall_s, notes):
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "git_commit": os.environ.get("GARDEN_COMMIT", "unknown"), "host": host,
         "flags": {k: str(v) for k, v in vars(args).items()} | versions,
-        "config": dict(mode=mode, protocol="in-process", input="tokens", endpoint="", batch=batch,
+        "config": dict(mode=mode, protocol="in-process", input=input_kind, endpoint="", batch=batch,
                        seq_len=seq, concurrency=conc, warmup=args.warmup, count=len(lat_ms),
                        duration_s=0),
         "model": dict(name="Qwen3-Embedding-0.6B-shape (random weights)", kind="embedding",
@@ -111,7 +117,7 @@ def make_result(w, args, host, versions, lat_ms, items, tokens, wall_s, notes):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description="HF transformers peer baseline (suites 1-3)")
+    ap = argparse.ArgumentParser(description="HF transformers peer baseline (suites 1-4)")
     ap.add_argument("--out", required=True, help="results directory (created)")
     ap.add_argument("--suites", default="1,2,3", help="comma-separated suite numbers")
     ap.add_argument("--warmup", type=int, default=10, help="warm-up requests per workload")
@@ -123,7 +129,12 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--attn", default="sdpa", help="attn_implementation")
+    ap.add_argument("--tokenizer", default="", help="suite 4: the model's tokenizer.json")
+    ap.add_argument("--clients", default="1,2,4,8,16", help="suite 4: client threads per level")
     args = ap.parse_args(argv)
+    if "4" in args.suites.split(",") and not args.tokenizer:
+        print("hf_embed_baseline.py: suite 4 needs --tokenizer tokenizer.json", file=sys.stderr)
+        return 2
 
     try:
         import torch
@@ -218,7 +229,79 @@ def main(argv=None):
         print(f"{name}: {len(lat)} requests, p50 {r['latency_ms']['p50']:.3f} ms, p99 "
               f"{r['latency_ms']['p99']:.3f} ms, {r['throughput']['items_per_s']:.1f} items/s",
               file=sys.stderr)
+    if "4" in suites:
+        suite4(args, host, versions, forward, rng)
     return 0
+
+
+WORDS = ("time person year way day thing man world life hand part child eye woman place work week "
+         "case point government company number group problem fact about after again also back "
+         "because before between both come could down even first give good great high into just "
+         "know large last little long make many more most much never new number only other over "
+         "people right same should small some still such take than that their there these think "
+         "through under very want water well what when where which while would write young").split()
+
+
+def suite4(args, host, versions, forward, rng):
+    """Suite 4 against the in-process model: text in, one embedding out, `c` client threads."""
+    import threading
+
+    import torch
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(args.tokenizer)
+    target = 512
+    texts = []
+    for _ in range(16):  # calibrated like the loadgen: within 1 % of the target token count
+        words = [rng.choice(WORDS) for _ in range(target)]
+        n = len(words)
+        while True:
+            t = len(tok.encode(" ".join(words[:n])).ids)
+            if abs(t - target) <= target // 100:
+                break
+            n += 1 if t < target else -1
+            if n > len(words):
+                words.append(rng.choice(WORDS))
+        texts.append(" ".join(words[:n]))
+    secs = args.duration or (1 if args.quick else 8)
+    with torch.inference_mode():
+        for i in range(2 if args.quick else args.warmup):
+            forward(torch.tensor([tok.encode(texts[i % 16]).ids], dtype=torch.long), "embed")
+    for c in [int(x) for x in args.clients.split(",")]:
+        lat = []
+        lock = threading.Lock()
+        stop = time.perf_counter() + secs
+
+        def client(k):
+            mine = []
+            with torch.inference_mode():
+                i = k
+                while time.perf_counter() < stop:
+                    t1 = time.perf_counter()
+                    ids = tok.encode(texts[i % 16]).ids
+                    forward(torch.tensor([ids], dtype=torch.long), "embed")
+                    mine.append((time.perf_counter() - t1) * 1e3)
+                    i += c
+            with lock:
+                lat.extend(mine)
+
+        start = time.perf_counter()
+        threads = [threading.Thread(target=client, args=(k,)) for k in range(c)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        wall = time.perf_counter() - start
+        w = ("4", "high_concurrency", f"embed_text512_b1_c{c}", "embed", 1, target, c, 0, secs)
+        notes = ("in-process HF transformers + tokenizers; one model shared by client threads "
+                 "(no HTTP layer, no batching across clients); latency on the host from "
+                 "tokenization to the embedding on the host")
+        r = make_result(w, args, host, versions, lat, len(lat), len(lat) * target, wall, notes,
+                        input_kind="text")
+        with open(os.path.join(args.out, f"embed_text512_b1_c{c}.json"), "w") as f:
+            json.dump(r, f, indent=1)
+        print(f"embed_text512_b1_c{c}: {len(lat)} requests, p50 {r['latency_ms']['p50']:.3f} ms, "
+              f"{r['throughput']['items_per_s']:.1f} emb/s", file=sys.stderr)
 
 
 if __name__ == "__main__":
