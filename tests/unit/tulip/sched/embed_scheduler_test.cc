@@ -337,31 +337,31 @@ TEST(EmbedScheduler, IncompatibleKindsGoInSeparateBatches) {
   EXPECT_EQ(score->values, (std::vector<float>{3.0f, 4.0f}));
 }
 
-TEST(EmbedScheduler, ManyConcurrentSubmittersAllComplete) {
-  FakeWorker w(3, 2);
-  SchedulerOptions o;
-  o.max_batch_tokens = 64;
-  EmbedScheduler s(w, o);
-  w.setOnChange([&] { s.poke(); });
+// `threads` submitter threads, `per` requests each, while a completer thread answers the fake
+// worker's batches (and records the most batches it ever held). `inputs(t, i)` makes request i of
+// thread t; `check(t, i, job)` judges a successful result. Returns the requests judged correct.
+template <typename Inputs, typename Check>
+int runConcurrentSubmitters(EmbedScheduler& s, FakeWorker& w, int threads, int per, Inputs inputs,
+                            Check check, size_t* most_held = nullptr) {
   std::atomic<bool> run{true};
+  std::atomic<size_t> held_max{0};
   std::thread completer([&] {
     while (run) {
-      if (!w.completeNext()) std::this_thread::sleep_for(100us);
+      const size_t held = w.heldCount();
+      if (held > held_max) held_max = held;
+      if (!w.completeNext()) std::this_thread::sleep_for(50us);
     }
   });
-  constexpr int kThreads = 4, kPer = 50;
   std::atomic<int> ok{0};
   std::vector<std::thread> ts;
-  for (int t = 0; t < kThreads; ++t) {
+  for (int t = 0; t < threads; ++t) {
     ts.emplace_back([&, t] {
-      for (int i = 0; i < kPer; ++i) {
+      for (int i = 0; i < per; ++i) {
         Outcome o;
-        auto j = makeJob({seq(1 + (i % 7), t), seq(3, i)}, o);
+        auto j = makeJob(inputs(t, i), o);
         if (!s.submit(j).isOk()) continue;
-        if (o.f.wait_for(5s) == std::future_status::ready && o.f.get().isOk()) {
-          float expect0 = 0;
-          for (int k = 0; k < 1 + (i % 7); ++k) expect0 += t + k;
-          if (j->values[0] == expect0) ok++;
+        if (o.f.wait_for(5s) == std::future_status::ready && o.f.get().isOk() && check(t, i, *j)) {
+          ok++;
         }
       }
     });
@@ -369,7 +369,28 @@ TEST(EmbedScheduler, ManyConcurrentSubmittersAllComplete) {
   for (auto& t : ts) t.join();
   run = false;
   completer.join();
-  EXPECT_EQ(ok.load(), kThreads * kPer);
+  if (most_held != nullptr) *most_held = held_max;
+  return ok.load();
+}
+
+TEST(EmbedScheduler, ManyConcurrentSubmittersAllComplete) {
+  FakeWorker w(3, 2);
+  SchedulerOptions o;
+  o.max_batch_tokens = 64;
+  EmbedScheduler s(w, o);
+  w.setOnChange([&] { s.poke(); });
+  constexpr int kThreads = 4, kPer = 50;
+  const int ok = runConcurrentSubmitters(
+      s, w, kThreads, kPer,
+      [](int t, int i) {
+        return std::vector<std::vector<int32_t>>{seq(1 + (i % 7), t), seq(3, i)};
+      },
+      [](int t, int i, const EmbedJob& j) {
+        float expect0 = 0;
+        for (int k = 0; k < 1 + (i % 7); ++k) expect0 += t + k;
+        return j.values[0] == expect0;
+      });
+  EXPECT_EQ(ok, kThreads * kPer);
 }
 
 // --- batch formation under concurrency [TAG_EMBED_INFLIGHT] -----------------------------------
@@ -545,34 +566,15 @@ TEST(EmbedSchedulerBatching, NeverMoreThanCapInFlightUnderConcurrentLoad) {
   o.max_batch_tokens = 32;
   EmbedScheduler s(w, o);
   w.setOnChange([&] { s.poke(); });
-  std::atomic<bool> run{true};
-  std::atomic<size_t> most_held{0};
-  std::thread completer([&] {
-    while (run) {
-      size_t held = w.heldCount();
-      if (held > most_held) most_held = held;
-      if (!w.completeNext()) std::this_thread::sleep_for(50us);
-    }
-  });
   constexpr int kThreads = 6, kPer = 40;
-  std::atomic<int> ok{0};
-  std::vector<std::thread> ts;
-  for (int t = 0; t < kThreads; ++t) {
-    ts.emplace_back([&, t] {
-      for (int i = 0; i < kPer; ++i) {
-        Outcome out;
-        auto j = makeJob({seq(1 + (i % 5), t)}, out);
-        if (!s.submit(j).isOk()) continue;
-        if (out.f.wait_for(5s) == std::future_status::ready && out.f.get().isOk()) ok++;
-      }
-    });
-  }
-  for (auto& t : ts) t.join();
-  run = false;
-  completer.join();
-  EXPECT_EQ(ok.load(), kThreads * kPer);
+  size_t most_held = 0;
+  const int ok = runConcurrentSubmitters(
+      s, w, kThreads, kPer,
+      [](int t, int i) { return std::vector<std::vector<int32_t>>{seq(1 + (i % 5), t)}; },
+      [](int, int, const EmbedJob&) { return true; }, &most_held);
+  EXPECT_EQ(ok, kThreads * kPer);
   EXPECT_LE(s.maxInflightBatchesSeen(), 2u);
-  EXPECT_LE(most_held.load(), 2u);
+  EXPECT_LE(most_held, 2u);
   EXPECT_EQ(s.inflightBatches(), 0u);
   // Concurrency coalesced: fewer batches than requests.
   EXPECT_LT(w.submitted().size(), static_cast<size_t>(kThreads * kPer));
