@@ -90,7 +90,7 @@ class MeshTest : public ::testing::Test {
  protected:
   // tulip gets the flags every mesh here uses plus `tulip_flags`, ivy likewise plus `ivy_flags`;
   // then waits up to `ready_within` for ivy's /ready.
-  static void startMesh(const std::string& model, const std::string& shm_prefix,
+  static void startMesh(const std::string& model, const std::string& shm_tag,
                         const std::string& served_model_name,
                         const std::vector<std::string>& tulip_flags,
                         const std::vector<std::string>& ivy_flags,
@@ -98,26 +98,10 @@ class MeshTest : public ::testing::Test {
     tulip_port_ = testing::freePort();
     tulip_metrics_ = testing::freePort();
     ivy_port_ = testing::freePort();
-    std::vector<std::string> tulip_argv = {
-        testing::binary("services/tulip/tulip"),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        std::to_string(tulip_port_),
-        "--metrics-port",
-        std::to_string(tulip_metrics_),
-        "--model",
-        model,
-        "--rose-bin",
-        testing::binary("services/rose/rose"),
-        "--rose-threads",
-        "1",
-        "--shm-name",
-        shm_prefix + std::to_string(getpid()) + "-" + std::to_string(tulip_port_),
-        "--served-model-name",
-        served_model_name,
-        "--heartbeat-timeout-ms",
-        "10000"};
+    std::vector<std::string> tulip_argv =
+        testing::tulipArgv(tulip_port_, tulip_metrics_, model, "services/rose/rose", shm_tag);
+    tulip_argv.insert(tulip_argv.end(), {"--rose-threads", "1", "--served-model-name",
+                                         served_model_name, "--heartbeat-timeout-ms", "10000"});
     tulip_argv.insert(tulip_argv.end(), tulip_flags.begin(), tulip_flags.end());
     tulip_ = new testing::Process(std::move(tulip_argv), dir_->path() + "/tulip.log");
     std::vector<std::string> ivy_argv = {testing::binary("services/ivy/ivy"),
@@ -195,7 +179,7 @@ class DisconnectTest : public MeshTest {
                            dir_->path() + "/mkmodel.log"),
               0);
     startMesh(
-        model, "/garden-disc-", "tiny", {"--depth", "1", "--max-batch-seqs", "1"},
+        model, "disc", "tiny", {"--depth", "1", "--max-batch-seqs", "1"},
         {"--model-dir", model, "--request-timeout-ms", "120000", "--split-max-tokens", "4096"},
         90s);
   }
@@ -285,8 +269,7 @@ class GenerateDisconnectTest : public MeshTest {
                            dir_->path() + "/mkmodel.log"),
               0)
         << "rose-mkmodel --kind gpt-oss failed (is " << tok << " there?)";
-    startMesh(model, "/garden-discg-", "gpt-oss-tiny", {"--device", "cpu"}, {"--tokenizer", tok},
-              240s);
+    startMesh(model, "discg", "gpt-oss-tiny", {"--device", "cpu"}, {"--tokenizer", tok}, 240s);
   }
 };
 

@@ -93,34 +93,15 @@ class GenerateRose : public ::testing::Test {
 
   void startTulip(int kv_blocks) {
     port_ = testing::freePort();
-    std::vector<std::string> argv = {
-        testing::binary("services/tulip/tulip"),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        std::to_string(port_),
-        "--metrics-port",
-        std::to_string(metrics_port_ = testing::freePort()),
-        "--model",
-        modelDir(),
-        "--rose-bin",
-        testing::binary("services/rose/rose"),
-        "--shm-name",
-        "/garden-genrose-" + std::to_string(getpid()) + "-" + std::to_string(port_),
-        "--max-batch-tokens",
-        "16",
-        "--max-num-seqs",
-        "4",
-        "--rose-threads",
-        "1",
-        "--rose-arg=--kv-blocks",
-        "--rose-arg=" + std::to_string(kv_blocks),
-        "--rose-arg=--kv-block-size",
-        "--rose-arg=" + std::to_string(kBlock),
-        "--rose-arg=--max-model-len",
-        "--rose-arg=128",
-        "--rose-arg=--max-seqs",
-        "--rose-arg=4"};
+    metrics_port_ = testing::freePort();
+    std::vector<std::string> argv =
+        testing::tulipArgv(port_, metrics_port_, modelDir(), "services/rose/rose", "genrose");
+    argv.insert(
+        argv.end(),
+        {"--max-batch-tokens", "16", "--max-num-seqs", "4", "--rose-threads", "1",
+         "--rose-arg=--kv-blocks", "--rose-arg=" + std::to_string(kv_blocks),
+         "--rose-arg=--kv-block-size", "--rose-arg=" + std::to_string(kBlock),
+         "--rose-arg=--max-model-len", "--rose-arg=128", "--rose-arg=--max-seqs", "--rose-arg=4"});
     tulip_ = std::make_unique<testing::Process>(
         argv, dir_->path() + "/tulip-" + std::to_string(port_) + ".log");
     auto t0 = std::chrono::steady_clock::now();

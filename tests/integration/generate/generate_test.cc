@@ -62,21 +62,9 @@ class Generate : public ::testing::Test {
   void startTulip(std::vector<std::string> rose = {}, std::vector<std::string> extra = {}) {
     port_ = testing::freePort();
     metrics_port_ = testing::freePort();
-    std::vector<std::string> argv = {
-        testing::binary("services/tulip/tulip"),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        std::to_string(port_),
-        "--metrics-port",
-        std::to_string(metrics_port_),
-        "--model",
-        dir_.path(),
-        "--rose-bin",
-        testing::binary("tests/fakes/fake-rose"),
-        "--shm-name",
-        "/garden-gen-" + std::to_string(getpid()) + "-" + std::to_string(port_),
-        "--rose-arg=--llm"};
+    std::vector<std::string> argv =
+        testing::tulipArgv(port_, metrics_port_, dir_.path(), "tests/fakes/fake-rose", "gen");
+    argv.push_back("--rose-arg=--llm");
     for (auto& a : rose) argv.push_back("--rose-arg=" + a);
     argv.insert(argv.end(), extra.begin(), extra.end());
     tulip_ = std::make_unique<testing::Process>(argv, dir_.path() + "/tulip.log");

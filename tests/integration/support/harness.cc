@@ -43,6 +43,23 @@ TempDir::~TempDir() {
   if (!path_.empty() && path_ != "/tmp") fs::remove_all(path_, ec);
 }
 
+std::vector<std::string> tulipArgv(int port, int metrics_port, const std::string& model,
+                                   const std::string& worker_rel, const std::string& shm_tag) {
+  return {binary("services/tulip/tulip"),
+          "--host",
+          "127.0.0.1",
+          "--port",
+          std::to_string(port),
+          "--metrics-port",
+          std::to_string(metrics_port),
+          "--model",
+          model,
+          "--rose-bin",
+          binary(worker_rel),
+          "--shm-name",
+          "/garden-" + shm_tag + "-" + std::to_string(getpid()) + "-" + std::to_string(port)};
+}
+
 int freePort() {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};

@@ -30,6 +30,13 @@ class TempDir {
 // A port that was free a moment ago (bind to 0, read, close).
 int freePort();
 
+// The argv every integration test's tulip starts with: listening on 127.0.0.1:`port`, metrics on
+// `metrics_port`, serving `model` through the worker binary `binary(worker_rel)` (e.g.
+// "services/rose/rose" or "tests/fakes/fake-rose") over the shm name
+// "/garden-<shm_tag>-<pid>-<port>" (unique per process and port). Tests append their own flags.
+std::vector<std::string> tulipArgv(int port, int metrics_port, const std::string& model,
+                                   const std::string& worker_rel, const std::string& shm_tag);
+
 // A child process whose stdout+stderr go to `log_path`. The destructor sends SIGTERM, waits up to
 // 5 s, then SIGKILLs.
 class Process {
@@ -57,7 +64,7 @@ class Process {
 std::vector<pid_t> childrenOf(pid_t pid);
 
 struct HttpResponse {
-  int status = 0;  // 0 = connection failed
+  int status = 0;                              // 0 = connection failed
   std::map<std::string, std::string> headers;  // lower-cased names
   std::string body;
 };

@@ -27,26 +27,11 @@ class TulipBatching : public ::testing::Test {
   void startTulip(const std::string& max_inflight) {
     port_ = testing::freePort();
     metrics_port_ = testing::freePort();
-    std::vector<std::string> argv = {
-        testing::binary("services/tulip/tulip"),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        std::to_string(port_),
-        "--metrics-port",
-        std::to_string(metrics_port_),
-        "--model",
-        dir_.path(),
-        "--rose-bin",
-        testing::binary("tests/fakes/fake-rose"),
-        "--shm-name",
-        "/garden-tb-" + std::to_string(getpid()) + "-" + std::to_string(port_),
-        "--rose-arg=--step-us",
-        "--rose-arg=400000",  // 400 ms per batch, whatever its size
-        "--max-inflight-batches",
-        max_inflight,
-        "--log-level",
-        "warn"};
+    std::vector<std::string> argv =
+        testing::tulipArgv(port_, metrics_port_, dir_.path(), "tests/fakes/fake-rose", "tb");
+    argv.insert(argv.end(), {"--rose-arg=--step-us",
+                             "--rose-arg=400000",  // 400 ms per batch, whatever its size
+                             "--max-inflight-batches", max_inflight, "--log-level", "warn"});
     tulip_ = std::make_unique<testing::Process>(argv, dir_.path() + "/tulip.log");
     channel_ = grpc::CreateChannel("127.0.0.1:" + std::to_string(port_),
                                    grpc::InsecureChannelCredentials());
