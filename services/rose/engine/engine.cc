@@ -11,12 +11,6 @@
 namespace garden::rose {
 namespace {
 
-void copyMessage(char (&dst)[160], const std::string& msg) {
-  const size_t n = std::min(msg.size(), sizeof(dst) - 1);
-  std::memcpy(dst, msg.data(), n);
-  dst[n] = '\0';
-}
-
 // a + b <= limit without overflow.
 bool fits(uint64_t offset, uint64_t bytes, uint64_t limit) {
   return offset <= limit && bytes <= limit - offset;
@@ -56,7 +50,28 @@ Result<std::unique_ptr<Engine>> Engine::create(shm::Channel& channel, Backend& b
   auto all = channel.outputArenaAll();
   RETURN_IF_ERROR(backend.registerHostMemory(all.data(), all.size()));
   e->registered_ = true;
-  e->completion_thread_ = std::thread([p = e.get()] { p->completionLoop(); });
+  static auto& batches = metrics::Registry::global().counter(
+      "rose_batches_total", "Batches answered by rose, by outcome", {"outcome"});
+  static auto& batches_ok = batches.labels({"OK"});
+  static auto& step_seconds =
+      metrics::Registry::global()
+          .histogram("rose_step_seconds", "Batch taken until its result was published")
+          .get();
+  Engine* self = e.get();
+  e->queue_.start({[self](uint32_t slot) { return self->slots_[slot]->event->wait(); },
+                   [self](uint32_t slot) { self->slots_[slot]->busy.store(false); },
+                   [](const PendingCompletion& p) {
+                     if (p.completion.status_code == 0) {
+                       batches_ok.inc();
+                     } else {
+                       batches
+                           .labels({std::string(
+                               statusCodeName(static_cast<StatusCode>(p.completion.status_code)))})
+                           .inc();
+                     }
+                     if (p.launched) step_seconds.observe(p.completion.step_us / 1e6);
+                   },
+                   "forward pass failed"});
   return e;
 }
 
@@ -141,13 +156,6 @@ Status Engine::admit(const shm::BatchDesc& d, uint32_t* rows, uint32_t* cols) {
 
 void Engine::reject(const shm::BatchDesc& d, const Status& st,
                     std::chrono::steady_clock::time_point t) {
-  Pending p;
-  p.completion.batch_id = d.batch_id;
-  p.completion.slot = d.slot;
-  p.completion.status_code = static_cast<int32_t>(st.code());
-  copyMessage(p.completion.message, st.message());
-  p.taken = t;
-  p.completion.taken_ns = shm::monotonicNowNs();
   rejected_.fetch_add(1);
   log::warn(
       "batch rejected",
@@ -155,7 +163,7 @@ void Engine::reject(const shm::BatchDesc& d, const Status& st,
        {"slot", d.slot},
        {"request_id", std::string_view(d.request_id, strnlen(d.request_id, sizeof(d.request_id)))},
        {"error", st}});
-  push(std::move(p));
+  queue_.push(rejectedCompletion(d, st, t));
 }
 
 bool Engine::step(std::chrono::microseconds wait) {
@@ -222,7 +230,7 @@ bool Engine::step(std::chrono::microseconds wait) {
   } else {
     backend_.launch([this, in, req, out] { model_.enqueueScore(in, req, out); });
   }
-  Pending p;
+  PendingCompletion p;
   p.launched = true;
   p.taken = taken;
   p.completion.taken_ns = taken_ns;
@@ -238,113 +246,30 @@ bool Engine::step(std::chrono::microseconds wait) {
     p.completion.status_code = static_cast<int32_t>(graph_status.code());
     p.completion.rows = p.completion.cols = 0;
     p.completion.output_bytes = 0;
-    copyMessage(p.completion.message, graph_status.message());
+    copyCompletionMessage(p.completion.message, graph_status.message());
     log::error("graph run failed", {{"batch_id", d.batch_id}, {"error", graph_status}});
   } else if (Status st = backend_.recordEvent(*slot.event); !st.isOk()) {
     // Cannot track this batch: wait for it here (rare, backend failure) and report the error.
     (void)backend_.synchronize();
     p.completion.status_code = static_cast<int32_t>(st.code());
-    copyMessage(p.completion.message, st.message());
+    copyCompletionMessage(p.completion.message, st.message());
   }
   p.completion.launched_ns = shm::monotonicNowNs();
   // One line per batch with the id of its first request [TAG_REQUEST_ID_LOGS], the id ivy and
   // tulip log for that request. Debug level: a busy GPU runs thousands of batches a second.
-  log::debug("batch",
-             {{"batch_id", d.batch_id},
-              {"request_id",
-               std::string_view(d.request_id, strnlen(d.request_id, sizeof(d.request_id)))},
-              {"kind", d.kind == shm::BatchKind::kEmbed ? "embed" : "score"},
-              {"seqs", d.num_seqs},
-              {"tokens", d.num_tokens}});
+  log::debug(
+      "batch",
+      {{"batch_id", d.batch_id},
+       {"request_id", std::string_view(d.request_id, strnlen(d.request_id, sizeof(d.request_id)))},
+       {"kind", d.kind == shm::BatchKind::kEmbed ? "embed" : "score"},
+       {"seqs", d.num_seqs},
+       {"tokens", d.num_tokens}});
   run_.fetch_add(1);
-  push(std::move(p));
+  queue_.push(std::move(p));
   return true;
 }
 
-void Engine::push(Pending p) {
-  in_flight_.fetch_add(1);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    pending_.push_back(std::move(p));
-  }
-  cv_.notify_all();
-}
-
-void Engine::completionLoop() {
-  static auto& batches = metrics::Registry::global().counter(
-      "rose_batches_total", "Batches answered by rose, by outcome", {"outcome"});
-  static auto& batches_ok = batches.labels({"OK"});
-  static auto& step_seconds =
-      metrics::Registry::global()
-          .histogram("rose_step_seconds", "Batch taken until its result was published")
-          .get();
-  for (;;) {
-    Pending p;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stop_completions_ || !pending_.empty(); });
-      if (pending_.empty()) return;  // stopping and drained
-      p = pending_.front();
-    }
-    if (p.launched && p.completion.status_code == 0) {
-      Status st = slots_[p.completion.slot]->event->wait();
-      if (!st.isOk()) {
-        p.completion.status_code = static_cast<int32_t>(st.code());
-        p.completion.rows = p.completion.cols = 0;
-        p.completion.output_bytes = 0;
-        copyMessage(p.completion.message, st.message());
-        log::error("forward pass failed", {{"batch_id", p.completion.batch_id}, {"error", st}});
-      }
-    }
-    p.completion.ready_ns = shm::monotonicNowNs();
-    p.completion.step_us =
-        static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
-                                  std::chrono::steady_clock::now() - p.taken)
-                                  .count());
-    if (p.launched) slots_[p.completion.slot]->busy.store(false);
-    // Publish first, account after: the caller is waiting on this entry.
-    // The ring has a slot per pipeline slot, so it has room unless tulip stopped consuming;
-    // retry then (until stopping) rather than drop an answer.
-    p.completion.published_ns = shm::monotonicNowNs();
-    while (!channel_.tryComplete(p.completion)) {
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (stop_completions_) break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    if (p.completion.status_code == 0) {
-      batches_ok.inc();
-    } else {
-      batches
-          .labels({std::string(statusCodeName(static_cast<StatusCode>(p.completion.status_code)))})
-          .inc();
-    }
-    if (p.launched) step_seconds.observe(p.completion.step_us / 1e6);
-    published_.fetch_add(1);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      pending_.pop_front();
-    }
-    in_flight_.fetch_sub(1);
-    cv_.notify_all();
-  }
-}
-
-bool Engine::drain(std::chrono::milliseconds timeout) {
-  bool ok;
-  {
-    std::unique_lock<std::mutex> lock(mu_);
-    ok = cv_.wait_for(lock, timeout, [&] { return pending_.empty(); });
-    stop_completions_ = true;
-  }
-  cv_.notify_all();
-  if (completion_thread_.joinable()) {
-    if (!ok) (void)backend_.synchronize();  // let the completion thread finish its wait
-    completion_thread_.join();
-  }
-  return ok;
-}
+bool Engine::drain(std::chrono::milliseconds timeout) { return queue_.drain(timeout); }
 
 void Engine::run(const std::function<bool()>& should_stop) {
   while (!should_stop()) step(opts_.poll);
@@ -354,7 +279,7 @@ void Engine::run(const std::function<bool()>& should_stop) {
 }
 
 EngineStats Engine::stats() const {
-  EngineStats st{run_.load(), rejected_.load(), published_.load()};
+  EngineStats st{run_.load(), rejected_.load(), queue_.published()};
   st.graphs = graphs_ != nullptr;
   if (graphs_ != nullptr) st.graph = graphs_->graphStats();
   return st;

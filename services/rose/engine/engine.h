@@ -17,19 +17,16 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
 #include "common/shm/channel.h"
 #include "common/status.h"
+#include "services/rose/engine/completion_queue.h"
 #include "services/rose/model/qwen3.h"
 #include "services/rose/ops/backend.h"
 
@@ -81,7 +78,7 @@ class Engine {
 
   // The graph counters are the step thread's: read them there, or after run() returned.
   EngineStats stats() const;
-  uint32_t inFlight() const { return in_flight_.load(); }
+  uint32_t inFlight() const { return queue_.inFlight(); }
 
  private:
   struct Slot {
@@ -90,19 +87,11 @@ class Engine {
     std::vector<int32_t> seqlens;  // staging, max_batch_tokens
     std::atomic<bool> busy{false};
   };
-  struct Pending {
-    shm::Completion completion;  // filled except step_us (and status when run)
-    bool launched = false;
-    std::chrono::steady_clock::time_point taken;
-  };
-
   Engine(shm::Channel& c, Backend& b, Qwen3Model& m, const EngineOptions& o)
-      : channel_(c), backend_(b), model_(m), opts_(o) {}
+      : channel_(c), backend_(b), model_(m), opts_(o), queue_(c, b) {}
   // Validates `d`, fills the slot staging, returns the output shape.
   Status admit(const shm::BatchDesc& d, uint32_t* rows, uint32_t* cols);
   void reject(const shm::BatchDesc& d, const Status& st, std::chrono::steady_clock::time_point t);
-  void push(Pending p);
-  void completionLoop();
 
   shm::Channel& channel_;
   Backend& backend_;
@@ -112,13 +101,8 @@ class Engine {
   bool registered_ = false;          // the output arena is registered with the backend
   std::vector<std::unique_ptr<Slot>> slots_;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Pending> pending_;
-  bool stop_completions_ = false;
-  std::thread completion_thread_;
-  std::atomic<uint32_t> in_flight_{0};
-  std::atomic<uint64_t> run_{0}, rejected_{0}, published_{0};
+  CompletionQueue queue_;  // answers taken batches in order on its own thread
+  std::atomic<uint64_t> run_{0}, rejected_{0};
 };
 
 }  // namespace garden::rose

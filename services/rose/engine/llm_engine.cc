@@ -17,12 +17,6 @@ namespace {
 
 using simdjson::dom::element;
 
-void copyMessage(char (&dst)[160], const std::string& msg) {
-  const size_t n = std::min(msg.size(), sizeof(dst) - 1);
-  std::memcpy(dst, msg.data(), n);
-  dst[n] = '\0';
-}
-
 // offset + bytes <= limit without overflow.
 bool fits(uint64_t offset, uint64_t bytes, uint64_t limit) {
   return offset <= limit && bytes <= limit - offset;
@@ -147,7 +141,23 @@ Result<std::unique_ptr<LlmEngine>> LlmEngine::create(shm::Channel& channel, Back
   // Sampled ids are copied straight into the output arena: let the backend pin it.
   auto all = channel.outputArenaAll();
   RETURN_IF_ERROR(backend.registerHostMemory(all.data(), all.size()));
-  e->completion_thread_ = std::thread([p = e.get()] { p->completionLoop(); });
+  static auto& steps = metrics::Registry::global().counter(
+      "rose_llm_steps_total", "LLM steps answered by rose, by outcome", {"outcome"});
+  static auto& step_seconds =
+      metrics::Registry::global()
+          .histogram("rose_llm_step_seconds", "LLM step taken until its sampled ids were published")
+          .get();
+  LlmEngine* self = e.get();
+  e->queue_.start({[self](uint32_t slot) { return self->slots_[slot]->event->wait(); },
+                   [self](uint32_t slot) { self->slots_[slot]->busy.store(false); },
+                   [](const PendingCompletion& p) {
+                     steps
+                         .labels({std::string(
+                             statusCodeName(static_cast<StatusCode>(p.completion.status_code)))})
+                         .inc();
+                     if (p.launched) step_seconds.observe(p.completion.step_us / 1e6);
+                   },
+                   "llm step failed"});
   return e;
 }
 
@@ -258,12 +268,6 @@ Status LlmEngine::admit(const shm::BatchDesc& d, uint32_t* rows) {
 
 void LlmEngine::reject(const shm::BatchDesc& d, const Status& st,
                        std::chrono::steady_clock::time_point t) {
-  Pending p;
-  p.completion.batch_id = d.batch_id;
-  p.completion.slot = d.slot;
-  p.completion.status_code = static_cast<int32_t>(st.code());
-  copyMessage(p.completion.message, st.message());
-  p.taken = t;
   rejected_.fetch_add(1);
   log::warn(
       "llm step rejected",
@@ -271,7 +275,7 @@ void LlmEngine::reject(const shm::BatchDesc& d, const Status& st,
        {"slot", d.slot},
        {"request_id", std::string_view(d.request_id, strnlen(d.request_id, sizeof(d.request_id)))},
        {"error", st}});
-  push(std::move(p));
+  queue_.push(rejectedCompletion(d, st, t));
 }
 
 bool LlmEngine::step(std::chrono::microseconds wait) {
@@ -314,7 +318,7 @@ bool LlmEngine::step(std::chrono::microseconds wait) {
                      std::span<const int32_t>(slot.blocks.get(), d.num_blocks)};
   PagedKvCache* kv = kv_.get();
   backend_.launch([this, step, kv, out] { model_.enqueueStep(step, *kv, nullptr, out); });
-  Pending p;
+  PendingCompletion p;
   p.launched = true;
   p.taken = taken;
   p.completion.batch_id = d.batch_id;
@@ -327,7 +331,7 @@ bool LlmEngine::step(std::chrono::microseconds wait) {
     // Cannot track this step: wait for it here (rare, backend failure) and report the error.
     (void)backend_.synchronize();
     p.completion.status_code = static_cast<int32_t>(st.code());
-    copyMessage(p.completion.message, st.message());
+    copyCompletionMessage(p.completion.message, st.message());
   }
   {
     static auto& tokens = metrics::Registry::global()
@@ -337,85 +341,11 @@ bool LlmEngine::step(std::chrono::microseconds wait) {
     tokens.inc(static_cast<double>(d.num_tokens));
   }
   run_.fetch_add(1);
-  push(std::move(p));
+  queue_.push(std::move(p));
   return true;
 }
 
-void LlmEngine::push(Pending p) {
-  in_flight_.fetch_add(1);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    pending_.push_back(std::move(p));
-  }
-  cv_.notify_all();
-}
-
-void LlmEngine::completionLoop() {
-  static auto& steps = metrics::Registry::global().counter(
-      "rose_llm_steps_total", "LLM steps answered by rose, by outcome", {"outcome"});
-  static auto& step_seconds =
-      metrics::Registry::global()
-          .histogram("rose_llm_step_seconds", "LLM step taken until its sampled ids were published")
-          .get();
-  for (;;) {
-    Pending p;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stop_completions_ || !pending_.empty(); });
-      if (pending_.empty()) return;  // stopping and drained
-      p = pending_.front();
-    }
-    if (p.launched && p.completion.status_code == 0) {
-      Status st = slots_[p.completion.slot]->event->wait();
-      if (!st.isOk()) {
-        p.completion.status_code = static_cast<int32_t>(st.code());
-        p.completion.rows = p.completion.cols = 0;
-        p.completion.output_bytes = 0;
-        copyMessage(p.completion.message, st.message());
-        log::error("llm step failed", {{"batch_id", p.completion.batch_id}, {"error", st}});
-      }
-    }
-    p.completion.step_us =
-        static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
-                                  std::chrono::steady_clock::now() - p.taken)
-                                  .count());
-    steps.labels({std::string(statusCodeName(static_cast<StatusCode>(p.completion.status_code)))})
-        .inc();
-    if (p.launched) step_seconds.observe(p.completion.step_us / 1e6);
-    if (p.launched) slots_[p.completion.slot]->busy.store(false);
-    // The ring has a slot per pipeline slot, so it has room unless tulip stopped consuming;
-    // retry then (until stopping) rather than drop an answer.
-    while (!channel_.tryComplete(p.completion)) {
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (stop_completions_) break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    published_.fetch_add(1);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      pending_.pop_front();
-    }
-    in_flight_.fetch_sub(1);
-    cv_.notify_all();
-  }
-}
-
-bool LlmEngine::drain(std::chrono::milliseconds timeout) {
-  bool ok;
-  {
-    std::unique_lock<std::mutex> lock(mu_);
-    ok = cv_.wait_for(lock, timeout, [&] { return pending_.empty(); });
-    stop_completions_ = true;
-  }
-  cv_.notify_all();
-  if (completion_thread_.joinable()) {
-    if (!ok) (void)backend_.synchronize();  // let the completion thread finish its wait
-    completion_thread_.join();
-  }
-  return ok;
-}
+bool LlmEngine::drain(std::chrono::milliseconds timeout) { return queue_.drain(timeout); }
 
 void LlmEngine::run(const std::function<bool()>& should_stop) {
   while (!should_stop()) step(opts_.poll);
@@ -425,7 +355,7 @@ void LlmEngine::run(const std::function<bool()>& should_stop) {
 }
 
 LlmEngineStats LlmEngine::stats() const {
-  return {run_.load(), rejected_.load(), published_.load()};
+  return {run_.load(), rejected_.load(), queue_.published()};
 }
 
 }  // namespace garden::rose

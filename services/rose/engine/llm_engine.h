@@ -22,18 +22,15 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "common/shm/channel.h"
 #include "common/status.h"
+#include "services/rose/engine/completion_queue.h"
 #include "services/rose/llm/gpt_oss.h"
 #include "services/rose/llm/kv/paged_kv_cache.h"
 #include "services/rose/ops/backend.h"
@@ -96,7 +93,7 @@ class LlmEngine {
   bool drain(std::chrono::milliseconds timeout);
 
   LlmEngineStats stats() const;
-  uint32_t inFlight() const { return in_flight_.load(); }
+  uint32_t inFlight() const { return queue_.inFlight(); }
   const PagedKvCache& kvCache() const { return *kv_; }
   // Block ids one step may carry in total (staging): max_seqs block tables of the model's
   // longest length, capped by the input arena.
@@ -110,20 +107,12 @@ class LlmEngine {
     std::unique_ptr<int32_t[]> blocks;  // staging, max_step_blocks_ (left untouched until used)
     std::atomic<bool> busy{false};
   };
-  struct Pending {
-    shm::Completion completion;  // filled except step_us (and status when run)
-    bool launched = false;
-    std::chrono::steady_clock::time_point taken;
-  };
-
   LlmEngine(shm::Channel& c, Backend& b, GptOssModel& m, const LlmEngineOptions& o)
-      : channel_(c), backend_(b), model_(m), opts_(o) {}
+      : channel_(c), backend_(b), model_(m), opts_(o), queue_(c, b) {}
   // Validates `d` against the arena, copies it into the slot staging, validates the step
   // against the model and the cache; *rows = sequences that sample.
   Status admit(const shm::BatchDesc& d, uint32_t* rows);
   void reject(const shm::BatchDesc& d, const Status& st, std::chrono::steady_clock::time_point t);
-  void push(Pending p);
-  void completionLoop();
 
   shm::Channel& channel_;
   Backend& backend_;
@@ -133,13 +122,8 @@ class LlmEngine {
   int64_t max_step_blocks_ = 0;
   std::vector<std::unique_ptr<Slot>> slots_;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Pending> pending_;
-  bool stop_completions_ = false;
-  std::thread completion_thread_;
-  std::atomic<uint32_t> in_flight_{0};
-  std::atomic<uint64_t> run_{0}, rejected_{0}, published_{0};
+  CompletionQueue queue_;  // answers taken steps in order on its own thread
+  std::atomic<uint64_t> run_{0}, rejected_{0};
 };
 
 }  // namespace garden::rose

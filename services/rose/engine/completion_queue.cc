@@ -1,0 +1,104 @@
+#include "services/rose/engine/completion_queue.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/logging.h"
+
+namespace garden::rose {
+
+void copyCompletionMessage(char (&dst)[160], const std::string& msg) {
+  const size_t n = std::min(msg.size(), sizeof(dst) - 1);
+  std::memcpy(dst, msg.data(), n);
+  dst[n] = '\0';
+}
+
+PendingCompletion rejectedCompletion(const shm::BatchDesc& d, const Status& st,
+                                     std::chrono::steady_clock::time_point taken) {
+  PendingCompletion p;
+  p.completion.batch_id = d.batch_id;
+  p.completion.slot = d.slot;
+  p.completion.status_code = static_cast<int32_t>(st.code());
+  copyCompletionMessage(p.completion.message, st.message());
+  p.taken = taken;
+  p.completion.taken_ns = shm::monotonicNowNs();
+  return p;
+}
+
+void CompletionQueue::start(Hooks hooks) {
+  hooks_ = std::move(hooks);
+  thread_ = std::thread([this] { loop(); });
+}
+
+void CompletionQueue::push(PendingCompletion p) {
+  in_flight_.fetch_add(1);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_.push_back(std::move(p));
+  }
+  cv_.notify_all();
+}
+
+void CompletionQueue::loop() {
+  for (;;) {
+    PendingCompletion p;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !pending_.empty(); });
+      if (pending_.empty()) return;  // stopping and drained
+      p = pending_.front();
+    }
+    if (p.launched && p.completion.status_code == 0) {
+      Status st = hooks_.wait(p.completion.slot);
+      if (!st.isOk()) {
+        p.completion.status_code = static_cast<int32_t>(st.code());
+        p.completion.rows = p.completion.cols = 0;
+        p.completion.output_bytes = 0;
+        copyCompletionMessage(p.completion.message, st.message());
+        log::error(hooks_.failure_log, {{"batch_id", p.completion.batch_id}, {"error", st}});
+      }
+    }
+    p.completion.ready_ns = shm::monotonicNowNs();
+    p.completion.step_us =
+        static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
+                                  std::chrono::steady_clock::now() - p.taken)
+                                  .count());
+    if (p.launched) hooks_.release(p.completion.slot);
+    // Publish first, account after: the caller is waiting on this entry.
+    // The ring has a slot per pipeline slot, so it has room unless tulip stopped consuming;
+    // retry then (until stopping) rather than drop an answer.
+    p.completion.published_ns = shm::monotonicNowNs();
+    while (!channel_.tryComplete(p.completion)) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (stop_) break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    hooks_.account(p);
+    published_.fetch_add(1);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      pending_.pop_front();
+    }
+    in_flight_.fetch_sub(1);
+    cv_.notify_all();
+  }
+}
+
+bool CompletionQueue::drain(std::chrono::milliseconds timeout) {
+  bool ok;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    ok = cv_.wait_for(lock, timeout, [&] { return pending_.empty(); });
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) {
+    if (!ok) (void)backend_.synchronize();  // let the completion thread finish its wait
+    thread_.join();
+  }
+  return ok;
+}
+
+}  // namespace garden::rose

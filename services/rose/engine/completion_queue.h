@@ -1,0 +1,79 @@
+#pragma once
+// CompletionQueue: the completion half of rose's shared-memory step loops (Engine for embedding
+// and scoring batches, LlmEngine for gpt-oss steps). The step thread pushes one PendingCompletion
+// per batch it took, launched or rejected; the queue's thread answers them in order: it waits for
+// a launched batch's event (a failed wait turns the answer into that error), frees the slot,
+// publishes the completion on the channel (retrying while the completion ring is full, until
+// drain() stops it) and then lets the engine account for it (metrics). drain() waits until every
+// pushed batch is answered and stops the thread.
+//
+// Threads: push() from the step thread; the hooks run on the queue's thread.
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "common/shm/channel.h"
+#include "common/status.h"
+#include "services/rose/ops/backend.h"
+
+namespace garden::rose {
+
+struct PendingCompletion {
+  shm::Completion completion;  // filled except step_us (and status when run)
+  bool launched = false;
+  std::chrono::steady_clock::time_point taken;
+};
+
+// Copies `msg` into a completion's message field (truncated, NUL-terminated).
+void copyCompletionMessage(char (&dst)[160], const std::string& msg);
+
+// The answer to a batch refused before launch: `st` as its status and message.
+PendingCompletion rejectedCompletion(const shm::BatchDesc& d, const Status& st,
+                                     std::chrono::steady_clock::time_point taken);
+
+class CompletionQueue {
+ public:
+  struct Hooks {
+    std::function<Status(uint32_t slot)> wait;              // a launched batch's event
+    std::function<void(uint32_t slot)> release;             // its slot may take a new batch
+    std::function<void(const PendingCompletion&)> account;  // after publishing (metrics)
+    const char* failure_log = "step failed";                // log line of a failed wait
+  };
+
+  CompletionQueue(shm::Channel& channel, Backend& backend) : channel_(channel), backend_(backend) {}
+  ~CompletionQueue() { drain(std::chrono::seconds(30)); }
+  CompletionQueue(const CompletionQueue&) = delete;
+  CompletionQueue& operator=(const CompletionQueue&) = delete;
+
+  void start(Hooks hooks);  // starts the queue's thread
+  void push(PendingCompletion p);
+  // Waits up to `timeout` for every pushed batch to be answered, then stops the thread (after a
+  // timeout it lets the backend finish what it holds first). True when all were answered.
+  bool drain(std::chrono::milliseconds timeout);
+
+  uint32_t inFlight() const { return in_flight_.load(); }
+  uint64_t published() const { return published_.load(); }
+
+ private:
+  void loop();
+
+  shm::Channel& channel_;
+  Backend& backend_;
+  Hooks hooks_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<PendingCompletion> pending_;
+  bool stop_ = false;
+  std::thread thread_;
+  std::atomic<uint32_t> in_flight_{0};
+  std::atomic<uint64_t> published_{0};
+};
+
+}  // namespace garden::rose
