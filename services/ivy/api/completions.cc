@@ -141,19 +141,7 @@ CompletionsOutput::CompletionsOutput(const Tokenizer& tokenizer, const Completio
     }
     // The echoed prompt is not generated text: stop strings do not apply to it.
     if (echo.empty()) continue;
-    choices_[i].text += echo;
-    if (stream_) {
-      std::string json;
-      JsonWriter w(&json);
-      w.beginObject();
-      writeHead(w);
-      w.key("choices").beginArray().beginObject().field("index", static_cast<uint64_t>(i));
-      w.field("text", echo).nullField("logprobs").nullField("finish_reason");
-      w.endObject().endArray();
-      if (include_usage_) w.nullField("usage");
-      w.endObject();
-      appendSseEvent(&sse_, json);
-    }
+    appendText(i, echo);
   }
 }
 
@@ -170,8 +158,11 @@ void CompletionsOutput::emitText(size_t i, std::string text) {
     bool matched = false;
     text = c.stop.push(text, &matched);
   }
-  if (text.empty()) return;
-  c.text += text;
+  if (!text.empty()) appendText(i, text);
+}
+
+void CompletionsOutput::appendText(size_t i, std::string_view text) {
+  choices_[i].text += text;
   if (!stream_) return;
   std::string json;
   JsonWriter w(&json);
@@ -208,21 +199,7 @@ void CompletionsOutput::finishChoice(size_t i, const ChoiceEnd& end) {
   if (c.stop.matched()) return finish(i, "stop", end);
   if (c.stop.active()) {
     std::string tail = c.stop.flush();
-    if (!tail.empty()) {
-      c.text += tail;
-      if (stream_) {
-        std::string json;
-        JsonWriter w(&json);
-        w.beginObject();
-        writeHead(w);
-        w.key("choices").beginArray().beginObject().field("index", static_cast<uint64_t>(i));
-        w.field("text", tail).nullField("logprobs").nullField("finish_reason");
-        w.endObject().endArray();
-        if (include_usage_) w.nullField("usage");
-        w.endObject();
-        appendSseEvent(&sse_, json);
-      }
-    }
+    if (!tail.empty()) appendText(i, tail);
   }
   finish(i, end.hit_length ? "length" : "stop", end);
 }

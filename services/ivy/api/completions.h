@@ -75,7 +75,10 @@ class CompletionsOutput final : public GenerationOutput {
     std::string_view finish_reason = "stop";
     Usage usage;
   };
+  // Generated text through the stop-string filter, then appendText.
   void emitText(size_t choice, std::string text);
+  // Adds `text` to the choice and, when streaming, queues its delta event.
+  void appendText(size_t choice, std::string_view text);
   void finish(size_t choice, std::string_view reason, const ChoiceEnd& end);
   void writeHead(JsonWriter& w) const;
 

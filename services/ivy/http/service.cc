@@ -142,6 +142,16 @@ std::optional<IvyService::Start> IvyService::begin(const HttpRequest& request,
   return Start{std::move(ticket).value(), effectiveTimeout(options_.request_timeout, *header)};
 }
 
+Result<std::chrono::milliseconds> IvyService::admitTokens(const HttpRequest& request,
+                                                          const Start& start,
+                                                          uint64_t prompt_tokens) {
+  if (Status st = admission_.addTokens(*start.ticket, prompt_tokens); !st.isOk()) {
+    rejected_.labels({"tokens"}).inc();
+    return st;
+  }
+  return remaining(request, start.timeout);
+}
+
 Result<std::chrono::milliseconds> IvyService::remaining(const HttpRequest& request,
                                                         std::chrono::microseconds timeout) const {
   if (timeout.count() <= 0) return std::chrono::milliseconds(0);
@@ -188,11 +198,7 @@ void IvyService::embeddings(HttpRequest request, Responder respond) {
 
   uint64_t prompt_tokens = 0;
   for (const auto& t : *tokens) prompt_tokens += t.size();
-  if (Status st = admission_.addTokens(*start->ticket, prompt_tokens); !st.isOk()) {
-    rejected_.labels({"tokens"}).inc();
-    return respond(errorResponse(st));
-  }
-  Result<std::chrono::milliseconds> left = remaining(request, start->timeout);
+  Result<std::chrono::milliseconds> left = admitTokens(request, *start, prompt_tokens);
   if (!left.isOk()) return respond(errorResponse(left.status()));
   const size_t n = tokens->size();
   EmbedCall call;
@@ -266,11 +272,7 @@ void IvyService::scoring(HttpRequest request, Responder respond, ScoreApi api) {
   if (!tokens.isOk()) return respond(errorResponse(tokens.status()));
   uint64_t prompt_tokens = 0;
   for (const auto& t : *tokens) prompt_tokens += t.size();
-  if (Status st = admission_.addTokens(*start->ticket, prompt_tokens); !st.isOk()) {
-    rejected_.labels({"tokens"}).inc();
-    return respond(errorResponse(st));
-  }
-  Result<std::chrono::milliseconds> left = remaining(request, start->timeout);
+  Result<std::chrono::milliseconds> left = admitTokens(request, *start, prompt_tokens);
   if (!left.isOk()) return respond(errorResponse(left.status()));
   const size_t n = tokens->size();
   call.request_id = request.request_id;

@@ -86,6 +86,10 @@ class IvyService {
     std::chrono::microseconds timeout{0};  // 0 = no deadline
   };
   std::optional<Start> begin(const HttpRequest& request, const Responder& respond);
+  // After tokenizing: adds the request's `prompt_tokens` to the in-flight limit (a refusal is
+  // counted and returned), then returns remaining().
+  Result<std::chrono::milliseconds> admitTokens(const HttpRequest& request, const Start& start,
+                                                uint64_t prompt_tokens);
   // The remaining time of the request's deadline, or DEADLINE_EXCEEDED when it has passed.
   Result<std::chrono::milliseconds> remaining(const HttpRequest& request,
                                               std::chrono::microseconds timeout) const;
