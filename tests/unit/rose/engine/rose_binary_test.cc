@@ -20,51 +20,20 @@
 #include "common/shm/channel.h"
 #include "services/rose/model/qwen3.h"
 #include "services/rose/ops/backend.h"
+#include "tests/support/child_process.h"
 
 namespace garden::rose {
 namespace {
 
 using namespace std::chrono_literals;
 
+std::string roseBin() { return garden::testing::builtBinary("services/rose/rose"); }
+
 std::string sourceDir() {
   const char* s = std::getenv("GARDEN_SOURCE_DIR");
   return s ? s : ".";
 }
-std::string roseBin() {
-  const char* b = std::getenv("GARDEN_BUILD_DIR");
-  return std::string(b ? b : ".") + "/services/rose/rose";
-}
 std::string fixtureDir() { return sourceDir() + "/tests/conformance/qwen3/fixtures"; }
-
-std::string uniqueName(const char* tag) {
-  static std::atomic<int> n{0};
-  return std::string("/rose-bin-") + tag + "-" + std::to_string(getpid()) + "-" +
-         std::to_string(n++);
-}
-
-pid_t spawn(const std::vector<std::string>& args) {
-  pid_t pid = fork();
-  if (pid == 0) {
-    std::vector<char*> argv;
-    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
-  return pid;
-}
-
-// Waits for `pid` to exit; returns its wait status, or -1 after the timeout.
-int waitExit(pid_t pid, std::chrono::milliseconds timeout) {
-  const auto end = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < end) {
-    int st = 0;
-    pid_t r = waitpid(pid, &st, WNOHANG);
-    if (r == pid) return st;
-    std::this_thread::sleep_for(10ms);
-  }
-  return -1;
-}
 
 bool waitState(shm::Channel& ch, shm::WorkerState s, std::chrono::milliseconds timeout) {
   const auto end = std::chrono::steady_clock::now() + timeout;
@@ -110,11 +79,11 @@ void checkServes(shm::Channel& ch, uint32_t slot) {
 }
 
 TEST(RoseBinary, SpawnedRoseServesAndStopsOnSigterm) {
-  const std::string name = uniqueName("spawned");
+  const std::string name = garden::testing::uniqueShmName("/rose-bin-", "spawned");
   auto ch = shm::Channel::create(name, shm::Layout{2, 4096, 64 * 64 * 4});
   ASSERT_TRUE(ch.isOk()) << ch.status().toString();
-  pid_t pid = spawn({roseBin(), "--model", fixtureDir(), "--shm-name", name, "--threads", "1",
-                     "--max-batch-tokens", "64"});
+  pid_t pid = garden::testing::spawnChild({roseBin(), "--model", fixtureDir(), "--shm-name", name,
+                                           "--threads", "1", "--max-batch-tokens", "64"});
   ASSERT_GT(pid, 0);
   ASSERT_TRUE(waitState(*ch, shm::WorkerState::kReady, 30s)) << "rose did not become ready";
   EXPECT_EQ(ch->workerPid(), pid);
@@ -123,16 +92,17 @@ TEST(RoseBinary, SpawnedRoseServesAndStopsOnSigterm) {
   checkServes(*ch, 1);
   EXPECT_FALSE(ch->heartbeatStale(1s));
   kill(pid, SIGTERM);
-  int st = waitExit(pid, 10s);
+  int st = garden::testing::waitChildExit(pid, 10s);
   ASSERT_NE(st, -1) << "rose did not exit on SIGTERM";
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "status " << st;
   EXPECT_EQ(ch->state(), shm::WorkerState::kStopping);
 }
 
 TEST(RoseBinary, SidecarCreatesTheChannel) {
-  const std::string name = uniqueName("sidecar");
-  pid_t pid = spawn({roseBin(), "--model", fixtureDir(), "--shm-name", name, "--create-shm",
-                     "--depth", "2", "--threads", "1", "--max-batch-tokens", "64"});
+  const std::string name = garden::testing::uniqueShmName("/rose-bin-", "sidecar");
+  pid_t pid = garden::testing::spawnChild({roseBin(), "--model", fixtureDir(), "--shm-name", name,
+                                           "--create-shm", "--depth", "2", "--threads", "1",
+                                           "--max-batch-tokens", "64"});
   ASSERT_GT(pid, 0);
   std::optional<shm::Channel> ch;
   const auto end = std::chrono::steady_clock::now() + 30s;
@@ -149,30 +119,32 @@ TEST(RoseBinary, SidecarCreatesTheChannel) {
   EXPECT_EQ(ch->layout().output_bytes, 64u * 64 * 4);  // max_batch_tokens x hidden x f32
   checkServes(*ch, 0);
   kill(pid, SIGTERM);
-  int st = waitExit(pid, 10s);
+  int st = garden::testing::waitChildExit(pid, 10s);
   ASSERT_NE(st, -1);
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 }
 
 TEST(RoseBinary, BadModelDirectoryReportsFailed) {
-  const std::string name = uniqueName("bad");
+  const std::string name = garden::testing::uniqueShmName("/rose-bin-", "bad");
   auto ch = shm::Channel::create(name, shm::Layout{1, 4096, 4096});
   ASSERT_TRUE(ch.isOk());
-  pid_t pid = spawn({roseBin(), "--model", "/nonexistent/model", "--shm-name", name});
-  int st = waitExit(pid, 20s);
+  pid_t pid =
+      garden::testing::spawnChild({roseBin(), "--model", "/nonexistent/model", "--shm-name", name});
+  int st = garden::testing::waitChildExit(pid, 20s);
   ASSERT_NE(st, -1);
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 1);
   EXPECT_EQ(ch->state(), shm::WorkerState::kFailed);
 }
 
 TEST(RoseBinary, BadFlagsExitWithUsageError) {
-  pid_t pid = spawn({roseBin(), "--model", fixtureDir(), "--shm-name", "/x", "--pooling", "max"});
-  int st = waitExit(pid, 10s);
+  pid_t pid = garden::testing::spawnChild(
+      {roseBin(), "--model", fixtureDir(), "--shm-name", "/x", "--pooling", "max"});
+  int st = garden::testing::waitChildExit(pid, 10s);
   ASSERT_NE(st, -1);
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 2);
-  pid = spawn(
+  pid = garden::testing::spawnChild(
       {roseBin(), "--model", fixtureDir(), "--shm-name", "/x", "--device", "cuda", "--create-shm"});
-  st = waitExit(pid, 20s);
+  st = garden::testing::waitChildExit(pid, 20s);
   ASSERT_NE(st, -1);
 #if !(defined(GARDEN_HAVE_CUDA) && GARDEN_HAVE_CUDA)
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 1);  // FAILED_PRECONDITION: no CUDA build
@@ -182,26 +154,26 @@ TEST(RoseBinary, BadFlagsExitWithUsageError) {
 TEST(RoseBinary, ExitsWhenItsParentDies) {
   // Orphans are re-parented to this process, so the test can reap rose after its parent exits.
   ASSERT_EQ(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
-  const std::string name = uniqueName("orphan");
+  const std::string name = garden::testing::uniqueShmName("/rose-bin-", "orphan");
   auto ch = shm::Channel::create(name, shm::Layout{1, 4096, 64 * 64 * 4});
   ASSERT_TRUE(ch.isOk());
   pid_t parent = fork();
   if (parent == 0) {
     // The stand-in tulip: spawns rose, waits until it is ready, then dies abruptly.
-    pid_t rose = spawn({roseBin(), "--model", fixtureDir(), "--shm-name", name, "--threads", "1",
-                        "--max-batch-tokens", "64"});
+    pid_t rose = garden::testing::spawnChild({roseBin(), "--model", fixtureDir(), "--shm-name",
+                                              name, "--threads", "1", "--max-batch-tokens", "64"});
     const auto end = std::chrono::steady_clock::now() + 30s;
     while (ch->state() != shm::WorkerState::kReady && std::chrono::steady_clock::now() < end) {
       std::this_thread::sleep_for(10ms);
     }
     _exit(rose > 0 && ch->state() == shm::WorkerState::kReady ? 0 : 1);
   }
-  int pst = waitExit(parent, 40s);
+  int pst = garden::testing::waitChildExit(parent, 40s);
   ASSERT_NE(pst, -1);
   ASSERT_TRUE(WIFEXITED(pst) && WEXITSTATUS(pst) == 0) << "rose did not start under its parent";
   const pid_t rose = ch->workerPid();
   ASSERT_GT(rose, 0);
-  int st = waitExit(rose, 10s);
+  int st = garden::testing::waitChildExit(rose, 10s);
   ASSERT_NE(st, -1) << "rose outlived its parent";
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "status " << st;
   EXPECT_EQ(ch->state(), shm::WorkerState::kStopping);
@@ -211,20 +183,20 @@ TEST(RoseBinary, ExitsWhenItsParentDies) {
 TEST(RoseBinary, ExitsWhenTheChannelOwnerIsGone) {
   // The owner (tulip) created the channel and died without unlinking it (_exit skips the
   // destructor); rose, whose own parent (this test) is alive, must notice the dead owner pid.
-  const std::string name = uniqueName("owner");
+  const std::string name = garden::testing::uniqueShmName("/rose-bin-", "owner");
   pid_t owner = fork();
   if (owner == 0) {
     auto ch = shm::Channel::create(name, shm::Layout{1, 4096, 64 * 64 * 4});
     _exit(ch.isOk() ? 0 : 1);
   }
-  int ost = waitExit(owner, 10s);
+  int ost = garden::testing::waitChildExit(owner, 10s);
   ASSERT_TRUE(WIFEXITED(ost) && WEXITSTATUS(ost) == 0);
   auto ch = shm::Channel::attach(name);
   ASSERT_TRUE(ch.isOk()) << ch.status().toString();
   EXPECT_EQ(ch->ownerPid(), owner);
-  pid_t pid = spawn({roseBin(), "--model", fixtureDir(), "--shm-name", name, "--threads", "1",
-                     "--max-batch-tokens", "64"});
-  int st = waitExit(pid, 20s);
+  pid_t pid = garden::testing::spawnChild({roseBin(), "--model", fixtureDir(), "--shm-name", name,
+                                           "--threads", "1", "--max-batch-tokens", "64"});
+  int st = garden::testing::waitChildExit(pid, 20s);
   shm_unlink(name.c_str());
   ASSERT_NE(st, -1) << "rose kept running without its channel owner";
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "status " << st;

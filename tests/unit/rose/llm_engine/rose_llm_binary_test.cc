@@ -24,45 +24,15 @@
 #include "services/rose/llm/llm_ops.h"
 #include "services/rose/ops/backend.h"
 #include "services/rose/tools/mkmodel_gpt_oss.h"
+#include "tests/support/child_process.h"
 
 namespace garden::rose {
 namespace {
 
 using namespace std::chrono_literals;
+
+std::string roseBin() { return garden::testing::builtBinary("services/rose/rose"); }
 namespace fs = std::filesystem;
-
-std::string roseBin() {
-  const char* b = std::getenv("GARDEN_BUILD_DIR");
-  return std::string(b ? b : ".") + "/services/rose/rose";
-}
-
-std::string uniqueName(const char* tag) {
-  static std::atomic<int> n{0};
-  return std::string("/rose-llm-bin-") + tag + "-" + std::to_string(getpid()) + "-" +
-         std::to_string(n++);
-}
-
-pid_t spawn(const std::vector<std::string>& args) {
-  pid_t pid = fork();
-  if (pid == 0) {
-    std::vector<char*> argv;
-    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
-  return pid;
-}
-
-int waitExit(pid_t pid, std::chrono::milliseconds timeout) {
-  const auto end = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < end) {
-    int st = 0;
-    if (waitpid(pid, &st, WNOHANG) == pid) return st;
-    std::this_thread::sleep_for(10ms);
-  }
-  return -1;
-}
 
 bool waitState(shm::Channel& ch, shm::WorkerState s, std::chrono::milliseconds timeout) {
   const auto end = std::chrono::steady_clock::now() + timeout;
@@ -96,27 +66,27 @@ class RoseLlmBinary : public ::testing::Test {
 fs::path* RoseLlmBinary::dir_ = nullptr;
 
 TEST_F(RoseLlmBinary, SidecarAnnouncesTheLlmAndServesAStep) {
-  const std::string name = uniqueName("sidecar");
-  pid_t pid = spawn({roseBin(),
-                     "--model",
-                     modelDir(),
-                     "--shm-name",
-                     name,
-                     "--create-shm",
-                     "--depth",
-                     "2",
-                     "--threads",
-                     "1",
-                     "--max-batch-tokens",
-                     "64",
-                     "--kv-blocks",
-                     "40",
-                     "--kv-block-size",
-                     "16",
-                     "--max-model-len",
-                     "256",
-                     "--max-seqs",
-                     "8"});
+  const std::string name = garden::testing::uniqueShmName("/rose-llm-bin-", "sidecar");
+  pid_t pid = garden::testing::spawnChild({roseBin(),
+                                           "--model",
+                                           modelDir(),
+                                           "--shm-name",
+                                           name,
+                                           "--create-shm",
+                                           "--depth",
+                                           "2",
+                                           "--threads",
+                                           "1",
+                                           "--max-batch-tokens",
+                                           "64",
+                                           "--kv-blocks",
+                                           "40",
+                                           "--kv-block-size",
+                                           "16",
+                                           "--max-model-len",
+                                           "256",
+                                           "--max-seqs",
+                                           "8"});
   ASSERT_GT(pid, 0);
   std::optional<shm::Channel> ch;
   const auto end = std::chrono::steady_clock::now() + 60s;
@@ -222,18 +192,19 @@ TEST_F(RoseLlmBinary, SidecarAnnouncesTheLlmAndServesAStep) {
 
   EXPECT_FALSE(ch->heartbeatStale(2s));
   kill(pid, SIGTERM);
-  int st = waitExit(pid, 15s);
+  int st = garden::testing::waitChildExit(pid, 15s);
   ASSERT_NE(st, -1) << "rose did not exit on SIGTERM";
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "status " << st;
 }
 
 TEST_F(RoseLlmBinary, SpawnedSizesTheKvCacheFromMegabytes) {
-  const std::string name = uniqueName("spawned");
+  const std::string name = garden::testing::uniqueShmName("/rose-llm-bin-", "spawned");
   auto ch = shm::Channel::create(name, shm::Layout{2, 8192, 4096});
   ASSERT_TRUE(ch.isOk()) << ch.status().toString();
-  pid_t pid = spawn({roseBin(), "--model", modelDir(), "--shm-name", name, "--threads", "1",
-                     "--max-batch-tokens", "32", "--kv-cache-mb", "1", "--kv-block-size", "8",
-                     "--max-model-len", "128", "--max-seqs", "4"});
+  pid_t pid = garden::testing::spawnChild({roseBin(), "--model", modelDir(), "--shm-name", name,
+                                           "--threads", "1", "--max-batch-tokens", "32",
+                                           "--kv-cache-mb", "1", "--kv-block-size", "8",
+                                           "--max-model-len", "128", "--max-seqs", "4"});
   ASSERT_GT(pid, 0);
   ASSERT_TRUE(waitState(*ch, shm::WorkerState::kReady, 60s)) << "rose did not become ready";
   EXPECT_EQ(ch->workerPid(), pid);
@@ -244,27 +215,27 @@ TEST_F(RoseLlmBinary, SpawnedSizesTheKvCacheFromMegabytes) {
   EXPECT_EQ(f.kv_block_size, 8u);
   EXPECT_EQ(f.max_seq_len, 128u);
   kill(pid, SIGTERM);
-  int st = waitExit(pid, 15s);
+  int st = garden::testing::waitChildExit(pid, 15s);
   ASSERT_NE(st, -1);
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "status " << st;
   EXPECT_EQ(ch->state(), shm::WorkerState::kStopping);
 }
 
 TEST_F(RoseLlmBinary, CudaDeviceFailsClearly) {
-  const std::string name = uniqueName("cuda");
+  const std::string name = garden::testing::uniqueShmName("/rose-llm-bin-", "cuda");
   auto ch = shm::Channel::create(name, shm::Layout{2, 8192, 4096});
   ASSERT_TRUE(ch.isOk()) << ch.status().toString();
-  pid_t pid = spawn({roseBin(), "--model", modelDir(), "--shm-name", name, "--device", "cuda",
-                     "--log-level", "error"});
+  pid_t pid = garden::testing::spawnChild({roseBin(), "--model", modelDir(), "--shm-name", name,
+                                           "--device", "cuda", "--log-level", "error"});
   ASSERT_GT(pid, 0);
-  int st = waitExit(pid, 30s);
+  int st = garden::testing::waitChildExit(pid, 30s);
   ASSERT_NE(st, -1) << "rose did not exit";
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 1) << "status " << st;
   EXPECT_EQ(ch->state(), shm::WorkerState::kFailed);
 }
 
 TEST_F(RoseLlmBinary, BadKvFlagsExitTwo) {
-  const std::string name = uniqueName("flags");
+  const std::string name = garden::testing::uniqueShmName("/rose-llm-bin-", "flags");
   for (const std::vector<std::string>& extra :
        {std::vector<std::string>{"--kv-block-size", "0"},
         std::vector<std::string>{"--kv-blocks=-1"},
@@ -272,9 +243,9 @@ TEST_F(RoseLlmBinary, BadKvFlagsExitTwo) {
     std::vector<std::string> args = {roseBin(),    "--model", modelDir(),
                                      "--shm-name", name,      "--create-shm"};
     args.insert(args.end(), extra.begin(), extra.end());
-    pid_t pid = spawn(args);
+    pid_t pid = garden::testing::spawnChild(args);
     ASSERT_GT(pid, 0);
-    int st = waitExit(pid, 30s);
+    int st = garden::testing::waitChildExit(pid, 30s);
     ASSERT_NE(st, -1);
     EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 2) << extra[0] << " status " << st;
   }
