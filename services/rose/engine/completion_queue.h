@@ -38,6 +38,12 @@ void copyCompletionMessage(char (&dst)[160], const std::string& msg);
 PendingCompletion rejectedCompletion(const shm::BatchDesc& d, const Status& st,
                                      std::chrono::steady_clock::time_point taken);
 
+// The checks every taken batch passes before its slot is touched: the slot exists and is free
+// (`slot_busy` is asked only for a slot in range) and the deadline has not passed. `unit` names
+// the batch in messages ("batch", "step"). OK when the batch may be admitted.
+Status checkTaken(const shm::BatchDesc& d, size_t num_slots,
+                  const std::function<bool(uint32_t)>& slot_busy, const char* unit);
+
 class CompletionQueue {
  public:
   struct Hooks {
@@ -54,6 +60,9 @@ class CompletionQueue {
 
   void start(Hooks hooks);  // starts the queue's thread
   void push(PendingCompletion p);
+  // Logs the refusal of `d` (warn, `log_line` with its ids and `st`) and queues its answer.
+  void reject(const shm::BatchDesc& d, const Status& st,
+              std::chrono::steady_clock::time_point taken, const char* log_line);
   // Waits up to `timeout` for every pushed batch to be answered, then stops the thread (after a
   // timeout it lets the backend finish what it holds first). True when all were answered.
   bool drain(std::chrono::milliseconds timeout);

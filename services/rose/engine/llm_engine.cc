@@ -269,13 +269,7 @@ Status LlmEngine::admit(const shm::BatchDesc& d, uint32_t* rows) {
 void LlmEngine::reject(const shm::BatchDesc& d, const Status& st,
                        std::chrono::steady_clock::time_point t) {
   rejected_.fetch_add(1);
-  log::warn(
-      "llm step rejected",
-      {{"batch_id", d.batch_id},
-       {"slot", d.slot},
-       {"request_id", std::string_view(d.request_id, strnlen(d.request_id, sizeof(d.request_id)))},
-       {"error", st}});
-  queue_.push(rejectedCompletion(d, st, t));
+  queue_.reject(d, st, t, "llm step rejected");
 }
 
 bool LlmEngine::step(std::chrono::microseconds wait) {
@@ -286,24 +280,13 @@ bool LlmEngine::step(std::chrono::microseconds wait) {
   const shm::BatchDesc d = *got;
   const auto taken = std::chrono::steady_clock::now();
 
-  if (d.slot >= slots_.size()) {
-    reject(d,
-           invalidArgument("slot " + std::to_string(d.slot) + " out of range (" +
-                           std::to_string(slots_.size()) + " slots)"),
-           taken);
+  if (Status st = checkTaken(
+          d, slots_.size(), [this](uint32_t i) { return slots_[i]->busy.load(); }, "step");
+      !st.isOk()) {
+    reject(d, st, taken);
     return true;
   }
   Slot& slot = *slots_[d.slot];
-  if (slot.busy.load()) {
-    // Protocol violation: the slot's previous step is still running. Answer without touching
-    // the slot's staging or output.
-    reject(d, invalidArgument("slot " + std::to_string(d.slot) + " is still in use"), taken);
-    return true;
-  }
-  if (d.deadline_ns != 0 && d.deadline_ns < shm::monotonicNowNs()) {
-    reject(d, deadlineExceeded("deadline passed before the step ran"), taken);
-    return true;
-  }
   uint32_t rows = 0;
   if (Status st = admit(d, &rows); !st.isOk()) {
     reject(d, st, taken);
