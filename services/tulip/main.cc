@@ -139,6 +139,14 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "tulip: --depth must be 1..64\n");
     return 2;
   }
+  if (max_inflight_batches > depth) {
+    std::fprintf(stderr, "tulip: --max-inflight-batches must be 0..--depth (%u)\n", depth);
+    return 2;
+  }
+  if (completion_spin_us < -1 || completion_spin_us > 100000) {
+    std::fprintf(stderr, "tulip: --completion-spin-us must be -1 (auto) or 0..100000\n");
+    return 2;
+  }
   if (max_num_seqs == 0) {
     std::fprintf(stderr, "tulip: --max-num-seqs must be >= 1\n");
     return 2;

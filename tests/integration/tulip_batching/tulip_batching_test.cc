@@ -8,7 +8,9 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <fstream>
 #include <future>
+#include <iterator>
 #include <string>
 #include <thread>
 
@@ -101,6 +103,26 @@ class TulipBatching : public ::testing::Test {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Tulip::Stub> stub_;
 };
+
+TEST_F(TulipBatching, OutOfRangeBatchingFlagsAreRefusedByName) {
+  const std::string log = dir_.path() + "/flags.log";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--max-inflight-batches=5", "--max-inflight-batches must be 0..--depth (4)"},
+      {"--completion-spin-us=-2", "--completion-spin-us must be -1 (auto) or 0..100000"},
+      {"--completion-spin-us=100001", "--completion-spin-us must be -1 (auto) or 0..100000"}};
+  for (const auto& [flag, message] : cases) {
+    std::vector<std::string> argv = testing::tulipArgv(testing::freePort(), testing::freePort(),
+                                                       dir_.path(), "tests/fakes/fake-rose", "tbf");
+    argv.push_back("--depth");
+    argv.push_back("4");
+    argv.push_back(flag);
+    EXPECT_EQ(testing::run(argv, log), 2) << flag;
+  }
+  std::ifstream in(log);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (const auto& [flag, message] : cases)
+    EXPECT_NE(text.find(message), std::string::npos) << flag;
+}
 
 TEST_F(TulipBatching, ConcurrentArrivalsCoalesceBehindTheRunningBatch) {
   startTulip("2");
