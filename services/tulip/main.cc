@@ -139,7 +139,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "tulip: --depth must be 1..64\n");
     return 2;
   }
-  if (max_inflight_batches > depth) {
+  // The default (2) is capped by a smaller --depth; an explicit value above it is a mistake.
+  if (flags.wasSet("max-inflight-batches") && max_inflight_batches > depth) {
     std::fprintf(stderr, "tulip: --max-inflight-batches must be 0..--depth (%u)\n", depth);
     return 2;
   }
