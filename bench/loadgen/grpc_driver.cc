@@ -1,8 +1,10 @@
 // The gRPC driver (tulip): callback-API closed-loop clients. See driver.h.
 #include <grpcpp/grpcpp.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <thread>
 
 #include "bench/loadgen/driver.h"
 #include "garden/v1/garden.grpc.pb.h"
@@ -215,11 +217,22 @@ Result<std::unique_ptr<Driver>> makeGrpcDriver(const DriverConfig& config,
 
 Result<ServedModel> grpcModelInfo(const std::string& endpoint, std::chrono::milliseconds timeout) {
   auto stub = v1::Tulip::NewStub(makeChannel(endpoint, -1));
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + timeout);
-  ctx.set_wait_for_ready(true);
+  // Waits for the server within `timeout`: wait_for_ready covers a tulip that is not listening
+  // yet, the retry a tulip that listens but answers UNAVAILABLE while its worker starts.
+  const auto deadline = std::chrono::system_clock::now() + timeout;
   v1::ModelInfoResponse resp;
-  grpc::Status s = stub->ModelInfo(&ctx, v1::ModelInfoRequest(), &resp);
+  grpc::Status s;
+  for (;;) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(deadline);
+    ctx.set_wait_for_ready(true);
+    s = stub->ModelInfo(&ctx, v1::ModelInfoRequest(), &resp);
+    if (s.error_code() != grpc::StatusCode::UNAVAILABLE ||
+        std::chrono::system_clock::now() + std::chrono::milliseconds(50) >= deadline) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
   if (!s.ok())
     return Status(static_cast<StatusCode>(static_cast<int>(s.error_code())),
                   "ModelInfo from " + endpoint + ": " + s.error_message());
