@@ -100,7 +100,7 @@ void LlmScheduler::poke() {
 }
 
 Status LlmScheduler::submit(std::shared_ptr<LlmRequest> req) {
-  if (!worker_.ready()) return unavailable("rose worker is not ready (starting or restarting)");
+  if (!worker_.ready()) return workerDown(worker_);
   const shm::ModelFacts f = worker_.facts();
   if (std::string(f.kind, strnlen(f.kind, sizeof(f.kind))) != "llm")
     return failedPrecondition("the worker does not serve an LLM");
@@ -304,12 +304,10 @@ void LlmScheduler::reap(Outbox& out) {
                 FinishReason::kNone, -1, out);
     } else if (down) {
       lost_kv |= s->running;
-      finishSeq(
-          s,
-          unavailable(s->running ? "rose worker stopped during generation (its KV cache is lost); "
-                                   "retry the request"
-                                 : "rose worker is restarting; retry shortly"),
-          FinishReason::kNone, -1, out);
+      finishSeq(s,
+                s->running ? workerDown(worker_, "generation stopped, its KV cache is lost")
+                           : workerDown(worker_),
+                FinishReason::kNone, -1, out);
     }
   }
   if (lost_kv || (down && kv_)) kv_stale_ = true;

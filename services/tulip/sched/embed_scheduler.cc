@@ -84,7 +84,7 @@ uint32_t EmbedScheduler::maxInflightBatchesSeen() const {
 }
 
 Status EmbedScheduler::submit(std::shared_ptr<EmbedJob> job) {
-  if (!worker_.ready()) return unavailable("rose worker is not ready (starting or restarting)");
+  if (!worker_.ready()) return workerDown(worker_);
   const shm::ModelFacts facts = worker_.facts();
   if (job->inputs.empty()) return invalidArgument("inputs: at least one sequence is required");
   const bool scoring = job->kind == shm::BatchKind::kScore;
@@ -219,7 +219,7 @@ void EmbedScheduler::dropDead() {
       why = deadlineExceeded("deadline expired while queued in tulip");
       reason = "deadline";
     } else if (worker_down) {
-      why = unavailable("rose worker is restarting; " + std::string("retry shortly"));
+      why = workerDown(worker_);
       reason = "worker_down";
     }
     if (why.isOk()) {

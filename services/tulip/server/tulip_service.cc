@@ -481,7 +481,7 @@ grpc::ServerUnaryReactor* TulipService::ModelInfo(grpc::CallbackServerContext* c
                                                   const v1::ModelInfoRequest* req,
                                                   v1::ModelInfoResponse* resp) {
   if (!worker_.ready()) {
-    return finishNow(ctx, toGrpcStatus(unavailable("rose worker is not ready yet")));
+    return finishNow(ctx, toGrpcStatus(workerDown(worker_)));
   }
   auto f = worker_.facts();
   resp->set_model(modelName());

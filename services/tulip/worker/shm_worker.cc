@@ -94,7 +94,7 @@ std::string ShmWorker::lastFailure() const {
 }
 
 Status ShmWorker::trySubmit(WorkBatch batch, WorkDone done) {
-  if (!ready()) return unavailable("rose worker is not ready");
+  if (!ready()) return workerDown(*this);
   const bool generate = batch.kind == shm::BatchKind::kGenerate;
   if (generate ? batch.llm_seqs.empty() : batch.seq_lens.empty())
     return invalidArgument("empty batch");
@@ -113,7 +113,7 @@ Status ShmWorker::trySubmit(WorkBatch batch, WorkDone done) {
                            " tokens does not fit the channel's input arena");
   }
   std::lock_guard<std::mutex> l(mu_);
-  if (!channel_ || !ready()) return unavailable("rose worker is not ready");
+  if (!channel_ || !ready()) return workerDown(*this);
   if (need > channel_->layout().input_bytes) {
     return invalidArgument("batch of " + std::to_string(batch.tokens.size()) +
                            " tokens does not fit the channel's input arena");

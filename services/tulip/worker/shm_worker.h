@@ -68,7 +68,7 @@ class ShmWorker final : public Worker {
   // Observability.
   uint64_t restarts() const { return restarts_.load(); }
   pid_t workerPid() const { return worker_pid_.load(); }
-  std::string lastFailure() const;
+  std::string lastFailure() const override;
 
   // Stops the supervisor, answers in-flight work CANCELLED and terminates the child.
   void stop();

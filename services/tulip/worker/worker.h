@@ -62,6 +62,9 @@ class Worker {
 
   // Ready to take batches (model loaded, heartbeat fresh).
   virtual bool ready() const = 0;
+  // Why the worker last went down ("rose worker (pid 12) was killed by signal 9 (Killed)"), or
+  // empty if it never has. Kept after recovery until the next failure.
+  virtual std::string lastFailure() const { return {}; }
   // Facts the worker reported about its model (valid once ready() has been true).
   virtual shm::ModelFacts facts() const = 0;
   // Maximum batches in flight, and how many are in flight now.
@@ -82,5 +85,13 @@ class Worker {
   // scheduler can re-check its queue. Set once before use.
   virtual void setOnChange(std::function<void()> fn) = 0;
 };
+
+// UNAVAILABLE for work that finds the worker down, naming the failure that took it down (so a
+// caller whose request raced a crash learns the cause, whichever path answered it).
+inline Status workerDown(const Worker& w, const std::string& what = "rose worker is restarting") {
+  const std::string why = w.lastFailure();
+  if (why.empty()) return unavailable("rose worker is not ready yet (starting); retry shortly");
+  return unavailable(what + ": " + why + "; retry shortly");
+}
 
 }  // namespace garden::tulip

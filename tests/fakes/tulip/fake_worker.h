@@ -30,7 +30,7 @@ class FakeWorker final : public Worker {
   uint64_t maxBatchFloats() const override { return max_floats_; }
   Status trySubmit(WorkBatch batch, WorkDone done) override {
     std::lock_guard<std::mutex> l(mu_);
-    if (!ready_) return unavailable("fake not ready");
+    if (!ready_) return workerDown(*this);
     if (held_.size() >= depth_) return failedPrecondition("no free slot");
     batches_.push_back(batch);
     held_.push_back({std::move(batch), std::move(done)});
@@ -73,6 +73,18 @@ class FakeWorker final : public Worker {
     ready_ = r;
     if (on_change_) on_change_();
   }
+  // The worker went down for `reason` (what lastFailure() reports from now on).
+  void fail(std::string reason) {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      last_failure_ = std::move(reason);
+    }
+    setReady(false);
+  }
+  std::string lastFailure() const override {
+    std::lock_guard<std::mutex> l(mu_);
+    return last_failure_;
+  }
   std::vector<WorkBatch> submitted() const {
     std::lock_guard<std::mutex> l(mu_);
     return batches_;
@@ -93,6 +105,7 @@ class FakeWorker final : public Worker {
   mutable std::mutex mu_;
   std::deque<Held> held_;
   std::vector<WorkBatch> batches_;
+  std::string last_failure_;
 };
 
 }  // namespace garden::tulip::testing

@@ -286,10 +286,18 @@ TEST(EmbedScheduler, NotReadyRejectsAndFailsQueued) {
   ASSERT_TRUE(s.submit(makeJob({seq(2)}, a)).isOk());
   ASSERT_TRUE(waitFor([&] { return w.heldCount() == 1; }));
   ASSERT_TRUE(s.submit(makeJob({seq(2)}, b)).isOk());
-  w.setReady(false);  // the worker died: queued work fails fast instead of hanging
+  // The worker died: queued work fails fast instead of hanging, and names the cause (a request
+  // split across several batches must say why whichever of its parts answers first).
+  w.fail("rose worker (pid 7) was killed by signal 9 (Killed)");
   ASSERT_EQ(b.f.wait_for(2s), std::future_status::ready);
-  EXPECT_EQ(b.f.get().code(), StatusCode::kUnavailable);
-  EXPECT_EQ(s.submit(makeJob({seq(2)}, c)).code(), StatusCode::kUnavailable);
+  const Status queued = b.f.get();
+  EXPECT_EQ(queued.code(), StatusCode::kUnavailable);
+  EXPECT_NE(queued.message().find("restarting: rose worker (pid 7) was killed by signal 9"),
+            std::string::npos)
+      << queued.message();
+  const Status rejected = s.submit(makeJob({seq(2)}, c));
+  EXPECT_EQ(rejected.code(), StatusCode::kUnavailable);
+  EXPECT_NE(rejected.message().find("signal 9"), std::string::npos) << rejected.message();
   w.completeNext(unavailable("gone"));
   ASSERT_EQ(a.f.wait_for(2s), std::future_status::ready);
 }
