@@ -3,8 +3,11 @@
 // flight and issues the next one as soon as the previous completes (no think time), so offered load
 // follows the server (closed loop) and latency is what one caller sees.
 //
-//   gRPC (tulip): the callback API, one channel (HTTP/2 connection) per client by default; the
-//   next call is issued from the completion callback, so no loadgen thread sits between calls.
+//   gRPC (tulip): one channel (HTTP/2 connection) per client by default. GrpcApi::kSync (the
+//   default): one thread per client making blocking calls, what a sequential caller does; with
+//   one client it measured ~50 µs less per call than kCallback on the same server, the same at 4
+//   (bench/results/grpc-client-api-2026-11-30.md). GrpcApi::kCallback: the next call is issued
+//   from the completion callback on gRPC's threads, so no loadgen thread sits between calls.
 //   HTTP (ivy): one thread and one keep-alive socket per client (http_client.h).
 //
 // Requests are built before a phase starts (a pool of payloads, cycled), so generating inputs is
@@ -33,6 +36,8 @@ struct Payload {
   size_t size() const { return token_inputs.empty() ? text_inputs.size() : token_inputs.size(); }
 };
 
+enum class GrpcApi { kSync, kCallback };
+
 struct DriverConfig {
   Mode mode = Mode::kEmbed;
   InputKind input = InputKind::kTokens;
@@ -40,6 +45,7 @@ struct DriverConfig {
   std::string model;     // request "model" field (gRPC: may be empty)
   int32_t concurrency = 1;
   int32_t channels = 0;  // gRPC channels; 0 = one per client
+  GrpcApi grpc_api = GrpcApi::kSync;
   std::chrono::milliseconds timeout{60000};
   int32_t yes_token = -1, no_token = -1;  // score mode (-1,-1: classification head)
   std::string encoding_format = "float";  // HTTP embeddings

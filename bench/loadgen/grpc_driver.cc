@@ -1,4 +1,4 @@
-// The gRPC driver (tulip): callback-API closed-loop clients. See driver.h.
+// The gRPC driver (tulip): closed-loop clients on gRPC's sync or callback API. See driver.h.
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
@@ -55,10 +55,19 @@ class Client {
          const std::vector<v1::ScoreRequest>* score, size_t first)
       : cfg_(cfg), stub_(stub), embed_(embed), score_(score), next_(first) {}
 
+  ~Client() {
+    if (thread_.joinable()) thread_.join();
+  }
+
   void start(PhaseGate* gate, Shared* shared) {
     gate_ = gate;
     shared_ = shared;
     rec_ = Recorder();
+    if (thread_.joinable()) thread_.join();  // the previous phase's thread has finished
+    if (cfg_.grpc_api == GrpcApi::kSync) {
+      thread_ = std::thread([this] { runBlocking(); });
+      return;
+    }
     if (!gate_->claim()) {
       finish();
       return;
@@ -70,24 +79,52 @@ class Client {
  private:
   size_t poolSize() const { return cfg_.mode == Mode::kEmbed ? embed_->size() : score_->size(); }
 
-  void issue() {
+  // Picks the next payload of this client and a fresh context; returns the pool index.
+  size_t prepare() {
     ctx_ = std::make_unique<grpc::ClientContext>();
     ctx_->set_deadline(std::chrono::system_clock::now() + cfg_.timeout);
     size_t i = next_ % poolSize();
     next_ += static_cast<size_t>(cfg_.concurrency);
+    expect_ = cfg_.mode == Mode::kEmbed ? (*embed_)[i].inputs_size() : (*score_)[i].inputs_size();
+    return i;
+  }
+
+  // GrpcApi::kCallback: the next call is issued from the completion callback.
+  void issue() {
+    const size_t i = prepare();
     t0_ = Clock::now();
     if (cfg_.mode == Mode::kEmbed) {
-      expect_ = (*embed_)[i].inputs_size();
       stub_->async()->Embed(ctx_.get(), &(*embed_)[i], &embed_resp_,
                             [this](grpc::Status s) { done(s); });
     } else {
-      expect_ = (*score_)[i].inputs_size();
       stub_->async()->Score(ctx_.get(), &(*score_)[i], &score_resp_,
                             [this](grpc::Status s) { done(s); });
     }
   }
 
   void done(const grpc::Status& s) {
+    record(s);
+    if (gate_->claim()) {
+      issue();
+    } else {
+      finish();
+    }
+  }
+
+  // GrpcApi::kSync: this client's own thread makes blocking calls back to back.
+  void runBlocking() {
+    while (gate_->claim()) {
+      const size_t i = prepare();
+      t0_ = Clock::now();
+      grpc::Status s = cfg_.mode == Mode::kEmbed
+                           ? stub_->Embed(ctx_.get(), (*embed_)[i], &embed_resp_)
+                           : stub_->Score(ctx_.get(), (*score_)[i], &score_resp_);
+      record(s);
+    }
+    finish();
+  }
+
+  void record(const grpc::Status& s) {
     double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0_).count();
     if (!s.ok()) {
       rec_.failure(codeName(s.error_code()), s.error_message());
@@ -116,11 +153,6 @@ class Client {
         rec_.server_total_us.push_back(static_cast<double>(t->total_us()));
       }
     }
-    if (gate_->claim()) {
-      issue();
-    } else {
-      finish();
-    }
   }
 
   void finish() {
@@ -142,6 +174,7 @@ class Client {
   v1::EmbedResponse embed_resp_;
   v1::ScoreResponse score_resp_;
   Clock::time_point t0_;
+  std::thread thread_;  // GrpcApi::kSync
 };
 
 class GrpcDriver : public Driver {

@@ -41,6 +41,7 @@ struct Options {
   uint32_t max_tokens = 128;
   double text_tolerance = 0.01;
   std::string info_endpoint;
+  std::string grpc_api = "sync";
   uint32_t vocab_size = 0;
   bool require_ok = false;
   bool ignore_eos = true;
@@ -153,6 +154,9 @@ int runMain(int argc, char** argv) {
       .add("seq-len", &o.seq_len, "tokens per input (text: the calibration target; chat: prompt)")
       .add("concurrency", &o.concurrency, "closed-loop clients, one request in flight each")
       .add("channels", &o.channels, "gRPC channels (connections); 0 = one per client")
+      .add("grpc-api", &o.grpc_api,
+           "gRPC client API: sync (a thread per client, blocking calls) or callback (the next "
+           "call issued from gRPC's completion callback)")
       .add("count", &o.count, "measured requests in total (0: use --duration)")
       .add("duration", &o.duration, "measured seconds when --count is 0")
       .add("warmup", &o.warmup, "requests before measuring (not recorded)")
@@ -207,6 +211,8 @@ int runMain(int argc, char** argv) {
   if (*mode == Mode::kChat && o.batch != 1) return usage("--mode chat takes --batch 1");
   if (o.encoding_format != "float" && o.encoding_format != "base64")
     return usage("--encoding-format must be float or base64");
+  if (o.grpc_api != "sync" && o.grpc_api != "callback")
+    return usage("--grpc-api must be sync or callback");
   if (o.commit.empty() && std::getenv("GARDEN_COMMIT")) o.commit = std::getenv("GARDEN_COMMIT");
   if (o.commit.empty()) o.commit = "unknown";
   const std::chrono::milliseconds timeout(o.timeout_ms);
@@ -320,6 +326,7 @@ int runMain(int argc, char** argv) {
   cfg.model = model;
   cfg.concurrency = o.concurrency;
   cfg.channels = o.channels;
+  cfg.grpc_api = o.grpc_api == "callback" ? GrpcApi::kCallback : GrpcApi::kSync;
   cfg.timeout = timeout;
   cfg.yes_token = yes;
   cfg.no_token = no;
@@ -355,6 +362,7 @@ int runMain(int argc, char** argv) {
              {"seq_len", std::to_string(o.seq_len)},
              {"concurrency", std::to_string(o.concurrency)},
              {"channels", std::to_string(o.channels)},
+             {"grpc_api", o.grpc_api},
              {"count", std::to_string(o.count)},
              {"duration", std::to_string(o.duration)},
              {"warmup", std::to_string(o.warmup)},

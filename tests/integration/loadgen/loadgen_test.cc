@@ -53,6 +53,9 @@ class Loadgen : public ::testing::Test {
     return testing::run(args, dir_->path() + "/" + log);
   }
 
+  // The report of the bounded embed run: exact counts, ordered percentiles, server timings.
+  static void expectPlausibleEmbedReport(const std::string& out, const std::string& api);
+
   static simdjson::dom::element parse(simdjson::dom::parser& p, const std::string& path) {
     simdjson::dom::element doc;
     auto err = p.load(path).get(doc);
@@ -68,16 +71,25 @@ testing::TempDir* Loadgen::dir_ = nullptr;
 int Loadgen::port_ = 0;
 testing::Process* Loadgen::tulip_ = nullptr;
 
+// Both client APIs (sync: a thread per client; callback: calls chained on gRPC's threads).
 TEST_F(Loadgen, GrpcEmbedBoundedCountReportsExactlyAndPlausibly) {
-  std::string out = dir_->path() + "/embed.json";
-  // ModelInfo waits for tulip to come up (wait_for_ready), so no separate readiness poll.
-  ASSERT_EQ(loadgen({"--endpoint", endpoint(), "--seq-len", "32", "--batch", "2", "--concurrency",
-                     "4", "--warmup", "10", "--count", "300", "--out", out, "--require-ok",
-                     "--commit", "testcommit", "--suite", "itest"}),
-            0)
-      << readFile(dir_->path() + "/loadgen.log") << tulip_->log();
+  for (const std::string api : {"sync", "callback"}) {
+    SCOPED_TRACE("--grpc-api " + api);
+    std::string out = dir_->path() + "/embed_" + api + ".json";
+    // ModelInfo waits for tulip to come up (wait_for_ready), so no separate readiness poll.
+    ASSERT_EQ(loadgen({"--endpoint", endpoint(), "--grpc-api", api, "--seq-len", "32", "--batch",
+                       "2", "--concurrency", "4", "--warmup", "10", "--count", "300", "--out", out,
+                       "--require-ok", "--commit", "testcommit", "--suite", "itest"}),
+              0)
+        << readFile(dir_->path() + "/loadgen.log") << tulip_->log();
+    expectPlausibleEmbedReport(out, api);
+  }
+}
+
+void Loadgen::expectPlausibleEmbedReport(const std::string& out, const std::string& api) {
   simdjson::dom::parser p;
   auto doc = parse(p, out);
+  EXPECT_EQ(std::string_view(doc["flags"]["grpc_api"]), api);
   EXPECT_EQ(std::string_view(doc["schema"]), "garden.bench.result.v1");
   EXPECT_EQ(std::string_view(doc["workload"]), "embed_tok32_b2_c4");
   EXPECT_EQ(std::string_view(doc["suite"]), "itest");
@@ -121,7 +133,7 @@ TEST_F(Loadgen, GrpcScoreAndErrorsByStatus) {
   // 100 tokens is over fake-rose's 64: every request fails, counted by gRPC status.
   std::string bad = dir_->path() + "/bad.json";
   ASSERT_EQ(loadgen({"--endpoint", endpoint(), "--seq-len", "100", "--warmup", "0", "--count", "12",
-                     "--concurrency", "3", "--out", bad}),
+                     "--concurrency", "3", "--grpc-api", "callback", "--out", bad}),
             0);
   auto bdoc = parse(p, bad);
   EXPECT_EQ(uint64_t(bdoc["requests"]["ok"]), 0u);
@@ -139,6 +151,9 @@ TEST_F(Loadgen, BadFlagsAndUnreachableEndpoint) {
   EXPECT_EQ(loadgen({"--endpoint", endpoint(), "--count", "1", "--batch", "0"}), 2);
   EXPECT_EQ(loadgen({"--endpoint", endpoint()}), 2);  // neither --count nor --duration
   EXPECT_EQ(loadgen({"--endpoint", endpoint(), "--count", "1", "--input", "text"}), 2);
+  EXPECT_EQ(loadgen({"--endpoint", endpoint(), "--count", "1", "--grpc-api", "async"}, "api.log"),
+            2);
+  EXPECT_NE(readFile(dir_->path() + "/api.log").find("--grpc-api"), std::string::npos);
   EXPECT_EQ(
       loadgen({"--protocol", "http", "--endpoint", endpoint(), "--count", "1", "--mode", "score"}),
       2);
