@@ -227,11 +227,15 @@ TEST_F(DisconnectTest, ClosedConnectionCancelsEveryChunkInTulip) {
 
 TEST_F(DisconnectTest, PipelinedKeepAliveRequestsAreAllAnswered) {
   const double gone0 = metric(ivyMetrics(), "ivy_http_client_disconnects_total{");
+  const double batches0 = metric(tulipMetrics(), "tulip_batches_total{");
   Conn c(ivy_port_);
   ASSERT_TRUE(c.connected());
-  // The first takes a while in tulip (16 batches); the next two arrive while it waits.
+  // The first takes a while in tulip (16 batches); the next two arrive while it waits (sent once
+  // tulip has run its first batch: a fixed 300 ms did not ensure that on a loaded machine).
   ASSERT_TRUE(c.send(post("/v1/embeddings", embeddingBody(16, 400))));
-  std::this_thread::sleep_for(300ms);
+  ASSERT_TRUE(eventually(60s, [&] {
+    return metric(tulipMetrics(), "tulip_batches_total{") >= batches0 + 1;
+  })) << logs();
   ASSERT_TRUE(c.send(post("/v1/embeddings", embeddingBody(1, 8)) +
                      "GET /health HTTP/1.1\r\nHost: t\r\n\r\n"));
   const testing::RawHttpResponse r1 = c.read();

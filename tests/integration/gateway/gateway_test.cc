@@ -354,7 +354,7 @@ TEST_F(GatewayTest, RequestIdInAllThreeTiersLogs) {
     return false;
   };
   bool ivy = false, tulip = false, rose = false;
-  for (int i = 0; i < 100 && !(ivy && tulip && rose); ++i) {
+  for (int i = 0; i < 300 && !(ivy && tulip && rose); ++i) {
     std::string ilog = mesh_->ivy->log(), tlog = mesh_->tulip->log();
     ivy = lineWith(ilog, "ivy");
     tulip = lineWith(tlog, "tulip");

@@ -99,6 +99,7 @@ class GenerateRose : public ::testing::Test {
     argv.insert(
         argv.end(),
         {"--max-batch-tokens", "16", "--max-num-seqs", "4", "--rose-threads", "1",
+         "--heartbeat-timeout-ms", "120000",  // the preemption test pauses rose for a moment
          "--rose-arg=--kv-blocks", "--rose-arg=" + std::to_string(kv_blocks),
          "--rose-arg=--kv-block-size", "--rose-arg=" + std::to_string(kBlock),
          "--rose-arg=--max-model-len", "--rose-arg=128", "--rose-arg=--max-seqs", "--rose-arg=4"});
@@ -207,9 +208,24 @@ TEST_F(GenerateRose, PreemptionOnATinyCacheStillGivesRosesContinuation) {
   const auto a = prompt(20, 300), b = prompt(27, 7000), c = prompt(22, 90000);
   const auto want_a = reference(a, 8), want_b = reference(b, 8), want_c = reference(c, 8);
   startTulip(9);
+  // rose is paused until tulip holds all three streams, so they compete for the cache however
+  // late a loaded machine starts their threads.
+  const std::vector<pid_t> kids = testing::childrenOf(tulip_->pid());
+  ASSERT_EQ(kids.size(), 1u);
+  testing::Paused paused(kids.front());
+  ASSERT_TRUE(paused.stopped());
   auto fa = std::async(std::launch::async, [&] { return generate(a, 8); });
   auto fb = std::async(std::launch::async, [&] { return generate(b, 8); });
   auto fc = std::async(std::launch::async, [&] { return generate(c, 8); });
+  const bool all_held = testing::eventually(60s, [&] {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + 10s);
+    v1::LoadResponse l;
+    return stub_->Load(&ctx, v1::LoadRequest(), &l).ok() &&
+           l.running_seqs() + l.waiting_seqs() == 3;
+  });
+  paused.resume();
+  ASSERT_TRUE(all_held) << "tulip never held the three streams";
   auto oa = fa.get(), ob = fb.get(), oc = fc.get();
   ASSERT_TRUE(oa.status.ok()) << oa.status.error_message() << tulip_->log();
   ASSERT_TRUE(ob.status.ok()) << ob.status.error_message();

@@ -139,7 +139,7 @@ class Generate : public ::testing::Test {
   }
 
   // Polls Load until every KV block is free and nothing runs or waits.
-  bool waitIdle(std::chrono::seconds limit = 10s) {
+  bool waitIdle(std::chrono::seconds limit = 30s) {
     auto t0 = std::chrono::steady_clock::now();
     while (std::chrono::steady_clock::now() - t0 < limit) {
       auto l = load();
@@ -291,7 +291,9 @@ TEST_F(Generate, StopTokenAndMaxTokensAndAdmissionErrors) {
 }
 
 TEST_F(Generate, CancellationMidStreamFreesBlocks) {
-  startTulip({"--kv-blocks", "32", "--kv-block-size", "4", "--delay-ms", "20"});
+  // 50 ms a step: 100 tokens take 5 s, room enough to check and cancel mid-stream on a loaded
+  // machine.
+  startTulip({"--kv-blocks", "32", "--kv-block-size", "4", "--delay-ms", "50"});
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + 60s);
   auto reader = stub_->Generate(&ctx, req(range(9), 100));
@@ -309,7 +311,7 @@ TEST_F(Generate, CancellationMidStreamFreesBlocks) {
   while (reader->Read(&c)) {
   }
   EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
-  EXPECT_TRUE(waitIdle(5s)) << "blocks not freed after cancel: " << load().kv_free_blocks();
+  EXPECT_TRUE(waitIdle(30s)) << "blocks not freed after cancel: " << load().kv_free_blocks();
 }
 
 TEST_F(Generate, RepeatedLongPromptHitsThePrefixCache) {
@@ -329,10 +331,16 @@ TEST_F(Generate, RepeatedLongPromptHitsThePrefixCache) {
 }
 
 TEST_F(Generate, PreemptionOnATinyCacheKeepsEveryStreamRight) {
-  // 16 blocks of 2 tokens; 10 streams that each grow to ~20 tokens.
+  // 16 blocks of 2 tokens; 10 streams that each grow to ~20 tokens. fake-rose is paused until
+  // tulip holds all ten, so they compete for the cache however late a loaded machine starts
+  // their threads (unpaused, each stream could finish before the next one arrived).
   startTulip({"--kv-blocks", "16", "--kv-block-size", "2", "--max-seq-len", "32"},
-             {"--max-num-seqs", "6"});
+             {"--max-num-seqs", "6", "--heartbeat-timeout-ms", "120000"});
   constexpr int kStreams = 10;
+  const std::vector<pid_t> kids = testing::childrenOf(tulip_->pid());
+  ASSERT_EQ(kids.size(), 1u);
+  testing::Paused paused(kids.front());
+  ASSERT_TRUE(paused.stopped());
   std::vector<std::future<StreamOut>> futs;
   for (int i = 0; i < kStreams; ++i) {
     futs.push_back(std::async(std::launch::async, [this, i] {
@@ -345,6 +353,12 @@ TEST_F(Generate, PreemptionOnATinyCacheKeepsEveryStreamRight) {
       return run(r);
     }));
   }
+  const bool all_held = testing::eventually(60s, [&] {
+    const auto l = load();
+    return l.running_seqs() + l.waiting_seqs() == kStreams;
+  });
+  paused.resume();
+  ASSERT_TRUE(all_held) << "tulip never held all " << kStreams << " streams";
   for (int i = 0; i < kStreams; ++i) {
     auto out = futs[i].get();
     ASSERT_TRUE(out.status.ok()) << i << ": " << out.status.error_message();
@@ -356,7 +370,8 @@ TEST_F(Generate, PreemptionOnATinyCacheKeepsEveryStreamRight) {
 }
 
 TEST_F(Generate, RoseKilledMidStreamIsUnavailableThenRecovers) {
-  startTulip({"--kv-blocks", "32", "--kv-block-size", "4", "--delay-ms", "20"});
+  // 50 ms a step: the stream is still running when the worker is killed, on a loaded machine too.
+  startTulip({"--kv-blocks", "32", "--kv-block-size", "4", "--delay-ms", "50"});
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + 60s);
   auto reader = stub_->Generate(&ctx, req(range(5), 200));
@@ -373,7 +388,7 @@ TEST_F(Generate, RoseKilledMidStreamIsUnavailableThenRecovers) {
   // tulip restarts rose and serves again, with a fresh KV cache.
   auto t0 = std::chrono::steady_clock::now();
   StreamOut out;
-  while (std::chrono::steady_clock::now() - t0 < 30s) {
+  while (std::chrono::steady_clock::now() - t0 < 60s) {
     out = run(req(range(6), 4));
     if (out.status.ok()) break;
     EXPECT_EQ(out.status.error_code(), grpc::StatusCode::UNAVAILABLE);

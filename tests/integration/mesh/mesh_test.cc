@@ -446,11 +446,10 @@ TEST_F(MeshTest, ZKillRoseMidRequestThenRecover) {
   // Recovery: ready again, and the next request succeeds with the right answer.
   ASSERT_TRUE(testing::waitForHttp(mesh_->ivy_port, "/ready", 200, 60s));
   HttpResponse ok;
-  for (int i = 0; i < 100; ++i) {
+  testing::eventually(60s, [&] {
     ok = mesh_->post(R"({"model":"tiny","input":[[3,1,4,1,5]]})");
-    if (ok.status == 200) break;
-    std::this_thread::sleep_for(100ms);
-  }
+    return ok.status == 200;
+  }, 100ms);
   ASSERT_EQ(ok.status, 200) << ok.body;
   expectClose(embeddings(ok.body)[0], direct({3, 1, 4, 1, 5}));
   EXPECT_NE(mesh_->rosePid(), rose);

@@ -13,6 +13,7 @@
 #include <signal.h>
 #include <simdjson.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <future>
@@ -87,7 +88,7 @@ struct Mesh {
               "--max-batch-tokens",
               "1024",
               "--heartbeat-timeout-ms",
-              "3000"},
+              "30000"},  // Overload pauses the roses for a moment
           dir.path() + "/tulip" + std::to_string(i) + ".log"));
     }
     std::string targets;
@@ -222,14 +223,26 @@ TEST_F(PoolTest, Spread) {
   }
   for (auto& th : threads) th.join();
   ASSERT_EQ(ok.load(), kThreads * kPerThread) << mesh_->logs();
-  std::this_thread::sleep_for(200ms);
-  auto after = mesh_->served();
-  double req_total = 0, tok_total = 0;
-  for (int i = 0; i < kReplicas; ++i) {
-    req_total += after[i].requests - before[i].requests;
-    tok_total += after[i].tokens - before[i].tokens;
+  // tulip counts a request just after answering it: wait until the counts cover every request
+  // and every token sent (a fixed 200 ms raced a loaded machine).
+  double sent_tokens = 0;
+  for (int t = 0; t < kThreads; ++t) {
+    for (int k = 0; k < kPerThread; ++k)
+      sent_tokens += (10 + (t * 7 + k * 13) % 50) * (4 + (t + k) % 8);
   }
+  std::vector<Mesh::Served> after;
+  double req_total = 0, tok_total = 0;
+  testing::eventually(30s, [&] {
+    after = mesh_->served();
+    req_total = tok_total = 0;
+    for (int i = 0; i < kReplicas; ++i) {
+      req_total += after[i].requests - before[i].requests;
+      tok_total += after[i].tokens - before[i].tokens;
+    }
+    return req_total >= kThreads * kPerThread && tok_total >= sent_tokens;
+  });
   EXPECT_EQ(req_total, kThreads * kPerThread);
+  EXPECT_EQ(tok_total, sent_tokens);
   for (int i = 0; i < kReplicas; ++i) {
     const double req = after[i].requests - before[i].requests;
     const double tok = after[i].tokens - before[i].tokens;
@@ -260,7 +273,17 @@ TEST_F(PoolTest, SplitEqualsDirect) {
   EXPECT_EQ(sample(after, R"(ivy_pool_chunks_total{method="Embed"})") -
                 sample(before, R"(ivy_pool_chunks_total{method="Embed"})"),
             10);  // 1000 inputs, 100 per chunk
-  auto after_served = mesh_->served();
+  // tulip counts a request just after answering it: wait until all ten chunks are counted.
+  std::vector<Mesh::Served> after_served;
+  double chunks_served = 0;
+  testing::eventually(30s, [&] {
+    after_served = mesh_->served();
+    chunks_served = 0;
+    for (int i = 0; i < kReplicas; ++i)
+      chunks_served += after_served[i].requests - before_served[i].requests;
+    return chunks_served >= 10;
+  });
+  EXPECT_EQ(chunks_served, 10);
   int replicas_used = 0;
   for (int i = 0; i < kReplicas; ++i) {
     replicas_used += after_served[i].requests > before_served[i].requests;
@@ -297,15 +320,40 @@ TEST_F(PoolTest, SplitEqualsDirect) {
 TEST_F(PoolTest, Overload) {
   const auto before = mesh_->served();
   constexpr int kConcurrent = 30;
-  // 2000 tokens each (one chunk): 60000 tokens at once against three 4000-token queues.
+  // 2000 tokens each (one chunk): 60000 tokens at once against three 4000-token queues. The roses
+  // are paused until every request is either refused or held by a tulip, so the queues fill
+  // however fast the machine is (unpaused, a slow client on a loaded machine let the roses keep
+  // up and nothing was refused).
+  std::vector<std::unique_ptr<testing::Paused>> paused;
+  for (auto& tulip : mesh_->tulips) {
+    const auto roses = testing::childrenOf(tulip->pid());
+    ASSERT_EQ(roses.size(), 1u);
+    paused.push_back(std::make_unique<testing::Paused>(roses.front()));
+    ASSERT_TRUE(paused.back()->stopped());
+  }
   std::vector<HttpResponse> out(kConcurrent);
+  std::atomic<int> answered{0};
   std::vector<std::thread> threads;
   for (int t = 0; t < kConcurrent; ++t) {
-    threads.emplace_back([t, &out] {
+    threads.emplace_back([t, &out, &answered] {
       out[t] = http(mesh_->ivy_port, "POST", "/v1/embeddings", body(makeInputs(100, 20, 500 + t)));
+      ++answered;
     });
   }
+  // Held: tokens queued or on the (paused) worker in each tulip, 2000 per request.
+  auto held = [] {
+    double tokens = 0;
+    for (int i = 0; i < kReplicas; ++i) {
+      const std::string m = mesh_->tulipMetrics(i);
+      tokens += sample(m, "tulip_queue_tokens") + sample(m, "tulip_inflight_tokens");
+    }
+    return tokens;
+  };
+  const bool settled = testing::eventually(
+      60s, [&] { return answered.load() + held() / 2000 >= kConcurrent; }, 50ms);
+  paused.clear();  // resume the roses
   for (auto& th : threads) th.join();
+  ASSERT_TRUE(settled) << answered.load() << " answered, " << held() << " tokens held";
   int ok = 0, limited = 0;
   for (auto& r : out) {
     if (r.status == 200) {
@@ -367,14 +415,33 @@ TEST_F(PoolTest, KillDuringStream) {
       }
     });
   }
-  std::this_thread::sleep_for(1000ms);
+  // Kill once the stream runs on the replicas about to fail: ivy has a call outstanding on tulip
+  // 1 and tulip 0 has served part of the stream (a fixed 1 s raced a loaded machine).
+  const double served0 = mesh_->served()[0].requests;
+  const std::string outstanding1 = "ivy_replica_outstanding_tokens{replica=\"127.0.0.1:" +
+                                   std::to_string(mesh_->grpc_ports[1]) + "\"}";
+  const bool flowing = testing::eventually(60s, [&] {
+    return mesh_->served()[0].requests > served0 &&
+           sample(mesh_->ivyMetrics(), outstanding1) > 0;
+  });
   auto roses = testing::childrenOf(mesh_->tulips[0]->pid());
-  ASSERT_FALSE(roses.empty()) << "tulip 0 has no rose child";
-  ASSERT_EQ(::kill(roses.front(), SIGKILL), 0);
-  mesh_->tulips[1]->signal(SIGKILL);
-  std::this_thread::sleep_for(4000ms);
+  if (flowing && !roses.empty()) {
+    ASSERT_EQ(::kill(roses.front(), SIGKILL), 0);
+    mesh_->tulips[1]->signal(SIGKILL);
+    // The stream goes on for at least 4 s after the kills, and until 8 requests succeeded in all
+    // (a slow machine needs longer; a mesh that stops serving fails below after 60 s).
+    const auto killed_at = std::chrono::steady_clock::now();
+    testing::eventually(60s, [&] {
+      if (std::chrono::steady_clock::now() - killed_at < 4s) return false;
+      std::lock_guard<std::mutex> lock(mu);
+      return std::count_if(outcomes.begin(), outcomes.end(),
+                           [](const Outcome& o) { return o.status == 200; }) >= 8;
+    }, 50ms);
+  }
   stop = true;
   for (auto& th : threads) th.join();
+  ASSERT_TRUE(flowing) << "the stream never reached tulip 0 and tulip 1\n" << mesh_->logs();
+  ASSERT_FALSE(roses.empty()) << "tulip 0 has no rose child";
 
   int ok = 0, unavailable = 0;
   double slowest = 0;
@@ -406,13 +473,13 @@ TEST_F(PoolTest, KillDuringStream) {
   EXPECT_GE(ejections, 1);
   EXPECT_GE(retries, 1);  // chunks in flight on the killed replicas went elsewhere
   // tulip 1 is gone for good; tulip 0 restarts its rose and is probed back in.
-  EXPECT_TRUE(mesh_->waitHealthy(2, 30s)) << mesh_->logs();
+  EXPECT_TRUE(mesh_->waitHealthy(2, 60s)) << mesh_->logs();
   auto r = http(mesh_->ivy_port, "POST", "/v1/embeddings", body(makeInputs(300, 3, 9)));
   EXPECT_EQ(r.status, 200) << r.body;
 }
 
 TEST_F(PoolTest, SigtermDrains) {
-  ASSERT_TRUE(mesh_->waitHealthy(2, 30s));
+  ASSERT_TRUE(mesh_->waitHealthy(2, 60s));
   auto calls = [] {
     std::string m = mesh_->ivyMetrics();
     double n = 0;

@@ -65,8 +65,14 @@ TEST(Spread, IvySpreadsOverEveryResolvedTulip) {
                            R"({"model":"fake","input":[[1,2,)" + std::to_string(i) + "]]}");
     ASSERT_EQ(r.status, 200) << r.body;
   }
-  std::this_thread::sleep_for(200ms);
-  const double a = embedOk(metrics_ports[0]), b = embedOk(metrics_ports[1]);
+  // tulip counts a request just after answering it: wait for the counts to cover all of them (a
+  // fixed 200 ms raced a loaded machine).
+  double a = 0, b = 0;
+  testing::eventually(30s, [&] {
+    a = embedOk(metrics_ports[0]);
+    b = embedOk(metrics_ports[1]);
+    return a + b >= kRequests;
+  });
   EXPECT_EQ(a + b, kRequests);
   // Least-loaded with round-robin ties over two idle replicas: neither gets more than 60%.
   EXPECT_LE(std::max(a, b), 0.6 * kRequests) << a << " vs " << b;

@@ -132,6 +132,25 @@ std::string Process::log() const {
   return ss.str();
 }
 
+Paused::Paused(pid_t pid) {
+  if (pid > 0 && ::kill(pid, SIGSTOP) == 0) pid_ = pid;
+}
+
+void Paused::resume() {
+  if (pid_ > 0) ::kill(pid_, SIGCONT);
+  pid_ = -1;
+}
+
+bool eventually(std::chrono::milliseconds limit, const std::function<bool()>& pred,
+                std::chrono::milliseconds every) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < until) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(every);
+  }
+  return pred();
+}
+
 std::vector<pid_t> childrenOf(pid_t pid) {
   std::vector<pid_t> out;
   std::error_code ec;

@@ -5,6 +5,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -59,6 +60,29 @@ class Process {
   bool reaped_ = false;
   std::string log_path_;
 };
+
+// Holds process `pid` stopped (SIGSTOP) while it lives and resumes it (SIGCONT) when destroyed or
+// resume()d. Tests pause a worker so that work they send piles up in the scheduler and then runs
+// from a known state, instead of assuming it all arrives within one batch's time (a loaded CI
+// machine breaks that). The process's supervisor must tolerate the pause: give tulip a long
+// --heartbeat-timeout-ms.
+class Paused {
+ public:
+  explicit Paused(pid_t pid);
+  ~Paused() { resume(); }
+  Paused(const Paused&) = delete;
+  Paused& operator=(const Paused&) = delete;
+  bool stopped() const { return pid_ > 0; }  // false when SIGSTOP failed (no such process)
+  void resume();
+
+ private:
+  pid_t pid_ = -1;
+};
+
+// Polls `pred` every `every` until it holds or `limit` passes; returns its last value. For
+// waiting on an observable condition (a metric, a counter) instead of sleeping a fixed time.
+bool eventually(std::chrono::milliseconds limit, const std::function<bool()>& pred,
+                std::chrono::milliseconds every = std::chrono::milliseconds(20));
 
 // Direct children of `pid` (from /proc).
 std::vector<pid_t> childrenOf(pid_t pid);

@@ -38,7 +38,7 @@ class TulipGrpc : public ::testing::Test {
     stub_ = v1::Tulip::NewStub(channel_);
     health_ = grpc::health::v1::Health::NewStub(channel_);
     auto t0 = std::chrono::steady_clock::now();
-    while (std::chrono::steady_clock::now() - t0 < 20s) {
+    while (std::chrono::steady_clock::now() - t0 < 60s) {
       grpc::ClientContext ctx;
       ctx.set_deadline(std::chrono::system_clock::now() + 500ms);
       grpc::health::v1::HealthCheckRequest req;
@@ -49,6 +49,22 @@ class TulipGrpc : public ::testing::Test {
       std::this_thread::sleep_for(50ms);
     }
     FAIL() << "tulip never became healthy\n" << tulip_->log();
+  }
+
+  // Tokens tulip has on the worker / in its queue (its Load RPC), -1 when Load fails.
+  int64_t inflightTokens() {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + 10s);
+    v1::LoadResponse load;
+    if (!stub_->Load(&ctx, v1::LoadRequest(), &load).ok()) return -1;
+    return static_cast<int64_t>(load.inflight_tokens());
+  }
+  int64_t queuedTokens() {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + 10s);
+    v1::LoadResponse load;
+    if (!stub_->Load(&ctx, v1::LoadRequest(), &load).ok()) return -1;
+    return static_cast<int64_t>(load.queued_tokens());
   }
 
   static v1::EmbedRequest embedReq(std::vector<std::vector<int32_t>> seqs) {
@@ -160,8 +176,8 @@ TEST_F(TulipGrpc, BadInputIsInvalidArgumentAndUnknownModelNotFound) {
 }
 
 TEST_F(TulipGrpc, DeadlineExpiresInQueueAndQueueLimitRejects) {
-  // Each batch takes 300 ms, one in flight at a time, small queue.
-  startTulip({"--rose-arg=--delay-ms", "--rose-arg=300", "--depth", "1",
+  // Each batch takes 1 s, one in flight at a time, small queue.
+  startTulip({"--rose-arg=--delay-ms", "--rose-arg=1000", "--depth", "1",
               "--queue-limit-tokens", "8"});
   // Occupy the worker.
   auto busy = std::async(std::launch::async, [&] {
@@ -169,7 +185,8 @@ TEST_F(TulipGrpc, DeadlineExpiresInQueueAndQueueLimitRejects) {
     v1::EmbedResponse resp;
     return stub_->Embed(&ctx, embedReq({{1, 2}}), &resp).error_code();
   });
-  std::this_thread::sleep_for(50ms);
+  // It is on the worker before the next one is sent (a fixed 50 ms raced a loaded machine).
+  ASSERT_TRUE(testing::eventually(30s, [&] { return inflightTokens() == 2; })) << tulip_->log();
   {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + 100ms);
@@ -185,7 +202,8 @@ TEST_F(TulipGrpc, DeadlineExpiresInQueueAndQueueLimitRejects) {
     EXPECT_NE(st.error_message().find("limit 8"), std::string::npos);
   }
   EXPECT_EQ(busy.get(), grpc::StatusCode::OK);
-  // The expired request never reached the worker: after the first batch, Load shows nothing left.
+  // The expired request never reached the worker: after the first batch, Load shows nothing left
+  // (had it reached the worker, it would hold it for 1 s more).
   std::this_thread::sleep_for(400ms);
   grpc::ClientContext ctx;
   v1::LoadResponse load;
@@ -195,19 +213,22 @@ TEST_F(TulipGrpc, DeadlineExpiresInQueueAndQueueLimitRejects) {
 }
 
 TEST_F(TulipGrpc, CancelledCallIsDroppedAndSigtermDrains) {
-  startTulip({"--rose-arg=--delay-ms", "--rose-arg=300", "--depth", "1"});
+  startTulip({"--rose-arg=--delay-ms", "--rose-arg=1000", "--depth", "1"});
   auto first = std::async(std::launch::async, [&] {
     grpc::ClientContext ctx;
     v1::EmbedResponse resp;
     return stub_->Embed(&ctx, embedReq({{1}}), &resp).error_code();
   });
-  std::this_thread::sleep_for(50ms);
+  // `first` is on the worker (1 s) before the rest happens: SIGTERM below must find it in
+  // flight, not still on its way (fixed 50 ms sleeps raced a loaded machine).
+  ASSERT_TRUE(testing::eventually(30s, [&] { return inflightTokens() == 1; })) << tulip_->log();
   grpc::ClientContext cancel_ctx;
   auto cancelled = std::async(std::launch::async, [&] {
     v1::EmbedResponse resp;
     return stub_->Embed(&cancel_ctx, embedReq({{2}}), &resp).error_code();
   });
-  std::this_thread::sleep_for(50ms);
+  // Cancelled while it waits in tulip's queue behind `first`.
+  ASSERT_TRUE(testing::eventually(30s, [&] { return queuedTokens() == 1; })) << tulip_->log();
   cancel_ctx.TryCancel();
   EXPECT_EQ(cancelled.get(), grpc::StatusCode::CANCELLED);
   // SIGTERM while `first` is in flight: it still completes, then tulip exits 0.

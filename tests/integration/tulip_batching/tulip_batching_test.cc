@@ -1,18 +1,22 @@
 // Batch formation under concurrency, end to end [TAG_EMBED_INFLIGHT]: tulip (a real process)
-// drives fake-rose, whose every batch sleeps 400 ms, so requests that arrive while a batch runs
-// are certainly concurrent with it. With the default cap (2 batches in flight) seven requests
-// that arrive together take three batches: the first runs, the second is staged alone, the other
-// five coalesce into one. With --max-inflight-batches 0 (every free slot, the old behaviour)
-// the first four go out one by one. Batches are counted from tulip's own metrics.
+// drives fake-rose, whose every batch sleeps 400 ms. Seven requests are sent while fake-rose is
+// paused (SIGSTOP) and it resumes only once tulip holds all seven, so they are certainly
+// concurrent with the first batch however slow the machine (a fixed window raced a loaded CI).
+// With the default cap (2 batches in flight) they take three batches: the first runs, the
+// second is staged alone, the other five coalesce into one. With --max-inflight-batches 0 (every
+// free slot, the old behaviour) the first four go out one by one. Batches are counted from
+// tulip's own metrics.
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <future>
 #include <iterator>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "garden/v1/garden.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -33,7 +37,9 @@ class TulipBatching : public ::testing::Test {
         testing::tulipArgv(port_, metrics_port_, dir_.path(), "tests/fakes/fake-rose", "tb");
     argv.insert(argv.end(), {"--rose-arg=--step-us",
                              "--rose-arg=400000",  // 400 ms per batch, whatever its size
-                             "--max-inflight-batches", max_inflight, "--log-level", "warn"});
+                             "--max-inflight-batches", max_inflight, "--log-level", "warn",
+                             // fake-rose is paused while requests pile up (sevenRequests)
+                             "--heartbeat-timeout-ms", "120000"});
     tulip_ = std::make_unique<testing::Process>(argv, dir_.path() + "/tulip.log");
     channel_ = grpc::CreateChannel("127.0.0.1:" + std::to_string(port_),
                                    grpc::InsecureChannelCredentials());
@@ -85,13 +91,34 @@ class TulipBatching : public ::testing::Test {
     return std::stoi(r.body.substr(at + key.size()));
   }
 
-  // One request, then six more together while its batch runs; returns the batches they took.
+  // tulip's queued + in-flight tokens (its Load RPC), -1 when Load fails.
+  int64_t heldTokens() {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + 10s);
+    v1::LoadResponse load;
+    if (!stub_->Load(&ctx, v1::LoadRequest(), &load).ok()) return -1;
+    return static_cast<int64_t>(load.queued_tokens() + load.inflight_tokens());
+  }
+
+  // One request, then six more, all sent while fake-rose is paused; it resumes once tulip holds
+  // all seven (3 tokens each), so the first batch is still running when the other six arrive.
+  // Returns the batches they took.
   int sevenRequests() {
+    const std::vector<pid_t> kids = testing::childrenOf(tulip_->pid());
+    EXPECT_EQ(kids.size(), 1u) << "tulip should have one child, fake-rose";
+    if (kids.size() != 1) return -1;
+    const int before = okBatches();
+    testing::Paused paused(kids.front());
+    EXPECT_TRUE(paused.stopped());
     auto first = std::async(std::launch::async, [&] { return embedOne(10); });
-    std::this_thread::sleep_for(50ms);  // (not needed for the bound: any order gives 3 batches)
+    // The first request is on the worker before the others are sent (it is dispatched at once).
+    EXPECT_TRUE(testing::eventually(30s, [&] { return heldTokens() == 3; })) << heldTokens();
     std::vector<std::future<bool>> rest;
     for (int i = 0; i < 6; ++i)
       rest.push_back(std::async(std::launch::async, [&, i] { return embedOne(100 * (i + 1)); }));
+    EXPECT_TRUE(testing::eventually(30s, [&] { return heldTokens() == 21; })) << heldTokens();
+    EXPECT_EQ(okBatches(), before);  // nothing ran while paused
+    paused.resume();
     EXPECT_TRUE(first.get());
     for (auto& f : rest) EXPECT_TRUE(f.get());
     return okBatches();
