@@ -19,20 +19,10 @@ else
     { echo "model failed"; tail "$OUT/make_model.log"; exit 1; }
 fi
 FB="$T/build"
-mkdir -p "$FB/services/ivy" "$FB/services/tulip" "$FB/services/rose" "$FB/bench/loadgen"
-ln -s "$B/bin/ivy" "$FB/services/ivy/ivy"; ln -s "$B/bin/tulip" "$FB/services/tulip/tulip"
-ln -s "$B/bin/rose" "$FB/services/rose/rose"; ln -s "$B/bin/loadgen" "$FB/bench/loadgen/loadgen"
+source "$ROOT/bench/suites/gpu_mesh.sh"
+bundle_build_dir "$B" "$FB"
 [ "$DEVICE" = cuda ] && export ROSE_CUDA_GRAPHS=on ROSE_PRECAPTURE=1x128,1x512,1x4096
-BUILD_DIR="$FB" "$ROOT/scripts/mesh.sh" --model "$T/m" --device "$DEVICE" --port 18080 --tulip-port 15051 \
-  --metrics-port 19091 > "$OUT/mesh.log" 2>&1 &
-MESH=$!
-ready=0
-for i in $(seq 360); do
-  curl -sf http://127.0.0.1:18080/ready > /dev/null 2>&1 && { ready=1; break; }
-  kill -0 $MESH 2>/dev/null || break
-  sleep 0.5
-done
-[ $ready = 1 ] || { echo "mesh not ready"; tail -20 "$OUT/mesh.log"; kill -TERM $MESH; exit 1; }
+start_bundle_mesh "$FB" "$OUT/mesh.log" "$T/m" "$DEVICE" || exit 1
 rc=0
 for r in $(seq "$ROUNDS"); do
   for api in sync callback; do

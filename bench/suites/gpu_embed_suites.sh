@@ -108,9 +108,8 @@ fi
 
 # scripts/mesh.sh runs binaries from $BUILD_DIR's layout: point it at the bundle.
 FB="$T/build"
-mkdir -p "$FB/services/ivy" "$FB/services/tulip" "$FB/services/rose" "$FB/bench/loadgen"
-ln -s "$B/bin/ivy" "$FB/services/ivy/ivy"; ln -s "$B/bin/tulip" "$FB/services/tulip/tulip"
-ln -s "$B/bin/rose" "$FB/services/rose/rose"; ln -s "$B/bin/loadgen" "$FB/bench/loadgen/loadgen"
+source "$ROOT/bench/suites/gpu_mesh.sh"
+bundle_build_dir "$B" "$FB"
 
 LAT_COUNT=200 LAT_WARM=20 SC_COUNT=40 TP_COUNT=32 TP4K_COUNT=8
 [ $QUICK = 1 ] && { LAT_COUNT=10 LAT_WARM=3 SC_COUNT=5 TP_COUNT=4 TP4K_COUNT=2; }

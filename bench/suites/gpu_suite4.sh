@@ -23,19 +23,10 @@ cp "$TOK" "$T/m/tokenizer.json"
 EXTRA=()
 for a in ${SUITE4_TULIP_ARGS:-}; do EXTRA+=(--tulip-arg "$a"); done
 FB="$T/build"
-mkdir -p "$FB/services/ivy" "$FB/services/tulip" "$FB/services/rose" "$FB/bench/loadgen"
-ln -s "$B/bin/ivy" "$FB/services/ivy/ivy"; ln -s "$B/bin/tulip" "$FB/services/tulip/tulip"
-ln -s "$B/bin/rose" "$FB/services/rose/rose"; ln -s "$B/bin/loadgen" "$FB/bench/loadgen/loadgen"
-BUILD_DIR="$FB" "$ROOT/scripts/mesh.sh" --model "$T/m" --device cuda --port 18080 --tulip-port 15051 \
-  --metrics-port 19091 --tulip-arg --queue-limit-tokens=4194304 "${EXTRA[@]}" > "$OUT/mesh.log" 2>&1 &
-MESH=$!
-ready=0
-for i in $(seq 360); do
-  curl -sf http://127.0.0.1:18080/ready > /dev/null 2>&1 && { ready=1; break; }
-  kill -0 $MESH 2>/dev/null || break
-  sleep 0.5
-done
-[ $ready = 1 ] || { echo "mesh not ready"; tail -20 "$OUT/mesh.log"; kill -TERM $MESH; exit 1; }
+source "$ROOT/bench/suites/gpu_mesh.sh"
+bundle_build_dir "$B" "$FB"
+start_bundle_mesh "$FB" "$OUT/mesh.log" "$T/m" cuda --tulip-arg --queue-limit-tokens=4194304 \
+  "${EXTRA[@]}" || exit 1
 BUILD_DIR="$FB" timeout 300 "$ROOT/bench/suites/concurrency.sh" --ivy 127.0.0.1:18080 --out "$OUT/suite4" \
   --duration "$DURATION" --warmup 20 2>&1 | tail -12
 rc=$?
