@@ -90,7 +90,7 @@ class Worker {
 // caller whose request raced a crash learns the cause, whichever path answered it).
 inline Status workerDown(const Worker& w, const std::string& what = "rose worker is restarting") {
   const std::string why = w.lastFailure();
-  if (why.empty()) return unavailable("rose worker is not ready yet (starting); retry shortly");
+  if (why.empty()) return unavailable("rose worker is not ready; retry shortly");
   return unavailable(what + ": " + why + "; retry shortly");
 }
 
