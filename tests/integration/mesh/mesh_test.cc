@@ -446,10 +446,13 @@ TEST_F(MeshTest, ZKillRoseMidRequestThenRecover) {
   // Recovery: ready again, and the next request succeeds with the right answer.
   ASSERT_TRUE(testing::waitForHttp(mesh_->ivy_port, "/ready", 200, 60s));
   HttpResponse ok;
-  testing::eventually(60s, [&] {
-    ok = mesh_->post(R"({"model":"tiny","input":[[3,1,4,1,5]]})");
-    return ok.status == 200;
-  }, 100ms);
+  testing::eventually(
+      60s,
+      [&] {
+        ok = mesh_->post(R"({"model":"tiny","input":[[3,1,4,1,5]]})");
+        return ok.status == 200;
+      },
+      100ms);
   ASSERT_EQ(ok.status, 200) << ok.body;
   expectClose(embeddings(ok.body)[0], direct({3, 1, 4, 1, 5}));
   EXPECT_NE(mesh_->rosePid(), rose);

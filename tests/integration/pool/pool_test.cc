@@ -418,11 +418,11 @@ TEST_F(PoolTest, KillDuringStream) {
   // Kill once the stream runs on the replicas about to fail: ivy has a call outstanding on tulip
   // 1 and tulip 0 has served part of the stream (a fixed 1 s raced a loaded machine).
   const double served0 = mesh_->served()[0].requests;
-  const std::string outstanding1 = "ivy_replica_outstanding_tokens{replica=\"127.0.0.1:" +
-                                   std::to_string(mesh_->grpc_ports[1]) + "\"}";
+  const std::string outstanding1 =
+      "ivy_replica_outstanding_tokens{replica=\"127.0.0.1:" + std::to_string(mesh_->grpc_ports[1]) +
+      "\"}";
   const bool flowing = testing::eventually(60s, [&] {
-    return mesh_->served()[0].requests > served0 &&
-           sample(mesh_->ivyMetrics(), outstanding1) > 0;
+    return mesh_->served()[0].requests > served0 && sample(mesh_->ivyMetrics(), outstanding1) > 0;
   });
   auto roses = testing::childrenOf(mesh_->tulips[0]->pid());
   if (flowing && !roses.empty()) {
@@ -431,12 +431,15 @@ TEST_F(PoolTest, KillDuringStream) {
     // The stream goes on for at least 4 s after the kills, and until 8 requests succeeded in all
     // (a slow machine needs longer; a mesh that stops serving fails below after 60 s).
     const auto killed_at = std::chrono::steady_clock::now();
-    testing::eventually(60s, [&] {
-      if (std::chrono::steady_clock::now() - killed_at < 4s) return false;
-      std::lock_guard<std::mutex> lock(mu);
-      return std::count_if(outcomes.begin(), outcomes.end(),
-                           [](const Outcome& o) { return o.status == 200; }) >= 8;
-    }, 50ms);
+    testing::eventually(
+        60s,
+        [&] {
+          if (std::chrono::steady_clock::now() - killed_at < 4s) return false;
+          std::lock_guard<std::mutex> lock(mu);
+          return std::count_if(outcomes.begin(), outcomes.end(),
+                               [](const Outcome& o) { return o.status == 200; }) >= 8;
+        },
+        50ms);
   }
   stop = true;
   for (auto& th : threads) th.join();

@@ -246,7 +246,8 @@ TEST(HttpDriver, DurationPhaseStopsIssuing) {
   EXPECT_GT(r->rec.ok, 4u);
   EXPECT_LT(r->rec.ok, 2u * 300u / 5u + 4u);
   EXPECT_GE(r->wall_s, 0.3);
-  EXPECT_LT(r->wall_s, 2.0);
+  EXPECT_LT(r->wall_s, 10.0);  // it stops (a phase that kept issuing would never end); the
+                               // margin is for a loaded machine, not a latency bound
 }
 
 TEST(HttpDriver, ChatStreamsGiveTtftItlAndOutputTokens) {

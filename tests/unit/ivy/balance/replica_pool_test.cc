@@ -88,7 +88,7 @@ class PoolTest : public ::testing::Test {
   void settle(int passes = 2) {
     for (int i = 0; i < passes; ++i) {
       pool_->maintainOnce();
-      ASSERT_TRUE(pool_->waitIdle(5s));
+      ASSERT_TRUE(pool_->waitIdle(30s));
     }
   }
 
@@ -111,7 +111,7 @@ class PoolTest : public ::testing::Test {
     std::promise<Result<EmbedReply>> p;
     auto f = p.get_future();
     pool_->embed(std::move(call), [&p](Result<EmbedReply> r) { p.set_value(std::move(r)); });
-    if (f.wait_for(10s) != std::future_status::ready) {
+    if (f.wait_for(60s) != std::future_status::ready) {
       ADD_FAILURE() << "embed did not finish";
       return internalError("hung");
     }
@@ -457,7 +457,7 @@ TEST_F(PoolTest, EjectedReplicaIsReprobedWithExponentialBackoff) {
   fake(2)->setHold(true);  // the retry waits on replica 2
   auto pending = embedAsync(call({{1}}));
   // The first attempt goes to replica 1 or 2 (round-robin); make sure replica 1 got ejected.
-  for (int i = 0; i < 200 && stateOf(addr(1)) != ReplicaState::kEjected; ++i) {
+  for (int i = 0; i < 6000 && stateOf(addr(1)) != ReplicaState::kEjected; ++i) {
     if (fake(1)->embedCalls().empty()) {
       fake(2)->releaseHeld();
       ASSERT_TRUE(pending.get().isOk());
@@ -645,12 +645,12 @@ TEST_F(PoolTest, FailedChunkFailsTheCallAndCancelsTheOthers) {
   // CANCELLED without being released.
   const int sent = static_cast<int>(fake(1)->embedCalls().size());
   EXPECT_GE(sent, 1);
-  for (int i = 0; i < 400 && fake(1)->cancelledCalls() < sent; ++i) {
+  for (int i = 0; i < 6000 && fake(1)->cancelledCalls() < sent; ++i) {
     std::this_thread::sleep_for(5ms);
   }
   EXPECT_EQ(fake(1)->cancelledCalls(), sent);
   EXPECT_EQ(fake(1)->heldCount(), 0u);
-  for (int i = 0; i < 400; ++i) {
+  for (int i = 0; i < 6000; ++i) {
     bool zero = true;
     for (auto& v : pool_->replicas()) zero = zero && v.outstanding_tokens == 0;
     if (zero) break;
@@ -671,17 +671,17 @@ TEST_F(PoolTest, CallerCancellationReachesEveryChunk) {
   auto cancel = c.cancel;
   auto f = embedAsync(std::move(c));
   cancel->cancel();
-  ASSERT_EQ(f.wait_for(5s), std::future_status::ready);
+  ASSERT_EQ(f.wait_for(60s), std::future_status::ready);
   auto r = f.get();
   ASSERT_FALSE(r.isOk());
   EXPECT_EQ(r.status().code(), StatusCode::kCancelled);
-  for (int i = 0; i < 400 && fake(1)->cancelledCalls() + fake(2)->cancelledCalls() < 4; ++i) {
+  for (int i = 0; i < 6000 && fake(1)->cancelledCalls() + fake(2)->cancelledCalls() < 4; ++i) {
     std::this_thread::sleep_for(5ms);
   }
   EXPECT_EQ(fake(1)->cancelledCalls() + fake(2)->cancelledCalls(), 4);
   // Cancelled by the caller: not a failure of the replicas (no failure series, no ejection). Every
   // reply was handled once its tokens were released.
-  for (int i = 0; i < 400; ++i) {
+  for (int i = 0; i < 6000; ++i) {
     bool zero = true;
     for (auto& v : pool_->replicas()) zero = zero && v.outstanding_tokens == 0;
     if (zero) break;
@@ -702,7 +702,7 @@ TEST_F(PoolTest, CallCancelledBeforeItStartsSendsNoChunk) {
   c.cancel = std::make_shared<CallCanceller>();
   c.cancel->cancel();
   auto f = embedAsync(std::move(c));
-  ASSERT_EQ(f.wait_for(5s), std::future_status::ready);
+  ASSERT_EQ(f.wait_for(60s), std::future_status::ready);
   auto r = f.get();
   ASSERT_FALSE(r.isOk());
   EXPECT_EQ(r.status().code(), StatusCode::kCancelled);
@@ -728,7 +728,7 @@ TEST_F(PoolTest, ReplicaWithAnotherModelIsNotUsed) {
   fakes_.clear();
   makeStatic(2, defaults());
   pool_->maintainOnce();  // probes both at once; which answers first defines the model
-  ASSERT_TRUE(pool_->waitIdle(5s));
+  ASSERT_TRUE(pool_->waitIdle(30s));
   settle();
   const bool one_won = stateOf(addr(1)) == ReplicaState::kHealthy;
   EXPECT_EQ(stateOf(one_won ? addr(2) : addr(1)), ReplicaState::kMismatch);
@@ -781,7 +781,7 @@ GenResult generateSync(ReplicaPool* pool, GenerateCall call) {
         res->status = s;
         p->set_value();
       });
-  EXPECT_EQ(p->get_future().wait_for(10s), std::future_status::ready);
+  EXPECT_EQ(p->get_future().wait_for(60s), std::future_status::ready);
   return *res;
 }
 
@@ -843,7 +843,7 @@ TEST_F(PoolTest, GenerateCancelReachesTheReplica) {
   stream->cancel();
   fake(1)->releaseHeld();
   auto f = p->get_future();
-  ASSERT_EQ(f.wait_for(5s), std::future_status::ready);
+  ASSERT_EQ(f.wait_for(60s), std::future_status::ready);
   EXPECT_EQ(f.get().code(), StatusCode::kCancelled);
 }
 
@@ -867,12 +867,12 @@ TEST_F(PoolTest, BackgroundThreadsProbeAndResolve) {
   o.resolve_interval = 20ms;
   make({"tulip-headless:1", "10.0.0.9:1"}, o);
   pool_->start();
-  ASSERT_TRUE(pool_->waitReady(10s));
+  ASSERT_TRUE(pool_->waitReady(30s));
   {
     std::lock_guard<std::mutex> lock(mu_);
     dns_["tulip-headless"] = {addr(1), addr(2)};
   }
-  for (int i = 0; i < 2000; ++i) {
+  for (int i = 0; i < 6000; ++i) {
     auto v = pool_->replicas();
     if (v.size() == 3 && v[1].state == ReplicaState::kHealthy) break;
     std::this_thread::sleep_for(5ms);

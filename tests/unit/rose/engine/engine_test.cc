@@ -309,9 +309,13 @@ TEST_F(EngineTest, StepBeatsAndRunStopsCleanly) {
   auto c = channel_->waitCompletion(10s);
   ASSERT_TRUE(c.has_value());
   EXPECT_EQ(c->status_code, 0);
-  // While running, the heartbeat stays fresh.
-  std::this_thread::sleep_for(150ms);
-  EXPECT_FALSE(channel_->heartbeatStale(100ms));
+  // While running (idle), it keeps beating: a beat comes 150 ms after the one seen now. (Polled:
+  // a fixed sleep then a 100 ms staleness bound failed when a loaded machine starved the runner.)
+  const int64_t seen = channel_->lastBeatNs();
+  const auto until = std::chrono::steady_clock::now() + 30s;
+  while (channel_->lastBeatNs() < seen + 150'000'000 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(5ms);
+  EXPECT_GE(channel_->lastBeatNs(), seen + 150'000'000);
   stop = true;
   runner.join();
   EXPECT_EQ(channel_->state(), shm::WorkerState::kStopping);

@@ -250,7 +250,8 @@ TEST(LlmScheduler, CancelWhileInFlightFreesBlocksAtOnce) {
   ASSERT_TRUE(w.waitHeld(1));  // a decode step is on the worker
   s.cancel(a->req);
   auto t0 = std::chrono::steady_clock::now();
-  while (!a->done() && std::chrono::steady_clock::now() - t0 < 3s) std::this_thread::sleep_for(1ms);
+  while (!a->done() && std::chrono::steady_clock::now() - t0 < 30s)
+    std::this_thread::sleep_for(1ms);
   ASSERT_TRUE(a->done());
   EXPECT_EQ(a->last->finish, FinishReason::kCancelled);
   EXPECT_EQ(a->last->status.code(), StatusCode::kCancelled);
@@ -280,7 +281,7 @@ TEST(LlmScheduler, WorkerFailureEndsRunningStreamsAndRecovers) {
   w.setReady(false);
   ASSERT_TRUE(w.completeNext(unavailable("rose worker (pid 1) was killed by signal 9")));
   auto t0 = std::chrono::steady_clock::now();
-  while (!(a->done() && b->done()) && std::chrono::steady_clock::now() - t0 < 3s)
+  while (!(a->done() && b->done()) && std::chrono::steady_clock::now() - t0 < 30s)
     std::this_thread::sleep_for(1ms);
   ASSERT_TRUE(a->done() && b->done());
   EXPECT_EQ(a->last->status.code(), StatusCode::kUnavailable);

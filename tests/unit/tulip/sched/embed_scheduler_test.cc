@@ -16,7 +16,7 @@ using namespace std::chrono_literals;
 using testing::FakeWorker;
 
 template <typename Pred>
-bool waitFor(Pred pred, std::chrono::milliseconds limit = 3000ms) {
+bool waitFor(Pred pred, std::chrono::milliseconds limit = 30000ms) {
   auto t0 = std::chrono::steady_clock::now();
   while (!pred()) {
     if (std::chrono::steady_clock::now() - t0 > limit) return false;
@@ -66,7 +66,7 @@ TEST(EmbedScheduler, OneRequestOneBatchValuesInOrder) {
   EXPECT_EQ(b[0].seq_lens, (std::vector<int32_t>{2, 1, 3}));
   EXPECT_FALSE(out.ready());
   ASSERT_TRUE(w.completeNext());
-  ASSERT_TRUE(out.f.wait_for(2s) == std::future_status::ready);
+  ASSERT_TRUE(out.f.wait_for(30s) == std::future_status::ready);
   EXPECT_TRUE(out.f.get().isOk());
   ASSERT_EQ(job->dim, 4u);
   ASSERT_EQ(job->values.size(), 12u);
@@ -112,8 +112,8 @@ TEST(EmbedScheduler, TokenBudgetSplitsFcfsAcrossRequests) {
   EXPECT_EQ(flat, (std::vector<int32_t>{5, 5, 5, 5, 2}));
   while (w.completeNext()) {
   }
-  ASSERT_EQ(a.f.wait_for(2s), std::future_status::ready);
-  ASSERT_EQ(b.f.wait_for(2s), std::future_status::ready);
+  ASSERT_EQ(a.f.wait_for(30s), std::future_status::ready);
+  ASSERT_EQ(b.f.wait_for(30s), std::future_status::ready);
   EXPECT_TRUE(a.f.get().isOk());
   EXPECT_TRUE(b.f.get().isOk());
   // a2 = {3..7} sums to 25.
@@ -147,7 +147,7 @@ TEST(EmbedScheduler, ExactBatchesWhenQueuedBeforeWorkerFrees) {
   EXPECT_EQ(w.submitted()[2].seq_lens, (std::vector<int32_t>{3}));
   EXPECT_FALSE(second.ready());
   ASSERT_TRUE(w.completeNext());
-  ASSERT_EQ(second.f.wait_for(2s), std::future_status::ready);
+  ASSERT_EQ(second.f.wait_for(30s), std::future_status::ready);
   EXPECT_TRUE(second.f.get().isOk());
   EXPECT_EQ(s.stats().queued_tokens, 0u);
   EXPECT_EQ(s.stats().inflight_tokens, 0u);
@@ -166,7 +166,7 @@ TEST(EmbedScheduler, SequenceCapLimitsBatch) {
   for (auto& b : w.submitted()) EXPECT_LE(b.seq_lens.size(), 2u);
   while (w.completeNext()) {
   }
-  ASSERT_EQ(out.f.wait_for(2s), std::future_status::ready);
+  ASSERT_EQ(out.f.wait_for(30s), std::future_status::ready);
 }
 
 TEST(EmbedScheduler, ValidationErrorsNameTheInput) {
@@ -230,11 +230,11 @@ TEST(EmbedScheduler, CancelledQueuedJobNeverReachesWorker) {
   auto jb = makeJob({seq(3, 50), seq(2, 60)}, b);
   ASSERT_TRUE(s.submit(jb).isOk());
   s.cancel(jb);
-  ASSERT_EQ(b.f.wait_for(2s), std::future_status::ready);
+  ASSERT_EQ(b.f.wait_for(30s), std::future_status::ready);
   EXPECT_EQ(b.f.get().code(), StatusCode::kCancelled);
   EXPECT_EQ(droppedSequences("cancelled") - dropped_before, 2.0);  // both of its sequences
   ASSERT_TRUE(w.completeNext());
-  ASSERT_EQ(a.f.wait_for(2s), std::future_status::ready);
+  ASSERT_EQ(a.f.wait_for(30s), std::future_status::ready);
   std::this_thread::sleep_for(30ms);
   ASSERT_EQ(w.submitted().size(), 1u);
   EXPECT_EQ(s.stats().queued_tokens, 0u);
@@ -251,7 +251,7 @@ TEST(EmbedScheduler, ExpiredDeadlineDroppedBeforeWorker) {
   auto jb = makeJob({seq(3)}, b);
   jb->deadline_ns = shm::monotonicNowNs() + 20'000'000;  // 20 ms
   ASSERT_TRUE(s.submit(jb).isOk());
-  ASSERT_EQ(b.f.wait_for(2s), std::future_status::ready);
+  ASSERT_EQ(b.f.wait_for(30s), std::future_status::ready);
   EXPECT_EQ(b.f.get().code(), StatusCode::kDeadlineExceeded);
   EXPECT_EQ(droppedSequences("deadline") - dropped_before, 1.0);
   w.completeNext();
@@ -267,14 +267,14 @@ TEST(EmbedScheduler, WorkerFailureFailsOnlyItsRequestsThenRecovers) {
   ASSERT_TRUE(s.submit(makeJob({seq(2)}, a)).isOk());
   ASSERT_TRUE(waitFor([&] { return w.heldCount() == 1; }));
   ASSERT_TRUE(w.completeNext(unavailable("rose worker (pid 7) was killed by signal 9")));
-  ASSERT_EQ(a.f.wait_for(2s), std::future_status::ready);
+  ASSERT_EQ(a.f.wait_for(30s), std::future_status::ready);
   Status st = a.f.get();
   EXPECT_EQ(st.code(), StatusCode::kUnavailable);
   EXPECT_NE(st.message().find("signal 9"), std::string::npos);
   ASSERT_TRUE(s.submit(makeJob({seq(2)}, b)).isOk());
   ASSERT_TRUE(waitFor([&] { return w.heldCount() == 1; }));
   ASSERT_TRUE(w.completeNext());
-  ASSERT_EQ(b.f.wait_for(2s), std::future_status::ready);
+  ASSERT_EQ(b.f.wait_for(30s), std::future_status::ready);
   EXPECT_TRUE(b.f.get().isOk());
 }
 
@@ -289,7 +289,7 @@ TEST(EmbedScheduler, NotReadyRejectsAndFailsQueued) {
   // The worker died: queued work fails fast instead of hanging, and names the cause (a request
   // split across several batches must say why whichever of its parts answers first).
   w.fail("rose worker (pid 7) was killed by signal 9 (Killed)");
-  ASSERT_EQ(b.f.wait_for(2s), std::future_status::ready);
+  ASSERT_EQ(b.f.wait_for(30s), std::future_status::ready);
   const Status queued = b.f.get();
   EXPECT_EQ(queued.code(), StatusCode::kUnavailable);
   EXPECT_NE(queued.message().find("restarting: rose worker (pid 7) was killed by signal 9"),
@@ -299,7 +299,7 @@ TEST(EmbedScheduler, NotReadyRejectsAndFailsQueued) {
   EXPECT_EQ(rejected.code(), StatusCode::kUnavailable);
   EXPECT_NE(rejected.message().find("signal 9"), std::string::npos) << rejected.message();
   w.completeNext(unavailable("gone"));
-  ASSERT_EQ(a.f.wait_for(2s), std::future_status::ready);
+  ASSERT_EQ(a.f.wait_for(30s), std::future_status::ready);
 }
 
 TEST(EmbedScheduler, DimensionsTruncateAndRenormalize) {
@@ -312,7 +312,7 @@ TEST(EmbedScheduler, DimensionsTruncateAndRenormalize) {
   ASSERT_TRUE(s.submit(j).isOk());
   ASSERT_TRUE(waitFor([&] { return w.heldCount() == 1; }));
   w.completeNext();
-  ASSERT_EQ(out.f.wait_for(2s), std::future_status::ready);
+  ASSERT_EQ(out.f.wait_for(30s), std::future_status::ready);
   ASSERT_EQ(j->values.size(), 2u);
   EXPECT_NEAR(j->values[0], 0.6f, 1e-6);
   EXPECT_NEAR(j->values[1], 0.8f, 1e-6);
@@ -335,7 +335,7 @@ TEST(EmbedScheduler, IncompatibleKindsGoInSeparateBatches) {
     ASSERT_TRUE(waitFor([&] { return w.heldCount() == 1; }));
     w.completeNext();
   }
-  ASSERT_EQ(c.f.wait_for(2s), std::future_status::ready);
+  ASSERT_EQ(c.f.wait_for(30s), std::future_status::ready);
   auto bs = w.submitted();
   ASSERT_EQ(bs.size(), 3u);
   EXPECT_EQ(bs[1].kind, shm::BatchKind::kScore);
@@ -368,7 +368,7 @@ int runConcurrentSubmitters(EmbedScheduler& s, FakeWorker& w, int threads, int p
         Outcome o;
         auto j = makeJob(inputs(t, i), o);
         if (!s.submit(j).isOk()) continue;
-        if (o.f.wait_for(5s) == std::future_status::ready && o.f.get().isOk() && check(t, i, *j)) {
+        if (o.f.wait_for(60s) == std::future_status::ready && o.f.get().isOk() && check(t, i, *j)) {
           ok++;
         }
       }
@@ -425,7 +425,7 @@ TEST(EmbedSchedulerBatching, LoneRequestOnIdleWorkerIsDispatchedBeforeSubmitRetu
   EXPECT_EQ(s.inflightBatches(), 1u);
   EXPECT_GT(ja->trace.dispatched_ns, 0);
   ASSERT_TRUE(w.completeNext());
-  ASSERT_EQ(a.f.wait_for(2s), std::future_status::ready);
+  ASSERT_EQ(a.f.wait_for(30s), std::future_status::ready);
   EXPECT_TRUE(a.f.get().isOk());
   EXPECT_GE(ja->trace.done_ns, ja->trace.dispatched_ns);
   EXPECT_EQ(s.inflightBatches(), 0u);
@@ -537,10 +537,10 @@ TEST(EmbedSchedulerBatching, CancelledAndExpiredWaitersStayOutOfTheCoalescedBatc
   jd->deadline_ns = shm::monotonicNowNs() - 1;  // already expired when the batch forms
   for (auto& j : {jb, jc, jd, je}) ASSERT_TRUE(s.submit(j).isOk());
   s.cancel(jc);
-  ASSERT_EQ(c.f.wait_for(2s), std::future_status::ready);  // dropped by the scheduler thread
+  ASSERT_EQ(c.f.wait_for(30s), std::future_status::ready);  // dropped by the scheduler thread
   EXPECT_EQ(c.f.get().code(), StatusCode::kCancelled);
   ASSERT_TRUE(w.completeNext());
-  ASSERT_EQ(d.f.wait_for(2s), std::future_status::ready);
+  ASSERT_EQ(d.f.wait_for(30s), std::future_status::ready);
   EXPECT_EQ(d.f.get().code(), StatusCode::kDeadlineExceeded);
   ASSERT_EQ(w.submitted().size(), 2u);
   EXPECT_EQ(w.submitted()[1].seq_lens, (std::vector<int32_t>{2, 5}));
