@@ -45,7 +45,7 @@ class FakeLlmWorker final : public Worker {
   uint64_t inputBytes() const override { return input_bytes_; }
   Status trySubmit(WorkBatch batch, WorkDone done) override {
     std::lock_guard<std::mutex> l(mu_);
-    if (!ready_) return unavailable("fake not ready");
+    if (!ready_) return workerDown(*this);
     if (held_.size() >= 2) return failedPrecondition("no free slot");
     if (batch.kind != shm::BatchKind::kGenerate) return invalidArgument("not a kGenerate batch");
     submitted_.push_back(batch);
@@ -110,6 +110,18 @@ class FakeLlmWorker final : public Worker {
     if (!r) engine_.reset();  // a restarted worker has an empty cache
     if (on_change_) on_change_();
   }
+  // The worker went down for `reason` (what lastFailure() reports from now on).
+  void fail(std::string reason) {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      last_failure_ = std::move(reason);
+    }
+    setReady(false);
+  }
+  std::string lastFailure() const override {
+    std::lock_guard<std::mutex> l(mu_);
+    return last_failure_;
+  }
   std::vector<WorkBatch> submitted() const {
     std::lock_guard<std::mutex> l(mu_);
     return submitted_;
@@ -132,6 +144,7 @@ class FakeLlmWorker final : public Worker {
   std::deque<Held> held_;
   std::vector<WorkBatch> submitted_;
   std::vector<std::string> errors_;
+  std::string last_failure_;
 };
 
 }  // namespace garden::tulip::testing

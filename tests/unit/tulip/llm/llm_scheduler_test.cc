@@ -278,21 +278,27 @@ TEST(LlmScheduler, WorkerFailureEndsRunningStreamsAndRecovers) {
   ASSERT_TRUE(w.waitHeld(1));
   ASSERT_TRUE(w.completeNext());
   ASSERT_TRUE(w.waitHeld(1));
-  w.setReady(false);
+  w.fail("rose worker (pid 1) was killed by signal 9");
   ASSERT_TRUE(w.completeNext(unavailable("rose worker (pid 1) was killed by signal 9")));
   auto t0 = std::chrono::steady_clock::now();
   while (!(a->done() && b->done()) && std::chrono::steady_clock::now() - t0 < 30s)
     std::this_thread::sleep_for(1ms);
   ASSERT_TRUE(a->done() && b->done());
+  // Either the failed step or the loop noticing the worker down ends each first; both name the
+  // failure that took the worker down.
   EXPECT_EQ(a->last->status.code(), StatusCode::kUnavailable);
-  // Either the failed step or the loop noticing the worker down ends it first; both say why.
-  EXPECT_NE(a->last->status.message().find("rose worker"), std::string::npos)
+  EXPECT_NE(a->last->status.message().find("killed by signal 9"), std::string::npos)
       << a->last->status.message();
   EXPECT_EQ(b->last->status.code(), StatusCode::kUnavailable);
+  EXPECT_NE(b->last->status.message().find("killed by signal 9"), std::string::npos)
+      << b->last->status.message();
   // While down, new requests are refused; once ready, the cache is rebuilt and streams work.
   Status st;
   start(s, params(range(3), 2), &st);
   EXPECT_EQ(st.code(), StatusCode::kUnavailable);
+  EXPECT_NE(st.message().find("restarting: rose worker (pid 1) was killed by signal 9"),
+            std::string::npos)
+      << st.message();
   w.setReady(true);
   auto c = start(s, params(range(5), 4));
   ASSERT_TRUE(w.runUntil([&] { return c->done(); }));
