@@ -13,6 +13,7 @@
 
 #include "services/tulip/worker/worker.h"
 #include "tests/fakes/tulip/fake_llm_model.h"
+#include "tests/fakes/tulip/last_failure.h"
 
 namespace garden::tulip::testing {
 
@@ -112,16 +113,10 @@ class FakeLlmWorker final : public Worker {
   }
   // The worker went down for `reason` (what lastFailure() reports from now on).
   void fail(std::string reason) {
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      last_failure_ = std::move(reason);
-    }
+    last_failure_.set(std::move(reason));
     setReady(false);
   }
-  std::string lastFailure() const override {
-    std::lock_guard<std::mutex> l(mu_);
-    return last_failure_;
-  }
+  std::string lastFailure() const override { return last_failure_.get(); }
   std::vector<WorkBatch> submitted() const {
     std::lock_guard<std::mutex> l(mu_);
     return submitted_;
@@ -144,7 +139,7 @@ class FakeLlmWorker final : public Worker {
   std::deque<Held> held_;
   std::vector<WorkBatch> submitted_;
   std::vector<std::string> errors_;
-  std::string last_failure_;
+  LastFailure last_failure_;
 };
 
 }  // namespace garden::tulip::testing

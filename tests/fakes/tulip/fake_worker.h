@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include "services/tulip/worker/worker.h"
+#include "tests/fakes/tulip/last_failure.h"
 
 namespace garden::tulip::testing {
 
@@ -75,16 +76,10 @@ class FakeWorker final : public Worker {
   }
   // The worker went down for `reason` (what lastFailure() reports from now on).
   void fail(std::string reason) {
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      last_failure_ = std::move(reason);
-    }
+    last_failure_.set(std::move(reason));
     setReady(false);
   }
-  std::string lastFailure() const override {
-    std::lock_guard<std::mutex> l(mu_);
-    return last_failure_;
-  }
+  std::string lastFailure() const override { return last_failure_.get(); }
   std::vector<WorkBatch> submitted() const {
     std::lock_guard<std::mutex> l(mu_);
     return batches_;
@@ -105,7 +100,7 @@ class FakeWorker final : public Worker {
   mutable std::mutex mu_;
   std::deque<Held> held_;
   std::vector<WorkBatch> batches_;
-  std::string last_failure_;
+  LastFailure last_failure_;
 };
 
 }  // namespace garden::tulip::testing

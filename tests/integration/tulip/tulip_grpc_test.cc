@@ -52,19 +52,15 @@ class TulipGrpc : public ::testing::Test {
   }
 
   // Tokens tulip has on the worker / in its queue (its Load RPC), -1 when Load fails.
-  int64_t inflightTokens() {
+  int64_t inflightTokens() { return loadField(&v1::LoadResponse::inflight_tokens); }
+  int64_t queuedTokens() { return loadField(&v1::LoadResponse::queued_tokens); }
+  template <typename Getter>
+  int64_t loadField(Getter field) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + 10s);
     v1::LoadResponse load;
     if (!stub_->Load(&ctx, v1::LoadRequest(), &load).ok()) return -1;
-    return static_cast<int64_t>(load.inflight_tokens());
-  }
-  int64_t queuedTokens() {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + 10s);
-    v1::LoadResponse load;
-    if (!stub_->Load(&ctx, v1::LoadRequest(), &load).ok()) return -1;
-    return static_cast<int64_t>(load.queued_tokens());
+    return static_cast<int64_t>((load.*field)());
   }
 
   static v1::EmbedRequest embedReq(std::vector<std::vector<int32_t>> seqs) {
