@@ -55,6 +55,7 @@ void CompletionQueue::reject(const shm::BatchDesc& d, const Status& st,
 
 void CompletionQueue::start(Hooks hooks) {
   hooks_ = std::move(hooks);
+  ok_ = &hooks_.outcomes->labels({"OK"});
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -92,7 +93,7 @@ void CompletionQueue::loop() {
                                   std::chrono::steady_clock::now() - p.taken)
                                   .count());
     if (p.launched) hooks_.release(p.completion.slot);
-    // Publish first, account after: the caller is waiting on this entry.
+    // Publish first, count after: the caller is waiting on this entry.
     // The ring has a slot per pipeline slot, so it has room unless tulip stopped consuming;
     // retry then (until stopping) rather than drop an answer.
     p.completion.published_ns = shm::monotonicNowNs();
@@ -103,7 +104,13 @@ void CompletionQueue::loop() {
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
-    hooks_.account(p);
+    if (p.completion.status_code == 0) {
+      ok_->inc();
+    } else {
+      hooks_.outcomes->labels({statusCodeName(static_cast<StatusCode>(p.completion.status_code))})
+          .inc();
+    }
+    if (p.launched) hooks_.step_seconds->observe(p.completion.step_us / 1e6);
     published_.fetch_add(1);
     {
       std::lock_guard<std::mutex> lock(mu_);

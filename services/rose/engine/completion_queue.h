@@ -4,8 +4,8 @@
 // per batch it took, launched or rejected; the queue's thread answers them in order: it waits for
 // a launched batch's event (a failed wait turns the answer into that error), frees the slot,
 // publishes the completion on the channel (retrying while the completion ring is full, until
-// drain() stops it) and then lets the engine account for it (metrics). drain() waits until every
-// pushed batch is answered and stops the thread.
+// drain() stops it) and then counts it (the engine's outcome counter and step histogram). drain()
+// waits until every pushed batch is answered and stops the thread.
 //
 // Threads: push() from the step thread; the hooks run on the queue's thread.
 
@@ -19,6 +19,7 @@
 #include <string>
 #include <thread>
 
+#include "common/metrics/registry.h"
 #include "common/shm/channel.h"
 #include "common/status.h"
 #include "services/rose/ops/backend.h"
@@ -47,10 +48,13 @@ Status checkTaken(const shm::BatchDesc& d, size_t num_slots,
 class CompletionQueue {
  public:
   struct Hooks {
-    std::function<Status(uint32_t slot)> wait;              // a launched batch's event
-    std::function<void(uint32_t slot)> release;             // its slot may take a new batch
-    std::function<void(const PendingCompletion&)> account;  // after publishing (metrics)
-    const char* failure_log = "step failed";                // log line of a failed wait
+    std::function<Status(uint32_t slot)> wait;   // a launched batch's event
+    std::function<void(uint32_t slot)> release;  // its slot may take a new batch
+    // After publishing: +1 on `outcomes` labelled with the status code name; a launched batch's
+    // taken-to-published time into `step_seconds`.
+    metrics::CounterFamily* outcomes = nullptr;
+    metrics::Histogram* step_seconds = nullptr;
+    const char* failure_log = "step failed";  // log line of a failed wait
   };
 
   CompletionQueue(shm::Channel& channel, Backend& backend) : channel_(channel), backend_(backend) {}
@@ -76,6 +80,7 @@ class CompletionQueue {
   shm::Channel& channel_;
   Backend& backend_;
   Hooks hooks_;
+  metrics::Counter* ok_ = nullptr;  // hooks_.outcomes' "OK" child (the common case, cached)
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<PendingCompletion> pending_;

@@ -52,26 +52,14 @@ Result<std::unique_ptr<Engine>> Engine::create(shm::Channel& channel, Backend& b
   e->registered_ = true;
   static auto& batches = metrics::Registry::global().counter(
       "rose_batches_total", "Batches answered by rose, by outcome", {"outcome"});
-  static auto& batches_ok = batches.labels({"OK"});
   static auto& step_seconds =
       metrics::Registry::global()
           .histogram("rose_step_seconds", "Batch taken until its result was published")
           .get();
   Engine* self = e.get();
   e->queue_.start({[self](uint32_t slot) { return self->slots_[slot]->event->wait(); },
-                   [self](uint32_t slot) { self->slots_[slot]->busy.store(false); },
-                   [](const PendingCompletion& p) {
-                     if (p.completion.status_code == 0) {
-                       batches_ok.inc();
-                     } else {
-                       batches
-                           .labels({std::string(
-                               statusCodeName(static_cast<StatusCode>(p.completion.status_code)))})
-                           .inc();
-                     }
-                     if (p.launched) step_seconds.observe(p.completion.step_us / 1e6);
-                   },
-                   "forward pass failed"});
+                   [self](uint32_t slot) { self->slots_[slot]->busy.store(false); }, &batches,
+                   &step_seconds, "forward pass failed"});
   return e;
 }
 

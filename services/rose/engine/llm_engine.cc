@@ -149,15 +149,8 @@ Result<std::unique_ptr<LlmEngine>> LlmEngine::create(shm::Channel& channel, Back
           .get();
   LlmEngine* self = e.get();
   e->queue_.start({[self](uint32_t slot) { return self->slots_[slot]->event->wait(); },
-                   [self](uint32_t slot) { self->slots_[slot]->busy.store(false); },
-                   [](const PendingCompletion& p) {
-                     steps
-                         .labels({std::string(
-                             statusCodeName(static_cast<StatusCode>(p.completion.status_code)))})
-                         .inc();
-                     if (p.launched) step_seconds.observe(p.completion.step_us / 1e6);
-                   },
-                   "llm step failed"});
+                   [self](uint32_t slot) { self->slots_[slot]->busy.store(false); }, &steps,
+                   &step_seconds, "llm step failed"});
   return e;
 }
 
