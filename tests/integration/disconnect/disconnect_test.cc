@@ -56,20 +56,6 @@ std::string embeddingBody(int inputs, int len) {
   return b + "]}";
 }
 
-// Sum of the series of a Prometheus page whose line starts with `prefix` (0 when none).
-double metric(const std::string& page, const std::string& prefix) {
-  double sum = 0;
-  size_t pos = 0;
-  while ((pos = page.find(prefix, pos)) != std::string::npos) {
-    if (pos == 0 || page[pos - 1] == '\n') {
-      size_t sp = page.find(' ', pos + prefix.size() - 1);
-      if (sp != std::string::npos) sum += std::strtod(page.c_str() + sp, nullptr);
-    }
-    pos += prefix.size();
-  }
-  return sum;
-}
-
 template <typename Pred>
 bool eventually(std::chrono::milliseconds limit, Pred pred) {
   auto until = std::chrono::steady_clock::now() + limit;
@@ -150,8 +136,8 @@ class MeshTest : public ::testing::Test {
   // True once ivy has counted exactly one client disconnect on `route`.
   static bool disconnectCounted(const std::string& route) {
     return eventually(30s, [&] {
-      return metric(ivyMetrics(),
-                    R"(ivy_http_client_disconnects_total{route=")" + route + R"("})") == 1;
+      return testing::metricSum(ivyMetrics(), R"(ivy_http_client_disconnects_total{route=")" +
+                                                  route + R"("})") == 1;
     });
   }
   // True once `settled(page)` holds for tulip's metrics page; `page` keeps the last one read.
@@ -187,11 +173,12 @@ class DisconnectTest : public MeshTest {
 
 TEST_F(DisconnectTest, ClosedConnectionCancelsEveryChunkInTulip) {
   const std::string tulip_before = tulipMetrics();
-  const double batches0 = metric(tulip_before, "tulip_batches_total{");
-  const double ok0 = metric(tulip_before, R"(tulip_requests_total{method="Embed",code="OK"})");
+  const double batches0 = testing::metricSum(tulip_before, "tulip_batches_total{");
+  const double ok0 =
+      testing::metricSum(tulip_before, R"(tulip_requests_total{method="Embed",code="OK"})");
   // Closed once tulip is working on it: its first batches ran.
   ASSERT_NO_FATAL_FAILURE(hangUpWhen(post("/v1/embeddings", embeddingBody(kInputs, 500)), [&] {
-    return metric(tulipMetrics(), "tulip_batches_total{") >= batches0 + 2;
+    return testing::metricSum(tulipMetrics(), "tulip_batches_total{") >= batches0 + 2;
   }));
   // ivy noticed and counted the disconnect.
   ASSERT_TRUE(disconnectCounted("/v1/embeddings")) << ivyMetrics() << logs();
@@ -200,18 +187,20 @@ TEST_F(DisconnectTest, ClosedConnectionCancelsEveryChunkInTulip) {
   ASSERT_TRUE(tulipSettles(
       &t,
       [&](const std::string& page) {
-        const double ok = metric(page, R"(tulip_requests_total{method="Embed",code="OK"})") - ok0;
+        const double ok =
+            testing::metricSum(page, R"(tulip_requests_total{method="Embed",code="OK"})") - ok0;
         const double cancelled =
-            metric(page, R"(tulip_requests_total{method="Embed",code="CANCELLED"})");
-        return ok + cancelled == kChunks && metric(page, "tulip_queue_tokens ") == 0;
+            testing::metricSum(page, R"(tulip_requests_total{method="Embed",code="CANCELLED"})");
+        return ok + cancelled == kChunks && testing::metricSum(page, "tulip_queue_tokens ") == 0;
       }))
       << t << logs();
-  const double cancelled = metric(t, R"(tulip_requests_total{method="Embed",code="CANCELLED"})");
+  const double cancelled =
+      testing::metricSum(t, R"(tulip_requests_total{method="Embed",code="CANCELLED"})");
   EXPECT_GE(cancelled, kChunks / 2) << t;
   // The dropped sequences never ran: the batch count stops well short of the request's 400.
-  const double batches1 = metric(t, "tulip_batches_total{");
+  const double batches1 = testing::metricSum(t, "tulip_batches_total{");
   std::this_thread::sleep_for(1s);
-  const double batches2 = metric(tulipMetrics(), "tulip_batches_total{");
+  const double batches2 = testing::metricSum(tulipMetrics(), "tulip_batches_total{");
   EXPECT_EQ(batches2, batches1);
   EXPECT_LT(batches2 - batches0, kInputs / 2) << t;
   // ivy logged the request as 499 and wrote nothing for it; a new connection is served.
@@ -222,19 +211,19 @@ TEST_F(DisconnectTest, ClosedConnectionCancelsEveryChunkInTulip) {
   const testing::RawHttpResponse r = next.read();
   EXPECT_EQ(r.status, 200) << r.body;
   EXPECT_NE(r.body.find("\"embedding\""), std::string::npos) << r.body;
-  EXPECT_EQ(metric(ivyMetrics(), R"(ivy_http_client_disconnects_total{)"), 1);
+  EXPECT_EQ(testing::metricSum(ivyMetrics(), R"(ivy_http_client_disconnects_total{)"), 1);
 }
 
 TEST_F(DisconnectTest, PipelinedKeepAliveRequestsAreAllAnswered) {
-  const double gone0 = metric(ivyMetrics(), "ivy_http_client_disconnects_total{");
-  const double batches0 = metric(tulipMetrics(), "tulip_batches_total{");
+  const double gone0 = testing::metricSum(ivyMetrics(), "ivy_http_client_disconnects_total{");
+  const double batches0 = testing::metricSum(tulipMetrics(), "tulip_batches_total{");
   Conn c(ivy_port_);
   ASSERT_TRUE(c.connected());
   // The first takes a while in tulip (16 batches); the next two arrive while it waits (sent once
   // tulip has run its first batch: a fixed 300 ms did not ensure that on a loaded machine).
   ASSERT_TRUE(c.send(post("/v1/embeddings", embeddingBody(16, 400))));
   ASSERT_TRUE(eventually(60s, [&] {
-    return metric(tulipMetrics(), "tulip_batches_total{") >= batches0 + 1;
+    return testing::metricSum(tulipMetrics(), "tulip_batches_total{") >= batches0 + 1;
   })) << logs();
   ASSERT_TRUE(c.send(post("/v1/embeddings", embeddingBody(1, 8)) +
                      "GET /health HTTP/1.1\r\nHost: t\r\n\r\n"));
@@ -257,7 +246,7 @@ TEST_F(DisconnectTest, PipelinedKeepAliveRequestsAreAllAnswered) {
   EXPECT_EQ(r5.status, 200) << r5.body;
   EXPECT_NE(r4.body.find("\"index\":3"), std::string::npos);
   EXPECT_NE(r5.body.find("\"index\":1"), std::string::npos);
-  EXPECT_EQ(metric(ivyMetrics(), "ivy_http_client_disconnects_total{"), gone0);
+  EXPECT_EQ(testing::metricSum(ivyMetrics(), "ivy_http_client_disconnects_total{"), gone0);
 }
 
 // The same for generation: a non-streaming /v1/completions of 2000 tokens on the tiny random
@@ -279,25 +268,27 @@ class GenerateDisconnectTest : public MeshTest {
 
 TEST_F(GenerateDisconnectTest, ClosedConnectionCancelsNonStreamingGeneration) {
   // Closed once tulip is generating it.
-  ASSERT_NO_FATAL_FAILURE(
-      hangUpWhen(post("/v1/completions", R"({"model":"gpt-oss-tiny","prompt":"Once upon",)"
-                                         R"("max_tokens":2000,"ignore_eos":true})"),
-                 [] { return metric(tulipMetrics(), "tulip_generated_tokens_total ") >= 3; }));
+  ASSERT_NO_FATAL_FAILURE(hangUpWhen(
+      post("/v1/completions", R"({"model":"gpt-oss-tiny","prompt":"Once upon",)"
+                              R"("max_tokens":2000,"ignore_eos":true})"),
+      [] { return testing::metricSum(tulipMetrics(), "tulip_generated_tokens_total ") >= 3; }));
   ASSERT_TRUE(disconnectCounted("/v1/completions")) << ivyMetrics() << logs();
   std::string t;
   ASSERT_TRUE(tulipSettles(
       &t,
       [](const std::string& page) {
-        return metric(page, R"(tulip_requests_total{method="Generate",code="CANCELLED"})") == 1 &&
-               metric(page, "tulip_llm_running_sequences ") == 0;
+        return testing::metricSum(
+                   page, R"(tulip_requests_total{method="Generate",code="CANCELLED"})") == 1 &&
+               testing::metricSum(page, "tulip_llm_running_sequences ") == 0;
       }))
       << t << logs();
-  const double tokens = metric(t, "tulip_generated_tokens_total ");
+  const double tokens = testing::metricSum(t, "tulip_generated_tokens_total ");
   EXPECT_LT(tokens, 2000) << t;
   std::this_thread::sleep_for(500ms);
-  EXPECT_EQ(metric(tulipMetrics(), "tulip_generated_tokens_total "), tokens);
-  EXPECT_EQ(metric(ivyMetrics(),
-                   R"(ivy_generate_requests_total{endpoint="completions",outcome="client_gone"})"),
+  EXPECT_EQ(testing::metricSum(tulipMetrics(), "tulip_generated_tokens_total "), tokens);
+  EXPECT_EQ(testing::metricSum(
+                ivyMetrics(),
+                R"(ivy_generate_requests_total{endpoint="completions",outcome="client_gone"})"),
             1);
   // A new request on a new connection is served.
   Conn next(ivy_port_);

@@ -7,7 +7,6 @@
 #include <simdjson.h>
 
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -427,17 +426,10 @@ TEST_F(MeshTest, ZKillRoseMidRequestThenRecover) {
   body += "]}";
   auto fut = std::async(std::launch::async, [&] { return mesh_->post(body); });
   // Kill only once tulip has part of it on the worker (a fixed sleep raced a loaded machine).
-  auto inflightTokens = [&] {
-    const std::string m = http(mesh_->metrics_port, "GET", "/metrics").body;
-    const std::string key = "\ntulip_inflight_tokens ";
-    const size_t at = m.find(key);
-    return at == std::string::npos ? 0.0 : std::strtod(m.c_str() + at + key.size(), nullptr);
-  };
-  const auto until = std::chrono::steady_clock::now() + 30s;
-  while (inflightTokens() <= 0 && std::chrono::steady_clock::now() < until) {
-    std::this_thread::sleep_for(20ms);
-  }
-  ASSERT_GT(inflightTokens(), 0) << "the request never reached the worker";
+  ASSERT_TRUE(testing::eventually(30s, [&] {
+    return testing::metricValue(http(mesh_->metrics_port, "GET", "/metrics").body,
+                                "tulip_inflight_tokens") > 0;
+  })) << "the request never reached the worker";
   ASSERT_EQ(kill(rose, SIGKILL), 0);
   auto r = fut.get();
   EXPECT_EQ(r.status, 503) << r.body.substr(0, 300);

@@ -36,13 +36,6 @@ constexpr int kReplicas = 3;
 constexpr int kQueueLimitTokens = 4000;
 constexpr int kRequestTimeoutMs = 15000;
 
-// One Prometheus sample from a /metrics page (0 when absent).
-double sample(const std::string& page, const std::string& series) {
-  size_t at = page.find("\n" + series + " ");
-  if (at == std::string::npos) return 0;
-  return std::stod(page.substr(at + series.size() + 2));
-}
-
 struct Mesh {
   testing::TempDir dir;
   std::string model;
@@ -122,7 +115,7 @@ struct Mesh {
   bool waitHealthy(int n, std::chrono::milliseconds limit) {
     const auto end = std::chrono::steady_clock::now() + limit;
     while (std::chrono::steady_clock::now() < end) {
-      if (sample(ivyMetrics(), R"(ivy_replicas{state="healthy"})") >= n) return true;
+      if (testing::metricValue(ivyMetrics(), R"(ivy_replicas{state="healthy"})") >= n) return true;
       std::this_thread::sleep_for(50ms);
     }
     return false;
@@ -136,8 +129,8 @@ struct Mesh {
     std::vector<Served> out;
     for (int i = 0; i < kReplicas; ++i) {
       std::string m = tulipMetrics(i);
-      out.push_back({sample(m, R"(tulip_requests_total{method="Embed",code="OK"})"),
-                     sample(m, R"(tulip_prompt_tokens_total{method="Embed"})")});
+      out.push_back({testing::metricValue(m, R"(tulip_requests_total{method="Embed",code="OK"})"),
+                     testing::metricValue(m, R"(tulip_prompt_tokens_total{method="Embed"})")});
     }
     return out;
   }
@@ -210,12 +203,14 @@ TEST_F(PoolTest, Spread) {
   auto before = mesh_->served();
   constexpr int kThreads = 6, kPerThread = 10;
   std::atomic<int> ok{0};
+  std::atomic<int64_t> sent_tokens{0};
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) {
-    threads.emplace_back([t, &ok] {
+    threads.emplace_back([t, &ok, &sent_tokens] {
       for (int k = 0; k < kPerThread; ++k) {
         // Sizes vary (10..59 inputs of 4..11 ids): balancing must look at tokens, not calls.
         auto in = makeInputs(10 + (t * 7 + k * 13) % 50, 4 + (t + k) % 8, t * 100 + k);
+        for (const auto& seq : in) sent_tokens += static_cast<int64_t>(seq.size());
         auto r = http(mesh_->ivy_port, "POST", "/v1/embeddings", body(in));
         if (r.status == 200 && embeddings(r.body).size() == in.size()) ++ok;
       }
@@ -225,11 +220,6 @@ TEST_F(PoolTest, Spread) {
   ASSERT_EQ(ok.load(), kThreads * kPerThread) << mesh_->logs();
   // tulip counts a request just after answering it: wait until the counts cover every request
   // and every token sent (a fixed 200 ms raced a loaded machine).
-  double sent_tokens = 0;
-  for (int t = 0; t < kThreads; ++t) {
-    for (int k = 0; k < kPerThread; ++k)
-      sent_tokens += (10 + (t * 7 + k * 13) % 50) * (4 + (t + k) % 8);
-  }
   std::vector<Mesh::Served> after;
   double req_total = 0, tok_total = 0;
   testing::eventually(30s, [&] {
@@ -239,10 +229,10 @@ TEST_F(PoolTest, Spread) {
       req_total += after[i].requests - before[i].requests;
       tok_total += after[i].tokens - before[i].tokens;
     }
-    return req_total >= kThreads * kPerThread && tok_total >= sent_tokens;
+    return req_total >= kThreads * kPerThread && tok_total >= sent_tokens.load();
   });
   EXPECT_EQ(req_total, kThreads * kPerThread);
-  EXPECT_EQ(tok_total, sent_tokens);
+  EXPECT_EQ(tok_total, sent_tokens.load());
   for (int i = 0; i < kReplicas; ++i) {
     const double req = after[i].requests - before[i].requests;
     const double tok = after[i].tokens - before[i].tokens;
@@ -267,11 +257,11 @@ TEST_F(PoolTest, SplitEqualsDirect) {
   auto split = embeddings(r.body);
   ASSERT_EQ(split.size(), in.size());
   const std::string after = mesh_->ivyMetrics();
-  EXPECT_EQ(sample(after, R"(ivy_pool_splits_total{method="Embed"})") -
-                sample(before, R"(ivy_pool_splits_total{method="Embed"})"),
+  EXPECT_EQ(testing::metricValue(after, R"(ivy_pool_splits_total{method="Embed"})") -
+                testing::metricValue(before, R"(ivy_pool_splits_total{method="Embed"})"),
             1);
-  EXPECT_EQ(sample(after, R"(ivy_pool_chunks_total{method="Embed"})") -
-                sample(before, R"(ivy_pool_chunks_total{method="Embed"})"),
+  EXPECT_EQ(testing::metricValue(after, R"(ivy_pool_chunks_total{method="Embed"})") -
+                testing::metricValue(before, R"(ivy_pool_chunks_total{method="Embed"})"),
             10);  // 1000 inputs, 100 per chunk
   // tulip counts a request just after answering it: wait until all ten chunks are counted.
   std::vector<Mesh::Served> after_served;
@@ -345,7 +335,8 @@ TEST_F(PoolTest, Overload) {
     double tokens = 0;
     for (int i = 0; i < kReplicas; ++i) {
       const std::string m = mesh_->tulipMetrics(i);
-      tokens += sample(m, "tulip_queue_tokens") + sample(m, "tulip_inflight_tokens");
+      tokens += testing::metricValue(m, "tulip_queue_tokens") +
+                testing::metricValue(m, "tulip_inflight_tokens");
     }
     return tokens;
   };
@@ -374,8 +365,9 @@ TEST_F(PoolTest, Overload) {
   EXPECT_GE(limited, 1);
   double refused = 0;
   for (int i = 0; i < kReplicas; ++i) {
-    refused += sample(mesh_->tulipMetrics(i),
-                      R"(tulip_requests_total{method="Embed",code="RESOURCE_EXHAUSTED"})");
+    refused +=
+        testing::metricValue(mesh_->tulipMetrics(i),
+                             R"(tulip_requests_total{method="Embed",code="RESOURCE_EXHAUSTED"})");
   }
   EXPECT_GE(refused, kReplicas);  // each 429 was refused by every replica
   // The mesh is fine afterwards.
@@ -392,7 +384,7 @@ TEST_F(PoolTest, KillDuringStream) {
     std::string retry_after;
   };
   const double retries_before =
-      sample(mesh_->ivyMetrics(), R"(ivy_pool_retries_total{method="Embed"})");
+      testing::metricValue(mesh_->ivyMetrics(), R"(ivy_pool_retries_total{method="Embed"})");
   std::mutex mu;
   std::vector<Outcome> outcomes;
   std::atomic<bool> stop{false};
@@ -422,7 +414,8 @@ TEST_F(PoolTest, KillDuringStream) {
       "ivy_replica_outstanding_tokens{replica=\"127.0.0.1:" + std::to_string(mesh_->grpc_ports[1]) +
       "\"}";
   const bool flowing = testing::eventually(60s, [&] {
-    return mesh_->served()[0].requests > served0 && sample(mesh_->ivyMetrics(), outstanding1) > 0;
+    return mesh_->served()[0].requests > served0 &&
+           testing::metricValue(mesh_->ivyMetrics(), outstanding1) > 0;
   });
   auto roses = testing::childrenOf(mesh_->tulips[0]->pid());
   if (flowing && !roses.empty()) {
@@ -461,11 +454,12 @@ TEST_F(PoolTest, KillDuringStream) {
     EXPECT_FALSE(o.retry_after.empty());
   }
   const std::string m = mesh_->ivyMetrics();
-  const double retries = sample(m, R"(ivy_pool_retries_total{method="Embed"})") - retries_before;
+  const double retries =
+      testing::metricValue(m, R"(ivy_pool_retries_total{method="Embed"})") - retries_before;
   double ejections = 0;
   for (int p : mesh_->grpc_ports) {
-    ejections +=
-        sample(m, "ivy_pool_ejections_total{replica=\"127.0.0.1:" + std::to_string(p) + "\"}");
+    ejections += testing::metricValue(
+        m, "ivy_pool_ejections_total{replica=\"127.0.0.1:" + std::to_string(p) + "\"}");
   }
   std::printf(
       "kill during stream: %zu requests, %d ok, %d x 503, %.0f retries, %.0f ejections, "
@@ -487,8 +481,8 @@ TEST_F(PoolTest, SigtermDrains) {
     std::string m = mesh_->ivyMetrics();
     double n = 0;
     for (int p : mesh_->grpc_ports) {
-      n += sample(m, "ivy_replica_calls_total{replica=\"127.0.0.1:" + std::to_string(p) +
-                         "\",method=\"Embed\"}");
+      n += testing::metricValue(m, "ivy_replica_calls_total{replica=\"127.0.0.1:" +
+                                       std::to_string(p) + "\",method=\"Embed\"}");
     }
     return n;
   };

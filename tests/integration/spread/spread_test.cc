@@ -3,7 +3,6 @@
 // (The replica pool's own suite is tests/integration/pool.)
 #include <gtest/gtest.h>
 
-#include <regex>
 #include <thread>
 
 #include "tests/integration/support/harness.h"
@@ -14,20 +13,14 @@ namespace {
 using namespace std::chrono_literals;
 
 double embedOk(int metrics_port) {
-  auto r = testing::http(metrics_port, "GET", "/metrics");
-  std::smatch m;
-  static const std::regex re(R"re(tulip_requests_total\{method="Embed",code="OK"\} ([0-9.e+]+))re");
-  if (!std::regex_search(r.body, m, re)) return 0;
-  return std::stod(m[1]);
+  return testing::metricValue(testing::http(metrics_port, "GET", "/metrics").body,
+                              R"(tulip_requests_total{method="Embed",code="OK"})");
 }
 
 // ivy's count of healthy replicas (the pool's ivy_replicas gauge).
 double healthyReplicas(int ivy_port) {
-  auto r = testing::http(ivy_port, "GET", "/metrics");
-  std::smatch m;
-  static const std::regex re(R"re(ivy_replicas\{state="healthy"\} ([0-9.e+]+))re");
-  if (!std::regex_search(r.body, m, re)) return 0;
-  return std::stod(m[1]);
+  return testing::metricValue(testing::http(ivy_port, "GET", "/metrics").body,
+                              R"(ivy_replicas{state="healthy"})");
 }
 
 TEST(Spread, IvySpreadsOverEveryResolvedTulip) {

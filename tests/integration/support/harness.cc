@@ -151,6 +151,19 @@ bool eventually(std::chrono::milliseconds limit, const std::function<bool()>& pr
   return pred();
 }
 
+double metricSum(const std::string& page, const std::string& prefix) {
+  double sum = 0;
+  size_t pos = 0;
+  while ((pos = page.find(prefix, pos)) != std::string::npos) {
+    if (pos == 0 || page[pos - 1] == '\n') {
+      size_t sp = page.find(' ', pos + prefix.size() - 1);
+      if (sp != std::string::npos) sum += std::strtod(page.c_str() + sp, nullptr);
+    }
+    pos += prefix.size();
+  }
+  return sum;
+}
+
 std::vector<pid_t> childrenOf(pid_t pid) {
   std::vector<pid_t> out;
   std::error_code ec;

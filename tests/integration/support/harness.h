@@ -84,6 +84,14 @@ class Paused {
 bool eventually(std::chrono::milliseconds limit, const std::function<bool()>& pred,
                 std::chrono::milliseconds every = std::chrono::milliseconds(20));
 
+// Prometheus text exposition `page`: the sum of the samples on every line that starts with
+// `prefix` — a whole family ("name{") or one series ("name{labels} ", "name ") — 0 when none.
+double metricSum(const std::string& page, const std::string& prefix);
+// One series' value (`series` as exposed: "name" or "name{labels}"), 0 when absent.
+inline double metricValue(const std::string& page, const std::string& series) {
+  return metricSum(page, series + " ");
+}
+
 // Direct children of `pid` (from /proc).
 std::vector<pid_t> childrenOf(pid_t pid);
 

@@ -85,10 +85,7 @@ class TulipBatching : public ::testing::Test {
   int okBatches() {
     auto r = testing::http(metrics_port_, "GET", "/metrics");
     EXPECT_EQ(r.status, 200);
-    const std::string key = "tulip_batches_total{outcome=\"ok\"} ";
-    auto at = r.body.find(key);
-    if (at == std::string::npos) return 0;
-    return std::stoi(r.body.substr(at + key.size()));
+    return static_cast<int>(testing::metricValue(r.body, R"(tulip_batches_total{outcome="ok"})"));
   }
 
   // tulip's queued + in-flight tokens (its Load RPC), -1 when Load fails.
