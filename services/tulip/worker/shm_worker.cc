@@ -113,7 +113,7 @@ Status ShmWorker::trySubmit(WorkBatch batch, WorkDone done) {
                            " tokens does not fit the channel's input arena");
   }
   std::lock_guard<std::mutex> l(mu_);
-  if (!channel_ || !ready()) return workerDown(*this);
+  if (!channel_ || !ready()) return workerDown(last_failure_);  // (lastFailure() takes mu_)
   if (need > channel_->layout().input_bytes) {
     return invalidArgument("batch of " + std::to_string(batch.tokens.size()) +
                            " tokens does not fit the channel's input arena");

@@ -86,12 +86,15 @@ class Worker {
   virtual void setOnChange(std::function<void()> fn) = 0;
 };
 
-// UNAVAILABLE for work that finds the worker down, naming the failure that took it down (so a
-// caller whose request raced a crash learns the cause, whichever path answered it).
+// UNAVAILABLE for work that finds the worker down, naming `last_failure` (what took it down) so
+// that a caller whose request raced a crash learns the cause, whichever path answered it.
+inline Status workerDown(const std::string& last_failure,
+                         const std::string& what = "rose worker is restarting") {
+  if (last_failure.empty()) return unavailable("rose worker is not ready; retry shortly");
+  return unavailable(what + ": " + last_failure + "; retry shortly");
+}
 inline Status workerDown(const Worker& w, const std::string& what = "rose worker is restarting") {
-  const std::string why = w.lastFailure();
-  if (why.empty()) return unavailable("rose worker is not ready; retry shortly");
-  return unavailable(what + ": " + why + "; retry shortly");
+  return workerDown(w.lastFailure(), what);
 }
 
 }  // namespace garden::tulip
