@@ -22,6 +22,7 @@
 #include "services/rose/ops/backend.h"
 #include "services/rose/tools/mkmodel_gpt_oss.h"
 #include "tests/integration/support/harness.h"
+#include "tests/integration/support/tulip_load.h"
 
 namespace garden {
 namespace {
@@ -218,11 +219,8 @@ TEST_F(GenerateRose, PreemptionOnATinyCacheStillGivesRosesContinuation) {
   auto fb = std::async(std::launch::async, [&] { return generate(b, 8); });
   auto fc = std::async(std::launch::async, [&] { return generate(c, 8); });
   const bool all_held = testing::eventually(60s, [&] {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + 10s);
-    v1::LoadResponse l;
-    return stub_->Load(&ctx, v1::LoadRequest(), &l).ok() &&
-           l.running_seqs() + l.waiting_seqs() == 3;
+    auto l = testing::tulipLoad(*stub_);
+    return l && l->running_seqs() + l->waiting_seqs() == 3;
   });
   paused.resume();
   ASSERT_TRUE(all_held) << "tulip never held the three streams";

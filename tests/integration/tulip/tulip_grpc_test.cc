@@ -13,6 +13,7 @@
 #include "garden/v1/garden.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "tests/integration/support/harness.h"
+#include "tests/integration/support/tulip_load.h"
 
 namespace garden {
 namespace {
@@ -52,15 +53,13 @@ class TulipGrpc : public ::testing::Test {
   }
 
   // Tokens tulip has on the worker / in its queue (its Load RPC), -1 when Load fails.
-  int64_t inflightTokens() { return loadField(&v1::LoadResponse::inflight_tokens); }
-  int64_t queuedTokens() { return loadField(&v1::LoadResponse::queued_tokens); }
-  template <typename Getter>
-  int64_t loadField(Getter field) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + 10s);
-    v1::LoadResponse load;
-    if (!stub_->Load(&ctx, v1::LoadRequest(), &load).ok()) return -1;
-    return static_cast<int64_t>((load.*field)());
+  int64_t inflightTokens() {
+    auto l = testing::tulipLoad(*stub_);
+    return l ? static_cast<int64_t>(l->inflight_tokens()) : -1;
+  }
+  int64_t queuedTokens() {
+    auto l = testing::tulipLoad(*stub_);
+    return l ? static_cast<int64_t>(l->queued_tokens()) : -1;
   }
 
   static v1::EmbedRequest embedReq(std::vector<std::vector<int32_t>> seqs) {

@@ -21,6 +21,7 @@
 #include "garden/v1/garden.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "tests/integration/support/harness.h"
+#include "tests/integration/support/tulip_load.h"
 
 namespace garden {
 namespace {
@@ -90,11 +91,8 @@ class TulipBatching : public ::testing::Test {
 
   // tulip's queued + in-flight tokens (its Load RPC), -1 when Load fails.
   int64_t heldTokens() {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + 10s);
-    v1::LoadResponse load;
-    if (!stub_->Load(&ctx, v1::LoadRequest(), &load).ok()) return -1;
-    return static_cast<int64_t>(load.queued_tokens() + load.inflight_tokens());
+    auto l = testing::tulipLoad(*stub_);
+    return l ? static_cast<int64_t>(l->queued_tokens() + l->inflight_tokens()) : -1;
   }
 
   // One request, then six more, all sent while fake-rose is paused; it resumes once tulip holds
