@@ -3,7 +3,7 @@
 // tulip (which builds steps: its scheduler owns KV block allocation) and rose (which runs them).
 // Everything here is trivially copyable and pointer-free so the shm batch format
 // (common/shm/llm_batch.h) carries the arrays verbatim [TAG_LLM_STEP_FORMAT].
-// services/rose/llm/step.h documents the semantics and adds the host view (LlmStep).
+// services/rose/model/llm_step.h documents the semantics and adds the host view (LlmStep).
 //
 // Threads: plain value types.
 

@@ -37,8 +37,8 @@
 #include "common/shm/llm_batch.h"
 #include "services/rose/engine/engine.h"
 #include "services/rose/engine/llm_engine.h"
-#include "services/rose/llm/gpt_oss.h"
-#include "services/rose/llm/llm_ops.h"
+#include "services/rose/model/gpt_oss.h"
+#include "services/rose/ops/llm_ops.h"
 #include "services/rose/model/qwen3.h"
 #include "services/rose/ops/backend.h"
 

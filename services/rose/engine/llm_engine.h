@@ -31,8 +31,8 @@
 #include "common/shm/channel.h"
 #include "common/status.h"
 #include "services/rose/engine/completion_queue.h"
-#include "services/rose/llm/gpt_oss.h"
-#include "services/rose/llm/kv/paged_kv_cache.h"
+#include "services/rose/model/gpt_oss.h"
+#include "services/rose/ops/paged_kv_cache.h"
 #include "services/rose/ops/backend.h"
 
 namespace garden::rose {

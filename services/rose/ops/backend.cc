@@ -2,6 +2,9 @@
 
 #include <string>
 
+#include "services/rose/ops/cpu/llm_ops_cpu.h"
+#include "services/rose/ops/llm_ops.h"
+
 namespace garden::rose {
 
 Result<std::unique_ptr<Backend>> makeBackend(std::string_view device, const BackendOptions& opts) {
@@ -17,6 +20,12 @@ Result<std::unique_ptr<Backend>> makeBackend(std::string_view device, const Back
   }
   return invalidArgument("--device: unknown device '" + std::string(device) +
                          "' (expected cpu or cuda)");
+}
+
+Result<std::unique_ptr<LlmOps>> makeLlmOps(Backend& backend, int32_t threads) {
+  if (backend.name() == "cpu") return cpu::createLlmOps(backend, threads);
+  return unimplemented("no LLM ops for backend '" + std::string(backend.name()) +
+                       "' yet (cpu only)");
 }
 
 }  // namespace garden::rose

@@ -33,9 +33,9 @@
 #include <vector>
 
 #include "common/safetensors.h"
-#include "services/rose/llm/gpt_oss.h"
-#include "services/rose/llm/mxfp4.h"
-#include "services/rose/llm/rope.h"
+#include "services/rose/model/gpt_oss.h"
+#include "services/rose/model/mxfp4.h"
+#include "services/rose/model/rope.h"
 
 namespace garden::rose {
 namespace {

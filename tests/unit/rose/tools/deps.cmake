@@ -1,2 +1,2 @@
-set(UNIT_DEPS garden_rose_mkmodel garden_rose_model garden_rose_llm garden_common
+set(UNIT_DEPS garden_rose_mkmodel garden_rose_model garden_common
   PkgConfig::SENTENCEPIECE)

@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "common/safetensors.h"
-#include "services/rose/llm/gpt_oss.h"
-#include "services/rose/llm/llm_ops.h"
+#include "services/rose/model/gpt_oss.h"
+#include "services/rose/ops/llm_ops.h"
 #include "services/rose/ops/backend.h"
 
 namespace garden::rose {

@@ -6,7 +6,8 @@
 // from the launching thread with the work of earlier launches finished first). Tensors are
 // Backend tensors; counts come from the params (host values); inconsistent views CHECK-fail.
 //
-// Implementations: "cpu" (services/rose/llm/cpu/, fp32, the reference); a CUDA one is to come.
+// Implementations: "cpu" (services/rose/ops/cpu/llm_ops_cpu.*, fp32, the reference) and "cuda"
+// (services/rose/ops/cuda/).
 //
 // KV cache layout (per layer, see kv/paged_kv_cache.h): K and V each
 // [num_blocks, block_size, num_kv_heads, head_dim]; token slot = block_id * block_size + offset.
@@ -18,7 +19,7 @@
 #include <span>
 
 #include "common/status.h"
-#include "services/rose/llm/step.h"
+#include "services/rose/model/llm_step.h"
 #include "services/rose/ops/backend.h"
 
 namespace garden::rose {

@@ -1,4 +1,4 @@
-#include "services/rose/llm/gpt_oss.h"
+#include "services/rose/model/gpt_oss.h"
 
 #include <simdjson.h>
 
@@ -10,8 +10,8 @@
 
 #include "common/safetensors.h"
 #include "services/rose/model/weights.h"
-#include "services/rose/llm/mxfp4.h"
-#include "services/rose/llm/sampling/sampler.h"
+#include "services/rose/model/mxfp4.h"
+#include "services/rose/ops/sampler.h"
 
 namespace garden::rose {
 namespace {

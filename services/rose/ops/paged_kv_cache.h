@@ -4,7 +4,7 @@
 // [num_layers][num_blocks][block_size][kv_heads][head_dim] for K and again for V), in backend
 // memory. A token at absolute position j of a sequence with block table B lives in slot
 // B[j / block_size] · block_size + j % block_size. rose never allocates blocks: tulip's
-// scheduler owns block ids and hands block tables in each step (services/rose/llm/step.h); this
+// scheduler owns block ids and hands block tables in each step (services/rose/model/llm_step.h); this
 // class only holds the memory. Contents of never-written slots are unspecified.
 //
 // Threads: created on the loading thread; the views are used by the launching thread.

@@ -2,7 +2,7 @@
 // (/work/shared/spec/gpt-oss.md §2.3: d = 64, θ = 150000, factor 32, L0 = 4096, β 32/1, no
 // truncation), plus the default RoPE and the truncating variant.
 
-#include "services/rose/llm/rope.h"
+#include "services/rose/model/rope.h"
 
 #include <gtest/gtest.h>
 

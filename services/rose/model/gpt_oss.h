@@ -1,6 +1,6 @@
 #pragma once
 // The gpt-oss decoder (gpt-oss-20b / gpt-oss-120b and any GptOssForCausalLM checkpoint), written
-// once against the op interfaces (services/rose/ops/backend.h + services/rose/llm/llm_ops.h).
+// once against the op interfaces (services/rose/ops/backend.h + services/rose/ops/llm_ops.h).
 // Spec: /work/shared/spec/gpt-oss.md.
 //
 // Loading: DIR/config.json + safetensors (one file or an index + shards), Hugging Face names.
@@ -9,7 +9,7 @@
 // or [E, 2I, H]); both end up as W1 [E, 2I, H] (gate/up rows interleaved) and W2 [E, H, I].
 // q/k/v are fused into one GEMM; sinks are kept in F32.
 //
-// Forward of one step (services/rose/llm/step.h): per sequence, new tokens at positions
+// Forward of one step (services/rose/model/llm_step.h): per sequence, new tokens at positions
 // position.., K/V written into the paged cache through its block table, then
 //   embed → L × [RMSNorm → QKV(+bias) → YaRN RoPE (half split) → paged attention with the
 //   per-head sink (sliding window on `sliding_attention` layers) → O(+bias) → add+RMSNorm →
@@ -30,10 +30,10 @@
 
 #include "common/model_config.h"
 #include "common/status.h"
-#include "services/rose/llm/kv/paged_kv_cache.h"
-#include "services/rose/llm/llm_ops.h"
-#include "services/rose/llm/rope.h"
-#include "services/rose/llm/step.h"
+#include "services/rose/ops/paged_kv_cache.h"
+#include "services/rose/ops/llm_ops.h"
+#include "services/rose/model/rope.h"
+#include "services/rose/model/llm_step.h"
 #include "services/rose/ops/backend.h"
 
 namespace garden::rose {

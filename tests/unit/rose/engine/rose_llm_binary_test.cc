@@ -20,8 +20,8 @@
 
 #include "common/shm/channel.h"
 #include "common/shm/llm_batch.h"
-#include "services/rose/llm/gpt_oss.h"
-#include "services/rose/llm/llm_ops.h"
+#include "services/rose/model/gpt_oss.h"
+#include "services/rose/ops/llm_ops.h"
 #include "services/rose/ops/backend.h"
 #include "services/rose/tools/mkmodel_gpt_oss.h"
 #include "tests/support/child_process.h"

@@ -12,8 +12,8 @@
 #include <random>
 #include <vector>
 
-#include "services/rose/llm/kv/paged_kv_cache.h"
-#include "services/rose/llm/llm_ops.h"
+#include "services/rose/ops/paged_kv_cache.h"
+#include "services/rose/ops/llm_ops.h"
 #include "services/rose/ops/backend.h"
 
 namespace garden::rose {

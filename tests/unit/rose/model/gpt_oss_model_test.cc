@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "common/safetensors.h"
-#include "services/rose/llm/gpt_oss.h"
+#include "services/rose/model/gpt_oss.h"
 
 namespace garden::rose {
 namespace {

@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "services/rose/llm/step.h"
+#include "services/rose/model/llm_step.h"
 
 namespace garden::rose {
 

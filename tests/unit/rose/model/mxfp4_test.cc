@@ -1,7 +1,7 @@
 // MXFP4 dequantization against hand-computed values (spec §2.5): nibble order, E2M1 table,
 // E8M0 scale bias, bf16 exactness, and shape validation.
 
-#include "services/rose/llm/mxfp4.h"
+#include "services/rose/model/mxfp4.h"
 
 #include <gtest/gtest.h>
 

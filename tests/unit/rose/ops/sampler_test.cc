@@ -2,7 +2,7 @@
 // draw, whatever else was drawn before), top-k / top-p masks, frequencies vs the filtered
 // distribution, parameter validation, and the CPU op's use of per-row counters.
 
-#include "services/rose/llm/sampling/sampler.h"
+#include "services/rose/ops/sampler.h"
 
 #include <gtest/gtest.h>
 
@@ -11,7 +11,7 @@
 #include <set>
 #include <vector>
 
-#include "services/rose/llm/llm_ops.h"
+#include "services/rose/ops/llm_ops.h"
 
 namespace garden::rose {
 namespace {

@@ -1,4 +1,4 @@
-#include "services/rose/llm/cpu/llm_cpu.h"
+#include "services/rose/ops/cpu/llm_ops_cpu.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,7 +6,7 @@
 #include <thread>
 #include <vector>
 
-#include "services/rose/llm/sampling/sampler.h"
+#include "services/rose/ops/sampler.h"
 #include "services/rose/ops/cpu/thread_pool.h"
 
 namespace garden::rose::cpu {
@@ -287,13 +287,3 @@ Result<std::unique_ptr<LlmOps>> createLlmOps(Backend& backend, int32_t threads) 
 }
 
 }  // namespace garden::rose::cpu
-
-namespace garden::rose {
-
-Result<std::unique_ptr<LlmOps>> makeLlmOps(Backend& backend, int32_t threads) {
-  if (backend.name() == "cpu") return cpu::createLlmOps(backend, threads);
-  return unimplemented("no LLM ops for backend '" + std::string(backend.name()) +
-                       "' yet (cpu only)");
-}
-
-}  // namespace garden::rose

@@ -1,4 +1,4 @@
-#include "services/rose/llm/rope.h"
+#include "services/rose/model/rope.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "services/rose/llm/mxfp4.h"
+#include "services/rose/model/mxfp4.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "services/rose/llm/sampling/sampler.h"
+#include "services/rose/ops/sampler.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,5 +1,5 @@
 #pragma once
-// The fp32 CPU implementation of LlmOps (services/rose/llm/llm_ops.h): the reference the CUDA
+// The fp32 CPU implementation of LlmOps (services/rose/ops/llm_ops.h): the reference the CUDA
 // kernels will be tested against. Bound to a "cpu" Backend (all tensors F32, I32 for ids);
 // runs on that backend's queue (inside launch() on its compute thread, or on the calling
 // thread after waiting for launched work), splitting loops over its own fork-join pool.
@@ -8,7 +8,7 @@
 
 #include <memory>
 
-#include "services/rose/llm/llm_ops.h"
+#include "services/rose/ops/llm_ops.h"
 
 namespace garden::rose::cpu {
 

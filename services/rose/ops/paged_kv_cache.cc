@@ -1,4 +1,4 @@
-#include "services/rose/llm/kv/paged_kv_cache.h"
+#include "services/rose/ops/paged_kv_cache.h"
 
 #include <string>
 

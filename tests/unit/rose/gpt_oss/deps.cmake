@@ -1,1 +1,0 @@
-set(UNIT_DEPS garden_rose_llm garden_rose_ops garden_common)

@@ -1,5 +1,0 @@
-set(UNIT_DEPS garden_rose_llm_engine garden_rose_llm garden_rose_mkmodel garden_rose_ops
-  garden_common PkgConfig::SENTENCEPIECE)
-# rose_llm_binary_test.cc runs the rose binary: build it first (deferred: the test target is
-# created after this file is included).
-cmake_language(DEFER CALL add_dependencies unit_rose_llm_engine rose)
