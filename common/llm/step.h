@@ -29,6 +29,13 @@ enum class LogitsMode : uint8_t { kNone = 0, kLast = 1, kAll = 2 };
 // position .. position + num_tokens - 1 (the KV of earlier positions is already cached through
 // the same block table, which must cover position + num_tokens tokens). sample != 0: one token
 // is drawn from the last new token's logits with `sampling`, RNG counter = position + num_tokens.
+//
+// Two steps in flight [TAG_LLM_PREV_TOKEN]: a scheduler may submit step N+1 before it has seen
+// step N's sampled ids. A sequence that continues from a token step N samples sets prev_row to
+// that token's row in step N's sampled output (its index among the sequences of step N with
+// sample != 0); the worker then takes the sequence's FIRST new token from there instead of
+// tokens[token_offset] (whose value is ignored; write -1). "Step N" is the step the worker took
+// immediately before this one; prev_row must be < the number of ids step N sampled. -1: none.
 struct LlmStepSeq {
   int32_t token_offset = 0;
   int32_t num_tokens = 0;
@@ -39,9 +46,11 @@ struct LlmStepSeq {
   uint8_t sample = 0;
   uint8_t reserved[2] = {0, 0};
   SamplingParams sampling;
+  int32_t prev_row = -1;  // see [TAG_LLM_PREV_TOKEN]
+  int32_t reserved2 = 0;
 };
 static_assert(std::is_trivially_copyable_v<LlmStepSeq>);
 static_assert(std::is_standard_layout_v<LlmStepSeq>);
-static_assert(sizeof(LlmStepSeq) == 48);
+static_assert(sizeof(LlmStepSeq) == 56);
 
 }  // namespace garden::llm

@@ -29,7 +29,7 @@ namespace garden::shm {
 
 inline constexpr uint64_t kMagic = 0x314D534E44524147ULL;  // "GARDNSM1" little-endian
 // 3: Completion carries rose's trace stamps (taken/launched/ready/published).
-inline constexpr uint32_t kVersion = 3;
+inline constexpr uint32_t kVersion = 4;  // 4: LlmStepSeq.prev_row (56 bytes)
 
 enum class BatchKind : uint32_t {
   kEmbed = 1,     // pooled (optionally L2-normalized) embeddings: rows=num_seqs, cols=hidden
