@@ -147,6 +147,37 @@ Status uploadExpertsDense(Backend& b, const Tensor& dst, const TensorView& src, 
   return okStatus();
 }
 
+Result<ExpertWeights> allocateDenseExperts(Backend& b, DType wt, int64_t e, int64_t rows,
+                                           int64_t cols) {
+  ASSIGN_OR_RETURN(OwnedTensor t, b.allocateTensor(wt, {e, rows, cols}));
+  ExpertWeights w;
+  w.format = ExpertFormat::kDense;
+  w.experts = e;
+  w.rows = rows;
+  w.cols = cols;
+  w.dense = t.view;
+  w.storage.push_back(std::move(t.buffer));
+  return w;
+}
+
+// MXFP4 experts kept resident by the ops, read straight from the mmap'ed checkpoint.
+Result<ExpertWeights> uploadResidentMxfp4(LlmOps& ops, const TensorView& blocks,
+                                          const TensorView& scales, int64_t e, int64_t out,
+                                          int64_t in) {
+  ASSIGN_OR_RETURN(Mxfp4Shape ms, checkMxfp4(blocks, scales));
+  if (ms.prefix != std::vector<int64_t>{e, out} || ms.groups * 32 != in) {
+    return invalidArgument("MXFP4 tensor '" + blocks.name + "' has shape " +
+                           shapeString(blocks.shape) + ", config.json implies [" +
+                           std::to_string(e) + ", " + std::to_string(out) + ", " +
+                           std::to_string(in / 32) + ", 16]");
+  }
+  Result<ExpertWeights> w =
+      ops.uploadMxfp4Experts(reinterpret_cast<const uint8_t*>(blocks.data),
+                             reinterpret_cast<const uint8_t*>(scales.data), e, out, in);
+  if (!w.isOk()) return w.status().withContext(blocks.name);
+  return w;
+}
+
 }  // namespace
 
 Result<GptOssConfig> parseGptOssConfig(std::string_view json, std::string_view label_sv) {
@@ -261,6 +292,20 @@ Result<std::unique_ptr<GptOssModel>> GptOssModel::load(const std::string& dir, B
   const int64_t h = c.hidden_size, d = c.head_dim, hq = c.num_attention_heads,
                 hkv = c.num_key_value_heads, inter = c.intermediate_size, v = c.vocab_size,
                 ne = c.num_local_experts;
+  LlmOpsLimits lim;
+  lim.max_tokens = opts.max_batch_tokens;
+  lim.max_seqs = opts.max_seqs;
+  lim.max_logits_rows = opts.max_logits_rows;
+  lim.max_model_len = m->max_model_len_;
+  lim.vocab = v;
+  lim.hidden = static_cast<int32_t>(h);
+  lim.intermediate = static_cast<int32_t>(inter);
+  lim.num_experts = static_cast<int32_t>(ne);
+  lim.top_k = static_cast<int32_t>(c.num_experts_per_tok);
+  lim.num_q_heads = static_cast<int32_t>(hq);
+  lim.num_kv_heads = static_cast<int32_t>(hkv);
+  lim.head_dim = static_cast<int32_t>(d);
+  RETURN_IF_ERROR(ops.reserve(lim));
 
   ASSIGN_OR_RETURN(auto ck, SafetensorsCheckpoint::openDir(dir));
   ASSIGN_OR_RETURN(m->embed_, uploadOne(b, *ck, "model.embed_tokens.weight", {v, h}, wt));
@@ -293,8 +338,6 @@ Result<std::unique_ptr<GptOssModel>> GptOssModel::load(const std::string& dir, B
     ASSIGN_OR_RETURN(L.b1,
                      uploadOne(b, *ck, p + "mlp.experts.gate_up_proj_bias", {ne, 2 * inter}, wt));
     ASSIGN_OR_RETURN(L.b2, uploadOne(b, *ck, p + "mlp.experts.down_proj_bias", {ne, h}, wt));
-    ASSIGN_OR_RETURN(L.w1, b.allocateTensor(wt, {ne, 2 * inter, h}));
-    ASSIGN_OR_RETURN(L.w2, b.allocateTensor(wt, {ne, h, inter}));
     const std::string ex = p + "mlp.experts.";
     const TensorView* gu_blocks = findTensor(*ck, ex + "gate_up_proj_blocks");
     if (gu_blocks != nullptr) {
@@ -305,9 +348,29 @@ Result<std::unique_ptr<GptOssModel>> GptOssModel::load(const std::string& dir, B
         return invalidArgument("checkpoint has '" + gu_blocks->name + "' but not all of " + ex +
                                "{gate_up_proj_scales, down_proj_blocks, down_proj_scales}");
       }
-      RETURN_IF_ERROR(uploadExpertsMxfp4(b, L.w1.view, *gu_blocks, *gu_scales, ne, 2 * inter, h));
-      RETURN_IF_ERROR(uploadExpertsMxfp4(b, L.w2.view, *dn_blocks, *dn_scales, ne, h, inter));
+      const bool resident = opts.moe_weights == MoeWeightsMode::kMxfp4 ||
+                            (opts.moe_weights == MoeWeightsMode::kAuto &&
+                             ops.supportsExpertFormat(ExpertFormat::kMxfp4));
+      if (resident) {
+        if (!ops.supportsExpertFormat(ExpertFormat::kMxfp4)) {
+          return invalidArgument("--moe-weights mxfp4: the " + std::string(b.name()) +
+                                 " backend runs dense experts only");
+        }
+        ASSIGN_OR_RETURN(L.w1, uploadResidentMxfp4(ops, *gu_blocks, *gu_scales, ne, 2 * inter, h));
+        ASSIGN_OR_RETURN(L.w2, uploadResidentMxfp4(ops, *dn_blocks, *dn_scales, ne, h, inter));
+        m->expert_format_ = ExpertFormat::kMxfp4;
+        continue;
+      }
+      ASSIGN_OR_RETURN(L.w1, allocateDenseExperts(b, wt, ne, 2 * inter, h));
+      ASSIGN_OR_RETURN(L.w2, allocateDenseExperts(b, wt, ne, h, inter));
+      RETURN_IF_ERROR(uploadExpertsMxfp4(b, L.w1.dense, *gu_blocks, *gu_scales, ne, 2 * inter, h));
+      RETURN_IF_ERROR(uploadExpertsMxfp4(b, L.w2.dense, *dn_blocks, *dn_scales, ne, h, inter));
     } else {
+      if (opts.moe_weights == MoeWeightsMode::kMxfp4) {
+        return invalidArgument("--moe-weights mxfp4: the checkpoint's experts are not MXFP4");
+      }
+      ASSIGN_OR_RETURN(L.w1, allocateDenseExperts(b, wt, ne, 2 * inter, h));
+      ASSIGN_OR_RETURN(L.w2, allocateDenseExperts(b, wt, ne, h, inter));
       const TensorView* gu = findTensor(*ck, ex + "gate_up_proj");
       const TensorView* dn = findTensor(*ck, ex + "down_proj");
       if (gu == nullptr || dn == nullptr) {
@@ -319,8 +382,8 @@ Result<std::unique_ptr<GptOssModel>> GptOssModel::load(const std::string& dir, B
       // transformers keeps [E, H, 2I] / [E, I, H] (x @ W); [E, 2I, H] / [E, H, I] is accepted too.
       // When H == 2I the shape cannot tell: the transformers layout is assumed.
       const bool transposed = gu->shape == std::vector<int64_t>{ne, h, 2 * inter};
-      RETURN_IF_ERROR(uploadExpertsDense(b, L.w1.view, *gu, ne, 2 * inter, h, transposed));
-      RETURN_IF_ERROR(uploadExpertsDense(b, L.w2.view, *dn, ne, h, inter, transposed));
+      RETURN_IF_ERROR(uploadExpertsDense(b, L.w1.dense, *gu, ne, 2 * inter, h, transposed));
+      RETURN_IF_ERROR(uploadExpertsDense(b, L.w2.dense, *dn, ne, h, inter, transposed));
     }
   }
 
@@ -359,6 +422,7 @@ Result<std::unique_ptr<GptOssModel>> GptOssModel::load(const std::string& dir, B
   ASSIGN_OR_RETURN(m->gathered_, b.allocateTensor(act, {r, h}));
   ASSIGN_OR_RETURN(m->logits_, b.allocateTensor(DType::kF32, {r, v}));
   ASSIGN_OR_RETURN(m->sampled_, b.allocateTensor(DType::kI32, {s}));
+  ASSIGN_OR_RETURN(m->prev_pairs_, b.allocateTensor(DType::kI32, {s, 2}));
   return m;
 }
 
@@ -423,8 +487,19 @@ Status GptOssModel::validate(const LlmStep& step, const PagedKvCache& kv) const 
                                " outside the cache [0, " + std::to_string(ks.num_blocks) + ")");
       }
     }
+    if (s.prev_row < -1 || s.prev_row >= last_sampled_) {
+      return invalidArgument(who + "prev_row " + std::to_string(s.prev_row) +
+                             " is not a row of the previous step's " +
+                             std::to_string(last_sampled_) + " sampled ids");
+    }
     for (int32_t j = 0; j < s.num_tokens; ++j) {
       const int32_t id = step.tokens[static_cast<size_t>(s.token_offset + j)];
+      if (j == 0 && s.prev_row >= 0) {  // taken from the previous step's output
+        if (!slots.insert(kvSlot(table, s.position, ks.block_size)).second) {
+          return invalidArgument(who + "token 0 writes a KV slot another token of this step writes");
+        }
+        continue;
+      }
       if (id < 0 || id >= config_.base.vocab_size) {
         return invalidArgument(who + "token " + std::to_string(j) + " has id " +
                                std::to_string(id) + " outside the vocabulary [0, " +
@@ -493,6 +568,7 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
   h_tables_.assign(static_cast<size_t>(n_seq) * static_cast<size_t>(maxb), -1);
   h_rows_.clear();
   h_samples_.clear();
+  h_prev_pairs_.clear();
   std::vector<int32_t>& ids = h_ids_;
   std::vector<int32_t>& last_row = h_last_row_;
   ids.assign(static_cast<size_t>(t), 0);
@@ -506,9 +582,14 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
     for (int32_t bi = 0; bi < needed; ++bi) {
       h_tables_[static_cast<size_t>(si) * maxb + bi] = table[static_cast<size_t>(bi)];
     }
+    if (s.prev_row >= 0) {
+      h_prev_pairs_.push_back(row);
+      h_prev_pairs_.push_back(s.prev_row);
+    }
     for (int32_t j = 0; j < s.num_tokens; ++j) {
       const size_t r = static_cast<size_t>(row + j);
       ids[r] = step.tokens[static_cast<size_t>(s.token_offset + j)];
+      if (j == 0 && s.prev_row >= 0) ids[r] = 0;  // replaced on the device by copyTokens
       h_positions_[r] = s.position + j;
       h_slots_[r] = static_cast<int32_t>(kvSlot(table, s.position + j, bs));
     }
@@ -555,6 +636,13 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
   b.copyToDevice(slots, h_slots_.data(), sizeof(int32_t) * static_cast<size_t>(t));
   b.copyToDevice(cu, h_cu_.data(), sizeof(int32_t) * static_cast<size_t>(n_seq + 1));
   b.copyToDevice(tables, h_tables_.data(), sizeof(int32_t) * h_tables_.size());
+  if (!h_prev_pairs_.empty()) {  // [TAG_LLM_PREV_TOKEN]: before sampled_ is overwritten below
+    const int64_t np = static_cast<int64_t>(h_prev_pairs_.size() / 2);
+    const Tensor pairs(prev_pairs_.view.data, DType::kI32, {np, 2});
+    b.copyToDevice(pairs, h_prev_pairs_.data(), sizeof(int32_t) * h_prev_pairs_.size());
+    ops_.copyTokens(sampled_.view.rowSlice(0, last_sampled_), pairs, ids_t);
+  }
+  last_sampled_ = static_cast<int64_t>(h_samples_.size());
 
   // ---- forward ----
   const int64_t h = c.hidden_size;
@@ -567,13 +655,26 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
   const Tensor tk_ids = topk_ids_.view.rowSlice(0, t);
   const Tensor tk_w = topk_w_.view.rowSlice(0, t);
   const RmsNormParams norm{static_cast<float>(c.rms_norm_eps)};
-  QkNormRopeParams rope;
+  RopeKvParams rope;
   rope.num_q_heads = static_cast<int32_t>(c.num_attention_heads);
   rope.num_kv_heads = static_cast<int32_t>(c.num_key_value_heads);
   rope.head_dim = static_cast<int32_t>(c.head_dim);
   rope.rotary_dim = rope.head_dim;
-  rope.apply_norm = false;
-  KvWriteParams kvp{rope.num_q_heads, rope.num_kv_heads, rope.head_dim};
+  h_windows_.clear();
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const int32_t w = config_.sliding[l] ? static_cast<int32_t>(c.sliding_window) : 0;
+    if (std::find(h_windows_.begin(), h_windows_.end(), w) == h_windows_.end()) {
+      h_windows_.push_back(w);
+    }
+  }
+  AttentionPlanInput plan;
+  plan.cu_q = h_cu_;
+  plan.positions = h_positions_;
+  plan.windows = h_windows_;
+  plan.num_q_heads = rope.num_q_heads;
+  plan.num_kv_heads = rope.num_kv_heads;
+  plan.head_dim = rope.head_dim;
+  ops_.planAttention(plan);
   PagedAttentionParams ap;
   ap.num_seqs = n_seq;
   ap.num_q_heads = rope.num_q_heads;
@@ -600,16 +701,16 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
       b.rmsNorm(moe, res, L.input_norm.view, x, norm);  // res += moe out; x = norm(res)
     }
     b.linear(x, L.qkv.view, L.qkv_bias.view, qkv);
-    b.qkNormRope(qkv, Tensor(), Tensor(), pos, rope_cos_.view, rope_sin_.view, rope);
     const int32_t li = static_cast<int32_t>(l);
-    ops_.kvWrite(qkv, slots, kv.keys(li), kv.values(li), kvp);
+    ops_.ropeKvWrite(qkv, pos, rope_cos_.view, rope_sin_.view, slots, kv.keys(li), kv.values(li),
+                     rope);
     ap.sliding_window = config_.sliding[l] ? static_cast<int32_t>(c.sliding_window) : 0;
     ops_.pagedAttention(qkv, kv.keys(li), kv.values(li), cu, pos, tables, L.sinks.view, attn, ap);
     b.linear(attn, L.o.view, L.o_bias.view, x);
     b.rmsNorm(x, res, L.post_norm.view, x, norm);  // res += attn out; x = norm(res)
-    b.linear(x, L.router.view, L.router_bias.view, rl);
-    ops_.moeRoute(rl, tk_ids, tk_w, MoeRouteParams{mp.top_k});
-    ops_.moeExperts(x, tk_ids, tk_w, L.w1.view, L.b1.view, L.w2.view, L.b2.view, moe, mp);
+    b.linear(x, L.router.view, Tensor(), rl);  // f32 logits; the bias joins in moeRoute
+    ops_.moeRoute(rl, L.router_bias.view, tk_ids, tk_w, MoeRouteParams{mp.top_k});
+    ops_.moeExperts(x, tk_ids, tk_w, L.w1, L.b1.view, L.w2, L.b2.view, moe, mp);
   }
   b.rmsNorm(moe, res, final_norm_.view, x, norm);
   if (n_rows == 0) return;

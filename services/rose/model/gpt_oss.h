@@ -4,16 +4,19 @@
 // Spec: /work/shared/spec/gpt-oss.md.
 //
 // Loading: DIR/config.json + safetensors (one file or an index + shards), Hugging Face names.
-// Expert weights come as published (MXFP4 `*_blocks` / `*_scales`, dequantized exactly at load)
-// or dense (a bf16/f32 re-export: `mlp.experts.gate_up_proj` in transformers' [E, H, 2I] layout,
-// or [E, 2I, H]); both end up as W1 [E, 2I, H] (gate/up rows interleaved) and W2 [E, H, I].
+// Expert weights come as published (MXFP4 `*_blocks` / `*_scales`) or dense (a bf16/f32
+// re-export: `mlp.experts.gate_up_proj` in transformers' [E, H, 2I] layout, or [E, 2I, H]); both
+// are W1 [E, 2I, H] (gate/up rows interleaved) and W2 [E, H, I]. MXFP4 experts stay MXFP4 on a
+// backend whose LLM ops run them (CUDA: uploadMxfp4Experts, straight from the mmap'ed file) or
+// are dequantized exactly at load (the CPU reference; GptOssOptions::moe_weights = kDense).
 // q/k/v are fused into one GEMM; sinks are kept in F32.
 //
 // Forward of one step (services/rose/model/llm_step.h): per sequence, new tokens at positions
 // position.., K/V written into the paged cache through its block table, then
-//   embed → L × [RMSNorm → QKV(+bias) → YaRN RoPE (half split) → paged attention with the
-//   per-head sink (sliding window on `sliding_attention` layers) → O(+bias) → add+RMSNorm →
-//   router(+bias) → top-k, softmax over the selected → clamped SwiGLU experts (+biases) → add]
+//   embed → L × [RMSNorm → QKV(+bias) → YaRN RoPE (half split) + K/V into the paged cache →
+//   paged attention with the per-head sink (sliding window on `sliding_attention` layers) →
+//   O(+bias) → add+RMSNorm → router (f32 logits, +bias) → top-k, softmax over the selected →
+//   clamped SwiGLU experts (+biases) → add]
 //   → final RMSNorm → unembedding of the rows asked for → logits and/or sampled token ids.
 // Chunked prefill is the same call with fewer tokens per step; decode is one token per step.
 //
@@ -54,6 +57,11 @@ Result<GptOssConfig> parseGptOssConfig(std::string_view json,
                                        std::string_view label = "config.json");
 Result<GptOssConfig> loadGptOssConfig(const std::string& dir);
 
+// How the experts stay resident: kAuto keeps a published MXFP4 checkpoint in MXFP4 when the
+// backend's LLM ops run MXFP4 experts (CUDA), else dense (the weight dtype; the CPU reference
+// always dequantizes at load).
+enum class MoeWeightsMode : uint8_t { kAuto = 0, kDense = 1, kMxfp4 = 2 };
+
 struct GptOssOptions {
   int64_t max_batch_tokens = 2048;  // new tokens per step
   int32_t max_seqs = 256;           // sequences per step
@@ -61,6 +69,7 @@ struct GptOssOptions {
   int64_t max_model_len = 0;        // 0: min(max_position_embeddings, 131072)
   int32_t min_block_size = 16;      // sizes the block-table workspace: max_seqs sequences of
                                     // max_model_len tokens in blocks of this many tokens
+  MoeWeightsMode moe_weights = MoeWeightsMode::kAuto;
 };
 
 class GptOssModel {
@@ -84,13 +93,19 @@ class GptOssModel {
 
   // Enqueues the step. logits_out: F32 [logitsRows(step), vocab] (may be null when that is 0);
   // sampled_out: I32, one id per sequence with sample != 0, in sequence order (may be null when
-  // none samples). Both are written when the enqueued work completes.
+  // none samples). Both are written when the enqueued work completes. A sequence with
+  // prev_row >= 0 takes its first token from row prev_row of the ids the previous enqueued
+  // step sampled ([TAG_LLM_PREV_TOKEN]; validate() checks the row exists).
   void enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logits_out, int32_t* sampled_out);
+
+  // Expert format the model loaded (MXFP4 resident or dense).
+  ExpertFormat expertFormat() const { return expert_format_; }
 
  private:
   struct Layer {
     OwnedTensor input_norm, post_norm, qkv, qkv_bias, o, o_bias, sinks;
-    OwnedTensor router, router_bias, w1, b1, w2, b2;
+    OwnedTensor router, router_bias, b1, b2;
+    ExpertWeights w1, w2;  // [E, 2I, H] and [E, H, I]
   };
 
   GptOssModel(Backend& b, LlmOps& ops) : backend_(b), ops_(ops) {}
@@ -100,16 +115,19 @@ class GptOssModel {
   GptOssConfig config_;
   GptOssOptions opts_;
   int64_t max_model_len_ = 0;
+  ExpertFormat expert_format_ = ExpertFormat::kDense;
+  int64_t last_sampled_ = 0;  // ids the last enqueued step sampled [TAG_LLM_PREV_TOKEN]
 
   OwnedTensor embed_, lm_head_, final_norm_, rope_cos_, rope_sin_;
   std::vector<Layer> layers_;
 
   // Workspace.
   OwnedTensor ids_, positions_, slots_, cu_q_, block_tables_, rows_, residual_, x_, moe_out_,
-      qkv_buf_, attn_, router_logits_, topk_ids_, topk_w_, gathered_, logits_, sampled_;
+      qkv_buf_, attn_, router_logits_, topk_ids_, topk_w_, gathered_, logits_, sampled_, prev_pairs_;
   int64_t table_capacity_ = 0;  // elements of block_tables_
   // Host staging (valid until the next enqueueStep()).
-  std::vector<int32_t> h_ids_, h_positions_, h_slots_, h_cu_, h_tables_, h_rows_, h_last_row_;
+  std::vector<int32_t> h_ids_, h_positions_, h_slots_, h_cu_, h_tables_, h_rows_, h_last_row_,
+      h_prev_pairs_, h_windows_;
   std::vector<SampleRow> h_samples_;
 };
 

@@ -24,8 +24,10 @@ Result<std::unique_ptr<Backend>> makeBackend(std::string_view device, const Back
 
 Result<std::unique_ptr<LlmOps>> makeLlmOps(Backend& backend, int32_t threads) {
   if (backend.name() == "cpu") return cpu::createLlmOps(backend, threads);
-  return unimplemented("no LLM ops for backend '" + std::string(backend.name()) +
-                       "' yet (cpu only)");
+#if defined(GARDEN_HAVE_CUDA) && GARDEN_HAVE_CUDA
+  if (backend.name() == "cuda") return makeCudaLlmOps(backend);
+#endif
+  return unimplemented("no LLM ops for backend '" + std::string(backend.name()) + "'");
 }
 
 }  // namespace garden::rose

@@ -280,7 +280,8 @@ class Backend {
   virtual void rmsNorm(const Tensor& x, const Tensor& residual, const Tensor& weight,
                        const Tensor& out, const RmsNormParams& p) = 0;
 
-  // y[T, N] = x[T, K] · w[N, K]^T (+ bias[N] when non-empty). w weight dtype, x/y activation.
+  // y[T, N] = x[T, K] · w[N, K]^T (+ bias[N] when non-empty). w weight dtype, x/y activation;
+  // y may also be F32 when bias is empty (logits: the gpt-oss router and lm_head).
   virtual void linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) = 0;
 
   // In place on qkv [T, (Hq + 2·Hkv)·D] (q heads, then k heads, then v heads per row):

@@ -9,7 +9,7 @@
 // Implementations: "cpu" (services/rose/ops/cpu/llm_ops_cpu.*, fp32, the reference) and "cuda"
 // (services/rose/ops/cuda/).
 //
-// KV cache layout (per layer, see kv/paged_kv_cache.h): K and V each
+// KV cache layout (per layer, see paged_kv_cache.h): K and V each
 // [num_blocks, block_size, num_kv_heads, head_dim]; token slot = block_id * block_size + offset.
 //
 // Threads: as Backend (one launching thread).
@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <vector>
 
 #include "common/status.h"
 #include "services/rose/model/llm_step.h"
@@ -25,10 +26,11 @@
 namespace garden::rose {
 
 // Packed qkv rows as Backend::qkNormRope uses them: [T, (Hq + 2·Hkv)·D], q heads, k heads, v heads.
-struct KvWriteParams {
+struct RopeKvParams {
   int32_t num_q_heads = 0;
   int32_t num_kv_heads = 0;
   int32_t head_dim = 0;
+  int32_t rotary_dim = 0;  // <= head_dim, even; pairs (i, i + rotary_dim/2) rotate (NeoX)
 };
 
 struct PagedAttentionParams {
@@ -41,6 +43,18 @@ struct PagedAttentionParams {
   int32_t max_context = 0;         // host-known longest (position + 1) of any query (planning)
   int32_t sliding_window = 0;      // 0: full causal; W > 0: keys j with i - W < j <= i
   float scale = 0.f;               // logit scale (1/sqrt(head_dim)); the sink is not scaled
+};
+
+// The host view of a step's queries, handed to planAttention() once per step before its
+// pagedAttention calls (a backend may split the work from it; [TAG_PLAN_THEN_RUN]). Spans are
+// read during the call only.
+struct AttentionPlanInput {
+  std::span<const int32_t> cu_q;       // [S + 1], as pagedAttention's cu_q
+  std::span<const int32_t> positions;  // [T], as pagedAttention's positions
+  std::span<const int32_t> windows;    // the sliding_window values this step's layers use
+  int32_t num_q_heads = 0;
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;
 };
 
 struct MoeRouteParams {
@@ -56,6 +70,35 @@ struct MoeExpertsParams {
   float swiglu_alpha = 1.702f;
 };
 
+// How the ops keep one expert projection W [E, rows (out), cols (in)] resident.
+//   kDense: `dense` [E, rows, cols] in the backend's weight dtype.
+//   kMxfp4: the checkpoint's MXFP4 codes and E8M0 scales, re-laid out by the ops that loaded
+//           them (uploadMxfp4Experts); `codes` / `scales` are opaque U8 views of that layout.
+enum class ExpertFormat : uint8_t { kDense = 0, kMxfp4 = 1 };
+struct ExpertWeights {
+  ExpertFormat format = ExpertFormat::kDense;
+  int64_t experts = 0, rows = 0, cols = 0;
+  Tensor dense;
+  Tensor codes, scales;
+  std::vector<Buffer> storage;  // owns what the views point to (may be empty: borrowed views)
+};
+
+// Largest sizes a step will use, given once at load so the ops can size their workspaces.
+struct LlmOpsLimits {
+  int64_t max_tokens = 0;       // tokens per step
+  int32_t max_seqs = 0;         // sequences per step
+  int64_t max_logits_rows = 0;  // rows sampled / returned per step
+  int64_t max_model_len = 0;
+  int64_t vocab = 0;
+  int32_t hidden = 0;
+  int32_t intermediate = 0;
+  int32_t num_experts = 0;
+  int32_t top_k = 0;
+  int32_t num_q_heads = 0;
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;
+};
+
 // One row to sample from: logits row `row`, the sequence's params, the counter of its RNG
 // stream (the absolute position of the token being drawn).
 struct SampleRow {
@@ -68,46 +111,81 @@ class LlmOps {
  public:
   virtual ~LlmOps() = default;
 
-  // Writes the k and v heads of each qkv row t into slot slot_mapping[t] (I32 [T]) of the
-  // layer's caches k_cache / v_cache [num_blocks, block_size, Hkv, D]. Slots are distinct.
-  virtual void kvWrite(const Tensor& qkv, const Tensor& slot_mapping, const Tensor& k_cache,
-                       const Tensor& v_cache, const KvWriteParams& p) = 0;
+  // Sizes workspaces (load time, before any op). RESOURCE_EXHAUSTED when memory runs out.
+  virtual Status reserve(const LlmOpsLimits& limits) { return okStatus(); }
+
+  // Expert formats moeExperts() accepts.
+  virtual bool supportsExpertFormat(ExpertFormat f) const { return f == ExpertFormat::kDense; }
+  // Load time: MXFP4 experts as published (codes [E, rows, cols/32, 16], scales [E, rows,
+  // cols/32], host memory) into this backend's resident kMxfp4 layout. UNIMPLEMENTED when the ops
+  // do not support kMxfp4.
+  virtual Result<ExpertWeights> uploadMxfp4Experts(const uint8_t* codes, const uint8_t* scales,
+                                                   int64_t experts, int64_t rows, int64_t cols) {
+    return unimplemented("these LLM ops keep experts dense only");
+  }
+
+  // In place on qkv [T, (Hq + 2·Hkv)·D]: rotary embedding of the q and k heads with the position
+  // of each token (positions I32 [T]; cos, sin F32 [max_pos, rotary_dim/2], any scaling such as
+  // YaRN's folded in), then the rotated k heads and the v heads of row t go into slot
+  // slot_mapping[t] (I32 [T]) of the layer's caches k_cache / v_cache [num_blocks, block_size,
+  // Hkv, D]. Slots are distinct.
+  virtual void ropeKvWrite(const Tensor& qkv, const Tensor& positions, const Tensor& cos,
+                           const Tensor& sin, const Tensor& slot_mapping, const Tensor& k_cache,
+                           const Tensor& v_cache, const RopeKvParams& p) = 0;
+
+  // Host planning for the step's attention (see AttentionPlanInput); no-op by default.
+  virtual void planAttention(const AttentionPlanInput& in) {}
 
   // out [T, Hq·D]: attention of each query token over its sequence's cached keys. Sequence s
   // owns query rows [cu_q[s], cu_q[s+1]) (I32 [S+1]); positions I32 [T] is each query's absolute
-  // position i; keys j = 0..i (sliding: i - W < j) are read through block_tables I32
-  // [S, max_blocks_per_seq] (key j lives in block block_tables[s][j / block_size], offset
-  // j % block_size). sinks F32 [Hq] (may be empty): a per-head logit that joins the softmax
-  // denominator only. q comes from the q heads of qkv (packed as in KvWriteParams).
+  // position i (consecutive within a sequence); keys j = 0..i (sliding: i - W < j) are read
+  // through block_tables I32 [S, max_blocks_per_seq] (key j lives in block
+  // block_tables[s][j / block_size], offset j % block_size). sinks F32 [Hq] (may be empty): a
+  // per-head logit that joins the softmax denominator only. q comes from the q heads of qkv.
+  // A backend that plans (planAttention) requires the plan of this step to cover
+  // p.sliding_window.
   virtual void pagedAttention(const Tensor& qkv, const Tensor& k_cache, const Tensor& v_cache,
                               const Tensor& cu_q, const Tensor& positions,
                               const Tensor& block_tables, const Tensor& sinks, const Tensor& out,
                               const PagedAttentionParams& p) = 0;
 
-  // router_logits [T, E] → topk_ids I32 [T, k] (largest first; ties: lower expert id first) and
-  // topk_weights F32 [T, k] = softmax over the k selected logits only.
-  virtual void moeRoute(const Tensor& router_logits, const Tensor& topk_ids,
+  // router_logits F32 [T, E] (+ bias [E], weight dtype, may be empty) → topk_ids I32 [T, k]
+  // (largest first; ties: lower expert id first) and topk_weights F32 [T, k] = softmax over the
+  // k selected logits only.
+  virtual void moeRoute(const Tensor& router_logits, const Tensor& bias, const Tensor& topk_ids,
                         const Tensor& topk_weights, const MoeRouteParams& p) = 0;
 
   // out [T, H] = Σ_k w[t,k] · (W2[e] · a + b2[e]), e = ids[t,k], with h = W1[e] · x[t] + b1[e],
   // gate = h[0::2], up = h[1::2] (interleaved rows), a = min(gate, L) · sigmoid(α · min(gate, L))
-  // · (clamp(up, −L, L) + 1). x [T, H]; w1 [E, 2I, H]; b1 [E, 2I]; w2 [E, H, I]; b2 [E, H] (weight
-  // dtype; biases may be empty). out must not alias x.
+  // · (clamp(up, −L, L) + 1). x [T, H]; w1 [E, 2I, H]; b1 [E, 2I]; w2 [E, H, I]; b2 [E, H]
+  // (biases weight dtype, may be empty). out must not alias x.
   virtual void moeExperts(const Tensor& x, const Tensor& topk_ids, const Tensor& topk_weights,
-                          const Tensor& w1, const Tensor& b1, const Tensor& w2, const Tensor& b2,
-                          const Tensor& out, const MoeExpertsParams& p) = 0;
+                          const ExpertWeights& w1, const Tensor& b1, const ExpertWeights& w2,
+                          const Tensor& b2, const Tensor& out, const MoeExpertsParams& p) = 0;
 
   // out[r, :] = in[rows[r], :]; rows I32 [R].
   virtual void gatherRows(const Tensor& in, const Tensor& rows, const Tensor& out) = 0;
 
-  // out_ids I32 [rows.size()]: one token per SampleRow from logits F32 [R, V] (see
-  // sampling/sampler.h for the exact procedure). `rows` must stay valid until the op has run.
+  // ids[pairs[i][0]] = src[pairs[i][1]] for every row i of pairs I32 [P, 2]; src, ids I32.
+  // Two steps in flight [TAG_LLM_PREV_TOKEN]: src is the previous step's sampled ids.
+  virtual void copyTokens(const Tensor& src, const Tensor& pairs, const Tensor& ids) = 0;
+
+  // out_ids I32 [rows.size()]: one token per SampleRow from logits F32 [R, V]. Greedy
+  // (temperature 0) is the argmax with the lowest id among equal maxima on every backend. With
+  // temperature > 0 each backend draws from the same distribution (temperature → top-k → top-p,
+  // sampler.h) with its own procedure, deterministic in (seed, counter): the CPU one is
+  // sampler.h's; the CUDA one is in ops/cuda/sample.cuh. `rows` must stay valid until the op
+  // has run.
   virtual void sample(const Tensor& logits, std::span<const SampleRow> rows,
                       const Tensor& out_ids) = 0;
 };
 
-// The LlmOps implementation for `backend` (by backend.name()): "cpu" → the fp32 reference;
-// others UNIMPLEMENTED. threads: CPU worker threads (0 = hardware concurrency).
+// The LlmOps implementation for `backend` (by backend.name()): "cpu" → the fp32 reference,
+// "cuda" → ops/cuda/llm_ops_cuda.h (builds with CUDA). threads: CPU worker threads (0 = hardware
+// concurrency).
 Result<std::unique_ptr<LlmOps>> makeLlmOps(Backend& backend, int32_t threads = 0);
+#if defined(GARDEN_HAVE_CUDA) && GARDEN_HAVE_CUDA
+Result<std::unique_ptr<LlmOps>> makeCudaLlmOps(Backend& backend);  // llm_ops_cuda.cc
+#endif
 
 }  // namespace garden::rose

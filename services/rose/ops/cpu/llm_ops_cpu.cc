@@ -27,13 +27,21 @@ class CpuLlmOps final : public LlmOps {
     scratch_.resize(static_cast<size_t>(pool_.size()));
   }
 
-  void kvWrite(const Tensor& qkv, const Tensor& slot_mapping, const Tensor& k_cache,
-               const Tensor& v_cache, const KvWriteParams& p) override {
+  void ropeKvWrite(const Tensor& qkv, const Tensor& positions, const Tensor& cos,
+                   const Tensor& sin, const Tensor& slot_mapping, const Tensor& k_cache,
+                   const Tensor& v_cache, const RopeKvParams& p) override {
     sync();
     checkF32(qkv);
     checkF32(k_cache);
     checkF32(v_cache);
     checkI32(slot_mapping);
+    QkNormRopeParams rp;
+    rp.num_q_heads = p.num_q_heads;
+    rp.num_kv_heads = p.num_kv_heads;
+    rp.head_dim = p.head_dim;
+    rp.rotary_dim = p.rotary_dim;
+    rp.apply_norm = false;
+    if (p.rotary_dim > 0) backend_.qkNormRope(qkv, Tensor(), Tensor(), positions, cos, sin, rp);
     const int64_t d = p.head_dim, hq = p.num_q_heads, hkv = p.num_kv_heads;
     const int64_t width = (hq + 2 * hkv) * d;
     const int64_t t_rows = qkv.rows();
@@ -136,8 +144,8 @@ class CpuLlmOps final : public LlmOps {
     });
   }
 
-  void moeRoute(const Tensor& router_logits, const Tensor& topk_ids, const Tensor& topk_weights,
-                const MoeRouteParams& p) override {
+  void moeRoute(const Tensor& router_logits, const Tensor& bias, const Tensor& topk_ids,
+                const Tensor& topk_weights, const MoeRouteParams& p) override {
     sync();
     checkF32(router_logits);
     checkI32(topk_ids);
@@ -146,11 +154,22 @@ class CpuLlmOps final : public LlmOps {
     CHECK(k > 0 && k <= e);
     CHECK(topk_ids.numel() == t_rows * k && topk_weights.numel() == t_rows * k);
     const float* lg = router_logits.as<float>();
+    const float* bp = nullptr;
+    if (!bias.empty()) {
+      checkF32(bias);
+      CHECK(bias.numel() == e);
+      bp = bias.as<float>();
+    }
     int32_t* ids = topk_ids.as<int32_t>();
     float* w = topk_weights.as<float>();
     std::vector<int32_t> order(static_cast<size_t>(e));
+    std::vector<float> biased(static_cast<size_t>(e));
     for (int64_t t = 0; t < t_rows; ++t) {
       const float* row = lg + t * e;
+      if (bp != nullptr) {
+        for (int64_t x = 0; x < e; ++x) biased[static_cast<size_t>(x)] = row[x] + bp[x];
+        row = biased.data();
+      }
       for (int64_t x = 0; x < e; ++x) order[static_cast<size_t>(x)] = static_cast<int32_t>(x);
       std::partial_sort(order.begin(), order.begin() + k, order.end(), [row](int32_t a, int32_t b) {
         return row[a] != row[b] ? row[a] > row[b] : a < b;
@@ -168,9 +187,13 @@ class CpuLlmOps final : public LlmOps {
   }
 
   void moeExperts(const Tensor& x, const Tensor& topk_ids, const Tensor& topk_weights,
-                  const Tensor& w1, const Tensor& b1, const Tensor& w2, const Tensor& b2,
-                  const Tensor& out, const MoeExpertsParams& p) override {
+                  const ExpertWeights& ew1, const Tensor& b1, const ExpertWeights& ew2,
+                  const Tensor& b2, const Tensor& out, const MoeExpertsParams& p) override {
     sync();
+    CHECK_MSG(ew1.format == ExpertFormat::kDense && ew2.format == ExpertFormat::kDense,
+              "cpu llm ops keep experts dense");
+    const Tensor& w1 = ew1.dense;
+    const Tensor& w2 = ew2.dense;
     checkF32(x);
     checkF32(w1);
     checkF32(w2);
@@ -244,6 +267,22 @@ class CpuLlmOps final : public LlmOps {
       CHECK(r[i] >= 0 && r[i] < in.rows());
       std::memcpy(static_cast<std::byte*>(out.data) + i * row_bytes,
                   static_cast<const std::byte*>(in.data) + r[i] * row_bytes, row_bytes);
+    }
+  }
+
+  void copyTokens(const Tensor& src, const Tensor& pairs, const Tensor& ids) override {
+    sync();
+    checkI32(src);
+    checkI32(pairs);
+    checkI32(ids);
+    CHECK(pairs.numel() % 2 == 0);
+    const int32_t* pr = pairs.as<int32_t>();
+    const int32_t* sp = src.as<int32_t>();
+    int32_t* ip = ids.as<int32_t>();
+    for (int64_t i = 0; i < pairs.numel() / 2; ++i) {
+      const int32_t dst = pr[2 * i], row = pr[2 * i + 1];
+      CHECK(dst >= 0 && dst < ids.numel() && row >= 0 && row < src.numel());
+      ip[dst] = sp[row];
     }
   }
 

@@ -279,10 +279,17 @@ void CudaBackend::rmsNorm(const Tensor& x, const Tensor& residual, const Tensor&
 }
 
 void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) {
-  require(is(x, DType::kBF16) && is(w, DType::kBF16) && is(y, DType::kBF16), "linear",
-          "dtypes must be BF16");
+  require(is(x, DType::kBF16) && is(w, DType::kBF16) && (is(y, DType::kBF16) || is(y, DType::kF32)),
+          "linear", "x and w must be BF16, y BF16 or F32");
   require(x.cols() == w.cols() && y.rows() == x.rows() && y.cols() == w.rows(), "linear",
           "shape mismatch");
+  if (y.dtype == DType::kF32) {  // logits: f32 out, no bias
+    require(bias.empty(), "linear", "an F32 output takes no bias");
+    checkOk(gemm_->runF32(x.as<bf16>(), w.as<bf16>(), y.as<float>(), x.rows(), w.rows(), w.cols(),
+                          stream_),
+            "linear");
+    return;
+  }
   require(bias.empty() || (bias.dtype == DType::kBF16 && bias.numel() == w.rows()), "linear",
           "bias must be BF16 [N]");
   checkOk(gemm_->run(x.as<bf16>(), w.as<bf16>(), bias.empty() ? nullptr : bias.as<bf16>(),

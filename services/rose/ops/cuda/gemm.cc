@@ -78,7 +78,7 @@ GemmRunner::~GemmRunner() {
 
 // Column-major view: y^T [N, M] = w [K, N]^T-as-stored . x^T [K, M]; i.e. op(A) = A^T with
 // A = w stored [K, N] (ld K), B = x stored [K, M] (ld K), C = y stored [N, M] (ld N).
-Status GemmRunner::makeLayouts(Plan& p, int64_t m, int64_t n, int64_t k, bool bias) {
+Status GemmRunner::makeLayouts(Plan& p, int64_t m, int64_t n, int64_t k, bool bias, bool f32_out) {
   LT_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
   LT_RETURN_IF_ERROR(
@@ -97,8 +97,9 @@ Status GemmRunner::makeLayouts(Plan& p, int64_t m, int64_t n, int64_t k, bool bi
                                                 static_cast<uint64_t>(n), k));
   LT_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, static_cast<uint64_t>(k),
                                                 static_cast<uint64_t>(m), k));
-  LT_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&p.c, CUDA_R_16BF, static_cast<uint64_t>(n),
-                                                static_cast<uint64_t>(m), n));
+  LT_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&p.c, f32_out ? CUDA_R_32F : CUDA_R_16BF,
+                                                static_cast<uint64_t>(n), static_cast<uint64_t>(m),
+                                                n));
   return okStatus();
 }
 
@@ -169,7 +170,7 @@ Status GemmRunner::enqueueChoice(const Plan& p, const Choice& choice, int64_t m,
     a.x = ops.x;
     a.w = ops.w;
     a.bias = ops.bias;
-    a.y = ops.y;
+    a.y = static_cast<__nv_bfloat16*>(ops.y);
     a.m = m;
     a.n = n;
     a.k = k;
@@ -185,18 +186,19 @@ Status GemmRunner::enqueueChoice(const Plan& p, const Choice& choice, int64_t m,
 Result<bool> GemmRunner::rowsIndependentOfM(const Plan& exact, const Choice& choice, int64_t m,
                                             int64_t n, int64_t k, const Operands& ops) {
   const int64_t half = m / 2;
-  const size_t bytes = static_cast<size_t>(half * n) * sizeof(__nv_bfloat16);
+  const size_t elem = ops.f32_out ? sizeof(float) : sizeof(__nv_bfloat16);
+  const size_t bytes = static_cast<size_t>(half * n) * elem;
   if (half < 1 || half * n > kMaxCheckElems || bytes > flush_bytes_) return true;
   Plan p;  // the M / 2 shape (cuBLASLt only; the custom kernel takes M as an argument)
   if (choice.smallm_splits == 0) {
-    RETURN_IF_ERROR(makeLayouts(p, half, n, k, ops.bias != nullptr));
+    RETURN_IF_ERROR(makeLayouts(p, half, n, k, ops.bias != nullptr, ops.f32_out));
     if (!fits(p, choice.algo)) return false;
   }
   RETURN_IF_ERROR(enqueueChoice(exact, choice, m, n, k, ops));
   Operands part = ops;
-  part.y = static_cast<__nv_bfloat16*>(flush_);
+  part.y = flush_;
   RETURN_IF_ERROR(enqueueChoice(p, choice, half, n, k, part));
-  std::vector<uint16_t> a(static_cast<size_t>(half * n)), b(a.size());
+  std::vector<uint8_t> a(bytes), b(bytes);
   CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(a.data(), ops.y, bytes, cudaMemcpyDeviceToHost, ops.stream));
   CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(b.data(), flush_, bytes, cudaMemcpyDeviceToHost, ops.stream));
@@ -213,7 +215,7 @@ Result<GemmRunner::Choice> GemmRunner::chooseAlgo(Plan& exact, int64_t m, int64_
   Plan top;
   Plan* ref = &exact;
   if (bucket != m) {
-    RETURN_IF_ERROR(makeLayouts(top, bucket, n, k, bias));
+    RETURN_IF_ERROR(makeLayouts(top, bucket, n, k, bias, ops.f32_out));
     ref = &top;
   }
   cublasLtMatmulPreference_t pref = nullptr;
@@ -256,7 +258,7 @@ Result<GemmRunner::Choice> GemmRunner::chooseAlgo(Plan& exact, int64_t m, int64_
   // The custom kernel (gemm_smallm.cuh), one candidate per (N tile, split count), after
   // cuBLASLt's.
   const size_t num_lt = cands.size();
-  if (smallm_ && bucket <= kSmallMMaxRows) {
+  if (smallm_ && !ops.f32_out && bucket <= kSmallMMaxRows) {
     SmallMConfig cfgs[8] = {};
     const int nc = smallMGemmCandidates(n, k, num_sms_, cfgs);
     for (int i = 0; i < nc; ++i) {
@@ -361,12 +363,13 @@ Result<GemmRunner::Choice> GemmRunner::chooseAlgo(Plan& exact, int64_t m, int64_
 
 Result<GemmRunner::Plan*> GemmRunner::plan(int64_t m, int64_t n, int64_t k, const Operands& ops) {
   const bool bias = ops.bias != nullptr;
-  auto key = std::make_tuple(m, n, k, bias);
+  auto key = std::make_tuple(m, n, k, bias, ops.f32_out);
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second.get();
   auto p = std::make_unique<Plan>();
-  RETURN_IF_ERROR(makeLayouts(*p, m, n, k, bias));
-  const auto akey = std::make_tuple(tune_ ? algoBucket(m) : int64_t{0}, n, k, bias);
+  RETURN_IF_ERROR(makeLayouts(*p, m, n, k, bias, ops.f32_out));
+  const auto akey =
+      std::make_tuple(tune_ ? algoBucket(m) : int64_t{0}, n, k, bias, ops.f32_out);
   auto ait = algos_.find(akey);
   if (ait == algos_.end()) {
     Choice algo;
@@ -376,7 +379,7 @@ Result<GemmRunner::Plan*> GemmRunner::plan(int64_t m, int64_t n, int64_t k, cons
       // The (N, K) algorithm, chosen at the reference M.
       constexpr int64_t kReferenceM = 2048;
       Plan ref;
-      RETURN_IF_ERROR(makeLayouts(ref, kReferenceM, n, k, bias));
+      RETURN_IF_ERROR(makeLayouts(ref, kReferenceM, n, k, bias, ops.f32_out));
       ASSIGN_OR_RETURN(const bool ok, pickAlgo(ref, &algo.algo));
       if (!ok) {
         return internalError("cuBLASLt: no bf16 algorithm without split-K for n=" +
@@ -416,9 +419,18 @@ Status GemmRunner::run(const __nv_bfloat16* x, const __nv_bfloat16* w, const __n
                        __nv_bfloat16* y, int64_t m, int64_t n, int64_t k, cudaStream_t stream) {
   if (m == 0) return okStatus();
   if (m < 0 || n <= 0 || k <= 0) return invalidArgument("gemm: bad shape");
-  const Operands ops{x, w, bias, y, stream};
+  const Operands ops{x, w, bias, y, false, stream};
   ASSIGN_OR_RETURN(Plan * p, plan(m, n, k, ops));
   return enqueueChoice(*p, Choice{p->algo, p->smallm_splits, p->smallm_tile_n}, m, n, k, ops);
+}
+
+Status GemmRunner::runF32(const __nv_bfloat16* x, const __nv_bfloat16* w, float* y, int64_t m,
+                          int64_t n, int64_t k, cudaStream_t stream) {
+  if (m == 0) return okStatus();
+  if (m < 0 || n <= 0 || k <= 0) return invalidArgument("gemm: bad shape");
+  const Operands ops{x, w, nullptr, y, true, stream};
+  ASSIGN_OR_RETURN(Plan * p, plan(m, n, k, ops));
+  return enqueueChoice(*p, Choice{p->algo, 0, 0}, m, n, k, ops);
 }
 
 }  // namespace garden::rose::cuda

@@ -73,6 +73,10 @@ class GemmRunner {
   // on and the stream not capturing times candidates (see above) and synchronizes `stream`.
   Status run(const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_bfloat16* bias,
              __nv_bfloat16* y, int64_t m, int64_t n, int64_t k, cudaStream_t stream);
+  // The same with float32 output and no bias (logits: the gpt-oss router and lm_head), tuned and
+  // cached separately (cuBLASLt candidates only). Same alignment rules.
+  Status runF32(const __nv_bfloat16* x, const __nv_bfloat16* w, float* y, int64_t m, int64_t n,
+                int64_t k, cudaStream_t stream);
 
   // The M bucket sharing one algorithm: 64-row steps up to 1024, 256 up to 4096, 1024 above.
   // algoBucket(graphTokensBucket(m)) == algoBucket(m) for every m.
@@ -100,7 +104,8 @@ class GemmRunner {
   };
   struct Operands {
     const __nv_bfloat16 *x, *w, *bias;
-    __nv_bfloat16* y;
+    void* y;       // bf16, or float when f32_out
+    bool f32_out;  // y is float32 (no bias, cuBLASLt only)
     cudaStream_t stream;
   };
   // One tuning choice: a cuBLASLt algorithm, or (smallm_splits > 0) the custom kernel.
@@ -111,7 +116,7 @@ class GemmRunner {
   };
   GemmRunner() = default;
   Result<Plan*> plan(int64_t m, int64_t n, int64_t k, const Operands& ops);
-  Status makeLayouts(Plan& p, int64_t m, int64_t n, int64_t k, bool bias);
+  Status makeLayouts(Plan& p, int64_t m, int64_t n, int64_t k, bool bias, bool f32_out);
   // Heuristic choice for this plan's shape with split-K disabled; false when none qualifies.
   Result<bool> pickAlgo(Plan& p, cublasLtMatmulAlgo_t* out);
   // Tuning: the fastest (or, while capturing, the first) heuristic candidate for the bucket of
@@ -136,9 +141,9 @@ class GemmRunner {
   size_t flush_bytes_ = 0;
   static constexpr int kTimedReps = 5;
   cudaEvent_t events_[2 * kTimedReps] = {};
-  std::map<std::tuple<int64_t, int64_t, int64_t, bool>, std::unique_ptr<Plan>> plans_;
-  // Per (M bucket, N, K, bias); the bucket is 0 for every M with tuning off.
-  std::map<std::tuple<int64_t, int64_t, int64_t, bool>, Choice> algos_;
+  std::map<std::tuple<int64_t, int64_t, int64_t, bool, bool>, std::unique_ptr<Plan>> plans_;
+  // Per (M bucket, N, K, bias, f32 out); the bucket is 0 for every M with tuning off.
+  std::map<std::tuple<int64_t, int64_t, int64_t, bool, bool>, Choice> algos_;
   size_t fallbacks_ = 0;
   size_t tuned_ = 0;
   size_t untimed_ = 0;

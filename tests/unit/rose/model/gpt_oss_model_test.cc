@@ -171,6 +171,37 @@ TEST_F(GptOssModelTest, SeededSamplingIndependentOfTheBatch) {
   for (int32_t d : draws) EXPECT_TRUE(d >= 0 && d < 512);
 }
 
+// Two steps in flight [TAG_LLM_PREV_TOKEN]: a decode whose token comes from the previous step's
+// sampled ids (prev_row) computes exactly what the same decode with the token written out does;
+// a prev_row the previous step did not sample is refused.
+TEST_F(GptOssModelTest, PrevRowTakesThePreviousStepsToken) {
+  const std::vector<int32_t> prompt = {5, 17, 300, 42};
+  auto runTwoSteps = [&](bool use_prev) {
+    auto kv = PagedKvCache::create(*backend_, model_->kvShape(16, 4), model_->kvDType()).value();
+    std::swap(kv_, kv);
+    LlmStepSeq a = seq(0, 4, 0, 0, 2);
+    a.sample = 1;  // greedy
+    const auto first = sampleStep({a}, prompt, {3, 7});
+    LlmStepSeq b = seq(0, 1, 4, 0, 2);
+    b.sample = 1;
+    std::vector<int32_t> tok = {first[0]};
+    if (use_prev) {
+      b.prev_row = 0;
+      tok[0] = -1;  // ignored
+    }
+    const auto second = sampleStep({b}, tok, {3, 7});
+    std::swap(kv_, kv);
+    return std::make_pair(first[0], second[0]);
+  };
+  const auto plain = runTwoSteps(false);
+  const auto prev = runTwoSteps(true);
+  EXPECT_EQ(prev, plain);
+  // After a step that sampled one id, prev_row 1 does not exist.
+  LlmStepSeq bad = seq(0, 1, 4, 0, 2);
+  bad.prev_row = 1;
+  expectError(check({bad}, {-1}, {3, 7}), "prev_row");
+}
+
 // The fixture split into two shards with an index (as the published checkpoints are) loads and
 // computes exactly what the single file does.
 TEST_F(GptOssModelTest, ShardedCheckpointGivesTheSameLogits) {

@@ -164,8 +164,8 @@ void runPagedCase(LlmCpuOps& f, const AttnCase& c, int block_size) {
     }
     auto qkv_t = f.put(qkv, {total, width});
     auto slot_t = f.putI32(slots, {total});
-    f.ops_->kvWrite(qkv_t.view, slot_t.view, (*kv)->keys(0), (*kv)->values(0),
-                    KvWriteParams{hq, hkv, d});
+    f.ops_->ropeKvWrite(qkv_t.view, Tensor(), Tensor(), Tensor(), slot_t.view, (*kv)->keys(0),
+                        (*kv)->values(0), RopeKvParams{hq, hkv, d, 0});
     return std::make_pair(std::move(qkv), std::move(qkv_t));
   };
   if (history[0] + history[1] > 0) writeRows(history, {0, 0});
@@ -235,7 +235,8 @@ TEST_P(LlmCpuOps, SinkAndWindowMatter) {
   auto pos_t = putI32(positions, {t});
   auto bt = putI32({0, 1, 2}, {1, 3});
   auto cu = putI32({0, t}, {2});
-  ops_->kvWrite(qkv.view, slot_t.view, (*kv)->keys(0), (*kv)->values(0), KvWriteParams{hq, hkv, d});
+  ops_->ropeKvWrite(qkv.view, Tensor(), Tensor(), Tensor(), slot_t.view,
+                     (*kv)->keys(0), (*kv)->values(0), RopeKvParams{hq, hkv, d, 0});
   auto run = [&](int window, const Tensor& sinks) {
     auto out = zeros(DType::kF32, {t, hq * d});
     PagedAttentionParams p{1, hq, hkv, d, bs, 3, t, window, 0.5f};
@@ -278,7 +279,8 @@ TEST_P(LlmCpuOps, PagedEqualsBackendRaggedAttention) {
   auto pos_t = putI32(positions, {t});
   auto bt_t = putI32(bt, {3, 3});
   auto cu = putI32({0, 7, 8, 20}, {4});
-  ops_->kvWrite(qkv.view, slot_t.view, (*kv)->keys(0), (*kv)->values(0), KvWriteParams{hq, hkv, d});
+  ops_->ropeKvWrite(qkv.view, Tensor(), Tensor(), Tensor(), slot_t.view,
+                     (*kv)->keys(0), (*kv)->values(0), RopeKvParams{hq, hkv, d, 0});
   auto paged = zeros(DType::kF32, {t, hq * d});
   PagedAttentionParams p{3, hq, hkv, d, bs, 3, 12, 0, 0.25f};
   ops_->pagedAttention(qkv.view, (*kv)->keys(0), (*kv)->values(0), cu.view, pos_t.view, bt_t.view,
@@ -303,7 +305,7 @@ TEST_P(LlmCpuOps, RouterTopKSoftmaxOverSelected) {
   auto logits = put({1, 4, 2, 4, 0, -1, 3, 1}, {2, 4});
   auto ids = zeros(DType::kI32, {2, 2});
   auto w = zeros(DType::kF32, {2, 2});
-  ops_->moeRoute(logits.view, ids.view, w.view, MoeRouteParams{2});
+  ops_->moeRoute(logits.view, Tensor(), ids.view, w.view, MoeRouteParams{2});
   auto gi = get<int32_t>(ids.view);
   auto gw = get<float>(w.view);
   EXPECT_EQ(gi, (std::vector<int32_t>{1, 3, 2, 3}));
@@ -315,7 +317,7 @@ TEST_P(LlmCpuOps, RouterTopKSoftmaxOverSelected) {
   // k = all experts: softmax over the whole row, sorted.
   auto ids4 = zeros(DType::kI32, {2, 4});
   auto w4 = zeros(DType::kF32, {2, 4});
-  ops_->moeRoute(logits.view, ids4.view, w4.view, MoeRouteParams{4});
+  ops_->moeRoute(logits.view, Tensor(), ids4.view, w4.view, MoeRouteParams{4});
   EXPECT_EQ(get<int32_t>(ids4.view), (std::vector<int32_t>{1, 3, 2, 0, 2, 3, 0, 1}));
 }
 
@@ -345,8 +347,10 @@ TEST_P(LlmCpuOps, ExpertsMatchNaiveClampedSwiGlu) {
   auto wtt = put(wts, {t, k});
   auto out = zeros(DType::kF32, {t, h});
   MoeExpertsParams p{e, k, h, inter, limit, alpha};
-  ops_->moeExperts(xt.view, idt.view, wtt.view, w1t.view, b1t.view, w2t.view, b2t.view, out.view,
-                   p);
+  ExpertWeights ew1, ew2;
+  ew1.dense = w1t.view;
+  ew2.dense = w2t.view;
+  ops_->moeExperts(xt.view, idt.view, wtt.view, ew1, b1t.view, ew2, b2t.view, out.view, p);
   auto got = get<float>(out.view);
   int gate_clamped = 0, up_clamped = 0;
   for (int i = 0; i < t; ++i) {
@@ -402,7 +406,8 @@ TEST_P(LlmCpuOps, KvWriteLandsInTheSlot) {
   // Two tokens: q(2) k(2) v(2) each; written to slots 5 (block 2, offset 1) and 0, layer 1.
   auto qkv = put({0, 0, 1, 2, 3, 4, 0, 0, 5, 6, 7, 8}, {2, 6});
   auto slots = putI32({5, 0}, {2});
-  ops_->kvWrite(qkv.view, slots.view, (*kv)->keys(1), (*kv)->values(1), KvWriteParams{hq, hkv, d});
+  ops_->ropeKvWrite(qkv.view, Tensor(), Tensor(), Tensor(), slots.view,
+                     (*kv)->keys(1), (*kv)->values(1), RopeKvParams{hq, hkv, d, 0});
   auto k = get<float>((*kv)->keys(1));
   auto v = get<float>((*kv)->values(1));
   EXPECT_EQ(k[10], 1);
@@ -413,6 +418,63 @@ TEST_P(LlmCpuOps, KvWriteLandsInTheSlot) {
   EXPECT_EQ(v[1], 8);
   EXPECT_EQ(kvSlot(std::vector<int32_t>{4, 2}, 3, 2), 5);
   EXPECT_EQ(kvBlocksFor(5, 2), 3);
+}
+
+// The rotation of ropeKvWrite is the backend's NeoX RoPE (pairs (i, i + half)) applied to q and k
+// heads, and the cache receives the rotated k and the untouched v.
+TEST_P(LlmCpuOps, RopeKvWriteRotatesQAndKAndWritesTheCache) {
+  const int hq = 2, hkv = 1, d = 4, bs = 2, half = 2;
+  auto kv = PagedKvCache::create(*backend_, KvCacheShape{1, 2, bs, hkv, d}, DType::kF32);
+  ASSERT_TRUE(kv.isOk());
+  // One token at position 1: q0, q1, k, v heads of 4 values.
+  std::vector<float> row = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+  auto qkv = put(row, {1, 16});
+  auto pos = putI32({1}, {1});
+  // cos/sin tables for positions 0..1, half = 2 frequencies.
+  const float c0 = 0.5f, c1 = 0.25f, s0 = 0.75f, s1 = -0.5f;
+  auto cosv = put({1, 1, c0, c1}, {2, half});
+  auto sinv = put({0, 0, s0, s1}, {2, half});
+  auto slots = putI32({3}, {1});
+  ops_->ropeKvWrite(qkv.view, pos.view, cosv.view, sinv.view, slots.view, (*kv)->keys(0),
+                    (*kv)->values(0), RopeKvParams{hq, hkv, d, d});
+  auto rot = [&](const float* x, float* y) {  // NeoX: (x_i, x_{i+2})
+    y[0] = x[0] * c0 - x[2] * s0;
+    y[1] = x[1] * c1 - x[3] * s1;
+    y[2] = x[2] * c0 + x[0] * s0;
+    y[3] = x[3] * c1 + x[1] * s1;
+  };
+  std::vector<float> want = row;
+  for (int h = 0; h < 3; ++h) rot(row.data() + 4 * h, want.data() + 4 * h);
+  auto got = get<float>(qkv.view);
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_FLOAT_EQ(got[i], want[i]) << i;
+  auto k = get<float>((*kv)->keys(0));
+  auto v = get<float>((*kv)->values(0));
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_FLOAT_EQ(k[12 + i], want[8 + i]);  // slot 3
+    EXPECT_FLOAT_EQ(v[12 + i], row[12 + i]);
+  }
+}
+
+TEST_P(LlmCpuOps, RouterBiasJoinsBeforeTheTopK) {
+  // Logits 1, 4, 2, 4 with bias 0, -3, 0, 1 → 1, 1, 2, 5: top-2 = experts 3, 2.
+  auto logits = put({1, 4, 2, 4}, {1, 4});
+  auto bias = put({0, -3, 0, 1}, {4});
+  auto ids = zeros(DType::kI32, {1, 2});
+  auto w = zeros(DType::kF32, {1, 2});
+  ops_->moeRoute(logits.view, bias.view, ids.view, w.view, MoeRouteParams{2});
+  EXPECT_EQ(get<int32_t>(ids.view), (std::vector<int32_t>{3, 2}));
+  auto gw = get<float>(w.view);
+  const double e = std::exp(-3.0);
+  EXPECT_NEAR(gw[0], 1.0 / (1.0 + e), 1e-7);
+  EXPECT_NEAR(gw[1], e / (1.0 + e), 1e-7);
+}
+
+TEST_P(LlmCpuOps, CopyTokensTakesThePreviousSampledIds) {
+  auto src = putI32({11, 22, 33}, {3});
+  auto ids = putI32({1, 2, 3, 4, 5}, {5});
+  auto pairs = putI32({4, 0, 0, 2, 2, 1}, {3, 2});
+  ops_->copyTokens(src.view, pairs.view, ids.view);
+  EXPECT_EQ(get<int32_t>(ids.view), (std::vector<int32_t>{33, 2, 22, 4, 11}));
 }
 
 INSTANTIATE_TEST_SUITE_P(Threads, LlmCpuOps, ::testing::Values(1, 3));

@@ -1,0 +1,438 @@
+#include "services/rose/ops/cuda/llm_ops_cuda.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "services/rose/ops/cuda/cuda_backend.h"
+#include "services/rose/ops/cuda/cuda_utils.h"
+#include "services/rose/ops/cuda/gather.cuh"
+#include "services/rose/ops/cuda/moe_gemm.cuh"
+#include "services/rose/ops/cuda/moe_permute.cuh"
+#include "services/rose/ops/cuda/moe_route.cuh"
+#include "services/rose/ops/cuda/paged_attention.cuh"
+#include "services/rose/ops/cuda/rope_kv.cuh"
+#include "services/rose/ops/cuda/sample.cuh"
+
+namespace garden::rose::cuda {
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+// Op contract violations are broken invariants (llm_ops.h): abort with the reason.
+void checkOk(const Status& s, const char* op) {
+  if (s.isOk()) return;
+  std::string m = std::string("cuda llm ops: ") + op + ": " + s.toString() + "\n";
+  std::fwrite(m.data(), 1, m.size(), stderr);
+  std::abort();
+}
+void require(bool cond, const char* op, const char* what) {
+  if (!cond) checkOk(internalError(what), op);
+}
+bool is(const Tensor& t, DType d) { return !t.empty() && t.dtype == d; }
+
+class CudaLlmOps final : public LlmOps {
+ public:
+  explicit CudaLlmOps(CudaBackend& b) : b_(b) {}
+
+  Status reserve(const LlmOpsLimits& l) override {
+    if (l.max_tokens <= 0 || l.max_seqs <= 0 || l.num_kv_heads <= 0 || l.num_experts <= 0 ||
+        l.top_k <= 0 || l.max_logits_rows <= 0)
+      return invalidArgument("cuda llm ops: reserve: limits must be positive");
+    lim_ = l;
+    // Attention plans: per window value, work items and combine entries (two windows).
+    const int32_t group = l.num_q_heads / l.num_kv_heads;
+    const int64_t per_block = pagedAttnTokensPerBlock(group);
+    max_work_ = (l.max_tokens + per_block - 1) / per_block + l.max_seqs +
+                static_cast<int64_t>(l.max_seqs) * kPagedAttnMaxSplits;
+    max_combine_ = l.max_seqs;
+    max_parts_ = static_cast<int64_t>(l.max_seqs) * kPagedAttnMaxSplits;
+    ASSIGN_OR_RETURN(work_, b_.allocate(sizeof(PagedAttnWork) * kMaxWindows * max_work_));
+    ASSIGN_OR_RETURN(combine_,
+                     b_.allocate(sizeof(PagedAttnCombine) * kMaxWindows * max_combine_));
+    ASSIGN_OR_RETURN(part_o_, b_.allocate(sizeof(float) * max_parts_ * l.num_q_heads * l.head_dim));
+    ASSIGN_OR_RETURN(part_ml_, b_.allocate(sizeof(float) * max_parts_ * l.num_q_heads * 2));
+    // MoE: the largest tile count and row count over the tile shapes the launcher may pick.
+    const int64_t assignments = l.max_tokens * l.top_k;
+    max_tiles_ = 0;
+    max_rows_ = 0;
+    for (int32_t bm : {16, 64, 128}) {
+      const int64_t tiles = moeAlignMaxTiles(assignments, l.num_experts, bm);
+      max_tiles_ = std::max(max_tiles_, tiles);
+      max_rows_ = std::max(max_rows_, tiles * bm);
+    }
+    ASSIGN_OR_RETURN(row_token_, b_.allocate(sizeof(int32_t) * max_rows_));
+    ASSIGN_OR_RETURN(row_of_, b_.allocate(sizeof(int32_t) * assignments));
+    ASSIGN_OR_RETURN(tile_expert_, b_.allocate(sizeof(int32_t) * max_tiles_));
+    ASSIGN_OR_RETURN(num_tiles_, b_.allocate(sizeof(int32_t)));
+    ASSIGN_OR_RETURN(act_, b_.allocate(sizeof(bf16) * max_rows_ * l.intermediate));
+    ASSIGN_OR_RETURN(y_, b_.allocate(sizeof(bf16) * max_rows_ * l.hidden));
+    ASSIGN_OR_RETURN(sample_rows_, b_.allocate(sizeof(SampleRowDev) * l.max_logits_rows));
+    reserved_ = true;
+    return okStatus();
+  }
+
+  bool supportsExpertFormat(ExpertFormat f) const override {
+    return f == ExpertFormat::kDense || f == ExpertFormat::kMxfp4;
+  }
+
+  Result<ExpertWeights> uploadMxfp4Experts(const uint8_t* codes, const uint8_t* scales,
+                                           int64_t experts, int64_t rows, int64_t cols) override {
+    if (experts <= 0 || rows <= 0 || cols <= 0 || cols % 32 != 0)
+      return invalidArgument("MXFP4 experts: bad shape (cols must be a multiple of 32)");
+    Mxfp4PackedShape shape{experts, rows, cols};
+    ExpertWeights w;
+    w.format = ExpertFormat::kMxfp4;
+    w.experts = experts;
+    w.rows = rows;
+    w.cols = cols;
+    ASSIGN_OR_RETURN(Buffer cb, b_.allocate(shape.codeBytes()));
+    ASSIGN_OR_RETURN(Buffer sb, b_.allocate(shape.scaleBytes()));
+    w.codes = Tensor(cb.data(), DType::kU8, {static_cast<int64_t>(shape.codeBytes())});
+    w.scales = Tensor(sb.data(), DType::kU8, {static_cast<int64_t>(shape.scaleBytes())});
+    // Staged a few experts at a time: checkpoint bytes (mmap) → staging → tiled layout.
+    const int64_t groups = cols / 32;
+    const size_t per_expert_codes = static_cast<size_t>(rows * groups * 16);
+    const size_t per_expert_scales = static_cast<size_t>(rows * groups);
+    const int64_t chunk = std::max<int64_t>(
+        1, std::min<int64_t>(experts, (size_t{64} << 20) / (per_expert_codes + per_expert_scales)));
+    ASSIGN_OR_RETURN(Buffer stage, b_.allocate(chunk * (per_expert_codes + per_expert_scales)));
+    uint8_t* sc = static_cast<uint8_t*>(stage.data());
+    uint8_t* ss = sc + chunk * per_expert_codes;
+    cudaStream_t st = b_.stream();
+    for (int64_t e0 = 0; e0 < experts; e0 += chunk) {
+      const int64_t n = std::min(chunk, experts - e0);
+      CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(sc, codes + e0 * per_expert_codes, n * per_expert_codes,
+                                           cudaMemcpyHostToDevice, st));
+      CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(ss, scales + e0 * per_expert_scales,
+                                           n * per_expert_scales, cudaMemcpyHostToDevice, st));
+      RETURN_IF_ERROR(launchMxfp4Pack(sc, ss, e0, n, shape, static_cast<uint8_t*>(cb.data()),
+                                      static_cast<uint8_t*>(sb.data()), st));
+      CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(st));  // the staging buffer is reused
+    }
+    w.storage.push_back(std::move(cb));
+    w.storage.push_back(std::move(sb));
+    return w;
+  }
+
+  void ropeKvWrite(const Tensor& qkv, const Tensor& positions, const Tensor& cos,
+                   const Tensor& sin, const Tensor& slot_mapping, const Tensor& k_cache,
+                   const Tensor& v_cache, const RopeKvParams& p) override {
+    require(is(qkv, DType::kBF16) && is(k_cache, DType::kBF16) && is(v_cache, DType::kBF16) &&
+                is(slot_mapping, DType::kI32),
+            "ropeKvWrite", "qkv and caches must be BF16, slots I32");
+    const int64_t width = static_cast<int64_t>(p.num_q_heads + 2 * p.num_kv_heads) * p.head_dim;
+    require(qkv.cols() == width && slot_mapping.numel() == qkv.rows(), "ropeKvWrite",
+            "qkv columns / slot count mismatch");
+    require(k_cache.ndim == 4 && k_cache.dim(2) == p.num_kv_heads && k_cache.dim(3) == p.head_dim &&
+                v_cache.numel() == k_cache.numel(),
+            "ropeKvWrite", "cache shape mismatch");
+    RopeKvArgs a;
+    a.qkv = qkv.as<bf16>();
+    a.slots = slot_mapping.as<int32_t>();
+    a.k_cache = k_cache.as<bf16>();
+    a.v_cache = v_cache.as<bf16>();
+    a.num_tokens = qkv.rows();
+    a.num_slots = k_cache.dim(0) * k_cache.dim(1);
+    a.num_q_heads = p.num_q_heads;
+    a.num_kv_heads = p.num_kv_heads;
+    a.head_dim = p.head_dim;
+    a.rotary_dim = p.rotary_dim;
+    if (p.rotary_dim > 0) {
+      require(is(positions, DType::kI32) && positions.numel() == qkv.rows() &&
+                  is(cos, DType::kF32) && is(sin, DType::kF32) && cos.cols() == p.rotary_dim / 2,
+              "ropeKvWrite", "positions I32 [T], cos/sin F32 [max_pos, rotary_dim/2]");
+      a.positions = positions.as<int32_t>();
+      a.cos = cos.as<float>();
+      a.sin = sin.as<float>();
+      a.max_pos = static_cast<int32_t>(cos.rows());
+    }
+    checkOk(launchRopeKv(a, b_.stream()), "ropeKvWrite");
+  }
+
+  void planAttention(const AttentionPlanInput& in) override {
+    require(reserved_, "planAttention", "reserve() was not called");
+    require(in.windows.size() <= kMaxWindows, "planAttention", "more than 2 window values");
+    require(in.num_kv_heads > 0 && in.num_q_heads % in.num_kv_heads == 0, "planAttention",
+            "bad head counts");
+    const int32_t group = in.num_q_heads / in.num_kv_heads;
+    plans_.clear();
+    for (size_t i = 0; i < in.windows.size(); ++i) {
+      PagedAttnPlan plan =
+          planPagedAttention(in.cu_q.data(), static_cast<int32_t>(in.cu_q.size()) - 1,
+                             in.positions.data(), group, in.windows[i]);
+      require(static_cast<int64_t>(plan.work.size()) <= max_work_ &&
+                  static_cast<int64_t>(plan.combine.size()) <= max_combine_ &&
+                  plan.num_parts <= max_parts_,
+              "planAttention", "the step's attention plan exceeds the reserved workspace");
+      PlanSlot slot;
+      slot.window = in.windows[i];
+      slot.num_work = static_cast<int32_t>(plan.work.size());
+      slot.num_combine = static_cast<int32_t>(plan.combine.size());
+      slot.work = static_cast<PagedAttnWork*>(work_.data()) + i * max_work_;
+      slot.combine = static_cast<PagedAttnCombine*>(combine_.data()) + i * max_combine_;
+      if (!plan.work.empty()) {
+        b_.copyToDevice(Tensor(slot.work, DType::kU8,
+                               {static_cast<int64_t>(plan.work.size() * sizeof(PagedAttnWork))}),
+                        plan.work.data(), plan.work.size() * sizeof(PagedAttnWork));
+      }
+      if (!plan.combine.empty()) {
+        b_.copyToDevice(
+            Tensor(slot.combine, DType::kU8,
+                   {static_cast<int64_t>(plan.combine.size() * sizeof(PagedAttnCombine))}),
+            plan.combine.data(), plan.combine.size() * sizeof(PagedAttnCombine));
+      }
+      plans_.push_back(slot);
+    }
+  }
+
+  void pagedAttention(const Tensor& qkv, const Tensor& k_cache, const Tensor& v_cache,
+                      const Tensor& cu_q, const Tensor& positions, const Tensor& block_tables,
+                      const Tensor& sinks, const Tensor& out,
+                      const PagedAttentionParams& p) override {
+    require(is(qkv, DType::kBF16) && is(k_cache, DType::kBF16) && is(v_cache, DType::kBF16) &&
+                is(out, DType::kBF16) && is(cu_q, DType::kI32) && is(positions, DType::kI32) &&
+                is(block_tables, DType::kI32),
+            "pagedAttention", "dtypes: qkv/caches/out BF16, indices I32");
+    require(sinks.empty() || (sinks.dtype == DType::kF32 && sinks.numel() == p.num_q_heads),
+            "pagedAttention", "sinks must be F32 [Hq]");
+    require(k_cache.ndim == 4 && k_cache.dim(1) == p.block_size &&
+                k_cache.dim(2) == p.num_kv_heads && k_cache.dim(3) == p.head_dim,
+            "pagedAttention", "cache shape mismatch");
+    const PlanSlot* plan = nullptr;
+    for (const PlanSlot& s : plans_) {
+      if (s.window == p.sliding_window) plan = &s;
+    }
+    require(plan != nullptr, "pagedAttention", "no plan for this sliding_window (planAttention)");
+    PagedAttentionArgs a;
+    a.qkv = qkv.as<bf16>();
+    a.k_cache = k_cache.as<bf16>();
+    a.v_cache = v_cache.as<bf16>();
+    a.cu_q = cu_q.as<int32_t>();
+    a.positions = positions.as<int32_t>();
+    a.block_tables = block_tables.as<int32_t>();
+    a.sinks = sinks.empty() ? nullptr : sinks.as<float>();
+    a.work = plan->work;
+    a.combine = plan->combine;
+    a.out = out.as<bf16>();
+    a.part_o = static_cast<float*>(part_o_.data());
+    a.part_ml = static_cast<float*>(part_ml_.data());
+    a.num_work = plan->num_work;
+    a.num_combine = plan->num_combine;
+    a.num_q_heads = p.num_q_heads;
+    a.num_kv_heads = p.num_kv_heads;
+    a.head_dim = p.head_dim;
+    a.block_size = p.block_size;
+    a.max_blocks = p.max_blocks_per_seq;
+    a.num_blocks = static_cast<int32_t>(k_cache.dim(0));
+    a.sliding_window = p.sliding_window;
+    a.scale = p.scale;
+    checkOk(launchPagedAttention(a, b_.stream()), "pagedAttention");
+  }
+
+  void moeRoute(const Tensor& router_logits, const Tensor& bias, const Tensor& topk_ids,
+                const Tensor& topk_weights, const MoeRouteParams& p) override {
+    require(is(router_logits, DType::kF32) && is(topk_ids, DType::kI32) &&
+                is(topk_weights, DType::kF32),
+            "moeRoute", "logits F32, ids I32, weights F32");
+    require(bias.empty() || (bias.dtype == DType::kBF16 && bias.numel() == router_logits.cols()),
+            "moeRoute", "bias must be BF16 [E]");
+    require(topk_ids.numel() == router_logits.rows() * p.top_k &&
+                topk_weights.numel() == topk_ids.numel(),
+            "moeRoute", "top-k shape mismatch");
+    MoeRouteArgs a;
+    a.logits = router_logits.as<float>();
+    a.bias = bias.empty() ? nullptr : bias.as<bf16>();
+    a.topk_ids = topk_ids.as<int32_t>();
+    a.topk_weights = topk_weights.as<float>();
+    a.num_tokens = router_logits.rows();
+    a.num_experts = static_cast<int32_t>(router_logits.cols());
+    a.top_k = p.top_k;
+    checkOk(launchMoeRoute(a, b_.stream()), "moeRoute");
+  }
+
+  void moeExperts(const Tensor& x, const Tensor& topk_ids, const Tensor& topk_weights,
+                  const ExpertWeights& w1, const Tensor& b1, const ExpertWeights& w2,
+                  const Tensor& b2, const Tensor& out, const MoeExpertsParams& p) override {
+    require(reserved_, "moeExperts", "reserve() was not called");
+    require(is(x, DType::kBF16) && is(out, DType::kBF16) && is(topk_ids, DType::kI32) &&
+                is(topk_weights, DType::kF32),
+            "moeExperts", "x/out BF16, ids I32, weights F32");
+    require(x.data != out.data, "moeExperts", "out must not alias x");
+    const int64_t t = x.rows();
+    require(x.cols() == p.hidden && out.rows() == t && out.cols() == p.hidden, "moeExperts",
+            "x/out shape mismatch");
+    require(topk_ids.numel() == t * p.top_k && topk_weights.numel() == t * p.top_k, "moeExperts",
+            "top-k shape mismatch");
+    require(w1.experts == p.num_experts && w1.rows == 2 * p.intermediate && w1.cols == p.hidden &&
+                w2.experts == p.num_experts && w2.rows == p.hidden && w2.cols == p.intermediate,
+            "moeExperts", "expert weight shapes mismatch the params");
+    require(b1.empty() || (b1.dtype == DType::kBF16 && b1.numel() == p.num_experts * 2 * p.intermediate),
+            "moeExperts", "b1 must be BF16 [E, 2I]");
+    require(b2.empty() || (b2.dtype == DType::kBF16 && b2.numel() == p.num_experts * p.hidden),
+            "moeExperts", "b2 must be BF16 [E, H]");
+    require(t <= lim_.max_tokens && p.num_experts == lim_.num_experts && p.top_k == lim_.top_k &&
+                p.hidden == lim_.hidden && p.intermediate == lim_.intermediate,
+            "moeExperts", "step larger than reserve() allowed");
+    if (t == 0) return;
+    cudaStream_t st = b_.stream();
+    const int64_t assignments = t * p.top_k;
+    const int32_t bm = moeGemmBlockM(assignments, p.num_experts);
+    const int64_t tiles = moeAlignMaxTiles(assignments, p.num_experts, bm);
+    MoeAlignArgs al;
+    al.topk_ids = topk_ids.as<int32_t>();
+    al.row_token = static_cast<int32_t*>(row_token_.data());
+    al.row_of = static_cast<int32_t*>(row_of_.data());
+    al.tile_expert = static_cast<int32_t*>(tile_expert_.data());
+    al.num_tiles = static_cast<int32_t*>(num_tiles_.data());
+    al.num_tokens = t;
+    al.top_k = p.top_k;
+    al.num_experts = p.num_experts;
+    al.block_m = bm;
+    al.max_tiles = static_cast<int32_t>(tiles);
+    checkOk(launchMoeAlign(al, st), "moeExperts/align");
+
+    auto fillWeights = [&](MoeGemmArgs& g, const ExpertWeights& w) {
+      if (w.format == ExpertFormat::kMxfp4) {
+        g.codes = static_cast<const uint8_t*>(w.codes.data);
+        g.scales = static_cast<const uint8_t*>(w.scales.data);
+      } else {
+        require(is(w.dense, DType::kBF16), "moeExperts", "dense experts must be BF16");
+        g.w = w.dense.as<bf16>();
+      }
+    };
+    MoeGemmArgs g1;
+    g1.a = x.as<bf16>();
+    g1.a_rows = static_cast<const int32_t*>(row_token_.data());
+    g1.tile_expert = static_cast<const int32_t*>(tile_expert_.data());
+    g1.num_tiles = static_cast<const int32_t*>(num_tiles_.data());
+    fillWeights(g1, w1);
+    g1.bias = b1.empty() ? nullptr : b1.as<bf16>();
+    g1.out = static_cast<bf16*>(act_.data());
+    g1.max_tiles = static_cast<int32_t>(tiles);
+    g1.block_m = bm;
+    g1.num_experts = p.num_experts;
+    g1.n = 2 * p.intermediate;
+    g1.k = p.hidden;
+    g1.epilogue = MoeGemmEpilogue::kSwiglu;
+    g1.swiglu_limit = p.swiglu_limit;
+    g1.swiglu_alpha = p.swiglu_alpha;
+    checkOk(launchMoeGemm(g1, st), "moeExperts/gate_up");
+
+    MoeGemmArgs g2 = g1;
+    g2.a = static_cast<const bf16*>(act_.data());
+    g2.a_rows = nullptr;
+    g2.w = nullptr;
+    g2.codes = nullptr;
+    g2.scales = nullptr;
+    fillWeights(g2, w2);
+    g2.bias = b2.empty() ? nullptr : b2.as<bf16>();
+    g2.out = static_cast<bf16*>(y_.data());
+    g2.n = p.hidden;
+    g2.k = p.intermediate;
+    g2.epilogue = MoeGemmEpilogue::kBias;
+    checkOk(launchMoeGemm(g2, st), "moeExperts/down");
+
+    MoeCombineArgs c;
+    c.y = static_cast<const bf16*>(y_.data());
+    c.row_of = static_cast<const int32_t*>(row_of_.data());
+    c.weights = topk_weights.as<float>();
+    c.out = out.as<bf16>();
+    c.num_tokens = t;
+    c.top_k = p.top_k;
+    c.hidden = p.hidden;
+    checkOk(launchMoeCombine(c, st), "moeExperts/combine");
+  }
+
+  void gatherRows(const Tensor& in, const Tensor& rows, const Tensor& out) override {
+    require(is(rows, DType::kI32) && in.dtype == out.dtype && in.cols() == out.cols() &&
+                out.rows() == rows.numel(),
+            "gatherRows", "shape/dtype mismatch");
+    checkOk(launchGatherRows(in.data, in.rows(), rows.as<int32_t>(), rows.numel(),
+                             in.cols() * static_cast<int64_t>(dtypeSize(in.dtype)), out.data,
+                             b_.stream()),
+            "gatherRows");
+  }
+
+  void copyTokens(const Tensor& src, const Tensor& pairs, const Tensor& ids) override {
+    require(is(src, DType::kI32) && is(pairs, DType::kI32) && is(ids, DType::kI32) &&
+                pairs.numel() % 2 == 0,
+            "copyTokens", "I32 views, pairs [P, 2]");
+    checkOk(launchCopyTokens(src.as<int32_t>(), src.numel(), pairs.as<int32_t>(),
+                             pairs.numel() / 2, ids.as<int32_t>(), ids.numel(), b_.stream()),
+            "copyTokens");
+  }
+
+  void sample(const Tensor& logits, std::span<const SampleRow> rows,
+              const Tensor& out_ids) override {
+    require(reserved_, "sample", "reserve() was not called");
+    require(is(logits, DType::kF32) && is(out_ids, DType::kI32) &&
+                out_ids.numel() >= static_cast<int64_t>(rows.size()),
+            "sample", "logits F32 [R, V], out I32");
+    require(static_cast<int64_t>(rows.size()) <= lim_.max_logits_rows, "sample",
+            "more rows than reserve() allowed");
+    if (rows.empty()) return;
+    host_rows_.resize(rows.size());
+    for (size_t i = 0; i < rows.size(); ++i) {
+      require(rows[i].row >= 0 && rows[i].row < logits.rows(), "sample", "row outside logits");
+      SampleRowDev& d = host_rows_[i];
+      d.row = rows[i].row;
+      d.temperature = rows[i].params.temperature;
+      d.top_p = rows[i].params.top_p;
+      d.top_k = rows[i].params.top_k;
+      d.seed = rows[i].params.seed;
+      d.counter = rows[i].counter;
+    }
+    const size_t bytes = host_rows_.size() * sizeof(SampleRowDev);
+    b_.copyToDevice(Tensor(sample_rows_.data(), DType::kU8, {static_cast<int64_t>(bytes)}),
+                    host_rows_.data(), bytes);
+    SampleArgs a;
+    a.logits = logits.as<float>();
+    a.rows = static_cast<const SampleRowDev*>(sample_rows_.data());
+    a.out = out_ids.as<int32_t>();
+    a.num_rows = static_cast<int32_t>(rows.size());
+    a.vocab = logits.cols();
+    checkOk(launchSample(a, b_.stream()), "sample");
+  }
+
+ private:
+  static constexpr size_t kMaxWindows = 2;
+  struct PlanSlot {
+    int32_t window = 0;
+    int32_t num_work = 0;
+    int32_t num_combine = 0;
+    PagedAttnWork* work = nullptr;
+    PagedAttnCombine* combine = nullptr;
+  };
+
+  CudaBackend& b_;
+  LlmOpsLimits lim_;
+  bool reserved_ = false;
+  int64_t max_work_ = 0, max_combine_ = 0, max_parts_ = 0, max_tiles_ = 0, max_rows_ = 0;
+  Buffer work_, combine_, part_o_, part_ml_;
+  Buffer row_token_, row_of_, tile_expert_, num_tiles_, act_, y_, sample_rows_;
+  std::vector<PlanSlot> plans_;
+  std::vector<SampleRowDev> host_rows_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<LlmOps>> createCudaLlmOps(Backend& backend) {
+  auto* cb = dynamic_cast<CudaBackend*>(&backend);
+  if (cb == nullptr) {
+    return invalidArgument("cuda llm ops need the cuda backend (got '" +
+                           std::string(backend.name()) + "')");
+  }
+  return std::unique_ptr<LlmOps>(std::make_unique<CudaLlmOps>(*cb));
+}
+
+}  // namespace garden::rose::cuda
+
+namespace garden::rose {
+Result<std::unique_ptr<LlmOps>> makeCudaLlmOps(Backend& backend) {
+  return cuda::createCudaLlmOps(backend);
+}
+}  // namespace garden::rose

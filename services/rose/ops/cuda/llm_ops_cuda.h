@@ -1,0 +1,29 @@
+#pragma once
+// The CUDA implementation of LlmOps (services/rose/ops/llm_ops.h) for gpt-oss: bf16 activations
+// and KV cache, f32 router logits, logits and softmax statistics. Each op validates its views and
+// launches the kernels of its own file on the CudaBackend's stream:
+//   ropeKvWrite    rope_kv.cuh          RoPE of q/k fused with the K/V write into paged blocks
+//   pagedAttention paged_attention.cuh  prefill chunks + decode, sinks, sliding window, split-KV
+//   moeRoute       moe_route.cuh        top-k + softmax over the selected (+ router bias)
+//   moeExperts     moe_permute.cuh + moe_gemm.cuh: align rows by expert, grouped GEMM gate_up
+//                  (+bias, clamped SwiGLU in the epilogue), grouped GEMM down (+bias), weighted
+//                  combine — experts MXFP4-resident (tiled layout) or bf16
+//   gatherRows, copyTokens  gather.cuh
+//   sample         sample.cuh
+// Workspaces are sized once by reserve() (the model calls it at load) and reused by every step,
+// so the hot path never allocates. planAttention() builds the step's attention work split on the
+// host and copies it to the device (plan, then run [TAG_PLAN_THEN_RUN]).
+//
+// Threads: as the backend (one launching thread).
+
+#include <memory>
+
+#include "common/status.h"
+#include "services/rose/ops/llm_ops.h"
+
+namespace garden::rose::cuda {
+
+// `backend` must be the "cuda" backend (CudaBackend) and outlive the ops.
+Result<std::unique_ptr<LlmOps>> createCudaLlmOps(Backend& backend);
+
+}  // namespace garden::rose::cuda

@@ -1,0 +1,83 @@
+#pragma once
+// Grouped GEMMs of gpt-oss's experts over expert-sorted ("permuted") rows (moe_permute.cuh):
+// every M tile of rows belongs to one expert (tile_expert), so block (m tile, n tile) computes
+//   y[r, n] = Σ_k A[src(r), k] · W[e][n][k]  (+ bias[e][n])
+// with mma.sync m16n8k16 bf16 and f32 accumulation, K in tiles of 64 streamed through shared
+// memory (cp.async, 3 stages). A rows are gathered through a_rows (the permuted row's source
+// token; -1 reads zeros) or read in place. Weights are either bf16 [E, N, K] or MXFP4 resident in
+// the tiled layout below, dequantized to bf16 in shared memory per K tile (exact: every MXFP4
+// value is a bf16). Epilogues:
+//   kSwiglu (gate_up): columns come in (gate, up) pairs (interleaved rows of W1); each pair
+//     becomes one output min(g,L)·σ(α·min(g,L))·(clamp(u,−L,L)+1), output width N/2;
+//   kBias (down): y = acc + bias, output width N.
+// A row's result does not depend on the tile shape or the other rows (same K order and mma
+// chains in every configuration), so the launcher may pick the tile by size.
+//
+// Tiled MXFP4 layout [TAG_MXFP4_TILED] (mxfp4PackedBytes): for W [E, N, K] with G = K/32 groups,
+// NP = N rounded up to 128, GP = G rounded up to 2, KT = GP/2:
+//   codes  [E][NP/128][KT][128 rows][32 bytes]  (two groups of 16 code bytes, checkpoint order)
+//   scales [E][NP/128][KT][128 rows][2]
+// so one (expert, 128-row N tile, 64-wide K tile) is one contiguous 4 KiB of codes and 256 bytes
+// of scales. Padding rows/groups hold code 0 (value 0) and scale 127.
+// Pointers are device memory owned by the caller.
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/status.h"
+
+namespace garden::rose::cuda {
+
+inline constexpr int kMoeGemmTileN = 128;
+inline constexpr int kMoeGemmTileK = 64;
+
+struct Mxfp4PackedShape {
+  int64_t experts = 0, n = 0, k = 0;
+  int64_t n_tiles() const { return (n + kMoeGemmTileN - 1) / kMoeGemmTileN; }
+  int64_t k_tiles() const { return ((k / 32) + 1) / 2; }
+  size_t codeBytes() const {
+    return static_cast<size_t>(experts * n_tiles() * k_tiles()) * kMoeGemmTileN * 32;
+  }
+  size_t scaleBytes() const {
+    return static_cast<size_t>(experts * n_tiles() * k_tiles()) * kMoeGemmTileN * 2;
+  }
+};
+
+// Repacks experts [first, first + count) of a checkpoint MXFP4 weight (codes [count, N, K/32, 16],
+// scales [count, N, K/32], device memory, e.g. a staging copy) into the tiled layout of `shape`.
+Status launchMxfp4Pack(const uint8_t* src_codes, const uint8_t* src_scales, int64_t first,
+                       int64_t count, const Mxfp4PackedShape& shape, uint8_t* codes,
+                       uint8_t* scales, cudaStream_t stream);
+
+enum class MoeGemmEpilogue : int32_t { kSwiglu = 0, kBias = 1 };
+
+struct MoeGemmArgs {
+  const __nv_bfloat16* a = nullptr;   // [rows of A, K]
+  const int32_t* a_rows = nullptr;    // [num_tiles * block_m] source row of A, or null (in place)
+  const int32_t* tile_expert = nullptr;  // [max_tiles]
+  const int32_t* num_tiles = nullptr;    // [1]
+  const __nv_bfloat16* w = nullptr;   // bf16 weights [E, N, K] (or null)
+  const uint8_t* codes = nullptr;     // MXFP4 tiled (or null)
+  const uint8_t* scales = nullptr;
+  const __nv_bfloat16* bias = nullptr;  // [E, N] or null
+  __nv_bfloat16* out = nullptr;       // [num_tiles * block_m, N or N/2]
+  int32_t max_tiles = 0;
+  int32_t block_m = 0;  // 16, 64 or 128 (moeGemmBlockM)
+  int32_t num_experts = 0;
+  int32_t n = 0;  // even
+  int32_t k = 0;  // multiple of 32 (MXFP4) or of 8 (bf16)
+  MoeGemmEpilogue epilogue = MoeGemmEpilogue::kBias;
+  float swiglu_limit = 7.f;
+  float swiglu_alpha = 1.702f;
+};
+
+// The M tile for `assignments` rows over `num_experts` experts (the align step must use it).
+int32_t moeGemmBlockM(int64_t assignments, int32_t num_experts);
+
+Status checkMoeGemm(const MoeGemmArgs& a);
+Status launchMoeGemm(const MoeGemmArgs& a, cudaStream_t stream);
+
+}  // namespace garden::rose::cuda

@@ -1,0 +1,121 @@
+#include "services/rose/ops/cuda/common.cuh"
+#include "services/rose/ops/cuda/cuda_utils.h"
+#include "services/rose/ops/cuda/moe_permute.cuh"
+
+namespace garden::rose::cuda {
+namespace {
+
+constexpr int kAlignThreads = 1024;
+constexpr int kAlignWarps = kAlignThreads / 32;
+
+__global__ void __launch_bounds__(kAlignThreads) moeAlignKernel(MoeAlignArgs a) {
+  __shared__ int32_t counts[kMoeAlignMaxExperts];
+  __shared__ int32_t offset[kMoeAlignMaxExperts];  // first permuted row of each expert
+  __shared__ int32_t base[kMoeAlignMaxExperts];    // rows of each expert ranked so far
+  __shared__ int32_t wc[kAlignWarps][kMoeAlignMaxExperts];
+  __shared__ int32_t total_rows;
+  const int tid = threadIdx.x;
+  const int warp = tid / 32, lane = tid & 31;
+  const int64_t n = a.num_tokens * a.top_k;
+  const int ne = a.num_experts;
+  for (int e = tid; e < ne; e += kAlignThreads) {
+    counts[e] = 0;
+    base[e] = 0;
+  }
+  __syncthreads();
+  for (int64_t i = tid; i < n; i += kAlignThreads) {
+    const int e = a.topk_ids[i];
+    if (e >= 0 && e < ne) atomicAdd(&counts[e], 1);
+  }
+  __syncthreads();
+  if (tid == 0) {
+    int32_t row = 0, tile = 0;
+    for (int e = 0; e < ne; ++e) {
+      offset[e] = row;
+      const int32_t tiles = (counts[e] + a.block_m - 1) / a.block_m;
+      for (int32_t x = 0; x < tiles && tile < a.max_tiles; ++x) a.tile_expert[tile++] = e;
+      row += tiles * a.block_m;
+    }
+    *a.num_tiles = tile;
+    for (int32_t x = tile; x < a.max_tiles; ++x) a.tile_expert[x] = -1;
+    total_rows = row;
+  }
+  __syncthreads();
+  for (int32_t r = tid; r < total_rows; r += kAlignThreads) a.row_token[r] = -1;
+  __syncthreads();
+  // Ranks in (token, k) order, one chunk of kAlignThreads assignments at a time.
+  for (int64_t c0 = 0; c0 < n; c0 += kAlignThreads) {
+    for (int i = tid; i < kAlignWarps * ne; i += kAlignThreads) wc[i / ne][i % ne] = 0;
+    __syncthreads();
+    const int64_t i = c0 + tid;
+    int e = i < n ? a.topk_ids[i] : -1;
+    if (e >= ne) e = -1;
+    const unsigned peers = __match_any_sync(0xffffffffu, e);
+    const int rank_in_warp = __popc(peers & ((1u << lane) - 1u));
+    if (e >= 0 && rank_in_warp == 0) wc[warp][e] = __popc(peers);
+    __syncthreads();
+    for (int x = tid; x < ne; x += kAlignThreads) {
+      int32_t run = base[x];
+      for (int w = 0; w < kAlignWarps; ++w) {
+        const int32_t c = wc[w][x];
+        wc[w][x] = run;
+        run += c;
+      }
+      base[x] = run;
+    }
+    __syncthreads();
+    if (e >= 0) {
+      const int32_t row = offset[e] + wc[warp][e] + rank_in_warp;
+      a.row_of[i] = row;
+      a.row_token[row] = static_cast<int32_t>(i / a.top_k);
+    } else if (i < n) {
+      a.row_of[i] = -1;
+    }
+    __syncthreads();
+  }
+}
+
+constexpr int kCombineThreads = 128;
+
+__global__ void __launch_bounds__(kCombineThreads) moeCombineKernel(MoeCombineArgs a) {
+  const int64_t t = blockIdx.x;
+  const int chunks = a.hidden / 8;
+  for (int c = threadIdx.x; c < chunks; c += kCombineThreads) {
+    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    for (int k = 0; k < a.top_k; ++k) {
+      const int32_t row = a.row_of[t * a.top_k + k];
+      if (row < 0) continue;
+      const float w = a.weights[t * a.top_k + k];
+      float y[8];
+      loadF32x8(a.y + static_cast<int64_t>(row) * a.hidden + c * 8, y);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[j] = fmaf(w, y[j], acc[j]);
+    }
+    storeF32x8(a.out + t * a.hidden + c * 8, acc);
+  }
+}
+
+}  // namespace
+
+Status launchMoeAlign(const MoeAlignArgs& a, cudaStream_t stream) {
+  if (a.num_experts <= 0 || a.num_experts > kMoeAlignMaxExperts)
+    return invalidArgument("moe_align: num_experts must be in [1, 256]");
+  if (a.top_k <= 0 || a.block_m <= 0 || a.max_tiles <= 0)
+    return invalidArgument("moe_align: top_k, block_m and max_tiles must be positive");
+  if (a.max_tiles < moeAlignMaxTiles(a.num_tokens * a.top_k, a.num_experts, a.block_m))
+    return invalidArgument("moe_align: max_tiles below the bound for this step");
+  moeAlignKernel<<<1, kAlignThreads, 0, stream>>>(a);
+  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return okStatus();
+}
+
+Status launchMoeCombine(const MoeCombineArgs& a, cudaStream_t stream) {
+  if (a.hidden <= 0 || a.hidden % 8 != 0)
+    return invalidArgument("moe_combine: hidden must be a positive multiple of 8");
+  if (a.num_tokens == 0) return okStatus();
+  moeCombineKernel<<<static_cast<unsigned>(a.num_tokens), kCombineThreads, 0, stream>>>(a);
+  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return okStatus();
+}
+
+}  // namespace garden::rose::cuda

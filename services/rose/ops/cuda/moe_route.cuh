@@ -1,0 +1,32 @@
+#pragma once
+// gpt-oss router selection: per token, the top-k of its f32 router logits (+ bias) — largest
+// first, ties to the lower expert id — and the softmax over the k selected logits only. One warp
+// per token; the logits of up to kMoeRouteMaxExperts experts sit in registers. Pointers are
+// device memory owned by the caller.
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "common/status.h"
+
+namespace garden::rose::cuda {
+
+inline constexpr int kMoeRouteMaxExperts = 256;
+inline constexpr int kMoeRouteMaxTopK = 8;
+
+struct MoeRouteArgs {
+  const float* logits = nullptr;         // [T, E]
+  const __nv_bfloat16* bias = nullptr;   // [E] or null
+  int32_t* topk_ids = nullptr;           // [T, k]
+  float* topk_weights = nullptr;         // [T, k]
+  int64_t num_tokens = 0;
+  int32_t num_experts = 0;  // <= kMoeRouteMaxExperts
+  int32_t top_k = 0;        // <= min(kMoeRouteMaxTopK, num_experts)
+};
+
+Status checkMoeRoute(const MoeRouteArgs& a);
+Status launchMoeRoute(const MoeRouteArgs& a, cudaStream_t stream);
+
+}  // namespace garden::rose::cuda

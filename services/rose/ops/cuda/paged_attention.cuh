@@ -1,0 +1,101 @@
+#pragma once
+// Paged attention for gpt-oss (prefill chunks and decode in one launch): each query token of a
+// sequence attends to its sequence's cached keys through the block table, causal, optionally
+// restricted to a sliding window, with a per-head sink logit that joins the softmax denominator
+// only (no value). GQA: the q heads of one kv head are packed as rows of one tile, so a K/V tile
+// in shared memory serves every q head of the group (for gpt-oss 8 heads x 8 tokens = 64 rows per
+// block). FlashAttention-2 schedule: K/V tiles of 64 keys stream through shared memory
+// (cp.async, double-buffered, gathered through the block table), online softmax in f32
+// (exp2 domain), both products on tensor cores (mma.sync m16n8k16 bf16, f32 accumulation).
+//
+// Plan, then run [TAG_PLAN_THEN_RUN]: the host turns the step's query layout (cu_q, positions)
+// into work items (planPagedAttention) — one per (sequence, tile of query tokens), or, for a
+// single-token (decode) sequence whose key range is long, one per chunk of keys (split-KV) whose
+// partial results combine in a second kernel. The split decision depends only on the sequence's
+// own position and window, never on the rest of the batch, so a token's result does not depend
+// on what it is batched with.
+//
+// Pointers are device memory owned by the caller.
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "common/status.h"
+
+namespace garden::rose::cuda {
+
+// One block's work: query tokens [tok0, tok0 + tokens-per-block) of sequence `seq` (clipped to
+// the sequence), keys [key_begin, key_end) of it; part >= 0: write un-normalized partial results
+// to partial slot `part` (split-KV, single-token sequences only) instead of `out`.
+struct PagedAttnWork {
+  int32_t seq = 0;
+  int32_t tok0 = 0;
+  int32_t key_begin = 0;
+  int32_t key_end = 0;
+  int32_t part = -1;
+  int32_t pad[3] = {0, 0, 0};
+};
+static_assert(sizeof(PagedAttnWork) == 32);
+
+// The partial results of one split token: rows (token row in the step) whose q heads combine
+// num_parts partials starting at part_begin.
+struct PagedAttnCombine {
+  int32_t row = 0;
+  int32_t part_begin = 0;
+  int32_t num_parts = 0;
+  int32_t pad = 0;
+};
+
+struct PagedAttnPlan {
+  std::vector<PagedAttnWork> work;
+  std::vector<PagedAttnCombine> combine;
+  int32_t num_parts = 0;
+};
+
+// Keys per split chunk are at least this many; at most kPagedAttnMaxSplits chunks per token.
+inline constexpr int32_t kPagedAttnSplitKeys = 512;
+inline constexpr int32_t kPagedAttnMaxSplits = 32;
+
+// Query tokens one block takes for a GQA group of `group` q heads per kv head (64 rows).
+int32_t pagedAttnTokensPerBlock(int32_t group);
+
+// The work of one launch (one sliding_window value; 0 = full causal) for the step's queries.
+// cu_q [num_seqs + 1] and positions [T] as given to the kernel (host copies).
+PagedAttnPlan planPagedAttention(const int32_t* cu_q, int32_t num_seqs, const int32_t* positions,
+                                 int32_t group, int32_t sliding_window);
+
+struct PagedAttentionArgs {
+  const __nv_bfloat16* qkv = nullptr;      // [T, (Hq + 2*Hkv) * head_dim]
+  const __nv_bfloat16* k_cache = nullptr;  // [num_blocks * block_size, Hkv, head_dim]
+  const __nv_bfloat16* v_cache = nullptr;
+  const int32_t* cu_q = nullptr;           // [S + 1]
+  const int32_t* positions = nullptr;      // [T]
+  const int32_t* block_tables = nullptr;   // [S, max_blocks]
+  const float* sinks = nullptr;            // [Hq] or null
+  const PagedAttnWork* work = nullptr;     // [num_work]
+  const PagedAttnCombine* combine = nullptr;  // [num_combine]
+  __nv_bfloat16* out = nullptr;            // [T, Hq * head_dim]
+  float* part_o = nullptr;                 // [num_parts, Hq, head_dim] (split-KV workspace)
+  float* part_ml = nullptr;                // [num_parts, Hq, 2]: running max (log2 units), sum
+  int32_t num_work = 0;
+  int32_t num_combine = 0;
+  int32_t num_q_heads = 0;
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;  // 64
+  int32_t block_size = 0;
+  int32_t max_blocks = 0;
+  int32_t num_blocks = 0;      // of the cache (block ids outside are never read)
+  int32_t sliding_window = 0;  // 0: full causal
+  float scale = 0.f;           // logit scale (the sink is not scaled)
+};
+
+// INVALID_ARGUMENT naming what the kernels do not support (head_dim != 64, a GQA group that is
+// not a power of two <= 64, ...). The launcher shares it.
+Status checkPagedAttention(const PagedAttentionArgs& a);
+// The attention kernel, then (num_combine > 0) the combine kernel.
+Status launchPagedAttention(const PagedAttentionArgs& a, cudaStream_t stream);
+
+}  // namespace garden::rose::cuda

@@ -1,0 +1,586 @@
+// The CUDA LLM ops (services/rose/ops/cuda/llm_ops_cuda.h: gpt-oss's RoPE + paged K/V write,
+// paged attention with sinks and sliding windows incl. split-KV, router top-k, MXFP4 and bf16
+// grouped expert GEMMs, gather, token copy, sampling) against the CPU fp32 reference ops on fresh
+// random inputs (bf16-representable, never zeros), GPU outputs poisoned with NaN first, many shapes
+// (batch 1, odd lengths, window and block edges, long contexts). Plus the properties the engine
+// relies on: a row's result does not depend on the batch (bit for bit), MXFP4-resident and bf16
+// experts give the same bits, sampling is deterministic per (seed, counter) and draws from the
+// CPU sampler's distribution. Label `gpu`: needs a CUDA device (fails, never skips, without one).
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <numeric>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "services/rose/model/mxfp4.h"
+#include "services/rose/model/rope.h"
+#include "services/rose/ops/llm_ops.h"
+#include "services/rose/ops/paged_kv_cache.h"
+#include "services/rose/ops/sampler.h"
+#include "tests/gpu/gpu_test_util.h"
+
+namespace garden::rose::gputest {
+namespace {
+
+// Relative L2 error ‖got − ref‖ / ‖ref‖ (NaN when got has a non-finite value).
+double relErr(const std::vector<float>& got, const std::vector<float>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (!std::isfinite(got[i])) return NAN;
+    num += (got[i] - ref[i]) * static_cast<double>(got[i] - ref[i]);
+    den += static_cast<double>(ref[i]) * ref[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+class GpuLlmOps : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    be_ = makeBackends();
+    ASSERT_TRUE(be_.cpu && be_.gpu);
+    auto c = makeLlmOps(*be_.cpu, 4);
+    ASSERT_TRUE(c.isOk()) << c.status().toString();
+    auto g = makeLlmOps(*be_.gpu);
+    ASSERT_TRUE(g.isOk()) << g.status().toString();
+    cops_ = std::move(c).value();
+    gops_ = std::move(g).value();
+    rng_.seed(::testing::UnitTest::GetInstance()->random_seed() + 777);
+  }
+  // Sizes the GPU ops' workspaces for steps up to these limits.
+  void reserve(int64_t tokens, int32_t seqs, int32_t hq, int32_t hkv, int32_t hidden = 64,
+               int32_t inter = 64, int32_t experts = 4, int32_t top_k = 2, int64_t rows = 64) {
+    LlmOpsLimits l;
+    l.max_tokens = tokens;
+    l.max_seqs = seqs;
+    l.max_logits_rows = rows;
+    l.max_model_len = 131072;
+    l.vocab = 201088;
+    l.hidden = hidden;
+    l.intermediate = inter;
+    l.num_experts = experts;
+    l.top_k = top_k;
+    l.num_q_heads = hq;
+    l.num_kv_heads = hkv;
+    l.head_dim = 64;
+    Status s = gops_->reserve(l);
+    ASSERT_TRUE(s.isOk()) << s.toString();
+  }
+  Backend& cpu() { return *be_.cpu; }
+  Backend& gpu() { return *be_.gpu; }
+  Backends be_;
+  std::unique_ptr<LlmOps> cops_, gops_;
+  std::mt19937 rng_;
+};
+
+// ---- RoPE + K/V write -------------------------------------------------------------------------
+
+TEST_F(GpuLlmOps, RopeKvWriteMatchesCpu) {
+  const int64_t d = 64, max_pos = 8192;
+  RopeScaling yarn;
+  yarn.type = "yarn";
+  yarn.factor = 32;
+  yarn.beta_fast = 32;
+  yarn.beta_slow = 1;
+  yarn.original_max_position_embeddings = 4096;
+  yarn.truncate = false;
+  auto freqs = computeRopeFrequencies(d, 150000, yarn, 131072);
+  ASSERT_TRUE(freqs.isOk()) << freqs.status().toString();
+  std::vector<float> cosv(static_cast<size_t>(max_pos * d / 2)), sinv(cosv.size());
+  buildRopeTables(*freqs, max_pos, cosv.data(), sinv.data());
+  auto ccos = upload(cpu(), DType::kF32, {max_pos, d / 2}, cosv);
+  auto csin = upload(cpu(), DType::kF32, {max_pos, d / 2}, sinv);
+  auto gcos = upload(gpu(), DType::kF32, {max_pos, d / 2}, cosv);
+  auto gsin = upload(gpu(), DType::kF32, {max_pos, d / 2}, sinv);
+  struct Case { int64_t t; int32_t hq, hkv; };
+  for (Case c : {Case{1, 64, 8}, Case{7, 64, 8}, Case{133, 64, 8}, Case{1000, 4, 2}, Case{33, 8, 8}}) {
+    SCOPED_TRACE("T=" + std::to_string(c.t) + " Hq=" + std::to_string(c.hq));
+    const int64_t width = (c.hq + 2 * c.hkv) * d;
+    const int32_t num_blocks = static_cast<int32_t>((c.t + 15) / 16 + 7), bs = 16;
+    auto qkv = randomBf16(static_cast<size_t>(c.t * width), rng_, -2.f, 2.f);
+    std::vector<int32_t> pos(static_cast<size_t>(c.t)), slots(static_cast<size_t>(num_blocks * bs));
+    std::uniform_int_distribution<int32_t> pd(0, static_cast<int32_t>(max_pos - 1));
+    for (auto& p : pos) p = pd(rng_);
+    pos[0] = static_cast<int32_t>(max_pos - 1);
+    std::iota(slots.begin(), slots.end(), 0);
+    std::shuffle(slots.begin(), slots.end(), rng_);
+    slots.resize(static_cast<size_t>(c.t));
+    KvCacheShape ks{1, num_blocks, bs, c.hkv, static_cast<int32_t>(d)};
+    auto ckv = PagedKvCache::create(cpu(), ks, DType::kF32);
+    auto gkv = PagedKvCache::create(gpu(), ks, gpu().activationDType());
+    ASSERT_TRUE(ckv.isOk() && gkv.isOk());
+    // Fill both caches with the same random values so untouched slots compare too.
+    auto fill = randomBf16(static_cast<size_t>(ks.elementsPerLayer()), rng_);
+    for (auto* kv : {ckv->get(), gkv->get()}) {
+      Backend& b = kv == ckv->get() ? cpu() : gpu();
+      ASSERT_TRUE(b.uploadConvert(kv->keys(0), {fill.data(), DType::kF32, ks.elementsPerLayer()}).isOk());
+      ASSERT_TRUE(b.uploadConvert(kv->values(0), {fill.data(), DType::kF32, ks.elementsPerLayer()}).isOk());
+    }
+    auto cq = upload(cpu(), DType::kF32, {c.t, width}, qkv);
+    auto gq = upload(gpu(), gpu().activationDType(), {c.t, width}, qkv);
+    auto cp = uploadI32(cpu(), {c.t}, pos);
+    auto gp = uploadI32(gpu(), {c.t}, pos);
+    auto cs = uploadI32(cpu(), {c.t}, slots);
+    auto gs = uploadI32(gpu(), {c.t}, slots);
+    const RopeKvParams rp{c.hq, c.hkv, static_cast<int32_t>(d), static_cast<int32_t>(d)};
+    cops_->ropeKvWrite(cq.view, cp.view, ccos.view, csin.view, cs.view, (*ckv)->keys(0),
+                       (*ckv)->values(0), rp);
+    gops_->ropeKvWrite(gq.view, gp.view, gcos.view, gsin.view, gs.view, (*gkv)->keys(0),
+                       (*gkv)->values(0), rp);
+    // bf16 output of an f32 rotation of values up to ~2.7: half an ulp of bf16 at 4 is 2^-7.
+    expectClose(download(gpu(), gq.view), download(cpu(), cq.view), 1.6e-2, 4e-3, "qkv rotated");
+    expectClose(download(gpu(), (*gkv)->keys(0)), download(cpu(), (*ckv)->keys(0)), 1.6e-2, 4e-3,
+                "k cache");
+    expectClose(download(gpu(), (*gkv)->values(0)), download(cpu(), (*ckv)->values(0)), 0, 0,
+                "v cache (copied exactly)");
+  }
+}
+
+// ---- paged attention ---------------------------------------------------------------------------
+
+struct AttnCase {
+  std::vector<int> fresh;    // new tokens per sequence
+  std::vector<int> history;  // tokens already cached per sequence
+  int window = 0;
+  bool sinks = true;
+  int32_t hq = 64, hkv = 8;
+  int32_t block_size = 16;
+  std::string name;
+};
+
+struct AttnInputs {
+  int64_t t = 0;
+  int32_t maxb = 0;
+  std::vector<float> qkv, cache_k, cache_v, sinks;
+  std::vector<int32_t> cu, pos, tables;
+  int32_t num_blocks = 0;
+};
+
+AttnInputs makeAttnInputs(const AttnCase& c, std::mt19937& rng) {
+  AttnInputs in;
+  const int s = static_cast<int>(c.fresh.size());
+  std::vector<int32_t> need(static_cast<size_t>(s));
+  int32_t total_blocks = 0;
+  in.cu.push_back(0);
+  for (int i = 0; i < s; ++i) {
+    const int ctx = c.history[static_cast<size_t>(i)] + c.fresh[static_cast<size_t>(i)];
+    need[static_cast<size_t>(i)] = (ctx + c.block_size - 1) / c.block_size;
+    total_blocks += need[static_cast<size_t>(i)];
+    in.maxb = std::max(in.maxb, need[static_cast<size_t>(i)]);
+    in.cu.push_back(in.cu.back() + c.fresh[static_cast<size_t>(i)]);
+    for (int j = 0; j < c.fresh[static_cast<size_t>(i)]; ++j)
+      in.pos.push_back(c.history[static_cast<size_t>(i)] + j);
+  }
+  in.t = in.cu.back();
+  in.num_blocks = total_blocks + 5;
+  std::vector<int32_t> ids(static_cast<size_t>(in.num_blocks));
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  in.tables.assign(static_cast<size_t>(s * in.maxb), -1);
+  size_t next = 0;
+  for (int i = 0; i < s; ++i) {
+    for (int b = 0; b < need[static_cast<size_t>(i)]; ++b)
+      in.tables[static_cast<size_t>(i * in.maxb + b)] = ids[next++];
+  }
+  const int64_t width = (c.hq + 2 * c.hkv) * 64;
+  in.qkv = randomBf16(static_cast<size_t>(in.t * width), rng, -1.f, 1.f);
+  const int64_t cache_elems = static_cast<int64_t>(in.num_blocks) * c.block_size * c.hkv * 64;
+  in.cache_k = randomBf16(static_cast<size_t>(cache_elems), rng, -1.f, 1.f);
+  in.cache_v = randomBf16(static_cast<size_t>(cache_elems), rng, -1.f, 1.f);
+  in.sinks = randomBf16(static_cast<size_t>(c.hq), rng, -1.f, 3.f);
+  return in;
+}
+
+class GpuPagedAttention : public GpuLlmOps,
+                          public ::testing::WithParamInterface<AttnCase> {
+ protected:
+  // Runs one backend's attention; returns out [T, Hq*64] as float.
+  std::vector<float> run(Backend& b, LlmOps& ops, const AttnCase& c, const AttnInputs& in) {
+    const int64_t width = (c.hq + 2 * c.hkv) * 64;
+    const DType act = b.activationDType();
+    KvCacheShape ks{1, in.num_blocks, c.block_size, c.hkv, 64};
+    auto kv = PagedKvCache::create(b, ks, act);
+    EXPECT_TRUE(kv.isOk());
+    EXPECT_TRUE(b.uploadConvert((*kv)->keys(0), {in.cache_k.data(), DType::kF32,
+                                                  static_cast<int64_t>(in.cache_k.size())}).isOk());
+    EXPECT_TRUE(b.uploadConvert((*kv)->values(0), {in.cache_v.data(), DType::kF32,
+                                                    static_cast<int64_t>(in.cache_v.size())}).isOk());
+    auto qkv = upload(b, act, {in.t, width}, in.qkv);
+    const int s = static_cast<int>(c.fresh.size());
+    auto cu = uploadI32(b, {s + 1}, in.cu);
+    auto pos = uploadI32(b, {in.t}, in.pos);
+    auto tables = uploadI32(b, {s, in.maxb}, in.tables);
+    auto sinks = upload(b, DType::kF32, {c.hq}, in.sinks);
+    auto out = allocate(b, act, {in.t, c.hq * 64});
+    poison(b, out.view);
+    const std::vector<int32_t> windows{c.window};
+    AttentionPlanInput plan;
+    plan.cu_q = in.cu;
+    plan.positions = in.pos;
+    plan.windows = windows;
+    plan.num_q_heads = c.hq;
+    plan.num_kv_heads = c.hkv;
+    plan.head_dim = 64;
+    ops.planAttention(plan);
+    PagedAttentionParams p;
+    p.num_seqs = s;
+    p.num_q_heads = c.hq;
+    p.num_kv_heads = c.hkv;
+    p.head_dim = 64;
+    p.block_size = c.block_size;
+    p.max_blocks_per_seq = in.maxb;
+    p.max_context = 0;
+    for (size_t i = 0; i < c.fresh.size(); ++i)
+      p.max_context = std::max(p.max_context, c.fresh[i] + c.history[i]);
+    p.sliding_window = c.window;
+    p.scale = 0.125f * 1.3465736f * 1.3465736f;  // gpt-oss: 1/8, YaRN's C folded into q and k
+    ops.pagedAttention(qkv.view, (*kv)->keys(0), (*kv)->values(0), cu.view, pos.view,
+                       tables.view, c.sinks ? sinks.view : Tensor(), out.view, p);
+    return download(b, out.view);
+  }
+};
+
+TEST_P(GpuPagedAttention, MatchesCpu) {
+  const AttnCase& c = GetParam();
+  int64_t tokens = 0;
+  for (int f : c.fresh) tokens += f;
+  reserve(std::max<int64_t>(tokens, 64), static_cast<int32_t>(c.fresh.size()) + 4, c.hq, c.hkv);
+  AttnInputs in = makeAttnInputs(c, rng_);
+  auto ref = run(cpu(), *cops_, c, in);
+  auto got = run(gpu(), *gops_, c, in);
+  // P is rounded to bf16 before P·V (FlashAttention's choice) and the output is bf16.
+  expectClose(got, ref, 1.5e-2, 2e-2, c.name);
+  const double err = relErr(got, ref);
+  EXPECT_LT(err, 1e-2) << c.name;
+  std::cout << "[ attention ] " << c.name << " T=" << in.t << " rel_l2=" << err << "\n";
+}
+
+std::vector<AttnCase> attnCases() {
+  std::vector<AttnCase> v;
+  v.push_back({{1, 1, 1, 1, 1}, {0, 15, 16, 700, 5000}, 0, true, 64, 8, 16, "decode full (split-KV at 5000)"});
+  v.push_back({{1, 1, 1, 1, 1}, {0, 127, 128, 129, 5000}, 128, true, 64, 8, 16, "decode window 128 edges"});
+  v.push_back({{1, 17, 97, 300}, {0, 64, 5, 1000}, 0, true, 64, 8, 16, "prefill chunks with history"});
+  v.push_back({{1, 17, 97, 300}, {0, 64, 5, 1000}, 128, true, 64, 8, 16, "prefill chunks window 128"});
+  v.push_back({{3, 130}, {10, 0}, 8, false, 4, 2, 16, "group 2, window 8, no sinks"});
+  v.push_back({{33}, {0}, 0, true, 8, 8, 16, "group 1"});
+  v.push_back({{5, 1}, {40, 3000}, 0, true, 16, 1, 32, "group 16, block 32"});
+  v.push_back({{1, 64}, {20000, 0}, 0, true, 64, 8, 64, "block 64, 20k decode"});
+  v.push_back({{2048}, {0}, 0, true, 64, 8, 16, "prefill 2048"});
+  v.push_back({{777}, {1234}, 128, true, 64, 8, 16, "prefill 777 after 1234, window"});
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, GpuPagedAttention, ::testing::ValuesIn(attnCases()));
+
+// A decode token's output does not depend on the other sequences of the step (bit for bit):
+// alone, and batched with prefill chunks and other decodes (different work splits around it).
+TEST_F(GpuLlmOps, PagedAttentionIsBatchInvariant) {
+  reserve(4096, 16, 64, 8);
+  AttnCase batch{{1, 300, 1, 64, 1}, {5000, 0, 17, 3000, 200}, 0, true, 64, 8, 16, "batch"};
+  AttnInputs in = makeAttnInputs(batch, rng_);
+  auto runOne = [&](const AttnCase& c, const AttnInputs& x) {
+    const int64_t width = (c.hq + 2 * c.hkv) * 64;
+    KvCacheShape ks{1, x.num_blocks, c.block_size, c.hkv, 64};
+    auto kv = PagedKvCache::create(gpu(), ks, gpu().activationDType());
+    EXPECT_TRUE(gpu().uploadConvert((*kv)->keys(0), {x.cache_k.data(), DType::kF32, static_cast<int64_t>(x.cache_k.size())}).isOk());
+    EXPECT_TRUE(gpu().uploadConvert((*kv)->values(0), {x.cache_v.data(), DType::kF32, static_cast<int64_t>(x.cache_v.size())}).isOk());
+    const int s = static_cast<int>(c.fresh.size());
+    auto qkv = upload(gpu(), gpu().activationDType(), {x.t, width}, x.qkv);
+    auto cu = uploadI32(gpu(), {s + 1}, x.cu);
+    auto pos = uploadI32(gpu(), {x.t}, x.pos);
+    auto tables = uploadI32(gpu(), {s, x.maxb}, x.tables);
+    auto sinks = upload(gpu(), DType::kF32, {c.hq}, x.sinks);
+    auto out = allocate(gpu(), gpu().activationDType(), {x.t, c.hq * 64});
+    poison(gpu(), out.view);
+    const std::vector<int32_t> windows{0};
+    AttentionPlanInput plan{x.cu, x.pos, windows, c.hq, c.hkv, 64};
+    gops_->planAttention(plan);
+    PagedAttentionParams p;
+    p.num_seqs = s;
+    p.num_q_heads = c.hq;
+    p.num_kv_heads = c.hkv;
+    p.head_dim = 64;
+    p.block_size = c.block_size;
+    p.max_blocks_per_seq = x.maxb;
+    p.scale = 0.125f;
+    gops_->pagedAttention(qkv.view, (*kv)->keys(0), (*kv)->values(0), cu.view, pos.view,
+                          tables.view, sinks.view, out.view, p);
+    return download(gpu(), out.view);
+  };
+  auto all = runOne(batch, in);
+  // Sequence 0 (decode at 5000, split-KV) and sequence 2 (decode at 17) alone.
+  for (int which : {0, 2, 4}) {
+    AttnCase one{{1}, {batch.history[static_cast<size_t>(which)]}, 0, true, 64, 8, 16, "alone"};
+    AttnInputs x = in;
+    const int64_t width = (64 + 16) * 64;
+    x.qkv.assign(in.qkv.begin() + in.cu[static_cast<size_t>(which)] * width,
+                 in.qkv.begin() + (in.cu[static_cast<size_t>(which)] + 1) * width);
+    x.cu = {0, 1};
+    x.pos = {in.pos[static_cast<size_t>(in.cu[static_cast<size_t>(which)])]};
+    x.t = 1;
+    x.tables.assign(in.tables.begin() + which * in.maxb, in.tables.begin() + (which + 1) * in.maxb);
+    auto alone = runOne(one, x);
+    const int64_t row = in.cu[static_cast<size_t>(which)];
+    for (int64_t i = 0; i < 64 * 64; ++i) {
+      ASSERT_EQ(std::memcmp(&alone[static_cast<size_t>(i)], &all[static_cast<size_t>(row * 64 * 64 + i)], 4), 0)
+          << "sequence " << which << " element " << i << ": alone " << alone[static_cast<size_t>(i)]
+          << " batched " << all[static_cast<size_t>(row * 64 * 64 + i)];
+    }
+  }
+}
+
+// ---- router --------------------------------------------------------------------------------------
+
+TEST_F(GpuLlmOps, MoeRouteMatchesCpu) {
+  for (auto [t, e, k] : std::vector<std::tuple<int64_t, int64_t, int32_t>>{
+           {1, 32, 4}, {33, 4, 2}, {1000, 128, 4}, {7, 8, 8}, {257, 32, 1}}) {
+    SCOPED_TRACE("T=" + std::to_string(t) + " E=" + std::to_string(e) + " k=" + std::to_string(k));
+    std::vector<float> logits(static_cast<size_t>(t * e));
+    std::normal_distribution<float> nd(0.f, 2.f);
+    for (auto& x : logits) x = nd(rng_);
+    auto bias = randomBf16(static_cast<size_t>(e), rng_, -0.5f, 0.5f);
+    auto cl = upload(cpu(), DType::kF32, {t, e}, logits);
+    auto gl = upload(gpu(), DType::kF32, {t, e}, logits);
+    auto cb = upload(cpu(), DType::kF32, {e}, bias);
+    auto gb = upload(gpu(), gpu().weightDType(), {e}, bias);
+    auto ci = allocate(cpu(), DType::kI32, {t, k});
+    auto gi = allocate(gpu(), DType::kI32, {t, k});
+    auto cw = allocate(cpu(), DType::kF32, {t, k});
+    auto gw = allocate(gpu(), DType::kF32, {t, k});
+    poison(gpu(), gi.view);
+    poison(gpu(), gw.view);
+    cops_->moeRoute(cl.view, cb.view, ci.view, cw.view, MoeRouteParams{k});
+    gops_->moeRoute(gl.view, gb.view, gi.view, gw.view, MoeRouteParams{k});
+    EXPECT_EQ(download(gpu(), gi.view), download(cpu(), ci.view));
+    expectClose(download(gpu(), gw.view), download(cpu(), cw.view), 1e-6, 1e-5, "weights");
+  }
+}
+
+// ---- experts -------------------------------------------------------------------------------------
+
+struct MoeCase {
+  int64_t t, h, inter, e;
+  int32_t k;
+};
+
+TEST_F(GpuLlmOps, MoeExpertsMatchCpuMxfp4AndBf16) {
+  for (MoeCase c : {MoeCase{1, 2880, 2880, 32, 4}, MoeCase{37, 288, 160, 4, 2},
+                    MoeCase{600, 2880, 2880, 32, 4}, MoeCase{1000, 288, 160, 8, 4},
+                    MoeCase{64, 96, 32, 8, 4}}) {
+    SCOPED_TRACE("T=" + std::to_string(c.t) + " H=" + std::to_string(c.h) +
+                 " I=" + std::to_string(c.inter) + " E=" + std::to_string(c.e));
+    reserve(std::max<int64_t>(c.t, 64), 8, 8, 8, static_cast<int32_t>(c.h),
+            static_cast<int32_t>(c.inter), static_cast<int32_t>(c.e), c.k);
+    // MXFP4 weights: random codes, scales so that |w| ~ 1/sqrt(in).
+    auto mx = [&](int64_t out, int64_t in, std::vector<uint8_t>& codes, std::vector<uint8_t>& sc) {
+      const int64_t g = in / 32;
+      codes.resize(static_cast<size_t>(c.e * out * g * 16));
+      sc.resize(static_cast<size_t>(c.e * out * g));
+      std::uniform_int_distribution<int> byte(0, 255);
+      for (auto& b : codes) b = static_cast<uint8_t>(byte(rng_));
+      const int base = 127 + static_cast<int>(std::lround(std::log2(1.0 / (std::sqrt(double(in)) * 2.93))));
+      std::uniform_int_distribution<int> jitter(-1, 1);
+      for (auto& s : sc) s = static_cast<uint8_t>(base + jitter(rng_));
+    };
+    std::vector<uint8_t> c1, s1, c2, s2;
+    mx(2 * c.inter, c.h, c1, s1);
+    mx(c.h, c.inter, c2, s2);
+    std::vector<float> w1(static_cast<size_t>(c.e * 2 * c.inter * c.h)), w2(static_cast<size_t>(c.e * c.h * c.inter));
+    dequantizeMxfp4(c1.data(), s1.data(), c.e * 2 * c.inter, c.h / 32, w1.data());
+    dequantizeMxfp4(c2.data(), s2.data(), c.e * c.h, c.inter / 32, w2.data());
+    auto x = randomBf16(static_cast<size_t>(c.t * c.h), rng_, -2.f, 2.f);
+    auto b1 = randomBf16(static_cast<size_t>(c.e * 2 * c.inter), rng_, -0.1f, 0.1f);
+    auto b2 = randomBf16(static_cast<size_t>(c.e * c.h), rng_, -0.1f, 0.1f);
+    std::vector<int32_t> ids;
+    std::vector<float> wts;
+    for (int64_t i = 0; i < c.t; ++i) {
+      std::vector<int32_t> perm(static_cast<size_t>(c.e));
+      std::iota(perm.begin(), perm.end(), 0);
+      std::shuffle(perm.begin(), perm.end(), rng_);
+      float sum = 0;
+      std::vector<float> w(static_cast<size_t>(c.k));
+      for (auto& v : w) sum += (v = std::uniform_real_distribution<float>(0.1f, 1.f)(rng_));
+      for (int32_t j = 0; j < c.k; ++j) {
+        ids.push_back(perm[static_cast<size_t>(j)]);
+        wts.push_back(w[static_cast<size_t>(j)] / sum);
+      }
+    }
+    MoeExpertsParams p{static_cast<int32_t>(c.e), c.k, static_cast<int32_t>(c.h),
+                       static_cast<int32_t>(c.inter), 7.f, 1.702f};
+    // CPU reference: dense f32.
+    auto cx = upload(cpu(), DType::kF32, {c.t, c.h}, x);
+    auto cw1 = upload(cpu(), DType::kF32, {c.e, 2 * c.inter, c.h}, w1);
+    auto cw2 = upload(cpu(), DType::kF32, {c.e, c.h, c.inter}, w2);
+    auto cb1 = upload(cpu(), DType::kF32, {c.e, 2 * c.inter}, b1);
+    auto cb2 = upload(cpu(), DType::kF32, {c.e, c.h}, b2);
+    auto cid = uploadI32(cpu(), {c.t, c.k}, ids);
+    auto cwt = upload(cpu(), DType::kF32, {c.t, c.k}, wts);
+    auto cout = allocate(cpu(), DType::kF32, {c.t, c.h});
+    ExpertWeights ce1, ce2;
+    ce1.dense = cw1.view;
+    ce1.experts = ce2.experts = c.e;
+    ce1.rows = 2 * c.inter;
+    ce1.cols = c.h;
+    ce2.dense = cw2.view;
+    ce2.rows = c.h;
+    ce2.cols = c.inter;
+    cops_->moeExperts(cx.view, cid.view, cwt.view, ce1, cb1.view, ce2, cb2.view, cout.view, p);
+    auto ref = download(cpu(), cout.view);
+    // GPU, MXFP4 resident and bf16 dense.
+    auto gx = upload(gpu(), DType::kBF16, {c.t, c.h}, x);
+    auto gb1 = upload(gpu(), DType::kBF16, {c.e, 2 * c.inter}, b1);
+    auto gb2 = upload(gpu(), DType::kBF16, {c.e, c.h}, b2);
+    auto gid = uploadI32(gpu(), {c.t, c.k}, ids);
+    auto gwt = upload(gpu(), DType::kF32, {c.t, c.k}, wts);
+    auto m1 = gops_->uploadMxfp4Experts(c1.data(), s1.data(), c.e, 2 * c.inter, c.h);
+    auto m2 = gops_->uploadMxfp4Experts(c2.data(), s2.data(), c.e, c.h, c.inter);
+    ASSERT_TRUE(m1.isOk() && m2.isOk()) << m1.status().toString() << m2.status().toString();
+    auto gw1 = upload(gpu(), DType::kBF16, {c.e, 2 * c.inter, c.h}, w1);
+    auto gw2 = upload(gpu(), DType::kBF16, {c.e, c.h, c.inter}, w2);
+    ExpertWeights d1, d2;
+    d1.dense = gw1.view;
+    d1.experts = d2.experts = c.e;
+    d1.rows = 2 * c.inter;
+    d1.cols = c.h;
+    d2.dense = gw2.view;
+    d2.rows = c.h;
+    d2.cols = c.inter;
+    std::vector<std::vector<float>> got;
+    for (int variant = 0; variant < 2; ++variant) {
+      auto gout = allocate(gpu(), DType::kBF16, {c.t, c.h});
+      poison(gpu(), gout.view);
+      if (variant == 0) {
+        gops_->moeExperts(gx.view, gid.view, gwt.view, *m1, gb1.view, *m2, gb2.view, gout.view, p);
+      } else {
+        gops_->moeExperts(gx.view, gid.view, gwt.view, d1, gb1.view, d2, gb2.view, gout.view, p);
+      }
+      got.push_back(download(gpu(), gout.view));
+      const double err = relErr(got.back(), ref);
+      EXPECT_LT(err, 1e-2) << (variant == 0 ? "mxfp4" : "bf16");
+      double worst_cos = 1;
+      for (int64_t r = 0; r < c.t; ++r) worst_cos = std::min(worst_cos, rowCosine(got.back(), ref, r, c.h));
+      EXPECT_GT(worst_cos, 0.9995) << (variant == 0 ? "mxfp4" : "bf16");
+      std::cout << "[ experts ] T=" << c.t << " H=" << c.h << " I=" << c.inter << " E=" << c.e
+                << (variant == 0 ? " mxfp4" : " bf16 ") << " rel_l2=" << err
+                << " worst_row_cos=" << worst_cos << "\n";
+    }
+    // Same bf16 weight values, same K order: the two formats agree bit for bit.
+    EXPECT_EQ(std::memcmp(got[0].data(), got[1].data(), got[0].size() * sizeof(float)), 0)
+        << "MXFP4-resident and bf16 experts differ";
+    // Batch invariance: row 0 alone (the smallest tile) equals row 0 of the batch.
+    if (c.t > 1) {
+      auto gx1 = upload(gpu(), DType::kBF16, {1, c.h}, std::vector<float>(x.begin(), x.begin() + c.h));
+      auto gid1 = uploadI32(gpu(), {1, c.k}, std::vector<int32_t>(ids.begin(), ids.begin() + c.k));
+      auto gwt1 = upload(gpu(), DType::kF32, {1, c.k}, std::vector<float>(wts.begin(), wts.begin() + c.k));
+      auto gout1 = allocate(gpu(), DType::kBF16, {1, c.h});
+      gops_->moeExperts(gx1.view, gid1.view, gwt1.view, *m1, gb1.view, *m2, gb2.view, gout1.view, p);
+      auto one = download(gpu(), gout1.view);
+      EXPECT_EQ(std::memcmp(one.data(), got[0].data(), one.size() * sizeof(float)), 0)
+          << "row 0 alone differs from row 0 batched";
+    }
+  }
+}
+
+// ---- gather / token copy ------------------------------------------------------------------------
+
+TEST_F(GpuLlmOps, GatherRowsAndCopyTokens) {
+  auto in = randomBf16(97 * 40, rng_);
+  auto gin = upload(gpu(), DType::kBF16, {97, 40}, in);
+  auto cin = upload(cpu(), DType::kF32, {97, 40}, in);
+  std::vector<int32_t> rows{96, 0, 5, 5, 50};
+  auto gr = uploadI32(gpu(), {5}, rows);
+  auto cr = uploadI32(cpu(), {5}, rows);
+  auto go = allocate(gpu(), DType::kBF16, {5, 40});
+  auto co = allocate(cpu(), DType::kF32, {5, 40});
+  poison(gpu(), go.view);
+  gops_->gatherRows(gin.view, gr.view, go.view);
+  cops_->gatherRows(cin.view, cr.view, co.view);
+  expectClose(download(gpu(), go.view), download(cpu(), co.view), 0, 0, "gather");
+  std::vector<int32_t> src{11, 22, 33}, ids{1, 2, 3, 4, 5}, pairs{4, 0, 0, 2, 2, 1};
+  auto gs = uploadI32(gpu(), {3}, src);
+  auto gi = uploadI32(gpu(), {5}, ids);
+  auto gp = uploadI32(gpu(), {3, 2}, pairs);
+  gops_->copyTokens(gs.view, gp.view, gi.view);
+  EXPECT_EQ(download(gpu(), gi.view), (std::vector<float>{33, 2, 22, 4, 11}));
+}
+
+// ---- sampling ------------------------------------------------------------------------------------
+
+TEST_F(GpuLlmOps, GreedyIsTheCpuArgmax) {
+  const int64_t v = 201088, r = 37;
+  reserve(64, 8, 8, 8, 64, 64, 4, 2, r);
+  std::vector<float> logits(static_cast<size_t>(v * r));
+  std::normal_distribution<float> nd(0.f, 3.f);
+  for (auto& x : logits) x = nd(rng_);
+  // Row 1: a tie between two maxima (lower id must win); row 2: NaNs; row 3: all -inf but one.
+  logits[static_cast<size_t>(v + 100)] = 50.f;
+  logits[static_cast<size_t>(v + 99999)] = 50.f;
+  for (int i = 0; i < 1000; ++i) logits[static_cast<size_t>(2 * v + i * 7)] = NAN;
+  logits[static_cast<size_t>(2 * v + 7)] = 1e30f;  // NaN neighbours never win
+  std::fill(logits.begin() + 3 * v, logits.begin() + 4 * v, -INFINITY);
+  logits[static_cast<size_t>(3 * v + 123456)] = -5.f;
+  auto gl = upload(gpu(), DType::kF32, {r, v}, logits);
+  std::vector<SampleRow> rows;
+  for (int i = 0; i < r; ++i) rows.push_back(SampleRow{(i * 5) % static_cast<int>(r), 0, SamplingParams{}});
+  auto out = allocate(gpu(), DType::kI32, {r});
+  gops_->sample(gl.view, rows, out.view);
+  auto got = download(gpu(), out.view);
+  for (int i = 0; i < r; ++i) {
+    const int row = rows[static_cast<size_t>(i)].row;
+    std::span<const float> lr(logits.data() + static_cast<int64_t>(row) * v, static_cast<size_t>(v));
+    EXPECT_EQ(static_cast<int32_t>(got[static_cast<size_t>(i)]), argmaxToken(lr)) << "row " << row;
+  }
+}
+
+// Temperature / top-k / top-p draws: deterministic per (seed, counter), only from the kept set,
+// and with the CPU sampler's distribution (4000 draws per setting, max |freq - p| <= 0.03).
+TEST_F(GpuLlmOps, SamplingFollowsTheCpuDistribution) {
+  const int64_t v = 50, draws = 4000;
+  reserve(64, 8, 8, 8, 64, 64, 4, 2, draws);
+  std::vector<float> row(static_cast<size_t>(v));
+  std::normal_distribution<float> nd(0.f, 1.5f);
+  for (auto& x : row) x = nd(rng_);
+  row[3] = row[4];  // a tie
+  auto gl = upload(gpu(), DType::kF32, {1, v}, row);
+  Sampler cpu_sampler;
+  struct Setting { float t; int32_t k; float p; };
+  for (Setting s : {Setting{1.f, 0, 1.f}, Setting{0.7f, 5, 1.f}, Setting{1.3f, 0, 0.8f},
+                    Setting{1.f, 10, 0.6f}, Setting{2.f, 1, 1.f}}) {
+    SCOPED_TRACE("T=" + std::to_string(s.t) + " k=" + std::to_string(s.k) + " p=" + std::to_string(s.p));
+    SamplingParams sp;
+    sp.temperature = s.t;
+    sp.top_k = s.k;
+    sp.top_p = s.p;
+    sp.seed = 42;
+    std::vector<SampleRow> rows;
+    for (int64_t i = 0; i < draws; ++i) rows.push_back(SampleRow{0, static_cast<uint64_t>(i), sp});
+    auto out = allocate(gpu(), DType::kI32, {draws});
+    gops_->sample(gl.view, rows, out.view);
+    auto got = download(gpu(), out.view);
+    auto out2 = allocate(gpu(), DType::kI32, {draws});
+    gops_->sample(gl.view, rows, out2.view);
+    EXPECT_EQ(download(gpu(), out2.view), got) << "not deterministic";
+    const auto& dist = cpu_sampler.distribution(row, sp);
+    std::map<int32_t, double> want;
+    for (const auto& [id, pr] : dist) want[id] = pr;
+    std::map<int32_t, double> freq;
+    for (float g : got) freq[static_cast<int32_t>(g)] += 1.0 / draws;
+    for (const auto& [id, f] : freq) {
+      EXPECT_TRUE(want.count(id)) << "drew token " << id << " outside the kept set";
+    }
+    double worst = 0;
+    for (const auto& [id, pr] : want) worst = std::max(worst, std::abs(freq[id] - pr));
+    EXPECT_LT(worst, 0.03) << "empirical distribution off by " << worst;
+    std::cout << "[ sample ] T=" << s.t << " k=" << s.k << " p=" << s.p << " kept=" << want.size()
+              << " max|freq-p|=" << worst << "\n";
+  }
+}
+
+}  // namespace
+}  // namespace garden::rose::gputest
