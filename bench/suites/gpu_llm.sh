@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The gpt-oss GPU work in ONE device call, building nothing. Input GPUBIN (bench/suites/gpu_pack.sh
+# with the LLM binaries) and an output folder; steps (each with a time limit, all under
+# SESSION_DEADLINE_S, default 560 s):
+#   llmops    gpu_llm_ops_test: every gpt-oss CUDA op vs the CPU reference ops
+#   llmmodel  gpu_llm_model_test: tiny checkpoint end to end vs the CPU reference
+#   regress   the embedding GPU tests (gpu_kernels_test, gpu_graph_test, gpu_model_graph_test)
+#   memcheck  compute-sanitizer memcheck over the LLM ops test (a subset of cases)
+#   mk20b     bench/suites/make_random_gpt_oss.py: a random gpt-oss-20b-shaped MXFP4 checkpoint
+#   bench20b  rose_llm_bench on it: load, prefill 2k/8k/32k, decode 1@8192 and 64@1024
+#     bench/suites/gpu_llm.sh GPUBIN OUT [steps...]
+# Prints one summary line per step last; writes logs to OUT (and OUT/llm_logs.tgz).
+set -uo pipefail
+BIN="$(cd "$1" && pwd)"; OUT="$2"; shift 2
+STEPS=${*:-llmops llmmodel regress memcheck mk20b bench20b}
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
+mkdir -p "$OUT"; OUT="$(cd "$OUT" && pwd)"
+LOGS=$(mktemp -d)
+export LD_LIBRARY_PATH="$BIN/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+export PATH="/usr/local/cuda/bin:$PATH"
+START=$(date +%s); DEADLINE=${SESSION_DEADLINE_S:-560}
+summary=""; failed=0
+step() {  # step NAME LOG LIMIT CMD...
+  local name=$1 log=$2 limit=$3; shift 3
+  local left=$(( DEADLINE - ($(date +%s) - START) ))
+  if [ $left -lt 10 ]; then summary+="$name SKIPPED (budget)"$'\n'; failed=$((failed+1)); return; fi
+  [ $limit -gt $left ] && limit=$left
+  local t0=$(date +%s)
+  timeout "$limit" bash -c '"$@"' _ "$@" >"$LOGS/$log" 2>&1
+  local rc=$? dt=$(( $(date +%s) - t0 ))
+  [ $rc -ne 0 ] && failed=$((failed+1))
+  summary+="$(printf '%-9s rc=%-3s %4ss %s' "$name" "$rc" "$dt" "$log")"$'\n'
+  echo "== $name rc=$rc ${dt}s"
+  grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|ERROR SUMMARY|Failure|error" "$LOGS/$log" | head -25
+}
+finish() {
+  cp "$LOGS"/*.log "$LOGS"/*.txt "$OUT/" 2>/dev/null
+  tar -czf "$OUT/llm_logs.tgz" -C "$LOGS" . 2>/dev/null
+}
+trap finish EXIT
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used,memory.total --format=csv | tee "$LOGS/gpu.txt"
+for s in $STEPS; do
+  case $s in
+    llmops) step llmops llm_ops.log 200 "$BIN/gpu_llm_ops_test" ;;
+    llmmodel) step llmmodel llm_model.log 240 "$BIN/gpu_llm_model_test" ;;
+    regress) step regress regress.log 200 bash -c "'$BIN/gpu_kernels_test' --gtest_brief=1 && '$BIN/gpu_graph_test' --gtest_brief=1 && '$BIN/gpu_model_graph_test' --gtest_brief=1" ;;
+    memcheck) step memcheck memcheck.log 200 compute-sanitizer --tool memcheck --error-exitcode 3 "$BIN/gpu_llm_ops_test" --gtest_filter='*RopeKv*:*MoeRoute*:*Gather*:*Greedy*:Cases/GpuPagedAttention.MatchesCpu/0:Cases/GpuPagedAttention.MatchesCpu/4:*MoeExperts*' ;;
+    mk20b) step mk20b mk20b.log 240 python3 "$ROOT/bench/suites/make_random_gpt_oss.py" --out /tmp/gptoss20b --shape 20b ;;
+    bench20b) step bench20b bench20b.txt 300 "$BIN/rose_llm_bench" --model /tmp/gptoss20b --prefill 2048,8192,32768 --decode 1@8192,64@1024 --decode-steps 32 --max-batch-tokens 16384 --json "$LOGS/bench20b.jsonl" ;;
+    *) echo "unknown step $s"; failed=$((failed+1)) ;;
+  esac
+done
+[ -f "$LOGS/bench20b.txt" ] && cat "$LOGS/bench20b.txt"
+echo "---- summary"; printf "%s" "$summary" | tee "$LOGS/summary.txt"
+exit $failed
