@@ -10,6 +10,8 @@
 // Output: one line per workload (and a JSON line with --json FILE).
 //   rose_llm_bench --model DIR [--prefill 2048,8192,32768] [--decode 1@8192,64@1024]
 //                  [--decode-steps 32] [--max-batch-tokens 16384] [--moe-weights auto|mxfp4|bf16]
+//                  [--profile]   (one decode step per workload between cudaProfilerStart/Stop, for
+//                                 ncu --profile-from-start off)
 
 #include <algorithm>
 #include <chrono>
@@ -21,6 +23,8 @@
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include <cuda_profiler_api.h>
 
 #include "services/rose/model/gpt_oss.h"
 #include "services/rose/ops/llm_ops.h"
@@ -50,6 +54,7 @@ struct Bench {
   int32_t block_size = 16;
   int32_t next_block = 0;
   int64_t max_batch_tokens = 16384;
+  double last_host_s = 0;  // host time of the last step's enqueue (before the GPU finished)
   std::mt19937 rng{1};
 
   struct Seq {
@@ -74,9 +79,12 @@ struct Bench {
     std::vector<LlmStepSeq> desc;
     std::vector<int32_t> toks, blocks;
     int64_t budget = max_batch_tokens;
+    std::vector<Seq*> ran;
     for (Seq* s : seqs) {
       const int32_t pending = static_cast<int32_t>(s->tokens.size()) - s->cached;
       const int32_t n = static_cast<int32_t>(std::min<int64_t>(pending, budget));
+      if (n <= 0) continue;  // out of budget this step
+      ran.push_back(s);
       budget -= n;
       ensureBlocks(*s, s->cached + n);
       LlmStepSeq d;
@@ -96,9 +104,10 @@ struct Bench {
       std::fprintf(stderr, "invalid step: %s\n", v.toString().c_str());
       std::exit(1);
     }
-    std::vector<int32_t> sampled(seqs.size());
+    std::vector<int32_t> sampled(ran.size());
     const auto t0 = Clock::now();
     backend->launch([&] { model->enqueueStep(st, *kv, nullptr, sampled.data()); });
+    last_host_s = std::chrono::duration<double>(Clock::now() - t0).count();
     Status s = backend->synchronize();
     const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
     if (!s.isOk()) {
@@ -106,9 +115,9 @@ struct Bench {
       std::exit(1);
     }
     size_t si = 0;
-    for (size_t i = 0; i < seqs.size(); ++i) {
-      seqs[i]->cached += desc[i].num_tokens;
-      if (desc[i].sample) seqs[i]->tokens.push_back(sampled[si++]);
+    for (size_t i = 0; i < ran.size(); ++i) {
+      ran[i]->cached += desc[i].num_tokens;
+      if (desc[i].sample) ran[i]->tokens.push_back(sampled[si++]);
     }
     return secs;
   }
@@ -130,8 +139,9 @@ struct Bench {
     return total;
   }
 
-  // Median decode step time for `batch` sequences at `ctx` tokens of context.
-  double decode(int batch, int ctx, int steps) {
+  // Median decode step time for `batch` sequences at `ctx` tokens of context (and the median
+  // host enqueue time in *host_s). profile: one extra step between cudaProfilerStart/Stop.
+  double decode(int batch, int ctx, int steps, double* host_s = nullptr, bool profile = false) {
     next_block = 0;
     std::vector<Seq> seqs(static_cast<size_t>(batch));
     std::vector<Seq*> ptrs;
@@ -151,9 +161,19 @@ struct Bench {
       pending = true;
       step(todo);
     }
-    std::vector<double> times;
-    for (int i = 0; i < steps; ++i) times.push_back(step(ptrs));
+    std::vector<double> times, host;
+    for (int i = 0; i < steps; ++i) {
+      times.push_back(step(ptrs));
+      host.push_back(last_host_s);
+    }
+    if (profile) {
+      cudaProfilerStart();
+      step(ptrs);
+      cudaProfilerStop();
+    }
     std::sort(times.begin(), times.end());
+    std::sort(host.begin(), host.end());
+    if (host_s) *host_s = host[host.size() / 2];
     return times[times.size() / 2];
   }
 };
@@ -165,6 +185,7 @@ int main(int argc, char** argv) {
   std::string prefill_list = "2048,8192,32768", decode_list = "1@8192,64@1024";
   int decode_steps = 32;
   int64_t max_batch_tokens = 16384;
+  bool profile = false;  // one decode step of each --decode workload between profiler markers
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -181,6 +202,7 @@ int main(int argc, char** argv) {
     else if (a == "--max-batch-tokens") max_batch_tokens = std::atoll(next().c_str());
     else if (a == "--moe-weights") moe = next();
     else if (a == "--json") json_path = next();
+    else if (a == "--profile") profile = true;
     else {
       std::fprintf(stderr, "unknown flag %s\n", a.c_str());
       return 2;
@@ -245,6 +267,11 @@ int main(int argc, char** argv) {
     const int len = std::atoi(p.c_str());
     b.prefill(len);  // warm-up (GEMM tuning, first-use allocations)
     const double s = b.prefill(len);
+    if (profile) {
+      cudaProfilerStart();
+      b.prefill(len);
+      cudaProfilerStop();
+    }
     std::printf("prefill %6d tokens: %.4f s  (%.0f tokens/s)\n", len, s, len / s);
     std::fflush(stdout);
     if (json) json << "{\"workload\":\"prefill\",\"tokens\":" << len << ",\"seconds\":" << s << "}\n";
@@ -253,9 +280,10 @@ int main(int argc, char** argv) {
     auto bc = split(d, '@');
     const int batch = std::atoi(bc[0].c_str()), ctx = std::atoi(bc[1].c_str());
     b.decode(batch, ctx, 4);  // warm-up
-    const double s = b.decode(batch, ctx, decode_steps);
-    std::printf("decode batch %3d @ %6d: step %.3f ms  (%.0f tokens/s)\n", batch, ctx, s * 1e3,
-                batch / s);
+    double host = 0;
+    const double s = b.decode(batch, ctx, decode_steps, &host, profile);
+    std::printf("decode batch %3d @ %6d: step %.3f ms, host enqueue %.3f ms  (%.0f tokens/s)\n",
+                batch, ctx, s * 1e3, host * 1e3, batch / s);
     std::fflush(stdout);
     if (json) json << "{\"workload\":\"decode\",\"batch\":" << batch << ",\"context\":" << ctx
                    << ",\"step_seconds\":" << s << "}\n";

@@ -8,6 +8,8 @@
 #   memcheck  compute-sanitizer memcheck over the LLM ops test (a subset of cases)
 #   mk20b     bench/suites/make_random_gpt_oss.py: a random gpt-oss-20b-shaped MXFP4 checkpoint
 #   bench20b  rose_llm_bench on it: load, prefill 2k/8k/32k, decode 1@8192 and 64@1024
+#   prof      ncu over one decode step (1@8192) and one 8k prefill: time per kernel, summed by name
+#             (bench/suites/ncu_summary.py)
 #     bench/suites/gpu_llm.sh GPUBIN OUT [steps...]
 # Prints one summary line per step last; writes logs to OUT (and OUT/llm_logs.tgz).
 set -uo pipefail
@@ -47,9 +49,11 @@ for s in $STEPS; do
     memcheck) step memcheck memcheck.log 200 compute-sanitizer --tool memcheck --error-exitcode 3 "$BIN/gpu_llm_ops_test" --gtest_filter='*RopeKv*:*MoeRoute*:*Gather*:*Greedy*:Cases/GpuPagedAttention.MatchesCpu/0:Cases/GpuPagedAttention.MatchesCpu/4:*MoeExperts*' ;;
     mk20b) step mk20b mk20b.log 240 python3 "$ROOT/bench/suites/make_random_gpt_oss.py" --out /tmp/gptoss20b --shape 20b ;;
     bench20b) step bench20b bench20b.txt 300 "$BIN/rose_llm_bench" --model /tmp/gptoss20b --prefill 2048,8192,32768 --decode 1@8192,64@1024 --decode-steps 32 --max-batch-tokens 16384 --json "$LOGS/bench20b.jsonl" ;;
+    prof) step prof prof.txt 240 bash -c "ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv --log-file '$LOGS/ncu_decode.csv' '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode 1@8192,64@1024 --decode-steps 4 --profile >/dev/null 2>&1; ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv --log-file '$LOGS/ncu_prefill.csv' '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192 --decode '' --profile >/dev/null 2>&1; python3 '$ROOT/bench/suites/ncu_llm_summary.py' '$LOGS/ncu_decode.csv' '$LOGS/ncu_prefill.csv'" ;;
     *) echo "unknown step $s"; failed=$((failed+1)) ;;
   esac
 done
-[ -f "$LOGS/bench20b.txt" ] && cat "$LOGS/bench20b.txt"
+[ -f "$LOGS/bench20b.txt" ] && grep -v '"gemm tuned"' "$LOGS/bench20b.txt"
+[ -f "$LOGS/prof.txt" ] && cat "$LOGS/prof.txt"
 echo "---- summary"; printf "%s" "$summary" | tee "$LOGS/summary.txt"
 exit $failed

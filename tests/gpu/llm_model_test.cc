@@ -185,11 +185,13 @@ double margin(const std::vector<float>& l) {
 
 class GpuGptOss : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new std::string((fs::temp_directory_path() /
-                            ("garden_gpu_gptoss_" + std::to_string(getpid()))).string());
+  // The GPU-path tiny shape; `experts` / `window` vary it for the diagnosis below.
+  static std::string makeModel(const std::string& name, int64_t experts, int64_t window) {
+    const std::string dir = (fs::temp_directory_path() /
+                             ("garden_gpu_gptoss_" + name + "_" + std::to_string(getpid())))
+                                .string();
     MkGptOssOptions o;
-    o.out_dir = *dir_;
+    o.out_dir = dir;
     o.seed = 7;
     o.hidden_size = 288;
     o.num_layers = 4;
@@ -197,16 +199,23 @@ class GpuGptOss : public ::testing::Test {
     o.num_kv_heads = 2;
     o.head_dim = 64;
     o.intermediate_size = 160;
-    o.num_experts = 8;
+    o.num_experts = experts;
     o.experts_per_token = 4;
-    o.sliding_window = 16;
+    o.sliding_window = window;
     Status s = makeGptOssModel(o);
-    ASSERT_TRUE(s.isOk()) << s.toString();
+    EXPECT_TRUE(s.isOk()) << s.toString();
+    dirs_->push_back(dir);
+    return dir;
+  }
+  static void SetUpTestSuite() {
+    dirs_ = new std::vector<std::string>();
+    dir_ = new std::string(makeModel("main", 8, 16));
   }
   static void TearDownTestSuite() {
     std::error_code ec;
-    fs::remove_all(*dir_, ec);
+    for (const auto& d : *dirs_) fs::remove_all(d, ec);
     delete dir_;
+    delete dirs_;
   }
   static std::vector<int32_t> prompt(int n, uint32_t seed) {
     std::mt19937 rng(seed);
@@ -216,8 +225,10 @@ class GpuGptOss : public ::testing::Test {
     return p;
   }
   static std::string* dir_;
+  static std::vector<std::string>* dirs_;
 };
 std::string* GpuGptOss::dir_ = nullptr;
+std::vector<std::string>* GpuGptOss::dirs_ = nullptr;
 
 TEST_F(GpuGptOss, GreedyTokensMatchTheCpuReference) {
   Runner cpu = load(*dir_, "cpu", MoeWeightsMode::kDense);
@@ -323,6 +334,129 @@ TEST_F(GpuGptOss, Mxfp4AndBf16ExpertsGiveTheSameLogits) {
   ASSERT_EQ(a.size(), b.size());
   for (size_t i = 0; i < a.size(); ++i)
     EXPECT_EQ(std::memcmp(a[i].data(), b[i].data(), a[i].size() * sizeof(float)), 0) << "step " << i;
+}
+
+// Logits of `tokens` at positions [from, size) computed in one prefill pass (kAll rows).
+std::vector<std::vector<float>> prefillLogits(Runner& r, const std::vector<int32_t>& tokens,
+                                              int32_t from) {
+  Seq s;
+  s.tokens = tokens;
+  std::vector<std::vector<float>> out;
+  // First the part before `from` (no logits), then the rest with every row's logits.
+  if (from > 0) {
+    Seq* p = &s;
+    const int32_t keep = static_cast<int32_t>(s.tokens.size());
+    s.tokens.resize(static_cast<size_t>(from));
+    step(r, {p}, 4096, nullptr);
+    s.tokens.assign(tokens.begin(), tokens.begin() + keep);
+  }
+  std::vector<LlmStepSeq> desc(1);
+  LlmStepSeq& d = desc[0];
+  const int32_t n = static_cast<int32_t>(tokens.size()) - s.cached;
+  const int32_t need = (s.cached + n + kBlock - 1) / kBlock;
+  if (static_cast<int32_t>(s.blocks.size()) < need) {
+    auto more = r.allocBlocks(need - static_cast<int32_t>(s.blocks.size()));
+    s.blocks.insert(s.blocks.end(), more.begin(), more.end());
+  }
+  d.num_tokens = n;
+  d.position = s.cached;
+  d.num_blocks = static_cast<int32_t>(s.blocks.size());
+  d.logits = LogitsMode::kAll;
+  std::vector<int32_t> toks(tokens.begin() + s.cached, tokens.end());
+  LlmStep st{desc, toks, s.blocks};
+  Status v = r.model->validate(st, *r.kv);
+  EXPECT_TRUE(v.isOk()) << v.toString();
+  const int64_t vocab = r.model->vocabSize();
+  std::vector<float> lg(static_cast<size_t>(n * vocab));
+  r.backend->launch([&] { r.model->enqueueStep(st, *r.kv, lg.data(), nullptr); });
+  EXPECT_TRUE(r.backend->synchronize().isOk());
+  for (int32_t i = 0; i < n; ++i)
+    out.emplace_back(lg.begin() + i * vocab, lg.begin() + (i + 1) * vocab);
+  return out;
+}
+
+struct Diff {
+  double cos = 1, max_abs = 0;
+  bool top1 = true;
+  double margin = 0;
+};
+Diff diff(const std::vector<float>& ref, const std::vector<float>& got) {
+  Diff d;
+  d.cos = cosine(ref, got);
+  size_t ar = 0, ag = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    d.max_abs = std::max(d.max_abs, static_cast<double>(std::abs(ref[i] - got[i])));
+    if (ref[i] > ref[ar]) ar = i;
+    if (got[i] > got[ag]) ag = i;
+  }
+  d.top1 = ar == ag;
+  d.margin = margin(ref);
+  return d;
+}
+
+// Where does the GPU leave the CPU reference? For three shapes (the main one; all experts always
+// selected, so no routing choice can flip; a window no context reaches), teacher-forced on the
+// CPU's own greedy tokens: the GPU's decode-step logits and its one-pass prefill logits against
+// the CPU's, per position (worst cosine, largest |difference|, top-1 disagreements and the CPU's
+// top-2 margin there).
+TEST_F(GpuGptOss, DivergenceDiagnosis) {
+  struct Variant { std::string name; int64_t experts, window; };
+  for (const Variant& var : {Variant{"E8k4_W16", 8, 16}, Variant{"E4k4_W16", 4, 16},
+                             Variant{"E8k4_W4096", 8, 4096}}) {
+    const std::string dir = var.name == "E8k4_W16" ? *dir_ : makeModel(var.name, var.experts, var.window);
+    Runner cpu = load(dir, "cpu", MoeWeightsMode::kDense);
+    Runner gpu = load(dir, "cuda", MoeWeightsMode::kAuto);
+    double worst_dec = 1, worst_pre = 0, max_abs_dec = 0, max_abs_pre = 0;
+    worst_pre = 1;
+    int flips_dec = 0, flips_pre = 0, n = 0, free_identical = 0;
+    std::vector<double> flip_margins;
+    for (int len : {5, 17, 33, 64, 100, 129, 200, 300, 513, 1000}) {
+      auto p = prompt(len, static_cast<uint32_t>(len));
+      std::vector<std::vector<float>> lc;
+      auto tc = generate(cpu, p, 32, 2048, &lc);
+      // Teacher-forced decode on the GPU: prefill the prompt, then feed the CPU's tokens.
+      std::vector<std::vector<float>> lg;
+      Seq s;
+      s.tokens = p;
+      step(gpu, {&s}, 2048, &lg);
+      for (size_t i = 0; i + 1 < tc.size(); ++i) {
+        s.tokens.push_back(tc[i]);
+        step(gpu, {&s}, 2048, &lg);
+      }
+      // One prefill pass over prompt + CPU tokens: logits of the last 32 positions.
+      std::vector<int32_t> all = p;
+      all.insert(all.end(), tc.begin(), tc.end() - 1);
+      Runner& g2 = gpu;
+      g2.next_block = 0;  // reuse the cache from the start
+      auto lp = prefillLogits(g2, all, static_cast<int32_t>(p.size()) - 1);
+      for (size_t i = 0; i < lc.size(); ++i) {
+        const Diff a = diff(lc[i], lg[i]);
+        const Diff b = diff(lc[i], lp[i]);
+        worst_dec = std::min(worst_dec, a.cos);
+        worst_pre = std::min(worst_pre, b.cos);
+        max_abs_dec = std::max(max_abs_dec, a.max_abs);
+        max_abs_pre = std::max(max_abs_pre, b.max_abs);
+        if (!a.top1) {
+          ++flips_dec;
+          flip_margins.push_back(a.margin);
+        }
+        flips_pre += !b.top1;
+        ++n;
+        EXPECT_GE(a.cos, 0.99) << var.name << " prompt " << len << " step " << i << " (decode)";
+        EXPECT_GE(b.cos, 0.99) << var.name << " prompt " << len << " step " << i << " (prefill)";
+      }
+      auto tg = generate(gpu, p, 32, 2048, nullptr);
+      free_identical += tg == tc;
+      gpu.next_block = 0;
+    }
+    std::cout << "[ diagnosis ] " << var.name << ": " << n << " positions; decode worst cos "
+              << worst_dec << " max|dlogit| " << max_abs_dec << " top-1 flips " << flips_dec
+              << "; prefill worst cos " << worst_pre << " max|dlogit| " << max_abs_pre
+              << " flips " << flips_pre << "; free-running identical " << free_identical
+              << "/10; flip margins:";
+    for (double m : flip_margins) std::cout << " " << m;
+    std::cout << "\n";
+  }
 }
 
 }  // namespace

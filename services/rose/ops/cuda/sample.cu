@@ -127,14 +127,14 @@ __global__ void __launch_bounds__(kThreads) sampleKernel(SampleArgs a) {
   uint32_t tau_k = 0;
   int64_t id_cut = v - 1;
   if (r.top_k > 0 && r.top_k < v) {
-    uint32_t lo = 0, hi = 0xffffffffu;  // invariant: count(key >= lo) >= k
+    uint64_t lo = 0, hi = 0xffffffffu;  // invariant: count(key >= lo) >= k
     while (lo < hi) {
-      const uint32_t mid = lo + (hi - lo + 1) / 2;
+      const uint64_t mid = lo + (hi - lo + 1) / 2;
       int64_t c = 0;
       for (int64_t i = tid; i < v; i += kThreads) c += orderKey(zAt(i)) >= mid;
       if (blockCount(c, red_c) >= r.top_k) lo = mid; else hi = mid - 1;
     }
-    tau_k = lo;
+    tau_k = static_cast<uint32_t>(lo);
     int64_t gt = 0, eq = 0;
     for (int64_t i = tid; i < v; i += kThreads) {
       const uint32_t k = orderKey(zAt(i));
@@ -178,9 +178,9 @@ __global__ void __launch_bounds__(kThreads) sampleKernel(SampleArgs a) {
     }
     total = blockSum(total, red_f);
     const float target = r.top_p * total;
-    uint32_t lo = 0, hi = orderKey(mx);  // invariant: mass(key >= lo) >= target
+    uint64_t lo = 0, hi = orderKey(mx);  // invariant: mass(key >= lo) >= target
     while (lo < hi) {
-      const uint32_t mid = lo + (hi - lo + 1) / 2;
+      const uint64_t mid = lo + (hi - lo + 1) / 2;
       float m = 0.f;
       for (int64_t i = tid; i < v; i += kThreads) {
         const float z = zAt(i);
@@ -189,7 +189,7 @@ __global__ void __launch_bounds__(kThreads) sampleKernel(SampleArgs a) {
       }
       if (blockSum(m, red_f) >= target) lo = mid; else hi = mid - 1;
     }
-    tau_p = lo;
+    tau_p = static_cast<uint32_t>(lo);
   }
   // ---- Gumbel-max draw over the kept set ----
   const uint64_t base = mixCounter(r.seed, r.counter);
