@@ -3,7 +3,10 @@
 # with the LLM binaries) and an output folder; steps (each with a time limit, all under
 # SESSION_DEADLINE_S, default 560 s):
 #   llmops    gpu_llm_ops_test: every gpt-oss CUDA op vs the CPU reference ops
-#   llmmodel  gpu_llm_model_test: tiny checkpoint end to end vs the CPU reference
+#   llmmodel  gpu_llm_model_test: tiny checkpoint end to end vs the CPU reference (writes the
+#             bf16-bar inputs to /tmp/llm_bar)
+#   hfbar     tests/gpu/hf_llm_bar.py: Hugging Face transformers (fp32, fp32+TF32, bf16) on the same
+#             positions; rose's CUDA top-1 agreement must reach HF fp32+TF32's
 #   regress   the embedding GPU tests (gpu_kernels_test, gpu_graph_test, gpu_model_graph_test)
 #   memcheck  compute-sanitizer memcheck over the LLM ops test (a subset of cases)
 #   mk20b     bench/suites/make_random_gpt_oss.py: a random gpt-oss-20b-shaped MXFP4 checkpoint
@@ -14,7 +17,7 @@
 # Prints one summary line per step last; writes logs to OUT (and OUT/llm_logs.tgz).
 set -uo pipefail
 BIN="$(cd "$1" && pwd)"; OUT="$2"; shift 2
-STEPS=${*:-llmops llmmodel regress memcheck mk20b bench20b}
+STEPS=${*:-llmops llmmodel hfbar regress memcheck mk20b bench20b prof}
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 mkdir -p "$OUT"; OUT="$(cd "$OUT" && pwd)"
 LOGS=$(mktemp -d)
@@ -44,7 +47,8 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used,memo
 for s in $STEPS; do
   case $s in
     llmops) step llmops llm_ops.log 200 "$BIN/gpu_llm_ops_test" ;;
-    llmmodel) step llmmodel llm_model.log 240 "$BIN/gpu_llm_model_test" ;;
+    llmmodel) mkdir -p /tmp/llm_bar; step llmmodel llm_model.log 240 env GARDEN_LLM_BAR_DIR=/tmp/llm_bar "$BIN/gpu_llm_model_test" ;;
+    hfbar) step hfbar hfbar.log 200 python3 "$ROOT/tests/gpu/hf_llm_bar.py" /tmp/llm_bar ;;
     regress) step regress regress.log 200 bash -c "'$BIN/gpu_kernels_test' --gtest_brief=1 && '$BIN/gpu_graph_test' --gtest_brief=1 && '$BIN/gpu_model_graph_test' --gtest_brief=1" ;;
     memcheck) step memcheck memcheck.log 200 compute-sanitizer --tool memcheck --error-exitcode 3 "$BIN/gpu_llm_ops_test" --gtest_filter='*RopeKv*:*MoeRoute*:*Gather*:*Greedy*:Cases/GpuPagedAttention.MatchesCpu/0:Cases/GpuPagedAttention.MatchesCpu/4:*MoeExperts*' ;;
     mk20b) step mk20b mk20b.log 240 python3 "$ROOT/bench/suites/make_random_gpt_oss.py" --out /tmp/gptoss20b --shape 20b ;;
@@ -55,5 +59,6 @@ for s in $STEPS; do
 done
 [ -f "$LOGS/bench20b.txt" ] && grep -v '"gemm tuned"' "$LOGS/bench20b.txt"
 [ -f "$LOGS/prof.txt" ] && cat "$LOGS/prof.txt"
+[ -f "$LOGS/hfbar.log" ] && grep -v Warning "$LOGS/hfbar.log" | tail -8
 echo "---- summary"; printf "%s" "$summary" | tee "$LOGS/summary.txt"
 exit $failed

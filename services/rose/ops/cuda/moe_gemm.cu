@@ -5,9 +5,8 @@
 namespace garden::rose::cuda {
 namespace {
 
-constexpr int kBK = kMoeGemmTileK;  // 64
-constexpr int kBN = kMoeGemmTileN;  // 128
-constexpr int kStages = 3;
+constexpr int kBK = kMoeGemmTileK;    // 64
+constexpr int kPackN = kMoeGemmTileN;  // 128: rows of one packed MXFP4 tile [TAG_MXFP4_TILED]
 constexpr int kRowS = kBK + 8;  // padded smem row (bf16 elements): conflict-free ldmatrix
 
 // The bf16 bit pattern of an E2M1 code (low 4 bits).
@@ -28,7 +27,7 @@ __device__ __forceinline__ __nv_bfloat162 e8m0Bf16x2(unsigned s) {
   return *reinterpret_cast<const __nv_bfloat162*>(&two);
 }
 
-template <int kBM, bool kMx>
+template <int kBM, int kBN, int kStages, bool kMx>
 constexpr size_t moeGemmSmemBytes() {
   size_t bytes = size_t{kStages} * kBM * kRowS * 2;  // A stages
   if (kMx) {
@@ -41,12 +40,16 @@ constexpr size_t moeGemmSmemBytes() {
   return bytes;
 }
 
-// Block: kWM x kWN warps, each kMT m16 tiles x kNT n8 tiles; block tile kBM x 128, K tiles of 64.
-template <int kWM, int kWN, int kMT, int kNT, bool kMx, MoeGemmEpilogue kEpi>
+// Block: kWM x kWN warps, each kMT m16 tiles x kNT n8 tiles; block tile kBM x kBN (32 or 128;
+// a 32-row tile reads a quarter of a packed 128-row MXFP4 tile), K tiles of 64, kStages-deep
+// cp.async pipeline. Every configuration runs the same mma chain per output element (K tiles in
+// order, k16 steps in order), so a row's bits do not depend on the configuration.
+template <int kWM, int kWN, int kMT, int kNT, int kStages, bool kMx, MoeGemmEpilogue kEpi>
 __global__ void __launch_bounds__(kWM * kWN * 32) moeGemmKernel(MoeGemmArgs a) {
   constexpr int kThreads = kWM * kWN * 32;
   constexpr int kBM = kWM * kMT * 16;
-  static_assert(kWN * kNT * 8 == kBN, "block N tile must be 128");
+  constexpr int kBN = kWN * kNT * 8;
+  static_assert(kBN == 32 || kBN == kPackN, "block N tile must be 32 or 128");
   static_assert(kNT % 2 == 0, "n8 tiles come in pairs (ldmatrix.x4)");
   extern __shared__ __align__(16) unsigned char smem[];
   __nv_bfloat16* s_a = reinterpret_cast<__nv_bfloat16*>(smem);  // [kStages][kBM][kRowS]
@@ -65,7 +68,8 @@ __global__ void __launch_bounds__(kWM * kWN * 32) moeGemmKernel(MoeGemmArgs a) {
   const int n0 = nt_blk * kBN;
   const int m0 = tile * kBM;
   const int kt_count = (a.k + kBK - 1) / kBK;
-  const int n_tiles = (a.n + kBN - 1) / kBN;
+  const int pack_tiles = (a.n + kPackN - 1) / kPackN;  // 128-row tiles of the packed layout
+  const int pack_row0 = n0 % kPackN;                    // this block's first row in its pack tile
   const int tid = threadIdx.x;
 
   if constexpr (kMx) {
@@ -88,9 +92,9 @@ __global__ void __launch_bounds__(kWM * kWN * 32) moeGemmKernel(MoeGemmArgs a) {
       cpAsync16(sa + r * kRowS + c, p, valid);
     }
     if constexpr (kMx) {
-      const int64_t tb = (static_cast<int64_t>(e) * n_tiles + nt_blk) * kt_count + kt;
-      const uint8_t* cs = a.codes + tb * (kBN * 32);
-      const uint8_t* ss = a.scales + tb * (kBN * 2);
+      const int64_t tb = (static_cast<int64_t>(e) * pack_tiles + n0 / kPackN) * kt_count + kt;
+      const uint8_t* cs = a.codes + tb * (kPackN * 32) + pack_row0 * 32;
+      const uint8_t* ss = a.scales + tb * (kPackN * 2) + pack_row0 * 2;
       for (int i = tid; i < kBN * 32 / 16; i += kThreads)
         cpAsync16(s_codes + slot * kBN * 32 + i * 16, cs + i * 16, true);
       for (int i = tid; i < kBN * 2 / 16; i += kThreads)
@@ -223,11 +227,12 @@ __global__ void __launch_bounds__(kWM * kWN * 32) moeGemmKernel(MoeGemmArgs a) {
   }
 }
 
-template <int kWM, int kWN, int kMT, int kNT, bool kMx, MoeGemmEpilogue kEpi>
+template <int kWM, int kWN, int kMT, int kNT, int kStages, bool kMx, MoeGemmEpilogue kEpi>
 Status launchInstance(const MoeGemmArgs& a, cudaStream_t stream) {
   constexpr int kBM = kWM * kMT * 16;
-  constexpr size_t smem = moeGemmSmemBytes<kBM, kMx>();
-  auto kernel = moeGemmKernel<kWM, kWN, kMT, kNT, kMx, kEpi>;
+  constexpr int kBN = kWN * kNT * 8;
+  constexpr size_t smem = moeGemmSmemBytes<kBM, kBN, kStages, kMx>();
+  auto kernel = moeGemmKernel<kWM, kWN, kMT, kNT, kStages, kMx, kEpi>;
   static bool configured = false;  // one attribute call per instance (load time, not captured)
   if (!configured) {
     CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -244,9 +249,11 @@ Status launchInstance(const MoeGemmArgs& a, cudaStream_t stream) {
 template <bool kMx, MoeGemmEpilogue kEpi>
 Status launchTile(const MoeGemmArgs& a, cudaStream_t stream) {
   switch (a.block_m) {
-    case 16: return launchInstance<1, 4, 1, 4, kMx, kEpi>(a, stream);
-    case 64: return launchInstance<2, 4, 2, 4, kMx, kEpi>(a, stream);
-    case 128: return launchInstance<4, 2, 2, 8, kMx, kEpi>(a, stream);
+    // Few rows per expert (decode): one warp per 16 x 32 tile, 6 stages in flight, so the
+    // weight stream is spread over many blocks with many loads outstanding.
+    case 16: return launchInstance<1, 1, 1, 4, 6, kMx, kEpi>(a, stream);
+    case 64: return launchInstance<2, 4, 2, 4, 3, kMx, kEpi>(a, stream);
+    case 128: return launchInstance<4, 2, 2, 8, 3, kMx, kEpi>(a, stream);
     default: return invalidArgument("moe_gemm: block_m must be 16, 64 or 128");
   }
 }
@@ -254,17 +261,17 @@ Status launchTile(const MoeGemmArgs& a, cudaStream_t stream) {
 __global__ void mxfp4PackKernel(const uint8_t* src_codes, const uint8_t* src_scales, int64_t first,
                                 int64_t count, int64_t n, int64_t groups, int64_t n_tiles,
                                 int64_t k_tiles, uint8_t* codes, uint8_t* scales) {
-  const int64_t total = count * n_tiles * k_tiles * kBN;
+  const int64_t total = count * n_tiles * k_tiles * kPackN;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t r = i % kBN;
-    const int64_t kt = (i / kBN) % k_tiles;
-    const int64_t nt = (i / (kBN * k_tiles)) % n_tiles;
-    const int64_t el = i / (kBN * k_tiles * n_tiles);
-    const int64_t row = nt * kBN + r;
+    const int64_t r = i % kPackN;
+    const int64_t kt = (i / kPackN) % k_tiles;
+    const int64_t nt = (i / (kPackN * k_tiles)) % n_tiles;
+    const int64_t el = i / (kPackN * k_tiles * n_tiles);
+    const int64_t row = nt * kPackN + r;
     const int64_t tb = ((first + el) * n_tiles + nt) * k_tiles + kt;
-    uint4* dst = reinterpret_cast<uint4*>(codes + tb * (kBN * 32) + r * 32);
-    uint8_t* dsc = scales + tb * (kBN * 2) + r * 2;
+    uint4* dst = reinterpret_cast<uint4*>(codes + tb * (kPackN * 32) + r * 32);
+    uint8_t* dsc = scales + tb * (kPackN * 2) + r * 2;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int64_t g = 2 * kt + h;
@@ -326,7 +333,7 @@ Status launchMxfp4Pack(const uint8_t* src_codes, const uint8_t* src_scales, int6
                        uint8_t* scales, cudaStream_t stream) {
   if (shape.k % 32 != 0 || shape.n <= 0 || first < 0 || first + count > shape.experts)
     return invalidArgument("mxfp4_pack: bad shape");
-  const int64_t total = count * shape.n_tiles() * shape.k_tiles() * kBN;
+  const int64_t total = count * shape.n_tiles() * shape.k_tiles() * kPackN;
   if (total == 0) return okStatus();
   const int threads = 256;
   const int64_t blocks = std::min<int64_t>((total + threads - 1) / threads, 65535);
