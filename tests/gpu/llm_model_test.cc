@@ -471,9 +471,10 @@ TEST_F(GpuGptOss, TeacherForcedWithoutRoutingChoiceTracksTheCpu) {
 // are within rounding, bf16 activations pick another expert and that position's logits move
 // (measured: cosine down to 0.88 at a few positions; no such drop without routing, above). So
 // here the GPU is held to what a bf16 model does: most positions track the CPU (median cosine >=
-// 0.9999, top-1 agreement >= 85%, measured ~92%), and tests/gpu/hf_llm_bar.py compares the same
-// positions against Hugging Face transformers in bf16 and fp32+TF32 (GARDEN_LLM_BAR_DIR set:
-// this test writes its inputs there).
+// 0.999, top-1 agreement >= 85%; measured on the H200 2026-12-02: median 0.99970, 91.6%, where
+// Hugging Face transformers in bf16 reached 0.99921 and 85.3% and in fp32+TF32 0.9999992 and
+// 98.4%), and tests/gpu/hf_llm_bar.py compares the same positions against transformers
+// (GARDEN_LLM_BAR_DIR set: this test writes its inputs there).
 TEST_F(GpuGptOss, RoutedModelTeacherForcedAgainstTheCpu) {
   const char* dump_env = std::getenv("GARDEN_LLM_BAR_DIR");
   std::string dump = dump_env != nullptr ? dump_env : "";
@@ -490,7 +491,7 @@ TEST_F(GpuGptOss, RoutedModelTeacherForcedAgainstTheCpu) {
             << st.worst_cos << ", median " << st.cosines[st.cosines.size() / 2]
             << ", max |dlogit| " << st.max_abs << ", top-1 agreement " << agree
             << ", free-running identical " << st.free_identical << "/10\n";
-  EXPECT_GE(st.cosines[st.cosines.size() / 2], 0.9999);
+  EXPECT_GE(st.cosines[st.cosines.size() / 2], 0.999);
   EXPECT_GE(agree, 0.85);
 }
 

@@ -71,6 +71,7 @@ class CudaLlmOps final : public LlmOps {
     ASSIGN_OR_RETURN(act_, b_.allocate(sizeof(bf16) * max_rows_ * l.intermediate));
     ASSIGN_OR_RETURN(y_, b_.allocate(sizeof(bf16) * max_rows_ * l.hidden));
     ASSIGN_OR_RETURN(sample_rows_, b_.allocate(sizeof(SampleRowDev) * l.max_logits_rows));
+    ASSIGN_OR_RETURN(sample_ws_, b_.allocate(sampleWorkspaceBytes(l.max_logits_rows)));
     reserved_ = true;
     return okStatus();
   }
@@ -393,6 +394,7 @@ class CudaLlmOps final : public LlmOps {
     a.logits = logits.as<float>();
     a.rows = static_cast<const SampleRowDev*>(sample_rows_.data());
     a.out = out_ids.as<int32_t>();
+    a.partial = sample_ws_.data();
     a.num_rows = static_cast<int32_t>(rows.size());
     a.vocab = logits.cols();
     checkOk(launchSample(a, b_.stream()), "sample");
@@ -413,7 +415,7 @@ class CudaLlmOps final : public LlmOps {
   bool reserved_ = false;
   int64_t max_work_ = 0, max_combine_ = 0, max_parts_ = 0, max_tiles_ = 0, max_rows_ = 0;
   Buffer work_, combine_, part_o_, part_ml_;
-  Buffer row_token_, row_of_, tile_expert_, num_tiles_, act_, y_, sample_rows_;
+  Buffer row_token_, row_of_, tile_expert_, num_tiles_, act_, y_, sample_rows_, sample_ws_;
   std::vector<PlanSlot> plans_;
   std::vector<SampleRowDev> host_rows_;
 };

@@ -106,17 +106,7 @@ __global__ void __launch_bounds__(kThreads) sampleKernel(SampleArgs a) {
   const int64_t v = a.vocab;
   const int tid = threadIdx.x;
 
-  if (!(r.temperature > 0.f)) {  // greedy
-    Best b{-INFINITY, -1};
-    for (int64_t i = tid; i < v; i += kThreads) {
-      const float z = x[i];
-      if (isnan(z)) continue;
-      b = better(b, Best{z, static_cast<int32_t>(i)});
-    }
-    b = blockBest(b, red_f, red_i);
-    if (tid == 0) a.out[blockIdx.x] = b.id < 0 ? 0 : b.id;
-    return;
-  }
+  if (!(r.temperature > 0.f)) return;  // greedy rows: greedyPartialKernel / greedyFinishKernel
 
   const float inv_t = 1.f / r.temperature;
   auto zAt = [&](int64_t i) {
@@ -218,11 +208,75 @@ __global__ void __launch_bounds__(kThreads) sampleKernel(SampleArgs a) {
   if (tid == 0) a.out[blockIdx.x] = b.id < 0 ? 0 : b.id;
 }
 
+constexpr int kGreedyThreads = 256;
+
+// Block (row, slice): the argmax (lowest id among equals, NaN never wins) of one slice of a
+// greedy row's logits.
+__global__ void __launch_bounds__(kGreedyThreads) greedyPartialKernel(SampleArgs a) {
+  __shared__ float rv[kGreedyThreads / 32];
+  __shared__ int32_t ri[kGreedyThreads / 32];
+  const SampleRowDev r = a.rows[blockIdx.x];
+  if (r.temperature > 0.f) return;
+  const float* x = a.logits + static_cast<int64_t>(r.row) * a.vocab;
+  const int64_t per = (a.vocab + kSampleGreedySlices - 1) / kSampleGreedySlices;
+  const int64_t lo = blockIdx.y * per, hi = min(a.vocab, lo + per);
+  Best b{-INFINITY, -1};
+  for (int64_t i = lo + threadIdx.x; i < hi; i += kGreedyThreads) {
+    const float z = x[i];
+    if (isnan(z)) continue;
+    b = better(b, Best{z, static_cast<int32_t>(i)});
+  }
+  // Block reduction (kGreedyThreads / 32 warps).
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    Best y{__shfl_xor_sync(0xffffffffu, b.v, o), __shfl_xor_sync(0xffffffffu, b.id, o)};
+    b = better(b, y);
+  }
+  if (lane == 0) {
+    rv[warp] = b.v;
+    ri[warp] = b.id;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    Best t{-INFINITY, -1};
+    for (int w = 0; w < kGreedyThreads / 32; ++w) t = better(t, Best{rv[w], ri[w]});
+    static_cast<Best*>(a.partial)[blockIdx.x * kSampleGreedySlices + blockIdx.y] = t;
+  }
+}
+
+// One warp per greedy row: the best of its slices.
+__global__ void greedyFinishKernel(SampleArgs a) {
+  const SampleRowDev r = a.rows[blockIdx.x];
+  if (r.temperature > 0.f) return;
+  const int lane = threadIdx.x;
+  Best b = lane < kSampleGreedySlices
+               ? static_cast<const Best*>(a.partial)[blockIdx.x * kSampleGreedySlices + lane]
+               : Best{-INFINITY, -1};
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    Best y{__shfl_xor_sync(0xffffffffu, b.v, o), __shfl_xor_sync(0xffffffffu, b.id, o)};
+    b = better(b, y);
+  }
+  if (lane == 0) a.out[blockIdx.x] = b.id < 0 ? 0 : b.id;
+}
+
 }  // namespace
+
+size_t sampleWorkspaceBytes(int64_t num_rows) {
+  return static_cast<size_t>(num_rows) * kSampleGreedySlices * sizeof(Best);
+}
 
 Status launchSample(const SampleArgs& a, cudaStream_t stream) {
   if (a.vocab <= 0 || a.vocab > INT32_MAX) return invalidArgument("sample: bad vocabulary size");
   if (a.num_rows == 0) return okStatus();
+  if (a.partial == nullptr) return invalidArgument("sample: no workspace");
+  static_assert(kSampleGreedySlices <= 32, "one warp finishes a row");
+  greedyPartialKernel<<<dim3(static_cast<unsigned>(a.num_rows), kSampleGreedySlices),
+                        kGreedyThreads, 0, stream>>>(a);
+  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  greedyFinishKernel<<<static_cast<unsigned>(a.num_rows), 32, 0, stream>>>(a);
+  CUDA_RETURN_IF_ERROR(cudaGetLastError());
   sampleKernel<<<static_cast<unsigned>(a.num_rows), kThreads, 0, stream>>>(a);
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return okStatus();

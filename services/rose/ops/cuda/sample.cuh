@@ -1,6 +1,7 @@
 #pragma once
 // Token sampling on the GPU, one block per sampled row of f32 logits [R, V]:
-//   temperature 0: the argmax, lowest id among equal maxima, NaN never wins (all NaN: id 0) —
+//   temperature 0: the argmax, lowest id among equal maxima, NaN never wins (all NaN: id 0),
+//     reduced over kSampleGreedySlices blocks per row then one warp —
 //     the same token the CPU sampler (services/rose/ops/sampler.h) picks;
 //   temperature > 0: z = logits / T; top_k > 0 keeps the k largest (exactly k: ties at the
 //     threshold go to the lower ids, as the CPU's stable order); top_p < 1 then keeps the
@@ -33,13 +34,20 @@ struct SampleRowDev {
 };
 static_assert(sizeof(SampleRowDev) == 32);
 
+// Greedy rows are reduced by kSampleGreedySlices blocks each (a row is 0.8 MB of logits for
+// o200k: one block alone reads it at a fraction of the bandwidth), then one warp per row.
+inline constexpr int kSampleGreedySlices = 32;
+
 struct SampleArgs {
   const float* logits = nullptr;      // [R, V]
   const SampleRowDev* rows = nullptr;  // [num_rows]
   int32_t* out = nullptr;             // [num_rows]
+  void* partial = nullptr;            // workspace: sampleWorkspaceBytes(num_rows)
   int32_t num_rows = 0;
   int64_t vocab = 0;
 };
+
+size_t sampleWorkspaceBytes(int64_t num_rows);
 
 Status launchSample(const SampleArgs& a, cudaStream_t stream);
 
