@@ -13,6 +13,9 @@ void copyCompletionMessage(char (&dst)[160], const std::string& msg) {
   dst[n] = '\0';
 }
 
+namespace {
+
+// The answer to a batch refused before launch: `st` as its status and message.
 PendingCompletion rejectedCompletion(const shm::BatchDesc& d, const Status& st,
                                      std::chrono::steady_clock::time_point taken) {
   PendingCompletion p;
@@ -24,6 +27,8 @@ PendingCompletion rejectedCompletion(const shm::BatchDesc& d, const Status& st,
   p.completion.taken_ns = shm::monotonicNowNs();
   return p;
 }
+
+}  // namespace
 
 void CompletionQueue::reject(const shm::BatchDesc& d, const Status& st,
                              std::chrono::steady_clock::time_point taken, const char* log_line) {

@@ -34,10 +34,6 @@ struct PendingCompletion {
 // Copies `msg` into a completion's message field (truncated, NUL-terminated).
 void copyCompletionMessage(char (&dst)[160], const std::string& msg);
 
-// The answer to a batch refused before launch: `st` as its status and message.
-PendingCompletion rejectedCompletion(const shm::BatchDesc& d, const Status& st,
-                                     std::chrono::steady_clock::time_point taken);
-
 class CompletionQueue {
  public:
   struct Hooks {

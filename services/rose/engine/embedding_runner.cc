@@ -29,13 +29,8 @@ Result<std::unique_ptr<EmbeddingRunner>> EmbeddingRunner::create(
 }
 
 RunnerTraits EmbeddingRunner::traits() const {
-  static auto& batches = metrics::Registry::global().counter(
-      "rose_batches_total", "Batches answered by rose, by outcome", {"outcome"});
-  static auto& step_seconds =
-      metrics::Registry::global()
-          .histogram("rose_step_seconds", "Batch taken until its result was published")
-          .get();
-  return {"embedding", "batch", &batches, &step_seconds};
+  return {"embedding", "batch", "rose_batches_total", "Batches answered by rose, by outcome",
+          "rose_step_seconds", "Batch taken until its result was published"};
 }
 
 shm::Layout EmbeddingRunner::layoutFor(uint32_t slots) const {

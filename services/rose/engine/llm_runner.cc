@@ -114,13 +114,8 @@ Result<std::unique_ptr<LlmRunner>> LlmRunner::create(Backend& backend, GptOssMod
 }
 
 RunnerTraits LlmRunner::traits() const {
-  static auto& steps = metrics::Registry::global().counter(
-      "rose_llm_steps_total", "LLM steps answered by rose, by outcome", {"outcome"});
-  static auto& step_seconds =
-      metrics::Registry::global()
-          .histogram("rose_llm_step_seconds", "LLM step taken until its sampled ids were published")
-          .get();
-  return {"llm", "step", &steps, &step_seconds};
+  return {"llm", "step", "rose_llm_steps_total", "LLM steps answered by rose, by outcome",
+          "rose_llm_step_seconds", "LLM step taken until its sampled ids were published"};
 }
 
 shm::Layout LlmRunner::layoutFor(uint32_t slots) const {

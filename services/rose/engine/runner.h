@@ -20,7 +20,6 @@
 #include <cstdint>
 #include <span>
 
-#include "common/metrics/registry.h"
 #include "common/shm/channel.h"
 #include "common/status.h"
 
@@ -40,14 +39,17 @@ inline bool arenaFits(uint64_t offset, uint64_t bytes, uint64_t limit) {
   return offset <= limit && bytes <= limit - offset;
 }
 
-// How the loop names a runner's batches and where it counts them.
+// How the loop names a runner's batches and the Prometheus families it counts them in (each
+// kind keeps its own names, so dashboards written for either survive).
 struct RunnerTraits {
   const char* kind = "";  // ModelFacts.kind: "embedding" | "llm"
   const char* unit = "";  // "batch" | "step", in messages ("deadline passed before the step ran")
-  // +1 per answered batch, labelled with its status code name (run or rejected).
-  metrics::CounterFamily* outcomes = nullptr;
-  // Launched batches: taken until published, seconds.
-  metrics::Histogram* step_seconds = nullptr;
+  // Counter, label "outcome" (the status code name): +1 per answered batch, run or rejected.
+  const char* outcomes_metric = "";
+  const char* outcomes_help = "";
+  // Histogram: launched batches, taken until published, seconds.
+  const char* seconds_metric = "";
+  const char* seconds_help = "";
 };
 
 class Runner {

@@ -6,6 +6,7 @@
 #include <string_view>
 
 #include "common/logging.h"
+#include "common/metrics/registry.h"
 
 namespace garden::rose {
 namespace {
@@ -38,10 +39,6 @@ Result<std::unique_ptr<StepLoop>> StepLoop::create(shm::Channel& channel, Backen
                                                    Runner& runner, const StepLoopOptions& opts) {
   const uint32_t n = channel.layout().slots;
   if (n == 0) return invalidArgument("channel has no slots");
-  const RunnerTraits traits = runner.traits();
-  if (traits.outcomes == nullptr || traits.step_seconds == nullptr) {
-    return invalidArgument("runner '" + std::string(traits.kind) + "' names no metrics");
-  }
   RETURN_IF_ERROR(runner.bind(channel.layout()));
   std::unique_ptr<StepLoop> loop(new StepLoop(channel, backend, runner, opts));
   for (uint32_t i = 0; i < n; ++i) {
@@ -53,10 +50,14 @@ Result<std::unique_ptr<StepLoop>> StepLoop::create(shm::Channel& channel, Backen
   auto all = channel.outputArenaAll();
   RETURN_IF_ERROR(backend.registerHostMemory(all.data(), all.size()));
   loop->registered_ = true;
+  const RunnerTraits& t = loop->traits_;
+  auto& outcomes = metrics::Registry::global().counter(t.outcomes_metric, t.outcomes_help,
+                                                       {"outcome"});
+  auto& seconds = metrics::Registry::global().histogram(t.seconds_metric, t.seconds_help).get();
   StepLoop* self = loop.get();
   loop->queue_.start({[self](uint32_t slot) { return self->slots_[slot]->event->wait(); },
-                      [self](uint32_t slot) { self->slots_[slot]->busy.store(false); },
-                      traits.outcomes, traits.step_seconds, self->failure_log_.c_str()});
+                      [self](uint32_t slot) { self->slots_[slot]->busy.store(false); }, &outcomes,
+                      &seconds, self->failure_log_.c_str()});
   return loop;
 }
 

@@ -16,7 +16,6 @@
 #include <string>
 #include <vector>
 
-#include "common/metrics/registry.h"
 #include "services/rose/engine/runner.h"
 #include "services/rose/ops/backend.h"
 
@@ -30,11 +29,8 @@ class FakeRunner final : public Runner {
   explicit FakeRunner(Backend& backend) : backend_(backend) {}
 
   RunnerTraits traits() const override {
-    static auto& outcomes = metrics::Registry::global().counter(
-        "rose_fake_batches_total", "Fake-runner batches by outcome", {"outcome"});
-    static auto& seconds =
-        metrics::Registry::global().histogram("rose_fake_step_seconds", "Fake-runner steps").get();
-    return {"fake", "batch", &outcomes, &seconds};
+    return {"fake", "batch", "rose_fake_batches_total", "Fake-runner batches by outcome",
+            "rose_fake_step_seconds", "Fake-runner batches, taken until published"};
   }
 
   Status bind(const shm::Layout& layout) override {
