@@ -16,8 +16,12 @@
 //   gpt-oss:    [--kv-block-size 16] [--kv-blocks N | --kv-cache-mb 256] [--max-model-len N]
 //               [--max-seqs 256]
 //
+// The cuda backend's kernel choices come from the environment, read once here:
+// GARDEN_ATTENTION_KERNEL=auto|narrow, GARDEN_GEMM_TUNE=0|1, GARDEN_GEMM_SMALLM=0|1, GARDEN_PDL=0|1
+// (services/rose/ops/backend.h CudaKernelOptions).
+//
 // Exit codes: 0 clean stop, 1 startup failure (the channel's state is kFailed when it was
-// reachable), 2 bad flags.
+// reachable), 2 bad flags or GARDEN_* values.
 
 #include <signal.h>
 #include <sys/prctl.h>
@@ -204,8 +208,9 @@ int main(int argc, char** argv) {
   uint32_t depth = 4;
   uint64_t input_bytes = 0, output_bytes = 0;
 
-  Flags flags("rose", "Garden model worker: runs a Qwen3 or gpt-oss checkpoint for tulip over "
-                      "shared memory");
+  Flags flags("rose",
+              "Garden model worker: runs a Qwen3 or gpt-oss checkpoint for tulip over "
+              "shared memory");
   flags.add("model", &model_dir, "Hugging Face model directory (config.json + *.safetensors)")
       .add("shm-name", &shm_name,
            "shared-memory channel name (tulip creates it unless --create-shm)")
@@ -290,6 +295,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (!validLlmArgs(llm)) return 2;
+  // The cuda backend's kernel choices: GARDEN_* read once, here (backend.h CudaKernelOptions).
+  rose::CudaKernelOptions kernels;
+  if (Status st = rose::cudaKernelOptionsFromEnv(kernels); !st.isOk()) {
+    std::fprintf(stderr, "rose: %s\n", st.message().c_str());
+    return 2;
+  }
 
   // Die with the parent (tulip) when spawned by it; sidecars watch nothing but signals.
   const pid_t parent = getppid();
@@ -341,6 +352,7 @@ int main(int argc, char** argv) {
   rose::BackendOptions bo;
   bo.threads = threads;
   bo.max_batch_tokens = max_batch_tokens;
+  bo.cuda = kernels;
   auto backend = rose::makeBackend(device, bo);
   if (!backend.isOk()) {
     stopBeater();
