@@ -101,7 +101,8 @@ class LlmOps {
   virtual void gatherRows(const Tensor& in, const Tensor& rows, const Tensor& out) = 0;
 
   // out_ids I32 [rows.size()]: one token per SampleRow from logits F32 [R, V] (see
-  // sampling/sampler.h for the exact procedure). `rows` must stay valid until the op has run.
+  // services/rose/ops/sampler.h for the exact procedure). `rows` must stay valid until the op has
+  // run.
   virtual void sample(const Tensor& logits, std::span<const SampleRow> rows,
                       const Tensor& out_ids) = 0;
 };

@@ -203,9 +203,9 @@ TEST_F(EmbeddingRunnerTest, StepReturnsBeforeTheResultIsReady) {
   });
   shm::BatchDesc d = put(0, {1, 2, 3}, {3});
   ASSERT_TRUE(channel_->trySubmit(d));
-  const auto t0 = std::chrono::steady_clock::now();
+  // step() returns while the backend is still held (waiting for the forward pass would never
+  // return: the release below comes after it), with the batch in flight.
   ASSERT_TRUE(loop_->step(1s));
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, 500ms);  // did not wait for the forward pass
   EXPECT_EQ(loop_->inFlight(), 1u);
   EXPECT_FALSE(channel_->waitCompletion(100ms).has_value());  // not published yet
   release = true;
