@@ -1,7 +1,9 @@
 // Whole-forward benchmark of rose's Qwen3 embedding pass on the CUDA backend, without the mesh:
 // for each batch shape, the eager pass (one launch per op, as with --cuda-graphs off) against the
-// same pass through the graph cache (padded to its bucket, replayed), and the attention kernel
-// v3 against v2 inside the graphed pass. Time = host wall clock from the first enqueue to the
+// same pass through the graph cache (padded to its bucket, replayed), and the attention size
+// policy (auto: wide warps where they help) against narrow warps only inside the graphed pass
+// (ops/cuda/attention.cuh). GARDEN_GEMM_TUNE / GARDEN_GEMM_SMALLM / GARDEN_PDL apply as in rose
+// (read once into CudaKernelOptions). Time = host wall clock from the first enqueue to the
 // end of a synchronize (what a batch costs the engine), median of --iters runs after warm-up.
 // Correctness: the graphed result must equal the eager one bit for bit, per shape and kernel.
 //
@@ -23,7 +25,6 @@
 
 #include "services/rose/model/qwen3.h"
 #include "services/rose/ops/backend.h"
-#include "services/rose/ops/cuda/attention.cuh"
 
 namespace {
 
@@ -62,8 +63,8 @@ int main(int argc, char** argv) {
   const std::string dir = argv[1];
   int iters = 30;
   if (argc >= 4 && std::string(argv[2]) == "--iters") iters = std::max(3, std::atoi(argv[3]));
-  std::vector<std::pair<int32_t, int32_t>> shapes = {
-      {1, 128}, {1, 512}, {1, 1024}, {1, 4096}, {5, 512}, {16, 512}, {8, 1024}, {2, 4096}};
+  std::vector<std::pair<int32_t, int32_t>> shapes = {{1, 128}, {1, 512},  {1, 1024}, {1, 4096},
+                                                     {5, 512}, {16, 512}, {8, 1024}, {2, 4096}};
   // GARDEN_FORWARD_SHAPES=1x128,1x4096 runs only those (profiling under ncu).
   if (const char* env = std::getenv("GARDEN_FORWARD_SHAPES"); env != nullptr && *env != 0) {
     shapes.clear();
@@ -81,23 +82,28 @@ int main(int argc, char** argv) {
       pos = end + 1;
     }
   }
-  // [shape][attention kernel v3, v2]: graphed times; eager with v2. v3_vs_v2 counts the shapes
-  // whose graphed embeddings differ between the two kernels (informational: v3 is designed to be
-  // bit-identical to v2, a difference is reported, not failed, since both are checked against the
-  // CPU reference by tests/gpu).
+  // [shape][attention policy auto, narrow]: graphed times; eager with narrow. auto_vs_narrow
+  // counts the shapes whose graphed embeddings differ between the two (informational: the
+  // variants are designed to be bit-identical, a difference is reported, not failed, since all
+  // are checked against the CPU reference by tests/gpu).
   std::vector<std::array<double, 2>> t_graph(shapes.size());
   std::vector<double> t_eager(shapes.size());
   int mismatches = 0;
-  int v3_vs_v2 = 0;
-  std::vector<std::vector<float>> v3_out(shapes.size());
+  int auto_vs_narrow = 0;
+  std::vector<std::vector<float>> auto_out(shapes.size());
   uint64_t capture_failures = 0;
-  // One backend (and graph cache) per attention kernel: a captured graph keeps the kernel it
+  CudaKernelOptions kernels;
+  if (Status st = cudaKernelOptionsFromEnv(kernels); !st.isOk()) {
+    std::fprintf(stderr, "%s\n", st.toString().c_str());
+    return 2;
+  }
+  // One backend (and graph cache) per attention policy: a captured graph keeps the kernels it
   // was captured with.
   for (int k = 0; k < 2; ++k) {
-    cuda::setDefaultAttentionKernel(k == 0 ? cuda::AttentionKernel::kV3
-                                           : cuda::AttentionKernel::kV2);
     BackendOptions bo;
     bo.max_batch_tokens = 8192;
+    bo.cuda = kernels;
+    bo.cuda.attention_wide = k == 0;
     auto backend = makeBackend("cuda", bo);
     if (!backend.isOk()) {
       std::fprintf(stderr, "%s\n", backend.status().toString().c_str());
@@ -149,20 +155,21 @@ int main(int argc, char** argv) {
       m.enqueueEmbed(in, PoolMode::kLast, true, eager_out.data());
       if (!b.synchronize().isOk()) return 1;
       if (std::memcmp(eager_out.data(), graph_out.data(), eager_out.size() * sizeof(float)) != 0) {
-        std::printf("MISMATCH %dx%d attention v%d: graphed != eager\n", n, len, k == 0 ? 3 : 2);
+        std::printf("MISMATCH %dx%d attention %s: graphed != eager\n", n, len,
+                    k == 0 ? "auto" : "narrow");
         ++mismatches;
       }
       if (k == 0) {
-        v3_out[si] = graph_out;
-      } else if (std::memcmp(v3_out[si].data(), graph_out.data(),
+        auto_out[si] = graph_out;
+      } else if (std::memcmp(auto_out[si].data(), graph_out.data(),
                              graph_out.size() * sizeof(float)) != 0) {
-        ++v3_vs_v2;
-        std::printf("# note: %dx%d graphed embeddings differ between attention v3 and v2\n", n, len);
+        ++auto_vs_narrow;
+        std::printf("# note: %dx%d graphed embeddings differ between attention auto and narrow\n",
+                    n, len);
       }
       if (k == 1) {
-        t_eager[si] = timeMs(b, iters, [&] {
-          m.enqueueEmbed(in, PoolMode::kLast, true, eager_out.data());
-        });
+        t_eager[si] =
+            timeMs(b, iters, [&] { m.enqueueEmbed(in, PoolMode::kLast, true, eager_out.data()); });
       }
       t_graph[si][static_cast<size_t>(k)] = timeMs(b, iters, [&] {
         (void)m.enqueueEmbedGraphed(*g, in, PoolMode::kLast, true, graph_out.data());
@@ -172,16 +179,17 @@ int main(int argc, char** argv) {
   }
   std::printf("# rose forward: eager vs CUDA graph (median of %d, ms, host wall incl. launches)\n",
               iters);
-  std::printf("%-10s %8s %12s %12s %8s %14s\n", "batch", "tokens", "eager(v2)", "graph(v2)",
-              "speedup", "graph(attn v3)");
+  std::printf("%-10s %8s %14s %14s %8s %14s\n", "batch", "tokens", "eager(narrow)", "graph(narrow)",
+              "speedup", "graph(auto)");
   for (size_t si = 0; si < shapes.size(); ++si) {
     char batch[32];
     std::snprintf(batch, sizeof(batch), "%dx%d", shapes[si].first, shapes[si].second);
-    std::printf("%-10s %8d %12.3f %12.3f %7.2fx %14.3f\n", batch,
+    std::printf("%-10s %8d %14.3f %14.3f %7.2fx %14.3f\n", batch,
                 shapes[si].first * shapes[si].second, t_eager[si], t_graph[si][1],
                 t_eager[si] / t_graph[si][1], t_graph[si][0]);
   }
-  std::printf("# capture failures %llu; eager vs graphed mismatches: %d; shapes where v3 != v2: %d\n",
-              static_cast<unsigned long long>(capture_failures), mismatches, v3_vs_v2);
+  std::printf(
+      "# capture failures %llu; eager vs graphed mismatches: %d; shapes where auto != narrow: %d\n",
+      static_cast<unsigned long long>(capture_failures), mismatches, auto_vs_narrow);
   return mismatches == 0 && capture_failures == 0 ? 0 : 2;
 }

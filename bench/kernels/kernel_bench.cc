@@ -5,11 +5,11 @@
 //   rms_norm_add   T=8192 H=1024, residual add fused            (TB/s)
 //   qk_norm_rope   T=8192 Hq=16 Hkv=8 D=128                     (TB/s)
 //   swiglu         T=8192 I=3072                                (TB/s)
-//   pool_mean      v1 and v2, H=1024, L2: 16x512, 1x4096, 100x512 (TB/s)
+//   pool_mean      block and cluster per sequence, H=1024, L2: 16x512, 1x4096, 100x512 (TB/s)
 //   pool_last      same shapes, L2                              (TB/s of the rows read)
-//   attention      v1, v2, v3 (policy) and v3 forced to each tile shape (128 rows shared by a
-//                  GQA pair, 128 rows per head, 64 rows shared, 128 rows shared with 3 K/V
-//                  stages); all checked bit-equal to v1:
+//   attention      the size policy (auto), the narrow-only policy, and each variant forced
+//                  (narrow16, narrow64, wide64, wide128; attention.cuh); all checked bit-equal to
+//                  narrow16:
 //                  causal 16x512, 4x2048, 64x128, 1x128, 1x512, 1x2048, 1x4096, 4x1024, 100x512;
 //                  bidir 8x1024 (TFLOP/s)
 //   gemm           M=8192: qkv 4096x1024, o 1024x2048, gate_up 6144x1024, down 1024x3072,
@@ -22,7 +22,7 @@
 // to exceed 4x the 60 MB L2; a sampled correctness check against a host f32 computation runs
 // before timing; warm-up, then the median of per-launch CUDA-event times. Rooflines: 4.2 TB/s
 // (device copy, read+write) and 805 TFLOP/s (bf16 dense GEMM), measured on the GPU host
-// (docs: shared/design/GPU_HOST.md).
+// (GPU_HOST.md).
 
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
@@ -331,14 +331,15 @@ void benchPool(int ns, int64_t t) {
     auto f = fillBf16(*hid[s], -3, 3);
     if (s == 0) h0 = f;
   }
-  const std::pair<PoolKind, PoolKernel> cases[] = {{PoolKind::kMean, PoolKernel::kV1},
-                                                   {PoolKind::kMean, PoolKernel::kV2},
-                                                   {PoolKind::kLast, PoolKernel::kV2}};
+  const std::pair<PoolKind, PoolVariant> cases[] = {
+      {PoolKind::kMean, PoolVariant::kBlockPerSequence},
+      {PoolKind::kMean, PoolVariant::kClusterPerSequence},
+      {PoolKind::kLast, PoolVariant::kBlockPerSequence}};
   for (auto [kind, variant] : cases) {
     auto run = [&](int s) {
       PoolArgs a{
           hid[s]->as<__nv_bfloat16>(), dcu.as<int32_t>(), o[s]->as<float>(), ns, h, kind, true};
-      OK(launchPool(a, nullptr, variant));
+      OK(launchPoolVariant(a, nullptr, variant));
     };
     poison(*o[0]);
     run(0);
@@ -362,15 +363,15 @@ void benchPool(int ns, int64_t t) {
     const double bytes = kind == PoolKind::kMean ? t * h * 2.0 : ns * h * 2.0;
     char shape[64];
     std::snprintf(shape, sizeof(shape), "T=%ld H=1024 %d seqs", static_cast<long>(t), ns);
-    const char* name = kind == PoolKind::kLast      ? "pool_last"
-                       : variant == PoolKernel::kV1 ? "pool_mean_v1"
-                                                    : "pool_mean_v2";
+    const char* name = kind == PoolKind::kLast                     ? "pool_last"
+                       : variant == PoolVariant::kBlockPerSequence ? "pool_mean_block"
+                                                                   : "pool_mean_cluster";
     reportBw(name, shape, timeIt(run, sets), bytes + ns * h * 4.0);
   }
 }
 
-// Times v1, v2 and v3 (its policy, then each forced tile shape) on the same inputs; every
-// variant after v1 is also checked bit-equal to v1.
+// Times the two policies and each forced variant on the same inputs; every one after narrow16 is
+// also checked bit-equal to narrow16.
 void benchAttention(int nseq, int len, bool causal) {
   const int hq = 16, hkv = 8, d = 128;
   const int64_t t = static_cast<int64_t>(nseq) * len, width = (hq + 2 * hkv) * d;
@@ -390,17 +391,17 @@ void benchAttention(int nseq, int len, bool causal) {
   const float scale = 1.f / std::sqrt(128.f);
   struct Variant {
     const char* name;
-    AttentionKernel kernel;
-    AttentionV3Tile tile;  // kV3 only: kAuto = the v3 policy
+    bool forced;  // run `variant`, else the size policy `policy`
+    AttentionVariant variant;
+    AttentionPolicy policy;
   };
   const Variant variants[] = {
-      {"attention_v1", AttentionKernel::kV1, AttentionV3Tile::kAuto},
-      {"attention_v2", AttentionKernel::kV2, AttentionV3Tile::kAuto},
-      {"attention_v3", AttentionKernel::kV3, AttentionV3Tile::kAuto},
-      {"attn_v3_128s", AttentionKernel::kV3, AttentionV3Tile::k128Shared},
-      {"attn_v3_128h", AttentionKernel::kV3, AttentionV3Tile::k128PerHead},
-      {"attn_v3_64s", AttentionKernel::kV3, AttentionV3Tile::k64Shared},
-      {"attn_v3_128s3", AttentionKernel::kV3, AttentionV3Tile::k128Shared3Stage},
+      {"attn_narrow16", true, AttentionVariant::kNarrow16, AttentionPolicy::kAuto},
+      {"attn_narrow64", true, AttentionVariant::kNarrow64, AttentionPolicy::kAuto},
+      {"attn_wide64", true, AttentionVariant::kWide64, AttentionPolicy::kAuto},
+      {"attn_wide128", true, AttentionVariant::kWide128, AttentionPolicy::kAuto},
+      {"attention_auto", false, AttentionVariant::kNarrow16, AttentionPolicy::kAuto},
+      {"attention_narrow", false, AttentionVariant::kNarrow16, AttentionPolicy::kNarrow},
   };
   for (const Variant& variant : variants) {
     auto run = [&](int s) {
@@ -415,19 +416,19 @@ void benchAttention(int nseq, int len, bool causal) {
       a.head_dim = d;
       a.scale = scale;
       a.causal = causal;
-      if (variant.tile == AttentionV3Tile::kAuto) {
-        OK(launchAttention(a, nullptr, 0, variant.kernel));
+      if (variant.forced) {
+        OK(launchAttentionVariant(a, nullptr, variant.variant));
       } else {
-        OK(launchAttentionV3(a, nullptr, variant.tile));
+        OK(launchAttention(a, nullptr, variant.policy));
       }
     };
     poison(*o[0]);
     run(0);
     auto of = readBf16(o[0]->p, t * hq * d);
-    if (variant.kernel != AttentionKernel::kV1) {
-      // The variants differ in schedule only: each must equal v1 bit for bit on every output.
-      std::vector<__nv_bfloat16> v2(static_cast<size_t>(t * hq * d)), v1(v2.size());
-      CK(cudaMemcpy(v2.data(), o[0]->p, v2.size() * 2, cudaMemcpyDeviceToHost));
+    if (!variant.forced || variant.variant != AttentionVariant::kNarrow16) {
+      // The variants differ in schedule only: each must equal narrow16 bit for bit everywhere.
+      std::vector<__nv_bfloat16> got(static_cast<size_t>(t * hq * d)), ref(got.size());
+      CK(cudaMemcpy(got.data(), o[0]->p, got.size() * 2, cudaMemcpyDeviceToHost));
       poison(*o[0]);
       AttentionArgs a;
       a.qkv = q[0]->as<__nv_bfloat16>();
@@ -440,13 +441,13 @@ void benchAttention(int nseq, int len, bool causal) {
       a.head_dim = d;
       a.scale = scale;
       a.causal = causal;
-      OK(launchAttention(a, nullptr, 0, AttentionKernel::kV1));
-      CK(cudaMemcpy(v1.data(), o[0]->p, v1.size() * 2, cudaMemcpyDeviceToHost));
+      OK(launchAttentionVariant(a, nullptr, AttentionVariant::kNarrow16));
+      CK(cudaMemcpy(ref.data(), o[0]->p, ref.size() * 2, cudaMemcpyDeviceToHost));
       size_t diff = 0;
-      for (size_t i = 0; i < v1.size(); ++i) diff += std::memcmp(&v1[i], &v2[i], 2) != 0 ? 1 : 0;
+      for (size_t i = 0; i < ref.size(); ++i) diff += std::memcmp(&ref[i], &got[i], 2) != 0 ? 1 : 0;
       if (diff != 0) {
-        std::printf("  CHECK FAILED %s != v1 on %zu of %zu outputs\n", variant.name, diff,
-                    v1.size());
+        std::printf("  CHECK FAILED %s != narrow16 on %zu of %zu outputs\n", variant.name, diff,
+                    ref.size());
         ++g_failures;
       }
     }
@@ -637,7 +638,7 @@ int main(int argc, char** argv) {
   benchPool(16, 8192);
   benchPool(1, 4096);
   benchPool(100, 51200);
-  // Attention v1, v2 and v3 side by side; v2 and v3 are also checked bit-equal to v1.
+  // Attention: both policies and every variant side by side, each checked bit-equal to narrow16.
   const std::tuple<int, int, bool> shapes[] = {
       {16, 512, true}, {4, 2048, true}, {8, 1024, false}, {64, 128, true}, {1, 128, true},
       {1, 512, true},  {1, 2048, true}, {1, 4096, true},  {4, 1024, true}, {100, 512, true}};

@@ -9,13 +9,13 @@
 # Steps (each with a time limit, and all under one budget, SESSION_DEADLINE_S=550 s by default:
 # a step that would start past it is skipped and counted as failed):
 #   1. tests: every kernel vs the CPU reference (fresh random inputs, poisoned outputs, odd lengths,
-#      batch 1, v1 and v2 kernels bit-equal), graph cache, model/engine through graphs == eager,
+#      batch 1, attention variants bit-equal), graph cache, model/engine through graphs == eager,
 #      batch invariance (compute-sanitizer memcheck of the attention/pool tests runs last)
-#   2. kernel microbenchmarks: attention v1 vs v2, pooling v1 vs v2, GEMMs, elementwise
+#   2. kernel microbenchmarks: attention variants, pooling block vs cluster, GEMMs, elementwise
 #   3. a random Qwen3-Embedding-0.6B-shaped checkpoint (make_random_qwen3.py); on it the whole
-#      forward without the mesh: eager vs graph, attention v1 vs v2 (rose_forward_bench)
+#      forward without the mesh: eager vs graph, attention auto vs narrow (rose_forward_bench)
 #   4. suites 1-3 through the bundle's CUDA mesh, graphs on (--precapture 1x128,1x512,1x4096):
-#      first with session 2's kernels (GARDEN_ATTENTION_KERNEL=v2 GARDEN_GEMM_SMALLM=0), then defaults
+#      first with session 2's kernels (GARDEN_ATTENTION_KERNEL=narrow GARDEN_GEMM_SMALLM=0), then defaults
 #   5. the Hugging Face peer (bench/peer/hf_embed_baseline.py) on the same GPU, alone
 #   6. reports (render.py) and one comparison table: graphs off vs on vs HF, against the goals
 #
@@ -83,7 +83,7 @@ have gpu_model_graph_test && step model_graph_test tests_model_graph.log 100 "$B
 
 echo "== 2. kernel microbenchmarks"
 have rose_kernel_bench && step kernel_bench kernel_bench.txt 100 "$BIN/rose_kernel_bench" &&
-  grep -E "^(attention|attn_v3|pool)" "$OUT/kernel_bench.txt"
+  grep -E "^(attention|attn_|pool)" "$OUT/kernel_bench.txt"
 
 # Rehearsal knobs (a CPU dry run of the script's plumbing on the dev machine):
 # SESSION_MODEL=DIR uses that checkpoint, SESSION_DEVICE=cpu, SESSION_MAX_LEN=N (suites' --max-len),
@@ -99,7 +99,7 @@ else
 fi
 
 if [ -x "$BIN/rose_forward_bench" ]; then
-  echo "== 3b. whole forward: eager vs graph, attention v1 vs v2 (no mesh)"
+  echo "== 3b. whole forward: eager vs graph, attention auto vs narrow (no mesh)"
   step forward_bench_smallm0 forward_bench_smallm0.txt 90 env GARDEN_GEMM_SMALLM=0 "$BIN/rose_forward_bench" "$MODEL" --iters 20
   step forward_bench forward_bench.txt 90 "$BIN/rose_forward_bench" "$MODEL" --iters 20
   echo "-- GARDEN_GEMM_SMALLM=0"; grep -v "^{" "$OUT/forward_bench_smallm0.txt"
@@ -168,8 +168,8 @@ PRECAPTURE=${SESSION_PRECAPTURE-1x128,1x512,1x4096}  # SESSION_PRECAPTURE= (empt
 export ROSE_CUDA_GRAPHS=on
 [ -n "$PRECAPTURE" ] && export ROSE_PRECAPTURE=$PRECAPTURE
 if [ "${SESSION_BASELINE:-1}" = 1 ]; then
-  echo "== 4a. suites 1-3, graphs on, session 2's kernels (attention v2, no small-M GEMM)"
-  step suites_baseline suites_baseline.log 110 env GARDEN_ATTENTION_KERNEL=v2 GARDEN_GEMM_SMALLM=0 bash -c 'mesh_run baseline'
+  echo "== 4a. suites 1-3, graphs on, session 2's kernels (narrow attention, no small-M GEMM)"
+  step suites_baseline suites_baseline.log 110 env GARDEN_ATTENTION_KERNEL=narrow GARDEN_GEMM_SMALLM=0 bash -c 'mesh_run baseline'
   stop_mesh
 fi
 echo "== 4b. suites 1-3, graphs on --precapture $PRECAPTURE, current defaults"

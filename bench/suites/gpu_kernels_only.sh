@@ -31,7 +31,7 @@ step forward_smallm1 90 env GARDEN_GEMM_SMALLM=1 "$BIN/rose_forward_bench" "$MOD
 step forward 90 "$BIN/rose_forward_bench" "$MODEL" --iters 20
 if command -v compute-sanitizer >/dev/null 2>&1; then
   step memcheck 120 compute-sanitizer --tool memcheck --error-exitcode 3 "$BIN/gpu_kernels_test" \
-    --gtest_filter="${MEMCHECK_FILTER:-*SmallM*:*AttentionV3*}"
+    --gtest_filter="${MEMCHECK_FILTER:-*SmallM*:*AttentionWide*}"
 fi
 printf "%s" "$summary" | tee "$DEST/summary.txt"
 exit $failed

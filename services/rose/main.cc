@@ -1,21 +1,27 @@
-// rose: the model worker. Loads a Hugging Face Qwen3 directory onto a backend (cpu or cuda),
-// attaches to (or, with --create-shm, creates) the shared-memory channel, announces its model
-// facts and serves batches until SIGTERM/SIGINT, or until its owner (tulip) is gone.
+// rose: the model worker. Loads a Hugging Face checkpoint onto a backend (cpu or cuda), attaches
+// to (or, with --create-shm, creates) the shared-memory channel, announces its model facts and
+// serves batches until SIGTERM/SIGINT, or until its owner (tulip) is gone. One serve path for
+// every model: the checkpoint's config.json picks the runner that the step loop
+// (services/rose/engine/step_loop.h) runs —
+//   - a Qwen3 embedding / scoring model: EmbeddingRunner (embed and score batches);
+//   - a gpt-oss checkpoint (model_type "gpt_oss" / GptOssForCausalLM): LlmRunner (one kGenerate
+//     step per batch, a paged KV cache allocated at start; the LLM ops exist for the cpu backend
+//     only so far, so another device fails at start with a clear error).
 //
-//   rose --model DIR --shm-name NAME [--device cpu|cuda] [--pooling default|last|mean|cls]
-//        [--max-batch-tokens 8192] [--threads N] [--attention default|causal|bidirectional]
+//   rose --model DIR --shm-name NAME [--device cpu|cuda] [--max-batch-tokens 8192] [--threads N]
 //        [--create-shm --depth 4 --input-bytes N --output-bytes N]
-//        [--cuda-graphs on|off] [--precapture SEQSxTOKENS,...]   (embedding engine, cuda backend:
-//        batches padded to (sequences, tokens) buckets and replayed as CUDA graphs; see engine.h)
+//   embedding:  [--pooling default|last|mean|cls] [--attention default|causal|bidirectional]
+//               [--cuda-graphs on|off] [--precapture SEQSxTOKENS,...]   (cuda backend: batches
+//               padded to (sequences, tokens) buckets and replayed as CUDA graphs)
+//   gpt-oss:    [--kv-block-size 16] [--kv-blocks N | --kv-cache-mb 256] [--max-model-len N]
+//               [--max-seqs 256]
 //
-// A gpt-oss checkpoint (config.json model_type "gpt_oss" / GptOssForCausalLM) is served by the
-// LLM path instead (cpu backend only for now): one LlmEngine step per kGenerate batch, with a
-// paged KV cache allocated at start:
-//        [--kv-block-size 16] [--kv-blocks N | --kv-cache-mb 256] [--max-model-len N]
-//        [--max-seqs 256]   (plus --max-batch-tokens, --threads, --create-shm ... as above)
+// The cuda backend's kernel choices come from the environment, read once here:
+// GARDEN_ATTENTION_KERNEL=auto|narrow, GARDEN_GEMM_TUNE=0|1, GARDEN_GEMM_SMALLM=0|1, GARDEN_PDL=0|1
+// (services/rose/ops/backend.h CudaKernelOptions).
 //
 // Exit codes: 0 clean stop, 1 startup failure (the channel's state is kFailed when it was
-// reachable), 2 bad flags.
+// reachable), 2 bad flags or GARDEN_* values.
 
 #include <signal.h>
 #include <sys/prctl.h>
@@ -27,22 +33,28 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <memory>
+#include <optional>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "common/flags.h"
 #include "common/logging.h"
 #include "common/metrics_http.h"
 #include "common/shm/channel.h"
-#include "common/shm/llm_batch.h"
-#include "services/rose/engine/engine.h"
-#include "services/rose/engine/llm_engine.h"
+#include "services/rose/engine/embedding_runner.h"
+#include "services/rose/engine/llm_runner.h"
+#include "services/rose/engine/step_loop.h"
 #include "services/rose/model/gpt_oss.h"
-#include "services/rose/ops/llm_ops.h"
 #include "services/rose/model/qwen3.h"
 #include "services/rose/ops/backend.h"
+#include "services/rose/ops/llm_ops.h"
 
 namespace {
+
+using namespace garden;
 
 volatile sig_atomic_t g_stop = 0;
 
@@ -53,9 +65,16 @@ bool processAlive(int32_t pid) {
   return kill(pid, 0) == 0 || errno == EPERM;
 }
 
-// ---- LLM path (gpt-oss) [llm-rose] -------------------------------------------------------------
+// Flags of the embedding runner, validated.
+struct EmbeddingArgs {
+  std::optional<rose::PoolMode> pooling;  // unset: from the model directory
+  int causal = -1;                        // Qwen3Options::causal
+  bool cuda_graphs = true;
+  std::vector<std::pair<int32_t, int64_t>> precapture;
+};
 
-struct LlmFlags {
+// Flags of the LLM runner.
+struct LlmArgs {
   int32_t kv_block_size = 16;
   int64_t kv_blocks = 0;      // 0: from kv_cache_mb
   int64_t kv_cache_mb = 256;  // KV cache budget when kv_blocks is 0
@@ -63,202 +82,124 @@ struct LlmFlags {
   int32_t max_seqs = 256;     // sequences per step
 };
 
-struct LlmServeArgs {
-  std::string model_dir, shm_name, device;
-  int32_t threads = 0;
-  int64_t max_batch_tokens = 0;
-  bool create_shm = false;
-  uint32_t depth = 4;
-  uint64_t input_bytes = 0, output_bytes = 0;
-  uint32_t metrics_port = 0;
-  pid_t parent = 0;
-  LlmFlags llm;
-};
+// "SEQSxTOKENS,..." → buckets; nullopt (after printing why) on a bad item.
+std::optional<std::vector<std::pair<int32_t, int64_t>>> parsePrecapture(const std::string& s) {
+  std::vector<std::pair<int32_t, int64_t>> list;
+  for (size_t at = 0; at < s.size();) {
+    size_t end = s.find(',', at);
+    if (end == std::string::npos) end = s.size();
+    const std::string item = s.substr(at, end - at);
+    long long seqs = 0, toks = 0;
+    char tail = 0;
+    if (std::sscanf(item.c_str(), "%lldx%lld%c", &seqs, &toks, &tail) != 2 || seqs <= 0 ||
+        toks < seqs || toks > (1 << 24)) {
+      std::fprintf(stderr, "rose: --precapture: '%s' is not SEQSxTOKENS (1 <= SEQS <= TOKENS)\n",
+                   item.c_str());
+      return std::nullopt;
+    }
+    list.emplace_back(static_cast<int32_t>(seqs), static_cast<int64_t>(toks));
+    at = end + 1;
+  }
+  return list;
+}
 
-// Serves a gpt-oss checkpoint: the same lifecycle as the embedding path in main() (attach or
-// create the channel, heartbeat while loading, announce, serve until a signal or the owner is
-// gone), with an LlmEngine. Returns the process exit code.
-int serveLlm(const LlmServeArgs& a) {
-  using namespace garden;
-  const LlmFlags& f = a.llm;
+// Prints why and returns false when an LLM flag is out of range.
+bool validLlmArgs(const LlmArgs& f) {
   if (f.kv_block_size <= 0 || f.kv_block_size > 1024) {
     std::fprintf(stderr, "rose: --kv-block-size must be in [1, 1024]\n");
-    return 2;
+    return false;
   }
   if (f.kv_blocks < 0 || f.kv_blocks > INT32_MAX) {
     std::fprintf(stderr, "rose: --kv-blocks must be in [0, 2147483647]\n");
-    return 2;
+    return false;
   }
   if (f.kv_blocks == 0 && f.kv_cache_mb <= 0) {
     std::fprintf(stderr, "rose: --kv-cache-mb must be positive when --kv-blocks is 0\n");
-    return 2;
+    return false;
   }
   if (f.max_model_len < 0 || f.max_seqs <= 0 || f.max_seqs > 65536) {
     std::fprintf(stderr, "rose: --max-model-len must be >= 0 and --max-seqs in [1, 65536]\n");
-    return 2;
+    return false;
   }
-  if (a.create_shm && (a.depth == 0 || a.depth > 64)) {
-    std::fprintf(stderr, "rose: --depth must be in [1, 64]\n");
-    return 2;
-  }
-  std::optional<shm::Channel> channel;
-  auto fail = [&](const Status& st, const char* what) {
-    log::error(what, {{"error", st}});
-    if (channel) channel->setState(shm::WorkerState::kFailed);
-    return 1;
-  };
-  if (!a.create_shm) {
-    auto ch = shm::Channel::attach(a.shm_name);
-    if (!ch.isOk()) return fail(ch.status(), "cannot attach to the shm channel");
-    channel.emplace(std::move(ch).value());
-    channel->setWorkerPid(static_cast<int32_t>(getpid()));
-    channel->setState(shm::WorkerState::kStarting);
-  }
-  if (a.device != "cpu") {
-    return fail(unimplemented("--device " + a.device +
-                              ": the gpt-oss (llm) path has no CUDA ops yet; run it with "
-                              "--device cpu"),
-                "cannot serve this checkpoint on this device");
-  }
-  std::atomic<bool> loading{true};
-  std::thread beater;
-  if (channel) {
-    beater = std::thread([&] {
-      while (loading.load()) {
-        channel->beat();
-        std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      }
-    });
-  }
-  auto stopBeater = [&] {
-    loading = false;
-    if (beater.joinable()) beater.join();
-  };
+  return true;
+}
 
-  rose::BackendOptions bo;
-  bo.threads = a.threads;
-  bo.max_batch_tokens = a.max_batch_tokens;
-  auto backend = rose::makeBackend(a.device, bo);
-  if (!backend.isOk()) {
-    stopBeater();
-    return fail(backend.status(), "cannot create the backend");
-  }
-  auto ops = rose::makeLlmOps(**backend, a.threads);
-  if (!ops.isOk()) {
-    stopBeater();
-    return fail(ops.status(), "cannot create the llm ops");
-  }
+// What serving one checkpoint holds besides the channel and the backend: the model (with its LLM
+// ops) and the runner the step loop runs. Members are destroyed bottom-up: the runner before the
+// model it refers to.
+struct Workload {
+  std::unique_ptr<rose::LlmOps> ops;
+  std::unique_ptr<rose::Qwen3Model> qwen3;
+  std::unique_ptr<rose::GptOssModel> gpt_oss;
+  std::unique_ptr<rose::Runner> runner;
+  rose::EmbeddingRunner* embedding = nullptr;  // == runner for an embedding model
+  rose::LlmRunner* llm = nullptr;              // == runner for an LLM
+};
+
+Result<Workload> loadEmbedding(const std::string& dir, rose::Backend& backend,
+                               int64_t max_batch_tokens, const EmbeddingArgs& a) {
+  Workload w;
+  rose::Qwen3Options mo;
+  mo.max_batch_tokens = max_batch_tokens;
+  mo.causal = a.causal;
+  mo.pooling_override = a.pooling;
+  ASSIGN_OR_RETURN(w.qwen3, rose::Qwen3Model::load(dir, backend, mo));
+  rose::EmbeddingRunnerOptions ro;
+  ro.default_pooling = w.qwen3->pooling().mode;
+  ro.cuda_graphs = a.cuda_graphs;
+  ro.precapture = a.precapture;
+  ASSIGN_OR_RETURN(auto runner, rose::EmbeddingRunner::create(backend, *w.qwen3, ro));
+  w.embedding = runner.get();
+  w.runner = std::move(runner);
+  return w;
+}
+
+Result<Workload> loadLlm(const std::string& dir, rose::Backend& backend, int32_t threads,
+                         int64_t max_batch_tokens, const LlmArgs& f) {
+  Workload w;
+  ASSIGN_OR_RETURN(w.ops, rose::makeLlmOps(backend, threads));
   rose::GptOssOptions go;
-  go.max_batch_tokens = a.max_batch_tokens;
+  go.max_batch_tokens = max_batch_tokens;
   go.max_seqs = f.max_seqs;
   go.max_logits_rows = f.max_seqs;  // logits never leave rose: one sampled row per sequence
   go.max_model_len = f.max_model_len;
   go.min_block_size = f.kv_block_size;
-  const auto t0 = std::chrono::steady_clock::now();
-  auto model = rose::GptOssModel::load(a.model_dir, **backend, **ops, go);
-  stopBeater();
-  if (!model.isOk()) return fail(model.status(), "cannot load the model");
-  auto eos = rose::loadEosIds(a.model_dir);
-  if (!eos.isOk()) return fail(eos.status(), "cannot read the model's eos ids");
-  const auto load_ms =
-      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
-          .count();
+  ASSIGN_OR_RETURN(w.gpt_oss, rose::GptOssModel::load(dir, backend, *w.ops, go));
+  ASSIGN_OR_RETURN(std::vector<int32_t> eos, rose::loadEosIds(dir));
   int64_t kv_blocks = f.kv_blocks;
-  const rose::KvCacheShape one = (*model)->kvShape(1, f.kv_block_size);
-  const int64_t block_bytes = 2 * one.elementsPerLayer() * one.num_layers *
-                              static_cast<int64_t>(dtypeSize((*model)->kvDType()));
   if (kv_blocks == 0) {
+    const rose::KvCacheShape one = w.gpt_oss->kvShape(1, f.kv_block_size);
+    const int64_t block_bytes = 2 * one.elementsPerLayer() * one.num_layers *
+                                static_cast<int64_t>(dtypeSize(w.gpt_oss->kvDType()));
     kv_blocks = std::min<int64_t>((f.kv_cache_mb << 20) / block_bytes, INT32_MAX);
     if (kv_blocks == 0) {
-      return fail(
-          invalidArgument("--kv-cache-mb " + std::to_string(f.kv_cache_mb) +
-                          " holds no KV block (" + std::to_string(block_bytes) + " bytes each)"),
-          "cannot size the kv cache");
+      return invalidArgument("--kv-cache-mb " + std::to_string(f.kv_cache_mb) +
+                             " holds no KV block (" + std::to_string(block_bytes) + " bytes each)");
     }
   }
-
-  if (a.create_shm) {
-    const int64_t max_len = (*model)->maxModelLen();
-    shm::Layout layout;
-    layout.slots = a.depth;
-    layout.input_bytes =
-        a.input_bytes
-            ? a.input_bytes
-            : shm::llmStepBytes(
-                  static_cast<uint64_t>(f.max_seqs), static_cast<uint64_t>(a.max_batch_tokens),
-                  static_cast<uint64_t>(f.max_seqs) *
-                      static_cast<uint64_t>(rose::kvBlocksFor(max_len, f.kv_block_size)));
-    layout.output_bytes =
-        a.output_bytes ? a.output_bytes : std::max<uint64_t>(4096, 4ull * f.max_seqs);
-    auto ch = shm::Channel::create(a.shm_name, layout);
-    if (!ch.isOk()) return fail(ch.status(), "cannot create the shm channel");
-    channel.emplace(std::move(ch).value());
-  }
-
-  std::string name = std::filesystem::path(a.model_dir).lexically_normal().filename().string();
-  if (name.empty()) {
-    name = std::filesystem::path(a.model_dir).lexically_normal().parent_path().filename().string();
-  }
-  rose::LlmEngineOptions eo;
-  eo.model_name = name;
-  eo.kv_num_blocks = static_cast<int32_t>(kv_blocks);
-  eo.kv_block_size = f.kv_block_size;
-  eo.max_seqs = f.max_seqs;
-  eo.max_batch_tokens = a.max_batch_tokens;
-  eo.eos_ids = *eos;
-  auto engine = rose::LlmEngine::create(*channel, **backend, **model, eo);
-  if (!engine.isOk()) return fail(engine.status(), "cannot start the llm engine");
-  (*engine)->announceReady();
-  const ModelConfig& c = (*model)->config().base;
-  log::info("ready", {{"model", a.model_dir},
-                      {"kind", "llm"},
-                      {"device", a.device},
-                      {"shm", a.shm_name},
-                      {"hidden", c.hidden_size},
-                      {"layers", c.num_hidden_layers},
-                      {"experts", c.num_local_experts},
-                      {"max_model_len", (*model)->maxModelLen()},
-                      {"kv_blocks", kv_blocks},
-                      {"kv_block_size", f.kv_block_size},
-                      {"kv_mb", static_cast<int64_t>((*engine)->kvCache().bytes() >> 20)},
-                      {"max_batch_tokens", a.max_batch_tokens},
-                      {"load_ms", static_cast<int64_t>(load_ms)}});
-
-  garden::MetricsHttpServer metrics_http;
-  if (a.metrics_port != 0) {
-    Status mst = metrics_http.start("0.0.0.0", static_cast<uint16_t>(a.metrics_port));
-    if (!mst.isOk()) return fail(mst, "cannot serve metrics");
-  }
-  const int32_t owner = a.create_shm ? 0 : channel->ownerPid();
-  auto last_check = std::chrono::steady_clock::now();
-  bool owner_gone = false;
-  (*engine)->run([&] {
-    if (g_stop) return true;
-    const auto now = std::chrono::steady_clock::now();
-    if (now - last_check >= std::chrono::milliseconds(500)) {
-      last_check = now;
-      if (!processAlive(owner) || (!a.create_shm && getppid() != a.parent)) {
-        owner_gone = true;
-        return true;
-      }
-    }
-    return false;
-  });
-  const auto st = (*engine)->stats();
-  log::info("stopped", {{"reason", owner_gone ? "owner gone" : "signal"},
-                        {"steps_run", st.steps_run},
-                        {"steps_rejected", st.steps_rejected}});
-  engine->reset();
-  return 0;
+  rose::LlmRunnerOptions ro;
+  ro.kv_num_blocks = static_cast<int32_t>(kv_blocks);
+  ro.kv_block_size = f.kv_block_size;
+  ro.max_seqs = f.max_seqs;
+  ro.max_batch_tokens = max_batch_tokens;
+  ro.eos_ids = std::move(eos);
+  ASSIGN_OR_RETURN(auto runner, rose::LlmRunner::create(backend, *w.gpt_oss, ro));
+  w.llm = runner.get();
+  w.runner = std::move(runner);
+  return w;
 }
 
-// ---- end of the LLM path ------------------------------------------------------------------------
+// The model name tulip and ivy show: the directory's name.
+std::string modelName(const std::string& dir) {
+  const std::filesystem::path p = std::filesystem::path(dir).lexically_normal();
+  std::string name = p.filename().string();
+  return name.empty() ? p.parent_path().filename().string() : name;
+}
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  using namespace garden;
-  std::string model_dir, shm_name, device = "cpu", pooling = "default", attention = "default";
+  std::string model_dir, shm_name, device = "cpu";
   std::string log_level = "info";
   uint32_t metrics_port = 0;
   int64_t max_batch_tokens = 8192;
@@ -267,63 +208,47 @@ int main(int argc, char** argv) {
   uint32_t depth = 4;
   uint64_t input_bytes = 0, output_bytes = 0;
 
-  Flags flags("rose", "Garden model worker: runs a Qwen3 checkpoint for tulip over shared memory");
+  Flags flags("rose",
+              "Garden model worker: runs a Qwen3 or gpt-oss checkpoint for tulip over "
+              "shared memory");
   flags.add("model", &model_dir, "Hugging Face model directory (config.json + *.safetensors)")
       .add("shm-name", &shm_name,
            "shared-memory channel name (tulip creates it unless --create-shm)")
       .add("device", &device, "backend: cpu or cuda")
-      .add("pooling", &pooling,
-           "default (from modules.json / 1_Pooling, else last), last, mean, cls")
-      .add("attention", &attention,
-           "default (config.json is_causal, else causal), causal, bidirectional")
       .add("max-batch-tokens", &max_batch_tokens, "largest batch in tokens (sizes the workspace)")
       .add("threads", &threads, "cpu backend compute threads (0 = all cores)")
       .add("create-shm", &create_shm, "create the channel (sidecar mode: tulip attaches)")
       .add("depth", &depth, "with --create-shm: pipeline depth (slots)")
       .add("input-bytes", &input_bytes,
-           "with --create-shm: input arena bytes per slot (0 = from --max-batch-tokens)")
+           "with --create-shm: input arena bytes per slot (0 = from the model)")
       .add("output-bytes", &output_bytes,
            "with --create-shm: output arena bytes per slot (0 = from the model)")
       .add("metrics-port", &metrics_port, "HTTP port for /metrics and /health (0 = off)")
       .add("log-level", &log_level, "debug, info, warn, error");
-  // LLM path (gpt-oss) flags [llm-rose].
-  LlmFlags llm_flags;
-  flags.add("kv-block-size", &llm_flags.kv_block_size, "gpt-oss: tokens per KV cache block")
-      .add("kv-blocks", &llm_flags.kv_blocks, "gpt-oss: KV cache blocks (0 = from --kv-cache-mb)")
-      .add("kv-cache-mb", &llm_flags.kv_cache_mb, "gpt-oss: KV cache MiB when --kv-blocks is 0")
-      .add("max-model-len", &llm_flags.max_model_len,
-           "gpt-oss: longest sequence (0 = the model's, at most 131072)")
-      .add("max-seqs", &llm_flags.max_seqs, "gpt-oss: sequences per step");
-  // CUDA graphs for the embedding engine [gpu].
-  std::string cuda_graphs = "on", precapture;
+  // Embedding models.
+  std::string pooling = "default", attention = "default", cuda_graphs = "on", precapture;
   flags
+      .add("pooling", &pooling,
+           "embedding: default (from modules.json / 1_Pooling, else last), last, mean, cls")
+      .add("attention", &attention,
+           "embedding: default (config.json is_causal, else causal), causal, bidirectional")
       .add("cuda-graphs", &cuda_graphs,
-           "on|off: run embedding batches through CUDA graphs (cuda backend only)")
+           "embedding: on|off: run batches through CUDA graphs (cuda backend only)")
       .add("precapture", &precapture,
-           "SEQSxTOKENS,...: embedding graph buckets to capture at start (e.g. 1x512,64x8192)");
+           "embedding: SEQSxTOKENS,...: graph buckets to capture at start (e.g. 1x512,64x8192)");
+  // gpt-oss.
+  LlmArgs llm;
+  flags.add("kv-block-size", &llm.kv_block_size, "gpt-oss: tokens per KV cache block")
+      .add("kv-blocks", &llm.kv_blocks, "gpt-oss: KV cache blocks (0 = from --kv-cache-mb)")
+      .add("kv-cache-mb", &llm.kv_cache_mb, "gpt-oss: KV cache MiB when --kv-blocks is 0")
+      .add("max-model-len", &llm.max_model_len,
+           "gpt-oss: longest sequence (0 = the model's, at most 131072)")
+      .add("max-seqs", &llm.max_seqs, "gpt-oss: sequences per step");
   flags.useEnv("ROSE_");
   flags.parseOrExit(argc, argv);
   log::setService("rose");
-  if (cuda_graphs != "on" && cuda_graphs != "off") {
-    std::fprintf(stderr, "rose: --cuda-graphs must be on or off\n");
-    return 2;
-  }
-  std::vector<std::pair<int32_t, int64_t>> precapture_list;
-  for (size_t at = 0; at < precapture.size();) {
-    size_t end = precapture.find(',', at);
-    if (end == std::string::npos) end = precapture.size();
-    const std::string item = precapture.substr(at, end - at);
-    long long seqs = 0, toks = 0;
-    char tail = 0;
-    if (std::sscanf(item.c_str(), "%lldx%lld%c", &seqs, &toks, &tail) != 2 || seqs <= 0 ||
-        toks < seqs || toks > (1 << 24)) {
-      std::fprintf(stderr, "rose: --precapture: '%s' is not SEQSxTOKENS (1 <= SEQS <= TOKENS)\n",
-                   item.c_str());
-      return 2;
-    }
-    precapture_list.emplace_back(static_cast<int32_t>(seqs), static_cast<int64_t>(toks));
-    at = end + 1;
-  }
+
+  // ---- flags (exit 2) ----
   if (auto lv = log::parseLevel(log_level); lv.isOk()) {
     log::setLevel(*lv);
   } else {
@@ -338,22 +263,42 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "rose: --max-batch-tokens must be in [1, 16777216]\n");
     return 2;
   }
-  std::optional<rose::PoolMode> pool_override;
+  if (create_shm && (depth == 0 || depth > 64)) {
+    std::fprintf(stderr, "rose: --depth must be in [1, 64]\n");
+    return 2;
+  }
+  EmbeddingArgs emb;
+  if (cuda_graphs != "on" && cuda_graphs != "off") {
+    std::fprintf(stderr, "rose: --cuda-graphs must be on or off\n");
+    return 2;
+  }
+  emb.cuda_graphs = cuda_graphs == "on";
+  if (auto list = parsePrecapture(precapture); list) {
+    emb.precapture = std::move(*list);
+  } else {
+    return 2;
+  }
   if (pooling != "default") {
     auto pm = rose::parsePoolMode(pooling);
     if (!pm.isOk()) {
       std::fprintf(stderr, "rose: --pooling: %s\n", pm.status().message().c_str());
       return 2;
     }
-    pool_override = *pm;
+    emb.pooling = *pm;
   }
-  int causal = -1;
   if (attention == "causal") {
-    causal = 1;
+    emb.causal = 1;
   } else if (attention == "bidirectional") {
-    causal = 0;
+    emb.causal = 0;
   } else if (attention != "default") {
     std::fprintf(stderr, "rose: --attention must be default, causal or bidirectional\n");
+    return 2;
+  }
+  if (!validLlmArgs(llm)) return 2;
+  // The cuda backend's kernel choices: GARDEN_* read once, here (backend.h CudaKernelOptions).
+  rose::CudaKernelOptions kernels;
+  if (Status st = rose::cudaKernelOptionsFromEnv(kernels); !st.isOk()) {
+    std::fprintf(stderr, "rose: %s\n", st.message().c_str());
     return 2;
   }
 
@@ -370,24 +315,7 @@ int main(int argc, char** argv) {
   sigaction(SIGINT, &sa, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  // LLM path (gpt-oss) [llm-rose]: config.json decides; anything else is the embedding path below.
-  if (auto is_llm = rose::isGptOssCheckpoint(model_dir); is_llm.isOk() && *is_llm) {
-    LlmServeArgs la;
-    la.model_dir = model_dir;
-    la.shm_name = shm_name;
-    la.device = device;
-    la.threads = threads;
-    la.max_batch_tokens = max_batch_tokens;
-    la.create_shm = create_shm;
-    la.depth = depth;
-    la.input_bytes = input_bytes;
-    la.output_bytes = output_bytes;
-    la.metrics_port = metrics_port;
-    la.parent = parent;
-    la.llm = llm_flags;
-    return serveLlm(la);
-  }
-
+  // ---- start (exit 1) ----
   // Load the model first when creating the channel (its size depends on the model); otherwise
   // attach first so tulip sees kStarting / kFailed.
   std::optional<shm::Channel> channel;
@@ -404,7 +332,8 @@ int main(int argc, char** argv) {
     channel->setState(shm::WorkerState::kStarting);
   }
 
-  // Heartbeat while loading (large checkpoints take a while).
+  // Heartbeat while loading (large checkpoints take a while; so do graph captures and the KV
+  // cache), until the step loop beats.
   std::atomic<bool> loading{true};
   std::thread beater;
   if (channel) {
@@ -423,64 +352,74 @@ int main(int argc, char** argv) {
   rose::BackendOptions bo;
   bo.threads = threads;
   bo.max_batch_tokens = max_batch_tokens;
+  bo.cuda = kernels;
   auto backend = rose::makeBackend(device, bo);
   if (!backend.isOk()) {
     stopBeater();
     return fail(backend.status(), "cannot create the backend");
   }
-  rose::Qwen3Options mo;
-  mo.max_batch_tokens = max_batch_tokens;
-  mo.causal = causal;
-  mo.pooling_override = pool_override;
+  // config.json decides the runner; a directory without a readable one is left to the
+  // embedding loader, which says what is missing.
+  const Result<bool> is_llm = rose::isGptOssCheckpoint(model_dir);
   const auto t0 = std::chrono::steady_clock::now();
-  auto model = rose::Qwen3Model::load(model_dir, **backend, mo);
+  Result<Workload> loaded = is_llm.isOk() && *is_llm
+                                ? loadLlm(model_dir, **backend, threads, max_batch_tokens, llm)
+                                : loadEmbedding(model_dir, **backend, max_batch_tokens, emb);
   stopBeater();
-  if (!model.isOk()) return fail(model.status(), "cannot load the model");
+  if (!loaded.isOk()) return fail(loaded.status(), "cannot load the model");
+  Workload& w = *loaded;
   const auto load_ms =
       std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
           .count();
 
   if (create_shm) {
-    shm::Layout layout;
-    layout.slots = depth;
-    layout.input_bytes =
-        input_bytes ? input_bytes : static_cast<uint64_t>(2 * max_batch_tokens + 1) * 4 + 4096;
-    layout.output_bytes =
-        output_bytes ? output_bytes
-                     : static_cast<uint64_t>(max_batch_tokens) * (*model)->hiddenSize() * 4;
-    if (depth == 0 || depth > 64) {
-      std::fprintf(stderr, "rose: --depth must be in [1, 64]\n");
-      return 2;
-    }
+    shm::Layout layout = w.runner->layoutFor(depth);
+    if (input_bytes != 0) layout.input_bytes = input_bytes;
+    if (output_bytes != 0) layout.output_bytes = output_bytes;
     auto ch = shm::Channel::create(shm_name, layout);
     if (!ch.isOk()) return fail(ch.status(), "cannot create the shm channel");
     channel.emplace(std::move(ch).value());
   }
 
-  std::string name = std::filesystem::path(model_dir).lexically_normal().filename().string();
-  if (name.empty())
-    name = std::filesystem::path(model_dir).lexically_normal().parent_path().filename().string();
-  rose::EngineOptions eo;
-  eo.default_pooling = (*model)->pooling().mode;
-  eo.model_name = name;
-  eo.cuda_graphs = cuda_graphs == "on";
-  eo.precapture = precapture_list;
-  auto engine = rose::Engine::create(*channel, **backend, **model, eo);
-  if (!engine.isOk()) return fail(engine.status(), "cannot start the engine");
-  (*engine)->announceReady();
-  log::info("ready", {{"model", model_dir},
-                      {"device", device},
-                      {"shm", shm_name},
-                      {"hidden", (*model)->hiddenSize()},
-                      {"layers", (*model)->config().num_hidden_layers},
-                      {"pooling", rose::poolModeName(eo.default_pooling)},
-                      {"causal", (*model)->causal()},
-                      {"score_head", (*model)->hasScoreHead()},
-                      {"max_batch_tokens", max_batch_tokens},
-                      {"cuda_graphs", (*engine)->stats().graphs},
-                      {"load_ms", static_cast<int64_t>(load_ms)}});
+  rose::StepLoopOptions lo;
+  lo.model_name = modelName(model_dir);
+  auto loop = rose::StepLoop::create(*channel, **backend, *w.runner, lo);
+  if (!loop.isOk()) return fail(loop.status(), "cannot start the step loop");
+  (*loop)->announceReady();
+  if (w.embedding != nullptr) {
+    const rose::Qwen3Model& m = *w.qwen3;
+    log::info("ready", {{"model", model_dir},
+                        {"kind", "embedding"},
+                        {"device", device},
+                        {"shm", shm_name},
+                        {"hidden", m.hiddenSize()},
+                        {"layers", m.config().num_hidden_layers},
+                        {"pooling", rose::poolModeName(m.pooling().mode)},
+                        {"causal", m.causal()},
+                        {"score_head", m.hasScoreHead()},
+                        {"max_batch_tokens", max_batch_tokens},
+                        {"cuda_graphs", w.embedding->graphs()},
+                        {"load_ms", static_cast<int64_t>(load_ms)}});
+  } else {
+    const rose::GptOssModel& m = *w.gpt_oss;
+    const ModelConfig& c = m.config().base;
+    const rose::PagedKvCache& kv = w.llm->kvCache();
+    log::info("ready", {{"model", model_dir},
+                        {"kind", "llm"},
+                        {"device", device},
+                        {"shm", shm_name},
+                        {"hidden", c.hidden_size},
+                        {"layers", c.num_hidden_layers},
+                        {"experts", c.num_local_experts},
+                        {"max_model_len", m.maxModelLen()},
+                        {"kv_blocks", kv.shape().num_blocks},
+                        {"kv_block_size", kv.shape().block_size},
+                        {"kv_mb", static_cast<int64_t>(kv.bytes() >> 20)},
+                        {"max_batch_tokens", max_batch_tokens},
+                        {"load_ms", static_cast<int64_t>(load_ms)}});
+  }
 
-  garden::MetricsHttpServer metrics_http;
+  MetricsHttpServer metrics_http;
   if (metrics_port != 0) {
     Status mst = metrics_http.start("0.0.0.0", static_cast<uint16_t>(metrics_port));
     if (!mst.isOk()) return fail(mst, "cannot serve metrics");
@@ -490,7 +429,7 @@ int main(int argc, char** argv) {
   const int32_t owner = create_shm ? 0 : channel->ownerPid();
   auto last_check = std::chrono::steady_clock::now();
   bool owner_gone = false;
-  (*engine)->run([&] {
+  (*loop)->run([&] {
     if (g_stop) return true;
     const auto now = std::chrono::steady_clock::now();
     if (now - last_check >= std::chrono::milliseconds(500)) {
@@ -502,15 +441,16 @@ int main(int argc, char** argv) {
     }
     return false;
   });
-  const auto st = (*engine)->stats();
+  const rose::StepLoopStats st = (*loop)->stats();
+  const rose::GraphExecStats graph =
+      w.embedding != nullptr ? w.embedding->graphStats() : rose::GraphExecStats{};
   log::info("stopped", {{"reason", owner_gone ? "owner gone" : "signal"},
                         {"batches_run", st.batches_run},
                         {"batches_rejected", st.batches_rejected},
-                        {"cuda_graphs", st.graphs},
-                        {"graph_eager", st.graph.eager},
-                        {"graph_captures", st.graph.captures},
-                        {"graph_replays", st.graph.replays},
-                        {"graph_capture_failures", st.graph.capture_failures}});
-  engine->reset();
+                        {"graph_eager", graph.eager},
+                        {"graph_captures", graph.captures},
+                        {"graph_replays", graph.replays},
+                        {"graph_capture_failures", graph.capture_failures}});
+  loop->reset();
   return 0;
 }

@@ -551,11 +551,15 @@ TEST_F(GpuOps, LinearTunesTheSmallMKernelAsACandidate) {
             << " tuned buckets\n";
   EXPECT_EQ((*without)->smallMWins(), 0u);
   EXPECT_EQ((*with)->variantFallbacks(), 0u);
-  ASSERT_EQ(setenv("GARDEN_GEMM_SMALLM", "yes", 1), 0);
-  auto bad = cuda::GemmRunner::create(size_t{1} << 20, true);
+  // The runner never reads the environment (rose reads GARDEN_GEMM_SMALLM once at start-up into
+  // CudaKernelOptions; its parsing is tested in tests/unit/rose/ops).
+  ASSERT_EQ(setenv("GARDEN_GEMM_SMALLM", "1", 1), 0);
+  auto plain = cuda::GemmRunner::create(size_t{1} << 20, true);
   ASSERT_EQ(unsetenv("GARDEN_GEMM_SMALLM"), 0);
-  ASSERT_FALSE(bad.isOk());
-  EXPECT_NE(bad.status().toString().find("GARDEN_GEMM_SMALLM"), std::string::npos);
+  ASSERT_TRUE(plain.isOk()) << plain.status().toString();
+  EXPECT_FALSE((*plain)->smallMEnabled());
+  EXPECT_TRUE((*with)->smallMEnabled());
+  EXPECT_FALSE((*untuned)->smallMEnabled());
 }
 
 std::pair<std::vector<float>, std::vector<float>> ropeTables(int64_t max_pos, int64_t rot,
@@ -651,7 +655,7 @@ TEST_F(GpuOps, VarlenAttentionBothTileSizes) {
     }
     cases.push_back({4, 4, 128, causal, {33, 129, 2}});
     cases.push_back({8, 2, 64, causal, {1, 77, 200}});
-    cases.push_back({6, 2, 128, causal, {100, 3, 257}});  // group 3: v2 with one head per block
+    cases.push_back({6, 2, 128, causal, {100, 3, 257}});  // group 3: one head per block
   }
   auto& cb = static_cast<cuda::CudaBackend&>(gpu());
   for (const AttnCase& c : cases) {
@@ -681,54 +685,56 @@ TEST_F(GpuOps, VarlenAttentionBothTileSizes) {
     p.causal = c.causal;
     cpu().attention(cq.view, ccu.view, co.view, p);
     auto ref = download(cpu(), co.view);
-    // 0: the backend op (default kernel); 1/2: v1 with 16/64-row tiles; 3/4: v2 with 16/64;
-    // 5: v3 (its size policy); 6/7/8/9: v3 forced to 128 rows shared by a GQA pair, 128 rows one
-    // head per block, 64 rows shared, 128 rows shared with 3 K/V stages.
-    constexpr int kVariants = 10;
+    // 0: the backend op (the size policy); 1: the narrow-only policy; 2..5: each variant forced
+    // (narrow16, narrow64, wide64, wide128) where checkAttentionVariant says it can run.
+    constexpr int kVariants = 6;
+    static const cuda::AttentionVariant kForced[] = {
+        cuda::AttentionVariant::kNarrow16, cuda::AttentionVariant::kNarrow64,
+        cuda::AttentionVariant::kWide64, cuda::AttentionVariant::kWide128};
+    static const char* const kNames[] = {"attention (backend op)", "attention (narrow policy)",
+                                         "attention narrow16",     "attention narrow64",
+                                         "attention wide64",       "attention wide128"};
     std::vector<float> results[kVariants];
     for (int variant = 0; variant < kVariants; ++variant) {
       auto go = allocate(gpu(), act(), {t, static_cast<int64_t>(c.hq) * c.d});
       poison(gpu(), go.view);
+      cuda::AttentionArgs a;
+      a.qkv = gq.view.as<__nv_bfloat16>();
+      a.cu_seqlens = gcu.view.as<int32_t>();
+      a.out = go.view.as<__nv_bfloat16>();
+      a.num_tokens = t;
+      a.num_seqs = p.num_seqs;
+      a.num_q_heads = c.hq;
+      a.num_kv_heads = c.hkv;
+      a.head_dim = c.d;
+      a.scale = p.scale;
+      a.causal = c.causal;
       if (variant == 0) {
         gpu().attention(gq.view, gcu.view, go.view, p);
+      } else if (variant == 1) {
+        Status s = cuda::launchAttention(a, cb.stream(), cuda::AttentionPolicy::kNarrow);
+        ASSERT_TRUE(s.isOk()) << s.toString();
       } else {
-        cuda::AttentionArgs a;
-        a.qkv = gq.view.as<__nv_bfloat16>();
-        a.cu_seqlens = gcu.view.as<int32_t>();
-        a.out = go.view.as<__nv_bfloat16>();
-        a.num_tokens = t;
-        a.num_seqs = p.num_seqs;
-        a.num_q_heads = c.hq;
-        a.num_kv_heads = c.hkv;
-        a.head_dim = c.d;
-        a.scale = p.scale;
-        a.causal = c.causal;
-        Status s;
-        if (variant <= 4) {
-          s = cuda::launchAttention(
-              a, cb.stream(), variant % 2 == 1 ? 16 : 64,
-              variant <= 2 ? cuda::AttentionKernel::kV1 : cuda::AttentionKernel::kV2);
-        } else if (variant == 5) {
-          s = cuda::launchAttention(a, cb.stream(), 0, cuda::AttentionKernel::kV3);
-        } else {
-          static const cuda::AttentionV3Tile kTiles[] = {
-              cuda::AttentionV3Tile::k128Shared, cuda::AttentionV3Tile::k128PerHead,
-              cuda::AttentionV3Tile::k64Shared, cuda::AttentionV3Tile::k128Shared3Stage};
-          s = cuda::launchAttentionV3(a, cb.stream(), kTiles[variant - 6]);
+        const cuda::AttentionVariant v = kForced[variant - 2];
+        // The wide variants need head_dim 128 (and wide64 an even GQA group): the check says so
+        // by name, and the launch refuses the same way.
+        const bool wide =
+            v == cuda::AttentionVariant::kWide64 || v == cuda::AttentionVariant::kWide128;
+        const bool runs =
+            !wide ||
+            (c.d == 128 && (v == cuda::AttentionVariant::kWide128 || (c.hq / c.hkv) % 2 == 0));
+        const Status check = cuda::checkAttentionVariant(a, v);
+        EXPECT_EQ(check.isOk(), runs) << kNames[variant] << ": " << check.toString();
+        if (!runs) {
+          EXPECT_NE(check.message().find(cuda::attentionVariantName(v)), std::string::npos)
+              << check.toString();
+          EXPECT_FALSE(cuda::launchAttentionVariant(a, cb.stream(), v).isOk());
+          continue;
         }
+        Status s = cuda::launchAttentionVariant(a, cb.stream(), v);
         ASSERT_TRUE(s.isOk()) << s.toString();
       }
       results[variant] = download(gpu(), go.view);
-      static const char* const kNames[] = {"attention (auto)",
-                                           "attention v1 (16 rows)",
-                                           "attention v1 (64 rows)",
-                                           "attention v2 (16 rows)",
-                                           "attention v2 (64 rows)",
-                                           "attention v3 (policy)",
-                                           "attention v3 (128 rows, shared)",
-                                           "attention v3 (128 rows, per head)",
-                                           "attention v3 (64 rows, shared)",
-                                           "attention v3 (128 rows, shared, 3 stages)"};
       expectClose(results[variant], ref, 1e-2, 2e-2, kNames[variant]);
       // Per (token, head) relative L2 error: long diffuse rows have small outputs that an
       // absolute tolerance would not police.
@@ -750,11 +756,12 @@ TEST_F(GpuOps, VarlenAttentionBothTileSizes) {
       EXPECT_LE(worst, 1e-2) << "worst relative L2 error at token " << worst_row / c.hq << " head "
                              << worst_row % c.hq;
     }
-    // Neither the tile size nor the kernel variant changes a row's arithmetic.
-    for (int v = 2; v < kVariants; ++v) {
+    // No variant changes a row's arithmetic: all equal narrow16 bit for bit.
+    for (int v = 0; v < kVariants; ++v) {
+      if (v == 2 || results[v].empty()) continue;
       EXPECT_EQ(
-          0, std::memcmp(results[1].data(), results[v].data(), results[1].size() * sizeof(float)))
-          << "variant " << v << " differs from v1 with 16-row tiles";
+          0, std::memcmp(results[2].data(), results[v].data(), results[2].size() * sizeof(float)))
+          << kNames[v] << " differs from narrow16";
     }
   }
 }
@@ -796,11 +803,11 @@ TEST_F(GpuOps, AttentionRowDoesNotDependOnBatch) {
   }
 }
 
-// kV3 (and each of its forced tiles): a sequence alone and in a batch give identical bits. Alone,
-// the 1000-token sequence is small enough that the v3 policy runs kV2 with 16-row tiles; in the
-// batch (with a 4096-token sequence) it runs the kV3 kernel, so this also checks that the two
-// kernels agree bit for bit.
-TEST_F(GpuOps, AttentionV3RowDoesNotDependOnBatch) {
+// The size policy and each wide variant: a sequence alone and in a batch give identical bits.
+// Alone, the 1000-token sequence is small enough that the policy runs narrow16; in the batch
+// (with a 4096-token sequence) it runs wide64, so this also checks that the narrow and the wide
+// kernel agree bit for bit.
+TEST_F(GpuOps, AttentionWideRowDoesNotDependOnBatch) {
   const int32_t hq = 16, hkv = 8, d = 128;
   const int64_t width = (hq + 2 * hkv) * d;
   auto& cb = static_cast<cuda::CudaBackend&>(gpu());
@@ -827,24 +834,25 @@ TEST_F(GpuOps, AttentionV3RowDoesNotDependOnBatch) {
       a.head_dim = d;
       a.scale = 1.f / std::sqrt(128.f);
       a.causal = causal;
-      Status s = tile == 0 ? cuda::launchAttention(a, cb.stream(), 0, cuda::AttentionKernel::kV3)
-                           : cuda::launchAttentionV3(a, cb.stream(),
-                                                     static_cast<cuda::AttentionV3Tile>(tile));
+      Status s = tile == 0
+                     ? cuda::launchAttention(a, cb.stream())
+                     : cuda::launchAttentionVariant(a, cb.stream(),
+                                                    tile == 1 ? cuda::AttentionVariant::kWide64
+                                                              : cuda::AttentionVariant::kWide128);
       EXPECT_TRUE(s.isOk()) << s.toString();
       auto all = download(gpu(), go.view);
       return std::vector<float>(all.begin() + cu[static_cast<size_t>(which)] * hq * d,
                                 all.begin() + (cu[static_cast<size_t>(which)] + la) * hq * d);
     };
-    // 0: the v3 policy; 1..4: AttentionV3Tile k128Shared, k128PerHead, k64Shared,
-    // k128Shared3Stage.
-    for (int tile = 0; tile <= 4; ++tile) {
+    // 0: the size policy; 1: wide64; 2: wide128.
+    for (int tile = 0; tile <= 2; ++tile) {
       SCOPED_TRACE("tile " + std::to_string(tile));
       auto alone = run({la}, 0, tile);
       auto batched = run({5, 4096, la, 1, 77}, 2, tile);
       ASSERT_EQ(alone.size(), batched.size());
       EXPECT_EQ(0, std::memcmp(alone.data(), batched.data(), alone.size() * sizeof(float)))
           << (causal ? "causal" : "bidirectional")
-          << ": a sequence's v3 attention changed with its batch";
+          << ": a sequence's attention changed with its batch";
       // Not vacuous: the poisoned output was overwritten with finite values.
       EXPECT_TRUE(
           std::all_of(alone.begin(), alone.end(), [](float v) { return std::isfinite(v); }));
@@ -894,8 +902,10 @@ TEST_F(GpuOps, PoolingModesWithAndWithoutL2) {
           gpu().pool(gh.view, gcu.view, go.view, p);
           const auto want = download(cpu(), co.view);
           expectClose(download(gpu(), go.view), want, 1e-5, 1e-4, "pool (default kernel)");
-          // Both kernels explicitly (v2: one cluster of blocks per sequence for mean).
-          for (auto k : {cuda::PoolKernel::kV1, cuda::PoolKernel::kV2}) {
+          // Each variant explicitly: block per sequence for every mode, cluster per sequence for
+          // mean (the other modes refuse it by name).
+          for (auto v :
+               {cuda::PoolVariant::kBlockPerSequence, cuda::PoolVariant::kClusterPerSequence}) {
             poison(gpu(), go.view);
             cuda::PoolArgs a;
             a.hidden = gh.view.as<__nv_bfloat16>();
@@ -905,10 +915,17 @@ TEST_F(GpuOps, PoolingModesWithAndWithoutL2) {
             a.hidden_size = h;
             a.kind = static_cast<cuda::PoolKind>(static_cast<int32_t>(mode));
             a.normalize = norm;
-            Status s = cuda::launchPool(a, static_cast<cuda::CudaBackend&>(gpu()).stream(), k);
+            const bool cluster = v == cuda::PoolVariant::kClusterPerSequence;
+            if (cluster && mode != PoolMode::kMean) {
+              const Status check = cuda::checkPoolVariant(a, v);
+              EXPECT_NE(check.message().find("mean only"), std::string::npos) << check.toString();
+              continue;
+            }
+            Status s =
+                cuda::launchPoolVariant(a, static_cast<cuda::CudaBackend&>(gpu()).stream(), v);
             ASSERT_TRUE(s.isOk()) << s.toString();
             expectClose(download(gpu(), go.view), want, 1e-5, 1e-4,
-                        k == cuda::PoolKernel::kV1 ? "pool v1" : "pool v2");
+                        cluster ? "pool cluster per sequence" : "pool block per sequence");
           }
         }
       }

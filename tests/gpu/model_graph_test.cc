@@ -1,4 +1,4 @@
-// The Qwen3 forward pass through CUDA graphs, as the engine runs it ([TAG_GRAPH_EXEC]): a random
+// The Qwen3 forward pass through CUDA graphs, as the embedding runner runs it ([TAG_GRAPH_EXEC]): a random
 // Qwen3 checkpoint (head_dim 128, GQA 2:1, written here) on the CUDA backend, every batch padded to
 // its (sequences, tokens) bucket and run eager -> capture -> replay by the graph cache. Checks:
 //   - every graphed run (eager, capture, replay, on fresh random batches of many shapes and all
@@ -9,8 +9,9 @@
 //   - yes/no scoring through graphs equals eager scoring;
 //   - precapture makes the first batch of a bucket a replay;
 //   - the graphed CUDA result agrees with the CPU fp32 reference (cosine);
-//   - the Engine on the shm channel with --cuda-graphs on publishes exactly the eager results
-//     (and counts eager / capture / replay), with graphs off too; precapture through the Engine.
+//   - the step loop running the EmbeddingRunner on the shm channel with --cuda-graphs on
+//     publishes exactly the eager results (and counts eager / capture / replay), with graphs off
+//     too; precapture through the runner.
 // Label `gpu`.
 
 #include <gtest/gtest.h>
@@ -29,7 +30,8 @@
 
 #include "common/safetensors.h"
 #include "common/shm/channel.h"
-#include "services/rose/engine/engine.h"
+#include "services/rose/engine/embedding_runner.h"
+#include "services/rose/engine/step_loop.h"
 #include "services/rose/model/qwen3.h"
 #include "services/rose/ops/cuda/cuda_backend.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -330,11 +332,13 @@ TEST_F(ModelGraphTest, GraphedCudaAgreesWithCpuReference) {
   }
 }
 
-// The Engine on a real shm channel, CUDA backend: what it publishes equals the eager model pass.
+// The step loop on a real shm channel running the EmbeddingRunner, CUDA backend: what it
+// publishes equals the eager model pass.
 class EngineGraphTest : public ModelGraphTest {
  protected:
-  std::unique_ptr<Engine> makeEngine(bool graphs,
-                                     std::vector<std::pair<int32_t, int64_t>> precapture = {}) {
+  // The loop runs runner_ (replaced by each call: destroy the previous loop first).
+  std::unique_ptr<StepLoop> makeEngine(bool graphs,
+                                       std::vector<std::pair<int32_t, int64_t>> precapture = {}) {
     static std::atomic<int> counter{0};
     name_ = "/rose-gpu-engine-test-" + std::to_string(getpid()) + "-" + std::to_string(counter++);
     channel_.reset();
@@ -342,12 +346,17 @@ class EngineGraphTest : public ModelGraphTest {
     EXPECT_TRUE(ch.isOk()) << ch.status().toString();
     if (!ch.isOk()) return nullptr;
     channel_.emplace(std::move(ch).value());
-    EngineOptions eo;
-    eo.default_pooling = PoolMode::kLast;
-    eo.model_name = "random";
-    eo.cuda_graphs = graphs;
-    eo.precapture = std::move(precapture);
-    auto e = Engine::create(*channel_, *gpu_, *model_, eo);
+    EmbeddingRunnerOptions ro;
+    ro.default_pooling = PoolMode::kLast;
+    ro.cuda_graphs = graphs;
+    ro.precapture = std::move(precapture);
+    auto r = EmbeddingRunner::create(*gpu_, *model_, ro);
+    EXPECT_TRUE(r.isOk()) << r.status().toString();
+    if (!r.isOk()) return nullptr;
+    runner_ = std::move(r).value();
+    StepLoopOptions lo;
+    lo.model_name = "random";
+    auto e = StepLoop::create(*channel_, *gpu_, *runner_, lo);
     EXPECT_TRUE(e.isOk()) << e.status().toString();
     if (!e.isOk()) return nullptr;
     (*e)->announceReady();
@@ -355,7 +364,7 @@ class EngineGraphTest : public ModelGraphTest {
   }
 
   // Submits `b` in `slot`, steps the engine once and returns the published rows.
-  std::vector<float> submit(Engine& e, uint32_t slot, const Batch& b, shm::PoolingMode pooling) {
+  std::vector<float> submit(StepLoop& e, uint32_t slot, const Batch& b, shm::PoolingMode pooling) {
     using namespace std::chrono_literals;
     auto in = channel_->inputArena(slot);
     std::memcpy(in.data(), b.ids.data(), b.ids.size() * 4);
@@ -387,6 +396,7 @@ class EngineGraphTest : public ModelGraphTest {
 
   void TearDown() override { channel_.reset(); }
 
+  std::unique_ptr<EmbeddingRunner> runner_;
   std::string name_;
   std::optional<shm::Channel> channel_;
   uint64_t next_id_ = 1000;
@@ -397,7 +407,7 @@ TEST_F(EngineGraphTest, EnginePublishesEagerResultsThroughGraphs) {
     SCOPED_TRACE(graphs ? "graphs on" : "graphs off");
     auto e = makeEngine(graphs);
     ASSERT_NE(e, nullptr);
-    EXPECT_EQ(e->stats().graphs, graphs);
+    EXPECT_EQ(runner_->graphs(), graphs);
     const std::vector<std::vector<int32_t>> shapes = {
         {100}, {90}, {120}, {77}, {300, 12, 40}, {250, 60, 40}, {5, 5, 5, 5, 5, 5, 5}};
     uint32_t slot = 0;
@@ -411,12 +421,12 @@ TEST_F(EngineGraphTest, EnginePublishesEagerResultsThroughGraphs) {
         slot = (slot + 1) % 3;
       }
     }
-    const EngineStats st = e->stats();
-    EXPECT_EQ(st.batches_run, 2 * shapes.size());
+    EXPECT_EQ(e->stats().batches_run, 2 * shapes.size());
     if (graphs) {
-      EXPECT_GT(st.graph.replays, 0u);
-      EXPECT_GT(st.graph.captures, 0u);
-      EXPECT_EQ(st.graph.capture_failures, 0u);
+      const GraphExecStats st = runner_->graphStats();
+      EXPECT_GT(st.replays, 0u);
+      EXPECT_GT(st.captures, 0u);
+      EXPECT_EQ(st.capture_failures, 0u);
     }
     ASSERT_TRUE(e->drain(std::chrono::seconds(30)));
   }
@@ -425,24 +435,19 @@ TEST_F(EngineGraphTest, EnginePublishesEagerResultsThroughGraphs) {
 TEST_F(EngineGraphTest, EnginePrecaptureTurnsFirstBatchIntoReplay) {
   auto e = makeEngine(true, {{1, 512}, {2, 1000}});
   ASSERT_NE(e, nullptr);
-  const GraphExecStats before = e->stats().graph;
+  const GraphExecStats before = runner_->graphStats();
   EXPECT_GE(before.captures, 2u);
   Batch b = randomBatch(rng_, {500});  // bucket (2, 512)
   auto got = submit(*e, 0, b, shm::PoolingMode::kDefault);
   expectBitEqual(got, eager(b, PoolMode::kLast, true), "precaptured bucket");
-  const GraphExecStats after = e->stats().graph;
+  const GraphExecStats after = runner_->graphStats();
   EXPECT_EQ(after.replays - before.replays, 1u);
   EXPECT_EQ(after.eager, before.eager);
   ASSERT_TRUE(e->drain(std::chrono::seconds(30)));
   // A bucket that does not fit is refused at creation, naming it.
-  static std::atomic<int> counter{0};
-  auto ch = shm::Channel::create(
-      "/rose-gpu-engine-bad-" + std::to_string(getpid()) + "-" + std::to_string(counter++),
-      shm::Layout{2, 4096, 4096});
-  ASSERT_TRUE(ch.isOk());
-  EngineOptions eo;
-  eo.precapture = {{1, 100000}};
-  auto bad = Engine::create(*ch, *gpu_, *model_, eo);
+  EmbeddingRunnerOptions ro;
+  ro.precapture = {{1, 100000}};
+  auto bad = EmbeddingRunner::create(*gpu_, *model_, ro);
   ASSERT_FALSE(bad.isOk());
   EXPECT_NE(bad.status().message().find("1x100000"), std::string::npos) << bad.status().message();
 }

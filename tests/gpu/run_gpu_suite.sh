@@ -3,7 +3,7 @@
 #   gpu.txt        the card as found (nvidia-smi)
 #   kernels.log    gpu_kernels_test (every op vs the CPU reference)
 #   graph.log      gpu_graph_test (lazy capture, replay == eager, CUDA forward vs CPU)
-#   modelgraph.log gpu_model_graph_test (Qwen3 + Engine through graphs == eager, batch invariance)
+#   modelgraph.log gpu_model_graph_test (Qwen3 + the step loop through graphs == eager, batch invariance)
 #   memcheck.log   compute-sanitizer memcheck over gpu_graph_test and the attention/pool tests
 #   bench.txt      rose_kernel_bench (kernel microbenchmarks)
 #   e2e.log        make_e2e_reference.py (transformers, bf16) + gpu_e2e_test

@@ -13,6 +13,9 @@ void copyCompletionMessage(char (&dst)[160], const std::string& msg) {
   dst[n] = '\0';
 }
 
+namespace {
+
+// The answer to a batch refused before launch: `st` as its status and message.
 PendingCompletion rejectedCompletion(const shm::BatchDesc& d, const Status& st,
                                      std::chrono::steady_clock::time_point taken) {
   PendingCompletion p;
@@ -25,22 +28,7 @@ PendingCompletion rejectedCompletion(const shm::BatchDesc& d, const Status& st,
   return p;
 }
 
-Status checkTaken(const shm::BatchDesc& d, size_t num_slots,
-                  const std::function<bool(uint32_t)>& slot_busy, const char* unit) {
-  if (d.slot >= num_slots) {
-    return invalidArgument("slot " + std::to_string(d.slot) + " out of range (" +
-                           std::to_string(num_slots) + " slots)");
-  }
-  if (slot_busy(d.slot)) {
-    // Protocol violation: the slot's previous batch is still running. Answer without touching
-    // the slot's staging or output.
-    return invalidArgument("slot " + std::to_string(d.slot) + " is still in use");
-  }
-  if (d.deadline_ns != 0 && d.deadline_ns < shm::monotonicNowNs()) {
-    return deadlineExceeded(std::string("deadline passed before the ") + unit + " ran");
-  }
-  return okStatus();
-}
+}  // namespace
 
 void CompletionQueue::reject(const shm::BatchDesc& d, const Status& st,
                              std::chrono::steady_clock::time_point taken, const char* log_line) {

@@ -1,11 +1,10 @@
 #pragma once
-// CompletionQueue: the completion half of rose's shared-memory step loops (Engine for embedding
-// and scoring batches, LlmEngine for gpt-oss steps). The step thread pushes one PendingCompletion
-// per batch it took, launched or rejected; the queue's thread answers them in order: it waits for
-// a launched batch's event (a failed wait turns the answer into that error), frees the slot,
-// publishes the completion on the channel (retrying while the completion ring is full, until
-// drain() stops it) and then counts it (the engine's outcome counter and step histogram). drain()
-// waits until every pushed batch is answered and stops the thread.
+// CompletionQueue: the completion half of rose's step loop (step_loop.h). The step thread pushes
+// one PendingCompletion per batch it took, launched or rejected; the queue's thread answers them
+// in order: it waits for a launched batch's event (a failed wait turns the answer into that
+// error), frees the slot, publishes the completion on the channel (retrying while the completion
+// ring is full, until drain() stops it) and then counts it (the runner's outcome counter and step
+// histogram). drain() waits until every pushed batch is answered and stops the thread.
 //
 // Threads: push() from the step thread; the hooks run on the queue's thread.
 
@@ -34,16 +33,6 @@ struct PendingCompletion {
 
 // Copies `msg` into a completion's message field (truncated, NUL-terminated).
 void copyCompletionMessage(char (&dst)[160], const std::string& msg);
-
-// The answer to a batch refused before launch: `st` as its status and message.
-PendingCompletion rejectedCompletion(const shm::BatchDesc& d, const Status& st,
-                                     std::chrono::steady_clock::time_point taken);
-
-// The checks every taken batch passes before its slot is touched: the slot exists and is free
-// (`slot_busy` is asked only for a slot in range) and the deadline has not passed. `unit` names
-// the batch in messages ("batch", "step"). OK when the batch may be admitted.
-Status checkTaken(const shm::BatchDesc& d, size_t num_slots,
-                  const std::function<bool(uint32_t)>& slot_busy, const char* unit);
 
 class CompletionQueue {
  public:

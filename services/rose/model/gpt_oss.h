@@ -1,7 +1,7 @@
 #pragma once
 // The gpt-oss decoder (gpt-oss-20b / gpt-oss-120b and any GptOssForCausalLM checkpoint), written
 // once against the op interfaces (services/rose/ops/backend.h + services/rose/ops/llm_ops.h).
-// Spec: /work/shared/spec/gpt-oss.md.
+// Spec: the project's gpt-oss specification (gpt-oss.md).
 //
 // Loading: DIR/config.json + safetensors (one file or an index + shards), Hugging Face names.
 // Expert weights come as published (MXFP4 `*_blocks` / `*_scales`) or dense (a bf16/f32

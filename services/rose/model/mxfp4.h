@@ -1,7 +1,7 @@
 #pragma once
 // MXFP4 (OCP microscaling FP4) dequantization exactly as the gpt-oss reference does it
-// (transformers `convert_moe_packed_tensors`, openai/gpt-oss `torch/weights.py`); see
-// /work/shared/spec/gpt-oss.md §2.5.
+// (transformers `convert_moe_packed_tensors`, openai/gpt-oss `torch/weights.py`); see the
+// project's gpt-oss specification (gpt-oss.md) §2.5.
 //
 // Layout: a logical weight W[..., r, k] with K inputs is stored as `blocks` uint8
 // [..., r, K/32, 16] and `scales` uint8 [..., r, K/32]. Element k = 32·g + j lives in byte

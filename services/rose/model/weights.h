@@ -1,5 +1,5 @@
 #pragma once
-// Checkpoint-tensor helpers shared by the model loaders (qwen3.cc, llm/gpt_oss.cc): shape text for
+// Checkpoint-tensor helpers shared by the model loaders (qwen3.cc, gpt_oss.cc): shape text for
 // error messages, the shape/dtype check every loaded weight gets, and the upload with conversion.
 // Header-only (no library dependency beyond safetensors and the op interface). Any thread.
 

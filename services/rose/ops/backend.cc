@@ -1,11 +1,49 @@
 #include "services/rose/ops/backend.h"
 
+#include <cstdlib>
+#include <cstring>
+#include <initializer_list>
 #include <string>
 
 #include "services/rose/ops/cpu/llm_ops_cpu.h"
 #include "services/rose/ops/llm_ops.h"
 
 namespace garden::rose {
+
+namespace {
+
+// A set, non-empty GARDEN_* variable: *out = the index of its value in `accepted`.
+Status envChoice(const char* name, std::initializer_list<const char*> accepted, int* out) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return okStatus();
+  std::string list;
+  int i = 0;
+  for (const char* a : accepted) {
+    if (std::strcmp(v, a) == 0) {
+      *out = i;
+      return okStatus();
+    }
+    list += (i++ == 0 ? "" : "|");
+    list += a;
+  }
+  return invalidArgument(std::string(name) + "='" + v + "': expected " + list);
+}
+
+}  // namespace
+
+Status cudaKernelOptionsFromEnv(CudaKernelOptions& opts) {
+  int attention = opts.attention_wide ? 0 : 1;
+  int tune = opts.gemm_tune ? 1 : 0, smallm = opts.gemm_smallm ? 1 : 0, pdl = opts.pdl ? 1 : 0;
+  RETURN_IF_ERROR(envChoice("GARDEN_ATTENTION_KERNEL", {"auto", "narrow"}, &attention));
+  RETURN_IF_ERROR(envChoice("GARDEN_GEMM_TUNE", {"0", "1"}, &tune));
+  RETURN_IF_ERROR(envChoice("GARDEN_GEMM_SMALLM", {"0", "1"}, &smallm));
+  RETURN_IF_ERROR(envChoice("GARDEN_PDL", {"0", "1"}, &pdl));
+  opts.attention_wide = attention == 0;
+  opts.gemm_tune = tune == 1;
+  opts.gemm_smallm = smallm == 1;
+  opts.pdl = pdl == 1;
+  return okStatus();
+}
 
 Result<std::unique_ptr<Backend>> makeBackend(std::string_view device, const BackendOptions& opts) {
   if (device == "cpu") return makeCpuBackend(opts);

@@ -141,10 +141,34 @@ class Event {
 
 enum class PoolMode : uint8_t { kLast = 1, kMean = 2, kCls = 3 };
 
+// Kernel choices of the cuda backend, for side-by-side runs (the defaults are the fastest
+// measured; the cpu backend ignores them). The backend never reads the environment: rose reads
+// GARDEN_* once at start-up (cudaKernelOptionsFromEnv, services/rose/main.cc).
+struct CudaKernelOptions {
+  // Attention (ops/cuda/attention.cuh AttentionPolicy): true = the size policy may pick the
+  // wide-warp variants (kAuto); false = narrow warps only (kNarrow). GARDEN_ATTENTION_KERNEL=
+  // auto|narrow.
+  bool attention_wide = true;
+  // GEMMs (ops/cuda/gemm.h): time cuBLASLt's candidates per (M bucket, N, K) (GARDEN_GEMM_TUNE=1)
+  // or take the heuristic's pick (0); with tuning, also time the custom small-M kernel
+  // (GARDEN_GEMM_SMALLM=1; off: it lost at every M >= 64 bucket on the H200).
+  bool gemm_tune = true;
+  bool gemm_smallm = false;
+  // Programmatic dependent launch of eager kernel launches (ops/cuda/common.cuh [TAG_PDL]):
+  // GARDEN_PDL=0|1.
+  bool pdl = true;
+};
+
+// Sets the fields of `opts` whose GARDEN_* variable (above) is set and not empty; INVALID_ARGUMENT
+// naming the variable, its value and the accepted ones otherwise. For start-up code (rose's main,
+// benchmarks).
+Status cudaKernelOptionsFromEnv(CudaKernelOptions& opts);
+
 struct BackendOptions {
   int32_t threads = 0;              // CPU: compute threads (0 = hardware concurrency)
   int32_t device_index = 0;         // CUDA: which GPU
   int64_t max_batch_tokens = 8192;  // upper bound on tokens of one launched batch
+  CudaKernelOptions cuda;           // CUDA: kernel choices
 };
 
 // ---- op params (POD) ----

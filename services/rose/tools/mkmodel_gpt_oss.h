@@ -1,7 +1,8 @@
 #pragma once
 // A tiny gpt-oss checkpoint with deterministic random weights, in the layout the published
-// gpt-oss-20b / -120b repositories use (spec: /work/shared/spec/gpt-oss.md §2.1, §2.4, §2.5), so
-// rose's LLM path, tulip and ivy can run end to end on a CPU without a download. Its outputs are
+// gpt-oss-20b / -120b repositories use (the project's gpt-oss specification, gpt-oss.md §2.1,
+// §2.4, §2.5), so rose's LLM path, tulip and ivy can run end to end on a CPU without a download.
+// Its outputs are
 // meaningless; its vocabulary is the REAL o200k_harmony size (201088), so the real gpt-oss
 // tokenizer.json and the Harmony special ids (<|return|> 200002, <|call|> 200012, ...) work.
 //

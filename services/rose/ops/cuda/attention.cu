@@ -1,4 +1,6 @@
 #include <cmath>
+#include <cstdint>
+#include <string>
 
 #include "services/rose/ops/cuda/attention.cuh"
 #include "services/rose/ops/cuda/common.cuh"
@@ -44,18 +46,18 @@ __device__ bool findTile(const int32_t* cu, int num_seqs, int tile, int kM, int&
   return false;
 }
 
-// kWarps warps x 16 query rows each = kM rows per block and q head. Per warp: S (16 x 64) = Q K^T
-// with Q fragments held in registers; P = exp2(S - m) in registers reused as the A operand of P V.
-// kV2 (the default kernel, AttentionKernel::kV2) changes only the schedule, never a row's
-// arithmetic, so both variants give bit-identical results:
+// The narrow-warp kernel (AttentionVariant kNarrow16 / kNarrow64). kWarps warps x 16 query rows
+// each = kM rows per block and q head. Per warp: S (16 x 64) = Q K^T with Q fragments held in
+// registers; P = exp2(S - m) in registers reused as the A operand of P V. The schedule:
 //   - kHeads q heads of one GQA group per block share each K/V tile in shared memory (kHeads x
 //     kWarps warps; half the K/V loads per FLOP for Qwen3's 2 q heads per kv head);
 //   - the causal/length mask is applied only to the tiles that need it (the last one, and the
-//     diagonal ones of a causal warp);
+//     diagonal ones of a causal warp): a fully valid tile takes the unmasked path, whose
+//     arithmetic per valid key is the masked path's;
 //   - causal query tiles run longest-first within a sequence (fewer stragglers in the last wave).
-template <int kD, int kWarps, bool kCausal, int kHeads = 1, bool kV2 = false>
+template <int kD, int kWarps, bool kCausal, int kHeads>
 __global__ void __launch_bounds__(32 * kWarps * kHeads) attentionKernel(AttentionArgs a) {
-  pdlWait();  // [TAG_PDL]
+  pdlWait();                             // [TAG_PDL]
   constexpr int kM = 16 * kWarps;        // query rows per block and head
   constexpr int kN = kKeysPerTile;       // keys per tile
   constexpr int kRow = kD + 8;           // padded smem row (elements): conflict-free ldmatrix
@@ -70,7 +72,7 @@ __global__ void __launch_bounds__(32 * kWarps * kHeads) attentionKernel(Attentio
   if (!findTile(a.cu_seqlens, a.num_seqs, blockIdx.x, kM, seq, q0)) return;
   const int start = a.cu_seqlens[seq];
   const int len = a.cu_seqlens[seq + 1] - start;
-  if (kV2 && kCausal) q0 = ((len + kM - 1) / kM - 1) * kM - q0;  // longest tiles first
+  if (kCausal) q0 = ((len + kM - 1) / kM - 1) * kM - q0;  // longest tiles first
   const int qh = blockIdx.y * kHeads + static_cast<int>(threadIdx.x / (32 * kWarps));
   const int kvh = qh / (a.num_q_heads / a.num_kv_heads);
   const int warp = (threadIdx.x / 32) % kWarps;  // row group within the head
@@ -122,7 +124,7 @@ __global__ void __launch_bounds__(32 * kWarps * kHeads) attentionKernel(Attentio
   load_tile(0, 0);
   cpAsyncCommit();
   // __fmul_rn / __fmaf_rn below: explicit roundings, so that ptxas cannot contract differently
-  // in different kernels (kV3 must stay bit-identical to this kernel).
+  // in different kernels (the wide kernel must stay bit-identical to this one).
   const float scale_log2 = a.scale * 1.4426950408889634f;
   const int mi = lane >> 3;  // which 8x8 matrix this lane addresses in ldmatrix.x4
   const int mr = lane & 7;   // which row of it
@@ -157,7 +159,7 @@ __global__ void __launch_bounds__(32 * kWarps * kHeads) attentionKernel(Attentio
     const int key0 = j * kN;
     float mx0 = -INFINITY, mx1 = -INFINITY;
     // Warp-uniform: every key of the tile is valid for every row of this warp.
-    const bool full = kV2 && key0 + kN <= len && (!kCausal || key0 + kN - 1 <= q0 + warp * 16);
+    const bool full = key0 + kN <= len && (!kCausal || key0 + kN - 1 <= q0 + warp * 16);
     if (full) {
 #pragma unroll
       for (int nt = 0; nt < kN / 8; ++nt) {
@@ -255,13 +257,13 @@ __global__ void __launch_bounds__(32 * kWarps * kHeads) attentionKernel(Attentio
   }
 }
 
-template <int kD, int kWarps, bool kCausal, int kHeads, bool kV2>
-Status launchInstance(const AttentionArgs& a, cudaStream_t stream) {
+template <int kD, int kWarps, bool kCausal, int kHeads>
+Status launchNarrow(const AttentionArgs& a, cudaStream_t stream, bool pdl) {
   constexpr int kM = 16 * kWarps;
   constexpr size_t smem = attentionSmemBytes<kD>();
   static bool configured = false;  // [TAG_ATTN_SMEM] one attribute call per instance
   if (!configured) {
-    CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(attentionKernel<kD, kWarps, kCausal, kHeads, kV2>,
+    CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(attentionKernel<kD, kWarps, kCausal, kHeads>,
                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
                                               static_cast<int>(smem)));
     configured = true;
@@ -269,49 +271,38 @@ Status launchInstance(const AttentionArgs& a, cudaStream_t stream) {
   // Upper bound on tiles: sum ceil(len / kM) <= ceil(T / kM) + num_seqs. Extra blocks exit.
   const int64_t tiles = (a.num_tokens + kM - 1) / kM + a.num_seqs;
   dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(a.num_q_heads / kHeads));
-  CUDA_RETURN_IF_ERROR(launchPdl(attentionKernel<kD, kWarps, kCausal, kHeads, kV2>, grid,
+  CUDA_RETURN_IF_ERROR(launchPdl(pdl, attentionKernel<kD, kWarps, kCausal, kHeads>, grid,
                                  dim3(kWarps * kHeads * 32), smem, stream, a));
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return okStatus();
 }
 
+// kNarrow16 / kNarrow64 at head_dim kD: two q heads per block when the GQA group is even.
 template <int kD, int kWarps>
-Status dispatchVariant(const AttentionArgs& a, cudaStream_t stream, AttentionKernel variant) {
-  const int group = a.num_q_heads / a.num_kv_heads;
-  if (variant == AttentionKernel::kV1) {
-    return a.causal ? launchInstance<kD, kWarps, true, 1, false>(a, stream)
-                    : launchInstance<kD, kWarps, false, 1, false>(a, stream);
+Status dispatchNarrow(const AttentionArgs& a, cudaStream_t stream, bool pdl) {
+  if ((a.num_q_heads / a.num_kv_heads) % 2 == 0) {
+    return a.causal ? launchNarrow<kD, kWarps, true, 2>(a, stream, pdl)
+                    : launchNarrow<kD, kWarps, false, 2>(a, stream, pdl);
   }
-  if (group % 2 == 0) {
-    return a.causal ? launchInstance<kD, kWarps, true, 2, true>(a, stream)
-                    : launchInstance<kD, kWarps, false, 2, true>(a, stream);
-  }
-  return a.causal ? launchInstance<kD, kWarps, true, 1, true>(a, stream)
-                  : launchInstance<kD, kWarps, false, 1, true>(a, stream);
+  return a.causal ? launchNarrow<kD, kWarps, true, 1>(a, stream, pdl)
+                  : launchNarrow<kD, kWarps, false, 1>(a, stream, pdl);
 }
 
-template <int kD>
-Status dispatchRows(const AttentionArgs& a, cudaStream_t stream, int rows,
-                    AttentionKernel variant) {
-  if (rows == 16) return dispatchVariant<kD, 1>(a, stream, variant);
-  return dispatchVariant<kD, 4>(a, stream, variant);
-}
+// ---- Wide warps: 32 query rows per warp, Q in shared memory ------------------------------------
+// With 16 rows per warp (the narrow kernel) every K/V B fragment read from shared memory (one
+// ldmatrix.x4) feeds only two mma, so shared-memory bandwidth caps the kernel near half of
+// mma.sync peak. The wide kernel gives each warp kMTiles = 2 m16 tiles (32 rows) that share every
+// K and V fragment; the 32 x 128 f32 O accumulator (128 registers) leaves no room for Q fragments
+// in registers, so the Q tile lives in shared memory (loaded once with cp.async) and is re-read
+// with ldmatrix per k-step. Per row the arithmetic is exactly the narrow kernel's: the same 64-key
+// tiles in the same order, the same k-step order within each mma chain, the same online-softmax
+// expressions, and (causal) the same set of key tiles as the narrow kernel with 16-row tiles (a
+// warp skips a tile whose first key is past its last row). So the two kernels are bit-identical,
+// which keeps the launcher's size-based choice batch invariant.
+constexpr int kWideMTiles = 2;  // m16 tiles per warp
 
-// ---- kV3: 32 query rows per warp, Q in shared memory -------------------------------------------
-// With 16 rows per warp (kV1/kV2) every K/V B fragment read from shared memory (one ldmatrix.x4)
-// feeds only two mma, so shared-memory bandwidth caps the kernel near half of mma.sync peak. kV3
-// gives each warp kMTiles = 2 m16 tiles (32 rows) that share every K and V fragment; the 32 x 128
-// f32 O accumulator (128 registers) leaves no room for Q fragments in registers, so the Q tile
-// lives in shared memory (loaded once with cp.async) and is re-read with ldmatrix per k-step.
-// Per row the arithmetic is exactly kV1/kV2's: the same 64-key tiles in the same order, the same
-// k-step order within each mma chain, the same online-softmax expressions, and (causal) the same
-// set of key tiles as kV1 with 16-row tiles (a warp skips a tile whose first key is past its last
-// row). So kV3 is bit-identical to kV1/kV2, which keeps the launcher's size-based kernel choice
-// batch invariant.
-constexpr int kV3MTiles = 2;  // m16 tiles per warp
-
-// Shared-memory operands as 32-bit shared-window addresses (kV3 runs at the 255-register limit:
-// no 64-bit generic pointers kept live for them).
+// Shared-memory operands as 32-bit shared-window addresses (the wide kernel runs at the
+// 255-register limit: no 64-bit generic pointers kept live for them).
 __device__ __forceinline__ void cpAsync16To(uint32_t dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                "r"(valid ? 16 : 0));
@@ -328,12 +319,12 @@ __device__ __forceinline__ void ldsmX4Trans(uint32_t (&r)[4], uint32_t addr) {
 }
 
 template <int kD, int kWarps, int kHeads, int kStages>
-constexpr size_t attentionV3SmemBytes() {
+constexpr size_t attentionWideSmemBytes() {
   // K, V: [kStages][kN][kD + 8]; Q: [kHeads][kM][kD + 8] (bf16); softmax state:
-  // [kV3MTiles][threads] float4 (m0, m1, l0, l1).
-  return (size_t{2} * kStages * kKeysPerTile + size_t{kHeads} * 16 * kV3MTiles * kWarps) *
+  // [kWideMTiles][threads] float4 (m0, m1, l0, l1).
+  return (size_t{2} * kStages * kKeysPerTile + size_t{kHeads} * 16 * kWideMTiles * kWarps) *
              (kD + 8) * sizeof(__nv_bfloat16) +
-         size_t{kV3MTiles} * 32 * kWarps * kHeads * 16;
+         size_t{kWideMTiles} * 32 * kWarps * kHeads * 16;
 }
 
 // The running softmax state lives in shared memory, not registers (volatile: loaded where used).
@@ -348,10 +339,10 @@ __device__ __forceinline__ void stsF32x4(uint32_t addr, float x, float y, float 
 }
 
 template <int kD, int kWarps, bool kCausal, int kHeads, int kStages>
-__global__ void __launch_bounds__(32 * kWarps * kHeads, 1) attentionKernelV3(AttentionArgs a) {
+__global__ void __launch_bounds__(32 * kWarps * kHeads, 1) attentionKernelWide(AttentionArgs a) {
   pdlWait();  // [TAG_PDL]
   static_assert(kStages == 2 || kStages == 3, "K/V pipeline depth");
-  constexpr int kMT = kV3MTiles;
+  constexpr int kMT = kWideMTiles;
   constexpr int kWarpRows = 16 * kMT;     // query rows per warp
   constexpr int kM = kWarpRows * kWarps;  // query rows per block and head
   constexpr int kN = kKeysPerTile;
@@ -457,8 +448,8 @@ __global__ void __launch_bounds__(32 * kWarps * kHeads, 1) attentionKernelV3(Att
     const int key0 = j * kN;
     // Warp-uniform. Causal: a tile whose first key is past the warp's last row is skipped (its
     // keys are masked for every row of the warp); key0 and w0 are multiples of 32, so a tile that
-    // is not skipped has a valid key for every row of both m16 tiles, exactly as in kV1's 16-row
-    // tiles.
+    // is not skipped has a valid key for every row of both m16 tiles, exactly as in the narrow
+    // kernel's 16-row tiles.
     if (!kCausal || key0 <= w0 + kWarpRows - 1) {
       const uint32_t k_s = k_lane + stage * (kN * kRow * kEl);
       const uint32_t v_s = v_lane + stage * (kN * kRow * kEl);
@@ -621,41 +612,25 @@ __global__ void __launch_bounds__(32 * kWarps * kHeads, 1) attentionKernelV3(Att
 }
 
 template <int kD, int kWarps, bool kCausal, int kHeads, int kStages>
-Status launchV3Instance(const AttentionArgs& a, cudaStream_t stream) {
-  constexpr int kM = 16 * kV3MTiles * kWarps;
-  constexpr size_t smem = attentionV3SmemBytes<kD, kWarps, kHeads, kStages>();
+Status launchWide(const AttentionArgs& a, cudaStream_t stream, bool pdl) {
+  constexpr int kM = 16 * kWideMTiles * kWarps;
+  constexpr size_t smem = attentionWideSmemBytes<kD, kWarps, kHeads, kStages>();
   static bool configured = false;  // [TAG_ATTN_SMEM] one attribute call per instance
   if (!configured) {
     CUDA_RETURN_IF_ERROR(
-        cudaFuncSetAttribute(attentionKernelV3<kD, kWarps, kCausal, kHeads, kStages>,
+        cudaFuncSetAttribute(attentionKernelWide<kD, kWarps, kCausal, kHeads, kStages>,
                              cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
     configured = true;
   }
   const int64_t tiles = (a.num_tokens + kM - 1) / kM + a.num_seqs;
   dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(a.num_q_heads / kHeads));
-  CUDA_RETURN_IF_ERROR(launchPdl(attentionKernelV3<kD, kWarps, kCausal, kHeads, kStages>, grid,
-                                 dim3(kWarps * kHeads * 32), smem, stream, a));
+  CUDA_RETURN_IF_ERROR(launchPdl(pdl, attentionKernelWide<kD, kWarps, kCausal, kHeads, kStages>,
+                                 grid, dim3(kWarps * kHeads * 32), smem, stream, a));
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return okStatus();
 }
 
-// kShare: the q heads of a GQA group share K/V tiles two per block (when the group is even).
-// One head per block always uses 4 warps (128 rows) and 2 stages: the 2-warp, one-head instance
-// spilled registers (its K/V copy loop is twice as long) and only odd groups would need it.
-// kStages = 3 only with 128-row shared tiles (one block per SM either way: 178 KB of smem).
-template <int kWarps, bool kShare, int kStages = 2>
-Status dispatchV3(const AttentionArgs& a, cudaStream_t stream) {
-  static_assert(kStages == 2 || kWarps == 4, "3 stages: 128-row tiles only");
-  if (kShare && (a.num_q_heads / a.num_kv_heads) % 2 == 0) {
-    return a.causal ? launchV3Instance<128, kWarps, true, 2, kStages>(a, stream)
-                    : launchV3Instance<128, kWarps, false, 2, kStages>(a, stream);
-  }
-  return a.causal ? launchV3Instance<128, 4, true, 1, 2>(a, stream)
-                  : launchV3Instance<128, 4, false, 1, 2>(a, stream);
-}
-
-AttentionKernel g_default_kernel = AttentionKernel::kV3;
-
+// The checks every variant shares.
 Status checkArgs(const AttentionArgs& a) {
   if (a.head_dim != 64 && a.head_dim != 128)
     return unimplemented("attention: head_dim must be 64 or 128");
@@ -667,70 +642,87 @@ Status checkArgs(const AttentionArgs& a) {
   return okStatus();
 }
 
-// Decode-like (few query tiles): 16-row tiles (one warp) spread the work over more blocks.
-int autoRows(const AttentionArgs& a) {
-  const int64_t tiles64 = (a.num_tokens + 63) / 64 * a.num_q_heads;
-  return tiles64 < 2 * smCount() ? 16 : 64;
-}
-
-// The kV3 policy (AttentionV3Tile::kAuto), after checkArgs.
-Status launchV3Auto(const AttentionArgs& a, cudaStream_t stream) {
-  const int rows = autoRows(a);
-  // head_dim 64 and decode-like sizes run kV2 (bit-identical, so the choice stays batch
-  // invariant).
-  if (a.head_dim != 128 || rows == 16) {
-    return a.head_dim == 128 ? dispatchRows<128>(a, stream, rows, AttentionKernel::kV2)
-                             : dispatchRows<64>(a, stream, rows, AttentionKernel::kV2);
-  }
-  // 64-row shared tiles (2 warps x 2 heads, two blocks per SM) for every prefill-like size: on
-  // the H200 (bench/results/gpu-embed-2026-11-30-h200-s3) they matched or beat the 128-row tiles
-  // and kV2 at every Qwen3 shape timed (e.g. causal 100x512: 543 us vs kV2 697; 4x1024: 106 vs
-  // 114; 1x4096: 359 vs 358), while the 128-row tiles (255 registers, one block per SM) lost
-  // to kV2 at 1x4096 (395 us).
-  return dispatchV3<2, true>(a, stream);
-}
-
 }  // namespace
 
-void setDefaultAttentionKernel(AttentionKernel k) {
-  g_default_kernel = k == AttentionKernel::kDefault ? AttentionKernel::kV3 : k;
-}
-AttentionKernel defaultAttentionKernel() { return g_default_kernel; }
-
-Status launchAttention(const AttentionArgs& a, cudaStream_t stream, int force_rows,
-                       AttentionKernel kernel) {
-  if (a.num_tokens == 0 || a.num_seqs == 0) return okStatus();
-  RETURN_IF_ERROR(checkArgs(a));
-  if (force_rows != 0 && force_rows != 16 && force_rows != 64)
-    return invalidArgument("attention: force_rows must be 0, 16 or 64");
-  const AttentionKernel k = kernel == AttentionKernel::kDefault ? g_default_kernel : kernel;
-  if (k == AttentionKernel::kV3) {
-    if (force_rows != 0)
-      return invalidArgument("attention: kV3 picks its own tiles (force_rows must be 0)");
-    return launchV3Auto(a, stream);
-  }
-  const int rows = force_rows != 0 ? force_rows : autoRows(a);
-  return a.head_dim == 128 ? dispatchRows<128>(a, stream, rows, k)
-                           : dispatchRows<64>(a, stream, rows, k);
+const char* attentionVariantName(AttentionVariant v) {
+  static const char* const kNames[] = {"narrow16", "narrow64", "wide64", "wide128"};  // 1..4
+  const int i = static_cast<int>(v) - 1;
+  return i >= 0 && i < 4 ? kNames[i] : "unknown";
 }
 
-Status launchAttentionV3(const AttentionArgs& a, cudaStream_t stream, AttentionV3Tile tile) {
-  if (a.num_tokens == 0 || a.num_seqs == 0) return okStatus();
+Status checkAttentionVariant(const AttentionArgs& a, AttentionVariant v) {
   RETURN_IF_ERROR(checkArgs(a));
-  if (tile == AttentionV3Tile::kAuto) return launchV3Auto(a, stream);
-  if (a.head_dim != 128) return dispatchRows<64>(a, stream, 64, AttentionKernel::kV2);
-  switch (tile) {
-    case AttentionV3Tile::k128Shared:
-      return dispatchV3<4, true>(a, stream);
-    case AttentionV3Tile::k128PerHead:
-      return dispatchV3<4, false>(a, stream);
-    case AttentionV3Tile::k64Shared:
-      return dispatchV3<2, true>(a, stream);
-    case AttentionV3Tile::k128Shared3Stage:
-      return dispatchV3<4, true, 3>(a, stream);
-    default:
-      return invalidArgument("attention: unknown AttentionV3Tile");
+  switch (v) {
+    case AttentionVariant::kNarrow16:
+    case AttentionVariant::kNarrow64:
+      return okStatus();
+    case AttentionVariant::kWide64:
+      if ((a.num_q_heads / a.num_kv_heads) % 2 != 0) {
+        return unimplemented(
+            "attention: variant wide64 needs an even GQA group (q heads per kv "
+            "head), got " +
+            std::to_string(a.num_q_heads / a.num_kv_heads));
+      }
+      [[fallthrough]];
+    case AttentionVariant::kWide128:
+      if (a.head_dim != 128) {
+        return unimplemented(std::string("attention: variant ") + attentionVariantName(v) +
+                             " needs head_dim 128, got " + std::to_string(a.head_dim));
+      }
+      return okStatus();
   }
+  return invalidArgument("attention: unknown variant " + std::to_string(static_cast<int>(v)));
+}
+
+Result<AttentionVariant> selectAttentionVariant(const AttentionArgs& a, AttentionPolicy policy,
+                                                int sm_count) {
+  RETURN_IF_ERROR(checkArgs(a));
+  if (policy != AttentionPolicy::kAuto && policy != AttentionPolicy::kNarrow)
+    return invalidArgument("attention: unknown policy " + std::to_string(static_cast<int>(policy)));
+  // Decode-like (few query tiles): 16-row tiles (one warp) spread the work over more blocks.
+  const int64_t tiles64 = (a.num_tokens + 63) / 64 * a.num_q_heads;
+  const bool decode_like = tiles64 < 2 * static_cast<int64_t>(sm_count);
+  if (policy == AttentionPolicy::kNarrow || a.head_dim != 128 || decode_like) {
+    // Bit-identical to the wide kernel, so the choice stays batch invariant.
+    return decode_like ? AttentionVariant::kNarrow16 : AttentionVariant::kNarrow64;
+  }
+  // Wide 64-row shared tiles (2 warps x 2 heads, two blocks per SM) for every prefill-like size:
+  // on the H200 (bench/results/gpu-embed-2026-11-30-h200-s3) they matched or beat the 128-row
+  // tiles and the narrow kernel at every Qwen3 shape timed (e.g. causal 100x512: 543 us vs
+  // narrow 697; 4x1024: 106 vs 114; 1x4096: 359 vs 358), while 128-row shared tiles (255
+  // registers, one block per SM) lost to the narrow kernel at 1x4096 (395 us). An odd group runs
+  // one head per block with 128 rows: the 2-warp, one-head instance spilled registers (its K/V
+  // copy loop is twice as long) and only odd groups would need it.
+  return (a.num_q_heads / a.num_kv_heads) % 2 == 0 ? AttentionVariant::kWide64
+                                                   : AttentionVariant::kWide128;
+}
+
+Status launchAttentionVariant(const AttentionArgs& a, cudaStream_t stream, AttentionVariant v,
+                              bool pdl) {
+  if (a.num_tokens == 0 || a.num_seqs == 0) return okStatus();
+  RETURN_IF_ERROR(checkAttentionVariant(a, v));
+  switch (v) {
+    case AttentionVariant::kNarrow16:
+      return a.head_dim == 128 ? dispatchNarrow<128, 1>(a, stream, pdl)
+                               : dispatchNarrow<64, 1>(a, stream, pdl);
+    case AttentionVariant::kNarrow64:
+      return a.head_dim == 128 ? dispatchNarrow<128, 4>(a, stream, pdl)
+                               : dispatchNarrow<64, 4>(a, stream, pdl);
+    case AttentionVariant::kWide64:
+      return a.causal ? launchWide<128, 2, true, 2, 2>(a, stream, pdl)
+                      : launchWide<128, 2, false, 2, 2>(a, stream, pdl);
+    case AttentionVariant::kWide128:
+      return a.causal ? launchWide<128, 4, true, 1, 2>(a, stream, pdl)
+                      : launchWide<128, 4, false, 1, 2>(a, stream, pdl);
+  }
+  return invalidArgument("attention: unknown variant " + std::to_string(static_cast<int>(v)));
+}
+
+Status launchAttention(const AttentionArgs& a, cudaStream_t stream, AttentionPolicy policy,
+                       bool pdl) {
+  if (a.num_tokens == 0 || a.num_seqs == 0) return okStatus();
+  ASSIGN_OR_RETURN(AttentionVariant v, selectAttentionVariant(a, policy, smCount()));
+  return launchAttentionVariant(a, stream, v, pdl);
 }
 
 }  // namespace garden::rose::cuda

@@ -7,8 +7,8 @@
 //
 // Block -> (sequence, query tile) is found on the device from cu_seqlens, and the grid depends
 // only on (num_tokens, num_seqs, heads), so one launch shape serves every batch of a CUDA-graph
-// bucket. A row's result does not depend on the other sequences in the batch, nor on the tile
-// size the launcher picks (decode-like 16-row tiles or prefill-like 64-row tiles).
+// bucket. A row's result does not depend on the other sequences in the batch, nor on the variant
+// the launcher picks (AttentionVariant below).
 
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
@@ -32,37 +32,49 @@ struct AttentionArgs {
   bool causal = true;
 };
 
-// Kernel variants, kept side by side for the benchmarks; all compute bit-identical results.
-//   kV1: one q head per block, every K/V tile masked, tiles in sequence order.
-//   kV2: the q heads of a GQA group share K/V tiles in one block, masks only where needed,
-//        causal tiles longest-first (see attention.cu).
-//   kV3: as kV2 but 32 query rows per warp (two m16 tiles share every K/V fragment read from
-//        shared memory) with the Q tile in shared memory; 64- or 128-row tiles per head. It is
-//        a policy: prefill-like sizes with head_dim 128 run the kV3 kernel, decode-like sizes
-//        (few query tiles) and head_dim 64 run kV2 (see launchV3Auto in attention.cu).
-enum class AttentionKernel : int32_t { kDefault = 0, kV1 = 1, kV2 = 2, kV3 = 3 };
-// The kernel kDefault means (kV3, the policy, unless changed; rose reads
-// GARDEN_ATTENTION_KERNEL=v1|v2|v3 at backend creation). Not thread-safe: set before launching.
-void setDefaultAttentionKernel(AttentionKernel k);
-AttentionKernel defaultAttentionKernel();
+// The variants one launch can run, named by their schedule. All compute bit-identical rows: the
+// same 64-key tiles in the same order and the same f32 arithmetic per row (explicit roundings),
+// so a choice changes the time, never a result.
+//   Narrow warps: one m16 query tile (16 rows) per warp, Q fragments in registers; the q heads of
+//   a GQA group share each K/V tile two per block when the group is even (one head per block
+//   otherwise); the causal/length mask only on the tiles that need it; causal query tiles
+//   longest-first. head_dim 64 or 128.
+//     kNarrow16: 1 warp, 16 query rows per block (decode-like sizes: more blocks);
+//     kNarrow64: 4 warps, 64 query rows per block.
+//   Wide warps: two m16 tiles (32 rows) per warp share every K/V fragment read from shared
+//   memory, the Q tile in shared memory; head_dim 128 only.
+//     kWide64:  2 warps x the 2 q heads of a GQA pair (even groups only), 64 rows per head;
+//     kWide128: 4 warps, one q head, 128 rows per block.
+// (Benchmark history, bench/results/gpu-embed-2026-11-30-h200-s3: the wide 64-row tiles matched or
+// beat the narrow ones at every prefill-like Qwen3 shape; a 4-warp shared 128-row wide tile and a
+// 3-stage one lost and were removed, as was the first kernel, which masked every tile.)
+enum class AttentionVariant : int32_t { kNarrow16 = 1, kNarrow64 = 2, kWide64 = 3, kWide128 = 4 };
+const char* attentionVariantName(AttentionVariant v);  // "narrow16", ..., "wide128"
 
-// Tile choice: 0 = by problem size (default), 16 or 64 query rows per block (tests use both).
-// kV3 picks its own tiles: force_rows must be 0 (launchAttentionV3 forces one).
-Status launchAttention(const AttentionArgs& a, cudaStream_t stream, int force_rows = 0,
-                       AttentionKernel kernel = AttentionKernel::kDefault);
+// Which variants the size policy may pick (rose: GARDEN_ATTENTION_KERNEL=auto|narrow, read into
+// CudaKernelOptions at start-up).
+//   kAuto:   narrow warps for head_dim 64 and for decode-like sizes (fewer 64-row query tiles,
+//            over all q heads, than two per SM: kNarrow16), else wide: kWide64, or kWide128 for
+//            an odd GQA group;
+//   kNarrow: narrow warps only (kNarrow16 or kNarrow64 by the same size rule), for A/B runs.
+enum class AttentionPolicy : int32_t { kAuto = 0, kNarrow = 1 };
 
-// kV3 with a forced tile shape (tests, benchmarks). kAuto is the kV3 policy launchAttention uses.
-// "Shared": two q heads of a GQA group per block share the K/V tiles; 4 warps per head = 128
-// rows, 2 warps = 64 rows. An odd group runs one head per block with 128 rows (k128PerHead).
-// K/V tiles are double-buffered, except k128Shared3Stage (3 stages). head_dim 64 always runs
-// kV2 (64-row tiles).
-enum class AttentionV3Tile : int32_t {
-  kAuto = 0,
-  k128Shared = 1,
-  k128PerHead = 2,
-  k64Shared = 3,
-  k128Shared3Stage = 4,
-};
-Status launchAttentionV3(const AttentionArgs& a, cudaStream_t stream, AttentionV3Tile tile);
+// The variant a launch of `a` runs under `policy` on a device with `sm_count` multiprocessors, or
+// why `a` cannot run (INVALID_ARGUMENT / UNIMPLEMENTED naming the field). Pure: reads the shapes,
+// flags and pointer alignment of `a`, never device memory. launchAttention() uses it, so it also
+// answers "is this supported?".
+Result<AttentionVariant> selectAttentionVariant(const AttentionArgs& a, AttentionPolicy policy,
+                                                int sm_count);
+// OK when variant `v` can run `a`: the checks every variant shares, then head_dim 128 for the
+// wide variants and an even GQA group for kWide64.
+Status checkAttentionVariant(const AttentionArgs& a, AttentionVariant v);
+
+// pdl: programmatic dependent launch for an eager launch (common.cuh [TAG_PDL]); the backend
+// passes its CudaKernelOptions::pdl. A batch without tokens or sequences launches nothing.
+Status launchAttention(const AttentionArgs& a, cudaStream_t stream,
+                       AttentionPolicy policy = AttentionPolicy::kAuto, bool pdl = true);
+// Runs variant `v` (tests, benchmarks); errors as checkAttentionVariant.
+Status launchAttentionVariant(const AttentionArgs& a, cudaStream_t stream, AttentionVariant v,
+                              bool pdl = true);
 
 }  // namespace garden::rose::cuda

@@ -16,10 +16,11 @@ namespace garden::rose::cuda {
 using bf16 = __nv_bfloat16;
 
 // Programmatic dependent launch [TAG_PDL]. The elementwise/attention kernels that follow another
-// kernel are launched with launchPdl(): when pdlLaunch() is on (GARDEN_PDL, cuda_utils.h) and the
-// stream is not being captured, their blocks may be scheduled while the previous kernel's last
-// blocks still run, and each kernel's first statement is pdlWait(), which blocks until the
-// previous grid has completed and its writes are visible (a no-op for a normal launch). So nothing
+// kernel are launched with launchPdl(): when `pdl` is on (the backend's CudaKernelOptions::pdl,
+// from GARDEN_PDL at rose's start-up) and the stream is not being captured, their blocks may be
+// scheduled while the previous kernel's last blocks still run, and each kernel's first statement
+// is pdlWait(), which blocks until the previous grid has completed and its writes are visible (a
+// no-op for a normal launch). So nothing
 // is read early; only the launch latency and the previous kernel's tail overlap. Measured on the
 // H200 (bench/results/gpu-embed-2026-11-30-h200-s3/pdl): eager forward 1x128 1.54 -> 1.40 ms,
 // 1x512 2.37 -> 2.16 ms; inside CUDA graphs no gain (1x128 1.20 vs 1.23 ms), so captured launches
@@ -27,7 +28,7 @@ using bf16 = __nv_bfloat16;
 __device__ __forceinline__ void pdlWait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
 template <typename... KernelArgs, typename... Args>
-cudaError_t launchPdl(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem,
+cudaError_t launchPdl(bool pdl, void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem,
                       cudaStream_t stream, Args&&... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
@@ -36,7 +37,7 @@ cudaError_t launchPdl(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-  if (pdlLaunch() && cudaStreamIsCapturing(stream, &capturing) == cudaSuccess &&
+  if (pdl && cudaStreamIsCapturing(stream, &capturing) == cudaSuccess &&
       capturing == cudaStreamCaptureStatusNone) {
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;

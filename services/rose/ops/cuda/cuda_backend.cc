@@ -65,36 +65,11 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const BackendOptions& o
     return invalidArgument("cuda backend: device_index " + std::to_string(opts.device_index) +
                            " out of range (" + std::to_string(count) + " devices)");
   }
-  // Kernel selection for side-by-side benchmarks (attention.cuh):
-  // GARDEN_ATTENTION_KERNEL=v1|v2|v3.
-  if (const char* k = std::getenv("GARDEN_ATTENTION_KERNEL"); k != nullptr && *k != '\0') {
-    const std::string v(k);
-    if (v != "v1" && v != "v2" && v != "v3") {
-      return invalidArgument("GARDEN_ATTENTION_KERNEL must be v1, v2 or v3, got '" + v + "'");
-    }
-    setDefaultAttentionKernel(v == "v1"   ? AttentionKernel::kV1
-                              : v == "v2" ? AttentionKernel::kV2
-                                          : AttentionKernel::kV3);
-  }
-  // GEMM algorithm tuning (gemm.h): GARDEN_GEMM_TUNE=0 keeps the untimed heuristic choice.
-  bool tune_gemm = true;
-  if (const char* t = std::getenv("GARDEN_GEMM_TUNE"); t != nullptr && *t != '\0') {
-    const std::string v(t);
-    if (v != "0" && v != "1") {
-      return invalidArgument("GARDEN_GEMM_TUNE must be 0 or 1, got '" + v + "'");
-    }
-    tune_gemm = v == "1";
-  }
-  // Programmatic dependent launch of rose's own kernels (common.cuh [TAG_PDL]): GARDEN_PDL=0|1.
-  if (const char* t = std::getenv("GARDEN_PDL"); t != nullptr && *t != '\0') {
-    const std::string v(t);
-    if (v != "0" && v != "1") return invalidArgument("GARDEN_PDL must be 0 or 1, got '" + v + "'");
-    setPdlLaunch(v == "1");
-  }
-  std::unique_ptr<CudaBackend> b(new CudaBackend(opts.device_index));
+  std::unique_ptr<CudaBackend> b(new CudaBackend(opts.device_index, opts.cuda));
   CUDA_RETURN_IF_ERROR(cudaSetDevice(b->device_));
   CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&b->stream_, cudaStreamNonBlocking));
-  ASSIGN_OR_RETURN(b->gemm_, GemmRunner::create(size_t{32} << 20, tune_gemm));
+  ASSIGN_OR_RETURN(
+      b->gemm_, GemmRunner::create(size_t{32} << 20, opts.cuda.gemm_tune, opts.cuda.gemm_smallm));
   b->graphs_ = std::make_unique<GraphCache>(b->stream_);
   CUDA_RETURN_IF_ERROR(
       cudaHostAlloc(reinterpret_cast<void**>(&b->staging_), kStagingBytes, cudaHostAllocDefault));
@@ -275,7 +250,7 @@ void CudaBackend::rmsNorm(const Tensor& x, const Tensor& residual, const Tensor&
   a.rows = x.rows();
   a.hidden = x.cols();
   a.eps = p.eps;
-  checkOk(launchRmsNorm(a, stream_), "rmsNorm");
+  checkOk(launchRmsNorm(a, stream_, kernels_.pdl), "rmsNorm");
 }
 
 void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) {
@@ -330,7 +305,7 @@ void CudaBackend::qkNormRope(const Tensor& qkv, const Tensor& q_weight, const Te
   a.max_pos = p.rotary_dim > 0 ? static_cast<int32_t>(cos.rows()) : 0;
   a.eps = p.eps;
   a.apply_norm = p.apply_norm;
-  checkOk(launchQkNormRope(a, stream_), "qkNormRope");
+  checkOk(launchQkNormRope(a, stream_, kernels_.pdl), "qkNormRope");
 }
 
 void CudaBackend::attention(const Tensor& qkv, const Tensor& cu_seqlens, const Tensor& out,
@@ -354,7 +329,9 @@ void CudaBackend::attention(const Tensor& qkv, const Tensor& cu_seqlens, const T
   a.head_dim = p.head_dim;
   a.scale = p.scale;
   a.causal = p.causal;
-  checkOk(launchAttention(a, stream_), "attention");
+  const AttentionPolicy policy =
+      kernels_.attention_wide ? AttentionPolicy::kAuto : AttentionPolicy::kNarrow;
+  checkOk(launchAttention(a, stream_, policy, kernels_.pdl), "attention");
 }
 
 void CudaBackend::swiglu(const Tensor& gate_up, const Tensor& out) {
@@ -366,7 +343,7 @@ void CudaBackend::swiglu(const Tensor& gate_up, const Tensor& out) {
   a.out = out.as<bf16>();
   a.num_tokens = out.rows();
   a.inter = out.cols();
-  checkOk(launchSwiglu(a, stream_), "swiglu");
+  checkOk(launchSwiglu(a, stream_, kernels_.pdl), "swiglu");
 }
 
 void CudaBackend::pool(const Tensor& hidden, const Tensor& cu_seqlens, const Tensor& out,

@@ -85,7 +85,7 @@ class CudaBackend final : public Backend, public GraphExecutor {
   void release(void* data, size_t bytes) override;
 
  private:
-  explicit CudaBackend(int device) : device_(device) {}
+  CudaBackend(int device, const CudaKernelOptions& kernels) : device_(device), kernels_(kernels) {}
   // Reserves `bytes` of the pinned staging ring, waiting for older copies that still read it.
   char* stage(size_t bytes);
 
@@ -94,6 +94,7 @@ class CudaBackend final : public Backend, public GraphExecutor {
     cudaEvent_t done = nullptr;
   };
   int device_ = 0;
+  CudaKernelOptions kernels_;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<GemmRunner> gemm_;
   std::unique_ptr<GraphCache> graphs_;

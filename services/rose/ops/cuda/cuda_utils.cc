@@ -34,13 +34,6 @@ void cudaFatal(cudaError_t err, const char* expr, const char* file, int line) {
   std::abort();
 }
 
-namespace {
-bool g_pdl_launch = true;
-}  // namespace
-
-void setPdlLaunch(bool on) { g_pdl_launch = on; }
-bool pdlLaunch() { return g_pdl_launch; }
-
 int smCount() {
   static std::mutex mu;
   static int counts[64] = {};

@@ -4,7 +4,7 @@
 // and cached device facts (multiprocessor count) the kernel launchers plan with.
 //
 // Any thread may call these. A sticky CUDA error is reported as kInternal; the caller (rose's
-// engine) ends the process so it restarts clean.
+// step loop) ends the process so it restarts clean.
 
 #include <cuda_runtime_api.h>
 
@@ -19,10 +19,6 @@ Status cudaStatus(cudaError_t err, const char* expr, const char* file, int line)
 
 // Multiprocessor count of the current device (queried once per device).
 int smCount();
-// Programmatic dependent launch for rose's own kernels (common.cuh [TAG_PDL]); set once at
-// backend creation (GARDEN_PDL), read by the launchers. Not thread-safe: set before launching.
-void setPdlLaunch(bool on);
-bool pdlLaunch();
 
 }  // namespace garden::rose::cuda
 
@@ -39,6 +35,3 @@ bool pdlLaunch();
     if (garden_cuda_err_ != cudaSuccess)                                            \
       ::garden::rose::cuda::cudaFatal(garden_cuda_err_, #expr, __FILE__, __LINE__); \
   } while (0)
-
-// After a kernel launch: reports launch-configuration errors (not asynchronous faults).
-#define CUDA_RETURN_IF_LAUNCH_FAILED(what) CUDA_RETURN_IF_ERROR(cudaGetLastError())

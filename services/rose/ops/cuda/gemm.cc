@@ -35,20 +35,10 @@ int64_t GemmRunner::algoBucket(int64_t m) {
 }
 
 Result<std::unique_ptr<GemmRunner>> GemmRunner::create(size_t workspace_bytes, bool tune,
-                                                       int smallm) {
-  if (smallm < 0) {
-    smallm = 0;  // off unless asked for: on the H200 it lost to cuBLASLt at every real bucket
-    if (const char* e = std::getenv("GARDEN_GEMM_SMALLM"); e != nullptr && *e != '\0') {
-      const std::string v(e);
-      if (v != "0" && v != "1") {
-        return invalidArgument("GARDEN_GEMM_SMALLM must be 0 or 1, got '" + v + "'");
-      }
-      smallm = v == "1" ? 1 : 0;
-    }
-  }
+                                                       bool smallm) {
   std::unique_ptr<GemmRunner> r(new GemmRunner());
   r->tune_ = tune;
-  r->smallm_ = tune && smallm != 0;
+  r->smallm_ = tune && smallm;
   if (r->smallm_) {
     RETURN_IF_ERROR(prepareSmallMGemm());  // outside any capture: sets the kernels' smem limits
     r->num_sms_ = smCount();

@@ -30,14 +30,14 @@
 // depend on the split count, never on M). Its split-K reduction runs inside a thread-block
 // cluster, so it needs no workspace and keeps no state between calls. The "gemm tuned" log line
 // says which kind won ("kernel": "smallm" or "cublaslt", "smallm_splits", "smallm_tile_n",
-// "best_cublaslt_us"). It is a candidate only with create(..., smallm = 1), or
-// GARDEN_GEMM_SMALLM=1 in the environment when smallm is -1 (the default): off by default, since
-// on the H200 it lost to cuBLASLt's tuned choice at every M >= 64 bucket of Qwen3-0.6B (8-27 us
-// vs 7-11 us; bench/results/gpu-embed-2026-11-30-h200-s3) and only won at M = 1. It is never used
-// with tuning off, nor for a bucket first seen while capturing (both keep cuBLASLt's heuristic
-// pick as before).
+// "best_cublaslt_us"). It is a candidate only with create(..., smallm = true) (rose:
+// GARDEN_GEMM_SMALLM=1, CudaKernelOptions::gemm_smallm): off by default, since on the H200 it lost
+// to cuBLASLt's tuned choice at every M >= 64 bucket of Qwen3-0.6B (8-27 us vs 7-11 us;
+// bench/results/gpu-embed-2026-11-30-h200-s3) and only won at M = 1. It is never used with tuning
+// off, nor for a bucket first seen while capturing (both keep cuBLASLt's heuristic pick as before).
 //
-// Tuning off (create(..., false); GARDEN_GEMM_TUNE=0 for the CUDA backend): the previous policy —
+// Tuning off (create(..., false); rose: GARDEN_GEMM_TUNE=0, CudaKernelOptions::gemm_tune): the
+// previous policy —
 // one algorithm per (N, K, bias), the heuristic's first choice at a reference M of 2048 with
 // split-K turned off, reused for every M, so a row's bits never depend on M. Only if that
 // algorithm rejects some M does that M get its own heuristic choice (variantFallbacks()).
@@ -60,10 +60,9 @@ namespace garden::rose::cuda {
 
 class GemmRunner {
  public:
-  // smallm: 1 = time the custom small-M kernel as a candidate, 0 = never, -1 = from the
-  // environment (GARDEN_GEMM_SMALLM=0|1, default 0; any other value is invalidArgument).
+  // smallm: also time the custom small-M kernel as a candidate (only with tune).
   static Result<std::unique_ptr<GemmRunner>> create(size_t workspace_bytes = size_t{32} << 20,
-                                                    bool tune = true, int smallm = -1);
+                                                    bool tune = true, bool smallm = false);
   ~GemmRunner();
   GemmRunner(const GemmRunner&) = delete;
   GemmRunner& operator=(const GemmRunner&) = delete;
@@ -83,7 +82,6 @@ class GemmRunner {
   static int64_t algoBucket(int64_t m);
 
   bool tuning() const { return tune_; }
-  size_t cachedPlans() const { return plans_.size(); }
   size_t variantFallbacks() const { return fallbacks_; }
   size_t tunedShapes() const { return tuned_; }         // algorithms chosen by timing
   size_t untimedInCapture() const { return untimed_; }  // first seen while capturing

@@ -1,6 +1,8 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <string>
 
 #include "services/rose/ops/cuda/common.cuh"
 #include "services/rose/ops/cuda/cuda_utils.h"
@@ -107,12 +109,12 @@ __global__ void poolKernel(PoolArgs a) {
   }
 }
 
-// Mean pooling, v2: a cluster of kClusterBlocks blocks per sequence (grid kClusterBlocks x
-// num_seqs). Block `rank` sums the tokens rank*ty + y + k*(kClusterBlocks*ty), kUnroll tokens per
-// step (independent 16-byte loads in flight), its token stripes are combined through shared
-// memory, and rank 0 adds the kClusterBlocks block sums read through distributed shared memory
-// in rank order, scales, normalizes and writes. The summation order depends on the sequence's
-// length and hidden size alone: batch-invariant and deterministic.
+// Mean pooling, kClusterPerSequence: a cluster of kClusterBlocks blocks per sequence (grid
+// kClusterBlocks x num_seqs). Block `rank` sums the tokens rank*ty + y + k*(kClusterBlocks*ty),
+// kUnroll tokens per step (independent 16-byte loads in flight), its token stripes are combined
+// through shared memory, and rank 0 adds the kClusterBlocks block sums read through distributed
+// shared memory in rank order, scales, normalizes and writes. The summation order depends on the
+// sequence's length and hidden size alone: batch-invariant and deterministic.
 constexpr int kClusterBlocks = 8;
 constexpr int kUnroll = 4;
 
@@ -272,10 +274,8 @@ __global__ void scoreKernel(ScoreArgs a) {
   if (lane == 0) a.out[seq] = a.apply_sigmoid ? 1.f / (1.f + expf(-z)) : z;
 }
 
-}  // namespace
-
-Status launchPool(const PoolArgs& a, cudaStream_t stream, PoolKernel kernel) {
-  if (a.num_seqs == 0) return okStatus();
+// The checks both variants share.
+Status checkArgs(const PoolArgs& a) {
   if (a.hidden_size <= 0 || a.hidden_size % 8 != 0 || a.hidden_size > 8192)
     return invalidArgument("pool: hidden_size must be a multiple of 8 in [8, 8192]");
   if (reinterpret_cast<uintptr_t>(a.hidden) % 16 != 0 ||
@@ -283,6 +283,40 @@ Status launchPool(const PoolArgs& a, cudaStream_t stream, PoolKernel kernel) {
     return invalidArgument("pool: hidden and out must be 16-byte aligned");
   if (a.kind != PoolKind::kLast && a.kind != PoolKind::kMean && a.kind != PoolKind::kCls)
     return invalidArgument("pool: unknown pooling kind");
+  return okStatus();
+}
+
+}  // namespace
+
+Status checkPoolVariant(const PoolArgs& a, PoolVariant v) {
+  RETURN_IF_ERROR(checkArgs(a));
+  switch (v) {
+    case PoolVariant::kBlockPerSequence:
+      return okStatus();
+    case PoolVariant::kClusterPerSequence:
+      if (a.kind != PoolKind::kMean)
+        return unimplemented("pool: the cluster-per-sequence variant pools by mean only");
+      if (a.num_seqs > 65535)
+        return unimplemented(
+            "pool: the cluster-per-sequence variant takes at most 65535 "
+            "sequences, got " +
+            std::to_string(a.num_seqs));
+      return okStatus();
+  }
+  return invalidArgument("pool: unknown variant " + std::to_string(static_cast<int>(v)));
+}
+
+Result<PoolVariant> selectPoolVariant(const PoolArgs& a) {
+  RETURN_IF_ERROR(checkArgs(a));
+  // Mean pooling on a cluster per sequence when it can run; the one-token modes read one row.
+  if (checkPoolVariant(a, PoolVariant::kClusterPerSequence).isOk())
+    return PoolVariant::kClusterPerSequence;
+  return PoolVariant::kBlockPerSequence;
+}
+
+Status launchPoolVariant(const PoolArgs& a, cudaStream_t stream, PoolVariant v) {
+  if (a.num_seqs == 0) return okStatus();
+  RETURN_IF_ERROR(checkPoolVariant(a, v));
   const int chunks = static_cast<int>(a.hidden_size / 8);
   const int tx = std::min(
       512, std::max(32, ((chunks + kMaxChunksPerThread - 1) / kMaxChunksPerThread + 31) / 32 * 32));
@@ -294,15 +328,19 @@ Status launchPool(const PoolArgs& a, cudaStream_t stream, PoolKernel kernel) {
     ty = std::min(ty, 8);
   }
   const size_t smem = sizeof(float) * (static_cast<size_t>(ty) * a.hidden_size + 32);
-  const PoolKernel k = kernel == PoolKernel::kDefault ? PoolKernel::kV2 : kernel;
-  if (a.kind == PoolKind::kMean && k == PoolKernel::kV2 && a.num_seqs <= 65535) {
-    // v2 mean: one cluster of blocks per sequence (the one-token modes stay on one block).
+  if (v == PoolVariant::kClusterPerSequence) {
     poolMeanClusterKernel<<<dim3(kClusterBlocks, a.num_seqs), dim3(tx, ty), smem, stream>>>(a);
   } else {
     poolKernel<<<a.num_seqs, dim3(tx, ty), smem, stream>>>(a);
   }
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return okStatus();
+}
+
+Status launchPool(const PoolArgs& a, cudaStream_t stream) {
+  if (a.num_seqs == 0) return okStatus();
+  ASSIGN_OR_RETURN(PoolVariant v, selectPoolVariant(a));
+  return launchPoolVariant(a, stream, v);
 }
 
 Status launchScore(const ScoreArgs& a, cudaStream_t stream) {

@@ -1,8 +1,8 @@
 #pragma once
 // Per-sequence pooling of the final hidden states (last token, mean, or first/CLS token) with
 // optional L2 normalization (x / max(||x||, 1e-12), like torch.nn.functional.normalize), written
-// as float32 rows. One block (v1) or one cluster of blocks (v2, mean) per sequence; the launch
-// shape per sequence depends only on `hidden`, so a sequence's result does not depend on its batch.
+// as float32 rows. One block or one cluster of blocks per sequence (PoolVariant); the launch shape
+// per sequence depends only on `hidden`, so a sequence's result does not depend on its batch.
 // A zero-length sequence yields a zero row. Pointers are device memory owned by the caller.
 
 #include <cuda_bf16.h>
@@ -26,12 +26,25 @@ struct PoolArgs {
   bool normalize = true;
 };
 
-// kV1: one block per sequence. kV2 (default): mean pooling spreads each sequence over a cluster of
-// 8 blocks (distributed shared memory for the final sum, 4 tokens of loads in flight per thread);
-// last/CLS read one row and stay on one block. Both are batch-invariant; their mean results
-// differ only by float summation order.
-enum class PoolKernel : int32_t { kDefault = 0, kV1 = 1, kV2 = 2 };
-Status launchPool(const PoolArgs& a, cudaStream_t stream, PoolKernel kernel = PoolKernel::kDefault);
+// The variants a pooling launch can run, named by their schedule. Both are batch-invariant;
+// their mean results differ only by float summation order.
+//   kBlockPerSequence:   one block per sequence (last/CLS read one row; mean sums token stripes
+//                        in shared memory);
+//   kClusterPerSequence: mean only: a cluster of 8 blocks per sequence (distributed shared memory
+//                        for the final sum, 4 token rows of 16-byte loads in flight per thread),
+//                        at most 65535 sequences (the grid's y dimension).
+enum class PoolVariant : int32_t { kBlockPerSequence = 1, kClusterPerSequence = 2 };
+
+// The variant launchPool runs — kClusterPerSequence for mean pooling when it can run it,
+// kBlockPerSequence otherwise — or why `a` cannot be pooled (INVALID_ARGUMENT naming the field).
+// Pure: reads the shapes, kind and pointer alignment of `a`, never device memory.
+Result<PoolVariant> selectPoolVariant(const PoolArgs& a);
+// OK when variant `v` can run `a` (the checks both share, then kClusterPerSequence's limits).
+Status checkPoolVariant(const PoolArgs& a, PoolVariant v);
+// A batch without sequences launches nothing.
+Status launchPool(const PoolArgs& a, cudaStream_t stream);
+// Runs variant `v` (tests, benchmarks); errors as checkPoolVariant.
+Status launchPoolVariant(const PoolArgs& a, cudaStream_t stream, PoolVariant v);
 
 // Scores from each sequence's last token: z = h.W[pos_row] - (neg_row >= 0 ? h.W[neg_row] : 0),
 // out = sigmoid(z) when apply_sigmoid. One warp per sequence, f32 dot products.

@@ -88,7 +88,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 
 }  // namespace
 
-Status launchQkNormRope(const QkNormRopeArgs& a, cudaStream_t stream) {
+Status launchQkNormRope(const QkNormRopeArgs& a, cudaStream_t stream, bool pdl) {
   if (a.num_tokens == 0) return okStatus();
   if (a.head_dim != 64 && a.head_dim != 128)
     return invalidArgument("qk_norm_rope: head_dim must be 64 or 128");
@@ -110,9 +110,9 @@ Status launchQkNormRope(const QkNormRopeArgs& a, cudaStream_t stream) {
   dim3 grid(static_cast<unsigned>((warps + kWarpsPerBlock - 1) / kWarpsPerBlock));
   dim3 block(kWarpsPerBlock * 32);
   if (a.head_dim == 128) {
-    CUDA_RETURN_IF_ERROR(launchPdl(qkNormRopeKernel<128>, grid, block, 0, stream, a, hpw));
+    CUDA_RETURN_IF_ERROR(launchPdl(pdl, qkNormRopeKernel<128>, grid, block, 0, stream, a, hpw));
   } else {
-    CUDA_RETURN_IF_ERROR(launchPdl(qkNormRopeKernel<64>, grid, block, 0, stream, a, hpw));
+    CUDA_RETURN_IF_ERROR(launchPdl(pdl, qkNormRopeKernel<64>, grid, block, 0, stream, a, hpw));
   }
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return okStatus();

@@ -33,6 +33,8 @@ struct QkNormRopeArgs {
   bool apply_norm = true;
 };
 
-Status launchQkNormRope(const QkNormRopeArgs& a, cudaStream_t stream);
+// pdl: programmatic dependent launch for an eager launch (common.cuh [TAG_PDL]); the backend
+// passes its CudaKernelOptions::pdl.
+Status launchQkNormRope(const QkNormRopeArgs& a, cudaStream_t stream, bool pdl = true);
 
 }  // namespace garden::rose::cuda

@@ -11,7 +11,7 @@ namespace {
 // hidden. Each thread keeps kChunks 8-wide chunks of its row in registers.
 template <int kChunks>
 __global__ void rmsNormKernel(RmsNormArgs a) {
-  pdlWait();  // [TAG_PDL]
+  pdlWait();                      // [TAG_PDL]
   extern __shared__ float red[];  // [ty][tx / 32] partial sums
   const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
   const bool active = row < a.rows;
@@ -63,7 +63,7 @@ __global__ void rmsNormKernel(RmsNormArgs a) {
 // squares of its chunks k = 0, 1, ... in the order rmsNormKernel's thread x does, and the
 // cross-lane / cross-warp reductions are the same, so every row's bits equal rmsNormKernel's.
 __global__ void rmsNormSplitKernel(RmsNormArgs a) {
-  pdlWait();  // [TAG_PDL]
+  pdlWait();                     // [TAG_PDL]
   extern __shared__ float sm[];  // [groups][8][tx] values, then [tx / 32] warp sums, then rstd
   const int tx = blockDim.x, groups = blockDim.y;
   float* sv = sm;
@@ -122,7 +122,7 @@ __global__ void rmsNormSplitKernel(RmsNormArgs a) {
 
 }  // namespace
 
-Status launchRmsNorm(const RmsNormArgs& a, cudaStream_t stream) {
+Status launchRmsNorm(const RmsNormArgs& a, cudaStream_t stream, bool pdl) {
   if (a.rows == 0) return okStatus();
   if (a.hidden <= 0 || a.hidden % 8 != 0 || a.hidden > 32768)
     return invalidArgument("rms_norm: hidden must be a multiple of 8 in [8, 32768]");
@@ -142,7 +142,7 @@ Status launchRmsNorm(const RmsNormArgs& a, cudaStream_t stream) {
   if (few && per_thread > 1 && tx * per_thread <= 1024) {
     // One row per block, one chunk per thread (same bits, see rmsNormSplitKernel).
     const size_t smem = sizeof(float) * (static_cast<size_t>(per_thread) * 8 * tx + tx / 32 + 1);
-    CUDA_RETURN_IF_ERROR(launchPdl(rmsNormSplitKernel, dim3(static_cast<unsigned>(a.rows)),
+    CUDA_RETURN_IF_ERROR(launchPdl(pdl, rmsNormSplitKernel, dim3(static_cast<unsigned>(a.rows)),
                                    dim3(tx, per_thread), smem, stream, a));
     return okStatus();
   }
@@ -152,16 +152,16 @@ Status launchRmsNorm(const RmsNormArgs& a, cudaStream_t stream) {
   const size_t smem = sizeof(float) * static_cast<size_t>(ty * (tx / 32));
   switch (per_thread) {
     case 1:
-      CUDA_RETURN_IF_ERROR(launchPdl(rmsNormKernel<1>, grid, block, smem, stream, a));
+      CUDA_RETURN_IF_ERROR(launchPdl(pdl, rmsNormKernel<1>, grid, block, smem, stream, a));
       break;
     case 2:
-      CUDA_RETURN_IF_ERROR(launchPdl(rmsNormKernel<2>, grid, block, smem, stream, a));
+      CUDA_RETURN_IF_ERROR(launchPdl(pdl, rmsNormKernel<2>, grid, block, smem, stream, a));
       break;
     case 3:
-      CUDA_RETURN_IF_ERROR(launchPdl(rmsNormKernel<3>, grid, block, smem, stream, a));
+      CUDA_RETURN_IF_ERROR(launchPdl(pdl, rmsNormKernel<3>, grid, block, smem, stream, a));
       break;
     case 4:
-      CUDA_RETURN_IF_ERROR(launchPdl(rmsNormKernel<4>, grid, block, smem, stream, a));
+      CUDA_RETURN_IF_ERROR(launchPdl(pdl, rmsNormKernel<4>, grid, block, smem, stream, a));
       break;
     default:
       return invalidArgument("rms_norm: unsupported hidden size");

@@ -6,7 +6,8 @@
 // weight multiply. `out` may alias `x` (each row is read fully before it is written). The per-row
 // reduction tree depends only on `hidden`, never on the number of rows, so a row's result does
 // not depend on what else is in the batch (few rows run one row per block with one 8-wide chunk
-// per thread, many rows several rows per block; both sum in the same order). Pointers are device memory owned by the caller.
+// per thread, many rows several rows per block; both sum in the same order). Pointers are device
+// memory owned by the caller.
 
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
@@ -27,6 +28,8 @@ struct RmsNormArgs {
   float eps = 1e-6f;
 };
 
-Status launchRmsNorm(const RmsNormArgs& a, cudaStream_t stream);
+// pdl: programmatic dependent launch for an eager launch (common.cuh [TAG_PDL]); the backend
+// passes its CudaKernelOptions::pdl.
+Status launchRmsNorm(const RmsNormArgs& a, cudaStream_t stream, bool pdl = true);
 
 }  // namespace garden::rose::cuda

@@ -27,7 +27,7 @@ __global__ void swigluKernel(SwigluArgs a) {
 
 }  // namespace
 
-Status launchSwiglu(const SwigluArgs& a, cudaStream_t stream) {
+Status launchSwiglu(const SwigluArgs& a, cudaStream_t stream, bool pdl) {
   if (a.num_tokens == 0) return okStatus();
   if (a.inter <= 0 || a.inter % 8 != 0)
     return invalidArgument("swiglu: inter must be a multiple of 8");
@@ -38,7 +38,7 @@ Status launchSwiglu(const SwigluArgs& a, cudaStream_t stream) {
   // 8 resident-block waves, grid-stride for the rest.
   const int threads = total < 128LL * smCount() ? 128 : 256;
   const int64_t blocks = std::min<int64_t>((total + threads - 1) / threads, 8LL * smCount());
-  CUDA_RETURN_IF_ERROR(launchPdl(swigluKernel, dim3(static_cast<unsigned>(blocks)),
+  CUDA_RETURN_IF_ERROR(launchPdl(pdl, swigluKernel, dim3(static_cast<unsigned>(blocks)),
                                  dim3(threads), 0, stream, a));
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return okStatus();

@@ -19,6 +19,8 @@ struct SwigluArgs {
   int64_t inter = 0;  // multiple of 8; pointers 16-byte aligned
 };
 
-Status launchSwiglu(const SwigluArgs& a, cudaStream_t stream);
+// pdl: programmatic dependent launch for an eager launch (common.cuh [TAG_PDL]); the backend
+// passes its CudaKernelOptions::pdl.
+Status launchSwiglu(const SwigluArgs& a, cudaStream_t stream, bool pdl = true);
 
 }  // namespace garden::rose::cuda

@@ -149,6 +149,15 @@ TEST(RoseBinary, BadFlagsExitWithUsageError) {
 #if !(defined(GARDEN_HAVE_CUDA) && GARDEN_HAVE_CUDA)
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 1);  // FAILED_PRECONDITION: no CUDA build
 #endif
+  // A kernel choice rose does not know is a configuration error like a bad flag, on any device
+  // (read once at start-up; the child inherits this process's environment).
+  ASSERT_EQ(setenv("GARDEN_ATTENTION_KERNEL", "v2", 1), 0);
+  pid = garden::testing::spawnChild(
+      {roseBin(), "--model", fixtureDir(), "--shm-name", "/x", "--create-shm"});
+  ASSERT_EQ(unsetenv("GARDEN_ATTENTION_KERNEL"), 0);
+  st = garden::testing::waitChildExit(pid, 10s);
+  ASSERT_NE(st, -1);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 2) << "status " << st;
 }
 
 TEST(RoseBinary, ExitsWhenItsParentDies) {

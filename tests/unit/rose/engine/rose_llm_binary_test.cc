@@ -135,10 +135,14 @@ TEST_F(RoseLlmBinary, SidecarAnnouncesTheLlmAndServesAStep) {
   seqs[1].sampling.temperature = 1.0f;
   seqs[1].sampling.seed = 99;
   const std::vector<int32_t> blocks = {39, 4};
+  // The three arrays back to back, each 8-byte aligned (offsets from the struct size, which grows
+  // with the channel version).
+  const uint64_t tokens_offset = shm::llmAlignUp(seqs.size() * sizeof(llm::LlmStepSeq));
+  const uint64_t blocks_offset = tokens_offset + shm::llmAlignUp(tokens.size() * 4);
   auto in = ch->inputArena(1);
   std::memcpy(in.data(), seqs.data(), seqs.size() * sizeof(llm::LlmStepSeq));
-  std::memcpy(in.data() + 96, tokens.data(), tokens.size() * 4);
-  std::memcpy(in.data() + 136, blocks.data(), blocks.size() * 4);
+  std::memcpy(in.data() + tokens_offset, tokens.data(), tokens.size() * 4);
+  std::memcpy(in.data() + blocks_offset, blocks.data(), blocks.size() * 4);
   shm::BatchDesc d;
   d.batch_id = 42;
   d.slot = 1;
@@ -147,8 +151,8 @@ TEST_F(RoseLlmBinary, SidecarAnnouncesTheLlmAndServesAStep) {
   d.num_tokens = 10;
   d.num_blocks = 2;
   d.seqs_offset = 0;
-  d.tokens_offset = 96;
-  d.blocks_offset = 136;
+  d.tokens_offset = tokens_offset;
+  d.blocks_offset = blocks_offset;
   ASSERT_TRUE(ch->trySubmit(d));
   auto c = ch->waitCompletion(30s);
   ASSERT_TRUE(c.has_value());

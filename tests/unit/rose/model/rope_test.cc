@@ -1,5 +1,5 @@
 // YaRN frequencies and tables against the formula and the values in the gpt-oss spec
-// (/work/shared/spec/gpt-oss.md §2.3: d = 64, θ = 150000, factor 32, L0 = 4096, β 32/1, no
+// (gpt-oss.md §2.3: d = 64, θ = 150000, factor 32, L0 = 4096, β 32/1, no
 // truncation), plus the default RoPE and the truncating variant.
 
 #include "services/rose/model/rope.h"

@@ -1,14 +1,12 @@
-#include "services/rose/engine/llm_engine.h"
+#include "services/rose/engine/llm_runner.h"
 
 #include <simdjson.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <iterator>
 
-#include "common/logging.h"
 #include "common/metrics/registry.h"
 #include "common/shm/llm_batch.h"
 
@@ -16,11 +14,6 @@ namespace garden::rose {
 namespace {
 
 using simdjson::dom::element;
-
-// offset + bytes <= limit without overflow.
-bool fits(uint64_t offset, uint64_t bytes, uint64_t limit) {
-  return offset <= limit && bytes <= limit - offset;
-}
 
 Result<std::string> readFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -97,9 +90,8 @@ Result<std::vector<int32_t>> loadEosIds(const std::string& dir) {
   return ids;
 }
 
-Result<std::unique_ptr<LlmEngine>> LlmEngine::create(shm::Channel& channel, Backend& backend,
-                                                     GptOssModel& model,
-                                                     const LlmEngineOptions& opts) {
+Result<std::unique_ptr<LlmRunner>> LlmRunner::create(Backend& backend, GptOssModel& model,
+                                                     const LlmRunnerOptions& opts) {
   if (opts.kv_num_blocks <= 0) return invalidArgument("kv_num_blocks must be positive");
   if (opts.kv_block_size <= 0) return invalidArgument("kv_block_size must be positive");
   if (opts.max_seqs <= 0 || opts.max_batch_tokens <= 0)
@@ -114,74 +106,73 @@ Result<std::unique_ptr<LlmEngine>> LlmEngine::create(shm::Channel& channel, Back
                              std::to_string(model.vocabSize()) + ")");
     }
   }
-  const uint32_t n = channel.layout().slots;
-  if (n == 0) return invalidArgument("channel has no slots");
-  if (channel.layout().output_bytes < uint64_t{4} * static_cast<uint64_t>(opts.max_seqs)) {
-    return invalidArgument(
-        "the channel's output arena (" + std::to_string(channel.layout().output_bytes) +
-        " bytes per slot) cannot hold max_seqs " + std::to_string(opts.max_seqs) + " sampled ids");
-  }
-  std::unique_ptr<LlmEngine> e(new LlmEngine(channel, backend, model, opts));
+  std::unique_ptr<LlmRunner> r(new LlmRunner(backend, model, opts));
   ASSIGN_OR_RETURN(
-      e->kv_, PagedKvCache::create(backend, model.kvShape(opts.kv_num_blocks, opts.kv_block_size),
+      r->kv_, PagedKvCache::create(backend, model.kvShape(opts.kv_num_blocks, opts.kv_block_size),
                                    model.kvDType()));
+  return r;
+}
+
+RunnerTraits LlmRunner::traits() const {
+  return {"llm", "step", "rose_llm_steps_total", "LLM steps answered by rose, by outcome",
+          "rose_llm_step_seconds", "LLM step taken until its sampled ids were published"};
+}
+
+shm::Layout LlmRunner::layoutFor(uint32_t slots) const {
+  const auto max_seqs = static_cast<uint64_t>(opts_.max_seqs);
+  const auto tables = static_cast<uint64_t>(kvBlocksFor(model_.maxModelLen(), opts_.kv_block_size));
+  shm::Layout l;
+  l.slots = slots;
+  l.input_bytes =
+      shm::llmStepBytes(max_seqs, static_cast<uint64_t>(opts_.max_batch_tokens), max_seqs * tables);
+  l.output_bytes = std::max<uint64_t>(4096, max_seqs * sizeof(int32_t));
+  return l;
+}
+
+Status LlmRunner::bind(const shm::Layout& layout) {
+  if (layout.output_bytes < uint64_t{sizeof(int32_t)} * static_cast<uint64_t>(opts_.max_seqs)) {
+    return invalidArgument("the channel's output arena (" + std::to_string(layout.output_bytes) +
+                           " bytes per slot) cannot hold max_seqs " +
+                           std::to_string(opts_.max_seqs) + " sampled ids");
+  }
+  output_bytes_ = layout.output_bytes;
   // A step's block ids: at most max_seqs tables of the longest sequence, and never more than
   // the input arena can carry.
-  e->max_step_blocks_ = std::min<int64_t>(
-      static_cast<int64_t>(opts.max_seqs) * kvBlocksFor(model.maxModelLen(), opts.kv_block_size),
-      static_cast<int64_t>(channel.layout().input_bytes / sizeof(int32_t)));
-  for (uint32_t i = 0; i < n; ++i) {
-    auto s = std::make_unique<Slot>();
-    ASSIGN_OR_RETURN(s->event, backend.createEvent());
-    s->seqs.resize(static_cast<size_t>(opts.max_seqs));
-    s->tokens.resize(static_cast<size_t>(opts.max_batch_tokens));
-    s->blocks = std::make_unique_for_overwrite<int32_t[]>(static_cast<size_t>(e->max_step_blocks_));
-    e->slots_.push_back(std::move(s));
+  max_step_blocks_ = std::min<int64_t>(
+      static_cast<int64_t>(opts_.max_seqs) * kvBlocksFor(model_.maxModelLen(), opts_.kv_block_size),
+      static_cast<int64_t>(layout.input_bytes / sizeof(int32_t)));
+  slots_.resize(layout.slots);
+  for (Slot& s : slots_) {
+    s.seqs.resize(static_cast<size_t>(opts_.max_seqs));
+    s.tokens.resize(static_cast<size_t>(opts_.max_batch_tokens));
+    s.blocks = std::make_unique_for_overwrite<int32_t[]>(static_cast<size_t>(max_step_blocks_));
   }
-  // Sampled ids are copied straight into the output arena: let the backend pin it.
-  auto all = channel.outputArenaAll();
-  RETURN_IF_ERROR(backend.registerHostMemory(all.data(), all.size()));
-  static auto& steps = metrics::Registry::global().counter(
-      "rose_llm_steps_total", "LLM steps answered by rose, by outcome", {"outcome"});
-  static auto& step_seconds =
-      metrics::Registry::global()
-          .histogram("rose_llm_step_seconds", "LLM step taken until its sampled ids were published")
-          .get();
-  LlmEngine* self = e.get();
-  e->queue_.start({[self](uint32_t slot) { return self->slots_[slot]->event->wait(); },
-                   [self](uint32_t slot) { self->slots_[slot]->busy.store(false); }, &steps,
-                   &step_seconds, "llm step failed"});
-  return e;
+  return okStatus();
 }
 
-LlmEngine::~LlmEngine() {
-  drain(std::chrono::seconds(30));
-  auto all = channel_.outputArenaAll();
-  backend_.unregisterHostMemory(all.data());
-}
-
-void LlmEngine::announceReady() {
+shm::ModelFacts LlmRunner::facts() const {
   shm::ModelFacts f;
   f.hidden_size = static_cast<uint32_t>(model_.config().base.hidden_size);
   f.max_seq_len = static_cast<uint32_t>(model_.maxModelLen());
   f.vocab_size = static_cast<uint32_t>(model_.vocabSize());
   f.max_batch_tokens = static_cast<uint32_t>(opts_.max_batch_tokens);
-  std::strncpy(f.name, opts_.model_name.c_str(), sizeof(f.name) - 1);
-  std::strncpy(f.kind, "llm", sizeof(f.kind) - 1);
   f.kv_num_blocks = static_cast<uint32_t>(opts_.kv_num_blocks);
   f.kv_block_size = static_cast<uint32_t>(opts_.kv_block_size);
   f.max_seqs = static_cast<uint32_t>(opts_.max_seqs);
   for (size_t i = 0; i < opts_.eos_ids.size() && i < kMaxEosIds; ++i) {
     f.eos_ids[i] = opts_.eos_ids[i];
   }
-  channel_.setWorkerPid(static_cast<int32_t>(getpid()));
-  channel_.setModelFacts(f);
-  channel_.beat();
-  channel_.setState(shm::WorkerState::kReady);
+  return f;
 }
 
-Status LlmEngine::admit(const shm::BatchDesc& d, uint32_t* rows) {
-  const shm::Layout& l = channel_.layout();
+LlmStep LlmRunner::stagedStep(uint32_t slot, const shm::BatchDesc& d) const {
+  const Slot& s = slots_[slot];
+  return LlmStep{std::span<const llm::LlmStepSeq>(s.seqs.data(), d.num_seqs),
+                 std::span<const int32_t>(s.tokens.data(), d.num_tokens),
+                 std::span<const int32_t>(s.blocks.get(), d.num_blocks)};
+}
+
+Result<OutputShape> LlmRunner::admit(const shm::BatchDesc& d, std::span<const std::byte> input) {
   if (d.kind != shm::BatchKind::kGenerate) {
     return invalidArgument("batch kind " + std::to_string(static_cast<uint32_t>(d.kind)) +
                            ": this worker serves an llm (gpt-oss) and takes only generate "
@@ -217,19 +208,20 @@ Status LlmEngine::admit(const shm::BatchDesc& d, uint32_t* rows) {
       return invalidArgument(std::string(r.name) + "_offset " + std::to_string(r.offset) +
                              " is not " + std::to_string(shm::kLlmAlign) + "-byte aligned");
     }
-    if (!fits(r.offset, r.bytes, l.input_bytes)) {
+    if (!arenaFits(r.offset, r.bytes, input.size())) {
       return invalidArgument(std::string(r.name) + " (offset " + std::to_string(r.offset) + ", " +
                              std::to_string(r.bytes) + " bytes) run past the input arena (" +
-                             std::to_string(l.input_bytes) + " bytes)");
+                             std::to_string(input.size()) + " bytes)");
     }
   }
   // Copy out of shared memory first: what is validated is what runs, whatever the other side
   // writes afterwards.
-  Slot& s = *slots_[d.slot];
-  auto in = channel_.inputArena(d.slot);
-  std::memcpy(s.seqs.data(), in.data() + d.seqs_offset, regions[0].bytes);
-  std::memcpy(s.tokens.data(), in.data() + d.tokens_offset, regions[1].bytes);
-  if (d.num_blocks > 0) std::memcpy(s.blocks.get(), in.data() + d.blocks_offset, regions[2].bytes);
+  Slot& s = slots_[d.slot];
+  std::memcpy(s.seqs.data(), input.data() + d.seqs_offset, regions[0].bytes);
+  std::memcpy(s.tokens.data(), input.data() + d.tokens_offset, regions[1].bytes);
+  if (d.num_blocks > 0) {
+    std::memcpy(s.blocks.get(), input.data() + d.blocks_offset, regions[2].bytes);
+  }
 
   int64_t sum = 0;
   uint32_t sampled = 0;
@@ -246,92 +238,28 @@ Status LlmEngine::admit(const shm::BatchDesc& d, uint32_t* rows) {
     return invalidArgument("the sequences' num_tokens sum to " + std::to_string(sum) +
                            ", BatchDesc.num_tokens is " + std::to_string(d.num_tokens));
   }
-  if (uint64_t{sampled} * sizeof(int32_t) > l.output_bytes) {
+  const OutputShape shape{sampled, 1, sizeof(int32_t)};
+  if (shape.bytes() > output_bytes_) {
     return invalidArgument(std::to_string(sampled) +
-                           " sampled ids need more than the output "
-                           "arena's " +
-                           std::to_string(l.output_bytes) + " bytes");
+                           " sampled ids need more than the output arena's " +
+                           std::to_string(output_bytes_) + " bytes");
   }
-  *rows = sampled;
-  const LlmStep step{std::span<const llm::LlmStepSeq>(s.seqs.data(), d.num_seqs),
-                     std::span<const int32_t>(s.tokens.data(), d.num_tokens),
-                     std::span<const int32_t>(s.blocks.get(), d.num_blocks)};
-  return model_.validate(step, *kv_);
+  RETURN_IF_ERROR(model_.validate(stagedStep(d.slot, d), *kv_));
+  s.sampled = sampled;
+  return shape;
 }
 
-void LlmEngine::reject(const shm::BatchDesc& d, const Status& st,
-                       std::chrono::steady_clock::time_point t) {
-  rejected_.fetch_add(1);
-  queue_.reject(d, st, t, "llm step rejected");
-}
-
-bool LlmEngine::step(std::chrono::microseconds wait) {
-  channel_.beat();
-  std::optional<shm::BatchDesc> got = channel_.waitSubmission(wait);
-  channel_.beat();
-  if (!got) return false;
-  const shm::BatchDesc d = *got;
-  const auto taken = std::chrono::steady_clock::now();
-
-  if (Status st = checkTaken(
-          d, slots_.size(), [this](uint32_t i) { return slots_[i]->busy.load(); }, "step");
-      !st.isOk()) {
-    reject(d, st, taken);
-    return true;
-  }
-  Slot& slot = *slots_[d.slot];
-  uint32_t rows = 0;
-  if (Status st = admit(d, &rows); !st.isOk()) {
-    reject(d, st, taken);
-    return true;
-  }
-
-  slot.busy.store(true);
-  int32_t* out =
-      rows > 0 ? reinterpret_cast<int32_t*>(channel_.outputArena(d.slot).data()) : nullptr;
-  const LlmStep step{std::span<const llm::LlmStepSeq>(slot.seqs.data(), d.num_seqs),
-                     std::span<const int32_t>(slot.tokens.data(), d.num_tokens),
-                     std::span<const int32_t>(slot.blocks.get(), d.num_blocks)};
+Status LlmRunner::launch(const shm::BatchDesc& d, std::span<std::byte> output) {
+  const LlmStep step = stagedStep(d.slot, d);
+  int32_t* out = slots_[d.slot].sampled > 0 ? reinterpret_cast<int32_t*>(output.data()) : nullptr;
   PagedKvCache* kv = kv_.get();
   backend_.launch([this, step, kv, out] { model_.enqueueStep(step, *kv, nullptr, out); });
-  PendingCompletion p;
-  p.launched = true;
-  p.taken = taken;
-  p.completion.batch_id = d.batch_id;
-  p.completion.slot = d.slot;
-  p.completion.status_code = 0;
-  p.completion.rows = rows;
-  p.completion.cols = 1;
-  p.completion.output_bytes = uint64_t{rows} * sizeof(int32_t);
-  if (Status st = backend_.recordEvent(*slot.event); !st.isOk()) {
-    // Cannot track this step: wait for it here (rare, backend failure) and report the error.
-    (void)backend_.synchronize();
-    p.completion.status_code = static_cast<int32_t>(st.code());
-    copyCompletionMessage(p.completion.message, st.message());
-  }
-  {
-    static auto& tokens = metrics::Registry::global()
-                              .counter("rose_llm_step_tokens_total",
-                                       "Tokens run through LLM steps (prefill and decode)")
-                              .get();
-    tokens.inc(static_cast<double>(d.num_tokens));
-  }
-  run_.fetch_add(1);
-  queue_.push(std::move(p));
-  return true;
-}
-
-bool LlmEngine::drain(std::chrono::milliseconds timeout) { return queue_.drain(timeout); }
-
-void LlmEngine::run(const std::function<bool()>& should_stop) {
-  while (!should_stop()) step(opts_.poll);
-  channel_.setState(shm::WorkerState::kStopping);
-  channel_.wakeAll();
-  if (!drain(std::chrono::seconds(30))) log::warn("stopping with llm steps still in flight");
-}
-
-LlmEngineStats LlmEngine::stats() const {
-  return {run_.load(), rejected_.load(), queue_.published()};
+  static auto& tokens = metrics::Registry::global()
+                            .counter("rose_llm_step_tokens_total",
+                                     "Tokens run through LLM steps (prefill and decode)")
+                            .get();
+  tokens.inc(static_cast<double>(d.num_tokens));
+  return okStatus();
 }
 
 }  // namespace garden::rose

@@ -1,12 +1,12 @@
-// The LLM engine in-process on a real shm Channel, with the CPU backend and the tiny gpt-oss
-// checkpoint from tests/conformance/gpt_oss/fixtures (its outputs are checked against
-// transformers there): kGenerate steps (chunked prefill, several sequences per step, decode)
-// give exactly the sampled ids of a GptOssModel driven directly, greedy and seeded; malformed
-// descriptors and expired deadlines are answered without running and without touching the KV
-// cache, and the engine keeps serving; ModelFacts announce the llm; eos ids and checkpoint
+// The step loop running the LlmRunner in-process on a real shm Channel, with the CPU backend
+// and the tiny gpt-oss checkpoint from tests/conformance/gpt_oss/fixtures (its outputs are
+// checked against transformers there): kGenerate steps (chunked prefill, several sequences per
+// step, decode) give exactly the sampled ids of a GptOssModel driven directly, greedy and seeded;
+// malformed descriptors and expired deadlines are answered without running and without touching
+// the KV cache, and the loop keeps serving; ModelFacts announce the llm; eos ids and checkpoint
 // kind are read from the model's files.
 
-#include "services/rose/engine/llm_engine.h"
+#include "services/rose/engine/llm_runner.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -20,6 +20,7 @@
 
 #include "common/shm/channel.h"
 #include "common/shm/llm_batch.h"
+#include "services/rose/engine/step_loop.h"
 #include "services/rose/model/gpt_oss.h"
 #include "services/rose/ops/llm_ops.h"
 #include "services/rose/ops/backend.h"
@@ -61,11 +62,11 @@ struct Step {
   std::vector<int32_t> blocks;
 };
 
-class LlmEngineTest : public ::testing::Test {
+class LlmRunnerTest : public ::testing::Test {
  protected:
   void SetUp() override {
     static std::atomic<int> counter{0};
-    name_ = "/rose-llm-engine-test-" + std::to_string(getpid()) + "-" + std::to_string(counter++);
+    name_ = "/rose-llm-runner-test-" + std::to_string(getpid()) + "-" + std::to_string(counter++);
     auto ch = shm::Channel::create(name_, shm::Layout{3, kInputBytes, 4096});
     ASSERT_TRUE(ch.isOk()) << ch.status().toString();
     channel_.emplace(std::move(ch).value());
@@ -88,20 +89,27 @@ class LlmEngineTest : public ::testing::Test {
     ref_kv_ = PagedKvCache::create(*backends_[1], models_[1]->kvShape(kBlocks, kBlockSize),
                                    models_[1]->kvDType())
                   .value();
-    LlmEngineOptions eo;
-    eo.model_name = "tiny-gpt-oss";
-    eo.kv_num_blocks = kBlocks;
-    eo.kv_block_size = kBlockSize;
-    eo.max_seqs = kMaxSeqs;
-    eo.max_batch_tokens = kMaxTokens;
-    eo.eos_ids = {2, 7};
-    auto e = LlmEngine::create(*channel_, *backends_[0], *models_[0], eo);
+    LlmRunnerOptions ro;
+    ro.kv_num_blocks = kBlocks;
+    ro.kv_block_size = kBlockSize;
+    ro.max_seqs = kMaxSeqs;
+    ro.max_batch_tokens = kMaxTokens;
+    ro.eos_ids = {2, 7};
+    auto r = LlmRunner::create(*backends_[0], *models_[0], ro);
+    ASSERT_TRUE(r.isOk()) << r.status().toString();
+    runner_ = std::move(r).value();
+    StepLoopOptions lo;
+    lo.model_name = "tiny-gpt-oss";
+    auto e = StepLoop::create(*channel_, *backends_[0], *runner_, lo);
     ASSERT_TRUE(e.isOk()) << e.status().toString();
-    engine_ = std::move(e).value();
-    engine_->announceReady();
+    loop_ = std::move(e).value();
+    loop_->announceReady();
   }
 
-  void TearDown() override { engine_.reset(); }
+  void TearDown() override {
+    loop_.reset();
+    runner_.reset();
+  }
 
   // Writes the step's three arrays into `slot`'s input arena (8-byte aligned, back to back) and
   // returns a descriptor for them.
@@ -131,14 +139,14 @@ class LlmEngineTest : public ::testing::Test {
 
   shm::Completion submitAndWait(const shm::BatchDesc& d) {
     EXPECT_TRUE(channel_->trySubmit(d));
-    EXPECT_TRUE(engine_->step(1s));
+    EXPECT_TRUE(loop_->step(1s));
     auto c = channel_->waitCompletion(20s);
     EXPECT_TRUE(c.has_value());
     return c.value_or(shm::Completion{});
   }
 
-  // Runs the step through the engine; returns the sampled ids (asserting success).
-  std::vector<int32_t> engineStep(uint32_t slot, const Step& s) {
+  // Runs the step through the loop; returns the sampled ids (asserting success).
+  std::vector<int32_t> loopStep(uint32_t slot, const Step& s) {
     shm::Completion c = submitAndWait(put(slot, s));
     EXPECT_EQ(c.status_code, 0) << c.message;
     EXPECT_EQ(c.slot, slot);
@@ -166,9 +174,9 @@ class LlmEngineTest : public ::testing::Test {
     return out;
   }
 
-  // Snapshot of the engine's whole KV cache (CPU backend memory is host memory).
+  // Snapshot of the runner's whole KV cache (CPU backend memory is host memory).
   std::vector<std::byte> kvBytes() {
-    const PagedKvCache& kv = engine_->kvCache();
+    const PagedKvCache& kv = runner_->kvCache();
     std::vector<std::byte> out;
     for (int32_t l = 0; l < kv.shape().num_layers; ++l) {
       for (const Tensor& t : {kv.keys(l), kv.values(l)}) {
@@ -192,13 +200,14 @@ class LlmEngineTest : public ::testing::Test {
   std::optional<shm::Channel> channel_;
   std::unique_ptr<Backend> backends_[2];
   std::unique_ptr<LlmOps> ops_[2];
-  std::unique_ptr<GptOssModel> models_[2];  // [0] serves the engine, [1] is the reference
+  std::unique_ptr<GptOssModel> models_[2];  // [0] serves the loop, [1] is the reference
   std::unique_ptr<PagedKvCache> ref_kv_;
-  std::unique_ptr<LlmEngine> engine_;
+  std::unique_ptr<LlmRunner> runner_;
+  std::unique_ptr<StepLoop> loop_;
   uint64_t next_id_ = 500;
 };
 
-TEST_F(LlmEngineTest, AnnouncesLlmFacts) {
+TEST_F(LlmRunnerTest, AnnouncesLlmFacts) {
   EXPECT_EQ(channel_->state(), shm::WorkerState::kReady);
   EXPECT_EQ(channel_->workerPid(), getpid());
   const shm::ModelFacts f = channel_->modelFacts();
@@ -215,13 +224,13 @@ TEST_F(LlmEngineTest, AnnouncesLlmFacts) {
   EXPECT_EQ(f.eos_ids[1], 7);
   EXPECT_EQ(f.eos_ids[2], -1);
   EXPECT_EQ(f.eos_ids[3], -1);
-  EXPECT_EQ(engine_->kvCache().shape().num_blocks, kBlocks);
+  EXPECT_EQ(runner_->kvCache().shape().num_blocks, kBlocks);
 }
 
 // Three sequences: A's prompt is prefilled in two chunks, B (seeded sampling) and C (greedy) in
-// one; then all three decode together for several steps, each fed the token the engine sampled
+// one; then all three decode together for several steps, each fed the token the loop sampled
 // for it. Every sampled id equals the direct model's on the same steps.
-TEST_F(LlmEngineTest, ChunkedPrefillAndDecodeEqualTheModelDrivenDirectly) {
+TEST_F(LlmRunnerTest, ChunkedPrefillAndDecodeEqualTheModelDrivenDirectly) {
   SamplingParams seeded;
   seeded.temperature = 0.9f;
   seeded.top_p = 0.9f;
@@ -240,7 +249,7 @@ TEST_F(LlmEngineTest, ChunkedPrefillAndDecodeEqualTheModelDrivenDirectly) {
   all_blocks.insert(all_blocks.end(), c_blocks.begin(), c_blocks.end());
 
   auto compare = [&](uint32_t slot, const Step& s) {
-    auto got = engineStep(slot, s);
+    auto got = loopStep(slot, s);
     auto want = refStep(s);
     EXPECT_EQ(got, want) << "slot " << slot;
     return got;
@@ -290,12 +299,12 @@ TEST_F(LlmEngineTest, ChunkedPrefillAndDecodeEqualTheModelDrivenDirectly) {
     a_gen.push_back(a_next);
     for (int32_t id : out) EXPECT_TRUE(id >= 0 && id < 512) << id;
   }
-  EXPECT_EQ(engine_->stats().steps_run, 8u);
-  EXPECT_EQ(engine_->stats().steps_rejected, 0u);
+  EXPECT_EQ(loop_->stats().batches_run, 8u);
+  EXPECT_EQ(loop_->stats().batches_rejected, 0u);
 }
 
 // A step in which no sequence samples (a prefill chunk) completes with zero rows.
-TEST_F(LlmEngineTest, StepWithoutSamplingCompletesWithNoRows) {
+TEST_F(LlmRunnerTest, StepWithoutSamplingCompletesWithNoRows) {
   Step s;
   s.seqs = {seq(0, 5, 0, 0, 2)};
   s.tokens = {1, 2, 3, 4, 5};
@@ -306,13 +315,13 @@ TEST_F(LlmEngineTest, StepWithoutSamplingCompletesWithNoRows) {
   EXPECT_EQ(c.output_bytes, 0u);
 }
 
-TEST_F(LlmEngineTest, MalformedDescriptorsAreRejectedWithoutTouchingTheCache) {
+TEST_F(LlmRunnerTest, MalformedDescriptorsAreRejectedWithoutTouchingTheCache) {
   // A live sequence with its prompt in blocks 0 and 1.
   Step live;
   live.seqs = {seq(0, 5, 0, 0, 2, true)};
   live.tokens = {10, 20, 30, 40, 50};
   live.blocks = {0, 1};
-  auto first = engineStep(0, live);
+  auto first = loopStep(0, live);
   ASSERT_EQ(first, refStep(live));
   const std::vector<std::byte> before = kvBytes();
 
@@ -373,7 +382,7 @@ TEST_F(LlmEngineTest, MalformedDescriptorsAreRejectedWithoutTouchingTheCache) {
   expectRejected(d, StatusCode::kInvalidArgument, "num_seqs");
 
   d = put(1, clobber);
-  d.num_blocks = static_cast<uint32_t>(engine_->maxStepBlocks() + 1);
+  d.num_blocks = static_cast<uint32_t>(runner_->maxStepBlocks() + 1);
   expectRejected(d, StatusCode::kInvalidArgument, "num_blocks");
 
   d = put(1, clobber);
@@ -387,23 +396,23 @@ TEST_F(LlmEngineTest, MalformedDescriptorsAreRejectedWithoutTouchingTheCache) {
   expectRejected(d, StatusCode::kInvalidArgument, "slot 7");
 
   EXPECT_EQ(kvBytes(), before) << "a rejected step wrote the KV cache";
-  EXPECT_EQ(engine_->stats().steps_rejected, 16u);
-  EXPECT_EQ(engine_->inFlight(), 0u);
+  EXPECT_EQ(loop_->stats().batches_rejected, 16u);
+  EXPECT_EQ(loop_->inFlight(), 0u);
 
-  // The engine keeps serving: the live sequence decodes exactly as the reference's.
+  // The loop keeps serving: the live sequence decodes exactly as the reference's.
   int32_t next = first[0];
   for (int32_t pos = 5; pos < 8; ++pos) {
     Step s;
     s.seqs = {seq(0, 1, pos, 0, 2, true)};
     s.tokens = {next};
     s.blocks = {0, 1};
-    auto got = engineStep(static_cast<uint32_t>(pos % 3), s);
+    auto got = loopStep(static_cast<uint32_t>(pos % 3), s);
     ASSERT_EQ(got, refStep(s));
     next = got[0];
   }
 }
 
-TEST_F(LlmEngineTest, ExpiredDeadlineIsAnsweredWithoutRunning) {
+TEST_F(LlmRunnerTest, ExpiredDeadlineIsAnsweredWithoutRunning) {
   const std::vector<std::byte> before = kvBytes();
   Step s;
   s.seqs = {seq(0, 3, 0, 0, 1, true)};
@@ -413,19 +422,19 @@ TEST_F(LlmEngineTest, ExpiredDeadlineIsAnsweredWithoutRunning) {
   d.deadline_ns = shm::monotonicNowNs() - 1'000'000;
   expectRejected(d, StatusCode::kDeadlineExceeded, "deadline");
   EXPECT_EQ(kvBytes(), before);
-  EXPECT_EQ(engine_->stats().steps_run, 0u);
+  EXPECT_EQ(loop_->stats().batches_run, 0u);
   // A deadline in the future runs.
   d = put(0, s);
   d.deadline_ns = shm::monotonicNowNs() + 60'000'000'000;
   shm::Completion c = submitAndWait(d);
   EXPECT_EQ(c.status_code, 0) << c.message;
   EXPECT_EQ(c.rows, 1u);
-  EXPECT_EQ(engine_->stats().steps_run, 1u);
+  EXPECT_EQ(loop_->stats().batches_run, 1u);
 }
 
 // Several steps in flight on different slots (independent sequences): each completes with its
 // own result, in submission order.
-TEST_F(LlmEngineTest, PipelinedStepsOnSeveralSlots) {
+TEST_F(LlmRunnerTest, PipelinedStepsOnSeveralSlots) {
   std::vector<Step> steps;
   for (int i = 0; i < 3; ++i) {
     Step s;
@@ -439,7 +448,7 @@ TEST_F(LlmEngineTest, PipelinedStepsOnSeveralSlots) {
     ds.push_back(put(i, steps[i]));
     ASSERT_TRUE(channel_->trySubmit(ds.back()));
   }
-  for (int i = 0; i < 3; ++i) ASSERT_TRUE(engine_->step(1s));
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(loop_->step(1s));
   for (uint32_t i = 0; i < 3; ++i) {
     auto c = channel_->waitCompletion(20s);
     ASSERT_TRUE(c.has_value());
@@ -451,8 +460,8 @@ TEST_F(LlmEngineTest, PipelinedStepsOnSeveralSlots) {
   }
 }
 
-TEST(LlmEngineCreate, BadOptionsAreClearErrors) {
-  auto ch = shm::Channel::create("/rose-llm-engine-create-" + std::to_string(getpid()),
+TEST(LlmRunnerCreate, BadOptionsAreClearErrors) {
+  auto ch = shm::Channel::create("/rose-llm-runner-create-" + std::to_string(getpid()),
                                  shm::Layout{2, 4096, 4096});
   ASSERT_TRUE(ch.isOk());
   auto backend = std::move(makeBackend("cpu", BackendOptions{1, 0, 16})).value();
@@ -463,27 +472,31 @@ TEST(LlmEngineCreate, BadOptionsAreClearErrors) {
   go.max_logits_rows = 2;
   go.max_model_len = 32;
   auto model = std::move(GptOssModel::load(fixtureDir(), *backend, *ops, go)).value();
-  LlmEngineOptions eo;
-  eo.kv_num_blocks = 0;
-  auto e = LlmEngine::create(*ch, *backend, *model, eo);
-  EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(e.status().message().find("kv_num_blocks"), std::string::npos);
-  eo.kv_num_blocks = 8;
-  eo.eos_ids = {512};
-  e = LlmEngine::create(*ch, *backend, *model, eo);
-  EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(e.status().message().find("eos id 512"), std::string::npos);
-  eo.eos_ids = {1, 2, 3, 4, 5};
-  e = LlmEngine::create(*ch, *backend, *model, eo);
-  EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument);
-  eo.eos_ids = {};
-  eo.max_seqs = 2000;  // 8000 bytes of ids > the 4096-byte output arena
-  e = LlmEngine::create(*ch, *backend, *model, eo);
-  EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(e.status().message().find("output arena"), std::string::npos);
-  eo.max_seqs = 2;
-  e = LlmEngine::create(*ch, *backend, *model, eo);
-  EXPECT_TRUE(e.isOk()) << e.status().toString();
+  LlmRunnerOptions ro;
+  ro.kv_num_blocks = 0;
+  auto r = LlmRunner::create(*backend, *model, ro);
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("kv_num_blocks"), std::string::npos);
+  ro.kv_num_blocks = 8;
+  ro.eos_ids = {512};
+  r = LlmRunner::create(*backend, *model, ro);
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("eos id 512"), std::string::npos);
+  ro.eos_ids = {1, 2, 3, 4, 5};
+  r = LlmRunner::create(*backend, *model, ro);
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  ro.eos_ids = {};
+  ro.max_seqs = 2000;  // 8000 bytes of ids > the 4096-byte output arena
+  r = LlmRunner::create(*backend, *model, ro);
+  ASSERT_TRUE(r.isOk()) << r.status().toString();
+  auto loop = StepLoop::create(*ch, *backend, **r, StepLoopOptions{});
+  EXPECT_EQ(loop.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(loop.status().message().find("output arena"), std::string::npos);
+  ro.max_seqs = 2;
+  r = LlmRunner::create(*backend, *model, ro);
+  ASSERT_TRUE(r.isOk()) << r.status().toString();
+  loop = StepLoop::create(*ch, *backend, **r, StepLoopOptions{});
+  EXPECT_TRUE(loop.isOk()) << loop.status().toString();
 }
 
 // ---- checkpoint files ----
@@ -491,7 +504,7 @@ TEST(LlmEngineCreate, BadOptionsAreClearErrors) {
 struct TempDir {
   fs::path path;
   TempDir() {
-    char t[] = "/tmp/llm_engine_test_XXXXXX";
+    char t[] = "/tmp/llm_runner_test_XXXXXX";
     path = mkdtemp(t);
   }
   ~TempDir() {

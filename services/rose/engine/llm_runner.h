@@ -1,0 +1,99 @@
+#pragma once
+// The Runner (runner.h) for a decoder LLM (gpt-oss, GptOssModel): one BatchKind::kGenerate
+// descriptor is one forward step (the format of common/shm/llm_batch.h [TAG_LLM_STEP_FORMAT]).
+// admit() checks it against the slot's input arena (offsets, sizes, alignment, counts), copies
+// the three arrays (sequences, token ids, block ids) into the slot's private staging and checks
+// the copy against the model and the KV cache (GptOssModel::validate); launch() enqueues
+// GptOssModel::enqueueStep with the sampled ids going straight into the slot's output arena
+// (rows = sampled ids, cols = 1, int32). A refused step is INVALID_ARGUMENT naming the field and
+// writes nothing to the KV cache; any other batch kind is INVALID_ARGUMENT ("this worker serves
+// an llm").
+//
+// The runner owns the paged KV cache (kv_num_blocks blocks of kv_block_size tokens), allocated
+// once in create() and announced in ModelFacts; tulip owns the block ids, the runner only reads
+// and writes the blocks a step names.
+//
+// Threads: create() on the loading thread; everything else on the step thread (kvCache() also
+// after the loop stopped, or in tests between steps). The Backend and model must outlive the
+// runner.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/shm/channel.h"
+#include "common/status.h"
+#include "services/rose/engine/runner.h"
+#include "services/rose/model/gpt_oss.h"
+#include "services/rose/ops/backend.h"
+#include "services/rose/ops/paged_kv_cache.h"
+
+namespace garden::rose {
+
+// True when DIR/config.json describes a gpt-oss checkpoint (model_type "gpt_oss" or
+// architectures containing "GptOssForCausalLM"). NOT_FOUND / INVALID_ARGUMENT when config.json
+// cannot be read or parsed.
+Result<bool> isGptOssCheckpoint(const std::string& dir);
+
+// The model's end-of-sequence ids: generation_config.json's eos_token_id (an integer or a list)
+// when the file has one, else config.json's; duplicates dropped, order kept; empty when neither
+// names any. INVALID_ARGUMENT (naming file and field) on a malformed value or more than
+// kMaxEosIds ids.
+inline constexpr size_t kMaxEosIds = sizeof(shm::ModelFacts::eos_ids) / sizeof(int32_t);
+Result<std::vector<int32_t>> loadEosIds(const std::string& dir);
+
+struct LlmRunnerOptions {
+  int32_t kv_num_blocks = 0;   // > 0
+  int32_t kv_block_size = 16;  // > 0
+  // Per-step staging; use the values the model was loaded with (GptOssOptions). Larger steps
+  // are answered INVALID_ARGUMENT here, before the model sees them.
+  int32_t max_seqs = 256;
+  int64_t max_batch_tokens = 2048;
+  std::vector<int32_t> eos_ids;  // at most kMaxEosIds, each inside the vocabulary
+};
+
+class LlmRunner final : public Runner {
+ public:
+  // Checks the options (INVALID_ARGUMENT naming the field) and allocates the KV cache
+  // (RESOURCE_EXHAUSTED when it does not fit).
+  static Result<std::unique_ptr<LlmRunner>> create(Backend& backend, GptOssModel& model,
+                                                   const LlmRunnerOptions& opts);
+
+  const PagedKvCache& kvCache() const { return *kv_; }
+  // Block ids one step may carry in total (staging): max_seqs block tables of the model's
+  // longest length, capped by the input arena. Set by bind().
+  int64_t maxStepBlocks() const { return max_step_blocks_; }
+
+  RunnerTraits traits() const override;
+  // INVALID_ARGUMENT when the output arena cannot hold max_seqs sampled ids.
+  Status bind(const shm::Layout& layout) override;
+  // A step of max_seqs sequences, max_batch_tokens tokens and max_seqs block tables of the
+  // model's longest length in; max_seqs sampled ids out (at least 4096 bytes).
+  shm::Layout layoutFor(uint32_t slots) const override;
+  shm::ModelFacts facts() const override;
+  Result<OutputShape> admit(const shm::BatchDesc& d, std::span<const std::byte> input) override;
+  Status launch(const shm::BatchDesc& d, std::span<std::byte> output) override;
+
+ private:
+  struct Slot {
+    std::vector<llm::LlmStepSeq> seqs;  // staging, max_seqs
+    std::vector<int32_t> tokens;        // staging, max_batch_tokens
+    std::unique_ptr<int32_t[]> blocks;  // staging, max_step_blocks_ (left untouched until used)
+    uint32_t sampled = 0;               // sequences of the admitted step that sample
+  };
+  LlmRunner(Backend& b, GptOssModel& m, const LlmRunnerOptions& o)
+      : backend_(b), model_(m), opts_(o) {}
+  // The step admit() staged for `slot`.
+  LlmStep stagedStep(uint32_t slot, const shm::BatchDesc& d) const;
+
+  Backend& backend_;
+  GptOssModel& model_;
+  LlmRunnerOptions opts_;
+  std::unique_ptr<PagedKvCache> kv_;
+  int64_t max_step_blocks_ = 0;
+  uint64_t output_bytes_ = 0;  // per slot, from bind()
+  std::vector<Slot> slots_;
+};
+
+}  // namespace garden::rose

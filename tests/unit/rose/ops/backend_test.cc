@@ -1,0 +1,107 @@
+// services/rose/ops/backend.cc without a GPU: the GARDEN_* kernel choices read into
+// CudaKernelOptions (defaults kept when unset or empty, each accepted value mapped, anything else
+// refused naming the variable and the accepted values, leaving the options as they were).
+// (makeBackend's answers are in cpu_backend_test.cc.)
+
+#include "services/rose/ops/backend.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace garden::rose {
+namespace {
+
+const char* const kVars[] = {"GARDEN_ATTENTION_KERNEL", "GARDEN_GEMM_TUNE", "GARDEN_GEMM_SMALLM",
+                             "GARDEN_PDL"};
+
+// Clears the variables for the test and restores what the process had.
+class KernelEnvTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (const char* v : kVars) {
+      const char* old = std::getenv(v);
+      saved_.push_back(old ? std::optional<std::string>(old) : std::nullopt);
+      unsetenv(v);
+    }
+  }
+  void TearDown() override {
+    for (size_t i = 0; i < saved_.size(); ++i) {
+      if (saved_[i]) {
+        setenv(kVars[i], saved_[i]->c_str(), 1);
+      } else {
+        unsetenv(kVars[i]);
+      }
+    }
+  }
+  std::vector<std::optional<std::string>> saved_;
+};
+
+bool same(const CudaKernelOptions& a, const CudaKernelOptions& b) {
+  return a.attention_wide == b.attention_wide && a.gemm_tune == b.gemm_tune &&
+         a.gemm_smallm == b.gemm_smallm && a.pdl == b.pdl;
+}
+
+TEST_F(KernelEnvTest, UnsetOrEmptyKeepsTheDefaults) {
+  CudaKernelOptions o;
+  ASSERT_TRUE(cudaKernelOptionsFromEnv(o).isOk());
+  EXPECT_TRUE(o.attention_wide);
+  EXPECT_TRUE(o.gemm_tune);
+  EXPECT_FALSE(o.gemm_smallm);
+  EXPECT_TRUE(o.pdl);
+  for (const char* v : kVars) setenv(v, "", 1);
+  CudaKernelOptions e;
+  ASSERT_TRUE(cudaKernelOptionsFromEnv(e).isOk());
+  EXPECT_TRUE(same(e, CudaKernelOptions{}));
+}
+
+TEST_F(KernelEnvTest, EachAcceptedValueIsRead) {
+  setenv("GARDEN_ATTENTION_KERNEL", "narrow", 1);
+  setenv("GARDEN_GEMM_TUNE", "0", 1);
+  setenv("GARDEN_GEMM_SMALLM", "1", 1);
+  setenv("GARDEN_PDL", "0", 1);
+  CudaKernelOptions o;
+  ASSERT_TRUE(cudaKernelOptionsFromEnv(o).isOk());
+  EXPECT_FALSE(o.attention_wide);
+  EXPECT_FALSE(o.gemm_tune);
+  EXPECT_TRUE(o.gemm_smallm);
+  EXPECT_FALSE(o.pdl);
+  setenv("GARDEN_ATTENTION_KERNEL", "auto", 1);
+  setenv("GARDEN_GEMM_TUNE", "1", 1);
+  setenv("GARDEN_GEMM_SMALLM", "0", 1);
+  setenv("GARDEN_PDL", "1", 1);
+  ASSERT_TRUE(cudaKernelOptionsFromEnv(o).isOk());
+  EXPECT_TRUE(same(o, CudaKernelOptions{}));
+}
+
+TEST_F(KernelEnvTest, OtherValuesAreRefusedByName) {
+  struct Bad {
+    const char* var;
+    const char* value;
+    const char* accepted;
+  };
+  // The old attention names are gone (variants are named by strategy now).
+  for (const Bad& b :
+       {Bad{"GARDEN_ATTENTION_KERNEL", "v3", "auto|narrow"},
+        Bad{"GARDEN_ATTENTION_KERNEL", "v1", "auto|narrow"}, Bad{"GARDEN_GEMM_TUNE", "yes", "0|1"},
+        Bad{"GARDEN_GEMM_SMALLM", "2", "0|1"}, Bad{"GARDEN_PDL", "on", "0|1"}}) {
+    SCOPED_TRACE(std::string(b.var) + "=" + b.value);
+    for (const char* v : kVars) unsetenv(v);
+    setenv(b.var, b.value, 1);
+    CudaKernelOptions o;
+    o.pdl = false;  // not the default: a refusal must leave the options as they were
+    const Status st = cudaKernelOptionsFromEnv(o);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(st.message().find(b.var), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find(b.value), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find(b.accepted), std::string::npos) << st.message();
+    EXPECT_FALSE(o.pdl);
+    EXPECT_TRUE(o.attention_wide);
+  }
+}
+
+}  // namespace
+}  // namespace garden::rose
