@@ -34,8 +34,9 @@ enum class LogitsMode : uint8_t { kNone = 0, kLast = 1, kAll = 2 };
 // step N's sampled ids. A sequence that continues from a token step N samples sets prev_row to
 // that token's row in step N's sampled output (its index among the sequences of step N with
 // sample != 0); the worker then takes the sequence's FIRST new token from there instead of
-// tokens[token_offset] (whose value is ignored; write -1). "Step N" is the step the worker took
-// immediately before this one; prev_row must be < the number of ids step N sampled. -1: none.
+// tokens[token_offset] (whose value is ignored; write -1). "Step N" is the last step the worker
+// ran (a step it refused does not count: a scheduler that sees a refusal fails what it has in
+// flight); prev_row must be < the number of ids step N sampled. -1: none.
 struct LlmStepSeq {
   int32_t token_offset = 0;
   int32_t num_tokens = 0;

@@ -5,16 +5,18 @@
 // (services/rose/engine/step_loop.h) runs —
 //   - a Qwen3 embedding / scoring model: EmbeddingRunner (embed and score batches);
 //   - a gpt-oss checkpoint (model_type "gpt_oss" / GptOssForCausalLM): LlmRunner (one kGenerate
-//     step per batch, a paged KV cache allocated at start; the LLM ops exist for the cpu backend
-//     only so far, so another device fails at start with a clear error).
+//     step per batch, a paged KV cache allocated at start), on the cpu reference ops or the cuda
+//     ones (MXFP4 experts resident unless --moe-weights bf16).
 //
 //   rose --model DIR --shm-name NAME [--device cpu|cuda] [--max-batch-tokens 8192] [--threads N]
 //        [--create-shm --depth 4 --input-bytes N --output-bytes N]
 //   embedding:  [--pooling default|last|mean|cls] [--attention default|causal|bidirectional]
 //               [--cuda-graphs on|off] [--precapture SEQSxTOKENS,...]   (cuda backend: batches
 //               padded to (sequences, tokens) buckets and replayed as CUDA graphs)
-//   gpt-oss:    [--kv-block-size 16] [--kv-blocks N | --kv-cache-mb 256] [--max-model-len N]
-//               [--max-seqs 256]
+//   gpt-oss:    [--kv-block-size 16] [--kv-blocks N | --kv-cache-mb MB | --kv-cache-fraction 0.9]
+//               [--max-model-len N] [--max-seqs 256] [--moe-weights auto|mxfp4|bf16]
+//               (KV cache: --kv-blocks, else --kv-cache-mb, else on a GPU that fraction of the
+//               device memory the model left free, on the cpu 256 MiB)
 //
 // The cuda backend's kernel choices come from the environment, read once here:
 // GARDEN_ATTENTION_KERNEL=auto|narrow, GARDEN_GEMM_TUNE=0|1, GARDEN_GEMM_SMALLM=0|1, GARDEN_PDL=0|1
@@ -76,8 +78,10 @@ struct EmbeddingArgs {
 // Flags of the LLM runner.
 struct LlmArgs {
   int32_t kv_block_size = 16;
-  int64_t kv_blocks = 0;      // 0: from kv_cache_mb
-  int64_t kv_cache_mb = 256;  // KV cache budget when kv_blocks is 0
+  int64_t kv_blocks = 0;            // 0: from kv_cache_mb
+  int64_t kv_cache_mb = 0;          // KV cache budget when kv_blocks is 0; 0: see below
+  double kv_cache_fraction = 0.9;   // both 0 on a GPU: this share of the free device memory
+  std::string moe_weights = "auto";  // auto | mxfp4 | bf16
   int64_t max_model_len = 0;  // 0: the model's (max_position_embeddings, at most 131072)
   int32_t max_seqs = 256;     // sequences per step
 };
@@ -113,8 +117,16 @@ bool validLlmArgs(const LlmArgs& f) {
     std::fprintf(stderr, "rose: --kv-blocks must be in [0, 2147483647]\n");
     return false;
   }
-  if (f.kv_blocks == 0 && f.kv_cache_mb <= 0) {
-    std::fprintf(stderr, "rose: --kv-cache-mb must be positive when --kv-blocks is 0\n");
+  if (f.kv_cache_mb < 0) {
+    std::fprintf(stderr, "rose: --kv-cache-mb must be >= 0 (0: from --kv-cache-fraction)\n");
+    return false;
+  }
+  if (!(f.kv_cache_fraction > 0 && f.kv_cache_fraction <= 1)) {
+    std::fprintf(stderr, "rose: --kv-cache-fraction must be in (0, 1]\n");
+    return false;
+  }
+  if (f.moe_weights != "auto" && f.moe_weights != "mxfp4" && f.moe_weights != "bf16") {
+    std::fprintf(stderr, "rose: --moe-weights must be auto, mxfp4 or bf16\n");
     return false;
   }
   if (f.max_model_len < 0 || f.max_seqs <= 0 || f.max_seqs > 65536) {
@@ -164,6 +176,9 @@ Result<Workload> loadLlm(const std::string& dir, rose::Backend& backend, int32_t
   go.max_logits_rows = f.max_seqs;  // logits never leave rose: one sampled row per sequence
   go.max_model_len = f.max_model_len;
   go.min_block_size = f.kv_block_size;
+  go.moe_weights = f.moe_weights == "mxfp4"  ? rose::MoeWeightsMode::kMxfp4
+                   : f.moe_weights == "bf16" ? rose::MoeWeightsMode::kDense
+                                             : rose::MoeWeightsMode::kAuto;
   ASSIGN_OR_RETURN(w.gpt_oss, rose::GptOssModel::load(dir, backend, *w.ops, go));
   ASSIGN_OR_RETURN(std::vector<int32_t> eos, rose::loadEosIds(dir));
   int64_t kv_blocks = f.kv_blocks;
@@ -171,10 +186,22 @@ Result<Workload> loadLlm(const std::string& dir, rose::Backend& backend, int32_t
     const rose::KvCacheShape one = w.gpt_oss->kvShape(1, f.kv_block_size);
     const int64_t block_bytes = 2 * one.elementsPerLayer() * one.num_layers *
                                 static_cast<int64_t>(dtypeSize(w.gpt_oss->kvDType()));
-    kv_blocks = std::min<int64_t>((f.kv_cache_mb << 20) / block_bytes, INT32_MAX);
+    int64_t budget = f.kv_cache_mb << 20;
+    std::string from = "--kv-cache-mb " + std::to_string(f.kv_cache_mb);
+    if (budget == 0) {
+      // What the weights and workspaces left on the device, or 256 MiB of host memory (cpu).
+      const Result<uint64_t> free_b = backend.deviceMemoryFree();
+      budget = free_b.isOk() ? static_cast<int64_t>(static_cast<double>(*free_b) *
+                                                    f.kv_cache_fraction)
+                             : int64_t{256} << 20;
+      from = free_b.isOk() ? "--kv-cache-fraction of " + std::to_string(*free_b >> 20) +
+                                 " MiB free on the device"
+                           : "the default 256 MiB";
+    }
+    kv_blocks = std::min<int64_t>(budget / block_bytes, INT32_MAX);
     if (kv_blocks == 0) {
-      return invalidArgument("--kv-cache-mb " + std::to_string(f.kv_cache_mb) +
-                             " holds no KV block (" + std::to_string(block_bytes) + " bytes each)");
+      return invalidArgument(from + " holds no KV block (" + std::to_string(block_bytes) +
+                             " bytes each)");
     }
   }
   rose::LlmRunnerOptions ro;
@@ -240,7 +267,15 @@ int main(int argc, char** argv) {
   LlmArgs llm;
   flags.add("kv-block-size", &llm.kv_block_size, "gpt-oss: tokens per KV cache block")
       .add("kv-blocks", &llm.kv_blocks, "gpt-oss: KV cache blocks (0 = from --kv-cache-mb)")
-      .add("kv-cache-mb", &llm.kv_cache_mb, "gpt-oss: KV cache MiB when --kv-blocks is 0")
+      .add("kv-cache-mb", &llm.kv_cache_mb,
+           "gpt-oss: KV cache MiB when --kv-blocks is 0 (0: --kv-cache-fraction on a GPU, "
+           "256 MiB on the cpu)")
+      .add("kv-cache-fraction", &llm.kv_cache_fraction,
+           "gpt-oss: share of the device memory left after loading that the KV cache takes when "
+           "--kv-blocks and --kv-cache-mb are 0")
+      .add("moe-weights", &llm.moe_weights,
+           "gpt-oss: auto|mxfp4|bf16: experts kept MXFP4 (cuda) or dequantized to the weight "
+           "dtype")
       .add("max-model-len", &llm.max_model_len,
            "gpt-oss: longest sequence (0 = the model's, at most 131072)")
       .add("max-seqs", &llm.max_seqs, "gpt-oss: sequences per step");

@@ -273,6 +273,9 @@ class Backend {
   // Synchronous (load time): converts `src` into `dst` (dst.numel() == src.numel). Float
   // destinations accept F32/F16/BF16 sources; I32 accepts I32.
   virtual Status uploadConvert(const Tensor& dst, const HostView& src) = 0;
+  // Free device memory in bytes now (sizing the KV cache from what the weights left);
+  // UNIMPLEMENTED on backends whose memory is host memory (CPU).
+  virtual Result<uint64_t> deviceMemoryFree() { return unimplemented("no device memory"); }
   // Pins host memory the queue will copy from/to (the shm arenas); CPU: no-op.
   virtual Status registerHostMemory(void* ptr, size_t bytes) { return okStatus(); }
   virtual void unregisterHostMemory(void* ptr) {}

@@ -138,6 +138,13 @@ Status CudaBackend::uploadConvert(const Tensor& dst, const HostView& src) {
   return okStatus();
 }
 
+Result<uint64_t> CudaBackend::deviceMemoryFree() {
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+  size_t free_b = 0, total_b = 0;
+  CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_b, &total_b));
+  return static_cast<uint64_t>(free_b);
+}
+
 Status CudaBackend::registerHostMemory(void* ptr, size_t bytes) {
   CUDA_RETURN_IF_ERROR(cudaHostRegister(ptr, bytes, cudaHostRegisterDefault));
   return okStatus();

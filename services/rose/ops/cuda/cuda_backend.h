@@ -34,6 +34,7 @@ class CudaBackend final : public Backend, public GraphExecutor {
 
   Result<Buffer> allocate(size_t bytes) override;
   Status uploadConvert(const Tensor& dst, const HostView& src) override;
+  Result<uint64_t> deviceMemoryFree() override;
   Status registerHostMemory(void* ptr, size_t bytes) override;
   void unregisterHostMemory(void* ptr) override;
 

@@ -1,8 +1,8 @@
 // The `rose` binary on a gpt-oss checkpoint (rose-mkmodel's tiny one, real o200k_harmony vocab
 // size): as a sidecar (--create-shm) it announces kind "llm", its KV cache and the checkpoint's
 // eos ids, serves a kGenerate step with the ids a directly driven GptOssModel samples, and stops
-// cleanly on SIGTERM; spawned on a channel it sizes the KV cache from --kv-cache-mb; on the cuda
-// device it fails with a clear state (no CUDA LLM ops yet).
+// cleanly on SIGTERM; spawned on a channel it sizes the KV cache from --kv-cache-mb; on a machine
+// without a GPU --device cuda fails with a clear state; bad KV / expert flags exit 2.
 
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -225,7 +225,8 @@ TEST_F(RoseLlmBinary, SpawnedSizesTheKvCacheFromMegabytes) {
   EXPECT_EQ(ch->state(), shm::WorkerState::kStopping);
 }
 
-TEST_F(RoseLlmBinary, CudaDeviceFailsClearly) {
+// Without a GPU (CI, the development machines) --device cuda cannot start: exit 1, state kFailed.
+TEST_F(RoseLlmBinary, CudaDeviceWithoutAGpuFailsClearly) {
   const std::string name = garden::testing::uniqueShmName("/rose-llm-bin-", "cuda");
   auto ch = shm::Channel::create(name, shm::Layout{2, 8192, 4096});
   ASSERT_TRUE(ch.isOk()) << ch.status().toString();
@@ -243,7 +244,10 @@ TEST_F(RoseLlmBinary, BadKvFlagsExitTwo) {
   for (const std::vector<std::string>& extra :
        {std::vector<std::string>{"--kv-block-size", "0"},
         std::vector<std::string>{"--kv-blocks=-1"},
-        std::vector<std::string>{"--kv-blocks", "0", "--kv-cache-mb", "0"}}) {
+        std::vector<std::string>{"--kv-blocks", "0", "--kv-cache-mb=-1"},
+        std::vector<std::string>{"--kv-cache-fraction", "0"},
+        std::vector<std::string>{"--kv-cache-fraction", "1.5"},
+        std::vector<std::string>{"--moe-weights", "fp8"}}) {
     std::vector<std::string> args = {roseBin(),    "--model", modelDir(),
                                      "--shm-name", name,      "--create-shm"};
     args.insert(args.end(), extra.begin(), extra.end());
