@@ -72,7 +72,8 @@ struct Header {
   std::atomic<int32_t> worker_pid;
   std::atomic<int64_t> heartbeat_ns;
   std::atomic<uint32_t> state;
-  uint32_t pad1;
+  std::atomic<uint32_t> progress_reported;  // [TAG_STEP_PROGRESS]
+  std::atomic<uint64_t> progress;
   ModelFacts facts;
 };
 
@@ -165,7 +166,8 @@ int64_t monotonicNowNs() {
 }
 
 Result<Channel> Channel::create(const std::string& name, const Layout& layout) {
-  if (layout.slots == 0 || layout.slots > 1024) return invalidArgument("shm: slots must be 1..1024");
+  if (layout.slots == 0 || layout.slots > 1024)
+    return invalidArgument("shm: slots must be 1..1024");
   if (layout.input_bytes == 0 || layout.output_bytes == 0)
     return invalidArgument("shm: arena sizes must be > 0");
   const std::string path = shmPath(name);
@@ -203,6 +205,8 @@ Result<Channel> Channel::create(const std::string& name, const Layout& layout) {
   h->worker_pid.store(0);
   h->heartbeat_ns.store(0);
   h->state.store(static_cast<uint32_t>(WorkerState::kStarting));
+  h->progress_reported.store(0);
+  h->progress.store(0);
   for (uint64_t ro : {off.sub_ring, off.comp_ring}) {
     auto* r = new (ringAt(base, ro)) RingCtl{};
     r->capacity = layout.slots;
@@ -337,12 +341,23 @@ void Channel::setWorkerPid(int32_t pid) { header()->worker_pid.store(pid); }
 int32_t Channel::workerPid() const { return header()->worker_pid.load(); }
 int32_t Channel::ownerPid() const { return header()->owner_pid.load(); }
 void Channel::beat() { header()->heartbeat_ns.store(monotonicNowNs(), std::memory_order_release); }
-int64_t Channel::lastBeatNs() const { return header()->heartbeat_ns.load(std::memory_order_acquire); }
+int64_t Channel::lastBeatNs() const {
+  return header()->heartbeat_ns.load(std::memory_order_acquire);
+}
 
 bool Channel::heartbeatStale(std::chrono::milliseconds threshold) const {
   int64_t last = lastBeatNs();
   if (last == 0) return false;
   return monotonicNowNs() - last > threshold.count() * 1000000;
+}
+
+std::atomic<uint64_t>* Channel::progressCounter() { return &header()->progress; }
+uint64_t Channel::progress() const { return header()->progress.load(std::memory_order_relaxed); }
+void Channel::setProgressReported(bool reported) {
+  header()->progress_reported.store(reported ? 1 : 0, std::memory_order_release);
+}
+bool Channel::progressReported() const {
+  return header()->progress_reported.load(std::memory_order_acquire) != 0;
 }
 
 void Channel::setState(WorkerState s) {

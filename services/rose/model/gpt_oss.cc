@@ -610,6 +610,7 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
     b.linear(x, L.router.view, L.router_bias.view, rl);
     ops_.moeRoute(rl, tk_ids, tk_w, MoeRouteParams{mp.top_k});
     ops_.moeExperts(x, tk_ids, tk_w, L.w1.view, L.b1.view, L.w2.view, L.b2.view, moe, mp);
+    b.markProgress();  // [TAG_STEP_PROGRESS]
   }
   b.rmsNorm(moe, res, final_norm_.view, x, norm);
   if (n_rows == 0) return;
