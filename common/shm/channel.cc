@@ -166,8 +166,7 @@ int64_t monotonicNowNs() {
 }
 
 Result<Channel> Channel::create(const std::string& name, const Layout& layout) {
-  if (layout.slots == 0 || layout.slots > 1024)
-    return invalidArgument("shm: slots must be 1..1024");
+  if (layout.slots == 0 || layout.slots > 1024) return invalidArgument("shm: slots must be 1..1024");
   if (layout.input_bytes == 0 || layout.output_bytes == 0)
     return invalidArgument("shm: arena sizes must be > 0");
   const std::string path = shmPath(name);
@@ -341,9 +340,7 @@ void Channel::setWorkerPid(int32_t pid) { header()->worker_pid.store(pid); }
 int32_t Channel::workerPid() const { return header()->worker_pid.load(); }
 int32_t Channel::ownerPid() const { return header()->owner_pid.load(); }
 void Channel::beat() { header()->heartbeat_ns.store(monotonicNowNs(), std::memory_order_release); }
-int64_t Channel::lastBeatNs() const {
-  return header()->heartbeat_ns.load(std::memory_order_acquire);
-}
+int64_t Channel::lastBeatNs() const { return header()->heartbeat_ns.load(std::memory_order_acquire); }
 
 bool Channel::heartbeatStale(std::chrono::milliseconds threshold) const {
   int64_t last = lastBeatNs();
