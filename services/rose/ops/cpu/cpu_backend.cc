@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <cstdlib>
@@ -88,6 +89,16 @@ class CpuBackend final : public Backend {
                   ? opts.threads
                   : std::max(1, static_cast<int>(std::thread::hardware_concurrency()))) {
     initBlas();
+    // Test-only knobs [TAG_STEP_PROGRESS], read once here (integration tests of tulip's stuck
+    // detection set them in the environment of the rose they spawn): every markProgress() first
+    // sleeps GARDEN_CPU_TEST_MARK_DELAY_MS (a slow step that keeps progressing), and the
+    // GARDEN_CPU_TEST_HANG_AT_MARK-th markProgress() never returns (a compute that hangs).
+    if (const char* e = std::getenv("GARDEN_CPU_TEST_MARK_DELAY_MS"); e != nullptr && *e != 0) {
+      test_mark_delay_ms_ = std::max(0L, std::strtol(e, nullptr, 10));
+    }
+    if (const char* e = std::getenv("GARDEN_CPU_TEST_HANG_AT_MARK"); e != nullptr && *e != 0) {
+      test_hang_at_mark_ = std::max(0L, std::strtol(e, nullptr, 10));
+    }
     // Attention scores: one [kAttnQueryBlock, longest sequence] tile per pool worker, grown on
     // first use (sized by the longest sequence a batch actually has, not max_batch_tokens).
     scratch_.resize(static_cast<size_t>(pool_.size()));
@@ -191,6 +202,12 @@ class CpuBackend final : public Backend {
   bool reportsProgress() const override { return true; }
   void markProgress() override {
     syncIfForeign();
+    if (test_mark_delay_ms_ > 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(test_mark_delay_ms_));
+    }
+    if (test_hang_at_mark_ > 0 && ++marks_ == test_hang_at_mark_) {
+      for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+    }
     tick(progress());
   }
   // The counter, for the CPU LLM ops (which tick from their own pool's threads).
@@ -509,6 +526,9 @@ class CpuBackend final : public Backend {
   std::vector<std::vector<float>> scratch_;  // per pool worker (attention score tiles)
   std::vector<AttnTask> attn_tasks_;         // compute thread only
   std::atomic<std::atomic<uint64_t>*> progress_{nullptr};  // [TAG_STEP_PROGRESS]
+  long test_mark_delay_ms_ = 0;  // test-only knobs, see the constructor
+  long test_hang_at_mark_ = 0;
+  long marks_ = 0;  // markProgress() calls so far (compute thread)
 
   std::mutex mu_;
   std::condition_variable cv_work_;
