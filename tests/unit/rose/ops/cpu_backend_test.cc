@@ -63,6 +63,8 @@ class CpuOps : public ::testing::TestWithParam<int> {
     EXPECT_TRUE(backend_->synchronize().isOk());
     return out;
   }
+  void checkAttention(const std::vector<int32_t>& cu, int64_t hq, int64_t hkv, int64_t d,
+                      float scale);
   std::unique_ptr<Backend> backend_;
   std::mt19937 rng_{1234};
 };
@@ -164,53 +166,38 @@ TEST_P(CpuOps, QkNormRope) {
   }
 }
 
-TEST_P(CpuOps, AttentionCausalAndBidirectional) {
-  const int64_t hq = 4, hkv = 2, d = 16;
-  const std::vector<int32_t> cu = {0, 1, 6, 23, 40};
+// Ragged attention over sequences `cu`, causal and bidirectional, against the naive formula.
+void CpuOps::checkAttention(const std::vector<int32_t>& cu, int64_t hq, int64_t hkv, int64_t d,
+                            float scale) {
   const int64_t t = cu.back();
+  int32_t longest = 0;
+  for (size_t s = 0; s + 1 < cu.size(); ++s) longest = std::max(longest, cu[s + 1] - cu[s]);
   for (bool causal : {true, false}) {
     auto qkv = randomVec(static_cast<size_t>(t * (hq + 2 * hkv) * d), rng_);
     auto QKV = put(qkv, {t, (hq + 2 * hkv) * d});
     auto CU = putI32(cu);
     auto O = backend_->allocateTensor(DType::kF32, {t, hq * d});
     AttentionParams p;
-    p.num_seqs = 4;
-    p.num_q_heads = hq;
-    p.num_kv_heads = hkv;
-    p.head_dim = d;
-    p.max_seqlen = 17;
-    p.scale = 0.25f;
+    p.num_seqs = static_cast<int32_t>(cu.size() - 1);
+    p.num_q_heads = static_cast<int32_t>(hq);
+    p.num_kv_heads = static_cast<int32_t>(hkv);
+    p.head_dim = static_cast<int32_t>(d);
+    p.max_seqlen = longest;
+    p.scale = scale;
     p.causal = causal;
     backend_->attention(QKV.view, CU.view, O->view, p);
-    expectNear(get(O->view), naive::attention(qkv, cu, hq, hkv, d, 0.25, causal), 1e-4f,
+    expectNear(get(O->view), naive::attention(qkv, cu, hq, hkv, d, scale, causal), 1e-4f,
                causal ? "causal" : "bidirectional");
   }
 }
 
+TEST_P(CpuOps, AttentionCausalAndBidirectional) {
+  checkAttention({0, 1, 6, 23, 40}, 4, 2, 16, 0.25f);
+}
+
 // Sequences longer than the attention's query block (128), so a sequence spans several score
 // tiles, the causal ones of different widths.
-TEST_P(CpuOps, AttentionAcrossQueryBlocks) {
-  const int64_t hq = 4, hkv = 1, d = 8;
-  const std::vector<int32_t> cu = {0, 130, 433, 434};
-  const int64_t t = cu.back();
-  for (bool causal : {true, false}) {
-    auto qkv = randomVec(static_cast<size_t>(t * (hq + 2 * hkv) * d), rng_);
-    auto QKV = put(qkv, {t, (hq + 2 * hkv) * d});
-    auto CU = putI32(cu);
-    auto O = backend_->allocateTensor(DType::kF32, {t, hq * d});
-    AttentionParams p;
-    p.num_seqs = 3;
-    p.num_q_heads = hq;
-    p.num_kv_heads = hkv;
-    p.head_dim = d;
-    p.max_seqlen = 303;
-    p.scale = 0.35f;
-    p.causal = causal;
-    backend_->attention(QKV.view, CU.view, O->view, p);
-    expectNear(get(O->view), naive::attention(qkv, cu, hq, hkv, d, 0.35, causal), 1e-4f,
-               causal ? "causal" : "bidirectional");
-  }
-}
+TEST_P(CpuOps, AttentionAcrossQueryBlocks) { checkAttention({0, 130, 433, 434}, 4, 1, 8, 0.35f); }
 
 // [TAG_STEP_PROGRESS] The counter moves while ops run: inside a long linear (one tick per GEMM
 // task) and an attention (one per tile), and at markProgress().
