@@ -15,7 +15,9 @@
 
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <future>
+#include <iterator>
 #include <thread>
 
 #include "common/shm/channel.h"
@@ -143,6 +145,23 @@ TEST_F(Liveness, RoseStoppedMidStepIsCaughtByProgress) {
   EXPECT_LT(took, 10000);
   std::printf("stopped rose answered UNAVAILABLE after %lld ms\n", took);
   EXPECT_TRUE(testing::eventually(30s, [&] { return kill(rose, 0) != 0; }));  // killed
+}
+
+TEST_F(Liveness, ZeroTimeoutsAreRefusedByName) {
+  const std::string log = dir_->path() + "/flags.log";
+  for (const char* flag :
+       {"--progress-timeout-ms=0", "--step-timeout-ms=0", "--heartbeat-timeout-ms=0"}) {
+    std::vector<std::string> argv =
+        testing::tulipArgv(testing::freePort(), 0, model(), "services/rose/rose", "livef");
+    argv.push_back(flag);
+    EXPECT_EQ(testing::run(argv, log), 2) << flag;
+  }
+  std::ifstream in(log);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("--progress-timeout-ms, --step-timeout-ms and --heartbeat-timeout-ms must "
+                      "be >= 1"),
+            std::string::npos)
+      << text;
 }
 
 }  // namespace
