@@ -35,13 +35,11 @@ void parallelLinear(ThreadPool& pool, std::atomic<uint64_t>* progress, const flo
                     const float* w, const float* bias, float* y, int64_t ldy, int64_t t, int64_t n,
                     int64_t k) {
   if (t <= 0 || n <= 0) return;
+  // Fixed block sizes, never the pool's size: every task's sgemm shape (and so every result bit)
+  // depends only on the problem's shape, whatever --threads is.
   const int64_t row_blocks = (t + kLinearRowBlock - 1) / kLinearRowBlock;
-  // At least two tasks per worker when the columns allow it (blocks of >= 64 columns), so a
-  // worker that the OS delays holds up less of the op.
-  const int64_t want = 2 * static_cast<int64_t>(pool.size());
-  const int64_t col_blocks =
-      std::clamp<int64_t>((want + row_blocks - 1) / row_blocks, 1, std::max<int64_t>(1, n / 64));
-  const int64_t col_width = ((n + col_blocks - 1) / col_blocks + 15) / 16 * 16;
+  const int64_t col_blocks = (n + kLinearColBlock - 1) / kLinearColBlock;
+  const int64_t col_width = kLinearColBlock;
   pool.parallelTasks(row_blocks * col_blocks, [&](int64_t task, int) {
     const int64_t r0 = (task / col_blocks) * kLinearRowBlock;
     const int64_t rows = std::min(kLinearRowBlock, t - r0);

@@ -6,9 +6,10 @@
 //
 // Threading: OpenBLAS runs single-threaded inside each call (initBlas() sets that once per
 // process) and the work is split over the backend's own ThreadPool instead, so the two never
-// oversubscribe the cores, and the split (hence every result bit) depends only on the shapes and
-// the pool size. Each task advances the step progress counter [TAG_STEP_PROGRESS] when it ends,
-// so a long matmul shows progress every few tens of milliseconds.
+// oversubscribe the cores, and the split (hence every result bit) depends only on the shapes,
+// never on the number of threads. Each task advances the step progress counter
+// [TAG_STEP_PROGRESS] when it ends, so a long matmul shows progress every few tens of
+// milliseconds.
 //
 // Threads: call from the thread that owns `pool` (the compute thread, or a test thread).
 
@@ -33,9 +34,11 @@ void sgemm(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t
            const float* b, int64_t ldb, bool b_transposed, float beta, float* c, int64_t ldc);
 
 // y[t, n] (ldy) = x[t, k] (ldx) · w[n, k]ᵀ (+ bias[n] when not null), over `pool`: tasks of up to
-// kLinearRowBlock rows and, when there are too few row blocks to occupy every worker, column
-// blocks; one sgemm per task, then `progress` advances.
+// kLinearRowBlock rows by kLinearColBlock columns, one sgemm each, then `progress` advances. The
+// blocks are fixed, so the result does not depend on the pool's size (a step gives the same bits
+// whatever --threads is; tests compare a rose process with an in-process model bit for bit).
 inline constexpr int64_t kLinearRowBlock = 256;
+inline constexpr int64_t kLinearColBlock = 256;
 void parallelLinear(ThreadPool& pool, std::atomic<uint64_t>* progress, const float* x, int64_t ldx,
                     const float* w, const float* bias, float* y, int64_t ldy, int64_t t, int64_t n,
                     int64_t k);
