@@ -9,6 +9,7 @@ PKGS=(
   libboost-dev libboost-program-options-dev libboost-system-dev
   libsimdjson-dev libsentencepiece-dev sentencepiece
   libgtest-dev libgmock-dev libbenchmark-dev
+  libopenblas-dev
   prometheus
   clang libclang-rt-14-dev
   patchelf unzip

@@ -72,7 +72,8 @@ struct Header {
   std::atomic<int32_t> worker_pid;
   std::atomic<int64_t> heartbeat_ns;
   std::atomic<uint32_t> state;
-  uint32_t pad1;
+  std::atomic<uint32_t> progress_reported;  // [TAG_STEP_PROGRESS]
+  std::atomic<uint64_t> progress;
   ModelFacts facts;
 };
 
@@ -203,6 +204,8 @@ Result<Channel> Channel::create(const std::string& name, const Layout& layout) {
   h->worker_pid.store(0);
   h->heartbeat_ns.store(0);
   h->state.store(static_cast<uint32_t>(WorkerState::kStarting));
+  h->progress_reported.store(0);
+  h->progress.store(0);
   for (uint64_t ro : {off.sub_ring, off.comp_ring}) {
     auto* r = new (ringAt(base, ro)) RingCtl{};
     r->capacity = layout.slots;
@@ -343,6 +346,15 @@ bool Channel::heartbeatStale(std::chrono::milliseconds threshold) const {
   int64_t last = lastBeatNs();
   if (last == 0) return false;
   return monotonicNowNs() - last > threshold.count() * 1000000;
+}
+
+std::atomic<uint64_t>* Channel::progressCounter() { return &header()->progress; }
+uint64_t Channel::progress() const { return header()->progress.load(std::memory_order_relaxed); }
+void Channel::setProgressReported(bool reported) {
+  header()->progress_reported.store(reported ? 1 : 0, std::memory_order_release);
+}
+bool Channel::progressReported() const {
+  return header()->progress_reported.load(std::memory_order_acquire) != 0;
 }
 
 void Channel::setState(WorkerState s) {

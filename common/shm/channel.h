@@ -29,7 +29,8 @@ namespace garden::shm {
 
 inline constexpr uint64_t kMagic = 0x314D534E44524147ULL;  // "GARDNSM1" little-endian
 // 3: Completion carries rose's trace stamps (taken/launched/ready/published).
-inline constexpr uint32_t kVersion = 4;  // 4: LlmStepSeq.prev_row (56 bytes)
+// 4: LlmStepSeq.prev_row (56 bytes). 5: step progress counter in the header.
+inline constexpr uint32_t kVersion = 5;
 
 enum class BatchKind : uint32_t {
   kEmbed = 1,     // pooled (optionally L2-normalized) embeddings: rows=num_seqs, cols=hidden
@@ -160,6 +161,15 @@ class Channel {
   int64_t lastBeatNs() const;
   // True when the worker has beaten at least once and not within `threshold`.
   bool heartbeatStale(std::chrono::milliseconds threshold) const;
+  // Step progress [TAG_STEP_PROGRESS]: a counter rose's backend advances while it computes (per
+  // layer and inside long ops), distinct from the heartbeat, which the step thread beats even
+  // when the compute is wedged. progressReported says whether this worker's backend advances it
+  // (set by rose before kReady); tulip judges a worker that does by the counter moving while a
+  // batch is in flight. The counter only grows.
+  std::atomic<uint64_t>* progressCounter();
+  uint64_t progress() const;
+  void setProgressReported(bool reported);
+  bool progressReported() const;
   void setState(WorkerState s);
   WorkerState state() const;
   void setModelFacts(const ModelFacts& f);

@@ -85,6 +85,7 @@ int main(int argc, char** argv) {
   uint32_t max_num_seqs = 256;
   bool prefix_caching = true;
   uint32_t heartbeat_timeout_ms = 3000, drain_timeout_ms = 10000, step_timeout_ms = 60000;
+  uint32_t progress_timeout_ms = 2500;
   std::vector<std::string> rose_extra;
 
   Flags flags("tulip", "Garden scheduler: gRPC in, batches to a rose worker over shared memory");
@@ -122,8 +123,14 @@ int main(int argc, char** argv) {
            "LLM: share the KV of repeated prompt prefixes (full blocks)")
       .add("heartbeat-timeout-ms", &heartbeat_timeout_ms,
            "a worker silent this long is declared stuck and restarted")
+      .add("progress-timeout-ms", &progress_timeout_ms,
+           "a worker that reports step progress (rose's cpu backend) with a batch in flight and "
+           "no progress for this long is stuck: it is restarted. A long step that keeps making "
+           "progress is never cut short")
       .add("step-timeout-ms", &step_timeout_ms,
-           "a batch in flight this long means a stuck worker: it is restarted")
+           "a worker that does not report step progress (rose's cuda backend for now) is stuck "
+           "when a batch has been in flight longer than max(this, 8 x its tokens x the slowest "
+           "per-token time measured on it): it is restarted")
       .add("drain-timeout-ms", &drain_timeout_ms, "on SIGTERM, time allowed for in-flight work")
       .add("log-level", &log_level, "debug|info|warn|error")
       .useEnv("TULIP_");
@@ -146,6 +153,12 @@ int main(int argc, char** argv) {
   }
   if (completion_spin_us < -1 || completion_spin_us > 100000) {
     std::fprintf(stderr, "tulip: --completion-spin-us must be -1 (auto) or 0..100000\n");
+    return 2;
+  }
+  if (progress_timeout_ms == 0 || step_timeout_ms == 0 || heartbeat_timeout_ms == 0) {
+    std::fprintf(stderr,
+                 "tulip: --progress-timeout-ms, --step-timeout-ms and --heartbeat-timeout-ms must "
+                 "be >= 1\n");
     return 2;
   }
   if (max_num_seqs == 0) {
@@ -186,6 +199,7 @@ int main(int argc, char** argv) {
   wopts.layout.output_bytes = uint64_t{max_batch_seqs} * hidden * sizeof(float);
   wopts.heartbeat_timeout = std::chrono::milliseconds(heartbeat_timeout_ms);
   wopts.step_timeout = std::chrono::milliseconds(step_timeout_ms);
+  wopts.progress_timeout = std::chrono::milliseconds(progress_timeout_ms);
   if (completion_spin_us < 0) completion_spin_us = device == "cuda" ? 200 : 0;
   wopts.completion_spin = std::chrono::microseconds(completion_spin_us);
   wopts.rose_args = {"--model", model, "--device", device, "--pooling", pooling,

@@ -42,6 +42,8 @@ void CompletionQueue::reject(const shm::BatchDesc& d, const Status& st,
 }
 
 void CompletionQueue::start(Hooks hooks) {
+  backend_.setProgressCounter(channel_.progressCounter());  // [TAG_STEP_PROGRESS]
+  channel_.setProgressReported(backend_.reportsProgress());
   hooks_ = std::move(hooks);
   ok_ = &hooks_.outcomes->labels({"OK"});
   thread_ = std::thread([this] { loop(); });

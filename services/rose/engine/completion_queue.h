@@ -6,6 +6,12 @@
 // ring is full, until drain() stops it) and then counts it (the runner's outcome counter and step
 // histogram). drain() waits until every pushed batch is answered and stops the thread.
 //
+// Step progress [TAG_STEP_PROGRESS]: start() points the backend's progress counter at the
+// channel's and records in the header whether the backend advances it (before the engine
+// announces kReady, so tulip reads it with the model facts); the destructor detaches it again
+// once the queue has drained, so a backend that outlives the engine never writes to a channel
+// that may be gone.
+//
 // Threads: push() from the step thread; the hooks run on the queue's thread.
 
 #include <atomic>
@@ -47,11 +53,14 @@ class CompletionQueue {
   };
 
   CompletionQueue(shm::Channel& channel, Backend& backend) : channel_(channel), backend_(backend) {}
-  ~CompletionQueue() { drain(std::chrono::seconds(30)); }
+  ~CompletionQueue() {
+    drain(std::chrono::seconds(30));
+    backend_.setProgressCounter(nullptr);
+  }
   CompletionQueue(const CompletionQueue&) = delete;
   CompletionQueue& operator=(const CompletionQueue&) = delete;
 
-  void start(Hooks hooks);  // starts the queue's thread
+  void start(Hooks hooks);  // connects step progress, starts the queue's thread
   void push(PendingCompletion p);
   // Logs the refusal of `d` (warn, `log_line` with its ids and `st`) and queues its answer.
   void reject(const shm::BatchDesc& d, const Status& st,

@@ -711,6 +711,7 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
     b.linear(x, L.router.view, Tensor(), rl);  // f32 logits; the bias joins in moeRoute
     ops_.moeRoute(rl, L.router_bias.view, tk_ids, tk_w, MoeRouteParams{mp.top_k});
     ops_.moeExperts(x, tk_ids, tk_w, L.w1, L.b1.view, L.w2, L.b2.view, moe, mp);
+    b.markProgress();  // [TAG_STEP_PROGRESS]
   }
   b.rmsNorm(moe, res, final_norm_.view, x, norm);
   if (n_rows == 0) return;

@@ -329,6 +329,7 @@ Tensor Qwen3Model::enqueueLayers(int64_t t, int32_t n_seq, int32_t max_seqlen) {
     b.linear(x, L.gate_up.view, Tensor(), gate_up);
     b.swiglu(gate_up, mlp);
     b.linear(mlp, L.down.view, Tensor(), x);
+    b.markProgress();  // [TAG_STEP_PROGRESS]
   }
   b.rmsNorm(x, res, final_norm_.view, x, norm);
   return x;

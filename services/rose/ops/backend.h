@@ -26,8 +26,19 @@
 //
 // Threads: one thread (the engine's step thread, or the loader before serving) calls launch()
 // and the op/copy/upload methods; event query()/wait() may be called from any thread.
+//
+// Step progress [TAG_STEP_PROGRESS]. A forward pass may legitimately take minutes (a 2,049-token
+// input through 28 layers on two CPU cores), while a wedged compute queue must be caught in
+// seconds; the step thread's heartbeat cannot tell the two apart, because it beats while the
+// queue is stuck. So the backend advances a progress counter *as its queue executes*, and tulip
+// declares the worker stuck when a batch is in flight and the counter stops moving
+// (services/tulip/worker/shm_worker.h). Model code calls markProgress() once per layer; a
+// backend may advance the counter more often on its own (the CPU backend also does inside long
+// ops, so no single stretch of work without an advance is longer than a small fraction of a
+// second). The counter is a word in the shm channel's header (shm::Channel::progressCounter()).
 
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -293,6 +304,25 @@ class Backend {
   // an event recorded later fires).
   virtual void copyToDevice(const Tensor& dst, const void* src, size_t bytes) = 0;
   virtual void copyToHost(void* dst, const Tensor& src, size_t bytes) = 0;
+
+  // ---- step progress [TAG_STEP_PROGRESS] ----
+  // The word this backend advances while its queue executes (nullptr: none, the default). Set
+  // once, before work is launched, from the launching thread; the word must outlive the backend's
+  // work (it lives in the shm channel, which outlives the engine and its backend).
+  virtual void setProgressCounter(std::atomic<uint64_t>* counter) {}
+  // True when this backend advances the counter while computing (markProgress and, for long ops,
+  // inside them). tulip judges a worker that reports progress by it, and one that does not by a
+  // per-step limit scaled to the step's work. cpu: true. cuda: false until markProgress is
+  // implemented there (see cuda_backend.cc).
+  virtual bool reportsProgress() const { return false; }
+  // Enqueued like an op: the counter advances (by at least 1) when the queue reaches this point,
+  // never earlier, and without the calling thread waiting for the device. Model code calls it at
+  // every layer boundary. The contract for an implementation: the write must become visible to
+  // another process reading the counter with an acquire/relaxed load within a few milliseconds of
+  // the queue passing this point; a monotonic increment (values only grow); no allocation, no
+  // synchronization with the launching thread; valid inside a captured CUDA graph (it is replayed
+  // with the graph). The default is a no-op (a backend that does not report progress).
+  virtual void markProgress() {}
 
   // ---- ops (enqueued) ----
   // out[t, :] = table[ids[t], :]. ids I32 [T] (< rows(table), checked by the caller), table

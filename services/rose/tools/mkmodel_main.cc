@@ -2,7 +2,7 @@
 // --kind gpt-oss a tiny random gpt-oss checkpoint (services/rose/tools/mkmodel_gpt_oss.h).
 //
 //   rose-mkmodel --out DIR [--seed N] [--repo DIR] [--vocab-size 2000] [--dtype bf16|f32]
-//                [--spm-train spm_train]
+//                [--spm-train spm_train] [--shape tiny|qwen3-0.6b]
 //   rose-mkmodel --kind gpt-oss --out DIR [--seed N] [--tokenizer-json PATH] [--layers 2]
 //                [--experts 4] [--top-k 2] [--sliding-window 8]
 
@@ -34,6 +34,7 @@ int main(int argc, char** argv) {
   o.repo_root = defaultRepo();
   std::string dtype = "bf16";
   std::string kind = "qwen3";
+  std::string shape = "tiny";
   garden::rose::MkGptOssOptions g;
   garden::Flags flags(
       "rose-mkmodel",
@@ -47,6 +48,10 @@ int main(int argc, char** argv) {
       .add("dtype", &dtype, "weight dtype: bf16 or f32")
       .add("spm-train", &o.spm_train, "the sentencepiece trainer binary")
       .add("kind", &kind, "qwen3 (the default embedding model) or gpt-oss")
+      .add("shape", &shape,
+           "qwen3: tiny (the default model) or qwen3-0.6b (Qwen3-Embedding-0.6B's layer shapes: "
+           "hidden 1024, 28 layers, 16/8 heads of 128, intermediate 3072; the vocabulary stays "
+           "the trained tokenizer's; ~0.9 GB in bf16; for CPU benchmarks)")
       .add("tokenizer-json", &g.tokenizer_json,
            "gpt-oss: tokenizer.json to copy into the model dir (the real o200k_harmony one)")
       .add("layers", &g.num_layers, "gpt-oss: layers (even = sliding, odd = full attention)")
@@ -75,6 +80,18 @@ int main(int argc, char** argv) {
     return 2;
   }
   o.bf16 = dtype == "bf16";
+  if (shape == "qwen3-0.6b") {
+    o.hidden_size = 1024;
+    o.num_layers = 28;
+    o.num_heads = 16;
+    o.num_kv_heads = 8;
+    o.head_dim = 128;
+    o.intermediate_size = 3072;
+    o.max_position = 32768;
+  } else if (shape != "tiny") {
+    std::fprintf(stderr, "rose-mkmodel: --shape must be tiny or qwen3-0.6b\n");
+    return 2;
+  }
   if (o.out_dir.empty()) {
     std::fprintf(stderr, "rose-mkmodel: --out is required\n");
     return 2;

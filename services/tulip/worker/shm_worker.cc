@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -149,6 +150,7 @@ Status ShmWorker::trySubmit(WorkBatch batch, WorkDone done) {
   // The ring has one entry per slot, and this slot was free, so the push cannot fail.
   CHECK(channel_->trySubmit(d));
   slots_[slot] = Inflight{true, d.batch_id, std::move(done), shm::monotonicNowNs(), batch.kind};
+  slots_[slot].tokens = batch.tokens.size();
   return okStatus();
 }
 
@@ -218,6 +220,44 @@ void ShmWorker::reapChild(bool force) {
   int status = 0;
   waitpid(pid, &status, 0);
   child_ = -1;
+}
+
+std::string ShmWorker::stuckReason(int64_t now_ns) {
+  // [TAG_STEP_PROGRESS] Only this thread replaces channel_, so reading it without mu_ is safe.
+  const uint64_t progress = channel_->progress();
+  if (progress != progress_seen_) {
+    progress_seen_ = progress;
+    progress_changed_ns_ = now_ns;
+  }
+  int64_t oldest = 0;
+  uint64_t tokens = 0;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    for (const auto& sl : slots_) {
+      if (!sl.busy) continue;
+      if (oldest == 0 || sl.submitted_ns < oldest) oldest = sl.submitted_ns;
+      tokens += sl.tokens;
+    }
+  }
+  if (oldest == 0) return {};
+  const std::string who = "rose worker (pid " + std::to_string(worker_pid_.load()) + ")";
+  if (progress_reported_) {
+    // Quiet since the later of: the counter's last move, the last completion, the oldest batch's
+    // submission (an idle worker's counter is still, and that is fine).
+    const int64_t since = std::max({progress_changed_ns_, last_seen_ns_, oldest});
+    if (now_ns - since > opts_.progress_timeout.count() * 1000000) {
+      return who + " is stuck: no step progress for " +
+             std::to_string(opts_.progress_timeout.count()) + " ms with a batch in flight";
+    }
+    return {};
+  }
+  const int64_t scaled_ms = static_cast<int64_t>(opts_.step_timeout_slack) *
+                            static_cast<int64_t>(tokens) * max_ns_per_token_ / 1000000;
+  const int64_t limit_ms = std::max<int64_t>(opts_.step_timeout.count(), scaled_ms);
+  if (now_ns - oldest > limit_ms * 1000000) {
+    return who + " is stuck: a step did not complete within " + std::to_string(limit_ms) + " ms";
+  }
+  return {};
 }
 
 void ShmWorker::markDead(const std::string& reason) {
@@ -344,11 +384,15 @@ void ShmWorker::run() {
       facts_ = channel_->modelFacts();
       worker_pid_ = channel_->workerPid() > 0 ? channel_->workerPid() : child_.load();
     }
+    progress_reported_ = channel_->progressReported();  // [TAG_STEP_PROGRESS]
+    progress_seen_ = channel_->progress();
+    progress_changed_ns_ = shm::monotonicNowNs();
     ready_ = true;
     backoff = opts_.backoff_min;
     log::info("rose worker ready", {{"pid", static_cast<int64_t>(worker_pid_.load())},
                                     {"model", std::string(facts_.name)},
-                                    {"hidden_size", facts_.hidden_size}});
+                                    {"hidden_size", facts_.hidden_size},
+                                    {"reports_progress", progress_reported_}});
     notifyChange();
 
     // --- serve: take completions, watch liveness ---
@@ -406,6 +450,9 @@ void ShmWorker::run() {
             const int64_t service = seen_ns - std::max(entry.submitted_ns, last_seen_ns_);
             service_ewma_ns_ =
                 service_ewma_ns_ == 0 ? service : (7 * service_ewma_ns_ + service) / 8;
+            max_ns_per_token_ = std::max<int64_t>(
+                max_ns_per_token_,
+                service / static_cast<int64_t>(std::max<uint64_t>(1, entry.tokens)));
           }
           last_seen_ns_ = seen_ns;
           entry.done(r);
@@ -438,17 +485,8 @@ void ShmWorker::run() {
                  std::to_string(opts_.heartbeat_timeout.count()) + " ms");
         break;
       }
-      int64_t oldest = 0;
-      {
-        std::lock_guard<std::mutex> l(mu_);
-        for (const auto& sl : slots_)
-          if (sl.busy && (oldest == 0 || sl.submitted_ns < oldest)) oldest = sl.submitted_ns;
-      }
-      if (oldest != 0 &&
-          shm::monotonicNowNs() - oldest > opts_.step_timeout.count() * 1000000) {
-        markDead("rose worker (pid " + std::to_string(worker_pid_.load()) +
-                 ") is stuck: a step did not complete within " +
-                 std::to_string(opts_.step_timeout.count()) + " ms");
+      if (std::string stuck = stuckReason(shm::monotonicNowNs()); !stuck.empty()) {
+        markDead(stuck);
         break;
       }
       if (channel_->state() == shm::WorkerState::kFailed ||

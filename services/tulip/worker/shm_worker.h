@@ -4,9 +4,21 @@
 // Spawned mode (default): tulip creates the segment and starts rose as a child that dies with tulip
 // (PR_SET_PDEATHSIG). Attach mode: rose runs beside tulip (a sidecar container), created the
 // segment itself, and tulip maps it by name. Either way one supervisor thread owns the completion
-// ring and watches the worker: process exit, a stale heartbeat (alive but stuck) or a failed state
-// mark it dead; every batch in flight is answered UNAVAILABLE with the reason, and the worker is
-// restarted (spawned mode) or re-attached (attach mode) with exponential backoff.
+// ring and watches the worker: process exit, a stale heartbeat (alive but stuck), a stuck step
+// or a failed state mark it dead; every batch in flight is answered UNAVAILABLE with the reason,
+// and the worker is restarted (spawned mode) or re-attached (attach mode) with exponential
+// backoff.
+//
+// A stuck step [TAG_STEP_PROGRESS]: the heartbeat comes from rose's step thread, which beats
+// even while the compute it launched is wedged, so it cannot tell a long step from a stuck one.
+// A worker whose backend reports progress (shm::Channel::progressReported(): the CPU backend)
+// is stuck when a batch is in flight and the channel's progress counter has not moved for
+// progress_timeout (nor has a completion arrived): a live step of any length completes, a wedged
+// or SIGSTOPped one is caught within progress_timeout plus one ~50 ms poll. A worker that does
+// not report progress (the CUDA backend until its markProgress lands) is stuck when its oldest
+// batch has been in flight longer than a limit scaled to the work: max(step_timeout,
+// step_timeout_slack x the tokens in flight x the slowest per-token service time measured so far
+// on this worker).
 //
 // Threads: trySubmit from the scheduler thread; callbacks run on the supervisor thread.
 
@@ -34,9 +46,13 @@ struct ShmWorkerOptions {
   std::string rose_bin;                // spawned mode: the rose executable
   std::vector<std::string> rose_args;  // passed after `--shm-name NAME`
   std::chrono::milliseconds heartbeat_timeout{3000};
-  // A batch in flight longer than this means a step that never completes (while the process may
-  // still beat): the worker is declared stuck and restarted.
+  // Workers that report progress: a batch in flight with no progress for this long means a stuck
+  // worker (see the header comment).
+  std::chrono::milliseconds progress_timeout{2500};
+  // Workers that do not report progress: the floor of the per-step limit, which grows with the
+  // work in flight (step_timeout_slack x tokens x the slowest measured time per token).
   std::chrono::milliseconds step_timeout{60000};
+  uint32_t step_timeout_slack = 8;
   std::chrono::milliseconds start_timeout{600000};
   // Completion pacing [TAG_COMPLETION_SPIN]: while a batch is in flight, the supervisor sleeps
   // until shortly before its result is expected (from recent batches' service times), then spins
@@ -82,6 +98,7 @@ class ShmWorker final : public Worker {
     WorkDone done;
     int64_t submitted_ns = 0;
     shm::BatchKind kind = shm::BatchKind::kEmbed;
+    uint64_t tokens = 0;
   };
 
   void run();
@@ -93,6 +110,8 @@ class ShmWorker final : public Worker {
   void notifyChange();
   bool sleepUnlessStopped(std::chrono::milliseconds d);
   void reapChild(bool force);
+  // The reason the worker is stuck (see [TAG_STEP_PROGRESS] above), or empty (supervisor thread).
+  std::string stuckReason(int64_t now_ns);
 
   const ShmWorkerOptions opts_;
   std::mutex on_change_mu_;
@@ -109,6 +128,13 @@ class ShmWorker final : public Worker {
   // of its submission and the previous completion) and when the previous completion was seen.
   int64_t service_ewma_ns_ = 0;
   int64_t last_seen_ns_ = 0;
+  // Supervisor thread only [TAG_STEP_PROGRESS]: whether the current worker reports progress, the
+  // last counter value seen and when it changed; the slowest service time per token measured
+  // (for the scaled step limit of workers that do not report progress).
+  bool progress_reported_ = false;
+  uint64_t progress_seen_ = 0;
+  int64_t progress_changed_ns_ = 0;
+  int64_t max_ns_per_token_ = 0;
 
   std::atomic<bool> ready_{false};
   std::atomic<bool> stop_{false};

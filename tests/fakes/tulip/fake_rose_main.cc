@@ -8,7 +8,10 @@
 //                       so it costs no CPU). --max-seq-len also applies in embedding mode.
 //   --crash-after N     exit(3) when batch N+1 arrives
 //   --hang-after N      after N batches stop beating and answering (alive but stuck)
-//   --stall-after N     after N batches keep beating but never answer (a step that never ends)
+//   --stall-after N     after N batches keep beating but never answer (a step that never ends;
+//                       with --progress: a wedged compute, the progress counter stops too)
+//   --progress          report step progress [TAG_STEP_PROGRESS] (like rose's cpu backend): the
+//                       counter advances every 10 ms of a --delay-ms step and once per batch
 //   --fail-start        report WorkerState::kFailed instead of loading
 //   --create-shm        sidecar mode: create the segment (depth 2) instead of attaching
 // LLM mode (--llm): ModelFacts kind "llm" and kGenerate steps run through the deterministic fake
@@ -38,7 +41,7 @@ int main(int argc, char** argv) {
   std::string name;
   int delay_ms = 0, step_us = 0, step_us_per_token = 0, crash_after = -1, hang_after = -1,
       stall_after = -1;
-  bool fail_start = false, create = false, llm = false, max_seq_len_set = false;
+  bool fail_start = false, create = false, llm = false, max_seq_len_set = false, progress = false;
   uint32_t kv_blocks = 64, kv_block_size = 4, max_seq_len = 128, vocab = 1000, max_seqs = 0;
   int32_t eos = 999;
   std::string model_name = "fake-llm";
@@ -51,6 +54,7 @@ int main(int argc, char** argv) {
     else if (a == "--hang-after") hang_after = std::atoi(next().c_str());
     else if (a == "--stall-after") stall_after = std::atoi(next().c_str());
     else if (a == "--fail-start") fail_start = true;
+    else if (a == "--progress") progress = true;
     else if (a == "--create-shm") create = true;
     else if (a == "--llm") llm = true;
     else if (a == "--kv-blocks") kv_blocks = std::atoi(next().c_str());
@@ -100,6 +104,10 @@ int main(int argc, char** argv) {
   }
   garden::tulip::testing::FakeLlmEngine engine(kv_blocks, kv_block_size, vocab);
   ch->setModelFacts(f);
+  ch->setProgressReported(progress);
+  auto advance = [&] {
+    if (progress) ch->progressCounter()->fetch_add(1, std::memory_order_relaxed);
+  };
   ch->beat();
   ch->setState(shm::WorkerState::kReady);
   int served = 0;
@@ -122,9 +130,11 @@ int main(int argc, char** argv) {
     if (delay_ms > 0) {
       for (int t = 0; t < delay_ms; t += 10) {
         ch->beat();
+        advance();
         usleep(10000);
       }
     }
+    advance();
     auto in = ch->inputArena(d->slot);
     auto out = ch->outputArena(d->slot);
     if (d->kind == shm::BatchKind::kGenerate) {

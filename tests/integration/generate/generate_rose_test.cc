@@ -100,7 +100,8 @@ class GenerateRose : public ::testing::Test {
     argv.insert(
         argv.end(),
         {"--max-batch-tokens", "16", "--max-num-seqs", "4", "--rose-threads", "1",
-         "--heartbeat-timeout-ms", "120000",  // the preemption test pauses rose for a moment
+         // the preemption test pauses rose for a moment, steps in flight
+         "--heartbeat-timeout-ms", "120000", "--progress-timeout-ms", "120000",
          "--rose-arg=--kv-blocks", "--rose-arg=" + std::to_string(kv_blocks),
          "--rose-arg=--kv-block-size", "--rose-arg=" + std::to_string(kBlock),
          "--rose-arg=--max-model-len", "--rose-arg=128", "--rose-arg=--max-seqs", "--rose-arg=4"});

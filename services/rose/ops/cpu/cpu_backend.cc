@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <cstdlib>
@@ -12,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "services/rose/ops/cpu/gemm.h"
 #include "services/rose/ops/cpu/thread_pool.h"
 
 namespace garden::rose::cpu {
@@ -65,75 +67,6 @@ void axpy(float alpha, const float* x, float* y, int64_t n) {
   for (; i < n; ++i) y[i] += alpha * x[i];
 }
 
-// GEMM micro-kernel: a 4 (rows of x) by 3 (rows of w) tile of y = x wᵀ over the full K.
-// Tail tiles pass duplicated row pointers and only store the valid part.
-constexpr int kTr = 4;
-constexpr int kNr = 3;
-
-GARDEN_CPU_CLONES
-void gemmTile(const float* const* xr, const float* const* wr, int64_t k, float out[kTr][kNr]) {
-  // Twelve named accumulators + three w vectors + one x vector = 16 registers (AVX2): written
-  // out so the compiler keeps them in registers instead of a stack array.
-  const float *x0 = xr[0], *x1 = xr[1], *x2 = xr[2], *x3 = xr[3];
-  const float *w0 = wr[0], *w1 = wr[1], *w2 = wr[2];
-  V8 a00 = {}, a01 = {}, a02 = {}, a10 = {}, a11 = {}, a12 = {};
-  V8 a20 = {}, a21 = {}, a22 = {}, a30 = {}, a31 = {}, a32 = {};
-  int64_t i = 0;
-  for (; i + 8 <= k; i += 8) {
-    const V8 v0 = load8(w0 + i), v1 = load8(w1 + i), v2 = load8(w2 + i);
-    V8 xv = load8(x0 + i);
-    a00 += xv * v0;
-    a01 += xv * v1;
-    a02 += xv * v2;
-    xv = load8(x1 + i);
-    a10 += xv * v0;
-    a11 += xv * v1;
-    a12 += xv * v2;
-    xv = load8(x2 + i);
-    a20 += xv * v0;
-    a21 += xv * v1;
-    a22 += xv * v2;
-    xv = load8(x3 + i);
-    a30 += xv * v0;
-    a31 += xv * v1;
-    a32 += xv * v2;
-  }
-  const V8* acc[kTr][kNr] = {
-      {&a00, &a01, &a02}, {&a10, &a11, &a12}, {&a20, &a21, &a22}, {&a30, &a31, &a32}};
-  for (int r = 0; r < kTr; ++r) {
-    for (int c = 0; c < kNr; ++c) {
-      float s = hsum(*acc[r][c]);
-      for (int64_t j = i; j < k; ++j) s += xr[r][j] * wr[c][j];
-      out[r][c] = s;
-    }
-  }
-}
-
-// y[:, n0:n1] for all T rows.
-void gemmColumns(const float* x, const float* w, const float* bias, float* y, int64_t t_rows,
-                 int64_t n_total, int64_t k, int64_t n0, int64_t n1) {
-  constexpr int64_t kNBlock = 48;  // rows of w kept hot in L2 while all of x streams by
-  for (int64_t nb = n0; nb < n1; nb += kNBlock) {
-    int64_t ne = std::min(n1, nb + kNBlock);
-    for (int64_t t = 0; t < t_rows; t += kTr) {
-      int64_t tr = std::min<int64_t>(kTr, t_rows - t);
-      const float* xr[kTr];
-      for (int r = 0; r < kTr; ++r) xr[r] = x + (t + std::min<int64_t>(r, tr - 1)) * k;
-      for (int64_t n = nb; n < ne; n += kNr) {
-        int64_t nr = std::min<int64_t>(kNr, ne - n);
-        const float* wr[kNr];
-        for (int c = 0; c < kNr; ++c) wr[c] = w + (n + std::min<int64_t>(c, nr - 1)) * k;
-        float out[kTr][kNr];
-        gemmTile(xr, wr, k, out);
-        for (int64_t r = 0; r < tr; ++r) {
-          float* yrow = y + (t + r) * n_total + n;
-          for (int64_t c = 0; c < nr; ++c) yrow[c] = out[r][c] + (bias ? bias[n + c] : 0.f);
-        }
-      }
-    }
-  }
-}
-
 float silu(float x) { return x / (1.f + std::exp(-x)); }
 
 // ---------------------------------------------------------------------------------------------
@@ -154,10 +87,21 @@ class CpuBackend final : public Backend {
   explicit CpuBackend(const BackendOptions& opts)
       : pool_(opts.threads > 0
                   ? opts.threads
-                  : std::max(1, static_cast<int>(std::thread::hardware_concurrency()))),
-        max_tokens_(std::max<int64_t>(1, opts.max_batch_tokens)) {
+                  : std::max(1, static_cast<int>(std::thread::hardware_concurrency()))) {
+    initBlas();
+    // Test-only knobs [TAG_STEP_PROGRESS], read once here (integration tests of tulip's stuck
+    // detection set them in the environment of the rose they spawn): every markProgress() first
+    // sleeps GARDEN_CPU_TEST_MARK_DELAY_MS (a slow step that keeps progressing), and the
+    // GARDEN_CPU_TEST_HANG_AT_MARK-th markProgress() never returns (a compute that hangs).
+    if (const char* e = std::getenv("GARDEN_CPU_TEST_MARK_DELAY_MS"); e != nullptr && *e != 0) {
+      test_mark_delay_ms_ = std::max(0L, std::strtol(e, nullptr, 10));
+    }
+    if (const char* e = std::getenv("GARDEN_CPU_TEST_HANG_AT_MARK"); e != nullptr && *e != 0) {
+      test_hang_at_mark_ = std::max(0L, std::strtol(e, nullptr, 10));
+    }
+    // Attention scores: one [kAttnQueryBlock, longest sequence] tile per pool worker, grown on
+    // first use (sized by the longest sequence a batch actually has, not max_batch_tokens).
     scratch_.resize(static_cast<size_t>(pool_.size()));
-    for (auto& sc : scratch_) sc.resize(static_cast<size_t>(max_tokens_));
     compute_ = std::thread([this] { computeLoop(); });
   }
 
@@ -251,6 +195,24 @@ class CpuBackend final : public Backend {
     std::memcpy(dst, src.data, bytes);
   }
 
+  // ---- step progress [TAG_STEP_PROGRESS] ----
+  void setProgressCounter(std::atomic<uint64_t>* counter) override {
+    progress_.store(counter, std::memory_order_release);
+  }
+  bool reportsProgress() const override { return true; }
+  void markProgress() override {
+    syncIfForeign();
+    if (test_mark_delay_ms_ > 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(test_mark_delay_ms_));
+    }
+    if (test_hang_at_mark_ > 0 && ++marks_ == test_hang_at_mark_) {
+      for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+    }
+    tick(progress());
+  }
+  // The counter, for the CPU LLM ops (which tick from their own pool's threads).
+  std::atomic<uint64_t>* progress() const { return progress_.load(std::memory_order_acquire); }
+
   // ---- ops ----
 
   void embedding(const Tensor& table, const Tensor& ids, const Tensor& out) override {
@@ -318,15 +280,8 @@ class CpuBackend final : public Backend {
       CHECK(bias.numel() == n);
       bp = bias.as<float>();
     }
-    const float* xp = x.as<float>();
-    const float* wp = w.as<float>();
-    float* yp = y.as<float>();
-    // Split over output columns in multiples of the micro-tile width.
-    int64_t col_groups = (n + kNr - 1) / kNr;
-    int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, k * t_rows / 64 + 1));
-    pool_.parallelFor(col_groups, grain, [&](int64_t b, int64_t e, int) {
-      gemmColumns(xp, wp, bp, yp, t_rows, n, k, b * kNr, std::min(n, e * kNr));
-    });
+    parallelLinear(pool_, progress(), x.as<float>(), k, w.as<float>(), bp, y.as<float>(), n, t_rows,
+                   n, k);
   }
 
   void qkNormRope(const Tensor& qkv, const Tensor& q_weight, const Tensor& k_weight,
@@ -397,40 +352,54 @@ class CpuBackend final : public Backend {
     float* op = out.as<float>();
     const float scale = p.scale;
     const bool causal = p.causal;
+    // Tasks: (sequence, q head, block of kAttnQueryBlock queries). Each computes the block's
+    // scores against the keys it may see (causal: up to its last query) with one GEMM, the
+    // masked softmax in place, and its output rows with a second GEMM.
+    attn_tasks_.clear();
     int64_t longest = 0;
-    for (int32_t s = 0; s < p.num_seqs; ++s)
-      longest = std::max<int64_t>(longest, cu[s + 1] - cu[s]);
-    for (auto& sc : scratch_) {  // only grows past max_batch_tokens if a caller exceeded it
-      if (static_cast<int64_t>(sc.size()) < longest) sc.resize(static_cast<size_t>(longest));
-    }
-    // Work item = (token t, q head h); the sequence of t found by binary search.
-    pool_.parallelFor(t_rows * hq, 4, [&](int64_t b, int64_t e, int worker) {
-      float* scores = scratch_[static_cast<size_t>(worker)].data();
-      for (int64_t item = b; item < e; ++item) {
-        const int64_t t = item / hq, h = item % hq;
-        const int64_t seq =
-            std::upper_bound(cu, cu + p.num_seqs + 1, static_cast<int32_t>(t)) - cu - 1;
-        const int64_t start = cu[seq], end = causal ? t + 1 : cu[seq + 1];
-        const int64_t kvh = h / group;
-        const float* q = base + t * width + h * d;
-        const float* k0 = base + (hq + kvh) * d;
-        const float* v0 = base + (hq + hkv + kvh) * d;
-        float mx = -INFINITY;
-        for (int64_t j = start; j < end; ++j) {
-          float sc = dot(q, k0 + j * width, d) * scale;
-          scores[j - start] = sc;
-          mx = std::max(mx, sc);
-        }
-        float sum = 0.f;
-        for (int64_t j = 0; j < end - start; ++j) {
-          scores[j] = std::exp(scores[j] - mx);
-          sum += scores[j];
-        }
-        float* o = op + t * hq * d + h * d;
-        std::fill(o, o + d, 0.f);
-        const float inv = 1.f / sum;
-        for (int64_t j = start; j < end; ++j) axpy(scores[j - start] * inv, v0 + j * width, o, d);
+    for (int32_t s = 0; s < p.num_seqs; ++s) {
+      const int64_t len = cu[s + 1] - cu[s];
+      CHECK(len >= 0);
+      longest = std::max(longest, len);
+      // Last (causal: costliest) blocks first, so the tasks handed out last are the cheap ones.
+      for (int64_t q0 = (len - 1) / kAttnQueryBlock * kAttnQueryBlock; q0 >= 0 && len > 0;
+           q0 -= kAttnQueryBlock) {
+        for (int64_t h = 0; h < hq; ++h) attn_tasks_.push_back({s, static_cast<int32_t>(h), q0});
       }
+    }
+    const size_t tile = static_cast<size_t>(kAttnQueryBlock * longest);
+    for (auto& sc : scratch_) {
+      if (sc.size() < tile) sc.resize(tile);
+    }
+    std::atomic<uint64_t>* prog = progress();
+    pool_.parallelTasks(static_cast<int64_t>(attn_tasks_.size()), [&](int64_t i, int worker) {
+      float* scores = scratch_[static_cast<size_t>(worker)].data();
+      const AttnTask& task = attn_tasks_[static_cast<size_t>(i)];
+      const int64_t start = cu[task.seq], len = cu[task.seq + 1] - start;
+      const int64_t h = task.head, kvh = h / group;
+      const int64_t q0 = task.q0, rows = std::min(kAttnQueryBlock, len - q0);
+      const int64_t keys = causal ? q0 + rows : len;  // columns of the score tile
+      const float* q = base + (start + q0) * width + h * d;
+      const float* k0 = base + start * width + (hq + kvh) * d;
+      const float* v0 = base + start * width + (hq + hkv + kvh) * d;
+      sgemm(rows, keys, d, scale, q, width, k0, width, /*b_transposed=*/true, 0.f, scores, keys);
+      for (int64_t r = 0; r < rows; ++r) {
+        float* row = scores + r * keys;
+        const int64_t visible = causal ? q0 + r + 1 : len;
+        float mx = -INFINITY;
+        for (int64_t j = 0; j < visible; ++j) mx = std::max(mx, row[j]);
+        float sum = 0.f;
+        for (int64_t j = 0; j < visible; ++j) {
+          row[j] = std::exp(row[j] - mx);
+          sum += row[j];
+        }
+        const float inv = 1.f / sum;
+        for (int64_t j = 0; j < visible; ++j) row[j] *= inv;
+        std::fill(row + visible, row + keys, 0.f);  // masked: weight 0 in the second GEMM
+      }
+      sgemm(rows, d, keys, 1.f, scores, keys, v0, width, /*b_transposed=*/false, 0.f,
+            op + (start + q0) * hq * d + h * d, hq * d);
+      tick(prog);
     });
   }
 
@@ -545,9 +514,21 @@ class CpuBackend final : public Backend {
     }
   }
 
+  // Attention work item (see attention()).
+  struct AttnTask {
+    int32_t seq;
+    int32_t head;
+    int64_t q0;
+  };
+  static constexpr int64_t kAttnQueryBlock = 128;
+
   ThreadPool pool_;
-  int64_t max_tokens_;
-  std::vector<std::vector<float>> scratch_;  // per pool worker (attention scores)
+  std::vector<std::vector<float>> scratch_;  // per pool worker (attention score tiles)
+  std::vector<AttnTask> attn_tasks_;         // compute thread only
+  std::atomic<std::atomic<uint64_t>*> progress_{nullptr};  // [TAG_STEP_PROGRESS]
+  long test_mark_delay_ms_ = 0;  // test-only knobs, see the constructor
+  long test_hang_at_mark_ = 0;
+  long marks_ = 0;  // markProgress() calls so far (compute thread)
 
   std::mutex mu_;
   std::condition_variable cv_work_;
@@ -569,6 +550,11 @@ Status CpuEvent::wait() {
 
 Result<std::unique_ptr<Backend>> create(const BackendOptions& opts) {
   return std::unique_ptr<Backend>(std::make_unique<CpuBackend>(opts));
+}
+
+std::atomic<uint64_t>* progressCounter(Backend& backend) {
+  auto* cpu = dynamic_cast<CpuBackend*>(&backend);
+  return cpu != nullptr ? cpu->progress() : nullptr;
 }
 
 }  // namespace garden::rose::cpu

@@ -6,8 +6,10 @@
 #include <thread>
 #include <vector>
 
-#include "services/rose/ops/sampler.h"
+#include "services/rose/ops/cpu/cpu_backend.h"
+#include "services/rose/ops/cpu/gemm.h"
 #include "services/rose/ops/cpu/thread_pool.h"
+#include "services/rose/ops/sampler.h"
 
 namespace garden::rose::cpu {
 namespace {
@@ -24,6 +26,7 @@ void checkI32(const Tensor& t) { CHECK_MSG(t.dtype == DType::kI32, "cpu llm op w
 class CpuLlmOps final : public LlmOps {
  public:
   CpuLlmOps(Backend& backend, int threads) : backend_(backend), pool_(threads) {
+    initBlas();
     scratch_.resize(static_cast<size_t>(pool_.size()));
   }
 
@@ -106,9 +109,11 @@ class CpuLlmOps final : public LlmOps {
     }
     const float scale = p.scale;
     const int64_t window = p.sliding_window;
+    std::atomic<uint64_t>* prog = progressCounter(backend_);  // [TAG_STEP_PROGRESS]
     pool_.parallelFor(t_rows * hq, 4, [&](int64_t b, int64_t e, int worker) {
       float* scores = scratch_[static_cast<size_t>(worker)].data();
       for (int64_t item = b; item < e; ++item) {
+        if ((item - b) % 64 == 63) tick(prog);
         const int64_t t = item / hq, h = item % hq, g = h / group;
         const int64_t seq =
             std::upper_bound(cu, cu + p.num_seqs + 1, static_cast<int32_t>(t)) - cu - 1;
@@ -225,36 +230,86 @@ class CpuLlmOps final : public LlmOps {
     const float* wts = topk_weights.as<float>();
     float* op = out.as<float>();
     const float limit = p.swiglu_limit, alpha = p.swiglu_alpha;
-    for (auto& sc : scratch_) {
-      if (static_cast<int64_t>(sc.size()) < 3 * inter) sc.resize(static_cast<size_t>(3 * inter));
-    }
-    pool_.parallelFor(t_rows, 1, [&](int64_t b, int64_t e, int worker) {
-      float* h = scratch_[static_cast<size_t>(worker)].data();  // [2I]
-      float* a = h + 2 * inter;                                 // [I]
-      for (int64_t t = b; t < e; ++t) {
-        const float* xr = xp + t * hdim;
-        float* o = op + t * hdim;
-        std::fill(o, o + hdim, 0.f);
-        for (int64_t s = 0; s < k; ++s) {
-          const int64_t ex = ids[t * k + s];
-          CHECK(ex >= 0 && ex < ne);
-          const float wt = wts[t * k + s];
-          const float* w1e = w1p + ex * 2 * inter * hdim;
-          for (int64_t r = 0; r < 2 * inter; ++r) {
-            h[r] = dot(w1e + r * hdim, xr, hdim) + (b1p ? b1p[ex * 2 * inter + r] : 0.f);
+    std::atomic<uint64_t>* prog = progressCounter(backend_);  // [TAG_STEP_PROGRESS]
+    // Tokens in chunks of kMoeChunk. A chunk's (token, slot) pairs are grouped by expert; one
+    // task per expert that has pairs gathers their rows and runs both projections as GEMMs
+    // (h = x·W1ᵀ + b1, the clamped SwiGLU, y = a·W2ᵀ + b2), writing y to the pair's row of
+    // moe_y_. Then out[t] = Σ_s w[t,s] · y[t,s] in slot order, as the op's definition reads.
+    for (int64_t c0 = 0; c0 < t_rows; c0 += kMoeChunk) {
+      const int64_t rows = std::min(kMoeChunk, t_rows - c0);
+      moe_count_.assign(static_cast<size_t>(ne) + 1, 0);
+      for (int64_t i = c0 * k; i < (c0 + rows) * k; ++i) {
+        CHECK(ids[i] >= 0 && ids[i] < ne);
+        ++moe_count_[static_cast<size_t>(ids[i]) + 1];
+      }
+      for (int64_t x = 0; x < ne; ++x) moe_count_[x + 1] += moe_count_[x];  // now offsets
+      moe_pairs_.resize(static_cast<size_t>(rows * k));
+      moe_fill_.assign(moe_count_.begin(), moe_count_.end() - 1);
+      for (int64_t i = c0 * k; i < (c0 + rows) * k; ++i) {
+        moe_pairs_[static_cast<size_t>(moe_fill_[static_cast<size_t>(ids[i])]++)] =
+            static_cast<int32_t>(i - c0 * k);
+      }
+      moe_experts_.clear();
+      for (int64_t x = 0; x < ne; ++x) {
+        if (moe_count_[x + 1] > moe_count_[x]) moe_experts_.push_back(static_cast<int32_t>(x));
+      }
+      moe_y_.resize(static_cast<size_t>(rows * k * hdim));
+      const size_t per_worker = static_cast<size_t>(rows * (2 * hdim + 3 * inter));
+      for (auto& sc : scratch_) {
+        if (sc.size() < per_worker) sc.resize(per_worker);
+      }
+      pool_.parallelTasks(static_cast<int64_t>(moe_experts_.size()), [&](int64_t task, int worker) {
+        const int64_t ex = moe_experts_[static_cast<size_t>(task)];
+        const int64_t first = moe_count_[static_cast<size_t>(ex)];
+        const int64_t n = moe_count_[static_cast<size_t>(ex) + 1] - first;
+        const int32_t* pairs = moe_pairs_.data() + first;
+        float* xg = scratch_[static_cast<size_t>(worker)].data();  // [n, H]
+        float* h = xg + n * hdim;                                  // [n, 2I]
+        float* a = h + n * 2 * inter;                              // [n, I]
+        float* y = a + n * inter;                                  // [n, H]
+        for (int64_t r = 0; r < n; ++r) {
+          const int64_t t = c0 + pairs[r] / k;
+          std::memcpy(xg + r * hdim, xp + t * hdim, sizeof(float) * static_cast<size_t>(hdim));
+        }
+        sgemm(n, 2 * inter, hdim, 1.f, xg, hdim, w1p + ex * 2 * inter * hdim, hdim,
+              /*b_transposed=*/true, 0.f, h, 2 * inter);
+        for (int64_t r = 0; r < n; ++r) {
+          float* hr = h + r * 2 * inter;
+          float* ar = a + r * inter;
+          if (b1p != nullptr) {
+            for (int64_t c = 0; c < 2 * inter; ++c) hr[c] += b1p[ex * 2 * inter + c];
           }
           for (int64_t c = 0; c < inter; ++c) {
-            const float gate = std::min(h[2 * c], limit);
-            const float up = std::clamp(h[2 * c + 1], -limit, limit);
-            a[c] = gate / (1.f + std::exp(-alpha * gate)) * (up + 1.f);
-          }
-          const float* w2e = w2p + ex * hdim * inter;
-          for (int64_t r = 0; r < hdim; ++r) {
-            o[r] += wt * (dot(w2e + r * inter, a, inter) + (b2p ? b2p[ex * hdim + r] : 0.f));
+            const float gate = std::min(hr[2 * c], limit);
+            const float up = std::clamp(hr[2 * c + 1], -limit, limit);
+            ar[c] = gate / (1.f + std::exp(-alpha * gate)) * (up + 1.f);
           }
         }
-      }
-    });
+        sgemm(n, hdim, inter, 1.f, a, inter, w2p + ex * hdim * inter, inter,
+              /*b_transposed=*/true, 0.f, y, hdim);
+        for (int64_t r = 0; r < n; ++r) {
+          float* dst = moe_y_.data() + static_cast<int64_t>(pairs[r]) * hdim;
+          const float* src = y + r * hdim;
+          if (b2p != nullptr) {
+            for (int64_t c = 0; c < hdim; ++c) dst[c] = src[c] + b2p[ex * hdim + c];
+          } else {
+            std::memcpy(dst, src, sizeof(float) * static_cast<size_t>(hdim));
+          }
+        }
+        tick(prog);
+      });
+      pool_.parallelFor(rows, 1, [&](int64_t b, int64_t e, int) {
+        for (int64_t r = b; r < e; ++r) {
+          float* o = op + (c0 + r) * hdim;
+          std::fill(o, o + hdim, 0.f);
+          for (int64_t sl = 0; sl < k; ++sl) {
+            const float wt = wts[(c0 + r) * k + sl];
+            const float* yr = moe_y_.data() + (r * k + sl) * hdim;
+            for (int64_t c = 0; c < hdim; ++c) o[c] += wt * yr[c];
+          }
+        }
+      });
+    }
   }
 
   void gatherRows(const Tensor& in, const Tensor& rows, const Tensor& out) override {
@@ -307,9 +362,16 @@ class CpuLlmOps final : public LlmOps {
   // launched work first ([TAG_ROSE_LAZY]).
   void sync() { (void)backend_.synchronize(); }
 
+  static constexpr int64_t kMoeChunk = 256;  // tokens per moeExperts round
+
   Backend& backend_;
   ThreadPool pool_;
   std::vector<std::vector<float>> scratch_;  // per pool worker
+  // moeExperts, one chunk: pair offsets per expert (E + 1), pairs grouped by expert, the experts
+  // with pairs, a fill cursor, and each pair's expert output [rows·k, H]. Compute thread only.
+  std::vector<int64_t> moe_count_, moe_fill_;
+  std::vector<int32_t> moe_pairs_, moe_experts_;
+  std::vector<float> moe_y_;
   Sampler sampler_;
 };
 

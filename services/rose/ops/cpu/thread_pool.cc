@@ -1,6 +1,7 @@
 #include "services/rose/ops/cpu/thread_pool.h"
 
 #include <algorithm>
+#include <atomic>
 
 namespace garden::rose::cpu {
 
@@ -45,6 +46,15 @@ void ThreadPool::parallelFor(int64_t n, int64_t grain,
   std::unique_lock<std::mutex> lock(mu_);
   cv_done_.wait(lock, [this] { return pending_ == 0; });
   job_ = nullptr;
+}
+
+void ThreadPool::parallelTasks(int64_t n, const std::function<void(int64_t, int)>& fn) {
+  if (n <= 0) return;
+  std::atomic<int64_t> next{0};
+  // One chunk per worker (chunk index = worker index); each takes tasks until none are left.
+  parallelFor(std::min<int64_t>(size(), n), 1, [&](int64_t, int64_t, int worker) {
+    for (int64_t task = next.fetch_add(1); task < n; task = next.fetch_add(1)) fn(task, worker);
+  });
 }
 
 void ThreadPool::workerLoop(int index) {

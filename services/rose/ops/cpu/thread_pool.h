@@ -29,6 +29,11 @@ class ThreadPool {
   // items (except possibly the last). worker_index is in [0, size()).
   void parallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t, int)>& fn);
 
+  // Calls fn(task, worker_index) once for every task in [0, n), handing tasks out one at a time
+  // to whichever worker is free (for tasks of uneven cost, e.g. causal attention tiles, or when
+  // the OS delays a worker). Returns when all are done.
+  void parallelTasks(int64_t n, const std::function<void(int64_t, int)>& fn);
+
  private:
   void workerLoop(int index);
 

@@ -61,6 +61,17 @@ class CudaBackend final : public Backend, public GraphExecutor {
   void score(const Tensor& hidden, const Tensor& cu_seqlens, const Tensor& head, const Tensor& out,
              const ScoreParams& p) override;
 
+  // ---- step progress [TAG_STEP_PROGRESS]: not implemented yet ----
+  // This backend keeps Backend's defaults: setProgressCounter() ignores the counter,
+  // markProgress() is a no-op and reportsProgress() is false, so tulip judges a CUDA worker by
+  // its work-scaled step limit (--step-timeout-ms) instead of by progress. To implement (see the
+  // contract at Backend::markProgress): keep the counter pointer; in markProgress() enqueue on
+  // stream_ either cudaLaunchHostFunc(stream_, fn, counter) with fn doing
+  // counter->fetch_add(1, std::memory_order_relaxed) (host nodes are captured into graphs), or a
+  // one-thread kernel that increments the counter through a device pointer of the header page
+  // (cudaHostRegister(..., cudaHostRegisterMapped) + cudaHostGetDevicePointer; a system-scope
+  // atomicAdd_system on unsigned long long); then return true from reportsProgress().
+
   // ---- graphs (GraphExecutor, [TAG_GRAPH_EXEC]) ----
   GraphExecutor* graphs() override { return this; }
   Status run(const GraphShapeKey& key, const std::function<void()>& body) override {

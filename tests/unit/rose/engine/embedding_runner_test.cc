@@ -138,6 +138,17 @@ TEST_F(EmbeddingRunnerTest, AnnouncesModelFactsAndReady) {
   EXPECT_STREQ(f.kind, "embedding");
 }
 
+// [TAG_STEP_PROGRESS] The step loop connects the cpu backend to the channel's progress counter:
+// the header says the worker reports progress, and a batch moves the counter (at least once per
+// layer; the fixture has two).
+TEST_F(EmbeddingRunnerTest, BatchesAdvanceTheChannelsProgressCounter) {
+  EXPECT_TRUE(channel_->progressReported());
+  const uint64_t before = channel_->progress();
+  shm::Completion c = submitAndWait(put(0, {1, 2, 3}, {3}));
+  ASSERT_EQ(c.status_code, 0) << c.message;
+  EXPECT_GE(channel_->progress(), before + 2);
+}
+
 TEST_F(EmbeddingRunnerTest, EmbedAndScoreBatchesEqualDirectForward) {
   const std::vector<int32_t> tokens = {5, 9, 100, 3, 255, 0, 7, 7, 7, 1, 2};
   const std::vector<int32_t> lens = {3, 1, 7};

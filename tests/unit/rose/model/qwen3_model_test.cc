@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -158,6 +159,18 @@ TEST_F(Qwen3ModelTest, BatchedEqualsEachSequenceAlone) {
     for (size_t i = 0; i < 64; ++i) ASSERT_NEAR(batched[s * 64 + i], alone[i], 1e-6f);
     off += static_cast<size_t>(lens[s]);
   }
+}
+
+// [TAG_STEP_PROGRESS] A forward pass marks every layer on the backend's progress counter.
+TEST_F(Qwen3ModelTest, ForwardMarksProgressPerLayer) {
+  auto m = load(fixtures());
+  ASSERT_TRUE(m.isOk());
+  std::atomic<uint64_t> counter{0};
+  backend_->setProgressCounter(&counter);
+  const std::vector<int32_t> toks = {10, 20, 30};
+  embed(**m, toks, {3});
+  EXPECT_GE(counter.load(), static_cast<uint64_t>((*m)->config().num_hidden_layers));
+  backend_->setProgressCounter(nullptr);
 }
 
 TEST_F(Qwen3ModelTest, LoaderErrorsNameTheTensor) {

@@ -63,13 +63,22 @@ class CpuOps : public ::testing::TestWithParam<int> {
     EXPECT_TRUE(backend_->synchronize().isOk());
     return out;
   }
+  void checkAttention(const std::vector<int32_t>& cu, int64_t hq, int64_t hkv, int64_t d,
+                      float scale);
   std::unique_ptr<Backend> backend_;
   std::mt19937 rng_{1234};
 };
 
 TEST_P(CpuOps, LinearMatchesNaive) {
   for (auto [t, n, k] : std::vector<std::array<int64_t, 3>>{
-           {1, 1, 1}, {1, 17, 97}, {5, 13, 8}, {17, 97, 64}, {33, 50, 129}, {64, 96, 128}}) {
+           {1, 1, 1},
+           {1, 17, 97},
+           {5, 13, 8},
+           {17, 97, 64},
+           {33, 50, 129},
+           {64, 96, 128},
+           {300, 70, 33},
+           {2, 1000, 17}}) {  // several row blocks (256); many column blocks
     auto x = randomVec(static_cast<size_t>(t * k), rng_);
     auto w = randomVec(static_cast<size_t>(n * k), rng_);
     auto bias = randomVec(static_cast<size_t>(n), rng_);
@@ -157,27 +166,66 @@ TEST_P(CpuOps, QkNormRope) {
   }
 }
 
-TEST_P(CpuOps, AttentionCausalAndBidirectional) {
-  const int64_t hq = 4, hkv = 2, d = 16;
-  const std::vector<int32_t> cu = {0, 1, 6, 23, 40};
+// Ragged attention over sequences `cu`, causal and bidirectional, against the naive formula.
+void CpuOps::checkAttention(const std::vector<int32_t>& cu, int64_t hq, int64_t hkv, int64_t d,
+                            float scale) {
   const int64_t t = cu.back();
+  int32_t longest = 0;
+  for (size_t s = 0; s + 1 < cu.size(); ++s) longest = std::max(longest, cu[s + 1] - cu[s]);
   for (bool causal : {true, false}) {
     auto qkv = randomVec(static_cast<size_t>(t * (hq + 2 * hkv) * d), rng_);
     auto QKV = put(qkv, {t, (hq + 2 * hkv) * d});
     auto CU = putI32(cu);
     auto O = backend_->allocateTensor(DType::kF32, {t, hq * d});
     AttentionParams p;
-    p.num_seqs = 4;
-    p.num_q_heads = hq;
-    p.num_kv_heads = hkv;
-    p.head_dim = d;
-    p.max_seqlen = 17;
-    p.scale = 0.25f;
+    p.num_seqs = static_cast<int32_t>(cu.size() - 1);
+    p.num_q_heads = static_cast<int32_t>(hq);
+    p.num_kv_heads = static_cast<int32_t>(hkv);
+    p.head_dim = static_cast<int32_t>(d);
+    p.max_seqlen = longest;
+    p.scale = scale;
     p.causal = causal;
     backend_->attention(QKV.view, CU.view, O->view, p);
-    expectNear(get(O->view), naive::attention(qkv, cu, hq, hkv, d, 0.25, causal), 1e-4f,
+    expectNear(get(O->view), naive::attention(qkv, cu, hq, hkv, d, scale, causal), 1e-4f,
                causal ? "causal" : "bidirectional");
   }
+}
+
+TEST_P(CpuOps, AttentionCausalAndBidirectional) {
+  checkAttention({0, 1, 6, 23, 40}, 4, 2, 16, 0.25f);
+}
+
+// Sequences longer than the attention's query block (128), so a sequence spans several score
+// tiles, the causal ones of different widths.
+TEST_P(CpuOps, AttentionAcrossQueryBlocks) { checkAttention({0, 130, 433, 434}, 4, 1, 8, 0.35f); }
+
+// [TAG_STEP_PROGRESS] The counter moves while ops run: inside a long linear (one tick per GEMM
+// task) and an attention (one per tile), and at markProgress().
+TEST_P(CpuOps, OpsAdvanceTheProgressCounter) {
+  EXPECT_TRUE(backend_->reportsProgress());
+  std::atomic<uint64_t> counter{0};
+  backend_->setProgressCounter(&counter);
+  const int64_t t = 600, n = 40, k = 16;  // three row blocks of 256
+  auto X = put(randomVec(static_cast<size_t>(t * k), rng_), {t, k});
+  auto W = put(randomVec(static_cast<size_t>(n * k), rng_), {n, k});
+  auto Y = backend_->allocateTensor(DType::kF32, {t, n});
+  ASSERT_TRUE(Y.isOk());
+  backend_->linear(X.view, W.view, Tensor(), Y->view);
+  ASSERT_TRUE(backend_->synchronize().isOk());
+  const uint64_t after_linear = counter.load();
+  EXPECT_GE(after_linear, 3u);
+  const std::vector<int32_t> cu = {0, 300};
+  auto QKV = put(randomVec(static_cast<size_t>(300 * 4 * 8), rng_), {300, 4 * 8});
+  auto CU = putI32(cu);
+  auto O = backend_->allocateTensor(DType::kF32, {300, 2 * 8});
+  AttentionParams p{1, 2, 1, 8, 300, 0.3f, true};
+  backend_->attention(QKV.view, CU.view, O->view, p);
+  ASSERT_TRUE(backend_->synchronize().isOk());
+  const uint64_t after_attention = counter.load();
+  EXPECT_GE(after_attention, after_linear + 6);  // 3 query blocks x 2 heads
+  backend_->markProgress();
+  EXPECT_GE(counter.load(), after_attention + 1);
+  backend_->setProgressCounter(nullptr);  // the counter dies before the backend
 }
 
 TEST_P(CpuOps, SwiGlu) {
@@ -304,6 +352,28 @@ TEST(CpuBackend, LaunchReturnsBeforeWorkAndEventsTrackCompletion) {
   ASSERT_TRUE((*ev)->wait().isOk());
   EXPECT_TRUE((*ev)->query());
   EXPECT_EQ(ran.load(), 1);
+}
+
+// markProgress() is enqueued: launched behind blocked work, it advances the counter only once
+// the queue reaches it.
+TEST(CpuBackend, MarkProgressAdvancesWhenTheQueueReachesIt) {
+  auto b = makeBackend("cpu", BackendOptions{});
+  ASSERT_TRUE(b.isOk());
+  Backend& backend = **b;
+  std::atomic<uint64_t> counter{0};
+  backend.setProgressCounter(&counter);
+  std::atomic<bool> release{false}, blocked{false};
+  backend.launch([&] {
+    blocked = true;
+    while (!release.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  });
+  backend.launch([&] { backend.markProgress(); });
+  while (!blocked.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(counter.load(), 0u);  // the mark is queued behind the blocked work
+  release = true;
+  ASSERT_TRUE(backend.synchronize().isOk());
+  EXPECT_EQ(counter.load(), 1u);
+  backend.setProgressCounter(nullptr);
 }
 
 TEST(CpuBackend, LaunchedWorkRunsInOrder) {

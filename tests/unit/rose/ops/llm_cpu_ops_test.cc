@@ -12,9 +12,9 @@
 #include <random>
 #include <vector>
 
-#include "services/rose/ops/paged_kv_cache.h"
-#include "services/rose/ops/llm_ops.h"
 #include "services/rose/ops/backend.h"
+#include "services/rose/ops/llm_ops.h"
+#include "services/rose/ops/paged_kv_cache.h"
 
 namespace garden::rose {
 namespace {
@@ -321,74 +321,78 @@ TEST_P(LlmCpuOps, RouterTopKSoftmaxOverSelected) {
   EXPECT_EQ(get<int32_t>(ids4.view), (std::vector<int32_t>{1, 3, 2, 0, 2, 3, 0, 1}));
 }
 
+// 300 tokens: more than one round of the op (256 tokens), so it runs in chunks.
 TEST_P(LlmCpuOps, ExpertsMatchNaiveClampedSwiGlu) {
-  std::mt19937 rng(5);
-  const int t = 7, h = 12, inter = 10, e = 3, k = 2;
-  const float limit = 7.f, alpha = 1.702f;
-  auto x = randomVec(t * h, rng);
-  auto w1 = randomVec(e * 2 * inter * h, rng, 1.5f);  // large: clamps are hit
-  auto b1 = randomVec(e * 2 * inter, rng);
-  auto w2 = randomVec(e * h * inter, rng, 0.3f);
-  auto b2 = randomVec(e * h, rng);
-  std::vector<int32_t> ids;
-  std::vector<float> wts;
-  for (int i = 0; i < t; ++i) {
-    ids.push_back(i % e);
-    ids.push_back((i + 1 + i / 4) % e == i % e ? (i + 2) % e : (i + 1 + i / 4) % e);
-    wts.push_back(0.3f + 0.05f * i);
-    wts.push_back(0.7f - 0.05f * i);
-  }
-  auto xt = put(x, {t, h});
-  auto w1t = put(w1, {e, 2 * inter, h});
-  auto b1t = put(b1, {e, 2 * inter});
-  auto w2t = put(w2, {e, h, inter});
-  auto b2t = put(b2, {e, h});
-  auto idt = putI32(ids, {t, k});
-  auto wtt = put(wts, {t, k});
-  auto out = zeros(DType::kF32, {t, h});
-  MoeExpertsParams p{e, k, h, inter, limit, alpha};
-  ExpertWeights ew1, ew2;
-  ew1.dense = w1t.view;
-  ew2.dense = w2t.view;
-  ops_->moeExperts(xt.view, idt.view, wtt.view, ew1, b1t.view, ew2, b2t.view, out.view, p);
-  auto got = get<float>(out.view);
-  int gate_clamped = 0, up_clamped = 0;
-  for (int i = 0; i < t; ++i) {
-    std::vector<double> y(h, 0.0);
-    for (int s = 0; s < k; ++s) {
-      const int ex = ids[static_cast<size_t>(i * k + s)];
-      std::vector<double> a(inter);
-      for (int c = 0; c < inter; ++c) {
-        double g = b1[static_cast<size_t>(ex * 2 * inter + 2 * c)],
-               u = b1[static_cast<size_t>(ex * 2 * inter + 2 * c + 1)];
-        for (int j = 0; j < h; ++j) {
-          g += static_cast<double>(w1[static_cast<size_t>((ex * 2 * inter + 2 * c) * h + j)]) *
-               x[static_cast<size_t>(i * h + j)];
-          u += static_cast<double>(w1[static_cast<size_t>((ex * 2 * inter + 2 * c + 1) * h + j)]) *
-               x[static_cast<size_t>(i * h + j)];
+  for (const int t : {7, 300}) {
+    std::mt19937 rng(5);
+    const int h = 12, inter = 10, e = 3, k = 2;
+    const float limit = 7.f, alpha = 1.702f;
+    auto x = randomVec(t * h, rng);
+    auto w1 = randomVec(e * 2 * inter * h, rng, 1.5f);  // large: clamps are hit
+    auto b1 = randomVec(e * 2 * inter, rng);
+    auto w2 = randomVec(e * h * inter, rng, 0.3f);
+    auto b2 = randomVec(e * h, rng);
+    std::vector<int32_t> ids;
+    std::vector<float> wts;
+    for (int i = 0; i < t; ++i) {
+      ids.push_back(i % e);
+      ids.push_back((i + 1 + i / 4) % e == i % e ? (i + 2) % e : (i + 1 + i / 4) % e);
+      wts.push_back(0.3f + 0.05f * i);
+      wts.push_back(0.7f - 0.05f * i);
+    }
+    auto xt = put(x, {t, h});
+    auto w1t = put(w1, {e, 2 * inter, h});
+    auto b1t = put(b1, {e, 2 * inter});
+    auto w2t = put(w2, {e, h, inter});
+    auto b2t = put(b2, {e, h});
+    auto idt = putI32(ids, {t, k});
+    auto wtt = put(wts, {t, k});
+    auto out = zeros(DType::kF32, {t, h});
+    MoeExpertsParams p{e, k, h, inter, limit, alpha};
+    ExpertWeights ew1, ew2;
+    ew1.dense = w1t.view;
+    ew2.dense = w2t.view;
+    ops_->moeExperts(xt.view, idt.view, wtt.view, ew1, b1t.view, ew2, b2t.view, out.view, p);
+    auto got = get<float>(out.view);
+    int gate_clamped = 0, up_clamped = 0;
+    for (int i = 0; i < t; ++i) {
+      std::vector<double> y(h, 0.0);
+      for (int s = 0; s < k; ++s) {
+        const int ex = ids[static_cast<size_t>(i * k + s)];
+        std::vector<double> a(inter);
+        for (int c = 0; c < inter; ++c) {
+          double g = b1[static_cast<size_t>(ex * 2 * inter + 2 * c)],
+                 u = b1[static_cast<size_t>(ex * 2 * inter + 2 * c + 1)];
+          for (int j = 0; j < h; ++j) {
+            g += static_cast<double>(w1[static_cast<size_t>((ex * 2 * inter + 2 * c) * h + j)]) *
+                 x[static_cast<size_t>(i * h + j)];
+            u +=
+                static_cast<double>(w1[static_cast<size_t>((ex * 2 * inter + 2 * c + 1) * h + j)]) *
+                x[static_cast<size_t>(i * h + j)];
+          }
+          gate_clamped += g > limit;
+          up_clamped += std::fabs(u) > limit;
+          g = std::min<double>(g, limit);
+          u = std::clamp<double>(u, -limit, limit);
+          a[static_cast<size_t>(c)] = g / (1 + std::exp(-alpha * g)) * (u + 1);
         }
-        gate_clamped += g > limit;
-        up_clamped += std::fabs(u) > limit;
-        g = std::min<double>(g, limit);
-        u = std::clamp<double>(u, -limit, limit);
-        a[static_cast<size_t>(c)] = g / (1 + std::exp(-alpha * g)) * (u + 1);
+        for (int r = 0; r < h; ++r) {
+          double acc = b2[static_cast<size_t>(ex * h + r)];
+          for (int c = 0; c < inter; ++c)
+            acc += static_cast<double>(w2[static_cast<size_t>((ex * h + r) * inter + c)]) *
+                   a[static_cast<size_t>(c)];
+          y[static_cast<size_t>(r)] += wts[static_cast<size_t>(i * k + s)] * acc;
+        }
       }
       for (int r = 0; r < h; ++r) {
-        double acc = b2[static_cast<size_t>(ex * h + r)];
-        for (int c = 0; c < inter; ++c)
-          acc += static_cast<double>(w2[static_cast<size_t>((ex * h + r) * inter + c)]) *
-                 a[static_cast<size_t>(c)];
-        y[static_cast<size_t>(r)] += wts[static_cast<size_t>(i * k + s)] * acc;
+        ASSERT_NEAR(got[static_cast<size_t>(i * h + r)], y[static_cast<size_t>(r)],
+                    1e-4 * (1 + std::fabs(y[static_cast<size_t>(r)])))
+            << "token " << i << " dim " << r;
       }
     }
-    for (int r = 0; r < h; ++r) {
-      ASSERT_NEAR(got[static_cast<size_t>(i * h + r)], y[static_cast<size_t>(r)],
-                  1e-4 * (1 + std::fabs(y[static_cast<size_t>(r)])))
-          << "token " << i << " dim " << r;
-    }
+    EXPECT_GT(gate_clamped, 0);  // the case exercises both clamps
+    EXPECT_GT(up_clamped, 0);
   }
-  EXPECT_GT(gate_clamped, 0);  // the case exercises both clamps
-  EXPECT_GT(up_clamped, 0);
 }
 
 TEST_P(LlmCpuOps, GatherRows) {

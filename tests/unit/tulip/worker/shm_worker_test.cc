@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <future>
@@ -233,6 +234,108 @@ TEST(ShmWorker, StepThatNeverCompletesIsDetected) {
   EXPECT_NE(st.message().find("did not complete within 500 ms"), std::string::npos)
       << st.message();
   ASSERT_TRUE(waitFor([&] { return (*w)->ready(); }));
+}
+
+// [TAG_STEP_PROGRESS] A worker that reports progress is judged by it, not by the step limit: a
+// 3 s step whose counter keeps moving completes although the step limit is 100 ms (the old rule
+// killed any batch in flight longer than --step-timeout-ms).
+TEST(ShmWorker, LongStepThatKeepsProgressingCompletes) {
+  auto o = opts("longstep", {"--progress", "--delay-ms", "3000"});
+  o.step_timeout = 100ms;
+  o.progress_timeout = 1000ms;
+  auto w = ShmWorker::start(o);
+  ASSERT_TRUE(w.isOk());
+  ASSERT_TRUE(waitFor([&] { return (*w)->ready(); }));
+  Result1 r;
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE((*w)->trySubmit(batch({{1, 2}}), r.done()).isOk());
+  ASSERT_EQ(r.f.wait_for(60s), std::future_status::ready);
+  const auto took = std::chrono::steady_clock::now() - t0;
+  auto [st, rows] = r.f.get();
+  ASSERT_TRUE(st.isOk()) << st.toString();
+  EXPECT_EQ(rows[0], 3.0f);
+  EXPECT_GE(took, 3000ms);  // it really was in flight longer than both limits
+  EXPECT_EQ((*w)->restarts(), 0u);
+}
+
+// A wedged compute: the fake's step thread keeps beating but its progress stops (what a compute
+// thread that never returns looks like). Caught by progress (default 2.5 s) with the heartbeat
+// and the step limit far away (10 s, 60 s). The bound leaves room for a loaded machine.
+TEST(ShmWorker, WedgedComputeDetectedByProgress) {
+  auto o = opts("wedged", {"--progress", "--stall-after", "0"});
+  ASSERT_EQ(o.progress_timeout, 2500ms);  // the default this test measures
+  auto w = ShmWorker::start(o);
+  ASSERT_TRUE(w.isOk());
+  ASSERT_TRUE(waitFor([&] { return (*w)->ready(); }));
+  Result1 r;
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE((*w)->trySubmit(batch({{5}}), r.done()).isOk());
+  ASSERT_EQ(r.f.wait_for(60s), std::future_status::ready);
+  const auto took = std::chrono::steady_clock::now() - t0;
+  auto [st, rows] = r.f.get();
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable);
+  EXPECT_NE(st.message().find("no step progress for 2500 ms"), std::string::npos) << st.message();
+  EXPECT_LT(took, 10s);
+  RecordProperty("detection_ms",
+                 static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(took).count()));
+  std::printf("wedged compute detected after %lld ms\n",
+              static_cast<long long>(
+                  std::chrono::duration_cast<std::chrono::milliseconds>(took).count()));
+  ASSERT_TRUE(waitFor([&] { return (*w)->ready(); }));  // restarted
+}
+
+// rose SIGSTOPped in the middle of a live step (its counter had been moving): caught by the
+// progress counter going still, before the heartbeat (10 s here) would notice.
+TEST(ShmWorker, WorkerStoppedMidStepDetectedByProgress) {
+  auto o = opts("stopmid", {"--progress", "--delay-ms", "60000"});
+  auto w = ShmWorker::start(o);
+  ASSERT_TRUE(w.isOk());
+  ASSERT_TRUE(waitFor([&] { return (*w)->ready(); }));
+  auto ch = shm::Channel::attach(o.shm_name);  // to watch the counter as tulip does
+  ASSERT_TRUE(ch.isOk()) << ch.status().toString();
+  Result1 r;
+  ASSERT_TRUE((*w)->trySubmit(batch({{5}}), r.done()).isOk());
+  const uint64_t before = ch->progress();
+  ASSERT_TRUE(waitFor([&] { return ch->progress() > before + 3; }));  // mid-step, progressing
+  const pid_t pid = (*w)->workerPid();
+  ASSERT_EQ(kill(pid, SIGSTOP), 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_EQ(r.f.wait_for(60s), std::future_status::ready);
+  const auto took = std::chrono::steady_clock::now() - t0;
+  auto [st, rows] = r.f.get();
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable);
+  EXPECT_NE(st.message().find("no step progress"), std::string::npos) << st.message();
+  EXPECT_LT(took, 10s);
+  std::printf("stopped worker detected after %lld ms\n",
+              static_cast<long long>(
+                  std::chrono::duration_cast<std::chrono::milliseconds>(took).count()));
+  EXPECT_TRUE(waitFor([&] { return kill(pid, 0) != 0; }));  // the stopped process was killed
+  ASSERT_TRUE(waitFor([&] { return (*w)->ready() && (*w)->workerPid() != pid; }));
+}
+
+// A worker that does not report progress keeps a per-step limit, scaled to the work: after a
+// 10-token batch measured ~2 ms per token, a 150-token batch (~300 ms) outlives the 200 ms floor
+// and still completes (its limit is >= 8 x 150 x 2 ms = 2.4 s).
+TEST(ShmWorker, StepLimitScalesWithTheTokensInFlight) {
+  auto o = opts("scaled", {"--step-us-per-token", "2000"});
+  o.step_timeout = 200ms;
+  auto w = ShmWorker::start(o);
+  ASSERT_TRUE(w.isOk());
+  ASSERT_TRUE(waitFor([&] { return (*w)->ready(); }));
+  Result1 small;
+  ASSERT_TRUE((*w)->trySubmit(batch({std::vector<int32_t>(10, 1)}), small.done()).isOk());
+  ASSERT_EQ(small.f.wait_for(60s), std::future_status::ready);
+  ASSERT_TRUE(small.f.get().first.isOk());
+  Result1 big;
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE((*w)->trySubmit(batch({std::vector<int32_t>(150, 1)}), big.done()).isOk());
+  ASSERT_EQ(big.f.wait_for(60s), std::future_status::ready);
+  const auto took = std::chrono::steady_clock::now() - t0;
+  auto [st, rows] = big.f.get();
+  ASSERT_TRUE(st.isOk()) << st.toString();
+  EXPECT_EQ(rows[1], 150.0f);
+  EXPECT_GE(took, 300ms);  // longer than the floor, so only the scaling let it finish
+  EXPECT_EQ((*w)->restarts(), 0u);
 }
 
 TEST(ShmWorker, StoppedWorkerDetectedAndReplaced) {
