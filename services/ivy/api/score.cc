@@ -7,6 +7,7 @@
 
 #include "common/json_writer.h"
 #include "services/ivy/api/errors.h"
+#include "services/ivy/api/json_body.h"
 
 namespace garden::ivy {
 namespace {
@@ -33,10 +34,8 @@ Result<std::string_view> requiredString(const simdjson::dom::object& obj, std::s
 
 Result<ScoringRequest> parseScoringRequest(std::string_view body, const ModelSpec& spec,
                                            const RequestLimits& limits, ScoreApi api) {
-  if (longestStringOver(body, limits.max_input_chars) > 0) {
-    return invalidField("documents", "a text is longer than the limit of " +
-                                         std::to_string(limits.max_input_chars) +
-                                         " characters (--max-input-chars)");
+  if (size_t at = 0; longestStringOver(body, limits.max_input_chars, &at) > 0) {
+    return textTooLong(body, at, limits.max_input_chars, "documents");
   }
   thread_local simdjson::dom::parser parser;
   struct Shrink {  // as in parseEmbeddingsRequest
@@ -44,12 +43,7 @@ Result<ScoringRequest> parseScoringRequest(std::string_view body, const ModelSpe
       if (parser.capacity() > (size_t{1} << 20)) parser = simdjson::dom::parser();
     }
   } shrink;
-  element root;
-  if (auto err = parser.parse(body.data(), body.size(), true).get(root)) {
-    return invalidArgument(std::string("We could not parse the JSON body of your request (") +
-                           simdjson::error_message(err) + ")");
-  }
-  if (root.type() != element_type::OBJECT) return invalidField("body", "must be a JSON object");
+  ASSIGN_OR_RETURN(element root, parseJsonBody(body, parser));  // [TAG_JSON_BODY]
   simdjson::dom::object obj = root.get_object().value_unsafe();
   ScoringRequest req;
 
