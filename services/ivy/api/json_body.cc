@@ -1,6 +1,8 @@
 #include "services/ivy/api/json_body.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <utility>
 #include <vector>
@@ -61,15 +63,23 @@ std::string hexByte(unsigned char c) {
 
 // --- where a text problem is: a scan of the raw body that tracks the path ----------------------
 
+enum class Token { kString, kScalar, kTooDeep };
+
+bool isDelimiter(char c) {
+  return c == '{' || c == '}' || c == '[' || c == ']' || c == ',' || c == ':' || c == '"' ||
+         c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
+
 // Walks raw JSON text (valid or not) keeping the path of the value being read. Only structure is
 // followed; anything else is skipped, so any input is walked to its end without failing.
 class PathWalker {
  public:
-  // Calls on_string(begin, end, is_key) for each string literal: json[begin] is its opening quote
-  // and json[end - 1] its closing one (end == json.size() when it is unterminated). Stops when
-  // on_string returns false, or at a nesting deeper than kMaxWalkDepth.
+  // Calls on_token(kind, begin, end, is_key) for each string literal (json[begin] is its opening
+  // quote and json[end - 1] its closing one; end == json.size() when it is unterminated) and for
+  // each other token (a number, a literal, or junk: a run of bytes that are neither structure nor
+  // blanks). Stops when on_token returns false, or at a nesting deeper than kMaxWalkDepth.
   template <typename Fn>
-  void walk(std::string_view json, Fn&& on_string) {
+  void walk(std::string_view json, Fn&& on_token) {
     stack_.clear();
     const size_t n = json.size();
     size_t i = 0;
@@ -77,7 +87,10 @@ class PathWalker {
       switch (json[i]) {
         case '{':
         case '[':
-          if (stack_.size() >= kMaxWalkDepth) return;
+          if (stack_.size() >= kMaxWalkDepth) {
+            on_token(Token::kTooDeep, i, i + 1, false);
+            return;
+          }
           stack_.push_back(Level{json[i] == '{', json[i] == '{', 0, {}});
           ++i;
           break;
@@ -107,21 +120,34 @@ class PathWalker {
           const size_t close = std::min(j, n);
           const size_t end = std::min(close + 1, n);
           const bool is_key = !stack_.empty() && stack_.back().object && stack_.back().expect_key;
-          if (!on_string(i, end, is_key)) return;
+          if (!on_token(Token::kString, i, end, is_key)) return;
           if (is_key) stack_.back().key.assign(shown(json.substr(i + 1, close - i - 1)));
           i = end;
           break;
         }
-        default:
+        case ' ':
+        case '\t':
+        case '\n':
+        case '\r':
           ++i;
+          break;
+        default: {
+          size_t j = i + 1;
+          while (j < n && !isDelimiter(json[j])) ++j;
+          const bool is_key = !stack_.empty() && stack_.back().object && stack_.back().expect_key;
+          if (!on_token(Token::kScalar, i, j, is_key)) return;
+          i = j;
+        }
       }
     }
   }
 
-  // The path of the value being read; `of_key`: of the object whose key is being read.
-  std::string path(bool of_key) const {
+  // The path of the value being read; `of_key`: of the object whose key is being read. At most
+  // `max_levels` segments.
+  std::string path(bool of_key, size_t max_levels = kMaxWalkDepth) const {
     std::string out;
-    const size_t levels = stack_.size() - (of_key && !stack_.empty() ? 1 : 0);
+    const size_t levels =
+        std::min(stack_.size() - (of_key && !stack_.empty() ? 1 : 0), max_levels);
     for (size_t k = 0; k < levels; ++k) {
       if (stack_[k].object) {
         appendKey(out, stack_[k].key);
@@ -221,12 +247,95 @@ std::string stringProblem(std::string_view raw, size_t at) {
   return "";
 }
 
+// What is wrong with a token that is not a string (a number or a literal), or "" when nothing
+// is: JSON's number grammar, and the range simdjson parses (64-bit integers, finite doubles).
+std::string scalarProblem(std::string_view t) {
+  if (t == "true" || t == "false" || t == "null") return "";
+  size_t i = 0;
+  const size_t n = t.size();
+  auto digits = [&] {
+    const size_t start = i;
+    while (i < n && t[i] >= '0' && t[i] <= '9') ++i;
+    return i - start;
+  };
+  bool valid = true, integer = true;
+  if (i < n && t[i] == '-') ++i;
+  const size_t int_start = i;
+  const size_t int_digits = digits();
+  if (int_digits == 0 || (int_digits > 1 && t[int_start] == '0')) valid = false;
+  if (valid && i < n && t[i] == '.') {
+    ++i;
+    integer = false;
+    if (digits() == 0) valid = false;
+  }
+  if (valid && i < n && (t[i] == 'e' || t[i] == 'E')) {
+    ++i;
+    integer = false;
+    if (i < n && (t[i] == '+' || t[i] == '-')) ++i;
+    if (digits() == 0) valid = false;
+  }
+  if (!valid || i != n) {
+    return "is not a JSON value: " + std::string(shown(t.substr(0, 32))) +
+           " (numbers are written like 12, -3.5 or 1e-3; the literals are true, false and null; "
+           "NaN and Infinity are not JSON)";
+  }
+  if (integer) {
+    // simdjson reads integers in [-2^63, 2^64 - 1].
+    const bool negative = t[0] == '-';
+    std::string_view mag = t.substr(negative ? 1 : 0);
+    std::string_view limit = negative ? "9223372036854775808" : "18446744073709551615";
+    if (mag.size() > limit.size() || (mag.size() == limit.size() && mag > limit)) {
+      return "is an integer outside the range -9223372036854775808 .. 18446744073709551615";
+    }
+    return "";
+  }
+  if (std::isinf(std::strtod(std::string(t).c_str(), nullptr))) {
+    return "is a number too large to represent (" + std::string(shown(t.substr(0, 32))) + ")";
+  }
+  return "";
+}
+
+// After simdjson refused a body for a number or literal: the first such token that is wrong,
+// named by its path; OK when none is found.
+Status locateScalarProblem(std::string_view json) {
+  PathWalker walker;
+  Status found;
+  walker.walk(json, [&](Token kind, size_t begin, size_t end, bool is_key) {
+    if (kind != Token::kScalar) return true;
+    std::string problem = scalarProblem(json.substr(begin, end - begin));
+    if (problem.empty()) return true;
+    std::string path = walker.path(is_key);
+    // Outside any field (a body that is not JSON at all, bytes after the root): the parser's
+    // message says it better.
+    if (path.empty()) return true;
+    found = invalidField(path, is_key ? "a key " + problem : problem);
+    return false;
+  });
+  return found;
+}
+
+// After simdjson refused a body for its depth: the top-level field holding the deep part.
+Status locateDepthProblem(std::string_view json) {
+  PathWalker walker;
+  Status found;
+  walker.walk(json, [&](Token kind, size_t, size_t, bool) {
+    if (kind != Token::kTooDeep) return true;
+    const std::string path = walker.path(false, 1);
+    found = invalidField(path.empty() ? "body" : path,
+                         "is nested too deeply (more than " + std::to_string(kMaxWalkDepth) +
+                             " levels of arrays and objects)");
+    return false;
+  });
+  return found;
+}
+
 // After simdjson refused a body for its text: the first string literal that is not valid text,
 // named by its path; OK when none is found (the caller reports the parser's error).
 Status locateTextProblem(std::string_view json) {
   PathWalker walker;
   Status found;
-  walker.walk(json, [&](size_t begin, size_t end, bool is_key) {
+  walker.walk(json, [&](Token kind, size_t begin, size_t end, bool is_key) {
+    if (kind != Token::kString) return true;
     const size_t close = end > begin + 1 && json[end - 1] == '"' ? end - 1 : end;
     std::string problem = stringProblem(json.substr(begin + 1, close - begin - 1), begin + 1);
     if (problem.empty()) return true;
@@ -379,6 +488,12 @@ Result<element> parseJsonBody(std::string_view body, simdjson::dom::parser& pars
     if (err == simdjson::UTF8_ERROR || err == simdjson::STRING_ERROR ||
         err == simdjson::UNESCAPED_CHARS) {
       RETURN_IF_ERROR(locateTextProblem(body));
+    } else if (err == simdjson::NUMBER_ERROR ||
+               err == simdjson::T_ATOM_ERROR || err == simdjson::F_ATOM_ERROR ||
+               err == simdjson::N_ATOM_ERROR || err == simdjson::TAPE_ERROR) {
+      RETURN_IF_ERROR(locateScalarProblem(body));
+    } else if (err == simdjson::DEPTH_ERROR) {
+      RETURN_IF_ERROR(locateDepthProblem(body));
     }
     return invalidArgument(std::string("We could not parse the JSON body of your request (") +
                            simdjson::error_message(err) + ")");
@@ -394,9 +509,9 @@ Result<element> parseJsonBody(std::string_view body, simdjson::dom::parser& pars
 std::string jsonPathAt(std::string_view json, size_t offset) {
   PathWalker walker;
   std::string out;
-  walker.walk(json, [&](size_t begin, size_t, bool is_key) {
+  walker.walk(json, [&](Token kind, size_t begin, size_t, bool is_key) {
     if (begin < offset) return true;
-    if (begin == offset && !is_key) out = walker.path(false);
+    if (begin == offset && kind == Token::kString && !is_key) out = walker.path(false);
     return false;
   });
   return out;

@@ -11,6 +11,10 @@
 //     invalid escape or an unescaped control character (simdjson only says "problem while
 //     parsing a string", so the raw body is scanned again to find where; only on this error
 //     path);
+//   * a number or literal that is not JSON, or out of what simdjson reads (NaN, Infinity, 01,
+//     .5, tru, an integer beyond 64 bits, 1e999) names its field too ("dimensions: is not a JSON
+//     value: NaN ..."), found the same way; so does nesting deeper than simdjson's 1024 levels
+//     (named by its top-level field);
 //   * the root must be an object ("body: must be a JSON object, got an array");
 //   * no object, at any depth, may repeat a key ("model: the key \"model\" appears more than once
 //     in the request body"; "messages[0].role: ..." for a nested object). Parsers disagree on

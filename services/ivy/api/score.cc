@@ -30,6 +30,30 @@ Result<std::string_view> requiredString(const simdjson::dom::object& obj, std::s
   return s;
 }
 
+// A rendered pair over the per-input token limit (`over`, naming documents[i]): when the
+// template with the instruction alone, or with the query and no document, is already over it,
+// that field is named instead, so a long query is not blamed on a document.
+Status pairTooLong(const Tokenizer& tok, const std::vector<int32_t>& prefix,
+                   const std::vector<int32_t>& suffix, std::string_view instruction,
+                   bool instruction_given, std::string_view query, const ModelSpec& spec,
+                   const RequestLimits& limits, Status over) {
+  auto rendered = [&](std::string_view q) {
+    std::vector<int32_t> ids = prefix;
+    tok.encode(formatRerankPair(instruction, q, ""), &ids);
+    return ids.size() + suffix.size();
+  };
+  const char* field = nullptr;
+  size_t n = 0;
+  if (instruction_given && (n = rendered("")) > inputTokenLimit(limits, spec.max_seq_len)) {
+    field = "instruction";
+  } else if ((n = rendered(query)) > inputTokenLimit(limits, spec.max_seq_len)) {
+    field = "query";
+  }
+  if (field == nullptr) return over;
+  Status st = checkInputTokens(n, field, limits, spec.max_seq_len);
+  return Status(st.code(), st.message() + " in the scoring template, before any document");
+}
+
 }  // namespace
 
 Result<ScoringRequest> parseScoringRequest(std::string_view body, const ModelSpec& spec,
@@ -139,8 +163,12 @@ Result<std::vector<std::vector<int32_t>>> RerankTemplate::render(
     std::vector<int32_t> ids = prefix_;
     tok_.encode(formatRerankPair(instruction, req.query, req.documents[i]), &ids);
     ids.insert(ids.end(), suffix_.begin(), suffix_.end());
-    RETURN_IF_ERROR(checkInputTokens(ids.size(), indexPath("documents", i), limits,
-                                     spec.max_seq_len));
+    if (Status st = checkInputTokens(ids.size(), indexPath("documents", i), limits,
+                                     spec.max_seq_len);
+        !st.isOk()) {
+      return pairTooLong(tok_, prefix_, suffix_, instruction, req.instruction.has_value(),
+                         req.query, spec, limits, std::move(st));
+    }
     for (int32_t id : ids) {
       if (id < 0 || uint32_t(id) >= spec.vocab_size) {
         return internalError("tokenizer produced id " + std::to_string(id) +

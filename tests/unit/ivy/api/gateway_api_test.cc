@@ -331,6 +331,22 @@ TEST_F(RerankTemplateTest, RenderIsPrefixPairSuffixInDocumentOrder) {
   total.max_request_tokens = (*ids)[0].size() + 1;
   req.instruction.reset();
   expectField(tmpl.render(req, spec(), total).status(), "documents", "(--max-request-tokens)");
+
+  // A query (or instruction) over the limit with no document at all is named itself, not blamed
+  // on documents[0] (issue 14.5).
+  ScoringRequest long_query = req;
+  long_query.query = std::string(400, 'q') + " what grows";
+  RequestLimits pair_limit;
+  pair_limit.max_input_tokens = (*ids)[0].size() + 10;
+  expectField(tmpl.render(long_query, spec(), pair_limit).status(), "query",
+              "in the scoring template, before any document");
+  ScoringRequest long_instruction = req;
+  long_instruction.instruction = std::string(400, 'i');
+  expectField(tmpl.render(long_instruction, spec(), pair_limit).status(), "instruction",
+              "in the scoring template, before any document");
+  ScoringRequest long_doc = req;
+  long_doc.documents[0] = std::string(400, 'd');
+  expectField(tmpl.render(long_doc, spec(), pair_limit).status(), "documents", "documents[0]: has");
 }
 
 TEST_F(RerankTemplateTest, YesNoTokens) {

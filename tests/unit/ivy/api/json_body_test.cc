@@ -1,6 +1,7 @@
 // parseJsonBody and jsonPathAt (api/json_body.h) [TAG_JSON_BODY]: syntax errors, the root type,
 // duplicate keys at any depth (named by path, escapes decoded, many-key objects), text that is not
-// Unicode named by the field that holds it, and the path of an offset.
+// Unicode and numbers or literals that are not JSON named by the field that holds them, and the
+// path of an offset.
 
 #include "services/ivy/api/json_body.h"
 
@@ -99,6 +100,28 @@ TEST(JsonBody, TextThatIsNotUnicodeNamesItsField) {
   expectRefused(R"({"a":{"\ud800":1}})", "a: ", "an object key contains", "");
   // Outside any string.
   expectRefused("{\"a\":1}\xff", "body: ", "is not valid UTF-8 (byte 0xFF at offset 7)", "body");
+}
+
+TEST(JsonBody, NumbersAndLiteralsThatAreNotJsonNameTheirField) {
+  expectRefused(R"({"dimensions":NaN})", "dimensions: ", "is not a JSON value: NaN",
+                "dimensions");
+  expectRefused(R"({"input":[1,-]})", "input[1]: ", "is not a JSON value: -", "input");
+  expectRefused(R"({"input":[[1],[2,18446744073709551616]]})", "input[1][1]: ",
+                "is an integer outside the range", "input");
+  expectRefused(R"({"input":[-9223372036854775809]})", "input[0]: ", "outside the range",
+                "input");
+  expectRefused(R"({"temperature":1e999})", "temperature: ", "is a number too large",
+                "temperature");
+  expectRefused(R"({"stream":tru})", "stream: ", "is not a JSON value: tru", "stream");
+  expectRefused(R"({"top_n":01})", "top_n: ", "is not a JSON value: 01", "top_n");
+  expectRefused(R"({"top_n":.5})", "top_n: ", "is not a JSON value: .5", "top_n");
+  expectRefused(R"({"seed":Infinity})", "seed: ", "NaN and Infinity are not JSON", "seed");
+  expectRefused("{\"model\":\"m\",\"input\":" + std::string(3000, '[') + std::string(3000, ']') + "}",
+                "input: ", "nested too deeply (more than 1024 levels", "input");
+  // Structure errors keep the parser's message.
+  expectRefused(R"({"a":1,})", "We could not parse the JSON body", "", "");
+  EXPECT_TRUE(
+      parse(R"({"a":18446744073709551615,"b":-9223372036854775808,"c":1e308,"d":-0.0})").isOk());
 }
 
 TEST(JsonBody, PathAtOffset) {
