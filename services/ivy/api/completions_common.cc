@@ -5,6 +5,7 @@
 #include <random>
 
 #include "services/ivy/api/errors.h"
+#include "services/ivy/api/json_body.h"
 
 namespace garden::ivy {
 namespace {
@@ -173,12 +174,7 @@ Status parseSamplingFields(const element& root, ApiKind api, SamplingRequest* ou
 Result<element> parseGenerativeRequestBody(std::string_view body, const ModelSpec& spec,
                                            std::string_view endpoint,
                                            simdjson::dom::parser& parser) {
-  element root;
-  if (auto err = parser.parse(body.data(), body.size(), true).get(root); err != simdjson::SUCCESS) {
-    return invalidArgument(std::string("request body is not valid JSON: ") +
-                           simdjson::error_message(err));
-  }
-  if (!root.is_object()) return invalidArgument("request body must be a JSON object");
+  ASSIGN_OR_RETURN(element root, parseJsonBody(body, parser));  // [TAG_JSON_BODY]
   RETURN_IF_ERROR(checkGenerativeModel(root, spec, endpoint));
   return root;
 }

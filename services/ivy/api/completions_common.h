@@ -50,7 +50,7 @@ enum class ApiKind { kChat, kCompletions };
 Status parseSamplingFields(const simdjson::dom::element& root, ApiKind api, SamplingRequest* out);
 
 // The start both endpoints share: `body` parsed with `parser` (which owns the returned element)
-// must be a JSON object (400 otherwise); its `model` when present must be a string equal to
+// by parseJsonBody (api/json_body.h: a JSON object, no repeated keys; 400 otherwise); its `model` when present must be a string equal to
 // spec.served_name (NOT_FOUND otherwise), and the served model must be an LLM (400 naming `model`
 // when it is an embedding model; `endpoint` names the route in that message).
 Result<simdjson::dom::element> parseGenerativeRequestBody(std::string_view body,

@@ -8,6 +8,7 @@
 
 #include "common/json_writer.h"
 #include "services/ivy/api/errors.h"
+#include "services/ivy/api/json_body.h"
 
 namespace garden::ivy {
 namespace {
@@ -31,32 +32,11 @@ bool isInteger(const element& e) {
   return t == element_type::INT64 || t == element_type::UINT64;
 }
 
-std::string_view typeName(const element& e) {
-  switch (e.type()) {
-    case element_type::ARRAY:
-      return "an array";
-    case element_type::OBJECT:
-      return "an object";
-    case element_type::INT64:
-    case element_type::UINT64:
-      return "an integer";
-    case element_type::DOUBLE:
-      return "a non-integer number";
-    case element_type::STRING:
-      return "a string";
-    case element_type::BOOL:
-      return "a boolean";
-    case element_type::NULL_VALUE:
-      return "null";
-  }
-  return "an unknown type";
-}
-
 // One token id at `path`, range-checked against the vocabulary.
 Result<int32_t> tokenId(const element& e, const std::string& path, const ModelSpec& spec) {
   if (!isInteger(e)) {
     return invalidField(
-        path, std::string("must be an integer token id, got ") + std::string(typeName(e)));
+        path, std::string("must be an integer token id, got ") + std::string(jsonTypeName(e)));
   }
   bool in_range = false;
   int64_t v = 0;
@@ -107,7 +87,7 @@ Status parseInput(const element& input, const ModelSpec& spec, const EmbeddingsL
     return invalidField("input", std::string("must be a string, an array of strings, an array "
                                              "of token ids or an array of arrays of token ids, "
                                              "got ") +
-                                     std::string(typeName(input)));
+                                     std::string(jsonTypeName(input)));
   }
   simdjson::dom::array arr = input.get_array().value_unsafe();
   size_t n = arr.size();
@@ -128,7 +108,7 @@ Status parseInput(const element& input, const ModelSpec& spec, const EmbeddingsL
   if (kind != element_type::STRING && kind != element_type::ARRAY) {
     return invalidField("input[0]", std::string("must be a string, a token id or an array of "
                                                 "token ids, got ") +
-                                        std::string(typeName(first)));
+                                        std::string(jsonTypeName(first)));
   }
   req->batched = true;
   out->reserve(n);
@@ -138,7 +118,7 @@ Status parseInput(const element& input, const ModelSpec& spec, const EmbeddingsL
     if (e.type() != kind) {
       return invalidField(path, std::string("must be ") +
                                     (kind == element_type::STRING ? "a string" : "an array") +
-                                    " like input[0], got " + std::string(typeName(e)));
+                                    " like input[0], got " + std::string(jsonTypeName(e)));
     }
     if (kind == element_type::STRING) {
       std::string_view s = e.get_string().value_unsafe();
@@ -159,10 +139,8 @@ Status parseInput(const element& input, const ModelSpec& spec, const EmbeddingsL
 
 Result<EmbeddingsRequest> parseEmbeddingsRequest(std::string_view body, const ModelSpec& spec,
                                                  const EmbeddingsLimits& limits) {
-  if (longestStringOver(body, limits.max_input_chars) > 0) {
-    return invalidField("input", "a text is longer than the limit of " +
-                                     std::to_string(limits.max_input_chars) +
-                                     " characters (--max-input-chars)");
+  if (size_t at = 0; longestStringOver(body, limits.max_input_chars, &at) > 0) {
+    return textTooLong(body, at, limits.max_input_chars, "input");
   }
   thread_local simdjson::dom::parser parser;
   // The parser keeps buffers sized for the largest document it has seen (about 13 bytes per
@@ -172,16 +150,7 @@ Result<EmbeddingsRequest> parseEmbeddingsRequest(std::string_view body, const Mo
       if (parser.capacity() > (size_t{1} << 20)) parser = simdjson::dom::parser();
     }
   } shrink;
-  element root;
-  auto err = parser.parse(body.data(), body.size(), /*realloc_if_needed=*/true).get(root);
-  if (err) {
-    return invalidArgument(std::string("We could not parse the JSON body of your request (") +
-                           simdjson::error_message(err) + ")");
-  }
-  if (root.type() != element_type::OBJECT) {
-    return invalidField("body",
-                        std::string("must be a JSON object, got ") + std::string(typeName(root)));
-  }
+  ASSIGN_OR_RETURN(element root, parseJsonBody(body, parser));  // [TAG_JSON_BODY]
   simdjson::dom::object obj = root.get_object().value_unsafe();
   EmbeddingsRequest req;
 
@@ -189,7 +158,7 @@ Result<EmbeddingsRequest> parseEmbeddingsRequest(std::string_view body, const Mo
   if (obj.at_key("model").get(model)) return invalidField("model", "is required");
   if (model.type() != element_type::STRING) {
     return invalidField("model",
-                        std::string("must be a string, got ") + std::string(typeName(model)));
+                        std::string("must be a string, got ") + std::string(jsonTypeName(model)));
   }
   req.model = std::string(model.get_string().value_unsafe());
   if (req.model != spec.served_name) {
@@ -210,7 +179,7 @@ Result<EmbeddingsRequest> parseEmbeddingsRequest(std::string_view body, const Mo
   if (!obj.at_key("dimensions").get(dims) && !dims.is_null()) {
     if (!isInteger(dims)) {
       return invalidField("dimensions",
-                          std::string("must be an integer, got ") + std::string(typeName(dims)));
+                          std::string("must be an integer, got ") + std::string(jsonTypeName(dims)));
     }
     bool ok = dims.type() == element_type::INT64 && int64_t(dims) >= 1 &&
               int64_t(dims) <= int64_t(spec.hidden_size);
@@ -226,7 +195,7 @@ Result<EmbeddingsRequest> parseEmbeddingsRequest(std::string_view body, const Mo
     if (obj.at_key(field).get(e) || e.is_null()) continue;
     std::string_view name;
     if (e.get(name)) {
-      return invalidField(field, std::string("must be a string, got ") + std::string(typeName(e)));
+      return invalidField(field, std::string("must be a string, got ") + std::string(jsonTypeName(e)));
     }
     if (!req.prompt_field.empty()) {
       return invalidField(field, "give only one of `input_type` and `prompt_name`");

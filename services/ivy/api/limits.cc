@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "services/ivy/api/errors.h"
+#include "services/ivy/api/json_body.h"
 
 namespace garden::ivy {
 
@@ -25,7 +26,7 @@ Status checkInputChars(std::string_view text, const std::string& path,
                                 std::to_string(limits.max_input_chars) + " (--max-input-chars)");
 }
 
-size_t longestStringOver(std::string_view json, size_t max_chars) {
+size_t longestStringOver(std::string_view json, size_t max_chars, size_t* at) {
   if (max_chars == 0 || json.size() <= max_chars + 2) return 0;
   const char* p = json.data();
   const char* end = p + json.size();
@@ -33,6 +34,7 @@ size_t longestStringOver(std::string_view json, size_t max_chars) {
     const char* q = static_cast<const char*>(std::memchr(p, '"', size_t(end - p)));
     if (q == nullptr) return 0;
     // Inside a string literal: count characters until the closing quote or past the limit.
+    const size_t start = static_cast<size_t>(q - json.data());
     size_t chars = 0;
     p = q + 1;
     while (p < end && *p != '"' && chars <= max_chars) {
@@ -67,13 +69,24 @@ size_t longestStringOver(std::string_view json, size_t max_chars) {
       // An object key (followed by ':') is not a text; keys are still bounded by the body limit.
       const char* k = p;
       while (k < end && (*k == ' ' || *k == '\t' || *k == '\n' || *k == '\r')) ++k;
-      if (k >= end || *k != ':') return chars;
+      if (k >= end || *k != ':') {
+        if (at != nullptr) *at = start;
+        return chars;
+      }
       continue;
     }
     if (p >= end) return 0;  // unterminated
     ++p;                     // past the closing quote
   }
   return 0;
+}
+
+Status textTooLong(std::string_view json, size_t at, size_t max_chars,
+                   std::string_view fallback) {
+  std::string path = jsonPathAt(json, at);
+  return invalidField(path.empty() ? fallback : std::string_view(path),
+                      "is longer than the limit of " + std::to_string(max_chars) +
+                          " characters (--max-input-chars)");
 }
 
 size_t inputTokenLimit(const RequestLimits& limits, uint32_t model_max_seq_len) {

@@ -41,10 +41,16 @@ Status checkInputChars(std::string_view text, const std::string& path,
 // The cheap guard that runs before a body is parsed [TAG_ADMISSION]: one pass over the raw JSON
 // text counting the characters of each string literal (an escape counts as the one character it
 // stands for; a \u surrogate pair as one; object keys are skipped). Returns a count above
-// `max_chars` for the first literal longer than it (counting stops there), or 0 when none is (or max_chars is 0, or the body is too
-// short to hold one, or a literal is unterminated: the parser reports that). The caller reports it against the field that carries text ("input", "documents"): parsing a 10 MB
-// body into a DOM costs far more than this scan, so an oversized text is refused before that.
-size_t longestStringOver(std::string_view json, size_t max_chars);
+// `max_chars` for the first literal longer than it (counting stops there), or 0 when none is (or
+// max_chars is 0, or the body is too short to hold one, or a literal is unterminated: the parser
+// reports that). `at`, when given, receives the offset of that literal's opening quote, so the
+// caller can name its field (jsonPathAt in api/json_body.h): parsing a 10 MB body into a DOM
+// costs far more than this scan, so an oversized text is refused before that.
+size_t longestStringOver(std::string_view json, size_t max_chars, size_t* at = nullptr);
+
+// The 400 for a text found by longestStringOver at offset `at` of `json`: it names the field
+// holding it ("input[3]", "query", "documents[1]"; `fallback` when that cannot be told).
+Status textTooLong(std::string_view json, size_t at, size_t max_chars, std::string_view fallback);
 
 // The effective per-input token limit: the smaller of the flag (when set) and the model's maximum.
 size_t inputTokenLimit(const RequestLimits& limits, uint32_t model_max_seq_len);

@@ -7,6 +7,7 @@
 
 #include "common/json_writer.h"
 #include "services/ivy/api/errors.h"
+#include "services/ivy/api/json_body.h"
 
 namespace garden::ivy {
 namespace {
@@ -29,14 +30,36 @@ Result<std::string_view> requiredString(const simdjson::dom::object& obj, std::s
   return s;
 }
 
+// A rendered pair over the per-input token limit (`over`, naming documents[i]): when the
+// template with the instruction alone, or with the query and no document, is already over it,
+// that field is named instead, so a long query is not blamed on a document.
+Status pairTooLong(const Tokenizer& tok, const std::vector<int32_t>& prefix,
+                   const std::vector<int32_t>& suffix, std::string_view instruction,
+                   bool instruction_given, std::string_view query, const ModelSpec& spec,
+                   const RequestLimits& limits, Status over) {
+  auto rendered = [&](std::string_view q) {
+    std::vector<int32_t> ids = prefix;
+    tok.encode(formatRerankPair(instruction, q, ""), &ids);
+    return ids.size() + suffix.size();
+  };
+  const char* field = nullptr;
+  size_t n = 0;
+  if (instruction_given && (n = rendered("")) > inputTokenLimit(limits, spec.max_seq_len)) {
+    field = "instruction";
+  } else if ((n = rendered(query)) > inputTokenLimit(limits, spec.max_seq_len)) {
+    field = "query";
+  }
+  if (field == nullptr) return over;
+  Status st = checkInputTokens(n, field, limits, spec.max_seq_len);
+  return Status(st.code(), st.message() + " in the scoring template, before any document");
+}
+
 }  // namespace
 
 Result<ScoringRequest> parseScoringRequest(std::string_view body, const ModelSpec& spec,
                                            const RequestLimits& limits, ScoreApi api) {
-  if (longestStringOver(body, limits.max_input_chars) > 0) {
-    return invalidField("documents", "a text is longer than the limit of " +
-                                         std::to_string(limits.max_input_chars) +
-                                         " characters (--max-input-chars)");
+  if (size_t at = 0; longestStringOver(body, limits.max_input_chars, &at) > 0) {
+    return textTooLong(body, at, limits.max_input_chars, "documents");
   }
   thread_local simdjson::dom::parser parser;
   struct Shrink {  // as in parseEmbeddingsRequest
@@ -44,12 +67,7 @@ Result<ScoringRequest> parseScoringRequest(std::string_view body, const ModelSpe
       if (parser.capacity() > (size_t{1} << 20)) parser = simdjson::dom::parser();
     }
   } shrink;
-  element root;
-  if (auto err = parser.parse(body.data(), body.size(), true).get(root)) {
-    return invalidArgument(std::string("We could not parse the JSON body of your request (") +
-                           simdjson::error_message(err) + ")");
-  }
-  if (root.type() != element_type::OBJECT) return invalidField("body", "must be a JSON object");
+  ASSIGN_OR_RETURN(element root, parseJsonBody(body, parser));  // [TAG_JSON_BODY]
   simdjson::dom::object obj = root.get_object().value_unsafe();
   ScoringRequest req;
 
@@ -145,8 +163,12 @@ Result<std::vector<std::vector<int32_t>>> RerankTemplate::render(
     std::vector<int32_t> ids = prefix_;
     tok_.encode(formatRerankPair(instruction, req.query, req.documents[i]), &ids);
     ids.insert(ids.end(), suffix_.begin(), suffix_.end());
-    RETURN_IF_ERROR(checkInputTokens(ids.size(), indexPath("documents", i), limits,
-                                     spec.max_seq_len));
+    if (Status st = checkInputTokens(ids.size(), indexPath("documents", i), limits,
+                                     spec.max_seq_len);
+        !st.isOk()) {
+      return pairTooLong(tok_, prefix_, suffix_, instruction, req.instruction.has_value(),
+                         req.query, spec, limits, std::move(st));
+    }
     for (int32_t id : ids) {
       if (id < 0 || uint32_t(id) >= spec.vocab_size) {
         return internalError("tokenizer produced id " + std::to_string(id) +

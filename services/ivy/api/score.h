@@ -14,7 +14,8 @@
 // Every score is in [0, 1]: sigmoid(logit["yes"] - logit["no"]) at the last position (the
 // Qwen3-Reranker recipe), or the sigmoid of the classification head when the checkpoint has one.
 // Limits (api/limits.h): --max-inputs on documents, --max-input-chars on query, instruction and
-// each document before tokenization, the token limits on each rendered pair ("documents[i]").
+// each document before tokenization, the token limits on each rendered pair ("documents[i]", or
+// "query" / "instruction" when the template with it and no document is already over the limit).
 
 #include <cstdint>
 #include <optional>

@@ -970,38 +970,31 @@ void ReplicaPool::updateReady() {
 
 ReplicaPool::Replica* ReplicaPool::pick(const std::vector<const Replica*>& tried, uint64_t tokens,
                                         int method) {
+  // [TAG_POOL_PICK_SNAPSHOT] Each candidate's load is read once. release() lowers `outstanding`
+  // without mu_ (it runs on reply threads), so reading a load twice, once to find the least and
+  // again to choose among the replicas that have it, could find fewer of them the second time,
+  // or none (this aborted ivy under ordinary concurrent load). The choice is made on one view of
+  // the loads; a load moving right after is a stale view, which balancing tolerates anyway
+  // (polled loads are up to load_interval old).
   std::lock_guard<std::mutex> lock(mu_);
   uint64_t best = std::numeric_limits<uint64_t>::max();
-  size_t ties = 0;
-  auto candidate = [&tried](const Replica* r) {
-    return r->state == ReplicaState::kHealthy &&
-           std::find(tried.begin(), tried.end(), r) == tried.end();
-  };
-  auto loadOf = [](const Replica* r) {
-    const int64_t o = r->outstanding.load(std::memory_order_relaxed);
-    return uint64_t(std::max<int64_t>(o, 0)) + r->polled.load(std::memory_order_relaxed);
-  };
+  std::vector<Replica*> tied;  // the replicas with load `best`, in pool order
   for (auto& r : replicas_) {
-    if (!candidate(r.get())) continue;
-    const uint64_t l = loadOf(r.get());
+    if (r->state != ReplicaState::kHealthy ||
+        std::find(tried.begin(), tried.end(), r.get()) != tried.end()) {
+      continue;
+    }
+    const int64_t o = r->outstanding.load(std::memory_order_relaxed);
+    const uint64_t l =
+        uint64_t(std::max<int64_t>(o, 0)) + r->polled.load(std::memory_order_relaxed);
     if (l < best) {
       best = l;
-      ties = 1;
-    } else if (l == best) {
-      ++ties;
+      tied.clear();
     }
+    if (l == best) tied.push_back(r.get());
   }
-  if (ties == 0) return nullptr;
-  size_t k = rr_++ % ties;
-  Replica* chosen = nullptr;
-  for (auto& r : replicas_) {
-    if (!candidate(r.get()) || loadOf(r.get()) != best) continue;
-    if (k-- == 0) {
-      chosen = r.get();
-      break;
-    }
-  }
-  CHECK(chosen != nullptr);
+  if (tied.empty()) return nullptr;
+  Replica* chosen = tied[rr_++ % tied.size()];  // ties round-robin
   chosen->outstanding.fetch_add(static_cast<int64_t>(tokens), std::memory_order_relaxed);
   chosen->outstanding_gauge->inc(static_cast<double>(tokens));
   chosen->calls_in_flight.fetch_add(1, std::memory_order_acq_rel);
@@ -1086,6 +1079,7 @@ std::vector<ReplicaPool::ReplicaView> ReplicaPool::replicas() const {
     v.outstanding_tokens = r->outstanding.load(std::memory_order_relaxed);
     v.polled_load_tokens = r->polled.load(std::memory_order_relaxed);
     v.calls = r->calls.load(std::memory_order_relaxed);
+    v.calls_in_flight = r->calls_in_flight.load(std::memory_order_acquire);
     v.backoff = r->backoff;
     out.push_back(std::move(v));
   }

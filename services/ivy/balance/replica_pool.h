@@ -126,6 +126,7 @@ class ReplicaPool final : public TulipClient {
     int64_t outstanding_tokens = 0;
     uint64_t polled_load_tokens = 0;
     uint64_t calls = 0;  // calls and chunks sent
+    int64_t calls_in_flight = 0;  // picked, not yet released
     std::chrono::milliseconds backoff{0};
   };
   std::vector<ReplicaView> replicas() const;  // sorted by address
@@ -152,6 +153,7 @@ class ReplicaPool final : public TulipClient {
 
   // Least-loaded healthy replica not in `tried` (ties round-robin), with `tokens` added to its
   // outstanding count and one call counted in flight; nullptr when none. Pair with release().
+  // Decides on one read of each load ([TAG_POOL_PICK_SNAPSHOT]: release() takes no lock).
   // `method`: 0 Embed, 1 Score, 2 Generate (the per-replica call counters).
   Replica* pick(const std::vector<const Replica*>& tried, uint64_t tokens, int method);
   void release(Replica* r, uint64_t tokens);

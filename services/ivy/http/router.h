@@ -5,13 +5,26 @@
 // any thread concurrently. The route label (the matched pattern, or "other" for unmatched paths so
 // metrics stay bounded) is returned for logs and metrics.
 //
-// Authentication [TAG_AUTH]: when a gate is set, it runs before every handler of a route added as
-// kProtected (the default, so a route added later is protected unless it says otherwise); a
-// non-OK Status from it is answered (401 via errorResponse) without calling the handler. Public
-// routes (/health, /ready, /metrics: probes and scrapers carry no key) skip it. Unknown paths get
-// 404 without authentication (nothing to reveal).
+// Authentication [TAG_AUTH]: when a gate is set, it runs first, before anything about the route
+// is answered: a non-OK Status from it is answered (401 via errorResponse) without calling the
+// handler, and an unknown path (404) or a method the path does not serve (405) is only told to a
+// caller that passed it, so a caller without a key learns nothing of what ivy serves. Routes are
+// added kProtected by default (a route added later is protected unless it says otherwise); a path
+// whose routes are all kPublic (/health, /ready, /metrics: probes and scrapers carry no key)
+// skips the gate, wrong method included.
+//
+// JSON bodies [TAG_JSON_BODY]: every POST route of ivy takes a JSON body, so for POST the router
+// checks, after the gate and before the handler:
+//   * Content-Type: `application/json`, any case, parameters allowed (`; charset=utf-8`; a
+//     charset other than utf-8 is refused); a request without Content-Type is taken as JSON
+//     (clients that send JSON without saying so keep working); anything else, e.g. curl -d's
+//     `application/x-www-form-urlencoded` or `text/plain`, is 415. Two Content-Type headers: 400.
+//   * Content-Encoding: none or `identity`; ivy decodes no content coding, so anything else
+//     (gzip, ...) is 415 rather than bytes handed to the JSON parser.
+// The handlers then parse the body with parseJsonBody (api/json_body.h).
 
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -29,6 +42,15 @@ enum class Access { kProtected, kPublic };
 // `WWW-Authenticate: Bearer realm="garden"`).
 HttpResponse errorResponse(const Status& status);
 
+// 415 Unsupported Media Type, OpenAI-shaped (type invalid_request_error, code
+// unsupported_media_type). HTTP-only (no Status code means it): the router uses it for a body's
+// Content-Type or Content-Encoding, the server for a transfer coding it does not decode.
+HttpResponse unsupportedMediaType(std::string message);
+
+// The 415/400 response for a POST body with these headers, or nullopt when the body is JSON as
+// far as its headers tell (see [TAG_JSON_BODY] above).
+std::optional<HttpResponse> checkJsonBodyHeaders(const HttpRequest& request);
+
 class Router {
  public:
   void add(std::string_view method, std::string_view path, Handler handler,
@@ -41,6 +63,9 @@ class Router {
 
   // The label dispatch() would return, without dispatching.
   std::string_view routeLabel(std::string_view path) const;
+
+  // (method, path) of every route, sorted (tests sweep every route with it).
+  std::vector<std::pair<std::string, std::string>> routes() const;
 
  private:
   struct Route {

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "common/logging.h"
+#include "services/ivy/http/framing.h"
 #include "services/ivy/http/response_stream.h"
 
 namespace garden::ivy {
@@ -153,17 +154,16 @@ class Session : public std::enable_shared_from_this<Session> {
     method_.clear();
     path_.clear();
     query_.clear();
-    std::string_view incoming_id;
-    if (parser_->is_header_done()) {
-      auto& req = parser_->get();
-      method_ = std::string(sv(req.method_string()));
-      std::string_view target = sv(req.target());
-      size_t q = target.find('?');
-      path_ = std::string(target.substr(0, q));
-      if (q != std::string_view::npos) query_ = std::string(target.substr(q + 1));
-      incoming_id = sv(req["x-request-id"]);
-      keep_alive_ = req.keep_alive();
-    }
+    // The request line is known even when the header failed after it (a Content-Length over the
+    // body limit is refused while the fields are read): the access line names method and route.
+    auto& req = parser_->get();
+    method_ = std::string(sv(req.method_string()));
+    std::string_view target = sv(req.target());
+    size_t q = target.find('?');
+    path_ = std::string(target.substr(0, q));
+    if (q != std::string_view::npos) query_ = std::string(target.substr(q + 1));
+    std::string_view incoming_id = sv(req["x-request-id"]);
+    if (parser_->is_header_done()) keep_alive_ = req.keep_alive();
     request_id_ = requestIdFor(incoming_id);
     route_ = core_->router->routeLabel(path_);
   }
@@ -181,6 +181,21 @@ class Session : public std::enable_shared_from_this<Session> {
       return sendTooLarge();
     }
     auto& req = parser_->get();
+    // [TAG_HTTP_FRAMING] A body Beast would not frame as the client meant is refused and the
+    // connection closed: its bytes are never parsed as a request.
+    std::vector<std::string_view> te;
+    for (auto r = req.equal_range(http::field::transfer_encoding); r.first != r.second; ++r.first) {
+      te.push_back(sv(r.first->value()));
+    }
+    FramingCheck framing = checkRequestFraming(req.version(), te,
+                                               req.count(http::field::content_length) > 0,
+                                               parser_->chunked());
+    if (framing.verdict == FramingCheck::Verdict::kBadRequest) {
+      return fail(invalidArgument(framing.message));
+    }
+    if (framing.verdict == FramingCheck::Verdict::kUnsupportedCoding) {
+      return failWith(unsupportedMediaType(framing.message));
+    }
     if (beast::iequals(req[http::field::expect], "100-continue")) {
       auto cont = std::make_shared<http::response<http::empty_body>>(http::status::continue_, 11);
       http::async_write(stream_, *cont,
@@ -298,10 +313,11 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   // An error response on a connection whose input can no longer be trusted: always closes.
-  void fail(const Status& st) {
+  void fail(const Status& st) { failWith(errorResponse(st)); }
+  void failWith(HttpResponse r) {
     keep_alive_ = false;
     linger_ = true;
-    write(errorResponse(st));
+    write(std::move(r));
   }
 
   void write(HttpResponse r) {

@@ -8,7 +8,13 @@
 //   after `idle_timeout`.
 // * Body limit: a Content-Length over `max_body_bytes` is answered 413 right after the header,
 //   before any of the body is read (also a chunked body that grows past it); the connection is then
-//   closed. `Expect: 100-continue` is honoured (so curl does not wait before sending).
+//   closed. `Expect: 100-continue` is honoured (so curl does not wait before sending). The access
+//   record of a refused header still names the method and route of its request line.
+// * Framing [TAG_HTTP_FRAMING] (http/framing.h): a Transfer-Encoding whose last coding is not
+//   `chunked`, one with Content-Length, or one in HTTP/1.0 is answered 400; other codings before
+//   a final `chunked` (`gzip, chunked`) 415. Either way the connection is closed and what the
+//   client sent after the header is drained unread, so a body can never be parsed as a second
+//   (smuggled) request.
 // * Request ids: `x-request-id` is taken from the request when it is 1..128 characters of
 //   [A-Za-z0-9._:-], otherwise one is generated (32 hex digits); it is always returned.
 // * Streamed responses (HttpResponse::stream, http/response_stream.h): the header goes out with

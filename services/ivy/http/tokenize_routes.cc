@@ -4,6 +4,7 @@
 
 #include "common/json_writer.h"
 #include "services/ivy/api/errors.h"
+#include "services/ivy/api/json_body.h"
 #include "services/ivy/harmony/encode.h"
 #include "services/ivy/harmony/openai_request.h"
 #include "services/ivy/harmony/render.h"
@@ -56,9 +57,9 @@ void registerTokenizeRoutes(Router* router, const Tokenizer* tokenizer,
       return respond(errorResponse(invalidField(
           "text", "this server has no tokenizer configured (start ivy with --tokenizer)")));
     simdjson::dom::parser parser;
-    simdjson::dom::element doc;
-    if (parser.parse(req.body).get(doc) || !doc.is_object())
-      return respond(errorResponse(invalidArgument("request body must be a JSON object")));
+    Result<simdjson::dom::element> parsed = parseJsonBody(req.body, parser);  // [TAG_JSON_BODY]
+    if (!parsed.isOk()) return respond(errorResponse(parsed.status()));
+    simdjson::dom::element doc = *parsed;
     auto spec = spec_fn();
     if (Status st = checkModel(doc, spec); !st.isOk()) return respond(errorResponse(st));
     std::vector<TokenId> ids;
@@ -95,9 +96,9 @@ void registerTokenizeRoutes(Router* router, const Tokenizer* tokenizer,
       return respond(errorResponse(invalidField(
           "tokens", "this server has no tokenizer configured (start ivy with --tokenizer)")));
     simdjson::dom::parser parser;
-    simdjson::dom::element doc;
-    if (parser.parse(req.body).get(doc) || !doc.is_object())
-      return respond(errorResponse(invalidArgument("request body must be a JSON object")));
+    Result<simdjson::dom::element> parsed = parseJsonBody(req.body, parser);  // [TAG_JSON_BODY]
+    if (!parsed.isOk()) return respond(errorResponse(parsed.status()));
+    simdjson::dom::element doc = *parsed;
     if (Status st = checkModel(doc, spec_fn()); !st.isOk()) return respond(errorResponse(st));
     simdjson::dom::array arr;
     if (doc["tokens"].get_array().get(arr))

@@ -147,8 +147,13 @@ Status ShmWorker::trySubmit(WorkBatch batch, WorkDone done) {
   }
   d.deadline_ns = batch.deadline_ns;
   std::strncpy(d.request_id, batch.request_id.c_str(), sizeof(d.request_id) - 1);
-  // The ring has one entry per slot, and this slot was free, so the push cannot fail.
-  CHECK(channel_->trySubmit(d));
+  // The ring has one entry per slot and this slot is free, so the push fails only when rose
+  // completed a batch it never took from the ring: a peer that broke the protocol. That is
+  // refused like a worker that is down (the slot stays free), never an abort of tulip.
+  if (!channel_->trySubmit(d)) {
+    return unavailable("rose's submission ring is full although slot " + std::to_string(slot) +
+                       " is free: the worker completes batches it has not taken; retry shortly");
+  }
   slots_[slot] = Inflight{true, d.batch_id, std::move(done), shm::monotonicNowNs(), batch.kind};
   slots_[slot].tokens = batch.tokens.size();
   return okStatus();

@@ -14,6 +14,15 @@
 //   * the raw pre-scan agreeing with the parsed texts (no accepted text is over the limit);
 //   * rerank results sorted by score, at most top_n, indices valid and distinct;
 //   * the x-request-timeout parser answering a value in (0, 3600 s] or a 400 naming the header.
+// The same bytes also go through
+//   * parseJsonBody (api/json_body.h) [TAG_JSON_BODY]: an accepted body is an object in which no
+//     object repeats a key (checked here by an independent walk with std::set); an object that
+//     plain simdjson accepts is refused only when that walk finds a repeated key; jsonPathAt at
+//     any offset never fails;
+//   * the HTTP framing check (http/framing.h) [TAG_HTTP_FRAMING], as the server uses it: the
+//     bytes are parsed as a request head by the Beast parser with the server's limits, and a
+//     request with Transfer-Encoding is accepted only when Beast reads its body as chunked, it is
+//     HTTP/1.1 and has no Content-Length (so no body can be taken for a second request).
 
 #include <simdjson.h>
 
@@ -23,13 +32,18 @@
 #include <cstdlib>
 #include <string_view>
 
+#include <boost/beast/http.hpp>
 #include <set>
+#include <string>
+#include <vector>
 
 #include "services/ivy/api/embeddings.h"
+#include "services/ivy/api/json_body.h"
 #include "services/ivy/api/errors.h"
 #include "services/ivy/api/limits.h"
 #include "services/ivy/api/score.h"
 #include "services/ivy/api/text_encoder.h"
+#include "services/ivy/http/framing.h"
 #include "services/ivy/tokenizer/tokenizer.h"
 
 namespace {
@@ -160,11 +174,89 @@ void fuzzGateway(std::string_view body) {
   }
 }
 
+// True when some object in `e` repeats a key (the oracle for parseJsonBody's check).
+bool hasRepeatedKey(simdjson::dom::element e) {
+  if (e.type() == simdjson::dom::element_type::OBJECT) {
+    std::set<std::string_view> keys;
+    simdjson::dom::object obj = e.get_object().value_unsafe();
+    for (auto field : obj) {
+      if (!keys.insert(field.key).second) return true;
+      if (hasRepeatedKey(field.value)) return true;
+    }
+  } else if (e.type() == simdjson::dom::element_type::ARRAY) {
+    simdjson::dom::array arr = e.get_array().value_unsafe();
+    for (simdjson::dom::element v : arr) {
+      if (hasRepeatedKey(v)) return true;
+    }
+  }
+  return false;
+}
+
+void fuzzJsonBody(std::string_view body) {
+  thread_local simdjson::dom::parser parser;
+  Result<simdjson::dom::element> r = parseJsonBody(body, parser);
+  if (r.isOk()) {
+    require(r->type() == simdjson::dom::element_type::OBJECT, "accepted body is an object");
+    require(!hasRepeatedKey(*r), "accepted body repeats a key");
+  } else {
+    checkRejection(r.status());
+    // An object simdjson parses is refused only for a repeated key (messages may quote the body,
+    // so the oracle is the document, not the text of the error).
+    thread_local simdjson::dom::parser plain;
+    simdjson::dom::element root;
+    if (!plain.parse(body.data(), body.size(), true).get(root) &&
+        root.type() == simdjson::dom::element_type::OBJECT) {
+      require(hasRepeatedKey(root), "a valid object without repeated keys was refused");
+    }
+  }
+  for (size_t off : {size_t{0}, body.size() / 3, body.size() / 2, body.size()}) {
+    (void)jsonPathAt(body, off);
+  }
+}
+
+void fuzzFraming(std::string_view bytes) {
+  namespace http = boost::beast::http;
+  http::request_parser<http::string_body> p;
+  p.header_limit(64u << 10);
+  p.body_limit(8u << 20);
+  p.eager(false);
+  boost::beast::error_code ec;
+  std::string_view rest = bytes;
+  while (!rest.empty() && !p.is_header_done()) {
+    size_t n = p.put(boost::asio::buffer(rest.data(), rest.size()), ec);
+    if (ec == http::error::need_more) ec = {};
+    if (ec || n == 0) break;
+    rest.remove_prefix(n);
+  }
+  if (ec || !p.is_header_done()) return;  // the server answers these 400 (or waits for more)
+  auto& req = p.get();
+  std::vector<std::string_view> te;
+  for (auto r = req.equal_range(http::field::transfer_encoding); r.first != r.second; ++r.first) {
+    te.emplace_back(r.first->value().data(), r.first->value().size());
+  }
+  const bool has_cl = req.count(http::field::content_length) > 0;
+  FramingCheck f = checkRequestFraming(req.version(), te, has_cl, p.chunked());
+  if (f.verdict == FramingCheck::Verdict::kOk) {
+    require(f.message.empty(), "framing: OK with a message");
+    if (!te.empty()) {
+      require(p.chunked() && !has_cl && req.version() == 11,
+              "framing: Transfer-Encoding accepted without a chunked body");
+    } else {
+      require(!p.chunked(), "framing: chunked without Transfer-Encoding");
+    }
+  } else {
+    require(!f.message.empty(), "framing: refused without a reason");
+    require(!te.empty() || p.chunked(), "framing: refused a request without Transfer-Encoding");
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const ModelSpec kSpec = spec();
   std::string_view body(reinterpret_cast<const char*>(data), size);
+  fuzzFraming(body);
+  fuzzJsonBody(body);
   fuzzGateway(body);
   EmbeddingsLimits limits;
   limits.max_inputs = 64;

@@ -150,6 +150,34 @@ TEST_F(GatewayTest, ApiKeysAndAdminPort) {
     EXPECT_EQ(http(mesh_->ivy_port, "GET", p, "", kAuth).status, 404) << p;
   }
   EXPECT_EQ(http(mesh_->admin_port, "POST", "/v1/embeddings", "{}").status, 404);
+  // The key is checked first (issue 14.5): without it an unknown path or a wrong method tells
+  // nothing (401), with it they are 404 / 405.
+  EXPECT_EQ(http(mesh_->ivy_port, "GET", "/no-such-route").status, 401);
+  EXPECT_EQ(http(mesh_->ivy_port, "GET", "/no-such-route", "", kAuth).status, 404);
+  EXPECT_EQ(http(mesh_->ivy_port, "GET", "/health").status, 401);
+  EXPECT_EQ(http(mesh_->ivy_port, "GET", "/v1/embeddings").status, 401);
+  EXPECT_EQ(http(mesh_->ivy_port, "GET", "/v1/embeddings", "", kAuth).status, 405);
+}
+
+// Bodies are JSON, and one reading of it (issue 14.5): a repeated key is refused naming it (the
+// first copy used to win: 200), a form-encoded body is 415, and a lone surrogate names its field.
+TEST_F(GatewayTest, RepeatedKeysNonJsonAndBadTextAreRefused) {
+  auto dup = mesh_->post("/v1/embeddings", R"({"model":"tiny","model":"bad","input":"hi"})");
+  EXPECT_EQ(dup.status, 400) << dup.body;
+  EXPECT_EQ(errorParam(dup.body), "model");
+  EXPECT_NE(dup.body.find("appears more than once"), std::string::npos) << dup.body;
+  auto form = mesh_->post("/v1/embeddings", R"({"model":"tiny","input":"hi"})",
+                          {{"Authorization", "Bearer sk-other"},
+                           {"Content-Type", "application/x-www-form-urlencoded"}});
+  EXPECT_EQ(form.status, 415) << form.body;
+  auto text = mesh_->post("/tokenize", R"({"text":"\ud800"})");
+  EXPECT_EQ(text.status, 400) << text.body;
+  EXPECT_EQ(errorParam(text.body), "text");
+  EXPECT_NE(text.body.find("lone UTF-16 surrogate"), std::string::npos) << text.body;
+  auto ok = mesh_->post("/v1/embeddings", R"({"model":"tiny","input":"hi"})",
+                        {{"Authorization", "Bearer sk-other"},
+                         {"Content-Type", "application/json; charset=utf-8"}});
+  EXPECT_EQ(ok.status, 200) << ok.body;
 }
 
 TEST_F(GatewayTest, LimitsNameTheirFlag) {

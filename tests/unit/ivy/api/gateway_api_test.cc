@@ -78,7 +78,7 @@ TEST(Limits, InputCharsAreCheckedBeforeParsingAndTokenization) {
                   .isOk());
   auto bad = parseEmbeddingsRequest(R"({"model":"m","input":["ok","0123456789X"]})", spec(), l);
   expectField(bad.status(), "input",
-              "input: a text is longer than the limit of 10 characters (--max-input-chars)");
+              "input[1]: is longer than the limit of 10 characters (--max-input-chars)");
   EXPECT_EQ(enc.calls, 0);
   // The per-element check behind the raw pre-scan names the element.
   expectField(checkInputChars("0123456789X", "input[1]", l), "input",
@@ -88,6 +88,9 @@ TEST(Limits, InputCharsAreCheckedBeforeParsingAndTokenization) {
 TEST(Limits, PreScanCountsDecodedCharacters) {
   EXPECT_EQ(longestStringOver(R"({"a":"0123456789"})", 10), 0u);
   EXPECT_EQ(longestStringOver(R"({"a":"0123456789X"})", 10), 11u);
+  size_t at = 0;
+  EXPECT_EQ(longestStringOver(R"({"a":"x","b":"0123456789X"})", 10, &at), 11u);
+  EXPECT_EQ(at, 13u);  // the opening quote of the over-long literal
   // Escapes count as the character they stand for; a surrogate pair as one.
   EXPECT_EQ(longestStringOver(R"({"a":"\n\n\n\n\n\"\\\u00e9\ud83c\udf31"})", 10), 0u);
   EXPECT_EQ(longestStringOver(R"({"a":"\n\n\n\n\n\"\\\u00e9\ud83c\udf31xy"})", 10), 11u);
@@ -273,6 +276,11 @@ TEST(ScoreParse, ScoreAndRerankRequests) {
                                   small, ScoreApi::kScore)
                   .status(),
               "documents", "longer than the limit of 3 characters (--max-input-chars)");
+  // The over-long text is named where it is: the query is not blamed on the documents.
+  expectField(parseScoringRequest(R"({"model":"m","query":"abcd","documents":["a"]})", spec(),
+                                  small, ScoreApi::kScore)
+                  .status(),
+              "query", "query: is longer than the limit of 3 characters");
 }
 
 class RerankTemplateTest : public ::testing::Test {
@@ -323,6 +331,22 @@ TEST_F(RerankTemplateTest, RenderIsPrefixPairSuffixInDocumentOrder) {
   total.max_request_tokens = (*ids)[0].size() + 1;
   req.instruction.reset();
   expectField(tmpl.render(req, spec(), total).status(), "documents", "(--max-request-tokens)");
+
+  // A query (or instruction) over the limit with no document at all is named itself, not blamed
+  // on documents[0] (issue 14.5).
+  ScoringRequest long_query = req;
+  long_query.query = std::string(400, 'q') + " what grows";
+  RequestLimits pair_limit;
+  pair_limit.max_input_tokens = (*ids)[0].size() + 10;
+  expectField(tmpl.render(long_query, spec(), pair_limit).status(), "query",
+              "in the scoring template, before any document");
+  ScoringRequest long_instruction = req;
+  long_instruction.instruction = std::string(400, 'i');
+  expectField(tmpl.render(long_instruction, spec(), pair_limit).status(), "instruction",
+              "in the scoring template, before any document");
+  ScoringRequest long_doc = req;
+  long_doc.documents[0] = std::string(400, 'd');
+  expectField(tmpl.render(long_doc, spec(), pair_limit).status(), "documents", "documents[0]: has");
 }
 
 TEST_F(RerankTemplateTest, YesNoTokens) {

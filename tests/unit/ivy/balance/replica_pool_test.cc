@@ -9,6 +9,8 @@
 
 #include <future>
 #include <map>
+#include <random>
+#include <thread>
 
 #include "services/ivy/balance/tulip_monitor.h"
 #include "tests/fakes/ivy/fake_tulip_client.h"
@@ -32,6 +34,29 @@ class FakeClock {
   std::atomic<int64_t> offset_ms_{0};
 };
 
+// A TulipClient that forwards to a fake it shares (PoolTest::keep_fakes_).
+class ForwardingClient final : public TulipClient {
+ public:
+  explicit ForwardingClient(std::shared_ptr<FakeTulipClient> to) : to_(std::move(to)) {}
+  void embed(EmbedCall call, EmbedDone done) override { to_->embed(std::move(call), std::move(done)); }
+  void score(ScoreCall call, ScoreDone done) override { to_->score(std::move(call), std::move(done)); }
+  std::shared_ptr<GenerateStream> generate(GenerateCall call, ChunkFn on_chunk,
+                                           StreamDone on_done) override {
+    return to_->generate(std::move(call), std::move(on_chunk), std::move(on_done));
+  }
+  void modelInfo(std::chrono::milliseconds t, ModelInfoDone done) override {
+    to_->modelInfo(t, std::move(done));
+  }
+  void health(std::chrono::milliseconds t, HealthDone done) override {
+    to_->health(t, std::move(done));
+  }
+  void load(std::chrono::milliseconds t, LoadDone done) override { to_->load(t, std::move(done)); }
+  std::string endpoint() const override { return to_->endpoint(); }
+
+ private:
+  std::shared_ptr<FakeTulipClient> to_;
+};
+
 class PoolTest : public ::testing::Test {
  protected:
   ReplicaPoolOptions defaults() {
@@ -50,13 +75,17 @@ class PoolTest : public ::testing::Test {
   void make(std::vector<std::string> entries, ReplicaPoolOptions o) {
     auto eps = parseTulipEndpoints(entries);
     ASSERT_TRUE(eps.isOk()) << eps.status().toString();
-    auto factory = [this](const std::string& address) {
+    auto factory = [this](const std::string& address) -> std::unique_ptr<TulipClient> {
       auto f = std::make_unique<FakeTulipClient>(address);
       std::lock_guard<std::mutex> lock(mu_);
       fakes_[address] = f.get();
       ++created_;
       if (configure_) configure_(address, f.get());
-      return std::unique_ptr<TulipClient>(std::move(f));
+      if (!keep_fakes_) return f;
+      // The pool owns a forwarder; the fake outlives the replica the pool drops (kept_).
+      std::shared_ptr<FakeTulipClient> shared = std::move(f);
+      kept_.push_back(shared);
+      return std::make_unique<ForwardingClient>(std::move(shared));
     };
     auto resolver = [this](const std::string& host, uint16_t) -> Result<std::vector<std::string>> {
       std::lock_guard<std::mutex> lock(mu_);
@@ -175,6 +204,10 @@ class PoolTest : public ::testing::Test {
   std::map<std::string, std::vector<std::string>> dns_;
   std::function<void(const std::string&, FakeTulipClient*)> configure_;
   int created_ = 0;
+  // Set before make(): every fake stays alive until the fixture ends, even after the pool dropped
+  // its replica, so a test may keep poking fake(i) while DNS changes remove replicas.
+  bool keep_fakes_ = false;
+  std::vector<std::shared_ptr<FakeTulipClient>> kept_;  // guarded by mu_
   std::unique_ptr<ReplicaPool> pool_;
 };
 
@@ -884,6 +917,181 @@ TEST_F(PoolTest, BackgroundThreadsProbeAndResolve) {
   EXPECT_EQ(v[2].address, "ipv4:10.0.0.9:1");
   for (auto& r : v) EXPECT_EQ(r.state, ReplicaState::kHealthy) << r.address;
   pool_->stop();
+}
+
+
+// [TAG_POOL_PICK_SNAPSHOT] Many threads call embed (split into chunks, some cancelled), score and
+// generate while another thread ejects replicas (scripted UNAVAILABLE and failed health checks),
+// re-probes them (maintainOnce on an advancing clock), changes their polled loads and re-resolves
+// DNS to different address sets (replicas drained, dropped and added). Every call must complete
+// exactly once, nothing may abort, and every replica's load must return to zero. Before the fix,
+// pick() read each load twice across release() and this test died on `CHECK failed: chosen !=
+// nullptr`. No assertion depends on timing: the amount of work is fixed, and waits are bounded
+// only to turn a hang into a failure.
+TEST_F(PoolTest, ConcurrentCallsWhileReplicasChurnCompleteExactlyOnce) {
+  constexpr int kThreads = 6;
+  constexpr int kCallsPerThread = 10000;
+  constexpr int kTotal = kThreads * kCallsPerThread;
+  constexpr int kMaxInFlight = 64;
+  constexpr int kAddresses = 8;
+  auto o = defaults();
+  o.split_max_inputs = 2;  // an embed/score call of 3..5 inputs is 2..3 chunks
+  keep_fakes_ = true;
+  for (int i = 1; i <= kAddresses; ++i) dns_["tulip-headless"].push_back(addr(i));
+  make({"tulip-headless:1"}, o);
+  pool_->resolveOnce();
+  settle();
+  ASSERT_TRUE(pool_->ready());
+
+  std::vector<std::atomic<int>> completions(kTotal);
+  std::atomic<int> succeeded{0};
+  std::mutex m;
+  std::condition_variable cv;
+  int in_flight = 0;  // guarded by m
+  int finished = 0;   // guarded by m
+  auto complete = [&](int id, bool ok) {
+    if (completions[id].fetch_add(1) != 0) return;  // a second completion: counted, not waited on
+    if (ok) ++succeeded;
+    std::lock_guard<std::mutex> lock(m);
+    --in_flight;
+    ++finished;
+    cv.notify_all();
+  };
+
+  auto worker = [&](int t) {
+    std::mt19937 rng(1000 + t);
+    for (int i = 0; i < kCallsPerThread; ++i) {
+      const int id = t * kCallsPerThread + i;
+      {
+        std::unique_lock<std::mutex> lock(m);
+        cv.wait(lock, [&] { return in_flight < kMaxInFlight; });
+        ++in_flight;
+      }
+      const int n = 1 + static_cast<int>(rng() % 5);
+      std::vector<std::vector<int32_t>> in;
+      for (int k = 0; k < n; ++k) in.push_back(std::vector<int32_t>(1 + rng() % 3, 1 + k));
+      switch (id % 3) {
+        case 0: {
+          EmbedCall c = call(std::move(in));
+          std::shared_ptr<CallCanceller> cancel;
+          if (rng() % 8 == 0) {
+            cancel = std::make_shared<CallCanceller>();
+            c.cancel = cancel;
+          }
+          pool_->embed(std::move(c), [&complete, id](Result<EmbedReply> r) {
+            complete(id, r.isOk());
+          });
+          if (cancel) cancel->cancel();
+          break;
+        }
+        case 1: {
+          ScoreCall c;
+          c.request_id = "rid";
+          c.model = "fake-model";
+          c.inputs = std::move(in);
+          pool_->score(std::move(c), [&complete, id](Result<ScoreReply> r) {
+            complete(id, r.isOk());
+          });
+          break;
+        }
+        default: {
+          GenerateCall g;
+          g.model = "fake-model";
+          g.prompt_ids = in[0];
+          g.max_tokens = 2;
+          pool_->generate(
+              std::move(g), [](GenerateChunkMsg) {},
+              [&complete, id](Status s) { complete(id, s.isOk()); });
+          break;
+        }
+      }
+    }
+  };
+
+  std::atomic<bool> stop_chaos{false};
+  std::thread chaos([&] {
+    std::mt19937 rng(7);
+    for (uint64_t round = 0; !stop_chaos.load(); ++round) {
+      clock_.advance(std::chrono::milliseconds(20 + rng() % 100));
+      pool_->maintainOnce();
+      if (round % 3 == 0) {  // DNS now lists all addresses but up to two random ones
+        std::vector<std::string> set;
+        const unsigned gone1 = rng() % kAddresses, gone2 = rng() % (kAddresses + 2);
+        for (unsigned i = 0; i < kAddresses; ++i) {
+          if (i != gone1 && i != gone2) set.push_back(addr(static_cast<int>(i) + 1));
+        }
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          dns_["tulip-headless"] = set;
+        }
+        pool_->resolveOnce();
+      }
+      FakeTulipClient* f = fake(addr(1 + static_cast<int>(rng() % kAddresses)));
+      if (f != nullptr) {
+        switch (rng() % 6) {
+          case 0:
+            f->failNext(Method::kEmbed, unavailable("chaos: connection reset"));
+            break;
+          case 1:
+            f->failNext(Method::kScore, resourceExhausted("chaos: queue full"));
+            break;
+          case 2:
+            f->failNext(Method::kGenerate, unavailable("chaos: rose restarting"));
+            break;
+          case 3:
+            f->failNext(Method::kHealth, unavailable("chaos: health check failed"));
+            break;
+          default: {
+            TulipLoad l;
+            l.queued_tokens = rng() % 4 == 0 ? 1 : 0;  // replicas keep tying with each other
+            f->setLoad(l);
+            break;
+          }
+        }
+      }
+      std::this_thread::sleep_for(1ms);
+    }
+  });
+
+  std::vector<std::thread> workers;
+  for (int t = 0; t < kThreads; ++t) workers.emplace_back(worker, t);
+  for (auto& w : workers) w.join();
+  bool all_done;
+  {
+    std::unique_lock<std::mutex> lock(m);
+    all_done = cv.wait_for(lock, 120s, [&] { return finished == kTotal; });
+  }
+  stop_chaos = true;
+  chaos.join();
+  ASSERT_TRUE(all_done) << "calls never completed: " << kTotal - finished << " of " << kTotal;
+
+  // Whatever is still scheduled settles (probes, polls); nothing may complete a call twice.
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    dns_["tulip-headless"] = {addr(1), addr(2)};
+  }
+  pool_->resolveOnce();
+  for (int i = 0; i < 3; ++i) {
+    clock_.advance(1s);
+    settle(1);
+  }
+  int twice = 0;
+  for (int i = 0; i < kTotal; ++i) twice += completions[i].load() != 1;
+  EXPECT_EQ(twice, 0) << "calls not completed exactly once";
+  EXPECT_GT(succeeded.load(), 0);
+  for (const auto& v : pool_->replicas()) {
+    EXPECT_EQ(v.outstanding_tokens, 0) << v.address;
+    EXPECT_EQ(v.calls_in_flight, 0) << v.address;
+  }
+  // The churn really happened: replicas were ejected, and DNS changes created new clients.
+  double ejections = 0;
+  for (int i = 1; i <= kAddresses; ++i) {
+    ejections += std::max(0.0, metric("ivy_pool_ejections_total{replica=\"10.0.0." +
+                                      std::to_string(i) + ":1\"}"));
+  }
+  EXPECT_GT(ejections, 0);
+  EXPECT_GT(created_, kAddresses);
+  pool_.reset();
 }
 
 }  // namespace

@@ -16,7 +16,9 @@
 #include <thread>
 
 #include "services/ivy/http/auth.h"
+#include "services/ivy/http/chat_routes.h"
 #include "services/ivy/http/service.h"
+#include "services/ivy/http/tokenize_routes.h"
 
 namespace garden::ivy {
 namespace {
@@ -341,6 +343,59 @@ TEST_F(GatewayTest, ApiKeysGateApiRoutesButNotProbes) {
   for (const char* p : {"/health", "/ready", "/metrics"}) {
     EXPECT_EQ(call(router_, "GET", p)->r.status, 200) << p;
   }
+}
+
+// [TAG_JSON_BODY] Every POST route ivy serves (all registered as main.cc does) parses its body
+// through parseJsonBody and sits behind the router's header check: a repeated key, top-level or
+// nested, is a 400 naming it; a lone surrogate names its field; a form-encoded body is 415. The
+// routes are enumerated from the router, so a POST route added later is swept too.
+TEST_F(GatewayTest, EveryPostRouteRefusesDuplicateKeysBadTextAndNonJson) {
+  start();
+  registerTokenizeRoutes(&router_, tok_.get(), [this] { return monitor_->spec(); });
+  registerChatRoutes(&router_, &client_, tok_.get(), [this] { return monitor_->spec(); },
+                     &registry_);
+  std::vector<std::string> posts;
+  for (const auto& [method, path] : router_.routes()) {
+    if (method == "POST") posts.push_back(path);
+  }
+  EXPECT_THAT(posts, ::testing::IsSupersetOf({"/v1/embeddings", "/v1/score", "/v1/rerank",
+                                              "/v1/chat/completions", "/v1/completions",
+                                              "/tokenize", "/detokenize"}));
+  for (const std::string& path : posts) {
+    SCOPED_TRACE(path);
+    auto top = post(path, R"({"model":"m","model":"bad"})");
+    expectError(*top, 400, "model", "the key \"model\" appears more than once");
+    auto nested = post(path, R"({"model":"m","messages":[{"role":"user","content":"a","content":"b"}]})");
+    expectError(*nested, 400, "messages", "messages[0].content: the key \"content\"");
+    auto surrogate = post(path, R"({"model":"m","text":"\ud800"})");
+    expectError(*surrogate, 400, "text", "text: contains \\ud800, a lone UTF-16 surrogate");
+    auto form = post(path, R"({"model":"m"})",
+                     {{"content-type", "application/x-www-form-urlencoded"}});
+    EXPECT_EQ(form->r.status, 415) << form->r.body;
+  }
+  EXPECT_TRUE(client_.embeds.empty());
+  EXPECT_TRUE(client_.scores.empty());
+}
+
+// The issue's cases, exactly: /tokenize {"text":"\ud800"} named the body, not the field; a
+// too-long /v1/score query was blamed on the documents.
+TEST_F(GatewayTest, MessagesNameTheFieldAtFault) {
+  IvyServiceOptions so;
+  so.embeddings_limits.max_input_chars = 10;
+  start(so);
+  registerTokenizeRoutes(&router_, tok_.get(), [this] { return monitor_->spec(); });
+  auto tok = post("/tokenize", R"({"text":"\ud800"})");
+  expectError(*tok, 400, "text", "lone UTF-16 surrogate");
+  auto ok = post("/tokenize", R"({"text":"\ud83c\udf31"})");
+  EXPECT_EQ(ok->r.status, 200) << ok->r.body;
+  auto query = post("/v1/score", R"({"model":"m","query":"a query far too long","documents":["d"]})");
+  expectError(*query, 400, "query", "query: is longer than the limit of 10 characters");
+  auto doc = post("/v1/score", R"({"model":"m","query":"q","documents":["d","a long document"]})");
+  expectError(*doc, 400, "documents", "documents[1]: is longer than the limit of 10");
+  auto input = post("/v1/embeddings", R"({"model":"m","input":["ok","far too long"]})");
+  expectError(*input, 400, "input", "input[1]: is longer than the limit of 10");
+  EXPECT_TRUE(client_.scores.empty());
+  EXPECT_TRUE(client_.embeds.empty());
 }
 
 TEST_F(GatewayTest, AdminRouterTakesTheProbeRoutes) {

@@ -449,6 +449,111 @@ TEST_F(IvyServerTest, BadRequestIdIsReplaced) {
   EXPECT_NE(requestIdFor(""), requestIdFor(""));
 }
 
+// [TAG_HTTP_FRAMING] Request smuggling: a POST whose Transfer-Encoding does not end in `chunked`
+// (or that also has Content-Length, or is HTTP/1.0) has a body Beast would take as empty; its
+// bytes, here a second request, would then be answered as the next request on the connection.
+// Each is refused 400 (415 for a coding before `chunked`), the connection closes, and the hidden
+// request is never answered (nothing follows the refusal on the wire, and no access line names
+// its route).
+TEST_F(IvyServerTest, TransferEncodingSmugglingIsRefusedAndTheHiddenRequestNeverAnswered) {
+  startServer();
+  const std::string hidden = "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n";
+  struct Case {
+    std::string version, headers, body;
+    int status;
+    std::string message;
+  };
+  const std::string chunked_body = "5\r\nhello\r\n0\r\n\r\n";
+  const std::vector<Case> cases = {
+      {"1.1", "Transfer-Encoding: gzip\r\n", "", 400, "last transfer coding must be chunked"},
+      {"1.1", "Transfer-Encoding: identity\r\n", "", 400, "got \"identity\""},
+      {"1.1", "Transfer-Encoding: xchunked\r\n", "", 400, "got \"xchunked\""},
+      {"1.1", "Transfer-Encoding: chunked, identity\r\n", "", 400, "must be chunked"},
+      {"1.1", "Transfer-Encoding: chunked, chunked\r\n", "", 400, "only once"},
+      {"1.1", "Transfer-Encoding: chunked;ext=1\r\n", "", 400, "must be chunked"},
+      {"1.1", "Transfer-Encoding: ,\r\n", "", 400, "names no transfer coding"},
+      {"1.1", "Transfer-Encoding: gzip\r\nContent-Length: 0\r\n", "", 400,
+       "both Content-Length and Transfer-Encoding"},
+      {"1.1", "Content-Length: 0\r\nTransfer-Encoding: gzip\r\n", "", 400, "malformed"},
+      {"1.1", "Content-Length: 16\r\nTransfer-Encoding: chunked\r\n", chunked_body, 400, ""},
+      {"1.1", "Transfer-Encoding: chunked\r\nContent-Length: 16\r\n", chunked_body, 400, ""},
+      {"1.1", "Transfer-Encoding: chunked\r\nTransfer-Encoding: identity\r\n", "", 400, ""},
+      {"1.0", "Transfer-Encoding: chunked\r\n", chunked_body, 400, "HTTP/1.0"},
+      {"1.1", "Transfer-Encoding: gzip, chunked\r\n", chunked_body, 415,
+       "transfer coding \"gzip\" is not supported"},
+      {"1.1", "Transfer-Encoding: identity\r\nTransfer-Encoding: chunked\r\n", chunked_body, 415,
+       "\"identity\" is not supported"},
+  };
+  for (const Case& k : cases) {
+    Conn c(server_->port());
+    ASSERT_TRUE(c.connected());
+    c.send("POST /v1/embeddings HTTP/" + k.version +
+           "\r\nHost: t\r\nContent-Type: application/json\r\n" + k.headers + "\r\n" + k.body +
+           hidden);
+    Response r = c.read();
+    EXPECT_EQ(r.status, k.status) << k.headers << r.body;
+    if (r.status == 415) {
+      EXPECT_THAT(r.body, HasSubstr("\"code\":\"unsupported_media_type\"")) << k.headers;
+    }
+    simdjson::dom::parser p;
+    simdjson::dom::element root;
+    ASSERT_FALSE(p.parse(r.body).get(root)) << r.body;
+    EXPECT_THAT(std::string(std::string_view(root["error"]["message"])), HasSubstr(k.message))
+        << k.headers;
+    EXPECT_EQ(r.header("connection"), "close") << k.headers;
+    EXPECT_TRUE(c.closedByPeer()) << k.headers << " then: " << c.buffer();
+  }
+  for (const auto& l : logLines()) {
+    EXPECT_EQ(l.find("\"route\":\"/v1/models\""), std::string::npos) << l;
+  }
+  EXPECT_TRUE(fake_.embedCalls().empty());
+  // Chunked alone (any case) is served, and the connection stays usable.
+  Conn c(server_->port());
+  const std::string json = R"({"model":"garden-embed","input":[1,2]})";
+  char size_hex[16];
+  std::snprintf(size_hex, sizeof size_hex, "%zx", json.size());
+  c.send("POST /v1/embeddings HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+         "Transfer-Encoding: Chunked\r\n\r\n" +
+         std::string(size_hex) + "\r\n" + json + "\r\n0\r\n\r\n" + hidden);
+  EXPECT_EQ(c.read().status, 200);
+  EXPECT_EQ(c.read().status, 200);  // the pipelined GET, framed by itself, is answered
+  EXPECT_EQ(fake_.embedCalls().size(), 1u);
+}
+
+// A request refused while its header is read (a Content-Length over the limit) is logged with
+// its method and route, not an empty method and "other".
+TEST_F(IvyServerTest, RefusedHeaderIsLoggedWithItsMethodAndRoute) {
+  startServer();
+  Conn c(server_->port());
+  c.send("POST /v1/embeddings HTTP/1.1\r\nHost: t\r\nContent-Length: 100000\r\n\r\n");
+  EXPECT_EQ(c.read().status, 413);
+  std::vector<std::string> lines;
+  for (const auto& l : logLines()) {
+    if (l.find("\"msg\":\"request\"") != std::string::npos) lines.push_back(l);
+  }
+  ASSERT_EQ(lines.size(), 1u);
+  simdjson::dom::parser p;
+  simdjson::dom::element root;
+  ASSERT_FALSE(p.parse(lines[0]).get(root)) << lines[0];
+  EXPECT_EQ(std::string_view(root["method"]), "POST") << lines[0];
+  EXPECT_EQ(std::string_view(root["route"]), "/v1/embeddings") << lines[0];
+  EXPECT_EQ(int64_t(root["status"]), 413);
+  EXPECT_NE(registry_.expose().find(
+                R"(ivy_http_requests_total{route="/v1/embeddings",status="413"} 1)"),
+            std::string::npos);
+}
+
+// curl -d without -H sends application/x-www-form-urlencoded: refused 415 over the wire too.
+TEST_F(IvyServerTest, FormEncodedBodyIs415) {
+  startServer();
+  Response r = roundTrip(
+      "POST /v1/embeddings HTTP/1.1\r\nHost: t\r\nContent-Type: "
+      "application/x-www-form-urlencoded\r\nContent-Length: 2\r\n\r\n{}");
+  EXPECT_EQ(r.status, 415);
+  EXPECT_THAT(r.body, HasSubstr("Content-Type must be application/json"));
+  EXPECT_TRUE(fake_.embedCalls().empty());
+}
+
 TEST_F(IvyServerTest, MalformedHttpGets400AndClose) {
   startServer();
   Conn c(server_->port());

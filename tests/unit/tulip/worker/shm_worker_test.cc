@@ -6,8 +6,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <future>
 #include <mutex>
@@ -405,6 +407,72 @@ TEST(ShmWorker, AttachModeFollowsASidecarAcrossRestarts) {
   (*w)->stop();
   kill(side2, SIGTERM);
   waitpid(side2, nullptr, 0);
+}
+
+// A rose that completes a batch it never took from the submission ring (a peer breaking the
+// protocol) leaves the ring full while a slot is free. The next submission is refused
+// UNAVAILABLE; it used to abort tulip on a CHECK. The test process is that rose (attach mode).
+TEST(ShmWorker, RingFullWithAFreeSlotIsRefusedNotAnAbort) {
+  auto o = opts("ringfull");
+  o.attach = true;
+  auto ch = shm::Channel::create(o.shm_name, shm::Layout{2, 1 << 16, 1 << 16});
+  ASSERT_TRUE(ch.isOk()) << ch.status().toString();
+  ch->setWorkerPid(getpid());
+  shm::ModelFacts f;
+  f.hidden_size = 4;
+  f.max_seq_len = 64;
+  f.vocab_size = 1000;
+  std::strcpy(f.name, "fake");
+  std::strcpy(f.kind, "embedding");
+  ch->setModelFacts(f);
+  ch->beat();
+  ch->setState(shm::WorkerState::kReady);
+  std::atomic<bool> done{false};
+  std::thread beater([&] {  // alive, however slow the machine is
+    while (!done.load()) {
+      ch->beat();
+      std::this_thread::sleep_for(20ms);
+    }
+  });
+  struct Join {
+    std::atomic<bool>& done;
+    std::thread& t;
+    ~Join() {
+      done = true;
+      t.join();
+    }
+  } join{done, beater};
+  auto w = ShmWorker::start(o);
+  ASSERT_TRUE(w.isOk()) << w.status().toString();
+  ASSERT_TRUE(waitFor([&] { return (*w)->ready(); }));
+  auto complete = [&](uint64_t batch_id, uint32_t slot) {
+    shm::Completion c;
+    c.batch_id = batch_id;
+    c.slot = slot;
+    c.rows = 1;
+    c.cols = 4;
+    c.output_bytes = 4 * sizeof(float);
+    ASSERT_TRUE(ch->tryComplete(c));
+  };
+  Result1 a, b, c;
+  ASSERT_TRUE((*w)->trySubmit(batch({{1}}), a.done()).isOk());
+  auto da = ch->waitSubmission(std::chrono::seconds(30));  // taken, as a rose does
+  ASSERT_TRUE(da.has_value());
+  ASSERT_TRUE((*w)->trySubmit(batch({{2}}), b.done()).isOk());  // stays in the ring
+  complete(da->batch_id, da->slot);
+  ASSERT_EQ(a.f.wait_for(30s), std::future_status::ready);
+  ASSERT_TRUE(waitFor([&] { return (*w)->inflight() == 1; }));
+  ASSERT_TRUE((*w)->trySubmit(batch({{3}}), c.done()).isOk());  // the ring now holds b and c
+  // The misbehaving peer: c is answered without being taken from the ring.
+  complete(da->batch_id + 2, da->slot);
+  ASSERT_EQ(c.f.wait_for(30s), std::future_status::ready);
+  ASSERT_TRUE(waitFor([&] { return (*w)->inflight() == 1; }));
+  Result1 d;
+  Status st = (*w)->trySubmit(batch({{4}}), d.done());
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.toString();
+  EXPECT_NE(st.message().find("submission ring is full"), std::string::npos) << st.message();
+  EXPECT_EQ((*w)->inflight(), 1u);  // the refused batch took no slot
+  (*w)->stop();
 }
 
 // If tulip dies, its rose must not linger holding the GPU and the segment.
