@@ -43,8 +43,7 @@ Status validateGenerate(GenerateParams& p, const shm::ModelFacts& f) {
                            " tokens and the prompt must leave room for one generated token");
   }
   if (Status st = checkIds(p.prompt, f.vocab_size, "prompt_ids"); !st.isOk()) return st;
-  if (Status st = checkIds(p.stop_token_ids, f.vocab_size, "stop_token_ids"); !st.isOk())
-    return st;
+  if (Status st = checkIds(p.stop_token_ids, f.vocab_size, "stop_token_ids"); !st.isOk()) return st;
   llm::SamplingParams& s = p.sampling;
   if (!std::isfinite(s.temperature) || s.temperature < 0)
     return invalidArgument("sampling.temperature: must be a finite number >= 0 (0 = greedy)");

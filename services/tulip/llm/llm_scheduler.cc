@@ -149,7 +149,8 @@ void LlmScheduler::publishMetrics() {
     m.kv_free.set(s.kv_free_blocks);
   }
   // Counters grow by what the step scheduler counted since the last call.
-  m.cache_hit_tokens.inc(static_cast<double>(s.cached_prompt_tokens - published_.cached_prompt_tokens));
+  m.cache_hit_tokens.inc(
+      static_cast<double>(s.cached_prompt_tokens - published_.cached_prompt_tokens));
   m.cache_query_tokens.inc(
       static_cast<double>(s.queried_prompt_tokens - published_.queried_prompt_tokens));
   m.generated.inc(static_cast<double>(s.generated_tokens - published_.generated_tokens));

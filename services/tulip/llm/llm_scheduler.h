@@ -95,11 +95,11 @@ class LlmScheduler {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   LlmStepScheduler core_;  // guarded by mu_ (its options are immutable: read freely)
-  std::unordered_map<SeqId, Active> active_;     // guarded by mu_: sequences with a stream
-  std::deque<StepPlan> inflight_;                // guarded by mu_: submitted, oldest first
-  std::map<uint64_t, StepResult> results_;       // guarded by mu_: by step, not yet applied
-  LlmStats published_;                           // guarded by mu_: counters already exported
-  bool stop_ = false;                            // guarded by mu_
+  std::unordered_map<SeqId, Active> active_;  // guarded by mu_: sequences with a stream
+  std::deque<StepPlan> inflight_;             // guarded by mu_: submitted, oldest first
+  std::map<uint64_t, StepResult> results_;    // guarded by mu_: by step, not yet applied
+  LlmStats published_;                        // guarded by mu_: counters already exported
+  bool stop_ = false;                         // guarded by mu_
   std::thread thread_;
 };
 

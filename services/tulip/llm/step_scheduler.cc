@@ -84,8 +84,7 @@ LlmStepScheduler::SeqState LlmStepScheduler::seqState(SeqId id) const {
   return SeqState{s.tokens, s.pending, s.num_computed, s.num_scheduled, s.admission, s.running};
 }
 
-void LlmStepScheduler::finish(Seq& s, Status st, FinishReason why, int32_t token,
-                              int64_t now_ns) {
+void LlmStepScheduler::finish(Seq& s, Status st, FinishReason why, int32_t token, int64_t now_ns) {
   if (s.running) {
     running_.erase(std::find(running_.begin(), running_.end(), s.id));
   } else {
@@ -208,9 +207,8 @@ StepPlan LlmStepScheduler::schedule(int64_t now_ns) {
   uint32_t budget = budget_;
   uint64_t n_tokens = 0, n_blocks = 0;
   auto fits = [&](uint32_t num_new, size_t table) {
-    return limits_.input_bytes == 0 ||
-           shm::llmStepBytes(picks.size() + 1, n_tokens + num_new, n_blocks + table) <=
-               limits_.input_bytes;
+    return limits_.input_bytes == 0 || shm::llmStepBytes(picks.size() + 1, n_tokens + num_new,
+                                                         n_blocks + table) <= limits_.input_bytes;
   };
   bool preempted = false;
   // Running sequences, in admission order; victims come from the tail (never one already
@@ -252,14 +250,13 @@ StepPlan LlmStepScheduler::schedule(int64_t now_ns) {
     if (s.tokens.size() >= limits_.context_len) {
       // Only after a restart with a smaller cache: it can never run (validateGenerate keeps
       // fresh requests out).
-      finish(s, outOfRange("sequence no longer fits the worker's context"), FinishReason::kNone,
-             -1, now_ns);
+      finish(s, outOfRange("sequence no longer fits the worker's context"), FinishReason::kNone, -1,
+             now_ns);
       continue;
     }
     const std::vector<int32_t> prefix = kv_->findCachedPrefix(s.tokens);
     const uint32_t computed = static_cast<uint32_t>(prefix.size()) * kv_->blockSize();
-    const uint32_t num_new =
-        std::min(static_cast<uint32_t>(s.tokens.size()) - computed, budget);
+    const uint32_t num_new = std::min(static_cast<uint32_t>(s.tokens.size()) - computed, budget);
     auto table = kv_->allocate(s.id, uint64_t{computed} + num_new, prefix);
     if (!table) break;
     if (!fits(num_new, table->size())) {
@@ -330,11 +327,11 @@ void LlmStepScheduler::update(const StepPlan& plan, std::span<const int32_t> sam
                               int64_t now_ns) {
   CHECK(!in_flight_.empty() && in_flight_.front().step == plan.step);
   if (sampled.size() != plan.num_sampled) {
-    stepFailed(plan,
-               internalError("rose returned " + std::to_string(sampled.size()) +
-                             " token ids for a step that sampled " +
-                             std::to_string(plan.num_sampled)),
-               now_ns);
+    stepFailed(
+        plan,
+        internalError("rose returned " + std::to_string(sampled.size()) +
+                      " token ids for a step that sampled " + std::to_string(plan.num_sampled)),
+        now_ns);
     return;
   }
   in_flight_.pop_front();
@@ -379,8 +376,8 @@ void LlmStepScheduler::stepFailed(const StepPlan& plan, const Status& error, int
     // The step was refused as a whole (nothing written): end the sequences it carried.
     for (const StepSeqRef& ref : plan.refs) {
       if (Seq* s = live(ref))
-        finish(*s, internalError("generation step failed: " + error.message()),
-               FinishReason::kNone, -1, now_ns);
+        finish(*s, internalError("generation step failed: " + error.message()), FinishReason::kNone,
+               -1, now_ns);
     }
     return;
   }

@@ -126,8 +126,8 @@ struct LlmStats {
   uint32_t kv_used_blocks = 0;
   uint32_t kv_total_blocks = 0;
   uint64_t preemptions = 0;
-  uint64_t cached_prompt_tokens = 0;  // prompt tokens served from the prefix cache
-  uint64_t queried_prompt_tokens = 0; // prompt tokens looked up in the prefix cache
+  uint64_t cached_prompt_tokens = 0;   // prompt tokens served from the prefix cache
+  uint64_t queried_prompt_tokens = 0;  // prompt tokens looked up in the prefix cache
   uint64_t generated_tokens = 0;
   uint64_t steps = 0;  // steps whose result (or failure) came back
 };
@@ -205,11 +205,11 @@ class LlmStepScheduler {
     GenerateParams params;        // the prompt moved into `tokens`
     std::vector<int32_t> tokens;  // known tokens: the prompt, then generated ones
     uint32_t prompt_len = 0;
-    uint32_t generated = 0;       // known generated tokens
-    uint32_t pending = 0;         // tokens sampled by steps in flight, ids not known yet
-    uint32_t num_computed = 0;    // positions whose KV completed steps wrote
-    uint32_t num_scheduled = 0;   // positions whose KV planned steps write (>= num_computed)
-    uint32_t admission = 0;       // bumped by preemption: older plan entries are stale
+    uint32_t generated = 0;         // known generated tokens
+    uint32_t pending = 0;           // tokens sampled by steps in flight, ids not known yet
+    uint32_t num_computed = 0;      // positions whose KV completed steps wrote
+    uint32_t num_scheduled = 0;     // positions whose KV planned steps write (>= num_computed)
+    uint32_t admission = 0;         // bumped by preemption: older plan entries are stale
     uint64_t last_sample_step = 0;  // the step that samples the newest pending token
     int32_t last_sample_row = -1;   // its row among that step's sampled ids
     uint32_t cached_prompt = 0;

@@ -41,7 +41,6 @@ struct Stream {
   }
 };
 
-
 std::shared_ptr<Stream> start(LlmScheduler& s, GenerateParams p, Status* st_out = nullptr) {
   auto out = std::make_shared<Stream>();
   out->req = std::make_shared<LlmRequest>();
@@ -59,7 +58,6 @@ std::shared_ptr<Stream> start(LlmScheduler& s, GenerateParams p, Status* st_out 
     EXPECT_TRUE(st.isOk()) << st.toString();
   return out;
 }
-
 
 std::vector<int32_t> ref(const std::vector<int32_t>& prompt, uint32_t n,
                          llm::SamplingParams p = {}) {

@@ -218,8 +218,7 @@ TEST(StepScheduler, PrefillThenDecodeExactBlocks) {
   runTable(sim, {
                     {"A@0+6* [0 1]; B@0+3* [2]", {20, 21}, "A=20, B=21", "3 4 5 6 7"},
                     // B's block fills with its sampled token: cached when B ends.
-                    {"A@6+1* [0 1]; B@3+1* [2]", {22, 23}, "A=22, B=23 length",
-                     "3 4 5 6 7 2c"},
+                    {"A@6+1* [0 1]; B@3+1* [2]", {22, 23}, "A=22, B=23 length", "3 4 5 6 7 2c"},
                     // A's two full blocks go to the back, its first block last (evicted last).
                     {"A@7+1* [0 1]", {24}, "A=24 length", "3 4 5 6 7 2c 1c 0c"},
                     {"-", {}, "", ""},
@@ -244,16 +243,16 @@ TEST(StepScheduler, ChunkedPrefillUnderTheTokenBudgetThenAdmission) {
   Sim sim(sync(/*budget=*/4), limits(8, 4, 32));
   sim.add('A', gp(range(10, 10), 2));
   sim.add('B', gp({40, 41}, 3));
-  runTable(sim, {
-                    // A's prompt in chunks of the budget; a chunk that does not end the prompt
-                    // samples nothing. B waits until the budget has room.
-                    {"A@0+4 [0]", {}, "", "1 2 3 4 5 6 7"},
-                    {"A@4+4 [0 1]", {}, "", "2 3 4 5 6 7"},
-                    {"A@8+2* [0 1 2]; B@0+2* [3]", {30, 50}, "A=30, B=50", "4 5 6 7"},
-                    {"A@10+1* [0 1 2]; B@2+1* [3]", {31, 51}, "A=31 length, B=51",
-                     "2 4 5 6 7 1c 0c"},
-                    {"B@3+1* [3]", {52}, "B=52 length", "2 4 5 6 7 1c 0c 3c"},
-                });
+  runTable(sim,
+           {
+               // A's prompt in chunks of the budget; a chunk that does not end the prompt
+               // samples nothing. B waits until the budget has room.
+               {"A@0+4 [0]", {}, "", "1 2 3 4 5 6 7"},
+               {"A@4+4 [0 1]", {}, "", "2 3 4 5 6 7"},
+               {"A@8+2* [0 1 2]; B@0+2* [3]", {30, 50}, "A=30, B=50", "4 5 6 7"},
+               {"A@10+1* [0 1 2]; B@2+1* [3]", {31, 51}, "A=31 length, B=51", "2 4 5 6 7 1c 0c"},
+               {"B@3+1* [3]", {52}, "B=52 length", "2 4 5 6 7 1c 0c 3c"},
+           });
 }
 
 TEST(StepScheduler, PrefixCacheHitsAndLeastRecentlyReleasedEviction) {
@@ -343,13 +342,16 @@ TEST(StepScheduler, StopEosLengthAndContext) {
   sim.add('I', ign);
   sim.add('C', gp({40, 41, 42, 43, 44}, 0));  // until the context (8) is full
   runTable(sim, {
-                    {"S@0+2* [0]; E@0+2* [1]; I@0+2* [2]; C@0+5* [3 4]", {5, 6, kEos, 7},
-                     "S=5, E=6, I=2, C=7", "5 6 7 8 9 10 11 12 13 14 15"},
+                    {"S@0+2* [0]; E@0+2* [1]; I@0+2* [2]; C@0+5* [3 4]",
+                     {5, 6, kEos, 7},
+                     "S=5, E=6, I=2, C=7",
+                     "5 6 7 8 9 10 11 12 13 14 15"},
                     // Ended sequences' partial blocks go to the front, the last ended first.
-                    {"S@2+1* [0]; E@2+1* [1]; I@2+1* [2]; C@5+1* [3 4]", {77, kEos, kEos, 8},
-                     "S=77 stop, E=2 stop, I=2 length, C=8", "2 1 0 5 6 7 8 9 10 11 12 13 14 15"},
-                    {"C@6+1* [3 4]", {9}, "C=9 length",
-                     "4 2 1 0 5 6 7 8 9 10 11 12 13 14 15 3c"},
+                    {"S@2+1* [0]; E@2+1* [1]; I@2+1* [2]; C@5+1* [3 4]",
+                     {77, kEos, kEos, 8},
+                     "S=77 stop, E=2 stop, I=2 length, C=8",
+                     "2 1 0 5 6 7 8 9 10 11 12 13 14 15"},
+                    {"C@6+1* [3 4]", {9}, "C=9 length", "4 2 1 0 5 6 7 8 9 10 11 12 13 14 15 3c"},
                 });
   EXPECT_EQ(sim.lastEvent('S').token, 77);
   EXPECT_EQ(sim.lastEvent('C').completion_tokens, 3u);
@@ -364,7 +366,7 @@ TEST(StepScheduler, CancelAndDeadlineFreeBlocksAtOnce) {
   auto w = gp({30}, 10);
   w.deadline_ns = 1'000'000'000;
   ASSERT_EQ(sim.schedule(), "A@0+5* [0 1]; D@0+2* [2]");
-  sim.add('W', w);  // waiting
+  sim.add('W', w);                            // waiting
   EXPECT_EQ(sim.cancel('A'), "A cancelled");  // while its step is in flight
   EXPECT_EQ(sim.freeQueue(), "0 1 3 4 5 6 7");
   EXPECT_EQ(sim.complete({40, 41}), "D=41");  // A's token is dropped
@@ -439,7 +441,7 @@ TEST(StepScheduler, WaitingQueueLimit) {
 TEST(StepScheduler, StepsStayWithinTheArenaAndTheWorkersLimits) {
   LlmWorkerLimits l = limits(16, 4, 32);
   l.input_bytes = shm::llmStepBytes(1, 12, 8);  // one sequence per step
-  l.max_batch_tokens = 5;                        // below the options' budget
+  l.max_batch_tokens = 5;                       // below the options' budget
   l.max_seqs = 8;
   Sim sim(sync(), l);
   sim.add('A', gp(range(6, 10), 1));
@@ -544,7 +546,7 @@ TEST(StepSchedulerAsync, PreemptionWhileTwoStepsAreOutKeepsAccountingExact) {
   ASSERT_EQ(sim.schedule(), "A@4+1*^0 [0 1 3]");
   EXPECT_EQ(sim.freeQueue(), "2c");
   EXPECT_EQ(sim.sched().seqState(sim.id('B')).tokens, (std::vector<int32_t>{20, 21, 22, 40}));
-  EXPECT_EQ(sim.complete({31, 41}), "A=31");  // B's 41 is stale: never streamed
+  EXPECT_EQ(sim.complete({31, 41}), "A=31");      // B's 41 is stale: never streamed
   ASSERT_EQ(sim.schedule(), "A@5+1*^0 [0 1 3]");  // B still cannot get its blocks
   EXPECT_EQ(sim.complete({32}), "A=32");
   EXPECT_EQ(sim.schedule(), "-");  // A's 4th token is pending; B still waits
@@ -709,7 +711,8 @@ std::vector<Req> randomRequests(uint32_t seed, size_t n, uint32_t context_len) {
   for (size_t i = 0; i < n; ++i) {
     Req r;
     std::vector<int32_t> prompt = prefixes[rng() % prefixes.size()];
-    for (uint32_t k = rng() % 5; k > 0; --k) prompt.push_back(3 + static_cast<int32_t>(rng() % 900));
+    for (uint32_t k = rng() % 5; k > 0; --k)
+      prompt.push_back(3 + static_cast<int32_t>(rng() % 900));
     const uint32_t max_tokens = rng() % 4 == 0 ? 0 : 1 + rng() % 10;
     r.params = gp(prompt, max_tokens);
     if (i % 3 == 0) {
@@ -721,10 +724,10 @@ std::vector<Req> randomRequests(uint32_t seed, size_t n, uint32_t context_len) {
     std::vector<int32_t> full = testing::fakeReference(prompt, n_out, r.params.sampling, kVocab);
     // Every 4th request stops at a token of its own stream (the stop token is the last one).
     if (i % 4 == 1 && full.size() > 2) r.params.stop_token_ids = {full[full.size() / 2]};
-    r.want = testing::fakeReference(prompt, n_out, r.params.sampling, kVocab,
-                                    r.params.stop_token_ids);
-    const bool stopped = !r.params.stop_token_ids.empty() &&
-                         r.want.back() == r.params.stop_token_ids[0];
+    r.want =
+        testing::fakeReference(prompt, n_out, r.params.sampling, kVocab, r.params.stop_token_ids);
+    const bool stopped =
+        !r.params.stop_token_ids.empty() && r.want.back() == r.params.stop_token_ids[0];
     r.want_finish = stopped ? FinishReason::kStop : FinishReason::kLength;
     reqs.push_back(std::move(r));
   }
