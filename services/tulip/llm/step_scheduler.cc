@@ -77,11 +77,10 @@ LlmStepScheduler::Seq* LlmStepScheduler::live(const StepSeqRef& ref) {
   return &it->second;
 }
 
-LlmStepScheduler::SeqState LlmStepScheduler::seqState(SeqId id) const {
+const LlmStepScheduler::Seq& LlmStepScheduler::seq(SeqId id) const {
   auto it = seqs_.find(id);
   CHECK(it != seqs_.end());
-  const Seq& s = it->second;
-  return SeqState{s.tokens, s.pending, s.num_computed, s.num_scheduled, s.admission, s.running};
+  return it->second;
 }
 
 void LlmStepScheduler::finish(Seq& s, Status st, FinishReason why, int32_t token, int64_t now_ns) {
@@ -170,7 +169,7 @@ void LlmStepScheduler::preempt(Seq& victim) {
   running_.erase(std::find(running_.begin(), running_.end(), victim.id));
   waiting_.push_front(victim.id);
   waiting_tokens_ += victim.tokens.size();
-  ++preemptions_;
+  ++totals_.preemptions;
 }
 
 bool LlmStepScheduler::lengthReached(const Seq& s) const {
@@ -273,8 +272,8 @@ StepPlan LlmStepScheduler::schedule(int64_t now_ns) {
       s.admitted_once = true;
       s.cached_prompt = computed;
       s.first_sched_ns = now_ns;
-      cached_tokens_ += computed;
-      queried_tokens_ += s.prompt_len;
+      totals_.cached_prompt_tokens += computed;
+      totals_.queried_prompt_tokens += s.prompt_len;
     }
     picks.push_back(Pick{s.id, computed, num_new, -1});
     n_tokens += num_new;
@@ -335,7 +334,7 @@ void LlmStepScheduler::update(const StepPlan& plan, std::span<const int32_t> sam
     return;
   }
   in_flight_.pop_front();
-  ++steps_;
+  ++totals_.steps;
   size_t k = 0;
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     const llm::LlmStepSeq& d = plan.seqs[i];
@@ -348,7 +347,7 @@ void LlmStepScheduler::update(const StepPlan& plan, std::span<const int32_t> sam
       s->tokens.push_back(tok);
       --s->pending;
       ++s->generated;
-      ++generated_;
+      ++totals_.generated_tokens;
     }
     // Only known tokens are hashed: num_computed never passes them.
     kv_->commit(s->id, s->tokens, s->num_computed);
@@ -371,7 +370,7 @@ void LlmStepScheduler::update(const StepPlan& plan, std::span<const int32_t> sam
 void LlmStepScheduler::stepFailed(const StepPlan& plan, const Status& error, int64_t now_ns) {
   CHECK(!in_flight_.empty() && in_flight_.front().step == plan.step);
   in_flight_.pop_front();
-  ++steps_;
+  ++totals_.steps;
   if (error.code() == StatusCode::kInvalidArgument || error.code() == StatusCode::kInternal) {
     // The step was refused as a whole (nothing written): end the sequences it carried.
     for (const StepSeqRef& ref : plan.refs) {
@@ -412,7 +411,7 @@ std::vector<SeqEvent> LlmStepScheduler::takeEvents() {
 }
 
 LlmStats LlmStepScheduler::stats() const {
-  LlmStats s;
+  LlmStats s = totals_;
   s.running = static_cast<uint32_t>(running_.size());
   s.waiting = static_cast<uint32_t>(waiting_.size());
   s.waiting_tokens = waiting_tokens_;
@@ -424,11 +423,6 @@ LlmStats LlmStepScheduler::stats() const {
     s.kv_used_blocks = kv_->blocksUsed();
     s.kv_total_blocks = kv_->blocksTotal();
   }
-  s.preemptions = preemptions_;
-  s.cached_prompt_tokens = cached_tokens_;
-  s.queried_prompt_tokens = queried_tokens_;
-  s.generated_tokens = generated_;
-  s.steps = steps_;
   return s;
 }
 

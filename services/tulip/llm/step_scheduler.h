@@ -189,17 +189,7 @@ class LlmStepScheduler {
   const std::vector<SeqId>& running() const { return running_; }
   const std::deque<SeqId>& waiting() const { return waiting_; }
   bool hasSeq(SeqId id) const { return seqs_.count(id) != 0; }
-  struct SeqState {
-    std::vector<int32_t> tokens;  // known: prompt, then generated
-    uint32_t pending = 0;         // sampled by steps in flight, not known yet
-    uint32_t num_computed = 0;    // positions whose KV completed steps wrote
-    uint32_t num_scheduled = 0;   // positions whose KV planned steps write
-    uint32_t admission = 0;
-    bool running = false;
-  };
-  SeqState seqState(SeqId id) const;  // CHECK-fails for an unknown id
-
- private:
+  // A sequence's state (read-only outside; CHECK-fails for an unknown id).
   struct Seq {
     SeqId id = 0;
     GenerateParams params;        // the prompt moved into `tokens`
@@ -220,6 +210,9 @@ class LlmStepScheduler {
     // Tokens including the pending ones: where the next sampled token goes.
     uint32_t length() const { return static_cast<uint32_t>(tokens.size()) + pending; }
   };
+  const Seq& seq(SeqId id) const;
+
+ private:
   struct InFlight {
     uint64_t step = 0;
     uint64_t num_tokens = 0;
@@ -246,11 +239,9 @@ class LlmStepScheduler {
   std::vector<SeqEvent> events_;
   SeqId next_id_ = 1;
   uint64_t last_step_ = 0;
-  uint64_t preemptions_ = 0;
-  uint64_t cached_tokens_ = 0;
-  uint64_t queried_tokens_ = 0;
-  uint64_t generated_ = 0;
-  uint64_t steps_ = 0;
+  // The counters of stats() (preemptions, prompt tokens cached and queried, generated tokens,
+  // steps); stats() adds the current sizes.
+  LlmStats totals_;
 };
 
 }  // namespace garden::tulip

@@ -148,7 +148,7 @@ class Sim {
     EXPECT_EQ(kv->numSeqs(), s_.running().size());
     for (SeqId id : s_.waiting()) EXPECT_FALSE(kv->hasSeq(id)) << "waiting seq holds blocks";
     for (SeqId id : s_.running()) {
-      const auto st2 = s_.seqState(id);
+      const auto& st2 = s_.seq(id);
       EXPECT_GE(kv->blockTable(id).size(), kv->blocksFor(st2.num_scheduled));
       EXPECT_LE(st2.num_computed, st2.num_scheduled);
       EXPECT_LE(st2.num_computed, st2.tokens.size());
@@ -328,7 +328,7 @@ TEST(StepScheduler, TheLastRunningSequencePreemptsItself) {
                 });
   EXPECT_EQ(sim.sched().waiting().size(), 1u);
   EXPECT_EQ(sim.sched().stats().preemptions, 1u);
-  EXPECT_EQ(sim.sched().seqState(sim.id('B')).tokens, (std::vector<int32_t>{20, 21, 40}));
+  EXPECT_EQ(sim.sched().seq(sim.id('B')).tokens, (std::vector<int32_t>{20, 21, 40}));
 }
 
 TEST(StepScheduler, StopEosLengthAndContext) {
@@ -472,7 +472,7 @@ TEST(StepSchedulerAsync, PlaceholdersThenRealTokensThenCacheHit) {
   // Planned before step 1's result: A's next token is row 0 of step 1's ids.
   ASSERT_EQ(sim.schedule(), "A@6+1*^0 [0 1]");
   EXPECT_EQ(sim.tokens(), (std::vector<int32_t>{-1}));
-  EXPECT_EQ(sim.sched().seqState(sim.id('A')).pending, 2u);
+  EXPECT_EQ(sim.sched().seq(sim.id('A')).pending, 2u);
   EXPECT_EQ(sim.schedule(), "-");  // two in flight
   EXPECT_EQ(sim.complete({20}), "A=20");
   ASSERT_EQ(sim.schedule(), "A@7+1*^0 [0 1]");
@@ -545,7 +545,7 @@ TEST(StepSchedulerAsync, PreemptionWhileTwoStepsAreOutKeepsAccountingExact) {
   // dropped with its KV; A takes B's uncached tail.
   ASSERT_EQ(sim.schedule(), "A@4+1*^0 [0 1 3]");
   EXPECT_EQ(sim.freeQueue(), "2c");
-  EXPECT_EQ(sim.sched().seqState(sim.id('B')).tokens, (std::vector<int32_t>{20, 21, 22, 40}));
+  EXPECT_EQ(sim.sched().seq(sim.id('B')).tokens, (std::vector<int32_t>{20, 21, 22, 40}));
   EXPECT_EQ(sim.complete({31, 41}), "A=31");      // B's 41 is stale: never streamed
   ASSERT_EQ(sim.schedule(), "A@5+1*^0 [0 1 3]");  // B still cannot get its blocks
   EXPECT_EQ(sim.complete({32}), "A=32");
@@ -619,7 +619,7 @@ TEST(StepSchedulerAsync, RetractRestoresThePlaceholderChain) {
   const std::string second = sim.schedule();
   ASSERT_EQ(second, "A@2+1*^0 [0]; B@2+1*^1 [1]");
   sim.retractNewest();
-  EXPECT_EQ(sim.sched().seqState(sim.id('B')).pending, 1u);
+  EXPECT_EQ(sim.sched().seq(sim.id('B')).pending, 1u);
   EXPECT_EQ(sim.schedule(), second);
   EXPECT_EQ(sim.complete({30, 40}), "A=30, B=40");
   EXPECT_EQ(sim.complete({31, 41}), "A=31, B=41");
