@@ -84,6 +84,7 @@ int main(int argc, char** argv) {
   uint64_t queue_limit_tokens = 1u << 20, max_waiting_tokens = 0;
   uint32_t max_num_seqs = 256;
   bool prefix_caching = true;
+  bool llm_async_steps = true;
   uint32_t heartbeat_timeout_ms = 3000, drain_timeout_ms = 10000, step_timeout_ms = 60000;
   uint32_t progress_timeout_ms = 2500;
   std::vector<std::string> rose_extra;
@@ -121,6 +122,10 @@ int main(int argc, char** argv) {
            "(0 = --queue-limit-tokens)")
       .add("enable-prefix-caching", &prefix_caching,
            "LLM: share the KV of repeated prompt prefixes (full blocks)")
+      .add("llm-async-steps", &llm_async_steps,
+           "LLM: plan step N+1 while step N runs on rose (two steps in flight; rose takes a "
+           "continuing sequence's token from step N's sampled ids). Default: on when --depth "
+           ">= 2; on with --depth 1 is refused")
       .add("heartbeat-timeout-ms", &heartbeat_timeout_ms,
            "a worker silent this long is declared stuck and restarted")
       .add("progress-timeout-ms", &progress_timeout_ms,
@@ -165,6 +170,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "tulip: --max-num-seqs must be >= 1\n");
     return 2;
   }
+  // Two LLM steps in flight need two channel slots [TAG_LLM_PREV_TOKEN].
+  if (flags.wasSet("llm-async-steps") && llm_async_steps && depth < 2) {
+    std::fprintf(stderr, "tulip: --llm-async-steps on needs --depth >= 2 (two steps in flight)\n");
+    return 2;
+  }
+  if (!flags.wasSet("llm-async-steps")) llm_async_steps = depth >= 2;
   if (max_waiting_tokens == 0) max_waiting_tokens = queue_limit_tokens;
   if (shm_name.empty()) shm_name = "/garden-tulip-" + std::to_string(port);
   if (rose_bin.empty()) rose_bin = defaultRoseBin();
@@ -226,6 +237,7 @@ int main(int argc, char** argv) {
   lopts.max_num_seqs = max_num_seqs;
   lopts.max_waiting_tokens = max_waiting_tokens;
   lopts.enable_prefix_caching = prefix_caching;
+  lopts.async_steps = llm_async_steps;
   LlmScheduler llm_scheduler(**worker, lopts);
   (*worker)->setOnChange([&scheduler, &llm_scheduler] {
     scheduler.poke();

@@ -10,6 +10,12 @@
 // while still needed changes the output, and reading a never-written slot is an error. A step is
 // validated as a whole before anything is written (as rose does).
 //
+// Two steps in flight [TAG_LLM_PREV_TOKEN]: a sequence with prev_row >= 0 takes its first new
+// token from row prev_row of the ids the previous step (the one this engine ran just before)
+// sampled; its token in `tokens` must be the placeholder -1 (stricter than rose, which ignores
+// it, so that a scheduler writing a real token there shows up). A refused step samples nothing,
+// so a step after it that names a prev_row is refused too.
+//
 // Threads: FakeLlmEngine is used by one thread at a time; the free functions are pure.
 
 #include <cstdint>
@@ -70,6 +76,26 @@ class FakeLlmEngine {
   Result<std::vector<int32_t>> step(std::span<const llm::LlmStepSeq> seqs,
                                     std::span<const int32_t> tokens,
                                     std::span<const int32_t> blocks) {
+    auto out = run(seqs, tokens, blocks);
+    if (out.isOk())
+      previous_ = *out;
+    else
+      previous_.clear();
+    return out;
+  }
+
+  // A step that was refused before it reached the engine (it sampled nothing).
+  void stepRefused() { previous_.clear(); }
+
+  void reset() {
+    slots_.assign(slots_.size(), -1);
+    previous_.clear();
+  }
+
+ private:
+  Result<std::vector<int32_t>> run(std::span<const llm::LlmStepSeq> seqs,
+                                   std::span<const int32_t> tokens,
+                                   std::span<const int32_t> blocks) {
     std::vector<uint8_t> touched(slots_.size(), 0);
     for (size_t i = 0; i < seqs.size(); ++i) {
       const auto& s = seqs[i];
@@ -94,7 +120,17 @@ class FakeLlmEngine {
         if (t) return invalidArgument(at + "two writes to one KV slot in a step");
         t = 1;
       }
-      for (int32_t k = 0; k < s.num_tokens; ++k) {
+      if (s.prev_row >= 0) {
+        if (uint64_t(s.prev_row) >= previous_.size())
+          return invalidArgument(at + "prev_row " + std::to_string(s.prev_row) +
+                                 " but the previous step sampled " +
+                                 std::to_string(previous_.size()) + " ids");
+        if (tokens[s.token_offset] != -1)
+          return invalidArgument(at + "prev_row set but the token is not the placeholder -1");
+      } else if (s.prev_row != -1) {
+        return invalidArgument(at + "prev_row " + std::to_string(s.prev_row));
+      }
+      for (int32_t k = s.prev_row >= 0 ? 1 : 0; k < s.num_tokens; ++k) {
         const int32_t id = tokens[s.token_offset + k];
         if (id < 0 || uint32_t(id) >= vocab_) return invalidArgument(at + "token out of range");
       }
@@ -106,7 +142,8 @@ class FakeLlmEngine {
       ctx.clear();
       for (int32_t p = 0; p < s.position; ++p) ctx.push_back(slots_[slot(table, p)]);
       for (int32_t k = 0; k < s.num_tokens; ++k) {
-        const int32_t id = tokens[s.token_offset + k];
+        const int32_t id =
+            k == 0 && s.prev_row >= 0 ? previous_[s.prev_row] : tokens[s.token_offset + k];
         slots_[slot(table, uint64_t(s.position) + k)] = id;
         ctx.push_back(id);
       }
@@ -115,15 +152,13 @@ class FakeLlmEngine {
     return out;
   }
 
-  void reset() { slots_.assign(slots_.size(), -1); }
-
- private:
   uint64_t slot(std::span<const int32_t> table, uint64_t pos) const {
     return uint64_t(table[pos / block_size_]) * block_size_ + pos % block_size_;
   }
 
   uint32_t num_blocks_, block_size_, vocab_;
   std::vector<int32_t> slots_;
+  std::vector<int32_t> previous_;  // the ids the last step sampled [TAG_LLM_PREV_TOKEN]
 };
 
 }  // namespace garden::tulip::testing

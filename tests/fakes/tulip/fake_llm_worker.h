@@ -1,7 +1,9 @@
 #pragma once
 // FakeLlmWorker: an in-process LLM Worker for scheduler tests. Steps (kGenerate batches) are held
 // until the test completes them, running the FakeLlmEngine (fake_llm_model.h) over the step, so
-// tests see every step's exact layout and control ordering and failures.
+// tests see every step's exact layout and control ordering and failures. Steps run in the order
+// they were submitted, and the engine resolves LlmStepSeq.prev_row from the step it ran before,
+// as rose does with two steps in flight [TAG_LLM_PREV_TOKEN].
 //
 // Threads: trySubmit from the scheduler thread; complete*/accessors from the test thread.
 
@@ -36,7 +38,7 @@ class FakeLlmWorker final : public Worker {
     std::lock_guard<std::mutex> l(mu_);
     return facts_;
   }
-  uint32_t depth() const override { return 2; }
+  uint32_t depth() const override { return depth_; }
   uint32_t inflight() const override {
     std::lock_guard<std::mutex> l(mu_);
     return static_cast<uint32_t>(held_.size());
@@ -47,7 +49,7 @@ class FakeLlmWorker final : public Worker {
   Status trySubmit(WorkBatch batch, WorkDone done) override {
     std::lock_guard<std::mutex> l(mu_);
     if (!ready_) return workerDown(*this);
-    if (held_.size() >= 2) return failedPrecondition("no free slot");
+    if (held_.size() >= depth_) return failedPrecondition("no free slot");
     if (batch.kind != shm::BatchKind::kGenerate) return invalidArgument("not a kGenerate batch");
     submitted_.push_back(batch);
     held_.push_back({std::move(batch), std::move(done)});
@@ -68,6 +70,7 @@ class FakeLlmWorker final : public Worker {
     std::vector<int32_t> ids;
     if (!fail.isOk()) {
       r.status = fail;
+      engine_.stepRefused();
     } else {
       auto res = engine_.step(h.batch.llm_seqs, h.batch.tokens, h.batch.block_ids);
       if (!res.isOk()) {
@@ -125,6 +128,7 @@ class FakeLlmWorker final : public Worker {
   const std::vector<std::string>& errors() const { return errors_; }
 
   uint64_t input_bytes_ = 1 << 20;
+  uint32_t depth_ = 2;  // slots (set before the scheduler is made)
 
  private:
   struct Held {

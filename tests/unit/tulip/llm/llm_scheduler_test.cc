@@ -1,7 +1,11 @@
-// LlmScheduler against the in-process fake LLM (tests/fakes/tulip/fake_llm_worker.h): exact step
-// layouts (tokens, positions, block tables), chunked prefill, prefix-cache hits, preemption by
-// recompute, stop conditions, cancellation, worker failure and admission errors. The fake model
-// reads earlier tokens back through the block tables, so any bookkeeping error changes a stream.
+// LlmScheduler (the threaded driver) against the in-process fake LLM
+// (tests/fakes/tulip/fake_llm_worker.h): exact step layouts (tokens, positions, block tables),
+// chunked prefill, prefix-cache hits, preemption by recompute, stop conditions, cancellation,
+// worker failure and admission errors. The fake model reads earlier tokens back through the block
+// tables, so any bookkeeping error changes a stream. Tests named LlmSchedulerModes run with one
+// step in flight (Sync) and with two (Async: the fake resolves prev_row, [TAG_LLM_PREV_TOKEN]);
+// the streams must be the same. The decisions themselves are tested step by step, without
+// threads, in step_scheduler_test.cc.
 #include "services/tulip/llm/llm_scheduler.h"
 
 #include <gtest/gtest.h>
@@ -11,6 +15,7 @@
 
 #include "common/shm/llm_batch.h"
 #include "tests/fakes/tulip/fake_llm_worker.h"
+#include "tests/unit/tulip/llm/llm_test_util.h"
 
 namespace garden::tulip {
 namespace {
@@ -18,6 +23,8 @@ namespace {
 using namespace std::chrono_literals;
 using testing::FakeLlmWorker;
 using testing::fakeReference;
+using testing::params;
+using testing::range;
 
 constexpr uint32_t kVocab = 1000;
 constexpr int32_t kEos = 999;
@@ -33,14 +40,6 @@ struct Stream {
     return last.has_value();
   }
 };
-
-GenerateParams params(std::vector<int32_t> prompt, uint32_t max_tokens) {
-  GenerateParams p;
-  p.prompt = std::move(prompt);
-  p.max_tokens = max_tokens;
-  p.has_seed = true;
-  return p;
-}
 
 std::shared_ptr<Stream> start(LlmScheduler& s, GenerateParams p, Status* st_out = nullptr) {
   auto out = std::make_shared<Stream>();
@@ -60,20 +59,28 @@ std::shared_ptr<Stream> start(LlmScheduler& s, GenerateParams p, Status* st_out 
   return out;
 }
 
-std::vector<int32_t> range(int32_t n, int32_t start = 10) {
-  std::vector<int32_t> v(n);
-  for (int32_t i = 0; i < n; ++i) v[i] = start + i;
-  return v;
-}
-
 std::vector<int32_t> ref(const std::vector<int32_t>& prompt, uint32_t n,
                          llm::SamplingParams p = {}) {
   return fakeReference(prompt, n, p, kVocab);
 }
 
+// Param: async_steps.
+class LlmSchedulerModes : public ::testing::TestWithParam<bool> {
+ protected:
+  LlmSchedulerOptions opts(uint32_t max_batch_tokens, uint32_t max_num_seqs) const {
+    return {.max_batch_tokens = max_batch_tokens,
+            .max_num_seqs = max_num_seqs,
+            .async_steps = GetParam()};
+  }
+};
+INSTANTIATE_TEST_SUITE_P(Steps, LlmSchedulerModes, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& i) {
+                           return i.param ? "Async" : "Sync";
+                         });
+
 TEST(LlmScheduler, PrefillThenDecodeStepsHaveExactLayout) {
   FakeLlmWorker w(16, 4);
-  LlmScheduler s(w, {64, 8, 1 << 20, true});
+  LlmScheduler s(w, {.max_batch_tokens = 64, .max_num_seqs = 8});
   auto a = start(s, params(range(6), 3));
   ASSERT_TRUE(w.waitHeld(1));
   auto b = start(s, params(range(3, 50), 2));
@@ -114,7 +121,7 @@ TEST(LlmScheduler, PrefillThenDecodeStepsHaveExactLayout) {
 
 TEST(LlmScheduler, ChunkedPrefillUnderTokenBudget) {
   FakeLlmWorker w(32, 4);
-  LlmScheduler s(w, {4, 8, 1 << 20, true});
+  LlmScheduler s(w, {.max_batch_tokens = 4, .max_num_seqs = 8});
   auto a = start(s, params(range(10), 2));
   std::vector<std::pair<int, int>> want = {{0, 4}, {4, 4}, {8, 2}};
   for (auto [pos, n] : want) {
@@ -134,7 +141,7 @@ TEST(LlmScheduler, ChunkedPrefillUnderTokenBudget) {
 
 TEST(LlmScheduler, RepeatedPromptHitsThePrefixCache) {
   FakeLlmWorker w(32, 4);
-  LlmScheduler s(w, {64, 8, 1 << 20, true});
+  LlmScheduler s(w, {.max_batch_tokens = 64, .max_num_seqs = 8});
   const auto prompt = range(12);
   auto a = start(s, params(prompt, 2));
   ASSERT_TRUE(w.runUntil([&] { return a->done(); }));
@@ -157,7 +164,7 @@ TEST(LlmScheduler, RepeatedPromptHitsThePrefixCache) {
 
   // Caching off: no hit.
   FakeLlmWorker w2(32, 4);
-  LlmScheduler s2(w2, {64, 8, 1 << 20, false});
+  LlmScheduler s2(w2, {.max_batch_tokens = 64, .max_num_seqs = 8, .enable_prefix_caching = false});
   auto c = start(s2, params(prompt, 1));
   ASSERT_TRUE(w2.runUntil([&] { return c->done(); }));
   auto d = start(s2, params(prompt, 1));
@@ -166,10 +173,10 @@ TEST(LlmScheduler, RepeatedPromptHitsThePrefixCache) {
   EXPECT_EQ(d->tokens, c->tokens);
 }
 
-TEST(LlmScheduler, PreemptionByRecomputeKeepsStreamsExact) {
+TEST_P(LlmSchedulerModes, PreemptionByRecomputeKeepsStreamsExact) {
   // 8 blocks of 2 tokens = 16 token slots for three sequences that want 10 + 10 + 10.
   FakeLlmWorker w(8, 2, 64);
-  LlmScheduler s(w, {64, 8, 1 << 20, true});
+  LlmScheduler s(w, opts(64, 8));
   llm::SamplingParams hot;
   hot.temperature = 0.8f;
   hot.seed = 42;
@@ -188,9 +195,9 @@ TEST(LlmScheduler, PreemptionByRecomputeKeepsStreamsExact) {
   EXPECT_EQ(s.stats().waiting, 0u);
 }
 
-TEST(LlmScheduler, StopConditions) {
+TEST_P(LlmSchedulerModes, StopConditions) {
   FakeLlmWorker w(64, 4, 20);
-  LlmScheduler s(w, {64, 8, 1 << 20, true});
+  LlmScheduler s(w, opts(64, 8));
   const auto full = ref(range(5), 10);
   // A stop token: the stream ends with it.
   auto p = params(range(5), 10);
@@ -212,7 +219,7 @@ TEST(LlmScheduler, StopConditions) {
   EXPECT_EQ(c->last->finish, FinishReason::kLength);
 }
 
-TEST(LlmScheduler, EosStopsUnlessIgnored) {
+TEST_P(LlmSchedulerModes, EosStopsUnlessIgnored) {
   // Find a prompt whose greedy stream hits the eos id (999) within 8 tokens.
   std::vector<int32_t> prompt;
   size_t at = 0;
@@ -228,7 +235,7 @@ TEST(LlmScheduler, EosStopsUnlessIgnored) {
   }
   ASSERT_FALSE(prompt.empty());
   FakeLlmWorker w(64, 4);
-  LlmScheduler s(w, {64, 8, 1 << 20, true});
+  LlmScheduler s(w, opts(64, 8));
   auto a = start(s, params(prompt, 8));
   auto p = params(prompt, 8);
   p.ignore_eos = true;
@@ -241,13 +248,13 @@ TEST(LlmScheduler, EosStopsUnlessIgnored) {
   EXPECT_EQ(b->last->finish, FinishReason::kLength);
 }
 
-TEST(LlmScheduler, CancelWhileInFlightFreesBlocksAtOnce) {
+TEST_P(LlmSchedulerModes, CancelWhileInFlightFreesBlocksAtOnce) {
   FakeLlmWorker w(16, 4);
-  LlmScheduler s(w, {64, 8, 1 << 20, true});
+  LlmScheduler s(w, opts(64, 8));
   auto a = start(s, params(range(9), 50));
   ASSERT_TRUE(w.waitHeld(1));
   ASSERT_TRUE(w.completeNext());
-  ASSERT_TRUE(w.waitHeld(1));  // a decode step is on the worker
+  ASSERT_TRUE(w.waitHeld(1));  // a decode step is on the worker (Async: up to two)
   s.cancel(a->req);
   auto t0 = std::chrono::steady_clock::now();
   while (!a->done() && std::chrono::steady_clock::now() - t0 < 30s)
@@ -257,8 +264,10 @@ TEST(LlmScheduler, CancelWhileInFlightFreesBlocksAtOnce) {
   EXPECT_EQ(a->last->status.code(), StatusCode::kCancelled);
   EXPECT_EQ(s.stats().kv_free_blocks, 16u);
   EXPECT_EQ(s.stats().running, 0u);
-  // The step's late result changes nothing and emits nothing.
+  // The steps' late results change nothing and emit nothing.
   ASSERT_TRUE(w.completeNext());
+  while (w.completeNext()) {
+  }
   std::this_thread::sleep_for(50ms);
   EXPECT_EQ(a->events_after_last, 0);
   EXPECT_EQ(a->tokens.size(), 1u);
@@ -270,16 +279,19 @@ TEST(LlmScheduler, CancelWhileInFlightFreesBlocksAtOnce) {
   EXPECT_EQ(s.stats().kv_free_blocks, 16u);
 }
 
-TEST(LlmScheduler, WorkerFailureEndsRunningStreamsAndRecovers) {
+TEST_P(LlmSchedulerModes, WorkerFailureEndsRunningStreamsAndRecovers) {
   FakeLlmWorker w(16, 4);
-  LlmScheduler s(w, {64, 8, 1 << 20, true});
+  LlmScheduler s(w, opts(64, 8));
   auto a = start(s, params(range(5), 20));
   auto b = start(s, params(range(6, 40), 20));
   ASSERT_TRUE(w.waitHeld(1));
   ASSERT_TRUE(w.completeNext());
   ASSERT_TRUE(w.waitHeld(1));
   w.fail("rose worker (pid 1) was killed by signal 9");
+  // The dead worker answers every step it held (Async: up to two).
   ASSERT_TRUE(w.completeNext(unavailable("rose worker (pid 1) was killed by signal 9")));
+  while (w.completeNext(unavailable("rose worker (pid 1) was killed by signal 9"))) {
+  }
   auto t0 = std::chrono::steady_clock::now();
   while (!(a->done() && b->done()) && std::chrono::steady_clock::now() - t0 < 30s)
     std::this_thread::sleep_for(1ms);
@@ -307,9 +319,9 @@ TEST(LlmScheduler, WorkerFailureEndsRunningStreamsAndRecovers) {
   EXPECT_TRUE(w.errors().empty()) << w.errors()[0];
 }
 
-TEST(LlmScheduler, FailedStepEndsItsStreamsWithTheWorkersReason) {
+TEST_P(LlmSchedulerModes, FailedStepEndsItsStreamsWithTheWorkersReason) {
   FakeLlmWorker w(16, 4);
-  LlmScheduler s(w, {64, 8, 1 << 20, true});
+  LlmScheduler s(w, opts(64, 8));
   auto a = start(s, params(range(5), 20));
   ASSERT_TRUE(w.waitHeld(1));
   ASSERT_TRUE(w.completeNext(unavailable("rose worker (pid 1) was killed by signal 9")));
@@ -320,11 +332,11 @@ TEST(LlmScheduler, FailedStepEndsItsStreamsWithTheWorkersReason) {
   EXPECT_EQ(s.stats().kv_free_blocks, 16u);
 }
 
-TEST(LlmScheduler, StepsStayWithinTheChannelArena) {
+TEST_P(LlmSchedulerModes, StepsStayWithinTheChannelArena) {
   FakeLlmWorker w(64, 4);
   // Room for one sequence of a few tokens and blocks per step, not two.
   w.input_bytes_ = shm::llmStepBytes(1, 12, 8);
-  LlmScheduler s(w, {64, 8, 1 << 20, true});
+  LlmScheduler s(w, opts(64, 8));
   auto a = start(s, params(range(6), 4));
   auto b = start(s, params(range(7, 100), 4));
   ASSERT_TRUE(w.runUntil([&] { return a->done() && b->done(); }));
@@ -338,7 +350,7 @@ TEST(LlmScheduler, StepsStayWithinTheChannelArena) {
 
 TEST(LlmScheduler, AdmissionErrorsNameTheField) {
   FakeLlmWorker w(16, 4, 32);
-  LlmScheduler s(w, {64, 8, 10, true});
+  LlmScheduler s(w, {.max_batch_tokens = 64, .max_num_seqs = 8, .max_waiting_tokens = 10});
   struct Case {
     GenerateParams p;
     StatusCode code;
@@ -374,9 +386,9 @@ TEST(LlmScheduler, AdmissionErrorsNameTheField) {
   ASSERT_TRUE(w.runUntil([&] { return a->done() && b->done(); }));
 }
 
-TEST(LlmScheduler, ManyRandomStreamsOnATinyCacheAllMatchTheReference) {
+TEST_P(LlmSchedulerModes, ManyRandomStreamsOnATinyCacheAllMatchTheReference) {
   FakeLlmWorker w(12, 2, 48);
-  LlmScheduler s(w, {16, 4, 1 << 20, true});
+  LlmScheduler s(w, opts(16, 4));
   std::mt19937 rng(7);
   std::vector<std::shared_ptr<Stream>> streams;
   std::vector<std::vector<int32_t>> want;
@@ -414,6 +426,120 @@ TEST(LlmScheduler, ManyRandomStreamsOnATinyCacheAllMatchTheReference) {
     EXPECT_LE(b.tokens.size(), 16u);
     EXPECT_LE(b.llm_seqs.size(), 4u);
   }
+}
+
+TEST(LlmScheduler, AsyncStepsKeepTwoStepsOnTheWorker) {
+  FakeLlmWorker w(16, 4);
+  LlmScheduler s(w, {.max_batch_tokens = 64, .max_num_seqs = 8, .async_steps = true});
+  EXPECT_TRUE(s.asyncSteps());
+  auto a = start(s, params(range(6), 4));
+  // Step 2 goes out before step 1 has answered: its token is row 0 of step 1's ids.
+  ASSERT_TRUE(w.waitHeld(2));
+  auto st = w.submitted();
+  ASSERT_GE(st.size(), 2u);
+  ASSERT_EQ(st[0].llm_seqs.size(), 1u);
+  EXPECT_EQ(st[0].llm_seqs[0].prev_row, -1);
+  EXPECT_EQ(st[0].tokens, range(6));
+  ASSERT_EQ(st[1].llm_seqs.size(), 1u);
+  EXPECT_EQ(st[1].llm_seqs[0].position, 6);
+  EXPECT_EQ(st[1].llm_seqs[0].num_tokens, 1);
+  EXPECT_EQ(st[1].llm_seqs[0].sample, 1);
+  EXPECT_EQ(st[1].llm_seqs[0].prev_row, 0);
+  EXPECT_EQ(st[1].tokens, (std::vector<int32_t>{-1}));
+  EXPECT_EQ(st[1].block_ids, (std::vector<int32_t>{0, 1}));
+  ASSERT_TRUE(w.runUntil([&] { return a->done(); }));
+  EXPECT_EQ(a->tokens, ref(range(6), 4));
+  EXPECT_EQ(a->last->finish, FinishReason::kLength);
+  EXPECT_TRUE(w.errors().empty()) << w.errors()[0];
+  EXPECT_EQ(s.stats().kv_free_blocks, 16u);
+}
+
+TEST(LlmScheduler, AsyncStepsNeedAWorkerDepthOfTwo) {
+  FakeLlmWorker w(16, 4);
+  w.depth_ = 1;
+  LlmScheduler s(w, {.max_batch_tokens = 64, .max_num_seqs = 8, .async_steps = true});
+  EXPECT_FALSE(s.asyncSteps());
+  auto a = start(s, params(range(6), 4));
+  ASSERT_TRUE(w.runUntil([&] { return a->done(); }));
+  EXPECT_EQ(a->tokens, ref(range(6), 4));
+  for (const auto& b : w.submitted())
+    for (const auto& d : b.llm_seqs) EXPECT_EQ(d.prev_row, -1);
+  EXPECT_EQ(w.submitted().size(), 4u);  // one step per token
+}
+
+// Submitters on four threads, cancellations among them, the worker completing steps on its own
+// thread: every stream ends exactly once, the uncancelled ones equal the reference, the
+// cancelled ones are a prefix of it, and every block is free at the end.
+TEST_P(LlmSchedulerModes, ConcurrentSubmitCancelAndCompletion) {
+  FakeLlmWorker w(24, 2, 48);
+  LlmScheduler s(w, opts(16, 4));
+  constexpr int kThreads = 4, kPerThread = 12;
+  std::mutex mu;
+  std::vector<std::shared_ptr<Stream>> streams;
+  std::vector<std::vector<int32_t>> want;
+  std::vector<bool> cancelled;
+  std::atomic<int> submitted{0};
+  std::thread worker([&] {
+    EXPECT_TRUE(w.runUntil(
+        [&] {
+          if (submitted.load() < kThreads * kPerThread) return false;
+          std::lock_guard<std::mutex> l(mu);
+          for (auto& st : streams)
+            if (!st->done()) return false;
+          return true;
+        },
+        60000ms));
+  });
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937 rng(100 + t);
+      std::shared_ptr<Stream> to_cancel;
+      for (int i = 0; i < kPerThread; ++i) {
+        std::vector<int32_t> prompt = range(3 + static_cast<int32_t>(rng() % 6), 10 * t + 1);
+        prompt.push_back(static_cast<int32_t>(3 + rng() % 900));
+        const uint32_t n = 1 + rng() % 8;
+        auto p = params(prompt, n);
+        if (i % 2 == 0) {
+          p.sampling.temperature = 1.f;
+          p.sampling.seed = 7 * t + i;
+        }
+        const auto expect = ref(prompt, n, p.sampling);
+        auto st = start(s, p);
+        // Cancel the previous stream of every third: it may be waiting, running or done.
+        if (to_cancel) s.cancel(to_cancel->req);
+        {
+          std::lock_guard<std::mutex> l(mu);
+          streams.push_back(st);
+          want.push_back(expect);
+          cancelled.push_back(i % 3 == 0);
+        }
+        to_cancel = i % 3 == 0 ? st : nullptr;
+        ++submitted;
+      }
+      if (to_cancel) s.cancel(to_cancel->req);
+    });
+  }
+  for (auto& th : threads) th.join();
+  worker.join();
+  std::lock_guard<std::mutex> l(mu);
+  ASSERT_EQ(streams.size(), size_t{kThreads * kPerThread});
+  for (size_t i = 0; i < streams.size(); ++i) {
+    Stream& st = *streams[i];
+    std::lock_guard<std::mutex> g(st.mu);
+    ASSERT_TRUE(st.last.has_value()) << i;
+    EXPECT_EQ(st.events_after_last, 0) << i;
+    ASSERT_LE(st.tokens.size(), want[i].size()) << i;
+    EXPECT_TRUE(std::equal(st.tokens.begin(), st.tokens.end(), want[i].begin())) << i;
+    if (!cancelled[i] || st.last->finish != FinishReason::kCancelled) {
+      EXPECT_TRUE(st.last->status.isOk()) << i << ": " << st.last->status.toString();
+      EXPECT_EQ(st.tokens, want[i]) << i;
+    }
+  }
+  EXPECT_TRUE(w.errors().empty()) << w.errors()[0];
+  const auto stats = s.stats();
+  EXPECT_EQ(stats.kv_free_blocks, 24u);
+  EXPECT_EQ(stats.running + stats.waiting, 0u);
 }
 
 }  // namespace

@@ -1,0 +1,57 @@
+#include "services/tulip/llm/generate_request.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <span>
+
+namespace garden::tulip {
+namespace {
+
+// OK when every id of `ids` is in [0, vocab) (vocab 0: unknown, any id >= 0); else
+// INVALID_ARGUMENT naming `field`[i].
+Status checkIds(std::span<const int32_t> ids, uint32_t vocab, const char* field) {
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const int32_t id = ids[i];
+    if (id < 0 || (vocab > 0 && static_cast<uint32_t>(id) >= vocab)) {
+      return invalidArgument(std::string(field) + "[" + std::to_string(i) + "]: token id " +
+                             std::to_string(id) + " is outside the vocabulary [0, " +
+                             std::to_string(vocab) + ")");
+    }
+  }
+  return okStatus();
+}
+
+}  // namespace
+
+uint32_t llmContextLength(const shm::ModelFacts& f) {
+  uint64_t len = uint64_t{f.kv_num_blocks} * f.kv_block_size;
+  if (f.max_seq_len > 0) len = std::min<uint64_t>(len, f.max_seq_len);
+  return static_cast<uint32_t>(std::min<uint64_t>(len, UINT32_MAX));
+}
+
+Status validateGenerate(GenerateParams& p, const shm::ModelFacts& f) {
+  if (std::string(f.kind, strnlen(f.kind, sizeof(f.kind))) != "llm")
+    return failedPrecondition("the worker does not serve an LLM");
+  if (f.kv_num_blocks == 0 || f.kv_block_size == 0)
+    return failedPrecondition("the worker reported no KV cache");
+  const uint32_t max_len = llmContextLength(f);
+  if (p.prompt.empty()) return invalidArgument("prompt_ids: at least one token is required");
+  if (p.prompt.size() >= max_len) {
+    return invalidArgument("prompt_ids: " + std::to_string(p.prompt.size()) +
+                           " tokens, but the model's context is " + std::to_string(max_len) +
+                           " tokens and the prompt must leave room for one generated token");
+  }
+  if (Status st = checkIds(p.prompt, f.vocab_size, "prompt_ids"); !st.isOk()) return st;
+  if (Status st = checkIds(p.stop_token_ids, f.vocab_size, "stop_token_ids"); !st.isOk()) return st;
+  llm::SamplingParams& s = p.sampling;
+  if (!std::isfinite(s.temperature) || s.temperature < 0)
+    return invalidArgument("sampling.temperature: must be a finite number >= 0 (0 = greedy)");
+  if (s.top_p == 0) s.top_p = 1.f;  // proto3 default: off
+  if (!(s.top_p > 0 && s.top_p <= 1))
+    return invalidArgument("sampling.top_p: must be in (0, 1] (0 or 1 = off)");
+  if (s.top_k < 0) return invalidArgument("sampling.top_k: must be >= 0 (0 = off)");
+  return okStatus();
+}
+
+}  // namespace garden::tulip

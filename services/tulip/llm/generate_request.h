@@ -1,0 +1,60 @@
+#pragma once
+// A Generate request as tulip's LLM scheduler sees it (token ids in, token events out), and the
+// check of its parameters against the worker's facts. Validation is apart from scheduling: a
+// request that passes validateGenerate() can always be scheduled on a worker with these facts
+// (its prompt leaves room for one generated token, every id is in the vocabulary), so the
+// scheduler (step_scheduler.h) never has to reject one for its content.
+//
+// Threads: plain value types and a pure function.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/llm/step.h"
+#include "common/shm/channel.h"
+#include "common/status.h"
+
+namespace garden::tulip {
+
+// Values match garden.v1.FinishReason.
+enum class FinishReason : int { kNone = 0, kStop = 1, kLength = 2, kCancelled = 3 };
+
+struct GenerateParams {
+  std::vector<int32_t> prompt;
+  uint32_t max_tokens = 0;  // 0: until the context is full
+  llm::SamplingParams sampling;
+  bool has_seed = false;  // false: the scheduler draws a seed
+  std::vector<int32_t> stop_token_ids;
+  bool ignore_eos = false;
+  int64_t deadline_ns = 0;  // CLOCK_MONOTONIC, 0 = none
+  std::string request_id;
+};
+
+// One event of a request's stream. A request gets zero or more token events, then exactly one
+// last event (last = true), which may also carry a token.
+struct GenerateEvent {
+  int32_t token = -1;  // >= 0: the next generated token
+  bool last = false;
+  // Last event only: status OK with finish set, or the error that ended the stream.
+  Status status;
+  FinishReason finish = FinishReason::kNone;
+  uint32_t prompt_tokens = 0;
+  uint32_t cached_prompt_tokens = 0;  // prompt tokens served from the prefix cache
+  uint32_t completion_tokens = 0;
+  uint64_t queue_us = 0;      // arrival until first scheduled
+  uint64_t inference_us = 0;  // first scheduled until the end
+  uint64_t total_us = 0;
+};
+
+// The longest sequence (prompt + generated) a worker with these facts can hold: its KV capacity,
+// capped by the model's max_seq_len.
+uint32_t llmContextLength(const shm::ModelFacts& facts);
+
+// OK when `p` can be generated on a worker with `facts`; otherwise INVALID_ARGUMENT naming the
+// field (prompt_ids, prompt_ids[i], stop_token_ids[i], sampling.temperature / top_p / top_k), or
+// FAILED_PRECONDITION when the worker serves no LLM or has no KV cache. Normalizes what proto3
+// leaves unset: top_p 0 becomes 1 (off). Draws no seed (the caller does: this is a pure function).
+Status validateGenerate(GenerateParams& p, const shm::ModelFacts& facts);
+
+}  // namespace garden::tulip

@@ -1,0 +1,429 @@
+#include "services/tulip/llm/step_scheduler.h"
+
+#include <algorithm>
+
+#include "common/shm/llm_batch.h"
+
+namespace garden::tulip {
+namespace {
+
+uint64_t usBetween(int64_t t0_ns, int64_t t1_ns) {
+  return t1_ns > t0_ns && t0_ns > 0 ? static_cast<uint64_t>((t1_ns - t0_ns) / 1000) : 0;
+}
+
+bool contains(const std::vector<int32_t>& v, int32_t x) {
+  return std::find(v.begin(), v.end(), x) != v.end();
+}
+
+}  // namespace
+
+LlmWorkerLimits llmWorkerLimits(const shm::ModelFacts& f, uint64_t input_bytes) {
+  LlmWorkerLimits l;
+  l.kv_num_blocks = f.kv_num_blocks;
+  l.kv_block_size = f.kv_block_size;
+  l.context_len = llmContextLength(f);
+  l.max_seqs = f.max_seqs;
+  l.max_batch_tokens = f.max_batch_tokens;
+  l.input_bytes = input_bytes;
+  for (int32_t e : f.eos_ids)
+    if (e >= 0) l.eos_ids.push_back(e);
+  return l;
+}
+
+LlmStepScheduler::LlmStepScheduler(LlmSchedulerOptions opts) : opts_(opts) {}
+
+LlmStepScheduler::~LlmStepScheduler() = default;
+
+bool LlmStepScheduler::configure(const LlmWorkerLimits& limits) {
+  if (!running_.empty() || !in_flight_.empty()) return false;
+  if (limits.kv_num_blocks == 0 || limits.kv_block_size == 0) return false;
+  limits_ = limits;
+  kv_ = std::make_unique<KvBlockManager>(
+      KvOptions{limits.kv_num_blocks, limits.kv_block_size, opts_.enable_prefix_caching});
+  kv_lost_ = false;
+  budget_ = opts_.max_batch_tokens;
+  if (limits.max_batch_tokens > 0) budget_ = std::min(budget_, limits.max_batch_tokens);
+  // rose refuses steps with more sequences than its max_seqs; the running set is what a step
+  // carries, so it is capped the same way.
+  max_running_ = opts_.max_num_seqs;
+  if (limits.max_seqs > 0) max_running_ = std::min(max_running_, limits.max_seqs);
+  return true;
+}
+
+Result<SeqId> LlmStepScheduler::add(GenerateParams params, int64_t now_ns) {
+  const uint64_t n = params.prompt.size();
+  if (waiting_tokens_ + n > opts_.max_waiting_tokens) {
+    return resourceExhausted("waiting queue full: " + std::to_string(waiting_tokens_) +
+                             " prompt tokens waiting, this request adds " + std::to_string(n) +
+                             ", limit " + std::to_string(opts_.max_waiting_tokens) +
+                             "; retry later");
+  }
+  const SeqId id = next_id_++;
+  Seq& s = seqs_[id];
+  s.id = id;
+  s.tokens = std::move(params.prompt);
+  params.prompt.clear();
+  s.params = std::move(params);
+  s.prompt_len = static_cast<uint32_t>(s.tokens.size());
+  s.arrival_ns = now_ns;
+  waiting_tokens_ += n;
+  waiting_.push_back(id);
+  return id;
+}
+
+LlmStepScheduler::Seq* LlmStepScheduler::live(const StepSeqRef& ref) {
+  auto it = seqs_.find(ref.id);
+  if (it == seqs_.end() || it->second.admission != ref.admission) return nullptr;
+  return &it->second;
+}
+
+const LlmStepScheduler::Seq& LlmStepScheduler::seq(SeqId id) const {
+  auto it = seqs_.find(id);
+  CHECK(it != seqs_.end());
+  return it->second;
+}
+
+void LlmStepScheduler::finish(Seq& s, Status st, FinishReason why, int32_t token, int64_t now_ns) {
+  if (s.running) {
+    running_.erase(std::find(running_.begin(), running_.end(), s.id));
+  } else {
+    auto it = std::find(waiting_.begin(), waiting_.end(), s.id);
+    if (it != waiting_.end()) {
+      waiting_tokens_ -= s.tokens.size();
+      waiting_.erase(it);
+    }
+  }
+  if (kv_) kv_->free(s.id);
+  SeqEvent out;
+  out.id = s.id;
+  GenerateEvent& ev = out.event;
+  ev.token = token;
+  ev.last = true;
+  ev.status = std::move(st);
+  ev.finish = ev.status.isOk() || why == FinishReason::kCancelled ? why : FinishReason::kNone;
+  ev.prompt_tokens = s.prompt_len;
+  ev.cached_prompt_tokens = s.cached_prompt;
+  ev.completion_tokens = s.generated;
+  ev.queue_us = s.first_sched_ns ? usBetween(s.arrival_ns, s.first_sched_ns)
+                                 : usBetween(s.arrival_ns, now_ns);
+  ev.inference_us = usBetween(s.first_sched_ns, now_ns);
+  ev.total_us = usBetween(s.arrival_ns, now_ns);
+  events_.push_back(std::move(out));
+  seqs_.erase(s.id);  // s dangles from here
+}
+
+void LlmStepScheduler::cancel(SeqId id, int64_t now_ns) {
+  auto it = seqs_.find(id);
+  if (it == seqs_.end()) return;
+  finish(it->second, cancelledError("request cancelled by the caller"), FinishReason::kCancelled,
+         -1, now_ns);
+}
+
+void LlmStepScheduler::expire(int64_t now_ns) {
+  std::vector<SeqId> due;
+  for (SeqId id : running_)
+    if (const auto& p = seqs_.at(id).params; p.deadline_ns > 0 && now_ns >= p.deadline_ns)
+      due.push_back(id);
+  for (SeqId id : waiting_)
+    if (const auto& p = seqs_.at(id).params; p.deadline_ns > 0 && now_ns >= p.deadline_ns)
+      due.push_back(id);
+  for (SeqId id : due) {
+    Seq& s = seqs_.at(id);
+    finish(s,
+           deadlineExceeded("deadline expired after " + std::to_string(s.generated) +
+                            " generated tokens"),
+           FinishReason::kNone, -1, now_ns);
+  }
+}
+
+void LlmStepScheduler::failRunning(const Status& st, int64_t now_ns) {
+  const std::vector<SeqId> ids = running_;
+  for (SeqId id : ids) finish(seqs_.at(id), st, FinishReason::kNone, -1, now_ns);
+}
+
+void LlmStepScheduler::failAll(const Status& running_error, const Status& waiting_error,
+                               int64_t now_ns) {
+  failRunning(running_error, now_ns);
+  const std::deque<SeqId> ids = waiting_;
+  for (SeqId id : ids) finish(seqs_.at(id), waiting_error, FinishReason::kNone, -1, now_ns);
+  kv_lost_ = true;
+}
+
+void LlmStepScheduler::cancelAll(const Status& why, int64_t now_ns) {
+  std::vector<SeqId> ids(running_.begin(), running_.end());
+  ids.insert(ids.end(), waiting_.begin(), waiting_.end());
+  for (SeqId id : ids) finish(seqs_.at(id), why, FinishReason::kCancelled, -1, now_ns);
+}
+
+void LlmStepScheduler::preempt(Seq& victim) {
+  kv_->free(victim.id);
+  victim.num_computed = 0;
+  victim.num_scheduled = 0;
+  // Tokens sampled by steps in flight are dropped with the KV: the recompute samples the same
+  // ones again (the draw depends on the position only).
+  victim.pending = 0;
+  victim.last_sample_step = 0;
+  victim.last_sample_row = -1;
+  ++victim.admission;
+  victim.running = false;
+  running_.erase(std::find(running_.begin(), running_.end(), victim.id));
+  waiting_.push_front(victim.id);
+  waiting_tokens_ += victim.tokens.size();
+  ++totals_.preemptions;
+}
+
+bool LlmStepScheduler::lengthReached(const Seq& s) const {
+  const uint32_t generated = s.generated + s.pending;
+  return (s.params.max_tokens > 0 && generated >= s.params.max_tokens) ||
+         s.length() >= limits_.context_len;
+}
+
+// Whether running sequence `s` can go into the step planned after step `prev_step` (0: none in
+// flight), and if its first new token is a placeholder, that token's row in prev_step's ids.
+bool LlmStepScheduler::canContinue(const Seq& s, uint64_t prev_step, int32_t* prev_row) const {
+  *prev_row = -1;
+  if (s.pending == 0) return s.num_scheduled < s.length();
+  // A pending token is always the newest one: its step planned every position before it.
+  CHECK(s.num_scheduled + 1 == s.length());
+  // Only the token of the step right before can be a placeholder [TAG_LLM_PREV_TOKEN], and a
+  // sequence whose limits are reached with its pending tokens is ending: plan nothing more.
+  if (s.pending > 1 || s.last_sample_step != prev_step || lengthReached(s)) return false;
+  *prev_row = s.last_sample_row;
+  return true;
+}
+
+StepPlan LlmStepScheduler::schedule(int64_t now_ns) {
+  StepPlan plan;
+  if (needsConfigure() || in_flight_.size() >= maxStepsInFlight()) return plan;
+  const uint64_t prev_step = in_flight_.empty() ? 0 : in_flight_.back().step;
+  struct Pick {
+    SeqId id;
+    uint32_t position;
+    uint32_t num_new;
+    int32_t prev_row;
+  };
+  std::vector<Pick> picks;
+  uint32_t budget = budget_;
+  uint64_t n_tokens = 0, n_blocks = 0;
+  auto fits = [&](uint32_t num_new, size_t table) {
+    return limits_.input_bytes == 0 || shm::llmStepBytes(picks.size() + 1, n_tokens + num_new,
+                                                         n_blocks + table) <= limits_.input_bytes;
+  };
+  bool preempted = false;
+  // Running sequences, in admission order; victims come from the tail (never one already
+  // picked: those are ahead of i).
+  for (size_t i = 0; i < running_.size() && budget > 0;) {
+    Seq& s = seqs_.at(running_[i]);
+    int32_t prev_row = -1;
+    if (!canContinue(s, prev_step, &prev_row)) {
+      ++i;
+      continue;
+    }
+    const uint32_t num_new = std::min(s.length() - s.num_scheduled, budget);
+    auto table = kv_->allocate(s.id, uint64_t{s.num_scheduled} + num_new);
+    bool self = false;
+    while (!table) {
+      Seq& victim = seqs_.at(running_.back());
+      preempt(victim);
+      preempted = true;
+      if (&victim == &s) {
+        self = true;
+        break;
+      }
+      table = kv_->allocate(s.id, uint64_t{s.num_scheduled} + num_new);
+    }
+    if (self) break;  // s was the last running sequence that could go
+    if (!fits(num_new, table->size())) {
+      ++i;
+      continue;
+    }
+    picks.push_back(Pick{s.id, s.num_scheduled, num_new, prev_row});
+    n_tokens += num_new;
+    n_blocks += table->size();
+    budget -= num_new;
+    ++i;
+  }
+  // Waiting sequences, first come first served, unless this step had to preempt.
+  while (!preempted && !waiting_.empty() && running_.size() < max_running_ && budget > 0) {
+    Seq& s = seqs_.at(waiting_.front());
+    if (s.tokens.size() >= limits_.context_len) {
+      // Only after a restart with a smaller cache: it can never run (validateGenerate keeps
+      // fresh requests out).
+      finish(s, outOfRange("sequence no longer fits the worker's context"), FinishReason::kNone, -1,
+             now_ns);
+      continue;
+    }
+    const std::vector<int32_t> prefix = kv_->findCachedPrefix(s.tokens);
+    const uint32_t computed = static_cast<uint32_t>(prefix.size()) * kv_->blockSize();
+    const uint32_t num_new = std::min(static_cast<uint32_t>(s.tokens.size()) - computed, budget);
+    auto table = kv_->allocate(s.id, uint64_t{computed} + num_new, prefix);
+    if (!table) break;
+    if (!fits(num_new, table->size())) {
+      kv_->free(s.id);
+      break;
+    }
+    waiting_.pop_front();
+    waiting_tokens_ -= s.tokens.size();
+    s.running = true;
+    s.num_computed = computed;
+    s.num_scheduled = computed;
+    running_.push_back(s.id);
+    if (!s.admitted_once) {
+      s.admitted_once = true;
+      s.cached_prompt = computed;
+      s.first_sched_ns = now_ns;
+      totals_.cached_prompt_tokens += computed;
+      totals_.queried_prompt_tokens += s.prompt_len;
+    }
+    picks.push_back(Pick{s.id, computed, num_new, -1});
+    n_tokens += num_new;
+    n_blocks += table->size();
+    budget -= num_new;
+  }
+  if (picks.empty()) return plan;
+  plan.step = ++last_step_;
+  plan.seqs.reserve(picks.size());
+  plan.refs.reserve(picks.size());
+  plan.tokens.reserve(n_tokens);
+  plan.block_ids.reserve(n_blocks);
+  for (const Pick& p : picks) {
+    Seq& s = seqs_.at(p.id);
+    auto table = kv_->blockTable(s.id);
+    llm::LlmStepSeq d;
+    d.token_offset = static_cast<int32_t>(plan.tokens.size());
+    d.num_tokens = static_cast<int32_t>(p.num_new);
+    d.position = static_cast<int32_t>(p.position);
+    d.block_offset = static_cast<int32_t>(plan.block_ids.size());
+    d.num_blocks = static_cast<int32_t>(table.size());
+    d.logits = llm::LogitsMode::kNone;
+    d.sample = p.position + p.num_new == s.length() ? 1 : 0;
+    d.sampling = s.params.sampling;
+    d.prev_row = p.prev_row;
+    if (p.prev_row >= 0) {
+      CHECK(p.num_new == 1 && p.position == s.tokens.size());
+      plan.tokens.push_back(-1);  // the worker takes it from the previous step's ids
+    } else {
+      plan.tokens.insert(plan.tokens.end(), s.tokens.begin() + p.position,
+                         s.tokens.begin() + p.position + p.num_new);
+    }
+    plan.block_ids.insert(plan.block_ids.end(), table.begin(), table.end());
+    plan.refs.push_back(StepSeqRef{s.id, s.admission});
+    s.num_scheduled = p.position + p.num_new;
+    if (d.sample) {
+      ++s.pending;
+      s.last_sample_step = plan.step;
+      s.last_sample_row = static_cast<int32_t>(plan.num_sampled++);
+    }
+    plan.seqs.push_back(d);
+  }
+  plan.num_tokens = plan.tokens.size();
+  plan.request_id = seqs_.at(picks.front().id).params.request_id;
+  in_flight_.push_back(InFlight{plan.step, plan.num_tokens});
+  return plan;
+}
+
+void LlmStepScheduler::update(const StepPlan& plan, std::span<const int32_t> sampled,
+                              int64_t now_ns) {
+  CHECK(!in_flight_.empty() && in_flight_.front().step == plan.step);
+  if (sampled.size() != plan.num_sampled) {
+    stepFailed(
+        plan,
+        internalError("rose returned " + std::to_string(sampled.size()) +
+                      " token ids for a step that sampled " + std::to_string(plan.num_sampled)),
+        now_ns);
+    return;
+  }
+  in_flight_.pop_front();
+  ++totals_.steps;
+  size_t k = 0;
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    const llm::LlmStepSeq& d = plan.seqs[i];
+    const int32_t tok = d.sample ? sampled[k++] : -1;
+    Seq* s = live(plan.refs[i]);
+    if (!s) continue;  // finished or preempted since: its work here is dropped
+    s->num_computed = static_cast<uint32_t>(d.position + d.num_tokens);
+    if (d.sample) {
+      // The oldest pending token: steps complete in plan order.
+      s->tokens.push_back(tok);
+      --s->pending;
+      ++s->generated;
+      ++totals_.generated_tokens;
+    }
+    // Only known tokens are hashed: num_computed never passes them.
+    kv_->commit(s->id, s->tokens, s->num_computed);
+    if (!d.sample) continue;
+    const GenerateParams& p = s->params;
+    if ((!p.ignore_eos && contains(limits_.eos_ids, tok)) || contains(p.stop_token_ids, tok)) {
+      finish(*s, okStatus(), FinishReason::kStop, tok, now_ns);
+    } else if ((p.max_tokens > 0 && s->generated >= p.max_tokens) ||
+               s->tokens.size() >= limits_.context_len) {
+      finish(*s, okStatus(), FinishReason::kLength, tok, now_ns);
+    } else {
+      SeqEvent ev;
+      ev.id = s->id;
+      ev.event.token = tok;
+      events_.push_back(std::move(ev));
+    }
+  }
+}
+
+void LlmStepScheduler::stepFailed(const StepPlan& plan, const Status& error, int64_t now_ns) {
+  CHECK(!in_flight_.empty() && in_flight_.front().step == plan.step);
+  in_flight_.pop_front();
+  ++totals_.steps;
+  if (error.code() == StatusCode::kInvalidArgument || error.code() == StatusCode::kInternal) {
+    // The step was refused as a whole (nothing written): end the sequences it carried.
+    for (const StepSeqRef& ref : plan.refs) {
+      if (Seq* s = live(ref))
+        finish(*s, internalError("generation step failed: " + error.message()), FinishReason::kNone,
+               -1, now_ns);
+    }
+    return;
+  }
+  // The worker died or went away: every running sequence's KV is gone.
+  failRunning(unavailable("rose worker failed during generation: " + error.message()), now_ns);
+  kv_lost_ = true;
+}
+
+void LlmStepScheduler::retract(const StepPlan& plan) {
+  CHECK(!in_flight_.empty() && in_flight_.back().step == plan.step);
+  in_flight_.pop_back();
+  const uint64_t prev_step = in_flight_.empty() ? 0 : in_flight_.back().step;
+  for (size_t i = plan.seqs.size(); i-- > 0;) {
+    const llm::LlmStepSeq& d = plan.seqs[i];
+    Seq* s = live(plan.refs[i]);
+    if (!s) continue;
+    s->num_scheduled = static_cast<uint32_t>(d.position);
+    if (!d.sample) continue;
+    --s->pending;
+    // A placeholder continued the token prev_step samples: that one is the newest pending again.
+    s->last_sample_step = d.prev_row >= 0 ? prev_step : 0;
+    s->last_sample_row = d.prev_row;
+  }
+  // Sequences this plan admitted stay running with their blocks (a valid state: their prompt
+  // is simply not computed yet); preemptions it made stand.
+}
+
+std::vector<SeqEvent> LlmStepScheduler::takeEvents() {
+  std::vector<SeqEvent> out;
+  out.swap(events_);
+  return out;
+}
+
+LlmStats LlmStepScheduler::stats() const {
+  LlmStats s = totals_;
+  s.running = static_cast<uint32_t>(running_.size());
+  s.waiting = static_cast<uint32_t>(waiting_.size());
+  s.waiting_tokens = waiting_tokens_;
+  for (const InFlight& f : in_flight_) s.inflight_tokens += f.num_tokens;
+  s.inflight_steps = static_cast<uint32_t>(in_flight_.size());
+  s.max_waiting_tokens = opts_.max_waiting_tokens;
+  if (kv_) {
+    s.kv_free_blocks = kv_->blocksFree();
+    s.kv_used_blocks = kv_->blocksUsed();
+    s.kv_total_blocks = kv_->blocksTotal();
+  }
+  return s;
+}
+
+}  // namespace garden::tulip

@@ -1,0 +1,247 @@
+#pragma once
+// LlmStepScheduler: the decision part of tulip's continuous batching of text generation, as a
+// plain synchronous state machine (vLLM v1's scheduler is the model):
+//
+//   StepPlan plan = sched.schedule(now);        // what the next forward step computes
+//   ... the worker runs plan (its arrays are the shm step verbatim) ...
+//   sched.update(plan, sampled_ids, now);       // what it sampled
+//   for (SeqEvent& e : sched.takeEvents()) ...  // tokens and ends of streams, in order
+//
+// It owns the waiting and running sequences and the KV block bookkeeping (KvBlockManager); it
+// has no threads, reads no clock (every call that stamps time takes `now`) and never blocks, so
+// tests drive it step by step as tables of expected states. The threaded driver (LlmScheduler,
+// llm_scheduler.h) feeds it requests and worker results and hands its plans to the worker.
+//
+// Each request is a sequence whose scheduled tokens (KV written or being written) catch up with
+// its tokens (prompt + generated): no prefill or decode modes. A step takes, under a token budget
+// (max_batch_tokens) and a sequence cap (max_num_seqs), first the running sequences in admission
+// order (a decode is 1 token, an unfinished prompt a chunk), then waiting ones first come first
+// served (a cached prefix of full blocks skips recompute; the rest of the prompt is prefilled in
+// chunks). A sequence whose last token is in the step samples one new token. When KV blocks run
+// out, the most recently admitted running sequence is preempted by recompute: its blocks are
+// freed and it goes back to the front of the waiting queue with its generated tokens appended to
+// its prompt (rose's sampling counter is position + num_tokens, so the recomputed draw is the
+// same one); a step that had to preempt admits no waiting sequence.
+//
+// Generation stops on an eos id (unless ignore_eos) or a stop_token_id (FINISH_STOP, the stop
+// token is the last one streamed), after max_tokens or at the context length (FINISH_LENGTH), on
+// cancel() (FINISH_CANCELLED) or deadline (DEADLINE_EXCEEDED, expire()); a finished sequence frees
+// its blocks at once. A step the worker refused (INVALID_ARGUMENT, INTERNAL: nothing was written)
+// ends the sequences it carried; any other failure means the worker lost its KV cache: every
+// running sequence ends UNAVAILABLE and configure() must rebuild the bookkeeping before the next
+// step (once no step is in flight).
+//
+// Two steps in flight [TAG_LLM_PREV_TOKEN] (options.async_steps): schedule() may plan step N+1
+// while step N is still on the worker. A sequence that step N samples continues in N+1 from a
+// placeholder: its KV position is allocated, its token is written -1 and LlmStepSeq.prev_row
+// names its row in step N's sampled ids, which the worker resolves. update(N) fills in the real
+// token before any block holding it is hashed into the prefix cache (commit happens in step
+// order, and only over known tokens). A sequence that step N finishes (eos, stop) or that is
+// cancelled, expires or is preempted meanwhile has its later work dropped: its entry in N+1 is
+// stale (plan entries carry the sequence's admission number) and N+1's token for it is never
+// streamed. A sequence is planned ahead only when its length limits still allow another token,
+// so only eos/stop tokens waste a speculative step. Blocks freed while a step is in flight are
+// safe to hand out in the next plan: the worker runs steps in order, and an in-flight step never
+// writes a block that is full and cached.
+//
+// Threads: not thread-safe; one owner (the driver calls it under its mutex).
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common/llm/step.h"
+#include "common/shm/channel.h"
+#include "common/status.h"
+#include "services/tulip/kv/block_manager.h"
+#include "services/tulip/llm/generate_request.h"
+
+namespace garden::tulip {
+
+struct LlmSchedulerOptions {
+  uint32_t max_batch_tokens = 8192;        // tokens per step
+  uint32_t max_num_seqs = 256;             // running sequences (and so sequences per step)
+  uint64_t max_waiting_tokens = 1u << 20;  // prompt tokens waiting; beyond: RESOURCE_EXHAUSTED
+  bool enable_prefix_caching = true;
+  // Plan step N+1 while step N runs (two steps in flight, [TAG_LLM_PREV_TOKEN]). Needs a worker
+  // that resolves LlmStepSeq.prev_row and a pipeline depth >= 2.
+  bool async_steps = false;
+};
+
+// What the scheduler needs to know about the worker: its KV cache and its step limits.
+struct LlmWorkerLimits {
+  uint32_t kv_num_blocks = 0;
+  uint32_t kv_block_size = 0;
+  uint32_t context_len = 0;       // tokens one sequence may reach (prompt + generated)
+  uint32_t max_seqs = 0;          // sequences per step (0 = no limit of the worker's)
+  uint32_t max_batch_tokens = 0;  // new tokens per step (0 = no limit of the worker's)
+  uint64_t input_bytes = 0;       // bytes of one step's input arena (0 = no limit)
+  std::vector<int32_t> eos_ids;
+};
+
+// The limits of a worker that reported `facts` and has `input_bytes` of input arena per slot.
+LlmWorkerLimits llmWorkerLimits(const shm::ModelFacts& facts, uint64_t input_bytes);
+
+// A planned sequence's identity: plan entries of an earlier admission (before a preemption) or
+// of a finished sequence are stale and ignored by update().
+struct StepSeqRef {
+  SeqId id = 0;
+  uint32_t admission = 0;
+};
+
+// One step, in the shm layout's three arrays (common/shm/llm_batch.h, [TAG_LLM_STEP_FORMAT]):
+// `seqs`, `tokens` and `block_ids` go to the worker verbatim. A placeholder token is -1 with
+// seqs[i].prev_row >= 0 ([TAG_LLM_PREV_TOKEN]). update() and retract() read only `step`,
+// `seqs`, `refs` and `num_sampled`, so the driver may move `tokens` and `block_ids` out.
+struct StepPlan {
+  uint64_t step = 0;  // 1, 2, ... in the order schedule() formed them; 0: no step
+  std::vector<llm::LlmStepSeq> seqs;
+  std::vector<int32_t> tokens;
+  std::vector<int32_t> block_ids;
+  std::vector<StepSeqRef> refs;  // refs[i]: the sequence seqs[i] belongs to
+  uint32_t num_sampled = 0;      // sequences with sample != 0: the ids the worker returns
+  uint64_t num_tokens = 0;       // tokens.size(), kept when the arrays are moved out
+  std::string request_id;        // the first sequence's, for the worker's log line
+  bool empty() const { return seqs.empty(); }
+};
+
+// An event of sequence `id`'s stream (see GenerateEvent: zero or more tokens, then one last).
+struct SeqEvent {
+  SeqId id = 0;
+  GenerateEvent event;
+};
+
+struct LlmStats {
+  uint32_t running = 0;
+  uint32_t waiting = 0;
+  uint64_t waiting_tokens = 0;
+  uint64_t inflight_tokens = 0;  // tokens of the steps in flight
+  uint32_t inflight_steps = 0;
+  uint64_t max_waiting_tokens = 0;
+  uint32_t kv_free_blocks = 0;
+  uint32_t kv_used_blocks = 0;
+  uint32_t kv_total_blocks = 0;
+  uint64_t preemptions = 0;
+  uint64_t cached_prompt_tokens = 0;   // prompt tokens served from the prefix cache
+  uint64_t queried_prompt_tokens = 0;  // prompt tokens looked up in the prefix cache
+  uint64_t generated_tokens = 0;
+  uint64_t steps = 0;  // steps whose result (or failure) came back
+};
+
+class LlmStepScheduler {
+ public:
+  explicit LlmStepScheduler(LlmSchedulerOptions opts);
+  ~LlmStepScheduler();
+  LlmStepScheduler(const LlmStepScheduler&) = delete;
+  LlmStepScheduler& operator=(const LlmStepScheduler&) = delete;
+
+  const LlmSchedulerOptions& options() const { return opts_; }
+  // Steps that may be planned ahead of their results: 2 with async_steps, else 1.
+  uint32_t maxStepsInFlight() const { return opts_.async_steps ? 2 : 1; }
+
+  // (Re)builds the KV bookkeeping for a worker with `limits`: an empty cache. Only while no
+  // running sequence holds blocks and no step is in flight; returns false (nothing changed)
+  // otherwise. Waiting sequences stay queued.
+  bool configure(const LlmWorkerLimits& limits);
+  // True until configure() has run, and again after the worker lost its KV cache.
+  bool needsConfigure() const { return kv_ == nullptr || kv_lost_; }
+
+  // Queues a validated request (validateGenerate); its seed is final. RESOURCE_EXHAUSTED when
+  // the waiting prompts would exceed max_waiting_tokens.
+  Result<SeqId> add(GenerateParams params, int64_t now_ns);
+  // Ends `id` with FINISH_CANCELLED (no-op for an unknown or finished id).
+  void cancel(SeqId id, int64_t now_ns);
+  // Ends every sequence whose deadline is <= now_ns with DEADLINE_EXCEEDED.
+  void expire(int64_t now_ns);
+  // The worker went down: running sequences end with `running_error` (their KV is gone), waiting
+  // ones with `waiting_error`, and the KV bookkeeping needs configure() again.
+  void failAll(const Status& running_error, const Status& waiting_error, int64_t now_ns);
+  // Ends every sequence with FINISH_CANCELLED and `why` (shutting down).
+  void cancelAll(const Status& why, int64_t now_ns);
+
+  // The next step, or an empty plan (nothing to run, configure() needed, or maxStepsInFlight()
+  // steps already planned). A non-empty plan is in flight until update(), stepFailed() or
+  // retract() is called with it; results are taken in plan order.
+  StepPlan schedule(int64_t now_ns);
+  // The oldest plan in flight ran: `sampled` holds one id per sequence with sample != 0, in
+  // order (a count mismatch fails the step as INTERNAL).
+  void update(const StepPlan& plan, std::span<const int32_t> sampled, int64_t now_ns);
+  // The oldest plan in flight failed with `error` (see the header comment).
+  void stepFailed(const StepPlan& plan, const Status& error, int64_t now_ns);
+  // The newest plan in flight was never given to the worker (no free slot): undo its planning so
+  // that the next schedule() forms it again. Blocks it allocated stay with their sequences.
+  void retract(const StepPlan& plan);
+
+  // Events formed since the last call, in order.
+  std::vector<SeqEvent> takeEvents();
+  bool hasEvents() const { return !events_.empty(); }
+
+  bool hasWork() const { return !running_.empty() || !waiting_.empty(); }
+  uint32_t stepsInFlight() const { return static_cast<uint32_t>(in_flight_.size()); }
+  LlmStats stats() const;
+
+  // Inspection, for tests and debugging.
+  const KvBlockManager* kv() const { return kv_.get(); }
+  const std::vector<SeqId>& running() const { return running_; }
+  const std::deque<SeqId>& waiting() const { return waiting_; }
+  bool hasSeq(SeqId id) const { return seqs_.count(id) != 0; }
+  // A sequence's state (read-only outside; CHECK-fails for an unknown id).
+  struct Seq {
+    SeqId id = 0;
+    GenerateParams params;        // the prompt moved into `tokens`
+    std::vector<int32_t> tokens;  // known tokens: the prompt, then generated ones
+    uint32_t prompt_len = 0;
+    uint32_t generated = 0;         // known generated tokens
+    uint32_t pending = 0;           // tokens sampled by steps in flight, ids not known yet
+    uint32_t num_computed = 0;      // positions whose KV completed steps wrote
+    uint32_t num_scheduled = 0;     // positions whose KV planned steps write (>= num_computed)
+    uint32_t admission = 0;         // bumped by preemption: older plan entries are stale
+    uint64_t last_sample_step = 0;  // the step that samples the newest pending token
+    int32_t last_sample_row = -1;   // its row among that step's sampled ids
+    uint32_t cached_prompt = 0;
+    bool admitted_once = false;
+    bool running = false;
+    int64_t arrival_ns = 0;
+    int64_t first_sched_ns = 0;
+    // Tokens including the pending ones: where the next sampled token goes.
+    uint32_t length() const { return static_cast<uint32_t>(tokens.size()) + pending; }
+  };
+  const Seq& seq(SeqId id) const;
+
+ private:
+  struct InFlight {
+    uint64_t step = 0;
+    uint64_t num_tokens = 0;
+  };
+
+  Seq* live(const StepSeqRef& ref);
+  bool canContinue(const Seq& s, uint64_t prev_step, int32_t* prev_row) const;
+  bool lengthReached(const Seq& s) const;
+  void preempt(Seq& victim);
+  void finish(Seq& s, Status st, FinishReason why, int32_t token, int64_t now_ns);
+  void failRunning(const Status& st, int64_t now_ns);
+
+  const LlmSchedulerOptions opts_;
+  LlmWorkerLimits limits_;
+  uint32_t budget_ = 0;       // tokens per step: options and worker limits together
+  uint32_t max_running_ = 0;  // running sequences: options and worker limits together
+  std::unique_ptr<KvBlockManager> kv_;
+  bool kv_lost_ = false;
+  std::unordered_map<SeqId, Seq> seqs_;  // node-based: Seq references stay valid
+  std::deque<SeqId> waiting_;
+  std::vector<SeqId> running_;  // admission order
+  uint64_t waiting_tokens_ = 0;
+  std::deque<InFlight> in_flight_;
+  std::vector<SeqEvent> events_;
+  SeqId next_id_ = 1;
+  uint64_t last_step_ = 0;
+  // The counters of stats() (preemptions, prompt tokens cached and queried, generated tokens,
+  // steps); stats() adds the current sizes.
+  LlmStats totals_;
+};
+
+}  // namespace garden::tulip

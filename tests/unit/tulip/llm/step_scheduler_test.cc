@@ -1,0 +1,783 @@
+// LlmStepScheduler step by step, without threads or clocks (vLLM's tests/v1/core/test_scheduler.py
+// and test_prefix_caching.py are the model): tiny block pools, exact block ids, the free queue's
+// order (eviction order), preemption by recompute, prefix-cache hits, chunked prefill,
+// stop/eos/length/cancel/deadline, and two steps in flight [TAG_LLM_PREV_TOKEN] (placeholders,
+// dropped speculative tokens, failures and preemption while two steps are out). Each test is a
+// table of expected states: a plan renders as "A@6+1*^0 [0 1]" (sequence A, position 6, one new
+// token, samples (*), its token is row 0 of the previous step's ids (^0), block table [0 1]);
+// events as "A=20" (a token), "A=2 stop", "A length", "A cancelled" or the error's code; the KV
+// free queue front first, "c" marking a cached block. Every call is followed by an accounting
+// check (KvBlockManager invariants; only running sequences hold blocks, covering what is
+// scheduled). The last tests run many random requests through the fake model
+// (tests/fakes/tulip/fake_llm_model.h) in both modes and compare the streams with the reference.
+#include "services/tulip/llm/step_scheduler.h"
+
+#include <gtest/gtest.h>
+
+#include <deque>
+#include <map>
+#include <random>
+
+#include "common/shm/llm_batch.h"
+#include "tests/fakes/tulip/fake_llm_model.h"
+#include "tests/unit/tulip/llm/llm_test_util.h"
+
+namespace garden::tulip {
+namespace {
+
+constexpr int32_t kEos = 2;
+constexpr uint32_t kVocab = 1000;
+
+LlmWorkerLimits limits(uint32_t blocks, uint32_t block_size, uint32_t context_len) {
+  LlmWorkerLimits l;
+  l.kv_num_blocks = blocks;
+  l.kv_block_size = block_size;
+  l.context_len = context_len;
+  l.eos_ids = {kEos};
+  return l;
+}
+
+using testing::range;
+constexpr auto gp = testing::params;
+
+std::string join(const std::vector<int32_t>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? " " : "") + std::to_string(v[i]);
+  return s;
+}
+
+// Drives one LlmStepScheduler as the threaded driver does, with the worker's results given by
+// the test (complete) or computed by the fake model (runOldest).
+class Sim {
+ public:
+  Sim(LlmSchedulerOptions opts, LlmWorkerLimits l) : s_(opts), limits_(l) {
+    EXPECT_TRUE(s_.configure(l));
+  }
+
+  SeqId add(char name, GenerateParams p) {
+    auto id = s_.add(std::move(p), tick());
+    EXPECT_TRUE(id.isOk()) << id.status().toString();
+    names_[*id] = name;
+    ids_[name] = *id;
+    check();
+    return *id;
+  }
+  SeqId id(char name) { return ids_.at(name); }
+
+  // Plans the next step; its rendering, or "-" for none.
+  std::string schedule() {
+    StepPlan p = s_.schedule(tick());
+    check();
+    if (p.empty()) return "-";
+    std::string out;
+    for (size_t i = 0; i < p.seqs.size(); ++i) {
+      const llm::LlmStepSeq& d = p.seqs[i];
+      std::vector<int32_t> table(p.block_ids.begin() + d.block_offset,
+                                 p.block_ids.begin() + d.block_offset + d.num_blocks);
+      out += (i ? "; " : "") + std::string(1, names_.at(p.refs[i].id)) + "@" +
+             std::to_string(d.position) + "+" + std::to_string(d.num_tokens) +
+             (d.sample ? "*" : "") + (d.prev_row >= 0 ? "^" + std::to_string(d.prev_row) : "") +
+             " [" + join(table) + "]";
+    }
+    last_tokens_ = p.tokens;
+    plans_.push_back(std::move(p));
+    return out;
+  }
+  // The token array of the last plan.
+  const std::vector<int32_t>& tokens() const { return last_tokens_; }
+
+  // The oldest plan in flight sampled `ids`; the events that followed.
+  std::string complete(std::vector<int32_t> ids) { return answer(okStatus(), ids); }
+  // The oldest plan in flight failed.
+  std::string fail(Status st) { return answer(st, {}); }
+  // The newest plan never reached the worker.
+  void retractNewest() {
+    s_.retract(plans_.back());
+    plans_.pop_back();
+    check();
+  }
+  std::string cancel(char name) {
+    s_.cancel(id(name), tick());
+    check();
+    return events();
+  }
+  std::string expire(int64_t now) {
+    s_.expire(now);
+    check();
+    return events();
+  }
+
+  // Events since the last call: "A=20, A=2 stop, B cancelled".
+  std::string events() {
+    std::string out;
+    for (const SeqEvent& e : s_.takeEvents()) {
+      std::string one(1, names_.at(e.id));
+      if (e.event.token >= 0) one += "=" + std::to_string(e.event.token);
+      if (e.event.last) {
+        if (!e.event.status.isOk())
+          one += " " + std::string(statusCodeName(e.event.status.code()));
+        else if (e.event.finish == FinishReason::kStop)
+          one += " stop";
+        else if (e.event.finish == FinishReason::kLength)
+          one += " length";
+        if (e.event.finish == FinishReason::kCancelled) one = one.substr(0, 1) + " cancelled";
+        last_[e.id] = e.event;
+      }
+      out += (out.empty() ? "" : ", ") + one;
+    }
+    return out;
+  }
+  const GenerateEvent& lastEvent(char name) { return last_.at(id(name)); }
+
+  // The free queue, front (reused first) to back; "c": cached.
+  std::string freeQueue() const {
+    std::string out;
+    for (int32_t b : s_.kv()->freeQueue())
+      out += (out.empty() ? "" : " ") + std::to_string(b) + (s_.kv()->isCached(b) ? "c" : "");
+    return out;
+  }
+  std::string table(char name) const { return join(spanVec(s_.kv()->blockTable(ids_.at(name)))); }
+
+  // Accounting after every call: the block manager's invariants; only running sequences hold
+  // blocks, and their tables cover every position a planned step writes.
+  void check() {
+    const KvBlockManager* kv = s_.kv();
+    if (!kv) return;
+    Status st = kv->checkInvariants();
+    EXPECT_TRUE(st.isOk()) << st.toString();
+    EXPECT_EQ(kv->numSeqs(), s_.running().size());
+    for (SeqId id : s_.waiting()) EXPECT_FALSE(kv->hasSeq(id)) << "waiting seq holds blocks";
+    for (SeqId id : s_.running()) {
+      const auto& st2 = s_.seq(id);
+      EXPECT_GE(kv->blockTable(id).size(), kv->blocksFor(st2.num_scheduled));
+      EXPECT_LE(st2.num_computed, st2.num_scheduled);
+      EXPECT_LE(st2.num_computed, st2.tokens.size());
+    }
+  }
+
+  LlmStepScheduler& sched() { return s_; }
+  size_t inFlight() const { return plans_.size(); }
+
+ private:
+  std::string answer(const Status& st, const std::vector<int32_t>& ids) {
+    EXPECT_FALSE(plans_.empty());
+    if (plans_.empty()) return "no plan";
+    if (st.isOk())
+      s_.update(plans_.front(), ids, tick());
+    else
+      s_.stepFailed(plans_.front(), st, tick());
+    plans_.pop_front();
+    check();
+    return events();
+  }
+  static std::vector<int32_t> spanVec(std::span<const int32_t> s) { return {s.begin(), s.end()}; }
+  int64_t tick() { return now_ += 1000; }
+
+  LlmStepScheduler s_;
+  LlmWorkerLimits limits_;
+  std::deque<StepPlan> plans_;
+  std::vector<int32_t> last_tokens_;
+  std::map<SeqId, char> names_;
+  std::map<char, SeqId> ids_;
+  std::map<SeqId, GenerateEvent> last_;
+  int64_t now_ = 1'000'000;
+};
+
+LlmSchedulerOptions sync(uint32_t budget = 64, uint32_t seqs = 8) {
+  return {.max_batch_tokens = budget, .max_num_seqs = seqs};
+}
+LlmSchedulerOptions async(uint32_t budget = 64, uint32_t seqs = 8) {
+  return {.max_batch_tokens = budget, .max_num_seqs = seqs, .async_steps = true};
+}
+
+// One row of a one-step-at-a-time table: schedule() gives `plan`, the worker samples `ids`,
+// update() gives `events`, and the free queue is then `free`.
+struct Row {
+  const char* plan;
+  std::vector<int32_t> ids;
+  const char* events;
+  const char* free;
+};
+
+void runTable(Sim& sim, const std::vector<Row>& rows) {
+  for (size_t i = 0; i < rows.size(); ++i) {
+    SCOPED_TRACE("row " + std::to_string(i));
+    ASSERT_EQ(sim.schedule(), rows[i].plan);
+    if (std::string(rows[i].plan) == "-") continue;
+    EXPECT_EQ(sim.complete(rows[i].ids), rows[i].events);
+    EXPECT_EQ(sim.freeQueue(), rows[i].free);
+  }
+}
+
+// ---- One step in flight ---------------------------------------------------------------------
+
+TEST(StepScheduler, PrefillThenDecodeExactBlocks) {
+  Sim sim(sync(), limits(8, 4, 32));
+  sim.add('A', gp(range(6, 10), 3));
+  sim.add('B', gp({50, 51, 52}, 2));
+  runTable(sim, {
+                    {"A@0+6* [0 1]; B@0+3* [2]", {20, 21}, "A=20, B=21", "3 4 5 6 7"},
+                    // B's block fills with its sampled token: cached when B ends.
+                    {"A@6+1* [0 1]; B@3+1* [2]", {22, 23}, "A=22, B=23 length", "3 4 5 6 7 2c"},
+                    // A's two full blocks go to the back, its first block last (evicted last).
+                    {"A@7+1* [0 1]", {24}, "A=24 length", "3 4 5 6 7 2c 1c 0c"},
+                    {"-", {}, "", ""},
+                });
+  EXPECT_EQ(sim.lastEvent('A').completion_tokens, 3u);
+  EXPECT_EQ(sim.lastEvent('A').prompt_tokens, 6u);
+  EXPECT_EQ(sim.sched().stats().steps, 3u);
+  EXPECT_EQ(sim.sched().stats().generated_tokens, 5u);
+}
+
+TEST(StepScheduler, DecodeTokensAreTheSampledOnes) {
+  Sim sim(sync(), limits(8, 4, 32));
+  sim.add('A', gp({10, 11, 12}, 3));
+  ASSERT_EQ(sim.schedule(), "A@0+3* [0]");
+  EXPECT_EQ(sim.tokens(), (std::vector<int32_t>{10, 11, 12}));
+  EXPECT_EQ(sim.complete({77}), "A=77");
+  ASSERT_EQ(sim.schedule(), "A@3+1* [0]");
+  EXPECT_EQ(sim.tokens(), (std::vector<int32_t>{77}));
+}
+
+TEST(StepScheduler, ChunkedPrefillUnderTheTokenBudgetThenAdmission) {
+  Sim sim(sync(/*budget=*/4), limits(8, 4, 32));
+  sim.add('A', gp(range(10, 10), 2));
+  sim.add('B', gp({40, 41}, 3));
+  runTable(sim,
+           {
+               // A's prompt in chunks of the budget; a chunk that does not end the prompt
+               // samples nothing. B waits until the budget has room.
+               {"A@0+4 [0]", {}, "", "1 2 3 4 5 6 7"},
+               {"A@4+4 [0 1]", {}, "", "2 3 4 5 6 7"},
+               {"A@8+2* [0 1 2]; B@0+2* [3]", {30, 50}, "A=30, B=50", "4 5 6 7"},
+               {"A@10+1* [0 1 2]; B@2+1* [3]", {31, 51}, "A=31 length, B=51", "2 4 5 6 7 1c 0c"},
+               {"B@3+1* [3]", {52}, "B=52 length", "2 4 5 6 7 1c 0c 3c"},
+           });
+}
+
+TEST(StepScheduler, PrefixCacheHitsAndLeastRecentlyReleasedEviction) {
+  Sim sim(sync(), limits(6, 4, 24));
+  const auto prompt = range(9, 10);
+  sim.add('A', gp(prompt, 1));
+  // A's two full blocks are cached when it ends; its partial block is reused first.
+  runTable(sim, {{"A@0+9* [0 1 2]", {50}, "A=50 length", "2 3 4 5 1c 0c"}});
+  EXPECT_EQ(sim.lastEvent('A').cached_prompt_tokens, 0u);
+  // D needs five blocks: the plain free ones, then the least recently released cached one
+  // (block 1, A's tail; A's head, block 0, stays).
+  sim.add('D', gp(range(17, 100), 1));
+  runTable(sim, {{"D@0+17* [2 3 4 5 1]", {60}, "D=60 length", "1 0c 5c 4c 3c 2c"}});
+  EXPECT_EQ(sim.sched().kv()->evictions(), 1u);
+  // B repeats A's prompt: block 0 is a hit, block 1 was evicted (recomputed). Its new blocks:
+  // the plain free block 1, then D's tail (5) evicted.
+  sim.add('B', gp(prompt, 2));
+  ASSERT_EQ(sim.schedule(), "B@4+5* [0 1 5]");
+  EXPECT_EQ(sim.freeQueue(), "4c 3c 2c");
+  EXPECT_EQ(sim.sched().kv()->evictions(), 2u);
+  EXPECT_EQ(sim.complete({70}), "B=70");
+  EXPECT_EQ(sim.cancel('B'), "B cancelled");
+  // B's recomputed block 1 is cached again; block 5 holds one token (not full, not cached).
+  EXPECT_EQ(sim.freeQueue(), "5 4c 3c 2c 1c 0c");
+  EXPECT_EQ(sim.lastEvent('B').cached_prompt_tokens, 4u);
+  EXPECT_EQ(sim.sched().stats().cached_prompt_tokens, 4u);
+  EXPECT_EQ(sim.sched().stats().queried_prompt_tokens, 9u + 17u + 9u);
+}
+
+TEST(StepScheduler, PrefixCacheOffNeverHits) {
+  LlmSchedulerOptions o = sync();
+  o.enable_prefix_caching = false;
+  Sim sim(o, limits(6, 4, 24));
+  sim.add('A', gp(range(9, 10), 1));
+  runTable(sim, {{"A@0+9* [0 1 2]", {50}, "A=50 length", "0 1 2 3 4 5"}});
+  sim.add('B', gp(range(9, 10), 1));
+  runTable(sim, {{"B@0+9* [0 1 2]", {50}, "B=50 length", "0 1 2 3 4 5"}});
+}
+
+TEST(StepScheduler, PreemptionByRecomputeTable) {
+  // 4 blocks of 2 tokens for two sequences that want 7 tokens each.
+  Sim sim(sync(), limits(4, 2, 16));
+  sim.add('A', gp({10, 11, 12}, 4));
+  sim.add('B', gp({20, 21, 22}, 4));
+  runTable(sim, {
+                    {"A@0+3* [0 1]; B@0+3* [2 3]", {30, 40}, "A=30, B=40", ""},
+                    {"A@3+1* [0 1]; B@3+1* [2 3]", {31, 41}, "A=31, B=41", ""},
+                    // A needs a third block: B (admitted last) is preempted; A takes B's tail
+                    // (cached, evicted). A step that preempts admits nobody.
+                    {"A@4+1* [0 1 3]", {32}, "A=32", "2c"},
+                    // B (prompt now 20 21 22 40 41) finds only block 2 cached and cannot get
+                    // the two more it needs.
+                    {"A@5+1* [0 1 3]", {33}, "A=33 length", "2c 3c 1c 0c"},
+                    // B recomputes from its cached first block; its generated tokens are prompt.
+                    {"B@2+3* [2 3 1]", {42}, "B=42", "0c"},
+                    {"B@5+1* [2 3 1]", {43}, "B=43 length", "0c 1c 3c 2c"},
+                });
+  EXPECT_EQ(sim.sched().stats().preemptions, 1u);
+  EXPECT_EQ(sim.lastEvent('B').completion_tokens, 4u);
+  EXPECT_EQ(sim.lastEvent('B').prompt_tokens, 3u);
+  EXPECT_EQ(sim.lastEvent('B').cached_prompt_tokens, 0u);  // counted at first admission only
+}
+
+TEST(StepScheduler, TheLastRunningSequencePreemptsItself) {
+  // B needs a second block, none is free, and B is the most recently admitted: B is the victim
+  // of its own allocation and waits; A, which needs nothing new, goes on.
+  Sim sim(sync(), limits(3, 2, 6));
+  sim.add('A', gp({10, 11, 12}, 8));
+  sim.add('B', gp({20, 21}, 8));
+  runTable(sim, {
+                    {"A@0+3* [0 1]; B@0+2* [2]", {30, 40}, "A=30, B=40", ""},
+                    {"A@3+1* [0 1]", {31}, "A=31", "2c"},
+                });
+  EXPECT_EQ(sim.sched().waiting().size(), 1u);
+  EXPECT_EQ(sim.sched().stats().preemptions, 1u);
+  EXPECT_EQ(sim.sched().seq(sim.id('B')).tokens, (std::vector<int32_t>{20, 21, 40}));
+}
+
+TEST(StepScheduler, StopEosLengthAndContext) {
+  Sim sim(sync(), limits(16, 4, 8));
+  auto stop = gp({10, 11}, 10);
+  stop.stop_token_ids = {77};
+  sim.add('S', stop);
+  sim.add('E', gp({20, 21}, 10));
+  auto ign = gp({30, 31}, 2);
+  ign.ignore_eos = true;
+  sim.add('I', ign);
+  sim.add('C', gp({40, 41, 42, 43, 44}, 0));  // until the context (8) is full
+  runTable(sim, {
+                    {"S@0+2* [0]; E@0+2* [1]; I@0+2* [2]; C@0+5* [3 4]",
+                     {5, 6, kEos, 7},
+                     "S=5, E=6, I=2, C=7",
+                     "5 6 7 8 9 10 11 12 13 14 15"},
+                    // Ended sequences' partial blocks go to the front, the last ended first.
+                    {"S@2+1* [0]; E@2+1* [1]; I@2+1* [2]; C@5+1* [3 4]",
+                     {77, kEos, kEos, 8},
+                     "S=77 stop, E=2 stop, I=2 length, C=8",
+                     "2 1 0 5 6 7 8 9 10 11 12 13 14 15"},
+                    {"C@6+1* [3 4]", {9}, "C=9 length", "4 2 1 0 5 6 7 8 9 10 11 12 13 14 15 3c"},
+                });
+  EXPECT_EQ(sim.lastEvent('S').token, 77);
+  EXPECT_EQ(sim.lastEvent('C').completion_tokens, 3u);
+}
+
+TEST(StepScheduler, CancelAndDeadlineFreeBlocksAtOnce) {
+  Sim sim(sync(), limits(8, 4, 32));
+  sim.add('A', gp(range(5, 10), 10));
+  auto d = gp({20, 21}, 10);
+  d.deadline_ns = 1'000'000'000;
+  sim.add('D', d);
+  auto w = gp({30}, 10);
+  w.deadline_ns = 1'000'000'000;
+  ASSERT_EQ(sim.schedule(), "A@0+5* [0 1]; D@0+2* [2]");
+  sim.add('W', w);                            // waiting
+  EXPECT_EQ(sim.cancel('A'), "A cancelled");  // while its step is in flight
+  EXPECT_EQ(sim.freeQueue(), "0 1 3 4 5 6 7");
+  EXPECT_EQ(sim.complete({40, 41}), "D=41");  // A's token is dropped
+  EXPECT_EQ(sim.expire(999'999'999), "");
+  EXPECT_EQ(sim.expire(1'000'000'000), "D DEADLINE_EXCEEDED, W DEADLINE_EXCEEDED");
+  EXPECT_EQ(sim.freeQueue(), "2 0 1 3 4 5 6 7");
+  EXPECT_EQ(sim.lastEvent('D').completion_tokens, 1u);
+  EXPECT_EQ(sim.lastEvent('A').finish, FinishReason::kCancelled);
+  EXPECT_EQ(sim.lastEvent('A').status.code(), StatusCode::kCancelled);
+  EXPECT_EQ(sim.cancel('A'), "");  // a finished id: nothing
+  EXPECT_FALSE(sim.sched().hasWork());
+}
+
+TEST(StepScheduler, RefusedStepEndsItsSequencesOnly) {
+  Sim sim(sync(), limits(8, 4, 32));
+  sim.add('A', gp({10, 11}, 5));
+  ASSERT_EQ(sim.schedule(), "A@0+2* [0]");
+  sim.add('B', gp({20, 21}, 5));
+  EXPECT_EQ(sim.fail(invalidArgument("num_seqs 9 exceeds max_seqs")), "A INTERNAL");
+  EXPECT_NE(sim.lastEvent('A').status.message().find("generation step failed: num_seqs 9"),
+            std::string::npos);
+  EXPECT_FALSE(sim.sched().needsConfigure());
+  ASSERT_EQ(sim.schedule(), "B@0+2* [0]");
+  // A result with the wrong number of ids fails the step as INTERNAL.
+  EXPECT_EQ(sim.complete({1, 2}), "B INTERNAL");
+  EXPECT_NE(sim.lastEvent('B').status.message().find("returned 2 token ids for a step that "
+                                                     "sampled 1"),
+            std::string::npos)
+      << sim.lastEvent('B').status.message();
+}
+
+TEST(StepScheduler, LostWorkerEndsRunningSequencesAndNeedsAFreshCache) {
+  Sim sim(sync(), limits(8, 4, 32));
+  sim.add('A', gp({10, 11}, 5));
+  ASSERT_EQ(sim.schedule(), "A@0+2* [0]");
+  EXPECT_EQ(sim.complete({30}), "A=30");
+  ASSERT_EQ(sim.schedule(), "A@2+1* [0]");
+  sim.add('W', gp({20, 21}, 5));
+  EXPECT_EQ(sim.fail(unavailable("killed by signal 9")), "A UNAVAILABLE");
+  EXPECT_NE(sim.lastEvent('A').status.message().find("killed by signal 9"), std::string::npos);
+  EXPECT_TRUE(sim.sched().needsConfigure());
+  EXPECT_EQ(sim.schedule(), "-");
+  // W waited through it and runs on the rebuilt (empty) cache.
+  ASSERT_TRUE(sim.sched().configure(limits(8, 4, 32)));
+  EXPECT_EQ(sim.schedule(), "W@0+2* [0]");
+  // The worker going down ends waiting sequences too.
+  sim.add('X', gp({5}, 1));
+  sim.sched().failAll(unavailable("kv lost"), unavailable("not ready"), 0);
+  EXPECT_EQ(sim.events(), "W UNAVAILABLE, X UNAVAILABLE");
+  EXPECT_EQ(sim.lastEvent('X').status.message(), "not ready");
+  EXPECT_TRUE(sim.sched().needsConfigure());
+  EXPECT_FALSE(sim.sched().configure(limits(8, 4, 32)));  // W's step is still out
+  EXPECT_EQ(sim.complete({1}), "");
+  EXPECT_TRUE(sim.sched().configure(limits(8, 4, 32)));
+}
+
+TEST(StepScheduler, WaitingQueueLimit) {
+  LlmSchedulerOptions o = sync();
+  o.max_waiting_tokens = 5;
+  LlmStepScheduler s(o);
+  ASSERT_TRUE(s.add(gp({1, 2, 3}, 1), 0).isOk());
+  auto r = s.add(gp({1, 2, 3}, 1), 0);
+  ASSERT_FALSE(r.isOk());
+  EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(r.status().message().find("limit 5"), std::string::npos);
+  // Once running, a prompt no longer counts.
+  ASSERT_TRUE(s.configure(limits(8, 4, 32)));
+  ASSERT_FALSE(s.schedule(0).empty());
+  EXPECT_TRUE(s.add(gp({1, 2, 3}, 1), 0).isOk());
+}
+
+TEST(StepScheduler, StepsStayWithinTheArenaAndTheWorkersLimits) {
+  LlmWorkerLimits l = limits(16, 4, 32);
+  l.input_bytes = shm::llmStepBytes(1, 12, 8);  // one sequence per step
+  l.max_batch_tokens = 5;                       // below the options' budget
+  l.max_seqs = 8;
+  Sim sim(sync(), l);
+  sim.add('A', gp(range(6, 10), 1));
+  sim.add('B', gp(range(3, 50), 1));
+  EXPECT_EQ(sim.schedule(), "A@0+5 [0 1]");
+  EXPECT_EQ(sim.complete({}), "");
+  // A's last token and B's prompt would fit the budget, not the arena: B waits.
+  EXPECT_EQ(sim.schedule(), "A@5+1* [0 1]");
+}
+
+TEST(StepScheduler, RetractUndoesAPlan) {
+  Sim sim(sync(), limits(8, 4, 32));
+  sim.add('A', gp({10, 11, 12}, 3));
+  const std::string first = sim.schedule();
+  sim.retractNewest();
+  // A stays admitted with its block; the plan comes out the same.
+  EXPECT_EQ(sim.sched().running().size(), 1u);
+  EXPECT_EQ(sim.schedule(), first);
+  EXPECT_EQ(sim.complete({5}), "A=5");
+}
+
+// ---- Two steps in flight [TAG_LLM_PREV_TOKEN] -------------------------------------------------
+
+TEST(StepSchedulerAsync, PlaceholdersThenRealTokensThenCacheHit) {
+  Sim sim(async(), limits(8, 4, 32));
+  sim.add('A', gp(range(6, 10), 3));
+  ASSERT_EQ(sim.schedule(), "A@0+6* [0 1]");
+  // Planned before step 1's result: A's next token is row 0 of step 1's ids.
+  ASSERT_EQ(sim.schedule(), "A@6+1*^0 [0 1]");
+  EXPECT_EQ(sim.tokens(), (std::vector<int32_t>{-1}));
+  EXPECT_EQ(sim.sched().seq(sim.id('A')).pending, 2u);
+  EXPECT_EQ(sim.schedule(), "-");  // two in flight
+  EXPECT_EQ(sim.complete({20}), "A=20");
+  ASSERT_EQ(sim.schedule(), "A@7+1*^0 [0 1]");
+  EXPECT_EQ(sim.complete({21}), "A=21");
+  // A's third token is pending and max_tokens is 3: nothing more is planned for it.
+  EXPECT_EQ(sim.schedule(), "-");
+  // Block 1 (14 15 20 21) filled with known tokens only when step 3's result came: it is hashed
+  // with the real ids, so a prompt that continues A's stream hits both blocks.
+  EXPECT_FALSE(sim.sched().kv()->isCached(1));
+  EXPECT_EQ(sim.complete({22}), "A=22 length");
+  EXPECT_EQ(sim.freeQueue(), "2 3 4 5 6 7 1c 0c");
+  sim.add('B', gp({10, 11, 12, 13, 14, 15, 20, 21, 99}, 1));
+  EXPECT_EQ(sim.schedule(), "B@8+1* [0 1 2]");
+}
+
+TEST(StepSchedulerAsync, EosDropsTheSpeculativeTokenAndFreesAtOnce) {
+  Sim sim(async(), limits(8, 4, 32));
+  sim.add('A', gp({10, 11, 12}, 10));
+  ASSERT_EQ(sim.schedule(), "A@0+3* [0]");
+  ASSERT_EQ(sim.schedule(), "A@3+1*^0 [0]");
+  EXPECT_EQ(sim.complete({kEos}), "A=2 stop");
+  EXPECT_EQ(sim.freeQueue(), "0 1 2 3 4 5 6 7");
+  // The freed block goes to the next plan while step 2 (which writes A's position 3 into it)
+  // is still out: the worker runs steps in order, so B's writes come after.
+  sim.add('B', gp({20, 21, 22}, 10));
+  ASSERT_EQ(sim.schedule(), "B@0+3* [0]");
+  EXPECT_EQ(sim.complete({55}), "");  // A's speculative token: dropped, never streamed
+  EXPECT_EQ(sim.complete({60}), "B=60");
+  EXPECT_EQ(sim.sched().stats().generated_tokens, 2u);
+  EXPECT_EQ(sim.lastEvent('A').completion_tokens, 1u);
+}
+
+TEST(StepSchedulerAsync, LengthAndContextLimitsPlanNothingPastThem) {
+  Sim sim(async(), limits(4, 4, 8));
+  sim.add('A', gp({10, 11, 12, 13, 14}, 0));  // until the context (8)
+  ASSERT_EQ(sim.schedule(), "A@0+5* [0 1]");
+  ASSERT_EQ(sim.schedule(), "A@5+1*^0 [0 1]");
+  EXPECT_EQ(sim.complete({30}), "A=30");
+  ASSERT_EQ(sim.schedule(), "A@6+1*^0 [0 1]");
+  EXPECT_EQ(sim.complete({31}), "A=31");
+  EXPECT_EQ(sim.schedule(), "-");  // its pending token makes 8: the context is full
+  EXPECT_EQ(sim.complete({32}), "A=32 length");
+  EXPECT_EQ(sim.freeQueue(), "1 2 3 0c");  // block 1 holds 3 computed tokens: not cached
+}
+
+TEST(StepSchedulerAsync, StopTokenInStepNWhileStepNPlusOneCarriesOthers) {
+  Sim sim(async(), limits(8, 4, 32));
+  auto a = gp({10, 11}, 10);
+  a.stop_token_ids = {77};
+  sim.add('A', a);
+  sim.add('B', gp({20, 21}, 10));
+  ASSERT_EQ(sim.schedule(), "A@0+2* [0]; B@0+2* [1]");
+  ASSERT_EQ(sim.schedule(), "A@2+1*^0 [0]; B@2+1*^1 [1]");
+  EXPECT_EQ(sim.complete({77, 40}), "A=77 stop, B=40");
+  ASSERT_EQ(sim.schedule(), "B@3+1*^1 [1]");  // B was row 1 of step 2
+  EXPECT_EQ(sim.complete({99, 41}), "B=41");  // A's 99 dropped
+  EXPECT_EQ(sim.complete({42}), "B=42");
+  EXPECT_EQ(sim.lastEvent('A').completion_tokens, 1u);
+}
+
+TEST(StepSchedulerAsync, PreemptionWhileTwoStepsAreOutKeepsAccountingExact) {
+  // The sync PreemptionByRecomputeTable's requests with two steps in flight.
+  Sim sim(async(), limits(4, 2, 16));
+  sim.add('A', gp({10, 11, 12}, 4));
+  sim.add('B', gp({20, 21, 22}, 4));
+  ASSERT_EQ(sim.schedule(), "A@0+3* [0 1]; B@0+3* [2 3]");
+  ASSERT_EQ(sim.schedule(), "A@3+1*^0 [0 1]; B@3+1*^1 [2 3]");
+  EXPECT_EQ(sim.complete({30, 40}), "A=30, B=40");
+  // A needs a third block while step 2 is out: B is preempted; its pending token (step 2) is
+  // dropped with its KV; A takes B's uncached tail.
+  ASSERT_EQ(sim.schedule(), "A@4+1*^0 [0 1 3]");
+  EXPECT_EQ(sim.freeQueue(), "2c");
+  EXPECT_EQ(sim.sched().seq(sim.id('B')).tokens, (std::vector<int32_t>{20, 21, 22, 40}));
+  EXPECT_EQ(sim.complete({31, 41}), "A=31");      // B's 41 is stale: never streamed
+  ASSERT_EQ(sim.schedule(), "A@5+1*^0 [0 1 3]");  // B still cannot get its blocks
+  EXPECT_EQ(sim.complete({32}), "A=32");
+  EXPECT_EQ(sim.schedule(), "-");  // A's 4th token is pending; B still waits
+  EXPECT_EQ(sim.complete({33}), "A=33 length");
+  EXPECT_EQ(sim.freeQueue(), "2c 3c 1c 0c");
+  // B recomputes from its cached first block and samples its 2nd token again.
+  ASSERT_EQ(sim.schedule(), "B@2+2* [2 3]");
+  EXPECT_EQ(sim.tokens(), (std::vector<int32_t>{22, 40}));
+  ASSERT_EQ(sim.schedule(), "B@4+1*^0 [2 3 1]");
+  EXPECT_EQ(sim.complete({41}), "B=41");
+  EXPECT_EQ(sim.complete({42}), "B=42");
+  EXPECT_EQ(sim.cancel('B'), "B cancelled");
+  EXPECT_EQ(sim.sched().kv()->blocksFree(), 4u);
+  EXPECT_EQ(sim.sched().stats().preemptions, 1u);
+}
+
+TEST(StepSchedulerAsync, FailureOfStepNWithStepNPlusOneOut) {
+  Sim sim(async(), limits(8, 4, 32));
+  sim.add('A', gp({10, 11}, 10));
+  sim.add('B', gp({20, 21}, 10));
+  ASSERT_EQ(sim.schedule(), "A@0+2* [0]; B@0+2* [1]");
+  ASSERT_EQ(sim.schedule(), "A@2+1*^0 [0]; B@2+1*^1 [1]");
+  sim.add('W', gp({30}, 1));
+  EXPECT_EQ(sim.fail(unavailable("rose worker was killed by signal 9")),
+            "A UNAVAILABLE, B UNAVAILABLE");
+  EXPECT_EQ(sim.sched().kv()->blocksFree(), 8u);
+  EXPECT_TRUE(sim.sched().needsConfigure());
+  EXPECT_FALSE(sim.sched().configure(limits(8, 4, 32)));  // step 2 is still out
+  EXPECT_EQ(sim.fail(unavailable("rose worker was killed by signal 9")), "");
+  ASSERT_TRUE(sim.sched().configure(limits(8, 4, 32)));
+  EXPECT_EQ(sim.schedule(), "W@0+1* [0]");
+}
+
+TEST(StepSchedulerAsync, RefusedStepNEndsItsSequencesAndStepNPlusOnesNewcomerGoesOn) {
+  Sim sim(async(), limits(8, 4, 32));
+  sim.add('A', gp({10, 11}, 10));
+  ASSERT_EQ(sim.schedule(), "A@0+2* [0]");
+  sim.add('B', gp({20, 21}, 10));
+  ASSERT_EQ(sim.schedule(), "A@2+1*^0 [0]; B@0+2* [1]");
+  EXPECT_EQ(sim.fail(invalidArgument("block id 99 out of range")), "A INTERNAL");
+  // Step 2's ids: A's is stale; B's stands (a worker that ran it resolved A's prev_row from a
+  // refused step, which rose refuses as a whole: then B ends INTERNAL instead).
+  EXPECT_EQ(sim.complete({1, 40}), "B=40");
+  ASSERT_EQ(sim.schedule(), "B@2+1* [1]");
+  ASSERT_EQ(sim.schedule(), "B@3+1*^0 [1]");
+}
+
+TEST(StepSchedulerAsync, CancelAndDeadlineWithTwoStepsOut) {
+  Sim sim(async(), limits(8, 4, 32));
+  sim.add('A', gp({10, 11}, 10));
+  auto d = gp({20, 21}, 10);
+  d.deadline_ns = 5'000'000'000;
+  sim.add('D', d);
+  ASSERT_EQ(sim.schedule(), "A@0+2* [0]; D@0+2* [1]");
+  ASSERT_EQ(sim.schedule(), "A@2+1*^0 [0]; D@2+1*^1 [1]");
+  EXPECT_EQ(sim.cancel('A'), "A cancelled");
+  EXPECT_EQ(sim.freeQueue(), "0 2 3 4 5 6 7");
+  EXPECT_EQ(sim.complete({30, 40}), "D=40");
+  EXPECT_EQ(sim.expire(5'000'000'000), "D DEADLINE_EXCEEDED");
+  EXPECT_EQ(sim.complete({31, 41}), "");
+  EXPECT_EQ(sim.sched().kv()->blocksFree(), 8u);
+  EXPECT_EQ(sim.lastEvent('D').completion_tokens, 1u);
+}
+
+TEST(StepSchedulerAsync, RetractRestoresThePlaceholderChain) {
+  Sim sim(async(), limits(8, 4, 32));
+  sim.add('A', gp({10, 11}, 10));
+  sim.add('B', gp({20, 21}, 10));
+  ASSERT_EQ(sim.schedule(), "A@0+2* [0]; B@0+2* [1]");
+  const std::string second = sim.schedule();
+  ASSERT_EQ(second, "A@2+1*^0 [0]; B@2+1*^1 [1]");
+  sim.retractNewest();
+  EXPECT_EQ(sim.sched().seq(sim.id('B')).pending, 1u);
+  EXPECT_EQ(sim.schedule(), second);
+  EXPECT_EQ(sim.complete({30, 40}), "A=30, B=40");
+  EXPECT_EQ(sim.complete({31, 41}), "A=31, B=41");
+}
+
+TEST(StepSchedulerAsync, OffMeansOneStepInFlight) {
+  Sim sim(sync(), limits(8, 4, 32));
+  sim.add('A', gp({10, 11}, 10));
+  ASSERT_EQ(sim.schedule(), "A@0+2* [0]");
+  EXPECT_EQ(sim.schedule(), "-");
+  EXPECT_EQ(sim.sched().maxStepsInFlight(), 1u);
+}
+
+// ---- Many random requests through the fake model, both modes -----------------------------------
+
+struct Req {
+  GenerateParams params;
+  std::vector<int32_t> want;  // the reference stream
+  FinishReason want_finish = FinishReason::kNone;
+};
+
+struct Outcome {
+  std::map<SeqId, std::vector<int32_t>> tokens;
+  std::map<SeqId, GenerateEvent> last;
+  size_t placeholders = 0;  // sequences planned from a placeholder
+  size_t events_after_last = 0;
+};
+
+// Runs `reqs` to the end: the fake model runs each step when its result is taken, in plan order,
+// resolving prev_row from the step it ran before (as rose does). With async_steps, up to two
+// plans are out; cancel_at: (step count, request index) pairs cancelled after that many results.
+Outcome runModel(const LlmSchedulerOptions& opts, const LlmWorkerLimits& l,
+                 const std::vector<Req>& reqs,
+                 const std::vector<std::pair<size_t, size_t>>& cancel_at = {}) {
+  Outcome out;
+  LlmStepScheduler s(opts);
+  EXPECT_TRUE(s.configure(l));
+  testing::FakeLlmEngine engine(l.kv_num_blocks, l.kv_block_size, kVocab);
+  std::vector<SeqId> ids;
+  int64_t now = 1;
+  for (const Req& r : reqs) ids.push_back(*s.add(r.params, now));
+  std::deque<StepPlan> out_plans;
+  size_t results = 0;
+  auto drain = [&] {
+    for (SeqEvent& e : s.takeEvents()) {
+      if (out.last.count(e.id)) ++out.events_after_last;
+      if (e.event.token >= 0) out.tokens[e.id].push_back(e.event.token);
+      if (e.event.last) out.last[e.id] = e.event;
+    }
+    EXPECT_TRUE(s.kv()->checkInvariants().isOk()) << s.kv()->checkInvariants().toString();
+    EXPECT_EQ(s.kv()->numSeqs(), s.running().size());
+  };
+  for (int guard = 0; guard < 100000 && (s.hasWork() || !out_plans.empty()); ++guard) {
+    while (true) {
+      StepPlan p = s.schedule(++now);
+      drain();
+      if (p.empty()) break;
+      for (const auto& d : p.seqs) out.placeholders += d.prev_row >= 0 ? 1 : 0;
+      out_plans.push_back(std::move(p));
+    }
+    if (out_plans.empty()) {
+      ADD_FAILURE() << "work left but nothing planned";
+      break;
+    }
+    StepPlan p = std::move(out_plans.front());
+    out_plans.pop_front();
+    auto ids_or = engine.step(p.seqs, p.tokens, p.block_ids);
+    if (!ids_or.isOk()) {
+      ADD_FAILURE() << "the fake model refused a step: " << ids_or.status().toString();
+      s.stepFailed(p, ids_or.status(), ++now);
+    } else {
+      s.update(p, *ids_or, ++now);
+    }
+    ++results;
+    for (auto [at, idx] : cancel_at)
+      if (at == results) s.cancel(ids[idx], ++now);
+    drain();
+  }
+  EXPECT_FALSE(s.hasWork());
+  EXPECT_EQ(s.kv()->blocksFree(), l.kv_num_blocks);
+  EXPECT_EQ(s.stepsInFlight(), 0u);
+  return out;
+}
+
+std::vector<Req> randomRequests(uint32_t seed, size_t n, uint32_t context_len) {
+  std::mt19937 rng(seed);
+  std::vector<std::vector<int32_t>> prefixes = {range(5, 100), range(7, 100), range(3, 300)};
+  std::vector<Req> reqs;
+  for (size_t i = 0; i < n; ++i) {
+    Req r;
+    std::vector<int32_t> prompt = prefixes[rng() % prefixes.size()];
+    for (uint32_t k = rng() % 5; k > 0; --k)
+      prompt.push_back(3 + static_cast<int32_t>(rng() % 900));
+    const uint32_t max_tokens = rng() % 4 == 0 ? 0 : 1 + rng() % 10;
+    r.params = gp(prompt, max_tokens);
+    if (i % 3 == 0) {
+      r.params.sampling.temperature = 1.f;
+      r.params.sampling.seed = 1000 + i;
+    }
+    const uint32_t room = context_len - static_cast<uint32_t>(prompt.size());
+    const uint32_t n_out = max_tokens == 0 ? room : std::min(max_tokens, room);
+    std::vector<int32_t> full = testing::fakeReference(prompt, n_out, r.params.sampling, kVocab);
+    // Every 4th request stops at a token of its own stream (the stop token is the last one).
+    if (i % 4 == 1 && full.size() > 2) r.params.stop_token_ids = {full[full.size() / 2]};
+    r.want =
+        testing::fakeReference(prompt, n_out, r.params.sampling, kVocab, r.params.stop_token_ids);
+    const bool stopped =
+        !r.params.stop_token_ids.empty() && r.want.back() == r.params.stop_token_ids[0];
+    r.want_finish = stopped ? FinishReason::kStop : FinishReason::kLength;
+    reqs.push_back(std::move(r));
+  }
+  return reqs;
+}
+
+TEST(StepSchedulerModel, SyncAndAsyncStreamsEqualTheReference) {
+  // Tiny pool (preemption), small budget (chunked prefill), shared prefixes (cache hits), seeded
+  // sampling; eos is outside the fake's range [3, vocab), so streams end by stop or length.
+  const LlmWorkerLimits l = limits(16, 2, 32);
+  for (uint32_t seed : {1u, 2u, 3u}) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    const std::vector<Req> reqs = randomRequests(seed, 24, 32);
+    const Outcome a = runModel(sync(16, 4), l, reqs);
+    const Outcome b = runModel(async(16, 4), l, reqs);
+    EXPECT_EQ(a.placeholders, 0u);
+    EXPECT_GT(b.placeholders, 0u);  // steps did overlap
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      const SeqId id = i + 1;
+      EXPECT_EQ(a.tokens.at(id), reqs[i].want) << "sync, request " << i;
+      EXPECT_EQ(b.tokens.at(id), reqs[i].want) << "async, request " << i;
+      EXPECT_EQ(a.last.at(id).finish, reqs[i].want_finish) << i;
+      EXPECT_EQ(b.last.at(id).finish, reqs[i].want_finish) << i;
+      EXPECT_EQ(b.last.at(id).completion_tokens, reqs[i].want.size()) << i;
+    }
+    EXPECT_EQ(a.events_after_last + b.events_after_last, 0u);
+  }
+}
+
+TEST(StepSchedulerModel, CancellationsInBothModesLeaveExactAccounting) {
+  const LlmWorkerLimits l = limits(12, 2, 24);
+  const std::vector<Req> reqs = randomRequests(9, 16, 24);
+  std::vector<std::pair<size_t, size_t>> cancels = {{1, 0}, {2, 3}, {4, 5}, {7, 8}, {9, 15}};
+  for (bool is_async : {false, true}) {
+    SCOPED_TRACE(is_async ? "async" : "sync");
+    const Outcome o = runModel(is_async ? async(16, 4) : sync(16, 4), l, reqs, cancels);
+    EXPECT_EQ(o.events_after_last, 0u);
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      const SeqId id = i + 1;
+      ASSERT_TRUE(o.last.count(id)) << i;
+      const auto& got = o.tokens.count(id) ? o.tokens.at(id) : std::vector<int32_t>{};
+      // Every stream is a prefix of its reference; the uncancelled ones are all of it.
+      ASSERT_LE(got.size(), reqs[i].want.size()) << i;
+      EXPECT_TRUE(std::equal(got.begin(), got.end(), reqs[i].want.begin())) << i;
+      if (o.last.at(id).finish != FinishReason::kCancelled) {
+        EXPECT_EQ(got, reqs[i].want) << i;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace garden::tulip
