@@ -65,13 +65,9 @@ trap stop EXIT
 # only, and the tiers stop in order through stop() (SIGTERM) rather than all at once.
 set -m
 
-# rose does not resolve LlmStepSeq.prev_row yet [TAG_LLM_PREV_TOKEN]: one LLM step in flight,
-# unless a --tulip-arg says otherwise.
-ASYNC_ARGS=(--llm-async-steps off)
-for a in "${TULIP_EXTRA[@]}"; do [[ "$a" == --llm-async-steps* ]] && ASYNC_ARGS=(); done
 "$TULIP" --port "$TULIP_PORT" --metrics-port "$METRICS_PORT" --model "$MODEL" --device "$DEVICE" \
   --rose-bin "$ROSE" --shm-name "/garden-mesh-$TULIP_PORT" "${ROSE_ARGS[@]}" "${NAME_ARGS[@]}" \
-  "${ASYNC_ARGS[@]}" "${TULIP_EXTRA[@]}" &
+  "${TULIP_EXTRA[@]}" &
 pids+=($!)
 "$IVY" --port "$PORT" --tulip "127.0.0.1:$TULIP_PORT" "${TOKENIZER_ARGS[@]}" "${NAME_ARGS[@]}" \
   "${IVY_EXTRA[@]}" &

@@ -13,8 +13,8 @@
 // Two steps in flight [TAG_LLM_PREV_TOKEN]: a sequence with prev_row >= 0 takes its first new
 // token from row prev_row of the ids the previous step (the one this engine ran just before)
 // sampled; its token in `tokens` must be the placeholder -1 (stricter than rose, which ignores
-// it, so that a scheduler writing a real token there shows up). A refused step samples nothing,
-// so a step after it that names a prev_row is refused too.
+// it, so that a scheduler writing a real token there shows up). As in rose (common/llm/step.h), a
+// refused step does not count: prev_row names a row of the last step the engine ran.
 //
 // Threads: FakeLlmEngine is used by one thread at a time; the free functions are pure.
 
@@ -77,15 +77,9 @@ class FakeLlmEngine {
                                     std::span<const int32_t> tokens,
                                     std::span<const int32_t> blocks) {
     auto out = run(seqs, tokens, blocks);
-    if (out.isOk())
-      previous_ = *out;
-    else
-      previous_.clear();
+    if (out.isOk()) previous_ = *out;  // a refused step leaves the last run step's ids
     return out;
   }
-
-  // A step that was refused before it reached the engine (it sampled nothing).
-  void stepRefused() { previous_.clear(); }
 
   void reset() {
     slots_.assign(slots_.size(), -1);

@@ -70,7 +70,6 @@ class FakeLlmWorker final : public Worker {
     std::vector<int32_t> ids;
     if (!fail.isOk()) {
       r.status = fail;
-      engine_.stepRefused();
     } else {
       auto res = engine_.step(h.batch.llm_seqs, h.batch.tokens, h.batch.block_ids);
       if (!res.isOk()) {

@@ -166,7 +166,6 @@ int main(int argc, char** argv) {
         if (sum != d->num_tokens) ids = invalidArgument("num_tokens != sum of the sequences'");
         else ids = engine.step(seqs, toks, blocks);
       }
-      if (!ids.isOk()) engine.stepRefused();  // [TAG_LLM_PREV_TOKEN]: nothing for a prev_row
       if (ids.isOk()) {
         std::memcpy(out.data(), ids->data(), ids->size() * sizeof(int32_t));
         c.rows = static_cast<uint32_t>(ids->size());

@@ -81,10 +81,7 @@ class ChatMesh : public ::testing::Test {
             "--served-model-name",
             "gpt-oss-tiny",
             "--heartbeat-timeout-ms",
-            "10000",
-            // rose does not resolve LlmStepSeq.prev_row yet [TAG_LLM_PREV_TOKEN]
-            "--llm-async-steps",
-            "off"},
+            "10000"},
         m.dir.path() + "/tulip.log");
     m.ivy = std::make_unique<testing::Process>(
         std::vector<std::string>{testing::binary("services/ivy/ivy"), "--host", "127.0.0.1",

@@ -263,7 +263,7 @@ class GenerateDisconnectTest : public MeshTest {
               0)
         << "rose-mkmodel --kind gpt-oss failed (is " << tok << " there?)";
     // rose does not resolve LlmStepSeq.prev_row yet [TAG_LLM_PREV_TOKEN]
-    startMesh(model, "discg", "gpt-oss-tiny", {"--device", "cpu", "--llm-async-steps", "off"},
+    startMesh(model, "discg", "gpt-oss-tiny", {"--device", "cpu"},
               {"--tokenizer", tok}, 240s);
   }
 };

@@ -104,9 +104,7 @@ class GenerateRose : public ::testing::Test {
          "--heartbeat-timeout-ms", "120000", "--progress-timeout-ms", "120000",
          "--rose-arg=--kv-blocks", "--rose-arg=" + std::to_string(kv_blocks),
          "--rose-arg=--kv-block-size", "--rose-arg=" + std::to_string(kBlock),
-         "--rose-arg=--max-model-len", "--rose-arg=128", "--rose-arg=--max-seqs", "--rose-arg=4",
-         // rose does not resolve LlmStepSeq.prev_row yet [TAG_LLM_PREV_TOKEN]
-         "--llm-async-steps", "off"});
+         "--rose-arg=--max-model-len", "--rose-arg=128", "--rose-arg=--max-seqs", "--rose-arg=4"});
     tulip_ = std::make_unique<testing::Process>(
         argv, dir_->path() + "/tulip-" + std::to_string(port_) + ".log");
     auto t0 = std::chrono::steady_clock::now();

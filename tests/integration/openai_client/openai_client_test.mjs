@@ -101,8 +101,6 @@ async function startMesh(name, modelDir, tokenizer, served) {
     '--rose-bin', bin('services/rose/rose'), '--rose-threads', '2',
     '--shm-name', `/garden-oai-${process.pid}-${tulipPort}`, '--served-model-name', served,
     '--heartbeat-timeout-ms', '5000',
-    // rose does not resolve LlmStepSeq.prev_row yet [TAG_LLM_PREV_TOKEN]
-    '--llm-async-steps', 'off',
   ]);
   const ivy = start(`${name}-ivy`, [
     bin('services/ivy/ivy'), '--host', '127.0.0.1', '--port', String(ivyPort),

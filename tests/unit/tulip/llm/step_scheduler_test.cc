@@ -587,8 +587,8 @@ TEST(StepSchedulerAsync, RefusedStepNEndsItsSequencesAndStepNPlusOnesNewcomerGoe
   sim.add('B', gp({20, 21}, 10));
   ASSERT_EQ(sim.schedule(), "A@2+1*^0 [0]; B@0+2* [1]");
   EXPECT_EQ(sim.fail(invalidArgument("block id 99 out of range")), "A INTERNAL");
-  // Step 2's ids: A's is stale; B's stands (a worker that ran it resolved A's prev_row from a
-  // refused step, which rose refuses as a whole: then B ends INTERNAL instead).
+  // Step 2's ids: A's is stale (rose resolved A's prev_row from the last step it ran, the one
+  // before the refused step); B's stands.
   EXPECT_EQ(sim.complete({1, 40}), "B=40");
   ASSERT_EQ(sim.schedule(), "B@2+1* [1]");
   ASSERT_EQ(sim.schedule(), "B@3+1*^0 [1]");
