@@ -21,6 +21,7 @@ struct Metrics {
   metrics::HistogramFamily& latency;
   metrics::HistogramFamily& queue;
   metrics::CounterFamily& tokens;
+  metrics::HistogramFamily& queue_batches;
   static Metrics& get() {
     auto& r = metrics::Registry::global();
     static Metrics m{
@@ -32,6 +33,10 @@ struct Metrics {
                     {"method"}),
         r.counter("tulip_prompt_tokens_total", "Tokens accepted for embedding or scoring",
                   {"method"}),
+        // The fairness signal [TAG_EMBED_FAIR]: batches formed ahead of a request while it waited.
+        r.histogram("tulip_queue_wait_batches",
+                    "Batches formed ahead of an embed/score request while it waited", {"method"},
+                    {0, 1, 2, 4, 8, 16, 64, 256}),
     };
     return m;
   }
@@ -116,6 +121,7 @@ class JobReactor final : public grpc::ServerUnaryReactor {
     if (st.isOk()) {
       m.tokens.labels({method}).inc(static_cast<double>(tokens));
       m.queue.labels({method}).observe(job->queue_us / 1e6);
+      m.queue_batches.labels({method}).observe(job->queue_batches);
     }
     log::info("request", {{"request_id", job->request_id},
                           {"method", method},
@@ -123,6 +129,7 @@ class JobReactor final : public grpc::ServerUnaryReactor {
                           {"tokens", tokens},
                           {"status", st},
                           {"queue_us", job->queue_us},
+                          {"queue_batches", job->queue_batches},
                           {"inference_us", job->inference_us},
                           {"total_us", total_us}});
     if (log::enabled(log::Level::kDebug) && st.isOk()) logTrace(*job, reply_ns, finish_ns);
