@@ -56,7 +56,10 @@ int run(int argc, char** argv) {
   uint64_t max_inputs = service_options.embeddings_limits.max_inputs;
   uint64_t max_input_chars = service_options.embeddings_limits.max_input_chars;
   uint64_t max_input_tokens = service_options.embeddings_limits.max_input_tokens;
-  uint64_t max_request_tokens = service_options.embeddings_limits.max_request_tokens;
+  // 256 Ki tokens, not the library's 1 Mi: a maximum request then takes at most a quarter of one
+  // tulip's default queue (--queue-limit-tokens 1 Mi), so it cannot fill a replica alone; OpenAI
+  // caps an embeddings request at 300k tokens. tulip batches fairly either way [TAG_EMBED_FAIR].
+  uint64_t max_request_tokens = 256u << 10;
   uint64_t max_inflight_requests = service_options.max_inflight_requests;
   uint64_t max_inflight_tokens = service_options.max_inflight_tokens;
   std::string api_keys_file;
