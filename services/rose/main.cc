@@ -71,6 +71,7 @@ struct LlmServeArgs {
   uint32_t depth = 4;
   uint64_t input_bytes = 0, output_bytes = 0;
   uint32_t metrics_port = 0;
+  std::string metrics_host;
   pid_t parent = 0;
   LlmFlags llm;
 };
@@ -226,7 +227,7 @@ int serveLlm(const LlmServeArgs& a) {
 
   garden::MetricsHttpServer metrics_http;
   if (a.metrics_port != 0) {
-    Status mst = metrics_http.start("0.0.0.0", static_cast<uint16_t>(a.metrics_port));
+    Status mst = metrics_http.start(a.metrics_host, static_cast<uint16_t>(a.metrics_port));
     if (!mst.isOk()) return fail(mst, "cannot serve metrics");
   }
   const int32_t owner = a.create_shm ? 0 : channel->ownerPid();
@@ -261,6 +262,7 @@ int main(int argc, char** argv) {
   std::string model_dir, shm_name, device = "cpu", pooling = "default", attention = "default";
   std::string log_level = "info";
   uint32_t metrics_port = 0;
+  std::string metrics_host = "127.0.0.1";
   int64_t max_batch_tokens = 8192;
   int32_t threads = 0;
   bool create_shm = false;
@@ -285,6 +287,7 @@ int main(int argc, char** argv) {
       .add("output-bytes", &output_bytes,
            "with --create-shm: output arena bytes per slot (0 = from the model)")
       .add("metrics-port", &metrics_port, "HTTP port for /metrics and /health (0 = off)")
+      .add("metrics-host", &metrics_host, "address --metrics-port binds (0.0.0.0: every interface)")
       .add("log-level", &log_level, "debug, info, warn, error");
   // LLM path (gpt-oss) flags [llm-rose].
   LlmFlags llm_flags;
@@ -383,6 +386,7 @@ int main(int argc, char** argv) {
     la.input_bytes = input_bytes;
     la.output_bytes = output_bytes;
     la.metrics_port = metrics_port;
+    la.metrics_host = metrics_host;
     la.parent = parent;
     la.llm = llm_flags;
     return serveLlm(la);
@@ -482,7 +486,7 @@ int main(int argc, char** argv) {
 
   garden::MetricsHttpServer metrics_http;
   if (metrics_port != 0) {
-    Status mst = metrics_http.start("0.0.0.0", static_cast<uint16_t>(metrics_port));
+    Status mst = metrics_http.start(metrics_host, static_cast<uint16_t>(metrics_port));
     if (!mst.isOk()) return fail(mst, "cannot serve metrics");
   }
 

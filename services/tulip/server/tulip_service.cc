@@ -332,6 +332,29 @@ TulipService::TulipService(EmbedScheduler& scheduler, LlmScheduler& llm, Worker&
                            ServiceOptions opts)
     : scheduler_(scheduler), llm_(llm), worker_(worker), opts_(std::move(opts)) {}
 
+grpc::Status TulipService::authorize(const grpc::CallbackServerContext* ctx) const {
+  if (opts_.auth == nullptr) return grpc::Status::OK;
+  auto it = ctx->client_metadata().find("authorization");
+  const std::string_view presented =
+      it == ctx->client_metadata().end() ? std::string_view()
+                                         : std::string_view(it->second.data(), it->second.size());
+  const Status st = checkBearer(presented, *opts_.auth);
+  if (st.isOk()) return grpc::Status::OK;
+  static auto& refused =
+      metrics::Registry::global()
+          .counter("tulip_unauthenticated_total", "Calls refused for a missing or wrong token")
+          .get();
+  refused.inc();
+  // At most one line a second: a caller hammering without a token must not flood the log.
+  static std::atomic<int64_t> last_log_ns{0};
+  const int64_t now = shm::monotonicNowNs();
+  int64_t last = last_log_ns.load(std::memory_order_relaxed);
+  if (now - last > 1000000000 && last_log_ns.compare_exchange_strong(last, now))
+    log::warn("call refused (counted in tulip_unauthenticated_total)",
+              {{"peer", ctx->peer()}, {"status", st}});
+  return toGrpcStatus(st);
+}
+
 bool TulipService::servesLlm() const {
   auto f = worker_.facts();
   return std::string(f.kind, strnlen(f.kind, sizeof(f.kind))) == "llm";
@@ -346,6 +369,7 @@ std::string TulipService::modelName() const {
 grpc::ServerUnaryReactor* TulipService::Embed(grpc::CallbackServerContext* ctx,
                                               const v1::EmbedRequest* req,
                                               v1::EmbedResponse* resp) {
+  if (grpc::Status a = authorize(ctx); !a.ok()) return finishNow(ctx, a);
   if (!req->model().empty() && worker_.ready() && req->model() != modelName()) {
     return finishNow(ctx, toGrpcStatus(notFound("model '" + req->model() +
                                                 "' is not served here (serving '" +
@@ -386,6 +410,7 @@ grpc::ServerUnaryReactor* TulipService::Embed(grpc::CallbackServerContext* ctx,
 grpc::ServerUnaryReactor* TulipService::Score(grpc::CallbackServerContext* ctx,
                                               const v1::ScoreRequest* req,
                                               v1::ScoreResponse* resp) {
+  if (grpc::Status a = authorize(ctx); !a.ok()) return finishNow(ctx, a);
   if (!req->model().empty() && worker_.ready() && req->model() != modelName()) {
     return finishNow(ctx, toGrpcStatus(notFound("model '" + req->model() +
                                                 "' is not served here")));
@@ -428,6 +453,7 @@ grpc::ServerWriteReactor<v1::GenerateChunk>* TulipService::Generate(
     explicit Refuse(const grpc::Status& st) { Finish(st); }
     void OnDone() override { delete this; }
   };
+  if (grpc::Status a = authorize(ctx); !a.ok()) return new Refuse(a);
   if (worker_.ready() && !servesLlm()) {
     return new Refuse(grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
                                    "Generate: this tulip serves an embedding model; text "
@@ -459,6 +485,7 @@ grpc::ServerWriteReactor<v1::GenerateChunk>* TulipService::Generate(
 grpc::ServerUnaryReactor* TulipService::Load(grpc::CallbackServerContext* ctx,
                                              const v1::LoadRequest* req,
                                              v1::LoadResponse* resp) {
+  if (grpc::Status a = authorize(ctx); !a.ok()) return finishNow(ctx, a);
   if (servesLlm()) {
     auto s = llm_.stats();
     resp->set_queued_requests(s.waiting);
@@ -487,6 +514,7 @@ grpc::ServerUnaryReactor* TulipService::Load(grpc::CallbackServerContext* ctx,
 grpc::ServerUnaryReactor* TulipService::ModelInfo(grpc::CallbackServerContext* ctx,
                                                   const v1::ModelInfoRequest* req,
                                                   v1::ModelInfoResponse* resp) {
+  if (grpc::Status a = authorize(ctx); !a.ok()) return finishNow(ctx, a);
   if (!worker_.ready()) {
     return finishNow(ctx, toGrpcStatus(workerDown(worker_)));
   }
