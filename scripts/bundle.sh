@@ -15,6 +15,7 @@
 #                                                   rose-mkmodel runs to make the default model
 #     run-mesh.sh                                   starts ivy + tulip + rose on one host
 #     libexec/supervise.sh                          (run-mesh.sh's tier supervisor, scripts/supervise.sh)
+#     systemd/                                      units + example env files for /opt/garden (deploy/systemd)
 #     MANIFEST                                      version, build settings, sha256 of every file
 #
 # The host supplies glibc (>= the build machine's 2.36), libstdc++ (GCC >= 12), the NVIDIA driver
@@ -237,6 +238,8 @@ done
 
 # --- run script ------------------------------------------------------------------------------
 cp "$repo/scripts/supervise.sh" "$out/libexec/supervise.sh"
+mkdir -p "$out/systemd"
+cp "$repo"/deploy/systemd/* "$out/systemd/"
 cat > "$out/run-mesh.sh" <<'RUN'
 #!/usr/bin/env bash
 # run-mesh.sh: starts Garden from this bundle on one host: tulip (gRPC scheduler) spawning rose
