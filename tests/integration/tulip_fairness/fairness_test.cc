@@ -198,7 +198,14 @@ TEST_P(TulipFairness, SmallRequestsDoNotWaitForAMaximumSizeRequest) {
   ASSERT_GT(step_hi, 0);
   ASSERT_FALSE(samples.empty());
 
-  const std::string tulip_log = mesh.tulip->log();
+  // tulip answers before it writes a request's log line: wait until every line is there.
+  std::string tulip_log;
+  testing::eventually(30s, [&] {
+    tulip_log = mesh.tulip->log();
+    for (const Sample& s : samples)
+      if (loggedQueueBatches(tulip_log, s.id) < 0) return false;
+    return true;
+  });
   std::vector<double> client_ms, tulip_ms;
   int most_ahead = 0;
   for (const Sample& s : samples) {
