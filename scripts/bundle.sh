@@ -14,6 +14,8 @@
 #     bin/spm_train, libexec/spm_train              sentencepiece's trainer (Debian's), which
 #                                                   rose-mkmodel runs to make the default model
 #     run-mesh.sh                                   starts ivy + tulip + rose on one host
+#     libexec/supervise.sh                          (run-mesh.sh's tier supervisor, scripts/supervise.sh)
+#     systemd/                                      units + example env files for /opt/garden (deploy/systemd)
 #     MANIFEST                                      version, build settings, sha256 of every file
 #
 # The host supplies glibc (>= the build machine's 2.36), libstdc++ (GCC >= 12), the NVIDIA driver
@@ -235,6 +237,9 @@ for f in "$out"/lib/*; do
 done
 
 # --- run script ------------------------------------------------------------------------------
+cp "$repo/scripts/supervise.sh" "$out/libexec/supervise.sh"
+mkdir -p "$out/systemd"
+cp "$repo"/deploy/systemd/* "$out/systemd/"
 cat > "$out/run-mesh.sh" <<'RUN'
 #!/usr/bin/env bash
 # run-mesh.sh: starts Garden from this bundle on one host: tulip (gRPC scheduler) spawning rose
@@ -242,24 +247,30 @@ cat > "$out/run-mesh.sh" <<'RUN'
 # pod runs them — and ivy (HTTP gateway) in front. Stops everything on Ctrl-C / SIGTERM.
 #
 #   ./run-mesh.sh --model DIR [--tokenizer FILE] [--device cuda|cpu] [--port 8080]
-#                 [--tulip-port 50051] [--metrics-port 9091] [--shm-name NAME] [--sidecar]
-#                 [--served-model-name NAME] [--rose-threads N] [--no-tokenizer] [--logs DIR]
-#                 [--ready-timeout SECONDS]
+#                 [--host 127.0.0.1] [--tulip-port 50051] [--metrics-port 9091] [--shm-name NAME]
+#                 [--sidecar] [--served-model-name NAME] [--rose-threads N] [--no-tokenizer]
+#                 [--logs DIR] [--ready-timeout SECONDS]
 #
 # DIR is a Hugging Face model folder (config.json, *.safetensors, tokenizer.json); the tokenizer
 # is ivy's default for DIR unless --tokenizer names one (--no-tokenizer: ivy accepts token-id
-# inputs only). Prints "garden: ready on http://HOST:PORT" once ivy's /ready
-# answers 200, then waits; exits non-zero if any process dies.
+# inputs only). Everything binds 127.0.0.1; --host 0.0.0.0 serves ivy's HTTP API to other
+# machines (tulip and the metrics stay on 127.0.0.1). Prints "garden: ready on http://HOST:PORT"
+# once ivy's /ready answers 200, then runs until Ctrl-C / SIGTERM. A process that dies is started
+# again after a backoff (libexec/supervise.sh; tulip restarts a rose it spawned itself), and the
+# others keep running; the script exits non-zero only when a process cannot start at all (exit
+# status 2: a flag error).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-model="" tokenizer="" device="cuda" port=8080 tport=50051 mport=9091 shm="garden-$$" sidecar=0
-logs="" ready_timeout=300 name="" rose_threads=0 no_tok=0
+source "$root/libexec/supervise.sh"
+model="" tokenizer="" device="cuda" port=8080 host=127.0.0.1 tport=50051 mport=9091 shm="garden-$$"
+sidecar=0 logs="" ready_timeout=300 name="" rose_threads=0 no_tok=0
 while (($#)); do
   case "$1" in
     --model) model="$2"; shift 2 ;;
     --tokenizer) tokenizer="$2"; shift 2 ;;
     --device) device="$2"; shift 2 ;;
     --port) port="$2"; shift 2 ;;
+    --host) host="$2"; shift 2 ;;
     --tulip-port) tport="$2"; shift 2 ;;
     --metrics-port) mport="$2"; shift 2 ;;
     --shm-name) shm="$2"; shift 2 ;;
@@ -293,24 +304,25 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
+# Each process under a supervisor (libexec/supervise.sh): restarted when it dies, its log appended.
 if ((sidecar)); then
-  "$root/bin/rose" --model "$model" --device "$device" --shm-name "$shm" --create-shm \
-    --depth 4 --max-batch-tokens 8192 > "$logs/rose.log" 2>&1 &
+  supervise rose "$logs/rose.log" "$root/bin/rose" --model "$model" --device "$device" \
+    --shm-name "$shm" --create-shm --depth 4 --max-batch-tokens 8192 &
   pids+=($!)
-  "$root/bin/tulip" --port "$tport" --metrics-port "$mport" --model "$model" --device "$device" \
-    --shm-name "$shm" --attach --depth 4 --max-batch-tokens 8192 ${name:+--served-model-name "$name"} \
-    > "$logs/tulip.log" 2>&1 &
+  supervise tulip "$logs/tulip.log" "$root/bin/tulip" --host 127.0.0.1 --port "$tport" \
+    --metrics-port "$mport" --model "$model" --device "$device" --shm-name "$shm" --attach \
+    --depth 4 --max-batch-tokens 8192 ${name:+--served-model-name "$name"} &
   pids+=($!)
 else
-  "$root/bin/tulip" --port "$tport" --metrics-port "$mport" --model "$model" --device "$device" \
-    --shm-name "$shm" --rose-bin "$root/bin/rose" --rose-threads "$rose_threads" \
-    ${name:+--served-model-name "$name"} > "$logs/tulip.log" 2>&1 &
+  supervise tulip "$logs/tulip.log" "$root/bin/tulip" --host 127.0.0.1 --port "$tport" \
+    --metrics-port "$mport" --model "$model" --device "$device" --shm-name "$shm" \
+    --rose-bin "$root/bin/rose" --rose-threads "$rose_threads" ${name:+--served-model-name "$name"} &
   pids+=($!)
 fi
 tok_args=(--model-dir "$model" ${tokenizer:+--tokenizer "$tokenizer"})
 ((no_tok)) && tok_args=()
-"$root/bin/ivy" --host 127.0.0.1 --port "$port" --tulip "127.0.0.1:$tport" "${tok_args[@]}" \
-  > "$logs/ivy.log" 2>&1 &
+supervise ivy "$logs/ivy.log" "$root/bin/ivy" --host "$host" --port "$port" \
+  --tulip "127.0.0.1:$tport" "${tok_args[@]}" &
 pids+=($!)
 echo "garden: logs in $logs"
 # GET http://127.0.0.1:$1$2 answered 200? (bash's /dev/tcp: the host needs no curl)
@@ -322,7 +334,7 @@ deadline=$((SECONDS + ready_timeout))
 until http_ok "$port" /ready; do
   for p in "${pids[@]}"; do
     if ! kill -0 "$p" 2>/dev/null; then
-      echo "garden: a process exited during startup; last log lines:" >&2
+      echo "garden: a process could not start; last log lines:" >&2
       tail -n 20 "$logs"/*.log >&2
       exit 1
     fi
@@ -334,11 +346,11 @@ until http_ok "$port" /ready; do
   fi
   sleep 0.2
 done
-echo "garden: ready on http://127.0.0.1:$port (tulip 127.0.0.1:$tport, metrics :$mport)"
-# Runs until a process dies or a signal arrives.
-wait -n "${pids[@]}"
-rc=$?
-echo "garden: a process exited (status $rc); last log lines:" >&2
+echo "garden: ready on http://$host:$port (tulip 127.0.0.1:$tport, metrics 127.0.0.1:$mport)"
+# Runs until a signal arrives; a supervisor ends on its own only when its process cannot start.
+rc=0
+wait -n "${pids[@]}" || rc=$?
+echo "garden: a process could not be started (status $rc); last log lines:" >&2
 tail -n 20 "$logs"/*.log >&2
 exit 1
 RUN

@@ -176,7 +176,8 @@ sys.exit(0 if ($check) else 1)
   exit 0
 fi
 
-# Serve until Ctrl-C, or stop everything when either mesh exits on its own.
+# Serve until Ctrl-C. A mesh restarts a crashed tier itself; it exits on its own only when a tier
+# cannot start at all, and then everything stops.
 wait -n "${pids[@]}" || true
 echo "demo: a mesh exited; stopping" >&2
 exit 1

@@ -13,6 +13,7 @@ PKGS=(
   prometheus
   clang libclang-rt-14-dev
   patchelf unzip
+  systemd  # systemd-analyze checks deploy/systemd (tests/deploy; no systemd as pid 1 needed)
   unicode-data
   python3
 )

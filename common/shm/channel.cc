@@ -8,11 +8,21 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <dirent.h>
+#include <signal.h>
+#include <sys/sysmacros.h>
+
 #include <cerrno>
 #include <climits>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <new>
+#include <sstream>
 #include <type_traits>
+#include <vector>
+
+#include "common/logging.h"
 
 namespace garden::shm {
 namespace {
@@ -165,14 +175,155 @@ int64_t monotonicNowNs() {
   return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
 }
 
+namespace {
+
+enum class Maps { kYes, kNo, kUnknown };
+
+// A process that exists and is not a zombie (a zombie holds no mappings and never will again).
+bool alive(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  if (!in) return ::kill(pid, 0) == 0 || errno == EPERM;  // no /proc/<pid>: ask the kernel
+  std::string stat;
+  std::getline(in, stat);
+  const size_t paren = stat.rfind(')');  // "pid (comm) S ...": comm may hold spaces and parens
+  if (paren == std::string::npos || paren + 2 >= stat.size()) return true;
+  const char state = stat[paren + 2];
+  return state != 'Z' && state != 'X';
+}
+
+// Whether process `pid` maps the file (dev, ino): kUnknown when it lives but its maps cannot be
+// read. Lines: "addr perms offset MAJ:MIN inode path".
+Maps processMaps(pid_t pid, dev_t dev, ino_t ino) {
+  if (!alive(pid)) return Maps::kNo;
+  std::ifstream in("/proc/" + std::to_string(pid) + "/maps");
+  std::string line;
+  bool read_any = false;
+  while (in && std::getline(in, line)) {
+    read_any = true;
+    unsigned maj = 0, min = 0;
+    unsigned long long inode = 0;
+    if (std::sscanf(line.c_str(), "%*s %*s %*s %x:%x %llu", &maj, &min, &inode) != 3) continue;
+    if (inode == static_cast<unsigned long long>(ino) && maj == major(dev) && min == minor(dev))
+      return Maps::kYes;
+  }
+  // A live process always has mappings: nothing read means we may not look (ptrace rules).
+  return read_any ? Maps::kNo : Maps::kUnknown;
+}
+
+// Every process that maps (dev, ino).
+std::vector<pid_t> processesMapping(dev_t dev, ino_t ino) {
+  std::vector<pid_t> out;
+  DIR* d = opendir("/proc");
+  if (d == nullptr) return out;
+  while (dirent* e = readdir(d)) {
+    char* end = nullptr;
+    const long pid = std::strtol(e->d_name, &end, 10);
+    if (pid <= 0 || *end != '\0') continue;
+    if (processMaps(static_cast<pid_t>(pid), dev, ino) == Maps::kYes) {
+      out.push_back(static_cast<pid_t>(pid));
+    }
+  }
+  closedir(d);
+  return out;
+}
+
+}  // namespace
+
+Result<bool> removeStaleSegment(const std::string& name, uid_t uid) {
+  const std::string path = shmPath(name);
+  const std::string where = "shm " + path + ": ";
+  const std::string by_hand = " (if it is stale, remove it by hand: rm /dev/shm" + path + ")";
+  int fd = shm_open(path.c_str(), O_RDONLY | O_NOFOLLOW, 0);
+  if (fd < 0) {
+    if (errno == ENOENT) return false;
+    return failedPrecondition(where + "a segment of this name exists but cannot be opened (" +
+                              std::strerror(errno) + ")" + by_hand);
+  }
+  struct stat st {};
+  if (fstat(fd, &st) != 0) {
+    const int err = errno;
+    close(fd);
+    return errnoStatus(where + "fstat", err);
+  }
+  auto refuse = [&](std::string why) -> Status {
+    close(fd);
+    return failedPrecondition(where + why);
+  };
+  if (!S_ISREG(st.st_mode)) return refuse("not a regular file; not removing it" + by_hand);
+  if (st.st_uid != uid) {
+    return refuse("owned by uid " + std::to_string(st.st_uid) + ", not " + std::to_string(uid) +
+                  ": not removing another user's segment" + by_hand);
+  }
+  if ((st.st_mode & 07777) != 0600) {
+    char mode[8];
+    std::snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    return refuse(std::string("mode ") + mode +
+                  ", not the 0600 garden creates: not removing a file it did not make" + by_hand);
+  }
+  // The pids a garden header of this version records (read through a private read-only mapping,
+  // released before the processes are looked at, so it does not count as a use).
+  int32_t owner = 0, worker = 0;
+  bool header = false;
+  if (static_cast<size_t>(st.st_size) >= sizeof(Header)) {
+    void* base = mmap(nullptr, sizeof(Header), PROT_READ, MAP_SHARED, fd, 0);
+    if (base != MAP_FAILED) {
+      const auto* h = static_cast<const Header*>(base);
+      if (__atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) == kMagic && h->version == kVersion &&
+          h->header_bytes == sizeof(Header)) {
+        header = true;
+        owner = h->owner_pid.load();
+        worker = h->worker_pid.load();
+      }
+      munmap(base, sizeof(Header));
+    }
+  }
+  close(fd);
+  if (header) {
+    for (const auto& [pid, role] : {std::pair{owner, "its owner"}, std::pair{worker, "its worker"}}) {
+      if (pid <= 0) continue;
+      const Maps m = processMaps(pid, st.st_dev, st.st_ino);
+      if (m != Maps::kNo) {
+        return failedPrecondition(
+            where + "in use by live process " + std::to_string(pid) + " (" + role +
+            (m == Maps::kUnknown ? ", whose mappings cannot be read" : "") +
+            "): another tulip or rose serves on this shm name; stop it or choose another name");
+      }
+    }
+  } else {
+    const std::vector<pid_t> users = processesMapping(st.st_dev, st.st_ino);
+    if (!users.empty()) {
+      return failedPrecondition(where + "no garden header of this version, and mapped by live "
+                                "process " + std::to_string(users.front()) + "; not removing it");
+    }
+  }
+  if (shm_unlink(path.c_str()) != 0 && errno != ENOENT) return errnoStatus(where + "unlink", errno);
+  log::info("removed a stale shared-memory segment",
+            {{"name", path}, {"owner_pid", owner}, {"worker_pid", worker}, {"header", header}});
+  return true;
+}
+
 Result<Channel> Channel::create(const std::string& name, const Layout& layout) {
   if (layout.slots == 0 || layout.slots > 1024) return invalidArgument("shm: slots must be 1..1024");
   if (layout.input_bytes == 0 || layout.output_bytes == 0)
     return invalidArgument("shm: arena sizes must be > 0");
   const std::string path = shmPath(name);
-  shm_unlink(path.c_str());  // a stale segment from a dead owner is replaced
+  // A segment left under this name is replaced only when it is stale [TAG_SHM_STALE].
+  RETURN_IF_ERROR(removeStaleSegment(path, geteuid()).status());
   int fd = shm_open(path.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-  if (fd < 0) return errnoStatus("shm_open " + path, errno);
+  if (fd < 0) {
+    if (errno == EEXIST) {
+      return failedPrecondition("shm " + path +
+                                ": another process created a segment of this name just now");
+    }
+    return errnoStatus("shm_open " + path, errno);
+  }
+  // Exactly 0600 whatever the umask: what removeStaleSegment() recognizes as ours.
+  if (fchmod(fd, 0600) != 0) {
+    const int err = errno;
+    close(fd);
+    shm_unlink(path.c_str());
+    return errnoStatus("fchmod " + path, err);
+  }
   Offsets off = computeOffsets(layout);
   if (ftruncate(fd, static_cast<off_t>(off.total)) != 0) {
     int err = errno;

@@ -14,6 +14,11 @@
 // Threading: each ring has one producer thread and one consumer thread (per process); the header's
 // heartbeat/state fields are atomics any thread may touch. Channel objects are move-only owners of
 // the mapping; the creator (tulip) also unlinks the name on destruction.
+//
+// A creator killed with SIGKILL cannot unlink its segment: create() replaces a segment left under
+// its name only once it is known to be stale [TAG_SHM_STALE] (removeStaleSegment below), so a
+// restart cleans up after a crash while a live tulip or rose, or another user's file, is never
+// pulled out from under its owner.
 
 #include <atomic>
 #include <chrono>
@@ -22,6 +27,8 @@
 #include <optional>
 #include <span>
 #include <string>
+
+#include <sys/types.h>
 
 #include "common/status.h"
 
@@ -113,6 +120,17 @@ struct Completion {
 };
 
 int64_t monotonicNowNs();
+
+// What Channel::create() does with a segment already under `name` [TAG_SHM_STALE]. Returns false
+// when there is none. Removes it (and returns true) when it is stale: a regular file owned by
+// `uid`, mode 0600 (as create() makes it), and not in use — with a garden header of this version,
+// neither the owner pid nor the worker pid it records is a live process that maps the segment
+// (by device and inode in /proc/<pid>/maps; a pid whose maps cannot be read counts as mapping it),
+// so a pid reused by an unrelated process does not keep a dead channel; without a readable header
+// (never initialized, another version), no process on the host may map it. Otherwise
+// FAILED_PRECONDITION naming why it stays (in use by pid N, owned by another uid, another mode),
+// and the file is left as it is.
+Result<bool> removeStaleSegment(const std::string& name, uid_t uid);
 
 class Channel {
  public:

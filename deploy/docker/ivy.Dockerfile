@@ -26,4 +26,5 @@ EXPOSE 8080
 HEALTHCHECK --interval=10s --timeout=3s --start-period=10s --retries=3 \
   CMD ["bash", "-c", "exec 3<>/dev/tcp/127.0.0.1/8080 && printf 'GET /health HTTP/1.0\\r\\n\\r\\n' >&3 && head -n1 <&3 | grep -q ' 200 '"]
 ENTRYPOINT ["/opt/garden/bin/ivy"]
+# ivy binds 127.0.0.1 unless told otherwise; in a container it must listen on every interface.
 CMD ["--host=0.0.0.0", "--port=8080"]

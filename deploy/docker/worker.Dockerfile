@@ -38,4 +38,7 @@ EXPOSE 50051 9091
 HEALTHCHECK --interval=10s --timeout=3s --start-period=60s --retries=3 \
   CMD ["bash", "-c", "exec 3<>/dev/tcp/127.0.0.1/9091 && printf 'GET /metrics HTTP/1.0\\r\\n\\r\\n' >&3 && head -n1 <&3 | grep -q ' 200 '"]
 ENTRYPOINT ["/opt/garden/bin/tulip"]
-CMD ["--port=50051", "--metrics-port=9091", "--model=/models/model", "--device=cuda", "--rose-bin=/opt/garden/bin/rose"]
+# tulip binds 127.0.0.1 unless told otherwise; in a container it must listen on every interface.
+# Anything that can reach the port can call tulip: add --auth-token-file=FILE (and give ivy the
+# token with --tulip-token-file) unless only ivy can reach it.
+CMD ["--host=0.0.0.0", "--port=50051", "--metrics-port=9091", "--model=/models/model", "--device=cuda", "--rose-bin=/opt/garden/bin/rose"]

@@ -13,6 +13,7 @@
 #include "common/flags.h"
 #include "common/logging.h"
 #include "common/metrics/registry.h"
+#include "common/token_file.h"
 #include "services/ivy/api/garden_encoder.h"
 #include "services/ivy/api/text_encoder.h"
 #include "services/ivy/harmony/cli.h"
@@ -34,9 +35,10 @@ int run(int argc, char** argv) {
   using namespace garden;
   using namespace garden::ivy;
 
-  std::string host = "0.0.0.0";
+  std::string host = "127.0.0.1";
   uint32_t port = 8080;
   std::vector<std::string> tulip = {"127.0.0.1:50051"};
+  std::string tulip_token_file;
   ReplicaPoolOptions pool_options;
   int64_t tulip_resolve_interval_ms = pool_options.resolve_interval.count();
   int64_t tulip_health_interval_ms = pool_options.health_interval.count();
@@ -56,7 +58,10 @@ int run(int argc, char** argv) {
   uint64_t max_inputs = service_options.embeddings_limits.max_inputs;
   uint64_t max_input_chars = service_options.embeddings_limits.max_input_chars;
   uint64_t max_input_tokens = service_options.embeddings_limits.max_input_tokens;
-  uint64_t max_request_tokens = service_options.embeddings_limits.max_request_tokens;
+  // 256 Ki tokens, not the library's 1 Mi: a maximum request then takes at most a quarter of one
+  // tulip's default queue (--queue-limit-tokens 1 Mi), so it cannot fill a replica alone; OpenAI
+  // caps an embeddings request at 300k tokens. tulip batches fairly either way [TAG_EMBED_FAIR].
+  uint64_t max_request_tokens = 256u << 10;
   uint64_t max_inflight_requests = service_options.max_inflight_requests;
   uint64_t max_inflight_tokens = service_options.max_inflight_tokens;
   std::string api_keys_file;
@@ -67,11 +72,15 @@ int run(int argc, char** argv) {
   std::string log_level = "info";
 
   Flags flags("ivy", "Garden HTTP gateway: OpenAI-style API in front of a tulip scheduler");
-  flags.add("host", &host, "address to listen on")
+  flags.add("host", &host,
+            "address to listen on, for --port and --admin-port (0.0.0.0: every interface)")
       .add("port", &port, "HTTP port (0: an ephemeral port, logged at start)")
       .add("tulip", &tulip,
            "tulip replicas, host:port (repeat or comma-separate); a DNS name (e.g. a Kubernetes "
            "headless Service) is re-resolved and each of its addresses is one replica")
+      .add("tulip-token-file", &tulip_token_file,
+           "file whose first line is the token sent to tulip as `authorization: Bearer <token>` "
+           "(tulip's --auth-token-file); re-read on SIGHUP or when the file changes")
       .add("tulip-resolve-interval-ms", &tulip_resolve_interval_ms,
            "how often DNS names in --tulip are resolved again (0: once at start)")
       .add("tulip-health-interval-ms", &tulip_health_interval_ms,
@@ -163,6 +172,15 @@ int run(int argc, char** argv) {
     api_keys = std::move(k).value();
     log::info("api keys loaded", {{"path", api_keys_file}, {"keys", api_keys->size()}});
   }
+  std::shared_ptr<TokenFile> tulip_token;
+  if (!tulip_token_file.empty()) {
+    auto t = TokenFile::load(tulip_token_file, "--tulip-token-file");
+    if (!t.isOk()) {
+      log::error("cannot load the tulip token", {{"status", t.status()}});
+      return 1;
+    }
+    tulip_token = std::move(t).value();
+  }
   PromptSet prompts;
   if (!model_dir.empty()) {
     auto p = PromptSet::fromModelDir(model_dir);
@@ -225,7 +243,7 @@ int run(int argc, char** argv) {
   sigemptyset(&sigs);
   sigaddset(&sigs, SIGINT);
   sigaddset(&sigs, SIGTERM);
-  sigaddset(&sigs, SIGHUP);  // re-read --api-keys-file
+  sigaddset(&sigs, SIGHUP);  // re-read --api-keys-file and --tulip-token-file
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
 
   // The replica pool is the TulipClient the routes call; the monitor is its view (spec, ready).
@@ -241,7 +259,9 @@ int run(int argc, char** argv) {
   pool_options.max_retries = tulip_max_retries;
   pool_options.split_max_tokens = split_max_tokens;
   pool_options.split_max_inputs = split_max_inputs;
-  auto pool = ReplicaPool::create(std::move(endpoints).value(), pool_options);
+  auto pool = ReplicaPool::create(
+      std::move(endpoints).value(), pool_options,
+      [tulip_token](const std::string& address) { return makeGrpcTulipClient(address, tulip_token); });
   if (!pool.isOk()) {
     std::fprintf(stderr, "ivy: %s\n", pool.status().message().c_str());
     return 2;
@@ -310,6 +330,7 @@ int run(int argc, char** argv) {
   int sig = 0;
   while (sigwait(&sigs, &sig) == 0 && sig == SIGHUP) {
     if (api_keys) (void)api_keys->reload();
+    if (tulip_token) (void)tulip_token->reload();
   }
   log::info("stopping", {{"signal", sig}});
   server.stop();

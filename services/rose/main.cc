@@ -229,6 +229,7 @@ int main(int argc, char** argv) {
   std::string model_dir, shm_name, device = "cpu";
   std::string log_level = "info";
   uint32_t metrics_port = 0;
+  std::string metrics_host = "127.0.0.1";
   int64_t max_batch_tokens = 8192;
   int32_t threads = 0;
   bool create_shm = false;
@@ -251,6 +252,7 @@ int main(int argc, char** argv) {
       .add("output-bytes", &output_bytes,
            "with --create-shm: output arena bytes per slot (0 = from the model)")
       .add("metrics-port", &metrics_port, "HTTP port for /metrics and /health (0 = off)")
+      .add("metrics-host", &metrics_host, "address --metrics-port binds (0.0.0.0: every interface)")
       .add("log-level", &log_level, "debug, info, warn, error");
   // Embedding models.
   std::string pooling = "default", attention = "default", cuda_graphs = "on", precapture;
@@ -456,7 +458,7 @@ int main(int argc, char** argv) {
 
   MetricsHttpServer metrics_http;
   if (metrics_port != 0) {
-    Status mst = metrics_http.start("0.0.0.0", static_cast<uint16_t>(metrics_port));
+    Status mst = metrics_http.start(metrics_host, static_cast<uint16_t>(metrics_port));
     if (!mst.isOk()) return fail(mst, "cannot serve metrics");
   }
 

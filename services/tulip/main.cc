@@ -1,6 +1,9 @@
-// tulip: the scheduler. Serves garden.v1.Tulip + grpc.health.v1 on --port, batches embedding and
-// scoring requests (or, when the worker reports ModelFacts kind "llm", runs continuous batching
-// of Generate streams) onto one rose worker over shared memory, and supervises that worker.
+// tulip: the scheduler. Serves garden.v1.Tulip + grpc.health.v1 on --host:--port (127.0.0.1
+// unless an address is given; /metrics and /health on --host:--metrics-port), batches embedding
+// and scoring requests (or, when the worker reports ModelFacts kind "llm", runs continuous batching
+// of Generate streams) onto one rose worker over shared memory, and supervises that worker. With
+// --auth-token-file every garden.v1.Tulip call needs `authorization: Bearer <token>`
+// [TAG_TULIP_TOKEN]; the file is re-read on SIGHUP and when it changes.
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
@@ -23,6 +26,7 @@
 #include "common/metrics/registry.h"
 #include "common/metrics_http.h"
 #include "common/shm/llm_batch.h"
+#include "common/token_file.h"
 #include "services/tulip/llm/llm_scheduler.h"
 #include "services/tulip/sched/embed_scheduler.h"
 #include "services/tulip/server/tulip_service.h"
@@ -72,7 +76,8 @@ uint64_t maxPositionsOf(const std::string& model_dir) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string host = "0.0.0.0";
+  std::string host = "127.0.0.1";
+  std::string auth_token_file;
   uint32_t port = 50051;
   uint32_t metrics_port = 9091;
   std::string model, device = "cpu", pooling = "default", shm_name, rose_bin, served_name;
@@ -90,7 +95,13 @@ int main(int argc, char** argv) {
   std::vector<std::string> rose_extra;
 
   Flags flags("tulip", "Garden scheduler: gRPC in, batches to a rose worker over shared memory");
-  flags.add("host", &host, "address to bind the gRPC server to")
+  flags.add("host", &host,
+            "address the gRPC server and the metrics endpoint bind to (0.0.0.0: every interface; "
+            "then set --auth-token-file, or keep the port reachable by ivy only)")
+      .add("auth-token-file", &auth_token_file,
+           "file of tokens (one per line, # comments); when set every garden.v1.Tulip call needs "
+           "`authorization: Bearer <token>` (grpc.health.v1 stays open); re-read on SIGHUP or "
+           "when the file changes")
       .add("port", &port, "gRPC port (garden.v1.Tulip and grpc.health.v1)")
       .add("metrics-port", &metrics_port, "HTTP port for /metrics and /health (0 = off)")
       .add("model", &model, "model directory (Hugging Face layout) rose loads")
@@ -177,6 +188,15 @@ int main(int argc, char** argv) {
   }
   if (!flags.wasSet("llm-async-steps")) llm_async_steps = depth >= 2;
   if (max_waiting_tokens == 0) max_waiting_tokens = queue_limit_tokens;
+  std::unique_ptr<TokenFile> auth;
+  if (!auth_token_file.empty()) {
+    auto t = TokenFile::load(auth_token_file, "--auth-token-file");
+    if (!t.isOk()) {
+      std::fprintf(stderr, "tulip: %s\n", t.status().message().c_str());
+      return 2;
+    }
+    auth = std::move(t).value();
+  }
   if (shm_name.empty()) shm_name = "/garden-tulip-" + std::to_string(port);
   if (rose_bin.empty()) rose_bin = defaultRoseBin();
 
@@ -185,6 +205,7 @@ int main(int argc, char** argv) {
   sigemptyset(&sigs);
   sigaddset(&sigs, SIGTERM);
   sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGHUP);  // re-read --auth-token-file
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
 
   uint64_t hidden = model.empty() ? 0 : hiddenSizeOf(model);
@@ -251,7 +272,7 @@ int main(int argc, char** argv) {
   auto& g_qreqs = reg.gauge("tulip_queue_requests", "requests waiting to be batched").get();
   auto& g_inflight = reg.gauge("tulip_inflight_tokens", "tokens in batches on the worker").get();
 
-  TulipService service(scheduler, llm_scheduler, **worker, ServiceOptions{served_name});
+  TulipService service(scheduler, llm_scheduler, **worker, ServiceOptions{served_name, auth.get()});
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   int bound_port = 0;
@@ -270,15 +291,16 @@ int main(int argc, char** argv) {
 
   MetricsHttpServer metrics_http;
   if (metrics_port != 0) {
-    Status st = metrics_http.start(host == "0.0.0.0" ? "0.0.0.0" : host,
-                                   static_cast<uint16_t>(metrics_port),
+    Status st = metrics_http.start(host, static_cast<uint16_t>(metrics_port),
                                    [&] { return (*worker)->ready(); });
     if (!st.isOk()) {
       log::error("cannot serve metrics", {{"error", st}});
       return 1;
     }
   }
-  log::info("listening", {{"port", bound_port},
+  log::info("listening", {{"host", host},
+                          {"port", bound_port},
+                          {"auth", auth ? "token" : "none"},
                           {"metrics_port", metrics_port},
                           {"shm", shm_name},
                           {"mode", attach ? "attach" : "spawn"},
@@ -314,7 +336,9 @@ int main(int argc, char** argv) {
   });
 
   int sig = 0;
-  sigwait(&sigs, &sig);
+  while (sigwait(&sigs, &sig) == 0 && sig == SIGHUP) {
+    if (auth) (void)auth->reload();
+  }
   log::info("shutting down", {{"signal", sig}, {"drain_ms", drain_timeout_ms}});
   stopping = true;
   watcher.join();

@@ -9,7 +9,10 @@
 #     run-mesh.sh starts ivy + tulip + rose on the CPU, POST /v1/embeddings returns one finite,
 #     unit-norm vector of the model's hidden size per input, and tulip's /metrics exports the
 #     metric the worker HPA scales on; then the same with --sidecar (rose creates the channel,
-#     tulip attaches: the Kubernetes pod's arrangement).
+#     tulip attaches: the Kubernetes pod's arrangement);
+#  4. a crashed process does not take the mesh down: tulip (spawn mode: its rose dies with it and
+#     the next tulip removes the stale segment) or rose (sidecar mode), then ivy, are killed with
+#     SIGKILL; run-mesh.sh restarts each, the others keep their pids, and the mesh serves again.
 # Inputs: "ids" (default) sends token ids (ivy runs without a tokenizer); "text" sends text, which
 # ivy tokenizes with the model's tokenizer.model (one mesh, spawn mode).
 set -euo pipefail
@@ -128,6 +131,45 @@ PY
   if [ -n "$hpa_metric" ] && grep -q "^$hpa_metric " <<<"$metrics"; then
     ok "$mode: tulip /metrics exports $hpa_metric (the worker HPA's metric): $(grep "^$hpa_metric " <<<"$metrics")"
   else bad "$mode: tulip /metrics lacks the HPA metric '$hpa_metric'"; fi
+  # 4. crash one process at a time: it comes back, the others stay, the mesh serves again.
+  pid_of() { pgrep -f "^$B/bin/$1 .*$2" | head -1; }
+  serves() {
+    for _ in $(seq 1 300); do
+      code="$("${T[@]}" curl -s -o /dev/null -w '%{http_code}' -m 10 -H 'content-type: application/json' \
+        -d "$body" "http://127.0.0.1:$port/v1/embeddings" || true)"
+      [ "$code" = 200 ] && return 0
+      sleep 0.2
+    done
+    return 1
+  }
+  victim=tulip; [ "$mode" = sidecar ] && victim=rose
+  pat() { if [ "$1" = ivy ]; then echo "--port $port "; else echo "--shm-name /garden-bt-$$-$mode"; fi; }
+  for who in "$victim" ivy; do
+    before="$(pid_of "$who" "$(pat "$who")")"
+    if [ -z "$before" ]; then bad "$mode: no $who process to kill"; continue; fi
+    # Who must keep running: everyone else, but a rose that tulip spawned dies with it.
+    keep=()
+    for o in ivy tulip rose; do
+      [ "$o" = "$who" ] && continue
+      [ "$who" = tulip ] && [ "$o" = rose ] && continue
+      p="$(pid_of "$o" "$(pat "$o")")"
+      [ -n "$p" ] && keep+=("$o:$p")
+    done
+    kill -KILL "$before"
+    after=""
+    serves && after="$(pid_of "$who" "$(pat "$who")")"
+    if [ -z "$after" ] || [ "$after" = "$before" ]; then
+      bad "$mode: the mesh did not recover after $who was killed: $(tail -n 5 "$work/mesh-$mode.log"; tail -n 5 "$work/logs-$mode"/*.log)"
+      continue
+    fi
+    kept=1
+    for k in "${keep[@]}"; do [ "$(pid_of "${k%%:*}" "$(pat "${k%%:*}")")" = "${k#*:}" ] || kept=0; done
+    if ((kept)) && grep -q "garden: $who exited killed by signal 9" "$work/mesh-$mode.log"; then
+      ok "$mode: $who killed with SIGKILL (pid $before) was restarted (pid $after), ${keep[*]} kept running, and the mesh serves again"
+    else
+      bad "$mode: after killing $who: kept ${keep[*]}? now $(pgrep -fa "$B/bin/" | cut -c1-60 | tr '\n' ';'); log: $(tail -n 3 "$work/mesh-$mode.log")"
+    fi
+  done
   kill -TERM "$mesh"; wait "$mesh" 2>/dev/null
   if pgrep -f "$B/bin/" >/dev/null; then bad "$mode: processes left after run-mesh.sh stopped"; else ok "$mode: run-mesh.sh stopped every process on SIGTERM"; fi
 done

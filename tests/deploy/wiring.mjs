@@ -11,7 +11,13 @@
 //   * ivy's --tulip-dns target is the headless Service, whose selector matches the worker pods;
 //   * GPUs: rose requests nvidia.com/gpu (requests == limits, the overlay's count), tulip none;
 //   * security context, resources, drain (grace >= preStop + drain), PDB/HPA/ServiceMonitor
-//     targets, the weights volume, and the Dockerfiles (binary paths, uid, exposed ports).
+//     targets, the weights volume, and the Dockerfiles (binary paths, uid, exposed ports, an
+//     explicit --host=0.0.0.0: the binaries bind 127.0.0.1 by default);
+//   * no back door through tulip [TAG_TULIP_TOKEN]: tulip listens on the pod's address and requires
+//     the token (--auth-token-file) from a Secret volume that ivy presents from the same Secret
+//     key (--tulip-token-file); a NetworkPolicy selects the worker pods and lets only ivy pods reach
+//     the gRPC port (no namespace or IP peers, no rule without ports), and lets a scraper reach the
+//     metrics port.
 //
 //   node tests/deploy/wiring.mjs --rendered DIR [--ivy BIN --tulip BIN --rose BIN] [--repo DIR]
 //   node tests/deploy/wiring.mjs ... --self-test   (also proves each check can fail: applies
@@ -46,11 +52,11 @@ function parseArgs(argv) {
 
 // Used only while a binary is not built; the values the binaries were specified with.
 const FALLBACK = {
-  ivy: { port: "8080", host: "0.0.0.0", tulip: "127.0.0.1:50051", "model-dir": "", tokenizer: "",
-         threads: "0", "max-body-bytes": "8388608" },
-  tulip: { port: "50051", "metrics-port": "9091", model: "", device: "cpu", "shm-name": "",
-           depth: "4", "max-batch-tokens": "8192", "rose-bin": "", attach: "",
-           "drain-timeout-ms": "10000" },
+  ivy: { port: "8080", host: "127.0.0.1", tulip: "127.0.0.1:50051", "model-dir": "", tokenizer: "",
+         threads: "0", "max-body-bytes": "8388608", "tulip-token-file": "" },
+  tulip: { host: "127.0.0.1", port: "50051", "metrics-port": "9091", model: "", device: "cpu",
+           "shm-name": "", depth: "4", "max-batch-tokens": "8192", "rose-bin": "", attach: "",
+           "drain-timeout-ms": "10000", "auth-token-file": "" },
   rose: { model: "", "shm-name": "", device: "cpu", "create-shm": "", depth: "4",
           "max-batch-tokens": "8192" },
 };
@@ -283,6 +289,48 @@ export function checkOverlay(overlay, objs, help, dockerfiles) {
   if (!tf.model || tf.model !== rf.model) E(`tulip --model=${tf.model} and rose --model=${rf.model} differ`);
   if (tf.device !== rf.device) E(`tulip --device=${tf.device} and rose --device=${rf.device} differ`);
 
+  // No back door through tulip [TAG_TULIP_TOKEN].
+  if (tf.host !== "0.0.0.0") {
+    E(`tulip --host=${tf.host ?? "(default 127.0.0.1)"}: ivy, the probes and Prometheus reach tulip at the pod's address (--host=0.0.0.0)`);
+  }
+  // The Secret key behind a token flag ("secret/key"), or null (reported) when it is not one.
+  const tokenSecret = (c, pod, flag, flags) => {
+    const path = flags[flag];
+    if (!path) { E(`${c.name} has no --${flag} (tulip must require the shared token, ivy present it)`); return null; }
+    const vm = (c.volumeMounts ?? []).find((m) => path.startsWith(m.mountPath.replace(/\/$/, "") + "/"));
+    const vol = vm && (pod.volumes ?? []).find((v) => v.name === vm.name);
+    if (!vol?.secret?.secretName) { E(`${c.name} --${flag}=${path} is not a file of a Secret volume`); return null; }
+    if (!vm.readOnly) E(`${c.name} mounts the token Secret read-write`);
+    const file = path.slice(vm.mountPath.replace(/\/$/, "").length + 1);
+    const key = vol.secret.items ? vol.secret.items.find((i) => i.path === file)?.key : file;
+    if (!key || key.includes("/")) { E(`${c.name} --${flag}: ${file} is not a key of Secret ${vol.secret.secretName}`); return null; }
+    return `${vol.secret.secretName}/${key}`;
+  };
+  const tulipToken = tokenSecret(tulip, wPod, "auth-token-file", tf);
+  const ivyToken = tokenSecret(ivy, ivyPod, "tulip-token-file", ivyFlags);
+  if (tulipToken && ivyToken && tulipToken !== ivyToken) E(`ivy presents ${ivyToken}, tulip accepts ${tulipToken}`);
+  const ivyLabels = ivyDep.spec.template.metadata.labels;
+  const policies = objs.filter((o) => o.kind === "NetworkPolicy" && matches(o.spec.podSelector?.matchLabels, wLabels) &&
+    (o.spec.policyTypes ?? ["Ingress"]).includes("Ingress"));
+  if (!policies.length) E("no NetworkPolicy selects the worker pods for ingress (every pod could call tulip)");
+  const covers = (rule, name, number) => !(rule.ports ?? []).length ||
+    rule.ports.some((p) => p.port === undefined || p.port === name || Number(p.port) === number);
+  let ivyReachesGrpc = false, metricsReachable = false;
+  for (const np of policies) {
+    for (const rule of np.spec.ingress ?? []) {
+      const from = rule.from ?? [];
+      if (covers(rule, "grpc", grpcPort)) {
+        const onlyIvy = from.length > 0 && from.every((peer) => peer.podSelector && !peer.namespaceSelector &&
+          !peer.ipBlock && matches(peer.podSelector.matchLabels, ivyLabels) && !matches(peer.podSelector.matchLabels, wLabels));
+        if (onlyIvy) ivyReachesGrpc = true;
+        else E(`NetworkPolicy ${np.metadata.name} lets more than ivy's pods reach tulip's gRPC port`);
+      }
+      if (covers(rule, "metrics", metricsPort) && from.length) metricsReachable = true;
+    }
+  }
+  if (policies.length && !ivyReachesGrpc) E("no NetworkPolicy rule lets ivy reach tulip's gRPC port");
+  if (policies.length && !metricsReachable) E("no NetworkPolicy rule lets a scraper reach tulip's metrics port");
+
   // shared memory
   const shmMounts = [tulip, rose].map((c) => (c.volumeMounts ?? []).find((m) => m.mountPath === "/dev/shm"));
   if (!shmMounts[0] || !shmMounts[1]) E(`/dev/shm is not mounted in ${!shmMounts[0] ? "tulip" : "rose"}`);
@@ -392,6 +440,8 @@ export function checkOverlay(overlay, objs, help, dockerfiles) {
       const user = text.match(/^USER (\d+)/m)?.[1];
       if (Number(user) !== (c.securityContext?.runAsUser ?? pod.securityContext?.runAsUser)) E(`${name}: ${df} USER ${user} differs from runAsUser`);
       for (const p of ports) if (!new RegExp(`^EXPOSE .*\\b${p}\\b`, "m").test(text)) E(`${name}: ${df} does not EXPOSE ${p}`);
+      // The binaries bind 127.0.0.1 unless told otherwise: the image's command must say 0.0.0.0.
+      if (ports.length && !/^CMD \[.*"--host=0\.0\.0\.0"/m.test(text)) E(`${name}: ${df}'s CMD does not give --host=0.0.0.0`);
     };
     check("ivy.Dockerfile", "ivy", ivy, [ivyPort], ivyPod);
     check("worker.Dockerfile", "tulip", tulip, [grpcPort, metricsPort], wPod);
@@ -428,11 +478,21 @@ const MUTATIONS = [
   ["ServiceMonitor on a missing port", (o) => { o.find((x) => x.kind === "ServiceMonitor" && x.metadata.name === "ivy").spec.endpoints[0].port = "web"; }, /has no port web/],
   ["HPA on a metric tulip does not export", (o) => { const h = o.find((x) => x.kind === "HorizontalPodAutoscaler" && x.metadata.name === "garden-worker"); if (h && selfTestHasTulip) h.spec.metrics[0].pods.metric.name = "tulip_no_such_metric"; else throw new Skip(); }, /does not export/],
   ["rose sidecar that must exit first", (o) => { delete roseOf(o).restartPolicy; }, /restartPolicy: Always/],
+  ["tulip on loopback only", (o) => { setArg(tulipOf(o), "host", "127.0.0.1"); }, /tulip --host=127.0.0.1/],
+  ["tulip without a token", (o) => { const t = tulipOf(o); t.args = t.args.filter((a) => !a.startsWith("--auth-token-file")); }, /tulip has no --auth-token-file/],
+  ["ivy presenting another Secret", (o) => { dep(o, "ivy").volumes.find((v) => v.name === "tulip-token").secret.secretName = "other"; }, /ivy presents other\/token, tulip accepts/],
+  ["token file outside the Secret volume", (o) => { setArg(tulipOf(o), "auth-token-file", "/tmp/token"); }, /is not a file of a Secret volume/],
+  ["no NetworkPolicy", (o) => { o.splice(o.findIndex((x) => x.kind === "NetworkPolicy"), 1); }, /no NetworkPolicy selects the worker pods/],
+  ["gRPC port open to every pod", (o) => { netpol(o).spec.ingress[0].from = [{ podSelector: {} }]; }, /lets more than ivy's pods reach tulip's gRPC port/],
+  ["gRPC port open to ivy in any namespace", (o) => { netpol(o).spec.ingress[0].from[0].namespaceSelector = {}; }, /lets more than ivy's pods/],
+  ["scraper rule without ports", (o) => { delete netpol(o).spec.ingress[1].ports; }, /lets more than ivy's pods/],
+  ["metrics port closed", (o) => { netpol(o).spec.ingress.pop(); }, /lets a scraper reach tulip's metrics port/],
 ];
 class Skip extends Error {}
 let selfTestHasTulip = false;
 const dep = (o, n) => o.find((x) => x.kind === "Deployment" && x.metadata.name === n).spec.template.spec;
 const svc = (o, n) => o.find((x) => x.kind === "Service" && x.metadata.name === n);
+const netpol = (o) => o.find((x) => x.kind === "NetworkPolicy" && x.metadata.name === "garden-worker");
 const tulipOf = (o) => dep(o, "garden-worker").containers.find((c) => c.name === "tulip");
 const roseOf = (o) => [...(dep(o, "garden-worker").initContainers ?? []), ...dep(o, "garden-worker").containers].find((c) => c.name === "rose");
 function setArg(c, flag, value) {

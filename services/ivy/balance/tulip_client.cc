@@ -2,9 +2,13 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <cstring>
 #include <utility>
 
+#include "common/logging.h"
+#include "common/shm/channel.h"
+#include "common/token_file.h"
 #include "garden/v1/garden.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 
@@ -29,6 +33,15 @@ Status fromGrpcCode(int grpc_code, std::string_view message) {
       return deadlineExceeded(std::move(m));
     case StatusCode::kCancelled:
       return cancelledError(std::move(m));
+    case StatusCode::kUnauthenticated:
+    case StatusCode::kPermissionDenied:
+      // [TAG_TULIP_TOKEN] Not the caller's fault and nothing it can fix: ivy and tulip disagree on
+      // the token. 503, naming both flags.
+      return unavailable("tulip refused ivy's credentials (" +
+                         std::string(statusCodeName(static_cast<StatusCode>(grpc_code))) + ": " +
+                         std::string(message) +
+                         "): ivy's --tulip-token-file must hold a token listed in tulip's "
+                         "--auth-token-file");
     default:
       return internalError(std::move(m));
   }
@@ -62,7 +75,30 @@ struct UnaryOptions {
   std::chrono::milliseconds timeout{0};   // 0 = no deadline
   std::string_view request_id;            // sent as `x-request-id` when not empty
   std::shared_ptr<CallCanceller> cancel;  // optional: cancel() TryCancels the call
+  const TokenFile* token = nullptr;       // sent as `authorization: Bearer` when set
+  std::string_view target;                // for the log line of a refused token
 };
+
+// Adds ivy's token to a call [TAG_TULIP_TOKEN] (read per call: the file may have changed).
+void addToken(grpc::ClientContext* ctx, const TokenFile* token) {
+  if (token != nullptr) ctx->AddMetadata("authorization", "Bearer " + token->first());
+}
+
+// A call tulip refused for the token: logged (at most every 10 s per process), since the caller
+// only sees a 503 and the replica pool may only see a failed probe.
+void noteRefused(const grpc::Status& s, std::string_view target) {
+  if (s.error_code() != grpc::StatusCode::UNAUTHENTICATED &&
+      s.error_code() != grpc::StatusCode::PERMISSION_DENIED) {
+    return;
+  }
+  static std::atomic<int64_t> last_ns{0};
+  const int64_t now = shm::monotonicNowNs();
+  int64_t last = last_ns.load(std::memory_order_relaxed);
+  if (last != 0 && now - last < 10'000'000'000) return;
+  if (!last_ns.compare_exchange_strong(last, now)) return;
+  log::warn("tulip refused ivy's token: check --tulip-token-file against tulip's --auth-token-file",
+            {{"tulip", target}, {"message", s.error_message()}});
+}
 
 // One unary call on gRPC's callback API [TAG_UNARY_CALL]. The context, request and response live
 // in one State shared with the cancel hook (a weak reference: the hook may run while the call
@@ -84,6 +120,7 @@ void unaryCall(Invoke invoke, UnaryOptions options, Fill fill, Decode decode, Do
   if (!options.request_id.empty()) {
     st->ctx.AddMetadata("x-request-id", std::string(options.request_id));
   }
+  addToken(&st->ctx, options.token);
   setDeadline(&st->ctx, options.timeout);
   fill(&st->req);
   if (options.cancel) {
@@ -95,8 +132,10 @@ void unaryCall(Invoke invoke, UnaryOptions options, Fill fill, Decode decode, Do
   }
   State* raw = st.get();
   invoke(&raw->ctx, &raw->req, &raw->resp,
-         [st, decode = std::move(decode), done = std::move(done)](grpc::Status s) mutable {
+         [st, target = options.target, decode = std::move(decode),
+          done = std::move(done)](grpc::Status s) mutable {
            if (st->cancel) st->cancel->remove(st->cancel_hook);
+           if (!s.ok()) noteRefused(s, target);
            Out out = s.ok() ? decode(std::as_const(st->resp)) : Out(fromGrpc(s));
            st.reset();
            done(std::move(out));
@@ -113,8 +152,11 @@ class GenerateReactor final : public grpc::ClientReadReactor<v1::GenerateChunk>,
   GenerateReactor(TulipClient::ChunkFn on_chunk, TulipClient::StreamDone on_done)
       : on_chunk_(std::move(on_chunk)), on_done_(std::move(on_done)) {}
 
-  void start(v1::Tulip::Stub* stub, const GenerateCall& call) {
+  void start(v1::Tulip::Stub* stub, const GenerateCall& call, const TokenFile* token,
+             std::string_view target) {
+    target_ = target;
     if (!call.request_id.empty()) ctx_.AddMetadata("x-request-id", call.request_id);
+    addToken(&ctx_, token);
     setDeadline(&ctx_, call.timeout);
     req_.set_model(call.model);
     req_.mutable_prompt_ids()->Add(call.prompt_ids.begin(), call.prompt_ids.end());
@@ -163,6 +205,7 @@ class GenerateReactor final : public grpc::ClientReadReactor<v1::GenerateChunk>,
   }
 
   void OnDone(const grpc::Status& s) override {
+    if (!s.ok()) noteRefused(s, target_);
     on_done_(s.ok() ? okStatus() : fromGrpc(s));
     on_chunk_ = nullptr;
     on_done_ = nullptr;
@@ -176,11 +219,13 @@ class GenerateReactor final : public grpc::ClientReadReactor<v1::GenerateChunk>,
   TulipClient::ChunkFn on_chunk_;
   TulipClient::StreamDone on_done_;
   std::shared_ptr<GenerateReactor> self_;
+  std::string_view target_;  // the client's (it outlives its calls)
 };
 
 class GrpcTulipClient final : public TulipClient {
  public:
-  explicit GrpcTulipClient(std::string target) : target_(std::move(target)) {
+  GrpcTulipClient(std::string target, std::shared_ptr<const TokenFile> token)
+      : target_(std::move(target)), token_(std::move(token)) {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(-1);  // a full batch of wide embeddings exceeds the 4 MiB default
     args.SetMaxSendMessageSize(-1);
@@ -203,7 +248,7 @@ class GrpcTulipClient final : public TulipClient {
         [this](auto* ctx, auto* req, auto* resp, auto on_done) {
           tulip_->async()->Embed(ctx, req, resp, std::move(on_done));
         },
-        {call.timeout, call.request_id, std::move(call.cancel)},
+        options(call.timeout, call.request_id, std::move(call.cancel)),
         [&call](v1::EmbedRequest* req) {
           req->set_model(call.model);
           req->set_normalize(true);
@@ -222,7 +267,7 @@ class GrpcTulipClient final : public TulipClient {
         [this](auto* ctx, auto* req, auto* resp, auto on_done) {
           tulip_->async()->Score(ctx, req, resp, std::move(on_done));
         },
-        {call.timeout, call.request_id, std::move(call.cancel)},
+        options(call.timeout, call.request_id, std::move(call.cancel)),
         [&call](v1::ScoreRequest* req) {
           req->set_model(call.model);
           req->set_yes_token(call.yes_token);
@@ -239,7 +284,7 @@ class GrpcTulipClient final : public TulipClient {
         [this](auto* ctx, auto* req, auto* resp, auto on_done) {
           tulip_->async()->Load(ctx, req, resp, std::move(on_done));
         },
-        {timeout, {}, nullptr}, [](v1::LoadRequest*) {},
+        options(timeout), [](v1::LoadRequest*) {},
         [](const v1::LoadResponse& resp) -> Result<TulipLoad> {
           TulipLoad l;
           l.queued_requests = resp.queued_requests();
@@ -255,7 +300,7 @@ class GrpcTulipClient final : public TulipClient {
   std::shared_ptr<GenerateStream> generate(GenerateCall call, ChunkFn on_chunk,
                                            StreamDone on_done) override {
     auto r = std::make_shared<GenerateReactor>(std::move(on_chunk), std::move(on_done));
-    r->start(tulip_.get(), call);
+    r->start(tulip_.get(), call, token_.get(), target_);
     return r;
   }
 
@@ -264,7 +309,7 @@ class GrpcTulipClient final : public TulipClient {
         [this](auto* ctx, auto* req, auto* resp, auto on_done) {
           tulip_->async()->ModelInfo(ctx, req, resp, std::move(on_done));
         },
-        {timeout, {}, nullptr}, [](v1::ModelInfoRequest*) {},
+        options(timeout), [](v1::ModelInfoRequest*) {},
         [](const v1::ModelInfoResponse& resp) -> Result<TulipModelInfo> {
           TulipModelInfo info;
           info.model = resp.model();
@@ -285,7 +330,7 @@ class GrpcTulipClient final : public TulipClient {
         [this](auto* ctx, auto* req, auto* resp, auto on_done) {
           health_->async()->Check(ctx, req, resp, std::move(on_done));
         },
-        {timeout, {}, nullptr},
+        options(timeout),
         [](grpc::health::v1::HealthCheckRequest* req) { req->set_service(""); },  // the server
         [](const HealthCheckResponse& resp) -> Status {
           if (resp.status() != HealthCheckResponse::SERVING) {
@@ -300,6 +345,11 @@ class GrpcTulipClient final : public TulipClient {
   std::string endpoint() const override { return target_; }
 
  private:
+  UnaryOptions options(std::chrono::milliseconds timeout, std::string_view request_id = {},
+                       std::shared_ptr<CallCanceller> cancel = nullptr) const {
+    return UnaryOptions{timeout, request_id, std::move(cancel), token_.get(), target_};
+  }
+
   static Result<ScoreReply> decodeScore(const v1::ScoreResponse& resp, size_t n) {
     if (static_cast<size_t>(resp.scores_size()) != n) {
       return internalError("tulip: returned " + std::to_string(resp.scores_size()) +
@@ -342,6 +392,7 @@ class GrpcTulipClient final : public TulipClient {
   }
 
   std::string target_;
+  std::shared_ptr<const TokenFile> token_;  // ivy's --tulip-token-file; null: no token sent
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Tulip::Stub> tulip_;
   std::unique_ptr<grpc::health::v1::Health::Stub> health_;
@@ -349,8 +400,9 @@ class GrpcTulipClient final : public TulipClient {
 
 }  // namespace
 
-std::unique_ptr<TulipClient> makeGrpcTulipClient(const std::string& target) {
-  return std::make_unique<GrpcTulipClient>(target);
+std::unique_ptr<TulipClient> makeGrpcTulipClient(const std::string& target,
+                                                 std::shared_ptr<const TokenFile> token) {
+  return std::make_unique<GrpcTulipClient>(target, std::move(token));
 }
 
 }  // namespace garden::ivy

@@ -10,7 +10,9 @@
 // makeGrpcTulipClient() is the real implementation (garden.v1.Tulip + grpc.health.v1.Health,
 // gRPC callback API). gRPC headers stay in the .cc (pimpl) so including this header is cheap.
 // gRPC failures map to Status codes in fromGrpcCode(), which api/errors.h then maps to HTTP:
-// UNAVAILABLE → 503, RESOURCE_EXHAUSTED → 429, DEADLINE_EXCEEDED → 504, INVALID_ARGUMENT → 400.
+// UNAVAILABLE → 503, RESOURCE_EXHAUSTED → 429, DEADLINE_EXCEEDED → 504, INVALID_ARGUMENT → 400;
+// tulip refusing ivy's token (UNAUTHENTICATED / PERMISSION_DENIED) is a deployment fault, not the
+// caller's: UNAVAILABLE (503) naming --tulip-token-file [TAG_TULIP_TOKEN].
 
 #include <chrono>
 #include <cstdint>
@@ -23,6 +25,10 @@
 
 #include "common/status.h"
 #include "services/ivy/balance/call_canceller.h"
+
+namespace garden {
+class TokenFile;
+}  // namespace garden
 
 namespace garden::ivy {
 
@@ -144,8 +150,11 @@ class TulipClient {
 };
 
 // A client for one tulip at `target`, a gRPC target ("host:port", or "ipv4:10.0.0.7:50051" as the
-// replica pool passes one resolved address). Connects lazily; never fails to construct.
-std::unique_ptr<TulipClient> makeGrpcTulipClient(const std::string& target);
+// replica pool passes one resolved address). Connects lazily; never fails to construct. With
+// `token` (ivy's --tulip-token-file) every call carries `authorization: Bearer <its first token>`,
+// read per call, so a changed file takes effect without a restart [TAG_TULIP_TOKEN].
+std::unique_ptr<TulipClient> makeGrpcTulipClient(const std::string& target,
+                                                 std::shared_ptr<const TokenFile> token = nullptr);
 
 // gRPC status code (numeric, canonical) + message → the Status ivy maps to HTTP. Upstream codes
 // ivy reserves for its own HTTP conditions (OUT_OF_RANGE, UNIMPLEMENTED, NOT_FOUND) and codes that

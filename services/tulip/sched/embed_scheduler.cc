@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "common/logging.h"
 #include "common/metrics/registry.h"
@@ -63,7 +64,7 @@ void EmbedScheduler::poke() {
   bool work;
   {
     std::lock_guard<std::mutex> l(mu_);
-    work = !queue_.empty() || !to_finish_.empty();
+    work = !flows_.empty() || !to_finish_.empty();
   }
   if (work) cv_.notify_all();
 }
@@ -155,7 +156,22 @@ Status EmbedScheduler::submit(std::shared_ptr<EmbedJob> job) {
                                "; retry later");
     }
     queued_tokens_ += tokens;
-    queue_.push_back(std::move(p));
+    p->formed_at_enqueue = batches_formed_;
+    // Its flow [TAG_EMBED_FAIR]: the queued flow of the same request id, else a new one at the back.
+    Flow* flow = nullptr;
+    const std::string& key = p->job->request_id;
+    if (!key.empty()) {
+      auto it = flow_by_key_.find(key);
+      if (it != flow_by_key_.end()) flow = it->second;
+    }
+    if (flow == nullptr) {
+      flows_.push_back(std::make_unique<Flow>());
+      flow = flows_.back().get();
+      flow->key = key;
+      if (!key.empty()) flow_by_key_.emplace(key, flow);
+    }
+    flow->reqs.push_back(std::move(p));
+    ++queued_requests_;
     // Below the cap this sends the request on from this thread at once [TAG_EMBED_INFLIGHT];
     // otherwise it waits for the completion that frees a place.
     dispatchLocked(out);
@@ -171,7 +187,8 @@ void EmbedScheduler::cancel(const std::shared_ptr<EmbedJob>& job) {
 
 SchedulerStats EmbedScheduler::stats() const {
   std::lock_guard<std::mutex> l(mu_);
-  return SchedulerStats{queue_.size(), queued_tokens_, inflight_tokens_, opts_.queue_limit_tokens};
+  return SchedulerStats{queued_requests_, queued_tokens_, inflight_tokens_,
+                        opts_.queue_limit_tokens};
 }
 
 void EmbedScheduler::stop() {
@@ -185,17 +202,21 @@ void EmbedScheduler::stop() {
   std::vector<std::shared_ptr<Pending>> fin;
   {
     std::lock_guard<std::mutex> l(mu_);
-    for (auto& p : queue_) {
-      p->remaining -= p->job->inputs.size() - p->next_seq;
-      p->next_seq = p->job->inputs.size();
-      if (p->error.isOk()) p->error = cancelledError("tulip is shutting down");
-      // Sequences still in flight finish the job through onResult.
-      if (p->remaining == 0 && !p->finished) {
-        p->finished = true;
-        fin.push_back(p);
+    for (auto& f : flows_) {
+      for (auto& p : f->reqs) {
+        p->remaining -= p->job->inputs.size() - p->next_seq;
+        p->next_seq = p->job->inputs.size();
+        if (p->error.isOk()) p->error = cancelledError("tulip is shutting down");
+        // Sequences still in flight finish the job through onResult.
+        if (p->remaining == 0 && !p->finished) {
+          p->finished = true;
+          fin.push_back(p);
+        }
       }
     }
-    queue_.clear();
+    flows_.clear();
+    flow_by_key_.clear();
+    queued_requests_ = 0;
     queued_tokens_ = 0;
   }
   for (auto& p : fin) finish(p, p->error);
@@ -205,46 +226,61 @@ void EmbedScheduler::finish(const std::shared_ptr<Pending>& p, Status st) {
   if (p->job->on_done) p->job->on_done(st);
 }
 
+void EmbedScheduler::eraseFlow(size_t i) {
+  if (!flows_[i]->key.empty()) flow_by_key_.erase(flows_[i]->key);
+  flows_.erase(flows_.begin() + static_cast<std::ptrdiff_t>(i));
+}
+
 void EmbedScheduler::dropDead() {
   const int64_t now = shm::monotonicNowNs();
   const bool worker_down = !worker_.ready();
-  for (auto it = queue_.begin(); it != queue_.end();) {
-    auto& p = *it;
-    Status why;
-    const char* reason = nullptr;
-    if (p->job->cancelled.load()) {
-      why = cancelledError("request cancelled by the caller");
-      reason = "cancelled";
-    } else if (p->job->deadline_ns > 0 && now >= p->job->deadline_ns) {
-      why = deadlineExceeded("deadline expired while queued in tulip");
-      reason = "deadline";
-    } else if (worker_down) {
-      why = workerDown(worker_);
-      reason = "worker_down";
+  for (size_t fi = 0; fi < flows_.size();) {
+    auto& reqs = flows_[fi]->reqs;
+    for (auto it = reqs.begin(); it != reqs.end();) {
+      auto& p = *it;
+      Status why;
+      const char* reason = nullptr;
+      if (p->job->cancelled.load()) {
+        why = cancelledError("request cancelled by the caller");
+        reason = "cancelled";
+      } else if (p->job->deadline_ns > 0 && now >= p->job->deadline_ns) {
+        why = deadlineExceeded("deadline expired while queued in tulip");
+        reason = "deadline";
+      } else if (worker_down) {
+        why = workerDown(worker_);
+        reason = "worker_down";
+      }
+      if (why.isOk()) {
+        ++it;
+        continue;
+      }
+      const size_t dropped = p->job->inputs.size() - p->next_seq;
+      BatchMetrics::get().dropped.labels({reason}).inc(static_cast<double>(dropped));
+      queued_tokens_ -= p->queued_tokens;
+      p->queued_tokens = 0;
+      p->next_seq = p->job->inputs.size();
+      p->remaining -= dropped;
+      if (p->error.isOk()) p->error = why;
+      if (p->remaining == 0 && !p->finished) {
+        p->finished = true;
+        to_finish_.emplace_back(p, p->error);
+      }
+      it = reqs.erase(it);
+      --queued_requests_;
     }
-    if (why.isOk()) {
-      ++it;
-      continue;
+    if (reqs.empty()) {
+      eraseFlow(fi);
+    } else {
+      ++fi;
     }
-    const size_t dropped = p->job->inputs.size() - p->next_seq;
-    BatchMetrics::get().dropped.labels({reason}).inc(static_cast<double>(dropped));
-    queued_tokens_ -= p->queued_tokens;
-    p->queued_tokens = 0;
-    p->next_seq = p->job->inputs.size();
-    p->remaining -= dropped;
-    if (p->error.isOk()) p->error = why;
-    if (p->remaining == 0 && !p->finished) {
-      p->finished = true;
-      to_finish_.emplace_back(p, p->error);
-    }
-    it = queue_.erase(it);
   }
 }
 
 std::vector<EmbedScheduler::Part> EmbedScheduler::formBatch(WorkBatch& batch) {
   std::vector<Part> parts;
-  if (queue_.empty()) return parts;
-  const EmbedJob& head = *queue_.front()->job;
+  if (flows_.empty()) return parts;
+  // The flow with the first turn opens the batch: its head request fixes what the batch is.
+  const EmbedJob& head = *flows_.front()->reqs.front()->job;
   const shm::ModelFacts facts = worker_.facts();
   const uint32_t cols = head.kind == shm::BatchKind::kScore ? 1 : std::max(facts.hidden_size, 1u);
   const uint64_t seq_cap =
@@ -257,35 +293,100 @@ std::vector<EmbedScheduler::Part> EmbedScheduler::formBatch(WorkBatch& batch) {
   batch.score_yes = head.score_yes;
   batch.score_no = head.score_no;
   batch.request_id = head.request_id;
+
+  // Plan [TAG_EMBED_FAIR]: rounds in which every open flow, in turn order, takes its next sequence.
+  // A flow closes for this batch when its next sequence does not fit the budget or its next
+  // request cannot share the batch; the sequence cap ends the batch.
+  struct Turn {
+    Flow* flow;
+    size_t req;  // index in flow->reqs of the request it takes from
+    size_t seq;  // that request's next sequence, as planned
+    bool open;
+    std::vector<std::pair<size_t, size_t>> takes;  // (request index, sequences), in order
+  };
+  std::vector<Turn> turns;
+  turns.reserve(flows_.size());
+  for (auto& f : flows_) {
+    const auto& p = f->reqs.front();
+    if (compatible(head, *p->job)) turns.push_back(Turn{f.get(), 0, p->next_seq, true, {}});
+  }
   uint64_t tokens = 0;
-  bool full = false;
-  for (auto& p : queue_) {
-    if (full || !compatible(head, *p->job)) break;
-    auto& job = *p->job;
-    while (p->next_seq < job.inputs.size()) {
-      const auto& seq = job.inputs[p->next_seq];
-      if (tokens + seq.size() > budget || parts.size() + 1 > seq_cap) {
-        full = true;
-        break;
+  uint64_t seqs = 0;
+  for (bool progress = true; progress && seqs < seq_cap;) {
+    progress = false;
+    for (auto& t : turns) {
+      if (seqs == seq_cap) break;
+      if (!t.open) continue;
+      auto& reqs = t.flow->reqs;
+      if (t.seq == reqs[t.req]->job->inputs.size()) {
+        // This request is all planned: the flow goes on with its next one, if it fits the batch.
+        if (++t.req == reqs.size() || !compatible(head, *reqs[t.req]->job)) {
+          t.open = false;
+          continue;
+        }
+        t.seq = reqs[t.req]->next_seq;
       }
-      batch.tokens.insert(batch.tokens.end(), seq.begin(), seq.end());
-      batch.seq_lens.push_back(static_cast<int32_t>(seq.size()));
-      parts.push_back(Part{p, p->next_seq});
-      tokens += seq.size();
-      p->queued_tokens -= seq.size();
-      queued_tokens_ -= seq.size();
-      ++p->next_seq;
+      const size_t len = reqs[t.req]->job->inputs[t.seq].size();
+      if (tokens + len > budget) {
+        t.open = false;
+        continue;
+      }
+      tokens += len;
+      ++seqs;
+      ++t.seq;
+      progress = true;
+      if (t.takes.empty() || t.takes.back().first != t.req) t.takes.emplace_back(t.req, 0);
+      ++t.takes.back().second;
+    }
+  }
+
+  // Lay the batch out flow by flow, each request's sequences contiguous (onResult relies on it).
+  const int64_t now = shm::monotonicNowNs();
+  for (auto& t : turns) {
+    for (const auto& [ri, n] : t.takes) {
+      const std::shared_ptr<Pending>& p = t.flow->reqs[ri];
+      EmbedJob& job = *p->job;
       if (!p->started) {
         p->started = true;
         job.queue_us = usSince(p->enqueued_ns);
-        job.first_submit_ns = shm::monotonicNowNs();
+        job.queue_batches = static_cast<uint32_t>(batches_formed_ - p->formed_at_enqueue);
+        job.first_submit_ns = now;
       }
+      for (size_t k = 0; k < n; ++k) {
+        const auto& seq = job.inputs[p->next_seq];
+        batch.tokens.insert(batch.tokens.end(), seq.begin(), seq.end());
+        batch.seq_lens.push_back(static_cast<int32_t>(seq.size()));
+        parts.push_back(Part{p, p->next_seq});
+        p->queued_tokens -= seq.size();
+        queued_tokens_ -= seq.size();
+        ++p->next_seq;
+      }
+      if (job.deadline_ns > 0 && (batch.deadline_ns == 0 || job.deadline_ns < batch.deadline_ns))
+        batch.deadline_ns = job.deadline_ns;
     }
-    if (job.deadline_ns > 0 && (batch.deadline_ns == 0 || job.deadline_ns < batch.deadline_ns))
-      batch.deadline_ns = job.deadline_ns;
   }
-  while (!queue_.empty() && queue_.front()->next_seq == queue_.front()->job->inputs.size())
-    queue_.pop_front();
+  if (parts.empty()) return parts;
+  ++batches_formed_;
+
+  // Requests now wholly in batches leave their flow; empty flows leave the queue; flows that took
+  // part move behind those that did not (stable), so the next batch starts with the ones left out.
+  for (const auto& t : turns) t.flow->took = !t.takes.empty();
+  std::deque<std::unique_ptr<Flow>> waited, served;
+  for (auto& f : flows_) {
+    auto& reqs = f->reqs;
+    while (!reqs.empty() && reqs.front()->next_seq == reqs.front()->job->inputs.size()) {
+      reqs.pop_front();
+      --queued_requests_;
+    }
+    if (reqs.empty()) {
+      if (!f->key.empty()) flow_by_key_.erase(f->key);
+      continue;
+    }
+    const bool took = std::exchange(f->took, false);
+    (took ? served : waited).push_back(std::move(f));
+  }
+  flows_ = std::move(waited);
+  for (auto& f : served) flows_.push_back(std::move(f));
   return parts;
 }
 
@@ -371,7 +472,7 @@ void EmbedScheduler::dispatchLocked(Outbox& out) {
     to_finish_.clear();
   }
   const uint32_t cap = inflightCap();
-  while (!stop_ && !queue_.empty() && inflight_batches_ < cap && worker_.ready() &&
+  while (!stop_ && !flows_.empty() && inflight_batches_ < cap && worker_.ready() &&
          worker_.inflight() < worker_.depth()) {
     WorkBatch batch;
     std::vector<Part> parts = formBatch(batch);

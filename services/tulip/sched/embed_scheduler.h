@@ -1,25 +1,43 @@
 #pragma once
-// EmbedScheduler: token-budget batching of embedding and scoring requests.
+// EmbedScheduler: token-budget batching of embedding and scoring requests, fair across callers.
 //
-// Requests arrive tokenized. Their sequences wait in one FIFO; batches are formed
-// first-come-first-served up to a token budget (and a sequence cap). Batch formation
+// Requests arrive tokenized. Batches are formed up to a token budget (and a sequence cap), taking
+// turns across *flows* [TAG_EMBED_FAIR]: a flow is every queued request that carries the same
+// request id (ivy sends the chunks of one split caller request with that request's id, so one big
+// caller request is one flow however many chunks it became; a request without an id is a flow of
+// its own). Each batch is filled in rounds: in every round each flow, in turn order, adds its next
+// sequence (its requests FIFO, a request's sequences in order) while the batch has room; a flow
+// whose next sequence does not fit, or whose next request cannot share the batch (another kind,
+// pooling, normalization or score tokens than the flow that opened the batch), sits out the rest
+// of that batch. Flows that got sequences then move behind those that got none, and a new flow
+// joins at the back. So a request of 2048 x 512 tokens cannot hold the worker until it completes:
+// a small request that arrives behind it is in the next batch formed (as long as fewer flows wait
+// than a batch has sequences; beyond that, within a rotation) and waits about one batch, not the
+// big request's whole run. A flow's share is counted in sequences, not tokens (as vLLM's
+// per-request chunk cap and TEI's per-request split do, in their own units). Every request records
+// how many batches were formed ahead of it while it waited (EmbedJob::queue_batches; logged and
+// exported as tulip_queue_wait_batches).
+//
 // [TAG_EMBED_INFLIGHT]: at most `max_inflight_batches` batches are on the worker at once (default
 // 2: one running, one staged behind it so rose's host preparation overlaps the GPU). A request that
 // finds the worker below that cap is dispatched at once, by the thread that submitted it (no
 // hand-off, no timer); requests that arrive while the cap is reached accumulate in the queue and go
 // out together as the next batch, dispatched by the completion that frees the place. So a lone
 // request pays no added latency, and concurrent small requests coalesce instead of queueing inside
-// rose one by one. A request's sequences may span several batches; it completes when its last
-// sequence has a result. Admission is bounded in tokens (RESOURCE_EXHAUSTED past the limit),
+// rose one by one. A small request arriving while the cap is reached therefore waits for the
+// running batch, runs behind the staged one, then in its own: at most max_inflight_batches + 1
+// batch times end to end. A request's sequences may span several batches; it completes when its
+// last sequence has a result. Admission is bounded in tokens (RESOURCE_EXHAUSTED past the limit),
 // expired or cancelled sequences are dropped before they reach the worker, and a worker failure
 // fails exactly the requests it held.
 //
 // Threads: submit()/cancel() from any thread (gRPC handlers). Batching state lives behind one
 // mutex; batches are formed and handed to the worker with it held (so they reach the worker in
-// FIFO order) by whichever thread changed the picture: submit() (work arrived), the completion
-// callback (a place freed; it runs on the worker's thread) or the scheduler thread (wake-ups from
-// the worker, deadlines, cancellations, retries). on_done runs on the worker's thread, the
-// scheduler thread, or — only when the worker refuses a batch submitted inline — inside submit().
+// the order they were formed) by whichever thread changed the picture: submit() (work arrived),
+// the completion callback (a place freed; it runs on the worker's thread) or the scheduler thread
+// (wake-ups from the worker, deadlines, cancellations, retries). on_done runs on the worker's
+// thread, the scheduler thread, or — only when the worker refuses a batch submitted inline —
+// inside submit().
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -29,6 +47,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "common/shm/channel.h"
@@ -69,12 +88,15 @@ struct EmbedJob {
   int32_t score_yes = -1;
   int32_t score_no = -1;
   int64_t deadline_ns = 0;  // CLOCK_MONOTONIC, 0 = none
+  // Names the job's flow for fair batching [TAG_EMBED_FAIR]: queued jobs with the same non-empty
+  // id share one turn (the chunks of one split caller request); empty = a flow of its own.
   std::string request_id;
 
   // Results, in input order: `dim` floats per input for kEmbed, one float for kScore.
   uint32_t dim = 0;
   std::vector<float> values;
   uint64_t queue_us = 0;      // enqueue until its first sequence went into a batch
+  uint32_t queue_batches = 0;  // batches formed ahead of its first sequence while it waited
   uint64_t inference_us = 0;  // wall time from its first batch's submission to its last result
   int64_t first_submit_ns = 0;  // (scheduler bookkeeping for inference_us)
   uint64_t step_us = 0;       // sum of rose's own step times
@@ -122,6 +144,7 @@ class EmbedScheduler {
     size_t next_seq = 0;       // next sequence to batch
     uint64_t queued_tokens = 0;
     int64_t enqueued_ns = 0;
+    uint64_t formed_at_enqueue = 0;  // batches_formed_ when it was queued
     bool started = false;
     bool finished = false;
     Status error;  // first failure
@@ -129,6 +152,13 @@ class EmbedScheduler {
   struct Part {
     std::shared_ptr<Pending> p;
     size_t seq;
+  };
+  // Queued requests sharing one request id, FIFO [TAG_EMBED_FAIR]. A request leaves its flow once
+  // its last sequence is in a batch; an empty flow leaves flows_.
+  struct Flow {
+    std::string key;  // empty: a flow of one request, not in flow_by_key_
+    std::deque<std::shared_ptr<Pending>> reqs;
+    bool took = false;  // formBatch's scratch: it got sequences in the batch being formed
   };
 
   // What a dispatch leaves to do once mu_ is released: batches the worker refused (answered
@@ -146,8 +176,11 @@ class EmbedScheduler {
   };
 
   void loop();
-  // Forms one batch from the queue head (mu_ held). Empty when nothing is runnable.
+  // Forms one batch, taking turns across flows [TAG_EMBED_FAIR] (mu_ held). Empty when nothing
+  // is runnable.
   std::vector<Part> formBatch(WorkBatch& batch);
+  // Removes the flow at flows_[i] (mu_ held).
+  void eraseFlow(size_t i);
   // Cap on batches in flight (mu_ not needed: options and worker depth are fixed).
   uint32_t inflightCap() const;
   // Drops dead queued requests, then forms and submits batches while the queue has work and the
@@ -167,8 +200,12 @@ class EmbedScheduler {
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::shared_ptr<Pending>> queue_;  // guarded by mu_
-  uint64_t queued_tokens_ = 0;                  // guarded by mu_
+  // Flows with queued sequences, in turn order (the front gets the first turn of the next batch).
+  std::deque<std::unique_ptr<Flow>> flows_;                 // guarded by mu_
+  std::unordered_map<std::string, Flow*> flow_by_key_;      // guarded by mu_
+  uint64_t queued_requests_ = 0;                            // guarded by mu_
+  uint64_t queued_tokens_ = 0;                              // guarded by mu_
+  uint64_t batches_formed_ = 0;                             // guarded by mu_
   uint64_t inflight_tokens_ = 0;                // guarded by mu_
   uint32_t inflight_batches_ = 0;               // guarded by mu_
   uint32_t inflight_batches_max_ = 0;           // guarded by mu_

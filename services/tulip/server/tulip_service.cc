@@ -21,6 +21,7 @@ struct Metrics {
   metrics::HistogramFamily& latency;
   metrics::HistogramFamily& queue;
   metrics::CounterFamily& tokens;
+  metrics::HistogramFamily& queue_batches;
   static Metrics& get() {
     auto& r = metrics::Registry::global();
     static Metrics m{
@@ -32,6 +33,10 @@ struct Metrics {
                     {"method"}),
         r.counter("tulip_prompt_tokens_total", "Tokens accepted for embedding or scoring",
                   {"method"}),
+        // The fairness signal [TAG_EMBED_FAIR]: batches formed ahead of a request while it waited.
+        r.histogram("tulip_queue_wait_batches",
+                    "Batches formed ahead of an embed/score request while it waited", {"method"},
+                    {0, 1, 2, 4, 8, 16, 64, 256}),
     };
     return m;
   }
@@ -116,6 +121,7 @@ class JobReactor final : public grpc::ServerUnaryReactor {
     if (st.isOk()) {
       m.tokens.labels({method}).inc(static_cast<double>(tokens));
       m.queue.labels({method}).observe(job->queue_us / 1e6);
+      m.queue_batches.labels({method}).observe(job->queue_batches);
     }
     log::info("request", {{"request_id", job->request_id},
                           {"method", method},
@@ -123,6 +129,7 @@ class JobReactor final : public grpc::ServerUnaryReactor {
                           {"tokens", tokens},
                           {"status", st},
                           {"queue_us", job->queue_us},
+                          {"queue_batches", job->queue_batches},
                           {"inference_us", job->inference_us},
                           {"total_us", total_us}});
     if (log::enabled(log::Level::kDebug) && st.isOk()) logTrace(*job, reply_ns, finish_ns);
@@ -325,6 +332,29 @@ TulipService::TulipService(EmbedScheduler& scheduler, LlmScheduler& llm, Worker&
                            ServiceOptions opts)
     : scheduler_(scheduler), llm_(llm), worker_(worker), opts_(std::move(opts)) {}
 
+grpc::Status TulipService::authorize(const grpc::CallbackServerContext* ctx) const {
+  if (opts_.auth == nullptr) return grpc::Status::OK;
+  auto it = ctx->client_metadata().find("authorization");
+  const std::string_view presented =
+      it == ctx->client_metadata().end() ? std::string_view()
+                                         : std::string_view(it->second.data(), it->second.size());
+  const Status st = checkBearer(presented, *opts_.auth);
+  if (st.isOk()) return grpc::Status::OK;
+  static auto& refused =
+      metrics::Registry::global()
+          .counter("tulip_unauthenticated_total", "Calls refused for a missing or wrong token")
+          .get();
+  refused.inc();
+  // At most one line a second: a caller hammering without a token must not flood the log.
+  static std::atomic<int64_t> last_log_ns{0};
+  const int64_t now = shm::monotonicNowNs();
+  int64_t last = last_log_ns.load(std::memory_order_relaxed);
+  if (now - last > 1000000000 && last_log_ns.compare_exchange_strong(last, now))
+    log::warn("call refused (counted in tulip_unauthenticated_total)",
+              {{"peer", ctx->peer()}, {"status", st}});
+  return toGrpcStatus(st);
+}
+
 bool TulipService::servesLlm() const {
   auto f = worker_.facts();
   return std::string(f.kind, strnlen(f.kind, sizeof(f.kind))) == "llm";
@@ -339,6 +369,7 @@ std::string TulipService::modelName() const {
 grpc::ServerUnaryReactor* TulipService::Embed(grpc::CallbackServerContext* ctx,
                                               const v1::EmbedRequest* req,
                                               v1::EmbedResponse* resp) {
+  if (grpc::Status a = authorize(ctx); !a.ok()) return finishNow(ctx, a);
   if (!req->model().empty() && worker_.ready() && req->model() != modelName()) {
     return finishNow(ctx, toGrpcStatus(notFound("model '" + req->model() +
                                                 "' is not served here (serving '" +
@@ -379,6 +410,7 @@ grpc::ServerUnaryReactor* TulipService::Embed(grpc::CallbackServerContext* ctx,
 grpc::ServerUnaryReactor* TulipService::Score(grpc::CallbackServerContext* ctx,
                                               const v1::ScoreRequest* req,
                                               v1::ScoreResponse* resp) {
+  if (grpc::Status a = authorize(ctx); !a.ok()) return finishNow(ctx, a);
   if (!req->model().empty() && worker_.ready() && req->model() != modelName()) {
     return finishNow(ctx, toGrpcStatus(notFound("model '" + req->model() +
                                                 "' is not served here")));
@@ -421,6 +453,7 @@ grpc::ServerWriteReactor<v1::GenerateChunk>* TulipService::Generate(
     explicit Refuse(const grpc::Status& st) { Finish(st); }
     void OnDone() override { delete this; }
   };
+  if (grpc::Status a = authorize(ctx); !a.ok()) return new Refuse(a);
   if (worker_.ready() && !servesLlm()) {
     return new Refuse(grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
                                    "Generate: this tulip serves an embedding model; text "
@@ -452,6 +485,7 @@ grpc::ServerWriteReactor<v1::GenerateChunk>* TulipService::Generate(
 grpc::ServerUnaryReactor* TulipService::Load(grpc::CallbackServerContext* ctx,
                                              const v1::LoadRequest* req,
                                              v1::LoadResponse* resp) {
+  if (grpc::Status a = authorize(ctx); !a.ok()) return finishNow(ctx, a);
   if (servesLlm()) {
     auto s = llm_.stats();
     resp->set_queued_requests(s.waiting);
@@ -480,6 +514,7 @@ grpc::ServerUnaryReactor* TulipService::Load(grpc::CallbackServerContext* ctx,
 grpc::ServerUnaryReactor* TulipService::ModelInfo(grpc::CallbackServerContext* ctx,
                                                   const v1::ModelInfoRequest* req,
                                                   v1::ModelInfoResponse* resp) {
+  if (grpc::Status a = authorize(ctx); !a.ok()) return finishNow(ctx, a);
   if (!worker_.ready()) {
     return finishNow(ctx, toGrpcStatus(workerDown(worker_)));
   }

@@ -6,11 +6,17 @@
 // (so a slow reader costs at most its own max_tokens ids), and a caller that goes away cancels
 // the sequence, which frees its KV blocks. Which methods are served follows the worker's
 // ModelFacts kind ("embedding": Embed/Score, "llm": Generate).
+// With ServiceOptions::auth set, every method of garden.v1.Tulip first checks the call's
+// `authorization: Bearer <token>` metadata against it and answers UNAUTHENTICATED without doing
+// anything else when it is missing or wrong [TAG_TULIP_TOKEN]. grpc.health.v1 (gRPC's own health
+// service) stays open: Kubernetes' gRPC probes cannot send metadata, and it tells only SERVING or
+// NOT_SERVING.
 // Includes gRPC headers: include it only from the server's .cc files.
 
 #include <memory>
 #include <string>
 
+#include "common/token_file.h"
 #include "garden/v1/garden.grpc.pb.h"
 #include "services/tulip/llm/llm_scheduler.h"
 #include "services/tulip/sched/embed_scheduler.h"
@@ -20,6 +26,7 @@ namespace garden::tulip {
 
 struct ServiceOptions {
   std::string served_model_name;  // empty: the name rose reports
+  const TokenFile* auth = nullptr;  // --auth-token-file; null: no token required
 };
 
 class TulipService final : public garden::v1::Tulip::CallbackService {
@@ -45,6 +52,8 @@ class TulipService final : public garden::v1::Tulip::CallbackService {
 
  private:
   bool servesLlm() const;
+  // OK, or UNAUTHENTICATED when opts_.auth is set and the call lacks a valid token.
+  grpc::Status authorize(const grpc::CallbackServerContext* ctx) const;
 
   EmbedScheduler& scheduler_;
   LlmScheduler& llm_;

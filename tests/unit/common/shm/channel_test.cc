@@ -6,7 +6,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include <cstdio>
 #include <cstring>
+#include <string>
 #include <thread>
 
 namespace garden::shm {
@@ -186,7 +191,7 @@ TEST(ShmChannel, HeartbeatStaleness) {
   std::this_thread::sleep_for(300ms);
   EXPECT_TRUE(c->heartbeatStale(200ms));
   c->beat();
-  EXPECT_FALSE(c->heartbeatStale(200ms));
+  EXPECT_FALSE(c->heartbeatStale(5000ms));  // fresh again (no 200 ms bet on the scheduler)
 }
 
 // A real second process: the child attaches by name, echoes each batch's input back through the
@@ -272,8 +277,13 @@ TEST(ShmChannel, StaleHeartbeatOfStoppedWorker) {
   auto t0 = std::chrono::steady_clock::now();
   while (c->lastBeatNs() == 0 && std::chrono::steady_clock::now() - t0 < 5s) usleep(1000);
   ASSERT_NE(c->lastBeatNs(), 0);
-  usleep(100000);
-  EXPECT_FALSE(c->heartbeatStale(std::chrono::milliseconds(80)));
+  // Beating: fresh within 200 ms at some point of a generous wait (a loaded machine may hold the
+  // child off the CPU for a while, so no single instant is asserted).
+  t0 = std::chrono::steady_clock::now();
+  while (c->heartbeatStale(std::chrono::milliseconds(200)) &&
+         std::chrono::steady_clock::now() - t0 < 5s)
+    usleep(1000);
+  EXPECT_FALSE(c->heartbeatStale(std::chrono::milliseconds(200)));
   kill(pid, SIGSTOP);
   usleep(300000);
   EXPECT_TRUE(c->heartbeatStale(std::chrono::milliseconds(200)));
@@ -285,6 +295,194 @@ TEST(ShmChannel, StaleHeartbeatOfStoppedWorker) {
   EXPECT_FALSE(c->heartbeatStale(std::chrono::milliseconds(200)));
   kill(pid, SIGKILL);
   waitpid(pid, nullptr, 0);
+}
+
+// --- stale segments [TAG_SHM_STALE] --------------------------------------------------------------
+
+bool segmentExists(const std::string& name) { return access(("/dev/shm" + name).c_str(), F_OK) == 0; }
+
+// A child process that creates `name` (or, with `attach`, attaches to it and records itself as the
+// worker), with `worker_pid` recorded as the worker when not 0, reports on a pipe, and waits to be
+// killed: killed with SIGKILL it leaves the segment behind, as a crashed tulip or rose does.
+pid_t childOf(const std::string& name, bool attach, pid_t worker_pid = 0) {
+  int fds[2];
+  if (pipe(fds) != 0) return -1;
+  const pid_t pid = fork();
+  if (pid == 0) {
+    close(fds[0]);
+    auto c = attach ? Channel::attach(name) : Channel::create(name, Layout{2, 4096, 4096});
+    char ok = c.isOk() ? 1 : 0;
+    if (c.isOk() && attach) c->setWorkerPid(getpid());
+    if (c.isOk() && worker_pid != 0) c->setWorkerPid(worker_pid);
+    if (write(fds[1], &ok, 1) != 1) _exit(3);
+    while (true) pause();
+  }
+  close(fds[1]);
+  char ok = 0;
+  const bool got = read(fds[0], &ok, 1) == 1;
+  close(fds[0]);
+  if (!got || !ok) {
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+    return -1;
+  }
+  return pid;
+}
+
+void killAndReap(pid_t pid) {
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+}
+
+TEST(ShmStaleSegment, AKilledOwnersSegmentIsReplacedAtTheNextCreate) {
+  const auto name = uniqueName("killed");
+  const pid_t owner = childOf(name, false);
+  ASSERT_GT(owner, 0);
+  killAndReap(owner);
+  ASSERT_TRUE(segmentExists(name)) << "SIGKILL leaves the segment behind";
+  auto c = Channel::create(name, Layout{2, 4096, 4096});
+  ASSERT_TRUE(c.isOk()) << c.status().toString();
+  EXPECT_EQ(c->ownerPid(), getpid());
+  EXPECT_EQ(c->workerPid(), 0);  // a fresh header, not the dead one's
+}
+
+TEST(ShmStaleSegment, ALiveOwnerKeepsItsSegment) {
+  const auto name = uniqueName("live");
+  const pid_t owner = childOf(name, false);
+  ASSERT_GT(owner, 0);
+  auto c = Channel::create(name, Layout{2, 4096, 4096});
+  ASSERT_FALSE(c.isOk());
+  EXPECT_EQ(c.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(c.status().message().find("in use by live process " + std::to_string(owner) +
+                                      " (its owner)"),
+            std::string::npos)
+      << c.status().message();
+  auto still = Channel::attach(name);  // untouched: still the live owner's
+  ASSERT_TRUE(still.isOk());
+  EXPECT_EQ(still->ownerPid(), owner);
+  killAndReap(owner);
+  EXPECT_TRUE(Channel::create(name, Layout{2, 4096, 4096}).isOk());
+}
+
+TEST(ShmStaleSegment, ALiveWorkerKeepsTheSegmentAfterItsOwnerDied) {
+  const auto name = uniqueName("worker");
+  const pid_t owner = childOf(name, false);
+  ASSERT_GT(owner, 0);
+  const pid_t worker = childOf(name, true);
+  ASSERT_GT(worker, 0);
+  killAndReap(owner);
+  auto c = Channel::create(name, Layout{2, 4096, 4096});
+  ASSERT_FALSE(c.isOk());
+  EXPECT_NE(c.status().message().find("in use by live process " + std::to_string(worker) +
+                                      " (its worker)"),
+            std::string::npos)
+      << c.status().message();
+  killAndReap(worker);
+  EXPECT_TRUE(Channel::create(name, Layout{2, 4096, 4096}).isOk());
+}
+
+TEST(ShmStaleSegment, AZombieOwnerDoesNotKeepIt) {
+  // Killed but not reaped (a container whose pid 1 does not reap): it maps nothing any more.
+  const auto name = uniqueName("zombie");
+  const pid_t owner = childOf(name, false);
+  ASSERT_GT(owner, 0);
+  kill(owner, SIGKILL);
+  // Wait until it is a zombie (its /proc stat says Z), without reaping it.
+  const auto t0 = std::chrono::steady_clock::now();
+  auto state = [&] {
+    std::string stat;
+    FILE* f = std::fopen(("/proc/" + std::to_string(owner) + "/stat").c_str(), "r");
+    if (f == nullptr) return '?';
+    char buf[512] = {};
+    const size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+    std::fclose(f);
+    stat.assign(buf, n);
+    const size_t p = stat.rfind(')');
+    return p != std::string::npos && p + 2 < stat.size() ? stat[p + 2] : '?';
+  };
+  while (state() != 'Z' && std::chrono::steady_clock::now() - t0 < 30s) usleep(1000);
+  ASSERT_EQ(state(), 'Z');
+  auto c = Channel::create(name, Layout{2, 4096, 4096});
+  EXPECT_TRUE(c.isOk()) << c.status().toString();
+  waitpid(owner, nullptr, 0);
+}
+
+TEST(ShmStaleSegment, ARecordedPidThatDoesNotMapItDoesNotKeepIt) {
+  // The dead owner recorded this (live) process as its worker: a pid that lives on without the
+  // mapping (a reused pid) must not keep a dead channel.
+  const auto name = uniqueName("reused");
+  const pid_t owner = childOf(name, false, getpid());
+  ASSERT_GT(owner, 0);
+  killAndReap(owner);
+  auto c = Channel::create(name, Layout{2, 4096, 4096});
+  EXPECT_TRUE(c.isOk()) << c.status().toString();
+}
+
+TEST(ShmStaleSegment, AnotherUsersOrAnotherModesSegmentIsLeftAlone) {
+  EXPECT_FALSE(*removeStaleSegment(uniqueName("absent"), geteuid()));  // nothing there
+  // Stale by every other measure, but not ours: refused, left in place.
+  const auto name = uniqueName("uid");
+  const pid_t owner = childOf(name, false);
+  ASSERT_GT(owner, 0);
+  killAndReap(owner);
+  auto other = removeStaleSegment(name, geteuid() + 1);
+  ASSERT_FALSE(other.isOk());
+  EXPECT_NE(other.status().message().find("owned by uid " + std::to_string(geteuid()) +
+                                          ", not " + std::to_string(geteuid() + 1)),
+            std::string::npos)
+      << other.status().message();
+  EXPECT_NE(other.status().message().find("rm /dev/shm" + name), std::string::npos);
+  EXPECT_TRUE(segmentExists(name));
+  auto ours = removeStaleSegment(name, geteuid());
+  ASSERT_TRUE(ours.isOk()) << ours.status().toString();
+  EXPECT_TRUE(*ours);
+  EXPECT_FALSE(segmentExists(name));
+  // A file garden did not make (mode 0644): create() refuses to take its name.
+  const auto foreign = uniqueName("mode");
+  const int fd = shm_open(foreign.c_str(), O_CREAT | O_EXCL | O_RDWR, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(fchmod(fd, 0644), 0);
+  ASSERT_EQ(ftruncate(fd, 4096), 0);
+  close(fd);
+  auto c = Channel::create(foreign, Layout{2, 4096, 4096});
+  ASSERT_FALSE(c.isOk());
+  EXPECT_NE(c.status().message().find("mode 0644, not the 0600 garden creates"),
+            std::string::npos)
+      << c.status().message();
+  EXPECT_TRUE(segmentExists(foreign));
+  shm_unlink(foreign.c_str());
+}
+
+TEST(ShmStaleSegment, AHeaderlessSegmentGoesOnlyWhenNoProcessMapsIt) {
+  // Never initialized (its creator died before writing the header): no pids to ask, so every
+  // process's mappings are.
+  const auto name = uniqueName("headerless");
+  const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(fchmod(fd, 0600), 0);
+  ASSERT_EQ(ftruncate(fd, 64), 0);
+  void* m = mmap(nullptr, 64, PROT_READ, MAP_SHARED, fd, 0);
+  ASSERT_NE(m, MAP_FAILED);
+  close(fd);
+  auto busy = Channel::create(name, Layout{2, 4096, 4096});
+  ASSERT_FALSE(busy.isOk());
+  EXPECT_NE(busy.status().message().find("mapped by live process " + std::to_string(getpid())),
+            std::string::npos)
+      << busy.status().message();
+  munmap(m, 64);
+  auto c = Channel::create(name, Layout{2, 4096, 4096});
+  EXPECT_TRUE(c.isOk()) << c.status().toString();
+}
+
+TEST(ShmStaleSegment, CreateMakesMode0600WhateverTheUmask) {
+  const mode_t old = umask(0);
+  const auto name = uniqueName("umask");
+  auto c = Channel::create(name, Layout{2, 4096, 4096});
+  umask(old);
+  ASSERT_TRUE(c.isOk());
+  struct stat st {};
+  ASSERT_EQ(stat(("/dev/shm" + name).c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
 }
 
 }  // namespace

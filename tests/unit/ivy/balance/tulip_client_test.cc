@@ -8,11 +8,15 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cstring>
+#include <fstream>
 #include <future>
 #include <mutex>
 #include <thread>
 
+#include "common/token_file.h"
 #include "garden/v1/garden.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "services/ivy/api/text_encoder.h"
@@ -52,6 +56,10 @@ class FakeTulipService final : public v1::Tulip::Service {
     auto md = ctx->client_metadata().find("x-request-id");
     last_request_id =
         md == ctx->client_metadata().end() ? "" : std::string(md->second.data(), md->second.size());
+    auto auth = ctx->client_metadata().find("authorization");
+    last_authorization = auth == ctx->client_metadata().end()
+                             ? "(none)"
+                             : std::string(auth->second.data(), auth->second.size());
     last_request = *req;
     ++embed_calls;
     if (delay.count() > 0) std::this_thread::sleep_for(delay);
@@ -111,6 +119,7 @@ class FakeTulipService final : public v1::Tulip::Service {
   bool corrupt_row_bytes = false;
   bool drop_one = false;
   std::string last_request_id;
+  std::string last_authorization;
   v1::EmbedRequest last_request;
 };
 
@@ -479,9 +488,59 @@ TEST(FromGrpcCode, Table) {
   EXPECT_EQ(fromGrpcCode(3, "x").code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(fromGrpcCode(1, "x").code(), StatusCode::kCancelled);
   EXPECT_EQ(fromGrpcCode(10, "x").code(), StatusCode::kUnavailable);  // ABORTED: retryable
-  EXPECT_EQ(fromGrpcCode(16, "x").code(), StatusCode::kInternal);     // our misconfiguration
+  // tulip refusing ivy's token: a deployment fault the caller cannot fix, 503 naming the flags.
+  EXPECT_EQ(fromGrpcCode(16, "x").code(), StatusCode::kUnavailable);  // UNAUTHENTICATED
+  EXPECT_EQ(fromGrpcCode(7, "x").code(), StatusCode::kUnavailable);   // PERMISSION_DENIED
+  EXPECT_THAT(fromGrpcCode(16, "invalid token").message(),
+              HasSubstr("tulip refused ivy's credentials (UNAUTHENTICATED: invalid token): ivy's "
+                        "--tulip-token-file must hold a token listed in tulip's "
+                        "--auth-token-file"));
+  EXPECT_EQ(fromGrpcCode(12, "x").code(), StatusCode::kInternal);     // UNIMPLEMENTED: ours
   EXPECT_EQ(fromGrpcCode(99, "x").code(), StatusCode::kInternal);
   EXPECT_EQ(fromGrpcCode(2, "").message(), "tulip: (no message)");
+}
+
+// [TAG_TULIP_TOKEN] With a token file every call carries `authorization: Bearer <first token>`,
+// read per call (a rewritten file is sent after reload); without one, no such metadata.
+TEST_F(TulipClientTest, TokenFileIsPresentedOnEveryCall) {
+  ASSERT_TRUE(embedSync(call2()).isOk());
+  EXPECT_EQ(tulip_.last_authorization, "(none)");
+  char path[] = "/tmp/garden-token-XXXXXX";
+  const int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  close(fd);
+  {
+    std::ofstream(path) << "# ivy's\n tok-one \ntok-two\n";
+  }
+  auto token = TokenFile::load(path, "--tulip-token-file");
+  ASSERT_TRUE(token.isOk()) << token.status().toString();
+  std::shared_ptr<TokenFile> shared = std::move(token).value();
+  auto client = makeGrpcTulipClient("127.0.0.1:" + std::to_string(port_), shared);
+  std::promise<Result<EmbedReply>> p1;
+  client->embed(call2(), [&p1](Result<EmbedReply> r) { p1.set_value(std::move(r)); });
+  ASSERT_TRUE(p1.get_future().get().isOk());
+  EXPECT_EQ(tulip_.last_authorization, "Bearer tok-one");
+  {
+    std::ofstream(path) << "tok-three\n";
+  }
+  ASSERT_TRUE(shared->reload().isOk());
+  std::promise<Result<EmbedReply>> p2;
+  client->embed(call2(), [&p2](Result<EmbedReply> r) { p2.set_value(std::move(r)); });
+  ASSERT_TRUE(p2.get_future().get().isOk());
+  EXPECT_EQ(tulip_.last_authorization, "Bearer tok-three");
+  unlink(path);
+}
+
+// tulip answering UNAUTHENTICATED reaches the caller as UNAVAILABLE naming the token flags.
+TEST_F(TulipClientTest, RefusedTokenIsUnavailableNamingTheFlags) {
+  {
+    std::lock_guard<std::mutex> lock(tulip_.mu);
+    tulip_.status = grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "invalid token");
+  }
+  auto r = embedSync(call2());
+  ASSERT_FALSE(r.isOk());
+  EXPECT_EQ(r.status().code(), StatusCode::kUnavailable);
+  EXPECT_THAT(r.status().message(), HasSubstr("--tulip-token-file"));
 }
 
 // [TAG_SPM_ISOLATION] regression: this binary links libprotobuf (gRPC); loading libsentencepiece

@@ -492,7 +492,7 @@ TEST(EmbedSchedulerBatching, DefaultCapStagesOneBatchAndCoalescesTheRest) {
   EXPECT_EQ(s.maxInflightBatchesSeen(), 2u);
 }
 
-TEST(EmbedSchedulerBatching, CoalescedBatchesStillHonourBudgetSeqCapAndFifo) {
+TEST(EmbedSchedulerBatching, CoalescedBatchesStillHonourBudgetSeqCapAndTakeTurns) {
   FakeWorker w(4, 2);
   SchedulerOptions o;
   o.max_inflight_batches = 1;
@@ -507,8 +507,10 @@ TEST(EmbedSchedulerBatching, CoalescedBatchesStillHonourBudgetSeqCapAndFifo) {
   auto jc = makeJob({seq(1, 6), seq(1, 7), seq(1, 8), seq(1, 9)}, c);
   for (auto& j : {ja, jb, jc}) ASSERT_TRUE(s.submit(j).isOk());
   ASSERT_EQ(w.submitted().size(), 1u);
-  // Each completion dispatches exactly the next batch: 12-token budget, 3-sequence cap, FIFO.
-  const std::vector<std::vector<int32_t>> want = {{1}, {5, 5}, {5, 5, 2}, {1, 1, 1}, {1}};
+  // Each completion dispatches exactly the next batch: 12-token budget, 3-sequence cap, one
+  // sequence per request per round [TAG_EMBED_FAIR]: {a0 b0 c0}, then a1 (5) + b1 (2) + c1 (1),
+  // then a2 + c2 + c3 (a and b are done with, c takes the rest).
+  const std::vector<std::vector<int32_t>> want = {{1}, {5, 5, 1}, {5, 2, 1}, {5, 1, 1}};
   for (size_t i = 1; i < want.size(); ++i) {
     ASSERT_TRUE(w.completeNext());
     ASSERT_EQ(w.submitted().size(), i + 1);
@@ -518,8 +520,10 @@ TEST(EmbedSchedulerBatching, CoalescedBatchesStillHonourBudgetSeqCapAndFifo) {
   ASSERT_TRUE(w.completeNext());
   for (auto* out : {&x, &a, &b, &c}) EXPECT_TRUE(out->f.get().isOk());
   EXPECT_EQ(ja->values[2 * 2], 25.0f);  // a2 = {3..7}
+  EXPECT_EQ(jb->values[1 * 2], 11.0f);  // b1 = {5, 6}
   EXPECT_EQ(jc->values[3 * 2], 9.0f);
   EXPECT_EQ(s.stats().inflight_tokens, 0u);
+  EXPECT_EQ(s.stats().queued_requests, 0u);
 }
 
 TEST(EmbedSchedulerBatching, CancelledAndExpiredWaitersStayOutOfTheCoalescedBatch) {
@@ -584,8 +588,237 @@ TEST(EmbedSchedulerBatching, NeverMoreThanCapInFlightUnderConcurrentLoad) {
   EXPECT_LE(s.maxInflightBatchesSeen(), 2u);
   EXPECT_LE(most_held, 2u);
   EXPECT_EQ(s.inflightBatches(), 0u);
-  // Concurrency coalesced: fewer batches than requests.
-  EXPECT_LT(w.submitted().size(), static_cast<size_t>(kThreads * kPer));
+  // What the scheduler guarantees whatever the interleaving: every sequence went to the worker
+  // exactly once, in batches within the budget. (How many requests share a batch depends on how
+  // the threads happen to interleave: a full test run on a loaded 2-core machine saw one batch
+  // per request, so coalescing is asserted only where the tests fix the order: the
+  // EmbedSchedulerBatching cases above and tests/integration/tulip_batching.)
+  size_t seqs = 0, tokens = 0;
+  for (const auto& b : w.submitted()) {
+    EXPECT_LE(b.tokens.size(), 32u);
+    EXPECT_FALSE(b.seq_lens.empty());
+    seqs += b.seq_lens.size();
+    tokens += b.tokens.size();
+  }
+  EXPECT_EQ(seqs, static_cast<size_t>(kThreads * kPer));
+  size_t want_tokens = 0;
+  for (int i = 0; i < kPer; ++i) want_tokens += kThreads * (1 + (i % 5));
+  EXPECT_EQ(tokens, want_tokens);
+  EXPECT_EQ(s.stats().queued_requests, 0u);
+  EXPECT_EQ(s.stats().queued_tokens, 0u);
+}
+
+// --- fair batching across flows [TAG_EMBED_FAIR] ------------------------------------------------
+// Exact: the fake worker runs nothing until the test completes a batch, and dispatch happens inline,
+// so which batch each sequence lands in is fixed by the order of submissions and completions.
+
+// Index of the first submitted batch holding a sequence that starts with `marker`, or -1.
+int batchHolding(const std::vector<WorkBatch>& bs, int32_t marker) {
+  for (size_t i = 0; i < bs.size(); ++i) {
+    size_t off = 0;
+    for (int32_t len : bs[i].seq_lens) {
+      if (bs[i].tokens[off] == marker) return static_cast<int>(i);
+      off += static_cast<size_t>(len);
+    }
+  }
+  return -1;
+}
+
+// A worker shaped like the default deployment: 512-token sequences, channel sized for the budget.
+FakeWorker& bigModelWorker(FakeWorker& w) {
+  w.facts_.max_seq_len = 512;
+  w.facts_.vocab_size = 1000;
+  return w;
+}
+
+// `chunks` jobs that together are a 2048 x 512-token request (1,048,576 tokens: ivy's old default
+// --max-request-tokens) under one request id, the way ivy sends a split request (chunks = 1: one
+// job, the way a direct gRPC caller sends it). Token id 5 everywhere, so every row is 2560 + k.
+std::vector<std::shared_ptr<EmbedJob>> maxSizeRequest(int chunks, std::vector<Outcome>& outs) {
+  std::vector<std::shared_ptr<EmbedJob>> jobs;
+  const int per = 2048 / chunks;
+  for (int c = 0; c < chunks; ++c) {
+    std::vector<std::vector<int32_t>> inputs(per, std::vector<int32_t>(512, 5));
+    auto j = makeJob(std::move(inputs), outs[c]);
+    j->request_id = "big";
+    jobs.push_back(std::move(j));
+  }
+  return jobs;
+}
+
+// A max-size request is queued first; small requests (one 3-token sequence each, their own request
+// ids) arrive one by one while it is being served, some alone and some together. Each must be in
+// one of the next two batches formed after it arrived (in fact the next one), never behind the big
+// request's 128 batches; the big request still completes with every row right.
+void smallRequestsOvertakeAMaxSizeRequest(int chunks) {
+  FakeWorker w(4, 2);
+  bigModelWorker(w);
+  SchedulerOptions o;  // the defaults: 8192-token batches, 256 sequences, 2 in flight, 1 Mi queue
+  EmbedScheduler s(w, o);
+  w.setOnChange([&] { s.poke(); });
+  std::vector<Outcome> big_out(chunks);
+  auto big = maxSizeRequest(chunks, big_out);
+  for (auto& j : big) ASSERT_TRUE(s.submit(j).isOk());
+  // The cap: one running, one staged (16 x 512 tokens; a chunk of 8 when the first chunk went out
+  // alone at once).
+  ASSERT_EQ(w.submitted().size(), 2u);
+  EXPECT_EQ(w.submitted()[0].seq_lens.size(), std::min<size_t>(16, 2048 / chunks));
+
+  struct Small {
+    Outcome out;
+    std::shared_ptr<EmbedJob> job;
+    int arrived_after = 0;  // batches formed before it arrived
+  };
+  std::vector<std::unique_ptr<Small>> smalls;
+  auto arrive = [&](int n) {
+    for (int k = 0; k < n; ++k) {
+      auto sm = std::make_unique<Small>();
+      const int32_t marker = 900 + static_cast<int32_t>(smalls.size());
+      sm->job = makeJob({{marker, 1, 2}}, sm->out);
+      sm->job->request_id = "small-" + std::to_string(smalls.size());
+      sm->arrived_after = static_cast<int>(w.submitted().size());
+      ASSERT_TRUE(s.submit(sm->job).isOk());
+      smalls.push_back(std::move(sm));
+    }
+  };
+  // Arrivals interleaved with completions: 1, 3 at once, none, 1, 10 at once, ... over the first
+  // 40 batches of the big request's 128.
+  const int pattern[] = {1, 3, 0, 1, 10, 0, 0, 2, 1, 5};
+  for (int round = 0; round < 40; ++round) {
+    arrive(pattern[round % 10]);
+    ASSERT_TRUE(w.completeNext());
+  }
+  while (w.completeNext()) {
+  }
+  const auto bs = w.submitted();
+  // Before: 2048 sequences of 512 tokens at 16 per batch = 128 batches, plus the smalls' seats.
+  EXPECT_GE(bs.size(), 128u);
+  ASSERT_EQ(smalls.size(), 92u);
+  for (size_t i = 0; i < smalls.size(); ++i) {
+    Small& sm = *smalls[i];
+    ASSERT_EQ(sm.out.f.wait_for(30s), std::future_status::ready);
+    EXPECT_TRUE(sm.out.f.get().isOk()) << i;
+    const int at = batchHolding(bs, 900 + static_cast<int32_t>(i));
+    ASSERT_GE(at, 0) << i;
+    EXPECT_LT(at, sm.arrived_after + 2) << "small request " << i << " arrived after batch "
+                                        << sm.arrived_after << " and went out in batch " << at;
+    EXPECT_LE(sm.job->queue_batches, 1u) << i;
+    EXPECT_EQ(sm.job->values[0], 900.0f + i + 3.0f);  // row = sum(ids) + k
+  }
+  for (int c = 0; c < chunks; ++c) {
+    ASSERT_EQ(big_out[c].f.wait_for(30s), std::future_status::ready);
+    EXPECT_TRUE(big_out[c].f.get().isOk());
+    const auto& v = big[c]->values;
+    ASSERT_EQ(v.size(), (2048u / chunks) * 2);
+    for (size_t r = 0; r < v.size(); r += 2) ASSERT_EQ(v[r], 2560.0f) << c << " " << r;
+  }
+  for (const auto& b : bs) EXPECT_LE(b.tokens.size(), o.max_batch_tokens);
+  EXPECT_EQ(s.stats().queued_requests, 0u);
+  EXPECT_EQ(s.stats().queued_tokens, 0u);
+}
+
+TEST(EmbedSchedulerFairness, SmallRequestsOvertakeAMaxSizeRequestOfOneJob) {
+  smallRequestsOvertakeAMaxSizeRequest(1);
+}
+
+TEST(EmbedSchedulerFairness, SmallRequestsOvertakeAMaxSizeRequestSplitIntoChunksByIvy) {
+  // ivy's default split: chunks of at most 4096 tokens = 8 sequences of 512, 256 chunks sharing the
+  // request id. Were each chunk a flow of its own, a small request would wait a whole rotation.
+  smallRequestsOvertakeAMaxSizeRequest(256);
+}
+
+TEST(EmbedSchedulerFairness, RequestsOfOneIdShareOneTurn) {
+  FakeWorker w(4, 2);
+  SchedulerOptions o;
+  o.max_inflight_batches = 1;
+  o.max_batch_seqs = 4;
+  EmbedScheduler s(w, o);
+  w.setOnChange([&] { s.poke(); });
+  Outcome x, a1, a2, b, c1, c2;
+  ASSERT_TRUE(s.submit(makeJob({seq(1)}, x)).isOk());  // running: the rest queues
+  auto ja1 = makeJob({seq(1, 10), seq(1, 11), seq(1, 12)}, a1);
+  auto ja2 = makeJob({seq(1, 13), seq(1, 14)}, a2);
+  auto jb = makeJob({seq(2, 20), seq(2, 21), seq(2, 22)}, b);
+  ja1->request_id = ja2->request_id = "a";  // one flow of two requests (two chunks of one call)
+  jb->request_id = "b";
+  for (auto& j : {ja1, ja2, jb}) ASSERT_TRUE(s.submit(j).isOk());
+  EXPECT_EQ(s.stats().queued_requests, 3u);
+  // Then two flows of their own (no id): c1 and c2.
+  auto jc1 = makeJob({seq(3, 30), seq(3, 31)}, c1);
+  auto jc2 = makeJob({seq(3, 40)}, c2);
+  for (auto& j : {jc1, jc2}) ASSERT_TRUE(s.submit(j).isOk());
+  // Four flows, four seats: one sequence each, flow "a" from its first request. (Were a1 and a2
+  // two flows, they would take two seats and c2 would wait.)
+  ASSERT_TRUE(w.completeNext());
+  ASSERT_EQ(w.submitted().size(), 2u);
+  EXPECT_EQ(w.submitted()[1].tokens, (std::vector<int32_t>{10, 20, 21, 30, 31, 32, 40, 41, 42}));
+  // c2 is done with; a, b, c1 took part and keep their order: a goes on into its second request.
+  ASSERT_TRUE(w.completeNext());
+  ASSERT_EQ(w.submitted().size(), 3u);
+  EXPECT_EQ(w.submitted()[2].tokens, (std::vector<int32_t>{11, 12, 21, 22, 31, 32, 33}));
+  // a's second request, then b's last sequence; a goes on with its last one (b is done).
+  ASSERT_TRUE(w.completeNext());
+  ASSERT_EQ(w.submitted().size(), 4u);
+  EXPECT_EQ(w.submitted()[3].tokens, (std::vector<int32_t>{13, 14, 22, 23}));
+  ASSERT_TRUE(w.completeNext());
+  EXPECT_EQ(w.submitted().size(), 4u);
+  for (auto* out : {&x, &a1, &a2, &b, &c1, &c2}) EXPECT_TRUE(out->f.get().isOk());
+  EXPECT_EQ(ja2->values[1 * 2], 14.0f);
+  EXPECT_EQ(jb->values[2 * 2], 22.0f + 23.0f);
+  EXPECT_EQ(jc1->values[1 * 2], 31.0f + 32.0f + 33.0f);
+  EXPECT_EQ(s.stats().queued_requests, 0u);
+}
+
+TEST(EmbedSchedulerFairness, AFlowLeftOutOfABatchOpensTheNextOne) {
+  FakeWorker w(4, 2);
+  SchedulerOptions o;
+  o.max_inflight_batches = 1;
+  o.max_batch_tokens = 10;
+  EmbedScheduler s(w, o);
+  w.setOnChange([&] { s.poke(); });
+  Outcome x, a, b, c;
+  ASSERT_TRUE(s.submit(makeJob({seq(1)}, x)).isOk());
+  auto ja = makeJob({seq(4, 10), seq(4, 20)}, a);  // 8 tokens
+  auto jb = makeJob({seq(3, 30), seq(3, 40)}, b);
+  auto jc = makeJob({seq(9, 50)}, c);               // never fits beside anything
+  for (auto& j : {ja, jb, jc}) ASSERT_TRUE(s.submit(j).isOk());
+  // a0 (4) + b0 (3) = 7: c0 (9) does not fit and sits out; a1 (4) does not fit either, b1 does.
+  ASSERT_TRUE(w.completeNext());
+  EXPECT_EQ(lensOf(w.submitted()).back(), (std::vector<int32_t>{4, 3, 3}));
+  // c got nothing, so it goes first now, alone (a1 would cross the budget).
+  ASSERT_TRUE(w.completeNext());
+  EXPECT_EQ(lensOf(w.submitted()).back(), (std::vector<int32_t>{9}));
+  ASSERT_TRUE(w.completeNext());
+  EXPECT_EQ(lensOf(w.submitted()).back(), (std::vector<int32_t>{4}));
+  ASSERT_TRUE(w.completeNext());
+  EXPECT_EQ(w.submitted().size(), 4u);
+  for (auto* out : {&x, &a, &b, &c}) EXPECT_TRUE(out->f.get().isOk());
+  EXPECT_EQ(jc->queue_batches, 1u);  // one batch (a0 b0 b1) was formed ahead of it
+  EXPECT_EQ(ja->queue_batches, 0u);
+}
+
+TEST(EmbedSchedulerFairness, IncompatibleFlowSitsOutAndOpensTheNextBatch) {
+  FakeWorker w(4, 2);
+  SchedulerOptions o;
+  o.max_inflight_batches = 1;
+  EmbedScheduler s(w, o);
+  w.setOnChange([&] { s.poke(); });
+  Outcome x, a, b, c;
+  ASSERT_TRUE(s.submit(makeJob({seq(1)}, x)).isOk());
+  auto ja = makeJob({seq(2, 10)}, a);
+  auto jb = makeJob({seq(3, 20)}, b);
+  jb->kind = shm::BatchKind::kScore;  // classification head
+  auto jc = makeJob({seq(4, 30)}, c);
+  for (auto& j : {ja, jb, jc}) ASSERT_TRUE(s.submit(j).isOk());
+  ASSERT_TRUE(w.completeNext());
+  EXPECT_EQ(w.submitted()[1].kind, shm::BatchKind::kEmbed);
+  EXPECT_EQ(w.submitted()[1].seq_lens, (std::vector<int32_t>{2, 4}));  // a and c; b sits out
+  ASSERT_TRUE(w.completeNext());
+  EXPECT_EQ(w.submitted()[2].kind, shm::BatchKind::kScore);
+  EXPECT_EQ(w.submitted()[2].seq_lens, (std::vector<int32_t>{3}));
+  ASSERT_TRUE(w.completeNext());
+  for (auto* out : {&x, &a, &b, &c}) EXPECT_TRUE(out->f.get().isOk());
+  EXPECT_EQ(jb->values, (std::vector<float>{3.0f}));
 }
 
 }  // namespace
