@@ -159,11 +159,7 @@ Status parseInput(const element& input, const ModelSpec& spec, const EmbeddingsL
 
 Result<EmbeddingsRequest> parseEmbeddingsRequest(std::string_view body, const ModelSpec& spec,
                                                  const EmbeddingsLimits& limits) {
-  if (longestStringOver(body, limits.max_input_chars) > 0) {
-    return invalidField("input", "a text is longer than the limit of " +
-                                     std::to_string(limits.max_input_chars) +
-                                     " characters (--max-input-chars)");
-  }
+  RETURN_IF_ERROR(checkBodyTextChars(body, "input", limits));
   thread_local simdjson::dom::parser parser;
   // The parser keeps buffers sized for the largest document it has seen (about 13 bytes per
   // body byte); a thread that parsed one huge body gives them back afterwards.

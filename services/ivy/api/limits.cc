@@ -76,6 +76,14 @@ size_t longestStringOver(std::string_view json, size_t max_chars) {
   return 0;
 }
 
+Status checkBodyTextChars(std::string_view body, std::string_view field,
+                          const RequestLimits& limits) {
+  if (longestStringOver(body, limits.max_input_chars) == 0) return okStatus();
+  return invalidField(field, "a text is longer than the limit of " +
+                                 std::to_string(limits.max_input_chars) +
+                                 " characters (--max-input-chars)");
+}
+
 size_t inputTokenLimit(const RequestLimits& limits, uint32_t model_max_seq_len) {
   if (limits.max_input_tokens == 0 || limits.max_input_tokens > model_max_seq_len) {
     return model_max_seq_len;

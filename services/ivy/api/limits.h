@@ -1,6 +1,7 @@
 #pragma once
 // Request size limits and request-scoped options shared by ivy's model endpoints (/v1/embeddings,
-// /v1/score, /v1/rerank). Pure functions, callable from any thread.
+// /v1/score, /v1/rerank, /v1/chat/completions, /v1/completions). Pure functions, callable from
+// any thread.
 //
 // Every limit is a flag of ivy (main.cc) and every violation is a 400 whose message names both the
 // offending field (following [TAG_FIELD_ERRORS]) and the limit's flag, e.g.
@@ -45,6 +46,12 @@ Status checkInputChars(std::string_view text, const std::string& path,
 // short to hold one, or a literal is unterminated: the parser reports that). The caller reports it against the field that carries text ("input", "documents"): parsing a 10 MB
 // body into a DOM costs far more than this scan, so an oversized text is refused before that.
 size_t longestStringOver(std::string_view json, size_t max_chars);
+
+// longestStringOver() as the 400 every model route gives before parsing [TAG_ADMISSION]:
+// INVALID_ARGUMENT "<field>: a text is longer than the limit of N characters (--max-input-chars)"
+// naming the request's text field ("input", "documents", "messages", "prompt").
+Status checkBodyTextChars(std::string_view body, std::string_view field,
+                          const RequestLimits& limits);
 
 // The effective per-input token limit: the smaller of the flag (when set) and the model's maximum.
 size_t inputTokenLimit(const RequestLimits& limits, uint32_t model_max_seq_len);

@@ -33,11 +33,7 @@ Result<std::string_view> requiredString(const simdjson::dom::object& obj, std::s
 
 Result<ScoringRequest> parseScoringRequest(std::string_view body, const ModelSpec& spec,
                                            const RequestLimits& limits, ScoreApi api) {
-  if (longestStringOver(body, limits.max_input_chars) > 0) {
-    return invalidField("documents", "a text is longer than the limit of " +
-                                         std::to_string(limits.max_input_chars) +
-                                         " characters (--max-input-chars)");
-  }
+  RETURN_IF_ERROR(checkBodyTextChars(body, "documents", limits));
   thread_local simdjson::dom::parser parser;
   struct Shrink {  // as in parseEmbeddingsRequest
     ~Shrink() {
