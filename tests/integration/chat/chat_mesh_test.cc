@@ -247,6 +247,49 @@ std::string userChat(const std::string& text, const std::string& extra) {
          (extra.empty() ? "" : "," + extra) + "}";
 }
 
+// A streamed chat request on its own connection, read as it arrives (testing::http() returns
+// whole answers). `headers`: extra header lines, each ending in \r\n. 60 s receive timeout.
+class RawStream {
+ public:
+  RawStream(int port, const std::string& body, const std::string& headers = "") {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    timeval tv{60, 0};
+    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) return;
+    std::string req = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                      "application/json\r\n" +
+                      headers + "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" +
+                      body;
+    sent_ = ::send(fd_, req.data(), req.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(req.size());
+  }
+  ~RawStream() { close(); }
+  bool sent() const { return sent_; }
+  // Reads until `what` has arrived; false when the connection ends (or times out) first.
+  bool readUntil(std::string_view what) {
+    char buf[4096];
+    while (got_.find(what) == std::string::npos) {
+      ssize_t n = ::recv(fd_, buf, sizeof buf, 0);
+      if (n <= 0) return false;
+      got_.append(buf, static_cast<size_t>(n));
+    }
+    return true;
+  }
+  void close() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+  const std::string& got() const { return got_; }
+
+ private:
+  int fd_ = -1;
+  bool sent_ = false;
+  std::string got_;
+};
+
 TEST_F(ChatMesh, NonStreamingAndStreamingAgreeUnderGreedy) {
   const std::string fields = R"("max_tokens":12,"temperature":0)";
   auto full = post("/v1/chat/completions", userChat("What is 2 + 2?", fields));
@@ -361,39 +404,15 @@ TEST_F(ChatMesh, ManyConcurrentChats) {
 }
 
 TEST_F(ChatMesh, ClientLeavingMidStreamFreesTheSequence) {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  struct Closer {
-    int* fd;
-    ~Closer() {
-      if (*fd >= 0) ::close(*fd);
-    }
-  } closer{&fd};
-  timeval tv{60, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(g_mesh->ivy_port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  std::string body = userChat("Tell me a long story", R"("max_tokens":2000,"stream":true)");
-  std::string req =
-      "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
-      "application/json\r\nContent-Length: " +
-      std::to_string(body.size()) + "\r\n\r\n" + body;
-  ASSERT_EQ(::send(fd, req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
-  std::string got;
-  char buf[4096];
+  RawStream stream(g_mesh->ivy_port,
+                   userChat("Tell me a long story", R"("max_tokens":2000,"stream":true)"));
+  ASSERT_TRUE(stream.sent());
   // The role chunk goes out with tulip's first generated chunk: generation is under way. (Later
   // events may take long: a random model rarely completes a Harmony header, and header tokens
   // produce no output until the parser's header limit.)
-  while (got.find("\"role\":\"assistant\"") == std::string::npos) {
-    ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-    ASSERT_GT(n, 0) << "stream ended early: " << got;
-    got.append(buf, static_cast<size_t>(n));
-  }
+  ASSERT_TRUE(stream.readUntil("\"role\":\"assistant\"")) << "stream ended early: " << stream.got();
   EXPECT_GE(tulipSeqs(), 1);
-  ::close(fd);
-  fd = -1;
+  stream.close();
   // tulip's running set empties long before 2000 tokens could have been generated.
   int64_t seqs = -1;
   for (int i = 0; i < 300; ++i) {
@@ -479,44 +498,20 @@ TEST_F(ChatMesh, RequestTimeoutHeaderIs504BeforeTheFirstToken) {
 TEST_F(ChatMesh, RequestTimeoutMidStreamIsATimeoutEvent) {
   const pid_t rose = rosePid();
   ASSERT_GT(rose, 0);
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  struct Closer {
-    int* fd;
-    ~Closer() {
-      if (*fd >= 0) ::close(*fd);
-    }
-  } closer{&fd};
-  timeval tv{60, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(g_mesh->ivy_port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  std::string body = userChat("Tell me a long story", R"("max_tokens":2000,"stream":true)");
-  std::string req =
-      "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
-      "application/json\r\nx-request-timeout: 10\r\nConnection: close\r\nContent-Length: " +
-      std::to_string(body.size()) + "\r\n\r\n" + body;
-  ASSERT_EQ(::send(fd, req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
-  std::string got;
-  char buf[4096];
-  while (got.find("\"role\":\"assistant\"") == std::string::npos) {
-    ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-    ASSERT_GT(n, 0) << "stream ended before its first chunk: " << got;
-    got.append(buf, static_cast<size_t>(n));
-  }
-  ASSERT_NE(got.find("200 OK"), std::string::npos) << got;
+  RawStream stream(g_mesh->ivy_port,
+                   userChat("Tell me a long story", R"("max_tokens":2000,"stream":true)"),
+                   "x-request-timeout: 10\r\n");
+  ASSERT_TRUE(stream.sent());
+  ASSERT_TRUE(stream.readUntil("\"role\":\"assistant\""))
+      << "no first chunk within the deadline: " << stream.got();
+  ASSERT_NE(stream.got().find("200 OK"), std::string::npos) << stream.got();
   {
     // No token can come any more; the rest of the 10 s passes and ivy ends the stream.
     testing::Paused paused(rose);
     ASSERT_TRUE(paused.stopped());
-    while (got.find("\r\n0\r\n\r\n") == std::string::npos) {  // the last chunk
-      ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-      ASSERT_GT(n, 0) << "the stream did not end: " << got;
-      got.append(buf, static_cast<size_t>(n));
-    }
+    ASSERT_TRUE(stream.readUntil("\r\n0\r\n\r\n")) << "the stream did not end: " << stream.got();
   }
+  const std::string& got = stream.got();
   EXPECT_NE(got.find(R"("type":"timeout_error")"), std::string::npos) << got;
   EXPECT_NE(got.find(R"("code":"timeout")"), std::string::npos) << got;
   EXPECT_NE(got.find("data: [DONE]"), std::string::npos) << got;

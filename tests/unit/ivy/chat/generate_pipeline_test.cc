@@ -43,6 +43,29 @@ bool waitFor(const std::function<bool()>& pred) {
   return pred();
 }
 
+// A request answered on its own thread while the scripted client holds its streams: the
+// constructor returns once the client holds `held` streams (held() says whether it did);
+// join() waits for the answer, which must be a 200.
+class HeldRequest {
+ public:
+  HeldRequest(ChatHarness& h, std::string path, std::string body, size_t held)
+      : thread_([&h, path = std::move(path), body = std::move(body)] {
+          Captured r = h.post(path, body);
+          EXPECT_EQ(r.status, 200) << path << ": " << r.body;
+        }) {
+    held_ = waitFor([&h, held] { return h.client().heldCount() == held; });
+  }
+  ~HeldRequest() { join(); }
+  bool held() const { return held_; }
+  void join() {
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  std::thread thread_;
+  bool held_ = false;
+};
+
 TEST(GeneratePipeline, DeadlineIsTheGenerateTimeoutShortenedByTheHeader) {
   IvyServiceOptions o;
   o.request_timeout = std::chrono::milliseconds(1000);    // embeddings' bound: not used here
@@ -126,11 +149,8 @@ TEST(GeneratePipeline, OverloadIs429WithRetryAfterAndReleasedWhenTheAnswerLeaves
   ChatHarness h("llm", o);
   h.client().setScript(h.ids("<|channel|>final<|message|>ok<|return|>"));
   h.client().setHold(true);
-  std::thread first([&] {
-    Captured r = h.post("/v1/chat/completions", kChat);
-    EXPECT_EQ(r.status, 200) << r.body;
-  });
-  ASSERT_TRUE(waitFor([&] { return h.client().heldCount() == 1; }));
+  HeldRequest first(h, "/v1/chat/completions", kChat, 1);
+  ASSERT_TRUE(first.held());
   for (const auto& [path, body] : std::vector<std::pair<std::string, std::string>>{
            {"/v1/chat/completions", kChat},
            {"/v1/chat/completions", kChatStream},
@@ -169,42 +189,35 @@ TEST(GeneratePipeline, PromptPlusMaxTokensOfEveryChoiceCountAgainstTheTokenBound
   ChatHarness h("llm", o);
   h.client().setScript(h.ids("<|channel|>final<|message|>ok<|return|>"));
   h.client().setHold(true);
-  std::thread chat([&] { EXPECT_EQ(h.post("/v1/chat/completions", kChat).status, 200); });
-  ASSERT_TRUE(waitFor([&] { return h.client().heldCount() == 1; }));
-  EXPECT_EQ(gauge(h, "ivy_inflight_tokens"), double(prompt + 10));
-  // 3 prompt tokens + 5 = 8 > 7 left: refused; 3 + 4 = 7 fits.
-  Captured over = h.post("/v1/completions", kCompletion);
-  EXPECT_EQ(over.status, 429) << over.body;
-  EXPECT_EQ(over.header("Retry-After"), "1");
-  EXPECT_THAT(over.body, HasSubstr("--max-inflight-tokens"));
-  std::thread fits([&] {
-    Captured r = h.post("/v1/completions", R"({"model":"gpt-test","prompt":[1,2,3],"max_tokens":4})");
-    EXPECT_EQ(r.status, 200) << r.body;
-  });
-  ASSERT_TRUE(waitFor([&] { return h.client().heldCount() == 2; }));
-  EXPECT_EQ(gauge(h, "ivy_inflight_tokens"), double(prompt + 10 + 7));
-  h.client().setHold(false);
-  h.client().releaseHeld();
-  chat.join();
-  fits.join();
+  {
+    HeldRequest chat(h, "/v1/chat/completions", kChat, 1);
+    ASSERT_TRUE(chat.held());
+    EXPECT_EQ(gauge(h, "ivy_inflight_tokens"), double(prompt + 10));
+    // 3 prompt tokens + 5 = 8 > 7 left: refused; 3 + 4 = 7 fits.
+    Captured over = h.post("/v1/completions", kCompletion);
+    EXPECT_EQ(over.status, 429) << over.body;
+    EXPECT_EQ(over.header("Retry-After"), "1");
+    EXPECT_THAT(over.body, HasSubstr("--max-inflight-tokens"));
+    HeldRequest fits(h, "/v1/completions",
+                     R"({"model":"gpt-test","prompt":[1,2,3],"max_tokens":4})", 2);
+    ASSERT_TRUE(fits.held());
+    EXPECT_EQ(gauge(h, "ivy_inflight_tokens"), double(prompt + 10 + 7));
+    h.client().releaseHeld();
+  }
   // Several prompts: every choice's prompt + max_tokens. With the chat in flight, 7 tokens are
   // left: two prompts of (2 + 4) are 12, refused; one of (1 + 2) is 3, admitted.
-  h.client().setHold(true);
-  std::thread again([&] { EXPECT_EQ(h.post("/v1/chat/completions", kChat).status, 200); });
-  ASSERT_TRUE(waitFor([&] { return h.client().heldCount() == 1; }));
-  Captured two =
-      h.post("/v1/completions", R"({"model":"gpt-test","prompt":[[1,2],[3,4]],"max_tokens":4})");
-  EXPECT_EQ(two.status, 429) << two.body;
-  std::thread one([&] {
-    Captured r = h.post("/v1/completions", R"({"model":"gpt-test","prompt":[[1]],"max_tokens":2})");
-    EXPECT_EQ(r.status, 200) << r.body;
-  });
-  ASSERT_TRUE(waitFor([&] { return h.client().heldCount() == 2; }));
-  EXPECT_EQ(gauge(h, "ivy_inflight_tokens"), double(prompt + 10 + 3));
-  h.client().setHold(false);
-  h.client().releaseHeld();
-  again.join();
-  one.join();
+  {
+    HeldRequest chat(h, "/v1/chat/completions", kChat, 1);
+    ASSERT_TRUE(chat.held());
+    Captured two =
+        h.post("/v1/completions", R"({"model":"gpt-test","prompt":[[1,2],[3,4]],"max_tokens":4})");
+    EXPECT_EQ(two.status, 429) << two.body;
+    HeldRequest one(h, "/v1/completions", R"({"model":"gpt-test","prompt":[[1]],"max_tokens":2})",
+                    2);
+    ASSERT_TRUE(one.held());
+    EXPECT_EQ(gauge(h, "ivy_inflight_tokens"), double(prompt + 10 + 3));
+    h.client().releaseHeld();
+  }
   EXPECT_THAT(h.registry().expose(), HasSubstr("ivy_admission_rejected_total{limit=\"tokens\"} 2"));
 }
 
