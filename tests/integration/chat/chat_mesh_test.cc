@@ -19,6 +19,7 @@
 #include <memory>
 #include <thread>
 
+#include "common/json_writer.h"
 #include "garden/v1/garden.grpc.pb.h"
 #include "tests/integration/support/harness.h"
 
@@ -355,11 +356,8 @@ TEST_F(ChatMesh, ForcedToolCallRoundTrip) {
   EXPECT_EQ(parseChatStream(st.body).calls, c.calls);
 
   // Send the tool result back; the model continues the conversation.
-  std::string args;
-  for (char ch : std::string(R"({"city":"Paris"})")) {
-    if (ch == '"') args += '\\';
-    args += ch;
-  }
+  std::string args;  // the arguments as a JSON string literal's contents
+  JsonWriter::appendEscaped(args, R"({"city":"Paris"})");
   std::string body = R"({"model":"gpt-oss-tiny","tools":[)" + kTool +
                      R"(],"max_tokens":6,"messages":[{"role":"user","content":"Weather?"},)"
                      R"({"role":"assistant","content":null,"tool_calls":[{"id":")" +
