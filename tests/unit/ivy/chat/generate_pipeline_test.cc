@@ -221,6 +221,43 @@ TEST(GeneratePipeline, PromptPlusMaxTokensOfEveryChoiceCountAgainstTheTokenBound
   EXPECT_THAT(h.registry().expose(), HasSubstr("ivy_admission_rejected_total{limit=\"tokens\"} 2"));
 }
 
+// The request limits every model route shares hold for messages and prompts too, each a 400
+// naming the field and the flag, before anything reaches tulip.
+TEST(GeneratePipeline, RequestLimitsApplyToMessagesAndPrompts) {
+  struct Case {
+    std::string path, body, param, flag;
+  };
+  auto run = [](RequestLimits limits, const std::vector<Case>& cases) {
+    IvyServiceOptions o;
+    o.limits = limits;
+    ChatHarness h("llm", o);
+    for (const Case& c : cases) {
+      Captured r = h.post(c.path, c.body);
+      EXPECT_EQ(r.status, 400) << c.body << ": " << r.body;
+      EXPECT_THAT(r.body, HasSubstr(R"("param":")" + c.param + "\"")) << r.body;
+      EXPECT_THAT(r.body, HasSubstr("(" + c.flag + ")")) << r.body;
+    }
+    EXPECT_TRUE(h.client().calls().empty());
+  };
+  RequestLimits chars;
+  chars.max_input_chars = 10;
+  run(chars, {{"/v1/chat/completions",
+               R"({"model":"gpt-test","messages":[{"role":"user","content":"0123456789X"}]})",
+               "messages", "--max-input-chars"},
+              {"/v1/completions", R"({"model":"gpt-test","prompt":"0123456789X"})", "prompt",
+               "--max-input-chars"}});
+  RequestLimits per_prompt;
+  per_prompt.max_input_tokens = 3;
+  run(per_prompt, {{"/v1/chat/completions", kChat, "messages", "--max-input-tokens"},
+                   {"/v1/completions", R"({"model":"gpt-test","prompt":[[1],[1,2,3,4]]})",
+                    "prompt", "--max-input-tokens"}});
+  RequestLimits total;
+  total.max_request_tokens = 5;
+  run(total, {{"/v1/chat/completions", kChat, "messages", "--max-request-tokens"},
+              {"/v1/completions", R"({"model":"gpt-test","prompt":[[1,2,3],[4,5,6]]})", "prompt",
+               "--max-request-tokens"}});
+}
+
 TEST(GeneratePipeline, TimingHeaders) {
   ChatHarness h;
   h.client().setScript(h.ids("<|channel|>final<|message|>ok<|return|>"));
