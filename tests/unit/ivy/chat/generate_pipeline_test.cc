@@ -287,6 +287,74 @@ TEST(GeneratePipeline, TimingHeaders) {
   EXPECT_TRUE(st.header("x-garden-queue-us").empty());
 }
 
+// Many clients at once against a small in-flight bound, some leaving mid-request: every request
+// is answered exactly once (its answer, a 429, or — a client that left — nothing it waits for),
+// and when all is done the admission is back to zero requests and zero tokens.
+TEST(GeneratePipeline, ConcurrentRequestsAreAllAnsweredAndGiveTheirAdmissionBack) {
+  IvyServiceOptions o;
+  o.max_inflight_requests = 3;
+  o.max_inflight_tokens = 4096;
+  ChatHarness h("llm", o);
+  h.client().setScript(h.ids("<|channel|>final<|message|>Hello there<|return|>"));
+  constexpr int kThreads = 6, kEach = 40;
+  std::atomic<int> ok{0}, refused{0}, other{0}, gone{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kEach; ++i) {
+        const int k = (t * kEach + i) % 4;
+        if (k == 3) {
+          // A client that goes away at once: its answer is dropped, its slot must come back.
+          HttpRequest r;
+          r.method = "POST";
+          r.path = "/v1/chat/completions";
+          r.body = kChatStream;
+          r.request_id = "gone";
+          r.received = std::chrono::steady_clock::now();
+          r.cancel = std::make_shared<CallCanceller>();
+          auto cancel = r.cancel;
+          auto answer = std::make_shared<std::promise<HttpResponse>>();
+          auto answered = answer->get_future();
+          h.router().dispatch(std::move(r),
+                              [answer](HttpResponse resp) { answer->set_value(std::move(resp)); });
+          cancel->cancel();
+          if (answered.wait_for(std::chrono::seconds(30)) != std::future_status::ready) {
+            other.fetch_add(1);
+          } else if (auto stream = answered.get().stream) {
+            stream->cancel();  // its head went out first: the server cuts the stream off too
+          }
+          gone.fetch_add(1);
+          continue;
+        }
+        Captured r = k == 0   ? h.post("/v1/chat/completions", kChat)
+                     : k == 1 ? h.post("/v1/chat/completions", kChatStream)
+                              : h.post("/v1/completions", kCompletion);
+        if (r.status == 200) {
+          ok.fetch_add(1);
+        } else if (r.status == 429 && r.header("Retry-After") == "1") {
+          refused.fetch_add(1);
+        } else {
+          other.fetch_add(1);
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_TRUE(h.client().waitIdle(std::chrono::seconds(30)));
+  EXPECT_EQ(other.load(), 0);
+  EXPECT_EQ(ok.load() + refused.load() + gone.load(), kThreads * kEach);
+  EXPECT_GT(ok.load(), 0);
+  // /metrics refreshes the in-flight gauges from the admission counters.
+  std::promise<HttpResponse> page;
+  HttpRequest m;
+  m.method = "GET";
+  m.path = "/metrics";
+  h.router().dispatch(std::move(m), [&page](HttpResponse r) { page.set_value(std::move(r)); });
+  const std::string body = page.get_future().get().body;
+  EXPECT_THAT(body, HasSubstr("\nivy_inflight_requests 0\n"));
+  EXPECT_THAT(body, HasSubstr("\nivy_inflight_tokens 0\n"));
+}
+
 TEST(GeneratePipeline, ClientLeavingReleasesTheAdmission) {
   IvyServiceOptions o;
   o.max_inflight_requests = 1;
