@@ -43,6 +43,19 @@ bool waitFor(const std::function<bool()>& pred) {
   return pred();
 }
 
+// A chat request whose client can be made to leave: fire its `cancel` (what the server does when
+// the connection closes).
+HttpRequest leavingChat(const std::string& body) {
+  HttpRequest r;
+  r.method = "POST";
+  r.path = "/v1/chat/completions";
+  r.body = body;
+  r.request_id = "gone";
+  r.received = std::chrono::steady_clock::now();
+  r.cancel = std::make_shared<CallCanceller>();
+  return r;
+}
+
 // A request answered on its own thread while the scripted client holds its streams: the
 // constructor returns once the client holds `held` streams (held() says whether it did);
 // join() waits for the answer, which must be a 200.
@@ -305,13 +318,7 @@ TEST(GeneratePipeline, ConcurrentRequestsAreAllAnsweredAndGiveTheirAdmissionBack
         const int k = (t * kEach + i) % 4;
         if (k == 3) {
           // A client that goes away at once: its answer is dropped, its slot must come back.
-          HttpRequest r;
-          r.method = "POST";
-          r.path = "/v1/chat/completions";
-          r.body = kChatStream;
-          r.request_id = "gone";
-          r.received = std::chrono::steady_clock::now();
-          r.cancel = std::make_shared<CallCanceller>();
+          HttpRequest r = leavingChat(kChatStream);
           auto cancel = r.cancel;
           auto answer = std::make_shared<std::promise<HttpResponse>>();
           auto answered = answer->get_future();
@@ -361,13 +368,7 @@ TEST(GeneratePipeline, ClientLeavingReleasesTheAdmission) {
   ChatHarness h("llm", o);
   h.client().setScript(h.ids("<|channel|>final<|message|>ok<|return|>"));
   h.client().setHold(true);
-  HttpRequest r;
-  r.method = "POST";
-  r.path = "/v1/chat/completions";
-  r.body = kChat;
-  r.request_id = "gone";
-  r.received = std::chrono::steady_clock::now();
-  r.cancel = std::make_shared<CallCanceller>();
+  HttpRequest r = leavingChat(kChat);
   auto cancel = r.cancel;
   std::atomic<int> answered{0};
   h.router().dispatch(std::move(r), [&](HttpResponse) { answered.fetch_add(1); });
