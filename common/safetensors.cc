@@ -8,11 +8,12 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
+
+#include "common/json_writer.h"
 
 namespace garden {
 
@@ -438,35 +439,6 @@ std::vector<std::string> SafetensorsCheckpoint::names() const {
 
 // ---------------------------------------------------------------------------------------------
 
-namespace {
-
-void appendJsonString(std::string& out, std::string_view s) {
-  out += '"';
-  for (char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof(buf), "\\u%04x", static_cast<unsigned>(c));
-          out += buf;
-        } else {
-          out += c;
-        }
-    }
-  }
-  out += '"';
-}
-
-}  // namespace
 
 std::vector<std::byte> serializeSafetensors(const std::vector<TensorToWrite>& tensors,
                                             const std::map<std::string, std::string>& metadata) {
@@ -477,9 +449,9 @@ std::vector<std::byte> serializeSafetensors(const std::vector<TensorToWrite>& te
     for (const auto& [k, v] : metadata) {
       if (!first) h += ',';
       first = false;
-      appendJsonString(h, k);
+      JsonWriter::appendQuoted(h, k);
       h += ':';
-      appendJsonString(h, v);
+      JsonWriter::appendQuoted(h, v);
     }
     h += '}';
     first = false;
@@ -488,7 +460,7 @@ std::vector<std::byte> serializeSafetensors(const std::vector<TensorToWrite>& te
   for (const auto& t : tensors) {
     if (!first) h += ',';
     first = false;
-    appendJsonString(h, t.name);
+    JsonWriter::appendQuoted(h, t.name);
     h += ":{\"dtype\":\"";
     h += dtypeName(t.dtype);
     h += "\",\"shape\":[";

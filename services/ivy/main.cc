@@ -17,12 +17,10 @@
 #include "services/ivy/api/garden_encoder.h"
 #include "services/ivy/api/text_encoder.h"
 #include "services/ivy/harmony/cli.h"
-#include "services/ivy/http/chat_routes.h"
 #include "services/ivy/http/tokenize_routes.h"
 #include "services/ivy/tokenizer/cli.h"
 #include "services/ivy/balance/replica_pool.h"
 #include "services/ivy/balance/tulip_client.h"
-#include "services/ivy/balance/tulip_monitor.h"
 #include "services/ivy/api/prompts.h"
 #include "services/ivy/http/auth.h"
 #include "services/ivy/http/router.h"
@@ -53,11 +51,12 @@ int run(int argc, char** argv) {
   int32_t threads = 0;
   uint64_t max_body_bytes = 8ull << 20;
   int64_t request_timeout_ms = 30000;
+  int64_t generate_timeout_ms = 600000;
   // Gateway API: limits, admission, auth, admin port, prompts, scoring (see http/service.h).
   IvyServiceOptions service_options;
-  uint64_t max_inputs = service_options.embeddings_limits.max_inputs;
-  uint64_t max_input_chars = service_options.embeddings_limits.max_input_chars;
-  uint64_t max_input_tokens = service_options.embeddings_limits.max_input_tokens;
+  uint64_t max_inputs = service_options.limits.max_inputs;
+  uint64_t max_input_chars = service_options.limits.max_input_chars;
+  uint64_t max_input_tokens = service_options.limits.max_input_tokens;
   // 256 Ki tokens, not the library's 1 Mi: a maximum request then takes at most a quarter of one
   // tulip's default queue (--queue-limit-tokens 1 Mi), so it cannot fill a replica alone; OpenAI
   // caps an embeddings request at 300k tokens. tulip batches fairly either way [TAG_EMBED_FAIR].
@@ -108,8 +107,12 @@ int run(int argc, char** argv) {
       .add("threads", &threads, "io threads (0: one per core)")
       .add("max-body-bytes", &max_body_bytes, "largest accepted request body; larger gets 413")
       .add("request-timeout-ms", &request_timeout_ms,
-           "deadline of each request's tulip call (0: none); a caller's x-request-timeout header "
-           "(seconds) can only shorten it")
+           "deadline of each embeddings / score / rerank request, from its arrival (0: none); a "
+           "caller's x-request-timeout header (seconds) can only shorten it")
+      .add("generate-timeout-ms", &generate_timeout_ms,
+           "deadline of each chat / completions request, streamed or not, from its arrival "
+           "(0: none; default 10 minutes, an OpenAI client's own default); x-request-timeout can "
+           "only shorten it")
       .add("max-inputs", &max_inputs, "most inputs (or documents) per request; more gets 400")
       .add("max-input-chars", &max_input_chars,
            "most characters per text input, checked before tokenization (0: no limit)")
@@ -120,7 +123,8 @@ int run(int argc, char** argv) {
       .add("max-inflight-requests", &max_inflight_requests,
            "model requests in flight in this ivy; more get 429 + Retry-After (0: no limit)")
       .add("max-inflight-tokens", &max_inflight_tokens,
-           "tokens of model requests in flight in this ivy; more get 429 (0: no limit)")
+           "tokens of model requests in flight in this ivy (a chat / completions choice counts "
+           "its prompt + max_tokens); more get 429 (0: no limit)")
       .add("api-keys-file", &api_keys_file,
            "file of API keys, one per line (# comments); when set every API route needs "
            "`Authorization: Bearer <key>` (re-read on SIGHUP or when the file changes)")
@@ -152,6 +156,10 @@ int run(int argc, char** argv) {
   }
   if (request_timeout_ms < 0) {
     std::fprintf(stderr, "ivy: --request-timeout-ms must be >= 0\n");
+    return 2;
+  }
+  if (generate_timeout_ms < 0) {
+    std::fprintf(stderr, "ivy: --generate-timeout-ms must be >= 0\n");
     return 2;
   }
   if (admin_port > 65535 || (admin_port != 0 && admin_port == port)) {
@@ -246,7 +254,7 @@ int run(int argc, char** argv) {
   sigaddset(&sigs, SIGHUP);  // re-read --api-keys-file and --tulip-token-file
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
 
-  // The replica pool is the TulipClient the routes call; the monitor is its view (spec, ready).
+  // The replica pool is the TulipClient the routes call and the source of the served model.
   auto endpoints = parseTulipEndpoints(tulip);
   if (!endpoints.isOk()) {
     std::fprintf(stderr, "ivy: %s\n", endpoints.status().message().c_str());
@@ -268,13 +276,15 @@ int run(int argc, char** argv) {
   }
   std::unique_ptr<TulipClient> client = std::move(pool).value();
   ReplicaPool* replicas = static_cast<ReplicaPool*>(client.get());
-  TulipMonitor monitor(replicas);
+  ModelSource model{[replicas] { return replicas->spec(); },
+                    [replicas] { return replicas->ready(); }};
 
   service_options.request_timeout = std::chrono::milliseconds(request_timeout_ms);
-  service_options.embeddings_limits.max_inputs = max_inputs;
-  service_options.embeddings_limits.max_input_chars = max_input_chars;
-  service_options.embeddings_limits.max_input_tokens = max_input_tokens;
-  service_options.embeddings_limits.max_request_tokens = max_request_tokens;
+  service_options.generate_timeout = std::chrono::milliseconds(generate_timeout_ms);
+  service_options.limits.max_inputs = max_inputs;
+  service_options.limits.max_input_chars = max_input_chars;
+  service_options.limits.max_input_tokens = max_input_tokens;
+  service_options.limits.max_request_tokens = max_request_tokens;
   service_options.max_inflight_requests = max_inflight_requests;
   service_options.max_inflight_tokens = max_inflight_tokens;
   service_options.prompts = &prompts;
@@ -282,13 +292,11 @@ int run(int argc, char** argv) {
   service_options.score_yes_token = score_yes_token;
   service_options.score_no_token = score_no_token;
   service_options.api_keys = api_keys.get();
-  IvyService service(service_options, client.get(), &monitor, encoder.get(),
+  IvyService service(service_options, client.get(), model, encoder.get(),
                      &metrics::Registry::global());
   Router router, admin_router;
   service.registerRoutes(&router, admin_port != 0 ? &admin_router : nullptr);
-  registerTokenizeRoutes(&router, own_tokenizer, [&monitor] { return monitor.spec(); });
-  registerChatRoutes(&router, client.get(), own_tokenizer, [&monitor] { return monitor.spec(); },
-                     &metrics::Registry::global());
+  registerTokenizeRoutes(&router, own_tokenizer, model.spec);
 
   HttpServerOptions server_options;
   server_options.host = host;
@@ -320,7 +328,6 @@ int run(int argc, char** argv) {
     log::info("admin listening", {{"port", static_cast<uint32_t>(admin_server->port())}});
   }
   replicas->start();
-  monitor.start();
   log::info("listening", {{"host", host},
                           {"port", static_cast<uint32_t>(server.port())},
                           {"tulip", replicas->endpoint()},
@@ -335,7 +342,6 @@ int run(int argc, char** argv) {
   log::info("stopping", {{"signal", sig}});
   server.stop();
   if (admin_server) admin_server->stop();
-  monitor.stop();
   replicas->stop();
   log::info("stopped", {});
   return 0;

@@ -38,11 +38,10 @@ std::vector<AssembledCall> assembleCalls(const std::vector<harmony::ToolCallDelt
 }  // namespace
 
 Result<ChatRequest> parseChatRequest(std::string_view body, const ModelSpec& spec,
-                                     const Tokenizer* tokenizer,
+                                     const Tokenizer* tokenizer, const RequestLimits& limits,
                                      const harmony::ChatRenderOptions& render_options) {
   thread_local simdjson::dom::parser parser;
-  ASSIGN_OR_RETURN(element root,
-                   parseGenerativeRequestBody(body, spec, "/v1/chat/completions", parser));
+  ASSIGN_OR_RETURN(element root, parseGenerativeRequestBody(body, spec, "messages", limits, parser));
   if (tokenizer == nullptr) {
     return failedPrecondition(
         "this server has no tokenizer configured; chat needs the model's Harmony tokenizer "
@@ -71,6 +70,8 @@ Result<ChatRequest> parseChatRequest(std::string_view body, const ModelSpec& spe
   req.forced_prefix_ids = harmony::encodeSegments(prefix, *tokenizer);
   req.prompt_ids.insert(req.prompt_ids.end(), req.forced_prefix_ids.begin(),
                         req.forced_prefix_ids.end());
+  RETURN_IF_ERROR(checkPromptTokens(req.prompt_ids.size(), "messages", limits, spec));
+  RETURN_IF_ERROR(checkRequestTokens(req.prompt_ids.size(), "messages", limits));
   ASSIGN_OR_RETURN(req.max_tokens, resolveMaxTokens(req.sampling, req.prompt_ids.size(),
                                                     spec.max_seq_len, 0, "messages"));
   for (harmony::HarmonyTokenId id : harmony::kAssistantStopTokens) req.stop_token_ids.push_back(id);

@@ -54,9 +54,11 @@ struct ChatRequest {
   uint32_t max_tokens = 0;  // resolved against the context length
 };
 
-// `tokenizer` null or not a Harmony tokenizer: 400 naming messages (chat needs o200k_harmony).
+// `tokenizer` null or not a Harmony tokenizer: 400 (chat needs o200k_harmony). `limits`: the
+// raw-body --max-input-chars guard (naming messages) before parsing, and --max-input-tokens /
+// --max-request-tokens on the rendered prompt (api/limits.h).
 Result<ChatRequest> parseChatRequest(std::string_view body, const ModelSpec& spec,
-                                     const Tokenizer* tokenizer,
+                                     const Tokenizer* tokenizer, const RequestLimits& limits = {},
                                      const harmony::ChatRenderOptions& render_options = {});
 
 struct ResponseIdentity {

@@ -39,9 +39,10 @@ Result<std::vector<TokenId>> idsOf(const element& arr_el, const ModelSpec& spec,
 
 Result<CompletionsRequest> parseCompletionsRequest(std::string_view body, const ModelSpec& spec,
                                                    const Tokenizer* tokenizer,
-                                                   const CompletionsLimits& limits) {
+                                                   const RequestLimits& limits,
+                                                   const CompletionsLimits& completions_limits) {
   thread_local simdjson::dom::parser parser;
-  ASSIGN_OR_RETURN(element root, parseGenerativeRequestBody(body, spec, "/v1/completions", parser));
+  ASSIGN_OR_RETURN(element root, parseGenerativeRequestBody(body, spec, "prompt", limits, parser));
   if (tokenizer == nullptr) {
     return failedPrecondition(
         "this server has no tokenizer configured; /v1/completions needs one to produce text "
@@ -86,9 +87,10 @@ Result<CompletionsRequest> parseCompletionsRequest(std::string_view body, const 
       req.prompt_is_text.push_back(false);
     } else {
       batched = true;
-      if (arr.size() > limits.max_prompts)
-        return invalidField("prompt",
-                            "has more than " + std::to_string(limits.max_prompts) + " prompts");
+      if (arr.size() > completions_limits.max_prompts)
+        return invalidField("prompt", "has more than " +
+                                          std::to_string(completions_limits.max_prompts) +
+                                          " prompts");
       size_t i = 0;
       for (element e : arr) {
         std::string path = "prompt[" + std::to_string(i++) + "]";
@@ -109,8 +111,12 @@ Result<CompletionsRequest> parseCompletionsRequest(std::string_view body, const 
                         "must be a string, an array of strings, an array of token ids or an "
                         "array of token-id arrays");
   }
+  size_t total = 0;
   for (size_t i = 0; i < req.prompts.size(); ++i) {
     std::string field = batched ? "prompt[" + std::to_string(i) + "]" : std::string("prompt");
+    RETURN_IF_ERROR(checkPromptTokens(req.prompts[i].size(), field, limits, spec));
+    total += req.prompts[i].size();
+    RETURN_IF_ERROR(checkRequestTokens(total, "prompt", limits));
     ASSIGN_OR_RETURN(uint32_t m, resolveMaxTokens(req.sampling, req.prompts[i].size(),
                                                   spec.max_seq_len, kDefaultMaxTokens, field));
     req.max_tokens.push_back(m);

@@ -44,10 +44,13 @@ struct CompletionsLimits {
   size_t max_prompts = 128;
 };
 
-// `tokenizer` null: 400 (text cannot be produced without one).
+// `tokenizer` null: 400 (text cannot be produced without one). `limits`: the raw-body
+// --max-input-chars guard (naming prompt) before parsing, --max-input-tokens per prompt and
+// --max-request-tokens over all of them (api/limits.h).
 Result<CompletionsRequest> parseCompletionsRequest(std::string_view body, const ModelSpec& spec,
                                                    const Tokenizer* tokenizer,
-                                                   const CompletionsLimits& limits = {});
+                                                   const RequestLimits& limits = {},
+                                                   const CompletionsLimits& completions_limits = {});
 
 class CompletionsOutput final : public GenerationOutput {
  public:

@@ -77,8 +77,8 @@ Status parseStop(const element& root, std::vector<std::string>* out) {
   return okStatus();
 }
 
-// `model` names the served model, which must be an LLM (see parseGenerativeRequestBody).
-Status checkGenerativeModel(const element& root, const ModelSpec& spec, std::string_view endpoint) {
+// `model`, when present, names the served model.
+Status checkServedModel(const element& root, const ModelSpec& spec) {
   if (auto m = present(root, "model")) {
     std::string_view name;
     if (m->get_string().get(name) != simdjson::SUCCESS)
@@ -87,12 +87,6 @@ Status checkGenerativeModel(const element& root, const ModelSpec& spec, std::str
       return notFound("model: '" + std::string(name) + "' does not exist (serving '" +
                       spec.served_name + "')");
     }
-  }
-  if (spec.kind != "llm") {
-    return invalidField("model", "'" + spec.served_name + "' is an " +
-                                     (spec.kind.empty() ? std::string("unknown") : spec.kind) +
-                                     " model; " + std::string(endpoint) +
-                                     " needs a generative (llm) model");
   }
   return okStatus();
 }
@@ -172,10 +166,12 @@ Status parseSamplingFields(const element& root, ApiKind api, SamplingRequest* ou
 }
 
 Result<element> parseGenerativeRequestBody(std::string_view body, const ModelSpec& spec,
-                                           std::string_view endpoint,
+                                           std::string_view text_field,
+                                           const RequestLimits& limits,
                                            simdjson::dom::parser& parser) {
+  RETURN_IF_ERROR(checkBodyTextChars(body, text_field, limits));
   ASSIGN_OR_RETURN(element root, parseJsonBody(body, parser));  // [TAG_JSON_BODY]
-  RETURN_IF_ERROR(checkGenerativeModel(root, spec, endpoint));
+  RETURN_IF_ERROR(checkServedModel(root, spec));
   return root;
 }
 
@@ -269,6 +265,14 @@ void writeUsage(JsonWriter& w, const Usage& u) {
   w.field("total_tokens", u.prompt_tokens + u.completion_tokens);
   w.key("prompt_tokens_details").beginObject().field("cached_tokens", u.cached_tokens).endObject();
   w.endObject();
+}
+
+Status checkPromptTokens(size_t tokens, const std::string& path, const RequestLimits& limits,
+                         const ModelSpec& spec) {
+  if (limits.max_input_tokens != 0 && limits.max_input_tokens < spec.max_seq_len) {
+    RETURN_IF_ERROR(checkInputTokens(tokens, path, limits, spec.max_seq_len));
+  }
+  return okStatus();
 }
 
 std::string sseErrorEvents(const Status& status) {

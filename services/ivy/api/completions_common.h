@@ -27,6 +27,7 @@
 
 #include "common/json_writer.h"
 #include "common/status.h"
+#include "services/ivy/api/limits.h"
 #include "services/ivy/api/model_spec.h"
 
 namespace garden::ivy {
@@ -49,14 +50,22 @@ enum class ApiKind { kChat, kCompletions };
 // The fields listed above from a parsed request object.
 Status parseSamplingFields(const simdjson::dom::element& root, ApiKind api, SamplingRequest* out);
 
-// The start both endpoints share: `body` parsed with `parser` (which owns the returned element)
-// by parseJsonBody (api/json_body.h: a JSON object, no repeated keys; 400 otherwise); its `model` when present must be a string equal to
-// spec.served_name (NOT_FOUND otherwise), and the served model must be an LLM (400 naming `model`
-// when it is an embedding model; `endpoint` names the route in that message).
+// The start both endpoints share: no text literal in the raw `body` longer than
+// --max-input-chars (400 naming the field, e.g. messages[2].content; checked before parsing,
+// api/limits.h); `body` parsed with `parser` (which owns the returned element) by parseJsonBody
+// (api/json_body.h: a JSON object, no repeated keys; 400 otherwise); its `model` when present
+// must be a string equal to spec.served_name (NOT_FOUND otherwise). Whether the served model
+// generates at all is the pipeline's check (checkModelKind, api/model_spec.h), made before this.
 Result<simdjson::dom::element> parseGenerativeRequestBody(std::string_view body,
                                                           const ModelSpec& spec,
-                                                          std::string_view endpoint,
+                                                          std::string_view text_field,
+                                                          const RequestLimits& limits,
                                                           simdjson::dom::parser& parser);
+
+// --max-input-tokens on one prompt of `tokens` tokens, when the flag is set below the context
+// (the context itself is resolveMaxTokens's check, which leaves room to generate).
+Status checkPromptTokens(size_t tokens, const std::string& path, const RequestLimits& limits,
+                         const ModelSpec& spec);
 
 // The max_tokens to send for a prompt of `prompt_len` tokens: the requested value (400 naming
 // max_tokens when prompt + max_tokens exceeds max_seq_len), else `default_tokens` clamped to

@@ -139,9 +139,7 @@ Status parseInput(const element& input, const ModelSpec& spec, const EmbeddingsL
 
 Result<EmbeddingsRequest> parseEmbeddingsRequest(std::string_view body, const ModelSpec& spec,
                                                  const EmbeddingsLimits& limits) {
-  if (size_t at = 0; longestStringOver(body, limits.max_input_chars, &at) > 0) {
-    return textTooLong(body, at, limits.max_input_chars, "input");
-  }
+  RETURN_IF_ERROR(checkBodyTextChars(body, "input", limits));
   thread_local simdjson::dom::parser parser;
   // The parser keeps buffers sized for the largest document it has seen (about 13 bytes per
   // body byte); a thread that parsed one huge body gives them back afterwards.

@@ -89,6 +89,13 @@ Status textTooLong(std::string_view json, size_t at, size_t max_chars,
                           " characters (--max-input-chars)");
 }
 
+Status checkBodyTextChars(std::string_view body, std::string_view field,
+                          const RequestLimits& limits) {
+  size_t at = 0;
+  if (longestStringOver(body, limits.max_input_chars, &at) == 0) return okStatus();
+  return textTooLong(body, at, limits.max_input_chars, field);
+}
+
 size_t inputTokenLimit(const RequestLimits& limits, uint32_t model_max_seq_len) {
   if (limits.max_input_tokens == 0 || limits.max_input_tokens > model_max_seq_len) {
     return model_max_seq_len;

@@ -1,6 +1,7 @@
 #pragma once
 // Request size limits and request-scoped options shared by ivy's model endpoints (/v1/embeddings,
-// /v1/score, /v1/rerank). Pure functions, callable from any thread.
+// /v1/score, /v1/rerank, /v1/chat/completions, /v1/completions). Pure functions, callable from
+// any thread.
 //
 // Every limit is a flag of ivy (main.cc) and every violation is a 400 whose message names both the
 // offending field (following [TAG_FIELD_ERRORS]) and the limit's flag, e.g.
@@ -51,6 +52,13 @@ size_t longestStringOver(std::string_view json, size_t max_chars, size_t* at = n
 // The 400 for a text found by longestStringOver at offset `at` of `json`: it names the field
 // holding it ("input[3]", "query", "documents[1]"; `fallback` when that cannot be told).
 Status textTooLong(std::string_view json, size_t at, size_t max_chars, std::string_view fallback);
+
+// longestStringOver() as the 400 every model route gives before parsing [TAG_ADMISSION]:
+// textTooLong's INVALID_ARGUMENT "<path>: is longer than the limit of N characters
+// (--max-input-chars)", the path found by jsonPathAt ("input[1]", "messages[0].content"), `field`
+// ("input", "documents", "messages", "prompt") when it cannot be told.
+Status checkBodyTextChars(std::string_view body, std::string_view field,
+                          const RequestLimits& limits);
 
 // The effective per-input token limit: the smaller of the flag (when set) and the model's maximum.
 size_t inputTokenLimit(const RequestLimits& limits, uint32_t model_max_seq_len);

@@ -58,9 +58,7 @@ Status pairTooLong(const Tokenizer& tok, const std::vector<int32_t>& prefix,
 
 Result<ScoringRequest> parseScoringRequest(std::string_view body, const ModelSpec& spec,
                                            const RequestLimits& limits, ScoreApi api) {
-  if (size_t at = 0; longestStringOver(body, limits.max_input_chars, &at) > 0) {
-    return textTooLong(body, at, limits.max_input_chars, "documents");
-  }
+  RETURN_IF_ERROR(checkBodyTextChars(body, "documents", limits));
   thread_local simdjson::dom::parser parser;
   struct Shrink {  // as in parseEmbeddingsRequest
     ~Shrink() {

@@ -5,7 +5,6 @@
 #include <limits>
 
 #include "common/logging.h"
-#include "services/ivy/balance/tulip_monitor.h"
 
 namespace garden::ivy {
 

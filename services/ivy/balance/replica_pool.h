@@ -22,8 +22,8 @@
 //   * ejects a replica whose call failed UNAVAILABLE or whose health check failed, and re-probes it
 //     with exponential backoff (probe_backoff_initial doubling up to probe_backoff_max; a replica
 //     not yet healthy since it appeared doubles only up to 5 × probe_backoff_initial);
-//   * keeps every replica on one model: the first ModelInfo defines it (ModelSpec, as
-//     TulipMonitor did); a replica reporting another model name, kind or width is not used
+//   * keeps every replica on one model: the first ModelInfo defines it (makeModelSpec,
+//     tulip_client.h); a replica reporting another model name, kind or width is not used
 //     (logged, counted, re-checked at probe_backoff_max). When no healthy replica of that model is
 //     left, a healthy replica of another model redefines it (a redeploy).
 //   ready() is true while the model is known and at least one replica is healthy.
@@ -114,7 +114,7 @@ class ReplicaPool final : public TulipClient {
   void load(std::chrono::milliseconds timeout, LoadDone done) override;
   std::string endpoint() const override;
 
-  // --- what TulipMonitor provided ---
+  // --- the served model (IvyService reads it through a ModelSource) ---
   std::shared_ptr<const ModelSpec> spec() const;
   bool ready() const { return ready_.load(std::memory_order_acquire); }
   bool waitReady(std::chrono::milliseconds timeout);  // polls ready() (tests, startup)

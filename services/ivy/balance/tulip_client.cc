@@ -47,6 +47,22 @@ Status fromGrpcCode(int grpc_code, std::string_view message) {
   }
 }
 
+ModelSpec makeModelSpec(const TulipModelInfo& info, const std::string& served_model_name) {
+  ModelSpec spec;
+  spec.upstream_name = info.model;
+  spec.served_name = served_model_name.empty() ? info.model : served_model_name;
+  spec.kind = info.kind;
+  spec.hidden_size = info.hidden_size;
+  spec.max_seq_len = info.max_seq_len;
+  spec.vocab_size = info.vocab_size;
+  spec.has_score_head = info.has_score_head;
+  spec.eos_token_ids = info.eos_token_ids;
+  spec.created = std::chrono::duration_cast<std::chrono::seconds>(
+                     std::chrono::system_clock::now().time_since_epoch())
+                     .count();
+  return spec;
+}
+
 void TulipClient::load(std::chrono::milliseconds, LoadDone done) {
   done(Status(StatusCode::kUnimplemented, "load is not implemented by this client"));
 }

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "services/ivy/api/model_spec.h"
 #include "services/ivy/balance/call_canceller.h"
 
 namespace garden {
@@ -112,6 +113,11 @@ struct TulipModelInfo {
   bool has_score_head = false;
   std::vector<int32_t> eos_token_ids;  // kind "llm"
 };
+
+// [TAG_MODEL_SPEC] The one place ModelInfo becomes the ModelSpec requests are checked against
+// (the replica pool calls it when a replica defines the model). served_name:
+// --served-model-name, empty = the model's own name; `created` is now.
+ModelSpec makeModelSpec(const TulipModelInfo& info, const std::string& served_model_name);
 
 // tulip's Load RPC: its scheduler's queue, what the pool balances on.
 struct TulipLoad {

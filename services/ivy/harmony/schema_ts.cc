@@ -3,11 +3,11 @@
 #include <simdjson.h>
 
 #include <charconv>
-#include <cstdio>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "common/json_writer.h"
 #include "services/ivy/harmony/json_access.h"
 
 namespace garden::ivy::harmony {
@@ -54,44 +54,6 @@ bool isTrue(const element& e, std::string_view key) {
 bool isEnum(const element& e) {
   auto f = field(e, "enum");
   return f && f->type() == element_type::ARRAY && asArray(*f).size() > 0;
-}
-
-void appendSerdeString(std::string& out, std::string_view s) {
-  out.push_back('"');
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      case '\b':
-        out += "\\b";
-        break;
-      case '\f':
-        out += "\\f";
-        break;
-      default:
-        if (c < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof(buf), "\\u%04x", c);
-          out += buf;
-        } else {
-          out.push_back(static_cast<char>(c));
-        }
-    }
-  }
-  out.push_back('"');
 }
 
 // ryu's f64 formatting (what serde_json writes): shortest round-trip digits, then
@@ -172,7 +134,7 @@ void appendSerde(std::string& out, const element& e) {
       for (auto kv : list2) {
         if (!first) out.push_back(',');
         first = false;
-        appendSerdeString(out, kv.key);
+        JsonWriter::appendQuoted(out, kv.key);
         out.push_back(':');
         appendSerde(out, kv.value);
       }
@@ -189,7 +151,9 @@ void appendSerde(std::string& out, const element& e) {
       appendSerdeDouble(out, scalar<double>(e));
       break;
     case element_type::STRING:
-      appendSerdeString(out, asString(e));
+      // serde_json escapes strings as JsonWriter does for valid UTF-8 (all simdjson hands out):
+      // quote, backslash, \b \f \n \r \t, other controls as lower-case \u00xx; nothing else.
+      JsonWriter::appendQuoted(out, asString(e));
       break;
     case element_type::BOOL:
       out += asBool(e) ? "true" : "false";

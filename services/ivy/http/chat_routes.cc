@@ -1,5 +1,6 @@
 #include "services/ivy/http/chat_routes.h"
 
+#include <algorithm>
 #include <mutex>
 
 #include "common/logging.h"
@@ -9,10 +10,9 @@
 #include "services/ivy/http/response_stream.h"
 
 namespace garden::ivy {
-namespace {
 
-struct GenerateMetrics {
-  explicit GenerateMetrics(metrics::Registry* r)
+struct GenerateRoutes::Metrics {
+  explicit Metrics(metrics::Registry* r)
       : requests(r->counter("ivy_generate_requests_total",
                             "Chat and completions requests by endpoint and outcome",
                             {"endpoint", "outcome"})),
@@ -27,6 +27,10 @@ struct GenerateMetrics {
   metrics::Counter& prompt_tokens;
 };
 
+namespace {
+
+using Metrics = GenerateRoutes::Metrics;
+
 int64_t unixNow() {
   return std::chrono::duration_cast<std::chrono::seconds>(
              std::chrono::system_clock::now().time_since_epoch())
@@ -36,25 +40,27 @@ int64_t unixNow() {
 // One request's generations (one per choice) and its response. Callbacks of the TulipClient
 // (one thread per stream at a time, streams concurrent) and the server's cancel hook meet here;
 // `mu_` guards everything below it. GenerateStream::cancel() is only called without `mu_` held
-// (a client may complete the call inline).
+// (a client may complete the call inline). Every way the request ends goes through the
+// AdmittedRequest exactly once: answer() (a whole response or an error before any output), or
+// answerStream() and later finishStream().
 class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
  public:
-  GenerationJob(std::unique_ptr<GenerationOutput> out, bool stream, Responder respond,
-                GenerateMetrics* metrics, std::string endpoint, std::string request_id)
-      : metrics_(metrics),
+  GenerationJob(std::unique_ptr<GenerationOutput> out, bool stream,
+                std::shared_ptr<Metrics> metrics, std::string endpoint)
+      : metrics_(std::move(metrics)),
         endpoint_(std::move(endpoint)),
-        request_id_(std::move(request_id)),
         out_(std::move(out)),
         stream_(stream),
-        respond_(std::move(respond)),
         choices_(out_->choices()),
         remaining_(choices_.size()) {}
 
-  // `cancel` (the request's, may be null) fires when the client goes away before the response:
-  // every stream of the request is cancelled [TAG_CLIENT_DISCONNECT].
-  void start(TulipClient* client, std::vector<GenerateCall> calls,
-             const std::shared_ptr<CallCanceller>& cancel) {
-    if (cancel) {
+  // Starts one stream per call, each with the request's deadline. The request's canceller (may
+  // be null) fires when the client goes away before the response: every stream of the request is
+  // cancelled [TAG_CLIENT_DISCONNECT].
+  void start(std::shared_ptr<AdmittedRequest> req, TulipClient* client,
+             std::vector<GenerateCall> calls) {
+    req_ = std::move(req);  // before any callback can run
+    if (const auto& cancel = req_->cancel()) {
       std::weak_ptr<GenerationJob> weak = weak_from_this();
       cancel->add([weak] {
         if (auto job = weak.lock()) job->cancelAll();
@@ -62,6 +68,7 @@ class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
     }
     for (size_t i = 0; i < calls.size(); ++i) {
       auto self = shared_from_this();
+      calls[i].timeout = req_->timeout();
       std::shared_ptr<GenerateStream> h = client->generate(
           std::move(calls[i]), [self, i](GenerateChunkMsg m) { self->onChunk(i, std::move(m)); },
           [self, i](Status s) { self->onDone(i, std::move(s)); });
@@ -81,6 +88,8 @@ class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
     bool done = false;
     FinishReason last_finish = FinishReason::kNone;
     ChoiceEnd end;
+    uint64_t queue_us = 0;  // tulip's timings, on the last chunk
+    uint64_t total_us = 0;
   };
 
   void onChunk(size_t i, GenerateChunkMsg m) {
@@ -93,6 +102,8 @@ class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
       if (m.cached_prompt_tokens != 0) c.end.cached_prompt_tokens = m.cached_prompt_tokens;
       if (m.completion_tokens != 0) c.end.completion_tokens = m.completion_tokens;
       if (m.finish != FinishReason::kNone) c.last_finish = m.finish;
+      if (m.queue_us != 0) c.queue_us = m.queue_us;
+      if (m.total_us != 0) c.total_us = m.total_us;
       if (!m.token_ids.empty() && !out_->onTokens(i, m.token_ids)) {
         // A stop string matched: this choice is complete; stop generating it.
         c.done = true;
@@ -113,6 +124,8 @@ class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
       if (closed_ || c.done) return;
       if (!s.isOk()) {
         if (s.code() == StatusCode::kUnimplemented) {
+          // ivy maps UNIMPLEMENTED to 405 (its own route condition); a client without generate
+          // is a server fault.
           s = internalError("the tulip client does not implement generation: " + s.message());
         }
         for (auto& other : choices_) {
@@ -143,12 +156,17 @@ class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
         if (!c.done && c.handle) to_cancel.push_back(c.handle);
       }
       metrics_->requests.labels({endpoint_, "client_gone"}).inc();
-      // Nothing was sent yet: answer anyway so the server lets go of the request at once (it
-      // drops this response: the client is gone).
-      if (!body_) respond_(errorResponse(cancelledError("the client closed the connection")));
+      if (body_) {
+        req_->finishStream();
+      } else {
+        // Nothing was sent yet: answer anyway so the server lets go of the request at once (it
+        // drops this response: the client is gone).
+        req_->answer(cancelledError("the client closed the connection"));
+      }
     }
     log::info("client went away; generation cancelled",
-              {{"request_id", request_id_}, {"streams", static_cast<uint64_t>(to_cancel.size())}});
+              {{"request_id", req_->requestId()},
+               {"streams", static_cast<uint64_t>(to_cancel.size())}});
     for (auto& h : to_cancel) h->cancel();
   }
 
@@ -165,13 +183,24 @@ class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
     r.headers.emplace_back("cache-control", "no-cache");
     r.headers.emplace_back("x-accel-buffering", "no");
     r.stream = body_;
-    respond_(std::move(r));
+    req_->answerStream(std::move(r));
   }
 
   void flushLocked() {
     startStreamLocked();
     std::string sse = out_->takeSse();
     if (!sse.empty()) body_->write(sse);
+  }
+
+  // tulip's stage times over the choices: the longest wait and the longest generation.
+  UpstreamTimes upstreamTimesLocked() const {
+    UpstreamTimes t;
+    for (const auto& c : choices_) {
+      t.queue_us = std::max(t.queue_us, c.queue_us);
+      t.inference_us = std::max(t.inference_us, c.total_us > c.queue_us ? c.total_us - c.queue_us
+                                                                         : uint64_t{0});
+    }
+    return t;
   }
 
   void completeLocked() {
@@ -186,37 +215,38 @@ class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
     metrics_->requests.labels({endpoint_, "ok"}).inc();
     if (stream_) {
       flushLocked();
+      req_->finishStream();  // admission released before the client can see the end
       body_->end();
       return;
     }
     HttpResponse r;
     r.status = 200;
     r.body = out_->responseJson();
-    respond_(std::move(r));
+    req_->answer(std::move(r), upstreamTimesLocked());
   }
 
   void failLocked(const Status& s) {
     closed_ = true;
     metrics_->requests.labels({endpoint_, "error"}).inc();
-    log::warn("generation failed", {{"request_id", request_id_}, {"status", s}});
+    log::warn("generation failed", {{"request_id", req_->requestId()}, {"status", s}});
     if (stream_ && body_) {
       // Output already went out: report the error in-band and end the stream.
       std::string sse = out_->takeSse();
       sse += sseErrorEvents(s);
       body_->write(sse);
+      req_->finishStream();
       body_->end();
       return;
     }
-    respond_(errorResponse(s));
+    req_->answer(s, upstreamTimesLocked());
   }
 
-  GenerateMetrics* metrics_;
+  const std::shared_ptr<Metrics> metrics_;
   const std::string endpoint_;
-  const std::string request_id_;
+  std::shared_ptr<AdmittedRequest> req_;  // set by start()
   std::mutex mu_;
   std::unique_ptr<GenerationOutput> out_;
   const bool stream_;
-  Responder respond_;
   std::shared_ptr<ResponseStream> body_;
   std::vector<ChoiceState> choices_;
   size_t remaining_;
@@ -224,7 +254,7 @@ class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
 };
 
 GenerateCall baseCall(const HttpRequest& http, const ModelSpec& spec,
-                      const SamplingRequest& sampling, const ChatRoutesOptions& options) {
+                      const SamplingRequest& sampling) {
   GenerateCall call;
   call.request_id = http.request_id;
   call.model = spec.upstream_name;
@@ -234,69 +264,77 @@ GenerateCall baseCall(const HttpRequest& http, const ModelSpec& spec,
   call.has_seed = sampling.has_seed;
   call.seed = sampling.seed;
   call.ignore_eos = sampling.ignore_eos;
-  call.timeout = options.generate_timeout;
-  return call;
+  return call;  // the deadline is set when the pipeline sends it (GenerationJob::start)
+}
+
+// The pipeline's PreparedCall of a generation: its tokens and a send that starts the job.
+PreparedCall preparedGeneration(std::shared_ptr<GenerationJob> job, std::vector<GenerateCall> calls,
+                                TulipClient* client) {
+  PreparedCall p;
+  for (const GenerateCall& c : calls) p.tokens += c.prompt_ids.size() + uint64_t{c.max_tokens};
+  auto shared_calls = std::make_shared<std::vector<GenerateCall>>(std::move(calls));
+  p.send = [job = std::move(job), shared_calls, client](std::shared_ptr<AdmittedRequest> req) {
+    job->start(std::move(req), client, std::move(*shared_calls));
+  };
+  return p;
 }
 
 }  // namespace
 
-void registerChatRoutes(Router* router, TulipClient* client, const Tokenizer* tokenizer,
-                        std::function<std::shared_ptr<const ModelSpec>()> spec_fn,
-                        metrics::Registry* registry, ChatRoutesOptions options) {
-  auto metrics = std::make_shared<GenerateMetrics>(registry);
-  auto opts = std::make_shared<const ChatRoutesOptions>(std::move(options));
+GenerateRoutes::GenerateRoutes(TulipClient* client, const Tokenizer* tokenizer,
+                               metrics::Registry* registry,
+                               std::function<std::string(size_t index)> make_tool_call_id)
+    : client_(client),
+      tokenizer_(tokenizer),
+      make_tool_call_id_(std::move(make_tool_call_id)),
+      metrics_(std::make_shared<Metrics>(registry)) {}
 
-  router->add("POST", "/v1/chat/completions", [=](HttpRequest req, Responder respond) {
-    std::shared_ptr<const ModelSpec> spec = spec_fn();
-    if (spec == nullptr) {
-      return respond(errorResponse(unavailable("the model is not loaded yet (waiting for tulip)")));
-    }
-    Result<ChatRequest> parsed = parseChatRequest(req.body, *spec, tokenizer);
-    if (!parsed.isOk()) {
-      metrics->requests.labels({"chat", "invalid"}).inc();
-      return respond(errorResponse(parsed.status()));
-    }
-    ResponseIdentity identity{randomId("chatcmpl-"), unixNow(), spec->served_name,
-                              opts->make_tool_call_id};
-    auto out = std::make_unique<ChatCompletionOutput>(*tokenizer, *parsed, std::move(identity));
-    GenerateCall call = baseCall(req, *spec, parsed->sampling, *opts);
-    call.prompt_ids = std::move(parsed->prompt_ids);
-    call.max_tokens = parsed->max_tokens;
+GenerateRoutes::~GenerateRoutes() = default;
+
+Result<PreparedCall> GenerateRoutes::prepareChat(const HttpRequest& req,
+                                                 const std::shared_ptr<const ModelSpec>& spec,
+                                                 const RequestLimits& limits) const {
+  Result<ChatRequest> parsed = parseChatRequest(req.body, *spec, tokenizer_, limits);
+  if (!parsed.isOk()) {
+    metrics_->requests.labels({"chat", "invalid"}).inc();
+    return parsed.status();
+  }
+  ResponseIdentity identity{randomId("chatcmpl-"), unixNow(), spec->served_name,
+                            make_tool_call_id_};
+  auto out = std::make_unique<ChatCompletionOutput>(*tokenizer_, *parsed, std::move(identity));
+  GenerateCall call = baseCall(req, *spec, parsed->sampling);
+  call.prompt_ids = std::move(parsed->prompt_ids);
+  call.max_tokens = parsed->max_tokens;
+  call.stop_token_ids = parsed->stop_token_ids;
+  auto job = std::make_shared<GenerationJob>(std::move(out), parsed->sampling.stream, metrics_,
+                                             "chat");
+  std::vector<GenerateCall> calls;
+  calls.push_back(std::move(call));
+  return preparedGeneration(std::move(job), std::move(calls), client_);
+}
+
+Result<PreparedCall> GenerateRoutes::prepareCompletions(
+    const HttpRequest& req, const std::shared_ptr<const ModelSpec>& spec,
+    const RequestLimits& limits) const {
+  Result<CompletionsRequest> parsed = parseCompletionsRequest(req.body, *spec, tokenizer_, limits);
+  if (!parsed.isOk()) {
+    metrics_->requests.labels({"completions", "invalid"}).inc();
+    return parsed.status();
+  }
+  ResponseIdentity identity{randomId("cmpl-"), unixNow(), spec->served_name, nullptr};
+  auto out = std::make_unique<CompletionsOutput>(*tokenizer_, *parsed, std::move(identity));
+  std::vector<GenerateCall> calls;
+  for (size_t i = 0; i < parsed->prompts.size(); ++i) {
+    GenerateCall call = baseCall(req, *spec, parsed->sampling);
+    if (parsed->prompts.size() > 1) call.request_id += "." + std::to_string(i);
+    call.prompt_ids = std::move(parsed->prompts[i]);
+    call.max_tokens = parsed->max_tokens[i];
     call.stop_token_ids = parsed->stop_token_ids;
-    auto job =
-        std::make_shared<GenerationJob>(std::move(out), parsed->sampling.stream, std::move(respond),
-                                        metrics.get(), "chat", req.request_id);
-    std::vector<GenerateCall> calls;
     calls.push_back(std::move(call));
-    job->start(client, std::move(calls), req.cancel);
-  });
-
-  router->add("POST", "/v1/completions", [=](HttpRequest req, Responder respond) {
-    std::shared_ptr<const ModelSpec> spec = spec_fn();
-    if (spec == nullptr) {
-      return respond(errorResponse(unavailable("the model is not loaded yet (waiting for tulip)")));
-    }
-    Result<CompletionsRequest> parsed = parseCompletionsRequest(req.body, *spec, tokenizer);
-    if (!parsed.isOk()) {
-      metrics->requests.labels({"completions", "invalid"}).inc();
-      return respond(errorResponse(parsed.status()));
-    }
-    ResponseIdentity identity{randomId("cmpl-"), unixNow(), spec->served_name, nullptr};
-    auto out = std::make_unique<CompletionsOutput>(*tokenizer, *parsed, std::move(identity));
-    std::vector<GenerateCall> calls;
-    for (size_t i = 0; i < parsed->prompts.size(); ++i) {
-      GenerateCall call = baseCall(req, *spec, parsed->sampling, *opts);
-      if (parsed->prompts.size() > 1) call.request_id += "." + std::to_string(i);
-      call.prompt_ids = std::move(parsed->prompts[i]);
-      call.max_tokens = parsed->max_tokens[i];
-      call.stop_token_ids = parsed->stop_token_ids;
-      calls.push_back(std::move(call));
-    }
-    auto job =
-        std::make_shared<GenerationJob>(std::move(out), parsed->sampling.stream, std::move(respond),
-                                        metrics.get(), "completions", req.request_id);
-    job->start(client, std::move(calls), req.cancel);
-  });
+  }
+  auto job = std::make_shared<GenerationJob>(std::move(out), parsed->sampling.stream, metrics_,
+                                             "completions");
+  return preparedGeneration(std::move(job), std::move(calls), client_);
 }
 
 }  // namespace garden::ivy

@@ -3,6 +3,7 @@
 #include "common/json_writer.h"
 #include "common/logging.h"
 #include "services/ivy/api/errors.h"
+#include "services/ivy/http/chat_routes.h"
 
 namespace garden::ivy {
 namespace {
@@ -16,39 +17,40 @@ HttpResponse jsonResponse(int status, std::string body) {
   return r;
 }
 
-uint64_t usBetween(Clock::time_point a, Clock::time_point b) {
-  return b > a ? static_cast<uint64_t>(
-                     std::chrono::duration_cast<std::chrono::microseconds>(b - a).count())
-               : 0;
+// The time `timeout` leaves of a request received at `received`: 0 when there is no deadline,
+// DEADLINE_EXCEEDED when it has passed.
+Result<std::chrono::milliseconds> remaining(Clock::time_point received,
+                                            std::chrono::microseconds timeout) {
+  if (timeout.count() <= 0) return std::chrono::milliseconds(0);
+  auto left =
+      std::chrono::duration_cast<std::chrono::microseconds>(received + timeout - Clock::now());
+  if (left.count() <= 0) {
+    return deadlineExceeded("the request's deadline (" + std::to_string(timeout.count() / 1000) +
+                            " ms) passed before it was sent to the model");
+  }
+  return std::chrono::ceil<std::chrono::milliseconds>(left);
 }
 
-// [TAG_TIMING_HEADERS]
-struct StageTimes {
-  Clock::time_point received, start, tokenized, sent;
-  uint64_t queue_us = 0, inference_us = 0;
-};
-
-void addTimingHeaders(HttpResponse* r, const StageTimes& t) {
-  Clock::time_point now = Clock::now();
-  r->headers.emplace_back("x-garden-tokenize-us", std::to_string(usBetween(t.start, t.tokenized)));
-  r->headers.emplace_back("x-garden-queue-us", std::to_string(t.queue_us));
-  r->headers.emplace_back("x-garden-inference-us", std::to_string(t.inference_us));
-  r->headers.emplace_back("x-garden-upstream-us", std::to_string(usBetween(t.sent, now)));
-  r->headers.emplace_back("x-garden-total-us", std::to_string(usBetween(t.received, now)));
+uint64_t totalTokens(const std::vector<std::vector<int32_t>>& inputs) {
+  uint64_t n = 0;
+  for (const auto& t : inputs) n += t.size();
+  return n;
 }
 
 }  // namespace
 
-IvyService::IvyService(IvyServiceOptions options, TulipClient* client, TulipMonitor* monitor,
+IvyService::IvyService(IvyServiceOptions options, TulipClient* client, ModelSource model,
                        const TextEncoder* encoder, metrics::Registry* registry)
     : options_(std::move(options)),
       client_(client),
-      monitor_(monitor),
+      model_(std::move(model)),
       encoder_(encoder),
       registry_(registry),
       admission_(options_.max_inflight_requests, options_.max_inflight_tokens),
       yes_no_(failedPrecondition(
           "scoring needs a tokenizer: start ivy with --tokenizer (tokenizer-impl garden)")),
+      generate_(std::make_unique<GenerateRoutes>(client, options_.tokenizer, registry,
+                                                 options_.make_tool_call_id)),
       requests_(registry->counter("ivy_http_requests_total", "HTTP requests by route and status",
                                   {"route", "status"})),
       client_gone_(registry->counter(
@@ -77,6 +79,7 @@ IvyService::IvyService(IvyServiceOptions options, TulipClient* client, TulipMoni
               .get()),
       ready_gauge_(
           registry->gauge("ivy_ready", "1 when a healthy tulip with a known model exists").get()) {
+  CHECK(model_.spec != nullptr && model_.ready != nullptr);
   if (options_.tokenizer != nullptr) {
     rerank_template_ = std::make_unique<RerankTemplate>(*options_.tokenizer);
     yes_no_ = resolveYesNoTokens(*options_.tokenizer, options_.score_yes_token,
@@ -84,19 +87,43 @@ IvyService::IvyService(IvyServiceOptions options, TulipClient* client, TulipMoni
   }
 }
 
+IvyService::~IvyService() = default;
+
 void IvyService::registerRoutes(Router* router, Router* admin) {
   if (options_.api_keys != nullptr) {
     const ApiKeys* keys = options_.api_keys;
     router->setGate([keys](const HttpRequest& r) { return keys->check(r); });
   }
-  router->add("POST", "/v1/embeddings",
-              [this](HttpRequest r, Responder d) { embeddings(std::move(r), std::move(d)); });
-  router->add("POST", "/v1/score", [this](HttpRequest r, Responder d) {
-    scoring(std::move(r), std::move(d), ScoreApi::kScore);
-  });
-  router->add("POST", "/v1/rerank", [this](HttpRequest r, Responder d) {
-    scoring(std::move(r), std::move(d), ScoreApi::kRerank);
-  });
+  // Every model route is one ModelRoute through serveModel [TAG_PIPELINE].
+  const RequestLimits* limits = &options_.limits;
+  GenerateRoutes* gen = generate_.get();
+  const ModelRoute model_routes[] = {
+      {"/v1/embeddings", ModelUse::kEmbed,
+       [this](const HttpRequest& r, const std::shared_ptr<const ModelSpec>& s) {
+         return prepareEmbeddings(r, s);
+       }},
+      {"/v1/score", ModelUse::kScore,
+       [this](const HttpRequest& r, const std::shared_ptr<const ModelSpec>& s) {
+         return prepareScoring(r, s, ScoreApi::kScore);
+       }},
+      {"/v1/rerank", ModelUse::kScore,
+       [this](const HttpRequest& r, const std::shared_ptr<const ModelSpec>& s) {
+         return prepareScoring(r, s, ScoreApi::kRerank);
+       }},
+      {"/v1/chat/completions", ModelUse::kGenerate,
+       [gen, limits](const HttpRequest& r, const std::shared_ptr<const ModelSpec>& s) {
+         return gen->prepareChat(r, s, *limits);
+       }},
+      {"/v1/completions", ModelUse::kGenerate,
+       [gen, limits](const HttpRequest& r, const std::shared_ptr<const ModelSpec>& s) {
+         return gen->prepareCompletions(r, s, *limits);
+       }},
+  };
+  for (const ModelRoute& route : model_routes) {
+    router->add("POST", route.path, [this, route](HttpRequest r, Responder d) {
+      serveModel(route, std::move(r), std::move(d));
+    });
+  }
   router->add("GET", "/v1/models",
               [this](HttpRequest r, Responder d) { models(std::move(r), std::move(d)); });
   Router* ops = admin != nullptr ? admin : router;
@@ -126,192 +153,150 @@ void IvyService::onRequestDone(const AccessRecord& rec) {
                         {"response_bytes", rec.response_bytes}});
 }
 
-std::optional<IvyService::Start> IvyService::begin(const HttpRequest& request,
-                                                   const Responder& respond) {
+void IvyService::serveModel(const ModelRoute& route, HttpRequest request, Responder respond) {
+  AdmittedRequest::Times times;
+  times.received = request.received;
+  times.start = Clock::now();
+  // Every refusal before the upstream call is answered here, mapped by errorResponse().
+  auto refuse = [&respond](const Status& st) { respond(errorResponse(st)); };
+
   Result<std::shared_ptr<Admission::Ticket>> ticket = admission_.admit();
   if (!ticket.isOk()) {
     rejected_.labels({"requests"}).inc();
-    respond(errorResponse(ticket.status()));
-    return std::nullopt;
+    return refuse(ticket.status());
   }
   auto header = parseRequestTimeout(request.header("x-request-timeout"));
-  if (!header.isOk()) {
-    respond(errorResponse(header.status()));
-    return std::nullopt;
-  }
-  return Start{std::move(ticket).value(), effectiveTimeout(options_.request_timeout, *header)};
-}
-
-Result<std::chrono::milliseconds> IvyService::admitTokens(const HttpRequest& request,
-                                                          const Start& start,
-                                                          uint64_t prompt_tokens) {
-  if (Status st = admission_.addTokens(*start.ticket, prompt_tokens); !st.isOk()) {
-    rejected_.labels({"tokens"}).inc();
-    return st;
-  }
-  return remaining(request, start.timeout);
-}
-
-Result<std::chrono::milliseconds> IvyService::remaining(const HttpRequest& request,
-                                                        std::chrono::microseconds timeout) const {
-  if (timeout.count() <= 0) return std::chrono::milliseconds(0);
-  auto left = std::chrono::duration_cast<std::chrono::microseconds>(
-      request.received + timeout - Clock::now());
-  if (left.count() <= 0) {
-    return deadlineExceeded("the request's deadline (" + std::to_string(timeout.count() / 1000) +
-                            " ms) passed before it was sent to the model");
-  }
-  return std::chrono::ceil<std::chrono::milliseconds>(left);
-}
-
-void IvyService::embeddings(HttpRequest request, Responder respond) {
-  StageTimes times;
-  times.received = request.received;
-  times.start = Clock::now();
-  std::optional<Start> start = begin(request, respond);
-  if (!start) return;
-  std::shared_ptr<const ModelSpec> spec = monitor_->spec();
+  if (!header.isOk()) return refuse(header.status());
+  const std::chrono::microseconds timeout = effectiveTimeout(
+      route.use == ModelUse::kGenerate ? options_.generate_timeout : options_.request_timeout,
+      *header);
+  std::shared_ptr<const ModelSpec> spec = model_.spec();
   if (spec == nullptr) {
-    return respond(errorResponse(unavailable("the model is not loaded yet (waiting for tulip)")));
+    return refuse(unavailable("the model is not loaded yet (waiting for tulip)"));
   }
-  if (spec->kind == "llm") {  // chat models are served by /v1/chat/completions (http/chat_routes.h)
-    return respond(errorResponse(invalidField(
-        "model", "'" + spec->served_name +
-                     "' is a generative (llm) model; /v1/embeddings needs an embedding model")));
+  if (Status st = checkModelKind(*spec, route.use, route.path); !st.isOk()) return refuse(st);
+
+  Result<PreparedCall> prepared = route.prepare(request, spec);
+  if (!prepared.isOk()) return refuse(prepared.status());
+  times.tokenized = Clock::now();
+  if (Status st = admission_.addTokens(**ticket, prepared->tokens); !st.isOk()) {
+    rejected_.labels({"tokens"}).inc();
+    return refuse(st);
   }
-  const RequestLimits& limits = options_.embeddings_limits;
-  Result<EmbeddingsRequest> parsed = parseEmbeddingsRequest(request.body, *spec, limits);
-  if (!parsed.isOk()) return respond(errorResponse(parsed.status()));
+  Result<std::chrono::milliseconds> left = remaining(request.received, timeout);
+  if (!left.isOk()) return refuse(left.status());
+
+  inflight_requests_.set(static_cast<double>(admission_.requestsInFlight()));
+  inflight_tokens_.set(static_cast<double>(admission_.tokensInFlight()));
+  times.sent = Clock::now();
+  auto admitted = std::make_shared<AdmittedRequest>(
+      std::move(request.request_id), std::move(spec), std::move(request.cancel),
+      std::move(ticket).value(), *left, times, std::move(respond));
+  prepared->send(std::move(admitted));
+}
+
+Result<PreparedCall> IvyService::prepareEmbeddings(const HttpRequest& request,
+                                                   const std::shared_ptr<const ModelSpec>& spec) {
+  const RequestLimits& limits = options_.limits;
+  ASSIGN_OR_RETURN(EmbeddingsRequest parsed, parseEmbeddingsRequest(request.body, *spec, limits));
   std::string_view prompt;
   if (options_.prompts != nullptr) {
-    Result<std::string_view> p = options_.prompts->select(parsed->prompt_name, parsed->prompt_field);
-    if (!p.isOk()) return respond(errorResponse(p.status()));
-    prompt = *p;
-  } else if (!parsed->prompt_name.empty()) {
-    return respond(errorResponse(invalidField(
-        parsed->prompt_field, "unknown prompt name \"" + parsed->prompt_name.substr(0, 64) +
-                                  "\" (this model has no prompts)")));
+    ASSIGN_OR_RETURN(prompt, options_.prompts->select(parsed.prompt_name, parsed.prompt_field));
+  } else if (!parsed.prompt_name.empty()) {
+    return invalidField(parsed.prompt_field, "unknown prompt name \"" +
+                                                 parsed.prompt_name.substr(0, 64) +
+                                                 "\" (this model has no prompts)");
   }
-  Result<std::vector<std::vector<int32_t>>> tokens =
-      resolveTokens(*parsed, encoder_, *spec, limits, prompt);
-  if (!tokens.isOk()) return respond(errorResponse(tokens.status()));
-
-  uint64_t prompt_tokens = 0;
-  for (const auto& t : *tokens) prompt_tokens += t.size();
-  Result<std::chrono::milliseconds> left = admitTokens(request, *start, prompt_tokens);
-  if (!left.isOk()) return respond(errorResponse(left.status()));
-  const size_t n = tokens->size();
-  EmbedCall call;
-  call.request_id = request.request_id;
-  call.model = spec->upstream_name;
-  call.inputs = std::move(tokens).value();
-  call.timeout = *left;
-  call.cancel = request.cancel;  // the client leaving cancels every chunk [TAG_CLIENT_DISCONNECT]
-  times.tokenized = times.sent = Clock::now();
-  inflight_requests_.set(static_cast<double>(admission_.requestsInFlight()));
-  inflight_tokens_.set(static_cast<double>(admission_.tokensInFlight()));
-  client_->embed(std::move(call), [this, respond = std::move(respond), spec, n, prompt_tokens,
-                                   ticket = std::move(start->ticket), times,
-                                   format = parsed->encoding_format,
-                                   dims = parsed->dimensions](Result<EmbedReply> reply) mutable {
-    HttpResponse r;
-    if (!reply.isOk()) {
-      r = errorResponse(reply.status());
-    } else if (reply->dim == 0 || reply->values.size() != n * size_t(reply->dim)) {
-      r = errorResponse(internalError("tulip returned a malformed embedding reply"));
-    } else if (dims > reply->dim) {
-      r = errorResponse(internalError("tulip returned " + std::to_string(reply->dim) +
-                                      " dimensions, fewer than requested"));
-    } else {
+  auto call = std::make_shared<EmbedCall>();
+  ASSIGN_OR_RETURN(call->inputs, resolveTokens(parsed, encoder_, *spec, limits, prompt));
+  const uint64_t prompt_tokens = totalTokens(call->inputs);
+  const size_t n = call->inputs.size();
+  const EncodingFormat format = parsed.encoding_format;
+  const uint32_t dims = parsed.dimensions;
+  PreparedCall p;
+  p.tokens = prompt_tokens;
+  p.send = [this, call, n, prompt_tokens, format, dims](std::shared_ptr<AdmittedRequest> req) {
+    call->request_id = req->requestId();
+    call->model = req->spec().upstream_name;
+    call->timeout = req->timeout();
+    call->cancel = req->cancel();  // the client leaving cancels every chunk
+    client_->embed(std::move(*call), [this, req, n, prompt_tokens, format,
+                                      dims](Result<EmbedReply> reply) {
+      if (!reply.isOk()) return req->answer(reply.status());
+      if (reply->dim == 0 || reply->values.size() != n * size_t(reply->dim)) {
+        return req->answer(internalError("tulip returned a malformed embedding reply"));
+      }
+      if (dims > reply->dim) {
+        return req->answer(internalError("tulip returned " + std::to_string(reply->dim) +
+                                         " dimensions, fewer than requested"));
+      }
       inputs_.inc(static_cast<double>(n));
       prompt_tokens_.inc(static_cast<double>(prompt_tokens));
-      times.queue_us = reply->queue_us;
-      times.inference_us = reply->inference_us;
-      std::string body;
-      if (dims != 0 && dims < reply->dim) {
-        std::vector<float> cut = truncateAndNormalize(reply->values, reply->dim, dims);
-        body = renderEmbeddingsResponse(spec->served_name, cut, dims, format, prompt_tokens);
-      } else {
-        body = renderEmbeddingsResponse(spec->served_name, reply->values, reply->dim, format,
-                                        prompt_tokens);
-      }
-      r = jsonResponse(200, std::move(body));
-    }
-    addTimingHeaders(&r, times);
-    ticket.reset();  // in-flight bounds released before the response leaves
-    respond(std::move(r));
-  });
+      const std::string& model = req->spec().served_name;
+      std::string body =
+          dims != 0 && dims < reply->dim
+              ? renderEmbeddingsResponse(model, truncateAndNormalize(reply->values, reply->dim, dims),
+                                         dims, format, prompt_tokens)
+              : renderEmbeddingsResponse(model, reply->values, reply->dim, format, prompt_tokens);
+      req->answer(jsonResponse(200, std::move(body)),
+                  UpstreamTimes{reply->queue_us, reply->inference_us});
+    });
+  };
+  return p;
 }
 
-void IvyService::scoring(HttpRequest request, Responder respond, ScoreApi api) {
-  StageTimes times;
-  times.received = request.received;
-  times.start = Clock::now();
-  std::optional<Start> start = begin(request, respond);
-  if (!start) return;
-  std::shared_ptr<const ModelSpec> spec = monitor_->spec();
-  if (spec == nullptr) {
-    return respond(errorResponse(unavailable("the model is not loaded yet (waiting for tulip)")));
-  }
-  const RequestLimits& limits = options_.embeddings_limits;
-  Result<ScoringRequest> parsed = parseScoringRequest(request.body, *spec, limits, api);
-  if (!parsed.isOk()) return respond(errorResponse(parsed.status()));
+Result<PreparedCall> IvyService::prepareScoring(const HttpRequest& request,
+                                                const std::shared_ptr<const ModelSpec>& spec,
+                                                ScoreApi api) {
+  const RequestLimits& limits = options_.limits;
+  ASSIGN_OR_RETURN(ScoringRequest parsed, parseScoringRequest(request.body, *spec, limits, api));
   if (rerank_template_ == nullptr) {
-    return respond(errorResponse(invalidField(
-        "documents", "scoring is not available: this server has no tokenizer of its own "
-                     "configured (start ivy with --tokenizer and --tokenizer-impl garden)")));
+    return invalidField("documents",
+                        "scoring is not available: this server has no tokenizer of its own "
+                        "configured (start ivy with --tokenizer and --tokenizer-impl garden)");
   }
-  ScoreCall call;
+  auto call = std::make_shared<ScoreCall>();
   if (!spec->has_score_head) {
-    if (!yes_no_.isOk()) return respond(errorResponse(internalError(yes_no_.status().message())));
-    call.yes_token = yes_no_->yes;
-    call.no_token = yes_no_->no;
+    if (!yes_no_.isOk()) return internalError(yes_no_.status().message());
+    call->yes_token = yes_no_->yes;
+    call->no_token = yes_no_->no;
   }
-  Result<std::vector<std::vector<int32_t>>> tokens =
-      rerank_template_->render(*parsed, *spec, limits);
-  if (!tokens.isOk()) return respond(errorResponse(tokens.status()));
-  uint64_t prompt_tokens = 0;
-  for (const auto& t : *tokens) prompt_tokens += t.size();
-  Result<std::chrono::milliseconds> left = admitTokens(request, *start, prompt_tokens);
-  if (!left.isOk()) return respond(errorResponse(left.status()));
-  const size_t n = tokens->size();
-  call.request_id = request.request_id;
-  call.model = spec->upstream_name;
-  call.inputs = std::move(tokens).value();
-  call.timeout = *left;
-  call.cancel = request.cancel;  // the client leaving cancels every chunk [TAG_CLIENT_DISCONNECT]
-  times.tokenized = times.sent = Clock::now();
-  inflight_requests_.set(static_cast<double>(admission_.requestsInFlight()));
-  inflight_tokens_.set(static_cast<double>(admission_.tokensInFlight()));
-  auto req = std::make_shared<ScoringRequest>(std::move(parsed).value());
+  ASSIGN_OR_RETURN(call->inputs, rerank_template_->render(parsed, *spec, limits));
+  const uint64_t prompt_tokens = totalTokens(call->inputs);
+  const size_t n = call->inputs.size();
+  auto req_doc = std::make_shared<const ScoringRequest>(std::move(parsed));
   std::string id = (api == ScoreApi::kScore ? "score-" : "rerank-") + request.request_id;
-  client_->score(std::move(call), [this, respond = std::move(respond), spec, n, prompt_tokens,
-                                   ticket = std::move(start->ticket), times, req, api,
-                                   id = std::move(id)](Result<ScoreReply> reply) mutable {
-    HttpResponse r;
-    if (!reply.isOk()) {
-      r = errorResponse(reply.status());
-    } else if (reply->scores.size() != n) {
-      r = errorResponse(internalError("tulip returned " + std::to_string(reply->scores.size()) +
-                                      " scores for " + std::to_string(n) + " documents"));
-    } else {
+  PreparedCall p;
+  p.tokens = prompt_tokens;
+  p.send = [this, call, n, prompt_tokens, req_doc, api,
+            id = std::move(id)](std::shared_ptr<AdmittedRequest> req) {
+    call->request_id = req->requestId();
+    call->model = req->spec().upstream_name;
+    call->timeout = req->timeout();
+    call->cancel = req->cancel();  // the client leaving cancels every chunk
+    client_->score(std::move(*call), [this, req, n, prompt_tokens, req_doc, api,
+                                      id](Result<ScoreReply> reply) {
+      if (!reply.isOk()) return req->answer(reply.status());
+      if (reply->scores.size() != n) {
+        return req->answer(internalError("tulip returned " +
+                                         std::to_string(reply->scores.size()) + " scores for " +
+                                         std::to_string(n) + " documents"));
+      }
       score_documents_.inc(static_cast<double>(n));
-      times.queue_us = reply->queue_us;
-      times.inference_us = reply->inference_us;
-      r = jsonResponse(200, api == ScoreApi::kScore
-                                ? renderScoreResponse(id, spec->served_name, reply->scores,
-                                                      prompt_tokens)
-                                : renderRerankResponse(id, spec->served_name, *req, reply->scores,
-                                                       prompt_tokens));
-    }
-    addTimingHeaders(&r, times);
-    ticket.reset();
-    respond(std::move(r));
-  });
+      const std::string& model = req->spec().served_name;
+      req->answer(jsonResponse(200, api == ScoreApi::kScore
+                                        ? renderScoreResponse(id, model, reply->scores,
+                                                              prompt_tokens)
+                                        : renderRerankResponse(id, model, *req_doc,
+                                                               reply->scores, prompt_tokens)),
+                  UpstreamTimes{reply->queue_us, reply->inference_us});
+    });
+  };
+  return p;
 }
 
 void IvyService::models(HttpRequest, Responder respond) {
-  std::shared_ptr<const ModelSpec> spec = monitor_->spec();
+  std::shared_ptr<const ModelSpec> spec = model_.spec();
   if (spec == nullptr) {
     return respond(errorResponse(unavailable("the model is not loaded yet (waiting for tulip)")));
   }
@@ -319,10 +304,10 @@ void IvyService::models(HttpRequest, Responder respond) {
 }
 
 void IvyService::ready(HttpRequest, Responder respond) {
-  if (!monitor_->ready()) {
+  if (!model_.ready()) {
     return respond(errorResponse(unavailable("not ready: no healthy tulip with a known model")));
   }
-  std::shared_ptr<const ModelSpec> spec = monitor_->spec();
+  std::shared_ptr<const ModelSpec> spec = model_.spec();
   JsonWriter w;
   w.beginObject().field("status", "ready");
   if (spec) w.field("model", spec->served_name);
@@ -331,7 +316,7 @@ void IvyService::ready(HttpRequest, Responder respond) {
 }
 
 void IvyService::metricsPage(HttpRequest, Responder respond) {
-  ready_gauge_.set(monitor_->ready() ? 1.0 : 0.0);
+  ready_gauge_.set(model_.ready() ? 1.0 : 0.0);
   inflight_requests_.set(static_cast<double>(admission_.requestsInFlight()));
   inflight_tokens_.set(static_cast<double>(admission_.tokensInFlight()));
   HttpResponse r;

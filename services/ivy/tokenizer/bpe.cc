@@ -697,7 +697,7 @@ Result<std::unique_ptr<Tokenizer>> loadTokenizerJson(std::string_view json,
     return invalidArgument(std::string(name) + ": tokenizer.json has no model.type");
   }
   if (type == "BPE") return BpeTokenizer::create(doc, name);
-  if (type == "Unigram") return loadHfUnigramJson(json, name);
+  if (type == "Unigram") return createHfUnigramTokenizer(doc, name);
   return invalidArgument(std::string(name) + ": unsupported tokenizer.json model type \"" +
                          std::string(type) + "\" (supported: BPE, Unigram)");
 }

@@ -1,6 +1,7 @@
 #include "services/ivy/tokenizer/double_array.h"
 
 #include <algorithm>
+#include <cstring>
 
 namespace garden::ivy {
 
@@ -101,48 +102,70 @@ inline bool dartsHasLeaf(uint32_t u) { return ((u >> 8) & 1) == 1; }
 inline uint32_t dartsValue(uint32_t u) { return u & ((1U << 31) - 1); }
 inline uint32_t dartsLabel(uint32_t u) { return u & ((1U << 31) | 0xFF); }
 inline uint32_t dartsOffset(uint32_t u) { return (u >> 10) << ((u & (1U << 9)) >> 6); }
-}  // namespace
 
-size_t DartsView::longestPrefix(std::string_view key, uint32_t* value) const {
-  if (units_.empty()) return 0;
-  size_t best = 0;
-  size_t node = 0;
-  uint32_t unit = units_[0];
-  node ^= dartsOffset(unit);
+// The one darts-clone walk [TAG_DARTS_WALK]: follows `key` byte by byte from the root and calls
+// on_leaf(length, value) at every key that is a prefix of it, shortest first, until on_leaf
+// returns false. Returns the number of bytes walked (key.size() when the whole key is a path).
+template <typename OnLeaf>
+size_t dartsWalk(std::span<const uint32_t> units, std::string_view key, OnLeaf on_leaf) {
+  if (units.empty()) return 0;
+  size_t node = dartsOffset(units[0]);
   for (size_t i = 0; i < key.size(); ++i) {
     const unsigned char c = static_cast<unsigned char>(key[i]);
     node ^= c;
-    if (node >= units_.size()) return best;
-    unit = units_[node];
-    if (dartsLabel(unit) != c) return best;
+    if (node >= units.size()) return i;
+    const uint32_t unit = units[node];
+    if (dartsLabel(unit) != c) return i;
     node ^= dartsOffset(unit);
-    if (node >= units_.size()) return best;
-    if (dartsHasLeaf(unit)) {
-      best = i + 1;
-      *value = dartsValue(units_[node]);
-    }
+    if (node >= units.size()) return i;
+    if (dartsHasLeaf(unit) && !on_leaf(i + 1, dartsValue(units[node]))) return i + 1;
   }
-  return best;
+  return key.size();
+}
+
+// The last (longest) or first (shortest) key on the walk that is a prefix of `key`.
+size_t dartsPrefix(std::span<const uint32_t> units, std::string_view key, uint32_t* value,
+                   bool shortest) {
+  size_t found = 0;
+  dartsWalk(units, key, [&](size_t len, uint32_t v) {
+    found = len;
+    *value = v;
+    return !shortest;
+  });
+  return found;
+}
+
+}  // namespace
+
+size_t DartsView::longestPrefix(std::string_view key, uint32_t* value) const {
+  return dartsPrefix(units_, key, value, /*shortest=*/false);
+}
+
+size_t DartsView::shortestPrefix(std::string_view key, uint32_t* value) const {
+  return dartsPrefix(units_, key, value, /*shortest=*/true);
 }
 
 bool DartsView::hasPath(std::string_view key) const {
-  if (units_.empty()) return false;
-  size_t node = dartsOffset(units_[0]);
-  for (char ch : key) {
-    const unsigned char c = static_cast<unsigned char>(ch);
-    node ^= c;
-    if (node >= units_.size() || dartsLabel(units_[node]) != c) return false;
-    node ^= dartsOffset(units_[node]);
-    if (node >= units_.size()) return false;
-  }
-  return true;
+  return !units_.empty() && dartsWalk(units_, key, [](size_t, uint32_t) { return true; }) ==
+                                key.size();
 }
 
 bool DartsView::hasPrefixByte(unsigned char c) const {
-  if (units_.empty()) return false;
-  size_t node = dartsOffset(units_[0]) ^ c;
-  if (node >= units_.size()) return false;
-  return dartsLabel(units_[node]) == c;
+  return hasPath(std::string_view(reinterpret_cast<const char*>(&c), 1));
+}
+
+Result<PrecompiledCharsmap> parsePrecompiledCharsmap(std::string_view blob) {
+  if (blob.size() <= 4) return invalidArgument("precompiled charsmap is too short");
+  uint32_t trie_size = 0;
+  std::memcpy(&trie_size, blob.data(), 4);
+  if (trie_size >= blob.size() - 4 || trie_size % 4 != 0) {
+    return invalidArgument("precompiled charsmap trie size exceeds the blob");
+  }
+  PrecompiledCharsmap out;
+  out.units.resize(trie_size / 4);
+  std::memcpy(out.units.data(), blob.data() + 4, trie_size);
+  out.normalized = std::string(blob.substr(4 + trie_size));
+  return out;
 }
 
 }  // namespace garden::ivy

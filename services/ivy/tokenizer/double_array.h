@@ -47,7 +47,8 @@ class DoubleArray {
   std::vector<Unit> units_ = std::vector<Unit>(257);  // an unbuilt trie matches nothing
 };
 
-// Read-only view of a darts-clone double array (sentencepiece's format): 32-bit units.
+// Read-only view of a darts-clone double array (sentencepiece's format): 32-bit units. Every
+// lookup is one walk ([TAG_DARTS_WALK] in the .cc).
 class DartsView {
  public:
   DartsView() = default;
@@ -55,6 +56,8 @@ class DartsView {
   bool empty() const { return units_.empty(); }
   // Longest key that is a prefix of `key`: returns its length (0 when none) and its value.
   size_t longestPrefix(std::string_view key, uint32_t* value) const;
+  // Shortest such key (what HF's spm_precompiled takes: the first common-prefix result).
+  size_t shortestPrefix(std::string_view key, uint32_t* value) const;
   // Whether some key starts with byte c.
   bool hasPrefixByte(unsigned char c) const;
   // Whether the walk over all of `key` stays inside the trie (some key starts with it).
@@ -63,5 +66,16 @@ class DartsView {
  private:
   std::span<const uint32_t> units_;
 };
+
+// A precompiled normalizer blob (sentencepiece's normalizer_spec.precompiled_charsmap, HF's
+// Precompiled normalizer): a little-endian uint32 trie size in bytes, the darts-clone units, then
+// the replacement strings, each ending in a NUL. A value in the trie is an offset into
+// `normalized`. A trie size of 0 gives an empty trie (no replacements).
+struct PrecompiledCharsmap {
+  std::vector<uint32_t> units;
+  std::string normalized;
+};
+// INVALID_ARGUMENT when the blob is shorter than its header or the trie size does not fit it.
+Result<PrecompiledCharsmap> parsePrecompiledCharsmap(std::string_view blob);
 
 }  // namespace garden::ivy

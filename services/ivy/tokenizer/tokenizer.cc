@@ -4,7 +4,6 @@
 
 #include "services/ivy/tokenizer/tokenizer_json.h"
 #include "services/ivy/tokenizer/unigram.h"
-#include "services/ivy/tokenizer/unigram_json.h"
 
 namespace garden::ivy {
 
@@ -45,9 +44,7 @@ Result<std::unique_ptr<Tokenizer>> loadTokenizerFromBytes(std::string_view bytes
     ++i;
   }
   if (i < bytes.size() && bytes[i] == '{') {
-    // tokenizer.json: the model type decides (Unigram here, BPE in bpe.cc).
-    if (isUnigramTokenizerJson(bytes)) return loadHfUnigramJson(bytes, name);
-    return loadTokenizerJson(bytes, name);
+    return loadTokenizerJson(bytes, name);  // parsed once; model.type picks BPE or Unigram
   }
   return loadSentencePieceModel(bytes, name);
 }

@@ -1,6 +1,7 @@
 #pragma once
-// Loading a Hugging Face `tokenizer.json` (parsed once with simdjson): dispatches on
-// "model"."type" to the BPE loader (bpe.cc) or the Unigram loader (unigram.cc). Load-time only.
+// Loading a Hugging Face `tokenizer.json`: the file is parsed once (simdjson) and the document
+// handed to the builder its "model"."type" names: BPE (bpe.cc) or Unigram (unigram_json.cc).
+// Load-time only.
 
 #include <memory>
 #include <string_view>

@@ -418,16 +418,10 @@ Result<std::unique_ptr<Tokenizer>> UnigramTokenizer::create(SpmSpec spec, std::s
   t->remove_extra_whitespaces_ = spec.remove_extra_whitespaces;
   t->escape_whitespaces_ = spec.escape_whitespaces;
   if (!spec.charsmap.empty()) {
-    const std::string& blob = spec.charsmap;
-    uint32_t trie_size = 0;
-    if (blob.size() <= 4) return invalidArgument(n + ": precompiled charsmap is broken");
-    std::memcpy(&trie_size, blob.data(), 4);
-    if (trie_size >= blob.size() - 4 || trie_size % 4 != 0) {
-      return invalidArgument(n + ": precompiled charsmap trie size exceeds the blob");
-    }
-    t->charsmap_units_.resize(trie_size / 4);
-    std::memcpy(t->charsmap_units_.data(), blob.data() + 4, trie_size);
-    t->charsmap_normalized_ = blob.substr(4 + trie_size);
+    Result<PrecompiledCharsmap> charsmap = parsePrecompiledCharsmap(spec.charsmap);
+    if (!charsmap.isOk()) return invalidArgument(n + ": " + charsmap.status().message());
+    t->charsmap_units_ = std::move(charsmap->units);
+    t->charsmap_normalized_ = std::move(charsmap->normalized);
     t->charsmap_normalized_.push_back('\0');  // every value must end in a NUL
     t->charsmap_ = DartsView(t->charsmap_units_);
     const std::string& norm = t->charsmap_normalized_;  // ends in a NUL

@@ -143,47 +143,29 @@ Result<std::string> base64Decode(std::string_view in) {
 }
 
 // HF's Precompiled normalizer (spm_precompiled): darts-clone trie + NUL-terminated strings.
+// Not copyable: trie_ views units_.
 class Precompiled {
  public:
+  Precompiled() = default;
+  Precompiled(const Precompiled&) = delete;
+  Precompiled& operator=(const Precompiled&) = delete;
   Status init(const std::string& blob) {
-    uint32_t trie_size = 0;
-    if (blob.size() <= 4) return invalidArgument("precompiled_charsmap is too short");
-    std::memcpy(&trie_size, blob.data(), 4);
-    if (trie_size >= blob.size() - 4 || trie_size % 4 != 0 || trie_size == 0) {
-      return invalidArgument("precompiled_charsmap trie size exceeds the blob");
-    }
-    units_.resize(trie_size / 4);
-    std::memcpy(units_.data(), blob.data() + 4, trie_size);
-    normalized_ = blob.substr(4 + trie_size);
+    ASSIGN_OR_RETURN(PrecompiledCharsmap charsmap, parsePrecompiledCharsmap(blob));
+    if (charsmap.units.empty()) return invalidArgument("precompiled charsmap has an empty trie");
+    units_ = std::move(charsmap.units);
+    normalized_ = std::move(charsmap.normalized);
+    trie_ = DartsView(units_);
     return okStatus();
   }
   // The replacement of the SHORTEST key that is a prefix of `chunk` (spm_precompiled's
   // `results[0]`), or false.
   bool transform(std::string_view chunk, std::string_view* norm) const {
-    auto offset = [](uint32_t u) { return (u >> 10) << ((u & (1u << 9)) >> 6); };
-    auto label = [](uint32_t u) { return u & ((1u << 31) | 0xFFu); };
-    auto hasLeaf = [](uint32_t u) { return ((u >> 8) & 1u) == 1u; };
-    uint32_t pos = 0;
-    uint32_t unit = units_[0];
-    pos ^= offset(unit);
-    for (char ch : chunk) {
-      const auto c = static_cast<unsigned char>(ch);
-      pos ^= c;
-      if (pos >= units_.size()) return false;
-      unit = units_[pos];
-      if (label(unit) != c) return false;
-      pos ^= offset(unit);
-      if (pos >= units_.size()) return false;
-      if (hasLeaf(unit)) {
-        const uint32_t index = units_[pos] & ((1u << 31) - 1);
-        if (index >= normalized_.size()) return false;
-        const size_t end = normalized_.find('\0', index);
-        *norm = std::string_view(normalized_).substr(
-            index, (end == std::string::npos ? normalized_.size() : end) - index);
-        return true;
-      }
-    }
-    return false;
+    uint32_t index = 0;
+    if (trie_.shortestPrefix(chunk, &index) == 0 || index >= normalized_.size()) return false;
+    const size_t end = normalized_.find('\0', index);
+    *norm = std::string_view(normalized_).substr(
+        index, (end == std::string::npos ? normalized_.size() : end) - index);
+    return true;
   }
 
   void apply(std::string_view in, std::string* out) const {
@@ -215,6 +197,7 @@ class Precompiled {
  private:
   std::vector<uint32_t> units_;
   std::string normalized_;
+  DartsView trie_;  // over units_
 };
 
 struct NormStep {
@@ -1136,29 +1119,10 @@ Result<std::unique_ptr<Tokenizer>> HfUnigramTokenizer::create(const simdjson::do
   return std::unique_ptr<Tokenizer>(std::move(t));
 }
 
-simdjson::error_code parseDoc(std::string_view json, simdjson::dom::parser* parser,
-                              simdjson::dom::element* doc) {
-  simdjson::padded_string padded(json);
-  return parser->parse(padded).get(*doc);
-}
-
 }  // namespace
 
-bool isUnigramTokenizerJson(std::string_view json) {
-  simdjson::dom::parser parser;
-  simdjson::dom::element doc;
-  if (parseDoc(json, &parser, &doc) != simdjson::SUCCESS) return false;
-  std::string_view type;
-  return doc["model"]["type"].get(type) == simdjson::SUCCESS && type == "Unigram";
-}
-
-Result<std::unique_ptr<Tokenizer>> loadHfUnigramJson(std::string_view json,
-                                                     std::string_view name) {
-  simdjson::dom::parser parser;
-  simdjson::dom::element doc;
-  if (parseDoc(json, &parser, &doc) != simdjson::SUCCESS) {
-    return invalidArgument(std::string(name) + ": tokenizer.json is not valid JSON");
-  }
+Result<std::unique_ptr<Tokenizer>> createHfUnigramTokenizer(const simdjson::dom::element& doc,
+                                                            std::string_view name) {
   return HfUnigramTokenizer::create(doc, name);
 }
 

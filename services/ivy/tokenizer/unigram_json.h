@@ -16,8 +16,9 @@
 // Known gap: with prepend_scheme "first", HF decides "start of text" by original offsets; when
 // the normalizer deletes the text's leading characters HF does not prepend, we do.
 //
-// Called by the loader dispatch in tokenizer.cc. The returned tokenizer is immutable; all
-// methods are safe from any thread.
+// Called by the tokenizer.json loader (tokenizer_json.h), which parses the file once and
+// dispatches on model.type. The returned tokenizer is immutable; all methods are safe from any
+// thread.
 
 #include <memory>
 #include <string_view>
@@ -26,12 +27,16 @@
 #include "common/status.h"
 #include "services/ivy/tokenizer/tokenizer.h"
 
+namespace simdjson::dom {
+class element;
+}  // namespace simdjson::dom
+
 namespace garden::ivy {
 
-// True when `json` parses and its model.type is "Unigram" (load-time only).
-bool isUnigramTokenizerJson(std::string_view json);
-// Loads such a file; `name` is used in error messages.
-Result<std::unique_ptr<Tokenizer>> loadHfUnigramJson(std::string_view json, std::string_view name);
+// Builds the tokenizer from a parsed tokenizer.json whose model.type is "Unigram"; `name` is used
+// in error messages.
+Result<std::unique_ptr<Tokenizer>> createHfUnigramTokenizer(const simdjson::dom::element& doc,
+                                                            std::string_view name);
 
 // Splits valid UTF-8 into extended grapheme clusters (UAX #29 GB3..GB13 and GB999, Unicode
 // 15.0 data from grapheme_table.cc; GB9c of 15.1 is not implemented). *out views into `utf8`.

@@ -455,9 +455,8 @@ grpc::ServerWriteReactor<v1::GenerateChunk>* TulipService::Generate(
   };
   if (grpc::Status a = authorize(ctx); !a.ok()) return new Refuse(a);
   if (worker_.ready() && !servesLlm()) {
-    return new Refuse(grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                                   "Generate: this tulip serves an embedding model; text "
-                                   "generation is served by an LLM worker"));
+    return new Refuse(toGrpcStatus(unimplemented("Generate: this tulip serves an embedding model; "
+                                                 "text generation is served by an LLM worker")));
   }
   if (!req->model().empty() && worker_.ready() && req->model() != modelName()) {
     return new Refuse(toGrpcStatus(notFound("model '" + req->model() +

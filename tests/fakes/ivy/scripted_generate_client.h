@@ -3,7 +3,9 @@
 // and completions tests. Like tulip it honours max_tokens (finish length), stop_token_ids (finish
 // stop; the stop id is included in the output, as tulip does) and cancel() (on_done CANCELLED);
 // a script that runs out ends with finish stop. The last chunk carries the usage counts
-// (prompt_tokens = prompt length, cached_prompt_tokens = setCachedTokens()).
+// (prompt_tokens = prompt length, cached_prompt_tokens = setCachedTokens()) and tulip's timings
+// (setTimings()). While held (setHold), new streams wait without sending anything until
+// releaseHeld(), so a test can keep requests in flight from a known state.
 // Callbacks run on the fake's own worker thread, never inline in generate(). Thread-safe.
 
 #include <algorithm>
@@ -34,6 +36,8 @@ class ScriptedGenerateClient final : public TulipClient {
   ~ScriptedGenerateClient() override {
     {
       std::lock_guard<std::mutex> lock(mu_);
+      for (auto& s : held_) enqueueLocked(std::move(s));  // held streams still end
+      held_.clear();
       stop_ = true;
     }
     cv_.notify_all();
@@ -66,6 +70,26 @@ class ScriptedGenerateClient final : public TulipClient {
     std::lock_guard<std::mutex> lock(mu_);
     cached_ = n;
   }
+  // queue_us / total_us of every stream's last chunk.
+  void setTimings(uint64_t queue_us, uint64_t total_us) {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_us_ = queue_us;
+    total_us_ = total_us;
+  }
+  void setHold(bool on) {
+    std::lock_guard<std::mutex> lock(mu_);
+    hold_ = on;
+  }
+  // Starts the held streams (hold stays as set).
+  void releaseHeld() {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& s : held_) enqueueLocked(std::move(s));
+    held_.clear();
+  }
+  size_t heldCount() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return held_.size();
+  }
 
   // --- observation ---
   std::vector<GenerateCall> calls() const {
@@ -95,7 +119,11 @@ class ScriptedGenerateClient final : public TulipClient {
     s->on_chunk = std::move(on_chunk);
     s->on_done = std::move(on_done);
     ++active_;
-    enqueueLocked(s);
+    if (hold_) {
+      held_.push_back(s);
+    } else {
+      enqueueLocked(s);
+    }
     return s;
   }
   void embed(EmbedCall, EmbedDone done) override {
@@ -145,12 +173,15 @@ class ScriptedGenerateClient final : public TulipClient {
     Status err;
     size_t error_after, chunk;
     uint32_t cached;
+    uint64_t queue_us, total_us;
     {
       std::lock_guard<std::mutex> lock(mu_);
       err = error_;
       error_after = error_after_;
       chunk = chunk_size_;
       cached = cached_;
+      queue_us = queue_us_;
+      total_us = total_us_;
     }
     if (!err.isOk() && s->pos >= error_after) return finishStream(s, err);
     GenerateChunkMsg m;
@@ -178,6 +209,8 @@ class ScriptedGenerateClient final : public TulipClient {
       m.prompt_tokens = static_cast<uint32_t>(s->call.prompt_ids.size());
       m.cached_prompt_tokens = cached;
       m.completion_tokens = static_cast<uint32_t>(s->pos);
+      m.queue_us = queue_us;
+      m.total_us = total_us;
     }
     const bool last = m.finish != FinishReason::kNone;
     s->on_chunk(std::move(m));
@@ -210,6 +243,10 @@ class ScriptedGenerateClient final : public TulipClient {
   Status error_;
   size_t error_after_ = 0;
   uint32_t cached_ = 0;
+  uint64_t queue_us_ = 0;
+  uint64_t total_us_ = 0;
+  bool hold_ = false;
+  std::vector<std::shared_ptr<Stream>> held_;
   TulipModelInfo info_;
   std::vector<GenerateCall> calls_;
   std::deque<std::pair<std::chrono::steady_clock::time_point, std::shared_ptr<Stream>>> queue_;

@@ -15,9 +15,11 @@
 
 #include <atomic>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <thread>
 
+#include "common/json_writer.h"
 #include "garden/v1/garden.grpc.pb.h"
 #include "tests/integration/support/harness.h"
 
@@ -80,8 +82,9 @@ class ChatMesh : public ::testing::Test {
             "/garden-chat-" + std::to_string(getpid()) + "-" + std::to_string(m.tulip_port),
             "--served-model-name",
             "gpt-oss-tiny",
+            // Long: tests pause rose (testing::Paused) to hold generations at a known point.
             "--heartbeat-timeout-ms",
-            "10000"},
+            "60000"},
         m.dir.path() + "/tulip.log");
     m.ivy = std::make_unique<testing::Process>(
         std::vector<std::string>{testing::binary("services/ivy/ivy"), "--host", "127.0.0.1",
@@ -100,8 +103,20 @@ class ChatMesh : public ::testing::Test {
   }
   void SetUp() override { ASSERT_TRUE(g_mesh->error.empty()) << g_mesh->error; }
 
-  static testing::HttpResponse post(const std::string& path, const std::string& body) {
-    return testing::http(g_mesh->ivy_port, "POST", path, body, {}, 120s);
+  static testing::HttpResponse post(const std::string& path, const std::string& body,
+                                    const std::map<std::string, std::string>& headers = {}) {
+    return testing::http(g_mesh->ivy_port, "POST", path, body, headers, 120s);
+  }
+
+  // The mesh's rose (tulip's one child).
+  static pid_t rosePid() {
+    std::vector<pid_t> kids = testing::childrenOf(g_mesh->tulip->pid());
+    return kids.size() == 1 ? kids.front() : -1;
+  }
+
+  // Waits until tulip has no sequence running or waiting (after a cancelled or timed-out one).
+  static bool tulipIdle() {
+    return testing::eventually(60s, [] { return tulipSeqs() == 0; }, 100ms);
   }
 
   // tulip's Load: sequences still running or waiting.
@@ -233,6 +248,49 @@ std::string userChat(const std::string& text, const std::string& extra) {
          (extra.empty() ? "" : "," + extra) + "}";
 }
 
+// A streamed chat request on its own connection, read as it arrives (testing::http() returns
+// whole answers). `headers`: extra header lines, each ending in \r\n. 60 s receive timeout.
+class RawStream {
+ public:
+  RawStream(int port, const std::string& body, const std::string& headers = "") {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    timeval tv{60, 0};
+    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) return;
+    std::string req = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                      "application/json\r\n" +
+                      headers + "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" +
+                      body;
+    sent_ = ::send(fd_, req.data(), req.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(req.size());
+  }
+  ~RawStream() { close(); }
+  bool sent() const { return sent_; }
+  // Reads until `what` has arrived; false when the connection ends (or times out) first.
+  bool readUntil(std::string_view what) {
+    char buf[4096];
+    while (got_.find(what) == std::string::npos) {
+      ssize_t n = ::recv(fd_, buf, sizeof buf, 0);
+      if (n <= 0) return false;
+      got_.append(buf, static_cast<size_t>(n));
+    }
+    return true;
+  }
+  void close() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+  const std::string& got() const { return got_; }
+
+ private:
+  int fd_ = -1;
+  bool sent_ = false;
+  std::string got_;
+};
+
 TEST_F(ChatMesh, NonStreamingAndStreamingAgreeUnderGreedy) {
   const std::string fields = R"("max_tokens":12,"temperature":0)";
   auto full = post("/v1/chat/completions", userChat("What is 2 + 2?", fields));
@@ -298,11 +356,8 @@ TEST_F(ChatMesh, ForcedToolCallRoundTrip) {
   EXPECT_EQ(parseChatStream(st.body).calls, c.calls);
 
   // Send the tool result back; the model continues the conversation.
-  std::string args;
-  for (char ch : std::string(R"({"city":"Paris"})")) {
-    if (ch == '"') args += '\\';
-    args += ch;
-  }
+  std::string args;  // the arguments as a JSON string literal's contents
+  JsonWriter::appendEscaped(args, R"({"city":"Paris"})");
   std::string body = R"({"model":"gpt-oss-tiny","tools":[)" + kTool +
                      R"(],"max_tokens":6,"messages":[{"role":"user","content":"Weather?"},)"
                      R"({"role":"assistant","content":null,"tool_calls":[{"id":")" +
@@ -347,39 +402,15 @@ TEST_F(ChatMesh, ManyConcurrentChats) {
 }
 
 TEST_F(ChatMesh, ClientLeavingMidStreamFreesTheSequence) {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  struct Closer {
-    int* fd;
-    ~Closer() {
-      if (*fd >= 0) ::close(*fd);
-    }
-  } closer{&fd};
-  timeval tv{60, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(g_mesh->ivy_port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  std::string body = userChat("Tell me a long story", R"("max_tokens":2000,"stream":true)");
-  std::string req =
-      "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
-      "application/json\r\nContent-Length: " +
-      std::to_string(body.size()) + "\r\n\r\n" + body;
-  ASSERT_EQ(::send(fd, req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
-  std::string got;
-  char buf[4096];
+  RawStream stream(g_mesh->ivy_port,
+                   userChat("Tell me a long story", R"("max_tokens":2000,"stream":true)"));
+  ASSERT_TRUE(stream.sent());
   // The role chunk goes out with tulip's first generated chunk: generation is under way. (Later
   // events may take long: a random model rarely completes a Harmony header, and header tokens
   // produce no output until the parser's header limit.)
-  while (got.find("\"role\":\"assistant\"") == std::string::npos) {
-    ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-    ASSERT_GT(n, 0) << "stream ended early: " << got;
-    got.append(buf, static_cast<size_t>(n));
-  }
+  ASSERT_TRUE(stream.readUntil("\"role\":\"assistant\"")) << "stream ended early: " << stream.got();
   EXPECT_GE(tulipSeqs(), 1);
-  ::close(fd);
-  fd = -1;
+  stream.close();
   // tulip's running set empties long before 2000 tokens could have been generated.
   int64_t seqs = -1;
   for (int i = 0; i < 300; ++i) {
@@ -400,10 +431,132 @@ TEST_F(ChatMesh, ErrorsAreOpenAiShaped) {
   auto nf = post("/v1/chat/completions",
                  R"({"model":"nope","messages":[{"role":"user","content":"x"}]})");
   EXPECT_EQ(nf.status, 404) << nf.body;
-  // An LLM does not embed.
-  auto emb = post("/v1/embeddings", R"({"model":"gpt-oss-tiny","input":"x"})");
-  EXPECT_GE(emb.status, 400) << emb.body;
-  EXPECT_LT(emb.status, 500) << emb.body;
+  // An LLM does not embed or score: 400 naming `model` and its kind (never tulip's UNIMPLEMENTED
+  // as a 500).
+  for (const auto& [path, body] : std::vector<std::pair<std::string, std::string>>{
+           {"/v1/embeddings", R"({"model":"gpt-oss-tiny","input":"x"})"},
+           {"/v1/score", R"({"model":"gpt-oss-tiny","query":"q","documents":["d"]})"},
+           {"/v1/rerank", R"({"model":"gpt-oss-tiny","query":"q","documents":["d"]})"}}) {
+    auto r = post(path, body);
+    EXPECT_EQ(r.status, 400) << path << ": " << r.body;
+    EXPECT_NE(r.body.find(R"("param":"model")"), std::string::npos) << path << ": " << r.body;
+    EXPECT_NE(r.body.find("'gpt-oss-tiny' is a generative (llm) model; " + path + " needs"),
+              std::string::npos)
+        << path << ": " << r.body;
+  }
+}
+
+TEST_F(ChatMesh, TimingHeaders) {
+  for (const auto& [path, body] : std::vector<std::pair<std::string, std::string>>{
+           {"/v1/chat/completions", userChat("hi", R"("max_tokens":3)")},
+           {"/v1/completions", R"({"model":"gpt-oss-tiny","prompt":"Once","max_tokens":3})"}}) {
+    auto r = post(path, body);
+    ASSERT_EQ(r.status, 200) << path << ": " << r.body;
+    for (const char* h : {"x-garden-tokenize-us", "x-garden-queue-us", "x-garden-inference-us",
+                          "x-garden-upstream-us", "x-garden-total-us"}) {
+      EXPECT_FALSE(r.headers[h].empty()) << path << " lacks " << h;
+    }
+    const uint64_t total = std::stoull(r.headers["x-garden-total-us"]);
+    EXPECT_LE(std::stoull(r.headers["x-garden-tokenize-us"]) +
+                  std::stoull(r.headers["x-garden-upstream-us"]),
+              total + 1)
+        << path;
+    EXPECT_GT(std::stoull(r.headers["x-garden-inference-us"]), 0u) << path;  // tulip generated
+  }
+  // A stream's head carries what is known when it goes out.
+  auto st = post("/v1/chat/completions", userChat("hi", R"("max_tokens":3,"stream":true)"));
+  ASSERT_EQ(st.status, 200) << st.body;
+  EXPECT_EQ(st.headers["transfer-encoding"], "chunked");
+  EXPECT_FALSE(st.headers["x-garden-tokenize-us"].empty());
+  EXPECT_TRUE(st.headers["x-garden-total-us"].empty());
+}
+
+// x-request-timeout bounds a generation: with rose held (SIGSTOP) nothing can be generated, so the
+// deadline passes first and the answer is a 504 (a stream whose head has not gone out included).
+TEST_F(ChatMesh, RequestTimeoutHeaderIs504BeforeTheFirstToken) {
+  const pid_t rose = rosePid();
+  ASSERT_GT(rose, 0);
+  {
+    testing::Paused paused(rose);
+    ASSERT_TRUE(paused.stopped());
+    for (const char* extra : {R"("max_tokens":4)", R"("max_tokens":4,"stream":true)"}) {
+      auto r = post("/v1/chat/completions", userChat("hi", extra), {{"x-request-timeout", "1"}});
+      EXPECT_EQ(r.status, 504) << extra << ": " << r.body;
+      EXPECT_NE(r.body.find(R"("code":"timeout")"), std::string::npos) << r.body;
+    }
+    auto c = post("/v1/completions", R"({"model":"gpt-oss-tiny","prompt":"a","max_tokens":4})",
+                  {{"x-request-timeout", "1"}});
+    EXPECT_EQ(c.status, 504) << c.body;
+  }
+  EXPECT_TRUE(tulipIdle()) << "timed-out generations still hold sequences";
+  EXPECT_EQ(post("/v1/chat/completions", userChat("hi", R"("max_tokens":2)")).status, 200);
+}
+
+// Past its first token a stream is answered: the deadline ends it with an in-band timeout event.
+TEST_F(ChatMesh, RequestTimeoutMidStreamIsATimeoutEvent) {
+  const pid_t rose = rosePid();
+  ASSERT_GT(rose, 0);
+  RawStream stream(g_mesh->ivy_port,
+                   userChat("Tell me a long story", R"("max_tokens":2000,"stream":true)"),
+                   "x-request-timeout: 10\r\n");
+  ASSERT_TRUE(stream.sent());
+  ASSERT_TRUE(stream.readUntil("\"role\":\"assistant\""))
+      << "no first chunk within the deadline: " << stream.got();
+  ASSERT_NE(stream.got().find("200 OK"), std::string::npos) << stream.got();
+  {
+    // No token can come any more; the rest of the 10 s passes and ivy ends the stream.
+    testing::Paused paused(rose);
+    ASSERT_TRUE(paused.stopped());
+    ASSERT_TRUE(stream.readUntil("\r\n0\r\n\r\n")) << "the stream did not end: " << stream.got();
+  }
+  const std::string& got = stream.got();
+  EXPECT_NE(got.find(R"("type":"timeout_error")"), std::string::npos) << got;
+  EXPECT_NE(got.find(R"("code":"timeout")"), std::string::npos) << got;
+  EXPECT_NE(got.find("data: [DONE]"), std::string::npos) << got;
+  EXPECT_TRUE(tulipIdle());
+}
+
+// --max-inflight-requests holds for chat: a second ivy allowing one request in flight answers a
+// chat arriving while another is held upstream with 429 + Retry-After.
+TEST_F(ChatMesh, OverloadIs429WithRetryAfter) {
+  const int port = testing::freePort();
+  testing::Process ivy({testing::binary("services/ivy/ivy"), "--host", "127.0.0.1", "--port",
+                        std::to_string(port), "--tulip",
+                        "127.0.0.1:" + std::to_string(g_mesh->tulip_port), "--tokenizer",
+                        testing::sourceDir() + "/tests/assets/tokenizers/gptoss/tokenizer.json",
+                        "--threads", "2", "--max-inflight-requests", "1"},
+                       g_mesh->dir.path() + "/ivy-overload.log");
+  ASSERT_TRUE(testing::waitForHttp(port, "/ready", 200, 120s)) << ivy.log();
+  const pid_t rose = rosePid();
+  ASSERT_GT(rose, 0);
+  testing::HttpResponse held;
+  std::thread first;
+  {
+    testing::Paused paused(rose);
+    ASSERT_TRUE(paused.stopped());
+    first = std::thread([&] {
+      held = testing::http(port, "POST", "/v1/chat/completions",
+                           userChat("hi", R"("max_tokens":2)"), {}, 120s);
+    });
+    ASSERT_TRUE(testing::eventually(60s, [&] {
+      auto m = testing::http(port, "GET", "/metrics");
+      return testing::metricValue(m.body, "ivy_inflight_requests") == 1;
+    })) << "the first chat never went upstream";
+    for (const auto& [path, body] : std::vector<std::pair<std::string, std::string>>{
+             {"/v1/chat/completions", userChat("hi", R"("max_tokens":2,"stream":true)")},
+             {"/v1/completions", R"({"model":"gpt-oss-tiny","prompt":"a","max_tokens":2})"}}) {
+      auto r = testing::http(port, "POST", path, body, {}, 60s);
+      EXPECT_EQ(r.status, 429) << path << ": " << r.body;
+      EXPECT_EQ(r.headers["retry-after"], "1") << path;
+      EXPECT_NE(r.body.find("--max-inflight-requests"), std::string::npos) << r.body;
+    }
+  }
+  first.join();
+  EXPECT_EQ(held.status, 200) << held.body;
+  // The slot is free again.
+  auto after = testing::http(port, "POST", "/v1/chat/completions",
+                             userChat("hi", R"("max_tokens":2)"), {}, 120s);
+  EXPECT_EQ(after.status, 200) << after.body;
 }
 
 }  // namespace

@@ -263,6 +263,25 @@ TEST_F(GatewayTest, TimingHeadersArePresentAndConsistent) {
   check(s);
 }
 
+// The generation routes go through the same pipeline: on an embedding model they are a 400 naming
+// `model` and the kind (after authentication), not something tulip refuses.
+TEST_F(GatewayTest, ChatRoutesRefuseAnEmbeddingModel) {
+  auto unauth = mesh_->post("/v1/chat/completions",
+                            R"({"model":"tiny","messages":[{"role":"user","content":"x"}]})", {});
+  EXPECT_EQ(unauth.status, 401) << unauth.body;
+  for (const auto& [path, body] : std::vector<std::pair<std::string, std::string>>{
+           {"/v1/chat/completions", R"({"model":"tiny","messages":[{"role":"user","content":"x"}]})"},
+           {"/v1/completions", R"({"model":"tiny","prompt":"x"})"}}) {
+    auto r = mesh_->post(path, body);
+    EXPECT_EQ(r.status, 400) << path << ": " << r.body;
+    EXPECT_EQ(errorParam(r.body), "model") << r.body;
+    EXPECT_NE(r.body.find("'tiny' is an embedding model; " + path +
+                          " needs a generative (llm) model"),
+              std::string::npos)
+        << r.body;
+  }
+}
+
 TEST_F(GatewayTest, EmbeddingPromptsFromTheModelDir) {
   auto plain = mesh_->post(
       "/v1/embeddings",

@@ -12,7 +12,6 @@
 #include <random>
 #include <thread>
 
-#include "services/ivy/balance/tulip_monitor.h"
 #include "tests/fakes/ivy/fake_tulip_client.h"
 
 namespace garden::ivy {
@@ -231,14 +230,7 @@ TEST_F(PoolTest, ProbesBeforeUseThenReady) {
   EXPECT_GE(fake(1)->healthCalls(), 1);
   EXPECT_GE(fake(1)->modelInfoCalls(), 1);
   EXPECT_GE(fake(1)->loadCalls(), 1);  // polled once healthy
-
-  // TulipMonitor as a view of the pool (what IvyService reads).
-  TulipMonitor monitor(pool_.get());
-  monitor.start();
-  EXPECT_TRUE(monitor.ready());
-  ASSERT_NE(monitor.spec(), nullptr);
-  EXPECT_EQ(monitor.spec()->served_name, "fake-model");
-  monitor.stop();
+  EXPECT_EQ(pool_->spec()->served_name, "fake-model");
   EXPECT_EQ(metric(R"(ivy_replicas{state="healthy"})"), 2);
 }
 

@@ -21,7 +21,6 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "services/ivy/api/text_encoder.h"
 #include "services/ivy/balance/replica_pool.h"
-#include "services/ivy/balance/tulip_monitor.h"
 
 namespace garden::ivy {
 namespace {
@@ -281,31 +280,6 @@ TEST_F(TulipClientTest, ModelInfoAndHealth) {
   Status h = health();
   EXPECT_EQ(h.code(), StatusCode::kUnavailable);
   EXPECT_THAT(h.message(), HasSubstr("NOT_SERVING"));
-}
-
-TEST_F(TulipClientTest, MonitorLearnsModelAndTracksHealth) {
-  TulipMonitorOptions o;
-  o.served_model_name = "embed";
-  o.retry_interval = std::chrono::milliseconds(10);
-  o.health_interval = std::chrono::milliseconds(10);
-  TulipMonitor m(client_.get(), o);
-  EXPECT_EQ(m.spec(), nullptr);
-  EXPECT_FALSE(m.ready());
-  m.start();
-  ASSERT_TRUE(m.waitReady(std::chrono::seconds(30)));
-  auto spec = m.spec();
-  ASSERT_NE(spec, nullptr);
-  EXPECT_EQ(spec->served_name, "embed");
-  EXPECT_EQ(spec->upstream_name, "qwen3-embedding-0.6b");
-  EXPECT_EQ(spec->hidden_size, 1024u);
-  health_.serving = false;
-  for (int i = 0; i < 6000 && m.ready(); ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  EXPECT_FALSE(m.ready());
-  health_.serving = true;
-  EXPECT_TRUE(m.waitReady(std::chrono::seconds(30)));
-  m.stop();
-  EXPECT_FALSE(m.ready());
 }
 
 TEST_F(TulipClientTest, Load) {

@@ -1,7 +1,8 @@
 #pragma once
-// Shared by the chat / completions route tests: the routes on a Router with a scripted generate
-// client, the Harmony fake tokenizer and a fixed ModelSpec, driven without sockets (the Responder
-// is captured; a streamed body is read from its ResponseStream), plus SSE and JSON helpers.
+// Shared by the chat / completions route tests: IvyService's routes (the whole request pipeline)
+// on a Router with a scripted generate client, the Harmony fake tokenizer and a fixed ModelSpec,
+// driven without sockets (the Responder is captured; a streamed body is read from its
+// ResponseStream), plus SSE and JSON helpers.
 
 #include <gtest/gtest.h>
 #include <simdjson.h>
@@ -15,7 +16,7 @@
 #include <vector>
 
 #include "common/metrics/registry.h"
-#include "services/ivy/http/chat_routes.h"
+#include "services/ivy/http/service.h"
 #include "services/ivy/http/response_stream.h"
 #include "services/ivy/http/router.h"
 #include "tests/fakes/ivy/harmony_fake_tokenizer.h"
@@ -26,8 +27,15 @@ namespace garden::ivy::testing {
 struct Captured {
   int status = -1;
   std::string content_type;
+  std::vector<std::pair<std::string, std::string>> headers;  // extra headers
   bool streamed = false;
   std::string body;  // the whole body (streamed bodies concatenated)
+  std::string header(std::string_view name) const {
+    for (const auto& [k, v] : headers) {
+      if (k == name) return v;
+    }
+    return "";
+  }
 };
 
 // Reads a ResponseStream to its end (10 s limit so nothing hangs).
@@ -60,7 +68,7 @@ inline std::string readStream(const std::shared_ptr<ResponseStream>& s, bool* en
 
 class ChatHarness {
  public:
-  explicit ChatHarness(std::string kind = "llm") {
+  explicit ChatHarness(std::string kind = "llm", IvyServiceOptions o = {}) {
     spec_ = std::make_shared<ModelSpec>();
     spec_->served_name = "gpt-test";
     spec_->upstream_name = "fake-llm";
@@ -68,19 +76,26 @@ class ChatHarness {
     spec_->max_seq_len = 4096;
     spec_->vocab_size = 201088;
     spec_->eos_token_ids = {200002, 199999, 200012};
-    ChatRoutesOptions o;
+    o.tokenizer = &tok_;
     o.make_tool_call_id = [](size_t i) { return "call_test_" + std::to_string(i); };
     auto spec = spec_;
-    registerChatRoutes(
-        &router_, &client_, &tok_, [spec] { return spec; }, &registry_, o);
+    ModelSource model{[spec] { return std::shared_ptr<const ModelSpec>(spec); },
+                      [] { return true; }};
+    service_ = std::make_unique<IvyService>(o, &client_, model, nullptr, &registry_);
+    service_->registerRoutes(&router_);
   }
 
-  Captured post(const std::string& path, const std::string& body) {
+  // `age`: how long ago the request head arrived (its deadline counts from then).
+  Captured post(const std::string& path, const std::string& body,
+                std::vector<std::pair<std::string, std::string>> headers = {},
+                std::chrono::milliseconds age = std::chrono::milliseconds(0)) {
     HttpRequest r;
     r.method = "POST";
     r.path = path;
     r.body = body;
+    r.headers = std::move(headers);
     r.request_id = "req-1";
+    r.received = std::chrono::steady_clock::now() - age;
     auto promise = std::make_shared<std::promise<HttpResponse>>();
     auto fut = promise->get_future();
     router_.dispatch(std::move(r), [promise](HttpResponse resp) { promise->set_value(resp); });
@@ -92,6 +107,7 @@ class ChatHarness {
     HttpResponse resp = fut.get();
     c.status = resp.status;
     c.content_type = resp.content_type;
+    c.headers = resp.headers;
     if (resp.stream) {
       c.streamed = true;
       bool ended = false;
@@ -123,6 +139,7 @@ class ChatHarness {
   ScriptedGenerateClient client_;
   metrics::Registry registry_;
   std::shared_ptr<ModelSpec> spec_;
+  std::unique_ptr<IvyService> service_;
   Router router_;
 };
 

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <mutex>
 #include <thread>
 
@@ -130,17 +131,16 @@ class GatewayTest : public ::testing::Test {
     so.tokenizer = tok_.get();
     so.score_yes_token = std::string(*tok_->idToPiece(20));
     so.score_no_token = std::string(*tok_->idToPiece(21));
-    TulipMonitorOptions mo;
-    mo.served_model_name = "m";
-    mo.retry_interval = std::chrono::milliseconds(5);
-    monitor_ = std::make_unique<TulipMonitor>(&client_, mo);
-    service_ = std::make_unique<IvyService>(so, &client_, monitor_.get(), &encoder_, &registry_);
+    // The served model as the replica pool would make it from the client's ModelInfo.
+    std::promise<Result<TulipModelInfo>> info;
+    client_.modelInfo(std::chrono::milliseconds(1000),
+                      [&info](Result<TulipModelInfo> r) { info.set_value(std::move(r)); });
+    Result<TulipModelInfo> got = info.get_future().get();
+    ASSERT_TRUE(got.isOk());
+    spec_ = std::make_shared<const ModelSpec>(makeModelSpec(*got, "m"));
+    ModelSource model{[this] { return spec_; }, [] { return true; }};
+    service_ = std::make_unique<IvyService>(so, &client_, model, &encoder_, &registry_);
     service_->registerRoutes(&router_, admin ? &admin_ : nullptr);
-    monitor_->start();
-    ASSERT_TRUE(monitor_->waitReady(std::chrono::seconds(5)));
-  }
-  void TearDown() override {
-    if (monitor_) monitor_->stop();
   }
 
   std::unique_ptr<Reply> call(Router& router, std::string method, std::string path,
@@ -182,14 +182,14 @@ class GatewayTest : public ::testing::Test {
   CountingEncoder encoder_;
   metrics::Registry registry_;
   std::unique_ptr<Tokenizer> tok_;
-  std::unique_ptr<TulipMonitor> monitor_;
+  std::shared_ptr<const ModelSpec> spec_;
   std::unique_ptr<IvyService> service_;
   Router router_, admin_;
 };
 
 TEST_F(GatewayTest, HugeInputIsRefusedBeforeTokenization) {
   IvyServiceOptions so;
-  so.embeddings_limits.max_input_chars = 1000;
+  so.limits.max_input_chars = 1000;
   start(so);
   std::string body = R"({"model":"m","input":")" + std::string(10u << 20, 'a') + "\"}";
   auto t0 = std::chrono::steady_clock::now();
@@ -381,7 +381,7 @@ TEST_F(GatewayTest, EveryPostRouteRefusesDuplicateKeysBadTextAndNonJson) {
 // too-long /v1/score query was blamed on the documents.
 TEST_F(GatewayTest, MessagesNameTheFieldAtFault) {
   IvyServiceOptions so;
-  so.embeddings_limits.max_input_chars = 10;
+  so.limits.max_input_chars = 10;
   start(so);
   registerTokenizeRoutes(&router_, tok_.get(), [this] { return monitor_->spec(); });
   auto tok = post("/tokenize", R"({"text":"\ud800"})");

@@ -9,6 +9,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <future>
 #include <mutex>
 #include <thread>
 
@@ -75,19 +76,39 @@ class IvyServerTest : public ::testing::Test {
   void TearDown() override {
     if (server_) server_->stop();
     server_.reset();
-    if (monitor_) monitor_->stop();
     log::setSinkForTesting({});
   }
 
+  // The served model (what the replica pool learns from ModelInfo) and readiness, as the test
+  // sets them. wait_ready: the fake's ModelInfo is the model and ivy is ready from the start.
+  void setModel(bool known, bool ready) {
+    std::shared_ptr<const ModelSpec> spec;
+    if (known) {
+      std::promise<Result<TulipModelInfo>> p;
+      fake_.modelInfo(std::chrono::milliseconds(5000),
+                      [&p](Result<TulipModelInfo> r) { p.set_value(std::move(r)); });
+      Result<TulipModelInfo> info = p.get_future().get();
+      ASSERT_TRUE(info.isOk()) << info.status().toString();
+      spec = std::make_shared<const ModelSpec>(makeModelSpec(*info, "garden-embed"));
+    }
+    std::lock_guard<std::mutex> lock(model_mu_);
+    spec_ = std::move(spec);
+    ready_ = ready;
+  }
+
   void startServer(bool wait_ready = true) {
-    TulipMonitorOptions mo;
-    mo.served_model_name = "garden-embed";
-    mo.retry_interval = std::chrono::milliseconds(10);
-    mo.health_interval = std::chrono::milliseconds(10);
-    monitor_ = std::make_unique<TulipMonitor>(&fake_, mo);
+    if (wait_ready) setModel(/*known=*/true, /*ready=*/true);
+    ModelSource model{[this] {
+                        std::lock_guard<std::mutex> lock(model_mu_);
+                        return spec_;
+                      },
+                      [this] {
+                        std::lock_guard<std::mutex> lock(model_mu_);
+                        return ready_;
+                      }};
     IvyServiceOptions so;
     so.request_timeout = std::chrono::milliseconds(10000);
-    service_ = std::make_unique<IvyService>(so, &fake_, monitor_.get(), encoder_.get(), &registry_);
+    service_ = std::make_unique<IvyService>(so, &fake_, model, encoder_.get(), &registry_);
     service_->registerRoutes(&router_);
     HttpServerOptions ho;
     ho.host = "127.0.0.1";
@@ -99,10 +120,6 @@ class IvyServerTest : public ::testing::Test {
         ho, &router_, [this](const AccessRecord& r) { service_->onRequestDone(r); });
     ASSERT_TRUE(server_->start().isOk());
     ASSERT_NE(server_->port(), 0);
-    monitor_->start();
-    if (wait_ready) {
-      ASSERT_TRUE(monitor_->waitReady(std::chrono::seconds(30)));
-    }
   }
 
   Response roundTrip(const std::string& request) {
@@ -139,7 +156,9 @@ class IvyServerTest : public ::testing::Test {
   FakeTulipClient fake_;
   metrics::Registry registry_;
   std::unique_ptr<TextEncoder> encoder_;
-  std::unique_ptr<TulipMonitor> monitor_;
+  std::mutex model_mu_;
+  std::shared_ptr<const ModelSpec> spec_;  // guarded by model_mu_
+  bool ready_ = false;                     // guarded by model_mu_
   std::unique_ptr<IvyService> service_;
   Router router_;
   std::unique_ptr<HttpServer> server_;
@@ -385,8 +404,8 @@ TEST_F(IvyServerTest, ModelsHealthReadyAndMetrics) {
   EXPECT_THAT(m.body, HasSubstr("ivy_ready 1"));
 }
 
-TEST_F(IvyServerTest, NotReadyUntilTulipAnswersAndWhileUnhealthy) {
-  fake_.setModelInfoError(unavailable("connection refused"));
+TEST_F(IvyServerTest, NotReadyUntilTheModelIsKnownAndWhileUnhealthy) {
+  // What the replica pool reports (its probing is tested in replica_pool_test): no model yet.
   startServer(/*wait_ready=*/false);
   EXPECT_EQ(roundTrip(get("/health")).status, 200);
   Response r = roundTrip(get("/ready"));
@@ -395,24 +414,16 @@ TEST_F(IvyServerTest, NotReadyUntilTulipAnswersAndWhileUnhealthy) {
   Response e = roundTrip(post("/v1/embeddings", R"({"model":"garden-embed","input":[1]})"));
   expectError(e, 503, "", "not loaded yet");
   expectError(roundTrip(get("/v1/models")), 503, "", "not loaded yet");
-  // The monitor keeps retrying; once tulip answers ivy becomes ready. (Wait until the monitor has
-  // seen the refusal at least once, so a slow first poll cannot skip it.)
-  for (int i = 0; i < 6000 && fake_.modelInfoCalls() < 1; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  ASSERT_GE(fake_.modelInfoCalls(), 1);
-  fake_.setModelInfoError(okStatus());
-  ASSERT_TRUE(monitor_->waitReady(std::chrono::seconds(30)));
-  EXPECT_GE(fake_.modelInfoCalls(), 2);
+  EXPECT_TRUE(fake_.embedCalls().empty());
+  // The model becomes known and a replica healthy: ready.
+  setModel(/*known=*/true, /*ready=*/true);
   EXPECT_EQ(roundTrip(get("/ready")).status, 200);
-  // Health failing makes it not ready again; recovery makes it ready.
-  fake_.setHealth(unavailable("NOT_SERVING"));
-  for (int i = 0; i < 6000 && monitor_->ready(); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+  EXPECT_THAT(roundTrip(get("/metrics")).body, HasSubstr("ivy_ready 1"));
+  // No healthy replica left (the model stays known): not ready, requests still try the pool.
+  setModel(/*known=*/true, /*ready=*/false);
   EXPECT_EQ(roundTrip(get("/ready")).status, 503);
-  fake_.setHealth(okStatus());
-  ASSERT_TRUE(monitor_->waitReady(std::chrono::seconds(30)));
+  EXPECT_THAT(roundTrip(get("/metrics")).body, HasSubstr("ivy_ready 0"));
+  setModel(/*known=*/true, /*ready=*/true);
   EXPECT_EQ(roundTrip(get("/ready")).status, 200);
 }
 

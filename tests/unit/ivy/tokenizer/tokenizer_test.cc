@@ -11,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include "common/json_writer.h"
 #include "services/ivy/tokenizer/cli.h"
 
 namespace garden::ivy {
@@ -119,12 +120,9 @@ std::string byteLevelChar(int b) {
   return "";
 }
 std::string jsonStr(const std::string& s) {
-  std::string o = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') o.push_back('\\');
-    o.push_back(c);
-  }
-  return o + "\"";
+  std::string o;
+  JsonWriter::appendQuoted(o, s);
+  return o;
 }
 std::string bpeJson(const std::string& regex_override = "") {
   const std::string regex = regex_override.empty()
