@@ -44,16 +44,16 @@ void TulipMonitor::start() {
 
 void TulipMonitor::stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     stopping_ = true;
   }
-  cv_.notify_all();
+  cv_.notifyAll();
   if (thread_.joinable()) thread_.join();
 }
 
 std::shared_ptr<const ModelSpec> TulipMonitor::spec() const {
   if (pool_ != nullptr) return pool_->spec();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return spec_;
 }
 
@@ -98,7 +98,7 @@ bool TulipMonitor::fetchModelInfo() {
                             {"hidden_size", spec->hidden_size},
                             {"max_seq_len", spec->max_seq_len},
                             {"vocab_size", spec->vocab_size}});
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   spec_ = std::move(spec);
   return true;
 }
@@ -138,8 +138,8 @@ void TulipMonitor::run() {
       ready_.store(healthy, std::memory_order_release);
       if (!healthy) wait = options_.retry_interval;
     }
-    std::unique_lock<std::mutex> lock(mu_);
-    if (cv_.wait_for(lock, wait, [this] { return stopping_; })) break;
+    MutexLock lock(mu_);
+    if (cv_.waitFor(lock, wait, [this]() REQUIRES(mu_) { return stopping_; })) break;
   }
   ready_.store(false, std::memory_order_release);
 }

@@ -14,12 +14,11 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 
+#include "common/mutex.h"
 #include "services/ivy/api/model_spec.h"
 #include "services/ivy/balance/tulip_client.h"
 
@@ -47,26 +46,26 @@ class TulipMonitor {
   TulipMonitor& operator=(const TulipMonitor&) = delete;
 
   void start();
-  void stop();
+  void stop() EXCLUDES(mu_);
 
   // The model, or nullptr before ModelInfo first succeeded.
-  std::shared_ptr<const ModelSpec> spec() const;
+  std::shared_ptr<const ModelSpec> spec() const EXCLUDES(mu_);
   bool ready() const;
   // Blocks until ready or the timeout passes; returns ready(). For tests and startup logs.
   bool waitReady(std::chrono::milliseconds timeout);
 
  private:
-  void run();
-  bool fetchModelInfo();  // true on success
+  void run() EXCLUDES(mu_);
+  bool fetchModelInfo() EXCLUDES(mu_);  // true on success
   Status checkHealth();
 
   TulipClient* client_;
   const ReplicaPool* pool_ = nullptr;
   TulipMonitorOptions options_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  bool stopping_ = false;                  // guarded by mu_
-  std::shared_ptr<const ModelSpec> spec_;  // guarded by mu_
+  mutable Mutex mu_;
+  CondVar cv_;
+  bool stopping_ GUARDED_BY(mu_) = false;
+  std::shared_ptr<const ModelSpec> spec_ GUARDED_BY(mu_);
   std::atomic<bool> ready_{false};
   uint64_t model_info_failures_ = 0;  // monitor thread only
   std::thread thread_;
