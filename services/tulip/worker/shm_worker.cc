@@ -95,6 +95,7 @@ Status ShmWorker::trySubmit(WorkBatch batch, WorkDone done) {
   // lastFailure() is called as ShmWorker's own (EXCLUDES(mu_)), not through the Worker interface,
   // so the analysis sees where it may be called; below the lock it reads last_failure_.
   if (!ready()) return workerDown(lastFailure());
+  if (opts_.test_before_submit_lock) opts_.test_before_submit_lock();
   const bool generate = batch.kind == shm::BatchKind::kGenerate;
   if (generate ? batch.llm_seqs.empty() : batch.seq_lens.empty())
     return invalidArgument("empty batch");

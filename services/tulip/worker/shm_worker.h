@@ -45,6 +45,10 @@ struct ShmWorkerOptions {
   std::chrono::microseconds completion_spin{200};
   std::chrono::milliseconds backoff_min{250};
   std::chrono::milliseconds backoff_max{30000};
+  // Tests only (empty in service): called by trySubmit between its unlocked readiness check and
+  // taking the lock, so a test can take the worker down inside that window (the self-deadlock
+  // fixed in 392dd01; tests/unit/tulip/worker/shm_worker_test.cc).
+  std::function<void()> test_before_submit_lock;
 };
 
 class ShmWorker final : public Worker {
