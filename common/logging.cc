@@ -7,10 +7,10 @@
 #include <cstdio>
 #include <ctime>
 #include <memory>
-#include <mutex>
 #include <vector>
 
 #include "common/json_writer.h"
+#include "common/mutex.h"
 
 namespace garden::log {
 
@@ -25,9 +25,8 @@ namespace {
 // reader never sees a freed name; setService is called a handful of times at most.
 // nullptr means "garden" (constant-initialized, so logging works during static initialization).
 std::atomic<const std::string*> g_service{nullptr};
-std::mutex g_service_mu;
-// Guarded by g_service_mu.
-std::vector<std::unique_ptr<std::string>>& serviceNames() {
+Mutex g_service_mu;
+std::vector<std::unique_ptr<std::string>>& serviceNames() REQUIRES(g_service_mu) {
   static auto* names = new std::vector<std::unique_ptr<std::string>>();
   return *names;
 }
@@ -173,7 +172,7 @@ std::string_view levelName(Level level) {
 }
 
 void setService(std::string_view service) {
-  std::lock_guard<std::mutex> lock(g_service_mu);
+  MutexLock lock(g_service_mu);
   auto& names = serviceNames();
   names.push_back(std::make_unique<std::string>(service));
   g_service.store(names.back().get(), std::memory_order_release);

@@ -1,17 +1,60 @@
 #!/usr/bin/env bash
 # The test entry point (CI runs it through .ci/run): installs what is missing, builds everything
 # with warnings as errors, runs every CPU test through ctest (GPU tests carry the `gpu` label and
-# run on the GPU host), then the unit and integration tests again under ASan+UBSan in build/asan,
-# then builds the libFuzzer targets with clang in build/fuzz and runs each for a short bounded time.
+# run on the GPU host; the bounded mesh soak, label `soak`, runs alone), then clang's
+# thread-safety analysis over every source (scripts/check-thread-safety.sh), then the concurrent
+# code of ivy and tulip under ThreadSanitizer in build/tsan, then the unit and integration tests
+# again under ASan+UBSan in build/asan, then builds the libFuzzer targets with clang in build/fuzz
+# and runs each for a short bounded time.
 #   RUN_ASAN=0 skips the sanitizer stage (on by default; on a loaded 2-core machine without a
-#   compiler cache its build took ~16 min and its 40 tests ~2.5 min); SKIP_FUZZ=1 skips the fuzz
-#   stage; extra arguments go to the main ctest run.
+#   compiler cache its build took ~16 min and its 40 tests ~2.5 min); RUN_TSAN=0 skips the
+#   ThreadSanitizer stage; RUN_THREAD_SAFETY=0 skips the -Wthread-safety check; SKIP_FUZZ=1 skips
+#   the fuzz stage; extra arguments go to the main ctest run.
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 
 "$GARDEN_ROOT/scripts/install-deps.sh"
 GARDEN_CMAKE_ARGS="-DGARDEN_WERROR=ON ${GARDEN_CMAKE_ARGS:-}" garden_build
 ctest --test-dir "$BUILD_DIR" -LE gpu --output-on-failure -j "$(garden_jobs)" "$@"
+
+# Concurrency contracts: clang -Wthread-safety -Werror over every translation unit, syntax only.
+if [ "${RUN_THREAD_SAFETY:-1}" = 1 ]; then
+  "$GARDEN_ROOT/scripts/check-thread-safety.sh"
+fi
+
+# ThreadSanitizer: ivy's and tulip's concurrent code (and common/shm) built with -DGARDEN_TSAN=ON
+# in build/tsan, running their unit tests and the integration tests that drive them concurrently
+# (TSAN_TESTS; why each: docs/concurrency.md), plus a shorter soak (GARDEN_SOAK_SECONDS,
+# default 20 here). Every process writes its reports under build/tsan/tsan-reports (the tests'
+# children too: ivy, tulip and rose inherit TSAN_OPTIONS); any report fails the stage, whether or
+# not the test noticed. Suppressions (tests/tsan/suppressions.txt) name only uninstrumented
+# third-party code, each with its reason.
+if [ "${RUN_TSAN:-1}" = 1 ]; then
+  TSAN_DIR="$BUILD_DIR/tsan"
+  tsan_unit='unit_(ivy|tulip)_[a-z_]+|unit_common_(shm|metrics)'
+  tsan_integration='integration_(tulip_grpc|tulip_batching|generate|spread|pool|disconnect|soak)'
+  TSAN_TESTS="${TSAN_TESTS:-^($tsan_unit|$tsan_integration)\$}"
+  cmake -G Ninja -S "$GARDEN_ROOT" -B "$TSAN_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DGARDEN_TSAN=ON -DGARDEN_WERROR=ON -DGARDEN_CUDA=OFF > /dev/null
+  tsan_targets=$(ctest --test-dir "$TSAN_DIR" -N -R "$TSAN_TESTS" |
+    sed -n 's/^ *Test *#[0-9]*: *//p' |
+    while read -r t; do if ninja -C "$TSAN_DIR" -t query "$t" >/dev/null 2>&1; then echo "$t"; fi; done)
+  # shellcheck disable=SC2086
+  cmake --build "$TSAN_DIR" -j "$(garden_jobs)" --target $tsan_targets
+  reports="$TSAN_DIR/tsan-reports"
+  rm -rf "$reports" && mkdir -p "$reports"
+  tsan_rc=0
+  TSAN_OPTIONS="log_path=$reports/tsan:second_deadlock_stack=1:suppressions=$GARDEN_ROOT/tests/tsan/suppressions.txt" \
+    GARDEN_SOAK_SECONDS="${GARDEN_SOAK_SECONDS:-20}" \
+    ctest --test-dir "$TSAN_DIR" -R "$TSAN_TESTS" --output-on-failure -j "$(garden_jobs)" ||
+    tsan_rc=$?
+  if compgen -G "$reports/tsan.*" > /dev/null; then
+    cat "$reports"/tsan.*
+    echo "ThreadSanitizer: reports above (one file per process in $reports)" >&2
+    exit 1
+  fi
+  [ "$tsan_rc" = 0 ] || exit "$tsan_rc"
+fi
 
 # ASan+UBSan: the unit and integration tests again, built with -DGARDEN_SANITIZE=ON in build/asan (only the targets those tests need: no benchmarks, conformance data or CUDA).
 # UBSan findings abort the test (-fno-sanitize-recover); leak checking is off (gRPC and protobuf

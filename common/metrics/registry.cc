@@ -217,7 +217,7 @@ T& Family<T>::labels(const std::vector<std::string>& values) {
 
 template <typename T>
 T& Family<T>::labelsImpl(std::vector<std::string> key) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto it = children_.find(key);
   if (it != children_.end()) return *it->second;
   std::unique_ptr<T> child;
@@ -233,7 +233,7 @@ T& Family<T>::labelsImpl(std::vector<std::string> key) {
 
 template <typename T>
 void Family<T>::expose(std::string& out) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (children_.empty()) return;
   appendHeader(out, *this);
   for (const auto& [values, child] : children_) {
@@ -314,7 +314,7 @@ Family<T>& Registry::registerFamily(std::string_view name, std::string_view help
   }
   if constexpr (std::is_same_v<T, Histogram>) validateBuckets(buckets);
 
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto it = families_.find(name);
   if (it != families_.end()) {
     auto* existing = dynamic_cast<Family<T>*>(it->second.get());
@@ -358,7 +358,7 @@ HistogramFamily& Registry::histogram(std::string_view name, std::string_view hel
 
 std::string Registry::expose() const {
   std::string out;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   for (const auto& [name, family] : families_) family->expose(out);
   return out;
 }

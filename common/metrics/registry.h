@@ -41,11 +41,12 @@
 #include <initializer_list>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
+
+#include "common/mutex.h"
 
 namespace garden::metrics {
 
@@ -134,22 +135,22 @@ template <typename T>
 class Family final : public FamilyBase {
  public:
   // The child for these label values (created on first use). Takes a lock; cache the result.
-  T& labels(std::initializer_list<std::string_view> values);
-  T& labels(const std::vector<std::string>& values);
+  T& labels(std::initializer_list<std::string_view> values) EXCLUDES(mu_);
+  T& labels(const std::vector<std::string>& values) EXCLUDES(mu_);
   // The only child of a family declared without label names.
-  T& get() { return labels({}); }
+  T& get() EXCLUDES(mu_) { return labels({}); }
 
-  void expose(std::string& out) const override;
+  void expose(std::string& out) const override EXCLUDES(mu_);
 
  private:
   friend class Registry;
   Family(std::string name, std::string help, std::vector<std::string> label_names,
          std::vector<double> buckets);
-  T& labelsImpl(std::vector<std::string> key);
+  T& labelsImpl(std::vector<std::string> key) EXCLUDES(mu_);
 
   std::vector<double> buckets_;  // histograms only
-  mutable std::mutex mu_;
-  std::map<std::vector<std::string>, std::unique_ptr<T>> children_;  // guarded by mu_
+  mutable Mutex mu_;
+  std::map<std::vector<std::string>, std::unique_ptr<T>> children_ GUARDED_BY(mu_);
 };
 
 extern template class Family<Counter>;
@@ -171,24 +172,25 @@ class Registry {
   static Registry& global();
 
   CounterFamily& counter(std::string_view name, std::string_view help,
-                         std::initializer_list<std::string_view> label_names = {});
+                         std::initializer_list<std::string_view> label_names = {}) EXCLUDES(mu_);
   GaugeFamily& gauge(std::string_view name, std::string_view help,
-                     std::initializer_list<std::string_view> label_names = {});
+                     std::initializer_list<std::string_view> label_names = {}) EXCLUDES(mu_);
   HistogramFamily& histogram(std::string_view name, std::string_view help,
                              std::initializer_list<std::string_view> label_names = {},
-                             const std::vector<double>& buckets = defaultLatencyBuckets());
+                             const std::vector<double>& buckets = defaultLatencyBuckets())
+      EXCLUDES(mu_);
 
-  // Text exposition format 0.0.4.
-  std::string expose() const;
+  // Text exposition format 0.0.4. Takes mu_, then each family's lock (in that order).
+  std::string expose() const EXCLUDES(mu_);
 
  private:
   template <typename T>
   Family<T>& registerFamily(std::string_view name, std::string_view help,
                             std::initializer_list<std::string_view> label_names,
-                            std::vector<double> buckets);
+                            std::vector<double> buckets) EXCLUDES(mu_);
 
-  mutable std::mutex mu_;
-  std::map<std::string, std::unique_ptr<FamilyBase>, std::less<>> families_;  // guarded by mu_
+  mutable Mutex mu_;
+  std::map<std::string, std::unique_ptr<FamilyBase>, std::less<>> families_ GUARDED_BY(mu_);
 };
 
 // Observes the elapsed wall time (steady clock, seconds) into a histogram child when it goes out

@@ -5,7 +5,7 @@ namespace garden::ivy {
 void CallCanceller::cancel() {
   std::vector<std::pair<uint64_t, std::function<void()>>> hooks;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (cancelled_) return;
     cancelled_ = true;
     hooks.swap(hooks_);
@@ -14,13 +14,13 @@ void CallCanceller::cancel() {
 }
 
 bool CallCanceller::cancelled() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return cancelled_;
 }
 
 uint64_t CallCanceller::add(std::function<void()> hook) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (!cancelled_) {
       hooks_.emplace_back(next_id_, std::move(hook));
       return next_id_++;
@@ -32,7 +32,7 @@ uint64_t CallCanceller::add(std::function<void()> hook) {
 
 void CallCanceller::remove(uint64_t id) {
   if (id == 0) return;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   for (size_t i = 0; i < hooks_.size(); ++i) {
     if (hooks_[i].first == id) {
       hooks_.erase(hooks_.begin() + static_cast<std::ptrdiff_t>(i));

@@ -11,24 +11,26 @@
 
 #include <cstdint>
 #include <functional>
-#include <mutex>
 #include <utility>
 #include <vector>
+
+#include "common/mutex.h"
 
 namespace garden::ivy {
 
 class CallCanceller {
  public:
-  void cancel();
-  bool cancelled() const;
-  uint64_t add(std::function<void()> hook);  // returns an id for remove(); 0 when run at once
-  void remove(uint64_t id);
+  void cancel() EXCLUDES(mu_);
+  bool cancelled() const EXCLUDES(mu_);
+  // Returns an id for remove(); 0 when run at once.
+  uint64_t add(std::function<void()> hook) EXCLUDES(mu_);
+  void remove(uint64_t id) EXCLUDES(mu_);
 
  private:
-  mutable std::mutex mu_;
-  bool cancelled_ = false;                                         // guarded by mu_
-  uint64_t next_id_ = 1;                                           // guarded by mu_
-  std::vector<std::pair<uint64_t, std::function<void()>>> hooks_;  // guarded by mu_
+  mutable Mutex mu_;
+  bool cancelled_ GUARDED_BY(mu_) = false;
+  uint64_t next_id_ GUARDED_BY(mu_) = 1;
+  std::vector<std::pair<uint64_t, std::function<void()>>> hooks_ GUARDED_BY(mu_);
 };
 
 }  // namespace garden::ivy

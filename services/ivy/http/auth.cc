@@ -86,7 +86,7 @@ Status ApiKeys::reload() {
   FileFacts f;
   statFile(path_, &f);
   Result<std::vector<std::string>> keys = readKeys(path_);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   mtime_ns_ = f.mtime_ns;
   file_size_ = f.size;
   if (!keys.isOk()) {
@@ -101,7 +101,7 @@ Status ApiKeys::reload() {
 void ApiKeys::maybeReload() const {
   if (path_.empty()) return;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     auto now = std::chrono::steady_clock::now();
     if (now - last_stat_ < std::chrono::seconds(1)) return;
     last_stat_ = now;
@@ -112,7 +112,7 @@ void ApiKeys::maybeReload() const {
 }
 
 size_t ApiKeys::size() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return keys_->size();
 }
 
@@ -132,7 +132,7 @@ Status ApiKeys::check(const HttpRequest& request) const {
   while (!presented.empty() && presented.front() == ' ') presented.remove_prefix(1);
   std::shared_ptr<const std::vector<std::string>> keys;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     keys = keys_;
   }
   bool ok = false;

@@ -17,11 +17,11 @@
 
 #include <chrono>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/status.h"
 #include "services/ivy/http/message.h"
 
@@ -41,20 +41,20 @@ class ApiKeys {
   explicit ApiKeys(std::vector<std::string> keys);
 
   // OK when the request carries a valid bearer key; UNAUTHENTICATED otherwise.
-  Status check(const HttpRequest& request) const;
-  Status reload();
-  size_t size() const;
+  Status check(const HttpRequest& request) const EXCLUDES(mu_);
+  Status reload() EXCLUDES(mu_);
+  size_t size() const EXCLUDES(mu_);
 
  private:
   ApiKeys(std::string path, std::vector<std::string> keys, int64_t mtime, int64_t size);
-  void maybeReload() const;
+  void maybeReload() const EXCLUDES(mu_);
 
   std::string path_;  // empty: fixed keys
-  mutable std::mutex mu_;
-  std::shared_ptr<const std::vector<std::string>> keys_;  // guarded by mu_
-  mutable int64_t mtime_ns_ = 0;                           // guarded by mu_
-  mutable int64_t file_size_ = 0;                          // guarded by mu_
-  mutable std::chrono::steady_clock::time_point last_stat_;  // guarded by mu_
+  mutable Mutex mu_;
+  std::shared_ptr<const std::vector<std::string>> keys_ GUARDED_BY(mu_);
+  mutable int64_t mtime_ns_ GUARDED_BY(mu_) = 0;
+  mutable int64_t file_size_ GUARDED_BY(mu_) = 0;
+  mutable std::chrono::steady_clock::time_point last_stat_ GUARDED_BY(mu_);
 };
 
 }  // namespace garden::ivy

@@ -10,13 +10,14 @@
 // end(). The on_cancel callback then runs once (on a server io thread; it must not block) and
 // later write()s are dropped (they return false). A stream that ended normally is never cancelled.
 //
-// Thread-safe. Header-only and dependency-free so route code and tests use it without Beast.
+// Thread-safe. Header-only and free of Beast so route code and tests use it without it.
 
 #include <functional>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <utility>
+
+#include "common/mutex.h"
 
 namespace garden::ivy {
 
@@ -24,10 +25,10 @@ class ResponseStream {
  public:
   // --- handler side ---
   // Appends body bytes. False (and nothing queued) once cancelled or ended.
-  bool write(std::string_view data) {
+  bool write(std::string_view data) EXCLUDES(mu_) {
     std::function<void()> wake;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       if (cancelled_ || ended_) return false;
       pending_.append(data);
       wake = wake_;
@@ -36,10 +37,10 @@ class ResponseStream {
     return true;
   }
   // Ends the body (after the bytes already written). Idempotent.
-  void end() {
+  void end() EXCLUDES(mu_) {
     std::function<void()> wake;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       if (ended_ || cancelled_) return;
       ended_ = true;
       wake = wake_;
@@ -47,8 +48,8 @@ class ResponseStream {
     if (wake) wake();
   }
   // `fn` runs once when the client goes away before end(); at once if that already happened.
-  void setOnCancel(std::function<void()> fn) {
-    std::unique_lock<std::mutex> lock(mu_);
+  void setOnCancel(std::function<void()> fn) EXCLUDES(mu_) {
+    MutexLock lock(mu_);
     if (cancelled_) {
       lock.unlock();
       fn();
@@ -56,39 +57,39 @@ class ResponseStream {
     }
     on_cancel_ = std::move(fn);
   }
-  bool cancelled() const {
-    std::lock_guard<std::mutex> lock(mu_);
+  bool cancelled() const EXCLUDES(mu_) {
+    MutexLock lock(mu_);
     return cancelled_;
   }
 
   // --- server side ---
   // `wake` is called (from the writing thread, without the lock held) whenever bytes or the end
   // become available; it must only schedule work.
-  void attach(std::function<void()> wake) {
-    std::lock_guard<std::mutex> lock(mu_);
+  void attach(std::function<void()> wake) EXCLUDES(mu_) {
+    MutexLock lock(mu_);
     wake_ = std::move(wake);
   }
   // Breaks the reference from the stream to the connection (end of the response).
-  void detach() {
-    std::lock_guard<std::mutex> lock(mu_);
+  void detach() EXCLUDES(mu_) {
+    MutexLock lock(mu_);
     wake_ = nullptr;
   }
   struct Taken {
     std::string data;
     bool ended = false;  // end() was called and `data` is the last of the body
   };
-  Taken take() {
-    std::lock_guard<std::mutex> lock(mu_);
+  Taken take() EXCLUDES(mu_) {
+    MutexLock lock(mu_);
     Taken t;
     t.data.swap(pending_);
     t.ended = ended_;
     return t;
   }
   // The client went away. No effect after end().
-  void cancel() {
+  void cancel() EXCLUDES(mu_) {
     std::function<void()> fn;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       if (cancelled_ || ended_) return;
       cancelled_ = true;
       pending_.clear();
@@ -99,12 +100,12 @@ class ResponseStream {
   }
 
  private:
-  mutable std::mutex mu_;
-  std::string pending_;
-  bool ended_ = false;
-  bool cancelled_ = false;
-  std::function<void()> wake_;
-  std::function<void()> on_cancel_;
+  mutable Mutex mu_;
+  std::string pending_ GUARDED_BY(mu_);
+  bool ended_ GUARDED_BY(mu_) = false;
+  bool cancelled_ GUARDED_BY(mu_) = false;
+  std::function<void()> wake_ GUARDED_BY(mu_);
+  std::function<void()> on_cancel_ GUARDED_BY(mu_);
 };
 
 }  // namespace garden::ivy

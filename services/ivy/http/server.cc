@@ -13,9 +13,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <cerrno>
-#include <condition_variable>
 #include <cstdio>
-#include <mutex>
 #include <optional>
 #include <random>
 #include <thread>
@@ -23,6 +21,7 @@
 #include <vector>
 
 #include "common/logging.h"
+#include "common/mutex.h"
 #include "services/ivy/http/framing.h"
 #include "services/ivy/http/response_stream.h"
 
@@ -81,12 +80,12 @@ struct HttpServer::Core : std::enable_shared_from_this<HttpServer::Core> {
       : options(std::move(o)), router(r), on_done(std::move(d)), acceptor(net::make_strand(ioc)) {}
 
   void doAccept();
-  void add(Session* s, std::weak_ptr<Session> w) {
-    std::lock_guard<std::mutex> lock(mu);
+  void add(Session* s, std::weak_ptr<Session> w) EXCLUDES(mu) {
+    MutexLock lock(mu);
     sessions.emplace(s, std::move(w));
   }
-  void remove(Session* s) {
-    std::lock_guard<std::mutex> lock(mu);
+  void remove(Session* s) EXCLUDES(mu) {
+    MutexLock lock(mu);
     sessions.erase(s);
   }
 
@@ -98,10 +97,10 @@ struct HttpServer::Core : std::enable_shared_from_this<HttpServer::Core> {
   uint16_t port = 0;
   std::atomic<bool> stopping{false};
   std::vector<std::thread> threads;
-  std::mutex mu;
-  std::condition_variable cv;
-  int running = 0;                                                // guarded by mu
-  std::unordered_map<Session*, std::weak_ptr<Session>> sessions;  // guarded by mu
+  Mutex mu;
+  CondVar cv;
+  int running GUARDED_BY(mu) = 0;
+  std::unordered_map<Session*, std::weak_ptr<Session>> sessions GUARDED_BY(mu);
 };
 
 class Session : public std::enable_shared_from_this<Session> {
@@ -581,14 +580,14 @@ Status HttpServer::start() {
               ? c.options.threads
               : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   {
-    std::lock_guard<std::mutex> lock(c.mu);
+    MutexLock lock(c.mu);
     c.running = n;
   }
   for (int i = 0; i < n; ++i) {
     c.threads.emplace_back([core = core_.get()] {
       core->ioc.run();
-      std::lock_guard<std::mutex> lock(core->mu);
-      if (--core->running == 0) core->cv.notify_all();
+      MutexLock lock(core->mu);
+      if (--core->running == 0) core->cv.notifyAll();
     });
   }
   return okStatus();
@@ -606,7 +605,7 @@ void HttpServer::stop() {
   });
   std::vector<std::shared_ptr<Session>> live;
   {
-    std::lock_guard<std::mutex> lock(c.mu);
+    MutexLock lock(c.mu);
     for (auto& [p, w] : c.sessions) {
       if (auto s = w.lock()) live.push_back(std::move(s));
     }
@@ -614,8 +613,9 @@ void HttpServer::stop() {
   for (auto& s : live) s->onStop();
   live.clear();
   {
-    std::unique_lock<std::mutex> lock(c.mu);
-    if (!c.cv.wait_for(lock, c.options.drain_timeout, [&c] { return c.running == 0; })) {
+    MutexLock lock(c.mu);
+    if (!c.cv.waitFor(lock, c.options.drain_timeout,
+                      [&c]() REQUIRES(c.mu) { return c.running == 0; })) {
       log::warn("http drain timed out; dropping requests in flight", {});
       lock.unlock();
       c.ioc.stop();

@@ -52,18 +52,18 @@ void CompletionQueue::start(Hooks hooks) {
 void CompletionQueue::push(PendingCompletion p) {
   in_flight_.fetch_add(1);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     pending_.push_back(std::move(p));
   }
-  cv_.notify_all();
+  cv_.notifyAll();
 }
 
 void CompletionQueue::loop() {
   for (;;) {
     PendingCompletion p;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stop_ || !pending_.empty(); });
+      MutexLock lock(mu_);
+      cv_.wait(lock, [&]() REQUIRES(mu_) { return stop_ || !pending_.empty(); });
       if (pending_.empty()) return;  // stopping and drained
       p = pending_.front();
     }
@@ -89,7 +89,7 @@ void CompletionQueue::loop() {
     p.completion.published_ns = shm::monotonicNowNs();
     while (!channel_.tryComplete(p.completion)) {
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(mu_);
         if (stop_) break;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -103,22 +103,22 @@ void CompletionQueue::loop() {
     if (p.launched) hooks_.step_seconds->observe(p.completion.step_us / 1e6);
     published_.fetch_add(1);
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       pending_.pop_front();
     }
     in_flight_.fetch_sub(1);
-    cv_.notify_all();
+    cv_.notifyAll();
   }
 }
 
 bool CompletionQueue::drain(std::chrono::milliseconds timeout) {
   bool ok;
   {
-    std::unique_lock<std::mutex> lock(mu_);
-    ok = cv_.wait_for(lock, timeout, [&] { return pending_.empty(); });
+    MutexLock lock(mu_);
+    ok = cv_.waitFor(lock, timeout, [&]() REQUIRES(mu_) { return pending_.empty(); });
     stop_ = true;
   }
-  cv_.notify_all();
+  cv_.notifyAll();
   if (thread_.joinable()) {
     if (!ok) (void)backend_.synchronize();  // let the completion thread finish its wait
     thread_.join();

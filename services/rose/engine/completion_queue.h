@@ -16,15 +16,14 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <string>
 #include <thread>
 
 #include "common/metrics/registry.h"
+#include "common/mutex.h"
 #include "common/shm/channel.h"
 #include "common/status.h"
 #include "services/rose/ops/backend.h"
@@ -61,28 +60,28 @@ class CompletionQueue {
   CompletionQueue& operator=(const CompletionQueue&) = delete;
 
   void start(Hooks hooks);  // connects step progress, starts the queue's thread
-  void push(PendingCompletion p);
+  void push(PendingCompletion p) EXCLUDES(mu_);
   // Logs the refusal of `d` (warn, `log_line` with its ids and `st`) and queues its answer.
   void reject(const shm::BatchDesc& d, const Status& st,
-              std::chrono::steady_clock::time_point taken, const char* log_line);
+              std::chrono::steady_clock::time_point taken, const char* log_line) EXCLUDES(mu_);
   // Waits up to `timeout` for every pushed batch to be answered, then stops the thread (after a
   // timeout it lets the backend finish what it holds first). True when all were answered.
-  bool drain(std::chrono::milliseconds timeout);
+  bool drain(std::chrono::milliseconds timeout) EXCLUDES(mu_);
 
   uint32_t inFlight() const { return in_flight_.load(); }
   uint64_t published() const { return published_.load(); }
 
  private:
-  void loop();
+  void loop() EXCLUDES(mu_);
 
   shm::Channel& channel_;
   Backend& backend_;
   Hooks hooks_;
   metrics::Counter* ok_ = nullptr;  // hooks_.outcomes' "OK" child (the common case, cached)
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<PendingCompletion> pending_;
-  bool stop_ = false;
+  mutable Mutex mu_;
+  CondVar cv_;
+  std::deque<PendingCompletion> pending_ GUARDED_BY(mu_);
+  bool stop_ GUARDED_BY(mu_) = false;
   std::thread thread_;
   std::atomic<uint32_t> in_flight_{0};
   std::atomic<uint64_t> published_{0};

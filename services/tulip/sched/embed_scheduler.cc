@@ -63,10 +63,10 @@ void EmbedScheduler::poke() {
   // was cancelled); with an empty queue a completion does not wake it.
   bool work;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     work = !flows_.empty() || !to_finish_.empty();
   }
-  if (work) cv_.notify_all();
+  if (work) cv_.notifyAll();
 }
 
 uint32_t EmbedScheduler::inflightCap() const {
@@ -75,12 +75,12 @@ uint32_t EmbedScheduler::inflightCap() const {
 }
 
 uint32_t EmbedScheduler::inflightBatches() const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   return inflight_batches_;
 }
 
 uint32_t EmbedScheduler::maxInflightBatchesSeen() const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   return inflight_batches_max_;
 }
 
@@ -147,7 +147,7 @@ Status EmbedScheduler::submit(std::shared_ptr<EmbedJob> job) {
   p->enqueued_ns = shm::monotonicNowNs();
   Outbox out;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     if (stop_) return unavailable("tulip is shutting down");
     if (queued_tokens_ + tokens > opts_.queue_limit_tokens) {
       return resourceExhausted("queue full: " + std::to_string(queued_tokens_) +
@@ -186,22 +186,22 @@ void EmbedScheduler::cancel(const std::shared_ptr<EmbedJob>& job) {
 }
 
 SchedulerStats EmbedScheduler::stats() const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   return SchedulerStats{queued_requests_, queued_tokens_, inflight_tokens_,
                         opts_.queue_limit_tokens};
 }
 
 void EmbedScheduler::stop() {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     if (stop_) return;
     stop_ = true;
   }
-  cv_.notify_all();
+  cv_.notifyAll();
   if (thread_.joinable()) thread_.join();
   std::vector<std::shared_ptr<Pending>> fin;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     for (auto& f : flows_) {
       for (auto& p : f->reqs) {
         p->remaining -= p->job->inputs.size() - p->next_seq;
@@ -415,7 +415,7 @@ void EmbedScheduler::onResult(std::vector<Part>& parts, uint64_t tokens, int64_t
   std::vector<std::pair<std::shared_ptr<Pending>, Status>> done;
   Outbox out;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     inflight_tokens_ -= tokens;
     --inflight_batches_;
     const int64_t now = shm::monotonicNowNs();
@@ -520,7 +520,7 @@ void EmbedScheduler::loop() {
   // Dispatch normally happens inline (submit, completions); this thread covers what no request
   // or completion drives: a slot the worker released after its callback, readiness changes,
   // cancellations and deadlines of queued requests (checked at least every 20 ms).
-  std::unique_lock<std::mutex> l(mu_);
+  MutexLock l(mu_);
   while (!stop_) {
     Outbox out;
     dispatchLocked(out);
@@ -530,7 +530,7 @@ void EmbedScheduler::loop() {
       l.lock();
       continue;
     }
-    cv_.wait_for(l, 20ms);
+    cv_.waitFor(l, 20ms);
   }
 }
 

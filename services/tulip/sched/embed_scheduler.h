@@ -39,17 +39,16 @@
 // thread, the scheduler thread, or — only when the worker refuses a batch submitted inline —
 // inside submit().
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <unordered_map>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/shm/channel.h"
 #include "common/status.h"
 #include "services/tulip/worker/worker.h"
@@ -122,20 +121,20 @@ class EmbedScheduler {
 
   // Validates the job against the model's facts and admits it, or returns the error without
   // calling on_done. After OK, on_done is called exactly once.
-  Status submit(std::shared_ptr<EmbedJob> job);
+  Status submit(std::shared_ptr<EmbedJob> job) EXCLUDES(mu_);
   // Marks the job cancelled: its queued sequences are dropped and on_done gets CANCELLED (at once
   // if nothing of it is in flight, else when its in-flight batches return).
-  void cancel(const std::shared_ptr<EmbedJob>& job);
+  void cancel(const std::shared_ptr<EmbedJob>& job) EXCLUDES(mu_);
 
-  SchedulerStats stats() const;
+  SchedulerStats stats() const EXCLUDES(mu_);
   // Batches this scheduler has on the worker now, and the most there ever were at once.
-  uint32_t inflightBatches() const;
-  uint32_t maxInflightBatchesSeen() const;
+  uint32_t inflightBatches() const EXCLUDES(mu_);
+  uint32_t maxInflightBatchesSeen() const EXCLUDES(mu_);
   // Stops the scheduler thread; queued jobs get CANCELLED.
-  void stop();
+  void stop() EXCLUDES(mu_);
 
   // Wake the scheduler (the worker calls this when a slot frees or readiness changes).
-  void poke();
+  void poke() EXCLUDES(mu_);
 
  private:
   struct Pending {
@@ -175,42 +174,42 @@ class EmbedScheduler {
     bool empty() const { return refused.empty() && finished.empty(); }
   };
 
-  void loop();
-  // Forms one batch, taking turns across flows [TAG_EMBED_FAIR] (mu_ held). Empty when nothing
-  // is runnable.
-  std::vector<Part> formBatch(WorkBatch& batch);
-  // Removes the flow at flows_[i] (mu_ held).
-  void eraseFlow(size_t i);
+  void loop() EXCLUDES(mu_);
+  // Forms one batch, taking turns across flows [TAG_EMBED_FAIR]. Empty when nothing is runnable.
+  std::vector<Part> formBatch(WorkBatch& batch) REQUIRES(mu_);
+  // Removes the flow at flows_[i].
+  void eraseFlow(size_t i) REQUIRES(mu_);
   // Cap on batches in flight (mu_ not needed: options and worker depth are fixed).
   uint32_t inflightCap() const;
   // Drops dead queued requests, then forms and submits batches while the queue has work and the
   // cap, the worker's free slots and its readiness allow (mu_ held). Stops at the first refusal.
-  void dispatchLocked(Outbox& out);
+  void dispatchLocked(Outbox& out) REQUIRES(mu_);
   // Answers what dispatchLocked left (mu_ NOT held).
-  void flush(Outbox& out);
-  void finish(const std::shared_ptr<Pending>& p, Status st);  // mu_ NOT held
+  void flush(Outbox& out) EXCLUDES(mu_);
+  void finish(const std::shared_ptr<Pending>& p, Status st) EXCLUDES(mu_);
   // A batch's result (mu_ NOT held). With `dispatch_next`, the freed place is refilled from the
   // queue at once, before the finished requests are answered.
   void onResult(std::vector<Part>& parts, uint64_t tokens, int64_t submitted_ns,
-                const WorkResult& r, bool dispatch_next);
-  void dropDead();  // fails expired/cancelled queued sequences (mu_ held; collects finishes)
+                const WorkResult& r, bool dispatch_next) EXCLUDES(mu_);
+  // Fails expired/cancelled queued sequences (collects finishes).
+  void dropDead() REQUIRES(mu_);
 
   Worker& worker_;
   const SchedulerOptions opts_;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
+  mutable Mutex mu_;
+  CondVar cv_;
   // Flows with queued sequences, in turn order (the front gets the first turn of the next batch).
-  std::deque<std::unique_ptr<Flow>> flows_;                 // guarded by mu_
-  std::unordered_map<std::string, Flow*> flow_by_key_;      // guarded by mu_
-  uint64_t queued_requests_ = 0;                            // guarded by mu_
-  uint64_t queued_tokens_ = 0;                              // guarded by mu_
-  uint64_t batches_formed_ = 0;                             // guarded by mu_
-  uint64_t inflight_tokens_ = 0;                // guarded by mu_
-  uint32_t inflight_batches_ = 0;               // guarded by mu_
-  uint32_t inflight_batches_max_ = 0;           // guarded by mu_
-  std::vector<std::pair<std::shared_ptr<Pending>, Status>> to_finish_;  // guarded by mu_
-  bool stop_ = false;                                                   // guarded by mu_
+  std::deque<std::unique_ptr<Flow>> flows_ GUARDED_BY(mu_);
+  std::unordered_map<std::string, Flow*> flow_by_key_ GUARDED_BY(mu_);
+  uint64_t queued_requests_ GUARDED_BY(mu_) = 0;
+  uint64_t queued_tokens_ GUARDED_BY(mu_) = 0;
+  uint64_t batches_formed_ GUARDED_BY(mu_) = 0;
+  uint64_t inflight_tokens_ GUARDED_BY(mu_) = 0;
+  uint32_t inflight_batches_ GUARDED_BY(mu_) = 0;
+  uint32_t inflight_batches_max_ GUARDED_BY(mu_) = 0;
+  std::vector<std::pair<std::shared_ptr<Pending>, Status>> to_finish_ GUARDED_BY(mu_);
+  bool stop_ GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

@@ -3,12 +3,12 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
-#include <mutex>
 #include <optional>
 #include <random>
 
 #include "common/logging.h"
 #include "common/metrics/registry.h"
+#include "common/mutex.h"
 #include "services/tulip/server/status_map.h"
 
 namespace garden::tulip {
@@ -199,14 +199,14 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateChunk>
   GenerateReactor(LlmScheduler& sched, std::string request_id)
       : sched_(sched), request_id_(std::move(request_id)), t0_(std::chrono::steady_clock::now()) {}
 
-  void start(std::shared_ptr<LlmRequest> req) {
+  void start(std::shared_ptr<LlmRequest> req) EXCLUDES(mu_) {
     req_ = req;
     req->on_event = [this](const GenerateEvent& ev) { onEvent(ev); };
     Status st = sched_.submit(req);
     if (!st.isOk()) {
       req->on_event = nullptr;
       {
-        std::lock_guard<std::mutex> l(mu_);
+        MutexLock l(mu_);
         GenerateEvent ev;
         ev.last = true;
         ev.status = st;
@@ -217,8 +217,8 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateChunk>
     }
   }
 
-  void OnWriteDone(bool ok) override {
-    std::lock_guard<std::mutex> l(mu_);
+  void OnWriteDone(bool ok) override EXCLUDES(mu_) {
+    MutexLock l(mu_);
     writing_ = false;
     if (!ok && !broken_) {
       // The caller is gone (the call was cancelled): stop generating for it.
@@ -232,10 +232,10 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateChunk>
     if (req_) sched_.cancel(req_);
   }
 
-  void OnDone() override {
+  void OnDone() override EXCLUDES(mu_) {
     GenerateEvent fin;
     {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(mu_);
       if (final_) fin = *final_;
     }
     const uint64_t total_us = std::chrono::duration_cast<std::chrono::microseconds>(
@@ -264,9 +264,9 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateChunk>
   }
 
  private:
-  void onEvent(const GenerateEvent& ev) {
+  void onEvent(const GenerateEvent& ev) EXCLUDES(mu_) {
     {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(mu_);
       if (ev.token >= 0) pending_.push_back(ev.token);
       if (ev.last) final_ = ev;
       pumpLocked();
@@ -274,8 +274,8 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateChunk>
     if (ev.last) unref();  // nothing more comes from the scheduler
   }
 
-  // Starts the next write or the finish when nothing is in flight. mu_ held.
-  void pumpLocked() {
+  // Starts the next write or the finish when nothing is in flight.
+  void pumpLocked() REQUIRES(mu_) {
     if (writing_ || finished_) return;
     if (broken_ || (final_ && (!final_->status.isOk() ||
                                final_->finish == FinishReason::kCancelled))) {
@@ -317,13 +317,13 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateChunk>
   const std::chrono::steady_clock::time_point t0_;
   std::shared_ptr<LlmRequest> req_;
   std::atomic<int> refs_{2};  // gRPC (OnDone) and the scheduler (last event)
-  std::mutex mu_;
-  std::vector<int32_t> pending_;         // guarded by mu_
-  std::optional<GenerateEvent> final_;   // guarded by mu_
-  v1::GenerateChunk chunk_;              // guarded by mu_; owned by the write in flight
-  bool writing_ = false;                 // guarded by mu_
-  bool finished_ = false;                // guarded by mu_
-  bool broken_ = false;                  // guarded by mu_
+  Mutex mu_;
+  std::vector<int32_t> pending_ GUARDED_BY(mu_);
+  std::optional<GenerateEvent> final_ GUARDED_BY(mu_);
+  v1::GenerateChunk chunk_ GUARDED_BY(mu_);  // owned by the write in flight
+  bool writing_ GUARDED_BY(mu_) = false;
+  bool finished_ GUARDED_BY(mu_) = false;
+  bool broken_ GUARDED_BY(mu_) = false;
 };
 
 }  // namespace

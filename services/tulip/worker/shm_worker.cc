@@ -55,31 +55,29 @@ void ShmWorker::stop() {
     if (thread_.joinable()) thread_.join();
     return;
   }
+  { MutexLock l(sleep_mu_); }
+  sleep_cv_.notifyAll();
   {
-    std::lock_guard<std::mutex> l(sleep_mu_);
-  }
-  sleep_cv_.notify_all();
-  {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     if (channel_) channel_->wakeAll();
   }
   if (thread_.joinable()) thread_.join();
 }
 
 shm::ModelFacts ShmWorker::facts() const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   return facts_;
 }
 
 uint32_t ShmWorker::inflight() const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   uint32_t n = 0;
   for (const auto& s : slots_) n += s.busy ? 1 : 0;
   return n;
 }
 
 uint64_t ShmWorker::inputBytes() const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   // Attach mode: rose sized the channel.
   return channel_ ? channel_->layout().input_bytes : opts_.layout.input_bytes;
 }
@@ -90,12 +88,15 @@ uint64_t ShmWorker::maxBatchInts() const {
 }
 
 std::string ShmWorker::lastFailure() const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   return last_failure_;
 }
 
 Status ShmWorker::trySubmit(WorkBatch batch, WorkDone done) {
-  if (!ready()) return workerDown(*this);
+  // lastFailure() is called as ShmWorker's own (EXCLUDES(mu_)), not through the Worker interface,
+  // so the analysis sees where it may be called; below the lock it reads last_failure_.
+  if (!ready()) return workerDown(lastFailure());
+  if (opts_.test_before_submit_lock) opts_.test_before_submit_lock();
   const bool generate = batch.kind == shm::BatchKind::kGenerate;
   if (generate ? batch.llm_seqs.empty() : batch.seq_lens.empty())
     return invalidArgument("empty batch");
@@ -113,8 +114,8 @@ Status ShmWorker::trySubmit(WorkBatch batch, WorkDone done) {
     return invalidArgument("batch of " + std::to_string(batch.tokens.size()) +
                            " tokens does not fit the channel's input arena");
   }
-  std::lock_guard<std::mutex> l(mu_);
-  if (!channel_ || !ready()) return workerDown(last_failure_);  // (lastFailure() takes mu_)
+  MutexLock l(mu_);
+  if (!channel_ || !ready()) return workerDown(last_failure_);  // not lastFailure(): takes mu_
   if (need > channel_->layout().input_bytes) {
     return invalidArgument("batch of " + std::to_string(batch.tokens.size()) +
                            " tokens does not fit the channel's input arena");
@@ -161,22 +162,22 @@ Status ShmWorker::trySubmit(WorkBatch batch, WorkDone done) {
 
 void ShmWorker::setOnChange(std::function<void()> fn) {
   auto f = std::make_shared<const std::function<void()>>(std::move(fn));
-  std::lock_guard<std::mutex> l(on_change_mu_);
+  MutexLock l(on_change_mu_);
   on_change_ = std::move(f);
 }
 
 void ShmWorker::notifyChange() {
   std::shared_ptr<const std::function<void()>> f;
   {
-    std::lock_guard<std::mutex> l(on_change_mu_);
+    MutexLock l(on_change_mu_);
     f = on_change_;
   }
   if (f && *f) (*f)();
 }
 
 bool ShmWorker::sleepUnlessStopped(std::chrono::milliseconds d) {
-  std::unique_lock<std::mutex> l(sleep_mu_);
-  sleep_cv_.wait_for(l, d, [this] { return stop_.load(); });
+  MutexLock l(sleep_mu_);
+  sleep_cv_.waitFor(l, d, [this] { return stop_.load(); });
   return !stop_.load();
 }
 
@@ -184,7 +185,7 @@ Status ShmWorker::connect() {
   if (opts_.attach) {
     ASSIGN_OR_RETURN(shm::Channel ch, shm::Channel::attach(opts_.shm_name));
     if (ch.layout().slots == 0) return failedPrecondition("attached channel has no slots");
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     slots_.assign(ch.layout().slots, Inflight{});
     channel_.emplace(std::move(ch));
     worker_pid_ = channel_->workerPid();
@@ -212,7 +213,7 @@ Status ShmWorker::connect() {
   }
   child_ = pid;
   worker_pid_ = pid;
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   slots_.assign(opts_.layout.slots, Inflight{});
   channel_.emplace(std::move(ch));
   return okStatus();
@@ -228,8 +229,8 @@ void ShmWorker::reapChild(bool force) {
 }
 
 std::string ShmWorker::stuckReason(int64_t now_ns) {
-  // [TAG_STEP_PROGRESS] Only this thread replaces channel_, so reading it without mu_ is safe.
-  const uint64_t progress = channel_->progress();
+  // [TAG_STEP_PROGRESS] Only this thread replaces channel_, so it reads it without mu_.
+  const uint64_t progress = supervisorChannel().progress();
   if (progress != progress_seen_) {
     progress_seen_ = progress;
     progress_changed_ns_ = now_ns;
@@ -237,7 +238,7 @@ std::string ShmWorker::stuckReason(int64_t now_ns) {
   int64_t oldest = 0;
   uint64_t tokens = 0;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     for (const auto& sl : slots_) {
       if (!sl.busy) continue;
       if (oldest == 0 || sl.submitted_ns < oldest) oldest = sl.submitted_ns;
@@ -269,7 +270,7 @@ void ShmWorker::markDead(const std::string& reason) {
   ready_ = false;
   std::vector<Inflight> lost;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     last_failure_ = reason;
     for (auto& s : slots_) {
       if (s.busy) lost.push_back(std::move(s));
@@ -286,36 +287,37 @@ void ShmWorker::markDead(const std::string& reason) {
 }
 
 std::optional<shm::Completion> ShmWorker::nextCompletion() {
-  // [TAG_COMPLETION_SPIN] Only this thread replaces channel_, so reading it without mu_ is safe.
+  // [TAG_COMPLETION_SPIN] Only this thread replaces channel_, so it reads it without mu_.
+  shm::Channel& ch = supervisorChannel();
   const int64_t window_ns = static_cast<int64_t>(opts_.completion_spin.count()) * 1000;
   int64_t oldest = 0;
   if (window_ns > 0 && service_ewma_ns_ > 0) {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     for (const auto& sl : slots_)
       if (sl.busy && sl.done && (oldest == 0 || sl.submitted_ns < oldest)) oldest = sl.submitted_ns;
   }
-  if (oldest == 0) return channel_->waitCompletion(50ms);  // idle (or no estimate yet): sleep
+  if (oldest == 0) return ch.waitCompletion(50ms);  // idle (or no estimate yet): sleep
   const int64_t expected = std::max(oldest, last_seen_ns_) + service_ewma_ns_;
   const int64_t spin_from = expected - std::min(window_ns / 2, service_ewma_ns_ / 2);
   const int64_t spin_until = spin_from + window_ns;
   int64_t now = shm::monotonicNowNs();
-  if (now >= spin_until) return channel_->waitCompletion(50ms, /*spin=*/false);
+  if (now >= spin_until) return ch.waitCompletion(50ms, /*spin=*/false);
   if (now < spin_from) {
     // Asleep until the window opens; an early result still rings the doorbell.
-    auto c = channel_->waitCompletion(std::chrono::microseconds((spin_from - now) / 1000 + 1),
-                                      /*spin=*/false);
+    auto c = ch.waitCompletion(std::chrono::microseconds((spin_from - now) / 1000 + 1),
+                               /*spin=*/false);
     if (c) return c;
     now = shm::monotonicNowNs();
     if (now < spin_from) return std::nullopt;  // woken to re-check state (stop, wakeAll)
   }
   while (now < spin_until && !stop_.load(std::memory_order_relaxed)) {
-    if (auto c = channel_->tryTakeCompletion()) return c;
+    if (auto c = ch.tryTakeCompletion()) return c;
 #if defined(__x86_64__)
     __builtin_ia32_pause();
 #endif
     now = shm::monotonicNowNs();
   }
-  return channel_->waitCompletion(50ms, /*spin=*/false);
+  return ch.waitCompletion(50ms, /*spin=*/false);
 }
 
 void ShmWorker::run() {
@@ -332,26 +334,27 @@ void ShmWorker::run() {
     Status st = connect();
     if (!st.isOk()) {
       {
-        std::lock_guard<std::mutex> l(mu_);
+        MutexLock l(mu_);
         last_failure_ = st.toString();
       }
       if (!opts_.attach || st.code() != StatusCode::kNotFound)
         log::warn("rose worker connect failed", {{"error", st}});
       continue;
     }
+    shm::Channel& ch = supervisorChannel();  // this connection's, until markDead() drops it
     // --- wait for the model to load ---
     const int64_t started = shm::monotonicNowNs();
     bool up = false;
     while (!stop_) {
       shm::WorkerState state;
       {
-        std::lock_guard<std::mutex> l(mu_);
+        MutexLock l(mu_);
         state = channel_->state();
       }
       if (state == shm::WorkerState::kReady) {
         // Attach mode: a segment left by a sidecar that was killed still says kReady; wait for
         // the replacement to create a fresh one instead of serving a dead worker.
-        const int32_t wpid = channel_->workerPid();
+        const int32_t wpid = ch.workerPid();
         if (opts_.attach && wpid > 0 && kill(wpid, 0) != 0) {
           markDead("rose worker (pid " + std::to_string(wpid) + ") is gone (stale segment)");
           break;
@@ -371,9 +374,8 @@ void ShmWorker::run() {
                  " while starting");
         break;
       }
-      if (opts_.attach && channel_->workerPid() > 0 && kill(channel_->workerPid(), 0) != 0) {
-        markDead("rose worker (pid " + std::to_string(channel_->workerPid()) +
-                 ") is gone while starting");
+      if (opts_.attach && ch.workerPid() > 0 && kill(ch.workerPid(), 0) != 0) {
+        markDead("rose worker (pid " + std::to_string(ch.workerPid()) + ") is gone while starting");
         break;
       }
       if (shm::monotonicNowNs() - started > opts_.start_timeout.count() * 1000000) {
@@ -384,31 +386,32 @@ void ShmWorker::run() {
       sleepUnlessStopped(20ms);
     }
     if (!up) continue;
+    shm::ModelFacts facts;
     {
-      std::lock_guard<std::mutex> l(mu_);
-      facts_ = channel_->modelFacts();
+      MutexLock l(mu_);
+      facts_ = facts = channel_->modelFacts();
       worker_pid_ = channel_->workerPid() > 0 ? channel_->workerPid() : child_.load();
     }
-    progress_reported_ = channel_->progressReported();  // [TAG_STEP_PROGRESS]
-    progress_seen_ = channel_->progress();
+    progress_reported_ = supervisorChannel().progressReported();  // [TAG_STEP_PROGRESS]
+    progress_seen_ = supervisorChannel().progress();
     progress_changed_ns_ = shm::monotonicNowNs();
     ready_ = true;
     backoff = opts_.backoff_min;
     log::info("rose worker ready", {{"pid", static_cast<int64_t>(worker_pid_.load())},
-                                    {"model", std::string(facts_.name)},
-                                    {"hidden_size", facts_.hidden_size},
+                                    {"model", std::string(facts.name)},
+                                    {"hidden_size", facts.hidden_size},
                                     {"reports_progress", progress_reported_}});
     notifyChange();
 
     // --- serve: take completions, watch liveness ---
     while (!stop_) {
-      // Only this thread replaces channel_, so reading it here without mu_ is safe.
+      // Only this thread replaces channel_, so it reads it (ch) without mu_.
       auto c = nextCompletion();
       if (c) {
         const int64_t seen_ns = shm::monotonicNowNs();
         Inflight entry;
         {
-          std::lock_guard<std::mutex> l(mu_);
+          MutexLock l(mu_);
           if (c->slot < slots_.size() && slots_[c->slot].busy &&
               slots_[c->slot].batch_id == c->batch_id) {
             entry = std::move(slots_[c->slot]);
@@ -428,7 +431,7 @@ void ShmWorker::run() {
                                        std::to_string(c->rows) + " ids, " +
                                        std::to_string(c->output_bytes) + " bytes)");
             } else {
-              auto out = channel_->outputArena(c->slot);
+              auto out = ch.outputArena(c->slot);
               r.token_ids = {reinterpret_cast<const int32_t*>(out.data()), c->rows};
               r.num_rows = c->rows;
               r.cols = 1;
@@ -439,7 +442,7 @@ void ShmWorker::run() {
                 c->output_bytes != floats * sizeof(float)) {
               r.status = internalError("rose returned an output larger than its slot");
             } else {
-              auto out = channel_->outputArena(c->slot);
+              auto out = ch.outputArena(c->slot);
               r.rows = {reinterpret_cast<const float*>(out.data()), floats};
               r.num_rows = c->rows;
               r.cols = c->cols;
@@ -462,7 +465,7 @@ void ShmWorker::run() {
           last_seen_ns_ = seen_ns;
           entry.done(r);
           {
-            std::lock_guard<std::mutex> l(mu_);
+            MutexLock l(mu_);
             slots_[c->slot] = Inflight{};
           }
           notifyChange();
@@ -480,11 +483,11 @@ void ShmWorker::run() {
         markDead("rose worker (pid " + std::to_string(pid) + ") " + describeExit(status));
         break;
       }
-      if (opts_.attach && channel_->workerPid() > 0 && kill(channel_->workerPid(), 0) != 0) {
-        markDead("rose worker (pid " + std::to_string(channel_->workerPid()) + ") is gone");
+      if (opts_.attach && ch.workerPid() > 0 && kill(ch.workerPid(), 0) != 0) {
+        markDead("rose worker (pid " + std::to_string(ch.workerPid()) + ") is gone");
         break;
       }
-      if (channel_->heartbeatStale(opts_.heartbeat_timeout)) {
+      if (ch.heartbeatStale(opts_.heartbeat_timeout)) {
         markDead("rose worker (pid " + std::to_string(worker_pid_.load()) +
                  ") stopped answering: no heartbeat for " +
                  std::to_string(opts_.heartbeat_timeout.count()) + " ms");
@@ -494,11 +497,9 @@ void ShmWorker::run() {
         markDead(stuck);
         break;
       }
-      if (channel_->state() == shm::WorkerState::kFailed ||
-          channel_->state() == shm::WorkerState::kStopping) {
+      if (ch.state() == shm::WorkerState::kFailed || ch.state() == shm::WorkerState::kStopping) {
         markDead("rose worker reported it is " +
-                 std::string(channel_->state() == shm::WorkerState::kFailed ? "failed"
-                                                                            : "stopping"));
+                 std::string(ch.state() == shm::WorkerState::kFailed ? "failed" : "stopping"));
         break;
       }
     }
@@ -507,7 +508,7 @@ void ShmWorker::run() {
   ready_ = false;
   std::vector<Inflight> lost;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     for (auto& s : slots_) {
       if (s.busy && s.done) lost.push_back(std::move(s));
       s = Inflight{};
@@ -528,7 +529,7 @@ void ShmWorker::run() {
     }
     if (child_.load() > 0) reapChild(/*force=*/true);
   }
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   channel_.reset();
 }
 

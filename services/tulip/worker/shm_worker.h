@@ -26,14 +26,14 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
+#include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/shm/channel.h"
 #include "services/tulip/worker/worker.h"
 
@@ -61,6 +61,10 @@ struct ShmWorkerOptions {
   std::chrono::microseconds completion_spin{200};
   std::chrono::milliseconds backoff_min{250};
   std::chrono::milliseconds backoff_max{30000};
+  // Tests only (empty in service): called by trySubmit between its unlocked readiness check and
+  // taking the lock, so a test can take the worker down inside that window (the self-deadlock
+  // fixed in 392dd01; tests/unit/tulip/worker/shm_worker_test.cc).
+  std::function<void()> test_before_submit_lock;
 };
 
 class ShmWorker final : public Worker {
@@ -71,23 +75,24 @@ class ShmWorker final : public Worker {
   ~ShmWorker() override;
 
   bool ready() const override { return ready_.load(std::memory_order_acquire); }
-  shm::ModelFacts facts() const override;
+  shm::ModelFacts facts() const override EXCLUDES(mu_);
   uint32_t depth() const override { return opts_.layout.slots; }
-  uint32_t inflight() const override;
+  uint32_t inflight() const override EXCLUDES(mu_);
   uint64_t maxBatchInts() const override;
   uint64_t maxBatchFloats() const override { return opts_.layout.output_bytes / sizeof(float); }
-  uint64_t inputBytes() const override;
-  Status trySubmit(WorkBatch batch, WorkDone done) override;
+  uint64_t inputBytes() const override EXCLUDES(mu_);
+  Status trySubmit(WorkBatch batch, WorkDone done) override EXCLUDES(mu_);
   // Thread-safe: the supervisor may already be running (and notifying) when this is called.
-  void setOnChange(std::function<void()> fn) override;
+  void setOnChange(std::function<void()> fn) override EXCLUDES(on_change_mu_);
 
   // Observability.
   uint64_t restarts() const { return restarts_.load(); }
   pid_t workerPid() const { return worker_pid_.load(); }
-  std::string lastFailure() const override;
+  // Takes mu_: never call it with mu_ held (a locked path reads last_failure_ itself).
+  std::string lastFailure() const override EXCLUDES(mu_);
 
   // Stops the supervisor, answers in-flight work CANCELLED and terminates the child.
-  void stop();
+  void stop() EXCLUDES(mu_, sleep_mu_);
 
  private:
   explicit ShmWorker(ShmWorkerOptions opts);
@@ -101,28 +106,31 @@ class ShmWorker final : public Worker {
     uint64_t tokens = 0;
   };
 
-  void run();
+  void run() EXCLUDES(mu_);
   // The next completion, paced as completion_spin says (supervisor thread). nullopt when none
   // came within ~50 ms, or on a wake-up to re-check state.
-  std::optional<shm::Completion> nextCompletion();
-  Status connect();
-  void markDead(const std::string& reason);
-  void notifyChange();
-  bool sleepUnlessStopped(std::chrono::milliseconds d);
+  std::optional<shm::Completion> nextCompletion() EXCLUDES(mu_);
+  Status connect() EXCLUDES(mu_);
+  void markDead(const std::string& reason) EXCLUDES(mu_);
+  void notifyChange() EXCLUDES(on_change_mu_);
+  bool sleepUnlessStopped(std::chrono::milliseconds d) EXCLUDES(sleep_mu_);
   void reapChild(bool force);
   // The reason the worker is stuck (see [TAG_STEP_PROGRESS] above), or empty (supervisor thread).
-  std::string stuckReason(int64_t now_ns);
+  std::string stuckReason(int64_t now_ns) EXCLUDES(mu_);
+  // The supervisor thread's own view of channel_ (engaged while it serves a connected worker).
+  // It is channel_'s only writer, so its reads need no lock; other threads lock mu_.
+  shm::Channel& supervisorChannel() NO_THREAD_SAFETY_ANALYSIS { return *channel_; }
 
   const ShmWorkerOptions opts_;
-  std::mutex on_change_mu_;
-  std::shared_ptr<const std::function<void()>> on_change_;  // guarded by on_change_mu_
+  Mutex on_change_mu_;
+  std::shared_ptr<const std::function<void()>> on_change_ GUARDED_BY(on_change_mu_);
 
-  mutable std::mutex mu_;
-  std::optional<shm::Channel> channel_;  // guarded by mu_; replaced only by the supervisor
-  std::vector<Inflight> slots_;          // guarded by mu_
-  uint64_t next_batch_id_ = 1;           // guarded by mu_
-  shm::ModelFacts facts_;                // guarded by mu_
-  std::string last_failure_;             // guarded by mu_
+  mutable Mutex mu_;
+  std::optional<shm::Channel> channel_ GUARDED_BY(mu_);  // replaced only by the supervisor
+  std::vector<Inflight> slots_ GUARDED_BY(mu_);
+  uint64_t next_batch_id_ GUARDED_BY(mu_) = 1;
+  shm::ModelFacts facts_ GUARDED_BY(mu_);
+  std::string last_failure_ GUARDED_BY(mu_);
 
   // Supervisor thread only: service time of recent batches (EWMA; completion seen minus the later
   // of its submission and the previous completion) and when the previous completion was seen.
@@ -141,8 +149,8 @@ class ShmWorker final : public Worker {
   std::atomic<pid_t> child_{-1};
   std::atomic<pid_t> worker_pid_{-1};
   std::atomic<uint64_t> restarts_{0};
-  std::mutex sleep_mu_;
-  std::condition_variable sleep_cv_;
+  Mutex sleep_mu_;
+  CondVar sleep_cv_;
   std::thread thread_;
 };
 

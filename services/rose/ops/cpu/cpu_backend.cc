@@ -4,15 +4,14 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
-#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
-#include <mutex>
 #include <new>
 #include <thread>
 #include <vector>
 
+#include "common/mutex.h"
 #include "services/rose/ops/cpu/gemm.h"
 #include "services/rose/ops/cpu/thread_pool.h"
 
@@ -107,10 +106,10 @@ class CpuBackend final : public Backend {
 
   ~CpuBackend() override {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       stop_ = true;
     }
-    cv_work_.notify_all();
+    cv_work_.notifyAll();
     compute_.join();
   }
 
@@ -146,42 +145,42 @@ class CpuBackend final : public Backend {
                            " to " + std::string(dtypeName(dst.dtype)) + " on cpu");
   }
 
-  void launch(std::function<void()> work) override {
+  void launch(std::function<void()> work) override EXCLUDES(mu_) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       queue_.push_back(std::move(work));
       ++enqueued_;
     }
-    cv_work_.notify_one();
+    cv_work_.notifyOne();
   }
 
   Result<std::unique_ptr<Event>> createEvent() override {
     return std::unique_ptr<Event>(std::make_unique<CpuEvent>(this));
   }
 
-  Status recordEvent(Event& event) override {
+  Status recordEvent(Event& event) override EXCLUDES(mu_) {
     auto* e = dynamic_cast<CpuEvent*>(&event);
     if (e == nullptr) return invalidArgument("recordEvent: not a cpu event");
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     e->target = enqueued_;
     return okStatus();
   }
 
-  Status synchronize() override {
+  Status synchronize() override EXCLUDES(mu_) {
     if (std::this_thread::get_id() == compute_.get_id()) return okStatus();
-    std::unique_lock<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     uint64_t target = enqueued_;
-    cv_done_.wait(lock, [&] { return done_ >= target; });
+    cv_done_.wait(lock, [&]() REQUIRES(mu_) { return done_ >= target; });
     return okStatus();
   }
 
-  bool reached(uint64_t target) {
-    std::lock_guard<std::mutex> lock(mu_);
+  bool reached(uint64_t target) EXCLUDES(mu_) {
+    MutexLock lock(mu_);
     return done_ >= target;
   }
-  void waitFor(uint64_t target) {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_done_.wait(lock, [&] { return done_ >= target; });
+  void waitFor(uint64_t target) EXCLUDES(mu_) {
+    MutexLock lock(mu_);
+    cv_done_.wait(lock, [&]() REQUIRES(mu_) { return done_ >= target; });
   }
 
   void copyToDevice(const Tensor& dst, const void* src, size_t bytes) override {
@@ -495,22 +494,22 @@ class CpuBackend final : public Backend {
     if (std::this_thread::get_id() != compute_.get_id()) (void)synchronize();
   }
 
-  void computeLoop() {
+  void computeLoop() EXCLUDES(mu_) {
     for (;;) {
       std::function<void()> work;
       {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_work_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        MutexLock lock(mu_);
+        cv_work_.wait(lock, [&]() REQUIRES(mu_) { return stop_ || !queue_.empty(); });
         if (queue_.empty()) return;  // stop_ and drained
         work = std::move(queue_.front());
         queue_.pop_front();
       }
       work();
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(mu_);
         ++done_;
       }
-      cv_done_.notify_all();
+      cv_done_.notifyAll();
     }
   }
 
@@ -530,13 +529,13 @@ class CpuBackend final : public Backend {
   long test_hang_at_mark_ = 0;
   long marks_ = 0;  // markProgress() calls so far (compute thread)
 
-  std::mutex mu_;
-  std::condition_variable cv_work_;
-  std::condition_variable cv_done_;
-  std::deque<std::function<void()>> queue_;
-  uint64_t enqueued_ = 0;
-  uint64_t done_ = 0;
-  bool stop_ = false;
+  Mutex mu_;
+  CondVar cv_work_;
+  CondVar cv_done_;
+  std::deque<std::function<void()>> queue_ GUARDED_BY(mu_);
+  uint64_t enqueued_ GUARDED_BY(mu_) = 0;
+  uint64_t done_ GUARDED_BY(mu_) = 0;
+  bool stop_ GUARDED_BY(mu_) = false;
   std::thread compute_;
 };
 

@@ -13,10 +13,10 @@ ThreadPool::ThreadPool(int threads) {
 
 ThreadPool::~ThreadPool() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     stop_ = true;
   }
-  cv_start_.notify_all();
+  cv_start_.notifyAll();
   for (auto& t : workers_) t.join();
 }
 
@@ -33,7 +33,7 @@ void ThreadPool::parallelFor(int64_t n, int64_t grain,
   int64_t chunk = (n + chunks - 1) / chunks;
   chunks = (n + chunk - 1) / chunk;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     job_ = &fn;
     job_n_ = n;
     job_chunk_ = chunk;
@@ -41,10 +41,10 @@ void ThreadPool::parallelFor(int64_t n, int64_t grain,
     pending_ = static_cast<int>(chunks - 1);
     ++generation_;
   }
-  cv_start_.notify_all();
+  cv_start_.notifyAll();
   fn(0, std::min(n, chunk), 0);  // chunk 0 on the caller
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_done_.wait(lock, [this] { return pending_ == 0; });
+  MutexLock lock(mu_);
+  cv_done_.wait(lock, [this]() REQUIRES(mu_) { return pending_ == 0; });
   job_ = nullptr;
 }
 
@@ -63,8 +63,8 @@ void ThreadPool::workerLoop(int index) {
     const std::function<void(int64_t, int64_t, int)>* job;
     int64_t begin, end;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_start_.wait(lock, [&] { return stop_ || generation_ != seen; });
+      MutexLock lock(mu_);
+      cv_start_.wait(lock, [&]() REQUIRES(mu_) { return stop_ || generation_ != seen; });
       if (stop_) return;
       seen = generation_;
       if (index >= job_chunks_) continue;  // not needed for this job
@@ -74,8 +74,8 @@ void ThreadPool::workerLoop(int index) {
     }
     (*job)(begin, end, index);
     {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (--pending_ == 0) cv_done_.notify_one();
+      MutexLock lock(mu_);
+      if (--pending_ == 0) cv_done_.notifyOne();
     }
   }
 }

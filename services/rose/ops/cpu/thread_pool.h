@@ -6,12 +6,12 @@
 // or a test thread when nothing is launched). The pool owns its worker threads; the destructor
 // joins them.
 
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
-#include <mutex>
 #include <thread>
 #include <vector>
+
+#include "common/mutex.h"
 
 namespace garden::rose::cpu {
 
@@ -27,7 +27,8 @@ class ThreadPool {
 
   // Calls fn(begin, end, worker_index) over chunks covering [0, n); chunks hold at least `grain`
   // items (except possibly the last). worker_index is in [0, size()).
-  void parallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t, int)>& fn);
+  void parallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t, int)>& fn)
+      EXCLUDES(mu_);
 
   // Calls fn(task, worker_index) once for every task in [0, n), handing tasks out one at a time
   // to whichever worker is free (for tasks of uneven cost, e.g. causal attention tiles, or when
@@ -35,19 +36,19 @@ class ThreadPool {
   void parallelTasks(int64_t n, const std::function<void(int64_t, int)>& fn);
 
  private:
-  void workerLoop(int index);
+  void workerLoop(int index) EXCLUDES(mu_);
 
   std::vector<std::thread> workers_;
-  std::mutex mu_;
-  std::condition_variable cv_start_;
-  std::condition_variable cv_done_;
-  const std::function<void(int64_t, int64_t, int)>* job_ = nullptr;
-  int64_t job_n_ = 0;
-  int64_t job_chunk_ = 0;
-  int64_t job_chunks_ = 0;
-  uint64_t generation_ = 0;
-  int pending_ = 0;
-  bool stop_ = false;
+  Mutex mu_;
+  CondVar cv_start_;
+  CondVar cv_done_;
+  const std::function<void(int64_t, int64_t, int)>* job_ GUARDED_BY(mu_) = nullptr;
+  int64_t job_n_ GUARDED_BY(mu_) = 0;
+  int64_t job_chunk_ GUARDED_BY(mu_) = 0;
+  int64_t job_chunks_ GUARDED_BY(mu_) = 0;
+  uint64_t generation_ GUARDED_BY(mu_) = 0;
+  int pending_ GUARDED_BY(mu_) = 0;
+  bool stop_ GUARDED_BY(mu_) = false;
 };
 
 }  // namespace garden::rose::cpu

@@ -12,8 +12,10 @@
 #include <cstring>
 #include <functional>
 #include <future>
+#include <memory>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 namespace garden::tulip {
 namespace {
@@ -362,6 +364,129 @@ TEST(ShmWorker, FailedStartIsRetriedWithBackoff) {
       << (*w)->lastFailure();
   Result1 r;
   EXPECT_EQ((*w)->trySubmit(batch({{1}}), r.done()).code(), StatusCode::kUnavailable);
+}
+
+// Regression for the self-deadlock fixed in 392dd01: trySubmit checks readiness without the lock,
+// then again with mu_ held; its locked not-ready answer called lastFailure(), which takes mu_
+// again, so a worker going down between the two checks hung the submitting thread (and with it
+// the scheduler) for good. The test hook runs in exactly that window: it kills the worker and
+// waits until the supervisor has marked it down, so the locked check must answer. The call runs
+// on its own thread with a bounded wait: on the old code the wait times out and the test fails
+// (the stuck thread and worker are leaked rather than joined, so the suite still ends).
+// The compile-time side: tests/thread_safety (clang rejects lastFailure() under mu_).
+TEST(ShmWorker, WorkerDownBetweenTheReadinessChecksIsAnsweredNotDeadlocked) {
+  auto o = opts("window");
+  // Stays down once killed (no restart during the test; stop() interrupts the backoff).
+  o.backoff_min = o.backoff_max = 600000ms;
+  std::atomic<bool> armed{false}, in_window{false}, went_down{false};
+  ShmWorker* self = nullptr;
+  o.test_before_submit_lock = [&] {
+    if (!armed.exchange(false)) return;
+    in_window = true;
+    kill(self->workerPid(), SIGKILL);
+    went_down = waitFor([&] { return !self->ready() && !self->lastFailure().empty(); });
+  };
+  auto started = ShmWorker::start(o);
+  ASSERT_TRUE(started.isOk());
+  std::unique_ptr<ShmWorker> w = std::move(started).value();
+  self = w.get();
+  ASSERT_TRUE(waitFor([&] { return w->ready(); }));
+
+  armed = true;
+  auto answered = std::make_shared<std::promise<Status>>();
+  auto answer = answered->get_future();
+  auto callbacks = std::make_shared<std::atomic<int>>(0);
+  std::thread submitter([&w, answered, callbacks] {
+    answered->set_value(
+        w->trySubmit(batch({{1, 2}}), [callbacks](const WorkResult&) { ++*callbacks; }));
+  });
+  if (answer.wait_for(30s) != std::future_status::ready) {
+    // Deadlocked: leave the stuck thread and the worker it holds locked behind.
+    submitter.detach();
+    (void)w.release();
+    FAIL() << "trySubmit did not return within 30 s after the worker went down between its "
+              "readiness checks (self-deadlock on mu_)";
+  }
+  submitter.join();
+  ASSERT_TRUE(in_window.load()) << "the test hook never ran";
+  ASSERT_TRUE(went_down.load()) << "the worker was not marked down within the hook's wait";
+  const Status st = answer.get();
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.toString();
+  // The answer names what took the worker down.
+  EXPECT_NE(st.message().find("signal 9"), std::string::npos) << st.message();
+  w->stop();
+  EXPECT_EQ(callbacks->load(), 0);  // refused, so `done` is never called
+}
+
+// The same window reached without a hook, as production reaches it: several threads keep
+// submitting (back to back, no yield: the window between the checks is a few instructions wide)
+// while the worker crashes at every batch it is given and is restarted, over and over. Every call
+// returns (bounded waits; a deadlock fails the test), each refusal is UNAVAILABLE (down) or
+// FAILED_PRECONDITION (no free slot), and every accepted batch is answered exactly once. With the
+// self-deadlock of 392dd01 put back this failed 5 runs in 5 on a loaded 2-core machine.
+TEST(ShmWorker, SubmittersRacingRepeatedCrashesAllGetAnAnswer) {
+  auto o = opts("crashloop", {"--crash-after", "0"});  // exits when its first batch arrives
+  o.backoff_min = 5ms;
+  o.backoff_max = 20ms;
+  auto started = ShmWorker::start(o);
+  ASSERT_TRUE(started.isOk());
+  std::unique_ptr<ShmWorker> w = std::move(started).value();
+
+  struct Tally {
+    std::atomic<int> accepted{0}, answered{0}, twice{0}, bad_answer{0};
+    std::atomic<int> refused_down{0}, refused_busy{0}, refused_other{0};
+  };
+  auto tally = std::make_shared<Tally>();
+  std::atomic<bool> stop{false};
+  constexpr int kThreads = 4;
+  constexpr uint64_t kRestarts = 20;
+  std::vector<std::thread> threads;
+  std::vector<std::future<void>> finished;
+  for (int t = 0; t < kThreads; ++t) {
+    auto done = std::make_shared<std::promise<void>>();
+    finished.push_back(done->get_future());
+    threads.emplace_back([&w, &stop, tally, done, t] {
+      for (int i = 0; !stop.load(); ++i) {
+        auto once = std::make_shared<std::atomic<bool>>(false);
+        Status st = w->trySubmit(batch({{t, i}}), [tally, once](const WorkResult& r) {
+          if (once->exchange(true)) ++tally->twice;
+          if (r.status.code() != StatusCode::kUnavailable &&
+              r.status.code() != StatusCode::kCancelled)
+            ++tally->bad_answer;
+          ++tally->answered;
+        });
+        if (st.isOk()) {
+          ++tally->accepted;
+        } else if (st.code() == StatusCode::kUnavailable) {
+          ++tally->refused_down;
+        } else if (st.code() == StatusCode::kFailedPrecondition) {
+          ++tally->refused_busy;
+        } else {
+          ++tally->refused_other;
+        }
+      }
+      done->set_value();
+    });
+  }
+  const bool restarted = waitFor([&] { return w->restarts() >= kRestarts; }, 60000ms);
+  stop = true;
+  bool all_returned = true;
+  for (auto& f : finished)
+    all_returned = all_returned && f.wait_for(30s) == std::future_status::ready;
+  if (!all_returned) {
+    for (auto& t : threads) t.detach();
+    (void)w.release();
+    FAIL() << "a submitting thread did not return within 30 s (deadlock in trySubmit)";
+  }
+  for (auto& t : threads) t.join();
+  w->stop();  // answers what is still in flight (CANCELLED)
+  EXPECT_TRUE(restarted) << "only " << w->restarts() << " restarts";
+  EXPECT_GT(tally->accepted.load(), 0);
+  EXPECT_GT(tally->refused_down.load(), 0);
+  EXPECT_EQ(tally->refused_other.load(), 0);
+  EXPECT_EQ(tally->answered.load(), tally->accepted.load());
+  EXPECT_EQ(tally->twice.load(), 0);
+  EXPECT_EQ(tally->bad_answer.load(), 0);
 }
 
 TEST(ShmWorker, MissingBinaryIsAnError) {
