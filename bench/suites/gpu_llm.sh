@@ -11,6 +11,10 @@
 #   memcheck  compute-sanitizer memcheck over the LLM ops test (a subset of cases)
 #   mk20b     bench/suites/make_random_gpt_oss.py: a random gpt-oss-20b-shaped MXFP4 checkpoint
 #   bench20b  rose_llm_bench on it: load, prefill 2k/8k/32k, decode 1@8192 and 64@1024
+#   bench20b_bf16  the same with the experts dequantized to bf16 at load (--moe-weights bf16)
+#   mesh      bench/suites/gpu_mesh_smoke.sh: tulip + rose --device cuda + ivy on the 20b-shaped
+#             checkpoint (needs mk20b, and the gpt-oss tokenizer.json at GPUBIN/tokenizer.json),
+#             HTTP chat / stream / completions / concurrent chats through ivy
 #   prof      ncu over one decode step (1@8192) and one 8k prefill: time per kernel, summed by name
 #             (bench/suites/ncu_summary.py)
 #     bench/suites/gpu_llm.sh GPUBIN OUT [steps...]
@@ -36,7 +40,7 @@ step() {  # step NAME LOG LIMIT CMD...
   [ $rc -ne 0 ] && failed=$((failed+1))
   summary+="$(printf '%-9s rc=%-3s %4ss %s' "$name" "$rc" "$dt" "$log")"$'\n'
   echo "== $name rc=$rc ${dt}s"
-  grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|ERROR SUMMARY|Failure|error" "$LOGS/$log" | head -25
+  grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|ERROR SUMMARY|Failure|error|FAIL:|^\{" "$LOGS/$log" | head -25
 }
 finish() {
   cp "$LOGS"/*.log "$LOGS"/*.txt "$OUT/" 2>/dev/null
@@ -53,11 +57,15 @@ for s in $STEPS; do
     memcheck) step memcheck memcheck.log 200 compute-sanitizer --tool memcheck --error-exitcode 3 "$BIN/gpu_llm_ops_test" --gtest_filter='*RopeKv*:*MoeRoute*:*Gather*:*Greedy*:Cases/GpuPagedAttention.MatchesCpu/0:Cases/GpuPagedAttention.MatchesCpu/4:*MoeExperts*' ;;
     mk20b) step mk20b mk20b.log 240 python3 "$ROOT/bench/suites/make_random_gpt_oss.py" --out /tmp/gptoss20b --shape 20b ;;
     bench20b) step bench20b bench20b.txt 300 "$BIN/rose_llm_bench" --model /tmp/gptoss20b --prefill 2048,8192,32768 --decode 1@8192,64@1024 --decode-steps 32 --max-batch-tokens 16384 --json "$LOGS/bench20b.jsonl" ;;
+    bench20b_bf16) step bench20b_bf16 bench20b_bf16.txt 200 "$BIN/rose_llm_bench" --model /tmp/gptoss20b --prefill 2048,8192 --decode 1@8192,64@1024 --decode-steps 32 --max-batch-tokens 16384 --moe-weights bf16 --json "$LOGS/bench20b_bf16.jsonl" ;;
+    mesh) step mesh mesh.log 200 bash "$ROOT/bench/suites/gpu_mesh_smoke.sh" "$BIN" /tmp/gptoss20b "$BIN/tokenizer.json" "$LOGS" ;;
     prof) step prof prof.txt 240 bash -c "ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv --log-file '$LOGS/ncu_decode.csv' '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode 1@8192,64@1024 --decode-steps 4 --profile >/dev/null 2>&1; ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv --log-file '$LOGS/ncu_prefill.csv' '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192 --decode '' --profile >/dev/null 2>&1; python3 '$ROOT/bench/suites/ncu_llm_summary.py' '$LOGS/ncu_decode.csv' '$LOGS/ncu_prefill.csv'" ;;
     *) echo "unknown step $s"; failed=$((failed+1)) ;;
   esac
 done
-[ -f "$LOGS/bench20b.txt" ] && grep -v '"gemm tuned"' "$LOGS/bench20b.txt"
+for f in bench20b.txt bench20b_bf16.txt; do
+  [ -f "$LOGS/$f" ] && grep -v '"gemm tuned"' "$LOGS/$f"
+done
 [ -f "$LOGS/prof.txt" ] && cat "$LOGS/prof.txt"
 [ -f "$LOGS/hfbar.log" ] && grep -v Warning "$LOGS/hfbar.log" | tail -8
 echo "---- summary"; printf "%s" "$summary" | tee "$LOGS/summary.txt"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Packs the GPU test binaries and the kernel bench of a CUDA build tree for the GPU host (input
+# Packs the GPU test binaries, the kernel benches and the three servers of a CUDA build tree for the GPU host (input
 # GPUBIN of bench/suites/gpu_embed_suites.sh): stripped executables plus lib/ with every shared
 # library they need that is not glibc, libstdc++/libgcc or CUDA (the host has those).
 #   bench/suites/gpu_pack.sh BUILD_DIR DEST      (DEST is recreated; prints its size)
@@ -7,7 +7,8 @@ set -euo pipefail
 BUILD="$(cd "$1" && pwd)"; DEST="$2"
 bins=(tests/gpu/gpu_kernels_test tests/gpu/gpu_graph_test tests/gpu/gpu_model_graph_test
       tests/gpu/gpu_llm_ops_test tests/gpu/gpu_llm_model_test
-      bench/kernels/rose_kernel_bench bench/kernels/rose_forward_bench bench/kernels/rose_llm_bench)
+      bench/kernels/rose_kernel_bench bench/kernels/rose_forward_bench bench/kernels/rose_llm_bench
+      services/rose/rose services/tulip/tulip services/ivy/ivy)
 rm -rf "$DEST"; mkdir -p "$DEST/lib"
 for b in "${bins[@]}"; do
   [ -x "$BUILD/$b" ] || { echo "gpu_pack.sh: $BUILD/$b missing: ninja -C $BUILD $(basename "$b")" >&2; exit 1; }

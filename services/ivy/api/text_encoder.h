@@ -1,7 +1,8 @@
 #pragma once
 // TextEncoder: turns caller text into token ids. ivy's request paths depend only on this interface
-// so the tokenizer implementation can be swapped (our own unigram / byte-level BPE tokenizers come
-// in a later issue). encode() is const and may be called from many threads at once.
+// so the tokenizer implementation can be swapped (libsentencepiece, or our own unigram /
+// byte-level BPE tokenizers: garden_encoder.h). encode() is const and may be called from many
+// threads at once.
 //
 // SentencePieceEncoder wraps libsentencepiece with a `.model` file. It encodes plain pieces: no BOS
 // and no EOS are added (sentencepiece's EncodeAsIds default). Qwen3-Embedding's Hugging Face
