@@ -351,9 +351,19 @@ TEST_F(GatewayTest, ApiKeysGateApiRoutesButNotProbes) {
 // routes are enumerated from the router, so a POST route added later is swept too.
 TEST_F(GatewayTest, EveryPostRouteRefusesDuplicateKeysBadTextAndNonJson) {
   start();
-  registerTokenizeRoutes(&router_, tok_.get(), [this] { return monitor_->spec(); });
-  registerChatRoutes(&router_, &client_, tok_.get(), [this] { return monitor_->spec(); },
-                     &registry_);
+  registerTokenizeRoutes(&router_, tok_.get(), [this] { return spec_; });
+  // Chat and completions are refused by model kind before their body is read (the pipeline's
+  // checkModelKind), so they are swept with an LLM served, the other routes with the embedding
+  // model.
+  const std::shared_ptr<const ModelSpec> embedding = spec_;
+  TulipModelInfo llm_info;
+  llm_info.model = "up";
+  llm_info.kind = "llm";
+  llm_info.hidden_size = 4;
+  llm_info.max_seq_len = 4096;
+  llm_info.vocab_size = 400;
+  llm_info.eos_token_ids = {3};
+  const auto llm = std::make_shared<const ModelSpec>(makeModelSpec(llm_info, "m"));
   std::vector<std::string> posts;
   for (const auto& [method, path] : router_.routes()) {
     if (method == "POST") posts.push_back(path);
@@ -363,6 +373,7 @@ TEST_F(GatewayTest, EveryPostRouteRefusesDuplicateKeysBadTextAndNonJson) {
                                               "/tokenize", "/detokenize"}));
   for (const std::string& path : posts) {
     SCOPED_TRACE(path);
+    spec_ = (path == "/v1/chat/completions" || path == "/v1/completions") ? llm : embedding;
     auto top = post(path, R"({"model":"m","model":"bad"})");
     expectError(*top, 400, "model", "the key \"model\" appears more than once");
     auto nested = post(path, R"({"model":"m","messages":[{"role":"user","content":"a","content":"b"}]})");
@@ -383,7 +394,7 @@ TEST_F(GatewayTest, MessagesNameTheFieldAtFault) {
   IvyServiceOptions so;
   so.limits.max_input_chars = 10;
   start(so);
-  registerTokenizeRoutes(&router_, tok_.get(), [this] { return monitor_->spec(); });
+  registerTokenizeRoutes(&router_, tok_.get(), [this] { return spec_; });
   auto tok = post("/tokenize", R"({"text":"\ud800"})");
   expectError(*tok, 400, "text", "lone UTF-16 surrogate");
   auto ok = post("/tokenize", R"({"text":"\ud83c\udf31"})");
