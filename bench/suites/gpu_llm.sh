@@ -12,6 +12,8 @@
 #   mk20b     bench/suites/make_random_gpt_oss.py: a random gpt-oss-20b-shaped MXFP4 checkpoint
 #   bench20b  rose_llm_bench on it: load, prefill 2k/8k/32k, decode 1@8192 and 64@1024
 #   bench20b_bf16  the same with the experts dequantized to bf16 at load (--moe-weights bf16)
+#   hfpeer    bench/suites/hf_llm_peer.py: Hugging Face transformers (bf16, eager) on the same
+#             checkpoint and shapes, the peer of bench20b (needs mk20b)
 #   mesh      bench/suites/gpu_mesh_smoke.sh: tulip + rose --device cuda + ivy on the 20b-shaped
 #             checkpoint (needs mk20b, and the gpt-oss tokenizer.json at GPUBIN/tokenizer.json),
 #             HTTP chat / stream / completions / concurrent chats through ivy
@@ -58,12 +60,13 @@ for s in $STEPS; do
     mk20b) step mk20b mk20b.log 240 python3 "$ROOT/bench/suites/make_random_gpt_oss.py" --out /tmp/gptoss20b --shape 20b ;;
     bench20b) step bench20b bench20b.txt 300 "$BIN/rose_llm_bench" --model /tmp/gptoss20b --prefill 2048,8192,32768 --decode 1@8192,64@1024 --decode-steps 32 --max-batch-tokens 16384 --json "$LOGS/bench20b.jsonl" ;;
     bench20b_bf16) step bench20b_bf16 bench20b_bf16.txt 200 "$BIN/rose_llm_bench" --model /tmp/gptoss20b --prefill 2048,8192 --decode 1@8192,64@1024 --decode-steps 32 --max-batch-tokens 16384 --moe-weights bf16 --json "$LOGS/bench20b_bf16.jsonl" ;;
+    hfpeer) step hfpeer hfpeer.txt 240 python3 "$ROOT/bench/suites/hf_llm_peer.py" /tmp/gptoss20b --prefill 2048,8192 --decode 1@8192,64@1024 --steps 16 ;;
     mesh) step mesh mesh.log 200 bash "$ROOT/bench/suites/gpu_mesh_smoke.sh" "$BIN" /tmp/gptoss20b "$BIN/tokenizer.json" "$LOGS" ;;
     prof) step prof prof.txt 240 bash -c "ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv --log-file '$LOGS/ncu_decode.csv' '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode 1@8192,64@1024 --decode-steps 4 --profile >/dev/null 2>&1; ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv --log-file '$LOGS/ncu_prefill.csv' '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192 --decode '' --profile >/dev/null 2>&1; python3 '$ROOT/bench/suites/ncu_llm_summary.py' '$LOGS/ncu_decode.csv' '$LOGS/ncu_prefill.csv'" ;;
     *) echo "unknown step $s"; failed=$((failed+1)) ;;
   esac
 done
-for f in bench20b.txt bench20b_bf16.txt; do
+for f in bench20b.txt bench20b_bf16.txt hfpeer.txt; do
   [ -f "$LOGS/$f" ] && grep -v '"gemm tuned"' "$LOGS/$f"
 done
 [ -f "$LOGS/prof.txt" ] && cat "$LOGS/prof.txt"
