@@ -277,7 +277,8 @@ int run(int argc, char** argv) {
   std::unique_ptr<TulipClient> client = std::move(pool).value();
   ReplicaPool* replicas = static_cast<ReplicaPool*>(client.get());
   ModelSource model{[replicas] { return replicas->spec(); },
-                    [replicas] { return replicas->ready(); }};
+                    [replicas] { return replicas->ready(); },
+                    [replicas] { return replicas->lastProbeError(); }};
 
   service_options.request_timeout = std::chrono::milliseconds(request_timeout_ms);
   service_options.generate_timeout = std::chrono::milliseconds(generate_timeout_ms);

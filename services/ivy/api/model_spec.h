@@ -36,6 +36,9 @@ struct ModelSpec {
 struct ModelSource {
   std::function<std::shared_ptr<const ModelSpec>()> spec;
   std::function<bool()> ready;
+  // Optional: while spec() is null, why ("" when nothing failed yet): the last failed probe of
+  // a replica, e.g. tulip refusing ivy's token. It goes into the 503's message.
+  std::function<std::string()> waiting_reason;
 };
 
 // What a route asks of the model.

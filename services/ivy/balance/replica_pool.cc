@@ -871,6 +871,7 @@ void ReplicaPool::onProbeDone(Replica* r, Status st, TulipModelInfo info) {
     r->next_probe = t + r->backoff;
     log::debug("tulip replica probe failed",
                {{"replica", r->name}, {"status", st}, {"retry_ms", r->backoff.count()}});
+    last_probe_error_ = r->name + ": " + st.message();
     return;
   }
   if (spec_ != nullptr && !sameModel(info, model_info_)) {
@@ -909,6 +910,7 @@ void ReplicaPool::onProbeDone(Replica* r, Status st, TulipModelInfo info) {
                               {"max_seq_len", spec->max_seq_len},
                               {"vocab_size", spec->vocab_size}});
     spec_ = std::move(spec);
+    last_probe_error_.clear();
     model_info_ = info;
   }
   if (r->state != ReplicaState::kHealthy) {
@@ -1018,6 +1020,11 @@ void ReplicaPool::onCallFailed(Replica* r, const Status& st) {
 std::shared_ptr<const ModelSpec> ReplicaPool::spec() const {
   std::lock_guard<std::mutex> lock(mu_);
   return spec_;
+}
+
+std::string ReplicaPool::lastProbeError() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return last_probe_error_;
 }
 
 bool ReplicaPool::waitReady(milliseconds timeout) {

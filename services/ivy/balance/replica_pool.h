@@ -116,6 +116,8 @@ class ReplicaPool final : public TulipClient {
 
   // --- the served model (IvyService reads it through a ModelSource) ---
   std::shared_ptr<const ModelSpec> spec() const;
+  // "<replica>: <message>" of the last failed probe since the pool last had a model; "" if none.
+  std::string lastProbeError() const;
   bool ready() const { return ready_.load(std::memory_order_acquire); }
   bool waitReady(std::chrono::milliseconds timeout);  // polls ready() (tests, startup)
 
@@ -182,6 +184,7 @@ class ReplicaPool final : public TulipClient {
   std::vector<std::unique_ptr<Replica>> replicas_;  // guarded by mu_
   std::shared_ptr<const ModelSpec> spec_;           // guarded by mu_
   TulipModelInfo model_info_;                       // guarded by mu_ (valid when spec_)
+  std::string last_probe_error_;                    // guarded by mu_
   uint64_t rr_ = 0;                                 // guarded by mu_
   std::atomic<bool> ready_{false};
 

@@ -172,7 +172,7 @@ void IvyService::serveModel(const ModelRoute& route, HttpRequest request, Respon
       *header);
   std::shared_ptr<const ModelSpec> spec = model_.spec();
   if (spec == nullptr) {
-    return refuse(unavailable("the model is not loaded yet (waiting for tulip)"));
+    return refuse(modelNotLoaded());
   }
   if (Status st = checkModelKind(*spec, route.use, route.path); !st.isOk()) return refuse(st);
 
@@ -298,7 +298,7 @@ Result<PreparedCall> IvyService::prepareScoring(const HttpRequest& request,
 void IvyService::models(HttpRequest, Responder respond) {
   std::shared_ptr<const ModelSpec> spec = model_.spec();
   if (spec == nullptr) {
-    return respond(errorResponse(unavailable("the model is not loaded yet (waiting for tulip)")));
+    return respond(errorResponse(modelNotLoaded()));
   }
   respond(jsonResponse(200, renderModelsResponse(*spec)));
 }
@@ -324,6 +324,12 @@ void IvyService::metricsPage(HttpRequest, Responder respond) {
   r.content_type = std::string(metrics::kExpositionContentType);
   r.body = registry_->expose();
   respond(std::move(r));
+}
+
+Status IvyService::modelNotLoaded() const {
+  const std::string why = model_.waiting_reason ? model_.waiting_reason() : std::string();
+  return unavailable("the model is not loaded yet (waiting for tulip" +
+                     (why.empty() ? std::string() : "; last probe of " + why) + ")");
 }
 
 }  // namespace garden::ivy

@@ -116,6 +116,9 @@ class IvyService {
   void models(HttpRequest request, Responder respond);
   void ready(HttpRequest request, Responder respond);
   void metricsPage(HttpRequest request, Responder respond);
+  // The 503 while no replica has told ivy its model, with the last probe failure when there is
+  // one (a token tulip refuses says so here, not only in the log).
+  Status modelNotLoaded() const;
 
   IvyServiceOptions options_;
   TulipClient* client_;

@@ -191,6 +191,10 @@ TEST_F(TulipAuth, IvyWithTheRightTokenServesAndWithAWrongOneAnswers503) {
   EXPECT_EQ(not_ready.status, 503) << not_ready.body;
   auto refused = testing::http(bad_port, "POST", "/v1/embeddings", body, json);
   EXPECT_EQ(refused.status, 503) << refused.body;
+  // The answer says why, not only the log: the probe's refusal names both flags.
+  EXPECT_NE(refused.body.find("tulip refused ivy's credentials"), std::string::npos)
+      << refused.body;
+  EXPECT_NE(refused.body.find("--tulip-token-file"), std::string::npos) << refused.body;
   std::printf("ivy with a wrong token: %d %s\n", refused.status, refused.body.c_str());
   EXPECT_FALSE(refused.headers["retry-after"].empty());
   EXPECT_TRUE(bad->alive());

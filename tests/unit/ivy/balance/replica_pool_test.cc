@@ -523,9 +523,12 @@ TEST_F(PoolTest, StartingReplicaIsProbedAtLeastEveryFiveInitialBackoffs) {
     f->setHealth(unavailable("tulip: rose worker is not ready yet"));
   };
   makeStatic(1, defaults());
+  EXPECT_EQ(pool_->lastProbeError(), "");
   settle(1);
   EXPECT_EQ(fake(1)->healthCalls(), 1);
   EXPECT_EQ(stateOf(addr(1)), ReplicaState::kProbing);
+  // Why there is no model yet, for ivy's 503 (cleared once a replica tells its model).
+  EXPECT_EQ(pool_->lastProbeError(), "10.0.0.1:1: tulip: rose worker is not ready yet");
   // 100, 200, 400, then capped at 500 (not the 800 ms of an ejected replica).
   for (auto wait : {100ms, 200ms, 400ms, 500ms, 500ms}) {
     const int before = fake(1)->healthCalls();
@@ -541,6 +544,7 @@ TEST_F(PoolTest, StartingReplicaIsProbedAtLeastEveryFiveInitialBackoffs) {
   settle(1);
   EXPECT_EQ(stateOf(addr(1)), ReplicaState::kHealthy);
   EXPECT_TRUE(pool_->ready());
+  EXPECT_EQ(pool_->lastProbeError(), "");
 }
 
 TEST_F(PoolTest, FailedHealthCheckEjectsAndReadyFollows) {
