@@ -132,10 +132,13 @@ size_t TokenFile::size() const {
   return tokens_->size();
 }
 
-Status checkBearer(std::string_view authorization, const TokenFile& tokens) {
+Status checkBearer(std::string_view authorization, const TokenFile& tokens,
+                   const BearerNames& names) {
   constexpr std::string_view kBearer = "bearer ";
+  const std::string usage = "`Bearer <" + std::string(names.placeholder) + ">`";
   if (authorization.empty()) {
-    return unauthenticated("missing token: send `authorization: Bearer <token>`");
+    return unauthenticated("missing " + std::string(names.what) + ": send `" +
+                           std::string(names.header) + ": " + usage.substr(1));
   }
   bool scheme_ok = authorization.size() > kBearer.size();
   for (size_t i = 0; scheme_ok && i < kBearer.size(); ++i) {
@@ -143,10 +146,12 @@ Status checkBearer(std::string_view authorization, const TokenFile& tokens) {
     if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
     scheme_ok = c == kBearer[i];
   }
-  if (!scheme_ok) return unauthenticated("the authorization value must be `Bearer <token>`");
+  if (!scheme_ok) {
+    return unauthenticated("the " + std::string(names.header) + " value must be " + usage);
+  }
   std::string_view presented = authorization.substr(kBearer.size());
   while (!presented.empty() && presented.front() == ' ') presented.remove_prefix(1);
-  if (!tokens.matches(presented)) return unauthenticated("invalid token");
+  if (!tokens.matches(presented)) return unauthenticated("invalid " + std::string(names.what));
   return okStatus();
 }
 

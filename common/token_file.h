@@ -64,8 +64,18 @@ class TokenFile {
   mutable std::chrono::steady_clock::time_point last_stat_;    // guarded by mu_
 };
 
+// How checkBearer's messages name the secret and the header: tulip's gRPC metadata
+// ("missing token: send `authorization: Bearer <token>`") or ivy's HTTP API keys ("missing API
+// key: send `Authorization: Bearer <key>`").
+struct BearerNames {
+  std::string_view what = "token";
+  std::string_view header = "authorization";
+  std::string_view placeholder = "token";
+};
+
 // A presented `Authorization` value checked against `tokens`: OK for "Bearer <token>" (scheme
 // case-insensitive) with a matching token, UNAUTHENTICATED naming what is wrong otherwise.
-Status checkBearer(std::string_view authorization, const TokenFile& tokens);
+Status checkBearer(std::string_view authorization, const TokenFile& tokens,
+                   const BearerNames& names = {});
 
 }  // namespace garden

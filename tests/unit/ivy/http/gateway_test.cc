@@ -500,10 +500,10 @@ TEST(ApiKeysTest, ConstantTimeEqualsAndParsing) {
   EXPECT_FALSE(constantTimeEquals("abcabc", "abc"));  // the cycled key must not match
   EXPECT_FALSE(constantTimeEquals("", "abc"));
   EXPECT_FALSE(constantTimeEquals("", ""));
-  auto keys = parseApiKeys("# keys\n  sk-1  \n\n#sk-off\nsk-2\r\n");
+  auto keys = parseTokenLines("# keys\n  sk-1  \n\n#sk-off\nsk-2\r\n");
   ASSERT_TRUE(keys.isOk());
   EXPECT_THAT(*keys, ElementsAre("sk-1", "sk-2"));
-  EXPECT_FALSE(parseApiKeys("# only a comment\n\n").isOk());
+  EXPECT_FALSE(parseTokenLines("# only a comment\n\n").isOk());
 }
 
 TEST(ApiKeysTest, ReloadsWhenTheFileChanges) {
