@@ -244,7 +244,9 @@ Result<OutputShape> LlmRunner::admit(const shm::BatchDesc& d, std::span<const st
                            " sampled ids need more than the output arena's " +
                            std::to_string(output_bytes_) + " bytes");
   }
-  RETURN_IF_ERROR(model_.validate(stagedStep(d.slot, d), *kv_));
+  // [TAG_LLM_PREV_TOKEN] Against the step launched last (this thread's count): the model's own
+  // count moves when the backend's queue runs enqueueStep, which may not have happened yet.
+  RETURN_IF_ERROR(model_.validate(stagedStep(d.slot, d), *kv_, launched_sampled_));
   s.sampled = sampled;
   return shape;
 }
@@ -253,6 +255,7 @@ Status LlmRunner::launch(const shm::BatchDesc& d, std::span<std::byte> output) {
   const LlmStep step = stagedStep(d.slot, d);
   int32_t* out = slots_[d.slot].sampled > 0 ? reinterpret_cast<int32_t*>(output.data()) : nullptr;
   PagedKvCache* kv = kv_.get();
+  launched_sampled_ = slots_[d.slot].sampled;
   backend_.launch([this, step, kv, out] { model_.enqueueStep(step, *kv, nullptr, out); });
   static auto& tokens = metrics::Registry::global()
                             .counter("rose_llm_step_tokens_total",

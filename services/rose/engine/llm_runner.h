@@ -94,6 +94,8 @@ class LlmRunner final : public Runner {
   int64_t max_step_blocks_ = 0;
   uint64_t output_bytes_ = 0;  // per slot, from bind()
   std::vector<Slot> slots_;
+  // Ids the last launched step samples: what the next step's prev_row may name (loop thread).
+  int64_t launched_sampled_ = 0;
 };
 
 }  // namespace garden::rose

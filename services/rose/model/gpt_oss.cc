@@ -438,7 +438,8 @@ KvCacheShape GptOssModel::kvShape(int32_t num_blocks, int32_t block_size) const 
 
 DType GptOssModel::kvDType() const { return backend_.activationDType(); }
 
-Status GptOssModel::validate(const LlmStep& step, const PagedKvCache& kv) const {
+Status GptOssModel::validate(const LlmStep& step, const PagedKvCache& kv,
+                             int64_t prev_sampled) const {
   const KvCacheShape& ks = kv.shape();
   const KvCacheShape want = kvShape(ks.num_blocks, ks.block_size);
   if (ks.num_layers != want.num_layers || ks.num_kv_heads != want.num_kv_heads ||
@@ -487,10 +488,10 @@ Status GptOssModel::validate(const LlmStep& step, const PagedKvCache& kv) const 
                                " outside the cache [0, " + std::to_string(ks.num_blocks) + ")");
       }
     }
-    if (s.prev_row < -1 || s.prev_row >= last_sampled_) {
+    if (s.prev_row < -1 || s.prev_row >= prev_sampled) {
       return invalidArgument(who + "prev_row " + std::to_string(s.prev_row) +
                              " is not a row of the previous step's " +
-                             std::to_string(last_sampled_) + " sampled ids");
+                             std::to_string(prev_sampled) + " sampled ids");
     }
     for (int32_t j = 0; j < s.num_tokens; ++j) {
       const int32_t id = step.tokens[static_cast<size_t>(s.token_offset + j)];

@@ -89,7 +89,13 @@ class GptOssModel {
   // Host-side checks (counts, ranges, token ids, block tables cover the tokens, block ids inside
   // the cache, no two tokens writing one slot, sampling params, budgets): INVALID_ARGUMENT
   // naming the sequence and field. enqueueStep() requires a step that passed.
-  Status validate(const LlmStep& step, const PagedKvCache& kv) const;
+  // prev_row is checked against the ids the last enqueued step sampled; a caller that validates
+  // a step before the previous one was enqueued (LlmRunner: enqueueing runs on the backend's
+  // queue) passes that step's sample count as `prev_sampled` instead.
+  Status validate(const LlmStep& step, const PagedKvCache& kv) const {
+    return validate(step, kv, last_sampled_);
+  }
+  Status validate(const LlmStep& step, const PagedKvCache& kv, int64_t prev_sampled) const;
 
   // Enqueues the step. logits_out: F32 [logitsRows(step), vocab] (may be null when that is 0);
   // sampled_out: I32, one id per sequence with sample != 0, in sequence order (may be null when

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <vector>
 
 #include "common/shm/channel.h"
@@ -458,6 +459,46 @@ TEST_F(LlmRunnerTest, PipelinedStepsOnSeveralSlots) {
     std::memcpy(&got, channel_->outputArena(i).data(), 4);
     EXPECT_EQ(std::vector<int32_t>{got}, refStep(steps[i]));
   }
+}
+
+// [TAG_LLM_PREV_TOKEN] tulip sends a decode step whose first token is "row 0 of what the previous
+// step samples" while that step has not run yet; the CPU backend runs enqueueStep on its own
+// queue, later. The runner must check prev_row against the step it launched last, not against the
+// model's count, which moves only when the queue gets there (CI saw "prev_row 0 is not a row of
+// the previous step's 0 sampled ids" this way). Here the queue is held until both are admitted.
+TEST_F(LlmRunnerTest, NextStepMayNameARowOfAStepThatHasNotRunYet) {
+  Step a;
+  a.seqs = {seq(0, 5, 0, 0, 2, true)};
+  a.tokens = {11, 12, 13, 14, 15};
+  a.blocks = {3, 4};
+  Step b;  // its token is a placeholder: rose takes row 0 of a's sampled ids
+  b.seqs = {seq(0, 1, 5, 0, 2, true)};
+  b.seqs[0].prev_row = 0;
+  b.tokens = {0};
+  b.blocks = {3, 4};
+  std::promise<void> release;
+  std::shared_future<void> held = release.get_future().share();
+  backends_[0]->launch([held] { held.wait(); });
+  const shm::BatchDesc da = put(0, a);
+  const shm::BatchDesc db = put(1, b);
+  ASSERT_TRUE(channel_->trySubmit(da));
+  ASSERT_TRUE(channel_->trySubmit(db));
+  ASSERT_TRUE(loop_->step(1s));
+  ASSERT_TRUE(loop_->step(1s));
+  release.set_value();
+  int32_t got[2] = {-1, -1};
+  for (int i = 0; i < 2; ++i) {
+    auto c = channel_->waitCompletion(20s);
+    ASSERT_TRUE(c.has_value());
+    ASSERT_EQ(c->status_code, 0) << c->message;
+    std::memcpy(&got[c->slot], channel_->outputArena(c->slot).data(), 4);
+  }
+  const std::vector<int32_t> want_a = refStep(a);
+  b.tokens = {want_a[0]};  // what prev_row stands for, given to the reference directly
+  b.seqs[0].prev_row = -1;
+  const std::vector<int32_t> want_b = refStep(b);
+  EXPECT_EQ(got[0], want_a[0]);
+  EXPECT_EQ(got[1], want_b[0]);
 }
 
 TEST(LlmRunnerCreate, BadOptionsAreClearErrors) {
