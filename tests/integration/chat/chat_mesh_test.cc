@@ -82,8 +82,11 @@ class ChatMesh : public ::testing::Test {
             "/garden-chat-" + std::to_string(getpid()) + "-" + std::to_string(m.tulip_port),
             "--served-model-name",
             "gpt-oss-tiny",
-            // Long: tests pause rose (testing::Paused) to hold generations at a known point.
+            // Long: tests pause rose (testing::Paused) to hold generations at a known point,
+            // which the liveness checks would otherwise (rightly) take for a stuck worker.
             "--heartbeat-timeout-ms",
+            "60000",
+            "--progress-timeout-ms",
             "60000"},
         m.dir.path() + "/tulip.log");
     m.ivy = std::make_unique<testing::Process>(
