@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The thread-safety check (scripts/test.sh runs it): clang's -Wthread-safety analysis, as errors,
-# over every C++ source of the build, checking the GUARDED_BY / REQUIRES / EXCLUDES contracts of
-# common/thread_annotations.h. It needs no object code, so instead of a full clang build it
-# configures a clang tree ($BUILD_DIR/tsa; only the protoc headers are generated) and runs each
+# over every C++ source of services/ and common/, checking the GUARDED_BY / REQUIRES / EXCLUDES
+# contracts of common/thread_annotations.h (tests and benches carry none). It needs no object
+# code, so instead of a full clang build it configures a clang tree ($BUILD_DIR/tsa; only the protoc headers are generated) and runs each
 # compile command of its compile_commands.json with -fsyntax-only, in parallel. CUDA sources (.cu)
 # are left out: nvcc, not clang, compiles them.
 set -euo pipefail
@@ -38,8 +38,11 @@ def check(e):
     p = subprocess.run(argv(e), cwd=e["directory"], capture_output=True, text=True)
     return e["file"], p.returncode, p.stderr
 
-# Generated sources (protoc) are not ours; .cu files are nvcc's.
-ours = [e for e in entries if e["file"].startswith(root) and e["file"].endswith(".cc")]
+# The annotated code is services/ and common/ (tests and benches hold no annotations; the
+# compile-time regression test of tests/thread_safety runs clang on its own). Generated sources
+# (protoc) are not ours; .cu files are nvcc's.
+ours = [e for e in entries if e["file"].endswith(".cc") and
+        (e["file"].startswith(root + "services/") or e["file"].startswith(root + "common/"))]
 failed = 0
 with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
     for f, rc, err in pool.map(check, ours):

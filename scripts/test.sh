@@ -2,7 +2,7 @@
 # The test entry point (CI runs it through .ci/run): installs what is missing, builds everything
 # with warnings as errors, runs every CPU test through ctest (GPU tests carry the `gpu` label and
 # run on the GPU host; the bounded mesh soak, label `soak`, runs alone), then clang's
-# thread-safety analysis over every source (scripts/check-thread-safety.sh), then the concurrent
+# thread-safety analysis over services/ and common/ (scripts/check-thread-safety.sh), then the concurrent
 # code of ivy and tulip under ThreadSanitizer in build/tsan, then the unit and integration tests
 # again under ASan+UBSan in build/asan, then builds the libFuzzer targets with clang in build/fuzz
 # and runs each for a short bounded time.
@@ -17,7 +17,7 @@ source "$(dirname "$0")/common.sh"
 GARDEN_CMAKE_ARGS="-DGARDEN_WERROR=ON ${GARDEN_CMAKE_ARGS:-}" garden_build
 ctest --test-dir "$BUILD_DIR" -LE gpu --output-on-failure -j "$(garden_jobs)" "$@"
 
-# Concurrency contracts: clang -Wthread-safety -Werror over every translation unit, syntax only.
+# Concurrency contracts: clang -Wthread-safety -Werror over services/ and common/, syntax only.
 if [ "${RUN_THREAD_SAFETY:-1}" = 1 ]; then
   "$GARDEN_ROOT/scripts/check-thread-safety.sh"
 fi

@@ -800,7 +800,8 @@ void ReplicaPool::maintainOnce() {
     std::lock_guard<std::mutex> lock(idle_mu_);
     internal_inflight_ += static_cast<int>(actions.size());
   }
-  for (auto& [r, action] : actions) {
+  for (auto& [replica, action] : actions) {
+    Replica* r = replica;  // a plain variable: clang 14 cannot capture a structured binding
     switch (action) {
       case Action::kProbe:
         startProbe(r);
