@@ -2,9 +2,9 @@
 # The thread-safety check (scripts/test.sh runs it): clang's -Wthread-safety analysis, as errors,
 # over every C++ source of services/ and common/, checking the GUARDED_BY / REQUIRES / EXCLUDES
 # contracts of common/thread_annotations.h (tests and benches carry none). It needs no object
-# code, so instead of a full clang build it configures a clang tree ($BUILD_DIR/tsa; only the protoc headers are generated) and runs each
-# compile command of its compile_commands.json with -fsyntax-only, in parallel. CUDA sources (.cu)
-# are left out: nvcc, not clang, compiles them.
+# code, so instead of a full clang build it configures a clang tree ($BUILD_DIR/tsa; only the
+# protoc headers are generated) and runs each compile command of its compile_commands.json with
+# -fsyntax-only, in parallel. CUDA sources (.cu) are left out: nvcc, not clang, compiles them.
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 
