@@ -122,6 +122,7 @@ Result<CompletionsRequest> parseCompletionsRequest(std::string_view body, const 
     req.max_tokens.push_back(m);
   }
   if (!req.sampling.ignore_eos) req.stop_token_ids = spec.eos_token_ids;
+  req.model_vocab_size = static_cast<int32_t>(spec.vocab_size);
   return req;
 }
 
@@ -133,7 +134,7 @@ CompletionsOutput::CompletionsOutput(const Tokenizer& tokenizer, const Completio
       unfinished_(request.prompts.size()) {
   choices_.reserve(request.prompts.size());
   for (size_t i = 0; i < request.prompts.size(); ++i) {
-    choices_.emplace_back(tokenizer, request.sampling.stop);
+    choices_.emplace_back(tokenizer, request.model_vocab_size, request.sampling.stop);
     choices_.back().prompt_len = request.prompts[i].size();
   }
   if (!request.echo) return;
@@ -142,7 +143,8 @@ CompletionsOutput::CompletionsOutput(const Tokenizer& tokenizer, const Completio
     if (request.prompt_is_text[i]) {
       echo = request.prompt_texts[i];
     } else {
-      auto decoded = tokenizer.decode(request.prompts[i], /*skip_special=*/false);
+      auto decoded =
+          tokenizer.decode(request.prompts[i], /*skip_special=*/false, request.model_vocab_size);
       if (decoded.isOk()) echo = std::move(decoded).value();
     }
     // The echoed prompt is not generated text: stop strings do not apply to it.
@@ -188,7 +190,7 @@ bool CompletionsOutput::onTokens(size_t i, std::span<const int32_t> ids) {
   for (int32_t id : ids) {
     ++c.generated;
     Result<std::string> piece = c.detok.push(id);
-    // An id outside the tokenizer's vocabulary (a model with padded embeddings) reads as U+FFFD.
+    // An id past even the model's vocabulary (tulip never sends one) reads as U+FFFD.
     emitText(i, piece.isOk() ? std::move(piece).value() : std::string("\xEF\xBF\xBD"));
     if (c.stop.matched()) {
       finish(i, "stop", ChoiceEnd{});

@@ -7,7 +7,8 @@
 // choice's text; `ignore_eos` (vLLM) keeps generating past the model's eos ids. max_tokens
 // defaults to 16 (OpenAI), clamped to the context left. Generation stops at the model's eos ids
 // (ModelSpec::eos_token_ids, from tulip's ModelInfo) unless ignore_eos. Text is decoded with the
-// streaming detokenizer (special tokens skipped), so a delta never splits a UTF-8 character;
+// streaming detokenizer (special tokens skipped, ids the tokenizer does not name dropped, both as
+// Hugging Face decodes for vLLM), so a delta never splits a UTF-8 character;
 // stop strings cut the text (finish_reason "stop"); tulip stopping at max_tokens gives "length".
 //
 // Streaming: text_completion chunks {"choices":[{"index","text","logprobs":null,
@@ -38,6 +39,9 @@ struct CompletionsRequest {
   SamplingRequest sampling;
   std::vector<uint32_t> max_tokens;     // per prompt, resolved against the context length
   std::vector<TokenId> stop_token_ids;  // the model's eos ids unless ignore_eos
+  // The model's vocabulary (ModelSpec::vocab_size): an id below it that the tokenizer does not
+  // name (gpt-oss's reserved 200019..201087) decodes to nothing, as in Hugging Face.
+  int32_t model_vocab_size = 0;
 };
 
 struct CompletionsLimits {
@@ -67,8 +71,8 @@ class CompletionsOutput final : public GenerationOutput {
 
  private:
   struct Choice {
-    explicit Choice(const Tokenizer& tok, std::vector<std::string> stops)
-        : detok(tok, /*skip_special=*/true), stop(std::move(stops)) {}
+    Choice(const Tokenizer& tok, int32_t model_vocab_size, std::vector<std::string> stops)
+        : detok(tok, /*skip_special=*/true, model_vocab_size), stop(std::move(stops)) {}
     StreamingDetokenizer detok;
     StopStringMatcher stop;
     std::string text;  // assembled

@@ -148,6 +148,18 @@ Status parseSamplingFields(const element& root, ApiKind api, SamplingRequest* ou
     ASSIGN_OR_RETURN(auto p, number(root, penalty));
     if (p && *p != 0) return invalidField(penalty, "is not supported (only 0)");
   }
+  // Refused rather than ignored: a caller relying on them would get output that silently
+  // ignores its bias or its schema.
+  if (auto b = present(root, "logit_bias")) {
+    simdjson::dom::object o;
+    if (b->get_object().get(o) != simdjson::SUCCESS || o.size() != 0)
+      return invalidField("logit_bias", "is not supported (only {} or null)");
+  }
+  if (auto f = present(root, "response_format")) {
+    std::string_view type;
+    if ((*f)["type"].get_string().get(type) != simdjson::SUCCESS || type != "text")
+      return invalidField("response_format", "is not supported (only {\"type\": \"text\"})");
+  }
   if (api == ApiKind::kChat) {
     ASSIGN_OR_RETURN(auto logprobs, boolean(root, "logprobs", "logprobs"));
     if (logprobs.value_or(false)) return invalidField("logprobs", "is not supported");

@@ -10,7 +10,8 @@
 //   16 non-empty strings), n (only 1), stream (bool), stream_options.include_usage (bool),
 //   ignore_eos (bool, vLLM), user (ignored). Unsupported features are rejected by name rather
 //   than silently ignored: logprobs / top_logprobs (chat), logprobs / suffix / best_of != 1
-//   (completions), presence_penalty / frequency_penalty other than 0.
+//   (completions), presence_penalty / frequency_penalty other than 0, logit_bias other than {},
+//   response_format other than {"type": "text"}. docs/api.md lists every field.
 // Every error follows [TAG_FIELD_ERRORS] (the message starts with the field).
 //
 // Parsing functions are pure and callable from any thread; a GenerationOutput and a

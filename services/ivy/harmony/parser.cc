@@ -163,12 +163,25 @@ std::string StreamParser::decodeHeader() const {
       tokenizer_.decodeFinish(&state, &text);
       state = Tokenizer::DecodeState();
       text += *literal;
-    } else if (!tokenizer_.decodeStep(id, /*skip_special=*/false, &state, &text)) {
-      text += kReplacement;  // id outside the vocabulary
+    } else if (!options_.strict && isReservedId(id)) {
+      continue;  // no text, as in content (a reserved id must not end up in a recipient)
+    } else {
+      decodeId(id, &state, &text);
     }
   }
   tokenizer_.decodeFinish(&state, &text);
   return text;
+}
+
+void StreamParser::decodeId(TokenId id, Tokenizer::DecodeState* state, std::string* out) const {
+  if (tokenizer_.decodeStep(id, /*skip_special=*/false, state, out)) return;
+  // An id the tokenizer does not name: inside the model's vocabulary (a reserved id past the
+  // tokenizer.json's last one) it has no text, as Hugging Face decodes it; past it, U+FFFD after
+  // what was held.
+  if (id >= 0 && id < kModelVocabSize) return;
+  tokenizer_.decodeFinish(state, out);
+  *state = Tokenizer::DecodeState();
+  *out += kReplacement;
 }
 
 void StreamParser::startContent(MessageHeader header, std::vector<ParserEvent>* events) {
@@ -237,11 +250,7 @@ void StreamParser::malformedHeader(std::vector<ParserEvent>* events, EndReason r
 
 void StreamParser::appendContent(TokenId id, std::vector<ParserEvent>* events) {
   std::string text;
-  if (!tokenizer_.decodeStep(id, /*skip_special=*/false, &decode_state_, &text)) {
-    // Id outside the vocabulary: what was held is flushed, the id itself is one U+FFFD.
-    flushDecoder(&text);
-    text += kReplacement;
-  }
+  decodeId(id, &decode_state_, &text);
   emitText(std::move(text), events);
 }
 

@@ -22,7 +22,12 @@
 //     assistant, leftovers are ignored, an empty channel is absent;
 //   * <|start|> or <|channel|> inside content: the current message ends (MessageEnd without stop
 //     token) and a new header begins; <|endoftext|> ends the message like a stop token; other
-//     special ids in content are dropped; ids outside the vocabulary become U+FFFD.
+//     special ids in content are dropped; ids outside the vocabulary become U+FFFD;
+//   * reserved ids (isReservedId) in a header are dropped too, so none becomes part of a channel
+//     or recipient.
+// An id of the model's vocabulary that the tokenizer does not name (200019..201087: the gpt-oss
+// tokenizer.json stops at 200018) has no text in either mode, as Hugging Face decodes it; only an
+// id past the model's vocabulary (>= 201088) becomes U+FFFD.
 // Content is decoded with the tokenizer's incremental decoder (Tokenizer::decodeStep), so a
 // delta never splits a UTF-8 character; invalid bytes become U+FFFD as the tokenizer decides.
 //
@@ -122,6 +127,8 @@ class StreamParser {
   void startContent(MessageHeader header, std::vector<ParserEvent>* events);
   void appendContent(TokenId id, std::vector<ParserEvent>* events);
   void flushDecoder(std::string* out);
+  // Appends the text of content/header id `id` (see the file comment for ids without a token).
+  void decodeId(TokenId id, Tokenizer::DecodeState* state, std::string* out) const;
   void emitText(std::string text, std::vector<ParserEvent>* events);
   void endMessage(EndReason reason, std::optional<TokenId> stop, std::vector<ParserEvent>* events);
   std::string decodeHeader() const;

@@ -53,6 +53,14 @@ constexpr std::optional<std::string_view> formattingTokenText(HarmonyTokenId id)
   }
 }
 
+// A Harmony-reserved id: in the special range of the model's vocabulary but not a formatting
+// token (<|reserved_200013|>, <|endofprompt|>, and 200019..201087, which the gpt-oss
+// tokenizer.json does not name at all). Never visible text in chat output (as Hugging Face's
+// decode with skip_special_tokens=True, which vLLM uses for outputs).
+constexpr bool isReservedId(HarmonyTokenId id) {
+  return id >= kFirstSpecialId && id < kModelVocabSize && !formattingTokenText(id);
+}
+
 // Tokens that end a message in the parser: <|return|>, <|call|>, <|end|>.
 constexpr bool isMessageStop(HarmonyTokenId id) {
   return id == kReturn || id == kCall || id == kEnd;

@@ -2,12 +2,15 @@
 
 #include <simdjson.h>
 
+#include <algorithm>
+
 #include "common/json_writer.h"
 #include "services/ivy/api/errors.h"
 #include "services/ivy/api/json_body.h"
 #include "services/ivy/harmony/encode.h"
 #include "services/ivy/harmony/openai_request.h"
 #include "services/ivy/harmony/render.h"
+#include "services/ivy/harmony/tokens.h"
 
 namespace garden::ivy {
 namespace {
@@ -46,6 +49,16 @@ Result<std::vector<TokenId>> chatIds(std::string_view body, const Tokenizer& tok
   auto prefix = harmony::toolChoicePrefix(req);
   segs.insert(segs.end(), prefix.begin(), prefix.end());
   return harmony::encodeSegments(segs, tok);
+}
+
+// The ids /detokenize accepts: [0, this). The model's vocabulary when a replica has told it,
+// and for an o200k_harmony tokenizer at least that encoding's 201088 ids (its tokenizer.json names
+// only 0..200018); never less than the tokenizer's own.
+int32_t detokenizeIdLimit(const Tokenizer& tok, const std::shared_ptr<const ModelSpec>& spec) {
+  int32_t limit = tok.vocabSize();
+  if (harmony::checkHarmonyTokenizer(tok).isOk()) limit = std::max(limit, harmony::kModelVocabSize);
+  if (spec) limit = std::max(limit, static_cast<int32_t>(spec->vocab_size));
+  return limit;
 }
 
 }  // namespace
@@ -99,7 +112,9 @@ void registerTokenizeRoutes(Router* router, const Tokenizer* tokenizer,
     Result<simdjson::dom::element> parsed = parseJsonBody(req.body, parser);  // [TAG_JSON_BODY]
     if (!parsed.isOk()) return respond(errorResponse(parsed.status()));
     simdjson::dom::element doc = *parsed;
-    if (Status st = checkModel(doc, spec_fn()); !st.isOk()) return respond(errorResponse(st));
+    auto spec = spec_fn();
+    if (Status st = checkModel(doc, spec); !st.isOk()) return respond(errorResponse(st));
+    const int32_t limit = detokenizeIdLimit(*tokenizer, spec);
     simdjson::dom::array arr;
     if (doc["tokens"].get_array().get(arr))
       return respond(errorResponse(invalidField("tokens", "must be an array of token ids")));
@@ -107,15 +122,17 @@ void registerTokenizeRoutes(Router* router, const Tokenizer* tokenizer,
     size_t i = 0;
     for (auto v : arr) {
       int64_t id;
-      if (v.get_int64().get(id) || id < 0 || id >= tokenizer->vocabSize()) {
+      if (v.get_int64().get(id) || id < 0 || id >= limit) {
         return respond(errorResponse(invalidField(
             "tokens[" + std::to_string(i) + "]",
-            "must be a token id in [0, " + std::to_string(tokenizer->vocabSize()) + ")")));
+            "must be a token id in [0, " + std::to_string(limit) + ")")));
       }
       ids.push_back(static_cast<TokenId>(id));
       ++i;
     }
-    auto text = tokenizer->decode(ids, /*skip_special=*/false);
+    // As Hugging Face's decode(skip_special_tokens=False): special tokens are their text
+    // ("<|reserved_200013|>"), an id the tokenizer does not name is left out.
+    auto text = tokenizer->decode(ids, /*skip_special=*/false, limit);
     if (!text.isOk()) return respond(errorResponse(text.status()));
     JsonWriter w;
     w.beginObject().field("prompt", *text).endObject();

@@ -1,5 +1,6 @@
 #include "services/ivy/tokenizer/tokenizer.h"
 
+#include <algorithm>
 #include <fstream>
 
 #include "services/ivy/tokenizer/tokenizer_json.h"
@@ -7,14 +8,27 @@
 
 namespace garden::ivy {
 
-Result<std::string> Tokenizer::decode(std::span<const TokenId> ids, bool skip_special) const {
+namespace {
+
+// One id of a decoded sequence: decodeStep(), except that an id the tokenizer has no token for
+// but the model has a row for adds nothing (Hugging Face's decode drops it).
+Status decodeModelId(const Tokenizer& tok, TokenId id, bool skip_special, int32_t model_vocab_size,
+                     Tokenizer::DecodeState* state, std::string* out) {
+  if (tok.decodeStep(id, skip_special, state, out)) return okStatus();
+  const int32_t limit = std::max(tok.vocabSize(), model_vocab_size);
+  if (id >= 0 && id < limit) return okStatus();
+  return invalidArgument("token id " + std::to_string(id) + " is out of range [0, " +
+                         std::to_string(limit) + ")");
+}
+
+}  // namespace
+
+Result<std::string> Tokenizer::decode(std::span<const TokenId> ids, bool skip_special,
+                                      int32_t model_vocab_size) const {
   std::string out;
   DecodeState state;
   for (TokenId id : ids) {
-    if (!decodeStep(id, skip_special, &state, &out)) {
-      return invalidArgument("token id " + std::to_string(id) + " is out of range [0, " +
-                             std::to_string(vocabSize()) + ")");
-    }
+    RETURN_IF_ERROR(decodeModelId(*this, id, skip_special, model_vocab_size, &state, &out));
   }
   decodeFinish(&state, &out);
   return out;
@@ -22,10 +36,7 @@ Result<std::string> Tokenizer::decode(std::span<const TokenId> ids, bool skip_sp
 
 Result<std::string> StreamingDetokenizer::push(TokenId id) {
   std::string out;
-  if (!tokenizer_.decodeStep(id, skip_special_, &state_, &out)) {
-    return invalidArgument("token id " + std::to_string(id) + " is out of range [0, " +
-                           std::to_string(tokenizer_.vocabSize()) + ")");
-  }
+  RETURN_IF_ERROR(decodeModelId(tokenizer_, id, skip_special_, model_vocab_size_, &state_, &out));
   return out;
 }
 

@@ -54,7 +54,17 @@ class Tokenizer {
   // Ids -> text, as the reference library's decode. `skip_special` drops special tokens
   // (sentencepiece control symbols are always invisible). An id outside [0, vocabSize()) is an
   // InvalidArgument error naming it (the reference libraries differ here: HF drops it).
-  Result<std::string> decode(std::span<const TokenId> ids, bool skip_special) const;
+  Result<std::string> decode(std::span<const TokenId> ids, bool skip_special) const {
+    return decode(ids, skip_special, vocabSize());
+  }
+  // Ids of a model whose embedding table has more rows than its tokenizer has ids (gpt-oss:
+  // 201088 rows; its tokenizer.json names ids 0..200018, the rest of o200k_harmony's reserved
+  // range is absent). Hugging Face `tokenizers` has no token for such an id and leaves it out of
+  // decode() with skip_special_tokens false and true alike; so does this: an id in
+  // [vocabSize(), model_vocab_size) adds nothing. An id outside [0, max(vocabSize(),
+  // model_vocab_size)) is an InvalidArgument error naming it.
+  Result<std::string> decode(std::span<const TokenId> ids, bool skip_special,
+                             int32_t model_vocab_size) const;
 
   // Number of ids (the largest id + 1, added tokens included).
   virtual int32_t vocabSize() const = 0;
@@ -97,8 +107,10 @@ class Tokenizer {
 // exactly as decode() does).
 class StreamingDetokenizer {
  public:
-  StreamingDetokenizer(const Tokenizer& tokenizer, bool skip_special)
-      : tokenizer_(tokenizer), skip_special_(skip_special) {}
+  // `model_vocab_size`: as in Tokenizer::decode(), ids in [tokenizer.vocabSize(),
+  // model_vocab_size) have no token and add nothing (0: the tokenizer's own size).
+  StreamingDetokenizer(const Tokenizer& tokenizer, bool skip_special, int32_t model_vocab_size = 0)
+      : tokenizer_(tokenizer), skip_special_(skip_special), model_vocab_size_(model_vocab_size) {}
 
   // Adds one id; returns the text that became complete (possibly empty). An invalid id is an
   // InvalidArgument error and leaves the state unchanged.
@@ -109,6 +121,7 @@ class StreamingDetokenizer {
  private:
   const Tokenizer& tokenizer_;
   bool skip_special_;
+  int32_t model_vocab_size_;
   Tokenizer::DecodeState state_;
 };
 

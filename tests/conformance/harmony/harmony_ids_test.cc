@@ -182,6 +182,49 @@ TEST(HarmonyIds, StreamedDeltasNeverSplitUtf8AndMatchWhole) {
   EXPECT_EQ(decoder.output().content, streamed);
 }
 
+// Reserved ids sampled by the model, named in the tokenizer.json (200013) or not (200019 and up:
+// the file stops at 200018, the model has 201088 rows), never reach chat text: no U+FFFD, no
+// "<|reserved_...|>", in content, in reasoning or in a header (they are dropped, as Hugging Face
+// decodes outputs with skip_special_tokens=True).
+TEST(HarmonyIds, ReservedIdsAreNeverVisibleText) {
+  ASSERT_EQ(o200k().vocabSize(), 200019);
+  auto enc = [](std::string_view text) {
+    std::vector<TokenId> ids;
+    o200k().encodeAllowingSpecial(text, &ids);
+    return ids;
+  };
+  const std::vector<TokenId> reserved{200013, 200019, 200500, kModelVocabSize - 1};
+  std::vector<TokenId> ids = enc("<|channel|>analysis<|message|>a");
+  ids.insert(ids.end(), reserved.begin(), reserved.end());
+  auto more = enc("b<|end|><|start|>assistant<|channel|>final");
+  ids.insert(ids.end(), more.begin(), more.end());
+  ids.insert(ids.end(), reserved.begin(), reserved.end());  // inside the header
+  more = enc("<|message|>\u4f60");
+  ids.insert(ids.end(), more.begin(), more.end());
+  // Between the bytes of one character.
+  std::vector<TokenId> bytes;
+  o200k().encode("\xE2", &bytes);
+  o200k().encode("\x82", &bytes);
+  o200k().encode("\xAC", &bytes);
+  ASSERT_EQ(bytes.size(), 3u);
+  ids.push_back(bytes[0]);
+  ids.insert(ids.end(), reserved.begin(), reserved.end());
+  ids.push_back(bytes[1]);
+  ids.push_back(bytes[2]);
+  ids.push_back(kReturn);
+
+  HarmonyOutputDecoder decoder(o200k(), ParserOptions{}, ChatOutputOptions{});
+  ChatDelta streamed;
+  for (TokenId id : ids) streamed.append(decoder.push(id));
+  streamed.append(decoder.finish());
+  EXPECT_EQ(decoder.output().reasoning_content, "ab");
+  EXPECT_EQ(decoder.output().content, "\u4f60\u20ac");
+  EXPECT_EQ(streamed.reasoning_content, "ab");
+  EXPECT_EQ(streamed.content, "\u4f60\u20ac");
+  ASSERT_EQ(decoder.parser().messages().size(), 2u);
+  EXPECT_EQ(decoder.parser().messages()[1].header.channel, "final");
+}
+
 // `ivy harmony-render --tokenizer=...` prints the text and ids of E2 (spec §1.12).
 TEST(HarmonyIds, CliPrintsIdsOfTheRenderedPrompt) {
   const std::string body = R"({"reasoning_effort":"high","messages":[

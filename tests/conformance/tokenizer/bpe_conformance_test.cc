@@ -7,6 +7,7 @@
 // The tokenizer files come from tests/assets/tokenizers (fetch_assets.sh, run by the
 // conformance_tokenizer_assets fixture); a missing file is a failure, never a skip.
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <string>
@@ -140,6 +141,81 @@ TEST_P(BpeConformance, MatchesHuggingFaceTokenizers) {
   EXPECT_EQ(dec_bad, 0u);
   EXPECT_EQ(dec_skip_bad, 0u);
   EXPECT_EQ(stream_bad, 0u);
+}
+
+// gpt-oss's added tokens and the reserved ids past them, decoded by Hugging Face `tokenizers`'
+// rules (TokenizerImpl::decode): an id becomes its added token's content or its vocabulary
+// piece, an id with neither is left out (filter_map), skip_special_tokens=True leaves out the
+// tokens marked special; the ByteLevel decoder then joins the bytes of what is left and applies
+// from_utf8_lossy once. The expected texts are built from the real file's added_tokens.
+TEST(BpeConformanceGptOss, AddedAndReservedIdsDecodeAsHuggingFace) {
+  const std::string path = sourceDir() + "/tests/assets/tokenizers/gptoss/tokenizer.json";
+  auto loaded = loadTokenizer(path);
+  ASSERT_TRUE(loaded.isOk()) << loaded.status().toString();
+  const Tokenizer& tok = **loaded;
+  constexpr int32_t kModelVocab = 201088;  // gpt-oss config.json vocab_size (embedding rows)
+
+  simdjson::dom::parser parser;
+  simdjson::padded_string json;
+  ASSERT_EQ(simdjson::padded_string::load(path).get(json), simdjson::SUCCESS);
+  simdjson::dom::array added;
+  ASSERT_EQ(parser.parse(json)["added_tokens"].get(added), simdjson::SUCCESS);
+  int64_t last_added = -1;
+  size_t n = 0;
+  for (auto a : added) {
+    int64_t id = a["id"];
+    std::string_view content = a["content"];
+    bool special = a["special"];
+    ASSERT_TRUE(special) << content << ": every gpt-oss added token is special";
+    last_added = std::max(last_added, id);
+    ++n;
+    const std::vector<TokenId> one{static_cast<TokenId>(id)};
+    for (int32_t model_vocab : {0, kModelVocab}) {
+      EXPECT_EQ(tok.decode(one, false, model_vocab).value(), content);
+      EXPECT_EQ(tok.decode(one, true, model_vocab).value(), "");
+    }
+    EXPECT_TRUE(tok.isSpecial(static_cast<TokenId>(id))) << content;
+    StreamingDetokenizer shown(tok, false), skipped(tok, true);
+    EXPECT_EQ(shown.push(one[0]).value() + shown.finish(), content);
+    EXPECT_EQ(skipped.push(one[0]).value() + skipped.finish(), "");
+  }
+  EXPECT_EQ(n, 21u);
+  // The file names ids up to its last added token; the model has rows up to 201087.
+  ASSERT_EQ(tok.vocabSize(), last_added + 1);
+  ASSERT_LT(tok.vocabSize(), kModelVocab);
+
+  // "\u20ac" is the bytes E2 82 AC; as three single-byte pieces around other ids.
+  std::vector<TokenId> e2, b82, bac;
+  tok.encode("\xE2", &e2);
+  tok.encode("\x82", &b82);
+  tok.encode("\xAC", &bac);
+  ASSERT_EQ(e2.size() + b82.size() + bac.size(), 3u);
+  const std::string euro = "\u20ac", fffd = "\xEF\xBF\xBD";
+  auto around = [&](TokenId mid) { return std::vector<TokenId>{e2[0], mid, b82[0], bac[0]}; };
+  // A special token shown: its content splits the character (one U+FFFD per broken run).
+  EXPECT_EQ(tok.decode(around(200013), false).value(),
+            fffd + "<|reserved_200013|>" + fffd + fffd);
+  // Skipped: the bytes around it join.
+  EXPECT_EQ(tok.decode(around(200013), true).value(), euro);
+  // An id of the model the file does not name is left out in both modes; the bytes join.
+  for (TokenId id : {static_cast<TokenId>(last_added + 1), 200500, kModelVocab - 1}) {
+    for (bool skip : {false, true}) {
+      EXPECT_EQ(tok.decode(around(id), skip, kModelVocab).value(), euro) << id;
+      StreamingDetokenizer s(tok, skip, kModelVocab);
+      std::string out;
+      for (TokenId x : around(id)) out += s.push(x).value();
+      EXPECT_EQ(out + s.finish(), euro) << id;
+    }
+    // Without the model's size such an id is out of range (ivy's own contract, not HF's).
+    EXPECT_FALSE(tok.decode(around(id), false).isOk()) << id;
+  }
+  // Past the model's vocabulary: an error naming the id.
+  auto bad = tok.decode(std::vector<TokenId>{kModelVocab}, false, kModelVocab);
+  ASSERT_FALSE(bad.isOk());
+  EXPECT_NE(bad.status().message().find("201088"), std::string::npos);
+  StreamingDetokenizer s(tok, true, kModelVocab);
+  EXPECT_FALSE(s.push(kModelVocab).isOk());
+  EXPECT_FALSE(s.push(-1).isOk());
 }
 
 INSTANTIATE_TEST_SUITE_P(Tokenizers, BpeConformance, ::testing::Values("qwen3", "gptoss"),

@@ -1,6 +1,7 @@
 // ivy alone (no tulip needed for tokenization) with the real gpt-oss tokenizer.json: POST /tokenize
 // with chat messages renders the Harmony prompt; decoding those ids gives back exactly the
-// reference vector text (shared/spec's test_simple_convo), and caller text never yields specials.
+// reference vector text (shared/spec's test_simple_convo), and caller text never yields specials;
+// reserved ids decode as Hugging Face decodes them.
 #include <gtest/gtest.h>
 #include <simdjson.h>
 
@@ -61,6 +62,20 @@ TEST(IvyTokenize, HarmonyChatPromptMatchesReferenceVector) {
   ASSERT_EQ(t.status, 200) << t.body;
   simdjson::dom::parser p3;
   for (auto v : p3.parse(t.body)["tokens"].get_array()) EXPECT_LT(int64_t(v), 199998);
+
+  // o200k_harmony has 201088 ids; the tokenizer.json names 0..200018. /detokenize decodes like
+  // Hugging Face with skip_special_tokens=False: a named reserved id is its text, an unnamed one
+  // is left out; an id past the vocabulary is a 400 naming the element.
+  auto rd = testing::http(port, "POST", "/detokenize",
+                          R"({"tokens":[24912,200013,200019,200500,201087,2375]})");
+  ASSERT_EQ(rd.status, 200) << rd.body;
+  simdjson::dom::parser p4;
+  EXPECT_EQ(std::string_view(p4.parse(rd.body)["prompt"]), "hello<|reserved_200013|> world");
+  auto bad = testing::http(port, "POST", "/detokenize", R"({"tokens":[24912,201088]})");
+  EXPECT_EQ(bad.status, 400) << bad.body;
+  EXPECT_NE(bad.body.find("tokens[1]: must be a token id in [0, 201088)"), std::string::npos)
+      << bad.body;
+  EXPECT_NE(bad.body.find(R"("param":"tokens")"), std::string::npos) << bad.body;
 }
 
 }  // namespace

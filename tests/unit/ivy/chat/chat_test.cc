@@ -201,7 +201,9 @@ TEST(ChatTest, SamplingFieldsReachTulip) {
   h.client().setScript(h.ids("<|channel|>final<|message|>ok<|return|>"));
   Captured r = h.post("/v1/chat/completions",
                       chatBody(R"("temperature":0.5,"top_p":0.9,"top_k":40,"seed":42,)"
-                               R"("max_completion_tokens":100,"max_tokens":7,"user":"u1","n":1)"));
+                               R"("max_completion_tokens":100,"max_tokens":7,"user":"u1","n":1,)"
+                               R"("presence_penalty":0,"frequency_penalty":0,"logit_bias":{},)"
+                               R"("response_format":{"type":"text"},"logprobs":false)"));
   ASSERT_EQ(r.status, 200) << r.body;
   auto c = h.client().calls().at(0);
   EXPECT_FLOAT_EQ(c.temperature, 0.5f);
@@ -524,6 +526,15 @@ TEST(ChatTest, BadFieldsAre400NamingTheField) {
       {"{" + msgs + R"(,"stream_options":1})", "stream_options"},
       {"{" + msgs + R"(,"stream_options":{"include_usage":"y"}})", "stream_options"},
       {"{" + msgs + R"(,"logprobs":true})", "logprobs"},
+      {"{" + msgs + R"(,"top_logprobs":2})", "top_logprobs"},
+      {"{" + msgs + R"(,"presence_penalty":0.5})", "presence_penalty"},
+      {"{" + msgs + R"(,"frequency_penalty":-1})", "frequency_penalty"},
+      {"{" + msgs + R"(,"logit_bias":{"42":5}})", "logit_bias"},
+      {"{" + msgs + R"(,"logit_bias":[]})", "logit_bias"},
+      {"{" + msgs + R"(,"response_format":{"type":"json_object"}})", "response_format"},
+      {"{" + msgs + R"(,"response_format":{"type":"json_schema","json_schema":{}}})",
+       "response_format"},
+      {"{" + msgs + R"(,"response_format":"text"})", "response_format"},
       {"{" + msgs + R"(,"ignore_eos":1})", "ignore_eos"},
       {"{" + msgs + R"(,"reasoning_effort":"max"})", "reasoning_effort"},
       {"{" + msgs + R"(,"tool_choice":"bogus"})", "tool_choice"},

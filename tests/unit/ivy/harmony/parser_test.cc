@@ -312,6 +312,17 @@ TEST(HarmonyParser, LenientStructureTokensInsideContent) {
   EXPECT_EQ(r.messages[0].content, "a<|start|>b");
 }
 
+TEST(HarmonyParser, LenientDropsReservedIdsInHeaders) {
+  // A reserved id in a header is no part of the channel or recipient (lenient mode only).
+  ParseRun r = runText(
+      "<|channel|>commentary to=functions.get<|reserved_200013|>_weather"
+      "<|reserved_201087|><|message|>{}<|call|>");
+  ASSERT_EQ(r.messages.size(), 1u);
+  EXPECT_EQ(r.messages[0].header.channel, "commentary");
+  EXPECT_EQ(r.messages[0].header.recipient, "functions.get_weather");
+  EXPECT_EQ(r.messages[0].content, "{}");
+}
+
 TEST(HarmonyParser, LenientBadHeaders) {
   ParseRun r = runText("<|start|>x<|start|>assistant<|channel|>final<|message|>ok<|end|>",
                        ParserOptions{std::nullopt, false, 256});
