@@ -8,7 +8,7 @@ namespace garden::ivy {
 namespace {
 
 // Top-level request fields of every ivy endpoint; extend when an endpoint is added.
-constexpr std::array<std::string_view, 36> kRequestFields = {
+constexpr std::array<std::string_view, 43> kRequestFields = {
     "model",    "input",       "encoding_format", "dimensions",  "user",       "body",
     "messages", "prompt",      "text",            "tokens",      "tools",      "tool_choice",
     "reasoning_effort", "max_tokens", "temperature", "stream",
@@ -16,7 +16,10 @@ constexpr std::array<std::string_view, 36> kRequestFields = {
     "max_completion_tokens", "top_p", "top_k", "seed", "stop", "n", "stream_options", "echo",
     "ignore_eos", "logprobs", "suffix", "best_of", "top_logprobs",
     // embeddings prompts, score and rerank (api/embeddings.h, api/score.h)
-    "input_type", "prompt_name", "query", "documents", "instruction", "top_n", "return_documents"};
+    "input_type", "prompt_name", "query", "documents", "instruction", "top_n", "return_documents",
+    // responses (api/responses.h)
+    "instructions", "reasoning", "max_output_tokens", "previous_response_id", "store",
+    "background", "conversation"};
 
 // A request header named as the culprit ("x-request-timeout: ..."): lower-case, starts "x-".
 bool isHeaderName(std::string_view s) {
