@@ -1,7 +1,7 @@
 #include "services/ivy/api/responses.h"
 
 #include <algorithm>
-#include <set>
+#include <utility>
 
 #include "common/json_writer.h"
 #include "services/ivy/api/errors.h"
@@ -610,11 +610,7 @@ void ResponsesOutput::storeConversation() const {
   store_ptr_->put(identity_.id, std::move(stored));
 }
 
-std::string ResponsesOutput::takeSse() {
-  std::string out;
-  out.swap(sse_);
-  return out;
-}
+std::string ResponsesOutput::takeSse() { return std::exchange(sse_, std::string()); }
 
 std::string ResponsesOutput::responseJson() const {
   JsonWriter w;
