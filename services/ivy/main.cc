@@ -111,9 +111,9 @@ int run(int argc, char** argv) {
            "deadline of each embeddings / score / rerank request, from its arrival (0: none); a "
            "caller's x-request-timeout header (seconds) can only shorten it")
       .add("generate-timeout-ms", &generate_timeout_ms,
-           "deadline of each chat / completions / responses request, streamed or not, from its arrival "
-           "(0: none; default 10 minutes, an OpenAI client's own default); x-request-timeout can "
-           "only shorten it")
+           "deadline of each chat / completions / responses request, streamed or not, from its "
+           "arrival (0: none; default 10 minutes, an OpenAI client's own default); "
+           "x-request-timeout can only shorten it")
       .add("max-inputs", &max_inputs, "most inputs (or documents) per request; more gets 400")
       .add("max-input-chars", &max_input_chars,
            "most characters per text input, checked before tokenization (0: no limit)")
@@ -123,12 +123,12 @@ int run(int argc, char** argv) {
            "most tokens of all inputs of one request together (0: no limit)")
       .add("max-inflight-requests", &max_inflight_requests,
            "model requests in flight in this ivy; more get 429 + Retry-After (0: no limit)")
-      .add("responses-store-max", &responses_store_max,
-           "responses kept in memory for /v1/responses' previous_response_id (least recently "
-           "used evicted first; 0: none are kept)")
       .add("max-inflight-tokens", &max_inflight_tokens,
            "tokens of model requests in flight in this ivy (a chat / completions choice counts "
            "its prompt + max_tokens); more get 429 (0: no limit)")
+      .add("responses-store-max", &responses_store_max,
+           "responses kept in memory for /v1/responses' previous_response_id (least recently "
+           "used evicted first; 0: none are kept)")
       .add("api-keys-file", &api_keys_file,
            "file of API keys, one per line (# comments); when set every API route needs "
            "`Authorization: Bearer <key>` (re-read on SIGHUP or when the file changes)")

@@ -51,9 +51,10 @@ Result<std::string> partsText(const element& v, const std::string& path,
     ASSIGN_OR_RETURN(std::string type, requiredString(part, "type", pp + ".type"));
     if (std::find(types.begin(), types.end(), type) == types.end()) {
       std::string allowed;
-      for (std::string_view t : types) allowed += (allowed.empty() ? "\"" : ", \"") + std::string(t) + "\"";
-      return invalidField(pp + ".type", "only " + allowed + " parts are supported (got \"" +
-                                            type + "\")");
+      for (std::string_view t : types)
+        allowed += (allowed.empty() ? "\"" : ", \"") + std::string(t) + "\"";
+      return invalidField(pp + ".type",
+                          "only " + allowed + " parts are supported (got \"" + type + "\")");
     }
     ASSIGN_OR_RETURN(std::string t, requiredString(part, "text", pp + ".text"));
     text += t;
@@ -121,7 +122,8 @@ Status appendInputItem(const element& item, const std::string& p, StoredConversa
   } else {
     return invalidField(p + ".type",
                         "must be message, function_call, function_call_output or reasoning (got "
-                        "\"" + *type + "\")");
+                        "\"" +
+                            *type + "\")");
   }
   return okStatus();
 }
@@ -242,21 +244,23 @@ Result<ResponsesRequest> parseResponsesRequest(std::string_view body, const Mode
   RETURN_IF_ERROR(rejectIfSet(root, "background", "background responses are not supported"));
   RETURN_IF_ERROR(rejectIfSet(root, "top_logprobs", "logprobs are not supported"));
   if (present(root, "conversation"))
-    return invalidField("conversation", "conversations are not supported (use previous_response_id)");
+    return invalidField("conversation",
+                        "conversations are not supported (use previous_response_id)");
   if (present(root, "prompt")) return invalidField("prompt", "prompt templates are not supported");
   if (auto text = present(root, "text")) {
     if (auto format = present(*text, "format")) {
       ASSIGN_OR_RETURN(auto type, optionalString(*format, "type", "text.format.type"));
       if (type && *type != "text")
-        return invalidField("text.format.type", "only \"text\" is supported (got \"" + *type + "\")");
+        return invalidField("text.format.type",
+                            "only \"text\" is supported (got \"" + *type + "\")");
     }
   }
   if (auto st = present(root, "store")) {
     if (st->get_bool().get(req.store) != simdjson::SUCCESS)
       return invalidField("store", "must be a boolean");
   }
-  ASSIGN_OR_RETURN(auto previous, optionalString(root, "previous_response_id",
-                                                 "previous_response_id"));
+  ASSIGN_OR_RETURN(auto previous,
+                   optionalString(root, "previous_response_id", "previous_response_id"));
   if (previous) {
     std::shared_ptr<const StoredConversation> prior = store ? store->get(*previous) : nullptr;
     if (!prior) {
@@ -276,8 +280,8 @@ Result<ResponsesRequest> parseResponsesRequest(std::string_view body, const Mode
     if (items.size() == 0) return invalidField("input", "must not be empty");
     size_t i = 0;
     for (element item : items) {
-      RETURN_IF_ERROR(appendInputItem(item, "input[" + std::to_string(i++) + "]",
-                                      &req.conversation));
+      RETURN_IF_ERROR(
+          appendInputItem(item, "input[" + std::to_string(i++) + "]", &req.conversation));
     }
   } else {
     return invalidField("input", "must be a string or an array of items");
@@ -310,11 +314,11 @@ Result<ResponsesRequest> parseResponsesRequest(std::string_view body, const Mode
     w.key("tool_choice").raw(chat_choice);
     req.tool_choice_json = simdjson::minify(*choice);
   }
-  for (auto [from, to] : {std::pair<std::string_view, std::string_view>{"max_output_tokens",
-                                                                        "max_tokens"},
-                          {"temperature", "temperature"},
-                          {"top_p", "top_p"},
-                          {"stream", "stream"}}) {
+  for (auto [from, to] :
+       {std::pair<std::string_view, std::string_view>{"max_output_tokens", "max_tokens"},
+        {"temperature", "temperature"},
+        {"top_p", "top_p"},
+        {"stream", "stream"}}) {
     if (auto v = present(root, from)) w.key(to).raw(simdjson::minify(*v));
   }
   w.endObject();
@@ -525,8 +529,7 @@ void ResponsesOutput::appendText(ItemKind kind, const std::string& text) {
   Item& it = items_.back();
   it.text += text;
   const size_t index = items_.size() - 1;
-  event(kind == ItemKind::kMessage ? "response.output_text.delta"
-                                   : "response.reasoning_text.delta",
+  event(kind == ItemKind::kMessage ? "response.output_text.delta" : "response.reasoning_text.delta",
         [&](JsonWriter& w) {
           w.field("item_id", it.id).field("output_index", index).field("content_index", 0);
           w.field("delta", text);

@@ -40,8 +40,8 @@
 #include <cstdint>
 #include <functional>
 #include <list>
-#include <optional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -84,7 +84,7 @@ class ResponsesStore {
 struct ResponsesRequest {
   ChatRequest chat;
   bool store = true;
-  std::string previous_response_id;  // empty: none
+  std::string previous_response_id;        // empty: none
   std::string instructions_json = "null";  // echoed in the response object
   std::string tools_json = "[]";
   std::string tool_choice_json = "\"auto\"";

@@ -1,12 +1,12 @@
 #pragma once
-// POST /v1/chat/completions, POST /v1/completions and POST /v1/responses: the generation routes' steps of ivy's
-// request pipeline (http/pipeline.h; IvyService registers the routes and runs the pipeline, so
-// auth, admission, deadlines, the model-kind check, limits and the timing headers are the same as
-// for every model route).
+// POST /v1/chat/completions, POST /v1/completions and POST /v1/responses: the generation routes'
+// steps of ivy's request pipeline (http/pipeline.h; IvyService registers the routes and runs the
+// pipeline, so auth, admission, deadlines, the model-kind check, limits and the timing headers are
+// the same as for every model route).
 //   prepare (io thread): parse within the limits and render / tokenize the prompt (api/chat.h,
 //     api/completions.h, api/responses.h: a Responses request is rendered as chat; its
-//     previous_response_id is looked up in the routes' ResponsesStore); the request holds prompt tokens + max_tokens of every choice against
-//     --max-inflight-tokens while it runs.
+//     previous_response_id is looked up in the routes' ResponsesStore); the request holds prompt
+//     tokens + max_tokens of every choice against --max-inflight-tokens while it runs.
 //   send: one TulipClient::generate per choice, each with the request's deadline (the remaining
 //     --generate-timeout-ms, or less with x-request-timeout); the response is built as chunks
 //     arrive on the client's threads:
@@ -70,8 +70,9 @@ class GenerateRoutes {
   TulipClient* client_;
   const Tokenizer* tokenizer_;
   std::function<std::string(size_t index)> make_tool_call_id_;
-  std::shared_ptr<Metrics> metrics_;  // shared with the jobs in flight
-  std::shared_ptr<ResponsesStore> responses_store_;  // shared with the jobs in flight
+  // Both shared with the jobs in flight.
+  std::shared_ptr<Metrics> metrics_;
+  std::shared_ptr<ResponsesStore> responses_store_;
 };
 
 }  // namespace garden::ivy

@@ -24,12 +24,12 @@
 // http/chat_routes.h (chat, completions, responses: GenerateRoutes).
 //
 // Deadlines: embeddings, score and rerank get --request-timeout-ms (request_timeout); chat,
-// completions and responses get --generate-timeout-ms (generate_timeout): generation runs for as long as it
-// produces tokens, so its bound is the one an OpenAI client applies by default (10 minutes). The
-// caller's x-request-timeout applies to both and can only shorten them. A generation past its
-// deadline ends with 504 before its first chunk, or an SSE error event (code "timeout") after.
-// Tokens counted against --max-inflight-tokens: the prompt tokens of embeddings, score and rerank;
-// for chat and completions every choice's prompt tokens + max_tokens (what it may occupy).
+// completions and responses get --generate-timeout-ms (generate_timeout): generation runs for as
+// long as it produces tokens, so its bound is the one an OpenAI client applies by default (10
+// minutes). The caller's x-request-timeout applies to both and can only shorten them. A generation
+// past its deadline ends with 504 before its first chunk, or an SSE error event (code "timeout")
+// after. Tokens counted against --max-inflight-tokens: the prompt tokens of embeddings, score and
+// rerank; for chat and completions every choice's prompt tokens + max_tokens (what it may occupy).
 //
 // onRequestDone() is the server's AccessObserver: one structured log line per request
 // (request_id, method, route, status, latency_us) and the Prometheus series

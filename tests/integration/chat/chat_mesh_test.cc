@@ -1,8 +1,8 @@
-// Chat, completions and responses through the three real binaries on CPU: ivy (Harmony render + parse, SSE)
-// -> tulip (continuous batching, Generate stream) -> rose (a tiny random gpt-oss). The weights are
-// random, so assertions are about the protocol: response shapes, finish reasons against token
-// counts, streaming == non-streaming under greedy sampling, forced tool calls and their round
-// trip, concurrency, and that a client leaving mid-stream frees its sequence in tulip.
+// Chat, completions and responses through the three real binaries on CPU: ivy (Harmony render +
+// parse, SSE) -> tulip (continuous batching, Generate stream) -> rose (a tiny random gpt-oss). The
+// weights are random, so assertions are about the protocol: response shapes, finish reasons
+// against token counts, streaming == non-streaming under greedy sampling, forced tool calls and
+// their round trip, concurrency, and that a client leaving mid-stream frees its sequence in tulip.
 
 #include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
@@ -675,8 +675,9 @@ TEST_F(ChatMesh, ResponsesFunctionCallRoundTripWithPreviousResponseId) {
                  R"({"model":"gpt-oss-tiny","previous_response_id":"resp_nope","input":"x"})");
   EXPECT_EQ(nf.status, 404) << nf.body;
   EXPECT_NE(nf.body.find(R"("param":"previous_response_id")"), std::string::npos) << nf.body;
-  auto unstored = post("/v1/responses",
-                       R"({"model":"gpt-oss-tiny","input":"x","store":false,"max_output_tokens":2})");
+  auto unstored = post(
+      "/v1/responses",
+      R"({"model":"gpt-oss-tiny","input":"x","store":false,"max_output_tokens":2})");
   ASSERT_EQ(unstored.status, 200) << unstored.body;
   ResponseObject u = parseResponseBody(unstored.body);
   EXPECT_EQ(post("/v1/responses", R"({"model":"gpt-oss-tiny","previous_response_id":")" + u.id +

@@ -5,10 +5,11 @@
 // model-kind check, a failure mid-stream; 429 admission with the other generation routes in
 // generate_pipeline_test.cc). Scripted generate client, no sockets.
 
+#include "services/ivy/api/responses.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "services/ivy/api/responses.h"
 #include "tests/unit/ivy/chat/chat_harness.h"
 
 namespace garden::ivy::testing {
@@ -36,11 +37,13 @@ TEST(ResponsesParse, RendersAsTheEquivalentChatRequest) {
       R"({"type":"object","properties":{"city":{"type":"string"}}}})";
   auto r = parseResponsesRequest(
       R"({"model":"gpt-test","instructions":"Be brief.","reasoning":{"effort":"high"},)"
-      R"("tools":[)" + tools + R"(],"tool_choice":{"type":"function","name":"get_weather"},)"
-      R"("max_output_tokens":50,"temperature":0,"metadata":{"k":"v"},"user":"u",)"
-      R"("input":[{"role":"user","content":[{"type":"input_text","text":"Paris?"}]},)"
-      R"({"type":"function_call","call_id":"c1","name":"get_weather","arguments":"{}"},)"
-      R"({"type":"function_call_output","call_id":"c1","output":"sunny"}]})",
+      R"("tools":[)" +
+          tools +
+          R"(],"tool_choice":{"type":"function","name":"get_weather"},)"
+          R"("max_output_tokens":50,"temperature":0,"metadata":{"k":"v"},"user":"u",)"
+          R"("input":[{"role":"user","content":[{"type":"input_text","text":"Paris?"}]},)"
+          R"({"type":"function_call","call_id":"c1","name":"get_weather","arguments":"{}"},)"
+          R"({"type":"function_call_output","call_id":"c1","output":"sunny"}]})",
       spec, &tok, &store);
   ASSERT_TRUE(r.isOk()) << r.status().message();
   auto chat = parseChatRequest(
@@ -116,7 +119,8 @@ TEST(ResponsesParse, ErrorsNameTheResponsesField) {
     auto r = parseResponsesRequest(c.body, spec, &tok, &store);
     ASSERT_FALSE(r.isOk()) << c.body;
     EXPECT_EQ(r.status().code(), c.code) << c.body << ": " << r.status().message();
-    EXPECT_EQ(r.status().message().rfind(c.prefix, 0), 0u) << c.body << ": " << r.status().message();
+    EXPECT_EQ(r.status().message().rfind(c.prefix, 0), 0u)
+        << c.body << ": " << r.status().message();
   }
   // Harmless fields are ignored; background false / text format "text" are fine.
   auto ok = parseResponsesRequest(
@@ -183,9 +187,9 @@ std::string field(simdjson::dom::element e, std::string_view key) { return str(e
 TEST(ResponsesRoute, NonStreamingResponseObject) {
   ChatHarness h;
   h.client().setScript(h.ids(kReasonThenAnswer));
-  Captured r = h.post("/v1/responses",
-                      R"({"model":"gpt-test","input":"Hi","instructions":"Be kind.",)"
-                      R"("max_output_tokens":100,"reasoning":{"effort":"low"}})");
+  Captured r =
+      h.post("/v1/responses", R"({"model":"gpt-test","input":"Hi","instructions":"Be kind.",)"
+                              R"("max_output_tokens":100,"reasoning":{"effort":"low"}})");
   ASSERT_EQ(r.status, 200) << r.body;
   EXPECT_FALSE(r.header("x-garden-total-us").empty());
   Json j(r.body);
@@ -279,15 +283,21 @@ TEST(ResponsesRoute, StreamingEventsAssembleToTheFinalResponse) {
     if (e.type == "response.reasoning_text.delta") reasoning += field(j.root, "delta");
     if (e.type == "response.output_text.delta") text += field(j.root, "delta");
   }
-  const std::vector<std::string> expected = {
-      "response.created", "response.in_progress",
-      "response.output_item.added", "response.content_part.added",
-      "response.reasoning_text.delta", "response.reasoning_text.done",
-      "response.content_part.done", "response.output_item.done",
-      "response.output_item.added", "response.content_part.added",
-      "response.output_text.delta", "response.output_text.done",
-      "response.content_part.done", "response.output_item.done",
-      "response.completed"};
+  const std::vector<std::string> expected = {"response.created",
+                                             "response.in_progress",
+                                             "response.output_item.added",
+                                             "response.content_part.added",
+                                             "response.reasoning_text.delta",
+                                             "response.reasoning_text.done",
+                                             "response.content_part.done",
+                                             "response.output_item.done",
+                                             "response.output_item.added",
+                                             "response.content_part.added",
+                                             "response.output_text.delta",
+                                             "response.output_text.done",
+                                             "response.content_part.done",
+                                             "response.output_item.done",
+                                             "response.completed"};
   EXPECT_EQ(types, expected);
   EXPECT_EQ(reasoning, "Think first.");
   EXPECT_EQ(text, "Hello there!");
@@ -338,25 +348,27 @@ TEST(ResponsesRoute, FunctionCallRoundTripWithPreviousResponseId) {
 
   // The follow-up continues the stored conversation with the call's output.
   h.client().setScript(h.ids("<|channel|>final<|message|>It is sunny.<|return|>"));
-  Captured second =
-      h.post("/v1/responses", R"({"previous_response_id":")" + resp_id +
-                                  R"(","tools":)" + kWeatherTool +
-                                  R"(,"input":[{"type":"function_call_output","call_id":")" +
-                                  call_id + R"(","output":"sunny, 21C"}]})");
+  Captured second = h.post(
+      "/v1/responses", R"({"previous_response_id":")" + resp_id + R"(","tools":)" + kWeatherTool +
+                           R"(,"input":[{"type":"function_call_output","call_id":")" + call_id +
+                           R"(","output":"sunny, 21C"}]})");
   ASSERT_EQ(second.status, 200) << second.body;
   Json j(second.body);
   EXPECT_EQ(field(j.root, "previous_response_id"), resp_id);
   EXPECT_EQ(field(j.root["output"].at(0)["content"].at(0), "text"), "It is sunny.");
   const std::string prompt = h.decode(h.client().calls().at(1).prompt_ids);
   EXPECT_THAT(prompt, HasSubstr("Weather in Paris?"));
-  EXPECT_THAT(prompt, HasSubstr(R"(to=functions.get_weather<|channel|>commentary <|constrain|>json<|message|>{"city":"Paris"}<|call|>)"));
+  EXPECT_THAT(
+      prompt,
+      HasSubstr(
+          R"(to=functions.get_weather<|channel|>commentary <|constrain|>json<|message|>{"city":"Paris"}<|call|>)"));
   EXPECT_THAT(prompt, HasSubstr("<|start|>functions.get_weather to=assistant<|channel|>commentary"
                                 "<|message|>sunny, 21C<|end|>"));
 
   // And a third turn continues the second (the whole chain is stored).
   h.client().setScript(h.ids("<|channel|>final<|message|>Bye.<|return|>"));
-  Captured third = h.post("/v1/responses", R"({"previous_response_id":")" +
-                                               field(j.root, "id") + R"(","input":"Thanks"})");
+  Captured third = h.post("/v1/responses", R"({"previous_response_id":")" + field(j.root, "id") +
+                                               R"(","input":"Thanks"})");
   ASSERT_EQ(third.status, 200) << third.body;
   const std::string prompt3 = h.decode(h.client().calls().at(2).prompt_ids);
   EXPECT_THAT(prompt3, HasSubstr("sunny, 21C"));
@@ -374,8 +386,8 @@ TEST(ResponsesRoute, UnknownOrUnstoredPreviousResponseIs404) {
   Captured unstored = h.post("/v1/responses", R"({"input":"x","store":false})");
   ASSERT_EQ(unstored.status, 200);
   Json j(unstored.body);
-  EXPECT_EQ(h.post("/v1/responses", R"({"input":"y","previous_response_id":")" +
-                                        field(j.root, "id") + "\"}")
+  EXPECT_EQ(h.post("/v1/responses",
+                   R"({"input":"y","previous_response_id":")" + field(j.root, "id") + "\"}")
                 .status,
             404);
   EXPECT_EQ(h.client().calls().size(), 1u);
@@ -388,12 +400,12 @@ TEST(ResponsesRoute, StoreIsBoundedByTheOption) {
   h.client().setScript(h.ids("<|channel|>final<|message|>ok<|return|>"));
   Json a(h.post("/v1/responses", R"({"input":"a"})").body);
   Json b(h.post("/v1/responses", R"({"input":"b"})").body);
-  EXPECT_EQ(h.post("/v1/responses", R"({"input":"x","previous_response_id":")" +
-                                        field(a.root, "id") + "\"}")
+  EXPECT_EQ(h.post("/v1/responses",
+                   R"({"input":"x","previous_response_id":")" + field(a.root, "id") + "\"}")
                 .status,
             404);  // evicted by b
-  EXPECT_EQ(h.post("/v1/responses", R"({"input":"x","previous_response_id":")" +
-                                        field(b.root, "id") + "\"}")
+  EXPECT_EQ(h.post("/v1/responses",
+                   R"({"input":"x","previous_response_id":")" + field(b.root, "id") + "\"}")
                 .status,
             200);
 }
