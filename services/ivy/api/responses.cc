@@ -437,11 +437,11 @@ void ResponsesOutput::writeResponse(JsonWriter& w, std::string_view status,
   }
   w.key("reasoning").beginObject().field("effort", harmony::reasoningEffortName(effort_));
   w.nullField("summary").endObject();
-  w.field("store", store_).field("temperature", static_cast<double>(temperature_));
+  w.field("store", store_).field("temperature", temperature_);
   w.key("text").beginObject().key("format").beginObject().field("type", "text").endObject();
   w.endObject();
   w.key("tool_choice").raw(tool_choice_json_).key("tools").raw(tools_json_);
-  w.field("top_p", static_cast<double>(top_p_)).field("truncation", "disabled");
+  w.field("top_p", top_p_).field("truncation", "disabled");
   w.key("metadata").beginObject().endObject();
   if (finished_) {
     w.key("usage").beginObject();

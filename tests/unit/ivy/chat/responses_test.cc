@@ -187,9 +187,10 @@ std::string field(simdjson::dom::element e, std::string_view key) { return str(e
 TEST(ResponsesRoute, NonStreamingResponseObject) {
   ChatHarness h;
   h.client().setScript(h.ids(kReasonThenAnswer));
-  Captured r =
-      h.post("/v1/responses", R"({"model":"gpt-test","input":"Hi","instructions":"Be kind.",)"
-                              R"("max_output_tokens":100,"reasoning":{"effort":"low"}})");
+  Captured r = h.post(
+      "/v1/responses",
+      R"({"model":"gpt-test","input":"Hi","instructions":"Be kind.",)"
+      R"("max_output_tokens":100,"reasoning":{"effort":"low"},"temperature":0.7,"top_p":0.9})");
   ASSERT_EQ(r.status, 200) << r.body;
   EXPECT_FALSE(r.header("x-garden-total-us").empty());
   Json j(r.body);
@@ -199,6 +200,9 @@ TEST(ResponsesRoute, NonStreamingResponseObject) {
   EXPECT_EQ(field(j.root, "model"), "gpt-test");
   EXPECT_EQ(field(j.root, "instructions"), "Be kind.");
   EXPECT_EQ(field(j.root["reasoning"], "effort"), "low");
+  // Sampling echoed as sent (float values written in their shortest form).
+  EXPECT_THAT(r.body, HasSubstr(R"("temperature":0.7,)"));
+  EXPECT_THAT(r.body, HasSubstr(R"("top_p":0.9,)"));
   EXPECT_TRUE(j.root["incomplete_details"].is_null());
   int64_t created = 0;
   EXPECT_FALSE(j.root["created_at"].get(created));
