@@ -63,6 +63,7 @@ int run(int argc, char** argv) {
   uint64_t max_request_tokens = 256u << 10;
   uint64_t max_inflight_requests = service_options.max_inflight_requests;
   uint64_t max_inflight_tokens = service_options.max_inflight_tokens;
+  uint64_t responses_store_max = service_options.responses_store_max;
   std::string api_keys_file;
   uint32_t admin_port = 0;
   std::string query_prompt, document_prompt;
@@ -110,9 +111,9 @@ int run(int argc, char** argv) {
            "deadline of each embeddings / score / rerank request, from its arrival (0: none); a "
            "caller's x-request-timeout header (seconds) can only shorten it")
       .add("generate-timeout-ms", &generate_timeout_ms,
-           "deadline of each chat / completions request, streamed or not, from its arrival "
-           "(0: none; default 10 minutes, an OpenAI client's own default); x-request-timeout can "
-           "only shorten it")
+           "deadline of each chat / completions / responses request, streamed or not, from its "
+           "arrival (0: none; default 10 minutes, an OpenAI client's own default); "
+           "x-request-timeout can only shorten it")
       .add("max-inputs", &max_inputs, "most inputs (or documents) per request; more gets 400")
       .add("max-input-chars", &max_input_chars,
            "most characters per text input, checked before tokenization (0: no limit)")
@@ -125,6 +126,9 @@ int run(int argc, char** argv) {
       .add("max-inflight-tokens", &max_inflight_tokens,
            "tokens of model requests in flight in this ivy (a chat / completions choice counts "
            "its prompt + max_tokens); more get 429 (0: no limit)")
+      .add("responses-store-max", &responses_store_max,
+           "responses kept in memory for /v1/responses' previous_response_id (least recently "
+           "used evicted first; 0: none are kept)")
       .add("api-keys-file", &api_keys_file,
            "file of API keys, one per line (# comments); when set every API route needs "
            "`Authorization: Bearer <key>` (re-read on SIGHUP or when the file changes)")
@@ -288,6 +292,7 @@ int run(int argc, char** argv) {
   service_options.limits.max_request_tokens = max_request_tokens;
   service_options.max_inflight_requests = max_inflight_requests;
   service_options.max_inflight_tokens = max_inflight_tokens;
+  service_options.responses_store_max = static_cast<size_t>(responses_store_max);
   service_options.prompts = &prompts;
   service_options.tokenizer = own_tokenizer;
   service_options.score_yes_token = score_yes_token;

@@ -85,6 +85,16 @@ Result<ChatRequest> parseChatRequest(std::string_view body, const ModelSpec& spe
   return req;
 }
 
+harmony::ChatOutputOptions chatOutputOptions(
+    const ChatRequest& request, const std::function<std::string(size_t)>& make_tool_call_id) {
+  harmony::ChatOutputOptions o;
+  o.function_names = request.harmony.function_names;
+  o.allow_tool_calls = request.harmony.tool_choice != harmony::ToolChoice::kNone;
+  o.make_tool_call_id =
+      make_tool_call_id ? make_tool_call_id : [](size_t) { return randomId("call_"); };
+  return o;
+}
+
 ChatCompletionOutput::ChatCompletionOutput(const Tokenizer& tokenizer, const ChatRequest& request,
                                            ResponseIdentity identity)
     : identity_(std::move(identity)),
@@ -92,15 +102,7 @@ ChatCompletionOutput::ChatCompletionOutput(const Tokenizer& tokenizer, const Cha
       include_usage_(request.sampling.include_usage),
       prompt_len_(request.prompt_ids.size()),
       decoder_(tokenizer, harmony::ParserOptions{},
-               [&] {
-                 harmony::ChatOutputOptions o;
-                 o.function_names = request.harmony.function_names;
-                 o.allow_tool_calls = request.harmony.tool_choice != harmony::ToolChoice::kNone;
-                 o.make_tool_call_id = identity_.make_tool_call_id
-                                           ? identity_.make_tool_call_id
-                                           : [](size_t) { return randomId("call_"); };
-                 return o;
-               }()),
+               chatOutputOptions(request, identity_.make_tool_call_id)),
       stop_(request.sampling.stop) {
   if (stream_) {
     std::string json;

@@ -69,6 +69,11 @@ struct ResponseIdentity {
   std::function<std::string(size_t index)> make_tool_call_id;
 };
 
+// The output decoder's options for `request`: its declared functions, calls hidden under
+// tool_choice "none", ids from `make_tool_call_id` (null: random "call_...").
+harmony::ChatOutputOptions chatOutputOptions(
+    const ChatRequest& request, const std::function<std::string(size_t)>& make_tool_call_id);
+
 class ChatCompletionOutput final : public GenerationOutput {
  public:
   // `tokenizer` must outlive this object.

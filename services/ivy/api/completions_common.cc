@@ -294,4 +294,6 @@ std::string sseErrorEvents(const Status& status) {
   return out;
 }
 
+std::string GenerationOutput::sseError(const Status& status) { return sseErrorEvents(status); }
+
 }  // namespace garden::ivy

@@ -136,6 +136,9 @@ class GenerationOutput {
   virtual std::string takeSse() = 0;
   // Non-streaming: the whole response (after every choice finished).
   virtual std::string responseJson() const = 0;
+  // Streaming: the events that end a stream which failed after it began (sseErrorEvents below
+  // for chat and completions).
+  virtual std::string sseError(const Status& status);
 };
 
 // The SSE event for an error after the stream began: {"error":{...}} then [DONE].

@@ -8,7 +8,7 @@ namespace garden::ivy {
 namespace {
 
 // Top-level request fields of every ivy endpoint; extend when an endpoint is added.
-constexpr std::array<std::string_view, 40> kRequestFields = {
+constexpr std::array<std::string_view, 47> kRequestFields = {
     "model",    "input",       "encoding_format", "dimensions",  "user",       "body",
     "messages", "prompt",      "text",            "tokens",      "tools",      "tool_choice",
     "reasoning_effort", "max_tokens", "temperature", "stream",
@@ -17,7 +17,10 @@ constexpr std::array<std::string_view, 40> kRequestFields = {
     "ignore_eos", "logprobs", "suffix", "best_of", "top_logprobs", "presence_penalty",
     "frequency_penalty", "logit_bias", "response_format",
     // embeddings prompts, score and rerank (api/embeddings.h, api/score.h)
-    "input_type", "prompt_name", "query", "documents", "instruction", "top_n", "return_documents"};
+    "input_type", "prompt_name", "query", "documents", "instruction", "top_n", "return_documents",
+    // responses (api/responses.h)
+    "instructions", "reasoning", "max_output_tokens", "previous_response_id", "store",
+    "background", "conversation"};
 
 // A request header named as the culprit ("x-request-timeout: ..."): lower-case, starts "x-".
 bool isHeaderName(std::string_view s) {

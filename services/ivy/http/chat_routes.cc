@@ -232,7 +232,7 @@ class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
     if (stream_ && body_) {
       // Output already went out: report the error in-band and end the stream.
       std::string sse = out_->takeSse();
-      sse += sseErrorEvents(s);
+      sse += out_->sseError(s);
       body_->write(sse);
       req_->finishStream();
       body_->end();
@@ -283,11 +283,13 @@ PreparedCall preparedGeneration(std::shared_ptr<GenerationJob> job, std::vector<
 
 GenerateRoutes::GenerateRoutes(TulipClient* client, const Tokenizer* tokenizer,
                                metrics::Registry* registry,
-                               std::function<std::string(size_t index)> make_tool_call_id)
+                               std::function<std::string(size_t index)> make_tool_call_id,
+                               size_t responses_store_max)
     : client_(client),
       tokenizer_(tokenizer),
       make_tool_call_id_(std::move(make_tool_call_id)),
-      metrics_(std::make_shared<Metrics>(registry)) {}
+      metrics_(std::make_shared<Metrics>(registry)),
+      responses_store_(std::make_shared<ResponsesStore>(responses_store_max)) {}
 
 GenerateRoutes::~GenerateRoutes() = default;
 
@@ -308,6 +310,29 @@ Result<PreparedCall> GenerateRoutes::prepareChat(const HttpRequest& req,
   call.stop_token_ids = parsed->stop_token_ids;
   auto job = std::make_shared<GenerationJob>(std::move(out), parsed->sampling.stream, metrics_,
                                              "chat");
+  std::vector<GenerateCall> calls;
+  calls.push_back(std::move(call));
+  return preparedGeneration(std::move(job), std::move(calls), client_);
+}
+
+Result<PreparedCall> GenerateRoutes::prepareResponses(const HttpRequest& req,
+                                                      const std::shared_ptr<const ModelSpec>& spec,
+                                                      const RequestLimits& limits) const {
+  Result<ResponsesRequest> parsed =
+      parseResponsesRequest(req.body, *spec, tokenizer_, responses_store_.get(), limits);
+  if (!parsed.isOk()) {
+    metrics_->requests.labels({"responses", "invalid"}).inc();
+    return parsed.status();
+  }
+  ResponseIdentity identity{randomId("resp_"), unixNow(), spec->served_name, make_tool_call_id_};
+  auto out = std::make_unique<ResponsesOutput>(*tokenizer_, *parsed, std::move(identity),
+                                               responses_store_);
+  GenerateCall call = baseCall(req, *spec, parsed->chat.sampling);
+  call.prompt_ids = std::move(parsed->chat.prompt_ids);
+  call.max_tokens = parsed->chat.max_tokens;
+  call.stop_token_ids = parsed->chat.stop_token_ids;
+  auto job = std::make_shared<GenerationJob>(std::move(out), parsed->chat.sampling.stream,
+                                             metrics_, "responses");
   std::vector<GenerateCall> calls;
   calls.push_back(std::move(call));
   return preparedGeneration(std::move(job), std::move(calls), client_);

@@ -50,7 +50,8 @@ IvyService::IvyService(IvyServiceOptions options, TulipClient* client, ModelSour
       yes_no_(failedPrecondition(
           "scoring needs a tokenizer: start ivy with --tokenizer (tokenizer-impl garden)")),
       generate_(std::make_unique<GenerateRoutes>(client, options_.tokenizer, registry,
-                                                 options_.make_tool_call_id)),
+                                                 options_.make_tool_call_id,
+                                                 options_.responses_store_max)),
       requests_(registry->counter("ivy_http_requests_total", "HTTP requests by route and status",
                                   {"route", "status"})),
       client_gone_(registry->counter(
@@ -117,6 +118,10 @@ void IvyService::registerRoutes(Router* router, Router* admin) {
       {"/v1/completions", ModelUse::kGenerate,
        [gen, limits](const HttpRequest& r, const std::shared_ptr<const ModelSpec>& s) {
          return gen->prepareCompletions(r, s, *limits);
+       }},
+      {"/v1/responses", ModelUse::kGenerate,
+       [gen, limits](const HttpRequest& r, const std::shared_ptr<const ModelSpec>& s) {
+         return gen->prepareResponses(r, s, *limits);
        }},
   };
   for (const ModelRoute& route : model_routes) {

@@ -2,6 +2,7 @@
 // IvyService: ivy's routes and the one pipeline every model request goes through.
 //   model routes:  POST /v1/embeddings  POST /v1/score  POST /v1/rerank
 //                  POST /v1/chat/completions  POST /v1/completions           (API: key-gated)
+//                  POST /v1/responses
 //   GET /v1/models (key-gated)
 //   GET /health  GET /ready  GET /metrics      (public; on the admin router when there is one)
 // Handlers run on the connection's io thread: they admit, parse, validate and tokenize there, then
@@ -20,15 +21,15 @@
 //   error after a stream's head is an SSE error event), with the timing headers
 //   (http/pipeline.h [TAG_TIMING_HEADERS]).
 // The route-specific steps are in this file (embeddings, score, rerank) and in
-// http/chat_routes.h (chat, completions: GenerateRoutes).
+// http/chat_routes.h (chat, completions, responses: GenerateRoutes).
 //
-// Deadlines: embeddings, score and rerank get --request-timeout-ms (request_timeout); chat and
-// completions get --generate-timeout-ms (generate_timeout): generation runs for as long as it
-// produces tokens, so its bound is the one an OpenAI client applies by default (10 minutes). The
-// caller's x-request-timeout applies to both and can only shorten them. A generation past its
-// deadline ends with 504 before its first chunk, or an SSE error event (code "timeout") after.
-// Tokens counted against --max-inflight-tokens: the prompt tokens of embeddings, score and rerank;
-// for chat and completions every choice's prompt tokens + max_tokens (what it may occupy).
+// Deadlines: embeddings, score and rerank get --request-timeout-ms (request_timeout); chat,
+// completions and responses get --generate-timeout-ms (generate_timeout): generation runs for as
+// long as it produces tokens, so its bound is the one an OpenAI client applies by default (10
+// minutes). The caller's x-request-timeout applies to both and can only shorten them. A generation
+// past its deadline ends with 504 before its first chunk, or an SSE error event (code "timeout")
+// after. Tokens counted against --max-inflight-tokens: the prompt tokens of embeddings, score and
+// rerank; for chat and completions every choice's prompt tokens + max_tokens (what it may occupy).
 //
 // onRequestDone() is the server's AccessObserver: one structured log line per request
 // (request_id, method, route, status, latency_us) and the Prometheus series
@@ -82,6 +83,8 @@ struct IvyServiceOptions {
   const ApiKeys* api_keys = nullptr;  // null: no authentication
   // Tool-call ids of chat answers (tests make them deterministic); default: random "call_...".
   std::function<std::string(size_t index)> make_tool_call_id;
+  // Responses kept for /v1/responses' previous_response_id (--responses-store-max; 0: none).
+  size_t responses_store_max = 1024;
 };
 
 class IvyService {

@@ -1,8 +1,8 @@
-// Chat and completions through the three real binaries on CPU: ivy (Harmony render + parse, SSE)
-// -> tulip (continuous batching, Generate stream) -> rose (a tiny random gpt-oss). The weights are
-// random, so assertions are about the protocol: response shapes, finish reasons against token
-// counts, streaming == non-streaming under greedy sampling, forced tool calls and their round
-// trip, concurrency, and that a client leaving mid-stream frees its sequence in tulip.
+// Chat, completions and responses through the three real binaries on CPU: ivy (Harmony render +
+// parse, SSE) -> tulip (continuous batching, Generate stream) -> rose (a tiny random gpt-oss). The
+// weights are random, so assertions are about the protocol: response shapes, finish reasons
+// against token counts, streaming == non-streaming under greedy sampling, forced tool calls and
+// their round trip, concurrency, and that a client leaving mid-stream frees its sequence in tulip.
 
 #include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
@@ -180,24 +180,33 @@ Chat parseChat(const std::string& body) {
   return c;
 }
 
-Chat parseChatStream(const std::string& body) {
-  Chat c;
+// The events of an SSE body, each without its blank line; fails on an unterminated one.
+std::vector<std::string> sseBlocks(const std::string& body) {
+  std::vector<std::string> blocks;
   size_t pos = 0;
-  bool done = false;
-  std::map<int64_t, std::pair<std::string, std::string>> calls;
   while (pos < body.size()) {
     size_t end = body.find("\n\n", pos);
     if (end == std::string::npos) {
       ADD_FAILURE() << "unterminated event: " << body.substr(pos);
       break;
     }
-    std::string ev = body.substr(pos, end - pos);
+    blocks.push_back(body.substr(pos, end - pos));
     pos = end + 2;
+  }
+  return blocks;
+}
+
+Chat parseChatStream(const std::string& body) {
+  Chat c;
+  bool done = false;
+  std::map<int64_t, std::pair<std::string, std::string>> calls;
+  for (const std::string& ev : sseBlocks(body)) {
+    EXPECT_FALSE(done) << "an event after [DONE]: " << ev;
     EXPECT_EQ(ev.rfind("data: ", 0), 0u) << ev;
     std::string payload = ev.substr(6);
     if (payload == "[DONE]") {
       done = true;
-      break;
+      continue;
     }
     simdjson::dom::parser p;
     simdjson::dom::element doc;
@@ -232,19 +241,26 @@ Chat parseChatStream(const std::string& body) {
     if (!choices.at(0)["finish_reason"].get_string().get(s)) c.finish_reason = std::string(s);
   }
   EXPECT_TRUE(done) << "no [DONE]";
-  EXPECT_EQ(pos, body.size()) << "bytes after [DONE]";
   for (auto& [i, call] : calls) c.calls.push_back(call);
   return c;
 }
 
+// Usage of one generation of at most `max_tokens`; `at_limit`: the limit stopped it.
+void expectTokenCounts(int64_t prompt, int64_t completion, int64_t total, int64_t max_tokens,
+                       bool at_limit) {
+  EXPECT_GT(prompt, 0);
+  EXPECT_GE(completion, 1);
+  EXPECT_LE(completion, max_tokens);
+  EXPECT_EQ(total, prompt + completion);
+  if (at_limit) {
+    EXPECT_EQ(completion, max_tokens);
+  }
+}
+
 void expectConsistent(const Chat& c, int64_t max_tokens) {
-  EXPECT_GT(c.prompt_tokens, 0);
-  EXPECT_GE(c.completion_tokens, 1);
-  EXPECT_LE(c.completion_tokens, max_tokens);
-  EXPECT_EQ(c.total_tokens, c.prompt_tokens + c.completion_tokens);
-  if (c.finish_reason == "length") {
-    EXPECT_EQ(c.completion_tokens, max_tokens);
-  } else {
+  expectTokenCounts(c.prompt_tokens, c.completion_tokens, c.total_tokens, max_tokens,
+                    c.finish_reason == "length");
+  if (c.finish_reason != "length") {
     EXPECT_TRUE(c.finish_reason == "stop" || c.finish_reason == "tool_calls") << c.finish_reason;
   }
 }
@@ -475,6 +491,210 @@ TEST_F(ChatMesh, TimingHeaders) {
   EXPECT_EQ(st.headers["transfer-encoding"], "chunked");
   EXPECT_FALSE(st.headers["x-garden-tokenize-us"].empty());
   EXPECT_TRUE(st.headers["x-garden-total-us"].empty());
+}
+
+// A /v1/responses object: its output items in order ({type, text}: the reasoning text, the
+// message text, or a call's "name(arguments)"), status and usage.
+struct ResponseObject {
+  std::string id, status, incomplete_reason;
+  std::vector<std::pair<std::string, std::string>> items;
+  std::vector<std::string> call_ids;
+  int64_t input_tokens = -1, output_tokens = -1, total_tokens = -1;
+};
+
+ResponseObject parseResponse(simdjson::dom::element doc) {
+  ResponseObject r;
+  std::string_view s;
+  EXPECT_FALSE(doc["id"].get_string().get(s));
+  r.id = std::string(s);
+  EXPECT_EQ(r.id.rfind("resp_", 0), 0u) << r.id;
+  EXPECT_FALSE(doc["object"].get_string().get(s));
+  EXPECT_EQ(s, "response");
+  EXPECT_FALSE(doc["status"].get_string().get(s));
+  r.status = std::string(s);
+  if (!doc["incomplete_details"]["reason"].get_string().get(s)) r.incomplete_reason = s;
+  simdjson::dom::array out;
+  EXPECT_FALSE(doc["output"].get_array().get(out));
+  for (auto item : out) {
+    std::string_view type, text;
+    EXPECT_FALSE(item["type"].get_string().get(type));
+    if (type == "reasoning" || type == "message") {
+      const char* part = type == "message" ? "output_text" : "reasoning_text";
+      EXPECT_EQ(std::string_view(item["content"].at(0)["type"]), part);
+      EXPECT_FALSE(item["content"].at(0)["text"].get_string().get(text));
+      r.items.emplace_back(std::string(type), std::string(text));
+    } else {
+      EXPECT_EQ(type, "function_call");
+      std::string_view name, args, call_id;
+      EXPECT_FALSE(item["name"].get_string().get(name));
+      EXPECT_FALSE(item["arguments"].get_string().get(args));
+      EXPECT_FALSE(item["call_id"].get_string().get(call_id));
+      r.items.emplace_back("function_call", std::string(name) + "(" + std::string(args) + ")");
+      r.call_ids.emplace_back(call_id);
+    }
+  }
+  EXPECT_FALSE(doc["usage"]["input_tokens"].get(r.input_tokens));
+  EXPECT_FALSE(doc["usage"]["output_tokens"].get(r.output_tokens));
+  EXPECT_FALSE(doc["usage"]["total_tokens"].get(r.total_tokens));
+  return r;
+}
+
+ResponseObject parseResponseBody(const std::string& body) {
+  simdjson::dom::parser p;
+  simdjson::dom::element doc;
+  if (p.parse(body).get(doc)) {
+    ADD_FAILURE() << "invalid JSON: " << body;
+    return {};
+  }
+  return parseResponse(doc);
+}
+
+void expectConsistent(const ResponseObject& r, int64_t max_tokens) {
+  expectTokenCounts(r.input_tokens, r.output_tokens, r.total_tokens, max_tokens,
+                    r.status == "incomplete");
+  if (r.status == "incomplete") {
+    EXPECT_EQ(r.incomplete_reason, "max_output_tokens");
+  } else {
+    EXPECT_EQ(r.status, "completed");
+  }
+}
+
+// A streamed response: typed events in order (sequence numbers 0, 1, ...), the items assembled
+// from the deltas, and the response the last event carries.
+struct ResponseStreamed {
+  std::vector<std::string> types;
+  std::map<int64_t, std::pair<std::string, std::string>> assembled;  // output_index -> item
+  ResponseObject final;
+};
+
+ResponseStreamed parseResponseStream(const std::string& body) {
+  ResponseStreamed st;
+  int64_t seq = 0;
+  std::map<int64_t, std::string> names;
+  for (const std::string& ev : sseBlocks(body)) {
+    size_t nl = ev.find('\n');
+    if (ev.rfind("event: ", 0) != 0 || nl == std::string::npos) {
+      ADD_FAILURE() << "bad event: " << ev;
+      continue;
+    }
+    std::string type = ev.substr(7, nl - 7);
+    EXPECT_EQ(ev.compare(nl + 1, 6, "data: "), 0) << ev;
+    simdjson::dom::parser p;
+    simdjson::dom::element doc;
+    if (p.parse(ev.substr(nl + 7)).get(doc)) {
+      ADD_FAILURE() << "invalid JSON event: " << ev;
+      continue;
+    }
+    EXPECT_EQ(std::string_view(doc["type"]), type);
+    EXPECT_EQ(int64_t(doc["sequence_number"]), seq++);
+    st.types.push_back(type);
+    int64_t index = -1;
+    std::string_view s;
+    if (doc["output_index"].get(index)) index = -1;  // events without an item
+    if (type == "response.output_item.added") {
+      EXPECT_FALSE(doc["item"]["type"].get_string().get(s));
+      st.assembled[index].first = std::string(s);
+      if (s == "function_call") names[index] = std::string(std::string_view(doc["item"]["name"]));
+    } else if (type == "response.reasoning_text.delta" || type == "response.output_text.delta" ||
+               type == "response.function_call_arguments.delta") {
+      EXPECT_FALSE(doc["delta"].get_string().get(s));
+      st.assembled[index].second += s;
+    } else if (type == "response.completed" || type == "response.incomplete") {
+      st.final = parseResponse(doc["response"]);
+    }
+  }
+  for (auto& [i, item] : st.assembled) {
+    if (item.first == "function_call") item.second = names[i] + "(" + item.second + ")";
+  }
+  return st;
+}
+
+TEST_F(ChatMesh, ResponsesNonStreamingAndStreamingAgreeUnderGreedy) {
+  const std::string body =
+      R"({"model":"gpt-oss-tiny","input":"What is 2 + 2?","instructions":"Answer briefly.",)"
+      R"("max_output_tokens":12,"temperature":0,"reasoning":{"effort":"low"})";
+  auto full = post("/v1/responses", body + "}");
+  ASSERT_EQ(full.status, 200) << full.body;
+  EXPECT_FALSE(full.headers["x-garden-total-us"].empty());
+  ResponseObject a = parseResponseBody(full.body);
+  expectConsistent(a, 12);
+  EXPECT_FALSE(a.items.empty()) << full.body;
+
+  auto st = post("/v1/responses", body + R"(,"stream":true})");
+  ASSERT_EQ(st.status, 200) << st.body;
+  EXPECT_EQ(st.headers["content-type"], "text/event-stream");
+  EXPECT_EQ(st.body.find("[DONE]"), std::string::npos);
+  ResponseStreamed s = parseResponseStream(st.body);
+  ASSERT_GE(s.types.size(), 3u);
+  EXPECT_EQ(s.types[0], "response.created");
+  EXPECT_EQ(s.types[1], "response.in_progress");
+  EXPECT_EQ(s.types.back(), a.status == "completed" ? "response.completed" : "response.incomplete");
+  // The deltas assemble to the final response's items, and greedy gives the same answer.
+  std::vector<std::pair<std::string, std::string>> assembled;
+  for (auto& [i, item] : s.assembled) assembled.push_back(item);
+  EXPECT_EQ(assembled, s.final.items);
+  EXPECT_EQ(s.final.items, a.items);
+  EXPECT_EQ(s.final.status, a.status);
+  EXPECT_EQ(s.final.input_tokens, a.input_tokens);
+  EXPECT_EQ(s.final.output_tokens, a.output_tokens);
+}
+
+TEST_F(ChatMesh, ResponsesFunctionCallRoundTripWithPreviousResponseId) {
+  const std::string tools =
+      R"("tools":[{"type":"function","name":"get_weather","description":"Weather in a city",)"
+      R"("parameters":{"type":"object","properties":{"city":{"type":"string"}},)"
+      R"("required":["city"]}}])";
+  // The random model will not call a tool by itself: force it.
+  auto first = post("/v1/responses",
+                    R"({"model":"gpt-oss-tiny","input":"Weather in Paris?",)" + tools +
+                        R"(,"tool_choice":{"type":"function","name":"get_weather"},)"
+                        R"("max_output_tokens":8,"temperature":0})");
+  ASSERT_EQ(first.status, 200) << first.body;
+  ResponseObject a = parseResponseBody(first.body);
+  expectConsistent(a, 8);
+  ASSERT_EQ(a.call_ids.size(), 1u) << first.body;
+  EXPECT_EQ(a.items.back().second.rfind("get_weather(", 0), 0u) << a.items.back().second;
+
+  // Streamed, the same call arrives as function_call_arguments deltas.
+  auto st = post("/v1/responses",
+                 R"({"model":"gpt-oss-tiny","input":"Weather in Paris?",)" + tools +
+                     R"(,"tool_choice":{"type":"function","name":"get_weather"},)"
+                     R"("max_output_tokens":8,"temperature":0,"stream":true})");
+  ASSERT_EQ(st.status, 200) << st.body;
+  ResponseStreamed s = parseResponseStream(st.body);
+  EXPECT_EQ(s.final.items, a.items);
+
+  // The call's output continues the stored conversation.
+  auto next = post("/v1/responses", R"({"model":"gpt-oss-tiny","previous_response_id":")" + a.id +
+                                        R"(",)" + tools +
+                                        R"(,"max_output_tokens":6,"input":[{"type":)"
+                                        R"("function_call_output","call_id":")" +
+                                        a.call_ids[0] + R"(","output":"sunny, 21C"}]})");
+  ASSERT_EQ(next.status, 200) << next.body;
+  ResponseObject b = parseResponseBody(next.body);
+  expectConsistent(b, 6);
+  EXPECT_GT(b.input_tokens, a.input_tokens);  // the stored turn plus the tool output
+  EXPECT_NE(next.body.find("\"previous_response_id\":\"" + a.id + "\""), std::string::npos);
+
+  // Unknown (or never stored) ids are a 404 naming the field.
+  auto nf = post("/v1/responses",
+                 R"({"model":"gpt-oss-tiny","previous_response_id":"resp_nope","input":"x"})");
+  EXPECT_EQ(nf.status, 404) << nf.body;
+  EXPECT_NE(nf.body.find(R"("param":"previous_response_id")"), std::string::npos) << nf.body;
+  auto unstored = post(
+      "/v1/responses",
+      R"({"model":"gpt-oss-tiny","input":"x","store":false,"max_output_tokens":2})");
+  ASSERT_EQ(unstored.status, 200) << unstored.body;
+  ResponseObject u = parseResponseBody(unstored.body);
+  EXPECT_EQ(post("/v1/responses", R"({"model":"gpt-oss-tiny","previous_response_id":")" + u.id +
+                                      R"(","input":"x"})")
+                .status,
+            404);
+  // An unsupported tool type is refused by name.
+  auto bad = post("/v1/responses",
+                  R"({"model":"gpt-oss-tiny","input":"x","tools":[{"type":"web_search"}]})");
+  EXPECT_EQ(bad.status, 400) << bad.body;
+  EXPECT_NE(bad.body.find("tools[0].type"), std::string::npos) << bad.body;
 }
 
 // x-request-timeout bounds a generation: with rose held (SIGSTOP) nothing can be generated, so the

@@ -2,7 +2,8 @@
 // package.json, installed by install.sh) against the three real binaries on CPU:
 //   * an embedding mesh: ivy -> tulip -> rose on the tiny random Qwen3 that rose-mkmodel writes;
 //   * a chat mesh: ivy -> tulip -> rose on a tiny random gpt-oss (rose-mkmodel --kind gpt-oss)
-//     with the real o200k_harmony tokenizer.
+//     with the real o200k_harmony tokenizer: chat, completions and /v1/responses
+//     (client.responses.create, streamed events, client.responses.stream; 4.104.0 has them).
 // Every case asserts on what the client returns: shapes, ids, finish_reason, usage, errors, and
 // that streamed chunks assemble to the non-streaming answer under greedy decoding with a fixed
 // seed (the weights are random, so the text is gibberish; equality is what is checked).
@@ -519,6 +520,126 @@ test('completions: prompt in, text out; streamed text equals the whole', async (
   assert.equal(text, c.text);
   assert.equal(finish, c.finish_reason);
   assert.deepEqual(counts(usage), counts(whole.usage));
+});
+
+// ---- responses (gpt-oss's own API) ------------------------------------------------------------
+// The item texts of a Response in order: [type, text] (reasoning text, message text, or a call's
+// "name(arguments)").
+function itemTexts(output) {
+  return output.map((o) => {
+    if (o.type === 'function_call') return [o.type, `${o.name}(${o.arguments})`];
+    const part = o.type === 'message' ? 'output_text' : 'reasoning_text';
+    assert.ok(o.content.every((c) => c.type === part), JSON.stringify(o));
+    return [o.type, o.content.map((c) => c.text).join('')];
+  });
+}
+
+function checkResponse(r, maxTokens) {
+  assert.equal(r.object, 'response');
+  assert.ok(r.id.startsWith('resp_'), r.id);
+  assert.equal(r.model, chat.served);
+  assert.ok(Math.abs(r.created_at - Date.now() / 1000) < 600, 'created_at in unix seconds');
+  assert.ok(['completed', 'incomplete'].includes(r.status), r.status);
+  const u = r.usage;
+  assert.ok(u.input_tokens > 0);
+  assert.ok(u.output_tokens > 0 && u.output_tokens <= maxTokens, `output_tokens ${u.output_tokens}`);
+  assert.equal(u.total_tokens, u.input_tokens + u.output_tokens);
+  assert.ok(u.output_tokens_details.reasoning_tokens <= u.output_tokens);
+  if (r.status === 'incomplete') {
+    assert.equal(r.incomplete_details.reason, 'max_output_tokens');
+    assert.equal(u.output_tokens, maxTokens);
+  }
+  for (const o of r.output) assert.ok(['reasoning', 'message', 'function_call'].includes(o.type));
+  // The client's own convenience field: the message texts.
+  assert.equal(r.output_text, r.output.filter((o) => o.type === 'message')
+    .map((o) => o.content.map((c) => c.text).join('')).join(''));
+  return r;
+}
+
+test('responses: create, streamed events and the stream helper agree under greedy', async () => {
+  const maxTokens = 12;
+  const body = { model: chat.served, input: 'Name three colours of a garden.',
+    instructions: 'You are a terse assistant.', reasoning: { effort: 'low' },
+    max_output_tokens: maxTokens, temperature: 0, metadata: { case: 'greedy' } };
+  const whole = checkResponse(await chat.client.responses.create(body), maxTokens);
+  assert.equal(whole.instructions, body.instructions);
+  assert.ok(whole.output.length >= 1, JSON.stringify(whole));
+
+  const stream = await chat.client.responses.create({ ...body, stream: true });
+  const events = [];
+  for await (const ev of stream) events.push(ev);
+  assert.equal(events[0].type, 'response.created');
+  assert.equal(events[1].type, 'response.in_progress');
+  events.forEach((ev, i) => assert.equal(ev.sequence_number, i));
+  const last = events[events.length - 1];
+  assert.equal(last.type, whole.status === 'completed' ? 'response.completed'
+    : 'response.incomplete');
+  // The deltas, per output item, assemble to the final response's items.
+  const items = [];
+  for (const ev of events) {
+    if (ev.type === 'response.output_item.added') {
+      items[ev.output_index] = { type: ev.item.type, name: ev.item.name, text: '' };
+    } else if (['response.output_text.delta', 'response.reasoning_text.delta',
+      'response.function_call_arguments.delta'].includes(ev.type)) {
+      items[ev.output_index].text += ev.delta;
+    }
+  }
+  const assembled = items.map((it) => [it.type, it.type === 'function_call'
+    ? `${it.name}(${it.text})` : it.text]);
+  assert.deepEqual(assembled, itemTexts(last.response.output));
+  assert.deepEqual(itemTexts(last.response.output), itemTexts(whole.output));
+  assert.deepEqual(last.response.usage.output_tokens, whole.usage.output_tokens);
+  assert.deepEqual(last.response.usage.input_tokens, whole.usage.input_tokens);
+
+  // The client's stream helper: its text deltas and final response carry the same message text.
+  const helper = chat.client.responses.stream(body);
+  let text = '';
+  helper.on('response.output_text.delta', (ev) => { text += ev.delta; });
+  const fin = await helper.finalResponse();
+  assert.equal(fin.id.startsWith('resp_'), true);
+  assert.equal(text, whole.output_text);
+  assert.equal(fin.output.filter((o) => o.type === 'message')
+    .map((o) => o.content.map((c) => c.text).join('')).join(''), whole.output_text);
+});
+
+const RESP_TOOLS = [{ type: 'function', name: 'get_weather', description: 'Current weather in a city',
+  parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } }];
+
+test('responses: a function call round trip through previous_response_id; errors', async () => {
+  const maxTokens = 16;
+  const first = checkResponse(await chat.client.responses.create({ model: chat.served,
+    input: 'What is the weather in Paris?', tools: RESP_TOOLS, max_output_tokens: maxTokens,
+    tool_choice: { type: 'function', name: 'get_weather' }, temperature: 0 }), maxTokens);
+  const calls = first.output.filter((o) => o.type === 'function_call');
+  assert.equal(calls.length, 1, JSON.stringify(first.output));
+  assert.equal(calls[0].name, 'get_weather');
+  assert.equal(typeof calls[0].call_id, 'string');
+  assert.equal(typeof calls[0].arguments, 'string');
+  const next = checkResponse(await chat.client.responses.create({ model: chat.served,
+    previous_response_id: first.id, tools: RESP_TOOLS, max_output_tokens: 8,
+    input: [{ type: 'function_call_output', call_id: calls[0].call_id, output: 'sunny, 21C' }] }), 8);
+  assert.equal(next.previous_response_id, first.id);
+  assert.ok(next.usage.input_tokens > first.usage.input_tokens);
+
+  const nf = await expectApiError(chat.client.responses.create({ model: chat.served,
+    previous_response_id: 'resp_no_such', input: 'x' }), 404, 'previous_response_id');
+  assert.ok(nf instanceof OpenAI.NotFoundError);
+  const unstored = await chat.client.responses.create({ model: chat.served, input: 'x',
+    store: false, max_output_tokens: 2 });
+  await expectApiError(chat.client.responses.create({ model: chat.served,
+    previous_response_id: unstored.id, input: 'y' }), 404, 'previous_response_id');
+  await expectApiError(chat.client.responses.create({ model: chat.served, input: 'x',
+    tools: [{ type: 'web_search_preview' }] }), 400, 'tools');
+  await expectApiError(chat.client.responses.create({ model: chat.served, input: 'x',
+    max_output_tokens: 0 }), 400, 'max_output_tokens');
+  await expectApiError(chat.client.responses.create({ model: 'no-such-model', input: 'x' }),
+    404, 'model');
+  // Streaming requests fail before the stream starts, as a plain HTTP error.
+  await expectApiError(chat.client.responses.create({ model: chat.served, input: [],
+    stream: true }), 400, 'input');
+  // The embedding mesh serves no responses.
+  await expectApiError(emb.client.responses.create({ model: emb.served, input: 'x' }), 400,
+    'model');
 });
 
 // ---- main --------------------------------------------------------------------------------------

@@ -143,11 +143,10 @@ class ChatHarness {
   Router router_;
 };
 
-// The JSON payloads of "data: ..." events; `done` is set when the last event is [DONE]. Fails the
-// test on any framing error (every event is exactly "data: <payload>\n\n").
-inline std::vector<std::string> sseEvents(const std::string& body, bool* done) {
-  std::vector<std::string> events;
-  *done = false;
+// The events of an SSE body (each without its terminating blank line). Fails the test on an
+// unterminated event.
+inline std::vector<std::string> sseBlocks(const std::string& body) {
+  std::vector<std::string> blocks;
   size_t pos = 0;
   while (pos < body.size()) {
     size_t end = body.find("\n\n", pos);
@@ -155,16 +154,26 @@ inline std::vector<std::string> sseEvents(const std::string& body, bool* done) {
       ADD_FAILURE() << "unterminated SSE event at " << pos << ": " << body.substr(pos);
       break;
     }
-    std::string ev = body.substr(pos, end - pos);
+    blocks.push_back(body.substr(pos, end - pos));
     pos = end + 2;
+  }
+  return blocks;
+}
+
+// The JSON payloads of "data: ..." events; `done` is set when the last event is [DONE]. Fails the
+// test on any framing error (every event is exactly "data: <payload>\n\n").
+inline std::vector<std::string> sseEvents(const std::string& body, bool* done) {
+  std::vector<std::string> events;
+  *done = false;
+  for (const std::string& ev : sseBlocks(body)) {
     if (ev.rfind("data: ", 0) != 0) {
       ADD_FAILURE() << "SSE event without 'data: ': " << ev;
       continue;
     }
     std::string payload = ev.substr(6);
     EXPECT_EQ(payload.find('\n'), std::string::npos) << payload;
+    if (*done) ADD_FAILURE() << "events after [DONE]";
     if (payload == "[DONE]") {
-      EXPECT_EQ(pos, body.size()) << "events after [DONE]";
       *done = true;
       continue;
     }

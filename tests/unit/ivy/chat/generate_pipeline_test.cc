@@ -1,4 +1,4 @@
-// /v1/chat/completions and /v1/completions under ivy's request pipeline (http/pipeline.h): the
+// /v1/chat/completions, /v1/completions and /v1/responses under ivy's request pipeline (http/pipeline.h): the
 // deadline (--generate-timeout-ms, shortened by x-request-timeout; 504 before output, an SSE
 // timeout event after), admission (429 + Retry-After over --max-inflight-requests; prompt +
 // max_tokens of every choice counted against --max-inflight-tokens, released when the answer or
@@ -25,6 +25,7 @@ const std::string kChatStream =
     R"({"model":"gpt-test","messages":[{"role":"user","content":"Hi"}],"max_tokens":10,)"
     R"("stream":true})";
 const std::string kCompletion = R"({"model":"gpt-test","prompt":[1,2,3],"max_tokens":5})";
+const std::string kResponses = R"({"model":"gpt-test","input":"Hi","max_output_tokens":10})";
 
 double gauge(ChatHarness& h, const std::string& name) {
   const std::string page = h.registry().expose();
@@ -89,8 +90,9 @@ TEST(GeneratePipeline, DeadlineIsTheGenerateTimeoutShortenedByTheHeader) {
   ASSERT_EQ(h.post("/v1/chat/completions", kChat, {{"x-request-timeout", "0.5"}}).status, 200);
   ASSERT_EQ(h.post("/v1/chat/completions", kChat, {{"x-request-timeout", "60"}}).status, 200);
   ASSERT_EQ(h.post("/v1/completions", kCompletion, {{"x-request-timeout", "2"}}).status, 200);
+  ASSERT_EQ(h.post("/v1/responses", kResponses, {{"x-request-timeout", "3"}}).status, 200);
   auto calls = h.client().calls();
-  ASSERT_EQ(calls.size(), 4u);
+  ASSERT_EQ(calls.size(), 5u);
   EXPECT_GT(calls[0].timeout.count(), 1000);  // not --request-timeout-ms
   EXPECT_LE(calls[0].timeout.count(), 20000);
   EXPECT_GT(calls[1].timeout.count(), 0);
@@ -98,10 +100,12 @@ TEST(GeneratePipeline, DeadlineIsTheGenerateTimeoutShortenedByTheHeader) {
   EXPECT_LE(calls[2].timeout.count(), 20000);  // the header cannot extend it
   EXPECT_GT(calls[3].timeout.count(), 0);
   EXPECT_LE(calls[3].timeout.count(), 2000);
+  EXPECT_GT(calls[4].timeout.count(), 0);
+  EXPECT_LE(calls[4].timeout.count(), 3000);
   Captured bad = h.post("/v1/chat/completions", kChat, {{"x-request-timeout", "soon"}});
   EXPECT_EQ(bad.status, 400);
   EXPECT_THAT(bad.body, HasSubstr(R"("param":"x-request-timeout")"));
-  EXPECT_EQ(h.client().calls().size(), 4u);
+  EXPECT_EQ(h.client().calls().size(), 5u);
 }
 
 TEST(GeneratePipeline, NoServerDeadlineLeavesTheHeaders) {
@@ -167,7 +171,8 @@ TEST(GeneratePipeline, OverloadIs429WithRetryAfterAndReleasedWhenTheAnswerLeaves
   for (const auto& [path, body] : std::vector<std::pair<std::string, std::string>>{
            {"/v1/chat/completions", kChat},
            {"/v1/chat/completions", kChatStream},
-           {"/v1/completions", kCompletion}}) {
+           {"/v1/completions", kCompletion},
+           {"/v1/responses", kResponses}}) {
     Captured r = h.post(path, body);
     EXPECT_EQ(r.status, 429) << path << ": " << r.body;
     EXPECT_EQ(r.header("Retry-After"), "1") << path;
@@ -181,9 +186,10 @@ TEST(GeneratePipeline, OverloadIs429WithRetryAfterAndReleasedWhenTheAnswerLeaves
   for (int i = 0; i < 10; ++i) {
     EXPECT_EQ(h.post("/v1/chat/completions", i % 2 ? kChat : kChatStream).status, 200);
     EXPECT_EQ(h.post("/v1/completions", kCompletion).status, 200);
+    EXPECT_EQ(h.post("/v1/responses", kResponses).status, 200);
   }
   EXPECT_THAT(h.registry().expose(),
-              HasSubstr("ivy_admission_rejected_total{limit=\"requests\"} 3"));
+              HasSubstr("ivy_admission_rejected_total{limit=\"requests\"} 4"));
 }
 
 TEST(GeneratePipeline, PromptPlusMaxTokensOfEveryChoiceCountAgainstTheTokenBound) {

@@ -352,7 +352,7 @@ TEST_F(GatewayTest, ApiKeysGateApiRoutesButNotProbes) {
 TEST_F(GatewayTest, EveryPostRouteRefusesDuplicateKeysBadTextAndNonJson) {
   start();
   registerTokenizeRoutes(&router_, tok_.get(), [this] { return spec_; });
-  // Chat and completions are refused by model kind before their body is read (the pipeline's
+  // Chat, completions and responses are refused by model kind before their body is read (the pipeline's
   // checkModelKind), so they are swept with an LLM served, the other routes with the embedding
   // model.
   const std::shared_ptr<const ModelSpec> embedding = spec_;
@@ -370,10 +370,13 @@ TEST_F(GatewayTest, EveryPostRouteRefusesDuplicateKeysBadTextAndNonJson) {
   }
   EXPECT_THAT(posts, ::testing::IsSupersetOf({"/v1/embeddings", "/v1/score", "/v1/rerank",
                                               "/v1/chat/completions", "/v1/completions",
-                                              "/tokenize", "/detokenize"}));
+                                              "/v1/responses", "/tokenize", "/detokenize"}));
   for (const std::string& path : posts) {
     SCOPED_TRACE(path);
-    spec_ = (path == "/v1/chat/completions" || path == "/v1/completions") ? llm : embedding;
+    spec_ = (path == "/v1/chat/completions" || path == "/v1/completions" ||
+             path == "/v1/responses")
+                ? llm
+                : embedding;
     auto top = post(path, R"({"model":"m","model":"bad"})");
     expectError(*top, 400, "model", "the key \"model\" appears more than once");
     auto nested = post(path, R"({"model":"m","messages":[{"role":"user","content":"a","content":"b"}]})");

@@ -144,6 +144,8 @@ const RouteCase kRoutes[] = {
      Method::kGenerate, true},
     {"POST", "/v1/completions", R"({"model":"m","prompt":[1,2],"max_tokens":2})",
      Method::kGenerate, true},
+    {"POST", "/v1/responses", R"({"model":"m","input":"hi","max_output_tokens":2})",
+     Method::kGenerate, true},
     {"POST", "/tokenize", R"({"model":"m","text":"hi"})", Method::kHealth, false},
     {"POST", "/detokenize", R"({"model":"m","tokens":[20,21]})", Method::kHealth, false},
     {"GET", "/v1/models", "", Method::kHealth, false},
@@ -247,7 +249,7 @@ TEST(PipelineOrder, AdmissionThenHeaderThenModelOnEveryRoute) {
     EXPECT_THAT(a.body, HasSubstr("\"param\":\"x-request-timeout\""));
   }
   EXPECT_THAT(mesh.registry().expose(),
-              HasSubstr("ivy_admission_rejected_total{limit=\"requests\"} 5"));
+              HasSubstr("ivy_admission_rejected_total{limit=\"requests\"} 6"));
 }
 
 }  // namespace
