@@ -20,10 +20,11 @@ struct SpmApi {
   void (*free_ids)(int32_t*) = nullptr;
 };
 
-#if defined(__SANITIZE_ADDRESS__)
+// GARDEN_ASAN: any sanitizer runtime (ASan or TSan), which refuses RTLD_DEEPBIND.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 #define GARDEN_ASAN 1
 #elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
 #define GARDEN_ASAN 1
 #endif
 #endif
