@@ -75,7 +75,7 @@ if [ "${RUN_ASAN:-1}" = 1 ]; then
   # the binaries the integration tests start).
   asan_targets=$(ctest --test-dir "$ASAN_DIR" -N -L "$ASAN_LABELS" -LE gpu |
     sed -n 's/^ *Test *#[0-9]*: *//p' |
-    while read -r t; do ninja -C "$ASAN_DIR" -t query "$t" >/dev/null 2>&1 && echo "$t"; done)
+    while read -r t; do if ninja -C "$ASAN_DIR" -t query "$t" >/dev/null 2>&1; then echo "$t"; fi; done)
   # shellcheck disable=SC2086
   cmake --build "$ASAN_DIR" -j "$(garden_jobs)" --target $asan_targets
   ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:strict_string_checks=1" \
