@@ -218,7 +218,8 @@ TEST(ResponsesRoute, NonStreamingResponseObject) {
   EXPECT_EQ(field(out.at(1)["content"].at(0), "type"), "output_text");
   EXPECT_EQ(field(out.at(1)["content"].at(0), "text"), "Hello there!");
   EXPECT_EQ(out.at(1)["content"].at(0)["annotations"].get_array().size(), 0u);
-  const auto& call = h.client().calls().at(0);
+  const auto calls = h.client().calls();  // a copy: calls() returns by value
+  const auto& call = calls.at(0);
   uint64_t in = j.root["usage"]["input_tokens"], outn = j.root["usage"]["output_tokens"],
            total = j.root["usage"]["total_tokens"],
            reasoning = j.root["usage"]["output_tokens_details"]["reasoning_tokens"];
