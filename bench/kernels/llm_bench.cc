@@ -10,7 +10,7 @@
 // Output: one line per workload (and a JSON line with --json FILE).
 //   rose_llm_bench --model DIR [--prefill 2048,8192,32768] [--decode 1@8192,64@1024]
 //                  [--decode-steps 32] [--max-batch-tokens 16384] [--moe-weights auto|mxfp4|bf16]
-//                  [--profile]   (one decode step per workload between cudaProfilerStart/Stop, for
+//                  [--cuda-graphs on|off] [--kv-tokens N] [--profile]   (one decode step per workload between cudaProfilerStart/Stop, for
 //                                 ncu --profile-from-start off)
 
 #include <algorithm>
@@ -25,6 +25,7 @@
 #include <vector>
 
 #include <cuda_profiler_api.h>
+#include <cuda_runtime_api.h>
 
 #include "services/rose/model/gpt_oss.h"
 #include "services/rose/ops/llm_ops.h"
@@ -185,6 +186,8 @@ int main(int argc, char** argv) {
   std::string prefill_list = "2048,8192,32768", decode_list = "1@8192,64@1024";
   int decode_steps = 32;
   int64_t max_batch_tokens = 16384;
+  bool graphs = true;     // --cuda-graphs on|off: decode steps as CUDA graphs
+  int64_t kv_tokens = 0;  // --kv-tokens N: size the KV cache for at least N tokens
   bool profile = false;  // one decode step of each --decode workload between profiler markers
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -203,6 +206,8 @@ int main(int argc, char** argv) {
     else if (a == "--moe-weights") moe = next();
     else if (a == "--json") json_path = next();
     else if (a == "--profile") profile = true;
+    else if (a == "--cuda-graphs") graphs = next() == "on";
+    else if (a == "--kv-tokens") kv_tokens = std::atoll(next().c_str());
     else {
       std::fprintf(stderr, "unknown flag %s\n", a.c_str());
       return 2;
@@ -228,6 +233,7 @@ int main(int argc, char** argv) {
   go.max_seqs = 256;
   go.max_logits_rows = 256;
   go.max_model_len = 131072;
+  go.cuda_graphs = graphs;
   go.moe_weights = moe == "bf16" ? MoeWeightsMode::kDense
                    : moe == "mxfp4" ? MoeWeightsMode::kMxfp4
                                     : MoeWeightsMode::kAuto;
@@ -251,6 +257,7 @@ int main(int argc, char** argv) {
     const int64_t batch = std::atoll(bc[0].c_str()), ctx = std::atoll(bc[1].c_str());
     need_tokens = std::max<int64_t>(need_tokens, batch * (ctx + decode_steps + 2 * 16));
   }
+  need_tokens = std::max(need_tokens, kv_tokens);
   const int32_t blocks = static_cast<int32_t>((need_tokens + 15) / 16 + 64);
   auto kv = PagedKvCache::create(*b.backend, b.model->kvShape(blocks, 16), b.model->kvDType());
   if (!kv.isOk()) {
@@ -258,9 +265,14 @@ int main(int argc, char** argv) {
     return 1;
   }
   b.kv = std::move(kv).value();
-  std::printf("load %.2f s (experts %s), kv cache %d blocks (%.2f GB)\n", load_s,
-              b.model->expertFormat() == ExpertFormat::kMxfp4 ? "mxfp4" : "dense", blocks,
-              static_cast<double>(b.kv->bytes()) / 1e9);
+  size_t mem_free = 0, mem_total = 0;
+  cudaMemGetInfo(&mem_free, &mem_total);
+  std::printf("load %.2f s (experts %s), kv cache %d blocks = %lld tokens (%.2f GB); GPU memory "
+              "used %.1f GB, free %.1f GB of %.1f GB\n",
+              load_s, b.model->expertFormat() == ExpertFormat::kMxfp4 ? "mxfp4" : "dense", blocks,
+              static_cast<long long>(blocks) * 16, static_cast<double>(b.kv->bytes()) / 1e9,
+              static_cast<double>(mem_total - mem_free) / 1e9, static_cast<double>(mem_free) / 1e9,
+              static_cast<double>(mem_total) / 1e9);
   std::ofstream json;
   if (!json_path.empty()) json.open(json_path);
   for (const auto& p : split(prefill_list, ',')) {

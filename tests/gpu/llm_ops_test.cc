@@ -367,12 +367,17 @@ TEST_F(GpuLlmOps, MoeRouteMatchesCpu) {
 struct MoeCase {
   int64_t t, h, inter, e;
   int32_t k;
+  bool big_scales = false;  // some scale bytes > 128: the decode kernel's fallback
 };
 
 TEST_F(GpuLlmOps, MoeExpertsMatchCpuMxfp4AndBf16) {
+  // T <= 24 per expert on average takes the decode kernel (MXFP4, block_m 16; 8-row token tile
+  // when T <= 8), larger T the tiled kernel; bf16 experts always the tiled one.
   for (MoeCase c : {MoeCase{1, 2880, 2880, 32, 4}, MoeCase{37, 288, 160, 4, 2},
                     MoeCase{200, 2880, 2880, 32, 4}, MoeCase{1000, 288, 160, 8, 4},
-                    MoeCase{64, 96, 32, 8, 4}}) {
+                    MoeCase{64, 96, 32, 8, 4}, MoeCase{6, 2880, 2880, 32, 4},
+                    MoeCase{20, 2880, 2880, 32, 4}, MoeCase{150, 2880, 2880, 32, 4},
+                    MoeCase{5, 320, 96, 3, 2}, MoeCase{3, 288, 160, 4, 2, true}}) {
     SCOPED_TRACE("T=" + std::to_string(c.t) + " H=" + std::to_string(c.h) +
                  " I=" + std::to_string(c.inter) + " E=" + std::to_string(c.e));
     reserve(std::max<int64_t>(c.t, 64), 8, 8, 8, static_cast<int32_t>(c.h),
@@ -387,6 +392,9 @@ TEST_F(GpuLlmOps, MoeExpertsMatchCpuMxfp4AndBf16) {
       const int base = 127 + static_cast<int>(std::lround(std::log2(1.0 / (std::sqrt(double(in)) * 2.93))));
       std::uniform_int_distribution<int> jitter(-1, 1);
       for (auto& s : sc) s = static_cast<uint8_t>(base + jitter(rng_));
+      if (c.big_scales) {
+        for (size_t i = 0; i < sc.size(); i += 7) sc[i] = 130;  // |w| up to 6 * 8
+      }
     };
     std::vector<uint8_t> c1, s1, c2, s2;
     mx(2 * c.inter, c.h, c1, s1);

@@ -423,6 +423,15 @@ Result<std::unique_ptr<GptOssModel>> GptOssModel::load(const std::string& dir, B
   ASSIGN_OR_RETURN(m->logits_, b.allocateTensor(DType::kF32, {r, v}));
   ASSIGN_OR_RETURN(m->sampled_, b.allocateTensor(DType::kI32, {s}));
   ASSIGN_OR_RETURN(m->prev_pairs_, b.allocateTensor(DType::kI32, {s, 2}));
+  if (opts.cuda_graphs && b.graphs() != nullptr) {
+    m->graphs_ = b.graphs();
+    // Padded decode rows never get attention output; start them at zero, not at whatever the
+    // allocation held.
+    const int64_t rows = std::min<int64_t>(t, kMaxGraphSeqs);
+    std::vector<uint8_t> zeros(static_cast<size_t>(rows * hq * d) * dtypeSize(act), 0);
+    b.copyToDevice(m->attn_.view.rowSlice(0, rows), zeros.data(), zeros.size());
+    RETURN_IF_ERROR(b.synchronize());
+  }
   return m;
 }
 
@@ -555,18 +564,39 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
   // ---- host plan ----
   int64_t t_total = 0;
   int32_t maxb = 1, max_ctx = 1;
+  bool decode_only = graphs_ != nullptr;  // every sequence: one new token, sampled, no logits
   for (const LlmStepSeq& s : step.seqs) {
     t_total += s.num_tokens;
     maxb = std::max(maxb, static_cast<int32_t>(kvBlocksFor(s.position + s.num_tokens, bs)));
     max_ctx = std::max(max_ctx, s.position + s.num_tokens);
+    decode_only = decode_only && s.num_tokens == 1 && s.sample && s.logits == LogitsMode::kNone;
   }
   CHECK(n_seq > 0 && t_total > 0 && t_total <= opts_.max_batch_tokens && n_seq <= opts_.max_seqs);
   CHECK(static_cast<int64_t>(n_seq) * maxb <= table_capacity_);
-  const int64_t t = t_total;
+  // CUDA-graph decode: pad to a power of two sequences (padding rows: token 0 at position 0, no
+  // K/V write, outside the attention plan, sampled greedily and dropped) and the block tables to
+  // a power-of-two stride, so the captured launches depend on the bucket only.
+  int32_t n_pad = n_seq;
+  if (decode_only) {
+    n_pad = static_cast<int32_t>(graphSeqsBucket(static_cast<uint32_t>(n_seq)));
+    const int64_t cap = std::min<int64_t>({kMaxGraphSeqs, opts_.max_seqs, opts_.max_batch_tokens,
+                                           opts_.max_logits_rows});
+    int32_t maxb_pad = 16;
+    while (maxb_pad < maxb) maxb_pad *= 2;
+    const int32_t table_max = static_cast<int32_t>(kvBlocksFor(max_model_len_, bs));
+    maxb_pad = std::max(maxb, std::min(maxb_pad, table_max));
+    if (n_pad <= cap && static_cast<int64_t>(n_pad) * maxb_pad <= table_capacity_) {
+      maxb = maxb_pad;
+    } else {
+      decode_only = false;
+      n_pad = n_seq;
+    }
+  }
+  const int64_t t = decode_only ? n_pad : t_total;
   h_positions_.assign(static_cast<size_t>(t), 0);
-  h_slots_.assign(static_cast<size_t>(t), 0);
-  h_cu_.assign(static_cast<size_t>(n_seq) + 1, 0);
-  h_tables_.assign(static_cast<size_t>(n_seq) * static_cast<size_t>(maxb), -1);
+  h_slots_.assign(static_cast<size_t>(t), -1);
+  h_cu_.assign(static_cast<size_t>(n_pad) + 1, 0);
+  h_tables_.assign(static_cast<size_t>(n_pad) * static_cast<size_t>(maxb), -1);
   h_rows_.clear();
   h_samples_.clear();
   h_prev_pairs_.clear();
@@ -603,6 +633,7 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
     row += s.num_tokens;
     h_cu_[static_cast<size_t>(si) + 1] = row;
   }
+  for (int32_t si = n_seq; si < n_pad; ++si) h_cu_[static_cast<size_t>(si) + 1] = si + 1;
   const int64_t n_out_rows = static_cast<int64_t>(h_rows_.size());
   // Sampling rows: the last-token row where it is already computed, else an extra row.
   for (int32_t si = 0; si < n_seq; ++si) {
@@ -623,19 +654,26 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
     sr.params = s.sampling;
     h_samples_.push_back(sr);
   }
+  const size_t n_samples = h_samples_.size();
+  for (int32_t si = n_seq; si < n_pad; ++si) {  // graph padding: greedy rows, never read
+    SampleRow sr;
+    sr.row = static_cast<int32_t>(h_rows_.size());
+    h_rows_.push_back(si);
+    h_samples_.push_back(sr);
+  }
   const int64_t n_rows = static_cast<int64_t>(h_rows_.size());
   CHECK(n_rows <= opts_.max_logits_rows);
 
   const Tensor ids_t = ids_.view.rowSlice(0, t);
   const Tensor pos = positions_.view.rowSlice(0, t);
   const Tensor slots = slots_.view.rowSlice(0, t);
-  const Tensor cu = cu_q_.view.rowSlice(0, n_seq + 1);
+  const Tensor cu = cu_q_.view.rowSlice(0, n_pad + 1);
   // block_tables: a [S, maxb] view at the front of its buffer.
-  const Tensor tables(block_tables_.view.data, DType::kI32, {n_seq, maxb});
+  const Tensor tables(block_tables_.view.data, DType::kI32, {n_pad, maxb});
   b.copyToDevice(ids_t, ids.data(), sizeof(int32_t) * static_cast<size_t>(t));
   b.copyToDevice(pos, h_positions_.data(), sizeof(int32_t) * static_cast<size_t>(t));
   b.copyToDevice(slots, h_slots_.data(), sizeof(int32_t) * static_cast<size_t>(t));
-  b.copyToDevice(cu, h_cu_.data(), sizeof(int32_t) * static_cast<size_t>(n_seq + 1));
+  b.copyToDevice(cu, h_cu_.data(), sizeof(int32_t) * static_cast<size_t>(n_pad + 1));
   b.copyToDevice(tables, h_tables_.data(), sizeof(int32_t) * h_tables_.size());
   if (!h_prev_pairs_.empty()) {  // [TAG_LLM_PREV_TOKEN]: before sampled_ is overwritten below
     const int64_t np = static_cast<int64_t>(h_prev_pairs_.size() / 2);
@@ -643,19 +681,10 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
     b.copyToDevice(pairs, h_prev_pairs_.data(), sizeof(int32_t) * h_prev_pairs_.size());
     ops_.copyTokens(sampled_.view.rowSlice(0, last_sampled_), pairs, ids_t);
   }
-  last_sampled_ = static_cast<int64_t>(h_samples_.size());
+  last_sampled_ = static_cast<int64_t>(n_samples);
 
-  // ---- forward ----
+  // ---- per-step device inputs the forward reads: attention plan, logits rows, sampling ----
   const int64_t h = c.hidden_size;
-  const Tensor res = residual_.view.rowSlice(0, t);
-  const Tensor x = x_.view.rowSlice(0, t);
-  const Tensor moe = moe_out_.view.rowSlice(0, t);
-  const Tensor qkv = qkv_buf_.view.rowSlice(0, t);
-  const Tensor attn = attn_.view.rowSlice(0, t);
-  const Tensor rl = router_logits_.view.rowSlice(0, t);
-  const Tensor tk_ids = topk_ids_.view.rowSlice(0, t);
-  const Tensor tk_w = topk_w_.view.rowSlice(0, t);
-  const RmsNormParams norm{static_cast<float>(c.rms_norm_eps)};
   RopeKvParams rope;
   rope.num_q_heads = static_cast<int32_t>(c.num_attention_heads);
   rope.num_kv_heads = static_cast<int32_t>(c.num_key_value_heads);
@@ -668,16 +697,23 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
       h_windows_.push_back(w);
     }
   }
-  AttentionPlanInput plan;
-  plan.cu_q = h_cu_;
-  plan.positions = h_positions_;
+  AttentionPlanInput plan;  // the real sequences only
+  plan.cu_q = std::span<const int32_t>(h_cu_.data(), static_cast<size_t>(n_seq) + 1);
+  plan.positions = std::span<const int32_t>(h_positions_.data(), static_cast<size_t>(t_total));
   plan.windows = h_windows_;
   plan.num_q_heads = rope.num_q_heads;
   plan.num_kv_heads = rope.num_kv_heads;
   plan.head_dim = rope.head_dim;
   ops_.planAttention(plan);
+  const Tensor rows = rows_.view.rowSlice(0, n_rows);
+  if (n_rows > 0) {
+    b.copyToDevice(rows, h_rows_.data(), sizeof(int32_t) * static_cast<size_t>(n_rows));
+  }
+  const Tensor sampled = sampled_.view.rowSlice(0, static_cast<int64_t>(h_samples_.size()));
+  if (decode_only) ops_.stageSample(h_samples_);
+
   PagedAttentionParams ap;
-  ap.num_seqs = n_seq;
+  ap.num_seqs = n_pad;
   ap.num_q_heads = rope.num_q_heads;
   ap.num_kv_heads = rope.num_kv_heads;
   ap.head_dim = rope.head_dim;
@@ -685,6 +721,7 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
   ap.max_blocks_per_seq = maxb;
   ap.max_context = max_ctx;
   ap.scale = 1.f / std::sqrt(static_cast<float>(c.head_dim));
+  ap.graph_seqs = decode_only ? n_pad : 0;
   MoeExpertsParams mp;
   mp.num_experts = static_cast<int32_t>(c.num_local_experts);
   mp.top_k = static_cast<int32_t>(c.num_experts_per_tok);
@@ -693,45 +730,73 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
   mp.swiglu_limit = config_.swiglu_limit;
   mp.swiglu_alpha = config_.swiglu_alpha;
 
-  b.embedding(embed_.view, ids_t, res);
-  for (size_t l = 0; l < layers_.size(); ++l) {
-    const Layer& L = layers_[l];
-    if (l == 0) {
-      b.rmsNorm(res, Tensor(), L.input_norm.view, x, norm);
-    } else {
-      b.rmsNorm(moe, res, L.input_norm.view, x, norm);  // res += moe out; x = norm(res)
+  // ---- forward (a CUDA-graph body on the decode path: kernels only, every host value above
+  // depends on the bucket alone) ----
+  auto forward = [&] {
+    const Tensor res = residual_.view.rowSlice(0, t);
+    const Tensor x = x_.view.rowSlice(0, t);
+    const Tensor moe = moe_out_.view.rowSlice(0, t);
+    const Tensor qkv = qkv_buf_.view.rowSlice(0, t);
+    const Tensor attn = attn_.view.rowSlice(0, t);
+    const Tensor rl = router_logits_.view.rowSlice(0, t);
+    const Tensor tk_ids = topk_ids_.view.rowSlice(0, t);
+    const Tensor tk_w = topk_w_.view.rowSlice(0, t);
+    const RmsNormParams norm{static_cast<float>(c.rms_norm_eps)};
+    b.embedding(embed_.view, ids_t, res);
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      const Layer& L = layers_[l];
+      if (l == 0) {
+        b.rmsNorm(res, Tensor(), L.input_norm.view, x, norm);
+      } else {
+        b.rmsNorm(moe, res, L.input_norm.view, x, norm);  // res += moe out; x = norm(res)
+      }
+      b.linear(x, L.qkv.view, L.qkv_bias.view, qkv);
+      const int32_t li = static_cast<int32_t>(l);
+      ops_.ropeKvWrite(qkv, pos, rope_cos_.view, rope_sin_.view, slots, kv.keys(li),
+                       kv.values(li), rope);
+      PagedAttentionParams lp = ap;
+      lp.sliding_window = config_.sliding[l] ? static_cast<int32_t>(c.sliding_window) : 0;
+      ops_.pagedAttention(qkv, kv.keys(li), kv.values(li), cu, pos, tables, L.sinks.view, attn,
+                          lp);
+      b.linear(attn, L.o.view, L.o_bias.view, x);
+      b.rmsNorm(x, res, L.post_norm.view, x, norm);  // res += attn out; x = norm(res)
+      b.linear(x, L.router.view, Tensor(), rl);  // f32 logits; the bias joins in moeRoute
+      ops_.moeRoute(rl, L.router_bias.view, tk_ids, tk_w, MoeRouteParams{mp.top_k});
+      ops_.moeExperts(x, tk_ids, tk_w, L.w1, L.b1.view, L.w2, L.b2.view, moe, mp);
+      b.markProgress();  // [TAG_STEP_PROGRESS]
     }
-    b.linear(x, L.qkv.view, L.qkv_bias.view, qkv);
-    const int32_t li = static_cast<int32_t>(l);
-    ops_.ropeKvWrite(qkv, pos, rope_cos_.view, rope_sin_.view, slots, kv.keys(li), kv.values(li),
-                     rope);
-    ap.sliding_window = config_.sliding[l] ? static_cast<int32_t>(c.sliding_window) : 0;
-    ops_.pagedAttention(qkv, kv.keys(li), kv.values(li), cu, pos, tables, L.sinks.view, attn, ap);
-    b.linear(attn, L.o.view, L.o_bias.view, x);
-    b.rmsNorm(x, res, L.post_norm.view, x, norm);  // res += attn out; x = norm(res)
-    b.linear(x, L.router.view, Tensor(), rl);  // f32 logits; the bias joins in moeRoute
-    ops_.moeRoute(rl, L.router_bias.view, tk_ids, tk_w, MoeRouteParams{mp.top_k});
-    ops_.moeExperts(x, tk_ids, tk_w, L.w1, L.b1.view, L.w2, L.b2.view, moe, mp);
-    b.markProgress();  // [TAG_STEP_PROGRESS]
+    b.rmsNorm(moe, res, final_norm_.view, x, norm);
+    if (n_rows == 0) return;
+    const Tensor gathered = gathered_.view.rowSlice(0, n_rows);
+    const Tensor logits = logits_.view.rowSlice(0, n_rows);
+    ops_.gatherRows(x, rows, gathered);
+    b.linear(gathered, lm_head_.view, Tensor(), logits);
+    if (decode_only) {
+      ops_.sampleStaged(logits, static_cast<int32_t>(h_samples_.size()), sampled);
+    } else if (!h_samples_.empty()) {
+      ops_.sample(logits, h_samples_, sampled);
+    }
+  };
+  if (decode_only) {
+    GraphShapeKey key;
+    key.kind = 0x474F4431u;  // "GOD1": gpt-oss decode
+    key.seqs = static_cast<uint32_t>(n_pad);
+    key.tokens = static_cast<uint32_t>(n_pad);
+    key.variant = static_cast<uint64_t>(maxb);
+    const Status st = graphs_->run(key, forward);
+    CHECK(st.isOk());
+    ++graph_steps_;
+  } else {
+    forward();
   }
-  b.rmsNorm(moe, res, final_norm_.view, x, norm);
-  if (n_rows == 0) return;
-  const Tensor rows = rows_.view.rowSlice(0, n_rows);
-  b.copyToDevice(rows, h_rows_.data(), sizeof(int32_t) * static_cast<size_t>(n_rows));
-  const Tensor gathered = gathered_.view.rowSlice(0, n_rows);
-  const Tensor logits = logits_.view.rowSlice(0, n_rows);
-  ops_.gatherRows(x, rows, gathered);
-  b.linear(gathered, lm_head_.view, Tensor(), logits);
   if (n_out_rows > 0) {
     CHECK(logits_out != nullptr);
-    b.copyToHost(logits_out, logits,
+    b.copyToHost(logits_out, logits_.view.rowSlice(0, n_out_rows),
                  static_cast<size_t>(n_out_rows * c.vocab_size) * sizeof(float));
   }
-  if (!h_samples_.empty()) {
+  if (n_samples > 0) {
     CHECK(sampled_out != nullptr);
-    const Tensor sampled = sampled_.view.rowSlice(0, static_cast<int64_t>(h_samples_.size()));
-    ops_.sample(logits, h_samples_, sampled);
-    b.copyToHost(sampled_out, sampled, sizeof(int32_t) * h_samples_.size());
+    b.copyToHost(sampled_out, sampled, sizeof(int32_t) * n_samples);
   }
 }
 

@@ -70,6 +70,10 @@ struct GptOssOptions {
   int32_t min_block_size = 16;      // sizes the block-table workspace: max_seqs sequences of
                                     // max_model_len tokens in blocks of this many tokens
   MoeWeightsMode moe_weights = MoeWeightsMode::kAuto;
+  // Decode steps (every sequence one new token, sampled, no logits returned) of up to
+  // kMaxGraphSeqs sequences run as CUDA graphs on a backend that has them: padded to a power of
+  // two sequences, the block tables to a power-of-two stride, captured lazily per bucket.
+  bool cuda_graphs = true;
 };
 
 class GptOssModel {
@@ -104,6 +108,10 @@ class GptOssModel {
   // step sampled ([TAG_LLM_PREV_TOKEN]; validate() checks the row exists).
   void enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logits_out, int32_t* sampled_out);
 
+  // Largest decode batch replayed as a CUDA graph; graph buckets used so far (tests, benches).
+  static constexpr int32_t kMaxGraphSeqs = 256;
+  uint64_t graphSteps() const { return graph_steps_; }
+
   // Expert format the model loaded (MXFP4 resident or dense).
   ExpertFormat expertFormat() const { return expert_format_; }
 
@@ -123,6 +131,8 @@ class GptOssModel {
   int64_t max_model_len_ = 0;
   ExpertFormat expert_format_ = ExpertFormat::kDense;
   int64_t last_sampled_ = 0;  // ids the last enqueued step sampled [TAG_LLM_PREV_TOKEN]
+  GraphExecutor* graphs_ = nullptr;  // decode graphs (null: eager only)
+  uint64_t graph_steps_ = 0;         // steps that went through graphs_
 
   OwnedTensor embed_, lm_head_, final_norm_, rope_cos_, rope_sin_;
   std::vector<Layer> layers_;

@@ -1,5 +1,6 @@
 #include "services/rose/ops/backend.h"
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
@@ -58,6 +59,15 @@ Result<std::unique_ptr<Backend>> makeBackend(std::string_view device, const Back
   }
   return invalidArgument("--device: unknown device '" + std::string(device) +
                          "' (expected cpu or cuda)");
+}
+
+void LlmOps::stageSample(std::span<const SampleRow>) {
+  std::fputs("LlmOps::stageSample: not supported by this backend's ops\n", stderr);
+  std::abort();
+}
+void LlmOps::sampleStaged(const Tensor&, int32_t, const Tensor&) {
+  std::fputs("LlmOps::sampleStaged: not supported by this backend's ops\n", stderr);
+  std::abort();
 }
 
 Result<std::unique_ptr<LlmOps>> makeLlmOps(Backend& backend, int32_t threads) {

@@ -43,6 +43,9 @@ struct PagedAttentionParams {
   int32_t max_context = 0;         // host-known longest (position + 1) of any query (planning)
   int32_t sliding_window = 0;      // 0: full causal; W > 0: keys j with i - W < j <= i
   float scale = 0.f;               // logit scale (1/sqrt(head_dim)); the sink is not scaled
+  // > 0: the call is part of a CUDA-graph body replayed for other plans of up to this many
+  // single-token sequences (the step's counts are read on the device; fixed launch sizes).
+  int32_t graph_seqs = 0;
 };
 
 // The host view of a step's queries, handed to planAttention() once per step before its
@@ -80,6 +83,7 @@ struct ExpertWeights {
   int64_t experts = 0, rows = 0, cols = 0;
   Tensor dense;
   Tensor codes, scales;
+  uint32_t mx_max_scale = 255;  // kMxfp4: the largest E8M0 scale byte (the ops may use it)
   std::vector<Buffer> storage;  // owns what the views point to (may be empty: borrowed views)
 };
 
@@ -110,6 +114,13 @@ struct SampleRow {
 class LlmOps {
  public:
   virtual ~LlmOps() = default;
+
+  // Graph support (backends with GraphExecutor): stageSample() copies the rows' parameters to
+  // the device outside a captured body; sampleStaged() samples the first `num_rows` staged rows
+  // (capturable: nothing but kernels). sample() is both. Backends without graphs keep the
+  // defaults, which fail: the model only calls them when the backend has graphs.
+  virtual void stageSample(std::span<const SampleRow> rows);
+  virtual void sampleStaged(const Tensor& logits, int32_t num_rows, const Tensor& out_ids);
 
   // Sizes workspaces (load time, before any op). RESOURCE_EXHAUSTED when memory runs out.
   virtual Status reserve(const LlmOpsLimits& limits) { return okStatus(); }

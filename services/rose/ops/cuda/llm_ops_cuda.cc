@@ -55,6 +55,7 @@ class CudaLlmOps final : public LlmOps {
                      b_.allocate(sizeof(PagedAttnCombine) * kMaxWindows * max_combine_));
     ASSIGN_OR_RETURN(part_o_, b_.allocate(sizeof(float) * max_parts_ * l.num_q_heads * l.head_dim));
     ASSIGN_OR_RETURN(part_ml_, b_.allocate(sizeof(float) * max_parts_ * l.num_q_heads * 2));
+    ASSIGN_OR_RETURN(counts_, b_.allocate(sizeof(int32_t) * 2 * kMaxWindows));
     // MoE: the largest tile count and row count over the tile shapes the launcher may pick.
     const int64_t assignments = l.max_tokens * l.top_k;
     max_tiles_ = 0;
@@ -100,10 +101,14 @@ class CudaLlmOps final : public LlmOps {
     const size_t per_expert_scales = static_cast<size_t>(rows * groups);
     const int64_t chunk = std::max<int64_t>(
         1, std::min<int64_t>(experts, (size_t{64} << 20) / (per_expert_codes + per_expert_scales)));
-    ASSIGN_OR_RETURN(Buffer stage, b_.allocate(chunk * (per_expert_codes + per_expert_scales)));
+    ASSIGN_OR_RETURN(Buffer stage,
+                     b_.allocate(chunk * (per_expert_codes + per_expert_scales) + 256));
     uint8_t* sc = static_cast<uint8_t*>(stage.data());
     uint8_t* ss = sc + chunk * per_expert_codes;
+    const size_t flag_at = (chunk * (per_expert_codes + per_expert_scales) + 255) & ~size_t{255};
+    unsigned* max_scale = reinterpret_cast<unsigned*>(sc + flag_at);  // the largest scale byte
     cudaStream_t st = b_.stream();
+    CUDA_RETURN_IF_ERROR(cudaMemsetAsync(max_scale, 0, sizeof(unsigned), st));
     for (int64_t e0 = 0; e0 < experts; e0 += chunk) {
       const int64_t n = std::min(chunk, experts - e0);
       CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(sc, codes + e0 * per_expert_codes, n * per_expert_codes,
@@ -111,9 +116,12 @@ class CudaLlmOps final : public LlmOps {
       CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(ss, scales + e0 * per_expert_scales,
                                            n * per_expert_scales, cudaMemcpyHostToDevice, st));
       RETURN_IF_ERROR(launchMxfp4Pack(sc, ss, e0, n, shape, static_cast<uint8_t*>(cb.data()),
-                                      static_cast<uint8_t*>(sb.data()), st));
+                                      static_cast<uint8_t*>(sb.data()), max_scale, st));
       CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(st));  // the staging buffer is reused
     }
+    unsigned largest = 255;
+    CUDA_RETURN_IF_ERROR(cudaMemcpy(&largest, max_scale, sizeof largest, cudaMemcpyDeviceToHost));
+    w.mx_max_scale = largest;
     w.storage.push_back(std::move(cb));
     w.storage.push_back(std::move(sb));
     return w;
@@ -175,6 +183,9 @@ class CudaLlmOps final : public LlmOps {
       slot.num_combine = static_cast<int32_t>(plan.combine.size());
       slot.work = static_cast<PagedAttnWork*>(work_.data()) + i * max_work_;
       slot.combine = static_cast<PagedAttnCombine*>(combine_.data()) + i * max_combine_;
+      slot.counts = static_cast<int32_t*>(counts_.data()) + 2 * i;
+      const int32_t counts[2] = {slot.num_work, slot.num_combine};
+      b_.copyToDevice(Tensor(slot.counts, DType::kI32, {2}), counts, sizeof counts);
       if (!plan.work.empty()) {
         b_.copyToDevice(Tensor(slot.work, DType::kU8,
                                {static_cast<int64_t>(plan.work.size() * sizeof(PagedAttnWork))}),
@@ -223,6 +234,14 @@ class CudaLlmOps final : public LlmOps {
     a.part_ml = static_cast<float*>(part_ml_.data());
     a.num_work = plan->num_work;
     a.num_combine = plan->num_combine;
+    if (p.graph_seqs > 0) {  // any plan of up to graph_seqs single-token sequences
+      require(plan->num_work <= static_cast<int64_t>(p.graph_seqs) * kPagedAttnMaxSplits &&
+                  plan->num_combine <= p.graph_seqs,
+              "pagedAttention", "the plan exceeds what graph_seqs allows");
+      a.counts = plan->counts;
+      a.grid_work = std::min<int32_t>(p.graph_seqs * kPagedAttnMaxSplits, kGraphGridCap);
+      a.grid_combine = std::min<int32_t>(p.graph_seqs, kGraphGridCap);
+    }
     a.num_q_heads = p.num_q_heads;
     a.num_kv_heads = p.num_kv_heads;
     a.head_dim = p.head_dim;
@@ -319,6 +338,8 @@ class CudaLlmOps final : public LlmOps {
     g1.n = 2 * p.intermediate;
     g1.k = p.hidden;
     g1.epilogue = MoeGemmEpilogue::kSwiglu;
+    g1.max_rows_per_expert = static_cast<int32_t>(std::min<int64_t>(t, 1 << 30));
+    g1.mx_max_scale = w1.format == ExpertFormat::kMxfp4 ? w1.mx_max_scale : 255;
     g1.swiglu_limit = p.swiglu_limit;
     g1.swiglu_alpha = p.swiglu_alpha;
     checkOk(launchMoeGemm(g1, st), "moeExperts/gate_up");
@@ -335,6 +356,8 @@ class CudaLlmOps final : public LlmOps {
     g2.n = p.hidden;
     g2.k = p.intermediate;
     g2.epilogue = MoeGemmEpilogue::kBias;
+    g2.row_valid = static_cast<const int32_t*>(row_token_.data());
+    g2.mx_max_scale = w2.format == ExpertFormat::kMxfp4 ? w2.mx_max_scale : 255;
     checkOk(launchMoeGemm(g2, st), "moeExperts/down");
 
     MoeCombineArgs c;
@@ -369,16 +392,17 @@ class CudaLlmOps final : public LlmOps {
 
   void sample(const Tensor& logits, std::span<const SampleRow> rows,
               const Tensor& out_ids) override {
+    if (rows.empty()) return;
+    stageSample(rows);
+    sampleStaged(logits, static_cast<int32_t>(rows.size()), out_ids);
+  }
+
+  void stageSample(std::span<const SampleRow> rows) override {
     require(reserved_, "sample", "reserve() was not called");
-    require(is(logits, DType::kF32) && is(out_ids, DType::kI32) &&
-                out_ids.numel() >= static_cast<int64_t>(rows.size()),
-            "sample", "logits F32 [R, V], out I32");
     require(static_cast<int64_t>(rows.size()) <= lim_.max_logits_rows, "sample",
             "more rows than reserve() allowed");
-    if (rows.empty()) return;
     host_rows_.resize(rows.size());
     for (size_t i = 0; i < rows.size(); ++i) {
-      require(rows[i].row >= 0 && rows[i].row < logits.rows(), "sample", "row outside logits");
       SampleRowDev& d = host_rows_[i];
       d.row = rows[i].row;
       d.temperature = rows[i].params.temperature;
@@ -387,15 +411,29 @@ class CudaLlmOps final : public LlmOps {
       d.seed = rows[i].params.seed;
       d.counter = rows[i].counter;
     }
+    staged_rows_ = static_cast<int32_t>(rows.size());
+    if (rows.empty()) return;
     const size_t bytes = host_rows_.size() * sizeof(SampleRowDev);
     b_.copyToDevice(Tensor(sample_rows_.data(), DType::kU8, {static_cast<int64_t>(bytes)}),
                     host_rows_.data(), bytes);
+  }
+
+  void sampleStaged(const Tensor& logits, int32_t num_rows, const Tensor& out_ids) override {
+    require(is(logits, DType::kF32) && is(out_ids, DType::kI32) && out_ids.numel() >= num_rows,
+            "sample", "logits F32 [R, V], out I32");
+    require(num_rows <= staged_rows_, "sample", "more rows than stageSample() staged");
+    for (int32_t i = 0; i < num_rows; ++i) {
+      require(host_rows_[static_cast<size_t>(i)].row >= 0 &&
+                  host_rows_[static_cast<size_t>(i)].row < logits.rows(),
+              "sample", "row outside logits");
+    }
+    if (num_rows == 0) return;
     SampleArgs a;
     a.logits = logits.as<float>();
     a.rows = static_cast<const SampleRowDev*>(sample_rows_.data());
     a.out = out_ids.as<int32_t>();
     a.partial = sample_ws_.data();
-    a.num_rows = static_cast<int32_t>(rows.size());
+    a.num_rows = num_rows;
     a.vocab = logits.cols();
     checkOk(launchSample(a, b_.stream()), "sample");
   }
@@ -408,16 +446,19 @@ class CudaLlmOps final : public LlmOps {
     int32_t num_combine = 0;
     PagedAttnWork* work = nullptr;
     PagedAttnCombine* combine = nullptr;
+    int32_t* counts = nullptr;  // device {num_work, num_combine}
   };
+  static constexpr int32_t kGraphGridCap = 256;  // blocks per kv head a graph launch loops with
 
   CudaBackend& b_;
   LlmOpsLimits lim_;
   bool reserved_ = false;
   int64_t max_work_ = 0, max_combine_ = 0, max_parts_ = 0, max_tiles_ = 0, max_rows_ = 0;
-  Buffer work_, combine_, part_o_, part_ml_;
+  Buffer work_, combine_, part_o_, part_ml_, counts_;
   Buffer row_token_, row_of_, tile_expert_, num_tiles_, act_, y_, sample_rows_, sample_ws_;
   std::vector<PlanSlot> plans_;
   std::vector<SampleRowDev> host_rows_;
+  int32_t staged_rows_ = 0;
 };
 
 }  // namespace
