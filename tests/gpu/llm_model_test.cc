@@ -311,6 +311,14 @@ TEST_F(GpuGptOss, DecodeGraphsEqualEagerSteps) {
       pa.push_back(&a[static_cast<size_t>(i)]);
       pg.push_back(&g[static_cast<size_t>(i)]);
     }
+    // Prefill one sequence per step (the step budget is 2048 tokens), then decode them together.
+    for (int i = 0; i < batch; ++i) {
+      auto ta = step(eager, {pa[static_cast<size_t>(i)]}, 2048, nullptr, true);
+      auto tg = step(graphed, {pg[static_cast<size_t>(i)]}, 2048, nullptr, false);
+      ASSERT_EQ(ta, tg) << "prefill of sequence " << i;
+      a[static_cast<size_t>(i)].tokens.push_back(ta[0]);
+      g[static_cast<size_t>(i)].tokens.push_back(tg[0]);
+    }
     const uint64_t graph_steps0 = graphed.model->graphSteps();
     for (int it = 0; it < 40; ++it) {
       // Eager: logits requested (never the graph path). Graphed: ids only.
@@ -322,7 +330,7 @@ TEST_F(GpuGptOss, DecodeGraphsEqualEagerSteps) {
         g[static_cast<size_t>(i)].tokens.push_back(tg[static_cast<size_t>(i)]);
       }
     }
-    EXPECT_GE(graphed.model->graphSteps() - graph_steps0, 39u);  // every step after the prefill
+    EXPECT_EQ(graphed.model->graphSteps() - graph_steps0, 40u);  // every decode step
   }
   const GraphExecStats st = graphed.backend->graphs()->graphStats();
   EXPECT_GT(st.replays, 0u);

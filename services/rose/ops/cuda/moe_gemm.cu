@@ -69,6 +69,7 @@ __global__ void __launch_bounds__(kWM * kWN * 32) moeGemmKernel(MoeGemmArgs a) {
   const int pack_tiles = (a.n + kPackN - 1) / kPackN;  // 128-row tiles of the packed layout
   const int pack_row0 = n0 % kPackN;                    // this block's first row in its pack tile
   const int tid = threadIdx.x;
+  const bool fast_scales = a.mx_max_scale <= kMxfp4MaxDecodeScale;  // uniform
 
   auto load_stage = [&](int kt, int slot) {
     __nv_bfloat16* sa = s_a + slot * kBM * kRowS;
@@ -144,18 +145,43 @@ __global__ void __launch_bounds__(kWM * kWN * 32) moeGemmKernel(MoeGemmArgs a) {
         const int grp = u >> 5, ln = u & 31, g = ln >> 2, t = ln & 3;
         const uint4 raw = *reinterpret_cast<const uint4*>(codes + u * 16);
         const int r0 = grp * 16 + g;
-        const __nv_bfloat162 sc[2][2] = {{e8m0Bf16x2(scales[r0 * 2]), e8m0Bf16x2(scales[r0 * 2 + 1])},
-                                         {e8m0Bf16x2(scales[(r0 + 8) * 2]),
-                                          e8m0Bf16x2(scales[(r0 + 8) * 2 + 1])}};
+        const uint8_t* sr = scales + r0 * 2;
+        const uint32_t sbytes[2][2] = {{sr[0], sr[1]}, {sr[16], sr[17]}};  // rows r0, r0 + 8
+        if (fast_scales) {
+          // Every scale <= 128: one multiply by 2^(s - 1) (mxfp4DecodeScaleBits), as the decode
+          // kernel does; the same exact values as the two-multiply path below.
+          uint32_t sf[2][2];
 #pragma unroll
-        for (int w = 0; w < 4; ++w) {
-          const uint32_t word = w == 0 ? raw.x : w == 1 ? raw.y : w == 2 ? raw.z : raw.w;
+          for (int hr = 0; hr < 2; ++hr)
 #pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            __nv_bfloat162 v = __hmul2(bitsBf16x2(mxRegBits(word, j)), bitsBf16x2(kTwo126x2));
-            v = __hmul2(v, sc[j & 1][w >> 1]);
-            const int row = r0 + 8 * (j & 1), k = 16 * w + 8 * (j >> 1) + 2 * t;
-            *reinterpret_cast<uint32_t*>(s_bdq + row * kRowS + k) = bf16x2Bits(v);
+            for (int hg = 0; hg < 2; ++hg) {
+              const uint32_t b = mxfp4DecodeScaleBits(sbytes[hr][hg]);
+              sf[hr][hg] = b | (b << 16);
+            }
+#pragma unroll
+          for (int w = 0; w < 4; ++w) {
+            const uint32_t word = w == 0 ? raw.x : w == 1 ? raw.y : w == 2 ? raw.z : raw.w;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+              const __nv_bfloat162 v =
+                  __hmul2(bitsBf16x2(mxRegBits(word, j)), bitsBf16x2(sf[j & 1][w >> 1]));
+              const int row = r0 + 8 * (j & 1), k = 16 * w + 8 * (j >> 1) + 2 * t;
+              *reinterpret_cast<uint32_t*>(s_bdq + row * kRowS + k) = bf16x2Bits(v);
+            }
+          }
+        } else {
+          const __nv_bfloat162 sc[2][2] = {{e8m0Bf16x2(sbytes[0][0]), e8m0Bf16x2(sbytes[0][1])},
+                                           {e8m0Bf16x2(sbytes[1][0]), e8m0Bf16x2(sbytes[1][1])}};
+#pragma unroll
+          for (int w = 0; w < 4; ++w) {
+            const uint32_t word = w == 0 ? raw.x : w == 1 ? raw.y : w == 2 ? raw.z : raw.w;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+              __nv_bfloat162 v = __hmul2(bitsBf16x2(mxRegBits(word, j)), bitsBf16x2(kTwo126x2));
+              v = __hmul2(v, sc[j & 1][w >> 1]);
+              const int row = r0 + 8 * (j & 1), k = 16 * w + 8 * (j >> 1) + 2 * t;
+              *reinterpret_cast<uint32_t*>(s_bdq + row * kRowS + k) = bf16x2Bits(v);
+            }
           }
         }
       }
@@ -247,7 +273,7 @@ Status launchInstance(const MoeGemmArgs& a, cudaStream_t stream) {
 // steps in order, one mma each, bias and epilogue in f32 — on the same exact bf16 weight values,
 // so the bits equal the large-tile kernel's (the tests compare them). Needs every scale <= 128
 // (2^(s-1) representable); the launcher falls back to moeGemmKernel otherwise.
-template <int kWarps, int kTok, int kDepth, MoeGemmEpilogue kEpi>
+template <int kWarps, int kTok, int kDepth, int kGroups, MoeGemmEpilogue kEpi>
 __global__ void __launch_bounds__(kWarps * 32) moeGemmMxDecodeKernel(MoeGemmArgs a) {
   static_assert(kTok == 8 || kTok == 16, "token tile is one or two n8 tiles");
   extern __shared__ __align__(16) unsigned char smem[];
@@ -262,28 +288,34 @@ __global__ void __launch_bounds__(kWarps * 32) moeGemmMxDecodeKernel(MoeGemmArgs
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int m0 = tile * 16;  // block_m rows per tile; the first kTok may be real
   const int pack_tiles = (a.n + kPackN - 1) / kPackN;
-  const int q = blockIdx.x * kWarps + warp;  // 16-row group along N
-  const bool active = q * 16 < a.n;
-  const int p = q / 8, gi = q % 8;
+  const int q0 = (blockIdx.x * kWarps + warp) * kGroups;  // this warp's first 16-row group
   const int g = lane >> 2, t = lane & 3;
 
   // Weight stream first (independent of the token rows), then the token rows into smem.
-  const uint8_t* cbase = a.codes + (static_cast<int64_t>(e) * pack_tiles + p) * kt_count * kMxTileBytes +
-                         gi * 512 + lane * 16;
-  const uint8_t* sbase = a.scales + (static_cast<int64_t>(e) * pack_tiles + p) * kt_count * 256 +
-                         (gi * 16 + g) * 2;
-  uint4 wq[kDepth];
-  uint32_t sq[kDepth];
+  const uint8_t* cbase[kGroups];
+  const uint8_t* sbase[kGroups];
+  bool act[kGroups];
 #pragma unroll
-  for (int d = 0; d < kDepth; ++d) {
-    if (active && d < kt_count) {
-      wq[d] = __ldg(reinterpret_cast<const uint4*>(cbase + static_cast<int64_t>(d) * kMxTileBytes));
-      const uint16_t* sp = reinterpret_cast<const uint16_t*>(sbase + static_cast<int64_t>(d) * 256);
-      sq[d] = static_cast<uint32_t>(__ldg(sp)) | (static_cast<uint32_t>(__ldg(sp + 8)) << 16);
-    }
+  for (int gq = 0; gq < kGroups; ++gq) {
+    const int q = q0 + gq, p = q / 8, gi = q % 8;
+    act[gq] = q * 16 < a.n;
+    const int64_t blk = (static_cast<int64_t>(e) * pack_tiles + p) * kt_count;
+    cbase[gq] = a.codes + blk * kMxTileBytes + gi * 512 + lane * 16;
+    sbase[gq] = a.scales + blk * 256 + (gi * 16 + g) * 2;
   }
+  uint4 wq[kGroups][kDepth];
+  uint32_t sq[kGroups][kDepth];
+  auto fetch = [&](int gq, int kt, uint4& w, uint32_t& sc) {
+    w = __ldg(reinterpret_cast<const uint4*>(cbase[gq] + static_cast<int64_t>(kt) * kMxTileBytes));
+    const uint16_t* sp = reinterpret_cast<const uint16_t*>(sbase[gq] + static_cast<int64_t>(kt) * 256);
+    sc = static_cast<uint32_t>(__ldg(sp)) | (static_cast<uint32_t>(__ldg(sp + 8)) << 16);
+  };
+#pragma unroll
+  for (int d = 0; d < kDepth; ++d)
+#pragma unroll
+    for (int gq = 0; gq < kGroups; ++gq)
+      if (act[gq] && d < kt_count) fetch(gq, d, wq[gq][d], sq[gq][d]);
   const int32_t* rmap = a.a_rows != nullptr ? a.a_rows : a.row_valid;
-  int valid = 0;
   for (int i = tid; i < kTok * (kp / 8); i += kWarps * 32) {
     const int r = i / (kp / 8), c = (i % (kp / 8)) * 8;
     const int pr = m0 + r;
@@ -292,23 +324,25 @@ __global__ void __launch_bounds__(kWarps * 32) moeGemmMxDecodeKernel(MoeGemmArgs
     cpAsync16(s_x + r * row_s + c, a.a + (ok ? static_cast<int64_t>(src) * a.k + c : 0), ok);
   }
   cpAsyncCommit();
+  int valid = kTok;
   if (rmap != nullptr) {
+    valid = 0;
 #pragma unroll
     for (int r = 0; r < kTok; ++r) valid += rmap[m0 + r] >= 0 ? 1 : 0;
-  } else {
-    valid = kTok;
   }
   cpAsyncWait<0>();
   __syncthreads();
-  if (!active) return;
+  if (!act[0]) return;
   const bool two = kTok == 16 && valid > 8;  // uniform: the second n8 tile only with real rows
 
-  float acc[2][4];
+  float acc[kGroups][2][4];
 #pragma unroll
-  for (int i = 0; i < 2; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+  for (int gq = 0; gq < kGroups; ++gq)
+#pragma unroll
+    for (int i = 0; i < 2; ++i) acc[gq][i][0] = acc[gq][i][1] = acc[gq][i][2] = acc[gq][i][3] = 0.f;
   const int mi = lane >> 3, mr = lane & 7;
-  // ldmatrix.x4 rows: matrices (tokens 0-7, k 0-7), (0-7, 8-15), (8-15, 0-7), (8-15, 8-15).
-  // (kTok 8: matrices 2 and 3 repeat 0 and 1, unused.)
+  // ldmatrix.x4 rows: matrices (tokens 0-7, k 0-7), (0-7, 8-15), (8-15, 0-7), (8-15, 8-15)
+  // (kTok 8: matrices 2 and 3 repeat 0 and 1, unused).
   const __nv_bfloat16* xrow = s_x + ((kTok == 16 ? (mi >> 1) * 8 : 0) + mr) * row_s + (mi & 1) * 8;
 
   for (int kt0 = 0; kt0 < kt_count; kt0 += kDepth) {
@@ -316,84 +350,89 @@ __global__ void __launch_bounds__(kWarps * 32) moeGemmMxDecodeKernel(MoeGemmArgs
     for (int d = 0; d < kDepth; ++d) {
       const int kt = kt0 + d;
       if (kt >= kt_count) break;
-      const uint4 w = wq[d];
-      const uint32_t sc = sq[d];
-      if (kt + kDepth < kt_count) {
-        wq[d] = __ldg(reinterpret_cast<const uint4*>(cbase + static_cast<int64_t>(kt + kDepth) * kMxTileBytes));
-        const uint16_t* sp =
-            reinterpret_cast<const uint16_t*>(sbase + static_cast<int64_t>(kt + kDepth) * 256);
-        sq[d] = static_cast<uint32_t>(__ldg(sp)) | (static_cast<uint32_t>(__ldg(sp + 8)) << 16);
+      uint4 w[kGroups];
+      uint32_t sc[kGroups];
+#pragma unroll
+      for (int gq = 0; gq < kGroups; ++gq) {
+        w[gq] = wq[gq][d];
+        sc[gq] = sq[gq][d];
+        if (act[gq] && kt + kDepth < kt_count) fetch(gq, kt + kDepth, wq[gq][d], sq[gq][d]);
       }
-      // Scales: bytes (row g: group 0, group 1), (row g + 8: group 0, group 1).
-      uint32_t sf[2][2];
-#pragma unroll
-      for (int hr = 0; hr < 2; ++hr)
-#pragma unroll
-        for (int hg = 0; hg < 2; ++hg) {
-          const uint32_t b = mxfp4DecodeScaleBits((sc >> (16 * hr + 8 * hg)) & 0xffu);
-          sf[hr][hg] = b | (b << 16);
-        }
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
-        const uint32_t word = s == 0 ? w.x : s == 1 ? w.y : s == 2 ? w.z : w.w;
-        uint32_t af[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-          af[j] = bf16x2Bits(__hmul2(bitsBf16x2(mxRegBits(word, j)), bitsBf16x2(sf[j & 1][s >> 1])));
         uint32_t b[4];
         ldmatrixX4(b, xrow + kt * kBK + s * 16);
-        mmaBf16(acc[0], af, b[0], b[1]);
-        if (two) mmaBf16(acc[1], af, b[2], b[3]);
+#pragma unroll
+        for (int gq = 0; gq < kGroups; ++gq) {
+          const uint32_t word = s == 0 ? w[gq].x : s == 1 ? w[gq].y : s == 2 ? w[gq].z : w[gq].w;
+          // Scale bytes: (row g: group 0, group 1), (row g + 8: group 0, group 1).
+          uint32_t sf[2];
+#pragma unroll
+          for (int hr = 0; hr < 2; ++hr) {
+            const uint32_t bsc = mxfp4DecodeScaleBits((sc[gq] >> (16 * hr + 8 * (s >> 1))) & 0xffu);
+            sf[hr] = bsc | (bsc << 16);
+          }
+          uint32_t af[4];
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+            af[j] = bf16x2Bits(__hmul2(bitsBf16x2(mxRegBits(word, j)), bitsBf16x2(sf[j & 1])));
+          mmaBf16(acc[gq][0], af, b[0], b[1]);
+          if (two) mmaBf16(acc[gq][1], af, b[2], b[3]);
+        }
       }
     }
   }
 
-  // acc[nt]: c0 (row g, token 2t), c1 (row g, token 2t+1), c2/c3 the same for row g + 8.
-  const int n_base = q * 16;
+  // acc[gq][nt]: c0 (row g, token 2t), c1 (row g, token 2t+1), c2/c3 the same for row g + 8.
 #pragma unroll
-  for (int nt = 0; nt < 2; ++nt) {
-    if (nt == 1 && !two) break;
+  for (int gq = 0; gq < kGroups; ++gq) {
+    const int n_base = (q0 + gq) * 16;
 #pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
-      const int n = n_base + g + 8 * hr;
-      const float v0 = acc[nt][2 * hr], v1 = acc[nt][2 * hr + 1];
-      const int64_t tok0 = m0 + nt * 8 + 2 * t;
-      if constexpr (kEpi == MoeGemmEpilogue::kSwiglu) {
-        // (gate, up) = rows (n, n + 1): the up value lives in the lane of row g + 1.
-        const float u0 = __shfl_down_sync(0xffffffffu, v0, 4);
-        const float u1 = __shfl_down_sync(0xffffffffu, v1, 4);
-        if ((g & 1) == 0 && n + 1 < a.n) {
-          float bg = 0.f, bu = 0.f;
-          if (a.bias != nullptr) {
-            bg = __bfloat162float(a.bias[static_cast<int64_t>(e) * a.n + n]);
-            bu = __bfloat162float(a.bias[static_cast<int64_t>(e) * a.n + n + 1]);
+    for (int nt = 0; nt < 2; ++nt) {
+      if (nt == 1 && !two) break;
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        const int n = n_base + g + 8 * hr;
+        const float v0 = acc[gq][nt][2 * hr], v1 = acc[gq][nt][2 * hr + 1];
+        const int64_t tok0 = m0 + nt * 8 + 2 * t;
+        if constexpr (kEpi == MoeGemmEpilogue::kSwiglu) {
+          // (gate, up) = rows (n, n + 1): the up value lives in the lane of row g + 1.
+          const float u0 = __shfl_down_sync(0xffffffffu, v0, 4);
+          const float u1 = __shfl_down_sync(0xffffffffu, v1, 4);
+          if ((g & 1) == 0 && n + 1 < a.n) {
+            float bg = 0.f, bu = 0.f;
+            if (a.bias != nullptr) {
+              bg = __bfloat162float(a.bias[static_cast<int64_t>(e) * a.n + n]);
+              bu = __bfloat162float(a.bias[static_cast<int64_t>(e) * a.n + n + 1]);
+            }
+            const float lim = a.swiglu_limit, alpha = a.swiglu_alpha;
+            auto actf = [&](float gate, float up) {
+              const float gg = fminf(gate, lim);
+              const float uu = fminf(fmaxf(up, -lim), lim);
+              return gg / (1.f + expf(-alpha * gg)) * (uu + 1.f);
+            };
+            const int half_n = a.n / 2;
+            a.out[tok0 * half_n + n / 2] = __float2bfloat16(actf(v0 + bg, u0 + bu));
+            a.out[(tok0 + 1) * half_n + n / 2] = __float2bfloat16(actf(v1 + bg, u1 + bu));
           }
-          const float lim = a.swiglu_limit, alpha = a.swiglu_alpha;
-          auto act = [&](float gate, float up) {
-            const float gg = fminf(gate, lim);
-            const float uu = fminf(fmaxf(up, -lim), lim);
-            return gg / (1.f + expf(-alpha * gg)) * (uu + 1.f);
-          };
-          const int half_n = a.n / 2;
-          a.out[tok0 * half_n + n / 2] = __float2bfloat16(act(v0 + bg, u0 + bu));
-          a.out[(tok0 + 1) * half_n + n / 2] = __float2bfloat16(act(v1 + bg, u1 + bu));
-        }
-      } else {
-        if (n < a.n) {
-          const float bn = a.bias != nullptr ? __bfloat162float(a.bias[static_cast<int64_t>(e) * a.n + n]) : 0.f;
-          a.out[tok0 * a.n + n] = __float2bfloat16(v0 + bn);
-          a.out[(tok0 + 1) * a.n + n] = __float2bfloat16(v1 + bn);
+        } else {
+          if (n < a.n) {
+            const float bn =
+                a.bias != nullptr ? __bfloat162float(a.bias[static_cast<int64_t>(e) * a.n + n]) : 0.f;
+            a.out[tok0 * a.n + n] = __float2bfloat16(v0 + bn);
+            a.out[(tok0 + 1) * a.n + n] = __float2bfloat16(v1 + bn);
+          }
         }
       }
     }
   }
 }
 
-template <int kWarps, int kTok, int kDepth, MoeGemmEpilogue kEpi>
+template <int kWarps, int kTok, int kDepth, int kGroups, MoeGemmEpilogue kEpi>
 Status launchDecode(const MoeGemmArgs& a, cudaStream_t stream) {
   const int kt_count = (a.k + kBK - 1) / kBK;
   const size_t smem = size_t{kTok} * (kt_count * kBK + 8) * 2;
-  auto kernel = moeGemmMxDecodeKernel<kWarps, kTok, kDepth, kEpi>;
+  auto kernel = moeGemmMxDecodeKernel<kWarps, kTok, kDepth, kGroups, kEpi>;
   static size_t configured = 0;  // largest dynamic smem set so far (load time, not captured)
   if (smem > 48 * 1024 && smem > configured) {
     CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -401,19 +440,37 @@ Status launchDecode(const MoeGemmArgs& a, cudaStream_t stream) {
     configured = smem;
   }
   const int groups = (a.n + 15) / 16;
-  const dim3 grid(static_cast<unsigned>((groups + kWarps - 1) / kWarps),
+  const int per_block = kWarps * kGroups;
+  const dim3 grid(static_cast<unsigned>((groups + per_block - 1) / per_block),
                   static_cast<unsigned>(a.max_tiles));
   kernel<<<grid, kWarps * 32, smem, stream>>>(a);
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return okStatus();
 }
 
+// Decode kernel shape (kWarps, kDepth, kGroups) per token tile; variant 0 is the default, the
+// others are measured by rose_llm_bench --moe-gemm (setMoeDecodeVariant).
+int g_decode_variant = 0;
+
+template <MoeGemmEpilogue kEpi>
+Status launchDecodeVariant(const MoeGemmArgs& a, cudaStream_t stream) {
+  const bool small = a.max_rows_per_expert <= 8;
+  switch (g_decode_variant) {
+    case 1: return small ? launchDecode<4, 8, 16, 1, kEpi>(a, stream) : launchDecode<8, 16, 16, 1, kEpi>(a, stream);
+    case 2: return small ? launchDecode<4, 8, 8, 2, kEpi>(a, stream) : launchDecode<4, 16, 8, 2, kEpi>(a, stream);
+    case 3: return small ? launchDecode<2, 8, 8, 1, kEpi>(a, stream) : launchDecode<4, 16, 8, 1, kEpi>(a, stream);
+    case 4: return small ? launchDecode<8, 8, 8, 1, kEpi>(a, stream) : launchDecode<8, 16, 4, 2, kEpi>(a, stream);
+    case 5: return small ? launchDecode<4, 8, 4, 1, kEpi>(a, stream) : launchDecode<8, 16, 4, 1, kEpi>(a, stream);
+    default: return small ? launchDecode<4, 8, 8, 1, kEpi>(a, stream) : launchDecode<8, 16, 8, 1, kEpi>(a, stream);
+  }
+}
+
 template <bool kMx, MoeGemmEpilogue kEpi>
 Status launchTile(const MoeGemmArgs& a, cudaStream_t stream) {
   if constexpr (kMx) {
-    if (a.block_m == 16 && a.mx_max_scale <= kMxfp4MaxDecodeScale && !a.force_tiled)
-      return a.max_rows_per_expert <= 8 ? launchDecode<4, 8, 8, kEpi>(a, stream)
-                                        : launchDecode<8, 16, 8, kEpi>(a, stream);
+    if (a.block_m == 16 && a.mx_max_scale <= kMxfp4MaxDecodeScale && !a.force_tiled &&
+        g_decode_variant >= 0)
+      return launchDecodeVariant<kEpi>(a, stream);
   }
   switch (a.block_m) {
     // Few rows per expert (decode): one warp per 16 x 32 tile, 6 stages in flight, so the
@@ -476,6 +533,8 @@ __global__ void mxfp4PackKernel(const uint8_t* src_codes, const uint8_t* src_sca
 }
 
 }  // namespace
+
+void setMoeDecodeVariant(int variant) { g_decode_variant = variant; }
 
 int32_t moeGemmBlockM(int64_t assignments, int32_t num_experts) {
   const int64_t avg = assignments / (num_experts > 0 ? num_experts : 1);

@@ -88,6 +88,10 @@ struct MoeGemmArgs {
 int32_t moeGemmBlockM(int64_t assignments, int32_t num_experts);
 
 Status checkMoeGemm(const MoeGemmArgs& a);
+// Benchmarks only (rose_llm_bench --moe-gemm): which shape of the decode kernel block_m-16 MXFP4
+// launches take (0: the default; 1..5: other (warps, depth, groups); -1: the tiled kernel).
+// Process-global; not for use while another thread launches.
+void setMoeDecodeVariant(int variant);
 Status launchMoeGemm(const MoeGemmArgs& a, cudaStream_t stream);
 
 }  // namespace garden::rose::cuda
