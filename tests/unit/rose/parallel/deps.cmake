@@ -1,0 +1,1 @@
+set(UNIT_DEPS garden_rose_parallel garden_rose_mkmodel garden_rose_model garden_common)
