@@ -72,7 +72,8 @@ bool waitForFile(const fs::path& p, std::vector<char>& out, int timeout_s = 120)
 // Deterministic inputs: rank r, element i, round k → a value in [-2, 2) (exact in bf16 when
 // rounded, see below).
 float inputValue(int r, int64_t i, int k) {
-  uint32_t x = static_cast<uint32_t>(r * 7919 + k * 104729) ^ static_cast<uint32_t>(i * 2654435761u);
+  uint32_t x =
+      static_cast<uint32_t>(r * 7919 + k * 104729) ^ static_cast<uint32_t>(i * 2654435761u);
   x ^= x >> 15;
   x *= 2246822519u;
   x ^= x >> 13;
@@ -95,12 +96,12 @@ uint8_t kvPattern(int layer, int block, int64_t offset, int is_v) {
   return static_cast<uint8_t>((layer * 131 + block * 31 + offset * 7 + is_v * 101) & 0xff);
 }
 
-#define CHILD_CHECK(cond, msg)                                              \
-  do {                                                                      \
-    if (!(cond)) {                                                          \
+#define CHILD_CHECK(cond, msg)                                               \
+  do {                                                                       \
+    if (!(cond)) {                                                           \
       std::fprintf(stderr, "[rank %d] FAILED: %s (%s)\n", rank, msg, #cond); \
-      return 1;                                                             \
-    }                                                                       \
+      return 1;                                                              \
+    }                                                                        \
   } while (0)
 
 int allReduceCases(int rank, IpcAllReduce& ar, cudaStream_t stream) {
@@ -140,21 +141,21 @@ int allReduceCases(int rank, IpcAllReduce& ar, cudaStream_t stream) {
           CHILD_CHECK(cudaMalloc(&d_in, host.size()) == cudaSuccess, "cudaMalloc");
           CHILD_CHECK(cudaMalloc(&d_out, host.size()) == cudaSuccess, "cudaMalloc");
           CHILD_CHECK(cudaMemset(d_out, 0xff, host.size()) == cudaSuccess, "poison");  // NaN
-          CHILD_CHECK(cudaMemcpy(d_in, host.data(), host.size(), cudaMemcpyHostToDevice) ==
-                          cudaSuccess,
-                      "upload");
+          CHILD_CHECK(
+              cudaMemcpy(d_in, host.data(), host.size(), cudaMemcpyHostToDevice) == cudaSuccess,
+              "upload");
           void* out = in_place ? d_in : d_out;
           const Status st = ar.allReduceSum(d_in, out, n, dtype, stream, &algo);
           CHILD_CHECK(st.isOk(), st.toString().c_str());
           CHILD_CHECK(cudaStreamSynchronize(stream) == cudaSuccess, "sync");
-          CHILD_CHECK(cudaMemcpy(got.data(), out, got.size(), cudaMemcpyDeviceToHost) ==
-                          cudaSuccess,
-                      "download");
+          CHILD_CHECK(
+              cudaMemcpy(got.data(), out, got.size(), cudaMemcpyDeviceToHost) == cudaSuccess,
+              "download");
           if (std::memcmp(got.data(), want.data(), got.size()) != 0) {
             ++mismatches;
             std::fprintf(stderr, "[rank %d] mismatch: dtype %d algo %d n %lld in_place %d\n", rank,
-                         static_cast<int>(dtype), static_cast<int>(algo),
-                         static_cast<long long>(n), in_place ? 1 : 0);
+                         static_cast<int>(dtype), static_cast<int>(algo), static_cast<long long>(n),
+                         in_place ? 1 : 0);
           }
           cudaFree(d_in);
           cudaFree(d_out);
@@ -213,8 +214,9 @@ int kvHandoff(int rank, const fs::path& dir, cudaStream_t stream) {
   void *dk = nullptr, *dv = nullptr;
   CHILD_CHECK(cudaMalloc(&dk, bytes) == cudaSuccess && cudaMalloc(&dv, bytes) == cudaSuccess,
               "cudaMalloc dst kv");
-  CHILD_CHECK(cudaMemset(dk, 0xAB, bytes) == cudaSuccess && cudaMemset(dv, 0xAB, bytes) == cudaSuccess,
-              "sentinel");
+  CHILD_CHECK(
+      cudaMemset(dk, 0xAB, bytes) == cudaSuccess && cudaMemset(dv, 0xAB, bytes) == cudaSuccess,
+      "sentinel");
   KvPoolView src;
   src.k = static_cast<const char*>(mk.value()->data());
   src.v = static_cast<const char*>(mv.value()->data());
@@ -222,8 +224,8 @@ int kvHandoff(int rank, const fs::path& dir, cudaStream_t stream) {
   src.num_blocks = kSrcBlocks;
   src.block_bytes = kBlockBytes;
   const std::vector<int32_t> pairs = {7, 0, 2, 11, 9, 5, 0, 3, 4, 4};  // (src, dst)
-  Status st = copyKvBlocks(src, static_cast<char*>(dk), static_cast<char*>(dv), kDstBlocks, pairs,
-                           stream);
+  Status st =
+      copyKvBlocks(src, static_cast<char*>(dk), static_cast<char*>(dv), kDstBlocks, pairs, stream);
   CHILD_CHECK(st.isOk(), st.toString().c_str());
   const std::vector<int32_t> bad = {1, 2, 3, 12};  // destination block 12 of 12
   const Status refused =
@@ -249,10 +251,11 @@ int kvHandoff(int rank, const fs::path& dir, cudaStream_t stream) {
       }
     }
   }
-  std::printf("[rank 1] kv handoff: %d blocks x %d layers x K/V copied, %lld bytes checked, %lld "
-              "wrong bytes\n",
-              static_cast<int>(pairs.size() / 2), kLayers, static_cast<long long>(checked),
-              static_cast<long long>(wrong));
+  std::printf(
+      "[rank 1] kv handoff: %d blocks x %d layers x K/V copied, %lld bytes checked, %lld "
+      "wrong bytes\n",
+      static_cast<int>(pairs.size() / 2), kLayers, static_cast<long long>(checked),
+      static_cast<long long>(wrong));
   mk.value().reset();
   mv.value().reset();
   cudaFree(dk);
@@ -274,8 +277,9 @@ int runRank(int rank, const fs::path& dir) {
   std::vector<IpcHandle> all(kWorld);
   for (int r = 0; r < kWorld; ++r) {
     std::vector<char> raw;
-    CHILD_CHECK(waitForFile(dir / ("ar." + std::to_string(r)), raw) && raw.size() == sizeof(IpcHandle),
-                "peer handle");
+    CHILD_CHECK(
+        waitForFile(dir / ("ar." + std::to_string(r)), raw) && raw.size() == sizeof(IpcHandle),
+        "peer handle");
     std::memcpy(&all[static_cast<size_t>(r)], raw.data(), sizeof(IpcHandle));
   }
   const Status c = ar.value()->connect(all);
@@ -309,7 +313,8 @@ TEST(GpuIpc, TwoProcessesOnOneGpu) {
     for (auto& s : env_s) envp.push_back(s.data());
     envp.push_back(nullptr);
     std::string exe = fs::read_symlink("/proc/self/exe").string();
-    std::string a1 = "--gtest_also_run_disabled_tests", a2 = "--gtest_filter=GpuIpcChild.DISABLED_Rank";
+    std::string a1 = "--gtest_also_run_disabled_tests",
+                a2 = "--gtest_filter=GpuIpcChild.DISABLED_Rank";
     char* argv[] = {exe.data(), a1.data(), a2.data(), nullptr};
     pid_t pid = 0;
     ASSERT_EQ(posix_spawn(&pid, exe.c_str(), nullptr, nullptr, argv, envp.data()), 0);

@@ -47,8 +47,8 @@ Result<OwnedTensor> uploadHost(Backend& b, DType dtype, std::initializer_list<in
                                const std::vector<float>& host) {
   ASSIGN_OR_RETURN(OwnedTensor t, b.allocateTensor(dtype, dims));
   CHECK(static_cast<int64_t>(host.size()) == t.view.numel());
-  RETURN_IF_ERROR(
-      b.uploadConvert(t.view, HostView{host.data(), DType::kF32, static_cast<int64_t>(host.size())}));
+  RETURN_IF_ERROR(b.uploadConvert(
+      t.view, HostView{host.data(), DType::kF32, static_cast<int64_t>(host.size())}));
   return t;
 }
 
@@ -114,8 +114,8 @@ GptOssShard::~GptOssShard() = default;
 Result<std::unique_ptr<GptOssShard>> GptOssShard::load(const std::string& dir, Backend& backend,
                                                        LlmOps& ops, ShardOps& shard_ops,
                                                        const GptOssOptions& opts,
-                                                       const ParallelConfig& parallel,
-                                                       int32_t rank, ShardComms comms) {
+                                                       const ParallelConfig& parallel, int32_t rank,
+                                                       ShardComms comms) {
   std::unique_ptr<GptOssShard> m(new GptOssShard(backend, ops, shard_ops));
   ASSIGN_OR_RETURN(m->config_, loadGptOssConfig(dir));
   if (opts.max_batch_tokens <= 0 || opts.max_seqs <= 0 || opts.max_logits_rows <= 0 ||
@@ -169,12 +169,13 @@ Result<std::unique_ptr<GptOssShard>> GptOssShard::load(const std::string& dir, B
   Backend& b = backend;
   const DType wt = b.weightDType();
   ASSIGN_OR_RETURN(auto ck, SafetensorsCheckpoint::openDir(dir));
-  const std::string head_name = c.tie_word_embeddings ? "model.embed_tokens.weight"
-                                                      : "lm_head.weight";
+  const std::string head_name =
+      c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
   ASSIGN_OR_RETURN(m->embed_,
                    uploadSlice(b, wt, *ck, "model.embed_tokens.weight", {v, h}, m->vocab_, all_h));
   ASSIGN_OR_RETURN(m->lm_head_, uploadSlice(b, wt, *ck, head_name, {v, h}, m->vocab_, all_h));
-  ASSIGN_OR_RETURN(m->final_norm_, uploadSlice(b, wt, *ck, "model.norm.weight", {h}, all_h, {0, 1}));
+  ASSIGN_OR_RETURN(m->final_norm_,
+                   uploadSlice(b, wt, *ck, "model.norm.weight", {h}, all_h, {0, 1}));
 
   m->layers_.resize(static_cast<size_t>(c.num_hidden_layers));
   std::vector<float> host, one;
@@ -205,8 +206,8 @@ Result<std::unique_ptr<GptOssShard>> GptOssShard::load(const std::string& dir, B
     RETURN_IF_ERROR(appendSlice(*vb, kv_rows, {0, 1}, host));
     ASSIGN_OR_RETURN(L.qkv_bias, uploadHost(b, wt, {qkv_rows}, host));
     // W_o [H, Hq·D]: the columns of this rank's heads; the bias is added once (tp rank 0).
-    ASSIGN_OR_RETURN(L.o, uploadSlice(b, wt, *ck, p + "self_attn.o_proj.weight", {h, hq * d},
-                                      all_h, q_rows));
+    ASSIGN_OR_RETURN(
+        L.o, uploadSlice(b, wt, *ck, p + "self_attn.o_proj.weight", {h, hq * d}, all_h, q_rows));
     if (m->coords_.tp_rank == 0) {
       ASSIGN_OR_RETURN(L.o_bias,
                        uploadSlice(b, wt, *ck, p + "self_attn.o_proj.bias", {h}, all_h, {0, 1}));
@@ -254,8 +255,8 @@ Result<std::unique_ptr<GptOssShard>> GptOssShard::load(const std::string& dir, B
       transposed = gu->shape == std::vector<int64_t>{ne, h, 2 * inter};
       const std::vector<int64_t> w1s = transposed ? std::vector<int64_t>{ne, h, 2 * inter}
                                                   : std::vector<int64_t>{ne, 2 * inter, h};
-      const std::vector<int64_t> w2s = transposed ? std::vector<int64_t>{ne, inter, h}
-                                                  : std::vector<int64_t>{ne, h, inter};
+      const std::vector<int64_t> w2s =
+          transposed ? std::vector<int64_t>{ne, inter, h} : std::vector<int64_t>{ne, h, inter};
       if (gu->shape != w1s || dn->shape != w2s) {
         return invalidArgument("dense experts of layer " + std::to_string(l) +
                                " do not match config.json's shapes");
@@ -375,9 +376,8 @@ Status GptOssShard::validate(const LlmStep& step, const PagedKvCache& kv) const 
     for (int32_t id : table) {
       if (dpGroupOfBlock(id, ks.num_blocks) != dpGroupOfBlock(table[0], ks.num_blocks)) {
         return invalidArgument("sequence " + std::to_string(i) + ": block " + std::to_string(id) +
-                               " lies in another dp group than block " +
-                               std::to_string(table[0]) + " (" + std::to_string(ks.num_blocks) +
-                               " blocks per group)");
+                               " lies in another dp group than block " + std::to_string(table[0]) +
+                               " (" + std::to_string(ks.num_blocks) + " blocks per group)");
       }
     }
   }
@@ -444,9 +444,8 @@ void GptOssShard::moeReplicated(const Layer& L, const Tensor& x, const Tensor& t
   backend_.copyToHost(h_topk_ids_.data(), tk_ids, h_topk_ids_.size() * sizeof(int32_t));
   backend_.copyToHost(h_topk_w_.data(), tk_w, h_topk_w_.size() * sizeof(float));
   CHECK(backend_.synchronize().isOk());
-  const DispatchPairs pairs =
-      localPairs(par_, config_.base.num_local_experts, coords_.rank, static_cast<int32_t>(k),
-                 h_topk_ids_, h_topk_w_);
+  const DispatchPairs pairs = localPairs(par_, config_.base.num_local_experts, coords_.rank,
+                                         static_cast<int32_t>(k), h_topk_ids_, h_topk_w_);
   runExpertPairs(L, x, pairs, out);
 }
 
@@ -466,8 +465,7 @@ void GptOssShard::moeDispatched(const Layer& L, const Tensor& x, const Tensor& t
   if (n > 0) {
     b.copyToHost(h_topk_ids_.data(), tk_ids.rowSlice(share.begin, n),
                  h_topk_ids_.size() * sizeof(int32_t));
-    b.copyToHost(h_topk_w_.data(), tk_w.rowSlice(share.begin, n),
-                 h_topk_w_.size() * sizeof(float));
+    b.copyToHost(h_topk_w_.data(), tk_w.rowSlice(share.begin, n), h_topk_w_.size() * sizeof(float));
     CHECK(b.synchronize().isOk());
   }
   const DispatchSend ds =
@@ -574,7 +572,7 @@ void GptOssShard::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
   // ---- this dp group's sequences ----
   std::vector<int32_t> local_row_of_seq(static_cast<size_t>(n_seq), -1);  // first local row
   std::vector<int32_t> global_row_of_seq(static_cast<size_t>(n_seq), 0);  // first step-wide row
-  std::vector<int64_t> rows_of_group(static_cast<size_t>(par_.dp), 0);   // output rows per group
+  std::vector<int64_t> rows_of_group(static_cast<size_t>(par_.dp), 0);    // output rows per group
   h_positions_.clear();
   h_slots_.clear();
   h_ids_.clear();
@@ -709,18 +707,16 @@ void GptOssShard::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
         b.rmsNorm(moe, res, L.input_norm.view, x, norm);
       }
       b.linear(x, L.qkv.view, L.qkv_bias.view, qkv);
-      ops_.ropeKvWrite(qkv, pos, rope_cos_.view, rope_sin_.view, slots, kv.keys(li),
-                       kv.values(li), rope);
+      ops_.ropeKvWrite(qkv, pos, rope_cos_.view, rope_sin_.view, slots, kv.keys(li), kv.values(li),
+                       rope);
       ap.sliding_window = config_.sliding[l] ? static_cast<int32_t>(c.sliding_window) : 0;
-      ops_.pagedAttention(qkv, kv.keys(li), kv.values(li), cu, pos, tables, L.sinks.view, attn,
-                          ap);
+      ops_.pagedAttention(qkv, kv.keys(li), kv.values(li), cu, pos, tables, L.sinks.view, attn, ap);
       b.linear(attn, L.o.view, L.o_bias.view, x);
       if (par_.tp > 1) comms_.tp->allReduceSum(x);
       if (tap_ != nullptr) tapRows(tap_->attn, x, t);
       b.rmsNorm(x, res, L.post_norm.view, x, norm);
       b.linear(x, L.router.view, Tensor(), rl);
-      ops_.moeRoute(rl, L.router_bias.view, tk_ids, tk_w,
-                    MoeRouteParams{static_cast<int32_t>(kk)});
+      ops_.moeRoute(rl, L.router_bias.view, tk_ids, tk_w, MoeRouteParams{static_cast<int32_t>(kk)});
     }
     if (par_.dp == 1) {
       moeReplicated(L, x, tk_ids, tk_w, moe);

@@ -130,8 +130,8 @@ class GptOssShard {
       pair_ids_, pair_w_, pair_x_, pair_y_, send_x_, send_ids_, send_w_, send_rows_, recv_x_,
       recv_ids_, recv_w_, part_, back_, perm_;
   // Host staging (valid until the next enqueueStep()).
-  std::vector<int32_t> h_ids_, h_positions_, h_slots_, h_cu_, h_tables_, h_prev_pairs_,
-      h_windows_, h_topk_ids_, h_recv_ids_, h_local_rows_, h_perm_, h_i32_;
+  std::vector<int32_t> h_ids_, h_positions_, h_slots_, h_cu_, h_tables_, h_prev_pairs_, h_windows_,
+      h_topk_ids_, h_recv_ids_, h_local_rows_, h_perm_, h_i32_;
   std::vector<float> h_topk_w_, h_recv_w_, h_f32_;
   std::vector<SampleRow> h_samples_;
 };

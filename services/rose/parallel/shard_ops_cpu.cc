@@ -44,8 +44,7 @@ class CpuShardOps final : public ShardOps {
     }
   }
 
-  void concatColumns(const Tensor& in, std::span<const int64_t> cols,
-                     const Tensor& out) override {
+  void concatColumns(const Tensor& in, std::span<const int64_t> cols, const Tensor& out) override {
     sync();
     CHECK(in.dtype == out.dtype);
     const size_t es = dtypeSize(out.dtype);

@@ -45,8 +45,8 @@ Status checkParallelConfig(const ParallelConfig& p, int64_t hq, int64_t hkv, int
   }
   if (p.world() > 64) return invalidArgument("--tp x --dp must be <= 64 (GPUs of one node)");
   if (p.world() % p.ep != 0) {
-    return invalidArgument("--ep " + std::to_string(p.ep) + " must divide --tp x --dp = " +
-                           std::to_string(p.world()));
+    return invalidArgument("--ep " + std::to_string(p.ep) +
+                           " must divide --tp x --dp = " + std::to_string(p.world()));
   }
   if (hq % p.tp != 0) {
     return invalidArgument("--tp " + std::to_string(p.tp) + " must divide the " +
@@ -141,8 +141,7 @@ DispatchSend planDispatch(const ParallelConfig& p, int64_t experts, int32_t k,
 
 DispatchPairs expandPairs(std::span<const int32_t> local_id, std::span<const float> weight,
                           int32_t k) {
-  CHECK(k > 0 && local_id.size() % static_cast<size_t>(k) == 0 &&
-        weight.size() == local_id.size());
+  CHECK(k > 0 && local_id.size() % static_cast<size_t>(k) == 0 && weight.size() == local_id.size());
   DispatchPairs p;
   for (size_t i = 0; i < local_id.size(); ++i) {
     if (local_id[i] < 0) continue;

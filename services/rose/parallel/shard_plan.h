@@ -77,8 +77,7 @@ struct MoeShard {
   IndexRange inter;
   bool adds_bias = false;
 };
-MoeShard moeShard(const ParallelConfig& p, int64_t num_experts, int64_t intermediate,
-                  int32_t rank);
+MoeShard moeShard(const ParallelConfig& p, int64_t num_experts, int64_t intermediate, int32_t rank);
 // The ep group that holds expert e.
 int32_t expertGroup(const ParallelConfig& p, int64_t num_experts, int64_t e);
 
@@ -118,8 +117,7 @@ DispatchPairs expandPairs(std::span<const int32_t> local_id, std::span<const flo
 
 // Replicated tokens (dp == 1: every rank has every token after the attention all-reduce): the
 // (row, slot) pairs whose expert this rank's group holds, in (row, slot) order, with local ids.
-DispatchPairs localPairs(const ParallelConfig& p, int64_t num_experts, int32_t rank,
-                         int32_t top_k, std::span<const int32_t> topk_ids,
-                         std::span<const float> topk_w);
+DispatchPairs localPairs(const ParallelConfig& p, int64_t num_experts, int32_t rank, int32_t top_k,
+                         std::span<const int32_t> topk_ids, std::span<const float> topk_w);
 
 }  // namespace garden::rose

@@ -53,7 +53,8 @@ __device__ bool ipcBarrier(const IpcAllReduceArgs& a, int phase, uint32_t epoch)
   __syncthreads();  // this block's writes of the phase are done
   if (threadIdx.x == 0) {
     __threadfence_system();
-    for (int r = 0; r < a.world; ++r) stReleaseSys(flagPtr(a.bufs[r], phase, blockIdx.x, a.rank), epoch);
+    for (int r = 0; r < a.world; ++r)
+      stReleaseSys(flagPtr(a.bufs[r], phase, blockIdx.x, a.rank), epoch);
   }
   bool ok = true;
   const int flags = static_cast<int>(gridDim.x) * a.world;
@@ -74,8 +75,8 @@ __device__ bool ipcBarrier(const IpcAllReduceArgs& a, int phase, uint32_t epoch)
 }
 
 template <typename T>
-__global__ void ipcAllReduceKernel(IpcAllReduceArgs a, const T* __restrict__ in, T* out,
-                                   int64_t n, bool two_shot) {
+__global__ void ipcAllReduceKernel(IpcAllReduceArgs a, const T* __restrict__ in, T* out, int64_t n,
+                                   bool two_shot) {
   __shared__ uint32_t s_epoch;
   if (threadIdx.x == 0) s_epoch = a.epochs[0] + 1;
   __syncthreads();
@@ -95,7 +96,8 @@ __global__ void ipcAllReduceKernel(IpcAllReduceArgs a, const T* __restrict__ in,
     for (int64_t i = first; i < n; i += stride) {
       float s = 0.f;
       for (int r = 0; r < a.world; ++r) {  // rank order [TAG_REPLICATED_BITWISE]
-        s += Elem<T>::load(reinterpret_cast<const T*>(dataPtr(a.bufs[r], a.capacity, parity, 0)) + i);
+        s += Elem<T>::load(reinterpret_cast<const T*>(dataPtr(a.bufs[r], a.capacity, parity, 0)) +
+                           i);
       }
       out[i] = Elem<T>::fromF(s);
     }
@@ -108,7 +110,8 @@ __global__ void ipcAllReduceKernel(IpcAllReduceArgs a, const T* __restrict__ in,
     for (int64_t i = c0 + first; i < c1; i += stride) {
       float s = 0.f;
       for (int r = 0; r < a.world; ++r) {
-        s += Elem<T>::load(reinterpret_cast<const T*>(dataPtr(a.bufs[r], a.capacity, parity, 0)) + i);
+        s += Elem<T>::load(reinterpret_cast<const T*>(dataPtr(a.bufs[r], a.capacity, parity, 0)) +
+                           i);
       }
       result[i] = Elem<T>::fromF(s);
     }
@@ -128,8 +131,8 @@ __global__ void ipcAllReduceKernel(IpcAllReduceArgs a, const T* __restrict__ in,
 cudaError_t launchIpcAllReduce(const IpcAllReduceArgs& a, const void* in, void* out, int64_t n,
                                IpcDType dtype, IpcAlgo algo, int blocks, cudaStream_t stream) {
   const size_t esize = dtype == IpcDType::kF32 ? 4 : 2;
-  if (a.world < 1 || a.world > kIpcMaxRanks || a.rank < 0 || a.rank >= a.world ||
-      blocks < 1 || blocks > kIpcMaxBlocks || n < 0 || static_cast<size_t>(n) * esize > a.capacity ||
+  if (a.world < 1 || a.world > kIpcMaxRanks || a.rank < 0 || a.rank >= a.world || blocks < 1 ||
+      blocks > kIpcMaxBlocks || n < 0 || static_cast<size_t>(n) * esize > a.capacity ||
       a.epochs == nullptr || a.error == nullptr) {
     return cudaErrorInvalidValue;
   }

@@ -51,7 +51,7 @@ enum class IpcDType : uint8_t { kF32 = 0, kBF16 = 1 };
 // NVLink host; the split point is a guess until measured).
 inline IpcAlgo pickIpcAlgo(size_t bytes, int world) {
   return bytes * static_cast<size_t>(world - 1) <= (size_t{1} << 20) ? IpcAlgo::kOneShot
-                                                                       : IpcAlgo::kTwoShot;
+                                                                     : IpcAlgo::kTwoShot;
 }
 
 struct IpcAllReduceArgs {

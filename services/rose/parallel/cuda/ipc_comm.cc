@@ -35,7 +35,8 @@ Result<std::unique_ptr<IpcAllReduce>> IpcAllReduce::create(int rank, int world, 
                            " ranks)");
   }
   if (blocks < 1 || blocks > kIpcMaxBlocks || capacity == 0 || capacity % 256 != 0) {
-    return invalidArgument("ipc all-reduce: blocks in [1, 32], capacity a positive multiple of 256");
+    return invalidArgument(
+        "ipc all-reduce: blocks in [1, 32], capacity a positive multiple of 256");
   }
   std::unique_ptr<IpcAllReduce> c(new IpcAllReduce());
   c->blocks_ = blocks;
@@ -110,8 +111,8 @@ Status copyKvBlocks(const KvPoolView& src, char* dst_k, char* dst_v, int32_t dst
   }
   if (n == 0) return okStatus();
   int32_t* d_pairs = nullptr;
-  CUDA_RETURN_IF_ERROR(cudaMallocAsync(reinterpret_cast<void**>(&d_pairs),
-                                       pairs.size() * sizeof(int32_t), stream));
+  CUDA_RETURN_IF_ERROR(
+      cudaMallocAsync(reinterpret_cast<void**>(&d_pairs), pairs.size() * sizeof(int32_t), stream));
   CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d_pairs, pairs.data(), pairs.size() * sizeof(int32_t),
                                        cudaMemcpyHostToDevice, stream));
   const cudaError_t e = launchKvBlockCopy(src, dst_k, dst_v, dst_num_blocks, d_pairs, n, stream);

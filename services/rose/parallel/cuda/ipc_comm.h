@@ -65,7 +65,7 @@ class IpcAllReduce {
   IpcAllReduce() = default;
   IpcAllReduceArgs args_;
   int blocks_ = 8;
-  void* own_ = nullptr;     // this rank's IPC buffer
+  void* own_ = nullptr;        // this rank's IPC buffer
   uint32_t* words_ = nullptr;  // [0] epoch, [1] error
   IpcHandle handle_;
   std::vector<std::unique_ptr<IpcMapping>> peers_;

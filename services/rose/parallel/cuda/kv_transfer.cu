@@ -13,7 +13,8 @@ __global__ void kvBlockCopyKernel(KvPoolView src, char* dst_k, char* dst_v, int3
   const int32_t sb = pairs[2 * i], db = pairs[2 * i + 1];
   const char* s = (is_v ? src.v : src.k) +
                   (static_cast<int64_t>(layer) * src.num_blocks + sb) * src.block_bytes;
-  char* d = (is_v ? dst_v : dst_k) + (static_cast<int64_t>(layer) * dst_blocks + db) * src.block_bytes;
+  char* d =
+      (is_v ? dst_v : dst_k) + (static_cast<int64_t>(layer) * dst_blocks + db) * src.block_bytes;
   const int64_t words = src.block_bytes / 16;
   const int4* s4 = reinterpret_cast<const int4*>(s);
   int4* d4 = reinterpret_cast<int4*>(d);
@@ -26,8 +27,8 @@ cudaError_t launchKvBlockCopy(const KvPoolView& src, char* dst_k, char* dst_v,
                               int32_t dst_num_blocks, const int32_t* pairs, int32_t n,
                               cudaStream_t stream) {
   if (src.k == nullptr || src.v == nullptr || dst_k == nullptr || dst_v == nullptr ||
-      pairs == nullptr || n < 0 || src.layers <= 0 || src.layers > 65535 ||
-      src.block_bytes <= 0 || src.block_bytes % 16 != 0 || dst_num_blocks <= 0) {
+      pairs == nullptr || n < 0 || src.layers <= 0 || src.layers > 65535 || src.block_bytes <= 0 ||
+      src.block_bytes % 16 != 0 || dst_num_blocks <= 0) {
     return cudaErrorInvalidValue;
   }
   if (n == 0) return cudaSuccess;

@@ -22,6 +22,8 @@
 // magnitude ~1-5), far below any real discrepancy (a wrong head, expert or bias moves outputs by
 // O(0.1)).
 
+#include "services/rose/parallel/gpt_oss_shard.h"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -33,7 +35,6 @@
 #include <thread>
 
 #include "services/rose/model/gpt_oss.h"
-#include "services/rose/parallel/gpt_oss_shard.h"
 #include "services/rose/tools/mkmodel_gpt_oss.h"
 
 namespace garden::rose {
@@ -56,10 +57,9 @@ struct ModelShape {
 const ModelShape kShapes[] = {{"a", 64, 8, 16, 64, 256, 8}, {"b", 16, 2, 32, 96, 256, 16}};
 
 std::string makeModel(const ModelShape& s) {
-  const std::string dir =
-      (fs::temp_directory_path() / ("garden_shard_" + std::string(s.name) + "_" +
-                                    std::to_string(getpid())))
-          .string();
+  const std::string dir = (fs::temp_directory_path() /
+                           ("garden_shard_" + std::string(s.name) + "_" + std::to_string(getpid())))
+                              .string();
   MkGptOssOptions o;
   o.out_dir = dir;
   o.seed = 11;
@@ -161,9 +161,9 @@ Trace runReference(const std::string& dir, int32_t dp) {
   auto backend = makeBackend("cpu", BackendOptions{1, 0, 64}).value();
   auto ops = makeLlmOps(*backend, 1).value();
   auto model = GptOssModel::load(dir, *backend, *ops, options()).value();
-  auto kv = PagedKvCache::create(*backend, model->kvShape(kBlocksPerGroup * dp, kBlock),
-                                 model->kvDType())
-                .value();
+  auto kv =
+      PagedKvCache::create(*backend, model->kvShape(kBlocksPerGroup * dp, kBlock), model->kvDType())
+          .value();
   std::vector<Seq> seqs = prompts(dp);
   Trace tr;
   for (int step = 0; step <= kDecodeSteps; ++step) {
@@ -211,9 +211,9 @@ Trace runSharded(const std::string& dir, const ParallelConfig& par, bool use_pre
   }
   for (int32_t r = 0; r < n; ++r) {
     Rank& k = ranks[static_cast<size_t>(r)];
-    ShardComms comms{world[static_cast<size_t>(r)].get(),
-                     tp_groups[static_cast<size_t>(r / par.tp)][static_cast<size_t>(r % par.tp)]
-                         .get()};
+    ShardComms comms{
+        world[static_cast<size_t>(r)].get(),
+        tp_groups[static_cast<size_t>(r / par.tp)][static_cast<size_t>(r % par.tp)].get()};
     auto m = GptOssShard::load(dir, *k.backend, *k.ops, *k.shard_ops, options(), par, r, comms);
     EXPECT_TRUE(m.isOk()) << m.status().toString();
     if (!m.isOk()) return {};
@@ -370,9 +370,10 @@ TEST_P(GptOssShardTest, EveryLayoutMatchesTheUnshardedModel) {
           EXPECT_LE(d, kLogitTol) << "step " << s;
           worst_logit = std::max(worst_logit, d);
         }
-        std::printf("[%s] tp %d dp %d ep %d: worst per-layer rel diff %.2e, worst logit rel diff "
-                    "%.2e, %zu steps of greedy tokens identical\n",
-                    shape.name, tp, par.dp, ep, worst_layer, worst_logit, ref.tokens.size());
+        std::printf(
+            "[%s] tp %d dp %d ep %d: worst per-layer rel diff %.2e, worst logit rel diff "
+            "%.2e, %zu steps of greedy tokens identical\n",
+            shape.name, tp, par.dp, ep, worst_layer, worst_logit, ref.tokens.size());
         ++tested;
       }
     }
@@ -398,8 +399,8 @@ TEST(GptOssShardErrors, ClearErrors) {
   ASSERT_FALSE(bad.isOk());
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("--tp 3"), std::string::npos);
-  auto mismatch = GptOssShard::load(dir, *backend, *ops, *so, options(), ParallelConfig{2, 1, 1},
-                                    0, ShardComms{w1[0].get(), w1[0].get()});
+  auto mismatch = GptOssShard::load(dir, *backend, *ops, *so, options(), ParallelConfig{2, 1, 1}, 0,
+                                    ShardComms{w1[0].get(), w1[0].get()});
   ASSERT_FALSE(mismatch.isOk());
   EXPECT_NE(mismatch.status().message().find("communicators"), std::string::npos);
   // A dp 2 layout of 2 ranks; rank 0's view of a straddling sequence.

@@ -4,6 +4,8 @@
 // expert-parallel dispatch, on every layout up to 8 ranks and exhaustively over small routings;
 // the combine weights of a token sum to its router weights; the collectives move the right rows.
 
+#include "services/rose/parallel/shard_plan.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,7 +18,6 @@
 #include <vector>
 
 #include "services/rose/parallel/collective.h"
-#include "services/rose/parallel/shard_plan.h"
 
 namespace garden::rose {
 namespace {
@@ -62,7 +63,7 @@ TEST(ShardPlan, SplitsCoverEachIndexOnce) {
     }
     EXPECT_EQ(next, 2880);
   }
-  EXPECT_EQ(unitSplit(2880, 32, 4, 0), (IndexRange{0, 736}));    // 23 blocks
+  EXPECT_EQ(unitSplit(2880, 32, 4, 0), (IndexRange{0, 736}));     // 23 blocks
   EXPECT_EQ(unitSplit(2880, 32, 4, 3), (IndexRange{2176, 704}));  // 22 blocks
 }
 
@@ -108,7 +109,7 @@ TEST(ShardPlan, LayoutErrorsNameTheFlag) {
   EXPECT_NE(msg({0, 1, 1}).find("--tp"), std::string::npos);
   EXPECT_NE(msg({8, 1, 1}, 48, 12).find("--tp 8"), std::string::npos);  // 8 ∤ 12, 12 ∤ 8
   EXPECT_TRUE(checkParallelConfig({16, 1, 1}, 64, 8, 32, 2880, 201088).isOk());  // kv replicas 2
-  EXPECT_NE(msg({1, 1, 64}).find("--ep 64"), std::string::npos);           // > 32 experts
+  EXPECT_NE(msg({1, 1, 64}).find("--ep 64"), std::string::npos);                 // > 32 experts
   EXPECT_TRUE(checkParallelConfig({8, 1, 8}, 64, 8, 32, 2880, 201088).isOk());
   EXPECT_TRUE(checkParallelConfig({2, 4, 8}, 64, 8, 128, 2880, 201088).isOk());
 }
@@ -322,9 +323,9 @@ TEST(LocalComm, CollectivesMoveTheRightRows) {
         const int64_t rtotal = std::accumulate(recv.begin(), recv.end(), int64_t{0});
         auto& rb = a2a[static_cast<size_t>(r)];
         rb.assign(static_cast<size_t>(rtotal * cols), -1.f);
-        c.allToAllRows(Tensor(sbuf.data(), DType::kF32,
-                              {static_cast<int64_t>(sbuf.size()) / cols, cols}),
-                       send, Tensor(rb.data(), DType::kF32, {rtotal, cols}), recv);
+        c.allToAllRows(
+            Tensor(sbuf.data(), DType::kF32, {static_cast<int64_t>(sbuf.size()) / cols, cols}),
+            send, Tensor(rb.data(), DType::kF32, {rtotal, cols}), recv);
         auto& bc = bcast[static_cast<size_t>(r)];
         bc.assign(3, static_cast<float>(r));
         c.broadcast(Tensor(bc.data(), DType::kF32, {3}), n - 1);
