@@ -456,11 +456,23 @@ Status GptOssModel::validate(const LlmStep& step, const PagedKvCache& kv,
     return invalidArgument(
         "kv cache shape/dtype does not match the model (layers, kv heads, head_dim, dtype)");
   }
+  GptOssStepLimits lim;
+  lim.vocab = config_.base.vocab_size;
+  lim.max_batch_tokens = opts_.max_batch_tokens;
+  lim.max_seqs = opts_.max_seqs;
+  lim.max_logits_rows = opts_.max_logits_rows;
+  lim.max_model_len = max_model_len_;
+  lim.table_capacity = table_capacity_;
+  return validateGptOssStep(lim, step, ks.block_size, ks.num_blocks, prev_sampled);
+}
+
+Status validateGptOssStep(const GptOssStepLimits& lim, const LlmStep& step, int32_t block_size,
+                          int32_t num_blocks, int64_t prev_sampled) {
   const int64_t n_seq = static_cast<int64_t>(step.seqs.size());
   if (n_seq == 0) return invalidArgument("step has no sequences");
-  if (n_seq > opts_.max_seqs) {
+  if (n_seq > lim.max_seqs) {
     return invalidArgument("step has " + std::to_string(n_seq) + " sequences, more than max_seqs " +
-                           std::to_string(opts_.max_seqs));
+                           std::to_string(lim.max_seqs));
   }
   int64_t total = 0, rows = 0;
   std::unordered_set<int64_t> slots;
@@ -475,26 +487,26 @@ Status GptOssModel::validate(const LlmStep& step, const PagedKvCache& kv,
     }
     if (s.position < 0) return invalidArgument(who + "position must be >= 0");
     const int64_t end = static_cast<int64_t>(s.position) + s.num_tokens;
-    if (end > max_model_len_) {
+    if (end > lim.max_model_len) {
       return invalidArgument(who + "position + num_tokens = " + std::to_string(end) +
-                             " exceeds max_model_len " + std::to_string(max_model_len_));
+                             " exceeds max_model_len " + std::to_string(lim.max_model_len));
     }
     if (s.num_blocks < 0 || s.block_offset < 0 ||
         static_cast<size_t>(s.block_offset) + static_cast<size_t>(s.num_blocks) >
             step.block_ids.size()) {
       return invalidArgument(who + "block_offset/num_blocks outside the block id array");
     }
-    if (s.num_blocks < kvBlocksFor(end, ks.block_size)) {
+    if (s.num_blocks < kvBlocksFor(end, block_size)) {
       return invalidArgument(who + "block table has " + std::to_string(s.num_blocks) + " blocks, " +
-                             std::to_string(kvBlocksFor(end, ks.block_size)) + " needed for " +
+                             std::to_string(kvBlocksFor(end, block_size)) + " needed for " +
                              std::to_string(end) + " tokens");
     }
     const auto table = step.block_ids.subspan(static_cast<size_t>(s.block_offset),
                                               static_cast<size_t>(s.num_blocks));
     for (size_t bi = 0; bi < table.size(); ++bi) {
-      if (table[bi] < 0 || table[bi] >= ks.num_blocks) {
+      if (table[bi] < 0 || table[bi] >= num_blocks) {
         return invalidArgument(who + "block id " + std::to_string(table[bi]) +
-                               " outside the cache [0, " + std::to_string(ks.num_blocks) + ")");
+                               " outside the cache [0, " + std::to_string(num_blocks) + ")");
       }
     }
     if (s.prev_row < -1 || s.prev_row >= prev_sampled) {
@@ -505,17 +517,17 @@ Status GptOssModel::validate(const LlmStep& step, const PagedKvCache& kv,
     for (int32_t j = 0; j < s.num_tokens; ++j) {
       const int32_t id = step.tokens[static_cast<size_t>(s.token_offset + j)];
       if (j == 0 && s.prev_row >= 0) {  // taken from the previous step's output
-        if (!slots.insert(kvSlot(table, s.position, ks.block_size)).second) {
+        if (!slots.insert(kvSlot(table, s.position, block_size)).second) {
           return invalidArgument(who + "token 0 writes a KV slot another token of this step writes");
         }
         continue;
       }
-      if (id < 0 || id >= config_.base.vocab_size) {
+      if (id < 0 || id >= lim.vocab) {
         return invalidArgument(who + "token " + std::to_string(j) + " has id " +
                                std::to_string(id) + " outside the vocabulary [0, " +
-                               std::to_string(config_.base.vocab_size) + ")");
+                               std::to_string(lim.vocab) + ")");
       }
-      if (!slots.insert(kvSlot(table, s.position + j, ks.block_size)).second) {
+      if (!slots.insert(kvSlot(table, s.position + j, block_size)).second) {
         return invalidArgument(who + "token " + std::to_string(j) +
                                " writes a KV slot another token of this step writes");
       }
@@ -530,26 +542,26 @@ Status GptOssModel::validate(const LlmStep& step, const PagedKvCache& kv,
     rows += s.logits == LogitsMode::kAll ? s.num_tokens
                                          : (s.logits == LogitsMode::kLast || s.sample ? 1 : 0);
   }
-  if (total > opts_.max_batch_tokens) {
+  if (total > lim.max_batch_tokens) {
     return invalidArgument("step has " + std::to_string(total) +
                            " tokens, more than max_batch_tokens " +
-                           std::to_string(opts_.max_batch_tokens));
+                           std::to_string(lim.max_batch_tokens));
   }
   int64_t longest_table = 0;
   for (const LlmStepSeq& s : step.seqs) {
     longest_table = std::max(
-        longest_table, kvBlocksFor(static_cast<int64_t>(s.position) + s.num_tokens, ks.block_size));
+        longest_table, kvBlocksFor(static_cast<int64_t>(s.position) + s.num_tokens, block_size));
   }
-  if (n_seq * longest_table > table_capacity_) {
+  if (n_seq * longest_table > lim.table_capacity) {
     return invalidArgument(
         "step's block tables (" + std::to_string(n_seq) + " x " + std::to_string(longest_table) +
-        " blocks) exceed the model's table capacity " + std::to_string(table_capacity_) +
+        " blocks) exceed the model's table capacity " + std::to_string(lim.table_capacity) +
         " (blocks smaller than min_block_size)");
   }
-  if (rows > opts_.max_logits_rows) {
+  if (rows > lim.max_logits_rows) {
     return invalidArgument("step asks for " + std::to_string(rows) +
                            " logits rows, more than max_logits_rows " +
-                           std::to_string(opts_.max_logits_rows));
+                           std::to_string(lim.max_logits_rows));
   }
   return okStatus();
 }

@@ -76,6 +76,21 @@ struct GptOssOptions {
   bool cuda_graphs = true;
 };
 
+// The step checks of GptOssModel::validate that do not depend on the cache's head layout (token
+// ids, positions, block tables inside [0, num_blocks), KV slots, sampling, budgets), shared with
+// the sharded model (services/rose/parallel/gpt_oss_shard.h). INVALID_ARGUMENT naming the
+// sequence and field.
+struct GptOssStepLimits {
+  int64_t vocab = 0;
+  int64_t max_batch_tokens = 0;
+  int64_t max_seqs = 0;
+  int64_t max_logits_rows = 0;
+  int64_t max_model_len = 0;
+  int64_t table_capacity = 0;  // block-table entries of one step (sequences x longest table)
+};
+Status validateGptOssStep(const GptOssStepLimits& lim, const LlmStep& step, int32_t block_size,
+                          int32_t num_blocks, int64_t prev_sampled);
+
 class GptOssModel {
  public:
   static Result<std::unique_ptr<GptOssModel>> load(const std::string& dir, Backend& backend,
