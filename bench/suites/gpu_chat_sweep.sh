@@ -50,7 +50,8 @@ print(json.dumps({"concurrency": int(sys.argv[2]), "ok": r.get("requests", {}).g
                   "output_tokens_per_s": round(ch.get("output_tokens_per_s", 0), 1),
                   "ttft_ms": pick(ch.get("ttft_ms")), "itl_ms": pick(ch.get("itl_ms")),
                   "wall_s": round(r.get("duration_s", 0), 2)}))
-PYdone
+PY
+done
 curl -s http://127.0.0.1:9192/metrics > "$OUT/sweep_tulip_metrics.txt" 2>/dev/null
 grep -E '"level":"(error|warn)"' "$OUT/sweep_tulip.log" "$OUT/sweep_ivy.log" | head -10
 exit $rc

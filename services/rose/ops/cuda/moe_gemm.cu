@@ -303,18 +303,21 @@ __global__ void __launch_bounds__(kWarps * 32) moeGemmMxDecodeKernel(MoeGemmArgs
     cbase[gq] = a.codes + blk * kMxTileBytes + gi * 512 + lane * 16;
     sbase[gq] = a.scales + blk * 256 + (gi * 16 + g) * 2;
   }
+  // The ring holds raw loads only (codes; the scale pairs of rows g and g + 8 in separate
+  // registers): anything computed from a load here would stall the warp on it at issue time.
   uint4 wq[kGroups][kDepth];
-  uint32_t sq[kGroups][kDepth];
-  auto fetch = [&](int gq, int kt, uint4& w, uint32_t& sc) {
+  uint32_t sqa[kGroups][kDepth], sqb[kGroups][kDepth];
+  auto fetch = [&](int gq, int kt, uint4& w, uint32_t& sa, uint32_t& sb) {
     w = __ldg(reinterpret_cast<const uint4*>(cbase[gq] + static_cast<int64_t>(kt) * kMxTileBytes));
     const uint16_t* sp = reinterpret_cast<const uint16_t*>(sbase[gq] + static_cast<int64_t>(kt) * 256);
-    sc = static_cast<uint32_t>(__ldg(sp)) | (static_cast<uint32_t>(__ldg(sp + 8)) << 16);
+    sa = __ldg(sp);
+    sb = __ldg(sp + 8);
   };
 #pragma unroll
   for (int d = 0; d < kDepth; ++d)
 #pragma unroll
     for (int gq = 0; gq < kGroups; ++gq)
-      if (act[gq] && d < kt_count) fetch(gq, d, wq[gq][d], sq[gq][d]);
+      if (act[gq] && d < kt_count) fetch(gq, d, wq[gq][d], sqa[gq][d], sqb[gq][d]);
   const int32_t* rmap = a.a_rows != nullptr ? a.a_rows : a.row_valid;
   for (int i = tid; i < kTok * (kp / 8); i += kWarps * 32) {
     const int r = i / (kp / 8), c = (i % (kp / 8)) * 8;
@@ -351,12 +354,19 @@ __global__ void __launch_bounds__(kWarps * 32) moeGemmMxDecodeKernel(MoeGemmArgs
       const int kt = kt0 + d;
       if (kt >= kt_count) break;
       uint4 w[kGroups];
-      uint32_t sc[kGroups];
+      uint32_t sf[kGroups][2][2];  // bf16x2 2^(s-1): [row g / g + 8][group 0 / 1]
 #pragma unroll
       for (int gq = 0; gq < kGroups; ++gq) {
         w[gq] = wq[gq][d];
-        sc[gq] = sq[gq][d];
-        if (act[gq] && kt + kDepth < kt_count) fetch(gq, kt + kDepth, wq[gq][d], sq[gq][d]);
+        const uint32_t sa = sqa[gq][d], sb = sqb[gq][d];
+        if (act[gq] && kt + kDepth < kt_count)
+          fetch(gq, kt + kDepth, wq[gq][d], sqa[gq][d], sqb[gq][d]);
+        // Byte b of the pair into both halves' exponent: (s << 7 | s << 23) + (126 << 7) twice.
+#pragma unroll
+        for (int hg = 0; hg < 2; ++hg) {
+          sf[gq][0][hg] = (__byte_perm(sa, 0u, hg ? 0x1414u : 0x0404u) >> 1) + 0x3F003F00u;
+          sf[gq][1][hg] = (__byte_perm(sb, 0u, hg ? 0x1414u : 0x0404u) >> 1) + 0x3F003F00u;
+        }
       }
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
@@ -365,17 +375,11 @@ __global__ void __launch_bounds__(kWarps * 32) moeGemmMxDecodeKernel(MoeGemmArgs
 #pragma unroll
         for (int gq = 0; gq < kGroups; ++gq) {
           const uint32_t word = s == 0 ? w[gq].x : s == 1 ? w[gq].y : s == 2 ? w[gq].z : w[gq].w;
-          // Scale bytes: (row g: group 0, group 1), (row g + 8: group 0, group 1).
-          uint32_t sf[2];
-#pragma unroll
-          for (int hr = 0; hr < 2; ++hr) {
-            const uint32_t bsc = mxfp4DecodeScaleBits((sc[gq] >> (16 * hr + 8 * (s >> 1))) & 0xffu);
-            sf[hr] = bsc | (bsc << 16);
-          }
           uint32_t af[4];
 #pragma unroll
           for (int j = 0; j < 4; ++j)
-            af[j] = bf16x2Bits(__hmul2(bitsBf16x2(mxRegBits(word, j)), bitsBf16x2(sf[j & 1])));
+            af[j] = bf16x2Bits(
+                __hmul2(bitsBf16x2(mxRegBits(word, j)), bitsBf16x2(sf[gq][j & 1][s >> 1])));
           mmaBf16(acc[gq][0], af, b[0], b[1]);
           if (two) mmaBf16(acc[gq][1], af, b[2], b[3]);
         }
