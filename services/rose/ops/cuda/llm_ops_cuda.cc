@@ -367,8 +367,8 @@ class CudaLlmOps final : public LlmOps {
             "copyTokens");
   }
 
-  void sample(const Tensor& logits, std::span<const SampleRow> rows,
-              const Tensor& out_ids) override {
+  void sample(const Tensor& logits, std::span<const SampleRow> rows, const Tensor& out_ids,
+              const Tensor& out_logprobs) override {
     require(reserved_, "sample", "reserve() was not called");
     require(is(logits, DType::kF32) && is(out_ids, DType::kI32) &&
                 out_ids.numel() >= static_cast<int64_t>(rows.size()),
