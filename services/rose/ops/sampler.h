@@ -24,6 +24,7 @@
 
 #include <cstdint>
 #include <span>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -39,11 +40,11 @@ namespace garden::rose {
 Status validateSamplingParams(const SamplingParams& p);
 
 // One logit_bias entry (the shm state array carries them as two int32 words: id, float bits).
-struct LogitBias {
-  int32_t id = 0;
-  float bias = 0.f;
+struct LogitBias {  // trivial (no initializers): copied from the shm words with memcpy
+  int32_t id;
+  float bias;
 };
-static_assert(sizeof(LogitBias) == 8);
+static_assert(sizeof(LogitBias) == 8 && std::is_trivial_v<LogitBias>);
 
 // The per-sequence state of [TAG_LLM_SAMPLER_STATE]: the tokens seen (prompt membership and
 // generated counts) and the logit_bias, sparse over the tokens it names.
