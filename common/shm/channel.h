@@ -37,7 +37,8 @@ namespace garden::shm {
 inline constexpr uint64_t kMagic = 0x314D534E44524147ULL;  // "GARDNSM1" little-endian
 // 3: Completion carries rose's trace stamps (taken/launched/ready/published).
 // 4: LlmStepSeq.prev_row (56 bytes). 5: step progress counter in the header.
-inline constexpr uint32_t kVersion = 5;
+// 6: sampler state and logprobs (LlmStepSeq 96 bytes, BatchDesc.state_offset/num_state).
+inline constexpr uint32_t kVersion = 6;
 
 enum class BatchKind : uint32_t {
   kEmbed = 1,     // pooled (optionally L2-normalized) embeddings: rows=num_seqs, cols=hidden
@@ -96,6 +97,9 @@ struct BatchDesc {
   uint64_t seqlens_offset = 0;  // bytes into the slot's input arena
   uint64_t seqs_offset = 0;     // kGenerate: llm::LlmStepSeq x num_seqs
   uint64_t blocks_offset = 0;   // kGenerate: int32 block ids x num_blocks
+  uint64_t state_offset = 0;    // kGenerate: int32 sampler-state words x num_state
+  uint32_t num_state = 0;
+  uint32_t reserved_state = 0;
   int64_t deadline_ns = 0;      // CLOCK_MONOTONIC; 0 = none. Expired batches are answered, not run.
   char request_id[48] = {};     // for log lines (first request of the batch)
 };

@@ -5,6 +5,8 @@
 //   seqs_offset:   llm::LlmStepSeq x num_seqs  (token_offset / block_offset index the arrays below)
 //   tokens_offset: int32 token ids x num_tokens
 //   blocks_offset: int32 KV block ids x num_blocks
+//   state_offset:  int32 sampler-state words x num_state (LlmStepSeq.state_offset indexes them;
+//                  [TAG_LLM_SAMPLER_STATE]); num_state 0: none
 // BatchDesc.num_tokens must equal the sum of the sequences' num_tokens; seqlens_offset is unused.
 // Block ids index the paged KV cache rose announced in ModelFacts (kv_num_blocks blocks of
 // kv_block_size tokens); tulip owns allocation, rose only reads and writes the blocks it is told.
@@ -17,7 +19,11 @@
 //
 // Output (the slot's output arena, offset 0): int32 sampled token ids, one per sequence with
 // sample != 0, in sequence order. Completion.rows = that count, cols = 1, output_bytes = 4*rows
-// (a step where no sequence samples, e.g. a prefill chunk, completes with rows = 0).
+// (a step where no sequence samples, e.g. a prefill chunk, completes with rows = 0). When a
+// sampling sequence of the step asks for logprobs (SamplingParams.logprobs >= 0), the ids are
+// followed (at byte 4*rows) by one llm::LlmTokenLogprobs per sampled id, in the same order
+// (num_top = -1 for those that did not ask), and cols = kLlmLogprobsCols (output_bytes =
+// 4*rows*cols).
 // A step that fails validation is answered INVALID_ARGUMENT with nothing written to the KV
 // cache; an expired deadline DEADLINE_EXCEEDED, not run; a batch of another kind sent to an
 // llm worker INVALID_ARGUMENT.
@@ -36,9 +42,15 @@ inline constexpr uint64_t kLlmAlign = 8;
 inline uint64_t llmAlignUp(uint64_t v) { return (v + kLlmAlign - 1) & ~(kLlmAlign - 1); }
 
 // Bytes of input arena a step needs.
-inline uint64_t llmStepBytes(uint64_t num_seqs, uint64_t num_tokens, uint64_t num_blocks) {
+inline uint64_t llmStepBytes(uint64_t num_seqs, uint64_t num_tokens, uint64_t num_blocks,
+                             uint64_t num_state = 0) {
   return llmAlignUp(num_seqs * sizeof(llm::LlmStepSeq)) + llmAlignUp(num_tokens * 4) +
-         llmAlignUp(num_blocks * 4);
+         llmAlignUp(num_blocks * 4) + llmAlignUp(num_state * 4);
 }
+
+// Completion.cols of a step result that carries logprobs: the id plus one LlmTokenLogprobs,
+// in 4-byte words.
+inline constexpr uint32_t kLlmLogprobsCols = 1 + sizeof(llm::LlmTokenLogprobs) / 4;
+static_assert(sizeof(llm::LlmTokenLogprobs) % 4 == 0);
 
 }  // namespace garden::shm

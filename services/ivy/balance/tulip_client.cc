@@ -2,6 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <utility>
@@ -183,6 +184,17 @@ class GenerateReactor final : public grpc::ClientReadReactor<v1::GenerateChunk>,
     sp->set_top_k(call.top_k);
     sp->set_seed(call.seed);
     sp->set_has_seed(call.has_seed);
+    sp->set_min_p(call.min_p);
+    sp->set_presence_penalty(call.presence_penalty);
+    sp->set_frequency_penalty(call.frequency_penalty);
+    sp->set_repetition_penalty(call.repetition_penalty);
+    for (const auto& [id, bias] : call.logit_bias) {
+      v1::LogitBias* b = sp->add_logit_bias();
+      b->set_token_id(id);
+      b->set_bias(bias);
+    }
+    sp->set_logprobs(call.logprobs);
+    sp->set_top_logprobs(call.top_logprobs);
     req_.mutable_stop_token_ids()->Add(call.stop_token_ids.begin(), call.stop_token_ids.end());
     req_.set_ignore_eos(call.ignore_eos);
     self_ = shared_from_this();
@@ -197,6 +209,18 @@ class GenerateReactor final : public grpc::ClientReadReactor<v1::GenerateChunk>,
     if (!ok) return;  // end of stream or failure: OnDone follows
     GenerateChunkMsg m;
     m.token_ids.assign(chunk_.token_ids().begin(), chunk_.token_ids().end());
+    m.logprobs.reserve(static_cast<size_t>(chunk_.logprobs_size()));
+    for (const v1::TokenLogprobs& t : chunk_.logprobs()) {
+      llm::LlmTokenLogprobs lp;
+      lp.logprob = t.logprob();
+      const int n = std::min({t.top_ids_size(), t.top_logprobs_size(), llm::kMaxTopLogprobs});
+      lp.num_top = n;
+      for (int j = 0; j < n; ++j) {
+        lp.top_ids[j] = t.top_ids(j);
+        lp.top_logprobs[j] = t.top_logprobs(j);
+      }
+      m.logprobs.push_back(lp);
+    }
     switch (chunk_.finish_reason()) {
       case v1::FINISH_STOP:
         m.finish = FinishReason::kStop;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <iterator>
 #include <unordered_set>
@@ -432,6 +433,8 @@ Result<std::unique_ptr<GptOssModel>> GptOssModel::load(const std::string& dir, B
     b.copyToDevice(m->attn_.view.rowSlice(0, rows), zeros.data(), zeros.size());
     RETURN_IF_ERROR(b.synchronize());
   }
+  ASSIGN_OR_RETURN(m->sampled_lp_,
+                   b.allocateTensor(DType::kU8, {s * static_cast<int64_t>(sizeof(llm::LlmTokenLogprobs))}));
   return m;
 }
 
@@ -446,6 +449,66 @@ KvCacheShape GptOssModel::kvShape(int32_t num_blocks, int32_t block_size) const 
 }
 
 DType GptOssModel::kvDType() const { return backend_.activationDType(); }
+
+// [TAG_LLM_SAMPLER_STATE] The sampler-state fields of one sequence: the slot inside
+// [0, max_seqs) and used by one sequence of the step, the reload's words inside the state array
+// with ids in the vocabulary and biases in [-100, 100], and features the ops implement.
+Status GptOssModel::validateSamplerState(const LlmStep& step, const LlmStepSeq& s,
+                                         std::unordered_set<int32_t>& used) const {
+  const SamplingParams& p = s.sampling;
+  const bool extras = p.state_slot >= 0 || p.logprobs >= 0 || p.min_p > 0.f ||
+                      llm::needsPenaltyState(p) || s.state_offset >= 0;
+  if (extras && !ops_.supportsSamplerState()) {
+    return invalidArgument(
+        "sampling: this backend's sampler does not implement logprobs, min_p, penalties or "
+        "logit_bias (sampler state)");
+  }
+  if (p.state_slot < -1 || p.state_slot >= opts_.max_seqs) {
+    return invalidArgument("sampling.state_slot " + std::to_string(p.state_slot) +
+                           " outside [-1, max_seqs " + std::to_string(opts_.max_seqs) + ")");
+  }
+  if (p.state_slot >= 0 && !used.insert(p.state_slot).second) {
+    return invalidArgument("sampling.state_slot " + std::to_string(p.state_slot) +
+                           " is used by another sequence of this step");
+  }
+  if (s.state_offset < -1) return invalidArgument("state_offset must be >= -1");
+  if (s.state_offset < 0) return okStatus();
+  if (p.state_slot < 0) return invalidArgument("state_offset set without a sampling.state_slot");
+  if (s.state_prompt < 0 || s.state_output < 0 || s.state_bias < 0 ||
+      s.state_bias > llm::kMaxLogitBias) {
+    return invalidArgument("state_prompt/state_output must be >= 0 and state_bias in [0, " +
+                           std::to_string(llm::kMaxLogitBias) + "]");
+  }
+  const uint64_t words = static_cast<uint64_t>(s.state_prompt) +
+                         static_cast<uint64_t>(s.state_output) + 2 * static_cast<uint64_t>(s.state_bias);
+  if (static_cast<uint64_t>(s.state_offset) + words > step.state.size()) {
+    return invalidArgument("state_offset/state_prompt/state_output/state_bias outside the state "
+                           "array (" + std::to_string(step.state.size()) + " words)");
+  }
+  const int64_t v = config_.base.vocab_size;
+  const auto ids = step.state.subspan(static_cast<size_t>(s.state_offset),
+                                      static_cast<size_t>(s.state_prompt + s.state_output));
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= v) {
+      return invalidArgument("state token " + std::to_string(i) + " has id " +
+                             std::to_string(ids[i]) + " outside the vocabulary");
+    }
+  }
+  const size_t b0 = static_cast<size_t>(s.state_offset) + ids.size();
+  for (int32_t i = 0; i < s.state_bias; ++i) {
+    LogitBias b;
+    std::memcpy(&b, step.state.data() + b0 + 2 * static_cast<size_t>(i), sizeof(b));
+    if (b.id < 0 || b.id >= v) {
+      return invalidArgument("logit_bias entry " + std::to_string(i) + " has id " +
+                             std::to_string(b.id) + " outside the vocabulary");
+    }
+    if (!(b.bias >= -100.f && b.bias <= 100.f)) {
+      return invalidArgument("logit_bias entry " + std::to_string(i) +
+                             ": bias must be in [-100, 100]");
+    }
+  }
+  return okStatus();
+}
 
 Status GptOssModel::validate(const LlmStep& step, const PagedKvCache& kv,
                              int64_t prev_sampled) const {
@@ -476,6 +539,7 @@ Status validateGptOssStep(const GptOssStepLimits& lim, const LlmStep& step, int3
   }
   int64_t total = 0, rows = 0;
   std::unordered_set<int64_t> slots;
+  std::unordered_set<int32_t> state_slots;
   for (int64_t i = 0; i < n_seq; ++i) {
     const LlmStepSeq& s = step.seqs[static_cast<size_t>(i)];
     const std::string who = "sequence " + std::to_string(i) + ": ";
@@ -538,6 +602,7 @@ Status validateGptOssStep(const GptOssStepLimits& lim, const LlmStep& step, int3
     }
     if (s.sample > 1) return invalidArgument(who + "sample must be 0 or 1");
     if (s.sample) RETURN_IF_ERROR(validateSamplingParams(s.sampling).withContext(who + "sampling"));
+    RETURN_IF_ERROR(validateSamplerState(step, s, state_slots).withContext(who));
     total += s.num_tokens;
     rows += s.logits == LogitsMode::kAll ? s.num_tokens
                                          : (s.logits == LogitsMode::kLast || s.sample ? 1 : 0);
@@ -567,7 +632,7 @@ Status validateGptOssStep(const GptOssStepLimits& lim, const LlmStep& step, int3
 }
 
 void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logits_out,
-                              int32_t* sampled_out) {
+                              int32_t* sampled_out, llm::LlmTokenLogprobs* logprobs_out) {
   Backend& b = backend_;
   const ModelConfig& c = config_.base;
   const int32_t n_seq = static_cast<int32_t>(step.seqs.size());
@@ -581,7 +646,12 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
     t_total += s.num_tokens;
     maxb = std::max(maxb, static_cast<int32_t>(kvBlocksFor(s.position + s.num_tokens, bs)));
     max_ctx = std::max(max_ctx, s.position + s.num_tokens);
-    decode_only = decode_only && s.num_tokens == 1 && s.sample && s.logits == LogitsMode::kNone;
+    // ... with plain sampling (the staged graph sampler has no state, logprobs or min_p).
+    const SamplingParams& sp = s.sampling;
+    const bool extras = sp.state_slot >= 0 || sp.logprobs >= 0 || sp.min_p > 0.f ||
+                        llm::needsPenaltyState(sp) || s.state_offset >= 0;
+    decode_only = decode_only && s.num_tokens == 1 && s.sample && s.logits == LogitsMode::kNone &&
+                  !extras;
   }
   CHECK(n_seq > 0 && t_total > 0 && t_total <= opts_.max_batch_tokens && n_seq <= opts_.max_seqs);
   CHECK(static_cast<int64_t>(n_seq) * maxb <= table_capacity_);
@@ -675,6 +745,36 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
   }
   const int64_t n_rows = static_cast<int64_t>(h_rows_.size());
   CHECK(n_rows <= opts_.max_logits_rows);
+  // [TAG_LLM_SAMPLER_STATE] Reloads first: this step's draws read them.
+  h_resets_.clear();
+  h_bias_.clear();
+  size_t bias_total = 0;
+  for (const LlmStepSeq& s : step.seqs) {
+    if (s.state_offset >= 0) bias_total += static_cast<size_t>(s.state_bias);
+  }
+  h_bias_.resize(bias_total);  // stable storage for the spans below
+  size_t bias_at = 0;
+  for (const LlmStepSeq& s : step.seqs) {
+    if (s.state_offset < 0) continue;
+    const size_t off = static_cast<size_t>(s.state_offset);
+    SamplerStateReset r;
+    r.slot = s.sampling.state_slot;
+    r.prompt = step.state.subspan(off, static_cast<size_t>(s.state_prompt));
+    r.output = step.state.subspan(off + r.prompt.size(), static_cast<size_t>(s.state_output));
+    if (s.state_bias > 0) {
+      std::memcpy(h_bias_.data() + bias_at, step.state.data() + off + r.prompt.size() + r.output.size(),
+                  sizeof(LogitBias) * static_cast<size_t>(s.state_bias));
+      r.bias = std::span<const LogitBias>(h_bias_.data() + bias_at, static_cast<size_t>(s.state_bias));
+      bias_at += static_cast<size_t>(s.state_bias);
+    }
+    h_resets_.push_back(r);
+  }
+  if (!h_resets_.empty()) ops_.resetSamplerState(h_resets_);
+  bool want_lp = false;
+  for (const SampleRow& r : h_samples_) want_lp = want_lp || r.params.logprobs >= 0;
+  const int64_t lp_bytes =
+      want_lp ? static_cast<int64_t>(n_samples * sizeof(llm::LlmTokenLogprobs)) : 0;
+  const Tensor lps = want_lp ? sampled_lp_.view.rowSlice(0, lp_bytes) : Tensor();
 
   const Tensor ids_t = ids_.view.rowSlice(0, t);
   const Tensor pos = positions_.view.rowSlice(0, t);
@@ -786,7 +886,7 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
     if (decode_only) {
       ops_.sampleStaged(logits, static_cast<int32_t>(h_samples_.size()), sampled);
     } else if (!h_samples_.empty()) {
-      ops_.sample(logits, h_samples_, sampled);
+      ops_.sample(logits, h_samples_, sampled, lps);
     }
   };
   if (decode_only) {
@@ -809,6 +909,10 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
   if (n_samples > 0) {
     CHECK(sampled_out != nullptr);
     b.copyToHost(sampled_out, sampled, sizeof(int32_t) * n_samples);
+    if (want_lp) {
+      CHECK(logprobs_out != nullptr);
+      b.copyToHost(logprobs_out, lps, static_cast<size_t>(lp_bytes));
+    }
   }
 }
 

@@ -29,6 +29,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <unordered_set>
 #include <vector>
 
 #include "common/model_config.h"
@@ -118,10 +119,13 @@ class GptOssModel {
 
   // Enqueues the step. logits_out: F32 [logitsRows(step), vocab] (may be null when that is 0);
   // sampled_out: I32, one id per sequence with sample != 0, in sequence order (may be null when
-  // none samples). Both are written when the enqueued work completes. A sequence with
+  // none samples); logprobs_out: one llm::LlmTokenLogprobs per sampled id (may be null when no
+  // sampling sequence has sampling.logprobs >= 0). All are written when the enqueued work
+  // completes. Sampler-state reloads (state_offset >= 0) happen before anything samples. A sequence with
   // prev_row >= 0 takes its first token from row prev_row of the ids the previous enqueued
   // step sampled ([TAG_LLM_PREV_TOKEN]; validate() checks the row exists).
-  void enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logits_out, int32_t* sampled_out);
+  void enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logits_out, int32_t* sampled_out,
+                   llm::LlmTokenLogprobs* logprobs_out = nullptr);
 
   // Largest decode batch replayed as a CUDA graph; graph buckets used so far (tests, benches).
   static constexpr int32_t kMaxGraphSeqs = 256;
@@ -138,6 +142,8 @@ class GptOssModel {
   };
 
   GptOssModel(Backend& b, LlmOps& ops) : backend_(b), ops_(ops) {}
+  Status validateSamplerState(const LlmStep& step, const LlmStepSeq& s,
+                              std::unordered_set<int32_t>& used) const;
 
   Backend& backend_;
   LlmOps& ops_;
@@ -154,12 +160,15 @@ class GptOssModel {
 
   // Workspace.
   OwnedTensor ids_, positions_, slots_, cu_q_, block_tables_, rows_, residual_, x_, moe_out_,
-      qkv_buf_, attn_, router_logits_, topk_ids_, topk_w_, gathered_, logits_, sampled_, prev_pairs_;
+      qkv_buf_, attn_, router_logits_, topk_ids_, topk_w_, gathered_, logits_, sampled_, prev_pairs_,
+      sampled_lp_;
   int64_t table_capacity_ = 0;  // elements of block_tables_
   // Host staging (valid until the next enqueueStep()).
   std::vector<int32_t> h_ids_, h_positions_, h_slots_, h_cu_, h_tables_, h_rows_, h_last_row_,
       h_prev_pairs_, h_windows_;
   std::vector<SampleRow> h_samples_;
+  std::vector<SamplerStateReset> h_resets_;
+  std::vector<LogitBias> h_bias_;
 };
 
 }  // namespace garden::rose

@@ -38,6 +38,7 @@ struct LlmStep {
   std::span<const LlmStepSeq> seqs;
   std::span<const int32_t> tokens;
   std::span<const int32_t> block_ids;
+  std::span<const int32_t> state;  // sampler-state words [TAG_LLM_SAMPLER_STATE]
 };
 
 // Rows of logits a step returns, in sequence order: num_tokens for kAll, 1 for kLast, 0 else.

@@ -51,6 +51,33 @@ Status validateGenerate(GenerateParams& p, const shm::ModelFacts& f) {
   if (!(s.top_p > 0 && s.top_p <= 1))
     return invalidArgument("sampling.top_p: must be in (0, 1] (0 or 1 = off)");
   if (s.top_k < 0) return invalidArgument("sampling.top_k: must be >= 0 (0 = off)");
+  if (!(s.min_p >= 0 && s.min_p <= 1)) return invalidArgument("sampling.min_p: must be in [0, 1]");
+  if (!(s.presence_penalty >= -2 && s.presence_penalty <= 2))
+    return invalidArgument("sampling.presence_penalty: must be in [-2, 2]");
+  if (!(s.frequency_penalty >= -2 && s.frequency_penalty <= 2))
+    return invalidArgument("sampling.frequency_penalty: must be in [-2, 2]");
+  if (s.repetition_penalty == 0) s.repetition_penalty = 1.f;  // proto3 default: off
+  if (!std::isfinite(s.repetition_penalty) || !(s.repetition_penalty > 0))
+    return invalidArgument("sampling.repetition_penalty: must be a finite number > 0");
+  if (s.logprobs < -1 || s.logprobs > llm::kMaxTopLogprobs) {
+    return invalidArgument("sampling.top_logprobs: must be in [0, " +
+                           std::to_string(llm::kMaxTopLogprobs) + "]");
+  }
+  if (p.logit_bias.size() > static_cast<size_t>(llm::kMaxLogitBias)) {
+    return invalidArgument("sampling.logit_bias: " + std::to_string(p.logit_bias.size()) +
+                           " entries, at most " + std::to_string(llm::kMaxLogitBias));
+  }
+  for (size_t i = 0; i < p.logit_bias.size(); ++i) {
+    const LogitBiasEntry& b = p.logit_bias[i];
+    const std::string field = "sampling.logit_bias[" + std::to_string(i) + "]";
+    if (b.token_id < 0 || (f.vocab_size > 0 && static_cast<uint32_t>(b.token_id) >= f.vocab_size)) {
+      return invalidArgument(field + ": token id " + std::to_string(b.token_id) +
+                             " is outside the vocabulary [0, " + std::to_string(f.vocab_size) + ")");
+    }
+    if (!(b.bias >= -100 && b.bias <= 100))
+      return invalidArgument(field + ": bias must be in [-100, 100]");
+  }
+  s.state_slot = -1;  // the scheduler's
   return okStatus();
 }
 

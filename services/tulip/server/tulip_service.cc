@@ -267,7 +267,10 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateChunk>
   void onEvent(const GenerateEvent& ev) EXCLUDES(mu_) {
     {
       MutexLock l(mu_);
-      if (ev.token >= 0) pending_.push_back(ev.token);
+      if (ev.token >= 0) {
+        pending_.push_back(ev.token);
+        if (ev.has_logprobs) pending_lp_.push_back(ev.logprobs);
+      }
       if (ev.last) final_ = ev;
       pumpLocked();
     }
@@ -290,6 +293,15 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateChunk>
     chunk_.Clear();
     chunk_.mutable_token_ids()->Add(pending_.begin(), pending_.end());
     pending_.clear();
+    for (const llm::LlmTokenLogprobs& lp : pending_lp_) {
+      v1::TokenLogprobs* t = chunk_.add_logprobs();
+      t->set_logprob(lp.logprob);
+      for (int32_t j = 0; j < lp.num_top; ++j) {
+        t->add_top_ids(lp.top_ids[j]);
+        t->add_top_logprobs(lp.top_logprobs[j]);
+      }
+    }
+    pending_lp_.clear();
     writing_ = true;
     if (final_) {
       const GenerateEvent& f = *final_;
@@ -319,6 +331,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateChunk>
   std::atomic<int> refs_{2};  // gRPC (OnDone) and the scheduler (last event)
   Mutex mu_;
   std::vector<int32_t> pending_ GUARDED_BY(mu_);
+  std::vector<llm::LlmTokenLogprobs> pending_lp_ GUARDED_BY(mu_);  // one per pending_ token
   std::optional<GenerateEvent> final_ GUARDED_BY(mu_);
   v1::GenerateChunk chunk_ GUARDED_BY(mu_);  // owned by the write in flight
   bool writing_ GUARDED_BY(mu_) = false;
@@ -472,6 +485,21 @@ grpc::ServerWriteReactor<v1::GenerateChunk>* TulipService::Generate(
   p.sampling.top_k = req->sampling().top_k();
   p.sampling.seed = req->sampling().seed();
   p.has_seed = req->sampling().has_seed();
+  const v1::SamplingParams& sp = req->sampling();
+  p.sampling.min_p = sp.min_p();
+  p.sampling.presence_penalty = sp.presence_penalty();
+  p.sampling.frequency_penalty = sp.frequency_penalty();
+  p.sampling.repetition_penalty = sp.repetition_penalty();
+  if (!sp.logprobs() && sp.top_logprobs() > 0) {
+    return new Refuse(toGrpcStatus(
+        invalidArgument("sampling.top_logprobs: needs sampling.logprobs = true")));
+  }
+  p.sampling.logprobs = !sp.logprobs() ? -1
+                        : sp.top_logprobs() > static_cast<uint32_t>(llm::kMaxTopLogprobs)
+                            ? llm::kMaxTopLogprobs + 1  // refused by validateGenerate
+                            : static_cast<int32_t>(sp.top_logprobs());
+  p.logit_bias.reserve(static_cast<size_t>(sp.logit_bias_size()));
+  for (const v1::LogitBias& b : sp.logit_bias()) p.logit_bias.push_back({b.token_id(), b.bias()});
   p.stop_token_ids.assign(req->stop_token_ids().begin(), req->stop_token_ids().end());
   p.ignore_eos = req->ignore_eos();
   p.deadline_ns = monotonicDeadline(ctx);

@@ -109,7 +109,10 @@ Status ShmWorker::trySubmit(WorkBatch batch, WorkDone done) {
                                        : alignUp(token_bytes, kSeqLensAlign);
   const uint64_t second_bytes = generate ? batch.block_ids.size() * sizeof(int32_t)
                                          : batch.seq_lens.size() * sizeof(int32_t);
-  const uint64_t need = second_off + second_bytes;
+  // kGenerate: the sampler-state words after the block ids [TAG_LLM_SAMPLER_STATE].
+  const uint64_t state_off = generate ? shm::llmAlignUp(second_off + second_bytes) : 0;
+  const uint64_t state_bytes = generate ? batch.llm_state.size() * sizeof(int32_t) : 0;
+  const uint64_t need = generate ? state_off + state_bytes : second_off + second_bytes;
   if (need > opts_.layout.input_bytes) {
     return invalidArgument("batch of " + std::to_string(batch.tokens.size()) +
                            " tokens does not fit the channel's input arena");
@@ -128,6 +131,7 @@ Status ShmWorker::trySubmit(WorkBatch batch, WorkDone done) {
   std::memcpy(arena.data() + tokens_off, batch.tokens.data(), token_bytes);
   std::memcpy(arena.data() + second_off,
               generate ? batch.block_ids.data() : batch.seq_lens.data(), second_bytes);
+  if (state_bytes > 0) std::memcpy(arena.data() + state_off, batch.llm_state.data(), state_bytes);
   shm::BatchDesc d;
   d.batch_id = next_batch_id_++;
   d.slot = slot;
@@ -143,6 +147,8 @@ Status ShmWorker::trySubmit(WorkBatch batch, WorkDone done) {
     d.seqs_offset = 0;
     d.blocks_offset = second_off;
     d.num_blocks = static_cast<uint32_t>(batch.block_ids.size());
+    d.state_offset = state_off;
+    d.num_state = static_cast<uint32_t>(batch.llm_state.size());
   } else {
     d.seqlens_offset = second_off;
   }
@@ -424,15 +430,23 @@ void ShmWorker::run() {
             c->message[sizeof(c->message) - 1] = '\0';
             r.status = Status(static_cast<StatusCode>(c->status_code), c->message);
           } else if (entry.kind == shm::BatchKind::kGenerate) {
-            // One int32 sampled id per sampling sequence (common/shm/llm_batch.h).
-            const uint64_t bytes = uint64_t{c->rows} * sizeof(int32_t);
-            if (bytes > opts_.layout.output_bytes || c->output_bytes != bytes) {
+            // One int32 sampled id per sampling sequence, then (cols kLlmLogprobsCols) one
+            // LlmTokenLogprobs each (common/shm/llm_batch.h).
+            const bool lp = c->cols == shm::kLlmLogprobsCols;
+            const uint64_t bytes = uint64_t{c->rows} * (lp ? shm::kLlmLogprobsCols : 1) * 4;
+            if ((c->cols != 1 && !lp) || bytes > opts_.layout.output_bytes ||
+                c->output_bytes != bytes) {
               r.status = internalError("rose returned a malformed LLM step result (" +
                                        std::to_string(c->rows) + " ids, " +
                                        std::to_string(c->output_bytes) + " bytes)");
             } else {
               auto out = ch.outputArena(c->slot);
               r.token_ids = {reinterpret_cast<const int32_t*>(out.data()), c->rows};
+              if (lp) {
+                r.logprobs = {reinterpret_cast<const llm::LlmTokenLogprobs*>(
+                                  out.data() + sizeof(int32_t) * c->rows),
+                              c->rows};
+              }
               r.num_rows = c->rows;
               r.cols = 1;
             }

@@ -341,19 +341,42 @@ class CpuLlmOps final : public LlmOps {
     }
   }
 
-  void sample(const Tensor& logits, std::span<const SampleRow> rows,
-              const Tensor& out_ids) override {
+  void sample(const Tensor& logits, std::span<const SampleRow> rows, const Tensor& out_ids,
+              const Tensor& out_logprobs) override {
     sync();
     checkF32(logits);
     checkI32(out_ids);
     CHECK(out_ids.numel() >= static_cast<int64_t>(rows.size()));
+    auto* lps = out_logprobs.empty() ? nullptr : static_cast<llm::LlmTokenLogprobs*>(out_logprobs.data);
+    CHECK(lps == nullptr || out_logprobs.bytes() >= rows.size() * sizeof(llm::LlmTokenLogprobs));
     const int64_t v = logits.cols();
     int32_t* o = out_ids.as<int32_t>();
     for (size_t i = 0; i < rows.size(); ++i) {
       const SampleRow& r = rows[i];
       CHECK(r.row >= 0 && r.row < logits.rows());
+      CHECK(lps != nullptr || r.params.logprobs < 0);
       std::span<const float> row(logits.as<float>() + r.row * v, static_cast<size_t>(v));
-      o[i] = sampler_.sample(row, r.params, r.counter);
+      SamplerSlot* slot = nullptr;
+      if (r.params.state_slot >= 0) {
+        CHECK(static_cast<size_t>(r.params.state_slot) < slots_.size());
+        slot = &slots_[static_cast<size_t>(r.params.state_slot)];
+      }
+      o[i] = sampler_.sample(row, r.params, r.counter, slot, lps ? &lps[i] : nullptr);
+    }
+  }
+
+  Status reserve(const LlmOpsLimits& limits) override {
+    slots_.assign(static_cast<size_t>(std::max(0, limits.max_seqs)), SamplerSlot{});
+    return okStatus();
+  }
+
+  bool supportsSamplerState() const override { return true; }
+
+  void resetSamplerState(std::span<const SamplerStateReset> resets) override {
+    sync();
+    for (const SamplerStateReset& r : resets) {
+      CHECK(r.slot >= 0 && static_cast<size_t>(r.slot) < slots_.size());
+      slots_[static_cast<size_t>(r.slot)].reset(r.prompt, r.output, r.bias);
     }
   }
 
@@ -373,6 +396,7 @@ class CpuLlmOps final : public LlmOps {
   std::vector<int32_t> moe_pairs_, moe_experts_;
   std::vector<float> moe_y_;
   Sampler sampler_;
+  std::vector<SamplerSlot> slots_;  // [TAG_LLM_SAMPLER_STATE], one per max_seqs
 };
 
 }  // namespace

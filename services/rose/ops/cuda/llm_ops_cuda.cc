@@ -390,8 +390,10 @@ class CudaLlmOps final : public LlmOps {
             "copyTokens");
   }
 
-  void sample(const Tensor& logits, std::span<const SampleRow> rows,
-              const Tensor& out_ids) override {
+  void sample(const Tensor& logits, std::span<const SampleRow> rows, const Tensor& out_ids,
+              const Tensor& out_logprobs) override {
+    require(out_logprobs.empty(), "sample",
+            "logprobs are not implemented by the CUDA sampler (supportsSamplerState() is false)");
     if (rows.empty()) return;
     stageSample(rows);
     sampleStaged(logits, static_cast<int32_t>(rows.size()), out_ids);
