@@ -43,8 +43,10 @@ constexpr size_t moeGemmSmemBytes() {
 // a 32-row tile reads a quarter of a packed 128-row MXFP4 tile), K tiles of 64, kStages-deep
 // cp.async pipeline. Every configuration runs the same mma chain per output element (K tiles in
 // order, k16 steps in order), so a row's bits do not depend on the configuration.
-template <int kWM, int kWN, int kMT, int kNT, int kStages, bool kMx, MoeGemmEpilogue kEpi>
-__global__ void __launch_bounds__(kWM * kWN * 32) moeGemmKernel(MoeGemmArgs a) {
+template <int kWM, int kWN, int kMT, int kNT, int kStages, bool kMx, MoeGemmEpilogue kEpi,
+          bool kFastScales = false>
+// Two 256-thread blocks per SM (the register budget that keeps them: <= 128 per thread).
+__global__ void __launch_bounds__(kWM * kWN * 32, kWM * kWN == 8 ? 2 : 1) moeGemmKernel(MoeGemmArgs a) {
   constexpr int kThreads = kWM * kWN * 32;
   constexpr int kBM = kWM * kMT * 16;
   constexpr int kBN = kWN * kNT * 8;
@@ -69,7 +71,7 @@ __global__ void __launch_bounds__(kWM * kWN * 32) moeGemmKernel(MoeGemmArgs a) {
   const int pack_tiles = (a.n + kPackN - 1) / kPackN;  // 128-row tiles of the packed layout
   const int pack_row0 = n0 % kPackN;                    // this block's first row in its pack tile
   const int tid = threadIdx.x;
-  const bool fast_scales = a.mx_max_scale <= kMxfp4MaxDecodeScale;  // uniform
+  constexpr bool fast_scales = kFastScales;  // every scale <= 128 (the launcher checked)
 
   auto load_stage = [&](int kt, int slot) {
     __nv_bfloat16* sa = s_a + slot * kBM * kRowS;
@@ -147,7 +149,7 @@ __global__ void __launch_bounds__(kWM * kWN * 32) moeGemmKernel(MoeGemmArgs a) {
         const int r0 = grp * 16 + g;
         const uint8_t* sr = scales + r0 * 2;
         const uint32_t sbytes[2][2] = {{sr[0], sr[1]}, {sr[16], sr[17]}};  // rows r0, r0 + 8
-        if (fast_scales) {
+        if constexpr (fast_scales) {
           // Every scale <= 128: one multiply by 2^(s - 1) (mxfp4DecodeScaleBits), as the decode
           // kernel does; the same exact values as the two-multiply path below.
           uint32_t sf[2][2];
@@ -244,12 +246,17 @@ __global__ void __launch_bounds__(kWM * kWN * 32) moeGemmKernel(MoeGemmArgs a) {
   }
 }
 
-template <int kWM, int kWN, int kMT, int kNT, int kStages, bool kMx, MoeGemmEpilogue kEpi>
+template <int kWM, int kWN, int kMT, int kNT, int kStages, bool kMx, MoeGemmEpilogue kEpi,
+          bool kFastScales = false>
 Status launchInstance(const MoeGemmArgs& a, cudaStream_t stream) {
   constexpr int kBM = kWM * kMT * 16;
   constexpr int kBN = kWN * kNT * 8;
   constexpr size_t smem = moeGemmSmemBytes<kBM, kBN, kStages, kMx>();
-  auto kernel = moeGemmKernel<kWM, kWN, kMT, kNT, kStages, kMx, kEpi>;
+  if constexpr (kMx && !kFastScales) {
+    if (a.mx_max_scale <= kMxfp4MaxDecodeScale)
+      return launchInstance<kWM, kWN, kMT, kNT, kStages, kMx, kEpi, true>(a, stream);
+  }
+  auto kernel = moeGemmKernel<kWM, kWN, kMT, kNT, kStages, kMx, kEpi, kFastScales>;
   static bool configured = false;  // one attribute call per instance (load time, not captured)
   if (!configured) {
     CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
