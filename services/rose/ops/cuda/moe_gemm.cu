@@ -325,21 +325,28 @@ __global__ void __launch_bounds__(kWarps * 32) moeGemmMxDecodeKernel(MoeGemmArgs
 #pragma unroll
     for (int gq = 0; gq < kGroups; ++gq)
       if (act[gq] && d < kt_count) fetch(gq, d, wq[gq][d], sqa[gq][d], sqb[gq][d]);
+  // Token rows: each row's source once (a_rows, or in place where row_valid marks it real),
+  // then only the real rows are copied (K padding zero-filled). Rows that are padding keep
+  // whatever shared memory held: they only reach their own output columns, which are not written.
+  __shared__ int32_t s_src[kTok];
   const int32_t* rmap = a.a_rows != nullptr ? a.a_rows : a.row_valid;
-  for (int i = tid; i < kTok * (kp / 8); i += kWarps * 32) {
-    const int r = i / (kp / 8), c = (i % (kp / 8)) * 8;
-    const int pr = m0 + r;
-    const int src = a.a_rows != nullptr ? a.a_rows[pr] : (rmap == nullptr || rmap[pr] >= 0 ? pr : -1);
-    const bool ok = src >= 0 && c < a.k;
-    cpAsync16(s_x + r * row_s + c, a.a + (ok ? static_cast<int64_t>(src) * a.k + c : 0), ok);
+  if (tid < kTok) {
+    const int pr = m0 + tid;
+    s_src[tid] = a.a_rows != nullptr ? a.a_rows[pr] : (rmap == nullptr || rmap[pr] >= 0 ? pr : -1);
+  }
+  __syncthreads();
+  int valid = 0;
+#pragma unroll
+  for (int r = 0; r < kTok; ++r) {
+    const int src = s_src[r];
+    if (src < 0) continue;
+    ++valid;
+    for (int c = tid * 8; c < kp; c += kWarps * 32 * 8) {
+      const bool ok = c < a.k;
+      cpAsync16(s_x + r * row_s + c, a.a + (ok ? static_cast<int64_t>(src) * a.k + c : 0), ok);
+    }
   }
   cpAsyncCommit();
-  int valid = kTok;
-  if (rmap != nullptr) {
-    valid = 0;
-#pragma unroll
-    for (int r = 0; r < kTok; ++r) valid += rmap[m0 + r] >= 0 ? 1 : 0;
-  }
   cpAsyncWait<0>();
   __syncthreads();
   if (!act[0]) return;
