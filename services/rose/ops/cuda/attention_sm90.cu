@@ -62,18 +62,41 @@ __device__ __forceinline__ void mbarArriveExpectTx(uint32_t bar, uint32_t bytes)
 __device__ __forceinline__ void mbarArrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
-// Returns once the phase of parity `parity` has completed (a fresh barrier: parity 1 at once).
-__device__ __forceinline__ void mbarWait(uint32_t bar, uint32_t parity) {
+__device__ __forceinline__ bool mbarTryWait(uint32_t bar, uint32_t parity) {
   uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (done == 0);
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+// Set by a wait that gave up (attentionSm90WatchdogFired()).
+__device__ unsigned int g_watchdog = 0;
+// Returns once the phase of parity `parity` has completed (a fresh barrier: parity 1 at once).
+// Watchdog: a wait that polls kWatchdogPolls times (each try_wait may itself suspend the thread
+// a while: seconds in all), or that sees another wait gave up, gives up too and sets g_watchdog:
+// a protocol bug then ends the launch with wrong numbers and a flag the tests read, instead of
+// hanging the process. Legitimate waits last microseconds. (No trap, no printf, no 64-bit timer:
+// each made the consumers spill or serialized their wgmmas.)
+constexpr uint32_t kWatchdogPolls = 1u << 30;
+__device__ __forceinline__ void mbarWait(uint32_t bar, uint32_t parity) {
+  uint32_t polls = 0;
+  while (!mbarTryWait(bar, parity)) {
+    if ((++polls & 0xFFFFu) == 0 &&
+        (polls >= kWatchdogPolls || *static_cast<volatile unsigned int*>(&g_watchdog) != 0)) {
+      atomicOr(&g_watchdog, 1u);
+      break;
+    }
+  }
+}
+// 2^x (MUFU.EX2; denormal results flush to 0, which P does not need).
+__device__ __forceinline__ float exp2Ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
 }
 // One {64 columns, 128 rows} box at (column c0, row c1) of the tensor into shared memory at
 // `dst`, completing `bytes` on mbarrier `bar`.
@@ -213,7 +236,7 @@ __device__ __forceinline__ void softmaxStep(float (&s)[64], float (&m)[2], float
     mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
     mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
     ms[r] = mx[r] == -INFINITY ? 0.f : mx[r] * scale_log2;  // a row with no visible key yet
-    alpha[r] = exp2f(fmaf(m[r], scale_log2, -ms[r]));      // m = -inf (first tile): 0
+    alpha[r] = exp2Ftz(fmaf(m[r], scale_log2, -ms[r]));      // m = -inf (first tile): 0
     m[r] = mx[r];
   }
   float rs[2] = {0.f, 0.f};
@@ -222,7 +245,7 @@ __device__ __forceinline__ void softmaxStep(float (&s)[64], float (&m)[2], float
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int r = e / 2;
-      s[4 * i + e] = exp2f(fmaf(s[4 * i + e], scale_log2, -ms[r]));
+      s[4 * i + e] = exp2Ftz(fmaf(s[4 * i + e], scale_log2, -ms[r]));
       rs[r] += s[4 * i + e];
     }
   }
@@ -568,6 +591,14 @@ Status checkAttentionSm90(const AttentionArgs& a, const char* variant) {
                               " needs cuTensorMapEncodeTiled (CUDA driver 12.0 or newer)");
   }
   return okStatus();
+}
+
+Result<bool> attentionSm90WatchdogFired() {
+  unsigned int fired = 0;
+  CUDA_RETURN_IF_ERROR(cudaMemcpyFromSymbol(&fired, g_watchdog, sizeof(fired)));
+  const unsigned int zero = 0;
+  CUDA_RETURN_IF_ERROR(cudaMemcpyToSymbol(g_watchdog, &zero, sizeof(zero)));
+  return fired != 0;
 }
 
 Status launchAttentionSm90(const AttentionArgs& a, cudaStream_t stream, bool pipelined, bool pdl) {

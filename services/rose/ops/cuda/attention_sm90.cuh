@@ -25,5 +25,9 @@ namespace garden::rose::cuda {
 Status checkAttentionSm90(const AttentionArgs& a, const char* variant);
 // Launches it (the caller has checked `a`): pipelined = kSm90, else kSm90Basic.
 Status launchAttentionSm90(const AttentionArgs& a, cudaStream_t stream, bool pipelined, bool pdl);
+// Whether a launch since the last call gave up waiting on an mbarrier (the kernel's watchdog: a
+// pipeline protocol bug, reported instead of a hang; that launch's output is wrong). Synchronous
+// (reads device memory after the device's preceding work); resets the flag. Tests call it.
+Result<bool> attentionSm90WatchdogFired();
 
 }  // namespace garden::rose::cuda
