@@ -154,7 +154,7 @@ int64_t diagnose(const std::vector<float>& got, const std::vector<float>& ref,
   return bad;
 }
 
-enum class Kernel { kNarrow64, kSm90, kSm90Basic, kPolicySm90 };
+enum class Kernel { kNarrow64, kSm90, kSm90Basic, kSm90CpAsync, kPolicySm90 };
 const char* runName(Kernel r) {
   switch (r) {
     case Kernel::kNarrow64:
@@ -163,6 +163,8 @@ const char* runName(Kernel r) {
       return "sm90";
     case Kernel::kSm90Basic:
       return "sm90basic";
+    case Kernel::kSm90CpAsync:
+      return "sm90cpasync";
     case Kernel::kPolicySm90:
       return "policy sm90";
   }
@@ -196,6 +198,9 @@ std::vector<float> launch(AttentionSm90& t, Backend& gpu, cuda::CudaBackend& cb,
       break;
     case Kernel::kSm90Basic:
       s = cuda::launchAttentionVariant(a, cb.stream(), cuda::AttentionVariant::kSm90Basic);
+      break;
+    case Kernel::kSm90CpAsync:
+      s = cuda::launchAttentionVariant(a, cb.stream(), cuda::AttentionVariant::kSm90CpAsync);
       break;
     case Kernel::kPolicySm90:
       s = cuda::launchAttention(a, cb.stream(), cuda::AttentionPolicy::kSm90);
@@ -262,7 +267,9 @@ TEST_F(AttentionSm90, MatchesReferenceAndMmaSyncKernel) {
                             static_cast<int32_t>(ns), c, Kernel::kNarrow64, t);
     diagnose(old, ref, cu, c.hq, 1e-2, 2e-2, "narrow64 vs ref");
     int64_t bad_case = 0;
-    for (Kernel r : {Kernel::kSm90Basic, Kernel::kSm90, Kernel::kPolicySm90}) {
+    // Bisection order: cp.async loads (no tensor map), TMA loads, then the pipelined schedule.
+    for (Kernel r :
+         {Kernel::kSm90CpAsync, Kernel::kSm90Basic, Kernel::kSm90, Kernel::kPolicySm90}) {
       const auto got =
           launch(*this, gpu(), cb(), act(), gq.view, gcu.view, t, static_cast<int32_t>(ns), c, r, t);
       const int64_t bad =
@@ -310,7 +317,7 @@ TEST_F(AttentionSm90, NanRowsPastTheBatchDoNotLeakIn) {
       p.causal = causal;
       cpu().attention(cq.view, ccu.view, co.view, p);
       const auto ref = download(cpu(), co.view);
-      for (Kernel r : {Kernel::kSm90Basic, Kernel::kSm90}) {
+      for (Kernel r : {Kernel::kSm90CpAsync, Kernel::kSm90Basic, Kernel::kSm90}) {
         auto got = launch(*this, gpu(), cb(), act(), gq.view, gcu.view, padded,
                           static_cast<int32_t>(ns), c, r, padded);
         got.resize(ref.size());  // rows past the batch are not written
@@ -373,11 +380,13 @@ TEST_F(AttentionSm90, PolicyAndRefusals) {
     ASSERT_TRUE(va.isOk());
     EXPECT_NE(*va, cuda::AttentionVariant::kSm90);
     EXPECT_NE(*va, cuda::AttentionVariant::kSm90Basic);
+    EXPECT_NE(*va, cuda::AttentionVariant::kSm90CpAsync);
   }
   EXPECT_TRUE(cuda::checkAttentionVariant(a, cuda::AttentionVariant::kSm90).isOk());
   // head_dim 64: the variants refuse by name; the policy falls back to the narrow kernel.
   a.head_dim = 64;
-  for (auto v : {cuda::AttentionVariant::kSm90, cuda::AttentionVariant::kSm90Basic}) {
+  for (auto v : {cuda::AttentionVariant::kSm90, cuda::AttentionVariant::kSm90Basic,
+                 cuda::AttentionVariant::kSm90CpAsync}) {
     const Status s = cuda::checkAttentionVariant(a, v);
     EXPECT_FALSE(s.isOk());
     EXPECT_NE(s.message().find(cuda::attentionVariantName(v)), std::string::npos) << s.toString();
@@ -391,6 +400,7 @@ TEST_F(AttentionSm90, PolicyAndRefusals) {
   a.scale = 0.f;
   EXPECT_FALSE(cuda::checkAttentionVariant(a, cuda::AttentionVariant::kSm90).isOk());
   EXPECT_STREQ(cuda::attentionVariantName(cuda::AttentionVariant::kSm90Basic), "sm90basic");
+  EXPECT_STREQ(cuda::attentionVariantName(cuda::AttentionVariant::kSm90CpAsync), "sm90cpasync");
 }
 
 }  // namespace

@@ -618,10 +618,10 @@ Status checkArgs(const AttentionArgs& a) {
 }  // namespace
 
 const char* attentionVariantName(AttentionVariant v) {
-  static const char* const kNames[] = {"narrow16", "narrow64", "wide64",
-                                       "wide128",  "sm90",     "sm90basic"};  // 1..6
+  static const char* const kNames[] = {"narrow16", "narrow64",  "wide64",     "wide128",
+                                       "sm90",     "sm90basic", "sm90cpasync"};  // 1..7
   const int i = static_cast<int>(v) - 1;
-  return i >= 0 && i < 6 ? kNames[i] : "unknown";
+  return i >= 0 && i < 7 ? kNames[i] : "unknown";
 }
 
 Status checkAttentionVariant(const AttentionArgs& a, AttentionVariant v) {
@@ -646,6 +646,7 @@ Status checkAttentionVariant(const AttentionArgs& a, AttentionVariant v) {
       return okStatus();
     case AttentionVariant::kSm90:
     case AttentionVariant::kSm90Basic:
+    case AttentionVariant::kSm90CpAsync:
       return checkAttentionSm90(a, attentionVariantName(v));
   }
   return invalidArgument("attention: unknown variant " + std::to_string(static_cast<int>(v)));
@@ -699,8 +700,11 @@ Status launchAttentionVariant(const AttentionArgs& a, cudaStream_t stream, Atten
       return a.causal ? launchWide<128, 4, true, 1, 2>(a, stream, pdl)
                       : launchWide<128, 4, false, 1, 2>(a, stream, pdl);
     case AttentionVariant::kSm90:
+      return launchAttentionSm90(a, stream, Sm90Schedule::kPipelined, pdl);
     case AttentionVariant::kSm90Basic:
-      return launchAttentionSm90(a, stream, v == AttentionVariant::kSm90, pdl);
+      return launchAttentionSm90(a, stream, Sm90Schedule::kBasic, pdl);
+    case AttentionVariant::kSm90CpAsync:
+      return launchAttentionSm90(a, stream, Sm90Schedule::kBasicCpAsync, pdl);
   }
   return invalidArgument("attention: unknown variant " + std::to_string(static_cast<int>(v)));
 }

@@ -52,7 +52,8 @@ struct AttentionArgs {
 //   rows per block, warp-specialized. NOT bit-identical to the four above (other tiles and
 //   accumulation order; equal within bf16 rounding), so only the kSm90 policy picks them:
 //     kSm90:      two consumer warpgroups, softmax overlapped with the matrix products;
-//     kSm90Basic: the same, each step after the other (A/B, fallback).
+//     kSm90Basic: the same, each step after the other (A/B, fallback);
+//     kSm90CpAsync: kSm90Basic loading with cp.async instead of TMA (bisection aid).
 enum class AttentionVariant : int32_t {
   kNarrow16 = 1,
   kNarrow64 = 2,
@@ -60,8 +61,9 @@ enum class AttentionVariant : int32_t {
   kWide128 = 4,
   kSm90 = 5,
   kSm90Basic = 6,
+  kSm90CpAsync = 7,
 };
-const char* attentionVariantName(AttentionVariant v);  // "narrow16", ..., "sm90", "sm90basic"
+const char* attentionVariantName(AttentionVariant v);  // "narrow16", ..., "sm90", "sm90basic", "sm90cpasync"
 
 // Which variants the size policy may pick (rose: GARDEN_ATTENTION_KERNEL=auto|narrow|sm90, read
 // into CudaKernelOptions at start-up).

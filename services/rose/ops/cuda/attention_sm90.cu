@@ -30,6 +30,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <mutex>
 #include <string>
 
@@ -45,8 +46,12 @@ using namespace sm90;  // NOLINT(build/namespaces): the layout constants and ind
 
 constexpr int kThreads = 384;        // producer + 2 consumer warpgroups
 constexpr int kStages = 2;           // K/V ring depth (2 x 64 KB + Q 32 KB)
-constexpr int kProducerRegs = 24;    // setmaxnreg: 128 x 24 + 256 x 240 <= 64 K registers
+// setmaxnreg: 128 x producer + 256 x consumer <= 64 K registers. The cp.async loader computes
+// addresses per 16-byte chunk and needs more than the TMA thread.
+constexpr int kProducerRegs = 24;
 constexpr int kConsumerRegs = 240;
+constexpr int kProducerRegsCpAsync = 40;
+constexpr int kConsumerRegsCpAsync = 232;
 constexpr int kSchedBarrier = 1;     // named barriers 1, 2: the consumers' turns (0: __syncthreads)
 constexpr int kVZeroBarrier = 3;     // both consumers, after zeroing V rows past the sequence
 
@@ -281,7 +286,31 @@ __device__ __forceinline__ void rescaleO(float (&o)[64], const float (&alpha)[2]
 __device__ __forceinline__ void turnBegin(int w) { namedBarrierSync(kSchedBarrier + w, 256); }
 __device__ __forceinline__ void turnEnd(int w) { namedBarrierArrive(kSchedBarrier + 1 - w, 256); }
 
-template <bool kCausal, bool kPipelined>
+// 16 bytes global -> shared (cp.async), zero-filled when !valid (src must still be mapped).
+__device__ __forceinline__ void cpAsync16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 16 : 0)
+               : "memory");
+}
+
+// The cp.async loader (kTma = false, variant kSm90CpAsync, for bisecting a failure between the
+// tensor map and the rest): the 128 producer threads copy a [128 rows][128 columns] tile from
+// token row `row` and column `col`, zero-filling rows past the tensor as TMA does, into the same
+// swizzled layout; then make the writes visible to wgmma (async proxy).
+__device__ __forceinline__ void cpAsyncTile(const AttentionArgs& a, uint32_t dst, int col, int row,
+                                            int ptid) {
+  const int64_t width = static_cast<int64_t>(a.num_q_heads + 2 * a.num_kv_heads) * kHeadDim;
+  for (int i = ptid; i < 128 * (kHeadDim / 8); i += 128) {
+    const int r = i / (kHeadDim / 8), c = (i % (kHeadDim / 8)) * 8;
+    const int64_t tok = static_cast<int64_t>(row) + r;
+    const bool valid = tok < a.num_tokens;
+    cpAsync16(dst + tileOffset(r, c), a.qkv + (valid ? tok : 0) * width + col + c, valid);
+  }
+  asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+template <bool kCausal, bool kPipelined, bool kTma>
 __global__ void __launch_bounds__(kThreads, 1)
     attentionSm90Kernel(const __grid_constant__ CUtensorMap qkv_map, AttentionArgs a) {
   pdlWait();  // [TAG_PDL]
@@ -312,10 +341,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int wg = static_cast<int>(threadIdx.x) / 128;
 
   if (threadIdx.x == 0) {
-    mbarInit(bar_q, 1);
+    // TMA: the producer's arrive.expect_tx + the bytes; cp.async: each producer thread.
+    constexpr uint32_t kFullCount = kTma ? 1 : 128;
+    mbarInit(bar_q, kFullCount);
     for (int s = 0; s < kStages; ++s) {
-      mbarInit(bar_k_full + 8 * s, 1);   // the producer's arrive.expect_tx + the bytes
-      mbarInit(bar_v_full + 8 * s, 1);
+      mbarInit(bar_k_full + 8 * s, kFullCount);
+      mbarInit(bar_v_full + 8 * s, kFullCount);
       mbarInit(bar_k_empty + 8 * s, 8);  // lane 0 of each of the 8 consumer warps
       mbarInit(bar_v_empty + 8 * s, 8);
     }
@@ -325,8 +356,25 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (wg == 0) {
     // Producer.
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
-    if (threadIdx.x == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kTma ? kProducerRegs
+                                                                     : kProducerRegsCpAsync));
+    if constexpr (!kTma) {
+      const int ptid = static_cast<int>(threadIdx.x);
+      cpAsyncTile(a, s_q, qColumn(qh, 0), start + q0, ptid);
+      mbarArrive(bar_q);
+      for (int it = 0; it < n_tiles; ++it) {
+        const int st = it % kStages;
+        const uint32_t free_parity = ((it / kStages) & 1) ^ 1;
+        const int row = start + (n_tiles - 1 - it) * kBlockN;
+        mbarWait(bar_k_empty + 8 * st, free_parity);
+        cpAsyncTile(a, s_k + st * kTileBytes, kColumn(a.num_q_heads, kvh, 0), row, ptid);
+        mbarArrive(bar_k_full + 8 * st);
+        mbarWait(bar_v_empty + 8 * st, free_parity);
+        cpAsyncTile(a, s_v + st * kTileBytes, vColumn(a.num_q_heads, a.num_kv_heads, kvh, 0), row,
+                    ptid);
+        mbarArrive(bar_v_full + 8 * st);
+      }
+    } else if (threadIdx.x == 0) {
       const CUtensorMap* map = &qkv_map;
       mbarArriveExpectTx(bar_q, kTileBytes);
       tmaLoad2d(s_q, map, qColumn(qh, 0), start + q0, bar_q);
@@ -354,7 +402,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   // Consumers.
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kTma ? kConsumerRegs
+                                                                   : kConsumerRegsCpAsync));
   const int w = wg - 1;
   const int tid = static_cast<int>(threadIdx.x) % 128;
   const bool warp_leader = (threadIdx.x % 32) == 0;
@@ -545,21 +594,25 @@ Status encodeQkvMap(const AttentionArgs& a, CUtensorMap* map) {
   return okStatus();
 }
 
-template <bool kCausal, bool kPipelined>
+template <bool kCausal, bool kPipelined, bool kTma>
 Status launchKernel(const AttentionArgs& a, cudaStream_t stream, bool pdl) {
   CUtensorMap map;
-  RETURN_IF_ERROR(encodeQkvMap(a, &map));
+  if (kTma) {
+    RETURN_IF_ERROR(encodeQkvMap(a, &map));
+  } else {
+    std::memset(&map, 0, sizeof(map));  // unused
+  }
   constexpr size_t smem = SmemLayout<kStages>::kDynamicBytes;
   static std::once_flag once;  // [TAG_ATTN_SMEM] one attribute call per instance
   static cudaError_t configured = cudaSuccess;
   std::call_once(once, [] {
-    configured = cudaFuncSetAttribute(attentionSm90Kernel<kCausal, kPipelined>,
+    configured = cudaFuncSetAttribute(attentionSm90Kernel<kCausal, kPipelined, kTma>,
                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(smem));
   });
   CUDA_RETURN_IF_ERROR(configured);
   const int64_t blocks = maxQueryTiles(a.num_tokens, a.num_seqs) * a.num_q_heads;
-  CUDA_RETURN_IF_ERROR(launchPdl(pdl, attentionSm90Kernel<kCausal, kPipelined>,
+  CUDA_RETURN_IF_ERROR(launchPdl(pdl, attentionSm90Kernel<kCausal, kPipelined, kTma>,
                                  dim3(static_cast<unsigned>(blocks)), dim3(kThreads), smem, stream,
                                  map, a));
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
@@ -601,13 +654,20 @@ Result<bool> attentionSm90WatchdogFired() {
   return fired != 0;
 }
 
-Status launchAttentionSm90(const AttentionArgs& a, cudaStream_t stream, bool pipelined, bool pdl) {
-  if (pipelined) {
-    return a.causal ? launchKernel<true, true>(a, stream, pdl)
-                    : launchKernel<false, true>(a, stream, pdl);
+Status launchAttentionSm90(const AttentionArgs& a, cudaStream_t stream, Sm90Schedule schedule,
+                          bool pdl) {
+  switch (schedule) {
+    case Sm90Schedule::kPipelined:
+      return a.causal ? launchKernel<true, true, true>(a, stream, pdl)
+                      : launchKernel<false, true, true>(a, stream, pdl);
+    case Sm90Schedule::kBasic:
+      return a.causal ? launchKernel<true, false, true>(a, stream, pdl)
+                      : launchKernel<false, false, true>(a, stream, pdl);
+    case Sm90Schedule::kBasicCpAsync:
+      return a.causal ? launchKernel<true, false, false>(a, stream, pdl)
+                      : launchKernel<false, false, false>(a, stream, pdl);
   }
-  return a.causal ? launchKernel<true, false>(a, stream, pdl)
-                  : launchKernel<false, false>(a, stream, pdl);
+  return invalidArgument("attention sm90: unknown schedule");
 }
 
 }  // namespace garden::rose::cuda

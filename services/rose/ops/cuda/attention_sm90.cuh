@@ -6,7 +6,9 @@
 // consumer warpgroups (64 query rows each, 128 rows per block) run S = Q K^T and O += P V on
 // wgmma with the online softmax in registers. kSm90 overlaps each softmax with the matrix
 // products (FlashAttention-3's intra-warpgroup pipelining and the two consumers' ping-pong);
-// kSm90Basic runs the same steps one after the other. Design notes in attention_sm90.cu; index
+// kSm90Basic runs the same steps one after the other; kSm90CpAsync is kSm90Basic with the K/V/Q
+// tiles copied by the producer threads with cp.async instead of TMA (same shared layout), to
+// tell a tensor-map problem from a wgmma one should a variant fail. Design notes in attention_sm90.cu; index
 // arithmetic in attention_sm90_layout.h.
 //
 // Results are not bit-identical to the mma.sync variants (other tile shapes and accumulation
@@ -23,8 +25,14 @@ namespace garden::rose::cuda {
 // a compute capability 9.0 device and the driver's tensor-map encoder. `variant` names the
 // variant in the error message.
 Status checkAttentionSm90(const AttentionArgs& a, const char* variant);
-// Launches it (the caller has checked `a`): pipelined = kSm90, else kSm90Basic.
-Status launchAttentionSm90(const AttentionArgs& a, cudaStream_t stream, bool pipelined, bool pdl);
+// Launches it (the caller has checked `a`).
+enum class Sm90Schedule {
+  kPipelined,    // kSm90
+  kBasic,        // kSm90Basic
+  kBasicCpAsync  // kSm90CpAsync: kBasic with cp.async loads instead of TMA (bisection aid)
+};
+Status launchAttentionSm90(const AttentionArgs& a, cudaStream_t stream, Sm90Schedule schedule,
+                          bool pdl);
 // Whether a launch since the last call gave up waiting on an mbarrier (the kernel's watchdog: a
 // pipeline protocol bug, reported instead of a hang; that launch's output is wrong). Synchronous
 // (reads device memory after the device's preceding work); resets the flag. Tests call it.
