@@ -8,9 +8,9 @@
 //   pool_mean      block and cluster per sequence, H=1024, L2: 16x512, 1x4096, 100x512 (TB/s)
 //   pool_last      same shapes, L2                              (TB/s of the rows read)
 //   attention      the size policy (auto), the narrow-only policy, the sm90 policy, and each
-//                  variant forced (narrow16, narrow64, wide64, wide128, sm90, sm90basic;
-//                  attention.cuh); the mma.sync ones checked bit-equal to narrow16, the sm90
-//                  ones within bf16 rounding of it:
+//                  variant forced (narrow16, narrow64, wide64, wide128, sm90, sm90basic,
+//                  sm90cpasync; attention.cuh); the mma.sync ones checked bit-equal to narrow16,
+//                  the sm90 ones within bf16 rounding of it:
 //                  causal 16x512, 4x2048, 64x128, 1x128, 1x512, 1x1024, 1x2048, 1x4096, 4x1024,
 //                  100x512; bidir 8x1024, 1x512, 1x1024, 1x4096, 4x4096 (TFLOP/s).
 //                  `rose_kernel_bench attention` runs only these
@@ -408,6 +408,7 @@ void benchAttention(int nseq, int len, bool causal) {
       // The Hopper kernel (attention_sm90.cuh): not bit-identical, checked within bf16 rounding.
       {"attn_sm90", true, AttentionVariant::kSm90, AttentionPolicy::kAuto},
       {"attn_sm90basic", true, AttentionVariant::kSm90Basic, AttentionPolicy::kAuto},
+      {"attn_sm90cpasync", true, AttentionVariant::kSm90CpAsync, AttentionPolicy::kAuto},
       {"attention_sm90", false, AttentionVariant::kNarrow16, AttentionPolicy::kSm90},
   };
   for (const Variant& variant : variants) {
@@ -434,7 +435,8 @@ void benchAttention(int nseq, int len, bool causal) {
     auto of = readBf16(o[0]->p, t * hq * d);
     const bool sm90 = variant.policy == AttentionPolicy::kSm90 ||
                       (variant.forced && (variant.variant == AttentionVariant::kSm90 ||
-                                          variant.variant == AttentionVariant::kSm90Basic));
+                                          variant.variant == AttentionVariant::kSm90Basic ||
+                                          variant.variant == AttentionVariant::kSm90CpAsync));
     if (sm90) {
       auto fired = attentionSm90WatchdogFired();
       if (!fired.isOk() || *fired) {

@@ -1,11 +1,12 @@
-// The Hopper attention kernel (services/rose/ops/cuda/attention_sm90.cuh: AttentionVariant kSm90
-// and kSm90Basic, AttentionPolicy::kSm90) against the CPU fp32 reference and against the mma.sync
-// kernel (narrow64), on fresh random inputs: batch 1 and varlen batches, lengths 1 .. 4097 (odd
-// ones and the tile edges 127/128/129), causal and bidirectional, several GQA groups. Written to
-// be debugged from one run's log: every case prints a summary line; a mismatch prints the first
-// bad element, the bad (sequence, 128-row query tile, head) tiles, and histograms of the bad
-// elements by consumer warpgroup / warp / row mod 8 / head-dim half / column mod 8 (a layout bug
-// shows as a pattern there), and whether the kernel's mbarrier watchdog gave up (a hang).
+// The Hopper attention kernel (services/rose/ops/cuda/attention_sm90.cuh: AttentionVariant kSm90,
+// kSm90Basic and the TMA-free bisection variant kSm90CpAsync; AttentionPolicy::kSm90) against the
+// CPU fp32 reference and against the mma.sync kernel (narrow64), on fresh random inputs: batch 1
+// and varlen batches, lengths 1 .. 4097 (odd ones and the tile edges 127/128/129), causal and
+// bidirectional, several GQA groups. Written to be debugged from one run's log: every case prints
+// a summary line; a mismatch prints the first bad element, the bad (sequence, 128-row query tile,
+// head) tiles, and histograms of the bad elements by consumer warpgroup / warp / row mod 8 /
+// head-dim half / column mod 8 (a layout bug shows as a pattern there), and whether the kernel's
+// mbarrier watchdog gave up (a hang).
 
 #include <gtest/gtest.h>
 
