@@ -8,6 +8,8 @@
 // head-dim half / column mod 8 (a layout bug shows as a pattern there), and whether the kernel's
 // mbarrier watchdog gave up (a hang).
 
+#include "services/rose/ops/cuda/attention_sm90.cuh"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -24,7 +26,6 @@
 #include <vector>
 
 #include "services/rose/ops/cuda/attention.cuh"
-#include "services/rose/ops/cuda/attention_sm90.cuh"
 #include "services/rose/ops/cuda/cuda_backend.h"
 #include "tests/gpu/gpu_test_util.h"
 
@@ -61,8 +62,8 @@ std::vector<int32_t> cumulative(const std::vector<int32_t>& lens) {
 
 std::string describe(const Case& c) {
   std::ostringstream s;
-  s << "Hq" << c.hq << " Hkv" << c.hkv << (c.causal ? " causal" : " bidir") << " range "
-    << c.range << " seqs";
+  s << "Hq" << c.hq << " Hkv" << c.hkv << (c.causal ? " causal" : " bidir") << " range " << c.range
+    << " seqs";
   size_t shown = 0;
   for (int32_t l : c.lens) {
     if (shown++ == 12) {
@@ -128,8 +129,8 @@ int64_t diagnose(const std::vector<float>& got, const std::vector<float>& ref,
     }
   }
   std::printf("  %-22s bad %lld  nonfinite %lld  max_err %.3g  worst row rel-L2 %.3g\n",
-              what.c_str(), static_cast<long long>(bad), static_cast<long long>(nonfinite),
-              max_err, worst_rel_l2);
+              what.c_str(), static_cast<long long>(bad), static_cast<long long>(nonfinite), max_err,
+              worst_rel_l2);
   if (bad == 0) return 0;
   std::printf("    %s\n", first.c_str());
   std::printf("    bad tiles: %zu (seq, q-tile, head: n_bad, max_err, first bad row/dim)\n",
@@ -222,9 +223,17 @@ std::vector<float> launch(AttentionSm90& t, Backend& gpu, cuda::CudaBackend& cb,
 
 TEST_F(AttentionSm90, MatchesReferenceAndMmaSyncKernel) {
   std::vector<Case> cases;
-  const std::vector<std::vector<int32_t>> both = {
-      {1},    {2},        {17}, {127}, {128}, {129}, {1, 63, 64, 65, 130, 7}, {300, 5, 1000},
-      {1537}, {255, 256, 257},  {4096}};
+  const std::vector<std::vector<int32_t>> both = {{1},
+                                                  {2},
+                                                  {17},
+                                                  {127},
+                                                  {128},
+                                                  {129},
+                                                  {1, 63, 64, 65, 130, 7},
+                                                  {300, 5, 1000},
+                                                  {1537},
+                                                  {255, 256, 257},
+                                                  {4096}};
   for (bool causal : {true, false}) {
     for (const auto& lens : both) cases.push_back({16, 8, causal, lens});
     std::vector<int32_t> rnd(24);
@@ -271,8 +280,8 @@ TEST_F(AttentionSm90, MatchesReferenceAndMmaSyncKernel) {
     // Bisection order: cp.async loads (no tensor map), TMA loads, then the pipelined schedule.
     for (Kernel r :
          {Kernel::kSm90CpAsync, Kernel::kSm90Basic, Kernel::kSm90, Kernel::kPolicySm90}) {
-      const auto got =
-          launch(*this, gpu(), cb(), act(), gq.view, gcu.view, t, static_cast<int32_t>(ns), c, r, t);
+      const auto got = launch(*this, gpu(), cb(), act(), gq.view, gcu.view, t,
+                              static_cast<int32_t>(ns), c, r, t);
       const int64_t bad =
           diagnose(got, ref, cu, c.hq, 1e-2, 2e-2, std::string(runName(r)) + " vs ref");
       EXPECT_EQ(bad, 0) << runName(r) << " differs from the CPU reference";

@@ -67,6 +67,15 @@ __device__ __forceinline__ void mbarArriveExpectTx(uint32_t bar, uint32_t bytes)
 __device__ __forceinline__ void mbarArrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
+// Arrives when `pred` (a predicated instruction, no branch: the warp stays converged for the
+// .aligned wgmma instructions around it).
+__device__ __forceinline__ void mbarArriveIf(uint32_t bar, bool pred) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %1, 0;\n"
+      "@p mbarrier.arrive.shared::cta.b64 _, [%0];\n}\n" ::"r"(bar),
+      "r"(static_cast<int>(pred))
+      : "memory");
+}
 __device__ __forceinline__ bool mbarTryWait(uint32_t bar, uint32_t parity) {
   uint32_t done = 0;
   asm volatile(
@@ -446,7 +455,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     turnEnd(w);
     wgmmaWait<0>();
     fenceRegs(s);
-    if (warp_leader) mbarArrive(bar_k_empty);
+    mbarArriveIf(bar_k_empty, warp_leader);
     softmaxStep<true, kCausal>(s, m, l, alpha, scale_log2, first_key0, row0, len, tid);
     toP(s, p);
     // Step it: S of tile it and P V of tile it - 1 issued together; the softmax of tile it runs
@@ -468,12 +477,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       turnEnd(w);
       wgmmaWait<1>();  // S done
       fenceRegs(s);
-      if (warp_leader) mbarArrive(bar_k_empty + 8 * st);
+      mbarArriveIf(bar_k_empty + 8 * st, warp_leader);
       softmaxStep<false, kCausal>(s, m, l, alpha, scale_log2, 0, row0, len, tid);
       wgmmaWait<0>();  // P V done
       fenceRegs(o);
       fenceRegs(p);
-      if (warp_leader) mbarArrive(bar_v_empty + 8 * sp);
+      mbarArriveIf(bar_v_empty + 8 * sp, warp_leader);
       toP(s, p);
       rescaleO(o, alpha);
     }
@@ -487,7 +496,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (w == 0) turnEnd(w);
     wgmmaWait<0>();
     fenceRegs(o);
-    if (warp_leader) mbarArrive(bar_v_empty + 8 * sl);
+    mbarArriveIf(bar_v_empty + 8 * sl, warp_leader);
   } else {
 #pragma unroll 1
     for (int it = 0; it < n_tiles; ++it) {
@@ -499,7 +508,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmmaCommit();
       wgmmaWait<0>();
       fenceRegs(s);
-      if (warp_leader) mbarArrive(bar_k_empty + 8 * st);
+      mbarArriveIf(bar_k_empty + 8 * st, warp_leader);
       if (it == 0) {
         softmaxStep<true, kCausal>(s, m, l, alpha, scale_log2, first_key0, row0, len, tid);
       } else {
@@ -514,7 +523,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmmaWait<0>();
       fenceRegs(o);
       fenceRegs(p);
-      if (warp_leader) mbarArrive(bar_v_empty + 8 * st);
+      mbarArriveIf(bar_v_empty + 8 * st, warp_leader);
     }
   }
 

@@ -8,8 +8,8 @@
 // products (FlashAttention-3's intra-warpgroup pipelining and the two consumers' ping-pong);
 // kSm90Basic runs the same steps one after the other; kSm90CpAsync is kSm90Basic with the K/V/Q
 // tiles copied by the producer threads with cp.async instead of TMA (same shared layout), to
-// tell a tensor-map problem from a wgmma one should a variant fail. Design notes in attention_sm90.cu; index
-// arithmetic in attention_sm90_layout.h.
+// tell a tensor-map problem from a wgmma one should a variant fail. Design notes in
+// attention_sm90.cu; index arithmetic in attention_sm90_layout.h.
 //
 // Results are not bit-identical to the mma.sync variants (other tile shapes and accumulation
 // order); they agree within bf16 rounding. A row does not depend on the rest of the batch.

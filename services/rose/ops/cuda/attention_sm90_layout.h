@@ -24,11 +24,11 @@
 namespace garden::rose::cuda::sm90 {
 
 constexpr int kHeadDim = 128;
-constexpr int kBlockM = 128;          // query rows per block: two consumer warpgroups x 64
-constexpr int kWarpgroupRows = 64;    // wgmma M
-constexpr int kBlockN = 128;          // keys per K/V tile (wgmma N of S = Q K^T)
-constexpr int kHalfCols = 64;         // bf16 columns of one 128-byte swizzled row
-constexpr uint32_t kRowBytes = 128;   // one swizzled row of a half
+constexpr int kBlockM = 128;         // query rows per block: two consumer warpgroups x 64
+constexpr int kWarpgroupRows = 64;   // wgmma M
+constexpr int kBlockN = 128;         // keys per K/V tile (wgmma N of S = Q K^T)
+constexpr int kHalfCols = 64;        // bf16 columns of one 128-byte swizzled row
+constexpr uint32_t kRowBytes = 128;  // one swizzled row of a half
 constexpr uint32_t kHalfBytes = 128 * kRowBytes;  // [128 rows][128 B] = 16 KB (one TMA box)
 constexpr uint32_t kTileBytes = 2 * kHalfBytes;   // a [128][128] bf16 tile = 32 KB
 constexpr uint32_t kSwizzleAtomBytes = 1024;      // 8 rows x 128 B: the swizzle repeat
@@ -74,7 +74,9 @@ GARDEN_HD uint32_t mnMajorStepOffset(int kk) { return static_cast<uint32_t>(kk) 
 
 // wgmma m64nNk16 f32 accumulator fragments: thread `tid` (0..127 in its warpgroup) holds N / 2
 // floats; element e is at (accRow, accCol) of the warpgroup's 64 x N tile.
-GARDEN_HD int accRow(int tid, int e) { return (tid / 32) * 16 + (tid % 32) / 4 + ((e / 2) % 2) * 8; }
+GARDEN_HD int accRow(int tid, int e) {
+  return (tid / 32) * 16 + (tid % 32) / 4 + ((e / 2) % 2) * 8;
+}
 GARDEN_HD int accCol(int tid, int e) { return (e / 4) * 8 + (tid % 4) * 2 + (e % 2); }
 // wgmma A from registers (m64k16 bf16): 4 registers of 2 bf16 each; register r, half h (low 0,
 // high 1) is element (aRow, aCol) of the 64 x 16 A tile.
@@ -87,9 +89,9 @@ GARDEN_HD int pSourceElement(int kk, int r) { return 8 * kk + 2 * r; }
 // The packed qkv tensor as the copy engine sees it: 2-D, [num_tokens rows][(Hq + 2 Hkv) * 128
 // columns] of bf16, one box = {64 columns, 128 rows} (128 bytes wide: the swizzle span).
 struct QkvTensorMapShape {
-  uint64_t dims[2];          // {columns, rows}, innermost first
+  uint64_t dims[2];  // {columns, rows}, innermost first
   uint64_t row_stride_bytes;
-  uint32_t box[2];           // {64, 128}
+  uint32_t box[2];  // {64, 128}
 };
 GARDEN_HD QkvTensorMapShape qkvTensorMapShape(int64_t num_tokens, int num_q_heads,
                                               int num_kv_heads) {
@@ -142,10 +144,10 @@ GARDEN_HD int64_t maxQueryTiles(int64_t num_tokens, int num_seqs) {
 // Shared memory of one block, byte offsets from a 1024-aligned base.
 template <int kStages>
 struct SmemLayout {
-  static constexpr uint32_t kQ = 0;                                   // [128][128] bf16
-  static constexpr uint32_t kK = kQ + kTileBytes;                     // [kStages] tiles
-  static constexpr uint32_t kV = kK + kStages * kTileBytes;           // [kStages] tiles
-  static constexpr uint32_t kBarriers = kV + kStages * kTileBytes;    // mbarriers, 8 B each
+  static constexpr uint32_t kQ = 0;                                 // [128][128] bf16
+  static constexpr uint32_t kK = kQ + kTileBytes;                   // [kStages] tiles
+  static constexpr uint32_t kV = kK + kStages * kTileBytes;         // [kStages] tiles
+  static constexpr uint32_t kBarriers = kV + kStages * kTileBytes;  // mbarriers, 8 B each
   // q_full, then k_full, v_full, k_empty, v_empty [kStages] each
   static constexpr uint32_t kBytes = kBarriers + 8 * (1 + 4 * kStages);
   static constexpr uint32_t kDynamicBytes = kBytes + kSwizzleAtomBytes;  // + alignment slack

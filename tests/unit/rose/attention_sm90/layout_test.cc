@@ -13,8 +13,6 @@
 //     block visits and the one mask step, vs the causal / bidirectional reference sets.
 // None of this runs the GPU: a wrong model of the hardware would pass here and fail there.
 
-#include "services/rose/ops/cuda/attention_sm90_layout.h"
-
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -24,6 +22,8 @@
 #include <set>
 #include <tuple>
 #include <vector>
+
+#include "services/rose/ops/cuda/attention_sm90_layout.h"
 
 namespace garden::rose::cuda::sm90 {
 namespace {
@@ -111,15 +111,15 @@ TEST(AttentionSm90Layout, DescriptorFieldsAndInPlaceAdvance) {
   // start field anywhere in the block's shared memory (at most 227 KB).
   using L = SmemLayout<2>;
   for (uint32_t base = 0; base + L::kBytes <= 232448; base += kSwizzleAtomBytes) {
-    for (uint32_t region : {L::kQ, L::kQ + 64 * kRowBytes, L::kK, L::kK + kTileBytes, L::kV,
-                            L::kV + kTileBytes}) {
+    for (uint32_t region :
+         {L::kQ, L::kQ + 64 * kRowBytes, L::kK, L::kK + kTileBytes, L::kV, L::kV + kTileBytes}) {
       const uint64_t k0 = makeDescriptor(base + region, kKMajorLbo, kKMajorSbo);
       for (int kk = 0; kk < 8; ++kk) {
         ASSERT_EQ(k0 + (kMajorStepOffset(kk) >> 4),
                   makeDescriptor(base + region + kMajorStepOffset(kk), kKMajorLbo, kKMajorSbo));
-        ASSERT_EQ(makeDescriptor(base + region, kMnMajorLbo, kMnMajorSbo) +
-                      (mnMajorStepOffset(kk) >> 4),
-                  makeDescriptor(base + region + mnMajorStepOffset(kk), kMnMajorLbo, kMnMajorSbo));
+        ASSERT_EQ(
+            makeDescriptor(base + region, kMnMajorLbo, kMnMajorSbo) + (mnMajorStepOffset(kk) >> 4),
+            makeDescriptor(base + region + mnMajorStepOffset(kk), kMnMajorLbo, kMnMajorSbo));
       }
     }
     // Per-stage advance, as the kernel does it (stage * kTileBytes >> 4).
@@ -132,8 +132,8 @@ TEST(AttentionSm90Layout, QAndKDescriptorsReadTheTileElementsOfEachKStep) {
   using L = SmemLayout<2>;
   const uint32_t s_q = kBase + L::kQ;
   for (int w = 0; w < 2; ++w) {
-    const uint64_t q_desc = makeDescriptor(s_q + w * kWarpgroupRows * kRowBytes, kKMajorLbo,
-                                           kKMajorSbo);
+    const uint64_t q_desc =
+        makeDescriptor(s_q + w * kWarpgroupRows * kRowBytes, kKMajorLbo, kKMajorSbo);
     for (int kk = 0; kk < 8; ++kk) {
       for (int m = 0; m < 64; ++m) {
         for (int k = 0; k < 16; ++k) {
@@ -256,10 +256,10 @@ TEST(AttentionSm90Layout, EmulatedWarpgroupStepMatchesDirectProduct) {
   }
   const uint64_t q_desc =
       makeDescriptor(kBase + L::kQ + w * kWarpgroupRows * kRowBytes, kKMajorLbo, kKMajorSbo);
-  const uint64_t k_desc = makeDescriptor(kBase + L::kK, kKMajorLbo, kKMajorSbo) +
-                          stage * (kTileBytes >> 4);
-  const uint64_t v_desc = makeDescriptor(kBase + L::kV, kMnMajorLbo, kMnMajorSbo) +
-                          stage * (kTileBytes >> 4);
+  const uint64_t k_desc =
+      makeDescriptor(kBase + L::kK, kKMajorLbo, kKMajorSbo) + stage * (kTileBytes >> 4);
+  const uint64_t v_desc =
+      makeDescriptor(kBase + L::kV, kMnMajorLbo, kMnMajorSbo) + stage * (kTileBytes >> 4);
   // S: per thread, 64 accumulators; wgmma m64n128k16 with both operands from descriptors.
   static float s[128][64];
   for (int kk = 0; kk < 8; ++kk) {
@@ -279,8 +279,8 @@ TEST(AttentionSm90Layout, EmulatedWarpgroupStepMatchesDirectProduct) {
   for (int tid = 0; tid < 128; ++tid) {
     for (int e = 0; e < 64; ++e) {
       double ref = 0;
-      for (int c = 0; c < 128; ++c) ref += static_cast<double>(q[64 * w + accRow(tid, e)][c]) *
-                                           k[accCol(tid, e)][c];
+      for (int c = 0; c < 128; ++c)
+        ref += static_cast<double>(q[64 * w + accRow(tid, e)][c]) * k[accCol(tid, e)][c];
       ASSERT_NEAR(s[tid][e], ref, 1e-4) << "S thread " << tid << " element " << e;
     }
   }
