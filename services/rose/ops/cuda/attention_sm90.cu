@@ -466,12 +466,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       const uint32_t ph = (it / kStages) & 1;
       const int sp = (it - 1) % kStages;
       const uint32_t php = ((it - 1) / kStages) & 1;
+      // Both waits before the turn: no branch between the two wgmma batches (ptxas would fence
+      // there), and V of tile it - 1 landed a step ago.
       mbarWait(bar_k_full + 8 * st, ph);
+      mbarWait(bar_v_full + 8 * sp, php);
       turnBegin(w);
       wgmmaFence();
       gemmQK(s, q_desc, k_desc0 + st * kStageStep);
       wgmmaCommit();
-      mbarWait(bar_v_full + 8 * sp, php);
       gemmPV(o, p, v_desc0 + sp * kStageStep);
       wgmmaCommit();
       turnEnd(w);
