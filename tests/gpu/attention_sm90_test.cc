@@ -16,6 +16,7 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -179,6 +180,14 @@ const char* runName(Kernel r) {
   return "?";
 }
 
+// GARDEN_SM90_TEST_ONLY=<name> (sm90cpasync, sm90basic, sm90, policy sm90) runs only that variant
+// of the sm90 ones (bisection after a crash, which ends the process).
+bool selected(Kernel r) {
+  const char* only = std::getenv("GARDEN_SM90_TEST_ONLY");
+  return r == Kernel::kNarrow64 || only == nullptr || *only == '\0' ||
+         std::strcmp(only, runName(r)) == 0;
+}
+
 // One launch on qkv (device, [rows, width]); the output poisoned first.
 std::vector<float> launch(AttentionSm90& t, Backend& gpu, cuda::CudaBackend& cb, DType act,
                           const Tensor& qkv, const Tensor& cu, int64_t num_tokens, int32_t seqs,
@@ -196,6 +205,8 @@ std::vector<float> launch(AttentionSm90& t, Backend& gpu, cuda::CudaBackend& cb,
   a.head_dim = 128;
   a.scale = 1.f / std::sqrt(128.f);
   a.causal = c.causal;
+  std::printf("  launching %s\n", runName(r));
+  std::fflush(stdout);  // the last line of a log that a crash cut short
   Status s;
   switch (r) {
     case Kernel::kNarrow64:
@@ -286,6 +297,7 @@ TEST_F(AttentionSm90, MatchesReferenceAndMmaSyncKernel) {
     // Bisection order: cp.async loads (no tensor map), TMA loads, then the pipelined schedule.
     for (Kernel r :
          {Kernel::kSm90CpAsync, Kernel::kSm90Basic, Kernel::kSm90, Kernel::kPolicySm90}) {
+      if (!selected(r)) continue;
       const auto got = launch(*this, gpu(), cb(), act(), gq.view, gcu.view, t,
                               static_cast<int32_t>(ns), c, r, t);
       const int64_t bad =
@@ -334,6 +346,7 @@ TEST_F(AttentionSm90, NanRowsPastTheBatchDoNotLeakIn) {
       cpu().attention(cq.view, ccu.view, co.view, p);
       const auto ref = download(cpu(), co.view);
       for (Kernel r : {Kernel::kSm90CpAsync, Kernel::kSm90Basic, Kernel::kSm90}) {
+        if (!selected(r)) continue;
         auto got = launch(*this, gpu(), cb(), act(), gq.view, gcu.view, padded,
                           static_cast<int32_t>(ns), c, r, padded);
         got.resize(ref.size());  // rows past the batch are not written
