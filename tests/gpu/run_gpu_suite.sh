@@ -43,7 +43,7 @@ for s in $STEPS; do
     kernels) step kernels kernels.log 150 "$BIN/gpu_kernels_test" ;;
     graph) step graph graph.log 60 "$BIN/gpu_graph_test" ;;
     modelgraph) step modelgraph modelgraph.log 150 "$BIN/gpu_model_graph_test" ;;
-    memcheck) step memcheck memcheck.log 200 bash -c "compute-sanitizer --tool memcheck --error-exitcode 3 '$BIN/gpu_graph_test' && compute-sanitizer --tool memcheck --error-exitcode 3 '$BIN/gpu_kernels_test' --gtest_filter='*Attention*:*Pool*:*Embedding*:*QkNormRope*:*Swiglu*:*Score*'" ;;
+    memcheck) step memcheck memcheck.log 200 bash -c "compute-sanitizer --tool memcheck --error-exitcode 3 '$BIN/gpu_graph_test' && compute-sanitizer --tool memcheck --error-exitcode 3 '$BIN/gpu_kernels_test' --gtest_filter='*Attention*:*Pool*:*Embedding*:*QkNormRope*:*Swiglu*:*Score*:-AttentionSm90.MatchesReferenceAndMmaSyncKernel'" ;;
     bench) step bench bench.txt 150 "$BIN/rose_kernel_bench" ;;
     e2e) step e2e e2e.log 300 bash -c "PYTHONUNBUFFERED=1 python3 '$HERE/make_e2e_reference.py' --out /tmp/garden_e2e && GARDEN_E2E_DIR=/tmp/garden_e2e '$BIN/gpu_e2e_test'" ;;
     ipc) step ipc ipc.log 600 env NCCL_NVLS_ENABLE=0 "$BIN/gpu_ipc_test" ;;
