@@ -21,6 +21,9 @@
 #             variant and token count (each variant's bits checked against the default's)
 #   sass      the decode MoE kernels' instruction digest (cuobjdump: where the loads sit)
 #   ipc       gpu_ipc_test: two processes on the GPU, CUDA-IPC all-reduce and KV-block handoff
+#   sm90      gpu_kernels_test AttentionSm90.* once per Hopper attention variant (each under its own
+#             time limit, so a hang in one leaves the others' results)
+#   attnbench rose_kernel_bench attention: every attention variant side by side
 #   mk120b    the same at gpt-oss-120b's shapes, in /dev/shm (the GPU machine's disk is too small;
 #             rose mmaps the files from the page cache)
 #   bench120b rose_llm_bench on it with a KV cache for 140k tokens: load, memory, prefill, decode
@@ -75,6 +78,8 @@ for s in $STEPS; do
     moegemm) step moegemm moegemm.txt 200 "$BIN/rose_llm_bench" --moe-gemm 1,2,4,8,16,32,64,256 ;;
     sass) step sass sass.txt 60 bash -c "cuobjdump -sass '$BIN/rose_llm_bench' > '$LOGS/rose_llm_bench.sass' 2>&1; python3 '$ROOT/bench/suites/sass_digest.py' '$LOGS/rose_llm_bench.sass' moeGemmMxDecodeKernel" ;;
     ipc) step ipc ipc.log 200 env NCCL_NVLS_ENABLE=0 "$BIN/gpu_ipc_test" ;;
+    sm90) step sm90 sm90.log 240 bash -c "for v in sm90cpasync sm90basic sm90 'policy sm90'; do echo \"== GARDEN_SM90_TEST_ONLY=\$v\"; GARDEN_SM90_TEST_ONLY=\"\$v\" timeout 60 '$BIN/gpu_kernels_test' --gtest_filter='AttentionSm90.*' 2>&1 | tail -40; echo \"rc=\$?\"; done" ;;
+    attnbench) step attnbench attnbench.txt 120 timeout 110 "$BIN/rose_kernel_bench" attention ;;
     mk120b) step mk120b mk120b.log 300 bash -c "df -h /dev/shm /tmp; free -g; python3 '$ROOT/bench/suites/make_random_gpt_oss.py' --out /dev/shm/gptoss120b --shape 120b && du -sh /dev/shm/gptoss120b" ;;
     bench120b) step bench120b bench120b.txt 300 "$BIN/rose_llm_bench" --model /dev/shm/gptoss120b --prefill 8192,32768 --decode 1@8192,64@1024 --decode-steps 16 --max-batch-tokens 16384 --kv-tokens 140000 --json "$LOGS/bench120b.jsonl" ;;
     bench20b_nograph) step bench20b_nograph bench20b_nograph.txt 200 "$BIN/rose_llm_bench" --model /tmp/gptoss20b --prefill '' --decode 1@8192,64@1024 --decode-steps 32 --max-batch-tokens 16384 --cuda-graphs off --json "$LOGS/bench20b_nograph.jsonl" ;;
@@ -87,7 +92,7 @@ for s in $STEPS; do
     *) echo "unknown step $s"; failed=$((failed+1)) ;;
   esac
 done
-for f in moegemm.txt sass.txt bench20b.txt bench120b.txt bench20b_nograph.txt bench20b_bf16.txt hfpeer.txt sweep.txt; do
+for f in attnbench.txt moegemm.txt sass.txt bench20b.txt bench120b.txt bench20b_nograph.txt bench20b_bf16.txt hfpeer.txt sweep.txt; do
   [ -f "$LOGS/$f" ] && grep -v '"gemm tuned"' "$LOGS/$f"
 done
 [ -f "$LOGS/prof.txt" ] && cat "$LOGS/prof.txt"
