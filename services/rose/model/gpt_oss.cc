@@ -453,19 +453,20 @@ DType GptOssModel::kvDType() const { return backend_.activationDType(); }
 // [TAG_LLM_SAMPLER_STATE] The sampler-state fields of one sequence: the slot inside
 // [0, max_seqs) and used by one sequence of the step, the reload's words inside the state array
 // with ids in the vocabulary and biases in [-100, 100], and features the ops implement.
-Status GptOssModel::validateSamplerState(const LlmStep& step, const LlmStepSeq& s,
-                                         std::unordered_set<int32_t>& used) const {
+namespace {
+Status validateSamplerState(const GptOssStepLimits& lim, const LlmStep& step, const LlmStepSeq& s,
+                            std::unordered_set<int32_t>& used) {
   const SamplingParams& p = s.sampling;
   const bool extras = p.state_slot >= 0 || p.logprobs >= 0 || p.min_p > 0.f ||
                       llm::needsPenaltyState(p) || s.state_offset >= 0;
-  if (extras && !ops_.supportsSamplerState()) {
+  if (extras && !lim.sampler_state) {
     return invalidArgument(
         "sampling: this backend's sampler does not implement logprobs, min_p, penalties or "
         "logit_bias (sampler state)");
   }
-  if (p.state_slot < -1 || p.state_slot >= opts_.max_seqs) {
+  if (p.state_slot < -1 || p.state_slot >= lim.max_seqs) {
     return invalidArgument("sampling.state_slot " + std::to_string(p.state_slot) +
-                           " outside [-1, max_seqs " + std::to_string(opts_.max_seqs) + ")");
+                           " outside [-1, max_seqs " + std::to_string(lim.max_seqs) + ")");
   }
   if (p.state_slot >= 0 && !used.insert(p.state_slot).second) {
     return invalidArgument("sampling.state_slot " + std::to_string(p.state_slot) +
@@ -485,7 +486,7 @@ Status GptOssModel::validateSamplerState(const LlmStep& step, const LlmStepSeq& 
     return invalidArgument("state_offset/state_prompt/state_output/state_bias outside the state "
                            "array (" + std::to_string(step.state.size()) + " words)");
   }
-  const int64_t v = config_.base.vocab_size;
+  const int64_t v = lim.vocab;
   const auto ids = step.state.subspan(static_cast<size_t>(s.state_offset),
                                       static_cast<size_t>(s.state_prompt + s.state_output));
   for (size_t i = 0; i < ids.size(); ++i) {
@@ -509,6 +510,7 @@ Status GptOssModel::validateSamplerState(const LlmStep& step, const LlmStepSeq& 
   }
   return okStatus();
 }
+}  // namespace
 
 Status GptOssModel::validate(const LlmStep& step, const PagedKvCache& kv,
                              int64_t prev_sampled) const {
@@ -526,6 +528,7 @@ Status GptOssModel::validate(const LlmStep& step, const PagedKvCache& kv,
   lim.max_logits_rows = opts_.max_logits_rows;
   lim.max_model_len = max_model_len_;
   lim.table_capacity = table_capacity_;
+  lim.sampler_state = ops_.supportsSamplerState();
   return validateGptOssStep(lim, step, ks.block_size, ks.num_blocks, prev_sampled);
 }
 
@@ -602,7 +605,7 @@ Status validateGptOssStep(const GptOssStepLimits& lim, const LlmStep& step, int3
     }
     if (s.sample > 1) return invalidArgument(who + "sample must be 0 or 1");
     if (s.sample) RETURN_IF_ERROR(validateSamplingParams(s.sampling).withContext(who + "sampling"));
-    RETURN_IF_ERROR(validateSamplerState(step, s, state_slots).withContext(who));
+    RETURN_IF_ERROR(validateSamplerState(lim, step, s, state_slots).withContext(who));
     total += s.num_tokens;
     rows += s.logits == LogitsMode::kAll ? s.num_tokens
                                          : (s.logits == LogitsMode::kLast || s.sample ? 1 : 0);

@@ -88,6 +88,7 @@ struct GptOssStepLimits {
   int64_t max_logits_rows = 0;
   int64_t max_model_len = 0;
   int64_t table_capacity = 0;  // block-table entries of one step (sequences x longest table)
+  bool sampler_state = false;  // the ops implement state slots, penalties, logprobs, min_p
 };
 Status validateGptOssStep(const GptOssStepLimits& lim, const LlmStep& step, int32_t block_size,
                           int32_t num_blocks, int64_t prev_sampled);
@@ -145,8 +146,6 @@ class GptOssModel {
   };
 
   GptOssModel(Backend& b, LlmOps& ops) : backend_(b), ops_(ops) {}
-  Status validateSamplerState(const LlmStep& step, const LlmStepSeq& s,
-                              std::unordered_set<int32_t>& used) const;
 
   Backend& backend_;
   LlmOps& ops_;
