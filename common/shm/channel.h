@@ -38,7 +38,8 @@ inline constexpr uint64_t kMagic = 0x314D534E44524147ULL;  // "GARDNSM1" little-
 // 3: Completion carries rose's trace stamps (taken/launched/ready/published).
 // 4: LlmStepSeq.prev_row (56 bytes). 5: step progress counter in the header.
 // 6: sampler state and logprobs (LlmStepSeq 96 bytes, BatchDesc.state_offset/num_state).
-inline constexpr uint32_t kVersion = 6;
+// 7: ModelFacts.llm_caps / sampler (what the worker's sampler implements).
+inline constexpr uint32_t kVersion = 7;
 
 enum class BatchKind : uint32_t {
   kEmbed = 1,     // pooled (optionally L2-normalized) embeddings: rows=num_seqs, cols=hidden
@@ -76,7 +77,16 @@ struct ModelFacts {
   // kind "llm" only: most sequences one kGenerate step may carry (rose's --max-seqs); a step
   // with more is answered INVALID_ARGUMENT. max_batch_tokens bounds its new tokens likewise.
   uint32_t max_seqs = 0;
+  // kind "llm" only: kLlmCap* bits, what the worker's sampler implements beyond temperature,
+  // top-k and top-p, and the sampler's name for messages ("cpu", "cuda"). tulip refuses a
+  // request that needs a missing capability before admitting it, naming the field, so one such
+  // request never reaches (and fails) a step shared with other requests. 0: none.
+  uint32_t llm_caps = 0;
+  char sampler[16] = {};
 };
+// logprobs, min_p, presence/frequency/repetition penalties and logit_bias (sampler-state slots,
+// [TAG_LLM_SAMPLER_STATE]; rose: LlmOps::supportsSamplerState()).
+inline constexpr uint32_t kLlmCapSamplerState = 1u << 0;
 
 // A batch, as tulip submits it. Input data lives in the slot's input arena at the given offsets:
 // token ids (int32 x num_tokens, sequences back to back) and sequence lengths (int32 x num_seqs).

@@ -3,6 +3,7 @@
 #include <simdjson.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -165,6 +166,9 @@ shm::ModelFacts LlmRunner::facts() const {
   for (size_t i = 0; i < opts_.eos_ids.size() && i < kMaxEosIds; ++i) {
     f.eos_ids[i] = opts_.eos_ids[i];
   }
+  if (model_.supportsSamplerState()) f.llm_caps |= shm::kLlmCapSamplerState;
+  std::snprintf(f.sampler, sizeof(f.sampler), "%.*s", static_cast<int>(backend_.name().size()),
+                backend_.name().data());
   return f;
 }
 

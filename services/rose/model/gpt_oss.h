@@ -102,6 +102,9 @@ class GptOssModel {
   const GptOssConfig& config() const { return config_; }
   int64_t vocabSize() const { return config_.base.vocab_size; }
   int64_t maxModelLen() const { return max_model_len_; }
+  // Whether the ops' sampler implements logprobs, min_p, penalties and logit_bias (validate()
+  // refuses a step that asks for them otherwise); announced as shm::kLlmCapSamplerState.
+  bool supportsSamplerState() const { return ops_.supportsSamplerState(); }
   // The cache shape this model needs for `num_blocks` blocks of `block_size` tokens.
   KvCacheShape kvShape(int32_t num_blocks, int32_t block_size) const;
   // The dtype the cache must have (the backend's activation dtype).

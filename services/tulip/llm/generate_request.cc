@@ -22,6 +22,28 @@ Status checkIds(std::span<const int32_t> ids, uint32_t vocab, const char* field)
   return okStatus();
 }
 
+// A request that needs the worker's sampler state [TAG_LLM_SAMPLER_STATE] is refused here, alone,
+// when the worker's sampler lacks it: rose refuses a whole step that asks for it, which would end
+// every other sequence of that step. Fields are named as the OpenAI API names them (ivy reports
+// them as the 400's param); the checks run after normalization (repetition_penalty 0 → 1).
+Status checkSamplerCaps(const GenerateParams& p, const shm::ModelFacts& f) {
+  if ((f.llm_caps & shm::kLlmCapSamplerState) != 0) return okStatus();
+  const llm::SamplingParams& s = p.sampling;
+  const char* field = s.logprobs >= 0                ? "logprobs"
+                      : s.min_p > 0.f                ? "min_p"
+                      : s.presence_penalty != 0.f    ? "presence_penalty"
+                      : s.frequency_penalty != 0.f   ? "frequency_penalty"
+                      : s.repetition_penalty != 1.f  ? "repetition_penalty"
+                      : !p.logit_bias.empty()        ? "logit_bias"
+                                                     : nullptr;
+  if (field == nullptr) return okStatus();
+  const size_t n = strnlen(f.sampler, sizeof(f.sampler));
+  return invalidArgument(std::string(field) + ": not supported by this worker's sampler (" +
+                         (n > 0 ? std::string(f.sampler, n) : std::string("unknown")) +
+                         "); logprobs, min_p, penalties and logit_bias need a worker whose "
+                         "sampler keeps per-sequence state");
+}
+
 }  // namespace
 
 uint32_t llmContextLength(const shm::ModelFacts& f) {
@@ -77,6 +99,7 @@ Status validateGenerate(GenerateParams& p, const shm::ModelFacts& f) {
     if (!(b.bias >= -100 && b.bias <= 100))
       return invalidArgument(field + ": bias must be in [-100, 100]");
   }
+  if (Status st = checkSamplerCaps(p, f); !st.isOk()) return st;
   s.state_slot = -1;  // the scheduler's
   return okStatus();
 }

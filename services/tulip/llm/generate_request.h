@@ -65,6 +65,10 @@ uint32_t llmContextLength(const shm::ModelFacts& facts);
 // min_p / presence_penalty / frequency_penalty / repetition_penalty / top_logprobs,
 // sampling.logit_bias[i]), or FAILED_PRECONDITION when the worker serves no LLM or has no KV
 // cache. Normalizes what proto3 leaves unset: top_p 0 and repetition_penalty 0 become 1 (off).
+// A request asking for logprobs, min_p, a penalty or logit_bias from a worker whose facts lack
+// shm::kLlmCapSamplerState is INVALID_ARGUMENT "<logprobs|min_p|presence_penalty|
+// frequency_penalty|repetition_penalty|logit_bias>: not supported by this worker's sampler
+// (<facts.sampler>)…" (OpenAI field names, so ivy's 400 names the param).
 // Draws no seed (the caller does: this is a pure function).
 Status validateGenerate(GenerateParams& p, const shm::ModelFacts& facts);
 

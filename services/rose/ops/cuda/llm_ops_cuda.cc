@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "services/rose/ops/cuda/cuda_backend.h"
@@ -16,6 +17,7 @@
 #include "services/rose/ops/cuda/paged_attention.cuh"
 #include "services/rose/ops/cuda/rope_kv.cuh"
 #include "services/rose/ops/cuda/sample.cuh"
+#include "services/rose/ops/cuda/sample_state.cuh"
 
 namespace garden::rose::cuda {
 namespace {
@@ -73,6 +75,21 @@ class CudaLlmOps final : public LlmOps {
     ASSIGN_OR_RETURN(y_, b_.allocate(sizeof(bf16) * max_rows_ * l.hidden));
     ASSIGN_OR_RETURN(sample_rows_, b_.allocate(sizeof(SampleRowDev) * l.max_logits_rows));
     ASSIGN_OR_RETURN(sample_ws_, b_.allocate(sampleWorkspaceBytes(l.max_logits_rows)));
+    // Sampler-state slots [TAG_LLM_SAMPLER_STATE]: max_seqs slots of distinct ids — at most the
+    // vocabulary, and at most a sequence's tokens plus its logit_bias entries.
+    state_capacity_ = std::max<int64_t>(
+        1, std::min<int64_t>(l.vocab > 0 ? l.vocab : INT64_MAX,
+                             std::max<int64_t>(l.max_model_len, 1) + llm::kMaxLogitBias));
+    ASSIGN_OR_RETURN(state_entries_, b_.allocate(sizeof(SamplerEntryDev) *
+                                                 static_cast<size_t>(l.max_seqs) *
+                                                 static_cast<size_t>(state_capacity_)));
+    ASSIGN_OR_RETURN(state_sizes_, b_.allocate(sizeof(int32_t) * static_cast<size_t>(l.max_seqs)));
+    ASSIGN_OR_RETURN(state_rows_, b_.allocate(sizeof(StateRowDev) * l.max_logits_rows));
+    {
+      const std::vector<int32_t> zeros(static_cast<size_t>(l.max_seqs), 0);
+      b_.copyToDevice(bytesOf(state_sizes_, zeros.size() * sizeof(int32_t)), zeros.data(),
+                      zeros.size() * sizeof(int32_t));
+    }
     reserved_ = true;
     return okStatus();
   }
@@ -390,13 +407,102 @@ class CudaLlmOps final : public LlmOps {
             "copyTokens");
   }
 
+  // Plain rows: stageSample + sampleStaged (what graph decode captures). With a state slot or
+  // logprobs (eager steps only, sample_state.cuh): apply the slots' bias and penalties to the
+  // logits in place, draw, restore the raw logits and count the drawn tokens, then logprobs.
   void sample(const Tensor& logits, std::span<const SampleRow> rows, const Tensor& out_ids,
               const Tensor& out_logprobs) override {
-    require(out_logprobs.empty(), "sample",
-            "logprobs are not implemented by the CUDA sampler (supportsSamplerState() is false)");
     if (rows.empty()) return;
+    bool any_slot = false, any_lp = false;
+    for (const SampleRow& r : rows) {
+      any_slot = any_slot || r.params.state_slot >= 0;
+      any_lp = any_lp || r.params.logprobs >= 0;
+    }
+    require(out_logprobs.empty()
+                ? !any_lp
+                : out_logprobs.bytes() >= rows.size() * sizeof(llm::LlmTokenLogprobs),
+            "sample", "out_logprobs must hold one record per row (needed when a row asks)");
     stageSample(rows);
+    SamplerStateArgs sa;
+    if (any_slot || !out_logprobs.empty()) {
+      require(is(logits, DType::kF32), "sample", "logits F32 [R, V]");
+      host_state_rows_.resize(rows.size());
+      std::vector<bool> row_used(static_cast<size_t>(logits.rows()), false);
+      std::vector<bool> slot_used(static_cast<size_t>(lim_.max_seqs), false);
+      for (size_t i = 0; i < rows.size(); ++i) {
+        const SampleRow& r = rows[i];
+        const SamplingParams& p = r.params;
+        require(r.row >= 0 && r.row < logits.rows(), "sample", "row outside logits");
+        require(p.logprobs <= llm::kMaxTopLogprobs, "sample", "logprobs above kMaxTopLogprobs");
+        StateRowDev& d = host_state_rows_[i];
+        d.row = r.row;
+        d.slot = p.state_slot;
+        d.repetition_penalty = p.repetition_penalty;
+        d.frequency_penalty = p.frequency_penalty;
+        d.presence_penalty = p.presence_penalty;
+        d.logprobs = p.logprobs;
+        if (p.state_slot >= 0) {
+          require(p.state_slot < lim_.max_seqs, "sample", "state_slot outside [0, max_seqs)");
+          require(!slot_used[static_cast<size_t>(p.state_slot)] &&
+                      !row_used[static_cast<size_t>(r.row)],
+                  "sample", "rows with a state slot need distinct slots and logits rows");
+          slot_used[static_cast<size_t>(p.state_slot)] = true;
+          row_used[static_cast<size_t>(r.row)] = true;
+        }
+      }
+      const size_t bytes = rows.size() * sizeof(StateRowDev);
+      b_.copyToDevice(bytesOf(state_rows_, bytes), host_state_rows_.data(), bytes);
+      sa.logits = logits.as<float>();
+      sa.rows = static_cast<const StateRowDev*>(state_rows_.data());
+      sa.num_rows = static_cast<int32_t>(rows.size());
+      sa.vocab = logits.cols();
+      sa.entries = static_cast<SamplerEntryDev*>(state_entries_.data());
+      sa.sizes = static_cast<int32_t*>(state_sizes_.data());
+      sa.capacity = state_capacity_;
+      sa.sampled = out_ids.as<int32_t>();
+      if (!out_logprobs.empty()) sa.logprobs = static_cast<llm::LlmTokenLogprobs*>(out_logprobs.data);
+    }
+    if (any_slot) checkOk(launchApplySamplerState(sa, b_.stream()), "sample (sampler state)");
     sampleStaged(logits, static_cast<int32_t>(rows.size()), out_ids);
+    if (any_slot) checkOk(launchRestoreAndCount(sa, b_.stream()), "sample (sampler state)");
+    if (!out_logprobs.empty()) checkOk(launchLogprobs(sa, b_.stream()), "sample (logprobs)");
+  }
+
+  // Implemented (slots, bias, penalties, min_p, logprobs: sample() above), but announced only
+  // once tests/gpu/llm_ops_test.cc GpuLlmOps.SamplerState* has passed on a GPU; until then rose
+  // refuses such steps and tulip such requests ([TAG_LLM_SAMPLER_STATE], ModelFacts.llm_caps).
+  bool supportsSamplerState() const override { return kSamplerStateVerified; }
+
+  // Builds each slot's entries on the host (deduplicated: prompt membership, generated counts,
+  // the last bias per id) and uploads them in stream order.
+  void resetSamplerState(std::span<const SamplerStateReset> resets) override {
+    require(reserved_, "resetSamplerState", "reserve() was not called");
+    for (const SamplerStateReset& r : resets) {
+      require(r.slot >= 0 && r.slot < lim_.max_seqs, "resetSamplerState",
+              "slot outside [0, max_seqs)");
+      host_entries_.clear();
+      entry_of_.clear();
+      auto entry = [&](int32_t id) -> SamplerEntryDev& {
+        auto [it, fresh] = entry_of_.emplace(id, host_entries_.size());
+        if (fresh) host_entries_.push_back(SamplerEntryDev{id, 0u, 0.f, 0.f});
+        return host_entries_[it->second];
+      };
+      for (int32_t t : r.prompt) entry(t).count |= kSamplerPromptBit;
+      for (int32_t t : r.output) ++entry(t).count;
+      for (const LogitBias& b : r.bias) entry(b.id).bias = b.bias;
+      require(static_cast<int64_t>(host_entries_.size()) <= state_capacity_, "resetSamplerState",
+              "more distinct tokens than a slot holds (max_model_len + kMaxLogitBias)");
+      const size_t off = static_cast<size_t>(r.slot) * static_cast<size_t>(state_capacity_) *
+                         sizeof(SamplerEntryDev);
+      const size_t bytes = host_entries_.size() * sizeof(SamplerEntryDev);
+      if (bytes > 0) {
+        b_.copyToDevice(bytesAt(state_entries_, off, bytes), host_entries_.data(), bytes);
+      }
+      const int32_t n = static_cast<int32_t>(host_entries_.size());
+      b_.copyToDevice(bytesAt(state_sizes_, static_cast<size_t>(r.slot) * sizeof(int32_t),
+                              sizeof(int32_t)),
+                      &n, sizeof(int32_t));
+    }
   }
 
   void stageSample(std::span<const SampleRow> rows) override {
@@ -412,6 +518,7 @@ class CudaLlmOps final : public LlmOps {
       d.top_k = rows[i].params.top_k;
       d.seed = rows[i].params.seed;
       d.counter = rows[i].counter;
+      d.min_p = rows[i].params.min_p;
     }
     staged_rows_ = static_cast<int32_t>(rows.size());
     if (rows.empty()) return;
@@ -461,6 +568,17 @@ class CudaLlmOps final : public LlmOps {
   std::vector<PlanSlot> plans_;
   std::vector<SampleRowDev> host_rows_;
   int32_t staged_rows_ = 0;
+  // [TAG_LLM_SAMPLER_STATE]: flip to true once the GPU tests named above pass.
+  static constexpr bool kSamplerStateVerified = false;
+  static Tensor bytesOf(Buffer& b, size_t bytes) { return bytesAt(b, 0, bytes); }
+  static Tensor bytesAt(Buffer& b, size_t off, size_t bytes) {
+    return Tensor(static_cast<char*>(b.data()) + off, DType::kU8, {static_cast<int64_t>(bytes)});
+  }
+  Buffer state_entries_, state_sizes_, state_rows_;
+  int64_t state_capacity_ = 0;
+  std::vector<StateRowDev> host_state_rows_;
+  std::vector<SamplerEntryDev> host_entries_;
+  std::unordered_map<int32_t, size_t> entry_of_;
 };
 
 }  // namespace

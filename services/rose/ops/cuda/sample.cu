@@ -158,13 +158,20 @@ __global__ void __launch_bounds__(kThreads) sampleKernel(SampleArgs a) {
   // All -inf: the lowest kept id. +inf present: those share the mass (z - mx would be NaN).
   const bool all_neg_inf = mx == -INFINITY;
   const bool pos_inf = mx == INFINITY;
+  // min_p (the max is kept by top-k, so mx is the CPU's z_max): z >= mx + log(min_p).
+  const bool use_min_p = r.min_p > 0.f && isfinite(mx);
+  const double min_cut =
+      use_min_p ? static_cast<double>(mx) + log(static_cast<double>(r.min_p)) : 0.0;
+  auto kept = [&](int64_t i, uint32_t key, float z) {
+    return keptK(i, key) && (!use_min_p || static_cast<double>(z) >= min_cut);
+  };
   // ---- top-p: the largest key tau_p whose kept mass reaches top_p ----
   uint32_t tau_p = 0;
   if (r.top_p < 1.f && !all_neg_inf && !pos_inf) {
     float total = 0.f;
     for (int64_t i = tid; i < v; i += kThreads) {
       const float z = zAt(i);
-      if (keptK(i, orderKey(z))) total += expf(z - mx);
+      if (kept(i, orderKey(z), z)) total += expf(z - mx);
     }
     total = blockSum(total, red_f);
     const float target = r.top_p * total;
@@ -175,7 +182,7 @@ __global__ void __launch_bounds__(kThreads) sampleKernel(SampleArgs a) {
       for (int64_t i = tid; i < v; i += kThreads) {
         const float z = zAt(i);
         const uint32_t k = orderKey(z);
-        if (k >= mid && keptK(i, k)) m += expf(z - mx);
+        if (k >= mid && kept(i, k, z)) m += expf(z - mx);
       }
       if (blockSum(m, red_f) >= target) lo = mid; else hi = mid - 1;
     }
@@ -187,7 +194,7 @@ __global__ void __launch_bounds__(kThreads) sampleKernel(SampleArgs a) {
   for (int64_t i = tid; i < v; i += kThreads) {
     const float z = zAt(i);
     const uint32_t k = orderKey(z);
-    if (!keptK(i, k) || k < tau_p) continue;
+    if (!kept(i, k, z) || k < tau_p) continue;
     float score;
     if (all_neg_inf) {
       score = 0.f;  // lowest id wins

@@ -24,6 +24,7 @@ shm::ModelFacts llmFacts(uint32_t vocab) {
   f.kv_block_size = 4;
   f.max_seq_len = 32;
   f.vocab_size = vocab;
+  f.llm_caps = shm::kLlmCapSamplerState;
   return f;
 }
 
