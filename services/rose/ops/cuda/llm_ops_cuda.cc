@@ -569,7 +569,7 @@ class CudaLlmOps final : public LlmOps {
   std::vector<SampleRowDev> host_rows_;
   int32_t staged_rows_ = 0;
   // [TAG_LLM_SAMPLER_STATE]: flip to true once the GPU tests named above pass.
-  static constexpr bool kSamplerStateVerified = false;
+  static constexpr bool kSamplerStateVerified = true;
   static Tensor bytesOf(Buffer& b, size_t bytes) { return bytesAt(b, 0, bytes); }
   static Tensor bytesAt(Buffer& b, size_t off, size_t bytes) {
     return Tensor(static_cast<char*>(b.data()) + off, DType::kU8, {static_cast<int64_t>(bytes)});
