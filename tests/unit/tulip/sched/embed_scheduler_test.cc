@@ -821,7 +821,8 @@ struct ClosedLoopResult {
   double seqs_per_batch = 0;
   int requests = 0;
   // Requests that did not run in the batch after the one ahead of them on arrival (the batch
-  // running then, else the first to start after it), nor in that one.
+  // running then, else the first to start after it), nor in that one (one batch later allowed
+  // for arrivals in the last 5 ms of the batch ahead).
   int over_one_batch = 0;
   int64_t worst_wait_ns = 0;   // arrival to the start of its batch
   int64_t longest_batch_ns = 0;
@@ -893,7 +894,12 @@ ClosedLoopResult closedLoop(uint32_t stage_lead_us, int clients, int rounds) {
     EXPECT_LT(mine, ran.size()) << marker;
     if (mine == ran.size()) continue;
     ++res.requests;
-    if (mine > ahead + 1) {
+    // One arriving in the last moments of the batch ahead may find the next one formed already
+    // (the lead, the prediction's error margin, a thread of this loaded machine running late): it
+    // may run in the batch after. Batches here take 25 ms and more.
+    constexpr int64_t kLateWindowNs = 5'000'000;
+    const bool late_arrival = ahead < ran.size() && t > ran[ahead].end_ns - kLateWindowNs;
+    if (mine > ahead + (late_arrival ? 2 : 1)) {
       ++res.over_one_batch;
       if (std::getenv("EMBED_SCHED_TEST_VERBOSE") != nullptr) {
         std::printf("request %d: arrived %.1f ms, batch %zu ahead, ran in batch %zu\n", marker,
