@@ -4,14 +4,16 @@
 //   tokenize     resolveTokens with the real tokenizer.json (GardenEncoder)
 //   render_float renderEmbeddingsResponse of one 1024-float embedding, encoding_format "float"
 //   render_b64   the same, encoding_format "base64"
-//   grpc_hop     GrpcTulipClient::embed (ivy's real client) to an in-process garden.v1.Tulip that
-//                answers at once with one 1024-float row: both ends of the hop, minus the model
+//   grpc_hop_tcp GrpcTulipClient::embed (ivy's real client) to an in-process garden.v1.Tulip that
+//                answers at once with one 1024-float row: both ends of the hop, minus the model,
+//                over TCP loopback (how ivy reaches tulip); grpc_hop_unix the same over a
+//                Unix-domain socket (--unix PATH)
 // For each: p50/p99 of per-call thread CPU time (the pieces on one thread) or of wall time and
 // process CPU time per call (the gRPC hop runs on gRPC's threads: client, server, completion),
 // after warm-up. CPU time is what the host pays and is robust to a shared machine; wall time is
 // what a caller waits and is not. Output: one JSON object per line on stdout.
 //
-// usage: ivy_hop_bench --tokenizer tokenizer.json [--iters N] [--grpc-iters N]
+// usage: ivy_hop_bench --tokenizer tokenizer.json [--iters N] [--grpc-iters N] [--unix PATH]
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
@@ -138,6 +140,7 @@ class InstantTulip final : public garden::v1::Tulip::CallbackService {
 int main(int argc, char** argv) {
   std::string tokenizer;
   int iters = 3000, grpc_iters = 3000;
+  std::string unix_socket;  // also time the hop over this Unix-domain socket (gRPC "unix:" target)
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -153,9 +156,11 @@ int main(int argc, char** argv) {
       iters = std::atoi(next().c_str());
     } else if (a == "--grpc-iters") {
       grpc_iters = std::atoi(next().c_str());
+    } else if (a == "--unix") {
+      unix_socket = next();
     } else {
       std::fprintf(stderr, "usage: ivy_hop_bench --tokenizer tokenizer.json [--iters N] "
-                           "[--grpc-iters N]\n");
+                           "[--grpc-iters N] [--unix /tmp/ivy_hop.sock]\n");
       return 2;
     }
   }
@@ -233,18 +238,24 @@ int main(int argc, char** argv) {
   }));
   emit("render_b64", "thread_cpu", b64_stat, size_t(iters), "bytes", double(b64_bytes));
 
-  if (grpc_iters > 0) {
+  // The hop over TCP loopback (how ivy reaches tulip today), and over a Unix socket if asked.
+  std::vector<std::pair<std::string, std::string>> transports = {{"tcp", "127.0.0.1:0"}};
+  if (!unix_socket.empty()) transports.emplace_back("unix", "unix:" + unix_socket);
+  for (const auto& [transport, listen] : transports) {
+    if (grpc_iters == 0) break;
     InstantTulip service(kDim);
     grpc::ServerBuilder b;
     int port = 0;
-    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    b.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
     b.RegisterService(&service);
     auto server = b.BuildAndStart();
-    if (!server || port == 0) {
-      std::fprintf(stderr, "ivy_hop_bench: cannot start the in-process gRPC server\n");
+    if (!server || (transport == "tcp" && port == 0)) {
+      std::fprintf(stderr, "ivy_hop_bench: cannot start the in-process gRPC server on %s\n",
+                   listen.c_str());
       return 1;
     }
-    auto client = makeGrpcTulipClient("127.0.0.1:" + std::to_string(port));
+    auto client =
+        makeGrpcTulipClient(transport == "tcp" ? "127.0.0.1:" + std::to_string(port) : listen);
     std::mutex mu;
     std::condition_variable cv;
     auto once = [&]() -> bool {
@@ -265,7 +276,7 @@ int main(int argc, char** argv) {
     };
     for (int i = 0; i < 200; ++i) {
       if (!once()) {
-        std::fprintf(stderr, "ivy_hop_bench: the gRPC hop failed\n");
+        std::fprintf(stderr, "ivy_hop_bench: the gRPC hop failed (%s)\n", transport.c_str());
         return 1;
       }
     }
@@ -276,8 +287,8 @@ int main(int argc, char** argv) {
       wall.push_back(double(clockNs(CLOCK_MONOTONIC) - w0) / 1e3);
       cpu.push_back(double(clockNs(CLOCK_PROCESS_CPUTIME_ID) - c0) / 1e3);
     }
-    emit("grpc_hop", "wall", stat(wall), wall.size());
-    emit("grpc_hop", "process_cpu", stat(cpu), cpu.size());
+    emit("grpc_hop_" + transport, "wall", stat(wall), wall.size());
+    emit("grpc_hop_" + transport, "process_cpu", stat(cpu), cpu.size());
     client.reset();
     server->Shutdown();
   }
