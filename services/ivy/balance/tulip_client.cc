@@ -5,11 +5,13 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <functional>
 #include <utility>
 
 #include "common/logging.h"
 #include "common/shm/channel.h"
 #include "common/token_file.h"
+#include "common/tsan_handoff.h"
 #include "garden/v1/garden.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 
@@ -121,7 +123,8 @@ void noteRefused(const grpc::Status& s, std::string_view target) {
 // in one State shared with the cancel hook (a weak reference: the hook may run while the call
 // completes). `fill(Req*)` writes the request; `invoke(ctx, req, resp, on_done)` starts the stub
 // method; `decode(const Resp&)` makes what `done` gets on success (a Result<T>, or a Status),
-// a failed call gets fromGrpc(status). The State is released before `done` runs.
+// a failed call gets fromGrpc(status). The State owns itself (`self`) until gRPC's completion
+// runs (the callback API always runs it once) and is released before `done` runs.
 template <typename Req, typename Resp, typename Invoke, typename Fill, typename Decode,
           typename Done>
 void unaryCall(Invoke invoke, UnaryOptions options, Fill fill, Decode decode, Done done) {
@@ -132,6 +135,8 @@ void unaryCall(Invoke invoke, UnaryOptions options, Fill fill, Decode decode, Do
     Resp resp;
     std::shared_ptr<CallCanceller> cancel;
     uint64_t cancel_hook = 0;
+    std::function<void(grpc::Status)> finish;  // the completion, run once
+    std::shared_ptr<State> self;               // set from the call's start to its completion
   };
   auto st = std::make_shared<State>();
   if (!options.request_id.empty()) {
@@ -148,15 +153,28 @@ void unaryCall(Invoke invoke, UnaryOptions options, Fill fill, Decode decode, Do
     });
   }
   State* raw = st.get();
-  invoke(&raw->ctx, &raw->req, &raw->resp,
-         [st, target = options.target, decode = std::move(decode),
-          done = std::move(done)](grpc::Status s) mutable {
-           if (st->cancel) st->cancel->remove(st->cancel_hook);
-           if (!s.ok()) noteRefused(s, target);
-           Out out = s.ok() ? decode(std::as_const(st->resp)) : Out(fromGrpc(s));
-           st.reset();
-           done(std::move(out));
-         });
+  raw->finish = [raw, target = options.target, decode = std::move(decode),
+                 done = std::move(done)](grpc::Status s) mutable {
+    std::shared_ptr<State> st = std::move(raw->self);
+    if (st->cancel) st->cancel->remove(st->cancel_hook);
+    if (!s.ok()) noteRefused(s, target);
+    Out out = s.ok() ? decode(std::as_const(st->resp)) : Out(fromGrpc(s));
+    st.reset();
+    done(std::move(out));
+  };
+  // Two owners until the stub call returns: the completion may run (and drop `self`) on gRPC's
+  // thread before the stub call is done serializing the request, so the State is destroyed by
+  // whichever lets go last (the shared count orders that, also for ThreadSanitizer).
+  raw->self = st;
+  // Everything above happens-before the completion on gRPC's thread [TAG_TSAN_HANDOFF]. gRPC
+  // copies the callback it is given inside the stub call, after this release: a closure of one
+  // pointer is stored inside the std::function itself, so that copy touches only gRPC's memory.
+  tsanRelease(raw);
+  invoke(&raw->ctx, &raw->req, &raw->resp, [raw](grpc::Status s) {
+    tsanAcquire(raw);
+    auto finish = std::move(raw->finish);  // `finish` releases the State
+    finish(std::move(s));
+  });
 }
 
 // One Generate stream [TAG_GENERATE_STREAM]: a gRPC client read reactor that is also the caller's
@@ -198,14 +216,17 @@ class GenerateReactor final : public grpc::ClientReadReactor<v1::GenerateChunk>,
     req_.mutable_stop_token_ids()->Add(call.stop_token_ids.begin(), call.stop_token_ids.end());
     req_.set_ignore_eos(call.ignore_eos);
     self_ = shared_from_this();
-    stub->async()->Generate(&ctx_, &req_, this);
+    stub->async()->Generate(&ctx_, &req_, this);  // binds this reactor to the call
     StartRead(&chunk_);
+    // gRPC runs OnReadDone/OnDone on its own threads once the call starts [TAG_TSAN_HANDOFF].
+    tsanRelease(this);
     StartCall();
   }
 
   void cancel() override { ctx_.TryCancel(); }
 
   void OnReadDone(bool ok) override {
+    tsanAcquire(this);
     if (!ok) return;  // end of stream or failure: OnDone follows
     GenerateChunkMsg m;
     m.token_ids.assign(chunk_.token_ids().begin(), chunk_.token_ids().end());
@@ -241,10 +262,12 @@ class GenerateReactor final : public grpc::ClientReadReactor<v1::GenerateChunk>,
     m.queue_us = chunk_.timings().queue_us();
     m.total_us = chunk_.timings().total_us();
     on_chunk_(std::move(m));
+    tsanRelease(this);
     StartRead(&chunk_);
   }
 
   void OnDone(const grpc::Status& s) override {
+    tsanAcquire(this);
     if (!s.ok()) noteRefused(s, target_);
     on_done_(s.ok() ? okStatus() : fromGrpc(s));
     on_chunk_ = nullptr;

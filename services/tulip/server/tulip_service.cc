@@ -9,6 +9,7 @@
 #include "common/logging.h"
 #include "common/metrics/registry.h"
 #include "common/mutex.h"
+#include "common/tsan_handoff.h"
 #include "services/tulip/server/status_map.h"
 
 namespace garden::tulip {
@@ -103,6 +104,8 @@ class JobReactor final : public grpc::ServerUnaryReactor {
       job->on_done = nullptr;
       done(st);
     }
+    // gRPC may run OnCancel on another thread once the handler returns [TAG_TSAN_HANDOFF].
+    tsanRelease(this);
   }
 
   void done(const Status& st) {
@@ -113,6 +116,7 @@ class JobReactor final : public grpc::ServerUnaryReactor {
     const char* method = method_;
     const uint64_t tokens = tokens_;
     const int64_t reply_ns = shm::monotonicNowNs();
+    tsanRelease(this);  // OnDone runs on a gRPC thread after Finish [TAG_TSAN_HANDOFF]
     Finish(toGrpcStatus(st));
     const int64_t finish_ns = shm::monotonicNowNs();
     auto& m = Metrics::get();
@@ -136,9 +140,13 @@ class JobReactor final : public grpc::ServerUnaryReactor {
   }
 
   void OnCancel() override {
+    tsanAcquire(this);
     if (job_) sched_.cancel(job_);
   }
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    tsanAcquire(this);
+    delete this;
+  }
 
  private:
   // One line per request with where its time went, hop by hop (microseconds; the last batch's
@@ -215,9 +223,13 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateChunk>
       }
       unref();  // the scheduler will never call
     }
+    // gRPC runs OnCancel/OnWriteDone/OnDone on its threads once the handler returns
+    // [TAG_TSAN_HANDOFF].
+    tsanRelease(this);
   }
 
   void OnWriteDone(bool ok) override EXCLUDES(mu_) {
+    tsanAcquire(this);
     MutexLock l(mu_);
     writing_ = false;
     if (!ok && !broken_) {
@@ -229,10 +241,12 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateChunk>
   }
 
   void OnCancel() override {
+    tsanAcquire(this);
     if (req_) sched_.cancel(req_);
   }
 
   void OnDone() override EXCLUDES(mu_) {
+    tsanAcquire(this);
     GenerateEvent fin;
     {
       MutexLock l(mu_);
@@ -286,6 +300,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateChunk>
       finished_ = true;
       Status st = final_->status;
       if (st.isOk()) st = cancelledError("request cancelled by the caller");
+      tsanRelease(this);  // [TAG_TSAN_HANDOFF]: OnDone follows on a gRPC thread
       Finish(toGrpcStatus(st));
       return;
     }
@@ -314,8 +329,10 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateChunk>
       t->set_inference_us(f.inference_us);
       t->set_total_us(f.total_us);
       finished_ = true;
+      tsanRelease(this);  // [TAG_TSAN_HANDOFF]: OnWriteDone/OnDone follow on gRPC threads
       StartWriteAndFinish(&chunk_, grpc::WriteOptions(), grpc::Status::OK);
     } else {
+      tsanRelease(this);
       StartWrite(&chunk_);
     }
   }
@@ -463,8 +480,14 @@ grpc::ServerWriteReactor<v1::GenerateChunk>* TulipService::Generate(
     grpc::CallbackServerContext* ctx, const v1::GenerateRequest* req) {
   class Refuse final : public grpc::ServerWriteReactor<v1::GenerateChunk> {
    public:
-    explicit Refuse(const grpc::Status& st) { Finish(st); }
-    void OnDone() override { delete this; }
+    explicit Refuse(const grpc::Status& st) {
+      Finish(st);  // before the handler returns: kept in this reactor until gRPC binds it
+      tsanRelease(this);  // [TAG_TSAN_HANDOFF]: OnDone runs after the handler returned
+    }
+    void OnDone() override {
+      tsanAcquire(this);
+      delete this;
+    }
   };
   if (grpc::Status a = authorize(ctx); !a.ok()) return new Refuse(a);
   if (worker_.ready() && !servesLlm()) {
