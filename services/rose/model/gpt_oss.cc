@@ -49,20 +49,6 @@ Status optString(object o, std::string_view key, const std::string& label, std::
   return okStatus();
 }
 
-const TensorView* findTensor(const SafetensorsCheckpoint& ck, const std::string& name) {
-  if (const TensorView* t = ck.find(name)) return t;
-  if (name.rfind("model.", 0) == 0) return ck.find(name.substr(6));
-  return nullptr;
-}
-
-Result<const TensorView*> requireTensor(const SafetensorsCheckpoint& ck, const std::string& name,
-                                        const std::vector<int64_t>& shape) {
-  const TensorView* t = findTensor(ck, name);
-  if (t == nullptr) return invalidArgument("checkpoint has no tensor '" + name + "'");
-  RETURN_IF_ERROR(checkTensor(*t, shape));
-  return t;
-}
-
 // One or more checkpoint tensors stacked along rows into a new tensor of `dtype`.
 Result<OwnedTensor> uploadStacked(Backend& b, DType dtype,
                                   const std::vector<const TensorView*>& parts) {
@@ -83,7 +69,7 @@ Result<OwnedTensor> uploadStacked(Backend& b, DType dtype,
 
 Result<OwnedTensor> uploadOne(Backend& b, const SafetensorsCheckpoint& ck, const std::string& name,
                               const std::vector<int64_t>& shape, DType dtype) {
-  ASSIGN_OR_RETURN(const TensorView* t, requireTensor(ck, name, shape));
+  ASSIGN_OR_RETURN(const TensorView* t, requireHfTensor(ck, name, shape));
   return uploadStacked(b, dtype, {t});
 }
 
@@ -323,13 +309,13 @@ Result<std::unique_ptr<GptOssModel>> GptOssModel::load(const std::string& dir, B
     ASSIGN_OR_RETURN(L.input_norm, uploadOne(b, *ck, p + "input_layernorm.weight", {h}, wt));
     ASSIGN_OR_RETURN(L.post_norm,
                      uploadOne(b, *ck, p + "post_attention_layernorm.weight", {h}, wt));
-    ASSIGN_OR_RETURN(auto* q, requireTensor(*ck, p + "self_attn.q_proj.weight", {hq * d, h}));
-    ASSIGN_OR_RETURN(auto* k, requireTensor(*ck, p + "self_attn.k_proj.weight", {hkv * d, h}));
-    ASSIGN_OR_RETURN(auto* vv, requireTensor(*ck, p + "self_attn.v_proj.weight", {hkv * d, h}));
+    ASSIGN_OR_RETURN(auto* q, requireHfTensor(*ck, p + "self_attn.q_proj.weight", {hq * d, h}));
+    ASSIGN_OR_RETURN(auto* k, requireHfTensor(*ck, p + "self_attn.k_proj.weight", {hkv * d, h}));
+    ASSIGN_OR_RETURN(auto* vv, requireHfTensor(*ck, p + "self_attn.v_proj.weight", {hkv * d, h}));
     ASSIGN_OR_RETURN(L.qkv, uploadStacked(b, wt, {q, k, vv}));
-    ASSIGN_OR_RETURN(auto* qb, requireTensor(*ck, p + "self_attn.q_proj.bias", {hq * d}));
-    ASSIGN_OR_RETURN(auto* kb, requireTensor(*ck, p + "self_attn.k_proj.bias", {hkv * d}));
-    ASSIGN_OR_RETURN(auto* vb, requireTensor(*ck, p + "self_attn.v_proj.bias", {hkv * d}));
+    ASSIGN_OR_RETURN(auto* qb, requireHfTensor(*ck, p + "self_attn.q_proj.bias", {hq * d}));
+    ASSIGN_OR_RETURN(auto* kb, requireHfTensor(*ck, p + "self_attn.k_proj.bias", {hkv * d}));
+    ASSIGN_OR_RETURN(auto* vb, requireHfTensor(*ck, p + "self_attn.v_proj.bias", {hkv * d}));
     ASSIGN_OR_RETURN(L.qkv_bias, uploadStacked(b, wt, {qb, kb, vb}));
     ASSIGN_OR_RETURN(L.o, uploadOne(b, *ck, p + "self_attn.o_proj.weight", {h, hq * d}, wt));
     ASSIGN_OR_RETURN(L.o_bias, uploadOne(b, *ck, p + "self_attn.o_proj.bias", {h}, wt));
@@ -340,11 +326,11 @@ Result<std::unique_ptr<GptOssModel>> GptOssModel::load(const std::string& dir, B
                      uploadOne(b, *ck, p + "mlp.experts.gate_up_proj_bias", {ne, 2 * inter}, wt));
     ASSIGN_OR_RETURN(L.b2, uploadOne(b, *ck, p + "mlp.experts.down_proj_bias", {ne, h}, wt));
     const std::string ex = p + "mlp.experts.";
-    const TensorView* gu_blocks = findTensor(*ck, ex + "gate_up_proj_blocks");
+    const TensorView* gu_blocks = findHfTensor(*ck, ex + "gate_up_proj_blocks");
     if (gu_blocks != nullptr) {
-      const TensorView* gu_scales = findTensor(*ck, ex + "gate_up_proj_scales");
-      const TensorView* dn_blocks = findTensor(*ck, ex + "down_proj_blocks");
-      const TensorView* dn_scales = findTensor(*ck, ex + "down_proj_scales");
+      const TensorView* gu_scales = findHfTensor(*ck, ex + "gate_up_proj_scales");
+      const TensorView* dn_blocks = findHfTensor(*ck, ex + "down_proj_blocks");
+      const TensorView* dn_scales = findHfTensor(*ck, ex + "down_proj_scales");
       if (gu_scales == nullptr || dn_blocks == nullptr || dn_scales == nullptr) {
         return invalidArgument("checkpoint has '" + gu_blocks->name + "' but not all of " + ex +
                                "{gate_up_proj_scales, down_proj_blocks, down_proj_scales}");
@@ -372,8 +358,8 @@ Result<std::unique_ptr<GptOssModel>> GptOssModel::load(const std::string& dir, B
       }
       ASSIGN_OR_RETURN(L.w1, allocateDenseExperts(b, wt, ne, 2 * inter, h));
       ASSIGN_OR_RETURN(L.w2, allocateDenseExperts(b, wt, ne, h, inter));
-      const TensorView* gu = findTensor(*ck, ex + "gate_up_proj");
-      const TensorView* dn = findTensor(*ck, ex + "down_proj");
+      const TensorView* gu = findHfTensor(*ck, ex + "gate_up_proj");
+      const TensorView* dn = findHfTensor(*ck, ex + "down_proj");
       if (gu == nullptr || dn == nullptr) {
         return invalidArgument("checkpoint has neither MXFP4 experts (" + ex +
                                "gate_up_proj_blocks) nor "

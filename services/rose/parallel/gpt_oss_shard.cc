@@ -11,20 +11,6 @@
 namespace garden::rose {
 namespace {
 
-const TensorView* findTensor(const SafetensorsCheckpoint& ck, const std::string& name) {
-  if (const TensorView* t = ck.find(name)) return t;
-  if (name.rfind("model.", 0) == 0) return ck.find(name.substr(6));
-  return nullptr;
-}
-
-Result<const TensorView*> requireTensor(const SafetensorsCheckpoint& ck, const std::string& name,
-                                        const std::vector<int64_t>& shape) {
-  const TensorView* t = findTensor(ck, name);
-  if (t == nullptr) return invalidArgument("checkpoint has no tensor '" + name + "'");
-  RETURN_IF_ERROR(checkTensor(*t, shape));
-  return t;
-}
-
 // Rows `rows` and columns `cols` of a [R, C] tensor (a 1-D tensor is [R, 1]), appended to `out`
 // as f32, row-major.
 Status appendSlice(const TensorView& t, IndexRange rows, IndexRange cols, std::vector<float>& out) {
@@ -56,7 +42,7 @@ Result<OwnedTensor> uploadHost(Backend& b, DType dtype, std::initializer_list<in
 Result<OwnedTensor> uploadSlice(Backend& b, DType dtype, const SafetensorsCheckpoint& ck,
                                 const std::string& name, const std::vector<int64_t>& shape,
                                 IndexRange rows, IndexRange cols) {
-  ASSIGN_OR_RETURN(const TensorView* t, requireTensor(ck, name, shape));
+  ASSIGN_OR_RETURN(const TensorView* t, requireHfTensor(ck, name, shape));
   std::vector<float> host;
   RETURN_IF_ERROR(appendSlice(*t, rows, cols, host));
   if (shape.size() == 1) return uploadHost(b, dtype, {rows.count}, host);
@@ -188,18 +174,18 @@ Result<std::unique_ptr<GptOssShard>> GptOssShard::load(const std::string& dir, B
                                               {h}, all_h, {0, 1}));
     // q/k/v rows of this rank's heads, stacked as the fused qkv of the unsharded model.
     const IndexRange q_rows{qh.begin * d, qh.count * d}, kv_rows{kh.begin * d, kh.count * d};
-    ASSIGN_OR_RETURN(auto* q, requireTensor(*ck, p + "self_attn.q_proj.weight", {hq * d, h}));
-    ASSIGN_OR_RETURN(auto* kk, requireTensor(*ck, p + "self_attn.k_proj.weight", {hkv * d, h}));
-    ASSIGN_OR_RETURN(auto* vv, requireTensor(*ck, p + "self_attn.v_proj.weight", {hkv * d, h}));
+    ASSIGN_OR_RETURN(auto* q, requireHfTensor(*ck, p + "self_attn.q_proj.weight", {hq * d, h}));
+    ASSIGN_OR_RETURN(auto* kk, requireHfTensor(*ck, p + "self_attn.k_proj.weight", {hkv * d, h}));
+    ASSIGN_OR_RETURN(auto* vv, requireHfTensor(*ck, p + "self_attn.v_proj.weight", {hkv * d, h}));
     host.clear();
     RETURN_IF_ERROR(appendSlice(*q, q_rows, all_h, host));
     RETURN_IF_ERROR(appendSlice(*kk, kv_rows, all_h, host));
     RETURN_IF_ERROR(appendSlice(*vv, kv_rows, all_h, host));
     const int64_t qkv_rows = q_rows.count + 2 * kv_rows.count;
     ASSIGN_OR_RETURN(L.qkv, uploadHost(b, wt, {qkv_rows, h}, host));
-    ASSIGN_OR_RETURN(auto* qb, requireTensor(*ck, p + "self_attn.q_proj.bias", {hq * d}));
-    ASSIGN_OR_RETURN(auto* kb, requireTensor(*ck, p + "self_attn.k_proj.bias", {hkv * d}));
-    ASSIGN_OR_RETURN(auto* vb, requireTensor(*ck, p + "self_attn.v_proj.bias", {hkv * d}));
+    ASSIGN_OR_RETURN(auto* qb, requireHfTensor(*ck, p + "self_attn.q_proj.bias", {hq * d}));
+    ASSIGN_OR_RETURN(auto* kb, requireHfTensor(*ck, p + "self_attn.k_proj.bias", {hkv * d}));
+    ASSIGN_OR_RETURN(auto* vb, requireHfTensor(*ck, p + "self_attn.v_proj.bias", {hkv * d}));
     host.clear();
     RETURN_IF_ERROR(appendSlice(*qb, q_rows, {0, 1}, host));
     RETURN_IF_ERROR(appendSlice(*kb, kv_rows, {0, 1}, host));
@@ -220,21 +206,21 @@ Result<std::unique_ptr<GptOssShard>> GptOssShard::load(const std::string& dir, B
                      uploadSlice(b, wt, *ck, p + "mlp.router.bias", {ne}, {0, ne}, {0, 1}));
     // Experts: this rank's experts, its intermediate columns (gate/up rows 2i, 2i+1 together).
     const std::string xp = p + "mlp.experts.";
-    ASSIGN_OR_RETURN(auto* b1, requireTensor(*ck, xp + "gate_up_proj_bias", {ne, 2 * inter}));
+    ASSIGN_OR_RETURN(auto* b1, requireHfTensor(*ck, xp + "gate_up_proj_bias", {ne, 2 * inter}));
     host.clear();
     RETURN_IF_ERROR(appendSlice(*b1, ex, {2 * ir.begin, 2 * ir.count}, host));
     ASSIGN_OR_RETURN(L.b1, uploadHost(b, wt, {ex.count, 2 * ir.count}, host));
     if (m->moe_shard_.adds_bias) {
       ASSIGN_OR_RETURN(L.b2, uploadSlice(b, wt, *ck, xp + "down_proj_bias", {ne, h}, ex, all_h));
     }
-    const TensorView* gu_blocks = findTensor(*ck, xp + "gate_up_proj_blocks");
+    const TensorView* gu_blocks = findHfTensor(*ck, xp + "gate_up_proj_blocks");
     const TensorView *gu_scales = nullptr, *dn_blocks = nullptr, *dn_scales = nullptr,
                      *gu = nullptr, *dn = nullptr;
     bool transposed = false;
     if (gu_blocks != nullptr) {
-      gu_scales = findTensor(*ck, xp + "gate_up_proj_scales");
-      dn_blocks = findTensor(*ck, xp + "down_proj_blocks");
-      dn_scales = findTensor(*ck, xp + "down_proj_scales");
+      gu_scales = findHfTensor(*ck, xp + "gate_up_proj_scales");
+      dn_blocks = findHfTensor(*ck, xp + "down_proj_blocks");
+      dn_scales = findHfTensor(*ck, xp + "down_proj_scales");
       if (gu_scales == nullptr || dn_blocks == nullptr || dn_scales == nullptr) {
         return invalidArgument("checkpoint has '" + gu_blocks->name + "' but not all of " + xp +
                                "{gate_up_proj_scales, down_proj_blocks, down_proj_scales}");
@@ -247,8 +233,8 @@ Result<std::unique_ptr<GptOssShard>> GptOssShard::load(const std::string& dir, B
                                " do not match config.json's shapes");
       }
     } else {
-      gu = findTensor(*ck, xp + "gate_up_proj");
-      dn = findTensor(*ck, xp + "down_proj");
+      gu = findHfTensor(*ck, xp + "gate_up_proj");
+      dn = findHfTensor(*ck, xp + "down_proj");
       if (gu == nullptr || dn == nullptr) {
         return invalidArgument("checkpoint has neither MXFP4 nor dense experts under " + xp);
       }
