@@ -10,7 +10,7 @@
 // Output: one line per workload (and a JSON line with --json FILE).
 //   rose_llm_bench --model DIR [--prefill 2048,8192,32768] [--decode 1@8192,64@1024]
 //                  [--decode-steps 32] [--max-batch-tokens 16384] [--moe-weights auto|mxfp4|bf16]
-//                  [--cuda-graphs on|off] [--kv-tokens N] [--profile]   (one decode step per workload between cudaProfilerStart/Stop, for
+//                  [--cuda-graphs on|off] [--residual f32|bf16] [--kv-tokens N] [--profile]   (one decode step per workload between cudaProfilerStart/Stop, for
 //                                 ncu --profile-from-start off)
 
 #include <algorithm>
@@ -314,6 +314,7 @@ int main(int argc, char** argv) {
   int decode_steps = 32;
   int64_t max_batch_tokens = 16384;
   bool graphs = true;     // --cuda-graphs on|off: decode steps as CUDA graphs
+  bool f32_residual = true;  // --residual f32|bf16: GptOssOptions::f32_residual
   int64_t kv_tokens = 0;  // --kv-tokens N: size the KV cache for at least N tokens
   std::string moe_list;   // --moe-gemm T1,T2,...: time the MoE experts op alone (no model)
   bool profile = false;  // one decode step of each --decode workload between profiler markers
@@ -335,6 +336,7 @@ int main(int argc, char** argv) {
     else if (a == "--json") json_path = next();
     else if (a == "--profile") profile = true;
     else if (a == "--cuda-graphs") graphs = next() == "on";
+    else if (a == "--residual") f32_residual = next() == "f32";
     else if (a == "--kv-tokens") kv_tokens = std::atoll(next().c_str());
     else if (a == "--moe-gemm") moe_list = next();
     else {
@@ -364,6 +366,7 @@ int main(int argc, char** argv) {
   go.max_logits_rows = 256;
   go.max_model_len = 131072;
   go.cuda_graphs = graphs;
+  go.f32_residual = f32_residual;
   go.moe_weights = moe == "bf16" ? MoeWeightsMode::kDense
                    : moe == "mxfp4" ? MoeWeightsMode::kMxfp4
                                     : MoeWeightsMode::kAuto;

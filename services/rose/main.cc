@@ -19,7 +19,7 @@
 //               device memory the model left free, on the cpu 256 MiB)
 //
 // The cuda backend's kernel choices come from the environment, read once here:
-// GARDEN_ATTENTION_KERNEL=auto|narrow|sm90, GARDEN_GEMM_TUNE=0|1, GARDEN_GEMM_SMALLM=0|1, GARDEN_PDL=0|1
+// GARDEN_ATTENTION_KERNEL=auto|sm90|mma|narrow, GARDEN_GEMM_TUNE=0|1, GARDEN_GEMM_SMALLM=0|1, GARDEN_PDL=0|1
 // (services/rose/ops/backend.h CudaKernelOptions).
 //
 // Exit codes: 0 clean stop, 1 startup failure (the channel's state is kFailed when it was

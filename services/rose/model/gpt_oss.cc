@@ -398,7 +398,9 @@ Result<std::unique_ptr<GptOssModel>> GptOssModel::load(const std::string& dir, B
   ASSIGN_OR_RETURN(m->slots_, b.allocateTensor(DType::kI32, {t}));
   ASSIGN_OR_RETURN(m->cu_q_, b.allocateTensor(DType::kI32, {s + 1}));
   ASSIGN_OR_RETURN(m->rows_, b.allocateTensor(DType::kI32, {r}));
-  ASSIGN_OR_RETURN(m->residual_, b.allocateTensor(b.residualDType(), {t, h}));
+  ASSIGN_OR_RETURN(m->residual_, b.allocateTensor(opts.f32_residual ? DType::kF32
+                                                                      : b.residualDType(),
+                                                  {t, h}));
   ASSIGN_OR_RETURN(m->x_, b.allocateTensor(act, {t, h}));
   ASSIGN_OR_RETURN(m->moe_out_, b.allocateTensor(act, {t, h}));
   ASSIGN_OR_RETURN(m->qkv_buf_, b.allocateTensor(act, {t, (hq + 2 * hkv) * d}));
@@ -843,10 +845,16 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
     const Tensor tk_ids = topk_ids_.view.rowSlice(0, t);
     const Tensor tk_w = topk_w_.view.rowSlice(0, t);
     const RmsNormParams norm{static_cast<float>(c.rms_norm_eps)};
-    b.embedding(embed_.view, ids_t, res);
+    // A stream wider than the activations starts from the embedding rows in x (res = x).
+    const bool wide_res = res.dtype != x.dtype;
+    b.embedding(embed_.view, ids_t, wide_res ? x : res);
     for (size_t l = 0; l < layers_.size(); ++l) {
       const Layer& L = layers_[l];
-      if (l == 0) {
+      if (l == 0 && wide_res) {
+        RmsNormParams init = norm;
+        init.residual_init = true;
+        b.rmsNorm(x, res, L.input_norm.view, x, init);
+      } else if (l == 0) {
         b.rmsNorm(res, Tensor(), L.input_norm.view, x, norm);
       } else {
         b.rmsNorm(moe, res, L.input_norm.view, x, norm);  // res += moe out; x = norm(res)

@@ -75,6 +75,10 @@ struct GptOssOptions {
   // kMaxGraphSeqs sequences run as CUDA graphs on a backend that has them: padded to a power of
   // two sequences, the block tables to a power-of-two stride, captured lazily per bucket.
   bool cuda_graphs = true;
+  // The residual stream in f32 (the cuda backend's own default stream is bf16, rounded after
+  // every add): 24+ adds of a random-weight model's large activations lose the top-1 of close
+  // logits in bf16 (tests/gpu/hf_llm_bar.py). false: the backend's residualDType() (A/B runs).
+  bool f32_residual = true;
 };
 
 // The step checks of GptOssModel::validate that do not depend on the cache's head layout (token

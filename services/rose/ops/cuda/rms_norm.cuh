@@ -1,6 +1,7 @@
 #pragma once
 // RMSNorm fused with the residual add (bf16 in and out, f32 sums):
 //   with residual:    residual = bf16(x + residual); out = rmsnorm(residual) * weight
+//   with residual_f32: the same with an f32 stream (residual_f32 = x + residual_f32, unrounded)
 //   without (null):   out = rmsnorm(x) * weight
 // Mirrors Hugging Face's Qwen3RMSNorm rounding: the normalized row is rounded to bf16 before the
 // weight multiply. `out` may alias `x` (each row is read fully before it is written). The per-row
@@ -21,6 +22,9 @@ namespace garden::rose::cuda {
 struct RmsNormArgs {
   const __nv_bfloat16* x = nullptr;       // [rows, hidden]
   __nv_bfloat16* residual = nullptr;      // [rows, hidden] or null
+  // Or an f32 stream (at most one of the two): residual_f32 = x + residual_f32, not rounded.
+  float* residual_f32 = nullptr;
+  bool residual_init = false;  // residual = x (the residual's old contents are not read)
   const __nv_bfloat16* weight = nullptr;  // [hidden]
   __nv_bfloat16* out = nullptr;           // [rows, hidden]
   int64_t rows = 0;
