@@ -106,8 +106,9 @@ GARDEN_FP8_HD inline uint8_t fp8E4m3FromFloat(float f) {
 
 // MXFP4 -> FP8 block exponent: the block's scale is 2^fp8BlockExponent(x) where x is the largest
 // floor(log2 |w|) over the block's non-zero weights, so the largest magnitude (<= 1.5 * 2^x)
-// lands at <= 384 and every weight down to 2^(x-17) (with its one mantissa bit) stays exact.
-// Kept a normal f32 (>= 2^-126); an all-zero block takes 2^0.
+// lands at <= 384 and every weight of magnitude >= 2^(x-16) stays exact (e4m3's subnormal step
+// is 2^-9 of the scale; a weight with one significant bit is exact down to 2^(x-17)). The scale is
+// kept a normal f32 (>= 2^-126); an all-zero block takes 2^0.
 GARDEN_FP8_HD constexpr int fp8BlockExponent(int max_log2) {
   return max_log2 - 8 < -126 ? -126 : max_log2 - 8;
 }

@@ -99,6 +99,10 @@ class CudaLlmOps final : public LlmOps {
                       zeros.size() * sizeof(int32_t));
     }
     reserved_ = true;
+    if (fp8_ready_) {  // FP8 copies exist: their workspaces follow the new limits
+      fp8_ready_ = false;
+      RETURN_IF_ERROR(ensureFp8Workspace());
+    }
     return okStatus();
   }
 
@@ -465,11 +469,17 @@ class CudaLlmOps final : public LlmOps {
     ASSIGN_OR_RETURN(fp8_as_, b_.allocate(sizeof(float) * static_cast<size_t>(rows * fp8KBlocks(in))));
     ASSIGN_OR_RETURN(fp8_h_, b_.allocate(sizeof(bf16) * static_cast<size_t>(rows * 2 * in)));
     ASSIGN_OR_RETURN(fp8_off_, b_.allocate(sizeof(int32_t) * static_cast<size_t>(lim_.num_experts + 1)));
+    if (host_tiles_ != nullptr) {
+      cudaFreeHost(host_tiles_);
+      host_tiles_ = nullptr;
+    }
     void* pinned = nullptr;
     CUDA_RETURN_IF_ERROR(cudaMallocHost(
         &pinned, sizeof(int32_t) * static_cast<size_t>(fp8_max_tiles_ + lim_.num_experts + 1)));
     host_tiles_ = static_cast<int32_t*>(pinned);
-    ASSIGN_OR_RETURN(fp8_gemm_, MoeFp8Gemm::create());
+    if (fp8_gemm_ == nullptr) {
+      ASSIGN_OR_RETURN(fp8_gemm_, MoeFp8Gemm::create());
+    }
     host_off_.assign(static_cast<size_t>(lim_.num_experts + 1), 0);
     fp8_ready_ = true;
     return okStatus();
