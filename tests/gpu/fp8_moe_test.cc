@@ -222,8 +222,11 @@ TEST_F(GpuFp8Moe, RequantMatchesCpu) {
     EXPECT_EQ(std::memcmp(s.data(), ref.scales.data(), s.size() * sizeof(float)), 0) << "block scales";
     EXPECT_EQ(w->fp8_inexact, ref.inexact);
     EXPECT_EQ(w->fp8_nonzero, ref.nonzero);
-    if (c.wide == 0) EXPECT_EQ(ref.inexact, 0u);
-    else EXPECT_GT(ref.inexact, 0u);
+    if (c.wide == 0) {
+      EXPECT_EQ(ref.inexact, 0u);
+    } else {
+      EXPECT_GT(ref.inexact, 0u);
+    }
     std::cout << "[ fp8 requant ] E=" << c.e << " N=" << c.n << " K=" << c.k << ": "
               << w->fp8_inexact << " of " << w->fp8_nonzero << " non-zero weights inexact\n";
   }

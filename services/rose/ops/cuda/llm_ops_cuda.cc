@@ -138,7 +138,7 @@ class CudaLlmOps final : public LlmOps {
     const int64_t chunk = std::max<int64_t>(
         1, std::min<int64_t>(experts, (size_t{64} << 20) / (per_expert_codes + per_expert_scales)));
     ASSIGN_OR_RETURN(Buffer stage,
-                     b_.allocate(chunk * (per_expert_codes + per_expert_scales) + 256));
+                     b_.allocate(chunk * (per_expert_codes + per_expert_scales) + 512));
     uint8_t* sc = static_cast<uint8_t*>(stage.data());
     uint8_t* ss = sc + chunk * per_expert_codes;
     const size_t flag_at = (chunk * (per_expert_codes + per_expert_scales) + 255) & ~size_t{255};

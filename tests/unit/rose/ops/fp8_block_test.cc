@@ -159,7 +159,9 @@ TEST(Fp8Block, WeightScalesAreKMajorWithAStrideOfFour) {
           ASSERT_GE(i, 0);
           ASSERT_LT(i, fp8WeightScalesPerExpert(n, k));
           EXPECT_TRUE(seen.insert(i).second);
-          if (b + 1 < fp8KBlocks4(k)) EXPECT_EQ(fp8WeightScaleIndex(k, p, b + 1), i + 1);
+          if (b + 1 < fp8KBlocks4(k)) {
+            EXPECT_EQ(fp8WeightScaleIndex(k, p, b + 1), i + 1);
+          }
         }
         EXPECT_EQ(fp8WeightScaleIndex(k, p + 1, 0) - fp8WeightScaleIndex(k, p, 0), fp8KBlocks4(k));
       }
