@@ -16,6 +16,8 @@
 #   bench20b_fp8   prefill 2k/8k/32k with --moe-weights fp8 (the experts' FP8 e4m3 copy with 128x128
 #             block scales, cuBLASLt block-scaled GEMMs per expert, for MoE steps of >= 257
 #             tokens; decode stays MXFP4) — compare its prefill lines with bench20b's
+#   bench20b_bf16res  prefill 8k and decode with the bf16 residual stream (GptOssOptions::f32_residual
+#             off): the speed side of the f32 stream
 #   fp8ops    gpu_llm_ops_test GpuFp8Moe.*: requant, activation quant and the FP8 experts vs the CPU
 #   moegemm_fp8  rose_llm_bench --moe-gemm with --moe-weights fp8: the MoE op alone, MXFP4 kernels
 #             and the FP8 path side by side per token count (the FP8 row's rel_l2 vs MXFP4)
@@ -93,6 +95,7 @@ for s in $STEPS; do
     bench20b_nograph) step bench20b_nograph bench20b_nograph.txt 200 "$BIN/rose_llm_bench" --model /tmp/gptoss20b --prefill '' --decode 1@8192,64@1024 --decode-steps 32 --max-batch-tokens 16384 --cuda-graphs off --json "$LOGS/bench20b_nograph.jsonl" ;;
     profdec) step profdec profdec.txt 240 bash -c "for w in 1@8192 64@1024; do ncu --clock-control none --cache-control none --profile-from-start off --metrics gpu__time_duration.sum --csv --log-file '$LOGS/ncu_decode_'\$w'.csv' '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode \$w --decode-steps 4 --profile >/dev/null 2>&1; done; python3 '$ROOT/bench/suites/ncu_llm_summary.py' '$LOGS'/ncu_decode_*.csv" ;;
     bench20b_fp8) step bench20b_fp8 bench20b_fp8.txt 300 "$BIN/rose_llm_bench" --model /tmp/gptoss20b --prefill 2048,8192,32768 --decode 1@8192 --decode-steps 16 --max-batch-tokens 16384 --moe-weights fp8 --json "$LOGS/bench20b_fp8.jsonl" ;;
+    bench20b_bf16res) step bench20b_bf16res bench20b_bf16res.txt 200 "$BIN/rose_llm_bench" --model /tmp/gptoss20b --prefill 8192 --decode 1@8192,64@1024 --decode-steps 32 --max-batch-tokens 16384 --residual bf16 --json "$LOGS/bench20b_bf16res.jsonl" ;;
     fp8ops) step fp8ops fp8_ops.log 300 "$BIN/gpu_llm_ops_test" --gtest_filter='GpuFp8Moe.*' ;;
     moegemm_fp8) step moegemm_fp8 moegemm_fp8.txt 200 "$BIN/rose_llm_bench" --moe-gemm 256,512,1024,2048,4096,8192 --moe-weights fp8 ;;
     bench20b_bf16) step bench20b_bf16 bench20b_bf16.txt 200 "$BIN/rose_llm_bench" --model /tmp/gptoss20b --prefill 2048,8192 --decode 1@8192,64@1024 --decode-steps 32 --max-batch-tokens 16384 --moe-weights bf16 --json "$LOGS/bench20b_bf16.jsonl" ;;
@@ -103,7 +106,7 @@ for s in $STEPS; do
     *) echo "unknown step $s"; failed=$((failed+1)) ;;
   esac
 done
-for f in attnbench.txt moegemm.txt moegemm_fp8.txt sass.txt bench20b.txt bench120b.txt bench20b_nograph.txt bench20b_bf16.txt bench20b_fp8.txt hfpeer.txt sweep.txt; do
+for f in attnbench.txt moegemm.txt moegemm_fp8.txt sass.txt bench20b.txt bench120b.txt bench20b_nograph.txt bench20b_bf16.txt bench20b_fp8.txt bench20b_bf16res.txt hfpeer.txt sweep.txt; do
   [ -f "$LOGS/$f" ] && grep -v '"gemm tuned"' "$LOGS/$f"
 done
 [ -f "$LOGS/prof.txt" ] && cat "$LOGS/prof.txt"

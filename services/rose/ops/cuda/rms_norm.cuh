@@ -22,14 +22,15 @@ namespace garden::rose::cuda {
 struct RmsNormArgs {
   const __nv_bfloat16* x = nullptr;       // [rows, hidden]
   __nv_bfloat16* residual = nullptr;      // [rows, hidden] or null
-  // Or an f32 stream (at most one of the two): residual_f32 = x + residual_f32, not rounded.
-  float* residual_f32 = nullptr;
-  bool residual_init = false;  // residual = x (the residual's old contents are not read)
   const __nv_bfloat16* weight = nullptr;  // [hidden]
   __nv_bfloat16* out = nullptr;           // [rows, hidden]
   int64_t rows = 0;
   int64_t hidden = 0;  // multiple of 8, at most 32768; pointers 16-byte aligned
   float eps = 1e-6f;
+  // Or an f32 stream (at most one of residual / residual_f32): residual_f32 = x + residual_f32,
+  // not rounded.
+  float* residual_f32 = nullptr;
+  bool residual_init = false;  // residual = x (the residual's old contents are not read)
 };
 
 // pdl: programmatic dependent launch for an eager launch (common.cuh [TAG_PDL]); the backend
