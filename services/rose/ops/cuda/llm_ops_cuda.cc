@@ -511,19 +511,17 @@ class CudaLlmOps final : public LlmOps {
     al.max_tiles = static_cast<int32_t>(tiles);
     checkOk(launchMoeAlign(al, st), "moeExperts/align");
     // The expert ranges on the host: one device-to-host copy and a wait per layer.
-    checkOk(cudaStatus(cudaMemcpyAsync(host_tiles_, tile_expert_.data(),
-                                       sizeof(int32_t) * static_cast<size_t>(tiles),
-                                       cudaMemcpyDeviceToHost, st), "moeExperts", __FILE__, __LINE__),
-            "moeExperts/ranges");
-    checkOk(cudaStatus(cudaStreamSynchronize(st), "moeExperts", __FILE__, __LINE__), "moeExperts/ranges");
+    CUDA_CHECK(cudaMemcpyAsync(host_tiles_, tile_expert_.data(),
+                               sizeof(int32_t) * static_cast<size_t>(tiles), cudaMemcpyDeviceToHost,
+                               st));
+    CUDA_CHECK(cudaStreamSynchronize(st));
     require(moeExpertOffsetsFromTiles(host_tiles_, tiles, kFp8BlockM, p.num_experts, host_off_.data()),
             "moeExperts", "align produced an unsorted tile list");
     int32_t* off32 = host_tiles_ + fp8_max_tiles_;  // pinned; rewritten only after the next wait
     for (int32_t e = 0; e <= p.num_experts; ++e) off32[e] = static_cast<int32_t>(host_off_[static_cast<size_t>(e)]);
-    checkOk(cudaStatus(cudaMemcpyAsync(fp8_off_.data(), off32,
-                                       sizeof(int32_t) * static_cast<size_t>(p.num_experts + 1),
-                                       cudaMemcpyHostToDevice, st), "moeExperts", __FILE__, __LINE__),
-            "moeExperts/ranges");
+    CUDA_CHECK(cudaMemcpyAsync(fp8_off_.data(), off32,
+                               sizeof(int32_t) * static_cast<size_t>(p.num_experts + 1),
+                               cudaMemcpyHostToDevice, st));
     const int64_t rows = host_off_[static_cast<size_t>(p.num_experts)];
     const int32_t* row_token = static_cast<const int32_t*>(row_token_.data());
     const int32_t* tile_expert = static_cast<const int32_t*>(tile_expert_.data());
