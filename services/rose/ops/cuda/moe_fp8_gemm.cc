@@ -151,13 +151,15 @@ Status MoeFp8Gemm::run(const MoeFp8GemmArgs& a, cudaStream_t stream) {
     if (rows <= 0) continue;
     if (rows % 4 != 0 || r0 % 4 != 0)
       return invalidArgument("moe_fp8_gemm: expert row ranges must be multiples of 4");
-    ASSIGN_OR_RETURN(Shape * s, shape(*d, a.n, kp, rows));
+    // The scale pointers first: the heuristic query of a new shape refuses a block-scaled
+    // description without them (CUBLAS_STATUS_INVALID_VALUE, seen on the H200).
     const void* sa = a.w_scales + e * spe;
     const void* sb = a.x_scales + r0 * nb;
     FP8_LT_RETURN_IF_ERROR(
         cublasLtMatmulDescSetAttribute(d->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof(sa)));
     FP8_LT_RETURN_IF_ERROR(
         cublasLtMatmulDescSetAttribute(d->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(sb)));
+    ASSIGN_OR_RETURN(Shape * s, shape(*d, a.n, kp, rows));
     const uint8_t* w = a.w + static_cast<int64_t>(e) * a.n * kp;
     const uint8_t* x = a.x + r0 * kp;
     __nv_bfloat16* y = a.y + r0 * a.n;
