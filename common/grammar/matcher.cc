@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <string>
 
 namespace garden::grammar {
 
@@ -124,62 +125,130 @@ CompileStats CompiledGrammar::stats() const {
   return stats_;
 }
 
+namespace {
+
+// Configs met while building one table, interned, with their transitions filled in lazily (a
+// DFA built on the fly): the walk over ~10^6 trie edges then costs an array lookup per edge.
+class ConfigDfa {
+ public:
+  explicit ConfigDfa(Runner* runner) : runner_(runner) {}
+  int32_t intern(const Config& c) {
+    key_.clear();
+    for (const Frame& f : c.frames) {
+      key_.append(reinterpret_cast<const char*>(&f), sizeof(f));
+    }
+    key_.push_back(c.ended ? 1 : 0);
+    if (c.ended) {
+      for (size_t w = 0; w < 256; w += 64) {
+        const uint64_t bits = ((c.escape >> w) & std::bitset<256>(~uint64_t{0})).to_ullong();
+        key_.append(reinterpret_cast<const char*>(&bits), sizeof(bits));
+      }
+    }
+    auto it = index_.find(key_);
+    if (it != index_.end()) return it->second;
+    const auto id = static_cast<int32_t>(configs_.size());
+    configs_.push_back(c);
+    next_.resize(next_.size() + 256, kUnknown);
+    index_.emplace(key_, id);
+    return id;
+  }
+  // -1: dead.
+  int32_t step(int32_t from, uint8_t b) {
+    int32_t& slot = next_[static_cast<size_t>(from) * 256 + b];
+    if (slot == kUnknown) {
+      runner_->step(configs_[static_cast<size_t>(from)], b, &tmp_);
+      const int32_t to = tmp_.alive() ? intern(tmp_) : -1;
+      next_[static_cast<size_t>(from) * 256 + b] = to;  // intern() may have moved next_
+      return to;
+    }
+    return slot;
+  }
+  bool escapes(int32_t c, uint8_t b) const { return configs_[static_cast<size_t>(c)].escape.test(b); }
+
+ private:
+  static constexpr int32_t kUnknown = -2;
+  Runner* runner_;
+  std::vector<Config> configs_;
+  std::vector<int32_t> next_;
+  std::unordered_map<std::string, int32_t> index_;
+  std::string key_;
+  Config tmp_;
+};
+
+}  // namespace
+
 // One walk over the byte-sorted vocabulary from `state` with an unknown stack below it
-// [TAG_TOKEN_TABLE]. Runs under mu_ (stats_).
+// [TAG_TOKEN_TABLE]. A token whose prefix dies skips every token with that prefix (a binary
+// search), so structural states cost O(distinct live prefixes), not O(vocabulary).
+// Runs under mu_ (stats_).
 TokenTable CompiledGrammar::buildTable(int32_t state) const {
   const Vocabulary& v = *vocab_;
   const int32_t n = v.numSorted();
   StackPool pool;
   Runner runner(grammar_, &pool);
-  std::vector<Config> cfg(v.maxTokenBytes() + 1);
-  std::vector<uint8_t> esc(v.maxTokenBytes() + 1, 0);
+  ConfigDfa dfa(&runner);
+  const size_t depth = v.maxTokenBytes() + 1;
+  std::vector<int32_t> cfg(depth, -1);
+  std::vector<uint8_t> esc(depth, 0);
   enum : uint8_t { kAcc = 0, kRej = 1, kUnc = 2 };
-  std::vector<uint8_t> fate(static_cast<size_t>(n));
-  cfg[0].frames.push_back({state, -1});
+  std::vector<std::pair<int32_t, int32_t>> ranges[3];  // [begin, end) of sorted indices
+  auto addRange = [&](uint8_t f, int32_t b, int32_t e) {
+    auto& r = ranges[f];
+    if (!r.empty() && r.back().second == b) {
+      r.back().second = e;
+    } else {
+      r.emplace_back(b, e);
+    }
+  };
+  {
+    Config c0;
+    c0.frames.push_back({state, -1});
+    cfg[0] = dfa.intern(c0);
+  }
   size_t valid = 0;
-  int64_t counts[3] = {0, 0, 0};
   for (int32_t i = 0; i < n;) {
-    const std::string_view tok = v.bytes(v.sorted(i));
+    const std::string_view tok = v.sortedBytes(i);
     size_t k = std::min(static_cast<size_t>(v.lcp(i)), valid);
     bool dead = false;
     for (; k < tok.size(); ++k) {
       const auto b = static_cast<uint8_t>(tok[k]);
-      esc[k + 1] = (esc[k] || cfg[k].escape.test(b)) ? 1 : 0;
-      runner.step(cfg[k], b, &cfg[k + 1]);
-      if (!cfg[k + 1].alive()) {
+      esc[k + 1] = (esc[k] || dfa.escapes(cfg[k], b)) ? 1 : 0;
+      cfg[k + 1] = dfa.step(cfg[k], b);
+      if (cfg[k + 1] < 0) {
         dead = true;
         break;
       }
     }
     if (!dead) {
-      fate[static_cast<size_t>(i)] = kAcc;
-      ++counts[kAcc];
+      addRange(kAcc, i, i + 1);
       valid = tok.size();
       ++i;
       continue;
     }
     // Every token sharing tok[0 .. k] (k + 1 bytes) dies at byte k the same way.
-    const uint8_t f = esc[k + 1] ? kUnc : kRej;
+    // i is the first of them: a token before it sharing k + 1 bytes would have died here too.
+    CHECK(static_cast<size_t>(v.lcp(i)) <= k);
+    const int32_t lo = v.prefixEnd(i, k + 1);
+    addRange(esc[k + 1] ? kUnc : kRej, i, lo);
     valid = k;
-    int32_t j = i;
-    do {
-      fate[static_cast<size_t>(j)] = f;
-      ++counts[f];
-      ++j;
-    } while (j < n && static_cast<size_t>(v.lcp(j)) >= k + 1);
-    i = j;
+    i = lo;
+  }
+  int64_t counts[3] = {0, 0, 0};
+  for (int f = 0; f < 3; ++f) {
+    for (const auto& [b, e] : ranges[f]) counts[f] += e - b;
   }
   TokenTable t;
   t.complement = counts[kRej] < counts[kAcc];
   const uint8_t listed = t.complement ? kRej : kAcc;
   t.ids.reserve(static_cast<size_t>(counts[listed]));
-  t.uncertain.reserve(static_cast<size_t>(counts[kUnc]));
-  for (int32_t i = 0; i < n; ++i) {
-    const uint8_t f = fate[static_cast<size_t>(i)];
-    if (f == listed) t.ids.push_back(v.sorted(i));
-    if (f == kUnc) t.uncertain.push_back(i);
+  for (const auto& [b, e] : ranges[listed]) {
+    for (int32_t x = b; x < e; ++x) t.ids.push_back(v.sorted(x));
   }
   std::sort(t.ids.begin(), t.ids.end());
+  t.uncertain.reserve(static_cast<size_t>(counts[kUnc]));
+  for (const auto& [b, e] : ranges[kUnc]) {
+    for (int32_t x = b; x < e; ++x) t.uncertain.push_back(x);
+  }
   stats_.accepted += counts[kAcc];
   stats_.rejected += counts[kRej];
   stats_.uncertain += counts[kUnc];
@@ -288,7 +357,7 @@ void GrammarMatcher::fillNextTokenBitmask(std::span<uint32_t> words) {
     size_t valid = 0;
     for (int32_t u : t->uncertain) {
       const int32_t id = v.sorted(u);
-      const std::string_view tok = v.bytes(id);
+      const std::string_view tok = v.sortedBytes(u);
       size_t l = 0;
       while (l < prev.size() && l < tok.size() && prev[l] == tok[l]) ++l;
       prev = tok;

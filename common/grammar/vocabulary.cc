@@ -25,6 +25,11 @@ Vocabulary::Vocabulary(std::vector<std::string> tokens, const std::vector<uint8_
     const auto& y = tokens_[static_cast<size_t>(b)];
     return x != y ? x < y : a < b;
   });
+  sorted_off_.push_back(0);
+  for (int32_t id : sorted_) {
+    sorted_bytes_ += tokens_[static_cast<size_t>(id)];
+    sorted_off_.push_back(static_cast<uint32_t>(sorted_bytes_.size()));
+  }
   lcp_.assign(sorted_.size(), 0);
   for (size_t i = 1; i < sorted_.size(); ++i) {
     const auto& x = tokens_[static_cast<size_t>(sorted_[i - 1])];
@@ -32,6 +37,27 @@ Vocabulary::Vocabulary(std::vector<std::string> tokens, const std::vector<uint8_
     size_t k = 0;
     while (k < x.size() && k < y.size() && x[k] == y[k]) ++k;
     lcp_[i] = static_cast<int32_t>(k);
+  }
+  // Trie nodes in sorted order: token i opens the nodes of depths lcp(i)+1 .. its length; a node
+  // of depth d closes at the first later token whose lcp is < d.
+  group_off_.resize(sorted_.size() + 1);
+  size_t total = 0;
+  for (size_t i = 0; i < sorted_.size(); ++i) {
+    group_off_[i] = static_cast<uint32_t>(total);
+    total += tokens_[static_cast<size_t>(sorted_[i])].size() - static_cast<size_t>(lcp_[i]);
+  }
+  group_off_[sorted_.size()] = static_cast<uint32_t>(total);
+  group_end_.assign(total, static_cast<int32_t>(sorted_.size()));
+  std::vector<std::pair<size_t, size_t>> open;  // (slot in group_end_, depth)
+  for (size_t i = 0; i < sorted_.size(); ++i) {
+    while (!open.empty() && open.back().second > static_cast<size_t>(lcp_[i])) {
+      group_end_[open.back().first] = static_cast<int32_t>(i);
+      open.pop_back();
+    }
+    const size_t len = tokens_[static_cast<size_t>(sorted_[i])].size();
+    for (size_t d = static_cast<size_t>(lcp_[i]) + 1; d <= len; ++d) {
+      open.emplace_back(group_off_[i] + (d - static_cast<size_t>(lcp_[i]) - 1), d);
+    }
   }
 }
 

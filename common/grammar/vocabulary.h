@@ -29,6 +29,18 @@ class Vocabulary {
   int32_t numSorted() const { return static_cast<int32_t>(sorted_.size()); }
   int32_t sorted(int32_t i) const { return sorted_[static_cast<size_t>(i)]; }
   int32_t lcp(int32_t i) const { return lcp_[static_cast<size_t>(i)]; }
+  // bytes(sorted(i)), from one buffer laid out in sorted order (walks stay sequential in memory).
+  std::string_view sortedBytes(int32_t i) const {
+    const auto k = static_cast<size_t>(i);
+    return {sorted_bytes_.data() + sorted_off_[k], sorted_off_[k + 1] - sorted_off_[k]};
+  }
+  // The tokens sharing the first `len` bytes of sorted(i), where i is the first of them
+  // (lcp(i) < len <= its length), are sorted(i .. prefixEnd(i, len) - 1): the subtree of that
+  // trie node.
+  int32_t prefixEnd(int32_t i, size_t len) const {
+    const auto k = static_cast<size_t>(i);
+    return group_end_[group_off_[k] + (len - static_cast<size_t>(lcp_[k]) - 1)];
+  }
   size_t maxTokenBytes() const { return max_len_; }
   // Bitmask words (bit id % 32 of word id / 32) with every eligible id set.
   const std::vector<uint32_t>& eligibleMask() const { return eligible_mask_; }
@@ -39,6 +51,10 @@ class Vocabulary {
   std::vector<uint8_t> eligible_;
   std::vector<int32_t> sorted_;
   std::vector<int32_t> lcp_;
+  std::string sorted_bytes_;
+  std::vector<uint32_t> sorted_off_;
+  std::vector<uint32_t> group_off_;  // per sorted index: offset into group_end_
+  std::vector<int32_t> group_end_;   // per trie node
   std::vector<uint32_t> eligible_mask_;
   size_t max_len_ = 0;
 };
