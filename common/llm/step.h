@@ -48,7 +48,9 @@ struct LlmStepSeq {
   uint8_t reserved[2] = {0, 0};
   SamplingParams sampling;
   int32_t prev_row = -1;  // see [TAG_LLM_PREV_TOKEN]
-  int32_t reserved2 = 0;
+  // Structured outputs [TAG_TOKEN_MASK]: k > 0 = the draw is restricted to the tokens set in
+  // token bitmask k - 1 of the step (bit id % 32 of word id / 32; needs sample != 0). 0: none.
+  int32_t mask_index = 0;
 };
 static_assert(std::is_trivially_copyable_v<LlmStepSeq>);
 static_assert(std::is_standard_layout_v<LlmStepSeq>);

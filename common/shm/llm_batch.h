@@ -5,7 +5,10 @@
 //   seqs_offset:   llm::LlmStepSeq x num_seqs  (token_offset / block_offset index the arrays below)
 //   tokens_offset: int32 token ids x num_tokens
 //   blocks_offset: int32 KV block ids x num_blocks
-// BatchDesc.num_tokens must equal the sum of the sequences' num_tokens; seqlens_offset is unused.
+//   seqlens_offset: uint32 token bitmasks x (the largest LlmStepSeq.mask_index), each
+//                  llmMaskWords(vocab) words [TAG_TOKEN_MASK] (structured outputs; absent when
+//                  no sequence has a mask_index)
+// BatchDesc.num_tokens must equal the sum of the sequences' num_tokens.
 // Block ids index the paged KV cache rose announced in ModelFacts (kv_num_blocks blocks of
 // kv_block_size tokens); tulip owns allocation, rose only reads and writes the blocks it is told.
 //
@@ -39,6 +42,12 @@ inline uint64_t llmAlignUp(uint64_t v) { return (v + kLlmAlign - 1) & ~(kLlmAlig
 inline uint64_t llmStepBytes(uint64_t num_seqs, uint64_t num_tokens, uint64_t num_blocks) {
   return llmAlignUp(num_seqs * sizeof(llm::LlmStepSeq)) + llmAlignUp(num_tokens * 4) +
          llmAlignUp(num_blocks * 4);
+}
+
+// Words of one token bitmask (bit id % 32 of word id / 32, 1 = allowed) [TAG_TOKEN_MASK].
+inline uint64_t llmMaskWords(uint64_t vocab) { return (vocab + 31) / 32; }
+inline uint64_t llmMaskBytes(uint64_t num_masks, uint64_t vocab) {
+  return llmAlignUp(num_masks * llmMaskWords(vocab) * 4);
 }
 
 }  // namespace garden::shm

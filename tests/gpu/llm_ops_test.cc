@@ -582,5 +582,104 @@ TEST_F(GpuLlmOps, SamplingFollowsTheCpuDistribution) {
   }
 }
 
+// Structured outputs [TAG_TOKEN_MASK]: greedy rows with token bitmasks pick the CPU's masked
+// argmax (random masks of 1, ~5%, ~50% and all-but-one allowed ids; a row whose allowed logits
+// are all -inf or NaN gets the lowest allowed id), over the full o200k width.
+TEST_F(GpuLlmOps, MaskedGreedyIsTheCpuMaskedArgmax) {
+  const int64_t v = 201088, r = 17;
+  const size_t words = static_cast<size_t>((v + 31) / 32);
+  reserve(64, 8, 8, 8, 64, 64, 4, 2, r);
+  std::vector<float> logits(static_cast<size_t>(v * r));
+  std::normal_distribution<float> nd(0.f, 3.f);
+  for (auto& x : logits) x = nd(rng_);
+  std::vector<std::vector<uint32_t>> masks(static_cast<size_t>(r), std::vector<uint32_t>(words, 0));
+  std::uniform_real_distribution<double> u(0, 1);
+  for (int64_t i = 0; i < r; ++i) {
+    auto& m = masks[static_cast<size_t>(i)];
+    const double density = i % 4 == 0 ? 0.0 : i % 4 == 1 ? 0.05 : i % 4 == 2 ? 0.5 : 0.999;
+    for (int64_t id = 0; id < v; ++id) {
+      if (u(rng_) < density) m[static_cast<size_t>(id / 32)] |= 1u << (id % 32);
+    }
+    const int64_t one = static_cast<int64_t>(u(rng_) * static_cast<double>(v));
+    m[static_cast<size_t>(one / 32)] |= 1u << (one % 32);  // at least one allowed id
+  }
+  // Row 5: every allowed logit -inf or NaN.
+  for (int64_t id = 0; id < v; ++id) {
+    logits[static_cast<size_t>(5 * v + id)] = id % 2 ? -INFINITY : NAN;
+  }
+  auto gl = upload(gpu(), DType::kF32, {r, v}, logits);
+  std::vector<SampleRow> rows;
+  for (int i = 0; i < r; ++i) {
+    SampleRow sr{i, 0, SamplingParams{}};
+    sr.mask = masks[static_cast<size_t>(i)].data();
+    rows.push_back(sr);
+  }
+  auto out = allocate(gpu(), DType::kI32, {r});
+  gops_->sample(gl.view, rows, out.view);
+  auto got = download(gpu(), out.view);
+  for (int i = 0; i < r; ++i) {
+    std::vector<float> lr(logits.begin() + i * v, logits.begin() + (i + 1) * v);
+    const int32_t first = applyTokenBitmask(lr, masks[static_cast<size_t>(i)].data());
+    int32_t want = argmaxToken(lr);
+    if (!tokenAllowed(masks[static_cast<size_t>(i)].data(), want)) want = first;
+    EXPECT_EQ(static_cast<int32_t>(got[static_cast<size_t>(i)]), want) << "row " << i;
+  }
+}
+
+// Masked temperature / top-k / top-p draws: never a masked id, and the CPU sampler's
+// distribution over the masked logits (4000 draws, max |freq - p| <= 0.03).
+TEST_F(GpuLlmOps, MaskedSamplingFollowsTheCpuDistribution) {
+  const int64_t v = 97, draws = 4000;
+  reserve(64, 8, 8, 8, 64, 64, 4, 2, draws);
+  std::vector<float> row(static_cast<size_t>(v));
+  std::normal_distribution<float> nd(0.f, 1.5f);
+  for (auto& x : row) x = nd(rng_);
+  std::vector<uint32_t> mask(static_cast<size_t>((201088 + 31) / 32), 0);
+  for (int64_t id = 0; id < v; ++id) {
+    if (id % 3 == 0 || id == 40 || id == 96) mask[static_cast<size_t>(id / 32)] |= 1u << (id % 32);
+  }
+  auto gl = upload(gpu(), DType::kF32, {1, v}, row);
+  std::vector<float> masked = row;
+  applyTokenBitmask(masked, mask.data());
+  Sampler cpu_sampler;
+  struct Setting { float t; int32_t k; float p; };
+  for (Setting s : {Setting{1.f, 0, 1.f}, Setting{0.8f, 6, 1.f}, Setting{1.2f, 0, 0.7f}}) {
+    SCOPED_TRACE("T=" + std::to_string(s.t) + " k=" + std::to_string(s.k) + " p=" + std::to_string(s.p));
+    SamplingParams sp;
+    sp.temperature = s.t;
+    sp.top_k = s.k;
+    sp.top_p = s.p;
+    sp.seed = 7;
+    std::vector<SampleRow> rows;
+    for (int64_t i = 0; i < draws; ++i) {
+      SampleRow sr{0, static_cast<uint64_t>(i), sp};
+      sr.mask = mask.data();
+      rows.push_back(sr);
+    }
+    auto out = allocate(gpu(), DType::kI32, {draws});
+    gops_->sample(gl.view, rows, out.view);
+    auto got = download(gpu(), out.view);
+    const auto& dist = cpu_sampler.distribution(masked, sp);
+    std::map<int32_t, double> want;
+    for (const auto& [id, pr] : dist) {
+      if (pr > 0) want[id] = pr;
+    }
+    std::map<int32_t, double> freq;
+    for (float g : got) {
+      const auto id = static_cast<int32_t>(g);
+      EXPECT_TRUE(tokenAllowed(mask.data(), id)) << "drew masked token " << id;
+      freq[id] += 1.0 / draws;
+    }
+    double worst = 0;
+    for (const auto& [id, pr] : want) worst = std::max(worst, std::abs(freq[id] - pr));
+    for (const auto& [id, f] : freq) {
+      if (!want.count(id)) worst = std::max(worst, f);
+    }
+    EXPECT_LT(worst, 0.03) << "empirical distribution off by " << worst;
+    std::cout << "[ masked sample ] T=" << s.t << " k=" << s.k << " p=" << s.p
+              << " kept=" << want.size() << " max|freq-p|=" << worst << "\n";
+  }
+}
+
 }  // namespace
 }  // namespace garden::rose::gputest

@@ -81,6 +81,8 @@ class LlmRunner final : public Runner {
     std::vector<int32_t> tokens;        // staging, max_batch_tokens
     std::unique_ptr<int32_t[]> blocks;  // staging, max_step_blocks_ (left untouched until used)
     uint32_t sampled = 0;               // sequences of the admitted step that sample
+    std::vector<uint32_t> masks;        // staging: token bitmasks [TAG_TOKEN_MASK]
+    uint32_t num_masks = 0;
   };
   LlmRunner(Backend& b, GptOssModel& m, const LlmRunnerOptions& o)
       : backend_(b), model_(m), opts_(o) {}

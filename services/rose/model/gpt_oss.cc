@@ -516,6 +516,13 @@ Status GptOssModel::validate(const LlmStep& step, const PagedKvCache& kv,
       return invalidArgument(who + "logits mode must be 0 (none), 1 (last) or 2 (all)");
     }
     if (s.sample > 1) return invalidArgument(who + "sample must be 0 or 1");
+    if (s.mask_index < 0 ||
+        static_cast<size_t>(s.mask_index) * static_cast<size_t>(step.mask_words) >
+            step.masks.size() ||
+        (s.mask_index > 0 && (!s.sample || step.mask_words * 32 < vocabSize()))) {
+      return invalidArgument(who + "mask_index " + std::to_string(s.mask_index) +
+                             " names no token mask of this step");
+    }
     if (s.sample) RETURN_IF_ERROR(validateSamplingParams(s.sampling).withContext(who + "sampling"));
     total += s.num_tokens;
     rows += s.logits == LogitsMode::kAll ? s.num_tokens
@@ -621,6 +628,11 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
     sr.row = r;
     sr.counter = static_cast<uint64_t>(s.position) + static_cast<uint64_t>(s.num_tokens);
     sr.params = s.sampling;
+    if (s.mask_index > 0) {  // [TAG_TOKEN_MASK]
+      const size_t k = static_cast<size_t>(s.mask_index - 1);
+      CHECK((k + 1) * static_cast<size_t>(step.mask_words) <= step.masks.size());
+      sr.mask = step.masks.data() + k * static_cast<size_t>(step.mask_words);
+    }
     h_samples_.push_back(sr);
   }
   const int64_t n_rows = static_cast<int64_t>(h_rows_.size());

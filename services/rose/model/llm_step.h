@@ -38,6 +38,10 @@ struct LlmStep {
   std::span<const LlmStepSeq> seqs;
   std::span<const int32_t> tokens;
   std::span<const int32_t> block_ids;
+  // Token bitmasks [TAG_TOKEN_MASK]: mask k (LlmStepSeq.mask_index k + 1) is
+  // masks[k * mask_words, (k + 1) * mask_words).
+  std::span<const uint32_t> masks;
+  int64_t mask_words = 0;
 };
 
 // Rows of logits a step returns, in sequence order: num_tokens for kAll, 1 for kLast, 0 else.

@@ -105,6 +105,10 @@ struct SampleRow {
   int32_t row = 0;
   uint64_t counter = 0;
   SamplingParams params;
+  // Structured outputs [TAG_TOKEN_MASK]: host memory, ceil(V / 32) words, bit id % 32 of word
+  // id / 32 set = allowed; only allowed ids are drawn (if every allowed logit is -inf or NaN:
+  // the lowest allowed id). nullptr: no mask. Valid until the op has run.
+  const uint32_t* mask = nullptr;
 };
 
 class LlmOps {

@@ -54,6 +54,19 @@ int32_t argmaxToken(std::span<const float> logits) {
   return best;
 }
 
+int32_t applyTokenBitmask(std::span<float> logits, const uint32_t* mask) {
+  int32_t first = -1;
+  const float ninf = -std::numeric_limits<float>::infinity();
+  for (size_t i = 0; i < logits.size(); ++i) {
+    if (tokenAllowed(mask, static_cast<int32_t>(i))) {
+      if (first < 0) first = static_cast<int32_t>(i);
+    } else {
+      logits[i] = ninf;
+    }
+  }
+  return first;
+}
+
 const std::vector<std::pair<int32_t, double>>& Sampler::distribution(std::span<const float> logits,
                                                                      const SamplingParams& p) {
   const size_t v = logits.size();

@@ -48,4 +48,11 @@ class Sampler {
 // argmax with the lowest id among equal maxima; NaN never wins (all NaN: 0).
 int32_t argmaxToken(std::span<const float> logits);
 
+// Structured outputs [TAG_TOKEN_MASK]: logits[i] = -inf where bit i of `mask` (word i / 32) is
+// clear. Returns the lowest allowed id (-1: none), the draw when every allowed logit is -inf/NaN.
+int32_t applyTokenBitmask(std::span<float> logits, const uint32_t* mask);
+inline bool tokenAllowed(const uint32_t* mask, int32_t id) {
+  return mask == nullptr || ((mask[static_cast<uint32_t>(id) / 32] >> (id % 32)) & 1u) != 0;
+}
+
 }  // namespace garden::rose

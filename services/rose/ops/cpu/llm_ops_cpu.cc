@@ -353,6 +353,13 @@ class CpuLlmOps final : public LlmOps {
       const SampleRow& r = rows[i];
       CHECK(r.row >= 0 && r.row < logits.rows());
       std::span<const float> row(logits.as<float>() + r.row * v, static_cast<size_t>(v));
+      if (r.mask != nullptr) {  // [TAG_TOKEN_MASK]
+        masked_.assign(row.begin(), row.end());
+        const int32_t first = applyTokenBitmask(masked_, r.mask);
+        const int32_t id = sampler_.sample(masked_, r.params, r.counter);
+        o[i] = tokenAllowed(r.mask, id) || first < 0 ? id : first;
+        continue;
+      }
       o[i] = sampler_.sample(row, r.params, r.counter);
     }
   }
@@ -367,6 +374,7 @@ class CpuLlmOps final : public LlmOps {
   Backend& backend_;
   ThreadPool pool_;
   std::vector<std::vector<float>> scratch_;  // per pool worker
+  std::vector<float> masked_;                 // sample(): a masked copy of one row
   // moeExperts, one chunk: pair offsets per expert (E + 1), pairs grouped by expert, the experts
   // with pairs, a fill cursor, and each pair's expert output [rows·k, H]. Compute thread only.
   std::vector<int64_t> moe_count_, moe_fill_;

@@ -72,6 +72,10 @@ class CudaLlmOps final : public LlmOps {
     ASSIGN_OR_RETURN(y_, b_.allocate(sizeof(bf16) * max_rows_ * l.hidden));
     ASSIGN_OR_RETURN(sample_rows_, b_.allocate(sizeof(SampleRowDev) * l.max_logits_rows));
     ASSIGN_OR_RETURN(sample_ws_, b_.allocate(sampleWorkspaceBytes(l.max_logits_rows)));
+    mask_words_ = (l.vocab + 31) / 32;  // [TAG_TOKEN_MASK]: one bitmask per sampled row at most
+    ASSIGN_OR_RETURN(sample_masks_,
+                     b_.allocate(sizeof(uint32_t) * static_cast<size_t>(mask_words_) *
+                                 static_cast<size_t>(std::max<int64_t>(l.max_logits_rows, 1))));
     reserved_ = true;
     return okStatus();
   }
@@ -377,6 +381,8 @@ class CudaLlmOps final : public LlmOps {
             "more rows than reserve() allowed");
     if (rows.empty()) return;
     host_rows_.resize(rows.size());
+    int32_t num_masks = 0;
+    const size_t mask_bytes = sizeof(uint32_t) * static_cast<size_t>(mask_words_);
     for (size_t i = 0; i < rows.size(); ++i) {
       require(rows[i].row >= 0 && rows[i].row < logits.rows(), "sample", "row outside logits");
       SampleRowDev& d = host_rows_[i];
@@ -386,6 +392,14 @@ class CudaLlmOps final : public LlmOps {
       d.top_k = rows[i].params.top_k;
       d.seed = rows[i].params.seed;
       d.counter = rows[i].counter;
+      d.mask = -1;
+      if (rows[i].mask != nullptr) {  // [TAG_TOKEN_MASK]
+        require(logits.cols() <= mask_words_ * 32, "sample", "mask narrower than the vocabulary");
+        d.mask = num_masks++;
+        b_.copyToDevice(Tensor(static_cast<char*>(sample_masks_.data()) + d.mask * mask_bytes,
+                               DType::kU8, {static_cast<int64_t>(mask_bytes)}),
+                        rows[i].mask, mask_bytes);
+      }
     }
     const size_t bytes = host_rows_.size() * sizeof(SampleRowDev);
     b_.copyToDevice(Tensor(sample_rows_.data(), DType::kU8, {static_cast<int64_t>(bytes)}),
@@ -397,6 +411,8 @@ class CudaLlmOps final : public LlmOps {
     a.partial = sample_ws_.data();
     a.num_rows = static_cast<int32_t>(rows.size());
     a.vocab = logits.cols();
+    a.masks = static_cast<const uint32_t*>(sample_masks_.data());
+    a.mask_words = mask_words_;
     checkOk(launchSample(a, b_.stream()), "sample");
   }
 
@@ -416,6 +432,8 @@ class CudaLlmOps final : public LlmOps {
   int64_t max_work_ = 0, max_combine_ = 0, max_parts_ = 0, max_tiles_ = 0, max_rows_ = 0;
   Buffer work_, combine_, part_o_, part_ml_;
   Buffer row_token_, row_of_, tile_expert_, num_tiles_, act_, y_, sample_rows_, sample_ws_;
+  Buffer sample_masks_;
+  int64_t mask_words_ = 0;
   std::vector<PlanSlot> plans_;
   std::vector<SampleRowDev> host_rows_;
 };
