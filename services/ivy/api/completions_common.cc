@@ -155,10 +155,8 @@ Status parseSamplingFields(const element& root, ApiKind api, SamplingRequest* ou
     if (b->get_object().get(o) != simdjson::SUCCESS || o.size() != 0)
       return invalidField("logit_bias", "is not supported (only {} or null)");
   }
-  if (auto f = present(root, "response_format")) {
-    std::string_view type;
-    if ((*f)["type"].get_string().get(type) != simdjson::SUCCESS || type != "text")
-      return invalidField("response_format", "is not supported (only {\"type\": \"text\"})");
+  if (auto f = present(root, "response_format")) {  // [TAG_TOKEN_MASK]
+    ASSIGN_OR_RETURN(out->structured, parseResponseFormat(*f, "response_format"));
   }
   if (api == ApiKind::kChat) {
     ASSIGN_OR_RETURN(auto logprobs, boolean(root, "logprobs", "logprobs"));

@@ -11,7 +11,8 @@
 //   ignore_eos (bool, vLLM), user (ignored). Unsupported features are rejected by name rather
 //   than silently ignored: logprobs / top_logprobs (chat), logprobs / suffix / best_of != 1
 //   (completions), presence_penalty / frequency_penalty other than 0, logit_bias other than {},
-//   response_format other than {"type": "text"}. docs/api.md lists every field.
+//   response_format is {"type": "text" | "json_object" | "json_schema"} (api/response_format.h,
+//   docs/structured-outputs.md). docs/api.md lists every field.
 // Every error follows [TAG_FIELD_ERRORS] (the message starts with the field).
 //
 // Parsing functions are pure and callable from any thread; a GenerationOutput and a
@@ -30,6 +31,7 @@
 #include "common/status.h"
 #include "services/ivy/api/limits.h"
 #include "services/ivy/api/model_spec.h"
+#include "services/ivy/api/response_format.h"
 
 namespace garden::ivy {
 
@@ -44,6 +46,8 @@ struct SamplingRequest {
   bool stream = false;
   bool include_usage = false;
   bool ignore_eos = false;
+  // response_format json_object / json_schema (api/response_format.h) [TAG_TOKEN_MASK].
+  std::optional<StructuredOutput> structured;
 };
 
 enum class ApiKind { kChat, kCompletions };

@@ -8,9 +8,11 @@
 // Threads: plain value types and a pure function.
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "common/grammar/constrained.h"
 #include "common/llm/step.h"
 #include "common/shm/channel.h"
 #include "common/status.h"
@@ -29,6 +31,10 @@ struct GenerateParams {
   bool ignore_eos = false;
   int64_t deadline_ns = 0;  // CLOCK_MONOTONIC, 0 = none
   std::string request_id;
+  // Structured outputs [TAG_TOKEN_MASK]: the compiled grammar (over the served vocabulary) and
+  // where in the stream it applies. nullptr: unconstrained.
+  std::shared_ptr<const grammar::CompiledGrammar> grammar;
+  grammar::ConstraintSpec constraint;
 };
 
 // One event of a request's stream. A request gets zero or more token events, then exactly one

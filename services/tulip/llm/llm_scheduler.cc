@@ -66,6 +66,8 @@ WorkBatch toWorkBatch(StepPlan& plan) {
   batch.llm_seqs = plan.seqs;
   batch.tokens = std::move(plan.tokens);
   batch.block_ids = std::move(plan.block_ids);
+  batch.masks = std::move(plan.masks);
+  plan.masks.clear();
   batch.request_id = plan.request_id;
   plan.tokens.clear();
   plan.block_ids.clear();

@@ -109,7 +109,10 @@ Status ShmWorker::trySubmit(WorkBatch batch, WorkDone done) {
                                        : alignUp(token_bytes, kSeqLensAlign);
   const uint64_t second_bytes = generate ? batch.block_ids.size() * sizeof(int32_t)
                                          : batch.seq_lens.size() * sizeof(int32_t);
-  const uint64_t need = second_off + second_bytes;
+  // [TAG_TOKEN_MASK] token bitmasks after the block ids (BatchDesc.seqlens_offset).
+  const uint64_t masks_off = shm::llmAlignUp(second_off + second_bytes);
+  const uint64_t masks_bytes = generate ? batch.masks.size() * sizeof(uint32_t) : 0;
+  const uint64_t need = masks_bytes > 0 ? masks_off + masks_bytes : second_off + second_bytes;
   if (need > opts_.layout.input_bytes) {
     return invalidArgument("batch of " + std::to_string(batch.tokens.size()) +
                            " tokens does not fit the channel's input arena");
@@ -128,6 +131,7 @@ Status ShmWorker::trySubmit(WorkBatch batch, WorkDone done) {
   std::memcpy(arena.data() + tokens_off, batch.tokens.data(), token_bytes);
   std::memcpy(arena.data() + second_off,
               generate ? batch.block_ids.data() : batch.seq_lens.data(), second_bytes);
+  if (masks_bytes > 0) std::memcpy(arena.data() + masks_off, batch.masks.data(), masks_bytes);
   shm::BatchDesc d;
   d.batch_id = next_batch_id_++;
   d.slot = slot;
@@ -143,6 +147,7 @@ Status ShmWorker::trySubmit(WorkBatch batch, WorkDone done) {
     d.seqs_offset = 0;
     d.blocks_offset = second_off;
     d.num_blocks = static_cast<uint32_t>(batch.block_ids.size());
+    d.seqlens_offset = masks_bytes > 0 ? masks_off : 0;
   } else {
     d.seqlens_offset = second_off;
   }

@@ -28,6 +28,7 @@ struct WorkBatch {
   // block-id array their block_offset/num_blocks index; `tokens` holds the new tokens.
   std::vector<llm::LlmStepSeq> llm_seqs;
   std::vector<int32_t> block_ids;
+  std::vector<uint32_t> masks;  // kGenerate: token bitmasks [TAG_TOKEN_MASK] (may be empty)
   shm::PoolingMode pooling = shm::PoolingMode::kDefault;
   bool normalize = true;
   int32_t score_yes = -1;
