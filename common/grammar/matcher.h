@@ -45,7 +45,9 @@ struct Frame {
 // truncate() drop nodes made speculatively (mask computation) again.
 class StackPool {
  public:
-  static constexpr int32_t kMaxDepth = 128;  // deeper nesting is not generated
+  // Deeper stacks are dropped (a guard, far above real nesting: a drop could let the mask allow a
+  // token the matcher then refuses, which callers handle as a broken constraint).
+  static constexpr int32_t kMaxDepth = 1 << 16;
   int32_t intern(int32_t state, int32_t parent);  // -1 when kMaxDepth would be exceeded
   const Frame& node(int32_t id) const { return nodes_[static_cast<size_t>(id)]; }
   size_t mark() const { return nodes_.size(); }

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "common/grammar/constrained.h"
 #include "common/grammar/grammar.h"
 #include "common/grammar/json_schema.h"
 #include "common/grammar/matcher.h"
@@ -300,6 +301,55 @@ TEST(GrammarRandom, EveryOutputValidatesSynthetic) {
     total += finished_runs;
   }
   std::printf("validated %d random outputs over %zu schemas\n", total, schemaCases().size());
+}
+
+// Harmony: free until <|channel|> final ... <|message|>, then the grammar until <|return|>; the
+// analysis channel and a commentary header stay free; a second final message is constrained
+// again.
+TEST(ConstrainedDecoder, FinalChannelTrigger) {
+  const SynthVocab& sv = synthVocab();
+  auto c = compiled(R"({"type":"boolean"})");
+  // Stand-ins for the special ids: any excluded ids work; the synthetic vocabulary has two.
+  const int32_t kChannel = sv.end_end, kReturn = sv.end_return;
+  const int32_t kMessage = 'M', kFinal = 'F', kAnalysis = 'A';  // single-byte ids as header text
+  ConstraintSpec spec{kChannel, {kFinal}, kMessage, {kReturn}};
+  ConstrainedDecoder d(c, spec);
+  EXPECT_FALSE(d.active());
+  for (int32_t t : {kChannel, kAnalysis, kMessage, static_cast<int32_t>('z'), kReturn}) {
+    EXPECT_TRUE(d.accept(t));
+    EXPECT_FALSE(d.active()) << t;  // analysis is free text
+  }
+  // <|channel|> final <|message|>: constrained from here.
+  ASSERT_TRUE(d.accept(kChannel));
+  ASSERT_TRUE(d.accept(kFinal));
+  EXPECT_FALSE(d.active());
+  ASSERT_TRUE(d.accept(' '));  // more header ids ("final <|constrain|>json") are fine
+  ASSERT_TRUE(d.accept(kMessage));
+  ASSERT_TRUE(d.active());
+  std::vector<uint32_t> mask(d.maskWords());
+  d.fillMask(mask);
+  auto allowedIn = [&](int32_t id) { return (mask[static_cast<size_t>(id) / 32] >> (id % 32)) & 1u; };
+  EXPECT_TRUE(allowedIn('t'));
+  EXPECT_FALSE(allowedIn('x'));
+  EXPECT_FALSE(allowedIn(kReturn));
+  EXPECT_FALSE(d.accept('x'));  // a token outside the mask stops the constraint
+  EXPECT_FALSE(d.active());
+  // A later final message is constrained again, and completes.
+  for (int32_t t : {kChannel, kFinal, kMessage}) ASSERT_TRUE(d.accept(t));
+  ASSERT_TRUE(d.active());
+  for (char ch : std::string("false")) ASSERT_TRUE(d.accept(ch));
+  d.fillMask(mask);
+  EXPECT_TRUE(allowedIn(kReturn));
+  ASSERT_TRUE(d.accept(kReturn));
+  EXPECT_FALSE(d.active());
+  EXPECT_EQ(d.completed(), 1);
+  // "finalize" is not "final": the prefix must match exactly, id by id.
+  ConstrainedDecoder e(c, spec);
+  for (int32_t t : {kChannel, static_cast<int32_t>('G'), kMessage}) ASSERT_TRUE(e.accept(t));
+  EXPECT_FALSE(e.active());
+  // No channel token: constrained from the first token.
+  ConstrainedDecoder plain(c, ConstraintSpec{-1, {}, -1, {kReturn}});
+  EXPECT_TRUE(plain.active());
 }
 
 }  // namespace

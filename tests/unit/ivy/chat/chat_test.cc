@@ -196,6 +196,46 @@ TEST(ChatTest, ReasoningAndContentIdenticalStreamingAndNot) {
   EXPECT_EQ(b.full.prompt_tokens, static_cast<int64_t>(c.prompt_ids.size()));
 }
 
+// Structured outputs [TAG_TOKEN_MASK]: the grammar and its Harmony trigger reach tulip, and the
+// developer message carries the "# Response Formats" section.
+TEST(ChatTest, ResponseFormatReachesTulipAsAConstraint) {
+  ChatHarness h;
+  h.client().setScript(h.ids("<|channel|>final<|message|>{\"a\":1}<|return|>"));
+  Captured r = h.post(
+      "/v1/chat/completions",
+      chatBody(R"("response_format":{"type":"json_schema","json_schema":{"name":"thing",)"
+               R"("description":"A thing.","schema":{"type":"object","properties":{"a":)"
+               R"({"type":"integer"}},"required":["a"],"additionalProperties":false}}})"));
+  ASSERT_EQ(r.status, 200) << r.body;
+  auto c = h.client().calls().at(0);
+  EXPECT_FALSE(c.constraint.grammar.empty());
+  EXPECT_EQ(c.constraint.channel_token, 200005);  // <|channel|>
+  EXPECT_EQ(h.decode(c.constraint.channel_prefix), "final");
+  EXPECT_EQ(c.constraint.message_token, 200008);  // <|message|>
+  EXPECT_EQ(c.constraint.end_tokens, (std::vector<int32_t>{200002}));
+  const std::string prompt = h.decode(c.prompt_ids);
+  EXPECT_THAT(prompt, HasSubstr("<|start|>developer<|message|># Response Formats\n\n## thing\n\n"
+                                "// A thing.\n{\"type\":\"object\""))
+      << prompt;
+  EXPECT_TRUE(prompt.ends_with("<|start|>assistant")) << prompt;
+  // json_object: a grammar, no schema section; skip_reasoning: the prompt opens the final
+  // message and the grammar applies from the first token.
+  Captured r2 = h.post("/v1/chat/completions",
+                       chatBody(R"("response_format":{"type":"json_object"},"skip_reasoning":true)"));
+  ASSERT_EQ(r2.status, 200) << r2.body;
+  auto c2 = h.client().calls().at(1);
+  EXPECT_FALSE(c2.constraint.grammar.empty());
+  EXPECT_NE(c2.constraint.grammar, c.constraint.grammar);
+  EXPECT_EQ(c2.constraint.channel_token, -1);
+  const std::string prompt2 = h.decode(c2.prompt_ids);
+  EXPECT_THAT(prompt2, Not(HasSubstr("# Response Formats")));
+  EXPECT_TRUE(prompt2.ends_with("<|start|>assistant<|channel|>final<|message|>")) << prompt2;
+  // No response_format: no constraint.
+  Captured r3 = h.post("/v1/chat/completions", chatBody(""));
+  ASSERT_EQ(r3.status, 200) << r3.body;
+  EXPECT_TRUE(h.client().calls().at(2).constraint.grammar.empty());
+}
+
 TEST(ChatTest, SamplingFieldsReachTulip) {
   ChatHarness h;
   h.client().setScript(h.ids("<|channel|>final<|message|>ok<|return|>"));
@@ -531,7 +571,11 @@ TEST(ChatTest, BadFieldsAre400NamingTheField) {
       {"{" + msgs + R"(,"frequency_penalty":-1})", "frequency_penalty"},
       {"{" + msgs + R"(,"logit_bias":{"42":5}})", "logit_bias"},
       {"{" + msgs + R"(,"logit_bias":[]})", "logit_bias"},
-      {"{" + msgs + R"(,"response_format":{"type":"json_object"}})", "response_format"},
+      {"{" + msgs +
+           R"(,"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{"type":"integer","minimum":1}}}})",
+       "response_format"},
+      {"{" + msgs + R"(,"response_format":{"type":"yaml"}})", "response_format"},
+      {"{" + msgs + R"(,"skip_reasoning":"yes"})", "skip_reasoning"},
       {"{" + msgs + R"(,"response_format":{"type":"json_schema","json_schema":{}}})",
        "response_format"},
       {"{" + msgs + R"(,"response_format":"text"})", "response_format"},
