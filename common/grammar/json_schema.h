@@ -20,7 +20,8 @@
 //  * numbers: JSON number syntax, no leading zeros, at most 18 integer digits, 20 fraction digits
 //    and 2 exponent digits; strings: valid UTF-8, any JSON escape.
 //  * extra keys (additionalProperties true) may not spell a declared key with plain ASCII bytes;
-//    a key written with escapes that decodes to a declared one is not caught.
+//    a key written with escapes that decodes to a declared one is not caught, and extra keys may
+//    repeat each other (so may keys in json_object mode).
 //
 // Threads: pure functions.
 

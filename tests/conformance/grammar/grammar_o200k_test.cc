@@ -108,7 +108,7 @@ TEST(GrammarO200k, RandomModelOutputsValidate) {
   ASSERT_TRUE(vocab());
   std::vector<std::string_view> bytes;
   for (int32_t id = 0; id < kModelVocab; ++id) bytes.push_back(vocab()->bytes(id));
-  int finished = 0, total = 0;
+  int finished = 0, total = 0, valid = 0;
   for (const auto& sc : testing::schemaCases()) {
     SCOPED_TRACE(sc.name);
     auto g = grammarOf(sc.schema);
@@ -116,7 +116,7 @@ TEST(GrammarO200k, RandomModelOutputsValidate) {
     auto c = CompiledGrammar::compile(*g, vocab());
     ASSERT_TRUE(c.isOk());
     testing::SchemaValidator val(sc.schema == "json_object" ? R"({"type":"object"})" : sc.schema);
-    for (int run = 0; run < 3; ++run) {
+    for (int run = 0; run < 2; ++run) {
       testing::RandomModel model(bytes, 1000 + static_cast<uint64_t>(run), 6.f);
       GrammarMatcher m(*c, {kReturn});
       std::vector<uint32_t> mask(m.maskWords());
@@ -131,11 +131,13 @@ TEST(GrammarO200k, RandomModelOutputsValidate) {
       ++total;
       if (!m.terminated()) continue;
       ++finished;
-      EXPECT_EQ(val.validate(out), "") << out;
+      const std::string err = val.validate(out);
+      valid += err.empty();
+      EXPECT_EQ(err, "") << out;
     }
   }
-  std::printf("o200k: %d of %d random generations finished; every finished one validated\n",
-              finished, total);
+  std::printf("o200k: %d of %d random generations finished, %d of them validated\n", finished,
+              total, valid);
   EXPECT_GE(finished * 10, total * 9);
 }
 
