@@ -58,7 +58,9 @@ class StructuredMesh : public ::testing::Test {
             "cpu", "--rose-bin", testing::binary("services/rose/rose"), "--rose-threads", "2",
             "--shm-name",
             "/garden-structured-" + std::to_string(getpid()) + "-" + std::to_string(m.tulip_port),
-            "--served-model-name", "gpt-oss-tiny"},
+            "--served-model-name", "gpt-oss-tiny",
+            // A loaded CI host can stall a CPU step for seconds: not a stuck worker here.
+            "--heartbeat-timeout-ms", "60000", "--progress-timeout-ms", "60000"},
         m.dir.path() + "/tulip.log");
     m.ivy = std::make_unique<testing::Process>(
         std::vector<std::string>{testing::binary("services/ivy/ivy"), "--host", "127.0.0.1",
@@ -84,7 +86,7 @@ class StructuredMesh : public ::testing::Test {
   static std::string chatBody(const std::string& response_format, int seed, bool stream = false) {
     return R"({"model":"gpt-oss-tiny","messages":[{"role":"user","content":"Answer in JSON."}],)"
            R"("temperature":1.0,"seed":)" +
-           std::to_string(seed) + R"(,"max_tokens":600,"skip_reasoning":true,"stream":)" +
+           std::to_string(seed) + R"(,"max_tokens":400,"skip_reasoning":true,"stream":)" +
            (stream ? "true" : "false") + R"(,"response_format":)" + response_format + "}";
   }
 };
@@ -107,8 +109,8 @@ Answer parseAnswer(const std::string& body) {
   return a;
 }
 
-// Every schema of the unit suite, three seeds each: finished answers validate; a random model
-// finishes most of them within 600 tokens.
+// Every schema of the unit suite, one seed each: finished answers validate; a random model
+// finishes most of them within 400 tokens.
 TEST_F(StructuredMesh, EveryAnswerValidatesAgainstItsSchema) {
   int finished = 0, total = 0;
   for (const auto& sc : grammar::testing::schemaCases()) {
@@ -122,7 +124,7 @@ TEST_F(StructuredMesh, EveryAnswerValidatesAgainstItsSchema) {
     }
     grammar::testing::SchemaValidator val(sc.schema == "json_object" ? R"({"type":"object"})"
                                                                      : sc.schema);
-    for (int seed = 1; seed <= 3; ++seed) {
+    for (int seed = 1; seed <= 1; ++seed) {
       auto r = post(chatBody(rf, seed));
       ASSERT_EQ(r.status, 200) << r.body;
       Answer a = parseAnswer(r.body);
