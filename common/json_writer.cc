@@ -1,5 +1,7 @@
 #include "common/json_writer.h"
 
+#include "common/float_chars.h"
+
 #include <charconv>
 #include <cmath>
 #include <cstring>
@@ -160,19 +162,23 @@ JsonWriter& JsonWriter::raw(std::string_view json) {
 
 JsonWriter& JsonWriter::floatArray(std::span<const float> values) {
   beginArray();
-  // Shortest float32 is at most 15 chars ("-1.1754944e-38"); reserve generously once.
-  out_->reserve(out_->size() + values.size() * 16 + 2);
-  char buf[32];
+  // Written in place: a shortest float32 is at most 15 characters ("-1.1754944e-38"), "null" 4,
+  // so 16 per value with its comma; the string is cut to what was written.
+  const size_t start = out_->size();
+  out_->resize(start + values.size() * 16);
+  char* const base = out_->data();
+  char* p = base + start;
   for (size_t i = 0; i < values.size(); ++i) {
-    if (i != 0) out_->push_back(',');
-    float f = values[i];
+    if (i != 0) *p++ = ',';
+    const float f = values[i];
     if (!std::isfinite(f)) {
-      out_->append("null");
+      std::memcpy(p, "null", 4);
+      p += 4;
       continue;
     }
-    auto r = std::to_chars(buf, buf + sizeof(buf), f);
-    out_->append(buf, r.ptr);
+    p = writeShortestFloat(p, f);
   }
+  out_->resize(static_cast<size_t>(p - base));
   return endArray();
 }
 
@@ -290,8 +296,7 @@ void JsonWriter::appendFloat(std::string& out, float f) {
     return;
   }
   char buf[32];
-  auto r = std::to_chars(buf, buf + sizeof(buf), f);
-  out.append(buf, r.ptr);
+  out.append(buf, writeShortestFloat(buf, f));
 }
 
 // ---- base64 ----------------------------------------------------------------------------------

@@ -9,7 +9,8 @@
 //     Invalid UTF-8 (stray continuation bytes, truncated or overlong sequences, surrogates, code
 //     points above U+10FFFF) is replaced by U+FFFD per maximal invalid subpart, so the output is
 //     always valid UTF-8 JSON.
-//   * double / float use std::to_chars shortest round-trip form for *that* type (a float 0.1f
+//   * double / float use std::to_chars shortest round-trip form for *that* type (floats through
+//     common/float_chars.h: the same characters, faster) (a float 0.1f
 //     writes "0.1", not "0.10000000149011612"), so parsing the text back as the same type gives
 //     the identical value. Integral-valued finite numbers are written without exponent or
 //     fraction when to_chars chooses so ("3", "-0", "1e+21"). A double of magnitude >= 2^53 is

@@ -27,12 +27,12 @@ fi
 # (TSAN_TESTS; why each: docs/concurrency.md), plus a shorter soak (GARDEN_SOAK_SECONDS,
 # default 20 here). Every process writes its reports under build/tsan/tsan-reports (the tests'
 # children too: ivy, tulip and rose inherit TSAN_OPTIONS); any report fails the stage, whether or
-# not the test noticed. Suppressions (tests/tsan/suppressions.txt) name only uninstrumented
-# third-party code, each with its reason.
-# Off by default (RUN_TSAN=1 runs it): Debian's gRPC and abseil are not instrumented, and their
-# own synchronization (absl::Mutex on futexes) is invisible to TSan, so every hand-off from a gRPC
-# thread to ours is reported (2026-12-02: ~170 reports each in unit_ivy_balance and unit_ivy_chat,
-# all with a gRPC/abseil frame); see docs/concurrency.md.
+# not the test noticed. Debian's gRPC and abseil are not instrumented and their synchronization
+# is invisible to TSan: tests/tsan/suppressions.txt names those libraries (called_from_lib) and
+# gRPC's header-inlined call code, each with its reason, and our side of every hand-off to a gRPC
+# callback is annotated (common/tsan_handoff.h). Off by default (RUN_TSAN=1 runs it) until the
+# last reports, in tulip's gRPC callback server, are dealt with: docs/concurrency.md says which,
+# and why these tests.
 if [ "${RUN_TSAN:-0}" = 1 ]; then
   TSAN_DIR="$BUILD_DIR/tsan"
   tsan_unit='unit_(ivy|tulip)_[a-z_]+|unit_common_(shm|metrics)'

@@ -10,7 +10,7 @@
 // Output: one line per workload (and a JSON line with --json FILE).
 //   rose_llm_bench --model DIR [--prefill 2048,8192,32768] [--decode 1@8192,64@1024]
 //                  [--decode-steps 32] [--max-batch-tokens 16384] [--moe-weights auto|mxfp4|bf16]
-//                  [--profile]   (one decode step per workload between cudaProfilerStart/Stop, for
+//                  [--cuda-graphs on|off] [--kv-tokens N] [--profile]   (one decode step per workload between cudaProfilerStart/Stop, for
 //                                 ncu --profile-from-start off)
 
 #include <algorithm>
@@ -25,10 +25,13 @@
 #include <vector>
 
 #include <cuda_profiler_api.h>
+#include <cuda_runtime_api.h>
 
 #include "services/rose/model/gpt_oss.h"
 #include "services/rose/ops/llm_ops.h"
 #include "services/rose/ops/paged_kv_cache.h"
+#include "services/rose/ops/cuda/cuda_backend.h"
+#include "services/rose/ops/cuda/moe_gemm.cuh"
 
 namespace {
 
@@ -178,6 +181,131 @@ struct Bench {
   }
 };
 
+
+// --moe-gemm T1,T2,...: LlmOps::moeExperts alone at gpt-oss-20b's expert shapes (32 experts,
+// top-4, hidden = intermediate = 2880, MXFP4 resident, random codes and scales), T tokens with
+// random distinct experts each; kLayers weight copies are cycled so the weights come from HBM as
+// in a forward pass. Each decode-kernel variant (setMoeDecodeVariant; -1 = the tiled kernel) is
+// timed with CUDA events (median of 7 batches of 24 calls) and its output compared with variant
+// 0's bits. Prints one line per (T, variant).
+int moeGemmBench(const std::string& list) {
+  constexpr int kLayers = 6, kE = 32, kK = 4, kH = 2880, kI = 2880;
+  BackendOptions bo;
+  auto be = makeBackend("cuda", bo);
+  if (!be.isOk()) {
+    std::fprintf(stderr, "backend: %s\n", be.status().toString().c_str());
+    return 1;
+  }
+  std::unique_ptr<Backend> backend = std::move(be).value();
+  std::unique_ptr<LlmOps> ops = makeLlmOps(*backend).value();
+  std::vector<int> ts;
+  for (const auto& x : split(list, ',')) ts.push_back(std::atoi(x.c_str()));
+  const int tmax = *std::max_element(ts.begin(), ts.end());
+  LlmOpsLimits lim;
+  lim.max_tokens = tmax;
+  lim.max_seqs = tmax;
+  lim.max_logits_rows = 1;
+  lim.max_model_len = 4096;
+  lim.vocab = 1;
+  lim.hidden = kH;
+  lim.intermediate = kI;
+  lim.num_experts = kE;
+  lim.top_k = kK;
+  lim.num_q_heads = 64;
+  lim.num_kv_heads = 8;
+  lim.head_dim = 64;
+  if (Status st = ops->reserve(lim); !st.isOk()) {
+    std::fprintf(stderr, "reserve: %s\n", st.toString().c_str());
+    return 1;
+  }
+  std::mt19937 rng(5);
+  auto mx = [&](int64_t rows, int64_t cols, std::vector<uint8_t>& c, std::vector<uint8_t>& sc) {
+    c.resize(static_cast<size_t>(kE * rows * cols / 2));
+    sc.resize(static_cast<size_t>(kE * rows * cols / 32));
+    for (auto& b : c) b = static_cast<uint8_t>(rng());
+    for (auto& b : sc) b = static_cast<uint8_t>(118 + rng() % 3);
+  };
+  std::vector<ExpertWeights> w1, w2;
+  std::vector<OwnedTensor> b1, b2;
+  {
+    std::vector<uint8_t> c1, s1, c2, s2;
+    mx(2 * kI, kH, c1, s1);
+    mx(kH, kI, c2, s2);
+    for (int l = 0; l < kLayers; ++l) {
+      w1.push_back(ops->uploadMxfp4Experts(c1.data(), s1.data(), kE, 2 * kI, kH).value());
+      w2.push_back(ops->uploadMxfp4Experts(c2.data(), s2.data(), kE, kH, kI).value());
+      b1.push_back(backend->allocateTensor(DType::kBF16, {kE, 2 * kI}).value());
+      b2.push_back(backend->allocateTensor(DType::kBF16, {kE, kH}).value());
+      std::vector<float> z(static_cast<size_t>(kE * 2 * kI), 0.01f);
+      (void)backend->uploadConvert(b1.back().view, {z.data(), DType::kF32, kE * 2 * kI});
+      (void)backend->uploadConvert(b2.back().view, {z.data(), DType::kF32, kE * kH});
+    }
+  }
+  auto x = backend->allocateTensor(DType::kBF16, {tmax, kH}).value();
+  auto out = backend->allocateTensor(DType::kBF16, {tmax, kH}).value();
+  auto ids = backend->allocateTensor(DType::kI32, {tmax, kK}).value();
+  auto wts = backend->allocateTensor(DType::kF32, {tmax, kK}).value();
+  {
+    std::vector<float> xv(static_cast<size_t>(tmax * kH));
+    std::normal_distribution<float> nd(0.f, 1.f);
+    for (auto& v : xv) v = nd(rng);
+    (void)backend->uploadConvert(x.view, {xv.data(), DType::kF32, tmax * kH});
+    std::vector<int32_t> iv;
+    std::vector<float> wv;
+    for (int i = 0; i < tmax; ++i) {
+      std::vector<int32_t> perm(kE);
+      std::iota(perm.begin(), perm.end(), 0);
+      std::shuffle(perm.begin(), perm.end(), rng);
+      for (int j = 0; j < kK; ++j) {
+        iv.push_back(perm[static_cast<size_t>(j)]);
+        wv.push_back(0.25f);
+      }
+    }
+    backend->copyToDevice(ids.view, iv.data(), iv.size() * sizeof(int32_t));
+    (void)backend->uploadConvert(wts.view, {wv.data(), DType::kF32, tmax * kK});
+    (void)backend->synchronize();
+  }
+  MoeExpertsParams mp{kE, kK, kH, kI, 7.f, 1.702f};
+  cudaStream_t stream = dynamic_cast<cuda::CudaBackend&>(*backend).stream();
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  for (int t : ts) {
+    const Tensor xt = x.view.rowSlice(0, t), ot = out.view.rowSlice(0, t);
+    const Tensor it = ids.view.rowSlice(0, t), wt = wts.view.rowSlice(0, t);
+    std::vector<uint16_t> ref, got(static_cast<size_t>(t * kH));
+    for (int v : {0, 1, 2, 3, 4, 5, -1}) {
+      cuda::setMoeDecodeVariant(v);
+      auto call = [&](int l) {
+        ops->moeExperts(xt, it, wt, w1[static_cast<size_t>(l)], b1[static_cast<size_t>(l)].view,
+                        w2[static_cast<size_t>(l)], b2[static_cast<size_t>(l)].view, ot, mp);
+      };
+      for (int l = 0; l < kLayers; ++l) call(l);
+      (void)backend->synchronize();
+      cudaMemcpy(got.data(), ot.data, got.size() * 2, cudaMemcpyDeviceToHost);
+      bool same = true;
+      if (v == 0) ref = got;
+      else same = got == ref;
+      std::vector<float> us;
+      for (int rep = 0; rep < 7; ++rep) {
+        cudaEventRecord(e0, stream);
+        for (int i = 0; i < 24; ++i) call(i % kLayers);
+        cudaEventRecord(e1, stream);
+        cudaEventSynchronize(e1);
+        float ms = 0;
+        cudaEventElapsedTime(&ms, e0, e1);
+        us.push_back(ms * 1000.f / 24);
+      }
+      std::sort(us.begin(), us.end());
+      std::printf("moe T=%4d variant %2d: %8.2f us/call (min %.2f)%s\n", t, v, us[3], us[0],
+                  same ? "" : "  OUTPUT DIFFERS FROM VARIANT 0");
+      std::fflush(stdout);
+    }
+  }
+  cuda::setMoeDecodeVariant(0);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -185,6 +313,9 @@ int main(int argc, char** argv) {
   std::string prefill_list = "2048,8192,32768", decode_list = "1@8192,64@1024";
   int decode_steps = 32;
   int64_t max_batch_tokens = 16384;
+  bool graphs = true;     // --cuda-graphs on|off: decode steps as CUDA graphs
+  int64_t kv_tokens = 0;  // --kv-tokens N: size the KV cache for at least N tokens
+  std::string moe_list;   // --moe-gemm T1,T2,...: time the MoE experts op alone (no model)
   bool profile = false;  // one decode step of each --decode workload between profiler markers
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -203,11 +334,15 @@ int main(int argc, char** argv) {
     else if (a == "--moe-weights") moe = next();
     else if (a == "--json") json_path = next();
     else if (a == "--profile") profile = true;
+    else if (a == "--cuda-graphs") graphs = next() == "on";
+    else if (a == "--kv-tokens") kv_tokens = std::atoll(next().c_str());
+    else if (a == "--moe-gemm") moe_list = next();
     else {
       std::fprintf(stderr, "unknown flag %s\n", a.c_str());
       return 2;
     }
   }
+  if (!moe_list.empty()) return moeGemmBench(moe_list);
   if (model_dir.empty()) {
     std::fprintf(stderr, "--model DIR is required\n");
     return 2;
@@ -228,6 +363,7 @@ int main(int argc, char** argv) {
   go.max_seqs = 256;
   go.max_logits_rows = 256;
   go.max_model_len = 131072;
+  go.cuda_graphs = graphs;
   go.moe_weights = moe == "bf16" ? MoeWeightsMode::kDense
                    : moe == "mxfp4" ? MoeWeightsMode::kMxfp4
                                     : MoeWeightsMode::kAuto;
@@ -251,6 +387,7 @@ int main(int argc, char** argv) {
     const int64_t batch = std::atoll(bc[0].c_str()), ctx = std::atoll(bc[1].c_str());
     need_tokens = std::max<int64_t>(need_tokens, batch * (ctx + decode_steps + 2 * 16));
   }
+  need_tokens = std::max(need_tokens, kv_tokens);
   const int32_t blocks = static_cast<int32_t>((need_tokens + 15) / 16 + 64);
   auto kv = PagedKvCache::create(*b.backend, b.model->kvShape(blocks, 16), b.model->kvDType());
   if (!kv.isOk()) {
@@ -258,9 +395,14 @@ int main(int argc, char** argv) {
     return 1;
   }
   b.kv = std::move(kv).value();
-  std::printf("load %.2f s (experts %s), kv cache %d blocks (%.2f GB)\n", load_s,
-              b.model->expertFormat() == ExpertFormat::kMxfp4 ? "mxfp4" : "dense", blocks,
-              static_cast<double>(b.kv->bytes()) / 1e9);
+  size_t mem_free = 0, mem_total = 0;
+  cudaMemGetInfo(&mem_free, &mem_total);
+  std::printf("load %.2f s (experts %s), kv cache %d blocks = %lld tokens (%.2f GB); GPU memory "
+              "used %.1f GB, free %.1f GB of %.1f GB\n",
+              load_s, b.model->expertFormat() == ExpertFormat::kMxfp4 ? "mxfp4" : "dense", blocks,
+              static_cast<long long>(blocks) * 16, static_cast<double>(b.kv->bytes()) / 1e9,
+              static_cast<double>(mem_total - mem_free) / 1e9, static_cast<double>(mem_free) / 1e9,
+              static_cast<double>(mem_total) / 1e9);
   std::ofstream json;
   if (!json_path.empty()) json.open(json_path);
   for (const auto& p : split(prefill_list, ',')) {

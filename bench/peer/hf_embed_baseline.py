@@ -5,6 +5,18 @@ so bench/render/render.py puts both side by side with their ratio.
 
     python3 bench/peer/hf_embed_baseline.py --out DIR [--suites 1,2,3] [--quick]
     python3 bench/peer/hf_embed_baseline.py --out DIR --suites 4 --tokenizer tokenizer.json
+    python3 bench/peer/hf_embed_baseline.py --out DIR --suites 1,3 --compile --jsonl
+
+--compile runs the model under torch.compile(mode="reduce-overhead") (Inductor + CUDA graphs; system
+"hf_transformers_compiled"): the strongest stock-PyTorch peer for batch-1 latency. Each new shape
+costs a compile (the first call; its seconds are in "notes" and on stderr, never in the timings) —
+`--dynamic auto` (default) is torch.compile's own behaviour: the first shape is compiled static,
+a second one makes the changed dimensions symbolic (so suites 1+3 compile ~3 times, then CUDA
+graphs are recorded per shape); `--dynamic false` specializes every shape (fastest kernels, one
+compile per shape: minutes). `--max-seconds` skips workloads that would start past a budget so a
+time-limited device call still gets every finished workload's JSON. Suite 4 (client threads
+sharing one model) is refused with --compile: CUDA-graph trees are per thread. --jsonl also prints
+each result as one JSON line on stdout (the same garden.bench.result.v1 object as the file).
 
 The model is transformers' Qwen3 (AutoModel.from_config) at Qwen3-Embedding-0.6B shape with
 random weights (no network on the GPU host): hidden 1024, 28 layers, 16 heads, 8 kv heads, head
@@ -90,11 +102,12 @@ def host_info():
                 kernel=f"{platform.system()} {platform.release()}", gpu=gpu)
 
 
-def make_result(w, args, host, versions, lat_ms, items, tokens, wall_s, notes, input_kind="tokens"):
+def make_result(w, args, host, versions, lat_ms, items, tokens, wall_s, notes, input_kind="tokens",
+                system="hf_transformers"):
     suite_no, suite, name, mode, batch, seq, conc = w[:7]
     return {
         "schema": "garden.bench.result.v1", "workload": name, "suite": suite,
-        "system": "hf_transformers",
+        "system": system,
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "git_commit": os.environ.get("GARDEN_COMMIT", "unknown"), "host": host,
         "flags": {k: str(v) for k, v in vars(args).items()} | versions,
@@ -131,10 +144,23 @@ def main(argv=None):
     ap.add_argument("--attn", default="sdpa", help="attn_implementation")
     ap.add_argument("--tokenizer", default="", help="suite 4: the model's tokenizer.json")
     ap.add_argument("--clients", default="1,2,4,8,16", help="suite 4: client threads per level")
+    ap.add_argument("--compile", action="store_true",
+                    help='torch.compile(model, mode="reduce-overhead") (Inductor + CUDA graphs)')
+    ap.add_argument("--dynamic", default="auto", choices=("auto", "true", "false"),
+                    help="--compile: torch.compile's dynamic= (auto = None, torch's default)")
+    ap.add_argument("--max-seconds", type=float, default=0,
+                    help="skip workloads that would start after this many seconds (0 = no limit)")
+    ap.add_argument("--jsonl", action="store_true",
+                    help="also print each result as one JSON line on stdout")
     args = ap.parse_args(argv)
     if "4" in args.suites.split(",") and not args.tokenizer:
         print("hf_embed_baseline.py: suite 4 needs --tokenizer tokenizer.json", file=sys.stderr)
         return 2
+    if args.compile and "4" in args.suites.split(","):
+        print("hf_embed_baseline.py: suite 4 runs client threads on one model; --compile's CUDA "
+              "graphs are per thread, so run suite 4 without --compile", file=sys.stderr)
+        return 2
+    began = time.perf_counter()
 
     try:
         import torch
@@ -161,6 +187,18 @@ def main(argv=None):
           file=sys.stderr)
     versions = {"torch": torch.__version__, "transformers": transformers.__version__,
                 "attn_implementation": args.attn}
+    system = "hf_transformers"
+    run_model = model
+    if args.compile:
+        import torch._dynamo
+        # One graph per (batch, length) shape seen: suites 1-3 have nine; the default limit is 8.
+        for knob in ("cache_size_limit", "recompile_limit"):
+            if hasattr(torch._dynamo.config, knob):
+                setattr(torch._dynamo.config, knob, 64)
+        dyn = {"auto": None, "true": True, "false": False}[args.dynamic]
+        run_model = torch.compile(model, mode="reduce-overhead", dynamic=dyn)
+        system = "hf_transformers_compiled"
+        versions |= {"compile": "reduce-overhead", "dynamic": args.dynamic}
     host = host_info()
     cuda = dev.type == "cuda"
     rng = random.Random(args.seed)
@@ -168,8 +206,16 @@ def main(argv=None):
 
     def forward(ids_cpu, mode):
         ids = ids_cpu.to(dev, non_blocking=True)
-        mask = torch.ones_like(ids)
-        h = model(input_ids=ids, attention_mask=mask).last_hidden_state[:, -1, :]
+        if args.compile:
+            # No padding anywhere, so no mask (an all-ones mask is the same attention; None keeps
+            # the mask's data-dependent checks out of the graph), and no KV cache (an embedding
+            # needs none; it would be a graph output per layer). Outputs of a CUDA-graph replay
+            # live in its pool until the next replay: everything below copies out first.
+            torch.compiler.cudagraph_mark_step_begin()
+            h = run_model(input_ids=ids, use_cache=False).last_hidden_state[:, -1, :]
+        else:
+            mask = torch.ones_like(ids)
+            h = model(input_ids=ids, attention_mask=mask).last_hidden_state[:, -1, :]
         if mode == "embed":
             out = torch.nn.functional.normalize(h.float(), p=2, dim=-1)
         else:
@@ -180,6 +226,9 @@ def main(argv=None):
     for w in WORKLOADS:
         suite_no, suite, name, mode, batch, seq, conc, dcount, dsecs = w
         if suite_no not in suites or (args.max_len and seq > args.max_len):
+            continue
+        if args.max_seconds and time.perf_counter() - began > args.max_seconds:
+            print(f"{name}: skipped (--max-seconds {args.max_seconds:g} spent)", file=sys.stderr)
             continue
         pool = []
         for _ in range(4):
@@ -194,11 +243,21 @@ def main(argv=None):
         if args.quick:
             count, secs = 3, 0
         warm = 2 if args.quick else args.warmup
+        if args.compile:
+            warm = max(warm, 3)  # the first calls compile and record the CUDA graph
         with torch.inference_mode():
-            for i in range(warm):
+            tw = time.perf_counter()
+            forward(pool[0], mode)
+            if cuda:
+                torch.cuda.synchronize()
+            first_s = time.perf_counter() - tw
+            for i in range(1, warm):
                 forward(pool[i % len(pool)], mode)
             if cuda:
                 torch.cuda.synchronize()
+            if args.compile:
+                print(f"{name}: first call (compile + graph capture) {first_s:.1f} s",
+                      file=sys.stderr)
             lat = []
             start = time.perf_counter()
             i = 0
@@ -222,10 +281,16 @@ def main(argv=None):
                  "pooling and D2H copy" if cuda else "CPU smoke run (not a GPU figure)")
         if conc > 1:
             notes += "; batches run back to back on one stream (no server, no client concurrency)"
+        if args.compile:
+            notes += (f'; torch.compile(mode="reduce-overhead", dynamic={args.dynamic}), no '
+                      f"attention mask (no padding); first call (compile + capture) {first_s:.1f} s,"
+                      f" not timed")
         r = make_result(w, args, host, versions, lat, len(lat) * batch, len(lat) * batch * seq,
-                        wall, notes)
+                        wall, notes, system=system)
         with open(os.path.join(args.out, f"{name}.json"), "w") as f:
             json.dump(r, f, indent=1)
+        if args.jsonl:
+            print(json.dumps(r), flush=True)
         print(f"{name}: {len(lat)} requests, p50 {r['latency_ms']['p50']:.3f} ms, p99 "
               f"{r['latency_ms']['p99']:.3f} ms, {r['throughput']['items_per_s']:.1f} items/s",
               file=sys.stderr)
@@ -300,6 +365,8 @@ def suite4(args, host, versions, forward, rng):
                         input_kind="text")
         with open(os.path.join(args.out, f"embed_text512_b1_c{c}.json"), "w") as f:
             json.dump(r, f, indent=1)
+        if args.jsonl:
+            print(json.dumps(r), flush=True)
         print(f"embed_text512_b1_c{c}: {len(lat)} requests, p50 {r['latency_ms']['p50']:.3f} ms, "
               f"{r['throughput']['items_per_s']:.1f} emb/s", file=sys.stderr)
 

@@ -16,7 +16,9 @@
 #      forward without the mesh: eager vs graph, attention auto vs narrow (rose_forward_bench)
 #   4. suites 1-3 through the bundle's CUDA mesh, graphs on (--precapture 1x128,1x512,1x4096):
 #      first with session 2's kernels (GARDEN_ATTENTION_KERNEL=narrow GARDEN_GEMM_SMALLM=0), then defaults
-#   5. the Hugging Face peer (bench/peer/hf_embed_baseline.py) on the same GPU, alone
+#   5. the Hugging Face peer (bench/peer/hf_embed_baseline.py) on the same GPU, alone; then the same
+#      under torch.compile(mode="reduce-overhead") (CUDA graphs; suites 1 and 3, SESSION_HF_COMPILE=0
+#      skips it), whose compiles take minutes: it gets what is left of the budget, up to 240 s
 #   6. reports (render.py) and one comparison table: graphs off vs on vs HF, against the goals
 #
 #     bench/suites/gpu_embed_suites.sh BUNDLE GPUBIN DEST [--quick]
@@ -184,6 +186,15 @@ PEER_COUNT=10
 export PYTHONUNBUFFERED=1
 step hf_peer peer.log 120 python3 "$ROOT/bench/peer/hf_embed_baseline.py" \
   --out "$OUT/peer" --count $PEER_COUNT --warmup 3
+if [ "${SESSION_HF_COMPILE:-1}" = 1 ]; then
+  # Each workload's JSON is written as it finishes; --max-seconds stops starting new ones before
+  # the step's own limit would kill the run. JSON lines also in peer_compiled.jsonl.
+  left=$(( DEADLINE - ($(date +%s) - START) - 20 ))
+  [ $left -gt 240 ] && left=240
+  step hf_peer_compiled peer_compiled.log 240 bash -c "python3 '$ROOT/bench/peer/hf_embed_baseline.py' \
+    --out '$OUT/peer_compiled' --suites 1,3 --compile --count $PEER_COUNT --warmup 3 \
+    --max-seconds $(( left > 40 ? left - 30 : 10 )) --jsonl > '$OUT/peer_compiled.jsonl'"
+fi
 
 # Last, with what is left of the budget: memcheck over the new kernels' tests.
 if command -v compute-sanitizer >/dev/null 2>&1 && [ $QUICK = 0 ] && [ -x "$BIN/gpu_kernels_test" ]; then
@@ -194,7 +205,8 @@ else
 fi
 
 echo "== 6. reports"
-python3 "$ROOT/bench/render/render.py" --out "$OUT/report_graphs_on" "$OUT/graphs_on" "$OUT/peer" > "$OUT/render.log" 2>&1 || true
+python3 "$ROOT/bench/render/render.py" --out "$OUT/report_graphs_on" "$OUT/graphs_on" "$OUT/peer" \
+  $([ -d "$OUT/peer_compiled" ] && echo "$OUT/peer_compiled") > "$OUT/render.log" 2>&1 || true
 
 python3 - "$OUT" <<'PY' | tee "$OUT/comparison.md"
 import glob, json, os, re, sys
@@ -211,7 +223,7 @@ def load(d):
         if j.get("schema") == "garden.bench.result.v1":
             r[j["workload"]] = j
     return r
-off, on, hf = load("baseline"), load("graphs_on"), load("peer")
+off, on, hf, hfc = load("baseline"), load("graphs_on"), load("peer"), load("peer_compiled")
 def cell(j, tp):
     if not j:
         return "-"
@@ -224,14 +236,15 @@ def cell(j, tp):
 def order(n):
     m = re.search(r"tok(\d+)_b(\d+)", n)
     return ("b100" in n, n.split("_")[0], int(m.group(1)) if m else 0, int(m.group(2)) if m else 0)
-names = sorted(set(off) | set(on) | set(hf), key=order)
-print("| workload | session-2 kernels | current | HF transformers | goal |")
-print("|---|---|---|---|---|")
+names = sorted(set(off) | set(on) | set(hf) | set(hfc), key=order)
+print("| workload | session-2 kernels | current | HF transformers | HF torch.compile | goal |")
+print("|---|---|---|---|---|---|")
 for n in names:
     tp = "b100" in n
     goal = (f">= {goals_tp[n]:.0f} emb/s" if n in goals_tp else
             f"p50 <= {goals_ms[n]} ms" if n in goals_ms else "")
-    print(f"| {n} | {cell(off.get(n), tp)} | {cell(on.get(n), tp)} | {cell(hf.get(n), tp)} | {goal} |")
+    print(f"| {n} | {cell(off.get(n), tp)} | {cell(on.get(n), tp)} | {cell(hf.get(n), tp)} | "
+          f"{cell(hfc.get(n), tp)} | {goal} |")
 print()
 print("graphs on in both; latency cells: p50 / p99; throughput cells: embeddings/s (4 clients, batches of 100)")
 PY

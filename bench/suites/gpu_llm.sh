@@ -3,6 +3,7 @@
 # with the LLM binaries) and an output folder; steps (each with a time limit, all under
 # SESSION_DEADLINE_S, default 560 s):
 #   llmops    gpu_llm_ops_test: every gpt-oss CUDA op vs the CPU reference ops
+#   llmsel    gpu_llm_ops_test: the MoE and sampler cases only
 #   llmmodel  gpu_llm_model_test: tiny checkpoint end to end vs the CPU reference (writes the
 #             bf16-bar inputs to /tmp/llm_bar)
 #   hfbar     tests/gpu/hf_llm_bar.py: Hugging Face transformers (fp32, fp32+TF32, bf16) on the same
@@ -17,6 +18,22 @@
 #   mesh      bench/suites/gpu_mesh_smoke.sh: tulip + rose --device cuda + ivy on the 20b-shaped
 #             checkpoint (needs mk20b, and the gpt-oss tokenizer.json at GPUBIN/tokenizer.json),
 #             HTTP chat / stream / completions / concurrent chats through ivy
+#   moegemm   rose_llm_bench --moe-gemm: the MoE experts op alone at 20b shapes, per decode-kernel
+#             variant and token count (each variant's bits checked against the default's)
+#   sass      the decode MoE kernels' instruction digest (cuobjdump: where the loads sit)
+#   ipc       gpu_ipc_test: two processes on the GPU, CUDA-IPC all-reduce and KV-block handoff
+#   sm90      gpu_kernels_test AttentionSm90.* once per Hopper attention variant (each under its own
+#             time limit, so a hang in one leaves the others' results)
+#   attnbench rose_kernel_bench attention: every attention variant side by side
+#   mk120b    the same at gpt-oss-120b's shapes, in /dev/shm (the GPU machine's disk is too small;
+#             rose mmaps the files from the page cache)
+#   bench120b rose_llm_bench on it with a KV cache for 140k tokens: load, memory, prefill, decode
+#   bench20b_nograph  decode as bench20b with --cuda-graphs off (what the graphs save)
+#   profdec   ncu over one decode step of 1@8192 and of 64@1024, caches left warm (--cache-control
+#             none: weights come from HBM anyway at these sizes, the small tensors stay in L2 as in
+#             a real step)
+#   sweep     bench/suites/gpu_chat_sweep.sh: 1k-in/1k-out streamed chats through ivy at 1/16/64/256
+#             concurrent streams (TTFT, inter-token p50/p99, output tokens/s; needs mk20b)
 #   prof      ncu over one decode step (1@8192) and one 8k prefill: time per kernel, summed by name
 #             (bench/suites/ncu_summary.py)
 #     bench/suites/gpu_llm.sh GPUBIN OUT [steps...]
@@ -53,23 +70,35 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used,memo
 for s in $STEPS; do
   case $s in
     llmops) step llmops llm_ops.log 200 "$BIN/gpu_llm_ops_test" ;;
+    llmsel) step llmsel llm_sel.log 200 "$BIN/gpu_llm_ops_test" --gtest_filter='*MoeExperts*:GpuLlmOps.SamplerState*:GpuLlmOps.SamplingFollowsTheCpuDistribution:GpuLlmOps.GreedyIsTheCpuArgmax' ;;
     llmmodel) mkdir -p /tmp/llm_bar; step llmmodel llm_model.log 240 env GARDEN_LLM_BAR_DIR=/tmp/llm_bar "$BIN/gpu_llm_model_test" ;;
     hfbar) step hfbar hfbar.log 200 python3 "$ROOT/tests/gpu/hf_llm_bar.py" /tmp/llm_bar ;;
     regress) step regress regress.log 200 bash -c "'$BIN/gpu_kernels_test' --gtest_brief=1 && '$BIN/gpu_graph_test' --gtest_brief=1 && '$BIN/gpu_model_graph_test' --gtest_brief=1" ;;
     memcheck) step memcheck memcheck.log 200 compute-sanitizer --tool memcheck --error-exitcode 3 "$BIN/gpu_llm_ops_test" --gtest_filter='*RopeKv*:*MoeRoute*:*Gather*:*Greedy*:Cases/GpuPagedAttention.MatchesCpu/0:Cases/GpuPagedAttention.MatchesCpu/4:*MoeExperts*' ;;
     mk20b) step mk20b mk20b.log 240 python3 "$ROOT/bench/suites/make_random_gpt_oss.py" --out /tmp/gptoss20b --shape 20b ;;
     bench20b) step bench20b bench20b.txt 300 "$BIN/rose_llm_bench" --model /tmp/gptoss20b --prefill 2048,8192,32768 --decode 1@8192,64@1024 --decode-steps 32 --max-batch-tokens 16384 --json "$LOGS/bench20b.jsonl" ;;
+    moegemm) step moegemm moegemm.txt 200 "$BIN/rose_llm_bench" --moe-gemm 1,2,4,8,16,32,64,256 ;;
+    sass) step sass sass.txt 60 bash -c "cuobjdump -sass '$BIN/rose_llm_bench' > '$LOGS/rose_llm_bench.sass' 2>&1; python3 '$ROOT/bench/suites/sass_digest.py' '$LOGS/rose_llm_bench.sass' moeGemmMxDecodeKernel" ;;
+    ipc) step ipc ipc.log 200 env NCCL_NVLS_ENABLE=0 "$BIN/gpu_ipc_test" ;;
+    sm90) step sm90 sm90.log 240 bash -c "for v in sm90cpasync sm90basic sm90 'policy sm90'; do echo \"== GARDEN_SM90_TEST_ONLY=\$v\"; GARDEN_SM90_TEST_ONLY=\"\$v\" timeout 60 '$BIN/gpu_kernels_test' --gtest_filter='AttentionSm90.*' 2>&1 | tail -40; echo \"rc=\$?\"; done" ;;
+    attnbench) step attnbench attnbench.txt 120 timeout 110 "$BIN/rose_kernel_bench" attention ;;
+    mk120b) step mk120b mk120b.log 300 bash -c "df -h /dev/shm /tmp; free -g; python3 '$ROOT/bench/suites/make_random_gpt_oss.py' --out /dev/shm/gptoss120b --shape 120b && du -sh /dev/shm/gptoss120b" ;;
+    bench120b) step bench120b bench120b.txt 300 "$BIN/rose_llm_bench" --model /dev/shm/gptoss120b --prefill 8192,32768 --decode 1@8192,64@1024 --decode-steps 16 --max-batch-tokens 16384 --kv-tokens 140000 --json "$LOGS/bench120b.jsonl" ;;
+    bench20b_nograph) step bench20b_nograph bench20b_nograph.txt 200 "$BIN/rose_llm_bench" --model /tmp/gptoss20b --prefill '' --decode 1@8192,64@1024 --decode-steps 32 --max-batch-tokens 16384 --cuda-graphs off --json "$LOGS/bench20b_nograph.jsonl" ;;
+    profdec) step profdec profdec.txt 240 bash -c "for w in 1@8192 64@1024; do ncu --clock-control none --cache-control none --profile-from-start off --metrics gpu__time_duration.sum --csv --log-file '$LOGS/ncu_decode_'\$w'.csv' '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode \$w --decode-steps 4 --profile >/dev/null 2>&1; done; python3 '$ROOT/bench/suites/ncu_llm_summary.py' '$LOGS'/ncu_decode_*.csv" ;;
     bench20b_bf16) step bench20b_bf16 bench20b_bf16.txt 200 "$BIN/rose_llm_bench" --model /tmp/gptoss20b --prefill 2048,8192 --decode 1@8192,64@1024 --decode-steps 32 --max-batch-tokens 16384 --moe-weights bf16 --json "$LOGS/bench20b_bf16.jsonl" ;;
     hfpeer) step hfpeer hfpeer.txt 240 python3 "$ROOT/bench/suites/hf_llm_peer.py" /tmp/gptoss20b --prefill 2048,8192 --decode 1@8192,64@1024 --steps 16 ;;
     mesh) step mesh mesh.log 200 bash "$ROOT/bench/suites/gpu_mesh_smoke.sh" "$BIN" /tmp/gptoss20b "$BIN/tokenizer.json" "$LOGS" ;;
+    sweep) step sweep sweep.txt 420 bash "$ROOT/bench/suites/gpu_chat_sweep.sh" "$BIN" /tmp/gptoss20b "$BIN/tokenizer.json" "$LOGS/sweep" ;;
     prof) step prof prof.txt 240 bash -c "ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv --log-file '$LOGS/ncu_decode.csv' '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode 1@8192,64@1024 --decode-steps 4 --profile >/dev/null 2>&1; ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv --log-file '$LOGS/ncu_prefill.csv' '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192 --decode '' --profile >/dev/null 2>&1; python3 '$ROOT/bench/suites/ncu_llm_summary.py' '$LOGS/ncu_decode.csv' '$LOGS/ncu_prefill.csv'" ;;
     *) echo "unknown step $s"; failed=$((failed+1)) ;;
   esac
 done
-for f in bench20b.txt bench20b_bf16.txt hfpeer.txt; do
+for f in attnbench.txt moegemm.txt sass.txt bench20b.txt bench120b.txt bench20b_nograph.txt bench20b_bf16.txt hfpeer.txt sweep.txt; do
   [ -f "$LOGS/$f" ] && grep -v '"gemm tuned"' "$LOGS/$f"
 done
 [ -f "$LOGS/prof.txt" ] && cat "$LOGS/prof.txt"
+[ -f "$LOGS/profdec.txt" ] && cat "$LOGS/profdec.txt"
 [ -f "$LOGS/hfbar.log" ] && grep -v Warning "$LOGS/hfbar.log" | tail -8
 echo "---- summary"; printf "%s" "$summary" | tee "$LOGS/summary.txt"
 exit $failed

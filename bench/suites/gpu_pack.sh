@@ -6,9 +6,9 @@
 set -euo pipefail
 BUILD="$(cd "$1" && pwd)"; DEST="$2"
 bins=(tests/gpu/gpu_kernels_test tests/gpu/gpu_graph_test tests/gpu/gpu_model_graph_test
-      tests/gpu/gpu_llm_ops_test tests/gpu/gpu_llm_model_test
+      tests/gpu/gpu_llm_ops_test tests/gpu/gpu_llm_model_test tests/gpu/gpu_ipc_test
       bench/kernels/rose_kernel_bench bench/kernels/rose_forward_bench bench/kernels/rose_llm_bench
-      services/rose/rose services/tulip/tulip services/ivy/ivy)
+      services/rose/rose services/tulip/tulip services/ivy/ivy bench/loadgen/loadgen)
 rm -rf "$DEST"; mkdir -p "$DEST/lib"
 for b in "${bins[@]}"; do
   [ -x "$BUILD/$b" ] || { echo "gpu_pack.sh: $BUILD/$b missing: ninja -C $BUILD $(basename "$b")" >&2; exit 1; }

@@ -13,16 +13,16 @@ UNITS = {"ns": 1, "nsecond": 1, "us": 1e3, "usecond": 1e3, "ms": 1e6, "msecond":
 
 
 def family(name):
-    name = name.replace("(anonymous namespace)::", "")
+    name = name.replace("(anonymous namespace)::", "").replace("<unnamed>::", "")
     base = re.sub(r"<.*", "", name.split("(")[0]).strip()
     base = re.sub(r"^void ", "", base)
     base = re.sub(r"^garden::rose::cuda::", "", base)
     low = name.lower()
     if "cutlass" in low or name.startswith("sm90_") or "xmma" in low or "gemm" in low and "moe" not in low:
         return "cuBLASLt GEMM"
-    m = re.search(r"moeGemmKernel<([^>]*)>", name)
+    m = re.search(r"(moeGemmKernel|moeGemmMxDecodeKernel)<([^>]*)>", name)
     if m:
-        return "moeGemmKernel<" + m.group(1).replace("garden::rose::cuda::", "")[:50] + ">"
+        return m.group(1) + "<" + m.group(2).replace("garden::rose::cuda::", "")[:50] + ">"
     return base[:60]
 
 

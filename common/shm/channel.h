@@ -37,7 +37,11 @@ namespace garden::shm {
 inline constexpr uint64_t kMagic = 0x314D534E44524147ULL;  // "GARDNSM1" little-endian
 // 3: Completion carries rose's trace stamps (taken/launched/ready/published).
 // 4: LlmStepSeq.prev_row (56 bytes). 5: step progress counter in the header.
-inline constexpr uint32_t kVersion = 5;
+// 6: sampler state and logprobs (LlmStepSeq 96 bytes, BatchDesc.state_offset/num_state).
+// 7: ModelFacts.llm_caps / sampler (what the worker's sampler implements).
+// 8: token masks (LlmStepSeq.mask_index in the former reserved2, kGenerate masks at
+//    BatchDesc.seqlens_offset; kLlmCapTokenMask) [TAG_TOKEN_MASK].
+inline constexpr uint32_t kVersion = 8;
 
 enum class BatchKind : uint32_t {
   kEmbed = 1,     // pooled (optionally L2-normalized) embeddings: rows=num_seqs, cols=hidden
@@ -75,7 +79,19 @@ struct ModelFacts {
   // kind "llm" only: most sequences one kGenerate step may carry (rose's --max-seqs); a step
   // with more is answered INVALID_ARGUMENT. max_batch_tokens bounds its new tokens likewise.
   uint32_t max_seqs = 0;
+  // kind "llm" only: kLlmCap* bits, what the worker's sampler implements beyond temperature,
+  // top-k and top-p, and the sampler's name for messages ("cpu", "cuda"). tulip refuses a
+  // request that needs a missing capability before admitting it, naming the field, so one such
+  // request never reaches (and fails) a step shared with other requests. 0: none.
+  uint32_t llm_caps = 0;
+  char sampler[16] = {};
 };
+// logprobs, min_p, presence/frequency/repetition penalties and logit_bias (sampler-state slots,
+// [TAG_LLM_SAMPLER_STATE]; rose: LlmOps::supportsSamplerState()).
+inline constexpr uint32_t kLlmCapSamplerState = 1u << 0;
+// Token bitmasks restricting a draw (structured outputs, [TAG_TOKEN_MASK]; rose:
+// LlmOps::supportsTokenMask()).
+inline constexpr uint32_t kLlmCapTokenMask = 1u << 1;
 
 // A batch, as tulip submits it. Input data lives in the slot's input arena at the given offsets:
 // token ids (int32 x num_tokens, sequences back to back) and sequence lengths (int32 x num_seqs).
@@ -96,6 +112,9 @@ struct BatchDesc {
   uint64_t seqlens_offset = 0;  // bytes into the slot's input arena
   uint64_t seqs_offset = 0;     // kGenerate: llm::LlmStepSeq x num_seqs
   uint64_t blocks_offset = 0;   // kGenerate: int32 block ids x num_blocks
+  uint64_t state_offset = 0;    // kGenerate: int32 sampler-state words x num_state
+  uint32_t num_state = 0;
+  uint32_t reserved_state = 0;
   int64_t deadline_ns = 0;      // CLOCK_MONOTONIC; 0 = none. Expired batches are answered, not run.
   char request_id[48] = {};     // for log lines (first request of the batch)
 };

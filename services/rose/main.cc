@@ -19,7 +19,7 @@
 //               device memory the model left free, on the cpu 256 MiB)
 //
 // The cuda backend's kernel choices come from the environment, read once here:
-// GARDEN_ATTENTION_KERNEL=auto|narrow, GARDEN_GEMM_TUNE=0|1, GARDEN_GEMM_SMALLM=0|1, GARDEN_PDL=0|1
+// GARDEN_ATTENTION_KERNEL=auto|narrow|sm90, GARDEN_GEMM_TUNE=0|1, GARDEN_GEMM_SMALLM=0|1, GARDEN_PDL=0|1
 // (services/rose/ops/backend.h CudaKernelOptions).
 //
 // Exit codes: 0 clean stop, 1 startup failure (the channel's state is kFailed when it was
@@ -77,6 +77,7 @@ struct EmbeddingArgs {
 
 // Flags of the LLM runner.
 struct LlmArgs {
+  bool cuda_graphs = true;  // --cuda-graphs: decode steps as CUDA graphs
   int32_t kv_block_size = 16;
   int64_t kv_blocks = 0;            // 0: from kv_cache_mb
   int64_t kv_cache_mb = 0;          // KV cache budget when kv_blocks is 0; 0: see below
@@ -176,6 +177,7 @@ Result<Workload> loadLlm(const std::string& dir, rose::Backend& backend, int32_t
   go.max_logits_rows = f.max_seqs;  // logits never leave rose: one sampled row per sequence
   go.max_model_len = f.max_model_len;
   go.min_block_size = f.kv_block_size;
+  go.cuda_graphs = f.cuda_graphs;
   go.moe_weights = f.moe_weights == "mxfp4"  ? rose::MoeWeightsMode::kMxfp4
                    : f.moe_weights == "bf16" ? rose::MoeWeightsMode::kDense
                                              : rose::MoeWeightsMode::kAuto;
@@ -262,7 +264,8 @@ int main(int argc, char** argv) {
       .add("attention", &attention,
            "embedding: default (config.json is_causal, else causal), causal, bidirectional")
       .add("cuda-graphs", &cuda_graphs,
-           "embedding: on|off: run batches through CUDA graphs (cuda backend only)")
+           "on|off: embedding batches and gpt-oss decode steps through CUDA graphs (cuda backend "
+           "only)")
       .add("precapture", &precapture,
            "embedding: SEQSxTOKENS,...: graph buckets to capture at start (e.g. 1x512,64x8192)");
   // gpt-oss.
@@ -310,6 +313,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   emb.cuda_graphs = cuda_graphs == "on";
+  llm.cuda_graphs = cuda_graphs == "on";
   if (auto list = parsePrecapture(precapture); list) {
     emb.precapture = std::move(*list);
   } else {

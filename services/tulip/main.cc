@@ -95,7 +95,7 @@ int main(int argc, char** argv) {
   std::string tokenizer;
   bool attach = false;
   uint32_t depth = 4, max_batch_tokens = 8192, max_batch_seqs = 256, rose_threads = 0;
-  uint32_t max_inflight_batches = 2;
+  uint32_t max_inflight_batches = 2, stage_lead_us = 1000;
   int32_t completion_spin_us = -1;
   uint64_t queue_limit_tokens = 1u << 20, max_waiting_tokens = 0;
   uint32_t max_num_seqs = 256;
@@ -131,6 +131,10 @@ int main(int argc, char** argv) {
            "embeddings/scores: batches on rose at once (<= --depth; 0 = --depth). 2 = one "
            "running + one staged: requests arriving meanwhile coalesce into the next batch, a "
            "lone request is still sent at once")
+      .add("stage-lead-us", &stage_lead_us,
+           "embeddings/scores: with a batch running, form the staged one only when the running "
+           "work is predicted (from recent batch times) to end within this many µs, so requests "
+           "arriving meanwhile join it (0 = stage at once)")
       .add("completion-spin-us", &completion_spin_us,
            "while a batch is in flight, spin up to this long around its expected completion "
            "instead of sleeping on the doorbell (0 = always sleep; never spins while idle; "
@@ -285,6 +289,7 @@ int main(int argc, char** argv) {
   sopts.max_batch_seqs = max_batch_seqs;
   sopts.queue_limit_tokens = queue_limit_tokens;
   sopts.max_inflight_batches = max_inflight_batches;
+  sopts.stage_lead_us = stage_lead_us;
   EmbedScheduler scheduler(**worker, sopts);
   LlmSchedulerOptions lopts;
   lopts.max_batch_tokens = max_batch_tokens;

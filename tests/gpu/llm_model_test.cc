@@ -58,7 +58,7 @@ struct Runner {
 
 // `share`: load onto another runner's backend and ops (so both use the same GEMM algorithms).
 Runner load(const std::string& dir, const char* device, MoeWeightsMode moe,
-            const Runner* share = nullptr) {
+            const Runner* share = nullptr, bool cuda_graphs = true) {
   Runner r;
   if (share != nullptr) {
     r.backend = share->backend;
@@ -79,6 +79,7 @@ Runner load(const std::string& dir, const char* device, MoeWeightsMode moe,
   go.max_logits_rows = 64;
   go.max_model_len = 8192;
   go.moe_weights = moe;
+  go.cuda_graphs = cuda_graphs;
   auto m = GptOssModel::load(dir, *r.backend, *r.ops, go);
   EXPECT_TRUE(m.isOk()) << m.status().toString();
   r.model = std::move(m).value();
@@ -98,8 +99,10 @@ struct Seq {
 // Runs one step over `seqs`: every sequence computes tokens [cached, cached + n_i) (n_i = its
 // pending count, capped by `chunk`), and those that reach their end sample greedily (their
 // last-position logits are returned in `logits`, one row per sampling sequence, in order).
+// want_logits = false: sampling sequences return no logits (a pure decode step then qualifies
+// for the CUDA-graph path).
 std::vector<int32_t> step(Runner& r, std::vector<Seq*> seqs, int32_t chunk,
-                          std::vector<std::vector<float>>* logits) {
+                          std::vector<std::vector<float>>* logits, bool want_logits = true) {
   std::vector<LlmStepSeq> desc;
   std::vector<int32_t> toks, blocks;
   for (Seq* s : seqs) {
@@ -118,7 +121,7 @@ std::vector<int32_t> step(Runner& r, std::vector<Seq*> seqs, int32_t chunk,
     d.num_blocks = static_cast<int32_t>(s->blocks.size());
     const bool last = n == pending;
     d.sample = last ? 1 : 0;
-    d.logits = last ? LogitsMode::kLast : LogitsMode::kNone;
+    d.logits = last && want_logits ? LogitsMode::kLast : LogitsMode::kNone;
     desc.push_back(d);
     toks.insert(toks.end(), s->tokens.begin() + s->cached, s->tokens.begin() + s->cached + n);
     blocks.insert(blocks.end(), s->blocks.begin(), s->blocks.end());
@@ -137,8 +140,9 @@ std::vector<int32_t> step(Runner& r, std::vector<Seq*> seqs, int32_t chunk,
   for (size_t i = 0; i < seqs.size(); ++i) {
     seqs[i]->cached += desc[i].num_tokens;
     if (desc[i].sample) {
-      if (logits) logits->emplace_back(lg.begin() + static_cast<int64_t>(si) * vocab,
-                                       lg.begin() + static_cast<int64_t>(si + 1) * vocab);
+      if (logits && want_logits)
+        logits->emplace_back(lg.begin() + static_cast<int64_t>(si) * vocab,
+                             lg.begin() + static_cast<int64_t>(si + 1) * vocab);
       ++si;
     }
   }
@@ -287,6 +291,51 @@ TEST_F(GpuGptOss, TokensDoNotDependOnTheBatch) {
     batched.push_back(got[0]);
   }
   EXPECT_EQ(batched, alone);
+}
+
+// Decode steps replayed as CUDA graphs (padded to a power of two sequences, tables to a
+// power-of-two stride, attention counts read on the device) give the eager steps' tokens, for
+// batches that need padding and contexts that cross split-KV chunks and the sliding window.
+TEST_F(GpuGptOss, DecodeGraphsEqualEagerSteps) {
+  Runner eager = load(*dir_, "cuda", MoeWeightsMode::kAuto, nullptr, /*cuda_graphs=*/false);
+  Runner graphed = load(*dir_, "cuda", MoeWeightsMode::kAuto, nullptr, /*cuda_graphs=*/true);
+  for (int batch : {1, 3, 6}) {
+    SCOPED_TRACE("batch " + std::to_string(batch));
+    std::vector<Seq> a(static_cast<size_t>(batch)), g(static_cast<size_t>(batch));
+    for (int i = 0; i < batch; ++i) {
+      a[static_cast<size_t>(i)].tokens = prompt(500 + 97 * i, 900 + i);
+      g[static_cast<size_t>(i)].tokens = a[static_cast<size_t>(i)].tokens;
+    }
+    std::vector<Seq*> pa, pg;
+    for (int i = 0; i < batch; ++i) {
+      pa.push_back(&a[static_cast<size_t>(i)]);
+      pg.push_back(&g[static_cast<size_t>(i)]);
+    }
+    // Prefill one sequence per step (the step budget is 2048 tokens), then decode them together.
+    for (int i = 0; i < batch; ++i) {
+      auto ta = step(eager, {pa[static_cast<size_t>(i)]}, 2048, nullptr, true);
+      auto tg = step(graphed, {pg[static_cast<size_t>(i)]}, 2048, nullptr, false);
+      ASSERT_EQ(ta, tg) << "prefill of sequence " << i;
+      a[static_cast<size_t>(i)].tokens.push_back(ta[0]);
+      g[static_cast<size_t>(i)].tokens.push_back(tg[0]);
+    }
+    const uint64_t graph_steps0 = graphed.model->graphSteps();
+    for (int it = 0; it < 40; ++it) {
+      // Eager: logits requested (never the graph path). Graphed: ids only.
+      auto ta = step(eager, pa, 2048, nullptr, /*want_logits=*/true);
+      auto tg = step(graphed, pg, 2048, nullptr, /*want_logits=*/false);
+      ASSERT_EQ(ta, tg) << "step " << it;
+      for (int i = 0; i < batch; ++i) {
+        a[static_cast<size_t>(i)].tokens.push_back(ta[static_cast<size_t>(i)]);
+        g[static_cast<size_t>(i)].tokens.push_back(tg[static_cast<size_t>(i)]);
+      }
+    }
+    EXPECT_EQ(graphed.model->graphSteps() - graph_steps0, 40u);  // every decode step
+  }
+  const GraphExecStats st = graphed.backend->graphs()->graphStats();
+  EXPECT_GT(st.replays, 0u);
+  EXPECT_EQ(st.capture_failures, 0u);
+  EXPECT_EQ(eager.model->graphSteps(), 0u);
 }
 
 TEST_F(GpuGptOss, Mxfp4AndBf16ExpertsGiveTheSameLogits) {

@@ -1,6 +1,7 @@
 #include "services/ivy/api/chat.h"
 
 #include <algorithm>
+#include <limits>
 #include <map>
 
 #include "common/json_writer.h"
@@ -78,6 +79,7 @@ Result<ChatRequest> parseChatRequest(std::string_view body, const ModelSpec& spe
   }
   ChatRequest req;
   RETURN_IF_ERROR(parseSamplingFields(root, ApiKind::kChat, &req.sampling));
+  RETURN_IF_ERROR(checkLogitBias(req.sampling, spec.vocab_size));
   ASSIGN_OR_RETURN(req.harmony, harmony::harmonyRequestFromOpenAiJson(body, render_options));
   if (req.harmony.tool_choice == harmony::ToolChoice::kRequired &&
       req.harmony.function_names.size() == 1) {
@@ -146,6 +148,8 @@ harmony::ChatOutputOptions chatOutputOptions(
 ChatCompletionOutput::ChatCompletionOutput(const Tokenizer& tokenizer, const ChatRequest& request,
                                            ResponseIdentity identity)
     : identity_(std::move(identity)),
+      tokenizer_(tokenizer),
+      logprobs_(request.sampling.logprobs),
       stream_(request.sampling.stream),
       include_usage_(request.sampling.include_usage),
       prompt_len_(request.prompt_ids.size()),
@@ -174,6 +178,17 @@ void ChatCompletionOutput::writeChunkHead(JsonWriter& w) const {
       .field("object", "chat.completion.chunk")
       .field("created", identity_.created)
       .field("model", identity_.model);
+}
+
+void ChatCompletionOutput::writeLogprobs(JsonWriter& w, bool all) {
+  if (!logprobs_) {
+    w.nullField("logprobs");
+    return;
+  }
+  w.key("logprobs").beginObject().key("content").beginArray();
+  for (size_t i = all ? 0 : lp_streamed_; i < lp_all_.size(); ++i) w.raw(lp_all_[i]);
+  w.endArray().endObject();
+  if (!all) lp_streamed_ = lp_all_.size();
 }
 
 void ChatCompletionOutput::emit(harmony::ChatDelta delta) {
@@ -205,16 +220,27 @@ void ChatCompletionOutput::emit(harmony::ChatDelta delta) {
     w.endArray();
   }
   w.endObject();
-  w.nullField("logprobs").nullField("finish_reason").endObject().endArray();
+  writeLogprobs(w, false);
+  w.nullField("finish_reason").endObject().endArray();
   if (include_usage_) w.nullField("usage");
   w.endObject();
   appendSseEvent(&sse_, json);
 }
 
-bool ChatCompletionOutput::onTokens(size_t, std::span<const int32_t> ids) {
+bool ChatCompletionOutput::onTokens(size_t, std::span<const int32_t> ids,
+                                    std::span<const llm::LlmTokenLogprobs> logprobs) {
   if (finished_) return false;
-  for (int32_t id : ids) {
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const int32_t id = ids[i];
     ++generated_;
+    if (logprobs_) {
+      // tulip sends one entry per token when asked; a missing one reads as unknown (-9999).
+      llm::LlmTokenLogprobs none;
+      none.logprob = -std::numeric_limits<float>::infinity();
+      none.num_top = 0;
+      lp_all_.push_back(
+          chatLogprobEntry(tokenizer_, id, i < logprobs.size() ? logprobs[i] : none));
+    }
     emit(decoder_.push(id));
     if (stop_.matched()) {
       finish(harmony::FinishReason::kStop, ChoiceEnd{});
@@ -241,7 +267,8 @@ void ChatCompletionOutput::finishChoice(size_t, const ChoiceEnd& end) {
         writeChunkHead(w);
         w.key("choices").beginArray().beginObject().field("index", 0);
         w.key("delta").beginObject().field("content", tail.content).endObject();
-        w.nullField("logprobs").nullField("finish_reason").endObject().endArray();
+        writeLogprobs(w, false);
+        w.nullField("finish_reason").endObject().endArray();
         if (include_usage_) w.nullField("usage");
         w.endObject();
         appendSseEvent(&sse_, json);
@@ -264,7 +291,8 @@ void ChatCompletionOutput::finish(harmony::FinishReason reason, const ChoiceEnd&
   writeChunkHead(w);
   w.key("choices").beginArray().beginObject().field("index", 0);
   w.key("delta").beginObject().endObject();
-  w.nullField("logprobs").field("finish_reason", harmony::finishReasonName(reason));
+  writeLogprobs(w, false);
+  w.field("finish_reason", harmony::finishReasonName(reason));
   w.endObject().endArray();
   if (include_usage_) w.nullField("usage");
   w.endObject();
@@ -314,7 +342,14 @@ std::string ChatCompletionOutput::responseJson() const {
     w.endArray();
   }
   w.endObject();
-  w.nullField("logprobs").field("finish_reason", harmony::finishReasonName(finish_reason_));
+  if (logprobs_) {
+    w.key("logprobs").beginObject().key("content").beginArray();
+    for (const std::string& e : lp_all_) w.raw(e);
+    w.endArray().endObject();
+  } else {
+    w.nullField("logprobs");
+  }
+  w.field("finish_reason", harmony::finishReasonName(finish_reason_));
   w.endObject().endArray();
   writeUsage(w, usage_);
   w.endObject();

@@ -26,6 +26,10 @@
 // finish_reason, a usage chunk (choices: []) when stream_options.include_usage, then [DONE].
 // Non-streaming: the same deltas assembled into one message; usage is always present.
 // [TAG_STREAM_EQUALS_FULL]
+// logprobs: true: choices[0].logprobs.content has one entry per generated token of the whole
+// Harmony turn (analysis, headers and final alike: the model sampled them all), tokens after a
+// matched stop string excepted; streamed, each chunk carries the entries of the tokens since the
+// previous chunk.
 //
 // Parsing is pure (any thread). A ChatCompletionOutput is used by one thread at a time.
 
@@ -84,7 +88,8 @@ class ChatCompletionOutput final : public GenerationOutput {
                        ResponseIdentity identity);
 
   size_t choices() const override { return 1; }
-  bool onTokens(size_t choice, std::span<const int32_t> ids) override;
+  bool onTokens(size_t choice, std::span<const int32_t> ids,
+                std::span<const llm::LlmTokenLogprobs> logprobs = {}) override;
   void finishChoice(size_t choice, const ChoiceEnd& end) override;
   std::string takeSse() override;
   std::string responseJson() const override;
@@ -97,8 +102,14 @@ class ChatCompletionOutput final : public GenerationOutput {
   void emit(harmony::ChatDelta delta);
   void finish(harmony::FinishReason reason, const ChoiceEnd& end);
   void writeChunkHead(JsonWriter& w) const;
+  // "logprobs": null, or {"content":[...]} with the entries not yet streamed (a chunk) or all.
+  void writeLogprobs(JsonWriter& w, bool all);
 
   ResponseIdentity identity_;
+  const Tokenizer& tokenizer_;
+  bool logprobs_ = false;                // the request asked (logprobs: true)
+  std::vector<std::string> lp_all_;      // one rendered content entry per generated token
+  size_t lp_streamed_ = 0;               // entries already sent in chunks
   bool stream_;
   bool include_usage_;
   uint64_t prompt_len_;

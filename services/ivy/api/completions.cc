@@ -1,6 +1,7 @@
 #include "services/ivy/api/completions.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "common/json_writer.h"
 #include "services/ivy/api/errors.h"
@@ -50,10 +51,14 @@ Result<CompletionsRequest> parseCompletionsRequest(std::string_view body, const 
   }
   CompletionsRequest req;
   RETURN_IF_ERROR(parseSamplingFields(root, ApiKind::kCompletions, &req.sampling));
+  RETURN_IF_ERROR(checkLogitBias(req.sampling, spec.vocab_size));
   element echo;
   if (root["echo"].get(echo) == simdjson::SUCCESS && echo.type() != element_type::NULL_VALUE) {
     if (echo.get_bool().get(req.echo) != simdjson::SUCCESS)
       return invalidField("echo", "must be a boolean");
+    // Echo with logprobs would need the prompt's logprobs, which the model does not return.
+    if (req.echo && req.sampling.logprobs)
+      return invalidField("logprobs", "is not supported together with echo (no prompt logprobs)");
   }
 
   element prompt;
@@ -129,6 +134,8 @@ Result<CompletionsRequest> parseCompletionsRequest(std::string_view body, const 
 CompletionsOutput::CompletionsOutput(const Tokenizer& tokenizer, const CompletionsRequest& request,
                                      ResponseIdentity identity)
     : identity_(std::move(identity)),
+      tokenizer_(tokenizer),
+      logprobs_(request.sampling.logprobs),
       stream_(request.sampling.stream),
       include_usage_(request.sampling.include_usage),
       unfinished_(request.prompts.size()) {
@@ -160,6 +167,25 @@ void CompletionsOutput::writeHead(JsonWriter& w) const {
       .field("model", identity_.model);
 }
 
+void CompletionsOutput::writeLogprobs(JsonWriter& w, const Choice& c, bool all) const {
+  if (!logprobs_) {
+    w.nullField("logprobs");
+    return;
+  }
+  const size_t from = all ? 0 : c.lp_streamed;
+  const size_t n = c.lp_tokens.size();
+  w.key("logprobs").beginObject();
+  w.key("tokens").beginArray();
+  for (size_t k = from; k < n; ++k) w.value(c.lp_tokens[k]);
+  w.endArray().key("token_logprobs").beginArray();
+  for (size_t k = from; k < n; ++k) w.value(c.lp_values[k]);
+  w.endArray().key("top_logprobs").beginArray();
+  for (size_t k = from; k < n; ++k) w.raw(c.lp_top[k]);
+  w.endArray().key("text_offset").beginArray();
+  for (size_t k = from; k < n; ++k) w.value(c.lp_offsets[k]);
+  w.endArray().endObject();
+}
+
 void CompletionsOutput::emitText(size_t i, std::string text) {
   Choice& c = choices_[i];
   if (c.stop.active()) {
@@ -177,18 +203,48 @@ void CompletionsOutput::appendText(size_t i, std::string_view text) {
   w.beginObject();
   writeHead(w);
   w.key("choices").beginArray().beginObject().field("index", static_cast<uint64_t>(i));
-  w.field("text", text).nullField("logprobs").nullField("finish_reason");
+  w.field("text", text);
+  writeLogprobs(w, choices_[i], false);
+  choices_[i].lp_streamed = choices_[i].lp_tokens.size();
+  w.nullField("finish_reason");
   w.endObject().endArray();
   if (include_usage_) w.nullField("usage");
   w.endObject();
   appendSseEvent(&sse_, json);
 }
 
-bool CompletionsOutput::onTokens(size_t i, std::span<const int32_t> ids) {
+bool CompletionsOutput::onTokens(size_t i, std::span<const int32_t> ids,
+                                 std::span<const llm::LlmTokenLogprobs> logprobs) {
   Choice& c = choices_[i];
   if (c.finished) return false;
-  for (int32_t id : ids) {
+  for (size_t k = 0; k < ids.size(); ++k) {
+    const int32_t id = ids[k];
     ++c.generated;
+    if (logprobs_) {
+      llm::LlmTokenLogprobs none;
+      none.logprob = -std::numeric_limits<float>::infinity();
+      none.num_top = 0;
+      const llm::LlmTokenLogprobs& lp = k < logprobs.size() ? logprobs[k] : none;
+      TokenText t = tokenText(tokenizer_, id);
+      c.lp_offsets.push_back(c.lp_chars);
+      for (uint8_t b : t.bytes) c.lp_chars += (b & 0xC0) != 0x80 ? 1 : 0;
+      c.lp_values.push_back(jsonLogprob(lp.logprob));
+      // The legacy top_logprobs: the n most likely tokens and, always, the sampled one.
+      JsonWriter top;
+      top.beginObject();
+      std::vector<std::string> keys;
+      auto add = [&](int32_t tid, float v) {
+        std::string key = tid == id ? t.token : tokenText(tokenizer_, tid).token;
+        if (std::find(keys.begin(), keys.end(), key) != keys.end()) return;
+        top.field(key, jsonLogprob(v));
+        keys.push_back(std::move(key));
+      };
+      for (int32_t j = 0; j < lp.num_top; ++j) add(lp.top_ids[j], lp.top_logprobs[j]);
+      add(id, lp.logprob);
+      top.endObject();
+      c.lp_top.push_back(top.take());
+      c.lp_tokens.push_back(std::move(t.token));
+    }
     Result<std::string> piece = c.detok.push(id);
     // An id past even the model's vocabulary (tulip never sends one) reads as U+FFFD.
     emitText(i, piece.isOk() ? std::move(piece).value() : std::string("\xEF\xBF\xBD"));
@@ -226,7 +282,10 @@ void CompletionsOutput::finish(size_t i, std::string_view reason, const ChoiceEn
   w.beginObject();
   writeHead(w);
   w.key("choices").beginArray().beginObject().field("index", static_cast<uint64_t>(i));
-  w.field("text", "").nullField("logprobs").field("finish_reason", reason);
+  w.field("text", "");
+  writeLogprobs(w, c, false);
+  c.lp_streamed = c.lp_tokens.size();
+  w.field("finish_reason", reason);
   w.endObject().endArray();
   if (include_usage_) w.nullField("usage");
   w.endObject();
@@ -266,7 +325,8 @@ std::string CompletionsOutput::responseJson() const {
   for (size_t i = 0; i < choices_.size(); ++i) {
     const Choice& c = choices_[i];
     w.beginObject().field("index", static_cast<uint64_t>(i)).field("text", c.text);
-    w.nullField("logprobs").field("finish_reason", c.finish_reason).endObject();
+    writeLogprobs(w, c, true);
+    w.field("finish_reason", c.finish_reason).endObject();
     total.prompt_tokens += c.usage.prompt_tokens;
     total.completion_tokens += c.usage.completion_tokens;
     total.cached_tokens += c.usage.cached_tokens;

@@ -62,7 +62,8 @@ class CompletionsOutput final : public GenerationOutput {
                     ResponseIdentity identity);
 
   size_t choices() const override { return choices_.size(); }
-  bool onTokens(size_t choice, std::span<const int32_t> ids) override;
+  bool onTokens(size_t choice, std::span<const int32_t> ids,
+                std::span<const llm::LlmTokenLogprobs> logprobs = {}) override;
   void finishChoice(size_t choice, const ChoiceEnd& end) override;
   std::string takeSse() override;
   std::string responseJson() const override;
@@ -81,7 +82,17 @@ class CompletionsOutput final : public GenerationOutput {
     bool finished = false;
     std::string_view finish_reason = "stop";
     Usage usage;
+    // logprobs (the legacy shape), one entry per generated token.
+    std::vector<std::string> lp_tokens;
+    std::vector<float> lp_values;
+    std::vector<std::string> lp_top;  // rendered {"token": logprob, ...}
+    std::vector<uint64_t> lp_offsets;
+    size_t lp_streamed = 0;
+    uint64_t lp_chars = 0;  // characters of the tokens so far (text_offset)
   };
+  // "logprobs": null, or {"tokens","token_logprobs","top_logprobs","text_offset"} over the
+  // entries not yet streamed (a chunk) or all of them.
+  void writeLogprobs(JsonWriter& w, const Choice& c, bool all) const;
   // Generated text through the stop-string filter, then appendText.
   void emitText(size_t choice, std::string text);
   // Adds `text` to the choice and, when streaming, queues its delta event.
@@ -90,6 +101,8 @@ class CompletionsOutput final : public GenerationOutput {
   void writeHead(JsonWriter& w) const;
 
   ResponseIdentity identity_;
+  const Tokenizer& tokenizer_;
+  bool logprobs_ = false;
   bool stream_;
   bool include_usage_;
   std::vector<Choice> choices_;

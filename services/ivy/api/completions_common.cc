@@ -146,24 +146,70 @@ Status parseSamplingFields(const element& root, ApiKind api, SamplingRequest* ou
 
   for (std::string_view penalty : {"presence_penalty", "frequency_penalty"}) {
     ASSIGN_OR_RETURN(auto p, number(root, penalty));
-    if (p && *p != 0) return invalidField(penalty, "is not supported (only 0)");
+    if (p && !(*p >= -2 && *p <= 2)) return invalidField(penalty, "must be in [-2, 2]");
+    if (p) {
+      (penalty == "presence_penalty" ? out->presence_penalty : out->frequency_penalty) =
+          static_cast<float>(*p);
+    }
   }
-  // Refused rather than ignored: a caller relying on them would get output that silently
-  // ignores its bias or its schema.
+  ASSIGN_OR_RETURN(auto rep, number(root, "repetition_penalty"));
+  if (rep) {
+    if (!(*rep > 0 && *rep <= 1e6)) return invalidField("repetition_penalty", "must be > 0");
+    out->repetition_penalty = static_cast<float>(*rep);
+  }
+  ASSIGN_OR_RETURN(auto min_p, number(root, "min_p"));
+  if (min_p) {
+    if (!(*min_p >= 0 && *min_p <= 1)) return invalidField("min_p", "must be in [0, 1]");
+    out->min_p = static_cast<float>(*min_p);
+  }
   if (auto b = present(root, "logit_bias")) {
     simdjson::dom::object o;
-    if (b->get_object().get(o) != simdjson::SUCCESS || o.size() != 0)
-      return invalidField("logit_bias", "is not supported (only {} or null)");
+    if (b->get_object().get(o) != simdjson::SUCCESS)
+      return invalidField("logit_bias", "must be an object mapping token ids to biases");
+    if (o.size() > static_cast<size_t>(llm::kMaxLogitBias)) {
+      return invalidField("logit_bias", "has more than " + std::to_string(llm::kMaxLogitBias) +
+                                            " entries");
+    }
+    for (auto [k, v] : o) {
+      int64_t id = -1;
+      bool digits = !k.empty() && k.size() <= 10;
+      for (char ch : k) digits = digits && ch >= '0' && ch <= '9';
+      if (digits) id = std::stoll(std::string(k));
+      if (!digits || id > INT32_MAX) {
+        return invalidField("logit_bias", "key '" + std::string(k) +
+                                              "' is not a token id (a non-negative integer)");
+      }
+      double bias;
+      if (v.get_double().get(bias) != simdjson::SUCCESS || !(bias >= -100 && bias <= 100))
+        return invalidField("logit_bias", "the bias of token " + std::string(k) +
+                                              " must be a number in [-100, 100]");
+      for (const auto& [seen, _] : out->logit_bias) {
+        if (seen == id) return invalidField("logit_bias", "token " + std::string(k) + " appears twice");
+      }
+      out->logit_bias.emplace_back(static_cast<int32_t>(id), static_cast<float>(bias));
+    }
   }
   if (auto f = present(root, "response_format")) {  // [TAG_TOKEN_MASK]
     ASSIGN_OR_RETURN(out->structured, parseResponseFormat(*f, "response_format"));
   }
   if (api == ApiKind::kChat) {
     ASSIGN_OR_RETURN(auto logprobs, boolean(root, "logprobs", "logprobs"));
-    if (logprobs.value_or(false)) return invalidField("logprobs", "is not supported");
-    if (present(root, "top_logprobs")) return invalidField("top_logprobs", "is not supported");
+    out->logprobs = logprobs.value_or(false);
+    ASSIGN_OR_RETURN(auto top, integer(root, "top_logprobs"));
+    if (top) {
+      if (*top < 0 || *top > llm::kMaxTopLogprobs)
+        return invalidField("top_logprobs", "must be an integer in [0, 20]");
+      if (!out->logprobs && *top > 0)
+        return invalidField("top_logprobs", "needs logprobs: true");
+      out->top_logprobs = static_cast<uint32_t>(*top);
+    }
   } else {
-    if (present(root, "logprobs")) return invalidField("logprobs", "is not supported");
+    ASSIGN_OR_RETURN(auto logprobs, integer(root, "logprobs"));
+    if (logprobs) {
+      if (*logprobs < 0 || *logprobs > 5) return invalidField("logprobs", "must be an integer in [0, 5]");
+      out->logprobs = true;
+      out->top_logprobs = static_cast<uint32_t>(*logprobs);
+    }
     if (auto s = present(root, "suffix")) {
       std::string_view sv;
       if (s->get_string().get(sv) != simdjson::SUCCESS || !sv.empty())
@@ -173,6 +219,65 @@ Status parseSamplingFields(const element& root, ApiKind api, SamplingRequest* ou
     if (best_of && *best_of != 1) return invalidField("best_of", "only 1 is supported");
   }
   return okStatus();
+}
+
+Status checkLogitBias(const SamplingRequest& sampling, uint32_t vocab) {
+  if (vocab == 0) return okStatus();
+  for (const auto& [id, bias] : sampling.logit_bias) {
+    if (id < 0 || static_cast<uint32_t>(id) >= vocab) {
+      return invalidField("logit_bias", "token id " + std::to_string(id) +
+                                            " is outside the vocabulary [0, " +
+                                            std::to_string(vocab) + ")");
+    }
+  }
+  return okStatus();
+}
+
+TokenText tokenText(const Tokenizer& tokenizer, int32_t id) {
+  TokenText t;
+  Tokenizer::DecodeState st;
+  std::string text;
+  if (!tokenizer.decodeStep(id, /*skip_special=*/false, &st, &text)) return t;
+  text += st.pending;  // the token's bytes, whole characters or not
+  t.bytes.assign(text.begin(), text.end());
+  if (st.pending.empty()) {
+    t.token = std::move(text);
+  } else {
+    static constexpr char kHex[] = "0123456789abcdef";
+    t.token = "bytes:";
+    for (uint8_t b : t.bytes) {
+      t.token += "\\x";
+      t.token += kHex[b >> 4];
+      t.token += kHex[b & 15];
+    }
+  }
+  return t;
+}
+
+float jsonLogprob(float lp) { return std::isnan(lp) || lp < -9999.f ? -9999.f : lp; }
+
+namespace {
+void writeTokenFields(JsonWriter& w, const TokenText& t, float lp) {
+  w.field("token", t.token).field("logprob", jsonLogprob(lp));
+  w.key("bytes").beginArray();
+  for (uint8_t b : t.bytes) w.value(static_cast<uint64_t>(b));
+  w.endArray();
+}
+}  // namespace
+
+std::string chatLogprobEntry(const Tokenizer& tokenizer, int32_t id,
+                             const llm::LlmTokenLogprobs& lp) {
+  JsonWriter w;
+  w.beginObject();
+  writeTokenFields(w, tokenText(tokenizer, id), lp.logprob);
+  w.key("top_logprobs").beginArray();
+  for (int32_t j = 0; j < lp.num_top; ++j) {
+    w.beginObject();
+    writeTokenFields(w, tokenText(tokenizer, lp.top_ids[j]), lp.top_logprobs[j]);
+    w.endObject();
+  }
+  w.endArray().endObject();
+  return w.take();
 }
 
 Result<element> parseGenerativeRequestBody(std::string_view body, const ModelSpec& spec,

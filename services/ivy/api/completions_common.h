@@ -6,12 +6,14 @@
 //
 // Request fields (OpenAI names; null counts as absent; unknown fields are ignored):
 //   max_tokens | max_completion_tokens (int >= 1; the latter wins), temperature [0, 2],
-//   top_p (0, 1], top_k (int >= -1; -1 and 0 = off), seed (int), stop (string or array of up to
-//   16 non-empty strings), n (only 1), stream (bool), stream_options.include_usage (bool),
-//   ignore_eos (bool, vLLM), user (ignored). Unsupported features are rejected by name rather
-//   than silently ignored: logprobs / top_logprobs (chat), logprobs / suffix / best_of != 1
-//   (completions), presence_penalty / frequency_penalty other than 0, logit_bias other than {},
-//   response_format is {"type": "text" | "json_object" | "json_schema"} (api/response_format.h,
+//   top_p (0, 1], top_k (int >= -1; -1 and 0 = off), min_p [0, 1], seed (int), stop (string or
+//   array of up to 16 non-empty strings), n (only 1), stream (bool),
+//   stream_options.include_usage (bool), ignore_eos (bool, vLLM), user (ignored),
+//   presence_penalty / frequency_penalty [-2, 2], repetition_penalty (> 0, vLLM), logit_bias
+//   (object: token id string → [-100, 100], ids checked by checkLogitBias), logprobs (chat: bool,
+//   with top_logprobs 0..20; completions: int 0..5). Unsupported features are rejected by name
+//   rather than silently ignored: suffix / best_of != 1 (completions). response_format is
+//   {"type": "text" | "json_object" | "json_schema"} (api/response_format.h,
 //   docs/structured-outputs.md). docs/api.md lists every field.
 // Every error follows [TAG_FIELD_ERRORS] (the message starts with the field).
 //
@@ -22,16 +24,19 @@
 
 #include <cstdint>
 #include <optional>
+#include <utility>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "common/json_writer.h"
+#include "common/llm/step.h"
 #include "common/status.h"
 #include "services/ivy/api/limits.h"
 #include "services/ivy/api/model_spec.h"
 #include "services/ivy/api/response_format.h"
+#include "services/ivy/tokenizer/tokenizer.h"
 
 namespace garden::ivy {
 
@@ -46,6 +51,13 @@ struct SamplingRequest {
   bool stream = false;
   bool include_usage = false;
   bool ignore_eos = false;
+  float min_p = 0.f;
+  float presence_penalty = 0.f;
+  float frequency_penalty = 0.f;
+  float repetition_penalty = 1.f;
+  std::vector<std::pair<int32_t, float>> logit_bias;  // (token id, bias), ids distinct
+  bool logprobs = false;      // chat: logprobs; completions: logprobs present (an int)
+  uint32_t top_logprobs = 0;  // chat: top_logprobs; completions: the logprobs int
   // response_format json_object / json_schema (api/response_format.h) [TAG_TOKEN_MASK].
   std::optional<StructuredOutput> structured;
 };
@@ -54,6 +66,22 @@ enum class ApiKind { kChat, kCompletions };
 
 // The fields listed above from a parsed request object.
 Status parseSamplingFields(const simdjson::dom::element& root, ApiKind api, SamplingRequest* out);
+
+// 400 naming logit_bias when an id is outside [0, vocab) (vocab 0: unknown, not checked).
+Status checkLogitBias(const SamplingRequest& sampling, uint32_t vocab);
+
+// A generated token as logprobs show it (OpenAI): its decoded text — "bytes:\xNN..." when its
+// bytes are not whole UTF-8 on their own — and its bytes.
+struct TokenText {
+  std::string token;
+  std::vector<uint8_t> bytes;
+};
+TokenText tokenText(const Tokenizer& tokenizer, int32_t id);
+// A logprob as JSON can carry it: -inf (and anything below) becomes -9999.0, as vLLM does.
+float jsonLogprob(float lp);
+// {"token","logprob","bytes","top_logprobs":[{"token","logprob","bytes"}...]}: one entry of a
+// chat completion's choices[].logprobs.content.
+std::string chatLogprobEntry(const Tokenizer& tokenizer, int32_t id, const llm::LlmTokenLogprobs& lp);
 
 // The start both endpoints share: no text literal in the raw `body` longer than
 // --max-input-chars (400 naming the field, e.g. messages[2].content; checked before parsing,
@@ -130,9 +158,11 @@ class GenerationOutput {
  public:
   virtual ~GenerationOutput() = default;
   virtual size_t choices() const = 0;
-  // Applies generated ids of `choice`. False once a stop string matched: the choice is complete
+  // Applies generated ids of `choice`, with their logprobs when the request asked for them
+  // (`logprobs` empty or one per id). False once a stop string matched: the choice is complete
   // (the caller cancels its generation and must not call finishChoice for it).
-  virtual bool onTokens(size_t choice, std::span<const int32_t> ids) = 0;
+  virtual bool onTokens(size_t choice, std::span<const int32_t> ids,
+                        std::span<const llm::LlmTokenLogprobs> logprobs = {}) = 0;
   // Generation of `choice` ended normally.
   virtual void finishChoice(size_t choice, const ChoiceEnd& end) = 0;
   // Streaming: SSE bytes produced since the last call. After every choice finished, this includes

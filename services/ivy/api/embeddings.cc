@@ -287,15 +287,17 @@ std::string renderEmbeddingsResponse(std::string_view model, std::span<const flo
   out.reserve(128 + rows * (64 + dim * (format == EncodingFormat::kFloat ? 11 : 6)));
   JsonWriter w(&out);
   w.beginObject().field("object", "list").key("data").beginArray();
+  std::string b64;  // reused across rows; the base64 alphabet needs no JSON escaping
   for (size_t r = 0; r < rows; ++r) {
     std::span<const float> row = values.subspan(r * dim, dim);
     w.beginObject().field("object", "embedding").field("index", r).key("embedding");
     if (format == EncodingFormat::kFloat) {
       w.floatArray(row);
     } else {
-      std::string b64;
+      b64.assign(1, '"');
       appendBase64(b64, row.data(), row.size_bytes());
-      w.value(std::string_view(b64));
+      b64.push_back('"');
+      w.raw(b64);
     }
     w.endObject();
   }

@@ -561,7 +561,8 @@ void ResponsesOutput::emit(const harmony::ChatDelta& delta) {
   }
 }
 
-bool ResponsesOutput::onTokens(size_t, std::span<const int32_t> ids) {
+bool ResponsesOutput::onTokens(size_t, std::span<const int32_t> ids,
+                               std::span<const llm::LlmTokenLogprobs>) {
   if (finished_) return false;
   for (int32_t id : ids) {
     ++generated_;

@@ -108,7 +108,8 @@ class ResponsesOutput final : public GenerationOutput {
                   ResponseIdentity identity, std::shared_ptr<ResponsesStore> store);
 
   size_t choices() const override { return 1; }
-  bool onTokens(size_t choice, std::span<const int32_t> ids) override;
+  bool onTokens(size_t choice, std::span<const int32_t> ids,
+                std::span<const llm::LlmTokenLogprobs> logprobs = {}) override;
   void finishChoice(size_t choice, const ChoiceEnd& end) override;
   std::string takeSse() override;
   std::string responseJson() const override;

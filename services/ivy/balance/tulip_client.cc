@@ -2,13 +2,16 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <functional>
 #include <utility>
 
 #include "common/logging.h"
 #include "common/shm/channel.h"
 #include "common/token_file.h"
+#include "common/tsan_handoff.h"
 #include "garden/v1/garden.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 
@@ -120,7 +123,8 @@ void noteRefused(const grpc::Status& s, std::string_view target) {
 // in one State shared with the cancel hook (a weak reference: the hook may run while the call
 // completes). `fill(Req*)` writes the request; `invoke(ctx, req, resp, on_done)` starts the stub
 // method; `decode(const Resp&)` makes what `done` gets on success (a Result<T>, or a Status),
-// a failed call gets fromGrpc(status). The State is released before `done` runs.
+// a failed call gets fromGrpc(status). The State owns itself (`self`) until gRPC's completion
+// runs (the callback API always runs it once) and is released before `done` runs.
 template <typename Req, typename Resp, typename Invoke, typename Fill, typename Decode,
           typename Done>
 void unaryCall(Invoke invoke, UnaryOptions options, Fill fill, Decode decode, Done done) {
@@ -131,6 +135,8 @@ void unaryCall(Invoke invoke, UnaryOptions options, Fill fill, Decode decode, Do
     Resp resp;
     std::shared_ptr<CallCanceller> cancel;
     uint64_t cancel_hook = 0;
+    std::function<void(grpc::Status)> finish;  // the completion, run once
+    std::shared_ptr<State> self;               // set from the call's start to its completion
   };
   auto st = std::make_shared<State>();
   if (!options.request_id.empty()) {
@@ -147,15 +153,28 @@ void unaryCall(Invoke invoke, UnaryOptions options, Fill fill, Decode decode, Do
     });
   }
   State* raw = st.get();
-  invoke(&raw->ctx, &raw->req, &raw->resp,
-         [st, target = options.target, decode = std::move(decode),
-          done = std::move(done)](grpc::Status s) mutable {
-           if (st->cancel) st->cancel->remove(st->cancel_hook);
-           if (!s.ok()) noteRefused(s, target);
-           Out out = s.ok() ? decode(std::as_const(st->resp)) : Out(fromGrpc(s));
-           st.reset();
-           done(std::move(out));
-         });
+  raw->finish = [raw, target = options.target, decode = std::move(decode),
+                 done = std::move(done)](grpc::Status s) mutable {
+    std::shared_ptr<State> st = std::move(raw->self);
+    if (st->cancel) st->cancel->remove(st->cancel_hook);
+    if (!s.ok()) noteRefused(s, target);
+    Out out = s.ok() ? decode(std::as_const(st->resp)) : Out(fromGrpc(s));
+    st.reset();
+    done(std::move(out));
+  };
+  // Two owners until the stub call returns: the completion may run (and drop `self`) on gRPC's
+  // thread before the stub call is done serializing the request, so the State is destroyed by
+  // whichever lets go last (the shared count orders that, also for ThreadSanitizer).
+  raw->self = st;
+  // Everything above happens-before the completion on gRPC's thread [TAG_TSAN_HANDOFF]. gRPC
+  // copies the callback it is given inside the stub call, after this release: a closure of one
+  // pointer is stored inside the std::function itself, so that copy touches only gRPC's memory.
+  tsanRelease(raw);
+  invoke(&raw->ctx, &raw->req, &raw->resp, [raw](grpc::Status s) {
+    tsanAcquire(raw);
+    auto finish = std::move(raw->finish);  // `finish` releases the State
+    finish(std::move(s));
+  });
 }
 
 // One Generate stream [TAG_GENERATE_STREAM]: a gRPC client read reactor that is also the caller's
@@ -183,6 +202,17 @@ class GenerateReactor final : public grpc::ClientReadReactor<v1::GenerateChunk>,
     sp->set_top_k(call.top_k);
     sp->set_seed(call.seed);
     sp->set_has_seed(call.has_seed);
+    sp->set_min_p(call.min_p);
+    sp->set_presence_penalty(call.presence_penalty);
+    sp->set_frequency_penalty(call.frequency_penalty);
+    sp->set_repetition_penalty(call.repetition_penalty);
+    for (const auto& [id, bias] : call.logit_bias) {
+      v1::LogitBias* b = sp->add_logit_bias();
+      b->set_token_id(id);
+      b->set_bias(bias);
+    }
+    sp->set_logprobs(call.logprobs);
+    sp->set_top_logprobs(call.top_logprobs);
     req_.mutable_stop_token_ids()->Add(call.stop_token_ids.begin(), call.stop_token_ids.end());
     req_.set_ignore_eos(call.ignore_eos);
     if (!call.constraint.grammar.empty()) {  // [TAG_TOKEN_MASK]
@@ -196,17 +226,32 @@ class GenerateReactor final : public grpc::ClientReadReactor<v1::GenerateChunk>,
                                    call.constraint.end_tokens.end());
     }
     self_ = shared_from_this();
-    stub->async()->Generate(&ctx_, &req_, this);
+    stub->async()->Generate(&ctx_, &req_, this);  // binds this reactor to the call
     StartRead(&chunk_);
+    // gRPC runs OnReadDone/OnDone on its own threads once the call starts [TAG_TSAN_HANDOFF].
+    tsanRelease(this);
     StartCall();
   }
 
   void cancel() override { ctx_.TryCancel(); }
 
   void OnReadDone(bool ok) override {
+    tsanAcquire(this);
     if (!ok) return;  // end of stream or failure: OnDone follows
     GenerateChunkMsg m;
     m.token_ids.assign(chunk_.token_ids().begin(), chunk_.token_ids().end());
+    m.logprobs.reserve(static_cast<size_t>(chunk_.logprobs_size()));
+    for (const v1::TokenLogprobs& t : chunk_.logprobs()) {
+      llm::LlmTokenLogprobs lp;
+      lp.logprob = t.logprob();
+      const int n = std::min({t.top_ids_size(), t.top_logprobs_size(), llm::kMaxTopLogprobs});
+      lp.num_top = n;
+      for (int j = 0; j < n; ++j) {
+        lp.top_ids[j] = t.top_ids(j);
+        lp.top_logprobs[j] = t.top_logprobs(j);
+      }
+      m.logprobs.push_back(lp);
+    }
     switch (chunk_.finish_reason()) {
       case v1::FINISH_STOP:
         m.finish = FinishReason::kStop;
@@ -227,10 +272,12 @@ class GenerateReactor final : public grpc::ClientReadReactor<v1::GenerateChunk>,
     m.queue_us = chunk_.timings().queue_us();
     m.total_us = chunk_.timings().total_us();
     on_chunk_(std::move(m));
+    tsanRelease(this);
     StartRead(&chunk_);
   }
 
   void OnDone(const grpc::Status& s) override {
+    tsanAcquire(this);
     if (!s.ok()) noteRefused(s, target_);
     on_done_(s.ok() ? okStatus() : fromGrpc(s));
     on_chunk_ = nullptr;

@@ -21,8 +21,10 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
+#include "common/llm/step.h"
 #include "common/status.h"
 #include "services/ivy/api/model_spec.h"
 #include "services/ivy/balance/call_canceller.h"
@@ -78,6 +80,13 @@ struct GenerateCall {
   int32_t top_k = 0;
   bool has_seed = false;
   uint64_t seed = 0;
+  float min_p = 0.f;
+  float presence_penalty = 0.f;
+  float frequency_penalty = 0.f;
+  float repetition_penalty = 1.f;
+  std::vector<std::pair<int32_t, float>> logit_bias;  // (token id, bias)
+  bool logprobs = false;      // each generated token's logprob
+  uint32_t top_logprobs = 0;  // and this many alternatives (needs logprobs)
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;
   std::chrono::milliseconds timeout{0};
@@ -96,6 +105,8 @@ enum class FinishReason { kNone = 0, kStop = 1, kLength = 2, kCancelled = 3 };
 // One streamed GenerateChunk. The last chunk has finish != kNone and the usage counts.
 struct GenerateChunkMsg {
   std::vector<int32_t> token_ids;
+  // One per token_ids entry when the call asked for logprobs (num_top = its top_logprobs).
+  std::vector<llm::LlmTokenLogprobs> logprobs;
   FinishReason finish = FinishReason::kNone;
   uint32_t prompt_tokens = 0;
   uint32_t cached_prompt_tokens = 0;

@@ -105,7 +105,7 @@ class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
       if (m.finish != FinishReason::kNone) c.last_finish = m.finish;
       if (m.queue_us != 0) c.queue_us = m.queue_us;
       if (m.total_us != 0) c.total_us = m.total_us;
-      if (!m.token_ids.empty() && !out_->onTokens(i, m.token_ids)) {
+      if (!m.token_ids.empty() && !out_->onTokens(i, m.token_ids, m.logprobs)) {
         // A stop string matched: this choice is complete; stop generating it.
         c.done = true;
         --remaining_;
@@ -265,6 +265,13 @@ GenerateCall baseCall(const HttpRequest& http, const ModelSpec& spec,
   call.has_seed = sampling.has_seed;
   call.seed = sampling.seed;
   call.ignore_eos = sampling.ignore_eos;
+  call.min_p = sampling.min_p;
+  call.presence_penalty = sampling.presence_penalty;
+  call.frequency_penalty = sampling.frequency_penalty;
+  call.repetition_penalty = sampling.repetition_penalty;
+  call.logit_bias = sampling.logit_bias;
+  call.logprobs = sampling.logprobs;
+  call.top_logprobs = sampling.top_logprobs;
   return call;  // the deadline is set when the pipeline sends it (GenerationJob::start)
 }
 

@@ -64,7 +64,9 @@ class ResponseStream {
 
   // --- server side ---
   // `wake` is called (from the writing thread, without the lock held) whenever bytes or the end
-  // become available; it must only schedule work.
+  // become available; it must only schedule work. A writer may still be running a copy of it
+  // after detach() returned (or after take() showed the end): what it uses must be kept alive by
+  // its own captures (server.cc's holds the connection), not by the caller's stack.
   void attach(std::function<void()> wake) EXCLUDES(mu_) {
     MutexLock lock(mu_);
     wake_ = std::move(wake);

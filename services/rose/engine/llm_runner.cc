@@ -3,6 +3,7 @@
 #include <simdjson.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -123,9 +124,12 @@ shm::Layout LlmRunner::layoutFor(uint32_t slots) const {
   const auto tables = static_cast<uint64_t>(kvBlocksFor(model_.maxModelLen(), opts_.kv_block_size));
   shm::Layout l;
   l.slots = slots;
-  l.input_bytes =
-      shm::llmStepBytes(max_seqs, static_cast<uint64_t>(opts_.max_batch_tokens), max_seqs * tables);
-  l.output_bytes = std::max<uint64_t>(4096, max_seqs * sizeof(int32_t));
+  // Room for at least one whole sampler-state reload (a full context plus the largest
+  // logit_bias) [TAG_LLM_SAMPLER_STATE], so a sequence's first step always fits.
+  l.input_bytes = shm::llmStepBytes(
+      max_seqs, static_cast<uint64_t>(opts_.max_batch_tokens), max_seqs * tables,
+      static_cast<uint64_t>(model_.maxModelLen()) + 2 * llm::kMaxLogitBias);
+  l.output_bytes = std::max<uint64_t>(4096, max_seqs * shm::kLlmLogprobsCols * sizeof(int32_t));
   return l;
 }
 
@@ -162,6 +166,10 @@ shm::ModelFacts LlmRunner::facts() const {
   for (size_t i = 0; i < opts_.eos_ids.size() && i < kMaxEosIds; ++i) {
     f.eos_ids[i] = opts_.eos_ids[i];
   }
+  if (model_.supportsSamplerState()) f.llm_caps |= shm::kLlmCapSamplerState;
+  if (model_.supportsTokenMask()) f.llm_caps |= shm::kLlmCapTokenMask;
+  std::snprintf(f.sampler, sizeof(f.sampler), "%.*s", static_cast<int>(backend_.name().size()),
+                backend_.name().data());
   return f;
 }
 
@@ -172,6 +180,7 @@ LlmStep LlmRunner::stagedStep(uint32_t slot, const shm::BatchDesc& d) const {
   return LlmStep{std::span<const llm::LlmStepSeq>(s.seqs.data(), d.num_seqs),
                  std::span<const int32_t>(s.tokens.data(), d.num_tokens),
                  std::span<const int32_t>(s.blocks.get(), d.num_blocks),
+                 std::span<const int32_t>(s.state.data(), d.num_state),
                  std::span<const uint32_t>(s.masks.data(), s.num_masks * static_cast<size_t>(words)),
                  words};
 }
@@ -206,6 +215,7 @@ Result<OutputShape> LlmRunner::admit(const shm::BatchDesc& d, std::span<const st
       {"seqs", d.seqs_offset, uint64_t{d.num_seqs} * sizeof(llm::LlmStepSeq)},
       {"tokens", d.tokens_offset, uint64_t{d.num_tokens} * sizeof(int32_t)},
       {"blocks", d.blocks_offset, uint64_t{d.num_blocks} * sizeof(int32_t)},
+      {"state", d.state_offset, uint64_t{d.num_state} * sizeof(int32_t)},
   };
   for (const Region& r : regions) {
     if (r.offset % shm::kLlmAlign != 0) {
@@ -226,9 +236,12 @@ Result<OutputShape> LlmRunner::admit(const shm::BatchDesc& d, std::span<const st
   if (d.num_blocks > 0) {
     std::memcpy(s.blocks.get(), input.data() + d.blocks_offset, regions[2].bytes);
   }
+  s.state.resize(d.num_state);
+  if (d.num_state > 0) std::memcpy(s.state.data(), input.data() + d.state_offset, regions[3].bytes);
 
   int64_t sum = 0;
   uint32_t sampled = 0;
+  bool logprobs = false;
   for (uint32_t i = 0; i < d.num_seqs; ++i) {
     const llm::LlmStepSeq& q = s.seqs[i];
     if (q.logits != llm::LogitsMode::kNone) {
@@ -237,6 +250,7 @@ Result<OutputShape> LlmRunner::admit(const shm::BatchDesc& d, std::span<const st
     }
     sum += q.num_tokens;
     if (q.sample != 0) ++sampled;
+    if (q.sample != 0 && q.sampling.logprobs >= 0) logprobs = true;
   }
   // Token bitmasks [TAG_TOKEN_MASK]: as many as the largest mask_index, at seqlens_offset.
   uint32_t num_masks = 0;
@@ -266,7 +280,7 @@ Result<OutputShape> LlmRunner::admit(const shm::BatchDesc& d, std::span<const st
     return invalidArgument("the sequences' num_tokens sum to " + std::to_string(sum) +
                            ", BatchDesc.num_tokens is " + std::to_string(d.num_tokens));
   }
-  const OutputShape shape{sampled, 1, sizeof(int32_t)};
+  const OutputShape shape{sampled, logprobs ? shm::kLlmLogprobsCols : 1, sizeof(int32_t)};
   if (shape.bytes() > output_bytes_) {
     return invalidArgument(std::to_string(sampled) +
                            " sampled ids need more than the output arena's " +
@@ -276,15 +290,22 @@ Result<OutputShape> LlmRunner::admit(const shm::BatchDesc& d, std::span<const st
   // count moves when the backend's queue runs enqueueStep, which may not have happened yet.
   RETURN_IF_ERROR(model_.validate(stagedStep(d.slot, d), *kv_, launched_sampled_));
   s.sampled = sampled;
+  s.logprobs = logprobs;
   return shape;
 }
 
 Status LlmRunner::launch(const shm::BatchDesc& d, std::span<std::byte> output) {
   const LlmStep step = stagedStep(d.slot, d);
-  int32_t* out = slots_[d.slot].sampled > 0 ? reinterpret_cast<int32_t*>(output.data()) : nullptr;
+  const Slot& slot = slots_[d.slot];
+  int32_t* out = slot.sampled > 0 ? reinterpret_cast<int32_t*>(output.data()) : nullptr;
+  // Logprob records follow the ids (common/shm/llm_batch.h); 4-byte aligned.
+  auto* lps = slot.sampled > 0 && slot.logprobs
+                  ? reinterpret_cast<llm::LlmTokenLogprobs*>(output.data() +
+                                                             sizeof(int32_t) * slot.sampled)
+                  : nullptr;
   PagedKvCache* kv = kv_.get();
-  launched_sampled_ = slots_[d.slot].sampled;
-  backend_.launch([this, step, kv, out] { model_.enqueueStep(step, *kv, nullptr, out); });
+  launched_sampled_ = slot.sampled;
+  backend_.launch([this, step, kv, out, lps] { model_.enqueueStep(step, *kv, nullptr, out, lps); });
   static auto& tokens = metrics::Registry::global()
                             .counter("rose_llm_step_tokens_total",
                                      "Tokens run through LLM steps (prefill and decode)")

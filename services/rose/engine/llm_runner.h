@@ -69,7 +69,8 @@ class LlmRunner final : public Runner {
   // INVALID_ARGUMENT when the output arena cannot hold max_seqs sampled ids.
   Status bind(const shm::Layout& layout) override;
   // A step of max_seqs sequences, max_batch_tokens tokens and max_seqs block tables of the
-  // model's longest length in; max_seqs sampled ids out (at least 4096 bytes).
+  // model's longest length in; max_seqs sampled ids with their logprobs out (at least 4096
+  // bytes).
   shm::Layout layoutFor(uint32_t slots) const override;
   shm::ModelFacts facts() const override;
   Result<OutputShape> admit(const shm::BatchDesc& d, std::span<const std::byte> input) override;
@@ -80,7 +81,9 @@ class LlmRunner final : public Runner {
     std::vector<llm::LlmStepSeq> seqs;  // staging, max_seqs
     std::vector<int32_t> tokens;        // staging, max_batch_tokens
     std::unique_ptr<int32_t[]> blocks;  // staging, max_step_blocks_ (left untouched until used)
+    std::vector<int32_t> state;         // staging: sampler-state words [TAG_LLM_SAMPLER_STATE]
     uint32_t sampled = 0;               // sequences of the admitted step that sample
+    bool logprobs = false;              // the admitted step returns logprobs
     std::vector<uint32_t> masks;        // staging: token bitmasks [TAG_TOKEN_MASK]
     uint32_t num_masks = 0;
   };

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <iterator>
 #include <unordered_set>
@@ -48,20 +49,6 @@ Status optString(object o, std::string_view key, const std::string& label, std::
   return okStatus();
 }
 
-const TensorView* findTensor(const SafetensorsCheckpoint& ck, const std::string& name) {
-  if (const TensorView* t = ck.find(name)) return t;
-  if (name.rfind("model.", 0) == 0) return ck.find(name.substr(6));
-  return nullptr;
-}
-
-Result<const TensorView*> requireTensor(const SafetensorsCheckpoint& ck, const std::string& name,
-                                        const std::vector<int64_t>& shape) {
-  const TensorView* t = findTensor(ck, name);
-  if (t == nullptr) return invalidArgument("checkpoint has no tensor '" + name + "'");
-  RETURN_IF_ERROR(checkTensor(*t, shape));
-  return t;
-}
-
 // One or more checkpoint tensors stacked along rows into a new tensor of `dtype`.
 Result<OwnedTensor> uploadStacked(Backend& b, DType dtype,
                                   const std::vector<const TensorView*>& parts) {
@@ -82,7 +69,7 @@ Result<OwnedTensor> uploadStacked(Backend& b, DType dtype,
 
 Result<OwnedTensor> uploadOne(Backend& b, const SafetensorsCheckpoint& ck, const std::string& name,
                               const std::vector<int64_t>& shape, DType dtype) {
-  ASSIGN_OR_RETURN(const TensorView* t, requireTensor(ck, name, shape));
+  ASSIGN_OR_RETURN(const TensorView* t, requireHfTensor(ck, name, shape));
   return uploadStacked(b, dtype, {t});
 }
 
@@ -322,13 +309,13 @@ Result<std::unique_ptr<GptOssModel>> GptOssModel::load(const std::string& dir, B
     ASSIGN_OR_RETURN(L.input_norm, uploadOne(b, *ck, p + "input_layernorm.weight", {h}, wt));
     ASSIGN_OR_RETURN(L.post_norm,
                      uploadOne(b, *ck, p + "post_attention_layernorm.weight", {h}, wt));
-    ASSIGN_OR_RETURN(auto* q, requireTensor(*ck, p + "self_attn.q_proj.weight", {hq * d, h}));
-    ASSIGN_OR_RETURN(auto* k, requireTensor(*ck, p + "self_attn.k_proj.weight", {hkv * d, h}));
-    ASSIGN_OR_RETURN(auto* vv, requireTensor(*ck, p + "self_attn.v_proj.weight", {hkv * d, h}));
+    ASSIGN_OR_RETURN(auto* q, requireHfTensor(*ck, p + "self_attn.q_proj.weight", {hq * d, h}));
+    ASSIGN_OR_RETURN(auto* k, requireHfTensor(*ck, p + "self_attn.k_proj.weight", {hkv * d, h}));
+    ASSIGN_OR_RETURN(auto* vv, requireHfTensor(*ck, p + "self_attn.v_proj.weight", {hkv * d, h}));
     ASSIGN_OR_RETURN(L.qkv, uploadStacked(b, wt, {q, k, vv}));
-    ASSIGN_OR_RETURN(auto* qb, requireTensor(*ck, p + "self_attn.q_proj.bias", {hq * d}));
-    ASSIGN_OR_RETURN(auto* kb, requireTensor(*ck, p + "self_attn.k_proj.bias", {hkv * d}));
-    ASSIGN_OR_RETURN(auto* vb, requireTensor(*ck, p + "self_attn.v_proj.bias", {hkv * d}));
+    ASSIGN_OR_RETURN(auto* qb, requireHfTensor(*ck, p + "self_attn.q_proj.bias", {hq * d}));
+    ASSIGN_OR_RETURN(auto* kb, requireHfTensor(*ck, p + "self_attn.k_proj.bias", {hkv * d}));
+    ASSIGN_OR_RETURN(auto* vb, requireHfTensor(*ck, p + "self_attn.v_proj.bias", {hkv * d}));
     ASSIGN_OR_RETURN(L.qkv_bias, uploadStacked(b, wt, {qb, kb, vb}));
     ASSIGN_OR_RETURN(L.o, uploadOne(b, *ck, p + "self_attn.o_proj.weight", {h, hq * d}, wt));
     ASSIGN_OR_RETURN(L.o_bias, uploadOne(b, *ck, p + "self_attn.o_proj.bias", {h}, wt));
@@ -339,11 +326,11 @@ Result<std::unique_ptr<GptOssModel>> GptOssModel::load(const std::string& dir, B
                      uploadOne(b, *ck, p + "mlp.experts.gate_up_proj_bias", {ne, 2 * inter}, wt));
     ASSIGN_OR_RETURN(L.b2, uploadOne(b, *ck, p + "mlp.experts.down_proj_bias", {ne, h}, wt));
     const std::string ex = p + "mlp.experts.";
-    const TensorView* gu_blocks = findTensor(*ck, ex + "gate_up_proj_blocks");
+    const TensorView* gu_blocks = findHfTensor(*ck, ex + "gate_up_proj_blocks");
     if (gu_blocks != nullptr) {
-      const TensorView* gu_scales = findTensor(*ck, ex + "gate_up_proj_scales");
-      const TensorView* dn_blocks = findTensor(*ck, ex + "down_proj_blocks");
-      const TensorView* dn_scales = findTensor(*ck, ex + "down_proj_scales");
+      const TensorView* gu_scales = findHfTensor(*ck, ex + "gate_up_proj_scales");
+      const TensorView* dn_blocks = findHfTensor(*ck, ex + "down_proj_blocks");
+      const TensorView* dn_scales = findHfTensor(*ck, ex + "down_proj_scales");
       if (gu_scales == nullptr || dn_blocks == nullptr || dn_scales == nullptr) {
         return invalidArgument("checkpoint has '" + gu_blocks->name + "' but not all of " + ex +
                                "{gate_up_proj_scales, down_proj_blocks, down_proj_scales}");
@@ -371,8 +358,8 @@ Result<std::unique_ptr<GptOssModel>> GptOssModel::load(const std::string& dir, B
       }
       ASSIGN_OR_RETURN(L.w1, allocateDenseExperts(b, wt, ne, 2 * inter, h));
       ASSIGN_OR_RETURN(L.w2, allocateDenseExperts(b, wt, ne, h, inter));
-      const TensorView* gu = findTensor(*ck, ex + "gate_up_proj");
-      const TensorView* dn = findTensor(*ck, ex + "down_proj");
+      const TensorView* gu = findHfTensor(*ck, ex + "gate_up_proj");
+      const TensorView* dn = findHfTensor(*ck, ex + "down_proj");
       if (gu == nullptr || dn == nullptr) {
         return invalidArgument("checkpoint has neither MXFP4 experts (" + ex +
                                "gate_up_proj_blocks) nor "
@@ -423,6 +410,17 @@ Result<std::unique_ptr<GptOssModel>> GptOssModel::load(const std::string& dir, B
   ASSIGN_OR_RETURN(m->logits_, b.allocateTensor(DType::kF32, {r, v}));
   ASSIGN_OR_RETURN(m->sampled_, b.allocateTensor(DType::kI32, {s}));
   ASSIGN_OR_RETURN(m->prev_pairs_, b.allocateTensor(DType::kI32, {s, 2}));
+  if (opts.cuda_graphs && b.graphs() != nullptr) {
+    m->graphs_ = b.graphs();
+    // Padded decode rows never get attention output; start them at zero, not at whatever the
+    // allocation held.
+    const int64_t rows = std::min<int64_t>(t, kMaxGraphSeqs);
+    std::vector<uint8_t> zeros(static_cast<size_t>(rows * hq * d) * dtypeSize(act), 0);
+    b.copyToDevice(m->attn_.view.rowSlice(0, rows), zeros.data(), zeros.size());
+    RETURN_IF_ERROR(b.synchronize());
+  }
+  ASSIGN_OR_RETURN(m->sampled_lp_,
+                   b.allocateTensor(DType::kU8, {s * static_cast<int64_t>(sizeof(llm::LlmTokenLogprobs))}));
   return m;
 }
 
@@ -438,6 +436,68 @@ KvCacheShape GptOssModel::kvShape(int32_t num_blocks, int32_t block_size) const 
 
 DType GptOssModel::kvDType() const { return backend_.activationDType(); }
 
+// [TAG_LLM_SAMPLER_STATE] The sampler-state fields of one sequence: the slot inside
+// [0, max_seqs) and used by one sequence of the step, the reload's words inside the state array
+// with ids in the vocabulary and biases in [-100, 100], and features the ops implement.
+namespace {
+Status validateSamplerState(const GptOssStepLimits& lim, const LlmStep& step, const LlmStepSeq& s,
+                            std::unordered_set<int32_t>& used) {
+  const SamplingParams& p = s.sampling;
+  const bool extras = p.state_slot >= 0 || p.logprobs >= 0 || p.min_p > 0.f ||
+                      llm::needsPenaltyState(p) || s.state_offset >= 0;
+  if (extras && !lim.sampler_state) {
+    return invalidArgument(
+        "sampling: this backend's sampler does not implement logprobs, min_p, penalties or "
+        "logit_bias (sampler state)");
+  }
+  if (p.state_slot < -1 || p.state_slot >= lim.max_seqs) {
+    return invalidArgument("sampling.state_slot " + std::to_string(p.state_slot) +
+                           " outside [-1, max_seqs " + std::to_string(lim.max_seqs) + ")");
+  }
+  if (p.state_slot >= 0 && !used.insert(p.state_slot).second) {
+    return invalidArgument("sampling.state_slot " + std::to_string(p.state_slot) +
+                           " is used by another sequence of this step");
+  }
+  if (s.state_offset < -1) return invalidArgument("state_offset must be >= -1");
+  if (s.state_offset < 0) return okStatus();
+  if (p.state_slot < 0) return invalidArgument("state_offset set without a sampling.state_slot");
+  if (s.state_prompt < 0 || s.state_output < 0 || s.state_bias < 0 ||
+      s.state_bias > llm::kMaxLogitBias) {
+    return invalidArgument("state_prompt/state_output must be >= 0 and state_bias in [0, " +
+                           std::to_string(llm::kMaxLogitBias) + "]");
+  }
+  const uint64_t words = static_cast<uint64_t>(s.state_prompt) +
+                         static_cast<uint64_t>(s.state_output) + 2 * static_cast<uint64_t>(s.state_bias);
+  if (static_cast<uint64_t>(s.state_offset) + words > step.state.size()) {
+    return invalidArgument("state_offset/state_prompt/state_output/state_bias outside the state "
+                           "array (" + std::to_string(step.state.size()) + " words)");
+  }
+  const int64_t v = lim.vocab;
+  const auto ids = step.state.subspan(static_cast<size_t>(s.state_offset),
+                                      static_cast<size_t>(s.state_prompt + s.state_output));
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= v) {
+      return invalidArgument("state token " + std::to_string(i) + " has id " +
+                             std::to_string(ids[i]) + " outside the vocabulary");
+    }
+  }
+  const size_t b0 = static_cast<size_t>(s.state_offset) + ids.size();
+  for (int32_t i = 0; i < s.state_bias; ++i) {
+    LogitBias b;
+    std::memcpy(&b, step.state.data() + b0 + 2 * static_cast<size_t>(i), sizeof(b));
+    if (b.id < 0 || b.id >= v) {
+      return invalidArgument("logit_bias entry " + std::to_string(i) + " has id " +
+                             std::to_string(b.id) + " outside the vocabulary");
+    }
+    if (!(b.bias >= -100.f && b.bias <= 100.f)) {
+      return invalidArgument("logit_bias entry " + std::to_string(i) +
+                             ": bias must be in [-100, 100]");
+    }
+  }
+  return okStatus();
+}
+}  // namespace
+
 Status GptOssModel::validate(const LlmStep& step, const PagedKvCache& kv,
                              int64_t prev_sampled) const {
   const KvCacheShape& ks = kv.shape();
@@ -447,14 +507,29 @@ Status GptOssModel::validate(const LlmStep& step, const PagedKvCache& kv,
     return invalidArgument(
         "kv cache shape/dtype does not match the model (layers, kv heads, head_dim, dtype)");
   }
+  GptOssStepLimits lim;
+  lim.vocab = config_.base.vocab_size;
+  lim.max_batch_tokens = opts_.max_batch_tokens;
+  lim.max_seqs = opts_.max_seqs;
+  lim.max_logits_rows = opts_.max_logits_rows;
+  lim.max_model_len = max_model_len_;
+  lim.table_capacity = table_capacity_;
+  lim.sampler_state = ops_.supportsSamplerState();
+  lim.token_mask = ops_.supportsTokenMask();
+  return validateGptOssStep(lim, step, ks.block_size, ks.num_blocks, prev_sampled);
+}
+
+Status validateGptOssStep(const GptOssStepLimits& lim, const LlmStep& step, int32_t block_size,
+                          int32_t num_blocks, int64_t prev_sampled) {
   const int64_t n_seq = static_cast<int64_t>(step.seqs.size());
   if (n_seq == 0) return invalidArgument("step has no sequences");
-  if (n_seq > opts_.max_seqs) {
+  if (n_seq > lim.max_seqs) {
     return invalidArgument("step has " + std::to_string(n_seq) + " sequences, more than max_seqs " +
-                           std::to_string(opts_.max_seqs));
+                           std::to_string(lim.max_seqs));
   }
   int64_t total = 0, rows = 0;
   std::unordered_set<int64_t> slots;
+  std::unordered_set<int32_t> state_slots;
   for (int64_t i = 0; i < n_seq; ++i) {
     const LlmStepSeq& s = step.seqs[static_cast<size_t>(i)];
     const std::string who = "sequence " + std::to_string(i) + ": ";
@@ -466,26 +541,26 @@ Status GptOssModel::validate(const LlmStep& step, const PagedKvCache& kv,
     }
     if (s.position < 0) return invalidArgument(who + "position must be >= 0");
     const int64_t end = static_cast<int64_t>(s.position) + s.num_tokens;
-    if (end > max_model_len_) {
+    if (end > lim.max_model_len) {
       return invalidArgument(who + "position + num_tokens = " + std::to_string(end) +
-                             " exceeds max_model_len " + std::to_string(max_model_len_));
+                             " exceeds max_model_len " + std::to_string(lim.max_model_len));
     }
     if (s.num_blocks < 0 || s.block_offset < 0 ||
         static_cast<size_t>(s.block_offset) + static_cast<size_t>(s.num_blocks) >
             step.block_ids.size()) {
       return invalidArgument(who + "block_offset/num_blocks outside the block id array");
     }
-    if (s.num_blocks < kvBlocksFor(end, ks.block_size)) {
+    if (s.num_blocks < kvBlocksFor(end, block_size)) {
       return invalidArgument(who + "block table has " + std::to_string(s.num_blocks) + " blocks, " +
-                             std::to_string(kvBlocksFor(end, ks.block_size)) + " needed for " +
+                             std::to_string(kvBlocksFor(end, block_size)) + " needed for " +
                              std::to_string(end) + " tokens");
     }
     const auto table = step.block_ids.subspan(static_cast<size_t>(s.block_offset),
                                               static_cast<size_t>(s.num_blocks));
     for (size_t bi = 0; bi < table.size(); ++bi) {
-      if (table[bi] < 0 || table[bi] >= ks.num_blocks) {
+      if (table[bi] < 0 || table[bi] >= num_blocks) {
         return invalidArgument(who + "block id " + std::to_string(table[bi]) +
-                               " outside the cache [0, " + std::to_string(ks.num_blocks) + ")");
+                               " outside the cache [0, " + std::to_string(num_blocks) + ")");
       }
     }
     if (s.prev_row < -1 || s.prev_row >= prev_sampled) {
@@ -496,17 +571,17 @@ Status GptOssModel::validate(const LlmStep& step, const PagedKvCache& kv,
     for (int32_t j = 0; j < s.num_tokens; ++j) {
       const int32_t id = step.tokens[static_cast<size_t>(s.token_offset + j)];
       if (j == 0 && s.prev_row >= 0) {  // taken from the previous step's output
-        if (!slots.insert(kvSlot(table, s.position, ks.block_size)).second) {
+        if (!slots.insert(kvSlot(table, s.position, block_size)).second) {
           return invalidArgument(who + "token 0 writes a KV slot another token of this step writes");
         }
         continue;
       }
-      if (id < 0 || id >= config_.base.vocab_size) {
+      if (id < 0 || id >= lim.vocab) {
         return invalidArgument(who + "token " + std::to_string(j) + " has id " +
                                std::to_string(id) + " outside the vocabulary [0, " +
-                               std::to_string(config_.base.vocab_size) + ")");
+                               std::to_string(lim.vocab) + ")");
       }
-      if (!slots.insert(kvSlot(table, s.position + j, ks.block_size)).second) {
+      if (!slots.insert(kvSlot(table, s.position + j, block_size)).second) {
         return invalidArgument(who + "token " + std::to_string(j) +
                                " writes a KV slot another token of this step writes");
       }
@@ -519,41 +594,46 @@ Status GptOssModel::validate(const LlmStep& step, const PagedKvCache& kv,
     if (s.mask_index < 0 ||
         static_cast<size_t>(s.mask_index) * static_cast<size_t>(step.mask_words) >
             step.masks.size() ||
-        (s.mask_index > 0 && (!s.sample || step.mask_words * 32 < vocabSize()))) {
+        (s.mask_index > 0 && (!s.sample || step.mask_words * 32 < lim.vocab))) {
       return invalidArgument(who + "mask_index " + std::to_string(s.mask_index) +
                              " names no token mask of this step");
     }
+    if (s.mask_index > 0 && !lim.token_mask) {
+      return invalidArgument(who + "mask_index: this backend's sampler does not implement token "
+                                   "masks (structured outputs)");
+    }
     if (s.sample) RETURN_IF_ERROR(validateSamplingParams(s.sampling).withContext(who + "sampling"));
+    RETURN_IF_ERROR(validateSamplerState(lim, step, s, state_slots).withContext(who));
     total += s.num_tokens;
     rows += s.logits == LogitsMode::kAll ? s.num_tokens
                                          : (s.logits == LogitsMode::kLast || s.sample ? 1 : 0);
   }
-  if (total > opts_.max_batch_tokens) {
+  if (total > lim.max_batch_tokens) {
     return invalidArgument("step has " + std::to_string(total) +
                            " tokens, more than max_batch_tokens " +
-                           std::to_string(opts_.max_batch_tokens));
+                           std::to_string(lim.max_batch_tokens));
   }
   int64_t longest_table = 0;
   for (const LlmStepSeq& s : step.seqs) {
     longest_table = std::max(
-        longest_table, kvBlocksFor(static_cast<int64_t>(s.position) + s.num_tokens, ks.block_size));
+        longest_table, kvBlocksFor(static_cast<int64_t>(s.position) + s.num_tokens, block_size));
   }
-  if (n_seq * longest_table > table_capacity_) {
+  if (n_seq * longest_table > lim.table_capacity) {
     return invalidArgument(
         "step's block tables (" + std::to_string(n_seq) + " x " + std::to_string(longest_table) +
-        " blocks) exceed the model's table capacity " + std::to_string(table_capacity_) +
+        " blocks) exceed the model's table capacity " + std::to_string(lim.table_capacity) +
         " (blocks smaller than min_block_size)");
   }
-  if (rows > opts_.max_logits_rows) {
+  if (rows > lim.max_logits_rows) {
     return invalidArgument("step asks for " + std::to_string(rows) +
                            " logits rows, more than max_logits_rows " +
-                           std::to_string(opts_.max_logits_rows));
+                           std::to_string(lim.max_logits_rows));
   }
   return okStatus();
 }
 
 void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logits_out,
-                              int32_t* sampled_out) {
+                              int32_t* sampled_out, llm::LlmTokenLogprobs* logprobs_out) {
   Backend& b = backend_;
   const ModelConfig& c = config_.base;
   const int32_t n_seq = static_cast<int32_t>(step.seqs.size());
@@ -562,18 +642,44 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
   // ---- host plan ----
   int64_t t_total = 0;
   int32_t maxb = 1, max_ctx = 1;
+  bool decode_only = graphs_ != nullptr;  // every sequence: one new token, sampled, no logits
   for (const LlmStepSeq& s : step.seqs) {
     t_total += s.num_tokens;
     maxb = std::max(maxb, static_cast<int32_t>(kvBlocksFor(s.position + s.num_tokens, bs)));
     max_ctx = std::max(max_ctx, s.position + s.num_tokens);
+    // ... with plain sampling (the staged graph sampler has no state, logprobs or min_p).
+    const SamplingParams& sp = s.sampling;
+    const bool extras = sp.state_slot >= 0 || sp.logprobs >= 0 || sp.min_p > 0.f ||
+                        llm::needsPenaltyState(sp) || s.state_offset >= 0;
+    decode_only = decode_only && s.num_tokens == 1 && s.sample && s.logits == LogitsMode::kNone &&
+                  !extras;
   }
   CHECK(n_seq > 0 && t_total > 0 && t_total <= opts_.max_batch_tokens && n_seq <= opts_.max_seqs);
   CHECK(static_cast<int64_t>(n_seq) * maxb <= table_capacity_);
-  const int64_t t = t_total;
+  // CUDA-graph decode: pad to a power of two sequences (padding rows: token 0 at position 0, no
+  // K/V write, outside the attention plan, sampled greedily and dropped) and the block tables to
+  // a power-of-two stride, so the captured launches depend on the bucket only.
+  int32_t n_pad = n_seq;
+  if (decode_only) {
+    n_pad = static_cast<int32_t>(graphSeqsBucket(static_cast<uint32_t>(n_seq)));
+    const int64_t cap = std::min<int64_t>({kMaxGraphSeqs, opts_.max_seqs, opts_.max_batch_tokens,
+                                           opts_.max_logits_rows});
+    int32_t maxb_pad = 16;
+    while (maxb_pad < maxb) maxb_pad *= 2;
+    const int32_t table_max = static_cast<int32_t>(kvBlocksFor(max_model_len_, bs));
+    maxb_pad = std::max(maxb, std::min(maxb_pad, table_max));
+    if (n_pad <= cap && static_cast<int64_t>(n_pad) * maxb_pad <= table_capacity_) {
+      maxb = maxb_pad;
+    } else {
+      decode_only = false;
+      n_pad = n_seq;
+    }
+  }
+  const int64_t t = decode_only ? n_pad : t_total;
   h_positions_.assign(static_cast<size_t>(t), 0);
-  h_slots_.assign(static_cast<size_t>(t), 0);
-  h_cu_.assign(static_cast<size_t>(n_seq) + 1, 0);
-  h_tables_.assign(static_cast<size_t>(n_seq) * static_cast<size_t>(maxb), -1);
+  h_slots_.assign(static_cast<size_t>(t), -1);
+  h_cu_.assign(static_cast<size_t>(n_pad) + 1, 0);
+  h_tables_.assign(static_cast<size_t>(n_pad) * static_cast<size_t>(maxb), -1);
   h_rows_.clear();
   h_samples_.clear();
   h_prev_pairs_.clear();
@@ -610,6 +716,7 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
     row += s.num_tokens;
     h_cu_[static_cast<size_t>(si) + 1] = row;
   }
+  for (int32_t si = n_seq; si < n_pad; ++si) h_cu_[static_cast<size_t>(si) + 1] = si + 1;
   const int64_t n_out_rows = static_cast<int64_t>(h_rows_.size());
   // Sampling rows: the last-token row where it is already computed, else an extra row.
   for (int32_t si = 0; si < n_seq; ++si) {
@@ -635,19 +742,56 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
     }
     h_samples_.push_back(sr);
   }
+  const size_t n_samples = h_samples_.size();
+  for (int32_t si = n_seq; si < n_pad; ++si) {  // graph padding: greedy rows, never read
+    SampleRow sr;
+    sr.row = static_cast<int32_t>(h_rows_.size());
+    h_rows_.push_back(si);
+    h_samples_.push_back(sr);
+  }
   const int64_t n_rows = static_cast<int64_t>(h_rows_.size());
   CHECK(n_rows <= opts_.max_logits_rows);
+  // [TAG_LLM_SAMPLER_STATE] Reloads first: this step's draws read them.
+  h_resets_.clear();
+  h_bias_.clear();
+  size_t bias_total = 0;
+  for (const LlmStepSeq& s : step.seqs) {
+    if (s.state_offset >= 0) bias_total += static_cast<size_t>(s.state_bias);
+  }
+  h_bias_.resize(bias_total);  // stable storage for the spans below
+  size_t bias_at = 0;
+  for (const LlmStepSeq& s : step.seqs) {
+    if (s.state_offset < 0) continue;
+    const size_t off = static_cast<size_t>(s.state_offset);
+    SamplerStateReset r;
+    r.slot = s.sampling.state_slot;
+    r.prompt = step.state.subspan(off, static_cast<size_t>(s.state_prompt));
+    r.output = step.state.subspan(off + r.prompt.size(), static_cast<size_t>(s.state_output));
+    if (s.state_bias > 0) {
+      std::memcpy(h_bias_.data() + bias_at, step.state.data() + off + r.prompt.size() + r.output.size(),
+                  sizeof(LogitBias) * static_cast<size_t>(s.state_bias));
+      r.bias = std::span<const LogitBias>(h_bias_.data() + bias_at, static_cast<size_t>(s.state_bias));
+      bias_at += static_cast<size_t>(s.state_bias);
+    }
+    h_resets_.push_back(r);
+  }
+  if (!h_resets_.empty()) ops_.resetSamplerState(h_resets_);
+  bool want_lp = false;
+  for (const SampleRow& r : h_samples_) want_lp = want_lp || r.params.logprobs >= 0;
+  const int64_t lp_bytes =
+      want_lp ? static_cast<int64_t>(n_samples * sizeof(llm::LlmTokenLogprobs)) : 0;
+  const Tensor lps = want_lp ? sampled_lp_.view.rowSlice(0, lp_bytes) : Tensor();
 
   const Tensor ids_t = ids_.view.rowSlice(0, t);
   const Tensor pos = positions_.view.rowSlice(0, t);
   const Tensor slots = slots_.view.rowSlice(0, t);
-  const Tensor cu = cu_q_.view.rowSlice(0, n_seq + 1);
+  const Tensor cu = cu_q_.view.rowSlice(0, n_pad + 1);
   // block_tables: a [S, maxb] view at the front of its buffer.
-  const Tensor tables(block_tables_.view.data, DType::kI32, {n_seq, maxb});
+  const Tensor tables(block_tables_.view.data, DType::kI32, {n_pad, maxb});
   b.copyToDevice(ids_t, ids.data(), sizeof(int32_t) * static_cast<size_t>(t));
   b.copyToDevice(pos, h_positions_.data(), sizeof(int32_t) * static_cast<size_t>(t));
   b.copyToDevice(slots, h_slots_.data(), sizeof(int32_t) * static_cast<size_t>(t));
-  b.copyToDevice(cu, h_cu_.data(), sizeof(int32_t) * static_cast<size_t>(n_seq + 1));
+  b.copyToDevice(cu, h_cu_.data(), sizeof(int32_t) * static_cast<size_t>(n_pad + 1));
   b.copyToDevice(tables, h_tables_.data(), sizeof(int32_t) * h_tables_.size());
   if (!h_prev_pairs_.empty()) {  // [TAG_LLM_PREV_TOKEN]: before sampled_ is overwritten below
     const int64_t np = static_cast<int64_t>(h_prev_pairs_.size() / 2);
@@ -655,19 +799,10 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
     b.copyToDevice(pairs, h_prev_pairs_.data(), sizeof(int32_t) * h_prev_pairs_.size());
     ops_.copyTokens(sampled_.view.rowSlice(0, last_sampled_), pairs, ids_t);
   }
-  last_sampled_ = static_cast<int64_t>(h_samples_.size());
+  last_sampled_ = static_cast<int64_t>(n_samples);
 
-  // ---- forward ----
+  // ---- per-step device inputs the forward reads: attention plan, logits rows, sampling ----
   const int64_t h = c.hidden_size;
-  const Tensor res = residual_.view.rowSlice(0, t);
-  const Tensor x = x_.view.rowSlice(0, t);
-  const Tensor moe = moe_out_.view.rowSlice(0, t);
-  const Tensor qkv = qkv_buf_.view.rowSlice(0, t);
-  const Tensor attn = attn_.view.rowSlice(0, t);
-  const Tensor rl = router_logits_.view.rowSlice(0, t);
-  const Tensor tk_ids = topk_ids_.view.rowSlice(0, t);
-  const Tensor tk_w = topk_w_.view.rowSlice(0, t);
-  const RmsNormParams norm{static_cast<float>(c.rms_norm_eps)};
   RopeKvParams rope;
   rope.num_q_heads = static_cast<int32_t>(c.num_attention_heads);
   rope.num_kv_heads = static_cast<int32_t>(c.num_key_value_heads);
@@ -680,16 +815,23 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
       h_windows_.push_back(w);
     }
   }
-  AttentionPlanInput plan;
-  plan.cu_q = h_cu_;
-  plan.positions = h_positions_;
+  AttentionPlanInput plan;  // the real sequences only
+  plan.cu_q = std::span<const int32_t>(h_cu_.data(), static_cast<size_t>(n_seq) + 1);
+  plan.positions = std::span<const int32_t>(h_positions_.data(), static_cast<size_t>(t_total));
   plan.windows = h_windows_;
   plan.num_q_heads = rope.num_q_heads;
   plan.num_kv_heads = rope.num_kv_heads;
   plan.head_dim = rope.head_dim;
   ops_.planAttention(plan);
+  const Tensor rows = rows_.view.rowSlice(0, n_rows);
+  if (n_rows > 0) {
+    b.copyToDevice(rows, h_rows_.data(), sizeof(int32_t) * static_cast<size_t>(n_rows));
+  }
+  const Tensor sampled = sampled_.view.rowSlice(0, static_cast<int64_t>(h_samples_.size()));
+  if (decode_only) ops_.stageSample(h_samples_);
+
   PagedAttentionParams ap;
-  ap.num_seqs = n_seq;
+  ap.num_seqs = n_pad;
   ap.num_q_heads = rope.num_q_heads;
   ap.num_kv_heads = rope.num_kv_heads;
   ap.head_dim = rope.head_dim;
@@ -697,6 +839,7 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
   ap.max_blocks_per_seq = maxb;
   ap.max_context = max_ctx;
   ap.scale = 1.f / std::sqrt(static_cast<float>(c.head_dim));
+  ap.graph_seqs = decode_only ? n_pad : 0;
   MoeExpertsParams mp;
   mp.num_experts = static_cast<int32_t>(c.num_local_experts);
   mp.top_k = static_cast<int32_t>(c.num_experts_per_tok);
@@ -705,45 +848,77 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
   mp.swiglu_limit = config_.swiglu_limit;
   mp.swiglu_alpha = config_.swiglu_alpha;
 
-  b.embedding(embed_.view, ids_t, res);
-  for (size_t l = 0; l < layers_.size(); ++l) {
-    const Layer& L = layers_[l];
-    if (l == 0) {
-      b.rmsNorm(res, Tensor(), L.input_norm.view, x, norm);
-    } else {
-      b.rmsNorm(moe, res, L.input_norm.view, x, norm);  // res += moe out; x = norm(res)
+  // ---- forward (a CUDA-graph body on the decode path: kernels only, every host value above
+  // depends on the bucket alone) ----
+  auto forward = [&] {
+    const Tensor res = residual_.view.rowSlice(0, t);
+    const Tensor x = x_.view.rowSlice(0, t);
+    const Tensor moe = moe_out_.view.rowSlice(0, t);
+    const Tensor qkv = qkv_buf_.view.rowSlice(0, t);
+    const Tensor attn = attn_.view.rowSlice(0, t);
+    const Tensor rl = router_logits_.view.rowSlice(0, t);
+    const Tensor tk_ids = topk_ids_.view.rowSlice(0, t);
+    const Tensor tk_w = topk_w_.view.rowSlice(0, t);
+    const RmsNormParams norm{static_cast<float>(c.rms_norm_eps)};
+    b.embedding(embed_.view, ids_t, res);
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      const Layer& L = layers_[l];
+      if (l == 0) {
+        b.rmsNorm(res, Tensor(), L.input_norm.view, x, norm);
+      } else {
+        b.rmsNorm(moe, res, L.input_norm.view, x, norm);  // res += moe out; x = norm(res)
+      }
+      b.linear(x, L.qkv.view, L.qkv_bias.view, qkv);
+      const int32_t li = static_cast<int32_t>(l);
+      ops_.ropeKvWrite(qkv, pos, rope_cos_.view, rope_sin_.view, slots, kv.keys(li),
+                       kv.values(li), rope);
+      PagedAttentionParams lp = ap;
+      lp.sliding_window = config_.sliding[l] ? static_cast<int32_t>(c.sliding_window) : 0;
+      ops_.pagedAttention(qkv, kv.keys(li), kv.values(li), cu, pos, tables, L.sinks.view, attn,
+                          lp);
+      b.linear(attn, L.o.view, L.o_bias.view, x);
+      b.rmsNorm(x, res, L.post_norm.view, x, norm);  // res += attn out; x = norm(res)
+      b.linear(x, L.router.view, Tensor(), rl);  // f32 logits; the bias joins in moeRoute
+      ops_.moeRoute(rl, L.router_bias.view, tk_ids, tk_w, MoeRouteParams{mp.top_k});
+      ops_.moeExperts(x, tk_ids, tk_w, L.w1, L.b1.view, L.w2, L.b2.view, moe, mp);
+      b.markProgress();  // [TAG_STEP_PROGRESS]
     }
-    b.linear(x, L.qkv.view, L.qkv_bias.view, qkv);
-    const int32_t li = static_cast<int32_t>(l);
-    ops_.ropeKvWrite(qkv, pos, rope_cos_.view, rope_sin_.view, slots, kv.keys(li), kv.values(li),
-                     rope);
-    ap.sliding_window = config_.sliding[l] ? static_cast<int32_t>(c.sliding_window) : 0;
-    ops_.pagedAttention(qkv, kv.keys(li), kv.values(li), cu, pos, tables, L.sinks.view, attn, ap);
-    b.linear(attn, L.o.view, L.o_bias.view, x);
-    b.rmsNorm(x, res, L.post_norm.view, x, norm);  // res += attn out; x = norm(res)
-    b.linear(x, L.router.view, Tensor(), rl);  // f32 logits; the bias joins in moeRoute
-    ops_.moeRoute(rl, L.router_bias.view, tk_ids, tk_w, MoeRouteParams{mp.top_k});
-    ops_.moeExperts(x, tk_ids, tk_w, L.w1, L.b1.view, L.w2, L.b2.view, moe, mp);
-    b.markProgress();  // [TAG_STEP_PROGRESS]
+    b.rmsNorm(moe, res, final_norm_.view, x, norm);
+    if (n_rows == 0) return;
+    const Tensor gathered = gathered_.view.rowSlice(0, n_rows);
+    const Tensor logits = logits_.view.rowSlice(0, n_rows);
+    ops_.gatherRows(x, rows, gathered);
+    b.linear(gathered, lm_head_.view, Tensor(), logits);
+    if (decode_only) {
+      ops_.sampleStaged(logits, static_cast<int32_t>(h_samples_.size()), sampled);
+    } else if (!h_samples_.empty()) {
+      ops_.sample(logits, h_samples_, sampled, lps);
+    }
+  };
+  if (decode_only) {
+    GraphShapeKey key;
+    key.kind = 0x474F4431u;  // "GOD1": gpt-oss decode
+    key.seqs = static_cast<uint32_t>(n_pad);
+    key.tokens = static_cast<uint32_t>(n_pad);
+    key.variant = static_cast<uint64_t>(maxb);
+    const Status st = graphs_->run(key, forward);
+    CHECK(st.isOk());
+    ++graph_steps_;
+  } else {
+    forward();
   }
-  b.rmsNorm(moe, res, final_norm_.view, x, norm);
-  if (n_rows == 0) return;
-  const Tensor rows = rows_.view.rowSlice(0, n_rows);
-  b.copyToDevice(rows, h_rows_.data(), sizeof(int32_t) * static_cast<size_t>(n_rows));
-  const Tensor gathered = gathered_.view.rowSlice(0, n_rows);
-  const Tensor logits = logits_.view.rowSlice(0, n_rows);
-  ops_.gatherRows(x, rows, gathered);
-  b.linear(gathered, lm_head_.view, Tensor(), logits);
   if (n_out_rows > 0) {
     CHECK(logits_out != nullptr);
-    b.copyToHost(logits_out, logits,
+    b.copyToHost(logits_out, logits_.view.rowSlice(0, n_out_rows),
                  static_cast<size_t>(n_out_rows * c.vocab_size) * sizeof(float));
   }
-  if (!h_samples_.empty()) {
+  if (n_samples > 0) {
     CHECK(sampled_out != nullptr);
-    const Tensor sampled = sampled_.view.rowSlice(0, static_cast<int64_t>(h_samples_.size()));
-    ops_.sample(logits, h_samples_, sampled);
-    b.copyToHost(sampled_out, sampled, sizeof(int32_t) * h_samples_.size());
+    b.copyToHost(sampled_out, sampled, sizeof(int32_t) * n_samples);
+    if (want_lp) {
+      CHECK(logprobs_out != nullptr);
+      b.copyToHost(logprobs_out, lps, static_cast<size_t>(lp_bytes));
+    }
   }
 }
 

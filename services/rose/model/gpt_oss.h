@@ -29,6 +29,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <unordered_set>
 #include <vector>
 
 #include "common/model_config.h"
@@ -70,7 +71,28 @@ struct GptOssOptions {
   int32_t min_block_size = 16;      // sizes the block-table workspace: max_seqs sequences of
                                     // max_model_len tokens in blocks of this many tokens
   MoeWeightsMode moe_weights = MoeWeightsMode::kAuto;
+  // Decode steps (every sequence one new token, sampled, no logits returned) of up to
+  // kMaxGraphSeqs sequences run as CUDA graphs on a backend that has them: padded to a power of
+  // two sequences, the block tables to a power-of-two stride, captured lazily per bucket.
+  bool cuda_graphs = true;
 };
+
+// The step checks of GptOssModel::validate that do not depend on the cache's head layout (token
+// ids, positions, block tables inside [0, num_blocks), KV slots, sampling, budgets), shared with
+// the sharded model (services/rose/parallel/gpt_oss_shard.h). INVALID_ARGUMENT naming the
+// sequence and field.
+struct GptOssStepLimits {
+  int64_t vocab = 0;
+  int64_t max_batch_tokens = 0;
+  int64_t max_seqs = 0;
+  int64_t max_logits_rows = 0;
+  int64_t max_model_len = 0;
+  int64_t table_capacity = 0;  // block-table entries of one step (sequences x longest table)
+  bool sampler_state = false;  // the ops implement state slots, penalties, logprobs, min_p
+  bool token_mask = false;     // the ops honour token masks [TAG_TOKEN_MASK]
+};
+Status validateGptOssStep(const GptOssStepLimits& lim, const LlmStep& step, int32_t block_size,
+                          int32_t num_blocks, int64_t prev_sampled);
 
 class GptOssModel {
  public:
@@ -81,6 +103,11 @@ class GptOssModel {
   const GptOssConfig& config() const { return config_; }
   int64_t vocabSize() const { return config_.base.vocab_size; }
   int64_t maxModelLen() const { return max_model_len_; }
+  // Whether the ops' sampler implements logprobs, min_p, penalties and logit_bias (validate()
+  // refuses a step that asks for them otherwise); announced as shm::kLlmCapSamplerState.
+  bool supportsSamplerState() const { return ops_.supportsSamplerState(); }
+  // Whether the ops honour token masks (structured outputs); shm::kLlmCapTokenMask.
+  bool supportsTokenMask() const { return ops_.supportsTokenMask(); }
   // The cache shape this model needs for `num_blocks` blocks of `block_size` tokens.
   KvCacheShape kvShape(int32_t num_blocks, int32_t block_size) const;
   // The dtype the cache must have (the backend's activation dtype).
@@ -99,10 +126,17 @@ class GptOssModel {
 
   // Enqueues the step. logits_out: F32 [logitsRows(step), vocab] (may be null when that is 0);
   // sampled_out: I32, one id per sequence with sample != 0, in sequence order (may be null when
-  // none samples). Both are written when the enqueued work completes. A sequence with
+  // none samples); logprobs_out: one llm::LlmTokenLogprobs per sampled id (may be null when no
+  // sampling sequence has sampling.logprobs >= 0). All are written when the enqueued work
+  // completes. Sampler-state reloads (state_offset >= 0) happen before anything samples. A sequence with
   // prev_row >= 0 takes its first token from row prev_row of the ids the previous enqueued
   // step sampled ([TAG_LLM_PREV_TOKEN]; validate() checks the row exists).
-  void enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logits_out, int32_t* sampled_out);
+  void enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logits_out, int32_t* sampled_out,
+                   llm::LlmTokenLogprobs* logprobs_out = nullptr);
+
+  // Largest decode batch replayed as a CUDA graph; graph buckets used so far (tests, benches).
+  static constexpr int32_t kMaxGraphSeqs = 256;
+  uint64_t graphSteps() const { return graph_steps_; }
 
   // Expert format the model loaded (MXFP4 resident or dense).
   ExpertFormat expertFormat() const { return expert_format_; }
@@ -123,18 +157,23 @@ class GptOssModel {
   int64_t max_model_len_ = 0;
   ExpertFormat expert_format_ = ExpertFormat::kDense;
   int64_t last_sampled_ = 0;  // ids the last enqueued step sampled [TAG_LLM_PREV_TOKEN]
+  GraphExecutor* graphs_ = nullptr;  // decode graphs (null: eager only)
+  uint64_t graph_steps_ = 0;         // steps that went through graphs_
 
   OwnedTensor embed_, lm_head_, final_norm_, rope_cos_, rope_sin_;
   std::vector<Layer> layers_;
 
   // Workspace.
   OwnedTensor ids_, positions_, slots_, cu_q_, block_tables_, rows_, residual_, x_, moe_out_,
-      qkv_buf_, attn_, router_logits_, topk_ids_, topk_w_, gathered_, logits_, sampled_, prev_pairs_;
+      qkv_buf_, attn_, router_logits_, topk_ids_, topk_w_, gathered_, logits_, sampled_, prev_pairs_,
+      sampled_lp_;
   int64_t table_capacity_ = 0;  // elements of block_tables_
   // Host staging (valid until the next enqueueStep()).
   std::vector<int32_t> h_ids_, h_positions_, h_slots_, h_cu_, h_tables_, h_rows_, h_last_row_,
       h_prev_pairs_, h_windows_;
   std::vector<SampleRow> h_samples_;
+  std::vector<SamplerStateReset> h_resets_;
+  std::vector<LogitBias> h_bias_;
 };
 
 }  // namespace garden::rose

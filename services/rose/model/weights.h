@@ -1,5 +1,5 @@
 #pragma once
-// Checkpoint-tensor helpers shared by the model loaders (qwen3.cc, gpt_oss.cc): shape text for
+// Checkpoint-tensor helpers shared by the model loaders (qwen3.cc, gpt_oss.cc, the gpt-oss shard): shape text for
 // error messages, the shape/dtype check every loaded weight gets, and the upload with conversion.
 // Header-only (no library dependency beyond safetensors and the op interface). Any thread.
 
@@ -30,6 +30,24 @@ inline Status checkTensor(const TensorView& t, const std::vector<int64_t>& shape
                            " (want F32, BF16 or F16)");
   }
   return okStatus();
+}
+
+// A checkpoint tensor by its Hugging Face name, also found without the leading "model." (some
+// re-exports drop it); null when absent.
+inline const TensorView* findHfTensor(const SafetensorsCheckpoint& ck, const std::string& name) {
+  if (const TensorView* t = ck.find(name)) return t;
+  if (name.rfind("model.", 0) == 0) return ck.find(name.substr(6));
+  return nullptr;
+}
+
+// findHfTensor + checkTensor: INVALID_ARGUMENT naming the tensor when absent or mis-shaped.
+inline Result<const TensorView*> requireHfTensor(const SafetensorsCheckpoint& ck,
+                                               const std::string& name,
+                                               const std::vector<int64_t>& shape) {
+  const TensorView* t = findHfTensor(ck, name);
+  if (t == nullptr) return invalidArgument("checkpoint has no tensor '" + name + "'");
+  RETURN_IF_ERROR(checkTensor(*t, shape));
+  return t;
 }
 
 inline Status uploadInto(Backend& b, const Tensor& dst, const TensorView& src) {

@@ -1,5 +1,6 @@
 #include "services/rose/ops/backend.h"
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
@@ -32,13 +33,14 @@ Status envChoice(const char* name, std::initializer_list<const char*> accepted, 
 }  // namespace
 
 Status cudaKernelOptionsFromEnv(CudaKernelOptions& opts) {
-  int attention = opts.attention_wide ? 0 : 1;
+  int attention = opts.attention_sm90 ? 2 : opts.attention_wide ? 0 : 1;
   int tune = opts.gemm_tune ? 1 : 0, smallm = opts.gemm_smallm ? 1 : 0, pdl = opts.pdl ? 1 : 0;
-  RETURN_IF_ERROR(envChoice("GARDEN_ATTENTION_KERNEL", {"auto", "narrow"}, &attention));
+  RETURN_IF_ERROR(envChoice("GARDEN_ATTENTION_KERNEL", {"auto", "narrow", "sm90"}, &attention));
   RETURN_IF_ERROR(envChoice("GARDEN_GEMM_TUNE", {"0", "1"}, &tune));
   RETURN_IF_ERROR(envChoice("GARDEN_GEMM_SMALLM", {"0", "1"}, &smallm));
   RETURN_IF_ERROR(envChoice("GARDEN_PDL", {"0", "1"}, &pdl));
-  opts.attention_wide = attention == 0;
+  opts.attention_wide = attention != 1;
+  opts.attention_sm90 = attention == 2;
   opts.gemm_tune = tune == 1;
   opts.gemm_smallm = smallm == 1;
   opts.pdl = pdl == 1;
@@ -58,6 +60,15 @@ Result<std::unique_ptr<Backend>> makeBackend(std::string_view device, const Back
   }
   return invalidArgument("--device: unknown device '" + std::string(device) +
                          "' (expected cpu or cuda)");
+}
+
+void LlmOps::stageSample(std::span<const SampleRow>) {
+  std::fputs("LlmOps::stageSample: not supported by this backend's ops\n", stderr);
+  std::abort();
+}
+void LlmOps::sampleStaged(const Tensor&, int32_t, const Tensor&) {
+  std::fputs("LlmOps::sampleStaged: not supported by this backend's ops\n", stderr);
+  std::abort();
 }
 
 Result<std::unique_ptr<LlmOps>> makeLlmOps(Backend& backend, int32_t threads) {

@@ -158,8 +158,10 @@ enum class PoolMode : uint8_t { kLast = 1, kMean = 2, kCls = 3 };
 struct CudaKernelOptions {
   // Attention (ops/cuda/attention.cuh AttentionPolicy): true = the size policy may pick the
   // wide-warp variants (kAuto); false = narrow warps only (kNarrow). GARDEN_ATTENTION_KERNEL=
-  // auto|narrow.
+  // auto|narrow|sm90; sm90 sets attention_sm90 (the Hopper wgmma kernel for every head_dim 128
+  // batch: kSm90; opt-in until timed on the GPU) and attention_wide.
   bool attention_wide = true;
+  bool attention_sm90 = false;
   // GEMMs (ops/cuda/gemm.h): time cuBLASLt's candidates per (M bucket, N, K) (GARDEN_GEMM_TUNE=1)
   // or take the heuristic's pick (0); with tuning, also time the custom small-M kernel
   // (GARDEN_GEMM_SMALLM=1; off: it lost at every M >= 64 bucket on the H200).

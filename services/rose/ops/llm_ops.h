@@ -22,6 +22,7 @@
 #include "common/status.h"
 #include "services/rose/model/llm_step.h"
 #include "services/rose/ops/backend.h"
+#include "services/rose/ops/sampler.h"
 
 namespace garden::rose {
 
@@ -43,6 +44,9 @@ struct PagedAttentionParams {
   int32_t max_context = 0;         // host-known longest (position + 1) of any query (planning)
   int32_t sliding_window = 0;      // 0: full causal; W > 0: keys j with i - W < j <= i
   float scale = 0.f;               // logit scale (1/sqrt(head_dim)); the sink is not scaled
+  // > 0: the call is part of a CUDA-graph body replayed for other plans of up to this many
+  // single-token sequences (the step's counts are read on the device; fixed launch sizes).
+  int32_t graph_seqs = 0;
 };
 
 // The host view of a step's queries, handed to planAttention() once per step before its
@@ -80,6 +84,7 @@ struct ExpertWeights {
   int64_t experts = 0, rows = 0, cols = 0;
   Tensor dense;
   Tensor codes, scales;
+  uint32_t mx_max_scale = 255;  // kMxfp4: the largest E8M0 scale byte (the ops may use it)
   std::vector<Buffer> storage;  // owns what the views point to (may be empty: borrowed views)
 };
 
@@ -99,8 +104,9 @@ struct LlmOpsLimits {
   int32_t head_dim = 0;
 };
 
-// One row to sample from: logits row `row`, the sequence's params, the counter of its RNG
-// stream (the absolute position of the token being drawn).
+// One row to sample from: logits row `row`, the sequence's params (params.state_slot >= 0: the
+// sequence's sampler state, [TAG_LLM_SAMPLER_STATE]), the counter of its RNG stream (the
+// absolute position of the token being drawn).
 struct SampleRow {
   int32_t row = 0;
   uint64_t counter = 0;
@@ -111,9 +117,25 @@ struct SampleRow {
   const uint32_t* mask = nullptr;
 };
 
+// A reload of sampler-state slot `slot` (< LlmOpsLimits.max_seqs) [TAG_LLM_SAMPLER_STATE]: its
+// prompt tokens, generated tokens and logit_bias. Spans are read during the call only.
+struct SamplerStateReset {
+  int32_t slot = 0;
+  std::span<const int32_t> prompt;
+  std::span<const int32_t> output;
+  std::span<const LogitBias> bias;
+};
+
 class LlmOps {
  public:
   virtual ~LlmOps() = default;
+
+  // Graph support (backends with GraphExecutor): stageSample() copies the rows' parameters to
+  // the device outside a captured body; sampleStaged() samples the first `num_rows` staged rows
+  // (capturable: nothing but kernels). sample() is both. Backends without graphs keep the
+  // defaults, which fail: the model only calls them when the backend has graphs.
+  virtual void stageSample(std::span<const SampleRow> rows);
+  virtual void sampleStaged(const Tensor& logits, int32_t num_rows, const Tensor& out_ids);
 
   // Sizes workspaces (load time, before any op). RESOURCE_EXHAUSTED when memory runs out.
   virtual Status reserve(const LlmOpsLimits& limits) { return okStatus(); }
@@ -176,12 +198,26 @@ class LlmOps {
 
   // out_ids I32 [rows.size()]: one token per SampleRow from logits F32 [R, V]. Greedy
   // (temperature 0) is the argmax with the lowest id among equal maxima on every backend. With
-  // temperature > 0 each backend draws from the same distribution (temperature → top-k → top-p,
-  // sampler.h) with its own procedure, deterministic in (seed, counter): the CPU one is
-  // sampler.h's; the CUDA one is in ops/cuda/sample.cuh. `rows` must stay valid until the op
-  // has run.
+  // temperature > 0 each backend draws from the same distribution ([TAG_SAMPLER_ORDER]: bias →
+  // penalties → token mask → temperature → min-p → top-k → top-p, sampler.h) with its own procedure,
+  // deterministic in (seed, counter, state): the CPU one is sampler.h's; the CUDA one is in
+  // ops/cuda/sample.cuh. A row with a state slot adds its drawn token to the slot.
+  // out_logprobs (U8 [rows.size() * sizeof(llm::LlmTokenLogprobs)], may be empty when no row has
+  // params.logprobs >= 0): one llm::LlmTokenLogprobs per row (num_top -1 where not asked).
+  // `rows` must stay valid until the op has run. Penalties, logit_bias, min_p and logprobs need
+  // supportsSamplerState(); SampleRow.mask needs supportsTokenMask().
   virtual void sample(const Tensor& logits, std::span<const SampleRow> rows,
-                      const Tensor& out_ids) = 0;
+                      const Tensor& out_ids, const Tensor& out_logprobs) = 0;
+  void sample(const Tensor& logits, std::span<const SampleRow> rows, const Tensor& out_ids) {
+    sample(logits, rows, out_ids, Tensor());
+  }
+
+  // Whether sample() implements state slots, penalties, logit_bias, min_p and logprobs.
+  virtual bool supportsSamplerState() const { return false; }
+  // Whether sample() / stageSample() honour SampleRow.mask [TAG_TOKEN_MASK].
+  virtual bool supportsTokenMask() const { return false; }
+  // Reloads sampler-state slots, in order with the other ops (before a sample() that reads them).
+  virtual void resetSamplerState(std::span<const SamplerStateReset> resets) {}
 };
 
 // The LlmOps implementation for `backend` (by backend.name()): "cpu" → the fp32 reference,

@@ -18,7 +18,112 @@ Status validateSamplingParams(const SamplingParams& p) {
   if (p.top_k < 0) {
     return invalidArgument("top_k: must be >= 0 (got " + std::to_string(p.top_k) + ")");
   }
+  if (!(p.min_p >= 0.f && p.min_p <= 1.f)) {
+    return invalidArgument("min_p: must be in [0, 1] (got " + std::to_string(p.min_p) + ")");
+  }
+  if (!(p.presence_penalty >= -2.f && p.presence_penalty <= 2.f)) {
+    return invalidArgument("presence_penalty: must be in [-2, 2] (got " +
+                           std::to_string(p.presence_penalty) + ")");
+  }
+  if (!(p.frequency_penalty >= -2.f && p.frequency_penalty <= 2.f)) {
+    return invalidArgument("frequency_penalty: must be in [-2, 2] (got " +
+                           std::to_string(p.frequency_penalty) + ")");
+  }
+  if (!std::isfinite(p.repetition_penalty) || !(p.repetition_penalty > 0.f)) {
+    return invalidArgument("repetition_penalty: must be a finite number > 0 (got " +
+                           std::to_string(p.repetition_penalty) + ")");
+  }
+  if (p.logprobs < -1 || p.logprobs > llm::kMaxTopLogprobs) {
+    return invalidArgument("logprobs: must be in [-1, " + std::to_string(llm::kMaxTopLogprobs) +
+                           "] (got " + std::to_string(p.logprobs) + ")");
+  }
+  if (p.state_slot < -1) {
+    return invalidArgument("state_slot: must be >= -1 (got " + std::to_string(p.state_slot) + ")");
+  }
+  if (llm::needsPenaltyState(p) && p.state_slot < 0) {
+    return invalidArgument("state_slot: penalties need the sequence's sampler state (got -1)");
+  }
   return okStatus();
+}
+
+void SamplerSlot::reset(std::span<const int32_t> prompt, std::span<const int32_t> output,
+                        std::span<const LogitBias> bias) {
+  seen_.clear();
+  has_bias_ = false;
+  for (int32_t t : prompt) seen_[t].prompt = true;
+  for (int32_t t : output) ++seen_[t].output;
+  for (const LogitBias& b : bias) {
+    Entry& e = seen_[b.id];
+    e.has_bias = true;
+    e.bias = b.bias;
+    has_bias_ = true;
+  }
+}
+
+void SamplerSlot::apply(std::span<float> w, const SamplingParams& p) const {
+  const float r = p.repetition_penalty;
+  for (const auto& [t, e] : seen_) {
+    if (t < 0 || static_cast<size_t>(t) >= w.size()) continue;
+    float x = w[static_cast<size_t>(t)];
+    if (e.has_bias) x += e.bias;
+    if (e.prompt || e.output > 0) {
+      if (r != 1.f) x = x > 0.f ? x / r : x * r;
+      x -= p.frequency_penalty * static_cast<float>(e.output) +
+           (e.output > 0 ? p.presence_penalty : 0.f);
+    }
+    w[static_cast<size_t>(t)] = x;
+  }
+}
+
+void computeLogprobs(std::span<const float> logits, int32_t n, int32_t sampled,
+                     llm::LlmTokenLogprobs* out) {
+  const float ninf = -std::numeric_limits<float>::infinity();
+  float mx = ninf;
+  for (float x : logits) {
+    if (!std::isnan(x) && x > mx) mx = x;
+  }
+  double sum = 0.0;
+  for (float x : logits) {
+    if (std::isnan(x) || x == ninf) continue;
+    sum += std::isinf(mx) ? (x == mx ? 1.0 : 0.0) : std::exp(static_cast<double>(x) - mx);
+  }
+  // logZ = mx + log(sum); lp(x) = x − logZ. All −inf (or NaN): every lp is −inf.
+  auto lp = [&](float x) -> float {
+    if (std::isnan(x) || x == ninf || sum == 0.0) return ninf;
+    if (std::isinf(mx)) return x == mx ? static_cast<float>(-std::log(sum)) : ninf;
+    return static_cast<float>((static_cast<double>(x) - mx) - std::log(sum));
+  };
+  const size_t v = logits.size();
+  out->logprob = sampled >= 0 && static_cast<size_t>(sampled) < v
+                     ? lp(logits[static_cast<size_t>(sampled)])
+                     : ninf;
+  n = std::max(0, std::min<int32_t>(n, static_cast<int32_t>(std::min<size_t>(v, llm::kMaxTopLogprobs))));
+  out->num_top = n;
+  if (n == 0) return;
+  // The n best (value, id): one pass keeping a small sorted list.
+  auto better = [](float a, int32_t ia, float b, int32_t ib) {
+    return a != b ? a > b : ia < ib;
+  };
+  int32_t k = 0;
+  float vals[llm::kMaxTopLogprobs];
+  int32_t ids[llm::kMaxTopLogprobs];
+  for (size_t i = 0; i < v; ++i) {
+    const float x = std::isnan(logits[i]) ? ninf : logits[i];
+    const int32_t id = static_cast<int32_t>(i);
+    if (k == n && !better(x, id, vals[n - 1], ids[n - 1])) continue;
+    int32_t j = k < n ? k++ : n - 1;
+    while (j > 0 && better(x, id, vals[j - 1], ids[j - 1])) {
+      vals[j] = vals[j - 1];
+      ids[j] = ids[j - 1];
+      --j;
+    }
+    vals[j] = x;
+    ids[j] = id;
+  }
+  for (int32_t j = 0; j < n; ++j) {
+    out->top_ids[j] = ids[j];
+    out->top_logprobs[j] = lp(logits[static_cast<size_t>(ids[j])]);
+  }
 }
 
 namespace {
@@ -88,6 +193,13 @@ const std::vector<std::pair<int32_t, double>>& Sampler::distribution(std::span<c
   } else {
     std::sort(cand_.begin(), cand_.end(), order);
   }
+  if (p.min_p > 0.f && std::isfinite(cand_[0].first)) {
+    // p_i >= min_p · p_max  ⇔  z_i − z_max >= log(min_p); the sorted prefix that passes.
+    const double cut = static_cast<double>(cand_[0].first) + std::log(static_cast<double>(p.min_p));
+    size_t n = 1;
+    while (n < keep && static_cast<double>(cand_[n].first) >= cut) ++n;
+    keep = n;
+  }
   dist_.clear();
   const double mx = cand_[0].first;
   double sum = 0.0;
@@ -115,6 +227,30 @@ const std::vector<std::pair<int32_t, double>>& Sampler::distribution(std::span<c
     for (auto& d : dist_) d.second /= mass;
   }
   return dist_;
+}
+
+int32_t Sampler::sample(std::span<const float> logits, const SamplingParams& p, uint64_t counter,
+                        SamplerSlot* slot, llm::LlmTokenLogprobs* lp, const uint32_t* mask) {
+  std::span<const float> w = logits;
+  const bool adjust = slot != nullptr && slot->active(p) && !logits.empty();
+  int32_t first_allowed = -1;
+  if (adjust || (mask != nullptr && !logits.empty())) {
+    w_.assign(logits.begin(), logits.end());
+    if (adjust) slot->apply(w_, p);
+    if (mask != nullptr) first_allowed = applyTokenBitmask(w_, mask);  // [TAG_TOKEN_MASK]
+    w = w_;
+  }
+  int32_t tok = sample(w, p, counter);
+  if (!tokenAllowed(mask, tok) && first_allowed >= 0) tok = first_allowed;
+  if (lp != nullptr) {
+    if (p.logprobs >= 0 && !logits.empty()) {
+      computeLogprobs(logits, p.logprobs, tok, lp);
+    } else {
+      *lp = llm::LlmTokenLogprobs{};
+    }
+  }
+  if (slot != nullptr) slot->addOutput(tok);
+  return tok;
 }
 
 int32_t Sampler::sample(std::span<const float> logits, const SamplingParams& p, uint64_t counter) {

@@ -22,6 +22,35 @@ Status checkIds(std::span<const int32_t> ids, uint32_t vocab, const char* field)
   return okStatus();
 }
 
+// A request that needs the worker's sampler state [TAG_LLM_SAMPLER_STATE] is refused here, alone,
+// when the worker's sampler lacks it: rose refuses a whole step that asks for it, which would end
+// every other sequence of that step. Fields are named as the OpenAI API names them (ivy reports
+// them as the 400's param); the checks run after normalization (repetition_penalty 0 → 1).
+Status checkSamplerCaps(const GenerateParams& p, const shm::ModelFacts& f) {
+  if (p.grammar != nullptr && (f.llm_caps & shm::kLlmCapTokenMask) == 0) {  // [TAG_TOKEN_MASK]
+    const size_t n = strnlen(f.sampler, sizeof(f.sampler));
+    return invalidArgument("response_format: structured outputs are not supported by this "
+                           "worker's sampler (" +
+                           (n > 0 ? std::string(f.sampler, n) : std::string("unknown")) +
+                           "): it does not implement token masks");
+  }
+  if ((f.llm_caps & shm::kLlmCapSamplerState) != 0) return okStatus();
+  const llm::SamplingParams& s = p.sampling;
+  const char* field = s.logprobs >= 0                ? "logprobs"
+                      : s.min_p > 0.f                ? "min_p"
+                      : s.presence_penalty != 0.f    ? "presence_penalty"
+                      : s.frequency_penalty != 0.f   ? "frequency_penalty"
+                      : s.repetition_penalty != 1.f  ? "repetition_penalty"
+                      : !p.logit_bias.empty()        ? "logit_bias"
+                                                     : nullptr;
+  if (field == nullptr) return okStatus();
+  const size_t n = strnlen(f.sampler, sizeof(f.sampler));
+  return invalidArgument(std::string(field) + ": not supported by this worker's sampler (" +
+                         (n > 0 ? std::string(f.sampler, n) : std::string("unknown")) +
+                         "); logprobs, min_p, penalties and logit_bias need a worker whose "
+                         "sampler keeps per-sequence state");
+}
+
 }  // namespace
 
 uint32_t llmContextLength(const shm::ModelFacts& f) {
@@ -51,6 +80,34 @@ Status validateGenerate(GenerateParams& p, const shm::ModelFacts& f) {
   if (!(s.top_p > 0 && s.top_p <= 1))
     return invalidArgument("sampling.top_p: must be in (0, 1] (0 or 1 = off)");
   if (s.top_k < 0) return invalidArgument("sampling.top_k: must be >= 0 (0 = off)");
+  if (!(s.min_p >= 0 && s.min_p <= 1)) return invalidArgument("sampling.min_p: must be in [0, 1]");
+  if (!(s.presence_penalty >= -2 && s.presence_penalty <= 2))
+    return invalidArgument("sampling.presence_penalty: must be in [-2, 2]");
+  if (!(s.frequency_penalty >= -2 && s.frequency_penalty <= 2))
+    return invalidArgument("sampling.frequency_penalty: must be in [-2, 2]");
+  if (s.repetition_penalty == 0) s.repetition_penalty = 1.f;  // proto3 default: off
+  if (!std::isfinite(s.repetition_penalty) || !(s.repetition_penalty > 0))
+    return invalidArgument("sampling.repetition_penalty: must be a finite number > 0");
+  if (s.logprobs < -1 || s.logprobs > llm::kMaxTopLogprobs) {
+    return invalidArgument("sampling.top_logprobs: must be in [0, " +
+                           std::to_string(llm::kMaxTopLogprobs) + "]");
+  }
+  if (p.logit_bias.size() > static_cast<size_t>(llm::kMaxLogitBias)) {
+    return invalidArgument("sampling.logit_bias: " + std::to_string(p.logit_bias.size()) +
+                           " entries, at most " + std::to_string(llm::kMaxLogitBias));
+  }
+  for (size_t i = 0; i < p.logit_bias.size(); ++i) {
+    const LogitBiasEntry& b = p.logit_bias[i];
+    const std::string field = "sampling.logit_bias[" + std::to_string(i) + "]";
+    if (b.token_id < 0 || (f.vocab_size > 0 && static_cast<uint32_t>(b.token_id) >= f.vocab_size)) {
+      return invalidArgument(field + ": token id " + std::to_string(b.token_id) +
+                             " is outside the vocabulary [0, " + std::to_string(f.vocab_size) + ")");
+    }
+    if (!(b.bias >= -100 && b.bias <= 100))
+      return invalidArgument(field + ": bias must be in [-100, 100]");
+  }
+  if (Status st = checkSamplerCaps(p, f); !st.isOk()) return st;
+  s.state_slot = -1;  // the scheduler's
   return okStatus();
 }
 

@@ -22,10 +22,17 @@ namespace garden::tulip {
 // Values match garden.v1.FinishReason.
 enum class FinishReason : int { kNone = 0, kStop = 1, kLength = 2, kCancelled = 3 };
 
+struct LogitBiasEntry {
+  int32_t token_id = 0;
+  float bias = 0.f;
+};
+
 struct GenerateParams {
   std::vector<int32_t> prompt;
   uint32_t max_tokens = 0;  // 0: until the context is full
+  // sampling.logprobs >= 0 asks for logprobs; sampling.state_slot is the scheduler's to set.
   llm::SamplingParams sampling;
+  std::vector<LogitBiasEntry> logit_bias;  // at most llm::kMaxLogitBias, ids distinct
   bool has_seed = false;  // false: the scheduler draws a seed
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;
@@ -41,6 +48,8 @@ struct GenerateParams {
 // last event (last = true), which may also carry a token.
 struct GenerateEvent {
   int32_t token = -1;  // >= 0: the next generated token
+  bool has_logprobs = false;  // token >= 0 and the request asked (sampling.logprobs >= 0)
+  llm::LlmTokenLogprobs logprobs;
   bool last = false;
   // Last event only: status OK with finish set, or the error that ended the stream.
   Status status;
@@ -58,9 +67,22 @@ struct GenerateEvent {
 uint32_t llmContextLength(const shm::ModelFacts& facts);
 
 // OK when `p` can be generated on a worker with `facts`; otherwise INVALID_ARGUMENT naming the
-// field (prompt_ids, prompt_ids[i], stop_token_ids[i], sampling.temperature / top_p / top_k), or
-// FAILED_PRECONDITION when the worker serves no LLM or has no KV cache. Normalizes what proto3
-// leaves unset: top_p 0 becomes 1 (off). Draws no seed (the caller does: this is a pure function).
+// field (prompt_ids, prompt_ids[i], stop_token_ids[i], sampling.temperature / top_p / top_k /
+// min_p / presence_penalty / frequency_penalty / repetition_penalty / top_logprobs,
+// sampling.logit_bias[i]), or FAILED_PRECONDITION when the worker serves no LLM or has no KV
+// cache. Normalizes what proto3 leaves unset: top_p 0 and repetition_penalty 0 become 1 (off).
+// A request asking for logprobs, min_p, a penalty or logit_bias from a worker whose facts lack
+// shm::kLlmCapSamplerState is INVALID_ARGUMENT "<logprobs|min_p|presence_penalty|
+// frequency_penalty|repetition_penalty|logit_bias>: not supported by this worker's sampler
+// (<facts.sampler>)…" (OpenAI field names, so ivy's 400 names the param); a constrained request
+// (grammar set) from a worker lacking shm::kLlmCapTokenMask "response_format: …".
+// Draws no seed (the caller does: this is a pure function).
 Status validateGenerate(GenerateParams& p, const shm::ModelFacts& facts);
+
+// Whether the request needs a worker-side sampler-state slot [TAG_LLM_SAMPLER_STATE]:
+// a penalty is on or it has a logit_bias.
+inline bool needsSamplerState(const GenerateParams& p) {
+  return llm::needsPenaltyState(p.sampling) || !p.logit_bias.empty();
+}
 
 }  // namespace garden::tulip

@@ -66,11 +66,13 @@ WorkBatch toWorkBatch(StepPlan& plan) {
   batch.llm_seqs = plan.seqs;
   batch.tokens = std::move(plan.tokens);
   batch.block_ids = std::move(plan.block_ids);
+  batch.llm_state = std::move(plan.state);
   batch.masks = std::move(plan.masks);
   plan.masks.clear();
   batch.request_id = plan.request_id;
   plan.tokens.clear();
   plan.block_ids.clear();
+  plan.state.clear();
   return batch;
 }
 
@@ -175,7 +177,7 @@ void LlmScheduler::applyResults() {
     const int64_t now = shm::monotonicNowNs();
     if (r.status.isOk()) {
       m.step_seconds.observe(r.step_us / 1e6);
-      core_.update(plan, r.ids, now);
+      core_.update(plan, r.ids, now, r.logprobs);
     } else {
       log::warn("llm step failed", {{"error", r.status}, {"sequences", plan.seqs.size()}});
       core_.stepFailed(plan, r.status, now);
@@ -243,6 +245,7 @@ LlmScheduler::Submitted LlmScheduler::submitStep(std::unique_lock<std::mutex>& l
     StepResult sr;
     sr.status = r.status;
     sr.ids.assign(r.token_ids.begin(), r.token_ids.end());
+    sr.logprobs.assign(r.logprobs.begin(), r.logprobs.end());
     sr.step_us = r.step_us;
     {
       std::lock_guard<std::mutex> g(mu_);

@@ -74,6 +74,7 @@ class LlmScheduler {
   struct StepResult {
     Status status;
     std::vector<int32_t> ids;
+    std::vector<llm::LlmTokenLogprobs> logprobs;
     uint64_t step_us = 0;
   };
   using Outbox = std::vector<std::pair<std::shared_ptr<LlmRequest>, GenerateEvent>>;

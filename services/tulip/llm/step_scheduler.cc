@@ -1,6 +1,7 @@
 #include "services/tulip/llm/step_scheduler.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "common/shm/llm_batch.h"
 
@@ -48,6 +49,9 @@ bool LlmStepScheduler::configure(const LlmWorkerLimits& limits) {
   // carries, so it is capped the same way.
   max_running_ = opts_.max_num_seqs;
   if (limits.max_seqs > 0) max_running_ = std::min(max_running_, limits.max_seqs);
+  // [TAG_LLM_SAMPLER_STATE] One slot per running sequence (rose has max_seqs >= max_running_).
+  free_state_slots_.clear();
+  for (uint32_t i = max_running_; i-- > 0;) free_state_slots_.push_back(static_cast<int32_t>(i));
   return true;
 }
 
@@ -76,6 +80,18 @@ Result<SeqId> LlmStepScheduler::add(GenerateParams params, int64_t now_ns) {
   return id;
 }
 
+void LlmStepScheduler::releaseStateSlot(Seq& s) {
+  if (s.state_slot >= 0) free_state_slots_.push_back(s.state_slot);
+  s.state_slot = -1;
+  s.state_sent = false;
+}
+
+uint64_t LlmStepScheduler::stateWords(const Seq& s, bool admitting) const {
+  if (!needsSamplerState(s.params)) return 0;
+  if (!admitting && (s.state_slot < 0 || s.state_sent)) return 0;
+  return s.tokens.size() + 2 * s.params.logit_bias.size();
+}
+
 LlmStepScheduler::Seq* LlmStepScheduler::live(const StepSeqRef& ref) {
   auto it = seqs_.find(ref.id);
   if (it == seqs_.end() || it->second.admission != ref.admission) return nullptr;
@@ -91,6 +107,7 @@ const LlmStepScheduler::Seq& LlmStepScheduler::seq(SeqId id) const {
 void LlmStepScheduler::finish(Seq& s, Status st, FinishReason why, int32_t token, int64_t now_ns) {
   if (s.running) {
     running_.erase(std::find(running_.begin(), running_.end(), s.id));
+    releaseStateSlot(s);
   } else {
     auto it = std::find(waiting_.begin(), waiting_.end(), s.id);
     if (it != waiting_.end()) {
@@ -171,6 +188,7 @@ void LlmStepScheduler::preempt(Seq& victim) {
   victim.last_sample_row = -1;
   ++victim.admission;
   victim.running = false;
+  releaseStateSlot(victim);
   running_.erase(std::find(running_.begin(), running_.end(), victim.id));
   waiting_.push_front(victim.id);
   waiting_tokens_ += victim.tokens.size();
@@ -210,11 +228,12 @@ StepPlan LlmStepScheduler::schedule(int64_t now_ns) {
   };
   std::vector<Pick> picks;
   uint32_t budget = budget_;
-  uint64_t n_tokens = 0, n_blocks = 0, n_masks = 0;
-  // A constrained sequence may bring a token bitmask [TAG_TOKEN_MASK].
-  auto fits = [&](uint32_t num_new, size_t table, bool masked = false) {
+  uint64_t n_tokens = 0, n_blocks = 0, n_state = 0, n_masks = 0;
+  // A constrained sequence brings a token bitmask [TAG_TOKEN_MASK].
+  auto fits = [&](uint32_t num_new, size_t table, uint64_t state, bool masked) {
     return limits_.input_bytes == 0 ||
-           shm::llmStepBytes(picks.size() + 1, n_tokens + num_new, n_blocks + table) +
+           shm::llmStepBytes(picks.size() + 1, n_tokens + num_new, n_blocks + table,
+                             n_state + state) +
                    shm::llmMaskBytes(n_masks + (masked ? 1 : 0), limits_.vocab) <=
                limits_.input_bytes;
   };
@@ -242,7 +261,8 @@ StepPlan LlmStepScheduler::schedule(int64_t now_ns) {
       table = kv_->allocate(s.id, uint64_t{s.num_scheduled} + num_new);
     }
     if (self) break;  // s was the last running sequence that could go
-    if (!fits(num_new, table->size(), s.decoder != nullptr)) {
+    const uint64_t state = stateWords(s, false);
+    if (!fits(num_new, table->size(), state, s.decoder != nullptr)) {
       ++i;
       continue;
     }
@@ -250,6 +270,7 @@ StepPlan LlmStepScheduler::schedule(int64_t now_ns) {
     n_masks += s.decoder ? 1 : 0;
     n_tokens += num_new;
     n_blocks += table->size();
+    n_state += state;
     budget -= num_new;
     ++i;
   }
@@ -268,7 +289,8 @@ StepPlan LlmStepScheduler::schedule(int64_t now_ns) {
     const uint32_t num_new = std::min(static_cast<uint32_t>(s.tokens.size()) - computed, budget);
     auto table = kv_->allocate(s.id, uint64_t{computed} + num_new, prefix);
     if (!table) break;
-    if (!fits(num_new, table->size(), s.decoder != nullptr)) {
+    const uint64_t state = stateWords(s, true);
+    if (!fits(num_new, table->size(), state, s.decoder != nullptr)) {
       kv_->free(s.id);
       break;
     }
@@ -276,6 +298,12 @@ StepPlan LlmStepScheduler::schedule(int64_t now_ns) {
     waiting_.pop_front();
     waiting_tokens_ -= s.tokens.size();
     s.running = true;
+    if (needsSamplerState(s.params)) {
+      CHECK(!free_state_slots_.empty());  // one per running sequence
+      s.state_slot = free_state_slots_.back();
+      free_state_slots_.pop_back();
+      s.state_sent = false;
+    }
     s.num_computed = computed;
     s.num_scheduled = computed;
     running_.push_back(s.id);
@@ -289,6 +317,7 @@ StepPlan LlmStepScheduler::schedule(int64_t now_ns) {
     picks.push_back(Pick{s.id, computed, num_new, -1});
     n_tokens += num_new;
     n_blocks += table->size();
+    n_state += state;
     budget -= num_new;
   }
   if (picks.empty()) return plan;
@@ -309,7 +338,23 @@ StepPlan LlmStepScheduler::schedule(int64_t now_ns) {
     d.logits = llm::LogitsMode::kNone;
     d.sample = p.position + p.num_new == s.length() ? 1 : 0;
     d.sampling = s.params.sampling;
+    d.sampling.state_slot = s.state_slot;
     d.prev_row = p.prev_row;
+    if (s.state_slot >= 0 && !s.state_sent) {
+      // [TAG_LLM_SAMPLER_STATE] The reload: prompt, generated tokens known, logit_bias.
+      d.state_offset = static_cast<int32_t>(plan.state.size());
+      d.state_prompt = static_cast<int32_t>(s.prompt_len);
+      d.state_output = static_cast<int32_t>(s.tokens.size() - s.prompt_len);
+      d.state_bias = static_cast<int32_t>(s.params.logit_bias.size());
+      plan.state.insert(plan.state.end(), s.tokens.begin(), s.tokens.end());
+      for (const LogitBiasEntry& b : s.params.logit_bias) {
+        int32_t bits;
+        std::memcpy(&bits, &b.bias, sizeof(bits));
+        plan.state.push_back(b.token_id);
+        plan.state.push_back(bits);
+      }
+      s.state_sent = true;
+    }
     if (p.prev_row >= 0) {
       CHECK(p.num_new == 1 && p.position == s.tokens.size());
       plan.tokens.push_back(-1);  // the worker takes it from the previous step's ids
@@ -342,7 +387,7 @@ StepPlan LlmStepScheduler::schedule(int64_t now_ns) {
 }
 
 void LlmStepScheduler::update(const StepPlan& plan, std::span<const int32_t> sampled,
-                              int64_t now_ns) {
+                              int64_t now_ns, std::span<const llm::LlmTokenLogprobs> logprobs) {
   CHECK(!in_flight_.empty() && in_flight_.front().step == plan.step);
   if (sampled.size() != plan.num_sampled) {
     stepFailed(
@@ -352,11 +397,19 @@ void LlmStepScheduler::update(const StepPlan& plan, std::span<const int32_t> sam
         now_ns);
     return;
   }
+  if (!logprobs.empty() && logprobs.size() != sampled.size()) {
+    stepFailed(plan,
+               internalError("rose returned " + std::to_string(logprobs.size()) +
+                             " logprob entries for " + std::to_string(sampled.size()) + " ids"),
+               now_ns);
+    return;
+  }
   in_flight_.pop_front();
   ++totals_.steps;
   size_t k = 0;
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     const llm::LlmStepSeq& d = plan.seqs[i];
+    const llm::LlmTokenLogprobs* lp = d.sample && !logprobs.empty() ? &logprobs[k] : nullptr;
     const int32_t tok = d.sample ? sampled[k++] : -1;
     Seq* s = live(plan.refs[i]);
     if (!s) continue;  // finished or preempted since: its work here is dropped
@@ -373,6 +426,7 @@ void LlmStepScheduler::update(const StepPlan& plan, std::span<const int32_t> sam
     kv_->commit(s->id, s->tokens, s->num_computed);
     if (!d.sample) continue;
     const GenerateParams& p = s->params;
+    const bool with_lp = p.sampling.logprobs >= 0 && lp != nullptr && lp->num_top >= 0;
     if ((!p.ignore_eos && contains(limits_.eos_ids, tok)) || contains(p.stop_token_ids, tok)) {
       finish(*s, okStatus(), FinishReason::kStop, tok, now_ns);
     } else if ((p.max_tokens > 0 && s->generated >= p.max_tokens) ||
@@ -383,6 +437,10 @@ void LlmStepScheduler::update(const StepPlan& plan, std::span<const int32_t> sam
       ev.id = s->id;
       ev.event.token = tok;
       events_.push_back(std::move(ev));
+    }
+    if (with_lp) {  // the event just formed (a token or the last one) carries it
+      events_.back().event.has_logprobs = true;
+      events_.back().event.logprobs = *lp;
     }
   }
 }
@@ -414,6 +472,7 @@ void LlmStepScheduler::retract(const StepPlan& plan) {
     Seq* s = live(plan.refs[i]);
     if (!s) continue;
     s->num_scheduled = static_cast<uint32_t>(d.position);
+    if (d.state_offset >= 0) s->state_sent = false;  // the next plan sends the reload again
     if (!d.sample) continue;
     --s->pending;
     // A placeholder continued the token prev_step samples: that one is the newest pending again.

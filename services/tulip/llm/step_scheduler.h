@@ -44,6 +44,15 @@
 // safe to hand out in the next plan: the worker runs steps in order, and an in-flight step never
 // writes a block that is full and cached.
 //
+// Sampler state [TAG_LLM_SAMPLER_STATE]: a request with penalties or a logit_bias holds one of
+// the worker's state slots (0 .. max running - 1; rose has max_seqs of them) while it is running.
+// The first plan that carries it after each admission reloads the slot with its prompt, its
+// generated tokens so far and its logit_bias (StepPlan.state); from then on rose counts the
+// tokens it samples itself, so nothing more crosses per step, and a token sampled by the step
+// in flight is already counted when the next step samples [TAG_LLM_PREV_TOKEN]. The slot is
+// released when the sequence finishes or is preempted (its re-admission reloads a fresh one);
+// a retracted plan's reload is sent again by the next plan.
+//
 // Threads: not thread-safe; one owner (the driver calls it under its mutex).
 
 #include <cstdint>
@@ -103,6 +112,7 @@ struct StepPlan {
   std::vector<llm::LlmStepSeq> seqs;
   std::vector<int32_t> tokens;
   std::vector<int32_t> block_ids;
+  std::vector<int32_t> state;    // sampler-state reloads [TAG_LLM_SAMPLER_STATE]
   std::vector<StepSeqRef> refs;  // refs[i]: the sequence seqs[i] belongs to
   // Token bitmasks of constrained sequences [TAG_TOKEN_MASK]: seqs[i].mask_index k > 0 names
   // masks[(k - 1) * W, k * W), W = shm::llmMaskWords(vocab).
@@ -172,8 +182,10 @@ class LlmStepScheduler {
   // retract() is called with it; results are taken in plan order.
   StepPlan schedule(int64_t now_ns);
   // The oldest plan in flight ran: `sampled` holds one id per sequence with sample != 0, in
-  // order (a count mismatch fails the step as INTERNAL).
-  void update(const StepPlan& plan, std::span<const int32_t> sampled, int64_t now_ns);
+  // order (a count mismatch fails the step as INTERNAL); `logprobs` is empty or holds one entry
+  // per sampled id (events of requests that asked carry theirs).
+  void update(const StepPlan& plan, std::span<const int32_t> sampled, int64_t now_ns,
+              std::span<const llm::LlmTokenLogprobs> logprobs = {});
   // The oldest plan in flight failed with `error` (see the header comment).
   void stepFailed(const StepPlan& plan, const Status& error, int64_t now_ns);
   // The newest plan in flight was never given to the worker (no free slot): undo its planning so
@@ -209,6 +221,8 @@ class LlmStepScheduler {
     uint32_t cached_prompt = 0;
     bool admitted_once = false;
     bool running = false;
+    int32_t state_slot = -1;   // [TAG_LLM_SAMPLER_STATE] while running and needing one
+    bool state_sent = false;   // its reload is in a plan of this admission
     int64_t arrival_ns = 0;
     int64_t first_sched_ns = 0;
     // Structured outputs [TAG_TOKEN_MASK]: a constrained sequence is never planned ahead of its
@@ -231,6 +245,9 @@ class LlmStepScheduler {
   void preempt(Seq& victim);
   void finish(Seq& s, Status st, FinishReason why, int32_t token, int64_t now_ns);
   void failRunning(const Status& st, int64_t now_ns);
+  void releaseStateSlot(Seq& s);
+  // Words of s's sampler-state reload (0 when it needs none or has sent it).
+  uint64_t stateWords(const Seq& s, bool admitting) const;
 
   const LlmSchedulerOptions opts_;
   LlmWorkerLimits limits_;
@@ -239,6 +256,7 @@ class LlmStepScheduler {
   std::unique_ptr<KvBlockManager> kv_;
   bool kv_lost_ = false;
   std::unordered_map<SeqId, Seq> seqs_;  // node-based: Seq references stay valid
+  std::vector<int32_t> free_state_slots_;  // [TAG_LLM_SAMPLER_STATE]
   std::deque<SeqId> waiting_;
   std::vector<SeqId> running_;  // admission order
   uint64_t waiting_tokens_ = 0;

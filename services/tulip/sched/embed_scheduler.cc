@@ -49,7 +49,54 @@ bool compatible(const EmbedJob& a, const EmbedJob& b) {
          a.score_yes == b.score_yes && a.score_no == b.score_no;
 }
 
+// Samples older than ~20 batches weigh less than a third.
+constexpr double kCostDecay = 0.95;
+// Batches seen before the staging policy trusts the model.
+constexpr uint32_t kCostMinSamples = 3;
+
 }  // namespace
+
+void BatchCostModel::add(uint64_t tokens, int64_t service_ns) {
+  const double x = static_cast<double>(tokens), y = static_cast<double>(service_ns);
+  // The error of the prediction this sample tests; from the third sample on (with two a line can
+  // be fitted: a first proportional guess would poison the margin while it decays).
+  if (n_ >= 2) {
+    const double e = std::abs(y - static_cast<double>(predict(tokens)));
+    err_ = n_ == 2 ? e : 0.8 * err_ + 0.2 * e;
+  }
+  w_ = w_ * kCostDecay + 1;
+  sx_ = sx_ * kCostDecay + x;
+  sy_ = sy_ * kCostDecay + y;
+  sxx_ = sxx_ * kCostDecay + x * x;
+  sxy_ = sxy_ * kCostDecay + x * y;
+  ++n_;
+}
+
+int64_t BatchCostModel::predict(uint64_t tokens) const {
+  if (n_ == 0 || w_ <= 0) return 0;
+  const double x = static_cast<double>(tokens);
+  const double det = w_ * sxx_ - sx_ * sx_;
+  double a, b;
+  if (det > 1e-6 * w_ * sxx_) {  // the sizes vary enough to separate fixed and per-token cost
+    b = (w_ * sxy_ - sx_ * sy_) / det;
+    a = (sy_ - b * sx_) / w_;
+    if (b < 0) {
+      b = 0;
+      a = sy_ / w_;
+    } else if (a < 0) {
+      a = 0;
+      b = sxy_ / sxx_;
+    }
+  } else if (sx_ > 0) {  // (about) one size seen: proportional
+    a = 0;
+    b = sy_ / sx_;
+  } else {
+    a = sy_ / w_;
+    b = 0;
+  }
+  const double y = a + b * x;
+  return y > 0 ? static_cast<int64_t>(y) : 0;
+}
 
 EmbedScheduler::EmbedScheduler(Worker& worker, SchedulerOptions opts)
     : worker_(worker), opts_(opts) {
@@ -67,6 +114,24 @@ void EmbedScheduler::poke() {
     work = !flows_.empty() || !to_finish_.empty();
   }
   if (work) cv_.notifyAll();
+}
+
+int64_t EmbedScheduler::nowNs() const {
+  return opts_.clock_ns != nullptr ? opts_.clock_ns() : shm::monotonicNowNs();
+}
+
+int64_t EmbedScheduler::stageAtNs(int64_t now) const {
+  // Immediate staging: switched off, a cap that leaves no staged batch (1) or no cap (0: every
+  // free slot, the old behaviour), nothing running, or too few batches seen to predict.
+  if (opts_.stage_lead_us == 0 || opts_.max_inflight_batches < 2 || inflight_.empty() ||
+      cost_.samples() < kCostMinSamples) {
+    return 0;
+  }
+  // The worker runs batches one after another: the work on it ends when the last one does.
+  int64_t end = last_done_ns_;
+  for (const auto& b : inflight_) end = std::max(end, b.submitted_ns) + cost_.predict(b.tokens);
+  const int64_t at = end - int64_t{opts_.stage_lead_us} * 1000 - 2 * cost_.error();
+  return at > now ? at : 0;
 }
 
 uint32_t EmbedScheduler::inflightCap() const {
@@ -391,7 +456,7 @@ std::vector<EmbedScheduler::Part> EmbedScheduler::formBatch(WorkBatch& batch) {
 }
 
 void EmbedScheduler::onResult(std::vector<Part>& parts, uint64_t tokens, int64_t submitted_ns,
-                              const WorkResult& r, bool dispatch_next) {
+                              const WorkResult& r, bool dispatch_next, uint64_t batch_id) {
   Status st = r.status;
   const bool scoring = !parts.empty() && parts[0].p->job->kind == shm::BatchKind::kScore;
   if (st.isOk()) {
@@ -418,6 +483,19 @@ void EmbedScheduler::onResult(std::vector<Part>& parts, uint64_t tokens, int64_t
     MutexLock l(mu_);
     inflight_tokens_ -= tokens;
     --inflight_batches_;
+    // [TAG_EMBED_LATE_STAGE] The batch's service time as tulip sees it: from when it was handed
+    // over, or from the previous completion if it was staged behind another batch.
+    for (auto it = inflight_.begin(); it != inflight_.end(); ++it) {
+      if (it->id != batch_id) continue;
+      const int64_t t = nowNs();
+      if (st.isOk()) {
+        const int64_t start = std::max(it->submitted_ns, last_done_ns_);
+        if (t > start) cost_.add(tokens, t - start);
+      }
+      last_done_ns_ = t;
+      inflight_.erase(it);
+      break;
+    }
     const int64_t now = shm::monotonicNowNs();
     const Pending* last = nullptr;  // a request's sequences are contiguous in a batch
     for (size_t i = 0; i < parts.size(); ++i) {
@@ -472,8 +550,16 @@ void EmbedScheduler::dispatchLocked(Outbox& out) {
     to_finish_.clear();
   }
   const uint32_t cap = inflightCap();
+  stage_at_ns_ = 0;
   while (!stop_ && !flows_.empty() && inflight_batches_ < cap && worker_.ready() &&
          worker_.inflight() < worker_.depth()) {
+    // [TAG_EMBED_LATE_STAGE] With a batch running, let arrivals gather until shortly before it
+    // ends; the scheduler thread (or the completion, whichever comes first) forms the batch then.
+    if (const int64_t at = stageAtNs(nowNs()); at != 0) {
+      stage_at_ns_ = at;
+      if (loop_wake_ns_ != 0 && at < loop_wake_ns_) cv_.notifyAll();  // it sleeps past `at`
+      break;
+    }
     WorkBatch batch;
     std::vector<Part> parts = formBatch(batch);
     if (parts.empty()) break;
@@ -489,11 +575,13 @@ void EmbedScheduler::dispatchLocked(Outbox& out) {
     // (it waits for mu_, held here, before touching the parts).
     for (auto& part : parts) part.p->job->trace.dispatched_ns = t0;
     auto shared_parts = std::make_shared<std::vector<Part>>(std::move(parts));
+    const uint64_t id = ++next_batch_id_;
+    inflight_.push_back(InflightBatch{id, nowNs(), tokens});
     // mu_ stays held: batches reach the worker in FIFO order whichever thread dispatches them.
     // (Lock order scheduler mu_ -> worker; the worker never calls back holding its own lock.)
-    Status st =
-        worker_.trySubmit(std::move(batch), [this, shared_parts, tokens, t0](const WorkResult& r) {
-          onResult(*shared_parts, tokens, t0, r, /*dispatch_next=*/true);
+    Status st = worker_.trySubmit(
+        std::move(batch), [this, shared_parts, tokens, t0, id](const WorkResult& r) {
+          onResult(*shared_parts, tokens, t0, r, /*dispatch_next=*/true, id);
         });
     if (!st.isOk()) {
       log::warn("batch submission failed", {{"error", st}});
@@ -501,7 +589,8 @@ void EmbedScheduler::dispatchLocked(Outbox& out) {
           Refused{std::move(*shared_parts), tokens, t0,
                   st.code() == StatusCode::kFailedPrecondition
                       ? unavailable("rose worker has no free slot: " + st.message())
-                      : st});
+                      : st,
+                  id});
       break;
     }
   }
@@ -512,14 +601,15 @@ void EmbedScheduler::flush(Outbox& out) {
   for (auto& r : out.refused) {
     WorkResult wr;
     wr.status = r.status;
-    onResult(r.parts, r.tokens, r.submitted_ns, wr, /*dispatch_next=*/false);
+    onResult(r.parts, r.tokens, r.submitted_ns, wr, /*dispatch_next=*/false, r.batch_id);
   }
 }
 
 void EmbedScheduler::loop() {
   // Dispatch normally happens inline (submit, completions); this thread covers what no request
   // or completion drives: a slot the worker released after its callback, readiness changes,
-  // cancellations and deadlines of queued requests (checked at least every 20 ms).
+  // cancellations and deadlines of queued requests (checked at least every 20 ms), and a staged
+  // batch held until its time [TAG_EMBED_LATE_STAGE].
   MutexLock l(mu_);
   while (!stop_) {
     Outbox out;
@@ -530,7 +620,13 @@ void EmbedScheduler::loop() {
       l.lock();
       continue;
     }
-    cv_.waitFor(l, 20ms);
+    const int64_t now = nowNs();
+    int64_t wait_ns = 20'000'000;
+    if (stage_at_ns_ != 0) wait_ns = std::clamp<int64_t>(stage_at_ns_ - now, 0, wait_ns);
+    if (wait_ns == 0) continue;
+    loop_wake_ns_ = now + wait_ns;
+    cv_.waitFor(l, std::chrono::nanoseconds(wait_ns));
+    loop_wake_ns_ = 0;
   }
 }
 

@@ -26,7 +26,20 @@
 // request pays no added latency, and concurrent small requests coalesce instead of queueing inside
 // rose one by one. A small request arriving while the cap is reached therefore waits for the
 // running batch, runs behind the staged one, then in its own: at most max_inflight_batches + 1
-// batch times end to end. A request's sequences may span several batches; it completes when its
+// batch times end to end — with immediate staging. [TAG_EMBED_LATE_STAGE]: by default the staged
+// batch is formed late instead: while a batch runs, the next one is formed only when the work on
+// the worker is predicted to end within `stage_lead_us` (plus the model's recent error), from a
+// cost model (service time = a + b x tokens, exponentially weighted least squares over recent
+// batches as tulip saw them complete). Until then arrivals coalesce. Before, the first request
+// after a completion went out alone as the staged batch and everyone after it waited for a third
+// batch; closed-loop clients kept that split forever (on the H200 at 4-16 clients of 512 tokens
+// ~2.4 sequences per batch, each paying the ~0.9 ms fixed cost of a forward). Now a request
+// arriving while a batch runs waits for that batch, then runs in the next: about one batch
+// time, not two. The staged batch still reaches the worker ~stage_lead_us before the running one
+// ends, so the worker is not left idle; a prediction that runs late only costs the gap of
+// max_inflight_batches = 1 (the completion dispatches what waits). Off with stage_lead_us = 0,
+// with a cap of 1 or 0, and until the model has seen a few batches.
+// A request's sequences may span several batches; it completes when its
 // last sequence has a result. Admission is bounded in tokens (RESOURCE_EXHAUSTED past the limit),
 // expired or cancelled sequences are dropped before they reach the worker, and a worker failure
 // fails exactly the requests it held.
@@ -62,6 +75,28 @@ struct SchedulerOptions {
   // Batches on the worker at once (see the header comment); 0 = up to the worker's depth (every
   // free slot takes a batch at once: the pre-2026-11-30 behaviour, no coalescing under load).
   uint32_t max_inflight_batches = 2;
+  // [TAG_EMBED_LATE_STAGE] With a batch running, form the next one only when the running work is
+  // predicted to end within this many µs (0 = stage at once, the 2026-11-30 behaviour). It must
+  // cover the hand-off to the worker and its host preparation of the staged batch.
+  uint32_t stage_lead_us = 1000;
+  // Clock of the staging policy (CLOCK_MONOTONIC ns); tests may substitute one. nullptr = real.
+  int64_t (*clock_ns)() = nullptr;
+};
+
+// Predicts a batch's service time from its tokens: a + b x tokens, fitted by exponentially
+// weighted least squares over recent batches [TAG_EMBED_LATE_STAGE]. Not thread-safe.
+class BatchCostModel {
+ public:
+  void add(uint64_t tokens, int64_t service_ns);
+  // ns; 0 before the first sample.
+  int64_t predict(uint64_t tokens) const;
+  // Exponentially weighted mean absolute error of the predictions made before each sample (ns).
+  int64_t error() const { return static_cast<int64_t>(err_); }
+  uint32_t samples() const { return n_; }
+
+ private:
+  double w_ = 0, sx_ = 0, sy_ = 0, sxx_ = 0, sxy_ = 0, err_ = 0;
+  uint32_t n_ = 0;
 };
 
 // Where one request's time went (CLOCK_MONOTONIC ns; 0 = not reached). For batch-1 requests every
@@ -167,6 +202,7 @@ class EmbedScheduler {
     uint64_t tokens = 0;
     int64_t submitted_ns = 0;
     Status status;
+    uint64_t batch_id = 0;
   };
   struct Outbox {
     std::vector<Refused> refused;
@@ -190,9 +226,12 @@ class EmbedScheduler {
   // A batch's result (mu_ NOT held). With `dispatch_next`, the freed place is refilled from the
   // queue at once, before the finished requests are answered.
   void onResult(std::vector<Part>& parts, uint64_t tokens, int64_t submitted_ns,
-                const WorkResult& r, bool dispatch_next) EXCLUDES(mu_);
+                const WorkResult& r, bool dispatch_next, uint64_t batch_id) EXCLUDES(mu_);
   // Fails expired/cancelled queued sequences (collects finishes).
   void dropDead() REQUIRES(mu_);
+  int64_t nowNs() const;
+  // With work on the worker: when the next batch should be formed [TAG_EMBED_LATE_STAGE]; 0 = now.
+  int64_t stageAtNs(int64_t now) const REQUIRES(mu_);
 
   Worker& worker_;
   const SchedulerOptions opts_;
@@ -209,6 +248,19 @@ class EmbedScheduler {
   uint32_t inflight_batches_ GUARDED_BY(mu_) = 0;
   uint32_t inflight_batches_max_ GUARDED_BY(mu_) = 0;
   std::vector<std::pair<std::shared_ptr<Pending>, Status>> to_finish_ GUARDED_BY(mu_);
+  // [TAG_EMBED_LATE_STAGE] Batches on the worker (FIFO), the cost model, when tulip last saw a
+  // batch complete, when a held batch is due, and until when the scheduler thread sleeps (0: awake).
+  struct InflightBatch {
+    uint64_t id;
+    int64_t submitted_ns;
+    uint64_t tokens;
+  };
+  std::deque<InflightBatch> inflight_ GUARDED_BY(mu_);
+  uint64_t next_batch_id_ GUARDED_BY(mu_) = 0;
+  BatchCostModel cost_ GUARDED_BY(mu_);
+  int64_t last_done_ns_ GUARDED_BY(mu_) = 0;
+  int64_t stage_at_ns_ GUARDED_BY(mu_) = 0;
+  int64_t loop_wake_ns_ GUARDED_BY(mu_) = 0;
   bool stop_ GUARDED_BY(mu_) = false;
   std::thread thread_;
 };

@@ -9,6 +9,7 @@
 #include "common/logging.h"
 #include "common/metrics/registry.h"
 #include "common/mutex.h"
+#include "common/tsan_handoff.h"
 #include "services/tulip/server/status_map.h"
 
 namespace garden::tulip {
@@ -103,6 +104,8 @@ class JobReactor final : public grpc::ServerUnaryReactor {
       job->on_done = nullptr;
       done(st);
     }
+    // gRPC may run OnCancel on another thread once the handler returns [TAG_TSAN_HANDOFF].
+    tsanRelease(this);
   }
 
   void done(const Status& st) {
@@ -113,6 +116,7 @@ class JobReactor final : public grpc::ServerUnaryReactor {
     const char* method = method_;
     const uint64_t tokens = tokens_;
     const int64_t reply_ns = shm::monotonicNowNs();
+    tsanRelease(this);  // OnDone runs on a gRPC thread after Finish [TAG_TSAN_HANDOFF]
     Finish(toGrpcStatus(st));
     const int64_t finish_ns = shm::monotonicNowNs();
     auto& m = Metrics::get();
@@ -136,9 +140,13 @@ class JobReactor final : public grpc::ServerUnaryReactor {
   }
 
   void OnCancel() override {
+    tsanAcquire(this);
     if (job_) sched_.cancel(job_);
   }
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    tsanAcquire(this);
+    delete this;
+  }
 
  private:
   // One line per request with where its time went, hop by hop (microseconds; the last batch's
@@ -215,9 +223,13 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateChunk>
       }
       unref();  // the scheduler will never call
     }
+    // gRPC runs OnCancel/OnWriteDone/OnDone on its threads once the handler returns
+    // [TAG_TSAN_HANDOFF].
+    tsanRelease(this);
   }
 
   void OnWriteDone(bool ok) override EXCLUDES(mu_) {
+    tsanAcquire(this);
     MutexLock l(mu_);
     writing_ = false;
     if (!ok && !broken_) {
@@ -229,10 +241,12 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateChunk>
   }
 
   void OnCancel() override {
+    tsanAcquire(this);
     if (req_) sched_.cancel(req_);
   }
 
   void OnDone() override EXCLUDES(mu_) {
+    tsanAcquire(this);
     GenerateEvent fin;
     {
       MutexLock l(mu_);
@@ -267,7 +281,10 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateChunk>
   void onEvent(const GenerateEvent& ev) EXCLUDES(mu_) {
     {
       MutexLock l(mu_);
-      if (ev.token >= 0) pending_.push_back(ev.token);
+      if (ev.token >= 0) {
+        pending_.push_back(ev.token);
+        if (ev.has_logprobs) pending_lp_.push_back(ev.logprobs);
+      }
       if (ev.last) final_ = ev;
       pumpLocked();
     }
@@ -283,6 +300,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateChunk>
       finished_ = true;
       Status st = final_->status;
       if (st.isOk()) st = cancelledError("request cancelled by the caller");
+      tsanRelease(this);  // [TAG_TSAN_HANDOFF]: OnDone follows on a gRPC thread
       Finish(toGrpcStatus(st));
       return;
     }
@@ -290,6 +308,15 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateChunk>
     chunk_.Clear();
     chunk_.mutable_token_ids()->Add(pending_.begin(), pending_.end());
     pending_.clear();
+    for (const llm::LlmTokenLogprobs& lp : pending_lp_) {
+      v1::TokenLogprobs* t = chunk_.add_logprobs();
+      t->set_logprob(lp.logprob);
+      for (int32_t j = 0; j < lp.num_top; ++j) {
+        t->add_top_ids(lp.top_ids[j]);
+        t->add_top_logprobs(lp.top_logprobs[j]);
+      }
+    }
+    pending_lp_.clear();
     writing_ = true;
     if (final_) {
       const GenerateEvent& f = *final_;
@@ -302,8 +329,10 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateChunk>
       t->set_inference_us(f.inference_us);
       t->set_total_us(f.total_us);
       finished_ = true;
+      tsanRelease(this);  // [TAG_TSAN_HANDOFF]: OnWriteDone/OnDone follow on gRPC threads
       StartWriteAndFinish(&chunk_, grpc::WriteOptions(), grpc::Status::OK);
     } else {
+      tsanRelease(this);
       StartWrite(&chunk_);
     }
   }
@@ -319,6 +348,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateChunk>
   std::atomic<int> refs_{2};  // gRPC (OnDone) and the scheduler (last event)
   Mutex mu_;
   std::vector<int32_t> pending_ GUARDED_BY(mu_);
+  std::vector<llm::LlmTokenLogprobs> pending_lp_ GUARDED_BY(mu_);  // one per pending_ token
   std::optional<GenerateEvent> final_ GUARDED_BY(mu_);
   v1::GenerateChunk chunk_ GUARDED_BY(mu_);  // owned by the write in flight
   bool writing_ GUARDED_BY(mu_) = false;
@@ -450,8 +480,14 @@ grpc::ServerWriteReactor<v1::GenerateChunk>* TulipService::Generate(
     grpc::CallbackServerContext* ctx, const v1::GenerateRequest* req) {
   class Refuse final : public grpc::ServerWriteReactor<v1::GenerateChunk> {
    public:
-    explicit Refuse(const grpc::Status& st) { Finish(st); }
-    void OnDone() override { delete this; }
+    explicit Refuse(const grpc::Status& st) {
+      Finish(st);  // before the handler returns: kept in this reactor until gRPC binds it
+      tsanRelease(this);  // [TAG_TSAN_HANDOFF]: OnDone runs after the handler returned
+    }
+    void OnDone() override {
+      tsanAcquire(this);
+      delete this;
+    }
   };
   if (grpc::Status a = authorize(ctx); !a.ok()) return new Refuse(a);
   if (worker_.ready() && !servesLlm()) {
@@ -472,6 +508,21 @@ grpc::ServerWriteReactor<v1::GenerateChunk>* TulipService::Generate(
   p.sampling.top_k = req->sampling().top_k();
   p.sampling.seed = req->sampling().seed();
   p.has_seed = req->sampling().has_seed();
+  const v1::SamplingParams& sp = req->sampling();
+  p.sampling.min_p = sp.min_p();
+  p.sampling.presence_penalty = sp.presence_penalty();
+  p.sampling.frequency_penalty = sp.frequency_penalty();
+  p.sampling.repetition_penalty = sp.repetition_penalty();
+  if (!sp.logprobs() && sp.top_logprobs() > 0) {
+    return new Refuse(toGrpcStatus(
+        invalidArgument("sampling.top_logprobs: needs sampling.logprobs = true")));
+  }
+  p.sampling.logprobs = !sp.logprobs() ? -1
+                        : sp.top_logprobs() > static_cast<uint32_t>(llm::kMaxTopLogprobs)
+                            ? llm::kMaxTopLogprobs + 1  // refused by validateGenerate
+                            : static_cast<int32_t>(sp.top_logprobs());
+  p.logit_bias.reserve(static_cast<size_t>(sp.logit_bias_size()));
+  for (const v1::LogitBias& b : sp.logit_bias()) p.logit_bias.push_back({b.token_id(), b.bias()});
   p.stop_token_ids.assign(req->stop_token_ids().begin(), req->stop_token_ids().end());
   p.ignore_eos = req->ignore_eos();
   if (req->has_constraint()) {  // [TAG_TOKEN_MASK]

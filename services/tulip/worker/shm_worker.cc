@@ -109,10 +109,15 @@ Status ShmWorker::trySubmit(WorkBatch batch, WorkDone done) {
                                        : alignUp(token_bytes, kSeqLensAlign);
   const uint64_t second_bytes = generate ? batch.block_ids.size() * sizeof(int32_t)
                                          : batch.seq_lens.size() * sizeof(int32_t);
-  // [TAG_TOKEN_MASK] token bitmasks after the block ids (BatchDesc.seqlens_offset).
-  const uint64_t masks_off = shm::llmAlignUp(second_off + second_bytes);
+  // kGenerate: the sampler-state words after the block ids [TAG_LLM_SAMPLER_STATE].
+  const uint64_t state_off = generate ? shm::llmAlignUp(second_off + second_bytes) : 0;
+  const uint64_t state_bytes = generate ? batch.llm_state.size() * sizeof(int32_t) : 0;
+  // [TAG_TOKEN_MASK] token bitmasks after the state words (BatchDesc.seqlens_offset).
+  const uint64_t masks_off = generate ? shm::llmAlignUp(state_off + state_bytes) : 0;
   const uint64_t masks_bytes = generate ? batch.masks.size() * sizeof(uint32_t) : 0;
-  const uint64_t need = masks_bytes > 0 ? masks_off + masks_bytes : second_off + second_bytes;
+  const uint64_t need = !generate         ? second_off + second_bytes
+                        : masks_bytes > 0 ? masks_off + masks_bytes
+                                          : state_off + state_bytes;
   if (need > opts_.layout.input_bytes) {
     return invalidArgument("batch of " + std::to_string(batch.tokens.size()) +
                            " tokens does not fit the channel's input arena");
@@ -131,6 +136,7 @@ Status ShmWorker::trySubmit(WorkBatch batch, WorkDone done) {
   std::memcpy(arena.data() + tokens_off, batch.tokens.data(), token_bytes);
   std::memcpy(arena.data() + second_off,
               generate ? batch.block_ids.data() : batch.seq_lens.data(), second_bytes);
+  if (state_bytes > 0) std::memcpy(arena.data() + state_off, batch.llm_state.data(), state_bytes);
   if (masks_bytes > 0) std::memcpy(arena.data() + masks_off, batch.masks.data(), masks_bytes);
   shm::BatchDesc d;
   d.batch_id = next_batch_id_++;
@@ -147,6 +153,8 @@ Status ShmWorker::trySubmit(WorkBatch batch, WorkDone done) {
     d.seqs_offset = 0;
     d.blocks_offset = second_off;
     d.num_blocks = static_cast<uint32_t>(batch.block_ids.size());
+    d.state_offset = state_off;
+    d.num_state = static_cast<uint32_t>(batch.llm_state.size());
     d.seqlens_offset = masks_bytes > 0 ? masks_off : 0;
   } else {
     d.seqlens_offset = second_off;
@@ -429,15 +437,23 @@ void ShmWorker::run() {
             c->message[sizeof(c->message) - 1] = '\0';
             r.status = Status(static_cast<StatusCode>(c->status_code), c->message);
           } else if (entry.kind == shm::BatchKind::kGenerate) {
-            // One int32 sampled id per sampling sequence (common/shm/llm_batch.h).
-            const uint64_t bytes = uint64_t{c->rows} * sizeof(int32_t);
-            if (bytes > opts_.layout.output_bytes || c->output_bytes != bytes) {
+            // One int32 sampled id per sampling sequence, then (cols kLlmLogprobsCols) one
+            // LlmTokenLogprobs each (common/shm/llm_batch.h).
+            const bool lp = c->cols == shm::kLlmLogprobsCols;
+            const uint64_t bytes = uint64_t{c->rows} * (lp ? shm::kLlmLogprobsCols : 1) * 4;
+            if ((c->cols != 1 && !lp) || bytes > opts_.layout.output_bytes ||
+                c->output_bytes != bytes) {
               r.status = internalError("rose returned a malformed LLM step result (" +
                                        std::to_string(c->rows) + " ids, " +
                                        std::to_string(c->output_bytes) + " bytes)");
             } else {
               auto out = ch.outputArena(c->slot);
               r.token_ids = {reinterpret_cast<const int32_t*>(out.data()), c->rows};
+              if (lp) {
+                r.logprobs = {reinterpret_cast<const llm::LlmTokenLogprobs*>(
+                                  out.data() + sizeof(int32_t) * c->rows),
+                              c->rows};
+              }
               r.num_rows = c->rows;
               r.cols = 1;
             }

@@ -28,6 +28,7 @@ struct WorkBatch {
   // block-id array their block_offset/num_blocks index; `tokens` holds the new tokens.
   std::vector<llm::LlmStepSeq> llm_seqs;
   std::vector<int32_t> block_ids;
+  std::vector<int32_t> llm_state;  // kGenerate: sampler-state words [TAG_LLM_SAMPLER_STATE]
   std::vector<uint32_t> masks;  // kGenerate: token bitmasks [TAG_TOKEN_MASK] (may be empty)
   shm::PoolingMode pooling = shm::PoolingMode::kDefault;
   bool normalize = true;
@@ -43,6 +44,8 @@ struct WorkResult {
   Status status;
   std::span<const float> rows;
   std::span<const int32_t> token_ids;  // kGenerate: one sampled id per sequence with sample != 0
+  // kGenerate, when the step asked for logprobs: one entry per token id (else empty).
+  std::span<const llm::LlmTokenLogprobs> logprobs;
   uint32_t num_rows = 0;
   uint32_t cols = 0;
   uint64_t step_us = 0;

@@ -31,6 +31,9 @@ class FakeLlmWorker final : public Worker {
     facts_.eos_ids[0] = eos;
     std::strcpy(facts_.name, "fake-llm");
     std::strcpy(facts_.kind, "llm");
+    // The fake engine samples by a fixed rule and returns no logprobs: no sampler state
+    // (llm_caps 0), so tulip refuses requests that need it.
+    std::strcpy(facts_.sampler, "fake");
   }
 
   bool ready() const override { return ready_; }

@@ -5,7 +5,10 @@
 // With the default cap (2 batches in flight) they take three batches: the first runs, the
 // second is staged alone, the other five coalesce into one. With --max-inflight-batches 0 (every
 // free slot, the old behaviour) the first four go out one by one. Batches are counted from
-// tulip's own metrics.
+// tulip's own metrics. (The staged batch is formed at once here: the replica has run fewer than 3
+// batches, so its cost model does not predict yet, and a paused fake-rose would overrun any
+// prediction anyway. Forming it late [TAG_EMBED_LATE_STAGE] is tested in
+// tests/unit/tulip/sched/embed_scheduler_test.cc, EmbedSchedulerLateStage.)
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 

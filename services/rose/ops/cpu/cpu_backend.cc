@@ -37,7 +37,10 @@ __attribute__((always_inline)) inline float hsum(const V8& v) {
   return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
 }
 
-#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
+// Not under ASan or TSan: the clones' ifunc resolver runs while the dynamic loader relocates rose,
+// before the sanitizer runtime is initialized, and an instrumented resolver crashes there (under
+// TSan every rose died with SIGSEGV in axpy's resolver before main).
+#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
 #define GARDEN_CPU_CLONES __attribute__((target_clones("arch=haswell", "default")))
 #else
 #define GARDEN_CPU_CLONES

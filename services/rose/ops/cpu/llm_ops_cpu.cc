@@ -341,26 +341,43 @@ class CpuLlmOps final : public LlmOps {
     }
   }
 
-  void sample(const Tensor& logits, std::span<const SampleRow> rows,
-              const Tensor& out_ids) override {
+  void sample(const Tensor& logits, std::span<const SampleRow> rows, const Tensor& out_ids,
+              const Tensor& out_logprobs) override {
     sync();
     checkF32(logits);
     checkI32(out_ids);
     CHECK(out_ids.numel() >= static_cast<int64_t>(rows.size()));
+    auto* lps = out_logprobs.empty() ? nullptr : static_cast<llm::LlmTokenLogprobs*>(out_logprobs.data);
+    CHECK(lps == nullptr || out_logprobs.bytes() >= rows.size() * sizeof(llm::LlmTokenLogprobs));
     const int64_t v = logits.cols();
     int32_t* o = out_ids.as<int32_t>();
     for (size_t i = 0; i < rows.size(); ++i) {
       const SampleRow& r = rows[i];
       CHECK(r.row >= 0 && r.row < logits.rows());
+      CHECK(lps != nullptr || r.params.logprobs < 0);
       std::span<const float> row(logits.as<float>() + r.row * v, static_cast<size_t>(v));
-      if (r.mask != nullptr) {  // [TAG_TOKEN_MASK]
-        masked_.assign(row.begin(), row.end());
-        const int32_t first = applyTokenBitmask(masked_, r.mask);
-        const int32_t id = sampler_.sample(masked_, r.params, r.counter);
-        o[i] = tokenAllowed(r.mask, id) || first < 0 ? id : first;
-        continue;
+      SamplerSlot* slot = nullptr;
+      if (r.params.state_slot >= 0) {
+        CHECK(static_cast<size_t>(r.params.state_slot) < slots_.size());
+        slot = &slots_[static_cast<size_t>(r.params.state_slot)];
       }
-      o[i] = sampler_.sample(row, r.params, r.counter);
+      o[i] = sampler_.sample(row, r.params, r.counter, slot, lps ? &lps[i] : nullptr, r.mask);
+    }
+  }
+
+  Status reserve(const LlmOpsLimits& limits) override {
+    slots_.assign(static_cast<size_t>(std::max(0, limits.max_seqs)), SamplerSlot{});
+    return okStatus();
+  }
+
+  bool supportsSamplerState() const override { return true; }
+  bool supportsTokenMask() const override { return true; }
+
+  void resetSamplerState(std::span<const SamplerStateReset> resets) override {
+    sync();
+    for (const SamplerStateReset& r : resets) {
+      CHECK(r.slot >= 0 && static_cast<size_t>(r.slot) < slots_.size());
+      slots_[static_cast<size_t>(r.slot)].reset(r.prompt, r.output, r.bias);
     }
   }
 
@@ -374,13 +391,13 @@ class CpuLlmOps final : public LlmOps {
   Backend& backend_;
   ThreadPool pool_;
   std::vector<std::vector<float>> scratch_;  // per pool worker
-  std::vector<float> masked_;                 // sample(): a masked copy of one row
   // moeExperts, one chunk: pair offsets per expert (E + 1), pairs grouped by expert, the experts
   // with pairs, a fill cursor, and each pair's expert output [rows·k, H]. Compute thread only.
   std::vector<int64_t> moe_count_, moe_fill_;
   std::vector<int32_t> moe_pairs_, moe_experts_;
   std::vector<float> moe_y_;
   Sampler sampler_;
+  std::vector<SamplerSlot> slots_;  // [TAG_LLM_SAMPLER_STATE], one per max_seqs
 };
 
 }  // namespace

@@ -3,6 +3,8 @@
 #include <string>
 
 #include "services/rose/ops/cuda/attention.cuh"
+#include "services/rose/ops/cuda/attention_sm90.cuh"
+#include "services/rose/ops/cuda/attention_sm90_layout.h"
 #include "services/rose/ops/cuda/common.cuh"
 #include "services/rose/ops/cuda/cuda_utils.h"
 
@@ -15,35 +17,6 @@ template <int kD>
 constexpr size_t attentionSmemBytes() {
   // [2 stages][K, V][kN rows][kD + 8 padded] bf16
   return size_t{2} * 2 * kKeysPerTile * (kD + 8) * sizeof(__nv_bfloat16);
-}
-
-// Finds the (sequence, first query row) of query tile `tile` when every sequence is cut into
-// ceil(len / kM) tiles, in order. Warp-cooperative scan over cu_seqlens (32 sequences a step).
-__device__ bool findTile(const int32_t* cu, int num_seqs, int tile, int kM, int& seq, int& q0) {
-  const int lane = threadIdx.x & 31;
-  int base = 0;
-  for (int s0 = 0; s0 < num_seqs; s0 += 32) {
-    const int s = s0 + lane;
-    int n = 0;
-    if (s < num_seqs) n = (cu[s + 1] - cu[s] + kM - 1) / kM;
-    int inc = n;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int y = __shfl_up_sync(0xffffffffu, inc, o);
-      if (lane >= o) inc += y;
-    }
-    const int total = __shfl_sync(0xffffffffu, inc, 31);
-    if (tile < base + total) {
-      const unsigned hit = __ballot_sync(0xffffffffu, base + inc > tile);
-      const int l = __ffs(hit) - 1;
-      const int excl = __shfl_sync(0xffffffffu, inc - n, l);
-      seq = s0 + l;
-      q0 = (tile - base - excl) * kM;
-      return true;
-    }
-    base += total;
-  }
-  return false;
 }
 
 // The narrow-warp kernel (AttentionVariant kNarrow16 / kNarrow64). kWarps warps x 16 query rows
@@ -69,7 +42,7 @@ __global__ void __launch_bounds__(32 * kWarps * kHeads) attentionKernel(Attentio
   __nv_bfloat16* s_v = s_k + 2 * kN * kRow;                     // [2][kN][kRow]
 
   int seq = 0, q0 = 0;
-  if (!findTile(a.cu_seqlens, a.num_seqs, blockIdx.x, kM, seq, q0)) return;
+  if (!findAttentionTile(a.cu_seqlens, a.num_seqs, blockIdx.x, kM, seq, q0)) return;
   const int start = a.cu_seqlens[seq];
   const int len = a.cu_seqlens[seq + 1] - start;
   if (kCausal) q0 = ((len + kM - 1) / kM - 1) * kM - q0;  // longest tiles first
@@ -360,7 +333,7 @@ __global__ void __launch_bounds__(32 * kWarps * kHeads, 1) attentionKernelWide(A
   const uint32_t s_ml = s_q + kHeads * kM * kRow * kEl + threadIdx.x * 16;
 
   int seq = 0, q0 = 0;
-  if (!findTile(a.cu_seqlens, a.num_seqs, blockIdx.x, kM, seq, q0)) return;
+  if (!findAttentionTile(a.cu_seqlens, a.num_seqs, blockIdx.x, kM, seq, q0)) return;
   const int start = a.cu_seqlens[seq];
   const int len = a.cu_seqlens[seq + 1] - start;
   if (kCausal) q0 = ((len + kM - 1) / kM - 1) * kM - q0;  // longest tiles first
@@ -645,9 +618,10 @@ Status checkArgs(const AttentionArgs& a) {
 }  // namespace
 
 const char* attentionVariantName(AttentionVariant v) {
-  static const char* const kNames[] = {"narrow16", "narrow64", "wide64", "wide128"};  // 1..4
+  static const char* const kNames[] = {"narrow16", "narrow64",  "wide64",     "wide128",
+                                       "sm90",     "sm90basic", "sm90cpasync"};  // 1..7
   const int i = static_cast<int>(v) - 1;
-  return i >= 0 && i < 4 ? kNames[i] : "unknown";
+  return i >= 0 && i < 7 ? kNames[i] : "unknown";
 }
 
 Status checkAttentionVariant(const AttentionArgs& a, AttentionVariant v) {
@@ -670,6 +644,10 @@ Status checkAttentionVariant(const AttentionArgs& a, AttentionVariant v) {
                              " needs head_dim 128, got " + std::to_string(a.head_dim));
       }
       return okStatus();
+    case AttentionVariant::kSm90:
+    case AttentionVariant::kSm90Basic:
+    case AttentionVariant::kSm90CpAsync:
+      return checkAttentionSm90(a, attentionVariantName(v));
   }
   return invalidArgument("attention: unknown variant " + std::to_string(static_cast<int>(v)));
 }
@@ -677,8 +655,15 @@ Status checkAttentionVariant(const AttentionArgs& a, AttentionVariant v) {
 Result<AttentionVariant> selectAttentionVariant(const AttentionArgs& a, AttentionPolicy policy,
                                                 int sm_count) {
   RETURN_IF_ERROR(checkArgs(a));
-  if (policy != AttentionPolicy::kAuto && policy != AttentionPolicy::kNarrow)
+  if (policy != AttentionPolicy::kAuto && policy != AttentionPolicy::kNarrow &&
+      policy != AttentionPolicy::kSm90)
     return invalidArgument("attention: unknown policy " + std::to_string(static_cast<int>(policy)));
+  if (policy == AttentionPolicy::kSm90 && a.head_dim == 128) {
+    // Every size, so that a row's result does not depend on its batch; a device or driver that
+    // cannot run it is an error here, not a silent fallback.
+    RETURN_IF_ERROR(checkAttentionSm90(a, "sm90"));
+    return AttentionVariant::kSm90;
+  }
   // Decode-like (few query tiles): 16-row tiles (one warp) spread the work over more blocks.
   const int64_t tiles64 = (a.num_tokens + 63) / 64 * a.num_q_heads;
   const bool decode_like = tiles64 < 2 * static_cast<int64_t>(sm_count);
@@ -714,6 +699,12 @@ Status launchAttentionVariant(const AttentionArgs& a, cudaStream_t stream, Atten
     case AttentionVariant::kWide128:
       return a.causal ? launchWide<128, 4, true, 1, 2>(a, stream, pdl)
                       : launchWide<128, 4, false, 1, 2>(a, stream, pdl);
+    case AttentionVariant::kSm90:
+      return launchAttentionSm90(a, stream, Sm90Schedule::kPipelined, pdl);
+    case AttentionVariant::kSm90Basic:
+      return launchAttentionSm90(a, stream, Sm90Schedule::kBasic, pdl);
+    case AttentionVariant::kSm90CpAsync:
+      return launchAttentionSm90(a, stream, Sm90Schedule::kBasicCpAsync, pdl);
   }
   return invalidArgument("attention: unknown variant " + std::to_string(static_cast<int>(v)));
 }

@@ -48,16 +48,33 @@ struct AttentionArgs {
 // (Benchmark history, bench/results/gpu-embed-2026-11-30-h200-s3: the wide 64-row tiles matched or
 // beat the narrow ones at every prefill-like Qwen3 shape; a 4-warp shared 128-row wide tile and a
 // 3-stage one lost and were removed, as was the first kernel, which masked every tile.)
-enum class AttentionVariant : int32_t { kNarrow16 = 1, kNarrow64 = 2, kWide64 = 3, kWide128 = 4 };
-const char* attentionVariantName(AttentionVariant v);  // "narrow16", ..., "wide128"
+//   Hopper (attention_sm90.cuh; head_dim 128, compute capability 9.0): wgmma + TMA, 128 query
+//   rows per block, warp-specialized. NOT bit-identical to the four above (other tiles and
+//   accumulation order; equal within bf16 rounding), so only the kSm90 policy picks them:
+//     kSm90:      two consumer warpgroups, softmax overlapped with the matrix products;
+//     kSm90Basic: the same, each step after the other (A/B, fallback);
+//     kSm90CpAsync: kSm90Basic loading with cp.async instead of TMA (bisection aid).
+enum class AttentionVariant : int32_t {
+  kNarrow16 = 1,
+  kNarrow64 = 2,
+  kWide64 = 3,
+  kWide128 = 4,
+  kSm90 = 5,
+  kSm90Basic = 6,
+  kSm90CpAsync = 7,
+};
+const char* attentionVariantName(AttentionVariant v);  // "narrow16", ..., "sm90", "sm90basic", "sm90cpasync"
 
-// Which variants the size policy may pick (rose: GARDEN_ATTENTION_KERNEL=auto|narrow, read into
-// CudaKernelOptions at start-up).
+// Which variants the size policy may pick (rose: GARDEN_ATTENTION_KERNEL=auto|narrow|sm90, read
+// into CudaKernelOptions at start-up).
 //   kAuto:   narrow warps for head_dim 64 and for decode-like sizes (fewer 64-row query tiles,
 //            over all q heads, than two per SM: kNarrow16), else wide: kWide64, or kWide128 for
 //            an odd GQA group;
-//   kNarrow: narrow warps only (kNarrow16 or kNarrow64 by the same size rule), for A/B runs.
-enum class AttentionPolicy : int32_t { kAuto = 0, kNarrow = 1 };
+//   kNarrow: narrow warps only (kNarrow16 or kNarrow64 by the same size rule), for A/B runs;
+//   kSm90:   the Hopper kernel (kSm90) for every head_dim 128 batch, whatever its size (so a
+//            row's bits do not depend on its batch), else as kAuto. Opt-in until timed on the
+//            GPU: kAuto stays the default.
+enum class AttentionPolicy : int32_t { kAuto = 0, kNarrow = 1, kSm90 = 2 };
 
 // The variant a launch of `a` runs under `policy` on a device with `sm_count` multiprocessors, or
 // why `a` cannot run (INVALID_ARGUMENT / UNIMPLEMENTED naming the field). Pure: reads the shapes,

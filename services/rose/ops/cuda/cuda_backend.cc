@@ -336,8 +336,9 @@ void CudaBackend::attention(const Tensor& qkv, const Tensor& cu_seqlens, const T
   a.head_dim = p.head_dim;
   a.scale = p.scale;
   a.causal = p.causal;
-  const AttentionPolicy policy =
-      kernels_.attention_wide ? AttentionPolicy::kAuto : AttentionPolicy::kNarrow;
+  const AttentionPolicy policy = kernels_.attention_sm90   ? AttentionPolicy::kSm90
+                                : kernels_.attention_wide ? AttentionPolicy::kAuto
+                                                          : AttentionPolicy::kNarrow;
   checkOk(launchAttention(a, stream_, policy, kernels_.pdl), "attention");
 }
 

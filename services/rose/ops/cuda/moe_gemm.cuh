@@ -50,7 +50,7 @@ struct Mxfp4PackedShape {
 // scales [count, N, K/32], device memory, e.g. a staging copy) into the tiled layout of `shape`.
 Status launchMxfp4Pack(const uint8_t* src_codes, const uint8_t* src_scales, int64_t first,
                        int64_t count, const Mxfp4PackedShape& shape, uint8_t* codes,
-                       uint8_t* scales, cudaStream_t stream);
+                       uint8_t* scales, unsigned* max_scale, cudaStream_t stream);
 
 enum class MoeGemmEpilogue : int32_t { kSwiglu = 0, kBias = 1 };
 
@@ -64,6 +64,16 @@ struct MoeGemmArgs {
   const uint8_t* scales = nullptr;
   const __nv_bfloat16* bias = nullptr;  // [E, N] or null
   __nv_bfloat16* out = nullptr;       // [num_tiles * block_m, N or N/2]
+  // Rows of the tile that are real (>= 0) when a_rows is null (the down projection reads its
+  // rows in place): the decode kernel skips all-padding halves of a tile. May be null.
+  const int32_t* row_valid = nullptr;
+  // MXFP4: the largest E8M0 scale byte of the weights (uploadMxfp4Experts records it); the
+  // decode kernel needs <= 128. force_tiled: always the tiled kernel (tests).
+  uint32_t mx_max_scale = 255;
+  bool force_tiled = false;
+  // Most rows any one expert can get (host bound: tokens of the step, as an expert appears at
+  // most once in a token's top-k); the decode kernel stages fewer rows when it is <= 8.
+  int32_t max_rows_per_expert = 1 << 30;
   int32_t max_tiles = 0;
   int32_t block_m = 0;  // 16, 64 or 128 (moeGemmBlockM)
   int32_t num_experts = 0;
@@ -78,6 +88,10 @@ struct MoeGemmArgs {
 int32_t moeGemmBlockM(int64_t assignments, int32_t num_experts);
 
 Status checkMoeGemm(const MoeGemmArgs& a);
+// Benchmarks only (rose_llm_bench --moe-gemm): which shape of the decode kernel block_m-16 MXFP4
+// launches take (0: the default; 1..5: other (warps, depth, groups); -1: the tiled kernel).
+// Process-global; not for use while another thread launches.
+void setMoeDecodeVariant(int variant);
 Status launchMoeGemm(const MoeGemmArgs& a, cudaStream_t stream);
 
 }  // namespace garden::rose::cuda

@@ -19,7 +19,8 @@ constexpr float kLog2e = 1.4426950408889634f;
 // lane/4 and r1 = r0 + 8 (the two halves of an mma fragment), and columns 2*(lane%4) (+1) of
 // every 8-wide tile.
 template <int kD, int kG>
-__global__ void __launch_bounds__(kWarps * 32) pagedAttnKernel(PagedAttentionArgs a) {
+__device__ __forceinline__ void pagedAttnItem(const PagedAttentionArgs& a, const int item,
+                                              const int kvh) {
   constexpr int kRow = kD + 8;        // padded smem row: conflict-free ldmatrix
   constexpr int kKSteps = kD / 16;    // k-steps of Q K^T over head_dim
   constexpr int kDTiles = kD / 8;     // 8-wide output column tiles
@@ -27,8 +28,7 @@ __global__ void __launch_bounds__(kWarps * 32) pagedAttnKernel(PagedAttentionArg
   __shared__ __align__(16) __nv_bfloat16 s_k[2][kKeys][kRow];
   __shared__ __align__(16) __nv_bfloat16 s_v[2][kKeys][kRow];
 
-  const PagedAttnWork w = a.work[blockIdx.x];
-  const int kvh = blockIdx.y;
+  const PagedAttnWork w = a.work[item];
   const int seq = w.seq;
   const int start = a.cu_q[seq];
   const int len = a.cu_q[seq + 1] - start;
@@ -237,10 +237,22 @@ __global__ void __launch_bounds__(kWarps * 32) pagedAttnKernel(PagedAttentionArg
   finish(qh1, tok1, v1, 1, m1, l1);
 }
 
+// Block (work items blockIdx.x, + gridDim.x, ..., kv head blockIdx.y): one item per block when
+// launched eagerly (grid = the plan's count); a fixed grid looping over the count on the device
+// when the launch is captured into a graph (counts != null). Same per-item work either way.
+template <int kD, int kG>
+__global__ void __launch_bounds__(kWarps * 32) pagedAttnKernel(PagedAttentionArgs a) {
+  const int count = a.counts != nullptr ? a.counts[0] : a.num_work;
+  for (int item = blockIdx.x; item < count; item += gridDim.x) {
+    pagedAttnItem<kD, kG>(a, item, blockIdx.y);
+    __syncthreads();  // the next item refills the shared K/V stages
+  }
+}
+
 // One warp per (split token, q head): merges the partials with the sink.
 template <int kD>
-__global__ void __launch_bounds__(128) pagedAttnCombineKernel(PagedAttentionArgs a) {
-  const PagedAttnCombine c = a.combine[blockIdx.x];
+__device__ __forceinline__ void pagedAttnCombineItem(const PagedAttentionArgs& a, const int item) {
+  const PagedAttnCombine c = a.combine[item];
   const int qh = blockIdx.y * 4 + threadIdx.x / 32;
   const int lane = threadIdx.x & 31;
   if (qh >= a.num_q_heads) return;
@@ -275,17 +287,26 @@ __global__ void __launch_bounds__(128) pagedAttnCombineKernel(PagedAttentionArgs
     *reinterpret_cast<__nv_bfloat162*>(out + i) = __floats2bfloat162_rn(acc[i] * inv, acc[i + 1] * inv);
 }
 
+template <int kD>
+__global__ void __launch_bounds__(128) pagedAttnCombineKernel(PagedAttentionArgs a) {
+  const int count = a.counts != nullptr ? a.counts[1] : a.num_combine;
+  for (int item = blockIdx.x; item < count; item += gridDim.x) pagedAttnCombineItem<kD>(a, item);
+}
+
 bool isPow2UpTo64(int g) { return g >= 1 && g <= 64 && (g & (g - 1)) == 0; }
 
 template <int kG>
 Status launchGroup(const PagedAttentionArgs& a, cudaStream_t stream) {
-  if (a.num_work > 0) {
-    const dim3 grid(static_cast<unsigned>(a.num_work), static_cast<unsigned>(a.num_kv_heads));
+  const bool fixed = a.counts != nullptr;  // graph launch: fixed grids, counts on the device
+  const int32_t work_grid = fixed ? a.grid_work : a.num_work;
+  const int32_t combine_grid = fixed ? a.grid_combine : a.num_combine;
+  if (work_grid > 0) {
+    const dim3 grid(static_cast<unsigned>(work_grid), static_cast<unsigned>(a.num_kv_heads));
     pagedAttnKernel<kHeadDim, kG><<<grid, kWarps * 32, 0, stream>>>(a);
     CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }
-  if (a.num_combine > 0) {
-    const dim3 grid(static_cast<unsigned>(a.num_combine),
+  if (combine_grid > 0) {
+    const dim3 grid(static_cast<unsigned>(combine_grid),
                     static_cast<unsigned>((a.num_q_heads + 3) / 4));
     pagedAttnCombineKernel<kHeadDim><<<grid, 128, 0, stream>>>(a);
     CUDA_RETURN_IF_ERROR(cudaGetLastError());

@@ -82,6 +82,12 @@ struct PagedAttentionArgs {
   float* part_ml = nullptr;                // [num_parts, Hq, 2]: running max (log2 units), sum
   int32_t num_work = 0;
   int32_t num_combine = 0;
+  // Graph launches (captured once, replayed with other plans): counts [2] = {num_work,
+  // num_combine} read on the device, and fixed grids of grid_work / grid_combine blocks that loop
+  // over them. Null: grids of exactly num_work / num_combine.
+  const int32_t* counts = nullptr;
+  int32_t grid_work = 0;
+  int32_t grid_combine = 0;
   int32_t num_q_heads = 0;
   int32_t num_kv_heads = 0;
   int32_t head_dim = 0;  // 64

@@ -168,13 +168,20 @@ __global__ void __launch_bounds__(kThreads) sampleKernel(SampleArgs a) {
   // All -inf: the lowest kept id. +inf present: those share the mass (z - mx would be NaN).
   const bool all_neg_inf = mx == -INFINITY;
   const bool pos_inf = mx == INFINITY;
+  // min_p (the max is kept by top-k, so mx is the CPU's z_max): z >= mx + log(min_p).
+  const bool use_min_p = r.min_p > 0.f && isfinite(mx);
+  const double min_cut =
+      use_min_p ? static_cast<double>(mx) + log(static_cast<double>(r.min_p)) : 0.0;
+  auto kept = [&](int64_t i, uint32_t key, float z) {
+    return keptK(i, key) && (!use_min_p || static_cast<double>(z) >= min_cut);
+  };
   // ---- top-p: the largest key tau_p whose kept mass reaches top_p ----
   uint32_t tau_p = 0;
   if (r.top_p < 1.f && !all_neg_inf && !pos_inf) {
     float total = 0.f;
     for (int64_t i = tid; i < v; i += kThreads) {
       const float z = zAt(i);
-      if (keptK(i, orderKey(z))) total += expf(z - mx);
+      if (kept(i, orderKey(z), z)) total += expf(z - mx);
     }
     total = blockSum(total, red_f);
     const float target = r.top_p * total;
@@ -185,7 +192,7 @@ __global__ void __launch_bounds__(kThreads) sampleKernel(SampleArgs a) {
       for (int64_t i = tid; i < v; i += kThreads) {
         const float z = zAt(i);
         const uint32_t k = orderKey(z);
-        if (k >= mid && keptK(i, k)) m += expf(z - mx);
+        if (k >= mid && kept(i, k, z)) m += expf(z - mx);
       }
       if (blockSum(m, red_f) >= target) lo = mid; else hi = mid - 1;
     }
@@ -197,7 +204,7 @@ __global__ void __launch_bounds__(kThreads) sampleKernel(SampleArgs a) {
   for (int64_t i = tid; i < v; i += kThreads) {
     const float z = zAt(i);
     const uint32_t k = orderKey(z);
-    if (!keptK(i, k) || k < tau_p || !allowed(m, i)) continue;
+    if (!kept(i, k, z) || k < tau_p || !allowed(m, i)) continue;
     float score;
     if (all_neg_inf) {
       score = 0.f;  // lowest id wins
@@ -215,6 +222,15 @@ __global__ void __launch_bounds__(kThreads) sampleKernel(SampleArgs a) {
     b = better(b, Best{score, static_cast<int32_t>(i)});
   }
   b = blockBest(b, red_f, red_i);
+  if (b.id < 0 && m != nullptr) {
+    // Every allowed logit -inf/NaN and top-k kept only masked ids: the lowest allowed id, as
+    // the CPU sampler falls back to (b is block-uniform, so the reduction is too).
+    Best f{0.f, -1};
+    for (int64_t i = tid; i < v && f.id < 0; i += kThreads) {
+      if (allowed(m, i)) f = Best{0.f, static_cast<int32_t>(i)};
+    }
+    b = blockBest(f, red_f, red_i);
+  }
   if (tid == 0) a.out[blockIdx.x] = b.id < 0 ? 0 : b.id;
 }
 

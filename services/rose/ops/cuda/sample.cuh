@@ -4,7 +4,8 @@
 //     reduced over kSampleGreedySlices blocks per row then one warp —
 //     the same token the CPU sampler (services/rose/ops/sampler.h) picks;
 //   temperature > 0: z = logits / T; top_k > 0 keeps the k largest (exactly k: ties at the
-//     threshold go to the lower ids, as the CPU's stable order); top_p < 1 then keeps the
+//     threshold go to the lower ids, as the CPU's stable order); min_p > 0 keeps those with
+//     double(z) >= double(z_max) + log(min_p) (the CPU's test); top_p < 1 then keeps the
 //     largest z whose softmax mass (over the kept set) reaches top_p — the whole tie group at
 //     the threshold is kept (the CPU may keep part of it); then one draw by the Gumbel-max
 //     trick: argmax over kept i of z_i + G_i, G_i = −log(−log(u_i)), u_i uniform from
@@ -32,8 +33,8 @@ struct SampleRowDev {
   int32_t top_k = 0;
   uint64_t seed = 0;
   uint64_t counter = 0;
+  float min_p = 0.f;  // 0 = off
   int32_t mask = -1;  // [TAG_TOKEN_MASK] >= 0: row of SampleArgs.masks restricting the draw
-  int32_t reserved = 0;
 };
 static_assert(sizeof(SampleRowDev) == 40);
 

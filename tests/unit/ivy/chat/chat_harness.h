@@ -38,15 +38,21 @@ struct Captured {
   }
 };
 
-// Reads a ResponseStream to its end (10 s limit so nothing hangs).
+// Reads a ResponseStream to its end (10 s limit so nothing hangs). The wake-up state is shared
+// with the callback: a writer calls the wake callback after releasing the stream's lock, so it
+// may still be running it after this reader saw the end and detached (a stack-local mutex would
+// be gone by then).
 inline std::string readStream(const std::shared_ptr<ResponseStream>& s, bool* ended) {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool woken = false;
-  s->attach([&] {
-    std::lock_guard<std::mutex> lock(mu);
-    woken = true;
-    cv.notify_all();
+  struct Wake {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool woken = false;  // guarded by mu
+  };
+  auto w = std::make_shared<Wake>();
+  s->attach([w] {
+    std::lock_guard<std::mutex> lock(w->mu);
+    w->woken = true;
+    w->cv.notify_all();
   });
   std::string out;
   auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
@@ -58,9 +64,9 @@ inline std::string readStream(const std::shared_ptr<ResponseStream>& s, bool* en
       *ended = true;
       break;
     }
-    std::unique_lock<std::mutex> lock(mu);
-    cv.wait_for(lock, std::chrono::milliseconds(20), [&] { return woken; });
-    woken = false;
+    std::unique_lock<std::mutex> lock(w->mu);
+    w->cv.wait_for(lock, std::chrono::milliseconds(20), [&] { return w->woken; });
+    w->woken = false;
   }
   s->detach();
   return out;

@@ -196,10 +196,18 @@ TEST(CompletionsTest, BadFieldsAre400NamingTheField) {
       {R"({"prompt":"a","echo":"y"})", "echo"},
       {R"({"prompt":"a","suffix":"s"})", "suffix"},
       {R"({"prompt":"a","best_of":2})", "best_of"},
-      {R"({"prompt":"a","logprobs":1})", "logprobs"},
+      {R"({"prompt":"a","logprobs":6})", "logprobs"},
+      {R"({"prompt":"a","logprobs":true})", "logprobs"},
+      {R"({"prompt":"a","logprobs":1,"echo":true})", "logprobs"},
+      {R"({"prompt":"a","frequency_penalty":-2.5})", "frequency_penalty"},
+      {R"({"prompt":"a","repetition_penalty":0})", "repetition_penalty"},
+      {R"({"prompt":"a","min_p":1.5})", "min_p"},
+      {R"({"prompt":"a","logit_bias":{"x":1}})", "logit_bias"},
+      {R"({"prompt":"a","logit_bias":{"1":101}})", "logit_bias"},
+      {R"({"prompt":"a","logit_bias":{"99999999":1}})", "logit_bias"},
+      {R"({"prompt":"a","logit_bias":[1]})", "logit_bias"},
       {R"({"prompt":"a","n":3})", "n"},
-      {R"({"prompt":"a","presence_penalty":1})", "presence_penalty"},
-      {R"({"prompt":"a","logit_bias":{"1":-100}})", "logit_bias"},
+      {R"({"prompt":"a","presence_penalty":3})", "presence_penalty"},
       {R"({"prompt":"a","response_format":{"type":"xml"}})", "response_format"},
       {R"({"prompt":"a","max_tokens":5000})", "max_tokens"},
       {R"({"prompt":"a","temperature":-1})", "temperature"},
@@ -215,6 +223,36 @@ TEST(CompletionsTest, BadFieldsAre400NamingTheField) {
   }
   EXPECT_TRUE(h.client().calls().empty());
   EXPECT_EQ(h.post("/v1/completions", R"({"model":"nope","prompt":"a"})").status, 404);
+}
+
+TEST(CompletionsTest, SamplingParametersReachTheCall) {
+  ChatHarness h;
+  Captured r = h.post("/v1/completions",
+                      R"({"prompt":"a","max_tokens":2,"logprobs":3,"presence_penalty":0.5,)"
+                      R"("frequency_penalty":-1,"repetition_penalty":1.25,"min_p":0.1,)"
+                      R"("logit_bias":{"5":-100,"7":2.5},"seed":9})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  ASSERT_EQ(h.client().calls().size(), 1u);
+  const GenerateCall c = h.client().calls()[0];
+  EXPECT_TRUE(c.logprobs);
+  EXPECT_EQ(c.top_logprobs, 3u);
+  EXPECT_FLOAT_EQ(c.presence_penalty, 0.5f);
+  EXPECT_FLOAT_EQ(c.frequency_penalty, -1.f);
+  EXPECT_FLOAT_EQ(c.repetition_penalty, 1.25f);
+  EXPECT_FLOAT_EQ(c.min_p, 0.1f);
+  ASSERT_EQ(c.logit_bias.size(), 2u);
+  EXPECT_EQ(c.logit_bias[0], (std::pair<int32_t, float>{5, -100.f}));
+  EXPECT_EQ(c.logit_bias[1], (std::pair<int32_t, float>{7, 2.5f}));
+  EXPECT_TRUE(c.has_seed);
+  EXPECT_EQ(c.seed, 9u);
+  // The legacy logprobs object is present, one entry per generated token (the fake sends none:
+  // its entries read as unknown, -9999).
+  Json j(r.body);
+  simdjson::dom::array toks;
+  ASSERT_FALSE(j.root["choices"].at(0)["logprobs"]["tokens"].get(toks)) << r.body;
+  simdjson::dom::array offs;
+  ASSERT_FALSE(j.root["choices"].at(0)["logprobs"]["text_offset"].get(offs)) << r.body;
+  EXPECT_EQ(toks.size(), offs.size());
 }
 
 TEST(CompletionsTest, PromptFillingTheContextIs400) {

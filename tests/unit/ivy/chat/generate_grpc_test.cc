@@ -35,16 +35,20 @@ class StreamingTulip final : public v1::Tulip::Service {
  public:
   grpc::Status Generate(grpc::ServerContext* ctx, const v1::GenerateRequest* req,
                         grpc::ServerWriter<v1::GenerateChunk>* writer) override {
+    grpc::Status scripted;
+    bool stream_forever;
     {
       std::lock_guard<std::mutex> lock(mu);
+      scripted = status;
+      stream_forever = endless;
       last = *req;
       auto md = ctx->client_metadata().find("x-request-id");
       request_id = md == ctx->client_metadata().end()
                        ? ""
                        : std::string(md->second.data(), md->second.size());
     }
-    if (!status.ok()) return status;
-    if (endless) {
+    if (!scripted.ok()) return scripted;
+    if (stream_forever) {
       for (int i = 0; i < 2000 && !ctx->IsCancelled(); ++i) {
         v1::GenerateChunk c;
         c.add_token_ids(i);
@@ -70,11 +74,13 @@ class StreamingTulip final : public v1::Tulip::Service {
     return grpc::Status::OK;
   }
 
+  // Written by the test thread, read on gRPC's handler threads: gRPC orders a call after the test
+  // set these up, but through synchronization ThreadSanitizer cannot see, so they take `mu`.
   std::mutex mu;
   v1::GenerateRequest last;
   std::string request_id;
-  grpc::Status status = grpc::Status::OK;
-  bool endless = false;
+  grpc::Status status = grpc::Status::OK;  // guarded by mu
+  bool endless = false;                    // guarded by mu
   std::atomic<bool> saw_cancel{false};
 };
 
@@ -184,7 +190,10 @@ TEST_F(GenerateGrpcTest, RequestAndChunksRoundTrip) {
 }
 
 TEST_F(GenerateGrpcTest, ErrorsMapToStatus) {
-  tulip_.status = grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "queue full");
+  {
+    std::lock_guard<std::mutex> lock(tulip_.mu);
+    tulip_.status = grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "queue full");
+  }
   Outcome o = run(sampleCall());
   EXPECT_TRUE(o.chunks.empty());
   EXPECT_EQ(o.status.code(), StatusCode::kResourceExhausted);
@@ -192,7 +201,10 @@ TEST_F(GenerateGrpcTest, ErrorsMapToStatus) {
 }
 
 TEST_F(GenerateGrpcTest, CancelMidStreamReachesTheServer) {
-  tulip_.endless = true;
+  {
+    std::lock_guard<std::mutex> lock(tulip_.mu);
+    tulip_.endless = true;
+  }
   Outcome o = run(sampleCall(), [](GenerateStream* s) {
     s->cancel();
     s->cancel();  // idempotent

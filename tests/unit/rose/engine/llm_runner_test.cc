@@ -225,6 +225,9 @@ TEST_F(LlmRunnerTest, AnnouncesLlmFacts) {
   EXPECT_EQ(f.eos_ids[1], 7);
   EXPECT_EQ(f.eos_ids[2], -1);
   EXPECT_EQ(f.eos_ids[3], -1);
+  // The CPU ops implement sampler state [TAG_LLM_SAMPLER_STATE]: tulip admits logprobs etc.
+  EXPECT_EQ(f.llm_caps & shm::kLlmCapSamplerState, shm::kLlmCapSamplerState);
+  EXPECT_STREQ(f.sampler, "cpu");
   EXPECT_EQ(runner_->kvCache().shape().num_blocks, kBlocks);
 }
 

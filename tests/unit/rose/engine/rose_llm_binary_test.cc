@@ -115,8 +115,10 @@ TEST_F(RoseLlmBinary, SidecarAnnouncesTheLlmAndServesAStep) {
   EXPECT_EQ(f.eos_ids[2], 200012);
   EXPECT_EQ(f.eos_ids[3], -1);
   EXPECT_EQ(ch->layout().slots, 2u);
-  // Input arena sized for max_seqs sequences of max_model_len tokens.
-  EXPECT_EQ(ch->layout().input_bytes, shm::llmStepBytes(8, 64, 8 * 16));
+  // Input arena sized for max_seqs sequences of max_model_len tokens, plus one whole
+  // sampler-state reload [TAG_LLM_SAMPLER_STATE].
+  EXPECT_EQ(ch->layout().input_bytes,
+            shm::llmStepBytes(8, 64, 8 * 16, 256 + 2 * llm::kMaxLogitBias));
 
   // One step: a Harmony-looking prompt (greedy) and a seeded second sequence.
   const std::vector<int32_t> tokens = {200006, 1428,   200008, 12194, 200007,

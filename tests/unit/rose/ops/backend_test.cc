@@ -41,7 +41,8 @@ class KernelEnvTest : public ::testing::Test {
 };
 
 bool same(const CudaKernelOptions& a, const CudaKernelOptions& b) {
-  return a.attention_wide == b.attention_wide && a.gemm_tune == b.gemm_tune &&
+  return a.attention_wide == b.attention_wide && a.attention_sm90 == b.attention_sm90 &&
+         a.gemm_tune == b.gemm_tune &&
          a.gemm_smallm == b.gemm_smallm && a.pdl == b.pdl;
 }
 
@@ -49,6 +50,7 @@ TEST_F(KernelEnvTest, UnsetOrEmptyKeepsTheDefaults) {
   CudaKernelOptions o;
   ASSERT_TRUE(cudaKernelOptionsFromEnv(o).isOk());
   EXPECT_TRUE(o.attention_wide);
+  EXPECT_FALSE(o.attention_sm90);
   EXPECT_TRUE(o.gemm_tune);
   EXPECT_FALSE(o.gemm_smallm);
   EXPECT_TRUE(o.pdl);
@@ -69,6 +71,10 @@ TEST_F(KernelEnvTest, EachAcceptedValueIsRead) {
   EXPECT_FALSE(o.gemm_tune);
   EXPECT_TRUE(o.gemm_smallm);
   EXPECT_FALSE(o.pdl);
+  setenv("GARDEN_ATTENTION_KERNEL", "sm90", 1);
+  ASSERT_TRUE(cudaKernelOptionsFromEnv(o).isOk());
+  EXPECT_TRUE(o.attention_sm90);
+  EXPECT_TRUE(o.attention_wide);
   setenv("GARDEN_ATTENTION_KERNEL", "auto", 1);
   setenv("GARDEN_GEMM_TUNE", "1", 1);
   setenv("GARDEN_GEMM_SMALLM", "0", 1);
@@ -85,8 +91,8 @@ TEST_F(KernelEnvTest, OtherValuesAreRefusedByName) {
   };
   // The old attention names are gone (variants are named by strategy now).
   for (const Bad& b :
-       {Bad{"GARDEN_ATTENTION_KERNEL", "v3", "auto|narrow"},
-        Bad{"GARDEN_ATTENTION_KERNEL", "v1", "auto|narrow"}, Bad{"GARDEN_GEMM_TUNE", "yes", "0|1"},
+       {Bad{"GARDEN_ATTENTION_KERNEL", "v3", "auto|narrow|sm90"},
+        Bad{"GARDEN_ATTENTION_KERNEL", "v1", "auto|narrow|sm90"}, Bad{"GARDEN_GEMM_TUNE", "yes", "0|1"},
         Bad{"GARDEN_GEMM_SMALLM", "2", "0|1"}, Bad{"GARDEN_PDL", "on", "0|1"}}) {
     SCOPED_TRACE(std::string(b.var) + "=" + b.value);
     for (const char* v : kVars) unsetenv(v);

@@ -1,1 +1,1 @@
-set(UNIT_DEPS garden_rose_ops garden_common)
+set(UNIT_DEPS garden_rose_ops garden_rose_model garden_common)

@@ -94,5 +94,61 @@ TEST(GenerateRequest, AcceptsTheLongestPromptAndNormalizesTopP) {
   EXPECT_TRUE(validateGenerate(q, llmFacts(8, 4, 20, 0)).isOk());
 }
 
+// [TAG_LLM_SAMPLER_STATE] A worker whose sampler keeps no per-sequence state (rose's CUDA sampler
+// today) announces llm_caps without kLlmCapSamplerState: each request that needs it is refused
+// alone, naming the OpenAI field, and plain sampling still passes. With the bit, all pass.
+TEST(GenerateRequest, SamplerExtrasNeedTheWorkersSamplerStateCapability) {
+  shm::ModelFacts plain = llmFacts(8, 4, 20, 50);
+  std::strcpy(plain.sampler, "cuda");
+  shm::ModelFacts stateful = plain;
+  stateful.llm_caps = shm::kLlmCapSamplerState;
+  auto with = [](auto set) {
+    GenerateParams p = params({1, 2}, 3);
+    p.sampling.temperature = 0.7f;
+    p.sampling.top_k = 5;
+    p.sampling.top_p = 0.9f;
+    set(p);
+    return p;
+  };
+  struct Case {
+    GenerateParams p;
+    std::string field;
+  };
+  std::vector<Case> cases;
+  cases.push_back({with([](GenerateParams& p) { p.sampling.logprobs = 0; }), "logprobs"});
+  cases.push_back({with([](GenerateParams& p) { p.sampling.logprobs = 5; }), "logprobs"});
+  cases.push_back({with([](GenerateParams& p) { p.sampling.min_p = 0.05f; }), "min_p"});
+  cases.push_back(
+      {with([](GenerateParams& p) { p.sampling.presence_penalty = -0.5f; }), "presence_penalty"});
+  cases.push_back(
+      {with([](GenerateParams& p) { p.sampling.frequency_penalty = 0.1f; }), "frequency_penalty"});
+  cases.push_back(
+      {with([](GenerateParams& p) { p.sampling.repetition_penalty = 1.1f; }), "repetition_penalty"});
+  cases.push_back({with([](GenerateParams& p) { p.logit_bias = {{7, -100.f}}; }), "logit_bias"});
+  for (Case& c : cases) {
+    GenerateParams p = c.p;
+    Status st = validateGenerate(p, plain);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << c.field;
+    EXPECT_EQ(st.message().rfind(c.field + ": not supported by this worker's sampler (cuda)", 0),
+              0u)
+        << st.toString();
+    GenerateParams q = c.p;
+    EXPECT_TRUE(validateGenerate(q, stateful).isOk()) << c.field;
+  }
+  // Plain sampling, and the proto3 "unset" values (repetition_penalty 0, top_p 0), need nothing.
+  GenerateParams p = with([](GenerateParams& p) {
+    p.sampling.repetition_penalty = 0.f;
+    p.sampling.top_p = 0.f;
+  });
+  EXPECT_TRUE(validateGenerate(p, plain).isOk());
+  // Range errors still come first and keep their own names.
+  GenerateParams bad = with([](GenerateParams& p) { p.sampling.min_p = 2.f; });
+  EXPECT_EQ(validateGenerate(bad, plain).message().rfind("sampling.min_p", 0), 0u);
+  // A worker that announces no sampler name still gets a readable message.
+  shm::ModelFacts anon = llmFacts(8, 4, 20, 50);
+  GenerateParams lp = with([](GenerateParams& p) { p.sampling.logprobs = 1; });
+  EXPECT_NE(validateGenerate(lp, anon).message().find("(unknown)"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace garden::tulip

@@ -386,6 +386,44 @@ TEST(LlmScheduler, AdmissionErrorsNameTheField) {
   ASSERT_TRUE(w.runUntil([&] { return a->done() && b->done(); }));
 }
 
+// [TAG_LLM_SAMPLER_STATE] The fake worker announces no sampler state (like rose on CUDA): a
+// request asking for logprobs / a penalty / logit_bias is refused at submit, naming the field,
+// never reaches a step, and the requests around it run to their reference streams.
+TEST_P(LlmSchedulerModes, SamplerExtrasWithoutWorkerSupportAreRefusedAlone) {
+  FakeLlmWorker w(32, 4);
+  LlmScheduler s(w, opts(64, 4));
+  auto a = start(s, params(range(5), 6));
+  GenerateParams lp = params(range(5, 20), 6);
+  lp.sampling.logprobs = 2;
+  Status st;
+  start(s, lp, &st);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.toString();
+  EXPECT_EQ(st.message().rfind("logprobs: not supported by this worker's sampler (fake)", 0), 0u)
+      << st.toString();
+  GenerateParams pen = params(range(4, 30), 6);
+  pen.sampling.frequency_penalty = 0.5f;
+  start(s, pen, &st);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.toString();
+  EXPECT_EQ(st.message().rfind("frequency_penalty:", 0), 0u) << st.toString();
+  GenerateParams bias = params(range(4, 40), 6);
+  bias.logit_bias = {{3, 5.f}};
+  start(s, bias, &st);
+  EXPECT_EQ(st.message().rfind("logit_bias:", 0), 0u) << st.toString();
+  auto b = start(s, params(range(3, 50), 6));
+  ASSERT_TRUE(w.runUntil([&] { return a->done() && b->done(); }));
+  EXPECT_TRUE(a->last->status.isOk()) << a->last->status.toString();
+  EXPECT_TRUE(b->last->status.isOk()) << b->last->status.toString();
+  EXPECT_EQ(a->tokens, ref(range(5), 6));
+  EXPECT_EQ(b->tokens, ref(range(3, 50), 6));
+  // No step carried a refused request (each would have logprobs or a state slot).
+  for (const auto& step : w.submitted()) {
+    for (const llm::LlmStepSeq& q : step.llm_seqs) {
+      EXPECT_EQ(q.sampling.logprobs, -1);
+      EXPECT_EQ(q.sampling.state_slot, -1);
+    }
+  }
+}
+
 TEST_P(LlmSchedulerModes, ManyRandomStreamsOnATinyCacheAllMatchTheReference) {
   FakeLlmWorker w(12, 2, 48);
   LlmScheduler s(w, opts(16, 4));

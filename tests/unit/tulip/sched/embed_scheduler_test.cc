@@ -3,6 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <condition_variable>
+#include <cstdio>
+#include <deque>
+#include <mutex>
 #include <future>
 #include <thread>
 
@@ -470,9 +475,11 @@ TEST(EmbedSchedulerBatching, ArrivalsWhileOneBatchRunsFormOneNextBatch) {
   EXPECT_EQ(s.maxInflightBatchesSeen(), 1u);
 }
 
-TEST(EmbedSchedulerBatching, DefaultCapStagesOneBatchAndCoalescesTheRest) {
+TEST(EmbedSchedulerBatching, ImmediateStagingStagesOneBatchAndCoalescesTheRest) {
   FakeWorker w(4, 2);
-  EmbedScheduler s(w, SchedulerOptions{});  // cap 2: one running, one staged
+  SchedulerOptions o;  // cap 2: one running, one staged — formed at once (the 2026-11-30 policy;
+  o.stage_lead_us = 0;  // the default forms it late: EmbedSchedulerLateStage below)
+  EmbedScheduler s(w, o);
   w.setOnChange([&] { s.poke(); });
   Outcome a, b, c, d, e;
   ASSERT_TRUE(s.submit(makeJob({seq(4)}, a)).isOk());
@@ -606,6 +613,331 @@ TEST(EmbedSchedulerBatching, NeverMoreThanCapInFlightUnderConcurrentLoad) {
   EXPECT_EQ(tokens, want_tokens);
   EXPECT_EQ(s.stats().queued_requests, 0u);
   EXPECT_EQ(s.stats().queued_tokens, 0u);
+}
+
+// --- the staged batch formed late [TAG_EMBED_LATE_STAGE] ------------------------------------------
+
+TEST(BatchCostModel, FitsFixedAndPerTokenCost) {
+  BatchCostModel m;
+  EXPECT_EQ(m.predict(100), 0);
+  m.add(100, 3'000'000);  // one size seen: proportional
+  EXPECT_EQ(m.predict(200), 6'000'000);
+  for (int i = 0; i < 100; ++i) {
+    const uint64_t tokens = 64u << (i % 4);  // 64..512
+    m.add(tokens, 2'000'000 + 1'000 * static_cast<int64_t>(tokens));
+  }
+  // The first sample (off the line) has decayed away: 2 ms + 1 µs per token.
+  EXPECT_NEAR(static_cast<double>(m.predict(4096)), 6'096'000.0, 60'000.0);
+  EXPECT_NEAR(static_cast<double>(m.predict(1)), 2'001'000.0, 60'000.0);
+  EXPECT_LT(m.error(), 200'000);
+  // Never negative, even from samples that fall with size.
+  BatchCostModel d;
+  for (int i = 0; i < 8; ++i) d.add(100 + 100 * i, 1'000'000 - 100'000 * i);
+  EXPECT_GE(d.predict(10'000), 0);
+  EXPECT_GT(d.predict(100), 0);
+}
+
+std::atomic<int64_t> g_fake_now{1'000'000'000};
+int64_t fakeNow() { return g_fake_now.load(); }
+
+// Exact, on a fake clock: the fake worker runs nothing until the test completes a batch, and the
+// test moves the clock.
+TEST(EmbedSchedulerLateStage, ArrivalsDuringARunningBatchGoTogetherShortlyBeforeItEnds) {
+  FakeWorker w(4, 2);
+  SchedulerOptions o;  // cap 2, lead 1000 µs: the defaults
+  o.clock_ns = fakeNow;
+  EmbedScheduler s(w, o);
+  w.setOnChange([&] { s.poke(); });
+  // Teach the cost model: batches of 4..32 tokens, each 2 ms + 10 µs per token.
+  for (int i = 0; i < 20; ++i) {
+    Outcome out;
+    const int len = 4 << (i % 4);
+    ASSERT_TRUE(s.submit(makeJob({seq(len)}, out)).isOk());
+    ASSERT_EQ(w.heldCount(), 1u);  // nothing running: out at once
+    g_fake_now += 2'000'000 + 10'000 * len;
+    ASSERT_TRUE(w.completeNext());
+    ASSERT_TRUE(out.f.get().isOk());
+  }
+  ASSERT_EQ(w.submitted().size(), 20u);
+  // A runs (16 tokens: predicted 2.16 ms). B, C, D arrive 0.1, 0.2, 0.3 ms into it: they wait.
+  Outcome a, b, c, d;
+  ASSERT_TRUE(s.submit(makeJob({seq(16, 100)}, a)).isOk());
+  ASSERT_EQ(w.submitted().size(), 21u);
+  int k = 0;
+  for (auto* out : {&b, &c, &d}) {
+    g_fake_now += 100'000;
+    ASSERT_TRUE(s.submit(makeJob({seq(2, 200 + 10 * k++)}, *out)).isOk());
+  }
+  EXPECT_EQ(w.submitted().size(), 21u);
+  EXPECT_EQ(s.stats().queued_requests, 3u);
+  // 1.5 ms in: within the lead (1 ms) of A's predicted end. The scheduler thread forms them into
+  // one batch, staged behind A.
+  g_fake_now += 1'200'000;
+  s.poke();
+  ASSERT_TRUE(waitFor([&] { return w.submitted().size() == 22u; }));
+  EXPECT_EQ(w.submitted()[21].seq_lens, (std::vector<int32_t>{2, 2, 2}));
+  EXPECT_EQ(w.heldCount(), 2u);
+  EXPECT_EQ(s.stats().queued_requests, 0u);
+  // A completes on time and the staged batch runs; E and F arrive during it and wait.
+  g_fake_now += 660'000;
+  ASSERT_TRUE(w.completeNext());
+  EXPECT_TRUE(a.f.get().isOk());
+  Outcome e, f;
+  g_fake_now += 100'000;
+  ASSERT_TRUE(s.submit(makeJob({seq(3, 300)}, e)).isOk());
+  ASSERT_TRUE(s.submit(makeJob({seq(3, 400)}, f)).isOk());
+  EXPECT_EQ(w.submitted().size(), 22u);
+  // The staged batch ends before its predicted time: its completion sends E and F at once.
+  g_fake_now += 100'000;
+  ASSERT_TRUE(w.completeNext());
+  ASSERT_EQ(w.submitted().size(), 23u);
+  EXPECT_EQ(w.submitted()[22].seq_lens, (std::vector<int32_t>{3, 3}));
+  for (auto* out : {&b, &c, &d}) EXPECT_TRUE(out->f.get().isOk());
+  g_fake_now += 2'000'000;
+  ASSERT_TRUE(w.completeNext());
+  for (auto* out : {&e, &f}) EXPECT_TRUE(out->f.get().isOk());
+}
+
+// Same arrivals with immediate staging: B goes alone at once, C and D wait for a third batch.
+TEST(EmbedSchedulerLateStage, ImmediateStagingSplitsTheSameArrivals) {
+  FakeWorker w(4, 2);
+  SchedulerOptions o;
+  o.stage_lead_us = 0;
+  o.clock_ns = fakeNow;
+  EmbedScheduler s(w, o);
+  w.setOnChange([&] { s.poke(); });
+  for (int i = 0; i < 12; ++i) {
+    Outcome out;
+    ASSERT_TRUE(s.submit(makeJob({seq(4 << (i % 4))}, out)).isOk());
+    g_fake_now += 2'000'000;
+    ASSERT_TRUE(w.completeNext());
+  }
+  Outcome a, b, c, d;
+  ASSERT_TRUE(s.submit(makeJob({seq(16, 100)}, a)).isOk());
+  for (auto* out : {&b, &c, &d}) {
+    g_fake_now += 200'000;
+    ASSERT_TRUE(s.submit(makeJob({seq(2, 200)}, *out)).isOk());
+  }
+  ASSERT_EQ(w.submitted().size(), 14u);
+  EXPECT_EQ(w.submitted()[13].seq_lens, (std::vector<int32_t>{2}));
+  ASSERT_TRUE(w.completeNext());
+  ASSERT_EQ(w.submitted().size(), 15u);
+  EXPECT_EQ(w.submitted()[14].seq_lens, (std::vector<int32_t>{2, 2}));
+  while (w.completeNext()) {
+  }
+  for (auto* out : {&a, &b, &c, &d}) EXPECT_TRUE(out->f.get().isOk());
+}
+
+// A worker that runs its batches one after another on its own thread, each a sleep of
+// fixed + per_seq x sequences (like a GPU: cost grows with the batch, a fixed part per batch),
+// and records when each ran and the first token of each of its sequences.
+class SlowWorker final : public Worker {
+ public:
+  struct Ran {
+    int64_t start_ns, end_ns;
+    std::vector<int32_t> markers;
+  };
+  SlowWorker(std::chrono::microseconds fixed, std::chrono::microseconds per_seq)
+      : fixed_(fixed), per_seq_(per_seq) {
+    facts_.hidden_size = 2;
+    facts_.max_seq_len = 64;
+    facts_.vocab_size = 100000;
+    thread_ = std::thread([this] { run(); });
+  }
+  ~SlowWorker() override {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  bool ready() const override { return true; }
+  shm::ModelFacts facts() const override { return facts_; }
+  uint32_t depth() const override { return 4; }
+  uint32_t inflight() const override {
+    std::lock_guard<std::mutex> l(mu_);
+    return static_cast<uint32_t>(queue_.size()) + (busy_ ? 1 : 0);
+  }
+  uint64_t maxBatchInts() const override { return 1 << 20; }
+  uint64_t maxBatchFloats() const override { return 1 << 20; }
+  Status trySubmit(WorkBatch batch, WorkDone done) override {
+    std::lock_guard<std::mutex> l(mu_);
+    if (queue_.size() + (busy_ ? 1 : 0) >= 4) return failedPrecondition("no free slot");
+    queue_.push_back({std::move(batch), std::move(done)});
+    cv_.notify_all();
+    return okStatus();
+  }
+  void setOnChange(std::function<void()> fn) override { on_change_ = std::move(fn); }
+  std::vector<Ran> ran() const {
+    std::lock_guard<std::mutex> l(mu_);
+    return ran_;
+  }
+
+ private:
+  void run() {
+    std::unique_lock<std::mutex> l(mu_);
+    while (true) {
+      cv_.wait(l, [&] { return stop_ || !queue_.empty(); });
+      if (stop_) return;
+      auto [batch, done] = std::move(queue_.front());
+      queue_.pop_front();
+      busy_ = true;
+      l.unlock();
+      Ran r{shm::monotonicNowNs(), 0, {}};
+      std::this_thread::sleep_for(fixed_ + per_seq_ * batch.seq_lens.size());
+      r.end_ns = shm::monotonicNowNs();
+      size_t off = 0;
+      for (int32_t len : batch.seq_lens) {
+        r.markers.push_back(batch.tokens[off]);
+        off += static_cast<size_t>(len);
+      }
+      std::vector<float> rows(batch.seq_lens.size() * facts_.hidden_size, 1.0f);
+      WorkResult res;
+      res.rows = rows;
+      res.num_rows = static_cast<uint32_t>(batch.seq_lens.size());
+      res.cols = facts_.hidden_size;
+      done(res);
+      l.lock();
+      busy_ = false;
+      ran_.push_back(std::move(r));
+      l.unlock();
+      if (on_change_) on_change_();
+      l.lock();
+    }
+  }
+  shm::ModelFacts facts_;
+  const std::chrono::microseconds fixed_, per_seq_;
+  std::function<void()> on_change_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::pair<WorkBatch, WorkDone>> queue_;
+  std::vector<Ran> ran_;
+  bool busy_ = false, stop_ = false;
+  std::thread thread_;
+};
+
+struct ClosedLoopResult {
+  double seqs_per_batch = 0;
+  int requests = 0;
+  // Requests that did not run in the batch after the one ahead of them on arrival (the batch
+  // running then, else the first to start after it), nor in that one (one batch later allowed
+  // for arrivals in the last 5 ms of the batch ahead).
+  int over_one_batch = 0;
+  int64_t worst_wait_ns = 0;   // arrival to the start of its batch
+  int64_t longest_batch_ns = 0;
+};
+
+// `clients` closed-loop clients, each sending `rounds` one-sequence requests back to back (1 ms
+// between an answer and the next request, like ivy's hop), through a scheduler on a SlowWorker of
+// 20 ms + 5 ms per sequence. For every request: the batch ahead of it when it arrived (the one
+// running, or if none the first to start after its arrival: a concurrent arrival's), and the batch
+// it ran in: that one or the very next.
+ClosedLoopResult closedLoop(uint32_t stage_lead_us, int clients, int rounds) {
+  SlowWorker w(20ms, 5ms);
+  SchedulerOptions o;
+  o.stage_lead_us = stage_lead_us;
+  EmbedScheduler s(w, o);
+  w.setOnChange([&] { s.poke(); });
+  // Warm-up: three lone batches of 1, 2 and 3 sequences teach the cost model.
+  for (int n = 1; n <= 3; ++n) {
+    Outcome out;
+    std::vector<std::vector<int32_t>> in(n, seq(8, 1));
+    EXPECT_TRUE(s.submit(makeJob(std::move(in), out)).isOk());
+    EXPECT_TRUE(out.f.get().isOk());
+  }
+  const size_t warm_batches = w.ran().size();
+  std::mutex mu;
+  std::vector<std::pair<int32_t, int64_t>> arrivals;  // (marker, submitted at)
+  std::vector<std::thread> ts;
+  for (int c = 0; c < clients; ++c) {
+    ts.emplace_back([&, c] {
+      for (int r = 0; r < rounds; ++r) {
+        const int32_t marker = 1000 + c * 100 + r;
+        Outcome out;
+        auto j = makeJob({seq(8, marker)}, out);
+        const int64_t t = shm::monotonicNowNs();
+        {
+          std::lock_guard<std::mutex> l(mu);
+          arrivals.emplace_back(marker, t);
+        }
+        ASSERT_TRUE(s.submit(j).isOk());
+        ASSERT_EQ(out.f.wait_for(60s), std::future_status::ready);
+        ASSERT_TRUE(out.f.get().isOk());
+        std::this_thread::sleep_for(1ms);
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  const auto ran = w.ran();
+  if (std::getenv("EMBED_SCHED_TEST_VERBOSE") != nullptr) {
+    for (size_t b = 0; b < ran.size(); ++b) {
+      std::printf("batch %zu: %.1f..%.1f ms, %zu sequences\n", b,
+                  double(ran[b].start_ns - ran[0].start_ns) / 1e6,
+                  double(ran[b].end_ns - ran[0].start_ns) / 1e6, ran[b].markers.size());
+    }
+  }
+  ClosedLoopResult res;
+  size_t seqs = 0;
+  for (size_t b = warm_batches; b < ran.size(); ++b) seqs += ran[b].markers.size();
+  res.seqs_per_batch = double(seqs) / double(ran.size() - warm_batches);
+  for (size_t b = warm_batches; b < ran.size(); ++b)
+    res.longest_batch_ns = std::max(res.longest_batch_ns, ran[b].end_ns - ran[b].start_ns);
+  for (const auto& [marker, t] : arrivals) {
+    size_t mine = ran.size(), ahead = ran.size();
+    for (size_t b = 0; b < ran.size(); ++b) {
+      for (int32_t m : ran[b].markers) {
+        if (m == marker) mine = b;
+      }
+      if (ahead == ran.size() && t < ran[b].end_ns) ahead = b;  // running at t, or next to start
+    }
+    EXPECT_LT(mine, ran.size()) << marker;
+    if (mine == ran.size()) continue;
+    ++res.requests;
+    // One arriving in the last moments of the batch ahead may find the next one formed already
+    // (the lead, the prediction's error margin, a thread of this loaded machine running late): it
+    // may run in the batch after. Batches here take 25 ms and more.
+    constexpr int64_t kLateWindowNs = 5'000'000;
+    const bool late_arrival = ahead < ran.size() && t > ran[ahead].end_ns - kLateWindowNs;
+    if (mine > ahead + (late_arrival ? 2 : 1)) {
+      ++res.over_one_batch;
+      if (std::getenv("EMBED_SCHED_TEST_VERBOSE") != nullptr) {
+        std::printf("request %d: arrived %.1f ms, batch %zu ahead, ran in batch %zu\n", marker,
+                    double(t - ran[0].start_ns) / 1e6, ahead, mine);
+      }
+    }
+    res.worst_wait_ns = std::max(res.worst_wait_ns, ran[mine].start_ns - t);
+  }
+  return res;
+}
+
+TEST(EmbedSchedulerLateStage, ConcurrentSmallRequestsCoalesceAndWaitAboutOneBatch) {
+  // 16 clients x 8 requests: with late staging every request runs right after the batch ahead of it
+  // (so it waits at most about one batch), and batches carry ~8 sequences on average (the 16
+  // clients in two alternating groups).
+  const ClosedLoopResult late = closedLoop(1000, 16, 8);
+  EXPECT_EQ(late.requests, 16 * 8);
+  EXPECT_EQ(late.over_one_batch, 0);
+  EXPECT_GE(late.seqs_per_batch, 6.5);
+  // About one batch: the longest batch, plus scheduling noise of a loaded 2-core machine.
+  EXPECT_LE(late.worst_wait_ns, late.longest_batch_ns + 30'000'000);
+  std::printf("late staging: %.2f sequences per batch, %d of %d requests waited past the next "
+              "batch, worst wait %.1f ms (longest batch %.1f ms)\n",
+              late.seqs_per_batch, late.over_one_batch, late.requests, late.worst_wait_ns / 1e6,
+              late.longest_batch_ns / 1e6);
+}
+
+TEST(EmbedSchedulerLateStage, ImmediateStagingMakesClosedLoopClientsWaitTwoBatches) {
+  // What the test above guards against: with the staged batch formed at once, the first client
+  // back after a completion goes out alone and the others wait behind it, a whole second batch.
+  const ClosedLoopResult now = closedLoop(0, 16, 8);
+  EXPECT_EQ(now.requests, 16 * 8);
+  EXPECT_GT(now.over_one_batch, 16 * 8 / 4);
+  EXPECT_LT(now.seqs_per_batch, 6.0);
+  std::printf("immediate staging: %.2f sequences per batch, %d of %d requests waited past the "
+              "next batch, worst wait %.1f ms (longest batch %.1f ms)\n",
+              now.seqs_per_batch, now.over_one_batch, now.requests, now.worst_wait_ns / 1e6,
+              now.longest_batch_ns / 1e6);
 }
 
 // --- fair batching across flows [TAG_EMBED_FAIR] ------------------------------------------------

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Chat serving through the whole mesh on the GPU host (issue 16's serving table): tulip spawning
+# rose --device cuda on a gpt-oss checkpoint, ivy with the real o200k_harmony tokenizer, and
+# loadgen (HTTP, streamed chat, ignore_eos) driving ivy with closed-loop clients:
+#   - 1k prompt / 1k output tokens at 1, 16, 64 and 256 concurrent streams: TTFT and inter-token
+#     latency p50/p99 (from the SSE events), output tokens/s;
+#   - the same at --saturate concurrency (default 256) for the saturated throughput row.
+#     bench/suites/gpu_chat_sweep.sh GPUBIN MODEL_DIR TOKENIZER_JSON OUT_DIR [CONCURRENCIES]
+# Writes OUT_DIR/chat_c<N>.json (loadgen's schema, bench/README.md) and prints one line per run.
+set -uo pipefail
+BIN=$1 MODEL=$2 TOK=$3 OUT=$4
+CONC=${5:-"1 16 64 256"}
+PROMPT=${PROMPT_TOKENS:-1024} GEN=${OUTPUT_TOKENS:-1024}
+mkdir -p "$OUT"
+[ -f "$MODEL/tokenizer.json" ] || cp "$TOK" "$MODEL/tokenizer.json"
+"$BIN/tulip" --host 127.0.0.1 --port 50161 --metrics-port 9192 --model "$MODEL" --device cuda \
+  --rose-bin "$BIN/rose" --shm-name /garden-gpu-sweep --served-model-name gpt-oss-gpu \
+  --max-num-seqs 256 --max-batch-tokens 8192 --progress-timeout-ms 120000 \
+  --step-timeout-ms 120000 > "$OUT/sweep_tulip.log" 2>&1 &
+tulip_pid=$!
+"$BIN/ivy" --host 127.0.0.1 --port 8182 --tulip 127.0.0.1:50161 --tokenizer "$MODEL/tokenizer.json" \
+  --served-model-name gpt-oss-gpu > "$OUT/sweep_ivy.log" 2>&1 &
+ivy_pid=$!
+cleanup() { kill -TERM "$ivy_pid" "$tulip_pid" 2>/dev/null; wait "$ivy_pid" "$tulip_pid" 2>/dev/null; }
+trap cleanup EXIT
+for _ in $(seq 1 120); do  # rose loads the checkpoint: wait until ivy serves the model
+  curl -sf http://127.0.0.1:8182/ready > /dev/null 2>&1 && break
+  sleep 1
+done
+rc=0
+for c in $CONC; do
+  n=$(( c < 4 ? 3 : c ))
+  timeout 240 "$BIN/loadgen" --protocol http --endpoint 127.0.0.1:8182 --mode chat \
+    --model gpt-oss-gpu --seq-len "$PROMPT" --max-tokens "$GEN" --concurrency "$c" \
+    --warmup 0 --count "$n" --timeout-ms 200000 --suite gpu-chat-sweep \
+    --workload "chat_in${PROMPT}_out${GEN}_c${c}" --out "$OUT/chat_c$c.json" > "$OUT/chat_c$c.log" 2>&1 \
+    || rc=1
+  python3 - "$OUT/chat_c$c.json" "$c" <<'PY'
+import json, sys
+try:
+    r = json.load(open(sys.argv[1]))
+except Exception as e:
+    print(f"c={sys.argv[2]}: no result ({e})"); sys.exit(0)
+ch = r.get("chat", {})
+pick = lambda s: {k: round(s.get(k, 0), 2) for k in ("p50", "p99")} if s else {}
+print(json.dumps({"concurrency": int(sys.argv[2]), "ok": r.get("requests", {}).get("ok"),
+                  "errors": r.get("requests", {}).get("errors"),
+                  "prompt_tokens": r.get("input_tokens", {}).get("per_input_mean"),
+                  "output_tokens": ch.get("output_tokens"),
+                  "output_tokens_per_s": round(ch.get("output_tokens_per_s", 0), 1),
+                  "ttft_ms": pick(ch.get("ttft_ms")), "itl_ms": pick(ch.get("itl_ms")),
+                  "wall_s": round(r.get("duration_s", 0), 2)}))
+PY
+done
+curl -s http://127.0.0.1:9192/metrics > "$OUT/sweep_tulip_metrics.txt" 2>/dev/null
+grep -E '"level":"(error|warn)"' "$OUT/sweep_tulip.log" "$OUT/sweep_ivy.log" | head -10
+exit $rc

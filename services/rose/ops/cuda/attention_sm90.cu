@@ -1,0 +1,684 @@
+// The Hopper attention kernel (attention_sm90.cuh): warp-specialized, bulk tensor copies (TMA)
+// into a shared-memory ring guarded by mbarriers, wgmma for both products. Index arithmetic in
+// attention_sm90_layout.h (tested on the CPU).
+//
+// One block = 3 warpgroups (384 threads) on query rows q0 .. q0 + 127 of one (sequence, q head):
+//   warpgroup 0, the producer: one thread issues every copy (Q once; then per K/V tile the K
+//     box pair and the V box pair, each on its own "full" mbarrier with the byte count), waiting
+//     on the "empty" mbarriers the consumers release; it gives its registers back (setmaxnreg).
+//   warpgroups 1 and 2, the consumers: 64 query rows each (wgmma M = 64). Per key tile:
+//     S (64 x 128 f32) = Q K^T  (8 wgmma m64n128k16, Q and K from shared memory, K-major);
+//     online softmax on S in registers (f32, running max and sum per row, exp2);
+//     O (64 x 128 f32) += P V  (8 wgmma m64n128k16, P from registers as bf16, V from shared
+//     memory, MN-major).
+//   Pipelined variant (kSm90): each step issues S of tile i together with P V of tile i - 1,
+//   then does the softmax of tile i while P V runs (FlashAttention-3's intra-warpgroup
+//   overlap); the two consumers take turns issuing their wgmmas (named barriers, "ping-pong"),
+//   so one's softmax overlaps the other's matrix products.
+//   Basic variant (kSm90Basic): the same copies and products, one after the other (no overlap,
+//   no turns): fewer moving parts, for A/B and as the fallback if the pipelined one misbehaves.
+// Key tiles run from the last to the first; only the first one processed (the last tile: the
+// diagonal one when causal, the partial one when len % 128 != 0) needs the mask.
+//
+// Varlen: the copies read the packed qkv tensor; a tile that runs past its sequence reads the
+// next sequence's rows (or zeros past the tensor): those keys are masked (select, not
+// arithmetic), those query rows are not stored, and the V rows past the sequence are zeroed in
+// shared memory before use (P is 0 there, but 0 * a non-finite value is not).
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <string>
+
+#include "services/rose/ops/cuda/attention_sm90.cuh"
+#include "services/rose/ops/cuda/attention_sm90_layout.h"
+#include "services/rose/ops/cuda/common.cuh"
+#include "services/rose/ops/cuda/cuda_utils.h"
+
+namespace garden::rose::cuda {
+namespace {
+
+using namespace sm90;  // NOLINT(build/namespaces): the layout constants and index functions
+
+constexpr int kThreads = 384;        // producer + 2 consumer warpgroups
+constexpr int kStages = 2;           // K/V ring depth (2 x 64 KB + Q 32 KB)
+// setmaxnreg: 128 x producer + 256 x consumer <= 64 K registers. The cp.async loader computes
+// addresses per 16-byte chunk and needs more than the TMA thread.
+constexpr int kProducerRegs = 24;
+constexpr int kConsumerRegs = 240;
+constexpr int kProducerRegsCpAsync = 40;
+constexpr int kConsumerRegsCpAsync = 232;
+constexpr int kSchedBarrier = 1;     // named barriers 1, 2: the consumers' turns (0: __syncthreads)
+constexpr int kVZeroBarrier = 3;     // both consumers, after zeroing V rows past the sequence
+
+// ---- PTX wrappers: mbarrier, bulk tensor copy, named barriers, wgmma -------------------------
+
+__device__ __forceinline__ void mbarInit(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbarArriveExpectTx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbarArrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Arrives when `pred` (a predicated instruction, no branch: the warp stays converged for the
+// .aligned wgmma instructions around it).
+__device__ __forceinline__ void mbarArriveIf(uint32_t bar, bool pred) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %1, 0;\n"
+      "@p mbarrier.arrive.shared::cta.b64 _, [%0];\n}\n" ::"r"(bar),
+      "r"(static_cast<int>(pred))
+      : "memory");
+}
+__device__ __forceinline__ bool mbarTryWait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+// Set by a wait that gave up (attentionSm90WatchdogFired()).
+__device__ unsigned int g_watchdog = 0;
+// Returns once the phase of parity `parity` has completed (a fresh barrier: parity 1 at once).
+// Watchdog: a wait that polls kWatchdogPolls times (each try_wait may itself suspend the thread
+// a while: seconds in all), or that sees another wait gave up, gives up too and sets g_watchdog:
+// a protocol bug then ends the launch with wrong numbers and a flag the tests read, instead of
+// hanging the process. Legitimate waits last microseconds. (No trap, no printf, no 64-bit timer:
+// each made the consumers spill or serialized their wgmmas.)
+constexpr uint32_t kWatchdogPolls = 1u << 30;
+__device__ __forceinline__ void mbarWait(uint32_t bar, uint32_t parity) {
+  uint32_t polls = 0;
+  while (!mbarTryWait(bar, parity)) {
+    if ((++polls & 0xFFFFu) == 0 &&
+        (polls >= kWatchdogPolls || *static_cast<volatile unsigned int*>(&g_watchdog) != 0)) {
+      atomicOr(&g_watchdog, 1u);
+      break;
+    }
+  }
+}
+// 2^x (MUFU.EX2; denormal results flush to 0, which P does not need).
+__device__ __forceinline__ float exp2Ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+// One {64 columns, 128 rows} box at (column c0, row c1) of the tensor into shared memory at
+// `dst`, completing `bytes` on mbarrier `bar`.
+__device__ __forceinline__ void tmaLoad2d(uint32_t dst, const CUtensorMap* map, int c0, int c1,
+                                          uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
+      "%3}], [%4];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
+      : "memory");
+}
+__device__ __forceinline__ void namedBarrierSync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void namedBarrierArrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void wgmmaFence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmmaCommit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void wgmmaWait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+// Ties registers to this point of the program, so the compiler neither reads an accumulator
+// before the wgmma.wait that completes it nor writes one after the wgmma.fence that orders it.
+template <int kN>
+__device__ __forceinline__ void fenceRegs(float (&r)[kN]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int kN>
+__device__ __forceinline__ void fenceRegs(uint32_t (&r)[kN]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
+
+// D (64 x 128 f32, registers) = or += A (64 x 16 bf16, descriptor) * B (16 x 128 bf16, K-major
+// descriptor); scale_d 0 overwrites D.
+__device__ __forceinline__ void wgmmaSS(float (&d)[64], uint64_t desc_a, uint64_t desc_b,
+                                        int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      :
+        "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+// D (64 x 128 f32) += A (64 x 16 bf16, 4 registers per thread) * B (16 x 128 bf16, MN-major
+// descriptor: transposed).
+__device__ __forceinline__ void wgmmaRS(float (&d)[64], uint32_t a0, uint32_t a1, uint32_t a2,
+                                        uint32_t a3, uint64_t desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+      :
+        "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc_b), "r"(1));
+}
+
+// S = Q K^T over head_dim (8 k-steps); the descriptors address k-step 0. The first k-step
+// overwrites S.
+__device__ __forceinline__ void gemmQK(float (&s)[64], uint64_t q_desc, uint64_t k_desc) {
+#pragma unroll
+  for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+    const uint64_t step = kMajorStepOffset(kk) >> 4;
+    wgmmaSS(s, q_desc + step, k_desc + step, kk > 0 ? 1 : 0);
+  }
+}
+
+// O += P V over the tile's 128 keys (8 k-steps of 16 keys).
+__device__ __forceinline__ void gemmPV(float (&o)[64], const uint32_t (&p)[32], uint64_t v_desc) {
+#pragma unroll
+  for (int kk = 0; kk < kBlockN / 16; ++kk) {
+    wgmmaRS(o, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3],
+            v_desc + (mnMajorStepOffset(kk) >> 4));
+  }
+}
+
+// Online softmax on this thread's S elements of one tile (rows accRow(tid, e): two rows, 32 keys
+// each). kMask: keys invisible to a row (past len; causal, past the row) become -inf first.
+// Updates the running max m (of raw scores) and this thread's part of the running sum l, turns
+// S into P = exp2(S * scale_log2 - m * scale_log2) and sets alpha, the factor for O.
+template <bool kMask, bool kCausal>
+__device__ __forceinline__ void softmaxStep(float (&s)[64], float (&m)[2], float (&l)[2],
+                                            float (&alpha)[2], float scale_log2, int key0,
+                                            int row0, int len, int tid) {
+  if (kMask) {
+#pragma unroll
+    for (int e = 0; e < 64; ++e) {
+      if (!keyVisible(key0 + accCol(tid, e), row0 + accRow(tid, e), len, kCausal)) {
+        s[e] = -INFINITY;
+      }
+    }
+  }
+  float mx[2] = {m[0], m[1]};
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    mx[0] = fmaxf(mx[0], fmaxf(s[4 * i], s[4 * i + 1]));
+    mx[1] = fmaxf(mx[1], fmaxf(s[4 * i + 2], s[4 * i + 3]));
+  }
+  float ms[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+    ms[r] = mx[r] == -INFINITY ? 0.f : mx[r] * scale_log2;  // a row with no visible key yet
+    alpha[r] = exp2Ftz(fmaf(m[r], scale_log2, -ms[r]));      // m = -inf (first tile): 0
+    m[r] = mx[r];
+  }
+  float rs[2] = {0.f, 0.f};
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = e / 2;
+      s[4 * i + e] = exp2Ftz(fmaf(s[4 * i + e], scale_log2, -ms[r]));
+      rs[r] += s[4 * i + e];
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) l[r] = fmaf(l[r], alpha[r], rs[r]);
+}
+
+// P (f32, in S's registers) -> bf16 A fragments of O += P V.
+__device__ __forceinline__ void toP(const float (&s)[64], uint32_t (&p)[32]) {
+#pragma unroll
+  for (int kk = 0; kk < kBlockN / 16; ++kk) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int e = pSourceElement(kk, r);
+      p[4 * kk + r] = packBf16x2(s[e], s[e + 1]);
+    }
+  }
+}
+
+__device__ __forceinline__ void rescaleO(float (&o)[64], const float (&alpha)[2]) {
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    o[4 * i] *= alpha[0];
+    o[4 * i + 1] *= alpha[0];
+    o[4 * i + 2] *= alpha[1];
+    o[4 * i + 3] *= alpha[1];
+  }
+}
+
+// The consumers' turns at issuing wgmmas (kPipelined): consumer w waits on barrier
+// kSchedBarrier + w, then, after issuing, lets the other one go. Consumer 1 opens consumer 0's
+// first turn and skips its own last hand-over, so every barrier phase has 256 arrivals.
+__device__ __forceinline__ void turnBegin(int w) { namedBarrierSync(kSchedBarrier + w, 256); }
+__device__ __forceinline__ void turnEnd(int w) { namedBarrierArrive(kSchedBarrier + 1 - w, 256); }
+
+// 16 bytes global -> shared (cp.async), zero-filled when !valid (src must still be mapped).
+__device__ __forceinline__ void cpAsync16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 16 : 0)
+               : "memory");
+}
+
+// The cp.async loader (kTma = false, variant kSm90CpAsync, for bisecting a failure between the
+// tensor map and the rest): the 128 producer threads copy a [128 rows][128 columns] tile from
+// token row `row` and column `col`, zero-filling rows past the tensor as TMA does, into the same
+// swizzled layout; then make the writes visible to wgmma (async proxy).
+__device__ __forceinline__ void cpAsyncTile(const AttentionArgs& a, uint32_t dst, int col, int row,
+                                            int ptid) {
+  const int64_t width = static_cast<int64_t>(a.num_q_heads + 2 * a.num_kv_heads) * kHeadDim;
+  for (int i = ptid; i < 128 * (kHeadDim / 8); i += 128) {
+    const int r = i / (kHeadDim / 8), c = (i % (kHeadDim / 8)) * 8;
+    const int64_t tok = static_cast<int64_t>(row) + r;
+    const bool valid = tok < a.num_tokens;
+    cpAsync16(dst + tileOffset(r, c), a.qkv + (valid ? tok : 0) * width + col + c, valid);
+  }
+  asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+template <bool kCausal, bool kPipelined, bool kTma>
+__global__ void __launch_bounds__(kThreads, 1)
+    attentionSm90Kernel(const __grid_constant__ CUtensorMap qkv_map, AttentionArgs a) {
+  pdlWait();  // [TAG_PDL]
+  using L = SmemLayout<kStages>;
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t base = (smemAddr(smem_raw) + kSwizzleAtomBytes - 1) & ~(kSwizzleAtomBytes - 1);
+  const uint32_t s_q = base + L::kQ;
+  const uint32_t s_k = base + L::kK;
+  const uint32_t s_v = base + L::kV;
+  const uint32_t bar_q = base + L::kBarriers;
+  const uint32_t bar_k_full = bar_q + 8;
+  const uint32_t bar_v_full = bar_k_full + 8 * kStages;
+  const uint32_t bar_k_empty = bar_v_full + 8 * kStages;
+  const uint32_t bar_v_empty = bar_k_empty + 8 * kStages;
+
+  const int qh = blockHead(blockIdx.x, a.num_q_heads);
+  int seq = 0, tile_q0 = 0;
+  if (!findAttentionTile(a.cu_seqlens, a.num_seqs,
+                         static_cast<int>(blockTile(blockIdx.x, a.num_q_heads)), kBlockM, seq,
+                         tile_q0)) {
+    return;  // every warp of the block finds the same answer
+  }
+  const int start = a.cu_seqlens[seq];
+  const int len = a.cu_seqlens[seq + 1] - start;
+  const int q0 = queryTileStart(len, tile_q0 / kBlockM, kCausal);
+  const int kvh = qh / (a.num_q_heads / a.num_kv_heads);
+  const int n_tiles = kvTiles(len, q0, kCausal);
+  const int wg = static_cast<int>(threadIdx.x) / 128;
+
+  if (threadIdx.x == 0) {
+    // TMA: the producer's arrive.expect_tx + the bytes; cp.async: each producer thread.
+    constexpr uint32_t kFullCount = kTma ? 1 : 128;
+    mbarInit(bar_q, kFullCount);
+    for (int s = 0; s < kStages; ++s) {
+      mbarInit(bar_k_full + 8 * s, kFullCount);
+      mbarInit(bar_v_full + 8 * s, kFullCount);
+      mbarInit(bar_k_empty + 8 * s, 8);  // lane 0 of each of the 8 consumer warps
+      mbarInit(bar_v_empty + 8 * s, 8);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // Producer.
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kTma ? kProducerRegs
+                                                                     : kProducerRegsCpAsync));
+    if constexpr (!kTma) {
+      const int ptid = static_cast<int>(threadIdx.x);
+      cpAsyncTile(a, s_q, qColumn(qh, 0), start + q0, ptid);
+      mbarArrive(bar_q);
+      for (int it = 0; it < n_tiles; ++it) {
+        const int st = it % kStages;
+        const uint32_t free_parity = ((it / kStages) & 1) ^ 1;
+        const int row = start + (n_tiles - 1 - it) * kBlockN;
+        mbarWait(bar_k_empty + 8 * st, free_parity);
+        cpAsyncTile(a, s_k + st * kTileBytes, kColumn(a.num_q_heads, kvh, 0), row, ptid);
+        mbarArrive(bar_k_full + 8 * st);
+        mbarWait(bar_v_empty + 8 * st, free_parity);
+        cpAsyncTile(a, s_v + st * kTileBytes, vColumn(a.num_q_heads, a.num_kv_heads, kvh, 0), row,
+                    ptid);
+        mbarArrive(bar_v_full + 8 * st);
+      }
+    } else if (threadIdx.x == 0) {
+      const CUtensorMap* map = &qkv_map;
+      mbarArriveExpectTx(bar_q, kTileBytes);
+      tmaLoad2d(s_q, map, qColumn(qh, 0), start + q0, bar_q);
+      tmaLoad2d(s_q + kHalfBytes, map, qColumn(qh, 1), start + q0, bar_q);
+      for (int it = 0; it < n_tiles; ++it) {
+        const int st = it % kStages;
+        const uint32_t free_parity = ((it / kStages) & 1) ^ 1;  // first round: at once
+        const int row = start + (n_tiles - 1 - it) * kBlockN;
+        const uint32_t k_dst = s_k + st * kTileBytes;
+        const uint32_t v_dst = s_v + st * kTileBytes;
+        mbarWait(bar_k_empty + 8 * st, free_parity);
+        mbarArriveExpectTx(bar_k_full + 8 * st, kTileBytes);
+        tmaLoad2d(k_dst, map, kColumn(a.num_q_heads, kvh, 0), row, bar_k_full + 8 * st);
+        tmaLoad2d(k_dst + kHalfBytes, map, kColumn(a.num_q_heads, kvh, 1), row,
+                  bar_k_full + 8 * st);
+        mbarWait(bar_v_empty + 8 * st, free_parity);
+        mbarArriveExpectTx(bar_v_full + 8 * st, kTileBytes);
+        tmaLoad2d(v_dst, map, vColumn(a.num_q_heads, a.num_kv_heads, kvh, 0), row,
+                  bar_v_full + 8 * st);
+        tmaLoad2d(v_dst + kHalfBytes, map, vColumn(a.num_q_heads, a.num_kv_heads, kvh, 1), row,
+                  bar_v_full + 8 * st);
+      }
+    }
+    return;
+  }
+
+  // Consumers.
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kTma ? kConsumerRegs
+                                                                   : kConsumerRegsCpAsync));
+  const int w = wg - 1;
+  const int tid = static_cast<int>(threadIdx.x) % 128;
+  const bool warp_leader = (threadIdx.x % 32) == 0;
+  const int row0 = q0 + w * kWarpgroupRows;  // this warpgroup's first query row
+  const float scale_log2 = a.scale * 1.4426950408889634f;
+  const uint64_t q_desc =
+      makeDescriptor(s_q + w * kWarpgroupRows * kRowBytes, kKMajorLbo, kKMajorSbo);
+  const uint64_t k_desc0 = makeDescriptor(s_k, kKMajorLbo, kKMajorSbo);
+  const uint64_t v_desc0 = makeDescriptor(s_v, kMnMajorLbo, kMnMajorSbo);
+  constexpr uint64_t kStageStep = kTileBytes >> 4;  // descriptor start address per stage
+
+  // The first tile processed (stage 0) may run past the sequence: zero its V rows from len on.
+  const int first_key0 = (n_tiles - 1) * kBlockN;
+  if (first_key0 + kBlockN > len) {  // block-uniform
+    mbarWait(bar_v_full, 0);
+    const int bad0 = len - first_key0;
+    constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
+    for (int i = static_cast<int>(threadIdx.x) - 128; i < (kBlockN - bad0) * kChunks; i += 256) {
+      const uint32_t dst = s_v + tileOffset(bad0 + i / kChunks, (i % kChunks) * 8);
+      asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(dst), "r"(0) : "memory");
+    }
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // visible to wgmma
+    namedBarrierSync(kVZeroBarrier, 256);
+  }
+
+  float o[64], s[64], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, alpha[2];
+  uint32_t p[32];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) o[i] = s[i] = 0.f;
+  mbarWait(bar_q, 0);
+
+  if constexpr (kPipelined) {
+    if (w == 1) namedBarrierArrive(kSchedBarrier, 256);  // consumer 0 takes the first turn
+    // Step 0: S of the first tile processed, masked softmax.
+    mbarWait(bar_k_full, 0);
+    turnBegin(w);
+    wgmmaFence();
+    gemmQK(s, q_desc, k_desc0);
+    wgmmaCommit();
+    turnEnd(w);
+    wgmmaWait<0>();
+    fenceRegs(s);
+    mbarArriveIf(bar_k_empty, warp_leader);
+    softmaxStep<true, kCausal>(s, m, l, alpha, scale_log2, first_key0, row0, len, tid);
+    toP(s, p);
+    // Step it: S of tile it and P V of tile it - 1 issued together; the softmax of tile it runs
+    // while P V does.
+#pragma unroll 1
+    for (int it = 1; it < n_tiles; ++it) {
+      const int st = it % kStages;
+      const uint32_t ph = (it / kStages) & 1;
+      const int sp = (it - 1) % kStages;
+      const uint32_t php = ((it - 1) / kStages) & 1;
+      // Both waits before the turn: no branch between the two wgmma batches (ptxas would fence
+      // there), and V of tile it - 1 landed a step ago.
+      mbarWait(bar_k_full + 8 * st, ph);
+      mbarWait(bar_v_full + 8 * sp, php);
+      turnBegin(w);
+      wgmmaFence();
+      gemmQK(s, q_desc, k_desc0 + st * kStageStep);
+      wgmmaCommit();
+      gemmPV(o, p, v_desc0 + sp * kStageStep);
+      wgmmaCommit();
+      turnEnd(w);
+      wgmmaWait<1>();  // S done
+      fenceRegs(s);
+      mbarArriveIf(bar_k_empty + 8 * st, warp_leader);
+      softmaxStep<false, kCausal>(s, m, l, alpha, scale_log2, 0, row0, len, tid);
+      wgmmaWait<0>();  // P V done
+      fenceRegs(o);
+      fenceRegs(p);
+      mbarArriveIf(bar_v_empty + 8 * sp, warp_leader);
+      toP(s, p);
+      rescaleO(o, alpha);
+    }
+    // Last: P V of the last tile processed.
+    const int sl = (n_tiles - 1) % kStages;
+    mbarWait(bar_v_full + 8 * sl, ((n_tiles - 1) / kStages) & 1);
+    turnBegin(w);
+    wgmmaFence();
+    gemmPV(o, p, v_desc0 + sl * kStageStep);
+    wgmmaCommit();
+    if (w == 0) turnEnd(w);
+    wgmmaWait<0>();
+    fenceRegs(o);
+    mbarArriveIf(bar_v_empty + 8 * sl, warp_leader);
+  } else {
+#pragma unroll 1
+    for (int it = 0; it < n_tiles; ++it) {
+      const int st = it % kStages;
+      const uint32_t ph = (it / kStages) & 1;
+      mbarWait(bar_k_full + 8 * st, ph);
+      wgmmaFence();
+      gemmQK(s, q_desc, k_desc0 + st * kStageStep);
+      wgmmaCommit();
+      wgmmaWait<0>();
+      fenceRegs(s);
+      mbarArriveIf(bar_k_empty + 8 * st, warp_leader);
+      if (it == 0) {
+        softmaxStep<true, kCausal>(s, m, l, alpha, scale_log2, first_key0, row0, len, tid);
+      } else {
+        softmaxStep<false, kCausal>(s, m, l, alpha, scale_log2, 0, row0, len, tid);
+      }
+      toP(s, p);
+      rescaleO(o, alpha);
+      mbarWait(bar_v_full + 8 * st, ph);
+      wgmmaFence();
+      gemmPV(o, p, v_desc0 + st * kStageStep);
+      wgmmaCommit();
+      wgmmaWait<0>();
+      fenceRegs(o);
+      fenceRegs(p);
+      mbarArriveIf(bar_v_empty + 8 * st, warp_leader);
+    }
+  }
+
+  // Epilogue: O / l, rows of the sequence only.
+  float inv[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    inv[r] = l[r] > 0.f ? 1.f / l[r] : 0.f;
+  }
+  const int64_t out_stride = static_cast<int64_t>(a.num_q_heads) * kHeadDim;
+  __nv_bfloat16* o_base = a.out + static_cast<int64_t>(start) * out_stride + qh * kHeadDim;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = row0 + accRow(tid, 2 * r);
+    if (row < len) {
+      uint32_t* dst = reinterpret_cast<uint32_t*>(o_base + static_cast<int64_t>(row) * out_stride +
+                                                  accCol(tid, 0));
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        dst[4 * i] = packBf16x2(o[4 * i + 2 * r] * inv[r], o[4 * i + 2 * r + 1] * inv[r]);
+      }
+    }
+  }
+}
+
+// cuTensorMapEncodeTiled from the driver, through the runtime (no link against libcuda).
+PFN_cuTensorMapEncodeTiled_v12000 tensorMapEncoder() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault,
+                                         &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess) {
+      fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+    } else {
+      (void)cudaGetLastError();  // not sticky; do not leave it for the next check
+    }
+  });
+  return fn;
+}
+
+// Compute capability of the current device (queried once per device).
+int deviceCapability() {
+  static int cached[64] = {};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 0;
+  if (cached[dev] == 0) {
+    int major = 0, minor = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
+      return 0;
+    }
+    cached[dev] = major * 10 + minor;
+  }
+  return cached[dev];
+}
+
+Status encodeQkvMap(const AttentionArgs& a, CUtensorMap* map) {
+  const QkvTensorMapShape shape = qkvTensorMapShape(a.num_tokens, a.num_q_heads, a.num_kv_heads);
+  const cuuint64_t dims[2] = {shape.dims[0], shape.dims[1]};
+  const cuuint64_t strides[1] = {shape.row_stride_bytes};
+  const cuuint32_t box[2] = {shape.box[0], shape.box[1]};
+  const cuuint32_t elem_strides[2] = {1, 1};
+  const CUresult r = tensorMapEncoder()(
+      map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
+      const_cast<void*>(static_cast<const void*>(a.qkv)), dims, strides, box, elem_strides,
+      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    return internalError("attention sm90: cuTensorMapEncodeTiled failed (CUresult " +
+                         std::to_string(static_cast<int>(r)) + ")");
+  }
+  return okStatus();
+}
+
+template <bool kCausal, bool kPipelined, bool kTma>
+Status launchKernel(const AttentionArgs& a, cudaStream_t stream, bool pdl) {
+  CUtensorMap map;
+  if (kTma) {
+    RETURN_IF_ERROR(encodeQkvMap(a, &map));
+  } else {
+    std::memset(&map, 0, sizeof(map));  // unused
+  }
+  constexpr size_t smem = SmemLayout<kStages>::kDynamicBytes;
+  static std::once_flag once;  // [TAG_ATTN_SMEM] one attribute call per instance
+  static cudaError_t configured = cudaSuccess;
+  std::call_once(once, [] {
+    configured = cudaFuncSetAttribute(attentionSm90Kernel<kCausal, kPipelined, kTma>,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(smem));
+  });
+  CUDA_RETURN_IF_ERROR(configured);
+  const int64_t blocks = maxQueryTiles(a.num_tokens, a.num_seqs) * a.num_q_heads;
+  CUDA_RETURN_IF_ERROR(launchPdl(pdl, attentionSm90Kernel<kCausal, kPipelined, kTma>,
+                                 dim3(static_cast<unsigned>(blocks)), dim3(kThreads), smem, stream,
+                                 map, a));
+  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return okStatus();
+}
+
+}  // namespace
+
+Status checkAttentionSm90(const AttentionArgs& a, const char* variant) {
+  const std::string name(variant);
+  if (a.head_dim != kHeadDim) {
+    return unimplemented("attention: variant " + name + " needs head_dim 128, got " +
+                         std::to_string(a.head_dim));
+  }
+  if (!(a.scale > 0.f) || !std::isfinite(a.scale)) {
+    return unimplemented("attention: variant " + name + " needs a positive finite scale");
+  }
+  if (maxQueryTiles(a.num_tokens, a.num_seqs) * a.num_q_heads > INT32_MAX) {
+    return invalidArgument("attention: variant " + name + ": too many query tiles x heads");
+  }
+  const int cc = deviceCapability();
+  if (cc != 90) {
+    return failedPrecondition("attention: variant " + name +
+                              " needs a compute capability 9.0 GPU (Hopper), found " +
+                              std::to_string(cc / 10) + "." + std::to_string(cc % 10));
+  }
+  if (tensorMapEncoder() == nullptr) {
+    return failedPrecondition("attention: variant " + name +
+                              " needs cuTensorMapEncodeTiled (CUDA driver 12.0 or newer)");
+  }
+  return okStatus();
+}
+
+Result<bool> attentionSm90WatchdogFired() {
+  unsigned int fired = 0;
+  CUDA_RETURN_IF_ERROR(cudaMemcpyFromSymbol(&fired, g_watchdog, sizeof(fired)));
+  const unsigned int zero = 0;
+  CUDA_RETURN_IF_ERROR(cudaMemcpyToSymbol(g_watchdog, &zero, sizeof(zero)));
+  return fired != 0;
+}
+
+Status launchAttentionSm90(const AttentionArgs& a, cudaStream_t stream, Sm90Schedule schedule,
+                          bool pdl) {
+  switch (schedule) {
+    case Sm90Schedule::kPipelined:
+      return a.causal ? launchKernel<true, true, true>(a, stream, pdl)
+                      : launchKernel<false, true, true>(a, stream, pdl);
+    case Sm90Schedule::kBasic:
+      return a.causal ? launchKernel<true, false, true>(a, stream, pdl)
+                      : launchKernel<false, false, true>(a, stream, pdl);
+    case Sm90Schedule::kBasicCpAsync:
+      return a.causal ? launchKernel<true, false, false>(a, stream, pdl)
+                      : launchKernel<false, false, false>(a, stream, pdl);
+  }
+  return invalidArgument("attention sm90: unknown schedule");
+}
+
+}  // namespace garden::rose::cuda

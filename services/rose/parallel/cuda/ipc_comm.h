@@ -1,0 +1,81 @@
+#pragma once
+// Host side of the CUDA IPC pieces (docs/multi-gpu.md): exporting and opening device allocations
+// across the rose processes of one node, the IPC all-reduce for small messages
+// (ipc_allreduce.cuh) and the KV-block handoff (kv_transfer.cuh).
+//
+// Handles travel as plain bytes (IpcHandle): rank 0's internal shared-memory segment in the
+// runtime, files in the GPU test. A process can NOT open its own handle (CUDA refuses), so a
+// rank maps only its peers' buffers and uses its own pointer for itself.
+//
+// Threads: one owner thread (the rank's launching thread); objects own their CUDA resources.
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "common/status.h"
+#include "services/rose/parallel/cuda/ipc_allreduce.cuh"
+#include "services/rose/parallel/cuda/kv_transfer.cuh"
+
+namespace garden::rose::cuda {
+
+struct IpcHandle {
+  unsigned char bytes[sizeof(cudaIpcMemHandle_t)] = {};
+};
+
+// The handle of `base`, which must be the start of a cudaMalloc allocation.
+Result<IpcHandle> exportIpcHandle(void* base);
+
+// A peer's allocation mapped into this process; unmapped on destruction.
+class IpcMapping {
+ public:
+  static Result<std::unique_ptr<IpcMapping>> open(const IpcHandle& handle);
+  ~IpcMapping();
+  void* data() const { return ptr_; }
+
+ private:
+  explicit IpcMapping(void* p) : ptr_(p) {}
+  void* ptr_ = nullptr;
+};
+
+// One rank's end of the IPC all-reduce. create() allocates this rank's buffer (capacity bytes
+// of input per call); exchange handle() with the peers; connect() with all world handles (own
+// entry ignored). Then allReduceSum() may be called, by every rank in the same order.
+class IpcAllReduce {
+ public:
+  static Result<std::unique_ptr<IpcAllReduce>> create(int rank, int world, size_t capacity,
+                                                      int blocks = 8);
+  ~IpcAllReduce();
+
+  const IpcHandle& handle() const { return handle_; }
+  Status connect(std::span<const IpcHandle> handles);
+  size_t capacity() const { return args_.capacity; }
+
+  // Enqueued on `stream`: out = Σ over ranks of in (n elements; in may equal out). algo: as
+  // pickIpcAlgo unless forced. INVALID_ARGUMENT when n does not fit the capacity.
+  Status allReduceSum(const void* in, void* out, int64_t n, IpcDType dtype, cudaStream_t stream,
+                      const IpcAlgo* force_algo = nullptr);
+  // Reads the error word (synchronizes): INTERNAL after a barrier timeout (a peer is gone).
+  Status checkError();
+
+ private:
+  IpcAllReduce() = default;
+  IpcAllReduceArgs args_;
+  int blocks_ = 8;
+  void* own_ = nullptr;        // this rank's IPC buffer
+  uint32_t* words_ = nullptr;  // [0] epoch, [1] error
+  IpcHandle handle_;
+  std::vector<std::unique_ptr<IpcMapping>> peers_;
+};
+
+// KV handoff: copies blocks pairs[i] = (src block, dst block) of every layer from `src` (a
+// peer's cache mapped through IpcMapping, or any device memory) into this process's cache
+// dst_k/dst_v ([layers][dst_num_blocks] blocks of src.block_bytes). Block ids are checked on the
+// host (INVALID_ARGUMENT naming the pair); enqueued on `stream`.
+Status copyKvBlocks(const KvPoolView& src, char* dst_k, char* dst_v, int32_t dst_num_blocks,
+                    std::span<const int32_t> pairs, cudaStream_t stream);
+
+}  // namespace garden::rose::cuda
