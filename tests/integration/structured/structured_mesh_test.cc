@@ -167,6 +167,53 @@ TEST_F(StructuredMesh, StreamedContentValidates) {
   EXPECT_EQ(val.validate(content), "") << content;
 }
 
+// response_format together with the sampler state [TAG_TOKEN_MASK] [TAG_LLM_SAMPLER_STATE]:
+// logit_bias (+100 on a token the grammar mostly forbids), the three penalties, min_p and
+// logprobs on one request. The mask applies after bias and penalties, so finished answers still
+// validate; logprobs come back for every content token with 3 alternatives each.
+TEST_F(StructuredMesh, CombinesWithBiasPenaltiesAndLogprobs) {
+  const std::string schema = grammar::testing::schemaCases()[8].schema;  // person_strict
+  const std::string rf =
+      R"({"type":"json_schema","json_schema":{"name":"person","strict":true,"schema":)" + schema +
+      "}}";
+  grammar::testing::SchemaValidator val(schema);
+  int finished = 0;
+  for (int seed = 3; seed <= 5; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::string body = chatBody(rf, seed);
+    body.pop_back();  // the closing brace
+    body += R"(,"logit_bias":{"12345":100,"400":-50},"frequency_penalty":0.5,)"
+            R"("presence_penalty":0.3,"repetition_penalty":1.1,"min_p":0.02,"logprobs":true,)"
+            R"("top_logprobs":3})";
+    auto r = post(body);
+    ASSERT_EQ(r.status, 200) << r.body;
+    Answer a = parseAnswer(r.body);
+    simdjson::dom::parser p;
+    simdjson::dom::element doc;
+    ASSERT_FALSE(p.parse(r.body).get(doc)) << r.body;
+    simdjson::dom::array content;
+    ASSERT_FALSE(doc["choices"].at(0)["logprobs"]["content"].get_array().get(content)) << r.body;
+    size_t n = 0;
+    for (simdjson::dom::element e : content) {
+      double lp = 1;
+      ASSERT_FALSE(e["logprob"].get_double().get(lp)) << r.body;
+      EXPECT_LE(lp, 0.0);
+      simdjson::dom::array top;
+      ASSERT_FALSE(e["top_logprobs"].get_array().get(top)) << r.body;
+      EXPECT_EQ(top.size(), 3u);
+      ++n;
+    }
+    EXPECT_GT(n, 0u) << r.body;
+    if (a.finish != "stop") {
+      EXPECT_EQ(a.finish, "length") << r.body;
+      continue;
+    }
+    ++finished;
+    EXPECT_EQ(val.validate(a.content), "") << "answer: " << a.content;
+  }
+  EXPECT_GE(finished, 1) << "no answer finished within max_tokens";
+}
+
 TEST_F(StructuredMesh, UnsupportedSchemaIs400NamingResponseFormat) {
   const std::string rf =
       R"({"type":"json_schema","json_schema":{"name":"x","schema":{"type":"integer","minimum":3}}})";

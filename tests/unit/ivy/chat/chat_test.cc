@@ -236,6 +236,33 @@ TEST(ChatTest, ResponseFormatReachesTulipAsAConstraint) {
   EXPECT_TRUE(h.client().calls().at(2).constraint.grammar.empty());
 }
 
+// response_format together with every sampler-state field [TAG_TOKEN_MASK]
+// [TAG_LLM_SAMPLER_STATE]: both reach tulip on the same call (the grammar as the constraint, the
+// rest as sampling parameters), neither displaces the other.
+TEST(ChatTest, ResponseFormatCombinesWithSamplerFields) {
+  ChatHarness h;
+  h.client().setScript(h.ids("<|channel|>final<|message|>{\"a\":1}<|return|>"));
+  Captured r = h.post(
+      "/v1/chat/completions",
+      chatBody(R"("response_format":{"type":"json_schema","json_schema":{"name":"t","strict":true,)"
+               R"("schema":{"type":"object","properties":{"a":{"type":"integer"}},"required":["a"],)"
+               R"("additionalProperties":false}}},"logit_bias":{"42":5,"7":-100},)"
+               R"("presence_penalty":0.25,"frequency_penalty":0.5,"repetition_penalty":1.1,)"
+               R"("min_p":0.05,"logprobs":true,"top_logprobs":2,"temperature":0.7,"seed":3)"));
+  ASSERT_EQ(r.status, 200) << r.body;
+  auto c = h.client().calls().at(0);
+  EXPECT_FALSE(c.constraint.grammar.empty());
+  EXPECT_EQ(c.constraint.end_tokens, (std::vector<int32_t>{200002}));
+  EXPECT_EQ(c.logit_bias, (std::vector<std::pair<int32_t, float>>{{42, 5.f}, {7, -100.f}}));
+  EXPECT_FLOAT_EQ(c.presence_penalty, 0.25f);
+  EXPECT_FLOAT_EQ(c.frequency_penalty, 0.5f);
+  EXPECT_FLOAT_EQ(c.repetition_penalty, 1.1f);
+  EXPECT_FLOAT_EQ(c.min_p, 0.05f);
+  EXPECT_TRUE(c.logprobs);
+  EXPECT_EQ(c.top_logprobs, 2u);
+  EXPECT_FLOAT_EQ(c.temperature, 0.7f);
+}
+
 TEST(ChatTest, SamplingFieldsReachTulip) {
   ChatHarness h;
   h.client().setScript(h.ids("<|channel|>final<|message|>ok<|return|>"));
