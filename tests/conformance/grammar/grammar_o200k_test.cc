@@ -3,10 +3,13 @@
 //  * the vocabulary loader gives each id the bytes ivy's tokenizer decodes it to;
 //  * masks equal a brute-force check of every token along random paths;
 //  * a random model (tests/unit/common/grammar/random_model.h) under masks writes outputs that all
-//    validate against their schemas (independent validator), for every test schema.
+//    validate against their schemas (independent validator), for every test schema; the
+//    finished outputs are also written to $GARDEN_BUILD_DIR/grammar_o200k_outputs.jsonl, which
+//    jsonschema_crosscheck.py validates again with Python's `jsonschema` (a reference validator).
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <fstream>
 
 #include "common/grammar/json_schema.h"
@@ -109,6 +112,19 @@ TEST(GrammarO200k, RandomModelOutputsValidate) {
   std::vector<std::string_view> bytes;
   for (int32_t id = 0; id < kModelVocab; ++id) bytes.push_back(vocab()->bytes(id));
   int finished = 0, total = 0, valid = 0;
+  // One JSON line per finished output: {"name", "schema" (the schema's JSON), "doc_hex"}.
+  const char* build = std::getenv("GARDEN_BUILD_DIR");
+  std::ofstream dump(std::string(build ? build : ".") + "/grammar_o200k_outputs.jsonl");
+  ASSERT_TRUE(dump.good());
+  auto hex = [](std::string_view b) {
+    std::string h;
+    char buf[3];
+    for (unsigned char ch : b) {
+      std::snprintf(buf, sizeof(buf), "%02x", ch);
+      h += buf;
+    }
+    return h;
+  };
   for (const auto& sc : testing::schemaCases()) {
     SCOPED_TRACE(sc.name);
     auto g = grammarOf(sc.schema);
@@ -134,8 +150,13 @@ TEST(GrammarO200k, RandomModelOutputsValidate) {
       const std::string err = val.validate(out);
       valid += err.empty();
       EXPECT_EQ(err, "") << out;
+      dump << "{\"name\":\"" << sc.name << "\",\"schema\":"
+           << (sc.schema == "json_object" ? R"({"type":"object"})" : sc.schema)
+           << ",\"doc_hex\":\"" << hex(out) << "\"}\n";
     }
   }
+  dump.close();
+  ASSERT_TRUE(dump.good());
   std::printf("o200k: %d of %d random generations finished, %d of them validated\n", finished,
               total, valid);
   EXPECT_GE(finished * 10, total * 9);
