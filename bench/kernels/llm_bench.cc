@@ -12,8 +12,15 @@
 //   rose_llm_bench --model DIR [--prefill 2048,8192,32768] [--decode 1@8192,64@1024]
 //                  [--decode-steps 32] [--max-batch-tokens 16384]
 //                  [--moe-weights auto|mxfp4|fp8|bf16] [--fp8-min-tokens N]
-//                  [--cuda-graphs on|off] [--residual f32|bf16] [--kv-tokens N] [--profile]   (one decode step per workload between cudaProfilerStart/Stop, for
-//                                 ncu --profile-from-start off)
+//                  [--cuda-graphs on|off] [--residual f32|bf16] [--kv-tokens N] [--masks D]
+//                  [--profile]
+//   --masks D: every sampled sequence draws under a random token mask allowing a fraction D of
+//              the vocabulary (structured outputs [TAG_TOKEN_MASK]: the masks' upload and the
+//              masked sampler, as rose sees a step from tulip; not tulip's mask computation).
+//              Compare the decode step with and without to get the rose side of the
+//              constrained path's cost. Needs a sampler that announces token masks.
+//   --profile: one decode step per workload between cudaProfilerStart/Stop, for
+//              ncu --profile-from-start off
 
 #include <algorithm>
 #include <chrono>
@@ -25,6 +32,7 @@
 #include <fstream>
 #include <numeric>
 #include <random>
+#include <span>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -65,6 +73,8 @@ struct Bench {
   int64_t max_batch_tokens = 16384;
   double last_host_s = 0;  // host time of the last step's enqueue (before the GPU finished)
   std::mt19937 rng{1};
+  double mask_density = 0;      // --masks: 0 = unconstrained
+  std::vector<uint32_t> masks;  // one random mask per sampled row, reused every step
 
   struct Seq {
     std::vector<int32_t> tokens;
@@ -103,11 +113,33 @@ struct Bench {
       d.block_offset = static_cast<int32_t>(blocks.size());
       d.num_blocks = static_cast<int32_t>(s->blocks.size());
       d.sample = n == pending ? 1 : 0;
+      if (d.sample && mask_density > 0) {
+        int32_t k = 0;
+        for (const LlmStepSeq& e : desc) k += e.mask_index > 0;
+        d.mask_index = k + 1;
+      }
       desc.push_back(d);
       toks.insert(toks.end(), s->tokens.begin() + s->cached, s->tokens.begin() + s->cached + n);
       blocks.insert(blocks.end(), s->blocks.begin(), s->blocks.end());
     }
-    LlmStep st{desc, toks, blocks};
+    const int64_t words = (model->vocabSize() + 31) / 32;
+    size_t num_masks = 0;
+    for (const LlmStepSeq& e : desc) num_masks += e.mask_index > 0;
+    if (num_masks * static_cast<size_t>(words) > masks.size()) {
+      std::uniform_real_distribution<double> u(0, 1);
+      const size_t have = masks.size() / static_cast<size_t>(words);
+      masks.resize(num_masks * static_cast<size_t>(words), 0);
+      for (size_t m = have; m < num_masks; ++m) {
+        for (int64_t id = 0; id < model->vocabSize(); ++id) {
+          if (u(rng) < mask_density || id == 0) {
+            masks[m * static_cast<size_t>(words) + static_cast<size_t>(id / 32)] |= 1u << (id % 32);
+          }
+        }
+      }
+    }
+    LlmStep st{desc, toks, blocks, {},
+               std::span<const uint32_t>(masks.data(), num_masks * static_cast<size_t>(words)),
+               words};
     Status v = model->validate(st, *kv);
     if (!v.isOk()) {
       std::fprintf(stderr, "invalid step: %s\n", v.toString().c_str());
@@ -351,6 +383,7 @@ int main(int argc, char** argv) {
   std::string moe_list;   // --moe-gemm T1,T2,...: time the MoE experts op alone (no model)
   bool profile = false;  // one decode step of each --decode workload between profiler markers
   int64_t fp8_min_tokens = 0;  // --fp8-min-tokens N: MoE steps of >= N tokens use the FP8 copy
+  double mask_density = 0;  // --masks D
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -373,6 +406,7 @@ int main(int argc, char** argv) {
     else if (a == "--kv-tokens") kv_tokens = std::atoll(next().c_str());
     else if (a == "--moe-gemm") moe_list = next();
     else if (a == "--fp8-min-tokens") fp8_min_tokens = std::atoll(next().c_str());
+    else if (a == "--masks") mask_density = std::atof(next().c_str());
     else {
       std::fprintf(stderr, "unknown flag %s\n", a.c_str());
       return 2;
@@ -384,6 +418,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   Bench b;
+  b.mask_density = mask_density;
   b.max_batch_tokens = max_batch_tokens;
   BackendOptions bo;
   bo.max_batch_tokens = max_batch_tokens;
@@ -480,10 +515,10 @@ int main(int argc, char** argv) {
     b.decode(batch, ctx, 4);  // warm-up
     double host = 0;
     const double s = b.decode(batch, ctx, decode_steps, &host, profile);
-    std::printf("decode batch %3d @ %6d: step %.3f ms, host enqueue %.3f ms  (%.0f tokens/s)\n",
-                batch, ctx, s * 1e3, host * 1e3, batch / s);
+    std::printf("decode batch %3d @ %6d%s: step %.3f ms, host enqueue %.3f ms  (%.0f tokens/s)\n",
+                batch, ctx, mask_density > 0 ? " masked" : "", s * 1e3, host * 1e3, batch / s);
     std::fflush(stdout);
-    if (json) json << "{\"workload\":\"decode\",\"batch\":" << batch << ",\"context\":" << ctx
+    if (json) json << "{\"workload\":\"decode\",\"masks\":" << mask_density << ",\"batch\":" << batch << ",\"context\":" << ctx
                    << ",\"step_seconds\":" << s << "}\n";
   }
   return 0;

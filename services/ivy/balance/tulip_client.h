@@ -90,6 +90,14 @@ struct GenerateCall {
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;
   std::chrono::milliseconds timeout{0};
+  // Structured outputs [TAG_TOKEN_MASK] (garden.v1.Constraint): grammar empty = none.
+  struct Constraint {
+    std::string grammar;
+    int32_t channel_token = -1;
+    std::vector<int32_t> channel_prefix;
+    int32_t message_token = -1;
+    std::vector<int32_t> end_tokens;
+  } constraint;
 };
 
 enum class FinishReason { kNone = 0, kStop = 1, kLength = 2, kCancelled = 3 };

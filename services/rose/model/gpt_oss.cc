@@ -533,6 +533,7 @@ Status GptOssModel::validate(const LlmStep& step, const PagedKvCache& kv,
   lim.max_model_len = max_model_len_;
   lim.table_capacity = table_capacity_;
   lim.sampler_state = ops_.supportsSamplerState();
+  lim.token_mask = ops_.supportsTokenMask();
   return validateGptOssStep(lim, step, ks.block_size, ks.num_blocks, prev_sampled);
 }
 
@@ -608,6 +609,17 @@ Status validateGptOssStep(const GptOssStepLimits& lim, const LlmStep& step, int3
       return invalidArgument(who + "logits mode must be 0 (none), 1 (last) or 2 (all)");
     }
     if (s.sample > 1) return invalidArgument(who + "sample must be 0 or 1");
+    if (s.mask_index < 0 ||
+        static_cast<size_t>(s.mask_index) * static_cast<size_t>(step.mask_words) >
+            step.masks.size() ||
+        (s.mask_index > 0 && (!s.sample || step.mask_words * 32 < lim.vocab))) {
+      return invalidArgument(who + "mask_index " + std::to_string(s.mask_index) +
+                             " names no token mask of this step");
+    }
+    if (s.mask_index > 0 && !lim.token_mask) {
+      return invalidArgument(who + "mask_index: this backend's sampler does not implement token "
+                                   "masks (structured outputs)");
+    }
     if (s.sample) RETURN_IF_ERROR(validateSamplingParams(s.sampling).withContext(who + "sampling"));
     RETURN_IF_ERROR(validateSamplerState(lim, step, s, state_slots).withContext(who));
     total += s.num_tokens;
@@ -741,6 +753,11 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
     sr.row = r;
     sr.counter = static_cast<uint64_t>(s.position) + static_cast<uint64_t>(s.num_tokens);
     sr.params = s.sampling;
+    if (s.mask_index > 0) {  // [TAG_TOKEN_MASK]
+      const size_t k = static_cast<size_t>(s.mask_index - 1);
+      CHECK((k + 1) * static_cast<size_t>(step.mask_words) <= step.masks.size());
+      sr.mask = step.masks.data() + k * static_cast<size_t>(step.mask_words);
+    }
     h_samples_.push_back(sr);
   }
   const size_t n_samples = h_samples_.size();

@@ -95,6 +95,7 @@ struct GptOssStepLimits {
   int64_t max_model_len = 0;
   int64_t table_capacity = 0;  // block-table entries of one step (sequences x longest table)
   bool sampler_state = false;  // the ops implement state slots, penalties, logprobs, min_p
+  bool token_mask = false;     // the ops honour token masks [TAG_TOKEN_MASK]
 };
 Status validateGptOssStep(const GptOssStepLimits& lim, const LlmStep& step, int32_t block_size,
                           int32_t num_blocks, int64_t prev_sampled);
@@ -111,6 +112,8 @@ class GptOssModel {
   // Whether the ops' sampler implements logprobs, min_p, penalties and logit_bias (validate()
   // refuses a step that asks for them otherwise); announced as shm::kLlmCapSamplerState.
   bool supportsSamplerState() const { return ops_.supportsSamplerState(); }
+  // Whether the ops honour token masks (structured outputs); shm::kLlmCapTokenMask.
+  bool supportsTokenMask() const { return ops_.supportsTokenMask(); }
   // The cache shape this model needs for `num_blocks` blocks of `block_size` tokens.
   KvCacheShape kvShape(int32_t num_blocks, int32_t block_size) const;
   // The dtype the cache must have (the backend's activation dtype).

@@ -117,6 +117,10 @@ struct SampleRow {
   int32_t row = 0;
   uint64_t counter = 0;
   SamplingParams params;
+  // Structured outputs [TAG_TOKEN_MASK]: host memory, ceil(V / 32) words, bit id % 32 of word
+  // id / 32 set = allowed; only allowed ids are drawn (if every allowed logit is -inf or NaN:
+  // the lowest allowed id). nullptr: no mask. Valid until the op has run.
+  const uint32_t* mask = nullptr;
 };
 
 // A reload of sampler-state slot `slot` (< LlmOpsLimits.max_seqs) [TAG_LLM_SAMPLER_STATE]: its
@@ -205,13 +209,13 @@ class LlmOps {
   // out_ids I32 [rows.size()]: one token per SampleRow from logits F32 [R, V]. Greedy
   // (temperature 0) is the argmax with the lowest id among equal maxima on every backend. With
   // temperature > 0 each backend draws from the same distribution ([TAG_SAMPLER_ORDER]: bias →
-  // penalties → temperature → min-p → top-k → top-p, sampler.h) with its own procedure,
+  // penalties → token mask → temperature → min-p → top-k → top-p, sampler.h) with its own procedure,
   // deterministic in (seed, counter, state): the CPU one is sampler.h's; the CUDA one is in
   // ops/cuda/sample.cuh. A row with a state slot adds its drawn token to the slot.
   // out_logprobs (U8 [rows.size() * sizeof(llm::LlmTokenLogprobs)], may be empty when no row has
   // params.logprobs >= 0): one llm::LlmTokenLogprobs per row (num_top -1 where not asked).
   // `rows` must stay valid until the op has run. Penalties, logit_bias, min_p and logprobs need
-  // supportsSamplerState().
+  // supportsSamplerState(); SampleRow.mask needs supportsTokenMask().
   virtual void sample(const Tensor& logits, std::span<const SampleRow> rows,
                       const Tensor& out_ids, const Tensor& out_logprobs) = 0;
   void sample(const Tensor& logits, std::span<const SampleRow> rows, const Tensor& out_ids) {
@@ -220,6 +224,8 @@ class LlmOps {
 
   // Whether sample() implements state slots, penalties, logit_bias, min_p and logprobs.
   virtual bool supportsSamplerState() const { return false; }
+  // Whether sample() / stageSample() honour SampleRow.mask [TAG_TOKEN_MASK].
+  virtual bool supportsTokenMask() const { return false; }
   // Reloads sampler-state slots, in order with the other ops (before a sample() that reads them).
   virtual void resetSamplerState(std::span<const SamplerStateReset> resets) {}
 };

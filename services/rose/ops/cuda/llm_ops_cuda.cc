@@ -98,6 +98,10 @@ class CudaLlmOps final : public LlmOps {
       b_.copyToDevice(bytesOf(state_sizes_, zeros.size() * sizeof(int32_t)), zeros.data(),
                       zeros.size() * sizeof(int32_t));
     }
+    mask_words_ = (l.vocab + 31) / 32;  // [TAG_TOKEN_MASK]: one bitmask per sampled row at most
+    ASSIGN_OR_RETURN(sample_masks_,
+                     b_.allocate(sizeof(uint32_t) * static_cast<size_t>(mask_words_) *
+                                 static_cast<size_t>(std::max<int64_t>(l.max_logits_rows, 1))));
     reserved_ = true;
     if (fp8_ready_) {  // FP8 copies exist: their workspaces follow the new limits
       fp8_ready_ = false;
@@ -680,6 +684,9 @@ class CudaLlmOps final : public LlmOps {
   // once tests/gpu/llm_ops_test.cc GpuLlmOps.SamplerState* has passed on a GPU; until then rose
   // refuses such steps and tulip such requests ([TAG_LLM_SAMPLER_STATE], ModelFacts.llm_caps).
   bool supportsSamplerState() const override { return kSamplerStateVerified; }
+  // Token masks (stageSample() uploads them, the sample kernels honour them): announced once
+  // tests/gpu/llm_ops_test.cc GpuLlmOps.*Masked* has passed on a GPU [TAG_TOKEN_MASK].
+  bool supportsTokenMask() const override { return kTokenMaskVerified; }
 
   // Builds each slot's entries on the host (deduplicated: prompt membership, generated counts,
   // the last bias per id) and uploads them in stream order.
@@ -718,6 +725,17 @@ class CudaLlmOps final : public LlmOps {
     require(static_cast<int64_t>(rows.size()) <= lim_.max_logits_rows, "sample",
             "more rows than reserve() allowed");
     host_rows_.resize(rows.size());
+    int32_t num_masks = 0;
+    const size_t mask_bytes = sizeof(uint32_t) * static_cast<size_t>(mask_words_);
+    const uint32_t* run_src = nullptr;
+    int64_t run_first = 0, run_len = 0;
+    auto flush = [&] {
+      if (run_len == 0) return;
+      b_.copyToDevice(bytesAt(sample_masks_, static_cast<size_t>(run_first) * mask_bytes,
+                              static_cast<size_t>(run_len) * mask_bytes),
+                      run_src, static_cast<size_t>(run_len) * mask_bytes);
+      run_len = 0;
+    };
     for (size_t i = 0; i < rows.size(); ++i) {
       SampleRowDev& d = host_rows_[i];
       d.row = rows[i].row;
@@ -727,7 +745,22 @@ class CudaLlmOps final : public LlmOps {
       d.seed = rows[i].params.seed;
       d.counter = rows[i].counter;
       d.min_p = rows[i].params.min_p;
+      d.mask = -1;
+      if (rows[i].mask != nullptr) {  // [TAG_TOKEN_MASK]
+        d.mask = num_masks++;
+        // Masks that lie back to back on the host (the runner's staging does) go in one copy.
+        if (run_src != nullptr && rows[i].mask == run_src + run_len * mask_words_) {
+          ++run_len;
+        } else {
+          flush();
+          run_src = rows[i].mask;
+          run_first = d.mask;
+          run_len = 1;
+        }
+      }
     }
+    flush();
+    staged_masks_ = num_masks > 0;
     staged_rows_ = static_cast<int32_t>(rows.size());
     if (rows.empty()) return;
     const size_t bytes = host_rows_.size() * sizeof(SampleRowDev);
@@ -739,6 +772,8 @@ class CudaLlmOps final : public LlmOps {
     require(is(logits, DType::kF32) && is(out_ids, DType::kI32) && out_ids.numel() >= num_rows,
             "sample", "logits F32 [R, V], out I32");
     require(num_rows <= staged_rows_, "sample", "more rows than stageSample() staged");
+    require(!staged_masks_ || logits.cols() <= mask_words_ * 32, "sample",
+            "token mask narrower than the vocabulary");
     for (int32_t i = 0; i < num_rows; ++i) {
       require(host_rows_[static_cast<size_t>(i)].row >= 0 &&
                   host_rows_[static_cast<size_t>(i)].row < logits.rows(),
@@ -752,6 +787,8 @@ class CudaLlmOps final : public LlmOps {
     a.partial = sample_ws_.data();
     a.num_rows = num_rows;
     a.vocab = logits.cols();
+    a.masks = static_cast<const uint32_t*>(sample_masks_.data());
+    a.mask_words = mask_words_;
     checkOk(launchSample(a, b_.stream()), "sample");
   }
 
@@ -773,6 +810,8 @@ class CudaLlmOps final : public LlmOps {
   int64_t max_work_ = 0, max_combine_ = 0, max_parts_ = 0, max_tiles_ = 0, max_rows_ = 0;
   Buffer work_, combine_, part_o_, part_ml_, counts_;
   Buffer row_token_, row_of_, tile_expert_, num_tiles_, act_, y_, sample_rows_, sample_ws_;
+  Buffer sample_masks_;
+  int64_t mask_words_ = 0;
   std::vector<PlanSlot> plans_;
   // FP8 experts [TAG_FP8_EXPERTS]: activations / scales (x and the down input), the gate_up
   // output, the expert ranges (device; host_off_ and the pinned tile copy on the host).
@@ -785,9 +824,13 @@ class CudaLlmOps final : public LlmOps {
   std::unique_ptr<MoeFp8Gemm> fp8_gemm_;
   std::vector<SampleRowDev> host_rows_;
   int32_t staged_rows_ = 0;
+  bool staged_masks_ = false;  // a staged row has a token mask [TAG_TOKEN_MASK]
   // [TAG_LLM_SAMPLER_STATE]: the GPU tests named above passed on the H200 (2026-12-02,
   // bench/results/gpu-llm-2026-12-02-h200-s2/llm_sel-call4.log).
   static constexpr bool kSamplerStateVerified = true;
+  // [TAG_TOKEN_MASK]: not yet run on a GPU since the merge with the sampler state (set true once
+  // GpuLlmOps.*Masked* passes; until then rose refuses masked steps and tulip such requests).
+  static constexpr bool kTokenMaskVerified = false;
   static Tensor bytesOf(Buffer& b, size_t bytes) { return bytesAt(b, 0, bytes); }
   static Tensor bytesAt(Buffer& b, size_t off, size_t bytes) {
     return Tensor(static_cast<char*>(b.data()) + off, DType::kU8, {static_cast<int64_t>(bytes)});
