@@ -828,9 +828,9 @@ class CudaLlmOps final : public LlmOps {
   // [TAG_LLM_SAMPLER_STATE]: the GPU tests named above passed on the H200 (2026-12-02,
   // bench/results/gpu-llm-2026-12-02-h200-s2/llm_sel-call4.log).
   static constexpr bool kSamplerStateVerified = true;
-  // [TAG_TOKEN_MASK]: not yet run on a GPU since the merge with the sampler state (set true once
-  // GpuLlmOps.*Masked* passes; until then rose refuses masked steps and tulip such requests).
-  static constexpr bool kTokenMaskVerified = false;
+  // [TAG_TOKEN_MASK]: GpuLlmOps.*Masked* (5 tests, with the sampler state) passed on the H200
+  // (2026-12-02, bench/results/gpu-llm-2026-12-02-h200-s3/masked_fp8_call5.txt).
+  static constexpr bool kTokenMaskVerified = true;
   static Tensor bytesOf(Buffer& b, size_t bytes) { return bytesAt(b, 0, bytes); }
   static Tensor bytesAt(Buffer& b, size_t off, size_t bytes) {
     return Tensor(static_cast<char*>(b.data()) + off, DType::kU8, {static_cast<int64_t>(bytes)});
