@@ -212,6 +212,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateChunk>
       : sched_(sched),
         request_id_(std::move(request_id)),
         t0_(std::chrono::steady_clock::now()),
+        n_(n),
         refs_(1 + static_cast<int>(n)),
         choices_(n) {}
 
@@ -227,10 +228,10 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateChunk>
         ev.last = true;
         ev.status = st;
         failed_ = ev;
-        finals_ = static_cast<uint32_t>(choices_.size());
+        finals_ = n_;
         pumpLocked();
       }
-      refs_.fetch_sub(static_cast<int>(choices_.size()) - 1);
+      refs_.fetch_sub(static_cast<int>(n_) - 1);
       unref();  // the scheduler will never call
     }
     // gRPC runs OnCancel/OnWriteDone/OnDone on its threads once the handler returns
@@ -284,7 +285,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateChunk>
     }
     log::info("request", {{"request_id", request_id_},
                           {"method", "Generate"},
-                          {"n", static_cast<uint64_t>(choices_.size())},
+                          {"n", static_cast<uint64_t>(n_)},
                           {"prompt_tokens", fin.prompt_tokens},
                           {"cached_prompt_tokens", fin.cached_prompt_tokens},
                           {"completion_tokens", completion},
@@ -398,6 +399,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateChunk>
   LlmScheduler& sched_;
   const std::string request_id_;
   const std::chrono::steady_clock::time_point t0_;
+  const uint32_t n_;  // choices (GenerateRequest.n)
   std::shared_ptr<LlmRequest> req_;
   std::atomic<int> refs_;  // gRPC (OnDone) and the scheduler (each choice's last event)
   Mutex mu_;

@@ -304,8 +304,12 @@ TEST(StepScheduler, CancellingEveryChoiceFreesAllBlocks) {
     EXPECT_EQ(sim.cancel('B'), "B cancelled");
     EXPECT_EQ(sim.cancel('C'), "C cancelled");
     // The steps still out come back: their entries are stale, nothing is streamed.
-    if (when >= 1) EXPECT_EQ(sim.complete({99}), "");
-    if (when == 2) EXPECT_EQ(sim.complete({99, 99, 99}), "");
+    if (when >= 1) {
+      EXPECT_EQ(sim.complete({99}), "");
+    }
+    if (when == 2) {
+      EXPECT_EQ(sim.complete({99, 99, 99}), "");
+    }
     EXPECT_FALSE(sim.sched().hasWork());
     EXPECT_EQ(sim.sched().kv()->blocksFree(), 8u);
     EXPECT_EQ(sim.sched().kv()->numSeqs(), 0u);
