@@ -46,7 +46,7 @@ struct LlmMetrics {
                   "blocks instead of computing them")
             .get(),
         r.counter("tulip_prompt_tokens_computed_total",
-                  "Prompt tokens whose KV a step sent to rose computes (prefix-cache hits and "
+                  "Prompt tokens whose KV a step rose ran computed (prefix-cache hits and "
                   "shared prompts of n > 1 excluded; recomputes after preemption included)")
             .get(),
         r.counter("tulip_llm_preemptions_total",
@@ -169,20 +169,15 @@ void LlmScheduler::publishMetrics() {
       static_cast<double>(s.queried_prompt_tokens - published_.queried_prompt_tokens));
   m.shared_prompt_tokens.inc(
       static_cast<double>(s.shared_prompt_tokens - published_.shared_prompt_tokens));
-  // A retracted plan gives its count back: export only growth over the highest value seen.
-  if (s.computed_prompt_tokens > published_.computed_prompt_tokens) {
-    m.computed_prompt_tokens.inc(
-        static_cast<double>(s.computed_prompt_tokens - published_.computed_prompt_tokens));
-  }
+  m.computed_prompt_tokens.inc(
+      static_cast<double>(s.computed_prompt_tokens - published_.computed_prompt_tokens));
   m.generated.inc(static_cast<double>(s.generated_tokens - published_.generated_tokens));
   if (s.preemptions > published_.preemptions) {
     m.preemptions.inc(static_cast<double>(s.preemptions - published_.preemptions));
     log::debug("preempted", {{"sequences", s.preemptions - published_.preemptions},
                              {"free_blocks", s.kv_free_blocks}});
   }
-  const uint64_t computed_hi = std::max(s.computed_prompt_tokens, published_.computed_prompt_tokens);
   published_ = s;
-  published_.computed_prompt_tokens = computed_hi;
 }
 
 void LlmScheduler::applyResults() {

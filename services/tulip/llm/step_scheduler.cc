@@ -409,7 +409,7 @@ StepPlan LlmStepScheduler::schedule(int64_t now_ns) {
     plan.block_ids.insert(plan.block_ids.end(), table.begin(), table.end());
     plan.refs.push_back(StepSeqRef{s.id, s.admission});
     if (p.position < s.prompt_len)
-      totals_.computed_prompt_tokens += std::min(p.position + p.num_new, s.prompt_len) - p.position;
+      plan.prompt_tokens += std::min(p.position + p.num_new, s.prompt_len) - p.position;
     s.num_scheduled = p.position + p.num_new;
     if (s.index == 0 && s.params.n > 1 && s.shared_step == 0 && s.num_scheduled >= sharedTokens(s))
       s.shared_step = plan.step;  // [TAG_LLM_CHOICES] its followers may fork from the next plan
@@ -446,6 +446,7 @@ void LlmStepScheduler::update(const StepPlan& plan, std::span<const int32_t> sam
   }
   in_flight_.pop_front();
   ++totals_.steps;
+  totals_.computed_prompt_tokens += plan.prompt_tokens;
   size_t k = 0;
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     const llm::LlmStepSeq& d = plan.seqs[i];
@@ -518,11 +519,6 @@ void LlmStepScheduler::retract(const StepPlan& plan) {
     const llm::LlmStepSeq& d = plan.seqs[i];
     Seq* s = live(plan.refs[i]);
     if (!s) continue;
-    const uint32_t pos = static_cast<uint32_t>(d.position);
-    if (pos < s->prompt_len) {
-      totals_.computed_prompt_tokens -=
-          std::min(pos + static_cast<uint32_t>(d.num_tokens), s->prompt_len) - pos;
-    }
     s->num_scheduled = static_cast<uint32_t>(d.position);
     if (s->shared_step == plan.step) s->shared_step = 0;
     if (d.state_offset >= 0) s->state_sent = false;  // the next plan sends the reload again

@@ -130,6 +130,7 @@ struct StepPlan {
   std::vector<StepSeqRef> refs;  // refs[i]: the sequence seqs[i] belongs to
   uint32_t num_sampled = 0;      // sequences with sample != 0: the ids the worker returns
   uint64_t num_tokens = 0;       // tokens.size(), kept when the arrays are moved out
+  uint64_t prompt_tokens = 0;    // prompt positions among them (LlmStats::computed_prompt_tokens)
   std::string request_id;        // the first sequence's, for the worker's log line
   bool empty() const { return seqs.empty(); }
 };
@@ -153,7 +154,7 @@ struct LlmStats {
   uint64_t preemptions = 0;
   uint64_t cached_prompt_tokens = 0;   // prompt tokens served from the prefix cache
   uint64_t shared_prompt_tokens = 0;   // prompt tokens a choice took from its leader's blocks
-  uint64_t computed_prompt_tokens = 0; // prompt positions whose KV a submitted step computes
+  uint64_t computed_prompt_tokens = 0; // prompt positions of the steps the worker ran
   uint64_t queried_prompt_tokens = 0;  // prompt tokens looked up in the prefix cache
   uint64_t generated_tokens = 0;
   uint64_t steps = 0;  // steps whose result (or failure) came back
