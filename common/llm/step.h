@@ -7,6 +7,7 @@
 //
 // Threads: plain value types.
 
+#include <cstddef>
 #include <cstdint>
 #include <type_traits>
 
@@ -14,11 +15,13 @@ namespace garden::llm {
 
 // temperature 0 = greedy (argmax, lowest id on ties). top_k 0 = off, top_p 1 = off, min_p 0 = off.
 // Order of application [TAG_SAMPLER_ORDER] (vLLM v1's): logit_bias → repetition_penalty →
-// frequency/presence penalties → temperature → min_p → top-k → top-p → draw. The first three
+// frequency/presence penalties → token mask (structured outputs, LlmStepSeq.mask_index: -inf
+// outside the allowed set) → temperature → min_p → top-k → top-p → draw. The first three
 // need per-sequence state in the worker (state_slot, see [TAG_LLM_SAMPLER_STATE]).
 // logprobs >= 0: the worker also returns the sampled token's log-probability and the `logprobs`
-// most likely tokens, all from an fp32 log-softmax of the RAW logits (before bias, penalties and
-// temperature; vLLM's default "raw_logprobs").
+// most likely tokens, all from an fp32 log-softmax of the RAW logits (before bias, penalties,
+// the token mask and temperature; vLLM's default "raw_logprobs" without the grammar bitmask,
+// which vLLM applies before its sampler).
 inline constexpr int32_t kMaxTopLogprobs = 20;
 inline constexpr int32_t kMaxLogitBias = 1024;  // logit_bias entries per sequence
 struct SamplingParams {
@@ -73,7 +76,9 @@ struct LlmStepSeq {
   uint8_t reserved[2] = {0, 0};
   SamplingParams sampling;
   int32_t prev_row = -1;  // see [TAG_LLM_PREV_TOKEN]
-  int32_t reserved2 = 0;
+  // Structured outputs [TAG_TOKEN_MASK]: k > 0 = the draw is restricted to the tokens set in
+  // token bitmask k - 1 of the step (bit id % 32 of word id / 32; needs sample != 0). 0: none.
+  int32_t mask_index = 0;
   // [TAG_LLM_SAMPLER_STATE] state_offset >= 0: before anything of this step samples, the worker
   // (re)loads slot sampling.state_slot from the step's int32 state array at state_offset:
   // state_prompt prompt token ids, then state_output generated token ids (each occurrence counts),
@@ -90,6 +95,7 @@ struct LlmStepSeq {
 static_assert(std::is_trivially_copyable_v<LlmStepSeq>);
 static_assert(std::is_standard_layout_v<LlmStepSeq>);
 static_assert(sizeof(LlmStepSeq) == 96);
+static_assert(offsetof(LlmStepSeq, mask_index) == 76 && offsetof(LlmStepSeq, state_offset) == 80);
 
 // What the worker returns per sampled sequence when the step asks for logprobs
 // (SamplingParams.logprobs >= 0 on any sampling sequence; common/shm/llm_batch.h): the sampled

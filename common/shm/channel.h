@@ -39,7 +39,9 @@ inline constexpr uint64_t kMagic = 0x314D534E44524147ULL;  // "GARDNSM1" little-
 // 4: LlmStepSeq.prev_row (56 bytes). 5: step progress counter in the header.
 // 6: sampler state and logprobs (LlmStepSeq 96 bytes, BatchDesc.state_offset/num_state).
 // 7: ModelFacts.llm_caps / sampler (what the worker's sampler implements).
-inline constexpr uint32_t kVersion = 7;
+// 8: token masks (LlmStepSeq.mask_index in the former reserved2, kGenerate masks at
+//    BatchDesc.seqlens_offset; kLlmCapTokenMask) [TAG_TOKEN_MASK].
+inline constexpr uint32_t kVersion = 8;
 
 enum class BatchKind : uint32_t {
   kEmbed = 1,     // pooled (optionally L2-normalized) embeddings: rows=num_seqs, cols=hidden
@@ -87,6 +89,9 @@ struct ModelFacts {
 // logprobs, min_p, presence/frequency/repetition penalties and logit_bias (sampler-state slots,
 // [TAG_LLM_SAMPLER_STATE]; rose: LlmOps::supportsSamplerState()).
 inline constexpr uint32_t kLlmCapSamplerState = 1u << 0;
+// Token bitmasks restricting a draw (structured outputs, [TAG_TOKEN_MASK]; rose:
+// LlmOps::supportsTokenMask()).
+inline constexpr uint32_t kLlmCapTokenMask = 1u << 1;
 
 // A batch, as tulip submits it. Input data lives in the slot's input arena at the given offsets:
 // token ids (int32 x num_tokens, sequences back to back) and sequence lengths (int32 x num_seqs).

@@ -7,7 +7,10 @@
 //   blocks_offset: int32 KV block ids x num_blocks
 //   state_offset:  int32 sampler-state words x num_state (LlmStepSeq.state_offset indexes them;
 //                  [TAG_LLM_SAMPLER_STATE]); num_state 0: none
-// BatchDesc.num_tokens must equal the sum of the sequences' num_tokens; seqlens_offset is unused.
+//   seqlens_offset: uint32 token bitmasks x (the largest LlmStepSeq.mask_index), each
+//                  llmMaskWords(vocab) words [TAG_TOKEN_MASK] (structured outputs; absent when
+//                  no sequence has a mask_index)
+// BatchDesc.num_tokens must equal the sum of the sequences' num_tokens.
 // Block ids index the paged KV cache rose announced in ModelFacts (kv_num_blocks blocks of
 // kv_block_size tokens); tulip owns allocation, rose only reads and writes the blocks it is told.
 //
@@ -46,6 +49,12 @@ inline uint64_t llmStepBytes(uint64_t num_seqs, uint64_t num_tokens, uint64_t nu
                              uint64_t num_state = 0) {
   return llmAlignUp(num_seqs * sizeof(llm::LlmStepSeq)) + llmAlignUp(num_tokens * 4) +
          llmAlignUp(num_blocks * 4) + llmAlignUp(num_state * 4);
+}
+
+// Words of one token bitmask (bit id % 32 of word id / 32, 1 = allowed) [TAG_TOKEN_MASK].
+inline uint64_t llmMaskWords(uint64_t vocab) { return (vocab + 31) / 32; }
+inline uint64_t llmMaskBytes(uint64_t num_masks, uint64_t vocab) {
+  return llmAlignUp(num_masks * llmMaskWords(vocab) * 4);
 }
 
 // Completion.cols of a step result that carries logprobs: the id plus one LlmTokenLogprobs,

@@ -63,6 +63,16 @@ uint64_t hiddenSizeOf(const std::string& model_dir) {
   return h > 0 ? static_cast<uint64_t>(h) : 0;
 }
 
+// vocab_size from config.json (0 when unknown): the width of token bitmasks.
+uint64_t vocabSizeOf(const std::string& model_dir) {
+  simdjson::dom::parser parser;
+  simdjson::dom::element doc;
+  if (parser.load((fs::path(model_dir) / "config.json").string()).get(doc)) return 0;
+  int64_t n = 0;
+  if (doc["vocab_size"].get_int64().get(n)) return 0;
+  return n > 0 ? static_cast<uint64_t>(n) : 0;
+}
+
 // max_position_embeddings from config.json (0 when unknown), to size an LLM step's block tables.
 uint64_t maxPositionsOf(const std::string& model_dir) {
   simdjson::dom::parser parser;
@@ -82,6 +92,7 @@ int main(int argc, char** argv) {
   uint32_t metrics_port = 9091;
   std::string model, device = "cpu", pooling = "default", shm_name, rose_bin, served_name;
   std::string log_level = "info";
+  std::string tokenizer;
   bool attach = false;
   uint32_t depth = 4, max_batch_tokens = 8192, max_batch_seqs = 256, rose_threads = 0;
   uint32_t max_inflight_batches = 2, stage_lead_us = 1000;
@@ -153,6 +164,10 @@ int main(int argc, char** argv) {
            "per-token time measured on it): it is restarted")
       .add("drain-timeout-ms", &drain_timeout_ms, "on SIGTERM, time allowed for in-flight work")
       .add("log-level", &log_level, "debug|info|warn|error")
+      .add("tokenizer", &tokenizer,
+           "LLM: the served model's byte-level BPE tokenizer.json, for structured outputs (token "
+           "masks need each id's bytes). Default: <model>/tokenizer.json when it exists; without "
+           "one, requests with a constraint get FAILED_PRECONDITION")
       .useEnv("TULIP_");
   flags.parseOrExit(argc, argv);
   log::setService("tulip");
@@ -232,6 +247,24 @@ int main(int argc, char** argv) {
     wopts.layout.input_bytes = std::max<uint64_t>(
         wopts.layout.input_bytes, shm::llmStepBytes(max_num_seqs, max_batch_tokens, blocks));
   }
+  // Structured outputs [TAG_TOKEN_MASK]: room for one token bitmask per sequence of a step.
+  const uint64_t vocab_size = model.empty() ? 0 : vocabSizeOf(model);
+  if (vocab_size > 0) {
+    wopts.layout.input_bytes += shm::llmMaskBytes(max_num_seqs, vocab_size);
+  }
+  std::shared_ptr<const grammar::Vocabulary> vocab;
+  if (tokenizer.empty() && !model.empty() && fs::exists(fs::path(model) / "tokenizer.json")) {
+    tokenizer = (fs::path(model) / "tokenizer.json").string();
+  }
+  if (!tokenizer.empty() && vocab_size > 0) {
+    auto v = grammar::loadByteLevelVocabulary(tokenizer, static_cast<int32_t>(vocab_size));
+    if (!v.isOk()) {
+      // Embedding models may ship other tokenizers: structured outputs are then off.
+      log::warn("no vocabulary for structured outputs", {{"error", v.status()}});
+    } else {
+      vocab = *v;
+    }
+  }
   wopts.layout.output_bytes = uint64_t{max_batch_seqs} * hidden * sizeof(float);
   wopts.heartbeat_timeout = std::chrono::milliseconds(heartbeat_timeout_ms);
   wopts.step_timeout = std::chrono::milliseconds(step_timeout_ms);
@@ -277,7 +310,8 @@ int main(int argc, char** argv) {
   auto& g_qreqs = reg.gauge("tulip_queue_requests", "requests waiting to be batched").get();
   auto& g_inflight = reg.gauge("tulip_inflight_tokens", "tokens in batches on the worker").get();
 
-  TulipService service(scheduler, llm_scheduler, **worker, ServiceOptions{served_name, auth.get()});
+  TulipService service(scheduler, llm_scheduler, **worker,
+                      ServiceOptions{served_name, auth.get(), vocab});
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   int bound_port = 0;

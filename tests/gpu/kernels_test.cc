@@ -102,6 +102,41 @@ TEST_F(GpuOps, RmsNormWithAndWithoutResidual) {
   }
 }
 
+TEST_F(GpuOps, RmsNormF32ResidualStream) {
+  // gpt-oss keeps its residual stream in f32 (GptOssOptions::f32_residual): the add is the CPU
+  // reference's f32 add, so the stream must equal it bit for bit; residual_init starts the stream
+  // from x (the old contents, poisoned here, are not read). Both kernels (few rows: one row per
+  // block; many rows) and both modes.
+  for (auto [t, h] : std::vector<std::pair<int64_t, int64_t>>{
+           {1, 2880}, {3, 1024}, {17, 8}, {97, 2880}, {1000, 2880}, {2000, 1024}}) {
+    for (bool init : {false, true}) {
+      SCOPED_TRACE(shape({t, h}) + (init ? " init" : " add"));
+      auto x = randomBf16(static_cast<size_t>(t * h), rng_, -2.f, 2.f);
+      std::vector<float> r(static_cast<size_t>(t * h));
+      std::uniform_real_distribution<float> d(-30.f, 30.f);
+      for (auto& v : r) v = d(rng_);  // f32 values, not bf16-representable
+      auto w = randomBf16(static_cast<size_t>(h), rng_, 0.5f, 1.5f);
+      auto cx = upload(cpu(), DType::kF32, {t, h}, x);
+      auto gx = upload(gpu(), act(), {t, h}, x);
+      auto cr = upload(cpu(), DType::kF32, {t, h}, r);
+      auto gr = upload(gpu(), DType::kF32, {t, h}, r);
+      if (init) poison(gpu(), gr.view);
+      auto cw = upload(cpu(), DType::kF32, {h}, w);
+      auto gw = upload(gpu(), gpu().weightDType(), {h}, w);
+      auto co = allocate(cpu(), DType::kF32, {t, h});
+      auto go = allocate(gpu(), act(), {t, h});
+      poison(gpu(), go.view);
+      RmsNormParams p;
+      p.eps = 1e-6f;
+      p.residual_init = init;
+      cpu().rmsNorm(cx.view, cr.view, cw.view, co.view, p);
+      gpu().rmsNorm(gx.view, gr.view, gw.view, go.view, p);
+      expectClose(download(gpu(), gr.view), download(cpu(), cr.view), 0, 0, "f32 residual");
+      expectClose(download(gpu(), go.view), download(cpu(), co.view), 2e-2, 2e-2, "rms_norm out");
+    }
+  }
+}
+
 TEST_F(GpuOps, RmsNormRowDoesNotDependOnRowCount) {
   // Few rows (< 4 per SM) take the one-row-per-block kernel with one chunk per thread, many rows
   // the multi-row kernel; both sum a row's squares in the same order, so a row's bits (out and
@@ -685,15 +720,18 @@ TEST_F(GpuOps, VarlenAttentionBothTileSizes) {
     p.causal = c.causal;
     cpu().attention(cq.view, ccu.view, co.view, p);
     auto ref = download(cpu(), co.view);
-    // 0: the backend op (the size policy); 1: the narrow-only policy; 2..5: each variant forced
-    // (narrow16, narrow64, wide64, wide128) where checkAttentionVariant says it can run.
-    constexpr int kVariants = 6;
+    // 0: the backend op (the default policy: the Hopper kernel for head_dim 128, else the size
+    // policy); 1: the narrow-only policy; 2..6: each variant forced (narrow16, narrow64, wide64,
+    // wide128, sm90) where checkAttentionVariant says it can run.
+    constexpr int kVariants = 7;
     static const cuda::AttentionVariant kForced[] = {
         cuda::AttentionVariant::kNarrow16, cuda::AttentionVariant::kNarrow64,
-        cuda::AttentionVariant::kWide64, cuda::AttentionVariant::kWide128};
+        cuda::AttentionVariant::kWide64, cuda::AttentionVariant::kWide128,
+        cuda::AttentionVariant::kSm90};
     static const char* const kNames[] = {"attention (backend op)", "attention (narrow policy)",
                                          "attention narrow16",     "attention narrow64",
-                                         "attention wide64",       "attention wide128"};
+                                         "attention wide64",       "attention wide128",
+                                         "attention sm90"};
     std::vector<float> results[kVariants];
     for (int variant = 0; variant < kVariants; ++variant) {
       auto go = allocate(gpu(), act(), {t, static_cast<int64_t>(c.hq) * c.d});
@@ -721,8 +759,10 @@ TEST_F(GpuOps, VarlenAttentionBothTileSizes) {
         const bool wide =
             v == cuda::AttentionVariant::kWide64 || v == cuda::AttentionVariant::kWide128;
         const bool runs =
-            !wide ||
-            (c.d == 128 && (v == cuda::AttentionVariant::kWide128 || (c.hq / c.hkv) % 2 == 0));
+            v == cuda::AttentionVariant::kSm90
+                ? c.d == 128
+                : !wide || (c.d == 128 &&
+                            (v == cuda::AttentionVariant::kWide128 || (c.hq / c.hkv) % 2 == 0));
         const Status check = cuda::checkAttentionVariant(a, v);
         EXPECT_EQ(check.isOk(), runs) << kNames[variant] << ": " << check.toString();
         if (!runs) {
@@ -756,9 +796,18 @@ TEST_F(GpuOps, VarlenAttentionBothTileSizes) {
       EXPECT_LE(worst, 1e-2) << "worst relative L2 error at token " << worst_row / c.hq << " head "
                              << worst_row % c.hq;
     }
-    // No variant changes a row's arithmetic: all equal narrow16 bit for bit.
+    // No mma.sync variant changes a row's arithmetic: all equal narrow16 bit for bit. The Hopper
+    // kernel (its own arithmetic, checked against the reference above) is what the backend op
+    // runs for head_dim 128: those two equal each other bit for bit.
+    const bool hopper = c.d == 128;
+    if (hopper) {
+      ASSERT_FALSE(results[6].empty());
+      EXPECT_EQ(0, std::memcmp(results[6].data(), results[0].data(),
+                               results[6].size() * sizeof(float)))
+          << "the backend op differs from the sm90 variant";
+    }
     for (int v = 0; v < kVariants; ++v) {
-      if (v == 2 || results[v].empty()) continue;
+      if (v == 2 || v == 6 || (v == 0 && hopper) || results[v].empty()) continue;
       EXPECT_EQ(
           0, std::memcmp(results[2].data(), results[v].data(), results[2].size() * sizeof(float)))
           << kNames[v] << " differs from narrow16";

@@ -15,6 +15,8 @@
 #include <map>
 #include <numeric>
 #include <random>
+#include <set>
+#include <span>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -594,6 +596,105 @@ TEST_F(GpuLlmOps, SamplingFollowsTheCpuDistribution) {
   }
 }
 
+// Structured outputs [TAG_TOKEN_MASK]: greedy rows with token bitmasks pick the CPU's masked
+// argmax (random masks of 1, ~5%, ~50% and all-but-one allowed ids; a row whose allowed logits
+// are all -inf or NaN gets the lowest allowed id), over the full o200k width.
+TEST_F(GpuLlmOps, MaskedGreedyIsTheCpuMaskedArgmax) {
+  const int64_t v = 201088, r = 17;
+  const size_t words = static_cast<size_t>((v + 31) / 32);
+  reserve(64, 8, 8, 8, 64, 64, 4, 2, r);
+  std::vector<float> logits(static_cast<size_t>(v * r));
+  std::normal_distribution<float> nd(0.f, 3.f);
+  for (auto& x : logits) x = nd(rng_);
+  std::vector<std::vector<uint32_t>> masks(static_cast<size_t>(r), std::vector<uint32_t>(words, 0));
+  std::uniform_real_distribution<double> u(0, 1);
+  for (int64_t i = 0; i < r; ++i) {
+    auto& m = masks[static_cast<size_t>(i)];
+    const double density = i % 4 == 0 ? 0.0 : i % 4 == 1 ? 0.05 : i % 4 == 2 ? 0.5 : 0.999;
+    for (int64_t id = 0; id < v; ++id) {
+      if (u(rng_) < density) m[static_cast<size_t>(id / 32)] |= 1u << (id % 32);
+    }
+    const int64_t one = static_cast<int64_t>(u(rng_) * static_cast<double>(v));
+    m[static_cast<size_t>(one / 32)] |= 1u << (one % 32);  // at least one allowed id
+  }
+  // Row 5: every allowed logit -inf or NaN.
+  for (int64_t id = 0; id < v; ++id) {
+    logits[static_cast<size_t>(5 * v + id)] = id % 2 ? -INFINITY : NAN;
+  }
+  auto gl = upload(gpu(), DType::kF32, {r, v}, logits);
+  std::vector<SampleRow> rows;
+  for (int i = 0; i < r; ++i) {
+    SampleRow sr{i, 0, SamplingParams{}};
+    sr.mask = masks[static_cast<size_t>(i)].data();
+    rows.push_back(sr);
+  }
+  auto out = allocate(gpu(), DType::kI32, {r});
+  gops_->sample(gl.view, rows, out.view);
+  auto got = download(gpu(), out.view);
+  for (int i = 0; i < r; ++i) {
+    std::vector<float> lr(logits.begin() + i * v, logits.begin() + (i + 1) * v);
+    const int32_t first = applyTokenBitmask(lr, masks[static_cast<size_t>(i)].data());
+    int32_t want = argmaxToken(lr);
+    if (!tokenAllowed(masks[static_cast<size_t>(i)].data(), want)) want = first;
+    EXPECT_EQ(static_cast<int32_t>(got[static_cast<size_t>(i)]), want) << "row " << i;
+  }
+}
+
+// Masked temperature / top-k / top-p draws: never a masked id, and the CPU sampler's
+// distribution over the masked logits (4000 draws, max |freq - p| <= 0.03).
+TEST_F(GpuLlmOps, MaskedSamplingFollowsTheCpuDistribution) {
+  const int64_t v = 97, draws = 4000;
+  reserve(64, 8, 8, 8, 64, 64, 4, 2, draws);
+  std::vector<float> row(static_cast<size_t>(v));
+  std::normal_distribution<float> nd(0.f, 1.5f);
+  for (auto& x : row) x = nd(rng_);
+  std::vector<uint32_t> mask(static_cast<size_t>((201088 + 31) / 32), 0);
+  for (int64_t id = 0; id < v; ++id) {
+    if (id % 3 == 0 || id == 40 || id == 96) mask[static_cast<size_t>(id / 32)] |= 1u << (id % 32);
+  }
+  auto gl = upload(gpu(), DType::kF32, {1, v}, row);
+  std::vector<float> masked = row;
+  applyTokenBitmask(masked, mask.data());
+  Sampler cpu_sampler;
+  struct Setting { float t; int32_t k; float p; };
+  for (Setting s : {Setting{1.f, 0, 1.f}, Setting{0.8f, 6, 1.f}, Setting{1.2f, 0, 0.7f}}) {
+    SCOPED_TRACE("T=" + std::to_string(s.t) + " k=" + std::to_string(s.k) + " p=" + std::to_string(s.p));
+    SamplingParams sp;
+    sp.temperature = s.t;
+    sp.top_k = s.k;
+    sp.top_p = s.p;
+    sp.seed = 7;
+    std::vector<SampleRow> rows;
+    for (int64_t i = 0; i < draws; ++i) {
+      SampleRow sr{0, static_cast<uint64_t>(i), sp};
+      sr.mask = mask.data();
+      rows.push_back(sr);
+    }
+    auto out = allocate(gpu(), DType::kI32, {draws});
+    gops_->sample(gl.view, rows, out.view);
+    auto got = download(gpu(), out.view);
+    const auto& dist = cpu_sampler.distribution(masked, sp);
+    std::map<int32_t, double> want;
+    for (const auto& [id, pr] : dist) {
+      if (pr > 0) want[id] = pr;
+    }
+    std::map<int32_t, double> freq;
+    for (float g : got) {
+      const auto id = static_cast<int32_t>(g);
+      EXPECT_TRUE(tokenAllowed(mask.data(), id)) << "drew masked token " << id;
+      freq[id] += 1.0 / draws;
+    }
+    double worst = 0;
+    for (const auto& [id, pr] : want) worst = std::max(worst, std::abs(freq[id] - pr));
+    for (const auto& [id, f] : freq) {
+      if (!want.count(id)) worst = std::max(worst, f);
+    }
+    EXPECT_LT(worst, 0.03) << "empirical distribution off by " << worst;
+    std::cout << "[ masked sample ] T=" << s.t << " k=" << s.k << " p=" << s.p
+              << " kept=" << want.size() << " max|freq-p|=" << worst << "\n";
+  }
+}
+
 // ---- sampler state and logprobs [TAG_LLM_SAMPLER_STATE] -----------------------------------------
 
 // One row's sampler state as resetSamplerState takes it.
@@ -831,6 +932,268 @@ TEST_F(GpuLlmOps, SamplerStateBiasForcesAndBansWhenDrawing) {
       for (int j = 0; j < 4; ++j) EXPECT_EQ(g[static_cast<size_t>(i)].top_ids[j], want.top_ids[j]);
     }
     for (auto& row : rows) ++row.counter;
+  }
+}
+
+// ---- token masks with the sampler state [TAG_TOKEN_MASK] [TAG_LLM_SAMPLER_STATE] ------------
+
+// Random bitmask over v ids with the given density, at least one id allowed; `words` wide.
+std::vector<uint32_t> randomMask(std::mt19937& rng, int64_t v, size_t words, double density) {
+  std::vector<uint32_t> m(words, 0);
+  std::uniform_real_distribution<double> u(0, 1);
+  for (int64_t id = 0; id < v; ++id) {
+    if (u(rng) < density) m[static_cast<size_t>(id / 32)] |= 1u << (id % 32);
+  }
+  const int64_t one = static_cast<int64_t>(u(rng) * static_cast<double>(v));
+  m[static_cast<size_t>(one / 32)] |= 1u << (one % 32);
+  return m;
+}
+
+// Greedy rows over the o200k width with a token mask AND a state slot (logit_bias with +100 on
+// a forbidden id, penalties) AND logprobs, over four steps (the slots count their draws on the
+// device): ids equal the CPU's (whose order is bias → penalties → mask, sampler.h), never a
+// forbidden id, logprobs are the CPU's of the RAW logits (the top list may name forbidden ids),
+// and the logits come back unchanged. Rows without a mask or without a slot are mixed in.
+TEST_F(GpuLlmOps, MaskedSamplerStateAndLogprobsMatchCpu) {
+  const int64_t v = 201088;
+  const size_t words = static_cast<size_t>((v + 31) / 32);
+  const int32_t r = 10, seqs = 16, steps = 4;
+  reserve(64, seqs, 8, 8, 64, 64, 4, 2, r);
+  reserveCpu(*cops_, seqs);
+  std::vector<float> logits(static_cast<size_t>(v * r));
+  std::normal_distribution<float> nd(0.f, 2.f);
+  for (auto& x : logits) x = nd(rng_);
+  std::uniform_int_distribution<int32_t> any(0, static_cast<int32_t>(v) - 1);
+  const double densities[] = {0.0, 0.001, 0.05, 0.5, 0.999};
+  std::vector<std::vector<uint32_t>> masks(static_cast<size_t>(r));
+  std::vector<SlotState> st(static_cast<size_t>(r));
+  std::vector<SampleRow> rows(static_cast<size_t>(r));
+  std::vector<int32_t> forbidden_forced(static_cast<size_t>(r), -1);
+  const int32_t lps[] = {0, 3, 20, -1};
+  for (int32_t i = 0; i < r; ++i) {
+    const int64_t lr = (i * 3) % r;  // distinct logits rows, not in order
+    auto& m = masks[static_cast<size_t>(i)];
+    m = randomMask(rng_, v, words, densities[i % 5]);
+    // A few allowed "hot" ids the penalties move the argmax among.
+    std::vector<int32_t> hot;
+    for (int j = 0; j < 6; ++j) {
+      const int32_t t = any(rng_);
+      m[static_cast<size_t>(t / 32)] |= 1u << (t % 32);
+      logits[static_cast<size_t>(lr * v + t)] = 12.f + 0.2f * static_cast<float>(j % 3);
+      hot.push_back(t);
+    }
+    // A forbidden id with the largest raw logit and a +100 bias: must never be drawn.
+    int32_t f = any(rng_);
+    while (tokenAllowed(m.data(), f)) f = any(rng_);
+    logits[static_cast<size_t>(lr * v + f)] = 30.f;
+    forbidden_forced[static_cast<size_t>(i)] = f;
+    SlotState& s = st[static_cast<size_t>(i)];
+    for (int j = 0; j < 6; ++j) s.prompt.push_back(hot[static_cast<size_t>(j % 3)]);
+    s.output = {hot[0], hot[1]};
+    s.bias = {LogitBias{f, 100.f}, LogitBias{hot[2], 0.5f}};
+    SampleRow& row = rows[static_cast<size_t>(i)];
+    row.row = static_cast<int32_t>(lr);
+    row.counter = 50 + static_cast<uint64_t>(i);
+    row.params.temperature = 0.f;
+    row.params.repetition_penalty = 1.2f;
+    row.params.frequency_penalty = 0.7f;
+    row.params.presence_penalty = 0.4f;
+    row.params.logprobs = lps[i % 4];
+    row.params.state_slot = i;
+    row.mask = m.data();
+  }
+  // Row 7: a mask but no slot; row 8: a slot but no mask (its forbidden id is then forced).
+  rows[7].params.state_slot = -1;
+  rows[7].params.repetition_penalty = 1.f;
+  rows[7].params.frequency_penalty = 0.f;
+  rows[7].params.presence_penalty = 0.f;
+  rows[8].mask = nullptr;
+  auto gl = upload(gpu(), DType::kF32, {r, v}, logits);
+  auto cl = upload(cpu(), DType::kF32, {r, v}, logits);
+  std::vector<SamplerStateReset> resets;
+  for (int32_t i = 0; i < r; ++i) {
+    if (rows[static_cast<size_t>(i)].params.state_slot >= 0) resets.push_back(resetOf(i, st[static_cast<size_t>(i)]));
+  }
+  gops_->resetSamplerState(resets);
+  cops_->resetSamplerState(resets);
+  const size_t lp_bytes = static_cast<size_t>(r) * sizeof(llm::LlmTokenLogprobs);
+  int moved = 0;
+  std::vector<float> prev;
+  for (int32_t step = 0; step < steps; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    auto gout = allocate(gpu(), DType::kI32, {r});
+    auto cout_ = allocate(cpu(), DType::kI32, {r});
+    auto glp = allocate(gpu(), DType::kU8, {static_cast<int64_t>(lp_bytes)});
+    auto clp = allocate(cpu(), DType::kU8, {static_cast<int64_t>(lp_bytes)});
+    poison(gpu(), gout.view);
+    poison(gpu(), glp.view);
+    gops_->sample(gl.view, rows, gout.view, glp.view);
+    cops_->sample(cl.view, rows, cout_.view, clp.view);
+    const auto got = download(gpu(), gout.view);
+    const auto want = download(cpu(), cout_.view);
+    EXPECT_EQ(got, want) << "masked greedy ids under bias / penalties differ from the CPU's";
+    if (!prev.empty() && prev != got) ++moved;
+    prev = got;
+    for (int32_t i = 0; i < r; ++i) {
+      const auto id = static_cast<int32_t>(got[static_cast<size_t>(i)]);
+      const SampleRow& row = rows[static_cast<size_t>(i)];
+      if (row.mask != nullptr) {
+        EXPECT_TRUE(tokenAllowed(row.mask, id)) << "row " << i << " drew forbidden id " << id;
+      } else {
+        EXPECT_EQ(id, forbidden_forced[static_cast<size_t>(i)]) << "unmasked: +100 forces it";
+      }
+    }
+    const auto g = readLogprobs(gpu(), glp.view, static_cast<size_t>(r));
+    const auto c = readLogprobs(cpu(), clp.view, static_cast<size_t>(r));
+    for (int32_t i = 0; i < r; ++i) {
+      SCOPED_TRACE("row " + std::to_string(i));
+      const auto& gi = g[static_cast<size_t>(i)];
+      const auto& ci = c[static_cast<size_t>(i)];
+      ASSERT_EQ(gi.num_top, ci.num_top);
+      if (ci.num_top < 0) continue;
+      EXPECT_NEAR(gi.logprob, ci.logprob, 1e-5);
+      for (int32_t j = 0; j < ci.num_top; ++j) {
+        EXPECT_EQ(gi.top_ids[j], ci.top_ids[j]) << "top " << j;
+        EXPECT_NEAR(gi.top_logprobs[j], ci.top_logprobs[j], 1e-5) << "top " << j;
+      }
+      // Raw logprobs: the forbidden id with the largest raw logit heads the list.
+      if (ci.num_top > 0) {
+        EXPECT_EQ(gi.top_ids[0], forbidden_forced[static_cast<size_t>(i)]);
+      }
+    }
+    for (auto& row : rows) ++row.counter;
+  }
+  EXPECT_GT(moved, 0) << "the penalties never moved a masked argmax: the test lost its teeth";
+  EXPECT_EQ(download(gpu(), gl.view), logits) << "sample() must leave the raw logits in place";
+  std::cout << "[ masked state ] " << r << " rows x " << steps << " steps, argmax moved in "
+            << moved << " steps\n";
+}
+
+// Drawn (temperature > 0) masked rows with a state: never a forbidden id even with +100 on it,
+// +100 on an ALLOWED id forces that id, min_p / top-k act among the allowed ids (min_p 1: the
+// allowed maximum), and the logprobs are the CPU's raw log-softmax at the id the GPU drew.
+TEST_F(GpuLlmOps, MaskedDrawsWithBiasAndLogprobs) {
+  const int64_t v = 50000;
+  const size_t words = static_cast<size_t>((201088 + 31) / 32);  // reserve()'s mask width
+  const int32_t r = 9, seqs = 9, draws = 40;
+  reserve(64, seqs, 8, 8, 64, 64, 4, 2, r);
+  std::vector<float> logits(static_cast<size_t>(v * r));
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (auto& x : logits) x = nd(rng_);
+  std::uniform_int_distribution<int32_t> any(0, static_cast<int32_t>(v) - 1);
+  auto gl = upload(gpu(), DType::kF32, {r, v}, logits);
+  std::vector<std::vector<uint32_t>> masks(static_cast<size_t>(r));
+  std::vector<SlotState> st(static_cast<size_t>(r));
+  std::vector<int32_t> forced(static_cast<size_t>(r), -1);
+  std::vector<SamplerStateReset> resets;
+  for (int32_t i = 0; i < r; ++i) {
+    masks[static_cast<size_t>(i)] = randomMask(rng_, v, words, i % 2 ? 0.01 : 0.3);
+    const auto& m = masks[static_cast<size_t>(i)];
+    int32_t f = any(rng_);
+    while (tokenAllowed(m.data(), f)) f = any(rng_);
+    st[static_cast<size_t>(i)].bias.push_back(LogitBias{f, 100.f});
+    if (i % 3 == 0) {
+      int32_t a = any(rng_);
+      while (!tokenAllowed(m.data(), a)) a = any(rng_);
+      forced[static_cast<size_t>(i)] = a;
+      st[static_cast<size_t>(i)].bias.push_back(LogitBias{a, 100.f});
+    }
+  }
+  for (int32_t i = 0; i < r; ++i) resets.push_back(resetOf(i, st[static_cast<size_t>(i)]));
+  gops_->resetSamplerState(resets);
+  std::set<int32_t> distinct;
+  for (int32_t d = 0; d < draws; ++d) {
+    std::vector<SampleRow> rows(static_cast<size_t>(r));
+    for (int32_t i = 0; i < r; ++i) {
+      SampleRow& row = rows[static_cast<size_t>(i)];
+      row.row = i;
+      row.counter = 1000 + static_cast<uint64_t>(d);
+      row.params.temperature = 1.f;
+      row.params.seed = 99 + static_cast<uint64_t>(i);
+      row.params.top_k = i % 3 == 1 ? 5 : 0;
+      row.params.min_p = i % 3 == 2 ? 1.f : 0.f;
+      row.params.logprobs = 2;
+      row.params.state_slot = i;
+      row.mask = masks[static_cast<size_t>(i)].data();
+    }
+    auto gout = allocate(gpu(), DType::kI32, {r});
+    auto glp = allocate(gpu(), DType::kU8, {static_cast<int64_t>(r * sizeof(llm::LlmTokenLogprobs))});
+    poison(gpu(), gout.view);
+    gops_->sample(gl.view, rows, gout.view, glp.view);
+    const auto got = download(gpu(), gout.view);
+    const auto g = readLogprobs(gpu(), glp.view, static_cast<size_t>(r));
+    for (int32_t i = 0; i < r; ++i) {
+      SCOPED_TRACE("row " + std::to_string(i) + " draw " + std::to_string(d));
+      const auto id = static_cast<int32_t>(got[static_cast<size_t>(i)]);
+      const auto& m = masks[static_cast<size_t>(i)];
+      ASSERT_TRUE(tokenAllowed(m.data(), id)) << "drew forbidden id " << id;
+      std::span<const float> raw(logits.data() + static_cast<int64_t>(i) * v, static_cast<size_t>(v));
+      if (forced[static_cast<size_t>(i)] >= 0) {
+        EXPECT_EQ(id, forced[static_cast<size_t>(i)]) << "+100 on an allowed id forces it";
+      } else if (i % 3 == 2) {
+        std::vector<float> w(raw.begin(), raw.end());
+        applyTokenBitmask(w, m.data());
+        EXPECT_EQ(id, argmaxToken(w)) << "min_p 1 keeps only the allowed maximum";
+      } else {
+        distinct.insert(id);
+      }
+      llm::LlmTokenLogprobs want;
+      computeLogprobs(raw, 2, id, &want);
+      EXPECT_NEAR(g[static_cast<size_t>(i)].logprob, want.logprob, 1e-5);
+      ASSERT_EQ(g[static_cast<size_t>(i)].num_top, 2);
+      for (int j = 0; j < 2; ++j) EXPECT_EQ(g[static_cast<size_t>(i)].top_ids[j], want.top_ids[j]);
+    }
+  }
+  EXPECT_GT(distinct.size(), 6u) << "the masked draws are not a real draw";
+}
+
+// The graph decode path's staging (stageSample outside, sampleStaged inside a captured body):
+// masked rows staged then sampled give the ids sample() gives, greedy and seeded, with masks
+// lying back to back (one copy), out of order and repeated (separate copies) on the host.
+TEST_F(GpuLlmOps, MaskedStagedSampleEqualsSample) {
+  const int64_t v = 201088;
+  const size_t words = static_cast<size_t>((v + 31) / 32);
+  const int32_t r = 12;
+  reserve(64, 16, 8, 8, 64, 64, 4, 2, r);
+  std::vector<float> logits(static_cast<size_t>(v * r));
+  std::normal_distribution<float> nd(0.f, 2.f);
+  for (auto& x : logits) x = nd(rng_);
+  auto gl = upload(gpu(), DType::kF32, {r, v}, logits);
+  std::vector<uint32_t> block(words * 8);  // 8 masks back to back
+  for (int k = 0; k < 8; ++k) {
+    auto m = randomMask(rng_, v, words, k % 2 ? 0.002 : 0.2);
+    std::copy(m.begin(), m.end(), block.begin() + static_cast<std::ptrdiff_t>(k * words));
+  }
+  const int order[r] = {0, 1, 2, 5, 3, -1, 4, 7, 7, -1, 6, 0};  // -1: unmasked
+  std::vector<SampleRow> rows(static_cast<size_t>(r));
+  for (int32_t i = 0; i < r; ++i) {
+    SampleRow& row = rows[static_cast<size_t>(i)];
+    row.row = (i * 5) % r;
+    row.counter = 7 + static_cast<uint64_t>(i);
+    row.params.temperature = i % 2 ? 0.9f : 0.f;
+    row.params.top_p = i % 4 == 1 ? 0.8f : 1.f;
+    row.params.seed = 5 + static_cast<uint64_t>(i);
+    if (order[i] >= 0) row.mask = block.data() + static_cast<size_t>(order[i]) * words;
+  }
+  auto a = allocate(gpu(), DType::kI32, {r});
+  auto b = allocate(gpu(), DType::kI32, {r});
+  poison(gpu(), a.view);
+  poison(gpu(), b.view);
+  gops_->sample(gl.view, rows, a.view);
+  gops_->stageSample(rows);
+  gops_->sampleStaged(gl.view, r, b.view);
+  const auto ga = download(gpu(), a.view);
+  const auto gb = download(gpu(), b.view);
+  EXPECT_EQ(ga, gb);
+  for (int32_t i = 0; i < r; ++i) {
+    const auto id = static_cast<int32_t>(gb[static_cast<size_t>(i)]);
+    const SampleRow& row = rows[static_cast<size_t>(i)];
+    EXPECT_TRUE(tokenAllowed(row.mask, id)) << "row " << i << " drew forbidden id " << id;
+    if (row.params.temperature == 0.f) {
+      std::vector<float> w(logits.begin() + row.row * v, logits.begin() + (row.row + 1) * v);
+      if (row.mask != nullptr) applyTokenBitmask(w, row.mask);
+      EXPECT_EQ(id, argmaxToken(w)) << "row " << i;
+    }
   }
 }
 

@@ -38,6 +38,29 @@ std::vector<AssembledCall> assembleCalls(const std::vector<harmony::ToolCallDelt
 
 }  // namespace
 
+namespace {
+// Appends the "# Response Formats" section to the developer message (made if there is none; it
+// goes right after the system message).
+void addResponseFormatHint(harmony::HarmonyChatRequest* h, const std::string& hint) {
+  for (auto& m : h->messages) {
+    if (m.author.role != harmony::Role::kDeveloper) continue;
+    for (auto& c : m.content) {
+      if (c.kind == harmony::Content::Kind::kDeveloper) {
+        c.developer.response_formats = hint;
+        return;
+      }
+    }
+  }
+  harmony::DeveloperContent dev;
+  dev.response_formats = hint;
+  harmony::Message m;
+  m.author.role = harmony::Role::kDeveloper;
+  m.content.push_back(harmony::Content::fromDeveloper(std::move(dev)));
+  const size_t at = !h->messages.empty() && h->messages[0].author.role == harmony::Role::kSystem;
+  h->messages.insert(h->messages.begin() + static_cast<std::ptrdiff_t>(at), std::move(m));
+}
+}  // namespace
+
 Result<ChatRequest> parseChatRequest(std::string_view body, const ModelSpec& spec,
                                      const Tokenizer* tokenizer, const RequestLimits& limits,
                                      const harmony::ChatRenderOptions& render_options) {
@@ -64,11 +87,36 @@ Result<ChatRequest> parseChatRequest(std::string_view body, const ModelSpec& spe
     req.harmony.tool_choice = harmony::ToolChoice::kNamed;
     req.harmony.tool_choice_name = req.harmony.function_names[0];
   }
+  if (req.sampling.structured) {  // [TAG_TOKEN_MASK] tell the model, as OpenAI's format does
+    const std::string hint = responseFormatInstructions(*req.sampling.structured);
+    if (!hint.empty()) addResponseFormatHint(&req.harmony, hint);
+    tokenizer->encode("final", &req.final_channel_ids);
+  }
   ASSIGN_OR_RETURN(std::vector<harmony::Segment> segments,
                    harmony::renderConversationForCompletion(
                        req.harmony.messages, harmony::Role::kAssistant, render_options.render));
   harmony::encodeSegments(segments, *tokenizer, &req.prompt_ids);
   std::vector<harmony::Segment> prefix = harmony::toolChoicePrefix(req.harmony);
+  // Garden extension `skip_reasoning` [TAG_TOKEN_MASK]: the assistant turn starts in the final
+  // channel (no analysis); with response_format the JSON starts at the first generated token.
+  bool skip_reasoning = false;
+  if (simdjson::dom::element sr; root["skip_reasoning"].get(sr) == simdjson::SUCCESS &&
+                                 !sr.is_null()) {
+    if (sr.get_bool().get(skip_reasoning) != simdjson::SUCCESS) {
+      return invalidField("skip_reasoning", "must be a boolean");
+    }
+  }
+  if (skip_reasoning) {
+    if (!prefix.empty()) {
+      return invalidField("skip_reasoning", "cannot be combined with a forced tool_choice");
+    }
+    harmony::SegmentSink sink;
+    sink.special(harmony::kChannel);
+    sink.text("final");
+    sink.special(harmony::kMessage);
+    prefix = sink.take();
+    req.final_prefix_forced = true;
+  }
   req.forced_prefix_ids = harmony::encodeSegments(prefix, *tokenizer);
   req.prompt_ids.insert(req.prompt_ids.end(), req.forced_prefix_ids.begin(),
                         req.forced_prefix_ids.end());

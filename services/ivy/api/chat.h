@@ -56,6 +56,9 @@ struct ChatRequest {
   std::vector<TokenId> stop_token_ids;     // <|return|>, <|call|>, then the model's eos ids
   SamplingRequest sampling;
   uint32_t max_tokens = 0;  // resolved against the context length
+  // Structured outputs [TAG_TOKEN_MASK]: the grammar applies to the final channel's message.
+  std::vector<TokenId> final_channel_ids;  // the ids of "final" (the header after <|channel|>)
+  bool final_prefix_forced = false;  // skip_reasoning: the prompt ends in <|channel|>final<|message|>
 };
 
 // `tokenizer` null or not a Harmony tokenizer: 400 (chat needs o200k_harmony). `limits`: the

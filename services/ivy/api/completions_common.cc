@@ -194,10 +194,8 @@ Status parseSamplingFields(const element& root, ApiKind api, SamplingRequest* ou
       out->logit_bias.emplace_back(static_cast<int32_t>(id), static_cast<float>(bias));
     }
   }
-  if (auto f = present(root, "response_format")) {
-    std::string_view type;
-    if ((*f)["type"].get_string().get(type) != simdjson::SUCCESS || type != "text")
-      return invalidField("response_format", "is not supported (only {\"type\": \"text\"})");
+  if (auto f = present(root, "response_format")) {  // [TAG_TOKEN_MASK]
+    ASSIGN_OR_RETURN(out->structured, parseResponseFormat(*f, "response_format"));
   }
   if (api == ApiKind::kChat) {
     ASSIGN_OR_RETURN(auto logprobs, boolean(root, "logprobs", "logprobs"));

@@ -12,8 +12,9 @@
 //   presence_penalty / frequency_penalty [-2, 2], repetition_penalty (> 0, vLLM), logit_bias
 //   (object: token id string → [-100, 100], ids checked by checkLogitBias), logprobs (chat: bool,
 //   with top_logprobs 0..20; completions: int 0..5). Unsupported features are rejected by name
-//   rather than silently ignored: suffix, best_of < n or with stream (completions), response_format other
-//   than {"type": "text"}. docs/api.md lists every field.
+//   rather than silently ignored: suffix, best_of < n or with stream (completions). response_format
+//   is {"type": "text" | "json_object" | "json_schema"} (api/response_format.h,
+//   docs/structured-outputs.md). docs/api.md lists every field.
 // Every error follows [TAG_FIELD_ERRORS] (the message starts with the field).
 //
 // Parsing functions are pure and callable from any thread; a GenerationOutput and a
@@ -34,6 +35,7 @@
 #include "common/status.h"
 #include "services/ivy/api/limits.h"
 #include "services/ivy/api/model_spec.h"
+#include "services/ivy/api/response_format.h"
 #include "services/ivy/tokenizer/tokenizer.h"
 
 namespace garden::ivy {
@@ -61,6 +63,8 @@ struct SamplingRequest {
   uint32_t n = 1;
   uint32_t best_of = 1;  // = n unless given
   uint32_t sequences() const { return best_of > n ? best_of : n; }
+  // response_format json_object / json_schema (api/response_format.h) [TAG_TOKEN_MASK].
+  std::optional<StructuredOutput> structured;
 };
 
 // n, best_of and max_tokens against --max-inflight-tokens: a request with more than one sequence

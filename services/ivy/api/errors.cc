@@ -8,7 +8,7 @@ namespace garden::ivy {
 namespace {
 
 // Top-level request fields of every ivy endpoint; extend when an endpoint is added.
-constexpr std::array<std::string_view, 49> kRequestFields = {
+constexpr std::array<std::string_view, 50> kRequestFields = {
     "model",    "input",       "encoding_format", "dimensions",  "user",       "body",
     "messages", "prompt",      "text",            "tokens",      "tools",      "tool_choice",
     "reasoning_effort", "max_tokens", "temperature", "stream",
@@ -16,6 +16,7 @@ constexpr std::array<std::string_view, 49> kRequestFields = {
     "max_completion_tokens", "top_p", "top_k", "seed", "stop", "n", "stream_options", "echo",
     "ignore_eos", "logprobs", "suffix", "best_of", "top_logprobs", "presence_penalty",
     "frequency_penalty", "logit_bias", "response_format", "repetition_penalty", "min_p",
+    "skip_reasoning",
     // embeddings prompts, score and rerank (api/embeddings.h, api/score.h)
     "input_type", "prompt_name", "query", "documents", "instruction", "top_n", "return_documents",
     // responses (api/responses.h)

@@ -216,6 +216,16 @@ class GenerateReactor final : public grpc::ClientReadReactor<v1::GenerateChunk>,
     req_.mutable_stop_token_ids()->Add(call.stop_token_ids.begin(), call.stop_token_ids.end());
     req_.set_ignore_eos(call.ignore_eos);
     if (call.n > 1) req_.set_n(call.n);
+    if (!call.constraint.grammar.empty()) {  // [TAG_TOKEN_MASK]
+      auto* c = req_.mutable_constraint();
+      c->set_grammar(call.constraint.grammar);
+      c->set_channel_token(call.constraint.channel_token);
+      c->mutable_channel_prefix()->Add(call.constraint.channel_prefix.begin(),
+                                       call.constraint.channel_prefix.end());
+      c->set_message_token(call.constraint.message_token);
+      c->mutable_end_tokens()->Add(call.constraint.end_tokens.begin(),
+                                   call.constraint.end_tokens.end());
+    }
     self_ = shared_from_this();
     stub->async()->Generate(&ctx_, &req_, this);  // binds this reactor to the call
     StartRead(&chunk_);

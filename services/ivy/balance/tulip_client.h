@@ -93,6 +93,14 @@ struct GenerateCall {
   // choice has its own last chunk (finish != kNone); choice i samples with seed + i.
   uint32_t n = 1;
   std::chrono::milliseconds timeout{0};
+  // Structured outputs [TAG_TOKEN_MASK] (garden.v1.Constraint): grammar empty = none.
+  struct Constraint {
+    std::string grammar;
+    int32_t channel_token = -1;
+    std::vector<int32_t> channel_prefix;
+    int32_t message_token = -1;
+    std::vector<int32_t> end_tokens;
+  } constraint;
 };
 
 enum class FinishReason { kNone = 0, kStop = 1, kLength = 2, kCancelled = 3 };

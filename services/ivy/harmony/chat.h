@@ -62,6 +62,8 @@ struct SystemContent {
 struct DeveloperContent {
   std::optional<std::string> instructions;
   std::map<std::string, ToolNamespace> tools;  // usually just "functions"
+  // Structured outputs: the body of a "# Response Formats" section ("## name\n\n// desc\n{schema}").
+  std::optional<std::string> response_formats;
 };
 
 struct Author {

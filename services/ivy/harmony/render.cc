@@ -142,6 +142,10 @@ Result<std::string> renderDeveloperContent(const DeveloperContent& dev) {
     ASSIGN_OR_RETURN(std::string tools, renderToolsSection(dev.tools));
     sections.push_back(std::move(tools));
   }
+  if (dev.response_formats) {
+    sections.push_back("# Response Formats");
+    sections.push_back(*dev.response_formats);
+  }
   return joinSections(sections);
 }
 

@@ -8,6 +8,7 @@
 #include "services/ivy/api/choices.h"
 #include "services/ivy/api/completions.h"
 #include "services/ivy/api/errors.h"
+#include "services/ivy/harmony/tokens.h"
 #include "services/ivy/http/response_stream.h"
 
 namespace garden::ivy {
@@ -381,6 +382,14 @@ Result<PreparedCall> GenerateRoutes::prepareChat(const HttpRequest& req,
     out = std::make_unique<ChatCompletionOutput>(*tokenizer_, *parsed, std::move(identity));
   }
   call.stop_token_ids = parsed->stop_token_ids;
+  if (parsed->sampling.structured) {  // [TAG_TOKEN_MASK] only the final channel is JSON
+    call.constraint.grammar = parsed->sampling.structured->grammar;
+    // skip_reasoning: the prompt already opened the final message.
+    call.constraint.channel_token = parsed->final_prefix_forced ? -1 : harmony::kChannel;
+    call.constraint.channel_prefix = parsed->final_channel_ids;
+    call.constraint.message_token = harmony::kMessage;
+    call.constraint.end_tokens = {harmony::kReturn};
+  }
   auto job = std::make_shared<GenerationJob>(std::move(out), parsed->sampling.stream, metrics_,
                                              "chat");
   std::vector<GenerateCall> calls;
@@ -429,6 +438,10 @@ Result<PreparedCall> GenerateRoutes::prepareCompletions(
     call.prompt_ids = std::move(parsed->prompts[i]);
     call.max_tokens = parsed->max_tokens[i];
     call.stop_token_ids = parsed->stop_token_ids;
+    if (parsed->sampling.structured) {  // [TAG_TOKEN_MASK] the whole completion is the value
+      call.constraint.grammar = parsed->sampling.structured->grammar;
+      call.constraint.end_tokens = spec->eos_token_ids;
+    }
     tokens += admissionTokens(call);
     calls.push_back(std::move(call));
   }

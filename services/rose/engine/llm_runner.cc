@@ -167,6 +167,7 @@ shm::ModelFacts LlmRunner::facts() const {
     f.eos_ids[i] = opts_.eos_ids[i];
   }
   if (model_.supportsSamplerState()) f.llm_caps |= shm::kLlmCapSamplerState;
+  if (model_.supportsTokenMask()) f.llm_caps |= shm::kLlmCapTokenMask;
   std::snprintf(f.sampler, sizeof(f.sampler), "%.*s", static_cast<int>(backend_.name().size()),
                 backend_.name().data());
   return f;
@@ -174,10 +175,14 @@ shm::ModelFacts LlmRunner::facts() const {
 
 LlmStep LlmRunner::stagedStep(uint32_t slot, const shm::BatchDesc& d) const {
   const Slot& s = slots_[slot];
+  const int64_t words = static_cast<int64_t>(shm::llmMaskWords(
+      static_cast<uint64_t>(model_.vocabSize())));
   return LlmStep{std::span<const llm::LlmStepSeq>(s.seqs.data(), d.num_seqs),
                  std::span<const int32_t>(s.tokens.data(), d.num_tokens),
                  std::span<const int32_t>(s.blocks.get(), d.num_blocks),
-                 std::span<const int32_t>(s.state.data(), d.num_state)};
+                 std::span<const int32_t>(s.state.data(), d.num_state),
+                 std::span<const uint32_t>(s.masks.data(), s.num_masks * static_cast<size_t>(words)),
+                 words};
 }
 
 Result<OutputShape> LlmRunner::admit(const shm::BatchDesc& d, std::span<const std::byte> input) {
@@ -246,6 +251,30 @@ Result<OutputShape> LlmRunner::admit(const shm::BatchDesc& d, std::span<const st
     sum += q.num_tokens;
     if (q.sample != 0) ++sampled;
     if (q.sample != 0 && q.sampling.logprobs >= 0) logprobs = true;
+  }
+  // Token bitmasks [TAG_TOKEN_MASK]: as many as the largest mask_index, at seqlens_offset.
+  uint32_t num_masks = 0;
+  for (uint32_t i = 0; i < d.num_seqs; ++i) {
+    const llm::LlmStepSeq& q = s.seqs[i];
+    if (q.mask_index < 0 || static_cast<uint32_t>(q.mask_index) > d.num_seqs ||
+        (q.mask_index > 0 && q.sample == 0)) {
+      return invalidArgument("sequence " + std::to_string(i) + ": mask_index " +
+                             std::to_string(q.mask_index) +
+                             " (0 = none; 1..num_seqs, and only with sample != 0)");
+    }
+    num_masks = std::max(num_masks, static_cast<uint32_t>(q.mask_index));
+  }
+  s.num_masks = num_masks;
+  if (num_masks > 0) {
+    const uint64_t words = shm::llmMaskWords(static_cast<uint64_t>(model_.vocabSize()));
+    const uint64_t bytes = uint64_t{num_masks} * words * sizeof(uint32_t);
+    if (d.seqlens_offset % shm::kLlmAlign != 0 || !arenaFits(d.seqlens_offset, bytes, input.size())) {
+      return invalidArgument("token masks (offset " + std::to_string(d.seqlens_offset) + ", " +
+                             std::to_string(bytes) + " bytes) are misaligned or run past the "
+                             "input arena (" + std::to_string(input.size()) + " bytes)");
+    }
+    s.masks.resize(num_masks * words);
+    std::memcpy(s.masks.data(), input.data() + d.seqlens_offset, bytes);
   }
   if (sum != d.num_tokens) {
     return invalidArgument("the sequences' num_tokens sum to " + std::to_string(sum) +

@@ -84,6 +84,8 @@ class LlmRunner final : public Runner {
     std::vector<int32_t> state;         // staging: sampler-state words [TAG_LLM_SAMPLER_STATE]
     uint32_t sampled = 0;               // sequences of the admitted step that sample
     bool logprobs = false;              // the admitted step returns logprobs
+    std::vector<uint32_t> masks;        // staging: token bitmasks [TAG_TOKEN_MASK]
+    uint32_t num_masks = 0;
   };
   LlmRunner(Backend& b, GptOssModel& m, const LlmRunnerOptions& o)
       : backend_(b), model_(m), opts_(o) {}

@@ -39,6 +39,10 @@ struct LlmStep {
   std::span<const int32_t> tokens;
   std::span<const int32_t> block_ids;
   std::span<const int32_t> state;  // sampler-state words [TAG_LLM_SAMPLER_STATE]
+  // Token bitmasks [TAG_TOKEN_MASK]: mask k (LlmStepSeq.mask_index k + 1) is
+  // masks[k * mask_words, (k + 1) * mask_words).
+  std::span<const uint32_t> masks;
+  int64_t mask_words = 0;
 };
 
 // Rows of logits a step returns, in sequence order: num_tokens for kAll, 1 for kLast, 0 else.

@@ -85,6 +85,12 @@ struct ExpertWeights {
   Tensor dense;
   Tensor codes, scales;
   uint32_t mx_max_scale = 255;  // kMxfp4: the largest E8M0 scale byte (the ops may use it)
+  // kMxfp4 with an FP8 copy (uploadMxfp4Experts(..., fp8_copy)): e4m3 values and their block
+  // scales in the ops' own layout (opaque U8 views), used by the steps the ops choose (CUDA:
+  // prefill-sized ones); inexact / nonzero: weights the copy does not hold exactly / all
+  // non-zero weights. Empty without a copy.
+  Tensor fp8, fp8_scales;
+  uint64_t fp8_inexact = 0, fp8_nonzero = 0;
   std::vector<Buffer> storage;  // owns what the views point to (may be empty: borrowed views)
 };
 
@@ -111,6 +117,10 @@ struct SampleRow {
   int32_t row = 0;
   uint64_t counter = 0;
   SamplingParams params;
+  // Structured outputs [TAG_TOKEN_MASK]: host memory, ceil(V / 32) words, bit id % 32 of word
+  // id / 32 set = allowed; only allowed ids are drawn (if every allowed logit is -inf or NaN:
+  // the lowest allowed id). nullptr: no mask. Valid until the op has run.
+  const uint32_t* mask = nullptr;
 };
 
 // A reload of sampler-state slot `slot` (< LlmOpsLimits.max_seqs) [TAG_LLM_SAMPLER_STATE]: its
@@ -140,11 +150,15 @@ class LlmOps {
   virtual bool supportsExpertFormat(ExpertFormat f) const { return f == ExpertFormat::kDense; }
   // Load time: MXFP4 experts as published (codes [E, rows, cols/32, 16], scales [E, rows,
   // cols/32], host memory) into this backend's resident kMxfp4 layout. UNIMPLEMENTED when the ops
-  // do not support kMxfp4.
+  // do not support kMxfp4. fp8_copy: also keep an FP8 copy of the weights (fields fp8*; only
+  // where supportsFp8Experts()).
   virtual Result<ExpertWeights> uploadMxfp4Experts(const uint8_t* codes, const uint8_t* scales,
-                                                   int64_t experts, int64_t rows, int64_t cols) {
+                                                   int64_t experts, int64_t rows, int64_t cols,
+                                                   bool fp8_copy = false) {
     return unimplemented("these LLM ops keep experts dense only");
   }
+  // Whether uploadMxfp4Experts can add an FP8 copy that moeExperts uses.
+  virtual bool supportsFp8Experts() const { return false; }
 
   // In place on qkv [T, (Hq + 2·Hkv)·D]: rotary embedding of the q and k heads with the position
   // of each token (positions I32 [T]; cos, sin F32 [max_pos, rotary_dim/2], any scaling such as
@@ -195,13 +209,13 @@ class LlmOps {
   // out_ids I32 [rows.size()]: one token per SampleRow from logits F32 [R, V]. Greedy
   // (temperature 0) is the argmax with the lowest id among equal maxima on every backend. With
   // temperature > 0 each backend draws from the same distribution ([TAG_SAMPLER_ORDER]: bias →
-  // penalties → temperature → min-p → top-k → top-p, sampler.h) with its own procedure,
+  // penalties → token mask → temperature → min-p → top-k → top-p, sampler.h) with its own procedure,
   // deterministic in (seed, counter, state): the CPU one is sampler.h's; the CUDA one is in
   // ops/cuda/sample.cuh. A row with a state slot adds its drawn token to the slot.
   // out_logprobs (U8 [rows.size() * sizeof(llm::LlmTokenLogprobs)], may be empty when no row has
   // params.logprobs >= 0): one llm::LlmTokenLogprobs per row (num_top -1 where not asked).
   // `rows` must stay valid until the op has run. Penalties, logit_bias, min_p and logprobs need
-  // supportsSamplerState().
+  // supportsSamplerState(); SampleRow.mask needs supportsTokenMask().
   virtual void sample(const Tensor& logits, std::span<const SampleRow> rows,
                       const Tensor& out_ids, const Tensor& out_logprobs) = 0;
   void sample(const Tensor& logits, std::span<const SampleRow> rows, const Tensor& out_ids) {
@@ -210,6 +224,8 @@ class LlmOps {
 
   // Whether sample() implements state slots, penalties, logit_bias, min_p and logprobs.
   virtual bool supportsSamplerState() const { return false; }
+  // Whether sample() / stageSample() honour SampleRow.mask [TAG_TOKEN_MASK].
+  virtual bool supportsTokenMask() const { return false; }
   // Reloads sampler-state slots, in order with the other ops (before a sample() that reads them).
   virtual void resetSamplerState(std::span<const SamplerStateReset> resets) {}
 };

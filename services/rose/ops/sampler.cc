@@ -159,6 +159,19 @@ int32_t argmaxToken(std::span<const float> logits) {
   return best;
 }
 
+int32_t applyTokenBitmask(std::span<float> logits, const uint32_t* mask) {
+  int32_t first = -1;
+  const float ninf = -std::numeric_limits<float>::infinity();
+  for (size_t i = 0; i < logits.size(); ++i) {
+    if (tokenAllowed(mask, static_cast<int32_t>(i))) {
+      if (first < 0) first = static_cast<int32_t>(i);
+    } else {
+      logits[i] = ninf;
+    }
+  }
+  return first;
+}
+
 const std::vector<std::pair<int32_t, double>>& Sampler::distribution(std::span<const float> logits,
                                                                      const SamplingParams& p) {
   const size_t v = logits.size();
@@ -217,14 +230,18 @@ const std::vector<std::pair<int32_t, double>>& Sampler::distribution(std::span<c
 }
 
 int32_t Sampler::sample(std::span<const float> logits, const SamplingParams& p, uint64_t counter,
-                        SamplerSlot* slot, llm::LlmTokenLogprobs* lp) {
+                        SamplerSlot* slot, llm::LlmTokenLogprobs* lp, const uint32_t* mask) {
   std::span<const float> w = logits;
-  if (slot != nullptr && slot->active(p) && !logits.empty()) {
+  const bool adjust = slot != nullptr && slot->active(p) && !logits.empty();
+  int32_t first_allowed = -1;
+  if (adjust || (mask != nullptr && !logits.empty())) {
     w_.assign(logits.begin(), logits.end());
-    slot->apply(w_, p);
+    if (adjust) slot->apply(w_, p);
+    if (mask != nullptr) first_allowed = applyTokenBitmask(w_, mask);  // [TAG_TOKEN_MASK]
     w = w_;
   }
-  const int32_t tok = sample(w, p, counter);
+  int32_t tok = sample(w, p, counter);
+  if (!tokenAllowed(mask, tok) && first_allowed >= 0) tok = first_allowed;
   if (lp != nullptr) {
     if (p.logprobs >= 0 && !logits.empty()) {
       computeLogprobs(logits, p.logprobs, tok, lp);

@@ -16,6 +16,9 @@
 //   probability mass reaches top_p (at least one token) and renormalizes; then u =
 //   uniform(seed, counter) ∈ [0, 1) picks the first candidate whose cumulative probability
 //   exceeds u. NaN logits never win (treated as −inf).
+//   With a token mask [TAG_TOKEN_MASK] (structured outputs), after bias and penalties and before
+//   temperature: w[t] = -inf for every t the mask does not allow; if every allowed w is -inf or
+//   NaN, the draw is the lowest allowed id.
 //   Then the drawn token joins the slot's generated counts; logprobs (when asked) are
 //   logits[i] − logsumexp(logits) over the RAW logits (max-shifted, the sum in float64, NaN
 //   excluded), reported in fp32.
@@ -94,9 +97,11 @@ class Sampler {
   // One draw. logits must be non-empty.
   int32_t sample(std::span<const float> logits, const SamplingParams& p, uint64_t counter);
   // The whole procedure: `slot` (may be null: no bias, no penalties) adjusts the logits and
-  // counts the drawn token; `lp` (may be null) receives the logprobs when p.logprobs >= 0.
+  // counts the drawn token; `lp` (may be null) receives the logprobs when p.logprobs >= 0 (of
+  // the raw logits: neither bias, penalties nor the mask change them); `mask` (may be null,
+  // ceil(V / 32) words) restricts the draw to the ids it allows.
   int32_t sample(std::span<const float> logits, const SamplingParams& p, uint64_t counter,
-                 SamplerSlot* slot, llm::LlmTokenLogprobs* lp);
+                 SamplerSlot* slot, llm::LlmTokenLogprobs* lp, const uint32_t* mask = nullptr);
   // The distribution sample() draws from (temperature > 0): (token id, probability) in draw
   // order. For tests.
   const std::vector<std::pair<int32_t, double>>& distribution(std::span<const float> logits,
@@ -105,10 +110,17 @@ class Sampler {
  private:
   std::vector<std::pair<float, int32_t>> cand_;
   std::vector<std::pair<int32_t, double>> dist_;
-  std::vector<float> w_;  // logits adjusted by a slot
+  std::vector<float> w_;  // logits adjusted by a slot and/or a mask
 };
 
 // argmax with the lowest id among equal maxima; NaN never wins (all NaN: 0).
 int32_t argmaxToken(std::span<const float> logits);
+
+// Structured outputs [TAG_TOKEN_MASK]: logits[i] = -inf where bit i of `mask` (word i / 32) is
+// clear. Returns the lowest allowed id (-1: none), the draw when every allowed logit is -inf/NaN.
+int32_t applyTokenBitmask(std::span<float> logits, const uint32_t* mask);
+inline bool tokenAllowed(const uint32_t* mask, int32_t id) {
+  return mask == nullptr || ((mask[static_cast<uint32_t>(id) / 32] >> (id % 32)) & 1u) != 0;
+}
 
 }  // namespace garden::rose

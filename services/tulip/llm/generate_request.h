@@ -8,9 +8,11 @@
 // Threads: plain value types and a pure function.
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "common/grammar/constrained.h"
 #include "common/llm/step.h"
 #include "common/shm/channel.h"
 #include "common/status.h"
@@ -42,6 +44,10 @@ struct GenerateParams {
   bool ignore_eos = false;
   int64_t deadline_ns = 0;  // CLOCK_MONOTONIC, 0 = none
   std::string request_id;
+  // Structured outputs [TAG_TOKEN_MASK]: the compiled grammar (over the served vocabulary) and
+  // where in the stream it applies. nullptr: unconstrained.
+  std::shared_ptr<const grammar::CompiledGrammar> grammar;
+  grammar::ConstraintSpec constraint;
 };
 
 // One event of a request's stream. A request gets zero or more token events, then exactly one
@@ -77,7 +83,8 @@ uint32_t llmContextLength(const shm::ModelFacts& facts);
 // A request asking for logprobs, min_p, a penalty or logit_bias from a worker whose facts lack
 // shm::kLlmCapSamplerState is INVALID_ARGUMENT "<logprobs|min_p|presence_penalty|
 // frequency_penalty|repetition_penalty|logit_bias>: not supported by this worker's sampler
-// (<facts.sampler>)…" (OpenAI field names, so ivy's 400 names the param).
+// (<facts.sampler>)…" (OpenAI field names, so ivy's 400 names the param); a constrained request
+// (grammar set) from a worker lacking shm::kLlmCapTokenMask "response_format: …".
 // Draws no seed (the caller does: this is a pure function).
 Status validateGenerate(GenerateParams& p, const shm::ModelFacts& facts);
 

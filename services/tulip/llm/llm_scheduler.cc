@@ -77,6 +77,8 @@ WorkBatch toWorkBatch(StepPlan& plan) {
   batch.tokens = std::move(plan.tokens);
   batch.block_ids = std::move(plan.block_ids);
   batch.llm_state = std::move(plan.state);
+  batch.masks = std::move(plan.masks);
+  plan.masks.clear();
   batch.request_id = plan.request_id;
   plan.tokens.clear();
   plan.block_ids.clear();

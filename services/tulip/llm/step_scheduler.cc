@@ -26,6 +26,7 @@ LlmWorkerLimits llmWorkerLimits(const shm::ModelFacts& f, uint64_t input_bytes) 
   l.max_seqs = f.max_seqs;
   l.max_batch_tokens = f.max_batch_tokens;
   l.input_bytes = input_bytes;
+  l.vocab = f.vocab_size;
   for (int32_t e : f.eos_ids)
     if (e >= 0) l.eos_ids.push_back(e);
   return l;
@@ -80,6 +81,10 @@ Result<SeqId> LlmStepScheduler::add(GenerateParams params, int64_t now_ns) {
       s.params = std::move(params);
     }
     s.params.sampling.seed += i;  // [TAG_LLM_CHOICES] choice i: seed + i
+    if (s.params.grammar) {  // [TAG_TOKEN_MASK] each choice walks the grammar on its own
+      s.decoder = std::make_shared<grammar::ConstrainedDecoder>(s.params.grammar,
+                                                                s.params.constraint);
+    }
     s.prompt_len = static_cast<uint32_t>(s.tokens.size());
     s.arrival_ns = now_ns;
     s.leader = i > 0 ? first : 0;
@@ -224,6 +229,7 @@ bool LlmStepScheduler::lengthReached(const Seq& s) const {
 bool LlmStepScheduler::canContinue(const Seq& s, uint64_t prev_step, int32_t* prev_row) const {
   *prev_row = -1;
   if (s.pending == 0) return s.num_scheduled < s.length();
+  if (s.decoder) return false;  // [TAG_TOKEN_MASK] its next mask needs the pending token
   // A pending token is always the newest one: its step planned every position before it.
   CHECK(s.num_scheduled + 1 == s.length());
   // Only the token of the step right before can be a placeholder [TAG_LLM_PREV_TOKEN], and a
@@ -245,11 +251,14 @@ StepPlan LlmStepScheduler::schedule(int64_t now_ns) {
   };
   std::vector<Pick> picks;
   uint32_t budget = budget_;
-  uint64_t n_tokens = 0, n_blocks = 0, n_state = 0;
-  auto fits = [&](uint32_t num_new, size_t table, uint64_t state) {
+  uint64_t n_tokens = 0, n_blocks = 0, n_state = 0, n_masks = 0;
+  // A constrained sequence brings a token bitmask [TAG_TOKEN_MASK].
+  auto fits = [&](uint32_t num_new, size_t table, uint64_t state, bool masked) {
     return limits_.input_bytes == 0 ||
            shm::llmStepBytes(picks.size() + 1, n_tokens + num_new, n_blocks + table,
-                             n_state + state) <= limits_.input_bytes;
+                             n_state + state) +
+                   shm::llmMaskBytes(n_masks + (masked ? 1 : 0), limits_.vocab) <=
+               limits_.input_bytes;
   };
   bool preempted = false;
   // Running sequences, in admission order; victims come from the tail (never one already
@@ -276,11 +285,12 @@ StepPlan LlmStepScheduler::schedule(int64_t now_ns) {
     }
     if (self) break;  // s was the last running sequence that could go
     const uint64_t state = stateWords(s, false);
-    if (!fits(num_new, table->size(), state)) {
+    if (!fits(num_new, table->size(), state, s.decoder != nullptr)) {
       ++i;
       continue;
     }
     picks.push_back(Pick{s.id, s.num_scheduled, num_new, prev_row});
+    n_masks += s.decoder ? 1 : 0;
     n_tokens += num_new;
     n_blocks += table->size();
     n_state += state;
@@ -326,7 +336,7 @@ StepPlan LlmStepScheduler::schedule(int64_t now_ns) {
                       : kv_->allocate(s.id, uint64_t{computed} + num_new, prefix);
     if (!table) break;
     const uint64_t state = stateWords(s, true);
-    if (!fits(num_new, table->size(), state)) {
+    if (!fits(num_new, table->size(), state, s.decoder != nullptr)) {
       kv_->free(s.id);
       break;
     }
@@ -337,6 +347,7 @@ StepPlan LlmStepScheduler::schedule(int64_t now_ns) {
       s.fork_step = lead->shared_step;
       s.leader = 0;
     }
+    n_masks += s.decoder ? 1 : 0;
     s.running = true;
     if (needsSamplerState(s.params)) {
       CHECK(!free_state_slots_.empty());  // one per running sequence
@@ -413,6 +424,14 @@ StepPlan LlmStepScheduler::schedule(int64_t now_ns) {
     s.num_scheduled = p.position + p.num_new;
     if (s.index == 0 && s.params.n > 1 && s.shared_step == 0 && s.num_scheduled >= sharedTokens(s))
       s.shared_step = plan.step;  // [TAG_LLM_CHOICES] its followers may fork from the next plan
+    if (d.sample && s.decoder && s.decoder->active()) {  // [TAG_TOKEN_MASK]
+      const size_t words = shm::llmMaskWords(limits_.vocab);
+      CHECK(s.decoder->maskWords() == words);
+      const size_t at = plan.masks.size();
+      plan.masks.resize(at + words);
+      s.decoder->fillMask(std::span<uint32_t>(plan.masks.data() + at, words));
+      d.mask_index = static_cast<int32_t>(at / words) + 1;
+    }
     if (d.sample) {
       ++s.pending;
       s.last_sample_step = plan.step;
@@ -458,6 +477,7 @@ void LlmStepScheduler::update(const StepPlan& plan, std::span<const int32_t> sam
     if (d.sample) {
       // The oldest pending token: steps complete in plan order.
       s->tokens.push_back(tok);
+      if (s->decoder) (void)s->decoder->accept(tok);  // [TAG_TOKEN_MASK]
       --s->pending;
       ++s->generated;
       ++totals_.generated_tokens;

@@ -105,6 +105,7 @@ struct LlmWorkerLimits {
   uint32_t max_batch_tokens = 0;  // new tokens per step (0 = no limit of the worker's)
   uint64_t input_bytes = 0;       // bytes of one step's input arena (0 = no limit)
   std::vector<int32_t> eos_ids;
+  uint32_t vocab = 0;  // token bitmask width (structured outputs, [TAG_TOKEN_MASK])
 };
 
 // The limits of a worker that reported `facts` and has `input_bytes` of input arena per slot.
@@ -128,6 +129,9 @@ struct StepPlan {
   std::vector<int32_t> block_ids;
   std::vector<int32_t> state;    // sampler-state reloads [TAG_LLM_SAMPLER_STATE]
   std::vector<StepSeqRef> refs;  // refs[i]: the sequence seqs[i] belongs to
+  // Token bitmasks of constrained sequences [TAG_TOKEN_MASK]: seqs[i].mask_index k > 0 names
+  // masks[(k - 1) * W, k * W), W = shm::llmMaskWords(vocab).
+  std::vector<uint32_t> masks;
   uint32_t num_sampled = 0;      // sequences with sample != 0: the ids the worker returns
   uint64_t num_tokens = 0;       // tokens.size(), kept when the arrays are moved out
   uint64_t prompt_tokens = 0;    // prompt positions among them (LlmStats::computed_prompt_tokens)
@@ -245,6 +249,9 @@ class LlmStepScheduler {
     bool state_sent = false;   // its reload is in a plan of this admission
     int64_t arrival_ns = 0;
     int64_t first_sched_ns = 0;
+    // Structured outputs [TAG_TOKEN_MASK]: a constrained sequence is never planned ahead of its
+    // last sampled token (its mask depends on it), and samples under decoder's mask.
+    std::shared_ptr<grammar::ConstrainedDecoder> decoder;
     // Tokens including the pending ones: where the next sampled token goes.
     uint32_t length() const { return static_cast<uint32_t>(tokens.size()) + pending; }
   };

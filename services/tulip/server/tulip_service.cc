@@ -588,6 +588,34 @@ grpc::ServerWriteReactor<v1::GenerateChunk>* TulipService::Generate(
     return new Refuse(toGrpcStatus(invalidArgument(
         "n: must be in [1, " + std::to_string(kMaxChoices) + "], got " + std::to_string(p.n))));
   }
+  if (req->has_constraint()) {  // [TAG_TOKEN_MASK]
+    const auto& c = req->constraint();
+    if (!opts_.vocab) {
+      return new Refuse(toGrpcStatus(failedPrecondition(
+          "constraint: structured outputs need tulip's --tokenizer (the vocabulary's bytes)")));
+    }
+    auto g = grammar::Grammar::deserialize(c.grammar());
+    if (!g.isOk()) return new Refuse(toGrpcStatus(g.status().withContext("constraint.grammar")));
+    const uint64_t key = g->hash();
+    auto cached = grammars_.get(key);
+    if (!cached) {
+      auto compiled = grammar::CompiledGrammar::compile(std::move(g).value(), opts_.vocab);
+      if (!compiled.isOk()) return new Refuse(toGrpcStatus(compiled.status()));
+      grammars_.put(key, *compiled);
+      cached = *compiled;
+    }
+    p.grammar = *cached;
+    p.constraint.channel_token = c.channel_token();
+    p.constraint.channel_prefix.assign(c.channel_prefix().begin(), c.channel_prefix().end());
+    p.constraint.message_token = c.message_token();
+    p.constraint.end_tokens.assign(c.end_tokens().begin(), c.end_tokens().end());
+    const auto vocab = static_cast<int64_t>(worker_.facts().vocab_size);
+    if (worker_.ready() && vocab != opts_.vocab->size()) {
+      return new Refuse(toGrpcStatus(failedPrecondition(
+          "constraint: tulip's --tokenizer has " + std::to_string(opts_.vocab->size()) +
+          " ids, the model " + std::to_string(vocab))));
+    }
+  }
   p.deadline_ns = monotonicDeadline(ctx);
   p.request_id = requestId(ctx);
   auto* reactor = new GenerateReactor(llm_, p.request_id, p.n);

@@ -16,6 +16,8 @@
 #include <memory>
 #include <string>
 
+#include "common/grammar/cache.h"
+#include "common/grammar/matcher.h"
 #include "common/token_file.h"
 #include "garden/v1/garden.grpc.pb.h"
 #include "services/tulip/llm/llm_scheduler.h"
@@ -27,6 +29,9 @@ namespace garden::tulip {
 struct ServiceOptions {
   std::string served_model_name;  // empty: the name rose reports
   const TokenFile* auth = nullptr;  // --auth-token-file; null: no token required
+  // The served vocabulary as bytes (--tokenizer): needed for structured outputs; null: requests
+  // with a constraint get FAILED_PRECONDITION.
+  std::shared_ptr<const grammar::Vocabulary> vocab;
 };
 
 class TulipService final : public garden::v1::Tulip::CallbackService {
@@ -59,6 +64,8 @@ class TulipService final : public garden::v1::Tulip::CallbackService {
   LlmScheduler& llm_;
   Worker& worker_;
   const ServiceOptions opts_;
+  // Compiled grammars by grammar hash [TAG_TOKEN_MASK].
+  grammar::LruCache<std::shared_ptr<const grammar::CompiledGrammar>> grammars_{64};
 };
 
 }  // namespace garden::tulip

@@ -112,7 +112,12 @@ Status ShmWorker::trySubmit(WorkBatch batch, WorkDone done) {
   // kGenerate: the sampler-state words after the block ids [TAG_LLM_SAMPLER_STATE].
   const uint64_t state_off = generate ? shm::llmAlignUp(second_off + second_bytes) : 0;
   const uint64_t state_bytes = generate ? batch.llm_state.size() * sizeof(int32_t) : 0;
-  const uint64_t need = generate ? state_off + state_bytes : second_off + second_bytes;
+  // [TAG_TOKEN_MASK] token bitmasks after the state words (BatchDesc.seqlens_offset).
+  const uint64_t masks_off = generate ? shm::llmAlignUp(state_off + state_bytes) : 0;
+  const uint64_t masks_bytes = generate ? batch.masks.size() * sizeof(uint32_t) : 0;
+  const uint64_t need = !generate         ? second_off + second_bytes
+                        : masks_bytes > 0 ? masks_off + masks_bytes
+                                          : state_off + state_bytes;
   if (need > opts_.layout.input_bytes) {
     return invalidArgument("batch of " + std::to_string(batch.tokens.size()) +
                            " tokens does not fit the channel's input arena");
@@ -132,6 +137,7 @@ Status ShmWorker::trySubmit(WorkBatch batch, WorkDone done) {
   std::memcpy(arena.data() + second_off,
               generate ? batch.block_ids.data() : batch.seq_lens.data(), second_bytes);
   if (state_bytes > 0) std::memcpy(arena.data() + state_off, batch.llm_state.data(), state_bytes);
+  if (masks_bytes > 0) std::memcpy(arena.data() + masks_off, batch.masks.data(), masks_bytes);
   shm::BatchDesc d;
   d.batch_id = next_batch_id_++;
   d.slot = slot;
@@ -149,6 +155,7 @@ Status ShmWorker::trySubmit(WorkBatch batch, WorkDone done) {
     d.num_blocks = static_cast<uint32_t>(batch.block_ids.size());
     d.state_offset = state_off;
     d.num_state = static_cast<uint32_t>(batch.llm_state.size());
+    d.seqlens_offset = masks_bytes > 0 ? masks_off : 0;
   } else {
     d.seqlens_offset = second_off;
   }

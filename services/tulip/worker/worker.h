@@ -29,6 +29,7 @@ struct WorkBatch {
   std::vector<llm::LlmStepSeq> llm_seqs;
   std::vector<int32_t> block_ids;
   std::vector<int32_t> llm_state;  // kGenerate: sampler-state words [TAG_LLM_SAMPLER_STATE]
+  std::vector<uint32_t> masks;  // kGenerate: token bitmasks [TAG_TOKEN_MASK] (may be empty)
   shm::PoolingMode pooling = shm::PoolingMode::kDefault;
   bool normalize = true;
   int32_t score_yes = -1;

@@ -361,7 +361,7 @@ class CpuLlmOps final : public LlmOps {
         CHECK(static_cast<size_t>(r.params.state_slot) < slots_.size());
         slot = &slots_[static_cast<size_t>(r.params.state_slot)];
       }
-      o[i] = sampler_.sample(row, r.params, r.counter, slot, lps ? &lps[i] : nullptr);
+      o[i] = sampler_.sample(row, r.params, r.counter, slot, lps ? &lps[i] : nullptr, r.mask);
     }
   }
 
@@ -371,6 +371,7 @@ class CpuLlmOps final : public LlmOps {
   }
 
   bool supportsSamplerState() const override { return true; }
+  bool supportsTokenMask() const override { return true; }
 
   void resetSamplerState(std::span<const SamplerStateReset> resets) override {
     sync();

@@ -97,6 +97,15 @@ __device__ __forceinline__ Best blockBest(Best b, float* rv, int32_t* ri) {
   return Best{__shfl_sync(0xffffffffu, t.v, 0), __shfl_sync(0xffffffffu, t.id, 0)};
 }
 
+// The row's bitmask, nullptr when unmasked [TAG_TOKEN_MASK].
+__device__ __forceinline__ const uint32_t* rowMask(const SampleArgs& a, const SampleRowDev& r) {
+  return r.mask >= 0 && a.masks != nullptr ? a.masks + static_cast<int64_t>(r.mask) * a.mask_words
+                                           : nullptr;
+}
+__device__ __forceinline__ bool allowed(const uint32_t* m, int64_t i) {
+  return m == nullptr || ((m[i >> 5] >> (i & 31)) & 1u) != 0;
+}
+
 __global__ void __launch_bounds__(kThreads) sampleKernel(SampleArgs a) {
   __shared__ float red_f[kWarps];
   __shared__ int32_t red_i[kWarps];
@@ -109,9 +118,10 @@ __global__ void __launch_bounds__(kThreads) sampleKernel(SampleArgs a) {
   if (!(r.temperature > 0.f)) return;  // greedy rows: greedyPartialKernel / greedyFinishKernel
 
   const float inv_t = 1.f / r.temperature;
+  const uint32_t* m = rowMask(a, r);
   auto zAt = [&](int64_t i) {
     const float z = x[i] * inv_t;
-    return isnan(z) ? -INFINITY : z;
+    return isnan(z) || !allowed(m, i) ? -INFINITY : z;
   };
   // ---- top-k: the k-th largest key tau_k, and the id cut among ties ----
   uint32_t tau_k = 0;
@@ -194,7 +204,7 @@ __global__ void __launch_bounds__(kThreads) sampleKernel(SampleArgs a) {
   for (int64_t i = tid; i < v; i += kThreads) {
     const float z = zAt(i);
     const uint32_t k = orderKey(z);
-    if (!kept(i, k, z) || k < tau_p) continue;
+    if (!kept(i, k, z) || k < tau_p || !allowed(m, i)) continue;
     float score;
     if (all_neg_inf) {
       score = 0.f;  // lowest id wins
@@ -212,6 +222,15 @@ __global__ void __launch_bounds__(kThreads) sampleKernel(SampleArgs a) {
     b = better(b, Best{score, static_cast<int32_t>(i)});
   }
   b = blockBest(b, red_f, red_i);
+  if (b.id < 0 && m != nullptr) {
+    // Every allowed logit -inf/NaN and top-k kept only masked ids: the lowest allowed id, as
+    // the CPU sampler falls back to (b is block-uniform, so the reduction is too).
+    Best f{0.f, -1};
+    for (int64_t i = tid; i < v && f.id < 0; i += kThreads) {
+      if (allowed(m, i)) f = Best{0.f, static_cast<int32_t>(i)};
+    }
+    b = blockBest(f, red_f, red_i);
+  }
   if (tid == 0) a.out[blockIdx.x] = b.id < 0 ? 0 : b.id;
 }
 
@@ -225,13 +244,15 @@ __global__ void __launch_bounds__(kGreedyThreads) greedyPartialKernel(SampleArgs
   const SampleRowDev r = a.rows[blockIdx.x];
   if (r.temperature > 0.f) return;
   const float* x = a.logits + static_cast<int64_t>(r.row) * a.vocab;
+  const uint32_t* m = rowMask(a, r);
   const int64_t per = (a.vocab + kSampleGreedySlices - 1) / kSampleGreedySlices;
   const int64_t lo = blockIdx.y * per, hi = min(a.vocab, lo + per);
   Best b{-INFINITY, -1};
   for (int64_t i = lo + threadIdx.x; i < hi; i += kGreedyThreads) {
+    if (!allowed(m, i)) continue;
     const float z = x[i];
-    if (isnan(z)) continue;
-    b = better(b, Best{z, static_cast<int32_t>(i)});
+    // NaN never wins; under a mask an allowed NaN/-inf still beats nothing (the lowest allowed id)
+    b = better(b, Best{isnan(z) ? -INFINITY : z, isnan(z) && m == nullptr ? -1 : static_cast<int32_t>(i)});
   }
   // Block reduction (kGreedyThreads / 32 warps).
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;

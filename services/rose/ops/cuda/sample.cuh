@@ -15,6 +15,7 @@
 //     the two backends agree in distribution, not token for token.
 // Thresholds are found by bisection over the order-preserving integer image of the floats
 // (32 counting passes over the row in the worst case), so nothing is sorted.
+// A row may carry a token bitmask (SampleRowDev.mask): masked ids never win.
 // Pointers are device memory owned by the caller.
 
 #include <cuda_runtime_api.h>
@@ -33,7 +34,7 @@ struct SampleRowDev {
   uint64_t seed = 0;
   uint64_t counter = 0;
   float min_p = 0.f;  // 0 = off
-  int32_t reserved = 0;
+  int32_t mask = -1;  // [TAG_TOKEN_MASK] >= 0: row of SampleArgs.masks restricting the draw
 };
 static_assert(sizeof(SampleRowDev) == 40);
 
@@ -48,6 +49,11 @@ struct SampleArgs {
   void* partial = nullptr;            // workspace: sampleWorkspaceBytes(num_rows)
   int32_t num_rows = 0;
   int64_t vocab = 0;
+  // Structured outputs [TAG_TOKEN_MASK]: token bitmasks [*, mask_words] (bit i % 32 of word
+  // i / 32 set = allowed). A row with mask >= 0 draws only allowed ids (greedy: the argmax over
+  // them; all allowed logits -inf/NaN: the lowest allowed id), as the CPU sampler does.
+  const uint32_t* masks = nullptr;
+  int64_t mask_words = 0;
 };
 
 size_t sampleWorkspaceBytes(int64_t num_rows);

@@ -196,6 +196,73 @@ TEST(ChatTest, ReasoningAndContentIdenticalStreamingAndNot) {
   EXPECT_EQ(b.full.prompt_tokens, static_cast<int64_t>(c.prompt_ids.size()));
 }
 
+// Structured outputs [TAG_TOKEN_MASK]: the grammar and its Harmony trigger reach tulip, and the
+// developer message carries the "# Response Formats" section.
+TEST(ChatTest, ResponseFormatReachesTulipAsAConstraint) {
+  ChatHarness h;
+  h.client().setScript(h.ids("<|channel|>final<|message|>{\"a\":1}<|return|>"));
+  Captured r = h.post(
+      "/v1/chat/completions",
+      chatBody(R"("response_format":{"type":"json_schema","json_schema":{"name":"thing",)"
+               R"("description":"A thing.","schema":{"type":"object","properties":{"a":)"
+               R"({"type":"integer"}},"required":["a"],"additionalProperties":false}}})"));
+  ASSERT_EQ(r.status, 200) << r.body;
+  auto c = h.client().calls().at(0);
+  EXPECT_FALSE(c.constraint.grammar.empty());
+  EXPECT_EQ(c.constraint.channel_token, 200005);  // <|channel|>
+  EXPECT_EQ(h.decode(c.constraint.channel_prefix), "final");
+  EXPECT_EQ(c.constraint.message_token, 200008);  // <|message|>
+  EXPECT_EQ(c.constraint.end_tokens, (std::vector<int32_t>{200002}));
+  const std::string prompt = h.decode(c.prompt_ids);
+  EXPECT_THAT(prompt, HasSubstr("<|start|>developer<|message|># Response Formats\n\n## thing\n\n"
+                                "// A thing.\n{\"type\":\"object\""))
+      << prompt;
+  EXPECT_TRUE(prompt.ends_with("<|start|>assistant")) << prompt;
+  // json_object: a grammar, no schema section; skip_reasoning: the prompt opens the final
+  // message and the grammar applies from the first token.
+  Captured r2 = h.post("/v1/chat/completions",
+                       chatBody(R"("response_format":{"type":"json_object"},"skip_reasoning":true)"));
+  ASSERT_EQ(r2.status, 200) << r2.body;
+  auto c2 = h.client().calls().at(1);
+  EXPECT_FALSE(c2.constraint.grammar.empty());
+  EXPECT_NE(c2.constraint.grammar, c.constraint.grammar);
+  EXPECT_EQ(c2.constraint.channel_token, -1);
+  const std::string prompt2 = h.decode(c2.prompt_ids);
+  EXPECT_THAT(prompt2, Not(HasSubstr("# Response Formats")));
+  EXPECT_TRUE(prompt2.ends_with("<|start|>assistant<|channel|>final<|message|>")) << prompt2;
+  // No response_format: no constraint.
+  Captured r3 = h.post("/v1/chat/completions", chatBody(""));
+  ASSERT_EQ(r3.status, 200) << r3.body;
+  EXPECT_TRUE(h.client().calls().at(2).constraint.grammar.empty());
+}
+
+// response_format together with every sampler-state field [TAG_TOKEN_MASK]
+// [TAG_LLM_SAMPLER_STATE]: both reach tulip on the same call (the grammar as the constraint, the
+// rest as sampling parameters), neither displaces the other.
+TEST(ChatTest, ResponseFormatCombinesWithSamplerFields) {
+  ChatHarness h;
+  h.client().setScript(h.ids("<|channel|>final<|message|>{\"a\":1}<|return|>"));
+  Captured r = h.post(
+      "/v1/chat/completions",
+      chatBody(R"("response_format":{"type":"json_schema","json_schema":{"name":"t","strict":true,)"
+               R"("schema":{"type":"object","properties":{"a":{"type":"integer"}},"required":["a"],)"
+               R"("additionalProperties":false}}},"logit_bias":{"42":5,"7":-100},)"
+               R"("presence_penalty":0.25,"frequency_penalty":0.5,"repetition_penalty":1.1,)"
+               R"("min_p":0.05,"logprobs":true,"top_logprobs":2,"temperature":0.7,"seed":3)"));
+  ASSERT_EQ(r.status, 200) << r.body;
+  auto c = h.client().calls().at(0);
+  EXPECT_FALSE(c.constraint.grammar.empty());
+  EXPECT_EQ(c.constraint.end_tokens, (std::vector<int32_t>{200002}));
+  EXPECT_EQ(c.logit_bias, (std::vector<std::pair<int32_t, float>>{{42, 5.f}, {7, -100.f}}));
+  EXPECT_FLOAT_EQ(c.presence_penalty, 0.25f);
+  EXPECT_FLOAT_EQ(c.frequency_penalty, 0.5f);
+  EXPECT_FLOAT_EQ(c.repetition_penalty, 1.1f);
+  EXPECT_FLOAT_EQ(c.min_p, 0.05f);
+  EXPECT_TRUE(c.logprobs);
+  EXPECT_EQ(c.top_logprobs, 2u);
+  EXPECT_FLOAT_EQ(c.temperature, 0.7f);
+}
+
 TEST(ChatTest, SamplingFieldsReachTulip) {
   ChatHarness h;
   h.client().setScript(h.ids("<|channel|>final<|message|>ok<|return|>"));
@@ -535,7 +602,11 @@ TEST(ChatTest, BadFieldsAre400NamingTheField) {
       {"{" + msgs + R"(,"logit_bias":{"9999999":5}})", "logit_bias"},
       {"{" + msgs + R"(,"logit_bias":{"42":-101}})", "logit_bias"},
       {"{" + msgs + R"(,"logit_bias":[]})", "logit_bias"},
-      {"{" + msgs + R"(,"response_format":{"type":"json_object"}})", "response_format"},
+      {"{" + msgs +
+           R"(,"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{"type":"integer","minimum":1}}}})",
+       "response_format"},
+      {"{" + msgs + R"(,"response_format":{"type":"yaml"}})", "response_format"},
+      {"{" + msgs + R"(,"skip_reasoning":"yes"})", "skip_reasoning"},
       {"{" + msgs + R"(,"response_format":{"type":"json_schema","json_schema":{}}})",
        "response_format"},
       {"{" + msgs + R"(,"response_format":"text"})", "response_format"},

@@ -208,7 +208,7 @@ TEST(CompletionsTest, BadFieldsAre400NamingTheField) {
       {R"({"prompt":"a","logit_bias":[1]})", "logit_bias"},
       {R"({"prompt":"a","n":0})", "n"},
       {R"({"prompt":"a","presence_penalty":3})", "presence_penalty"},
-      {R"({"prompt":"a","response_format":{"type":"json_object"}})", "response_format"},
+      {R"({"prompt":"a","response_format":{"type":"xml"}})", "response_format"},
       {R"({"prompt":"a","max_tokens":5000})", "max_tokens"},
       {R"({"prompt":"a","temperature":-1})", "temperature"},
       {R"({"prompt":"a","stop":{}})", "stop"},

@@ -227,6 +227,8 @@ TEST_F(LlmRunnerTest, AnnouncesLlmFacts) {
   EXPECT_EQ(f.eos_ids[3], -1);
   // The CPU ops implement sampler state [TAG_LLM_SAMPLER_STATE]: tulip admits logprobs etc.
   EXPECT_EQ(f.llm_caps & shm::kLlmCapSamplerState, shm::kLlmCapSamplerState);
+  // ... and token masks [TAG_TOKEN_MASK]: tulip admits response_format.
+  EXPECT_EQ(f.llm_caps & shm::kLlmCapTokenMask, shm::kLlmCapTokenMask);
   EXPECT_STREQ(f.sampler, "cpu");
   EXPECT_EQ(runner_->kvCache().shape().num_blocks, kBlocks);
 }
@@ -502,6 +504,96 @@ TEST_F(LlmRunnerTest, NextStepMayNameARowOfAStepThatHasNotRunYet) {
   const std::vector<int32_t> want_b = refStep(b);
   EXPECT_EQ(got[0], want_a[0]);
   EXPECT_EQ(got[1], want_b[0]);
+}
+
+// Structured outputs with the sampler state through the shm format [TAG_TOKEN_MASK]
+// [TAG_LLM_SAMPLER_STATE]: the state words after the block ids, the token bitmasks at
+// seqlens_offset after them (tulip's ShmWorker layout). Sequence 0 samples under a mask with a
+// +100 logit_bias on a forbidden id, penalties and logprobs; sequence 1 under another mask
+// (greedy); sequence 2 is unconstrained. Each id is the reference model's on the same step (and
+// allowed by its mask); the logprob records are the reference's (raw logits). Then malformed
+// mask fields are refused naming them.
+TEST_F(LlmRunnerTest, MaskedStepWithSamplerStateAndLogprobs) {
+  const size_t words = shm::llmMaskWords(512);
+  SamplingParams drawn;
+  drawn.temperature = 0.8f;
+  drawn.seed = 77;
+  drawn.frequency_penalty = 0.5f;
+  drawn.repetition_penalty = 1.3f;
+  drawn.logprobs = 3;
+  drawn.state_slot = 1;
+  SamplingParams greedy;
+  Step s;
+  s.seqs = {seq(0, 4, 0, 0, 1, true, drawn), seq(4, 3, 0, 1, 1, true, greedy),
+            seq(7, 2, 0, 2, 1, true, greedy)};
+  s.seqs[0].mask_index = 2;  // masks may be named in any order
+  s.seqs[1].mask_index = 1;
+  s.tokens = {10, 20, 30, 40, 11, 12, 13, 14, 15};
+  s.blocks = {5, 6, 7};
+  // Sequence 0's reload: 4 prompt ids, no output, 2 bias pairs (+100 on forbidden id 300).
+  auto bits = [](float f) {
+    int32_t b;
+    std::memcpy(&b, &f, 4);
+    return b;
+  };
+  const std::vector<int32_t> state = {10, 20, 30, 40, 300, bits(100.f), 17, bits(-5.f)};
+  s.seqs[0].state_offset = 0;
+  s.seqs[0].state_prompt = 4;
+  s.seqs[0].state_bias = 2;
+  std::vector<uint32_t> masks(2 * words, 0);
+  auto allow = [&](size_t k, int32_t id) { masks[k * words + id / 32] |= 1u << (id % 32); };
+  for (int32_t id : {3, 17, 40, 100, 257, 511}) allow(1, id);  // sequence 0's (mask 2)
+  for (int32_t id : {0, 64, 65, 499}) allow(0, id);              // sequence 1's (mask 1)
+
+  shm::BatchDesc d = put(0, s);
+  auto in = channel_->inputArena(0);
+  uint64_t off = d.blocks_offset + shm::llmAlignUp(s.blocks.size() * 4);
+  d.state_offset = off;
+  d.num_state = static_cast<uint32_t>(state.size());
+  std::memcpy(in.data() + off, state.data(), state.size() * 4);
+  off += shm::llmAlignUp(state.size() * 4);
+  d.seqlens_offset = off;
+  std::memcpy(in.data() + off, masks.data(), masks.size() * 4);
+  shm::Completion c = submitAndWait(d);
+  ASSERT_EQ(c.status_code, 0) << c.message;
+  ASSERT_EQ(c.rows, 3u);
+  ASSERT_EQ(c.cols, shm::kLlmLogprobsCols);
+  std::vector<int32_t> got(3);
+  std::vector<llm::LlmTokenLogprobs> got_lp(3);
+  std::memcpy(got.data(), channel_->outputArena(0).data(), 12);
+  std::memcpy(got_lp.data(), channel_->outputArena(0).data() + 12, sizeof(llm::LlmTokenLogprobs) * 3);
+
+  LlmStep step{s.seqs, s.tokens, s.blocks, state, masks, static_cast<int64_t>(words)};
+  ASSERT_TRUE(models_[1]->validate(step, *ref_kv_).isOk());
+  std::vector<int32_t> want(3, -1);
+  std::vector<llm::LlmTokenLogprobs> want_lp(3);
+  models_[1]->enqueueStep(step, *ref_kv_, nullptr, want.data(), want_lp.data());
+  ASSERT_TRUE(backends_[1]->synchronize().isOk());
+  EXPECT_EQ(got, want);
+  auto allowed = [&](size_t k, int32_t id) { return (masks[k * words + id / 32] >> (id % 32)) & 1u; };
+  EXPECT_TRUE(allowed(1, got[0])) << got[0];
+  EXPECT_NE(got[0], 300) << "+100 must not bring back a forbidden id";
+  EXPECT_TRUE(allowed(0, got[1])) << got[1];
+  EXPECT_EQ(got_lp[0].num_top, 3);
+  EXPECT_EQ(got_lp[0].logprob, want_lp[0].logprob);
+  for (int j = 0; j < 3; ++j) EXPECT_EQ(got_lp[0].top_ids[j], want_lp[0].top_ids[j]);
+  EXPECT_EQ(got_lp[1].num_top, -1);
+  EXPECT_EQ(got_lp[2].num_top, -1);
+
+  // Malformed: a mask_index on a sequence that does not sample; masks past the input arena.
+  Step bad = s;
+  bad.seqs = {seq(0, 4, 4, 0, 2, false, greedy)};
+  bad.seqs[0].mask_index = 1;
+  bad.tokens = {1, 2, 3, 4};
+  bad.blocks = {5, 8};
+  shm::BatchDesc bd = put(1, bad);
+  bd.seqlens_offset = bd.blocks_offset + 8;
+  expectRejected(bd, StatusCode::kInvalidArgument, "mask_index");
+  Step far = bad;
+  far.seqs[0].sample = 1;
+  shm::BatchDesc fd = put(2, far);
+  fd.seqlens_offset = kInputBytes - 8;
+  expectRejected(fd, StatusCode::kInvalidArgument, "token masks");
 }
 
 TEST(LlmRunnerCreate, BadOptionsAreClearErrors) {

@@ -3,7 +3,8 @@
 // logit_bias and the penalties change exactly the logits of the tokens seen, by the formula;
 // -100 bans a token and +100 forces it; min_p keeps exactly the tokens with p >= min_p * p_max;
 // the sampler-state slot counts what it draws; the draw depends on (seed, counter, state) only,
-// not on the batch around it (through the CPU LlmOps); and parameter validation names the field.
+// not on the batch around it (through the CPU LlmOps); the token mask of structured outputs comes
+// after bias and penalties, logprobs stay raw; and parameter validation names the field.
 
 #include <gtest/gtest.h>
 
@@ -304,6 +305,108 @@ TEST(SamplerParams, SeededDrawsIgnoreTheBatchAroundThem) {
   EXPECT_EQ(a_tokens, b_tokens);
   EXPECT_EQ(a_lps, b_lps);
   EXPECT_GT(std::set<int32_t>(a_tokens.begin(), a_tokens.end()).size(), 3u);  // not degenerate
+}
+
+// Structured outputs with the sampler state [TAG_TOKEN_MASK] [TAG_SAMPLER_ORDER]: the token mask
+// applies after logit_bias and the penalties (a +100 bias cannot bring back a forbidden token; a
+// penalty can move the choice among the allowed ones) and before temperature / top-k / min_p;
+// logprobs stay those of the raw logits (the top list may name forbidden tokens). Through the
+// CPU LlmOps over 60 draws, each against a reference built here: raw + bias + penalties by the
+// formula (counts kept by the test), forbidden ids -inf, then the plain sampler.
+TEST(SamplerParams, MaskAppliesAfterBiasAndPenaltiesLogprobsStayRaw) {
+  auto b = makeBackend("cpu", BackendOptions{});
+  ASSERT_TRUE(b.isOk());
+  auto ops = makeLlmOps(**b, 1);
+  ASSERT_TRUE(ops.isOk());
+  LlmOpsLimits lim;
+  lim.max_seqs = 2;
+  ASSERT_TRUE((*ops)->reserve(lim).isOk());
+  ASSERT_TRUE((*ops)->supportsTokenMask());
+  const int64_t v = 70;  // three mask words, the last partly used
+  std::vector<float> x = randomLogits(static_cast<size_t>(v), 21, 1.f);
+  const std::vector<int32_t> allowed = {5, 20, 33, 41, 64, 69};
+  std::vector<uint32_t> mask(3, 0);
+  for (int32_t id : allowed) mask[static_cast<size_t>(id) / 32] |= 1u << (id % 32);
+  x[10] = 9.f;   // forbidden, the raw favourite, and +100 biased below
+  x[20] = 6.f;   // allowed favourite, but penalized
+  x[33] = 5.5f;  // allowed runner-up, +0.3 bias (5.8 < 6: unpenalized, 20 would win)
+  const std::vector<int32_t> prompt = {20, 41};
+  const std::vector<int32_t> output = {20, 20};
+  const std::vector<LogitBias> bias = {{10, 100.f}, {33, 0.3f}, {64, -100.f}};
+  std::map<int32_t, int> count;
+  for (int32_t t : output) ++count[t];
+  auto reference = [&](const SamplingParams& p) {
+    std::vector<float> w = x;
+    for (int32_t t = 0; t < v; ++t) {
+      float y = w[static_cast<size_t>(t)];
+      for (const LogitBias& e : bias) {
+        if (e.id == t) y += e.bias;
+      }
+      const int c = count.count(t) ? count[t] : 0;
+      const bool seen = c > 0 || std::find(prompt.begin(), prompt.end(), t) != prompt.end();
+      if (seen) {
+        y = y > 0 ? y / p.repetition_penalty : y * p.repetition_penalty;
+        y -= p.frequency_penalty * static_cast<float>(c) + (c > 0 ? p.presence_penalty : 0.f);
+      }
+      if (!tokenAllowed(mask.data(), t)) y = -INFINITY;
+      w[static_cast<size_t>(t)] = y;
+    }
+    return w;
+  };
+  const std::vector<double> raw_lp = logSoftmax(x);
+  auto lt = (*b)->allocateTensor(DType::kF32, {1, v});
+  ASSERT_TRUE((*b)->uploadConvert(lt->view, {x.data(), DType::kF32, v}).isOk());
+  auto ids = (*b)->allocateTensor(DType::kI32, {1});
+  auto lps = (*b)->allocateTensor(DType::kU8, {static_cast<int64_t>(sizeof(llm::LlmTokenLogprobs))});
+  SamplerStateReset reset;
+  reset.slot = 1;
+  reset.prompt = prompt;
+  reset.output = output;
+  reset.bias = bias;
+  (*ops)->resetSamplerState(std::span<const SamplerStateReset>(&reset, 1));
+  Sampler plain;
+  std::set<int32_t> drawn;
+  int greedy_moved = 0;
+  for (uint64_t c = 0; c < 60; ++c) {
+    SamplingParams p = sp(c < 10 ? 0.f : 1.3f, 99);
+    p.frequency_penalty = 0.4f;
+    p.presence_penalty = 0.3f;
+    p.repetition_penalty = 1.2f;
+    p.top_k = c % 3 == 0 ? 3 : 0;
+    p.min_p = c % 2 == 0 ? 0.05f : 0.f;
+    p.logprobs = 3;
+    p.state_slot = 1;
+    SampleRow row{0, c, p};
+    row.mask = mask.data();
+    (*ops)->sample(lt->view, std::span<const SampleRow>(&row, 1), ids->view, lps->view);
+    int32_t got = -1;
+    llm::LlmTokenLogprobs lp;
+    (*b)->copyToHost(&got, ids->view, 4);
+    (*b)->copyToHost(&lp, lps->view, sizeof(lp));
+    ASSERT_TRUE((*b)->synchronize().isOk());
+    const std::vector<float> w = reference(p);
+    const int32_t want = plain.sample(w, p, c);
+    ASSERT_EQ(got, want) << "draw " << c;
+    ASSERT_TRUE(tokenAllowed(mask.data(), got)) << got;
+    EXPECT_NE(got, 64) << "-100 on an allowed token still bans it";
+    if (c < 10) {
+      // Greedy: without the mask the +100 token 10 would win; without the penalties token 20.
+      std::vector<float> unmasked = w;
+      unmasked[10] = x[10] + 100.f;
+      EXPECT_EQ(argmaxToken(unmasked), 10);
+      if (got != 20) ++greedy_moved;
+    }
+    // Logprobs of the raw logits: token 10 (forbidden) heads the top list.
+    EXPECT_NEAR(lp.logprob, raw_lp[static_cast<size_t>(got)], 1e-5);
+    ASSERT_EQ(lp.num_top, 3);
+    EXPECT_EQ(lp.top_ids[0], 10);
+    EXPECT_EQ(lp.top_ids[1], 20);
+    EXPECT_NEAR(lp.top_logprobs[0], raw_lp[10], 1e-5);
+    ++count[got];  // the slot counts what it drew; so does the reference
+    drawn.insert(got);
+  }
+  EXPECT_GT(greedy_moved, 0) << "the penalties never moved the masked argmax off token 20";
+  EXPECT_GE(drawn.size(), 3u) << "the draws are stuck on too few ids";
 }
 
 TEST(SamplerParams, ValidationNamesTheField) {

@@ -141,5 +141,51 @@ TEST(Sampler, CpuOpUsesPerRowCounters) {
   EXPECT_EQ(got[2], s.sample(r1, rows[2].params, 18));
 }
 
+// Structured outputs [TAG_TOKEN_MASK]: a masked row draws only allowed ids, greedy is the argmax
+// over them, the draw equals sampling the masked copy, and a row whose allowed logits are all
+// -inf gets the lowest allowed id.
+TEST(Sampler, CpuOpAppliesTokenBitmasks) {
+  auto b = makeBackend("cpu", BackendOptions{});
+  ASSERT_TRUE(b.isOk());
+  auto ops = makeLlmOps(**b, 1);
+  ASSERT_TRUE(ops.isOk());
+  const int v = 70;  // three mask words, the last partly used
+  std::vector<float> logits(2 * v);
+  for (size_t i = 0; i < logits.size(); ++i) logits[i] = std::sin(static_cast<float>(i) * 0.73f) * 4;
+  for (int i = 0; i < v; ++i) logits[static_cast<size_t>(v + i)] = -INFINITY;
+  auto lt = (*b)->allocateTensor(DType::kF32, {2, v});
+  ASSERT_TRUE((*b)->uploadConvert(lt->view, {logits.data(), DType::kF32, 2 * v}).isOk());
+  std::vector<uint32_t> mask(3, 0);
+  std::vector<int32_t> allowed_ids = {5, 33, 34, 64, 69};
+  for (int32_t id : allowed_ids) mask[static_cast<size_t>(id) / 32] |= 1u << (id % 32);
+  const int n = 200;
+  std::vector<SampleRow> rows;
+  for (int i = 0; i < n; ++i) {
+    SampleRow r{0, static_cast<uint64_t>(i), params(i % 4 == 0 ? 0.f : 1.5f, 1.f, 0, 9)};
+    r.mask = mask.data();
+    rows.push_back(r);
+  }
+  SampleRow dead{1, 0, params(1.f, 1.f, 0, 1)};
+  dead.mask = mask.data();
+  rows.push_back(dead);
+  auto out = (*b)->allocateTensor(DType::kI32, {n + 1});
+  (*ops)->sample(lt->view, rows, out->view);
+  std::vector<int32_t> got(static_cast<size_t>(n + 1));
+  (*b)->copyToHost(got.data(), out->view, 4 * (n + 1));
+  ASSERT_TRUE((*b)->synchronize().isOk());
+  std::vector<float> masked(logits.begin(), logits.begin() + v);
+  EXPECT_EQ(applyTokenBitmask(masked, mask.data()), 5);
+  Sampler s;
+  std::set<int32_t> seen;
+  for (int i = 0; i < n; ++i) {
+    const int32_t id = got[static_cast<size_t>(i)];
+    EXPECT_TRUE(tokenAllowed(mask.data(), id)) << id;
+    EXPECT_EQ(id, s.sample(masked, rows[static_cast<size_t>(i)].params, static_cast<uint64_t>(i)));
+    seen.insert(id);
+  }
+  EXPECT_GE(seen.size(), 3u);  // the draw is not stuck on one id
+  EXPECT_EQ(got[static_cast<size_t>(n)], 5);
+}
+
 }  // namespace
 }  // namespace garden::rose

@@ -1,1 +1,1 @@
-set(UNIT_DEPS garden_tulip_core garden_common)
+set(UNIT_DEPS garden_tulip_core garden_grammar garden_common)

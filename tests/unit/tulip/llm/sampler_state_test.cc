@@ -3,11 +3,14 @@
 // request with penalties / logit_bias a state slot, sends the slot's reload (prompt, generated
 // tokens, bias words) once per admission — again after a retraction or a preemption, with the
 // generated tokens then — frees the slot when the request ends, and hands the worker's logprobs
-// to the events of the requests that asked.
+// to the events of the requests that asked; a structured-outputs request carries its sampler
+// state and its token mask side by side, and is refused alone by a worker without token masks.
 #include <gtest/gtest.h>
 
 #include <cstring>
 
+#include "common/grammar/json_schema.h"
+#include "common/shm/llm_batch.h"
 #include "services/tulip/llm/step_scheduler.h"
 #include "tests/unit/tulip/llm/llm_test_util.h"
 
@@ -181,6 +184,87 @@ TEST(SamplerParamsTulip, ParamsCarriedStateReloadedOncePerAdmission) {
   for (size_t i = 0; i < p3b.seqs.size(); ++i)
     if (p3b.refs[i].id == *idc) reloaded = p3b.seqs[i].state_offset >= 0;
   EXPECT_TRUE(reloaded);
+}
+
+// Structured outputs combined with the sampler state [TAG_TOKEN_MASK] [TAG_LLM_SAMPLER_STATE]:
+// one request with response_format, logit_bias, a penalty and logprobs gets a state slot with
+// one reload AND a token mask in every step that samples it (the mask follows the grammar, the
+// reload is not repeated); a worker whose facts lack kLlmCapTokenMask refuses it naming
+// response_format (and only when it is constrained).
+TEST(SamplerParamsTulip, ConstrainedRequestCarriesStateAndMask) {
+  constexpr uint32_t kV = 64;
+  std::vector<std::string> toks(kV);
+  toks[30] = "\"";
+  toks[31] = "a";
+  toks[32] = "b";
+  toks[33] = "c";
+  toks[34] = "\"a";
+  std::vector<uint8_t> excluded(kV, 0);
+  excluded[2] = 1;  // eos: allowed only at the end
+  auto vocab = std::make_shared<grammar::Vocabulary>(toks, excluded);
+  auto g = grammar::jsonSchemaGrammar(R"({"enum":["ab","ac"]})");
+  ASSERT_TRUE(g.isOk());
+  auto compiled = grammar::CompiledGrammar::compile(*g, vocab);
+  ASSERT_TRUE(compiled.isOk());
+
+  GenerateParams a = params({10, 11, 12}, 10);
+  a.grammar = *compiled;
+  a.constraint.end_tokens = {2};
+  a.sampling.frequency_penalty = 0.5f;
+  a.sampling.logprobs = 2;
+  a.logit_bias = {{31, 5.f}};
+  shm::ModelFacts no_masks = llmFacts(kV);
+  Status refused = validateGenerate(a, no_masks);
+  EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(refused.message().find("response_format"), 0u) << refused.message();
+  GenerateParams plain = params({10, 11, 12}, 10);
+  plain.logit_bias = {{31, 5.f}};
+  EXPECT_TRUE(validateGenerate(plain, no_masks).isOk());
+  shm::ModelFacts with_masks = no_masks;
+  with_masks.llm_caps |= shm::kLlmCapTokenMask;
+  ASSERT_TRUE(validateGenerate(a, with_masks).isOk());
+
+  LlmSchedulerOptions o;
+  o.max_num_seqs = 2;
+  LlmStepScheduler s(o);
+  LlmWorkerLimits l = limits();
+  l.vocab = kV;
+  ASSERT_TRUE(s.configure(l));
+  auto id = s.add(a, 1);
+  ASSERT_TRUE(id.isOk());
+  const size_t words = shm::llmMaskWords(kV);
+  auto allowed = [&](const StepPlan& p) {
+    std::vector<int32_t> ids;
+    const int32_t k = p.seqs[0].mask_index;
+    EXPECT_GT(k, 0);
+    if (k <= 0) return ids;
+    for (uint32_t t = 0; t < kV; ++t) {
+      if ((p.masks[static_cast<size_t>(k - 1) * words + t / 32] >> (t % 32)) & 1u) {
+        ids.push_back(static_cast<int32_t>(t));
+      }
+    }
+    return ids;
+  };
+  StepPlan p1 = s.schedule(2);
+  ASSERT_EQ(p1.seqs.size(), 1u);
+  const llm::LlmStepSeq& d1 = p1.seqs[0];
+  EXPECT_GE(d1.sampling.state_slot, 0);
+  EXPECT_EQ(d1.sampling.frequency_penalty, 0.5f);
+  EXPECT_EQ(d1.sampling.logprobs, 2);
+  EXPECT_EQ(d1.state_offset, 0);
+  EXPECT_EQ(d1.state_prompt, 3);
+  EXPECT_EQ(d1.state_bias, 1);
+  EXPECT_EQ(p1.state, (std::vector<int32_t>{10, 11, 12, 31, bits(5.f)}));
+  EXPECT_EQ(p1.masks.size(), words);
+  EXPECT_EQ(allowed(p1), (std::vector<int32_t>{30, 34}));
+  s.update(p1, std::vector<int32_t>{34}, 3);  // "\"a"
+  (void)s.takeEvents();
+  StepPlan p2 = s.schedule(4);
+  ASSERT_EQ(p2.seqs.size(), 1u);
+  EXPECT_EQ(p2.seqs[0].sampling.state_slot, d1.sampling.state_slot);
+  EXPECT_EQ(p2.seqs[0].state_offset, -1);  // no second reload
+  EXPECT_TRUE(p2.state.empty());
+  EXPECT_EQ(allowed(p2), (std::vector<int32_t>{32, 33}));
 }
 
 TEST(SamplerParamsTulip, PreemptedRequestReloadsWithItsGeneratedTokens) {

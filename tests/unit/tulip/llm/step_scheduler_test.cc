@@ -18,6 +18,7 @@
 #include <map>
 #include <random>
 
+#include "common/grammar/json_schema.h"
 #include "common/shm/llm_batch.h"
 #include "tests/fakes/tulip/fake_llm_model.h"
 #include "tests/unit/tulip/llm/llm_test_util.h"
@@ -97,6 +98,8 @@ class Sim {
   }
   // The token array of the last plan.
   const std::vector<int32_t>& tokens() const { return last_tokens_; }
+  // The last plan (its masks, [TAG_TOKEN_MASK]).
+  const StepPlan& lastPlan() const { return plans_.back(); }
 
   // The oldest plan in flight sampled `ids`; the events that followed.
   std::string complete(std::vector<int32_t> ids) { return answer(okStatus(), ids); }
@@ -910,6 +913,70 @@ TEST(StepSchedulerModel, CancellationsInBothModesLeaveExactAccounting) {
       }
     }
   }
+}
+
+// Structured outputs [TAG_TOKEN_MASK]: a constrained sequence carries its token bitmask in every
+// step that samples it, the mask follows the grammar as its tokens come back, it is never
+// planned ahead of its pending token (its next mask depends on it) while an unconstrained
+// neighbour is, and the end token is allowed only once the value is complete.
+TEST(StepSchedulerAsync, ConstrainedSequenceCarriesItsMaskAndWaitsForItsToken) {
+  std::vector<std::string> toks(kVocab);
+  toks[30] = "\"";
+  toks[31] = "a";
+  toks[32] = "b";
+  toks[33] = "c";
+  toks[34] = "\"a";
+  toks[35] = "x";
+  std::vector<uint8_t> excluded(kVocab, 0);
+  excluded[kEos] = 1;
+  auto vocab = std::make_shared<grammar::Vocabulary>(toks, excluded);
+  auto g = grammar::jsonSchemaGrammar(R"({"enum":["ab","ac"]})");
+  ASSERT_TRUE(g.isOk());
+  auto compiled = grammar::CompiledGrammar::compile(*g, vocab);
+  ASSERT_TRUE(compiled.isOk());
+  LlmWorkerLimits l = limits(8, 4, 32);
+  l.vocab = kVocab;
+  Sim sim(async(), l);
+  GenerateParams a = gp(range(3, 10), 10);
+  a.grammar = *compiled;
+  a.constraint.end_tokens = {kEos};
+  sim.add('A', std::move(a));
+  sim.add('B', gp(range(3, 10), 10));
+  auto allowed = [&]() {
+    const StepPlan& p = sim.lastPlan();
+    std::vector<int32_t> ids;
+    for (const auto& d : p.seqs) {
+      if (d.mask_index <= 0) continue;
+      const size_t w = (kVocab + 31) / 32;
+      EXPECT_EQ(p.masks.size(), w * static_cast<size_t>(d.mask_index));
+      for (uint32_t id = 0; id < kVocab; ++id) {
+        if ((p.masks[(d.mask_index - 1) * w + id / 32] >> (id % 32)) & 1u) {
+          ids.push_back(static_cast<int32_t>(id));
+        }
+      }
+    }
+    return ids;
+  };
+  ASSERT_EQ(sim.schedule(), "A@0+3* [0]; B@0+3* [1]");
+  EXPECT_EQ(sim.lastPlan().seqs[1].mask_index, 0);
+  EXPECT_EQ(allowed(), (std::vector<int32_t>{30, 34}));
+  // Two steps may be out: B goes ahead on a placeholder, A waits for its token.
+  ASSERT_EQ(sim.schedule(), "B@3+1*^1 [1]");
+  EXPECT_TRUE(sim.lastPlan().masks.empty());
+  EXPECT_EQ(sim.complete({34, 40}), "A=34, B=40");  // A wrote "\"a"
+  // A's token is known: A goes again, with the mask after "a; B continues ahead of step 2.
+  ASSERT_EQ(sim.schedule(), "A@3+1* [0]; B@4+1*^0 [1 2]");
+  EXPECT_EQ(allowed(), (std::vector<int32_t>{32, 33}));
+  EXPECT_EQ(sim.complete({41}), "B=41");
+  EXPECT_EQ(sim.complete({33, 43}), "A=33, B=43");
+  ASSERT_EQ(sim.schedule(), "A@4+1* [0 3]; B@5+1* [1 2]");
+  EXPECT_EQ(allowed(), (std::vector<int32_t>{30}));  // "ac: only the closing quote
+  ASSERT_EQ(sim.schedule(), "B@6+1*^1 [1 2]");
+  EXPECT_EQ(sim.complete({30, 44}), "A=30, B=44");
+  ASSERT_EQ(sim.schedule(), "A@5+1* [0 3]; B@7+1*^0 [1 2]");
+  EXPECT_EQ(allowed(), (std::vector<int32_t>{kEos}));  // complete: only the end token
+  EXPECT_EQ(sim.complete({45}), "B=45");
+  EXPECT_EQ(sim.complete({kEos, 46}), "A=2 stop, B=46");
 }
 
 }  // namespace

@@ -1,0 +1,1 @@
+set(UNIT_DEPS garden_grammar garden_common)

@@ -1,0 +1,359 @@
+// common/grammar: the JSON Schema compiler, the byte automaton, token tables and masks.
+//
+// A synthetic vocabulary (every single byte, JSON fragments, random multi-byte pieces, two
+// excluded "special" end ids) keeps these fast; tests/conformance/grammar repeats the random
+// generation over the real o200k_harmony vocabulary.
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/grammar/constrained.h"
+#include "common/grammar/grammar.h"
+#include "common/grammar/json_schema.h"
+#include "common/grammar/matcher.h"
+#include "common/grammar/regex.h"
+#include "common/grammar/vocabulary.h"
+#include "tests/unit/common/grammar/schema_validator.h"
+#include "tests/unit/common/grammar/test_schemas.h"
+
+namespace garden::grammar {
+namespace {
+
+using testing::SchemaCase;
+using testing::schemaCases;
+using testing::SchemaValidator;
+
+struct SynthVocab {
+  std::shared_ptr<const Vocabulary> vocab;
+  int32_t end_return = 0;
+  int32_t end_end = 0;
+};
+
+const SynthVocab& synthVocab() {
+  static const SynthVocab k = [] {
+    std::vector<std::string> toks;
+    for (int b = 0; b < 256; ++b) toks.emplace_back(1, static_cast<char>(b));
+    const char* frags[] = {
+        "{",    "}",     "[",     "]",      "{\"",    "\":",     "\",",   "\"}",   "},",
+        "\":\"", " \"",  ", \"",  "\": ",   "true",   "false",   "null",  "12",    "345",
+        "-1",   ".5",    "e3",    "E-",     "name",   "age",     "id",    "note",  "tags",
+        "red",  "green", "blue",  "ish",    "2024",   "-02-",    "29",    "T13",   ":45:",
+        "00Z",  "abc",   "ABC",   "-123",   "@",      "example", ".com",  ".co",   "\\n",
+        "\\u00", "e9",   "\xC3\xA9", "\xE2\x82\xAC", "\xF0\x9F\x98\x80", "  ", "\n", " {",
+        "\"]",  "\"],",  "]}",    "}]",     "},{\"",  "\":[",    "\":{\"", "\":null", "w1",
+        "_1",   "w0_",   "kids",  "\":[]}", "l1",     "l2",      "l3",    "l4",    "zip",
+        "city", "home",  "work",  "123e4567", "-e89b", "-12d3",  "-a456", "-426614174000",
+        "cat",  "dogs",  " cat",  "\"\"",   "x\"",    "\"x",     ",\"",   "\"v\":", "\"k\":"};
+    for (const char* f : frags) toks.emplace_back(f);
+    std::mt19937 rng(7);
+    const std::string alpha = "abcxyzAZ0129_-.:,{}[]\" \\@eEnult";
+    for (int i = 0; i < 400; ++i) {
+      std::string t;
+      const int len = 2 + static_cast<int>(rng() % 5);
+      for (int j = 0; j < len; ++j) t += alpha[rng() % alpha.size()];
+      toks.push_back(t);
+    }
+    std::vector<uint8_t> excluded(toks.size(), 0);
+    SynthVocab v;
+    toks.emplace_back("<|return|>");
+    excluded.push_back(1);
+    v.end_return = static_cast<int32_t>(toks.size() - 1);
+    toks.emplace_back("<|end|>");
+    excluded.push_back(1);
+    v.end_end = static_cast<int32_t>(toks.size() - 1);
+    v.vocab = std::make_shared<Vocabulary>(std::move(toks), excluded);
+    return v;
+  }();
+  return k;
+}
+
+Result<Grammar> grammarFor(const std::string& schema, const JsonSchemaOptions& o = {}) {
+  if (schema == "json_object") return jsonObjectGrammar(o);
+  return jsonSchemaGrammar(schema, o);
+}
+
+std::shared_ptr<const CompiledGrammar> compiled(const std::string& schema, bool eager = true) {
+  auto g = grammarFor(schema);
+  EXPECT_TRUE(g.isOk()) << schema << ": " << g.status().message();
+  if (!g.isOk()) return nullptr;
+  auto c = CompiledGrammar::compile(std::move(g).value(), synthVocab().vocab,
+                                    CompileOptions{eager});
+  EXPECT_TRUE(c.isOk());
+  return c.isOk() ? *c : nullptr;
+}
+
+bool matchesWhole(const std::shared_ptr<const CompiledGrammar>& c, const std::string& text) {
+  GrammarMatcher m(c, {synthVocab().end_return});
+  return m.acceptBytes(text) && m.canEnd();
+}
+
+TEST(GrammarSchemas, AtLeastTwentySchemas) { EXPECT_GE(schemaCases().size(), 20u); }
+
+TEST(GrammarSchemas, AcceptsAndRejectsByteStrings) {
+  for (const SchemaCase& sc : schemaCases()) {
+    SCOPED_TRACE(sc.name);
+    auto c = compiled(sc.schema, /*eager=*/false);
+    ASSERT_NE(c, nullptr);
+    for (const auto& t : sc.accept) EXPECT_TRUE(matchesWhole(c, t)) << "should accept: " << t;
+    for (const auto& t : sc.reject) EXPECT_FALSE(matchesWhole(c, t)) << "should reject: " << t;
+    if (sc.schema != "json_object") {
+      SchemaValidator val(sc.schema);
+      for (const auto& t : sc.accept) EXPECT_EQ(val.validate(t), "") << t;
+    }
+  }
+}
+
+TEST(GrammarSchemas, PrefixesAreNotComplete) {
+  auto c = compiled(schemaCases()[8].schema, false);  // person_strict
+  GrammarMatcher m(c, {});
+  ASSERT_TRUE(m.acceptBytes(R"({"name":"Ann","age":3)"));
+  EXPECT_FALSE(m.canEnd());
+  ASSERT_TRUE(m.acceptBytes("1"));  // numbers may continue
+  EXPECT_FALSE(m.canEnd());
+  ASSERT_TRUE(m.acceptBytes("}"));
+  EXPECT_TRUE(m.canEnd());
+  EXPECT_FALSE(m.acceptBytes(" "));  // nothing after the value
+}
+
+TEST(GrammarSchemas, WhitespaceIsBounded) {
+  const std::string s = R"({"type":"array","items":{"type":"integer"}})";
+  auto g1 = jsonSchemaGrammar(s);
+  ASSERT_TRUE(g1.isOk());
+  auto c1 = CompiledGrammar::compile(*g1, synthVocab().vocab, CompileOptions{false});
+  ASSERT_TRUE(c1.isOk());
+  EXPECT_TRUE(matchesWhole(*c1, "[1, 2]"));
+  EXPECT_FALSE(matchesWhole(*c1, "[1,  2]"));
+  EXPECT_FALSE(matchesWhole(*c1, "[1,\n2]"));
+  JsonSchemaOptions pretty;
+  pretty.max_whitespace = 5;
+  pretty.whitespace = " \n";
+  auto g2 = jsonSchemaGrammar(s, pretty);
+  ASSERT_TRUE(g2.isOk());
+  auto c2 = CompiledGrammar::compile(*g2, synthVocab().vocab, CompileOptions{false});
+  ASSERT_TRUE(c2.isOk());
+  EXPECT_TRUE(matchesWhole(*c2, "[\n  1,\n  2\n]"));
+  EXPECT_FALSE(matchesWhole(*c2, "[\n      1]"));  // 7 bytes > 5
+  GrammarMatcher m(*c2, {});
+  ASSERT_TRUE(m.acceptBytes("[1,"));
+  EXPECT_FALSE(m.acceptBytes("      "));  // a model cannot loop on whitespace
+}
+
+TEST(GrammarSchemas, UnsupportedKeywordsAreNamed) {
+  auto e = jsonSchemaGrammar(R"({"type":"object","properties":{"age":{"type":"integer","minimum":0}}})");
+  ASSERT_FALSE(e.isOk());
+  EXPECT_NE(e.status().message().find("'minimum'"), std::string::npos) << e.status().message();
+  EXPECT_NE(e.status().message().find("#/properties/age"), std::string::npos);
+  EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument);
+  const char* bad[] = {
+      R"j({"$ref":"#/$defs/missing"})j",
+      R"j({"anyOf":[{"$ref":"#"}]})j",                 // left recursion
+      R"j({"type":"string","pattern":"(a"})j",
+      R"j({"type":"string","pattern":"a(?=b)"})j",
+      R"j({"type":"string","pattern":"(a)\\1"})j",
+      R"j({"type":"strin"})j",
+      R"j({"type":"array","maxItems":100000})j",
+      R"j({"type":"string","maxLength":5000})j",
+      R"j({"allOf":[{"type":"string"},{"type":"string"}]})j",
+      R"j({"not":{"type":"string"}})j",
+      R"j(false)j",
+      R"j({"type":"object","properties":{"a":{"type":"string"}},"required":["b"],"additionalProperties":false})j",
+      R"j({"type":)j",
+      R"j({"$ref":"http://example.com/s.json"})j",
+  };
+  for (const char* s : bad) {
+    auto g = jsonSchemaGrammar(s);
+    EXPECT_FALSE(g.isOk()) << s;
+    if (!g.isOk()) {
+      EXPECT_EQ(g.status().code(), StatusCode::kInvalidArgument) << s;
+    }
+  }
+}
+
+TEST(GrammarSerialize, RoundTripsAndRejectsCorruption) {
+  auto g = jsonSchemaGrammar(schemaCases()[16].schema);  // defs_ref
+  ASSERT_TRUE(g.isOk());
+  const std::string bytes = g->serialize();
+  auto back = Grammar::deserialize(bytes);
+  ASSERT_TRUE(back.isOk()) << back.status().message();
+  EXPECT_EQ(back->hash(), g->hash());
+  EXPECT_EQ(back->serialize(), bytes);
+  std::mt19937 rng(1);
+  for (int i = 0; i < 300; ++i) {
+    std::string bad = bytes;
+    if (i % 3 == 0) {
+      bad.resize(rng() % bad.size());
+    } else {
+      bad[rng() % bad.size()] = static_cast<char>(rng());
+    }
+    auto r = Grammar::deserialize(bad);  // must not crash; may happen to stay valid
+    if (r.isOk()) {
+      EXPECT_GT(r->numStates(), 0);
+    }
+  }
+  EXPECT_FALSE(Grammar::deserialize("").isOk());
+}
+
+// The mask from token tables + context checks equals trying every token on the automaton.
+TEST(GrammarMask, EqualsBruteForceAlongRandomPaths) {
+  const SynthVocab& sv = synthVocab();
+  std::mt19937 rng(11);
+  for (const SchemaCase& sc : schemaCases()) {
+    SCOPED_TRACE(sc.name);
+    auto c = compiled(sc.schema);
+    ASSERT_NE(c, nullptr);
+    for (int run = 0; run < 3; ++run) {
+      GrammarMatcher m(c, {sv.end_return, sv.end_end});
+      for (int step = 0; step < 60 && !m.terminated(); ++step) {
+        const auto allowed = m.allowedTokens();
+        std::vector<int32_t> brute;
+        for (int32_t id = 0; id < sv.vocab->size(); ++id) {
+          if (m.canAcceptToken(id)) brute.push_back(id);
+        }
+        ASSERT_EQ(allowed, brute) << "step " << step;
+        ASSERT_FALSE(allowed.empty()) << "dead end at step " << step;
+        ASSERT_TRUE(m.acceptToken(allowed[rng() % allowed.size()]));
+      }
+    }
+  }
+}
+
+TEST(GrammarMask, EndTokensOnlyWhenComplete) {
+  const SynthVocab& sv = synthVocab();
+  auto c = compiled(R"({"type":"boolean"})");
+  GrammarMatcher m(c, {sv.end_return});
+  EXPECT_FALSE(m.acceptToken(sv.end_return));
+  EXPECT_FALSE(m.acceptToken(sv.end_end));
+  ASSERT_TRUE(m.acceptBytes("tru"));
+  auto allowed = m.allowedTokens();
+  ASSERT_EQ(allowed.size(), 1u);
+  EXPECT_EQ(allowed[0], static_cast<int32_t>('e'));
+  ASSERT_TRUE(m.acceptToken('e'));
+  allowed = m.allowedTokens();
+  ASSERT_EQ(allowed, std::vector<int32_t>{sv.end_return});
+  EXPECT_TRUE(m.acceptToken(sv.end_return));
+  EXPECT_TRUE(m.terminated());
+  EXPECT_TRUE(m.allowedTokens().empty());
+}
+
+// Random logits through mask-and-sample: every finished output must validate.
+std::string generate(const std::shared_ptr<const CompiledGrammar>& c, std::mt19937& rng,
+                     const std::vector<int32_t>& ends, int max_steps, bool* finished) {
+  GrammarMatcher m(c, ends);
+  const Vocabulary& v = c->vocab();
+  std::vector<uint32_t> mask(m.maskWords());
+  std::normal_distribution<float> normal(0.f, 2.f);
+  std::string out;
+  for (int step = 0; step < max_steps; ++step) {
+    m.fillNextTokenBitmask(mask);
+    double total = 0;
+    std::vector<std::pair<int32_t, double>> p;
+    for (int32_t id = 0; id < v.size(); ++id) {
+      const float logit = normal(rng);  // a random "model"
+      if (!((mask[static_cast<size_t>(id) / 32] >> (id % 32)) & 1u)) continue;
+      const double e = std::exp(static_cast<double>(logit));
+      p.emplace_back(id, e);
+      total += e;
+    }
+    if (p.empty()) break;  // dead end: reported by the caller as unfinished
+    double u = std::uniform_real_distribution<double>(0, total)(rng);
+    int32_t pick = p.back().first;
+    for (const auto& [id, e] : p) {
+      if ((u -= e) <= 0) {
+        pick = id;
+        break;
+      }
+    }
+    if (!m.acceptToken(pick)) break;
+    if (m.terminated()) {
+      *finished = true;
+      return out;
+    }
+    out += v.bytes(pick);
+  }
+  *finished = false;
+  return out;
+}
+
+TEST(GrammarRandom, EveryOutputValidatesSynthetic) {
+  const SynthVocab& sv = synthVocab();
+  std::mt19937 rng(2024);
+  int total = 0, valid = 0;
+  for (const SchemaCase& sc : schemaCases()) {
+    SCOPED_TRACE(sc.name);
+    auto c = compiled(sc.schema);
+    ASSERT_NE(c, nullptr);
+    SchemaValidator val(sc.schema == "json_object" ? R"({"type":"object"})" : sc.schema);
+    ASSERT_TRUE(val.schemaOk());
+    int finished_runs = 0;
+    for (int run = 0; run < 25; ++run) {
+      bool finished = false;
+      const std::string out = generate(c, rng, {sv.end_return, sv.end_end}, 4000, &finished);
+      if (!finished) continue;
+      ++finished_runs;
+      const std::string err = val.validate(out);
+      valid += err.empty();
+      EXPECT_EQ(err, "") << out;
+    }
+    // Random logits must still reach the end most of the time (only the length cap stops them).
+    EXPECT_GE(finished_runs, 20) << "too few outputs finished";
+    total += finished_runs;
+  }
+  std::printf("%d random outputs finished over %zu schemas, %d validated\n", total,
+              schemaCases().size(), valid);
+}
+
+// Harmony: free until <|channel|> final ... <|message|>, then the grammar until <|return|>; the
+// analysis channel and a commentary header stay free; a second final message is constrained
+// again.
+TEST(ConstrainedDecoder, FinalChannelTrigger) {
+  const SynthVocab& sv = synthVocab();
+  auto c = compiled(R"({"type":"boolean"})");
+  // Stand-ins for the special ids: any excluded ids work; the synthetic vocabulary has two.
+  const int32_t kChannel = sv.end_end, kReturn = sv.end_return;
+  const int32_t kMessage = 'M', kFinal = 'F', kAnalysis = 'A';  // single-byte ids as header text
+  ConstraintSpec spec{kChannel, {kFinal}, kMessage, {kReturn}};
+  ConstrainedDecoder d(c, spec);
+  EXPECT_FALSE(d.active());
+  for (int32_t t : {kChannel, kAnalysis, kMessage, static_cast<int32_t>('z'), kReturn}) {
+    EXPECT_TRUE(d.accept(t));
+    EXPECT_FALSE(d.active()) << t;  // analysis is free text
+  }
+  // <|channel|> final <|message|>: constrained from here.
+  ASSERT_TRUE(d.accept(kChannel));
+  ASSERT_TRUE(d.accept(kFinal));
+  EXPECT_FALSE(d.active());
+  ASSERT_TRUE(d.accept(' '));  // more header ids ("final <|constrain|>json") are fine
+  ASSERT_TRUE(d.accept(kMessage));
+  ASSERT_TRUE(d.active());
+  std::vector<uint32_t> mask(d.maskWords());
+  d.fillMask(mask);
+  auto allowedIn = [&](int32_t id) { return (mask[static_cast<size_t>(id) / 32] >> (id % 32)) & 1u; };
+  EXPECT_TRUE(allowedIn('t'));
+  EXPECT_FALSE(allowedIn('x'));
+  EXPECT_FALSE(allowedIn(kReturn));
+  EXPECT_FALSE(d.accept('x'));  // a token outside the mask stops the constraint
+  EXPECT_FALSE(d.active());
+  // A later final message is constrained again, and completes.
+  for (int32_t t : {kChannel, kFinal, kMessage}) ASSERT_TRUE(d.accept(t));
+  ASSERT_TRUE(d.active());
+  for (char ch : std::string("false")) ASSERT_TRUE(d.accept(ch));
+  d.fillMask(mask);
+  EXPECT_TRUE(allowedIn(kReturn));
+  ASSERT_TRUE(d.accept(kReturn));
+  EXPECT_FALSE(d.active());
+  EXPECT_EQ(d.completed(), 1);
+  // "finalize" is not "final": the prefix must match exactly, id by id.
+  ConstrainedDecoder e(c, spec);
+  for (int32_t t : {kChannel, static_cast<int32_t>('G'), kMessage}) ASSERT_TRUE(e.accept(t));
+  EXPECT_FALSE(e.active());
+  // No channel token: constrained from the first token.
+  ConstrainedDecoder plain(c, ConstraintSpec{-1, {}, -1, {kReturn}});
+  EXPECT_TRUE(plain.active());
+}
+
+}  // namespace
+}  // namespace garden::grammar
