@@ -292,6 +292,7 @@ int run(int argc, char** argv) {
   service_options.limits.max_request_tokens = max_request_tokens;
   service_options.max_inflight_requests = max_inflight_requests;
   service_options.max_inflight_tokens = max_inflight_tokens;
+  service_options.limits.max_inflight_tokens = max_inflight_tokens;
   service_options.responses_store_max = static_cast<size_t>(responses_store_max);
   service_options.prompts = &prompts;
   service_options.tokenizer = own_tokenizer;

@@ -146,9 +146,12 @@ harmony::ChatOutputOptions chatOutputOptions(
 }
 
 ChatCompletionOutput::ChatCompletionOutput(const Tokenizer& tokenizer, const ChatRequest& request,
-                                           ResponseIdentity identity)
+                                           ResponseIdentity identity, size_t choice_index,
+                                           bool ends_stream)
     : identity_(std::move(identity)),
       tokenizer_(tokenizer),
+      index_(choice_index),
+      ends_stream_(ends_stream),
       logprobs_(request.sampling.logprobs),
       stream_(request.sampling.stream),
       include_usage_(request.sampling.include_usage),
@@ -161,7 +164,7 @@ ChatCompletionOutput::ChatCompletionOutput(const Tokenizer& tokenizer, const Cha
     JsonWriter j(&json);
     j.beginObject();
     writeChunkHead(j);
-    j.key("choices").beginArray().beginObject().field("index", 0);
+    j.key("choices").beginArray().beginObject().field("index", index_);
     j.key("delta").beginObject().field("role", "assistant").field("content", "").endObject();
     j.nullField("logprobs").nullField("finish_reason").endObject().endArray();
     if (include_usage_) j.nullField("usage");
@@ -203,7 +206,7 @@ void ChatCompletionOutput::emit(harmony::ChatDelta delta) {
   JsonWriter w(&json);
   w.beginObject();
   writeChunkHead(w);
-  w.key("choices").beginArray().beginObject().field("index", 0);
+  w.key("choices").beginArray().beginObject().field("index", index_);
   w.key("delta").beginObject();
   if (!delta.reasoning_content.empty()) w.field("reasoning_content", delta.reasoning_content);
   if (!delta.content.empty()) w.field("content", delta.content);
@@ -265,7 +268,7 @@ void ChatCompletionOutput::finishChoice(size_t, const ChoiceEnd& end) {
         JsonWriter w(&json);
         w.beginObject();
         writeChunkHead(w);
-        w.key("choices").beginArray().beginObject().field("index", 0);
+        w.key("choices").beginArray().beginObject().field("index", index_);
         w.key("delta").beginObject().field("content", tail.content).endObject();
         writeLogprobs(w, false);
         w.nullField("finish_reason").endObject().endArray();
@@ -289,7 +292,7 @@ void ChatCompletionOutput::finish(harmony::FinishReason reason, const ChoiceEnd&
   JsonWriter w(&json);
   w.beginObject();
   writeChunkHead(w);
-  w.key("choices").beginArray().beginObject().field("index", 0);
+  w.key("choices").beginArray().beginObject().field("index", index_);
   w.key("delta").beginObject().endObject();
   writeLogprobs(w, false);
   w.field("finish_reason", harmony::finishReasonName(reason));
@@ -297,6 +300,7 @@ void ChatCompletionOutput::finish(harmony::FinishReason reason, const ChoiceEnd&
   if (include_usage_) w.nullField("usage");
   w.endObject();
   appendSseEvent(&sse_, json);
+  if (!ends_stream_) return;
   if (include_usage_) {
     json.clear();
     JsonWriter u(&json);
@@ -323,7 +327,16 @@ std::string ChatCompletionOutput::responseJson() const {
       .field("object", "chat.completion")
       .field("created", identity_.created)
       .field("model", identity_.model);
-  w.key("choices").beginArray().beginObject().field("index", 0);
+  w.key("choices").beginArray();
+  writeChoice(w);
+  w.endArray();
+  writeUsage(w, usage_);
+  w.endObject();
+  return w.take();
+}
+
+void ChatCompletionOutput::writeChoice(JsonWriter& w) const {
+  w.beginObject().field("index", index_);
   w.key("message").beginObject().field("role", "assistant");
   std::vector<AssembledCall> calls = assembleCalls(total_.tool_calls);
   if (total_.content.empty() && !calls.empty()) {
@@ -350,10 +363,7 @@ std::string ChatCompletionOutput::responseJson() const {
     w.nullField("logprobs");
   }
   w.field("finish_reason", harmony::finishReasonName(finish_reason_));
-  w.endObject().endArray();
-  writeUsage(w, usage_);
   w.endObject();
-  return w.take();
 }
 
 }  // namespace garden::ivy

@@ -83,9 +83,12 @@ harmony::ChatOutputOptions chatOutputOptions(
 
 class ChatCompletionOutput final : public GenerationOutput {
  public:
-  // `tokenizer` must outlive this object.
+  // `tokenizer` must outlive this object. One choice of a response with n > 1 (api/choices.h)
+  // has its `choice_index` and `ends_stream` false: its stream then stops after its finish chunk
+  // (the usage chunk and [DONE] are the whole response's).
   ChatCompletionOutput(const Tokenizer& tokenizer, const ChatRequest& request,
-                       ResponseIdentity identity);
+                       ResponseIdentity identity, size_t choice_index = 0,
+                       bool ends_stream = true);
 
   size_t choices() const override { return 1; }
   bool onTokens(size_t choice, std::span<const int32_t> ids,
@@ -93,6 +96,12 @@ class ChatCompletionOutput final : public GenerationOutput {
   void finishChoice(size_t choice, const ChoiceEnd& end) override;
   std::string takeSse() override;
   std::string responseJson() const override;
+
+  // The choice object of responseJson() ({"index","message","logprobs","finish_reason"}), its
+  // usage and whether it ended.
+  void writeChoice(JsonWriter& w) const;
+  const Usage& usage() const { return usage_; }
+  bool finished() const { return finished_; }
 
   // The accumulated deltas (what responseJson() renders), for tests.
   const harmony::ChatDelta& assembled() const { return total_; }
@@ -107,6 +116,8 @@ class ChatCompletionOutput final : public GenerationOutput {
 
   ResponseIdentity identity_;
   const Tokenizer& tokenizer_;
+  uint64_t index_ = 0;      // choices[].index
+  bool ends_stream_ = true;  // the finish also writes the usage chunk and [DONE]
   bool logprobs_ = false;                // the request asked (logprobs: true)
   std::vector<std::string> lp_all_;      // one rendered content entry per generated token
   size_t lp_streamed_ = 0;               // entries already sent in chunks

@@ -138,11 +138,15 @@ CompletionsOutput::CompletionsOutput(const Tokenizer& tokenizer, const Completio
       logprobs_(request.sampling.logprobs),
       stream_(request.sampling.stream),
       include_usage_(request.sampling.include_usage),
-      unfinished_(request.prompts.size()) {
-  choices_.reserve(request.prompts.size());
+      n_(std::max<uint32_t>(request.sampling.n, 1)),
+      sequences_(std::max<uint32_t>(request.sampling.sequences(), 1)),
+      unfinished_(request.prompts.size() * sequences_) {
+  choices_.reserve(unfinished_);
   for (size_t i = 0; i < request.prompts.size(); ++i) {
-    choices_.emplace_back(tokenizer, request.model_vocab_size, request.sampling.stop);
-    choices_.back().prompt_len = request.prompts[i].size();
+    for (uint32_t j = 0; j < sequences_; ++j) {
+      choices_.emplace_back(tokenizer, request.model_vocab_size, request.sampling.stop);
+      choices_.back().prompt_len = request.prompts[i].size();
+    }
   }
   if (!request.echo) return;
   for (size_t i = 0; i < request.prompts.size(); ++i) {
@@ -156,8 +160,22 @@ CompletionsOutput::CompletionsOutput(const Tokenizer& tokenizer, const Completio
     }
     // The echoed prompt is not generated text: stop strings do not apply to it.
     if (echo.empty()) continue;
-    appendText(i, echo);
+    for (uint32_t j = 0; j < sequences_; ++j) appendText(i * sequences_ + j, echo);
   }
+}
+
+Usage CompletionsOutput::totalUsage() const {
+  // A prompt is prefilled once for all its candidates: its tokens count once.
+  Usage total;
+  for (size_t c = 0; c < choices_.size(); ++c) {
+    const Choice& ch = choices_[c];
+    if (c % sequences_ == 0) {
+      total.prompt_tokens += ch.usage.prompt_tokens;
+      total.cached_tokens += ch.usage.cached_tokens;
+    }
+    total.completion_tokens += ch.usage.completion_tokens;
+  }
+  return total;
 }
 
 void CompletionsOutput::writeHead(JsonWriter& w) const {
@@ -202,7 +220,7 @@ void CompletionsOutput::appendText(size_t i, std::string_view text) {
   JsonWriter w(&json);
   w.beginObject();
   writeHead(w);
-  w.key("choices").beginArray().beginObject().field("index", static_cast<uint64_t>(i));
+  w.key("choices").beginArray().beginObject().field("index", renderedIndex(i));
   w.field("text", text);
   writeLogprobs(w, choices_[i], false);
   choices_[i].lp_streamed = choices_[i].lp_tokens.size();
@@ -220,6 +238,7 @@ bool CompletionsOutput::onTokens(size_t i, std::span<const int32_t> ids,
   for (size_t k = 0; k < ids.size(); ++k) {
     const int32_t id = ids[k];
     ++c.generated;
+    if (k < logprobs.size()) c.cum_logprob += logprobs[k].logprob;
     if (logprobs_) {
       llm::LlmTokenLogprobs none;
       none.logprob = -std::numeric_limits<float>::infinity();
@@ -281,7 +300,7 @@ void CompletionsOutput::finish(size_t i, std::string_view reason, const ChoiceEn
   JsonWriter w(&json);
   w.beginObject();
   writeHead(w);
-  w.key("choices").beginArray().beginObject().field("index", static_cast<uint64_t>(i));
+  w.key("choices").beginArray().beginObject().field("index", renderedIndex(i));
   w.field("text", "");
   writeLogprobs(w, c, false);
   c.lp_streamed = c.lp_tokens.size();
@@ -292,12 +311,7 @@ void CompletionsOutput::finish(size_t i, std::string_view reason, const ChoiceEn
   appendSseEvent(&sse_, json);
   if (unfinished_ != 0) return;
   if (include_usage_) {
-    Usage total;
-    for (const Choice& ch : choices_) {
-      total.prompt_tokens += ch.usage.prompt_tokens;
-      total.completion_tokens += ch.usage.completion_tokens;
-      total.cached_tokens += ch.usage.cached_tokens;
-    }
+    const Usage total = totalUsage();
     json.clear();
     JsonWriter u(&json);
     u.beginObject();
@@ -321,18 +335,24 @@ std::string CompletionsOutput::responseJson() const {
   w.beginObject();
   writeHead(w);
   w.key("choices").beginArray();
-  Usage total;
-  for (size_t i = 0; i < choices_.size(); ++i) {
-    const Choice& c = choices_[i];
-    w.beginObject().field("index", static_cast<uint64_t>(i)).field("text", c.text);
-    writeLogprobs(w, c, true);
-    w.field("finish_reason", c.finish_reason).endObject();
-    total.prompt_tokens += c.usage.prompt_tokens;
-    total.completion_tokens += c.usage.completion_tokens;
-    total.cached_tokens += c.usage.cached_tokens;
+  for (size_t p = 0; p * sequences_ < choices_.size(); ++p) {
+    // Candidates of prompt p, best first when best_of > n [TAG_LLM_CHOICES].
+    std::vector<size_t> order(sequences_);
+    for (uint32_t j = 0; j < sequences_; ++j) order[j] = p * sequences_ + j;
+    if (sequences_ > n_) {
+      std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+        return choices_[a].cum_logprob > choices_[b].cum_logprob;
+      });
+    }
+    for (uint32_t r = 0; r < n_; ++r) {
+      const Choice& c = choices_[order[r]];
+      w.beginObject().field("index", static_cast<uint64_t>(p * n_ + r)).field("text", c.text);
+      writeLogprobs(w, c, true);
+      w.field("finish_reason", c.finish_reason).endObject();
+    }
   }
   w.endArray();
-  writeUsage(w, total);
+  writeUsage(w, totalUsage());
   w.endObject();
   return w.take();
 }

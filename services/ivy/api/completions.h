@@ -16,6 +16,14 @@
 // chunk (choices: []) when stream_options.include_usage, then [DONE]. Non-streaming: the same
 // pieces assembled per choice; usage summed over the prompts. [TAG_STREAM_EQUALS_FULL]
 //
+// n and best_of [TAG_LLM_CHOICES]: each prompt generates sampling.sequences() candidates
+// (choices() = prompts × sequences, candidate j of prompt p at p × sequences + j, which is what
+// the HTTP layer feeds). Rendered choice indexes are p × n + j (OpenAI / vLLM). With best_of > n
+// (never streamed) the n candidates of each prompt with the highest cumulative logprob of their
+// generated tokens (the sum of the sampled tokens' raw logprobs that tulip returns; ties: lower
+// candidate first) are returned, in that order. Usage counts each prompt once and the completion
+// tokens of every candidate generated (best_of included, as OpenAI bills them).
+//
 // Parsing is pure (any thread). A CompletionsOutput is used by one thread at a time.
 
 #include <cstdint>
@@ -69,6 +77,7 @@ class CompletionsOutput final : public GenerationOutput {
   std::string responseJson() const override;
 
   const std::string& text(size_t choice) const { return choices_[choice].text; }
+  double cumulativeLogprob(size_t choice) const { return choices_[choice].cum_logprob; }
 
  private:
   struct Choice {
@@ -79,6 +88,7 @@ class CompletionsOutput final : public GenerationOutput {
     std::string text;  // assembled
     uint64_t prompt_len = 0;
     uint64_t generated = 0;
+    double cum_logprob = 0;  // of the generated tokens, when tulip returned logprobs
     bool finished = false;
     std::string_view finish_reason = "stop";
     Usage usage;
@@ -99,12 +109,17 @@ class CompletionsOutput final : public GenerationOutput {
   void appendText(size_t choice, std::string_view text);
   void finish(size_t choice, std::string_view reason, const ChoiceEnd& end);
   void writeHead(JsonWriter& w) const;
+  // The rendered index of candidate `c` (streaming, or best_of == n: p × n + j = c).
+  uint64_t renderedIndex(size_t c) const { return c; }
+  Usage totalUsage() const;
 
   ResponseIdentity identity_;
   const Tokenizer& tokenizer_;
   bool logprobs_ = false;
   bool stream_;
   bool include_usage_;
+  uint32_t n_ = 1;          // choices returned per prompt
+  uint32_t sequences_ = 1;  // candidates generated per prompt (best_of, else n)
   std::vector<Choice> choices_;
   size_t unfinished_;
   std::string sse_;

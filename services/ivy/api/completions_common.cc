@@ -10,6 +10,8 @@
 namespace garden::ivy {
 namespace {
 
+constexpr int64_t kMaxChoices = 16;  // n and best_of (tulip's kMaxChoices)
+
 using simdjson::dom::element;
 using simdjson::dom::element_type;
 
@@ -130,7 +132,10 @@ Status parseSamplingFields(const element& root, ApiKind api, SamplingRequest* ou
   }
   RETURN_IF_ERROR(parseStop(root, &out->stop));
   ASSIGN_OR_RETURN(auto n, integer(root, "n"));
-  if (n && *n != 1) return invalidField("n", "only n = 1 is supported");
+  if (n && (*n < 1 || *n > kMaxChoices))
+    return invalidField("n", "must be an integer in [1, " + std::to_string(kMaxChoices) + "]");
+  out->n = n ? static_cast<uint32_t>(*n) : 1;
+  out->best_of = out->n;
   ASSIGN_OR_RETURN(auto stream, boolean(root, "stream", "stream"));
   out->stream = stream.value_or(false);
   if (auto so = present(root, "stream_options")) {
@@ -216,9 +221,31 @@ Status parseSamplingFields(const element& root, ApiKind api, SamplingRequest* ou
         return invalidField("suffix", "is not supported");
     }
     ASSIGN_OR_RETURN(auto best_of, integer(root, "best_of"));
-    if (best_of && *best_of != 1) return invalidField("best_of", "only 1 is supported");
+    if (best_of) {
+      if (*best_of < 1 || *best_of > kMaxChoices)
+        return invalidField("best_of",
+                            "must be an integer in [1, " + std::to_string(kMaxChoices) + "]");
+      if (*best_of < out->n)
+        return invalidField("best_of", "must be >= n (" + std::to_string(out->n) + ")");
+      out->best_of = static_cast<uint32_t>(*best_of);
+      // OpenAI and vLLM: the best can only be told once every candidate has finished.
+      if (out->best_of > out->n && out->stream)
+        return invalidField("best_of", "cannot be greater than n when streaming");
+    }
   }
   return okStatus();
+}
+
+Status checkChoiceTokens(const SamplingRequest& sampling, uint64_t tokens, uint64_t limit) {
+  if (sampling.sequences() <= 1 || limit == 0 || tokens <= limit) return okStatus();
+  const bool by_best_of = sampling.best_of > sampling.n;
+  return invalidField(by_best_of ? "best_of" : "n",
+                      std::to_string(sampling.sequences()) +
+                          " sequences per prompt need " + std::to_string(tokens) +
+                          " tokens (prompt + " + (by_best_of ? "best_of" : "n") +
+                          " x max_tokens), more than the limit of " + std::to_string(limit) +
+                          " tokens in flight (--max-inflight-tokens); lower " +
+                          (by_best_of ? "best_of" : "n") + " or max_tokens");
 }
 
 Status checkLogitBias(const SamplingRequest& sampling, uint32_t vocab) {

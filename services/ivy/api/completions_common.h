@@ -7,13 +7,13 @@
 // Request fields (OpenAI names; null counts as absent; unknown fields are ignored):
 //   max_tokens | max_completion_tokens (int >= 1; the latter wins), temperature [0, 2],
 //   top_p (0, 1], top_k (int >= -1; -1 and 0 = off), min_p [0, 1], seed (int), stop (string or
-//   array of up to 16 non-empty strings), n (only 1), stream (bool),
+//   array of up to 16 non-empty strings), n (1..16), stream (bool),
 //   stream_options.include_usage (bool), ignore_eos (bool, vLLM), user (ignored),
 //   presence_penalty / frequency_penalty [-2, 2], repetition_penalty (> 0, vLLM), logit_bias
 //   (object: token id string → [-100, 100], ids checked by checkLogitBias), logprobs (chat: bool,
 //   with top_logprobs 0..20; completions: int 0..5). Unsupported features are rejected by name
-//   rather than silently ignored: suffix / best_of != 1 (completions). response_format is
-//   {"type": "text" | "json_object" | "json_schema"} (api/response_format.h,
+//   rather than silently ignored: suffix, best_of < n or with stream (completions). response_format
+//   is {"type": "text" | "json_object" | "json_schema"} (api/response_format.h,
 //   docs/structured-outputs.md). docs/api.md lists every field.
 // Every error follows [TAG_FIELD_ERRORS] (the message starts with the field).
 //
@@ -58,9 +58,19 @@ struct SamplingRequest {
   std::vector<std::pair<int32_t, float>> logit_bias;  // (token id, bias), ids distinct
   bool logprobs = false;      // chat: logprobs; completions: logprobs present (an int)
   uint32_t top_logprobs = 0;  // chat: top_logprobs; completions: the logprobs int
+  // Choices per prompt [TAG_LLM_CHOICES]: n (1..16); completions' best_of (n..16) generates
+  // best_of and returns the n with the highest cumulative logprob (not with stream).
+  uint32_t n = 1;
+  uint32_t best_of = 1;  // = n unless given
+  uint32_t sequences() const { return best_of > n ? best_of : n; }
   // response_format json_object / json_schema (api/response_format.h) [TAG_TOKEN_MASK].
   std::optional<StructuredOutput> structured;
 };
+
+// n, best_of and max_tokens against --max-inflight-tokens: a request with more than one sequence
+// per prompt whose prompts + sequences × max_tokens (`tokens`) exceed the limit can never be
+// admitted, so it is a 400 naming best_of (when it is the larger) or n. 0 = no limit.
+Status checkChoiceTokens(const SamplingRequest& sampling, uint64_t tokens, uint64_t limit);
 
 enum class ApiKind { kChat, kCompletions };
 

@@ -27,6 +27,9 @@ struct RequestLimits {
   size_t max_input_chars = 262144;    // Unicode characters per text input (--max-input-chars)
   size_t max_input_tokens = 0;        // tokens per input; 0 or above the model's max: the model's
   size_t max_request_tokens = 1u << 20;  // tokens of all inputs together (--max-request-tokens)
+  // --max-inflight-tokens (0 = none): chat / completions with n or best_of > 1 whose prompts +
+  // sequences x max_tokens exceed it are a 400 (checkChoiceTokens, api/completions_common.h).
+  uint64_t max_inflight_tokens = 0;
 };
 using EmbeddingsLimits = RequestLimits;
 

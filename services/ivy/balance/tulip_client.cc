@@ -215,6 +215,7 @@ class GenerateReactor final : public grpc::ClientReadReactor<v1::GenerateChunk>,
     sp->set_top_logprobs(call.top_logprobs);
     req_.mutable_stop_token_ids()->Add(call.stop_token_ids.begin(), call.stop_token_ids.end());
     req_.set_ignore_eos(call.ignore_eos);
+    if (call.n > 1) req_.set_n(call.n);
     if (!call.constraint.grammar.empty()) {  // [TAG_TOKEN_MASK]
       auto* c = req_.mutable_constraint();
       c->set_grammar(call.constraint.grammar);
@@ -239,6 +240,7 @@ class GenerateReactor final : public grpc::ClientReadReactor<v1::GenerateChunk>,
     tsanAcquire(this);
     if (!ok) return;  // end of stream or failure: OnDone follows
     GenerateChunkMsg m;
+    m.index = chunk_.index();
     m.token_ids.assign(chunk_.token_ids().begin(), chunk_.token_ids().end());
     m.logprobs.reserve(static_cast<size_t>(chunk_.logprobs_size()));
     for (const v1::TokenLogprobs& t : chunk_.logprobs()) {

@@ -89,6 +89,9 @@ struct GenerateCall {
   uint32_t top_logprobs = 0;  // and this many alternatives (needs logprobs)
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;
+  // Sequences of this prompt (GenerateRequest.n): chunks carry their choice's index, and each
+  // choice has its own last chunk (finish != kNone); choice i samples with seed + i.
+  uint32_t n = 1;
   std::chrono::milliseconds timeout{0};
   // Structured outputs [TAG_TOKEN_MASK] (garden.v1.Constraint): grammar empty = none.
   struct Constraint {
@@ -104,6 +107,7 @@ enum class FinishReason { kNone = 0, kStop = 1, kLength = 2, kCancelled = 3 };
 
 // One streamed GenerateChunk. The last chunk has finish != kNone and the usage counts.
 struct GenerateChunkMsg {
+  uint32_t index = 0;  // the choice (0 .. GenerateCall::n - 1)
   std::vector<int32_t> token_ids;
   // One per token_ids entry when the call asked for logprobs (num_top = its top_logprobs).
   std::vector<llm::LlmTokenLogprobs> logprobs;

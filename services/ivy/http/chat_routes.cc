@@ -5,6 +5,7 @@
 
 #include "common/logging.h"
 #include "services/ivy/api/chat.h"
+#include "services/ivy/api/choices.h"
 #include "services/ivy/api/completions.h"
 #include "services/ivy/api/errors.h"
 #include "services/ivy/harmony/tokens.h"
@@ -55,29 +56,41 @@ class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
         choices_(out_->choices()),
         remaining_(choices_.size()) {}
 
-  // Starts one stream per call, each with the request's deadline. The request's canceller (may
-  // be null) fires when the client goes away before the response: every stream of the request is
-  // cancelled [TAG_CLIENT_DISCONNECT].
+  // Starts one stream per call, each with the request's deadline; call k carries calls[k].n
+  // choices, the output's choices from the sum of the earlier calls' n on [TAG_LLM_CHOICES]. The
+  // request's canceller (may be null) fires when the client goes away before the response: every
+  // stream of the request is cancelled [TAG_CLIENT_DISCONNECT].
   void start(std::shared_ptr<AdmittedRequest> req, TulipClient* client,
              std::vector<GenerateCall> calls) {
     req_ = std::move(req);  // before any callback can run
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      size_t first = 0;
+      for (const GenerateCall& c : calls) {
+        const size_t count = std::max<uint32_t>(c.n, 1);
+        streams_.push_back(StreamState{nullptr, first, count});
+        first += count;
+      }
+      CHECK(first == choices_.size());
+    }
     if (const auto& cancel = req_->cancel()) {
       std::weak_ptr<GenerationJob> weak = weak_from_this();
       cancel->add([weak] {
         if (auto job = weak.lock()) job->cancelAll();
       });  // the canceller dies with the request; the hook holds no strong reference
     }
-    for (size_t i = 0; i < calls.size(); ++i) {
+    for (size_t k = 0; k < calls.size(); ++k) {
       auto self = shared_from_this();
-      calls[i].timeout = req_->timeout();
+      calls[k].timeout = req_->timeout();
       std::shared_ptr<GenerateStream> h = client->generate(
-          std::move(calls[i]), [self, i](GenerateChunkMsg m) { self->onChunk(i, std::move(m)); },
-          [self, i](Status s) { self->onDone(i, std::move(s)); });
+          std::move(calls[k]), [self, k](GenerateChunkMsg m) { self->onChunk(k, std::move(m)); },
+          [self, k](Status s) { self->onDone(k, std::move(s)); });
       bool cancel_now = false;
       {
         std::lock_guard<std::mutex> lock(mu_);
-        choices_[i].handle = h;
-        cancel_now = closed_ || choices_[i].done;
+        StreamState& st = streams_[k];
+        st.handle = h;
+        cancel_now = closed_ || streamDoneLocked(st);
       }
       if (cancel_now && h) h->cancel();
     }
@@ -85,59 +98,91 @@ class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
 
  private:
   struct ChoiceState {
-    std::shared_ptr<GenerateStream> handle;
     bool done = false;
-    FinishReason last_finish = FinishReason::kNone;
     ChoiceEnd end;
     uint64_t queue_us = 0;  // tulip's timings, on the last chunk
     uint64_t total_us = 0;
   };
+  // One Generate call: choices [first, first + count).
+  struct StreamState {
+    std::shared_ptr<GenerateStream> handle;
+    size_t first = 0;
+    size_t count = 1;
+  };
 
-  void onChunk(size_t i, GenerateChunkMsg m) {
-    std::shared_ptr<GenerateStream> to_cancel;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      ChoiceState& c = choices_[i];
-      if (closed_ || c.done) return;
-      if (m.prompt_tokens != 0) c.end.prompt_tokens = m.prompt_tokens;
-      if (m.cached_prompt_tokens != 0) c.end.cached_prompt_tokens = m.cached_prompt_tokens;
-      if (m.completion_tokens != 0) c.end.completion_tokens = m.completion_tokens;
-      if (m.finish != FinishReason::kNone) c.last_finish = m.finish;
-      if (m.queue_us != 0) c.queue_us = m.queue_us;
-      if (m.total_us != 0) c.total_us = m.total_us;
-      if (!m.token_ids.empty() && !out_->onTokens(i, m.token_ids, m.logprobs)) {
-        // A stop string matched: this choice is complete; stop generating it.
-        c.done = true;
-        --remaining_;
-        to_cancel = c.handle;
-      }
-      if (stream_) flushLocked();
-      if (remaining_ == 0) completeLocked();
-    }
-    if (to_cancel) to_cancel->cancel();
+  bool streamDoneLocked(const StreamState& st) const {
+    for (size_t j = 0; j < st.count; ++j)
+      if (!choices_[st.first + j].done) return false;
+    return true;
   }
 
-  void onDone(size_t i, Status s) {
+  // Choice `i` ended normally (its last chunk, or its stream's end).
+  void finishChoiceLocked(size_t i) {
+    ChoiceState& c = choices_[i];
+    c.done = true;
+    --remaining_;
+    out_->finishChoice(i, c.end);
+  }
+
+  void onChunk(size_t k, GenerateChunkMsg m) {
+    std::shared_ptr<GenerateStream> to_cancel;
+    std::vector<std::shared_ptr<GenerateStream>> to_cancel_all;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (closed_) return;
+      StreamState& st = streams_[k];
+      if (m.index >= st.count) {
+        for (auto& other : streams_)
+          if (other.handle) to_cancel_all.push_back(other.handle);
+        failLocked(internalError("tulip sent a chunk for choice " + std::to_string(m.index) +
+                                 " of a call with " + std::to_string(st.count)));
+      } else {
+        const size_t i = st.first + m.index;
+        ChoiceState& c = choices_[i];
+        if (c.done) return;
+        if (m.prompt_tokens != 0) c.end.prompt_tokens = m.prompt_tokens;
+        if (m.cached_prompt_tokens != 0) c.end.cached_prompt_tokens = m.cached_prompt_tokens;
+        if (m.completion_tokens != 0) c.end.completion_tokens = m.completion_tokens;
+        if (m.queue_us != 0) c.queue_us = m.queue_us;
+        if (m.total_us != 0) c.total_us = m.total_us;
+        if (!m.token_ids.empty() && !out_->onTokens(i, m.token_ids, m.logprobs)) {
+          // A stop string matched: this choice is complete; stop generating it (a call with
+          // several choices goes on for the others, this one's tokens are dropped).
+          c.done = true;
+          --remaining_;
+          if (st.count == 1 || streamDoneLocked(st)) to_cancel = st.handle;
+        } else if (m.finish == FinishReason::kStop || m.finish == FinishReason::kLength) {
+          c.end.hit_length = m.finish == FinishReason::kLength;
+          finishChoiceLocked(i);
+        }
+        if (stream_) flushLocked();
+        if (remaining_ == 0) completeLocked();
+      }
+    }
+    if (to_cancel) to_cancel->cancel();
+    for (auto& h : to_cancel_all) h->cancel();
+  }
+
+  void onDone(size_t k, Status s) {
     std::vector<std::shared_ptr<GenerateStream>> to_cancel;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      ChoiceState& c = choices_[i];
-      if (closed_ || c.done) return;
+      StreamState& st = streams_[k];
+      if (closed_ || streamDoneLocked(st)) return;
       if (!s.isOk()) {
         if (s.code() == StatusCode::kUnimplemented) {
           // ivy maps UNIMPLEMENTED to 405 (its own route condition); a client without generate
           // is a server fault.
           s = internalError("the tulip client does not implement generation: " + s.message());
         }
-        for (auto& other : choices_) {
-          if (!other.done && other.handle) to_cancel.push_back(other.handle);
+        for (auto& other : streams_) {
+          if (other.handle && !streamDoneLocked(other)) to_cancel.push_back(other.handle);
         }
         failLocked(s);
       } else {
-        c.done = true;
-        --remaining_;
-        c.end.hit_length = c.last_finish == FinishReason::kLength;
-        out_->finishChoice(i, c.end);
+        // A stream that ended without a last chunk for some choice: those end here.
+        for (size_t j = 0; j < st.count; ++j)
+          if (!choices_[st.first + j].done) finishChoiceLocked(st.first + j);
         if (stream_) flushLocked();
         if (remaining_ == 0) completeLocked();
       }
@@ -153,8 +198,8 @@ class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
       std::lock_guard<std::mutex> lock(mu_);
       if (closed_) return;
       closed_ = true;
-      for (auto& c : choices_) {
-        if (!c.done && c.handle) to_cancel.push_back(c.handle);
+      for (auto& st : streams_) {
+        if (st.handle && !streamDoneLocked(st)) to_cancel.push_back(st.handle);
       }
       metrics_->requests.labels({endpoint_, "client_gone"}).inc();
       if (body_) {
@@ -207,9 +252,9 @@ class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
   void completeLocked() {
     closed_ = true;
     uint64_t prompt = 0, completion = 0;
-    for (const auto& c : choices_) {
-      prompt += c.end.prompt_tokens;
-      completion += c.end.completion_tokens;
+    for (const auto& st : streams_) {
+      prompt += choices_[st.first].end.prompt_tokens;  // once per prompt
+      for (size_t j = 0; j < st.count; ++j) completion += choices_[st.first + j].end.completion_tokens;
     }
     metrics_->prompt_tokens.inc(static_cast<double>(prompt));
     metrics_->completion_tokens.inc(static_cast<double>(completion));
@@ -250,6 +295,7 @@ class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
   const bool stream_;
   std::shared_ptr<ResponseStream> body_;
   std::vector<ChoiceState> choices_;
+  std::vector<StreamState> streams_;
   size_t remaining_;
   bool closed_ = false;  // the response is complete (or the client left): ignore the rest
 };
@@ -272,14 +318,23 @@ GenerateCall baseCall(const HttpRequest& http, const ModelSpec& spec,
   call.logit_bias = sampling.logit_bias;
   call.logprobs = sampling.logprobs;
   call.top_logprobs = sampling.top_logprobs;
+  call.n = sampling.sequences();
+  // best_of ranks candidates by their generated tokens' logprobs [TAG_LLM_CHOICES].
+  if (sampling.best_of > sampling.n) call.logprobs = true;
   return call;  // the deadline is set when the pipeline sends it (GenerationJob::start)
+}
+
+// What a call holds against --max-inflight-tokens: its prompt (prefilled once) and max_tokens for
+// each of its choices.
+uint64_t admissionTokens(const GenerateCall& c) {
+  return c.prompt_ids.size() + uint64_t{std::max<uint32_t>(c.n, 1)} * c.max_tokens;
 }
 
 // The pipeline's PreparedCall of a generation: its tokens and a send that starts the job.
 PreparedCall preparedGeneration(std::shared_ptr<GenerationJob> job, std::vector<GenerateCall> calls,
                                 TulipClient* client) {
   PreparedCall p;
-  for (const GenerateCall& c : calls) p.tokens += c.prompt_ids.size() + uint64_t{c.max_tokens};
+  for (const GenerateCall& c : calls) p.tokens += admissionTokens(c);
   auto shared_calls = std::make_shared<std::vector<GenerateCall>>(std::move(calls));
   p.send = [job = std::move(job), shared_calls, client](std::shared_ptr<AdmittedRequest> req) {
     job->start(std::move(req), client, std::move(*shared_calls));
@@ -311,10 +366,21 @@ Result<PreparedCall> GenerateRoutes::prepareChat(const HttpRequest& req,
   }
   ResponseIdentity identity{randomId("chatcmpl-"), unixNow(), spec->served_name,
                             make_tool_call_id_};
-  auto out = std::make_unique<ChatCompletionOutput>(*tokenizer_, *parsed, std::move(identity));
   GenerateCall call = baseCall(req, *spec, parsed->sampling);
-  call.prompt_ids = std::move(parsed->prompt_ids);
   call.max_tokens = parsed->max_tokens;
+  call.prompt_ids = parsed->prompt_ids;
+  if (Status st = checkChoiceTokens(parsed->sampling, admissionTokens(call),
+                                    limits.max_inflight_tokens);
+      !st.isOk()) {
+    metrics_->requests.labels({"chat", "invalid"}).inc();
+    return st;
+  }
+  std::unique_ptr<GenerationOutput> out;
+  if (call.n > 1) {
+    out = std::make_unique<ChatChoicesOutput>(*tokenizer_, *parsed, std::move(identity), call.n);
+  } else {
+    out = std::make_unique<ChatCompletionOutput>(*tokenizer_, *parsed, std::move(identity));
+  }
   call.stop_token_ids = parsed->stop_token_ids;
   if (parsed->sampling.structured) {  // [TAG_TOKEN_MASK] only the final channel is JSON
     call.constraint.grammar = parsed->sampling.structured->grammar;
@@ -365,6 +431,7 @@ Result<PreparedCall> GenerateRoutes::prepareCompletions(
   ResponseIdentity identity{randomId("cmpl-"), unixNow(), spec->served_name, nullptr};
   auto out = std::make_unique<CompletionsOutput>(*tokenizer_, *parsed, std::move(identity));
   std::vector<GenerateCall> calls;
+  uint64_t tokens = 0;
   for (size_t i = 0; i < parsed->prompts.size(); ++i) {
     GenerateCall call = baseCall(req, *spec, parsed->sampling);
     if (parsed->prompts.size() > 1) call.request_id += "." + std::to_string(i);
@@ -375,7 +442,13 @@ Result<PreparedCall> GenerateRoutes::prepareCompletions(
       call.constraint.grammar = parsed->sampling.structured->grammar;
       call.constraint.end_tokens = spec->eos_token_ids;
     }
+    tokens += admissionTokens(call);
     calls.push_back(std::move(call));
+  }
+  if (Status st = checkChoiceTokens(parsed->sampling, tokens, limits.max_inflight_tokens);
+      !st.isOk()) {
+    metrics_->requests.labels({"completions", "invalid"}).inc();
+    return st;
   }
   auto job = std::make_shared<GenerationJob>(std::move(out), parsed->sampling.stream, metrics_,
                                              "completions");

@@ -164,6 +164,37 @@ std::optional<std::span<const int32_t>> KvBlockManager::allocate(SeqId seq, uint
   return std::span<const int32_t>(s.table);
 }
 
+std::optional<std::span<const int32_t>> KvBlockManager::fork(SeqId seq, SeqId from,
+                                                             uint32_t num_blocks,
+                                                             uint64_t num_tokens) {
+  auto src = seqs_.find(from);
+  CHECK(src != seqs_.end() && src->second.table.size() >= num_blocks);
+  auto dst = seqs_.find(seq);
+  CHECK(dst == seqs_.end() || dst->second.table.empty());
+  const uint64_t want = std::max<uint64_t>(blocksFor(num_tokens), num_blocks);
+  // The shared blocks are referenced by `from`: none of them is in the free queue.
+  if (want - num_blocks > free_count_) return std::nullopt;
+  std::vector<int32_t> shared(src->second.table.begin(),
+                              src->second.table.begin() + num_blocks);  // before seqs_ grows
+  if (dst == seqs_.end()) dst = seqs_.emplace(seq, SeqState{}).first;
+  SeqState& s = dst->second;
+  for (int32_t b : shared) {
+    CHECK(blocks_[b].ref > 0);
+    ++blocks_[b].ref;
+    s.table.push_back(b);
+  }
+  // Hashes are recomputed from `seq`'s own tokens by commit() (the shared blocks may not be
+  // committed yet); a block already cached keeps its entry.
+  s.hashed_blocks = 0;
+  s.last_hash = 0;
+  for (uint64_t i = num_blocks; i < want; ++i) {
+    const int32_t b = popFront();
+    blocks_[b].ref = 1;
+    s.table.push_back(b);
+  }
+  return std::span<const int32_t>(s.table);
+}
+
 void KvBlockManager::commit(SeqId seq, std::span<const int32_t> tokens, uint64_t num_computed) {
   if (!opts_.prefix_caching) return;
   auto it = seqs_.find(seq);

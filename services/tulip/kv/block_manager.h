@@ -65,6 +65,15 @@ class KvBlockManager {
   std::optional<std::span<const int32_t>> allocate(SeqId seq, uint64_t num_tokens,
                                                    std::span<const int32_t> prefix = {});
 
+  // Choices of one request (copy-on-write at block granularity): gives `seq`, which has no table
+  // yet, the first `num_blocks` blocks of `from`'s table by reference (each gains one), then
+  // grows it to cover `num_tokens` tokens with fresh blocks. The shared blocks must be full for
+  // both: neither sequence writes them again, so nothing is ever copied; the partly filled block
+  // after them is not shared (`seq` computes those tokens into its own fresh block). Returns the
+  // table, or nullopt (nothing changed) when free blocks run out.
+  std::optional<std::span<const int32_t>> fork(SeqId seq, SeqId from, uint32_t num_blocks,
+                                               uint64_t num_tokens);
+
   // Registers `seq`'s full blocks within tokens[0, num_computed) (KV written) in the prefix
   // cache. `tokens` are the sequence's tokens from position 0.
   void commit(SeqId seq, std::span<const int32_t> tokens, uint64_t num_computed);

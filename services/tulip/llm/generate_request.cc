@@ -64,6 +64,9 @@ Status validateGenerate(GenerateParams& p, const shm::ModelFacts& f) {
     return failedPrecondition("the worker does not serve an LLM");
   if (f.kv_num_blocks == 0 || f.kv_block_size == 0)
     return failedPrecondition("the worker reported no KV cache");
+  if (p.n < 1 || p.n > kMaxChoices)
+    return invalidArgument("n: must be in [1, " + std::to_string(kMaxChoices) + "], got " +
+                           std::to_string(p.n));
   const uint32_t max_len = llmContextLength(f);
   if (p.prompt.empty()) return invalidArgument("prompt_ids: at least one token is required");
   if (p.prompt.size() >= max_len) {

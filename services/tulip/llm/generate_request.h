@@ -27,8 +27,14 @@ struct LogitBiasEntry {
   float bias = 0.f;
 };
 
+// Choices one request may ask for (GenerateParams::n; OpenAI's n and best_of go up to 16 here).
+inline constexpr uint32_t kMaxChoices = 16;
+
 struct GenerateParams {
   std::vector<int32_t> prompt;
+  // Sequences generated from this prompt (choices 0 .. n-1): the prompt is prefilled once and its
+  // full KV blocks are shared (step_scheduler.h, "Choices"); choice i samples with seed + i.
+  uint32_t n = 1;
   uint32_t max_tokens = 0;  // 0: until the context is full
   // sampling.logprobs >= 0 asks for logprobs; sampling.state_slot is the scheduler's to set.
   llm::SamplingParams sampling;
@@ -46,7 +52,10 @@ struct GenerateParams {
 
 // One event of a request's stream. A request gets zero or more token events, then exactly one
 // last event (last = true), which may also carry a token.
+// With n > 1 every choice has its own stream of events (`index`), each ending with its own last
+// event.
 struct GenerateEvent {
+  uint32_t index = 0;  // the choice (0 .. GenerateParams::n - 1)
   int32_t token = -1;  // >= 0: the next generated token
   bool has_logprobs = false;  // token >= 0 and the request asked (sampling.logprobs >= 0)
   llm::LlmTokenLogprobs logprobs;
@@ -67,7 +76,7 @@ struct GenerateEvent {
 uint32_t llmContextLength(const shm::ModelFacts& facts);
 
 // OK when `p` can be generated on a worker with `facts`; otherwise INVALID_ARGUMENT naming the
-// field (prompt_ids, prompt_ids[i], stop_token_ids[i], sampling.temperature / top_p / top_k /
+// field (n, prompt_ids, prompt_ids[i], stop_token_ids[i], sampling.temperature / top_p / top_k /
 // min_p / presence_penalty / frequency_penalty / repetition_penalty / top_logprobs,
 // sampling.logit_bias[i]), or FAILED_PRECONDITION when the worker serves no LLM or has no KV
 // cache. Normalizes what proto3 leaves unset: top_p 0 and repetition_penalty 0 become 1 (off).

@@ -19,6 +19,8 @@ struct LlmMetrics {
   metrics::Gauge& kv_free;
   metrics::Counter& cache_hit_tokens;
   metrics::Counter& cache_query_tokens;
+  metrics::Counter& shared_prompt_tokens;
+  metrics::Counter& computed_prompt_tokens;
   metrics::Counter& preemptions;
   metrics::Counter& generated;
   metrics::Histogram& ttft;
@@ -38,6 +40,14 @@ struct LlmMetrics {
             .get(),
         r.counter("tulip_prefix_cache_query_tokens_total",
                   "Prompt tokens looked up in the prefix cache")
+            .get(),
+        r.counter("tulip_prompt_tokens_shared_total",
+                  "Prompt tokens a request's choice (n > 1) took from its first choice's KV "
+                  "blocks instead of computing them")
+            .get(),
+        r.counter("tulip_prompt_tokens_computed_total",
+                  "Prompt tokens whose KV a step rose ran computed (prefix-cache hits and "
+                  "shared prompts of n > 1 excluded; recomputes after preemption included)")
             .get(),
         r.counter("tulip_llm_preemptions_total",
                   "Sequences preempted (blocks freed, recomputed later) for lack of KV blocks")
@@ -107,7 +117,9 @@ Status LlmScheduler::submit(std::shared_ptr<LlmRequest> req) {
     if (stop_) return unavailable("tulip is shutting down");
     Result<SeqId> id = core_.add(p, now);
     if (!id.isOk()) return id.status();
-    active_.emplace(*id, Active{req, now, 0});
+    // [TAG_LLM_CHOICES] One stream per choice, ids id .. id + n - 1, all delivered to `req`.
+    for (uint32_t i = 0; i < std::max<uint32_t>(p.n, 1); ++i)
+      active_.emplace(*id + i, Active{req, now, 0});
     publishMetrics();
   }
   cv_.notify_all();
@@ -157,6 +169,10 @@ void LlmScheduler::publishMetrics() {
       static_cast<double>(s.cached_prompt_tokens - published_.cached_prompt_tokens));
   m.cache_query_tokens.inc(
       static_cast<double>(s.queried_prompt_tokens - published_.queried_prompt_tokens));
+  m.shared_prompt_tokens.inc(
+      static_cast<double>(s.shared_prompt_tokens - published_.shared_prompt_tokens));
+  m.computed_prompt_tokens.inc(
+      static_cast<double>(s.computed_prompt_tokens - published_.computed_prompt_tokens));
   m.generated.inc(static_cast<double>(s.generated_tokens - published_.generated_tokens));
   if (s.preemptions > published_.preemptions) {
     m.preemptions.inc(static_cast<double>(s.preemptions - published_.preemptions));

@@ -63,21 +63,41 @@ Result<SeqId> LlmStepScheduler::add(GenerateParams params, int64_t now_ns) {
                              ", limit " + std::to_string(opts_.max_waiting_tokens) +
                              "; retry later");
   }
-  const SeqId id = next_id_++;
-  Seq& s = seqs_[id];
-  s.id = id;
-  s.tokens = std::move(params.prompt);
-  params.prompt.clear();
-  s.params = std::move(params);
-  if (s.params.grammar) {
-    s.decoder = std::make_shared<grammar::ConstrainedDecoder>(s.params.grammar,
-                                                              s.params.constraint);
+  const uint32_t choices = std::max<uint32_t>(params.n, 1);
+  const SeqId first = next_id_;
+  next_id_ += choices;
+  for (uint32_t i = 0; i < choices; ++i) {
+    const SeqId id = first + i;
+    Seq& s = seqs_[id];
+    s.id = id;
+    s.index = i;
+    if (i + 1 < choices) {
+      s.tokens = params.prompt;
+      s.params = params;
+      s.params.prompt.clear();
+    } else {
+      s.tokens = std::move(params.prompt);
+      params.prompt.clear();
+      s.params = std::move(params);
+    }
+    s.params.sampling.seed += i;  // [TAG_LLM_CHOICES] choice i: seed + i
+    if (s.params.grammar) {  // [TAG_TOKEN_MASK] each choice walks the grammar on its own
+      s.decoder = std::make_shared<grammar::ConstrainedDecoder>(s.params.grammar,
+                                                                s.params.constraint);
+    }
+    s.prompt_len = static_cast<uint32_t>(s.tokens.size());
+    s.arrival_ns = now_ns;
+    s.leader = i > 0 ? first : 0;
+    s.wait_cost = i == 0 ? static_cast<uint32_t>(n) : 0;
+    waiting_tokens_ += s.wait_cost;
+    waiting_.push_back(id);
   }
-  s.prompt_len = static_cast<uint32_t>(s.tokens.size());
-  s.arrival_ns = now_ns;
-  waiting_tokens_ += n;
-  waiting_.push_back(id);
-  return id;
+  return first;
+}
+
+uint32_t LlmStepScheduler::sharedTokens(const Seq& leader) const {
+  const uint32_t bs = kv_->blockSize();
+  return leader.prompt_len > 0 ? (leader.prompt_len - 1) / bs * bs : 0;
 }
 
 void LlmStepScheduler::releaseStateSlot(Seq& s) {
@@ -111,7 +131,7 @@ void LlmStepScheduler::finish(Seq& s, Status st, FinishReason why, int32_t token
   } else {
     auto it = std::find(waiting_.begin(), waiting_.end(), s.id);
     if (it != waiting_.end()) {
-      waiting_tokens_ -= s.tokens.size();
+      waiting_tokens_ -= s.wait_cost;
       waiting_.erase(it);
     }
   }
@@ -119,6 +139,7 @@ void LlmStepScheduler::finish(Seq& s, Status st, FinishReason why, int32_t token
   SeqEvent out;
   out.id = s.id;
   GenerateEvent& ev = out.event;
+  ev.index = s.index;
   ev.token = token;
   ev.last = true;
   ev.status = std::move(st);
@@ -188,10 +209,12 @@ void LlmStepScheduler::preempt(Seq& victim) {
   victim.last_sample_row = -1;
   ++victim.admission;
   victim.running = false;
+  victim.shared_step = 0;  // its followers wait for it to schedule its prefix again
   releaseStateSlot(victim);
   running_.erase(std::find(running_.begin(), running_.end(), victim.id));
   waiting_.push_front(victim.id);
-  waiting_tokens_ += victim.tokens.size();
+  victim.wait_cost = static_cast<uint32_t>(victim.tokens.size());
+  waiting_tokens_ += victim.wait_cost;
   ++totals_.preemptions;
 }
 
@@ -274,9 +297,11 @@ StepPlan LlmStepScheduler::schedule(int64_t now_ns) {
     budget -= num_new;
     ++i;
   }
-  // Waiting sequences, first come first served, unless this step had to preempt.
-  while (!preempted && !waiting_.empty() && running_.size() < max_running_ && budget > 0) {
-    Seq& s = seqs_.at(waiting_.front());
+  // Waiting sequences, first come first served, unless this step had to preempt. A follower that
+  // cannot fork yet keeps its place and is passed over [TAG_LLM_CHOICES].
+  size_t w = 0;
+  while (!preempted && w < waiting_.size() && running_.size() < max_running_ && budget > 0) {
+    Seq& s = seqs_.at(waiting_[w]);
     if (s.tokens.size() >= limits_.context_len) {
       // Only after a restart with a smaller cache: it can never run (validateGenerate keeps
       // fresh requests out).
@@ -284,19 +309,45 @@ StepPlan LlmStepScheduler::schedule(int64_t now_ns) {
              now_ns);
       continue;
     }
-    const std::vector<int32_t> prefix = kv_->findCachedPrefix(s.tokens);
-    const uint32_t computed = static_cast<uint32_t>(prefix.size()) * kv_->blockSize();
+    const Seq* lead = nullptr;
+    uint32_t shared = 0;
+    if (s.leader != 0) {
+      auto it = seqs_.find(s.leader);
+      if (it != seqs_.end()) {
+        lead = &it->second;
+        shared = sharedTokens(*lead);
+      }
+      if (lead == nullptr || shared == 0) {
+        // The leader is gone, or there is no full block to share: an ordinary request now.
+        s.leader = 0;
+        lead = nullptr;
+      } else if (!lead->running || lead->shared_step == 0) {
+        ++w;  // its prefix is not scheduled by an earlier plan yet
+        continue;
+      }
+    }
+    std::vector<int32_t> prefix;
+    if (lead == nullptr) prefix = kv_->findCachedPrefix(s.tokens);
+    const uint32_t computed =
+        lead ? shared : static_cast<uint32_t>(prefix.size()) * kv_->blockSize();
     const uint32_t num_new = std::min(static_cast<uint32_t>(s.tokens.size()) - computed, budget);
-    auto table = kv_->allocate(s.id, uint64_t{computed} + num_new, prefix);
+    auto table = lead ? kv_->fork(s.id, lead->id, shared / kv_->blockSize(),
+                                  uint64_t{computed} + num_new)
+                      : kv_->allocate(s.id, uint64_t{computed} + num_new, prefix);
     if (!table) break;
     const uint64_t state = stateWords(s, true);
     if (!fits(num_new, table->size(), state, s.decoder != nullptr)) {
       kv_->free(s.id);
       break;
     }
+    waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(w));
+    waiting_tokens_ -= s.wait_cost;
+    s.wait_cost = 0;
+    if (lead) {
+      s.fork_step = lead->shared_step;
+      s.leader = 0;
+    }
     n_masks += s.decoder ? 1 : 0;
-    waiting_.pop_front();
-    waiting_tokens_ -= s.tokens.size();
     s.running = true;
     if (needsSamplerState(s.params)) {
       CHECK(!free_state_slots_.empty());  // one per running sequence
@@ -311,8 +362,12 @@ StepPlan LlmStepScheduler::schedule(int64_t now_ns) {
       s.admitted_once = true;
       s.cached_prompt = computed;
       s.first_sched_ns = now_ns;
-      totals_.cached_prompt_tokens += computed;
-      totals_.queried_prompt_tokens += s.prompt_len;
+      if (s.fork_step != 0) {
+        totals_.shared_prompt_tokens += computed;
+      } else {
+        totals_.cached_prompt_tokens += computed;
+        totals_.queried_prompt_tokens += s.prompt_len;
+      }
     }
     picks.push_back(Pick{s.id, computed, num_new, -1});
     n_tokens += num_new;
@@ -364,7 +419,11 @@ StepPlan LlmStepScheduler::schedule(int64_t now_ns) {
     }
     plan.block_ids.insert(plan.block_ids.end(), table.begin(), table.end());
     plan.refs.push_back(StepSeqRef{s.id, s.admission});
+    if (p.position < s.prompt_len)
+      plan.prompt_tokens += std::min(p.position + p.num_new, s.prompt_len) - p.position;
     s.num_scheduled = p.position + p.num_new;
+    if (s.index == 0 && s.params.n > 1 && s.shared_step == 0 && s.num_scheduled >= sharedTokens(s))
+      s.shared_step = plan.step;  // [TAG_LLM_CHOICES] its followers may fork from the next plan
     if (d.sample && s.decoder && s.decoder->active()) {  // [TAG_TOKEN_MASK]
       const size_t words = shm::llmMaskWords(limits_.vocab);
       CHECK(s.decoder->maskWords() == words);
@@ -406,6 +465,7 @@ void LlmStepScheduler::update(const StepPlan& plan, std::span<const int32_t> sam
   }
   in_flight_.pop_front();
   ++totals_.steps;
+  totals_.computed_prompt_tokens += plan.prompt_tokens;
   size_t k = 0;
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     const llm::LlmStepSeq& d = plan.seqs[i];
@@ -435,6 +495,7 @@ void LlmStepScheduler::update(const StepPlan& plan, std::span<const int32_t> sam
     } else {
       SeqEvent ev;
       ev.id = s->id;
+      ev.event.index = s->index;
       ev.event.token = tok;
       events_.push_back(std::move(ev));
     }
@@ -456,6 +517,13 @@ void LlmStepScheduler::stepFailed(const StepPlan& plan, const Status& error, int
         finish(*s, internalError("generation step failed: " + error.message()), FinishReason::kNone,
                -1, now_ns);
     }
+    // Choices forked after this step read prompt KV it never wrote [TAG_LLM_CHOICES].
+    std::vector<SeqId> forked;
+    for (SeqId id : running_)
+      if (seqs_.at(id).fork_step == plan.step) forked.push_back(id);
+    for (SeqId id : forked)
+      finish(seqs_.at(id), internalError("generation step failed: " + error.message()),
+             FinishReason::kNone, -1, now_ns);
     return;
   }
   // The worker died or went away: every running sequence's KV is gone.
@@ -472,6 +540,7 @@ void LlmStepScheduler::retract(const StepPlan& plan) {
     Seq* s = live(plan.refs[i]);
     if (!s) continue;
     s->num_scheduled = static_cast<uint32_t>(d.position);
+    if (s->shared_step == plan.step) s->shared_step = 0;
     if (d.state_offset >= 0) s->state_sent = false;  // the next plan sends the reload again
     if (!d.sample) continue;
     --s->pending;

@@ -53,6 +53,21 @@
 // released when the sequence finishes or is preempted (its re-admission reloads a fresh one);
 // a retracted plan's reload is sent again by the next plan.
 //
+// Choices (GenerateParams::n > 1) [TAG_LLM_CHOICES]: add() queues n sequences, ids id .. id+n-1,
+// choice i sampling with seed + i. Choice 0 (the leader) is scheduled like any request. The others
+// (followers) wait, keeping their place in the queue but skipped by it, until a plan *before* the
+// one being formed has scheduled the leader's shareable prefix: the full blocks of its prompt
+// minus the last token. A follower is then admitted on those blocks (KvBlockManager::fork: shared
+// by reference, never written again, so nothing is copied) and computes only the rest of the
+// prompt (1 .. block_size tokens, into its own fresh block) before sampling its first token. The
+// steps run in order on the worker, so the shared KV is written before a follower reads it. The
+// prompt is thus prefilled once; LlmStats::computed_prompt_tokens counts what steps computed. A
+// follower whose leader is gone (finished, or cancelled) before it could fork falls back to the
+// prefix cache like any request; one forked off a step the worker refused ends with it. After it
+// is admitted a follower is an ordinary sequence (preempted, recomputed, finished on its own). A
+// waiting follower counts no prompt tokens against max_waiting_tokens (its prompt is the
+// leader's); every choice counts as a sequence against max_num_seqs.
+//
 // Threads: not thread-safe; one owner (the driver calls it under its mutex).
 
 #include <cstdint>
@@ -119,6 +134,7 @@ struct StepPlan {
   std::vector<uint32_t> masks;
   uint32_t num_sampled = 0;      // sequences with sample != 0: the ids the worker returns
   uint64_t num_tokens = 0;       // tokens.size(), kept when the arrays are moved out
+  uint64_t prompt_tokens = 0;    // prompt positions among them (LlmStats::computed_prompt_tokens)
   std::string request_id;        // the first sequence's, for the worker's log line
   bool empty() const { return seqs.empty(); }
 };
@@ -141,6 +157,8 @@ struct LlmStats {
   uint32_t kv_total_blocks = 0;
   uint64_t preemptions = 0;
   uint64_t cached_prompt_tokens = 0;   // prompt tokens served from the prefix cache
+  uint64_t shared_prompt_tokens = 0;   // prompt tokens a choice took from its leader's blocks
+  uint64_t computed_prompt_tokens = 0; // prompt positions of the steps the worker ran
   uint64_t queried_prompt_tokens = 0;  // prompt tokens looked up in the prefix cache
   uint64_t generated_tokens = 0;
   uint64_t steps = 0;  // steps whose result (or failure) came back
@@ -165,7 +183,8 @@ class LlmStepScheduler {
   bool needsConfigure() const { return kv_ == nullptr || kv_lost_; }
 
   // Queues a validated request (validateGenerate); its seed is final. RESOURCE_EXHAUSTED when
-  // the waiting prompts would exceed max_waiting_tokens.
+  // the waiting prompts would exceed max_waiting_tokens. Returns the first sequence's id; a
+  // request with params.n > 1 is n sequences with consecutive ids (choice i = id + i).
   Result<SeqId> add(GenerateParams params, int64_t now_ns);
   // Ends `id` with FINISH_CANCELLED (no-op for an unknown or finished id).
   void cancel(SeqId id, int64_t now_ns);
@@ -208,6 +227,11 @@ class LlmStepScheduler {
   // A sequence's state (read-only outside; CHECK-fails for an unknown id).
   struct Seq {
     SeqId id = 0;
+    uint32_t index = 0;           // the choice (GenerateParams::n) [TAG_LLM_CHOICES]
+    SeqId leader = 0;             // a follower not yet forked: its choice 0 (0: none)
+    uint64_t shared_step = 0;     // a leader: the plan that scheduled its shareable prefix
+    uint64_t fork_step = 0;       // a forked follower: its leader's shared_step
+    uint32_t wait_cost = 0;       // prompt tokens it counts in waiting_tokens while waiting
     GenerateParams params;        // the prompt moved into `tokens`
     std::vector<int32_t> tokens;  // known tokens: the prompt, then generated ones
     uint32_t prompt_len = 0;
@@ -240,6 +264,8 @@ class LlmStepScheduler {
   };
 
   Seq* live(const StepSeqRef& ref);
+  // Prompt tokens a leader's followers share: its prompt minus the last token, in full blocks.
+  uint32_t sharedTokens(const Seq& leader) const;
   bool canContinue(const Seq& s, uint64_t prev_step, int32_t* prev_row) const;
   bool lengthReached(const Seq& s) const;
   void preempt(Seq& victim);

@@ -199,13 +199,22 @@ void fillTimings(const EmbedJob& job, uint64_t total_us, v1::Timings* t) {
 
 
 // One Generate stream. Events come from the LLM scheduler's thread; writes complete on gRPC's.
-// At most one write is in flight: tokens arriving meanwhile wait in `pending_` (bounded by the
-// request's max_tokens) and go out together in the next chunk. The reactor is deleted once both
-// gRPC (OnDone) and the scheduler (its last event) are done with it.
+// At most one write is in flight: tokens arriving meanwhile wait in their choice's `pending`
+// (bounded by the request's max_tokens) and go out together in that choice's next chunk. With
+// n > 1 choices [TAG_LLM_CHOICES] chunks carry one choice each (GenerateChunk.index), taken in
+// turn; each choice's last chunk carries its finish_reason and counts, and the stream finishes
+// with the last of them. A choice that ends in error (or cancelled) cancels the others and the
+// stream fails once all have ended. The reactor is deleted once both gRPC (OnDone) and the
+// scheduler (the last event of every choice) are done with it.
 class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateChunk> {
  public:
-  GenerateReactor(LlmScheduler& sched, std::string request_id)
-      : sched_(sched), request_id_(std::move(request_id)), t0_(std::chrono::steady_clock::now()) {}
+  GenerateReactor(LlmScheduler& sched, std::string request_id, uint32_t n)
+      : sched_(sched),
+        request_id_(std::move(request_id)),
+        t0_(std::chrono::steady_clock::now()),
+        n_(n),
+        refs_(1 + static_cast<int>(n)),
+        choices_(n) {}
 
   void start(std::shared_ptr<LlmRequest> req) EXCLUDES(mu_) {
     req_ = req;
@@ -218,9 +227,11 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateChunk>
         GenerateEvent ev;
         ev.last = true;
         ev.status = st;
-        final_ = ev;
+        failed_ = ev;
+        finals_ = n_;
         pumpLocked();
       }
+      refs_.fetch_sub(static_cast<int>(n_) - 1);
       unref();  // the scheduler will never call
     }
     // gRPC runs OnCancel/OnWriteDone/OnDone on its threads once the handler returns
@@ -248,9 +259,16 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateChunk>
   void OnDone() override EXCLUDES(mu_) {
     tsanAcquire(this);
     GenerateEvent fin;
+    uint64_t completion = 0;
     {
       MutexLock l(mu_);
-      if (final_) fin = *final_;
+      if (failed_) {
+        fin = *failed_;
+      } else if (!choices_.empty() && choices_[0].final) {
+        fin = *choices_[0].final;
+      }
+      for (const Choice& c : choices_)
+        if (c.final) completion += c.final->completion_tokens;
     }
     const uint64_t total_us = std::chrono::duration_cast<std::chrono::microseconds>(
                                   std::chrono::steady_clock::now() - t0_)
@@ -267,9 +285,10 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateChunk>
     }
     log::info("request", {{"request_id", request_id_},
                           {"method", "Generate"},
+                          {"n", static_cast<uint64_t>(n_)},
                           {"prompt_tokens", fin.prompt_tokens},
                           {"cached_prompt_tokens", fin.cached_prompt_tokens},
-                          {"completion_tokens", fin.completion_tokens},
+                          {"completion_tokens", completion},
                           {"finish", static_cast<int64_t>(fin.finish)},
                           {"status", st},
                           {"queue_us", fin.queue_us},
@@ -278,37 +297,69 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateChunk>
   }
 
  private:
+  struct Choice {
+    std::vector<int32_t> pending;
+    std::vector<llm::LlmTokenLogprobs> pending_lp;  // one per pending token when asked
+    std::optional<GenerateEvent> final;
+    bool final_sent = false;
+  };
+
   void onEvent(const GenerateEvent& ev) EXCLUDES(mu_) {
+    bool cancel_rest = false;
     {
       MutexLock l(mu_);
+      CHECK(ev.index < choices_.size());
+      Choice& c = choices_[ev.index];
       if (ev.token >= 0) {
-        pending_.push_back(ev.token);
-        if (ev.has_logprobs) pending_lp_.push_back(ev.logprobs);
+        c.pending.push_back(ev.token);
+        if (ev.has_logprobs) c.pending_lp.push_back(ev.logprobs);
       }
-      if (ev.last) final_ = ev;
+      if (ev.last) {
+        c.final = ev;
+        ++finals_;
+        if ((!ev.status.isOk() || ev.finish == FinishReason::kCancelled) && !failed_) {
+          failed_ = ev;  // the stream fails: stop the other choices too
+          cancel_rest = finals_ < choices_.size();
+        }
+      }
       pumpLocked();
     }
-    if (ev.last) unref();  // nothing more comes from the scheduler
+    if (cancel_rest) sched_.cancel(req_);
+    if (ev.last) unref();  // nothing more comes from the scheduler for this choice
   }
 
   // Starts the next write or the finish when nothing is in flight.
   void pumpLocked() REQUIRES(mu_) {
     if (writing_ || finished_) return;
-    if (broken_ || (final_ && (!final_->status.isOk() ||
-                               final_->finish == FinishReason::kCancelled))) {
-      if (!final_) return;  // broken: wait for the scheduler's last event
+    if (broken_ || failed_) {
+      // Wait for every choice's last event (the scheduler has freed them all by then).
+      if (finals_ < choices_.size()) return;
       finished_ = true;
-      Status st = final_->status;
+      Status st = failed_ ? failed_->status : okStatus();
       if (st.isOk()) st = cancelledError("request cancelled by the caller");
       tsanRelease(this);  // [TAG_TSAN_HANDOFF]: OnDone follows on a gRPC thread
       Finish(toGrpcStatus(st));
       return;
     }
-    if (pending_.empty() && !final_) return;
+    // The next choice in turn with something to send.
+    const size_t n = choices_.size();
+    size_t pick = n;
+    for (size_t k = 0; k < n; ++k) {
+      const size_t i = (next_ + k) % n;
+      const Choice& c = choices_[i];
+      if (!c.pending.empty() || (c.final && !c.final_sent)) {
+        pick = i;
+        break;
+      }
+    }
+    if (pick == n) return;
+    next_ = (pick + 1) % n;
+    Choice& c = choices_[pick];
     chunk_.Clear();
-    chunk_.mutable_token_ids()->Add(pending_.begin(), pending_.end());
-    pending_.clear();
-    for (const llm::LlmTokenLogprobs& lp : pending_lp_) {
+    if (pick != 0) chunk_.set_index(static_cast<uint32_t>(pick));
+    chunk_.mutable_token_ids()->Add(c.pending.begin(), c.pending.end());
+    c.pending.clear();
+    for (const llm::LlmTokenLogprobs& lp : c.pending_lp) {
       v1::TokenLogprobs* t = chunk_.add_logprobs();
       t->set_logprob(lp.logprob);
       for (int32_t j = 0; j < lp.num_top; ++j) {
@@ -316,10 +367,12 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateChunk>
         t->add_top_logprobs(lp.top_logprobs[j]);
       }
     }
-    pending_lp_.clear();
+    c.pending_lp.clear();
     writing_ = true;
-    if (final_) {
-      const GenerateEvent& f = *final_;
+    if (c.final) {
+      const GenerateEvent& f = *c.final;
+      c.final_sent = true;
+      ++finals_sent_;
       chunk_.set_finish_reason(static_cast<v1::FinishReason>(f.finish));
       chunk_.set_prompt_tokens(f.prompt_tokens);
       chunk_.set_cached_prompt_tokens(f.cached_prompt_tokens);
@@ -328,6 +381,8 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateChunk>
       t->set_queue_us(f.queue_us);
       t->set_inference_us(f.inference_us);
       t->set_total_us(f.total_us);
+    }
+    if (finals_sent_ == n) {
       finished_ = true;
       tsanRelease(this);  // [TAG_TSAN_HANDOFF]: OnWriteDone/OnDone follow on gRPC threads
       StartWriteAndFinish(&chunk_, grpc::WriteOptions(), grpc::Status::OK);
@@ -344,12 +399,15 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateChunk>
   LlmScheduler& sched_;
   const std::string request_id_;
   const std::chrono::steady_clock::time_point t0_;
+  const uint32_t n_;  // choices (GenerateRequest.n)
   std::shared_ptr<LlmRequest> req_;
-  std::atomic<int> refs_{2};  // gRPC (OnDone) and the scheduler (last event)
+  std::atomic<int> refs_;  // gRPC (OnDone) and the scheduler (each choice's last event)
   Mutex mu_;
-  std::vector<int32_t> pending_ GUARDED_BY(mu_);
-  std::vector<llm::LlmTokenLogprobs> pending_lp_ GUARDED_BY(mu_);  // one per pending_ token
-  std::optional<GenerateEvent> final_ GUARDED_BY(mu_);
+  std::vector<Choice> choices_ GUARDED_BY(mu_);  // one per choice (GenerateRequest.n)
+  uint32_t finals_ GUARDED_BY(mu_) = 0;        // choices whose last event came
+  uint32_t finals_sent_ GUARDED_BY(mu_) = 0;   // choices whose last chunk went out
+  size_t next_ GUARDED_BY(mu_) = 0;            // the choice whose turn it is to be written
+  std::optional<GenerateEvent> failed_ GUARDED_BY(mu_);  // the first choice that ended not OK
   v1::GenerateChunk chunk_ GUARDED_BY(mu_);  // owned by the write in flight
   bool writing_ GUARDED_BY(mu_) = false;
   bool finished_ GUARDED_BY(mu_) = false;
@@ -525,6 +583,11 @@ grpc::ServerWriteReactor<v1::GenerateChunk>* TulipService::Generate(
   for (const v1::LogitBias& b : sp.logit_bias()) p.logit_bias.push_back({b.token_id(), b.bias()});
   p.stop_token_ids.assign(req->stop_token_ids().begin(), req->stop_token_ids().end());
   p.ignore_eos = req->ignore_eos();
+  p.n = req->n() == 0 ? 1 : req->n();
+  if (p.n > kMaxChoices) {
+    return new Refuse(toGrpcStatus(invalidArgument(
+        "n: must be in [1, " + std::to_string(kMaxChoices) + "], got " + std::to_string(p.n))));
+  }
   if (req->has_constraint()) {  // [TAG_TOKEN_MASK]
     const auto& c = req->constraint();
     if (!opts_.vocab) {
@@ -555,7 +618,7 @@ grpc::ServerWriteReactor<v1::GenerateChunk>* TulipService::Generate(
   }
   p.deadline_ns = monotonicDeadline(ctx);
   p.request_id = requestId(ctx);
-  auto* reactor = new GenerateReactor(llm_, p.request_id);
+  auto* reactor = new GenerateReactor(llm_, p.request_id, p.n);
   reactor->start(std::move(r));
   return reactor;
 }

@@ -5,7 +5,9 @@
 // Embeddings are deterministic functions of the token ids: row i of an input with ids t is
 //   v[j] = (1 + j) * (1 + sum(t) % 7), then L2-normalized,
 // so a test can recompute the expected vector with fakeEmbedding(); a score is fakeScore(ids).
-// Generate streams max_tokens chunks of one token each (ids 100, 101, …) and finishes kLength.
+// Generate streams max_tokens chunks of one token each (ids 100, 101, …) and finishes kLength;
+// with n > 1, choice c's chunks (index c) carry 100 + i + 1000 c, interleaved token by token, and
+// (logprobs asked) logprob -0.25 (c + 1) each.
 // Errors (persistent or scripted for the next N calls of a method), delays, holding replies until
 // released, health, load and model info are configurable; calls are recorded. Calls carrying a
 // CallCanceller end with CANCELLED when it fires before their reply was sent.
@@ -241,17 +243,27 @@ class FakeTulipClient final : public TulipClient {
     auto fn = [stream, call = std::move(call), on_chunk = std::move(on_chunk),
                on_done = std::move(on_done), err, fail, fail_after]() {
       if (!err.isOk()) return on_done(err);
+      const uint32_t n = std::max<uint32_t>(call.n, 1);
       for (uint32_t i = 0; i < call.max_tokens; ++i) {
         if (stream->cancelled.load()) return on_done(cancelledError("fake: cancelled"));
         if (!fail.isOk() && i == fail_after) return on_done(fail);
-        GenerateChunkMsg m;
-        m.token_ids = {static_cast<int32_t>(100 + i)};
-        if (i + 1 == call.max_tokens) {
-          m.finish = FinishReason::kLength;
-          m.prompt_tokens = static_cast<uint32_t>(call.prompt_ids.size());
-          m.completion_tokens = call.max_tokens;
+        for (uint32_t c = 0; c < n; ++c) {  // choice c's token i: 100 + i + 1000 c
+          GenerateChunkMsg m;
+          m.index = c;
+          m.token_ids = {static_cast<int32_t>(100 + i + 1000 * c)};
+          if (call.logprobs) {
+            llm::LlmTokenLogprobs lp;
+            lp.logprob = -0.25f * static_cast<float>(c + 1);  // choice 0 the most likely
+            lp.num_top = 0;
+            m.logprobs.push_back(lp);
+          }
+          if (i + 1 == call.max_tokens) {
+            m.finish = FinishReason::kLength;
+            m.prompt_tokens = static_cast<uint32_t>(call.prompt_ids.size());
+            m.completion_tokens = call.max_tokens;
+          }
+          on_chunk(std::move(m));
         }
-        on_chunk(std::move(m));
       }
       on_done(okStatus());
     };

@@ -6,6 +6,10 @@
 // (prompt_tokens = prompt length, cached_prompt_tokens = setCachedTokens()) and tulip's timings
 // (setTimings()). While held (setHold), new streams wait without sending anything until
 // releaseHeld(), so a test can keep requests in flight from a known state.
+// A call with n > 1 choices streams each choice's script (setChoiceScript; default: the call's
+// script for every choice) as tulip does: chunks name their choice (index), taken in turn, each
+// choice with its own last chunk; with call.logprobs and setChoiceLogprob, every token of choice c
+// carries logprob setChoiceLogprob(c) (otherwise no logprobs are sent).
 // Callbacks run on the fake's own worker thread, never inline in generate(). Thread-safe.
 
 #include <algorithm>
@@ -51,6 +55,15 @@ class ScriptedGenerateClient final : public TulipClient {
   }
   void setScript(std::vector<int32_t> ids) {
     setScript([ids](const GenerateCall&) { return ids; });
+  }
+  using ChoiceScript = std::function<std::vector<int32_t>(const GenerateCall&, uint32_t choice)>;
+  void setChoiceScript(ChoiceScript s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    choice_script_ = std::move(s);
+  }
+  void setChoiceLogprob(std::function<float(uint32_t choice)> f) {
+    std::lock_guard<std::mutex> lock(mu_);
+    choice_logprob_ = std::move(f);
   }
   void setChunkSize(size_t n) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -114,7 +127,15 @@ class ScriptedGenerateClient final : public TulipClient {
     auto s = std::make_shared<Stream>();
     std::lock_guard<std::mutex> lock(mu_);
     calls_.push_back(call);
-    s->tokens = script_ ? script_(call) : std::vector<int32_t>{};
+    const uint32_t n = std::max<uint32_t>(call.n, 1);
+    for (uint32_t c = 0; c < n; ++c) {
+      s->scripts.push_back(choice_script_ ? choice_script_(call, c)
+                           : script_     ? script_(call)
+                                         : std::vector<int32_t>{});
+      if (choice_logprob_) s->logprob.push_back(choice_logprob_(c));
+    }
+    s->positions.assign(n, 0);
+    s->ended.assign(n, false);
     s->call = std::move(call);
     s->on_chunk = std::move(on_chunk);
     s->on_done = std::move(on_done);
@@ -144,8 +165,11 @@ class ScriptedGenerateClient final : public TulipClient {
   struct Stream : GenerateStream {
     void cancel() override { cancelled.store(true); }
     GenerateCall call;
-    std::vector<int32_t> tokens;
-    size_t pos = 0;  // tokens sent
+    std::vector<std::vector<int32_t>> scripts;  // per choice
+    std::vector<size_t> positions;               // per choice: tokens sent
+    std::vector<bool> ended;                     // per choice: its last chunk went out
+    std::vector<float> logprob;                  // per choice (empty: none sent)
+    uint32_t turn = 0;                           // the next choice to send
     ChunkFn on_chunk;
     StreamDone on_done;
     std::atomic<bool> cancelled{false};
@@ -183,38 +207,52 @@ class ScriptedGenerateClient final : public TulipClient {
       queue_us = queue_us_;
       total_us = total_us_;
     }
-    if (!err.isOk() && s->pos >= error_after) return finishStream(s, err);
+    const uint32_t n = static_cast<uint32_t>(s->scripts.size());
+    uint32_t c = s->turn;
+    while (s->ended[c]) c = (c + 1) % n;
+    s->turn = (c + 1) % n;
+    size_t& pos = s->positions[c];
+    const std::vector<int32_t>& tokens = s->scripts[c];
+    if (!err.isOk() && pos >= error_after) return finishStream(s, err);
     GenerateChunkMsg m;
+    m.index = c;
     const auto& stops = s->call.stop_token_ids;
     while (m.token_ids.size() < chunk) {
-      if (s->pos >= s->call.max_tokens) {
+      if (pos >= s->call.max_tokens) {
         m.finish = FinishReason::kLength;
         break;
       }
-      if (s->pos >= s->tokens.size()) {
+      if (pos >= tokens.size()) {
         m.finish = FinishReason::kStop;
         break;
       }
-      int32_t id = s->tokens[s->pos++];
+      int32_t id = tokens[pos++];
       m.token_ids.push_back(id);
+      if (s->call.logprobs && !s->logprob.empty()) {
+        llm::LlmTokenLogprobs lp;
+        lp.logprob = s->logprob[c];
+        lp.num_top = 0;
+        m.logprobs.push_back(lp);
+      }
       if (std::find(stops.begin(), stops.end(), id) != stops.end()) {
         m.finish = FinishReason::kStop;
         break;
       }
-      if (!err.isOk() && s->pos >= error_after) break;
+      if (!err.isOk() && pos >= error_after) break;
     }
-    if (m.finish == FinishReason::kNone && s->pos >= s->call.max_tokens)
+    if (m.finish == FinishReason::kNone && pos >= s->call.max_tokens)
       m.finish = FinishReason::kLength;
     if (m.finish != FinishReason::kNone) {
       m.prompt_tokens = static_cast<uint32_t>(s->call.prompt_ids.size());
       m.cached_prompt_tokens = cached;
-      m.completion_tokens = static_cast<uint32_t>(s->pos);
+      m.completion_tokens = static_cast<uint32_t>(pos);
       m.queue_us = queue_us;
       m.total_us = total_us;
+      s->ended[c] = true;
     }
-    const bool last = m.finish != FinishReason::kNone;
     s->on_chunk(std::move(m));
-    if (last) return finishStream(s, okStatus());
+    if (std::find(s->ended.begin(), s->ended.end(), false) == s->ended.end())
+      return finishStream(s, okStatus());
     std::lock_guard<std::mutex> lock(mu_);
     enqueueLocked(s);
   }
@@ -238,6 +276,8 @@ class ScriptedGenerateClient final : public TulipClient {
   std::condition_variable cv_;
   bool stop_ = false;
   Script script_;
+  ChoiceScript choice_script_;
+  std::function<float(uint32_t)> choice_logprob_;
   size_t chunk_size_ = 1;
   std::chrono::milliseconds delay_{0};
   Status error_;

@@ -31,7 +31,7 @@ using namespace std::chrono_literals;
 struct Mesh {
   testing::TempDir dir;
   std::unique_ptr<testing::Process> tulip, ivy;
-  int tulip_port = 0, ivy_port = 0;
+  int tulip_port = 0, ivy_port = 0, tulip_metrics_port = 0;
   std::string error;  // set when the mesh could not start
 };
 Mesh* g_mesh = nullptr;
@@ -61,6 +61,7 @@ class ChatMesh : public ::testing::Test {
     }
     m.tulip_port = testing::freePort();
     m.ivy_port = testing::freePort();
+    m.tulip_metrics_port = testing::freePort();
     m.tulip = std::make_unique<testing::Process>(
         std::vector<std::string>{
             testing::binary("services/tulip/tulip"),
@@ -69,7 +70,7 @@ class ChatMesh : public ::testing::Test {
             "--port",
             std::to_string(m.tulip_port),
             "--metrics-port",
-            "0",
+            std::to_string(m.tulip_metrics_port),
             "--model",
             model,
             "--device",
@@ -446,8 +447,187 @@ TEST_F(ChatMesh, ClientLeavingMidStreamFreesTheSequence) {
   EXPECT_EQ(r.status, 200) << r.body;
 }
 
+// ---- n and best_of [TAG_LLM_CHOICES] ----------------------------------------------------------
+
+struct Completion {
+  std::map<int64_t, std::string> text, finish;
+  std::map<int64_t, double> logprob_sum;  // with "logprobs": the sampled tokens' sum
+  int64_t prompt_tokens = -1, completion_tokens = -1;
+};
+
+Completion parseCompletion(const std::string& body) {
+  Completion c;
+  simdjson::dom::parser p;
+  simdjson::dom::element doc;
+  if (p.parse(body).get(doc)) {
+    ADD_FAILURE() << "invalid JSON: " << body;
+    return c;
+  }
+  simdjson::dom::array choices;
+  EXPECT_FALSE(doc["choices"].get(choices)) << body;
+  for (auto ch : choices) {
+    int64_t i = -1;
+    std::string_view s;
+    EXPECT_FALSE(ch["index"].get(i));
+    if (!ch["text"].get_string().get(s)) c.text[i] = std::string(s);
+    if (!ch["finish_reason"].get_string().get(s)) c.finish[i] = std::string(s);
+    simdjson::dom::array lps;
+    if (!ch["logprobs"]["token_logprobs"].get(lps)) {
+      double sum = 0;
+      for (auto v : lps) sum += v.get_double().value_unsafe();
+      c.logprob_sum[i] = sum;
+    }
+  }
+  EXPECT_FALSE(doc["usage"]["prompt_tokens"].get(c.prompt_tokens));
+  EXPECT_FALSE(doc["usage"]["completion_tokens"].get(c.completion_tokens));
+  return c;
+}
+
+double tulipMetric(const std::string& name) {
+  auto r = testing::http(g_mesh->tulip_metrics_port, "GET", "/metrics", "", {}, 10s);
+  EXPECT_EQ(r.status, 200);
+  return testing::metricValue(r.body, name);
+}
+
+uint32_t tulipBlockSize() {
+  auto ch = grpc::CreateChannel("127.0.0.1:" + std::to_string(g_mesh->tulip_port),
+                                grpc::InsecureChannelCredentials());
+  auto stub = v1::Tulip::NewStub(ch);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + 5s);
+  v1::ModelInfoRequest req;
+  v1::ModelInfoResponse resp;
+  EXPECT_TRUE(stub->ModelInfo(&ctx, req, &resp).ok());
+  return resp.kv_block_size();
+}
+
+// A prompt of `len` token ids no earlier test of this mesh sent (the prefix cache would serve it
+// otherwise); the same in every run, so a seeded answer is too.
+std::string freshPrompt(int len, int salt) {
+  std::string ids;
+  for (int i = 0; i < len; ++i)
+    ids += (i ? "," : "") + std::to_string(1000 + (salt * 7919 + i * 104729) % 150000);
+  return "[" + ids + "]";
+}
+
+TEST_F(ChatMesh, NChoicesPrefillThePromptOnceAndAreReproducibleWithASeed) {
+  const uint32_t bs = tulipBlockSize();
+  ASSERT_GT(bs, 0u);
+  constexpr int kLen = 50;
+  const std::string prompt = freshPrompt(kLen, 1);
+  const std::string body = R"({"model":"gpt-oss-tiny","prompt":)" + prompt +
+                           R"(,"n":3,"max_tokens":4,"temperature":1,"seed":42,"ignore_eos":true})";
+  const double computed0 = tulipMetric("tulip_prompt_tokens_computed_total");
+  const double shared0 = tulipMetric("tulip_prompt_tokens_shared_total");
+  auto r = post("/v1/completions", body);
+  ASSERT_EQ(r.status, 200) << r.body;
+  Completion a = parseCompletion(r.body);
+  ASSERT_EQ(a.text.size(), 3u) << r.body;
+  for (int64_t i = 0; i < 3; ++i) EXPECT_EQ(a.finish[i], "length") << r.body;
+  EXPECT_EQ(a.prompt_tokens, kLen);          // counted once
+  EXPECT_EQ(a.completion_tokens, 3 * 4);     // summed over the choices
+  // The prompt was computed once; choices 1 and 2 computed only the tokens past its last full
+  // block (kLen - shared each) on top of the blocks they share.
+  const uint32_t shared = (kLen - 1) / bs * bs;
+  EXPECT_EQ(tulipMetric("tulip_prompt_tokens_computed_total") - computed0,
+            kLen + 2.0 * (kLen - shared));
+  EXPECT_EQ(tulipMetric("tulip_prompt_tokens_shared_total") - shared0, 2.0 * shared);
+  // Different seeds per choice: a random model's choices differ.
+  EXPECT_TRUE(a.text[0] != a.text[1] || a.text[1] != a.text[2]) << r.body;
+
+  // Seeded: the same request gives the same choices, and choice i is what seed + i gives alone.
+  auto again = post("/v1/completions", body);
+  ASSERT_EQ(again.status, 200) << again.body;
+  EXPECT_EQ(parseCompletion(again.body).text, a.text);
+  for (int i = 0; i < 3; ++i) {
+    auto one = post("/v1/completions", R"({"model":"gpt-oss-tiny","prompt":)" + prompt +
+                                           R"(,"max_tokens":4,"temperature":1,"seed":)" +
+                                           std::to_string(42 + i) + R"(,"ignore_eos":true})");
+    ASSERT_EQ(one.status, 200) << one.body;
+    EXPECT_EQ(parseCompletion(one.body).text[0], a.text[i]) << "choice " << i;
+  }
+}
+
+TEST_F(ChatMesh, BestOfReturnsTheCandidateWithTheHighestCumulativeLogprob) {
+  const std::string prompt = freshPrompt(20, 2);
+  const std::string common = R"({"model":"gpt-oss-tiny","prompt":)" + prompt +
+                             R"(,"max_tokens":5,"temperature":1,"seed":7,"ignore_eos":true)";
+  // The three candidates best_of 3 draws (seeds 7, 8, 9) with their logprobs.
+  auto all = post("/v1/completions", common + R"(,"n":3,"logprobs":0})");
+  ASSERT_EQ(all.status, 200) << all.body;
+  Completion c = parseCompletion(all.body);
+  ASSERT_EQ(c.logprob_sum.size(), 3u) << all.body;
+  int64_t best = 0;
+  for (int64_t i = 1; i < 3; ++i)
+    if (c.logprob_sum[i] > c.logprob_sum[best]) best = i;
+  auto b = post("/v1/completions", common + R"(,"best_of":3})");
+  ASSERT_EQ(b.status, 200) << b.body;
+  Completion one = parseCompletion(b.body);
+  ASSERT_EQ(one.text.size(), 1u) << b.body;
+  EXPECT_EQ(one.text[0], c.text[best]) << all.body << "\n" << b.body;
+  EXPECT_EQ(one.completion_tokens, 3 * 5);  // every candidate generated
+  EXPECT_NE(b.body.find(R"("logprobs":null)"), std::string::npos) << b.body;
+  // Streaming cannot rank: refused.
+  auto st = post("/v1/completions", common + R"(,"best_of":3,"stream":true})");
+  EXPECT_EQ(st.status, 400) << st.body;
+  EXPECT_NE(st.body.find(R"("param":"best_of")"), std::string::npos) << st.body;
+}
+
+TEST_F(ChatMesh, ChatNChoicesStreamedAndNot) {
+  auto r = post("/v1/chat/completions", userChat("Pick a number", R"("n":2,"max_tokens":5)"));
+  ASSERT_EQ(r.status, 200) << r.body;
+  simdjson::dom::parser p;
+  simdjson::dom::element doc;
+  ASSERT_FALSE(p.parse(r.body).get(doc));
+  simdjson::dom::array choices;
+  ASSERT_FALSE(doc["choices"].get(choices));
+  ASSERT_EQ(choices.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    int64_t index = -1;
+    EXPECT_FALSE(choices.at(i)["index"].get(index));
+    EXPECT_EQ(index, static_cast<int64_t>(i));
+    std::string_view fr;
+    EXPECT_FALSE(choices.at(i)["finish_reason"].get_string().get(fr));
+  }
+  int64_t completion = -1;
+  EXPECT_FALSE(doc["usage"]["completion_tokens"].get(completion));
+  EXPECT_GE(completion, 2);
+  EXPECT_LE(completion, 10);
+
+  auto st = post("/v1/chat/completions",
+                 userChat("Pick a number", R"("n":2,"max_tokens":5,"stream":true)"));
+  ASSERT_EQ(st.status, 200) << st.body;
+  for (int i = 0; i < 2; ++i) {
+    const std::string role = R"("index":)" + std::to_string(i) +
+                             R"(,"delta":{"role":"assistant")";
+    EXPECT_NE(st.body.find(role), std::string::npos) << st.body;
+  }
+  EXPECT_NE(st.body.find("data: [DONE]"), std::string::npos);
+}
+
+TEST_F(ChatMesh, ClientLeavingFreesEveryChoice) {
+  RawStream stream(g_mesh->ivy_port,
+                   userChat("Tell me a long story",
+                            R"("n":3,"max_tokens":2000,"ignore_eos":true,"stream":true)"));
+  ASSERT_TRUE(stream.sent());
+  ASSERT_TRUE(stream.readUntil("\"role\":\"assistant\"")) << "stream ended early: " << stream.got();
+  EXPECT_GE(tulipSeqs(), 1);
+  stream.close();
+  EXPECT_TRUE(tulipIdle()) << "sequences left: " << tulipSeqs();
+  // Every block is free again: what the KV cache had free before any request ran.
+  auto ch = grpc::CreateChannel("127.0.0.1:" + std::to_string(g_mesh->tulip_port),
+                                grpc::InsecureChannelCredentials());
+  auto stub = v1::Tulip::NewStub(ch);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + 5s);
+  v1::LoadRequest req;
+  v1::LoadResponse resp;
+  ASSERT_TRUE(stub->Load(&ctx, req, &resp).ok());
+  EXPECT_EQ(resp.kv_free_blocks(), resp.kv_total_blocks());
+}
+
 TEST_F(ChatMesh, ErrorsAreOpenAiShaped) {
-  auto bad = post("/v1/chat/completions", userChat("hi", R"("n":2)"));
+  auto bad = post("/v1/chat/completions", userChat("hi", R"("n":17)"));
   EXPECT_EQ(bad.status, 400);
   EXPECT_NE(bad.body.find(R"("param":"n")"), std::string::npos) << bad.body;
   auto nf = post("/v1/chat/completions",

@@ -471,6 +471,50 @@ test('chat: tool_choice "required" calls a declared function; "none" calls nothi
   assert.equal(none.usage.prompt_tokens, await promptTokens(chat.port, { messages: WEATHER }));
 });
 
+test('chat: n = 2 gives two choices; streamed chunks name their index and assemble to them', async () => {
+  const maxTokens = 8;
+  const body = { model: chat.served, messages: MESSAGES, max_tokens: maxTokens, n: 2,
+    temperature: 1, seed: 11 };
+  const whole = await chat.client.chat.completions.create(body);
+  assert.equal(whole.object, 'chat.completion');
+  assert.equal(whole.choices.length, 2);
+  assert.deepEqual(whole.choices.map((c) => c.index), [0, 1]);
+  for (const c of whole.choices) {
+    assert.equal(c.message.role, 'assistant');
+    assert.ok(['stop', 'length', 'tool_calls'].includes(c.finish_reason), c.finish_reason);
+  }
+  // The prompt is counted once; completion tokens are summed over the choices.
+  assert.equal(whole.usage.prompt_tokens, await promptTokens(chat.port, { messages: MESSAGES }));
+  assert.ok(whole.usage.completion_tokens >= 2 && whole.usage.completion_tokens <= 2 * maxTokens);
+  assert.equal(whole.usage.total_tokens, whole.usage.prompt_tokens + whole.usage.completion_tokens);
+  // Same seed, streamed: chunks of both choices, each naming its index, assemble to the same.
+  const stream = await chat.client.chat.completions.create({ ...body, stream: true,
+    stream_options: { include_usage: true } });
+  const byIndex = [[], []];
+  let usage = null;
+  for await (const chunk of stream) {
+    if (chunk.usage) {
+      assert.equal(usage, null, 'one usage chunk');
+      usage = chunk.usage;
+      continue;
+    }
+    assert.equal(chunk.choices.length, 1);
+    const i = chunk.choices[0].index;
+    assert.ok(i === 0 || i === 1, `index ${i}`);
+    byIndex[i].push({ ...chunk, choices: [{ ...chunk.choices[0], index: 0 }] });
+  }
+  for (const i of [0, 1]) {
+    const a = assembleChat(byIndex[i], chat.served);
+    const c = whole.choices[i];
+    assert.equal(a.content, c.message.content ?? '', `choice ${i} content`);
+    assert.equal(a.reasoning_content, c.message.reasoning_content ?? '', `choice ${i} reasoning`);
+    assert.equal(a.finish_reason, c.finish_reason);
+  }
+  assert.deepEqual(counts(usage), counts(whole.usage));
+  // n out of range: a 400 naming n.
+  await expectApiError(chat.client.chat.completions.create({ ...body, n: 17 }), 400, 'n');
+});
+
 test('chat: errors reach the client as APIError with status and param', async () => {
   await expectApiError(chat.client.chat.completions.create({ model: 'no-such-model',
     messages: MESSAGES }), 404, 'model');

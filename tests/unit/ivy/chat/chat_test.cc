@@ -576,7 +576,7 @@ TEST(ChatTest, BadFieldsAre400NamingTheField) {
   };
   const std::string msgs = R"("messages":[{"role":"user","content":"Hi"}])";
   std::vector<Case> cases = {
-      {"{" + msgs + R"(,"n":2})", "n"},
+      {"{" + msgs + R"(,"n":17})", "n"},
       {"{" + msgs + R"(,"temperature":3})", "temperature"},
       {"{" + msgs + R"(,"temperature":"hot"})", "temperature"},
       {"{" + msgs + R"(,"top_p":0})", "top_p"},

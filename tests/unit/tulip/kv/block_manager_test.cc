@@ -249,5 +249,63 @@ TEST(KvBlockManager, RandomOperationsKeepInvariantsAndLeakNothing) {
   }
 }
 
+
+// [TAG_LLM_CHOICES] A choice shares its leader's full prompt blocks by reference and gets fresh
+// blocks for the rest; references return to zero when both have gone, in either order.
+TEST(KvBlockManager, ForkSharesFullBlocksByReference) {
+  for (bool leader_first : {true, false}) {
+    SCOPED_TRACE(leader_first ? "leader freed first" : "choice freed first");
+    KvBlockManager m({8, 4, true});
+    ASSERT_TRUE(m.allocate(1, 10).has_value());  // blocks 0 1 2: 10 tokens
+    auto t = m.fork(2, 1, 2, 10);                // shares 0 1, a fresh block for tokens 8..9
+    ASSERT_TRUE(t.has_value());
+    EXPECT_EQ(table(m, 2), (std::vector<int32_t>{0, 1, 3}));
+    EXPECT_EQ(m.refCount(0), 2);
+    EXPECT_EQ(m.refCount(1), 2);
+    EXPECT_EQ(m.refCount(2), 1);
+    EXPECT_EQ(m.refCount(3), 1);
+    EXPECT_EQ(m.blocksFree(), 4u);
+    ASSERT_TRUE(m.fork(3, 1, 2, 13).has_value());  // grows past the shared blocks: 2 fresh
+    EXPECT_EQ(table(m, 3), (std::vector<int32_t>{0, 1, 4, 5}));
+    EXPECT_EQ(m.refCount(0), 3);
+    EXPECT_TRUE(m.checkInvariants().isOk()) << m.checkInvariants().toString();
+    // Both choices commit the same prompt: the shared blocks are cached once.
+    const auto prompt = iota(10);
+    m.commit(1, prompt, 10);
+    m.commit(2, prompt, 10);
+    EXPECT_TRUE(m.isCached(0));
+    EXPECT_TRUE(m.isCached(1));
+    EXPECT_EQ(m.blocksCached(), 2u);
+    if (leader_first) {
+      m.free(1);
+      EXPECT_EQ(m.refCount(0), 2);
+      m.free(2);
+      m.free(3);
+    } else {
+      m.free(3);
+      m.free(2);
+      EXPECT_EQ(m.refCount(0), 1);
+      m.free(1);
+    }
+    for (int32_t b = 0; b < 8; ++b) EXPECT_EQ(m.refCount(b), 0) << "block " << b;
+    EXPECT_EQ(m.blocksFree(), 8u);
+    EXPECT_EQ(m.numSeqs(), 0u);
+    EXPECT_TRUE(m.checkInvariants().isOk()) << m.checkInvariants().toString();
+  }
+}
+
+TEST(KvBlockManager, ForkIsAllOrNothing) {
+  KvBlockManager m({4, 4, true});
+  ASSERT_TRUE(m.allocate(1, 12).has_value());  // 3 of 4 blocks
+  EXPECT_FALSE(m.fork(2, 1, 2, 16).has_value());  // needs 2 fresh, 1 free
+  EXPECT_FALSE(m.hasSeq(2));
+  EXPECT_EQ(m.refCount(0), 1);
+  EXPECT_EQ(m.blocksFree(), 1u);
+  auto t = m.fork(2, 1, 2, 12);  // 1 fresh
+  ASSERT_TRUE(t.has_value());
+  EXPECT_EQ(table(m, 2), (std::vector<int32_t>{0, 1, 3}));
+  EXPECT_TRUE(m.checkInvariants().isOk()) << m.checkInvariants().toString();
+}
+
 }  // namespace
 }  // namespace garden::tulip

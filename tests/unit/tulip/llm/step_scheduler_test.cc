@@ -63,6 +63,18 @@ class Sim {
     check();
     return *id;
   }
+  // A request with n = names.size() choices [TAG_LLM_CHOICES]: choice i is names[i].
+  SeqId addChoices(const std::string& names, GenerateParams p) {
+    p.n = static_cast<uint32_t>(names.size());
+    auto id = s_.add(std::move(p), tick());
+    EXPECT_TRUE(id.isOk()) << id.status().toString();
+    for (size_t i = 0; i < names.size(); ++i) {
+      names_[*id + i] = names[i];
+      ids_[names[i]] = *id + i;
+    }
+    check();
+    return *id;
+  }
   SeqId id(char name) { return ids_.at(name); }
 
   // Plans the next step; its rendering, or "-" for none.
@@ -210,6 +222,127 @@ void runTable(Sim& sim, const std::vector<Row>& rows) {
     EXPECT_EQ(sim.complete(rows[i].ids), rows[i].events);
     EXPECT_EQ(sim.freeQueue(), rows[i].free);
   }
+}
+
+// ---- Choices (n > 1) [TAG_LLM_CHOICES] --------------------------------------------------------
+
+// The prompt is computed once: choices 1 and 2 wait until a plan has scheduled choice 0's full
+// prompt blocks, share them, and compute only the partly filled block's tokens before sampling.
+TEST(StepScheduler, ChoicesSharePromptBlocksAndComputeOnlyTheTail) {
+  Sim sim(sync(), limits(8, 4, 32));
+  GenerateParams p = gp(range(10, 10), 2);
+  p.sampling.seed = 7;
+  sim.addChoices("ABC", p);
+  EXPECT_EQ(sim.sched().seq(sim.id('A')).params.sampling.seed, 7u);
+  EXPECT_EQ(sim.sched().seq(sim.id('B')).params.sampling.seed, 8u);
+  EXPECT_EQ(sim.sched().seq(sim.id('C')).params.sampling.seed, 9u);
+  EXPECT_EQ(sim.sched().stats().waiting, 3u);
+  EXPECT_EQ(sim.sched().stats().waiting_tokens, 10u);  // the prompt once
+  runTable(sim, {
+                    {"A@0+10* [0 1 2]", {30}, "A=30", "3 4 5 6 7"},
+                    {"A@10+1* [0 1 2]; B@8+2* [0 1 3]; C@8+2* [0 1 4]",
+                     {31, 40, 50},
+                     "A=31 length, B=40, C=50",
+                     "2 5 6 7"},
+                    {"B@10+1* [0 1 3]; C@10+1* [0 1 4]",
+                     {41, 51},
+                     "B=41 length, C=51 length",
+                     "4 3 2 5 6 7 1c 0c"},
+                    {"-", {}, "", ""},
+                });
+  EXPECT_EQ(sim.sched().stats().computed_prompt_tokens, 14u);  // 10 + 2 + 2, not 30
+  EXPECT_EQ(sim.sched().stats().shared_prompt_tokens, 16u);
+  EXPECT_EQ(sim.sched().stats().queried_prompt_tokens, 10u);
+  EXPECT_EQ(sim.lastEvent('A').index, 0u);
+  EXPECT_EQ(sim.lastEvent('B').index, 1u);
+  EXPECT_EQ(sim.lastEvent('C').index, 2u);
+  for (char c : {'A', 'B', 'C'}) {
+    EXPECT_EQ(sim.lastEvent(c).prompt_tokens, 10u);
+    EXPECT_EQ(sim.lastEvent(c).completion_tokens, 2u);
+  }
+  EXPECT_EQ(sim.lastEvent('B').cached_prompt_tokens, 8u);
+  for (int32_t b = 0; b < 8; ++b) EXPECT_EQ(sim.sched().kv()->refCount(b), 0) << b;
+}
+
+// Two steps in flight: the choices fork in the plan right after the one that schedules the
+// shared blocks, without waiting for its result (the worker runs steps in order).
+TEST(StepScheduler, ChoicesForkInTheNextPlanWithTwoStepsInFlight) {
+  Sim sim(async(), limits(8, 4, 32));
+  sim.addChoices("AB", gp(range(10, 10), 2));
+  ASSERT_EQ(sim.schedule(), "A@0+10* [0 1 2]");
+  ASSERT_EQ(sim.schedule(), "A@10+1*^0 [0 1 2]; B@8+2* [0 1 3]");
+  EXPECT_EQ(sim.complete({30}), "A=30");
+  EXPECT_EQ(sim.complete({31, 40}), "A=31 length, B=40");
+  ASSERT_EQ(sim.schedule(), "B@10+1* [0 1 3]");
+  EXPECT_EQ(sim.complete({41}), "B=41 length");
+  EXPECT_EQ(sim.freeQueue(), "3 2 4 5 6 7 1c 0c");
+}
+
+// Under a chunked prefill the choices wait for the chunk that completes the shared blocks; a
+// request queued behind them is not held up meanwhile.
+TEST(StepScheduler, ChoicesWaitForTheSharedChunkWithoutBlockingTheQueue) {
+  Sim sim(sync(/*budget=*/6), limits(8, 4, 32));
+  sim.addChoices("AB", gp(range(10, 10), 2));
+  sim.add('D', gp({60, 61}, 1));
+  runTable(sim, {
+                    {"A@0+6 [0 1]", {}, "", "2 3 4 5 6 7"},
+                    // A's chunk reaches 8 shared tokens in this plan: B forks in the next one;
+                    // D, behind B in the queue, goes now.
+                    {"A@6+4* [0 1 2]; D@0+2* [3]", {30, 70}, "A=30, D=70 length", "3 4 5 6 7"},
+                    {"A@10+1* [0 1 2]; B@8+2* [0 1 3]", {31, 40}, "A=31 length, B=40",
+                     "2 4 5 6 7"},
+                    {"B@10+1* [0 1 3]", {41}, "B=41 length", "3 2 4 5 6 7 1c 0c"},
+                });
+  EXPECT_EQ(sim.sched().stats().computed_prompt_tokens, 14u);  // A 10, D 2, B 2
+}
+
+// A client that goes away cancels every choice; all blocks come back, shared ones included.
+TEST(StepScheduler, CancellingEveryChoiceFreesAllBlocks) {
+  for (int when = 0; when < 3; ++when) {
+    SCOPED_TRACE("cancel after " + std::to_string(when) + " steps");
+    Sim sim(async(), limits(8, 4, 32));
+    sim.addChoices("ABC", gp(range(10, 10), 5));
+    for (int i = 0; i < when; ++i) ASSERT_NE(sim.schedule(), "-");
+    EXPECT_EQ(sim.cancel('A'), "A cancelled");
+    EXPECT_EQ(sim.cancel('B'), "B cancelled");
+    EXPECT_EQ(sim.cancel('C'), "C cancelled");
+    // The steps still out come back: their entries are stale, nothing is streamed.
+    if (when >= 1) {
+      EXPECT_EQ(sim.complete({99}), "");
+    }
+    if (when == 2) {
+      EXPECT_EQ(sim.complete({99, 99, 99}), "");
+    }
+    EXPECT_FALSE(sim.sched().hasWork());
+    EXPECT_EQ(sim.sched().kv()->blocksFree(), 8u);
+    EXPECT_EQ(sim.sched().kv()->numSeqs(), 0u);
+    for (int32_t b = 0; b < 8; ++b) EXPECT_EQ(sim.sched().kv()->refCount(b), 0) << b;
+    EXPECT_EQ(sim.sched().stats().waiting_tokens, 0u);
+  }
+}
+
+// Choice 0 gone before the others could fork: they fall back to computing the prompt (the
+// prefix cache would serve its committed blocks).
+TEST(StepScheduler, ChoicesWhoseLeaderIsGoneComputeThePromptThemselves) {
+  Sim sim(sync(), limits(12, 4, 32));
+  sim.addChoices("AB", gp(range(10, 10), 3));
+  ASSERT_EQ(sim.schedule(), "A@0+10* [0 1 2]");
+  EXPECT_EQ(sim.cancel('A'), "A cancelled");
+  EXPECT_EQ(sim.complete({30}), "");
+  ASSERT_EQ(sim.schedule(), "B@0+10* [0 1 2]");
+  EXPECT_EQ(sim.complete({40}), "B=40");
+}
+
+// A step the worker refused wrote nothing: the choices forked off it end with it.
+TEST(StepScheduler, ChoicesForkedOffARefusedStepEndWithIt) {
+  Sim sim(async(), limits(8, 4, 32));
+  sim.addChoices("AB", gp(range(10, 10), 3));
+  ASSERT_EQ(sim.schedule(), "A@0+10* [0 1 2]");
+  ASSERT_EQ(sim.schedule(), "A@10+1*^0 [0 1 2]; B@8+2* [0 1 3]");
+  EXPECT_EQ(sim.fail(invalidArgument("bad step")), "A INTERNAL, B INTERNAL");
+  EXPECT_EQ(sim.complete({1, 2}), "");
+  EXPECT_EQ(sim.sched().kv()->blocksFree(), 8u);
+  EXPECT_FALSE(sim.sched().hasWork());
 }
 
 // ---- One step in flight ---------------------------------------------------------------------
