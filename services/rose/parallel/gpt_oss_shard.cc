@@ -337,7 +337,8 @@ KvCacheShape GptOssShard::kvShape(int32_t blocks_per_group, int32_t block_size) 
   return s;
 }
 
-Status GptOssShard::validate(const LlmStep& step, const PagedKvCache& kv) const {
+Status GptOssShard::validate(const LlmStep& step, const PagedKvCache& kv,
+                             int64_t prev_sampled) const {
   const KvCacheShape& ks = kv.shape();
   const KvCacheShape want = kvShape(ks.num_blocks, ks.block_size);
   if (ks.num_layers != want.num_layers || ks.num_kv_heads != want.num_kv_heads ||
@@ -354,7 +355,7 @@ Status GptOssShard::validate(const LlmStep& step, const PagedKvCache& kv) const 
   lim.max_model_len = max_model_len_;
   lim.table_capacity = table_capacity_;
   RETURN_IF_ERROR(
-      validateGptOssStep(lim, step, ks.block_size, ks.num_blocks * par_.dp, last_sampled_));
+      validateGptOssStep(lim, step, ks.block_size, ks.num_blocks * par_.dp, prev_sampled));
   for (size_t i = 0; i < step.seqs.size(); ++i) {
     const LlmStepSeq& s = step.seqs[i];
     const auto table = step.block_ids.subspan(static_cast<size_t>(s.block_offset),

@@ -72,6 +72,7 @@ class GptOssShard {
   const ParallelConfig& parallel() const { return par_; }
   int32_t rank() const { return coords_.rank; }
   int64_t vocabSize() const { return config_.base.vocab_size; }
+  int64_t maxModelLen() const { return max_model_len_; }
 
   // This rank's cache: its kv heads, blocks_per_group blocks.
   KvCacheShape kvShape(int32_t blocks_per_group, int32_t block_size) const;
@@ -80,7 +81,12 @@ class GptOssShard {
   // The unsharded model's step checks against tulip's dp·B block ids, plus: every sequence's
   // blocks lie in one dp group. INVALID_ARGUMENT naming the sequence and field. Same answer on
   // every rank.
-  Status validate(const LlmStep& step, const PagedKvCache& kv) const;
+  Status validate(const LlmStep& step, const PagedKvCache& kv) const {
+    return validate(step, kv, last_sampled_);
+  }
+  // prev_row checked against `prev_sampled` ids (a caller validating before the previous step
+  // was enqueued, as GptOssModel::validate).
+  Status validate(const LlmStep& step, const PagedKvCache& kv, int64_t prev_sampled) const;
 
   // Every rank, the same (validated) step. Rank 0: logits_out F32 [logitsRows(step), vocab] and
   // sampled_out as GptOssModel::enqueueStep; other ranks ignore both (may be null).
