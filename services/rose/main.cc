@@ -40,6 +40,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -74,6 +75,27 @@ bool processAlive(int32_t pid) {
   if (pid <= 0) return true;  // unknown: do not guess
   return kill(pid, 0) == 0 || errno == EPERM;
 }
+
+// Test knob [TAG_STEP_PROGRESS]: with GARDEN_TEST_HANG_RANK=r set, the cpu backend's hang knob
+// (GARDEN_CPU_TEST_HANG_AT_MARK, which every rank inherits) applies to rank r only, so a test can
+// wedge one rank of several. Held while the backend is created (it reads the knob then); the
+// environment is restored afterwards, so the ranks rank 0 starts inherit the knob.
+class HangRankKnob {
+ public:
+  explicit HangRankKnob(int32_t rank) {
+    const char* e = std::getenv("GARDEN_TEST_HANG_RANK");
+    const char* hang = std::getenv("GARDEN_CPU_TEST_HANG_AT_MARK");
+    if (e == nullptr || *e == 0 || hang == nullptr || std::atoi(e) == rank) return;
+    saved_ = hang;
+    unsetenv("GARDEN_CPU_TEST_HANG_AT_MARK");
+  }
+  ~HangRankKnob() {
+    if (saved_) setenv("GARDEN_CPU_TEST_HANG_AT_MARK", saved_->c_str(), 1);
+  }
+
+ private:
+  std::optional<std::string> saved_;
+};
 
 // Flags of the embedding runner, validated.
 struct EmbeddingArgs {
@@ -351,7 +373,10 @@ int runFollowerRank(const std::string& dir, const std::string& device, int32_t t
     s.abort();
     return finish(1);
   };
-  auto backend = rose::makeBackend(device, bo);
+  auto backend = [&] {
+    HangRankKnob knob(ra.rank);
+    return rose::makeBackend(device, bo);
+  }();
   if (!backend.isOk()) return failed(backend.status(), "cannot create the backend");
   auto ops = rose::makeLlmOps(**backend, threads);
   if (!ops.isOk()) return failed(ops.status(), "cannot create the LLM ops");
@@ -607,7 +632,10 @@ int main(int argc, char** argv) {
     if (beater.joinable()) beater.join();
   };
 
-  auto backend = rose::makeBackend(device, bo);
+  auto backend = [&] {
+    HangRankKnob knob(0);
+    return rose::makeBackend(device, bo);
+  }();
   if (!backend.isOk()) {
     stopBeater();
     return fail(backend.status(), "cannot create the backend");
