@@ -580,7 +580,7 @@ int main(int argc, char** argv) {
     sa.sa_handler = onSignal;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGTERM, &sa, nullptr);
-    sigaction(SIGINT, &sa, nullptr);
+    signal(SIGINT, SIG_IGN);  // a terminal's ^C reaches every rank: rank 0 stops the others
     signal(SIGPIPE, SIG_IGN);
     return runFollowerRank(model_dir, device, threads, max_batch_tokens, llm, ranks, bo);
   }
