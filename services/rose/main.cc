@@ -325,6 +325,11 @@ Result<Workload> loadLlmSharded(const std::string& dir, rose::Backend& backend, 
   if (blocks * par.dp > INT32_MAX) return invalidArgument("KV blocks x --dp exceed 2^31 - 1");
   w.segment->setKvBlocksPerGroup(static_cast<int32_t>(blocks));
   RETURN_IF_ERROR(w.ranks->waitReady(std::chrono::minutes(30)));
+  if (par.dp > 1) {
+    log::warn("--dp > 1: every sequence's blocks must lie in one dp group; a step with a block "
+              "table that straddles groups is refused (tulip does not allocate per group yet)",
+              {{"dp", par.dp}, {"blocks_per_group", blocks}});
+  }
   w.step_model = std::make_unique<rose::ShardedStepModel>(*w.shard, *w.segment);
   rose::LlmRunnerOptions ro;
   ro.kv_num_blocks = static_cast<int32_t>(blocks * par.dp);
