@@ -284,25 +284,24 @@ RankSegment::Took RankSegment::take(int32_t rank, std::chrono::milliseconds wait
 
 Status ShardedStepModel::validate(const LlmStep& step, const PagedKvCache& kv,
                                   int64_t prev_sampled) const {
-  // The sampler-state words are not relayed and the shard's sampler has no state: refuse a step
-  // that carries any (validateGptOssStep refuses their use, this their presence).
-  if (!step.state.empty()) {
-    return invalidArgument("num_state " + std::to_string(step.state.size()) +
-                           ": this worker (--tp/--dp/--ep) has no sampler state");
-  }
   return shard_.validate(step, kv, prev_sampled);
 }
 
 void ShardedStepModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, int32_t* sampled_out,
                                    llm::LlmTokenLogprobs* logprobs_out) {
-  CHECK(logprobs_out == nullptr);  // validate() refused logprobs
-  if (Status st = seg_.publish(step); !st.isOk()) {
+  relay_seqs_.assign(step.seqs.begin(), step.seqs.end());
+  for (LlmStepSeq& s : relay_seqs_) {
+    s.state_offset = -1;
+    s.sampling = llm::SamplingParams{};
+  }
+  const LlmStep relayed{relay_seqs_, step.tokens, step.block_ids, {}};
+  if (Status st = seg_.publish(relayed); !st.isOk()) {
     log::error("cannot relay the step to the other ranks", {{"error", st}});
     seg_.abort();
     std::fflush(nullptr);
     _exit(kCollectiveExitCode);
   }
-  shard_.enqueueStep(step, kv, nullptr, sampled_out);
+  shard_.enqueueStep(step, kv, nullptr, sampled_out, logprobs_out);
 }
 
 // ---- RankSupervisor ----

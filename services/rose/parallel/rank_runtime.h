@@ -58,8 +58,10 @@ struct RankSegmentOptions {
 // Bytes of one relayed step of these counts (each array 8-byte aligned).
 uint64_t relayedStepBytes(uint64_t seqs, uint64_t tokens, uint64_t blocks);
 
-// One step as a follower received it (owned copies; the sampler-state words are not relayed:
-// the sharded model refuses every step that uses them).
+// One step as a follower received it (owned copies). Only rank 0 samples, so the relay drops
+// what only the sampler reads: the sampler-state words, each sequence's state_offset (-1) and
+// sampling parameters (defaults); `sample` and prev_row stay (every rank counts the sampled ids
+// and resolves prev_row from the broadcast ids).
 struct RelayedStep {
   std::vector<LlmStepSeq> seqs;
   std::vector<int32_t> tokens, blocks;
@@ -123,16 +125,17 @@ class RankSegment {
   ShmCommArea comm_;
 };
 
-// Rank 0's end of the sharded model, for LlmRunner: validate as the shard; enqueueStep relays
-// the step to the followers, then runs rank 0's shard. A relay failure (the world aborted) ends
-// the process like a failed collective.
+// Rank 0's end of the sharded model, for LlmRunner: validate as the shard (sampler state and
+// logprobs as the single-device model: rank 0's sampler); enqueueStep relays the step to the
+// followers (without the sampler's part), then runs rank 0's shard. A relay failure (the world
+// aborted) ends the process like a failed collective.
 class ShardedStepModel final : public LlmStepModel {
  public:
   ShardedStepModel(GptOssShard& shard, RankSegment& segment) : shard_(shard), seg_(segment) {}
   int64_t hiddenSize() const override { return shard_.config().base.hidden_size; }
   int64_t maxModelLen() const override { return shard_.maxModelLen(); }
   int64_t vocabSize() const override { return shard_.vocabSize(); }
-  bool supportsSamplerState() const override { return false; }
+  bool supportsSamplerState() const override { return shard_.supportsSamplerState(); }
   // `num_blocks` is tulip's block-id space: dp groups of num_blocks / dp blocks each.
   KvCacheShape kvShape(int32_t num_blocks, int32_t block_size) const override {
     return shard_.kvShape(num_blocks / shard_.parallel().dp, block_size);
@@ -146,6 +149,7 @@ class ShardedStepModel final : public LlmStepModel {
  private:
   GptOssShard& shard_;
   RankSegment& seg_;
+  std::vector<LlmStepSeq> relay_seqs_;  // the step's descriptors minus the sampler's fields
 };
 
 // Rank 0's view of its followers.

@@ -2,8 +2,10 @@
 // driven through its shared-memory channel exactly as tulip drives it (rose spawned on a channel
 // the test created):
 //   - every layout serves the same sampled tokens as the unsharded GptOssModel (driven directly
-//     in this process): a batched prefill of three sequences, then decode steps, greedy and one
-//     seeded temperature-1 sequence; ModelFacts announce tulip's whole block-id space;
+//     in this process): a batched prefill of three sequences, then decode steps — greedy with
+//     top logprobs, greedy with a presence penalty and a logit bias from a sampler-state reload,
+//     seeded temperature 1 with min_p; ModelFacts announce tulip's whole block-id space and the
+//     sampler-state capability (rank 0 samples);
 //   - supervision: kill -9 of a follower rank, or SIGSTOP of one, fails rose at once (exit 1,
 //     channel kFailed) and leaves no rank process behind; kill -9 of rank 0 takes the others
 //     with it; a layout the model cannot hold fails at start with no rank left.
@@ -95,12 +97,13 @@ bool waitGone(pid_t pid, std::chrono::milliseconds timeout) {
 }
 
 // One sequence of the test's workload: its prompt, its blocks (ids inside one dp group of
-// 16), its sampling.
+// 16), its sampling; with a state slot, the prefill reloads it [TAG_LLM_SAMPLER_STATE] (the
+// prompt tokens and one logit bias).
 struct Seq {
   std::vector<int32_t> tokens;  // prompt, then what was sampled
   int32_t first_block;
-  float temperature;
-  uint64_t seed;
+  llm::SamplingParams sampling;
+  size_t prompt_len = 0;
 };
 
 std::vector<Seq> workload() {
@@ -110,13 +113,29 @@ std::vector<Seq> workload() {
     return v;
   };
   // Blocks: seq 0 in dp group 0 ([0, 16)), seqs 1 and 2 in group 1 ([16, 32)); 6 blocks each.
-  return {{prompt(5, 11), 2, 0.f, 0}, {prompt(9, 3001), 17, 0.f, 0}, {prompt(6, 150), 24, 1.f, 99}};
+  // 0: greedy with 3 top logprobs; 1: greedy with a presence penalty and a logit bias (state
+  // slot 1); 2: temperature 1, seeded, min_p.
+  std::vector<Seq> seqs(3);
+  seqs[0].tokens = prompt(5, 11);
+  seqs[0].first_block = 2;
+  seqs[0].sampling.logprobs = 3;
+  seqs[1].tokens = prompt(9, 3001);
+  seqs[1].first_block = 17;
+  seqs[1].sampling.presence_penalty = 1.5f;
+  seqs[1].sampling.state_slot = 1;
+  seqs[2].tokens = prompt(6, 150);
+  seqs[2].first_block = 24;
+  seqs[2].sampling.temperature = 1.f;
+  seqs[2].sampling.seed = 99;
+  seqs[2].sampling.min_p = 0.05f;
+  for (Seq& q : seqs) q.prompt_len = q.tokens.size();
+  return seqs;
 }
 
 // One step over `seqs`: a prefill of every prompt when `prefill`, else one decode token each.
 struct StepArrays {
   std::vector<llm::LlmStepSeq> seqs;
-  std::vector<int32_t> tokens, blocks;
+  std::vector<int32_t> tokens, blocks, state;
 };
 StepArrays makeStep(const std::vector<Seq>& seqs, bool prefill) {
   StepArrays s;
@@ -129,8 +148,17 @@ StepArrays makeStep(const std::vector<Seq>& seqs, bool prefill) {
     d.block_offset = static_cast<int32_t>(s.blocks.size());
     d.num_blocks = (len + kBlock - 1) / kBlock;
     d.sample = 1;
-    d.sampling.temperature = q.temperature;
-    d.sampling.seed = q.seed;
+    d.sampling = q.sampling;
+    if (prefill && q.sampling.state_slot >= 0) {
+      d.state_offset = static_cast<int32_t>(s.state.size());
+      d.state_prompt = static_cast<int32_t>(q.prompt_len);
+      d.state_bias = 1;
+      s.state.insert(s.state.end(), q.tokens.begin(), q.tokens.begin() + q.prompt_len);
+      const float bias = 0.75f;
+      int32_t bits;
+      std::memcpy(&bits, &bias, 4);
+      s.state.insert(s.state.end(), {q.tokens[0], bits});
+    }
     for (int32_t i = prefill ? 0 : len - 1; i < len; ++i) s.tokens.push_back(q.tokens[i]);
     for (int32_t b = 0; b < d.num_blocks; ++b) s.blocks.push_back(q.first_block + b);
     s.seqs.push_back(d);
@@ -149,6 +177,7 @@ class RoseRanks : public ::testing::Test {
     o.intermediate_size = 64;
     Status st = makeGptOssModel(o);
     ASSERT_TRUE(st.isOk()) << st.toString();
+    reference_lps_ = new std::vector<std::vector<llm::LlmTokenLogprobs>>();
     reference_ = new std::vector<std::vector<int32_t>>(referenceTokens());
   }
   static void TearDownTestSuite() {
@@ -156,10 +185,11 @@ class RoseRanks : public ::testing::Test {
     fs::remove_all(*dir_, ec);
     delete dir_;
     delete reference_;
+    delete reference_lps_;
   }
   static std::string modelDir() { return (*dir_ / "gpt-oss").string(); }
 
-  // The unsharded model in this process: sampled ids per step.
+  // The unsharded model in this process: sampled ids per step (and logprob records).
   static std::vector<std::vector<int32_t>> referenceTokens() {
     auto backend = std::move(makeBackend("cpu", BackendOptions{1, 0, 64})).value();
     auto ops = std::move(makeLlmOps(*backend, 1)).value();
@@ -177,12 +207,14 @@ class RoseRanks : public ::testing::Test {
     std::vector<std::vector<int32_t>> out;
     for (int step = 0; step <= kDecodeSteps; ++step) {
       const StepArrays a = makeStep(seqs, step == 0);
-      const LlmStep s{a.seqs, a.tokens, a.blocks, {}};
+      const LlmStep s{a.seqs, a.tokens, a.blocks, a.state};
       Status v = model->validate(s, *kv);
       EXPECT_TRUE(v.isOk()) << v.toString();
       std::vector<int32_t> ids(seqs.size(), -1);
-      backend->launch([&] { model->enqueueStep(s, *kv, nullptr, ids.data()); });
+      std::vector<llm::LlmTokenLogprobs> lps(seqs.size());
+      backend->launch([&] { model->enqueueStep(s, *kv, nullptr, ids.data(), lps.data()); });
       EXPECT_TRUE(backend->synchronize().isOk());
+      reference_lps_->push_back(lps);
       for (size_t i = 0; i < seqs.size(); ++i) seqs[i].tokens.push_back(ids[i]);
       out.push_back(ids);
     }
@@ -229,14 +261,17 @@ class RoseRanks : public ::testing::Test {
 
   // One step through the channel; the sampled ids (empty on an error completion).
   static std::vector<int32_t> runStep(shm::Channel& ch, const StepArrays& a, uint64_t id,
-                                      std::string* error = nullptr) {
+                                      std::string* error = nullptr,
+                                      std::vector<llm::LlmTokenLogprobs>* lps = nullptr) {
     const uint32_t slot = static_cast<uint32_t>(id % 2);
     const uint64_t tokens_off = shm::llmAlignUp(a.seqs.size() * sizeof(llm::LlmStepSeq));
     const uint64_t blocks_off = tokens_off + shm::llmAlignUp(a.tokens.size() * 4);
+    const uint64_t state_off = blocks_off + shm::llmAlignUp(a.blocks.size() * 4);
     auto in = ch.inputArena(slot);
     std::memcpy(in.data(), a.seqs.data(), a.seqs.size() * sizeof(llm::LlmStepSeq));
     std::memcpy(in.data() + tokens_off, a.tokens.data(), a.tokens.size() * 4);
     std::memcpy(in.data() + blocks_off, a.blocks.data(), a.blocks.size() * 4);
+    if (!a.state.empty()) std::memcpy(in.data() + state_off, a.state.data(), a.state.size() * 4);
     shm::BatchDesc d;
     d.batch_id = id;
     d.slot = slot;
@@ -247,6 +282,8 @@ class RoseRanks : public ::testing::Test {
     d.seqs_offset = 0;
     d.tokens_offset = tokens_off;
     d.blocks_offset = blocks_off;
+    d.state_offset = state_off;
+    d.num_state = static_cast<uint32_t>(a.state.size());
     EXPECT_TRUE(ch.trySubmit(d));
     auto c = ch.waitCompletion(30s);
     EXPECT_TRUE(c.has_value()) << "no completion for step " << id;
@@ -258,6 +295,13 @@ class RoseRanks : public ::testing::Test {
     }
     std::vector<int32_t> ids(c->rows);
     std::memcpy(ids.data(), ch.outputArena(slot).data(), ids.size() * 4);
+    if (lps != nullptr) {
+      lps->assign(ids.size(), llm::LlmTokenLogprobs{});
+      if (c->cols == shm::kLlmLogprobsCols) {
+        std::memcpy(lps->data(), ch.outputArena(slot).data() + 4 * ids.size(),
+                    lps->size() * sizeof(llm::LlmTokenLogprobs));
+      }
+    }
     return ids;
   }
 
@@ -273,9 +317,11 @@ class RoseRanks : public ::testing::Test {
 
   static fs::path* dir_;
   static std::vector<std::vector<int32_t>>* reference_;
+  static std::vector<std::vector<llm::LlmTokenLogprobs>>* reference_lps_;
 };
 fs::path* RoseRanks::dir_ = nullptr;
 std::vector<std::vector<int32_t>>* RoseRanks::reference_ = nullptr;
+std::vector<std::vector<llm::LlmTokenLogprobs>>* RoseRanks::reference_lps_ = nullptr;
 
 struct Layout {
   int32_t tp, dp, ep;
@@ -294,29 +340,36 @@ TEST_P(RoseRanksLayout, ServesTheTokensOfOneRank) {
   const shm::ModelFacts f = w.ch->modelFacts();
   EXPECT_STREQ(f.kind, "llm");
   EXPECT_EQ(f.kv_num_blocks, static_cast<uint32_t>(kKvBlocks)) << "tulip's whole id space";
-  EXPECT_EQ(f.llm_caps & shm::kLlmCapSamplerState, 0u) << "the shard has no sampler state";
+  EXPECT_NE(f.llm_caps & shm::kLlmCapSamplerState, 0u) << "rank 0's sampler has the state";
 
   std::vector<Seq> seqs = workload();
   for (int step = 0; step <= kDecodeSteps; ++step) {
     std::string err;
+    std::vector<llm::LlmTokenLogprobs> lps;
     const std::vector<int32_t> ids =
-        runStep(*w.ch, makeStep(seqs, step == 0), static_cast<uint64_t>(step + 1), &err);
+        runStep(*w.ch, makeStep(seqs, step == 0), static_cast<uint64_t>(step + 1), &err, &lps);
     ASSERT_EQ(ids, (*reference_)[static_cast<size_t>(step)]) << "step " << step << " " << err;
+    // Logprobs (sequence 0 asked for 3): the same ids, values within the sharded sums' rounding.
+    const llm::LlmTokenLogprobs& got = lps[0];
+    const llm::LlmTokenLogprobs& want = (*reference_lps_)[static_cast<size_t>(step)][0];
+    ASSERT_EQ(got.num_top, 3) << "step " << step;
+    EXPECT_NEAR(got.logprob, want.logprob, 1e-4) << "step " << step;
+    for (int k = 0; k < 3; ++k) {
+      EXPECT_EQ(got.top_ids[k], want.top_ids[k]) << "step " << step << " top " << k;
+      EXPECT_NEAR(got.top_logprobs[k], want.top_logprobs[k], 1e-4) << "step " << step;
+    }
+    EXPECT_EQ(lps[1].num_top, -1);
     for (size_t i = 0; i < seqs.size(); ++i) seqs[i].tokens.push_back(ids[i]);
   }
   // A step the shard cannot run is refused by rank 0 before any rank sees it: a sequence whose
-  // blocks straddle two dp groups (with --dp 2), or a logit bias (no sampler state anywhere).
-  StepArrays bad = makeStep(workload(), true);
+  // blocks straddle two dp groups (with --dp 2).
   std::string err;
   if (l.dp > 1) {
+    StepArrays bad = makeStep(workload(), true);
     bad.blocks[bad.seqs[0].block_offset + 1] = 20;  // group 1, the rest of seq 0 in group 0
     EXPECT_TRUE(runStep(*w.ch, bad, 100, &err).empty());
     EXPECT_NE(err.find("dp group"), std::string::npos) << err;
   }
-  bad = makeStep(workload(), true);
-  bad.seqs[0].sampling.min_p = 0.5f;
-  EXPECT_TRUE(runStep(*w.ch, bad, 101, &err).empty());
-  EXPECT_NE(err.find("sampler state"), std::string::npos) << err;
   // And serving goes on.
   const StepArrays again = makeStep(workload(), true);
   EXPECT_EQ(runStep(*w.ch, again, 102), (*reference_)[0]);
