@@ -400,10 +400,10 @@ TEST_F(RoseRanks, KilledRankFailsTheWorkerWithNoRankLeft) {
   EXPECT_TRUE(processGone(ranks[0]));
 }
 
-// SIGSTOP of a follower: its heartbeat stops; rank 0 fails within --rank-heartbeat-timeout-ms
+// SIGSTOP of a follower: its heartbeat stops; rank 0 fails within --rank-heartbeat-timeout-ms (1 s)
 // and kills the stopped rank too.
 TEST_F(RoseRanks, StoppedRankFailsTheWorkerWithNoRankLeft) {
-  Worker w = start({"--tp", "2", "--rank-heartbeat-timeout-ms", "500"});
+  Worker w = start({"--tp", "2", "--rank-heartbeat-timeout-ms", "1000"});
   ASSERT_GT(w.pid, 0);
   const std::vector<pid_t> ranks = childrenOf(w.pid);
   ASSERT_EQ(ranks.size(), 1u);
