@@ -2,21 +2,26 @@
 // checkpoint directory, e.g. bench/suites/make_random_gpt_oss.py's random 20b-shaped one).
 // Workloads (each warmed up once, then timed; wall time of the whole step incl. host planning,
 // synchronized):
-//   load        checkpoint → GPU (MXFP4 experts resident unless --moe-weights bf16)
+//   load        checkpoint → GPU (MXFP4 experts resident unless --moe-weights bf16; fp8 adds the
+//               FP8 copy the prefill-sized MoE steps use, and prints its inexact weight count)
 //   prefill L   one sequence of L random tokens, in chunks of --max-batch-tokens, sampling the
 //               last token (TTFT without the mesh)
 //   decode B@C  B sequences with C tokens of context each, one token per sequence per step;
 //               median step time over --decode-steps → B / step tokens/s
 // Output: one line per workload (and a JSON line with --json FILE).
 //   rose_llm_bench --model DIR [--prefill 2048,8192,32768] [--decode 1@8192,64@1024]
-//                  [--decode-steps 32] [--max-batch-tokens 16384] [--moe-weights auto|mxfp4|bf16]
-//                  [--cuda-graphs on|off] [--kv-tokens N] [--profile]   (one decode step per workload between cudaProfilerStart/Stop, for
+//                  [--decode-steps 32] [--max-batch-tokens 16384]
+//                  [--moe-weights auto|mxfp4|fp8|bf16] [--fp8-min-tokens N]
+//                  [--cuda-graphs on|off] [--residual f32|bf16] [--kv-tokens N] [--profile]   (one decode step per workload between cudaProfilerStart/Stop, for
 //                                 ncu --profile-from-start off)
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <numeric>
 #include <random>
@@ -31,6 +36,7 @@
 #include "services/rose/ops/llm_ops.h"
 #include "services/rose/ops/paged_kv_cache.h"
 #include "services/rose/ops/cuda/cuda_backend.h"
+#include "services/rose/ops/cuda/moe_fp8_gemm.h"
 #include "services/rose/ops/cuda/moe_gemm.cuh"
 
 namespace {
@@ -187,8 +193,10 @@ struct Bench {
 // random distinct experts each; kLayers weight copies are cycled so the weights come from HBM as
 // in a forward pass. Each decode-kernel variant (setMoeDecodeVariant; -1 = the tiled kernel) is
 // timed with CUDA events (median of 7 batches of 24 calls) and its output compared with variant
-// 0's bits. Prints one line per (T, variant).
-int moeGemmBench(const std::string& list) {
+// 0's bits. Prints one line per (T, variant). With --moe-weights fp8 also the FP8 experts
+// (uploaded with the FP8 copy, every T forced onto it) and their relative L2 difference from
+// variant 0.
+int moeGemmBench(const std::string& list, bool fp8) {
   constexpr int kLayers = 6, kE = 32, kK = 4, kH = 2880, kI = 2880;
   BackendOptions bo;
   auto be = makeBackend("cuda", bo);
@@ -232,8 +240,8 @@ int moeGemmBench(const std::string& list) {
     mx(2 * kI, kH, c1, s1);
     mx(kH, kI, c2, s2);
     for (int l = 0; l < kLayers; ++l) {
-      w1.push_back(ops->uploadMxfp4Experts(c1.data(), s1.data(), kE, 2 * kI, kH).value());
-      w2.push_back(ops->uploadMxfp4Experts(c2.data(), s2.data(), kE, kH, kI).value());
+      w1.push_back(ops->uploadMxfp4Experts(c1.data(), s1.data(), kE, 2 * kI, kH, fp8).value());
+      w2.push_back(ops->uploadMxfp4Experts(c2.data(), s2.data(), kE, kH, kI, fp8).value());
       b1.push_back(backend->allocateTensor(DType::kBF16, {kE, 2 * kI}).value());
       b2.push_back(backend->allocateTensor(DType::kBF16, {kE, kH}).value());
       std::vector<float> z(static_cast<size_t>(kE * 2 * kI), 0.01f);
@@ -274,8 +282,11 @@ int moeGemmBench(const std::string& list) {
     const Tensor xt = x.view.rowSlice(0, t), ot = out.view.rowSlice(0, t);
     const Tensor it = ids.view.rowSlice(0, t), wt = wts.view.rowSlice(0, t);
     std::vector<uint16_t> ref, got(static_cast<size_t>(t * kH));
-    for (int v : {0, 1, 2, 3, 4, 5, -1}) {
-      cuda::setMoeDecodeVariant(v);
+    std::vector<int> variants = {0, 1, 2, 3, 4, 5, -1};
+    if (fp8) variants.push_back(100);  // the FP8 experts (cuBLASLt block-scaled)
+    for (int v : variants) {
+      cuda::setMoeDecodeVariant(v == 100 ? 0 : v);
+      cuda::setMoeFp8MinTokens(v == 100 ? 1 : INT64_MAX);
       auto call = [&](int l) {
         ops->moeExperts(xt, it, wt, w1[static_cast<size_t>(l)], b1[static_cast<size_t>(l)].view,
                         w2[static_cast<size_t>(l)], b2[static_cast<size_t>(l)].view, ot, mp);
@@ -284,8 +295,23 @@ int moeGemmBench(const std::string& list) {
       (void)backend->synchronize();
       cudaMemcpy(got.data(), ot.data, got.size() * 2, cudaMemcpyDeviceToHost);
       bool same = true;
-      if (v == 0) ref = got;
-      else same = got == ref;
+      double rel = 0;  // the FP8 path vs variant 0: relative L2 difference
+      if (v == 0) {
+        ref = got;
+      } else if (v == 100) {
+        double num = 0, den = 0;
+        for (size_t i = 0; i < got.size(); ++i) {
+          const uint32_t ua = static_cast<uint32_t>(got[i]) << 16, ub = static_cast<uint32_t>(ref[i]) << 16;
+          float fa, fb;
+          std::memcpy(&fa, &ua, 4);
+          std::memcpy(&fb, &ub, 4);
+          num += (static_cast<double>(fa) - fb) * (static_cast<double>(fa) - fb);
+          den += static_cast<double>(fb) * fb;
+        }
+        rel = std::sqrt(num / std::max(den, 1e-30));
+      } else {
+        same = got == ref;
+      }
       std::vector<float> us;
       for (int rep = 0; rep < 7; ++rep) {
         cudaEventRecord(e0, stream);
@@ -297,12 +323,18 @@ int moeGemmBench(const std::string& list) {
         us.push_back(ms * 1000.f / 24);
       }
       std::sort(us.begin(), us.end());
-      std::printf("moe T=%4d variant %2d: %8.2f us/call (min %.2f)%s\n", t, v, us[3], us[0],
-                  same ? "" : "  OUTPUT DIFFERS FROM VARIANT 0");
+      if (v == 100) {
+        std::printf("moe T=%4d fp8       : %8.2f us/call (min %.2f)  rel_l2 vs variant 0 %.4f\n", t,
+                    us[3], us[0], rel);
+      } else {
+        std::printf("moe T=%4d variant %2d: %8.2f us/call (min %.2f)%s\n", t, v, us[3], us[0],
+                    same ? "" : "  OUTPUT DIFFERS FROM VARIANT 0");
+      }
       std::fflush(stdout);
     }
   }
   cuda::setMoeDecodeVariant(0);
+  cuda::setMoeFp8MinTokens(cuda::kMoeFp8DefaultMinTokens);
   return 0;
 }
 
@@ -314,9 +346,11 @@ int main(int argc, char** argv) {
   int decode_steps = 32;
   int64_t max_batch_tokens = 16384;
   bool graphs = true;     // --cuda-graphs on|off: decode steps as CUDA graphs
+  bool f32_residual = true;  // --residual f32|bf16: GptOssOptions::f32_residual
   int64_t kv_tokens = 0;  // --kv-tokens N: size the KV cache for at least N tokens
   std::string moe_list;   // --moe-gemm T1,T2,...: time the MoE experts op alone (no model)
   bool profile = false;  // one decode step of each --decode workload between profiler markers
+  int64_t fp8_min_tokens = 0;  // --fp8-min-tokens N: MoE steps of >= N tokens use the FP8 copy
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -335,14 +369,16 @@ int main(int argc, char** argv) {
     else if (a == "--json") json_path = next();
     else if (a == "--profile") profile = true;
     else if (a == "--cuda-graphs") graphs = next() == "on";
+    else if (a == "--residual") f32_residual = next() == "f32";
     else if (a == "--kv-tokens") kv_tokens = std::atoll(next().c_str());
     else if (a == "--moe-gemm") moe_list = next();
+    else if (a == "--fp8-min-tokens") fp8_min_tokens = std::atoll(next().c_str());
     else {
       std::fprintf(stderr, "unknown flag %s\n", a.c_str());
       return 2;
     }
   }
-  if (!moe_list.empty()) return moeGemmBench(moe_list);
+  if (!moe_list.empty()) return moeGemmBench(moe_list, moe == "fp8");
   if (model_dir.empty()) {
     std::fprintf(stderr, "--model DIR is required\n");
     return 2;
@@ -364,9 +400,16 @@ int main(int argc, char** argv) {
   go.max_logits_rows = 256;
   go.max_model_len = 131072;
   go.cuda_graphs = graphs;
-  go.moe_weights = moe == "bf16" ? MoeWeightsMode::kDense
+  go.f32_residual = f32_residual;
+  if (moe != "auto" && moe != "mxfp4" && moe != "fp8" && moe != "bf16") {
+    std::fprintf(stderr, "--moe-weights must be auto, mxfp4, fp8 or bf16\n");
+    return 2;
+  }
+  go.moe_weights = moe == "bf16"    ? MoeWeightsMode::kDense
                    : moe == "mxfp4" ? MoeWeightsMode::kMxfp4
+                   : moe == "fp8"   ? MoeWeightsMode::kFp8
                                     : MoeWeightsMode::kAuto;
+  if (fp8_min_tokens > 0) cuda::setMoeFp8MinTokens(fp8_min_tokens);
   const auto t0 = Clock::now();
   auto m = GptOssModel::load(model_dir, *b.backend, *b.ops, go);
   if (!m.isOk()) {
@@ -399,10 +442,23 @@ int main(int argc, char** argv) {
   cudaMemGetInfo(&mem_free, &mem_total);
   std::printf("load %.2f s (experts %s), kv cache %d blocks = %lld tokens (%.2f GB); GPU memory "
               "used %.1f GB, free %.1f GB of %.1f GB\n",
-              load_s, b.model->expertFormat() == ExpertFormat::kMxfp4 ? "mxfp4" : "dense", blocks,
+              load_s,
+              b.model->fp8Experts() ? "mxfp4+fp8"
+              : b.model->expertFormat() == ExpertFormat::kMxfp4 ? "mxfp4"
+                                                                  : "dense",
+              blocks,
               static_cast<long long>(blocks) * 16, static_cast<double>(b.kv->bytes()) / 1e9,
               static_cast<double>(mem_total - mem_free) / 1e9, static_cast<double>(mem_free) / 1e9,
               static_cast<double>(mem_total) / 1e9);
+  if (b.model->fp8Experts()) {
+    const double nz = static_cast<double>(b.model->fp8NonzeroWeights());
+    std::printf("fp8 experts: %llu of %llu non-zero weights not exact in e4m3 (%.3g %%); MoE "
+                "steps of >= %lld tokens use them\n",
+                static_cast<unsigned long long>(b.model->fp8InexactWeights()),
+                static_cast<unsigned long long>(b.model->fp8NonzeroWeights()),
+                nz > 0 ? 100.0 * static_cast<double>(b.model->fp8InexactWeights()) / nz : 0.0,
+                static_cast<long long>(cuda::moeFp8MinTokens()));
+  }
   std::ofstream json;
   if (!json_path.empty()) json.open(json_path);
   for (const auto& p : split(prefill_list, ',')) {

@@ -19,6 +19,8 @@
 #   5. the Hugging Face peer (bench/peer/hf_embed_baseline.py) on the same GPU, alone; then the same
 #      under torch.compile(mode="reduce-overhead") (CUDA graphs; suites 1 and 3, SESSION_HF_COMPILE=0
 #      skips it), whose compiles take minutes: it gets what is left of the budget, up to 240 s
+#   Knobs: SESSION_TESTS=0, SESSION_KERNEL_BENCH=0, SESSION_HF_EAGER=0 skip those steps;
+#   SESSION_BASELINE_ENV/_LABEL pick the first mesh column, SESSION_FORWARD_ENV the forward A/B.
 #   6. reports (render.py) and one comparison table: graphs off vs on vs HF, against the goals
 #
 #     bench/suites/gpu_embed_suites.sh BUNDLE GPUBIN DEST [--quick]
@@ -79,12 +81,15 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,te
 echo "== 1. tests (tests/gpu)"
 # A binary that was not carried (GPUBIN may hold a subset) is skipped and said so.
 have() { [ -x "$BIN/$1" ] || { note "$(printf '%-22s %s' "$1" "skipped (not in GPUBIN)")"; return 1; }; }
+# SESSION_TESTS=0 skips the tests (a call that only re-measures kernels already checked).
+[ "${SESSION_TESTS:-1}" = 1 ] || have() { note "$(printf '%-22s %s' "$1" "skipped (SESSION_TESTS=0)")"; return 1; }
 have gpu_kernels_test && step kernels_test tests_kernels.log 120 "$BIN/gpu_kernels_test"
 have gpu_graph_test && step graph_test tests_graph.log 40 "$BIN/gpu_graph_test"
 have gpu_model_graph_test && step model_graph_test tests_model_graph.log 100 "$BIN/gpu_model_graph_test"
 
+have() { [ -x "$BIN/$1" ] || { note "$(printf '%-22s %s' "$1" "skipped (not in GPUBIN)")"; return 1; }; }
 echo "== 2. kernel microbenchmarks"
-have rose_kernel_bench && step kernel_bench kernel_bench.txt 100 "$BIN/rose_kernel_bench" &&
+[ "${SESSION_KERNEL_BENCH:-1}" = 1 ] && have rose_kernel_bench && step kernel_bench kernel_bench.txt 100 "$BIN/rose_kernel_bench" &&
   grep -E "^(attention|attn_|pool)" "$OUT/kernel_bench.txt"
 
 # Rehearsal knobs (a CPU dry run of the script's plumbing on the dev machine):
@@ -102,9 +107,11 @@ fi
 
 if [ -x "$BIN/rose_forward_bench" ]; then
   echo "== 3b. whole forward: eager vs graph, attention auto vs narrow (no mesh)"
-  step forward_bench_smallm0 forward_bench_smallm0.txt 90 env GARDEN_GEMM_SMALLM=0 "$BIN/rose_forward_bench" "$MODEL" --iters 20
+  # SESSION_FORWARD_ENV: the environment of the comparison run (default: no small-M GEMM).
+  FWD_ENV=${SESSION_FORWARD_ENV:-GARDEN_GEMM_SMALLM=0}
+  step forward_bench_alt forward_bench_alt.txt 90 env $FWD_ENV "$BIN/rose_forward_bench" "$MODEL" --iters 20
   step forward_bench forward_bench.txt 90 "$BIN/rose_forward_bench" "$MODEL" --iters 20
-  echo "-- GARDEN_GEMM_SMALLM=0"; grep -v "^{" "$OUT/forward_bench_smallm0.txt"
+  echo "-- $FWD_ENV"; grep -v "^{" "$OUT/forward_bench_alt.txt"
   echo "-- defaults"; grep -v "^{" "$OUT/forward_bench.txt"
 fi
 
@@ -169,9 +176,13 @@ export OUT FB MODEL ROOT LAT_COUNT LAT_WARM SC_COUNT TP_COUNT TP4K_COUNT DEVICE 
 PRECAPTURE=${SESSION_PRECAPTURE-1x128,1x512,1x4096}  # SESSION_PRECAPTURE= (empty) for cpu
 export ROSE_CUDA_GRAPHS=on
 [ -n "$PRECAPTURE" ] && export ROSE_PRECAPTURE=$PRECAPTURE
+# The first mesh column: SESSION_BASELINE_ENV (default session 2's kernels: narrow attention, no
+# small-M GEMM), labelled SESSION_BASELINE_LABEL in comparison.md (e.g. GARDEN_ATTENTION_KERNEL=sm90).
+BASE_ENV=${SESSION_BASELINE_ENV:-GARDEN_ATTENTION_KERNEL=narrow GARDEN_GEMM_SMALLM=0}
+export BASE_LABEL=${SESSION_BASELINE_LABEL:-session-2 kernels}
 if [ "${SESSION_BASELINE:-1}" = 1 ]; then
-  echo "== 4a. suites 1-3, graphs on, session 2's kernels (narrow attention, no small-M GEMM)"
-  step suites_baseline suites_baseline.log 110 env GARDEN_ATTENTION_KERNEL=narrow GARDEN_GEMM_SMALLM=0 bash -c 'mesh_run baseline'
+  echo "== 4a. suites 1-3, graphs on, $BASE_LABEL ($BASE_ENV)"
+  step suites_baseline suites_baseline.log 110 env $BASE_ENV bash -c 'mesh_run baseline'
   stop_mesh
 fi
 echo "== 4b. suites 1-3, graphs on --precapture $PRECAPTURE, current defaults"
@@ -184,7 +195,7 @@ echo "== 5. Hugging Face peer (alone on the GPU)"
 PEER_COUNT=10
 [ $QUICK = 1 ] && PEER_COUNT=3
 export PYTHONUNBUFFERED=1
-step hf_peer peer.log 120 python3 "$ROOT/bench/peer/hf_embed_baseline.py" \
+[ "${SESSION_HF_EAGER:-1}" = 1 ] && step hf_peer peer.log 120 python3 "$ROOT/bench/peer/hf_embed_baseline.py" \
   --out "$OUT/peer" --count $PEER_COUNT --warmup 3
 if [ "${SESSION_HF_COMPILE:-1}" = 1 ]; then
   # Each workload's JSON is written as it finishes; --max-seconds stops starting new ones before
@@ -197,7 +208,7 @@ if [ "${SESSION_HF_COMPILE:-1}" = 1 ]; then
 fi
 
 # Last, with what is left of the budget: memcheck over the new kernels' tests.
-if command -v compute-sanitizer >/dev/null 2>&1 && [ $QUICK = 0 ] && [ -x "$BIN/gpu_kernels_test" ]; then
+if command -v compute-sanitizer >/dev/null 2>&1 && [ $QUICK = 0 ] && [ "${SESSION_TESTS:-1}" = 1 ] && [ -x "$BIN/gpu_kernels_test" ]; then
   step memcheck tests_memcheck.log 90 compute-sanitizer --tool memcheck --error-exitcode 3 \
     "$BIN/gpu_kernels_test" --gtest_filter="${SESSION_MEMCHECK_FILTER:-*Attention*:*Gemm*}"
 else
@@ -237,7 +248,7 @@ def order(n):
     m = re.search(r"tok(\d+)_b(\d+)", n)
     return ("b100" in n, n.split("_")[0], int(m.group(1)) if m else 0, int(m.group(2)) if m else 0)
 names = sorted(set(off) | set(on) | set(hf) | set(hfc), key=order)
-print("| workload | session-2 kernels | current | HF transformers | HF torch.compile | goal |")
+print(f"| workload | {os.environ.get('BASE_LABEL', 'session-2 kernels')} | current | HF transformers | HF torch.compile | goal |")
 print("|---|---|---|---|---|---|")
 for n in names:
     tp = "b100" in n

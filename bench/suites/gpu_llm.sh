@@ -13,6 +13,14 @@
 #   mk20b     bench/suites/make_random_gpt_oss.py: a random gpt-oss-20b-shaped MXFP4 checkpoint
 #   bench20b  rose_llm_bench on it: load, prefill 2k/8k/32k, decode 1@8192 and 64@1024
 #   bench20b_bf16  the same with the experts dequantized to bf16 at load (--moe-weights bf16)
+#   bench20b_fp8   prefill 2k/8k/32k with --moe-weights fp8 (the experts' FP8 e4m3 copy with 128x128
+#             block scales, cuBLASLt block-scaled GEMMs per expert, for MoE steps of >= 257
+#             tokens; decode stays MXFP4) — compare its prefill lines with bench20b's
+#   bench20b_bf16res  prefill 8k and decode with the bf16 residual stream (GptOssOptions::f32_residual
+#             off): the speed side of the f32 stream
+#   fp8ops    gpu_llm_ops_test GpuFp8Moe.*: requant, activation quant and the FP8 experts vs the CPU
+#   moegemm_fp8  rose_llm_bench --moe-gemm with --moe-weights fp8: the MoE op alone, MXFP4 kernels
+#             and the FP8 path side by side per token count (the FP8 row's rel_l2 vs MXFP4)
 #   hfpeer    bench/suites/hf_llm_peer.py: Hugging Face transformers (bf16, eager) on the same
 #             checkpoint and shapes, the peer of bench20b (needs mk20b)
 #   mesh      bench/suites/gpu_mesh_smoke.sh: tulip + rose --device cuda + ivy on the 20b-shaped
@@ -70,7 +78,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used,memo
 for s in $STEPS; do
   case $s in
     llmops) step llmops llm_ops.log 200 "$BIN/gpu_llm_ops_test" ;;
-    llmsel) step llmsel llm_sel.log 200 "$BIN/gpu_llm_ops_test" --gtest_filter='*MoeExperts*:GpuLlmOps.SamplerState*:GpuLlmOps.SamplingFollowsTheCpuDistribution:GpuLlmOps.GreedyIsTheCpuArgmax' ;;
+    llmsel) step llmsel llm_sel.log 200 "$BIN/gpu_llm_ops_test" --gtest_filter='*MoeExperts*:GpuFp8Moe.*:GpuLlmOps.SamplerState*:GpuLlmOps.SamplingFollowsTheCpuDistribution:GpuLlmOps.GreedyIsTheCpuArgmax' ;;
     llmmodel) mkdir -p /tmp/llm_bar; step llmmodel llm_model.log 240 env GARDEN_LLM_BAR_DIR=/tmp/llm_bar "$BIN/gpu_llm_model_test" ;;
     hfbar) step hfbar hfbar.log 200 python3 "$ROOT/tests/gpu/hf_llm_bar.py" /tmp/llm_bar ;;
     regress) step regress regress.log 200 bash -c "'$BIN/gpu_kernels_test' --gtest_brief=1 && '$BIN/gpu_graph_test' --gtest_brief=1 && '$BIN/gpu_model_graph_test' --gtest_brief=1" ;;
@@ -86,6 +94,10 @@ for s in $STEPS; do
     bench120b) step bench120b bench120b.txt 300 "$BIN/rose_llm_bench" --model /dev/shm/gptoss120b --prefill 8192,32768 --decode 1@8192,64@1024 --decode-steps 16 --max-batch-tokens 16384 --kv-tokens 140000 --json "$LOGS/bench120b.jsonl" ;;
     bench20b_nograph) step bench20b_nograph bench20b_nograph.txt 200 "$BIN/rose_llm_bench" --model /tmp/gptoss20b --prefill '' --decode 1@8192,64@1024 --decode-steps 32 --max-batch-tokens 16384 --cuda-graphs off --json "$LOGS/bench20b_nograph.jsonl" ;;
     profdec) step profdec profdec.txt 240 bash -c "for w in 1@8192 64@1024; do ncu --clock-control none --cache-control none --profile-from-start off --metrics gpu__time_duration.sum --csv --log-file '$LOGS/ncu_decode_'\$w'.csv' '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode \$w --decode-steps 4 --profile >/dev/null 2>&1; done; python3 '$ROOT/bench/suites/ncu_llm_summary.py' '$LOGS'/ncu_decode_*.csv" ;;
+    bench20b_fp8) step bench20b_fp8 bench20b_fp8.txt 300 "$BIN/rose_llm_bench" --model /tmp/gptoss20b --prefill 2048,8192,32768 --decode 1@8192 --decode-steps 16 --max-batch-tokens 16384 --moe-weights fp8 --json "$LOGS/bench20b_fp8.jsonl" ;;
+    bench20b_bf16res) step bench20b_bf16res bench20b_bf16res.txt 200 "$BIN/rose_llm_bench" --model /tmp/gptoss20b --prefill 8192 --decode 1@8192,64@1024 --decode-steps 32 --max-batch-tokens 16384 --residual bf16 --json "$LOGS/bench20b_bf16res.jsonl" ;;
+    fp8ops) step fp8ops fp8_ops.log 300 "$BIN/gpu_llm_ops_test" --gtest_filter='GpuFp8Moe.*' ;;
+    moegemm_fp8) step moegemm_fp8 moegemm_fp8.txt 200 "$BIN/rose_llm_bench" --moe-gemm 256,512,1024,2048,4096,8192 --moe-weights fp8 ;;
     bench20b_bf16) step bench20b_bf16 bench20b_bf16.txt 200 "$BIN/rose_llm_bench" --model /tmp/gptoss20b --prefill 2048,8192 --decode 1@8192,64@1024 --decode-steps 32 --max-batch-tokens 16384 --moe-weights bf16 --json "$LOGS/bench20b_bf16.jsonl" ;;
     hfpeer) step hfpeer hfpeer.txt 240 python3 "$ROOT/bench/suites/hf_llm_peer.py" /tmp/gptoss20b --prefill 2048,8192 --decode 1@8192,64@1024 --steps 16 ;;
     mesh) step mesh mesh.log 200 bash "$ROOT/bench/suites/gpu_mesh_smoke.sh" "$BIN" /tmp/gptoss20b "$BIN/tokenizer.json" "$LOGS" ;;
@@ -94,7 +106,7 @@ for s in $STEPS; do
     *) echo "unknown step $s"; failed=$((failed+1)) ;;
   esac
 done
-for f in attnbench.txt moegemm.txt sass.txt bench20b.txt bench120b.txt bench20b_nograph.txt bench20b_bf16.txt hfpeer.txt sweep.txt; do
+for f in attnbench.txt moegemm.txt moegemm_fp8.txt sass.txt bench20b.txt bench120b.txt bench20b_nograph.txt bench20b_bf16.txt bench20b_fp8.txt bench20b_bf16res.txt hfpeer.txt sweep.txt; do
   [ -f "$LOGS/$f" ] && grep -v '"gemm tuned"' "$LOGS/$f"
 done
 [ -f "$LOGS/prof.txt" ] && cat "$LOGS/prof.txt"

@@ -6,7 +6,7 @@
 //   - a Qwen3 embedding / scoring model: EmbeddingRunner (embed and score batches);
 //   - a gpt-oss checkpoint (model_type "gpt_oss" / GptOssForCausalLM): LlmRunner (one kGenerate
 //     step per batch, a paged KV cache allocated at start), on the cpu reference ops or the cuda
-//     ones (MXFP4 experts resident unless --moe-weights bf16).
+//     ones (MXFP4 experts resident unless --moe-weights bf16; fp8 adds an FP8 copy for prefill).
 //
 //   rose --model DIR --shm-name NAME [--device cpu|cuda] [--max-batch-tokens 8192] [--threads N]
 //        [--create-shm --depth 4 --input-bytes N --output-bytes N]
@@ -14,7 +14,7 @@
 //               [--cuda-graphs on|off] [--precapture SEQSxTOKENS,...]   (cuda backend: batches
 //               padded to (sequences, tokens) buckets and replayed as CUDA graphs)
 //   gpt-oss:    [--kv-block-size 16] [--kv-blocks N | --kv-cache-mb MB | --kv-cache-fraction 0.9]
-//               [--max-model-len N] [--max-seqs 256] [--moe-weights auto|mxfp4|bf16]
+//               [--max-model-len N] [--max-seqs 256] [--moe-weights auto|mxfp4|fp8|bf16]
 //               (KV cache: --kv-blocks, else --kv-cache-mb, else on a GPU that fraction of the
 //               device memory the model left free, on the cpu 256 MiB)
 //
@@ -25,7 +25,7 @@
 // With --dp D, --kv-blocks counts tulip's block ids (a multiple of D; each dp group caches 1/D).
 //
 // The cuda backend's kernel choices come from the environment, read once here:
-// GARDEN_ATTENTION_KERNEL=auto|narrow|sm90, GARDEN_GEMM_TUNE=0|1, GARDEN_GEMM_SMALLM=0|1, GARDEN_PDL=0|1
+// GARDEN_ATTENTION_KERNEL=auto|sm90|mma|narrow, GARDEN_GEMM_TUNE=0|1, GARDEN_GEMM_SMALLM=0|1, GARDEN_PDL=0|1
 // (services/rose/ops/backend.h CudaKernelOptions).
 //
 // Exit codes: 0 clean stop, 1 startup failure (the channel's state is kFailed when it was
@@ -166,8 +166,9 @@ bool validLlmArgs(const LlmArgs& f) {
     std::fprintf(stderr, "rose: --kv-cache-fraction must be in (0, 1]\n");
     return false;
   }
-  if (f.moe_weights != "auto" && f.moe_weights != "mxfp4" && f.moe_weights != "bf16") {
-    std::fprintf(stderr, "rose: --moe-weights must be auto, mxfp4 or bf16\n");
+  if (f.moe_weights != "auto" && f.moe_weights != "mxfp4" && f.moe_weights != "fp8" &&
+      f.moe_weights != "bf16") {
+    std::fprintf(stderr, "rose: --moe-weights must be auto, mxfp4, fp8 or bf16\n");
     return false;
   }
   if (f.max_model_len < 0 || f.max_seqs <= 0 || f.max_seqs > 65536) {
@@ -260,6 +261,7 @@ Result<Workload> loadLlm(const std::string& dir, rose::Backend& backend, int32_t
   ASSIGN_OR_RETURN(w.ops, rose::makeLlmOps(backend, threads));
   rose::GptOssOptions go = gptOssOptions(max_batch_tokens, f);
   go.moe_weights = f.moe_weights == "mxfp4"  ? rose::MoeWeightsMode::kMxfp4
+                   : f.moe_weights == "fp8"  ? rose::MoeWeightsMode::kFp8
                    : f.moe_weights == "bf16" ? rose::MoeWeightsMode::kDense
                                              : rose::MoeWeightsMode::kAuto;
   ASSIGN_OR_RETURN(w.gpt_oss, rose::GptOssModel::load(dir, backend, *w.ops, go));
@@ -472,8 +474,8 @@ int main(int argc, char** argv) {
            "gpt-oss: share of the device memory left after loading that the KV cache takes when "
            "--kv-blocks and --kv-cache-mb are 0")
       .add("moe-weights", &llm.moe_weights,
-           "gpt-oss: auto|mxfp4|bf16: experts kept MXFP4 (cuda) or dequantized to the weight "
-           "dtype")
+           "gpt-oss: auto|mxfp4|fp8|bf16: experts kept MXFP4 (cuda), MXFP4 plus an FP8 "
+           "copy for prefill (cuda), or dequantized to the weight dtype")
       .add("max-model-len", &llm.max_model_len,
            "gpt-oss: longest sequence (0 = the model's, at most 131072)")
       .add("max-seqs", &llm.max_seqs, "gpt-oss: sequences per step");
@@ -719,6 +721,11 @@ int main(int argc, char** argv) {
                         {"kv_block_size", kv.shape().block_size},
                         {"kv_mb", static_cast<int64_t>(kv.bytes() >> 20)},
                         {"max_batch_tokens", max_batch_tokens},
+                        {"experts_fp8", w.gpt_oss != nullptr && w.gpt_oss->fp8Experts()},
+                        {"fp8_inexact_weights",
+                         static_cast<int64_t>(w.gpt_oss ? w.gpt_oss->fp8InexactWeights() : 0)},
+                        {"fp8_nonzero_weights",
+                         static_cast<int64_t>(w.gpt_oss ? w.gpt_oss->fp8NonzeroWeights() : 0)},
                         {"load_ms", static_cast<int64_t>(load_ms)}});
   }
 

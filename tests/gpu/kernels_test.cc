@@ -102,6 +102,41 @@ TEST_F(GpuOps, RmsNormWithAndWithoutResidual) {
   }
 }
 
+TEST_F(GpuOps, RmsNormF32ResidualStream) {
+  // gpt-oss keeps its residual stream in f32 (GptOssOptions::f32_residual): the add is the CPU
+  // reference's f32 add, so the stream must equal it bit for bit; residual_init starts the stream
+  // from x (the old contents, poisoned here, are not read). Both kernels (few rows: one row per
+  // block; many rows) and both modes.
+  for (auto [t, h] : std::vector<std::pair<int64_t, int64_t>>{
+           {1, 2880}, {3, 1024}, {17, 8}, {97, 2880}, {1000, 2880}, {2000, 1024}}) {
+    for (bool init : {false, true}) {
+      SCOPED_TRACE(shape({t, h}) + (init ? " init" : " add"));
+      auto x = randomBf16(static_cast<size_t>(t * h), rng_, -2.f, 2.f);
+      std::vector<float> r(static_cast<size_t>(t * h));
+      std::uniform_real_distribution<float> d(-30.f, 30.f);
+      for (auto& v : r) v = d(rng_);  // f32 values, not bf16-representable
+      auto w = randomBf16(static_cast<size_t>(h), rng_, 0.5f, 1.5f);
+      auto cx = upload(cpu(), DType::kF32, {t, h}, x);
+      auto gx = upload(gpu(), act(), {t, h}, x);
+      auto cr = upload(cpu(), DType::kF32, {t, h}, r);
+      auto gr = upload(gpu(), DType::kF32, {t, h}, r);
+      if (init) poison(gpu(), gr.view);
+      auto cw = upload(cpu(), DType::kF32, {h}, w);
+      auto gw = upload(gpu(), gpu().weightDType(), {h}, w);
+      auto co = allocate(cpu(), DType::kF32, {t, h});
+      auto go = allocate(gpu(), act(), {t, h});
+      poison(gpu(), go.view);
+      RmsNormParams p;
+      p.eps = 1e-6f;
+      p.residual_init = init;
+      cpu().rmsNorm(cx.view, cr.view, cw.view, co.view, p);
+      gpu().rmsNorm(gx.view, gr.view, gw.view, go.view, p);
+      expectClose(download(gpu(), gr.view), download(cpu(), cr.view), 0, 0, "f32 residual");
+      expectClose(download(gpu(), go.view), download(cpu(), co.view), 2e-2, 2e-2, "rms_norm out");
+    }
+  }
+}
+
 TEST_F(GpuOps, RmsNormRowDoesNotDependOnRowCount) {
   // Few rows (< 4 per SM) take the one-row-per-block kernel with one chunk per thread, many rows
   // the multi-row kernel; both sum a row's squares in the same order, so a row's bits (out and

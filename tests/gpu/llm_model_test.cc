@@ -7,7 +7,8 @@
 //     bounds) and with it (the bf16 bar; tests/gpu/hf_llm_bar.py measures Hugging Face there);
 //   * chunked prefill + decode equals one full pass; a prefix-cache hit (blocks shared with
 //     another sequence) equals a miss; a sequence's tokens do not depend on the batch;
-//   * the MXFP4-resident experts and the bf16 (dequantized) experts give the same logits bits.
+//   * the MXFP4-resident experts and the bf16 (dequantized) experts give the same logits bits;
+//   * --moe-weights fp8 (the FP8 expert copy) tracks the MXFP4 path (agreement reported).
 // Label `gpu`.
 
 #include <gtest/gtest.h>
@@ -26,6 +27,7 @@
 #include <vector>
 
 #include "services/rose/model/gpt_oss.h"
+#include "services/rose/ops/cuda/moe_fp8_gemm.h"
 #include "services/rose/ops/llm_ops.h"
 #include "services/rose/ops/paged_kv_cache.h"
 #include "services/rose/tools/mkmodel_gpt_oss.h"
@@ -542,6 +544,72 @@ TEST_F(GpuGptOss, RoutedModelTeacherForcedAgainstTheCpu) {
             << ", free-running identical " << st.free_identical << "/10\n";
   EXPECT_GE(st.cosines[st.cosines.size() / 2], 0.999);
   EXPECT_GE(agree, 0.85);
+}
+
+// --moe-weights fp8 [TAG_FP8_EXPERTS]: MXFP4 experts plus the FP8 copy, forced onto every MoE step
+// here (graphs off), against the MXFP4 experts of the same checkpoint, teacher-forced on the
+// MXFP4 path's greedy tokens (one prefill pass per prompt, every position's logits) and free-
+// running. e4m3 rounds both expert activations (x and the SwiGLU output) to 3 mantissa bits (~2.5 %
+// RMS each, tests/gpu/fp8_moe_test.cc), far more than bf16's rounding, so top-1 flips where the
+// logits are close and free-running generations part at the first flip: the agreement is reported,
+// and only what a correct path must reach is held (median cosine >= 0.99, top-1 agreement >= 0.5;
+// a wrong layout, scale or range gives unrelated logits, cosine ~0). With the default threshold
+// only the prefill step (300 tokens) takes the FP8 experts, the decode steps the MXFP4 kernels.
+TEST_F(GpuGptOss, Fp8ExpertsTrackTheMxfp4Path) {
+  Runner mx = load(*dir_, "cuda", MoeWeightsMode::kMxfp4, nullptr, /*cuda_graphs=*/false);
+  Runner f8 = load(*dir_, "cuda", MoeWeightsMode::kFp8, &mx, /*cuda_graphs=*/false);
+  ASSERT_TRUE(f8.model->fp8Experts());
+  ASSERT_FALSE(mx.model->fp8Experts());
+  std::cout << "[ fp8 model ] " << f8.model->fp8InexactWeights() << " of "
+            << f8.model->fp8NonzeroWeights() << " non-zero expert weights inexact in e4m3\n";
+  std::vector<double> cosines;
+  int positions = 0, agree = 0, free_total = 0;
+  {
+    cuda::setMoeFp8MinTokens(1);
+    for (int len : {5, 33, 129, 300, 1000}) {
+      auto p = prompt(len, static_cast<uint32_t>(len) + 91);
+      mx.next_block = 0;
+      auto tm = generate(mx, p, 32, 2048, nullptr);
+      std::vector<int32_t> all = p;
+      all.insert(all.end(), tm.begin(), tm.end() - 1);
+      mx.next_block = 0;
+      f8.next_block = 0;
+      const uint64_t steps0 = cuda::moeFp8Steps();
+      auto lm = prefillLogits(mx, all, len - 1);
+      EXPECT_EQ(cuda::moeFp8Steps(), steps0) << "the MXFP4 model took the FP8 path";
+      auto lf = prefillLogits(f8, all, len - 1);
+      EXPECT_GT(cuda::moeFp8Steps(), steps0) << "the FP8 model did not take the FP8 path";
+      ASSERT_EQ(lm.size(), lf.size());
+      for (size_t i = 0; i < lm.size(); ++i) {
+        const Diff df = diff(lm[i], lf[i]);
+        cosines.push_back(df.cos);
+        agree += df.top1;
+        ++positions;
+      }
+      f8.next_block = 0;
+      auto tf = generate(f8, p, 32, 2048, nullptr);
+      size_t same = 0;
+      while (same < tm.size() && tm[same] == tf[same]) ++same;
+      free_total += static_cast<int>(same);
+      std::cout << "[ fp8 model ] prompt " << len << ": free-running " << same
+                << "/32 tokens identical to MXFP4\n";
+    }
+    cuda::setMoeFp8MinTokens(cuda::kMoeFp8DefaultMinTokens);
+  }
+  std::sort(cosines.begin(), cosines.end());
+  const double agreement = static_cast<double>(agree) / positions;
+  std::cout << "[ fp8 model ] teacher-forced " << positions << " positions: top-1 agreement "
+            << agreement << ", cosine worst " << cosines.front() << " median "
+            << cosines[cosines.size() / 2] << "; free-running " << free_total
+            << "/160 tokens before the first difference\n";
+  EXPECT_GE(cosines[cosines.size() / 2], 0.99);
+  EXPECT_GE(agreement, 0.5);
+  // Default threshold: the 300-token prefill step on FP8 (one MoE call per layer), decode not.
+  f8.next_block = 0;
+  const uint64_t steps0 = cuda::moeFp8Steps();
+  generate(f8, prompt(300, 5), 4, 2048, nullptr);
+  EXPECT_EQ(cuda::moeFp8Steps() - steps0,
+            static_cast<uint64_t>(f8.model->config().base.num_hidden_layers));
 }
 
 }  // namespace

@@ -150,7 +150,7 @@ Result<ExpertWeights> allocateDenseExperts(Backend& b, DType wt, int64_t e, int6
 // MXFP4 experts kept resident by the ops, read straight from the mmap'ed checkpoint.
 Result<ExpertWeights> uploadResidentMxfp4(LlmOps& ops, const TensorView& blocks,
                                           const TensorView& scales, int64_t e, int64_t out,
-                                          int64_t in) {
+                                          int64_t in, bool fp8_copy) {
   ASSIGN_OR_RETURN(Mxfp4Shape ms, checkMxfp4(blocks, scales));
   if (ms.prefix != std::vector<int64_t>{e, out} || ms.groups * 32 != in) {
     return invalidArgument("MXFP4 tensor '" + blocks.name + "' has shape " +
@@ -160,7 +160,8 @@ Result<ExpertWeights> uploadResidentMxfp4(LlmOps& ops, const TensorView& blocks,
   }
   Result<ExpertWeights> w =
       ops.uploadMxfp4Experts(reinterpret_cast<const uint8_t*>(blocks.data),
-                             reinterpret_cast<const uint8_t*>(scales.data), e, out, in);
+                             reinterpret_cast<const uint8_t*>(scales.data), e, out, in,
+                             fp8_copy);
   if (!w.isOk()) return w.status().withContext(blocks.name);
   return w;
 }
@@ -335,17 +336,29 @@ Result<std::unique_ptr<GptOssModel>> GptOssModel::load(const std::string& dir, B
         return invalidArgument("checkpoint has '" + gu_blocks->name + "' but not all of " + ex +
                                "{gate_up_proj_scales, down_proj_blocks, down_proj_scales}");
       }
-      const bool resident = opts.moe_weights == MoeWeightsMode::kMxfp4 ||
+      const bool fp8 = opts.moe_weights == MoeWeightsMode::kFp8;
+      const bool resident = opts.moe_weights == MoeWeightsMode::kMxfp4 || fp8 ||
                             (opts.moe_weights == MoeWeightsMode::kAuto &&
                              ops.supportsExpertFormat(ExpertFormat::kMxfp4));
       if (resident) {
         if (!ops.supportsExpertFormat(ExpertFormat::kMxfp4)) {
-          return invalidArgument("--moe-weights mxfp4: the " + std::string(b.name()) +
+          return invalidArgument(std::string(fp8 ? "--moe-weights fp8" : "--moe-weights mxfp4") +
+                                 ": the " + std::string(b.name()) +
                                  " backend runs dense experts only");
         }
-        ASSIGN_OR_RETURN(L.w1, uploadResidentMxfp4(ops, *gu_blocks, *gu_scales, ne, 2 * inter, h));
-        ASSIGN_OR_RETURN(L.w2, uploadResidentMxfp4(ops, *dn_blocks, *dn_scales, ne, h, inter));
+        if (fp8 && !ops.supportsFp8Experts()) {
+          return invalidArgument("--moe-weights fp8: the " + std::string(b.name()) +
+                                 " backend's LLM ops have no FP8 experts");
+        }
+        ASSIGN_OR_RETURN(L.w1,
+                         uploadResidentMxfp4(ops, *gu_blocks, *gu_scales, ne, 2 * inter, h, fp8));
+        ASSIGN_OR_RETURN(L.w2, uploadResidentMxfp4(ops, *dn_blocks, *dn_scales, ne, h, inter, fp8));
         m->expert_format_ = ExpertFormat::kMxfp4;
+        if (fp8) {
+          m->fp8_experts_ = true;
+          m->fp8_inexact_ += L.w1.fp8_inexact + L.w2.fp8_inexact;
+          m->fp8_nonzero_ += L.w1.fp8_nonzero + L.w2.fp8_nonzero;
+        }
         continue;
       }
       ASSIGN_OR_RETURN(L.w1, allocateDenseExperts(b, wt, ne, 2 * inter, h));
@@ -353,8 +366,11 @@ Result<std::unique_ptr<GptOssModel>> GptOssModel::load(const std::string& dir, B
       RETURN_IF_ERROR(uploadExpertsMxfp4(b, L.w1.dense, *gu_blocks, *gu_scales, ne, 2 * inter, h));
       RETURN_IF_ERROR(uploadExpertsMxfp4(b, L.w2.dense, *dn_blocks, *dn_scales, ne, h, inter));
     } else {
-      if (opts.moe_weights == MoeWeightsMode::kMxfp4) {
-        return invalidArgument("--moe-weights mxfp4: the checkpoint's experts are not MXFP4");
+      if (opts.moe_weights == MoeWeightsMode::kMxfp4 || opts.moe_weights == MoeWeightsMode::kFp8) {
+        return invalidArgument(std::string(opts.moe_weights == MoeWeightsMode::kFp8
+                                               ? "--moe-weights fp8"
+                                               : "--moe-weights mxfp4") +
+                               ": the checkpoint's experts are not MXFP4");
       }
       ASSIGN_OR_RETURN(L.w1, allocateDenseExperts(b, wt, ne, 2 * inter, h));
       ASSIGN_OR_RETURN(L.w2, allocateDenseExperts(b, wt, ne, h, inter));
@@ -398,7 +414,9 @@ Result<std::unique_ptr<GptOssModel>> GptOssModel::load(const std::string& dir, B
   ASSIGN_OR_RETURN(m->slots_, b.allocateTensor(DType::kI32, {t}));
   ASSIGN_OR_RETURN(m->cu_q_, b.allocateTensor(DType::kI32, {s + 1}));
   ASSIGN_OR_RETURN(m->rows_, b.allocateTensor(DType::kI32, {r}));
-  ASSIGN_OR_RETURN(m->residual_, b.allocateTensor(b.residualDType(), {t, h}));
+  ASSIGN_OR_RETURN(m->residual_, b.allocateTensor(opts.f32_residual ? DType::kF32
+                                                                      : b.residualDType(),
+                                                  {t, h}));
   ASSIGN_OR_RETURN(m->x_, b.allocateTensor(act, {t, h}));
   ASSIGN_OR_RETURN(m->moe_out_, b.allocateTensor(act, {t, h}));
   ASSIGN_OR_RETURN(m->qkv_buf_, b.allocateTensor(act, {t, (hq + 2 * hkv) * d}));
@@ -848,10 +866,16 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
     const Tensor tk_ids = topk_ids_.view.rowSlice(0, t);
     const Tensor tk_w = topk_w_.view.rowSlice(0, t);
     const RmsNormParams norm{static_cast<float>(c.rms_norm_eps)};
-    b.embedding(embed_.view, ids_t, res);
+    // A stream wider than the activations starts from the embedding rows in x (res = x).
+    const bool wide_res = res.dtype != x.dtype;
+    b.embedding(embed_.view, ids_t, wide_res ? x : res);
     for (size_t l = 0; l < layers_.size(); ++l) {
       const Layer& L = layers_[l];
-      if (l == 0) {
+      if (l == 0 && wide_res) {
+        RmsNormParams init = norm;
+        init.residual_init = true;
+        b.rmsNorm(x, res, L.input_norm.view, x, init);
+      } else if (l == 0) {
         b.rmsNorm(res, Tensor(), L.input_norm.view, x, norm);
       } else {
         b.rmsNorm(moe, res, L.input_norm.view, x, norm);  // res += moe out; x = norm(res)

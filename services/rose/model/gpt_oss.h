@@ -60,8 +60,10 @@ Result<GptOssConfig> loadGptOssConfig(const std::string& dir);
 
 // How the experts stay resident: kAuto keeps a published MXFP4 checkpoint in MXFP4 when the
 // backend's LLM ops run MXFP4 experts (CUDA), else dense (the weight dtype; the CPU reference
-// always dequantizes at load).
-enum class MoeWeightsMode : uint8_t { kAuto = 0, kDense = 1, kMxfp4 = 2 };
+// always dequantizes at load). kFp8: MXFP4 resident plus an FP8 e4m3 copy with 128x128 block
+// scales requantized on the GPU at load, which the ops use for prefill-sized steps (CUDA;
+// [TAG_FP8_EXPERTS] in docs/gpt-oss-cuda.md) — both copies stay in memory.
+enum class MoeWeightsMode : uint8_t { kAuto = 0, kDense = 1, kMxfp4 = 2, kFp8 = 3 };
 
 struct GptOssOptions {
   int64_t max_batch_tokens = 2048;  // new tokens per step
@@ -75,6 +77,10 @@ struct GptOssOptions {
   // kMaxGraphSeqs sequences run as CUDA graphs on a backend that has them: padded to a power of
   // two sequences, the block tables to a power-of-two stride, captured lazily per bucket.
   bool cuda_graphs = true;
+  // The residual stream in f32 (the cuda backend's own default stream is bf16, rounded after
+  // every add): 24+ adds of a random-weight model's large activations lose the top-1 of close
+  // logits in bf16 (tests/gpu/hf_llm_bar.py). false: the backend's residualDType() (A/B runs).
+  bool f32_residual = true;
 };
 
 // The step checks of GptOssModel::validate that do not depend on the cache's head layout (token
@@ -142,6 +148,11 @@ class GptOssModel {
 
   // Expert format the model loaded (MXFP4 resident or dense).
   ExpertFormat expertFormat() const { return expert_format_; }
+  // --moe-weights fp8: whether the experts carry the FP8 copy; its weights over all layers that
+  // e4m3 does not hold exactly, and all its non-zero weights.
+  bool fp8Experts() const { return fp8_experts_; }
+  uint64_t fp8InexactWeights() const { return fp8_inexact_; }
+  uint64_t fp8NonzeroWeights() const { return fp8_nonzero_; }
 
  private:
   struct Layer {
@@ -158,6 +169,8 @@ class GptOssModel {
   GptOssOptions opts_;
   int64_t max_model_len_ = 0;
   ExpertFormat expert_format_ = ExpertFormat::kDense;
+  bool fp8_experts_ = false;
+  uint64_t fp8_inexact_ = 0, fp8_nonzero_ = 0;
   int64_t last_sampled_ = 0;  // ids the last enqueued step sampled [TAG_LLM_PREV_TOKEN]
   GraphExecutor* graphs_ = nullptr;  // decode graphs (null: eager only)
   uint64_t graph_steps_ = 0;         // steps that went through graphs_

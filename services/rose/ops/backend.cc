@@ -33,14 +33,16 @@ Status envChoice(const char* name, std::initializer_list<const char*> accepted, 
 }  // namespace
 
 Status cudaKernelOptionsFromEnv(CudaKernelOptions& opts) {
-  int attention = opts.attention_sm90 ? 2 : opts.attention_wide ? 0 : 1;
+  // auto and sm90 are one policy (the Hopper kernel for head_dim 128, the size policy for the
+  // rest); mma is the mma.sync size policy alone (the default before the Hopper kernel's run).
+  int attention = opts.attention_sm90 ? 0 : opts.attention_wide ? 3 : 1;
   int tune = opts.gemm_tune ? 1 : 0, smallm = opts.gemm_smallm ? 1 : 0, pdl = opts.pdl ? 1 : 0;
-  RETURN_IF_ERROR(envChoice("GARDEN_ATTENTION_KERNEL", {"auto", "narrow", "sm90"}, &attention));
+  RETURN_IF_ERROR(envChoice("GARDEN_ATTENTION_KERNEL", {"auto", "narrow", "sm90", "mma"}, &attention));
   RETURN_IF_ERROR(envChoice("GARDEN_GEMM_TUNE", {"0", "1"}, &tune));
   RETURN_IF_ERROR(envChoice("GARDEN_GEMM_SMALLM", {"0", "1"}, &smallm));
   RETURN_IF_ERROR(envChoice("GARDEN_PDL", {"0", "1"}, &pdl));
   opts.attention_wide = attention != 1;
-  opts.attention_sm90 = attention == 2;
+  opts.attention_sm90 = attention == 0 || attention == 2;
   opts.gemm_tune = tune == 1;
   opts.gemm_smallm = smallm == 1;
   opts.pdl = pdl == 1;

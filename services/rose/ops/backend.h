@@ -157,11 +157,13 @@ enum class PoolMode : uint8_t { kLast = 1, kMean = 2, kCls = 3 };
 // GARDEN_* once at start-up (cudaKernelOptionsFromEnv, services/rose/main.cc).
 struct CudaKernelOptions {
   // Attention (ops/cuda/attention.cuh AttentionPolicy): true = the size policy may pick the
-  // wide-warp variants (kAuto); false = narrow warps only (kNarrow). GARDEN_ATTENTION_KERNEL=
-  // auto|narrow|sm90; sm90 sets attention_sm90 (the Hopper wgmma kernel for every head_dim 128
-  // batch: kSm90; opt-in until timed on the GPU) and attention_wide.
+  // wide-warp variants (kAuto); false = narrow warps only (kNarrow). attention_sm90: the Hopper
+  // wgmma + TMA kernel for every head_dim 128 batch (kSm90; other head sizes keep the size
+  // policy). GARDEN_ATTENTION_KERNEL=auto|sm90 (both: attention_sm90, the default since its H200
+  // run: 4096-token embedding 17.6 -> 11.6 ms, bench/results/gpu-embed-2026-12-02-h200),
+  // mma (the mma.sync size policy alone) or narrow (narrow mma.sync warps only).
   bool attention_wide = true;
-  bool attention_sm90 = false;
+  bool attention_sm90 = true;
   // GEMMs (ops/cuda/gemm.h): time cuBLASLt's candidates per (M bucket, N, K) (GARDEN_GEMM_TUNE=1)
   // or take the heuristic's pick (0); with tuning, also time the custom small-M kernel
   // (GARDEN_GEMM_SMALLM=1; off: it lost at every M >= 64 bucket on the H200).
@@ -188,6 +190,9 @@ struct BackendOptions {
 
 struct RmsNormParams {
   float eps = 1e-6f;
+  // residual = x instead of residual += x (the first layer starting the stream from the
+  // embedding in x, when the stream is wider than the activations).
+  bool residual_init = false;
 };
 
 // Per-head RMSNorm over head_dim (weight [head_dim]) then rotary embedding (NeoX "rotate half":
@@ -331,8 +336,9 @@ class Backend {
   // weight dtype [V, H], out residual dtype [T, H].
   virtual void embedding(const Tensor& table, const Tensor& ids, const Tensor& out) = 0;
 
-  // With residual: residual = x + residual, then out = rmsnorm(residual) * weight.
-  // Without (residual.empty()): out = rmsnorm(x) * weight.
+  // With residual: residual = x + residual (p.residual_init: residual = x), then
+  // out = rmsnorm(residual) * weight. Without (residual.empty()): out = rmsnorm(x) * weight.
+  // residual is residualDType() or F32 (the cuda backend keeps an F32 stream unrounded: gpt-oss).
   // x, out [T, H] (activation dtype; out may alias x; x may alias residual only when residual is
   // empty, i.e. the first norm reads the residual stream directly); weight [H]; the mean of
   // squares is accumulated in f32.

@@ -85,6 +85,12 @@ struct ExpertWeights {
   Tensor dense;
   Tensor codes, scales;
   uint32_t mx_max_scale = 255;  // kMxfp4: the largest E8M0 scale byte (the ops may use it)
+  // kMxfp4 with an FP8 copy (uploadMxfp4Experts(..., fp8_copy)): e4m3 values and their block
+  // scales in the ops' own layout (opaque U8 views), used by the steps the ops choose (CUDA:
+  // prefill-sized ones); inexact / nonzero: weights the copy does not hold exactly / all
+  // non-zero weights. Empty without a copy.
+  Tensor fp8, fp8_scales;
+  uint64_t fp8_inexact = 0, fp8_nonzero = 0;
   std::vector<Buffer> storage;  // owns what the views point to (may be empty: borrowed views)
 };
 
@@ -140,11 +146,15 @@ class LlmOps {
   virtual bool supportsExpertFormat(ExpertFormat f) const { return f == ExpertFormat::kDense; }
   // Load time: MXFP4 experts as published (codes [E, rows, cols/32, 16], scales [E, rows,
   // cols/32], host memory) into this backend's resident kMxfp4 layout. UNIMPLEMENTED when the ops
-  // do not support kMxfp4.
+  // do not support kMxfp4. fp8_copy: also keep an FP8 copy of the weights (fields fp8*; only
+  // where supportsFp8Experts()).
   virtual Result<ExpertWeights> uploadMxfp4Experts(const uint8_t* codes, const uint8_t* scales,
-                                                   int64_t experts, int64_t rows, int64_t cols) {
+                                                   int64_t experts, int64_t rows, int64_t cols,
+                                                   bool fp8_copy = false) {
     return unimplemented("these LLM ops keep experts dense only");
   }
+  // Whether uploadMxfp4Experts can add an FP8 copy that moeExperts uses.
+  virtual bool supportsFp8Experts() const { return false; }
 
   // In place on qkv [T, (Hq + 2·Hkv)·D]: rotary embedding of the q and k heads with the position
   // of each token (positions I32 [T]; cos, sin F32 [max_pos, rotary_dim/2], any scaling such as

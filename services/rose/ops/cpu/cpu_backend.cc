@@ -257,7 +257,11 @@ class CpuBackend final : public Backend {
                           const float* src = xp + t * h;
                           if (has_res) {
                             float* r = rp + t * h;
-                            for (int64_t i = 0; i < h; ++i) r[i] += src[i];
+                            if (p.residual_init) {
+                              std::memcpy(r, src, sizeof(float) * static_cast<size_t>(h));
+                            } else {
+                              for (int64_t i = 0; i < h; ++i) r[i] += src[i];
+                            }
                             src = r;
                           }
                           float ss = dot(src, src, h);

@@ -244,14 +244,18 @@ void CudaBackend::rmsNorm(const Tensor& x, const Tensor& residual, const Tensor&
                           const Tensor& out, const RmsNormParams& p) {
   require(is(x, DType::kBF16) && is(weight, DType::kBF16) && is(out, DType::kBF16), "rmsNorm",
           "dtypes must be BF16");
-  require(residual.empty() || residual.dtype == DType::kBF16, "rmsNorm", "residual must be BF16");
+  require(residual.empty() || residual.dtype == DType::kBF16 || residual.dtype == DType::kF32,
+          "rmsNorm", "residual must be BF16 or F32");
   require(out.rows() == x.rows() && out.cols() == x.cols() && weight.numel() == x.cols(), "rmsNorm",
           "shape mismatch");
   require(residual.empty() || (residual.rows() == x.rows() && residual.cols() == x.cols()),
           "rmsNorm", "residual shape mismatch");
   RmsNormArgs a;
   a.x = x.as<bf16>();
-  a.residual = residual.empty() ? nullptr : residual.as<bf16>();
+  const bool f32_res = !residual.empty() && residual.dtype == DType::kF32;
+  a.residual = residual.empty() || f32_res ? nullptr : residual.as<bf16>();
+  a.residual_f32 = f32_res ? residual.as<float>() : nullptr;
+  a.residual_init = p.residual_init;
   a.weight = weight.as<bf16>();
   a.out = out.as<bf16>();
   a.rows = x.rows();

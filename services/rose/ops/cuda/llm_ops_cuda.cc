@@ -10,10 +10,15 @@
 
 #include "services/rose/ops/cuda/cuda_backend.h"
 #include "services/rose/ops/cuda/cuda_utils.h"
+#include "services/rose/ops/cuda/fp8_act_quant.cuh"
+#include "services/rose/ops/cuda/fp8_block.h"
+#include "services/rose/ops/cuda/fp8_requant.cuh"
 #include "services/rose/ops/cuda/gather.cuh"
+#include "services/rose/ops/cuda/moe_fp8_gemm.h"
 #include "services/rose/ops/cuda/moe_gemm.cuh"
 #include "services/rose/ops/cuda/moe_permute.cuh"
 #include "services/rose/ops/cuda/moe_route.cuh"
+#include "services/rose/ops/cuda/moe_row_bias.cuh"
 #include "services/rose/ops/cuda/paged_attention.cuh"
 #include "services/rose/ops/cuda/rope_kv.cuh"
 #include "services/rose/ops/cuda/sample.cuh"
@@ -39,6 +44,9 @@ bool is(const Tensor& t, DType d) { return !t.empty() && t.dtype == d; }
 class CudaLlmOps final : public LlmOps {
  public:
   explicit CudaLlmOps(CudaBackend& b) : b_(b) {}
+  ~CudaLlmOps() override {
+    if (host_tiles_ != nullptr) cudaFreeHost(host_tiles_);
+  }
 
   Status reserve(const LlmOpsLimits& l) override {
     if (l.max_tokens <= 0 || l.max_seqs <= 0 || l.num_kv_heads <= 0 || l.num_experts <= 0 ||
@@ -91,6 +99,10 @@ class CudaLlmOps final : public LlmOps {
                       zeros.size() * sizeof(int32_t));
     }
     reserved_ = true;
+    if (fp8_ready_) {  // FP8 copies exist: their workspaces follow the new limits
+      fp8_ready_ = false;
+      RETURN_IF_ERROR(ensureFp8Workspace());
+    }
     return okStatus();
   }
 
@@ -98,10 +110,17 @@ class CudaLlmOps final : public LlmOps {
     return f == ExpertFormat::kDense || f == ExpertFormat::kMxfp4;
   }
 
+  bool supportsFp8Experts() const override { return true; }
+
   Result<ExpertWeights> uploadMxfp4Experts(const uint8_t* codes, const uint8_t* scales,
-                                           int64_t experts, int64_t rows, int64_t cols) override {
+                                           int64_t experts, int64_t rows, int64_t cols,
+                                           bool fp8_copy) override {
     if (experts <= 0 || rows <= 0 || cols <= 0 || cols % 32 != 0)
       return invalidArgument("MXFP4 experts: bad shape (cols must be a multiple of 32)");
+    if (fp8_copy && rows % 8 != 0)
+      return invalidArgument("MXFP4 experts: the FP8 copy needs rows (" + std::to_string(rows) +
+                             ") to be a multiple of 8");
+    if (fp8_copy) RETURN_IF_ERROR(ensureFp8Workspace());
     Mxfp4PackedShape shape{experts, rows, cols};
     ExpertWeights w;
     w.format = ExpertFormat::kMxfp4;
@@ -119,13 +138,26 @@ class CudaLlmOps final : public LlmOps {
     const int64_t chunk = std::max<int64_t>(
         1, std::min<int64_t>(experts, (size_t{64} << 20) / (per_expert_codes + per_expert_scales)));
     ASSIGN_OR_RETURN(Buffer stage,
-                     b_.allocate(chunk * (per_expert_codes + per_expert_scales) + 256));
+                     b_.allocate(chunk * (per_expert_codes + per_expert_scales) + 512));
     uint8_t* sc = static_cast<uint8_t*>(stage.data());
     uint8_t* ss = sc + chunk * per_expert_codes;
     const size_t flag_at = (chunk * (per_expert_codes + per_expert_scales) + 255) & ~size_t{255};
     unsigned* max_scale = reinterpret_cast<unsigned*>(sc + flag_at);  // the largest scale byte
+    // FP8 copy [TAG_FP8_EXPERTS]: e4m3 [E][rows][KP] + block scales, requantized from the same
+    // staging bytes; two u64 counters (inexact, non-zero) after the max-scale word.
+    unsigned long long* fp8_counts = reinterpret_cast<unsigned long long*>(sc + flag_at + 8);
+    Buffer qb, qsb;
+    if (fp8_copy) {
+      const size_t qbytes = static_cast<size_t>(experts * rows * fp8PaddedK(cols));
+      const size_t sbytes =
+          static_cast<size_t>(experts * fp8WeightScalesPerExpert(rows, cols)) * sizeof(float);
+      ASSIGN_OR_RETURN(qb, b_.allocate(qbytes));
+      ASSIGN_OR_RETURN(qsb, b_.allocate(sbytes));
+      w.fp8 = Tensor(qb.data(), DType::kU8, {static_cast<int64_t>(qbytes)});
+      w.fp8_scales = Tensor(qsb.data(), DType::kU8, {static_cast<int64_t>(sbytes)});
+    }
     cudaStream_t st = b_.stream();
-    CUDA_RETURN_IF_ERROR(cudaMemsetAsync(max_scale, 0, sizeof(unsigned), st));
+    CUDA_RETURN_IF_ERROR(cudaMemsetAsync(max_scale, 0, 24, st));
     for (int64_t e0 = 0; e0 < experts; e0 += chunk) {
       const int64_t n = std::min(chunk, experts - e0);
       CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(sc, codes + e0 * per_expert_codes, n * per_expert_codes,
@@ -134,11 +166,34 @@ class CudaLlmOps final : public LlmOps {
                                            n * per_expert_scales, cudaMemcpyHostToDevice, st));
       RETURN_IF_ERROR(launchMxfp4Pack(sc, ss, e0, n, shape, static_cast<uint8_t*>(cb.data()),
                                       static_cast<uint8_t*>(sb.data()), max_scale, st));
+      if (fp8_copy) {
+        Fp8RequantArgs rq;
+        rq.src_codes = sc;
+        rq.src_scales = ss;
+        rq.first = e0;
+        rq.count = n;
+        rq.experts = experts;
+        rq.n = rows;
+        rq.k = cols;
+        rq.q = static_cast<uint8_t*>(qb.data());
+        rq.scales = static_cast<float*>(qsb.data());
+        rq.inexact = fp8_counts;
+        rq.nonzero = fp8_counts + 1;
+        RETURN_IF_ERROR(launchFp8Requant(rq, st));
+      }
       CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(st));  // the staging buffer is reused
     }
     unsigned largest = 255;
     CUDA_RETURN_IF_ERROR(cudaMemcpy(&largest, max_scale, sizeof largest, cudaMemcpyDeviceToHost));
     w.mx_max_scale = largest;
+    if (fp8_copy) {
+      unsigned long long counts[2] = {0, 0};
+      CUDA_RETURN_IF_ERROR(cudaMemcpy(counts, fp8_counts, sizeof counts, cudaMemcpyDeviceToHost));
+      w.fp8_inexact = counts[0];
+      w.fp8_nonzero = counts[1];
+      w.storage.push_back(std::move(qb));
+      w.storage.push_back(std::move(qsb));
+    }
     w.storage.push_back(std::move(cb));
     w.storage.push_back(std::move(sb));
     return w;
@@ -316,6 +371,10 @@ class CudaLlmOps final : public LlmOps {
             "moeExperts", "step larger than reserve() allowed");
     if (t == 0) return;
     cudaStream_t st = b_.stream();
+    if (useFp8(t, w1, w2, st)) {
+      moeExpertsFp8(x, topk_ids, topk_weights, w1, b1, w2, b2, out, p);
+      return;
+    }
     const int64_t assignments = t * p.top_k;
     const int32_t bm = moeGemmBlockM(assignments, p.num_experts);
     const int64_t tiles = moeAlignMaxTiles(assignments, p.num_experts, bm);
@@ -386,6 +445,157 @@ class CudaLlmOps final : public LlmOps {
     c.top_k = p.top_k;
     c.hidden = p.hidden;
     checkOk(launchMoeCombine(c, st), "moeExperts/combine");
+  }
+
+  // FP8 experts [TAG_FP8_EXPERTS] when both projections carry the copy, the step is large
+  // enough (moeFp8MinTokens) and not being captured (the expert ranges go through the host).
+  bool useFp8(int64_t t, const ExpertWeights& w1, const ExpertWeights& w2, cudaStream_t st) const {
+    if (w1.fp8.empty() || w2.fp8.empty() || t < moeFp8MinTokens()) return false;
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    return cudaStreamIsCapturing(st, &cs) == cudaSuccess && cs == cudaStreamCaptureStatusNone;
+  }
+
+  // Workspaces of the FP8 path, sized for reserve()'s limits at block_m kFp8BlockM; once.
+  Status ensureFp8Workspace() {
+    if (fp8_ready_) return okStatus();
+    if (!reserved_) return failedPrecondition("cuda llm ops: FP8 experts need reserve() first");
+    const int64_t assignments = lim_.max_tokens * lim_.top_k;
+    fp8_max_tiles_ = moeAlignMaxTiles(assignments, lim_.num_experts, kFp8BlockM);
+    const int64_t rows = fp8_max_tiles_ * kFp8BlockM;
+    const int64_t h = lim_.hidden, in = lim_.intermediate;
+    ASSIGN_OR_RETURN(fp8_x_, b_.allocate(static_cast<size_t>(rows * fp8PaddedK(h))));
+    ASSIGN_OR_RETURN(fp8_xs_, b_.allocate(sizeof(float) * static_cast<size_t>(rows * fp8KBlocks(h))));
+    ASSIGN_OR_RETURN(fp8_a_, b_.allocate(static_cast<size_t>(rows * fp8PaddedK(in))));
+    ASSIGN_OR_RETURN(fp8_as_, b_.allocate(sizeof(float) * static_cast<size_t>(rows * fp8KBlocks(in))));
+    ASSIGN_OR_RETURN(fp8_h_, b_.allocate(sizeof(bf16) * static_cast<size_t>(rows * 2 * in)));
+    ASSIGN_OR_RETURN(fp8_off_, b_.allocate(sizeof(int32_t) * static_cast<size_t>(lim_.num_experts + 1)));
+    if (host_tiles_ != nullptr) {
+      cudaFreeHost(host_tiles_);
+      host_tiles_ = nullptr;
+    }
+    void* pinned = nullptr;
+    CUDA_RETURN_IF_ERROR(cudaMallocHost(
+        &pinned, sizeof(int32_t) * static_cast<size_t>(fp8_max_tiles_ + lim_.num_experts + 1)));
+    host_tiles_ = static_cast<int32_t*>(pinned);
+    if (fp8_gemm_ == nullptr) {
+      ASSIGN_OR_RETURN(fp8_gemm_, MoeFp8Gemm::create());
+    }
+    host_off_.assign(static_cast<size_t>(lim_.num_experts + 1), 0);
+    fp8_ready_ = true;
+    return okStatus();
+  }
+
+  // align (block_m 16) -> expert ranges to the host -> X quantized -> per-expert gate_up GEMMs ->
+  // bias + SwiGLU + quantized -> per-expert down GEMMs -> down bias -> weighted combine.
+  void moeExpertsFp8(const Tensor& x, const Tensor& topk_ids, const Tensor& topk_weights,
+                     const ExpertWeights& w1, const Tensor& b1, const ExpertWeights& w2,
+                     const Tensor& b2, const Tensor& out, const MoeExpertsParams& p) {
+    require(fp8_ready_, "moeExperts", "FP8 workspace missing");
+    require(p.hidden % 8 == 0 && p.intermediate % 4 == 0, "moeExperts",
+            "FP8 experts need hidden % 8 == 0 and intermediate % 4 == 0");
+    cudaStream_t st = b_.stream();
+    const int64_t t = x.rows();
+    const int64_t assignments = t * p.top_k;
+    const int64_t tiles = moeAlignMaxTiles(assignments, p.num_experts, kFp8BlockM);
+    require(tiles <= fp8_max_tiles_, "moeExperts", "FP8 step larger than reserve() allowed");
+    MoeAlignArgs al;
+    al.topk_ids = topk_ids.as<int32_t>();
+    al.row_token = static_cast<int32_t*>(row_token_.data());
+    al.row_of = static_cast<int32_t*>(row_of_.data());
+    al.tile_expert = static_cast<int32_t*>(tile_expert_.data());
+    al.num_tiles = static_cast<int32_t*>(num_tiles_.data());
+    al.num_tokens = t;
+    al.top_k = p.top_k;
+    al.num_experts = p.num_experts;
+    al.block_m = kFp8BlockM;
+    al.max_tiles = static_cast<int32_t>(tiles);
+    checkOk(launchMoeAlign(al, st), "moeExperts/align");
+    // The expert ranges on the host: one device-to-host copy and a wait per layer.
+    checkOk(cudaStatus(cudaMemcpyAsync(host_tiles_, tile_expert_.data(),
+                                       sizeof(int32_t) * static_cast<size_t>(tiles),
+                                       cudaMemcpyDeviceToHost, st), "moeExperts", __FILE__, __LINE__),
+            "moeExperts/ranges");
+    checkOk(cudaStatus(cudaStreamSynchronize(st), "moeExperts", __FILE__, __LINE__), "moeExperts/ranges");
+    require(moeExpertOffsetsFromTiles(host_tiles_, tiles, kFp8BlockM, p.num_experts, host_off_.data()),
+            "moeExperts", "align produced an unsorted tile list");
+    int32_t* off32 = host_tiles_ + fp8_max_tiles_;  // pinned; rewritten only after the next wait
+    for (int32_t e = 0; e <= p.num_experts; ++e) off32[e] = static_cast<int32_t>(host_off_[static_cast<size_t>(e)]);
+    checkOk(cudaStatus(cudaMemcpyAsync(fp8_off_.data(), off32,
+                                       sizeof(int32_t) * static_cast<size_t>(p.num_experts + 1),
+                                       cudaMemcpyHostToDevice, st), "moeExperts", __FILE__, __LINE__),
+            "moeExperts/ranges");
+    const int64_t rows = host_off_[static_cast<size_t>(p.num_experts)];
+    const int32_t* row_token = static_cast<const int32_t*>(row_token_.data());
+    const int32_t* tile_expert = static_cast<const int32_t*>(tile_expert_.data());
+    const int32_t* off_dev = static_cast<const int32_t*>(fp8_off_.data());
+
+    Fp8ActQuantArgs q1;
+    q1.in = x.as<bf16>();
+    q1.row_token = row_token;
+    q1.tile_expert = tile_expert;
+    q1.expert_off = off_dev;
+    q1.q = static_cast<uint8_t*>(fp8_x_.data());
+    q1.scales = static_cast<float*>(fp8_xs_.data());
+    q1.rows = rows;
+    q1.k = p.hidden;
+    q1.block_m = kFp8BlockM;
+    q1.num_experts = p.num_experts;
+    checkOk(launchFp8ActQuant(q1, st), "moeExperts/quant_x");
+
+    MoeFp8GemmArgs g1;
+    g1.w = static_cast<const uint8_t*>(w1.fp8.data);
+    g1.w_scales = static_cast<const float*>(w1.fp8_scales.data);
+    g1.x = q1.q;
+    g1.x_scales = q1.scales;
+    g1.y = static_cast<bf16*>(fp8_h_.data());
+    g1.expert_off = host_off_.data();
+    g1.num_experts = p.num_experts;
+    g1.n = 2 * p.intermediate;
+    g1.k = p.hidden;
+    checkOk(fp8_gemm_->run(g1, st), "moeExperts/gate_up_fp8");
+
+    Fp8ActQuantArgs q2 = q1;
+    q2.in = g1.y;
+    q2.bias = b1.empty() ? nullptr : b1.as<bf16>();
+    q2.q = static_cast<uint8_t*>(fp8_a_.data());
+    q2.scales = static_cast<float*>(fp8_as_.data());
+    q2.k = p.intermediate;
+    q2.swiglu = true;
+    q2.swiglu_limit = p.swiglu_limit;
+    q2.swiglu_alpha = p.swiglu_alpha;
+    checkOk(launchFp8ActQuant(q2, st), "moeExperts/swiglu_quant");
+
+    MoeFp8GemmArgs g2 = g1;
+    g2.w = static_cast<const uint8_t*>(w2.fp8.data);
+    g2.w_scales = static_cast<const float*>(w2.fp8_scales.data);
+    g2.x = q2.q;
+    g2.x_scales = q2.scales;
+    g2.y = static_cast<bf16*>(y_.data());
+    g2.n = p.hidden;
+    g2.k = p.intermediate;
+    checkOk(fp8_gemm_->run(g2, st), "moeExperts/down_fp8");
+
+    MoeRowBiasArgs rb;
+    rb.y = g2.y;
+    rb.bias = b2.empty() ? nullptr : b2.as<bf16>();
+    rb.row_token = row_token;
+    rb.tile_expert = tile_expert;
+    rb.rows = rows;
+    rb.n = p.hidden;
+    rb.block_m = kFp8BlockM;
+    rb.num_experts = p.num_experts;
+    checkOk(launchMoeRowBias(rb, st), "moeExperts/down_bias");
+
+    MoeCombineArgs c;
+    c.y = g2.y;
+    c.row_of = static_cast<const int32_t*>(row_of_.data());
+    c.weights = topk_weights.as<float>();
+    c.out = out.as<bf16>();
+    c.num_tokens = t;
+    c.top_k = p.top_k;
+    c.hidden = p.hidden;
+    checkOk(launchMoeCombine(c, st), "moeExperts/combine");
+    countMoeFp8Step();
   }
 
   void gatherRows(const Tensor& in, const Tensor& rows, const Tensor& out) override {
@@ -566,6 +776,15 @@ class CudaLlmOps final : public LlmOps {
   Buffer work_, combine_, part_o_, part_ml_, counts_;
   Buffer row_token_, row_of_, tile_expert_, num_tiles_, act_, y_, sample_rows_, sample_ws_;
   std::vector<PlanSlot> plans_;
+  // FP8 experts [TAG_FP8_EXPERTS]: activations / scales (x and the down input), the gate_up
+  // output, the expert ranges (device; host_off_ and the pinned tile copy on the host).
+  static constexpr int32_t kFp8BlockM = 16;
+  bool fp8_ready_ = false;
+  int64_t fp8_max_tiles_ = 0;
+  Buffer fp8_x_, fp8_xs_, fp8_a_, fp8_as_, fp8_h_, fp8_off_;
+  int32_t* host_tiles_ = nullptr;  // pinned: [fp8_max_tiles_] tiles + [E + 1] offsets
+  std::vector<int64_t> host_off_;
+  std::unique_ptr<MoeFp8Gemm> fp8_gemm_;
   std::vector<SampleRowDev> host_rows_;
   int32_t staged_rows_ = 0;
   // [TAG_LLM_SAMPLER_STATE]: the GPU tests named above passed on the H200 (2026-12-02,

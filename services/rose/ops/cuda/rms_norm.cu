@@ -7,6 +7,29 @@
 namespace garden::rose::cuda {
 namespace {
 
+// v (8 values of x at element i) += the residual there, and the residual = the sum: bf16 stream
+// rounded, f32 stream not; residual_init: the residual = x.
+__device__ __forceinline__ void addResidual(const RmsNormArgs& a, int64_t i, float (&v)[8]) {
+  if (a.residual_f32 != nullptr) {
+    float4* p = reinterpret_cast<float4*>(a.residual_f32 + i);
+    if (!a.residual_init) {
+      const float4 r0 = p[0], r1 = p[1];
+      v[0] += r0.x; v[1] += r0.y; v[2] += r0.z; v[3] += r0.w;
+      v[4] += r1.x; v[5] += r1.y; v[6] += r1.z; v[7] += r1.w;
+    }
+    p[0] = make_float4(v[0], v[1], v[2], v[3]);
+    p[1] = make_float4(v[4], v[5], v[6], v[7]);
+  } else if (a.residual != nullptr) {
+    if (!a.residual_init) {
+      float r[8];
+      loadF32x8(a.residual + i, r);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) v[k] = roundBf16(v[k] + r[k]);
+    }
+    storeF32x8(a.residual + i, v);
+  }
+}
+
 // blockDim = (tx threads per row, ty rows per block); tx is a multiple of 32 and depends only on
 // hidden. Each thread keeps kChunks 8-wide chunks of its row in registers.
 template <int kChunks>
@@ -24,13 +47,7 @@ __global__ void rmsNormKernel(RmsNormArgs a) {
     const int c = threadIdx.x + k * blockDim.x;
     if (active && c < chunks) {
       loadF32x8(a.x + off + c * 8, v[k]);
-      if (a.residual != nullptr) {
-        float r[8];
-        loadF32x8(a.residual + off + c * 8, r);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) v[k][i] = roundBf16(v[k][i] + r[i]);
-        storeF32x8(a.residual + off + c * 8, v[k]);
-      }
+      addResidual(a, off + c * 8, v[k]);
 #pragma unroll
       for (int i = 0; i < 8; ++i) ss += v[k][i] * v[k][i];
     }
@@ -75,13 +92,7 @@ __global__ void rmsNormSplitKernel(RmsNormArgs a) {
   if (c < chunks) {
     loadF32x8(a.weight + c * 8, w);
     loadF32x8(a.x + off + c * 8, v);
-    if (a.residual != nullptr) {
-      float r[8];
-      loadF32x8(a.residual + off + c * 8, r);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) v[i] = roundBf16(v[i] + r[i]);
-      storeF32x8(a.residual + off + c * 8, v);
-    }
+    addResidual(a, off + c * 8, v);
 #pragma unroll
     for (int i = 0; i < 8; ++i) sv[(threadIdx.y * 8 + i) * tx + threadIdx.x] = v[i];
   }
@@ -124,10 +135,13 @@ __global__ void rmsNormSplitKernel(RmsNormArgs a) {
 
 Status launchRmsNorm(const RmsNormArgs& a, cudaStream_t stream, bool pdl) {
   if (a.rows == 0) return okStatus();
+  if (a.residual != nullptr && a.residual_f32 != nullptr)
+    return invalidArgument("rms_norm: a bf16 and an f32 residual at once");
   if (a.hidden <= 0 || a.hidden % 8 != 0 || a.hidden > 32768)
     return invalidArgument("rms_norm: hidden must be a multiple of 8 in [8, 32768]");
   if ((reinterpret_cast<uintptr_t>(a.x) | reinterpret_cast<uintptr_t>(a.out) |
-       reinterpret_cast<uintptr_t>(a.weight) | reinterpret_cast<uintptr_t>(a.residual)) %
+       reinterpret_cast<uintptr_t>(a.weight) | reinterpret_cast<uintptr_t>(a.residual) |
+       reinterpret_cast<uintptr_t>(a.residual_f32)) %
           16 !=
       0)
     return invalidArgument("rms_norm: pointers must be 16-byte aligned");

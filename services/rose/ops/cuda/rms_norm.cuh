@@ -1,6 +1,7 @@
 #pragma once
 // RMSNorm fused with the residual add (bf16 in and out, f32 sums):
 //   with residual:    residual = bf16(x + residual); out = rmsnorm(residual) * weight
+//   with residual_f32: the same with an f32 stream (residual_f32 = x + residual_f32, unrounded)
 //   without (null):   out = rmsnorm(x) * weight
 // Mirrors Hugging Face's Qwen3RMSNorm rounding: the normalized row is rounded to bf16 before the
 // weight multiply. `out` may alias `x` (each row is read fully before it is written). The per-row
@@ -26,6 +27,10 @@ struct RmsNormArgs {
   int64_t rows = 0;
   int64_t hidden = 0;  // multiple of 8, at most 32768; pointers 16-byte aligned
   float eps = 1e-6f;
+  // Or an f32 stream (at most one of residual / residual_f32): residual_f32 = x + residual_f32,
+  // not rounded.
+  float* residual_f32 = nullptr;
+  bool residual_init = false;  // residual = x (the residual's old contents are not read)
 };
 
 // pdl: programmatic dependent launch for an eager launch (common.cuh [TAG_PDL]); the backend

@@ -50,7 +50,7 @@ TEST_F(KernelEnvTest, UnsetOrEmptyKeepsTheDefaults) {
   CudaKernelOptions o;
   ASSERT_TRUE(cudaKernelOptionsFromEnv(o).isOk());
   EXPECT_TRUE(o.attention_wide);
-  EXPECT_FALSE(o.attention_sm90);
+  EXPECT_TRUE(o.attention_sm90);
   EXPECT_TRUE(o.gemm_tune);
   EXPECT_FALSE(o.gemm_smallm);
   EXPECT_TRUE(o.pdl);
@@ -68,12 +68,17 @@ TEST_F(KernelEnvTest, EachAcceptedValueIsRead) {
   CudaKernelOptions o;
   ASSERT_TRUE(cudaKernelOptionsFromEnv(o).isOk());
   EXPECT_FALSE(o.attention_wide);
+  EXPECT_FALSE(o.attention_sm90);
   EXPECT_FALSE(o.gemm_tune);
   EXPECT_TRUE(o.gemm_smallm);
   EXPECT_FALSE(o.pdl);
   setenv("GARDEN_ATTENTION_KERNEL", "sm90", 1);
   ASSERT_TRUE(cudaKernelOptionsFromEnv(o).isOk());
   EXPECT_TRUE(o.attention_sm90);
+  EXPECT_TRUE(o.attention_wide);
+  setenv("GARDEN_ATTENTION_KERNEL", "mma", 1);
+  ASSERT_TRUE(cudaKernelOptionsFromEnv(o).isOk());
+  EXPECT_FALSE(o.attention_sm90);
   EXPECT_TRUE(o.attention_wide);
   setenv("GARDEN_ATTENTION_KERNEL", "auto", 1);
   setenv("GARDEN_GEMM_TUNE", "1", 1);
@@ -91,8 +96,8 @@ TEST_F(KernelEnvTest, OtherValuesAreRefusedByName) {
   };
   // The old attention names are gone (variants are named by strategy now).
   for (const Bad& b :
-       {Bad{"GARDEN_ATTENTION_KERNEL", "v3", "auto|narrow|sm90"},
-        Bad{"GARDEN_ATTENTION_KERNEL", "v1", "auto|narrow|sm90"}, Bad{"GARDEN_GEMM_TUNE", "yes", "0|1"},
+       {Bad{"GARDEN_ATTENTION_KERNEL", "v3", "auto|narrow|sm90|mma"},
+        Bad{"GARDEN_ATTENTION_KERNEL", "v1", "auto|narrow|sm90|mma"}, Bad{"GARDEN_GEMM_TUNE", "yes", "0|1"},
         Bad{"GARDEN_GEMM_SMALLM", "2", "0|1"}, Bad{"GARDEN_PDL", "on", "0|1"}}) {
     SCOPED_TRACE(std::string(b.var) + "=" + b.value);
     for (const char* v : kVars) unsetenv(v);

@@ -129,6 +129,15 @@ TEST_P(CpuOps, RmsNormWithAndWithoutResidual) {
   for (int64_t i = 0; i < t; ++i) naive::rmsNormRow(&sum[i * h], w.data(), &want[i * h], h, 1e-6);
   expectNear(get(R.view), sum, 1e-6f, "residual updated");
   expectNear(get(X.view), want, 1e-5f, "fused add rmsnorm");
+  // residual_init: the stream starts from x (its old contents, garbage here, are not added).
+  auto X2 = put(x, {t, h});
+  auto R2 = put(std::vector<float>(x.size(), 1e30f), {t, h});
+  RmsNormParams init{1e-6f};
+  init.residual_init = true;
+  backend_->rmsNorm(X2.view, R2.view, W.view, X2.view, init);
+  for (int64_t i = 0; i < t; ++i) naive::rmsNormRow(&x[i * h], w.data(), &want[i * h], h, 1e-6);
+  expectNear(get(R2.view), x, 0.f, "residual = x");
+  expectNear(get(X2.view), want, 1e-5f, "rmsnorm of x");
 }
 
 TEST_P(CpuOps, QkNormRope) {

@@ -1,0 +1,170 @@
+#include "services/rose/ops/cuda/moe_fp8_gemm.h"
+
+#include <atomic>
+#include <string>
+
+#include "services/rose/ops/cuda/cuda_utils.h"
+#include "services/rose/ops/cuda/fp8_block.h"
+
+namespace garden::rose::cuda {
+
+namespace {
+Status lt(cublasStatus_t s, const char* what) {
+  if (s == CUBLAS_STATUS_SUCCESS) return okStatus();
+  return internalError(std::string("cuBLASLt ") + what + " failed: status " +
+                       std::to_string(static_cast<int>(s)));
+}
+#define FP8_LT_RETURN_IF_ERROR(expr) RETURN_IF_ERROR(lt((expr), #expr))
+
+constexpr int kCandidates = 8;
+
+int64_t rowBucket(int64_t rows) {
+  int64_t b = 16;
+  while (b < rows) b *= 2;
+  return b;
+}
+
+std::atomic<int64_t> g_min_tokens{kMoeFp8DefaultMinTokens};
+std::atomic<uint64_t> g_steps{0};
+}  // namespace
+
+void setMoeFp8MinTokens(int64_t tokens) { g_min_tokens.store(tokens); }
+int64_t moeFp8MinTokens() { return g_min_tokens.load(); }
+uint64_t moeFp8Steps() { return g_steps.load(); }
+void countMoeFp8Step() { g_steps.fetch_add(1); }
+
+MoeFp8Gemm::Desc::~Desc() {
+  if (desc) cublasLtMatmulDescDestroy(desc);
+  if (a) cublasLtMatrixLayoutDestroy(a);
+}
+MoeFp8Gemm::Shape::~Shape() {
+  if (b) cublasLtMatrixLayoutDestroy(b);
+  if (d) cublasLtMatrixLayoutDestroy(d);
+}
+
+Result<std::unique_ptr<MoeFp8Gemm>> MoeFp8Gemm::create(size_t workspace_bytes) {
+  std::unique_ptr<MoeFp8Gemm> g(new MoeFp8Gemm());
+  FP8_LT_RETURN_IF_ERROR(cublasLtCreate(&g->handle_));
+  if (workspace_bytes > 0) CUDA_RETURN_IF_ERROR(cudaMalloc(&g->workspace_, workspace_bytes));
+  g->workspace_bytes_ = workspace_bytes;
+  return g;
+}
+
+MoeFp8Gemm::~MoeFp8Gemm() {
+  shapes_.clear();
+  descs_.clear();
+  if (workspace_ != nullptr) cudaFree(workspace_);
+  if (handle_ != nullptr) cublasLtDestroy(handle_);
+}
+
+// Column-major view (cuBLASLt "TN"): D [n x rows] = op(A) [n x kp] . B [kp x rows] with A = W_e
+// stored [kp x n] (ld kp, transposed), B = X rows stored [kp x rows] (ld kp), D = y rows stored
+// [n x rows] (ld n): row-major y[rows][n].
+Result<MoeFp8Gemm::Desc*> MoeFp8Gemm::desc(int64_t n, int64_t kp) {
+  auto key = std::make_tuple(n, kp);
+  auto it = descs_.find(key);
+  if (it != descs_.end()) return it->second.get();
+  auto d = std::make_unique<Desc>();
+  FP8_LT_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&d->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  FP8_LT_RETURN_IF_ERROR(
+      cublasLtMatmulDescSetAttribute(d->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+  FP8_LT_RETURN_IF_ERROR(
+      cublasLtMatmulDescSetAttribute(d->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  const int32_t mode_a = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+  const int32_t mode_b = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+  FP8_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(d->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
+                                                        &mode_a, sizeof(mode_a)));
+  FP8_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(d->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
+                                                        &mode_b, sizeof(mode_b)));
+  FP8_LT_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&d->a, CUDA_R_8F_E4M3, static_cast<uint64_t>(kp),
+                                                    static_cast<uint64_t>(n), kp));
+  Desc* raw = d.get();
+  descs_.emplace(key, std::move(d));
+  return raw;
+}
+
+Result<bool> MoeFp8Gemm::heuristic(Desc& d, Shape& s, cublasLtMatmulAlgo_t* out) {
+  cublasLtMatmulPreference_t pref = nullptr;
+  FP8_LT_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&pref));
+  uint64_t ws = workspace_bytes_;
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+  cublasLtMatmulHeuristicResult_t results[kCandidates] = {};
+  int found = 0;
+  ++heuristic_queries_;
+  const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(handle_, d.desc, d.a, s.b, s.d, s.d, pref,
+                                                           kCandidates, results, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  FP8_LT_RETURN_IF_ERROR(hs);
+  for (int i = 0; i < found; ++i) {
+    if (results[i].state == CUBLAS_STATUS_SUCCESS && results[i].workspaceSize <= workspace_bytes_) {
+      *out = results[i].algo;
+      return true;
+    }
+  }
+  return false;
+}
+
+Result<MoeFp8Gemm::Shape*> MoeFp8Gemm::shape(Desc& d, int64_t n, int64_t kp, int64_t rows) {
+  auto key = std::make_tuple(n, kp, rows);
+  auto it = shapes_.find(key);
+  if (it != shapes_.end()) return it->second.get();
+  auto s = std::make_unique<Shape>();
+  FP8_LT_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&s->b, CUDA_R_8F_E4M3, static_cast<uint64_t>(kp),
+                                                    static_cast<uint64_t>(rows), kp));
+  FP8_LT_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&s->d, CUDA_R_16BF, static_cast<uint64_t>(n),
+                                                    static_cast<uint64_t>(rows), n));
+  const auto bkey = std::make_tuple(n, kp, rowBucket(rows));
+  auto bit = bucket_algos_.find(bkey);
+  bool have = false;
+  if (bit != bucket_algos_.end()) {
+    cublasLtMatmulHeuristicResult_t chk{};
+    if (cublasLtMatmulAlgoCheck(handle_, d.desc, d.a, s->b, s->d, s->d, &bit->second, &chk) ==
+            CUBLAS_STATUS_SUCCESS &&
+        chk.state == CUBLAS_STATUS_SUCCESS && chk.workspaceSize <= workspace_bytes_) {
+      s->algo = bit->second;
+      have = true;
+    }
+  }
+  if (!have) {
+    ASSIGN_OR_RETURN(bool ok, heuristic(d, *s, &s->algo));
+    if (!ok) {
+      return internalError("cuBLASLt has no FP8 block-scaled algorithm for N=" + std::to_string(n) +
+                           " K=" + std::to_string(kp) + " rows=" + std::to_string(rows));
+    }
+    if (bit == bucket_algos_.end()) bucket_algos_.emplace(bkey, s->algo);
+  }
+  Shape* raw = s.get();
+  shapes_.emplace(key, std::move(s));
+  return raw;
+}
+
+Status MoeFp8Gemm::run(const MoeFp8GemmArgs& a, cudaStream_t stream) {
+  if (a.n <= 0 || a.n % 4 != 0 || a.k <= 0 || a.num_experts <= 0 || a.expert_off == nullptr)
+    return invalidArgument("moe_fp8_gemm: N must be a positive multiple of 4, K and E positive");
+  const int64_t kp = fp8PaddedK(a.k), nb = fp8KBlocks(a.k);
+  const int64_t spe = fp8WeightScalesPerExpert(a.n, a.k);
+  ASSIGN_OR_RETURN(Desc * d, desc(a.n, kp));
+  const float alpha = 1.f, beta = 0.f;
+  for (int32_t e = 0; e < a.num_experts; ++e) {
+    const int64_t r0 = a.expert_off[e], rows = a.expert_off[e + 1] - r0;
+    if (rows <= 0) continue;
+    if (rows % 4 != 0 || r0 % 4 != 0)
+      return invalidArgument("moe_fp8_gemm: expert row ranges must be multiples of 4");
+    ASSIGN_OR_RETURN(Shape * s, shape(*d, a.n, kp, rows));
+    const void* sa = a.w_scales + e * spe;
+    const void* sb = a.x_scales + r0 * nb;
+    FP8_LT_RETURN_IF_ERROR(
+        cublasLtMatmulDescSetAttribute(d->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof(sa)));
+    FP8_LT_RETURN_IF_ERROR(
+        cublasLtMatmulDescSetAttribute(d->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(sb)));
+    const uint8_t* w = a.w + static_cast<int64_t>(e) * a.n * kp;
+    const uint8_t* x = a.x + r0 * kp;
+    __nv_bfloat16* y = a.y + r0 * a.n;
+    FP8_LT_RETURN_IF_ERROR(cublasLtMatmul(handle_, d->desc, &alpha, w, d->a, x, s->b, &beta, y, s->d,
+                                          y, s->d, &s->algo, workspace_, workspace_bytes_, stream));
+  }
+  return okStatus();
+}
+
+}  // namespace garden::rose::cuda

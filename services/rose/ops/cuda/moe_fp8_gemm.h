@@ -1,0 +1,91 @@
+#pragma once
+// The FP8 expert GEMMs [TAG_FP8_EXPERTS]: one cuBLASLt matmul per expert over its range of
+// expert-sorted rows, e4m3 x e4m3 -> bf16 with f32 accumulation and Hopper block scaling (weights
+// BLK128x128_32F as the A operand, activations VEC128_32F as B; layouts in fp8_block.h):
+//   y[r0 .. r0+cnt)[N] = X[r0 .. r0+cnt)[KP] · W_e[N][KP]^T
+// The ranges come from the host (the align step's tiles copied back once per layer, so this runs
+// only in eager, non-captured steps: prefill). No bias, no epilogue (the callers add them:
+// fp8_act_quant.cuh, moe_row_bias.cuh).
+//
+// Plans: one matmul descriptor per (N, KP); matrix layouts per exact row count; the algorithm is
+// cuBLASLt's first heuristic choice for the row count rounded up to a power of two (>= 16),
+// checked with cublasLtMatmulAlgoCheck for each new exact count (its own heuristic query if the
+// check fails), so a new count costs host work once.
+//
+// Threads: one launching thread (the backend's). Move-only owner of the handle, the workspace and
+// the cached descriptors.
+
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <tuple>
+
+#include "common/status.h"
+
+namespace garden::rose::cuda {
+
+struct MoeFp8GemmArgs {
+  const uint8_t* w = nullptr;           // [E][n][fp8PaddedK(k)] e4m3
+  const float* w_scales = nullptr;      // [E][fp8WeightScalesPerExpert(n, k)]
+  const uint8_t* x = nullptr;           // [rows][fp8PaddedK(k)] e4m3
+  const float* x_scales = nullptr;      // fp8ActScaleIndex layout over the expert ranges
+  __nv_bfloat16* y = nullptr;           // [rows][n]
+  const int64_t* expert_off = nullptr;  // HOST [num_experts + 1], multiples of 4
+  int32_t num_experts = 0;
+  int32_t n = 0;  // output features, a multiple of 4
+  int32_t k = 0;  // inputs (before padding)
+};
+
+class MoeFp8Gemm {
+ public:
+  static Result<std::unique_ptr<MoeFp8Gemm>> create(size_t workspace_bytes = size_t{32} << 20);
+  ~MoeFp8Gemm();
+  MoeFp8Gemm(const MoeFp8Gemm&) = delete;
+  MoeFp8Gemm& operator=(const MoeFp8Gemm&) = delete;
+
+  // Enqueues one matmul per expert with rows on `stream`.
+  Status run(const MoeFp8GemmArgs& a, cudaStream_t stream);
+
+  size_t heuristicQueries() const { return heuristic_queries_; }
+
+ private:
+  struct Desc {
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t a = nullptr;
+    ~Desc();
+  };
+  struct Shape {  // layouts and algorithm of one (n, kp, rows)
+    cublasLtMatrixLayout_t b = nullptr, d = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+    ~Shape();
+  };
+  MoeFp8Gemm() = default;
+  Result<Desc*> desc(int64_t n, int64_t kp);
+  Result<Shape*> shape(Desc& d, int64_t n, int64_t kp, int64_t rows);
+  Result<bool> heuristic(Desc& d, Shape& s, cublasLtMatmulAlgo_t* out);
+
+  cublasLtHandle_t handle_ = nullptr;
+  void* workspace_ = nullptr;
+  size_t workspace_bytes_ = 0;
+  size_t heuristic_queries_ = 0;
+  std::map<std::tuple<int64_t, int64_t>, std::unique_ptr<Desc>> descs_;
+  std::map<std::tuple<int64_t, int64_t, int64_t>, std::unique_ptr<Shape>> shapes_;
+  std::map<std::tuple<int64_t, int64_t, int64_t>, cublasLtMatmulAlgo_t> bucket_algos_;
+};
+
+// Which MoE steps take the FP8 experts (when the weights carry an FP8 copy): steps of at least
+// this many tokens that are not being captured into a CUDA graph. Default 257: above the largest
+// graph-captured decode batch (GptOssModel::kMaxGraphSeqs), so decode keeps the MXFP4 kernels and
+// eager and graph steps of one batch size take the same path. Process-global (tests, benches).
+inline constexpr int64_t kMoeFp8DefaultMinTokens = 257;
+void setMoeFp8MinTokens(int64_t tokens);
+int64_t moeFp8MinTokens();
+// MoE steps that ran on the FP8 experts so far (process-global; tests check the path ran).
+uint64_t moeFp8Steps();
+void countMoeFp8Step();
+
+}  // namespace garden::rose::cuda

@@ -1,0 +1,517 @@
+// The FP8 expert path of the CUDA LLM ops [TAG_FP8_EXPERTS] (docs/gpt-oss-cuda.md) on fresh random
+// inputs, outputs poisoned first:
+//   * the MXFP4 -> e4m3 requant (fp8_requant.cu, run by uploadMxfp4Experts(..., fp8_copy)) against
+//     a CPU requant: every value and every 128x128 block scale, and the inexact / non-zero counts
+//     (exact scales: zero inexact; a block with scales 20 binades apart: the tiny weights counted);
+//   * the activation quantization (fp8_act_quant.cu) against a CPU quantization: gather form bit
+//     for bit (codes and scales, K padding zero, padding rows zero), SwiGLU form within one e4m3
+//     step (the GPU's expf and the CPU's differ in the last bit);
+//   * the whole FP8 MoE (align, quantization, per-expert cuBLASLt block-scaled GEMMs, SwiGLU,
+//     down bias, combine) at T = 1, 7, 128 (gpt-oss shapes: H = I = 2880 -> K padded to 2944, 32
+//     experts, top-4) and T = 1000, 4096 (H = 288, I = 160: K tails of 32 and 96), against
+//     (a) a CPU emulation of the same quantization (tight: rel L2 < 5e-3) and
+//     (b) the CPU reference op in f32 (loose: rel L2 < 0.08, worst row cosine > 0.99). Why (b)
+//     is loose: e4m3 keeps 3 mantissa bits, so rounding an activation moves it by up to 2^-4 of
+//     its binade, RMS ~2.5 % of its value; the weights are exact (scales within 16 binades), so
+//     the error is that of the two quantized activations (x, and the SwiGLU output), ~2.5 % each,
+//     uncorrelated over 2880 inputs: ~3.5-4.5 % relative L2 expected at the output.
+// Label `gpu`.
+
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <iostream>
+#include <numeric>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "services/rose/model/mxfp4.h"
+#include "services/rose/ops/cuda/cuda_backend.h"
+#include "services/rose/ops/cuda/fp8_act_quant.cuh"
+#include "services/rose/ops/cuda/fp8_block.h"
+#include "services/rose/ops/cuda/moe_fp8_gemm.h"
+#include "services/rose/ops/llm_ops.h"
+#include "tests/gpu/gpu_test_util.h"
+
+namespace garden::rose::gputest {
+namespace {
+
+using cuda::fp8E4m3FromFloat;
+using cuda::fp8E4m3ToFloat;
+
+double relL2(const std::vector<float>& got, const std::vector<float>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (!std::isfinite(got[i])) return NAN;
+    num += (static_cast<double>(got[i]) - ref[i]) * (static_cast<double>(got[i]) - ref[i]);
+    den += static_cast<double>(ref[i]) * ref[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+float bf16Round(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  u &= 0xFFFF0000u;
+  float r;
+  std::memcpy(&r, &u, 4);
+  return r;
+}
+
+template <typename T>
+std::vector<T> fromDevice(const void* p, size_t n) {
+  std::vector<T> v(n);
+  EXPECT_EQ(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+  return v;
+}
+
+// Sets the FP8 step threshold for a scope.
+struct MinTokens {
+  explicit MinTokens(int64_t t) { cuda::setMoeFp8MinTokens(t); }
+  ~MinTokens() { cuda::setMoeFp8MinTokens(cuda::kMoeFp8DefaultMinTokens); }
+};
+
+// Runs f(i) for i in [0, n) on all cores.
+template <typename F>
+void parallelFor(int64_t n, F f) {
+  const int64_t th = std::max<int64_t>(1, std::min<int64_t>(n, std::thread::hardware_concurrency()));
+  std::vector<std::thread> ts;
+  for (int64_t w = 0; w < th; ++w)
+    ts.emplace_back([&, w] {
+      for (int64_t i = w; i < n; i += th) f(i);
+    });
+  for (auto& t : ts) t.join();
+}
+
+const float kE2m1[8] = {0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f};
+
+// CPU requant of one MXFP4 weight (checkpoint layout) into the FP8 layout of fp8_block.h.
+struct Fp8Ref {
+  std::vector<uint8_t> q;
+  std::vector<float> scales;
+  uint64_t inexact = 0, nonzero = 0;
+};
+Fp8Ref requantCpu(const std::vector<uint8_t>& codes, const std::vector<uint8_t>& sc, int64_t e,
+                  int64_t n, int64_t k) {
+  using namespace cuda;
+  const int64_t g = k / 32, kp = fp8PaddedK(k), spe = fp8WeightScalesPerExpert(n, k);
+  Fp8Ref r;
+  r.q.assign(static_cast<size_t>(e * n * kp), 0xEE);  // every byte must be written
+  r.scales.assign(static_cast<size_t>(e * spe), -1.f);
+  auto code = [&](int64_t x, int64_t row, int64_t col) {
+    const uint8_t b = codes[static_cast<size_t>(((x * n + row) * g + col / 32) * 16 + (col % 32) / 2)];
+    return (col % 2) ? (b >> 4) : (b & 15u);
+  };
+  for (int64_t x = 0; x < e; ++x) {
+    for (int64_t p = 0; p < fp8RowBlocks(n); ++p) {
+      for (int64_t b = 0; b < fp8KBlocks(k); ++b) {
+        int mx = kFp8NoWeight;
+        for (int64_t row = p * 128; row < std::min(n, p * 128 + 128); ++row)
+          for (int64_t col = b * 128; col < std::min(k, b * 128 + 128); ++col) {
+            const uint32_t m = code(x, row, col) & 7u;
+            if (m) mx = std::max(mx, e2m1Log2(m) + sc[static_cast<size_t>((x * n + row) * g + col / 32)] - 127);
+          }
+        const int ex = mx == kFp8NoWeight ? 0 : fp8BlockExponent(mx);
+        float* s = &r.scales[static_cast<size_t>(x * spe)];
+        s[fp8WeightScaleIndex(k, p, b)] = std::ldexp(1.f, ex);
+        for (int64_t bb = fp8KBlocks(k); bb < fp8KBlocks4(k); ++bb) s[fp8WeightScaleIndex(k, p, bb)] = 0.f;
+        for (int64_t row = p * 128; row < std::min(n, p * 128 + 128); ++row)
+          for (int64_t col = b * 128; col < b * 128 + 128; ++col) {
+            uint8_t q = 0;
+            if (col < k) {
+              const uint32_t c = code(x, row, col), m = c & 7u;
+              const int s8 = sc[static_cast<size_t>((x * n + row) * g + col / 32)];
+              float v = std::ldexp(kE2m1[m], s8 - 127 - ex);
+              if (c & 8u) v = -v;
+              q = fp8E4m3FromFloat(v);
+              if (m) {
+                ++r.nonzero;
+                if (v == 0.f || fp8E4m3ToFloat(q) != v) ++r.inexact;
+              }
+            }
+            r.q[static_cast<size_t>((x * n + row) * kp + col)] = q;
+          }
+      }
+    }
+  }
+  return r;
+}
+
+void randomMx(std::mt19937& rng, int64_t e, int64_t out, int64_t in, std::vector<uint8_t>& codes,
+              std::vector<uint8_t>& sc, int wide = 0) {
+  const int64_t g = in / 32;
+  codes.resize(static_cast<size_t>(e * out * g * 16));
+  sc.resize(static_cast<size_t>(e * out * g));
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (auto& b : codes) b = static_cast<uint8_t>(byte(rng));
+  const int base = 127 + static_cast<int>(std::lround(std::log2(1.0 / (std::sqrt(double(in)) * 2.93))));
+  std::uniform_int_distribution<int> jitter(-1, 1);
+  for (auto& s : sc) s = static_cast<uint8_t>(base + jitter(rng));
+  // `wide`: every wide-th group 20 binades smaller, so its block mixes scales 2^20 apart.
+  if (wide > 0)
+    for (size_t i = 0; i < sc.size(); i += static_cast<size_t>(wide)) sc[i] = static_cast<uint8_t>(base - 20);
+}
+
+class GpuFp8Moe : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    be_ = makeBackends();
+    ASSERT_TRUE(be_.cpu && be_.gpu);
+    auto c = makeLlmOps(*be_.cpu, 8);
+    ASSERT_TRUE(c.isOk()) << c.status().toString();
+    auto g = makeLlmOps(*be_.gpu);
+    ASSERT_TRUE(g.isOk()) << g.status().toString();
+    cops_ = std::move(c).value();
+    gops_ = std::move(g).value();
+    rng_.seed(::testing::UnitTest::GetInstance()->random_seed() + 4242);
+  }
+  void reserve(int64_t tokens, int32_t hidden, int32_t inter, int32_t experts, int32_t top_k) {
+    LlmOpsLimits l;
+    l.max_tokens = tokens;
+    l.max_seqs = 8;
+    l.max_logits_rows = 8;
+    l.max_model_len = 4096;
+    l.vocab = 1000;
+    l.hidden = hidden;
+    l.intermediate = inter;
+    l.num_experts = experts;
+    l.top_k = top_k;
+    l.num_q_heads = 8;
+    l.num_kv_heads = 8;
+    l.head_dim = 64;
+    Status s = gops_->reserve(l);
+    ASSERT_TRUE(s.isOk()) << s.toString();
+  }
+  Backend& cpu() { return *be_.cpu; }
+  Backend& gpu() { return *be_.gpu; }
+  cudaStream_t stream() { return dynamic_cast<cuda::CudaBackend&>(gpu()).stream(); }
+  Backends be_;
+  std::unique_ptr<LlmOps> cops_, gops_;
+  std::mt19937 rng_;
+};
+
+TEST_F(GpuFp8Moe, RequantMatchesCpu) {
+  struct Case {
+    int64_t e, n, k;
+    int wide;
+  };
+  for (Case c : {Case{2, 5760, 2880, 0}, Case{3, 320, 288, 0}, Case{3, 288, 160, 37}, Case{1, 128, 128, 5}}) {
+    SCOPED_TRACE("E=" + std::to_string(c.e) + " N=" + std::to_string(c.n) + " K=" + std::to_string(c.k) +
+                 " wide=" + std::to_string(c.wide));
+    reserve(64, static_cast<int32_t>(c.k), 64, static_cast<int32_t>(c.e), 1);
+    std::vector<uint8_t> codes, sc;
+    randomMx(rng_, c.e, c.n, c.k, codes, sc, c.wide);
+    auto w = gops_->uploadMxfp4Experts(codes.data(), sc.data(), c.e, c.n, c.k, true);
+    ASSERT_TRUE(w.isOk()) << w.status().toString();
+    ASSERT_FALSE(w->fp8.empty());
+    const Fp8Ref ref = requantCpu(codes, sc, c.e, c.n, c.k);
+    const auto q = fromDevice<uint8_t>(w->fp8.data, ref.q.size());
+    const auto s = fromDevice<float>(w->fp8_scales.data, ref.scales.size());
+    size_t bad = 0;
+    for (size_t i = 0; i < q.size(); ++i) {
+      // Values (so -0 and +0 compare equal); the K padding must be exactly 0.
+      if (fp8E4m3ToFloat(q[i]) != fp8E4m3ToFloat(ref.q[i]) && bad++ < 5)
+        ADD_FAILURE() << "code " << i << ": gpu " << int(q[i]) << " cpu " << int(ref.q[i]);
+    }
+    EXPECT_EQ(bad, 0u);
+    EXPECT_EQ(std::memcmp(s.data(), ref.scales.data(), s.size() * sizeof(float)), 0) << "block scales";
+    EXPECT_EQ(w->fp8_inexact, ref.inexact);
+    EXPECT_EQ(w->fp8_nonzero, ref.nonzero);
+    if (c.wide == 0) {
+      EXPECT_EQ(ref.inexact, 0u);
+    } else {
+      EXPECT_GT(ref.inexact, 0u);
+    }
+    std::cout << "[ fp8 requant ] E=" << c.e << " N=" << c.n << " K=" << c.k << ": "
+              << w->fp8_inexact << " of " << w->fp8_nonzero << " non-zero weights inexact\n";
+  }
+}
+
+// Permuted rows for `counts` rows per expert, padded to 16 (as the align step), with the source
+// token of each real row (tokens drawn at random) and -1 for padding.
+struct Ranges {
+  std::vector<int32_t> row_token, tile_expert, off;
+  int64_t rows = 0;
+};
+Ranges makeRanges(std::mt19937& rng, const std::vector<int>& counts, int32_t tokens) {
+  Ranges r;
+  r.off.push_back(0);
+  std::uniform_int_distribution<int32_t> tok(0, tokens - 1);
+  for (size_t e = 0; e < counts.size(); ++e) {
+    const int padded = (counts[e] + 15) / 16 * 16;
+    for (int i = 0; i < padded; ++i) r.row_token.push_back(i < counts[e] ? tok(rng) : -1);
+    for (int t = 0; t < padded / 16; ++t) r.tile_expert.push_back(static_cast<int32_t>(e));
+    r.off.push_back(r.off.back() + padded);
+  }
+  r.rows = r.off.back();
+  r.tile_expert.push_back(-1);
+  return r;
+}
+
+// CPU quantization of one row's values (k of them) into codes [kp] and scales [L].
+void quantRowCpu(const float* v, int64_t k, uint8_t* q, float* scales) {
+  const int64_t nb = cuda::fp8KBlocks(k);
+  for (int64_t b = 0; b < nb; ++b) {
+    float amax = 0.f;
+    for (int64_t c = b * 128; c < std::min(k, b * 128 + 128); ++c) amax = std::max(amax, std::fabs(v[c]));
+    const float scale = amax > 0.f ? amax / 448.f : 1.f, inv = amax > 0.f ? 448.f / amax : 0.f;
+    scales[b] = scale;
+    for (int64_t c = b * 128; c < b * 128 + 128; ++c) q[c] = c < k ? fp8E4m3FromFloat(v[c] * inv) : 0;
+  }
+}
+
+TEST_F(GpuFp8Moe, ActivationQuantMatchesCpu) {
+  for (int32_t k : {2880, 288, 160}) {
+    SCOPED_TRACE("K=" + std::to_string(k));
+    const int32_t ne = 5, tokens = 37;
+    const int64_t kp = cuda::fp8PaddedK(k), nb = cuda::fp8KBlocks(k);
+    Ranges rg = makeRanges(rng_, {3, 0, 16, 21, 40}, tokens);
+    rg.row_token[0] = 5;  // a real row of token 5, whose blocks are all zero
+    auto x = randomBf16(static_cast<size_t>(tokens * k), rng_, -2.f, 2.f);
+    std::fill(x.begin() + 5 * k, x.begin() + 6 * k, 0.f);  // token 5: all-zero blocks
+    auto h = randomBf16(static_cast<size_t>(rg.rows * 2 * k), rng_, -8.f, 8.f);
+    auto bias = randomBf16(static_cast<size_t>(ne * 2 * k), rng_, -0.5f, 0.5f);
+    auto gx = upload(gpu(), DType::kBF16, {tokens, k}, x);
+    auto gh = upload(gpu(), DType::kBF16, {rg.rows, 2 * k}, h);
+    auto gb = upload(gpu(), DType::kBF16, {ne, 2 * k}, bias);
+    auto grt = uploadI32(gpu(), {rg.rows}, rg.row_token);
+    auto gte = uploadI32(gpu(), {static_cast<int64_t>(rg.tile_expert.size())}, rg.tile_expert);
+    auto goff = uploadI32(gpu(), {ne + 1}, rg.off);
+    auto gq = allocate(gpu(), DType::kU8, {rg.rows * kp});
+    auto gs = allocate(gpu(), DType::kF32, {rg.rows * nb});
+    for (bool swiglu : {false, true}) {
+      SCOPED_TRACE(swiglu ? "swiglu" : "gather");
+      ASSERT_EQ(cudaMemset(gq.view.data, 0xEE, static_cast<size_t>(rg.rows * kp)), cudaSuccess);
+      ASSERT_EQ(cudaMemset(gs.view.data, 0xFF, static_cast<size_t>(rg.rows * nb) * 4), cudaSuccess);
+      cuda::Fp8ActQuantArgs a;
+      a.in = static_cast<const __nv_bfloat16*>(swiglu ? gh.view.data : gx.view.data);
+      a.row_token = grt.view.as<int32_t>();
+      a.tile_expert = gte.view.as<int32_t>();
+      a.expert_off = goff.view.as<int32_t>();
+      a.bias = swiglu ? static_cast<const __nv_bfloat16*>(gb.view.data) : nullptr;
+      a.q = static_cast<uint8_t*>(gq.view.data);
+      a.scales = static_cast<float*>(gs.view.data);
+      a.rows = rg.rows;
+      a.k = k;
+      a.block_m = 16;
+      a.num_experts = ne;
+      a.swiglu = swiglu;
+      ASSERT_TRUE(cuda::launchFp8ActQuant(a, stream()).isOk());
+      ASSERT_EQ(cudaStreamSynchronize(stream()), cudaSuccess);
+      const auto q = fromDevice<uint8_t>(gq.view.data, static_cast<size_t>(rg.rows * kp));
+      const auto s = fromDevice<float>(gs.view.data, static_cast<size_t>(rg.rows * nb));
+      size_t code_diff = 0, far = 0, checked = 0;
+      double worst_scale = 0;
+      std::vector<float> v(static_cast<size_t>(k));
+      std::vector<uint8_t> rq(static_cast<size_t>(kp));
+      std::vector<float> rs(static_cast<size_t>(nb));
+      for (int64_t r = 0; r < rg.rows; ++r) {
+        int e = 0;
+        while (rg.off[static_cast<size_t>(e) + 1] <= r) ++e;
+        const int64_t r0 = rg.off[static_cast<size_t>(e)], cnt = rg.off[static_cast<size_t>(e) + 1] - r0;
+        const int32_t src = rg.row_token[static_cast<size_t>(r)];
+        for (int32_t c = 0; c < k; ++c) {
+          float val = 0.f;
+          if (src >= 0 && !swiglu) val = x[static_cast<size_t>(src) * k + c];
+          if (src >= 0 && swiglu) {
+            const float lim = 7.f, alpha = 1.702f;
+            const float g = std::fmin(h[static_cast<size_t>(r * 2 * k + 2 * c)] + bias[static_cast<size_t>(e * 2 * k + 2 * c)], lim);
+            const float u = std::fmin(std::fmax(h[static_cast<size_t>(r * 2 * k + 2 * c + 1)] + bias[static_cast<size_t>(e * 2 * k + 2 * c + 1)], -lim), lim);
+            val = g / (1.f + std::exp(-alpha * g)) * (u + 1.f);
+          }
+          v[static_cast<size_t>(c)] = val;
+        }
+        quantRowCpu(v.data(), k, rq.data(), rs.data());
+        for (int64_t b = 0; b < nb; ++b) {
+          const float gsv = s[static_cast<size_t>(cuda::fp8ActScaleIndex(k, r0, cnt, r, b))];
+          if (!swiglu) {
+            EXPECT_EQ(gsv, rs[static_cast<size_t>(b)]) << "row " << r << " block " << b;
+          } else {
+            worst_scale = std::max(worst_scale, std::fabs(gsv / rs[static_cast<size_t>(b)] - 1.0));
+          }
+        }
+        for (int64_t c = 0; c < kp; ++c) {
+          const uint8_t gc = q[static_cast<size_t>(r * kp + c)], rc = rq[static_cast<size_t>(c)];
+          ++checked;
+          if (c >= k || src < 0) {  // padding: exact zeros always
+            if (gc != 0) ++far;
+            continue;
+          }
+          if (fp8E4m3ToFloat(gc) == fp8E4m3ToFloat(rc)) continue;
+          ++code_diff;
+          // Neighbouring codes only (same sign, magnitude codes one apart).
+          if ((gc & 0x80) != (rc & 0x80) || std::abs(int(gc & 0x7F) - int(rc & 0x7F)) > 1) ++far;
+        }
+      }
+      EXPECT_EQ(far, 0u);
+      if (!swiglu) {
+        EXPECT_EQ(code_diff, 0u);
+      } else {
+        EXPECT_LT(worst_scale, 1e-6);
+        EXPECT_LT(static_cast<double>(code_diff), 1e-3 * static_cast<double>(checked));
+      }
+      std::cout << "[ fp8 act quant ] K=" << k << (swiglu ? " swiglu" : " gather") << ": " << code_diff
+                << " of " << checked << " codes one step off, worst scale rel diff " << worst_scale << "\n";
+    }
+  }
+}
+
+// CPU emulation of the FP8 MoE: x and the SwiGLU output quantized per 128 as the GPU does,
+// exact weights, f64 sums rounded where the GPU rounds (gate_up and down GEMM outputs to bf16,
+// down + bias to bf16, combine in f32 in k order, bf16 out).
+std::vector<float> emulateFp8Moe(const std::vector<float>& x, const std::vector<float>& w1,
+                                 const std::vector<float>& b1, const std::vector<float>& w2,
+                                 const std::vector<float>& b2, const std::vector<int32_t>& ids,
+                                 const std::vector<float>& wts, int64_t t, int64_t h, int64_t in,
+                                 int32_t k) {
+  std::vector<float> out(static_cast<size_t>(t * h));
+  parallelFor(t, [&](int64_t tok) {
+    std::vector<uint8_t> q(static_cast<size_t>(cuda::fp8PaddedK(std::max(h, in))));
+    std::vector<float> s(static_cast<size_t>(cuda::fp8KBlocks(std::max(h, in))));
+    std::vector<float> xq(static_cast<size_t>(h)), act(static_cast<size_t>(in)), aq(static_cast<size_t>(in));
+    quantRowCpu(&x[static_cast<size_t>(tok * h)], h, q.data(), s.data());
+    for (int64_t c = 0; c < h; ++c) xq[static_cast<size_t>(c)] = fp8E4m3ToFloat(q[static_cast<size_t>(c)]) * s[static_cast<size_t>(c / 128)];
+    std::vector<float> acc(static_cast<size_t>(h), 0.f);
+    for (int32_t j = 0; j < k; ++j) {
+      const int64_t e = ids[static_cast<size_t>(tok * k + j)];
+      for (int64_t i = 0; i < in; ++i) {
+        double g = 0, u = 0;
+        const float* wg = &w1[static_cast<size_t>((e * 2 * in + 2 * i) * h)];
+        const float* wu = wg + h;
+        for (int64_t c = 0; c < h; ++c) {
+          g += static_cast<double>(wg[c]) * xq[static_cast<size_t>(c)];
+          u += static_cast<double>(wu[c]) * xq[static_cast<size_t>(c)];
+        }
+        const float lim = 7.f, alpha = 1.702f;
+        const float gg = std::fmin(bf16Round(static_cast<float>(g)) + b1[static_cast<size_t>(e * 2 * in + 2 * i)], lim);
+        const float uu = std::fmin(std::fmax(bf16Round(static_cast<float>(u)) + b1[static_cast<size_t>(e * 2 * in + 2 * i + 1)], -lim), lim);
+        act[static_cast<size_t>(i)] = gg / (1.f + std::exp(-alpha * gg)) * (uu + 1.f);
+      }
+      quantRowCpu(act.data(), in, q.data(), s.data());
+      for (int64_t i = 0; i < in; ++i) aq[static_cast<size_t>(i)] = fp8E4m3ToFloat(q[static_cast<size_t>(i)]) * s[static_cast<size_t>(i / 128)];
+      const float wt = wts[static_cast<size_t>(tok * k + j)];
+      for (int64_t n = 0; n < h; ++n) {
+        double y = 0;
+        const float* wd = &w2[static_cast<size_t>((e * h + n) * in)];
+        for (int64_t i = 0; i < in; ++i) y += static_cast<double>(wd[i]) * aq[static_cast<size_t>(i)];
+        const float yb = bf16Round(bf16Round(static_cast<float>(y)) + b2[static_cast<size_t>(e * h + n)]);
+        acc[static_cast<size_t>(n)] = std::fma(wt, yb, acc[static_cast<size_t>(n)]);
+      }
+    }
+    for (int64_t n = 0; n < h; ++n) out[static_cast<size_t>(tok * h + n)] = bf16Round(acc[static_cast<size_t>(n)]);
+  });
+  return out;
+}
+
+TEST_F(GpuFp8Moe, ExpertsMatchCpu) {
+  struct Shape {
+    int64_t h, in, e;
+    int32_t k;
+    std::vector<int64_t> ts;
+  };
+  for (const Shape& sh : {Shape{2880, 2880, 32, 4, {1, 7, 128}}, Shape{288, 160, 8, 4, {1000, 4096}}}) {
+    const int64_t tmax = *std::max_element(sh.ts.begin(), sh.ts.end());
+    reserve(std::max<int64_t>(tmax, 64), static_cast<int32_t>(sh.h), static_cast<int32_t>(sh.in),
+            static_cast<int32_t>(sh.e), sh.k);
+    std::vector<uint8_t> c1, s1, c2, s2;
+    randomMx(rng_, sh.e, 2 * sh.in, sh.h, c1, s1);
+    randomMx(rng_, sh.e, sh.h, sh.in, c2, s2);
+    std::vector<float> w1(static_cast<size_t>(sh.e * 2 * sh.in * sh.h)), w2(static_cast<size_t>(sh.e * sh.h * sh.in));
+    dequantizeMxfp4(c1.data(), s1.data(), sh.e * 2 * sh.in, sh.h / 32, w1.data());
+    dequantizeMxfp4(c2.data(), s2.data(), sh.e * sh.h, sh.in / 32, w2.data());
+    auto m1 = gops_->uploadMxfp4Experts(c1.data(), s1.data(), sh.e, 2 * sh.in, sh.h, true);
+    auto m2 = gops_->uploadMxfp4Experts(c2.data(), s2.data(), sh.e, sh.h, sh.in, true);
+    ASSERT_TRUE(m1.isOk() && m2.isOk()) << m1.status().toString() << m2.status().toString();
+    EXPECT_EQ(m1->fp8_inexact + m2->fp8_inexact, 0u);  // scales within 3 binades: all exact
+    auto b1 = randomBf16(static_cast<size_t>(sh.e * 2 * sh.in), rng_, -0.1f, 0.1f);
+    auto b2 = randomBf16(static_cast<size_t>(sh.e * sh.h), rng_, -0.1f, 0.1f);
+    auto cw1 = upload(cpu(), DType::kF32, {sh.e, 2 * sh.in, sh.h}, w1);
+    auto cw2 = upload(cpu(), DType::kF32, {sh.e, sh.h, sh.in}, w2);
+    auto cb1 = upload(cpu(), DType::kF32, {sh.e, 2 * sh.in}, b1);
+    auto cb2 = upload(cpu(), DType::kF32, {sh.e, sh.h}, b2);
+    auto gb1 = upload(gpu(), DType::kBF16, {sh.e, 2 * sh.in}, b1);
+    auto gb2 = upload(gpu(), DType::kBF16, {sh.e, sh.h}, b2);
+    ExpertWeights ce1, ce2;
+    ce1.dense = cw1.view;
+    ce1.experts = ce2.experts = sh.e;
+    ce1.rows = 2 * sh.in;
+    ce1.cols = sh.h;
+    ce2.dense = cw2.view;
+    ce2.rows = sh.h;
+    ce2.cols = sh.in;
+    const MoeExpertsParams p{static_cast<int32_t>(sh.e), sh.k, static_cast<int32_t>(sh.h),
+                             static_cast<int32_t>(sh.in), 7.f, 1.702f};
+    for (int64_t t : sh.ts) {
+      SCOPED_TRACE("T=" + std::to_string(t) + " H=" + std::to_string(sh.h) + " I=" + std::to_string(sh.in));
+      auto x = randomBf16(static_cast<size_t>(t * sh.h), rng_, -2.f, 2.f);
+      std::vector<int32_t> ids;
+      std::vector<float> wts;
+      for (int64_t i = 0; i < t; ++i) {
+        std::vector<int32_t> perm(static_cast<size_t>(sh.e));
+        std::iota(perm.begin(), perm.end(), 0);
+        std::shuffle(perm.begin(), perm.end(), rng_);
+        float sum = 0;
+        std::vector<float> w(static_cast<size_t>(sh.k));
+        for (auto& v : w) sum += (v = std::uniform_real_distribution<float>(0.1f, 1.f)(rng_));
+        for (int32_t j = 0; j < sh.k; ++j) {
+          ids.push_back(perm[static_cast<size_t>(j)]);
+          wts.push_back(w[static_cast<size_t>(j)] / sum);
+        }
+      }
+      // (b) the CPU reference op, f32.
+      auto cx = upload(cpu(), DType::kF32, {t, sh.h}, x);
+      auto cid = uploadI32(cpu(), {t, sh.k}, ids);
+      auto cwt = upload(cpu(), DType::kF32, {t, sh.k}, wts);
+      auto cout = allocate(cpu(), DType::kF32, {t, sh.h});
+      cops_->moeExperts(cx.view, cid.view, cwt.view, ce1, cb1.view, ce2, cb2.view, cout.view, p);
+      const auto ref = download(cpu(), cout.view);
+      // (a) the emulation.
+      const auto emu = emulateFp8Moe(x, w1, b1, w2, b2, ids, wts, t, sh.h, sh.in, sh.k);
+      // GPU, forced onto the FP8 path.
+      auto gx = upload(gpu(), DType::kBF16, {t, sh.h}, x);
+      auto gid = uploadI32(gpu(), {t, sh.k}, ids);
+      auto gwt = upload(gpu(), DType::kF32, {t, sh.k}, wts);
+      auto gout = allocate(gpu(), DType::kBF16, {t, sh.h});
+      poison(gpu(), gout.view);
+      const uint64_t steps0 = cuda::moeFp8Steps();
+      {
+        MinTokens force(1);
+        gops_->moeExperts(gx.view, gid.view, gwt.view, *m1, gb1.view, *m2, gb2.view, gout.view, p);
+      }
+      const auto got = download(gpu(), gout.view);
+      EXPECT_EQ(cuda::moeFp8Steps(), steps0 + 1) << "the FP8 path did not run";
+      const double e_emu = relL2(got, emu), e_ref = relL2(got, ref);
+      double cos_emu = 1, cos_ref = 1;
+      for (int64_t r = 0; r < t; ++r) {
+        cos_emu = std::min(cos_emu, rowCosine(got, emu, r, sh.h));
+        cos_ref = std::min(cos_ref, rowCosine(got, ref, r, sh.h));
+      }
+      EXPECT_LT(e_emu, 5e-3);
+      EXPECT_GT(cos_emu, 0.9995);
+      EXPECT_LT(e_ref, 0.08);
+      EXPECT_GT(cos_ref, 0.99);
+      std::cout << "[ fp8 experts ] T=" << t << " H=" << sh.h << " I=" << sh.in << " E=" << sh.e
+                << ": vs emulation rel_l2=" << e_emu << " worst_row_cos=" << cos_emu
+                << "; vs f32 reference rel_l2=" << e_ref << " worst_row_cos=" << cos_ref << "\n";
+      // Default threshold: below it the same weights take the MXFP4 kernels.
+      if (t < cuda::kMoeFp8DefaultMinTokens) {
+        gops_->moeExperts(gx.view, gid.view, gwt.view, *m1, gb1.view, *m2, gb2.view, gout.view, p);
+        ASSERT_TRUE(gpu().synchronize().isOk());
+        EXPECT_EQ(cuda::moeFp8Steps(), steps0 + 1) << "a step below the threshold took FP8";
+      } else {
+        gops_->moeExperts(gx.view, gid.view, gwt.view, *m1, gb1.view, *m2, gb2.view, gout.view, p);
+        ASSERT_TRUE(gpu().synchronize().isOk());
+        EXPECT_EQ(cuda::moeFp8Steps(), steps0 + 2) << "a step above the threshold did not take FP8";
+        EXPECT_EQ(download(gpu(), gout.view), got) << "FP8 path not deterministic";
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace garden::rose::gputest
