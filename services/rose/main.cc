@@ -18,6 +18,12 @@
 //               (KV cache: --kv-blocks, else --kv-cache-mb, else on a GPU that fraction of the
 //               device memory the model left free, on the cpu 256 MiB)
 //
+// gpt-oss over several ranks (docs/multi-gpu.md): [--tp T] [--dp D] [--ep E] (world T x D ranks,
+// one process each; this process is rank 0 and starts ranks 1..N-1 as
+// `rose <the same flags> --rank r --rank-fd FD`, services/rose/parallel/rank_runtime.h)
+//             [--rank-heartbeat-timeout-ms 3000] [--rank-comm-timeout-ms 0]
+// With --dp D, --kv-blocks counts tulip's block ids (a multiple of D; each dp group caches 1/D).
+//
 // The cuda backend's kernel choices come from the environment, read once here:
 // GARDEN_ATTENTION_KERNEL=auto|sm90|mma|narrow, GARDEN_GEMM_TUNE=0|1, GARDEN_GEMM_SMALLM=0|1, GARDEN_PDL=0|1
 // (services/rose/ops/backend.h CudaKernelOptions).
@@ -34,6 +40,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -53,6 +60,8 @@
 #include "services/rose/model/qwen3.h"
 #include "services/rose/ops/backend.h"
 #include "services/rose/ops/llm_ops.h"
+#include "services/rose/parallel/rank_runtime.h"
+#include "services/rose/parallel/shard_ops.h"
 
 namespace {
 
@@ -66,6 +75,27 @@ bool processAlive(int32_t pid) {
   if (pid <= 0) return true;  // unknown: do not guess
   return kill(pid, 0) == 0 || errno == EPERM;
 }
+
+// Test knob [TAG_STEP_PROGRESS]: with GARDEN_TEST_HANG_RANK=r set, the cpu backend's hang knob
+// (GARDEN_CPU_TEST_HANG_AT_MARK, which every rank inherits) applies to rank r only, so a test can
+// wedge one rank of several. Held while the backend is created (it reads the knob then); the
+// environment is restored afterwards, so the ranks rank 0 starts inherit the knob.
+class HangRankKnob {
+ public:
+  explicit HangRankKnob(int32_t rank) {
+    const char* e = std::getenv("GARDEN_TEST_HANG_RANK");
+    const char* hang = std::getenv("GARDEN_CPU_TEST_HANG_AT_MARK");
+    if (e == nullptr || *e == 0 || hang == nullptr || std::atoi(e) == rank) return;
+    saved_ = hang;
+    unsetenv("GARDEN_CPU_TEST_HANG_AT_MARK");
+  }
+  ~HangRankKnob() {
+    if (saved_) setenv("GARDEN_CPU_TEST_HANG_AT_MARK", saved_->c_str(), 1);
+  }
+
+ private:
+  std::optional<std::string> saved_;
+};
 
 // Flags of the embedding runner, validated.
 struct EmbeddingArgs {
@@ -85,6 +115,16 @@ struct LlmArgs {
   std::string moe_weights = "auto";  // auto | mxfp4 | bf16
   int64_t max_model_len = 0;  // 0: the model's (max_position_embeddings, at most 131072)
   int32_t max_seqs = 256;     // sequences per step
+};
+
+// Flags of a model sharded over rank processes (--tp/--dp/--ep).
+struct RankArgs {
+  rose::ParallelConfig parallel;
+  int32_t rank = 0;     // this process's rank (followers: set by rank 0)
+  int32_t rank_fd = -1;  // followers: the rank segment rank 0 handed down
+  int64_t heartbeat_timeout_ms = 3000;
+  int64_t comm_timeout_ms = 0;
+  bool sharded() const { return parallel.world() > 1 || rank > 0; }
 };
 
 // "SEQSxTOKENS,..." → buckets; nullopt (after printing why) on a bad item.
@@ -145,6 +185,13 @@ struct Workload {
   std::unique_ptr<rose::LlmOps> ops;
   std::unique_ptr<rose::Qwen3Model> qwen3;
   std::unique_ptr<rose::GptOssModel> gpt_oss;
+  // Sharded (--tp/--dp/--ep, rank 0): the segment, the other ranks, this rank's shard.
+  std::unique_ptr<rose::RankSegment> segment;
+  std::unique_ptr<rose::RankSupervisor> ranks;
+  rose::RankSegment::Comms comms;
+  std::unique_ptr<rose::ShardOps> shard_ops;
+  std::unique_ptr<rose::GptOssShard> shard;
+  std::unique_ptr<rose::LlmStepModel> step_model;
   std::unique_ptr<rose::Runner> runner;
   rose::EmbeddingRunner* embedding = nullptr;  // == runner for an embedding model
   rose::LlmRunner* llm = nullptr;              // == runner for an LLM
@@ -168,28 +215,14 @@ Result<Workload> loadEmbedding(const std::string& dir, rose::Backend& backend,
   return w;
 }
 
-Result<Workload> loadLlm(const std::string& dir, rose::Backend& backend, int32_t threads,
-                         int64_t max_batch_tokens, const LlmArgs& f) {
-  Workload w;
-  ASSIGN_OR_RETURN(w.ops, rose::makeLlmOps(backend, threads));
-  rose::GptOssOptions go;
-  go.max_batch_tokens = max_batch_tokens;
-  go.max_seqs = f.max_seqs;
-  go.max_logits_rows = f.max_seqs;  // logits never leave rose: one sampled row per sequence
-  go.max_model_len = f.max_model_len;
-  go.min_block_size = f.kv_block_size;
-  go.cuda_graphs = f.cuda_graphs;
-  go.moe_weights = f.moe_weights == "mxfp4"  ? rose::MoeWeightsMode::kMxfp4
-                   : f.moe_weights == "fp8"  ? rose::MoeWeightsMode::kFp8
-                   : f.moe_weights == "bf16" ? rose::MoeWeightsMode::kDense
-                                             : rose::MoeWeightsMode::kAuto;
-  ASSIGN_OR_RETURN(w.gpt_oss, rose::GptOssModel::load(dir, backend, *w.ops, go));
-  ASSIGN_OR_RETURN(std::vector<int32_t> eos, rose::loadEosIds(dir));
+// KV blocks this process caches: --kv-blocks, else the --kv-cache-mb budget, else
+// --kv-cache-fraction of the free device memory (256 MiB on the cpu), in blocks of `one`'s size.
+Result<int64_t> kvBlocks(rose::Backend& backend, const LlmArgs& f, const rose::KvCacheShape& one,
+                         DType kv_dtype) {
   int64_t kv_blocks = f.kv_blocks;
   if (kv_blocks == 0) {
-    const rose::KvCacheShape one = w.gpt_oss->kvShape(1, f.kv_block_size);
-    const int64_t block_bytes = 2 * one.elementsPerLayer() * one.num_layers *
-                                static_cast<int64_t>(dtypeSize(w.gpt_oss->kvDType()));
+    const int64_t block_bytes =
+        2 * one.elementsPerLayer() * one.num_layers * static_cast<int64_t>(dtypeSize(kv_dtype));
     int64_t budget = f.kv_cache_mb << 20;
     std::string from = "--kv-cache-mb " + std::to_string(f.kv_cache_mb);
     if (budget == 0) {
@@ -208,6 +241,34 @@ Result<Workload> loadLlm(const std::string& dir, rose::Backend& backend, int32_t
                              " bytes each)");
     }
   }
+  return kv_blocks;
+}
+
+rose::GptOssOptions gptOssOptions(int64_t max_batch_tokens, const LlmArgs& f) {
+  rose::GptOssOptions go;
+  go.max_batch_tokens = max_batch_tokens;
+  go.max_seqs = f.max_seqs;
+  go.max_logits_rows = f.max_seqs;  // logits never leave rose: one sampled row per sequence
+  go.max_model_len = f.max_model_len;
+  go.min_block_size = f.kv_block_size;
+  go.cuda_graphs = f.cuda_graphs;
+  return go;
+}
+
+Result<Workload> loadLlm(const std::string& dir, rose::Backend& backend, int32_t threads,
+                         int64_t max_batch_tokens, const LlmArgs& f) {
+  Workload w;
+  ASSIGN_OR_RETURN(w.ops, rose::makeLlmOps(backend, threads));
+  rose::GptOssOptions go = gptOssOptions(max_batch_tokens, f);
+  go.moe_weights = f.moe_weights == "mxfp4"  ? rose::MoeWeightsMode::kMxfp4
+                   : f.moe_weights == "fp8"  ? rose::MoeWeightsMode::kFp8
+                   : f.moe_weights == "bf16" ? rose::MoeWeightsMode::kDense
+                                             : rose::MoeWeightsMode::kAuto;
+  ASSIGN_OR_RETURN(w.gpt_oss, rose::GptOssModel::load(dir, backend, *w.ops, go));
+  ASSIGN_OR_RETURN(std::vector<int32_t> eos, rose::loadEosIds(dir));
+  ASSIGN_OR_RETURN(const int64_t kv_blocks,
+                   kvBlocks(backend, f, w.gpt_oss->kvShape(1, f.kv_block_size),
+                            w.gpt_oss->kvDType()));
   rose::LlmRunnerOptions ro;
   ro.kv_num_blocks = static_cast<int32_t>(kv_blocks);
   ro.kv_block_size = f.kv_block_size;
@@ -218,6 +279,138 @@ Result<Workload> loadLlm(const std::string& dir, rose::Backend& backend, int32_t
   w.llm = runner.get();
   w.runner = std::move(runner);
   return w;
+}
+
+// Rank 0 of a sharded gpt-oss: the rank segment, ranks 1..N-1 started (re-running this binary
+// with `self_argv` plus --rank/--rank-fd) and loading beside this rank's shard, the KV cache
+// sized here and announced to them, and the runner over a ShardedStepModel once all are ready.
+Result<Workload> loadLlmSharded(const std::string& dir, rose::Backend& backend, int32_t threads,
+                                int64_t max_batch_tokens, const LlmArgs& f, const RankArgs& ra,
+                                const std::vector<std::string>& self_argv) {
+  Workload w;
+  const rose::ParallelConfig& par = ra.parallel;
+  ASSIGN_OR_RETURN(const rose::GptOssConfig cfg, rose::loadGptOssConfig(dir));
+  const ModelConfig& c = cfg.base;
+  RETURN_IF_ERROR(rose::checkParallelConfig(par, c.num_attention_heads, c.num_key_value_heads,
+                                            c.num_local_experts, c.intermediate_size,
+                                            c.vocab_size));
+  // The relay carries what the runner's staging can: max_seqs tables of the longest sequence.
+  const int64_t max_len = f.max_model_len > 0
+                              ? f.max_model_len
+                              : std::min<int64_t>(c.max_position_embeddings, 131072);
+  rose::RankSegmentOptions so;
+  so.parallel = par;
+  so.step_bytes = rose::relayedStepBytes(
+      static_cast<uint64_t>(f.max_seqs), static_cast<uint64_t>(max_batch_tokens),
+      static_cast<uint64_t>(f.max_seqs) *
+          static_cast<uint64_t>(rose::kvBlocksFor(max_len, f.kv_block_size)));
+  so.comm_timeout_ms = static_cast<uint32_t>(ra.comm_timeout_ms);
+  ASSIGN_OR_RETURN(w.segment, rose::RankSegment::create(so));
+  w.segment->setPid(0, getpid());
+  w.ranks = std::make_unique<rose::RankSupervisor>(
+      *w.segment, std::chrono::milliseconds(ra.heartbeat_timeout_ms));
+  for (int32_t r = 1; r < par.world(); ++r) RETURN_IF_ERROR(w.ranks->spawn(r, self_argv));
+
+  ASSIGN_OR_RETURN(w.ops, rose::makeLlmOps(backend, threads));
+  ASSIGN_OR_RETURN(w.shard_ops, rose::makeShardOps(backend));
+  w.comms = w.segment->communicators(0, &backend);
+  ASSIGN_OR_RETURN(w.shard,
+                   rose::GptOssShard::load(dir, backend, *w.ops, *w.shard_ops,
+                                           gptOssOptions(max_batch_tokens, f), par, 0,
+                                           w.comms.view()));
+  ASSIGN_OR_RETURN(std::vector<int32_t> eos, rose::loadEosIds(dir));
+  LlmArgs per_group = f;
+  per_group.kv_blocks = f.kv_blocks / par.dp;
+  ASSIGN_OR_RETURN(const int64_t blocks,
+                   kvBlocks(backend, per_group, w.shard->kvShape(1, f.kv_block_size),
+                            w.shard->kvDType()));
+  if (blocks * par.dp > INT32_MAX) return invalidArgument("KV blocks x --dp exceed 2^31 - 1");
+  w.segment->setKvBlocksPerGroup(static_cast<int32_t>(blocks));
+  RETURN_IF_ERROR(w.ranks->waitReady(std::chrono::minutes(30)));
+  if (par.dp > 1) {
+    log::warn("--dp > 1: every sequence's blocks must lie in one dp group; a step with a block "
+              "table that straddles groups is refused (tulip does not allocate per group yet)",
+              {{"dp", par.dp}, {"blocks_per_group", blocks}});
+  }
+  w.step_model = std::make_unique<rose::ShardedStepModel>(*w.shard, *w.segment);
+  rose::LlmRunnerOptions ro;
+  ro.kv_num_blocks = static_cast<int32_t>(blocks * par.dp);
+  ro.kv_block_size = f.kv_block_size;
+  ro.max_seqs = f.max_seqs;
+  ro.max_batch_tokens = max_batch_tokens;
+  ro.eos_ids = std::move(eos);
+  ASSIGN_OR_RETURN(auto runner, rose::LlmRunner::create(backend, *w.step_model, ro));
+  w.llm = runner.get();
+  w.runner = std::move(runner);
+  return w;
+}
+
+// Ranks 1..N-1: load this rank's shard, take the KV size from rank 0, serve relayed steps.
+// Returns the exit code. The process beats its rank's heartbeat from the start (loading
+// included) until it ends; it dies with rank 0 (PR_SET_PDEATHSIG, set by rank 0's fork).
+int runFollowerRank(const std::string& dir, const std::string& device, int32_t threads,
+                    int64_t max_batch_tokens, const LlmArgs& f, const RankArgs& ra,
+                    const rose::BackendOptions& bo) {
+  auto seg = rose::RankSegment::open(ra.rank_fd);
+  if (!seg.isOk()) {
+    log::error("cannot open the rank segment", {{"rank", ra.rank}, {"error", seg.status()}});
+    return 1;
+  }
+  rose::RankSegment& s = **seg;
+  const rose::ParallelConfig par = s.parallel();
+  if (ra.rank >= par.world()) {
+    log::error("--rank outside the world", {{"rank", ra.rank}, {"world", par.world()}});
+    s.abort();
+    return 1;
+  }
+  std::atomic<bool> beating{true};
+  std::thread beater([&] {
+    while (beating.load()) {
+      s.beat(ra.rank);
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  });
+  auto finish = [&](int code) {
+    beating = false;
+    beater.join();
+    return code;
+  };
+  auto failed = [&](const Status& st, const char* what) {
+    log::error(what, {{"rank", ra.rank}, {"error", st}});
+    s.abort();
+    return finish(1);
+  };
+  auto backend = [&] {
+    HangRankKnob knob(ra.rank);
+    return rose::makeBackend(device, bo);
+  }();
+  if (!backend.isOk()) return failed(backend.status(), "cannot create the backend");
+  auto ops = rose::makeLlmOps(**backend, threads);
+  if (!ops.isOk()) return failed(ops.status(), "cannot create the LLM ops");
+  auto shard_ops = rose::makeShardOps(**backend);
+  if (!shard_ops.isOk()) return failed(shard_ops.status(), "cannot create the shard ops");
+  rose::RankSegment::Comms comms = s.communicators(ra.rank, backend->get());
+  auto shard = rose::GptOssShard::load(dir, **backend, **ops, **shard_ops,
+                                       gptOssOptions(max_batch_tokens, f), par, ra.rank,
+                                       comms.view());
+  if (!shard.isOk()) return failed(shard.status(), "cannot load this rank's shard");
+  int32_t blocks = 0;
+  while ((blocks = s.kvBlocksPerGroup()) == 0) {
+    if (g_stop || s.aborted()) return finish(1);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  auto kv = rose::PagedKvCache::create(**backend, (*shard)->kvShape(blocks, f.kv_block_size),
+                                       (*shard)->kvDType());
+  if (!kv.isOk()) return failed(kv.status(), "cannot allocate this rank's KV cache");
+  log::info("rank ready", {{"rank", ra.rank},
+                           {"world", par.world()},
+                           {"tp", par.tp},
+                           {"dp", par.dp},
+                           {"ep", par.ep},
+                           {"kv_blocks", blocks}});
+  const int code = rose::runFollower(s, ra.rank, **shard, **kv, **backend, [] { return g_stop != 0; });
+  log::info("rank stopped", {{"rank", ra.rank}, {"code", code}});
+  return finish(code);
 }
 
 // The model name tulip and ivy show: the directory's name.
@@ -286,6 +479,20 @@ int main(int argc, char** argv) {
       .add("max-model-len", &llm.max_model_len,
            "gpt-oss: longest sequence (0 = the model's, at most 131072)")
       .add("max-seqs", &llm.max_seqs, "gpt-oss: sequences per step");
+  // gpt-oss over several ranks (docs/multi-gpu.md).
+  RankArgs ranks;
+  flags.add("tp", &ranks.parallel.tp, "gpt-oss: tensor-parallel ranks (attention heads, vocabulary)")
+      .add("dp", &ranks.parallel.dp, "gpt-oss: data-parallel groups of --tp ranks")
+      .add("ep", &ranks.parallel.ep,
+           "gpt-oss: expert-parallel groups (divides --tp x --dp; the ranks of a group split "
+           "its experts' columns)")
+      .add("rank", &ranks.rank, "internal: this process's rank (set by rank 0)")
+      .add("rank-fd", &ranks.rank_fd, "internal: the rank segment's descriptor (set by rank 0)")
+      .add("rank-heartbeat-timeout-ms", &ranks.heartbeat_timeout_ms,
+           "rank 0 fails the worker when another rank has not beaten for this long")
+      .add("rank-comm-timeout-ms", &ranks.comm_timeout_ms,
+           "a rank waiting longer than this in one collective exits (0: wait; rank 0's checks "
+           "end a dead world)");
   flags.useEnv("ROSE_");
   flags.parseOrExit(argc, argv);
   log::setService("rose");
@@ -338,11 +545,51 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (!validLlmArgs(llm)) return 2;
+  {
+    const rose::ParallelConfig& p = ranks.parallel;
+    if (p.tp < 1 || p.dp < 1 || p.ep < 1 || p.tp * p.dp > 64 || (p.tp * p.dp) % p.ep != 0) {
+      std::fprintf(stderr,
+                   "rose: --tp, --dp, --ep must be >= 1, --tp x --dp <= 64, and --ep must divide "
+                   "--tp x --dp\n");
+      return 2;
+    }
+    if (ranks.rank < 0 || (ranks.rank > 0) != (ranks.rank_fd >= 0)) {
+      std::fprintf(stderr, "rose: --rank and --rank-fd are set by rank 0, together\n");
+      return 2;
+    }
+    if (llm.kv_blocks % p.dp != 0) {
+      std::fprintf(stderr, "rose: --kv-blocks must be a multiple of --dp (each dp group caches "
+                           "an equal share)\n");
+      return 2;
+    }
+    if (ranks.heartbeat_timeout_ms <= 0 || ranks.comm_timeout_ms < 0 ||
+        ranks.comm_timeout_ms > UINT32_MAX) {
+      std::fprintf(stderr,
+                   "rose: --rank-heartbeat-timeout-ms must be > 0 and --rank-comm-timeout-ms "
+                   ">= 0\n");
+      return 2;
+    }
+  }
   // The cuda backend's kernel choices: GARDEN_* read once, here (backend.h CudaKernelOptions).
   rose::CudaKernelOptions kernels;
   if (Status st = rose::cudaKernelOptionsFromEnv(kernels); !st.isOk()) {
     std::fprintf(stderr, "rose: %s\n", st.message().c_str());
     return 2;
+  }
+
+  rose::BackendOptions bo;
+  bo.threads = threads;
+  bo.max_batch_tokens = max_batch_tokens;
+  bo.cuda = kernels;
+  if (ranks.rank > 0) {
+    // Ranks 1..N-1: started by rank 0, which set PR_SET_PDEATHSIG = SIGKILL; no channel.
+    struct sigaction sa = {};
+    sa.sa_handler = onSignal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, nullptr);
+    signal(SIGINT, SIG_IGN);  // a terminal's ^C reaches every rank: rank 0 stops the others
+    signal(SIGPIPE, SIG_IGN);
+    return runFollowerRank(model_dir, device, threads, max_batch_tokens, llm, ranks, bo);
   }
 
   // Die with the parent (tulip) when spawned by it; sidecars watch nothing but signals.
@@ -392,11 +639,10 @@ int main(int argc, char** argv) {
     if (beater.joinable()) beater.join();
   };
 
-  rose::BackendOptions bo;
-  bo.threads = threads;
-  bo.max_batch_tokens = max_batch_tokens;
-  bo.cuda = kernels;
-  auto backend = rose::makeBackend(device, bo);
+  auto backend = [&] {
+    HangRankKnob knob(0);
+    return rose::makeBackend(device, bo);
+  }();
   if (!backend.isOk()) {
     stopBeater();
     return fail(backend.status(), "cannot create the backend");
@@ -405,9 +651,22 @@ int main(int argc, char** argv) {
   // embedding loader, which says what is missing.
   const Result<bool> is_llm = rose::isGptOssCheckpoint(model_dir);
   const auto t0 = std::chrono::steady_clock::now();
-  Result<Workload> loaded = is_llm.isOk() && *is_llm
-                                ? loadLlm(model_dir, **backend, threads, max_batch_tokens, llm)
-                                : loadEmbedding(model_dir, **backend, max_batch_tokens, emb);
+  Result<Workload> loaded = invalidArgument("unreachable");
+  if (ranks.sharded() && !(is_llm.isOk() && *is_llm)) {
+    loaded = invalidArgument("--tp/--dp/--ep shard a gpt-oss checkpoint; " + model_dir +
+                             " is not one");
+  } else if (ranks.sharded()) {
+    // The other ranks re-run this binary with the same flags.
+    std::vector<std::string> self(argv, argv + argc);
+    std::error_code ec;
+    const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+    if (!ec) self[0] = exe.string();
+    loaded = loadLlmSharded(model_dir, **backend, threads, max_batch_tokens, llm, ranks, self);
+  } else if (is_llm.isOk() && *is_llm) {
+    loaded = loadLlm(model_dir, **backend, threads, max_batch_tokens, llm);
+  } else {
+    loaded = loadEmbedding(model_dir, **backend, max_batch_tokens, emb);
+  }
   stopBeater();
   if (!loaded.isOk()) return fail(loaded.status(), "cannot load the model");
   Workload& w = *loaded;
@@ -444,9 +703,9 @@ int main(int argc, char** argv) {
                         {"cuda_graphs", w.embedding->graphs()},
                         {"load_ms", static_cast<int64_t>(load_ms)}});
   } else {
-    const rose::GptOssModel& m = *w.gpt_oss;
-    const ModelConfig& c = m.config().base;
+    const ModelConfig& c = w.shard ? w.shard->config().base : w.gpt_oss->config().base;
     const rose::PagedKvCache& kv = w.llm->kvCache();
+    const rose::ParallelConfig par = ranks.parallel;
     log::info("ready", {{"model", model_dir},
                         {"kind", "llm"},
                         {"device", device},
@@ -454,14 +713,19 @@ int main(int argc, char** argv) {
                         {"hidden", c.hidden_size},
                         {"layers", c.num_hidden_layers},
                         {"experts", c.num_local_experts},
-                        {"max_model_len", m.maxModelLen()},
+                        {"tp", par.tp},
+                        {"dp", par.dp},
+                        {"ep", par.ep},
+                        {"max_model_len", w.shard ? w.shard->maxModelLen() : w.gpt_oss->maxModelLen()},
                         {"kv_blocks", kv.shape().num_blocks},
                         {"kv_block_size", kv.shape().block_size},
                         {"kv_mb", static_cast<int64_t>(kv.bytes() >> 20)},
                         {"max_batch_tokens", max_batch_tokens},
-                        {"experts_fp8", m.fp8Experts()},
-                        {"fp8_inexact_weights", static_cast<int64_t>(m.fp8InexactWeights())},
-                        {"fp8_nonzero_weights", static_cast<int64_t>(m.fp8NonzeroWeights())},
+                        {"experts_fp8", w.gpt_oss != nullptr && w.gpt_oss->fp8Experts()},
+                        {"fp8_inexact_weights",
+                         static_cast<int64_t>(w.gpt_oss ? w.gpt_oss->fp8InexactWeights() : 0)},
+                        {"fp8_nonzero_weights",
+                         static_cast<int64_t>(w.gpt_oss ? w.gpt_oss->fp8NonzeroWeights() : 0)},
                         {"load_ms", static_cast<int64_t>(load_ms)}});
   }
 
@@ -477,6 +741,18 @@ int main(int argc, char** argv) {
   bool owner_gone = false;
   (*loop)->run([&] {
     if (g_stop) return true;
+    if (w.ranks) {
+      // One rank gone, stopped or aborted fails the whole worker at once: no drain (its compute
+      // may be blocked in a collective for good), every rank killed and reaped, exit non-zero;
+      // tulip restarts rose, hence all ranks.
+      if (Status rs = w.ranks->check(); !rs.isOk()) {
+        log::error("a rank failed; stopping every rank", {{"error", rs}});
+        channel->setState(shm::WorkerState::kFailed);
+        w.ranks->killAll();
+        std::fflush(nullptr);
+        _exit(1);
+      }
+    }
     const auto now = std::chrono::steady_clock::now();
     if (now - last_check >= std::chrono::milliseconds(500)) {
       last_check = now;
@@ -498,5 +774,6 @@ int main(int argc, char** argv) {
                         {"graph_replays", graph.replays},
                         {"graph_capture_failures", graph.capture_failures}});
   loop->reset();
+  if (w.ranks) w.ranks->stop(std::chrono::seconds(5));
   return 0;
 }

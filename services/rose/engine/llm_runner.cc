@@ -93,6 +93,14 @@ Result<std::vector<int32_t>> loadEosIds(const std::string& dir) {
 
 Result<std::unique_ptr<LlmRunner>> LlmRunner::create(Backend& backend, GptOssModel& model,
                                                      const LlmRunnerOptions& opts) {
+  auto wrapped = std::make_unique<GptOssStepModel>(model);
+  ASSIGN_OR_RETURN(std::unique_ptr<LlmRunner> r, create(backend, *wrapped, opts));
+  r->owned_model_ = std::move(wrapped);
+  return r;
+}
+
+Result<std::unique_ptr<LlmRunner>> LlmRunner::create(Backend& backend, LlmStepModel& model,
+                                                     const LlmRunnerOptions& opts) {
   if (opts.kv_num_blocks <= 0) return invalidArgument("kv_num_blocks must be positive");
   if (opts.kv_block_size <= 0) return invalidArgument("kv_block_size must be positive");
   if (opts.max_seqs <= 0 || opts.max_batch_tokens <= 0)
@@ -156,7 +164,7 @@ Status LlmRunner::bind(const shm::Layout& layout) {
 
 shm::ModelFacts LlmRunner::facts() const {
   shm::ModelFacts f;
-  f.hidden_size = static_cast<uint32_t>(model_.config().base.hidden_size);
+  f.hidden_size = static_cast<uint32_t>(model_.hiddenSize());
   f.max_seq_len = static_cast<uint32_t>(model_.maxModelLen());
   f.vocab_size = static_cast<uint32_t>(model_.vocabSize());
   f.max_batch_tokens = static_cast<uint32_t>(opts_.max_batch_tokens);
@@ -305,7 +313,7 @@ Status LlmRunner::launch(const shm::BatchDesc& d, std::span<std::byte> output) {
                   : nullptr;
   PagedKvCache* kv = kv_.get();
   launched_sampled_ = slot.sampled;
-  backend_.launch([this, step, kv, out, lps] { model_.enqueueStep(step, *kv, nullptr, out, lps); });
+  backend_.launch([this, step, kv, out, lps] { model_.enqueueStep(step, *kv, out, lps); });
   static auto& tokens = metrics::Registry::global()
                             .counter("rose_llm_step_tokens_total",
                                      "Tokens run through LLM steps (prefill and decode)")

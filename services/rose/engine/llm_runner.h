@@ -26,6 +26,7 @@
 #include "common/status.h"
 #include "services/rose/engine/runner.h"
 #include "services/rose/model/gpt_oss.h"
+#include "services/rose/model/llm_step_model.h"
 #include "services/rose/ops/backend.h"
 #include "services/rose/ops/paged_kv_cache.h"
 
@@ -56,7 +57,10 @@ struct LlmRunnerOptions {
 class LlmRunner final : public Runner {
  public:
   // Checks the options (INVALID_ARGUMENT naming the field) and allocates the KV cache
-  // (RESOURCE_EXHAUSTED when it does not fit).
+  // (RESOURCE_EXHAUSTED when it does not fit): model.kvShape(kv_num_blocks, kv_block_size).
+  static Result<std::unique_ptr<LlmRunner>> create(Backend& backend, LlmStepModel& model,
+                                                   const LlmRunnerOptions& opts);
+  // The single-device gpt-oss (wrapped in a GptOssStepModel the runner owns).
   static Result<std::unique_ptr<LlmRunner>> create(Backend& backend, GptOssModel& model,
                                                    const LlmRunnerOptions& opts);
 
@@ -87,13 +91,14 @@ class LlmRunner final : public Runner {
     std::vector<uint32_t> masks;        // staging: token bitmasks [TAG_TOKEN_MASK]
     uint32_t num_masks = 0;
   };
-  LlmRunner(Backend& b, GptOssModel& m, const LlmRunnerOptions& o)
+  LlmRunner(Backend& b, LlmStepModel& m, const LlmRunnerOptions& o)
       : backend_(b), model_(m), opts_(o) {}
   // The step admit() staged for `slot`.
   LlmStep stagedStep(uint32_t slot, const shm::BatchDesc& d) const;
 
   Backend& backend_;
-  GptOssModel& model_;
+  std::unique_ptr<LlmStepModel> owned_model_;  // the GptOssModel overload's wrapper
+  LlmStepModel& model_;
   LlmRunnerOptions opts_;
   std::unique_ptr<PagedKvCache> kv_;
   int64_t max_step_blocks_ = 0;

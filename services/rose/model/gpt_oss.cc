@@ -537,6 +537,33 @@ Status GptOssModel::validate(const LlmStep& step, const PagedKvCache& kv,
   return validateGptOssStep(lim, step, ks.block_size, ks.num_blocks, prev_sampled);
 }
 
+void samplerStateResets(const LlmStep& step, std::vector<SamplerStateReset>& resets,
+                        std::vector<LogitBias>& bias) {
+  resets.clear();
+  bias.clear();
+  size_t bias_total = 0;
+  for (const LlmStepSeq& s : step.seqs) {
+    if (s.state_offset >= 0) bias_total += static_cast<size_t>(s.state_bias);
+  }
+  bias.resize(bias_total);  // stable storage for the spans below
+  size_t bias_at = 0;
+  for (const LlmStepSeq& s : step.seqs) {
+    if (s.state_offset < 0) continue;
+    const size_t off = static_cast<size_t>(s.state_offset);
+    SamplerStateReset r;
+    r.slot = s.sampling.state_slot;
+    r.prompt = step.state.subspan(off, static_cast<size_t>(s.state_prompt));
+    r.output = step.state.subspan(off + r.prompt.size(), static_cast<size_t>(s.state_output));
+    if (s.state_bias > 0) {
+      std::memcpy(bias.data() + bias_at, step.state.data() + off + r.prompt.size() + r.output.size(),
+                  sizeof(LogitBias) * static_cast<size_t>(s.state_bias));
+      r.bias = std::span<const LogitBias>(bias.data() + bias_at, static_cast<size_t>(s.state_bias));
+      bias_at += static_cast<size_t>(s.state_bias);
+    }
+    resets.push_back(r);
+  }
+}
+
 Status validateGptOssStep(const GptOssStepLimits& lim, const LlmStep& step, int32_t block_size,
                           int32_t num_blocks, int64_t prev_sampled) {
   const int64_t n_seq = static_cast<int64_t>(step.seqs.size());
@@ -770,29 +797,7 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
   const int64_t n_rows = static_cast<int64_t>(h_rows_.size());
   CHECK(n_rows <= opts_.max_logits_rows);
   // [TAG_LLM_SAMPLER_STATE] Reloads first: this step's draws read them.
-  h_resets_.clear();
-  h_bias_.clear();
-  size_t bias_total = 0;
-  for (const LlmStepSeq& s : step.seqs) {
-    if (s.state_offset >= 0) bias_total += static_cast<size_t>(s.state_bias);
-  }
-  h_bias_.resize(bias_total);  // stable storage for the spans below
-  size_t bias_at = 0;
-  for (const LlmStepSeq& s : step.seqs) {
-    if (s.state_offset < 0) continue;
-    const size_t off = static_cast<size_t>(s.state_offset);
-    SamplerStateReset r;
-    r.slot = s.sampling.state_slot;
-    r.prompt = step.state.subspan(off, static_cast<size_t>(s.state_prompt));
-    r.output = step.state.subspan(off + r.prompt.size(), static_cast<size_t>(s.state_output));
-    if (s.state_bias > 0) {
-      std::memcpy(h_bias_.data() + bias_at, step.state.data() + off + r.prompt.size() + r.output.size(),
-                  sizeof(LogitBias) * static_cast<size_t>(s.state_bias));
-      r.bias = std::span<const LogitBias>(h_bias_.data() + bias_at, static_cast<size_t>(s.state_bias));
-      bias_at += static_cast<size_t>(s.state_bias);
-    }
-    h_resets_.push_back(r);
-  }
+  samplerStateResets(step, h_resets_, h_bias_);
   if (!h_resets_.empty()) ops_.resetSamplerState(h_resets_);
   bool want_lp = false;
   for (const SampleRow& r : h_samples_) want_lp = want_lp || r.params.logprobs >= 0;

@@ -100,6 +100,11 @@ struct GptOssStepLimits {
 Status validateGptOssStep(const GptOssStepLimits& lim, const LlmStep& step, int32_t block_size,
                           int32_t num_blocks, int64_t prev_sampled);
 
+// [TAG_LLM_SAMPLER_STATE] The sampler-state reloads a validated step asks for, in sequence
+// order; `bias` holds the logit biases the resets' spans point into (and step.state the rest).
+void samplerStateResets(const LlmStep& step, std::vector<SamplerStateReset>& resets,
+                        std::vector<LogitBias>& bias);
+
 class GptOssModel {
  public:
   static Result<std::unique_ptr<GptOssModel>> load(const std::string& dir, Backend& backend,

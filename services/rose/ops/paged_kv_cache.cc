@@ -29,6 +29,21 @@ Result<std::unique_ptr<PagedKvCache>> PagedKvCache::create(Backend& backend,
   return c;
 }
 
+Result<std::unique_ptr<PagedKvCache>> PagedKvCache::wrap(const KvCacheShape& shape, DType dtype,
+                                                         void* k, void* v) {
+  if (shape.num_layers <= 0 || shape.num_blocks <= 0 || shape.block_size <= 0 ||
+      shape.num_kv_heads <= 0 || shape.head_dim <= 0 || k == nullptr || v == nullptr) {
+    return invalidArgument("kv cache: positive dimensions and two pools are required");
+  }
+  std::unique_ptr<PagedKvCache> c(new PagedKvCache());
+  c->shape_ = shape;
+  c->dtype_ = dtype;
+  const size_t bytes = poolBytes(shape, dtype);
+  c->k_ = Buffer(nullptr, k, bytes);  // no owner: never released here
+  c->v_ = Buffer(nullptr, v, bytes);
+  return c;
+}
+
 Tensor PagedKvCache::layerView(const Buffer& b, int32_t layer) const {
   CHECK(layer >= 0 && layer < shape_.num_layers);
   auto* base = static_cast<std::byte*>(b.data()) +

@@ -43,6 +43,16 @@ class PagedKvCache {
   // INVALID_ARGUMENT for non-positive dimensions; RESOURCE_EXHAUSTED when memory runs out.
   static Result<std::unique_ptr<PagedKvCache>> create(Backend& backend, const KvCacheShape& shape,
                                                       DType dtype);
+  // A cache over memory the caller owns and keeps alive (host memory for the cpu backend, e.g. a
+  // shared mapping another process can read: the KV handoff, parallel/kv_handoff.h): K and V
+  // each [num_layers][num_blocks][block_size][num_kv_heads][head_dim] of `dtype`.
+  static Result<std::unique_ptr<PagedKvCache>> wrap(const KvCacheShape& shape, DType dtype,
+                                                    void* k, void* v);
+  // Bytes of one of the two pools (K or V).
+  static size_t poolBytes(const KvCacheShape& shape, DType dtype) {
+    return static_cast<size_t>(shape.elementsPerLayer()) * static_cast<size_t>(shape.num_layers) *
+           dtypeSize(dtype);
+  }
 
   const KvCacheShape& shape() const { return shape_; }
   DType dtype() const { return dtype_; }

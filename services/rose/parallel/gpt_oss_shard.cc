@@ -307,6 +307,11 @@ Result<std::unique_ptr<GptOssShard>> GptOssShard::load(const std::string& dir, B
   ASSIGN_OR_RETURN(m->logits_, b.allocateTensor(DType::kF32, {r, v}));
   ASSIGN_OR_RETURN(m->perm_, b.allocateTensor(DType::kI32, {r}));
   ASSIGN_OR_RETURN(m->sampled_, b.allocateTensor(DType::kI32, {s}));
+  if (rank == 0) {
+    ASSIGN_OR_RETURN(m->sampled_lp_,
+                     b.allocateTensor(DType::kU8,
+                                      {s * static_cast<int64_t>(sizeof(llm::LlmTokenLogprobs))}));
+  }
   ASSIGN_OR_RETURN(m->prev_pairs_, b.allocateTensor(DType::kI32, {s, 2}));
   ASSIGN_OR_RETURN(m->pair_rows_, b.allocateTensor(DType::kI32, {t * k}));
   ASSIGN_OR_RETURN(m->pair_ids_, b.allocateTensor(DType::kI32, {t * k, 1}));
@@ -337,7 +342,8 @@ KvCacheShape GptOssShard::kvShape(int32_t blocks_per_group, int32_t block_size) 
   return s;
 }
 
-Status GptOssShard::validate(const LlmStep& step, const PagedKvCache& kv) const {
+Status GptOssShard::validate(const LlmStep& step, const PagedKvCache& kv,
+                             int64_t prev_sampled) const {
   const KvCacheShape& ks = kv.shape();
   const KvCacheShape want = kvShape(ks.num_blocks, ks.block_size);
   if (ks.num_layers != want.num_layers || ks.num_kv_heads != want.num_kv_heads ||
@@ -353,8 +359,9 @@ Status GptOssShard::validate(const LlmStep& step, const PagedKvCache& kv) const 
   lim.max_logits_rows = opts_.max_logits_rows;
   lim.max_model_len = max_model_len_;
   lim.table_capacity = table_capacity_;
+  lim.sampler_state = ops_.supportsSamplerState();
   RETURN_IF_ERROR(
-      validateGptOssStep(lim, step, ks.block_size, ks.num_blocks * par_.dp, last_sampled_));
+      validateGptOssStep(lim, step, ks.block_size, ks.num_blocks * par_.dp, prev_sampled));
   for (size_t i = 0; i < step.seqs.size(); ++i) {
     const LlmStepSeq& s = step.seqs[i];
     const auto table = step.block_ids.subspan(static_cast<size_t>(s.block_offset),
@@ -508,7 +515,7 @@ void GptOssShard::moeDispatched(const Layer& L, const Tensor& x, const Tensor& t
 }
 
 void GptOssShard::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logits_out,
-                              int32_t* sampled_out) {
+                              int32_t* sampled_out, llm::LlmTokenLogprobs* logprobs_out) {
   Backend& b = backend_;
   const ModelConfig& c = config_.base;
   const int32_t n_seq = static_cast<int32_t>(step.seqs.size());
@@ -554,6 +561,12 @@ void GptOssShard::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
   }
   const int64_t n_rows = static_cast<int64_t>(out_rows.size());
   CHECK(n_rows <= opts_.max_logits_rows);
+  if (coords_.rank == 0) {
+    // [TAG_LLM_SAMPLER_STATE] Rank 0 samples, so it holds the state slots: reloads first, in
+    // order before this step's draws (also for a step that reloads without sampling).
+    samplerStateResets(step, h_resets_, h_bias_);
+    if (!h_resets_.empty()) ops_.resetSamplerState(h_resets_);
+  }
 
   // ---- this dp group's sequences ----
   std::vector<int32_t> local_row_of_seq(static_cast<size_t>(n_seq), -1);  // first local row
@@ -780,9 +793,18 @@ void GptOssShard::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
     }
     if (!h_samples_.empty()) {
       CHECK(sampled_out != nullptr);
+      bool want_lp = false;
+      for (const SampleRow& r : h_samples_) want_lp = want_lp || r.params.logprobs >= 0;
+      const int64_t lp_bytes =
+          want_lp ? static_cast<int64_t>(h_samples_.size() * sizeof(llm::LlmTokenLogprobs)) : 0;
+      const Tensor lps = want_lp ? sampled_lp_.view.rowSlice(0, lp_bytes) : Tensor();
       const Tensor sampled = i32View(sampled_, static_cast<int64_t>(h_samples_.size()));
-      ops_.sample(*final_logits, h_samples_, sampled);
+      ops_.sample(*final_logits, h_samples_, sampled, lps);
       b.copyToHost(sampled_out, sampled, sizeof(int32_t) * h_samples_.size());
+      if (want_lp) {
+        CHECK(logprobs_out != nullptr);
+        b.copyToHost(logprobs_out, lps, static_cast<size_t>(lp_bytes));
+      }
     }
   }
   if (!h_samples_.empty() && par_.world() > 1) {  // [TAG_LLM_PREV_TOKEN] on every rank

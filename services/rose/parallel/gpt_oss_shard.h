@@ -72,6 +72,7 @@ class GptOssShard {
   const ParallelConfig& parallel() const { return par_; }
   int32_t rank() const { return coords_.rank; }
   int64_t vocabSize() const { return config_.base.vocab_size; }
+  int64_t maxModelLen() const { return max_model_len_; }
 
   // This rank's cache: its kv heads, blocks_per_group blocks.
   KvCacheShape kvShape(int32_t blocks_per_group, int32_t block_size) const;
@@ -80,11 +81,22 @@ class GptOssShard {
   // The unsharded model's step checks against tulip's dp·B block ids, plus: every sequence's
   // blocks lie in one dp group. INVALID_ARGUMENT naming the sequence and field. Same answer on
   // every rank.
-  Status validate(const LlmStep& step, const PagedKvCache& kv) const;
+  Status validate(const LlmStep& step, const PagedKvCache& kv) const {
+    return validate(step, kv, last_sampled_);
+  }
+  // prev_row checked against `prev_sampled` ids (a caller validating before the previous step
+  // was enqueued, as GptOssModel::validate).
+  Status validate(const LlmStep& step, const PagedKvCache& kv, int64_t prev_sampled) const;
 
-  // Every rank, the same (validated) step. Rank 0: logits_out F32 [logitsRows(step), vocab] and
-  // sampled_out as GptOssModel::enqueueStep; other ranks ignore both (may be null).
-  void enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logits_out, int32_t* sampled_out);
+  // Every rank, the same (validated) step. Rank 0: logits_out F32 [logitsRows(step), vocab],
+  // sampled_out and logprobs_out as GptOssModel::enqueueStep; other ranks ignore all three (may
+  // be null). Only rank 0 samples, so only rank 0 reads the step's sampler-state words and
+  // fields [TAG_LLM_SAMPLER_STATE] (its LlmOps hold the state slots); the other ranks may be
+  // handed the step without them (state_offset -1, default sampling).
+  void enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logits_out, int32_t* sampled_out,
+                   llm::LlmTokenLogprobs* logprobs_out = nullptr);
+  // Whether rank 0's sampler implements logprobs, min_p, penalties and logit_bias.
+  bool supportsSamplerState() const { return ops_.supportsSamplerState(); }
 
   void setLayerTap(LayerTap* tap) { tap_ = tap; }
 
@@ -128,12 +140,14 @@ class GptOssShard {
       moe_mine_, qkv_buf_, attn_, router_logits_, topk_ids_, topk_w_, gathered_, logits_part_,
       logits_cols_, logits_group_, logits_recv_, logits_, sampled_, prev_pairs_, pair_rows_,
       pair_ids_, pair_w_, pair_x_, pair_y_, send_x_, send_ids_, send_w_, send_rows_, recv_x_,
-      recv_ids_, recv_w_, part_, back_, perm_;
+      recv_ids_, recv_w_, part_, back_, perm_, sampled_lp_;
   // Host staging (valid until the next enqueueStep()).
   std::vector<int32_t> h_ids_, h_positions_, h_slots_, h_cu_, h_tables_, h_prev_pairs_, h_windows_,
       h_topk_ids_, h_recv_ids_, h_local_rows_, h_perm_, h_i32_;
   std::vector<float> h_topk_w_, h_recv_w_, h_f32_;
   std::vector<SampleRow> h_samples_;
+  std::vector<SamplerStateReset> h_resets_;
+  std::vector<LogitBias> h_bias_;
 };
 
 }  // namespace garden::rose

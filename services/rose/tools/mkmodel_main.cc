@@ -4,7 +4,7 @@
 //   rose-mkmodel --out DIR [--seed N] [--repo DIR] [--vocab-size 2000] [--dtype bf16|f32]
 //                [--spm-train spm_train] [--shape tiny|qwen3-0.6b]
 //   rose-mkmodel --kind gpt-oss --out DIR [--seed N] [--tokenizer-json PATH] [--layers 2]
-//                [--experts 4] [--top-k 2] [--sliding-window 8]
+//                [--experts 4] [--top-k 2] [--sliding-window 8] [--intermediate-size 32]
 
 #include <cstdio>
 #include <filesystem>
@@ -57,7 +57,9 @@ int main(int argc, char** argv) {
       .add("layers", &g.num_layers, "gpt-oss: layers (even = sliding, odd = full attention)")
       .add("experts", &g.num_experts, "gpt-oss: experts per layer")
       .add("top-k", &g.experts_per_token, "gpt-oss: experts per token")
-      .add("sliding-window", &g.sliding_window, "gpt-oss: sliding window of even layers");
+      .add("sliding-window", &g.sliding_window, "gpt-oss: sliding window of even layers")
+      .add("intermediate-size", &g.intermediate_size,
+           "gpt-oss: experts' intermediate size, a multiple of 32 (64 lets rose --tp 2 split it)");
   flags.parseOrExit(argc, argv);
   if (kind == "gpt-oss") {
     g.out_dir = o.out_dir;
