@@ -25,6 +25,8 @@ class LlmStepModel {
   virtual int64_t vocabSize() const = 0;
   // Logprobs, min_p, penalties and logit_bias (shm::kLlmCapSamplerState).
   virtual bool supportsSamplerState() const = 0;
+  // Token masks of structured outputs (shm::kLlmCapTokenMask) [TAG_TOKEN_MASK].
+  virtual bool supportsTokenMask() const = 0;
   // The cache this process allocates for tulip's `num_blocks` block ids of `block_size` tokens
   // (a dp-sharded model holds only its group's share of them).
   virtual KvCacheShape kvShape(int32_t num_blocks, int32_t block_size) const = 0;
@@ -44,6 +46,7 @@ class GptOssStepModel final : public LlmStepModel {
   int64_t maxModelLen() const override { return m_.maxModelLen(); }
   int64_t vocabSize() const override { return m_.vocabSize(); }
   bool supportsSamplerState() const override { return m_.supportsSamplerState(); }
+  bool supportsTokenMask() const override { return m_.supportsTokenMask(); }
   KvCacheShape kvShape(int32_t num_blocks, int32_t block_size) const override {
     return m_.kvShape(num_blocks, block_size);
   }

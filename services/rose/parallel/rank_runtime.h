@@ -136,6 +136,9 @@ class ShardedStepModel final : public LlmStepModel {
   int64_t maxModelLen() const override { return shard_.maxModelLen(); }
   int64_t vocabSize() const override { return shard_.vocabSize(); }
   bool supportsSamplerState() const override { return shard_.supportsSamplerState(); }
+  // Not yet across ranks: the sharded model refuses masked steps (GptOssShard::validate), so
+  // tulip refuses constrained requests for such a worker rather than ignoring the grammar.
+  bool supportsTokenMask() const override { return false; }
   // `num_blocks` is tulip's block-id space: dp groups of num_blocks / dp blocks each.
   KvCacheShape kvShape(int32_t num_blocks, int32_t block_size) const override {
     return shard_.kvShape(num_blocks / shard_.parallel().dp, block_size);
