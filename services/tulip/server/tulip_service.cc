@@ -84,8 +84,11 @@ std::vector<std::vector<int32_t>> copyInputs(const Seqs& seqs, uint64_t* tokens)
   return out;
 }
 
-// A unary call whose answer comes from the scheduler. Cancellation by the caller cancels the job;
-// the reactor deletes itself once gRPC is done with it.
+// A unary call whose answer comes from the scheduler. Cancellation by the caller cancels the job.
+// The reactor is deleted by the last of gRPC (OnDone) and done() (once Finish has returned): gRPC
+// may run OnDone on another thread while Finish is still running on the scheduler's, and
+// ServerUnaryReactor::Finish reads the reactor after handing the call over. The shared count
+// makes that order explicit, also for ThreadSanitizer, which cannot see gRPC's own hand-off.
 class JobReactor final : public grpc::ServerUnaryReactor {
  public:
   JobReactor(EmbedScheduler& sched, const char* method)
@@ -118,6 +121,7 @@ class JobReactor final : public grpc::ServerUnaryReactor {
     const int64_t reply_ns = shm::monotonicNowNs();
     tsanRelease(this);  // OnDone runs on a gRPC thread after Finish [TAG_TSAN_HANDOFF]
     Finish(toGrpcStatus(st));
+    unref();  // `this` may be gone from here on
     const int64_t finish_ns = shm::monotonicNowNs();
     auto& m = Metrics::get();
     m.requests.labels({method, std::string(statusCodeName(st.code()))}).inc();
@@ -145,10 +149,14 @@ class JobReactor final : public grpc::ServerUnaryReactor {
   }
   void OnDone() override {
     tsanAcquire(this);
-    delete this;
+    unref();
   }
 
  private:
+  void unref() {
+    if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
+  }
+
   // One line per request with where its time went, hop by hop (microseconds; the last batch's
   // stamps for a multi-batch request). Between the hops: arrived -> dispatched (gRPC handler,
   // validation, scheduler), -> rose took it (shm doorbell, rose's step thread), -> launched (rose
@@ -183,6 +191,7 @@ class JobReactor final : public grpc::ServerUnaryReactor {
   std::chrono::steady_clock::time_point t0_;
   std::shared_ptr<EmbedJob> job_;
   uint64_t tokens_ = 0;
+  std::atomic<int> refs_{2};  // gRPC (OnDone) and done() (after Finish returned)
 };
 
 grpc::ServerUnaryReactor* finishNow(grpc::CallbackServerContext* ctx, const grpc::Status& st) {
