@@ -101,14 +101,14 @@ struct UnaryOptions {
 
 // A call's own reference to its channel, held by the call's state and released only after the
 // call's grpc::ClientContext is destroyed [TAG_TSAN_HANDOFF]. The context holds the channel too,
-// but its destructor runs inside libgrpc++, which is not instrumented: when that reference is the
-// last one (the client was destroyed while the call finished), the channel's shared count is
-// decremented where ThreadSanitizer cannot see the atomic acquire and then freed through the
-// shared_ptr code instantiated in our binary, which TSan does see, so TSan reported the free as
-// racing with the client's destructor decrementing the same count on another thread (the
-// intermittent ~GenerateReactor report of unit_ivy_chat). With this reference the last decrement
-// is always in our instrumented code, which orders it (gRPC's API allows destroying the channel
-// while calls are in flight: every call keeps it alive).
+// but its destructor runs inside libgrpc++, which is not instrumented: when that reference was the
+// last one (the client destroyed while the call finished), libgrpc++ decremented the count where
+// ThreadSanitizer cannot see the atomic, then freed the count's block by a tail call to operator
+// delete, whose return address is in our code, so TSan recorded the free as ours and reported it
+// against the client's destructor decrementing the same count on another thread (the intermittent
+// ~GenerateReactor report of unit_ivy_chat). With this reference the last decrement is always in
+// our instrumented code, which orders it (gRPC allows destroying a channel while calls are in
+// flight: every call keeps it alive).
 using ChannelRef = std::shared_ptr<grpc::Channel>;
 
 // Adds ivy's token to a call [TAG_TULIP_TOKEN] (read per call: the file may have changed).
