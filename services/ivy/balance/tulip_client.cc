@@ -310,9 +310,14 @@ class GrpcTulipClient final : public TulipClient {
     args.SetMaxReceiveMessageSize(-1);  // a full batch of wide embeddings exceeds the 4 MiB default
     args.SetMaxSendMessageSize(-1);
     // gRPC's default reconnect backoff grows to 120 s; tulip restarting (or starting after ivy)
-    // must be noticed within about a second so /ready and requests recover quickly.
+    // must be noticed within about a second so /ready and requests recover quickly: retries
+    // start 100 ms apart and grow to 1 s. GRPC_ARG_MIN_RECONNECT_BACKOFF_MS is, in gRPC's
+    // subchannel, the least time one connection attempt is given (TCP connect and the HTTP/2
+    // SETTINGS exchange), not a retry interval: at 100 ms a loaded host failed its calls with
+    // "connection attempt timed out before receiving SETTINGS frame"
+    // (TulipClientTest.SlowHandshakeStillConnects). A refused connection still fails at once.
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 3000);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
     // ivy's ReplicaPool gives each client one address (it resolves DNS names itself and balances
     // by load); a target with several addresses still spreads round-robin over the ready ones.

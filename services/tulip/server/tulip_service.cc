@@ -114,7 +114,8 @@ class JobReactor final : public grpc::ServerUnaryReactor {
   void done(const Status& st) {
     const uint64_t total_us = totalUs();
     // Answer first: the request line and the metrics must not delay the reply. Once Finish is
-    // called gRPC may run OnDone (delete this) on another thread, so only locals are used after.
+    // called gRPC may run OnDone on another thread, and after our unref() the reactor may be
+    // gone, so only locals are used after.
     const std::shared_ptr<EmbedJob> job = job_;
     const char* method = method_;
     const uint64_t tokens = tokens_;
