@@ -96,7 +96,20 @@ struct UnaryOptions {
   std::shared_ptr<CallCanceller> cancel;  // optional: cancel() TryCancels the call
   const TokenFile* token = nullptr;       // sent as `authorization: Bearer` when set
   std::string_view target;                // for the log line of a refused token
+  std::shared_ptr<grpc::Channel> channel;  // the stub's: the call holds it (see ChannelRef)
 };
+
+// A call's own reference to its channel, held by the call's state and released only after the
+// call's grpc::ClientContext is destroyed [TAG_TSAN_HANDOFF]. The context holds the channel too,
+// but its destructor runs inside libgrpc++, which is not instrumented: when that reference was the
+// last one (the client destroyed while the call finished), libgrpc++ decremented the count where
+// ThreadSanitizer cannot see the atomic, then freed the count's block by a tail call to operator
+// delete, whose return address is in our code, so TSan recorded the free as ours and reported it
+// against the client's destructor decrementing the same count on another thread (the intermittent
+// ~GenerateReactor report of unit_ivy_chat). With this reference the last decrement is always in
+// our instrumented code, which orders it (gRPC allows destroying a channel while calls are in
+// flight: every call keeps it alive).
+using ChannelRef = std::shared_ptr<grpc::Channel>;
 
 // Adds ivy's token to a call [TAG_TULIP_TOKEN] (read per call: the file may have changed).
 void addToken(grpc::ClientContext* ctx, const TokenFile* token) {
@@ -130,6 +143,7 @@ template <typename Req, typename Resp, typename Invoke, typename Fill, typename 
 void unaryCall(Invoke invoke, UnaryOptions options, Fill fill, Decode decode, Done done) {
   using Out = decltype(decode(std::declval<const Resp&>()));
   struct State {
+    ChannelRef channel;  // first member: destroyed after ctx
     grpc::ClientContext ctx;
     Req req;
     Resp resp;
@@ -139,6 +153,7 @@ void unaryCall(Invoke invoke, UnaryOptions options, Fill fill, Decode decode, Do
     std::shared_ptr<State> self;               // set from the call's start to its completion
   };
   auto st = std::make_shared<State>();
+  st->channel = std::move(options.channel);
   if (!options.request_id.empty()) {
     st->ctx.AddMetadata("x-request-id", std::string(options.request_id));
   }
@@ -187,8 +202,9 @@ class GenerateReactor final : public grpc::ClientReadReactor<v1::GenerateChunk>,
   GenerateReactor(TulipClient::ChunkFn on_chunk, TulipClient::StreamDone on_done)
       : on_chunk_(std::move(on_chunk)), on_done_(std::move(on_done)) {}
 
-  void start(v1::Tulip::Stub* stub, const GenerateCall& call, const TokenFile* token,
-             std::string_view target) {
+  void start(v1::Tulip::Stub* stub, ChannelRef channel, const GenerateCall& call,
+             const TokenFile* token, std::string_view target) {
+    channel_ = std::move(channel);
     target_ = target;
     if (!call.request_id.empty()) ctx_.AddMetadata("x-request-id", call.request_id);
     addToken(&ctx_, token);
@@ -288,6 +304,7 @@ class GenerateReactor final : public grpc::ClientReadReactor<v1::GenerateChunk>,
   }
 
  private:
+  ChannelRef channel_;  // declared before ctx_: released after it
   grpc::ClientContext ctx_;
   v1::GenerateRequest req_;
   v1::GenerateChunk chunk_;
@@ -305,9 +322,14 @@ class GrpcTulipClient final : public TulipClient {
     args.SetMaxReceiveMessageSize(-1);  // a full batch of wide embeddings exceeds the 4 MiB default
     args.SetMaxSendMessageSize(-1);
     // gRPC's default reconnect backoff grows to 120 s; tulip restarting (or starting after ivy)
-    // must be noticed within about a second so /ready and requests recover quickly.
+    // must be noticed within about a second so /ready and requests recover quickly: retries
+    // start 100 ms apart and grow to 1 s. GRPC_ARG_MIN_RECONNECT_BACKOFF_MS is, in gRPC's
+    // subchannel, the least time one connection attempt is given (TCP connect and the HTTP/2
+    // SETTINGS exchange), not a retry interval: at 100 ms a loaded host failed its calls with
+    // "connection attempt timed out before receiving SETTINGS frame"
+    // (TulipClientTest.SlowHandshakeStillConnects). A refused connection still fails at once.
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 3000);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
     // ivy's ReplicaPool gives each client one address (it resolves DNS names itself and balances
     // by load); a target with several addresses still spreads round-robin over the ready ones.
@@ -375,7 +397,7 @@ class GrpcTulipClient final : public TulipClient {
   std::shared_ptr<GenerateStream> generate(GenerateCall call, ChunkFn on_chunk,
                                            StreamDone on_done) override {
     auto r = std::make_shared<GenerateReactor>(std::move(on_chunk), std::move(on_done));
-    r->start(tulip_.get(), call, token_.get(), target_);
+    r->start(tulip_.get(), channel_, call, token_.get(), target_);
     return r;
   }
 
@@ -422,7 +444,7 @@ class GrpcTulipClient final : public TulipClient {
  private:
   UnaryOptions options(std::chrono::milliseconds timeout, std::string_view request_id = {},
                        std::shared_ptr<CallCanceller> cancel = nullptr) const {
-    return UnaryOptions{timeout, request_id, std::move(cancel), token_.get(), target_};
+    return UnaryOptions{timeout, request_id, std::move(cancel), token_.get(), target_, channel_};
   }
 
   static Result<ScoreReply> decodeScore(const v1::ScoreResponse& resp, size_t n) {

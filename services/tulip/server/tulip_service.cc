@@ -84,8 +84,11 @@ std::vector<std::vector<int32_t>> copyInputs(const Seqs& seqs, uint64_t* tokens)
   return out;
 }
 
-// A unary call whose answer comes from the scheduler. Cancellation by the caller cancels the job;
-// the reactor deletes itself once gRPC is done with it.
+// A unary call whose answer comes from the scheduler. Cancellation by the caller cancels the job.
+// The reactor is deleted by the last of gRPC (OnDone) and done() (once Finish has returned): gRPC
+// may run OnDone on another thread while Finish is still running on the scheduler's, and
+// ServerUnaryReactor::Finish reads the reactor after handing the call over. The shared count
+// makes that order explicit, also for ThreadSanitizer, which cannot see gRPC's own hand-off.
 class JobReactor final : public grpc::ServerUnaryReactor {
  public:
   JobReactor(EmbedScheduler& sched, const char* method)
@@ -111,13 +114,15 @@ class JobReactor final : public grpc::ServerUnaryReactor {
   void done(const Status& st) {
     const uint64_t total_us = totalUs();
     // Answer first: the request line and the metrics must not delay the reply. Once Finish is
-    // called gRPC may run OnDone (delete this) on another thread, so only locals are used after.
+    // called gRPC may run OnDone on another thread, and after our unref() the reactor may be
+    // gone, so only locals are used after.
     const std::shared_ptr<EmbedJob> job = job_;
     const char* method = method_;
     const uint64_t tokens = tokens_;
     const int64_t reply_ns = shm::monotonicNowNs();
     tsanRelease(this);  // OnDone runs on a gRPC thread after Finish [TAG_TSAN_HANDOFF]
     Finish(toGrpcStatus(st));
+    unref();  // `this` may be gone from here on
     const int64_t finish_ns = shm::monotonicNowNs();
     auto& m = Metrics::get();
     m.requests.labels({method, std::string(statusCodeName(st.code()))}).inc();
@@ -145,10 +150,14 @@ class JobReactor final : public grpc::ServerUnaryReactor {
   }
   void OnDone() override {
     tsanAcquire(this);
-    delete this;
+    unref();
   }
 
  private:
+  void unref() {
+    if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
+  }
+
   // One line per request with where its time went, hop by hop (microseconds; the last batch's
   // stamps for a multi-batch request). Between the hops: arrived -> dispatched (gRPC handler,
   // validation, scheduler), -> rose took it (shm doorbell, rose's step thread), -> launched (rose
@@ -183,6 +192,7 @@ class JobReactor final : public grpc::ServerUnaryReactor {
   std::chrono::steady_clock::time_point t0_;
   std::shared_ptr<EmbedJob> job_;
   uint64_t tokens_ = 0;
+  std::atomic<int> refs_{2};  // gRPC (OnDone) and done() (after Finish returned)
 };
 
 grpc::ServerUnaryReactor* finishNow(grpc::CallbackServerContext* ctx, const grpc::Status& st) {

@@ -73,7 +73,9 @@ class Generate : public ::testing::Test {
     ASSERT_TRUE(waitListening(30s)) << tulip_->log();
     grpc::ChannelArguments args;
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+    // The least time one connection attempt gets (not a retry interval): 100 ms is too short
+    // for a loaded machine (see ivy's tulip_client.cc).
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 3000);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 500);
     channel_ = grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(port_),
                                          grpc::InsecureChannelCredentials(), args);

@@ -5,6 +5,7 @@
 
 #include <thread>
 
+#include "common/tsan_handoff.h"
 #include "tests/integration/support/harness.h"
 
 namespace garden {
@@ -70,7 +71,10 @@ TEST(Spread, IvySpreadsOverEveryResolvedTulip) {
   // Both resolved addresses take a real share. Not strict alternation: the pool adds each
   // replica's load as tulip reported it at the last Load poll, and a poll that lands while a
   // request is in flight makes that replica look busier until the next poll (CI saw 25 vs 15).
-  EXPECT_GE(std::min(a, b), 0.25 * kRequests) << a << " vs " << b;
+  // Under ThreadSanitizer (ivy and tulip 5-15x slower, their poll and request timings skewed) a
+  // stale poll lasts for more of the requests: 9 vs 31 in the issue 14 sweep. There every
+  // address must still take a share; the quarter is checked by the main and ASan runs.
+  EXPECT_GE(std::min(a, b), (kTsanBuild ? 0.1 : 0.25) * kRequests) << a << " vs " << b;
 }
 
 }  // namespace

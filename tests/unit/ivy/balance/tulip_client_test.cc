@@ -8,13 +8,20 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <future>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "common/token_file.h"
 #include "garden/v1/garden.grpc.pb.h"
@@ -138,6 +145,78 @@ class FakeHealthService final : public grpc::health::v1::Health::Service {
     return grpc::Status::OK;
   }
   std::atomic<bool> serving{true};
+};
+
+// A TCP relay to 127.0.0.1:`upstream` that holds every connection for `hold` before passing bytes
+// either way: a tulip whose HTTP/2 handshake completes late, as on a loaded host.
+class SlowRelay {
+ public:
+  SlowRelay(int upstream, std::chrono::milliseconds hold) {
+    listen_fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(a);
+    if (listen_fd_ < 0 || ::bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), len) != 0 ||
+        ::listen(listen_fd_, 16) != 0 ||
+        ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+      ADD_FAILURE() << "relay: " << std::strerror(errno);
+      return;
+    }
+    port_ = ntohs(a.sin_port);
+    thread_ = std::thread([this, upstream, hold] { run(upstream, hold); });
+  }
+  ~SlowRelay() {
+    stop_ = true;
+    ::shutdown(listen_fd_, SHUT_RDWR);
+    if (thread_.joinable()) thread_.join();
+    ::close(listen_fd_);
+  }
+  int port() const { return port_; }
+
+ private:
+  void run(int upstream, std::chrono::milliseconds hold) {
+    std::vector<std::thread> pumps;
+    for (;;) {
+      const int c = ::accept(listen_fd_, nullptr, nullptr);
+      if (c < 0) break;
+      std::this_thread::sleep_for(hold);
+      const int u = ::socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      a.sin_port = htons(static_cast<uint16_t>(upstream));
+      if (u < 0 || ::connect(u, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+        ::close(c);
+        if (u >= 0) ::close(u);
+        continue;
+      }
+      pumps.emplace_back([this, c, u] { pump(c, u); });
+    }
+    for (auto& t : pumps) t.join();
+  }
+  // Copies bytes both ways until either side closes or the relay stops.
+  void pump(int a, int b) {
+    pollfd fds[2] = {{a, POLLIN, 0}, {b, POLLIN, 0}};
+    char buf[16384];
+    while (!stop_) {
+      if (::poll(fds, 2, 100) <= 0) continue;
+      bool done = false;
+      for (int i = 0; i < 2 && !done; ++i) {
+        if (fds[i].revents == 0) continue;
+        const ssize_t n = ::read(fds[i].fd, buf, sizeof(buf));
+        done = n <= 0 || ::send(fds[1 - i].fd, buf, static_cast<size_t>(n), MSG_NOSIGNAL) != n;
+      }
+      if (done) break;
+    }
+    ::close(a);
+    ::close(b);
+  }
+
+  int listen_fd_ = -1;
+  int port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
 };
 
 class TulipClientTest : public ::testing::Test {
@@ -300,6 +379,23 @@ TEST_F(TulipClientTest, Load) {
   EXPECT_EQ(l->inflight_tokens, 40u);
   EXPECT_EQ(l->queue_limit_tokens, 1000u);
   EXPECT_TRUE(l->worker_ready);
+}
+
+// A connection whose handshake completes 300 ms late still carries the call (issue 14 §5 sweep:
+// under load these tests failed with "connection attempt timed out before receiving SETTINGS
+// frame"). gRPC takes GRPC_ARG_MIN_RECONNECT_BACKOFF_MS as the minimum time a connection attempt
+// may take, so ivy's fast reconnect must not set it to 100 ms.
+TEST_F(TulipClientTest, SlowHandshakeStillConnects) {
+  SlowRelay relay(port_, std::chrono::milliseconds(300));
+  ASSERT_GT(relay.port(), 0);
+  auto client = makeGrpcTulipClient("127.0.0.1:" + std::to_string(relay.port()));
+  std::promise<Result<TulipLoad>> p;
+  client->load(std::chrono::milliseconds(20000),
+               [&p](Result<TulipLoad> r) { p.set_value(std::move(r)); });
+  Result<TulipLoad> l = p.get_future().get();
+  ASSERT_TRUE(l.isOk()) << l.status().toString();
+  EXPECT_EQ(l->queued_requests, 3u);
+  client.reset();
 }
 
 TEST_F(TulipClientTest, CancellerEndsACallInFlight) {

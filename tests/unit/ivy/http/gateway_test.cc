@@ -199,11 +199,10 @@ TEST_F(GatewayTest, HugeInputIsRefusedBeforeTokenization) {
               static_cast<long long>(
                   std::chrono::duration_cast<std::chrono::microseconds>(took).count()));
   expectError(*r, 400, "input", "(--max-input-chars)");
+  // The encoder was never called: that is what "before tokenization" means. (No bound on `took`:
+  // a 3 s one failed at 3.2 s under TSan on a loaded 2-core machine, issue 14 §5 sweep.)
   EXPECT_EQ(encoder_.calls.load(), 0);
   EXPECT_TRUE(client_.embeds.empty());
-  // Not a timing assertion of the code path (benchmarks do that): a sanity bound that catches a
-  // tokenization of 10 MB (seconds) even on a loaded machine.
-  EXPECT_LT(took, std::chrono::seconds(3));
 }
 
 TEST_F(GatewayTest, InFlightRequestBoundAnswers429WithRetryAfterBeforeParsing) {

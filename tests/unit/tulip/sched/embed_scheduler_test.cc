@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "common/metrics/registry.h"
+#include "common/tsan_handoff.h"
 #include "tests/fakes/tulip/fake_worker.h"
 
 namespace garden::tulip {
@@ -917,10 +918,16 @@ TEST(EmbedSchedulerLateStage, ConcurrentSmallRequestsCoalesceAndWaitAboutOneBatc
   // clients in two alternating groups).
   const ClosedLoopResult late = closedLoop(1000, 16, 8);
   EXPECT_EQ(late.requests, 16 * 8);
-  EXPECT_EQ(late.over_one_batch, 0);
-  EXPECT_GE(late.seqs_per_batch, 6.5);
-  // About one batch: the longest batch, plus scheduling noise of a loaded 2-core machine.
-  EXPECT_LE(late.worst_wait_ns, late.longest_batch_ns + 30'000'000);
+  // The waits below are latency properties of the product's timing. Under ThreadSanitizer (5-15x
+  // slower, its clients and scheduler thread slowed unevenly) they are not that timing: the
+  // issue 14 sweep saw 3 of 128 requests wait past the next batch there, in 3 of 3 loaded runs.
+  // The TSan stage runs this test for its races; the main and ASan runs check the waits.
+  if (!kTsanBuild) {
+    EXPECT_EQ(late.over_one_batch, 0);
+    EXPECT_GE(late.seqs_per_batch, 6.5);
+    // About one batch: the longest batch, plus scheduling noise of a loaded 2-core machine.
+    EXPECT_LE(late.worst_wait_ns, late.longest_batch_ns + 30'000'000);
+  }
   std::printf("late staging: %.2f sequences per batch, %d of %d requests waited past the next "
               "batch, worst wait %.1f ms (longest batch %.1f ms)\n",
               late.seqs_per_batch, late.over_one_batch, late.requests, late.worst_wait_ns / 1e6,
@@ -932,8 +939,10 @@ TEST(EmbedSchedulerLateStage, ImmediateStagingMakesClosedLoopClientsWaitTwoBatch
   // back after a completion goes out alone and the others wait behind it, a whole second batch.
   const ClosedLoopResult now = closedLoop(0, 16, 8);
   EXPECT_EQ(now.requests, 16 * 8);
-  EXPECT_GT(now.over_one_batch, 16 * 8 / 4);
-  EXPECT_LT(now.seqs_per_batch, 6.0);
+  if (!kTsanBuild) {  // latency properties: see the test above
+    EXPECT_GT(now.over_one_batch, 16 * 8 / 4);
+    EXPECT_LT(now.seqs_per_batch, 6.0);
+  }
   std::printf("immediate staging: %.2f sequences per batch, %d of %d requests waited past the "
               "next batch, worst wait %.1f ms (longest batch %.1f ms)\n",
               now.seqs_per_batch, now.over_one_batch, now.requests, now.worst_wait_ns / 1e6,
