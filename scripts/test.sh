@@ -7,8 +7,8 @@
 # again under ASan+UBSan in build/asan, then builds the libFuzzer targets with clang in build/fuzz
 # and runs each for a short bounded time.
 #   RUN_ASAN=0 skips the sanitizer stage (on by default; on a loaded 2-core machine without a
-#   compiler cache its build took ~16 min and its 40 tests ~2.5 min); RUN_TSAN=0 skips the
-#   ThreadSanitizer stage (on by default, see below); RUN_THREAD_SAFETY=0 skips the
+#   compiler cache its build took ~16 min and its 40 tests ~2.5 min); RUN_TSAN=1 runs the
+#   ThreadSanitizer stage (off by default: CI's time budget, see below); RUN_THREAD_SAFETY=0 skips the
 #   -Wthread-safety check; SKIP_FUZZ=1 skips the fuzz stage; extra arguments go to the main
 #   ctest run.
 set -euo pipefail
@@ -35,9 +35,12 @@ fi
 # each with its reason, and our side of every hand-off to a gRPC callback is annotated
 # (common/tsan_handoff.h). history_size=7: the longest per-thread history, so that the earlier
 # access of a report is found (and matched against the suppressions) also on a slow machine.
-# RUN_TSAN=0 skips it; TSAN_TESTS=<ctest regex> runs other tests (e.g. the rose-backed pool,
+# RUN_TSAN=1 runs it; TSAN_TESTS=<ctest regex> runs other tests (e.g. the rose-backed pool,
 # disconnect and soak tests, which still report gRPC client-side hand-offs: docs/concurrency.md).
-if [ "${RUN_TSAN:-1}" = 1 ]; then
+# Off by default for now (RUN_TSAN=1 runs it): CI's whole run took 4,359 s of its 5,400 s before
+# this stage (~750 s build + ~80 s tests on 2 cores, measured) and this session's new suites;
+# turning it on needs the per-stage times of a clean CI-like run first (docs/concurrency.md).
+if [ "${RUN_TSAN:-0}" = 1 ]; then
   tsan_t0=$SECONDS
   TSAN_DIR="$BUILD_DIR/tsan"
   tsan_unit='unit_(ivy_(balance|http|chat)|tulip_(sched|llm|worker)|common_(shm|metrics))'
