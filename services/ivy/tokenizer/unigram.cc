@@ -726,13 +726,14 @@ void UnigramTokenizer::viterbiReference(std::string_view normalized,
       if (type == kUnused) continue;
       BestPathNode& target = best[key_pos];
       const int32_t length = key_pos - starts_at;
-      // sentencepiece computes this in double (the ternary promotes) and compares in double.
+      // The edge is computed in double (sentencepiece's ternary promotes); the path score is
+      // rounded to float BEFORE the comparison, as sentencepiece 0.2.x does ([TAG_SPM_FLOAT_TIE]).
       const double score = type == kUserDefined
                                ? (static_cast<double>(static_cast<float>(length) * max_score_) - 0.1)
                                : static_cast<double>(info.score);
-      const double candidate = score + static_cast<double>(till_here);
-      if (target.starts_at == -1 || candidate > static_cast<double>(target.best_path_score)) {
-        target.best_path_score = static_cast<float>(candidate);
+      const float candidate = static_cast<float>(score + static_cast<double>(till_here));
+      if (target.starts_at == -1 || candidate > target.best_path_score) {
+        target.best_path_score = candidate;
         target.starts_at = starts_at;
         target.id = id;
       }
@@ -777,6 +778,15 @@ void UnigramTokenizer::viterbiReference(std::string_view normalized,
 // best score and a back-pointer, the trie walked over lattice_ directly, scratch reused per
 // thread. Same float/double arithmetic and the same tie-breaking (first best wins) as
 // viterbiReference(); only "not reached" is -infinity instead of a marker (see scores_finite_).
+// [TAG_SPM_FLOAT_TIE] Ties: a candidate path score is rounded to float and must be strictly
+// greater than the float already stored at that position, so among paths whose float scores
+// are equal the one found first (the earliest start, i.e. the longest last piece) wins. This is
+// what sentencepiece 0.2.x (the Python package, 0.2.2 checked: fixtures/spm02/) does. Debian's
+// libsentencepiece 0.1.97 compares the unrounded double sum against the stored float instead,
+// so a later candidate that rounds to the same float can still win there. The encoder's C++
+// source is the same in v0.1.97 and v0.2.0 (only the precision the builds evaluate the
+// comparison in differs; why the 0.2.x wheel's build rounds is not established).
+// The existing test conformance_tokenizer_unigram (vs 0.1.97) can therefore differ on such ties.
 void UnigramTokenizer::viterbi(std::string_view normalized, std::vector<TokenId>* out) const {
   const size_t size_bytes = normalized.size();
   if (!scores_finite_ || size_bytes >= static_cast<size_t>(INT32_MAX) ||
@@ -838,12 +848,13 @@ void UnigramTokenizer::viterbi(std::string_view normalized, std::vector<TokenId>
       if (node.piece == kNoPiece) return &node;
       double edge = static_cast<double>(node.edge);
       if (__builtin_expect(node.edge != node.edge, 0)) edge = user_edge_[node.piece];  // NaN
-      const double candidate = edge + till_here_d;
+      // Rounded to float before the comparison ([TAG_SPM_FLOAT_TIE]).
+      const float candidate = static_cast<float>(edge + till_here_d);
       // Written back either way (selects, not a branch): whether a candidate wins is data
       // dependent and mispredicts often on text with many competing pieces.
       const float current = score[key_pos];
-      const bool better = candidate > static_cast<double>(current);
-      score[key_pos] = better ? static_cast<float>(candidate) : current;
+      const bool better = candidate > current;
+      score[key_pos] = better ? candidate : current;
       const Back old = back[key_pos];
       back[key_pos] = better ? Back{starts_at, node.piece} : old;
       return &node;
