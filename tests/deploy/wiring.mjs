@@ -63,9 +63,7 @@ const FALLBACK = {
 
 // Flags the manifests use ahead of the binaries, per overlay: each must still be ABSENT from
 // the binary's --help (when it appears, this entry must go: the check flips to failing).
-const PENDING = {
-  "gpt-oss-120b": { rose: ["tp"] },
-};
+const PENDING = {};
 
 // "--name=TYPE   help text (default: X) [env Y]" lines of common/flags.cc's helpText().
 export function parseHelp(text) {
