@@ -382,18 +382,7 @@ class CudaLlmOps final : public LlmOps {
     const int64_t assignments = t * p.top_k;
     const int32_t bm = moeGemmBlockM(assignments, p.num_experts);
     const int64_t tiles = moeAlignMaxTiles(assignments, p.num_experts, bm);
-    MoeAlignArgs al;
-    al.topk_ids = topk_ids.as<int32_t>();
-    al.row_token = static_cast<int32_t*>(row_token_.data());
-    al.row_of = static_cast<int32_t*>(row_of_.data());
-    al.tile_expert = static_cast<int32_t*>(tile_expert_.data());
-    al.num_tiles = static_cast<int32_t*>(num_tiles_.data());
-    al.num_tokens = t;
-    al.top_k = p.top_k;
-    al.num_experts = p.num_experts;
-    al.block_m = bm;
-    al.max_tiles = static_cast<int32_t>(tiles);
-    checkOk(launchMoeAlign(al, st), "moeExperts/align");
+    alignExperts(topk_ids, t, p, bm, tiles, st);
 
     auto fillWeights = [&](MoeGemmArgs& g, const ExpertWeights& w) {
       if (w.format == ExpertFormat::kMxfp4) {
@@ -491,6 +480,24 @@ class CudaLlmOps final : public LlmOps {
 
   // align (block_m 16) -> expert ranges to the host -> X quantized -> per-expert gate_up GEMMs ->
   // bias + SwiGLU + quantized -> per-expert down GEMMs -> down bias -> weighted combine.
+  // The tokens' (expert, row) assignment in tiles of block_m rows (row_token_, row_of_,
+  // tile_expert_, num_tiles_), shared by the MXFP4/bf16 and the FP8 expert paths.
+  void alignExperts(const Tensor& topk_ids, int64_t t, const MoeExpertsParams& p, int32_t bm,
+                    int64_t tiles, cudaStream_t st) {
+    MoeAlignArgs al;
+    al.topk_ids = topk_ids.as<int32_t>();
+    al.row_token = static_cast<int32_t*>(row_token_.data());
+    al.row_of = static_cast<int32_t*>(row_of_.data());
+    al.tile_expert = static_cast<int32_t*>(tile_expert_.data());
+    al.num_tiles = static_cast<int32_t*>(num_tiles_.data());
+    al.num_tokens = t;
+    al.top_k = p.top_k;
+    al.num_experts = p.num_experts;
+    al.block_m = bm;
+    al.max_tiles = static_cast<int32_t>(tiles);
+    checkOk(launchMoeAlign(al, st), "moeExperts/align");
+  }
+
   void moeExpertsFp8(const Tensor& x, const Tensor& topk_ids, const Tensor& topk_weights,
                      const ExpertWeights& w1, const Tensor& b1, const ExpertWeights& w2,
                      const Tensor& b2, const Tensor& out, const MoeExpertsParams& p) {
@@ -502,18 +509,7 @@ class CudaLlmOps final : public LlmOps {
     const int64_t assignments = t * p.top_k;
     const int64_t tiles = moeAlignMaxTiles(assignments, p.num_experts, kFp8BlockM);
     require(tiles <= fp8_max_tiles_, "moeExperts", "FP8 step larger than reserve() allowed");
-    MoeAlignArgs al;
-    al.topk_ids = topk_ids.as<int32_t>();
-    al.row_token = static_cast<int32_t*>(row_token_.data());
-    al.row_of = static_cast<int32_t*>(row_of_.data());
-    al.tile_expert = static_cast<int32_t*>(tile_expert_.data());
-    al.num_tiles = static_cast<int32_t*>(num_tiles_.data());
-    al.num_tokens = t;
-    al.top_k = p.top_k;
-    al.num_experts = p.num_experts;
-    al.block_m = kFp8BlockM;
-    al.max_tiles = static_cast<int32_t>(tiles);
-    checkOk(launchMoeAlign(al, st), "moeExperts/align");
+    alignExperts(topk_ids, t, p, kFp8BlockM, tiles, st);
     // The expert ranges on the host: one device-to-host copy and a wait per layer.
     CUDA_CHECK(cudaMemcpyAsync(host_tiles_, tile_expert_.data(),
                                sizeof(int32_t) * static_cast<size_t>(tiles), cudaMemcpyDeviceToHost,
