@@ -12,7 +12,7 @@
 //   rose_llm_bench --model DIR [--prefill 2048,8192,32768] [--decode 1@8192,64@1024]
 //                  [--decode-steps 32] [--max-batch-tokens 16384]
 //                  [--moe-weights auto|mxfp4|fp8|bf16] [--fp8-min-tokens N]
-//                  [--cuda-graphs on|off] [--residual f32|bf16] [--kv-tokens N] [--masks D]
+//                  [--cuda-graphs on|off] [--residual f32|bf16] [--router f32|bf16] [--norm-round once|twice] [--kv-tokens N] [--masks D]
 //                  [--profile]
 //   --masks D: every sampled sequence draws under a random token mask allowing a fraction D of
 //              the vocabulary (structured outputs [TAG_TOKEN_MASK]: the masks' upload and the
@@ -379,6 +379,8 @@ int main(int argc, char** argv) {
   int64_t max_batch_tokens = 16384;
   bool graphs = true;     // --cuda-graphs on|off: decode steps as CUDA graphs
   bool f32_residual = true;  // --residual f32|bf16: GptOssOptions::f32_residual
+  bool f32_router = true;    // --router f32|bf16: GptOssOptions::f32_router
+  bool round_once = true;    // --norm-round once|twice: GptOssOptions::norm_round_once
   int64_t kv_tokens = 0;  // --kv-tokens N: size the KV cache for at least N tokens
   std::string moe_list;   // --moe-gemm T1,T2,...: time the MoE experts op alone (no model)
   bool profile = false;  // one decode step of each --decode workload between profiler markers
@@ -403,6 +405,8 @@ int main(int argc, char** argv) {
     else if (a == "--profile") profile = true;
     else if (a == "--cuda-graphs") graphs = next() == "on";
     else if (a == "--residual") f32_residual = next() == "f32";
+    else if (a == "--router") f32_router = next() == "f32";
+    else if (a == "--norm-round") round_once = next() == "once";
     else if (a == "--kv-tokens") kv_tokens = std::atoll(next().c_str());
     else if (a == "--moe-gemm") moe_list = next();
     else if (a == "--fp8-min-tokens") fp8_min_tokens = std::atoll(next().c_str());
@@ -436,6 +440,8 @@ int main(int argc, char** argv) {
   go.max_model_len = 131072;
   go.cuda_graphs = graphs;
   go.f32_residual = f32_residual;
+  go.f32_router = f32_router;
+  go.norm_round_once = round_once;
   if (moe != "auto" && moe != "mxfp4" && moe != "fp8" && moe != "bf16") {
     std::fprintf(stderr, "--moe-weights must be auto, mxfp4, fp8 or bf16\n");
     return 2;

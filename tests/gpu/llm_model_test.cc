@@ -82,6 +82,13 @@ Runner load(const std::string& dir, const char* device, MoeWeightsMode moe,
   go.max_model_len = 8192;
   go.moe_weights = moe;
   go.cuda_graphs = cuda_graphs;
+  // A/B knobs for the accuracy measurement (tests/gpu/hf_llm_bar.py, gpu_llm.sh hfbar_ab):
+  // the router on the bf16 normalized row instead of the f32 stream [TAG_ROUTER_F32], and the
+  // norm rounded twice (the Qwen3 convention) instead of once.
+  if (const char* v = std::getenv("GARDEN_TEST_GPTOSS_ROUTER"); v && std::string(v) == "bf16")
+    go.f32_router = false;
+  if (const char* v = std::getenv("GARDEN_TEST_GPTOSS_NORM_ROUND"); v && std::string(v) == "twice")
+    go.norm_round_once = false;
   auto m = GptOssModel::load(dir, *r.backend, *r.ops, go);
   EXPECT_TRUE(m.isOk()) << m.status().toString();
   r.model = std::move(m).value();

@@ -364,6 +364,89 @@ TEST_F(GpuLlmOps, MoeRouteMatchesCpu) {
   }
 }
 
+// [TAG_ROUTER_F32] The f32 router (logits from the f32 stream, the norm folded into f32 weights)
+// against the CPU op (double sums): the same experts wherever the k-th and (k+1)-th logits are
+// apart by more than f32 rounding could move them, weights within 1e-5; and a row alone gives the
+// bits it gives inside a batch of 1000 (the K split depends on the hidden size only).
+TEST_F(GpuLlmOps, MoeRouteF32MatchesCpuAndIsBatchInvariant) {
+  struct Case { int64_t t, h, e; int32_t k; };
+  for (Case c : {Case{1, 2880, 32, 4}, Case{16, 2880, 32, 4}, Case{17, 288, 8, 4},
+                 Case{1000, 2880, 128, 4}, Case{257, 96, 4, 2}, Case{3, 2880, 32, 4},
+                 Case{40, 260, 12, 3}}) {
+    SCOPED_TRACE("T=" + std::to_string(c.t) + " H=" + std::to_string(c.h) + " E=" +
+                 std::to_string(c.e) + " k=" + std::to_string(c.k));
+    reserve(std::max<int64_t>(c.t, 64), 8, 8, 8, static_cast<int32_t>(c.h), 64,
+            static_cast<int32_t>(c.e), c.k);
+    std::normal_distribution<float> nd(0.f, 3.f);
+    std::vector<float> res(static_cast<size_t>(c.t * c.h));
+    for (auto& x : res) x = nd(rng_);
+    // wt = router (bf16) x norm weight (bf16), as the model folds them: exact in f32.
+    auto router = randomBf16(static_cast<size_t>(c.e * c.h), rng_, -0.05f, 0.05f);
+    auto gamma = randomBf16(static_cast<size_t>(c.h), rng_, 0.5f, 1.5f);
+    std::vector<float> wt(static_cast<size_t>(c.h * c.e));
+    for (int64_t e = 0; e < c.e; ++e)
+      for (int64_t k = 0; k < c.h; ++k)
+        wt[static_cast<size_t>(k * c.e + e)] =
+            router[static_cast<size_t>(e * c.h + k)] * gamma[static_cast<size_t>(k)];
+    auto bias = randomBf16(static_cast<size_t>(c.e), rng_, -0.5f, 0.5f);
+    auto cr = upload(cpu(), DType::kF32, {c.t, c.h}, res);
+    auto gr = upload(gpu(), DType::kF32, {c.t, c.h}, res);
+    auto cwt = upload(cpu(), DType::kF32, {c.h, c.e}, wt);
+    auto gwt = upload(gpu(), DType::kF32, {c.h, c.e}, wt);
+    auto cb = upload(cpu(), DType::kF32, {c.e}, bias);
+    auto gb = upload(gpu(), gpu().weightDType(), {c.e}, bias);
+    auto ci = allocate(cpu(), DType::kI32, {c.t, c.k});
+    auto gi = allocate(gpu(), DType::kI32, {c.t, c.k});
+    auto cw = allocate(cpu(), DType::kF32, {c.t, c.k});
+    auto gw = allocate(gpu(), DType::kF32, {c.t, c.k});
+    poison(gpu(), gi.view);
+    poison(gpu(), gw.view);
+    const MoeRouteParams p{c.k, 1e-5f};
+    cops_->moeRouteF32(cr.view, cwt.view, cb.view, ci.view, cw.view, p);
+    gops_->moeRouteF32(gr.view, gwt.view, gb.view, gi.view, gw.view, p);
+    const auto gids = download(gpu(), gi.view), cids = download(cpu(), ci.view);
+    const auto gws = download(gpu(), gw.view), cws = download(cpu(), cw.view);
+    // Host logits in double for the margins between the k-th and (k+1)-th expert.
+    int compared = 0;
+    for (int64_t t = 0; t < c.t; ++t) {
+      std::vector<double> lg(static_cast<size_t>(c.e), 0.0);
+      double ss = 0;
+      for (int64_t k = 0; k < c.h; ++k) {
+        const double x = res[static_cast<size_t>(t * c.h + k)];
+        ss += x * x;
+        for (int64_t e = 0; e < c.e; ++e) lg[static_cast<size_t>(e)] += x * wt[static_cast<size_t>(k * c.e + e)];
+      }
+      const double rstd = 1.0 / std::sqrt(ss / static_cast<double>(c.h) + 1e-5);
+      for (int64_t e = 0; e < c.e; ++e) lg[static_cast<size_t>(e)] = lg[static_cast<size_t>(e)] * rstd + bias[static_cast<size_t>(e)];
+      std::vector<double> sorted = lg;
+      std::sort(sorted.rbegin(), sorted.rend());
+      const double gap = c.k < c.e ? sorted[static_cast<size_t>(c.k) - 1] - sorted[static_cast<size_t>(c.k)] : 1.0;
+      if (gap < 1e-4) continue;  // a near-tie f32 rounding may break either way
+      ++compared;
+      for (int32_t j = 0; j < c.k; ++j) {
+        const size_t i = static_cast<size_t>(t * c.k + j);
+        ASSERT_EQ(gids[i], cids[i]) << "token " << t << " slot " << j;
+        ASSERT_NEAR(gws[i], cws[i], 1e-5) << "token " << t << " slot " << j;
+      }
+    }
+    EXPECT_GE(compared, c.t * 9 / 10) << "too many near-ties to compare";
+    // Batch invariance: the last row alone.
+    const int64_t last = c.t - 1;
+    auto g1 = upload(gpu(), DType::kF32, {1, c.h},
+                     std::vector<float>(res.begin() + last * c.h, res.end()));
+    auto gi1 = allocate(gpu(), DType::kI32, {1, c.k});
+    auto gw1 = allocate(gpu(), DType::kF32, {1, c.k});
+    gops_->moeRouteF32(g1.view, gwt.view, gb.view, gi1.view, gw1.view, p);
+    const auto ids1 = download(gpu(), gi1.view);
+    const auto ws1 = download(gpu(), gw1.view);
+    for (int32_t j = 0; j < c.k; ++j) {
+      const size_t i = static_cast<size_t>(last * c.k + j);
+      EXPECT_EQ(ids1[static_cast<size_t>(j)], gids[i]);
+      EXPECT_EQ(std::memcmp(&ws1[static_cast<size_t>(j)], &gws[i], 4), 0) << "slot " << j;
+    }
+  }
+}
+
 // ---- experts -------------------------------------------------------------------------------------
 
 struct MoeCase {

@@ -73,6 +73,22 @@ Result<OwnedTensor> uploadOne(Backend& b, const SafetensorsCheckpoint& ck, const
   return uploadStacked(b, dtype, {t});
 }
 
+// [TAG_ROUTER_F32] wt[k, e] = router[e, k] · norm[k] in f32, [H, E] (exact for bf16 inputs: the
+// product of two 8-bit significands fits f32's 24).
+Result<OwnedTensor> uploadRouterF32(Backend& b, const TensorView& router, const TensorView& norm) {
+  ASSIGN_OR_RETURN(std::vector<float> r, router.toF32());
+  ASSIGN_OR_RETURN(std::vector<float> g, norm.toF32());
+  const int64_t e = router.shape[0], h = router.shape[1];
+  std::vector<float> wt(static_cast<size_t>(h * e));
+  for (int64_t x = 0; x < e; ++x)
+    for (int64_t k = 0; k < h; ++k)
+      wt[static_cast<size_t>(k * e + x)] =
+          r[static_cast<size_t>(x * h + k)] * g[static_cast<size_t>(k)];
+  ASSIGN_OR_RETURN(OwnedTensor t, b.allocateTensor(DType::kF32, {h, e}));
+  RETURN_IF_ERROR(b.uploadConvert(t.view, HostView{wt.data(), DType::kF32, h * e}));
+  return t;
+}
+
 // Expert weight [E, out, in] into `dst` (allocated [E, out, in]), from MXFP4 blocks/scales
 // ([E, out, in/32, 16] / [E, out, in/32]) or a dense tensor ([E, in, out] transposed HF layout
 // when `transposed`, else [E, out, in]).
@@ -295,6 +311,7 @@ Result<std::unique_ptr<GptOssModel>> GptOssModel::load(const std::string& dir, B
   lim.head_dim = static_cast<int32_t>(d);
   RETURN_IF_ERROR(ops.reserve(lim));
 
+  m->route_f32_ = opts.f32_residual && opts.f32_router && b.activationDType() != DType::kF32;
   ASSIGN_OR_RETURN(auto ck, SafetensorsCheckpoint::openDir(dir));
   ASSIGN_OR_RETURN(m->embed_, uploadOne(b, *ck, "model.embed_tokens.weight", {v, h}, wt));
   ASSIGN_OR_RETURN(m->final_norm_, uploadOne(b, *ck, "model.norm.weight", {h}, wt));
@@ -323,6 +340,12 @@ Result<std::unique_ptr<GptOssModel>> GptOssModel::load(const std::string& dir, B
     ASSIGN_OR_RETURN(L.sinks, uploadOne(b, *ck, p + "self_attn.sinks", {hq}, DType::kF32));
     ASSIGN_OR_RETURN(L.router, uploadOne(b, *ck, p + "mlp.router.weight", {ne, h}, wt));
     ASSIGN_OR_RETURN(L.router_bias, uploadOne(b, *ck, p + "mlp.router.bias", {ne}, wt));
+    if (m->route_f32_) {
+      ASSIGN_OR_RETURN(auto* rw, requireHfTensor(*ck, p + "mlp.router.weight", {ne, h}));
+      ASSIGN_OR_RETURN(auto* nw,
+                       requireHfTensor(*ck, p + "post_attention_layernorm.weight", {h}));
+      ASSIGN_OR_RETURN(L.router_f32t, uploadRouterF32(b, *rw, *nw));
+    }
     ASSIGN_OR_RETURN(L.b1,
                      uploadOne(b, *ck, p + "mlp.experts.gate_up_proj_bias", {ne, 2 * inter}, wt));
     ASSIGN_OR_RETURN(L.b2, uploadOne(b, *ck, p + "mlp.experts.down_proj_bias", {ne, h}, wt));
@@ -882,7 +905,8 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
     const Tensor rl = router_logits_.view.rowSlice(0, t);
     const Tensor tk_ids = topk_ids_.view.rowSlice(0, t);
     const Tensor tk_w = topk_w_.view.rowSlice(0, t);
-    const RmsNormParams norm{static_cast<float>(c.rms_norm_eps)};
+    RmsNormParams norm{static_cast<float>(c.rms_norm_eps)};
+    norm.round_normalized = !opts_.norm_round_once;
     // A stream wider than the activations starts from the embedding rows in x (res = x).
     const bool wide_res = res.dtype != x.dtype;
     b.embedding(embed_.view, ids_t, wide_res ? x : res);
@@ -907,8 +931,13 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
                           lp);
       b.linear(attn, L.o.view, L.o_bias.view, x);
       b.rmsNorm(x, res, L.post_norm.view, x, norm);  // res += attn out; x = norm(res)
-      b.linear(x, L.router.view, Tensor(), rl);  // f32 logits; the bias joins in moeRoute
-      ops_.moeRoute(rl, L.router_bias.view, tk_ids, tk_w, MoeRouteParams{mp.top_k});
+      if (route_f32_) {  // [TAG_ROUTER_F32]: from the f32 stream, the norm folded in
+        ops_.moeRouteF32(res, L.router_f32t.view, L.router_bias.view, tk_ids, tk_w,
+                         MoeRouteParams{mp.top_k, norm.eps});
+      } else {
+        b.linear(x, L.router.view, Tensor(), rl);  // f32 logits; the bias joins in moeRoute
+        ops_.moeRoute(rl, L.router_bias.view, tk_ids, tk_w, MoeRouteParams{mp.top_k});
+      }
       ops_.moeExperts(x, tk_ids, tk_w, L.w1, L.b1.view, L.w2, L.b2.view, moe, mp);
       b.markProgress();  // [TAG_STEP_PROGRESS]
     }

@@ -81,6 +81,15 @@ struct GptOssOptions {
   // every add): 24+ adds of a random-weight model's large activations lose the top-1 of close
   // logits in bf16 (tests/gpu/hf_llm_bar.py). false: the backend's residualDType() (A/B runs).
   bool f32_residual = true;
+  // With the f32 stream on a backend whose activations are narrower (CUDA: bf16): the router
+  // reads the f32 stream with the post-attention norm folded into f32 router weights
+  // (LlmOps::moeRouteF32 [TAG_ROUTER_F32]) instead of the bf16 normalized row, so near-tied
+  // expert logits choose as the f32 reference does. false: the router GEMM on the bf16 row.
+  bool f32_router = true;
+  // RMSNorm outputs rounded once, after the weight multiply in f32 (the spec's and
+  // GptOssRMSNorm's rounding); false: rounded before it too (the Qwen3 convention the CUDA
+  // backend used before; A/B runs).
+  bool norm_round_once = true;
 };
 
 // The step checks of GptOssModel::validate that do not depend on the cache's head layout (token
@@ -161,6 +170,7 @@ class GptOssModel {
   struct Layer {
     OwnedTensor input_norm, post_norm, qkv, qkv_bias, o, o_bias, sinks;
     OwnedTensor router, router_bias, b1, b2;
+    OwnedTensor router_f32t;  // [H, E] f32 (router ⊙ post_norm)ᵀ when route_f32_
     ExpertWeights w1, w2;  // [E, 2I, H] and [E, H, I]
   };
 
@@ -173,6 +183,7 @@ class GptOssModel {
   int64_t max_model_len_ = 0;
   ExpertFormat expert_format_ = ExpertFormat::kDense;
   bool fp8_experts_ = false;
+  bool route_f32_ = false;  // GptOssOptions::f32_router in effect
   uint64_t fp8_inexact_ = 0, fp8_nonzero_ = 0;
   int64_t last_sampled_ = 0;  // ids the last enqueued step sampled [TAG_LLM_PREV_TOKEN]
   GraphExecutor* graphs_ = nullptr;  // decode graphs (null: eager only)

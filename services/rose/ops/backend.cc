@@ -73,6 +73,12 @@ void LlmOps::sampleStaged(const Tensor&, int32_t, const Tensor&) {
   std::abort();
 }
 
+void LlmOps::moeRouteF32(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                         const Tensor&, const MoeRouteParams&) {
+  std::fputs("LlmOps::moeRouteF32: not supported by this backend's ops\n", stderr);
+  std::abort();
+}
+
 Result<std::unique_ptr<LlmOps>> makeLlmOps(Backend& backend, int32_t threads) {
   if (backend.name() == "cpu") return cpu::createLlmOps(backend, threads);
 #if defined(GARDEN_HAVE_CUDA) && GARDEN_HAVE_CUDA

@@ -193,6 +193,10 @@ struct RmsNormParams {
   // residual = x instead of residual += x (the first layer starting the stream from the
   // embedding in x, when the stream is wider than the activations).
   bool residual_init = false;
+  // Backends that round (bf16 activations): true rounds the normalized row before the weight
+  // multiply (Hugging Face's Qwen3RMSNorm); false multiplies in f32 and rounds once (gpt-oss:
+  // GptOssRMSNorm and the spec's "compute in float32, then cast").
+  bool round_normalized = true;
 };
 
 // Per-head RMSNorm over head_dim (weight [head_dim]) then rotary embedding (NeoX "rotate half":

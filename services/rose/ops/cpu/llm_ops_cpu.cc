@@ -153,42 +153,40 @@ class CpuLlmOps final : public LlmOps {
                 const Tensor& topk_weights, const MoeRouteParams& p) override {
     sync();
     checkF32(router_logits);
-    checkI32(topk_ids);
-    checkF32(topk_weights);
-    const int64_t t_rows = router_logits.rows(), e = router_logits.cols(), k = p.top_k;
-    CHECK(k > 0 && k <= e);
-    CHECK(topk_ids.numel() == t_rows * k && topk_weights.numel() == t_rows * k);
-    const float* lg = router_logits.as<float>();
-    const float* bp = nullptr;
-    if (!bias.empty()) {
-      checkF32(bias);
-      CHECK(bias.numel() == e);
-      bp = bias.as<float>();
-    }
-    int32_t* ids = topk_ids.as<int32_t>();
-    float* w = topk_weights.as<float>();
-    std::vector<int32_t> order(static_cast<size_t>(e));
-    std::vector<float> biased(static_cast<size_t>(e));
+    route(router_logits.as<float>(), router_logits.rows(), router_logits.cols(), bias, topk_ids,
+          topk_weights, p);
+  }
+
+  // [TAG_ROUTER_F32] in f32 with double sums (the CPU model never needs it: its stream and
+  // activations are both f32; the GPU tests compare the CUDA op against this one).
+  void moeRouteF32(const Tensor& residual, const Tensor& wt, const Tensor& bias,
+                   const Tensor& topk_ids, const Tensor& topk_weights,
+                   const MoeRouteParams& p) override {
+    sync();
+    checkF32(residual);
+    checkF32(wt);
+    const int64_t t_rows = residual.rows(), h = residual.cols(), e = wt.cols();
+    CHECK(wt.rows() == h);
+    const float* res = residual.as<float>();
+    const float* w = wt.as<float>();
+    std::vector<float> logits(static_cast<size_t>(t_rows * e));
+    std::vector<double> acc(static_cast<size_t>(e));
     for (int64_t t = 0; t < t_rows; ++t) {
-      const float* row = lg + t * e;
-      if (bp != nullptr) {
-        for (int64_t x = 0; x < e; ++x) biased[static_cast<size_t>(x)] = row[x] + bp[x];
-        row = biased.data();
+      const float* row = res + t * h;
+      double ss = 0;
+      std::fill(acc.begin(), acc.end(), 0.0);
+      for (int64_t k = 0; k < h; ++k) {
+        const double x = row[k];
+        ss += x * x;
+        const float* wk = w + k * e;
+        for (int64_t x2 = 0; x2 < e; ++x2) acc[static_cast<size_t>(x2)] += x * wk[x2];
       }
-      for (int64_t x = 0; x < e; ++x) order[static_cast<size_t>(x)] = static_cast<int32_t>(x);
-      std::partial_sort(order.begin(), order.begin() + k, order.end(), [row](int32_t a, int32_t b) {
-        return row[a] != row[b] ? row[a] > row[b] : a < b;
-      });
-      const float mx = row[order[0]];
-      float sum = 0.f;
-      for (int64_t x = 0; x < k; ++x) {
-        const int32_t id = order[static_cast<size_t>(x)];
-        ids[t * k + x] = id;
-        w[t * k + x] = std::exp(row[id] - mx);
-        sum += w[t * k + x];
-      }
-      for (int64_t x = 0; x < k; ++x) w[t * k + x] /= sum;
+      const double rstd = 1.0 / std::sqrt(ss / static_cast<double>(h) + p.norm_eps);
+      for (int64_t x2 = 0; x2 < e; ++x2)
+        logits[static_cast<size_t>(t * e + x2)] =
+            static_cast<float>(acc[static_cast<size_t>(x2)] * rstd);
     }
+    route(logits.data(), t_rows, e, bias, topk_ids, topk_weights, p);
   }
 
   void moeExperts(const Tensor& x, const Tensor& topk_ids, const Tensor& topk_weights,
@@ -382,6 +380,46 @@ class CpuLlmOps final : public LlmOps {
   }
 
  private:
+  // moeRoute's selection on f32 logits [T, E] (host memory).
+  void route(const float* lg, int64_t t_rows, int64_t e, const Tensor& bias,
+             const Tensor& topk_ids, const Tensor& topk_weights, const MoeRouteParams& p) {
+    checkI32(topk_ids);
+    checkF32(topk_weights);
+    const int64_t k = p.top_k;
+    CHECK(k > 0 && k <= e);
+    CHECK(topk_ids.numel() == t_rows * k && topk_weights.numel() == t_rows * k);
+    const float* bp = nullptr;
+    if (!bias.empty()) {
+      checkF32(bias);
+      CHECK(bias.numel() == e);
+      bp = bias.as<float>();
+    }
+    int32_t* ids = topk_ids.as<int32_t>();
+    float* w = topk_weights.as<float>();
+    std::vector<int32_t> order(static_cast<size_t>(e));
+    std::vector<float> biased(static_cast<size_t>(e));
+    for (int64_t t = 0; t < t_rows; ++t) {
+      const float* row = lg + t * e;
+      if (bp != nullptr) {
+        for (int64_t x = 0; x < e; ++x) biased[static_cast<size_t>(x)] = row[x] + bp[x];
+        row = biased.data();
+      }
+      for (int64_t x = 0; x < e; ++x) order[static_cast<size_t>(x)] = static_cast<int32_t>(x);
+      std::partial_sort(order.begin(), order.begin() + k, order.end(), [row](int32_t a, int32_t b) {
+        return row[a] != row[b] ? row[a] > row[b] : a < b;
+      });
+      const float mx = row[order[0]];
+      float sum = 0.f;
+      for (int64_t x = 0; x < k; ++x) {
+        const int32_t id = order[static_cast<size_t>(x)];
+        ids[t * k + x] = id;
+        w[t * k + x] = std::exp(row[id] - mx);
+        sum += w[t * k + x];
+      }
+      for (int64_t x = 0; x < k; ++x) w[t * k + x] /= sum;
+    }
+  }
+
   // Called from the compute thread this returns at once; from another thread it waits for the
   // launched work first ([TAG_ROSE_LAZY]).
   void sync() { (void)backend_.synchronize(); }

@@ -256,6 +256,7 @@ void CudaBackend::rmsNorm(const Tensor& x, const Tensor& residual, const Tensor&
   a.residual = residual.empty() || f32_res ? nullptr : residual.as<bf16>();
   a.residual_f32 = f32_res ? residual.as<float>() : nullptr;
   a.residual_init = p.residual_init;
+  a.round_normalized = p.round_normalized;
   a.weight = weight.as<bf16>();
   a.out = out.as<bf16>();
   a.rows = x.rows();

@@ -18,6 +18,7 @@
 #include "services/rose/ops/cuda/moe_gemm.cuh"
 #include "services/rose/ops/cuda/moe_permute.cuh"
 #include "services/rose/ops/cuda/moe_route.cuh"
+#include "services/rose/ops/cuda/moe_router_f32.cuh"
 #include "services/rose/ops/cuda/moe_row_bias.cuh"
 #include "services/rose/ops/cuda/paged_attention.cuh"
 #include "services/rose/ops/cuda/rope_kv.cuh"
@@ -75,6 +76,11 @@ class CudaLlmOps final : public LlmOps {
       max_tiles_ = std::max(max_tiles_, tiles);
       max_rows_ = std::max(max_rows_, tiles * bm);
     }
+    // The f32 router's slice partials and sums of squares [TAG_ROUTER_F32].
+    const int64_t splits = routerF32Splits(std::max<int32_t>(l.hidden, 1));
+    ASSIGN_OR_RETURN(router_part_,
+                     b_.allocate(sizeof(float) * splits * l.max_tokens * l.num_experts));
+    ASSIGN_OR_RETURN(router_ss_, b_.allocate(sizeof(float) * splits * l.max_tokens));
     ASSIGN_OR_RETURN(row_token_, b_.allocate(sizeof(int32_t) * max_rows_));
     ASSIGN_OR_RETURN(row_of_, b_.allocate(sizeof(int32_t) * assignments));
     ASSIGN_OR_RETURN(tile_expert_, b_.allocate(sizeof(int32_t) * max_tiles_));
@@ -348,6 +354,45 @@ class CudaLlmOps final : public LlmOps {
     a.num_experts = static_cast<int32_t>(router_logits.cols());
     a.top_k = p.top_k;
     checkOk(launchMoeRoute(a, b_.stream()), "moeRoute");
+  }
+
+  void moeRouteF32(const Tensor& residual, const Tensor& wt, const Tensor& bias,
+                   const Tensor& topk_ids, const Tensor& topk_weights,
+                   const MoeRouteParams& p) override {
+    require(reserved_, "moeRouteF32", "reserve() was not called");
+    require(is(residual, DType::kF32) && is(wt, DType::kF32) && is(topk_ids, DType::kI32) &&
+                is(topk_weights, DType::kF32),
+            "moeRouteF32", "residual F32, wt F32, ids I32, weights F32");
+    const int64_t t = residual.rows();
+    require(residual.cols() == lim_.hidden && wt.rows() == lim_.hidden &&
+                wt.cols() == lim_.num_experts && t <= lim_.max_tokens,
+            "moeRouteF32", "shapes exceed what reserve() allowed");
+    require(bias.empty() || (bias.dtype == DType::kBF16 && bias.numel() == wt.cols()),
+            "moeRouteF32", "bias must be BF16 [E]");
+    require(topk_ids.numel() == t * p.top_k && topk_weights.numel() == topk_ids.numel(),
+            "moeRouteF32", "top-k shape mismatch");
+    RouterF32Args r;
+    r.residual = residual.as<float>();
+    r.wt = wt.as<float>();
+    r.part = static_cast<float*>(router_part_.data());
+    r.ss = static_cast<float*>(router_ss_.data());
+    r.num_tokens = t;
+    r.hidden = lim_.hidden;
+    r.num_experts = lim_.num_experts;
+    checkOk(launchRouterF32Partials(r, b_.stream()), "moeRouteF32");
+    MoeRouteArgs a;
+    a.logits = r.part;
+    a.bias = bias.empty() ? nullptr : bias.as<bf16>();
+    a.topk_ids = topk_ids.as<int32_t>();
+    a.topk_weights = topk_weights.as<float>();
+    a.num_tokens = t;
+    a.num_experts = lim_.num_experts;
+    a.top_k = p.top_k;
+    a.splits = routerF32Splits(lim_.hidden);
+    a.ss = r.ss;
+    a.hidden = lim_.hidden;
+    a.eps = p.norm_eps;
+    checkOk(launchMoeRoute(a, b_.stream()), "moeRouteF32");
   }
 
   void moeExperts(const Tensor& x, const Tensor& topk_ids, const Tensor& topk_weights,
@@ -805,6 +850,7 @@ class CudaLlmOps final : public LlmOps {
   bool reserved_ = false;
   int64_t max_work_ = 0, max_combine_ = 0, max_parts_ = 0, max_tiles_ = 0, max_rows_ = 0;
   Buffer work_, combine_, part_o_, part_ml_, counts_;
+  Buffer router_part_, router_ss_;  // [TAG_ROUTER_F32]
   Buffer row_token_, row_of_, tile_expert_, num_tiles_, act_, y_, sample_rows_, sample_ws_;
   Buffer sample_masks_;
   int64_t mask_words_ = 0;

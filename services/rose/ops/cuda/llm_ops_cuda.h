@@ -5,6 +5,8 @@
 //   ropeKvWrite    rope_kv.cuh          RoPE of q/k fused with the K/V write into paged blocks
 //   pagedAttention paged_attention.cuh  prefill chunks + decode, sinks, sliding window, split-KV
 //   moeRoute       moe_route.cuh        top-k + softmax over the selected (+ router bias)
+//   moeRouteF32    moe_router_f32.cuh   router logits from the f32 stream (norm folded), then
+//                                       moe_route.cuh on the slice partials
 //   moeExperts     moe_permute.cuh + moe_gemm.cuh: align rows by expert, grouped GEMM gate_up
 //                  (+bias, clamped SwiGLU in the epilogue), grouped GEMM down (+bias), weighted
 //                  combine — experts MXFP4-resident (tiled layout) or bf16

@@ -15,13 +15,26 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) moeRouteKernel(MoeRouteAr
   const int64_t t = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (t >= a.num_tokens) return;
   // Lane l holds experts l, l + 32, ... (NaN counts as -inf).
+  float rstd = 1.f;
+  if (a.splits > 0) {
+    float ss = 0.f;
+    for (int s = 0; s < a.splits; ++s) ss += a.ss[s * a.num_tokens + t];
+    rstd = rsqrtf(ss / static_cast<float>(a.hidden) + a.eps);
+  }
   float v[kPerLane];
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
     const int e = lane + 32 * i;
     float x = -INFINITY;
     if (e < a.num_experts) {
-      x = a.logits[t * a.num_experts + e];
+      if (a.splits > 0) {
+        x = 0.f;
+        for (int s = 0; s < a.splits; ++s)
+          x += a.logits[(s * a.num_tokens + t) * a.num_experts + e];
+        x *= rstd;
+      } else {
+        x = a.logits[t * a.num_experts + e];
+      }
       if (a.bias != nullptr) x += __bfloat162float(a.bias[e]);
       if (isnan(x)) x = -INFINITY;
     }
@@ -88,6 +101,8 @@ Status checkMoeRoute(const MoeRouteArgs& a) {
     return invalidArgument("moe_route: num_experts must be in [1, 256]");
   if (a.top_k <= 0 || a.top_k > kMoeRouteMaxTopK || a.top_k > a.num_experts)
     return invalidArgument("moe_route: top_k must be in [1, min(8, num_experts)]");
+  if (a.splits < 0 || (a.splits > 0 && (a.ss == nullptr || a.hidden <= 0)))
+    return invalidArgument("moe_route: splits needs ss and hidden");
   return okStatus();
 }
 

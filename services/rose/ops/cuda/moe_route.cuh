@@ -24,6 +24,13 @@ struct MoeRouteArgs {
   int64_t num_tokens = 0;
   int32_t num_experts = 0;  // <= kMoeRouteMaxExperts
   int32_t top_k = 0;        // <= min(kMoeRouteMaxTopK, num_experts)
+  // splits > 0: `logits` holds the f32 router's slice partials [splits, T, E] and ss the slices'
+  // sums of squares [splits, T] (moe_router_f32.cuh); the logit is the sum of the slices in
+  // order times rsqrt(sum(ss) / hidden + eps), then the bias joins.
+  int32_t splits = 0;
+  const float* ss = nullptr;
+  int32_t hidden = 0;
+  float eps = 0.f;
 };
 
 Status checkMoeRoute(const MoeRouteArgs& a);

@@ -68,7 +68,8 @@ __global__ void rmsNormKernel(RmsNormArgs a) {
       float w[8];
       loadF32x8(a.weight + c * 8, w);
 #pragma unroll
-      for (int i = 0; i < 8; ++i) v[k][i] = roundBf16(v[k][i] * rstd) * w[i];
+      for (int i = 0; i < 8; ++i)
+        v[k][i] = (a.round_normalized ? roundBf16(v[k][i] * rstd) : v[k][i] * rstd) * w[i];
       storeF32x8(a.out + off + c * 8, v[k]);
     }
   }
@@ -126,7 +127,8 @@ __global__ void rmsNormSplitKernel(RmsNormArgs a) {
   const float rstd = rsqrtf(red[nw] / static_cast<float>(a.hidden) + a.eps);
   if (c < chunks) {
 #pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = roundBf16(v[i] * rstd) * w[i];
+    for (int i = 0; i < 8; ++i)
+      v[i] = (a.round_normalized ? roundBf16(v[i] * rstd) : v[i] * rstd) * w[i];
     storeF32x8(a.out + off + c * 8, v);
   }
 }

@@ -3,8 +3,8 @@
 //   with residual:    residual = bf16(x + residual); out = rmsnorm(residual) * weight
 //   with residual_f32: the same with an f32 stream (residual_f32 = x + residual_f32, unrounded)
 //   without (null):   out = rmsnorm(x) * weight
-// Mirrors Hugging Face's Qwen3RMSNorm rounding: the normalized row is rounded to bf16 before the
-// weight multiply. `out` may alias `x` (each row is read fully before it is written). The per-row
+// Mirrors Hugging Face's Qwen3RMSNorm rounding by default (the normalized row is rounded to bf16
+// before the weight multiply); round_normalized = false rounds once after it (gpt-oss). `out` may alias `x` (each row is read fully before it is written). The per-row
 // reduction tree depends only on `hidden`, never on the number of rows, so a row's result does
 // not depend on what else is in the batch (few rows run one row per block with one 8-wide chunk
 // per thread, many rows several rows per block; both sum in the same order). Pointers are device
@@ -31,6 +31,9 @@ struct RmsNormArgs {
   // not rounded.
   float* residual_f32 = nullptr;
   bool residual_init = false;  // residual = x (the residual's old contents are not read)
+  // true: out = bf16(bf16(row * rstd) * weight) (Qwen3RMSNorm); false: bf16(row * rstd * weight)
+  // in f32 (gpt-oss's norm).
+  bool round_normalized = true;
 };
 
 // pdl: programmatic dependent launch for an eager launch (common.cuh [TAG_PDL]); the backend

@@ -473,6 +473,42 @@ TEST_P(LlmCpuOps, RouterBiasJoinsBeforeTheTopK) {
   EXPECT_NEAR(gw[1], e / (1.0 + e), 1e-7);
 }
 
+// [TAG_ROUTER_F32] The folded router (norm weight inside the router weights, the row's rsqrt
+// applied to the dot products) equals the unfolded one: rmsNorm, then the router GEMM, then
+// moeRoute — same experts (no near-ties in this data), weights to f32 rounding.
+TEST_P(LlmCpuOps, MoeRouteF32EqualsNormThenRouterGemm) {
+  std::mt19937 rng(11);
+  const int t = 37, h = 96, e = 8, k = 4;
+  const float eps = 1e-5f;
+  auto res = randomVec(t * h, rng, 3.f);
+  auto router = randomVec(e * h, rng, 0.1f);
+  auto gamma = randomVec(h, rng, 0.2f);
+  for (auto& g : gamma) g += 1.f;
+  auto bias = randomVec(e, rng, 0.3f);
+  std::vector<float> wt(static_cast<size_t>(h * e));
+  for (int x = 0; x < e; ++x)
+    for (int c = 0; c < h; ++c) wt[static_cast<size_t>(c * e + x)] = router[static_cast<size_t>(x * h + c)] * gamma[static_cast<size_t>(c)];
+  auto rt = put(res, {t, h});
+  auto wtt = put(wt, {h, e});
+  auto bt = put(bias, {e});
+  auto ids = zeros(DType::kI32, {t, k});
+  auto w = zeros(DType::kF32, {t, k});
+  ops_->moeRouteF32(rt.view, wtt.view, bt.view, ids.view, w.view, MoeRouteParams{k, eps});
+  // Unfolded: the backend's own rmsNorm and linear, then moeRoute.
+  auto normed = zeros(DType::kF32, {t, h});
+  auto gt = put(gamma, {h});
+  auto rw = put(router, {e, h});
+  auto logits = zeros(DType::kF32, {t, e});
+  backend_->rmsNorm(rt.view, Tensor(), gt.view, normed.view, RmsNormParams{eps});
+  backend_->linear(normed.view, rw.view, Tensor(), logits.view);
+  auto ids2 = zeros(DType::kI32, {t, k});
+  auto w2 = zeros(DType::kF32, {t, k});
+  ops_->moeRoute(logits.view, bt.view, ids2.view, w2.view, MoeRouteParams{k});
+  EXPECT_EQ(get<int32_t>(ids.view), get<int32_t>(ids2.view));
+  const auto a = get<float>(w.view), b = get<float>(w2.view);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 2e-6) << i;
+}
+
 TEST_P(LlmCpuOps, CopyTokensTakesThePreviousSampledIds) {
   auto src = putI32({11, 22, 33}, {3});
   auto ids = putI32({1, 2, 3, 4, 5}, {5});

@@ -1,0 +1,129 @@
+#include "services/rose/ops/cuda/common.cuh"
+#include "services/rose/ops/cuda/cuda_utils.h"
+#include "services/rose/ops/cuda/moe_router_f32.cuh"
+
+namespace garden::rose::cuda {
+namespace {
+
+constexpr int kTok = 16;    // tokens per block
+constexpr int kExp = 32;    // experts per block (one per lane)
+constexpr int kChunk = 64;  // K columns staged per step
+constexpr int kChunks = kRouterF32SliceK / kChunk;
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+constexpr int kXStride = kTok + 4;  // row stride of the staged x tile (16-byte aligned rows)
+static_assert(kChunk == kWarps * 8, "each warp takes 8 consecutive columns of a chunk");
+static_assert(kTok * kChunk / 4 == kThreads, "one float4 of x per thread and chunk");
+static_assert(kChunk * kExp / 4 == 2 * kThreads, "two float4 of wt per thread and chunk");
+
+// Block (token tile, expert tile, slice). Thread (tok = i / 16, q = i % 16) stages x[tok][q*4..+3]
+// of each chunk (and sums its squares); warp w accumulates columns w*8..w*8+7 of every chunk for
+// all 16 tokens with lane = expert; the 8 warps' sums are added in warp order at the end. Every
+// sum's order depends on the hidden size alone.
+__global__ void __launch_bounds__(kThreads) routerF32Kernel(RouterF32Args a) {
+  __shared__ __align__(16) float xs[2][kChunk][kXStride];
+  __shared__ __align__(16) float ws[2 * kChunk * kExp];  // [2][kChunk][kExp]; then [8][16][32]
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kTok;
+  const int e0 = static_cast<int>(blockIdx.y) * kExp;
+  const int slice = static_cast<int>(blockIdx.z);
+  const int kbase = slice * kRouterF32SliceK;
+  const int x_tok = tid >> 4, x_q = tid & 15;
+  const bool x_row = t0 + x_tok < a.num_tokens;
+
+  float4 xr, wr[2];
+  auto load = [&](int c) {
+    const int k = kbase + c * kChunk + x_q * 4;
+    xr = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (x_row && k < a.hidden)
+      xr = *reinterpret_cast<const float4*>(a.residual + (t0 + x_tok) * a.hidden + k);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int idx = tid + r * kThreads;
+      const int kk = kbase + c * kChunk + idx / (kExp / 4);
+      const int e = e0 + (idx % (kExp / 4)) * 4;
+      wr[r] = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (kk < a.hidden && e < a.num_experts)
+        wr[r] = *reinterpret_cast<const float4*>(a.wt + static_cast<int64_t>(kk) * a.num_experts +
+                                                 e);
+    }
+  };
+
+  float acc[kTok];
+#pragma unroll
+  for (int i = 0; i < kTok; ++i) acc[i] = 0.f;
+  float ssq = 0.f;
+  int nc = (a.hidden - kbase + kChunk - 1) / kChunk;
+  if (nc > kChunks) nc = kChunks;
+  load(0);
+  for (int c = 0; c < nc; ++c) {
+    const int b = c & 1;
+    xs[b][x_q * 4 + 0][x_tok] = xr.x;
+    xs[b][x_q * 4 + 1][x_tok] = xr.y;
+    xs[b][x_q * 4 + 2][x_tok] = xr.z;
+    xs[b][x_q * 4 + 3][x_tok] = xr.w;
+    ssq += xr.x * xr.x;
+    ssq += xr.y * xr.y;
+    ssq += xr.z * xr.z;
+    ssq += xr.w * xr.w;
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      reinterpret_cast<float4*>(ws + b * kChunk * kExp)[tid + r * kThreads] = wr[r];
+    __syncthreads();
+    if (c + 1 < nc) load(c + 1);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int k = warp * 8 + j;
+      const float wv = ws[(b * kChunk + k) * kExp + lane];
+      const float4* xv = reinterpret_cast<const float4*>(&xs[b][k][0]);
+#pragma unroll
+      for (int q = 0; q < kTok / 4; ++q) {
+        const float4 v = xv[q];
+        acc[q * 4 + 0] += v.x * wv;
+        acc[q * 4 + 1] += v.y * wv;
+        acc[q * 4 + 2] += v.z * wv;
+        acc[q * 4 + 3] += v.w * wv;
+      }
+    }
+  }
+  // Sum of squares of this slice per token: the 16 threads of a token, in xor order.
+#pragma unroll
+  for (int o = 8; o > 0; o >>= 1) ssq += __shfl_xor_sync(0xffffffffu, ssq, o);
+  if (blockIdx.y == 0 && x_q == 0 && x_row) a.ss[slice * a.num_tokens + t0 + x_tok] = ssq;
+
+  __syncthreads();  // every warp is done with ws: it becomes red[warp][tok][lane]
+  float* red = ws;
+#pragma unroll
+  for (int i = 0; i < kTok; ++i) red[(warp * kTok + i) * kExp + lane] = acc[i];
+  __syncthreads();
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int o = tid + r * kThreads;
+    const int tok = o / kExp, e = o % kExp;
+    float v = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) v += red[(w * kTok + tok) * kExp + e];
+    if (t0 + tok < a.num_tokens && e0 + e < a.num_experts)
+      a.part[(slice * a.num_tokens + t0 + tok) * a.num_experts + e0 + e] = v;
+  }
+}
+
+}  // namespace
+
+Status launchRouterF32Partials(const RouterF32Args& a, cudaStream_t stream) {
+  if (a.hidden <= 0 || a.hidden % 4 != 0)
+    return invalidArgument("router_f32: hidden must be a positive multiple of 4");
+  if (a.num_experts <= 0 || a.num_experts % 4 != 0)
+    return invalidArgument("router_f32: num_experts must be a positive multiple of 4");
+  if ((reinterpret_cast<uintptr_t>(a.residual) | reinterpret_cast<uintptr_t>(a.wt)) % 16 != 0)
+    return invalidArgument("router_f32: residual and wt must be 16-byte aligned");
+  if (a.num_tokens == 0) return okStatus();
+  const dim3 grid(static_cast<unsigned>((a.num_tokens + kTok - 1) / kTok),
+                  static_cast<unsigned>((a.num_experts + kExp - 1) / kExp),
+                  static_cast<unsigned>(routerF32Splits(a.hidden)));
+  routerF32Kernel<<<grid, kThreads, 0, stream>>>(a);
+  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return okStatus();
+}
+
+}  // namespace garden::rose::cuda
