@@ -13,7 +13,7 @@
 //                  [--decode-steps 32] [--max-batch-tokens 16384]
 //                  [--moe-weights auto|mxfp4|fp8|bf16] [--fp8-min-tokens N]
 //                  [--cuda-graphs on|off] [--residual f32|bf16] [--router f32|bf16] [--norm-round once|twice] [--kv-tokens N] [--masks D]
-//                  [--profile]
+//                  [--profile] [--bar-dump DIR [--bar-prompts L1,L2,...]]
 //   --masks D: every sampled sequence draws under a random token mask allowing a fraction D of
 //              the vocabulary (structured outputs [TAG_TOKEN_MASK]: the masks' upload and the
 //              masked sampler, as rose sees a step from tulip; not tulip's mask computation).
@@ -21,6 +21,13 @@
 //              constrained path's cost. Needs a sampler that announces token masks.
 //   --profile: one decode step per workload between cudaProfilerStart/Stop, for
 //              ncu --profile-from-start off
+//   --bar-dump DIR [--bar-prompts 16,64,256,1024,2100]: instead of timing, the rose side of the
+//              real-shape accuracy bar (bench/suites/hf_llm_bar20b.py runs Hugging Face
+//              transformers in fp32 and fp32+TF32 on the same tokens): per prompt length L,
+//              random tokens (std::mt19937 seeded with L, uniform in [0, 199997]) prefilled in
+//              chunks of 256 with every row's logits; per position the argmax and the two
+//              largest logits go to DIR/rose_top2_<i>.bin (int32 id, float first, float second),
+//              the tokens to DIR/seqs.json.
 
 #include <algorithm>
 #include <chrono>
@@ -220,6 +227,71 @@ struct Bench {
 };
 
 
+// --bar-dump (see the header).
+int barDump(Bench& b, const std::string& dir, const std::string& list) {
+  const int64_t vocab = b.model->vocabSize();
+  constexpr int32_t kChunk = 256;  // <= GptOssOptions::max_logits_rows below
+  std::vector<float> lg(static_cast<size_t>(kChunk * vocab));
+  std::string js = "[";
+  int idx = 0;
+  for (const auto& p : split(list, ',')) {
+    const int len = std::atoi(p.c_str());
+    std::mt19937 rng(static_cast<uint32_t>(len));
+    std::uniform_int_distribution<int32_t> dist(0, 199997);
+    Bench::Seq s;
+    s.tokens.resize(static_cast<size_t>(len));
+    for (auto& t : s.tokens) t = dist(rng);
+    b.next_block = 0;
+    b.ensureBlocks(s, len);
+    std::ofstream f(dir + "/rose_top2_" + std::to_string(idx) + ".bin", std::ios::binary);
+    for (int32_t pos = 0; pos < len; pos += kChunk) {
+      const int32_t n = std::min<int32_t>(kChunk, len - pos);
+      std::vector<LlmStepSeq> desc(1);
+      desc[0].num_tokens = n;
+      desc[0].position = pos;
+      desc[0].num_blocks = (pos + n + b.block_size - 1) / b.block_size;
+      desc[0].logits = LogitsMode::kAll;
+      std::vector<int32_t> toks(s.tokens.begin() + pos, s.tokens.begin() + pos + n);
+      LlmStep st{desc, toks, std::span<const int32_t>(s.blocks.data(), static_cast<size_t>(desc[0].num_blocks))};
+      Status v = b.model->validate(st, *b.kv);
+      if (!v.isOk()) {
+        std::fprintf(stderr, "invalid step: %s\n", v.toString().c_str());
+        return 1;
+      }
+      b.backend->launch([&] { b.model->enqueueStep(st, *b.kv, lg.data(), nullptr); });
+      Status sy = b.backend->synchronize();
+      if (!sy.isOk()) {
+        std::fprintf(stderr, "step failed: %s\n", sy.toString().c_str());
+        return 1;
+      }
+      for (int32_t r = 0; r < n; ++r) {
+        const float* row = lg.data() + static_cast<size_t>(r) * static_cast<size_t>(vocab);
+        int32_t best = 0;
+        float v1 = -INFINITY, v2 = -INFINITY;
+        for (int64_t i = 0; i < vocab; ++i) {
+          if (row[i] > v1) {
+            v2 = v1;
+            v1 = row[i];
+            best = static_cast<int32_t>(i);
+          } else if (row[i] > v2) {
+            v2 = row[i];
+          }
+        }
+        f.write(reinterpret_cast<const char*>(&best), 4);
+        f.write(reinterpret_cast<const char*>(&v1), 4);
+        f.write(reinterpret_cast<const char*>(&v2), 4);
+      }
+    }
+    js += std::string(idx ? "," : "") + "{\"prompt_len\":" + std::to_string(len) + ",\"tokens\":[";
+    for (size_t i = 0; i < s.tokens.size(); ++i) js += (i ? "," : "") + std::to_string(s.tokens[i]);
+    js += "]}";
+    std::printf("bar dump: prompt %d tokens -> rose_top2_%d.bin\n", len, idx);
+    ++idx;
+  }
+  std::ofstream(dir + "/seqs.json") << js << "]\n";
+  return 0;
+}
+
 // --moe-gemm T1,T2,...: LlmOps::moeExperts alone at gpt-oss-20b's expert shapes (32 experts,
 // top-4, hidden = intermediate = 2880, MXFP4 resident, random codes and scales), T tokens with
 // random distinct experts each; kLayers weight copies are cycled so the weights come from HBM as
@@ -386,6 +458,7 @@ int main(int argc, char** argv) {
   bool profile = false;  // one decode step of each --decode workload between profiler markers
   int64_t fp8_min_tokens = 0;  // --fp8-min-tokens N: MoE steps of >= N tokens use the FP8 copy
   double mask_density = 0;  // --masks D
+  std::string bar_dir, bar_prompts = "16,64,256,1024,2100";  // --bar-dump DIR, --bar-prompts
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -411,6 +484,8 @@ int main(int argc, char** argv) {
     else if (a == "--moe-gemm") moe_list = next();
     else if (a == "--fp8-min-tokens") fp8_min_tokens = std::atoll(next().c_str());
     else if (a == "--masks") mask_density = std::atof(next().c_str());
+    else if (a == "--bar-dump") bar_dir = next();
+    else if (a == "--bar-prompts") bar_prompts = next();
     else {
       std::fprintf(stderr, "unknown flag %s\n", a.c_str());
       return 2;
@@ -461,6 +536,10 @@ int main(int argc, char** argv) {
   const double load_s = std::chrono::duration<double>(Clock::now() - t0).count();
   // KV cache: the largest prefill or decode working set, in 16-token blocks.
   int64_t need_tokens = 0;
+  if (!bar_dir.empty()) {
+    prefill_list = bar_prompts;
+    decode_list.clear();
+  }
   for (const auto& p : split(prefill_list, ',')) need_tokens = std::max<int64_t>(need_tokens, std::atoll(p.c_str()) + 16);
   for (const auto& d : split(decode_list, ',')) {
     auto bc = split(d, '@');
@@ -500,6 +579,7 @@ int main(int argc, char** argv) {
                 nz > 0 ? 100.0 * static_cast<double>(b.model->fp8InexactWeights()) / nz : 0.0,
                 static_cast<long long>(cuda::moeFp8MinTokens()));
   }
+  if (!bar_dir.empty()) return barDump(b, bar_dir, bar_prompts);
   std::ofstream json;
   if (!json_path.empty()) json.open(json_path);
   for (const auto& p : split(prefill_list, ',')) {

@@ -26,6 +26,10 @@
 #             speed side of the f32 router, against bench20b
 #   masks     decode 64@1024 with and without --masks 0.05 (rose's side of the structured-output
 #             cost; needs mk20b)
+#   bar20b    the real-shape accuracy bar (needs mk20b): rose_llm_bench --bar-dump on prompts of
+#             16..2100 tokens (default settings, then --router bf16 --norm-round twice as
+#             the A/B), then bench/suites/hf_llm_bar20b.py: transformers fp32 (reference) and
+#             fp32+TF32 on the same tokens; rose's top-1 agreement must reach TF32's
 #   fp8ops    gpu_llm_ops_test GpuFp8Moe.*: requant, activation quant and the FP8 experts vs the CPU
 #   moegemm_fp8  rose_llm_bench --moe-gemm with --moe-weights fp8: the MoE op alone, MXFP4 kernels
 #             and the FP8 path side by side per token count (the FP8 row's rel_l2 vs MXFP4)
@@ -103,6 +107,7 @@ for s in $STEPS; do
     bench20b_nograph) step bench20b_nograph bench20b_nograph.txt 200 "$BIN/rose_llm_bench" --model /tmp/gptoss20b --prefill '' --decode 1@8192,64@1024 --decode-steps 32 --max-batch-tokens 16384 --cuda-graphs off --json "$LOGS/bench20b_nograph.jsonl" ;;
     profdec) step profdec profdec.txt 240 bash -c "for w in 1@8192 64@1024; do ncu --clock-control none --cache-control none --profile-from-start off --metrics gpu__time_duration.sum --csv --log-file '$LOGS/ncu_decode_'\$w'.csv' '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode \$w --decode-steps 4 --profile >/dev/null 2>&1; done; python3 '$ROOT/bench/suites/ncu_llm_summary.py' '$LOGS'/ncu_decode_*.csv" ;;
     bench20b_fp8) step bench20b_fp8 bench20b_fp8.txt 300 "$BIN/rose_llm_bench" --model /tmp/gptoss20b --prefill 2048,8192,32768 --decode 1@8192 --decode-steps 16 --max-batch-tokens 16384 --moe-weights fp8 --json "$LOGS/bench20b_fp8.jsonl" ;;
+    bar20b) step bar20b bar20b.txt 400 bash -c "rm -rf /tmp/bar20b /tmp/bar20b_old && mkdir -p /tmp/bar20b /tmp/bar20b_old && '$BIN/rose_llm_bench' --model /tmp/gptoss20b --bar-dump /tmp/bar20b 2>&1 | grep -v 'gemm tuned' && '$BIN/rose_llm_bench' --model /tmp/gptoss20b --bar-dump /tmp/bar20b_old --router bf16 --norm-round twice 2>&1 | grep -v 'gemm tuned' && python3 '$ROOT/bench/suites/hf_llm_bar20b.py' /tmp/gptoss20b /tmp/bar20b /tmp/bar20b_old; rc=\$?; cp /tmp/bar20b/bar20b.json '$LOGS/' 2>/dev/null; exit \$rc" ;;
     routerab) step routerab routerab.log 300 bash -c "for v in 'f32 once' 'bf16 once' 'f32 twice' 'bf16 twice'; do set -- \$v; echo \"== router \$1 norm-round \$2\"; GARDEN_TEST_GPTOSS_ROUTER=\$1 GARDEN_TEST_GPTOSS_NORM_ROUND=\$2 '$BIN/gpu_llm_model_test' --gtest_filter='*RoutedModelTeacherForcedAgainstTheCpu*:*TeacherForcedWithoutRoutingChoice*' 2>&1 | grep -E 'teacher-forced \] E|OK|FAILED|Failure|Expected|Which is'; done" ;;
     bench20b_router) step bench20b_router bench20b_router.txt 200 "$BIN/rose_llm_bench" --model /tmp/gptoss20b --prefill 8192 --decode 1@8192,64@1024 --decode-steps 32 --max-batch-tokens 16384 --router bf16 --json "$LOGS/bench20b_router.jsonl" ;;
     masks) step masks masks.txt 200 bash -c "'$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode 64@1024,1@8192 --decode-steps 32 --max-batch-tokens 16384 && '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode 64@1024,1@8192 --decode-steps 32 --max-batch-tokens 16384 --masks 0.05" ;;
