@@ -31,58 +31,62 @@ __global__ void __launch_bounds__(kThreads) routerF32Kernel(RouterF32Args a) {
   const int x_tok = tid >> 4, x_q = tid & 15;
   const bool x_row = t0 + x_tok < a.num_tokens;
 
-  float4 xr, wr[2];
-  auto load = [&](int c) {
+  // Every chunk of the slice is loaded into registers first (one memory latency per block, not
+  // one per chunk: at decode the kernel is latency-bound), then staged and used chunk by chunk.
+  float4 xr[kChunks], wr[kChunks][2];
+  int nc = (a.hidden - kbase + kChunk - 1) / kChunk;
+  if (nc > kChunks) nc = kChunks;
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
     const int k = kbase + c * kChunk + x_q * 4;
-    xr = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (x_row && k < a.hidden)
-      xr = *reinterpret_cast<const float4*>(a.residual + (t0 + x_tok) * a.hidden + k);
+    xr[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (c < nc && x_row && k < a.hidden)
+      xr[c] = *reinterpret_cast<const float4*>(a.residual + (t0 + x_tok) * a.hidden + k);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int idx = tid + r * kThreads;
       const int kk = kbase + c * kChunk + idx / (kExp / 4);
       const int e = e0 + (idx % (kExp / 4)) * 4;
-      wr[r] = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (kk < a.hidden && e < a.num_experts)
-        wr[r] = *reinterpret_cast<const float4*>(a.wt + static_cast<int64_t>(kk) * a.num_experts +
-                                                 e);
+      wr[c][r] = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (c < nc && kk < a.hidden && e < a.num_experts)
+        wr[c][r] = *reinterpret_cast<const float4*>(
+            a.wt + static_cast<int64_t>(kk) * a.num_experts + e);
     }
-  };
+  }
 
   float acc[kTok];
 #pragma unroll
   for (int i = 0; i < kTok; ++i) acc[i] = 0.f;
   float ssq = 0.f;
-  int nc = (a.hidden - kbase + kChunk - 1) / kChunk;
-  if (nc > kChunks) nc = kChunks;
-  load(0);
-  for (int c = 0; c < nc; ++c) {
-    const int b = c & 1;
-    xs[b][x_q * 4 + 0][x_tok] = xr.x;
-    xs[b][x_q * 4 + 1][x_tok] = xr.y;
-    xs[b][x_q * 4 + 2][x_tok] = xr.z;
-    xs[b][x_q * 4 + 3][x_tok] = xr.w;
-    ssq += xr.x * xr.x;
-    ssq += xr.y * xr.y;
-    ssq += xr.z * xr.z;
-    ssq += xr.w * xr.w;
 #pragma unroll
-    for (int r = 0; r < 2; ++r)
-      reinterpret_cast<float4*>(ws + b * kChunk * kExp)[tid + r * kThreads] = wr[r];
-    __syncthreads();
-    if (c + 1 < nc) load(c + 1);
+  for (int c = 0; c < kChunks; ++c) {
+    if (c < nc) {
+      const int b = c & 1;
+      xs[b][x_q * 4 + 0][x_tok] = xr[c].x;
+      xs[b][x_q * 4 + 1][x_tok] = xr[c].y;
+      xs[b][x_q * 4 + 2][x_tok] = xr[c].z;
+      xs[b][x_q * 4 + 3][x_tok] = xr[c].w;
+      ssq += xr[c].x * xr[c].x;
+      ssq += xr[c].y * xr[c].y;
+      ssq += xr[c].z * xr[c].z;
+      ssq += xr[c].w * xr[c].w;
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int k = warp * 8 + j;
-      const float wv = ws[(b * kChunk + k) * kExp + lane];
-      const float4* xv = reinterpret_cast<const float4*>(&xs[b][k][0]);
+      for (int r = 0; r < 2; ++r)
+        reinterpret_cast<float4*>(ws + b * kChunk * kExp)[tid + r * kThreads] = wr[c][r];
+      __syncthreads();
 #pragma unroll
-      for (int q = 0; q < kTok / 4; ++q) {
-        const float4 v = xv[q];
-        acc[q * 4 + 0] += v.x * wv;
-        acc[q * 4 + 1] += v.y * wv;
-        acc[q * 4 + 2] += v.z * wv;
-        acc[q * 4 + 3] += v.w * wv;
+      for (int j = 0; j < 8; ++j) {
+        const int k = warp * 8 + j;
+        const float wv = ws[(b * kChunk + k) * kExp + lane];
+        const float4* xv = reinterpret_cast<const float4*>(&xs[b][k][0]);
+#pragma unroll
+        for (int q = 0; q < kTok / 4; ++q) {
+          const float4 v = xv[q];
+          acc[q * 4 + 0] += v.x * wv;
+          acc[q * 4 + 1] += v.y * wv;
+          acc[q * 4 + 2] += v.z * wv;
+          acc[q * 4 + 3] += v.w * wv;
+        }
       }
     }
   }
