@@ -27,7 +27,8 @@
 //              random tokens (std::mt19937 seeded with L, uniform in [0, 199997]) prefilled in
 //              chunks of 256 with every row's logits; per position the argmax and the two
 //              largest logits go to DIR/rose_top2_<i>.bin (int32 id, float first, float second),
-//              the tokens to DIR/seqs.json.
+//              the tokens to DIR/seqs.json; prompts of <= 64 tokens also every row's logits
+//              (DIR/rose_logits_<i>.f32, float32 [L, vocab]).
 
 #include <algorithm>
 #include <chrono>
@@ -244,6 +245,10 @@ int barDump(Bench& b, const std::string& dir, const std::string& list) {
     b.next_block = 0;
     b.ensureBlocks(s, len);
     std::ofstream f(dir + "/rose_top2_" + std::to_string(idx) + ".bin", std::ios::binary);
+    // Prompts of up to 64 tokens also keep every row's logits (cosine / error size vs the peer).
+    std::ofstream full;
+    if (len <= 64)
+      full.open(dir + "/rose_logits_" + std::to_string(idx) + ".f32", std::ios::binary);
     for (int32_t pos = 0; pos < len; pos += kChunk) {
       const int32_t n = std::min<int32_t>(kChunk, len - pos);
       std::vector<LlmStepSeq> desc(1);
@@ -264,6 +269,9 @@ int barDump(Bench& b, const std::string& dir, const std::string& list) {
         std::fprintf(stderr, "step failed: %s\n", sy.toString().c_str());
         return 1;
       }
+      if (full.is_open())
+        full.write(reinterpret_cast<const char*>(lg.data()),
+                   static_cast<std::streamsize>(static_cast<size_t>(n) * static_cast<size_t>(vocab) * 4));
       for (int32_t r = 0; r < n; ++r) {
         const float* row = lg.data() + static_cast<size_t>(r) * static_cast<size_t>(vocab);
         int32_t best = 0;

@@ -5,8 +5,10 @@ MXFP4 checkpoint (bench/suites/make_random_gpt_oss.py), Hugging Face transformer
 
 Input: the folder `rose_llm_bench --bar-dump DIR` wrote (seqs.json: the prompts' tokens;
 rose_top2_<i>.bin: per position int32 argmax, float32 largest and second-largest logit of rose's
-CUDA backend). transformers runs every prompt in one forward pass twice on the same weights: fp32
-with TF32 matmuls off (the reference) and with TF32 on. Reported per prompt and in total: top-1
+CUDA backend; rose_logits_<i>.f32: every row's logits of the short prompts). transformers runs
+every prompt in one forward pass three times on the same weights: fp32 with TF32 matmuls off (the
+reference), with TF32 on (the bar), and converted to bf16 (context: what a bf16 model does). On
+the short prompts the full logits give cosines and the relative RMS error against the reference. Reported per prompt and in total: top-1
 agreement with the fp32 reference of rose and of fp32+TF32, and how many of each one's
 disagreements sit at a near-tie of the reference (top-2 gap < 0.05 / < 0.2). The bar: rose's
 agreement >= fp32+TF32's (for the first DIR; further DIRs are rose A/B runs on the same tokens,
@@ -51,27 +53,58 @@ def main():
     model = model.to(device="cuda", dtype=torch.float32).eval()
     print(f"hf load {time.time() - t0:.1f} s (fp32, experts dequantized)", flush=True)
 
-    runs = {}
-    for name, tf32 in [("hf fp32", False), ("hf fp32+tf32", True)]:
+    # Full logits kept for the short prompts (rose wrote rose_logits_<i>.f32 for them).
+    full_idx = [i for i in range(len(seqs)) if os.path.exists(os.path.join(d, f"rose_logits_{i}.f32"))]
+    runs, fulls = {}, {}
+    # fp32 (the reference), fp32 with TF32 matmuls (the bar), then the same weights in bf16
+    # (what a bf16 engine is: for context, not the bar).
+    for name, tf32, dtype in [("hf fp32", False, torch.float32), ("hf fp32+tf32", True, torch.float32),
+                              ("hf bf16", False, torch.bfloat16)]:
         torch.backends.cuda.matmul.allow_tf32 = tf32
         torch.backends.cudnn.allow_tf32 = tf32
-        out = []
+        if dtype != torch.float32:
+            model = model.to(dtype)
+        out, full = [], {}
         t0 = time.time()
         with torch.no_grad():
-            for s in seqs:
+            for i, s in enumerate(seqs):
                 ids = torch.tensor([s["tokens"]], device="cuda")
                 logits = model(input_ids=ids).logits[0].float()
-                v, i = torch.topk(logits, 2, dim=-1)
-                out.append((i[:, 0].cpu().numpy(), (v[:, 0] - v[:, 1]).cpu().numpy()))
+                v, ix = torch.topk(logits, 2, dim=-1)
+                out.append((ix[:, 0].cpu().numpy(), (v[:, 0] - v[:, 1]).cpu().numpy()))
+                if i in full_idx:
+                    full[i] = logits.cpu()
                 del logits
         torch.cuda.synchronize()
         print(f"{name}: {time.time() - t0:.1f} s for {sum(s['prompt_len'] for s in seqs)} positions",
               flush=True)
         runs[name] = out
+        fulls[name] = full
+    for k, rd in enumerate(dirs):
+        name = "rose cuda" if k == 0 else "rose " + os.path.basename(rd.rstrip("/"))
+        fulls[name] = {i: torch.from_numpy(np.fromfile(os.path.join(rd, f"rose_logits_{i}.f32"),
+                                                       dtype=np.float32).reshape(seqs[i]["prompt_len"], -1))
+                       for i in full_idx}
+    if full_idx:
+        print(f"full logits vs hf fp32 on the {sum(seqs[i]['prompt_len'] for i in full_idx)} positions of "
+              f"prompts {[seqs[i]['prompt_len'] for i in full_idx]}:")
+        print(f"{'':22s} {'worst cos':>10s} {'median cos':>11s} {'rms diff / rms ref':>19s}")
+        ref_full = fulls["hf fp32"]
+        for name, full in fulls.items():
+            if name == "hf fp32":
+                continue
+            cos, rel = [], []
+            for i in full_idx:
+                r, g_ = ref_full[i].double(), full[i].double()
+                cos.append(torch.nn.functional.cosine_similarity(r, g_, dim=-1))
+                rel.append(((g_ - r).pow(2).mean(-1) / r.pow(2).mean(-1)).sqrt())
+            cos, rel = torch.cat(cos), torch.cat(rel)
+            print(f"{name:22s} {float(cos.min()):10.6f} {float(cos.median()):11.7f} {float(rel.median()):19.5f}")
 
     ref = runs["hf fp32"]
     rows = {name: [r["id"] for r in rose] for name, rose in roses.items()}
     rows["hf fp32+tf32"] = [x[0] for x in runs["hf fp32+tf32"]]
+    rows["hf bf16"] = [x[0] for x in runs["hf bf16"]]
     summary = {"prompts": [s["prompt_len"] for s in seqs]}
     print(f"{'':14s} {'prompt':>7s} {'agree':>14s}  flips at ref gap <0.05  <0.2")
     totals = {}
