@@ -32,6 +32,8 @@
 #             fp32+TF32 on the same tokens; rose's top-1 agreement must reach TF32's
 #   bar2l     the same bar on a 2-layer 20b-shaped checkpoint (every real-shape kernel, little depth
 #             for rounding to grow through): tells a kernel error from amplified rounding
+#   ncudec    ncu --set full on the first MXFP4 decode-kernel launches of rose_llm_bench --moe-gemm 1,64
+#             (occupancy, stall reasons, memory throughput of the decode MoE kernel)
 #   fp8ops    gpu_llm_ops_test GpuFp8Moe.*: requant, activation quant and the FP8 experts vs the CPU
 #   moegemm_fp8  rose_llm_bench --moe-gemm with --moe-weights fp8: the MoE op alone, MXFP4 kernels
 #             and the FP8 path side by side per token count (the FP8 row's rel_l2 vs MXFP4)
@@ -111,6 +113,7 @@ for s in $STEPS; do
     bench20b_fp8) step bench20b_fp8 bench20b_fp8.txt 300 "$BIN/rose_llm_bench" --model /tmp/gptoss20b --prefill 2048,8192,32768 --decode 1@8192 --decode-steps 16 --max-batch-tokens 16384 --moe-weights fp8 --json "$LOGS/bench20b_fp8.jsonl" ;;
     bar20b) step bar20b bar20b.txt 400 bash -c "rm -rf /tmp/bar20b /tmp/bar20b_old && mkdir -p /tmp/bar20b /tmp/bar20b_old && '$BIN/rose_llm_bench' --model /tmp/gptoss20b --bar-dump /tmp/bar20b 2>&1 | grep -v 'gemm tuned' && '$BIN/rose_llm_bench' --model /tmp/gptoss20b --bar-dump /tmp/bar20b_old --router bf16 --norm-round twice 2>&1 | grep -v 'gemm tuned' && python3 '$ROOT/bench/suites/hf_llm_bar20b.py' /tmp/gptoss20b /tmp/bar20b /tmp/bar20b_old; rc=\$?; cp /tmp/bar20b/bar20b.json '$LOGS/' 2>/dev/null; exit \$rc" ;;
     bar2l) step bar2l bar2l.txt 300 bash -c "rm -rf /tmp/g2 /tmp/bar2l && mkdir -p /tmp/bar2l && python3 '$ROOT/bench/suites/make_random_gpt_oss.py' --out /tmp/g2 --layers 2 && '$BIN/rose_llm_bench' --model /tmp/g2 --bar-dump /tmp/bar2l 2>&1 | grep -v 'gemm tuned' && python3 '$ROOT/bench/suites/hf_llm_bar20b.py' /tmp/g2 /tmp/bar2l; rc=\$?; cp /tmp/bar2l/bar20b.json '$LOGS/bar2l.json' 2>/dev/null; exit \$rc" ;;
+    ncudec) step ncudec ncudec.txt 200 bash -c "ncu --set full -k regex:moeGemmMxDecode -c 4 '$BIN/rose_llm_bench' --moe-gemm 1,64 2>&1 | grep -v 'gemm tuned' | tail -400" ;;
     routerab) step routerab routerab.log 300 bash -c "for v in 'f32 once' 'bf16 once' 'f32 twice' 'bf16 twice'; do set -- \$v; echo \"== router \$1 norm-round \$2\"; GARDEN_TEST_GPTOSS_ROUTER=\$1 GARDEN_TEST_GPTOSS_NORM_ROUND=\$2 '$BIN/gpu_llm_model_test' --gtest_filter='*RoutedModelTeacherForcedAgainstTheCpu*:*TeacherForcedWithoutRoutingChoice*' 2>&1 | grep -E 'teacher-forced \] E|OK|FAILED|Failure|Expected|Which is'; done" ;;
     bench20b_router) step bench20b_router bench20b_router.txt 200 "$BIN/rose_llm_bench" --model /tmp/gptoss20b --prefill 8192 --decode 1@8192,64@1024 --decode-steps 32 --max-batch-tokens 16384 --router bf16 --json "$LOGS/bench20b_router.jsonl" ;;
     masks) step masks masks.txt 200 bash -c "'$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode 64@1024,1@8192 --decode-steps 32 --max-batch-tokens 16384 && '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode 64@1024,1@8192 --decode-steps 32 --max-batch-tokens 16384 --masks 0.05" ;;
