@@ -98,7 +98,7 @@ for s in $STEPS; do
     llmmodel) mkdir -p /tmp/llm_bar; step llmmodel llm_model.log 240 env GARDEN_LLM_BAR_DIR=/tmp/llm_bar "$BIN/gpu_llm_model_test" ;;
     hfbar) step hfbar hfbar.log 200 python3 "$ROOT/tests/gpu/hf_llm_bar.py" /tmp/llm_bar ;;
     regress) step regress regress.log 200 bash -c "'$BIN/gpu_kernels_test' --gtest_brief=1 && '$BIN/gpu_graph_test' --gtest_brief=1 && '$BIN/gpu_model_graph_test' --gtest_brief=1" ;;
-    memcheck) step memcheck memcheck.log 200 compute-sanitizer --tool memcheck --error-exitcode 3 "$BIN/gpu_llm_ops_test" --gtest_filter='*RopeKv*:*MoeRoute*:*Gather*:*Greedy*:Cases/GpuPagedAttention.MatchesCpu/0:Cases/GpuPagedAttention.MatchesCpu/4:*MoeExperts*' ;;
+    memcheck) step memcheck memcheck.log 200 compute-sanitizer --tool memcheck --error-exitcode 3 "$BIN/gpu_llm_ops_test" --gtest_filter='*RopeKv*:*MoeRoute*:*MoeAlign*:*Gather*:*Greedy*:Cases/GpuPagedAttention.MatchesCpu/0:Cases/GpuPagedAttention.MatchesCpu/4:*MoeExperts*' ;;
     mk20b) step mk20b mk20b.log 240 python3 "$ROOT/bench/suites/make_random_gpt_oss.py" --out /tmp/gptoss20b --shape 20b ;;
     bench20b) step bench20b bench20b.txt 300 "$BIN/rose_llm_bench" --model /tmp/gptoss20b --prefill 2048,8192,32768 --decode 1@8192,64@1024 --decode-steps 32 --max-batch-tokens 16384 --json "$LOGS/bench20b.jsonl" ;;
     moegemm) step moegemm moegemm.txt 200 "$BIN/rose_llm_bench" --moe-gemm 1,2,4,8,16,32,64,256 ;;

@@ -561,7 +561,7 @@ TEST_F(GpuGptOss, RoutedModelTeacherForcedAgainstTheCpu) {
 // logits are close and free-running generations part at the first flip: the agreement is reported,
 // and only what a correct path must reach is held (median cosine >= 0.99, top-1 agreement >= 0.5;
 // a wrong layout, scale or range gives unrelated logits, cosine ~0). With the default threshold
-// only the prefill step (300 tokens) takes the FP8 experts, the decode steps the MXFP4 kernels.
+// only a prefill step of >= 1024 tokens takes the FP8 experts, the decode steps the MXFP4 kernels.
 TEST_F(GpuGptOss, Fp8ExpertsTrackTheMxfp4Path) {
   Runner mx = load(*dir_, "cuda", MoeWeightsMode::kMxfp4, nullptr, /*cuda_graphs=*/false);
   Runner f8 = load(*dir_, "cuda", MoeWeightsMode::kFp8, &mx, /*cuda_graphs=*/false);
@@ -611,10 +611,14 @@ TEST_F(GpuGptOss, Fp8ExpertsTrackTheMxfp4Path) {
             << "/160 tokens before the first difference\n";
   EXPECT_GE(cosines[cosines.size() / 2], 0.99);
   EXPECT_GE(agreement, 0.5);
-  // Default threshold: the 300-token prefill step on FP8 (one MoE call per layer), decode not.
+  // Default threshold: a 1100-token prefill step on FP8 (one MoE call per layer), decode not; a
+  // 300-token one (below the threshold) not either.
   f8.next_block = 0;
   const uint64_t steps0 = cuda::moeFp8Steps();
   generate(f8, prompt(300, 5), 4, 2048, nullptr);
+  EXPECT_EQ(cuda::moeFp8Steps(), steps0) << "a 300-token step took FP8 below the threshold";
+  f8.next_block = 0;
+  generate(f8, prompt(1100, 5), 4, 2048, nullptr);
   EXPECT_EQ(cuda::moeFp8Steps() - steps0,
             static_cast<uint64_t>(f8.model->config().base.num_hidden_layers));
 }

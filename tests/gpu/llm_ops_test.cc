@@ -7,6 +7,7 @@
 // experts give the same bits, sampling is deterministic per (seed, counter) and draws from the
 // CPU sampler's distribution. Label `gpu`: needs a CUDA device (fails, never skips, without one).
 
+#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -24,6 +25,8 @@
 #include "services/rose/model/mxfp4.h"
 #include "services/rose/model/rope.h"
 #include "services/rose/ops/llm_ops.h"
+#include "services/rose/ops/cuda/cuda_backend.h"
+#include "services/rose/ops/cuda/moe_permute.cuh"
 #include "services/rose/ops/paged_kv_cache.h"
 #include "services/rose/ops/sampler.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -445,6 +448,77 @@ TEST_F(GpuLlmOps, MoeRouteF32MatchesCpuAndIsBatchInvariant) {
       EXPECT_EQ(std::memcmp(&ws1[static_cast<size_t>(j)], &gws[i], 4), 0) << "slot " << j;
     }
   }
+}
+
+// The one-warp align of small steps (<= 32 assignments: decode) writes exactly what the
+// 1024-thread kernel writes, on random assignments with repeated experts, invalid ids (-1, >= E),
+// several block_m and a max_tiles above the bound; outputs poisoned alike first.
+TEST_F(GpuLlmOps, MoeAlignWarpPathEqualsTheBlockKernel) {
+  struct Buf {
+    int32_t* p = nullptr;
+    size_t n = 0;
+    explicit Buf(size_t count) : n(count) {
+      EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&p), count * 4), cudaSuccess);
+    }
+    ~Buf() { cudaFree(p); }
+    std::vector<int32_t> get() const {
+      std::vector<int32_t> v(n);
+      EXPECT_EQ(cudaMemcpy(v.data(), p, n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+      return v;
+    }
+  };
+  cudaStream_t st = dynamic_cast<cuda::CudaBackend&>(gpu()).stream();
+  int cases = 0;
+  for (int32_t ne : {4, 8, 32, 128}) {
+    for (int32_t bm : {16, 64}) {
+      for (int32_t k : {1, 2, 4, 8}) {
+        if (k > ne) continue;
+        for (int64_t t = 1; t * k <= 32; t = t < 4 ? t + 1 : t * 2) {
+          SCOPED_TRACE("E=" + std::to_string(ne) + " bm=" + std::to_string(bm) + " k=" +
+                       std::to_string(k) + " T=" + std::to_string(t));
+          const int64_t n = t * k;
+          std::vector<int32_t> ids(static_cast<size_t>(n));
+          std::uniform_int_distribution<int32_t> d(0, ne - 1), bad(0, 19);
+          for (auto& x : ids) {
+            x = d(rng_) % std::max<int32_t>(1, ne / (1 + static_cast<int32_t>(rng_() % 3)));  // repeats
+            const int32_t b = bad(rng_);
+            if (b == 0) x = -1;
+            if (b == 1) x = ne + 3;
+          }
+          const int32_t max_tiles =
+              static_cast<int32_t>(cuda::moeAlignMaxTiles(n, ne, bm)) + static_cast<int32_t>(rng_() % 3);
+          const size_t max_rows = static_cast<size_t>(max_tiles) * static_cast<size_t>(bm);
+          Buf dids(static_cast<size_t>(n));
+          ASSERT_EQ(cudaMemcpy(dids.p, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+          std::vector<std::vector<int32_t>> got[2];
+          for (int which = 0; which < 2; ++which) {
+            Buf rt(max_rows), ro(static_cast<size_t>(n)), te(static_cast<size_t>(max_tiles)), nt(1);
+            for (const Buf* b : {&rt, &ro, &te, &nt}) ASSERT_EQ(cudaMemset(b->p, 0x5A, b->n * 4), cudaSuccess);
+            cuda::MoeAlignArgs a;
+            a.topk_ids = dids.p;
+            a.row_token = rt.p;
+            a.row_of = ro.p;
+            a.tile_expert = te.p;
+            a.num_tiles = nt.p;
+            a.num_tokens = t;
+            a.top_k = k;
+            a.num_experts = ne;
+            a.block_m = bm;
+            a.max_tiles = max_tiles;
+            ASSERT_TRUE((which == 0 ? cuda::launchMoeAlign(a, st) : cuda::launchMoeAlignOneBlock(a, st)).isOk());
+            ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+            got[which] = {rt.get(), ro.get(), te.get(), nt.get()};
+          }
+          EXPECT_EQ(got[0][3], got[1][3]) << "num_tiles";
+          EXPECT_EQ(got[0][2], got[1][2]) << "tile_expert";
+          EXPECT_EQ(got[0][1], got[1][1]) << "row_of";
+          EXPECT_EQ(got[0][0], got[1][0]) << "row_token";
+          ++cases;
+        }
+      }
+    }
+  }
+  EXPECT_GT(cases, 50);
 }
 
 // ---- experts -------------------------------------------------------------------------------------

@@ -78,10 +78,13 @@ class MoeFp8Gemm {
 };
 
 // Which MoE steps take the FP8 experts (when the weights carry an FP8 copy): steps of at least
-// this many tokens that are not being captured into a CUDA graph. Default 257: above the largest
-// graph-captured decode batch (GptOssModel::kMaxGraphSeqs), so decode keeps the MXFP4 kernels and
-// eager and graph steps of one batch size take the same path. Process-global (tests, benches).
-inline constexpr int64_t kMoeFp8DefaultMinTokens = 257;
+// this many tokens that are not being captured into a CUDA graph. Default 1024: where the FP8
+// path starts to win (the MoE op alone at 20b shapes on the H200, MXFP4 tiled vs FP8 µs per call:
+// 256 tokens 627 vs 853, 512 868 vs 886, 1024 1293 vs 954, 2048 2191 vs 1205; bench/results/
+// gpu-llm-2026-12-02-h200-s4), and above the largest graph-captured decode batch
+// (GptOssModel::kMaxGraphSeqs), so decode keeps the MXFP4 kernels and eager and graph steps of one
+// batch size take the same path. Process-global (tests, benches).
+inline constexpr int64_t kMoeFp8DefaultMinTokens = 1024;
 void setMoeFp8MinTokens(int64_t tokens);
 int64_t moeFp8MinTokens();
 // MoE steps that ran on the FP8 experts so far (process-global; tests check the path ran).

@@ -34,12 +34,20 @@ struct MoeAlignArgs {
   int32_t max_tiles = 0;    // moeAlignMaxTiles(...)
 };
 
-// Upper bound on M tiles (and so rows = tiles · block_m) for T·k assignments over E experts.
+// Upper bound on M tiles (and so rows = tiles · block_m) for T·k assignments over E experts:
+// an expert with c > 0 rows takes ceil(c / bm) <= floor(c / bm) + 1 tiles, the floors add up to
+// at most floor(T·k / bm), and at most min(T·k, E) experts have rows. (The grouped GEMMs launch
+// this many tiles: at decode, T = 1 and top-4, 4 instead of the 33 of ceil(T·k / bm) + E.)
 inline int64_t moeAlignMaxTiles(int64_t assignments, int32_t num_experts, int32_t block_m) {
-  return (assignments + block_m - 1) / block_m + num_experts;
+  const int64_t busy = assignments < num_experts ? assignments : num_experts;
+  return busy + assignments / block_m;
 }
 
+// Steps of at most 32 assignments run a one-warp kernel, larger ones a 1024-thread block; both
+// write the same output.
 Status launchMoeAlign(const MoeAlignArgs& a, cudaStream_t stream);
+// The 1024-thread kernel whatever the size (tests hold the one-warp path to its output).
+Status launchMoeAlignOneBlock(const MoeAlignArgs& a, cudaStream_t stream);
 
 struct MoeCombineArgs {
   const __nv_bfloat16* y = nullptr;  // [rows, hidden] (permuted expert outputs)
