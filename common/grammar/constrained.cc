@@ -20,7 +20,7 @@ ConstrainedDecoder::ConstrainedDecoder(std::shared_ptr<const CompiledGrammar> gr
   for (const ToolGrammar& t : spec_.tools) CHECK(t.grammar->vocab().size() == vocab_->size());
   mask_words_ = (static_cast<size_t>(vocab_->size()) + 31) / 32;
   if (!spec_.tools.empty()) {  // [TAG_STRICT_TOOLS] the turn starts inside an assistant header
-    beginHeader(/*role_given=*/true);
+    beginHeader("assistant");
     for (int32_t t : spec_.turn_prefix) (void)acceptRouted(t);
     return;
   }
@@ -74,16 +74,18 @@ bool ConstrainedDecoder::isMessageStop(int32_t token) const {
   return token == h.end || token == h.call || token == h.ret;
 }
 
-void ConstrainedDecoder::beginHeader(bool role_given) {
+void ConstrainedDecoder::beginHeader(std::string_view role) {
   msg_ = Msg::kHeader;
-  role_given_ = role_given;
+  role_ = role;
   header_tokens_ = 0;
   header_text_.clear();
 }
 
 void ConstrainedDecoder::completeHeader() {
   msg_ = Msg::kBody;
-  const HarmonyHeaderRoute route = parseHarmonyHeaderRoute(header_text_, role_given_);
+  const HarmonyHeaderRoute route = parseHarmonyHeaderRoute(header_text_, role_);
+  role_ = route.role;
+  if (route.role != "assistant") return;  // ivy drops other roles' messages: free
   if (route.recipient) {
     const std::string_view name = harmonyFunctionName(*route.recipient);
     for (size_t i = 0; i < spec_.tools.size(); ++i) {
@@ -121,13 +123,14 @@ bool ConstrainedDecoder::acceptRouted(int32_t token) {
   switch (msg_) {
     case Msg::kBetween:
       if (token == h.start) {
-        beginHeader(/*role_given=*/false);
+        beginHeader("");
       } else if (token == h.channel) {
-        beginHeader(/*role_given=*/true);  // "<|channel|> without <|start|>": an assistant header
+        beginHeader("assistant");  // "<|channel|> without <|start|>": an assistant header
         header_text_ += "<|channel|>";
         ++header_tokens_;
       } else if (!special) {
-        msg_ = Msg::kBody;  // text without a header: free
+        msg_ = Msg::kBody;  // text without a header: an assistant message without channel
+        role_ = "assistant";
       }
       break;
     case Msg::kHeader:
@@ -136,9 +139,10 @@ bool ConstrainedDecoder::acceptRouted(int32_t token) {
       } else if (isMessageStop(token)) {
         msg_ = Msg::kBetween;
       } else if (token == h.start) {
-        beginHeader(/*role_given=*/false);
+        beginHeader("");
       } else if (++header_tokens_ > kMaxHeaderTokens) {
         msg_ = Msg::kBody;  // ivy: the header's words become free content
+        if (role_.empty()) role_ = "assistant";
       } else if (token == h.channel) {
         header_text_ += "<|channel|>";
       } else if (token == h.constrain) {
@@ -153,9 +157,9 @@ bool ConstrainedDecoder::acceptRouted(int32_t token) {
       if (isMessageStop(token) || token == h.end_of_text) {
         msg_ = Msg::kBetween;
       } else if (token == h.start) {
-        beginHeader(/*role_given=*/false);
+        beginHeader("");
       } else if (token == h.channel) {
-        beginHeader(/*role_given=*/true);  // a new message of the same (assistant) role
+        beginHeader(std::string(role_));  // a new message of the same role
         header_text_ += "<|channel|>";
         ++header_tokens_;
       }

@@ -30,6 +30,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/grammar/matcher.h"
@@ -90,7 +91,8 @@ class ConstrainedDecoder {
   // Harmony message states (routed mode: tools non-empty).
   enum class Msg { kBetween, kHeader, kBody };
   bool acceptRouted(int32_t token);
-  void beginHeader(bool role_given);
+  // `role`: the role already known ("" = read from the header's text).
+  void beginHeader(std::string_view role);
   void completeHeader();
   bool isMessageStop(int32_t token) const;
 
@@ -104,7 +106,7 @@ class ConstrainedDecoder {
   int32_t completed_ = 0;
   // Routed mode.
   Msg msg_ = Msg::kHeader;
-  bool role_given_ = true;
+  std::string role_ = "assistant";  // of the header being read or the message whose body runs
   int32_t header_tokens_ = 0;
   std::string header_text_;
   int32_t active_tool_ = -1;

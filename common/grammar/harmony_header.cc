@@ -26,7 +26,7 @@ bool isRoleName(std::string_view w) {
 
 // Mirrors parseHeaderLenient step by step (its recipient / channel results only); a change to
 // one must be made to the other [TAG_STRICT_TOOLS]. tests/unit/ivy/harmony checks they agree.
-HarmonyHeaderRoute parseHarmonyHeaderRoute(std::string_view text, bool role_given) {
+HarmonyHeaderRoute parseHarmonyHeaderRoute(std::string_view text, std::string_view given_role) {
   HarmonyHeaderRoute r;
   std::string s(text);
   if (size_t idx = s.find(kChannelText); idx != std::string::npos) {
@@ -58,10 +58,11 @@ HarmonyHeaderRoute parseHarmonyHeaderRoute(std::string_view text, bool role_give
     if (j > i) parts.push_back(std::string_view(s).substr(i, j - i));
     i = j;
   }
-  std::string_view role = "assistant";
-  if (!role_given && !parts.empty()) {
+  std::string& role = r.role;
+  if (!given_role.empty()) role = std::string(given_role);
+  if (given_role.empty() && !parts.empty()) {
     if (isRoleName(parts[0])) {
-      role = parts[0];
+      role = std::string(parts[0]);
     } else if (parts.size() > 1 || parts[0].starts_with("to=")) {
       role = "tool";  // the first word is the tool's (author's) name
       parts.erase(parts.begin());

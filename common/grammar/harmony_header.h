@@ -15,13 +15,14 @@
 namespace garden::grammar {
 
 struct HarmonyHeaderRoute {
+  std::string role = "assistant";  // ivy exposes only the assistant's messages
   std::optional<std::string> channel;
   std::optional<std::string> recipient;  // "functions.get_weather", "browser.search", ...
 };
 
-// `role_given`: the role was already written before the header began (a turn that starts after
-// "<|start|>assistant"); otherwise the header's first word is the role (or an author name).
-HarmonyHeaderRoute parseHarmonyHeaderRoute(std::string_view text, bool role_given);
+// `given_role`: the role written before the header began ("assistant" for a turn that starts
+// after "<|start|>assistant"); empty: the header's first word is the role (or an author name).
+HarmonyHeaderRoute parseHarmonyHeaderRoute(std::string_view text, std::string_view given_role);
 
 // The function a recipient calls, as ivy's chat output routes it: "functions.NAME" -> NAME; a
 // bare recipient -> itself (ivy treats it as a call when it is a declared function's name).
