@@ -6,6 +6,7 @@
 
 #include "common/json_writer.h"
 #include "services/ivy/api/errors.h"
+#include "services/ivy/api/response_format.h"
 #include "services/ivy/harmony/encode.h"
 #include "services/ivy/harmony/render.h"
 #include "services/ivy/harmony/tokens.h"
@@ -86,6 +87,18 @@ Result<ChatRequest> parseChatRequest(std::string_view body, const ModelSpec& spe
     // "required" with one tool is that tool: force the whole header, not just the namespace.
     req.harmony.tool_choice = harmony::ToolChoice::kNamed;
     req.harmony.tool_choice_name = req.harmony.function_names[0];
+  }
+  // [TAG_STRICT_TOOLS] a strict tool's schema must compile, even under tool_choice "none"
+  // (OpenAI validates the tools either way); only then are its calls constrained.
+  for (const harmony::StrictFunction& f : req.harmony.strict_functions) {
+    Result<std::string> g = toolParametersGrammar(f.parameters_json);
+    if (!g.isOk()) {
+      return invalidField("tools[" + std::to_string(f.index) + "].function.parameters",
+                          g.status().message());
+    }
+    if (req.harmony.tool_choice != harmony::ToolChoice::kNone) {
+      req.strict_tools.push_back(ChatRequest::StrictTool{f.name, std::move(g).value()});
+    }
   }
   if (req.sampling.structured) {  // [TAG_TOKEN_MASK] tell the model, as OpenAI's format does
     const std::string hint = responseFormatInstructions(*req.sampling.structured);

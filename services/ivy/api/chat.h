@@ -59,6 +59,13 @@ struct ChatRequest {
   // Structured outputs [TAG_TOKEN_MASK]: the grammar applies to the final channel's message.
   std::vector<TokenId> final_channel_ids;  // the ids of "final" (the header after <|channel|>)
   bool final_prefix_forced = false;  // skip_reasoning: the prompt ends in <|channel|>final<|message|>
+  // Strict function tools [TAG_STRICT_TOOLS]: each one's arguments grammar (serialized). Empty
+  // under tool_choice "none" (no call is exposed then).
+  struct StrictTool {
+    std::string name;
+    std::string grammar;
+  };
+  std::vector<StrictTool> strict_tools;
 };
 
 // `tokenizer` null or not a Harmony tokenizer: 400 (chat needs o200k_harmony). `limits`: the

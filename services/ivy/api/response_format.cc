@@ -86,6 +86,13 @@ Result<std::optional<StructuredOutput>> parseResponseFormat(const element& forma
   return std::optional<StructuredOutput>(std::move(out));
 }
 
+Result<std::string> toolParametersGrammar(const std::string& parameters_json) {
+  static const std::string kNoParameters =
+      R"({"type":"object","properties":{},"additionalProperties":false})";
+  return compiledGrammar("json_schema",
+                         parameters_json.empty() ? kNoParameters : parameters_json);
+}
+
 std::string responseFormatInstructions(const StructuredOutput& s) {
   if (s.name.empty()) return {};
   std::string out = "## " + s.name + "\n\n";

@@ -36,6 +36,12 @@ Result<std::optional<StructuredOutput>> parseResponseFormat(const simdjson::dom:
                                                             std::string_view field,
                                                             bool responses_shape = false);
 
+// A strict function tool's `parameters` schema [TAG_STRICT_TOOLS] -> the serialized byte grammar
+// of its call arguments (same compiler and cache as json_schema). "" (no parameters): an empty
+// object. Errors are the compiler's reason ("schema #/properties/a: unsupported keyword
+// 'minimum'"); the caller names the field.
+Result<std::string> toolParametersGrammar(const std::string& parameters_json);
+
 // The Harmony developer-message section that tells the model about the format (OpenAI's
 // "# Response Formats" convention): "## name\n\n// description\n{schema}". Empty for json_object.
 std::string responseFormatInstructions(const StructuredOutput& s);

@@ -143,7 +143,7 @@ Result<std::string> chatTools(const element& tools) {
       return invalidField(p + ".type",
                           "only \"function\" tools are supported (got \"" + type + "\")");
     w.beginObject().field("type", "function").key("function").beginObject();
-    for (std::string_view k : {"name", "description", "parameters"}) {
+    for (std::string_view k : {"name", "description", "parameters", "strict"}) {
       if (auto v = present(t, k)) w.key(k).raw(simdjson::minify(*v));
     }
     w.endObject().endObject();

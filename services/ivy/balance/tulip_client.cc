@@ -232,7 +232,7 @@ class GenerateReactor final : public grpc::ClientReadReactor<v1::GenerateChunk>,
     req_.mutable_stop_token_ids()->Add(call.stop_token_ids.begin(), call.stop_token_ids.end());
     req_.set_ignore_eos(call.ignore_eos);
     if (call.n > 1) req_.set_n(call.n);
-    if (!call.constraint.grammar.empty()) {  // [TAG_TOKEN_MASK]
+    if (!call.constraint.grammar.empty() || !call.constraint.tools.empty()) {  // [TAG_TOKEN_MASK]
       auto* c = req_.mutable_constraint();
       c->set_grammar(call.constraint.grammar);
       c->set_channel_token(call.constraint.channel_token);
@@ -241,6 +241,25 @@ class GenerateReactor final : public grpc::ClientReadReactor<v1::GenerateChunk>,
       c->set_message_token(call.constraint.message_token);
       c->mutable_end_tokens()->Add(call.constraint.end_tokens.begin(),
                                    call.constraint.end_tokens.end());
+      for (const auto& t : call.constraint.tools) {  // [TAG_STRICT_TOOLS]
+        v1::ToolConstraint* tc = c->add_tools();
+        tc->set_name(t.name);
+        tc->set_grammar(t.grammar);
+      }
+      if (!call.constraint.tools.empty()) {
+        const auto& h = call.constraint.harmony;
+        v1::HarmonyTokenIds* hp = c->mutable_harmony();
+        hp->set_start(h.start);
+        hp->set_channel(h.channel);
+        hp->set_constrain(h.constrain);
+        hp->set_message(h.message);
+        hp->set_end(h.end);
+        hp->set_call(h.call);
+        hp->set_ret(h.ret);
+        hp->set_end_of_text(h.end_of_text);
+        c->mutable_turn_prefix()->Add(call.constraint.turn_prefix.begin(),
+                                      call.constraint.turn_prefix.end());
+      }
     }
     self_ = shared_from_this();
     stub->async()->Generate(&ctx_, &req_, this);  // binds this reactor to the call

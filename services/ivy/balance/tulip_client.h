@@ -100,6 +100,18 @@ struct GenerateCall {
     std::vector<int32_t> channel_prefix;
     int32_t message_token = -1;
     std::vector<int32_t> end_tokens;
+    // Strict function tools [TAG_STRICT_TOOLS] (garden.v1.ToolConstraint): grammar may then be
+    // empty. Sent when either is set.
+    struct Tool {
+      std::string name;     // function name
+      std::string grammar;  // serialized byte grammar of its parameters
+    };
+    std::vector<Tool> tools;
+    struct HarmonyIds {
+      int32_t start = -1, channel = -1, constrain = -1, message = -1, end = -1, call = -1,
+              ret = -1, end_of_text = -1;
+    } harmony;
+    std::vector<int32_t> turn_prefix;  // the assistant turn's ids already in the prompt
   } constraint;
 };
 

@@ -70,7 +70,8 @@ bool validFunctionName(std::string_view name) {
 }
 
 Result<std::vector<ToolDescription>> parseTools(const element& root,
-                                                std::vector<std::string>* names) {
+                                                std::vector<std::string>* names,
+                                                std::vector<StrictFunction>* strict) {
   std::vector<ToolDescription> tools;
   auto f = field(root, "tools");
   if (!f || f->type() == element_type::NULL_VALUE) return tools;
@@ -103,6 +104,14 @@ Result<std::vector<ToolDescription>> parseTools(const element& root,
         return fieldError(p + ".function.parameters", "must be a JSON Schema object");
       }
       tool.parameters_json = simdjson::minify(*params);
+    }
+    if (auto st = field(*fn, "strict"); st && st->type() != element_type::NULL_VALUE) {
+      if (st->type() != element_type::BOOL) {
+        return fieldError(p + ".function.strict", "must be a boolean");
+      }
+      if (st->get_bool().value()) {  // [TAG_STRICT_TOOLS]
+        strict->push_back(StrictFunction{i - 1, tool.name, tool.parameters_json.value_or("")});
+      }
     }
     names->push_back(tool.name);
     tools.push_back(std::move(tool));
@@ -164,7 +173,7 @@ Result<HarmonyChatRequest> harmonyRequestFromOpenAiJson(std::string_view json,
     if (!e) return fieldError("reasoning_effort", "must be \"low\", \"medium\" or \"high\"");
     req.reasoning_effort = *e;
   }
-  ASSIGN_OR_RETURN(std::vector<ToolDescription> tools, parseTools(root, &req.function_names));
+  ASSIGN_OR_RETURN(std::vector<ToolDescription> tools, parseTools(root, &req.function_names, &req.strict_functions));
   RETURN_IF_ERROR(parseToolChoice(root, &req));
 
   auto msgs = field(root, "messages");

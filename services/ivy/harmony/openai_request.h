@@ -16,7 +16,9 @@
 //     earlier tool call's id, or from `name`);
 //   * tool_choice "none" leaves the tools out of the prompt (and the output side must not expose
 //     calls); "required" and a named function are validated and returned for the caller to
-//     enforce on the output.
+//     enforce on the output;
+//   * `tools[].function.strict` must be a boolean (or null); the strict tools are listed in
+//     `strict_functions` for the caller to constrain [TAG_STRICT_TOOLS].
 // Errors are InvalidArgument naming the field ("messages[2].content: ..."). Any thread.
 
 #include <optional>
@@ -39,12 +41,22 @@ struct ChatRenderOptions {
   RenderConfig render;
 };
 
+// A tool given with "strict": true [TAG_STRICT_TOOLS]: its call arguments are generated under
+// the grammar of `parameters_json` (the caller compiles it; errors name
+// tools[index].function.parameters).
+struct StrictFunction {
+  size_t index = 0;             // position in `tools`
+  std::string name;
+  std::string parameters_json;  // minified; "" when the tool has no parameters
+};
+
 struct HarmonyChatRequest {
   std::vector<Message> messages;  // system, developer?, then the converted history
   ReasoningEffort reasoning_effort = ReasoningEffort::kMedium;
   std::vector<std::string> function_names;  // declared tools, in request order
   ToolChoice tool_choice = ToolChoice::kAuto;
   std::optional<std::string> tool_choice_name;  // kNamed only
+  std::vector<StrictFunction> strict_functions;  // the tools with "strict": true, in order
 };
 
 Result<HarmonyChatRequest> harmonyRequestFromOpenAiJson(std::string_view json,

@@ -342,6 +342,25 @@ PreparedCall preparedGeneration(std::shared_ptr<GenerationJob> job, std::vector<
   return p;
 }
 
+// The chat constraint: response_format on the final channel [TAG_TOKEN_MASK] and the strict
+// tools' call arguments [TAG_STRICT_TOOLS] (common/grammar/constrained.h).
+void setChatConstraint(const ChatRequest& chat, GenerateCall::Constraint* c) {
+  if (chat.sampling.structured) {  // only the final channel is JSON
+    c->grammar = chat.sampling.structured->grammar;
+    // skip_reasoning: the prompt already opened the final message.
+    c->channel_token = chat.final_prefix_forced ? -1 : harmony::kChannel;
+    c->channel_prefix = chat.final_channel_ids;
+    c->message_token = harmony::kMessage;
+    c->end_tokens = {harmony::kReturn};
+  }
+  if (chat.strict_tools.empty()) return;
+  for (const ChatRequest::StrictTool& t : chat.strict_tools) c->tools.push_back({t.name, t.grammar});
+  c->harmony = {harmony::kStart, harmony::kChannel, harmony::kConstrain, harmony::kMessage,
+                harmony::kEnd,   harmony::kCall,    harmony::kReturn,    harmony::kEndOfText};
+  // The decoder replays the forced tool_choice (or skip_reasoning) prefix itself.
+  c->turn_prefix = chat.forced_prefix_ids;
+}
+
 }  // namespace
 
 GenerateRoutes::GenerateRoutes(TulipClient* client, const Tokenizer* tokenizer,
@@ -382,14 +401,7 @@ Result<PreparedCall> GenerateRoutes::prepareChat(const HttpRequest& req,
     out = std::make_unique<ChatCompletionOutput>(*tokenizer_, *parsed, std::move(identity));
   }
   call.stop_token_ids = parsed->stop_token_ids;
-  if (parsed->sampling.structured) {  // [TAG_TOKEN_MASK] only the final channel is JSON
-    call.constraint.grammar = parsed->sampling.structured->grammar;
-    // skip_reasoning: the prompt already opened the final message.
-    call.constraint.channel_token = parsed->final_prefix_forced ? -1 : harmony::kChannel;
-    call.constraint.channel_prefix = parsed->final_channel_ids;
-    call.constraint.message_token = harmony::kMessage;
-    call.constraint.end_tokens = {harmony::kReturn};
-  }
+  setChatConstraint(*parsed, &call.constraint);
   auto job = std::make_shared<GenerationJob>(std::move(out), parsed->sampling.stream, metrics_,
                                              "chat");
   std::vector<GenerateCall> calls;
@@ -413,6 +425,7 @@ Result<PreparedCall> GenerateRoutes::prepareResponses(const HttpRequest& req,
   call.prompt_ids = std::move(parsed->chat.prompt_ids);
   call.max_tokens = parsed->chat.max_tokens;
   call.stop_token_ids = parsed->chat.stop_token_ids;
+  setChatConstraint(parsed->chat, &call.constraint);
   auto job = std::make_shared<GenerationJob>(std::move(out), parsed->chat.sampling.stream,
                                              metrics_, "responses");
   std::vector<GenerateCall> calls;

@@ -27,9 +27,11 @@ Status checkIds(std::span<const int32_t> ids, uint32_t vocab, const char* field)
 // every other sequence of that step. Fields are named as the OpenAI API names them (ivy reports
 // them as the 400's param); the checks run after normalization (repetition_penalty 0 → 1).
 Status checkSamplerCaps(const GenerateParams& p, const shm::ModelFacts& f) {
-  if (p.grammar != nullptr && (f.llm_caps & shm::kLlmCapTokenMask) == 0) {  // [TAG_TOKEN_MASK]
+  if (p.constrained() && (f.llm_caps & shm::kLlmCapTokenMask) == 0) {  // [TAG_TOKEN_MASK]
     const size_t n = strnlen(f.sampler, sizeof(f.sampler));
-    return invalidArgument("response_format: structured outputs are not supported by this "
+    // [TAG_STRICT_TOOLS] strict tools alone are named as such (ivy reports the field).
+    const std::string field = p.grammar != nullptr ? "response_format" : "tools";
+    return invalidArgument(field + ": structured outputs are not supported by this "
                            "worker's sampler (" +
                            (n > 0 ? std::string(f.sampler, n) : std::string("unknown")) +
                            "): it does not implement token masks");

@@ -46,8 +46,10 @@ struct GenerateParams {
   std::string request_id;
   // Structured outputs [TAG_TOKEN_MASK]: the compiled grammar (over the served vocabulary) and
   // where in the stream it applies. nullptr: unconstrained.
+  // Strict function tools [TAG_STRICT_TOOLS] are in constraint.tools (grammar may be null then).
   std::shared_ptr<const grammar::CompiledGrammar> grammar;
   grammar::ConstraintSpec constraint;
+  bool constrained() const { return grammar != nullptr || !constraint.tools.empty(); }
 };
 
 // One event of a request's stream. A request gets zero or more token events, then exactly one

@@ -81,7 +81,7 @@ Result<SeqId> LlmStepScheduler::add(GenerateParams params, int64_t now_ns) {
       s.params = std::move(params);
     }
     s.params.sampling.seed += i;  // [TAG_LLM_CHOICES] choice i: seed + i
-    if (s.params.grammar) {  // [TAG_TOKEN_MASK] each choice walks the grammar on its own
+    if (s.params.constrained()) {  // [TAG_TOKEN_MASK] each choice walks the grammar on its own
       s.decoder = std::make_shared<grammar::ConstrainedDecoder>(s.params.grammar,
                                                                 s.params.constraint);
     }

@@ -604,21 +604,52 @@ grpc::ServerWriteReactor<v1::GenerateChunk>* TulipService::Generate(
       return new Refuse(toGrpcStatus(failedPrecondition(
           "constraint: structured outputs need tulip's --tokenizer (the vocabulary's bytes)")));
     }
-    auto g = grammar::Grammar::deserialize(c.grammar());
-    if (!g.isOk()) return new Refuse(toGrpcStatus(g.status().withContext("constraint.grammar")));
-    const uint64_t key = g->hash();
-    auto cached = grammars_.get(key);
-    if (!cached) {
-      auto compiled = grammar::CompiledGrammar::compile(std::move(g).value(), opts_.vocab);
-      if (!compiled.isOk()) return new Refuse(toGrpcStatus(compiled.status()));
-      grammars_.put(key, *compiled);
-      cached = *compiled;
+    // A serialized grammar -> its token tables over the served vocabulary (LRU by grammar hash).
+    auto compiled = [&](const std::string& bytes, const std::string& field)
+        -> Result<std::shared_ptr<const grammar::CompiledGrammar>> {
+      auto g = grammar::Grammar::deserialize(bytes);
+      if (!g.isOk()) return g.status().withContext(field);
+      const uint64_t key = g->hash();
+      if (auto cached = grammars_.get(key)) return *cached;
+      auto cg = grammar::CompiledGrammar::compile(std::move(g).value(), opts_.vocab);
+      if (!cg.isOk()) return cg.status().withContext(field);
+      grammars_.put(key, *cg);
+      return *cg;
+    };
+    if (c.grammar().empty() && c.tools_size() == 0) {
+      return new Refuse(toGrpcStatus(
+          invalidArgument("constraint: needs a grammar or at least one tool")));
     }
-    p.grammar = *cached;
+    if (!c.grammar().empty()) {
+      auto g = compiled(c.grammar(), "constraint.grammar");
+      if (!g.isOk()) return new Refuse(toGrpcStatus(g.status()));
+      p.grammar = *g;
+    }
     p.constraint.channel_token = c.channel_token();
     p.constraint.channel_prefix.assign(c.channel_prefix().begin(), c.channel_prefix().end());
     p.constraint.message_token = c.message_token();
     p.constraint.end_tokens.assign(c.end_tokens().begin(), c.end_tokens().end());
+    for (int i = 0; i < c.tools_size(); ++i) {  // [TAG_STRICT_TOOLS]
+      const std::string field = "constraint.tools[" + std::to_string(i) + "]";
+      if (c.tools(i).name().empty()) {
+        return new Refuse(toGrpcStatus(invalidArgument(field + ".name: must not be empty")));
+      }
+      auto g = compiled(c.tools(i).grammar(), field + ".grammar");
+      if (!g.isOk()) return new Refuse(toGrpcStatus(g.status()));
+      p.constraint.tools.push_back(grammar::ToolGrammar{c.tools(i).name(), *g});
+    }
+    if (c.tools_size() > 0) {
+      const v1::HarmonyTokenIds& h = c.harmony();
+      p.constraint.harmony = grammar::HarmonyIds{h.start(), h.channel(), h.constrain(),
+                                                 h.message(),  h.end(),     h.call(),
+                                                 h.ret(),      h.end_of_text()};
+      if (h.message() < 0 || h.message() >= opts_.vocab->size() || h.call() < 0 ||
+          h.call() >= opts_.vocab->size()) {
+        return new Refuse(toGrpcStatus(invalidArgument(
+            "constraint.harmony: message and call must be ids of the vocabulary")));
+      }
+      p.constraint.turn_prefix.assign(c.turn_prefix().begin(), c.turn_prefix().end());
+    }
     const auto vocab = static_cast<int64_t>(worker_.facts().vocab_size);
     if (worker_.ready() && vocab != opts_.vocab->size()) {
       return new Refuse(toGrpcStatus(failedPrecondition(

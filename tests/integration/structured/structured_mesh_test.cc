@@ -9,9 +9,11 @@
 #include <simdjson.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/json_writer.h"
 #include "tests/integration/support/harness.h"
@@ -224,6 +226,124 @@ TEST_F(StructuredMesh, UnsupportedSchemaIs400NamingResponseFormat) {
   auto r2 = post(chatBody(R"({"type":"yaml"})", 1));
   EXPECT_EQ(r2.status, 400) << r2.body;
   EXPECT_NE(r2.body.find("response_format.type"), std::string::npos) << r2.body;
+}
+
+// Strict function tools [TAG_STRICT_TOOLS]: tool_choice names a strict tool, so the prompt ends
+// in its call header and tulip's decoder constrains the arguments from the first generated token
+// to <|call|>. Every finished call's arguments validate against the tool's parameters, over
+// several object schemas of the unit suite and several seeds, on /v1/chat/completions and on
+// /v1/responses. The same requests with strict: false give garbage (the random model).
+struct ToolCallAnswer {
+  std::string name, arguments, finish;
+};
+
+ToolCallAnswer parseToolCall(const std::string& body) {
+  simdjson::dom::parser p;
+  simdjson::dom::element doc;
+  ToolCallAnswer a;
+  if (p.parse(body).get(doc)) {
+    ADD_FAILURE() << "invalid JSON: " << body;
+    return a;
+  }
+  std::string_view s;
+  simdjson::dom::element choice = doc["choices"].at(0);
+  if (!choice["finish_reason"].get_string().get(s)) a.finish = std::string(s);
+  simdjson::dom::element call = choice["message"]["tool_calls"].at(0)["function"];
+  if (!call["name"].get_string().get(s)) a.name = std::string(s);
+  if (!call["arguments"].get_string().get(s)) a.arguments = std::string(s);
+  return a;
+}
+
+std::string strictToolBody(const std::string& schema, int seed, bool strict) {
+  return R"({"model":"gpt-oss-tiny","messages":[{"role":"user","content":"Call f."}],)"
+         R"("temperature":1.0,"max_tokens":500,"seed":)" +
+         std::to_string(seed) +
+         R"(,"tools":[{"type":"function","function":{"name":"other","strict":true,"parameters":)"
+         R"({"type":"object","properties":{"x":{"type":"boolean"}},"required":["x"]}}},)"
+         R"({"type":"function","function":{"name":"f","description":"A test tool.","strict":)" +
+         (strict ? "true" : "false") + R"(,"parameters":)" + schema +
+         R"(}}],"tool_choice":{"type":"function","function":{"name":"f"}}})";
+}
+
+TEST_F(StructuredMesh, StrictToolCallArgumentsValidate) {
+  const std::vector<std::string> names = {"person_strict", "optional_props", "extra_props_allowed",
+                                          "deeply_nested", "defs_ref"};
+  int finished = 0, total = 0;
+  for (const auto& sc : grammar::testing::schemaCases()) {
+    if (std::find(names.begin(), names.end(), sc.name) == names.end()) continue;
+    SCOPED_TRACE(sc.name);
+    grammar::testing::SchemaValidator val(sc.schema);
+    for (int seed = 11; seed <= 12; ++seed) {
+      auto r = post(strictToolBody(sc.schema, seed, /*strict=*/true));
+      ASSERT_EQ(r.status, 200) << r.body;
+      ToolCallAnswer a = parseToolCall(r.body);
+      ++total;
+      EXPECT_EQ(a.name, "f") << r.body;
+      if (a.finish != "tool_calls") {
+        EXPECT_EQ(a.finish, "length") << r.body;
+        std::printf("%s seed %d: length\n", sc.name.c_str(), seed);
+        continue;
+      }
+      ++finished;
+      EXPECT_EQ(val.validate(a.arguments), "") << "arguments: " << a.arguments;
+    }
+  }
+  ASSERT_EQ(total, 10) << "a schema of the list is missing from the unit suite";
+  std::printf("strict tool calls: %d of %d finished, all finished ones validated\n", finished,
+              total);
+  // Open-ended schemas (extra keys of any JSON, nested arrays) let a random model run long.
+  EXPECT_GE(finished * 2, total) << "too few calls finished within max_tokens";
+}
+
+TEST_F(StructuredMesh, NonStrictToolCallsOfTheRandomModelAreGarbage) {
+  const std::string schema = grammar::testing::schemaCases()[8].schema;  // person_strict
+  grammar::testing::SchemaValidator val(schema);
+  for (int seed = 11; seed <= 13; ++seed) {
+    auto r = post(strictToolBody(schema, seed, /*strict=*/false));
+    ASSERT_EQ(r.status, 200) << r.body;
+    ToolCallAnswer a = parseToolCall(r.body);
+    EXPECT_EQ(a.name, "f") << r.body;
+    EXPECT_NE(val.validate(a.arguments), "") << "unconstrained, yet valid: " << a.arguments;
+  }
+}
+
+TEST_F(StructuredMesh, StrictFunctionToolOnResponsesValidates) {
+  // /v1/responses has no seed; a bounded schema (no free strings: a boolean and an integer of
+  // at most 18 digits) finishes within max_output_tokens whatever the draws.
+  const std::string schema =
+      R"({"type":"object","properties":{"ok":{"type":"boolean"},"n":{"type":"integer"}},)"
+      R"("required":["ok","n"],"additionalProperties":false})";
+  grammar::testing::SchemaValidator val(schema);
+  int finished = 0;
+  for (int i = 0; i < 2; ++i) {
+    const std::string body =
+        R"({"model":"gpt-oss-tiny","input":"Call f.","temperature":1.0,"max_output_tokens":300,)"
+        R"("store":false,"tools":[{"type":"function","name":"f","strict":true,"parameters":)" +
+        schema + R"(}],"tool_choice":{"type":"function","name":"f"}})";
+    auto r = testing::http(g_mesh->ivy_port, "POST", "/v1/responses", body, {}, 300s);
+    ASSERT_EQ(r.status, 200) << r.body;
+    simdjson::dom::parser p;
+    simdjson::dom::element doc;
+    ASSERT_FALSE(p.parse(r.body).get(doc)) << r.body;
+    std::string_view status, type, args;
+    ASSERT_FALSE(doc["status"].get_string().get(status)) << r.body;
+    ASSERT_FALSE(doc["output"].at(0)["type"].get_string().get(type)) << r.body;
+    EXPECT_EQ(type, "function_call") << r.body;
+    ASSERT_EQ(status, "completed") << r.body;
+    ASSERT_FALSE(doc["output"].at(0)["arguments"].get_string().get(args)) << r.body;
+    ++finished;
+    EXPECT_EQ(val.validate(args), "") << "arguments: " << args;
+  }
+  EXPECT_EQ(finished, 2);
+}
+
+TEST_F(StructuredMesh, StrictToolWithUnsupportedSchemaIs400) {
+  auto r = post(strictToolBody(R"({"type":"object","properties":{"n":{"type":"integer",)"
+                               R"("multipleOf":2}}})",
+                               1, /*strict=*/true));
+  EXPECT_EQ(r.status, 400) << r.body;
+  EXPECT_NE(r.body.find("tools[1].function.parameters"), std::string::npos) << r.body;
+  EXPECT_NE(r.body.find("multipleOf"), std::string::npos) << r.body;
 }
 
 }  // namespace

@@ -7,16 +7,19 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "common/grammar/constrained.h"
 #include "common/grammar/grammar.h"
+#include "common/grammar/harmony_header.h"
 #include "common/grammar/json_schema.h"
 #include "common/grammar/matcher.h"
 #include "common/grammar/regex.h"
 #include "common/grammar/vocabulary.h"
+#include "tests/unit/common/grammar/random_model.h"
 #include "tests/unit/common/grammar/schema_validator.h"
 #include "tests/unit/common/grammar/test_schemas.h"
 
@@ -353,6 +356,389 @@ TEST(ConstrainedDecoder, FinalChannelTrigger) {
   // No channel token: constrained from the first token.
   ConstrainedDecoder plain(c, ConstraintSpec{-1, {}, -1, {kReturn}});
   EXPECT_TRUE(plain.active());
+}
+
+// ---- Strict function tools [TAG_STRICT_TOOLS] ----
+// A vocabulary with Harmony's formatting tokens (excluded, as o200k_harmony's added tokens) and
+// header words split the way BPE might split them, on top of the synthetic JSON vocabulary.
+struct HarmonyVocab {
+  std::shared_ptr<const Vocabulary> vocab;
+  HarmonyIds ids;
+  std::map<std::string, int32_t> words;  // multi-byte header pieces
+};
+
+const HarmonyVocab& harmonyVocab() {
+  static const HarmonyVocab k = [] {
+    const SynthVocab& sv = synthVocab();
+    std::vector<std::string> toks;
+    std::vector<uint8_t> excluded;
+    for (int32_t id = 0; id < sv.vocab->size(); ++id) {
+      toks.emplace_back(sv.vocab->bytes(id));
+      excluded.push_back(sv.vocab->eligible(id) ? 0 : 1);
+    }
+    HarmonyVocab v;
+    auto special = [&](const char* text) {
+      toks.emplace_back(text);
+      excluded.push_back(1);
+      return static_cast<int32_t>(toks.size() - 1);
+    };
+    v.ids.start = special("<|start|>");
+    v.ids.channel = special("<|channel|>");
+    v.ids.constrain = special("<|constrain|>");
+    v.ids.message = special("<|message|>");
+    v.ids.end = special("<|end|>");
+    v.ids.call = special("<|call|>");
+    v.ids.ret = special("<|return|>");
+    v.ids.end_of_text = special("<|endoftext|>");
+    special("<|reserved_200013|>");
+    for (const char* w : {"assistant", "commentary", "analysis", "final", " to", "=", "functions",
+                          ".get", "_weather", " json", "json", "=functions.get_weather"}) {
+      toks.emplace_back(w);
+      excluded.push_back(0);
+      v.words[w] = static_cast<int32_t>(toks.size() - 1);
+    }
+    v.vocab = std::make_shared<Vocabulary>(std::move(toks), excluded);
+    return v;
+  }();
+  return k;
+}
+
+std::shared_ptr<const CompiledGrammar> harmonyCompiled(const std::string& schema) {
+  auto g = grammarFor(schema);
+  EXPECT_TRUE(g.isOk()) << schema << ": " << g.status().message();
+  if (!g.isOk()) return nullptr;
+  auto c = CompiledGrammar::compile(std::move(g).value(), harmonyVocab().vocab);
+  EXPECT_TRUE(c.isOk());
+  return c.isOk() ? *c : nullptr;
+}
+
+bool maskHas(const std::vector<uint32_t>& mask, int32_t id) {
+  return (mask[static_cast<size_t>(id) / 32] >> (id % 32)) & 1u;
+}
+
+// Feeds text one byte-token at a time (header or free text); every token must be accepted.
+void feedBytes(ConstrainedDecoder& d, std::string_view text) {
+  for (unsigned char c : text) ASSERT_TRUE(d.accept(static_cast<int32_t>(c))) << c;
+}
+
+const char kWeatherSchema[] =
+    R"({"type":"object","properties":{"city":{"type":"string","enum":["Paris","Oslo"]},)"
+    R"("days":{"type":"integer"}},"required":["city","days"],"additionalProperties":false})";
+const char kCountSchema[] =
+    R"({"type":"object","properties":{"n":{"type":"integer"}},"required":["n"],)"
+    R"("additionalProperties":false})";
+
+ConstraintSpec toolSpec(std::vector<int32_t> turn_prefix = {}) {
+  const HarmonyVocab& hv = harmonyVocab();
+  ConstraintSpec spec;
+  spec.end_tokens = {hv.ids.ret};
+  spec.tools = {{"get_weather", harmonyCompiled(kWeatherSchema)},
+                {"count", harmonyCompiled(kCountSchema)}};
+  spec.harmony = hv.ids;
+  spec.turn_prefix = std::move(turn_prefix);
+  return spec;
+}
+
+// Token by token: free text before the call, only schema-valid tokens inside a strict call's
+// body (and <|call|> only once the arguments are complete), free again after <|call|>.
+TEST(StrictTools, SwitchesIntoTheToolGrammarAndOutAtCall) {
+  const HarmonyVocab& hv = harmonyVocab();
+  const HarmonyIds& h = hv.ids;
+  ConstrainedDecoder d(nullptr, toolSpec());
+  std::vector<uint32_t> mask(d.maskWords());
+  EXPECT_EQ(d.maskWords(), (static_cast<size_t>(hv.vocab->size()) + 31) / 32);
+  // The turn starts in the assistant header: analysis, any text, even JSON-breaking bytes.
+  EXPECT_FALSE(d.active());
+  ASSERT_TRUE(d.accept(h.channel));
+  ASSERT_TRUE(d.accept(hv.words.at("analysis")));
+  ASSERT_TRUE(d.accept(h.message));
+  EXPECT_FALSE(d.active());
+  feedBytes(d, "I should call get_weather. }{ x");
+  EXPECT_FALSE(d.active());
+  ASSERT_TRUE(d.accept(h.end));
+  // <|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json, with
+  // "functions.get_weather" split over three tokens: still free until <|message|>.
+  for (int32_t t : {h.start, hv.words.at("assistant"), h.channel, hv.words.at("commentary"),
+                    hv.words.at(" to"), hv.words.at("="), hv.words.at("functions"),
+                    hv.words.at(".get"), hv.words.at("_weather"), static_cast<int32_t>(' '),
+                    h.constrain, hv.words.at("json")}) {
+    ASSERT_TRUE(d.accept(t));
+    EXPECT_FALSE(d.active()) << t;
+  }
+  ASSERT_TRUE(d.accept(h.message));
+  ASSERT_TRUE(d.active());
+  EXPECT_EQ(d.activeTool(), 0);
+  const std::string args = R"({"city":"Oslo","days":3})";
+  for (size_t i = 0; i < args.size(); ++i) {
+    d.fillMask(mask);
+    const auto next = static_cast<int32_t>(static_cast<unsigned char>(args[i]));
+    EXPECT_TRUE(maskHas(mask, next)) << "at " << i;
+    EXPECT_FALSE(maskHas(mask, h.call)) << "<|call|> before the arguments are complete, at " << i;
+    for (int32_t special : {h.end, h.ret, h.start, h.channel, h.message, h.constrain}) {
+      EXPECT_FALSE(maskHas(mask, special)) << special;
+    }
+    if (i == 0) {
+      EXPECT_FALSE(maskHas(mask, 'x'));
+      EXPECT_FALSE(maskHas(mask, '['));
+      EXPECT_FALSE(maskHas(mask, ' '));  // JSON whitespace is allowed, but not before the value
+    }
+    if (i == 9) {  // after {"city":" only the enum's first letters
+      EXPECT_TRUE(maskHas(mask, 'P'));
+      EXPECT_FALSE(maskHas(mask, 'L'));
+    }
+    ASSERT_TRUE(d.accept(next));
+    ASSERT_TRUE(d.active());
+  }
+  d.fillMask(mask);
+  EXPECT_TRUE(maskHas(mask, h.call));
+  EXPECT_FALSE(maskHas(mask, h.end));
+  EXPECT_FALSE(maskHas(mask, h.ret));
+  EXPECT_FALSE(maskHas(mask, '}'));
+  ASSERT_TRUE(d.accept(h.call));
+  EXPECT_FALSE(d.active());
+  EXPECT_EQ(d.completed(), 1);
+  EXPECT_EQ(d.activeTool(), -1);
+  // Free again: a final answer (no response_format here) takes anything.
+  ASSERT_TRUE(d.accept(h.start));
+  feedBytes(d, "assistant");
+  ASSERT_TRUE(d.accept(h.channel));
+  ASSERT_TRUE(d.accept(hv.words.at("final")));
+  ASSERT_TRUE(d.accept(h.message));
+  EXPECT_FALSE(d.active());
+  feedBytes(d, "not { json");
+  EXPECT_FALSE(d.active());
+  ASSERT_TRUE(d.accept(h.ret));
+  // The recipient in the role part of the header, and the other strict tool.
+  ASSERT_TRUE(d.accept(h.start));
+  feedBytes(d, "assistant to=functions.count");
+  ASSERT_TRUE(d.accept(h.channel));
+  feedBytes(d, "commentary json");
+  ASSERT_TRUE(d.accept(h.message));
+  ASSERT_TRUE(d.active());
+  EXPECT_EQ(d.activeTool(), 1);
+  d.fillMask(mask);
+  EXPECT_TRUE(maskHas(mask, '{'));
+  feedBytes(d, R"({"n":12})");
+  ASSERT_TRUE(d.accept(h.call));
+  EXPECT_EQ(d.completed(), 2);
+}
+
+// Which headers switch: exactly the recipients ivy reports as calls to a strict tool.
+TEST(StrictTools, OnlyStrictToolsRecipientsSwitch) {
+  const HarmonyVocab& hv = harmonyVocab();
+  const HarmonyIds& h = hv.ids;
+  struct Case {
+    std::string header;  // after <|start|>; "|C|" = <|channel|>, "|J|" = <|constrain|>
+    int32_t tool;        // expected activeTool(), -1 = free
+  };
+  const std::vector<Case> cases = {
+      {"assistant|C|commentary to=functions.get_weather |J|json", 0},
+      {"assistant|C|commentary to=functions.get_weather|J|json", 0},
+      {"assistant|C|analysis to=functions.count", 1},  // any channel: ivy reports the call
+      {"assistant to=functions.get_weather|C|commentary", 0},
+      {"assistant|C|commentary to=get_weather |J|json", 0},  // a bare declared name is a call
+      {"assistant|C|commentary functions.count |J|json", 1},  // "to=" is optional before a type
+      {"assistant|C|commentary to=functions.lookup |J|json", -1},  // not a strict tool
+      {"assistant|C|commentary to=functions.get_weather_v2 |J|json", -1},
+      {"assistant|C|commentary to=functions.Count |J|json", -1},  // names are case-sensitive
+      {"assistant|C|commentary to=functions.count to=functions.get_weather", 0},  // the last
+      {"assistant|C|commentary to=browser.search", -1},
+      {"assistant|C|final", -1},
+      {"functions.count to=assistant|C|commentary", -1},  // a tool's message to the assistant
+      {"user to=functions.count|C|commentary", -1},  // ivy exposes only the assistant's calls
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.header);
+    ConstrainedDecoder d(nullptr, toolSpec());
+    ASSERT_TRUE(d.accept(h.end));  // leave the turn's first header
+    ASSERT_TRUE(d.accept(h.start));
+    std::string text = c.header;
+    for (size_t i = 0; i < text.size();) {
+      if (text.compare(i, 3, "|C|") == 0) {
+        ASSERT_TRUE(d.accept(h.channel));
+        i += 3;
+      } else if (text.compare(i, 3, "|J|") == 0) {
+        ASSERT_TRUE(d.accept(h.constrain));
+        i += 3;
+      } else {
+        ASSERT_TRUE(d.accept(static_cast<unsigned char>(text[i++])));
+      }
+      EXPECT_FALSE(d.active());
+    }
+    ASSERT_TRUE(d.accept(h.message));
+    EXPECT_EQ(d.active(), c.tool >= 0);
+    EXPECT_EQ(d.activeTool(), c.tool);
+  }
+}
+
+// A forced tool_choice: the prompt ends in the call's header, so the decoder (given it as the
+// turn prefix) is constrained from the first generated token; tokens the mask forbade, were they
+// sampled anyway, end the constraint of that body only.
+TEST(StrictTools, ForcedPrefixConstrainsFromTheFirstToken) {
+  const HarmonyVocab& hv = harmonyVocab();
+  const HarmonyIds& h = hv.ids;
+  std::vector<int32_t> prefix = {h.channel, hv.words.at("commentary"), hv.words.at(" to"),
+                                 hv.words.at("=functions.get_weather"), static_cast<int32_t>(' '),
+                                 h.constrain, hv.words.at("json"), h.message};
+  ConstrainedDecoder d(nullptr, toolSpec(prefix));
+  ASSERT_TRUE(d.active());
+  EXPECT_EQ(d.activeTool(), 0);
+  std::vector<uint32_t> mask(d.maskWords());
+  d.fillMask(mask);
+  EXPECT_TRUE(maskHas(mask, '{'));
+  EXPECT_FALSE(maskHas(mask, 'I'));
+  EXPECT_FALSE(maskHas(mask, h.call));
+  EXPECT_FALSE(d.accept('I'));  // outside the mask
+  EXPECT_FALSE(d.active());
+  EXPECT_TRUE(d.accept('x'));  // the rest of that body is free
+  EXPECT_FALSE(d.active());
+  ASSERT_TRUE(d.accept(h.call));
+  EXPECT_EQ(d.completed(), 0);
+  // "required" with several tools: the prefix stops after "to=functions.", the model writes
+  // the name.
+  ConstrainedDecoder r(nullptr, toolSpec({h.channel, hv.words.at("commentary"), hv.words.at(" to"),
+                                          hv.words.at("="), hv.words.at("functions"), '.'}));
+  EXPECT_FALSE(r.active());
+  feedBytes(r, "count ");
+  ASSERT_TRUE(r.accept(h.constrain));
+  ASSERT_TRUE(r.accept(hv.words.at("json")));
+  ASSERT_TRUE(r.accept(h.message));
+  EXPECT_EQ(r.activeTool(), 1);
+}
+
+// response_format and strict tools together: the final answer under its grammar, calls under
+// theirs; a header longer than ivy's cap is no header (free).
+TEST(StrictTools, CombinesWithResponseFormatAndCapsHeaders) {
+  const HarmonyVocab& hv = harmonyVocab();
+  const HarmonyIds& h = hv.ids;
+  auto answer = harmonyCompiled(R"({"type":"boolean"})");
+  ConstrainedDecoder d(answer, toolSpec());
+  std::vector<uint32_t> mask(d.maskWords());
+  ASSERT_TRUE(d.accept(h.channel));
+  ASSERT_TRUE(d.accept(hv.words.at("final")));
+  ASSERT_TRUE(d.accept(h.message));
+  ASSERT_TRUE(d.active());
+  EXPECT_EQ(d.activeTool(), -1);
+  d.fillMask(mask);
+  EXPECT_TRUE(maskHas(mask, 't'));
+  EXPECT_FALSE(maskHas(mask, '{'));
+  feedBytes(d, "true");
+  d.fillMask(mask);
+  EXPECT_TRUE(maskHas(mask, h.ret));
+  EXPECT_FALSE(maskHas(mask, h.call));
+  ASSERT_TRUE(d.accept(h.ret));
+  EXPECT_FALSE(d.active());
+  ASSERT_TRUE(d.accept(h.start));
+  feedBytes(d, "assistant");
+  ASSERT_TRUE(d.accept(h.channel));
+  feedBytes(d, "commentary to=functions.count");
+  ASSERT_TRUE(d.accept(h.message));
+  EXPECT_EQ(d.activeTool(), 1);
+  d.fillMask(mask);
+  EXPECT_TRUE(maskHas(mask, '{'));
+  EXPECT_FALSE(maskHas(mask, 't'));
+  feedBytes(d, R"({"n":1})");
+  ASSERT_TRUE(d.accept(h.call));
+  EXPECT_EQ(d.completed(), 2);
+  // 257 header tokens, then <|message|>: the header is over the cap, its body free.
+  ASSERT_TRUE(d.accept(h.start));
+  feedBytes(d, "assistant");
+  ASSERT_TRUE(d.accept(h.channel));
+  feedBytes(d, "commentary to=functions.count");
+  for (int i = 0; i < ConstrainedDecoder::kMaxHeaderTokens; ++i) ASSERT_TRUE(d.accept(' '));
+  ASSERT_TRUE(d.accept(h.message));
+  EXPECT_FALSE(d.active());
+}
+
+// Random logits through the decoder's masks over many schemas: each call's body (every schema
+// of the suite as a strict tool's parameters) validates, the free text around it is whatever the
+// random model draws (unconstrained it emits garbage, as the last check shows).
+TEST(StrictTools, RandomCallsValidateAgainstTheirSchemas) {
+  const HarmonyVocab& hv = harmonyVocab();
+  const HarmonyIds& h = hv.ids;
+  std::vector<std::string_view> bytes;
+  for (int32_t id = 0; id < hv.vocab->size(); ++id) bytes.push_back(hv.vocab->bytes(id));
+  int finished = 0, total = 0, garbage = 0;
+  for (const SchemaCase& sc : schemaCases()) {
+    if (sc.schema == "json_object") continue;
+    SCOPED_TRACE(sc.name);
+    SchemaValidator val(sc.schema);
+    ConstraintSpec spec;
+    spec.tools = {{"other", harmonyCompiled(kCountSchema)}, {"f", harmonyCompiled(sc.schema)}};
+    spec.harmony = h;
+    for (uint64_t seed = 1; seed <= 4; ++seed) {
+      testing::RandomModel model(bytes, seed * 977 + static_cast<uint64_t>(total), 3.f);
+      ConstrainedDecoder d(nullptr, spec);
+      std::vector<uint32_t> mask(d.maskWords());
+      std::vector<uint32_t> all(d.maskWords(), 0);
+      for (int32_t id = 0; id < hv.vocab->size(); ++id) {
+        if (hv.vocab->eligible(id)) all[static_cast<size_t>(id) / 32] |= 1u << (id % 32);
+      }
+      // Free analysis text drawn unmasked, then the call header, then the masked body.
+      ASSERT_TRUE(d.accept(h.channel));
+      ASSERT_TRUE(d.accept(hv.words.at("analysis")));
+      ASSERT_TRUE(d.accept(h.message));
+      std::string free_text;
+      for (int i = 0; i < 20; ++i) {
+        const int32_t t = model.sample(all);
+        ASSERT_TRUE(d.accept(t));
+        ASSERT_FALSE(d.active());
+        free_text += hv.vocab->bytes(t);
+      }
+      garbage += !val.validate(free_text).empty();
+      ASSERT_TRUE(d.accept(h.end));
+      ASSERT_TRUE(d.accept(h.start));
+      feedBytes(d, "assistant");
+      ASSERT_TRUE(d.accept(h.channel));
+      feedBytes(d, "commentary to=functions.f ");
+      ASSERT_TRUE(d.accept(h.constrain));
+      ASSERT_TRUE(d.accept(hv.words.at("json")));
+      ASSERT_TRUE(d.accept(h.message));
+      ASSERT_EQ(d.activeTool(), 1);
+      ++total;
+      std::string body;
+      bool done = false;
+      for (int step = 0; step < 3000 && d.active(); ++step) {
+        d.fillMask(mask);
+        const int32_t t = model.sample(mask);
+        ASSERT_GE(t, 0) << "empty mask after " << body;
+        ASSERT_TRUE(d.accept(t));
+        if (t == h.call) {
+          done = true;
+          break;
+        }
+        ASSERT_TRUE(hv.vocab->eligible(t)) << "a special id inside the body";
+        body += hv.vocab->bytes(t);
+      }
+      if (!done) continue;
+      ++finished;
+      EXPECT_EQ(val.validate(body), "") << body;
+      EXPECT_FALSE(d.active());
+      ASSERT_TRUE(d.accept('x'));  // free after <|call|>
+      EXPECT_FALSE(d.active());
+    }
+  }
+  EXPECT_GE(finished * 10, total * 9) << finished << " of " << total << " calls finished";
+  EXPECT_EQ(garbage, total) << "unmasked random text should never validate";
+}
+
+// The header reading tulip's decoder uses agrees with what ivy's parser reads (the cases ivy's
+// parser tests cover are in tests/unit/ivy/harmony; these pin the shapes the decoder relies on).
+TEST(StrictTools, HeaderRoute) {
+  auto r = parseHarmonyHeaderRoute("<|channel|>commentary to=functions.f <|constrain|>json", "assistant");
+  EXPECT_EQ(r.channel, "commentary");
+  EXPECT_EQ(r.recipient, "functions.f");
+  r = parseHarmonyHeaderRoute("assistant to=functions.f<|channel|>commentary json", "");
+  EXPECT_EQ(r.channel, "commentary");
+  EXPECT_EQ(r.recipient, "functions.f");
+  r = parseHarmonyHeaderRoute("<|channel|>final", "assistant");
+  EXPECT_EQ(r.channel, "final");
+  EXPECT_FALSE(r.recipient);
+  r = parseHarmonyHeaderRoute("mystery", "");  // an unknown role: nothing
+  EXPECT_FALSE(r.recipient);
+  EXPECT_EQ(harmonyFunctionName("functions.get_weather"), "get_weather");
+  EXPECT_EQ(harmonyFunctionName("get_weather"), "get_weather");
+  EXPECT_EQ(harmonyFunctionName("functions."), "functions.");
 }
 
 }  // namespace

@@ -236,6 +236,119 @@ TEST(ChatTest, ResponseFormatReachesTulipAsAConstraint) {
   EXPECT_TRUE(h.client().calls().at(2).constraint.grammar.empty());
 }
 
+// Strict function tools [TAG_STRICT_TOOLS]: each strict tool's parameters grammar reaches tulip
+// with the Harmony ids the decoder follows messages by; a forced tool_choice's header is the
+// decoder's turn prefix. Non-strict tools add nothing; tool_choice "none" constrains nothing.
+TEST(ChatTest, StrictToolsReachTulipAsToolGrammars) {
+  ChatHarness h;
+  h.client().setScript(h.ids("{\"city\":\"Oslo\"}<|call|>"));
+  const std::string strict_weather =
+      R"({"type":"function","function":{"name":"get_weather","strict":true,"parameters":)"
+      R"({"type":"object","properties":{"city":{"type":"string"}},"required":["city"],)"
+      R"("additionalProperties":false}}})";
+  const std::string loose =
+      R"({"type":"function","function":{"name":"lookup","strict":false,"parameters":)"
+      R"({"type":"object","properties":{"q":{"type":"string","minLength":2,"maximum":3}}}}})";
+  const std::string no_params =
+      R"({"type":"function","function":{"name":"ping","strict":true}})";
+  Captured r = h.post(
+      "/v1/chat/completions",
+      chatBody(R"("tools":[)" + loose + "," + strict_weather + "," + no_params +
+               R"(],"tool_choice":{"type":"function","function":{"name":"get_weather"}})"));
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_THAT(r.body, HasSubstr(R"(\"city\":\"Oslo\")"));
+  auto c = h.client().calls().at(0);
+  EXPECT_TRUE(c.constraint.grammar.empty());  // no response_format
+  ASSERT_EQ(c.constraint.tools.size(), 2u);
+  EXPECT_EQ(c.constraint.tools[0].name, "get_weather");
+  EXPECT_EQ(c.constraint.tools[1].name, "ping");
+  EXPECT_FALSE(c.constraint.tools[0].grammar.empty());
+  EXPECT_NE(c.constraint.tools[0].grammar, c.constraint.tools[1].grammar);
+  EXPECT_EQ(c.constraint.harmony.start, 200006);
+  EXPECT_EQ(c.constraint.harmony.channel, 200005);
+  EXPECT_EQ(c.constraint.harmony.constrain, 200003);
+  EXPECT_EQ(c.constraint.harmony.message, 200008);
+  EXPECT_EQ(c.constraint.harmony.end, 200007);
+  EXPECT_EQ(c.constraint.harmony.call, 200012);
+  EXPECT_EQ(c.constraint.harmony.ret, 200002);
+  EXPECT_EQ(c.constraint.harmony.end_of_text, 199999);
+  EXPECT_EQ(h.decode(c.constraint.turn_prefix),
+            "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>");
+  // The same grammar as the same schema in response_format (one compiler, one cache).
+  Captured rf = h.post(
+      "/v1/chat/completions",
+      chatBody(R"("response_format":{"type":"json_schema","json_schema":{"name":"w","schema":)"
+               R"({"type":"object","properties":{"city":{"type":"string"}},"required":["city"],)"
+               R"("additionalProperties":false}}})"));
+  ASSERT_EQ(rf.status, 200) << rf.body;
+  auto c_rf = h.client().calls().at(1);
+  EXPECT_EQ(c_rf.constraint.grammar, c.constraint.tools[0].grammar);
+  EXPECT_TRUE(c_rf.constraint.tools.empty());
+  // auto: no prefix; strict and response_format together.
+  Captured both = h.post(
+      "/v1/chat/completions",
+      chatBody(R"("tools":[)" + strict_weather +
+               R"(],"response_format":{"type":"json_object"})"));
+  ASSERT_EQ(both.status, 200) << both.body;
+  auto c_both = h.client().calls().at(2);
+  EXPECT_FALSE(c_both.constraint.grammar.empty());
+  ASSERT_EQ(c_both.constraint.tools.size(), 1u);
+  EXPECT_TRUE(c_both.constraint.turn_prefix.empty());
+  // Only non-strict tools, or tool_choice "none": no constraint at all.
+  Captured plain = h.post("/v1/chat/completions", chatBody(R"("tools":[)" + loose + "]"));
+  ASSERT_EQ(plain.status, 200) << plain.body;
+  EXPECT_TRUE(h.client().calls().at(3).constraint.tools.empty());
+  EXPECT_TRUE(h.client().calls().at(3).constraint.grammar.empty());
+  Captured none = h.post("/v1/chat/completions",
+                         chatBody(R"("tools":[)" + strict_weather + R"(],"tool_choice":"none")"));
+  ASSERT_EQ(none.status, 200) << none.body;
+  EXPECT_TRUE(h.client().calls().at(4).constraint.tools.empty());
+}
+
+// [TAG_STRICT_TOOLS] validation: strict must be a boolean; a strict tool's schema must compile
+// (the reason is the compiler's); a non-strict tool's schema is not compiled.
+TEST(ChatTest, StrictToolErrorsNameTheField) {
+  ChatHarness h;
+  struct Case {
+    std::string tools, message_prefix;
+  };
+  const std::vector<Case> cases = {
+      {R"([{"type":"function","function":{"name":"f","strict":"yes"}}])",
+       "tools[0].function.strict: must be a boolean"},
+      {R"([{"type":"function","function":{"name":"f","strict":1}}])",
+       "tools[0].function.strict: must be a boolean"},
+      {R"([{"type":"function","function":{"name":"f"}},{"type":"function","function":)"
+       R"({"name":"g","strict":true,"parameters":{"type":"object","properties":)"
+       R"({"n":{"type":"integer","minimum":1}}}}}])",
+       "tools[1].function.parameters: schema #/properties/n: unsupported keyword 'minimum'"},
+      {R"([{"type":"function","function":{"name":"f","strict":true,"parameters":)"
+       R"({"$ref":"#/$defs/missing"}}}])",
+       "tools[0].function.parameters: "},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.tools);
+    Captured r = h.post("/v1/chat/completions", chatBody(R"("tools":)" + c.tools));
+    ASSERT_EQ(r.status, 400) << r.body;
+    Json j(r.body);
+    EXPECT_EQ(str(j.root["error"]["param"]), "tools") << r.body;
+    EXPECT_EQ(str(j.root["error"]["message"]).rfind(c.message_prefix, 0), 0u) << r.body;
+  }
+  EXPECT_TRUE(h.client().calls().empty());
+  // strict: false / null with the same schema: accepted, nothing constrained.
+  for (const char* strict : {"false", "null"}) {
+    h.client().setScript(h.ids("<|channel|>final<|message|>ok<|return|>"));
+    Captured r = h.post(
+        "/v1/chat/completions",
+        chatBody(std::string(R"("tools":[{"type":"function","function":{"name":"g","strict":)") +
+                 strict +
+                 R"(,"parameters":{"type":"object","properties":{"n":{"type":"integer",)"
+                 R"("minimum":1}}}}}])"));
+    EXPECT_EQ(r.status, 200) << r.body;
+  }
+  ASSERT_EQ(h.client().calls().size(), 2u);
+  EXPECT_TRUE(h.client().calls()[0].constraint.tools.empty());
+}
+
 // response_format together with every sampler-state field [TAG_TOKEN_MASK]
 // [TAG_LLM_SAMPLER_STATE]: both reach tulip on the same call (the grammar as the constraint, the
 // rest as sampling parameters), neither displaces the other.

@@ -95,6 +95,11 @@ TEST(ResponsesParse, ErrorsNameTheResponsesField) {
       {R"({"input":"x","tools":[{"type":"web_search"}]})", "tools[0].type"},
       {R"({"input":"x","tools":[{"type":"function","name":"bad name"}]})", "tools[0].name"},
       {R"({"input":"x","tool_choice":{"type":"web_search_preview"}})", "tool_choice"},
+      {R"({"input":"x","tools":[{"type":"function","name":"f","strict":"yes"}]})",
+       "tools[0].strict: must be a boolean"},
+      {R"({"input":"x","tools":[{"type":"function","name":"f","strict":true,)"
+       R"("parameters":{"type":"object","not":{}}}]})",
+       "tools[0].parameters: schema #: unsupported keyword 'not'"},
       {R"({"input":"x","tools":[{"type":"function","name":"f"}],)"
        R"("tool_choice":{"type":"function","name":"g"}})",
        "tool_choice.name"},
@@ -128,6 +133,16 @@ TEST(ResponsesParse, ErrorsNameTheResponsesField) {
       R"("truncation":"disabled","include":[],"background":false,"text":{"format":{"type":"text"}}})",
       spec, &tok, &store);
   EXPECT_TRUE(ok.isOk()) << ok.status().message();
+  // A strict function tool [TAG_STRICT_TOOLS] becomes chat's strict tool (its grammar compiled).
+  auto strict = parseResponsesRequest(
+      R"({"input":"x","tools":[{"type":"function","name":"f","strict":true,"parameters":)"
+      R"({"type":"object","properties":{"a":{"type":"string"}},"required":["a"]}},)"
+      R"({"type":"function","name":"g","strict":false}]})",
+      spec, &tok, &store);
+  ASSERT_TRUE(strict.isOk()) << strict.status().message();
+  ASSERT_EQ(strict->chat.strict_tools.size(), 1u);
+  EXPECT_EQ(strict->chat.strict_tools[0].name, "f");
+  EXPECT_FALSE(strict->chat.strict_tools[0].grammar.empty());
 }
 
 TEST(ResponsesStoreTest, LeastRecentlyUsedGoesFirst) {

@@ -979,5 +979,79 @@ TEST(StepSchedulerAsync, ConstrainedSequenceCarriesItsMaskAndWaitsForItsToken) {
   EXPECT_EQ(sim.complete({kEos, 46}), "A=2 stop, B=46");
 }
 
+// Strict function tools [TAG_STRICT_TOOLS]: a request with tool grammars and no response_format
+// grammar is a constrained sequence. Its turn prefix (a forced call header) makes the first
+// sampled token masked; the mask follows the tool's grammar, allows only <|call|> once the
+// arguments are complete, the steps after <|call|> carry no mask, and a later call header
+// written by the model switches the mask back on.
+TEST(StepScheduler, StrictToolCallBodiesCarryMasksAndFreeTextDoesNot) {
+  constexpr int32_t kStart = 900, kChannel = 901, kConstrain = 902, kMessage = 903, kEnd = 904,
+                    kCall = 905, kReturn = 906, kEot = 907;
+  std::vector<std::string> toks(kVocab);
+  toks[30] = "\"";
+  toks[31] = "a";
+  toks[32] = "b";
+  toks[33] = "c";
+  toks[34] = "\"a";
+  toks[35] = "x";
+  toks[50] = "commentary to=functions.f";
+  toks[51] = "assistant";
+  std::vector<uint8_t> excluded(kVocab, 0);
+  for (int32_t id : {kEos, kStart, kChannel, kConstrain, kMessage, kEnd, kCall, kReturn, kEot}) {
+    excluded[static_cast<size_t>(id)] = 1;
+    toks[static_cast<size_t>(id)] = "<|special|>";
+  }
+  auto vocab = std::make_shared<grammar::Vocabulary>(toks, excluded);
+  auto g = grammar::jsonSchemaGrammar(R"({"enum":["ab","ac"]})");
+  ASSERT_TRUE(g.isOk());
+  auto compiled = grammar::CompiledGrammar::compile(*g, vocab);
+  ASSERT_TRUE(compiled.isOk());
+  LlmWorkerLimits l = limits(8, 4, 64);
+  l.vocab = kVocab;
+  Sim sim(sync(), l);
+  GenerateParams a = gp(range(3, 10), 30);
+  a.constraint.tools = {{"f", *compiled}};
+  a.constraint.harmony = {kStart, kChannel, kConstrain, kMessage, kEnd, kCall, kReturn, kEot};
+  a.constraint.turn_prefix = {kChannel, 50, kMessage};
+  ASSERT_TRUE(a.constrained());
+  sim.add('A', std::move(a));
+  // The ids the last plan's mask allows; empty when it carries no mask.
+  auto allowed = [&]() {
+    const StepPlan& p = sim.lastPlan();
+    std::vector<int32_t> ids;
+    EXPECT_EQ(p.seqs.size(), 1u);
+    const auto& d = p.seqs.at(0);
+    if (d.mask_index <= 0) {
+      EXPECT_TRUE(p.masks.empty());
+      return ids;
+    }
+    const size_t w = (kVocab + 31) / 32;
+    for (uint32_t id = 0; id < kVocab; ++id) {
+      if ((p.masks[(d.mask_index - 1) * w + id / 32] >> (id % 32)) & 1u) {
+        ids.push_back(static_cast<int32_t>(id));
+      }
+    }
+    return ids;
+  };
+  auto step = [&](int32_t token) {
+    EXPECT_NE(sim.schedule(), "-");
+    std::vector<int32_t> ids = allowed();
+    EXPECT_EQ(sim.complete({token}).rfind("A=" + std::to_string(token), 0), 0u);
+    return ids;
+  };
+  using V = std::vector<int32_t>;
+  EXPECT_EQ(step(34), (V{30, 34}));  // the first generated token is already masked
+  EXPECT_EQ(step(32), (V{32, 33}));
+  EXPECT_EQ(step(30), (V{30}));
+  EXPECT_EQ(step(kCall), (V{kCall}));  // complete: only <|call|>
+  // After <|call|>: free, whatever the model writes (text, a header to another recipient).
+  for (int32_t t : {35, kStart, 51, kChannel, 35, kMessage, 35, 35, kEnd, kStart, 51, kChannel,
+                    50}) {
+    EXPECT_EQ(step(t), V{}) << t;
+  }
+  EXPECT_EQ(step(kMessage), V{});       // the header to functions.f is complete ...
+  EXPECT_EQ(step(34), (V{30, 34}));     // ... so the next token is masked again
+}
+
 }  // namespace
 }  // namespace garden::tulip
