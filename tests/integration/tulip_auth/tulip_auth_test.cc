@@ -6,17 +6,23 @@
 //   * with the token: served; a token added to the file is accepted after SIGHUP, one removed is
 //     refused;
 // and ivy in front of it: with the right --tulip-token-file it serves; with a wrong one /ready and
-// the API answer 503 (never a 200 and never a 500), and ivy's log names the token flags.
+// the API answer 503 (never a 200 and never a 500), and ivy's log names the token flags. And the
+// safe default: tulip (gRPC and metrics) and ivy (API and admin ports) started without --host
+// listen on 127.0.0.1 only, as the kernel's socket table shows.
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
 
 #include <google/protobuf/descriptor.h>
 
+#include <algorithm>
 #include <fstream>
 #include <future>
 #include <map>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -27,6 +33,28 @@
 
 namespace garden {
 namespace {
+
+// The local addresses, as /proc/net/tcp and /proc/net/tcp6 print them (hex), of the sockets in
+// this network namespace that listen on TCP `port`.
+std::vector<std::string> listeningAddresses(int port) {
+  char want[8];
+  std::snprintf(want, sizeof want, "%04X", port);
+  std::vector<std::string> out;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line);  // the header
+    while (std::getline(in, line)) {
+      std::istringstream fields(line);
+      std::string slot, local, remote, state;
+      fields >> slot >> local >> remote >> state;
+      const size_t colon = local.rfind(':');
+      if (state == "0A" && colon != std::string::npos && local.substr(colon + 1) == want)
+        out.push_back(local.substr(0, colon));  // 0A: TCP_LISTEN
+    }
+  }
+  return out;
+}
 
 using namespace std::chrono_literals;
 namespace v1 = garden::v1;
@@ -205,6 +233,50 @@ TEST_F(TulipAuth, IvyWithTheRightTokenServesAndWithAWrongOneAnswers503) {
   EXPECT_TRUE(testing::waitForHttp(bad_port, "/ready", 200, 60s)) << bad->log();
   auto recovered = testing::http(bad_port, "POST", "/v1/embeddings", body, json);
   EXPECT_EQ(recovered.status, 200) << recovered.body;
+}
+
+// [TAG_TULIP_TOKEN] The safe thing is the default: without --host, tulip's gRPC and metrics ports
+// and ivy's API and admin ports listen on 127.0.0.1 only (the manifests pass 0.0.0.0 themselves:
+// tests/deploy). Read from the kernel's socket table, so a default that changes to every
+// interface (0.0.0.0 or ::) fails here whatever the flags' help says.
+TEST_F(TulipAuth, WithoutHostEveryListenerIsOnLoopbackOnly) {
+  const int port = testing::freePort(), metrics_port = testing::freePort();
+  std::vector<std::string> argv = testing::tulipArgv(port, metrics_port, dir_.path(),
+                                                     "tests/fakes/fake-rose", "auth-default");
+  const auto host = std::find(argv.begin(), argv.end(), "--host");
+  ASSERT_NE(host, argv.end());
+  argv.erase(host, host + 2);
+  argv.insert(argv.end(), {"--auth-token-file", token_file_});
+  testing::Process tulip(argv, dir_.path() + "/tulip-default.log");
+  const std::string file = dir_.path() + "/ivy-token-default";
+  std::ofstream(file) << "tok-right\n";
+  const int ivy_port = testing::freePort(), admin_port = testing::freePort();
+  testing::Process ivy({testing::binary("services/ivy/ivy"), "--port", std::to_string(ivy_port),
+                        "--admin-port", std::to_string(admin_port), "--tulip",
+                        "127.0.0.1:" + std::to_string(port), "--threads", "1",
+                        "--tulip-token-file", file},
+                       dir_.path() + "/ivy-default.log");
+  // 127.0.0.1 as /proc/net/tcp prints it, and as tcp6 prints it v4-mapped (::ffff:127.0.0.1:
+  // gRPC listens on an IPv6 socket for an IPv4 address).
+  char v4[16];
+  std::snprintf(v4, sizeof v4, "%08X", htonl(INADDR_LOOPBACK));
+  const std::string loopback = v4, loopback_mapped = "0000000000000000FFFF0000" + loopback;
+  for (const auto& [name, p] : std::vector<std::pair<std::string, int>>{
+           {"tulip --port", port},
+           {"tulip --metrics-port", metrics_port},
+           {"ivy --port", ivy_port},
+           {"ivy --admin-port", admin_port}}) {
+    std::vector<std::string> addrs;
+    EXPECT_TRUE(testing::eventually(60s, [&] {
+      addrs = listeningAddresses(p);
+      return !addrs.empty();
+    })) << name << " never listened\n"
+        << tulip.log() << ivy.log();
+    for (const std::string& a : addrs)
+      EXPECT_TRUE(a == loopback || a == loopback_mapped) << name << " listens on " << a;
+  }
+  // And it serves there: ivy (its probes on the admin port) ready through the default-bound tulip.
+  EXPECT_TRUE(testing::waitForHttp(admin_port, "/ready", 200, 60s)) << ivy.log() << tulip.log();
 }
 
 }  // namespace

@@ -59,9 +59,19 @@ std::shared_ptr<Stream> start(LlmScheduler& s, GenerateParams p, Status* st_out 
   return out;
 }
 
+// The fake's tokens for `prompt`, eos or not: what a request with ignore_eos streams, and what
+// any request streams when the reference holds no eos (the caller knows its prompt's stream).
 std::vector<int32_t> ref(const std::vector<int32_t>& prompt, uint32_t n,
                          llm::SamplingParams p = {}) {
   return fakeReference(prompt, n, p, kVocab);
+}
+
+// What the scheduler streams for a request without ignore_eos: the reference up to and including
+// the first eos (FINISH_STOP). Tests whose prompts are generated (not chosen) compare against
+// this; the fake's tokens are uniform over [3, kVocab), so about one token in a thousand is eos.
+std::vector<int32_t> stream(const std::vector<int32_t>& prompt, uint32_t n,
+                            llm::SamplingParams p = {}) {
+  return fakeReference(prompt, n, p, kVocab, {kEos});
 }
 
 // Param: async_steps.
@@ -246,6 +256,34 @@ TEST_P(LlmSchedulerModes, EosStopsUnlessIgnored) {
   EXPECT_EQ(a->last->finish, FinishReason::kStop);
   EXPECT_EQ(b->tokens, ref(prompt, 8));
   EXPECT_EQ(b->last->finish, FinishReason::kLength);
+}
+
+// A cancel that comes after the stream ended (here at eos, its first token) changes nothing: no
+// second last event, the FINISH_STOP stands, the next requests run. This is the order a loaded
+// machine gave ConcurrentSubmitCancelAndCompletion's eos stream.
+TEST_P(LlmSchedulerModes, CancelAfterTheStreamEndedAtEosChangesNothing) {
+  std::vector<int32_t> prompt;
+  for (int32_t x = 0; x < 200000 && prompt.empty(); ++x) {
+    std::vector<int32_t> cand = {x % 997, x / 997 + 1};
+    if (ref(cand, 1)[0] == kEos) prompt = cand;
+  }
+  ASSERT_FALSE(prompt.empty());
+  FakeLlmWorker w(16, 4);
+  LlmScheduler s(w, opts(64, 8));
+  auto a = start(s, params(prompt, 7));
+  ASSERT_TRUE(w.runUntil([&] { return a->done(); }));
+  s.cancel(a->req);
+  auto b = start(s, params(range(5), 3));
+  ASSERT_TRUE(w.runUntil([&] { return b->done(); }));
+  EXPECT_EQ(b->tokens, ref(range(5), 3));
+  std::lock_guard<std::mutex> l(a->mu);
+  EXPECT_EQ(a->tokens, std::vector<int32_t>{kEos});
+  EXPECT_EQ(a->events_after_last, 0);
+  EXPECT_EQ(a->last->finish, FinishReason::kStop);
+  EXPECT_TRUE(a->last->status.isOk());
+  EXPECT_EQ(a->last->completion_tokens, 1u);
+  EXPECT_TRUE(w.errors().empty()) << w.errors()[0];
+  EXPECT_EQ(s.stats().kv_free_blocks, 16u);
 }
 
 TEST_P(LlmSchedulerModes, CancelWhileInFlightFreesBlocksAtOnce) {
@@ -440,7 +478,7 @@ TEST_P(LlmSchedulerModes, ManyRandomStreamsOnATinyCacheAllMatchTheReference) {
       p.sampling.temperature = 1.f;
       p.sampling.seed = i;
     }
-    want.push_back(ref(prompt, n, p.sampling));
+    want.push_back(stream(prompt, n, p.sampling));
     streams.push_back(start(s, p));
   }
   ASSERT_TRUE(w.runUntil(
@@ -507,7 +545,11 @@ TEST(LlmScheduler, AsyncStepsNeedAWorkerDepthOfTwo) {
 
 // Submitters on four threads, cancellations among them, the worker completing steps on its own
 // thread: every stream ends exactly once, the uncancelled ones equal the reference, the
-// cancelled ones are a prefix of it, and every block is free at the end.
+// cancelled ones are a prefix of it, and every block is free at the end. A cancelled stream that
+// ended before its cancel arrived must be whole. The reference stops at eos as the scheduler
+// does: thread 2's first stream (cancelled, 7 tokens asked) samples eos first, so when its cancel
+// comes late (a loaded machine) it ends FINISH_STOP after that one token; compared with the
+// eos-blind reference that read as "ended OK after 1 of 7 tokens" (1 run in 60 under load).
 TEST_P(LlmSchedulerModes, ConcurrentSubmitCancelAndCompletion) {
   FakeLlmWorker w(24, 2, 48);
   LlmScheduler s(w, opts(16, 4));
@@ -542,7 +584,7 @@ TEST_P(LlmSchedulerModes, ConcurrentSubmitCancelAndCompletion) {
           p.sampling.temperature = 1.f;
           p.sampling.seed = 7 * t + i;
         }
-        const auto expect = ref(prompt, n, p.sampling);
+        const auto expect = stream(prompt, n, p.sampling);
         auto st = start(s, p);
         // Cancel the previous stream of every third: it may be waiting, running or done.
         if (to_cancel) s.cancel(to_cancel->req);
