@@ -9,7 +9,8 @@
 // seed (the weights are random, so the text is gibberish; equality is what is checked).
 //
 //   node openai_client_test.mjs --build BUILD_DIR --modules NPM_DIR --tokenizer GPTOSS_JSON
-//                               --source SOURCE_DIR [--keep]
+//                               --source SOURCE_DIR [--keep] [--device cpu|cuda]
+// --device cuda runs both meshes' rose on the GPU (the CUDA backend; gpu_llm.sh step oai).
 // Exit status 0 when every case passed; the binaries' logs are printed when one failed.
 import assert from 'node:assert/strict';
 import { spawn, spawnSync } from 'node:child_process';
@@ -98,7 +99,7 @@ async function startMesh(name, modelDir, tokenizer, served) {
   const ivyPort = await freePort();
   const tulip = start(`${name}-tulip`, [
     bin('services/tulip/tulip'), '--host', '127.0.0.1', '--port', String(tulipPort),
-    '--metrics-port', '0', '--model', modelDir, '--device', 'cpu',
+    '--metrics-port', '0', '--model', modelDir, '--device', args.device || 'cpu',
     '--rose-bin', bin('services/rose/rose'), '--rose-threads', '2',
     '--shm-name', `/garden-oai-${process.pid}-${tulipPort}`, '--served-model-name', served,
     '--heartbeat-timeout-ms', '5000',
@@ -228,7 +229,8 @@ let emb; // { port, served, client }
 let chat;
 
 async function setup() {
-  log(`openai ${clientVersion} on node ${process.version}; work dir ${tmp}`);
+  log(`openai ${clientVersion} on node ${process.version}; rose on ${args.device || 'cpu'}; ` +
+      `work dir ${tmp}`);
   const embDir = path.join(tmp, 'embed');
   runOrThrow('mkmodel-embed', [bin('services/rose/rose-mkmodel'), '--out', embDir,
     '--repo', args.source]);
