@@ -89,10 +89,12 @@ WorkBatch toWorkBatch(StepPlan& plan) {
 }  // namespace
 
 LlmScheduler::LlmScheduler(Worker& worker, LlmSchedulerOptions opts)
-    : worker_(worker), core_([&] {
+    : worker_(worker),
+      core_([&] {
         opts.async_steps = opts.async_steps && worker.depth() >= 2;
         return opts;
-      }()) {
+      }()),
+      next_call_id_(std::random_device{}() | (uint64_t{std::random_device{}()} << 32)) {
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -120,6 +122,11 @@ Status LlmScheduler::submit(std::shared_ptr<LlmRequest> req) {
     // [TAG_LLM_CHOICES] One stream per choice, ids id .. id + n - 1, all delivered to `req`.
     for (uint32_t i = 0; i < std::max<uint32_t>(p.n, 1); ++i)
       active_.emplace(*id + i, Active{req, now, 0});
+    if (p.n > 1) {  // [TAG_STOP_CHOICE]
+      if (++next_call_id_ == 0) ++next_call_id_;
+      req->call_id = next_call_id_;
+      calls_.emplace(req->call_id, Call{*id, p.n, p.n});
+    }
     publishMetrics();
   }
   cv_.notify_all();
@@ -129,6 +136,26 @@ Status LlmScheduler::submit(std::shared_ptr<LlmRequest> req) {
 void LlmScheduler::cancel(const std::shared_ptr<LlmRequest>& req) {
   req->cancelled = true;
   poke();
+}
+
+Status LlmScheduler::stopChoice(uint64_t call_id, uint32_t index) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = calls_.find(call_id);
+    if (call_id == 0 || it == calls_.end())
+      return notFound("call " + std::to_string(call_id) + " is not running here");
+    const Call& c = it->second;
+    if (index >= c.n) {
+      return invalidArgument("index: the call has " + std::to_string(c.n) + " choices, got " +
+                             std::to_string(index));
+    }
+    // The loop ends it (watch()), as it does cancellations, so sequences end only on the loop's
+    // turns; one that already ended is unknown to the step scheduler by then: a no-op (sequence
+    // ids are never reused).
+    stops_.push_back(c.first + index);
+  }
+  cv_.notify_all();
+  return okStatus();
 }
 
 LlmStats LlmScheduler::stats() const {
@@ -203,6 +230,8 @@ void LlmScheduler::applyResults() {
 }
 
 void LlmScheduler::watch(int64_t now) {
+  for (SeqId id : stops_) core_.stop(id, now);  // [TAG_STOP_CHOICE]
+  stops_.clear();
   for (const auto& [id, a] : active_)
     if (a.req->cancelled.load()) core_.cancel(id, now);
   core_.expire(now);
@@ -229,7 +258,14 @@ LlmScheduler::Outbox LlmScheduler::collectEvents(int64_t now) {
       a.last_token_ns = now;
     }
     out.emplace_back(a.req, std::move(e.event));
-    if (out.back().second.last) active_.erase(it);
+    if (out.back().second.last) {
+      if (const uint64_t call = a.req->call_id; call != 0) {  // [TAG_STOP_CHOICE]
+        auto c = calls_.find(call);
+        CHECK(c != calls_.end() && c->second.live > 0);
+        if (--c->second.live == 0) calls_.erase(c);
+      }
+      active_.erase(it);
+    }
   }
   return out;
 }
@@ -307,7 +343,8 @@ void LlmScheduler::loop() {
     if (stop_) break;
     const Submitted sub = submitStep(l);
     // Planning may have ended a sequence (events) and a result may have come meanwhile.
-    if (sub == Submitted::kStep || core_.hasEvents() || resultReady()) continue;
+    if (sub == Submitted::kStep || core_.hasEvents() || resultReady() || !stops_.empty())
+      continue;
     cv_.wait_for(l, sub == Submitted::kNoSlot ? 5ms : 20ms);
   }
 }

@@ -12,7 +12,7 @@
 // sampled ids [TAG_LLM_PREV_TOKEN]. Results are applied in submission order whatever order the
 // worker answers in (a dying worker answers its slots in slot order).
 //
-// Threads: submit()/cancel()/stats() from any thread. One scheduler thread owns the loop: it
+// Threads: submit()/cancel()/stopChoice()/stats() from any thread. One scheduler thread owns the loop: it
 // applies results the worker's thread hands over, plans and submits steps, and delivers every
 // GenerateEvent on that thread, in order, with no lock held.
 
@@ -42,6 +42,9 @@ struct LlmRequest {
   // scheduler's submit().
   std::function<void(const GenerateEvent&)> on_event;
   std::atomic<bool> cancelled{false};
+  // A request with params.n > 1: the id stopChoice() names it by, set by submit() before any
+  // event and never changed after (0: none, n = 1 or not admitted) [TAG_STOP_CHOICE].
+  uint64_t call_id = 0;
 };
 
 class LlmScheduler {
@@ -56,6 +59,13 @@ class LlmScheduler {
   Status submit(std::shared_ptr<LlmRequest> req);
   // Ends the request with FINISH_CANCELLED and frees its blocks (at the next loop turn).
   void cancel(const std::shared_ptr<LlmRequest>& req);
+  // Ends one choice of a call with several (n > 1), named by its LlmRequest::call_id, with
+  // status OK and FINISH_STOP, and frees its blocks; the call's other choices go on
+  // [TAG_STOP_CHOICE]. For the caller's own stop conditions (ivy's stop strings). OK also when
+  // that choice already ended (idempotent); NOT_FOUND when no call with that id is running (an
+  // unknown id, or every choice of it has ended); INVALID_ARGUMENT for index >= n. Ids are drawn
+  // at random per process, so a stale id from an earlier tulip finds nothing.
+  Status stopChoice(uint64_t call_id, uint32_t index);
 
   LlmStats stats() const;
   // Whether steps are planned ahead of their results (two in flight).
@@ -70,6 +80,13 @@ class LlmScheduler {
     std::shared_ptr<LlmRequest> req;
     int64_t arrival_ns = 0;
     int64_t last_token_ns = 0;
+  };
+  // A running call with several choices [TAG_STOP_CHOICE]: sequences first .. first + n - 1,
+  // `live` of them not ended yet (their last event not collected).
+  struct Call {
+    SeqId first = 0;
+    uint32_t n = 0;
+    uint32_t live = 0;
   };
   struct StepResult {
     Status status;
@@ -97,6 +114,10 @@ class LlmScheduler {
   std::condition_variable cv_;
   LlmStepScheduler core_;  // guarded by mu_ (its options are immutable: read freely)
   std::unordered_map<SeqId, Active> active_;  // guarded by mu_: sequences with a stream
+  std::unordered_map<uint64_t, Call> calls_;   // guarded by mu_: by LlmRequest::call_id
+  uint64_t next_call_id_;                      // guarded by mu_
+  // Choices stopChoice() asked to stop, applied by the loop's watch() like cancellations.
+  std::vector<SeqId> stops_;                   // guarded by mu_
   std::deque<StepPlan> inflight_;             // guarded by mu_: submitted, oldest first
   std::map<uint64_t, StepResult> results_;    // guarded by mu_: by step, not yet applied
   LlmStats published_;                        // guarded by mu_: counters already exported

@@ -162,6 +162,12 @@ void LlmStepScheduler::cancel(SeqId id, int64_t now_ns) {
          -1, now_ns);
 }
 
+void LlmStepScheduler::stop(SeqId id, int64_t now_ns) {
+  auto it = seqs_.find(id);
+  if (it == seqs_.end()) return;
+  finish(it->second, okStatus(), FinishReason::kStop, -1, now_ns);
+}
+
 void LlmStepScheduler::expire(int64_t now_ns) {
   std::vector<SeqId> due;
   for (SeqId id : running_)

@@ -25,11 +25,12 @@
 //
 // Generation stops on an eos id (unless ignore_eos) or a stop_token_id (FINISH_STOP, the stop
 // token is the last one streamed), after max_tokens or at the context length (FINISH_LENGTH), on
-// cancel() (FINISH_CANCELLED) or deadline (DEADLINE_EXCEEDED, expire()); a finished sequence frees
-// its blocks at once. A step the worker refused (INVALID_ARGUMENT, INTERNAL: nothing was written)
-// ends the sequences it carried; any other failure means the worker lost its KV cache: every
-// running sequence ends UNAVAILABLE and configure() must rebuild the bookkeeping before the next
-// step (once no step is in flight).
+// cancel() (FINISH_CANCELLED), on stop() (FINISH_STOP: the caller's own stop condition) or at
+// its deadline (DEADLINE_EXCEEDED, expire()); a finished sequence frees its blocks at once. A
+// step the worker refused (INVALID_ARGUMENT, INTERNAL: nothing was written) ends the sequences it
+// carried; any other failure means the worker lost its KV cache: every running sequence ends
+// UNAVAILABLE and configure() must rebuild the bookkeeping before the next step (once no step is
+// in flight).
 //
 // Two steps in flight [TAG_LLM_PREV_TOKEN] (options.async_steps): schedule() may plan step N+1
 // while step N is still on the worker. A sequence that step N samples continues in N+1 from a
@@ -188,6 +189,12 @@ class LlmStepScheduler {
   Result<SeqId> add(GenerateParams params, int64_t now_ns);
   // Ends `id` with FINISH_CANCELLED (no-op for an unknown or finished id).
   void cancel(SeqId id, int64_t now_ns);
+  // Ends `id` with status OK and FINISH_STOP: the caller found a stop of its own in the tokens
+  // streamed so far (ivy's stop strings, [TAG_STOP_CHOICE]). Like cancel() it frees the blocks at
+  // once and drops the work of steps in flight (their tokens are never streamed); the other
+  // choices of the request go on. completion_tokens counts the tokens known so far. No-op for an
+  // unknown or finished id.
+  void stop(SeqId id, int64_t now_ns);
   // Ends every sequence whose deadline is <= now_ns with DEADLINE_EXCEEDED.
   void expire(int64_t now_ns);
   // The worker went down: running sequences end with `running_error` (their KV is gone), waiting

@@ -622,5 +622,230 @@ TEST_P(LlmSchedulerModes, ConcurrentSubmitCancelAndCompletion) {
   EXPECT_EQ(stats.running + stats.waiting, 0u);
 }
 
+// ---- stopChoice: one choice of n ends, the others go on [TAG_STOP_CHOICE] ---------------------
+
+// Every choice's stream of one request (Stream above merges them).
+struct Choices {
+  explicit Choices(uint32_t n) : tokens(n), last(n), events_after_last(n, 0) {}
+  std::mutex mu;
+  std::vector<std::vector<int32_t>> tokens;
+  std::vector<std::optional<GenerateEvent>> last;
+  std::vector<int> events_after_last;
+  std::shared_ptr<LlmRequest> req;
+  bool done(uint32_t i) {
+    std::lock_guard<std::mutex> l(mu);
+    return last[i].has_value();
+  }
+  bool allDone() {
+    std::lock_guard<std::mutex> l(mu);
+    for (const auto& x : last)
+      if (!x) return false;
+    return true;
+  }
+  size_t count(uint32_t i) {
+    std::lock_guard<std::mutex> l(mu);
+    return tokens[i].size();
+  }
+};
+
+std::shared_ptr<Choices> startChoices(LlmScheduler& s, GenerateParams p) {
+  auto out = std::make_shared<Choices>(p.n);
+  out->req = std::make_shared<LlmRequest>();
+  out->req->params = std::move(p);
+  out->req->on_event = [o = out.get()](const GenerateEvent& ev) {
+    std::lock_guard<std::mutex> l(o->mu);
+    if (o->last[ev.index]) ++o->events_after_last[ev.index];
+    if (ev.token >= 0) o->tokens[ev.index].push_back(ev.token);
+    if (ev.last) o->last[ev.index] = ev;
+  };
+  Status st = s.submit(out->req);
+  EXPECT_TRUE(st.isOk()) << st.toString();
+  return out;
+}
+
+// Choice i's reference: the fake model sampling with seed + i (ignore_eos).
+std::vector<int32_t> choiceRef(const GenerateParams& p, uint32_t i) {
+  llm::SamplingParams sp = p.sampling;
+  sp.seed += i;
+  return ref(p.prompt, p.max_tokens, sp);
+}
+
+TEST_P(LlmSchedulerModes, StopChoiceFreesThatChoiceAndTheOthersFinish) {
+  FakeLlmWorker w(32, 4);
+  LlmScheduler s(w, opts(64, 8));
+  GenerateParams p = params(range(9), 40);
+  p.n = 3;
+  p.ignore_eos = true;
+  p.sampling.temperature = 1.f;
+  p.sampling.seed = 11;
+  auto c = startChoices(s, p);
+  const uint64_t call = c->req->call_id;
+  ASSERT_NE(call, 0u);
+  // Run until choice 1 has a few tokens, then hold the next step on the worker.
+  ASSERT_TRUE(w.runUntil([&] { return c->count(1) >= 3; }));
+  ASSERT_TRUE(w.waitHeld(1));
+  const LlmStats before = s.stats();
+  EXPECT_EQ(before.running, 3u);
+  ASSERT_TRUE(s.stopChoice(call, 1).isOk());
+  // Ends with no step completing: the loop's next turn frees it.
+  auto t0 = std::chrono::steady_clock::now();
+  while (!c->done(1) && std::chrono::steady_clock::now() - t0 < 10s)
+    std::this_thread::sleep_for(1ms);
+  ASSERT_TRUE(c->done(1));
+  const LlmStats after = s.stats();
+  EXPECT_EQ(after.running, 2u);
+  EXPECT_LT(after.kv_used_blocks, before.kv_used_blocks);  // its own blocks (not the shared ones)
+  EXPECT_GT(after.kv_used_blocks, 0u);
+  // Idempotent while the call runs; out-of-range index refused.
+  EXPECT_TRUE(s.stopChoice(call, 1).isOk());
+  EXPECT_EQ(s.stopChoice(call, 3).code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(w.runUntil([&] { return c->allDone(); }));
+  std::lock_guard<std::mutex> l(c->mu);
+  // The stopped choice: OK, FINISH_STOP, a prefix of its reference, counted as streamed.
+  const GenerateEvent& e1 = *c->last[1];
+  EXPECT_TRUE(e1.status.isOk()) << e1.status.toString();
+  EXPECT_EQ(e1.finish, FinishReason::kStop);
+  EXPECT_GE(c->tokens[1].size(), 3u);
+  EXPECT_LT(c->tokens[1].size(), 40u);
+  EXPECT_EQ(e1.completion_tokens, c->tokens[1].size());
+  const auto want1 = choiceRef(p, 1);
+  EXPECT_TRUE(std::equal(c->tokens[1].begin(), c->tokens[1].end(), want1.begin()));
+  // The others: every token, as if nothing happened.
+  for (uint32_t i : {0u, 2u}) {
+    EXPECT_EQ(c->tokens[i], choiceRef(p, i)) << i;
+    EXPECT_EQ(c->last[i]->finish, FinishReason::kLength) << i;
+    EXPECT_EQ(c->last[i]->completion_tokens, 40u) << i;
+  }
+  for (int n : c->events_after_last) EXPECT_EQ(n, 0);
+  EXPECT_TRUE(w.errors().empty()) << w.errors()[0];
+  EXPECT_EQ(s.stats().kv_free_blocks, 32u);
+  // Every choice ended: the call is gone.
+  EXPECT_EQ(s.stopChoice(call, 0).code(), StatusCode::kNotFound);
+}
+
+TEST_P(LlmSchedulerModes, StopChoiceOfAWaitingOrUnknownCall) {
+  FakeLlmWorker w(32, 4);
+  LlmScheduler s(w, opts(64, 8));
+  EXPECT_EQ(s.stopChoice(0, 0).code(), StatusCode::kNotFound);
+  EXPECT_EQ(s.stopChoice(12345, 0).code(), StatusCode::kNotFound);
+  // n = 1 has no call id: the whole request is cancel()'s.
+  auto one = start(s, params(range(4), 3));
+  EXPECT_EQ(one->req->call_id, 0u);
+  // Choice 0 (the leader) stopped before any step: the followers compute the prompt themselves.
+  GenerateParams p = params(range(10), 6);
+  p.n = 2;
+  p.ignore_eos = true;
+  auto c = startChoices(s, p);
+  ASSERT_NE(c->req->call_id, 0u);
+  ASSERT_TRUE(s.stopChoice(c->req->call_id, 0).isOk());
+  ASSERT_TRUE(w.runUntil([&] { return c->allDone() && one->done(); }));
+  std::lock_guard<std::mutex> l(c->mu);
+  EXPECT_EQ(c->last[0]->finish, FinishReason::kStop);
+  EXPECT_TRUE(c->last[0]->status.isOk());
+  EXPECT_LE(c->tokens[0].size(), 6u);
+  EXPECT_EQ(c->tokens[1], ref(range(10), 6));
+  EXPECT_EQ(c->last[1]->finish, FinishReason::kLength);
+  EXPECT_EQ(s.stats().kv_free_blocks, 32u);
+}
+
+// Threads submitting n-choice requests, stopping one of their choices (waiting, running or
+// already ended) and cancelling others while the worker runs: every choice not stopped streams its
+// whole reference, a stopped one a prefix of it (FINISH_STOP, OK), and nothing leaks.
+TEST_P(LlmSchedulerModes, ConcurrentStopChoiceSubmitAndCancel) {
+  FakeLlmWorker w(40, 2, 48);
+  LlmScheduler s(w, opts(16, 6));
+  constexpr int kThreads = 4, kPerThread = 10;
+  struct Entry {
+    std::shared_ptr<Choices> c;
+    GenerateParams p;
+    int stopped = -1;  // the choice asked to stop
+    bool cancelled = false;
+  };
+  std::mutex mu;
+  std::vector<Entry> entries;
+  std::atomic<int> submitted{0};
+  std::thread worker([&] {
+    EXPECT_TRUE(w.runUntil(
+        [&] {
+          if (submitted.load() < kThreads * kPerThread) return false;
+          std::lock_guard<std::mutex> l(mu);
+          for (auto& e : entries)
+            if (!e.c->allDone()) return false;
+          return true;
+        },
+        60000ms));
+  });
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937 rng(200 + t);
+      std::shared_ptr<Choices> prev;
+      uint32_t prev_n = 0;
+      for (int i = 0; i < kPerThread; ++i) {
+        std::vector<int32_t> prompt = range(3 + static_cast<int32_t>(rng() % 6), 10 * t + 1);
+        prompt.push_back(static_cast<int32_t>(3 + rng() % 900));
+        GenerateParams p = params(prompt, 4 + rng() % 10);
+        p.n = 2 + rng() % 3;
+        p.ignore_eos = true;
+        p.sampling.temperature = 1.f;
+        p.sampling.seed = 31 * t + i;
+        auto c = startChoices(s, p);
+        Entry e{c, p};
+        // Stop a choice of this request or of the previous one (which may have ended); cancel
+        // every fifth.
+        if (i % 2 == 0) {
+          e.stopped = static_cast<int>(rng() % p.n);
+          EXPECT_TRUE(s.stopChoice(c->req->call_id, e.stopped).isOk());
+        } else if (prev) {
+          const Status st = s.stopChoice(prev->req->call_id, rng() % prev_n);
+          EXPECT_TRUE(st.isOk() || st.code() == StatusCode::kNotFound) << st.toString();
+        }
+        if (i % 5 == 4) {
+          s.cancel(c->req);
+          e.cancelled = true;
+        }
+        {
+          std::lock_guard<std::mutex> l(mu);
+          entries.push_back(e);
+        }
+        prev = c;
+        prev_n = p.n;
+        ++submitted;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  worker.join();
+  std::lock_guard<std::mutex> l(mu);
+  ASSERT_EQ(entries.size(), size_t{kThreads * kPerThread});
+  for (size_t k = 0; k < entries.size(); ++k) {
+    Entry& e = entries[k];
+    std::lock_guard<std::mutex> g(e.c->mu);
+    for (uint32_t i = 0; i < e.p.n; ++i) {
+      ASSERT_TRUE(e.c->last[i].has_value()) << k << "/" << i;
+      EXPECT_EQ(e.c->events_after_last[i], 0) << k << "/" << i;
+      const auto want = choiceRef(e.p, i);
+      const auto& got = e.c->tokens[i];
+      ASSERT_LE(got.size(), want.size()) << k << "/" << i;
+      EXPECT_TRUE(std::equal(got.begin(), got.end(), want.begin())) << k << "/" << i;
+      const GenerateEvent& last = *e.c->last[i];
+      if (e.cancelled && last.finish == FinishReason::kCancelled) continue;
+      EXPECT_TRUE(last.status.isOk()) << k << "/" << i << ": " << last.status.toString();
+      if (static_cast<int>(i) == e.stopped) {
+        EXPECT_EQ(last.finish, FinishReason::kStop) << k << "/" << i;
+        EXPECT_EQ(last.completion_tokens, got.size()) << k << "/" << i;
+      } else if (last.finish != FinishReason::kStop) {  // a later stop of a previous request's
+        EXPECT_EQ(got, want) << k << "/" << i;
+        EXPECT_EQ(last.finish, FinishReason::kLength) << k << "/" << i;
+      }
+    }
+    EXPECT_EQ(s.stopChoice(e.c->req->call_id, 0).code(), StatusCode::kNotFound) << k;
+  }
+  EXPECT_TRUE(w.errors().empty()) << w.errors()[0];
+  const auto stats = s.stats();
+  EXPECT_EQ(stats.kv_free_blocks, 40u);
+  EXPECT_EQ(stats.running + stats.waiting, 0u);
+}
+
 }  // namespace
 }  // namespace garden::tulip
