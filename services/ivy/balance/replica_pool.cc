@@ -476,14 +476,31 @@ class ReplicaPool::PoolStream : public GenerateStream,
         },
         [self, r](Status s) { self->onInnerDone(r, std::move(s)); });
     bool cancel_now = false;
+    std::vector<uint32_t> stops;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (attempts_ == my_attempt && !finished_) {
         inner_ = inner;
         cancel_now = cancelled_;
+        stops.swap(pending_stops_);
       }
     }
     if (cancel_now && inner) inner->cancel();
+    if (inner)
+      for (uint32_t i : stops) inner->stopChoice(i);
+  }
+
+  // [TAG_STOP_CHOICE] To the stream whose chunks reached the caller; one asked for before the
+  // stream's handle is known (its first chunk may come first) is passed on once it is.
+  void stopChoice(uint32_t index) override {
+    std::shared_ptr<GenerateStream> inner;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (cancelled_ || finished_) return;
+      inner = inner_;
+      if (!inner) pending_stops_.push_back(index);
+    }
+    if (inner) inner->stopChoice(index);
   }
 
   void cancel() override {
@@ -565,6 +582,7 @@ class ReplicaPool::PoolStream : public GenerateStream,
 
   std::mutex mu_;
   std::shared_ptr<GenerateStream> inner_;  // guarded by mu_
+  std::vector<uint32_t> pending_stops_;     // guarded by mu_: stopChoice() before inner_ was set
   uint64_t attempts_ = 0;                  // guarded by mu_
   bool cancelled_ = false;                 // guarded by mu_
   bool finished_ = false;                  // guarded by mu_

@@ -206,6 +206,9 @@ class GenerateReactor final : public grpc::ClientReadReactor<v1::GenerateChunk>,
              const TokenFile* token, std::string_view target) {
     channel_ = std::move(channel);
     target_ = target;
+    stub_ = stub;
+    token_ = token;
+    request_id_ = call.request_id;
     if (!call.request_id.empty()) ctx_.AddMetadata("x-request-id", call.request_id);
     addToken(&ctx_, token);
     setDeadline(&ctx_, call.timeout);
@@ -271,6 +274,33 @@ class GenerateReactor final : public grpc::ClientReadReactor<v1::GenerateChunk>,
 
   void cancel() override { ctx_.TryCancel(); }
 
+  // [TAG_STOP_CHOICE] A unary StopChoice on the same channel (so the same tulip), naming the call
+  // by the id of its first chunk; before that chunk there is nothing to stop by name (and no
+  // output for a stop string to match).
+  void stopChoice(uint32_t index) override {
+    const uint64_t call_id = call_id_.load(std::memory_order_acquire);
+    if (call_id == 0) return;
+    unaryCall<v1::StopChoiceRequest, v1::StopChoiceResponse>(
+        [stub = stub_](auto* ctx, auto* req, auto* resp, auto on_done) {
+          stub->async()->StopChoice(ctx, req, resp, std::move(on_done));
+        },
+        UnaryOptions{std::chrono::milliseconds(5000), request_id_, nullptr, token_, target_,
+                     channel_},
+        [call_id, index](v1::StopChoiceRequest* req) {
+          req->set_call_id(call_id);
+          req->set_index(index);
+        },
+        [](const v1::StopChoiceResponse&) { return okStatus(); },
+        [index, rid = request_id_](Status st) {
+          // Not the request's failure: the choice is complete in ivy either way, and NOT_FOUND
+          // just means the call ended meanwhile.
+          if (!st.isOk())
+            log::debug("StopChoice failed", {{"request_id", rid},
+                                             {"index", static_cast<uint64_t>(index)},
+                                             {"status", st}});
+        });
+  }
+
   void OnReadDone(bool ok) override {
     tsanAcquire(this);
     if (!ok) return;  // end of stream or failure: OnDone follows
@@ -308,6 +338,7 @@ class GenerateReactor final : public grpc::ClientReadReactor<v1::GenerateChunk>,
     m.completion_tokens = chunk_.completion_tokens();
     m.queue_us = chunk_.timings().queue_us();
     m.total_us = chunk_.timings().total_us();
+    if (chunk_.call_id() != 0) call_id_.store(chunk_.call_id(), std::memory_order_release);
     on_chunk_(std::move(m));
     tsanRelease(this);
     StartRead(&chunk_);
@@ -331,6 +362,10 @@ class GenerateReactor final : public grpc::ClientReadReactor<v1::GenerateChunk>,
   TulipClient::StreamDone on_done_;
   std::shared_ptr<GenerateReactor> self_;
   std::string_view target_;  // the client's (it outlives its calls)
+  v1::Tulip::Stub* stub_ = nullptr;  // the client's (it outlives its calls)
+  const TokenFile* token_ = nullptr;  // the client's
+  std::string request_id_;
+  std::atomic<uint64_t> call_id_{0};  // GenerateChunk.call_id of the first chunk [TAG_STOP_CHOICE]
 };
 
 class GrpcTulipClient final : public TulipClient {

@@ -133,10 +133,15 @@ struct GenerateChunkMsg {
 
 // Handle of a Generate stream in flight. cancel() is idempotent and thread-safe; after it the
 // stream ends (on_done runs with CANCELLED unless it already finished).
+// stopChoice(i) (a call with n > 1) asks tulip to stop generating choice i while the others go on
+// (garden.v1.Tulip/StopChoice) [TAG_STOP_CHOICE]: best effort, thread-safe, never blocks,
+// idempotent; the choice's chunks already on their way still arrive (with its last chunk,
+// FINISH_STOP), so the caller drops them itself. A no-op for a stream that cannot (default).
 class GenerateStream {
  public:
   virtual ~GenerateStream() = default;
   virtual void cancel() = 0;
+  virtual void stopChoice(uint32_t /*index*/) {}
 };
 
 struct TulipModelInfo {

@@ -86,13 +86,19 @@ class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
           std::move(calls[k]), [self, k](GenerateChunkMsg m) { self->onChunk(k, std::move(m)); },
           [self, k](Status s) { self->onDone(k, std::move(s)); });
       bool cancel_now = false;
+      std::vector<uint32_t> stops;
       {
         std::lock_guard<std::mutex> lock(mu_);
         StreamState& st = streams_[k];
         st.handle = h;
         cancel_now = closed_ || streamDoneLocked(st);
+        stops.swap(st.pending_stops);
       }
-      if (cancel_now && h) h->cancel();
+      if (cancel_now && h) {
+        h->cancel();
+      } else if (h) {
+        for (uint32_t i : stops) h->stopChoice(i);
+      }
     }
   }
 
@@ -108,6 +114,8 @@ class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
     std::shared_ptr<GenerateStream> handle;
     size_t first = 0;
     size_t count = 1;
+    // Choices a stop string ended before `handle` was set [TAG_STOP_CHOICE].
+    std::vector<uint32_t> pending_stops;
   };
 
   bool streamDoneLocked(const StreamState& st) const {
@@ -126,6 +134,7 @@ class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
 
   void onChunk(size_t k, GenerateChunkMsg m) {
     std::shared_ptr<GenerateStream> to_cancel;
+    std::shared_ptr<GenerateStream> to_stop;  // stop choice m.index of this stream
     std::vector<std::shared_ptr<GenerateStream>> to_cancel_all;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -146,11 +155,19 @@ class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
         if (m.queue_us != 0) c.queue_us = m.queue_us;
         if (m.total_us != 0) c.total_us = m.total_us;
         if (!m.token_ids.empty() && !out_->onTokens(i, m.token_ids, m.logprobs)) {
-          // A stop string matched: this choice is complete; stop generating it (a call with
-          // several choices goes on for the others, this one's tokens are dropped).
+          // A stop string matched: this choice is complete; stop generating it. A call with
+          // several choices goes on for the others: tulip stops only this one (StopChoice
+          // [TAG_STOP_CHOICE]), and its later chunks (tokens, its FINISH_STOP last chunk and
+          // tulip's counts) are dropped here (c.done), so its finish and usage are ivy's.
           c.done = true;
           --remaining_;
-          if (st.count == 1 || streamDoneLocked(st)) to_cancel = st.handle;
+          if (st.count == 1 || streamDoneLocked(st)) {
+            to_cancel = st.handle;
+          } else if (st.handle) {
+            to_stop = st.handle;
+          } else {
+            st.pending_stops.push_back(m.index);  // start() passes it on with the handle
+          }
         } else if (m.finish == FinishReason::kStop || m.finish == FinishReason::kLength) {
           c.end.hit_length = m.finish == FinishReason::kLength;
           finishChoiceLocked(i);
@@ -160,6 +177,7 @@ class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
       }
     }
     if (to_cancel) to_cancel->cancel();
+    if (to_stop) to_stop->stopChoice(m.index);
     for (auto& h : to_cancel_all) h->cancel();
   }
 

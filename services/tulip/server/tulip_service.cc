@@ -367,6 +367,11 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateChunk>
     Choice& c = choices_[pick];
     chunk_.Clear();
     if (pick != 0) chunk_.set_index(static_cast<uint32_t>(pick));
+    if (!first_sent_) {
+      // [TAG_STOP_CHOICE] req_->call_id was set by submit() before any event.
+      first_sent_ = true;
+      if (req_->call_id != 0) chunk_.set_call_id(req_->call_id);
+    }
     chunk_.mutable_token_ids()->Add(c.pending.begin(), c.pending.end());
     c.pending.clear();
     for (const llm::LlmTokenLogprobs& lp : c.pending_lp) {
@@ -422,6 +427,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateChunk>
   bool writing_ GUARDED_BY(mu_) = false;
   bool finished_ GUARDED_BY(mu_) = false;
   bool broken_ GUARDED_BY(mu_) = false;
+  bool first_sent_ GUARDED_BY(mu_) = false;  // the first chunk (it carries the call id) went out
 };
 
 }  // namespace
@@ -691,6 +697,19 @@ grpc::ServerUnaryReactor* TulipService::Load(grpc::CallbackServerContext* ctx,
   resp->set_max_seq_len(f.max_seq_len);
   resp->set_hidden_size(f.hidden_size);
   return finishNow(ctx, grpc::Status::OK);
+}
+
+grpc::ServerUnaryReactor* TulipService::StopChoice(grpc::CallbackServerContext* ctx,
+                                                   const v1::StopChoiceRequest* req,
+                                                   v1::StopChoiceResponse* /*resp*/) {
+  if (grpc::Status a = authorize(ctx); !a.ok()) return finishNow(ctx, a);
+  const Status st = llm_.stopChoice(req->call_id(), req->index());
+  Metrics::get().requests.labels({"StopChoice", std::string(statusCodeName(st.code()))}).inc();
+  log::debug("stop choice", {{"request_id", requestId(ctx)},
+                             {"call_id", req->call_id()},
+                             {"index", static_cast<uint64_t>(req->index())},
+                             {"status", st}});
+  return finishNow(ctx, toGrpcStatus(st));
 }
 
 grpc::ServerUnaryReactor* TulipService::ModelInfo(grpc::CallbackServerContext* ctx,

@@ -5,7 +5,9 @@
 // one write in flight per stream, tokens that arrive meanwhile are coalesced into the next chunk
 // (so a slow reader costs at most its own max_tokens ids), and a caller that goes away cancels
 // the sequence, which frees its KV blocks. Which methods are served follows the worker's
-// ModelFacts kind ("embedding": Embed/Score, "llm": Generate).
+// ModelFacts kind ("embedding": Embed/Score, "llm": Generate). A Generate call with n > 1 names
+// itself in its first chunk (GenerateChunk.call_id); StopChoice ends one of its choices while the
+// others go on [TAG_STOP_CHOICE].
 // With ServiceOptions::auth set, every method of garden.v1.Tulip first checks the call's
 // `authorization: Bearer <token>` metadata against it and answers UNAUTHENTICATED without doing
 // anything else when it is missing or wrong [TAG_TULIP_TOKEN]. grpc.health.v1 (gRPC's own health
@@ -52,6 +54,11 @@ class TulipService final : public garden::v1::Tulip::CallbackService {
   grpc::ServerUnaryReactor* ModelInfo(grpc::CallbackServerContext* ctx,
                                       const garden::v1::ModelInfoRequest* req,
                                       garden::v1::ModelInfoResponse* resp) override;
+  // Ends one choice of a running Generate call with n > 1 (LlmScheduler::stopChoice)
+  // [TAG_STOP_CHOICE].
+  grpc::ServerUnaryReactor* StopChoice(grpc::CallbackServerContext* ctx,
+                                       const garden::v1::StopChoiceRequest* req,
+                                       garden::v1::StopChoiceResponse* resp) override;
 
   std::string modelName() const;
 

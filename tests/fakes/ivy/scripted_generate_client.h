@@ -10,6 +10,10 @@
 // script for every choice) as tulip does: chunks name their choice (index), taken in turn, each
 // choice with its own last chunk; with call.logprobs and setChoiceLogprob, every token of choice c
 // carries logprob setChoiceLogprob(c) (otherwise no logprobs are sent).
+// stopChoice(c) on a stream [TAG_STOP_CHOICE] is counted (stopChoiceCalls()) and, as tulip does,
+// ends choice c at its next turn with a last chunk (FINISH_STOP) whose completion_tokens is
+// kStoppedCount + the tokens sent: a count ivy must not report (it counts the stopped choice
+// itself); setHonourStopChoice(false) makes it a no-op, as a stream that cannot stop one choice.
 // Callbacks run on the fake's own worker thread, never inline in generate(). Thread-safe.
 
 #include <algorithm>
@@ -89,6 +93,11 @@ class ScriptedGenerateClient final : public TulipClient {
     queue_us_ = queue_us;
     total_us_ = total_us;
   }
+  static constexpr uint32_t kStoppedCount = 100000;
+  void setHonourStopChoice(bool on) { honour_stop_.store(on); }
+  int stopChoiceCalls() const { return stop_calls_.load(); }
+  // Tokens sent so far over every stream and choice.
+  int tokensSent() const { return tokens_sent_.load(); }
   void setHold(bool on) {
     std::lock_guard<std::mutex> lock(mu_);
     hold_ = on;
@@ -125,6 +134,7 @@ class ScriptedGenerateClient final : public TulipClient {
   std::shared_ptr<GenerateStream> generate(GenerateCall call, ChunkFn on_chunk,
                                            StreamDone on_done) override {
     auto s = std::make_shared<Stream>();
+    s->client = this;
     std::lock_guard<std::mutex> lock(mu_);
     calls_.push_back(call);
     const uint32_t n = std::max<uint32_t>(call.n, 1);
@@ -164,6 +174,12 @@ class ScriptedGenerateClient final : public TulipClient {
  private:
   struct Stream : GenerateStream {
     void cancel() override { cancelled.store(true); }
+    void stopChoice(uint32_t index) override {
+      ++client->stop_calls_;
+      if (client->honour_stop_.load()) stop_mask.fetch_or(1u << index);
+    }
+    ScriptedGenerateClient* client = nullptr;
+    std::atomic<uint32_t> stop_mask{0};  // choices stopChoice() ended
     GenerateCall call;
     std::vector<std::vector<int32_t>> scripts;  // per choice
     std::vector<size_t> positions;               // per choice: tokens sent
@@ -217,7 +233,9 @@ class ScriptedGenerateClient final : public TulipClient {
     GenerateChunkMsg m;
     m.index = c;
     const auto& stops = s->call.stop_token_ids;
-    while (m.token_ids.size() < chunk) {
+    const bool stopped = (s->stop_mask.load() >> c) & 1u;
+    if (stopped) m.finish = FinishReason::kStop;
+    while (!stopped && m.token_ids.size() < chunk) {
       if (pos >= s->call.max_tokens) {
         m.finish = FinishReason::kLength;
         break;
@@ -228,6 +246,7 @@ class ScriptedGenerateClient final : public TulipClient {
       }
       int32_t id = tokens[pos++];
       m.token_ids.push_back(id);
+      ++tokens_sent_;
       if (s->call.logprobs && !s->logprob.empty()) {
         llm::LlmTokenLogprobs lp;
         lp.logprob = s->logprob[c];
@@ -245,7 +264,7 @@ class ScriptedGenerateClient final : public TulipClient {
     if (m.finish != FinishReason::kNone) {
       m.prompt_tokens = static_cast<uint32_t>(s->call.prompt_ids.size());
       m.cached_prompt_tokens = cached;
-      m.completion_tokens = static_cast<uint32_t>(pos);
+      m.completion_tokens = static_cast<uint32_t>(pos) + (stopped ? kStoppedCount : 0);
       m.queue_us = queue_us;
       m.total_us = total_us;
       s->ended[c] = true;
@@ -286,6 +305,9 @@ class ScriptedGenerateClient final : public TulipClient {
   uint64_t queue_us_ = 0;
   uint64_t total_us_ = 0;
   bool hold_ = false;
+  std::atomic<bool> honour_stop_{true};
+  std::atomic<int> stop_calls_{0};
+  std::atomic<int> tokens_sent_{0};
   std::vector<std::shared_ptr<Stream>> held_;
   TulipModelInfo info_;
   std::vector<GenerateCall> calls_;

@@ -145,6 +145,39 @@ TEST(ChoicesTest, ChatStopStringEndsOneChoiceOnly) {
   EXPECT_EQ(o.finish[1], "stop");
 }
 
+// [TAG_STOP_CHOICE] The stopped choice is stopped upstream too (StopChoice), while the other
+// runs to its end; what ivy reports for it (text, finish_reason, usage) is what it reports when
+// the stream cannot stop one choice: ivy's own count, never the upstream's last chunk.
+TEST(ChoicesTest, StopStringStopsThatChoiceUpstreamAndKeepsItsUsage) {
+  auto run = [](bool honour, int* stop_calls, int* sent) {
+    ChatHarness h;
+    h.client().setHonourStopChoice(honour);
+    h.client().setChoiceScript([&](const GenerateCall&, uint32_t c) {
+      std::string long_tail;
+      for (int i = 0; i < 60; ++i) long_tail += " more";
+      return h.ids(finalText(c == 0 ? "abc STOP def" + long_tail : "ghi jkl" + long_tail));
+    });
+    Captured r = h.post("/v1/chat/completions",
+                        std::string("{") + kMessages + R"(,"n":2,"stop":"STOP"})");
+    EXPECT_EQ(r.status, 200) << r.body;
+    *stop_calls = h.client().stopChoiceCalls();
+    *sent = h.client().tokensSent();
+    return parseFull(r.body, true);
+  };
+  int calls_on = 0, sent_on = 0, calls_off = 0, sent_off = 0;
+  const Out on = run(true, &calls_on, &sent_on);
+  const Out off = run(false, &calls_off, &sent_off);
+  EXPECT_EQ(calls_on, 1);
+  EXPECT_EQ(calls_off, 1);
+  EXPECT_LT(sent_on, sent_off);  // choice 0's tail was never generated
+  EXPECT_EQ(on.text, off.text);
+  EXPECT_EQ(on.finish, off.finish);
+  EXPECT_EQ(on.finish.at(0), "stop");
+  EXPECT_EQ(on.completion_tokens, off.completion_tokens);
+  EXPECT_LT(on.completion_tokens, int64_t{ScriptedGenerateClient::kStoppedCount});
+  EXPECT_EQ(on.text.at(0).find("STOP"), std::string::npos);
+}
+
 TEST(ChoicesTest, CompletionsNPerPromptIndexesPromptMajor) {
   ChatHarness h;
   h.client().setChoiceScript([](const GenerateCall& call, uint32_t c) {
