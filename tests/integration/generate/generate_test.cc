@@ -316,6 +316,88 @@ TEST_F(Generate, CancellationMidStreamFreesBlocks) {
   EXPECT_TRUE(waitIdle(30s)) << "blocks not freed after cancel: " << load().kv_free_blocks();
 }
 
+// [TAG_STOP_CHOICE] StopChoice over gRPC: the call id comes in the first chunk of an n > 1 call
+// only; stopping one choice ends it (FINISH_STOP, fewer tokens, its blocks freed) while the other
+// streams every token; stopping it again is OK, a bad index INVALID_ARGUMENT, and once the call
+// is over (or for an id never issued) NOT_FOUND; tulip keeps serving.
+TEST_F(Generate, StopChoiceEndsOneChoiceWhileTheOtherFinishes) {
+  // 30 ms a step: 80 tokens take 2.4 s, room to stop a choice mid-stream on a loaded machine.
+  startTulip({"--kv-blocks", "64", "--kv-block-size", "4", "--delay-ms", "30"});
+  auto stopChoice = [&](uint64_t call_id, uint32_t index) {
+    v1::StopChoiceRequest r;
+    r.set_call_id(call_id);
+    r.set_index(index);
+    v1::StopChoiceResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + 10s);
+    return stub_->StopChoice(&ctx, r, &resp);
+  };
+  EXPECT_EQ(stopChoice(0, 0).error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(stopChoice(42, 0).error_code(), grpc::StatusCode::NOT_FOUND);
+  // n = 1: no call id.
+  {
+    auto one = run(req(range(5), 3));
+    ASSERT_TRUE(one.status.ok()) << one.status.error_message();
+    EXPECT_EQ(one.last.call_id(), 0u);
+  }
+  constexpr uint32_t kMax = 80;
+  v1::GenerateRequest r = req(range(9), kMax);
+  r.set_n(2);
+  r.set_ignore_eos(true);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + 60s);
+  auto reader = stub_->Generate(&ctx, r);
+  v1::GenerateChunk c;
+  uint64_t call_id = 0;
+  int chunks = 0;
+  std::vector<int32_t> got[2];
+  v1::GenerateChunk last[2];
+  bool stopped = false;
+  uint32_t free_before_stop = 0;
+  while (reader->Read(&c)) {
+    if (chunks++ == 0) {
+      call_id = c.call_id();
+    } else {
+      EXPECT_EQ(c.call_id(), 0u) << "only the first chunk names the call";
+    }
+    ASSERT_LT(c.index(), 2u);
+    got[c.index()].insert(got[c.index()].end(), c.token_ids().begin(), c.token_ids().end());
+    if (c.finish_reason() != v1::FINISH_NONE) last[c.index()] = c;
+    if (!stopped && got[1].size() >= 3) {
+      ASSERT_NE(call_id, 0u);
+      free_before_stop = load().kv_free_blocks();
+      const grpc::Status st = stopChoice(call_id, 1);
+      EXPECT_TRUE(st.ok()) << st.error_message();
+      stopped = true;
+      // Its blocks are freed while choice 0 still runs (choice 0 only takes more).
+      EXPECT_TRUE(testing::eventually(10s, [&] {
+        auto l = load();
+        return l.running_seqs() <= 1u;
+      }));
+      EXPECT_EQ(stopChoice(call_id, 1).error_code(), grpc::StatusCode::OK);  // idempotent
+      EXPECT_EQ(stopChoice(call_id, 2).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    }
+  }
+  ASSERT_TRUE(reader->Finish().ok());
+  ASSERT_TRUE(stopped);
+  EXPECT_GT(free_before_stop, 0u);
+  // Choice 0: every token, greedy, as if alone.
+  EXPECT_EQ(got[0], ref(range(9), kMax));
+  EXPECT_EQ(last[0].finish_reason(), v1::FINISH_LENGTH);
+  EXPECT_EQ(last[0].completion_tokens(), kMax);
+  // Choice 1: a prefix of the same stream, ended FINISH_STOP well before max_tokens.
+  const auto want = ref(range(9), kMax);
+  EXPECT_GE(got[1].size(), 3u);
+  EXPECT_LT(got[1].size(), size_t{kMax / 2}) << "choice 1 was not stopped in time";
+  EXPECT_TRUE(std::equal(got[1].begin(), got[1].end(), want.begin()));
+  EXPECT_EQ(last[1].finish_reason(), v1::FINISH_STOP);
+  EXPECT_EQ(last[1].completion_tokens(), got[1].size());
+  // The call is over: its id is gone.
+  EXPECT_EQ(stopChoice(call_id, 0).error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_TRUE(waitIdle(30s));
+  EXPECT_TRUE(tulip_->alive());
+}
+
 TEST_F(Generate, RepeatedLongPromptHitsThePrefixCache) {
   startTulip({"--kv-blocks", "64", "--kv-block-size", "4"});
   const auto prompt = range(40, 500);

@@ -168,6 +168,26 @@ TEST_F(TulipAuth, EveryTulipMethodRefusesACallWithoutTheToken) {
   EXPECT_TRUE(healthServing());
 }
 
+// [TAG_STOP_CHOICE] StopChoice is behind the token like every method (the loop above covers it
+// by name; here with a real request): refused without it, answered with it (no such call here).
+TEST_F(TulipAuth, StopChoiceNeedsTheToken) {
+  auto stop = [&](const std::string& authorization) {
+    v1::StopChoiceRequest req;
+    req.set_call_id(0x1234567890abcdefULL);
+    req.set_index(1);
+    v1::StopChoiceResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + 10s);
+    if (!authorization.empty()) ctx.AddMetadata("authorization", authorization);
+    return stub_->StopChoice(&ctx, req, &resp);
+  };
+  EXPECT_EQ(stop("").error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(stop("Bearer tok-wrong").error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  const grpc::Status st = stop("Bearer tok-right");
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::NOT_FOUND) << st.error_message();
+  EXPECT_TRUE(tulip_->alive());
+}
+
 TEST_F(TulipAuth, TheTokenIsServedAndTheFileIsReloadedOnSighup) {
   v1::EmbedResponse resp;
   grpc::Status st = embed("Bearer tok-right", &resp);
