@@ -13,7 +13,9 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -603,6 +605,60 @@ TEST_F(ChatMesh, ChatNChoicesStreamedAndNot) {
     EXPECT_NE(st.body.find(role), std::string::npos) << st.body;
   }
   EXPECT_NE(st.body.find("data: [DONE]"), std::string::npos);
+}
+
+// [TAG_STOP_CHOICE] A stop string that ends one choice of n = 2 stops that choice in tulip too
+// (ivy's StopChoice), while the other runs to max_tokens. Measured on tulip's own counter of
+// generated tokens: without the stop it would grow by 2 * max_tokens; with it, by what ivy reports
+// (the other choice's max_tokens and the stopped one's tokens up to its stop string) plus the few
+// tokens generated while the StopChoice call was on its way.
+TEST_F(ChatMesh, StopStringEndingOneChoiceStopsItInTulip) {
+  constexpr int kMax = 160;
+  const std::string common = R"({"model":"gpt-oss-tiny","prompt":)" + freshPrompt(12, 3) +
+                             R"(,"n":2,"max_tokens":)" + std::to_string(kMax) +
+                             R"(,"temperature":1,"seed":5,"ignore_eos":true)";
+  // The two choices' whole texts (seeded: the same again below).
+  auto base = post("/v1/completions", common + "}");
+  ASSERT_EQ(base.status, 200) << base.body;
+  Completion all = parseCompletion(base.body);
+  ASSERT_EQ(all.text.size(), 2u) << base.body;
+  const std::string t0 = all.text[0], t1 = all.text[1];
+  // A stop string early in choice 0 (first found there, within its first third) that choice 1
+  // never produces: 5 ASCII letters or digits (no JSON escaping, no UTF-8 boundary).
+  std::string stop;
+  size_t at = std::string::npos;
+  for (size_t p = 1; p + 5 <= t0.size() / 3 && stop.empty(); ++p) {
+    const std::string cand = t0.substr(p, 5);
+    if (!std::all_of(cand.begin(), cand.end(), [](unsigned char ch) { return std::isalnum(ch); }))
+      continue;
+    if (t0.find(cand) == p && t1.find(cand) == std::string::npos) {
+      stop = cand;
+      at = p;
+    }
+  }
+  ASSERT_FALSE(stop.empty()) << "no usable stop string in choice 0: " << t0;
+  ASSERT_TRUE(tulipIdle());
+  const double generated0 = tulipMetric("tulip_generated_tokens_total");
+  auto r = post("/v1/completions", common + R"(,"stop":")" + stop + R"("})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  Completion c = parseCompletion(r.body);
+  // Choice 0 ends at the stop string, choice 1 is untouched.
+  EXPECT_EQ(c.text[0], t0.substr(0, at)) << "stop " << stop;
+  EXPECT_EQ(c.finish[0], "stop");
+  EXPECT_EQ(c.text[1], t1);
+  EXPECT_EQ(c.finish[1], "length");
+  // ivy's usage: choice 1's max_tokens and the stopped choice's tokens ivy saw (at least one).
+  EXPECT_GT(c.completion_tokens, kMax);
+  EXPECT_LT(c.completion_tokens, 2 * kMax);
+  // tulip stopped choice 0: it generated what ivy reports plus a few in flight, never both
+  // choices' max_tokens.
+  ASSERT_TRUE(tulipIdle());
+  const double generated = tulipMetric("tulip_generated_tokens_total") - generated0;
+  EXPECT_GE(generated, static_cast<double>(c.completion_tokens));
+  EXPECT_LE(generated, static_cast<double>(c.completion_tokens + kMax / 4))
+      << "tulip kept generating the stopped choice (" << generated << " tokens for "
+      << c.completion_tokens << " reported)";
+  EXPECT_LT(generated, 2.0 * kMax);
 }
 
 TEST_F(ChatMesh, ClientLeavingFreesEveryChoice) {
