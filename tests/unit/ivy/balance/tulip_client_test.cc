@@ -16,6 +16,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
 #include <fstream>
 #include <future>
@@ -116,6 +117,45 @@ class FakeTulipService final : public v1::Tulip::Service {
     return grpc::Status::OK;
   }
 
+  // [TAG_STOP_CHOICE] A call with n = 2 as tulip streams it: the first chunk (choice 0) names the
+  // call (kCallId); choice 1 ends once StopChoice(kCallId, 1) came (FINISH_STOP), or after 10 s
+  // without it (FINISH_LENGTH); then choice 0 ends.
+  static constexpr uint64_t kCallId = 0xfeedf00d12345678ULL;
+  grpc::Status Generate(grpc::ServerContext*, const v1::GenerateRequest*,
+                        grpc::ServerWriter<v1::GenerateChunk>* w) override {
+    v1::GenerateChunk first;
+    first.add_token_ids(5);
+    first.set_call_id(kCallId);
+    w->Write(first);
+    bool stopped = false;
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      stopped = stop_cv.wait_for(lock, std::chrono::seconds(10), [&] { return !stops.empty(); });
+    }
+    v1::GenerateChunk one;
+    one.set_index(1);
+    one.set_finish_reason(stopped ? v1::FINISH_STOP : v1::FINISH_LENGTH);
+    w->Write(one);
+    v1::GenerateChunk zero;
+    zero.add_token_ids(6);
+    zero.set_finish_reason(v1::FINISH_LENGTH);
+    w->Write(zero);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status StopChoice(grpc::ServerContext* ctx, const v1::StopChoiceRequest* req,
+                          v1::StopChoiceResponse*) override {
+    std::lock_guard<std::mutex> lock(mu);
+    auto auth = ctx->client_metadata().find("authorization");
+    last_authorization = auth == ctx->client_metadata().end()
+                             ? "(none)"
+                             : std::string(auth->second.data(), auth->second.size());
+    if (req->call_id() != kCallId) return grpc::Status(grpc::StatusCode::NOT_FOUND, "no call");
+    stops.emplace_back(req->call_id(), req->index());
+    stop_cv.notify_all();
+    return grpc::Status::OK;
+  }
+
   // The handlers run on gRPC's threads: the test reads what they recorded under `mu` (gRPC orders
   // a reply after its handler, but ThreadSanitizer cannot see that).
   std::string lastAuthorization() {
@@ -134,6 +174,8 @@ class FakeTulipService final : public v1::Tulip::Service {
   std::string last_request_id;
   std::string last_authorization;
   v1::EmbedRequest last_request;
+  std::condition_variable stop_cv;
+  std::vector<std::pair<uint64_t, uint32_t>> stops;  // StopChoice calls: (call_id, index)
 };
 
 class FakeHealthService final : public grpc::health::v1::Health::Service {
@@ -605,6 +647,56 @@ TEST_F(TulipClientTest, TokenFileIsPresentedOnEveryCall) {
   client->embed(call2(), [&p2](Result<EmbedReply> r) { p2.set_value(std::move(r)); });
   ASSERT_TRUE(p2.get_future().get().isOk());
   EXPECT_EQ(tulip_.lastAuthorization(), "Bearer tok-three");
+  unlink(path);
+}
+
+// [TAG_STOP_CHOICE] stopChoice() on a Generate handle sends StopChoice with the call id of the
+// stream's first chunk and the token, on the stream's channel; the stream goes on to its end.
+TEST_F(TulipClientTest, StopChoiceNamesTheCallFromItsFirstChunk) {
+  char path[] = "/tmp/garden-token-XXXXXX";
+  const int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  close(fd);
+  std::ofstream(path) << "tok-stop\n";
+  auto token = TokenFile::load(path, "--tulip-token-file");
+  ASSERT_TRUE(token.isOk()) << token.status().toString();
+  auto client = makeGrpcTulipClient("127.0.0.1:" + std::to_string(port_),
+                                    std::shared_ptr<TokenFile>(std::move(token).value()));
+  GenerateCall g;
+  g.model = "m";
+  g.prompt_ids = {1, 2};
+  g.max_tokens = 4;
+  g.n = 2;
+  std::mutex mu;
+  std::vector<GenerateChunkMsg> chunks;
+  std::promise<void> first;
+  std::promise<Status> done;
+  auto stream = client->generate(
+      g,
+      [&](GenerateChunkMsg m) {
+        std::lock_guard<std::mutex> lock(mu);
+        chunks.push_back(std::move(m));
+        if (chunks.size() == 1) first.set_value();
+      },
+      [&](Status s) { done.set_value(std::move(s)); });
+  ASSERT_NE(stream, nullptr);
+  ASSERT_EQ(first.get_future().wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  stream->stopChoice(1);
+  auto f = done.get_future();
+  ASSERT_EQ(f.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  EXPECT_TRUE(f.get().isOk());
+  {
+    std::lock_guard<std::mutex> lock(tulip_.mu);
+    ASSERT_EQ(tulip_.stops.size(), 1u);
+    EXPECT_EQ(tulip_.stops[0].first, FakeTulipService::kCallId);
+    EXPECT_EQ(tulip_.stops[0].second, 1u);
+    EXPECT_EQ(tulip_.last_authorization, "Bearer tok-stop");
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  ASSERT_EQ(chunks.size(), 3u);
+  EXPECT_EQ(chunks[1].index, 1u);
+  EXPECT_EQ(chunks[1].finish, FinishReason::kStop);  // the fake ended it because the call came
+  EXPECT_EQ(chunks[2].finish, FinishReason::kLength);
   unlink(path);
 }
 
