@@ -116,6 +116,11 @@ class Sim {
     check();
     return events();
   }
+  std::string stop(char name) {
+    s_.stop(id(name), tick());
+    check();
+    return events();
+  }
   std::string expire(int64_t now) {
     s_.expire(now);
     check();
@@ -319,6 +324,38 @@ TEST(StepScheduler, CancellingEveryChoiceFreesAllBlocks) {
     for (int32_t b = 0; b < 8; ++b) EXPECT_EQ(sim.sched().kv()->refCount(b), 0) << b;
     EXPECT_EQ(sim.sched().stats().waiting_tokens, 0u);
   }
+}
+
+// [TAG_STOP_CHOICE] stop() ends one choice (OK, FINISH_STOP) with a step in flight: its own block
+// is freed at once, the shared prompt blocks stay with choice 0, the step's entry for it is
+// stale, and choice 0 runs to its end. Stopping it again, or an unknown id, changes nothing.
+TEST(StepScheduler, StoppingOneChoiceFreesItsOwnBlocksOnly) {
+  Sim sim(async(), limits(8, 4, 32));
+  sim.addChoices("AB", gp(range(10, 10), 5));
+  ASSERT_EQ(sim.schedule(), "A@0+10* [0 1 2]");
+  ASSERT_EQ(sim.schedule(), "A@10+1*^0 [0 1 2]; B@8+2* [0 1 3]");
+  EXPECT_EQ(sim.complete({30}), "A=30");
+  EXPECT_EQ(sim.complete({31, 40}), "A=31, B=40");
+  ASSERT_NE(sim.schedule(), "-");  // A and B decode: B's token 41 is in flight
+  EXPECT_EQ(sim.sched().kv()->refCount(3), 1);
+  EXPECT_EQ(sim.stop('B'), "B stop");
+  EXPECT_EQ(sim.sched().kv()->refCount(3), 0);  // B's own block
+  for (int32_t b = 0; b < 3; ++b) EXPECT_EQ(sim.sched().kv()->refCount(b), 1) << b;  // A's
+  EXPECT_EQ(sim.sched().kv()->numSeqs(), 1u);
+  EXPECT_TRUE(sim.lastEvent('B').status.isOk());
+  EXPECT_EQ(sim.lastEvent('B').finish, FinishReason::kStop);
+  EXPECT_EQ(sim.lastEvent('B').completion_tokens, 1u);  // 40; 41 was never streamed
+  EXPECT_EQ(sim.stop('B'), "");
+  EXPECT_EQ(sim.complete({32, 41}), "A=32");
+  std::string rest;
+  for (int32_t t = 33; sim.sched().hasWork(); ++t) {
+    ASSERT_NE(sim.schedule(), "-");
+    rest += sim.complete({t});
+  }
+  EXPECT_EQ(rest, "A=33A=34 length");
+  EXPECT_EQ(sim.lastEvent('A').completion_tokens, 5u);
+  EXPECT_EQ(sim.sched().kv()->numSeqs(), 0u);
+  for (int32_t b = 0; b < 8; ++b) EXPECT_EQ(sim.sched().kv()->refCount(b), 0) << b;
 }
 
 // Choice 0 gone before the others could fork: they fall back to computing the prompt (the
