@@ -582,7 +582,7 @@ class ReplicaPool::PoolStream : public GenerateStream,
 
   std::mutex mu_;
   std::shared_ptr<GenerateStream> inner_;  // guarded by mu_
-  std::vector<uint32_t> pending_stops_;     // guarded by mu_: stopChoice() before inner_ was set
+  std::vector<uint32_t> pending_stops_;    // guarded by mu_: stopChoice() before inner_ was set
   uint64_t attempts_ = 0;                  // guarded by mu_
   bool cancelled_ = false;                 // guarded by mu_
   bool finished_ = false;                  // guarded by mu_

@@ -295,9 +295,9 @@ class GenerateReactor final : public grpc::ClientReadReactor<v1::GenerateChunk>,
           // Not the request's failure: the choice is complete in ivy either way, and NOT_FOUND
           // just means the call ended meanwhile.
           if (!st.isOk())
-            log::debug("StopChoice failed", {{"request_id", rid},
-                                             {"index", static_cast<uint64_t>(index)},
-                                             {"status", st}});
+            log::debug(
+                "StopChoice failed",
+                {{"request_id", rid}, {"index", static_cast<uint64_t>(index)}, {"status", st}});
         });
   }
 
@@ -362,7 +362,7 @@ class GenerateReactor final : public grpc::ClientReadReactor<v1::GenerateChunk>,
   TulipClient::StreamDone on_done_;
   std::shared_ptr<GenerateReactor> self_;
   std::string_view target_;  // the client's (it outlives its calls)
-  v1::Tulip::Stub* stub_ = nullptr;  // the client's (it outlives its calls)
+  v1::Tulip::Stub* stub_ = nullptr;   // the client's (it outlives its calls)
   const TokenFile* token_ = nullptr;  // the client's
   std::string request_id_;
   std::atomic<uint64_t> call_id_{0};  // GenerateChunk.call_id of the first chunk [TAG_STOP_CHOICE]

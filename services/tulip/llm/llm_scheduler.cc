@@ -343,8 +343,7 @@ void LlmScheduler::loop() {
     if (stop_) break;
     const Submitted sub = submitStep(l);
     // Planning may have ended a sequence (events) and a result may have come meanwhile.
-    if (sub == Submitted::kStep || core_.hasEvents() || resultReady() || !stops_.empty())
-      continue;
+    if (sub == Submitted::kStep || core_.hasEvents() || resultReady() || !stops_.empty()) continue;
     cv_.wait_for(l, sub == Submitted::kNoSlot ? 5ms : 20ms);
   }
 }

@@ -12,9 +12,9 @@
 // sampled ids [TAG_LLM_PREV_TOKEN]. Results are applied in submission order whatever order the
 // worker answers in (a dying worker answers its slots in slot order).
 //
-// Threads: submit()/cancel()/stopChoice()/stats() from any thread. One scheduler thread owns the loop: it
-// applies results the worker's thread hands over, plans and submits steps, and delivers every
-// GenerateEvent on that thread, in order, with no lock held.
+// Threads: submit()/cancel()/stopChoice()/stats() from any thread. One scheduler thread owns the
+// loop: it applies results the worker's thread hands over, plans and submits steps, and delivers
+// every GenerateEvent on that thread, in order, with no lock held.
 
 #include <atomic>
 #include <condition_variable>
@@ -114,10 +114,10 @@ class LlmScheduler {
   std::condition_variable cv_;
   LlmStepScheduler core_;  // guarded by mu_ (its options are immutable: read freely)
   std::unordered_map<SeqId, Active> active_;  // guarded by mu_: sequences with a stream
-  std::unordered_map<uint64_t, Call> calls_;   // guarded by mu_: by LlmRequest::call_id
-  uint64_t next_call_id_;                      // guarded by mu_
+  std::unordered_map<uint64_t, Call> calls_;  // guarded by mu_: by LlmRequest::call_id
+  uint64_t next_call_id_;                     // guarded by mu_
   // Choices stopChoice() asked to stop, applied by the loop's watch() like cancellations.
-  std::vector<SeqId> stops_;                   // guarded by mu_
+  std::vector<SeqId> stops_;                  // guarded by mu_
   std::deque<StepPlan> inflight_;             // guarded by mu_: submitted, oldest first
   std::map<uint64_t, StepResult> results_;    // guarded by mu_: by step, not yet applied
   LlmStats published_;                        // guarded by mu_: counters already exported

@@ -157,8 +157,8 @@ TEST(ChoicesTest, StopStringStopsThatChoiceUpstreamAndKeepsItsUsage) {
       for (int i = 0; i < 60; ++i) long_tail += " more";
       return h.ids(finalText(c == 0 ? "abc STOP def" + long_tail : "ghi jkl" + long_tail));
     });
-    Captured r = h.post("/v1/chat/completions",
-                        std::string("{") + kMessages + R"(,"n":2,"stop":"STOP"})");
+    Captured r =
+        h.post("/v1/chat/completions", std::string("{") + kMessages + R"(,"n":2,"stop":"STOP"})");
     EXPECT_EQ(r.status, 200) << r.body;
     *stop_calls = h.client().stopChoiceCalls();
     *sent = h.client().tokensSent();
