@@ -116,6 +116,12 @@ struct ReplicaPool::Replica {
 
   std::atomic<int64_t> outstanding{0};  // tokens sent, not had back
   std::atomic<uint64_t> polled{0};      // queued + in-flight tokens of the last Load
+  // [TAG_POOL_OTHERS_LOAD] The part of `polled` that is not this ivy's own: tulip counts our calls
+  // too, and `outstanding` already has them. Adding both counted a call twice, and a poll that
+  // landed while one of our calls was in flight made the replica look busy until the next poll
+  // long after the call had finished (sequential requests all went to the other replica).
+  std::atomic<uint64_t> others{0};
+  int64_t own_since_poll = 0;  // mu_: the most tokens we had outstanding here while a Load was out
   std::atomic<int64_t> calls_in_flight{0};
   std::atomic<uint64_t> calls{0};
 
@@ -801,6 +807,7 @@ void ReplicaPool::maintainOnce() {
           }
           if (!r->load_in_flight && t >= r->next_load) {
             r->load_in_flight = true;
+            r->own_since_poll = std::max<int64_t>(r->outstanding.load(std::memory_order_relaxed), 0);
             actions.emplace_back(r, Action::kLoad);
           }
           break;
@@ -956,6 +963,11 @@ void ReplicaPool::onLoadDone(Replica* r, Result<TulipLoad> l) {
   if (!l.isOk()) return;  // the health check decides about the replica
   const uint64_t polled = l->queued_tokens + l->inflight_tokens;
   r->polled.store(polled, std::memory_order_relaxed);
+  // tulip counted the calls of ours in flight when it answered, at most the most we had out while
+  // the poll was: what remains is other gateways' work (clamped: ours may not have arrived yet).
+  const uint64_t own = uint64_t(std::max<int64_t>(
+      {r->own_since_poll, r->outstanding.load(std::memory_order_relaxed), int64_t{0}}));
+  r->others.store(polled > own ? polled - own : 0, std::memory_order_relaxed);
   r->load_gauge->set(static_cast<double>(polled));
 }
 
@@ -975,6 +987,7 @@ void ReplicaPool::eject(Replica* r, const Status& why) {
   r->backoff = options_.probe_backoff_initial;
   r->next_probe = now() + r->backoff;
   r->polled.store(0, std::memory_order_relaxed);
+  r->others.store(0, std::memory_order_relaxed);
   r->load_gauge->set(0);
   metrics_->ejections.labels({r->name}).inc();
   log::warn("tulip replica ejected",
@@ -1006,7 +1019,7 @@ ReplicaPool::Replica* ReplicaPool::pick(const std::vector<const Replica*>& tried
     }
     const int64_t o = r->outstanding.load(std::memory_order_relaxed);
     const uint64_t l =
-        uint64_t(std::max<int64_t>(o, 0)) + r->polled.load(std::memory_order_relaxed);
+        uint64_t(std::max<int64_t>(o, 0)) + r->others.load(std::memory_order_relaxed);
     if (l < best) {
       best = l;
       tied.clear();
@@ -1015,7 +1028,10 @@ ReplicaPool::Replica* ReplicaPool::pick(const std::vector<const Replica*>& tried
   }
   if (tied.empty()) return nullptr;
   Replica* chosen = tied[rr_++ % tied.size()];  // ties round-robin
-  chosen->outstanding.fetch_add(static_cast<int64_t>(tokens), std::memory_order_relaxed);
+  const int64_t now_out =
+      chosen->outstanding.fetch_add(static_cast<int64_t>(tokens), std::memory_order_relaxed) +
+      static_cast<int64_t>(tokens);
+  if (chosen->load_in_flight) chosen->own_since_poll = std::max(chosen->own_since_poll, now_out);
   chosen->outstanding_gauge->inc(static_cast<double>(tokens));
   chosen->calls_in_flight.fetch_add(1, std::memory_order_acq_rel);
   chosen->calls.fetch_add(1, std::memory_order_relaxed);
@@ -1103,6 +1119,7 @@ std::vector<ReplicaPool::ReplicaView> ReplicaPool::replicas() const {
     v.state = r->state;
     v.outstanding_tokens = r->outstanding.load(std::memory_order_relaxed);
     v.polled_load_tokens = r->polled.load(std::memory_order_relaxed);
+    v.others_load_tokens = r->others.load(std::memory_order_relaxed);
     v.calls = r->calls.load(std::memory_order_relaxed);
     v.calls_in_flight = r->calls_in_flight.load(std::memory_order_acquire);
     v.backoff = r->backoff;

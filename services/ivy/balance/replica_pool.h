@@ -6,8 +6,9 @@
 //     address; a new address is probed (grpc.health.v1 + ModelInfo) before it gets traffic, an
 //     address gone from DNS is drained (no new calls) and dropped once its calls finish;
 //   * balances: load of a replica = tokens ivy sent it and has not had back + the queued and
-//     in-flight tokens of its last Load poll; each call or chunk goes to the least-loaded healthy
-//     replica (ties round-robin);
+//     in-flight tokens of its last Load poll less the part of them that were ivy's own calls
+//     (tulip counts those too); each call or chunk goes to the least-loaded healthy replica (ties
+//     round-robin);
 //   * splits an Embed/Score call larger than split_max_tokens / split_max_inputs into contiguous
 //     chunks sent concurrently and reassembles them in input order (usage summed, stage timings
 //     the max over chunks); Generate is never split;
@@ -127,6 +128,7 @@ class ReplicaPool final : public TulipClient {
     ReplicaState state = ReplicaState::kProbing;
     int64_t outstanding_tokens = 0;
     uint64_t polled_load_tokens = 0;
+    uint64_t others_load_tokens = 0;  // polled less this ivy's own calls: what pick() adds
     uint64_t calls = 0;  // calls and chunks sent
     int64_t calls_in_flight = 0;  // picked, not yet released
     std::chrono::milliseconds backoff{0};

@@ -5,7 +5,6 @@
 
 #include <thread>
 
-#include "common/tsan_handoff.h"
 #include "tests/integration/support/harness.h"
 
 namespace garden {
@@ -68,13 +67,13 @@ TEST(Spread, IvySpreadsOverEveryResolvedTulip) {
     return a + b >= kRequests;
   });
   EXPECT_EQ(a + b, kRequests);
-  // Both resolved addresses take a real share. Not strict alternation: the pool adds each
-  // replica's load as tulip reported it at the last Load poll, and a poll that lands while a
-  // request is in flight makes that replica look busier until the next poll (CI saw 25 vs 15).
-  // Under ThreadSanitizer (ivy and tulip 5-15x slower, their poll and request timings skewed) a
-  // stale poll lasts for more of the requests: 9 vs 31 in the issue 14 sweep. There every
-  // address must still take a share; the quarter is checked by the main and ASan runs.
-  EXPECT_GE(std::min(a, b), (kTsanBuild ? 0.1 : 0.25) * kRequests) << a << " vs " << b;
+  // Both resolved addresses take an even share: requests are sequential, so each pick sees no
+  // outstanding calls and ties go round-robin. tulip's Load counts ivy's own calls too; before the
+  // pool subtracted them [TAG_POOL_OTHERS_LOAD], a poll answered mid-request made that replica
+  // look busy until the next poll (CI: 25 vs 15, under ThreadSanitizer 3 vs 37; after: 20 vs 20
+  // in every run, with and without TSan, idle and with the cores busy). A little slack for a
+  // retry after a transient failure.
+  EXPECT_GE(std::min(a, b), 0.4 * kRequests) << a << " vs " << b;
 }
 
 }  // namespace

@@ -301,6 +301,52 @@ TEST_F(PoolTest, PolledLoadSteersAwayFromABusyReplica) {
   EXPECT_EQ(fake(2)->embedCalls().size(), 10u);
 }
 
+// [TAG_POOL_OTHERS_LOAD] tulip's Load counts this ivy's own calls, which `outstanding` has
+// already: a poll answered while one of our calls was in flight must not keep the replica looking
+// busy once the call is back (integration_spread, sequential requests: 3 vs 37).
+TEST_F(PoolTest, PolledLoadLessOurOwnCallsIsWhatSteers) {
+  makeStatic(2, defaults());
+  settle();
+  fake(1)->setHold(true);
+  fake(2)->setHold(true);
+  auto held = embedAsync(call({{1, 2, 3}}));
+  const int x = fake(1)->embedCalls().size() == 1 ? 1 : 2;
+  ASSERT_EQ(fake(x)->embedCalls().size(), 1u);
+  TulipLoad ours;  // tulip counts our held call
+  ours.inflight_tokens = 3;
+  fake(x)->setLoad(ours);
+  clock_.advance(300ms);
+  settle(1);
+  EXPECT_EQ(viewOf(addr(x)).polled_load_tokens, 3u);
+  EXPECT_EQ(viewOf(addr(x)).others_load_tokens, 0u);
+  fake(1)->releaseHeld();
+  fake(2)->releaseHeld();
+  ASSERT_TRUE(held.get().isOk());
+  fake(1)->setHold(false);
+  fake(2)->setHold(false);
+  // The poll's 3 tokens are still the last word on x, but they were ours and are back: ties.
+  const size_t before = fake(x)->embedCalls().size();
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(embedSync(call({{1, 2, 3}})).isOk());
+  EXPECT_EQ(fake(x)->embedCalls().size() - before, 5u);
+  EXPECT_EQ(fake(3 - x)->embedCalls().size(), 5u);
+  // Another gateway's work on top of ours still counts: 7 polled while we had 3 out.
+  fake(1)->setHold(true);
+  fake(2)->setHold(true);
+  const size_t n1 = fake(1)->embedCalls().size();
+  auto held2 = embedAsync(call({{1, 2, 3}}));
+  const int y = fake(1)->embedCalls().size() > n1 ? 1 : 2;
+  TulipLoad more;
+  more.queued_tokens = 4;
+  more.inflight_tokens = 3;
+  fake(y)->setLoad(more);
+  clock_.advance(300ms);
+  settle(1);
+  EXPECT_EQ(viewOf(addr(y)).others_load_tokens, 4u);
+  fake(1)->releaseHeld();
+  fake(2)->releaseHeld();
+  ASSERT_TRUE(held2.get().isOk());
+}
+
 TEST_F(PoolTest, SplitsByInputsAndReassemblesInOrder) {
   auto o = defaults();
   o.split_max_inputs = 3;
