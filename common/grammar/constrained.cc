@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <string_view>
 
+#include "common/harmony_header.h"
 #include "common/status.h"
-#include "common/grammar/harmony_header.h"
 
 namespace garden::grammar {
 
@@ -83,7 +83,7 @@ void ConstrainedDecoder::beginHeader(std::string_view role) {
 
 void ConstrainedDecoder::completeHeader() {
   msg_ = Msg::kBody;
-  const HarmonyHeaderRoute route = parseHarmonyHeaderRoute(header_text_, role_);
+  const HarmonyHeaderFields route = parseHarmonyHeaderFields(header_text_, role_);
   role_ = route.role;
   if (route.role != "assistant") return;  // ivy drops other roles' messages: free
   if (route.recipient) {

@@ -14,9 +14,9 @@
 // Strict function tools [TAG_STRICT_TOOLS]: with `tools` non-empty the decoder follows the Harmony
 // messages themselves (the states of ivy's lenient output parser, services/ivy/harmony/parser.cc:
 // between messages, header, body) and reads each header's text when its <|message|> comes
-// (harmony_header.h, the same reading ivy's output side makes). A header whose recipient is a
-// strict tool (to=functions.NAME) switches the body to NAME's grammar, which ends with
-// `harmony.call` (<|call|>) once the arguments are complete; a header on the final channel
+// (common/harmony_header.h, the function ivy's output side reads them with). A header whose
+// recipient is a strict tool (to=functions.NAME) switches the body to NAME's grammar, which ends
+// with `harmony.call` (<|call|>) once the arguments are complete; a header on the final channel
 // switches to `grammar` (response_format; may be null) as above; every other message is free.
 // The turn starts inside an assistant header ("<|start|>assistant" ends the prompt); the
 // `turn_prefix` ids (a forced tool_choice's header, already in the prompt) are replayed first,

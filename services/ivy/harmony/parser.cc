@@ -2,120 +2,37 @@
 
 #include <utility>
 
+#include "common/harmony_header.h"
+
 namespace garden::ivy::harmony {
 namespace {
 
 constexpr std::string_view kReplacement = "\xEF\xBF\xBD";  // U+FFFD
-constexpr std::string_view kChannelText = "<|channel|>";
-constexpr std::string_view kConstrainText = "<|constrain|>";
-
-bool isAsciiSpace(char c) {
-  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
-}
-
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && isAsciiSpace(s.front())) s.remove_prefix(1);
-  while (!s.empty() && isAsciiSpace(s.back())) s.remove_suffix(1);
-  return s;
-}
-
-std::vector<std::string> splitWhitespace(std::string_view s) {
-  std::vector<std::string> parts;
-  size_t i = 0;
-  while (i < s.size()) {
-    while (i < s.size() && isAsciiSpace(s[i])) ++i;
-    size_t j = i;
-    while (j < s.size() && !isAsciiSpace(s[j])) ++j;
-    if (j > i) parts.emplace_back(s.substr(i, j - i));
-    i = j;
-  }
-  return parts;
-}
 
 struct HeaderParseResult {
   ParsedHeaderText parsed;
   std::vector<std::string> problems;  // what a strict parse would have rejected
 };
 
+// The fields as common/harmony_header reads them (tulip's constrained decoder reads the same
+// [TAG_STRICT_TOOLS]), with what a strict parse rejects as problems.
 HeaderParseResult parseHeaderLenient(std::string_view text, std::optional<Role> role,
                                      bool parse_recipient_and_type) {
+  HarmonyHeaderFields f = parseHarmonyHeaderFields(
+      text, role ? roleName(*role) : std::string_view(), parse_recipient_and_type);
   HeaderParseResult r;
   MessageHeader& h = r.parsed.header;
-  std::string s(text);
-  if (size_t idx = s.find(kChannelText); idx != std::string::npos) {
-    size_t start = idx + kChannelText.size();
-    size_t end = start;
-    while (end < s.size() && !isAsciiSpace(s[end]) && s[end] != '<') ++end;
-    if (end == start) {
-      r.problems.push_back("channel marker present but no channel value found in header");
-    } else {
-      h.channel = s.substr(start, end - start);
-    }
-    s = s.substr(0, idx) + s.substr(end);
+  if (f.channel_without_value) {
+    r.problems.push_back("channel marker present but no channel value found in header");
   }
-  s = std::string(trim(s));
-  if (s.find(kConstrainText) != std::string::npos) {
-    std::string spaced;
-    for (size_t i = 0; i < s.size();) {
-      if (s.compare(i, kConstrainText.size(), kConstrainText) == 0) {
-        spaced += " ";
-        spaced += kConstrainText;
-        i += kConstrainText.size();
-      } else {
-        spaced += s[i++];
-      }
-    }
-    s = std::string(trim(spaced));
-  }
-  std::vector<std::string> parts = splitWhitespace(s);
-  std::optional<std::string> first_word;
-  if (role) {
-    h.role = *role;
-  } else if (parts.empty()) {
-    r.problems.push_back("message header did not contain a role");
-    h.role = Role::kAssistant;
-  } else {
-    first_word = parts[0];
-    if (auto parsed = roleFromName(parts[0])) {
-      h.role = *parsed;
-    } else if (parts.size() > 1 || parts[0].starts_with("to=")) {
-      h.role = Role::kTool;
-      parts.erase(parts.begin());
-    } else {
-      r.problems.push_back("Unknown role: " + parts[0]);
-      h.role = Role::kAssistant;
-      first_word.reset();
-      parts.clear();
-    }
-  }
-  if (!parts.empty() && parts[0] == roleName(h.role)) parts.erase(parts.begin());
-
-  if (parse_recipient_and_type && !parts.empty()) {
-    size_t num_parts = parts.size();
-    std::string last = parts.back();
-    parts.pop_back();
-    if (last.starts_with("to=")) {
-      h.recipient = last.substr(3);
-    } else if (num_parts == 1 && !last.starts_with(kConstrainText)) {
-      h.recipient = last;
-    } else {
-      h.content_type = last;
-      if (!parts.empty()) {
-        std::string rec = parts.back();
-        parts.pop_back();
-        h.recipient = rec.starts_with("to=") ? rec.substr(3) : rec;
-      }
-    }
-  }
-  if (!parts.empty()) {
-    std::string joined;
-    for (size_t i = 0; i < parts.size(); ++i) {
-      if (i) joined += " ";
-      joined += parts[i];
-    }
-    r.parsed.leftover = std::move(joined);
-  }
-  if (h.role == Role::kTool) h.author_name = first_word;
+  if (f.role_missing) r.problems.push_back("message header did not contain a role");
+  if (f.unknown_role) r.problems.push_back("Unknown role: " + *f.unknown_role);
+  h.role = roleFromName(f.role).value_or(Role::kAssistant);
+  h.author_name = std::move(f.author_name);
+  h.channel = std::move(f.channel);
+  h.recipient = std::move(f.recipient);
+  h.content_type = std::move(f.content_type);
+  r.parsed.leftover = std::move(f.leftover);
   return r;
 }
 

@@ -14,11 +14,11 @@
 
 #include "common/grammar/constrained.h"
 #include "common/grammar/grammar.h"
-#include "common/grammar/harmony_header.h"
 #include "common/grammar/json_schema.h"
 #include "common/grammar/matcher.h"
 #include "common/grammar/regex.h"
 #include "common/grammar/vocabulary.h"
+#include "common/harmony_header.h"
 #include "tests/unit/common/grammar/random_model.h"
 #include "tests/unit/common/grammar/schema_validator.h"
 #include "tests/unit/common/grammar/test_schemas.h"
@@ -722,19 +722,19 @@ TEST(StrictTools, RandomCallsValidateAgainstTheirSchemas) {
   EXPECT_EQ(garbage, total) << "unmasked random text should never validate";
 }
 
-// The header reading tulip's decoder uses agrees with what ivy's parser reads (the cases ivy's
-// parser tests cover are in tests/unit/ivy/harmony; these pin the shapes the decoder relies on).
+// The header reading tulip's decoder uses (common/harmony_header, which ivy's parser uses too;
+// its cases are covered in tests/unit/ivy/harmony): the shapes the decoder relies on.
 TEST(StrictTools, HeaderRoute) {
-  auto r = parseHarmonyHeaderRoute("<|channel|>commentary to=functions.f <|constrain|>json", "assistant");
+  auto r = parseHarmonyHeaderFields("<|channel|>commentary to=functions.f <|constrain|>json", "assistant");
   EXPECT_EQ(r.channel, "commentary");
   EXPECT_EQ(r.recipient, "functions.f");
-  r = parseHarmonyHeaderRoute("assistant to=functions.f<|channel|>commentary json", "");
+  r = parseHarmonyHeaderFields("assistant to=functions.f<|channel|>commentary json", "");
   EXPECT_EQ(r.channel, "commentary");
   EXPECT_EQ(r.recipient, "functions.f");
-  r = parseHarmonyHeaderRoute("<|channel|>final", "assistant");
+  r = parseHarmonyHeaderFields("<|channel|>final", "assistant");
   EXPECT_EQ(r.channel, "final");
   EXPECT_FALSE(r.recipient);
-  r = parseHarmonyHeaderRoute("mystery", "");  // an unknown role: nothing
+  r = parseHarmonyHeaderFields("mystery", "");  // an unknown role: nothing
   EXPECT_FALSE(r.recipient);
   EXPECT_EQ(harmonyFunctionName("functions.get_weather"), "get_weather");
   EXPECT_EQ(harmonyFunctionName("get_weather"), "get_weather");
