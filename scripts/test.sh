@@ -43,7 +43,7 @@ fi
 if [ "${RUN_TSAN:-1}" = 1 ]; then
   tsan_t0=$SECONDS
   TSAN_DIR="$BUILD_DIR/tsan"
-  tsan_unit='unit_(ivy_(balance|http|chat)|tulip_(sched|llm|worker)|common_(shm|metrics))'
+  tsan_unit='unit_(ivy_(balance|http|chat)|tulip_(sched|llm|worker)|common_(shm|metrics|grammar))'
   tsan_integration='integration_(tulip_grpc|tulip_batching|generate|spread)'
   TSAN_TESTS="${TSAN_TESTS:-^($tsan_unit|$tsan_integration)\$}"
   cmake -G Ninja -S "$GARDEN_ROOT" -B "$TSAN_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo \

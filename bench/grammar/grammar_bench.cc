@@ -2,11 +2,15 @@
 // (gpt-oss o200k_harmony, 201,088 ids: fetched by tests/conformance/tokenizer/fetch_assets.sh).
 // Workloads, one per schema of tests/unit/common/grammar/test_schemas.h:
 //   schema/<name>   JSON Schema -> byte grammar (what ivy does per request on a cache miss)
-//   tables/<name>   every state's token table over the vocabulary (once per schema; cached)
+//   tables_<mode>/<name>   every state's token table over the vocabulary (once per schema;
+//                   cached), wall time: noshare_1t (one thread, no table sharing), cold_1t /
+//                   cold (sharing within the schema, empty process-wide cache; one / default
+//                   threads), warm (the cache holds every other test schema's tables)
 //   mask/<name>     one next-token bitmask along 5 random generations (RandomModel of
 //                   tests/unit/common/grammar/random_model.h: masked sampling until the end
-//                   token or 2000 steps), manual time = thread CPU time of fillNextTokenBitmask only; counters:
-//                   mean_us / p50_us / p99_us / max_us per mask, tokens, finished generations
+//                   token or 2000 steps), manual time = thread CPU time of fillNextTokenBitmask
+//                   only; counters: mean_us / p50_us / p99_us / max_us per mask, tokens, finished
+//                   generations
 //
 // usage: grammar_bench [--tokenizer tests/assets/tokenizers/gptoss/tokenizer.json]
 //                      [google benchmark flags]
@@ -60,18 +64,35 @@ void BM_Schema(benchmark::State& st, std::string schema) {
   }
 }
 
-void BM_Tables(benchmark::State& st, std::string name, std::string schema) {
+// Token tables of one schema [TAG_TABLE_SHARING]. mode "cold": the process-wide table cache
+// emptied first, tables walked by the default threads; "cold_1t": the same on one thread;
+// "warm": the cache holds the tables of every other test schema (a tulip that has served other
+// schemas), emptied and refilled untimed before each iteration; "noshare_1t": no sharing at all,
+// one thread (the walk alone, as before sharing existed). Wall time (real time).
+void BM_Tables(benchmark::State& st, std::string name, std::string schema, std::string mode) {
   auto g = grammarOf(schema);
+  CompileOptions o;
+  if (mode == "cold_1t" || mode == "noshare_1t") o.threads = 1;
+  if (mode == "noshare_1t") o.share = false;
   std::shared_ptr<const CompiledGrammar> last;
   for (auto _ : st) {
-    auto c = CompiledGrammar::compile(*g, g_vocab);
+    st.PauseTiming();
+    CompiledGrammar::clearSharedTables();
+    if (mode == "warm") {
+      for (const auto& sc : garden::grammar::testing::schemaCases()) {
+        if (sc.name != name) (void)CompiledGrammar::compile(*grammarOf(sc.schema), g_vocab);
+      }
+    }
+    st.ResumeTiming();
+    auto c = CompiledGrammar::compile(*g, g_vocab, o);
     last = *c;
   }
   const auto stats = last->stats();
   st.counters["states"] = stats.states;
+  st.counters["built"] = stats.built;
   st.counters["uncertain_per_state"] = static_cast<double>(stats.uncertain) / stats.states;
   st.counters["MiB"] = static_cast<double>(last->memoryBytes()) / (1 << 20);
-  g_compiled[name] = last;
+  if (mode == "cold") g_compiled[name] = last;
 }
 
 void BM_Mask(benchmark::State& st, std::string name) {
@@ -145,10 +166,15 @@ int main(int argc, char** argv) {
     benchmark::RegisterBenchmark(("schema/" + sc.name).c_str(), BM_Schema, sc.schema)
         ->Unit(benchmark::kMillisecond);
   }
-  for (const auto& sc : garden::grammar::testing::schemaCases()) {
-    benchmark::RegisterBenchmark(("tables/" + sc.name).c_str(), BM_Tables, sc.name, sc.schema)
-        ->Unit(benchmark::kMillisecond)
-        ->Iterations(g_table_iters);
+  for (const char* mode : {"noshare_1t", "cold_1t", "cold", "warm"}) {
+    for (const auto& sc : garden::grammar::testing::schemaCases()) {
+      benchmark::RegisterBenchmark(("tables_" + std::string(mode) + "/" + sc.name).c_str(),
+                                   BM_Tables, sc.name, sc.schema, std::string(mode))
+          ->Unit(benchmark::kMillisecond)
+          ->UseRealTime()
+          ->Iterations(std::string(mode) == "warm" ? std::max(1, g_table_iters / 2)
+                                                   : g_table_iters);
+    }
   }
   for (const auto& sc : garden::grammar::testing::schemaCases()) {
     benchmark::RegisterBenchmark(("mask/" + sc.name).c_str(), BM_Mask, sc.name)

@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
+#include <list>
 #include <string>
+#include <thread>
 
 namespace garden::grammar {
 
@@ -82,24 +85,244 @@ void Runner::step(const Config& in, uint8_t b, Config* out) {
 // ---------------------------------------------------------------------------------------------
 // CompiledGrammar
 
-CompiledGrammar::CompiledGrammar(Grammar g, std::shared_ptr<const Vocabulary> v)
+// ---------------------------------------------------------------------------------------------
+// Table sharing [TAG_TABLE_SHARING]
+
+// Breadth-first from `state` over byte edges, call edges (the callee's start and the return
+// state) in their stored order, numbering states as first met: isomorphic reachable automata give
+// equal strings. Per state: final?, in the bottom rule?, its byte edges (lo, hi, target) and calls
+// (callee start, return). buildTable() reads nothing else but the bottom rule's FOLLOW set.
+std::string tableSignature(const Grammar& g, int32_t state) {
+  std::unordered_map<int32_t, int32_t> number;
+  std::vector<int32_t> order;
+  auto id = [&](int32_t s) {
+    auto [it, fresh] = number.emplace(s, static_cast<int32_t>(order.size()));
+    if (fresh) order.push_back(s);
+    return it->second;
+  };
+  auto put = [](std::string* out, int32_t x) {
+    out->append(reinterpret_cast<const char*>(&x), sizeof(x));
+  };
+  std::string out;
+  const std::bitset<256>& follow = g.follow(g.ruleOf(state));
+  for (size_t w = 0; w < 256; w += 64) {
+    const uint64_t bits = ((follow >> w) & std::bitset<256>(~uint64_t{0})).to_ullong();
+    out.append(reinterpret_cast<const char*>(&bits), sizeof(bits));
+  }
+  id(state);
+  for (size_t i = 0; i < order.size(); ++i) {
+    const int32_t s = order[i];
+    out.push_back(
+        static_cast<char>((g.isFinal(s) ? 1 : 0) | (g.ruleOf(s) == g.ruleOf(state) ? 2 : 0)));
+    const auto bytes = g.byteEdges(s);
+    put(&out, static_cast<int32_t>(bytes.size()));
+    for (const ByteEdge& e : bytes) {
+      out.push_back(static_cast<char>(e.lo));
+      out.push_back(static_cast<char>(e.hi));
+      put(&out, id(e.target));
+    }
+    const auto calls = g.callEdges(s);
+    put(&out, static_cast<int32_t>(calls.size()));
+    for (const CallEdge& c : calls) {
+      put(&out, id(g.ruleStart(c.rule)));
+      put(&out, id(c.target));
+    }
+  }
+  return out;
+}
+
+namespace {
+
+size_t tableBytes(const TokenTable& t) {
+  return sizeof(TokenTable) + (t.ids.size() + t.uncertain.size()) * sizeof(int32_t);
+}
+
+// Process-wide: signature + vocabulary -> table, least recently used dropped beyond kMaxBytes.
+// The signature is kept and compared, so a hash collision is a miss, never a wrong table.
+class SharedTables {
+ public:
+  static SharedTables& get() {
+    static SharedTables* t = new SharedTables;  // never destroyed: usable during exit
+    return *t;
+  }
+  std::shared_ptr<const TokenTable> find(const std::string& sig,
+                                         const std::shared_ptr<const Vocabulary>& vocab) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = map_.find(key(sig, vocab.get()));
+    if (it == map_.end() || it->second.sig != sig || it->second.vocab.lock() != vocab) {
+      return nullptr;
+    }
+    lru_.splice(lru_.begin(), lru_, it->second.pos);
+    return it->second.table;
+  }
+  void put(const std::string& sig, const std::shared_ptr<const Vocabulary>& vocab,
+           std::shared_ptr<const TokenTable> t) {
+    const size_t bytes = tableBytes(*t) + sig.size();
+    if (bytes > kMaxBytes / 4) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    const uint64_t k = key(sig, vocab.get());
+    if (auto it = map_.find(k); it != map_.end()) erase(it);
+    lru_.push_front(k);
+    map_.emplace(k, Entry{sig, vocab, std::move(t), bytes, lru_.begin()});
+    bytes_ += bytes;
+    while (bytes_ > kMaxBytes) erase(map_.find(lru_.back()));
+  }
+  void clear() {
+    std::lock_guard<std::mutex> lock(mu_);
+    map_.clear();
+    lru_.clear();
+    bytes_ = 0;
+  }
+
+ private:
+  static constexpr size_t kMaxBytes = size_t{256} << 20;
+  struct Entry {
+    std::string sig;
+    // Held weakly: an entry of a vocabulary that is gone never matches a new one that happens
+    // to be allocated at the same address.
+    std::weak_ptr<const Vocabulary> vocab;
+    std::shared_ptr<const TokenTable> table;
+    size_t bytes;
+    std::list<uint64_t>::iterator pos;
+  };
+  static uint64_t key(const std::string& sig, const Vocabulary* vocab) {
+    uint64_t h = 1469598103934665603ULL ^ reinterpret_cast<uintptr_t>(vocab);
+    for (char c : sig) {
+      h ^= static_cast<uint8_t>(c);
+      h *= 1099511628211ULL;
+    }
+    return h;
+  }
+  void erase(std::unordered_map<uint64_t, Entry>::iterator it) {
+    bytes_ -= it->second.bytes;
+    lru_.erase(it->second.pos);
+    map_.erase(it);
+  }
+  std::mutex mu_;
+  std::unordered_map<uint64_t, Entry> map_;
+  std::list<uint64_t> lru_;
+  size_t bytes_ = 0;
+};
+
+}  // namespace
+
+void CompiledGrammar::clearSharedTables() { SharedTables::get().clear(); }
+
+CompiledGrammar::CompiledGrammar(Grammar g, std::shared_ptr<const Vocabulary> v, CompileOptions o)
     : grammar_(std::move(g)),
       vocab_(std::move(v)),
+      options_(o),
       tables_(new std::atomic<const TokenTable*>[static_cast<size_t>(grammar_.numStates())]) {
   for (int32_t s = 0; s < grammar_.numStates(); ++s) tables_[static_cast<size_t>(s)] = nullptr;
 }
 
-CompiledGrammar::~CompiledGrammar() {
-  for (int32_t s = 0; s < grammar_.numStates(); ++s) delete tables_[static_cast<size_t>(s)].load();
+CompiledGrammar::~CompiledGrammar() = default;
+
+void CompiledGrammar::install(int32_t state, std::shared_ptr<const TokenTable> t, bool shared,
+                              bool first_use) const {
+  const TokenTable* raw = t.get();
+  const int64_t n = vocab_->numSorted();
+  const auto listed = static_cast<int64_t>(t->ids.size());
+  const auto unc = static_cast<int64_t>(t->uncertain.size());
+  stats_.accepted += t->complement ? n - listed - unc : listed;
+  stats_.rejected += t->complement ? listed : n - listed - unc;
+  stats_.uncertain += unc;
+  ++stats_.states;
+  if (shared) {
+    ++stats_.shared;
+  } else {
+    ++stats_.built;
+  }
+  if (first_use) owned_.push_back(std::move(t));
+  tables_[static_cast<size_t>(state)].store(raw, std::memory_order_release);
 }
 
 Result<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::compile(
     Grammar grammar, std::shared_ptr<const Vocabulary> vocab, CompileOptions options) {
   if (!vocab) return invalidArgument("grammar: no vocabulary");
-  std::shared_ptr<CompiledGrammar> c(new CompiledGrammar(std::move(grammar), std::move(vocab)));
-  if (options.eager) {
-    for (int32_t s = 0; s < c->grammar_.numStates(); ++s) (void)c->table(s);
+  std::shared_ptr<CompiledGrammar> c(
+      new CompiledGrammar(std::move(grammar), std::move(vocab), options));
+  if (!options.eager) return std::shared_ptr<const CompiledGrammar>(std::move(c));
+  const auto t0 = std::chrono::steady_clock::now();
+  const Grammar& g = c->grammar_;
+  // Groups of states with one table: by signature when sharing, else one state each.
+  struct Group {
+    std::string sig;
+    std::vector<int32_t> states;
+    std::shared_ptr<const TokenTable> table;
+    bool cached = false;
+  };
+  std::vector<Group> groups;
+  {
+    std::unordered_map<std::string, size_t> index;
+    for (int32_t s = 0; s < g.numStates(); ++s) {
+      if (g.byteEdges(s).empty()) continue;
+      if (!options.share) {
+        groups.push_back(Group{{}, {s}, nullptr});
+        continue;
+      }
+      std::string sig = tableSignature(g, s);
+      auto [it, fresh] = index.emplace(sig, groups.size());
+      if (fresh) groups.push_back(Group{std::move(sig), {}, nullptr});
+      groups[it->second].states.push_back(s);
+    }
   }
+  std::vector<size_t> todo;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    if (options.share) groups[i].table = SharedTables::get().find(groups[i].sig, c->vocab_);
+    groups[i].cached = groups[i].table != nullptr;
+    if (!groups[i].cached) todo.push_back(i);
+  }
+  // The vocabulary walks, spread over threads (each walk is independent and pure). The caller
+  // walks too and waits only for the walks a helper has taken: a helper the scheduler starts
+  // late finds nothing left and costs nothing (joining it would wait for its start).
+  int threads =
+      options.threads > 0
+          ? options.threads
+          : std::min(8, std::max(1, static_cast<int>(std::thread::hardware_concurrency())));
+  // A thread for every 4 walks at least: starting one costs more than a small table.
+  threads = std::max(1, std::min<int>(threads, static_cast<int>(todo.size() / 4)));
+  struct Walks {
+    std::shared_ptr<const CompiledGrammar> grammar;
+    std::vector<int32_t> states;  // one per walk
+    std::vector<std::shared_ptr<const TokenTable>> tables;
+    std::atomic<size_t> next{0};
+    std::mutex mu;
+    std::condition_variable cv;
+    size_t done = 0;  // guarded by mu
+    void run() {
+      size_t finished = 0;
+      for (size_t i; (i = next.fetch_add(1)) < states.size(); ++finished) {
+        tables[i] = std::make_shared<const TokenTable>(grammar->buildTable(states[i]));
+      }
+      if (finished == 0) return;
+      std::lock_guard<std::mutex> lock(mu);
+      done += finished;
+      if (done == states.size()) cv.notify_all();
+    }
+  };
+  auto walks = std::make_shared<Walks>();
+  walks->grammar = c;
+  for (size_t i : todo) walks->states.push_back(groups[i].states[0]);
+  walks->tables.resize(todo.size());
+  for (int t = 1; t < threads; ++t) std::thread([walks] { walks->run(); }).detach();
+  walks->run();
+  {
+    std::unique_lock<std::mutex> lock(walks->mu);
+    walks->cv.wait(lock, [&] { return walks->done == walks->states.size(); });
+  }
+  for (size_t k = 0; k < todo.size(); ++k) groups[todo[k]].table = walks->tables[k];
+  std::lock_guard<std::mutex> lock(c->mu_);
+  for (Group& gr : groups) {
+    for (size_t k = 0; k < gr.states.size(); ++k) {
+      c->install(gr.states[k], gr.table, gr.cached || k > 0, k == 0);
+    }
+    if (options.share) {
+      c->by_signature_.emplace(gr.sig, c->owned_.size() - 1);  // install() appended it
+      if (!gr.cached) SharedTables::get().put(gr.sig, c->vocab_, gr.table);
+    }
+  }
+  c->stats_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return std::shared_ptr<const CompiledGrammar>(std::move(c));
 }
 
@@ -109,15 +332,29 @@ const TokenTable* CompiledGrammar::table(int32_t state) const {
   if (t != nullptr || grammar_.byteEdges(state).empty()) return t;
   std::lock_guard<std::mutex> lock(mu_);
   t = slot.load(std::memory_order_acquire);
-  if (t == nullptr) {
-    const auto t0 = std::chrono::steady_clock::now();
-    auto* built = new TokenTable(buildTable(state));
-    stats_.seconds +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    slot.store(built, std::memory_order_release);
-    t = built;
+  if (t != nullptr) return t;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::shared_ptr<const TokenTable> built;
+  bool shared = false, first_use = true;
+  std::string sig;
+  if (options_.share) {
+    sig = tableSignature(grammar_, state);
+    if (auto it = by_signature_.find(sig); it != by_signature_.end()) {
+      built = owned_[it->second];
+      first_use = false;
+    } else {
+      built = SharedTables::get().find(sig, vocab_);
+    }
+    shared = built != nullptr;
   }
-  return t;
+  if (!built) {
+    built = std::make_shared<const TokenTable>(buildTable(state));
+    if (options_.share) SharedTables::get().put(sig, vocab_, built);
+  }
+  if (options_.share && first_use) by_signature_.emplace(sig, owned_.size());
+  install(state, built, shared, first_use);
+  stats_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return built.get();
 }
 
 CompileStats CompiledGrammar::stats() const {
@@ -154,19 +391,19 @@ class ConfigDfa {
   }
   // -1: dead.
   int32_t step(int32_t from, uint8_t b) {
-    int32_t& slot = next_[static_cast<size_t>(from) * 256 + b];
-    if (slot == kUnknown) {
-      runner_->step(configs_[static_cast<size_t>(from)], b, &tmp_);
-      const int32_t to = tmp_.alive() ? intern(tmp_) : -1;
-      next_[static_cast<size_t>(from) * 256 + b] = to;  // intern() may have moved next_
-      return to;
-    }
-    return slot;
+    const int32_t to = next_[static_cast<size_t>(from) * 256 + b];
+    return to != kUnknown ? to : fill(from, b);
   }
   bool escapes(int32_t c, uint8_t b) const { return configs_[static_cast<size_t>(c)].escape.test(b); }
 
  private:
   static constexpr int32_t kUnknown = -2;
+  int32_t fill(int32_t from, uint8_t b) {
+    runner_->step(configs_[static_cast<size_t>(from)], b, &tmp_);
+    const int32_t to = tmp_.alive() ? intern(tmp_) : -1;
+    next_[static_cast<size_t>(from) * 256 + b] = to;  // intern() may have moved next_
+    return to;
+  }
   Runner* runner_;
   std::vector<Config> configs_;
   std::vector<int32_t> next_;
@@ -180,7 +417,7 @@ class ConfigDfa {
 // One walk over the byte-sorted vocabulary from `state` with an unknown stack below it
 // [TAG_TOKEN_TABLE]. A token whose prefix dies skips every token with that prefix (a binary
 // search), so structural states cost O(distinct live prefixes), not O(vocabulary).
-// Runs under mu_ (stats_).
+// Pure (any thread): touches no member but the grammar and the vocabulary.
 TokenTable CompiledGrammar::buildTable(int32_t state) const {
   const Vocabulary& v = *vocab_;
   const int32_t n = v.numSorted();
@@ -189,7 +426,6 @@ TokenTable CompiledGrammar::buildTable(int32_t state) const {
   ConfigDfa dfa(&runner);
   const size_t depth = v.maxTokenBytes() + 1;
   std::vector<int32_t> cfg(depth, -1);
-  std::vector<uint8_t> esc(depth, 0);
   enum : uint8_t { kAcc = 0, kRej = 1, kUnc = 2 };
   std::vector<std::pair<int32_t, int32_t>> ranges[3];  // [begin, end) of sorted indices
   auto addRange = [&](uint8_t f, int32_t b, int32_t e) {
@@ -205,19 +441,20 @@ TokenTable CompiledGrammar::buildTable(int32_t state) const {
     c0.frames.push_back({state, -1});
     cfg[0] = dfa.intern(c0);
   }
+  // The inner loop is one transition lookup per trie edge; whether a dying prefix escaped the
+  // rule on the way (UNCERTAIN rather than REJECTED) is worked out only when it dies.
   size_t valid = 0;
   for (int32_t i = 0; i < n;) {
     const std::string_view tok = v.sortedBytes(i);
     size_t k = std::min(static_cast<size_t>(v.lcp(i)), valid);
     bool dead = false;
     for (; k < tok.size(); ++k) {
-      const auto b = static_cast<uint8_t>(tok[k]);
-      esc[k + 1] = (esc[k] || dfa.escapes(cfg[k], b)) ? 1 : 0;
-      cfg[k + 1] = dfa.step(cfg[k], b);
-      if (cfg[k + 1] < 0) {
+      const int32_t to = dfa.step(cfg[k], static_cast<uint8_t>(tok[k]));
+      if (to < 0) {
         dead = true;
         break;
       }
+      cfg[k + 1] = to;
     }
     if (!dead) {
       addRange(kAcc, i, i + 1);
@@ -228,8 +465,12 @@ TokenTable CompiledGrammar::buildTable(int32_t state) const {
     // Every token sharing tok[0 .. k] (k + 1 bytes) dies at byte k the same way.
     // i is the first of them: a token before it sharing k + 1 bytes would have died here too.
     CHECK(static_cast<size_t>(v.lcp(i)) <= k);
+    bool escaped = false;
+    for (size_t j = 0; j <= k && !escaped; ++j) {
+      escaped = dfa.escapes(cfg[j], static_cast<uint8_t>(tok[j]));
+    }
     const int32_t lo = v.prefixEnd(i, k + 1);
-    addRange(esc[k + 1] ? kUnc : kRej, i, lo);
+    addRange(escaped ? kUnc : kRej, i, lo);
     valid = k;
     i = lo;
   }
@@ -241,27 +482,36 @@ TokenTable CompiledGrammar::buildTable(int32_t state) const {
   t.complement = counts[kRej] < counts[kAcc];
   const uint8_t listed = t.complement ? kRej : kAcc;
   t.ids.reserve(static_cast<size_t>(counts[listed]));
-  for (const auto& [b, e] : ranges[listed]) {
-    for (int32_t x = b; x < e; ++x) t.ids.push_back(v.sorted(x));
+  if (counts[listed] < 4096) {
+    for (const auto& [b, e] : ranges[listed]) {
+      for (int32_t x = b; x < e; ++x) t.ids.push_back(v.sorted(x));
+    }
+    std::sort(t.ids.begin(), t.ids.end());
+  } else {  // ids ascending through a bitmap over the vocabulary: no sort of ~10^5 ids
+    std::vector<uint64_t> bits((static_cast<size_t>(v.size()) + 63) / 64, 0);
+    for (const auto& [b, e] : ranges[listed]) {
+      for (int32_t x = b; x < e; ++x) {
+        const auto id = static_cast<uint32_t>(v.sorted(x));
+        bits[id / 64] |= uint64_t{1} << (id % 64);
+      }
+    }
+    for (size_t w = 0; w < bits.size(); ++w) {
+      for (uint64_t x = bits[w]; x != 0; x &= x - 1) {
+        t.ids.push_back(static_cast<int32_t>(w * 64 + static_cast<size_t>(__builtin_ctzll(x))));
+      }
+    }
   }
-  std::sort(t.ids.begin(), t.ids.end());
   t.uncertain.reserve(static_cast<size_t>(counts[kUnc]));
   for (const auto& [b, e] : ranges[kUnc]) {
     for (int32_t x = b; x < e; ++x) t.uncertain.push_back(x);
   }
-  stats_.accepted += counts[kAcc];
-  stats_.rejected += counts[kRej];
-  stats_.uncertain += counts[kUnc];
-  ++stats_.states;
   return t;
 }
 
 size_t CompiledGrammar::memoryBytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
   size_t b = static_cast<size_t>(grammar_.numStates()) * sizeof(void*);
-  for (int32_t s = 0; s < grammar_.numStates(); ++s) {
-    const TokenTable* t = tables_[static_cast<size_t>(s)].load();
-    if (t != nullptr) b += (t->ids.size() + t->uncertain.size()) * sizeof(int32_t);
-  }
+  for (const auto& t : owned_) b += tableBytes(*t);
   return b;
 }
 

@@ -24,6 +24,7 @@
 #include <memory>
 #include <mutex>
 #include <span>
+#include <string>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
@@ -106,10 +107,12 @@ struct TokenTable {
 
 struct CompileStats {
   int32_t states = 0;     // states with a token table
-  int64_t accepted = 0;   // summed over tables
+  int32_t built = 0;      // tables walked over the vocabulary; the other states shared one
+  int32_t shared = 0;     // states given the table of an identical state (here or cached)
+  int64_t accepted = 0;   // summed over states
   int64_t rejected = 0;
   int64_t uncertain = 0;
-  double seconds = 0;
+  double seconds = 0;  // wall time spent getting tables
 };
 
 struct CompileOptions {
@@ -117,7 +120,19 @@ struct CompileOptions {
   // first time a matcher reaches the state (compile() is then only the grammar; large grammars,
   // e.g. long bounded strings, pay only for the states generation visits).
   bool eager = true;
+  // Threads walking the vocabulary in an eager compile; 0: min(hardware threads, 8).
+  int threads = 0;
+  // [TAG_TABLE_SHARING] A state's table depends only on what the state can reach (its byte and
+  // call edges, the rules it calls, final states) and its rule's FOLLOW set: tableSignature().
+  // States with equal signatures share one table, within the grammar and, through a process-wide
+  // cache bounded in bytes, across grammars over the same vocabulary (every JSON grammar's string
+  // rule is the same automaton).
+  bool share = true;
 };
+
+// The canonical form of what `state`'s token table depends on (see CompileOptions::share):
+// equal signatures give equal tables over any vocabulary.
+std::string tableSignature(const Grammar& g, int32_t state);
 
 class CompiledGrammar {
  public:
@@ -130,18 +145,27 @@ class CompiledGrammar {
   // The table of a state that consumes bytes (built now if it was not yet: thread-safe);
   // nullptr for states that consume none.
   const TokenTable* table(int32_t state) const;
-  // Totals over the tables built so far.
+  // Totals over the tables got so far.
   CompileStats stats() const;
+  // Bytes of the tables this grammar holds (a table shared by several states counted once).
   size_t memoryBytes() const;
+  // Empties the process-wide cache of shared tables (benchmarks measuring a cold compile).
+  static void clearSharedTables();
 
  private:
-  CompiledGrammar(Grammar g, std::shared_ptr<const Vocabulary> v);
-  TokenTable buildTable(int32_t state) const;
+  CompiledGrammar(Grammar g, std::shared_ptr<const Vocabulary> v, CompileOptions o);
+  TokenTable buildTable(int32_t state) const;  // pure: any thread
+  // Under mu_: records `t` as `state`'s table; `first_use`: the grammar holds no state with it yet.
+  void install(int32_t state, std::shared_ptr<const TokenTable> t, bool shared,
+               bool first_use) const;
   Grammar grammar_;
   std::shared_ptr<const Vocabulary> vocab_;
+  const CompileOptions options_;
   std::unique_ptr<std::atomic<const TokenTable*>[]> tables_;
   mutable std::mutex mu_;
   mutable CompileStats stats_;  // guarded by mu_
+  mutable std::vector<std::shared_ptr<const TokenTable>> owned_;  // guarded by mu_
+  mutable std::unordered_map<std::string, size_t> by_signature_;  // mu_: index into owned_
 };
 
 class GrammarMatcher {

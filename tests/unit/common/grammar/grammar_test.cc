@@ -4,16 +4,21 @@
 // excluded "special" end ids) keeps these fast; tests/conformance/grammar repeats the random
 // generation over the real o200k_harmony vocabulary.
 
+#include "common/grammar/grammar.h"
+
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <map>
 #include <random>
+#include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/grammar/constrained.h"
-#include "common/grammar/grammar.h"
 #include "common/grammar/json_schema.h"
 #include "common/grammar/matcher.h"
 #include "common/grammar/regex.h"
@@ -222,6 +227,166 @@ TEST(GrammarMask, EqualsBruteForceAlongRandomPaths) {
       }
     }
   }
+}
+
+// [TAG_TABLE_SHARING] Shared tables (states with one signature, within a grammar and across
+// grammars through the process-wide cache) and tables built by several threads are exactly the
+// tables each state gets alone.
+TEST(GrammarTables, SharedAndThreadedTablesEqualPerStateOnes) {
+  CompiledGrammar::clearSharedTables();
+  int64_t shared_within = 0, shared_across = 0;
+  for (const SchemaCase& sc : schemaCases()) {
+    SCOPED_TRACE(sc.name);
+    auto g = grammarFor(sc.schema);
+    ASSERT_TRUE(g.isOk());
+    CompileOptions alone;
+    alone.share = false;
+    alone.threads = 1;
+    auto a = CompiledGrammar::compile(*g, synthVocab().vocab, alone);
+    CompileOptions shared;  // defaults: share, several threads
+    shared.threads = 3;
+    auto b = CompiledGrammar::compile(*g, synthVocab().vocab, shared);
+    CompileOptions lazy;
+    lazy.eager = false;
+    auto c = CompiledGrammar::compile(*g, synthVocab().vocab, lazy);
+    ASSERT_TRUE(a.isOk() && b.isOk() && c.isOk());
+    EXPECT_EQ((*a)->stats().shared, 0);
+    for (int32_t s = 0; s < g->numStates(); ++s) {
+      const TokenTable* ta = (*a)->table(s);
+      for (const TokenTable* tb : {(*b)->table(s), (*c)->table(s)}) {
+        ASSERT_EQ(ta == nullptr, tb == nullptr) << "state " << s;
+        if (ta == nullptr) continue;
+        EXPECT_EQ(ta->complement, tb->complement) << "state " << s;
+        EXPECT_EQ(ta->ids, tb->ids) << "state " << s;
+        EXPECT_EQ(ta->uncertain, tb->uncertain) << "state " << s;
+      }
+    }
+    const CompileStats sa = (*a)->stats(), sb = (*b)->stats();
+    EXPECT_EQ(sb.states, sa.states);
+    EXPECT_EQ(sb.built + sb.shared, sb.states);
+    EXPECT_EQ(sb.accepted, sa.accepted);
+    EXPECT_EQ(sb.rejected, sa.rejected);
+    EXPECT_EQ(sb.uncertain, sa.uncertain);
+    // b found every table of its own grammar in the cache only if an identical grammar came
+    // before; the lazy compile c, after b, finds all of them there.
+    EXPECT_EQ((*c)->stats().built, 0);
+    shared_across += sb.shared;
+    if (sc.name == "enum_heavy") shared_within = sb.shared;
+  }
+  EXPECT_GT(shared_within, 100);  // 200 enum values end alike
+  EXPECT_GT(shared_across, 100);  // the string rule, numbers, ... of the earlier schemas
+}
+
+// The process-wide table cache under concurrent callers (tulip compiles each request's grammar on
+// its own thread): four threads compile every schema at once, eagerly with helper threads and
+// lazily (tables built on first use, from two threads per grammar), while a fifth empties the
+// cache; every table equals the one built alone. Run by the ThreadSanitizer stage.
+TEST(GrammarTables, ConcurrentCompilesAndCacheClearsAgree) {
+  struct Ref {
+    Grammar g;
+    std::vector<TokenTable> tables;
+    std::vector<bool> has;
+  };
+  std::vector<Ref> refs;
+  for (const SchemaCase& sc : schemaCases()) {
+    auto g = grammarFor(sc.schema);
+    ASSERT_TRUE(g.isOk()) << sc.name;
+    CompileOptions alone;
+    alone.share = false;
+    alone.threads = 1;
+    auto a = CompiledGrammar::compile(*g, synthVocab().vocab, alone);
+    ASSERT_TRUE(a.isOk()) << sc.name;
+    Ref r{*g, std::vector<TokenTable>(g->numStates()), std::vector<bool>(g->numStates())};
+    for (int32_t st = 0; st < g->numStates(); ++st) {
+      if (const TokenTable* t = (*a)->table(st)) {
+        r.tables[st] = *t;
+        r.has[st] = true;
+      }
+    }
+    refs.push_back(std::move(r));
+  }
+  std::atomic<int> mismatches{0}, failures{0};
+  std::atomic<bool> done{false};
+  auto check = [&](const Ref& r, const CompiledGrammar& cg, int32_t st) {
+    const TokenTable* t = cg.table(st);
+    if ((t != nullptr) != r.has[st]) {
+      ++mismatches;
+      return;
+    }
+    if (t != nullptr && (t->complement != r.tables[st].complement || t->ids != r.tables[st].ids ||
+                         t->uncertain != r.tables[st].uncertain)) {
+      ++mismatches;
+    }
+  };
+  std::vector<std::thread> ts;
+  for (int c = 0; c < 4; ++c) {
+    ts.emplace_back([&, c] {
+      for (size_t k = 0; k < refs.size(); ++k) {
+        const Ref& r = refs[(k + 7 * c) % refs.size()];  // different orders
+        CompileOptions o;
+        o.eager = c % 2 == 0;
+        o.threads = 2;
+        auto cg = CompiledGrammar::compile(r.g, synthVocab().vocab, o);
+        if (!cg.isOk()) {
+          ++failures;
+          continue;
+        }
+        if (o.eager) {
+          for (int32_t st = 0; st < r.g.numStates(); ++st) check(r, **cg, st);
+        } else {
+          // Lazy: two threads ask for the same states from opposite ends.
+          const int32_t n = r.g.numStates();
+          std::thread other([&] {
+            for (int32_t st = n - 1; st >= 0; --st) check(r, **cg, st);
+          });
+          for (int32_t st = 0; st < n; ++st) check(r, **cg, st);
+          other.join();
+        }
+      }
+    });
+  }
+  std::thread clearer([&] {
+    while (!done.load()) {
+      CompiledGrammar::clearSharedTables();
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  });
+  for (auto& t : ts) t.join();
+  done = true;
+  clearer.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(mismatches.load(), 0);
+}
+
+// Equal signatures exactly for isomorphic reachable automata with the same FOLLOW bytes: the
+// string rule of two objects with differently named string properties is equal; a top-level
+// string (nothing may follow it) or a length-bounded one is not.
+TEST(GrammarTables, SignaturesNameWhatTheTableDependsOn) {
+  auto sigsOf = [](const std::string& schema) {
+    std::set<std::string> out;
+    auto g = grammarFor(schema);
+    EXPECT_TRUE(g.isOk());
+    for (int32_t s = 0; s < g->numStates(); ++s) {
+      if (!g->byteEdges(s).empty()) out.insert(tableSignature(*g, s));
+    }
+    return out;
+  };
+  auto object = [](const std::string& key, const std::string& value) {
+    return R"({"type":"object","properties":{")" + key + R"(":)" + value + R"(},"required":[")" +
+           key + R"("],"additionalProperties":false})";
+  };
+  const auto a = sigsOf(object("a", R"({"type":"string"})"));
+  const auto other_key = sigsOf(object("xyz", R"({"type":"string"})"));
+  const auto top = sigsOf(R"({"type":"string"})");
+  const auto bounded = sigsOf(object("a", R"({"type":"string","maxLength":3})"));
+  auto common = [&](const std::set<std::string>& x) {
+    int n = 0;
+    for (const auto& s : a) n += x.count(s) ? 1 : 0;
+    return n;
+  };
+  EXPECT_GE(common(other_key), static_cast<int>(top.size()));  // the whole string rule at least
+  EXPECT_EQ(common(top), 0);                                   // FOLLOW differs
+  EXPECT_LT(common(bounded), common(other_key));               // the bounded string differs
 }
 
 TEST(GrammarMask, EndTokensOnlyWhenComplete) {
