@@ -253,7 +253,7 @@ void EmbedScheduler::cancel(const std::shared_ptr<EmbedJob>& job) {
 SchedulerStats EmbedScheduler::stats() const {
   MutexLock l(mu_);
   return SchedulerStats{queued_requests_, queued_tokens_, inflight_tokens_,
-                        opts_.queue_limit_tokens};
+                        opts_.queue_limit_tokens, stage_at_ns_};
 }
 
 void EmbedScheduler::stop() {

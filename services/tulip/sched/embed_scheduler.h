@@ -147,6 +147,9 @@ struct SchedulerStats {
   uint64_t queued_tokens = 0;
   uint64_t inflight_tokens = 0;
   uint64_t queue_limit_tokens = 0;
+  // [TAG_EMBED_LATE_STAGE] When the batch held back for late staging is to be formed (the
+  // staging clock's ns); 0: none held.
+  int64_t staged_at_ns = 0;
 };
 
 class EmbedScheduler {
