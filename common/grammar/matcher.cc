@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <list>
 #include <string>
+#include <system_error>
 #include <thread>
 
 namespace garden::grammar {
@@ -305,7 +306,13 @@ Result<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::compile(
   walks->grammar = c;
   for (size_t i : todo) walks->states.push_back(groups[i].states[0]);
   walks->tables.resize(todo.size());
-  for (int t = 1; t < threads; ++t) std::thread([walks] { walks->run(); }).detach();
+  for (int t = 1; t < threads; ++t) {
+    try {
+      std::thread([walks] { walks->run(); }).detach();
+    } catch (const std::system_error&) {
+      break;  // no thread to be had (a process at its limit): the caller walks the rest itself
+    }
+  }
   walks->run();
   {
     std::unique_lock<std::mutex> lock(walks->mu);
