@@ -807,7 +807,8 @@ void ReplicaPool::maintainOnce() {
           }
           if (!r->load_in_flight && t >= r->next_load) {
             r->load_in_flight = true;
-            r->own_since_poll = std::max<int64_t>(r->outstanding.load(std::memory_order_relaxed), 0);
+            r->own_since_poll =
+                std::max<int64_t>(r->outstanding.load(std::memory_order_relaxed), 0);
             actions.emplace_back(r, Action::kLoad);
           }
           break;

@@ -890,7 +890,8 @@ TEST(StrictTools, RandomCallsValidateAgainstTheirSchemas) {
 // The header reading tulip's decoder uses (common/harmony_header, which ivy's parser uses too;
 // its cases are covered in tests/unit/ivy/harmony): the shapes the decoder relies on.
 TEST(StrictTools, HeaderRoute) {
-  auto r = parseHarmonyHeaderFields("<|channel|>commentary to=functions.f <|constrain|>json", "assistant");
+  auto r = parseHarmonyHeaderFields("<|channel|>commentary to=functions.f <|constrain|>json",
+                                    "assistant");
   EXPECT_EQ(r.channel, "commentary");
   EXPECT_EQ(r.recipient, "functions.f");
   r = parseHarmonyHeaderFields("assistant to=functions.f<|channel|>commentary json", "");

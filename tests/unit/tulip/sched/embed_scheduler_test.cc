@@ -4,14 +4,14 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <deque>
+#include <future>
 #include <limits>
 #include <map>
 #include <mutex>
-#include <future>
 #include <thread>
 
 #include "common/metrics/registry.h"
@@ -1007,7 +1007,8 @@ TEST(EmbedSchedulerLateStage, ImmediateStagingMakesClosedLoopClientsWaitTwoBatch
 // client threads submit and wait, the scheduler's thread wakes on its own for held batches. How
 // long each request waits there depends on how the machine runs those threads (a loaded 2-core
 // machine under a sanitizer runs some late), so this checks only what must hold whatever the
-// timing: every request is answered, its sequence run exactly once. Run by the TSan stage for its races.
+// timing: every request is answered, its sequence run exactly once. Run by the TSan stage for its
+// races.
 TEST(EmbedSchedulerLateStage, RealClockClosedLoopAnswersEveryRequest) {
   SlowWorker w(20ms, 5ms);
   EmbedScheduler s(w, SchedulerOptions{});
