@@ -135,7 +135,7 @@ std::string tableSignature(const Grammar& g, int32_t state) {
 namespace {
 
 size_t tableBytes(const TokenTable& t) {
-  return sizeof(TokenTable) + (t.ids.size() + t.uncertain.size()) * sizeof(int32_t);
+  return sizeof(TokenTable) + (t.ids.size() + t.uncertain.size() + t.bits.size()) * 4;
 }
 
 // Process-wide: signature + vocabulary -> table, least recently used dropped beyond kMaxBytes.
@@ -512,6 +512,17 @@ TokenTable CompiledGrammar::buildTable(int32_t state) const {
   for (const auto& [b, e] : ranges[kUnc]) {
     for (int32_t x = b; x < e; ++x) t.uncertain.push_back(x);
   }
+  // [TAG_TABLE_BITS] One OR per mask word instead of a write per id.
+  const size_t words = (static_cast<size_t>(v.size()) + 31) / 32;
+  if (t.complement || t.ids.size() > words) {
+    t.bits.assign(words, 0u);
+    for (const auto& [b, e] : ranges[kAcc]) {
+      for (int32_t x = b; x < e; ++x) {
+        const auto id = static_cast<uint32_t>(v.sorted(x));
+        t.bits[id / 32] |= 1u << (id % 32);
+      }
+    }
+  }
   return t;
 }
 
@@ -595,15 +606,12 @@ void GrammarMatcher::fillNextTokenBitmask(std::span<uint32_t> words) {
   for (const Frame& f : cur_.frames) {
     const TokenTable* t = compiled_->table(f.state);
     if (t == nullptr) continue;
-    if (t->complement) {
-      scratch_ = v.eligibleMask();
-      for (int32_t id : t->ids) scratch_[static_cast<size_t>(id) / 32] &= ~(1u << (id % 32));
-      for (int32_t u : t->uncertain) {
-        const int32_t id = v.sorted(u);
-        scratch_[static_cast<size_t>(id) / 32] &= ~(1u << (id % 32));
-      }
-      for (size_t w = 0; w < nw; ++w) words[w] |= scratch_[w];
+    if (!t->bits.empty()) {  // [TAG_TABLE_BITS]
+      CHECK(t->bits.size() == nw);
+      const uint32_t* b = t->bits.data();
+      for (size_t w = 0; w < nw; ++w) words[w] |= b[w];
     } else {
+      CHECK(!t->complement);
       for (int32_t id : t->ids) set(id);
     }
     // Context-dependent tokens: run each against this stack, sharing prefixes with the

@@ -103,6 +103,10 @@ struct TokenTable {
   bool complement = false;        // ids_ lists REJECTED ids (else ACCEPTED ids)
   std::vector<int32_t> ids;       // token ids, ascending
   std::vector<int32_t> uncertain; // indices into Vocabulary::sorted, ascending
+  // [TAG_TABLE_BITS] The ACCEPTED ids as a bitmask over the vocabulary (32 ids a word), kept when
+  // OR-ing it into a mask is cheaper than setting the ids one by one: complement tables, and
+  // tables listing more ids than the mask has words. Empty otherwise.
+  std::vector<uint32_t> bits;
 };
 
 struct CompileStats {
@@ -203,7 +207,6 @@ class GrammarMatcher {
   Config cur_;
   Config tmp_a_, tmp_b_;
   std::vector<Config> depth_;
-  std::vector<uint32_t> scratch_;
   bool terminated_ = false;
 };
 

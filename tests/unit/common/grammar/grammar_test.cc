@@ -259,6 +259,7 @@ TEST(GrammarTables, SharedAndThreadedTablesEqualPerStateOnes) {
         EXPECT_EQ(ta->complement, tb->complement) << "state " << s;
         EXPECT_EQ(ta->ids, tb->ids) << "state " << s;
         EXPECT_EQ(ta->uncertain, tb->uncertain) << "state " << s;
+        EXPECT_EQ(ta->bits, tb->bits) << "state " << s;
       }
     }
     const CompileStats sa = (*a)->stats(), sb = (*b)->stats();
