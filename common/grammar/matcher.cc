@@ -514,14 +514,17 @@ TokenTable CompiledGrammar::buildTable(int32_t state) const {
   }
   // [TAG_TABLE_BITS] One OR per mask word instead of a write per id.
   const size_t words = (static_cast<size_t>(v.size()) + 31) / 32;
-  if (t.complement || t.ids.size() > words) {
-    t.bits.assign(words, 0u);
-    for (const auto& [b, e] : ranges[kAcc]) {
-      for (int32_t x = b; x < e; ++x) {
-        const auto id = static_cast<uint32_t>(v.sorted(x));
-        t.bits[id / 32] |= 1u << (id % 32);
-      }
+  if (t.complement) {  // the eligible tokens less the rejected and the uncertain ones
+    t.bits = v.eligibleMask();
+    CHECK(t.bits.size() == words);
+    for (int32_t id : t.ids) t.bits[static_cast<size_t>(id) / 32] &= ~(1u << (id % 32));
+    for (int32_t u : t.uncertain) {
+      const int32_t id = v.sorted(u);
+      t.bits[static_cast<size_t>(id) / 32] &= ~(1u << (id % 32));
     }
+  } else if (t.ids.size() > words) {
+    t.bits.assign(words, 0u);
+    for (int32_t id : t.ids) t.bits[static_cast<size_t>(id) / 32] |= 1u << (id % 32);
   }
   return t;
 }
