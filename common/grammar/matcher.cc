@@ -595,16 +595,41 @@ bool GrammarMatcher::acceptToken(int32_t id) {
   return acceptBytes(v.bytes(id));
 }
 
-void GrammarMatcher::fillNextTokenBitmask(std::span<uint32_t> words) {
+// Runs each UNCERTAIN token of `t` against the stack `f`, sharing prefixes with the previous one
+// checked. Nodes it interns are dropped by the caller's truncate.
+std::vector<int32_t> GrammarMatcher::uncertainAllowed(const Frame& f, const TokenTable& t) {
   const Vocabulary& v = compiled_->vocab();
+  std::vector<int32_t> out;
+  depth_[0].clear();
+  depth_[0].frames.push_back(f);
+  std::string_view prev;
+  size_t valid = 0;
+  for (int32_t u : t.uncertain) {
+    const std::string_view tok = v.sortedBytes(u);
+    size_t l = 0;
+    while (l < prev.size() && l < tok.size() && prev[l] == tok[l]) ++l;
+    prev = tok;
+    size_t k = std::min(l, valid);
+    bool dead = false;
+    for (; k < tok.size(); ++k) {
+      runner_.step(depth_[k], static_cast<uint8_t>(tok[k]), &depth_[k + 1]);
+      if (!depth_[k + 1].alive()) {
+        dead = true;
+        break;
+      }
+    }
+    valid = k;
+    if (!dead) out.push_back(v.sorted(u));
+  }
+  return out;
+}
+
+void GrammarMatcher::fillNextTokenBitmask(std::span<uint32_t> words) {
   const size_t nw = maskWords();
   CHECK(words.size() >= nw);
   std::fill(words.begin(), words.begin() + static_cast<std::ptrdiff_t>(nw), 0u);
   if (terminated_) return;
   const auto set = [&](int32_t id) { words[static_cast<size_t>(id) / 32] |= 1u << (id % 32); };
-  const auto test = [&](int32_t id) {
-    return (words[static_cast<size_t>(id) / 32] >> (id % 32)) & 1u;
-  };
   const size_t mark = pool_.mark();
   for (const Frame& f : cur_.frames) {
     const TokenTable* t = compiled_->table(f.state);
@@ -617,34 +642,16 @@ void GrammarMatcher::fillNextTokenBitmask(std::span<uint32_t> words) {
       CHECK(!t->complement);
       for (int32_t id : t->ids) set(id);
     }
-    // Context-dependent tokens: run each against this stack, sharing prefixes with the
-    // previous one checked.
-    depth_[0].clear();
-    depth_[0].frames.push_back(f);
-    std::string_view prev;
-    size_t valid = 0;
-    for (int32_t u : t->uncertain) {
-      const int32_t id = v.sorted(u);
-      const std::string_view tok = v.sortedBytes(u);
-      size_t l = 0;
-      while (l < prev.size() && l < tok.size() && prev[l] == tok[l]) ++l;
-      prev = tok;
-      if (test(id)) {
-        valid = std::min(valid, l);
-        continue;
-      }
-      size_t k = std::min(l, valid);
-      bool dead = false;
-      for (; k < tok.size(); ++k) {
-        runner_.step(depth_[k], static_cast<uint8_t>(tok[k]), &depth_[k + 1]);
-        if (!depth_[k + 1].alive()) {
-          dead = true;
-          break;
-        }
-      }
-      valid = k;
-      if (!dead) set(id);
+    // Context-dependent tokens: the ones this stack accepts [TAG_UNCERTAIN_CACHE].
+    if (t->uncertain.empty()) continue;
+    const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(f.state)) << 32) |
+                         static_cast<uint32_t>(f.parent + 1);
+    auto it = uncertain_cache_.find(key);
+    if (it == uncertain_cache_.end()) {
+      if (uncertain_cache_.size() >= kUncertainCacheEntries) uncertain_cache_.clear();
+      it = uncertain_cache_.emplace(key, uncertainAllowed(f, *t)).first;
     }
+    for (int32_t id : it->second) set(id);
   }
   pool_.truncate(mark);
   if (cur_.ended) {

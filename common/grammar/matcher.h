@@ -200,6 +200,8 @@ class GrammarMatcher {
 
  private:
   bool run(std::string_view bytes, bool commit);
+  // The UNCERTAIN tokens of `t` (f.state's table) that the stack `f` accepts, ascending by bytes.
+  std::vector<int32_t> uncertainAllowed(const Frame& f, const TokenTable& t);
   std::shared_ptr<const CompiledGrammar> compiled_;
   std::vector<int32_t> end_tokens_;
   StackPool pool_;
@@ -207,6 +209,11 @@ class GrammarMatcher {
   Config cur_;
   Config tmp_a_, tmp_b_;
   std::vector<Config> depth_;
+  // [TAG_UNCERTAIN_CACHE] uncertainAllowed() by stack: (state, parent node) names the whole stack
+  // (the pool hash-conses stacks, and nodes a committed state uses are never truncated). Inside a
+  // string or a number the stack top repeats from token to token. Bounded: cleared when full.
+  static constexpr size_t kUncertainCacheEntries = 64;
+  std::unordered_map<uint64_t, std::vector<int32_t>> uncertain_cache_;
   bool terminated_ = false;
 };
 
