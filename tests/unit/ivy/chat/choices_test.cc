@@ -152,6 +152,11 @@ TEST(ChoicesTest, StopStringStopsThatChoiceUpstreamAndKeepsItsUsage) {
   auto run = [](bool honour, int* stop_calls, int* sent) {
     ChatHarness h;
     h.client().setHonourStopChoice(honour);
+    // ivy stores the stream's handle just after generate() returns; a stop string matched before
+    // that is passed on by start() — unless every choice had ended by then, when there is nothing
+    // to stop (a cancel). With chunks back to back, a slow thread (CI's ASan stage) saw all ~130
+    // chunks first and sent no StopChoice. 2 ms a chunk: the stream takes ~1 s.
+    h.client().setChunkDelay(std::chrono::milliseconds(2));
     h.client().setChoiceScript([&](const GenerateCall&, uint32_t c) {
       std::string long_tail;
       for (int i = 0; i < 60; ++i) long_tail += " more";
