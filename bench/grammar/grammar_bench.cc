@@ -5,7 +5,9 @@
 //   tables_<mode>/<name>   every state's token table over the vocabulary (once per schema;
 //                   cached), wall time: noshare_1t (one thread, no table sharing), cold_1t /
 //                   cold (sharing within the schema, empty process-wide cache; one / default
-//                   threads), warm (the cache holds every other test schema's tables)
+//                   threads), warm (the cache holds every other test schema's tables),
+//                   tulip (the cache holds the JSON grammar's tables, as tulip walks them at
+//                   start)
 //   mask/<name>     one next-token bitmask along 5 random generations (RandomModel of
 //                   tests/unit/common/grammar/random_model.h: masked sampling until the end
 //                   token or 2000 steps), manual time = thread CPU time of fillNextTokenBitmask
@@ -67,7 +69,8 @@ void BM_Schema(benchmark::State& st, std::string schema) {
 // Token tables of one schema [TAG_TABLE_SHARING]. mode "cold": the process-wide table cache
 // emptied first, tables walked by the default threads; "cold_1t": the same on one thread;
 // "warm": the cache holds the tables of every other test schema (a tulip that has served other
-// schemas), emptied and refilled untimed before each iteration; "noshare_1t": no sharing at all,
+// schemas), emptied and refilled untimed before each iteration; "tulip": the cache holds the JSON
+// grammar's tables (tulip walks them at start); "noshare_1t": no sharing at all,
 // one thread (the walk alone, as before sharing existed). Wall time (real time).
 void BM_Tables(benchmark::State& st, std::string name, std::string schema, std::string mode) {
   auto g = grammarOf(schema);
@@ -78,6 +81,7 @@ void BM_Tables(benchmark::State& st, std::string name, std::string schema, std::
   for (auto _ : st) {
     st.PauseTiming();
     CompiledGrammar::clearSharedTables();
+    if (mode == "tulip") (void)CompiledGrammar::compile(*jsonObjectGrammar(), g_vocab);
     if (mode == "warm") {
       for (const auto& sc : garden::grammar::testing::schemaCases()) {
         if (sc.name != name) (void)CompiledGrammar::compile(*grammarOf(sc.schema), g_vocab);
@@ -170,7 +174,7 @@ int main(int argc, char** argv) {
     benchmark::RegisterBenchmark(("schema/" + sc.name).c_str(), BM_Schema, sc.schema)
         ->Unit(benchmark::kMillisecond);
   }
-  for (const char* mode : {"noshare_1t", "cold_1t", "cold", "warm"}) {
+  for (const char* mode : {"noshare_1t", "cold_1t", "cold", "tulip", "warm"}) {
     for (const auto& sc : garden::grammar::testing::schemaCases()) {
       benchmark::RegisterBenchmark(("tables_" + std::string(mode) + "/" + sc.name).c_str(),
                                    BM_Tables, sc.name, sc.schema, std::string(mode))

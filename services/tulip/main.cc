@@ -11,6 +11,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <climits>
 #include <cstring>
 #include <cstdlib>
@@ -22,6 +23,8 @@
 #include <simdjson.h>
 
 #include "common/flags.h"
+#include "common/grammar/json_schema.h"
+#include "common/grammar/matcher.h"
 #include "common/logging.h"
 #include "common/metrics/registry.h"
 #include "common/metrics_http.h"
@@ -265,6 +268,27 @@ int main(int argc, char** argv) {
       vocab = *v;
     }
   }
+  // [TAG_TABLE_SHARING] The generic JSON grammar's token tables, walked once in the background at
+  // start: a schema's free parts (any value, additionalProperties, {}) then find theirs in the
+  // process-wide cache, and json_object requests compile in ~0.6 ms instead of ~3.
+  std::thread prewarm;
+  if (vocab) {
+    prewarm = std::thread([v = vocab] {
+      const auto t0 = std::chrono::steady_clock::now();
+      auto g = grammar::jsonObjectGrammar();
+      auto c = g.isOk() ? grammar::CompiledGrammar::compile(std::move(g).value(), v)
+                        : Result<std::shared_ptr<const grammar::CompiledGrammar>>(g.status());
+      if (!c.isOk()) {
+        log::warn("structured outputs: JSON tables not prepared", {{"error", c.status()}});
+        return;
+      }
+      const auto us = std::chrono::duration_cast<std::chrono::microseconds>(
+                          std::chrono::steady_clock::now() - t0)
+                          .count();
+      log::info("structured outputs: JSON tables ready",
+                {{"tables", (*c)->stats().built}, {"us", static_cast<int64_t>(us)}});
+    });
+  }
   wopts.layout.output_bytes = uint64_t{max_batch_seqs} * hidden * sizeof(float);
   wopts.heartbeat_timeout = std::chrono::milliseconds(heartbeat_timeout_ms);
   wopts.step_timeout = std::chrono::milliseconds(step_timeout_ms);
@@ -388,6 +412,7 @@ int main(int argc, char** argv) {
   llm_scheduler.stop();
   (*worker)->stop();
   metrics_http.stop();
+  if (prewarm.joinable()) prewarm.join();
   log::info("stopped");
   return 0;
 }

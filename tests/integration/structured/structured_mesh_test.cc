@@ -111,6 +111,14 @@ Answer parseAnswer(const std::string& body) {
   return a;
 }
 
+// [TAG_TABLE_SHARING] tulip walks the generic JSON grammar's tables once at start, in the
+// background, so schemas' free parts and json_object requests find them in the table cache.
+TEST_F(StructuredMesh, TulipPreparesTheJsonTablesAtStart) {
+  EXPECT_TRUE(testing::eventually(60s, [] {
+    return g_mesh->tulip->log().find("structured outputs: JSON tables ready") != std::string::npos;
+  })) << g_mesh->tulip->log();
+}
+
 // Every schema of the unit suite, one seed each: finished answers validate; a random model
 // finishes most of them within 400 tokens. How many finish depends on the machine's floating
 // point (the CPU backend's BLAS picks its kernels per CPU, so near-tied draws go either way): it
