@@ -9,18 +9,17 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <signal.h>
+#include <simdjson.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <climits>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <thread>
-
-#include <simdjson.h>
 
 #include "common/flags.h"
 #include "common/grammar/json_schema.h"
