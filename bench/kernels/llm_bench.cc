@@ -13,7 +13,10 @@
 //                  [--decode-steps 32] [--max-batch-tokens 16384]
 //                  [--moe-weights auto|mxfp4|fp8|bf16] [--fp8-min-tokens N]
 //                  [--cuda-graphs on|off] [--residual f32|bf16] [--router f32|bf16] [--norm-round once|twice] [--kv-tokens N] [--masks D]
-//                  [--profile] [--bar-dump DIR [--bar-prompts L1,L2,...]]
+//                  [--profile] [--bar-dump DIR [--bar-prompts L1,L2,...]] [--moe-k-slices N]
+//   --moe-k-slices N: the decode-regime expert GEMMs sum K in N fixed slices (1..8; default 1,
+//              one chain) [TAG_MOE_K_SLICES]. With --moe-gemm, a list
+//              (e.g. 1,2,4,8): every count is timed.
 //   --masks D: every sampled sequence draws under a random token mask allowing a fraction D of
 //              the vocabulary (structured outputs [TAG_TOKEN_MASK]: the masks' upload and the
 //              masked sampler, as rose sees a step from tulip; not tulip's mask computation).
@@ -303,12 +306,13 @@ int barDump(Bench& b, const std::string& dir, const std::string& list) {
 // --moe-gemm T1,T2,...: LlmOps::moeExperts alone at gpt-oss-20b's expert shapes (32 experts,
 // top-4, hidden = intermediate = 2880, MXFP4 resident, random codes and scales), T tokens with
 // random distinct experts each; kLayers weight copies are cycled so the weights come from HBM as
-// in a forward pass. Each decode-kernel variant (setMoeDecodeVariant; -1 = the tiled kernel) is
-// timed with CUDA events (median of 7 batches of 24 calls) and its output compared with variant
-// 0's bits. Prints one line per (T, variant). With --moe-weights fp8 also the FP8 experts
-// (uploaded with the FP8 copy, every T forced onto it) and their relative L2 difference from
-// variant 0.
-int moeGemmBench(const std::string& list, bool fp8) {
+// in a forward pass. For each K slice count [TAG_MOE_K_SLICES] the tiled kernel (its relative L2
+// difference from the one-chain sum printed) and each decode-kernel shape (setMoeDecodeVariant
+// 0..3, their bits compared with the tiled kernel's at the same slicing) are timed with CUDA
+// events (median of 7 batches of 24 calls). Prints one line per (T, slices, kernel). With
+// --moe-weights fp8 also the FP8 experts (uploaded with the FP8 copy, every T forced onto it) and
+// their relative L2 difference from the MXFP4 tiled kernel.
+int moeGemmBench(const std::string& list, bool fp8, const std::vector<int>& slices) {
   constexpr int kLayers = 6, kE = 32, kK = 4, kH = 2880, kI = 2880;
   BackendOptions bo;
   auto be = makeBackend("cuda", bo);
@@ -390,13 +394,34 @@ int moeGemmBench(const std::string& list, bool fp8) {
   cudaEvent_t e0, e1;
   cudaEventCreate(&e0);
   cudaEventCreate(&e1);
+  auto bitsToFloat = [](uint16_t b) {
+    const uint32_t u = static_cast<uint32_t>(b) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  };
+  auto relL2 = [&](const std::vector<uint16_t>& a, const std::vector<uint16_t>& b) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      const double fa = bitsToFloat(a[i]), fb = bitsToFloat(b[i]);
+      num += (fa - fb) * (fa - fb);
+      den += fb * fb;
+    }
+    return std::sqrt(num / std::max(den, 1e-30));
+  };
   for (int t : ts) {
     const Tensor xt = x.view.rowSlice(0, t), ot = out.view.rowSlice(0, t);
     const Tensor it = ids.view.rowSlice(0, t), wt = wts.view.rowSlice(0, t);
-    std::vector<uint16_t> ref, got(static_cast<size_t>(t * kH));
-    std::vector<int> variants = {0, 1, 2, 3, 4, 5, -1};
-    if (fp8) variants.push_back(100);  // the FP8 experts (cuBLASLt block-scaled)
-    for (int v : variants) {
+    std::vector<uint16_t> chain, ref, got(static_cast<size_t>(t * kH));
+    // Per K slice count [TAG_MOE_K_SLICES]: the tiled kernel first (-1: its bits are the
+    // reference for that slicing), then each decode-kernel shape; then the FP8 experts once.
+    std::vector<std::pair<int, int>> runs;  // (slices, variant)
+    for (int sl : slices) {
+      for (int v : {-1, 0, 1, 2, 3}) runs.push_back({sl, v});
+    }
+    if (fp8) runs.push_back({cuda::kMoeDefaultKSlices, 100});
+    for (const auto& [sl, v] : runs) {
+      cuda::setMoeKSlices(sl);
       cuda::setMoeDecodeVariant(v == 100 ? 0 : v);
       cuda::setMoeFp8MinTokens(v == 100 ? 1 : INT64_MAX);
       auto call = [&](int l) {
@@ -406,23 +431,19 @@ int moeGemmBench(const std::string& list, bool fp8) {
       for (int l = 0; l < kLayers; ++l) call(l);
       (void)backend->synchronize();
       cudaMemcpy(got.data(), ot.data, got.size() * 2, cudaMemcpyDeviceToHost);
-      bool same = true;
-      double rel = 0;  // the FP8 path vs variant 0: relative L2 difference
-      if (v == 0) {
+      std::string note;
+      if (v == -1) {
         ref = got;
+        if (sl == 1) chain = got;
+        char buf[96];
+        std::snprintf(buf, sizeof buf, "  rel_l2 vs one chain %.2e", chain.empty() ? 0.0 : relL2(got, chain));
+        note = buf;
       } else if (v == 100) {
-        double num = 0, den = 0;
-        for (size_t i = 0; i < got.size(); ++i) {
-          const uint32_t ua = static_cast<uint32_t>(got[i]) << 16, ub = static_cast<uint32_t>(ref[i]) << 16;
-          float fa, fb;
-          std::memcpy(&fa, &ua, 4);
-          std::memcpy(&fb, &ub, 4);
-          num += (static_cast<double>(fa) - fb) * (static_cast<double>(fa) - fb);
-          den += static_cast<double>(fb) * fb;
-        }
-        rel = std::sqrt(num / std::max(den, 1e-30));
+        char buf[96];
+        std::snprintf(buf, sizeof buf, "  rel_l2 vs the MXFP4 tiled kernel %.4f", relL2(got, ref));
+        note = buf;
       } else {
-        same = got == ref;
+        note = got == ref ? "  bits == tiled" : "  OUTPUT DIFFERS FROM THE TILED KERNEL";
       }
       std::vector<float> us;
       for (int rep = 0; rep < 7; ++rep) {
@@ -436,15 +457,17 @@ int moeGemmBench(const std::string& list, bool fp8) {
       }
       std::sort(us.begin(), us.end());
       if (v == 100) {
-        std::printf("moe T=%4d fp8       : %8.2f us/call (min %.2f)  rel_l2 vs variant 0 %.4f\n", t,
-                    us[3], us[0], rel);
+        std::printf("moe T=%4d fp8            : %8.2f us/call (min %.2f)%s\n", t, us[3], us[0],
+                    note.c_str());
       } else {
-        std::printf("moe T=%4d variant %2d: %8.2f us/call (min %.2f)%s\n", t, v, us[3], us[0],
-                    same ? "" : "  OUTPUT DIFFERS FROM VARIANT 0");
+        std::printf("moe T=%4d slices %d %-7s: %8.2f us/call (min %.2f)%s\n", t, sl,
+                    v < 0 ? "tiled" : ("dec v" + std::to_string(v)).c_str(), us[3], us[0],
+                    note.c_str());
       }
       std::fflush(stdout);
     }
   }
+  cuda::setMoeKSlices(cuda::kMoeDefaultKSlices);
   cuda::setMoeDecodeVariant(0);
   cuda::setMoeFp8MinTokens(cuda::kMoeFp8DefaultMinTokens);
   return 0;
@@ -463,6 +486,7 @@ int main(int argc, char** argv) {
   bool round_once = true;    // --norm-round once|twice: GptOssOptions::norm_round_once
   int64_t kv_tokens = 0;  // --kv-tokens N: size the KV cache for at least N tokens
   std::string moe_list;   // --moe-gemm T1,T2,...: time the MoE experts op alone (no model)
+  std::string k_slices = std::to_string(cuda::kMoeDefaultKSlices);  // --moe-k-slices N[,N...]
   bool profile = false;  // one decode step of each --decode workload between profiler markers
   int64_t fp8_min_tokens = 0;  // --fp8-min-tokens N: MoE steps of >= N tokens use the FP8 copy
   double mask_density = 0;  // --masks D
@@ -490,6 +514,7 @@ int main(int argc, char** argv) {
     else if (a == "--norm-round") round_once = next() == "once";
     else if (a == "--kv-tokens") kv_tokens = std::atoll(next().c_str());
     else if (a == "--moe-gemm") moe_list = next();
+    else if (a == "--moe-k-slices") k_slices = next();
     else if (a == "--fp8-min-tokens") fp8_min_tokens = std::atoll(next().c_str());
     else if (a == "--masks") mask_density = std::atof(next().c_str());
     else if (a == "--bar-dump") bar_dir = next();
@@ -499,7 +524,20 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (!moe_list.empty()) return moeGemmBench(moe_list, moe == "fp8");
+  std::vector<int> slice_counts;
+  for (const auto& x : split(k_slices, ',')) slice_counts.push_back(std::atoi(x.c_str()));
+  for (int sc : slice_counts) {
+    if (sc < 1 || sc > 8) {
+      std::fprintf(stderr, "--moe-k-slices: counts must be 1..8\n");
+      return 2;
+    }
+  }
+  if (!moe_list.empty()) return moeGemmBench(moe_list, moe == "fp8", slice_counts);
+  if (slice_counts.size() != 1) {
+    std::fprintf(stderr, "--moe-k-slices takes one count without --moe-gemm\n");
+    return 2;
+  }
+  cuda::setMoeKSlices(slice_counts[0]);
   if (model_dir.empty()) {
     std::fprintf(stderr, "--model DIR is required\n");
     return 2;

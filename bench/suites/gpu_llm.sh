@@ -42,8 +42,14 @@
 #   mesh      bench/suites/gpu_mesh_smoke.sh: tulip + rose --device cuda + ivy on the 20b-shaped
 #             checkpoint (needs mk20b, and the gpt-oss tokenizer.json at GPUBIN/tokenizer.json),
 #             HTTP chat / stream / completions / concurrent chats through ivy
-#   moegemm   rose_llm_bench --moe-gemm: the MoE experts op alone at 20b shapes, per decode-kernel
-#             variant and token count (each variant's bits checked against the default's)
+#   moegemm   rose_llm_bench --moe-gemm: the MoE experts op alone at 20b shapes, per K slice count
+#             (1, 2, 4, 8 [TAG_MOE_K_SLICES]), decode-kernel shape and token count (each shape's
+#             bits checked against the tiled kernel's at the same slicing)
+#   grammar   bench/grammar/grammar_bench on the GPU host's CPUs (structured outputs: schema compile,
+#             token tables cold / with tulip's JSON prewarm, per-token masks; needs
+#             GPUBIN/tokenizer.json, which gpu_pack.sh adds when the checkout has it)
+#   sliceab   decode 1@8192 and 64@1024 with one K chain (--moe-k-slices 1, the default), then
+#             with 2 slices (needs mk20b): the model-level side of moegemm
 #   sass      the decode MoE kernels' instruction digest (cuobjdump: where the loads sit)
 #   ipc       gpu_ipc_test: two processes on the GPU, CUDA-IPC all-reduce and KV-block handoff
 #   sm90      gpu_kernels_test AttentionSm90.* once per Hopper attention variant (each under its own
@@ -101,7 +107,9 @@ for s in $STEPS; do
     memcheck) step memcheck memcheck.log 200 compute-sanitizer --tool memcheck --error-exitcode 3 "$BIN/gpu_llm_ops_test" --gtest_filter='*RopeKv*:*MoeRoute*:*MoeAlign*:*Gather*:*Greedy*:Cases/GpuPagedAttention.MatchesCpu/0:Cases/GpuPagedAttention.MatchesCpu/4:*MoeExperts*' ;;
     mk20b) step mk20b mk20b.log 240 python3 "$ROOT/bench/suites/make_random_gpt_oss.py" --out /tmp/gptoss20b --shape 20b ;;
     bench20b) step bench20b bench20b.txt 300 "$BIN/rose_llm_bench" --model /tmp/gptoss20b --prefill 2048,8192,32768 --decode 1@8192,64@1024 --decode-steps 32 --max-batch-tokens 16384 --json "$LOGS/bench20b.jsonl" ;;
-    moegemm) step moegemm moegemm.txt 200 "$BIN/rose_llm_bench" --moe-gemm 1,2,4,8,16,32,64,256 ;;
+    moegemm) step moegemm moegemm.txt 200 "$BIN/rose_llm_bench" --moe-gemm 1,2,4,8,16,32,64,128,192,256 --moe-k-slices 1,2,4,8 ;;
+    grammar) step grammar grammar.txt 200 bash -c "nproc; lscpu | grep -E 'Model name|^CPU\\(s\\)'; '$BIN/grammar_bench' --tokenizer '$BIN/tokenizer.json' --benchmark_filter='^(schema|tables_cold|tables_cold_1t|tables_tulip|mask)/'" ;;
+    sliceab) step sliceab sliceab.txt 200 bash -c "for s in 1 2; do echo \"== --moe-k-slices \$s\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode 1@8192,64@1024 --decode-steps 32 --max-batch-tokens 16384 --moe-k-slices \$s; done" ;;
     sass) step sass sass.txt 60 bash -c "cuobjdump -sass '$BIN/rose_llm_bench' > '$LOGS/rose_llm_bench.sass' 2>&1; python3 '$ROOT/bench/suites/sass_digest.py' '$LOGS/rose_llm_bench.sass' moeGemmMxDecodeKernel" ;;
     ipc) step ipc ipc.log 200 env NCCL_NVLS_ENABLE=0 "$BIN/gpu_ipc_test" ;;
     sm90) step sm90 sm90.log 240 bash -c "for v in sm90cpasync sm90basic sm90 'policy sm90'; do echo \"== GARDEN_SM90_TEST_ONLY=\$v\"; GARDEN_SM90_TEST_ONLY=\"\$v\" timeout 60 '$BIN/gpu_kernels_test' --gtest_filter='AttentionSm90.*' 2>&1 | tail -40; echo \"rc=\$?\"; done" ;;
@@ -128,7 +136,7 @@ for s in $STEPS; do
     *) echo "unknown step $s"; failed=$((failed+1)) ;;
   esac
 done
-for f in attnbench.txt moegemm.txt moegemm_fp8.txt sass.txt bench20b.txt bench120b.txt bench20b_nograph.txt bench20b_bf16.txt bench20b_fp8.txt bench20b_bf16res.txt hfpeer.txt sweep.txt; do
+for f in attnbench.txt grammar.txt sliceab.txt moegemm.txt moegemm_fp8.txt sass.txt bench20b.txt bench120b.txt bench20b_nograph.txt bench20b_bf16.txt bench20b_fp8.txt bench20b_bf16res.txt hfpeer.txt sweep.txt; do
   [ -f "$LOGS/$f" ] && grep -v '"gemm tuned"' "$LOGS/$f"
 done
 [ -f "$LOGS/prof.txt" ] && cat "$LOGS/prof.txt"

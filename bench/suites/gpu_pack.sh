@@ -8,7 +8,8 @@ BUILD="$(cd "$1" && pwd)"; DEST="$2"
 bins=(tests/gpu/gpu_kernels_test tests/gpu/gpu_graph_test tests/gpu/gpu_model_graph_test
       tests/gpu/gpu_llm_ops_test tests/gpu/gpu_llm_model_test tests/gpu/gpu_ipc_test
       bench/kernels/rose_kernel_bench bench/kernels/rose_forward_bench bench/kernels/rose_llm_bench
-      services/rose/rose services/tulip/tulip services/ivy/ivy bench/loadgen/loadgen)
+      services/rose/rose services/tulip/tulip services/ivy/ivy bench/loadgen/loadgen
+      bench/grammar/grammar_bench)
 rm -rf "$DEST"; mkdir -p "$DEST/lib"
 for b in "${bins[@]}"; do
   [ -x "$BUILD/$b" ] || { echo "gpu_pack.sh: $BUILD/$b missing: ninja -C $BUILD $(basename "$b")" >&2; exit 1; }
@@ -21,5 +22,10 @@ for b in "${bins[@]}"; do
     esac
   done
 done
+# The gpt-oss tokenizer (tests/conformance/tokenizer/fetch_assets.sh) for the mesh steps and
+# grammar_bench, when this checkout has it.
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
+tok="$ROOT/tests/assets/tokenizers/gptoss/tokenizer.json"
+[ -f "$tok" ] && cp "$tok" "$DEST/tokenizer.json"
 du -sh "$DEST"
 ls "$DEST" "$DEST/lib"

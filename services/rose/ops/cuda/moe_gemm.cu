@@ -1,3 +1,7 @@
+#include <cooperative_groups.h>
+
+#include <algorithm>
+
 #include "services/rose/ops/cuda/common.cuh"
 #include "services/rose/ops/cuda/cuda_utils.h"
 #include "services/rose/ops/cuda/moe_gemm.cuh"
@@ -5,6 +9,8 @@
 
 namespace garden::rose::cuda {
 namespace {
+
+namespace cg = cooperative_groups;
 
 constexpr int kBK = kMoeGemmTileK;    // 64
 constexpr int kPackN = kMoeGemmTileN;  // 128: rows of one packed MXFP4 tile [TAG_MXFP4_TILED]
@@ -42,9 +48,11 @@ constexpr size_t moeGemmSmemBytes() {
 // Block: kWM x kWN warps, each kMT m16 tiles x kNT n8 tiles; block tile kBM x kBN (32 or 128;
 // a 32-row tile reads a quarter of a packed 128-row MXFP4 tile), K tiles of 64, kStages-deep
 // cp.async pipeline. Every configuration runs the same mma chain per output element (K tiles in
-// order, k16 steps in order), so a row's bits do not depend on the configuration.
+// order, k16 steps in order), so a row's bits do not depend on the configuration. kSliced (the
+// block_m 16 instance): the chain restarts from zero at each fixed K slice boundary and the
+// slices are summed in order [TAG_MOE_K_SLICES], as the decode kernel does.
 template <int kWM, int kWN, int kMT, int kNT, int kStages, bool kMx, MoeGemmEpilogue kEpi,
-          bool kFastScales = false>
+          bool kSliced, bool kFastScales = false>
 // Two 256-thread blocks per SM (the register budget that keeps them: <= 128 per thread).
 __global__ void __launch_bounds__(kWM * kWN * 32, kWM * kWN == 8 ? 2 : 1) moeGemmKernel(MoeGemmArgs a) {
   constexpr int kThreads = kWM * kWN * 32;
@@ -113,6 +121,15 @@ __global__ void __launch_bounds__(kWM * kWN * 32, kWM * kWN == 8 ? 2 : 1) moeGem
   for (int i = 0; i < kMT; ++i)
 #pragma unroll
     for (int j = 0; j < kNT; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
+  // kSliced: the slices' sum (acc then holds the current slice's chain).
+  const MoeKSlicing sl = kSliced ? moeKSlicing(kt_count, a.k_slices) : MoeKSlicing{kt_count, 1};
+  float tot[kSliced ? kMT : 1][kSliced ? kNT : 1][4];
+  if constexpr (kSliced) {
+#pragma unroll
+    for (int i = 0; i < kMT; ++i)
+#pragma unroll
+      for (int j = 0; j < kNT; ++j) tot[i][j][0] = tot[i][j][1] = tot[i][j][2] = tot[i][j][3] = 0.f;
+  }
 
   const int warp = tid / 32;
   const int lane = tid & 31;
@@ -210,6 +227,19 @@ __global__ void __launch_bounds__(kWM * kWN * 32, kWM * kWN == 8 ? 2 : 1) moeGem
         }
       }
     }
+    if constexpr (kSliced) {
+      if (sl.count > 1 && ((kt + 1) % sl.len == 0 || kt + 1 == kt_count)) {  // a slice ends
+#pragma unroll
+        for (int i = 0; i < kMT; ++i)
+#pragma unroll
+          for (int j = 0; j < kNT; ++j)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+              tot[i][j][q] += acc[i][j][q];
+              acc[i][j][q] = 0.f;
+            }
+      }
+    }
   }
   cpAsyncWait<0>();
 
@@ -228,6 +258,9 @@ __global__ void __launch_bounds__(kWM * kWN * 32, kWM * kWN == 8 ? 2 : 1) moeGem
         b1 = __bfloat162float(a.bias[static_cast<int64_t>(e) * a.n + col + 1]);
       }
       const float* c = acc[mt][nt];
+      if constexpr (kSliced) {
+        if (sl.count > 1) c = tot[mt][nt];
+      }
       if constexpr (kEpi == MoeGemmEpilogue::kSwiglu) {
         const float lim = a.swiglu_limit, alpha = a.swiglu_alpha;
         auto act = [&](float gate, float up) {
@@ -247,16 +280,16 @@ __global__ void __launch_bounds__(kWM * kWN * 32, kWM * kWN == 8 ? 2 : 1) moeGem
 }
 
 template <int kWM, int kWN, int kMT, int kNT, int kStages, bool kMx, MoeGemmEpilogue kEpi,
-          bool kFastScales = false>
+          bool kSliced, bool kFastScales = false>
 Status launchInstance(const MoeGemmArgs& a, cudaStream_t stream) {
   constexpr int kBM = kWM * kMT * 16;
   constexpr int kBN = kWN * kNT * 8;
   constexpr size_t smem = moeGemmSmemBytes<kBM, kBN, kStages, kMx>();
   if constexpr (kMx && !kFastScales) {
     if (a.mx_max_scale <= kMxfp4MaxDecodeScale)
-      return launchInstance<kWM, kWN, kMT, kNT, kStages, kMx, kEpi, true>(a, stream);
+      return launchInstance<kWM, kWN, kMT, kNT, kStages, kMx, kEpi, kSliced, true>(a, stream);
   }
-  auto kernel = moeGemmKernel<kWM, kWN, kMT, kNT, kStages, kMx, kEpi, kFastScales>;
+  auto kernel = moeGemmKernel<kWM, kWN, kMT, kNT, kStages, kMx, kEpi, kSliced, kFastScales>;
   static bool configured = false;  // one attribute call per instance (load time, not captured)
   if (!configured) {
     CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -274,60 +307,71 @@ Status launchInstance(const MoeGemmArgs& a, cudaStream_t stream) {
 // Decode-shaped MXFP4 GEMM (block_m 16: few rows per expert). The weights are the mma A operand
 // (one warp = 16 weight rows, read straight from the packed layout: one 16-byte load per lane
 // per K tile, kDepth tiles in flight in registers, dequantized by shifts and one bf16 multiply),
-// the tile's kTok (8 or 16) token rows are B (n8 tiles, staged once in shared memory for all of
-// K; kTok = 8 when no expert can have more than 8 rows, i.e. at most 8 tokens). Each
-// output element runs the same chain as moeGemmKernel — zero accumulator, K tiles in order, k16
-// steps in order, one mma each, bias and epilogue in f32 — on the same exact bf16 weight values,
-// so the bits equal the large-tile kernel's (the tests compare them). Needs every scale <= 128
-// (2^(s-1) representable); the launcher falls back to moeGemmKernel otherwise.
-template <int kWarps, int kTok, int kDepth, int kGroups, MoeGemmEpilogue kEpi>
-__global__ void __launch_bounds__(kWarps * 32) moeGemmMxDecodeKernel(MoeGemmArgs a) {
+// the tile's kTok (8 or 16) token rows are B (n8 tiles; kTok = 8 when no expert can have more
+// than 8 rows, i.e. at most 8 tokens).
+//
+// K is cut into the fixed slices of moeKSlicing(kt, a.k_slices) [TAG_MOE_K_SLICES]: one CTA per
+// (kRG row groups, slice), the slices of the same row groups forming one thread-block cluster.
+// A CTA stages only its slice of the token rows (and only the rows that can be real:
+// min(kTok, max_rows_per_expert)), so at decode sizes many CTAs fit on an SM: the weight stream of
+// a T = 1 step is spread over k_slices x more warps, each with a k_slices x shorter chain — the
+// lever against the latency-bound single chain (one warp over all of K) this kernel had before.
+// Each warp accumulates its slice from zero (K tiles in order, k16 steps in order, one mma each);
+// the partials go to shared memory, and after a cluster barrier rank 0 sums them in slice order
+// ((0 + s0) + s1) + ... through distributed shared memory, then bias and epilogue in f32 — the
+// same operations, on the same exact bf16 weight values, as the tiled kernel's block_m 16
+// instance, so the bits equal it (the tests compare them). No workspace, no counters:
+// graph-replayable as is. Needs every scale <= 128 (2^(s-1) representable); the launcher falls
+// back to moeGemmKernel otherwise.
+template <int kRG, int kTok, int kDepth, MoeGemmEpilogue kEpi>
+__global__ void __launch_bounds__(kRG * 32) moeGemmMxDecodeKernel(MoeGemmArgs a, int slice_len,
+                                                                   int slices, int rows_staged) {
   static_assert(kTok == 8 || kTok == 16, "token tile is one or two n8 tiles");
   extern __shared__ __align__(16) unsigned char smem[];
   const int tile = blockIdx.y;
+  // Uniform over a cluster (its CTAs share blockIdx.y): a whole cluster leaves together.
   if (tile >= *a.num_tiles) return;
   const int e = a.tile_expert[tile];
   if (e < 0 || e >= a.num_experts) return;
   const int kt_count = (a.k + kBK - 1) / kBK;
-  const int kp = kt_count * kBK;      // K padded to whole tiles
-  const int row_s = kp + 8;           // smem row stride (bf16): odd multiple of 16 bytes
-  __nv_bfloat16* s_x = reinterpret_cast<__nv_bfloat16*>(smem);  // [kTok][row_s]
+  const int rank = blockIdx.x % slices;  // == the cluster rank: clusters are (slices, 1, 1)
+  const int kt0 = rank * slice_len;
+  const int kt1 = min(kt_count, kt0 + slice_len);
+  const int row_s = slice_len * kBK + 8;  // smem row stride (bf16): an odd multiple of 16 bytes
+  __nv_bfloat16* s_x = reinterpret_cast<__nv_bfloat16*>(smem);  // [rows_staged][row_s]
+  const size_t x_bytes = (static_cast<size_t>(rows_staged) * row_s * 2 + 15) / 16 * 16;
+  float* s_part = reinterpret_cast<float*>(smem + x_bytes);  // [kRG warps][32 lanes][8]
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int m0 = tile * 16;  // block_m rows per tile; the first kTok may be real
+  const int m0 = tile * 16;  // block_m rows per tile; the first rows_staged may be real
   const int pack_tiles = (a.n + kPackN - 1) / kPackN;
-  const int q0 = (blockIdx.x * kWarps + warp) * kGroups;  // this warp's first 16-row group
+  const int q = (blockIdx.x / slices) * kRG + warp;  // this warp's 16-row group
+  const bool act = q * 16 < a.n;                     // warp-uniform
   const int g = lane >> 2, t = lane & 3;
 
   // Weight stream first (independent of the token rows), then the token rows into smem.
-  const uint8_t* cbase[kGroups];
-  const uint8_t* sbase[kGroups];
-  bool act[kGroups];
-#pragma unroll
-  for (int gq = 0; gq < kGroups; ++gq) {
-    const int q = q0 + gq, p = q / 8, gi = q % 8;
-    act[gq] = q * 16 < a.n;
-    const int64_t blk = (static_cast<int64_t>(e) * pack_tiles + p) * kt_count;
-    cbase[gq] = a.codes + blk * kMxTileBytes + gi * 512 + lane * 16;
-    sbase[gq] = a.scales + blk * 256 + (gi * 16 + g) * 2;
-  }
+  const int64_t blk = (static_cast<int64_t>(e) * pack_tiles + q / 8) * kt_count;
+  const uint8_t* cbase = a.codes + blk * kMxTileBytes + (q % 8) * 512 + lane * 16;
+  const uint8_t* sbase = a.scales + blk * 256 + ((q % 8) * 16 + g) * 2;
   // The ring holds raw loads only (codes; the scale pairs of rows g and g + 8 in separate
   // registers): anything computed from a load here would stall the warp on it at issue time.
-  uint4 wq[kGroups][kDepth];
-  uint32_t sqa[kGroups][kDepth], sqb[kGroups][kDepth];
-  auto fetch = [&](int gq, int kt, uint4& w, uint32_t& sa, uint32_t& sb) {
-    w = __ldg(reinterpret_cast<const uint4*>(cbase[gq] + static_cast<int64_t>(kt) * kMxTileBytes));
-    const uint16_t* sp = reinterpret_cast<const uint16_t*>(sbase[gq] + static_cast<int64_t>(kt) * 256);
+  uint4 wq[kDepth];
+  uint32_t sqa[kDepth], sqb[kDepth];
+  auto fetch = [&](int kt, uint4& w, uint32_t& sa, uint32_t& sb) {
+    w = __ldg(reinterpret_cast<const uint4*>(cbase + static_cast<int64_t>(kt) * kMxTileBytes));
+    const uint16_t* sp = reinterpret_cast<const uint16_t*>(sbase + static_cast<int64_t>(kt) * 256);
     sa = __ldg(sp);
     sb = __ldg(sp + 8);
   };
+  if (act) {
 #pragma unroll
-  for (int d = 0; d < kDepth; ++d)
-#pragma unroll
-    for (int gq = 0; gq < kGroups; ++gq)
-      if (act[gq] && d < kt_count) fetch(gq, d, wq[gq][d], sqa[gq][d], sqb[gq][d]);
-  // Token rows: each row's source once (a_rows, or in place where row_valid marks it real),
-  // then only the real rows are copied (K padding zero-filled). Rows that are padding keep
-  // whatever shared memory held: they only reach their own output columns, which are not written.
+    for (int d = 0; d < kDepth; ++d)
+      if (kt0 + d < kt1) fetch(kt0 + d, wq[d], sqa[d], sqb[d]);
+  }
+  // Token rows: each row's source once (a_rows, or in place where row_valid marks it real), then
+  // only the real rows' slice is copied (K padding zero-filled). Rows past rows_staged are never
+  // real; the ldmatrix lanes of those token columns read row 0 instead, and rows of the tile that
+  // are padding hold whatever shared memory held: either only reaches its own output column, which
+  // belongs to a padding row of the tile that nothing reads.
   __shared__ int32_t s_src[kTok];
   const int32_t* rmap = a.a_rows != nullptr ? a.a_rows : a.row_valid;
   if (tid < kTok) {
@@ -335,122 +379,143 @@ __global__ void __launch_bounds__(kWarps * 32) moeGemmMxDecodeKernel(MoeGemmArgs
     s_src[tid] = a.a_rows != nullptr ? a.a_rows[pr] : (rmap == nullptr || rmap[pr] >= 0 ? pr : -1);
   }
   __syncthreads();
+  const int width = (kt1 - kt0) * kBK;
   int valid = 0;
-#pragma unroll
-  for (int r = 0; r < kTok; ++r) {
+  for (int r = 0; r < rows_staged; ++r) {
     const int src = s_src[r];
     if (src < 0) continue;
     ++valid;
-    for (int c = tid * 8; c < kp; c += kWarps * 32 * 8) {
-      const bool ok = c < a.k;
-      cpAsync16(s_x + r * row_s + c, a.a + (ok ? static_cast<int64_t>(src) * a.k + c : 0), ok);
+    for (int c = tid * 8; c < width; c += kRG * 32 * 8) {
+      const int kk = kt0 * kBK + c;
+      const bool ok = kk < a.k;
+      cpAsync16(s_x + r * row_s + c, a.a + (ok ? static_cast<int64_t>(src) * a.k + kk : 0), ok);
     }
   }
   cpAsyncCommit();
   cpAsyncWait<0>();
   __syncthreads();
-  if (!act[0]) return;
   const bool two = kTok == 16 && valid > 8;  // uniform: the second n8 tile only with real rows
 
-  float acc[kGroups][2][4];
+  float acc[2][4];
 #pragma unroll
-  for (int gq = 0; gq < kGroups; ++gq)
-#pragma unroll
-    for (int i = 0; i < 2; ++i) acc[gq][i][0] = acc[gq][i][1] = acc[gq][i][2] = acc[gq][i][3] = 0.f;
+  for (int i = 0; i < 2; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
   const int mi = lane >> 3, mr = lane & 7;
   // ldmatrix.x4 rows: matrices (tokens 0-7, k 0-7), (0-7, 8-15), (8-15, 0-7), (8-15, 8-15)
   // (kTok 8: matrices 2 and 3 repeat 0 and 1, unused).
-  const __nv_bfloat16* xrow = s_x + ((kTok == 16 ? (mi >> 1) * 8 : 0) + mr) * row_s + (mi & 1) * 8;
+  const int tok = min((kTok == 16 ? (mi >> 1) * 8 : 0) + mr, rows_staged - 1);
+  const __nv_bfloat16* xrow = s_x + tok * row_s + (mi & 1) * 8;
 
-  for (int kt0 = 0; kt0 < kt_count; kt0 += kDepth) {
+  if (act) {
+    for (int kb = kt0; kb < kt1; kb += kDepth) {
 #pragma unroll
-    for (int d = 0; d < kDepth; ++d) {
-      const int kt = kt0 + d;
-      if (kt >= kt_count) break;
-      uint4 w[kGroups];
-      uint32_t sf[kGroups][2][2];  // bf16x2 2^(s-1): [row g / g + 8][group 0 / 1]
-#pragma unroll
-      for (int gq = 0; gq < kGroups; ++gq) {
-        w[gq] = wq[gq][d];
-        const uint32_t sa = sqa[gq][d], sb = sqb[gq][d];
-        if (act[gq] && kt + kDepth < kt_count)
-          fetch(gq, kt + kDepth, wq[gq][d], sqa[gq][d], sqb[gq][d]);
+      for (int d = 0; d < kDepth; ++d) {
+        const int kt = kb + d;
+        if (kt >= kt1) break;
+        const uint4 w = wq[d];
+        const uint32_t sa = sqa[d], sb = sqb[d];
+        if (kt + kDepth < kt1) fetch(kt + kDepth, wq[d], sqa[d], sqb[d]);
         // Byte b of the pair into both halves' exponent: (s << 7 | s << 23) + (126 << 7) twice.
+        uint32_t sf[2][2];  // bf16x2 2^(s-1): [row g / g + 8][group 0 / 1]
 #pragma unroll
         for (int hg = 0; hg < 2; ++hg) {
-          sf[gq][0][hg] = (__byte_perm(sa, 0u, hg ? 0x1414u : 0x0404u) >> 1) + 0x3F003F00u;
-          sf[gq][1][hg] = (__byte_perm(sb, 0u, hg ? 0x1414u : 0x0404u) >> 1) + 0x3F003F00u;
+          sf[0][hg] = (__byte_perm(sa, 0u, hg ? 0x1414u : 0x0404u) >> 1) + 0x3F003F00u;
+          sf[1][hg] = (__byte_perm(sb, 0u, hg ? 0x1414u : 0x0404u) >> 1) + 0x3F003F00u;
         }
-      }
 #pragma unroll
-      for (int s = 0; s < 4; ++s) {
-        uint32_t b[4];
-        ldmatrixX4(b, xrow + kt * kBK + s * 16);
-#pragma unroll
-        for (int gq = 0; gq < kGroups; ++gq) {
-          const uint32_t word = s == 0 ? w[gq].x : s == 1 ? w[gq].y : s == 2 ? w[gq].z : w[gq].w;
+        for (int s = 0; s < 4; ++s) {
+          uint32_t b[4];
+          ldmatrixX4(b, xrow + (kt - kt0) * kBK + s * 16);
+          const uint32_t word = s == 0 ? w.x : s == 1 ? w.y : s == 2 ? w.z : w.w;
           uint32_t af[4];
 #pragma unroll
           for (int j = 0; j < 4; ++j)
-            af[j] = bf16x2Bits(
-                __hmul2(bitsBf16x2(mxRegBits(word, j)), bitsBf16x2(sf[gq][j & 1][s >> 1])));
-          mmaBf16(acc[gq][0], af, b[0], b[1]);
-          if (two) mmaBf16(acc[gq][1], af, b[2], b[3]);
+            af[j] = bf16x2Bits(__hmul2(bitsBf16x2(mxRegBits(word, j)), bitsBf16x2(sf[j & 1][s >> 1])));
+          mmaBf16(acc[0], af, b[0], b[1]);
+          if (two) mmaBf16(acc[1], af, b[2], b[3]);
         }
       }
     }
   }
 
-  // acc[gq][nt]: c0 (row g, token 2t), c1 (row g, token 2t+1), c2/c3 the same for row g + 8.
+  // The slices' sum, in slice order, on rank 0 (every warp of every CTA reaches both barriers).
+  if (slices > 1) {
+    cg::cluster_group cluster = cg::this_cluster();
+    float* mine = s_part + (warp * 32 + lane) * 8;
+    *reinterpret_cast<float4*>(mine) = make_float4(acc[0][0], acc[0][1], acc[0][2], acc[0][3]);
+    *reinterpret_cast<float4*>(mine + 4) = make_float4(acc[1][0], acc[1][1], acc[1][2], acc[1][3]);
+    cluster.sync();  // every slice's partials are complete and visible
+    if (rank == 0) {
 #pragma unroll
-  for (int gq = 0; gq < kGroups; ++gq) {
-    const int n_base = (q0 + gq) * 16;
+      for (int i = 0; i < 2; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+      for (int r = 0; r < slices; ++r) {
+        const float* p = cluster.map_shared_rank(mine, r);
+        const float4 v0 = *reinterpret_cast<const float4*>(p);
+        const float4 v1 = *reinterpret_cast<const float4*>(p + 4);
+        acc[0][0] += v0.x;
+        acc[0][1] += v0.y;
+        acc[0][2] += v0.z;
+        acc[0][3] += v0.w;
+        acc[1][0] += v1.x;
+        acc[1][1] += v1.y;
+        acc[1][2] += v1.z;
+        acc[1][3] += v1.w;
+      }
+    }
+    cluster.sync();  // no rank exits while rank 0 still reads its shared memory
+    if (rank != 0) return;
+  }
+  if (!act) return;
+
+  // acc[nt]: c0 (row g, token 2t), c1 (row g, token 2t+1), c2/c3 the same for row g + 8.
+  const int n_base = q * 16;
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-      if (nt == 1 && !two) break;
+  for (int nt = 0; nt < 2; ++nt) {
+    if (nt == 1 && !two) break;
 #pragma unroll
-      for (int hr = 0; hr < 2; ++hr) {
-        const int n = n_base + g + 8 * hr;
-        const float v0 = acc[gq][nt][2 * hr], v1 = acc[gq][nt][2 * hr + 1];
-        const int64_t tok0 = m0 + nt * 8 + 2 * t;
-        if constexpr (kEpi == MoeGemmEpilogue::kSwiglu) {
-          // (gate, up) = rows (n, n + 1): the up value lives in the lane of row g + 1.
-          const float u0 = __shfl_down_sync(0xffffffffu, v0, 4);
-          const float u1 = __shfl_down_sync(0xffffffffu, v1, 4);
-          if ((g & 1) == 0 && n + 1 < a.n) {
-            float bg = 0.f, bu = 0.f;
-            if (a.bias != nullptr) {
-              bg = __bfloat162float(a.bias[static_cast<int64_t>(e) * a.n + n]);
-              bu = __bfloat162float(a.bias[static_cast<int64_t>(e) * a.n + n + 1]);
-            }
-            const float lim = a.swiglu_limit, alpha = a.swiglu_alpha;
-            auto actf = [&](float gate, float up) {
-              const float gg = fminf(gate, lim);
-              const float uu = fminf(fmaxf(up, -lim), lim);
-              return gg / (1.f + expf(-alpha * gg)) * (uu + 1.f);
-            };
-            const int half_n = a.n / 2;
-            a.out[tok0 * half_n + n / 2] = __float2bfloat16(actf(v0 + bg, u0 + bu));
-            a.out[(tok0 + 1) * half_n + n / 2] = __float2bfloat16(actf(v1 + bg, u1 + bu));
+    for (int hr = 0; hr < 2; ++hr) {
+      const int n = n_base + g + 8 * hr;
+      const float v0 = acc[nt][2 * hr], v1 = acc[nt][2 * hr + 1];
+      const int64_t tok0 = m0 + nt * 8 + 2 * t;
+      if constexpr (kEpi == MoeGemmEpilogue::kSwiglu) {
+        // (gate, up) = rows (n, n + 1): the up value lives in the lane of row g + 1.
+        const float u0 = __shfl_down_sync(0xffffffffu, v0, 4);
+        const float u1 = __shfl_down_sync(0xffffffffu, v1, 4);
+        if ((g & 1) == 0 && n + 1 < a.n) {
+          float bg = 0.f, bu = 0.f;
+          if (a.bias != nullptr) {
+            bg = __bfloat162float(a.bias[static_cast<int64_t>(e) * a.n + n]);
+            bu = __bfloat162float(a.bias[static_cast<int64_t>(e) * a.n + n + 1]);
           }
-        } else {
-          if (n < a.n) {
-            const float bn =
-                a.bias != nullptr ? __bfloat162float(a.bias[static_cast<int64_t>(e) * a.n + n]) : 0.f;
-            a.out[tok0 * a.n + n] = __float2bfloat16(v0 + bn);
-            a.out[(tok0 + 1) * a.n + n] = __float2bfloat16(v1 + bn);
-          }
+          const float lim = a.swiglu_limit, alpha = a.swiglu_alpha;
+          auto actf = [&](float gate, float up) {
+            const float gg = fminf(gate, lim);
+            const float uu = fminf(fmaxf(up, -lim), lim);
+            return gg / (1.f + expf(-alpha * gg)) * (uu + 1.f);
+          };
+          const int half_n = a.n / 2;
+          a.out[tok0 * half_n + n / 2] = __float2bfloat16(actf(v0 + bg, u0 + bu));
+          a.out[(tok0 + 1) * half_n + n / 2] = __float2bfloat16(actf(v1 + bg, u1 + bu));
+        }
+      } else {
+        if (n < a.n) {
+          const float bn =
+              a.bias != nullptr ? __bfloat162float(a.bias[static_cast<int64_t>(e) * a.n + n]) : 0.f;
+          a.out[tok0 * a.n + n] = __float2bfloat16(v0 + bn);
+          a.out[(tok0 + 1) * a.n + n] = __float2bfloat16(v1 + bn);
         }
       }
     }
   }
 }
 
-template <int kWarps, int kTok, int kDepth, int kGroups, MoeGemmEpilogue kEpi>
+template <int kRG, int kTok, int kDepth, MoeGemmEpilogue kEpi>
 Status launchDecode(const MoeGemmArgs& a, cudaStream_t stream) {
   const int kt_count = (a.k + kBK - 1) / kBK;
-  const size_t smem = size_t{kTok} * (kt_count * kBK + 8) * 2;
-  auto kernel = moeGemmMxDecodeKernel<kWarps, kTok, kDepth, kGroups, kEpi>;
+  const MoeKSlicing sl = moeKSlicing(kt_count, a.k_slices);
+  const int rows = std::max(1, std::min(kTok, a.max_rows_per_expert));
+  const size_t x_bytes = (static_cast<size_t>(rows) * (sl.len * kBK + 8) * 2 + 15) / 16 * 16;
+  const size_t smem = x_bytes + (sl.count > 1 ? size_t{kRG} * 32 * 8 * sizeof(float) : 0);
+  auto kernel = moeGemmMxDecodeKernel<kRG, kTok, kDepth, kEpi>;
   static size_t configured = 0;  // largest dynamic smem set so far (load time, not captured)
   if (smem > 48 * 1024 && smem > configured) {
     CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -458,28 +523,46 @@ Status launchDecode(const MoeGemmArgs& a, cudaStream_t stream) {
     configured = smem;
   }
   const int groups = (a.n + 15) / 16;
-  const int per_block = kWarps * kGroups;
-  const dim3 grid(static_cast<unsigned>((groups + per_block - 1) / per_block),
-                  static_cast<unsigned>(a.max_tiles));
-  kernel<<<grid, kWarps * 32, smem, stream>>>(a);
-  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  const int clusters = (groups + kRG - 1) / kRG;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(clusters * sl.count), static_cast<unsigned>(a.max_tiles), 1);
+  cfg.blockDim = dim3(kRG * 32, 1, 1);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = static_cast<unsigned>(sl.count);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = sl.count > 1 ? 1 : 0;
+  const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, a, sl.len, sl.count, rows);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();  // a refused launch is not sticky
+    return cudaStatus(err, "cudaLaunchKernelEx(moeGemmMxDecodeKernel)", __FILE__, __LINE__);
+  }
   return okStatus();
 }
 
-// Decode kernel shape (kWarps, kDepth, kGroups) per token tile; variant 0 is the default, the
-// others are measured by rose_llm_bench --moe-gemm (setMoeDecodeVariant).
+// Decode kernel shape (kRG row groups per CTA, kDepth) per token tile; variant 0 is the default,
+// the others are measured by rose_llm_bench --moe-gemm (setMoeDecodeVariant). All give the same
+// bits (the slicing, not the shape, decides them). Measured on the H200 (bench/results/
+// gpu-llm-2026-12-03-h200): the depth-8 ring costs 132-143 registers and loses to depth 4 from
+// T = 2 on (T = 4: 150 vs 103 us for the whole MoE op); at T = 1 depth 8 is ~3 % faster.
 int g_decode_variant = 0;
+int g_k_slices = kMoeDefaultKSlices;
 
 template <MoeGemmEpilogue kEpi>
 Status launchDecodeVariant(const MoeGemmArgs& a, cudaStream_t stream) {
   const bool small = a.max_rows_per_expert <= 8;
   switch (g_decode_variant) {
-    case 1: return small ? launchDecode<4, 8, 16, 1, kEpi>(a, stream) : launchDecode<8, 16, 16, 1, kEpi>(a, stream);
-    case 2: return small ? launchDecode<4, 8, 8, 2, kEpi>(a, stream) : launchDecode<4, 16, 8, 2, kEpi>(a, stream);
-    case 3: return small ? launchDecode<2, 8, 8, 1, kEpi>(a, stream) : launchDecode<4, 16, 8, 1, kEpi>(a, stream);
-    case 4: return small ? launchDecode<8, 8, 8, 1, kEpi>(a, stream) : launchDecode<8, 16, 4, 2, kEpi>(a, stream);
-    case 5: return small ? launchDecode<4, 8, 4, 1, kEpi>(a, stream) : launchDecode<8, 16, 4, 1, kEpi>(a, stream);
-    default: return small ? launchDecode<4, 8, 8, 1, kEpi>(a, stream) : launchDecode<8, 16, 8, 1, kEpi>(a, stream);
+    case 1: return small ? launchDecode<4, 8, 4, kEpi>(a, stream) : launchDecode<8, 16, 4, kEpi>(a, stream);
+    case 2: return small ? launchDecode<2, 8, 8, kEpi>(a, stream) : launchDecode<4, 16, 8, kEpi>(a, stream);
+    case 3: return small ? launchDecode<2, 8, 4, kEpi>(a, stream) : launchDecode<4, 16, 4, kEpi>(a, stream);
+    case 4: return small ? launchDecode<4, 8, 8, kEpi>(a, stream) : launchDecode<8, 16, 8, kEpi>(a, stream);
+    default:  // depth 8 for one token, depth 4 above
+      if (a.max_rows_per_expert <= 1) return launchDecode<4, 8, 8, kEpi>(a, stream);
+      return small ? launchDecode<4, 8, 4, kEpi>(a, stream) : launchDecode<8, 16, 4, kEpi>(a, stream);
   }
 }
 
@@ -493,9 +576,11 @@ Status launchTile(const MoeGemmArgs& a, cudaStream_t stream) {
   switch (a.block_m) {
     // Few rows per expert (decode): one warp per 16 x 32 tile, 6 stages in flight, so the
     // weight stream is spread over many blocks with many loads outstanding.
-    case 16: return launchInstance<1, 1, 1, 4, 6, kMx, kEpi>(a, stream);
-    case 64: return launchInstance<2, 4, 2, 4, 3, kMx, kEpi>(a, stream);
-    case 128: return launchInstance<4, 2, 2, 8, 3, kMx, kEpi>(a, stream);
+    // Sliced like the decode kernel [TAG_MOE_K_SLICES]: the decode regime gives the same bits
+    // whichever kernel runs (bf16 experts, scales > 128, force_tiled).
+    case 16: return launchInstance<1, 1, 1, 4, 6, kMx, kEpi, true>(a, stream);
+    case 64: return launchInstance<2, 4, 2, 4, 3, kMx, kEpi, false>(a, stream);
+    case 128: return launchInstance<4, 2, 2, 8, 3, kMx, kEpi, false>(a, stream);
     default: return invalidArgument("moe_gemm: block_m must be 16, 64 or 128");
   }
 }
@@ -553,6 +638,8 @@ __global__ void mxfp4PackKernel(const uint8_t* src_codes, const uint8_t* src_sca
 }  // namespace
 
 void setMoeDecodeVariant(int variant) { g_decode_variant = variant; }
+void setMoeKSlices(int slices) { g_k_slices = std::max(1, std::min(slices, 8)); }
+int moeKSlices() { return g_k_slices; }
 
 int32_t moeGemmBlockM(int64_t assignments, int32_t num_experts) {
   const int64_t avg = assignments / (num_experts > 0 ? num_experts : 1);
@@ -574,6 +661,7 @@ Status checkMoeGemm(const MoeGemmArgs& a) {
     return invalidArgument("moe_gemm: block_m must be 16, 64 or 128");
   if (a.max_tiles <= 0 || a.num_experts <= 0)
     return invalidArgument("moe_gemm: empty tile list or no experts");
+  if (a.k_slices < 1 || a.k_slices > 8) return invalidArgument("moe_gemm: k_slices must be 1..8");
   if (reinterpret_cast<uintptr_t>(a.a) % 16 != 0 || reinterpret_cast<uintptr_t>(a.w) % 16 != 0 ||
       reinterpret_cast<uintptr_t>(a.codes) % 16 != 0 ||
       reinterpret_cast<uintptr_t>(a.scales) % 16 != 0 ||

@@ -74,6 +74,13 @@ struct MoeGemmArgs {
   // Most rows any one expert can get (host bound: tokens of the step, as an expert appears at
   // most once in a token's top-k); the decode kernel stages fewer rows when it is <= 8.
   int32_t max_rows_per_expert = 1 << 30;
+  // block_m 16 (the decode regime): K summed in moeKSlicing(kt, k_slices) fixed slices
+  // [TAG_MOE_K_SLICES] by both the decode kernel (one CTA per slice, reduced in slice order inside
+  // a thread-block cluster) and the tiled kernel, so their bits agree; 1..8. block_m 64/128 (the
+  // tiled kernel's prefill tiles) always sum K in one chain: a row computed in the decode regime
+  // and the same row in a prefill-sized step agree to f32 rounding, not bit for bit (with
+  // k_slices = 1 they agree bit for bit, the previous contract).
+  int32_t k_slices = 1;
   int32_t max_tiles = 0;
   int32_t block_m = 0;  // 16, 64 or 128 (moeGemmBlockM)
   int32_t num_experts = 0;
@@ -89,9 +96,19 @@ int32_t moeGemmBlockM(int64_t assignments, int32_t num_experts);
 
 Status checkMoeGemm(const MoeGemmArgs& a);
 // Benchmarks only (rose_llm_bench --moe-gemm): which shape of the decode kernel block_m-16 MXFP4
-// launches take (0: the default; 1..5: other (warps, depth, groups); -1: the tiled kernel).
-// Process-global; not for use while another thread launches.
+// launches take (0: the default, prefetch depth 8 at one token and 4 above; 1: depth 4; 2: half
+// the warps per CTA, depth 8; 3: half the warps, depth 4; 4: depth 8; -1: the tiled kernel). Every
+// shape gives the same bits. Process-global; not for use while another thread
+// launches.
 void setMoeDecodeVariant(int variant);
+// The K slice count the CUDA LLM ops put in MoeGemmArgs::k_slices [TAG_MOE_K_SLICES]
+// (process-global, set before loading a model: it changes the model's numerics slightly;
+// rose_llm_bench --moe-k-slices). Default 1 (one chain): on the H200 slicing made the MoE op
+// faster only at 1-2 tokens (2 slices: 49 vs 60 us at T = 1) and slower from T = 16 on (T = 64:
+// 322 vs 272 us), bench/results/gpu-llm-2026-12-03-h200.
+inline constexpr int kMoeDefaultKSlices = 1;
+void setMoeKSlices(int slices);
+int moeKSlices();
 Status launchMoeGemm(const MoeGemmArgs& a, cudaStream_t stream);
 
 }  // namespace garden::rose::cuda

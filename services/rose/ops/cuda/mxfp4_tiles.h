@@ -77,4 +77,22 @@ constexpr uint32_t mxfp4WordToBf16x2Bits(uint32_t w, int j) {
 constexpr uint16_t mxfp4DecodeScaleBits(uint32_t s) { return static_cast<uint16_t>((s + 126u) << 7); }
 inline constexpr uint32_t kMxfp4MaxDecodeScale = 128;
 
+// The fixed K slicing of the decode-regime expert GEMMs [TAG_MOE_K_SLICES] (block_m 16, both the
+// decode kernel and the tiled kernel's block_m 16 instance, MXFP4 and bf16 weights): the kt_count
+// 64-wide K tiles are cut into `count` contiguous slices of `len` tiles (the last may be shorter),
+// each accumulated from zero in K order, and an output element is
+//   ((0 + slice 0) + slice 1) + ... + slice count-1          (f32, in slice order)
+// so a row's bits depend on K and the requested slice count only — never on how many tokens the
+// step has or which kernel ran. requested = 1 is the single chain (count = 1: the accumulator is
+// used as is, no leading 0 +). Every slice is non-empty and count <= requested.
+struct MoeKSlicing {
+  int32_t len = 1;    // K tiles per slice
+  int32_t count = 1;  // slices
+};
+constexpr MoeKSlicing moeKSlicing(int32_t kt_count, int32_t requested) {
+  const int32_t s = requested < 1 ? 1 : (requested > kt_count ? (kt_count < 1 ? 1 : kt_count) : requested);
+  const int32_t len = kt_count < 1 ? 1 : (kt_count + s - 1) / s;
+  return {len, kt_count < 1 ? 1 : (kt_count + len - 1) / len};
+}
+
 }  // namespace garden::rose::cuda

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -98,6 +99,30 @@ TEST(Mxfp4Tiles, DecodeScaleIsThePowerOfTwo) {
   for (uint32_t s = 0; s <= kMxfp4MaxDecodeScale; ++s) {
     EXPECT_EQ(bf16BitsToFloat(mxfp4DecodeScaleBits(s)), std::ldexp(1.f, static_cast<int>(s) - 1));
   }
+}
+
+// The decode-regime K slicing [TAG_MOE_K_SLICES]: slices tile [0, kt) contiguously in order,
+// none empty, no more than requested, and the gpt-oss shape (K = 2880: 45 tiles) with the
+// 4 slices gives 12 + 12 + 12 + 9.
+TEST(Mxfp4Tiles, KSlicesPartitionTheKTiles) {
+  for (int kt = 1; kt <= 200; ++kt) {
+    for (int req = 0; req <= 10; ++req) {
+      const MoeKSlicing sl = moeKSlicing(kt, req);
+      ASSERT_GE(sl.len, 1);
+      ASSERT_GE(sl.count, 1);
+      EXPECT_LE(sl.count, std::max(1, req)) << "kt=" << kt << " req=" << req;
+      // Slice i = [i * len, min(kt, (i + 1) * len)): covers [0, kt) exactly, every slice non-empty.
+      EXPECT_GE(sl.count * sl.len, kt);
+      EXPECT_LT((sl.count - 1) * sl.len, kt) << "last slice empty: kt=" << kt << " req=" << req;
+      if (req <= 1) {
+        EXPECT_EQ(sl.count, 1);
+      }
+    }
+  }
+  constexpr MoeKSlicing g = moeKSlicing(45, 4);
+  static_assert(g.len == 12 && g.count == 4, "gpt-oss K = 2880 in 4 slices");
+  EXPECT_EQ(moeKSlicing(5, 4).count, 3);  // K = 288: 2 + 2 + 1
+  EXPECT_EQ(moeKSlicing(3, 4).count, 3);  // K = 160 (3 tiles, the last half padding)
 }
 
 }  // namespace
