@@ -12,6 +12,7 @@
 #include <simdjson.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <climits>
 #include <cstdlib>
@@ -103,6 +104,7 @@ int main(int argc, char** argv) {
   uint32_t max_num_seqs = 256;
   bool prefix_caching = true;
   bool llm_async_steps = true;
+  int32_t mask_threads = -1;
   uint32_t heartbeat_timeout_ms = 3000, drain_timeout_ms = 10000, step_timeout_ms = 60000;
   uint32_t progress_timeout_ms = 2500;
   std::vector<std::string> rose_extra;
@@ -154,6 +156,9 @@ int main(int argc, char** argv) {
            "LLM: plan step N+1 while step N runs on rose (two steps in flight; rose takes a "
            "continuing sequence's token from step N's sampled ids). Default: on when --depth "
            ">= 2; on with --depth 1 is refused")
+      .add("mask-threads", &mask_threads,
+           "LLM structured outputs: helper threads that fill a step's token masks beside the "
+           "scheduler's thread (0 = none; -1, the default: min(8, cores / 2))")
       .add("heartbeat-timeout-ms", &heartbeat_timeout_ms,
            "a worker silent this long is declared stuck and restarted")
       .add("progress-timeout-ms", &progress_timeout_ms,
@@ -200,6 +205,10 @@ int main(int argc, char** argv) {
   }
   if (max_num_seqs == 0) {
     std::fprintf(stderr, "tulip: --max-num-seqs must be >= 1\n");
+    return 2;
+  }
+  if (mask_threads < -1 || mask_threads > 64) {
+    std::fprintf(stderr, "tulip: --mask-threads must be -1 (auto) or 0..64\n");
     return 2;
   }
   // Two LLM steps in flight need two channel slots [TAG_LLM_PREV_TOKEN].
@@ -320,6 +329,11 @@ int main(int argc, char** argv) {
   lopts.max_waiting_tokens = max_waiting_tokens;
   lopts.enable_prefix_caching = prefix_caching;
   lopts.async_steps = llm_async_steps;
+  if (mask_threads < 0) {  // [TAG_MASK_POOL]
+    const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+    mask_threads = static_cast<int32_t>(std::min(8u, cores / 2));
+  }
+  lopts.mask_threads = static_cast<uint32_t>(mask_threads);
   LlmScheduler llm_scheduler(**worker, lopts);
   (*worker)->setOnChange([&scheduler, &llm_scheduler] {
     scheduler.poke();

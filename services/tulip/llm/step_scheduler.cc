@@ -32,7 +32,9 @@ LlmWorkerLimits llmWorkerLimits(const shm::ModelFacts& f, uint64_t input_bytes) 
   return l;
 }
 
-LlmStepScheduler::LlmStepScheduler(LlmSchedulerOptions opts) : opts_(opts) {}
+LlmStepScheduler::LlmStepScheduler(LlmSchedulerOptions opts) : opts_(opts) {
+  if (opts_.mask_threads > 0) mask_pool_ = std::make_unique<MaskFillPool>(opts_.mask_threads);
+}
 
 LlmStepScheduler::~LlmStepScheduler() = default;
 
@@ -387,6 +389,11 @@ StepPlan LlmStepScheduler::schedule(int64_t now_ns) {
   plan.refs.reserve(picks.size());
   plan.tokens.reserve(n_tokens);
   plan.block_ids.reserve(n_blocks);
+  struct MaskFill {
+    grammar::ConstrainedDecoder* decoder;
+    size_t at;  // first word in plan.masks
+  };
+  std::vector<MaskFill> fills;
   for (const Pick& p : picks) {
     Seq& s = seqs_.at(p.id);
     auto table = kv_->blockTable(s.id);
@@ -435,7 +442,7 @@ StepPlan LlmStepScheduler::schedule(int64_t now_ns) {
       CHECK(s.decoder->maskWords() == words);
       const size_t at = plan.masks.size();
       plan.masks.resize(at + words);
-      s.decoder->fillMask(std::span<uint32_t>(plan.masks.data() + at, words));
+      fills.push_back(MaskFill{s.decoder.get(), at});  // filled below, once every slot exists
       d.mask_index = static_cast<int32_t>(at / words) + 1;
     }
     if (d.sample) {
@@ -444,6 +451,19 @@ StepPlan LlmStepScheduler::schedule(int64_t now_ns) {
       s.last_sample_row = static_cast<int32_t>(plan.num_sampled++);
     }
     plan.seqs.push_back(d);
+  }
+  // The masks: one per constrained sampled sequence, each from its own decoder, so they can be
+  // filled on several threads ([TAG_MASK_POOL]).
+  if (!fills.empty()) {
+    const size_t words = shm::llmMaskWords(limits_.vocab);
+    auto fill = [&](size_t i) {
+      fills[i].decoder->fillMask(std::span<uint32_t>(plan.masks.data() + fills[i].at, words));
+    };
+    if (mask_pool_ != nullptr) {
+      mask_pool_->run(fills.size(), fill);
+    } else {
+      for (size_t i = 0; i < fills.size(); ++i) fill(i);
+    }
   }
   plan.num_tokens = plan.tokens.size();
   plan.request_id = seqs_.at(picks.front().id).params.request_id;

@@ -84,6 +84,7 @@
 #include "common/status.h"
 #include "services/tulip/kv/block_manager.h"
 #include "services/tulip/llm/generate_request.h"
+#include "services/tulip/llm/mask_pool.h"
 
 namespace garden::tulip {
 
@@ -95,6 +96,10 @@ struct LlmSchedulerOptions {
   // Plan step N+1 while step N runs (two steps in flight, [TAG_LLM_PREV_TOKEN]). Needs a worker
   // that resolves LlmStepSeq.prev_row and a pipeline depth >= 2.
   bool async_steps = false;
+  // Helper threads that fill a step's structured-output token masks beside the scheduler's
+  // thread when it has several constrained sequences ([TAG_MASK_POOL], mask_pool.h); 0: the
+  // scheduler's thread fills them one after the other.
+  uint32_t mask_threads = 0;
 };
 
 // What the scheduler needs to know about the worker: its KV cache and its step limits.
@@ -283,6 +288,7 @@ class LlmStepScheduler {
   uint64_t stateWords(const Seq& s, bool admitting) const;
 
   const LlmSchedulerOptions opts_;
+  std::unique_ptr<MaskFillPool> mask_pool_;  // opts_.mask_threads > 0
   LlmWorkerLimits limits_;
   uint32_t budget_ = 0;       // tokens per step: options and worker limits together
   uint32_t max_running_ = 0;  // running sequences: options and worker limits together

@@ -1016,6 +1016,75 @@ TEST(StepSchedulerAsync, ConstrainedSequenceCarriesItsMaskAndWaitsForItsToken) {
   EXPECT_EQ(sim.complete({kEos, 46}), "A=2 stop, B=46");
 }
 
+// [TAG_MASK_POOL] With mask helper threads the step's masks are the same words as when the
+// scheduler's thread fills them alone: 12 constrained sequences (three schemas, each sequence
+// taking a different allowed token every step so their grammar states differ) driven in lockstep
+// through a scheduler with mask_threads 0 and one with 3; every plan's masks are compared.
+TEST(StepScheduler, MaskThreadsFillTheSameMasks) {
+  std::vector<std::string> toks(kVocab);
+  const std::string chars = "\"{}[],:0123456789abcdefghijklmnopqrstuvwxyz -.";
+  for (size_t i = 0; i < chars.size(); ++i) toks[30 + i] = std::string(1, chars[i]);
+  toks[100] = "\"a";
+  toks[101] = "true";
+  toks[102] = "null";
+  std::vector<uint8_t> excluded(kVocab, 0);
+  excluded[kEos] = 1;
+  auto vocab = std::make_shared<grammar::Vocabulary>(toks, excluded);
+  std::vector<std::shared_ptr<const grammar::CompiledGrammar>> grammars;
+  for (const char* schema :
+       {R"({"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"string"}},"required":["a","b"]})",
+        R"({"type":"array","items":{"enum":["ab","cd",true,null]}})", R"({"type":"string"})"}) {
+    auto g = grammar::jsonSchemaGrammar(schema);
+    ASSERT_TRUE(g.isOk()) << g.status().toString();
+    auto c = grammar::CompiledGrammar::compile(*g, vocab);
+    ASSERT_TRUE(c.isOk()) << c.status().toString();
+    grammars.push_back(*c);
+  }
+  LlmWorkerLimits l = limits(256, 4, 64);
+  l.vocab = kVocab;
+  LlmSchedulerOptions serial = sync(256, 16), threaded = sync(256, 16);
+  threaded.mask_threads = 3;
+  Sim a(serial, l), b(threaded, l);
+  for (int i = 0; i < 12; ++i) {
+    for (Sim* sim : {&a, &b}) {
+      GenerateParams p = gp(range(3, 4 + i % 5), 20);
+      p.grammar = grammars[static_cast<size_t>(i % 3)];
+      p.constraint.end_tokens = {kEos};
+      sim->add(static_cast<char>('A' + i), std::move(p));
+    }
+  }
+  const size_t w = (kVocab + 31) / 32;
+  size_t most_masks = 0;
+  for (int step = 0; step < 12; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    const std::string plan = a.schedule();
+    ASSERT_EQ(b.schedule(), plan);
+    if (plan == "-") break;
+    const StepPlan& pa = a.lastPlan();
+    const StepPlan& pb = b.lastPlan();
+    ASSERT_EQ(pa.masks, pb.masks);
+    most_masks = std::max(most_masks, pa.masks.size() / w);
+    // Sequence i samples the (step + i)-th allowed id of its mask (or the end token when its
+    // value is complete and only that is allowed), so the sequences walk different paths.
+    std::vector<int32_t> ids;
+    for (size_t i = 0; i < pa.seqs.size(); ++i) {
+      const auto& d = pa.seqs[i];
+      if (!d.sample) continue;
+      ASSERT_GT(d.mask_index, 0);
+      std::vector<int32_t> allowed;
+      for (uint32_t id = 0; id < kVocab; ++id) {
+        if ((pa.masks[(d.mask_index - 1) * w + id / 32] >> (id % 32)) & 1u) {
+          allowed.push_back(static_cast<int32_t>(id));
+        }
+      }
+      ASSERT_FALSE(allowed.empty());
+      ids.push_back(allowed[(static_cast<size_t>(step) + i) % allowed.size()]);
+    }
+    ASSERT_EQ(b.complete(ids), a.complete(ids));
+  }
+  EXPECT_GE(most_masks, 12u) << "no step had the 12 masks side by side";
+}
+
 // Strict function tools [TAG_STRICT_TOOLS]: a request with tool grammars and no response_format
 // grammar is a constrained sequence. Its turn prefix (a forced call header) makes the first
 // sampled token masked; the mask follows the tool's grammar, allows only <|call|> once the
