@@ -51,6 +51,8 @@ struct DriverConfig {
   std::string encoding_format = "float";  // HTTP embeddings
   uint32_t max_tokens = 128;              // chat
   bool ignore_eos = true;                 // chat: ask for exactly max_tokens
+  std::string response_format;            // chat: "" or "json_object"
+  bool skip_reasoning = false;            // chat: "skip_reasoning": true
 };
 
 // Ends after `count` requests in total (count > 0) or after `duration_s` seconds: no request is
@@ -98,8 +100,12 @@ Result<uint64_t> httpCountChatTokens(const std::string& endpoint, const std::str
 // The request bodies the HTTP driver sends (exposed for tests).
 std::string embeddingsBody(const std::string& model, const Payload& p,
                            const std::string& encoding_format);
+// response_format: "" (none) or "json_object" (structured outputs); skip_reasoning: Garden's
+// extension that starts the answer on the final channel (gpt-oss: the constraint then applies
+// from the first token).
 std::string chatBody(const std::string& model, const std::string& prompt, uint32_t max_tokens,
-                     bool ignore_eos);
+                     bool ignore_eos, const std::string& response_format = "",
+                     bool skip_reasoning = false);
 
 // Shared phase bookkeeping: whether a client may issue another request.
 class PhaseGate {

@@ -45,6 +45,8 @@ struct Options {
   uint32_t vocab_size = 0;
   bool require_ok = false;
   bool ignore_eos = true;
+  std::string response_format = "none";
+  bool skip_reasoning = false;
 };
 
 // [TAG_TEXT_LENGTH_CALIBRATION] Text inputs for ivy must tokenize to about --seq-len tokens, but
@@ -172,6 +174,11 @@ int runMain(int argc, char** argv) {
       .add("max-tokens", &o.max_tokens, "chat: output tokens per request")
       .add("ignore-eos", &o.ignore_eos,
            "chat: ask the server to ignore end-of-sequence ids (every stream --max-tokens long)")
+      .add("response-format", &o.response_format,
+           "chat: none, or json_object (structured outputs: every answer constrained to JSON)")
+      .add("skip-reasoning", &o.skip_reasoning,
+           "chat: send \"skip_reasoning\": true (gpt-oss answers on the final channel at once, so "
+           "--response-format constrains every generated token)")
       .add("text-tolerance", &o.text_tolerance, "text: accepted relative token-count error")
       .add("workload", &o.workload, "workload name (default derived from the shape)")
       .add("suite", &o.suite, "suite name recorded in the result")
@@ -209,6 +216,8 @@ int runMain(int argc, char** argv) {
   if (*protocol == Protocol::kHttp && *mode == Mode::kScore)
     return usage("--mode score needs --protocol grpc");
   if (*mode == Mode::kChat && o.batch != 1) return usage("--mode chat takes --batch 1");
+  if (o.response_format != "none" && o.response_format != "json_object")
+    return usage("--response-format must be none or json_object");
   if (o.encoding_format != "float" && o.encoding_format != "base64")
     return usage("--encoding-format must be float or base64");
   if (o.grpc_api != "sync" && o.grpc_api != "callback")
@@ -333,6 +342,8 @@ int runMain(int argc, char** argv) {
   cfg.encoding_format = o.encoding_format;
   cfg.max_tokens = o.max_tokens;
   cfg.ignore_eos = o.ignore_eos;
+  cfg.response_format = o.response_format == "none" ? "" : o.response_format;
+  cfg.skip_reasoning = o.skip_reasoning;
   auto driver = *protocol == Protocol::kGrpc ? makeGrpcDriver(cfg, std::move(pool))
                                              : makeHttpDriver(cfg, std::move(pool));
   if (!driver.isOk()) return fail(driver.status());
@@ -374,7 +385,9 @@ int runMain(int argc, char** argv) {
              {"no_token", std::to_string(no)},
              {"encoding_format", o.encoding_format},
              {"max_tokens", std::to_string(o.max_tokens)},
-             {"ignore_eos", o.ignore_eos ? "true" : "false"}};
+             {"ignore_eos", o.ignore_eos ? "true" : "false"},
+             {"response_format", o.response_format},
+             {"skip_reasoning", o.skip_reasoning ? "true" : "false"}};
   r.mode = *mode;
   r.protocol = *protocol;
   r.input = *input;

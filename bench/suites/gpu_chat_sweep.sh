@@ -7,19 +7,24 @@
 #   - the same at --saturate concurrency (default 256) for the saturated throughput row.
 #     bench/suites/gpu_chat_sweep.sh GPUBIN MODEL_DIR TOKENIZER_JSON OUT_DIR [CONCURRENCIES]
 # Writes OUT_DIR/chat_c<N>.json (loadgen's schema, bench/README.md) and prints one line per run.
+# Environment: PROMPT_TOKENS / OUTPUT_TOKENS (1024 each), RESPONSE_FORMAT=json_object (structured
+# outputs: every request constrained; the line then also gives tulip's mask counters),
+# SKIP_REASONING=true (answers start on the final channel: with RESPONSE_FORMAT every token is
+# constrained), TULIP_ARGS (more tulip flags, e.g. --mask-threads 0), TAG (an output suffix).
 set -uo pipefail
 BIN=$1 MODEL=$2 TOK=$3 OUT=$4
 CONC=${5:-"1 16 64 256"}
 PROMPT=${PROMPT_TOKENS:-1024} GEN=${OUTPUT_TOKENS:-1024}
+RF=${RESPONSE_FORMAT:-none} TAG=${TAG:-}
 mkdir -p "$OUT"
 [ -f "$MODEL/tokenizer.json" ] || cp "$TOK" "$MODEL/tokenizer.json"
 "$BIN/tulip" --host 127.0.0.1 --port 50161 --metrics-port 9192 --model "$MODEL" --device cuda \
   --rose-bin "$BIN/rose" --shm-name /garden-gpu-sweep --served-model-name gpt-oss-gpu \
   --max-num-seqs 256 --max-batch-tokens 8192 --progress-timeout-ms 120000 \
-  --step-timeout-ms 120000 > "$OUT/sweep_tulip.log" 2>&1 &
+  --step-timeout-ms 120000 ${TULIP_ARGS:-} > "$OUT/sweep_tulip$TAG.log" 2>&1 &
 tulip_pid=$!
 "$BIN/ivy" --host 127.0.0.1 --port 8182 --tulip 127.0.0.1:50161 --tokenizer "$MODEL/tokenizer.json" \
-  --served-model-name gpt-oss-gpu > "$OUT/sweep_ivy.log" 2>&1 &
+  --served-model-name gpt-oss-gpu > "$OUT/sweep_ivy$TAG.log" 2>&1 &
 ivy_pid=$!
 cleanup() { kill -TERM "$ivy_pid" "$tulip_pid" 2>/dev/null; wait "$ivy_pid" "$tulip_pid" 2>/dev/null; }
 trap cleanup EXIT
@@ -32,10 +37,11 @@ for c in $CONC; do
   n=$(( c < 4 ? 3 : c ))
   timeout 240 "$BIN/loadgen" --protocol http --endpoint 127.0.0.1:8182 --mode chat \
     --model gpt-oss-gpu --seq-len "$PROMPT" --max-tokens "$GEN" --concurrency "$c" \
-    --warmup 0 --count "$n" --timeout-ms 200000 --suite gpu-chat-sweep \
-    --workload "chat_in${PROMPT}_out${GEN}_c${c}" --out "$OUT/chat_c$c.json" > "$OUT/chat_c$c.log" 2>&1 \
-    || rc=1
-  python3 - "$OUT/chat_c$c.json" "$c" <<'PY'
+    --warmup 0 --count "$n" --timeout-ms 200000 --suite gpu-chat-sweep --response-format "$RF" \
+    --skip-reasoning "${SKIP_REASONING:-false}" \
+    --workload "chat_in${PROMPT}_out${GEN}_c${c}_rf_$RF" --out "$OUT/chat_c$c$TAG.json" \
+    > "$OUT/chat_c$c$TAG.log" 2>&1 || rc=1
+  python3 - "$OUT/chat_c$c$TAG.json" "$c" "$RF" "$TAG" <<'PY'
 import json, sys
 try:
     r = json.load(open(sys.argv[1]))
@@ -43,7 +49,8 @@ except Exception as e:
     print(f"c={sys.argv[2]}: no result ({e})"); sys.exit(0)
 ch = r.get("chat", {})
 pick = lambda s: {k: round(s.get(k, 0), 2) for k in ("p50", "p99")} if s else {}
-print(json.dumps({"concurrency": int(sys.argv[2]), "ok": r.get("requests", {}).get("ok"),
+print(json.dumps({"concurrency": int(sys.argv[2]), "response_format": sys.argv[3], "tag": sys.argv[4],
+                  "ok": r.get("requests", {}).get("ok"),
                   "errors": r.get("requests", {}).get("errors"),
                   "prompt_tokens": r.get("input_tokens", {}).get("per_input_mean"),
                   "output_tokens": ch.get("output_tokens"),
@@ -52,6 +59,8 @@ print(json.dumps({"concurrency": int(sys.argv[2]), "ok": r.get("requests", {}).g
                   "wall_s": round(r.get("duration_s", 0), 2)}))
 PY
 done
-curl -s http://127.0.0.1:9192/metrics > "$OUT/sweep_tulip_metrics.txt" 2>/dev/null
-grep -E '"level":"(error|warn)"' "$OUT/sweep_tulip.log" "$OUT/sweep_ivy.log" | head -10
+curl -s http://127.0.0.1:9192/metrics > "$OUT/sweep_tulip_metrics$TAG.txt" 2>/dev/null
+grep -E '^tulip_(llm_mask|llm_masked|generated_tokens_total|llm_step_seconds_(sum|count))' \
+  "$OUT/sweep_tulip_metrics$TAG.txt"
+grep -E '"level":"(error|warn)"' "$OUT/sweep_tulip$TAG.log" "$OUT/sweep_ivy$TAG.log" | head -10
 exit $rc

@@ -23,6 +23,9 @@ struct LlmMetrics {
   metrics::Counter& computed_prompt_tokens;
   metrics::Counter& preemptions;
   metrics::Counter& generated;
+  metrics::Counter& masked_steps;
+  metrics::Counter& masks;
+  metrics::Counter& mask_fill_seconds;
   metrics::Histogram& ttft;
   metrics::Histogram& itl;
   metrics::Histogram& step_tokens;
@@ -53,6 +56,15 @@ struct LlmMetrics {
                   "Sequences preempted (blocks freed, recomputed later) for lack of KV blocks")
             .get(),
         r.counter("tulip_generated_tokens_total", "Tokens generated").get(),
+        r.counter("tulip_llm_masked_steps_total",
+                  "LLM steps planned with structured-output token masks")
+            .get(),
+        r.counter("tulip_llm_masks_total",
+                  "Structured-output token masks filled (one per constrained sampled token)")
+            .get(),
+        r.counter("tulip_llm_mask_fill_seconds_total",
+                  "Scheduler wall time spent filling structured-output token masks")
+            .get(),
         r.histogram("tulip_time_to_first_token_seconds",
                     "Arrival of a Generate request until its first token")
             .get(),
@@ -201,6 +213,9 @@ void LlmScheduler::publishMetrics() {
   m.computed_prompt_tokens.inc(
       static_cast<double>(s.computed_prompt_tokens - published_.computed_prompt_tokens));
   m.generated.inc(static_cast<double>(s.generated_tokens - published_.generated_tokens));
+  m.masked_steps.inc(static_cast<double>(s.masked_steps - published_.masked_steps));
+  m.masks.inc(static_cast<double>(s.masks - published_.masks));
+  m.mask_fill_seconds.inc(static_cast<double>(s.mask_fill_ns - published_.mask_fill_ns) * 1e-9);
   if (s.preemptions > published_.preemptions) {
     m.preemptions.inc(static_cast<double>(s.preemptions - published_.preemptions));
     log::debug("preempted", {{"sequences", s.preemptions - published_.preemptions},

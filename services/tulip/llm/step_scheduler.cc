@@ -1,6 +1,7 @@
 #include "services/tulip/llm/step_scheduler.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "common/shm/llm_batch.h"
@@ -455,6 +456,7 @@ StepPlan LlmStepScheduler::schedule(int64_t now_ns) {
   // The masks: one per constrained sampled sequence, each from its own decoder, so they can be
   // filled on several threads ([TAG_MASK_POOL]).
   if (!fills.empty()) {
+    const auto t0 = std::chrono::steady_clock::now();
     const size_t words = shm::llmMaskWords(limits_.vocab);
     auto fill = [&](size_t i) {
       fills[i].decoder->fillMask(std::span<uint32_t>(plan.masks.data() + fills[i].at, words));
@@ -464,6 +466,11 @@ StepPlan LlmStepScheduler::schedule(int64_t now_ns) {
     } else {
       for (size_t i = 0; i < fills.size(); ++i) fill(i);
     }
+    ++totals_.masked_steps;
+    totals_.masks += fills.size();
+    totals_.mask_fill_ns += static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
+            .count());
   }
   plan.num_tokens = plan.tokens.size();
   plan.request_id = seqs_.at(picks.front().id).params.request_id;

@@ -168,6 +168,11 @@ struct LlmStats {
   uint64_t queried_prompt_tokens = 0;  // prompt tokens looked up in the prefix cache
   uint64_t generated_tokens = 0;
   uint64_t steps = 0;  // steps whose result (or failure) came back
+  // Structured outputs [TAG_MASK_POOL]: planned steps with masks, the masks in them, and the
+  // scheduler's wall time filling them.
+  uint64_t masked_steps = 0;
+  uint64_t masks = 0;
+  uint64_t mask_fill_ns = 0;
 };
 
 class LlmStepScheduler {

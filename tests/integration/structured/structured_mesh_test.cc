@@ -28,7 +28,7 @@ using namespace std::chrono_literals;
 struct Mesh {
   testing::TempDir dir;
   std::unique_ptr<testing::Process> tulip, ivy;
-  int tulip_port = 0, ivy_port = 0;
+  int tulip_port = 0, ivy_port = 0, tulip_metrics_port = 0;
   std::string error;
 };
 Mesh* g_mesh = nullptr;
@@ -53,10 +53,12 @@ class StructuredMesh : public ::testing::Test {
     }
     m.tulip_port = testing::freePort();
     m.ivy_port = testing::freePort();
+    m.tulip_metrics_port = testing::freePort();
     m.tulip = std::make_unique<testing::Process>(
         std::vector<std::string>{
             testing::binary("services/tulip/tulip"), "--host", "127.0.0.1", "--port",
-            std::to_string(m.tulip_port), "--metrics-port", "0", "--model", model, "--device",
+            std::to_string(m.tulip_port), "--metrics-port", std::to_string(m.tulip_metrics_port),
+            "--model", model, "--device",
             "cpu", "--rose-bin", testing::binary("services/rose/rose"), "--rose-threads", "2",
             "--shm-name",
             "/garden-structured-" + std::to_string(getpid()) + "-" + std::to_string(m.tulip_port),
@@ -154,6 +156,36 @@ TEST_F(StructuredMesh, EveryAnswerValidatesAgainstItsSchema) {
   std::printf("structured answers: %d of %d finished, all finished ones validated\n", finished,
               total);
   EXPECT_GE(finished * 2, total) << "too few answers finished within max_tokens";
+}
+
+// [TAG_MASK_POOL] tulip counts the masks it fills and the time it spends on them: a json_object
+// answer of n tokens adds n masks (every sampled token of the final message is masked; the
+// prompt's assistant header skips analysis, skip_reasoning), in at least one step, with a
+// positive fill time.
+TEST_F(StructuredMesh, TulipCountsItsMasks) {
+  auto metric = [](const std::string& name) {
+    auto r = testing::http(g_mesh->tulip_metrics_port, "GET", "/metrics", "", {}, 10s);
+    EXPECT_EQ(r.status, 200);
+    return testing::metricValue(r.body, name);
+  };
+  const double masks0 = metric("tulip_llm_masks_total");
+  const double steps0 = metric("tulip_llm_masked_steps_total");
+  const double secs0 = metric("tulip_llm_mask_fill_seconds_total");
+  auto r = post(chatBody(R"({"type":"json_object"})", 3));
+  ASSERT_EQ(r.status, 200) << r.body;
+  simdjson::dom::parser p;
+  simdjson::dom::element doc;
+  ASSERT_FALSE(p.parse(r.body).get(doc)) << r.body;
+  uint64_t completion = 0;
+  ASSERT_FALSE(doc["usage"]["completion_tokens"].get(completion)) << r.body;
+  ASSERT_GT(completion, 0u);
+  // The counters are published as steps complete; the answer is back, its steps are counted.
+  EXPECT_TRUE(testing::eventually(10s, [&] {
+    return metric("tulip_llm_masks_total") - masks0 >= static_cast<double>(completion);
+  })) << "masks " << metric("tulip_llm_masks_total") - masks0 << " for " << completion
+      << " tokens";
+  EXPECT_GE(metric("tulip_llm_masked_steps_total") - steps0, 1.0);
+  EXPECT_GT(metric("tulip_llm_mask_fill_seconds_total") - secs0, 0.0);
 }
 
 TEST_F(StructuredMesh, StreamedContentValidates) {
