@@ -105,6 +105,7 @@ int main(int argc, char** argv) {
   bool prefix_caching = true;
   bool llm_async_steps = true;
   int32_t mask_threads = -1;
+  bool constrained_overlap = false;
   uint32_t heartbeat_timeout_ms = 3000, drain_timeout_ms = 10000, step_timeout_ms = 60000;
   uint32_t progress_timeout_ms = 2500;
   std::vector<std::string> rose_extra;
@@ -156,6 +157,10 @@ int main(int argc, char** argv) {
            "LLM: plan step N+1 while step N runs on rose (two steps in flight; rose takes a "
            "continuing sequence's token from step N's sampled ids). Default: on when --depth "
            ">= 2; on with --depth 1 is refused")
+      .add("llm-constrained-overlap", &constrained_overlap,
+           "LLM structured outputs with --llm-async-steps: keep planning unconstrained sequences "
+           "ahead while constrained ones wait for their last token (they then advance every other "
+           "step). Default off: while a constrained sequence waits, one step is in flight")
       .add("mask-threads", &mask_threads,
            "LLM structured outputs: helper threads that fill a step's token masks beside the "
            "scheduler's thread (0 = none; -1, the default: min(8, cores / 2))")
@@ -334,6 +339,7 @@ int main(int argc, char** argv) {
     mask_threads = static_cast<int32_t>(std::min(8u, cores / 2));
   }
   lopts.mask_threads = static_cast<uint32_t>(mask_threads);
+  lopts.constrained_overlap = constrained_overlap;
   LlmScheduler llm_scheduler(**worker, lopts);
   (*worker)->setOnChange([&scheduler, &llm_scheduler] {
     scheduler.poke();

@@ -252,6 +252,14 @@ StepPlan LlmStepScheduler::schedule(int64_t now_ns) {
   StepPlan plan;
   if (needsConfigure() || in_flight_.size() >= maxStepsInFlight()) return plan;
   const uint64_t prev_step = in_flight_.empty() ? 0 : in_flight_.back().step;
+  if (!in_flight_.empty() && !opts_.constrained_overlap) {
+    // [TAG_CONSTRAINED_SYNC] A constrained sequence waits for its token: plan nothing ahead, so
+    // the next step takes it with everyone else once the step in flight is back.
+    for (SeqId id : running_) {
+      const Seq& s = seqs_.at(id);
+      if (s.decoder && s.pending > 0) return plan;
+    }
+  }
   struct Pick {
     SeqId id;
     uint32_t position;

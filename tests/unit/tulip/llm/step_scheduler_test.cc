@@ -955,7 +955,8 @@ TEST(StepSchedulerModel, CancellationsInBothModesLeaveExactAccounting) {
 // Structured outputs [TAG_TOKEN_MASK]: a constrained sequence carries its token bitmask in every
 // step that samples it, the mask follows the grammar as its tokens come back, it is never
 // planned ahead of its pending token (its next mask depends on it) while an unconstrained
-// neighbour is, and the end token is allowed only once the value is complete.
+// neighbour is (constrained_overlap), and the end token is allowed only once the value is
+// complete.
 TEST(StepSchedulerAsync, ConstrainedSequenceCarriesItsMaskAndWaitsForItsToken) {
   std::vector<std::string> toks(kVocab);
   toks[30] = "\"";
@@ -973,7 +974,9 @@ TEST(StepSchedulerAsync, ConstrainedSequenceCarriesItsMaskAndWaitsForItsToken) {
   ASSERT_TRUE(compiled.isOk());
   LlmWorkerLimits l = limits(8, 4, 32);
   l.vocab = kVocab;
-  Sim sim(async(), l);
+  LlmSchedulerOptions o = async();
+  o.constrained_overlap = true;
+  Sim sim(o, l);
   GenerateParams a = gp(range(3, 10), 10);
   a.grammar = *compiled;
   a.constraint.end_tokens = {kEos};
@@ -1014,6 +1017,46 @@ TEST(StepSchedulerAsync, ConstrainedSequenceCarriesItsMaskAndWaitsForItsToken) {
   EXPECT_EQ(allowed(), (std::vector<int32_t>{kEos}));  // complete: only the end token
   EXPECT_EQ(sim.complete({45}), "B=45");
   EXPECT_EQ(sim.complete({kEos, 46}), "A=2 stop, B=46");
+}
+
+// [TAG_CONSTRAINED_SYNC] The default: while a constrained sequence waits for its token nothing is
+// planned ahead, so it is in every step with its unconstrained neighbour (one step in flight);
+// once no constrained sequence is running, steps overlap again.
+TEST(StepSchedulerAsync, ConstrainedSequenceHoldsThePlanAheadByDefault) {
+  std::vector<std::string> toks(kVocab);
+  toks[30] = "\"";
+  toks[31] = "a";
+  toks[32] = "b";
+  std::vector<uint8_t> excluded(kVocab, 0);
+  excluded[kEos] = 1;
+  auto vocab = std::make_shared<grammar::Vocabulary>(toks, excluded);
+  auto g = grammar::jsonSchemaGrammar(R"({"enum":["ab"]})");
+  ASSERT_TRUE(g.isOk());
+  auto compiled = grammar::CompiledGrammar::compile(*g, vocab);
+  ASSERT_TRUE(compiled.isOk());
+  LlmWorkerLimits l = limits(8, 4, 32);
+  l.vocab = kVocab;
+  Sim sim(async(), l);
+  GenerateParams a = gp(range(3, 10), 10);
+  a.grammar = *compiled;
+  a.constraint.end_tokens = {kEos};
+  sim.add('A', std::move(a));
+  sim.add('B', gp(range(3, 10), 10));
+  ASSERT_EQ(sim.schedule(), "A@0+3* [0]; B@0+3* [1]");
+  EXPECT_EQ(sim.schedule(), "-");  // A waits for its token: no plan ahead, B waits with it
+  EXPECT_EQ(sim.complete({30, 40}), "A=30, B=40");
+  ASSERT_EQ(sim.schedule(), "A@3+1* [0]; B@3+1* [1]");
+  EXPECT_EQ(sim.schedule(), "-");
+  EXPECT_EQ(sim.complete({31, 41}), "A=31, B=41");
+  ASSERT_EQ(sim.schedule(), "A@4+1* [0 2]; B@4+1* [1 3]");
+  EXPECT_EQ(sim.complete({32, 42}), "A=32, B=42");
+  ASSERT_EQ(sim.schedule(), "A@5+1* [0 2]; B@5+1* [1 3]");
+  EXPECT_EQ(sim.complete({30, 43}), "A=30, B=43");  // "ab" complete
+  ASSERT_EQ(sim.schedule(), "A@6+1* [0 2]; B@6+1* [1 3]");
+  EXPECT_EQ(sim.complete({kEos, 44}), "A=2 stop, B=44");
+  // A has ended: B alone goes ahead on placeholders again.
+  ASSERT_EQ(sim.schedule(), "B@7+1* [1 3]");
+  EXPECT_EQ(sim.schedule(), "B@8+1*^0 [1 3 2]");  // A's freed block
 }
 
 // [TAG_MASK_POOL] With mask helper threads the step's masks are the same words as when the
