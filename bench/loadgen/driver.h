@@ -53,6 +53,7 @@ struct DriverConfig {
   bool ignore_eos = true;                 // chat: ask for exactly max_tokens
   std::string response_format;            // chat: "" or "json_object"
   bool skip_reasoning = false;            // chat: "skip_reasoning": true
+  double temperature = -1;                // chat: sent when >= 0 (0: greedy, repeatable)
 };
 
 // Ends after `count` requests in total (count > 0) or after `duration_s` seconds: no request is
@@ -103,9 +104,10 @@ std::string embeddingsBody(const std::string& model, const Payload& p,
 // response_format: "" (none) or "json_object" (structured outputs); skip_reasoning: Garden's
 // extension that starts the answer on the final channel (gpt-oss: the constraint then applies
 // from the first token).
+// temperature < 0: not sent (the server's default).
 std::string chatBody(const std::string& model, const std::string& prompt, uint32_t max_tokens,
                      bool ignore_eos, const std::string& response_format = "",
-                     bool skip_reasoning = false);
+                     bool skip_reasoning = false, double temperature = -1);
 
 // Shared phase bookkeeping: whether a client may issue another request.
 class PhaseGate {

@@ -25,12 +25,14 @@ std::string embeddingsBody(const std::string& model, const Payload& p,
 }
 
 std::string chatBody(const std::string& model, const std::string& prompt, uint32_t max_tokens,
-                     bool ignore_eos, const std::string& response_format, bool skip_reasoning) {
+                     bool ignore_eos, const std::string& response_format, bool skip_reasoning,
+                     double temperature) {
   JsonWriter w;
   w.beginObject().field("model", model).key("messages").beginArray();
   w.beginObject().field("role", "user").field("content", prompt).endObject();
   w.endArray().field("stream", true).field("max_tokens", max_tokens);
   if (ignore_eos) w.field("ignore_eos", true);
+  if (temperature >= 0) w.field("temperature", temperature);
   if (skip_reasoning) w.field("skip_reasoning", true);
   if (!response_format.empty()) {
     w.key("response_format").beginObject().field("type", response_format).endObject();
@@ -107,7 +109,7 @@ class HttpDriver : public Driver {
         requests_.push_back(
             buildPost(cfg_.endpoint, "/v1/chat/completions",
                       chatBody(cfg_.model, p.text_inputs[0], cfg_.max_tokens, cfg_.ignore_eos,
-                               cfg_.response_format, cfg_.skip_reasoning),
+                               cfg_.response_format, cfg_.skip_reasoning, cfg_.temperature),
                       /*accept_sse=*/true));
       } else {
         return unimplemented("scoring over HTTP is not supported; use --protocol grpc");

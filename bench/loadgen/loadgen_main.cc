@@ -47,6 +47,7 @@ struct Options {
   bool ignore_eos = true;
   std::string response_format = "none";
   bool skip_reasoning = false;
+  double temperature = -1;
 };
 
 // [TAG_TEXT_LENGTH_CALIBRATION] Text inputs for ivy must tokenize to about --seq-len tokens, but
@@ -179,6 +180,9 @@ int runMain(int argc, char** argv) {
       .add("skip-reasoning", &o.skip_reasoning,
            "chat: send \"skip_reasoning\": true (gpt-oss answers on the final channel at once, so "
            "--response-format constrains every generated token)")
+      .add("temperature", &o.temperature,
+           "chat: sampling temperature sent with each request (-1: not sent; 0: greedy, so runs "
+           "of the same prompts give the same tokens)")
       .add("text-tolerance", &o.text_tolerance, "text: accepted relative token-count error")
       .add("workload", &o.workload, "workload name (default derived from the shape)")
       .add("suite", &o.suite, "suite name recorded in the result")
@@ -344,6 +348,7 @@ int runMain(int argc, char** argv) {
   cfg.ignore_eos = o.ignore_eos;
   cfg.response_format = o.response_format == "none" ? "" : o.response_format;
   cfg.skip_reasoning = o.skip_reasoning;
+  cfg.temperature = o.temperature;
   auto driver = *protocol == Protocol::kGrpc ? makeGrpcDriver(cfg, std::move(pool))
                                              : makeHttpDriver(cfg, std::move(pool));
   if (!driver.isOk()) return fail(driver.status());
@@ -387,7 +392,8 @@ int runMain(int argc, char** argv) {
              {"max_tokens", std::to_string(o.max_tokens)},
              {"ignore_eos", o.ignore_eos ? "true" : "false"},
              {"response_format", o.response_format},
-             {"skip_reasoning", o.skip_reasoning ? "true" : "false"}};
+             {"skip_reasoning", o.skip_reasoning ? "true" : "false"},
+             {"temperature", std::to_string(o.temperature)}};
   r.mode = *mode;
   r.protocol = *protocol;
   r.input = *input;

@@ -444,9 +444,9 @@ TEST(RequestBodies, EmbeddingsAndChat) {
             "{\"model\":\"g\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
             "\"stream\":true,\"max_tokens\":8,\"ignore_eos\":true,"
             "\"stream_options\":{\"include_usage\":true}}");
-  EXPECT_EQ(chatBody("g", "hi", 8, false, "json_object", true),
+  EXPECT_EQ(chatBody("g", "hi", 8, false, "json_object", true, 0),
             "{\"model\":\"g\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
-            "\"stream\":true,\"max_tokens\":8,\"skip_reasoning\":true,"
+            "\"stream\":true,\"max_tokens\":8,\"temperature\":0,\"skip_reasoning\":true,"
             "\"response_format\":{\"type\":\"json_object\"},"
             "\"stream_options\":{\"include_usage\":true}}");
 }
