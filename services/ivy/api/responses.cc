@@ -5,6 +5,7 @@
 
 #include "common/json_writer.h"
 #include "services/ivy/api/errors.h"
+#include "services/ivy/api/response_format.h"
 
 namespace garden::ivy {
 namespace {
@@ -247,12 +248,21 @@ Result<ResponsesRequest> parseResponsesRequest(std::string_view body, const Mode
     return invalidField("conversation",
                         "conversations are not supported (use previous_response_id)");
   if (present(root, "prompt")) return invalidField("prompt", "prompt templates are not supported");
+  // Structured outputs [TAG_TOKEN_MASK]: text.format is chat's response_format with the
+  // json_schema fields at its top level. Checked (and compiled) here so errors name text.format;
+  // the chat request below carries the same format (its compile is a cache hit).
+  std::string chat_format;  // chat's response_format JSON; empty: plain text
   if (auto text = present(root, "text")) {
+    if (text->type() != element_type::OBJECT) return invalidField("text", "must be an object");
     if (auto format = present(*text, "format")) {
-      ASSIGN_OR_RETURN(auto type, optionalString(*format, "type", "text.format.type"));
-      if (type && *type != "text")
-        return invalidField("text.format.type",
-                            "only \"text\" is supported (got \"" + *type + "\")");
+      ASSIGN_OR_RETURN(std::optional<StructuredOutput> so,
+                       parseResponseFormat(*format, "text.format", /*responses_shape=*/true));
+      if (so) {
+        req.text_format_json = simdjson::minify(*format);
+        chat_format = so->schema.empty()
+                          ? std::string(R"({"type":"json_object"})")
+                          : R"({"type":"json_schema","json_schema":)" + req.text_format_json + "}";
+      }
     }
   }
   if (auto st = present(root, "store")) {
@@ -318,9 +328,11 @@ Result<ResponsesRequest> parseResponsesRequest(std::string_view body, const Mode
        {std::pair<std::string_view, std::string_view>{"max_output_tokens", "max_tokens"},
         {"temperature", "temperature"},
         {"top_p", "top_p"},
-        {"stream", "stream"}}) {
+        {"stream", "stream"},
+        {"skip_reasoning", "skip_reasoning"}}) {
     if (auto v = present(root, from)) w.key(to).raw(simdjson::minify(*v));
   }
+  if (!chat_format.empty()) w.key("response_format").raw(chat_format);
   w.endObject();
   RequestLimits chat_limits = limits;
   chat_limits.max_input_chars = 0;  // checked on the request body above
@@ -340,6 +352,7 @@ ResponsesOutput::ResponsesOutput(const Tokenizer& tokenizer, const ResponsesRequ
       instructions_json_(request.instructions_json),
       tools_json_(request.tools_json),
       tool_choice_json_(request.tool_choice_json),
+      text_format_json_(request.text_format_json),
       max_output_tokens_(request.max_output_tokens),
       effort_(request.chat.harmony.reasoning_effort),
       temperature_(request.chat.sampling.temperature),
@@ -438,8 +451,7 @@ void ResponsesOutput::writeResponse(JsonWriter& w, std::string_view status,
   w.key("reasoning").beginObject().field("effort", harmony::reasoningEffortName(effort_));
   w.nullField("summary").endObject();
   w.field("store", store_).field("temperature", temperature_);
-  w.key("text").beginObject().key("format").beginObject().field("type", "text").endObject();
-  w.endObject();
+  w.key("text").beginObject().key("format").raw(text_format_json_).endObject();
   w.key("tool_choice").raw(tool_choice_json_).key("tools").raw(tools_json_);
   w.field("top_p", top_p_).field("truncation", "disabled");
   w.key("metadata").beginObject().endObject();

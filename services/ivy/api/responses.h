@@ -11,10 +11,13 @@
 //   instructions -> a leading developer message; reasoning.effort -> reasoning_effort;
 //   tools [{type function, name, description, parameters}] -> chat's nested tools;
 //   tool_choice auto|none|required|{type function, name}; max_output_tokens -> max_tokens;
-//   temperature, top_p, stream as chat. store (default true), previous_response_id (the stored
-//   response's input and output items come before this input; 404 naming previous_response_id
-//   when unknown or evicted). Rejected by name (they would change the answer): tools of another
-//   type, text.format other than text, background, conversation, prompt, top_logprobs. Other
+//   temperature, top_p, stream as chat. text.format {type text | json_object | json_schema with
+//   name, schema, description, strict at its top level} -> chat's response_format (structured
+//   outputs; echoed in the response object); Garden's skip_reasoning as chat's. store (default
+//   true), previous_response_id (the
+//   stored response's input and output items come before this input; 404 naming
+//   previous_response_id when unknown or evicted). Rejected by name (they would change the
+//   answer): tools of another type, background, conversation, prompt, top_logprobs. Other
 //   fields (metadata, user, include, parallel_tool_calls, truncation, ...) are ignored.
 //   Errors name the Responses field ("input[2].content", "tools[0].name", "max_output_tokens").
 //
@@ -88,6 +91,7 @@ struct ResponsesRequest {
   std::string instructions_json = "null";  // echoed in the response object
   std::string tools_json = "[]";
   std::string tool_choice_json = "\"auto\"";
+  std::string text_format_json = R"({"type":"text"})";  // text.format as given (echoed)
   std::optional<uint32_t> max_output_tokens;
   // The conversation this response continues plus its input (what is stored with its output).
   StoredConversation conversation;
@@ -140,6 +144,7 @@ class ResponsesOutput final : public GenerationOutput {
   bool stream_;
   bool store_;
   std::string previous_response_id_, instructions_json_, tools_json_, tool_choice_json_;
+  std::string text_format_json_;
   std::optional<uint32_t> max_output_tokens_;
   harmony::ReasoningEffort effort_;
   float temperature_, top_p_;

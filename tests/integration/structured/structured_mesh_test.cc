@@ -381,6 +381,44 @@ TEST_F(StructuredMesh, StrictFunctionToolOnResponsesValidates) {
   EXPECT_EQ(finished, 2);
 }
 
+// /v1/responses text.format (json_schema at its top level) constrains the final message like
+// chat's response_format; skip_reasoning (Garden's extension, passed through) opens it at once.
+// The same bounded schema as above, so every answer finishes; the format is echoed.
+TEST_F(StructuredMesh, ResponsesTextFormatValidates) {
+  const std::string schema =
+      R"({"type":"object","properties":{"ok":{"type":"boolean"},"n":{"type":"integer"}},)"
+      R"("required":["ok","n"],"additionalProperties":false})";
+  grammar::testing::SchemaValidator val(schema);
+  for (int i = 0; i < 2; ++i) {
+    const std::string body =
+        R"({"model":"gpt-oss-tiny","input":"Answer in JSON.","temperature":1.0,)"
+        R"("max_output_tokens":300,"store":false,"skip_reasoning":true,)"
+        R"("text":{"format":{"type":"json_schema","name":"answer","strict":true,"schema":)" +
+        schema + "}}}";
+    auto r = testing::http(g_mesh->ivy_port, "POST", "/v1/responses", body, {}, 300s);
+    ASSERT_EQ(r.status, 200) << r.body;
+    simdjson::dom::parser p;
+    simdjson::dom::element doc;
+    ASSERT_FALSE(p.parse(r.body).get(doc)) << r.body;
+    std::string_view status, type, text, fmt;
+    ASSERT_FALSE(doc["status"].get_string().get(status)) << r.body;
+    ASSERT_EQ(status, "completed") << r.body;
+    ASSERT_FALSE(doc["output"].at(0)["type"].get_string().get(type)) << r.body;
+    ASSERT_EQ(type, "message") << r.body;
+    ASSERT_FALSE(doc["output"].at(0)["content"].at(0)["text"].get_string().get(text)) << r.body;
+    EXPECT_EQ(val.validate(text), "") << "text: " << text;
+    ASSERT_FALSE(doc["text"]["format"]["type"].get_string().get(fmt)) << r.body;
+    EXPECT_EQ(fmt, "json_schema");
+  }
+  auto bad = testing::http(g_mesh->ivy_port, "POST", "/v1/responses",
+                           R"({"model":"gpt-oss-tiny","input":"x","text":{"format":)"
+                           R"({"type":"json_schema","name":"a","schema":{"type":"integer",)"
+                           R"("multipleOf":2}}}})",
+                           {}, 60s);
+  EXPECT_EQ(bad.status, 400) << bad.body;
+  EXPECT_NE(bad.body.find("text.format.schema"), std::string::npos) << bad.body;
+}
+
 TEST_F(StructuredMesh, StrictToolWithUnsupportedSchemaIs400) {
   auto r = post(strictToolBody(R"({"type":"object","properties":{"n":{"type":"integer",)"
                                R"("multipleOf":2}}})",

@@ -112,7 +112,12 @@ TEST(ResponsesParse, ErrorsNameTheResponsesField) {
       {R"({"input":"x","top_p":0})", "top_p"},
       {R"({"input":"x","stream":"yes"})", "stream"},
       {R"({"input":"x","store":"yes"})", "store"},
-      {R"({"input":"x","text":{"format":{"type":"json_schema"}}})", "text.format.type"},
+      {R"({"input":"x","text":{"format":{"type":"json_schema"}}})", "text.format.name"},
+      {R"({"input":"x","text":{"format":{"type":"yaml"}}})", "text.format.type"},
+      {R"({"input":"x","text":"json"})", "text"},
+      {R"({"input":"x","text":{"format":{"type":"json_schema","name":"a","schema":)"
+       R"({"type":"integer","minimum":3}}}})",
+       "text.format.schema"},
       {R"({"input":"x","background":true})", "background"},
       {R"({"input":"x","conversation":"conv_1"})", "conversation"},
       {R"({"input":"x","instructions":7})", "instructions"},
@@ -143,6 +148,50 @@ TEST(ResponsesParse, ErrorsNameTheResponsesField) {
   ASSERT_EQ(strict->chat.strict_tools.size(), 1u);
   EXPECT_EQ(strict->chat.strict_tools[0].name, "f");
   EXPECT_FALSE(strict->chat.strict_tools[0].grammar.empty());
+}
+
+// Structured outputs [TAG_TOKEN_MASK]: text.format is chat's response_format — the same prompt
+// (its "# Response Formats" hint) and the same compiled grammar as the chat request; json_object
+// too; "text" and no format leave the request unconstrained.
+TEST(ResponsesParse, TextFormatIsChatsResponseFormat) {
+  HarmonyFakeTokenizer tok;
+  ModelSpec spec = llmSpec();
+  ResponsesStore store(4);
+  const std::string schema =
+      R"({"type":"object","properties":{"city":{"type":"string"}},"required":["city"],)"
+      R"("additionalProperties":false})";
+  auto r = parseResponsesRequest(
+      R"({"input":"Where?","text":{"format":{"type":"json_schema","name":"place",)"
+      R"("description":"A city","strict":true,"schema":)" +
+          schema + "}}}",
+      spec, &tok, &store);
+  ASSERT_TRUE(r.isOk()) << r.status().message();
+  auto chat = parseChatRequest(
+      R"({"model":"gpt-test","messages":[{"role":"user","content":"Where?"}],)"
+      R"("response_format":{"type":"json_schema","json_schema":{"name":"place",)"
+      R"("description":"A city","strict":true,"schema":)" +
+          schema + "}}}",
+      spec, &tok);
+  ASSERT_TRUE(chat.isOk()) << chat.status().message();
+  ASSERT_TRUE(r->chat.sampling.structured.has_value());
+  ASSERT_TRUE(chat->sampling.structured.has_value());
+  EXPECT_EQ(r->chat.sampling.structured->grammar, chat->sampling.structured->grammar);
+  EXPECT_FALSE(r->chat.sampling.structured->grammar.empty());
+  EXPECT_EQ(r->chat.prompt_ids, chat->prompt_ids);  // the same format hint in the prompt
+  EXPECT_THAT(r->text_format_json, HasSubstr(R"("name":"place")"));
+  auto obj = parseResponsesRequest(R"({"input":"x","text":{"format":{"type":"json_object"}}})",
+                                   spec, &tok, &store);
+  ASSERT_TRUE(obj.isOk()) << obj.status().message();
+  ASSERT_TRUE(obj->chat.sampling.structured.has_value());
+  EXPECT_TRUE(obj->chat.sampling.structured->schema.empty());
+  EXPECT_EQ(obj->text_format_json, R"({"type":"json_object"})");
+  for (const char* body : {R"({"input":"x","text":{"format":{"type":"text"}}})",
+                           R"({"input":"x"})"}) {
+    auto plain = parseResponsesRequest(body, spec, &tok, &store);
+    ASSERT_TRUE(plain.isOk()) << plain.status().message();
+    EXPECT_FALSE(plain->chat.sampling.structured.has_value()) << body;
+    EXPECT_EQ(plain->text_format_json, R"({"type":"text"})");
+  }
 }
 
 TEST(ResponsesStoreTest, LeastRecentlyUsedGoesFirst) {
