@@ -3,7 +3,8 @@
 //   * an embedding mesh: ivy -> tulip -> rose on the tiny random Qwen3 that rose-mkmodel writes;
 //   * a chat mesh: ivy -> tulip -> rose on a tiny random gpt-oss (rose-mkmodel --kind gpt-oss)
 //     with the real o200k_harmony tokenizer: chat, completions and /v1/responses
-//     (client.responses.create, streamed events, client.responses.stream; 4.104.0 has them).
+//     (client.responses.create, streamed events, client.responses.stream; 4.104.0 has them;
+//     text.format json_schema constrains the answer).
 // Every case asserts on what the client returns: shapes, ids, finish_reason, usage, errors, and
 // that streamed chunks assemble to the non-streaming answer under greedy decoding with a fixed
 // seed (the weights are random, so the text is gibberish; equality is what is checked).
@@ -686,6 +687,27 @@ test('responses: a function call round trip through previous_response_id; errors
   // The embedding mesh serves no responses.
   await expectApiError(emb.client.responses.create({ model: emb.served, input: 'x' }), 400,
     'model');
+});
+
+test('responses: text.format json_schema constrains the answer (structured outputs)', async () => {
+  // A bounded schema (a boolean and an integer), so the random model's answer always ends;
+  // skip_reasoning (Garden's extension, sent as an extra body field) opens the final channel.
+  const schema = { type: 'object', properties: { ok: { type: 'boolean' }, n: { type: 'integer' } },
+    required: ['ok', 'n'], additionalProperties: false };
+  for (let i = 0; i < 2; i++) {
+    const r = checkResponse(await chat.client.responses.create({ model: chat.served,
+      input: 'Answer in JSON.', max_output_tokens: 200, temperature: 1, skip_reasoning: true,
+      text: { format: { type: 'json_schema', name: 'answer', strict: true, schema } } }), 200);
+    assert.equal(r.status, 'completed', JSON.stringify(r));
+    assert.equal(r.text.format.type, 'json_schema');
+    const v = JSON.parse(r.output_text);
+    assert.deepEqual(Object.keys(v).sort(), ['n', 'ok'], r.output_text);
+    assert.equal(typeof v.ok, 'boolean', r.output_text);
+    assert.ok(Number.isInteger(v.n), r.output_text);
+  }
+  await expectApiError(chat.client.responses.create({ model: chat.served, input: 'x',
+    text: { format: { type: 'json_schema', name: 'a', schema: { type: 'integer', multipleOf: 2 } } } }),
+    400, 'text');
 });
 
 // ---- main --------------------------------------------------------------------------------------
