@@ -4,6 +4,8 @@
 # SESSION_DEADLINE_S, default 560 s):
 #   llmops    gpu_llm_ops_test: every gpt-oss CUDA op vs the CPU reference ops
 #   llmsel    gpu_llm_ops_test: the MoE and sampler cases only
+#   moeops    gpu_llm_ops_test: the router, route and MoE expert cases only
+#   decode20b rose_llm_bench decode 1@8192 and 64@1024 only (needs mk20b)
 #   llmmodel  gpu_llm_model_test: tiny checkpoint end to end vs the CPU reference (writes the
 #             bf16-bar inputs to /tmp/llm_bar)
 #   hfbar     tests/gpu/hf_llm_bar.py: Hugging Face transformers (fp32, fp32+TF32, bf16) on the same
@@ -105,6 +107,8 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used,memo
 for s in $STEPS; do
   case $s in
     llmops) step llmops llm_ops.log 200 "$BIN/gpu_llm_ops_test" ;;
+    moeops) step moeops moe_ops.log 200 "$BIN/gpu_llm_ops_test" --gtest_filter='*MoeRoute*:*MoeExperts*:*MoeAlign*' ;;
+    decode20b) step decode20b decode20b.txt 120 "$BIN/rose_llm_bench" --model /tmp/gptoss20b --prefill '' --decode 1@8192,64@1024 --decode-steps 32 --max-batch-tokens 16384 ;;
     llmsel) step llmsel llm_sel.log 200 "$BIN/gpu_llm_ops_test" --gtest_filter='*MoeExperts*:GpuFp8Moe.*:GpuLlmOps.SamplerState*:GpuLlmOps.SamplingFollowsTheCpuDistribution:GpuLlmOps.GreedyIsTheCpuArgmax' ;;
     llmmodel) mkdir -p /tmp/llm_bar; step llmmodel llm_model.log 240 env GARDEN_LLM_BAR_DIR=/tmp/llm_bar "$BIN/gpu_llm_model_test" ;;
     hfbar) step hfbar hfbar.log 200 python3 "$ROOT/tests/gpu/hf_llm_bar.py" /tmp/llm_bar ;;
@@ -142,7 +146,7 @@ for s in $STEPS; do
     *) echo "unknown step $s"; failed=$((failed+1)) ;;
   esac
 done
-for f in attnbench.txt sweepjson.txt grammar.txt sliceab.txt moegemm.txt moegemm_fp8.txt sass.txt bench20b.txt bench120b.txt bench20b_nograph.txt bench20b_bf16.txt bench20b_fp8.txt bench20b_bf16res.txt hfpeer.txt sweep.txt; do
+for f in attnbench.txt decode20b.txt sweepjson.txt grammar.txt sliceab.txt moegemm.txt moegemm_fp8.txt sass.txt bench20b.txt bench120b.txt bench20b_nograph.txt bench20b_bf16.txt bench20b_fp8.txt bench20b_bf16res.txt hfpeer.txt sweep.txt; do
   [ -f "$LOGS/$f" ] && grep -v '"gemm tuned"' "$LOGS/$f"
 done
 [ -f "$LOGS/prof.txt" ] && cat "$LOGS/prof.txt"
