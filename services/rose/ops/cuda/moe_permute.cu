@@ -116,43 +116,9 @@ __global__ void __launch_bounds__(32) moeAlignWarpKernel(MoeAlignArgs a) {
 
 constexpr int kCombineThreads = 128;
 
-constexpr int kCombineFastK = 8;  // top-k up to this: every load issued before the sums
-
 __global__ void __launch_bounds__(kCombineThreads) moeCombineKernel(MoeCombineArgs a) {
   const int64_t t = blockIdx.x;
   const int chunks = a.hidden / 8;
-  if (a.top_k <= kCombineFastK) {
-    // The token's rows and weights once, then each chunk's k expert rows loaded together: at
-    // decode sizes the kernel is a chain of load latencies (row_of -> y), not bandwidth. The
-    // sums run in the same order (k ascending, fmaf) as the loop below: the same bits.
-    int32_t rows[kCombineFastK];
-    float ws[kCombineFastK];
-#pragma unroll
-    for (int k = 0; k < kCombineFastK; ++k) {
-      rows[k] = k < a.top_k ? a.row_of[t * a.top_k + k] : -1;
-      ws[k] = k < a.top_k ? a.weights[t * a.top_k + k] : 0.f;
-    }
-    for (int c = threadIdx.x; c < chunks; c += kCombineThreads) {
-      uint4 raw[kCombineFastK];
-#pragma unroll
-      for (int k = 0; k < kCombineFastK; ++k) {
-        raw[k] = rows[k] >= 0 ? *reinterpret_cast<const uint4*>(
-                                    a.y + static_cast<int64_t>(rows[k]) * a.hidden + c * 8)
-                              : make_uint4(0u, 0u, 0u, 0u);
-      }
-      float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-      for (int k = 0; k < kCombineFastK; ++k) {
-        if (rows[k] < 0) continue;
-        float y[8];
-        loadF32x8(reinterpret_cast<const __nv_bfloat16*>(&raw[k]), y);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) acc[j] = fmaf(ws[k], y[j], acc[j]);
-      }
-      storeF32x8(a.out + t * a.hidden + c * 8, acc);
-    }
-    return;
-  }
   for (int c = threadIdx.x; c < chunks; c += kCombineThreads) {
     float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
     for (int k = 0; k < a.top_k; ++k) {

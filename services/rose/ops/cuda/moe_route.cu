@@ -9,10 +9,6 @@ namespace {
 
 constexpr int kWarpsPerBlock = 8;
 constexpr int kPerLane = kMoeRouteMaxExperts / 32;
-// Slice counts up to this (hidden <= 4096 at 256 columns a slice): every partial is loaded before
-// the sums, which run in slice order as in the general loop (the same bits). At decode sizes the
-// kernel is a chain of load latencies otherwise (12 dependent loads per sum at hidden 2880).
-constexpr int kFastSplits = 16;
 
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) moeRouteKernel(MoeRouteArgs a) {
   const int lane = threadIdx.x & 31;
@@ -20,20 +16,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) moeRouteKernel(MoeRouteAr
   if (t >= a.num_tokens) return;
   // Lane l holds experts l, l + 32, ... (NaN counts as -inf).
   float rstd = 1.f;
-  const bool fast = a.splits <= kFastSplits;
   if (a.splits > 0) {
     float ss = 0.f;
-    if (fast) {
-      float p[kFastSplits];
-#pragma unroll
-      for (int s = 0; s < kFastSplits; ++s) p[s] = s < a.splits ? a.ss[s * a.num_tokens + t] : 0.f;
-#pragma unroll
-      for (int s = 0; s < kFastSplits; ++s) {
-        if (s < a.splits) ss += p[s];
-      }
-    } else {
-      for (int s = 0; s < a.splits; ++s) ss += a.ss[s * a.num_tokens + t];
-    }
+    for (int s = 0; s < a.splits; ++s) ss += a.ss[s * a.num_tokens + t];
     rstd = rsqrtf(ss / static_cast<float>(a.hidden) + a.eps);
   }
   float v[kPerLane];
@@ -44,19 +29,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) moeRouteKernel(MoeRouteAr
     if (e < a.num_experts) {
       if (a.splits > 0) {
         x = 0.f;
-        if (fast) {
-          float p[kFastSplits];
-#pragma unroll
-          for (int s = 0; s < kFastSplits; ++s)
-            p[s] = s < a.splits ? a.logits[(s * a.num_tokens + t) * a.num_experts + e] : 0.f;
-#pragma unroll
-          for (int s = 0; s < kFastSplits; ++s) {
-            if (s < a.splits) x += p[s];
-          }
-        } else {
-          for (int s = 0; s < a.splits; ++s)
-            x += a.logits[(s * a.num_tokens + t) * a.num_experts + e];
-        }
+        for (int s = 0; s < a.splits; ++s)
+          x += a.logits[(s * a.num_tokens + t) * a.num_experts + e];
         x *= rstd;
       } else {
         x = a.logits[t * a.num_experts + e];
