@@ -34,7 +34,9 @@ LlmWorkerLimits llmWorkerLimits(const shm::ModelFacts& f, uint64_t input_bytes) 
 }
 
 LlmStepScheduler::LlmStepScheduler(LlmSchedulerOptions opts) : opts_(opts) {
-  if (opts_.mask_threads > 0) mask_pool_ = std::make_unique<MaskFillPool>(opts_.mask_threads);
+  if (opts_.mask_threads > 0) {
+    mask_pool_ = std::make_unique<ThreadPool>(static_cast<int>(opts_.mask_threads) + 1);
+  }
 }
 
 LlmStepScheduler::~LlmStepScheduler() = default;
@@ -466,13 +468,14 @@ StepPlan LlmStepScheduler::schedule(int64_t now_ns) {
   if (!fills.empty()) {
     const auto t0 = std::chrono::steady_clock::now();
     const size_t words = shm::llmMaskWords(limits_.vocab);
-    auto fill = [&](size_t i) {
-      fills[i].decoder->fillMask(std::span<uint32_t>(plan.masks.data() + fills[i].at, words));
+    auto fill = [&](int64_t i, int) {
+      const MaskFill& f = fills[static_cast<size_t>(i)];
+      f.decoder->fillMask(std::span<uint32_t>(plan.masks.data() + f.at, words));
     };
     if (mask_pool_ != nullptr) {
-      mask_pool_->run(fills.size(), fill);
+      mask_pool_->parallelTasks(static_cast<int64_t>(fills.size()), fill);
     } else {
-      for (size_t i = 0; i < fills.size(); ++i) fill(i);
+      for (size_t i = 0; i < fills.size(); ++i) fill(static_cast<int64_t>(i), 0);
     }
     ++totals_.masked_steps;
     totals_.masks += fills.size();

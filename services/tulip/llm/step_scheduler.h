@@ -84,7 +84,7 @@
 #include "common/status.h"
 #include "services/tulip/kv/block_manager.h"
 #include "services/tulip/llm/generate_request.h"
-#include "services/tulip/llm/mask_pool.h"
+#include "common/thread_pool.h"
 
 namespace garden::tulip {
 
@@ -97,8 +97,9 @@ struct LlmSchedulerOptions {
   // that resolves LlmStepSeq.prev_row and a pipeline depth >= 2.
   bool async_steps = false;
   // Helper threads that fill a step's structured-output token masks beside the scheduler's
-  // thread when it has several constrained sequences ([TAG_MASK_POOL], mask_pool.h); 0: the
-  // scheduler's thread fills them one after the other.
+  // thread when it has several constrained sequences ([TAG_MASK_POOL], a common/thread_pool.h of
+  // mask_threads + 1, each mask from its own sequence's decoder); 0: the scheduler's thread fills
+  // them one after the other.
   uint32_t mask_threads = 0;
   // With async_steps, a constrained sequence cannot be planned ahead of its pending token (its
   // next mask depends on it). false (the default): while one is waiting for its token, no step is
@@ -300,7 +301,7 @@ class LlmStepScheduler {
   uint64_t stateWords(const Seq& s, bool admitting) const;
 
   const LlmSchedulerOptions opts_;
-  std::unique_ptr<MaskFillPool> mask_pool_;  // opts_.mask_threads > 0
+  std::unique_ptr<ThreadPool> mask_pool_;  // opts_.mask_threads > 0
   LlmWorkerLimits limits_;
   uint32_t budget_ = 0;       // tokens per step: options and worker limits together
   uint32_t max_running_ = 0;  // running sequences: options and worker limits together

@@ -13,7 +13,7 @@
 
 #include "common/mutex.h"
 #include "services/rose/ops/cpu/gemm.h"
-#include "services/rose/ops/cpu/thread_pool.h"
+#include "common/thread_pool.h"
 
 namespace garden::rose::cpu {
 namespace {

@@ -16,7 +16,7 @@
 #include <atomic>
 #include <cstdint>
 
-#include "services/rose/ops/cpu/thread_pool.h"
+#include "common/thread_pool.h"
 
 namespace garden::rose::cpu {
 

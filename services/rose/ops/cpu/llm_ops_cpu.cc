@@ -8,7 +8,7 @@
 
 #include "services/rose/ops/cpu/cpu_backend.h"
 #include "services/rose/ops/cpu/gemm.h"
-#include "services/rose/ops/cpu/thread_pool.h"
+#include "common/thread_pool.h"
 #include "services/rose/ops/sampler.h"
 
 namespace garden::rose::cpu {

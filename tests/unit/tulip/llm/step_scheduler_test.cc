@@ -39,6 +39,20 @@ LlmWorkerLimits limits(uint32_t blocks, uint32_t block_size, uint32_t context_le
 }
 
 using testing::range;
+
+// Structured outputs: a test vocabulary (`toks`: id -> bytes; `excluded` ids are never sampled
+// text) and a schema's grammar compiled over it.
+std::shared_ptr<grammar::Vocabulary> testVocab(const std::vector<std::string>& toks,
+                                               const std::vector<int32_t>& excluded_ids = {kEos}) {
+  std::vector<uint8_t> excluded(toks.size(), 0);
+  for (int32_t id : excluded_ids) excluded[static_cast<size_t>(id)] = 1;
+  return std::make_shared<grammar::Vocabulary>(toks, excluded);
+}
+Result<std::shared_ptr<const grammar::CompiledGrammar>> compileSchema(
+    const std::string& schema, const std::shared_ptr<grammar::Vocabulary>& vocab) {
+  ASSIGN_OR_RETURN(auto g, grammar::jsonSchemaGrammar(schema));
+  return grammar::CompiledGrammar::compile(std::move(g), vocab);
+}
 constexpr auto gp = testing::params;
 
 std::string join(const std::vector<int32_t>& v) {
@@ -965,12 +979,7 @@ TEST(StepSchedulerAsync, ConstrainedSequenceCarriesItsMaskAndWaitsForItsToken) {
   toks[33] = "c";
   toks[34] = "\"a";
   toks[35] = "x";
-  std::vector<uint8_t> excluded(kVocab, 0);
-  excluded[kEos] = 1;
-  auto vocab = std::make_shared<grammar::Vocabulary>(toks, excluded);
-  auto g = grammar::jsonSchemaGrammar(R"({"enum":["ab","ac"]})");
-  ASSERT_TRUE(g.isOk());
-  auto compiled = grammar::CompiledGrammar::compile(*g, vocab);
+  auto compiled = compileSchema(R"({"enum":["ab","ac"]})", testVocab(toks));
   ASSERT_TRUE(compiled.isOk());
   LlmWorkerLimits l = limits(8, 4, 32);
   l.vocab = kVocab;
@@ -1027,12 +1036,7 @@ TEST(StepSchedulerAsync, ConstrainedSequenceHoldsThePlanAheadByDefault) {
   toks[30] = "\"";
   toks[31] = "a";
   toks[32] = "b";
-  std::vector<uint8_t> excluded(kVocab, 0);
-  excluded[kEos] = 1;
-  auto vocab = std::make_shared<grammar::Vocabulary>(toks, excluded);
-  auto g = grammar::jsonSchemaGrammar(R"({"enum":["ab"]})");
-  ASSERT_TRUE(g.isOk());
-  auto compiled = grammar::CompiledGrammar::compile(*g, vocab);
+  auto compiled = compileSchema(R"({"enum":["ab"]})", testVocab(toks));
   ASSERT_TRUE(compiled.isOk());
   LlmWorkerLimits l = limits(8, 4, 32);
   l.vocab = kVocab;
@@ -1070,16 +1074,12 @@ TEST(StepScheduler, MaskThreadsFillTheSameMasks) {
   toks[100] = "\"a";
   toks[101] = "true";
   toks[102] = "null";
-  std::vector<uint8_t> excluded(kVocab, 0);
-  excluded[kEos] = 1;
-  auto vocab = std::make_shared<grammar::Vocabulary>(toks, excluded);
+  auto vocab = testVocab(toks);
   std::vector<std::shared_ptr<const grammar::CompiledGrammar>> grammars;
   for (const char* schema :
        {R"({"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"string"}},"required":["a","b"]})",
         R"({"type":"array","items":{"enum":["ab","cd",true,null]}})", R"({"type":"string"})"}) {
-    auto g = grammar::jsonSchemaGrammar(schema);
-    ASSERT_TRUE(g.isOk()) << g.status().toString();
-    auto c = grammar::CompiledGrammar::compile(*g, vocab);
+    auto c = compileSchema(schema, vocab);
     ASSERT_TRUE(c.isOk()) << c.status().toString();
     grammars.push_back(*c);
   }
@@ -1145,15 +1145,10 @@ TEST(StepScheduler, StrictToolCallBodiesCarryMasksAndFreeTextDoesNot) {
   toks[35] = "x";
   toks[50] = "commentary to=functions.f";
   toks[51] = "assistant";
-  std::vector<uint8_t> excluded(kVocab, 0);
-  for (int32_t id : {kEos, kStart, kChannel, kConstrain, kMessage, kEnd, kCall, kReturn, kEot}) {
-    excluded[static_cast<size_t>(id)] = 1;
-    toks[static_cast<size_t>(id)] = "<|special|>";
-  }
-  auto vocab = std::make_shared<grammar::Vocabulary>(toks, excluded);
-  auto g = grammar::jsonSchemaGrammar(R"({"enum":["ab","ac"]})");
-  ASSERT_TRUE(g.isOk());
-  auto compiled = grammar::CompiledGrammar::compile(*g, vocab);
+  const std::vector<int32_t> special = {kEos,  kStart, kChannel, kConstrain, kMessage,
+                                        kEnd,  kCall,  kReturn,  kEot};
+  for (int32_t id : special) toks[static_cast<size_t>(id)] = "<|special|>";
+  auto compiled = compileSchema(R"({"enum":["ab","ac"]})", testVocab(toks, special));
   ASSERT_TRUE(compiled.isOk());
   LlmWorkerLimits l = limits(8, 4, 64);
   l.vocab = kVocab;

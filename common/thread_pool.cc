@@ -1,9 +1,9 @@
-#include "services/rose/ops/cpu/thread_pool.h"
+#include "common/thread_pool.h"
 
 #include <algorithm>
 #include <atomic>
 
-namespace garden::rose::cpu {
+namespace garden {
 
 ThreadPool::ThreadPool(int threads) {
   int extra = std::max(1, threads) - 1;
@@ -80,4 +80,4 @@ void ThreadPool::workerLoop(int index) {
   }
 }
 
-}  // namespace garden::rose::cpu
+}  // namespace garden

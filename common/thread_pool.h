@@ -1,9 +1,10 @@
 #pragma once
-// A small fork-join pool for the CPU backend's ops: parallelFor splits [0, n) into contiguous
-// chunks, runs them on the workers and the calling thread, and returns when all are done.
+// A small fork-join pool: parallelFor splits [0, n) into contiguous chunks, runs them on the
+// workers and the calling thread, and returns when all are done. Used by rose's CPU backend ops
+// and by tulip's step scheduler (a step's structured-output masks, [TAG_MASK_POOL]).
 //
 // Threads: parallelFor must be called by one thread at a time (the CPU backend's compute thread,
-// or a test thread when nothing is launched). The pool owns its worker threads; the destructor
+// tulip's scheduler thread, or a test thread when nothing is launched). The pool owns its worker threads; the destructor
 // joins them.
 
 #include <cstdint>
@@ -13,7 +14,7 @@
 
 #include "common/mutex.h"
 
-namespace garden::rose::cpu {
+namespace garden {
 
 class ThreadPool {
  public:
@@ -51,4 +52,4 @@ class ThreadPool {
   bool stop_ GUARDED_BY(mu_) = false;
 };
 
-}  // namespace garden::rose::cpu
+}  // namespace garden
