@@ -102,13 +102,18 @@ void CompletionQueue::loop() {
     }
     if (p.launched) hooks_.step_seconds->observe(p.completion.step_us / 1e6);
     published_.fetch_add(1);
+    in_flight_.fetch_sub(1);  // before the pop, so waitIdle() returns with both counters settled
     {
       MutexLock lock(mu_);
       pending_.pop_front();
     }
-    in_flight_.fetch_sub(1);
     cv_.notifyAll();
   }
+}
+
+bool CompletionQueue::waitIdle(std::chrono::milliseconds timeout) {
+  MutexLock lock(mu_);
+  return cv_.waitFor(lock, timeout, [&]() REQUIRES(mu_) { return pending_.empty(); });
 }
 
 bool CompletionQueue::drain(std::chrono::milliseconds timeout) {

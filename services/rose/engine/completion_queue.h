@@ -64,6 +64,9 @@ class CompletionQueue {
   // Logs the refusal of `d` (warn, `log_line` with its ids and `st`) and queues its answer.
   void reject(const shm::BatchDesc& d, const Status& st,
               std::chrono::steady_clock::time_point taken, const char* log_line) EXCLUDES(mu_);
+  // Waits up to `timeout` until every pushed batch is answered and counted (published() and
+  // inFlight() settled); the thread keeps running. True when none is pending.
+  bool waitIdle(std::chrono::milliseconds timeout) EXCLUDES(mu_);
   // Waits up to `timeout` for every pushed batch to be answered, then stops the thread (after a
   // timeout it lets the backend finish what it holds first). True when all were answered.
   bool drain(std::chrono::milliseconds timeout) EXCLUDES(mu_);

@@ -69,6 +69,11 @@ class StepLoop {
   // Steps until should_stop() returns true (checked every step), then sets kStopping and drains.
   void run(const std::function<bool()>& should_stop);
 
+  // Waits (up to `timeout`) until every taken batch has been published and counted in stats()
+  // and inFlight(); keeps serving. A caller that has seen its last completion on the channel
+  // calls this before reading the counters (the queue publishes first, counts after).
+  bool waitIdle(std::chrono::milliseconds timeout) { return queue_.waitIdle(timeout); }
+
   // Waits (up to `timeout`) until every taken batch has been published, then stops the
   // completion thread. Returns false on timeout. Called by run() and the destructor.
   bool drain(std::chrono::milliseconds timeout);

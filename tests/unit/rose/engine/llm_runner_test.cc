@@ -403,6 +403,7 @@ TEST_F(LlmRunnerTest, MalformedDescriptorsAreRejectedWithoutTouchingTheCache) {
 
   EXPECT_EQ(kvBytes(), before) << "a rejected step wrote the KV cache";
   EXPECT_EQ(loop_->stats().batches_rejected, 16u);
+  ASSERT_TRUE(loop_->waitIdle(std::chrono::seconds(10)));  // answers are published, then counted
   EXPECT_EQ(loop_->inFlight(), 0u);
 
   // The loop keeps serving: the live sequence decodes exactly as the reference's.

@@ -145,6 +145,8 @@ TEST_F(StepLoopTest, RunsRefusesAndFailsBatchesWithTheirOwnAnswers) {
   ASSERT_EQ(c.status_code, 0) << c.message;
   EXPECT_EQ(outputOf(2, 1), (std::vector<int32_t>{21}));
 
+  // The queue publishes an answer before it counts it: wait for the counting, then read.
+  ASSERT_TRUE(loop_->waitIdle(10s));
   const StepLoopStats st = loop_->stats();
   EXPECT_EQ(st.batches_run, 3u);       // two ran, one failed at launch
   EXPECT_EQ(st.batches_rejected, 3u);  // runner, slot, deadline
