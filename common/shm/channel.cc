@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "common/logging.h"
+#include "common/shm/futex.h"
 
 namespace garden::shm {
 namespace {
@@ -33,16 +34,6 @@ constexpr int kSpinIterations = 2000;
 size_t alignUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
 std::string shmPath(const std::string& name) { return name.starts_with("/") ? name : "/" + name; }
-
-long futexWait(std::atomic<uint32_t>* addr, uint32_t expected, const timespec* timeout) {
-  // Shared (not FUTEX_PRIVATE): the word lives in memory mapped by two processes.
-  return syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), FUTEX_WAIT, expected, timeout,
-                 nullptr, 0);
-}
-
-void futexWake(std::atomic<uint32_t>* addr, int count) {
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), FUTEX_WAKE, count, nullptr, nullptr, 0);
-}
 
 // Control block of one SPSC ring. head = entries published by the producer, tail = entries taken
 // by the consumer; both only grow (mod 2^32), so head - tail is the fill even across wrap-around.

@@ -41,7 +41,9 @@ inline constexpr uint64_t kMagic = 0x314D534E44524147ULL;  // "GARDNSM1" little-
 // 7: ModelFacts.llm_caps / sampler (what the worker's sampler implements).
 // 8: token masks (LlmStepSeq.mask_index in the former reserved2, kGenerate masks at
 //    BatchDesc.seqlens_offset; kLlmCapTokenMask) [TAG_TOKEN_MASK].
-inline constexpr uint32_t kVersion = 8;
+// 9: late token masks (BatchDesc.flags in the former reserved_state, kBatchLateMasks,
+//    kLlmCapLateMask) [TAG_LATE_MASKS].
+inline constexpr uint32_t kVersion = 9;
 
 enum class BatchKind : uint32_t {
   kEmbed = 1,     // pooled (optionally L2-normalized) embeddings: rows=num_seqs, cols=hidden
@@ -92,6 +94,14 @@ inline constexpr uint32_t kLlmCapSamplerState = 1u << 0;
 // Token bitmasks restricting a draw (structured outputs, [TAG_TOKEN_MASK]; rose:
 // LlmOps::supportsTokenMask()).
 inline constexpr uint32_t kLlmCapTokenMask = 1u << 1;
+// Token bitmasks handed over after the step was submitted (BatchDesc kBatchLateMasks,
+// common/shm/llm_batch.h) [TAG_LATE_MASKS].
+inline constexpr uint32_t kLlmCapLateMask = 1u << 2;
+
+// BatchDesc.flags bits.
+// kGenerate: the token masks at seqlens_offset follow a ready word and are written after the
+// step was submitted (common/shm/llm_batch.h) [TAG_LATE_MASKS].
+inline constexpr uint32_t kBatchLateMasks = 1u << 0;
 
 // A batch, as tulip submits it. Input data lives in the slot's input arena at the given offsets:
 // token ids (int32 x num_tokens, sequences back to back) and sequence lengths (int32 x num_seqs).
@@ -114,7 +124,7 @@ struct BatchDesc {
   uint64_t blocks_offset = 0;   // kGenerate: int32 block ids x num_blocks
   uint64_t state_offset = 0;    // kGenerate: int32 sampler-state words x num_state
   uint32_t num_state = 0;
-  uint32_t reserved_state = 0;
+  uint32_t flags = 0;            // kBatch* bits
   int64_t deadline_ns = 0;      // CLOCK_MONOTONIC; 0 = none. Expired batches are answered, not run.
   char request_id[48] = {};     // for log lines (first request of the batch)
 };

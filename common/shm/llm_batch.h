@@ -9,7 +9,8 @@
 //                  [TAG_LLM_SAMPLER_STATE]); num_state 0: none
 //   seqlens_offset: uint32 token bitmasks x (the largest LlmStepSeq.mask_index), each
 //                  llmMaskWords(vocab) words [TAG_TOKEN_MASK] (structured outputs; absent when
-//                  no sequence has a mask_index)
+//                  no sequence has a mask_index); with BatchDesc.flags & kBatchLateMasks
+//                  the masks follow an 8-byte header and arrive late (below)
 // BatchDesc.num_tokens must equal the sum of the sequences' num_tokens.
 // Block ids index the paged KV cache rose announced in ModelFacts (kv_num_blocks blocks of
 // kv_block_size tokens); tulip owns allocation, rose only reads and writes the blocks it is told.
@@ -31,8 +32,22 @@
 // cache; an expired deadline DEADLINE_EXCEEDED, not run; a batch of another kind sent to an
 // llm worker INVALID_ARGUMENT.
 //
-// Threads: plain functions over caller-owned memory.
+// Late token masks [TAG_LATE_MASKS] (BatchDesc.flags & kBatchLateMasks, to a worker that
+// announces kLlmCapLateMask): the region at seqlens_offset is a ready word (uint32), 4 bytes of
+// padding, then the masks as above. A constrained sequence's next mask depends on the token the
+// step before samples, but the step's forward pass does not need it: tulip submits the step with
+// the word pending and the masks unwritten, writes them once the step before has returned its
+// tokens and calls publishLateMasks(); rose takes everything else at admission as usual, runs
+// the forward pass and waits (awaitLateMasks) only before it samples. The word moves once:
+// pending -> ready (tulip, after writing the masks) or pending -> abandoned (rose, after waiting
+// `timeout`: it samples that step without the masks, and tulip, whose publish then fails, ends
+// the step's constrained sequences with an error).
+//
+// Threads: plain functions over caller-owned memory; the late-mask word is shared by the two
+// processes (atomic, futex).
 
+#include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <span>
 
@@ -56,6 +71,27 @@ inline uint64_t llmMaskWords(uint64_t vocab) { return (vocab + 31) / 32; }
 inline uint64_t llmMaskBytes(uint64_t num_masks, uint64_t vocab) {
   return llmAlignUp(num_masks * llmMaskWords(vocab) * 4);
 }
+
+// The late-mask region [TAG_LATE_MASKS]: header (ready word + padding), then the masks.
+inline constexpr uint64_t kLateMaskHeaderBytes = 8;
+inline uint64_t llmLateMaskBytes(uint64_t num_masks, uint64_t vocab) {
+  return kLateMaskHeaderBytes + llmMaskBytes(num_masks, vocab);
+}
+enum LateMaskState : uint32_t {
+  kLateMasksPending = 0,
+  kLateMasksReady = 1,
+  kLateMasksAbandoned = 2,
+};
+// `region`: the 8-byte aligned start of a late-mask region (its ready word).
+// tulip, before submitting the step: the word to pending.
+void initLateMasks(std::byte* region);
+// tulip, after writing the masks: pending -> ready, and wakes a waiting rose. False when rose
+// had abandoned them (its draws did not use them).
+bool publishLateMasks(std::byte* region);
+// rose, before sampling: waits up to `timeout` for ready (true: the masks may be read). On
+// timeout moves pending -> abandoned and returns false (unless tulip published in between).
+bool awaitLateMasks(std::byte* region, std::chrono::nanoseconds timeout);
+LateMaskState lateMaskState(const std::byte* region);
 
 // Completion.cols of a step result that carries logprobs: the id plus one LlmTokenLogprobs,
 // in 4-byte words.

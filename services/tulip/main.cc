@@ -106,6 +106,7 @@ int main(int argc, char** argv) {
   bool llm_async_steps = true;
   int32_t mask_threads = -1;
   bool constrained_overlap = false;
+  bool late_masks = true;
   uint32_t heartbeat_timeout_ms = 3000, drain_timeout_ms = 10000, step_timeout_ms = 60000;
   uint32_t progress_timeout_ms = 2500;
   std::vector<std::string> rose_extra;
@@ -157,10 +158,15 @@ int main(int argc, char** argv) {
            "LLM: plan step N+1 while step N runs on rose (two steps in flight; rose takes a "
            "continuing sequence's token from step N's sampled ids). Default: on when --depth "
            ">= 2; on with --depth 1 is refused")
+      .add("llm-late-masks", &late_masks,
+           "LLM structured outputs with --llm-async-steps: plan constrained sequences ahead like "
+           "the others and hand their token masks to rose while it runs the step's forward pass "
+           "(needs a rose that announces it; else as --llm-constrained-overlap says). Default on")
       .add("llm-constrained-overlap", &constrained_overlap,
-           "LLM structured outputs with --llm-async-steps: keep planning unconstrained sequences "
-           "ahead while constrained ones wait for their last token (they then advance every other "
-           "step). Default off: while a constrained sequence waits, one step is in flight")
+           "LLM structured outputs with --llm-async-steps, without late masks: keep planning "
+           "unconstrained sequences ahead while constrained ones wait for their last token (they "
+           "then advance every other step). Default off: while a constrained sequence waits, one "
+           "step is in flight")
       .add("mask-threads", &mask_threads,
            "LLM structured outputs: helper threads that fill a step's token masks beside the "
            "scheduler's thread (0 = none; -1, the default: min(8, cores / 2))")
@@ -340,6 +346,7 @@ int main(int argc, char** argv) {
   }
   lopts.mask_threads = static_cast<uint32_t>(mask_threads);
   lopts.constrained_overlap = constrained_overlap;
+  lopts.late_masks = late_masks;
   LlmScheduler llm_scheduler(**worker, lopts);
   (*worker)->setOnChange([&scheduler, &llm_scheduler] {
     scheduler.poke();

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -24,6 +25,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "services/rose/model/gpt_oss.h"
@@ -345,6 +347,106 @@ TEST_F(GpuGptOss, DecodeGraphsEqualEagerSteps) {
   EXPECT_GT(st.replays, 0u);
   EXPECT_EQ(st.capture_failures, 0u);
   EXPECT_EQ(eager.model->graphSteps(), 0u);
+}
+
+// [TAG_LATE_MASKS] Late masks on CUDA: a decode step whose masks come through
+// LlmStep::await_masks (the graph then ends at the logits and the staged draw runs after it,
+// eagerly) draws the same ids as the same step with its masks given up front (the draw inside
+// the graph), for greedy and sampled rows, over 24 decode steps at batch 3, graphs on and off.
+// The masks are fresh random ones every step (about 1 % of the vocabulary allowed) and every
+// drawn id must be allowed. The await sleeps 2 ms first, as tulip would still be filling them
+// while the forward pass runs. Passing this is what kLateMaskVerified in
+// ops/cuda/llm_ops_cuda.cc waits for.
+TEST_F(GpuGptOss, LateMasksDrawTheSameTokensAsEarlyMasks) {
+  for (bool graphs : {true, false}) {
+    SCOPED_TRACE(graphs ? "graphs" : "eager");
+    Runner early = load(*dir_, "cuda", MoeWeightsMode::kAuto, nullptr, graphs);
+    Runner late = load(*dir_, "cuda", MoeWeightsMode::kAuto, nullptr, graphs);
+    constexpr int kBatch = 3;
+    std::vector<Seq> a(kBatch), b(kBatch);
+    for (int i = 0; i < kBatch; ++i) {
+      a[static_cast<size_t>(i)].tokens = prompt(300 + 61 * i, 4000 + i);
+      b[static_cast<size_t>(i)].tokens = a[static_cast<size_t>(i)].tokens;
+      auto ta = step(early, {&a[static_cast<size_t>(i)]}, 2048, nullptr, false);
+      auto tb = step(late, {&b[static_cast<size_t>(i)]}, 2048, nullptr, false);
+      ASSERT_EQ(ta, tb);
+      a[static_cast<size_t>(i)].tokens.push_back(ta[0]);
+      b[static_cast<size_t>(i)].tokens.push_back(tb[0]);
+    }
+    const int64_t vocab = early.model->vocabSize();
+    const int64_t words = (vocab + 31) / 32;
+    std::mt19937 rng(99);
+    const uint64_t graph0 = late.model->graphSteps();
+    for (int it = 0; it < 24; ++it) {
+      SCOPED_TRACE("step " + std::to_string(it));
+      std::vector<uint32_t> masks(static_cast<size_t>(kBatch * words), 0);
+      for (int k = 0; k < kBatch; ++k) {
+        for (int j = 0; j < static_cast<int>(vocab / 100); ++j) {
+          const auto id = static_cast<int64_t>(rng() % static_cast<uint32_t>(vocab));
+          masks[static_cast<size_t>(k * words + id / 32)] |= 1u << (id % 32);
+        }
+      }
+      auto run = [&](Runner& r, std::vector<Seq>& seqs, bool is_late) {
+        std::vector<LlmStepSeq> desc;
+        std::vector<int32_t> toks, blocks;
+        for (int i = 0; i < kBatch; ++i) {
+          Seq& q = seqs[static_cast<size_t>(i)];
+          const int32_t need = (q.cached + 1 + kBlock - 1) / kBlock;
+          if (static_cast<int32_t>(q.blocks.size()) < need) {
+            auto more = r.allocBlocks(need - static_cast<int32_t>(q.blocks.size()));
+            q.blocks.insert(q.blocks.end(), more.begin(), more.end());
+          }
+          LlmStepSeq d;
+          d.token_offset = i;
+          d.num_tokens = 1;
+          d.position = q.cached;
+          d.block_offset = static_cast<int32_t>(blocks.size());
+          d.num_blocks = static_cast<int32_t>(q.blocks.size());
+          d.sample = 1;
+          d.logits = LogitsMode::kNone;
+          if (i != 1) {  // rows 0 and 2 draw at temperature, row 1 is greedy
+            d.sampling.temperature = 0.8f;
+            d.sampling.seed = 31 + static_cast<uint64_t>(i);
+          }
+          d.mask_index = kBatch - i;  // masks named out of order
+          desc.push_back(d);
+          toks.push_back(q.tokens.back());
+          blocks.insert(blocks.end(), q.blocks.begin(), q.blocks.end());
+        }
+        std::vector<uint32_t> staged = is_late ? std::vector<uint32_t>(masks.size(), 0) : masks;
+        LlmStep st{desc, toks, blocks, {}, staged, words};
+        if (is_late) {
+          st.await_masks = [&] {
+            std::this_thread::sleep_for(std::chrono::milliseconds(2));
+            staged = masks;
+            return true;
+          };
+        }
+        Status v = r.model->validate(st, *r.kv);
+        EXPECT_TRUE(v.isOk()) << v.toString();
+        std::vector<int32_t> out(kBatch, -1);
+        r.backend->launch([&] { r.model->enqueueStep(st, *r.kv, nullptr, out.data()); });
+        EXPECT_TRUE(r.backend->synchronize().isOk());
+        for (int i = 0; i < kBatch; ++i) {
+          Seq& q = seqs[static_cast<size_t>(i)];
+          q.cached += 1;
+          q.tokens.push_back(out[static_cast<size_t>(i)]);
+        }
+        return out;
+      };
+      auto ta = run(early, a, false);
+      auto tb = run(late, b, true);
+      ASSERT_EQ(ta, tb);
+      for (int i = 0; i < kBatch; ++i) {
+        const int64_t id = tb[static_cast<size_t>(i)];
+        const int64_t k = kBatch - i - 1;
+        ASSERT_TRUE(id >= 0 && id < vocab);
+        EXPECT_TRUE((masks[static_cast<size_t>(k * words + id / 32)] >> (id % 32)) & 1u)
+            << "row " << i << " drew " << id;
+      }
+    }
+    EXPECT_EQ(late.model->graphSteps() - graph0, graphs ? 24u : 0u);
+  }
 }
 
 TEST_F(GpuGptOss, Mxfp4AndBf16ExpertsGiveTheSameLogits) {

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <iterator>
 
+#include "common/logging.h"
 #include "common/metrics/registry.h"
 #include "common/shm/llm_batch.h"
 
@@ -176,6 +177,7 @@ shm::ModelFacts LlmRunner::facts() const {
   }
   if (model_.supportsSamplerState()) f.llm_caps |= shm::kLlmCapSamplerState;
   if (model_.supportsTokenMask()) f.llm_caps |= shm::kLlmCapTokenMask;
+  if (model_.supportsLateMask()) f.llm_caps |= shm::kLlmCapLateMask;
   std::snprintf(f.sampler, sizeof(f.sampler), "%.*s", static_cast<int>(backend_.name().size()),
                 backend_.name().data());
   return f;
@@ -273,16 +275,37 @@ Result<OutputShape> LlmRunner::admit(const shm::BatchDesc& d, std::span<const st
     num_masks = std::max(num_masks, static_cast<uint32_t>(q.mask_index));
   }
   s.num_masks = num_masks;
+  s.late = nullptr;
+  const bool late = (d.flags & shm::kBatchLateMasks) != 0;
+  if (d.flags & ~shm::kBatchLateMasks) {
+    return invalidArgument("flags " + std::to_string(d.flags) + " has unknown bits");
+  }
+  if (late && !model_.supportsLateMask()) {
+    return invalidArgument("flags: late token masks (kBatchLateMasks) are not served by this "
+                           "worker (it does not announce kLlmCapLateMask)");
+  }
+  if (late && num_masks == 0) {
+    return invalidArgument("flags: late token masks but no sequence has a mask_index");
+  }
   if (num_masks > 0) {
     const uint64_t words = shm::llmMaskWords(static_cast<uint64_t>(model_.vocabSize()));
     const uint64_t bytes = uint64_t{num_masks} * words * sizeof(uint32_t);
-    if (d.seqlens_offset % shm::kLlmAlign != 0 || !arenaFits(d.seqlens_offset, bytes, input.size())) {
+    // [TAG_LATE_MASKS] Late: a ready word and padding before the masks, read after it is set.
+    const uint64_t head = late ? shm::kLateMaskHeaderBytes : 0;
+    if (d.seqlens_offset % shm::kLlmAlign != 0 ||
+        !arenaFits(d.seqlens_offset, head + bytes, input.size())) {
       return invalidArgument("token masks (offset " + std::to_string(d.seqlens_offset) + ", " +
-                             std::to_string(bytes) + " bytes) are misaligned or run past the "
-                             "input arena (" + std::to_string(input.size()) + " bytes)");
+                             std::to_string(head + bytes) + " bytes) are misaligned or run past "
+                             "the input arena (" + std::to_string(input.size()) + " bytes)");
     }
     s.masks.resize(num_masks * words);
-    std::memcpy(s.masks.data(), input.data() + d.seqlens_offset, bytes);
+    if (late) {
+      // The arena is the channel's mapping: the pointer stays valid while the slot holds this
+      // step (tulip reuses the slot only after its completion).
+      s.late = const_cast<std::byte*>(input.data()) + d.seqlens_offset;
+    } else {
+      std::memcpy(s.masks.data(), input.data() + d.seqlens_offset, bytes);
+    }
   }
   if (sum != d.num_tokens) {
     return invalidArgument("the sequences' num_tokens sum to " + std::to_string(sum) +
@@ -303,8 +326,32 @@ Result<OutputShape> LlmRunner::admit(const shm::BatchDesc& d, std::span<const st
 }
 
 Status LlmRunner::launch(const shm::BatchDesc& d, std::span<std::byte> output) {
-  const LlmStep step = stagedStep(d.slot, d);
-  const Slot& slot = slots_[d.slot];
+  LlmStep step = stagedStep(d.slot, d);
+  Slot& slot = slots_[d.slot];
+  if (slot.late != nullptr) {  // [TAG_LATE_MASKS]
+    std::byte* region = slot.late;
+    uint32_t* dst = slot.masks.data();
+    const size_t bytes = slot.masks.size() * sizeof(uint32_t);
+    const auto timeout = opts_.late_mask_timeout;
+    const uint64_t batch_id = d.batch_id;
+    step.await_masks = [region, dst, bytes, timeout, batch_id] {
+      static auto& waited = metrics::Registry::global()
+                                .counter("rose_llm_late_mask_wait_seconds_total",
+                                         "Time LLM steps waited for late token masks after "
+                                         "their forward pass was launched")
+                                .get();
+      const auto t0 = std::chrono::steady_clock::now();
+      const bool ok = shm::awaitLateMasks(region, timeout);
+      waited.inc(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      if (!ok) {
+        log::warn("late token masks did not come; sampling without them",
+                  {{"batch_id", batch_id}, {"timeout_ms", timeout.count()}});
+        return false;
+      }
+      std::memcpy(dst, region + shm::kLateMaskHeaderBytes, bytes);
+      return true;
+    };
+  }
   int32_t* out = slot.sampled > 0 ? reinterpret_cast<int32_t*>(output.data()) : nullptr;
   // Logprob records follow the ids (common/shm/llm_batch.h); 4-byte aligned.
   auto* lps = slot.sampled > 0 && slot.logprobs

@@ -17,6 +17,7 @@
 // after the loop stopped, or in tests between steps). The Backend and model must outlive the
 // runner.
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -52,6 +53,9 @@ struct LlmRunnerOptions {
   int32_t max_seqs = 256;
   int64_t max_batch_tokens = 2048;
   std::vector<int32_t> eos_ids;  // at most kMaxEosIds, each inside the vocabulary
+  // Late token masks [TAG_LATE_MASKS]: how long a step waits for tulip's masks before it samples
+  // without them (tulip then ends the step's constrained sequences).
+  std::chrono::milliseconds late_mask_timeout{10000};
 };
 
 class LlmRunner final : public Runner {
@@ -90,6 +94,8 @@ class LlmRunner final : public Runner {
     bool logprobs = false;              // the admitted step returns logprobs
     std::vector<uint32_t> masks;        // staging: token bitmasks [TAG_TOKEN_MASK]
     uint32_t num_masks = 0;
+    // The late-mask region in the slot's input arena (its ready word), or null [TAG_LATE_MASKS].
+    std::byte* late = nullptr;
   };
   LlmRunner(Backend& b, LlmStepModel& m, const LlmRunnerOptions& o)
       : backend_(b), model_(m), opts_(o) {}

@@ -874,7 +874,18 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
     b.copyToDevice(rows, h_rows_.data(), sizeof(int32_t) * static_cast<size_t>(n_rows));
   }
   const Tensor sampled = sampled_.view.rowSlice(0, static_cast<int64_t>(h_samples_.size()));
-  if (decode_only) ops_.stageSample(h_samples_);
+  // [TAG_LATE_MASKS] Masks that come late: the forward pass (the graph body on decode) stops at
+  // the logits; the masks are awaited and the rows staged and sampled after it.
+  const bool late = static_cast<bool>(step.await_masks) && n_samples > 0;
+  if (decode_only && !late) ops_.stageSample(h_samples_);
+  auto sample_rows = [&] {
+    const Tensor logits = logits_.view.rowSlice(0, n_rows);
+    if (decode_only) {
+      ops_.sampleStaged(logits, static_cast<int32_t>(h_samples_.size()), sampled);
+    } else if (!h_samples_.empty()) {
+      ops_.sample(logits, h_samples_, sampled, lps);
+    }
+  };
 
   PagedAttentionParams ap;
   ap.num_seqs = n_pad;
@@ -947,15 +958,11 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
     const Tensor logits = logits_.view.rowSlice(0, n_rows);
     ops_.gatherRows(x, rows, gathered);
     b.linear(gathered, lm_head_.view, Tensor(), logits);
-    if (decode_only) {
-      ops_.sampleStaged(logits, static_cast<int32_t>(h_samples_.size()), sampled);
-    } else if (!h_samples_.empty()) {
-      ops_.sample(logits, h_samples_, sampled, lps);
-    }
+    if (!late) sample_rows();
   };
   if (decode_only) {
     GraphShapeKey key;
-    key.kind = 0x474F4431u;  // "GOD1": gpt-oss decode
+    key.kind = late ? 0x474F4432u : 0x474F4431u;  // "GOD2" / "GOD1": decode without / with sampling
     key.seqs = static_cast<uint32_t>(n_pad);
     key.tokens = static_cast<uint32_t>(n_pad);
     key.variant = static_cast<uint64_t>(maxb);
@@ -964,6 +971,16 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
     ++graph_steps_;
   } else {
     forward();
+  }
+  if (late) {
+    // The host waits here while the device runs the forward pass (CUDA: it was only enqueued).
+    if (!step.await_masks()) {
+      // Never came (tulip gave up on the step or is gone): draw unconstrained; tulip learns it
+      // from its failed publish and discards these draws.
+      for (SampleRow& r : h_samples_) r.mask = nullptr;
+    }
+    if (decode_only) ops_.stageSample(h_samples_);
+    sample_rows();
   }
   if (n_out_rows > 0) {
     CHECK(logits_out != nullptr);

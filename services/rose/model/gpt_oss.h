@@ -128,6 +128,8 @@ class GptOssModel {
   bool supportsSamplerState() const { return ops_.supportsSamplerState(); }
   // Whether the ops honour token masks (structured outputs); shm::kLlmCapTokenMask.
   bool supportsTokenMask() const { return ops_.supportsTokenMask(); }
+  // Whether a step may bring its masks late (LlmStep::await_masks); shm::kLlmCapLateMask.
+  bool supportsLateMask() const { return ops_.supportsTokenMask() && ops_.supportsLateMask(); }
   // The cache shape this model needs for `num_blocks` blocks of `block_size` tokens.
   KvCacheShape kvShape(int32_t num_blocks, int32_t block_size) const;
   // The dtype the cache must have (the backend's activation dtype).

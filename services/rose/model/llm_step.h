@@ -23,6 +23,7 @@
 // Threads: plain value types.
 
 #include <cstdint>
+#include <functional>
 #include <span>
 
 #include "common/llm/step.h"
@@ -43,6 +44,11 @@ struct LlmStep {
   // masks[k * mask_words, (k + 1) * mask_words).
   std::span<const uint32_t> masks;
   int64_t mask_words = 0;
+  // Late masks [TAG_LATE_MASKS]: when set, `masks` is sized but filled only by this call, which
+  // the model makes after the forward pass and before it samples (it may block until tulip has
+  // written them). It returns false when they never came (the step then samples with every
+  // token allowed where a mask was asked for; tulip discards those draws).
+  std::function<bool()> await_masks;
 };
 
 // Rows of logits a step returns, in sequence order: num_tokens for kAll, 1 for kLast, 0 else.

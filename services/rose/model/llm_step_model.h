@@ -27,6 +27,9 @@ class LlmStepModel {
   virtual bool supportsSamplerState() const = 0;
   // Token masks of structured outputs (shm::kLlmCapTokenMask) [TAG_TOKEN_MASK].
   virtual bool supportsTokenMask() const = 0;
+  // Token masks handed over after the step was launched (LlmStep::await_masks,
+  // shm::kLlmCapLateMask) [TAG_LATE_MASKS].
+  virtual bool supportsLateMask() const { return false; }
   // The cache this process allocates for tulip's `num_blocks` block ids of `block_size` tokens
   // (a dp-sharded model holds only its group's share of them).
   virtual KvCacheShape kvShape(int32_t num_blocks, int32_t block_size) const = 0;
@@ -47,6 +50,7 @@ class GptOssStepModel final : public LlmStepModel {
   int64_t vocabSize() const override { return m_.vocabSize(); }
   bool supportsSamplerState() const override { return m_.supportsSamplerState(); }
   bool supportsTokenMask() const override { return m_.supportsTokenMask(); }
+  bool supportsLateMask() const override { return m_.supportsLateMask(); }
   KvCacheShape kvShape(int32_t num_blocks, int32_t block_size) const override {
     return m_.kvShape(num_blocks, block_size);
   }

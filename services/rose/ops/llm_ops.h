@@ -238,6 +238,11 @@ class LlmOps {
   virtual bool supportsSamplerState() const { return false; }
   // Whether sample() / stageSample() honour SampleRow.mask [TAG_TOKEN_MASK].
   virtual bool supportsTokenMask() const { return false; }
+  // Whether the masks may come late [TAG_LATE_MASKS]: sampling (stageSample() + sampleStaged()
+  // on a graph decode) runs after the forward pass, outside its graph, once the model's host
+  // thread has them (GptOssModel::enqueueStep). The ops need nothing new for it; a backend
+  // announces it once its tests have run it.
+  virtual bool supportsLateMask() const { return supportsTokenMask(); }
   // Reloads sampler-state slots, in order with the other ops (before a sample() that reads them).
   virtual void resetSamplerState(std::span<const SamplerStateReset> resets) {}
 };

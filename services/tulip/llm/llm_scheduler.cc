@@ -26,6 +26,7 @@ struct LlmMetrics {
   metrics::Counter& masked_steps;
   metrics::Counter& masks;
   metrics::Counter& mask_fill_seconds;
+  metrics::Counter& late_mask_steps;
   metrics::Histogram& ttft;
   metrics::Histogram& itl;
   metrics::Histogram& step_tokens;
@@ -65,6 +66,10 @@ struct LlmMetrics {
         r.counter("tulip_llm_mask_fill_seconds_total",
                   "Scheduler wall time spent filling structured-output token masks")
             .get(),
+        r.counter("tulip_llm_late_mask_steps_total",
+                  "LLM steps whose structured-output token masks went to rose after the step "
+                  "(planned ahead of a constrained sequence's last token)")
+            .get(),
         r.histogram("tulip_time_to_first_token_seconds",
                     "Arrival of a Generate request until its first token")
             .get(),
@@ -89,8 +94,13 @@ WorkBatch toWorkBatch(StepPlan& plan) {
   batch.tokens = std::move(plan.tokens);
   batch.block_ids = std::move(plan.block_ids);
   batch.llm_state = std::move(plan.state);
-  batch.masks = std::move(plan.masks);
-  plan.masks.clear();
+  if (plan.late.empty()) {
+    batch.masks = std::move(plan.masks);
+    plan.masks.clear();
+  } else {  // [TAG_LATE_MASKS] the plan keeps them: filled and delivered later
+    batch.late_mask_words = plan.masks.size();
+    batch.late_masks = std::make_shared<LateMasks>();
+  }
   batch.request_id = plan.request_id;
   plan.tokens.clear();
   plan.block_ids.clear();
@@ -187,6 +197,13 @@ void LlmScheduler::stop() {
   {
     std::lock_guard<std::mutex> l(mu_);
     const int64_t now = shm::monotonicNowNs();
+    // A worker waiting for late masks goes on without them [TAG_LATE_MASKS].
+    for (InflightStep& f : inflight_) {
+      if (!f.late || f.delivered || !f.late->deliver) continue;
+      f.delivered = true;
+      std::fill(f.plan.masks.begin(), f.plan.masks.end(), ~0u);
+      (void)f.late->deliver(f.plan.masks);
+    }
     core_.cancelAll(cancelledError("tulip is shutting down"), now);
     out = collectEvents(now);
   }
@@ -216,6 +233,7 @@ void LlmScheduler::publishMetrics() {
   m.masked_steps.inc(static_cast<double>(s.masked_steps - published_.masked_steps));
   m.masks.inc(static_cast<double>(s.masks - published_.masks));
   m.mask_fill_seconds.inc(static_cast<double>(s.mask_fill_ns - published_.mask_fill_ns) * 1e-9);
+  m.late_mask_steps.inc(static_cast<double>(s.late_mask_steps - published_.late_mask_steps));
   if (s.preemptions > published_.preemptions) {
     m.preemptions.inc(static_cast<double>(s.preemptions - published_.preemptions));
     log::debug("preempted", {{"sequences", s.preemptions - published_.preemptions},
@@ -227,11 +245,11 @@ void LlmScheduler::publishMetrics() {
 void LlmScheduler::applyResults() {
   auto& m = LlmMetrics::get();
   while (!inflight_.empty()) {
-    auto it = results_.find(inflight_.front().step);
+    auto it = results_.find(inflight_.front().plan.step);
     if (it == results_.end()) return;
     StepResult r = std::move(it->second);
     results_.erase(it);
-    const StepPlan& plan = inflight_.front();
+    const StepPlan& plan = inflight_.front().plan;
     const int64_t now = shm::monotonicNowNs();
     if (r.status.isOk()) {
       m.step_seconds.observe(r.step_us / 1e6);
@@ -241,7 +259,27 @@ void LlmScheduler::applyResults() {
       core_.stepFailed(plan, r.status, now);
     }
     inflight_.pop_front();
+    // The next step's late masks depend on the tokens just applied: hand them over at once, the
+    // worker is running that step's forward pass [TAG_LATE_MASKS].
+    deliverLateMasks(now);
   }
+}
+
+void LlmScheduler::deliverLateMasks(int64_t now) {
+  if (inflight_.empty()) return;
+  InflightStep& f = inflight_.front();
+  if (!f.late || f.delivered) return;
+  f.delivered = true;
+  if (!f.late->deliver) return;  // the worker never took the step
+  core_.fillLateMasks(f.plan);
+  if (f.late->deliver(f.plan.masks)) return;
+  // Not taken. A step that failed (or a worker that went down) is answered by its own error;
+  // one that ran without waiting for them drew its constrained tokens unconstrained.
+  auto r = results_.find(f.plan.step);
+  if (!worker_.ready() || (r != results_.end() && !r->second.status.isOk())) return;
+  log::warn("late token masks were not taken by rose",
+            {{"step", f.plan.step}, {"sequences", f.plan.seqs.size()}});
+  core_.lateMasksLost(f.plan, now);
 }
 
 void LlmScheduler::watch(int64_t now) {
@@ -303,7 +341,7 @@ LlmScheduler::Submitted LlmScheduler::submitStep(std::unique_lock<std::mutex>& l
   LlmMetrics::get().step_tokens.observe(static_cast<double>(plan.num_tokens));
   WorkBatch batch = toWorkBatch(plan);
   const uint64_t step = plan.step;
-  inflight_.push_back(std::move(plan));
+  inflight_.push_back(InflightStep{std::move(plan), batch.late_masks});
   publishMetrics();
   l.unlock();
   // Only this thread submits, so nothing reaches the worker between two planned steps: "the
@@ -324,8 +362,8 @@ LlmScheduler::Submitted LlmScheduler::submitStep(std::unique_lock<std::mutex>& l
   if (st.isOk()) return Submitted::kStep;
   if (st.code() == StatusCode::kFailedPrecondition) {
     // No free slot (transient): the step is planned again after a completion.
-    CHECK(inflight_.back().step == step);
-    core_.retract(inflight_.back());
+    CHECK(inflight_.back().plan.step == step);
+    core_.retract(inflight_.back().plan);
     inflight_.pop_back();
     return Submitted::kNoSlot;
   }
@@ -336,7 +374,7 @@ LlmScheduler::Submitted LlmScheduler::submitStep(std::unique_lock<std::mutex>& l
 }
 
 bool LlmScheduler::resultReady() const {
-  return !inflight_.empty() && results_.count(inflight_.front().step) != 0;
+  return !inflight_.empty() && results_.count(inflight_.front().plan.step) != 0;
 }
 
 void LlmScheduler::loop() {

@@ -106,6 +106,9 @@ class LlmScheduler {
   // and the plan was retracted; kNone: nothing to plan now). Unlocks `l` around the handover.
   Submitted submitStep(std::unique_lock<std::mutex>& l);
   bool resultReady() const;
+  // Fills and hands over the late masks of the oldest step in flight, if it has any left
+  // [TAG_LATE_MASKS].
+  void deliverLateMasks(int64_t now);
   void publishMetrics();
 
   Worker& worker_;
@@ -118,7 +121,14 @@ class LlmScheduler {
   uint64_t next_call_id_;                     // guarded by mu_
   // Choices stopChoice() asked to stop, applied by the loop's watch() like cancellations.
   std::vector<SeqId> stops_;                  // guarded by mu_
-  std::deque<StepPlan> inflight_;             // guarded by mu_: submitted, oldest first
+  // A submitted step; `late` carries its masks to the worker when they come late
+  // [TAG_LATE_MASKS] (delivered once the step before it has been applied).
+  struct InflightStep {
+    StepPlan plan;
+    std::shared_ptr<LateMasks> late;
+    bool delivered = false;
+  };
+  std::deque<InflightStep> inflight_;         // guarded by mu_: submitted, oldest first
   std::map<uint64_t, StepResult> results_;    // guarded by mu_: by step, not yet applied
   LlmStats published_;                        // guarded by mu_: counters already exported
   bool stop_ = false;                         // guarded by mu_

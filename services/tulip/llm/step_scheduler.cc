@@ -28,6 +28,7 @@ LlmWorkerLimits llmWorkerLimits(const shm::ModelFacts& f, uint64_t input_bytes) 
   l.max_batch_tokens = f.max_batch_tokens;
   l.input_bytes = input_bytes;
   l.vocab = f.vocab_size;
+  l.late_masks = (f.llm_caps & shm::kLlmCapLateMask) != 0;
   for (int32_t e : f.eos_ids)
     if (e >= 0) l.eos_ids.push_back(e);
   return l;
@@ -240,7 +241,8 @@ bool LlmStepScheduler::lengthReached(const Seq& s) const {
 bool LlmStepScheduler::canContinue(const Seq& s, uint64_t prev_step, int32_t* prev_row) const {
   *prev_row = -1;
   if (s.pending == 0) return s.num_scheduled < s.length();
-  if (s.decoder) return false;  // [TAG_TOKEN_MASK] its next mask needs the pending token
+  // [TAG_TOKEN_MASK] Its next mask needs the pending token: only with late masks.
+  if (s.decoder && !lateMasks()) return false;
   // A pending token is always the newest one: its step planned every position before it.
   CHECK(s.num_scheduled + 1 == s.length());
   // Only the token of the step right before can be a placeholder [TAG_LLM_PREV_TOKEN], and a
@@ -254,7 +256,7 @@ StepPlan LlmStepScheduler::schedule(int64_t now_ns) {
   StepPlan plan;
   if (needsConfigure() || in_flight_.size() >= maxStepsInFlight()) return plan;
   const uint64_t prev_step = in_flight_.empty() ? 0 : in_flight_.back().step;
-  if (!in_flight_.empty() && !opts_.constrained_overlap) {
+  if (!in_flight_.empty() && !opts_.constrained_overlap && !lateMasks()) {
     // [TAG_CONSTRAINED_SYNC] A constrained sequence waits for its token: plan nothing ahead, so
     // the next step takes it with everyone else once the step in flight is back.
     for (SeqId id : running_) {
@@ -276,7 +278,9 @@ StepPlan LlmStepScheduler::schedule(int64_t now_ns) {
     return limits_.input_bytes == 0 ||
            shm::llmStepBytes(picks.size() + 1, n_tokens + num_new, n_blocks + table,
                              n_state + state) +
-                   shm::llmMaskBytes(n_masks + (masked ? 1 : 0), limits_.vocab) <=
+                   shm::llmMaskBytes(n_masks + (masked ? 1 : 0), limits_.vocab) +
+                   (lateMasks() && n_masks + (masked ? 1 : 0) > 0 ? shm::kLateMaskHeaderBytes
+                                                                  : 0) <=
                limits_.input_bytes;
   };
   bool preempted = false;
@@ -400,10 +404,6 @@ StepPlan LlmStepScheduler::schedule(int64_t now_ns) {
   plan.refs.reserve(picks.size());
   plan.tokens.reserve(n_tokens);
   plan.block_ids.reserve(n_blocks);
-  struct MaskFill {
-    grammar::ConstrainedDecoder* decoder;
-    size_t at;  // first word in plan.masks
-  };
   std::vector<MaskFill> fills;
   for (const Pick& p : picks) {
     Seq& s = seqs_.at(p.id);
@@ -448,12 +448,19 @@ StepPlan LlmStepScheduler::schedule(int64_t now_ns) {
     s.num_scheduled = p.position + p.num_new;
     if (s.index == 0 && s.params.n > 1 && s.shared_step == 0 && s.num_scheduled >= sharedTokens(s))
       s.shared_step = plan.step;  // [TAG_LLM_CHOICES] its followers may fork from the next plan
-    if (d.sample && s.decoder && s.decoder->active()) {  // [TAG_TOKEN_MASK]
+    // [TAG_TOKEN_MASK] A mask when its grammar is active; planned ahead of its pending token
+    // ([TAG_LATE_MASKS]) whether that token leaves it active is not known yet: always one.
+    const bool late_mask = p.prev_row >= 0 && s.decoder != nullptr;
+    if (d.sample && s.decoder && (late_mask || s.decoder->active())) {
       const size_t words = shm::llmMaskWords(limits_.vocab);
       CHECK(s.decoder->maskWords() == words);
       const size_t at = plan.masks.size();
       plan.masks.resize(at + words);
-      fills.push_back(MaskFill{s.decoder.get(), at});  // filled below, once every slot exists
+      if (late_mask) {
+        plan.late.push_back(StepPlan::LateMask{static_cast<uint32_t>(plan.seqs.size()), at});
+      } else {
+        fills.push_back(MaskFill{s.decoder.get(), at});  // filled below, once every slot exists
+      }
       d.mask_index = static_cast<int32_t>(at / words) + 1;
     }
     if (d.sample) {
@@ -463,30 +470,63 @@ StepPlan LlmStepScheduler::schedule(int64_t now_ns) {
     }
     plan.seqs.push_back(d);
   }
-  // The masks: one per constrained sampled sequence, each from its own decoder, so they can be
-  // filled on several threads ([TAG_MASK_POOL]).
-  if (!fills.empty()) {
-    const auto t0 = std::chrono::steady_clock::now();
-    const size_t words = shm::llmMaskWords(limits_.vocab);
-    auto fill = [&](int64_t i, int) {
-      const MaskFill& f = fills[static_cast<size_t>(i)];
-      f.decoder->fillMask(std::span<uint32_t>(plan.masks.data() + f.at, words));
-    };
-    if (mask_pool_ != nullptr) {
-      mask_pool_->parallelTasks(static_cast<int64_t>(fills.size()), fill);
-    } else {
-      for (size_t i = 0; i < fills.size(); ++i) fill(static_cast<int64_t>(i), 0);
-    }
-    ++totals_.masked_steps;
-    totals_.masks += fills.size();
-    totals_.mask_fill_ns += static_cast<uint64_t>(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
-            .count());
-  }
+  fillMasks(fills, plan.masks);
+  if (!plan.masks.empty()) ++totals_.masked_steps;
   plan.num_tokens = plan.tokens.size();
   plan.request_id = seqs_.at(picks.front().id).params.request_id;
   in_flight_.push_back(InFlight{plan.step, plan.num_tokens});
   return plan;
+}
+
+// The masks: one per constrained sampled sequence, each from its own decoder, so they can be
+// filled on several threads ([TAG_MASK_POOL]).
+void LlmStepScheduler::fillMasks(const std::vector<MaskFill>& fills, std::vector<uint32_t>& masks) {
+  if (fills.empty()) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  const size_t words = shm::llmMaskWords(limits_.vocab);
+  auto fill = [&](int64_t i, int) {
+    const MaskFill& f = fills[static_cast<size_t>(i)];
+    f.decoder->fillMask(std::span<uint32_t>(masks.data() + f.at, words));
+  };
+  if (mask_pool_ != nullptr) {
+    mask_pool_->parallelTasks(static_cast<int64_t>(fills.size()), fill);
+  } else {
+    for (size_t i = 0; i < fills.size(); ++i) fill(static_cast<int64_t>(i), 0);
+  }
+  totals_.masks += fills.size();
+  totals_.mask_fill_ns += static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
+          .count());
+}
+
+void LlmStepScheduler::fillLateMasks(StepPlan& plan) {
+  CHECK(!in_flight_.empty() && in_flight_.front().step == plan.step);
+  const size_t words = shm::llmMaskWords(limits_.vocab);
+  std::vector<MaskFill> fills;
+  for (const StepPlan::LateMask& l : plan.late) {
+    CHECK(l.at + words <= plan.masks.size());
+    Seq* s = live(plan.refs[l.seq]);
+    if (s != nullptr && s->decoder && s->decoder->active()) {
+      fills.push_back(MaskFill{s->decoder.get(), l.at});
+    } else {
+      std::fill_n(plan.masks.begin() + static_cast<std::ptrdiff_t>(l.at), words, ~0u);
+    }
+  }
+  fillMasks(fills, plan.masks);
+  ++totals_.late_mask_steps;
+}
+
+void LlmStepScheduler::lateMasksLost(const StepPlan& plan, int64_t now_ns) {
+  // Every mask of the step went with the late ones: none of its masked draws was constrained.
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    if (plan.seqs[i].mask_index <= 0) continue;
+    if (Seq* s = live(plan.refs[i])) {
+      finish(*s,
+             internalError("structured output: the token masks did not reach rose in time, so "
+                           "its token was drawn unconstrained"),
+             FinishReason::kNone, -1, now_ns);
+    }
+  }
 }
 
 void LlmStepScheduler::update(const StepPlan& plan, std::span<const int32_t> sampled,

@@ -108,6 +108,11 @@ struct LlmSchedulerOptions {
   // every other step (measured on the H200 at 64 constrained streams: the batch splits into two
   // alternating halves, inter-token latency 16.8 vs 9.4 ms unconstrained; [TAG_CONSTRAINED_SYNC]).
   bool constrained_overlap = false;
+  // Late masks [TAG_LATE_MASKS]: with async_steps and a worker that announces
+  // shm::kLlmCapLateMask, constrained sequences are planned ahead like the others; the masks of
+  // such a step are filled (fillLateMasks()) once the step before has returned and handed to the
+  // worker while it runs the forward pass. Takes precedence over constrained_overlap.
+  bool late_masks = true;
 };
 
 // What the scheduler needs to know about the worker: its KV cache and its step limits.
@@ -120,6 +125,7 @@ struct LlmWorkerLimits {
   uint64_t input_bytes = 0;       // bytes of one step's input arena (0 = no limit)
   std::vector<int32_t> eos_ids;
   uint32_t vocab = 0;  // token bitmask width (structured outputs, [TAG_TOKEN_MASK])
+  bool late_masks = false;  // the worker takes masks after the step [TAG_LATE_MASKS]
 };
 
 // The limits of a worker that reported `facts` and has `input_bytes` of input arena per slot.
@@ -146,6 +152,15 @@ struct StepPlan {
   // Token bitmasks of constrained sequences [TAG_TOKEN_MASK]: seqs[i].mask_index k > 0 names
   // masks[(k - 1) * W, k * W), W = shm::llmMaskWords(vocab).
   std::vector<uint32_t> masks;
+  // Late masks [TAG_LATE_MASKS]: constrained sequences planned ahead of their pending token.
+  // Their masks are left unfilled by schedule() and filled by fillLateMasks(); the driver then
+  // hands the whole `masks` array to the worker after the step was submitted. Empty: `masks` is
+  // complete when planned and goes with the step.
+  struct LateMask {
+    uint32_t seq = 0;  // index into seqs / refs
+    size_t at = 0;     // first word in masks
+  };
+  std::vector<LateMask> late;
   uint32_t num_sampled = 0;      // sequences with sample != 0: the ids the worker returns
   uint64_t num_tokens = 0;       // tokens.size(), kept when the arrays are moved out
   uint64_t prompt_tokens = 0;    // prompt positions among them (LlmStats::computed_prompt_tokens)
@@ -181,6 +196,7 @@ struct LlmStats {
   uint64_t masked_steps = 0;
   uint64_t masks = 0;
   uint64_t mask_fill_ns = 0;
+  uint64_t late_mask_steps = 0;  // steps whose masks were filled late [TAG_LATE_MASKS]
 };
 
 class LlmStepScheduler {
@@ -232,6 +248,14 @@ class LlmStepScheduler {
               std::span<const llm::LlmTokenLogprobs> logprobs = {});
   // The oldest plan in flight failed with `error` (see the header comment).
   void stepFailed(const StepPlan& plan, const Status& error, int64_t now_ns);
+  // [TAG_LATE_MASKS] Fills the late masks of `plan`, the oldest plan in flight (the step before
+  // it has been applied, so its constrained sequences' decoders have seen their pending token).
+  // A sequence that ended meanwhile, or whose grammar is not active, gets a mask allowing every
+  // token (its draw is dropped, or unconstrained as it would have been).
+  void fillLateMasks(StepPlan& plan);
+  // The worker sampled `plan` without its late masks (it stopped waiting): every constrained
+  // sequence of the step ends with an INTERNAL error, since its token was drawn unconstrained.
+  void lateMasksLost(const StepPlan& plan, int64_t now_ns);
   // The newest plan in flight was never given to the worker (no free slot): undo its planning so
   // that the next schedule() forms it again. Blocks it allocated stay with their sequences.
   void retract(const StepPlan& plan);
@@ -287,6 +311,14 @@ class LlmStepScheduler {
     uint64_t step = 0;
     uint64_t num_tokens = 0;
   };
+  struct MaskFill {
+    grammar::ConstrainedDecoder* decoder;
+    size_t at;  // first word in the plan's masks
+  };
+  // Whether constrained sequences are planned ahead with late masks [TAG_LATE_MASKS].
+  bool lateMasks() const { return opts_.late_masks && opts_.async_steps && limits_.late_masks; }
+  // Fills `fills` into `masks` (on the mask pool when there is one) and counts them.
+  void fillMasks(const std::vector<MaskFill>& fills, std::vector<uint32_t>& masks);
 
   Seq* live(const StepSeqRef& ref);
   // Prompt tokens a leader's followers share: its prompt minus the last token, in full blocks.

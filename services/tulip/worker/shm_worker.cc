@@ -114,7 +114,15 @@ Status ShmWorker::trySubmit(WorkBatch batch, WorkDone done) {
   const uint64_t state_bytes = generate ? batch.llm_state.size() * sizeof(int32_t) : 0;
   // [TAG_TOKEN_MASK] token bitmasks after the state words (BatchDesc.seqlens_offset).
   const uint64_t masks_off = generate ? shm::llmAlignUp(state_off + state_bytes) : 0;
-  const uint64_t masks_bytes = generate ? batch.masks.size() * sizeof(uint32_t) : 0;
+  // [TAG_LATE_MASKS] Late masks: a ready word, padding, then room for them (written later).
+  const bool late = generate && batch.late_mask_words > 0;
+  if (late && (!batch.masks.empty() || !batch.late_masks)) {
+    return invalidArgument("a step with late masks carries no early ones and a LateMasks");
+  }
+  const uint64_t masks_bytes =
+      !generate ? 0
+      : late    ? shm::kLateMaskHeaderBytes + batch.late_mask_words * sizeof(uint32_t)
+                : batch.masks.size() * sizeof(uint32_t);
   const uint64_t need = !generate         ? second_off + second_bytes
                         : masks_bytes > 0 ? masks_off + masks_bytes
                                           : state_off + state_bytes;
@@ -137,7 +145,11 @@ Status ShmWorker::trySubmit(WorkBatch batch, WorkDone done) {
   std::memcpy(arena.data() + second_off,
               generate ? batch.block_ids.data() : batch.seq_lens.data(), second_bytes);
   if (state_bytes > 0) std::memcpy(arena.data() + state_off, batch.llm_state.data(), state_bytes);
-  if (masks_bytes > 0) std::memcpy(arena.data() + masks_off, batch.masks.data(), masks_bytes);
+  if (late) {
+    shm::initLateMasks(arena.data() + masks_off);
+  } else if (masks_bytes > 0) {
+    std::memcpy(arena.data() + masks_off, batch.masks.data(), masks_bytes);
+  }
   shm::BatchDesc d;
   d.batch_id = next_batch_id_++;
   d.slot = slot;
@@ -156,6 +168,7 @@ Status ShmWorker::trySubmit(WorkBatch batch, WorkDone done) {
     d.state_offset = state_off;
     d.num_state = static_cast<uint32_t>(batch.llm_state.size());
     d.seqlens_offset = masks_bytes > 0 ? masks_off : 0;
+    d.flags = late ? shm::kBatchLateMasks : 0;
   } else {
     d.seqlens_offset = second_off;
   }
@@ -170,7 +183,26 @@ Status ShmWorker::trySubmit(WorkBatch batch, WorkDone done) {
   }
   slots_[slot] = Inflight{true, d.batch_id, std::move(done), shm::monotonicNowNs(), batch.kind};
   slots_[slot].tokens = batch.tokens.size();
+  if (late) {
+    batch.late_masks->deliver = [this, slot, id = d.batch_id, off = masks_off,
+                                 words = batch.late_mask_words](std::span<const uint32_t> masks) {
+      return deliverLateMasks(slot, id, off, words, masks);
+    };
+  }
   return okStatus();
+}
+
+bool ShmWorker::deliverLateMasks(uint32_t slot, uint64_t batch_id, uint64_t offset, uint64_t words,
+                                 std::span<const uint32_t> masks) {
+  MutexLock l(mu_);
+  // The step must still hold its slot: after its completion (or a restart) the arena is not its.
+  if (!channel_ || slot >= slots_.size() || !slots_[slot].busy ||
+      slots_[slot].batch_id != batch_id || masks.size() != words) {
+    return false;
+  }
+  std::byte* region = channel_->inputArena(slot).data() + offset;
+  std::memcpy(region + shm::kLateMaskHeaderBytes, masks.data(), masks.size_bytes());
+  return shm::publishLateMasks(region);
 }
 
 void ShmWorker::setOnChange(std::function<void()> fn) {

@@ -29,6 +29,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -106,6 +107,9 @@ class ShmWorker final : public Worker {
     uint64_t tokens = 0;
   };
 
+  // LateMasks::deliver of the step in `slot` [TAG_LATE_MASKS].
+  bool deliverLateMasks(uint32_t slot, uint64_t batch_id, uint64_t offset, uint64_t words,
+                        std::span<const uint32_t> masks) EXCLUDES(mu_);
   void run() EXCLUDES(mu_);
   // The next completion, paced as completion_spin says (supervisor thread). nullopt when none
   // came within ~50 ms, or on a wake-up to re-check state.

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -19,6 +20,17 @@
 #include "common/status.h"
 
 namespace garden::tulip {
+
+// The token masks of a kGenerate step that come after it was submitted [TAG_LATE_MASKS]
+// (common/shm/llm_batch.h; a worker announcing shm::kLlmCapLateMask).
+struct LateMasks {
+  // Set by the worker when it accepts the batch (trySubmit OK; unset otherwise). Writes `masks`
+  // (the step's whole mask array, as WorkBatch::masks would carry it: late_mask_words words)
+  // where the worker reads them and tells it they are ready. False when the worker stopped
+  // waiting for them (its timeout) or no longer holds the step: its masked draws were then not
+  // constrained. Called at most once, from the scheduler's thread.
+  std::function<bool(std::span<const uint32_t> masks)> deliver;
+};
 
 struct WorkBatch {
   shm::BatchKind kind = shm::BatchKind::kEmbed;
@@ -30,6 +42,10 @@ struct WorkBatch {
   std::vector<int32_t> block_ids;
   std::vector<int32_t> llm_state;  // kGenerate: sampler-state words [TAG_LLM_SAMPLER_STATE]
   std::vector<uint32_t> masks;  // kGenerate: token bitmasks [TAG_TOKEN_MASK] (may be empty)
+  // kGenerate with late masks [TAG_LATE_MASKS]: `masks` is empty, room for late_mask_words words
+  // is reserved and `late_masks` gets its deliver function.
+  uint64_t late_mask_words = 0;
+  std::shared_ptr<LateMasks> late_masks;
   shm::PoolingMode pooling = shm::PoolingMode::kDefault;
   bool normalize = true;
   int32_t score_yes = -1;

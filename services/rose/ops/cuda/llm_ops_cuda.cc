@@ -729,6 +729,9 @@ class CudaLlmOps final : public LlmOps {
   // Token masks (stageSample() uploads them, the sample kernels honour them): announced once
   // tests/gpu/llm_ops_test.cc GpuLlmOps.*Masked* has passed on a GPU [TAG_TOKEN_MASK].
   bool supportsTokenMask() const override { return kTokenMaskVerified; }
+  // Late masks: the model samples after the decode graph, outside it. Announced once
+  // tests/gpu/llm_model_test.cc GpuLlmModel.LateMasks* has passed on a GPU [TAG_LATE_MASKS].
+  bool supportsLateMask() const override { return kLateMaskVerified; }
 
   // Builds each slot's entries on the host (deduplicated: prompt membership, generated counts,
   // the last bias per id) and uploads them in stream order.
@@ -874,6 +877,7 @@ class CudaLlmOps final : public LlmOps {
   // [TAG_TOKEN_MASK]: GpuLlmOps.*Masked* (5 tests, with the sampler state) passed on the H200
   // (2026-12-02, bench/results/gpu-llm-2026-12-02-h200-s3/masked_fp8_call5.txt).
   static constexpr bool kTokenMaskVerified = true;
+  static constexpr bool kLateMaskVerified = false;
   static Tensor bytesOf(Buffer& b, size_t bytes) { return bytesAt(b, 0, bytes); }
   static Tensor bytesAt(Buffer& b, size_t off, size_t bytes) {
     return Tensor(static_cast<char*>(b.data()) + off, DType::kU8, {static_cast<int64_t>(bytes)});

@@ -1,4 +1,5 @@
 #include "common/shm/channel.h"
+#include "common/shm/llm_batch.h"
 
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -486,4 +487,50 @@ TEST(ShmStaleSegment, CreateMakesMode0600WhateverTheUmask) {
 }
 
 }  // namespace
+// [TAG_LATE_MASKS] The late-mask ready word across two processes (a MAP_SHARED page, as the
+// channel's arena is): the child waits, the parent writes the masks and publishes; the child sees
+// ready and the masks. Then the timeout: an await that runs out marks the region abandoned, and a
+// publish after that fails (tulip learns the draws were unconstrained).
+TEST(ShmLateMasks, PublishWakesAWaiterInAnotherProcess) {
+  void* page = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(page, MAP_FAILED);
+  auto* region = static_cast<std::byte*>(page);
+  initLateMasks(region);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    if (!awaitLateMasks(region, std::chrono::seconds(20))) _exit(2);
+    uint32_t mask;
+    std::memcpy(&mask, region + kLateMaskHeaderBytes, 4);
+    _exit(mask == 0xC0FFEEu ? 0 : 3);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the child is asleep by now
+  EXPECT_EQ(lateMaskState(region), kLateMasksPending);
+  const uint32_t mask = 0xC0FFEEu;
+  std::memcpy(region + kLateMaskHeaderBytes, &mask, 4);
+  EXPECT_TRUE(publishLateMasks(region));
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_EQ(lateMaskState(region), kLateMasksReady);
+  EXPECT_TRUE(awaitLateMasks(region, std::chrono::milliseconds(0)));  // stays ready
+  munmap(page, 4096);
+}
+
+TEST(ShmLateMasks, AnAwaitThatRunsOutAbandonsThem) {
+  alignas(8) std::byte region[16] = {};
+  initLateMasks(region);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_FALSE(awaitLateMasks(region, std::chrono::milliseconds(50)));
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(50));
+  EXPECT_EQ(lateMaskState(region), kLateMasksAbandoned);
+  EXPECT_FALSE(publishLateMasks(region));
+  EXPECT_EQ(lateMaskState(region), kLateMasksAbandoned);
+  // Published first: an await returns at once, whatever its timeout.
+  initLateMasks(region);
+  EXPECT_TRUE(publishLateMasks(region));
+  EXPECT_TRUE(awaitLateMasks(region, std::chrono::milliseconds(0)));
+}
+
 }  // namespace garden::shm

@@ -96,6 +96,7 @@ class LlmRunnerTest : public ::testing::Test {
     ro.max_seqs = kMaxSeqs;
     ro.max_batch_tokens = kMaxTokens;
     ro.eos_ids = {2, 7};
+    ro.late_mask_timeout = late_mask_timeout_;
     auto r = LlmRunner::create(*backends_[0], *models_[0], ro);
     ASSERT_TRUE(r.isOk()) << r.status().toString();
     runner_ = std::move(r).value();
@@ -206,6 +207,7 @@ class LlmRunnerTest : public ::testing::Test {
   std::unique_ptr<LlmRunner> runner_;
   std::unique_ptr<StepLoop> loop_;
   uint64_t next_id_ = 500;
+  std::chrono::milliseconds late_mask_timeout_{10000};
 };
 
 TEST_F(LlmRunnerTest, AnnouncesLlmFacts) {
@@ -229,6 +231,7 @@ TEST_F(LlmRunnerTest, AnnouncesLlmFacts) {
   EXPECT_EQ(f.llm_caps & shm::kLlmCapSamplerState, shm::kLlmCapSamplerState);
   // ... and token masks [TAG_TOKEN_MASK]: tulip admits response_format.
   EXPECT_EQ(f.llm_caps & shm::kLlmCapTokenMask, shm::kLlmCapTokenMask);
+  EXPECT_EQ(f.llm_caps & shm::kLlmCapLateMask, shm::kLlmCapLateMask);
   EXPECT_STREQ(f.sampler, "cpu");
   EXPECT_EQ(runner_->kvCache().shape().num_blocks, kBlocks);
 }
@@ -595,6 +598,113 @@ TEST_F(LlmRunnerTest, MaskedStepWithSamplerStateAndLogprobs) {
   shm::BatchDesc fd = put(2, far);
   fd.seqlens_offset = kInputBytes - 8;
   expectRejected(fd, StatusCode::kInvalidArgument, "token masks");
+}
+
+// [TAG_LATE_MASKS] A step whose masks come late: two sampled sequences with masks (a drawn one
+// and a greedy one). The step is launched with the masks unwritten; it does not complete while
+// they are pending (the forward pass ran, the draw waits); once they are written and published
+// it completes with the ids the reference draws from the same masks given up front.
+struct LateMaskStep {
+  Step step;
+  std::vector<uint32_t> masks;
+};
+LateMaskStep lateMaskStep() {
+  const size_t words = shm::llmMaskWords(512);
+  SamplingParams drawn;
+  drawn.temperature = 0.9f;
+  drawn.seed = 5;
+  SamplingParams greedy;
+  LateMaskStep l;
+  l.step.seqs = {seq(0, 4, 0, 0, 1, true, drawn), seq(4, 3, 0, 1, 1, true, greedy)};
+  l.step.seqs[0].mask_index = 1;
+  l.step.seqs[1].mask_index = 2;
+  l.step.tokens = {10, 20, 30, 40, 11, 12, 13};
+  l.step.blocks = {5, 6};
+  l.masks.assign(2 * words, 0);
+  auto allow = [&](size_t k, int32_t id) { l.masks[k * words + id / 32] |= 1u << (id % 32); };
+  for (int32_t id : {3, 17, 40, 100, 257, 511}) allow(0, id);
+  for (int32_t id : {0, 64, 65, 499}) allow(1, id);
+  return l;
+}
+
+TEST_F(LlmRunnerTest, LateMasksAreAwaitedBeforeTheDraw) {
+  const LateMaskStep l = lateMaskStep();
+  shm::BatchDesc d = put(0, l.step);
+  auto in = channel_->inputArena(0);
+  d.seqlens_offset = d.blocks_offset + shm::llmAlignUp(l.step.blocks.size() * 4);
+  d.flags = shm::kBatchLateMasks;
+  std::byte* region = in.data() + d.seqlens_offset;
+  shm::initLateMasks(region);
+  ASSERT_TRUE(channel_->trySubmit(d));
+  ASSERT_TRUE(loop_->step(1s));
+  EXPECT_FALSE(channel_->waitCompletion(300ms).has_value()) << "sampled before its masks came";
+  EXPECT_EQ(shm::lateMaskState(region), shm::kLateMasksPending);
+  std::memcpy(region + shm::kLateMaskHeaderBytes, l.masks.data(), l.masks.size() * 4);
+  ASSERT_TRUE(shm::publishLateMasks(region));
+  auto c = channel_->waitCompletion(20s);
+  ASSERT_TRUE(c.has_value());
+  ASSERT_EQ(c->status_code, 0) << c->message;
+  ASSERT_EQ(c->rows, 2u);
+  std::vector<int32_t> got(2);
+  std::memcpy(got.data(), channel_->outputArena(0).data(), 8);
+
+  const size_t words = shm::llmMaskWords(512);
+  LlmStep step{l.step.seqs, l.step.tokens, l.step.blocks, {}, l.masks,
+               static_cast<int64_t>(words)};
+  ASSERT_TRUE(models_[1]->validate(step, *ref_kv_).isOk());
+  std::vector<int32_t> want(2, -1);
+  models_[1]->enqueueStep(step, *ref_kv_, nullptr, want.data());
+  ASSERT_TRUE(backends_[1]->synchronize().isOk());
+  EXPECT_EQ(got, want);
+  for (size_t k = 0; k < 2; ++k) {
+    EXPECT_TRUE((l.masks[k * words + got[k] / 32] >> (got[k] % 32)) & 1u) << k << ": " << got[k];
+  }
+
+  // The flag without a masked sequence, and unknown flag bits, are refused.
+  Step plain = l.step;
+  for (auto& q : plain.seqs) q.mask_index = 0;
+  shm::BatchDesc bd = put(1, plain);
+  bd.seqlens_offset = d.seqlens_offset;
+  bd.flags = shm::kBatchLateMasks;
+  expectRejected(bd, StatusCode::kInvalidArgument, "no sequence has a mask_index");
+  bd = put(1, plain);
+  bd.flags = 1u << 7;
+  expectRejected(bd, StatusCode::kInvalidArgument, "unknown bits");
+}
+
+// [TAG_LATE_MASKS] Masks that never come: after late_mask_timeout the step draws without them
+// (the same ids as the reference without masks) and the region is marked abandoned, so tulip's
+// publish fails and it knows the draws were not constrained.
+class LlmRunnerShortLateTimeoutTest : public LlmRunnerTest {
+ protected:
+  void SetUp() override {
+    late_mask_timeout_ = std::chrono::milliseconds(200);
+    LlmRunnerTest::SetUp();
+  }
+};
+
+TEST_F(LlmRunnerShortLateTimeoutTest, MasksThatNeverComeAreAbandoned) {
+  const LateMaskStep l = lateMaskStep();
+  shm::BatchDesc d = put(0, l.step);
+  d.seqlens_offset = d.blocks_offset + shm::llmAlignUp(l.step.blocks.size() * 4);
+  d.flags = shm::kBatchLateMasks;
+  std::byte* region = channel_->inputArena(0).data() + d.seqlens_offset;
+  shm::initLateMasks(region);
+  const auto t0 = std::chrono::steady_clock::now();
+  shm::Completion c = submitAndWait(d);
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(200));
+  ASSERT_EQ(c.status_code, 0) << c.message;
+  ASSERT_EQ(c.rows, 2u);
+  EXPECT_EQ(shm::lateMaskState(region), shm::kLateMasksAbandoned);
+  EXPECT_FALSE(shm::publishLateMasks(region));
+  std::vector<int32_t> got(2);
+  std::memcpy(got.data(), channel_->outputArena(0).data(), 8);
+  Step unmasked = l.step;
+  for (auto& q : unmasked.seqs) q.mask_index = 0;
+  EXPECT_EQ(got, refStep(unmasked));
+  // ... which the masks would have forbidden (so the test tells the two apart).
+  const size_t words = shm::llmMaskWords(512);
+  EXPECT_FALSE((l.masks[words + got[1] / 32] >> (got[1] % 32)) & 1u) << got[1];
 }
 
 TEST(LlmRunnerCreate, BadOptionsAreClearErrors) {

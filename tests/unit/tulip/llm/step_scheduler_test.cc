@@ -191,6 +191,15 @@ class Sim {
 
   LlmStepScheduler& sched() { return s_; }
   size_t inFlight() const { return plans_.size(); }
+  // [TAG_LATE_MASKS] The oldest plan in flight, and filling its late masks as the driver does
+  // once the plan before it has been applied; the worker did not take them.
+  const StepPlan& oldestPlan() const { return plans_.front(); }
+  void fillLateMasks() { s_.fillLateMasks(plans_.front()); }
+  std::string lateMasksLost() {
+    s_.lateMasksLost(plans_.front(), tick());
+    check();
+    return events();
+  }
 
  private:
   std::string answer(const Status& st, const std::vector<int32_t>& ids) {
@@ -1061,6 +1070,112 @@ TEST(StepSchedulerAsync, ConstrainedSequenceHoldsThePlanAheadByDefault) {
   // A has ended: B alone goes ahead on placeholders again.
   ASSERT_EQ(sim.schedule(), "B@7+1* [1 3]");
   EXPECT_EQ(sim.schedule(), "B@8+1*^0 [1 3 2]");  // A's freed block
+}
+
+// The ids mask `mask_index` of `p` allows (kVocab ids).
+std::vector<int32_t> allowedIds(const StepPlan& p, int32_t mask_index) {
+  std::vector<int32_t> ids;
+  const size_t w = (kVocab + 31) / 32;
+  EXPECT_GE(p.masks.size(), w * static_cast<size_t>(mask_index));
+  for (uint32_t id = 0; id < kVocab; ++id) {
+    if ((p.masks[(mask_index - 1) * w + id / 32] >> (id % 32)) & 1u) {
+      ids.push_back(static_cast<int32_t>(id));
+    }
+  }
+  return ids;
+}
+
+// [TAG_LATE_MASKS] With a worker that takes masks late, a constrained sequence is planned ahead
+// of its pending token like any other (both steps in flight carry both sequences): the plan
+// marks its mask late and leaves it unfilled; once the step before is applied, fillLateMasks()
+// writes the mask the grammar allows after that token.
+TEST(StepSchedulerAsync, LateMasksPlanConstrainedSequencesAhead) {
+  std::vector<std::string> toks(kVocab);
+  toks[30] = "\"";
+  toks[31] = "a";
+  toks[32] = "b";
+  toks[33] = "c";
+  toks[34] = "\"a";
+  auto compiled = compileSchema(R"({"enum":["ab","ac"]})", testVocab(toks));
+  ASSERT_TRUE(compiled.isOk());
+  LlmWorkerLimits l = limits(8, 4, 32);
+  l.vocab = kVocab;
+  l.late_masks = true;
+  Sim sim(async(), l);
+  GenerateParams a = gp(range(3, 10), 10);
+  a.grammar = *compiled;
+  a.constraint.end_tokens = {kEos};
+  sim.add('A', std::move(a));
+  sim.add('B', gp(range(3, 10), 10));
+  const size_t w = (kVocab + 31) / 32;
+  ASSERT_EQ(sim.schedule(), "A@0+3* [0]; B@0+3* [1]");
+  EXPECT_TRUE(sim.lastPlan().late.empty());  // A's token is known: filled at planning
+  EXPECT_EQ(allowedIds(sim.lastPlan(), 1), (std::vector<int32_t>{30, 34}));
+  // A goes ahead on its placeholder with B; its mask is late and not filled yet.
+  ASSERT_EQ(sim.schedule(), "A@3+1*^0 [0]; B@3+1*^1 [1]");
+  {
+    const StepPlan& p = sim.lastPlan();
+    ASSERT_EQ(p.late.size(), 1u);
+    EXPECT_EQ(p.late[0].seq, 0u);
+    EXPECT_EQ(p.late[0].at, 0u);
+    EXPECT_EQ(p.seqs[0].mask_index, 1);
+    EXPECT_EQ(p.seqs[1].mask_index, 0);
+    EXPECT_EQ(p.masks, std::vector<uint32_t>(w, 0u));
+  }
+  EXPECT_EQ(sim.schedule(), "-");  // two in flight
+  EXPECT_EQ(sim.complete({34, 40}), "A=34, B=40");  // A wrote "\"a"
+  sim.fillLateMasks();
+  EXPECT_EQ(allowedIds(sim.oldestPlan(), 1), (std::vector<int32_t>{32, 33}));
+  ASSERT_EQ(sim.schedule(), "A@4+1*^0 [0 2]; B@4+1*^1 [1 3]");
+  EXPECT_EQ(sim.lastPlan().late.size(), 1u);
+  EXPECT_EQ(sim.complete({33, 41}), "A=33, B=41");
+  sim.fillLateMasks();
+  EXPECT_EQ(allowedIds(sim.oldestPlan(), 1), (std::vector<int32_t>{30}));  // "ac: the quote
+  ASSERT_EQ(sim.schedule(), "A@5+1*^0 [0 2]; B@5+1*^1 [1 3]");
+  EXPECT_EQ(sim.complete({30, 42}), "A=30, B=42");
+  sim.fillLateMasks();
+  EXPECT_EQ(allowedIds(sim.oldestPlan(), 1), (std::vector<int32_t>{kEos}));  // complete
+  ASSERT_EQ(sim.schedule(), "A@6+1*^0 [0 2]; B@6+1*^1 [1 3]");
+  EXPECT_EQ(sim.complete({kEos, 43}), "A=2 stop, B=43");
+  // A ended while its next step was out: that step's late mask allows every token (its draw is
+  // dropped), and nothing more of A is planned.
+  sim.fillLateMasks();
+  EXPECT_EQ(allowedIds(sim.oldestPlan(), 1).size(), static_cast<size_t>(kVocab));
+  ASSERT_EQ(sim.schedule(), "B@7+1*^1 [1 3]");
+  EXPECT_TRUE(sim.lastPlan().late.empty());
+  EXPECT_EQ(sim.complete({99, 44}), "B=44");
+  EXPECT_EQ(sim.complete({45}), "B=45");
+  const LlmStats st = sim.sched().stats();
+  EXPECT_EQ(st.masks, 4u);  // one at planning, three late (the ended one's is not the grammar's)
+  EXPECT_EQ(st.masked_steps, 5u);
+  EXPECT_EQ(st.late_mask_steps, 4u);
+}
+
+// [TAG_LATE_MASKS] The worker sampled without the late masks (it stopped waiting): the step's
+// constrained sequences end INTERNAL, the others go on.
+TEST(StepSchedulerAsync, LateMasksLostEndTheConstrainedSequences) {
+  std::vector<std::string> toks(kVocab);
+  toks[30] = "\"";
+  toks[31] = "a";
+  auto compiled = compileSchema(R"({"type":"string"})", testVocab(toks));
+  ASSERT_TRUE(compiled.isOk());
+  LlmWorkerLimits l = limits(8, 4, 32);
+  l.vocab = kVocab;
+  l.late_masks = true;
+  Sim sim(async(), l);
+  GenerateParams a = gp(range(3, 10), 10);
+  a.grammar = *compiled;
+  a.constraint.end_tokens = {kEos};
+  sim.add('A', std::move(a));
+  sim.add('B', gp(range(3, 10), 10));
+  ASSERT_EQ(sim.schedule(), "A@0+3* [0]; B@0+3* [1]");
+  ASSERT_EQ(sim.schedule(), "A@3+1*^0 [0]; B@3+1*^1 [1]");
+  EXPECT_EQ(sim.complete({30, 40}), "A=30, B=40");
+  sim.fillLateMasks();
+  EXPECT_EQ(sim.lateMasksLost(), "A INTERNAL");
+  EXPECT_NE(sim.lastEvent('A').status.message().find("did not reach rose"), std::string::npos);
+  EXPECT_EQ(sim.complete({31, 41}), "B=41");  // A's unconstrained token is never streamed
+  ASSERT_EQ(sim.schedule(), "B@4+1* [1 0]");  // A's freed block
 }
 
 // [TAG_MASK_POOL] With mask helper threads the step's masks are the same words as when the

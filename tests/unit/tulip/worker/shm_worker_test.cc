@@ -17,6 +17,8 @@
 #include <thread>
 #include <vector>
 
+#include "common/shm/llm_batch.h"
+
 namespace garden::tulip {
 namespace {
 
@@ -597,6 +599,117 @@ TEST(ShmWorker, RingFullWithAFreeSlotIsRefusedNotAnAbort) {
   EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.toString();
   EXPECT_NE(st.message().find("submission ring is full"), std::string::npos) << st.message();
   EXPECT_EQ((*w)->inflight(), 1u);  // the refused batch took no slot
+  (*w)->stop();
+}
+
+// [TAG_LATE_MASKS] A kGenerate step with late masks: the worker reserves the region (ready word
+// pending) and flags the step; deliver() writes the masks into that step's slot and publishes
+// them. It fails when rose has abandoned them, and once the step has completed (its slot is no
+// longer the step's).
+TEST(ShmWorker, LateMasksGoIntoTheStepsSlotAndArePublished) {
+  auto o = opts("latemask");
+  o.attach = true;
+  auto ch = shm::Channel::create(o.shm_name, shm::Layout{2, 1 << 16, 1 << 16});
+  ASSERT_TRUE(ch.isOk()) << ch.status().toString();
+  ch->setWorkerPid(getpid());
+  shm::ModelFacts f;
+  f.hidden_size = 4;
+  f.max_seq_len = 64;
+  f.vocab_size = 100;
+  std::strcpy(f.name, "fake");
+  std::strcpy(f.kind, "llm");
+  f.llm_caps = shm::kLlmCapTokenMask | shm::kLlmCapLateMask;
+  ch->setModelFacts(f);
+  ch->beat();
+  ch->setState(shm::WorkerState::kReady);
+  std::atomic<bool> done{false};
+  std::thread beater([&] {
+    while (!done.load()) {
+      ch->beat();
+      std::this_thread::sleep_for(20ms);
+    }
+  });
+  struct Join {
+    std::atomic<bool>& done;
+    std::thread& t;
+    ~Join() {
+      done = true;
+      t.join();
+    }
+  } join{done, beater};
+  auto w = ShmWorker::start(o);
+  ASSERT_TRUE(w.isOk()) << w.status().toString();
+  ASSERT_TRUE(waitFor([&] { return (*w)->ready(); }));
+  auto step = [] {
+    WorkBatch b;
+    b.kind = shm::BatchKind::kGenerate;
+    llm::LlmStepSeq d;
+    d.num_tokens = 1;
+    d.num_blocks = 1;
+    d.sample = 1;
+    d.mask_index = 1;
+    b.llm_seqs = {d};
+    b.tokens = {5};
+    b.block_ids = {0};
+    b.late_mask_words = 4;  // ceil(100 / 32)
+    b.late_masks = std::make_shared<LateMasks>();
+    return b;
+  };
+  std::promise<Status> first_done;
+  WorkBatch a = step();
+  std::shared_ptr<LateMasks> la = a.late_masks;
+  ASSERT_TRUE((*w)->trySubmit(std::move(a), [&](const WorkResult& r) {
+                    first_done.set_value(r.status);
+                  }).isOk());
+  ASSERT_TRUE(la->deliver);
+  auto da = ch->waitSubmission(std::chrono::seconds(30));
+  ASSERT_TRUE(da.has_value());
+  EXPECT_EQ(da->flags, shm::kBatchLateMasks);
+  std::byte* ra = ch->inputArena(da->slot).data() + da->seqlens_offset;
+  EXPECT_EQ(shm::lateMaskState(ra), shm::kLateMasksPending);
+  const std::vector<uint32_t> masks = {1, 2, 3, 0xFFFFFFFFu};
+  EXPECT_TRUE(la->deliver(masks));
+  EXPECT_EQ(shm::lateMaskState(ra), shm::kLateMasksReady);
+  std::vector<uint32_t> got(4);
+  std::memcpy(got.data(), ra + shm::kLateMaskHeaderBytes, 16);
+  EXPECT_EQ(got, masks);
+
+  // A second step whose masks rose gave up on: deliver() reports it.
+  WorkBatch b = step();
+  std::shared_ptr<LateMasks> lb = b.late_masks;
+  std::promise<Status> second_done;
+  ASSERT_TRUE((*w)->trySubmit(std::move(b), [&](const WorkResult& r) {
+                    second_done.set_value(r.status);
+                  }).isOk());
+  auto db = ch->waitSubmission(std::chrono::seconds(30));
+  ASSERT_TRUE(db.has_value());
+  EXPECT_NE(db->slot, da->slot);
+  std::byte* rb = ch->inputArena(db->slot).data() + db->seqlens_offset;
+  EXPECT_FALSE(shm::awaitLateMasks(rb, std::chrono::milliseconds(0)));
+  EXPECT_FALSE(lb->deliver(masks));
+
+  // After its completion the first step's slot is not its own: deliver() refuses.
+  for (const auto& d : {*da, *db}) {
+    shm::Completion c;
+    c.batch_id = d.batch_id;
+    c.slot = d.slot;
+    c.rows = 1;
+    c.cols = 1;
+    c.output_bytes = 4;
+    ASSERT_TRUE(ch->tryComplete(c));
+  }
+  auto fa = first_done.get_future();
+  auto fb = second_done.get_future();
+  ASSERT_EQ(fa.wait_for(30s), std::future_status::ready);
+  ASSERT_EQ(fb.wait_for(30s), std::future_status::ready);
+  EXPECT_TRUE(fa.get().isOk());
+  EXPECT_FALSE(la->deliver(masks));
+
+  // A late step must not also carry early masks.
+  WorkBatch bad = step();
+  bad.masks = {1, 2, 3, 4};
+  EXPECT_EQ((*w)->trySubmit(std::move(bad), [](const WorkResult&) {}).code(),
+            StatusCode::kInvalidArgument);
   (*w)->stop();
 }
 
