@@ -1,12 +1,14 @@
 #include "common/grammar/json_schema.h"
 
+#include <simdjson.h>
+
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <vector>
-
-#include <simdjson.h>
 
 #include "common/grammar/regex.h"
 
@@ -61,7 +63,8 @@ const std::set<std::string_view>& supported() {
   static const std::set<std::string_view> k = {
       "type",      "enum",      "const",    "properties", "required",  "additionalProperties",
       "items",     "minItems",  "maxItems", "anyOf",      "oneOf",     "allOf",
-      "$ref",      "pattern",   "format",   "minLength",  "maxLength", "nullable"};
+      "$ref",      "pattern",   "format",   "minLength",  "maxLength", "nullable",
+      "minimum",   "maximum",   "exclusiveMinimum", "exclusiveMaximum"};
   return k;
 }
 
@@ -134,6 +137,8 @@ class SchemaCompiler {
 
   int32_t stringRule();
   int32_t numberRule(bool integer);
+  // Numbers with minimum / maximum / exclusiveMinimum / exclusiveMaximum [TAG_NUMBER_RANGE].
+  Result<int32_t> numberTyped(element s, bool integer, const std::string& path);
   int32_t anyRule();
   int32_t arrayAny();
   Result<int32_t> stringTyped(element s, const std::string& path);
@@ -209,6 +214,149 @@ int32_t SchemaCompiler::numberRule(bool integer) {
   b_.addEpsilon(e, esign);
   b_.addEpsilon(boundedDigits(b_, esign, 1, kMaxExpDigits), end);
   b_.addEpsilon(after_frac, end);
+  return r;
+}
+
+// [TAG_NUMBER_RANGE] Decimal texts (no sign, no leading zeros) of the integers in [a, b], from
+// `from` to `to`; the classic split of a range into prefix + one digit class + any digits.
+namespace {
+
+int32_t stepBytes(GrammarBuilder& b, int32_t from, char lo, char hi) {
+  const int32_t to = b.addState(b.ruleOfState(from));
+  b.addBytes(from, static_cast<uint8_t>(lo), static_cast<uint8_t>(hi), to);
+  return to;
+}
+
+// x <= y, digit strings of one length (inner positions may be '0').
+void sameLengthRange(GrammarBuilder& b, int32_t from, const std::string& x, const std::string& y,
+                     int32_t to) {
+  size_t i = 0;
+  int32_t cur = from;
+  while (i < x.size() && x[i] == y[i]) cur = stepBytes(b, cur, x[i], x[i]), ++i;
+  if (i == x.size()) {
+    b.addEpsilon(cur, to);
+    return;
+  }
+  const size_t rest = x.size() - i - 1;
+  const std::string xr = x.substr(i + 1), yr = y.substr(i + 1);
+  char lo = x[i], hi = y[i];
+  if (xr != std::string(rest, '0')) {  // x[i] followed by xr .. 99..9
+    sameLengthRange(b, stepBytes(b, cur, x[i], x[i]), xr, std::string(rest, '9'), to);
+    ++lo;
+  }
+  if (yr != std::string(rest, '9')) {  // y[i] followed by 00..0 .. yr
+    sameLengthRange(b, stepBytes(b, cur, y[i], y[i]), std::string(rest, '0'), yr, to);
+    --hi;
+  }
+  if (lo > hi) return;
+  int32_t s = stepBytes(b, cur, lo, hi);
+  for (size_t k = 0; k < rest; ++k) s = stepBytes(b, s, '0', '9');
+  b.addEpsilon(s, to);
+}
+
+void unsignedRange(GrammarBuilder& b, int32_t from, uint64_t a, uint64_t hi, int32_t to) {
+  if (a > hi) return;
+  uint64_t first = 0, last = 9;  // the integers of `len` digits
+  for (int len = 1; len <= kMaxIntDigits; ++len) {
+    const uint64_t x = std::max(a, first), y = std::min(hi, last);
+    if (x <= y) {
+      std::string xs = std::to_string(x), ys = std::to_string(y);
+      sameLengthRange(b, from, xs, ys, to);
+    }
+    first = last + 1;
+    last = last * 10 + 9;
+  }
+}
+
+constexpr int64_t kMaxRangeInt = 999'999'999'999'999'999;  // kMaxIntDigits digits
+
+// Signed integer texts in [lo, hi] (JSON: "-" only before a non-zero magnitude).
+void signedRange(GrammarBuilder& b, int32_t from, int64_t lo, int64_t hi, int32_t to) {
+  if (lo > hi) return;
+  if (hi >= 0) unsignedRange(b, from, static_cast<uint64_t>(std::max<int64_t>(lo, 0)), hi, to);
+  if (lo < 0) {
+    const int32_t minus = stepBytes(b, from, '-', '-');
+    unsignedRange(b, minus, static_cast<uint64_t>(hi < 0 ? -hi : 1), static_cast<uint64_t>(-lo),
+                  to);
+  }
+}
+
+// floor / ceil of a bound, clamped to what the grammar writes anyway.
+int64_t clampedFloor(double v) {
+  return static_cast<int64_t>(std::clamp(std::floor(v), -1e18, 1e18));
+}
+int64_t clampedCeil(double v) { return static_cast<int64_t>(std::clamp(std::ceil(v), -1e18, 1e18)); }
+
+}  // namespace
+
+Result<int32_t> SchemaCompiler::numberTyped(element s, bool integer, const std::string& path) {
+  // Bounds as doubles; absent = unbounded. Draft 4's boolean exclusive forms are refused.
+  std::optional<double> min, max, xmin, xmax;
+  for (auto [kw, dst] : {std::pair{"minimum", &min}, std::pair{"maximum", &max},
+                         std::pair{"exclusiveMinimum", &xmin}, std::pair{"exclusiveMaximum", &xmax}}) {
+    element v;
+    if (s[kw].get(v)) continue;
+    double d;
+    if (v.is_bool()) {
+      return err(path, "'" + std::string(kw) +
+                           "' must be a number (draft 4's boolean form is not supported)");
+    }
+    if (v.get_double().get(d) || !std::isfinite(d))
+      return err(path, "'" + std::string(kw) + "' must be a number");
+    *dst = d;
+  }
+  if (!min && !max && !xmin && !xmax) return numberRule(integer);
+  // The integers in range: [ilo, ihi].
+  int64_t ilo = -kMaxRangeInt, ihi = kMaxRangeInt;
+  if (min) ilo = std::max(ilo, clampedCeil(*min));
+  if (xmin) ilo = std::max(ilo, clampedFloor(*xmin) + 1);
+  if (max) ihi = std::min(ihi, clampedFloor(*max));
+  if (xmax) ihi = std::min(ihi, clampedCeil(*xmax) - 1);
+  // Numbers with a fraction, written as I.F (I >= 0) or -I.F, F one to kMaxFracDigits digits, no
+  // exponent. I.F spans [I, I + 1) and -I.F spans (-(I + 1), -I], so a whole span inside the
+  // bounds is allowed: a subset of the range (e.g. [0.5, 0.9] has no such span and no integer)
+  // that every value of it validates against.
+  int64_t plo = std::max<int64_t>(ilo, 0), phi = kMaxRangeInt;  // I.F
+  if (max) phi = std::min(phi, clampedFloor(*max) - 1);
+  if (xmax) phi = std::min(phi, clampedFloor(*xmax) - 1);
+  int64_t nlo = 0, nhi = kMaxRangeInt;  // -I.F
+  if (max) nlo = std::max(nlo, clampedCeil(-*max));
+  if (xmax) nlo = std::max(nlo, clampedFloor(-*xmax) + 1);
+  if (min) nhi = std::min(nhi, clampedFloor(-*min) - 1);
+  if (xmin) nhi = std::min(nhi, clampedFloor(-*xmin) - 1);
+  const bool ints = ilo <= ihi, pos = !integer && plo <= phi, neg = !integer && nlo <= nhi;
+  // Next to an exclusive integral bound the open span (a fraction not all zeros): 0.F for
+  // exclusiveMinimum 0, -3.F for exclusiveMaximum -3.
+  const int64_t pe = xmin ? clampedFloor(*xmin) : -1, ne = xmax ? -clampedCeil(*xmax) : -1;
+  const bool pos_edge = !integer && xmin && *xmin == std::floor(*xmin) && pe >= 0 && pe <= phi &&
+                        (!min || *min <= *xmin);
+  const bool neg_edge = !integer && xmax && *xmax == std::floor(*xmax) && ne >= 0 && ne <= nhi &&
+                        (!max || *max >= *xmax);
+  if (!ints && !pos && !neg && !pos_edge && !neg_edge) {
+    return err(path, integer ? "the bounds leave no integer"
+                             : "the bounds leave no number the grammar can write (it writes "
+                               "integers and I.F / -I.F whose whole span [I, I + 1) fits)");
+  }
+  const int32_t r = b_.addRule((integer ? "integer" : "number") + path);
+  const int32_t end = finalState(r);
+  const int32_t s0 = b_.start(r);
+  if (ints) signedRange(b_, s0, ilo, ihi, end);
+  auto fraction = [&](int32_t from, int64_t lo, int64_t hi) {
+    const int32_t intp = b_.addState(r);
+    unsignedRange(b_, from, static_cast<uint64_t>(lo), static_cast<uint64_t>(hi), intp);
+    b_.addEpsilon(boundedDigits(b_, stepBytes(b_, intp, '.', '.'), 1, kMaxFracDigits), end);
+  };
+  if (pos) fraction(s0, plo, phi);
+  if (neg) fraction(stepBytes(b_, s0, '-', '-'), nlo, nhi);
+  auto open_span = [&](int32_t from, int64_t whole) {
+    const int32_t intp = b_.addState(r);
+    unsignedRange(b_, from, static_cast<uint64_t>(whole), static_cast<uint64_t>(whole), intp);
+    // Up to 10 zeros, a non-zero digit, up to 9 more digits (within kMaxFracDigits).
+    const int32_t zeros = boundedDigits(b_, stepBytes(b_, intp, '.', '.'), 0, 10, '0', '0');
+    b_.addEpsilon(boundedDigits(b_, stepBytes(b_, zeros, '1', '9'), 0, 9), end);
+  };
+  if (pos_edge) open_span(s0, pe);
+  if (neg_edge) open_span(stepBytes(b_, s0, '-', '-'), ne);
   return r;
 }
 
@@ -526,8 +674,8 @@ Result<int32_t> SchemaCompiler::arrayTyped(element s, const std::string& path) {
 
 Result<int32_t> SchemaCompiler::typed(element s, std::string_view type, const std::string& path) {
   if (type == "string") return stringTyped(s, path);
-  if (type == "number") return numberRule(false);
-  if (type == "integer") return numberRule(true);
+  if (type == "number") return numberTyped(s, false, path);
+  if (type == "integer") return numberTyped(s, true, path);
   if (type == "boolean") return literalsRule("boolean", {"true", "false"});
   if (type == "null") return literalsRule("null", {"null"});
   if (type == "object") return objectTyped(s, path);
@@ -687,6 +835,9 @@ Result<int32_t> SchemaCompiler::value(element s, const std::string& path) {
       types.push_back("array");
     } else if (has("pattern") || has("format") || has("minLength") || has("maxLength")) {
       types.push_back("string");
+    } else if (has("minimum") || has("maximum") || has("exclusiveMinimum") ||
+               has("exclusiveMaximum")) {
+      types.push_back("number");
     } else {
       return remember(anyRule());
     }

@@ -268,11 +268,11 @@ TEST_F(StructuredMesh, CombinesWithBiasPenaltiesAndLogprobs) {
 
 TEST_F(StructuredMesh, UnsupportedSchemaIs400NamingResponseFormat) {
   const std::string rf =
-      R"({"type":"json_schema","json_schema":{"name":"x","schema":{"type":"integer","minimum":3}}})";
+      R"({"type":"json_schema","json_schema":{"name":"x","schema":{"type":"integer","multipleOf":3}}})";
   auto r = post(chatBody(rf, 1));
   EXPECT_EQ(r.status, 400) << r.body;
   EXPECT_NE(r.body.find("response_format"), std::string::npos) << r.body;
-  EXPECT_NE(r.body.find("minimum"), std::string::npos) << r.body;
+  EXPECT_NE(r.body.find("multipleOf"), std::string::npos) << r.body;
   auto r2 = post(chatBody(R"({"type":"yaml"})", 1));
   EXPECT_EQ(r2.status, 400) << r2.body;
   EXPECT_NE(r2.body.find("response_format.type"), std::string::npos) << r2.body;

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <random>
 #include <set>
@@ -150,10 +151,124 @@ TEST(GrammarSchemas, WhitespaceIsBounded) {
   EXPECT_FALSE(m.acceptBytes("      "));  // a model cannot loop on whitespace
 }
 
+// [TAG_NUMBER_RANGE] Integer bounds are exact: over every integer of a window around the bounds
+// (and far from them), the grammar accepts exactly the JSON texts of the integers in range.
+TEST(GrammarSchemas, IntegerRangesAreExact) {
+  struct Case {
+    const char* bounds;
+    int64_t lo, hi;  // the integers in range (inclusive; INT64_MIN/MAX: unbounded)
+  };
+  constexpr int64_t kNo = std::numeric_limits<int64_t>::max();
+  const Case cases[] = {
+      {R"("minimum":0)", 0, kNo},
+      {R"("minimum":-37,"maximum":1250)", -37, 1250},
+      {R"("exclusiveMinimum":-5.5,"exclusiveMaximum":99)", -5, 98},
+      {R"("minimum":7,"maximum":7)", 7, 7},
+      {R"("maximum":-10)", -kNo, -10},
+      {R"("minimum":0.5,"maximum":1099.9)", 1, 1099},
+      {R"("minimum":-1000,"exclusiveMaximum":0)", -1000, -1},
+      {R"("minimum":100,"maximum":199)", 100, 199},
+      {R"("minimum":19,"maximum":2001)", 19, 2001},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.bounds);
+    auto c = compiled(std::string(R"({"type":"integer",)") + k.bounds + "}");
+    ASSERT_NE(c, nullptr);
+    auto test = [&](int64_t v) {
+      const bool want = v >= k.lo && v <= k.hi;
+      EXPECT_EQ(matchesWhole(c, std::to_string(v)), want) << v;
+    };
+    for (int64_t v = -2100; v <= 2100; ++v) test(v);
+    for (int64_t v : {int64_t{99999}, int64_t{-99999}, int64_t{123456789012345678},
+                      int64_t{-123456789012345678}})
+      test(v);
+    EXPECT_FALSE(matchesWhole(c, "-0"));
+    EXPECT_FALSE(matchesWhole(c, "07"));
+    EXPECT_FALSE(matchesWhole(c, "7.0"));
+    EXPECT_FALSE(matchesWhole(c, "7e0"));
+  }
+}
+
+// [TAG_NUMBER_RANGE] Number bounds: every text the grammar takes is in range (integers exactly,
+// and I.F / -I.F whose whole span [I, I + 1) fits), no exponent; what lies outside is refused.
+TEST(GrammarSchemas, NumberRangesAcceptOnlyValuesInRange) {
+  struct Case {
+    const char* bounds;
+    double lo, hi;
+    bool lo_ex, hi_ex;
+  };
+  const double inf = std::numeric_limits<double>::infinity();
+  const Case cases[] = {
+      {R"("minimum":0)", 0, inf, false, false},
+      {R"("minimum":-2.5,"maximum":3.25)", -2.5, 3.25, false, false},
+      {R"("exclusiveMinimum":0,"exclusiveMaximum":1)", 0, 1, true, true},
+      {R"("minimum":-100,"exclusiveMaximum":-1)", -100, -1, false, true},
+      {R"("maximum":10)", -inf, 10, false, false},
+      {R"("exclusiveMinimum":-3,"exclusiveMaximum":0)", -3, 0, true, true},
+  };
+  std::mt19937 rng(3);
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.bounds);
+    auto c = compiled(std::string(R"({"type":"number",)") + k.bounds + "}");
+    ASSERT_NE(c, nullptr);
+    auto inRange = [&](double v) {
+      return (k.lo_ex ? v > k.lo : v >= k.lo) && (k.hi_ex ? v < k.hi : v <= k.hi);
+    };
+    int accepted = 0;
+    for (int i = 0; i < 20000; ++i) {
+      // Texts with 0-3 fraction digits between -150 and 150.
+      const int64_t whole = static_cast<int64_t>(rng() % 301) - 150;
+      const int digits = static_cast<int>(rng() % 4);
+      std::string text = std::to_string(whole);
+      if (digits > 0) {
+        if (whole == 0 && rng() % 2) text = "-0";
+        text += ".";
+        for (int d = 0; d < digits; ++d) text += static_cast<char>('0' + rng() % 10);
+      }
+      const double v = std::strtod(text.c_str(), nullptr);
+      const bool got = matchesWhole(c, text);
+      if (got) {
+        ++accepted;
+        EXPECT_TRUE(inRange(v)) << text;
+      }
+      // What the grammar promises: integers in range, and fractions whose unit span fits.
+      const double span_lo = text[0] == '-' ? -std::floor(-v) - 1 : std::floor(v);
+      // Next to an exclusive integral bound the open span counts (its end is the bound).
+      const bool lo_ok = inRange(span_lo) || (k.lo_ex && span_lo == k.lo && v != k.lo);
+      const bool hi_ok = inRange(span_lo + 1) || (k.hi_ex && span_lo + 1 == k.hi && v != k.hi);
+      const bool span_fits = lo_ok && hi_ok;
+      if ((digits == 0 && inRange(v)) || (digits > 0 && span_fits)) {
+        EXPECT_TRUE(got) << text;
+      }
+    }
+    EXPECT_GT(accepted, 10);  // (0, 1): only the 0.F texts
+    EXPECT_FALSE(matchesWhole(c, "1e1"));
+  }
+  // Too narrow for what the grammar writes, contradictory, or malformed bounds: 400s naming them.
+  for (const char* bad :
+       {R"({"type":"number","minimum":0.2,"maximum":0.8})",
+        R"({"type":"integer","minimum":5,"maximum":4})",
+        R"({"type":"integer","exclusiveMinimum":true,"minimum":1})",
+        R"({"type":"number","minimum":"3"})"}) {
+    auto e = jsonSchemaGrammar(bad);
+    EXPECT_FALSE(e.isOk()) << bad;
+    if (!e.isOk()) {
+      EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument) << bad;
+    }
+  }
+  // Bounds without a type make it a number.
+  auto c = compiled(R"({"minimum":3})");
+  ASSERT_NE(c, nullptr);
+  EXPECT_TRUE(matchesWhole(c, "3"));
+  EXPECT_TRUE(matchesWhole(c, "4.5"));
+  EXPECT_FALSE(matchesWhole(c, "2"));
+  EXPECT_FALSE(matchesWhole(c, "\"3\""));
+}
+
 TEST(GrammarSchemas, UnsupportedKeywordsAreNamed) {
-  auto e = jsonSchemaGrammar(R"({"type":"object","properties":{"age":{"type":"integer","minimum":0}}})");
+  auto e = jsonSchemaGrammar(R"({"type":"object","properties":{"age":{"type":"integer","multipleOf":2}}})");
   ASSERT_FALSE(e.isOk());
-  EXPECT_NE(e.status().message().find("'minimum'"), std::string::npos) << e.status().message();
+  EXPECT_NE(e.status().message().find("'multipleOf'"), std::string::npos) << e.status().message();
   EXPECT_NE(e.status().message().find("#/properties/age"), std::string::npos);
   EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument);
   const char* bad[] = {

@@ -319,8 +319,8 @@ TEST(ChatTest, StrictToolErrorsNameTheField) {
        "tools[0].function.strict: must be a boolean"},
       {R"([{"type":"function","function":{"name":"f"}},{"type":"function","function":)"
        R"({"name":"g","strict":true,"parameters":{"type":"object","properties":)"
-       R"({"n":{"type":"integer","minimum":1}}}}}])",
-       "tools[1].function.parameters: schema #/properties/n: unsupported keyword 'minimum'"},
+       R"({"n":{"type":"integer","multipleOf":2}}}}}])",
+       "tools[1].function.parameters: schema #/properties/n: unsupported keyword 'multipleOf'"},
       {R"([{"type":"function","function":{"name":"f","strict":true,"parameters":)"
        R"({"$ref":"#/$defs/missing"}}}])",
        "tools[0].function.parameters: "},
@@ -342,7 +342,7 @@ TEST(ChatTest, StrictToolErrorsNameTheField) {
         chatBody(std::string(R"("tools":[{"type":"function","function":{"name":"g","strict":)") +
                  strict +
                  R"(,"parameters":{"type":"object","properties":{"n":{"type":"integer",)"
-                 R"("minimum":1}}}}}])"));
+                 R"("multipleOf":2}}}}}])"));
     EXPECT_EQ(r.status, 200) << r.body;
   }
   ASSERT_EQ(h.client().calls().size(), 2u);
@@ -716,7 +716,7 @@ TEST(ChatTest, BadFieldsAre400NamingTheField) {
       {"{" + msgs + R"(,"logit_bias":{"42":-101}})", "logit_bias"},
       {"{" + msgs + R"(,"logit_bias":[]})", "logit_bias"},
       {"{" + msgs +
-           R"(,"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{"type":"integer","minimum":1}}}})",
+           R"(,"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{"type":"integer","multipleOf":2}}}})",
        "response_format"},
       {"{" + msgs + R"(,"response_format":{"type":"yaml"}})", "response_format"},
       {"{" + msgs + R"(,"skip_reasoning":"yes"})", "skip_reasoning"},

@@ -116,7 +116,7 @@ TEST(ResponsesParse, ErrorsNameTheResponsesField) {
       {R"({"input":"x","text":{"format":{"type":"yaml"}}})", "text.format.type"},
       {R"({"input":"x","text":"json"})", "text"},
       {R"({"input":"x","text":{"format":{"type":"json_schema","name":"a","schema":)"
-       R"({"type":"integer","minimum":3}}}})",
+       R"({"type":"integer","multipleOf":3}}}})",
        "text.format.schema"},
       {R"({"input":"x","background":true})", "background"},
       {R"({"input":"x","conversation":"conv_1"})", "conversation"},
