@@ -159,6 +159,17 @@ class SchemaValidator {
         if (auto e = checkFormat(x.get_string().value_unsafe(), str); !e.empty()) return at + ": " + e;
       }
     }
+    if (d.is_number()) {  // [TAG_NUMBER_RANGE]
+      const double v = d.get_double().value_unsafe();
+      if (!so["minimum"].get(x) && v < x.get_double().value_unsafe()) return at + ": below minimum";
+      if (!so["maximum"].get(x) && v > x.get_double().value_unsafe()) return at + ": above maximum";
+      if (!so["exclusiveMinimum"].get(x) && v <= x.get_double().value_unsafe()) {
+        return at + ": not above exclusiveMinimum";
+      }
+      if (!so["exclusiveMaximum"].get(x) && v >= x.get_double().value_unsafe()) {
+        return at + ": not below exclusiveMaximum";
+      }
+    }
     if (d.type() == T::ARRAY) {
       auto items = arr(d);
       if (!so["minItems"].get(x) && items.size() < x.get_uint64().value_unsafe()) return at + ": too few items";

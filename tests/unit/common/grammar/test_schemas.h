@@ -123,6 +123,20 @@ inline const std::vector<SchemaCase>& schemaCases() {
        {R"({"q":null})"},
        {"{}"}},
       {"any_value", R"({})", {"1", R"("s")", R"({"a":[true,null]})", "[[[]]]"}, {"", "tru", "{,}"}},
+      // [TAG_NUMBER_RANGE] Number bounds (appended: the indices above are used by name).
+      {"order_bounds",
+       R"({"type":"object","properties":{"qty":{"type":"integer","minimum":1,"maximum":250},"price":{"type":"number","minimum":0},"discount":{"type":"number","exclusiveMinimum":0,"exclusiveMaximum":1},"delta":{"type":"integer","minimum":-40,"exclusiveMaximum":0}},"required":["qty","price","discount","delta"],"additionalProperties":false})",
+       {R"({"qty":1,"price":0,"discount":0.5,"delta":-40})",
+        R"({"qty":250,"price":19.99,"discount":0.05,"delta":-1})"},
+       {R"({"qty":0,"price":0,"discount":0.5,"delta":-1})",
+        R"({"qty":251,"price":0,"discount":0.5,"delta":-1})",
+        R"({"qty":1,"price":-1,"discount":0.5,"delta":-1})",
+        R"({"qty":1,"price":0,"discount":0,"delta":-1})",
+        R"({"qty":1,"price":0,"discount":0.0,"delta":-1})",
+        R"({"qty":1,"price":0,"discount":1,"delta":-1})",
+        R"({"qty":1,"price":0,"discount":0.5,"delta":0})",
+        R"({"qty":1,"price":0,"discount":0.5,"delta":-41})",
+        R"({"qty":1.5,"price":0,"discount":0.5,"delta":-1})"}},
   };
   return k;
 }
