@@ -62,7 +62,7 @@ print(json.dumps({"concurrency": int(sys.argv[2]), "response_format": sys.argv[3
 PY
 done
 curl -s http://127.0.0.1:9192/metrics > "$OUT/sweep_tulip_metrics$TAG.txt" 2>/dev/null
-grep -E '^tulip_(llm_mask|llm_masked|generated_tokens_total|llm_step_seconds_(sum|count))' \
+grep -E '^tulip_(llm_mask|llm_masked|llm_late_mask|generated_tokens_total|llm_step_seconds_(sum|count))' \
   "$OUT/sweep_tulip_metrics$TAG.txt"
 grep -E '"level":"(error|warn)"' "$OUT/sweep_tulip$TAG.log" "$OUT/sweep_ivy$TAG.log" | head -10
 exit $rc

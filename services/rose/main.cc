@@ -115,6 +115,7 @@ struct LlmArgs {
   std::string moe_weights = "auto";  // auto | mxfp4 | bf16
   int64_t max_model_len = 0;  // 0: the model's (max_position_embeddings, at most 131072)
   int32_t max_seqs = 256;     // sequences per step
+  std::string late_masks = "auto";  // auto | on | off [TAG_LATE_MASKS]
 };
 
 // Flags of a model sharded over rank processes (--tp/--dp/--ep).
@@ -169,6 +170,10 @@ bool validLlmArgs(const LlmArgs& f) {
   if (f.moe_weights != "auto" && f.moe_weights != "mxfp4" && f.moe_weights != "fp8" &&
       f.moe_weights != "bf16") {
     std::fprintf(stderr, "rose: --moe-weights must be auto, mxfp4, fp8 or bf16\n");
+    return false;
+  }
+  if (f.late_masks != "auto" && f.late_masks != "on" && f.late_masks != "off") {
+    std::fprintf(stderr, "rose: --late-masks must be auto, on or off\n");
     return false;
   }
   if (f.max_model_len < 0 || f.max_seqs <= 0 || f.max_seqs > 65536) {
@@ -275,6 +280,9 @@ Result<Workload> loadLlm(const std::string& dir, rose::Backend& backend, int32_t
   ro.max_seqs = f.max_seqs;
   ro.max_batch_tokens = max_batch_tokens;
   ro.eos_ids = std::move(eos);
+  ro.late_masks = f.late_masks == "on"    ? rose::LlmRunnerOptions::LateMasks::kOn
+                  : f.late_masks == "off" ? rose::LlmRunnerOptions::LateMasks::kOff
+                                          : rose::LlmRunnerOptions::LateMasks::kAuto;
   ASSIGN_OR_RETURN(auto runner, rose::LlmRunner::create(backend, *w.gpt_oss, ro));
   w.llm = runner.get();
   w.runner = std::move(runner);
@@ -478,7 +486,11 @@ int main(int argc, char** argv) {
            "copy for prefill (cuda), or dequantized to the weight dtype")
       .add("max-model-len", &llm.max_model_len,
            "gpt-oss: longest sequence (0 = the model's, at most 131072)")
-      .add("max-seqs", &llm.max_seqs, "gpt-oss: sequences per step");
+      .add("max-seqs", &llm.max_seqs, "gpt-oss: sequences per step")
+      .add("late-masks", &llm.late_masks,
+           "gpt-oss structured outputs: auto|on|off: take a step's token masks after it was "
+           "launched (tulip's late masks). auto: where the backend has verified it (cpu); on: "
+           "also where it has not yet (cuda: to test it through the mesh); off: never");
   // gpt-oss over several ranks (docs/multi-gpu.md).
   RankArgs ranks;
   flags.add("tp", &ranks.parallel.tp, "gpt-oss: tensor-parallel ranks (attention heads, vocabulary)")

@@ -177,7 +177,7 @@ shm::ModelFacts LlmRunner::facts() const {
   }
   if (model_.supportsSamplerState()) f.llm_caps |= shm::kLlmCapSamplerState;
   if (model_.supportsTokenMask()) f.llm_caps |= shm::kLlmCapTokenMask;
-  if (model_.supportsLateMask()) f.llm_caps |= shm::kLlmCapLateMask;
+  if (late_masks_) f.llm_caps |= shm::kLlmCapLateMask;
   std::snprintf(f.sampler, sizeof(f.sampler), "%.*s", static_cast<int>(backend_.name().size()),
                 backend_.name().data());
   return f;
@@ -280,7 +280,7 @@ Result<OutputShape> LlmRunner::admit(const shm::BatchDesc& d, std::span<const st
   if (d.flags & ~shm::kBatchLateMasks) {
     return invalidArgument("flags " + std::to_string(d.flags) + " has unknown bits");
   }
-  if (late && !model_.supportsLateMask()) {
+  if (late && !late_masks_) {
     return invalidArgument("flags: late token masks (kBatchLateMasks) are not served by this "
                            "worker (it does not announce kLlmCapLateMask)");
   }

@@ -56,6 +56,11 @@ struct LlmRunnerOptions {
   // Late token masks [TAG_LATE_MASKS]: how long a step waits for tulip's masks before it samples
   // without them (tulip then ends the step's constrained sequences).
   std::chrono::milliseconds late_mask_timeout{10000};
+  // Whether late masks are announced (shm::kLlmCapLateMask): kAuto where the model's backend has
+  // verified them (LlmStepModel::supportsLateMask), kOn wherever the step path implements them
+  // (to test an unverified backend through the mesh), kOff never.
+  enum class LateMasks { kAuto, kOn, kOff };
+  LateMasks late_masks = LateMasks::kAuto;
 };
 
 class LlmRunner final : public Runner {
@@ -98,7 +103,12 @@ class LlmRunner final : public Runner {
     std::byte* late = nullptr;
   };
   LlmRunner(Backend& b, LlmStepModel& m, const LlmRunnerOptions& o)
-      : backend_(b), model_(m), opts_(o) {}
+      : backend_(b),
+        model_(m),
+        opts_(o),
+        late_masks_(o.late_masks == LlmRunnerOptions::LateMasks::kOn    ? m.implementsLateMask()
+                    : o.late_masks == LlmRunnerOptions::LateMasks::kOff ? false
+                                                                        : m.supportsLateMask()) {}
   // The step admit() staged for `slot`.
   LlmStep stagedStep(uint32_t slot, const shm::BatchDesc& d) const;
 
@@ -106,6 +116,7 @@ class LlmRunner final : public Runner {
   std::unique_ptr<LlmStepModel> owned_model_;  // the GptOssModel overload's wrapper
   LlmStepModel& model_;
   LlmRunnerOptions opts_;
+  const bool late_masks_;  // announced and served [TAG_LATE_MASKS]
   std::unique_ptr<PagedKvCache> kv_;
   int64_t max_step_blocks_ = 0;
   uint64_t output_bytes_ = 0;  // per slot, from bind()

@@ -30,6 +30,9 @@ class LlmStepModel {
   // Token masks handed over after the step was launched (LlmStep::await_masks,
   // shm::kLlmCapLateMask) [TAG_LATE_MASKS].
   virtual bool supportsLateMask() const { return false; }
+  // Whether the step path can take them at all, verified on this backend or not (rose
+  // --late-masks on: for running the backend's tests through the whole mesh).
+  virtual bool implementsLateMask() const { return false; }
   // The cache this process allocates for tulip's `num_blocks` block ids of `block_size` tokens
   // (a dp-sharded model holds only its group's share of them).
   virtual KvCacheShape kvShape(int32_t num_blocks, int32_t block_size) const = 0;
@@ -51,6 +54,7 @@ class GptOssStepModel final : public LlmStepModel {
   bool supportsSamplerState() const override { return m_.supportsSamplerState(); }
   bool supportsTokenMask() const override { return m_.supportsTokenMask(); }
   bool supportsLateMask() const override { return m_.supportsLateMask(); }
+  bool implementsLateMask() const override { return m_.supportsTokenMask(); }
   KvCacheShape kvShape(int32_t num_blocks, int32_t block_size) const override {
     return m_.kvShape(num_blocks, block_size);
   }

@@ -707,6 +707,33 @@ TEST_F(LlmRunnerShortLateTimeoutTest, MasksThatNeverComeAreAbandoned) {
   EXPECT_FALSE((l.masks[words + got[1] / 32] >> (got[1] % 32)) & 1u) << got[1];
 }
 
+// [TAG_LATE_MASKS] --late-masks: auto announces what the backend verified (the CPU: yes), off
+// never, on wherever the step path implements them.
+TEST(LlmRunnerCreate, LateMasksOptionDecidesTheCapability) {
+  auto backend = std::move(makeBackend("cpu", BackendOptions{1, 0, 16})).value();
+  auto ops = std::move(makeLlmOps(*backend, 1)).value();
+  GptOssOptions go;
+  go.max_batch_tokens = 16;
+  go.max_seqs = 2;
+  go.max_logits_rows = 2;
+  go.max_model_len = 32;
+  auto model = std::move(GptOssModel::load(fixtureDir(), *backend, *ops, go)).value();
+  using LM = LlmRunnerOptions::LateMasks;
+  for (auto [mode, want] : {std::pair{LM::kAuto, true}, std::pair{LM::kOn, true},
+                            std::pair{LM::kOff, false}}) {
+    LlmRunnerOptions ro;
+    ro.kv_num_blocks = 8;
+    ro.max_seqs = 2;
+    ro.max_batch_tokens = 16;
+    ro.late_masks = mode;
+    auto r = LlmRunner::create(*backend, *model, ro);
+    ASSERT_TRUE(r.isOk()) << r.status().toString();
+    EXPECT_EQ(((*r)->facts().llm_caps & shm::kLlmCapLateMask) != 0, want)
+        << static_cast<int>(mode);
+    EXPECT_NE((*r)->facts().llm_caps & shm::kLlmCapTokenMask, 0u);
+  }
+}
+
 TEST(LlmRunnerCreate, BadOptionsAreClearErrors) {
   auto ch = shm::Channel::create("/rose-llm-runner-create-" + std::to_string(getpid()),
                                  shm::Layout{2, 4096, 4096});

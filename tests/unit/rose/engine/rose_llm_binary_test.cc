@@ -249,7 +249,8 @@ TEST_F(RoseLlmBinary, BadKvFlagsExitTwo) {
         std::vector<std::string>{"--kv-blocks", "0", "--kv-cache-mb=-1"},
         std::vector<std::string>{"--kv-cache-fraction", "0"},
         std::vector<std::string>{"--kv-cache-fraction", "1.5"},
-        std::vector<std::string>{"--moe-weights", "fp4"}}) {
+        std::vector<std::string>{"--moe-weights", "fp4"},
+        std::vector<std::string>{"--late-masks", "maybe"}}) {
     std::vector<std::string> args = {roseBin(),    "--model", modelDir(),
                                      "--shm-name", name,      "--create-shm"};
     args.insert(args.end(), extra.begin(), extra.end());
