@@ -19,6 +19,7 @@
 // Threads: FakeLlmEngine is used by one thread at a time; the free functions are pure.
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -73,10 +74,16 @@ class FakeLlmEngine {
         slots_(uint64_t{num_blocks} * block_size, -1) {}
 
   // One step in the kGenerate layout; the sampled ids in sequence order.
+  // `pick` (optional) may replace sampled id k (a token mask's choice) before the next step's
+  // prev_row reads it.
   Result<std::vector<int32_t>> step(std::span<const llm::LlmStepSeq> seqs,
                                     std::span<const int32_t> tokens,
-                                    std::span<const int32_t> blocks) {
+                                    std::span<const int32_t> blocks,
+                                    const std::function<int32_t(size_t, int32_t)>& pick = {}) {
     auto out = run(seqs, tokens, blocks);
+    if (out.isOk() && pick) {
+      for (size_t k = 0; k < out->size(); ++k) (*out)[k] = pick(k, (*out)[k]);
+    }
     if (out.isOk()) previous_ = *out;  // a refused step leaves the last run step's ids
     return out;
   }

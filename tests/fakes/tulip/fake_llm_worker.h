@@ -5,7 +5,13 @@
 // they were submitted, and the engine resolves LlmStepSeq.prev_row from the step it ran before,
 // as rose does with two steps in flight [TAG_LLM_PREV_TOKEN].
 //
-// Threads: trySubmit from the scheduler thread; complete*/accessors from the test thread.
+// Structured outputs (setLlmCaps): with kLlmCapTokenMask a sampled id its step's mask forbids
+// becomes the lowest allowed id, as a masked draw would; with kLlmCapLateMask a step's late
+// masks [TAG_LATE_MASKS] must have been delivered before completeNext() runs it (or refused:
+// abandon_late, as a rose that stopped waiting; the step then runs unmasked).
+//
+// Threads: trySubmit from the scheduler thread; complete*/accessors from the test thread;
+// LateMasks::deliver from the scheduler thread.
 
 #include <chrono>
 #include <cstring>
@@ -54,18 +60,39 @@ class FakeLlmWorker final : public Worker {
     if (!ready_) return workerDown(*this);
     if (held_.size() >= depth_) return failedPrecondition("no free slot");
     if (batch.kind != shm::BatchKind::kGenerate) return invalidArgument("not a kGenerate batch");
+    const uint64_t id = ++next_id_;
+    if (batch.late_masks) {
+      batch.late_masks->deliver = [this, id](std::span<const uint32_t> masks) {
+        std::lock_guard<std::mutex> g(mu_);
+        for (Held& h : held_) {
+          if (h.id != id) continue;
+          if (abandon_late.load()) {
+            h.abandoned = true;
+            return false;
+          }
+          h.late.assign(masks.begin(), masks.end());
+          h.delivered = true;
+          ++late_delivered_;
+          return true;
+        }
+        return false;
+      };
+    }
     submitted_.push_back(batch);
-    held_.push_back({std::move(batch), std::move(done)});
+    held_.push_back({std::move(batch), std::move(done), id});
     return okStatus();
   }
   void setOnChange(std::function<void()> fn) override { on_change_ = std::move(fn); }
 
   // Runs the oldest held step through the fake model (or fails it with `fail`).
+  // Returns false when no step is held, or the oldest one still waits for its late masks.
   bool completeNext(Status fail = Status()) {
     Held h;
     {
       std::lock_guard<std::mutex> l(mu_);
       if (held_.empty()) return false;
+      const Held& f = held_.front();
+      if (fail.isOk() && f.batch.late_masks && !f.delivered && !f.abandoned) return false;
       h = std::move(held_.front());
       held_.pop_front();
     }
@@ -74,7 +101,24 @@ class FakeLlmWorker final : public Worker {
     if (!fail.isOk()) {
       r.status = fail;
     } else {
-      auto res = engine_.step(h.batch.llm_seqs, h.batch.tokens, h.batch.block_ids);
+      // The masks the draws honour: the step's own, or the late ones once delivered.
+      const std::vector<uint32_t>& masks = h.batch.late_masks ? h.late : h.batch.masks;
+      std::vector<int32_t> mask_of_row;
+      for (const auto& q : h.batch.llm_seqs)
+        if (q.sample) mask_of_row.push_back(q.mask_index);
+      const uint32_t vocab = facts().vocab_size;
+      const size_t words = (vocab + 31) / 32;
+      auto pick = [&](size_t k, int32_t id) {
+        const int32_t mi = k < mask_of_row.size() ? mask_of_row[k] : 0;
+        if (mi <= 0 || masks.size() < static_cast<size_t>(mi) * words) return id;
+        const uint32_t* m = masks.data() + static_cast<size_t>(mi - 1) * words;
+        auto allowed = [&](uint32_t t) { return (m[t / 32] >> (t % 32)) & 1u; };
+        if (allowed(static_cast<uint32_t>(id))) return id;
+        for (uint32_t t = 0; t < vocab; ++t)
+          if (allowed(t)) return static_cast<int32_t>(t);
+        return id;
+      };
+      auto res = engine_.step(h.batch.llm_seqs, h.batch.tokens, h.batch.block_ids, pick);
       if (!res.isOk()) {
         r.status = res.status();
         errors_.push_back(res.status().toString());
@@ -111,6 +155,17 @@ class FakeLlmWorker final : public Worker {
     return true;
   }
 
+  void setLlmCaps(uint32_t caps) {
+    std::lock_guard<std::mutex> l(mu_);
+    facts_.llm_caps = caps;
+  }
+  // Late masks delivered so far.
+  uint64_t lateDelivered() const {
+    std::lock_guard<std::mutex> l(mu_);
+    return late_delivered_;
+  }
+  std::atomic<bool> abandon_late{false};
+
   void setReady(bool r) {
     ready_ = r;
     if (!r) engine_.reset();  // a restarted worker has an empty cache
@@ -136,7 +191,13 @@ class FakeLlmWorker final : public Worker {
   struct Held {
     WorkBatch batch;
     WorkDone done;
+    uint64_t id = 0;
+    bool delivered = false;  // [TAG_LATE_MASKS]
+    bool abandoned = false;
+    std::vector<uint32_t> late;
   };
+  uint64_t next_id_ = 0;
+  uint64_t late_delivered_ = 0;
   mutable std::mutex mu_;
   shm::ModelFacts facts_;
   FakeLlmEngine engine_;

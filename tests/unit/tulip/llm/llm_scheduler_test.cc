@@ -13,6 +13,9 @@
 #include <map>
 #include <random>
 
+#include "common/grammar/grammar.h"
+#include "common/grammar/json_schema.h"
+#include "common/grammar/vocabulary.h"
 #include "common/shm/llm_batch.h"
 #include "tests/fakes/tulip/fake_llm_worker.h"
 #include "tests/unit/tulip/llm/llm_test_util.h"
@@ -845,6 +848,122 @@ TEST_P(LlmSchedulerModes, ConcurrentStopChoiceSubmitAndCancel) {
   const auto stats = s.stats();
   EXPECT_EQ(stats.kv_free_blocks, 40u);
   EXPECT_EQ(stats.running + stats.waiting, 0u);
+}
+
+// ---- Late token masks through the driver [TAG_LATE_MASKS] ----
+
+// The enum grammar of the step scheduler's tests over the fake's 1000-id vocabulary: 30 '"',
+// 31 'a', 32 'b', 33 'c', 34 '"a'; every other id is no text; the fake's eos ends a value.
+struct EnumGrammar {
+  std::vector<std::string> toks = std::vector<std::string>(kVocab);
+  std::shared_ptr<const grammar::CompiledGrammar> compiled;
+  EnumGrammar() {
+    toks[30] = "\"";
+    toks[31] = "a";
+    toks[32] = "b";
+    toks[33] = "c";
+    toks[34] = "\"a";
+    std::vector<uint8_t> excluded(kVocab, 0);
+    excluded[kEos] = 1;
+    auto vocab = std::make_shared<grammar::Vocabulary>(toks, excluded);
+    auto g = grammar::jsonSchemaGrammar(R"({"enum":["ab","ac","abc"]})");
+    EXPECT_TRUE(g.isOk());
+    auto c = grammar::CompiledGrammar::compile(std::move(g).value(), vocab);
+    EXPECT_TRUE(c.isOk());
+    compiled = *c;
+  }
+  GenerateParams request(std::vector<int32_t> prompt) const {
+    GenerateParams p = params(std::move(prompt), 16);
+    p.grammar = compiled;
+    p.constraint.end_tokens = {kEos};
+    return p;
+  }
+  std::string text(const std::vector<int32_t>& ids) const {
+    std::string out;
+    for (int32_t id : ids)
+      if (id != kEos) out += toks[static_cast<size_t>(id)];
+    return out;
+  }
+};
+
+// Constrained streams go ahead with the others: a step is planned while the one before runs,
+// carrying the constrained sequences on placeholders, and their masks reach the worker once
+// that step's ids are applied (the fake runs a step only after). Every constrained stream is
+// one of the enum's values and ends at eos; the unconstrained ones are the fake's reference.
+TEST(LlmSchedulerLateMasks, ConstrainedStreamsGoAheadWithLateMasks) {
+  const EnumGrammar g;
+  FakeLlmWorker w(64, 4, 64);
+  w.setLlmCaps(shm::kLlmCapTokenMask | shm::kLlmCapLateMask);
+  LlmScheduler s(w, {.max_batch_tokens = 64, .max_num_seqs = 8, .async_steps = true});
+  std::vector<std::shared_ptr<Stream>> constrained, plain;
+  for (int i = 0; i < 5; ++i) constrained.push_back(start(s, g.request(range(3 + i, 10 + 7 * i))));
+  for (int i = 0; i < 2; ++i) {
+    GenerateParams p = params(range(4, 100 + 9 * i), 12);
+    p.ignore_eos = true;
+    plain.push_back(start(s, p));
+  }
+  ASSERT_TRUE(w.runUntil([&] {
+    for (auto* v : {&constrained, &plain})
+      for (auto& st : *v)
+        if (!st->done()) return false;
+    return true;
+  })) << "a step waited for late masks that never came";
+  for (auto& st : constrained) {
+    ASSERT_TRUE(st->last->status.isOk()) << st->last->status.toString();
+    EXPECT_EQ(st->last->finish, FinishReason::kStop);
+    const std::string text = g.text(st->tokens);
+    EXPECT_TRUE(text == "\"ab\"" || text == "\"ac\"" || text == "\"abc\"") << text;
+  }
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(plain[static_cast<size_t>(i)]->tokens, ref(range(4, 100 + 9 * i), 12));
+  EXPECT_TRUE(w.errors().empty()) << w.errors().front();
+  // Some step carried a constrained sequence on a placeholder with its mask late.
+  bool ahead = false;
+  for (const WorkBatch& b : w.submitted()) {
+    if (!b.late_masks) continue;
+    EXPECT_TRUE(b.masks.empty());
+    for (const auto& q : b.llm_seqs) ahead = ahead || (q.prev_row >= 0 && q.mask_index > 0);
+  }
+  EXPECT_TRUE(ahead);
+  EXPECT_GT(w.lateDelivered(), 0u);
+  EXPECT_EQ(s.stats().late_mask_steps, w.lateDelivered());
+}
+
+// The worker refused the late masks (it had stopped waiting and drew unconstrained): the
+// constrained stream ends INTERNAL naming why; the unconstrained one is untouched.
+TEST(LlmSchedulerLateMasks, RefusedLateMasksEndOnlyTheConstrainedStream) {
+  const EnumGrammar g;
+  FakeLlmWorker w(64, 4, 64);
+  w.setLlmCaps(shm::kLlmCapTokenMask | shm::kLlmCapLateMask);
+  w.abandon_late = true;
+  LlmScheduler s(w, {.max_batch_tokens = 64, .max_num_seqs = 8, .async_steps = true});
+  auto c = start(s, g.request(range(3, 10)));
+  GenerateParams p = params(range(4, 100), 8);
+  p.ignore_eos = true;
+  auto u = start(s, p);
+  ASSERT_TRUE(w.runUntil([&] { return c->done() && u->done(); }));
+  EXPECT_EQ(c->last->status.code(), StatusCode::kInternal);
+  EXPECT_NE(c->last->status.message().find("did not reach rose"), std::string::npos)
+      << c->last->status.message();
+  EXPECT_TRUE(u->last->status.isOk());
+  EXPECT_EQ(u->tokens, ref(range(4, 100), 8));
+}
+
+// tulip stops while a step waits for its late masks: it hands over masks allowing every token,
+// so the worker is not left waiting for the timeout.
+TEST(LlmSchedulerLateMasks, StopReleasesAStepWaitingForItsMasks) {
+  const EnumGrammar g;
+  FakeLlmWorker w(64, 4, 64);
+  w.setLlmCaps(shm::kLlmCapTokenMask | shm::kLlmCapLateMask);
+  auto s = std::make_unique<LlmScheduler>(
+      w, LlmSchedulerOptions{.max_batch_tokens = 64, .max_num_seqs = 8, .async_steps = true});
+  auto c = start(*s, g.request(range(3, 10)));
+  ASSERT_TRUE(w.waitHeld(2));  // the prefill (masks with it) and the next step (masks late)
+  EXPECT_EQ(w.lateDelivered(), 0u);
+  s->stop();
+  EXPECT_EQ(w.lateDelivered(), 1u);
+  ASSERT_TRUE(c->done());
+  EXPECT_EQ(c->last->finish, FinishReason::kCancelled);
+  s.reset();  // before the fake, which still holds the two steps' callbacks (never called)
 }
 
 }  // namespace
