@@ -51,7 +51,8 @@ struct DriverConfig {
   std::string encoding_format = "float";  // HTTP embeddings
   uint32_t max_tokens = 128;              // chat
   bool ignore_eos = true;                 // chat: ask for exactly max_tokens
-  std::string response_format;            // chat: "" or "json_object"
+  std::string response_format;            // chat: "", "json_object" or "json_schema"
+  std::string response_schema;            // chat, json_schema: the JSON Schema text
   bool skip_reasoning = false;            // chat: "skip_reasoning": true
   double temperature = -1;                // chat: sent when >= 0 (0: greedy, repeatable)
 };
@@ -101,13 +102,15 @@ Result<uint64_t> httpCountChatTokens(const std::string& endpoint, const std::str
 // The request bodies the HTTP driver sends (exposed for tests).
 std::string embeddingsBody(const std::string& model, const Payload& p,
                            const std::string& encoding_format);
-// response_format: "" (none) or "json_object" (structured outputs); skip_reasoning: Garden's
-// extension that starts the answer on the final channel (gpt-oss: the constraint then applies
-// from the first token).
+// response_format: "" (none), "json_object" or "json_schema" (structured outputs; the schema
+// is `response_schema`, JSON text, sent as json_schema {"name": "bench", "schema": ...});
+// skip_reasoning: Garden's extension that starts the answer on the final channel (gpt-oss: the
+// constraint then applies from the first token).
 // temperature < 0: not sent (the server's default).
 std::string chatBody(const std::string& model, const std::string& prompt, uint32_t max_tokens,
                      bool ignore_eos, const std::string& response_format = "",
-                     bool skip_reasoning = false, double temperature = -1);
+                     bool skip_reasoning = false, double temperature = -1,
+                     const std::string& response_schema = "");
 
 // Shared phase bookkeeping: whether a client may issue another request.
 class PhaseGate {

@@ -26,7 +26,7 @@ std::string embeddingsBody(const std::string& model, const Payload& p,
 
 std::string chatBody(const std::string& model, const std::string& prompt, uint32_t max_tokens,
                      bool ignore_eos, const std::string& response_format, bool skip_reasoning,
-                     double temperature) {
+                     double temperature, const std::string& response_schema) {
   JsonWriter w;
   w.beginObject().field("model", model).key("messages").beginArray();
   w.beginObject().field("role", "user").field("content", prompt).endObject();
@@ -35,7 +35,12 @@ std::string chatBody(const std::string& model, const std::string& prompt, uint32
   if (temperature >= 0) w.field("temperature", temperature);
   if (skip_reasoning) w.field("skip_reasoning", true);
   if (!response_format.empty()) {
-    w.key("response_format").beginObject().field("type", response_format).endObject();
+    w.key("response_format").beginObject().field("type", response_format);
+    if (response_format == "json_schema") {
+      w.key("json_schema").beginObject().field("name", "bench").key("schema").raw(response_schema);
+      w.endObject();
+    }
+    w.endObject();
   }
   w.key("stream_options").beginObject().field("include_usage", true).endObject();
   w.endObject();
@@ -109,7 +114,8 @@ class HttpDriver : public Driver {
         requests_.push_back(
             buildPost(cfg_.endpoint, "/v1/chat/completions",
                       chatBody(cfg_.model, p.text_inputs[0], cfg_.max_tokens, cfg_.ignore_eos,
-                               cfg_.response_format, cfg_.skip_reasoning, cfg_.temperature),
+                               cfg_.response_format, cfg_.skip_reasoning, cfg_.temperature,
+                               cfg_.response_schema),
                       /*accept_sse=*/true));
       } else {
         return unimplemented("scoring over HTTP is not supported; use --protocol grpc");

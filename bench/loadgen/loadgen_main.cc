@@ -12,12 +12,15 @@
 // Exit status: 0 when the run completed (even with request errors, which the JSON counts by
 // status), 1 when it could not run (bad flags exit 2), 3 when --require-ok was given and some
 // request failed.
+#include <simdjson.h>
+
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <iterator>
 #include <limits>
 
 #include "bench/loadgen/driver.h"
@@ -46,6 +49,7 @@ struct Options {
   bool require_ok = false;
   bool ignore_eos = true;
   std::string response_format = "none";
+  std::string response_schema;  // a file
   bool skip_reasoning = false;
   double temperature = -1;
 };
@@ -176,7 +180,10 @@ int runMain(int argc, char** argv) {
       .add("ignore-eos", &o.ignore_eos,
            "chat: ask the server to ignore end-of-sequence ids (every stream --max-tokens long)")
       .add("response-format", &o.response_format,
-           "chat: none, or json_object (structured outputs: every answer constrained to JSON)")
+           "chat: none, json_object or json_schema (structured outputs: every answer constrained "
+           "to JSON, or to the schema in --response-schema)")
+      .add("response-schema", &o.response_schema,
+           "chat, --response-format json_schema: a file holding the JSON Schema")
       .add("skip-reasoning", &o.skip_reasoning,
            "chat: send \"skip_reasoning\": true (gpt-oss answers on the final channel at once, so "
            "--response-format constrains every generated token)")
@@ -220,8 +227,22 @@ int runMain(int argc, char** argv) {
   if (*protocol == Protocol::kHttp && *mode == Mode::kScore)
     return usage("--mode score needs --protocol grpc");
   if (*mode == Mode::kChat && o.batch != 1) return usage("--mode chat takes --batch 1");
-  if (o.response_format != "none" && o.response_format != "json_object")
-    return usage("--response-format must be none or json_object");
+  if (o.response_format != "none" && o.response_format != "json_object" &&
+      o.response_format != "json_schema")
+    return usage("--response-format must be none, json_object or json_schema");
+  std::string schema_text;
+  if ((o.response_format == "json_schema") != !o.response_schema.empty())
+    return usage("--response-schema goes with --response-format json_schema (and it needs one)");
+  if (!o.response_schema.empty()) {
+    std::ifstream in(o.response_schema, std::ios::binary);
+    if (!in) return usage("--response-schema: cannot read " + o.response_schema);
+    schema_text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    simdjson::dom::parser parser;
+    simdjson::dom::element doc;
+    if (parser.parse(schema_text).get(doc) || !doc.is_object())
+      return usage("--response-schema: " + o.response_schema + " is not a JSON object");
+    schema_text = simdjson::minify(doc);
+  }
   if (o.encoding_format != "float" && o.encoding_format != "base64")
     return usage("--encoding-format must be float or base64");
   if (o.grpc_api != "sync" && o.grpc_api != "callback")
@@ -347,6 +368,7 @@ int runMain(int argc, char** argv) {
   cfg.max_tokens = o.max_tokens;
   cfg.ignore_eos = o.ignore_eos;
   cfg.response_format = o.response_format == "none" ? "" : o.response_format;
+  cfg.response_schema = schema_text;
   cfg.skip_reasoning = o.skip_reasoning;
   cfg.temperature = o.temperature;
   auto driver = *protocol == Protocol::kGrpc ? makeGrpcDriver(cfg, std::move(pool))
@@ -392,6 +414,7 @@ int runMain(int argc, char** argv) {
              {"max_tokens", std::to_string(o.max_tokens)},
              {"ignore_eos", o.ignore_eos ? "true" : "false"},
              {"response_format", o.response_format},
+             {"response_schema", o.response_schema},
              {"skip_reasoning", o.skip_reasoning ? "true" : "false"},
              {"temperature", std::to_string(o.temperature)}};
   r.mode = *mode;

@@ -12,7 +12,9 @@
 # SKIP_REASONING=true (answers start on the final channel: with RESPONSE_FORMAT every token is
 # constrained), TEMPERATURE=0 (greedy: runs of the same prompts give the same tokens, so A/B runs
 # decode the same sequences), TULIP_ARGS (more tulip flags, e.g. --mask-threads 0), TAG (an
-# output suffix).
+# output suffix), RESPONSE_SCHEMA (a JSON Schema file: RESPONSE_FORMAT=json_schema with it;
+# bench/suites/schemas/long_arrays.json asks for 4 x 128 integers, at least 512 tokens, so a
+# constrained run keeps its whole batch to the end, unlike json_object whose values end early).
 set -uo pipefail
 BIN=$1 MODEL=$2 TOK=$3 OUT=$4
 CONC=${5:-"1 16 64 256"}
@@ -40,6 +42,7 @@ for c in $CONC; do
   timeout 240 "$BIN/loadgen" --protocol http --endpoint 127.0.0.1:8182 --mode chat \
     --model gpt-oss-gpu --seq-len "$PROMPT" --max-tokens "$GEN" --concurrency "$c" \
     --warmup 0 --count "$n" --timeout-ms 200000 --suite gpu-chat-sweep --response-format "$RF" \
+    ${RESPONSE_SCHEMA:+--response-schema "$RESPONSE_SCHEMA"} \
     --skip-reasoning "${SKIP_REASONING:-false}" --temperature "${TEMPERATURE:--1}" \
     --workload "chat_in${PROMPT}_out${GEN}_c${c}_rf_$RF" --out "$OUT/chat_c$c$TAG.json" \
     > "$OUT/chat_c$c$TAG.log" 2>&1 || rc=1

@@ -54,9 +54,10 @@
 #             serially); tulip's mask counters beside each (needs mk20b, GPUBIN/tokenizer.json)
 #   latemask  late token masks on CUDA [TAG_LATE_MASKS]: gpu_llm_model_test's LateMasks case (the
 #             check kLateMaskVerified waits for), then 64 streams of 1k-in / 512-out chats without
-#             response_format, with json_object (the CUDA default: one step in flight while
-#             constrained) and with json_object + rose --late-masks=on (planned ahead, masks late;
-#             needs mk20b, GPUBIN/tokenizer.json)
+#             response_format, with a json_schema that keeps every stream 512 tokens long
+#             (bench/suites/schemas/long_arrays.json: the whole batch stays constrained) as the
+#             CUDA default runs it (one step in flight while constrained), and with rose
+#             --late-masks=on (planned ahead, masks late; needs mk20b, GPUBIN/tokenizer.json)
 #   grammar   bench/grammar/grammar_bench on the GPU host's CPUs (structured outputs: schema compile,
 #             token tables cold / with tulip's JSON prewarm, per-token masks; needs
 #             GPUBIN/tokenizer.json, which gpu_pack.sh adds when the checkout has it)
@@ -123,7 +124,7 @@ for s in $STEPS; do
     bench20b) step bench20b bench20b.txt 300 "$BIN/rose_llm_bench" --model /tmp/gptoss20b --prefill 2048,8192,32768 --decode 1@8192,64@1024 --decode-steps 32 --max-batch-tokens 16384 --json "$LOGS/bench20b.jsonl" ;;
     moegemm) step moegemm moegemm.txt 200 "$BIN/rose_llm_bench" --moe-gemm 1,2,4,8,16,32,64,128,192,256 --moe-k-slices 1,2,4,8 ;;
     sweepjson) step sweepjson sweepjson.txt 400 bash -c "export OUTPUT_TOKENS=512 SKIP_REASONING=true TEMPERATURE=0; for v in 'none _plain' 'json_object _json' 'json_object _json_overlap --llm-constrained-overlap' 'json_object _json_serial --mask-threads 0'; do set -- \$v; RESPONSE_FORMAT=\$1 TAG=\$2 TULIP_ARGS=\"\$3 \$4\" bash '$ROOT/bench/suites/gpu_chat_sweep.sh' '$BIN' /tmp/gptoss20b '$BIN/tokenizer.json' '$LOGS/sweepjson' 64; done" ;;
-    latemask) step latemask latemask.txt 460 bash -c "'$BIN/gpu_llm_model_test' --gtest_filter='*LateMasks*' 2>&1 | tail -15; export OUTPUT_TOKENS=512 SKIP_REASONING=true TEMPERATURE=0; for v in 'none _plain' 'json_object _json' 'json_object _json_late --rose-arg=--late-masks=on'; do set -- \$v; RESPONSE_FORMAT=\$1 TAG=\$2 TULIP_ARGS=\"\$3\" bash '$ROOT/bench/suites/gpu_chat_sweep.sh' '$BIN' /tmp/gptoss20b '$BIN/tokenizer.json' '$LOGS/latemask' 64; done" ;;
+    latemask) step latemask latemask.txt 460 bash -c "'$BIN/gpu_llm_model_test' --gtest_filter='*LateMasks*' 2>&1 | tail -15; export OUTPUT_TOKENS=512 SKIP_REASONING=true TEMPERATURE=0; for v in 'none _plain' 'json_schema _schema' 'json_schema _schema_late --rose-arg=--late-masks=on'; do set -- \$v; s=''; [ \$1 = json_schema ] && s='$ROOT/bench/suites/schemas/long_arrays.json'; RESPONSE_FORMAT=\$1 RESPONSE_SCHEMA=\$s TAG=\$2 TULIP_ARGS=\"\$3\" bash '$ROOT/bench/suites/gpu_chat_sweep.sh' '$BIN' /tmp/gptoss20b '$BIN/tokenizer.json' '$LOGS/latemask' 64; done" ;;
     grammar) step grammar grammar.txt 200 bash -c "nproc; lscpu | grep -E 'Model name|^CPU\\(s\\)'; '$BIN/grammar_bench' --tokenizer '$BIN/tokenizer.json' --benchmark_filter='^(schema|tables_cold|tables_cold_1t|tables_tulip|mask)/'" ;;
     sliceab) step sliceab sliceab.txt 200 bash -c "for s in 1 2; do echo \"== --moe-k-slices \$s\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode 1@8192,64@1024 --decode-steps 32 --max-batch-tokens 16384 --moe-k-slices \$s; done" ;;
     sass) step sass sass.txt 60 bash -c "cuobjdump -sass '$BIN/rose_llm_bench' > '$LOGS/rose_llm_bench.sass' 2>&1; python3 '$ROOT/bench/suites/sass_digest.py' '$LOGS/rose_llm_bench.sass' moeGemmMxDecodeKernel" ;;

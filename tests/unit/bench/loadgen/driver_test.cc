@@ -449,6 +449,12 @@ TEST(RequestBodies, EmbeddingsAndChat) {
             "\"stream\":true,\"max_tokens\":8,\"temperature\":0,\"skip_reasoning\":true,"
             "\"response_format\":{\"type\":\"json_object\"},"
             "\"stream_options\":{\"include_usage\":true}}");
+  EXPECT_EQ(chatBody("g", "hi", 8, false, "json_schema", false, -1, R"({"type":"string"})"),
+            "{\"model\":\"g\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+            "\"stream\":true,\"max_tokens\":8,"
+            "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"bench\","
+            "\"schema\":{\"type\":\"string\"}}},"
+            "\"stream_options\":{\"include_usage\":true}}");
 }
 
 TEST(PhaseGate, CountModeGrantsExactlyN) {
