@@ -436,14 +436,7 @@ TEST_F(GpuFp8Moe, ExpertsMatchCpu) {
     auto cb2 = upload(cpu(), DType::kF32, {sh.e, sh.h}, b2);
     auto gb1 = upload(gpu(), DType::kBF16, {sh.e, 2 * sh.in}, b1);
     auto gb2 = upload(gpu(), DType::kBF16, {sh.e, sh.h}, b2);
-    ExpertWeights ce1, ce2;
-    ce1.dense = cw1.view;
-    ce1.experts = ce2.experts = sh.e;
-    ce1.rows = 2 * sh.in;
-    ce1.cols = sh.h;
-    ce2.dense = cw2.view;
-    ce2.rows = sh.h;
-    ce2.cols = sh.in;
+    const auto [ce1, ce2] = denseExperts(cw1.view, cw2.view, sh.e, sh.in, sh.h);
     const MoeExpertsParams p{static_cast<int32_t>(sh.e), sh.k, static_cast<int32_t>(sh.h),
                              static_cast<int32_t>(sh.in), 7.f, 1.702f};
     for (int64_t t : sh.ts) {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "services/rose/ops/backend.h"
+#include "services/rose/ops/llm_ops.h"
 
 namespace garden::rose::gputest {
 
@@ -37,6 +38,25 @@ OwnedTensor allocate(Backend& b, DType dtype, std::initializer_list<int64_t> dim
 void poison(Backend& b, const Tensor& t);
 // Synchronizes and returns the tensor's values as float.
 std::vector<float> download(Backend& b, const Tensor& t);
+
+// Dense (unquantized) expert weights over borrowed views, as the MoE ops take them: `w1` the
+// gate/up projection [experts, 2 * inter, hidden], `w2` the down projection [experts, hidden,
+// inter] (f32 on the CPU reference, bf16 on the GPU).
+struct DenseExperts {
+  ExpertWeights w1, w2;
+};
+inline DenseExperts denseExperts(const Tensor& w1, const Tensor& w2, int64_t experts,
+                                 int64_t inter, int64_t hidden) {
+  DenseExperts d;
+  d.w1.dense = w1;
+  d.w1.experts = d.w2.experts = experts;
+  d.w1.rows = 2 * inter;
+  d.w1.cols = hidden;
+  d.w2.dense = w2;
+  d.w2.rows = hidden;
+  d.w2.cols = inter;
+  return d;
+}
 
 struct CloseStats {
   double max_abs = 0;  // worst |got - ref|

@@ -590,14 +590,7 @@ TEST_F(GpuLlmOps, MoeExpertsMatchCpuMxfp4AndBf16) {
     auto cid = uploadI32(cpu(), {c.t, c.k}, ids);
     auto cwt = upload(cpu(), DType::kF32, {c.t, c.k}, wts);
     auto cout = allocate(cpu(), DType::kF32, {c.t, c.h});
-    ExpertWeights ce1, ce2;
-    ce1.dense = cw1.view;
-    ce1.experts = ce2.experts = c.e;
-    ce1.rows = 2 * c.inter;
-    ce1.cols = c.h;
-    ce2.dense = cw2.view;
-    ce2.rows = c.h;
-    ce2.cols = c.inter;
+    const auto [ce1, ce2] = denseExperts(cw1.view, cw2.view, c.e, c.inter, c.h);
     cops_->moeExperts(cx.view, cid.view, cwt.view, ce1, cb1.view, ce2, cb2.view, cout.view, p);
     auto ref = download(cpu(), cout.view);
     // GPU, MXFP4 resident and bf16 dense.
@@ -611,14 +604,7 @@ TEST_F(GpuLlmOps, MoeExpertsMatchCpuMxfp4AndBf16) {
     ASSERT_TRUE(m1.isOk() && m2.isOk()) << m1.status().toString() << m2.status().toString();
     auto gw1 = upload(gpu(), DType::kBF16, {c.e, 2 * c.inter, c.h}, w1);
     auto gw2 = upload(gpu(), DType::kBF16, {c.e, c.h, c.inter}, w2);
-    ExpertWeights d1, d2;
-    d1.dense = gw1.view;
-    d1.experts = d2.experts = c.e;
-    d1.rows = 2 * c.inter;
-    d1.cols = c.h;
-    d2.dense = gw2.view;
-    d2.rows = c.h;
-    d2.cols = c.inter;
+    const auto [d1, d2] = denseExperts(gw1.view, gw2.view, c.e, c.inter, c.h);
     std::vector<std::vector<float>> got;
     for (int variant = 0; variant < 2; ++variant) {
       auto gout = allocate(gpu(), DType::kBF16, {c.t, c.h});
@@ -700,14 +686,7 @@ TEST_F(GpuLlmOps, MoeKSlicesKeepTheDecodeRegimeBitExact) {
     ASSERT_TRUE(m1.isOk() && m2.isOk());
     auto gw1 = upload(gpu(), DType::kBF16, {sh.e, 2 * sh.inter, sh.h}, w1);
     auto gw2 = upload(gpu(), DType::kBF16, {sh.e, sh.h, sh.inter}, w2);
-    ExpertWeights d1, d2;
-    d1.dense = gw1.view;
-    d1.experts = d2.experts = sh.e;
-    d1.rows = 2 * sh.inter;
-    d1.cols = sh.h;
-    d2.dense = gw2.view;
-    d2.rows = sh.h;
-    d2.cols = sh.inter;
+    const auto [d1, d2] = denseExperts(gw1.view, gw2.view, sh.e, sh.inter, sh.h);
     auto b1 = upload(gpu(), DType::kBF16, {sh.e, 2 * sh.inter},
                      randomBf16(static_cast<size_t>(sh.e * 2 * sh.inter), rng_, -0.1f, 0.1f));
     auto b2 = upload(gpu(), DType::kBF16, {sh.e, sh.h},

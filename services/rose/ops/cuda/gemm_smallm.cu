@@ -189,23 +189,13 @@ Status setSmem() {
 
 template <int kMT, int kBN>
 Status launch(const SmallMGemmArgs& a, cudaStream_t stream) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(a.splits), static_cast<unsigned>(a.n / kBN), 1);
-  cfg.blockDim = dim3(kThreads, 1, 1);
-  cfg.dynamicSmemBytes = Cfg<kMT, kBN>::kSmem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = static_cast<unsigned>(a.splits);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  const cudaError_t err = cudaLaunchKernelEx(&cfg, smallMGemmKernel<kMT, kBN>, a.x, a.w, a.bias,
-                                             a.y, static_cast<int>(a.m), static_cast<int>(a.n),
-                                             static_cast<int>(a.k), a.splits);
+  const cudaError_t err = launchClustered(
+      smallMGemmKernel<kMT, kBN>,
+      dim3(static_cast<unsigned>(a.splits), static_cast<unsigned>(a.n / kBN), 1),
+      dim3(kThreads, 1, 1), Cfg<kMT, kBN>::kSmem, stream, static_cast<unsigned>(a.splits), a.x,
+      a.w, a.bias, a.y, static_cast<int>(a.m), static_cast<int>(a.n), static_cast<int>(a.k),
+      a.splits);
   if (err != cudaSuccess) {
-    (void)cudaGetLastError();  // a refused launch (e.g. no room for the cluster) is not sticky
     return cudaStatus(err, "cudaLaunchKernelEx(smallMGemmKernel)", __FILE__, __LINE__);
   }
   return okStatus();

@@ -16,6 +16,14 @@ constexpr int kBK = kMoeGemmTileK;    // 64
 constexpr int kPackN = kMoeGemmTileN;  // 128: rows of one packed MXFP4 tile [TAG_MXFP4_TILED]
 constexpr int kRowS = kBK + 8;  // padded smem row (bf16 elements): conflict-free ldmatrix
 
+// gpt-oss's clamped SwiGLU of one (gate, up) pair (the spec's alpha 1.702, limit 7): the gate
+// clamped above at `limit`, up to [-limit, limit]; both MoE GEMM epilogues use it.
+__device__ __forceinline__ float clampedSwiglu(float gate, float up, float limit, float alpha) {
+  const float g = fminf(gate, limit);
+  const float u = fminf(fmaxf(up, -limit), limit);
+  return g / (1.f + expf(-alpha * g)) * (u + 1.f);
+}
+
 // 2^(s - 127) as a bf16 pair (s = 0: the subnormal 2^-127; 255: +inf, as the reference's ldexp).
 __device__ __forceinline__ __nv_bfloat162 e8m0Bf16x2(unsigned s) {
   const uint32_t b = s == 0 ? 0x0040u : (s == 255 ? 0x7F80u : (s << 7));
@@ -263,14 +271,11 @@ __global__ void __launch_bounds__(kWM * kWN * 32, kWM * kWN == 8 ? 2 : 1) moeGem
       }
       if constexpr (kEpi == MoeGemmEpilogue::kSwiglu) {
         const float lim = a.swiglu_limit, alpha = a.swiglu_alpha;
-        auto act = [&](float gate, float up) {
-          const float g = fminf(gate, lim);
-          const float u = fminf(fmaxf(up, -lim), lim);
-          return g / (1.f + expf(-alpha * g)) * (u + 1.f);
-        };
         const int half_n = a.n / 2;
-        a.out[ra * half_n + col / 2] = __float2bfloat16(act(c[0] + b0, c[1] + b1));
-        a.out[rb * half_n + col / 2] = __float2bfloat16(act(c[2] + b0, c[3] + b1));
+        a.out[ra * half_n + col / 2] =
+            __float2bfloat16(clampedSwiglu(c[0] + b0, c[1] + b1, lim, alpha));
+        a.out[rb * half_n + col / 2] =
+            __float2bfloat16(clampedSwiglu(c[2] + b0, c[3] + b1, lim, alpha));
       } else {
         *reinterpret_cast<uint32_t*>(a.out + ra * a.n + col) = packBf16x2(c[0] + b0, c[1] + b1);
         *reinterpret_cast<uint32_t*>(a.out + rb * a.n + col) = packBf16x2(c[2] + b0, c[3] + b1);
@@ -487,14 +492,10 @@ __global__ void __launch_bounds__(kRG * 32) moeGemmMxDecodeKernel(MoeGemmArgs a,
             bu = __bfloat162float(a.bias[static_cast<int64_t>(e) * a.n + n + 1]);
           }
           const float lim = a.swiglu_limit, alpha = a.swiglu_alpha;
-          auto actf = [&](float gate, float up) {
-            const float gg = fminf(gate, lim);
-            const float uu = fminf(fmaxf(up, -lim), lim);
-            return gg / (1.f + expf(-alpha * gg)) * (uu + 1.f);
-          };
           const int half_n = a.n / 2;
-          a.out[tok0 * half_n + n / 2] = __float2bfloat16(actf(v0 + bg, u0 + bu));
-          a.out[(tok0 + 1) * half_n + n / 2] = __float2bfloat16(actf(v1 + bg, u1 + bu));
+          a.out[tok0 * half_n + n / 2] = __float2bfloat16(clampedSwiglu(v0 + bg, u0 + bu, lim, alpha));
+          a.out[(tok0 + 1) * half_n + n / 2] =
+              __float2bfloat16(clampedSwiglu(v1 + bg, u1 + bu, lim, alpha));
         }
       } else {
         if (n < a.n) {
@@ -524,21 +525,12 @@ Status launchDecode(const MoeGemmArgs& a, cudaStream_t stream) {
   }
   const int groups = (a.n + 15) / 16;
   const int clusters = (groups + kRG - 1) / kRG;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(clusters * sl.count), static_cast<unsigned>(a.max_tiles), 1);
-  cfg.blockDim = dim3(kRG * 32, 1, 1);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = static_cast<unsigned>(sl.count);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = sl.count > 1 ? 1 : 0;
-  const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, a, sl.len, sl.count, rows);
+  const cudaError_t err = launchClustered(
+      kernel,
+      dim3(static_cast<unsigned>(clusters * sl.count), static_cast<unsigned>(a.max_tiles), 1),
+      dim3(kRG * 32, 1, 1), smem, stream,
+      sl.count > 1 ? static_cast<unsigned>(sl.count) : 0u, a, sl.len, sl.count, rows);
   if (err != cudaSuccess) {
-    (void)cudaGetLastError();  // a refused launch is not sticky
     return cudaStatus(err, "cudaLaunchKernelEx(moeGemmMxDecodeKernel)", __FILE__, __LINE__);
   }
   return okStatus();
