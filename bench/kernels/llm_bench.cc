@@ -14,6 +14,9 @@
 //                  [--moe-weights auto|mxfp4|fp8|bf16] [--fp8-min-tokens N]
 //                  [--cuda-graphs on|off] [--residual f32|bf16] [--router f32|bf16] [--norm-round once|twice] [--kv-tokens N] [--masks D]
 //                  [--profile] [--bar-dump DIR [--bar-prompts L1,L2,...]] [--moe-k-slices N]
+//                  [--fuse-combine-norm on|off]
+//   --fuse-combine-norm on: each layer's MoE combine fused into the next RMSNorm
+//              (GptOssOptions::fuse_combine_norm [TAG_COMBINE_NORM]; same bits; default off).
 //   --moe-k-slices N: the decode-regime expert GEMMs sum K in N fixed slices (1..8; default 1,
 //              one chain) [TAG_MOE_K_SLICES]. With --moe-gemm, a list
 //              (e.g. 1,2,4,8): every count is timed.
@@ -484,6 +487,7 @@ int main(int argc, char** argv) {
   bool f32_residual = true;  // --residual f32|bf16: GptOssOptions::f32_residual
   bool f32_router = true;    // --router f32|bf16: GptOssOptions::f32_router
   bool round_once = true;    // --norm-round once|twice: GptOssOptions::norm_round_once
+  bool fuse_cn = false;      // --fuse-combine-norm on|off: GptOssOptions::fuse_combine_norm
   int64_t kv_tokens = 0;  // --kv-tokens N: size the KV cache for at least N tokens
   std::string moe_list;   // --moe-gemm T1,T2,...: time the MoE experts op alone (no model)
   std::string k_slices = std::to_string(cuda::kMoeDefaultKSlices);  // --moe-k-slices N[,N...]
@@ -512,6 +516,7 @@ int main(int argc, char** argv) {
     else if (a == "--residual") f32_residual = next() == "f32";
     else if (a == "--router") f32_router = next() == "f32";
     else if (a == "--norm-round") round_once = next() == "once";
+    else if (a == "--fuse-combine-norm") fuse_cn = next() == "on";
     else if (a == "--kv-tokens") kv_tokens = std::atoll(next().c_str());
     else if (a == "--moe-gemm") moe_list = next();
     else if (a == "--moe-k-slices") k_slices = next();
@@ -563,6 +568,7 @@ int main(int argc, char** argv) {
   go.f32_residual = f32_residual;
   go.f32_router = f32_router;
   go.norm_round_once = round_once;
+  go.fuse_combine_norm = fuse_cn;
   if (moe != "auto" && moe != "mxfp4" && moe != "fp8" && moe != "bf16") {
     std::fprintf(stderr, "--moe-weights must be auto, mxfp4, fp8 or bf16\n");
     return 2;

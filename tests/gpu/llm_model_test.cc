@@ -62,7 +62,8 @@ struct Runner {
 
 // `share`: load onto another runner's backend and ops (so both use the same GEMM algorithms).
 Runner load(const std::string& dir, const char* device, MoeWeightsMode moe,
-            const Runner* share = nullptr, bool cuda_graphs = true) {
+            const Runner* share = nullptr, bool cuda_graphs = true,
+            bool fuse_combine_norm = false) {
   Runner r;
   if (share != nullptr) {
     r.backend = share->backend;
@@ -84,6 +85,10 @@ Runner load(const std::string& dir, const char* device, MoeWeightsMode moe,
   go.max_model_len = 8192;
   go.moe_weights = moe;
   go.cuda_graphs = cuda_graphs;
+  // [TAG_COMBINE_NORM] GARDEN_TEST_GPTOSS_FUSE_CN=on runs every model test with the fusion.
+  go.fuse_combine_norm = fuse_combine_norm;
+  if (const char* v = std::getenv("GARDEN_TEST_GPTOSS_FUSE_CN"); v && std::string(v) == "on")
+    go.fuse_combine_norm = true;
   // A/B knobs for the accuracy measurement (tests/gpu/hf_llm_bar.py, gpu_llm.sh hfbar_ab):
   // the router on the bf16 normalized row instead of the f32 stream [TAG_ROUTER_F32], and the
   // norm rounded twice (the Qwen3 convention) instead of once.
@@ -446,6 +451,62 @@ TEST_F(GpuGptOss, LateMasksDrawTheSameTokensAsEarlyMasks) {
       }
     }
     EXPECT_EQ(late.model->graphSteps() - graph0, graphs ? 24u : 0u);
+  }
+}
+
+// [TAG_COMBINE_NORM] The MoE combine fused into the next RMSNorm gives the same bits as the two
+// kernels: logits of chunked prefill (many rows: the multi-row norm kernel) and of eager decode
+// steps (few rows: the split kernel) are equal, and so are the ids of graph decode steps.
+TEST_F(GpuGptOss, CombineNormFusionIsBitExact) {
+  for (bool graphs : {false, true}) {
+    SCOPED_TRACE(graphs ? "graphs" : "eager");
+    Runner plain = load(*dir_, "cuda", MoeWeightsMode::kAuto, nullptr, graphs, false);
+    Runner fused = load(*dir_, "cuda", MoeWeightsMode::kAuto, nullptr, graphs, true);
+    ASSERT_TRUE(fused.ops->supportsCombineNorm());
+    constexpr int kBatch = 3;
+    std::vector<Seq> a(kBatch), b(kBatch);
+    for (int i = 0; i < kBatch; ++i) {
+      a[static_cast<size_t>(i)].tokens = prompt(700 + 41 * i, 7100 + i);
+      b[static_cast<size_t>(i)].tokens = a[static_cast<size_t>(i)].tokens;
+    }
+    std::vector<Seq*> pa, pb;
+    for (int i = 0; i < kBatch; ++i) {
+      pa.push_back(&a[static_cast<size_t>(i)]);
+      pb.push_back(&b[static_cast<size_t>(i)]);
+    }
+    // Prefill all three in chunks of 600 tokens (a first step of 1800 rows, then the rest, which
+    // samples each sequence's first token), logits back.
+    for (int it = 0; it < 2; ++it) {
+      std::vector<std::vector<float>> la, lb;
+      auto ta = step(plain, pa, 600, &la, true);
+      auto tb = step(fused, pb, 600, &lb, true);
+      ASSERT_EQ(ta, tb) << "prefill step " << it;
+      ASSERT_EQ(la, lb) << "prefill step " << it;
+      ASSERT_EQ(ta.size(), it == 0 ? 0u : static_cast<size_t>(kBatch));
+      for (size_t i = 0; i < ta.size(); ++i) {
+        a[i].tokens.push_back(ta[i]);
+        b[i].tokens.push_back(tb[i]);
+      }
+    }
+    for (int it = 0; it < 24; ++it) {
+      SCOPED_TRACE("decode " + std::to_string(it));
+      // Logits back on even steps (eager), ids only on odd ones (the graph path when on).
+      const bool want = it % 2 == 0;
+      std::vector<std::vector<float>> la, lb;
+      auto ta = step(plain, pa, 2048, want ? &la : nullptr, want);
+      auto tb = step(fused, pb, 2048, want ? &lb : nullptr, want);
+      ASSERT_EQ(ta, tb);
+      if (want) {
+        ASSERT_EQ(la, lb);
+      }
+      for (int i = 0; i < kBatch; ++i) {
+        a[static_cast<size_t>(i)].tokens.push_back(ta[static_cast<size_t>(i)]);
+        b[static_cast<size_t>(i)].tokens.push_back(tb[static_cast<size_t>(i)]);
+      }
+    }
+    if (graphs) {
+      EXPECT_GT(fused.model->graphSteps(), 0u);
+    }
   }
 }
 

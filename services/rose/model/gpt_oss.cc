@@ -904,6 +904,18 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
   mp.intermediate = static_cast<int32_t>(c.intermediate_size);
   mp.swiglu_limit = config_.swiglu_limit;
   mp.swiglu_alpha = config_.swiglu_alpha;
+  // [TAG_COMBINE_NORM] The combine left to the next norm (the next layer's input norm, or the
+  // final one), which then reads the experts' rows instead of `moe`.
+  const bool fuse_cn = opts_.fuse_combine_norm && ops_.supportsCombineNorm();
+  mp.defer_combine = fuse_cn;
+  auto combineNorm = [&](const Tensor& moe_out, const Tensor& res, const Tensor& w, const Tensor& out,
+                         const RmsNormParams& np) {
+    if (fuse_cn) {
+      ops_.combineRmsNorm(res, w, out, np);
+    } else {
+      b.rmsNorm(moe_out, res, w, out, np);
+    }
+  };
 
   // ---- forward (a CUDA-graph body on the decode path: kernels only, every host value above
   // depends on the bucket alone) ----
@@ -930,7 +942,7 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
       } else if (l == 0) {
         b.rmsNorm(res, Tensor(), L.input_norm.view, x, norm);
       } else {
-        b.rmsNorm(moe, res, L.input_norm.view, x, norm);  // res += moe out; x = norm(res)
+        combineNorm(moe, res, L.input_norm.view, x, norm);  // res += moe out; x = norm(res)
       }
       b.linear(x, L.qkv.view, L.qkv_bias.view, qkv);
       const int32_t li = static_cast<int32_t>(l);
@@ -952,7 +964,7 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
       ops_.moeExperts(x, tk_ids, tk_w, L.w1, L.b1.view, L.w2, L.b2.view, moe, mp);
       b.markProgress();  // [TAG_STEP_PROGRESS]
     }
-    b.rmsNorm(moe, res, final_norm_.view, x, norm);
+    combineNorm(moe, res, final_norm_.view, x, norm);
     if (n_rows == 0) return;
     const Tensor gathered = gathered_.view.rowSlice(0, n_rows);
     const Tensor logits = logits_.view.rowSlice(0, n_rows);

@@ -90,6 +90,10 @@ struct GptOssOptions {
   // GptOssRMSNorm's rounding); false: rounded before it too (the Qwen3 convention the CUDA
   // backend used before; A/B runs).
   bool norm_round_once = true;
+  // [TAG_COMBINE_NORM] Each layer's MoE combine fused into the next RMSNorm (one kernel, no moe
+  // tensor; the same bits) on ops that support it (LlmOps::supportsCombineNorm: CUDA). Off until
+  // measured on the H200 (rose_llm_bench --fuse-combine-norm on).
+  bool fuse_combine_norm = false;
 };
 
 // The step checks of GptOssModel::validate that do not depend on the cache's head layout (token

@@ -79,6 +79,11 @@ void LlmOps::moeRouteF32(const Tensor&, const Tensor&, const Tensor&, const Tens
   std::abort();
 }
 
+void LlmOps::combineRmsNorm(const Tensor&, const Tensor&, const Tensor&, const RmsNormParams&) {
+  std::fputs("LlmOps::combineRmsNorm: not supported by this backend's ops\n", stderr);
+  std::abort();
+}
+
 Result<std::unique_ptr<LlmOps>> makeLlmOps(Backend& backend, int32_t threads) {
   if (backend.name() == "cpu") return cpu::createLlmOps(backend, threads);
 #if defined(GARDEN_HAVE_CUDA) && GARDEN_HAVE_CUDA

@@ -73,6 +73,9 @@ struct MoeExpertsParams {
   int32_t intermediate = 0;
   float swiglu_limit = 7.f;  // gate = min(gate, limit); up = clamp(up, -limit, limit)
   float swiglu_alpha = 1.702f;
+  // Leave the weighted combine (`out`) to the next combineRmsNorm() [TAG_COMBINE_NORM]; needs
+  // supportsCombineNorm(). `out` is then not written.
+  bool defer_combine = false;
 };
 
 // How the ops keep one expert projection W [E, rows (out), cols (in)] resident.
@@ -210,6 +213,16 @@ class LlmOps {
   virtual void moeExperts(const Tensor& x, const Tensor& topk_ids, const Tensor& topk_weights,
                           const ExpertWeights& w1, const Tensor& b1, const ExpertWeights& w2,
                           const Tensor& b2, const Tensor& out, const MoeExpertsParams& p) = 0;
+
+  // [TAG_COMBINE_NORM] The deferred combine of the last moeExperts(defer_combine) fused into the
+  // next RMSNorm: moe = the combine (rounded as moeExperts' out), residual += moe, out =
+  // rmsNorm(residual) * weight — the bits of moeExperts then Backend::rmsNorm(moe, residual,
+  // weight, out, p), with one kernel instead of two and no moe tensor. residual [T, H] (the
+  // backend's rmsNorm residual dtypes), p.residual_init false. The default fails (ops without
+  // supportsCombineNorm() are never asked).
+  virtual bool supportsCombineNorm() const { return false; }
+  virtual void combineRmsNorm(const Tensor& residual, const Tensor& weight, const Tensor& out,
+                              const RmsNormParams& p);
 
   // out[r, :] = in[rows[r], :]; rows I32 [R].
   virtual void gatherRows(const Tensor& in, const Tensor& rows, const Tensor& out) = 0;

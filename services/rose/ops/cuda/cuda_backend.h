@@ -87,6 +87,8 @@ class CudaBackend final : public Backend, public GraphExecutor {
 
   // ---- CUDA-only ----
   cudaStream_t stream() const { return stream_; }
+  // Programmatic dependent launch of eager kernels (common.cuh [TAG_PDL]).
+  bool pdl() const { return kernels_.pdl; }
   // Runs `body` (which enqueues ops of this backend only, see [TAG_GRAPH_BODY]) through the graph
   // cache: eager on first sight of `key`, captured on the second, replayed after.
   Status runGraph(const GraphKey& key, const std::function<void()>& body);

@@ -17,6 +17,7 @@
 #include "services/rose/ops/cuda/moe_fp8_gemm.h"
 #include "services/rose/ops/cuda/moe_gemm.cuh"
 #include "services/rose/ops/cuda/moe_permute.cuh"
+#include "services/rose/ops/cuda/rms_norm.cuh"
 #include "services/rose/ops/cuda/moe_route.cuh"
 #include "services/rose/ops/cuda/moe_router_f32.cuh"
 #include "services/rose/ops/cuda/moe_row_bias.cuh"
@@ -483,7 +484,47 @@ class CudaLlmOps final : public LlmOps {
     c.num_tokens = t;
     c.top_k = p.top_k;
     c.hidden = p.hidden;
+    combineOrDefer(c, p, st);
+  }
+
+  // [TAG_COMBINE_NORM] The combine now, or kept for the next combineRmsNorm().
+  void combineOrDefer(const MoeCombineArgs& c, const MoeExpertsParams& p, cudaStream_t st) {
+    if (p.defer_combine) {
+      deferred_ = c;
+      deferred_valid_ = true;
+      return;
+    }
     checkOk(launchMoeCombine(c, st), "moeExperts/combine");
+  }
+
+  bool supportsCombineNorm() const override { return true; }
+  void combineRmsNorm(const Tensor& residual, const Tensor& weight, const Tensor& out,
+                      const RmsNormParams& p) override {
+    require(deferred_valid_, "combineRmsNorm", "no deferred combine (moeExperts defer_combine)");
+    const MoeCombineArgs& c = deferred_;
+    require(is(weight, DType::kBF16) && is(out, DType::kBF16) &&
+                (residual.dtype == DType::kBF16 || residual.dtype == DType::kF32),
+            "combineRmsNorm", "weight/out BF16, residual BF16 or F32");
+    require(out.rows() == c.num_tokens && out.cols() == c.hidden &&
+                residual.rows() == c.num_tokens && residual.cols() == c.hidden &&
+                weight.numel() == c.hidden && !p.residual_init,
+            "combineRmsNorm", "shape mismatch (or residual_init)");
+    RmsNormArgs a;
+    a.combine_y = c.y;
+    a.combine_row_of = c.row_of;
+    a.combine_weights = c.weights;
+    a.combine_top_k = c.top_k;
+    const bool f32_res = residual.dtype == DType::kF32;
+    a.residual = f32_res ? nullptr : residual.as<bf16>();
+    a.residual_f32 = f32_res ? residual.as<float>() : nullptr;
+    a.round_normalized = p.round_normalized;
+    a.weight = weight.as<bf16>();
+    a.out = out.as<bf16>();
+    a.rows = c.num_tokens;
+    a.hidden = c.hidden;
+    a.eps = p.eps;
+    checkOk(launchRmsNorm(a, b_.stream(), b_.pdl()), "combineRmsNorm");
+    deferred_valid_ = false;
   }
 
   // FP8 experts [TAG_FP8_EXPERTS] when both projections carry the copy, the step is large
@@ -638,7 +679,7 @@ class CudaLlmOps final : public LlmOps {
     c.num_tokens = t;
     c.top_k = p.top_k;
     c.hidden = p.hidden;
-    checkOk(launchMoeCombine(c, st), "moeExperts/combine");
+    combineOrDefer(c, p, st);
     countMoeFp8Step();
   }
 
@@ -850,6 +891,8 @@ class CudaLlmOps final : public LlmOps {
   static constexpr int32_t kGraphGridCap = 256;  // blocks per kv head a graph launch loops with
 
   CudaBackend& b_;
+  MoeCombineArgs deferred_;      // [TAG_COMBINE_NORM] the combine moeExperts left to the norm
+  bool deferred_valid_ = false;
   LlmOpsLimits lim_;
   bool reserved_ = false;
   int64_t max_work_ = 0, max_combine_ = 0, max_parts_ = 0, max_tiles_ = 0, max_rows_ = 0;

@@ -30,9 +30,32 @@ __device__ __forceinline__ void addResidual(const RmsNormArgs& a, int64_t i, flo
   }
 }
 
+// The 8 values of row `row`'s chunk `c` of x: read, or the MoE combine (RmsNormArgs::combine_y)
+// computed as moeCombineKernel does and rounded as its bf16 store would.
+// kCombine is a template argument so that the plain kernels compile exactly as before.
+template <bool kCombine>
+__device__ __forceinline__ void loadX(const RmsNormArgs& a, int64_t row, int c, float (&v)[8]) {
+  if constexpr (!kCombine) {
+    loadF32x8(a.x + row * a.hidden + c * 8, v);
+    return;
+  }
+  float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  for (int k = 0; k < a.combine_top_k; ++k) {
+    const int32_t r = a.combine_row_of[row * a.combine_top_k + k];
+    if (r < 0) continue;
+    const float w = a.combine_weights[row * a.combine_top_k + k];
+    float y[8];
+    loadF32x8(a.combine_y + static_cast<int64_t>(r) * a.hidden + c * 8, y);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[j] = fmaf(w, y[j], acc[j]);
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) v[j] = roundBf16(acc[j]);
+}
+
 // blockDim = (tx threads per row, ty rows per block); tx is a multiple of 32 and depends only on
 // hidden. Each thread keeps kChunks 8-wide chunks of its row in registers.
-template <int kChunks>
+template <int kChunks, bool kCombine>
 __global__ void rmsNormKernel(RmsNormArgs a) {
   pdlWait();                      // [TAG_PDL]
   extern __shared__ float red[];  // [ty][tx / 32] partial sums
@@ -46,7 +69,7 @@ __global__ void rmsNormKernel(RmsNormArgs a) {
   for (int k = 0; k < kChunks; ++k) {
     const int c = threadIdx.x + k * blockDim.x;
     if (active && c < chunks) {
-      loadF32x8(a.x + off + c * 8, v[k]);
+      loadX<kCombine>(a, row, c, v[k]);
       addResidual(a, off + c * 8, v[k]);
 #pragma unroll
       for (int i = 0; i < 8; ++i) ss += v[k][i] * v[k][i];
@@ -80,6 +103,7 @@ __global__ void rmsNormKernel(RmsNormArgs a) {
 // flight for hidden 1024). Thread (x, k) owns chunk x + k * tx; lane x of group 0 then sums the
 // squares of its chunks k = 0, 1, ... in the order rmsNormKernel's thread x does, and the
 // cross-lane / cross-warp reductions are the same, so every row's bits equal rmsNormKernel's.
+template <bool kCombine>
 __global__ void rmsNormSplitKernel(RmsNormArgs a) {
   pdlWait();                     // [TAG_PDL]
   extern __shared__ float sm[];  // [groups][8][tx] values, then [tx / 32] warp sums, then rstd
@@ -92,7 +116,7 @@ __global__ void rmsNormSplitKernel(RmsNormArgs a) {
   float v[8], w[8];
   if (c < chunks) {
     loadF32x8(a.weight + c * 8, w);
-    loadF32x8(a.x + off + c * 8, v);
+    loadX<kCombine>(a, blockIdx.x, c, v);
     addResidual(a, off + c * 8, v);
 #pragma unroll
     for (int i = 0; i < 8; ++i) sv[(threadIdx.y * 8 + i) * tx + threadIdx.x] = v[i];
@@ -139,6 +163,13 @@ Status launchRmsNorm(const RmsNormArgs& a, cudaStream_t stream, bool pdl) {
   if (a.rows == 0) return okStatus();
   if (a.residual != nullptr && a.residual_f32 != nullptr)
     return invalidArgument("rms_norm: a bf16 and an f32 residual at once");
+  if ((a.combine_y == nullptr) == (a.x == nullptr))
+    return invalidArgument("rms_norm: exactly one of x and the MoE combine");
+  if (a.combine_y != nullptr &&
+      (a.combine_row_of == nullptr || a.combine_weights == nullptr || a.combine_top_k <= 0 ||
+       a.residual_init || (reinterpret_cast<uintptr_t>(a.combine_y) % 16) != 0))
+    return invalidArgument("rms_norm: the MoE combine needs row_of, weights, top_k > 0, a "
+                           "16-byte aligned y and no residual_init");
   if (a.hidden <= 0 || a.hidden % 8 != 0 || a.hidden > 32768)
     return invalidArgument("rms_norm: hidden must be a multiple of 8 in [8, 32768]");
   if ((reinterpret_cast<uintptr_t>(a.x) | reinterpret_cast<uintptr_t>(a.out) |
@@ -147,6 +178,7 @@ Status launchRmsNorm(const RmsNormArgs& a, cudaStream_t stream, bool pdl) {
           16 !=
       0)
     return invalidArgument("rms_norm: pointers must be 16-byte aligned");
+  const bool combine = a.combine_y != nullptr;  // [TAG_COMBINE_NORM]
   const int chunks = static_cast<int>(a.hidden / 8);
   // Threads per row from hidden alone (batch invariance): up to 4 chunks per thread, at most
   // 1024 threads. hidden 1024 -> 32 threads x 4 chunks (one warp per row).
@@ -158,7 +190,8 @@ Status launchRmsNorm(const RmsNormArgs& a, cudaStream_t stream, bool pdl) {
   if (few && per_thread > 1 && tx * per_thread <= 1024) {
     // One row per block, one chunk per thread (same bits, see rmsNormSplitKernel).
     const size_t smem = sizeof(float) * (static_cast<size_t>(per_thread) * 8 * tx + tx / 32 + 1);
-    CUDA_RETURN_IF_ERROR(launchPdl(pdl, rmsNormSplitKernel, dim3(static_cast<unsigned>(a.rows)),
+    auto kernel = combine ? rmsNormSplitKernel<true> : rmsNormSplitKernel<false>;
+    CUDA_RETURN_IF_ERROR(launchPdl(pdl, kernel, dim3(static_cast<unsigned>(a.rows)),
                                    dim3(tx, per_thread), smem, stream, a));
     return okStatus();
   }
@@ -166,22 +199,15 @@ Status launchRmsNorm(const RmsNormArgs& a, cudaStream_t stream, bool pdl) {
   dim3 block(tx, ty);
   dim3 grid(static_cast<unsigned>((a.rows + ty - 1) / ty));
   const size_t smem = sizeof(float) * static_cast<size_t>(ty * (tx / 32));
+  void (*kernel)(RmsNormArgs) = nullptr;
   switch (per_thread) {
-    case 1:
-      CUDA_RETURN_IF_ERROR(launchPdl(pdl, rmsNormKernel<1>, grid, block, smem, stream, a));
-      break;
-    case 2:
-      CUDA_RETURN_IF_ERROR(launchPdl(pdl, rmsNormKernel<2>, grid, block, smem, stream, a));
-      break;
-    case 3:
-      CUDA_RETURN_IF_ERROR(launchPdl(pdl, rmsNormKernel<3>, grid, block, smem, stream, a));
-      break;
-    case 4:
-      CUDA_RETURN_IF_ERROR(launchPdl(pdl, rmsNormKernel<4>, grid, block, smem, stream, a));
-      break;
-    default:
-      return invalidArgument("rms_norm: unsupported hidden size");
+    case 1: kernel = combine ? rmsNormKernel<1, true> : rmsNormKernel<1, false>; break;
+    case 2: kernel = combine ? rmsNormKernel<2, true> : rmsNormKernel<2, false>; break;
+    case 3: kernel = combine ? rmsNormKernel<3, true> : rmsNormKernel<3, false>; break;
+    case 4: kernel = combine ? rmsNormKernel<4, true> : rmsNormKernel<4, false>; break;
+    default: return invalidArgument("rms_norm: unsupported hidden size");
   }
+  CUDA_RETURN_IF_ERROR(launchPdl(pdl, kernel, grid, block, smem, stream, a));
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return okStatus();
 }

@@ -34,6 +34,13 @@ struct RmsNormArgs {
   // true: out = bf16(bf16(row * rstd) * weight) (Qwen3RMSNorm); false: bf16(row * rstd * weight)
   // in f32 (gpt-oss's norm).
   bool round_normalized = true;
+  // Or x computed here as the MoE combine of permuted expert rows [TAG_COMBINE_NORM] (x null):
+  // x[t] = bf16(sum over k of weights[t, k] * y[row_of[t, k]]), in f32 in k order with fmaf,
+  // rounded once — moe_permute.cuh's combine, so the bits equal launchMoeCombine then this norm.
+  const __nv_bfloat16* combine_y = nullptr;  // [rows of the expert GEMM, hidden]
+  const int32_t* combine_row_of = nullptr;   // [rows, combine_top_k], -1: none
+  const float* combine_weights = nullptr;    // [rows, combine_top_k]
+  int32_t combine_top_k = 0;
 };
 
 // pdl: programmatic dependent launch for an eager launch (common.cuh [TAG_PDL]); the backend
