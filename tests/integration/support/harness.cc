@@ -13,6 +13,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
+#include <random>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -60,8 +63,42 @@ std::vector<std::string> tulipArgv(int port, int metrics_port, const std::string
           "/garden-" + shm_tag + "-" + std::to_string(getpid()) + "-" + std::to_string(port)};
 }
 
+namespace {
+
+// Whether 127.0.0.1:port can be bound now (and is released again).
+bool bindable(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+  close(fd);
+  return ok;
+}
+
+}  // namespace
+
+// Below the kernel's ephemeral range (net.ipv4.ip_local_port_range, 32768-60999 by default). A
+// port that bind(0) picked and released is an ephemeral one: before the child binds it, any
+// outgoing connection on the machine may take it as its source port (seen under parallel ctest:
+// ivy "cannot listen on 127.0.0.1:36487: Address already in use"). Ports in [20000, 32000) are
+// never handed to outgoing connections; a random one that binds now, never twice from this
+// process, leaves only two test processes drawing the same port at the same moment.
 int freePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  static std::mutex mu;
+  static std::set<int> given;
+  static std::mt19937 rng(std::random_device{}() ^ static_cast<uint32_t>(getpid()));
+  std::lock_guard<std::mutex> l(mu);
+  for (int attempt = 0; attempt < 2000; ++attempt) {
+    const int port = 20000 + static_cast<int>(rng() % 12000);
+    if (given.count(port) != 0 || !bindable(port)) continue;
+    given.insert(port);
+    return port;
+  }
+  // Everything tried was taken: fall back to the kernel's choice.
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -69,8 +106,9 @@ int freePort() {
   bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
   socklen_t len = sizeof(a);
   getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  int port = ntohs(a.sin_port);
+  const int port = ntohs(a.sin_port);
   close(fd);
+  given.insert(port);
   return port;
 }
 

@@ -28,7 +28,8 @@ class TempDir {
   std::string path_;
 };
 
-// A port that was free a moment ago (bind to 0, read, close).
+// A port that was free a moment ago: random below the ephemeral range, bound and released
+// (harness.cc says why), never the same twice from one process.
 int freePort();
 
 // The argv every integration test's tulip starts with: listening on 127.0.0.1:`port`, metrics on
