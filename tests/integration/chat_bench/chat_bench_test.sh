@@ -14,20 +14,8 @@ work="$(mktemp -d "${TMPDIR:-/tmp}/garden-chat-bench.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
 "$BUILD/services/rose/rose-mkmodel" --kind gpt-oss --out "$work/model" --tokenizer-json "$TOKJSON" \
   > "$work/mkmodel.log"
-free_port() {  # below the ephemeral range, so no outgoing connection takes it meanwhile
-  python3 -c 'import random, socket
-for _ in range(2000):
-    p = random.randrange(20000, 32000)
-    s = socket.socket()
-    try:
-        s.bind(("127.0.0.1", p))
-    except OSError:
-        continue
-    finally:
-        s.close()
-    print(p)
-    break'
-}
+# shellcheck source=../support/free_port.sh
+source "$SRC/tests/integration/support/free_port.sh"
 BENCH_IVY_PORT="$(free_port)"
 BENCH_TULIP_PORT="$(free_port)"
 BENCH_METRICS_PORT="$(free_port)"

@@ -17,20 +17,8 @@ trap cleanup EXIT
 pass=0 fail=0
 ok() { echo "ok   [${SECONDS}s] $*"; pass=$((pass + 1)); }
 bad() { echo "FAIL $*"; fail=$((fail + 1)); }
-free_port() {  # below the ephemeral range, so no outgoing connection takes it meanwhile
-  python3 -c 'import random, socket
-for _ in range(2000):
-    p = random.randrange(20000, 32000)
-    s = socket.socket()
-    try:
-        s.bind(("127.0.0.1", p))
-    except OSError:
-        continue
-    finally:
-        s.close()
-    print(p)
-    break'
-}
+# shellcheck source=../support/free_port.sh
+source "$repo/tests/integration/support/free_port.sh"
 
 "$build/services/rose/rose-mkmodel" --out "$work/model" --repo "$repo/docs" --vocab-size 500 \
   > "$work/mkmodel.log" 2>&1 ||

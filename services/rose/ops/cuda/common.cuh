@@ -94,6 +94,25 @@ __device__ __forceinline__ void storeF32x8(bf16* p, const float (&f)[8]) {
   *reinterpret_cast<Bf16x8*>(p) = v;
 }
 
+// One 8-wide chunk (elements c*8 .. c*8+7) of token t's MoE combine: sum over k of
+// weights[t, k] * y[row_of[t, k]] (row -1: none), in f32 in k order with fmaf, not rounded.
+// moeCombineKernel stores it as bf16; the fused norm [TAG_COMBINE_NORM] rounds it the same way.
+__device__ __forceinline__ void moeCombineChunk(const bf16* y, const int32_t* row_of,
+                                                const float* weights, int top_k, int64_t hidden,
+                                                int64_t t, int c, float (&acc)[8]) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j) acc[j] = 0.f;
+  for (int k = 0; k < top_k; ++k) {
+    const int32_t row = row_of[t * top_k + k];
+    if (row < 0) continue;
+    const float w = weights[t * top_k + k];
+    float v[8];
+    loadF32x8(y + static_cast<int64_t>(row) * hidden + c * 8, v);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[j] = fmaf(w, v[j], acc[j]);
+  }
+}
+
 // Rounds through bf16 (mirrors where the reference model stores a bf16 intermediate).
 __device__ __forceinline__ float roundBf16(float x) {
   return __bfloat162float(__float2bfloat16(x));

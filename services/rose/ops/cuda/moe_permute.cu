@@ -120,16 +120,8 @@ __global__ void __launch_bounds__(kCombineThreads) moeCombineKernel(MoeCombineAr
   const int64_t t = blockIdx.x;
   const int chunks = a.hidden / 8;
   for (int c = threadIdx.x; c < chunks; c += kCombineThreads) {
-    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    for (int k = 0; k < a.top_k; ++k) {
-      const int32_t row = a.row_of[t * a.top_k + k];
-      if (row < 0) continue;
-      const float w = a.weights[t * a.top_k + k];
-      float y[8];
-      loadF32x8(a.y + static_cast<int64_t>(row) * a.hidden + c * 8, y);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) acc[j] = fmaf(w, y[j], acc[j]);
-    }
+    float acc[8];
+    moeCombineChunk(a.y, a.row_of, a.weights, a.top_k, a.hidden, t, c, acc);
     storeF32x8(a.out + t * a.hidden + c * 8, acc);
   }
 }

@@ -39,16 +39,9 @@ __device__ __forceinline__ void loadX(const RmsNormArgs& a, int64_t row, int c, 
     loadF32x8(a.x + row * a.hidden + c * 8, v);
     return;
   }
-  float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-  for (int k = 0; k < a.combine_top_k; ++k) {
-    const int32_t r = a.combine_row_of[row * a.combine_top_k + k];
-    if (r < 0) continue;
-    const float w = a.combine_weights[row * a.combine_top_k + k];
-    float y[8];
-    loadF32x8(a.combine_y + static_cast<int64_t>(r) * a.hidden + c * 8, y);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) acc[j] = fmaf(w, y[j], acc[j]);
-  }
+  float acc[8];
+  moeCombineChunk(a.combine_y, a.combine_row_of, a.combine_weights, a.combine_top_k, a.hidden,
+                  row, c, acc);
 #pragma unroll
   for (int j = 0; j < 8; ++j) v[j] = roundBf16(acc[j]);
 }
