@@ -15,8 +15,8 @@
 //                  [--cuda-graphs on|off] [--residual f32|bf16] [--router f32|bf16] [--norm-round once|twice] [--kv-tokens N] [--masks D]
 //                  [--profile] [--bar-dump DIR [--bar-prompts L1,L2,...]] [--moe-k-slices N]
 //                  [--fuse-combine-norm on|off]
-//   --fuse-combine-norm on: each layer's MoE combine fused into the next RMSNorm
-//              (GptOssOptions::fuse_combine_norm [TAG_COMBINE_NORM]; same bits; default off).
+//   --fuse-combine-norm on|off: each layer's MoE combine fused into the next RMSNorm
+//              (GptOssOptions::fuse_combine_norm [TAG_COMBINE_NORM]; same bits; default on).
 //   --moe-k-slices N: the decode-regime expert GEMMs sum K in N fixed slices (1..8; default 1,
 //              one chain) [TAG_MOE_K_SLICES]. With --moe-gemm, a list
 //              (e.g. 1,2,4,8): every count is timed.
@@ -487,7 +487,7 @@ int main(int argc, char** argv) {
   bool f32_residual = true;  // --residual f32|bf16: GptOssOptions::f32_residual
   bool f32_router = true;    // --router f32|bf16: GptOssOptions::f32_router
   bool round_once = true;    // --norm-round once|twice: GptOssOptions::norm_round_once
-  bool fuse_cn = false;      // --fuse-combine-norm on|off: GptOssOptions::fuse_combine_norm
+  bool fuse_cn = GptOssOptions{}.fuse_combine_norm;  // --fuse-combine-norm on|off: GptOssOptions::fuse_combine_norm
   int64_t kv_tokens = 0;  // --kv-tokens N: size the KV cache for at least N tokens
   std::string moe_list;   // --moe-gemm T1,T2,...: time the MoE experts op alone (no model)
   std::string k_slices = std::to_string(cuda::kMoeDefaultKSlices);  // --moe-k-slices N[,N...]

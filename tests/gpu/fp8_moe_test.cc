@@ -484,7 +484,13 @@ TEST_F(GpuFp8Moe, ExpertsMatchCpu) {
         cos_emu = std::min(cos_emu, rowCosine(got, emu, r, sh.h));
         cos_ref = std::min(cos_ref, rowCosine(got, ref, r, sh.h));
       }
-      EXPECT_LT(e_emu, 5e-3);
+      // What separates the GPU from the emulation is codes one e4m3 step (1/8 to 1/16 of the
+      // value) off where the GPU's f32 sums and the emulation's double sums round the SwiGLU
+      // output across a code boundary; few rows (T = 7: 28 expert rows) make that fraction
+      // noisy. On the H200 over 16 draws: 0.0021-0.0053 (T = 7's 0.0053, 2026-12-03, failed
+      // the old 5e-3). A wrong scale, block or expert is at least the size of the FP8 error
+      // itself (~0.04 against the f32 reference below), five times this bound.
+      EXPECT_LT(e_emu, 8e-3);
       // Worst row over T rows: a code one e4m3 step off (the GPU's and the CPU's expf differ in
       // the last bit before the SwiGLU output is quantized) weighs more in a short row; on the
       // H200, H = 288 over 1000 rows gave 0.99945, H = 2880 rows >= 0.99996.

@@ -920,7 +920,9 @@ class CudaLlmOps final : public LlmOps {
   // [TAG_TOKEN_MASK]: GpuLlmOps.*Masked* (5 tests, with the sampler state) passed on the H200
   // (2026-12-02, bench/results/gpu-llm-2026-12-02-h200-s3/masked_fp8_call5.txt).
   static constexpr bool kTokenMaskVerified = true;
-  static constexpr bool kLateMaskVerified = false;
+  // [TAG_LATE_MASKS]: GpuGptOss.LateMasksDrawTheSameTokensAsEarlyMasks passed on the H200
+  // (2026-12-03, bench/results/gpu-llm-2026-12-03-h200-s3/call1-latemask.txt).
+  static constexpr bool kLateMaskVerified = true;
   static Tensor bytesOf(Buffer& b, size_t bytes) { return bytesAt(b, 0, bytes); }
   static Tensor bytesAt(Buffer& b, size_t off, size_t bytes) {
     return Tensor(static_cast<char*>(b.data()) + off, DType::kU8, {static_cast<int64_t>(bytes)});
