@@ -14,7 +14,12 @@
 //                  [--moe-weights auto|mxfp4|fp8|bf16] [--fp8-min-tokens N]
 //                  [--cuda-graphs on|off] [--residual f32|bf16] [--router f32|bf16] [--norm-round once|twice] [--kv-tokens N] [--masks D]
 //                  [--profile] [--bar-dump DIR [--bar-prompts L1,L2,...]] [--moe-k-slices N]
-//                  [--fuse-combine-norm on|off]
+//                  [--fuse-combine-norm on|off] [--moe-wide on|off] [--moe-wide-min-avg N]
+//   --moe-wide off: block_m 64 MXFP4 tiles take the tiled kernel, not the wide one [TAG_MOE_WIDE];
+//   --moe-wide-min-avg N: rows per expert on average above which MXFP4 experts take block_m 64
+//              (default cuda::kMoeWideDefaultMinAvg).
+//   --attn-split-keys N: a decode token's keys are split into chunks of at least N (multiple of
+//              64; default cuda::kPagedAttnSplitKeys) for the split-KV attention.
 //   --fuse-combine-norm on|off: each layer's MoE combine fused into the next RMSNorm
 //              (GptOssOptions::fuse_combine_norm [TAG_COMBINE_NORM]; same bits; default on).
 //   --moe-k-slices N: the decode-regime expert GEMMs sum K in N fixed slices (1..8; default 1,
@@ -60,6 +65,7 @@
 #include "services/rose/ops/cuda/cuda_backend.h"
 #include "services/rose/ops/cuda/moe_fp8_gemm.h"
 #include "services/rose/ops/cuda/moe_gemm.cuh"
+#include "services/rose/ops/cuda/paged_attention.cuh"
 
 namespace {
 
@@ -417,15 +423,22 @@ int moeGemmBench(const std::string& list, bool fp8, const std::vector<int>& slic
     const Tensor it = ids.view.rowSlice(0, t), wt = wts.view.rowSlice(0, t);
     std::vector<uint16_t> chain, ref, got(static_cast<size_t>(t * kH));
     // Per K slice count [TAG_MOE_K_SLICES]: the tiled kernel first (-1: its bits are the
-    // reference for that slicing), then each decode-kernel shape; then the FP8 experts once.
+    // reference for that slicing), then each decode-kernel shape at block_m 16, then (one chain
+    // only) each wide-kernel shape at block_m 64 [TAG_MOE_WIDE] (variant 10 + w) and the default
+    // choice (variant 50); then the FP8 experts once.
     std::vector<std::pair<int, int>> runs;  // (slices, variant)
     for (int sl : slices) {
       for (int v : {-1, 0, 1, 2, 3}) runs.push_back({sl, v});
+      if (sl == 1) {
+        for (int v : {10, 11, 12, 13, 50}) runs.push_back({sl, v});
+      }
     }
     if (fp8) runs.push_back({cuda::kMoeDefaultKSlices, 100});
     for (const auto& [sl, v] : runs) {
       cuda::setMoeKSlices(sl);
-      cuda::setMoeDecodeVariant(v == 100 ? 0 : v);
+      cuda::setMoeDecodeVariant(v >= 10 || v < 0 ? (v < 0 ? -1 : 0) : v);
+      cuda::setMoeWideVariant(v >= 10 && v < 50 ? v - 10 : (v == 50 || v == 100 ? 0 : -1));
+      cuda::setMoeBlockMOverride(v >= 10 && v < 50 ? 64 : 0);
       cuda::setMoeFp8MinTokens(v == 100 ? 1 : INT64_MAX);
       auto call = [&](int l) {
         ops->moeExperts(xt, it, wt, w1[static_cast<size_t>(l)], b1[static_cast<size_t>(l)].view,
@@ -463,15 +476,20 @@ int moeGemmBench(const std::string& list, bool fp8, const std::vector<int>& slic
         std::printf("moe T=%4d fp8            : %8.2f us/call (min %.2f)%s\n", t, us[3], us[0],
                     note.c_str());
       } else {
-        std::printf("moe T=%4d slices %d %-7s: %8.2f us/call (min %.2f)%s\n", t, sl,
-                    v < 0 ? "tiled" : ("dec v" + std::to_string(v)).c_str(), us[3], us[0],
-                    note.c_str());
+        const std::string name = v < 0    ? "tiled"
+                                 : v == 50 ? "auto"
+                                 : v >= 10 ? "wide v" + std::to_string(v - 10)
+                                           : "dec v" + std::to_string(v);
+        std::printf("moe T=%4d slices %d %-7s: %8.2f us/call (min %.2f)%s\n", t, sl, name.c_str(),
+                    us[3], us[0], note.c_str());
       }
       std::fflush(stdout);
     }
   }
   cuda::setMoeKSlices(cuda::kMoeDefaultKSlices);
   cuda::setMoeDecodeVariant(0);
+  cuda::setMoeWideVariant(0);
+  cuda::setMoeBlockMOverride(0);
   cuda::setMoeFp8MinTokens(cuda::kMoeFp8DefaultMinTokens);
   return 0;
 }
@@ -520,6 +538,9 @@ int main(int argc, char** argv) {
     else if (a == "--kv-tokens") kv_tokens = std::atoll(next().c_str());
     else if (a == "--moe-gemm") moe_list = next();
     else if (a == "--moe-k-slices") k_slices = next();
+    else if (a == "--moe-wide-min-avg") cuda::setMoeWideMinAvg(std::atoi(next().c_str()));
+    else if (a == "--moe-wide") cuda::setMoeWideVariant(next() == "off" ? -1 : 0);
+    else if (a == "--attn-split-keys") cuda::setPagedAttnSplitKeys(std::atoi(next().c_str()));
     else if (a == "--fp8-min-tokens") fp8_min_tokens = std::atoll(next().c_str());
     else if (a == "--masks") mask_density = std::atof(next().c_str());
     else if (a == "--bar-dump") bar_dir = next();

@@ -765,6 +765,104 @@ TEST_F(GpuLlmOps, MoeKSlicesKeepTheDecodeRegimeBitExact) {
   }
 }
 
+// [TAG_MOE_WIDE] The wide kernel (MXFP4, block_m 64 tiles, weights as the mma A operand, token
+// rows streamed through shared memory) gives the bits of the tiled kernel: the same weights as
+// bf16 dense experts (always the tiled kernel) and the MXFP4 experts with the wide kernel off must
+// equal it, for token counts from a few rows per expert (most n8 tiles empty) to tiles that are
+// full or spill into a second tile of the same expert, at K = 2880 and the tiny checkpoints' odd K
+// (288: 4.5 K tiles, 160: 2.5), for every wide-kernel shape.
+TEST_F(GpuLlmOps, MoeWideKernelEqualsTheTiledKernel) {
+  struct Shape {
+    int64_t h, inter, e;
+    int32_t k;
+    std::vector<int64_t> ts;
+  };
+  for (const Shape& sh : {Shape{2880, 2880, 32, 4, {3, 40, 150, 300, 700}},
+                          Shape{288, 160, 8, 4, {1, 9, 37, 100, 150}}}) {
+    const int64_t tmax = *std::max_element(sh.ts.begin(), sh.ts.end());
+    reserve(tmax, 8, 8, 8, static_cast<int32_t>(sh.h), static_cast<int32_t>(sh.inter),
+            static_cast<int32_t>(sh.e), sh.k);
+    std::uniform_int_distribution<int> byte(0, 255);
+    auto mx = [&](int64_t out, int64_t in, std::vector<uint8_t>& codes, std::vector<uint8_t>& sc) {
+      codes.resize(static_cast<size_t>(sh.e * out * in / 2));
+      sc.resize(static_cast<size_t>(sh.e * out * in / 32));
+      for (auto& b : codes) b = static_cast<uint8_t>(byte(rng_));
+      const int base = 127 + static_cast<int>(std::lround(std::log2(1.0 / (std::sqrt(double(in)) * 2.93))));
+      for (auto& v : sc) v = static_cast<uint8_t>(base + byte(rng_) % 3 - 1);
+    };
+    std::vector<uint8_t> c1, s1, c2, s2;
+    mx(2 * sh.inter, sh.h, c1, s1);
+    mx(sh.h, sh.inter, c2, s2);
+    std::vector<float> w1(static_cast<size_t>(sh.e * 2 * sh.inter * sh.h)),
+        w2(static_cast<size_t>(sh.e * sh.h * sh.inter));
+    dequantizeMxfp4(c1.data(), s1.data(), sh.e * 2 * sh.inter, sh.h / 32, w1.data());
+    dequantizeMxfp4(c2.data(), s2.data(), sh.e * sh.h, sh.inter / 32, w2.data());
+    auto m1 = gops_->uploadMxfp4Experts(c1.data(), s1.data(), sh.e, 2 * sh.inter, sh.h);
+    auto m2 = gops_->uploadMxfp4Experts(c2.data(), s2.data(), sh.e, sh.h, sh.inter);
+    ASSERT_TRUE(m1.isOk() && m2.isOk());
+    auto gw1 = upload(gpu(), DType::kBF16, {sh.e, 2 * sh.inter, sh.h}, w1);
+    auto gw2 = upload(gpu(), DType::kBF16, {sh.e, sh.h, sh.inter}, w2);
+    const auto [d1, d2] = denseExperts(gw1.view, gw2.view, sh.e, sh.inter, sh.h);
+    auto b1 = upload(gpu(), DType::kBF16, {sh.e, 2 * sh.inter},
+                     randomBf16(static_cast<size_t>(sh.e * 2 * sh.inter), rng_, -0.1f, 0.1f));
+    auto b2 = upload(gpu(), DType::kBF16, {sh.e, sh.h},
+                     randomBf16(static_cast<size_t>(sh.e * sh.h), rng_, -0.1f, 0.1f));
+    MoeExpertsParams p{static_cast<int32_t>(sh.e), sh.k, static_cast<int32_t>(sh.h),
+                       static_cast<int32_t>(sh.inter), 7.f, 1.702f};
+    for (int64_t t : sh.ts) {
+      SCOPED_TRACE("T=" + std::to_string(t) + " H=" + std::to_string(sh.h));
+      const auto x = randomBf16(static_cast<size_t>(t * sh.h), rng_, -2.f, 2.f);
+      std::vector<int32_t> ids;
+      std::vector<float> wts;
+      // Skewed routing: expert 0 in every token's top-k (its tile overflows into more tiles),
+      // the rest drawn at random.
+      for (int64_t i = 0; i < t; ++i) {
+        std::vector<int32_t> perm(static_cast<size_t>(sh.e - 1));
+        std::iota(perm.begin(), perm.end(), 1);
+        std::shuffle(perm.begin(), perm.end(), rng_);
+        ids.push_back(0);
+        for (int32_t j = 1; j < sh.k; ++j) ids.push_back(perm[static_cast<size_t>(j)]);
+        for (int32_t j = 0; j < sh.k; ++j) wts.push_back(std::uniform_real_distribution<float>(0.1f, 0.4f)(rng_));
+      }
+      auto gx = upload(gpu(), DType::kBF16, {t, sh.h}, x);
+      auto gid = uploadI32(gpu(), {t, sh.k}, ids);
+      auto gwt = upload(gpu(), DType::kF32, {t, sh.k}, wts);
+      auto run = [&](bool mxfp4) {
+        auto gout = allocate(gpu(), DType::kBF16, {t, sh.h});
+        poison(gpu(), gout.view);
+        if (mxfp4) {
+          gops_->moeExperts(gx.view, gid.view, gwt.view, *m1, b1.view, *m2, b2.view, gout.view, p);
+        } else {
+          gops_->moeExperts(gx.view, gid.view, gwt.view, d1, b1.view, d2, b2.view, gout.view, p);
+        }
+        return download(gpu(), gout.view);
+      };
+      cuda::setMoeBlockMOverride(64);
+      const auto dense = run(false);  // the tiled kernel at block_m 64
+      cuda::setMoeWideVariant(-1);
+      const auto tiled = run(true);
+      EXPECT_EQ(std::memcmp(dense.data(), tiled.data(), dense.size() * sizeof(float)), 0)
+          << "MXFP4 and bf16 experts differ in the tiled kernel";
+      for (int v = 0; v < 4; ++v) {
+        SCOPED_TRACE("wide variant " + std::to_string(v));
+        cuda::setMoeWideVariant(v);
+        const auto wide = run(true);
+        EXPECT_EQ(std::memcmp(dense.data(), wide.data(), dense.size() * sizeof(float)), 0)
+            << "the wide kernel differs from the tiled kernel";
+      }
+      cuda::setMoeBlockMOverride(0);
+      // The default choice (block_m 16 or 64 by the average rows per expert): the same bits,
+      // one K chain either way.
+      cuda::setMoeWideVariant(0);
+      const auto chosen = run(true);
+      EXPECT_EQ(std::memcmp(dense.data(), chosen.data(), dense.size() * sizeof(float)), 0)
+          << "the default tile choice differs from block_m 64";
+    }
+  }
+  cuda::setMoeBlockMOverride(0);
+  cuda::setMoeWideVariant(0);
+}
+
 // ---- gather / token copy ------------------------------------------------------------------------
 
 TEST_F(GpuLlmOps, GatherRowsAndCopyTokens) {

@@ -17,6 +17,7 @@
 #include "services/rose/ops/cuda/moe_fp8_gemm.h"
 #include "services/rose/ops/cuda/moe_gemm.cuh"
 #include "services/rose/ops/cuda/moe_permute.cuh"
+#include "services/rose/ops/cuda/mxfp4_tiles.h"
 #include "services/rose/ops/cuda/rms_norm.cuh"
 #include "services/rose/ops/cuda/moe_route.cuh"
 #include "services/rose/ops/cuda/moe_router_f32.cuh"
@@ -426,7 +427,10 @@ class CudaLlmOps final : public LlmOps {
       return;
     }
     const int64_t assignments = t * p.top_k;
-    const int32_t bm = moeGemmBlockM(assignments, p.num_experts);
+    const bool mx_wide = w1.format == ExpertFormat::kMxfp4 && w2.format == ExpertFormat::kMxfp4 &&
+                         w1.mx_max_scale <= kMxfp4MaxDecodeScale &&
+                         w2.mx_max_scale <= kMxfp4MaxDecodeScale;
+    const int32_t bm = moeGemmBlockM(assignments, p.num_experts, mx_wide);
     const int64_t tiles = moeAlignMaxTiles(assignments, p.num_experts, bm);
     alignExperts(topk_ids, t, p, bm, tiles, st);
 

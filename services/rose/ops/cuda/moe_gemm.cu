@@ -536,6 +536,202 @@ Status launchDecode(const MoeGemmArgs& a, cudaStream_t stream) {
   return okStatus();
 }
 
+// The wide decode-shaped MXFP4 GEMM [TAG_MOE_WIDE]: the decode kernel's weight path (weights as
+// the mma A operand straight from the packed layout, one 16-byte load per lane per K tile, a
+// kDepth register ring, dequantized by shifts and one bf16 multiply) for tiles of kNT * 8 token
+// rows (block_m 64 at kNT 8), so each dequantized weight fragment feeds up to kNT mmas instead of
+// two. The token rows cannot all sit in shared memory for the whole K (64 x 2880 bf16 = 360 KB), so
+// they stream through a kXStages-deep cp.async ring of 64-wide K tiles shared by the CTA's kRG
+// warps (one __syncthreads per K tile). Only the n8 token tiles that hold a real row are loaded and
+// multiplied (align puts an expert's rows first in its tile). Each output element is the one
+// K chain of the tiled kernel's block_m 64 instance (K tiles in order, k16 steps in order, one mma
+// each, from zero; bias and epilogue in f32), on the same exact bf16 weight values, so the bits
+// equal it (rose_llm_bench --moe-gemm and the GPU tests compare them). Unsliced: only used where
+// the K slicing is one chain. Needs every scale <= 128, like the decode kernel.
+template <int kRG, int kNT, int kDepth, int kXStages, MoeGemmEpilogue kEpi>
+__global__ void __launch_bounds__(kRG * 32, 16 / kRG) moeGemmMxWideKernel(MoeGemmArgs a) {
+  static_assert(kNT % 2 == 0 && kXStages >= 2, "token tiles come in ldmatrix.x4 pairs");
+  constexpr int kM = kNT * 8;     // token rows per tile (== block_m)
+  constexpr int kXRow = kBK + 8;  // padded smem row (bf16): 144 bytes, conflict-free ldmatrix
+  constexpr int kThreads = kRG * 32;
+  extern __shared__ __align__(16) unsigned char smem[];
+  __nv_bfloat16* s_x = reinterpret_cast<__nv_bfloat16*>(smem);  // [kXStages][kM][kXRow]
+  __shared__ int32_t s_src[kM];
+  __shared__ int s_rows;  // 1 + the last real row of the tile (0: none)
+  const int tile = blockIdx.y;
+  if (tile >= *a.num_tiles) return;  // uniform over the CTA
+  const int e = a.tile_expert[tile];
+  if (e < 0 || e >= a.num_experts) return;
+  const int kt_count = (a.k + kBK - 1) / kBK;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int m0 = tile * kM;
+  const int pack_tiles = (a.n + kPackN - 1) / kPackN;
+  const int q = blockIdx.x * kRG + warp;  // this warp's 16-row weight group
+  const bool act = q * 16 < a.n;          // warp-uniform
+  const int g = lane >> 2, t = lane & 3;
+
+  const int64_t blk = (static_cast<int64_t>(e) * pack_tiles + q / 8) * kt_count;
+  const uint8_t* cbase = a.codes + blk * kMxTileBytes + (q % 8) * 512 + lane * 16;
+  const uint8_t* sbase = a.scales + blk * 256 + ((q % 8) * 16 + g) * 2;
+  uint4 wq[kDepth];
+  uint32_t sqa[kDepth], sqb[kDepth];
+  auto fetch = [&](int kt, uint4& w, uint32_t& sa, uint32_t& sb) {
+    w = __ldg(reinterpret_cast<const uint4*>(cbase + static_cast<int64_t>(kt) * kMxTileBytes));
+    const uint16_t* sp = reinterpret_cast<const uint16_t*>(sbase + static_cast<int64_t>(kt) * 256);
+    sa = __ldg(sp);
+    sb = __ldg(sp + 8);
+  };
+  if (act) {
+#pragma unroll
+    for (int d = 0; d < kDepth; ++d)
+      if (d < kt_count) fetch(d, wq[d], sqa[d], sqb[d]);
+  }
+
+  if (tid == 0) s_rows = 0;
+  __syncthreads();
+  for (int r = tid; r < kM; r += kThreads) {
+    const int pr = m0 + r;
+    const int src = a.a_rows != nullptr ? a.a_rows[pr]
+                                        : (a.row_valid == nullptr || a.row_valid[pr] >= 0 ? pr : -1);
+    s_src[r] = src;
+    if (src >= 0) atomicMax(&s_rows, r + 1);
+  }
+  __syncthreads();
+  const int rows = s_rows;
+  const int pairs = (rows + 15) / 16;  // ldmatrix.x4 pairs of n8 tiles that hold a real row
+  const int load_rows = pairs * 16;
+  auto loadX = [&](int kt) {
+    __nv_bfloat16* dst = s_x + (kt % kXStages) * (kM * kXRow);
+    for (int i = tid; i < load_rows * 8; i += kThreads) {
+      const int r = i >> 3, c = (i & 7) * 8;
+      const int src = s_src[r];
+      const int kk = kt * kBK + c;
+      const bool ok = src >= 0 && kk < a.k;
+      cpAsync16(dst + r * kXRow + c, a.a + (ok ? static_cast<int64_t>(src) * a.k + kk : 0), ok);
+    }
+  };
+#pragma unroll
+  for (int st = 0; st < kXStages - 1; ++st) {
+    if (st < kt_count) loadX(st);
+    cpAsyncCommit();
+  }
+
+  float acc[kNT][4];
+#pragma unroll
+  for (int i = 0; i < kNT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+  // ldmatrix.x4 rows of pair p: matrices (tokens 16p + 0-7, k 0-7), (16p + 0-7, k 8-15),
+  // (16p + 8-15, k 0-7), (16p + 8-15, k 8-15): b[0], b[1] feed n8 tile 2p, b[2], b[3] tile 2p + 1.
+  const int mi = lane >> 3, mr = lane & 7;
+  const int xoff = ((mi >> 1) * 8 + mr) * kXRow + (mi & 1) * 8;
+
+  for (int kt = 0; kt < kt_count; ++kt) {
+    cpAsyncWait<kXStages - 2>();
+    __syncthreads();  // tile kt is in; every warp is done with the slot refilled below
+    if (kt + kXStages - 1 < kt_count) loadX(kt + kXStages - 1);
+    cpAsyncCommit();
+    if (!act) continue;
+    const int d = kt % kDepth;  // ring slot (kt_count is not a multiple of kDepth in general)
+    uint4 w;
+    uint32_t sa, sb;
+    // The ring slot by a switch on a uniform index, so the ring stays in registers.
+#pragma unroll
+    for (int i = 0; i < kDepth; ++i) {
+      if (i == d) {
+        w = wq[i];
+        sa = sqa[i];
+        sb = sqb[i];
+        if (kt + kDepth < kt_count) fetch(kt + kDepth, wq[i], sqa[i], sqb[i]);
+      }
+    }
+    uint32_t sf[2][2];  // bf16x2 2^(s-1): [row g / g + 8][group 0 / 1]
+#pragma unroll
+    for (int hg = 0; hg < 2; ++hg) {
+      sf[0][hg] = (__byte_perm(sa, 0u, hg ? 0x1414u : 0x0404u) >> 1) + 0x3F003F00u;
+      sf[1][hg] = (__byte_perm(sb, 0u, hg ? 0x1414u : 0x0404u) >> 1) + 0x3F003F00u;
+    }
+    const __nv_bfloat16* xs = s_x + (kt % kXStages) * (kM * kXRow) + xoff;
+    uint32_t bf[2][kNT / 2][4];
+#pragma unroll
+    for (int p = 0; p < kNT / 2; ++p)
+      if (p < pairs) ldmatrixX4(bf[0][p], xs + p * 16 * kXRow);
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      if (s + 1 < 4) {  // the next k16 step's token fragments while this step multiplies
+#pragma unroll
+        for (int p = 0; p < kNT / 2; ++p)
+          if (p < pairs) ldmatrixX4(bf[(s + 1) & 1][p], xs + p * 16 * kXRow + (s + 1) * 16);
+      }
+      const uint32_t word = s == 0 ? w.x : s == 1 ? w.y : s == 2 ? w.z : w.w;
+      uint32_t af[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        af[j] = bf16x2Bits(__hmul2(bitsBf16x2(mxRegBits(word, j)), bitsBf16x2(sf[j & 1][s >> 1])));
+#pragma unroll
+      for (int p = 0; p < kNT / 2; ++p) {
+        if (p < pairs) {
+          mmaBf16(acc[2 * p], af, bf[s & 1][p][0], bf[s & 1][p][1]);
+          mmaBf16(acc[2 * p + 1], af, bf[s & 1][p][2], bf[s & 1][p][3]);
+        }
+      }
+    }
+  }
+  cpAsyncWait<0>();
+  if (!act) return;
+
+  // acc[nt]: c0 (row g, token 2t), c1 (row g, token 2t+1), c2/c3 the same for row g + 8.
+  const int n_base = q * 16;
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt) {
+    if (nt >= 2 * pairs) break;
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      const int n = n_base + g + 8 * hr;
+      const float v0 = acc[nt][2 * hr], v1 = acc[nt][2 * hr + 1];
+      const int64_t tok0 = m0 + nt * 8 + 2 * t;
+      if constexpr (kEpi == MoeGemmEpilogue::kSwiglu) {
+        const float u0 = __shfl_down_sync(0xffffffffu, v0, 4);
+        const float u1 = __shfl_down_sync(0xffffffffu, v1, 4);
+        if ((g & 1) == 0 && n + 1 < a.n) {
+          float bg = 0.f, bu = 0.f;
+          if (a.bias != nullptr) {
+            bg = __bfloat162float(a.bias[static_cast<int64_t>(e) * a.n + n]);
+            bu = __bfloat162float(a.bias[static_cast<int64_t>(e) * a.n + n + 1]);
+          }
+          const float lim = a.swiglu_limit, alpha = a.swiglu_alpha;
+          const int half_n = a.n / 2;
+          a.out[tok0 * half_n + n / 2] = __float2bfloat16(clampedSwiglu(v0 + bg, u0 + bu, lim, alpha));
+          a.out[(tok0 + 1) * half_n + n / 2] =
+              __float2bfloat16(clampedSwiglu(v1 + bg, u1 + bu, lim, alpha));
+        }
+      } else {
+        if (n < a.n) {
+          const float bn =
+              a.bias != nullptr ? __bfloat162float(a.bias[static_cast<int64_t>(e) * a.n + n]) : 0.f;
+          a.out[tok0 * a.n + n] = __float2bfloat16(v0 + bn);
+          a.out[(tok0 + 1) * a.n + n] = __float2bfloat16(v1 + bn);
+        }
+      }
+    }
+  }
+}
+
+template <int kRG, int kNT, int kDepth, int kXStages, MoeGemmEpilogue kEpi>
+Status launchWide(const MoeGemmArgs& a, cudaStream_t stream) {
+  constexpr size_t smem = size_t{kXStages} * kNT * 8 * (kBK + 8) * 2;
+  auto kernel = moeGemmMxWideKernel<kRG, kNT, kDepth, kXStages, kEpi>;
+  static bool configured = false;  // one attribute call per instance (load time, not captured)
+  if (!configured) {
+    CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              static_cast<int>(smem)));
+    configured = true;
+  }
+  const int groups = (a.n + 15) / 16;
+  const dim3 grid(static_cast<unsigned>((groups + kRG - 1) / kRG), static_cast<unsigned>(a.max_tiles));
+  kernel<<<grid, kRG * 32, smem, stream>>>(a);
+  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return okStatus();
+}
+
 // Decode kernel shape (kRG row groups per CTA, kDepth) per token tile; variant 0 is the default,
 // the others are measured by rose_llm_bench --moe-gemm (setMoeDecodeVariant). All give the same
 // bits (the slicing, not the shape, decides them). Measured on the H200 (bench/results/
@@ -543,6 +739,19 @@ Status launchDecode(const MoeGemmArgs& a, cudaStream_t stream) {
 // T = 2 on (T = 4: 150 vs 103 us for the whole MoE op); at T = 1 depth 8 is ~3 % faster.
 int g_decode_variant = 0;
 int g_k_slices = kMoeDefaultKSlices;
+int g_wide_variant = 0;                   // [TAG_MOE_WIDE] -1: off (the tiled kernel)
+int g_wide_min_avg = kMoeWideDefaultMinAvg;  // block_m 64 + the wide kernel above this average
+int g_block_m_override = 0;               // rose_llm_bench only: 0 = moeGemmBlockM's choice
+
+template <MoeGemmEpilogue kEpi>
+Status launchWideVariant(const MoeGemmArgs& a, cudaStream_t stream) {
+  switch (g_wide_variant) {
+    case 1: return launchWide<4, 8, 4, 4, kEpi>(a, stream);
+    case 2: return launchWide<8, 8, 2, 4, kEpi>(a, stream);
+    case 3: return launchWide<8, 8, 4, 3, kEpi>(a, stream);
+    default: return launchWide<8, 8, 4, 4, kEpi>(a, stream);
+  }
+}
 
 template <MoeGemmEpilogue kEpi>
 Status launchDecodeVariant(const MoeGemmArgs& a, cudaStream_t stream) {
@@ -564,6 +773,9 @@ Status launchTile(const MoeGemmArgs& a, cudaStream_t stream) {
     if (a.block_m == 16 && a.mx_max_scale <= kMxfp4MaxDecodeScale && !a.force_tiled &&
         g_decode_variant >= 0)
       return launchDecodeVariant<kEpi>(a, stream);
+    if (a.block_m == 64 && a.mx_max_scale <= kMxfp4MaxDecodeScale && !a.force_tiled &&
+        g_decode_variant >= 0 && g_wide_variant >= 0)
+      return launchWideVariant<kEpi>(a, stream);
   }
   switch (a.block_m) {
     // Few rows per expert (decode): one warp per 16 x 32 tile, 6 stages in flight, so the
@@ -633,8 +845,19 @@ void setMoeDecodeVariant(int variant) { g_decode_variant = variant; }
 void setMoeKSlices(int slices) { g_k_slices = std::max(1, std::min(slices, 8)); }
 int moeKSlices() { return g_k_slices; }
 
-int32_t moeGemmBlockM(int64_t assignments, int32_t num_experts) {
+void setMoeWideVariant(int variant) { g_wide_variant = variant; }
+void setMoeWideMinAvg(int rows) { g_wide_min_avg = rows; }
+void setMoeBlockMOverride(int block_m) { g_block_m_override = block_m; }
+
+int32_t moeGemmBlockM(int64_t assignments, int32_t num_experts, bool mx_wide) {
+  if (g_block_m_override > 0) return g_block_m_override;
   const int64_t avg = assignments / (num_experts > 0 ? num_experts : 1);
+  // [TAG_MOE_WIDE] MXFP4 experts the decode kernels can read take block_m 64 tiles and the wide
+  // kernel above g_wide_min_avg rows per expert — only with one K chain, where block_m 16 and 64
+  // give the same bits.
+  if (mx_wide && g_wide_variant >= 0 && g_decode_variant >= 0 && g_k_slices == 1 &&
+      avg > g_wide_min_avg && avg <= 96)
+    return 64;
   if (avg <= 24) return 16;
   if (avg <= 96) return 64;
   return 128;

@@ -92,7 +92,20 @@ struct MoeGemmArgs {
 };
 
 // The M tile for `assignments` rows over `num_experts` experts (the align step must use it).
-int32_t moeGemmBlockM(int64_t assignments, int32_t num_experts);
+// mx_wide: the experts are MXFP4 with every scale <= 128 (both projections), so block_m 64 tiles
+// run the wide kernel [TAG_MOE_WIDE]; then block_m 64 starts above moeWideMinAvg rows per expert
+// on average (with one K chain) instead of 24.
+int32_t moeGemmBlockM(int64_t assignments, int32_t num_experts, bool mx_wide = false);
+// [TAG_MOE_WIDE] Rows per expert on average above which MXFP4 experts take block_m 64 and the
+// wide kernel (up to 96, where block_m 128 and the tiled kernel start).
+inline constexpr int kMoeWideDefaultMinAvg = 24;
+void setMoeWideMinAvg(int rows);
+// Benchmarks only (rose_llm_bench --moe-gemm): the wide kernel's shape (0: the default, 8 warps,
+// depth 4, 4 token stages; 1: 4 warps; 2: depth 2; 3: 3 token stages; -1: off, block_m 64 takes
+// the tiled kernel), and a fixed block_m for every step (0: moeGemmBlockM's choice). Every
+// shape gives the same bits. Process-global, like setMoeDecodeVariant.
+void setMoeWideVariant(int variant);
+void setMoeBlockMOverride(int block_m);
 
 Status checkMoeGemm(const MoeGemmArgs& a);
 // Benchmarks only (rose_llm_bench --moe-gemm): which shape of the decode kernel block_m-16 MXFP4

@@ -318,6 +318,12 @@ Status launchGroup(const PagedAttentionArgs& a, cudaStream_t stream) {
 
 int32_t pagedAttnTokensPerBlock(int32_t group) { return std::max(1, kRows / group); }
 
+namespace {
+int32_t g_split_keys = kPagedAttnSplitKeys;
+}  // namespace
+void setPagedAttnSplitKeys(int32_t keys) { g_split_keys = std::max<int32_t>(64, keys / 64 * 64); }
+int32_t pagedAttnSplitKeys() { return g_split_keys; }
+
 PagedAttnPlan planPagedAttention(const int32_t* cu_q, int32_t num_seqs, const int32_t* positions,
                                  int32_t group, int32_t sliding_window) {
   PagedAttnPlan plan;
@@ -329,9 +335,10 @@ PagedAttnPlan planPagedAttention(const int32_t* cu_q, int32_t num_seqs, const in
       const int32_t p = positions[begin];
       const int32_t lo = sliding_window > 0 ? std::max(0, p - sliding_window + 1) : 0;
       const int32_t hi = p + 1;
-      if (hi - lo > kPagedAttnSplitKeys) {  // split-KV over chunks of keys
+      const int32_t split_keys = g_split_keys;
+      if (hi - lo > split_keys) {  // split-KV over chunks of keys
         const int32_t want = (hi - lo + kPagedAttnMaxSplits - 1) / kPagedAttnMaxSplits;
-        const int32_t chunk = (std::max(kPagedAttnSplitKeys, want) + 63) / 64 * 64;
+        const int32_t chunk = (std::max(split_keys, want) + 63) / 64 * 64;
         const int32_t lo64 = lo / 64 * 64;
         PagedAttnCombine c;
         c.row = begin;

@@ -55,9 +55,15 @@ struct PagedAttnPlan {
   int32_t num_parts = 0;
 };
 
-// Keys per split chunk are at least this many; at most kPagedAttnMaxSplits chunks per token.
+// Keys per split chunk are at least pagedAttnSplitKeys() (default kPagedAttnSplitKeys); at most
+// kPagedAttnMaxSplits chunks per token.
 inline constexpr int32_t kPagedAttnSplitKeys = 512;
 inline constexpr int32_t kPagedAttnMaxSplits = 32;
+// The split chunk's minimum size (a multiple of 64, >= 64), process-global: benchmarks only
+// (rose_llm_bench --attn-split-keys), set before a model is loaded. It changes how a decode
+// token's keys are partitioned (f32 rounding of the combine), never which keys it sees.
+void setPagedAttnSplitKeys(int32_t keys);
+int32_t pagedAttnSplitKeys();
 
 // Query tokens one block takes for a GQA group of `group` q heads per kv head (64 rows).
 int32_t pagedAttnTokensPerBlock(int32_t group);
