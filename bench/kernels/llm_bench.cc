@@ -19,7 +19,7 @@
 //   --moe-wide-min-avg N: rows per expert on average above which MXFP4 experts take block_m 64
 //              (default cuda::kMoeWideDefaultMinAvg).
 //   --attn-split-keys N: a decode token's keys are split into chunks of at least N (multiple of
-//              64; default cuda::kPagedAttnSplitKeys) for the split-KV attention.
+//              64; default: cuda::pagedAttnSplitKeysFor's rule) for the split-KV attention.
 //   --fuse-combine-norm on|off: each layer's MoE combine fused into the next RMSNorm
 //              (GptOssOptions::fuse_combine_norm [TAG_COMBINE_NORM]; same bits; default on).
 //   --moe-k-slices N: the decode-regime expert GEMMs sum K in N fixed slices (1..8; default 1,

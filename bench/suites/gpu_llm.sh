@@ -66,6 +66,10 @@
 #   widegemm  rose_llm_bench --moe-gemm at 1..512 tokens, one K chain: the tiled kernel, the
 #             decode kernel's shapes, the wide kernel's shapes at block_m 64 (bits compared with
 #             the tiled kernel's), and the default choice
+#             (MOEWIDE_FILTER / WIDEGEMM_TS: other test filter / token counts)
+#   wideab    decode 1@8192, 64@1024, 256@1024 with the default and --moe-wide off (needs mk20b)
+#   sweep256  gpu_chat_sweep.sh at 256 concurrent streams only (the saturated row; needs mk20b)
+#   ncuwide   ncu --set full on the first two wide-kernel launches of --moe-gemm 256
 #   widedec   decode 1@8192, 64/128/256@1024 (needs mk20b): the default, --moe-wide off,
 #             --moe-wide-min-avg 16 / 8 / 4, --attn-split-keys 256 / 128
 #   grammar   bench/grammar/grammar_bench on the GPU host's CPUs (structured outputs: schema compile,
@@ -135,8 +139,11 @@ for s in $STEPS; do
     moegemm) step moegemm moegemm.txt 200 "$BIN/rose_llm_bench" --moe-gemm 1,2,4,8,16,32,64,128,192,256 --moe-k-slices 1,2,4,8 ;;
     sweepjson) step sweepjson sweepjson.txt 400 bash -c "export OUTPUT_TOKENS=512 SKIP_REASONING=true TEMPERATURE=0; for v in 'none _plain' 'json_object _json' 'json_object _json_overlap --llm-constrained-overlap' 'json_object _json_serial --mask-threads 0'; do set -- \$v; RESPONSE_FORMAT=\$1 TAG=\$2 TULIP_ARGS=\"\$3 \$4\" bash '$ROOT/bench/suites/gpu_chat_sweep.sh' '$BIN' /tmp/gptoss20b '$BIN/tokenizer.json' '$LOGS/sweepjson' 64; done" ;;
     latemask) step latemask latemask.txt 460 bash -c "'$BIN/gpu_llm_model_test' --gtest_filter='*LateMasks*' 2>&1 | tail -15; export OUTPUT_TOKENS=512 SKIP_REASONING=true TEMPERATURE=0; for v in 'none _plain' 'json_schema _schema' 'json_schema _schema_late --rose-arg=--late-masks=on'; do set -- \$v; s=''; [ \$1 = json_schema ] && s='$ROOT/bench/suites/schemas/long_arrays.json'; RESPONSE_FORMAT=\$1 RESPONSE_SCHEMA=\$s TAG=\$2 TULIP_ARGS=\"\$3\" bash '$ROOT/bench/suites/gpu_chat_sweep.sh' '$BIN' /tmp/gptoss20b '$BIN/tokenizer.json' '$LOGS/latemask' 64; done" ;;
-    moewide) step moewide moe_wide.log 200 "$BIN/gpu_llm_ops_test" --gtest_filter='GpuLlmOps.Moe*:Cases/GpuPagedAttention.*' ;;
-    widegemm) step widegemm widegemm.txt 200 "$BIN/rose_llm_bench" --moe-gemm 1,8,32,64,96,128,192,256,384,512 --moe-k-slices 1 ;;
+    moewide) step moewide moe_wide.log 200 "$BIN/gpu_llm_ops_test" --gtest_filter="${MOEWIDE_FILTER:-GpuLlmOps.Moe*:Cases/GpuPagedAttention.*}" ;;
+    widegemm) step widegemm widegemm.txt 200 "$BIN/rose_llm_bench" --moe-gemm "${WIDEGEMM_TS:-1,8,32,64,96,128,192,256,384,512}" --moe-k-slices 1 ;;
+    wideab) step wideab wideab.txt 200 bash -c "for v in '' '--moe-wide off'; do echo \"== \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode 1@8192,64@1024,256@1024 --decode-steps 24 --max-batch-tokens 16384 --kv-tokens 290000 \$v 2>&1 | grep -v 'gemm tuned'; done" ;;
+    sweep256) step sweep256 sweep256.txt 300 bash "$ROOT/bench/suites/gpu_chat_sweep.sh" "$BIN" /tmp/gptoss20b "$BIN/tokenizer.json" "$LOGS/sweep256" 256 ;;
+    ncuwide) step ncuwide ncuwide.txt 200 bash -c "ncu --set full -k regex:moeGemmMxWide -c 2 '$BIN/rose_llm_bench' --moe-gemm 256 2>&1 | grep -v 'gemm tuned' | tail -250" ;;
     widedec) step widedec widedec.txt 400 bash -c "for v in '' '--moe-wide off' '--moe-wide-min-avg 16' '--moe-wide-min-avg 8' '--moe-wide-min-avg 4' '--attn-split-keys 256' '--attn-split-keys 128'; do echo \"== \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode 1@8192,64@1024,128@1024,256@1024 --decode-steps 24 --max-batch-tokens 16384 --kv-tokens 290000 \$v 2>&1 | grep -v 'gemm tuned'; done" ;;
     fusecn) step fusecn fusecn.txt 300 bash -c "'$BIN/gpu_llm_model_test' --gtest_filter='*CombineNorm*' 2>&1 | tail -8; for f in off on; do echo \"== --fuse-combine-norm \$f\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode 1@8192,64@1024 --decode-steps 32 --max-batch-tokens 16384 --fuse-combine-norm \$f 2>&1 | grep -v 'gemm tuned'; done" ;;
     grammar) step grammar grammar.txt 200 bash -c "nproc; lscpu | grep -E 'Model name|^CPU\\(s\\)'; '$BIN/grammar_bench' --tokenizer '$BIN/tokenizer.json' --benchmark_filter='^(schema|tables_cold|tables_cold_1t|tables_tulip|mask)/'" ;;

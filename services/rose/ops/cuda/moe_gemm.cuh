@@ -101,9 +101,9 @@ int32_t moeGemmBlockM(int64_t assignments, int32_t num_experts, bool mx_wide = f
 inline constexpr int kMoeWideDefaultMinAvg = 24;
 void setMoeWideMinAvg(int rows);
 // Benchmarks only (rose_llm_bench --moe-gemm): the wide kernel's shape (0: the default, 8 warps,
-// depth 4, 4 token stages; 1: 4 warps; 2: depth 2; 3: 3 token stages; -1: off, block_m 64 takes
-// the tiled kernel), and a fixed block_m for every step (0: moeGemmBlockM's choice). Every
-// shape gives the same bits. Process-global, like setMoeDecodeVariant.
+// weight ring depth 2, 4 token stages; 1: 6 token stages; 2: 16 warps; 3: depth 4; -1: off,
+// block_m 64 takes the tiled kernel), and a fixed block_m for every step (0: moeGemmBlockM's
+// choice). Every shape gives the same bits. Process-global, like setMoeDecodeVariant.
 void setMoeWideVariant(int variant);
 void setMoeBlockMOverride(int block_m);
 

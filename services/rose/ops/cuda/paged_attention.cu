@@ -319,10 +319,16 @@ Status launchGroup(const PagedAttentionArgs& a, cudaStream_t stream) {
 int32_t pagedAttnTokensPerBlock(int32_t group) { return std::max(1, kRows / group); }
 
 namespace {
-int32_t g_split_keys = kPagedAttnSplitKeys;
+int32_t g_split_keys = 0;  // 0: pagedAttnSplitKeysFor's rule
 }  // namespace
-void setPagedAttnSplitKeys(int32_t keys) { g_split_keys = std::max<int32_t>(64, keys / 64 * 64); }
+void setPagedAttnSplitKeys(int32_t keys) {
+  g_split_keys = keys <= 0 ? 0 : std::max<int32_t>(64, keys / 64 * 64);
+}
 int32_t pagedAttnSplitKeys() { return g_split_keys; }
+int32_t pagedAttnSplitKeysFor(int32_t keys) {
+  if (g_split_keys > 0) return g_split_keys;
+  return keys >= kPagedAttnLongContext ? kPagedAttnSplitKeysLong : kPagedAttnSplitKeys;
+}
 
 PagedAttnPlan planPagedAttention(const int32_t* cu_q, int32_t num_seqs, const int32_t* positions,
                                  int32_t group, int32_t sliding_window) {
@@ -335,7 +341,7 @@ PagedAttnPlan planPagedAttention(const int32_t* cu_q, int32_t num_seqs, const in
       const int32_t p = positions[begin];
       const int32_t lo = sliding_window > 0 ? std::max(0, p - sliding_window + 1) : 0;
       const int32_t hi = p + 1;
-      const int32_t split_keys = g_split_keys;
+      const int32_t split_keys = pagedAttnSplitKeysFor(hi - lo);
       if (hi - lo > split_keys) {  // split-KV over chunks of keys
         const int32_t want = (hi - lo + kPagedAttnMaxSplits - 1) / kPagedAttnMaxSplits;
         const int32_t chunk = (std::max(split_keys, want) + 63) / 64 * 64;

@@ -55,13 +55,21 @@ struct PagedAttnPlan {
   int32_t num_parts = 0;
 };
 
-// Keys per split chunk are at least pagedAttnSplitKeys() (default kPagedAttnSplitKeys); at most
-// kPagedAttnMaxSplits chunks per token.
+// A decode token that sees `keys` keys splits them into chunks of at least
+// pagedAttnSplitKeysFor(keys) keys, at most kPagedAttnMaxSplits chunks: kPagedAttnSplitKeys, or
+// kPagedAttnSplitKeysLong from kPagedAttnLongContext keys on (more, shorter chunks where one
+// sequence's chunks are all the work of a step; measured on the H200, 2026-12-03: decode b1@8k
+// 3.072 -> 3.033 ms with 256-key chunks, while b64@1k lost 1.5 % with them). The rule reads
+// only the token's own key count, so a sequence's attention does not depend on its batch.
 inline constexpr int32_t kPagedAttnSplitKeys = 512;
+inline constexpr int32_t kPagedAttnSplitKeysLong = 256;
+inline constexpr int32_t kPagedAttnLongContext = 4096;
 inline constexpr int32_t kPagedAttnMaxSplits = 32;
-// The split chunk's minimum size (a multiple of 64, >= 64), process-global: benchmarks only
-// (rose_llm_bench --attn-split-keys), set before a model is loaded. It changes how a decode
-// token's keys are partitioned (f32 rounding of the combine), never which keys it sees.
+int32_t pagedAttnSplitKeysFor(int32_t keys);
+// A fixed minimum chunk for every token instead (a multiple of 64, >= 64; 0: the rule above),
+// process-global: benchmarks only (rose_llm_bench --attn-split-keys), set before a model is
+// loaded. It changes how a decode token's keys are partitioned (f32 rounding of the combine),
+// never which keys it sees.
 void setPagedAttnSplitKeys(int32_t keys);
 int32_t pagedAttnSplitKeys();
 
