@@ -489,8 +489,8 @@ int main(int argc, char** argv) {
       .add("max-seqs", &llm.max_seqs, "gpt-oss: sequences per step")
       .add("late-masks", &llm.late_masks,
            "gpt-oss structured outputs: auto|on|off: take a step's token masks after it was "
-           "launched (tulip's late masks). auto: where the backend has verified it (cpu); on: "
-           "also where it has not yet (cuda: to test it through the mesh); off: never");
+           "launched (tulip's late masks). auto: where the backend has verified it (cpu, cuda); "
+           "on: also where it has not; off: never");
   // gpt-oss over several ranks (docs/multi-gpu.md).
   RankArgs ranks;
   flags.add("tp", &ranks.parallel.tp, "gpt-oss: tensor-parallel ranks (attention heads, vocabulary)")
