@@ -18,6 +18,8 @@
 //   --moe-wide off: block_m 64 MXFP4 tiles take the tiled kernel, not the wide one [TAG_MOE_WIDE];
 //   --moe-wide-min-avg N: rows per expert on average above which MXFP4 experts take block_m 64
 //              (default cuda::kMoeWideDefaultMinAvg).
+//   --gemm-small-buckets on|off: the dense GEMMs tune M <= 8 in power-of-two buckets (default on,
+//              cuda::setLlmGemmSmallBuckets [TAG_GEMM_SMALL_BUCKETS]); off: one bucket 1..64.
 //   --attn-split-keys N: a decode token's keys are split into chunks of at least N (multiple of
 //              64; default: cuda::pagedAttnSplitKeysFor's rule) for the split-KV attention.
 //   --fuse-combine-norm on|off: each layer's MoE combine fused into the next RMSNorm
@@ -64,6 +66,7 @@
 #include "services/rose/ops/paged_kv_cache.h"
 #include "services/rose/ops/cuda/cuda_backend.h"
 #include "services/rose/ops/cuda/moe_fp8_gemm.h"
+#include "services/rose/ops/cuda/llm_ops_cuda.h"
 #include "services/rose/ops/cuda/moe_gemm.cuh"
 #include "services/rose/ops/cuda/paged_attention.cuh"
 
@@ -541,6 +544,7 @@ int main(int argc, char** argv) {
     else if (a == "--moe-wide-min-avg") cuda::setMoeWideMinAvg(std::atoi(next().c_str()));
     else if (a == "--moe-wide") cuda::setMoeWideVariant(next() == "off" ? -1 : 0);
     else if (a == "--attn-split-keys") cuda::setPagedAttnSplitKeys(std::atoi(next().c_str()));
+    else if (a == "--gemm-small-buckets") cuda::setLlmGemmSmallBuckets(next() == "on");
     else if (a == "--fp8-min-tokens") fp8_min_tokens = std::atoll(next().c_str());
     else if (a == "--masks") mask_density = std::atof(next().c_str());
     else if (a == "--bar-dump") bar_dir = next();

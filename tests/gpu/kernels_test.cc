@@ -299,6 +299,72 @@ TEST_F(GpuOps, LinearRowBitsDependOnlyOnTheMBucket) {
   }
 }
 
+// [TAG_GEMM_SMALL_BUCKETS] With small buckets (the gpt-oss ops turn them on), M <= 8 is tuned in
+// power-of-two buckets: the rows of M = 3 equal those of M = 4 (the graph pads 3 sequences to 4)
+// bit for bit, M = 1 and M = 5..8 get their own timed choices, each within bf16 rounding of the
+// 64-row bucket's and of the CPU reference, and M >= 9 keeps the 64-row bucket. The gpt-oss
+// decode shapes (QKV 5120 x 2880 with bias, O 2880 x 4096).
+TEST_F(GpuOps, LinearSmallBucketsNestPowerOfTwoGraphs) {
+  struct Shape {
+    int64_t n, k;
+  };
+  auto& cb = static_cast<cuda::CudaBackend&>(gpu());
+  for (Shape sh : {Shape{5120, 2880}, Shape{2880, 4096}}) {
+    SCOPED_TRACE(shape({64, sh.n, sh.k}));
+    const int64_t m = 64;
+    auto x = randomBf16(static_cast<size_t>(m * sh.k), rng_, -1.f, 1.f);
+    auto w = randomBf16(static_cast<size_t>(sh.n * sh.k), rng_, -0.03f, 0.03f);
+    auto b = randomBf16(static_cast<size_t>(sh.n), rng_, -0.5f, 0.5f);
+    auto gw = upload(gpu(), gpu().weightDType(), {sh.n, sh.k}, w);
+    auto gb = upload(gpu(), gpu().weightDType(), {sh.n}, b);
+    auto gx = upload(gpu(), act(), {m, sh.k}, x);
+    auto gy = allocate(gpu(), act(), {m, sh.n});
+    auto cx = upload(cpu(), DType::kF32, {m, sh.k}, x);
+    auto cw = upload(cpu(), DType::kF32, {sh.n, sh.k}, w);
+    auto cbias = upload(cpu(), DType::kF32, {sh.n}, b);
+    auto cy = allocate(cpu(), DType::kF32, {m, sh.n});
+    cpu().linear(cx.view, cw.view, cbias.view, cy.view);
+    const auto ref = download(cpu(), cy.view);
+    auto runner = cuda::GemmRunner::create(size_t{32} << 20, true);
+    ASSERT_TRUE(runner.isOk()) << runner.status().toString();
+    cuda::GemmRunner& g = **runner;
+    g.setSmallBuckets(true);
+    auto run = [&](int64_t rows) {
+      auto y = gy.view.rowSlice(0, rows);
+      poison(gpu(), y);
+      Status st = g.run(gx.view.as<__nv_bfloat16>(), gw.view.as<__nv_bfloat16>(),
+                        gb.view.as<__nv_bfloat16>(), y.as<__nv_bfloat16>(), rows, sh.n, sh.k,
+                        cb.stream());
+      EXPECT_TRUE(st.isOk()) << st.toString();
+      return download(gpu(), y);
+    };
+    const auto full = run(m);  // the 64-row bucket
+    std::map<int64_t, std::vector<float>> got;
+    for (int64_t rows : {4, 3, 1, 2, 8, 5, 9}) got[rows] = run(rows);
+    EXPECT_EQ(g.bucketOf(1), 1);
+    EXPECT_EQ(g.bucketOf(3), 4);
+    EXPECT_EQ(g.bucketOf(5), 8);
+    EXPECT_EQ(g.bucketOf(9), 64);
+    EXPECT_EQ(0, std::memcmp(got[3].data(), got[4].data(), got[3].size() * sizeof(float)))
+        << "M = 3 and its padded graph M = 4 differ";
+    EXPECT_EQ(0, std::memcmp(got[5].data(), got[8].data(), got[5].size() * sizeof(float)));
+    EXPECT_EQ(0, std::memcmp(got[9].data(), full.data(), got[9].size() * sizeof(float)))
+        << "M = 9 left the 64-row bucket";
+    for (const auto& [rows, y] : got) {
+      SCOPED_TRACE("rows " + std::to_string(rows));
+      std::vector<float> want(full.begin(), full.begin() + static_cast<std::ptrdiff_t>(y.size()));
+      expectWithinBf16Rounding(y, want, "small bucket vs the 64-row bucket");
+      std::vector<float> cref(ref.begin(), ref.begin() + static_cast<std::ptrdiff_t>(y.size()));
+      double mx = 0;
+      for (float v : cref) mx = std::max(mx, static_cast<double>(std::fabs(v)));
+      expectClose(y, cref, 1e-2 * mx, 1e-2, "small bucket vs CPU");
+    }
+    EXPECT_EQ(g.untimedInCapture(), 0u);
+    std::cout << "[ small buckets ] n=" << sh.n << " k=" << sh.k << ": " << g.tunedShapes()
+              << " tuned shapes\n";
+  }
+}
+
 TEST_F(GpuOps, LinearFirstSeenInsideACaptureIsUntimedAndCaptures) {
   // A shape first seen while the stream is captured takes the heuristic's first pick without
   // timing (no events or syncs in the capture); the graph replays to the same bits as an eager

@@ -34,6 +34,15 @@ int64_t GemmRunner::algoBucket(int64_t m) {
   return (m + step - 1) / step * step;
 }
 
+int64_t GemmRunner::bucketOf(int64_t m) const {
+  if (small_buckets_ && m <= 8) {
+    int64_t b = 1;
+    while (b < m) b <<= 1;
+    return b;
+  }
+  return algoBucket(m);
+}
+
 Result<std::unique_ptr<GemmRunner>> GemmRunner::create(size_t workspace_bytes, bool tune,
                                                        bool smallm) {
   std::unique_ptr<GemmRunner> r(new GemmRunner());
@@ -199,7 +208,7 @@ Result<bool> GemmRunner::rowsIndependentOfM(const Plan& exact, const Choice& cho
 Result<GemmRunner::Choice> GemmRunner::chooseAlgo(Plan& exact, int64_t m, int64_t n, int64_t k,
                                                   const Operands& ops) {
   const bool bias = ops.bias != nullptr;
-  const int64_t bucket = algoBucket(m);
+  const int64_t bucket = bucketOf(m);
   // Candidates from the heuristic at the bucket's largest M, so that each fits (workspace
   // included: split-K needs more of it as M grows) every M of the bucket.
   Plan top;
@@ -359,7 +368,7 @@ Result<GemmRunner::Plan*> GemmRunner::plan(int64_t m, int64_t n, int64_t k, cons
   auto p = std::make_unique<Plan>();
   RETURN_IF_ERROR(makeLayouts(*p, m, n, k, bias, ops.f32_out));
   const auto akey =
-      std::make_tuple(tune_ ? algoBucket(m) : int64_t{0}, n, k, bias, ops.f32_out);
+      std::make_tuple(tune_ ? bucketOf(m) : int64_t{0}, n, k, bias, ops.f32_out);
   auto ait = algos_.find(akey);
   if (ait == algos_.end()) {
     Choice algo;

@@ -80,6 +80,16 @@ class GemmRunner {
   // The M bucket sharing one algorithm: 64-row steps up to 1024, 256 up to 4096, 1024 above.
   // algoBucket(graphTokensBucket(m)) == algoBucket(m) for every m.
   static int64_t algoBucket(int64_t m);
+  // [TAG_GEMM_SMALL_BUCKETS] With small buckets on, M <= 8 is tuned in power-of-two buckets
+  // (1, 2, 4, 8) instead of sharing the first 64-row bucket, whose algorithm is timed at M = 64:
+  // a one-token decode step then runs what is fastest at one row. Only for callers whose graphs
+  // pad M to a power of two (gpt-oss decode: graphSeqsBucket), so that padded and eager runs of a
+  // bucket still share an algorithm; Qwen3's graphs pad to 64 rows and keep it off. Rows of M <= 8
+  // and M > 8 steps then agree to bf16 rounding, as across any two buckets. Set before the first
+  // call of a shape (a bucket already tuned keeps its choice).
+  void setSmallBuckets(bool on) { small_buckets_ = on; }
+  bool smallBuckets() const { return small_buckets_; }
+  int64_t bucketOf(int64_t m) const;
 
   bool tuning() const { return tune_; }
   size_t variantFallbacks() const { return fallbacks_; }
@@ -134,6 +144,7 @@ class GemmRunner {
   size_t workspace_bytes_ = 0;
   bool tune_ = true;
   bool smallm_ = true;
+  bool small_buckets_ = false;
   int num_sms_ = 0;
   void* flush_ = nullptr;  // L2 flush buffer for timing (allocated on the first tuning)
   size_t flush_bytes_ = 0;

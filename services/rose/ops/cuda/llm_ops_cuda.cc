@@ -940,12 +940,19 @@ class CudaLlmOps final : public LlmOps {
 
 }  // namespace
 
+namespace {
+bool g_llm_small_buckets = true;
+}  // namespace
+void setLlmGemmSmallBuckets(bool on) { g_llm_small_buckets = on; }
+bool llmGemmSmallBuckets() { return g_llm_small_buckets; }
+
 Result<std::unique_ptr<LlmOps>> createCudaLlmOps(Backend& backend) {
   auto* cb = dynamic_cast<CudaBackend*>(&backend);
   if (cb == nullptr) {
     return invalidArgument("cuda llm ops need the cuda backend (got '" +
                            std::string(backend.name()) + "')");
   }
+  cb->gemm().setSmallBuckets(g_llm_small_buckets);
   return std::unique_ptr<LlmOps>(std::make_unique<CudaLlmOps>(*cb));
 }
 

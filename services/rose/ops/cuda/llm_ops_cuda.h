@@ -25,7 +25,12 @@
 
 namespace garden::rose::cuda {
 
-// `backend` must be the "cuda" backend (CudaBackend) and outlive the ops.
+// `backend` must be the "cuda" backend (CudaBackend) and outlive the ops. Turns on the backend
+// GemmRunner's small M buckets [TAG_GEMM_SMALL_BUCKETS] when llmGemmSmallBuckets() (gpt-oss's
+// decode graphs pad M to powers of two, so the buckets nest them).
 Result<std::unique_ptr<LlmOps>> createCudaLlmOps(Backend& backend);
+// Process-global, read by createCudaLlmOps (rose_llm_bench --gemm-small-buckets on|off).
+void setLlmGemmSmallBuckets(bool on);
+bool llmGemmSmallBuckets();
 
 }  // namespace garden::rose::cuda
