@@ -53,11 +53,11 @@
 #             every other step), and with json_object and --mask-threads 0 (masks filled
 #             serially); tulip's mask counters beside each (needs mk20b, GPUBIN/tokenizer.json)
 #   latemask  late token masks on CUDA [TAG_LATE_MASKS]: gpu_llm_model_test's LateMasks case (the
-#             check kLateMaskVerified waits for), then 64 streams of 1k-in / 512-out chats without
+#             check behind kLateMaskVerified), then 64 streams of 1k-in / 512-out chats without
 #             response_format, with a json_schema that keeps every stream 512 tokens long
-#             (bench/suites/schemas/long_arrays.json: the whole batch stays constrained) as the
-#             CUDA default runs it (one step in flight while constrained), and with rose
-#             --late-masks=on (planned ahead, masks late; needs mk20b, GPUBIN/tokenizer.json)
+#             (bench/suites/schemas/long_arrays.json: the whole batch stays constrained) with rose
+#             --late-masks=off (one step in flight while constrained), and as the default runs it
+#             (planned ahead, masks late; needs mk20b, GPUBIN/tokenizer.json)
 #   fusecn    the MoE combine fused into the next RMSNorm [TAG_COMBINE_NORM]: gpu_llm_model_test's
 #             CombineNorm case (same bits as the two kernels), then decode 1@8192 and 64@1024
 #             with --fuse-combine-norm off / on (needs mk20b)
@@ -141,7 +141,7 @@ for s in $STEPS; do
     bench20b) step bench20b bench20b.txt 300 "$BIN/rose_llm_bench" --model /tmp/gptoss20b --prefill 2048,8192,32768 --decode 1@8192,64@1024 --decode-steps 32 --max-batch-tokens 16384 --json "$LOGS/bench20b.jsonl" ;;
     moegemm) step moegemm moegemm.txt 200 "$BIN/rose_llm_bench" --moe-gemm 1,2,4,8,16,32,64,128,192,256 --moe-k-slices 1,2,4,8 ;;
     sweepjson) step sweepjson sweepjson.txt 400 bash -c "export OUTPUT_TOKENS=512 SKIP_REASONING=true TEMPERATURE=0; for v in 'none _plain' 'json_object _json' 'json_object _json_overlap --llm-constrained-overlap' 'json_object _json_serial --mask-threads 0'; do set -- \$v; RESPONSE_FORMAT=\$1 TAG=\$2 TULIP_ARGS=\"\$3 \$4\" bash '$ROOT/bench/suites/gpu_chat_sweep.sh' '$BIN' /tmp/gptoss20b '$BIN/tokenizer.json' '$LOGS/sweepjson' 64; done" ;;
-    latemask) step latemask latemask.txt 460 bash -c "'$BIN/gpu_llm_model_test' --gtest_filter='*LateMasks*' 2>&1 | tail -15; export OUTPUT_TOKENS=512 SKIP_REASONING=true TEMPERATURE=0; for v in 'none _plain' 'json_schema _schema' 'json_schema _schema_late --rose-arg=--late-masks=on'; do set -- \$v; s=''; [ \$1 = json_schema ] && s='$ROOT/bench/suites/schemas/long_arrays.json'; RESPONSE_FORMAT=\$1 RESPONSE_SCHEMA=\$s TAG=\$2 TULIP_ARGS=\"\$3\" bash '$ROOT/bench/suites/gpu_chat_sweep.sh' '$BIN' /tmp/gptoss20b '$BIN/tokenizer.json' '$LOGS/latemask' 64; done" ;;
+    latemask) step latemask latemask.txt 460 bash -c "'$BIN/gpu_llm_model_test' --gtest_filter='*LateMasks*' 2>&1 | tail -15; export OUTPUT_TOKENS=512 SKIP_REASONING=true TEMPERATURE=0; for v in 'none _plain' 'json_schema _schema_sync --rose-arg=--late-masks=off' 'json_schema _schema_late'; do set -- \$v; s=''; [ \$1 = json_schema ] && s='$ROOT/bench/suites/schemas/long_arrays.json'; RESPONSE_FORMAT=\$1 RESPONSE_SCHEMA=\$s TAG=\$2 TULIP_ARGS=\"\$3\" bash '$ROOT/bench/suites/gpu_chat_sweep.sh' '$BIN' /tmp/gptoss20b '$BIN/tokenizer.json' '$LOGS/latemask' 64; done" ;;
     moewide) step moewide moe_wide.log 200 "$BIN/gpu_llm_ops_test" --gtest_filter="${MOEWIDE_FILTER:-GpuLlmOps.Moe*:Cases/GpuPagedAttention.*}" ;;
     widegemm) step widegemm widegemm.txt 200 "$BIN/rose_llm_bench" --moe-gemm "${WIDEGEMM_TS:-1,8,32,64,96,128,192,256,384,512}" --moe-k-slices 1 ;;
     wideab) step wideab wideab.txt 200 bash -c "for v in '' '--moe-wide off'; do echo \"== \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode 1@8192,64@1024,256@1024 --decode-steps 24 --max-batch-tokens 16384 --kv-tokens 290000 \$v 2>&1 | grep -v 'gemm tuned'; done" ;;
