@@ -309,6 +309,82 @@ Status launchInstance(const MoeGemmArgs& a, cudaStream_t stream) {
 }
 
 
+// The weight stream of one warp in the decode-shaped MXFP4 kernels: its 16-row group q of expert
+// e, one 16-byte code load per lane per K tile and the E8M0 scale pairs of rows g and g + 8.
+struct MxWarpStream {
+  const uint8_t* cbase;
+  const uint8_t* sbase;
+  __device__ __forceinline__ MxWarpStream(const MoeGemmArgs& a, int e, int q, int lane, int kt_count) {
+    const int pack_tiles = (a.n + kPackN - 1) / kPackN;
+    const int64_t blk = (static_cast<int64_t>(e) * pack_tiles + q / 8) * kt_count;
+    cbase = a.codes + blk * kMxTileBytes + (q % 8) * 512 + lane * 16;
+    sbase = a.scales + blk * 256 + ((q % 8) * 16 + (lane >> 2)) * 2;
+  }
+  __device__ __forceinline__ void fetch(int kt, uint4& w, uint32_t& sa, uint32_t& sb) const {
+    w = __ldg(reinterpret_cast<const uint4*>(cbase + static_cast<int64_t>(kt) * kMxTileBytes));
+    const uint16_t* sp = reinterpret_cast<const uint16_t*>(sbase + static_cast<int64_t>(kt) * 256);
+    sa = __ldg(sp);
+    sb = __ldg(sp + 8);
+  }
+};
+
+// bf16x2 2^(s-1) of each scale byte of the pairs: sf[row g / g + 8][group 0 / 1]. Byte b of the
+// pair into both halves' exponent: (s << 7 | s << 23) + (126 << 7) twice.
+__device__ __forceinline__ void mxScaleFactors(uint32_t sa, uint32_t sb, uint32_t (&sf)[2][2]) {
+#pragma unroll
+  for (int hg = 0; hg < 2; ++hg) {
+    sf[0][hg] = (__byte_perm(sa, 0u, hg ? 0x1414u : 0x0404u) >> 1) + 0x3F003F00u;
+    sf[1][hg] = (__byte_perm(sb, 0u, hg ? 0x1414u : 0x0404u) >> 1) + 0x3F003F00u;
+  }
+}
+
+// The mma A fragment of k16 step s of a tile from its packed word: exact bf16 weight values.
+__device__ __forceinline__ void mxFragment(const uint4& w, int s, const uint32_t (&sf)[2][2],
+                                           uint32_t (&af)[4]) {
+  const uint32_t word = s == 0 ? w.x : s == 1 ? w.y : s == 2 ? w.z : w.w;
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+    af[j] = bf16x2Bits(__hmul2(bitsBf16x2(mxRegBits(word, j)), bitsBf16x2(sf[j & 1][s >> 1])));
+}
+
+// Stores one n8 token tile of a decode-shaped kernel's accumulators c (c0: row g, token 2t; c1:
+// row g, token 2t + 1; c2/c3 the same for row g + 8) for weight rows n_base + g (+ 8), tokens
+// tok0 and tok0 + 1: bias and the epilogue in f32, rounded once. Every lane of the warp calls it
+// (the SwiGLU pairs row n with the up row n + 1 held by the lane of row g + 1).
+template <MoeGemmEpilogue kEpi>
+__device__ __forceinline__ void storeMoeTile(const MoeGemmArgs& a, int e, int n_base, int g,
+                                             int64_t tok0, const float (&c)[4]) {
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    const int n = n_base + g + 8 * hr;
+    const float v0 = c[2 * hr], v1 = c[2 * hr + 1];
+    if constexpr (kEpi == MoeGemmEpilogue::kSwiglu) {
+      // (gate, up) = rows (n, n + 1): the up value lives in the lane of row g + 1.
+      const float u0 = __shfl_down_sync(0xffffffffu, v0, 4);
+      const float u1 = __shfl_down_sync(0xffffffffu, v1, 4);
+      if ((g & 1) == 0 && n + 1 < a.n) {
+        float bg = 0.f, bu = 0.f;
+        if (a.bias != nullptr) {
+          bg = __bfloat162float(a.bias[static_cast<int64_t>(e) * a.n + n]);
+          bu = __bfloat162float(a.bias[static_cast<int64_t>(e) * a.n + n + 1]);
+        }
+        const float lim = a.swiglu_limit, alpha = a.swiglu_alpha;
+        const int half_n = a.n / 2;
+        a.out[tok0 * half_n + n / 2] = __float2bfloat16(clampedSwiglu(v0 + bg, u0 + bu, lim, alpha));
+        a.out[(tok0 + 1) * half_n + n / 2] =
+            __float2bfloat16(clampedSwiglu(v1 + bg, u1 + bu, lim, alpha));
+      }
+    } else {
+      if (n < a.n) {
+        const float bn =
+            a.bias != nullptr ? __bfloat162float(a.bias[static_cast<int64_t>(e) * a.n + n]) : 0.f;
+        a.out[tok0 * a.n + n] = __float2bfloat16(v0 + bn);
+        a.out[(tok0 + 1) * a.n + n] = __float2bfloat16(v1 + bn);
+      }
+    }
+  }
+}
+
 // Decode-shaped MXFP4 GEMM (block_m 16: few rows per expert). The weights are the mma A operand
 // (one warp = 16 weight rows, read straight from the packed layout: one 16-byte load per lane
 // per K tile, kDepth tiles in flight in registers, dequantized by shifts and one bf16 multiply),
@@ -348,29 +424,20 @@ __global__ void __launch_bounds__(kRG * 32) moeGemmMxDecodeKernel(MoeGemmArgs a,
   float* s_part = reinterpret_cast<float*>(smem + x_bytes);  // [kRG warps][32 lanes][8]
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int m0 = tile * 16;  // block_m rows per tile; the first rows_staged may be real
-  const int pack_tiles = (a.n + kPackN - 1) / kPackN;
   const int q = (blockIdx.x / slices) * kRG + warp;  // this warp's 16-row group
   const bool act = q * 16 < a.n;                     // warp-uniform
   const int g = lane >> 2, t = lane & 3;
 
   // Weight stream first (independent of the token rows), then the token rows into smem.
-  const int64_t blk = (static_cast<int64_t>(e) * pack_tiles + q / 8) * kt_count;
-  const uint8_t* cbase = a.codes + blk * kMxTileBytes + (q % 8) * 512 + lane * 16;
-  const uint8_t* sbase = a.scales + blk * 256 + ((q % 8) * 16 + g) * 2;
+  const MxWarpStream ws(a, e, q, lane, kt_count);
   // The ring holds raw loads only (codes; the scale pairs of rows g and g + 8 in separate
   // registers): anything computed from a load here would stall the warp on it at issue time.
   uint4 wq[kDepth];
   uint32_t sqa[kDepth], sqb[kDepth];
-  auto fetch = [&](int kt, uint4& w, uint32_t& sa, uint32_t& sb) {
-    w = __ldg(reinterpret_cast<const uint4*>(cbase + static_cast<int64_t>(kt) * kMxTileBytes));
-    const uint16_t* sp = reinterpret_cast<const uint16_t*>(sbase + static_cast<int64_t>(kt) * 256);
-    sa = __ldg(sp);
-    sb = __ldg(sp + 8);
-  };
   if (act) {
 #pragma unroll
     for (int d = 0; d < kDepth; ++d)
-      if (kt0 + d < kt1) fetch(kt0 + d, wq[d], sqa[d], sqb[d]);
+      if (kt0 + d < kt1) ws.fetch(kt0 + d, wq[d], sqa[d], sqb[d]);
   }
   // Token rows: each row's source once (a_rows, or in place where row_valid marks it real), then
   // only the real rows' slice is copied (K padding zero-filled). Rows past rows_staged are never
@@ -418,23 +485,15 @@ __global__ void __launch_bounds__(kRG * 32) moeGemmMxDecodeKernel(MoeGemmArgs a,
         if (kt >= kt1) break;
         const uint4 w = wq[d];
         const uint32_t sa = sqa[d], sb = sqb[d];
-        if (kt + kDepth < kt1) fetch(kt + kDepth, wq[d], sqa[d], sqb[d]);
-        // Byte b of the pair into both halves' exponent: (s << 7 | s << 23) + (126 << 7) twice.
-        uint32_t sf[2][2];  // bf16x2 2^(s-1): [row g / g + 8][group 0 / 1]
-#pragma unroll
-        for (int hg = 0; hg < 2; ++hg) {
-          sf[0][hg] = (__byte_perm(sa, 0u, hg ? 0x1414u : 0x0404u) >> 1) + 0x3F003F00u;
-          sf[1][hg] = (__byte_perm(sb, 0u, hg ? 0x1414u : 0x0404u) >> 1) + 0x3F003F00u;
-        }
+        if (kt + kDepth < kt1) ws.fetch(kt + kDepth, wq[d], sqa[d], sqb[d]);
+        uint32_t sf[2][2];
+        mxScaleFactors(sa, sb, sf);
 #pragma unroll
         for (int s = 0; s < 4; ++s) {
           uint32_t b[4];
           ldmatrixX4(b, xrow + (kt - kt0) * kBK + s * 16);
-          const uint32_t word = s == 0 ? w.x : s == 1 ? w.y : s == 2 ? w.z : w.w;
           uint32_t af[4];
-#pragma unroll
-          for (int j = 0; j < 4; ++j)
-            af[j] = bf16x2Bits(__hmul2(bitsBf16x2(mxRegBits(word, j)), bitsBf16x2(sf[j & 1][s >> 1])));
+          mxFragment(w, s, sf, af);
           mmaBf16(acc[0], af, b[0], b[1]);
           if (two) mmaBf16(acc[1], af, b[2], b[3]);
         }
@@ -471,41 +530,10 @@ __global__ void __launch_bounds__(kRG * 32) moeGemmMxDecodeKernel(MoeGemmArgs a,
   }
   if (!act) return;
 
-  // acc[nt]: c0 (row g, token 2t), c1 (row g, token 2t+1), c2/c3 the same for row g + 8.
-  const int n_base = q * 16;
 #pragma unroll
   for (int nt = 0; nt < 2; ++nt) {
     if (nt == 1 && !two) break;
-#pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
-      const int n = n_base + g + 8 * hr;
-      const float v0 = acc[nt][2 * hr], v1 = acc[nt][2 * hr + 1];
-      const int64_t tok0 = m0 + nt * 8 + 2 * t;
-      if constexpr (kEpi == MoeGemmEpilogue::kSwiglu) {
-        // (gate, up) = rows (n, n + 1): the up value lives in the lane of row g + 1.
-        const float u0 = __shfl_down_sync(0xffffffffu, v0, 4);
-        const float u1 = __shfl_down_sync(0xffffffffu, v1, 4);
-        if ((g & 1) == 0 && n + 1 < a.n) {
-          float bg = 0.f, bu = 0.f;
-          if (a.bias != nullptr) {
-            bg = __bfloat162float(a.bias[static_cast<int64_t>(e) * a.n + n]);
-            bu = __bfloat162float(a.bias[static_cast<int64_t>(e) * a.n + n + 1]);
-          }
-          const float lim = a.swiglu_limit, alpha = a.swiglu_alpha;
-          const int half_n = a.n / 2;
-          a.out[tok0 * half_n + n / 2] = __float2bfloat16(clampedSwiglu(v0 + bg, u0 + bu, lim, alpha));
-          a.out[(tok0 + 1) * half_n + n / 2] =
-              __float2bfloat16(clampedSwiglu(v1 + bg, u1 + bu, lim, alpha));
-        }
-      } else {
-        if (n < a.n) {
-          const float bn =
-              a.bias != nullptr ? __bfloat162float(a.bias[static_cast<int64_t>(e) * a.n + n]) : 0.f;
-          a.out[tok0 * a.n + n] = __float2bfloat16(v0 + bn);
-          a.out[(tok0 + 1) * a.n + n] = __float2bfloat16(v1 + bn);
-        }
-      }
-    }
+    storeMoeTile<kEpi>(a, e, q * 16, g, m0 + nt * 8 + 2 * t, acc[nt]);
   }
 }
 
@@ -565,26 +593,17 @@ __global__ void __launch_bounds__(kRG * 32, 16 / kRG) moeGemmMxWideKernel(MoeGem
   const int kt_count = (a.k + kBK - 1) / kBK;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int m0 = tile * kM;
-  const int pack_tiles = (a.n + kPackN - 1) / kPackN;
   const int q = blockIdx.x * kRG + warp;  // this warp's 16-row weight group
   const bool act = q * 16 < a.n;          // warp-uniform
   const int g = lane >> 2, t = lane & 3;
 
-  const int64_t blk = (static_cast<int64_t>(e) * pack_tiles + q / 8) * kt_count;
-  const uint8_t* cbase = a.codes + blk * kMxTileBytes + (q % 8) * 512 + lane * 16;
-  const uint8_t* sbase = a.scales + blk * 256 + ((q % 8) * 16 + g) * 2;
+  const MxWarpStream ws(a, e, q, lane, kt_count);
   uint4 wq[kDepth];
   uint32_t sqa[kDepth], sqb[kDepth];
-  auto fetch = [&](int kt, uint4& w, uint32_t& sa, uint32_t& sb) {
-    w = __ldg(reinterpret_cast<const uint4*>(cbase + static_cast<int64_t>(kt) * kMxTileBytes));
-    const uint16_t* sp = reinterpret_cast<const uint16_t*>(sbase + static_cast<int64_t>(kt) * 256);
-    sa = __ldg(sp);
-    sb = __ldg(sp + 8);
-  };
   if (act) {
 #pragma unroll
     for (int d = 0; d < kDepth; ++d)
-      if (d < kt_count) fetch(d, wq[d], sqa[d], sqb[d]);
+      if (d < kt_count) ws.fetch(d, wq[d], sqa[d], sqb[d]);
   }
 
   if (tid == 0) s_rows = 0;
@@ -640,15 +659,11 @@ __global__ void __launch_bounds__(kRG * 32, 16 / kRG) moeGemmMxWideKernel(MoeGem
         w = wq[i];
         sa = sqa[i];
         sb = sqb[i];
-        if (kt + kDepth < kt_count) fetch(kt + kDepth, wq[i], sqa[i], sqb[i]);
+        if (kt + kDepth < kt_count) ws.fetch(kt + kDepth, wq[i], sqa[i], sqb[i]);
       }
     }
-    uint32_t sf[2][2];  // bf16x2 2^(s-1): [row g / g + 8][group 0 / 1]
-#pragma unroll
-    for (int hg = 0; hg < 2; ++hg) {
-      sf[0][hg] = (__byte_perm(sa, 0u, hg ? 0x1414u : 0x0404u) >> 1) + 0x3F003F00u;
-      sf[1][hg] = (__byte_perm(sb, 0u, hg ? 0x1414u : 0x0404u) >> 1) + 0x3F003F00u;
-    }
+    uint32_t sf[2][2];
+    mxScaleFactors(sa, sb, sf);
     const __nv_bfloat16* xs = s_x + (kt % kXStages) * (kM * kXRow) + xoff;
     uint32_t bf[2][kNT / 2][4];
 #pragma unroll
@@ -661,11 +676,8 @@ __global__ void __launch_bounds__(kRG * 32, 16 / kRG) moeGemmMxWideKernel(MoeGem
         for (int p = 0; p < kNT / 2; ++p)
           if (p < pairs) ldmatrixX4(bf[(s + 1) & 1][p], xs + p * 16 * kXRow + (s + 1) * 16);
       }
-      const uint32_t word = s == 0 ? w.x : s == 1 ? w.y : s == 2 ? w.z : w.w;
       uint32_t af[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-        af[j] = bf16x2Bits(__hmul2(bitsBf16x2(mxRegBits(word, j)), bitsBf16x2(sf[j & 1][s >> 1])));
+      mxFragment(w, s, sf, af);
 #pragma unroll
       for (int p = 0; p < kNT / 2; ++p) {
         if (p < pairs) {
@@ -678,40 +690,10 @@ __global__ void __launch_bounds__(kRG * 32, 16 / kRG) moeGemmMxWideKernel(MoeGem
   cpAsyncWait<0>();
   if (!act) return;
 
-  // acc[nt]: c0 (row g, token 2t), c1 (row g, token 2t+1), c2/c3 the same for row g + 8.
-  const int n_base = q * 16;
 #pragma unroll
   for (int nt = 0; nt < kNT; ++nt) {
     if (nt >= 2 * pairs) break;
-#pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
-      const int n = n_base + g + 8 * hr;
-      const float v0 = acc[nt][2 * hr], v1 = acc[nt][2 * hr + 1];
-      const int64_t tok0 = m0 + nt * 8 + 2 * t;
-      if constexpr (kEpi == MoeGemmEpilogue::kSwiglu) {
-        const float u0 = __shfl_down_sync(0xffffffffu, v0, 4);
-        const float u1 = __shfl_down_sync(0xffffffffu, v1, 4);
-        if ((g & 1) == 0 && n + 1 < a.n) {
-          float bg = 0.f, bu = 0.f;
-          if (a.bias != nullptr) {
-            bg = __bfloat162float(a.bias[static_cast<int64_t>(e) * a.n + n]);
-            bu = __bfloat162float(a.bias[static_cast<int64_t>(e) * a.n + n + 1]);
-          }
-          const float lim = a.swiglu_limit, alpha = a.swiglu_alpha;
-          const int half_n = a.n / 2;
-          a.out[tok0 * half_n + n / 2] = __float2bfloat16(clampedSwiglu(v0 + bg, u0 + bu, lim, alpha));
-          a.out[(tok0 + 1) * half_n + n / 2] =
-              __float2bfloat16(clampedSwiglu(v1 + bg, u1 + bu, lim, alpha));
-        }
-      } else {
-        if (n < a.n) {
-          const float bn =
-              a.bias != nullptr ? __bfloat162float(a.bias[static_cast<int64_t>(e) * a.n + n]) : 0.f;
-          a.out[tok0 * a.n + n] = __float2bfloat16(v0 + bn);
-          a.out[(tok0 + 1) * a.n + n] = __float2bfloat16(v1 + bn);
-        }
-      }
-    }
+    storeMoeTile<kEpi>(a, e, q * 16, g, m0 + nt * 8 + 2 * t, acc[nt]);
   }
 }
 
