@@ -20,6 +20,8 @@
 //              (default cuda::kMoeWideDefaultMinAvg).
 //   --gemm-small-buckets on|off: the dense GEMMs tune M <= 8 in power-of-two buckets (default on,
 //              cuda::setLlmGemmSmallBuckets [TAG_GEMM_SMALL_BUCKETS]); off: one bucket 1..64.
+//   --gemm-gemv on|off: also time the CUDA-core GEMV for the small buckets [TAG_GEMV] (default
+//              off: not yet verified on a GPU).
 //   --attn-split-keys N: a decode token's keys are split into chunks of at least N (multiple of
 //              64; default: cuda::pagedAttnSplitKeysFor's rule) for the split-KV attention.
 //   --fuse-combine-norm on|off: each layer's MoE combine fused into the next RMSNorm
@@ -545,6 +547,7 @@ int main(int argc, char** argv) {
     else if (a == "--moe-wide") cuda::setMoeWideVariant(next() == "off" ? -1 : 0);
     else if (a == "--attn-split-keys") cuda::setPagedAttnSplitKeys(std::atoi(next().c_str()));
     else if (a == "--gemm-small-buckets") cuda::setLlmGemmSmallBuckets(next() == "on");
+    else if (a == "--gemm-gemv") cuda::setLlmGemv(next() == "on");
     else if (a == "--fp8-min-tokens") fp8_min_tokens = std::atoll(next().c_str());
     else if (a == "--masks") mask_density = std::atof(next().c_str());
     else if (a == "--bar-dump") bar_dir = next();

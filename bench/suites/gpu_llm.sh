@@ -71,6 +71,9 @@
 #   smallgemm GpuOps.Linear* (incl. LinearSmallBucketsNestPowerOfTwoGraphs), then decode at 1, 2, 4,
 #             8 and 64 sequences with --gemm-small-buckets on / off [TAG_GEMM_SMALL_BUCKETS]
 #             (needs mk20b; the "gemm tuned" lines say which kernel each bucket took)
+#   gemv      GpuOps.Gemv* + GpuOps.Linear* (the CUDA-core GEMV [TAG_GEMV] vs the host, its bits
+#             across M and shapes, the runner timing it), then decode at 1/2/4/8 sequences with
+#             --gemm-gemv on / off (needs mk20b; the "gemm tuned" lines say what won each bucket)
 #   sweep256  gpu_chat_sweep.sh at 256 concurrent streams only (the saturated row; needs mk20b)
 #   ncuwide   ncu --set full on the first two wide-kernel launches of --moe-gemm 256
 #   widedec   decode 1@8192, 64/128/256@1024 (needs mk20b): the default, --moe-wide off,
@@ -146,6 +149,7 @@ for s in $STEPS; do
     widegemm) step widegemm widegemm.txt 200 "$BIN/rose_llm_bench" --moe-gemm "${WIDEGEMM_TS:-1,8,32,64,96,128,192,256,384,512}" --moe-k-slices 1 ;;
     wideab) step wideab wideab.txt 200 bash -c "for v in '' '--moe-wide off'; do echo \"== \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode 1@8192,64@1024,256@1024 --decode-steps 24 --max-batch-tokens 16384 --kv-tokens 290000 \$v 2>&1 | grep -v 'gemm tuned'; done" ;;
     smallgemm) step smallgemm smallgemm.txt 240 bash -c "'$BIN/gpu_kernels_test' --gtest_filter='GpuOps.Linear*' 2>&1 | grep -E 'OK|FAIL|Failure|small buckets|Expected|Which'; for v in on off; do echo \"== --gemm-small-buckets \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode 1@8192,2@8192,4@4096,8@2048,64@1024 --decode-steps 24 --max-batch-tokens 16384 --gemm-small-buckets \$v 2>&1; done" ;;
+    gemv) step gemv gemv.txt 240 bash -c "'$BIN/gpu_kernels_test' --gtest_filter='GpuOps.Gemv*:GpuOps.Linear*' 2>&1 | grep -E 'OK|FAIL|Failure|gemv|small buckets|Expected|Which'; for v in on off; do echo \"== --gemm-gemv \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode 1@8192,2@8192,4@4096,8@2048 --decode-steps 24 --max-batch-tokens 16384 --gemm-gemv \$v 2>&1; done" ;;
     sweep256) step sweep256 sweep256.txt 300 bash "$ROOT/bench/suites/gpu_chat_sweep.sh" "$BIN" /tmp/gptoss20b "$BIN/tokenizer.json" "$LOGS/sweep256" 256 ;;
     ncuwide) step ncuwide ncuwide.txt 200 bash -c "ncu --set full -k regex:moeGemmMxWide -c 2 '$BIN/rose_llm_bench' --moe-gemm 256 2>&1 | grep -v 'gemm tuned' | tail -250" ;;
     widedec) step widedec widedec.txt 400 bash -c "for v in '' '--moe-wide off' '--moe-wide-min-avg 16' '--moe-wide-min-avg 8' '--moe-wide-min-avg 4' '--attn-split-keys 256' '--attn-split-keys 128'; do echo \"== \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode 1@8192,64@1024,128@1024,256@1024 --decode-steps 24 --max-batch-tokens 16384 --kv-tokens 290000 \$v 2>&1 | grep -v 'gemm tuned'; done" ;;

@@ -18,6 +18,7 @@
 #include "services/rose/ops/cuda/attention.cuh"
 #include "services/rose/ops/cuda/cuda_backend.h"
 #include "services/rose/ops/cuda/gemm_smallm.cuh"
+#include "services/rose/ops/cuda/gemv.cuh"
 #include "services/rose/ops/cuda/pool.cuh"
 #include "tests/gpu/gpu_test_util.h"
 
@@ -363,6 +364,110 @@ TEST_F(GpuOps, LinearSmallBucketsNestPowerOfTwoGraphs) {
     std::cout << "[ small buckets ] n=" << sh.n << " k=" << sh.k << ": " << g.tunedShapes()
               << " tuned shapes\n";
   }
+}
+
+// [TAG_GEMV] The CUDA-core GEMV against the host reference for M = 1..8 on gpt-oss's decode
+// shapes (QKV 5120 x 2880 with bias, O 2880 x 4096) and an N that no shape divides (1001) with
+// K = 2888 (361 chunks: lanes end at different steps); every (rows, unroll) shape gives the same
+// bits, and a row's bits do not depend on M.
+TEST_F(GpuOps, GemvMatchesReferenceAndRowBitsIgnoreMAndShape) {
+  struct Shape {
+    int64_t n, k;
+    bool bias;
+  };
+  auto& cb = static_cast<cuda::CudaBackend&>(gpu());
+  for (Shape sh : {Shape{5120, 2880, true}, Shape{2880, 4096, true}, Shape{1001, 2888, false}}) {
+    SCOPED_TRACE(shape({8, sh.n, sh.k}));
+    const int64_t mmax = 8;
+    auto x = randomBf16(static_cast<size_t>(mmax * sh.k), rng_, -1.f, 1.f);
+    auto w = randomBf16(static_cast<size_t>(sh.n * sh.k), rng_, -0.03f, 0.03f);
+    auto b = randomBf16(static_cast<size_t>(sh.n), rng_, -0.5f, 0.5f);
+    auto gx = upload(gpu(), act(), {mmax, sh.k}, x);
+    auto gw = upload(gpu(), gpu().weightDType(), {sh.n, sh.k}, w);
+    auto gb = upload(gpu(), gpu().weightDType(), {sh.n}, b);
+    auto gy = allocate(gpu(), act(), {mmax, sh.n});
+    auto cx = upload(cpu(), DType::kF32, {mmax, sh.k}, x);
+    auto cw = upload(cpu(), DType::kF32, {sh.n, sh.k}, w);
+    auto cbias = upload(cpu(), DType::kF32, {sh.n}, b);
+    auto cy = allocate(cpu(), DType::kF32, {mmax, sh.n});
+    cpu().linear(cx.view, cw.view, sh.bias ? cbias.view : Tensor(), cy.view);
+    const auto ref = download(cpu(), cy.view);
+    double mx = 0;
+    for (float v : ref) mx = std::max(mx, static_cast<double>(std::fabs(v)));
+    std::vector<float> first;  // M = 8, the first shape: the bits every other run must give
+    for (int64_t m : {8, 1, 2, 3, 4, 5, 7}) {
+      cuda::GemvShape shapes[4];
+      const int ns = cuda::gemvShapes(m, shapes);
+      ASSERT_GT(ns, 0);
+      for (int i = 0; i < ns; ++i) {
+        SCOPED_TRACE("M=" + std::to_string(m) + " rows " + std::to_string(shapes[i].rows) +
+                     " unroll " + std::to_string(shapes[i].unroll));
+        auto y = gy.view.rowSlice(0, m);
+        poison(gpu(), gy.view);
+        cuda::GemvArgs a;
+        a.x = gx.view.as<__nv_bfloat16>();
+        a.w = gw.view.as<__nv_bfloat16>();
+        a.bias = sh.bias ? gb.view.as<__nv_bfloat16>() : nullptr;
+        a.y = y.as<__nv_bfloat16>();
+        a.m = m;
+        a.n = sh.n;
+        a.k = sh.k;
+        a.rows = shapes[i].rows;
+        a.unroll = shapes[i].unroll;
+        ASSERT_TRUE(cuda::launchGemv(a, cb.stream()).isOk());
+        auto all = download(gpu(), gy.view);  // rows past m must keep the poison
+        std::vector<float> got(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(m * sh.n));
+        for (size_t j = static_cast<size_t>(m * sh.n); j < all.size(); ++j) {
+          ASSERT_TRUE(std::isnan(all[j]))  // poison() fills 0xFF bytes: a bf16 NaN
+              << "row " << j / static_cast<size_t>(sh.n) << " past M was written";
+        }
+        std::vector<float> want(ref.begin(), ref.begin() + static_cast<std::ptrdiff_t>(m * sh.n));
+        expectClose(got, want, 1e-2 * mx, 1e-2, "gemv vs host");
+        if (first.empty()) first = got;
+        EXPECT_EQ(0, std::memcmp(got.data(), first.data(), got.size() * sizeof(float)))
+            << "the bits depend on M or on the shape";
+      }
+    }
+  }
+}
+
+// [TAG_GEMV] Through the GemmRunner: with small buckets and the GEMV on, the M <= 8 buckets time
+// it beside cuBLASLt, whatever wins agrees with the CPU, and the M = 3 / M = 4 nesting holds.
+TEST_F(GpuOps, LinearTimesTheGemvForSmallBuckets) {
+  const int64_t n = 5120, k = 2880, m = 8;
+  auto& cb = static_cast<cuda::CudaBackend&>(gpu());
+  auto x = randomBf16(static_cast<size_t>(m * k), rng_, -1.f, 1.f);
+  auto w = randomBf16(static_cast<size_t>(n * k), rng_, -0.03f, 0.03f);
+  auto gx = upload(gpu(), act(), {m, k}, x);
+  auto gw = upload(gpu(), gpu().weightDType(), {n, k}, w);
+  auto gy = allocate(gpu(), act(), {m, n});
+  auto cx = upload(cpu(), DType::kF32, {m, k}, x);
+  auto cw = upload(cpu(), DType::kF32, {n, k}, w);
+  auto cy = allocate(cpu(), DType::kF32, {m, n});
+  cpu().linear(cx.view, cw.view, Tensor(), cy.view);
+  const auto ref = download(cpu(), cy.view);
+  double mx = 0;
+  for (float v : ref) mx = std::max(mx, static_cast<double>(std::fabs(v)));
+  auto runner = cuda::GemmRunner::create(size_t{32} << 20, true);
+  ASSERT_TRUE(runner.isOk()) << runner.status().toString();
+  cuda::GemmRunner& g = **runner;
+  g.setSmallBuckets(true);
+  g.setGemv(true);
+  std::map<int64_t, std::vector<float>> got;
+  for (int64_t rows : {1, 4, 3, 8}) {
+    auto y = gy.view.rowSlice(0, rows);
+    poison(gpu(), y);
+    Status st = g.run(gx.view.as<__nv_bfloat16>(), gw.view.as<__nv_bfloat16>(), nullptr,
+                      y.as<__nv_bfloat16>(), rows, n, k, cb.stream());
+    ASSERT_TRUE(st.isOk()) << st.toString();
+    got[rows] = download(gpu(), y);
+    std::vector<float> want(ref.begin(), ref.begin() + static_cast<std::ptrdiff_t>(rows * n));
+    expectClose(got[rows], want, 1e-2 * mx, 1e-2, "rows " + std::to_string(rows));
+  }
+  EXPECT_EQ(0, std::memcmp(got[3].data(), got[4].data(), got[3].size() * sizeof(float)));
+  EXPECT_EQ(g.tunedShapes(), 3u);  // buckets 1, 4, 8
+  std::cout << "[ gemv ] buckets won by the GEMV: " << g.gemvWins() << " of " << g.tunedShapes()
+            << "\n";
 }
 
 TEST_F(GpuOps, LinearFirstSeenInsideACaptureIsUntimedAndCaptures) {

@@ -9,6 +9,7 @@
 #include "common/logging.h"
 #include "services/rose/ops/cuda/cuda_utils.h"
 #include "services/rose/ops/cuda/gemm_smallm.cuh"
+#include "services/rose/ops/cuda/gemv.cuh"
 
 namespace garden::rose::cuda {
 
@@ -164,6 +165,19 @@ Status GemmRunner::enqueue(const Plan& p, const cublasLtMatmulAlgo_t& algo, cons
 
 Status GemmRunner::enqueueChoice(const Plan& p, const Choice& choice, int64_t m, int64_t n,
                                  int64_t k, const Operands& ops) {
+  if (choice.gemv_rows > 0) {
+    GemvArgs a;
+    a.x = ops.x;
+    a.w = ops.w;
+    a.bias = ops.bias;
+    a.y = static_cast<__nv_bfloat16*>(ops.y);
+    a.m = m;
+    a.n = n;
+    a.k = k;
+    a.rows = choice.gemv_rows;
+    a.unroll = choice.gemv_unroll;
+    return launchGemv(a, ops.stream);
+  }
   if (choice.smallm_splits > 0) {
     SmallMGemmArgs a;
     a.x = ops.x;
@@ -188,8 +202,8 @@ Result<bool> GemmRunner::rowsIndependentOfM(const Plan& exact, const Choice& cho
   const size_t elem = ops.f32_out ? sizeof(float) : sizeof(__nv_bfloat16);
   const size_t bytes = static_cast<size_t>(half * n) * elem;
   if (half < 1 || half * n > kMaxCheckElems || bytes > flush_bytes_) return true;
-  Plan p;  // the M / 2 shape (cuBLASLt only; the custom kernel takes M as an argument)
-  if (choice.smallm_splits == 0) {
+  Plan p;  // the M / 2 shape (cuBLASLt only; the custom kernels take M as an argument)
+  if (choice.smallm_splits == 0 && choice.gemv_rows == 0) {
     RETURN_IF_ERROR(makeLayouts(p, half, n, k, ops.bias != nullptr, ops.f32_out));
     if (!fits(p, choice.algo)) return false;
   }
@@ -266,6 +280,19 @@ Result<GemmRunner::Choice> GemmRunner::chooseAlgo(Plan& exact, int64_t m, int64_
       }
     }
   }
+  // The GEMV (gemv.cuh) for the small buckets [TAG_GEMV], after those.
+  if (gemv_ && small_buckets_ && !ops.f32_out && bucket <= kGemvMaxRows) {
+    GemvShape shapes[4];
+    const int ns = gemvShapes(bucket, shapes);
+    for (int i = 0; i < ns; ++i) {
+      if (gemvSupported(bucket, n, k, shapes[i].rows, shapes[i].unroll)) {
+        Choice c;
+        c.gemv_rows = shapes[i].rows;
+        c.gemv_unroll = shapes[i].unroll;
+        cands.push_back(c);
+      }
+    }
+  }
   if (cands.size() == 1) return cands[0];
 
   if (flush_ == nullptr) {
@@ -327,11 +354,13 @@ Result<GemmRunner::Choice> GemmRunner::chooseAlgo(Plan& exact, int64_t m, int64_
   }
   ++tuned_;
   const bool smallm_won = cands[best].smallm_splits > 0;
+  const bool gemv_won = cands[best].gemv_rows > 0;
   if (smallm_won) ++smallm_wins_;
+  if (gemv_won) ++gemv_wins_;
   int32_t splitk = 1, tile = 0;
   uint32_t scheme = 0;
   size_t written = 0;
-  if (!smallm_won) {
+  if (!smallm_won && !gemv_won) {
     const cublasLtMatmulAlgo_t& a = cands[best].algo;
     cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme,
                                          sizeof(scheme), &written);
@@ -350,8 +379,10 @@ Result<GemmRunner::Choice> GemmRunner::chooseAlgo(Plan& exact, int64_t m, int64_
                            {"best_us", static_cast<double>(best_ms) * 1e3},
                            {"first_us", static_cast<double>(first_ms) * 1e3},
                            {"best_cublaslt_us", static_cast<double>(best_lt_ms) * 1e3},
-                           {"kernel", smallm_won ? "smallm" : "cublaslt"},
+                           {"kernel", smallm_won ? "smallm" : gemv_won ? "gemv" : "cublaslt"},
                            {"smallm_candidates", cands.size() - num_lt},
+                           {"gemv_rows", cands[best].gemv_rows},
+                           {"gemv_unroll", cands[best].gemv_unroll},
                            {"smallm_splits", cands[best].smallm_splits},
                            {"smallm_tile_n", cands[best].smallm_tile_n},
                            {"splitk", splitk},
@@ -390,9 +421,13 @@ Result<GemmRunner::Plan*> GemmRunner::plan(int64_t m, int64_t n, int64_t k, cons
   p->algo = ait->second.algo;
   p->smallm_splits = ait->second.smallm_splits;
   p->smallm_tile_n = ait->second.smallm_tile_n;
+  p->gemv_rows = ait->second.gemv_rows;
+  p->gemv_unroll = ait->second.gemv_unroll;
   // The custom kernel takes every M of its bucket (<= 256) for the (N, K) it was timed on.
   bool fit = false;
-  if (p->smallm_splits > 0) {
+  if (p->gemv_rows > 0) {
+    fit = gemvSupported(m, n, k, p->gemv_rows, p->gemv_unroll);
+  } else if (p->smallm_splits > 0) {
     fit = smallMGemmSupported(m, n, k, p->smallm_splits, p->smallm_tile_n);
   } else if (tune_) {
     fit = fits(*p, p->algo);
@@ -402,6 +437,7 @@ Result<GemmRunner::Plan*> GemmRunner::plan(int64_t m, int64_t n, int64_t k, cons
   if (!fit) {
     ++fallbacks_;
     p->smallm_splits = 0;
+    p->gemv_rows = 0;
     ASSIGN_OR_RETURN(const bool ok, pickAlgo(*p, &p->algo));
     if (!ok) {
       return internalError(
@@ -420,7 +456,9 @@ Status GemmRunner::run(const __nv_bfloat16* x, const __nv_bfloat16* w, const __n
   if (m < 0 || n <= 0 || k <= 0) return invalidArgument("gemm: bad shape");
   const Operands ops{x, w, bias, y, false, stream};
   ASSIGN_OR_RETURN(Plan * p, plan(m, n, k, ops));
-  return enqueueChoice(*p, Choice{p->algo, p->smallm_splits, p->smallm_tile_n}, m, n, k, ops);
+  return enqueueChoice(
+      *p, Choice{p->algo, p->smallm_splits, p->smallm_tile_n, p->gemv_rows, p->gemv_unroll}, m, n,
+      k, ops);
 }
 
 Status GemmRunner::runF32(const __nv_bfloat16* x, const __nv_bfloat16* w, float* y, int64_t m,

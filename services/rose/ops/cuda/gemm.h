@@ -88,6 +88,11 @@ class GemmRunner {
   // and M > 8 steps then agree to bf16 rounding, as across any two buckets. Set before the first
   // call of a shape (a bucket already tuned keeps its choice).
   void setSmallBuckets(bool on) { small_buckets_ = on; }
+  // [TAG_GEMV] Also time the CUDA-core GEMV (gemv.cuh) as candidates for the small buckets (with
+  // small buckets and tuning on; bf16 output only). Off by default: not yet run on a GPU.
+  void setGemv(bool on) { gemv_ = on; }
+  bool gemv() const { return gemv_; }
+  size_t gemvWins() const { return gemv_wins_; }
   bool smallBuckets() const { return small_buckets_; }
   int64_t bucketOf(int64_t m) const;
 
@@ -105,6 +110,8 @@ class GemmRunner {
     cublasLtMatmulAlgo_t algo{};
     int smallm_splits = 0;  // > 0: the custom kernel with this split count instead of `algo`
     int smallm_tile_n = 0;  // ... and this N tile
+    int gemv_rows = 0;      // > 0: the GEMV (gemv.cuh) with these rows per warp
+    int gemv_unroll = 0;    // ... and this unroll
     Plan() = default;
     Plan(const Plan&) = delete;
     Plan& operator=(const Plan&) = delete;
@@ -121,6 +128,8 @@ class GemmRunner {
     cublasLtMatmulAlgo_t algo{};
     int smallm_splits = 0;
     int smallm_tile_n = 0;
+    int gemv_rows = 0;  // > 0: the GEMV instead (gemv.cuh)
+    int gemv_unroll = 0;
   };
   GemmRunner() = default;
   Result<Plan*> plan(int64_t m, int64_t n, int64_t k, const Operands& ops);
@@ -145,6 +154,8 @@ class GemmRunner {
   bool tune_ = true;
   bool smallm_ = true;
   bool small_buckets_ = false;
+  bool gemv_ = false;
+  size_t gemv_wins_ = 0;
   int num_sms_ = 0;
   void* flush_ = nullptr;  // L2 flush buffer for timing (allocated on the first tuning)
   size_t flush_bytes_ = 0;

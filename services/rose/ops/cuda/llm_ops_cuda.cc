@@ -942,9 +942,13 @@ class CudaLlmOps final : public LlmOps {
 
 namespace {
 bool g_llm_small_buckets = true;
+// [TAG_GEMV] Built, not yet run on a GPU (2026-12-03): off until GpuOps.Gemv* passes there.
+bool g_llm_gemv = false;
 }  // namespace
 void setLlmGemmSmallBuckets(bool on) { g_llm_small_buckets = on; }
 bool llmGemmSmallBuckets() { return g_llm_small_buckets; }
+void setLlmGemv(bool on) { g_llm_gemv = on; }
+bool llmGemv() { return g_llm_gemv; }
 
 Result<std::unique_ptr<LlmOps>> createCudaLlmOps(Backend& backend) {
   auto* cb = dynamic_cast<CudaBackend*>(&backend);
@@ -953,6 +957,7 @@ Result<std::unique_ptr<LlmOps>> createCudaLlmOps(Backend& backend) {
                            std::string(backend.name()) + "')");
   }
   cb->gemm().setSmallBuckets(g_llm_small_buckets);
+  cb->gemm().setGemv(g_llm_gemv);
   return std::unique_ptr<LlmOps>(std::make_unique<CudaLlmOps>(*cb));
 }
 

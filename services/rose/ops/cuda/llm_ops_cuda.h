@@ -32,5 +32,10 @@ Result<std::unique_ptr<LlmOps>> createCudaLlmOps(Backend& backend);
 // Process-global, read by createCudaLlmOps (rose_llm_bench --gemm-small-buckets on|off).
 void setLlmGemmSmallBuckets(bool on);
 bool llmGemmSmallBuckets();
+// [TAG_GEMV] Whether createCudaLlmOps lets the GemmRunner time the CUDA-core GEMV for the small
+// buckets (GemmRunner::setGemv). Off by default until GpuOps.Gemv* has passed on a GPU
+// (rose_llm_bench --gemm-gemv on).
+void setLlmGemv(bool on);
+bool llmGemv();
 
 }  // namespace garden::rose::cuda
