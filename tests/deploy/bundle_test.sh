@@ -87,11 +87,16 @@ else
   cat "$work/mkmodel.log"; bad "rose-mkmodel failed"; echo "$pass passed, $fail failed"; exit 1
 fi
 hidden_size="$("${T[@]}" python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["hidden_size"])' "$work/model/config.json")"
+# Ports below the ephemeral range (an outgoing connection cannot take one between the check and
+# the server's bind); python3 runs with the bundle's libraries, the system's being hidden here.
+# shellcheck source=../integration/support/free_port.sh
+FREE_PORT_DIR="$work" source "$repo/tests/integration/support/free_port.sh"
+FREE_PORT_PREFIX="env LD_LIBRARY_PATH=$B/lib"
 modes=(spawn sidecar); [ "$inputs" = text ] && modes=(spawn)
 for mode in "${modes[@]}"; do
-  port="$("${T[@]}" python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
-  tport="$("${T[@]}" python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
-  mport="$("${T[@]}" python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
+  port="$(free_port)"
+  tport="$(free_port)"
+  mport="$(free_port)"
   extra=(); [ "$mode" = sidecar ] && extra+=(--sidecar); [ "$inputs" = ids ] && extra+=(--no-tokenizer)
   "${E[@]}" "$B/run-mesh.sh" --model "$work/model" --device cpu --port "$port" --tulip-port "$tport" \
     --metrics-port "$mport" --shm-name "/garden-bt-$$-$mode" --served-model-name tiny \

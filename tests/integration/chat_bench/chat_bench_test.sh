@@ -15,7 +15,7 @@ trap 'rm -rf "$work"' EXIT
 "$BUILD/services/rose/rose-mkmodel" --kind gpt-oss --out "$work/model" --tokenizer-json "$TOKJSON" \
   > "$work/mkmodel.log"
 # shellcheck source=../support/free_port.sh
-source "$SRC/tests/integration/support/free_port.sh"
+FREE_PORT_DIR="$work" source "$SRC/tests/integration/support/free_port.sh"
 BENCH_IVY_PORT="$(free_port)"
 BENCH_TULIP_PORT="$(free_port)"
 BENCH_METRICS_PORT="$(free_port)"

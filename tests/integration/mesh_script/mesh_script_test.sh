@@ -18,7 +18,7 @@ pass=0 fail=0
 ok() { echo "ok   [${SECONDS}s] $*"; pass=$((pass + 1)); }
 bad() { echo "FAIL $*"; fail=$((fail + 1)); }
 # shellcheck source=../support/free_port.sh
-source "$repo/tests/integration/support/free_port.sh"
+FREE_PORT_DIR="$work" source "$repo/tests/integration/support/free_port.sh"
 
 "$build/services/rose/rose-mkmodel" --out "$work/model" --repo "$repo/docs" --vocab-size 500 \
   > "$work/mkmodel.log" 2>&1 ||
