@@ -74,6 +74,10 @@
 #   gemv      GpuOps.Gemv* + GpuOps.Linear* (the CUDA-core GEMV [TAG_GEMV] vs the host, its bits
 #             across M and shapes, the runner timing it), then decode at 1/2/4/8 sequences with
 #             --gemm-gemv on / off (needs mk20b; the "gemm tuned" lines say what won each bucket)
+#   prefill128k  20b prefill of one 64k and one 128k request (issue 16's table; never run yet),
+#             MXFP4 experts then the FP8 copy (needs mk20b; KV for 140k tokens)
+#   sweepfp8  gpu_chat_sweep.sh at 256 streams with rose --moe-weights fp8 (prefill steps of
+#             >= 257 tokens on the FP8 experts; prefill is 25-30 % of that run's wall)
 #   sweep256  gpu_chat_sweep.sh at 256 concurrent streams only (the saturated row; needs mk20b)
 #   ncuwide   ncu --set full on the first two wide-kernel launches of --moe-gemm 256
 #   widedec   decode 1@8192, 64/128/256@1024 (needs mk20b): the default, --moe-wide off,
@@ -150,6 +154,8 @@ for s in $STEPS; do
     wideab) step wideab wideab.txt 200 bash -c "for v in '' '--moe-wide off'; do echo \"== \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode 1@8192,64@1024,256@1024 --decode-steps 24 --max-batch-tokens 16384 --kv-tokens 290000 \$v 2>&1 | grep -v 'gemm tuned'; done" ;;
     smallgemm) step smallgemm smallgemm.txt 240 bash -c "'$BIN/gpu_kernels_test' --gtest_filter='GpuOps.Linear*' 2>&1 | grep -E 'OK|FAIL|Failure|small buckets|Expected|Which'; for v in on off; do echo \"== --gemm-small-buckets \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode 1@8192,2@8192,4@4096,8@2048,64@1024 --decode-steps 24 --max-batch-tokens 16384 --gemm-small-buckets \$v 2>&1; done" ;;
     gemv) step gemv gemv.txt 240 bash -c "'$BIN/gpu_kernels_test' --gtest_filter='GpuOps.Gemv*:GpuOps.Linear*' 2>&1 | grep -E 'OK|FAIL|Failure|gemv|small buckets|Expected|Which'; for v in on off; do echo \"== --gemm-gemv \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode 1@8192,2@8192,4@4096,8@2048 --decode-steps 24 --max-batch-tokens 16384 --gemm-gemv \$v 2>&1; done" ;;
+    prefill128k) step prefill128k prefill128k.txt 400 bash -c "for w in mxfp4 fp8; do echo \"== --moe-weights \$w\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 65536,131072 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --moe-weights \$w 2>&1 | grep -v 'gemm tuned'; done" ;;
+    sweepfp8) step sweepfp8 sweepfp8.txt 300 bash -c "TAG=_fp8 TULIP_ARGS='--rose-arg=--moe-weights=fp8' bash '$ROOT/bench/suites/gpu_chat_sweep.sh' '$BIN' /tmp/gptoss20b '$BIN/tokenizer.json' '$LOGS/sweepfp8' 256" ;;
     sweep256) step sweep256 sweep256.txt 300 bash "$ROOT/bench/suites/gpu_chat_sweep.sh" "$BIN" /tmp/gptoss20b "$BIN/tokenizer.json" "$LOGS/sweep256" 256 ;;
     ncuwide) step ncuwide ncuwide.txt 200 bash -c "ncu --set full -k regex:moeGemmMxWide -c 2 '$BIN/rose_llm_bench' --moe-gemm 256 2>&1 | grep -v 'gemm tuned' | tail -250" ;;
     widedec) step widedec widedec.txt 400 bash -c "for v in '' '--moe-wide off' '--moe-wide-min-avg 16' '--moe-wide-min-avg 8' '--moe-wide-min-avg 4' '--attn-split-keys 256' '--attn-split-keys 128'; do echo \"== \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode 1@8192,64@1024,128@1024,256@1024 --decode-steps 24 --max-batch-tokens 16384 --kv-tokens 290000 \$v 2>&1 | grep -v 'gemm tuned'; done" ;;
