@@ -852,23 +852,13 @@ TEST_P(LlmSchedulerModes, ConcurrentStopChoiceSubmitAndCancel) {
 
 // ---- Late token masks through the driver [TAG_LATE_MASKS] ----
 
-// The enum grammar of the step scheduler's tests over the fake's 1000-id vocabulary: 30 '"',
-// 31 'a', 32 'b', 33 'c', 34 '"a'; every other id is no text; the fake's eos ends a value.
+// An enum grammar over the shared toy vocabulary (testing::enumTokens) of the fake's 1000 ids;
+// the fake's eos ends a value.
 struct EnumGrammar {
-  std::vector<std::string> toks = std::vector<std::string>(kVocab);
+  std::vector<std::string> toks = testing::enumTokens(kVocab);
   std::shared_ptr<const grammar::CompiledGrammar> compiled;
   EnumGrammar() {
-    toks[30] = "\"";
-    toks[31] = "a";
-    toks[32] = "b";
-    toks[33] = "c";
-    toks[34] = "\"a";
-    std::vector<uint8_t> excluded(kVocab, 0);
-    excluded[kEos] = 1;
-    auto vocab = std::make_shared<grammar::Vocabulary>(toks, excluded);
-    auto g = grammar::jsonSchemaGrammar(R"({"enum":["ab","ac","abc"]})");
-    EXPECT_TRUE(g.isOk());
-    auto c = grammar::CompiledGrammar::compile(std::move(g).value(), vocab);
+    auto c = testing::compileSchema(R"({"enum":["ab","ac","abc"]})", testing::testVocab(toks, {kEos}));
     EXPECT_TRUE(c.isOk());
     compiled = *c;
   }

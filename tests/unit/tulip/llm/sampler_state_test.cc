@@ -193,18 +193,9 @@ TEST(SamplerParamsTulip, ParamsCarriedStateReloadedOncePerAdmission) {
 // response_format (and only when it is constrained).
 TEST(SamplerParamsTulip, ConstrainedRequestCarriesStateAndMask) {
   constexpr uint32_t kV = 64;
-  std::vector<std::string> toks(kV);
-  toks[30] = "\"";
-  toks[31] = "a";
-  toks[32] = "b";
-  toks[33] = "c";
-  toks[34] = "\"a";
-  std::vector<uint8_t> excluded(kV, 0);
-  excluded[2] = 1;  // eos: allowed only at the end
-  auto vocab = std::make_shared<grammar::Vocabulary>(toks, excluded);
-  auto g = grammar::jsonSchemaGrammar(R"({"enum":["ab","ac"]})");
-  ASSERT_TRUE(g.isOk());
-  auto compiled = grammar::CompiledGrammar::compile(*g, vocab);
+  // eos (2) is allowed only at the end.
+  auto compiled = testing::compileSchema(R"({"enum":["ab","ac"]})",
+                                         testing::testVocab(testing::enumTokens(kV), {2}));
   ASSERT_TRUE(compiled.isOk());
 
   GenerateParams a = params({10, 11, 12}, 10);

@@ -42,17 +42,13 @@ using testing::range;
 
 // Structured outputs: a test vocabulary (`toks`: id -> bytes; `excluded` ids are never sampled
 // text) and a schema's grammar compiled over it.
+// The shared toy-vocabulary helpers, eos excluded by default.
 std::shared_ptr<grammar::Vocabulary> testVocab(const std::vector<std::string>& toks,
                                                const std::vector<int32_t>& excluded_ids = {kEos}) {
-  std::vector<uint8_t> excluded(toks.size(), 0);
-  for (int32_t id : excluded_ids) excluded[static_cast<size_t>(id)] = 1;
-  return std::make_shared<grammar::Vocabulary>(toks, excluded);
+  return testing::testVocab(toks, excluded_ids);
 }
-Result<std::shared_ptr<const grammar::CompiledGrammar>> compileSchema(
-    const std::string& schema, const std::shared_ptr<grammar::Vocabulary>& vocab) {
-  ASSIGN_OR_RETURN(auto g, grammar::jsonSchemaGrammar(schema));
-  return grammar::CompiledGrammar::compile(std::move(g), vocab);
-}
+using testing::compileSchema;
+using testing::enumTokens;
 constexpr auto gp = testing::params;
 
 std::string join(const std::vector<int32_t>& v) {
@@ -981,12 +977,7 @@ TEST(StepSchedulerModel, CancellationsInBothModesLeaveExactAccounting) {
 // neighbour is (constrained_overlap), and the end token is allowed only once the value is
 // complete.
 TEST(StepSchedulerAsync, ConstrainedSequenceCarriesItsMaskAndWaitsForItsToken) {
-  std::vector<std::string> toks(kVocab);
-  toks[30] = "\"";
-  toks[31] = "a";
-  toks[32] = "b";
-  toks[33] = "c";
-  toks[34] = "\"a";
+  std::vector<std::string> toks = enumTokens(kVocab);
   toks[35] = "x";
   auto compiled = compileSchema(R"({"enum":["ab","ac"]})", testVocab(toks));
   ASSERT_TRUE(compiled.isOk());
@@ -1090,12 +1081,7 @@ std::vector<int32_t> allowedIds(const StepPlan& p, int32_t mask_index) {
 // marks its mask late and leaves it unfilled; once the step before is applied, fillLateMasks()
 // writes the mask the grammar allows after that token.
 TEST(StepSchedulerAsync, LateMasksPlanConstrainedSequencesAhead) {
-  std::vector<std::string> toks(kVocab);
-  toks[30] = "\"";
-  toks[31] = "a";
-  toks[32] = "b";
-  toks[33] = "c";
-  toks[34] = "\"a";
+  std::vector<std::string> toks = enumTokens(kVocab);
   auto compiled = compileSchema(R"({"enum":["ab","ac"]})", testVocab(toks));
   ASSERT_TRUE(compiled.isOk());
   LlmWorkerLimits l = limits(8, 4, 32);
@@ -1251,12 +1237,7 @@ TEST(StepScheduler, MaskThreadsFillTheSameMasks) {
 TEST(StepScheduler, StrictToolCallBodiesCarryMasksAndFreeTextDoesNot) {
   constexpr int32_t kStart = 900, kChannel = 901, kConstrain = 902, kMessage = 903, kEnd = 904,
                     kCall = 905, kReturn = 906, kEot = 907;
-  std::vector<std::string> toks(kVocab);
-  toks[30] = "\"";
-  toks[31] = "a";
-  toks[32] = "b";
-  toks[33] = "c";
-  toks[34] = "\"a";
+  std::vector<std::string> toks = enumTokens(kVocab);
   toks[35] = "x";
   toks[50] = "commentary to=functions.f";
   toks[51] = "assistant";
