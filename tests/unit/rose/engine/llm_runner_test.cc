@@ -707,17 +707,31 @@ TEST_F(LlmRunnerShortLateTimeoutTest, MasksThatNeverComeAreAbandoned) {
   EXPECT_FALSE((l.masks[words + got[1] / 32] >> (got[1] % 32)) & 1u) << got[1];
 }
 
-// [TAG_LATE_MASKS] --late-masks: auto announces what the backend verified (the CPU: yes), off
-// never, on wherever the step path implements them.
-TEST(LlmRunnerCreate, LateMasksOptionDecidesTheCapability) {
-  auto backend = std::move(makeBackend("cpu", BackendOptions{1, 0, 16})).value();
-  auto ops = std::move(makeLlmOps(*backend, 1)).value();
+// The fixture checkpoint on a one-thread CPU backend, small limits: for LlmRunner::create's checks.
+struct TinyModel {
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<LlmOps> ops;
+  std::unique_ptr<GptOssModel> model;
+};
+TinyModel tinyModel() {
+  TinyModel t;
+  t.backend = std::move(makeBackend("cpu", BackendOptions{1, 0, 16})).value();
+  t.ops = std::move(makeLlmOps(*t.backend, 1)).value();
   GptOssOptions go;
   go.max_batch_tokens = 16;
   go.max_seqs = 2;
   go.max_logits_rows = 2;
   go.max_model_len = 32;
-  auto model = std::move(GptOssModel::load(fixtureDir(), *backend, *ops, go)).value();
+  t.model = std::move(GptOssModel::load(fixtureDir(), *t.backend, *t.ops, go)).value();
+  return t;
+}
+
+// [TAG_LATE_MASKS] --late-masks: auto announces what the backend verified (the CPU: yes), off
+// never, on wherever the step path implements them.
+TEST(LlmRunnerCreate, LateMasksOptionDecidesTheCapability) {
+  TinyModel t = tinyModel();
+  Backend* backend = t.backend.get();
+  GptOssModel* model = t.model.get();
   using LM = LlmRunnerOptions::LateMasks;
   for (auto [mode, want] : {std::pair{LM::kAuto, true}, std::pair{LM::kOn, true},
                             std::pair{LM::kOff, false}}) {
@@ -738,14 +752,9 @@ TEST(LlmRunnerCreate, BadOptionsAreClearErrors) {
   auto ch = shm::Channel::create("/rose-llm-runner-create-" + std::to_string(getpid()),
                                  shm::Layout{2, 4096, 4096});
   ASSERT_TRUE(ch.isOk());
-  auto backend = std::move(makeBackend("cpu", BackendOptions{1, 0, 16})).value();
-  auto ops = std::move(makeLlmOps(*backend, 1)).value();
-  GptOssOptions go;
-  go.max_batch_tokens = 16;
-  go.max_seqs = 2;
-  go.max_logits_rows = 2;
-  go.max_model_len = 32;
-  auto model = std::move(GptOssModel::load(fixtureDir(), *backend, *ops, go)).value();
+  TinyModel t = tinyModel();
+  Backend* backend = t.backend.get();
+  GptOssModel* model = t.model.get();
   LlmRunnerOptions ro;
   ro.kv_num_blocks = 0;
   auto r = LlmRunner::create(*backend, *model, ro);
