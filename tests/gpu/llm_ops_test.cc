@@ -80,6 +80,44 @@ class GpuLlmOps : public ::testing::Test {
   }
   Backend& cpu() { return *be_.cpu; }
   Backend& gpu() { return *be_.gpu; }
+
+  // Random MXFP4 experts (codes uniform, scales around 1 / sqrt(in)) uploaded twice: resident
+  // MXFP4 (mx1, mx2) and the same values dequantized as bf16 dense experts (dense), plus random
+  // bf16 biases — for the tests that compare the MoE kernels with each other bit for bit.
+  struct RandomExperts {
+    ExpertWeights mx1, mx2;
+    OwnedTensor gw1, gw2;  // own the dense views' memory
+    DenseExperts dense;
+    OwnedTensor b1, b2;
+  };
+  RandomExperts randomExperts(int64_t e, int64_t h, int64_t inter) {
+    std::uniform_int_distribution<int> byte(0, 255);
+    auto mx = [&](int64_t out, int64_t in, std::vector<uint8_t>& codes, std::vector<uint8_t>& sc) {
+      codes.resize(static_cast<size_t>(e * out * in / 2));
+      sc.resize(static_cast<size_t>(e * out * in / 32));
+      for (auto& b : codes) b = static_cast<uint8_t>(byte(rng_));
+      const int base = 127 + static_cast<int>(std::lround(std::log2(1.0 / (std::sqrt(double(in)) * 2.93))));
+      for (auto& v : sc) v = static_cast<uint8_t>(base + byte(rng_) % 3 - 1);
+    };
+    std::vector<uint8_t> c1, s1, c2, s2;
+    mx(2 * inter, h, c1, s1);
+    mx(h, inter, c2, s2);
+    std::vector<float> w1(static_cast<size_t>(e * 2 * inter * h)), w2(static_cast<size_t>(e * h * inter));
+    dequantizeMxfp4(c1.data(), s1.data(), e * 2 * inter, h / 32, w1.data());
+    dequantizeMxfp4(c2.data(), s2.data(), e * h, inter / 32, w2.data());
+    auto m1 = gops_->uploadMxfp4Experts(c1.data(), s1.data(), e, 2 * inter, h);
+    auto m2 = gops_->uploadMxfp4Experts(c2.data(), s2.data(), e, h, inter);
+    EXPECT_TRUE(m1.isOk() && m2.isOk());
+    RandomExperts r{std::move(m1).value(), std::move(m2).value(),
+                    upload(gpu(), DType::kBF16, {e, 2 * inter, h}, w1),
+                    upload(gpu(), DType::kBF16, {e, h, inter}, w2), {}, {}, {}};
+    r.dense = denseExperts(r.gw1.view, r.gw2.view, e, inter, h);
+    r.b1 = upload(gpu(), DType::kBF16, {e, 2 * inter},
+                  randomBf16(static_cast<size_t>(e * 2 * inter), rng_, -0.1f, 0.1f));
+    r.b2 = upload(gpu(), DType::kBF16, {e, h}, randomBf16(static_cast<size_t>(e * h), rng_, -0.1f, 0.1f));
+    return r;
+  }
+
   Backends be_;
   std::unique_ptr<LlmOps> cops_, gops_;
   std::mt19937 rng_;
@@ -666,31 +704,9 @@ TEST_F(GpuLlmOps, MoeKSlicesKeepTheDecodeRegimeBitExact) {
     constexpr int64_t kMaxT = 100;  // 100 x 4 / 8 = 50 rows per expert: block_m 64
     reserve(kMaxT, 8, 8, 8, static_cast<int32_t>(sh.h), static_cast<int32_t>(sh.inter),
             static_cast<int32_t>(sh.e), sh.k);
-    std::uniform_int_distribution<int> byte(0, 255);
-    auto mx = [&](int64_t out, int64_t in, std::vector<uint8_t>& codes, std::vector<uint8_t>& sc) {
-      codes.resize(static_cast<size_t>(sh.e * out * in / 2));
-      sc.resize(static_cast<size_t>(sh.e * out * in / 32));
-      for (auto& b : codes) b = static_cast<uint8_t>(byte(rng_));
-      const int base = 127 + static_cast<int>(std::lround(std::log2(1.0 / (std::sqrt(double(in)) * 2.93))));
-      for (auto& v : sc) v = static_cast<uint8_t>(base + byte(rng_) % 3 - 1);
-    };
-    std::vector<uint8_t> c1, s1, c2, s2;
-    mx(2 * sh.inter, sh.h, c1, s1);
-    mx(sh.h, sh.inter, c2, s2);
-    std::vector<float> w1(static_cast<size_t>(sh.e * 2 * sh.inter * sh.h)),
-        w2(static_cast<size_t>(sh.e * sh.h * sh.inter));
-    dequantizeMxfp4(c1.data(), s1.data(), sh.e * 2 * sh.inter, sh.h / 32, w1.data());
-    dequantizeMxfp4(c2.data(), s2.data(), sh.e * sh.h, sh.inter / 32, w2.data());
-    auto m1 = gops_->uploadMxfp4Experts(c1.data(), s1.data(), sh.e, 2 * sh.inter, sh.h);
-    auto m2 = gops_->uploadMxfp4Experts(c2.data(), s2.data(), sh.e, sh.h, sh.inter);
-    ASSERT_TRUE(m1.isOk() && m2.isOk());
-    auto gw1 = upload(gpu(), DType::kBF16, {sh.e, 2 * sh.inter, sh.h}, w1);
-    auto gw2 = upload(gpu(), DType::kBF16, {sh.e, sh.h, sh.inter}, w2);
-    const auto [d1, d2] = denseExperts(gw1.view, gw2.view, sh.e, sh.inter, sh.h);
-    auto b1 = upload(gpu(), DType::kBF16, {sh.e, 2 * sh.inter},
-                     randomBf16(static_cast<size_t>(sh.e * 2 * sh.inter), rng_, -0.1f, 0.1f));
-    auto b2 = upload(gpu(), DType::kBF16, {sh.e, sh.h},
-                     randomBf16(static_cast<size_t>(sh.e * sh.h), rng_, -0.1f, 0.1f));
+    RandomExperts ex = randomExperts(sh.e, sh.h, sh.inter);
+    const ExpertWeights &m1 = ex.mx1, &m2 = ex.mx2, &d1 = ex.dense.w1, &d2 = ex.dense.w2;
+    const OwnedTensor &b1 = ex.b1, &b2 = ex.b2;
     const auto x = randomBf16(static_cast<size_t>(kMaxT * sh.h), rng_, -2.f, 2.f);
     std::vector<int32_t> ids;
     std::vector<float> wts;
@@ -713,7 +729,7 @@ TEST_F(GpuLlmOps, MoeKSlicesKeepTheDecodeRegimeBitExact) {
       auto gout = allocate(gpu(), DType::kBF16, {t, sh.h});
       poison(gpu(), gout.view);
       if (mxfp4) {
-        gops_->moeExperts(gx.view, gid.view, gwt.view, *m1, b1.view, *m2, b2.view, gout.view, p);
+        gops_->moeExperts(gx.view, gid.view, gwt.view, m1, b1.view, m2, b2.view, gout.view, p);
       } else {
         gops_->moeExperts(gx.view, gid.view, gwt.view, d1, b1.view, d2, b2.view, gout.view, p);
       }
@@ -782,31 +798,9 @@ TEST_F(GpuLlmOps, MoeWideKernelEqualsTheTiledKernel) {
     const int64_t tmax = *std::max_element(sh.ts.begin(), sh.ts.end());
     reserve(tmax, 8, 8, 8, static_cast<int32_t>(sh.h), static_cast<int32_t>(sh.inter),
             static_cast<int32_t>(sh.e), sh.k);
-    std::uniform_int_distribution<int> byte(0, 255);
-    auto mx = [&](int64_t out, int64_t in, std::vector<uint8_t>& codes, std::vector<uint8_t>& sc) {
-      codes.resize(static_cast<size_t>(sh.e * out * in / 2));
-      sc.resize(static_cast<size_t>(sh.e * out * in / 32));
-      for (auto& b : codes) b = static_cast<uint8_t>(byte(rng_));
-      const int base = 127 + static_cast<int>(std::lround(std::log2(1.0 / (std::sqrt(double(in)) * 2.93))));
-      for (auto& v : sc) v = static_cast<uint8_t>(base + byte(rng_) % 3 - 1);
-    };
-    std::vector<uint8_t> c1, s1, c2, s2;
-    mx(2 * sh.inter, sh.h, c1, s1);
-    mx(sh.h, sh.inter, c2, s2);
-    std::vector<float> w1(static_cast<size_t>(sh.e * 2 * sh.inter * sh.h)),
-        w2(static_cast<size_t>(sh.e * sh.h * sh.inter));
-    dequantizeMxfp4(c1.data(), s1.data(), sh.e * 2 * sh.inter, sh.h / 32, w1.data());
-    dequantizeMxfp4(c2.data(), s2.data(), sh.e * sh.h, sh.inter / 32, w2.data());
-    auto m1 = gops_->uploadMxfp4Experts(c1.data(), s1.data(), sh.e, 2 * sh.inter, sh.h);
-    auto m2 = gops_->uploadMxfp4Experts(c2.data(), s2.data(), sh.e, sh.h, sh.inter);
-    ASSERT_TRUE(m1.isOk() && m2.isOk());
-    auto gw1 = upload(gpu(), DType::kBF16, {sh.e, 2 * sh.inter, sh.h}, w1);
-    auto gw2 = upload(gpu(), DType::kBF16, {sh.e, sh.h, sh.inter}, w2);
-    const auto [d1, d2] = denseExperts(gw1.view, gw2.view, sh.e, sh.inter, sh.h);
-    auto b1 = upload(gpu(), DType::kBF16, {sh.e, 2 * sh.inter},
-                     randomBf16(static_cast<size_t>(sh.e * 2 * sh.inter), rng_, -0.1f, 0.1f));
-    auto b2 = upload(gpu(), DType::kBF16, {sh.e, sh.h},
-                     randomBf16(static_cast<size_t>(sh.e * sh.h), rng_, -0.1f, 0.1f));
+    RandomExperts ex = randomExperts(sh.e, sh.h, sh.inter);
+    const ExpertWeights &m1 = ex.mx1, &m2 = ex.mx2, &d1 = ex.dense.w1, &d2 = ex.dense.w2;
+    const OwnedTensor &b1 = ex.b1, &b2 = ex.b2;
     MoeExpertsParams p{static_cast<int32_t>(sh.e), sh.k, static_cast<int32_t>(sh.h),
                        static_cast<int32_t>(sh.inter), 7.f, 1.702f};
     for (int64_t t : sh.ts) {
@@ -831,7 +825,7 @@ TEST_F(GpuLlmOps, MoeWideKernelEqualsTheTiledKernel) {
         auto gout = allocate(gpu(), DType::kBF16, {t, sh.h});
         poison(gpu(), gout.view);
         if (mxfp4) {
-          gops_->moeExperts(gx.view, gid.view, gwt.view, *m1, b1.view, *m2, b2.view, gout.view, p);
+          gops_->moeExperts(gx.view, gid.view, gwt.view, m1, b1.view, m2, b2.view, gout.view, p);
         } else {
           gops_->moeExperts(gx.view, gid.view, gwt.view, d1, b1.view, d2, b2.view, gout.view, p);
         }
