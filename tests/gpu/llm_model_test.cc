@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <functional>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -111,6 +112,29 @@ struct Seq {
   std::vector<int32_t> tokens;  // prompt + generated
   int32_t cached = 0;           // tokens whose KV is written
   std::vector<int32_t> blocks;
+};
+
+// Two copies of one batch (the same prompts), for stepping two runners side by side and comparing.
+struct TwinBatch {
+  std::vector<Seq> a, b;
+  std::vector<Seq*> pa, pb;
+  TwinBatch(int n, const std::function<std::vector<int32_t>(int)>& prompt_of)
+      : a(static_cast<size_t>(n)), b(static_cast<size_t>(n)) {
+    for (size_t i = 0; i < a.size(); ++i) {
+      a[i].tokens = prompt_of(static_cast<int>(i));
+      b[i].tokens = a[i].tokens;
+      pa.push_back(&a[i]);
+      pb.push_back(&b[i]);
+    }
+  }
+  TwinBatch(const TwinBatch&) = delete;  // pa / pb point into a / b
+  TwinBatch& operator=(const TwinBatch&) = delete;
+  // Appends the ids each side sampled (one per sequence, in order; none after a step that
+  // sampled nothing).
+  void append(const std::vector<int32_t>& ta, const std::vector<int32_t>& tb) {
+    for (size_t i = 0; i < ta.size(); ++i) a[i].tokens.push_back(ta[i]);
+    for (size_t i = 0; i < tb.size(); ++i) b[i].tokens.push_back(tb[i]);
+  }
 };
 
 // Runs one step over `seqs`: every sequence computes tokens [cached, cached + n_i) (n_i = its
@@ -318,16 +342,9 @@ TEST_F(GpuGptOss, DecodeGraphsEqualEagerSteps) {
   Runner graphed = load(*dir_, "cuda", MoeWeightsMode::kAuto, nullptr, /*cuda_graphs=*/true);
   for (int batch : {1, 3, 6}) {
     SCOPED_TRACE("batch " + std::to_string(batch));
-    std::vector<Seq> a(static_cast<size_t>(batch)), g(static_cast<size_t>(batch));
-    for (int i = 0; i < batch; ++i) {
-      a[static_cast<size_t>(i)].tokens = prompt(500 + 97 * i, 900 + i);
-      g[static_cast<size_t>(i)].tokens = a[static_cast<size_t>(i)].tokens;
-    }
-    std::vector<Seq*> pa, pg;
-    for (int i = 0; i < batch; ++i) {
-      pa.push_back(&a[static_cast<size_t>(i)]);
-      pg.push_back(&g[static_cast<size_t>(i)]);
-    }
+    TwinBatch tw(batch, [](int i) { return prompt(500 + 97 * i, 900 + i); });
+    std::vector<Seq>&a = tw.a, &g = tw.b;
+    std::vector<Seq*>&pa = tw.pa, &pg = tw.pb;
     // Prefill one sequence per step (the step budget is 2048 tokens), then decode them together.
     for (int i = 0; i < batch; ++i) {
       auto ta = step(eager, {pa[static_cast<size_t>(i)]}, 2048, nullptr, true);
@@ -342,10 +359,7 @@ TEST_F(GpuGptOss, DecodeGraphsEqualEagerSteps) {
       auto ta = step(eager, pa, 2048, nullptr, /*want_logits=*/true);
       auto tg = step(graphed, pg, 2048, nullptr, /*want_logits=*/false);
       ASSERT_EQ(ta, tg) << "step " << it;
-      for (int i = 0; i < batch; ++i) {
-        a[static_cast<size_t>(i)].tokens.push_back(ta[static_cast<size_t>(i)]);
-        g[static_cast<size_t>(i)].tokens.push_back(tg[static_cast<size_t>(i)]);
-      }
+      tw.append(ta, tg);
     }
     EXPECT_EQ(graphed.model->graphSteps() - graph_steps0, 40u);  // every decode step
   }
@@ -465,16 +479,8 @@ TEST_F(GpuGptOss, CombineNormFusionIsBitExact) {
     Runner fused = load(*dir_, "cuda", MoeWeightsMode::kAuto, nullptr, graphs, true);
     ASSERT_TRUE(fused.ops->supportsCombineNorm());
     constexpr int kBatch = 3;
-    std::vector<Seq> a(kBatch), b(kBatch);
-    for (int i = 0; i < kBatch; ++i) {
-      a[static_cast<size_t>(i)].tokens = prompt(700 + 41 * i, 7100 + i);
-      b[static_cast<size_t>(i)].tokens = a[static_cast<size_t>(i)].tokens;
-    }
-    std::vector<Seq*> pa, pb;
-    for (int i = 0; i < kBatch; ++i) {
-      pa.push_back(&a[static_cast<size_t>(i)]);
-      pb.push_back(&b[static_cast<size_t>(i)]);
-    }
+    TwinBatch tw(kBatch, [](int i) { return prompt(700 + 41 * i, 7100 + i); });
+    std::vector<Seq*>&pa = tw.pa, &pb = tw.pb;
     // Prefill all three in chunks of 600 tokens (a first step of 1800 rows, then the rest, which
     // samples each sequence's first token), logits back.
     for (int it = 0; it < 2; ++it) {
@@ -484,10 +490,7 @@ TEST_F(GpuGptOss, CombineNormFusionIsBitExact) {
       ASSERT_EQ(ta, tb) << "prefill step " << it;
       ASSERT_EQ(la, lb) << "prefill step " << it;
       ASSERT_EQ(ta.size(), it == 0 ? 0u : static_cast<size_t>(kBatch));
-      for (size_t i = 0; i < ta.size(); ++i) {
-        a[i].tokens.push_back(ta[i]);
-        b[i].tokens.push_back(tb[i]);
-      }
+      tw.append(ta, tb);
     }
     for (int it = 0; it < 24; ++it) {
       SCOPED_TRACE("decode " + std::to_string(it));
@@ -500,10 +503,7 @@ TEST_F(GpuGptOss, CombineNormFusionIsBitExact) {
       if (want) {
         ASSERT_EQ(la, lb);
       }
-      for (int i = 0; i < kBatch; ++i) {
-        a[static_cast<size_t>(i)].tokens.push_back(ta[static_cast<size_t>(i)]);
-        b[static_cast<size_t>(i)].tokens.push_back(tb[static_cast<size_t>(i)]);
-      }
+      tw.append(ta, tb);
     }
     if (graphs) {
       EXPECT_GT(fused.model->graphSteps(), 0u);
