@@ -427,24 +427,37 @@ int moeGemmBench(const std::string& list, bool fp8, const std::vector<int>& slic
     const Tensor xt = x.view.rowSlice(0, t), ot = out.view.rowSlice(0, t);
     const Tensor it = ids.view.rowSlice(0, t), wt = wts.view.rowSlice(0, t);
     std::vector<uint16_t> chain, ref, got(static_cast<size_t>(t * kH));
-    // Per K slice count [TAG_MOE_K_SLICES]: the tiled kernel first (-1: its bits are the
-    // reference for that slicing), then each decode-kernel shape at block_m 16, then (one chain
-    // only) each wide-kernel shape at block_m 64 [TAG_MOE_WIDE] (variant 10 + w) and the default
-    // choice (variant 50); then the FP8 experts once.
-    std::vector<std::pair<int, int>> runs;  // (slices, variant)
+    // Per K slice count [TAG_MOE_K_SLICES]: the tiled kernel first (its bits are the reference
+    // for that slicing), then each decode-kernel shape at block_m 16, then (one chain only) each
+    // wide-kernel shape at block_m 64 [TAG_MOE_WIDE] and the default choice; then the FP8
+    // experts once.
+    enum class Kind { kTiled, kDecode, kWide, kAuto, kFp8 };
+    struct Run {
+      int slices;
+      Kind kind;
+      int variant = 0;  // the decode or wide kernel's shape
+    };
+    std::vector<Run> runs;
     for (int sl : slices) {
-      for (int v : {-1, 0, 1, 2, 3}) runs.push_back({sl, v});
+      runs.push_back({sl, Kind::kTiled});
+      for (int v : {0, 1, 2, 3}) runs.push_back({sl, Kind::kDecode, v});
       if (sl == 1) {
-        for (int v : {10, 11, 12, 13, 50}) runs.push_back({sl, v});
+        for (int v : {0, 1, 2, 3}) runs.push_back({sl, Kind::kWide, v});
+        runs.push_back({sl, Kind::kAuto});
       }
     }
-    if (fp8) runs.push_back({cuda::kMoeDefaultKSlices, 100});
-    for (const auto& [sl, v] : runs) {
+    if (fp8) runs.push_back({cuda::kMoeDefaultKSlices, Kind::kFp8});
+    for (const Run& run : runs) {
+      const int sl = run.slices;
       cuda::setMoeKSlices(sl);
-      cuda::setMoeDecodeVariant(v >= 10 || v < 0 ? (v < 0 ? -1 : 0) : v);
-      cuda::setMoeWideVariant(v >= 10 && v < 50 ? v - 10 : (v == 50 || v == 100 ? 0 : -1));
-      cuda::setMoeBlockMOverride(v >= 10 && v < 50 ? 64 : 0);
-      cuda::setMoeFp8MinTokens(v == 100 ? 1 : INT64_MAX);
+      cuda::setMoeDecodeVariant(run.kind == Kind::kTiled    ? -1
+                                : run.kind == Kind::kDecode ? run.variant
+                                                            : 0);
+      cuda::setMoeWideVariant(run.kind == Kind::kWide                                ? run.variant
+                              : run.kind == Kind::kAuto || run.kind == Kind::kFp8 ? 0
+                                                                                  : -1);
+      cuda::setMoeBlockMOverride(run.kind == Kind::kWide ? 64 : 0);
+      cuda::setMoeFp8MinTokens(run.kind == Kind::kFp8 ? 1 : INT64_MAX);
       auto call = [&](int l) {
         ops->moeExperts(xt, it, wt, w1[static_cast<size_t>(l)], b1[static_cast<size_t>(l)].view,
                         w2[static_cast<size_t>(l)], b2[static_cast<size_t>(l)].view, ot, mp);
@@ -453,13 +466,13 @@ int moeGemmBench(const std::string& list, bool fp8, const std::vector<int>& slic
       (void)backend->synchronize();
       cudaMemcpy(got.data(), ot.data, got.size() * 2, cudaMemcpyDeviceToHost);
       std::string note;
-      if (v == -1) {
+      if (run.kind == Kind::kTiled) {
         ref = got;
         if (sl == 1) chain = got;
         char buf[96];
         std::snprintf(buf, sizeof buf, "  rel_l2 vs one chain %.2e", chain.empty() ? 0.0 : relL2(got, chain));
         note = buf;
-      } else if (v == 100) {
+      } else if (run.kind == Kind::kFp8) {
         char buf[96];
         std::snprintf(buf, sizeof buf, "  rel_l2 vs the MXFP4 tiled kernel %.4f", relL2(got, ref));
         note = buf;
@@ -477,14 +490,14 @@ int moeGemmBench(const std::string& list, bool fp8, const std::vector<int>& slic
         us.push_back(ms * 1000.f / 24);
       }
       std::sort(us.begin(), us.end());
-      if (v == 100) {
+      if (run.kind == Kind::kFp8) {
         std::printf("moe T=%4d fp8            : %8.2f us/call (min %.2f)%s\n", t, us[3], us[0],
                     note.c_str());
       } else {
-        const std::string name = v < 0    ? "tiled"
-                                 : v == 50 ? "auto"
-                                 : v >= 10 ? "wide v" + std::to_string(v - 10)
-                                           : "dec v" + std::to_string(v);
+        const std::string name = run.kind == Kind::kTiled  ? "tiled"
+                                 : run.kind == Kind::kAuto ? "auto"
+                                 : run.kind == Kind::kWide ? "wide v" + std::to_string(run.variant)
+                                                           : "dec v" + std::to_string(run.variant);
         std::printf("moe T=%4d slices %d %-7s: %8.2f us/call (min %.2f)%s\n", t, sl, name.c_str(),
                     us[3], us[0], note.c_str());
       }

@@ -91,9 +91,7 @@ class GemmRunner {
   // [TAG_GEMV] Also time the CUDA-core GEMV (gemv.cuh) as candidates for the small buckets (with
   // small buckets and tuning on; bf16 output only). Off by default: not yet run on a GPU.
   void setGemv(bool on) { gemv_ = on; }
-  bool gemv() const { return gemv_; }
   size_t gemvWins() const { return gemv_wins_; }
-  bool smallBuckets() const { return small_buckets_; }
   int64_t bucketOf(int64_t m) const;
 
   bool tuning() const { return tune_; }

@@ -95,14 +95,16 @@ Status launchShape(const GemvArgs& a, cudaStream_t stream) {
   return okStatus();
 }
 
+// The shapes gemvShapes() lists for these M, and only those.
 template <int kM>
 Status launchM(const GemvArgs& a, cudaStream_t stream) {
   if (a.rows == 2 && a.unroll == 4) return launchShape<kM, 2, 4>(a, stream);
   if (a.rows == 4 && a.unroll == 2) return launchShape<kM, 4, 2>(a, stream);
-  if (a.rows == 2 && a.unroll == 2) return launchShape<kM, 2, 2>(a, stream);
   if constexpr (kM <= 4) {
     if (a.rows == 4 && a.unroll == 4) return launchShape<kM, 4, 4>(a, stream);
     if (a.rows == 8 && a.unroll == 2) return launchShape<kM, 8, 2>(a, stream);
+  } else {
+    if (a.rows == 2 && a.unroll == 2) return launchShape<kM, 2, 2>(a, stream);
   }
   return invalidArgument("gemv: unsupported (rows, unroll) for this M");
 }

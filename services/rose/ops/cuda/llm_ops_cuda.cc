@@ -946,9 +946,7 @@ bool g_llm_small_buckets = true;
 bool g_llm_gemv = false;
 }  // namespace
 void setLlmGemmSmallBuckets(bool on) { g_llm_small_buckets = on; }
-bool llmGemmSmallBuckets() { return g_llm_small_buckets; }
 void setLlmGemv(bool on) { g_llm_gemv = on; }
-bool llmGemv() { return g_llm_gemv; }
 
 Result<std::unique_ptr<LlmOps>> createCudaLlmOps(Backend& backend) {
   auto* cb = dynamic_cast<CudaBackend*>(&backend);

@@ -26,16 +26,14 @@
 namespace garden::rose::cuda {
 
 // `backend` must be the "cuda" backend (CudaBackend) and outlive the ops. Turns on the backend
-// GemmRunner's small M buckets [TAG_GEMM_SMALL_BUCKETS] when llmGemmSmallBuckets() (gpt-oss's
-// decode graphs pad M to powers of two, so the buckets nest them).
+// GemmRunner's small M buckets [TAG_GEMM_SMALL_BUCKETS] unless setLlmGemmSmallBuckets(false)
+// (gpt-oss's decode graphs pad M to powers of two, so the buckets nest them).
 Result<std::unique_ptr<LlmOps>> createCudaLlmOps(Backend& backend);
 // Process-global, read by createCudaLlmOps (rose_llm_bench --gemm-small-buckets on|off).
 void setLlmGemmSmallBuckets(bool on);
-bool llmGemmSmallBuckets();
 // [TAG_GEMV] Whether createCudaLlmOps lets the GemmRunner time the CUDA-core GEMV for the small
 // buckets (GemmRunner::setGemv). Off by default until GpuOps.Gemv* has passed on a GPU
 // (rose_llm_bench --gemm-gemv on).
 void setLlmGemv(bool on);
-bool llmGemv();
 
 }  // namespace garden::rose::cuda

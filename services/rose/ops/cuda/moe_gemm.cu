@@ -326,6 +326,14 @@ struct MxWarpStream {
     sa = __ldg(sp);
     sb = __ldg(sp + 8);
   }
+  // Fills a kDepth-deep register ring with K tiles kt0, kt0 + 1, ... (those below kt1).
+  template <int kDepth>
+  __device__ __forceinline__ void prime(int kt0, int kt1, uint4 (&wq)[kDepth],
+                                        uint32_t (&sqa)[kDepth], uint32_t (&sqb)[kDepth]) const {
+#pragma unroll
+    for (int d = 0; d < kDepth; ++d)
+      if (kt0 + d < kt1) fetch(kt0 + d, wq[d], sqa[d], sqb[d]);
+  }
 };
 
 // bf16x2 2^(s-1) of each scale byte of the pairs: sf[row g / g + 8][group 0 / 1]. Byte b of the
@@ -434,11 +442,7 @@ __global__ void __launch_bounds__(kRG * 32) moeGemmMxDecodeKernel(MoeGemmArgs a,
   // registers): anything computed from a load here would stall the warp on it at issue time.
   uint4 wq[kDepth];
   uint32_t sqa[kDepth], sqb[kDepth];
-  if (act) {
-#pragma unroll
-    for (int d = 0; d < kDepth; ++d)
-      if (kt0 + d < kt1) ws.fetch(kt0 + d, wq[d], sqa[d], sqb[d]);
-  }
+  if (act) ws.prime(kt0, kt1, wq, sqa, sqb);
   // Token rows: each row's source once (a_rows, or in place where row_valid marks it real), then
   // only the real rows' slice is copied (K padding zero-filled). Rows past rows_staged are never
   // real; the ldmatrix lanes of those token columns read row 0 instead, and rows of the tile that
@@ -600,11 +604,7 @@ __global__ void __launch_bounds__(kRG * 32, 16 / kRG) moeGemmMxWideKernel(MoeGem
   const MxWarpStream ws(a, e, q, lane, kt_count);
   uint4 wq[kDepth];
   uint32_t sqa[kDepth], sqb[kDepth];
-  if (act) {
-#pragma unroll
-    for (int d = 0; d < kDepth; ++d)
-      if (d < kt_count) ws.fetch(d, wq[d], sqa[d], sqb[d]);
-  }
+  if (act) ws.prime(0, kt_count, wq, sqa, sqb);
 
   if (tid == 0) s_rows = 0;
   __syncthreads();

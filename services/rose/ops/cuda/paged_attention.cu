@@ -324,7 +324,6 @@ int32_t g_split_keys = 0;  // 0: pagedAttnSplitKeysFor's rule
 void setPagedAttnSplitKeys(int32_t keys) {
   g_split_keys = keys <= 0 ? 0 : std::max<int32_t>(64, keys / 64 * 64);
 }
-int32_t pagedAttnSplitKeys() { return g_split_keys; }
 int32_t pagedAttnSplitKeysFor(int32_t keys) {
   if (g_split_keys > 0) return g_split_keys;
   return keys >= kPagedAttnLongContext ? kPagedAttnSplitKeysLong : kPagedAttnSplitKeys;

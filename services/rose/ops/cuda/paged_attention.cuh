@@ -71,7 +71,6 @@ int32_t pagedAttnSplitKeysFor(int32_t keys);
 // loaded. It changes how a decode token's keys are partitioned (f32 rounding of the combine),
 // never which keys it sees.
 void setPagedAttnSplitKeys(int32_t keys);
-int32_t pagedAttnSplitKeys();
 
 // Query tokens one block takes for a GQA group of `group` q heads per kv head (64 rows).
 int32_t pagedAttnTokensPerBlock(int32_t group);
