@@ -118,6 +118,27 @@ class GpuLlmOps : public ::testing::Test {
     return r;
   }
 
+  // The MoE op over the first t tokens of the host rows x [>= t, hidden] with their ids / weights
+  // [>= t, top_k], through ex's MXFP4 (mxfp4) or dense experts; the output poisoned first.
+  std::vector<float> runExperts(const RandomExperts& ex, const MoeExpertsParams& p, int64_t t,
+                                const std::vector<float>& x, const std::vector<int32_t>& ids,
+                                const std::vector<float>& wts, bool mxfp4) {
+    const int64_t h = p.hidden, k = p.top_k;
+    auto gx = upload(gpu(), DType::kBF16, {t, h}, std::vector<float>(x.begin(), x.begin() + t * h));
+    auto gid = uploadI32(gpu(), {t, k}, std::vector<int32_t>(ids.begin(), ids.begin() + t * k));
+    auto gwt = upload(gpu(), DType::kF32, {t, k}, std::vector<float>(wts.begin(), wts.begin() + t * k));
+    auto gout = allocate(gpu(), DType::kBF16, {t, h});
+    poison(gpu(), gout.view);
+    if (mxfp4) {
+      gops_->moeExperts(gx.view, gid.view, gwt.view, ex.mx1, ex.b1.view, ex.mx2, ex.b2.view,
+                        gout.view, p);
+    } else {
+      gops_->moeExperts(gx.view, gid.view, gwt.view, ex.dense.w1, ex.b1.view, ex.dense.w2,
+                        ex.b2.view, gout.view, p);
+    }
+    return download(gpu(), gout.view);
+  }
+
   Backends be_;
   std::unique_ptr<LlmOps> cops_, gops_;
   std::mt19937 rng_;
@@ -704,9 +725,7 @@ TEST_F(GpuLlmOps, MoeKSlicesKeepTheDecodeRegimeBitExact) {
     constexpr int64_t kMaxT = 100;  // 100 x 4 / 8 = 50 rows per expert: block_m 64
     reserve(kMaxT, 8, 8, 8, static_cast<int32_t>(sh.h), static_cast<int32_t>(sh.inter),
             static_cast<int32_t>(sh.e), sh.k);
-    RandomExperts ex = randomExperts(sh.e, sh.h, sh.inter);
-    const ExpertWeights &m1 = ex.mx1, &m2 = ex.mx2, &d1 = ex.dense.w1, &d2 = ex.dense.w2;
-    const OwnedTensor &b1 = ex.b1, &b2 = ex.b2;
+    const RandomExperts ex = randomExperts(sh.e, sh.h, sh.inter);
     const auto x = randomBf16(static_cast<size_t>(kMaxT * sh.h), rng_, -2.f, 2.f);
     std::vector<int32_t> ids;
     std::vector<float> wts;
@@ -722,19 +741,7 @@ TEST_F(GpuLlmOps, MoeKSlicesKeepTheDecodeRegimeBitExact) {
     MoeExpertsParams p{static_cast<int32_t>(sh.e), sh.k, static_cast<int32_t>(sh.h),
                        static_cast<int32_t>(sh.inter), 7.f, 1.702f};
     // The first t tokens through the MXFP4 (mx) or bf16 experts.
-    auto run = [&](int64_t t, bool mxfp4) {
-      auto gx = upload(gpu(), DType::kBF16, {t, sh.h}, std::vector<float>(x.begin(), x.begin() + t * sh.h));
-      auto gid = uploadI32(gpu(), {t, sh.k}, std::vector<int32_t>(ids.begin(), ids.begin() + t * sh.k));
-      auto gwt = upload(gpu(), DType::kF32, {t, sh.k}, std::vector<float>(wts.begin(), wts.begin() + t * sh.k));
-      auto gout = allocate(gpu(), DType::kBF16, {t, sh.h});
-      poison(gpu(), gout.view);
-      if (mxfp4) {
-        gops_->moeExperts(gx.view, gid.view, gwt.view, m1, b1.view, m2, b2.view, gout.view, p);
-      } else {
-        gops_->moeExperts(gx.view, gid.view, gwt.view, d1, b1.view, d2, b2.view, gout.view, p);
-      }
-      return download(gpu(), gout.view);
-    };
+    auto run = [&](int64_t t, bool mxfp4) { return runExperts(ex, p, t, x, ids, wts, mxfp4); };
     const std::vector<int64_t> decode_ts = {1, 5, 9, 16, 40};
     std::map<int64_t, std::vector<float>> one_chain;  // slices = 1, per T
     for (int slices : {1, 2, 3, 4, 8}) {
@@ -798,9 +805,7 @@ TEST_F(GpuLlmOps, MoeWideKernelEqualsTheTiledKernel) {
     const int64_t tmax = *std::max_element(sh.ts.begin(), sh.ts.end());
     reserve(tmax, 8, 8, 8, static_cast<int32_t>(sh.h), static_cast<int32_t>(sh.inter),
             static_cast<int32_t>(sh.e), sh.k);
-    RandomExperts ex = randomExperts(sh.e, sh.h, sh.inter);
-    const ExpertWeights &m1 = ex.mx1, &m2 = ex.mx2, &d1 = ex.dense.w1, &d2 = ex.dense.w2;
-    const OwnedTensor &b1 = ex.b1, &b2 = ex.b2;
+    const RandomExperts ex = randomExperts(sh.e, sh.h, sh.inter);
     MoeExpertsParams p{static_cast<int32_t>(sh.e), sh.k, static_cast<int32_t>(sh.h),
                        static_cast<int32_t>(sh.inter), 7.f, 1.702f};
     for (int64_t t : sh.ts) {
@@ -818,19 +823,7 @@ TEST_F(GpuLlmOps, MoeWideKernelEqualsTheTiledKernel) {
         for (int32_t j = 1; j < sh.k; ++j) ids.push_back(perm[static_cast<size_t>(j)]);
         for (int32_t j = 0; j < sh.k; ++j) wts.push_back(std::uniform_real_distribution<float>(0.1f, 0.4f)(rng_));
       }
-      auto gx = upload(gpu(), DType::kBF16, {t, sh.h}, x);
-      auto gid = uploadI32(gpu(), {t, sh.k}, ids);
-      auto gwt = upload(gpu(), DType::kF32, {t, sh.k}, wts);
-      auto run = [&](bool mxfp4) {
-        auto gout = allocate(gpu(), DType::kBF16, {t, sh.h});
-        poison(gpu(), gout.view);
-        if (mxfp4) {
-          gops_->moeExperts(gx.view, gid.view, gwt.view, m1, b1.view, m2, b2.view, gout.view, p);
-        } else {
-          gops_->moeExperts(gx.view, gid.view, gwt.view, d1, b1.view, d2, b2.view, gout.view, p);
-        }
-        return download(gpu(), gout.view);
-      };
+      auto run = [&](bool mxfp4) { return runExperts(ex, p, t, x, ids, wts, mxfp4); };
       cuda::setMoeBlockMOverride(64);
       const auto dense = run(false);  // the tiled kernel at block_m 64
       cuda::setMoeWideVariant(-1);

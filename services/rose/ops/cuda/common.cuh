@@ -27,14 +27,20 @@ using bf16 = __nv_bfloat16;
 // stay plain. Results are bit-identical either way.
 __device__ __forceinline__ void pdlWait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
-template <typename... KernelArgs, typename... Args>
-cudaError_t launchPdl(bool pdl, void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem,
-                      cudaStream_t stream, Args&&... args) {
+// The cudaLaunchKernelEx configuration of a plain launch (no attributes yet).
+inline cudaLaunchConfig_t launchConfig(dim3 grid, dim3 block, size_t smem, cudaStream_t stream) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
+  return cfg;
+}
+
+template <typename... KernelArgs, typename... Args>
+cudaError_t launchPdl(bool pdl, void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem,
+                      cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t cfg = launchConfig(grid, block, smem, stream);
   cudaLaunchAttribute attr[1];
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
   if (pdl && cudaStreamIsCapturing(stream, &capturing) == cudaSuccess &&
@@ -53,11 +59,7 @@ cudaError_t launchPdl(bool pdl, void (*kernel)(KernelArgs...), dim3 grid, dim3 b
 template <typename... KernelArgs, typename... Args>
 cudaError_t launchClustered(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem,
                             cudaStream_t stream, unsigned cluster_x, Args&&... args) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
+  cudaLaunchConfig_t cfg = launchConfig(grid, block, smem, stream);
   cudaLaunchAttribute attr[1];
   if (cluster_x > 0) {
     attr[0].id = cudaLaunchAttributeClusterDimension;

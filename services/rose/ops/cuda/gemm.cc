@@ -163,30 +163,33 @@ Status GemmRunner::enqueue(const Plan& p, const cublasLtMatmulAlgo_t& algo, cons
   return okStatus();
 }
 
+namespace {
+// The operand fields the custom kernels' argument structs share (SmallMGemmArgs, GemvArgs).
+template <typename Args>
+Args customArgs(const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_bfloat16* bias,
+                void* y, int64_t m, int64_t n, int64_t k) {
+  Args a;
+  a.x = x;
+  a.w = w;
+  a.bias = bias;
+  a.y = static_cast<__nv_bfloat16*>(y);
+  a.m = m;
+  a.n = n;
+  a.k = k;
+  return a;
+}
+}  // namespace
+
 Status GemmRunner::enqueueChoice(const Plan& p, const Choice& choice, int64_t m, int64_t n,
                                  int64_t k, const Operands& ops) {
   if (choice.gemv_rows > 0) {
-    GemvArgs a;
-    a.x = ops.x;
-    a.w = ops.w;
-    a.bias = ops.bias;
-    a.y = static_cast<__nv_bfloat16*>(ops.y);
-    a.m = m;
-    a.n = n;
-    a.k = k;
+    auto a = customArgs<GemvArgs>(ops.x, ops.w, ops.bias, ops.y, m, n, k);
     a.rows = choice.gemv_rows;
     a.unroll = choice.gemv_unroll;
     return launchGemv(a, ops.stream);
   }
   if (choice.smallm_splits > 0) {
-    SmallMGemmArgs a;
-    a.x = ops.x;
-    a.w = ops.w;
-    a.bias = ops.bias;
-    a.y = static_cast<__nv_bfloat16*>(ops.y);
-    a.m = m;
-    a.n = n;
-    a.k = k;
+    auto a = customArgs<SmallMGemmArgs>(ops.x, ops.w, ops.bias, ops.y, m, n, k);
     a.splits = choice.smallm_splits;
     a.tile_n = choice.smallm_tile_n;
     return launchSmallMGemm(a, ops.stream);
