@@ -26,6 +26,9 @@
 //              64; default: cuda::pagedAttnSplitKeysFor's rule) for the split-KV attention.
 //   --fuse-combine-norm on|off: each layer's MoE combine fused into the next RMSNorm
 //              (GptOssOptions::fuse_combine_norm [TAG_COMBINE_NORM]; same bits; default on).
+//   --moe-prefetch N: the MXFP4 decode MoE kernel asks L2 for its weight tiles N K tiles beyond
+//              its register ring (cuda::setMoeL2Prefetch [TAG_MOE_L2_PREFETCH]; same bits; 0 off).
+//              With --moe-gemm, a list: the default decode shape at each distance.
 //   --moe-k-slices N: the decode-regime expert GEMMs sum K in N fixed slices (1..8; default 1,
 //              one chain) [TAG_MOE_K_SLICES]. With --moe-gemm, a list
 //              (e.g. 1,2,4,8): every count is timed.
@@ -326,7 +329,8 @@ int barDump(Bench& b, const std::string& dir, const std::string& list) {
 // events (median of 7 batches of 24 calls). Prints one line per (T, slices, kernel). With
 // --moe-weights fp8 also the FP8 experts (uploaded with the FP8 copy, every T forced onto it) and
 // their relative L2 difference from the MXFP4 tiled kernel.
-int moeGemmBench(const std::string& list, bool fp8, const std::vector<int>& slices) {
+int moeGemmBench(const std::string& list, bool fp8, const std::vector<int>& slices,
+                 const std::vector<int>& prefetch) {
   constexpr int kLayers = 6, kE = 32, kK = 4, kH = 2880, kI = 2880;
   BackendOptions bo;
   auto be = makeBackend("cuda", bo);
@@ -435,12 +439,17 @@ int moeGemmBench(const std::string& list, bool fp8, const std::vector<int>& slic
     struct Run {
       int slices;
       Kind kind;
-      int variant = 0;  // the decode or wide kernel's shape
+      int variant = 0;   // the decode or wide kernel's shape
+      int prefetch = 0;  // MoeGemmArgs::l2_prefetch [TAG_MOE_L2_PREFETCH]
     };
     std::vector<Run> runs;
     for (int sl : slices) {
       runs.push_back({sl, Kind::kTiled});
-      for (int v : {0, 1, 2, 3}) runs.push_back({sl, Kind::kDecode, v});
+      if (!prefetch.empty()) {  // --moe-prefetch: the default decode shape at each distance
+        for (int pf : prefetch) runs.push_back({sl, Kind::kDecode, 0, pf});
+      } else {
+        for (int v : {0, 1, 2, 3}) runs.push_back({sl, Kind::kDecode, v});
+      }
       if (sl == 1) {
         for (int v : {0, 1, 2, 3}) runs.push_back({sl, Kind::kWide, v});
         runs.push_back({sl, Kind::kAuto});
@@ -458,6 +467,7 @@ int moeGemmBench(const std::string& list, bool fp8, const std::vector<int>& slic
                                                                                   : -1);
       cuda::setMoeBlockMOverride(run.kind == Kind::kWide ? 64 : 0);
       cuda::setMoeFp8MinTokens(run.kind == Kind::kFp8 ? 1 : INT64_MAX);
+      cuda::setMoeL2Prefetch(run.prefetch);
       auto call = [&](int l) {
         ops->moeExperts(xt, it, wt, w1[static_cast<size_t>(l)], b1[static_cast<size_t>(l)].view,
                         w2[static_cast<size_t>(l)], b2[static_cast<size_t>(l)].view, ot, mp);
@@ -497,6 +507,7 @@ int moeGemmBench(const std::string& list, bool fp8, const std::vector<int>& slic
         const std::string name = run.kind == Kind::kTiled  ? "tiled"
                                  : run.kind == Kind::kAuto ? "auto"
                                  : run.kind == Kind::kWide ? "wide v" + std::to_string(run.variant)
+                                 : run.prefetch > 0 ? "dec pf" + std::to_string(run.prefetch)
                                                            : "dec v" + std::to_string(run.variant);
         std::printf("moe T=%4d slices %d %-7s: %8.2f us/call (min %.2f)%s\n", t, sl, name.c_str(),
                     us[3], us[0], note.c_str());
@@ -505,6 +516,7 @@ int moeGemmBench(const std::string& list, bool fp8, const std::vector<int>& slic
     }
   }
   cuda::setMoeKSlices(cuda::kMoeDefaultKSlices);
+  cuda::setMoeL2Prefetch(cuda::kMoeDefaultL2Prefetch);
   cuda::setMoeDecodeVariant(0);
   cuda::setMoeWideVariant(0);
   cuda::setMoeBlockMOverride(0);
@@ -527,6 +539,7 @@ int main(int argc, char** argv) {
   int64_t kv_tokens = 0;  // --kv-tokens N: size the KV cache for at least N tokens
   std::string moe_list;   // --moe-gemm T1,T2,...: time the MoE experts op alone (no model)
   std::string k_slices = std::to_string(cuda::kMoeDefaultKSlices);  // --moe-k-slices N[,N...]
+  std::string prefetch_list;  // --moe-prefetch N[,N...] [TAG_MOE_L2_PREFETCH]
   bool profile = false;  // one decode step of each --decode workload between profiler markers
   int64_t fp8_min_tokens = 0;  // --fp8-min-tokens N: MoE steps of >= N tokens use the FP8 copy
   double mask_density = 0;  // --masks D
@@ -556,6 +569,7 @@ int main(int argc, char** argv) {
     else if (a == "--kv-tokens") kv_tokens = std::atoll(next().c_str());
     else if (a == "--moe-gemm") moe_list = next();
     else if (a == "--moe-k-slices") k_slices = next();
+    else if (a == "--moe-prefetch") prefetch_list = next();
     else if (a == "--moe-wide-min-avg") cuda::setMoeWideMinAvg(std::atoi(next().c_str()));
     else if (a == "--moe-wide") cuda::setMoeWideVariant(next() == "off" ? -1 : 0);
     else if (a == "--attn-split-keys") cuda::setPagedAttnSplitKeys(std::atoi(next().c_str()));
@@ -578,7 +592,14 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (!moe_list.empty()) return moeGemmBench(moe_list, moe == "fp8", slice_counts);
+  std::vector<int> prefetch;
+  for (const auto& x : split(prefetch_list, ',')) prefetch.push_back(std::atoi(x.c_str()));
+  if (!moe_list.empty()) return moeGemmBench(moe_list, moe == "fp8", slice_counts, prefetch);
+  if (prefetch.size() > 1) {
+    std::fprintf(stderr, "--moe-prefetch takes one distance without --moe-gemm\n");
+    return 2;
+  }
+  if (!prefetch.empty()) cuda::setMoeL2Prefetch(prefetch[0]);
   if (slice_counts.size() != 1) {
     std::fprintf(stderr, "--moe-k-slices takes one count without --moe-gemm\n");
     return 2;

@@ -74,6 +74,11 @@
 #   gemv      GpuOps.Gemv* + GpuOps.Linear* (the CUDA-core GEMV [TAG_GEMV] vs the host, its bits
 #             across M and shapes, the runner timing it), then decode at 1/2/4/8 sequences with
 #             --gemm-gemv on / off (needs mk20b; the "gemm tuned" lines say what won each bucket)
+#   moepf     rose_llm_bench --moe-gemm at 1..512 tokens with --moe-prefetch 0,8,16,32 (the decode
+#             kernel's L2 prefetch distance [TAG_MOE_L2_PREFETCH]; bits checked per run), the wide
+#             kernel and the default choice beside them
+#   pfdec     decode 1@8192, 64@1024, 256@1024 (needs mk20b) with --moe-prefetch 0 / 8 / 16 / 32
+#             (then GEMV on with the best guess: PFDEC_GEMV_PF)
 #   prefill128k  20b prefill of one 64k and one 128k request (issue 16's table; never run yet),
 #             MXFP4 experts then the FP8 copy (needs mk20b; KV for 140k tokens)
 #   sweepfp8  gpu_chat_sweep.sh at 256 streams with rose --moe-weights fp8 (prefill steps of
@@ -154,6 +159,8 @@ for s in $STEPS; do
     wideab) step wideab wideab.txt 200 bash -c "for v in '' '--moe-wide off'; do echo \"== \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode 1@8192,64@1024,256@1024 --decode-steps 24 --max-batch-tokens 16384 --kv-tokens 290000 \$v 2>&1 | grep -v 'gemm tuned'; done" ;;
     smallgemm) step smallgemm smallgemm.txt 240 bash -c "'$BIN/gpu_kernels_test' --gtest_filter='GpuOps.Linear*' 2>&1 | grep -E 'OK|FAIL|Failure|small buckets|Expected|Which'; for v in on off; do echo \"== --gemm-small-buckets \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode 1@8192,2@8192,4@4096,8@2048,64@1024 --decode-steps 24 --max-batch-tokens 16384 --gemm-small-buckets \$v 2>&1; done" ;;
     gemv) step gemv gemv.txt 240 bash -c "'$BIN/gpu_kernels_test' --gtest_filter='GpuOps.Gemv*:GpuOps.Linear*' 2>&1 | grep -E 'OK|FAIL|Failure|gemv|small buckets|Expected|Which'; for v in on off; do echo \"== --gemm-gemv \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode 1@8192,2@8192,4@4096,8@2048 --decode-steps 24 --max-batch-tokens 16384 --gemm-gemv \$v 2>&1; done" ;;
+    moepf) step moepf moepf.txt 240 "$BIN/rose_llm_bench" --moe-gemm "${MOEPF_TS:-1,2,4,8,16,32,64,128,256,512}" --moe-k-slices 1 --moe-prefetch "${MOEPF_PF:-0,8,16,32}" ;;
+    pfdec) step pfdec pfdec.txt 360 bash -c "for v in '--moe-prefetch 0' '--moe-prefetch 8' '--moe-prefetch 16' '--moe-prefetch 32' '--moe-prefetch ${PFDEC_GEMV_PF:-16} --gemm-gemv on'; do echo \"== \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode 1@8192,64@1024,256@1024 --decode-steps 24 --max-batch-tokens 16384 --kv-tokens 290000 \$v 2>&1 | grep -v 'gemm tuned'; done" ;;
     prefill128k) step prefill128k prefill128k.txt 400 bash -c "for w in mxfp4 fp8; do echo \"== --moe-weights \$w\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 65536,131072 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --moe-weights \$w 2>&1 | grep -v 'gemm tuned'; done" ;;
     sweepfp8) step sweepfp8 sweepfp8.txt 300 bash -c "TAG=_fp8 TULIP_ARGS='--rose-arg=--moe-weights=fp8' bash '$ROOT/bench/suites/gpu_chat_sweep.sh' '$BIN' /tmp/gptoss20b '$BIN/tokenizer.json' '$LOGS/sweepfp8' 256" ;;
     sweep256) step sweep256 sweep256.txt 300 bash "$ROOT/bench/suites/gpu_chat_sweep.sh" "$BIN" /tmp/gptoss20b "$BIN/tokenizer.json" "$LOGS/sweep256" 256 ;;

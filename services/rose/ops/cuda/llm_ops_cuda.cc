@@ -459,6 +459,7 @@ class CudaLlmOps final : public LlmOps {
     g1.epilogue = MoeGemmEpilogue::kSwiglu;
     g1.max_rows_per_expert = static_cast<int32_t>(std::min<int64_t>(t, 1 << 30));
     g1.k_slices = moeKSlices();  // [TAG_MOE_K_SLICES]
+    g1.l2_prefetch = moeL2Prefetch();  // [TAG_MOE_L2_PREFETCH]
     g1.mx_max_scale = w1.format == ExpertFormat::kMxfp4 ? w1.mx_max_scale : 255;
     g1.swiglu_limit = p.swiglu_limit;
     g1.swiglu_alpha = p.swiglu_alpha;

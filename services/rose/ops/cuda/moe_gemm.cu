@@ -326,6 +326,14 @@ struct MxWarpStream {
     sa = __ldg(sp);
     sb = __ldg(sp + 8);
   }
+  // [TAG_MOE_L2_PREFETCH] Asks L2 for K tile kt of this warp's 16 rows: lanes 0-3 the four
+  // 128-byte lines of its 512 code bytes, lane 4 the line holding its 32 scale bytes.
+  __device__ __forceinline__ void prefetchL2(int kt, int lane) const {
+    const uint8_t* p = nullptr;
+    if (lane < 4) p = cbase - lane * 16 + lane * 128 + static_cast<int64_t>(kt) * kMxTileBytes;
+    else if (lane == 4) p = sbase - 2 + static_cast<int64_t>(kt) * 256;  // lane 4: row g = 1
+    if (p != nullptr) asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+  }
   // Fills a kDepth-deep register ring with K tiles kt0, kt0 + 1, ... (those below kt1).
   template <int kDepth>
   __device__ __forceinline__ void prime(int kt0, int kt1, uint4 (&wq)[kDepth],
@@ -442,7 +450,11 @@ __global__ void __launch_bounds__(kRG * 32) moeGemmMxDecodeKernel(MoeGemmArgs a,
   // registers): anything computed from a load here would stall the warp on it at issue time.
   uint4 wq[kDepth];
   uint32_t sqa[kDepth], sqb[kDepth];
-  if (act) ws.prime(kt0, kt1, wq, sqa, sqb);
+  const int pf = a.l2_prefetch;  // [TAG_MOE_L2_PREFETCH] tiles beyond the ring
+  if (act) {
+    ws.prime(kt0, kt1, wq, sqa, sqb);
+    for (int kt = kt0 + kDepth; kt < min(kt1, kt0 + kDepth + pf); ++kt) ws.prefetchL2(kt, lane);
+  }
   // Token rows: each row's source once (a_rows, or in place where row_valid marks it real), then
   // only the real rows' slice is copied (K padding zero-filled). Rows past rows_staged are never
   // real; the ldmatrix lanes of those token columns read row 0 instead, and rows of the tile that
@@ -490,6 +502,7 @@ __global__ void __launch_bounds__(kRG * 32) moeGemmMxDecodeKernel(MoeGemmArgs a,
         const uint4 w = wq[d];
         const uint32_t sa = sqa[d], sb = sqb[d];
         if (kt + kDepth < kt1) ws.fetch(kt + kDepth, wq[d], sqa[d], sqb[d]);
+        if (pf > 0 && kt + kDepth + pf < kt1) ws.prefetchL2(kt + kDepth + pf, lane);
         uint32_t sf[2][2];
         mxScaleFactors(sa, sb, sf);
 #pragma unroll
@@ -580,14 +593,123 @@ Status launchDecode(const MoeGemmArgs& a, cudaStream_t stream) {
 // each, from zero; bias and epilogue in f32), on the same exact bf16 weight values, so the bits
 // equal it (rose_llm_bench --moe-gemm and the GPU tests compare them). Unsliced: only used where
 // the K slicing is one chain. Needs every scale <= 128, like the decode kernel.
+// The wide kernel's K loop for a tile whose real rows fill kPairs ldmatrix.x4 pairs of n8 token
+// tiles (a template argument: the loop over pairs is fully unrolled with no per-mma branch, so
+// the compiler interleaves the token fragment loads, the dequantization and the mmas; a runtime
+// pair count cost ~24 issued instructions per mma at T = 256, ncu 2026-12-03). Each thread's
+// token-row copies are resolved once (source row, smem offset) and only advanced by K tile.
+template <int kRG, int kNT, int kDepth, int kXStages, MoeGemmEpilogue kEpi, int kPairs>
+__device__ __forceinline__ void moeWideLoop(const MoeGemmArgs& a, const MxWarpStream& ws,
+                                            uint4 (&wq)[kDepth], uint32_t (&sqa)[kDepth],
+                                            uint32_t (&sqb)[kDepth], __nv_bfloat16* s_x,
+                                            const int32_t* s_src, int e, int m0, int q, bool act,
+                                            int kt_count) {
+  constexpr int kM = kNT * 8;
+  constexpr int kXRow = kBK + 8;
+  constexpr int kThreads = kRG * 32;
+  constexpr int kChunks = kPairs * 16 * 8;  // 16-byte token chunks per K tile
+  constexpr int kSlots = (kChunks + kThreads - 1) / kThreads;
+  const int tid = threadIdx.x, lane = tid & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const __nv_bfloat16* src[kSlots];
+  int dst[kSlots], col[kSlots];
+  bool live[kSlots];
+#pragma unroll
+  for (int j = 0; j < kSlots; ++j) {
+    const int i = tid + j * kThreads;
+    const int r = i >> 3, c = (i & 7) * 8;
+    const int s = i < kChunks ? s_src[r] : -1;
+    live[j] = s >= 0;
+    src[j] = a.a + (live[j] ? static_cast<int64_t>(s) * a.k + c : 0);
+    dst[j] = r * kXRow + c;
+    col[j] = c;
+  }
+  auto loadX = [&](int kt) {
+    __nv_bfloat16* base = s_x + (kt % kXStages) * (kM * kXRow);
+#pragma unroll
+    for (int j = 0; j < kSlots; ++j) {
+      if (j * kThreads + tid >= kChunks) break;
+      const bool ok = live[j] && kt * kBK + col[j] < a.k;
+      cpAsync16(base + dst[j], ok ? src[j] + kt * kBK : a.a, ok);
+    }
+  };
+#pragma unroll
+  for (int st = 0; st < kXStages - 1; ++st) {
+    if (st < kt_count) loadX(st);
+    cpAsyncCommit();
+  }
+  float acc[2 * kPairs][4];
+#pragma unroll
+  for (int i = 0; i < 2 * kPairs; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+  // ldmatrix.x4 rows of pair p: matrices (tokens 16p + 0-7, k 0-7), (16p + 0-7, k 8-15),
+  // (16p + 8-15, k 0-7), (16p + 8-15, k 8-15): b[0], b[1] feed n8 tile 2p, b[2], b[3] tile 2p + 1.
+  const int mi = lane >> 3, mr = lane & 7;
+  const int xoff = ((mi >> 1) * 8 + mr) * kXRow + (mi & 1) * 8;
+
+  // K tiles in steps of kDepth, the ring slot a compile-time index (no register moves).
+  for (int kb = 0; kb < kt_count; kb += kDepth) {
+#pragma unroll
+    for (int d = 0; d < kDepth; ++d) {
+      const int kt = kb + d;
+      if (kt >= kt_count) break;  // uniform
+      cpAsyncWait<kXStages - 2>();
+      __syncthreads();  // tile kt is in; every warp is done with the slot refilled below
+      if (kt + kXStages - 1 < kt_count) loadX(kt + kXStages - 1);
+      cpAsyncCommit();
+      if (!act) continue;
+      const uint4 w = wq[d];
+      const uint32_t sa = sqa[d], sb = sqb[d];
+      if (kt + kDepth < kt_count) ws.fetch(kt + kDepth, wq[d], sqa[d], sqb[d]);
+      uint32_t sf[2][2];
+      mxScaleFactors(sa, sb, sf);
+      const __nv_bfloat16* xs = s_x + (kt % kXStages) * (kM * kXRow) + xoff;
+      uint32_t bf[2][kPairs][4];
+#pragma unroll
+      for (int p = 0; p < kPairs; ++p) ldmatrixX4(bf[0][p], xs + p * 16 * kXRow);
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        if (s + 1 < 4) {  // the next k16 step's token fragments while this step multiplies
+#pragma unroll
+          for (int p = 0; p < kPairs; ++p)
+            ldmatrixX4(bf[(s + 1) & 1][p], xs + p * 16 * kXRow + (s + 1) * 16);
+        }
+        uint32_t af[4];
+        mxFragment(w, s, sf, af);
+#pragma unroll
+        for (int p = 0; p < kPairs; ++p) {
+          mmaBf16(acc[2 * p], af, bf[s & 1][p][0], bf[s & 1][p][1]);
+          mmaBf16(acc[2 * p + 1], af, bf[s & 1][p][2], bf[s & 1][p][3]);
+        }
+      }
+    }
+  }
+  cpAsyncWait<0>();
+  if (!act) return;
+#pragma unroll
+  for (int nt = 0; nt < 2 * kPairs; ++nt)
+    storeMoeTile<kEpi>(a, e, q * 16, g, m0 + nt * 8 + 2 * t, acc[nt]);
+}
+
+// The wide decode-shaped MXFP4 GEMM [TAG_MOE_WIDE]: the decode kernel's weight path (weights as
+// the mma A operand straight from the packed layout, one 16-byte load per lane per K tile, a
+// kDepth register ring, dequantized by shifts and one bf16 multiply) for tiles of kNT * 8 token
+// rows (block_m 64 at kNT 8), so each dequantized weight fragment feeds up to kNT mmas instead of
+// two. The token rows cannot all sit in shared memory for the whole K (64 x 2880 bf16 = 360 KB), so
+// they stream through a kXStages-deep cp.async ring of 64-wide K tiles shared by the CTA's kRG
+// warps (one __syncthreads per K tile). Only the n8 token tiles that hold a real row are loaded and
+// multiplied (align puts an expert's rows first in its tile; moeWideLoop is instantiated per
+// count of ldmatrix pairs). Each output element is the one K chain of the tiled kernel's
+// block_m 64 instance (K tiles in order, k16 steps in order, one mma each, from zero; bias and
+// epilogue in f32), on the same exact bf16 weight values, so the bits equal it (rose_llm_bench
+// --moe-gemm and the GPU tests compare them). Unsliced: only used where the K slicing is one
+// chain. Needs every scale <= 128, like the decode kernel.
 template <int kRG, int kNT, int kDepth, int kXStages, MoeGemmEpilogue kEpi>
 __global__ void __launch_bounds__(kRG * 32, 16 / kRG) moeGemmMxWideKernel(MoeGemmArgs a) {
-  static_assert(kNT % 2 == 0 && kXStages >= 2, "token tiles come in ldmatrix.x4 pairs");
+  static_assert(kNT == 8 && kXStages >= 2, "four ldmatrix.x4 pairs of n8 token tiles");
   constexpr int kM = kNT * 8;     // token rows per tile (== block_m)
-  constexpr int kXRow = kBK + 8;  // padded smem row (bf16): 144 bytes, conflict-free ldmatrix
   constexpr int kThreads = kRG * 32;
   extern __shared__ __align__(16) unsigned char smem[];
-  __nv_bfloat16* s_x = reinterpret_cast<__nv_bfloat16*>(smem);  // [kXStages][kM][kXRow]
+  __nv_bfloat16* s_x = reinterpret_cast<__nv_bfloat16*>(smem);  // [kXStages][kM][kBK + 8]
   __shared__ int32_t s_src[kM];
   __shared__ int s_rows;  // 1 + the last real row of the tile (0: none)
   const int tile = blockIdx.y;
@@ -599,7 +721,6 @@ __global__ void __launch_bounds__(kRG * 32, 16 / kRG) moeGemmMxWideKernel(MoeGem
   const int m0 = tile * kM;
   const int q = blockIdx.x * kRG + warp;  // this warp's 16-row weight group
   const bool act = q * 16 < a.n;          // warp-uniform
-  const int g = lane >> 2, t = lane & 3;
 
   const MxWarpStream ws(a, e, q, lane, kt_count);
   uint4 wq[kDepth];
@@ -616,87 +737,15 @@ __global__ void __launch_bounds__(kRG * 32, 16 / kRG) moeGemmMxWideKernel(MoeGem
     if (src >= 0) atomicMax(&s_rows, r + 1);
   }
   __syncthreads();
-  const int rows = s_rows;
-  const int pairs = (rows + 15) / 16;  // ldmatrix.x4 pairs of n8 tiles that hold a real row
-  const int load_rows = pairs * 16;
-  auto loadX = [&](int kt) {
-    __nv_bfloat16* dst = s_x + (kt % kXStages) * (kM * kXRow);
-    for (int i = tid; i < load_rows * 8; i += kThreads) {
-      const int r = i >> 3, c = (i & 7) * 8;
-      const int src = s_src[r];
-      const int kk = kt * kBK + c;
-      const bool ok = src >= 0 && kk < a.k;
-      cpAsync16(dst + r * kXRow + c, a.a + (ok ? static_cast<int64_t>(src) * a.k + kk : 0), ok);
-    }
-  };
-#pragma unroll
-  for (int st = 0; st < kXStages - 1; ++st) {
-    if (st < kt_count) loadX(st);
-    cpAsyncCommit();
-  }
-
-  float acc[kNT][4];
-#pragma unroll
-  for (int i = 0; i < kNT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
-  // ldmatrix.x4 rows of pair p: matrices (tokens 16p + 0-7, k 0-7), (16p + 0-7, k 8-15),
-  // (16p + 8-15, k 0-7), (16p + 8-15, k 8-15): b[0], b[1] feed n8 tile 2p, b[2], b[3] tile 2p + 1.
-  const int mi = lane >> 3, mr = lane & 7;
-  const int xoff = ((mi >> 1) * 8 + mr) * kXRow + (mi & 1) * 8;
-
-  for (int kt = 0; kt < kt_count; ++kt) {
-    cpAsyncWait<kXStages - 2>();
-    __syncthreads();  // tile kt is in; every warp is done with the slot refilled below
-    if (kt + kXStages - 1 < kt_count) loadX(kt + kXStages - 1);
-    cpAsyncCommit();
-    if (!act) continue;
-    const int d = kt % kDepth;  // ring slot (kt_count is not a multiple of kDepth in general)
-    uint4 w;
-    uint32_t sa, sb;
-    // The ring slot by a switch on a uniform index, so the ring stays in registers.
-#pragma unroll
-    for (int i = 0; i < kDepth; ++i) {
-      if (i == d) {
-        w = wq[i];
-        sa = sqa[i];
-        sb = sqb[i];
-        if (kt + kDepth < kt_count) ws.fetch(kt + kDepth, wq[i], sqa[i], sqb[i]);
-      }
-    }
-    uint32_t sf[2][2];
-    mxScaleFactors(sa, sb, sf);
-    const __nv_bfloat16* xs = s_x + (kt % kXStages) * (kM * kXRow) + xoff;
-    uint32_t bf[2][kNT / 2][4];
-#pragma unroll
-    for (int p = 0; p < kNT / 2; ++p)
-      if (p < pairs) ldmatrixX4(bf[0][p], xs + p * 16 * kXRow);
-#pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      if (s + 1 < 4) {  // the next k16 step's token fragments while this step multiplies
-#pragma unroll
-        for (int p = 0; p < kNT / 2; ++p)
-          if (p < pairs) ldmatrixX4(bf[(s + 1) & 1][p], xs + p * 16 * kXRow + (s + 1) * 16);
-      }
-      uint32_t af[4];
-      mxFragment(w, s, sf, af);
-#pragma unroll
-      for (int p = 0; p < kNT / 2; ++p) {
-        if (p < pairs) {
-          mmaBf16(acc[2 * p], af, bf[s & 1][p][0], bf[s & 1][p][1]);
-          mmaBf16(acc[2 * p + 1], af, bf[s & 1][p][2], bf[s & 1][p][3]);
-        }
-      }
-    }
-  }
-  cpAsyncWait<0>();
-  if (!act) return;
-
-#pragma unroll
-  for (int nt = 0; nt < kNT; ++nt) {
-    if (nt >= 2 * pairs) break;
-    storeMoeTile<kEpi>(a, e, q * 16, g, m0 + nt * 8 + 2 * t, acc[nt]);
+  // ldmatrix.x4 pairs of n8 tiles that hold a real row (uniform over the CTA)
+  switch ((s_rows + 15) / 16) {
+    case 1: return moeWideLoop<kRG, kNT, kDepth, kXStages, kEpi, 1>(a, ws, wq, sqa, sqb, s_x, s_src, e, m0, q, act, kt_count);
+    case 2: return moeWideLoop<kRG, kNT, kDepth, kXStages, kEpi, 2>(a, ws, wq, sqa, sqb, s_x, s_src, e, m0, q, act, kt_count);
+    case 3: return moeWideLoop<kRG, kNT, kDepth, kXStages, kEpi, 3>(a, ws, wq, sqa, sqb, s_x, s_src, e, m0, q, act, kt_count);
+    case 4: return moeWideLoop<kRG, kNT, kDepth, kXStages, kEpi, 4>(a, ws, wq, sqa, sqb, s_x, s_src, e, m0, q, act, kt_count);
+    default: return;  // no real row: nothing to store
   }
 }
-
 template <int kRG, int kNT, int kDepth, int kXStages, MoeGemmEpilogue kEpi>
 Status launchWide(const MoeGemmArgs& a, cudaStream_t stream) {
   constexpr size_t smem = size_t{kXStages} * kNT * 8 * (kBK + 8) * 2;
@@ -721,6 +770,7 @@ Status launchWide(const MoeGemmArgs& a, cudaStream_t stream) {
 // T = 2 on (T = 4: 150 vs 103 us for the whole MoE op); at T = 1 depth 8 is ~3 % faster.
 int g_decode_variant = 0;
 int g_k_slices = kMoeDefaultKSlices;
+int g_l2_prefetch = kMoeDefaultL2Prefetch;  // [TAG_MOE_L2_PREFETCH]
 int g_wide_variant = 0;                   // [TAG_MOE_WIDE] -1: off (the tiled kernel)
 int g_wide_min_avg = kMoeWideDefaultMinAvg;  // block_m 64 + the wide kernel above this average
 int g_block_m_override = 0;               // rose_llm_bench only: 0 = moeGemmBlockM's choice
@@ -829,6 +879,8 @@ __global__ void mxfp4PackKernel(const uint8_t* src_codes, const uint8_t* src_sca
 void setMoeDecodeVariant(int variant) { g_decode_variant = variant; }
 void setMoeKSlices(int slices) { g_k_slices = std::max(1, std::min(slices, 8)); }
 int moeKSlices() { return g_k_slices; }
+void setMoeL2Prefetch(int kt) { g_l2_prefetch = std::max(0, std::min(kt, 64)); }
+int moeL2Prefetch() { return g_l2_prefetch; }
 
 void setMoeWideVariant(int variant) { g_wide_variant = variant; }
 void setMoeWideMinAvg(int rows) { g_wide_min_avg = rows; }

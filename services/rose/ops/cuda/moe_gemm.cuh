@@ -81,6 +81,10 @@ struct MoeGemmArgs {
   // and the same row in a prefill-sized step agree to f32 rounding, not bit for bit (with
   // k_slices = 1 they agree bit for bit, the previous contract).
   int32_t k_slices = 1;
+  // MXFP4 decode kernel [TAG_MOE_L2_PREFETCH]: each warp asks L2 for its weight tiles this many
+  // K tiles beyond its register ring (prefetch.global.L2: no register, no scoreboard), so more of
+  // the weight stream is in flight than the ring holds. 0: off. Changes no arithmetic.
+  int32_t l2_prefetch = 0;
   int32_t max_tiles = 0;
   int32_t block_m = 0;  // 16, 64 or 128 (moeGemmBlockM)
   int32_t num_experts = 0;
@@ -122,6 +126,11 @@ void setMoeDecodeVariant(int variant);
 inline constexpr int kMoeDefaultKSlices = 1;
 void setMoeKSlices(int slices);
 int moeKSlices();
+// [TAG_MOE_L2_PREFETCH] The prefetch distance the CUDA LLM ops put in MoeGemmArgs::l2_prefetch
+// (process-global; rose_llm_bench --moe-prefetch). Same bits at every distance.
+inline constexpr int kMoeDefaultL2Prefetch = 0;
+void setMoeL2Prefetch(int kt);
+int moeL2Prefetch();
 Status launchMoeGemm(const MoeGemmArgs& a, cudaStream_t stream);
 
 }  // namespace garden::rose::cuda
