@@ -79,6 +79,11 @@
 #             kernel and the default choice beside them
 #   pfdec     decode 1@8192, 64@1024, 256@1024 (needs mk20b) with --moe-prefetch 0 / 8 / 16 / 32
 #             (then GEMV on with the best guess: PFDEC_GEMV_PF)
+#   ncusrc    ncu --set full on the first two MXFP4 decode-kernel launches at T = 1 and the first two
+#             wide-kernel launches at T = 256 (rose_llm_bench --moe-gemm), reports kept; their
+#             source pages as SASS with per-instruction stall samples (*.sass.csv)
+#   declat    decode at 1/2/4/8 sequences and 64..256 @ 1k: the default, --moe-wide-min-avg 24 (the
+#             previous threshold) and --moe-prefetch 0 (needs mk20b)
 #   prefill128k  20b prefill of one 64k and one 128k request (issue 16's table; never run yet),
 #             MXFP4 experts then the FP8 copy (needs mk20b; KV for 140k tokens)
 #   sweepfp8  gpu_chat_sweep.sh at 256 streams with rose --moe-weights fp8 (prefill steps of
@@ -161,6 +166,8 @@ for s in $STEPS; do
     gemv) step gemv gemv.txt 240 bash -c "'$BIN/gpu_kernels_test' --gtest_filter='GpuOps.Gemv*:GpuOps.Linear*' 2>&1 | grep -E 'OK|FAIL|Failure|gemv|small buckets|Expected|Which'; for v in on off; do echo \"== --gemm-gemv \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode 1@8192,2@8192,4@4096,8@2048 --decode-steps 24 --max-batch-tokens 16384 --gemm-gemv \$v 2>&1; done" ;;
     moepf) step moepf moepf.txt 240 "$BIN/rose_llm_bench" --moe-gemm "${MOEPF_TS:-1,2,4,8,16,32,64,128,256,512}" --moe-k-slices 1 --moe-prefetch "${MOEPF_PF:-0,8,16,32}" ;;
     pfdec) step pfdec pfdec.txt 360 bash -c "for v in '--moe-prefetch 0' '--moe-prefetch 8' '--moe-prefetch 16' '--moe-prefetch 32' '--moe-prefetch ${PFDEC_GEMV_PF:-16} --gemm-gemv on'; do echo \"== \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode 1@8192,64@1024,256@1024 --decode-steps 24 --max-batch-tokens 16384 --kv-tokens 290000 \$v 2>&1 | grep -v 'gemm tuned'; done" ;;
+    ncusrc) step ncusrc ncusrc.txt 240 bash -c "ncu --set full --import-source no -k regex:moeGemmMxDecode -c 2 -o '$LOGS/ncu_dec1' '$BIN/rose_llm_bench' --moe-gemm 1 --moe-prefetch 8 >/dev/null 2>&1; ncu --set full --import-source no -k regex:moeGemmMxWide -c 2 -o '$LOGS/ncu_wide256' '$BIN/rose_llm_bench' --moe-gemm 256 --moe-prefetch 8 >/dev/null 2>&1; for r in ncu_dec1 ncu_wide256; do ncu -i '$LOGS/'\$r.ncu-rep --page source --csv --print-source sass > '$LOGS/'\$r.sass.csv 2>&1; echo \"\$r: \$(wc -l < '$LOGS/'\$r.sass.csv) lines\"; ncu -i '$LOGS/'\$r.ncu-rep --page details 2>&1 | grep -E 'moeGemm|Duration|Registers Per|Executed Ipc A|DRAM Through|Eligible Warps|Active Warps Per|Executed Instructions  '; done" ;;
+    declat) step declat declat.txt 300 bash -c "for v in '' '--moe-wide-min-avg 24' '--moe-prefetch 0'; do echo \"== \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode 1@8192,2@8192,4@4096,8@2048,64@1024,96@1024,128@1024,192@1024,256@1024 --decode-steps 24 --max-batch-tokens 16384 --kv-tokens 290000 \$v 2>&1 | grep -v 'gemm tuned'; done" ;;
     prefill128k) step prefill128k prefill128k.txt 400 bash -c "for w in mxfp4 fp8; do echo \"== --moe-weights \$w\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 65536,131072 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --moe-weights \$w 2>&1 | grep -v 'gemm tuned'; done" ;;
     sweepfp8) step sweepfp8 sweepfp8.txt 300 bash -c "TAG=_fp8 TULIP_ARGS='--rose-arg=--moe-weights=fp8' bash '$ROOT/bench/suites/gpu_chat_sweep.sh' '$BIN' /tmp/gptoss20b '$BIN/tokenizer.json' '$LOGS/sweepfp8' 256" ;;
     sweep256) step sweep256 sweep256.txt 300 bash "$ROOT/bench/suites/gpu_chat_sweep.sh" "$BIN" /tmp/gptoss20b "$BIN/tokenizer.json" "$LOGS/sweep256" 256 ;;

@@ -355,6 +355,12 @@ Result<GemmRunner::Choice> GemmRunner::chooseAlgo(Plan& exact, int64_t m, int64_
   for (size_t c = 0; c < num_lt; ++c) {
     if (avg_ms[c] >= 0.f && (best_lt_ms < 0.f || avg_ms[c] < best_lt_ms)) best_lt_ms = avg_ms[c];
   }
+  float best_gemv_ms = -1.f;  // the fastest GEMV candidate [TAG_GEMV], for the log
+  for (size_t c = num_lt; c < cands.size(); ++c) {
+    if (cands[c].gemv_rows > 0 && avg_ms[c] >= 0.f &&
+        (best_gemv_ms < 0.f || avg_ms[c] < best_gemv_ms))
+      best_gemv_ms = avg_ms[c];
+  }
   ++tuned_;
   const bool smallm_won = cands[best].smallm_splits > 0;
   const bool gemv_won = cands[best].gemv_rows > 0;
@@ -382,6 +388,7 @@ Result<GemmRunner::Choice> GemmRunner::chooseAlgo(Plan& exact, int64_t m, int64_
                            {"best_us", static_cast<double>(best_ms) * 1e3},
                            {"first_us", static_cast<double>(first_ms) * 1e3},
                            {"best_cublaslt_us", static_cast<double>(best_lt_ms) * 1e3},
+                           {"best_gemv_us", static_cast<double>(best_gemv_ms) * 1e3},
                            {"kernel", smallm_won ? "smallm" : gemv_won ? "gemv" : "cublaslt"},
                            {"smallm_candidates", cands.size() - num_lt},
                            {"gemv_rows", cands[best].gemv_rows},

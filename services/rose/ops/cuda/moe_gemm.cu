@@ -777,14 +777,15 @@ int g_block_m_override = 0;               // rose_llm_bench only: 0 = moeGemmBlo
 
 template <MoeGemmEpilogue kEpi>
 Status launchWideVariant(const MoeGemmArgs& a, cudaStream_t stream) {
-  // Measured on the H200 (bench/results/gpu-llm-2026-12-03-h200-s3, call 2): the depth-2 weight
-  // ring (123 registers, no spill) beat depth 4 (128 with the 2-CTA bound, spilling) by 15-20 %
-  // at every T; 4 warps per CTA and 3 token stages were slower still.
+  // Measured on the H200: with the runtime pair count (bench/results/gpu-llm-2026-12-03-h200-s3,
+  // call 2) the depth-2 weight ring (123 registers) beat depth 4 (spilling) by 15-20 %; with the
+  // loop specialized per pair count (gpu-llm-2026-12-03-h200-s4, call 1) nothing spills and depth 4
+  // is 3-5 % faster at every T (MoE op T = 256: 369.6 vs 384.5 us; T = 512: 561 vs 581).
   switch (g_wide_variant) {
     case 1: return launchWide<8, 8, 2, 6, kEpi>(a, stream);
     case 2: return launchWide<16, 8, 2, 4, kEpi>(a, stream);
-    case 3: return launchWide<8, 8, 4, 4, kEpi>(a, stream);
-    default: return launchWide<8, 8, 2, 4, kEpi>(a, stream);
+    case 3: return launchWide<8, 8, 2, 4, kEpi>(a, stream);
+    default: return launchWide<8, 8, 4, 4, kEpi>(a, stream);
   }
 }
 

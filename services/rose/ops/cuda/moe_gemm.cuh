@@ -99,14 +99,16 @@ struct MoeGemmArgs {
 // mx_wide: the experts are MXFP4 with every scale <= 128 (both projections), so block_m 64 tiles
 // run the wide kernel [TAG_MOE_WIDE]; then block_m 64 starts above moeWideMinAvg rows per expert
 // on average (with one K chain) instead of 24.
+// Measured (MoE op alone, 20b shapes, gpu-llm-2026-12-03-h200-s4 call 1): at 8 rows per expert
+// (T = 64) the decode kernel wins (279 vs 305 us), at 16 (T = 128) the wide kernel (322 vs 383).
 int32_t moeGemmBlockM(int64_t assignments, int32_t num_experts, bool mx_wide = false);
 // [TAG_MOE_WIDE] Rows per expert on average above which MXFP4 experts take block_m 64 and the
 // wide kernel (up to 96, where block_m 128 and the tiled kernel start).
-inline constexpr int kMoeWideDefaultMinAvg = 24;
+inline constexpr int kMoeWideDefaultMinAvg = 12;
 void setMoeWideMinAvg(int rows);
 // Benchmarks only (rose_llm_bench --moe-gemm): the wide kernel's shape (0: the default, 8 warps,
-// weight ring depth 2, 4 token stages; 1: 6 token stages; 2: 16 warps; 3: depth 4; -1: off,
-// block_m 64 takes the tiled kernel), and a fixed block_m for every step (0: moeGemmBlockM's
+// weight ring depth 4, 4 token stages; 1: depth 2, 6 token stages; 2: depth 2, 16 warps; 3: depth 2;
+// -1: off, block_m 64 takes the tiled kernel), and a fixed block_m for every step (0: moeGemmBlockM's
 // choice). Every shape gives the same bits. Process-global, like setMoeDecodeVariant.
 void setMoeWideVariant(int variant);
 void setMoeBlockMOverride(int block_m);
@@ -127,8 +129,11 @@ inline constexpr int kMoeDefaultKSlices = 1;
 void setMoeKSlices(int slices);
 int moeKSlices();
 // [TAG_MOE_L2_PREFETCH] The prefetch distance the CUDA LLM ops put in MoeGemmArgs::l2_prefetch
-// (process-global; rose_llm_bench --moe-prefetch). Same bits at every distance.
-inline constexpr int kMoeDefaultL2Prefetch = 0;
+// (process-global; rose_llm_bench --moe-prefetch). Same bits at every distance. Measured (MoE op
+// alone, 20b shapes, gpu-llm-2026-12-03-h200-s4 call 1), distance 0 / 8 / 16 / 32: T = 1 60.4 /
+// 53.1 / 54.6 / 57.5 us, T = 16 258 / 231 / 239 / 263, T = 64 307 / 279 / 284 / 309 (T = 2, 4:
+// 3 % slower); decode b1@8k 2.984 -> 2.789 ms, b64@1k 9.57 -> 8.85 ms.
+inline constexpr int kMoeDefaultL2Prefetch = 8;
 void setMoeL2Prefetch(int kt);
 int moeL2Prefetch();
 Status launchMoeGemm(const MoeGemmArgs& a, cudaStream_t stream);
