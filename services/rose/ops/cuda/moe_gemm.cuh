@@ -129,11 +129,12 @@ inline constexpr int kMoeDefaultKSlices = 1;
 void setMoeKSlices(int slices);
 int moeKSlices();
 // [TAG_MOE_L2_PREFETCH] The prefetch distance the CUDA LLM ops put in MoeGemmArgs::l2_prefetch
-// (process-global; rose_llm_bench --moe-prefetch). Same bits at every distance. Measured (MoE op
-// alone, 20b shapes, gpu-llm-2026-12-03-h200-s4 call 1), distance 0 / 8 / 16 / 32: T = 1 60.4 /
-// 53.1 / 54.6 / 57.5 us, T = 16 258 / 231 / 239 / 263, T = 64 307 / 279 / 284 / 309 (T = 2, 4:
-// 3 % slower); decode b1@8k 2.984 -> 2.789 ms, b64@1k 9.57 -> 8.85 ms.
-inline constexpr int kMoeDefaultL2Prefetch = 8;
+// (process-global; rose_llm_bench --moe-prefetch). Same bits at every distance. Off by default:
+// it paid only while the decode kernel copied its register ring (MoE op alone, 20b shapes,
+// bench/results/gpu-llm-2026-12-03-h200-s4 call 1, distance 0 / 8: T = 1 60.4 / 53.1 us, T = 64
+// 307 / 279); with the slot refilled in place (call 3) it costs: T = 1 45.1 / 50.4 us, T = 16
+// 200.6 / 222.6, T = 64 237.8 / 261.4.
+inline constexpr int kMoeDefaultL2Prefetch = 0;
 void setMoeL2Prefetch(int kt);
 int moeL2Prefetch();
 Status launchMoeGemm(const MoeGemmArgs& a, cudaStream_t stream);
