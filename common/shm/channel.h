@@ -43,7 +43,8 @@ inline constexpr uint64_t kMagic = 0x314D534E44524147ULL;  // "GARDNSM1" little-
 //    BatchDesc.seqlens_offset; kLlmCapTokenMask) [TAG_TOKEN_MASK].
 // 9: late token masks (BatchDesc.flags in the former reserved_state, kBatchLateMasks,
 //    kLlmCapLateMask) [TAG_LATE_MASKS].
-inline constexpr uint32_t kVersion = 9;
+// 10: ModelFacts.kv_block_groups (rose --dp: tulip keeps each sequence's blocks in one group).
+inline constexpr uint32_t kVersion = 10;
 
 enum class BatchKind : uint32_t {
   kEmbed = 1,     // pooled (optionally L2-normalized) embeddings: rows=num_seqs, cols=hidden
@@ -87,6 +88,10 @@ struct ModelFacts {
   // request never reaches (and fails) a step shared with other requests. 0: none.
   uint32_t llm_caps = 0;
   char sampler[16] = {};
+  // kind "llm" only: the block ids form this many equal groups (rose --dp: group g =
+  // ids [g * n / groups, (g + 1) * n / groups) is cached by dp group g's ranks); every
+  // sequence's blocks must lie in one group. 0 or 1: one group.
+  uint32_t kv_block_groups = 0;
 };
 // logprobs, min_p, presence/frequency/repetition penalties and logit_bias (sampler-state slots,
 // [TAG_LLM_SAMPLER_STATE]; rose: LlmOps::supportsSamplerState()).

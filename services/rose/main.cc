@@ -336,13 +336,15 @@ Result<Workload> loadLlmSharded(const std::string& dir, rose::Backend& backend, 
   w.segment->setKvBlocksPerGroup(static_cast<int32_t>(blocks));
   RETURN_IF_ERROR(w.ranks->waitReady(std::chrono::minutes(30)));
   if (par.dp > 1) {
-    log::warn("--dp > 1: every sequence's blocks must lie in one dp group; a step with a block "
-              "table that straddles groups is refused (tulip does not allocate per group yet)",
+    log::info("--dp > 1: the KV block ids form one group per dp group (announced to tulip, which "
+              "keeps every sequence in one group); a step with a table that straddles groups is "
+              "refused",
               {{"dp", par.dp}, {"blocks_per_group", blocks}});
   }
   w.step_model = std::make_unique<rose::ShardedStepModel>(*w.shard, *w.segment);
   rose::LlmRunnerOptions ro;
   ro.kv_num_blocks = static_cast<int32_t>(blocks * par.dp);
+  ro.kv_block_groups = par.dp;
   ro.kv_block_size = f.kv_block_size;
   ro.max_seqs = f.max_seqs;
   ro.max_batch_tokens = max_batch_tokens;

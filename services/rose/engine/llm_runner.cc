@@ -103,6 +103,8 @@ Result<std::unique_ptr<LlmRunner>> LlmRunner::create(Backend& backend, GptOssMod
 Result<std::unique_ptr<LlmRunner>> LlmRunner::create(Backend& backend, LlmStepModel& model,
                                                      const LlmRunnerOptions& opts) {
   if (opts.kv_num_blocks <= 0) return invalidArgument("kv_num_blocks must be positive");
+  if (opts.kv_block_groups < 1 || opts.kv_num_blocks % opts.kv_block_groups != 0)
+    return invalidArgument("kv_block_groups must be >= 1 and divide kv_num_blocks");
   if (opts.kv_block_size <= 0) return invalidArgument("kv_block_size must be positive");
   if (opts.max_seqs <= 0 || opts.max_batch_tokens <= 0)
     return invalidArgument("max_seqs and max_batch_tokens must be positive");
@@ -171,6 +173,7 @@ shm::ModelFacts LlmRunner::facts() const {
   f.max_batch_tokens = static_cast<uint32_t>(opts_.max_batch_tokens);
   f.kv_num_blocks = static_cast<uint32_t>(opts_.kv_num_blocks);
   f.kv_block_size = static_cast<uint32_t>(opts_.kv_block_size);
+  f.kv_block_groups = static_cast<uint32_t>(opts_.kv_block_groups);
   f.max_seqs = static_cast<uint32_t>(opts_.max_seqs);
   for (size_t i = 0; i < opts_.eos_ids.size() && i < kMaxEosIds; ++i) {
     f.eos_ids[i] = opts_.eos_ids[i];

@@ -48,6 +48,9 @@ Result<std::vector<int32_t>> loadEosIds(const std::string& dir);
 struct LlmRunnerOptions {
   int32_t kv_num_blocks = 0;   // > 0
   int32_t kv_block_size = 16;  // > 0
+  // Announced as ModelFacts::kv_block_groups: the block ids form this many groups and tulip
+  // keeps each sequence in one (a sharded rose's --dp; kv_num_blocks a multiple). >= 1.
+  int32_t kv_block_groups = 1;
   // Per-step staging; use the values the model was loaded with (GptOssOptions). Larger steps
   // are answered INVALID_ARGUMENT here, before the model sees them.
   int32_t max_seqs = 256;

@@ -20,8 +20,12 @@ uint64_t mix64(uint64_t x) {
 
 }  // namespace
 
-KvBlockManager::KvBlockManager(KvOptions opts) : opts_(opts) {
+KvBlockManager::KvBlockManager(KvOptions opts)
+    : opts_(opts),
+      groups_(std::max<uint32_t>(1, opts.groups)),
+      per_group_(std::max<uint32_t>(1, opts.num_blocks / std::max<uint32_t>(1, opts.groups))) {
   CHECK(opts_.block_size > 0);
+  CHECK(opts_.num_blocks % groups_ == 0);
   blocks_.resize(opts_.num_blocks);
   block_tokens_.assign(uint64_t{opts_.num_blocks} * opts_.block_size, 0);
   reset();
@@ -34,50 +38,69 @@ uint64_t KvBlockManager::hashBlock(uint64_t parent, std::span<const int32_t> tok
   return h == 0 ? 1 : h;
 }
 
+uint64_t KvBlockManager::rootHash(uint32_t group) {
+  // Group 0 keeps the single-group root; the others start from their own.
+  return group == 0 ? kRootHash : mix64(kRootHash ^ (uint64_t{group} * 0x9e3779b97f4a7c15ULL));
+}
+
+int32_t KvBlockManager::groupOf(SeqId seq) const {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end() || it->second.table.empty()) return -1;
+  return static_cast<int32_t>(it->second.group);
+}
+
 void KvBlockManager::reset() {
   seqs_.clear();
   cache_.clear();
-  head_ = tail_ = -1;
+  head_.assign(groups_, -1);
+  tail_.assign(groups_, -1);
+  group_free_.assign(groups_, 0);
   free_count_ = 0;
   for (auto& b : blocks_) b = Block{};
   for (int32_t i = 0; i < static_cast<int32_t>(opts_.num_blocks); ++i) pushBack(i);
 }
 
 void KvBlockManager::pushFront(int32_t b) {
+  const uint32_t g = groupOfBlock(b);
   Block& blk = blocks_[b];
   blk.prev = -1;
-  blk.next = head_;
-  if (head_ >= 0) blocks_[head_].prev = b;
-  head_ = b;
-  if (tail_ < 0) tail_ = b;
+  blk.next = head_[g];
+  if (head_[g] >= 0) blocks_[head_[g]].prev = b;
+  head_[g] = b;
+  if (tail_[g] < 0) tail_[g] = b;
   blk.in_free = true;
+  ++group_free_[g];
   ++free_count_;
 }
 
 void KvBlockManager::pushBack(int32_t b) {
+  const uint32_t g = groupOfBlock(b);
   Block& blk = blocks_[b];
   blk.next = -1;
-  blk.prev = tail_;
-  if (tail_ >= 0) blocks_[tail_].next = b;
-  tail_ = b;
-  if (head_ < 0) head_ = b;
+  blk.prev = tail_[g];
+  if (tail_[g] >= 0) blocks_[tail_[g]].next = b;
+  tail_[g] = b;
+  if (head_[g] < 0) head_[g] = b;
   blk.in_free = true;
+  ++group_free_[g];
   ++free_count_;
 }
 
 void KvBlockManager::unlink(int32_t b) {
+  const uint32_t g = groupOfBlock(b);
   Block& blk = blocks_[b];
   CHECK(blk.in_free);
   if (blk.prev >= 0)
     blocks_[blk.prev].next = blk.next;
   else
-    head_ = blk.next;
+    head_[g] = blk.next;
   if (blk.next >= 0)
     blocks_[blk.next].prev = blk.prev;
   else
-    tail_ = blk.prev;
+    tail_[g] = blk.prev;
   blk.prev = blk.next = -1;
   blk.in_free = false;
+  --group_free_[g];
   --free_count_;
 }
 
@@ -90,8 +113,8 @@ void KvBlockManager::uncache(int32_t b) {
   blk.hash = blk.parent_hash = 0;
 }
 
-int32_t KvBlockManager::popFront() {
-  const int32_t b = head_;
+int32_t KvBlockManager::popFront(uint32_t group) {
+  const int32_t b = head_[group];
   CHECK(b >= 0);
   unlink(b);
   if (blocks_[b].cached) {
@@ -101,28 +124,29 @@ int32_t KvBlockManager::popFront() {
   return b;
 }
 
-int32_t KvBlockManager::lookup(uint64_t parent, uint64_t hash,
+int32_t KvBlockManager::lookup(uint32_t group, uint64_t parent, uint64_t hash,
                                std::span<const int32_t> tokens) const {
   auto it = cache_.find(hash);
   if (it == cache_.end()) return -1;
   const int32_t b = it->second;
   const Block& blk = blocks_[b];
-  if (blk.parent_hash != parent) return -1;
+  if (blk.parent_hash != parent || groupOfBlock(b) != group) return -1;
   const int32_t* stored = block_tokens_.data() + uint64_t(b) * opts_.block_size;
   if (!std::equal(tokens.begin(), tokens.end(), stored)) return -1;
   return b;
 }
 
-std::vector<int32_t> KvBlockManager::findCachedPrefix(std::span<const int32_t> tokens) const {
+std::vector<int32_t> KvBlockManager::cachedPrefixIn(uint32_t group,
+                                                    std::span<const int32_t> tokens) const {
   std::vector<int32_t> out;
   if (!opts_.prefix_caching || tokens.empty()) return out;
   const uint64_t bs = opts_.block_size;
   const uint64_t limit = tokens.size() - 1;  // at least one token left to compute
-  uint64_t parent = kRootHash;
+  uint64_t parent = rootHash(group);
   for (uint64_t i = 0; (i + 1) * bs <= limit; ++i) {
     auto blk = tokens.subspan(i * bs, bs);
     const uint64_t h = hashBlock(parent, blk);
-    const int32_t b = lookup(parent, h, blk);
+    const int32_t b = lookup(group, parent, h, blk);
     if (b < 0) break;
     out.push_back(b);
     parent = h;
@@ -130,23 +154,49 @@ std::vector<int32_t> KvBlockManager::findCachedPrefix(std::span<const int32_t> t
   return out;
 }
 
+std::vector<int32_t> KvBlockManager::findCachedPrefix(std::span<const int32_t> tokens) const {
+  std::vector<int32_t> best = cachedPrefixIn(0, tokens);
+  uint32_t best_group = 0;
+  for (uint32_t g = 1; g < groups_; ++g) {
+    std::vector<int32_t> p = cachedPrefixIn(g, tokens);
+    if (p.size() > best.size() ||
+        (p.size() == best.size() && group_free_[g] > group_free_[best_group])) {
+      best = std::move(p);
+      best_group = g;
+    }
+  }
+  return best;
+}
+
 std::optional<std::span<const int32_t>> KvBlockManager::allocate(SeqId seq, uint64_t num_tokens,
                                                                  std::span<const int32_t> prefix) {
   auto it = seqs_.find(seq);
   const bool fresh = it == seqs_.end() || it->second.table.empty();
   if (!fresh) prefix = {};
+  // The sequence's group: its table's, its prefix's, or the one with the most free blocks.
+  uint32_t group = 0;
+  if (!fresh) {
+    group = it->second.group;
+  } else if (!prefix.empty()) {
+    group = groupOfBlock(prefix[0]);
+  } else {
+    for (uint32_t g = 1; g < groups_; ++g)
+      if (group_free_[g] > group_free_[group]) group = g;
+  }
   const uint64_t have = fresh ? prefix.size() : it->second.table.size();
   const uint64_t want = blocksFor(num_tokens);
   const uint64_t add = want > have ? want - have : 0;
   // Prefix blocks without references leave the free queue too.
   uint64_t revive = 0;
   for (int32_t b : prefix) {
-    CHECK(b >= 0 && static_cast<uint32_t>(b) < opts_.num_blocks && blocks_[b].cached);
+    CHECK(b >= 0 && static_cast<uint32_t>(b) < opts_.num_blocks && blocks_[b].cached &&
+          groupOfBlock(b) == group);
     if (blocks_[b].ref == 0) ++revive;
   }
-  if (add + revive > free_count_) return std::nullopt;
+  if (add + revive > group_free_[group]) return std::nullopt;
   if (it == seqs_.end()) it = seqs_.emplace(seq, SeqState{}).first;
   SeqState& s = it->second;
+  s.group = group;
   if (fresh && !prefix.empty()) {
     for (int32_t b : prefix) {
       if (blocks_[b].ref == 0) unlink(b);
@@ -157,7 +207,7 @@ std::optional<std::span<const int32_t>> KvBlockManager::allocate(SeqId seq, uint
     s.last_hash = blocks_[prefix.back()].hash;
   }
   for (uint64_t i = 0; i < add; ++i) {
-    const int32_t b = popFront();
+    const int32_t b = popFront(group);
     blocks_[b].ref = 1;
     s.table.push_back(b);
   }
@@ -172,12 +222,14 @@ std::optional<std::span<const int32_t>> KvBlockManager::fork(SeqId seq, SeqId fr
   auto dst = seqs_.find(seq);
   CHECK(dst == seqs_.end() || dst->second.table.empty());
   const uint64_t want = std::max<uint64_t>(blocksFor(num_tokens), num_blocks);
+  const uint32_t group = src->second.group;  // the shared blocks' group
   // The shared blocks are referenced by `from`: none of them is in the free queue.
-  if (want - num_blocks > free_count_) return std::nullopt;
+  if (want - num_blocks > group_free_[group]) return std::nullopt;
   std::vector<int32_t> shared(src->second.table.begin(),
                               src->second.table.begin() + num_blocks);  // before seqs_ grows
   if (dst == seqs_.end()) dst = seqs_.emplace(seq, SeqState{}).first;
   SeqState& s = dst->second;
+  s.group = group;
   for (int32_t b : shared) {
     CHECK(blocks_[b].ref > 0);
     ++blocks_[b].ref;
@@ -188,7 +240,7 @@ std::optional<std::span<const int32_t>> KvBlockManager::fork(SeqId seq, SeqId fr
   s.hashed_blocks = 0;
   s.last_hash = 0;
   for (uint64_t i = num_blocks; i < want; ++i) {
-    const int32_t b = popFront();
+    const int32_t b = popFront(group);
     blocks_[b].ref = 1;
     s.table.push_back(b);
   }
@@ -205,7 +257,7 @@ void KvBlockManager::commit(SeqId seq, std::span<const int32_t> tokens, uint64_t
   const uint64_t full = std::min<uint64_t>(num_computed / bs, s.table.size());
   while (s.hashed_blocks < full) {
     const uint64_t i = s.hashed_blocks;
-    const uint64_t parent = s.hashed_blocks == 0 ? kRootHash : s.last_hash;
+    const uint64_t parent = s.hashed_blocks == 0 ? rootHash(s.group) : s.last_hash;
     auto blk = tokens.subspan(i * bs, bs);
     const uint64_t h = hashBlock(parent, blk);
     const int32_t b = s.table[i];
@@ -250,7 +302,8 @@ std::span<const int32_t> KvBlockManager::blockTable(SeqId seq) const {
 
 std::vector<int32_t> KvBlockManager::freeQueue() const {
   std::vector<int32_t> out;
-  for (int32_t b = head_; b >= 0; b = blocks_[b].next) out.push_back(b);
+  for (uint32_t g = 0; g < groups_; ++g)
+    for (int32_t b = head_[g]; b >= 0; b = blocks_[b].next) out.push_back(b);
   return out;
 }
 
@@ -268,18 +321,31 @@ Status KvBlockManager::checkInvariants() const {
     }
     if (s.hashed_blocks > s.table.size())
       return internalError("seq " + std::to_string(id) + " hashed more blocks than it holds");
+    for (int32_t b : s.table) {
+      if (groupOfBlock(b) != s.group)
+        return internalError("seq " + std::to_string(id) + " holds block " + std::to_string(b) +
+                             " outside its group " + std::to_string(s.group));
+    }
   }
-  uint32_t in_queue = 0;
-  int32_t prev = -1;
-  for (int32_t b = head_; b >= 0; b = blocks_[b].next) {
-    if (blocks_[b].prev != prev)
-      return internalError("free queue links broken at " + std::to_string(b));
-    if (!blocks_[b].in_free) return internalError("block in queue not marked free");
-    if (++in_queue > opts_.num_blocks) return internalError("free queue has a cycle");
-    prev = b;
+  uint32_t in_queues = 0;
+  for (uint32_t g = 0; g < groups_; ++g) {
+    uint32_t in_queue = 0;
+    int32_t prev = -1;
+    for (int32_t b = head_[g]; b >= 0; b = blocks_[b].next) {
+      if (blocks_[b].prev != prev)
+        return internalError("free queue links broken at " + std::to_string(b));
+      if (!blocks_[b].in_free) return internalError("block in queue not marked free");
+      if (groupOfBlock(b) != g)
+        return internalError("block " + std::to_string(b) + " in group " + std::to_string(g) +
+                             "'s free queue");
+      if (++in_queue > opts_.num_blocks) return internalError("free queue has a cycle");
+      prev = b;
+    }
+    if (prev != tail_[g]) return internalError("free queue tail mismatch");
+    if (in_queue != group_free_[g]) return internalError("group free count mismatch");
+    in_queues += in_queue;
   }
-  if (prev != tail_) return internalError("free queue tail mismatch");
-  if (in_queue != free_count_) return internalError("free count mismatch");
+  if (in_queues != free_count_) return internalError("free count mismatch");
   uint32_t cached = 0;
   for (uint32_t b = 0; b < opts_.num_blocks; ++b) {
     const Block& blk = blocks_[b];

@@ -17,6 +17,14 @@
 // Allocation is all or nothing: allocate() returns nullopt and changes nothing when blocks run
 // out (the scheduler then preempts or waits).
 //
+// Block groups (a worker serving --dp D data-parallel groups, ModelFacts kv_block_groups): group
+// g owns ids [g * B, (g + 1) * B) with B = num_blocks / D, and every sequence's table lies in one
+// group (the group's ranks hold its KV; rose refuses a table that straddles groups). Each group
+// has its own free queue; a new sequence goes to the group with the longest cached prefix of its
+// prompt (then the most free blocks, then the lowest index), a fork to its source's group, and a
+// sequence grows inside its group. The chain hashes of a group start from its own root, so the
+// prefix cache matches within a group only. One group (the default) is the single-worker case.
+//
 // Threads: not thread-safe; the LLM scheduler calls it under its own mutex.
 
 #include <cstdint>
@@ -35,6 +43,7 @@ struct KvOptions {
   uint32_t num_blocks = 0;
   uint32_t block_size = 16;
   bool prefix_caching = true;
+  uint32_t groups = 1;  // block groups (dp groups); num_blocks must be a multiple
 };
 
 class KvBlockManager {
@@ -47,6 +56,12 @@ class KvBlockManager {
   uint32_t blocksUsed() const { return opts_.num_blocks - free_count_; }
   uint32_t blocksCached() const { return static_cast<uint32_t>(cache_.size()); }
   uint32_t blockSize() const { return opts_.block_size; }
+  uint32_t groups() const { return groups_; }
+  uint32_t blocksPerGroup() const { return per_group_; }
+  uint32_t blocksFreeInGroup(uint32_t g) const { return group_free_[g]; }
+  uint32_t groupOfBlock(int32_t block) const { return static_cast<uint32_t>(block) / per_group_; }
+  // The group of `seq`'s table; -1 for a sequence without blocks.
+  int32_t groupOf(SeqId seq) const;
   bool prefixCaching() const { return opts_.prefix_caching; }
   uint64_t evictions() const { return evictions_; }
 
@@ -57,11 +72,15 @@ class KvBlockManager {
 
   // The cached full blocks that start `tokens`, in order, leaving at least the last token out
   // (a step must compute one token to sample from). No state change; empty when caching is off.
+  // With several groups: the longest such prefix over the groups (ties: the group with the most
+  // free blocks, then the lowest); allocate() with it puts the sequence in that group.
   std::vector<int32_t> findCachedPrefix(std::span<const int32_t> tokens) const;
 
   // Grows `seq`'s table so it covers `num_tokens` tokens. A sequence without a table first takes
   // `prefix` (from findCachedPrefix with no state change in between; its blocks gain a
-  // reference). Returns the table, or nullopt (nothing changed) when free blocks run out.
+  // reference). Returns the table, or nullopt (nothing changed) when free blocks run out (in
+  // the sequence's group: the prefix's, its table's, or for a new sequence without a prefix
+  // the group with the most free blocks).
   std::optional<std::span<const int32_t>> allocate(SeqId seq, uint64_t num_tokens,
                                                    std::span<const int32_t> prefix = {});
 
@@ -110,23 +129,30 @@ class KvBlockManager {
   };
   struct SeqState {
     std::vector<int32_t> table;
+    uint32_t group = 0;          // every block of the table lies in it
     uint32_t hashed_blocks = 0;  // leading blocks whose chain hash is known
     uint64_t last_hash = 0;      // chain hash of block hashed_blocks - 1 (root when 0)
   };
 
   static uint64_t hashBlock(uint64_t parent, std::span<const int32_t> tokens);
-  int32_t lookup(uint64_t parent, uint64_t hash, std::span<const int32_t> tokens) const;
+  static uint64_t rootHash(uint32_t group);
+  std::vector<int32_t> cachedPrefixIn(uint32_t group, std::span<const int32_t> tokens) const;
+  int32_t lookup(uint32_t group, uint64_t parent, uint64_t hash,
+                 std::span<const int32_t> tokens) const;
   void pushFront(int32_t b);
   void pushBack(int32_t b);
   void unlink(int32_t b);
-  int32_t popFront();  // evicts a cached block it takes
+  int32_t popFront(uint32_t group);  // evicts a cached block it takes
   void uncache(int32_t b);
 
   const KvOptions opts_;
+  const uint32_t groups_;
+  const uint32_t per_group_;
   std::vector<Block> blocks_;
   std::vector<int32_t> block_tokens_;  // block_size per block: the contents of cached blocks
-  int32_t head_ = -1, tail_ = -1;
-  uint32_t free_count_ = 0;
+  std::vector<int32_t> head_, tail_;   // per group: its free queue
+  std::vector<uint32_t> group_free_;   // per group: blocks in its free queue
+  uint32_t free_count_ = 0;            // over all groups
   std::unordered_map<uint64_t, int32_t> cache_;  // chain hash -> block
   std::unordered_map<SeqId, SeqState> seqs_;
   uint64_t evictions_ = 0;

@@ -56,7 +56,9 @@ Status checkSamplerCaps(const GenerateParams& p, const shm::ModelFacts& f) {
 }  // namespace
 
 uint32_t llmContextLength(const shm::ModelFacts& f) {
-  uint64_t len = uint64_t{f.kv_num_blocks} * f.kv_block_size;
+  // A sequence's blocks lie in one block group (rose --dp): it can use that group's only.
+  const uint32_t groups = f.kv_block_groups > 1 ? f.kv_block_groups : 1;
+  uint64_t len = uint64_t{f.kv_num_blocks / groups} * f.kv_block_size;
   if (f.max_seq_len > 0) len = std::min<uint64_t>(len, f.max_seq_len);
   return static_cast<uint32_t>(std::min<uint64_t>(len, UINT32_MAX));
 }

@@ -332,6 +332,7 @@ LlmScheduler::Submitted LlmScheduler::submitStep(std::unique_lock<std::mutex>& l
     if (!core_.configure(llmWorkerLimits(f, worker_.inputBytes()))) return Submitted::kNone;
     log::info("kv cache ready", {{"blocks", f.kv_num_blocks},
                                  {"block_size", f.kv_block_size},
+                                 {"block_groups", std::max<uint32_t>(1, f.kv_block_groups)},
                                  {"max_len", llmContextLength(f)},
                                  {"prefix_caching", core_.options().enable_prefix_caching},
                                  {"async_steps", core_.options().async_steps}});

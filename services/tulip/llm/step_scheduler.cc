@@ -23,6 +23,7 @@ LlmWorkerLimits llmWorkerLimits(const shm::ModelFacts& f, uint64_t input_bytes) 
   LlmWorkerLimits l;
   l.kv_num_blocks = f.kv_num_blocks;
   l.kv_block_size = f.kv_block_size;
+  l.kv_block_groups = std::max<uint32_t>(1, f.kv_block_groups);
   l.context_len = llmContextLength(f);
   l.max_seqs = f.max_seqs;
   l.max_batch_tokens = f.max_batch_tokens;
@@ -45,9 +46,11 @@ LlmStepScheduler::~LlmStepScheduler() = default;
 bool LlmStepScheduler::configure(const LlmWorkerLimits& limits) {
   if (!running_.empty() || !in_flight_.empty()) return false;
   if (limits.kv_num_blocks == 0 || limits.kv_block_size == 0) return false;
+  const uint32_t groups = std::max<uint32_t>(1, limits.kv_block_groups);
+  if (limits.kv_num_blocks % groups != 0) return false;
   limits_ = limits;
-  kv_ = std::make_unique<KvBlockManager>(
-      KvOptions{limits.kv_num_blocks, limits.kv_block_size, opts_.enable_prefix_caching});
+  kv_ = std::make_unique<KvBlockManager>(KvOptions{limits.kv_num_blocks, limits.kv_block_size,
+                                                   opts_.enable_prefix_caching, groups});
   kv_lost_ = false;
   budget_ = opts_.max_batch_tokens;
   if (limits.max_batch_tokens > 0) budget_ = std::min(budget_, limits.max_batch_tokens);
@@ -210,6 +213,15 @@ void LlmStepScheduler::cancelAll(const Status& why, int64_t now_ns) {
   for (SeqId id : ids) finish(seqs_.at(id), why, FinishReason::kCancelled, -1, now_ns);
 }
 
+SeqId LlmStepScheduler::preemptionVictim(const Seq& s) const {
+  const int32_t g = kv_->groupOf(s.id);
+  if (g < 0 || kv_->groups() == 1) return running_.back();
+  for (auto it = running_.rbegin(); it != running_.rend(); ++it) {
+    if (kv_->groupOf(*it) == g) return *it;
+  }
+  return running_.back();
+}
+
 void LlmStepScheduler::preempt(Seq& victim) {
   kv_->free(victim.id);
   victim.num_computed = 0;
@@ -297,7 +309,9 @@ StepPlan LlmStepScheduler::schedule(int64_t now_ns) {
     auto table = kv_->allocate(s.id, uint64_t{s.num_scheduled} + num_new);
     bool self = false;
     while (!table) {
-      Seq& victim = seqs_.at(running_.back());
+      // The latest admitted sequence of s's block group (only its blocks can help s; one group
+      // without dp): s itself when it is the latest.
+      Seq& victim = seqs_.at(preemptionVictim(s));
       preempt(victim);
       preempted = true;
       if (&victim == &s) {
@@ -306,7 +320,10 @@ StepPlan LlmStepScheduler::schedule(int64_t now_ns) {
       }
       table = kv_->allocate(s.id, uint64_t{s.num_scheduled} + num_new);
     }
-    if (self) break;  // s was the last running sequence that could go
+    // s preempted itself: with one block group every later sequence went before it (victims
+    // come from the tail); with several, later ones of other groups go on (running_[i] is the
+    // next one now).
+    if (self) continue;
     const uint64_t state = stateWords(s, false);
     if (!fits(num_new, table->size(), state, s.decoder != nullptr)) {
       ++i;

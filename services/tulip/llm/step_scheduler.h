@@ -119,6 +119,7 @@ struct LlmSchedulerOptions {
 struct LlmWorkerLimits {
   uint32_t kv_num_blocks = 0;
   uint32_t kv_block_size = 0;
+  uint32_t kv_block_groups = 1;   // dp groups: a sequence's blocks lie in one (KvOptions::groups)
   uint32_t context_len = 0;       // tokens one sequence may reach (prompt + generated)
   uint32_t max_seqs = 0;          // sequences per step (0 = no limit of the worker's)
   uint32_t max_batch_tokens = 0;  // new tokens per step (0 = no limit of the worker's)
@@ -326,6 +327,9 @@ class LlmStepScheduler {
   bool canContinue(const Seq& s, uint64_t prev_step, int32_t* prev_row) const;
   bool lengthReached(const Seq& s) const;
   void preempt(Seq& victim);
+  // The running sequence to preempt when `s` (running) cannot grow: the latest admitted one in
+  // s's KV block group (s itself when it is the latest).
+  SeqId preemptionVictim(const Seq& s) const;
   void finish(Seq& s, Status st, FinishReason why, int32_t token, int64_t now_ns);
   void failRunning(const Status& st, int64_t now_ns);
   void releaseStateSlot(Seq& s);

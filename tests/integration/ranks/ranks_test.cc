@@ -111,16 +111,17 @@ class Ranks : public ::testing::Test {
     return out;
   }
 
-  void startTulip() {
+  // `par`: rose's layout and cache flags (each passed as --rose-arg).
+  void startTulip(const std::vector<std::string>& par = {"--tp", "2", "--ep", "2", "--kv-blocks",
+                                                         "64"}) {
     port_ = testing::freePort();
     std::vector<std::string> argv =
         testing::tulipArgv(port_, 0, modelDir(), "services/rose/rose", "ranks");
-    argv.insert(argv.end(),
-                {"--max-batch-tokens", "16", "--max-num-seqs", "4", "--rose-threads", "1",
-                 "--rose-arg=--tp", "--rose-arg=2", "--rose-arg=--ep", "--rose-arg=2",
-                 "--rose-arg=--kv-blocks", "--rose-arg=64", "--rose-arg=--kv-block-size",
-                 "--rose-arg=" + std::to_string(kBlock), "--rose-arg=--max-model-len",
-                 "--rose-arg=128", "--rose-arg=--max-seqs", "--rose-arg=4"});
+    argv.insert(argv.end(), {"--max-batch-tokens", "16", "--max-num-seqs", "4", "--rose-threads",
+                             "1", "--rose-arg=--kv-block-size",
+                             "--rose-arg=" + std::to_string(kBlock), "--rose-arg=--max-model-len",
+                             "--rose-arg=128", "--rose-arg=--max-seqs", "--rose-arg=4"});
+    for (const std::string& a : par) argv.push_back("--rose-arg=" + a);
     tulip_ = std::make_unique<testing::Process>(
         argv, dir_->path() + "/tulip-" + std::to_string(port_) + ".log");
     stub_ = v1::Tulip::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(port_),
@@ -229,6 +230,38 @@ TEST_F(Ranks, StreamsEqualTheUnshardedModelAndAKilledRankRestartsEveryRank) {
   ASSERT_TRUE(again.status.ok()) << again.status.error_message() << tulip_->log();
   EXPECT_EQ(again.tokens, want_b);
   EXPECT_NE(tulip_->log().find("rank 1"), std::string::npos) << "the failure names the rank";
+}
+
+// --dp 2 --ep 2: two data-parallel groups, each caching half of the 16 block ids (8 blocks of 8
+// tokens). rose announces the groups (ModelFacts kv_block_groups) and refuses a table that
+// straddles them; tulip keeps every sequence in one group. Four concurrent streams need more
+// blocks than one group has (so both groups serve, and a group runs out and preempts): every
+// stream equals the unsharded model's continuation, and no step is refused.
+TEST_F(Ranks, DataParallelGroupsKeepEverySequenceInOneGroup) {
+  const std::vector<std::vector<int32_t>> prompts = {prompt(20, 1000), prompt(27, 5000),
+                                                     prompt(23, 9000), prompt(21, 3000)};
+  std::vector<std::vector<int32_t>> want;
+  for (const auto& p : prompts) want.push_back(reference(p, 8));
+  startTulip({"--dp", "2", "--ep", "2", "--kv-blocks", "16"});
+  {
+    grpc::ClientContext ctx;
+    v1::ModelInfoResponse info;
+    ASSERT_TRUE(stub_->ModelInfo(&ctx, v1::ModelInfoRequest(), &info).ok());
+    EXPECT_EQ(info.kv_blocks(), 16u);
+  }
+  std::vector<std::future<Out>> outs;
+  for (const auto& p : prompts) {
+    outs.push_back(std::async(std::launch::async, [&, p] { return generate(p, 8); }));
+  }
+  for (size_t i = 0; i < outs.size(); ++i) {
+    Out o = outs[i].get();
+    ASSERT_TRUE(o.status.ok()) << "stream " << i << ": " << o.status.error_message() << "\n"
+                               << tulip_->log();
+    EXPECT_EQ(o.tokens, want[i]) << "stream " << i;
+  }
+  const std::string log = tulip_->log();
+  EXPECT_NE(log.find("\"block_groups\":2"), std::string::npos) << log;
+  EXPECT_EQ(log.find("another dp group"), std::string::npos) << log;
 }
 
 TEST_F(Ranks, AWedgedRankIsCaughtByTulipsStuckStepRule) {

@@ -307,5 +307,139 @@ TEST(KvBlockManager, ForkIsAllOrNothing) {
   EXPECT_TRUE(m.checkInvariants().isOk()) << m.checkInvariants().toString();
 }
 
+// Block groups (rose --dp, ModelFacts kv_block_groups): group g owns ids [g * B, (g + 1) * B).
+// A new sequence goes to the group with the most free blocks, grows and forks inside its group,
+// and never holds a block of another one; a group that runs out refuses even when another has
+// room.
+TEST(KvBlockManager, GroupsKeepEverySequenceInOneGroup) {
+  KvBlockManager m({16, 4, true, 2});  // groups 0: ids 0..7, 1: ids 8..15
+  EXPECT_EQ(m.groups(), 2u);
+  EXPECT_EQ(m.blocksPerGroup(), 8u);
+  ASSERT_TRUE(m.allocate(1, 12).has_value());  // 3 blocks, both groups equally free: group 0
+  EXPECT_EQ(table(m, 1), (std::vector<int32_t>{0, 1, 2}));
+  ASSERT_TRUE(m.allocate(2, 4).has_value());  // group 1 has more free blocks now
+  EXPECT_EQ(table(m, 2), (std::vector<int32_t>{8}));
+  ASSERT_TRUE(m.allocate(3, 8).has_value());  // 5 vs 7 free: group 1
+  EXPECT_EQ(table(m, 3), (std::vector<int32_t>{9, 10}));
+  EXPECT_EQ(m.groupOf(1), 0);
+  EXPECT_EQ(m.groupOf(2), 1);
+  EXPECT_EQ(m.groupOf(4), -1);
+  // Growing stays in the group, whatever the other group has free.
+  ASSERT_TRUE(m.allocate(1, 32).has_value());  // 8 blocks: all of group 0
+  EXPECT_EQ(table(m, 1), (std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6, 7}));
+  EXPECT_EQ(m.blocksFreeInGroup(0), 0u);
+  EXPECT_EQ(m.blocksFreeInGroup(1), 5u);
+  EXPECT_FALSE(m.allocate(1, 33).has_value()) << "group 0 is full; group 1's blocks are not its";
+  EXPECT_EQ(table(m, 1).size(), 8u);
+  // A fork shares its source's blocks, so it takes the rest from the source's group.
+  ASSERT_TRUE(m.fork(4, 3, 1, 9).has_value());  // shares 9, grows to 3 blocks
+  EXPECT_EQ(m.groupOf(4), 1);
+  for (int32_t b : table(m, 4)) EXPECT_GE(b, 8);
+  EXPECT_EQ(table(m, 4)[0], 9);
+  EXPECT_TRUE(m.checkInvariants().isOk()) << m.checkInvariants().toString();
+  m.free(1);
+  m.free(2);
+  m.free(3);
+  m.free(4);
+  EXPECT_EQ(m.blocksFree(), 16u);
+  EXPECT_EQ(m.blocksFreeInGroup(0), 8u);
+  EXPECT_TRUE(m.checkInvariants().isOk()) << m.checkInvariants().toString();
+}
+
+// The prefix cache matches inside a group only, and a new sequence goes to the group holding
+// the longest cached prefix of its prompt (its blocks are reused there, not recomputed).
+TEST(KvBlockManager, GroupsCacheAndFindPrefixesPerGroup) {
+  KvBlockManager m({16, 4, true, 2});
+  const auto prompt = iota(10);  // two full blocks + 2 tokens
+  ASSERT_TRUE(m.allocate(9, 4).has_value());  // group 0 holds one block: group 1 is freer
+  ASSERT_TRUE(m.allocate(1, prompt.size()).has_value());
+  EXPECT_EQ(m.groupOf(1), 1);
+  EXPECT_EQ(table(m, 1), (std::vector<int32_t>{8, 9, 10}));
+  m.commit(1, prompt, prompt.size());
+  m.free(1);
+  // Group 1 is now the freer one and holds the prefix; take group 1's blocks down so group 0
+  // is freer: the prefix still decides.
+  ASSERT_TRUE(m.allocate(5, 16).has_value());
+  EXPECT_EQ(m.groupOf(5), 1);
+  EXPECT_GT(m.blocksFreeInGroup(0), m.blocksFreeInGroup(1));
+  const auto hit = m.findCachedPrefix(prompt);
+  EXPECT_EQ(hit, (std::vector<int32_t>{8, 9}));
+  ASSERT_TRUE(m.allocate(2, prompt.size(), hit).has_value());
+  EXPECT_EQ(m.groupOf(2), 1);
+  EXPECT_EQ(table(m, 2)[0], 8);
+  EXPECT_EQ(table(m, 2)[1], 9);
+  // The same prompt computed in group 0 is cached there too, under group 0's own chain: both
+  // groups now hit, each on its own blocks.
+  m.free(2);
+  m.free(5);
+  ASSERT_TRUE(m.allocate(6, 32).has_value());  // all of group 1 (the freer by its 8 vs 7)
+  EXPECT_EQ(m.groupOf(6), 1);
+  EXPECT_TRUE(m.findCachedPrefix(prompt).empty()) << "group 1's cached blocks were evicted";
+  ASSERT_TRUE(m.allocate(3, prompt.size()).has_value());
+  EXPECT_EQ(m.groupOf(3), 0);
+  m.commit(3, prompt, prompt.size());
+  m.free(3);
+  const auto hit0 = m.findCachedPrefix(prompt);
+  ASSERT_EQ(hit0.size(), 2u);
+  for (int32_t b : hit0) EXPECT_LT(b, 8);
+  EXPECT_TRUE(m.checkInvariants().isOk()) << m.checkInvariants().toString();
+}
+
+// The randomized invariant run with four groups: no table ever straddles groups (checkInvariants
+// checks it), nothing leaks, prefixes still hit.
+TEST(KvBlockManager, GroupsRandomOperationsKeepInvariants) {
+  for (uint32_t seed = 1; seed <= 5; ++seed) {
+    std::mt19937 rng(seed);
+    KvBlockManager m({32, 3, true, 4});
+    std::vector<std::vector<int32_t>> prompts;
+    for (int i = 0; i < 4; ++i) {
+      std::vector<int32_t> p(3 + rng() % 12);
+      for (auto& t : p) t = static_cast<int32_t>(rng() % 5);
+      prompts.push_back(p);
+    }
+    std::map<SeqId, std::vector<int32_t>> live;
+    SeqId next = 1;
+    uint64_t hits = 0, refused = 0;
+    for (int op = 0; op < 3000; ++op) {
+      const uint32_t r = rng() % 10;
+      if (r < 4) {
+        std::vector<int32_t> tokens = prompts[rng() % prompts.size()];
+        auto hit = m.findCachedPrefix(tokens);
+        if (m.allocate(next, tokens.size(), hit)) {
+          hits += hit.size();
+          live.emplace(next, tokens);
+        } else {
+          ++refused;
+          ASSERT_FALSE(m.hasSeq(next));
+        }
+        ++next;
+      } else if (r < 7 && !live.empty()) {
+        auto it = std::next(live.begin(), rng() % live.size());
+        m.commit(it->first, it->second, it->second.size());
+        const int32_t g = m.groupOf(it->first);
+        it->second.push_back(static_cast<int32_t>(rng() % 5));
+        if (!m.allocate(it->first, it->second.size())) {
+          ASSERT_EQ(m.blocksFreeInGroup(static_cast<uint32_t>(g)), 0u);
+          m.free(it->first);
+          live.erase(it);
+        } else {
+          ASSERT_EQ(m.groupOf(it->first), g);
+        }
+      } else if (!live.empty()) {
+        auto it = std::next(live.begin(), rng() % live.size());
+        m.free(it->first);
+        live.erase(it);
+      }
+      Status st = m.checkInvariants();
+      ASSERT_TRUE(st.isOk()) << "seed " << seed << " op " << op << ": " << st.toString();
+    }
+    EXPECT_GT(hits, 0u) << "seed " << seed;
+    for (auto& [id, l] : live) m.free(id);
+    EXPECT_EQ(m.blocksFree(), m.blocksTotal());
+    for (uint32_t g = 0; g < 4; ++g) EXPECT_EQ(m.blocksFreeInGroup(g), 8u);
+    EXPECT_TRUE(m.checkInvariants().isOk());
+  }
+}
+
 }  // namespace
 }  // namespace garden::tulip

@@ -523,6 +523,29 @@ TEST(StepScheduler, TheLastRunningSequencePreemptsItself) {
   EXPECT_EQ(sim.sched().seq(sim.id('B')).tokens, (std::vector<int32_t>{20, 21, 40}));
 }
 
+// Block groups (rose --dp): a sequence that cannot grow preempts the latest admitted sequence
+// of its own group — here itself — and the sequences of the other group go on in the same step
+// (one group would have preempted C, then B, then A, and run nothing).
+TEST(StepScheduler, PreemptionStaysInsideTheBlockGroup) {
+  LlmWorkerLimits l = limits(8, 2, 16);  // group 0: blocks 0-3, group 1: 4-7
+  l.kv_block_groups = 2;
+  Sim sim(sync(), l);
+  sim.add('A', gp(range(7, 10), 6));  // 7 tokens: all of group 0
+  sim.add('B', gp({20, 21}, 6));       // group 1 has every free block
+  sim.add('C', gp({30, 31}, 6));
+  runTable(sim, {
+                    {"A@0+7* [0 1 2 3]; B@0+2* [4]; C@0+2* [5]", {50, 60, 70},
+                     "A=50, B=60, C=70", "6 7"},
+                    {"A@7+1* [0 1 2 3]; B@2+1* [4 6]; C@2+1* [5 7]", {51, 61, 71},
+                     "A=51, B=61, C=71", ""},
+                    // A needs a fifth block; group 0 has none and A is its latest sequence.
+                    {"B@3+1* [4 6]; C@3+1* [5 7]", {62, 72}, "B=62, C=72", "3c 2c 1c 0c"},
+                });
+  EXPECT_EQ(sim.sched().stats().preemptions, 1u);
+  EXPECT_EQ(sim.sched().waiting().size(), 1u);
+  EXPECT_EQ(sim.sched().seq(sim.id('A')).tokens.size(), 9u);
+}
+
 TEST(StepScheduler, StopEosLengthAndContext) {
   Sim sim(sync(), limits(16, 4, 8));
   auto stop = gp({10, 11}, 10);
