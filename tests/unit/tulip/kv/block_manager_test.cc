@@ -22,6 +22,25 @@ std::vector<int32_t> table(const KvBlockManager& m, SeqId s) {
   return {t.begin(), t.end()};
 }
 
+// The randomized runs' shared pieces: four prompts of 3..14 tokens over a 5-token alphabet (so
+// prefixes repeat), and freeing one live sequence picked at random.
+std::vector<std::vector<int32_t>> randomPrompts(std::mt19937& rng) {
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 4; ++i) {
+    std::vector<int32_t> p(3 + rng() % 12);
+    for (auto& t : p) t = static_cast<int32_t>(rng() % 5);
+    prompts.push_back(p);
+  }
+  return prompts;
+}
+
+template <class Live>
+void freeOneAtRandom(KvBlockManager& m, Live& live, std::mt19937& rng) {
+  auto it = std::next(live.begin(), rng() % live.size());
+  m.free(it->first);
+  live.erase(it);
+}
+
 TEST(KvBlockManager, AllocateAndFreeAccounting) {
   KvBlockManager m({8, 4, true});
   EXPECT_EQ(m.blocksFree(), 8u);
@@ -194,12 +213,7 @@ TEST(KvBlockManager, RandomOperationsKeepInvariantsAndLeakNothing) {
   for (uint32_t seed = 1; seed <= 5; ++seed) {
     std::mt19937 rng(seed);
     KvBlockManager m({24, 3, true});
-    std::vector<std::vector<int32_t>> prompts;
-    for (int i = 0; i < 4; ++i) {
-      std::vector<int32_t> p(3 + rng() % 12);
-      for (auto& t : p) t = static_cast<int32_t>(rng() % 5);
-      prompts.push_back(p);
-    }
+    const std::vector<std::vector<int32_t>> prompts = randomPrompts(rng);
     struct Live {
       std::vector<int32_t> tokens;
       uint64_t computed;
@@ -231,9 +245,7 @@ TEST(KvBlockManager, RandomOperationsKeepInvariantsAndLeakNothing) {
           live.erase(it);
         }
       } else if (!live.empty()) {
-        auto it = std::next(live.begin(), rng() % live.size());
-        m.free(it->first);
-        live.erase(it);
+        freeOneAtRandom(m, live, rng);
       }
       Status st = m.checkInvariants();
       ASSERT_TRUE(st.isOk()) << "seed " << seed << " op " << op << ": " << st.toString();
@@ -391,15 +403,10 @@ TEST(KvBlockManager, GroupsRandomOperationsKeepInvariants) {
   for (uint32_t seed = 1; seed <= 5; ++seed) {
     std::mt19937 rng(seed);
     KvBlockManager m({32, 3, true, 4});
-    std::vector<std::vector<int32_t>> prompts;
-    for (int i = 0; i < 4; ++i) {
-      std::vector<int32_t> p(3 + rng() % 12);
-      for (auto& t : p) t = static_cast<int32_t>(rng() % 5);
-      prompts.push_back(p);
-    }
+    const std::vector<std::vector<int32_t>> prompts = randomPrompts(rng);
     std::map<SeqId, std::vector<int32_t>> live;
     SeqId next = 1;
-    uint64_t hits = 0, refused = 0;
+    uint64_t hits = 0;
     for (int op = 0; op < 3000; ++op) {
       const uint32_t r = rng() % 10;
       if (r < 4) {
@@ -409,7 +416,6 @@ TEST(KvBlockManager, GroupsRandomOperationsKeepInvariants) {
           hits += hit.size();
           live.emplace(next, tokens);
         } else {
-          ++refused;
           ASSERT_FALSE(m.hasSeq(next));
         }
         ++next;
@@ -426,9 +432,7 @@ TEST(KvBlockManager, GroupsRandomOperationsKeepInvariants) {
           ASSERT_EQ(m.groupOf(it->first), g);
         }
       } else if (!live.empty()) {
-        auto it = std::next(live.begin(), rng() % live.size());
-        m.free(it->first);
-        live.erase(it);
+        freeOneAtRandom(m, live, rng);
       }
       Status st = m.checkInvariants();
       ASSERT_TRUE(st.isOk()) << "seed " << seed << " op " << op << ": " << st.toString();
