@@ -81,7 +81,8 @@
 #             (then GEMV on with the best guess: PFDEC_GEMV_PF)
 #   ncusrc    ncu --set full on the first two MXFP4 decode-kernel launches at T = 1 and the first two
 #             wide-kernel launches at T = 256 (rose_llm_bench --moe-gemm), reports kept; their
-#             source pages as SASS with per-instruction stall samples (*.sass.csv)
+#             source pages as SASS with per-instruction stall samples (*.sass.csv; read them with
+#             bench/suites/ncu_sass_stalls.py)
 #   declat    decode at 1/2/4/8 sequences and 64..256 @ 1k: the default, --moe-wide-min-avg 24 (the
 #             previous threshold) and --moe-prefetch 0 (needs mk20b)
 #   decdef    declat's first run only: decode at 1/2/4/8 sequences and 64..256 @ 1k, default settings

@@ -582,18 +582,6 @@ Status launchDecode(const MoeGemmArgs& a, cudaStream_t stream) {
   return okStatus();
 }
 
-// The wide decode-shaped MXFP4 GEMM [TAG_MOE_WIDE]: the decode kernel's weight path (weights as
-// the mma A operand straight from the packed layout, one 16-byte load per lane per K tile, a
-// kDepth register ring, dequantized by shifts and one bf16 multiply) for tiles of kNT * 8 token
-// rows (block_m 64 at kNT 8), so each dequantized weight fragment feeds up to kNT mmas instead of
-// two. The token rows cannot all sit in shared memory for the whole K (64 x 2880 bf16 = 360 KB), so
-// they stream through a kXStages-deep cp.async ring of 64-wide K tiles shared by the CTA's kRG
-// warps (one __syncthreads per K tile). Only the n8 token tiles that hold a real row are loaded and
-// multiplied (align puts an expert's rows first in its tile). Each output element is the one
-// K chain of the tiled kernel's block_m 64 instance (K tiles in order, k16 steps in order, one mma
-// each, from zero; bias and epilogue in f32), on the same exact bf16 weight values, so the bits
-// equal it (rose_llm_bench --moe-gemm and the GPU tests compare them). Unsliced: only used where
-// the K slicing is one chain. Needs every scale <= 128, like the decode kernel.
 // The wide kernel's K loop for a tile whose real rows fill kPairs ldmatrix.x4 pairs of n8 token
 // tiles (a template argument: the loop over pairs is fully unrolled with no per-mma branch, so
 // the compiler interleaves the token fragment loads, the dequantization and the mmas; a runtime
