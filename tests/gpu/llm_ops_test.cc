@@ -761,6 +761,12 @@ TEST_F(GpuLlmOps, MoeKSlicesKeepTheDecodeRegimeBitExact) {
             << "row 0 alone differs from row 0 of a decode-sized batch";
         if (slices == 1) {
           one_chain[t] = mx_out;
+          // [TAG_MOE_L2_PREFETCH] Asking L2 for the weights ahead changes no arithmetic.
+          cuda::setMoeL2Prefetch(8);
+          const auto pf_out = run(t, true);
+          cuda::setMoeL2Prefetch(cuda::kMoeDefaultL2Prefetch);
+          EXPECT_EQ(std::memcmp(pf_out.data(), mx_out.data(), mx_out.size() * sizeof(float)), 0)
+              << "the decode kernel with the L2 prefetch differs";
         } else {
           const double err = relErr(mx_out, one_chain[t]);
           EXPECT_LT(err, 4e-3) << "slicing changed more than rounding";
