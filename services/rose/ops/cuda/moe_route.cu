@@ -15,25 +15,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) moeRouteKernel(MoeRouteAr
   const int64_t t = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (t >= a.num_tokens) return;
   // Lane l holds experts l, l + 32, ... (NaN counts as -inf).
-  // The split partials (f32 router, [TAG_ROUTER_F32]) are summed in split order. Up to
-  // kFastSplits of them are loaded into registers first, all loads issued before the first add:
-  // at decode this kernel is one memory latency, not one per split (it was ~9 us per layer at
-  // one token with 12 splits). Same sums, same order, same bits.
-  constexpr int kFastSplits = 16;
-  const bool fast = a.splits <= kFastSplits;
   float rstd = 1.f;
   if (a.splits > 0) {
     float ss = 0.f;
-    if (fast) {
-      float p[kFastSplits];
-#pragma unroll
-      for (int s = 0; s < kFastSplits; ++s) p[s] = s < a.splits ? a.ss[s * a.num_tokens + t] : 0.f;
-#pragma unroll
-      for (int s = 0; s < kFastSplits; ++s)
-        if (s < a.splits) ss += p[s];
-    } else {
-      for (int s = 0; s < a.splits; ++s) ss += a.ss[s * a.num_tokens + t];
-    }
+    for (int s = 0; s < a.splits; ++s) ss += a.ss[s * a.num_tokens + t];
     rstd = rsqrtf(ss / static_cast<float>(a.hidden) + a.eps);
   }
   float v[kPerLane];
@@ -44,18 +29,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) moeRouteKernel(MoeRouteAr
     if (e < a.num_experts) {
       if (a.splits > 0) {
         x = 0.f;
-        if (fast) {
-          float p[kFastSplits];
-#pragma unroll
-          for (int s = 0; s < kFastSplits; ++s)
-            p[s] = s < a.splits ? a.logits[(s * a.num_tokens + t) * a.num_experts + e] : 0.f;
-#pragma unroll
-          for (int s = 0; s < kFastSplits; ++s)
-            if (s < a.splits) x += p[s];
-        } else {
-          for (int s = 0; s < a.splits; ++s)
-            x += a.logits[(s * a.num_tokens + t) * a.num_experts + e];
-        }
+        for (int s = 0; s < a.splits; ++s)
+          x += a.logits[(s * a.num_tokens + t) * a.num_experts + e];
         x *= rstd;
       } else {
         x = a.logits[t * a.num_experts + e];
