@@ -26,6 +26,9 @@
 //              64; default: cuda::pagedAttnSplitKeysFor's rule) for the split-KV attention.
 //   --fuse-combine-norm on|off: each layer's MoE combine fused into the next RMSNorm
 //              (GptOssOptions::fuse_combine_norm [TAG_COMBINE_NORM]; same bits; default on).
+//   --router-fused on|off: the f32 router's top-k inside the router kernel (default on,
+//              cuda::setRouterFusedRoute [TAG_ROUTER_FUSED_ROUTE]; same bits); off: the separate
+//              route kernel.
 //   --moe-prefetch N: the MXFP4 decode MoE kernel asks L2 for its weight tiles N K tiles beyond
 //              its register ring (cuda::setMoeL2Prefetch [TAG_MOE_L2_PREFETCH]; same bits; 0 off).
 //              With --moe-gemm, a list: the default decode shape at each distance.
@@ -73,6 +76,7 @@
 #include "services/rose/ops/cuda/moe_fp8_gemm.h"
 #include "services/rose/ops/cuda/llm_ops_cuda.h"
 #include "services/rose/ops/cuda/moe_gemm.cuh"
+#include "services/rose/ops/cuda/moe_router_f32.cuh"
 #include "services/rose/ops/cuda/paged_attention.cuh"
 
 namespace {
@@ -575,6 +579,7 @@ int main(int argc, char** argv) {
     else if (a == "--attn-split-keys") cuda::setPagedAttnSplitKeys(std::atoi(next().c_str()));
     else if (a == "--gemm-small-buckets") cuda::setLlmGemmSmallBuckets(next() == "on");
     else if (a == "--gemm-gemv") cuda::setLlmGemv(next() == "on");
+    else if (a == "--router-fused") cuda::setRouterFusedRoute(next() == "on");
     else if (a == "--fp8-min-tokens") fp8_min_tokens = std::atoll(next().c_str());
     else if (a == "--masks") mask_density = std::atof(next().c_str());
     else if (a == "--bar-dump") bar_dir = next();

@@ -116,6 +116,7 @@ struct LlmArgs {
   int64_t max_model_len = 0;  // 0: the model's (max_position_embeddings, at most 131072)
   int32_t max_seqs = 256;     // sequences per step
   std::string late_masks = "auto";  // auto | on | off [TAG_LATE_MASKS]
+  std::string gemm_prewarm = "on";  // on | off: GptOssModel::prewarmGemms at load
 };
 
 // Flags of a model sharded over rank processes (--tp/--dp/--ep).
@@ -170,6 +171,10 @@ bool validLlmArgs(const LlmArgs& f) {
   if (f.moe_weights != "auto" && f.moe_weights != "mxfp4" && f.moe_weights != "fp8" &&
       f.moe_weights != "bf16") {
     std::fprintf(stderr, "rose: --moe-weights must be auto, mxfp4, fp8 or bf16\n");
+    return false;
+  }
+  if (f.gemm_prewarm != "on" && f.gemm_prewarm != "off") {
+    std::fprintf(stderr, "rose: --gemm-prewarm must be on or off\n");
     return false;
   }
   if (f.late_masks != "auto" && f.late_masks != "on" && f.late_masks != "off") {
@@ -270,6 +275,16 @@ Result<Workload> loadLlm(const std::string& dir, rose::Backend& backend, int32_t
                    : f.moe_weights == "bf16" ? rose::MoeWeightsMode::kDense
                                              : rose::MoeWeightsMode::kAuto;
   ASSIGN_OR_RETURN(w.gpt_oss, rose::GptOssModel::load(dir, backend, *w.ops, go));
+  if (f.gemm_prewarm == "on") {  // before the KV cache takes what is left of the device memory
+    const auto t0 = std::chrono::steady_clock::now();
+    ASSIGN_OR_RETURN(const int64_t runs, w.gpt_oss->prewarmGemms());
+    if (runs > 0) {
+      log::info("gemm prewarm", {{"runs", runs},
+                                 {"ms", std::chrono::duration<double, std::milli>(
+                                            std::chrono::steady_clock::now() - t0)
+                                            .count()}});
+    }
+  }
   ASSIGN_OR_RETURN(std::vector<int32_t> eos, rose::loadEosIds(dir));
   ASSIGN_OR_RETURN(const int64_t kv_blocks,
                    kvBlocks(backend, f, w.gpt_oss->kvShape(1, f.kv_block_size),
@@ -489,6 +504,9 @@ int main(int argc, char** argv) {
       .add("max-model-len", &llm.max_model_len,
            "gpt-oss: longest sequence (0 = the model's, at most 131072)")
       .add("max-seqs", &llm.max_seqs, "gpt-oss: sequences per step")
+      .add("gemm-prewarm", &llm.gemm_prewarm,
+           "gpt-oss: on|off: at load, tune the dense GEMMs for every row count a step can bring "
+           "(cuda; otherwise the first step of each size pays it)")
       .add("late-masks", &llm.late_masks,
            "gpt-oss structured outputs: auto|on|off: take a step's token masks after it was "
            "launched (tulip's late masks). auto: where the backend has verified it (cpu, cuda); "

@@ -30,6 +30,8 @@
 #include <vector>
 
 #include "services/rose/model/gpt_oss.h"
+#include "services/rose/ops/cuda/cuda_backend.h"
+#include "services/rose/ops/cuda/gemm.h"
 #include "services/rose/ops/cuda/moe_fp8_gemm.h"
 #include "services/rose/ops/llm_ops.h"
 #include "services/rose/ops/paged_kv_cache.h"
@@ -367,6 +369,46 @@ TEST_F(GpuGptOss, DecodeGraphsEqualEagerSteps) {
   EXPECT_GT(st.replays, 0u);
   EXPECT_EQ(st.capture_failures, 0u);
   EXPECT_EQ(eager.model->graphSteps(), 0u);
+}
+
+// GptOssModel::prewarmGemms: the dense GEMMs of every M bucket up to the step budget (and the
+// lm_head up to max_logits_rows) are tuned at load, so prefill chunks, mixed steps and decode
+// batches of any size afterwards tune nothing more; the tokens equal those of a runner that
+// tuned lazily on the same backend and ops (the choices are shared: same algorithms).
+TEST_F(GpuGptOss, PrewarmTunesEveryStepSizeUpFront) {
+  Runner warm = load(*dir_, "cuda", MoeWeightsMode::kAuto);
+  auto& gemm = static_cast<cuda::CudaBackend&>(*warm.backend).gemm();
+  ASSERT_TRUE(gemm.tuning());
+  const size_t before = gemm.tunedShapes();
+  auto runs = warm.model->prewarmGemms();
+  ASSERT_TRUE(runs.isOk()) << runs.status().toString();
+  // QKV and O-proj: 1, 2, 4, 8, then 64..1024 by 64 and 1280..2048 by 256 (max 2048 tokens);
+  // lm_head: 1, 2, 4, 8, 64 (max 64 rows).
+  EXPECT_EQ(*runs, 2 * (4 + 16 + 4) + 5);
+  const size_t tuned = gemm.tunedShapes();
+  EXPECT_GT(tuned, before);
+  // Prefill in chunks of several sizes, then decode batches of 1..6 sequences.
+  for (int32_t chunk : {2048, 700, 64, 33}) {
+    auto got = generate(warm, prompt(900, 60 + chunk), 3, chunk, nullptr);
+    EXPECT_EQ(got.size(), 3u);
+  }
+  for (int batch : {1, 2, 3, 6}) {
+    std::vector<Seq> seqs(static_cast<size_t>(batch));
+    std::vector<Seq*> ptrs;
+    for (int i = 0; i < batch; ++i) {
+      seqs[static_cast<size_t>(i)].tokens = prompt(40 + 13 * i, 70 + i);
+      ptrs.push_back(&seqs[static_cast<size_t>(i)]);
+    }
+    for (int it = 0; it < 4; ++it) {
+      auto got = step(warm, ptrs, 2048, nullptr);
+      for (size_t i = 0; i < seqs.size(); ++i) seqs[i].tokens.push_back(got[i]);
+    }
+  }
+  EXPECT_EQ(gemm.tunedShapes(), tuned) << "a step tuned a GEMM bucket the prewarm missed";
+  // Same tokens as a model on the same backend that did not prewarm (it reuses the choices).
+  Runner lazy = load(*dir_, "cuda", MoeWeightsMode::kAuto, &warm);
+  auto p = prompt(333, 99);
+  EXPECT_EQ(generate(warm, p, 12, 2048, nullptr), generate(lazy, p, 12, 2048, nullptr));
 }
 
 // [TAG_LATE_MASKS] Late masks on CUDA: a decode step whose masks come through

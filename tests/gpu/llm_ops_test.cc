@@ -28,6 +28,8 @@
 #include "services/rose/ops/cuda/cuda_backend.h"
 #include "services/rose/ops/cuda/moe_gemm.cuh"
 #include "services/rose/ops/cuda/moe_permute.cuh"
+#include "services/rose/ops/cuda/moe_router_f32.cuh"
+#include "services/rose/ops/cuda/paged_attention.cuh"
 #include "services/rose/ops/paged_kv_cache.h"
 #include "services/rose/ops/sampler.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -343,6 +345,33 @@ std::vector<AttnCase> attnCases() {
 
 INSTANTIATE_TEST_SUITE_P(Cases, GpuPagedAttention, ::testing::ValuesIn(attnCases()));
 
+// A graph launch gives a layer no combine kernel and one work block per sequence when
+// pagedAttnWindowCanSplit says no token of that window splits: checked against the planner itself
+// for every position up to the window, for windows around the chunk sizes and with the bench's
+// fixed-chunk override.
+TEST(GpuPagedAttentionPlan, WindowCanSplitMatchesThePlanner) {
+  for (int32_t chunk : {0, 64, 128, 256, 512}) {
+    rose::cuda::setPagedAttnSplitKeys(chunk);
+    for (int32_t window : {0, 1, 63, 64, 65, 127, 128, 129, 255, 256, 257, 511, 512, 513, 1000,
+                           4095, 4096, 4097, 6000}) {
+      bool splits = false;
+      const int32_t last = window > 0 ? window + 70 : 6000;
+      for (int32_t p = 0; p <= last && !splits; ++p) {
+        const int32_t cu[2] = {0, 1};
+        const rose::cuda::PagedAttnPlan plan =
+            rose::cuda::planPagedAttention(cu, 1, &p, 8, window);
+        splits = !plan.combine.empty();
+        if (!splits) {
+          ASSERT_EQ(plan.work.size(), 1u) << "window " << window << " position " << p;
+        }
+      }
+      EXPECT_EQ(rose::cuda::pagedAttnWindowCanSplit(window), splits)
+          << "window " << window << " chunk override " << chunk;
+    }
+  }
+  rose::cuda::setPagedAttnSplitKeys(0);
+}
+
 // A decode token's output does not depend on the other sequences of the step (bit for bit):
 // alone, and batched with prefill chunks and other decodes (different work splits around it).
 TEST_F(GpuLlmOps, PagedAttentionIsBatchInvariant) {
@@ -506,6 +535,49 @@ TEST_F(GpuLlmOps, MoeRouteF32MatchesCpuAndIsBatchInvariant) {
       const size_t i = static_cast<size_t>(last * c.k + j);
       EXPECT_EQ(ids1[static_cast<size_t>(j)], gids[i]);
       EXPECT_EQ(std::memcmp(&ws1[static_cast<size_t>(j)], &gws[i], 4), 0) << "slot " << j;
+    }
+  }
+}
+
+// [TAG_ROUTER_FUSED_ROUTE] The route done by the router kernel's last block per token tile gives
+// the bits of the separate route kernel: one and several token tiles (partial last tiles), one
+// and several expert tiles, several launches in a row (each leaves its tile counters zeroed for
+// the next), a smaller T after a larger one.
+TEST_F(GpuLlmOps, MoeRouteF32FusedRouteEqualsTheRouteKernel) {
+  struct Case { int64_t t, h, e; int32_t k; };
+  for (Case c : {Case{1, 2880, 32, 4}, Case{1000, 2880, 128, 4}, Case{16, 2880, 32, 4},
+                 Case{17, 2880, 128, 4}, Case{333, 2880, 128, 8}, Case{3, 288, 8, 1},
+                 Case{1, 2880, 32, 4}}) {
+    SCOPED_TRACE("T=" + std::to_string(c.t) + " E=" + std::to_string(c.e) + " k=" +
+                 std::to_string(c.k));
+    reserve(1000, 8, 8, 8, static_cast<int32_t>(c.h), 64, static_cast<int32_t>(c.e), c.k);
+    std::normal_distribution<float> nd(0.f, 3.f);
+    std::vector<float> res(static_cast<size_t>(c.t * c.h));
+    for (auto& x : res) x = nd(rng_);
+    std::vector<float> wt(static_cast<size_t>(c.h * c.e));
+    for (auto& x : wt) x = nd(rng_) * 0.02f;
+    auto bias = randomBf16(static_cast<size_t>(c.e), rng_, -0.5f, 0.5f);
+    auto gr = upload(gpu(), DType::kF32, {c.t, c.h}, res);
+    auto gwt = upload(gpu(), DType::kF32, {c.h, c.e}, wt);
+    auto gb = upload(gpu(), gpu().weightDType(), {c.e}, bias);
+    const MoeRouteParams p{c.k, 1e-5f};
+    auto run = [&](bool fused) {
+      auto gi = allocate(gpu(), DType::kI32, {c.t, c.k});
+      auto gw = allocate(gpu(), DType::kF32, {c.t, c.k});
+      poison(gpu(), gi.view);
+      poison(gpu(), gw.view);
+      rose::cuda::setRouterFusedRoute(fused);
+      gops_->moeRouteF32(gr.view, gwt.view, gb.view, gi.view, gw.view, p);
+      rose::cuda::setRouterFusedRoute(true);
+      return std::make_pair(download(gpu(), gi.view), download(gpu(), gw.view));
+    };
+    const auto ref = run(false);
+    for (int rep = 0; rep < 3; ++rep) {
+      const auto got = run(true);
+      ASSERT_EQ(got.first, ref.first) << "launch " << rep;
+      ASSERT_EQ(got.second.size(), ref.second.size());
+      ASSERT_EQ(std::memcmp(got.second.data(), ref.second.data(), got.second.size() * 4), 0)
+          << "launch " << rep << ": weights differ in bits";
     }
   }
 }

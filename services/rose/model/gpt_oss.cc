@@ -700,6 +700,27 @@ Status validateGptOssStep(const GptOssStepLimits& lim, const LlmStep& step, int3
   return okStatus();
 }
 
+Result<int64_t> GptOssModel::prewarmGemms() {
+  if (layers_.empty()) return int64_t{0};
+  // Every layer's projections have layer 0's shapes; the tuning is per shape, not per weight.
+  const Layer& L = layers_[0];
+  const DType act = backend_.activationDType();
+  int64_t runs = 0;
+  ASSIGN_OR_RETURN(int64_t r,
+                   backend_.prewarmLinear(L.qkv.view, L.qkv_bias.view, act, opts_.max_batch_tokens));
+  runs += r;
+  ASSIGN_OR_RETURN(r, backend_.prewarmLinear(L.o.view, L.o_bias.view, act, opts_.max_batch_tokens));
+  runs += r;
+  if (!route_f32_) {
+    ASSIGN_OR_RETURN(r, backend_.prewarmLinear(L.router.view, Tensor(), DType::kF32,
+                                               opts_.max_batch_tokens));
+    runs += r;
+  }
+  ASSIGN_OR_RETURN(r, backend_.prewarmLinear(lm_head_.view, Tensor(), DType::kF32,
+                                             std::max<int64_t>(opts_.max_logits_rows, 1)));
+  return runs + r;
+}
+
 void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logits_out,
                               int32_t* sampled_out, llm::LlmTokenLogprobs* logprobs_out) {
   Backend& b = backend_;

@@ -162,6 +162,12 @@ class GptOssModel {
   void enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logits_out, int32_t* sampled_out,
                    llm::LlmTokenLogprobs* logprobs_out = nullptr);
 
+  // Load time, optional: readies the dense projections (QKV, O-proj, lm_head, the bf16 router)
+  // for every row count a step can bring (Backend::prewarmLinear: on CUDA, the GEMM tuning of
+  // each M bucket, which otherwise stalls the first step of each size — the first burst of a
+  // fresh mesh). Returns the number of (weight, row count) runs.
+  Result<int64_t> prewarmGemms();
+
   // Largest decode batch replayed as a CUDA graph; graph buckets used so far (tests, benches).
   static constexpr int32_t kMaxGraphSeqs = 256;
   uint64_t graphSteps() const { return graph_steps_; }

@@ -352,6 +352,14 @@ class Backend {
   // y[T, N] = x[T, K] · w[N, K]^T (+ bias[N] when non-empty). w weight dtype, x/y activation;
   // y may also be F32 when bias is empty (logits: the gpt-oss router and lm_head).
   virtual void linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) = 0;
+  // Load time: makes linear() of this weight (and bias; y of `y_dtype`) ready for every row
+  // count up to max_rows, so that no step later stalls on one-time work (the cuda backend times
+  // its GEMM candidates once per M bucket: it runs every bucket now, on pseudo-random rows).
+  // Returns how many row counts it ran; 0 where linear() has no such work (cpu).
+  virtual Result<int64_t> prewarmLinear(const Tensor& w, const Tensor& bias, DType y_dtype,
+                                        int64_t max_rows) {
+    return int64_t{0};
+  }
 
   // In place on qkv [T, (Hq + 2·Hkv)·D] (q heads, then k heads, then v heads per row):
   // per-head RMSNorm of q (q_weight [D]) and k (k_weight [D]), then RoPE with the position of

@@ -1,9 +1,11 @@
 #include "services/rose/ops/cuda/cuda_backend.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "services/rose/ops/cuda/attention.cuh"
 #include "services/rose/ops/cuda/cuda_utils.h"
@@ -282,6 +284,42 @@ void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, c
   checkOk(gemm_->run(x.as<bf16>(), w.as<bf16>(), bias.empty() ? nullptr : bias.as<bf16>(),
                      y.as<bf16>(), x.rows(), w.rows(), w.cols(), stream_),
           "linear");
+}
+
+Result<int64_t> CudaBackend::prewarmLinear(const Tensor& w, const Tensor& bias, DType y_dtype,
+                                           int64_t max_rows) {
+  if (!is(w, DType::kBF16) || w.ndim != 2 || max_rows <= 0)
+    return invalidArgument("prewarmLinear: a BF16 [N, K] weight and max_rows > 0");
+  if (y_dtype != DType::kBF16 && y_dtype != DType::kF32)
+    return invalidArgument("prewarmLinear: y must be BF16 or F32");
+  if (!gemm_->tuning()) return int64_t{0};
+  const int64_t n = w.rows(), k = w.cols();
+  // Pseudo-random rows (not zeros: the tuner checks on them that its winner gives a row the
+  // same bits at another M, which constant rows would pass trivially).
+  std::vector<uint16_t> host(static_cast<size_t>(max_rows * k));
+  uint32_t state = 0x9e3779b9u;
+  for (uint16_t& v : host) {
+    state = state * 1664525u + 1013904223u;
+    // bf16 in +-[0.5, 2): sign, exponent 126 or 127, random mantissa.
+    v = static_cast<uint16_t>(((state >> 16) & 0x8000u) | ((126u + ((state >> 8) & 1u)) << 7) |
+                              ((state >> 9) & 0x7fu));
+  }
+  ASSIGN_OR_RETURN(Buffer xb, allocate(host.size() * sizeof(uint16_t)));
+  ASSIGN_OR_RETURN(Buffer yb, allocate(static_cast<size_t>(max_rows * n) * dtypeSize(y_dtype)));
+  const Tensor x(xb.data(), DType::kBF16, {max_rows, k});
+  copyToDevice(x, host.data(), host.size() * sizeof(uint16_t));
+  const Tensor y(yb.data(), y_dtype, {max_rows, n});
+  const Tensor b = y_dtype == DType::kF32 ? Tensor() : bias;
+  int64_t runs = 0;
+  for (int64_t m = 1; m <= max_rows;) {
+    const int64_t bucket = gemm_->bucketOf(m);
+    const int64_t rows = std::min(bucket, max_rows);
+    linear(x.rowSlice(0, rows), w, b, y.rowSlice(0, rows));
+    ++runs;
+    m = bucket + 1;
+  }
+  RETURN_IF_ERROR(synchronize());
+  return runs;
 }
 
 void CudaBackend::qkNormRope(const Tensor& qkv, const Tensor& q_weight, const Tensor& k_weight,

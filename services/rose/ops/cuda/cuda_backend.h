@@ -50,6 +50,8 @@ class CudaBackend final : public Backend, public GraphExecutor {
   void rmsNorm(const Tensor& x, const Tensor& residual, const Tensor& weight, const Tensor& out,
                const RmsNormParams& p) override;
   void linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) override;
+  Result<int64_t> prewarmLinear(const Tensor& w, const Tensor& bias, DType y_dtype,
+                                int64_t max_rows) override;
   void qkNormRope(const Tensor& qkv, const Tensor& q_weight, const Tensor& k_weight,
                   const Tensor& positions, const Tensor& cos, const Tensor& sin,
                   const QkNormRopeParams& p) override;

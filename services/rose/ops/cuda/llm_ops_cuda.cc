@@ -83,6 +83,13 @@ class CudaLlmOps final : public LlmOps {
     ASSIGN_OR_RETURN(router_part_,
                      b_.allocate(sizeof(float) * splits * l.max_tokens * l.num_experts));
     ASSIGN_OR_RETURN(router_ss_, b_.allocate(sizeof(float) * splits * l.max_tokens));
+    {  // [TAG_ROUTER_FUSED_ROUTE] tile counters, zero (the kernel leaves them zero)
+      const std::vector<uint32_t> zeros(
+          static_cast<size_t>(routerF32TileCounters(std::max<int64_t>(l.max_tokens, 1))), 0u);
+      ASSIGN_OR_RETURN(router_counters_, b_.allocate(sizeof(uint32_t) * zeros.size()));
+      b_.copyToDevice(bytesOf(router_counters_, zeros.size() * sizeof(uint32_t)), zeros.data(),
+                      zeros.size() * sizeof(uint32_t));
+    }
     ASSIGN_OR_RETURN(row_token_, b_.allocate(sizeof(int32_t) * max_rows_));
     ASSIGN_OR_RETURN(row_of_, b_.allocate(sizeof(int32_t) * assignments));
     ASSIGN_OR_RETURN(tile_expert_, b_.allocate(sizeof(int32_t) * max_tiles_));
@@ -319,12 +326,16 @@ class CudaLlmOps final : public LlmOps {
     a.num_work = plan->num_work;
     a.num_combine = plan->num_combine;
     if (p.graph_seqs > 0) {  // any plan of up to graph_seqs single-token sequences
-      require(plan->num_work <= static_cast<int64_t>(p.graph_seqs) * kPagedAttnMaxSplits &&
-                  plan->num_combine <= p.graph_seqs,
+      // A layer whose window never splits a token (gpt-oss's sliding layers) launches one work
+      // block per sequence and no combine kernel.
+      const bool can_split = pagedAttnWindowCanSplit(p.sliding_window);
+      const int32_t per_seq = can_split ? kPagedAttnMaxSplits : 1;
+      require(plan->num_work <= static_cast<int64_t>(p.graph_seqs) * per_seq &&
+                  plan->num_combine <= (can_split ? p.graph_seqs : 0),
               "pagedAttention", "the plan exceeds what graph_seqs allows");
       a.counts = plan->counts;
-      a.grid_work = std::min<int32_t>(p.graph_seqs * kPagedAttnMaxSplits, kGraphGridCap);
-      a.grid_combine = std::min<int32_t>(p.graph_seqs, kGraphGridCap);
+      a.grid_work = std::min<int32_t>(p.graph_seqs * per_seq, kGraphGridCap);
+      a.grid_combine = can_split ? std::min<int32_t>(p.graph_seqs, kGraphGridCap) : 0;
     }
     a.num_q_heads = p.num_q_heads;
     a.num_kv_heads = p.num_kv_heads;
@@ -381,7 +392,6 @@ class CudaLlmOps final : public LlmOps {
     r.num_tokens = t;
     r.hidden = lim_.hidden;
     r.num_experts = lim_.num_experts;
-    checkOk(launchRouterF32Partials(r, b_.stream()), "moeRouteF32");
     MoeRouteArgs a;
     a.logits = r.part;
     a.bias = bias.empty() ? nullptr : bias.as<bf16>();
@@ -394,6 +404,13 @@ class CudaLlmOps final : public LlmOps {
     a.ss = r.ss;
     a.hidden = lim_.hidden;
     a.eps = p.norm_eps;
+    if (routerFusedRoute()) {  // [TAG_ROUTER_FUSED_ROUTE]: one kernel
+      r.route_counters = static_cast<unsigned int*>(router_counters_.data());
+      r.route = a;
+      checkOk(launchRouterF32Partials(r, b_.stream()), "moeRouteF32");
+      return;
+    }
+    checkOk(launchRouterF32Partials(r, b_.stream()), "moeRouteF32");
     checkOk(launchMoeRoute(a, b_.stream()), "moeRouteF32");
   }
 
@@ -903,6 +920,7 @@ class CudaLlmOps final : public LlmOps {
   int64_t max_work_ = 0, max_combine_ = 0, max_parts_ = 0, max_tiles_ = 0, max_rows_ = 0;
   Buffer work_, combine_, part_o_, part_ml_, counts_;
   Buffer router_part_, router_ss_;  // [TAG_ROUTER_F32]
+  Buffer router_counters_;          // [TAG_ROUTER_FUSED_ROUTE]
   Buffer row_token_, row_of_, tile_expert_, num_tiles_, act_, y_, sample_rows_, sample_ws_;
   Buffer sample_masks_;
   int64_t mask_words_ = 0;

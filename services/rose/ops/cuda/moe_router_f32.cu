@@ -1,6 +1,7 @@
 #include "services/rose/ops/cuda/common.cuh"
 #include "services/rose/ops/cuda/cuda_utils.h"
 #include "services/rose/ops/cuda/moe_router_f32.cuh"
+#include "services/rose/ops/cuda/moe_route_device.cuh"
 
 namespace garden::rose::cuda {
 namespace {
@@ -12,6 +13,7 @@ constexpr int kChunks = kRouterF32SliceK / kChunk;
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 constexpr int kXStride = kTok + 4;  // row stride of the staged x tile (16-byte aligned rows)
+static_assert(kTok == 16, "routerF32TileCounters counts 16-token tiles");
 static_assert(kChunk == kWarps * 8, "each warp takes 8 consecutive columns of a chunk");
 static_assert(kTok * kChunk / 4 == kThreads, "one float4 of x per thread and chunk");
 static_assert(kChunk * kExp / 4 == 2 * kThreads, "two float4 of wt per thread and chunk");
@@ -110,9 +112,33 @@ __global__ void __launch_bounds__(kThreads) routerF32Kernel(RouterF32Args a) {
     if (t0 + tok < a.num_tokens && e0 + e < a.num_experts)
       a.part[(slice * a.num_tokens + t0 + tok) * a.num_experts + e0 + e] = v;
   }
+  if (a.route_counters == nullptr) return;
+  // [TAG_ROUTER_FUSED_ROUTE] The token tile's last block routes its tokens.
+  __shared__ bool s_last;
+  __threadfence();  // this block's partials and sums of squares, before its count
+  __syncthreads();
+  if (tid == 0) {
+    const unsigned int blocks = gridDim.y * gridDim.z;
+    const unsigned int done = atomicAdd(a.route_counters + blockIdx.x, 1u);
+    s_last = done == blocks - 1;
+  }
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();  // every other block's writes are visible to the loads below (through L2)
+#pragma unroll
+  for (int i = 0; i < kTok / kWarps; ++i) {
+    const int64_t t = t0 + warp + i * kWarps;
+    if (t < a.num_tokens) moeRouteToken(a.route, t, lane);
+  }
+  if (tid == 0) a.route_counters[blockIdx.x] = 0u;  // ready for the next launch
 }
 
+bool g_fused_route = true;
+
 }  // namespace
+
+void setRouterFusedRoute(bool on) { g_fused_route = on; }
+bool routerFusedRoute() { return g_fused_route; }
 
 Status launchRouterF32Partials(const RouterF32Args& a, cudaStream_t stream) {
   if (a.hidden <= 0 || a.hidden % 4 != 0)
@@ -121,6 +147,13 @@ Status launchRouterF32Partials(const RouterF32Args& a, cudaStream_t stream) {
     return invalidArgument("router_f32: num_experts must be a positive multiple of 4");
   if ((reinterpret_cast<uintptr_t>(a.residual) | reinterpret_cast<uintptr_t>(a.wt)) % 16 != 0)
     return invalidArgument("router_f32: residual and wt must be 16-byte aligned");
+  if (a.route_counters != nullptr) {
+    RETURN_IF_ERROR(checkMoeRoute(a.route));
+    if (a.route.logits != a.part || a.route.ss != a.ss || a.route.splits != routerF32Splits(a.hidden) ||
+        a.route.num_tokens != a.num_tokens || a.route.num_experts != a.num_experts ||
+        a.route.hidden != a.hidden)
+      return invalidArgument("router_f32: the fused route must read this router's partials");
+  }
   if (a.num_tokens == 0) return okStatus();
   const dim3 grid(static_cast<unsigned>((a.num_tokens + kTok - 1) / kTok),
                   static_cast<unsigned>((a.num_experts + kExp - 1) / kExp),

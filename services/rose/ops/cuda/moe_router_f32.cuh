@@ -12,12 +12,21 @@
 // squares to ss[slice][t]. The route kernel (moe_route.cuh, MoeRouteArgs::splits) sums the slices
 // in order, scales by the row's rsqrt and adds the bias before the top-k. Pointers are device
 // memory owned by the caller; residual and wt 16-byte aligned.
+//
+// Fused route [TAG_ROUTER_FUSED_ROUTE]: with RouterF32Args::route_counters set, the route runs in
+// the same kernel: each block counts itself done on its token tile's counter (after a fence), and
+// the tile's last block sums the slices and takes the top-k for the tile's tokens with the route
+// kernel's own per-token code (moe_route_device.cuh: the same loads in the same order, so the same
+// bits), then resets the counter for the next launch (graph replays included). This saves the
+// route kernel's launch and its dependent-load chain (~8.7 us of a 1-token step per layer under
+// ncu, 2026-12-03) at every batch size.
 
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
 
 #include "common/status.h"
+#include "services/rose/ops/cuda/moe_route.cuh"
 
 namespace garden::rose::cuda {
 
@@ -36,8 +45,22 @@ struct RouterF32Args {
   int64_t num_tokens = 0;
   int32_t hidden = 0;       // multiple of 4
   int32_t num_experts = 0;  // multiple of 4
+  // [TAG_ROUTER_FUSED_ROUTE] Non-null: routerF32TileCounters(num_tokens) zeroed counters (the
+  // kernel leaves them zeroed), and `route` the route of these partials (logits = part, ss, splits,
+  // hidden, num_tokens as above; bias, outputs, top_k, eps), checked by checkMoeRoute.
+  unsigned int* route_counters = nullptr;
+  MoeRouteArgs route;
 };
 
+// Counters the fused route needs for up to `max_tokens` tokens (one per 16-token tile).
+inline int64_t routerF32TileCounters(int64_t max_tokens) { return (max_tokens + 15) / 16; }
+
 Status launchRouterF32Partials(const RouterF32Args& a, cudaStream_t stream);
+
+// [TAG_ROUTER_FUSED_ROUTE] Whether the CUDA LLM ops route inside the router kernel (default on;
+// off: the separate route kernel, for A/B runs and the test that compares the two bit for bit).
+// Process-global, read at each moeRouteF32 call (a captured graph keeps what it captured).
+void setRouterFusedRoute(bool on);
+bool routerFusedRoute();
 
 }  // namespace garden::rose::cuda

@@ -329,6 +329,17 @@ int32_t pagedAttnSplitKeysFor(int32_t keys) {
   return keys >= kPagedAttnLongContext ? kPagedAttnSplitKeysLong : kPagedAttnSplitKeys;
 }
 
+static_assert(kPagedAttnSplitKeysLong <= kPagedAttnSplitKeys &&
+                  kPagedAttnSplitKeys < kPagedAttnLongContext,
+              "pagedAttnWindowCanSplit: below the long-context threshold the chunk is the larger");
+bool pagedAttnWindowCanSplit(int32_t sliding_window) {
+  if (sliding_window <= 0) return true;
+  // A token splits when its keys (<= the window) exceed the chunk for that many keys; the chunk
+  // is g_split_keys when set, else kPagedAttnSplitKeys below kPagedAttnLongContext keys (and
+  // smaller above, where keys > kPagedAttnSplitKeys anyway).
+  return sliding_window > (g_split_keys > 0 ? g_split_keys : kPagedAttnSplitKeys);
+}
+
 PagedAttnPlan planPagedAttention(const int32_t* cu_q, int32_t num_seqs, const int32_t* positions,
                                  int32_t group, int32_t sliding_window) {
   PagedAttnPlan plan;

@@ -71,6 +71,11 @@ int32_t pagedAttnSplitKeysFor(int32_t keys);
 // loaded. It changes how a decode token's keys are partitioned (f32 rounding of the combine),
 // never which keys it sees.
 void setPagedAttnSplitKeys(int32_t keys);
+// Whether planPagedAttention can split some decode token of a launch with this sliding_window
+// (0 = full causal: yes) under the current rule: a window no longer than every chunk never
+// splits, so a graph launch of such a layer needs no combine kernel and one work item per
+// sequence (the gpt-oss sliding layers, window 128).
+bool pagedAttnWindowCanSplit(int32_t sliding_window);
 
 // Query tokens one block takes for a GQA group of `group` q heads per kv head (64 rows).
 int32_t pagedAttnTokensPerBlock(int32_t group);
