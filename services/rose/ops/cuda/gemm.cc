@@ -285,7 +285,7 @@ Result<GemmRunner::Choice> GemmRunner::chooseAlgo(Plan& exact, int64_t m, int64_
   }
   // The GEMV (gemv.cuh) for the small buckets [TAG_GEMV], after those.
   if (gemv_ && small_buckets_ && !ops.f32_out && bucket <= kGemvMaxRows) {
-    GemvShape shapes[kGemvMaxShapes];
+    GemvShape shapes[4];
     const int ns = gemvShapes(bucket, shapes);
     for (int i = 0; i < ns; ++i) {
       if (gemvSupported(bucket, n, k, shapes[i].rows, shapes[i].unroll)) {

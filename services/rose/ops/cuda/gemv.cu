@@ -1,8 +1,5 @@
 #include "services/rose/ops/cuda/gemv.cuh"
 
-#include <algorithm>
-#include <iterator>
-
 #include "services/rose/ops/cuda/common.cuh"
 #include "services/rose/ops/cuda/cuda_utils.h"
 
@@ -101,44 +98,36 @@ Status launchShape(const GemvArgs& a, cudaStream_t stream) {
 // The shapes gemvShapes() lists for these M, and only those.
 template <int kM>
 Status launchM(const GemvArgs& a, cudaStream_t stream) {
-  const int r = a.rows, u = a.unroll;
+  if (a.rows == 2 && a.unroll == 4) return launchShape<kM, 2, 4>(a, stream);
+  if (a.rows == 4 && a.unroll == 2) return launchShape<kM, 4, 2>(a, stream);
   if constexpr (kM <= 4) {
-    if (r == 4 && u == 2) return launchShape<kM, 4, 2>(a, stream);
-    if (r == 4 && u == 4) return launchShape<kM, 4, 4>(a, stream);
-    if (r == 8 && u == 2) return launchShape<kM, 8, 2>(a, stream);
-    if (r == 2 && u == 4) return launchShape<kM, 2, 4>(a, stream);
-    if (r == 2 && u == 8) return launchShape<kM, 2, 8>(a, stream);
-    if (r == 2 && u == 12) return launchShape<kM, 2, 12>(a, stream);
-    if (r == 1 && u == 12) return launchShape<kM, 1, 12>(a, stream);
-    if (r == 1 && u == 16) return launchShape<kM, 1, 16>(a, stream);
+    if (a.rows == 4 && a.unroll == 4) return launchShape<kM, 4, 4>(a, stream);
+    if (a.rows == 8 && a.unroll == 2) return launchShape<kM, 8, 2>(a, stream);
   } else {
-    if (r == 2 && u == 2) return launchShape<kM, 2, 2>(a, stream);
-    if (r == 4 && u == 2) return launchShape<kM, 4, 2>(a, stream);
-    if (r == 2 && u == 4) return launchShape<kM, 2, 4>(a, stream);
-    if (r == 1 && u == 8) return launchShape<kM, 1, 8>(a, stream);
-    if (r == 1 && u == 12) return launchShape<kM, 1, 12>(a, stream);
+    if (a.rows == 2 && a.unroll == 2) return launchShape<kM, 2, 2>(a, stream);
   }
   return invalidArgument("gemv: unsupported (rows, unroll) for this M");
 }
 
 }  // namespace
 
-int gemvShapes(int64_t m, GemvShape (&out)[kGemvMaxShapes]) {
+int gemvShapes(int64_t m, GemvShape (&out)[4]) {
   if (m <= 4) {
-    const GemvShape s[] = {{4, 2}, {4, 4}, {8, 2}, {2, 4}, {2, 8}, {2, 12}, {1, 12}, {1, 16}};
-    static_assert(sizeof s / sizeof s[0] <= kGemvMaxShapes);
-    std::copy(std::begin(s), std::end(s), out);
-    return static_cast<int>(sizeof s / sizeof s[0]);
+    out[0] = {4, 2};
+    out[1] = {4, 4};
+    out[2] = {8, 2};
+    out[3] = {2, 4};
+    return 4;
   }
-  const GemvShape s[] = {{2, 2}, {4, 2}, {2, 4}, {1, 8}, {1, 12}};
-  static_assert(sizeof s / sizeof s[0] <= kGemvMaxShapes);
-  std::copy(std::begin(s), std::end(s), out);
-  return static_cast<int>(sizeof s / sizeof s[0]);
+  out[0] = {2, 2};
+  out[1] = {4, 2};
+  out[2] = {2, 4};
+  return 3;
 }
 
 bool gemvSupported(int64_t m, int64_t n, int64_t k, int rows, int unroll) {
   if (m < 1 || m > kGemvMaxRows || n < 1 || k < 8 || k % 8 != 0) return false;
-  GemvShape s[kGemvMaxShapes];
+  GemvShape s[4];
   const int count = gemvShapes(m, s);
   for (int i = 0; i < count; ++i) {
     if (s[i].rows == rows && s[i].unroll == unroll) return true;

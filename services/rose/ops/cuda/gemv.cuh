@@ -13,8 +13,11 @@
 // (rows, unroll) shape that gives lane l the same chunks, i.e. it depends on K only: rows of y do
 // not change with M (GemmRunner's M/2 check holds by construction).
 //
-// A GemmRunner candidate for its M <= 8 buckets (gemm.h), off until verified on a GPU
-// (GemmRunner::setGemv).
+// A GemmRunner candidate for its M <= 8 buckets (gemm.h), off by default (GemmRunner::setGemv):
+// verified on the H200 but it wins no bucket (bench/results/gpu-llm-2026-12-03-h200-s4). Deeper
+// shapes (unroll 8 / 12 / 16, a lane's whole K = 2880 share in flight at once) were tried on
+// 2026-12-03 (gpu-llm-2026-12-03-h200-s5, call 2): M = 1 QKV best 16.2 us vs cuBLASLt 15.2-16.4
+// (the old 4 x 2 shape still the best of them), so they were not kept.
 
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
@@ -33,8 +36,8 @@ struct GemvArgs {
   const __nv_bfloat16* bias = nullptr;  // [n] or null
   __nv_bfloat16* y = nullptr;           // [m, n]; must not overlap x, w, bias
   int64_t m = 0, n = 0, k = 0;
-  int rows = 4;    // output columns per warp: 1, 2, 4 or 8
-  int unroll = 2;  // 16-byte chunks per lane per step: 2, 4, 8, 12 or 16
+  int rows = 4;    // output columns per warp: 2, 4 or 8
+  int unroll = 2;  // 16-byte chunks per lane per step: 2 or 4
 };
 
 // 1 <= m <= 8, n >= 1, k % 8 == 0, (rows, unroll) one of the shapes gemvShapes() lists.
@@ -44,11 +47,8 @@ struct GemvShape {
   int unroll = 2;
 };
 // The shapes worth timing at M = m (fewer columns per warp as M grows: the sums are rows x M
-// registers); returns how many were written. Besides the short-step shapes, deep ones (unroll
-// 8 / 12 / 16: a lane's whole share of K = 2880 — 11 or 12 chunks — in flight at once, one
-// round trip to memory instead of three to six; 2026-12-04).
-inline constexpr int kGemvMaxShapes = 8;
-int gemvShapes(int64_t m, GemvShape (&out)[kGemvMaxShapes]);
+// registers); returns how many were written.
+int gemvShapes(int64_t m, GemvShape (&out)[4]);
 
 // Enqueues the GEMV on `stream`. Pointers 16-byte aligned. No allocation; capturable.
 Status launchGemv(const GemvArgs& a, cudaStream_t stream);
