@@ -26,7 +26,10 @@
 //              64; default: cuda::pagedAttnSplitKeysFor's rule) for the split-KV attention.
 //   --fuse-combine-norm on|off: each layer's MoE combine fused into the next RMSNorm
 //              (GptOssOptions::fuse_combine_norm [TAG_COMBINE_NORM]; same bits; default on).
-//   --router-fused on|off: the f32 router's top-k inside the router kernel (default on,
+//   --gemm-flush read|write: how the GEMM tuner flushes L2 before each timed run (read: a read
+//              pass leaving clean lines; write: a memset, the default until measured)
+//              [TAG_GEMM_READ_FLUSH].
+//   --router-fused on|off: the f32 router's top-k inside the router kernel (default off,
 //              cuda::setRouterFusedRoute [TAG_ROUTER_FUSED_ROUTE]; same bits); off: the separate
 //              route kernel.
 //   --moe-prefetch N: the MXFP4 decode MoE kernel asks L2 for its weight tiles N K tiles beyond
@@ -73,6 +76,7 @@
 #include "services/rose/ops/llm_ops.h"
 #include "services/rose/ops/paged_kv_cache.h"
 #include "services/rose/ops/cuda/cuda_backend.h"
+#include "services/rose/ops/cuda/gemm.h"
 #include "services/rose/ops/cuda/moe_fp8_gemm.h"
 #include "services/rose/ops/cuda/llm_ops_cuda.h"
 #include "services/rose/ops/cuda/moe_gemm.cuh"
@@ -579,6 +583,7 @@ int main(int argc, char** argv) {
     else if (a == "--attn-split-keys") cuda::setPagedAttnSplitKeys(std::atoi(next().c_str()));
     else if (a == "--gemm-small-buckets") cuda::setLlmGemmSmallBuckets(next() == "on");
     else if (a == "--gemm-gemv") cuda::setLlmGemv(next() == "on");
+    else if (a == "--gemm-flush") cuda::GemmRunner::setReadFlush(next() == "read");
     else if (a == "--router-fused") cuda::setRouterFusedRoute(next() == "on");
     else if (a == "--fp8-min-tokens") fp8_min_tokens = std::atoll(next().c_str());
     else if (a == "--masks") mask_density = std::atof(next().c_str());

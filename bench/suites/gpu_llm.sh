@@ -85,8 +85,11 @@
 #             bench/suites/ncu_sass_stalls.py)
 #   declat    decode at 1/2/4/8 sequences and 64..256 @ 1k: the default, --moe-wide-min-avg 24 (the
 #             previous threshold) and --moe-prefetch 0 (needs mk20b)
+#   flushab   decode at 1/2/8 sequences and 64 @ 1k with the GEMM tuner's L2 flush as a memset
+#             (write) or a read pass (read) [TAG_GEMM_READ_FLUSH], each with the GEMV off / on
+#             (the "gemm tuned" lines say what each bucket took and timed)
 #   fusedab   decode at 1/2/8 sequences and 64/256 @ 1k with the route inside the f32 router
-#             kernel (--router-fused on, the default [TAG_ROUTER_FUSED_ROUTE]) and as its own kernel
+#             kernel (--router-fused on [TAG_ROUTER_FUSED_ROUTE]) and as its own kernel (the default)
 #   decdef    declat's first run only: decode at 1/2/4/8 sequences and 64..256 @ 1k, default settings
 #   prefill128k  20b prefill of one 64k and one 128k request (issue 16's table; never run yet),
 #             MXFP4 experts then the FP8 copy (needs mk20b; KV for 140k tokens)
@@ -172,6 +175,7 @@ for s in $STEPS; do
     pfdec) step pfdec pfdec.txt 360 bash -c "for v in '--moe-prefetch 0' '--moe-prefetch 8' '--moe-prefetch 16' '--moe-prefetch 32' '--moe-prefetch ${PFDEC_GEMV_PF:-16} --gemm-gemv on'; do echo \"== \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode 1@8192,64@1024,256@1024 --decode-steps 24 --max-batch-tokens 16384 --kv-tokens 290000 \$v 2>&1 | grep -v 'gemm tuned'; done" ;;
     ncusrc) step ncusrc ncusrc.txt 240 bash -c "ncu --set full --import-source no -k regex:moeGemmMxDecode -c 2 -o '$LOGS/ncu_dec1' '$BIN/rose_llm_bench' --moe-gemm 1 --moe-prefetch 8 >/dev/null 2>&1; ncu --set full --import-source no -k regex:moeGemmMxWide -c 2 -o '$LOGS/ncu_wide256' '$BIN/rose_llm_bench' --moe-gemm 256 --moe-prefetch 8 >/dev/null 2>&1; for r in ncu_dec1 ncu_wide256; do ncu -i '$LOGS/'\$r.ncu-rep --page source --csv --print-source sass > '$LOGS/'\$r.sass.csv 2>&1; echo \"\$r: \$(wc -l < '$LOGS/'\$r.sass.csv) lines\"; ncu -i '$LOGS/'\$r.ncu-rep --page details 2>&1 | grep -E 'moeGemm|Duration|Registers Per|Executed Ipc A|DRAM Through|Eligible Warps|Active Warps Per|Executed Instructions  '; done" ;;
     declat) step declat declat.txt 300 bash -c "for v in '' '--moe-wide-min-avg 24' '--moe-prefetch 0'; do echo \"== \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode 1@8192,2@8192,4@4096,8@2048,64@1024,96@1024,128@1024,192@1024,256@1024 --decode-steps 24 --max-batch-tokens 16384 --kv-tokens 290000 \$v 2>&1 | grep -v 'gemm tuned'; done" ;;
+    flushab) step flushab flushab.txt 240 bash -c "for f in write read; do for g in off on; do echo \"== --gemm-flush \$f --gemm-gemv \$g\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode 1@8192,2@8192,8@2048,64@1024 --decode-steps 24 --max-batch-tokens 16384 --kv-tokens 290000 --gemm-flush \$f --gemm-gemv \$g 2>&1; done; done" ;;
     fusedab) step fusedab fusedab.txt 200 bash -c "for v in on off; do echo \"== --router-fused \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode 1@8192,2@8192,8@2048,64@1024,256@1024 --decode-steps 24 --max-batch-tokens 16384 --kv-tokens 290000 --router-fused \$v 2>&1 | grep -v 'gemm tuned'; done" ;;
     decdef) step decdef decdef.txt 120 bash -c "'$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode 1@8192,2@8192,4@4096,8@2048,64@1024,96@1024,128@1024,192@1024,256@1024 --decode-steps 24 --max-batch-tokens 16384 --kv-tokens 290000 2>&1 | grep -v 'gemm tuned'" ;;
     prefill128k) step prefill128k prefill128k.txt 400 bash -c "for w in mxfp4 fp8; do echo \"== --moe-weights \$w\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 65536,131072 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --moe-weights \$w 2>&1 | grep -v 'gemm tuned'; done" ;;

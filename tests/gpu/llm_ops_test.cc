@@ -464,7 +464,7 @@ TEST_F(GpuLlmOps, MoeRouteF32MatchesCpuAndIsBatchInvariant) {
   struct Case { int64_t t, h, e; int32_t k; };
   for (Case c : {Case{1, 2880, 32, 4}, Case{16, 2880, 32, 4}, Case{17, 288, 8, 4},
                  Case{1000, 2880, 128, 4}, Case{257, 96, 4, 2}, Case{3, 2880, 32, 4},
-                 Case{40, 260, 12, 3}}) {
+                 Case{40, 260, 12, 3}, Case{5, 4608, 32, 4}}) {
     SCOPED_TRACE("T=" + std::to_string(c.t) + " H=" + std::to_string(c.h) + " E=" +
                  std::to_string(c.e) + " k=" + std::to_string(c.k));
     reserve(std::max<int64_t>(c.t, 64), 8, 8, 8, static_cast<int32_t>(c.h), 64,
@@ -547,7 +547,7 @@ TEST_F(GpuLlmOps, MoeRouteF32FusedRouteEqualsTheRouteKernel) {
   struct Case { int64_t t, h, e; int32_t k; };
   for (Case c : {Case{1, 2880, 32, 4}, Case{1000, 2880, 128, 4}, Case{16, 2880, 32, 4},
                  Case{17, 2880, 128, 4}, Case{333, 2880, 128, 8}, Case{3, 288, 8, 1},
-                 Case{1, 2880, 32, 4}}) {
+                 Case{1, 2880, 32, 4}, Case{20, 4608, 32, 4}}) {
     SCOPED_TRACE("T=" + std::to_string(c.t) + " E=" + std::to_string(c.e) + " k=" +
                  std::to_string(c.k));
     reserve(1000, 8, 8, 8, static_cast<int32_t>(c.h), 64, static_cast<int32_t>(c.e), c.k);
@@ -568,7 +568,7 @@ TEST_F(GpuLlmOps, MoeRouteF32FusedRouteEqualsTheRouteKernel) {
       poison(gpu(), gw.view);
       rose::cuda::setRouterFusedRoute(fused);
       gops_->moeRouteF32(gr.view, gwt.view, gb.view, gi.view, gw.view, p);
-      rose::cuda::setRouterFusedRoute(true);
+      rose::cuda::setRouterFusedRoute(false);
       return std::make_pair(download(gpu(), gi.view), download(gpu(), gw.view));
     };
     const auto ref = run(false);

@@ -10,6 +10,7 @@
 #include "services/rose/ops/cuda/cuda_utils.h"
 #include "services/rose/ops/cuda/gemm_smallm.cuh"
 #include "services/rose/ops/cuda/gemv.cuh"
+#include "services/rose/ops/cuda/l2_flush.cuh"
 
 namespace garden::rose::cuda {
 
@@ -20,6 +21,7 @@ Status lt(cublasStatus_t s, const char* what) {
                        std::to_string(static_cast<int>(s)));
 }
 
+bool g_read_flush = false;  // [TAG_GEMM_READ_FLUSH]
 constexpr int kCandidates = 16;
 constexpr int kWarmups = 2;
 // Larger than the H200's 50 MB L2, so a timed GEMM reads its weights from HBM as in a forward.
@@ -29,6 +31,8 @@ constexpr int64_t kMaxCheckElems = int64_t{4} << 20;
 }  // namespace
 
 #define LT_RETURN_IF_ERROR(expr) RETURN_IF_ERROR(lt((expr), #expr))
+
+void GemmRunner::setReadFlush(bool on) { g_read_flush = on; }
 
 int64_t GemmRunner::algoBucket(int64_t m) {
   const int64_t step = m <= 1024 ? 64 : m <= 4096 ? 256 : 1024;
@@ -312,7 +316,11 @@ Result<GemmRunner::Choice> GemmRunner::chooseAlgo(Plan& exact, int64_t m, int64_
       ok = enqueueChoice(exact, cands[c], m, n, k, ops).isOk();
     }
     for (int r = 0; r < kTimedReps && ok; ++r) {
-      CUDA_RETURN_IF_ERROR(cudaMemsetAsync(flush_, r & 0xff, flush_bytes_, ops.stream));
+      if (g_read_flush) {
+        RETURN_IF_ERROR(launchL2FlushRead(flush_, flush_bytes_, ops.stream));
+      } else {
+        CUDA_RETURN_IF_ERROR(cudaMemsetAsync(flush_, r & 0xff, flush_bytes_, ops.stream));
+      }
       CUDA_RETURN_IF_ERROR(cudaEventRecord(events_[2 * r], ops.stream));
       ok = enqueueChoice(exact, cands[c], m, n, k, ops).isOk();
       CUDA_RETURN_IF_ERROR(cudaEventRecord(events_[2 * r + 1], ops.stream));

@@ -92,6 +92,11 @@ class GemmRunner {
   // small buckets and tuning on; bf16 output only). Off by default: not yet run on a GPU.
   void setGemv(bool on) { gemv_ = on; }
   size_t gemvWins() const { return gemv_wins_; }
+  // [TAG_GEMM_READ_FLUSH] How the timing flushes L2 before each timed run: false (the default
+  // until measured) a memset of the flush buffer, which leaves L2 full of dirty lines the timed
+  // GEMM then writes back; true a read of it (l2_flush.cuh): clean lines, as in a forward pass.
+  // Process-global, read when a bucket is tuned (rose_llm_bench --gemm-flush read|write).
+  static void setReadFlush(bool on);
   int64_t bucketOf(int64_t m) const;
 
   bool tuning() const { return tune_; }

@@ -17,9 +17,11 @@
 // the same kernel: each block counts itself done on its token tile's counter (after a fence), and
 // the tile's last block sums the slices and takes the top-k for the tile's tokens with the route
 // kernel's own per-token code (moe_route_device.cuh: the same loads in the same order, so the same
-// bits), then resets the counter for the next launch (graph replays included). This saves the
-// route kernel's launch and its dependent-load chain (~8.7 us of a 1-token step per layer under
-// ncu, 2026-12-03) at every batch size.
+// bits), then resets the counter for the next launch (graph replays included). Off by default:
+// measured on the H200 (bench/results/gpu-llm-2026-12-03-h200-s5, call 2) it lost to the two
+// kernels in the graphed decode step (b1@8k 2.513 vs 2.465 ms, b64@1k 7.609 vs 7.424 ms): the
+// route's own latency moved into the router kernel's last block (ncu: router 11.0 us per layer
+// fused vs 5.1 + 8.7 apart), and every block pays a fence and an atomic.
 
 #include <cuda_runtime_api.h>
 
@@ -57,8 +59,8 @@ inline int64_t routerF32TileCounters(int64_t max_tokens) { return (max_tokens + 
 
 Status launchRouterF32Partials(const RouterF32Args& a, cudaStream_t stream);
 
-// [TAG_ROUTER_FUSED_ROUTE] Whether the CUDA LLM ops route inside the router kernel (default on;
-// off: the separate route kernel, for A/B runs and the test that compares the two bit for bit).
+// [TAG_ROUTER_FUSED_ROUTE] Whether the CUDA LLM ops route inside the router kernel (default off,
+// see above; on: for A/B runs and the test that compares the two bit for bit).
 // Process-global, read at each moeRouteF32 call (a captured graph keeps what it captured).
 void setRouterFusedRoute(bool on);
 bool routerFusedRoute();
