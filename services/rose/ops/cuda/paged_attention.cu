@@ -252,9 +252,8 @@ __global__ void __launch_bounds__(kWarps * 32) pagedAttnKernel(PagedAttentionArg
 // One warp per (split token, q head): merges the partials with the sink. Lane p loads part p's
 // running max and sum, and the parts' slices of o are loaded 8 at a time before their sums (a
 // part at a time, each load waiting on L2, cost ~10 us per 8k-token layer at decode: ncu,
-// 2026-12-03); the sums
-// still run over the parts in order with the same operations, so the bits are those of the
-// one-part-at-a-time loop (kept for num_parts > 32: the planner can make 33 chunks when a
+// 2026-12-03); the sums still run over the parts in order with the same operations, so the bits
+// are those of the one-part-at-a-time loop (kept for num_parts > 32: the planner can make 33 chunks when a
 // sliding window longer than 512 keys starts off a 64-key boundary; never for full-causal layers
 // or gpt-oss's 128-key windows).
 template <int kD>
