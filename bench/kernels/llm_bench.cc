@@ -22,6 +22,10 @@
 //              cuda::setLlmGemmSmallBuckets [TAG_GEMM_SMALL_BUCKETS]); off: one bucket 1..64.
 //   --gemm-gemv on|off: also time the CUDA-core GEMV for the small buckets [TAG_GEMV] (default
 //              off: not yet verified on a GPU).
+//   --attn-prefill sm90|sm90basic|mma: prefill chunks of >= 128 tokens take the Hopper paged
+//              attention (pipelined, or its basic schedule) or the mma.sync kernel like decode
+//              (default sm90) [TAG_PAGED_ATTN_SM90]; --attn-sm90-min-tokens N moves the threshold.
+//   --attn-bench C@H,...: the attention op alone (see attnBench), then exit.
 //   --attn-split-keys N: a decode token's keys are split into chunks of at least N (multiple of
 //              64; default: cuda::pagedAttnSplitKeysFor's rule) for the split-KV attention.
 //   --fuse-combine-norm on|off: each layer's MoE combine fused into the next RMSNorm
@@ -82,6 +86,7 @@
 #include "services/rose/ops/cuda/moe_gemm.cuh"
 #include "services/rose/ops/cuda/moe_router_f32.cuh"
 #include "services/rose/ops/cuda/paged_attention.cuh"
+#include "services/rose/ops/cuda/paged_attention_sm90.cuh"
 
 namespace {
 
@@ -532,9 +537,174 @@ int moeGemmBench(const std::string& list, bool fp8, const std::vector<int>& slic
   return 0;
 }
 
+
+// --attn-bench C@H,...: gpt-oss-20b's attention op alone (64 q heads, 8 kv heads, head_dim 64,
+// sinks, KV blocks of 16 in shuffled order) for one sequence's prefill chunk of C tokens after H
+// cached ones, full causal and window 128, on the mma.sync kernel and the Hopper kernel
+// (pipelined and basic) [TAG_PAGED_ATTN_SM90]: ms per launch (median of 7 after a warm-up),
+// TFLOP/s (4 * 64 heads * 64 * visible keys per row), and the Hopper outputs' relative L2 and
+// max |diff| against the mma.sync output (bf16; they differ by rounding only).
+int attnBench(const std::string& list) {
+  constexpr int kHq = 64, kHkv = 8, kD = 64, kBs = 16;
+  std::vector<std::pair<int, int>> cases;
+  int max_ctx = 0, max_chunk = 0;
+  for (const auto& x : split(list, ',')) {
+    const size_t at = x.find('@');
+    const int c = std::atoi(x.substr(0, at).c_str());
+    const int h = at == std::string::npos ? 0 : std::atoi(x.substr(at + 1).c_str());
+    if (c <= 0 || h < 0) {
+      std::fprintf(stderr, "--attn-bench: cases are CHUNK@HISTORY\n");
+      return 2;
+    }
+    cases.emplace_back(c, h);
+    max_ctx = std::max(max_ctx, c + h);
+    max_chunk = std::max(max_chunk, c);
+  }
+  BackendOptions bo;
+  auto be = makeBackend("cuda", bo);
+  if (!be.isOk()) {
+    std::fprintf(stderr, "backend: %s\n", be.status().toString().c_str());
+    return 1;
+  }
+  std::unique_ptr<Backend> backend = std::move(be).value();
+  std::unique_ptr<LlmOps> ops = makeLlmOps(*backend).value();
+  LlmOpsLimits lim;
+  lim.max_tokens = max_chunk;
+  lim.max_seqs = 1;
+  lim.max_logits_rows = 1;
+  lim.max_model_len = max_ctx;
+  lim.vocab = 1;
+  lim.hidden = 2880;
+  lim.intermediate = 2880;
+  lim.num_experts = 32;
+  lim.top_k = 4;
+  lim.num_q_heads = kHq;
+  lim.num_kv_heads = kHkv;
+  lim.head_dim = kD;
+  if (Status st = ops->reserve(lim); !st.isOk()) {
+    std::fprintf(stderr, "reserve: %s\n", st.toString().c_str());
+    return 1;
+  }
+  const int32_t blocks = (max_ctx + kBs - 1) / kBs + 8;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  auto kv = PagedKvCache::create(*backend, KvCacheShape{1, blocks, kBs, kHkv, kD},
+                                 backend->activationDType())
+                .value();
+  {
+    std::vector<float> host(static_cast<size_t>(blocks) * kBs * kHkv * kD);
+    for (const Tensor& t : {kv->keys(0), kv->values(0)}) {
+      for (float& v : host) v = nd(rng);
+      (void)backend->uploadConvert(t, {host.data(), DType::kF32, static_cast<int64_t>(host.size())});
+    }
+  }
+  std::vector<int32_t> table(static_cast<size_t>(blocks));
+  std::iota(table.begin(), table.end(), 0);
+  std::shuffle(table.begin(), table.end(), rng);
+  const int64_t width = (kHq + 2 * kHkv) * kD;
+  auto qkv = backend->allocateTensor(DType::kBF16, {max_chunk, width}).value();
+  {
+    std::vector<float> host(static_cast<size_t>(max_chunk * width));
+    for (float& v : host) v = nd(rng);
+    (void)backend->uploadConvert(qkv.view, {host.data(), DType::kF32, static_cast<int64_t>(host.size())});
+  }
+  auto sinks = backend->allocateTensor(DType::kF32, {kHq}).value();
+  {
+    std::vector<float> host(kHq);
+    for (float& v : host) v = nd(rng);
+    backend->copyToDevice(sinks.view, host.data(), host.size() * sizeof(float));
+  }
+  auto tables = backend->allocateTensor(DType::kI32, {1, blocks}).value();
+  backend->copyToDevice(tables.view, table.data(), table.size() * sizeof(int32_t));
+  auto cu = backend->allocateTensor(DType::kI32, {2}).value();
+  auto pos = backend->allocateTensor(DType::kI32, {max_chunk}).value();
+  auto out = backend->allocateTensor(DType::kBF16, {max_chunk, kHq * kD}).value();
+  struct Variant {
+    const char* name;
+    int32_t min_tokens;
+    bool pipelined;
+  };
+  const Variant variants[] = {{"mma", 0, true}, {"sm90", 1, true}, {"sm90basic", 1, false}};
+  for (const auto& [chunk, hist] : cases) {
+    const std::vector<int32_t> cu_h{0, chunk};
+    std::vector<int32_t> pos_h(static_cast<size_t>(chunk));
+    std::iota(pos_h.begin(), pos_h.end(), hist);
+    backend->copyToDevice(cu.view, cu_h.data(), cu_h.size() * sizeof(int32_t));
+    backend->copyToDevice(pos.view, pos_h.data(), pos_h.size() * sizeof(int32_t));
+    const Tensor q_view{qkv.view.data, DType::kBF16, {chunk, width}};
+    const Tensor o_view{out.view.data, DType::kBF16, {chunk, kHq * kD}};
+    const Tensor pos_view{pos.view.data, DType::kI32, {chunk}};
+    for (int32_t window : {0, 128}) {
+      double keys = 0;
+      for (int32_t p : pos_h) keys += window > 0 ? std::min(p + 1, window) : p + 1;
+      const double flops = 4.0 * kHq * kD * keys;
+      std::vector<uint16_t> ref;
+      for (const Variant& v : variants) {
+        cuda::setPagedAttnSm90(v.min_tokens, v.pipelined);
+        const std::vector<int32_t> windows{window};
+        AttentionPlanInput plan{cu_h, pos_h, windows, kHq, kHkv, kD};
+        PagedAttentionParams p;
+        p.num_seqs = 1;
+        p.num_q_heads = kHq;
+        p.num_kv_heads = kHkv;
+        p.head_dim = kD;
+        p.block_size = kBs;
+        p.max_blocks_per_seq = blocks;
+        p.max_context = chunk + hist;
+        p.sliding_window = window;
+        p.scale = 0.125f;
+        std::vector<double> ms;
+        for (int rep = 0; rep < 8; ++rep) {
+          ops->planAttention(plan);
+          (void)backend->synchronize();
+          const auto t0 = std::chrono::steady_clock::now();
+          ops->pagedAttention(q_view, kv->keys(0), kv->values(0), cu.view, pos_view, tables.view,
+                              sinks.view, o_view, p);
+          (void)backend->synchronize();
+          const auto t1 = std::chrono::steady_clock::now();
+          if (rep > 0) ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+        }
+        std::sort(ms.begin(), ms.end());
+        const double med = ms[ms.size() / 2];
+        std::vector<uint16_t> got(static_cast<size_t>(chunk) * kHq * kD);
+        backend->copyToHost(got.data(), o_view, got.size() * 2);
+        (void)backend->synchronize();
+        double num = 0, den = 0, maxd = 0;
+        size_t nonfinite = 0;
+        auto f = [](uint16_t b) {
+          const uint32_t u = static_cast<uint32_t>(b) << 16;
+          float x;
+          std::memcpy(&x, &u, 4);
+          return x;
+        };
+        if (ref.empty()) {
+          ref = got;
+        }
+        for (size_t i = 0; i < got.size(); ++i) {
+          const double a = f(got[i]), b = f(ref[i]);
+          if (!std::isfinite(a)) ++nonfinite;
+          num += (a - b) * (a - b);
+          den += b * b;
+          maxd = std::max(maxd, std::fabs(a - b));
+        }
+        const Result<bool> wd = cuda::pagedAttnSm90WatchdogFired();
+        const bool fired = !wd.isOk() || wd.value();
+        std::printf("attn chunk %d after %d window %d %-9s %8.3f ms %6.1f TFLOP/s  vs mma rel_l2 "
+                    "%.2e max_abs %.2e non-finite %zu watchdog %s\n",
+                    chunk, hist, window, v.name, med, flops / med / 1e9, den > 0 ? std::sqrt(num / den) : 0.0,
+                    maxd, nonfinite, fired ? "FIRED" : "ok");
+        std::fflush(stdout);
+      }
+    }
+  }
+  cuda::setPagedAttnSm90(cuda::kPagedAttnSm90DefaultMinTokens, true);
+  return 0;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::string attn_prefill = "sm90";
+  int32_t attn_min_tokens = cuda::kPagedAttnSm90DefaultMinTokens;
   std::string model_dir, json_path, moe = "auto";
   std::string prefill_list = "2048,8192,32768", decode_list = "1@8192,64@1024";
   int decode_steps = 32;
@@ -580,6 +750,17 @@ int main(int argc, char** argv) {
     else if (a == "--moe-prefetch") prefetch_list = next();
     else if (a == "--moe-wide-min-avg") cuda::setMoeWideMinAvg(std::atoi(next().c_str()));
     else if (a == "--moe-wide") cuda::setMoeWideVariant(next() == "off" ? -1 : 0);
+    else if (a == "--attn-bench") return attnBench(next());
+    else if (a == "--attn-prefill") {
+      const std::string v = next();
+      if (v != "sm90" && v != "sm90basic" && v != "mma") {
+        std::fprintf(stderr, "--attn-prefill: sm90, sm90basic or mma\n");
+        return 2;
+      }
+      attn_prefill = v;
+    } else if (a == "--attn-sm90-min-tokens") {
+      attn_min_tokens = std::atoi(next().c_str());
+    }
     else if (a == "--attn-split-keys") cuda::setPagedAttnSplitKeys(std::atoi(next().c_str()));
     else if (a == "--gemm-small-buckets") cuda::setLlmGemmSmallBuckets(next() == "on");
     else if (a == "--gemm-gemv") cuda::setLlmGemv(next() == "on");
@@ -624,11 +805,13 @@ int main(int argc, char** argv) {
   b.max_batch_tokens = max_batch_tokens;
   BackendOptions bo;
   bo.max_batch_tokens = max_batch_tokens;
+  bo.cuda.paged_attention_sm90_min_tokens = attn_prefill == "mma" ? 0 : attn_min_tokens;
   auto be = makeBackend("cuda", bo);
   if (!be.isOk()) {
     std::fprintf(stderr, "%s\n", be.status().toString().c_str());
     return 1;
   }
+  cuda::setPagedAttnSm90(bo.cuda.paged_attention_sm90_min_tokens, attn_prefill != "sm90basic");
   b.backend = std::move(be).value();
   b.ops = makeLlmOps(*b.backend).value();
   GptOssOptions go;

@@ -117,6 +117,7 @@ struct LlmArgs {
   int32_t max_seqs = 256;     // sequences per step
   std::string late_masks = "auto";  // auto | on | off [TAG_LATE_MASKS]
   std::string gemm_prewarm = "on";  // on | off: GptOssModel::prewarmGemms at load
+  std::string attn_prefill = "env";  // sm90 | mma | env (GARDEN_PAGED_ATTENTION, default sm90)
 };
 
 // Flags of a model sharded over rank processes (--tp/--dp/--ep).
@@ -171,6 +172,10 @@ bool validLlmArgs(const LlmArgs& f) {
   if (f.moe_weights != "auto" && f.moe_weights != "mxfp4" && f.moe_weights != "fp8" &&
       f.moe_weights != "bf16") {
     std::fprintf(stderr, "rose: --moe-weights must be auto, mxfp4, fp8 or bf16\n");
+    return false;
+  }
+  if (f.attn_prefill != "env" && f.attn_prefill != "sm90" && f.attn_prefill != "mma") {
+    std::fprintf(stderr, "rose: --attn-prefill must be sm90 or mma\n");
     return false;
   }
   if (f.gemm_prewarm != "on" && f.gemm_prewarm != "off") {
@@ -504,6 +509,10 @@ int main(int argc, char** argv) {
       .add("max-model-len", &llm.max_model_len,
            "gpt-oss: longest sequence (0 = the model's, at most 131072)")
       .add("max-seqs", &llm.max_seqs, "gpt-oss: sequences per step")
+      .add("attn-prefill", &llm.attn_prefill,
+           "gpt-oss: sm90|mma: prefill chunks of >= 128 tokens on the Hopper paged attention "
+           "kernel (default; GARDEN_PAGED_ATTENTION sets it too) or on the mma.sync kernel "
+           "decode uses (cuda)")
       .add("gemm-prewarm", &llm.gemm_prewarm,
            "gpt-oss: on|off: at load, tune the dense GEMMs for every row count a step can bring "
            "(cuda; otherwise the first step of each size pays it)")
@@ -607,6 +616,22 @@ int main(int argc, char** argv) {
   if (Status st = rose::cudaKernelOptionsFromEnv(kernels); !st.isOk()) {
     std::fprintf(stderr, "rose: %s\n", st.message().c_str());
     return 2;
+  }
+
+  if (llm.attn_prefill == "mma") kernels.paged_attention_sm90_min_tokens = 0;
+  if (llm.attn_prefill == "sm90") kernels.paged_attention_sm90_min_tokens = 128;
+  {
+    // The Hopper paged attention copies whole pages into 128-key tiles (pagedAttnSm90Supports).
+    const int32_t bs = llm.kv_block_size;
+    const bool pages_fit = bs >= 8 && (128 % bs == 0 || bs % 128 == 0);
+    if (!pages_fit && kernels.paged_attention_sm90_min_tokens > 0) {
+      if (llm.attn_prefill == "sm90") {
+        std::fprintf(stderr, "rose: --attn-prefill sm90 needs a --kv-block-size that divides 128 "
+                             "or is a multiple of it (>= 8)\n");
+        return 2;
+      }
+      kernels.paged_attention_sm90_min_tokens = 0;  // the default falls back to mma.sync
+    }
   }
 
   rose::BackendOptions bo;

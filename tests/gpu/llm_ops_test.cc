@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <map>
 #include <numeric>
@@ -30,6 +31,7 @@
 #include "services/rose/ops/cuda/moe_permute.cuh"
 #include "services/rose/ops/cuda/moe_router_f32.cuh"
 #include "services/rose/ops/cuda/paged_attention.cuh"
+#include "services/rose/ops/cuda/paged_attention_sm90.cuh"
 #include "services/rose/ops/paged_kv_cache.h"
 #include "services/rose/ops/sampler.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -219,6 +221,10 @@ struct AttnCase {
   int32_t hq = 64, hkv = 8;
   int32_t block_size = 16;
   std::string name;
+  // [TAG_PAGED_ATTN_SM90] chunks of >= sm90_min tokens take the Hopper kernel (0: none; 1: every
+  // sequence, decode tokens too), pipelined or basic.
+  int32_t sm90_min = 0;
+  bool sm90_pipelined = true;
 };
 
 struct AttnInputs {
@@ -311,6 +317,10 @@ class GpuPagedAttention : public GpuLlmOps,
                        tables.view, c.sinks ? sinks.view : Tensor(), out.view, p);
     return download(b, out.view);
   }
+  void TearDown() override {
+    rose::cuda::setPagedAttnSm90(rose::cuda::kPagedAttnSm90DefaultMinTokens, true);
+    GpuLlmOps::TearDown();
+  }
 };
 
 TEST_P(GpuPagedAttention, MatchesCpu) {
@@ -320,7 +330,13 @@ TEST_P(GpuPagedAttention, MatchesCpu) {
   reserve(std::max<int64_t>(tokens, 64), static_cast<int32_t>(c.fresh.size()) + 4, c.hq, c.hkv);
   AttnInputs in = makeAttnInputs(c, rng_);
   auto ref = run(cpu(), *cops_, c, in);
+  rose::cuda::setPagedAttnSm90(c.sm90_min, c.sm90_pipelined);
   auto got = run(gpu(), *gops_, c, in);
+  if (c.sm90_min > 0) {
+    auto fired = rose::cuda::pagedAttnSm90WatchdogFired();
+    ASSERT_TRUE(fired.isOk());
+    EXPECT_FALSE(*fired) << c.name << ": the Hopper kernel's mbarrier watchdog fired";
+  }
   // P is rounded to bf16 before P·V (FlashAttention's choice) and the output is bf16.
   expectClose(got, ref, 1.5e-2, 2e-2, c.name);
   const double err = relErr(got, ref);
@@ -340,6 +356,39 @@ std::vector<AttnCase> attnCases() {
   v.push_back({{1, 64}, {20000, 0}, 0, true, 64, 8, 64, "block 64, 20k decode"});
   v.push_back({{1024}, {0}, 0, true, 64, 8, 16, "prefill 1024"});
   v.push_back({{777}, {1234}, 128, true, 64, 8, 16, "prefill 777 after 1234, window"});
+  // The Hopper kernel [TAG_PAGED_ATTN_SM90]: every case above with every sequence on it (decode
+  // tokens included: one valid row of 128), then cases of its own: chunks crossing 128-key tiles
+  // off the tile grid, windows whose bottom falls inside a page, block sizes 8..256, a chunk
+  // mixed with decodes under the default threshold, and the basic schedule.
+  const size_t base = v.size();
+  for (size_t i = 0; i < base; ++i) {
+    AttnCase c = v[i];
+    c.name = "sm90: " + c.name;
+    c.sm90_min = 1;
+    v.push_back(c);
+  }
+  auto hopper = [&](AttnCase c, int32_t min_tokens = 1, bool pipelined = true) {
+    c.sm90_min = min_tokens;
+    c.sm90_pipelined = pipelined;
+    v.push_back(c);
+  };
+  hopper({{300}, {5000}, 0, true, 64, 8, 16, "sm90: 300 after 5000"});
+  hopper({{300}, {5000}, 128, true, 64, 8, 16, "sm90: 300 after 5000, window 128"});
+  hopper({{1000}, {37}, 200, true, 64, 8, 16, "sm90: 1000 after 37, window 200"});
+  hopper({{2048}, {0}, 0, true, 64, 8, 16, "sm90: 2048"});
+  hopper({{129, 255, 1}, {3, 130, 900}, 0, true, 64, 8, 8, "sm90: block 8"});
+  hopper({{129, 255}, {3, 130}, 128, true, 64, 8, 32, "sm90: block 32, window"});
+  hopper({{400}, {700}, 0, false, 64, 8, 64, "sm90: block 64, no sinks"});
+  hopper({{400, 50}, {700, 9}, 0, true, 64, 8, 128, "sm90: block 128"});
+  hopper({{400, 50}, {700, 9}, 128, true, 64, 8, 256, "sm90: block 256, window"});
+  hopper({{200}, {70}, 0, true, 16, 1, 16, "sm90: group 16"});
+  hopper({{200}, {70}, 0, true, 8, 8, 16, "sm90: group 1"});
+  hopper({{1, 600, 1, 130, 127}, {5000, 30, 17, 0, 40}, 0, true, 64, 8, 16,
+          "sm90 at the default threshold, mixed with decodes and a 127-token chunk"},
+         rose::cuda::kPagedAttnSm90DefaultMinTokens);
+  hopper({{300}, {5000}, 0, true, 64, 8, 16, "sm90 basic: 300 after 5000"}, 1, false);
+  hopper({{1000}, {37}, 200, true, 64, 8, 16, "sm90 basic: 1000 after 37, window 200"}, 1,
+         false);
   return v;
 }
 
@@ -370,6 +419,70 @@ TEST(GpuPagedAttentionPlan, WindowCanSplitMatchesThePlanner) {
     }
   }
   rose::cuda::setPagedAttnSplitKeys(0);
+}
+
+// The Hopper kernel's items [TAG_PAGED_ATTN_SM90]: every query token of a chunk at or above the
+// threshold (and only those) in exactly one item of 128 rows; each item's key range holds every
+// key its rows see and nothing below the lowest one's window; most keys first; a chunk whose
+// positions are not consecutive stays on the mma.sync kernel.
+TEST(GpuPagedAttentionPlan, Sm90ItemsCoverLongChunksAndTheirKeys) {
+  std::mt19937 rng(3);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int32_t window = trial % 3 == 0 ? 0 : 1 + static_cast<int32_t>(rng() % 700);
+    const int32_t min_tokens = 1 + static_cast<int32_t>(rng() % 300);
+    const int32_t seqs = 1 + static_cast<int32_t>(rng() % 6);
+    std::vector<int32_t> cu{0}, pos;
+    for (int32_t s = 0; s < seqs; ++s) {
+      const int32_t n = rng() % 4 == 0 ? 1 : 1 + static_cast<int32_t>(rng() % 1100);
+      const int32_t hist = static_cast<int32_t>(rng() % 5000);
+      for (int32_t j = 0; j < n; ++j) pos.push_back(hist + j);
+      cu.push_back(cu.back() + n);
+    }
+    const bool gap = trial % 7 == 0 && cu[1] > 2;  // sequence 0 not consecutive
+    if (gap) pos[1] += 1;
+    const rose::cuda::PagedAttnPlan plan =
+        rose::cuda::planPagedAttention(cu.data(), seqs, pos.data(), 8, window, min_tokens);
+    std::vector<int> covered(pos.size(), 0);
+    for (size_t i = 0; i < plan.sm90.size(); ++i) {
+      const auto& w = plan.sm90[i];
+      ASSERT_GE(w.seq, 0);
+      ASSERT_LT(w.seq, seqs);
+      const int32_t n = cu[static_cast<size_t>(w.seq) + 1] - cu[static_cast<size_t>(w.seq)];
+      ASSERT_GE(n, min_tokens);
+      ASSERT_FALSE(gap && w.seq == 0);
+      ASSERT_EQ(w.tok0 % rose::cuda::kPagedAttnSm90Rows, 0);
+      int32_t lowest = INT32_MAX;
+      for (int32_t r = w.tok0; r < std::min(n, w.tok0 + rose::cuda::kPagedAttnSm90Rows); ++r) {
+        const int32_t p = pos[static_cast<size_t>(cu[static_cast<size_t>(w.seq)] + r)];
+        ++covered[static_cast<size_t>(cu[static_cast<size_t>(w.seq)] + r)];
+        const int32_t lo = window > 0 ? std::max(0, p - window + 1) : 0;
+        lowest = std::min(lowest, lo);
+        EXPECT_LE(w.key_begin, lo);
+        EXPECT_GE(w.key_end, p + 1);
+      }
+      EXPECT_EQ(w.key_begin, lowest);
+      EXPECT_EQ(w.key_end, std::min(pos[static_cast<size_t>(cu[static_cast<size_t>(w.seq)] +
+                                                             std::min(n, w.tok0 + 128) - 1)],
+                                    pos[static_cast<size_t>(cu[static_cast<size_t>(w.seq)] + n -
+                                                            1)]) +
+                                1);
+      if (i > 0) {
+        const auto& prev = plan.sm90[i - 1];
+        EXPECT_GE(prev.key_end - prev.key_begin, w.key_end - w.key_begin);
+      }
+    }
+    for (int32_t s = 0; s < seqs; ++s) {
+      const int32_t n = cu[static_cast<size_t>(s) + 1] - cu[static_cast<size_t>(s)];
+      const bool hopper = n >= min_tokens && !(gap && s == 0);
+      for (int32_t r = 0; r < n; ++r) {
+        EXPECT_EQ(covered[static_cast<size_t>(cu[static_cast<size_t>(s)] + r)], hopper ? 1 : 0)
+            << "trial " << trial << " sequence " << s << " token " << r;
+      }
+      bool in_mma = false;
+      for (const auto& w : plan.work) in_mma = in_mma || w.seq == s;
+      EXPECT_EQ(in_mma, !hopper) << "trial " << trial << " sequence " << s;
+    }
+  }
 }
 
 // A decode token's output does not depend on the other sequences of the step (bit for bit):

@@ -41,6 +41,13 @@ Status cudaKernelOptionsFromEnv(CudaKernelOptions& opts) {
   RETURN_IF_ERROR(envChoice("GARDEN_GEMM_TUNE", {"0", "1"}, &tune));
   RETURN_IF_ERROR(envChoice("GARDEN_GEMM_SMALLM", {"0", "1"}, &smallm));
   RETURN_IF_ERROR(envChoice("GARDEN_PDL", {"0", "1"}, &pdl));
+  int paged = opts.paged_attention_sm90_min_tokens > 0 ? 0 : 1;
+  RETURN_IF_ERROR(envChoice("GARDEN_PAGED_ATTENTION", {"sm90", "mma"}, &paged));
+  if (paged == 1) {
+    opts.paged_attention_sm90_min_tokens = 0;
+  } else if (opts.paged_attention_sm90_min_tokens <= 0) {
+    opts.paged_attention_sm90_min_tokens = 128;
+  }
   opts.attention_wide = attention != 1;
   opts.attention_sm90 = attention == 0 || attention == 2;
   opts.gemm_tune = tune == 1;

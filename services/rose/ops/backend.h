@@ -172,6 +172,10 @@ struct CudaKernelOptions {
   // Programmatic dependent launch of eager kernel launches (ops/cuda/common.cuh [TAG_PDL]):
   // GARDEN_PDL=0|1.
   bool pdl = true;
+  // gpt-oss prefill attention (ops/cuda/paged_attention_sm90.cuh [TAG_PAGED_ATTN_SM90]): chunks of
+  // at least this many query tokens take the Hopper paged kernel, the rest the mma.sync kernel;
+  // 0 = the mma.sync kernel for everything. GARDEN_PAGED_ATTENTION=sm90 (128) | mma (0).
+  int32_t paged_attention_sm90_min_tokens = 128;
 };
 
 // Sets the fields of `opts` whose GARDEN_* variable (above) is set and not empty; INVALID_ARGUMENT

@@ -14,6 +14,7 @@
 // Results are not bit-identical to the mma.sync variants (other tile shapes and accumulation
 // order); they agree within bf16 rounding. A row does not depend on the rest of the batch.
 
+#include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
 
 #include "common/status.h"
@@ -37,5 +38,11 @@ Status launchAttentionSm90(const AttentionArgs& a, cudaStream_t stream, Sm90Sche
 // pipeline protocol bug, reported instead of a hang; that launch's output is wrong). Synchronous
 // (reads device memory after the device's preceding work); resets the flag. Tests call it.
 Result<bool> attentionSm90WatchdogFired();
+
+// cuTensorMapEncodeTiled from the driver, through the runtime (no link against libcuda); null
+// when the driver has none. Shared with paged_attention_sm90.cu.
+PFN_cuTensorMapEncodeTiled_v12000 tensorMapEncoder();
+// Compute capability of the current device as major * 10 + minor (0 when unknown).
+int deviceCapability();
 
 }  // namespace garden::rose::cuda

@@ -9,6 +9,7 @@
 
 #include "services/rose/ops/cuda/attention.cuh"
 #include "services/rose/ops/cuda/cuda_utils.h"
+#include "services/rose/ops/cuda/paged_attention_sm90.cuh"
 #include "services/rose/ops/cuda/embedding.cuh"
 #include "services/rose/ops/cuda/pool.cuh"
 #include "services/rose/ops/cuda/qk_norm_rope.cuh"
@@ -19,6 +20,8 @@ namespace garden::rose {
 
 Result<std::unique_ptr<Backend>> makeCudaBackend(const BackendOptions& opts) {
   ASSIGN_OR_RETURN(auto b, cuda::CudaBackend::create(opts));
+  // Process-global, like the other gpt-oss kernel knobs (one backend per process).
+  cuda::setPagedAttnSm90(opts.cuda.paged_attention_sm90_min_tokens, true);
   return std::unique_ptr<Backend>(std::move(b));
 }
 

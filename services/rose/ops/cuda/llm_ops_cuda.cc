@@ -23,6 +23,7 @@
 #include "services/rose/ops/cuda/moe_router_f32.cuh"
 #include "services/rose/ops/cuda/moe_row_bias.cuh"
 #include "services/rose/ops/cuda/paged_attention.cuh"
+#include "services/rose/ops/cuda/paged_attention_sm90.cuh"
 #include "services/rose/ops/cuda/rope_kv.cuh"
 #include "services/rose/ops/cuda/sample.cuh"
 #include "services/rose/ops/cuda/sample_state.cuh"
@@ -261,10 +262,13 @@ class CudaLlmOps final : public LlmOps {
     const int32_t group = in.num_q_heads / in.num_kv_heads;
     plans_.clear();
     for (size_t i = 0; i < in.windows.size(); ++i) {
+      // [TAG_PAGED_ATTN_SM90] long chunks to the Hopper kernel (eager steps only: a graph step's
+      // sequences are single tokens, below any threshold).
+      const int32_t sm90_min = in.head_dim == 64 ? pagedAttnSm90MinTokens() : 0;
       PagedAttnPlan plan =
           planPagedAttention(in.cu_q.data(), static_cast<int32_t>(in.cu_q.size()) - 1,
-                             in.positions.data(), group, in.windows[i]);
-      require(static_cast<int64_t>(plan.work.size()) <= max_work_ &&
+                             in.positions.data(), group, in.windows[i], sm90_min);
+      require(static_cast<int64_t>(plan.work.size() + plan.sm90.size()) <= max_work_ &&
                   static_cast<int64_t>(plan.combine.size()) <= max_combine_ &&
                   plan.num_parts <= max_parts_,
               "planAttention", "the step's attention plan exceeds the reserved workspace");
@@ -272,6 +276,7 @@ class CudaLlmOps final : public LlmOps {
       slot.window = in.windows[i];
       slot.num_work = static_cast<int32_t>(plan.work.size());
       slot.num_combine = static_cast<int32_t>(plan.combine.size());
+      slot.num_sm90 = static_cast<int32_t>(plan.sm90.size());
       slot.work = static_cast<PagedAttnWork*>(work_.data()) + i * max_work_;
       slot.combine = static_cast<PagedAttnCombine*>(combine_.data()) + i * max_combine_;
       slot.counts = static_cast<int32_t*>(counts_.data()) + 2 * i;
@@ -281,6 +286,11 @@ class CudaLlmOps final : public LlmOps {
         b_.copyToDevice(Tensor(slot.work, DType::kU8,
                                {static_cast<int64_t>(plan.work.size() * sizeof(PagedAttnWork))}),
                         plan.work.data(), plan.work.size() * sizeof(PagedAttnWork));
+      }
+      if (!plan.sm90.empty()) {  // after the mma.sync items
+        b_.copyToDevice(Tensor(slot.work + slot.num_work, DType::kU8,
+                               {static_cast<int64_t>(plan.sm90.size() * sizeof(PagedAttnWork))}),
+                        plan.sm90.data(), plan.sm90.size() * sizeof(PagedAttnWork));
       }
       if (!plan.combine.empty()) {
         b_.copyToDevice(
@@ -325,6 +335,13 @@ class CudaLlmOps final : public LlmOps {
     a.part_ml = static_cast<float*>(part_ml_.data());
     a.num_work = plan->num_work;
     a.num_combine = plan->num_combine;
+    a.sm90_work = plan->work + plan->num_work;
+    a.num_sm90_work = plan->num_sm90;
+    a.num_tokens = qkv.rows();
+    require(plan->num_sm90 == 0 || pagedAttnSm90Supports(p.block_size, p.head_dim),
+            "pagedAttention",
+            "the Hopper prefill attention cannot run here (KV block size or GPU): "
+            "use --attn-prefill mma");
     if (p.graph_seqs > 0) {  // any plan of up to graph_seqs single-token sequences
       // A layer whose window never splits a token (gpt-oss's sliding layers) launches one work
       // block per sequence and no combine kernel.
@@ -906,6 +923,7 @@ class CudaLlmOps final : public LlmOps {
     int32_t window = 0;
     int32_t num_work = 0;
     int32_t num_combine = 0;
+    int32_t num_sm90 = 0;       // Hopper items, stored after the num_work mma.sync items
     PagedAttnWork* work = nullptr;
     PagedAttnCombine* combine = nullptr;
     int32_t* counts = nullptr;  // device {num_work, num_combine}

@@ -4,6 +4,7 @@
 #include "services/rose/ops/cuda/common.cuh"
 #include "services/rose/ops/cuda/cuda_utils.h"
 #include "services/rose/ops/cuda/paged_attention.cuh"
+#include "services/rose/ops/cuda/paged_attention_sm90.cuh"
 
 namespace garden::rose::cuda {
 namespace {
@@ -386,13 +387,35 @@ bool pagedAttnWindowCanSplit(int32_t sliding_window) {
   return sliding_window > (g_split_keys > 0 ? g_split_keys : kPagedAttnSplitKeys);
 }
 
+namespace {
+bool consecutive(const int32_t* positions, int32_t n) {
+  for (int32_t i = 1; i < n; ++i) {
+    if (positions[i] != positions[0] + i) return false;
+  }
+  return true;
+}
+}  // namespace
+
 PagedAttnPlan planPagedAttention(const int32_t* cu_q, int32_t num_seqs, const int32_t* positions,
-                                 int32_t group, int32_t sliding_window) {
+                                 int32_t group, int32_t sliding_window, int32_t sm90_min_tokens) {
   PagedAttnPlan plan;
   const int32_t per_block = pagedAttnTokensPerBlock(group);
   for (int32_t s = 0; s < num_seqs; ++s) {
     const int32_t begin = cu_q[s], n = cu_q[s + 1] - cu_q[s];
     if (n <= 0) continue;
+    if (sm90_min_tokens > 0 && n >= sm90_min_tokens && consecutive(positions + begin, n)) {
+      const int32_t last = positions[begin] + n - 1;
+      for (int32_t t0 = 0; t0 < n; t0 += kPagedAttnSm90Rows) {
+        const int32_t p0 = positions[begin] + t0;
+        PagedAttnWork w;
+        w.seq = s;
+        w.tok0 = t0;
+        w.key_begin = sliding_window > 0 ? std::max(0, p0 - sliding_window + 1) : 0;
+        w.key_end = std::min(p0 + kPagedAttnSm90Rows - 1, last) + 1;
+        plan.sm90.push_back(w);
+      }
+      continue;
+    }
     if (n == 1) {
       const int32_t p = positions[begin];
       const int32_t lo = sliding_window > 0 ? std::max(0, p - sliding_window + 1) : 0;
@@ -431,6 +454,11 @@ PagedAttnPlan planPagedAttention(const int32_t* cu_q, int32_t num_seqs, const in
       plan.work.push_back(w);
     }
   }
+  // Most keys first: the longest blocks start first and the short ones fill in behind them.
+  std::stable_sort(plan.sm90.begin(), plan.sm90.end(),
+                   [](const PagedAttnWork& x, const PagedAttnWork& y) {
+                     return x.key_end - x.key_begin > y.key_end - y.key_begin;
+                   });
   return plan;
 }
 
@@ -451,8 +479,8 @@ Status checkPagedAttention(const PagedAttentionArgs& a) {
   return okStatus();
 }
 
-Status launchPagedAttention(const PagedAttentionArgs& a, cudaStream_t stream) {
-  RETURN_IF_ERROR(checkPagedAttention(a));
+namespace {
+Status launchMma(const PagedAttentionArgs& a, cudaStream_t stream) {
   switch (a.num_q_heads / a.num_kv_heads) {
     case 1: return launchGroup<1>(a, stream);
     case 2: return launchGroup<2>(a, stream);
@@ -463,6 +491,19 @@ Status launchPagedAttention(const PagedAttentionArgs& a, cudaStream_t stream) {
     case 64: return launchGroup<64>(a, stream);
     default: return invalidArgument("paged_attention: unsupported GQA group");
   }
+}
+}  // namespace
+
+Status launchPagedAttention(const PagedAttentionArgs& a, cudaStream_t stream) {
+  RETURN_IF_ERROR(checkPagedAttention(a));
+  RETURN_IF_ERROR(launchMma(a, stream));
+  if (a.num_sm90_work > 0) {
+    if (a.counts != nullptr) {
+      return invalidArgument("paged_attention: the Hopper kernel's items cannot run in a graph");
+    }
+    RETURN_IF_ERROR(launchPagedAttentionSm90(a, stream));
+  }
+  return okStatus();
 }
 
 }  // namespace garden::rose::cuda

@@ -53,6 +53,10 @@ struct PagedAttnPlan {
   std::vector<PagedAttnWork> work;
   std::vector<PagedAttnCombine> combine;
   int32_t num_parts = 0;
+  // Items of the Hopper kernel (paged_attention_sm90.cuh): 128 query tokens [tok0, tok0 + 128)
+  // of one sequence's chunk (clipped to it), keys [key_begin, key_end) — everything its rows can
+  // see — most keys first (the longest blocks start first).
+  std::vector<PagedAttnWork> sm90;
 };
 
 // A decode token that sees `keys` keys splits them into chunks of at least
@@ -81,9 +85,13 @@ bool pagedAttnWindowCanSplit(int32_t sliding_window);
 int32_t pagedAttnTokensPerBlock(int32_t group);
 
 // The work of one launch (one sliding_window value; 0 = full causal) for the step's queries.
-// cu_q [num_seqs + 1] and positions [T] as given to the kernel (host copies).
+// cu_q [num_seqs + 1] and positions [T] as given to the kernel (host copies). sm90_min_tokens >
+// 0: a sequence with at least that many query tokens at consecutive positions goes to the Hopper
+// kernel (plan.sm90) instead of the mma.sync one; the choice reads only the sequence itself.
+inline constexpr int32_t kPagedAttnSm90Rows = 128;  // query tokens per Hopper work item
 PagedAttnPlan planPagedAttention(const int32_t* cu_q, int32_t num_seqs, const int32_t* positions,
-                                 int32_t group, int32_t sliding_window);
+                                 int32_t group, int32_t sliding_window,
+                                 int32_t sm90_min_tokens = 0);
 
 struct PagedAttentionArgs {
   const __nv_bfloat16* qkv = nullptr;      // [T, (Hq + 2*Hkv) * head_dim]
@@ -100,6 +108,11 @@ struct PagedAttentionArgs {
   float* part_ml = nullptr;                // [num_parts, Hq, 2]: running max (log2 units), sum
   int32_t num_work = 0;
   int32_t num_combine = 0;
+  // The Hopper kernel's items (paged_attention_sm90.cuh; eager launches only) and the rows of
+  // qkv (its tensor map's extent).
+  const PagedAttnWork* sm90_work = nullptr;
+  int32_t num_sm90_work = 0;
+  int64_t num_tokens = 0;
   // Graph launches (captured once, replayed with other plans): counts [2] = {num_work,
   // num_combine} read on the device, and fixed grids of grid_work / grid_combine blocks that loop
   // over them. Null: grids of exactly num_work / num_combine.
@@ -119,7 +132,8 @@ struct PagedAttentionArgs {
 // INVALID_ARGUMENT naming what the kernels do not support (head_dim != 64, a GQA group that is
 // not a power of two <= 64, ...). The launcher shares it.
 Status checkPagedAttention(const PagedAttentionArgs& a);
-// The attention kernel, then (num_combine > 0) the combine kernel.
+// The attention kernel, then (num_combine > 0) the combine kernel, then (num_sm90_work > 0) the
+// Hopper kernel for the long chunks.
 Status launchPagedAttention(const PagedAttentionArgs& a, cudaStream_t stream);
 
 }  // namespace garden::rose::cuda

@@ -1,0 +1,560 @@
+// The Hopper paged prefill attention (paged_attention_sm90.cuh): warp-specialized, bulk tensor
+// copies (TMA) from the paged KV cache into a shared-memory ring guarded by mbarriers, wgmma for
+// both products. The structure is attention_sm90.cu's (the embedding path's head_dim-128 kernel);
+// what differs is where keys come from and which ones a row sees.
+//
+// One block = 3 warpgroups (384 threads) on 128 query rows of one (work item, q head): rows
+// tok0 .. tok0 + 127 of one sequence's chunk, at positions P .. P + 127 (the chunk's positions
+// are contiguous: the planner sends no other sequence here).
+//   warpgroup 0, the producer: one thread issues every copy: Q once (one {64, 128} box of the
+//     packed qkv tensor); then per 128-key tile the K and V pages — one {64, 1, rows} box of the
+//     cache's 3-D tensor map [slots][Hkv][64] per page of the tile (128 / block_size pages, their
+//     slots read from the block table), pages wholly outside the item's key range given a
+//     coordinate past the tensor (the copy engine writes zeros for them).
+//   warpgroups 1 and 2, the consumers: 64 query rows each. Per key tile:
+//     S (64 x 128 f32) = Q K^T      (4 wgmma m64n128k16, Q and K from shared memory, K-major);
+//     online softmax on S in registers (f32, exp2, running max and sum per row);
+//     O (64 x 64 f32) += P V        (8 wgmma m64n64k16, P from registers, V MN-major).
+//   kPipelined: each step issues S of tile i with P V of tile i - 1 and runs tile i's softmax
+//   while P V does; the two consumers take turns issuing (named barriers), as in
+//   attention_sm90.cu. Otherwise the same steps one after the other.
+// Key tiles run from the last to the first. Row r (position p = P + r) sees keys
+// [max(key_begin, p - window + 1), min(p, last)], last = the chunk's last position; a tile is
+// masked (select to -inf, not arithmetic) only where some row of the block can miss one of its
+// keys: at the top (the diagonal) and, with a window, at the bottom. The first tile processed
+// may hold cache slots past `last` that nothing has written: its V rows from there on are zeroed
+// in shared memory before use (P is 0 there, but 0 * a non-finite value is not).
+// The sink joins each row's softmax denominator only: out = O / (l + exp(sink - max)).
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <mutex>
+#include <string>
+
+#include "services/rose/ops/cuda/attention_sm90.cuh"
+#include "services/rose/ops/cuda/attention_sm90_layout.h"
+#include "services/rose/ops/cuda/common.cuh"
+#include "services/rose/ops/cuda/cuda_utils.h"
+#include "services/rose/ops/cuda/paged_attention_sm90.cuh"
+#include "services/rose/ops/cuda/sm90_ptx.cuh"
+
+namespace garden::rose::cuda {
+namespace {
+
+using namespace ptx90;  // NOLINT(build/namespaces): the PTX wrappers
+using sm90::accCol;
+using sm90::accRow;
+using sm90::makeDescriptor;
+using sm90::pSourceElement;
+
+constexpr int kD = 64;                          // head_dim
+constexpr int kBlockM = 128;                    // query rows per block
+constexpr int kWgRows = 64;                     // per consumer warpgroup (wgmma M)
+constexpr int kBlockN = 128;                    // keys per tile
+constexpr uint32_t kRowBytes = 128;             // one row of 64 bf16: the 128-byte swizzle span
+constexpr uint32_t kTileBytes = 128 * kRowBytes;  // [128][64] bf16 = 16 KB
+constexpr uint32_t kAtomBytes = 1024;           // 8 rows: the swizzle repeat
+constexpr int kThreads = 384;
+constexpr int kStages = 2;
+// setmaxnreg: 128 x producer + 256 x consumer <= 64 K registers (the producer reads the block
+// table and computes page coordinates).
+constexpr int kProducerRegs = 40;
+constexpr int kConsumerRegs = 232;
+constexpr int kSchedBarrier = 1;  // named barriers 1, 2: the consumers' turns (0: __syncthreads)
+constexpr int kVZeroBarrier = 3;  // both consumers, after zeroing V rows past the last key
+constexpr float kLog2e = 1.4426950408889634f;
+
+// Shared memory, byte offsets from a 1024-aligned base: Q, K[kStages], V[kStages], mbarriers.
+constexpr uint32_t kSmemQ = 0;
+constexpr uint32_t kSmemK = kTileBytes;
+constexpr uint32_t kSmemV = kSmemK + kStages * kTileBytes;
+constexpr uint32_t kSmemBars = kSmemV + kStages * kTileBytes;
+constexpr uint32_t kSmemBytes = kSmemBars + 8 * (1 + 4 * kStages) + kAtomBytes;  // + align slack
+
+// Descriptor strides: K-major (Q, K): 8-row groups 1024 B apart, LBO unused (16 by convention);
+// k-step kk of head_dim at byte 32 kk of the row. MN-major (V): 8-key groups 1024 B apart; one
+// 64-column atom (LBO unused); k-step kk (16 keys) at row 16 kk.
+constexpr uint32_t kKMajorLbo = 16;
+constexpr uint32_t kSbo = kAtomBytes;
+constexpr uint32_t kMnMajorLbo = kTileBytes;
+
+// Set by a wait that gave up (pagedAttnSm90WatchdogFired()).
+__device__ unsigned int g_paged_watchdog = 0;
+__device__ __forceinline__ void mbarWait(uint32_t bar, uint32_t parity) {
+  mbarWaitOrGiveUp(bar, parity, &g_paged_watchdog);
+}
+
+// Byte offset of element (row, col) of a [128][64] bf16 tile written by SWIZZLE_128B copies.
+__device__ __forceinline__ uint32_t tileOffset(int row, int col) {
+  return static_cast<uint32_t>(row) * kRowBytes +
+         ((static_cast<uint32_t>(col / 8) ^ (static_cast<uint32_t>(row) & 7u)) * 16) +
+         static_cast<uint32_t>(col % 8) * 2;
+}
+
+// S = Q K^T over head_dim (4 k-steps); the first overwrites S.
+__device__ __forceinline__ void gemmQK(float (&s)[64], uint64_t q_desc, uint64_t k_desc) {
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk) {
+    const uint64_t step = static_cast<uint64_t>(kk * 32) >> 4;
+    wgmmaSS(s, q_desc + step, k_desc + step, kk > 0 ? 1 : 0);
+  }
+}
+
+// O += P V over the tile's 128 keys (8 k-steps of 16 keys).
+__device__ __forceinline__ void gemmPV(float (&o)[32], const uint32_t (&p)[32], uint64_t v_desc) {
+#pragma unroll
+  for (int kk = 0; kk < kBlockN / 16; ++kk) {
+    wgmmaRS64(o, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3],
+              v_desc + ((static_cast<uint64_t>(kk) * 16 * kRowBytes) >> 4));
+  }
+}
+
+// The keys this thread's two rows see: [lo[r], hi[r]].
+struct RowKeys {
+  int lo[2];
+  int hi[2];
+};
+
+// Online softmax on this thread's S elements of the tile starting at key0 (two rows, 32 keys
+// each). kMask: keys a row does not see become -inf first. Updates the running max m (raw
+// scores) and this thread's part of the running sum l, turns S into P = exp2(S * scale_log2 -
+// m * scale_log2) and sets alpha, the factor for O.
+template <bool kMask>
+__device__ __forceinline__ void softmaxStep(float (&s)[64], float (&m)[2], float (&l)[2],
+                                            float (&alpha)[2], float scale_log2, int key0,
+                                            const RowKeys& rk, int tid) {
+  if (kMask) {
+#pragma unroll
+    for (int e = 0; e < 64; ++e) {
+      const int r = (e / 2) % 2;
+      const int key = key0 + accCol(tid, e);
+      if (key > rk.hi[r] || key < rk.lo[r]) s[e] = -INFINITY;
+    }
+  }
+  float mx[2] = {m[0], m[1]};
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    mx[0] = fmaxf(mx[0], fmaxf(s[4 * i], s[4 * i + 1]));
+    mx[1] = fmaxf(mx[1], fmaxf(s[4 * i + 2], s[4 * i + 3]));
+  }
+  float ms[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+    ms[r] = mx[r] == -INFINITY ? 0.f : mx[r] * scale_log2;  // a row with no visible key yet
+    alpha[r] = exp2Ftz(fmaf(m[r], scale_log2, -ms[r]));      // m = -inf: 0
+    m[r] = mx[r];
+  }
+  float rs[2] = {0.f, 0.f};
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = e / 2;
+      s[4 * i + e] = exp2Ftz(fmaf(s[4 * i + e], scale_log2, -ms[r]));
+      rs[r] += s[4 * i + e];
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) l[r] = fmaf(l[r], alpha[r], rs[r]);
+}
+
+// P (f32, in S's registers) -> bf16 A fragments of O += P V.
+__device__ __forceinline__ void toP(const float (&s)[64], uint32_t (&p)[32]) {
+#pragma unroll
+  for (int kk = 0; kk < kBlockN / 16; ++kk) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int e = pSourceElement(kk, r);
+      p[4 * kk + r] = packBf16x2(s[e], s[e + 1]);
+    }
+  }
+}
+
+__device__ __forceinline__ void rescaleO(float (&o)[32], const float (&alpha)[2]) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    o[4 * i] *= alpha[0];
+    o[4 * i + 1] *= alpha[0];
+    o[4 * i + 2] *= alpha[1];
+    o[4 * i + 3] *= alpha[1];
+  }
+}
+
+__device__ __forceinline__ void turnBegin(int w) { namedBarrierSync(kSchedBarrier + w, 256); }
+__device__ __forceinline__ void turnEnd(int w) { namedBarrierArrive(kSchedBarrier + 1 - w, 256); }
+
+// Whether some row of a block whose row 0 is at position p0 can miss a key of the tile at key0:
+// the top (keys past a row's position or past the chunk) or, with a window, the bottom.
+__device__ __forceinline__ bool tileNeedsMask(int key0, int p0, int window) {
+  return key0 + kBlockN - 1 > p0 || (window > 0 && key0 < p0 + kBlockM - window);
+}
+
+struct Pipe {
+  uint32_t bar_k_full, bar_v_full, bar_k_empty, bar_v_empty;
+  uint64_t q_desc, k_desc0, v_desc0;
+};
+constexpr uint64_t kStageStep = kTileBytes >> 4;  // descriptor start address per stage
+
+// Pipelined step it >= 1: S of tile it with P V of tile it - 1, then tile it's softmax.
+template <bool kMask>
+__device__ __forceinline__ void pipelinedStep(const Pipe& pp, int it, int w, bool warp_leader,
+                                              float (&s)[64], float (&o)[32], uint32_t (&p)[32],
+                                              float (&m)[2], float (&l)[2], float (&alpha)[2],
+                                              float scale_log2, int key0, const RowKeys& rk,
+                                              int tid) {
+  const int st = it % kStages;
+  const uint32_t ph = (it / kStages) & 1;
+  const int sp = (it - 1) % kStages;
+  const uint32_t php = ((it - 1) / kStages) & 1;
+  mbarWait(pp.bar_k_full + 8 * st, ph);
+  mbarWait(pp.bar_v_full + 8 * sp, php);
+  turnBegin(w);
+  wgmmaFence();
+  gemmQK(s, pp.q_desc, pp.k_desc0 + st * kStageStep);
+  wgmmaCommit();
+  gemmPV(o, p, pp.v_desc0 + sp * kStageStep);
+  wgmmaCommit();
+  turnEnd(w);
+  wgmmaWait<1>();  // S done
+  fenceRegs(s);
+  mbarArriveIf(pp.bar_k_empty + 8 * st, warp_leader);
+  softmaxStep<kMask>(s, m, l, alpha, scale_log2, key0, rk, tid);
+  wgmmaWait<0>();  // P V done
+  fenceRegs(o);
+  fenceRegs(p);
+  mbarArriveIf(pp.bar_v_empty + 8 * sp, warp_leader);
+  toP(s, p);
+  rescaleO(o, alpha);
+}
+
+// Basic step: S, softmax, P V of tile it, one after the other.
+template <bool kMask>
+__device__ __forceinline__ void basicStep(const Pipe& pp, int it, bool warp_leader,
+                                          float (&s)[64], float (&o)[32], uint32_t (&p)[32],
+                                          float (&m)[2], float (&l)[2], float (&alpha)[2],
+                                          float scale_log2, int key0, const RowKeys& rk, int tid) {
+  const int st = it % kStages;
+  const uint32_t ph = (it / kStages) & 1;
+  mbarWait(pp.bar_k_full + 8 * st, ph);
+  wgmmaFence();
+  gemmQK(s, pp.q_desc, pp.k_desc0 + st * kStageStep);
+  wgmmaCommit();
+  wgmmaWait<0>();
+  fenceRegs(s);
+  mbarArriveIf(pp.bar_k_empty + 8 * st, warp_leader);
+  softmaxStep<kMask>(s, m, l, alpha, scale_log2, key0, rk, tid);
+  toP(s, p);
+  rescaleO(o, alpha);
+  mbarWait(pp.bar_v_full + 8 * st, ph);
+  wgmmaFence();
+  gemmPV(o, p, pp.v_desc0 + st * kStageStep);
+  wgmmaCommit();
+  wgmmaWait<0>();
+  fenceRegs(o);
+  fenceRegs(p);
+  mbarArriveIf(pp.bar_v_empty + 8 * st, warp_leader);
+}
+
+template <bool kPipelined>
+__global__ void __launch_bounds__(kThreads, 1)
+    pagedAttnSm90Kernel(const __grid_constant__ CUtensorMap q_map,
+                        const __grid_constant__ CUtensorMap k_map,
+                        const __grid_constant__ CUtensorMap v_map, PagedAttentionArgs a) {
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t base = (smemAddr(smem_raw) + kAtomBytes - 1) & ~(kAtomBytes - 1);
+  const uint32_t s_q = base + kSmemQ;
+  const uint32_t s_k = base + kSmemK;
+  const uint32_t s_v = base + kSmemV;
+  const uint32_t bar_q = base + kSmemBars;
+  Pipe pp;
+  pp.bar_k_full = bar_q + 8;
+  pp.bar_v_full = pp.bar_k_full + 8 * kStages;
+  pp.bar_k_empty = pp.bar_v_full + 8 * kStages;
+  pp.bar_v_empty = pp.bar_k_empty + 8 * kStages;
+
+  const int qh = static_cast<int>(blockIdx.x % static_cast<unsigned>(a.num_q_heads));
+  const PagedAttnWork wk = a.sm90_work[blockIdx.x / static_cast<unsigned>(a.num_q_heads)];
+  const int kvh = qh / (a.num_q_heads / a.num_kv_heads);
+  const int start = a.cu_q[wk.seq];
+  const int len = a.cu_q[wk.seq + 1] - start;
+  const int pos_first = a.positions[start];
+  const int p0 = pos_first + wk.tok0;  // position of the block's row 0
+  const int last = pos_first + len - 1;
+  const int kt_first = wk.key_begin / kBlockN;
+  const int kt_last = (wk.key_end - 1) / kBlockN;
+  const int n_tiles = kt_last - kt_first + 1;
+  const int wg = static_cast<int>(threadIdx.x) / 128;
+
+  if (threadIdx.x == 0) {
+    mbarInit(bar_q, 1);
+    for (int s = 0; s < kStages; ++s) {
+      mbarInit(pp.bar_k_full + 8 * s, 1);
+      mbarInit(pp.bar_v_full + 8 * s, 1);
+      mbarInit(pp.bar_k_empty + 8 * s, 8);  // lane 0 of each of the 8 consumer warps
+      mbarInit(pp.bar_v_empty + 8 * s, 8);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // Producer.
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
+    if (threadIdx.x == 0) {
+      mbarArriveExpectTx(bar_q, kTileBytes);
+      tmaLoad2d(s_q, &q_map, qh * kD, start + wk.tok0, bar_q);
+      const int32_t* table = a.block_tables + static_cast<int64_t>(wk.seq) * a.max_blocks;
+      const int bs = a.block_size;
+      const int rows = bs < kBlockN ? bs : kBlockN;  // rows per page copy
+      const int pages = kBlockN / rows;
+      const int oob = a.num_blocks * bs;  // a slot past the tensor: the copy writes zeros
+      for (int it = 0; it < n_tiles; ++it) {
+        const int st = it % kStages;
+        const uint32_t free_parity = ((it / kStages) & 1) ^ 1;  // first round: at once
+        const int key0 = (kt_last - it) * kBlockN;
+        mbarWait(pp.bar_k_empty + 8 * st, free_parity);
+        mbarArriveExpectTx(pp.bar_k_full + 8 * st, kTileBytes);
+        for (int j = 0; j < pages; ++j) {
+          const int key = key0 + j * rows;
+          const bool used = key + rows > wk.key_begin && key < wk.key_end;
+          const int slot = used ? table[key / bs] * bs + key % bs : oob;
+          tmaLoad3d(s_k + st * kTileBytes + j * rows * kRowBytes, &k_map, 0, kvh, slot,
+                    pp.bar_k_full + 8 * st);
+        }
+        mbarWait(pp.bar_v_empty + 8 * st, free_parity);
+        mbarArriveExpectTx(pp.bar_v_full + 8 * st, kTileBytes);
+        for (int j = 0; j < pages; ++j) {
+          const int key = key0 + j * rows;
+          const bool used = key + rows > wk.key_begin && key < wk.key_end;
+          const int slot = used ? table[key / bs] * bs + key % bs : oob;
+          tmaLoad3d(s_v + st * kTileBytes + j * rows * kRowBytes, &v_map, 0, kvh, slot,
+                    pp.bar_v_full + 8 * st);
+        }
+      }
+    }
+    return;
+  }
+
+  // Consumers.
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
+  const int w = wg - 1;
+  const int tid = static_cast<int>(threadIdx.x) % 128;
+  const bool warp_leader = (threadIdx.x % 32) == 0;
+  const int row0 = w * kWgRows;  // this warpgroup's first row in the block
+  const float scale_log2 = a.scale * kLog2e;
+  const int win = a.sliding_window;
+  RowKeys rk;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int p = p0 + row0 + accRow(tid, 2 * r);
+    rk.hi[r] = min(p, last);
+    rk.lo[r] = win > 0 ? p - win + 1 : INT_MIN;
+  }
+  pp.q_desc = makeDescriptor(s_q + w * kWgRows * kRowBytes, kKMajorLbo, kSbo);
+  pp.k_desc0 = makeDescriptor(s_k, kKMajorLbo, kSbo);
+  pp.v_desc0 = makeDescriptor(s_v, kMnMajorLbo, kSbo);
+
+  // The first tile processed (stage 0) may hold slots past the last key: zero those V rows.
+  const int first_key0 = kt_last * kBlockN;
+  const int good = wk.key_end - first_key0;  // rows [0, good) are keys some row may see
+  if (good < kBlockN) {  // block-uniform
+    mbarWait(pp.bar_v_full, 0);
+    constexpr int kChunks = kD / 8;  // 16-byte chunks per row
+    for (int i = static_cast<int>(threadIdx.x) - 128; i < (kBlockN - good) * kChunks; i += 256) {
+      const uint32_t dst = s_v + tileOffset(good + i / kChunks, (i % kChunks) * 8);
+      asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(dst), "r"(0) : "memory");
+    }
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // visible to wgmma
+    namedBarrierSync(kVZeroBarrier, 256);
+  }
+
+  float o[32], s[64], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, alpha[2];
+  uint32_t p[32];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) s[i] = 0.f;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) o[i] = 0.f;
+  mbarWait(bar_q, 0);
+
+  if constexpr (kPipelined) {
+    if (w == 1) namedBarrierArrive(kSchedBarrier, 256);  // consumer 0 takes the first turn
+    // Step 0: S of the first tile processed, its softmax.
+    mbarWait(pp.bar_k_full, 0);
+    turnBegin(w);
+    wgmmaFence();
+    gemmQK(s, pp.q_desc, pp.k_desc0);
+    wgmmaCommit();
+    turnEnd(w);
+    wgmmaWait<0>();
+    fenceRegs(s);
+    mbarArriveIf(pp.bar_k_empty, warp_leader);
+    if (tileNeedsMask(first_key0, p0, win)) {
+      softmaxStep<true>(s, m, l, alpha, scale_log2, first_key0, rk, tid);
+    } else {
+      softmaxStep<false>(s, m, l, alpha, scale_log2, first_key0, rk, tid);
+    }
+    toP(s, p);
+#pragma unroll 1
+    for (int it = 1; it < n_tiles; ++it) {
+      const int key0 = (kt_last - it) * kBlockN;
+      if (tileNeedsMask(key0, p0, win)) {
+        pipelinedStep<true>(pp, it, w, warp_leader, s, o, p, m, l, alpha, scale_log2, key0, rk,
+                            tid);
+      } else {
+        pipelinedStep<false>(pp, it, w, warp_leader, s, o, p, m, l, alpha, scale_log2, key0, rk,
+                             tid);
+      }
+    }
+    // Last: P V of the last tile processed.
+    const int sl = (n_tiles - 1) % kStages;
+    mbarWait(pp.bar_v_full + 8 * sl, ((n_tiles - 1) / kStages) & 1);
+    turnBegin(w);
+    wgmmaFence();
+    gemmPV(o, p, pp.v_desc0 + sl * kStageStep);
+    wgmmaCommit();
+    if (w == 0) turnEnd(w);
+    wgmmaWait<0>();
+    fenceRegs(o);
+    mbarArriveIf(pp.bar_v_empty + 8 * sl, warp_leader);
+  } else {
+#pragma unroll 1
+    for (int it = 0; it < n_tiles; ++it) {
+      const int key0 = (kt_last - it) * kBlockN;
+      if (tileNeedsMask(key0, p0, win)) {
+        basicStep<true>(pp, it, warp_leader, s, o, p, m, l, alpha, scale_log2, key0, rk, tid);
+      } else {
+        basicStep<false>(pp, it, warp_leader, s, o, p, m, l, alpha, scale_log2, key0, rk, tid);
+      }
+    }
+  }
+
+  // Epilogue: O / (l + sink), rows of the chunk only.
+  float inv[2];
+  const float sink = a.sinks != nullptr ? a.sinks[qh] * kLog2e : 0.f;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    const float ms = m[r] == -INFINITY ? 0.f : m[r] * scale_log2;
+    const float den = l[r] + (a.sinks != nullptr ? exp2f(sink - ms) : 0.f);
+    inv[r] = den > 0.f ? 1.f / den : 0.f;
+  }
+  const int64_t out_stride = static_cast<int64_t>(a.num_q_heads) * kD;
+  __nv_bfloat16* o_base = a.out + static_cast<int64_t>(start) * out_stride + qh * kD;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = wk.tok0 + row0 + accRow(tid, 2 * r);
+    if (row < len) {
+      uint32_t* dst = reinterpret_cast<uint32_t*>(o_base + static_cast<int64_t>(row) * out_stride +
+                                                  accCol(tid, 0));
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        dst[4 * i] = packBf16x2(o[4 * i + 2 * r] * inv[r], o[4 * i + 2 * r + 1] * inv[r]);
+      }
+    }
+  }
+}
+
+Status encode(CUtensorMap* map, const void* ptr, cuuint32_t rank, const cuuint64_t* dims,
+              const cuuint64_t* strides, const cuuint32_t* box, const char* what) {
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  const CUresult r = tensorMapEncoder()(
+      map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank, const_cast<void*>(ptr), dims, strides, box,
+      elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    return internalError(std::string("paged attention sm90: cuTensorMapEncodeTiled failed for ") +
+                         what + " (CUresult " + std::to_string(static_cast<int>(r)) + ")");
+  }
+  return okStatus();
+}
+
+template <bool kPipelined>
+Status launchKernel(const PagedAttentionArgs& a, cudaStream_t stream) {
+  CUtensorMap q_map, k_map, v_map;
+  const uint64_t width = static_cast<uint64_t>(a.num_q_heads + 2 * a.num_kv_heads) * kD;
+  {
+    const cuuint64_t dims[2] = {width, static_cast<cuuint64_t>(a.num_tokens)};
+    const cuuint64_t strides[1] = {width * 2};
+    const cuuint32_t box[2] = {kD, kBlockM};
+    RETURN_IF_ERROR(encode(&q_map, a.qkv, 2, dims, strides, box, "q"));
+  }
+  {
+    // The cache [blocks][block_size][Hkv][64] as [slots][Hkv][64]; one box = one page's rows of
+    // one kv head.
+    const cuuint64_t dims[3] = {static_cast<cuuint64_t>(kD),
+                                static_cast<cuuint64_t>(a.num_kv_heads),
+                                static_cast<cuuint64_t>(a.num_blocks) * a.block_size};
+    const cuuint64_t strides[2] = {kD * 2, static_cast<cuuint64_t>(a.num_kv_heads) * kD * 2};
+    const cuuint32_t box[3] = {kD, 1, static_cast<cuuint32_t>(std::min(a.block_size, kBlockN))};
+    RETURN_IF_ERROR(encode(&k_map, a.k_cache, 3, dims, strides, box, "k cache"));
+    RETURN_IF_ERROR(encode(&v_map, a.v_cache, 3, dims, strides, box, "v cache"));
+  }
+  static std::once_flag once;  // [TAG_ATTN_SMEM] one attribute call per instance
+  static cudaError_t configured = cudaSuccess;
+  std::call_once(once, [] {
+    configured = cudaFuncSetAttribute(pagedAttnSm90Kernel<kPipelined>,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(kSmemBytes));
+  });
+  CUDA_RETURN_IF_ERROR(configured);
+  const int64_t blocks = static_cast<int64_t>(a.num_sm90_work) * a.num_q_heads;
+  pagedAttnSm90Kernel<kPipelined><<<dim3(static_cast<unsigned>(blocks)), dim3(kThreads),
+                                    kSmemBytes, stream>>>(q_map, k_map, v_map, a);
+  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return okStatus();
+}
+
+int32_t g_min_tokens = kPagedAttnSm90DefaultMinTokens;
+bool g_pipelined = true;
+
+}  // namespace
+
+void setPagedAttnSm90(int32_t min_tokens, bool pipelined) {
+  g_min_tokens = min_tokens;
+  g_pipelined = pipelined;
+}
+int32_t pagedAttnSm90MinTokens() { return g_min_tokens; }
+
+bool pagedAttnSm90Supports(int32_t block_size, int32_t head_dim) {
+  if (head_dim != kD || block_size < 8) return false;
+  const bool divides = block_size <= kBlockN ? kBlockN % block_size == 0
+                                             : block_size % kBlockN == 0;
+  return divides && deviceCapability() == 90 && tensorMapEncoder() != nullptr;
+}
+
+Status launchPagedAttentionSm90(const PagedAttentionArgs& a, cudaStream_t stream) {
+  if (a.num_sm90_work <= 0) return okStatus();
+  if (!pagedAttnSm90Supports(a.block_size, a.head_dim)) {
+    return failedPrecondition(
+        "paged attention sm90: needs head_dim 64, a KV block size that divides 128 or is a "
+        "multiple of it (>= 8), a compute capability 9.0 GPU and cuTensorMapEncodeTiled");
+  }
+  if (a.num_tokens <= 0 || a.sm90_work == nullptr) {
+    return invalidArgument("paged attention sm90: num_tokens and the work list are required");
+  }
+  if (static_cast<int64_t>(a.num_blocks) * a.block_size > INT32_MAX) {
+    return invalidArgument("paged attention sm90: more than 2^31 cache slots");
+  }
+  if (static_cast<int64_t>(a.num_sm90_work) * a.num_q_heads > INT32_MAX) {
+    return invalidArgument("paged attention sm90: too many work items x heads");
+  }
+  return g_pipelined ? launchKernel<true>(a, stream) : launchKernel<false>(a, stream);
+}
+
+Result<bool> pagedAttnSm90WatchdogFired() {
+  unsigned int fired = 0;
+  CUDA_RETURN_IF_ERROR(cudaMemcpyFromSymbol(&fired, g_paged_watchdog, sizeof(fired)));
+  const unsigned int zero = 0;
+  CUDA_RETURN_IF_ERROR(cudaMemcpyToSymbol(g_paged_watchdog, &zero, sizeof(zero)));
+  return fired != 0;
+}
+
+}  // namespace garden::rose::cuda
