@@ -22,8 +22,9 @@
 //              cuda::setLlmGemmSmallBuckets [TAG_GEMM_SMALL_BUCKETS]); off: one bucket 1..64.
 //   --gemm-gemv on|off: also time the CUDA-core GEMV for the small buckets [TAG_GEMV] (default
 //              off: not yet verified on a GPU).
-//   --attn-prefill sm90|sm90basic|mma: prefill chunks of >= 128 tokens take the Hopper paged
-//              attention (pipelined, or its basic schedule) or the mma.sync kernel like decode
+//   --attn-prefill sm90|sm90s4|sm90basic|mma: prefill chunks of >= 128 tokens of the full-causal
+//              layers take the Hopper paged attention (pipelined with a 2- or 4-tile K/V ring, or
+//              its basic schedule) or the mma.sync kernel like decode
 //              (default sm90) [TAG_PAGED_ATTN_SM90]; --attn-sm90-min-tokens N moves the threshold.
 //   --attn-bench C@H,...: the attention op alone (see attnBench), then exit.
 //   --attn-split-keys N: a decode token's keys are split into chunks of at least N (multiple of
@@ -623,8 +624,12 @@ int attnBench(const std::string& list) {
     const char* name;
     int32_t min_tokens;
     bool pipelined;
+    int32_t stages;
   };
-  const Variant variants[] = {{"mma", 0, true}, {"sm90", 1, true}, {"sm90basic", 1, false}};
+  const Variant variants[] = {{"mma", 0, true, 2},
+                              {"sm90", 1, true, 2},
+                              {"sm90s4", 1, true, 4},
+                              {"sm90basic", 1, false, 2}};
   for (const auto& [chunk, hist] : cases) {
     const std::vector<int32_t> cu_h{0, chunk};
     std::vector<int32_t> pos_h(static_cast<size_t>(chunk));
@@ -640,7 +645,7 @@ int attnBench(const std::string& list) {
       const double flops = 4.0 * kHq * kD * keys;
       std::vector<uint16_t> ref;
       for (const Variant& v : variants) {
-        cuda::setPagedAttnSm90(v.min_tokens, v.pipelined);
+        cuda::setPagedAttnSm90(v.min_tokens, v.pipelined, v.stages, /*windows=*/true);
         const std::vector<int32_t> windows{window};
         AttentionPlanInput plan{cu_h, pos_h, windows, kHq, kHkv, kD};
         PagedAttentionParams p;
@@ -753,8 +758,8 @@ int main(int argc, char** argv) {
     else if (a == "--attn-bench") return attnBench(next());
     else if (a == "--attn-prefill") {
       const std::string v = next();
-      if (v != "sm90" && v != "sm90basic" && v != "mma") {
-        std::fprintf(stderr, "--attn-prefill: sm90, sm90basic or mma\n");
+      if (v != "sm90" && v != "sm90s4" && v != "sm90basic" && v != "mma") {
+        std::fprintf(stderr, "--attn-prefill: sm90, sm90s4, sm90basic or mma\n");
         return 2;
       }
       attn_prefill = v;
@@ -811,7 +816,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", be.status().toString().c_str());
     return 1;
   }
-  cuda::setPagedAttnSm90(bo.cuda.paged_attention_sm90_min_tokens, attn_prefill != "sm90basic");
+  cuda::setPagedAttnSm90(bo.cuda.paged_attention_sm90_min_tokens, attn_prefill != "sm90basic",
+                         attn_prefill == "sm90s4" ? 4 : 2);
   b.backend = std::move(be).value();
   b.ops = makeLlmOps(*b.backend).value();
   GptOssOptions go;

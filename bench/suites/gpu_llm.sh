@@ -94,9 +94,11 @@
 #   decdef    declat's first run only: decode at 1/2/4/8 sequences and 64..256 @ 1k, default settings
 #   attnops   the paged attention tests alone (mma.sync and Hopper kernels, plan checks)
 #   attnmem   compute-sanitizer memcheck over paged attention cases 1x, 2x, 3x (Hopper ones among them)
+#   attnncu   ncu (speed of light, warp states, pipes) over the first Hopper paged attention launch
+#             of --attn-bench 16384@49152
 #   attnbench rose_llm_bench --attn-bench: the attention op alone at prefill chunks with history,
 #             mma.sync vs the Hopper kernel [TAG_PAGED_ATTN_SM90] (no model needed)
-#   prefillab 20b prefill 8k/32k/64k/128k with --attn-prefill mma / sm90 / sm90basic, then sm90
+#   prefillab 20b prefill 8k/32k/64k/128k with --attn-prefill mma / sm90 / sm90s4, then sm90
 #             with --moe-weights fp8 (needs mk20b)
 #   prefill128k  20b prefill of one 64k and one 128k request (issue 16's table; never run yet),
 #             MXFP4 experts then the FP8 copy (needs mk20b; KV for 140k tokens)
@@ -170,8 +172,9 @@ for s in $STEPS; do
     memcheck) step memcheck memcheck.log 200 compute-sanitizer --tool memcheck --error-exitcode 3 "$BIN/gpu_llm_ops_test" --gtest_filter='*RopeKv*:*MoeRoute*:*MoeAlign*:*Gather*:*Greedy*:Cases/GpuPagedAttention.MatchesCpu/0:Cases/GpuPagedAttention.MatchesCpu/4:*MoeExperts*' ;;
     attnops) step attnops attn_ops.log 200 "$BIN/gpu_llm_ops_test" --gtest_filter='*PagedAttention*' ;;
     attnmem) step attnmem attn_mem.log 200 compute-sanitizer --tool memcheck --error-exitcode 3 "$BIN/gpu_llm_ops_test" --gtest_filter='Cases/GpuPagedAttention.MatchesCpu/1*:Cases/GpuPagedAttention.MatchesCpu/2*:Cases/GpuPagedAttention.MatchesCpu/3*' ;;
+    attnncu) step attnncu attn_ncu.txt 200 ncu -k regex:pagedAttnSm90Kernel -c 1 --section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis --section Occupancy "$BIN/rose_llm_bench" --attn-bench 16384@49152 ;;
     attnbench) step attnbench attn_bench.txt 200 "$BIN/rose_llm_bench" --attn-bench 16384@0,16384@49152,16384@114688,8192@0,2048@0,1024@4096,512@0,256@1000 ;;
-    prefillab) step prefillab prefillab.txt 400 bash -c "for v in mma sm90 sm90basic; do echo \"== --attn-prefill \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192,32768,65536,131072 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --attn-prefill \$v 2>&1 | grep -v 'gemm tuned'; done; echo '== --attn-prefill sm90 --moe-weights fp8'; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192,32768,65536,131072 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --moe-weights fp8 2>&1 | grep -v 'gemm tuned'" ;;
+    prefillab) step prefillab prefillab.txt 400 bash -c "for v in mma sm90 sm90s4; do echo \"== --attn-prefill \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192,32768,65536,131072 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --attn-prefill \$v 2>&1 | grep -v 'gemm tuned'; done; echo '== --attn-prefill sm90 --moe-weights fp8'; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192,32768,65536,131072 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --moe-weights fp8 2>&1 | grep -v 'gemm tuned'" ;;
     mk20b) step mk20b mk20b.log 240 python3 "$ROOT/bench/suites/make_random_gpt_oss.py" --out /tmp/gptoss20b --shape 20b ;;
     bench20b) step bench20b bench20b.txt 300 "$BIN/rose_llm_bench" --model /tmp/gptoss20b --prefill 2048,8192,32768 --decode 1@8192,64@1024 --decode-steps 32 --max-batch-tokens 16384 --json "$LOGS/bench20b.jsonl" ;;
     moegemm) step moegemm moegemm.txt 200 "$BIN/rose_llm_bench" --moe-gemm 1,2,4,8,16,32,64,128,192,256 --moe-k-slices 1,2,4,8 ;;

@@ -225,6 +225,7 @@ struct AttnCase {
   // sequence, decode tokens too), pipelined or basic.
   int32_t sm90_min = 0;
   bool sm90_pipelined = true;
+  int32_t sm90_stages = 2;
 };
 
 struct AttnInputs {
@@ -330,7 +331,7 @@ TEST_P(GpuPagedAttention, MatchesCpu) {
   reserve(std::max<int64_t>(tokens, 64), static_cast<int32_t>(c.fresh.size()) + 4, c.hq, c.hkv);
   AttnInputs in = makeAttnInputs(c, rng_);
   auto ref = run(cpu(), *cops_, c, in);
-  rose::cuda::setPagedAttnSm90(c.sm90_min, c.sm90_pipelined);
+  rose::cuda::setPagedAttnSm90(c.sm90_min, c.sm90_pipelined, c.sm90_stages, /*windows=*/true);
   auto got = run(gpu(), *gops_, c, in);
   if (c.sm90_min > 0) {
     auto fired = rose::cuda::pagedAttnSm90WatchdogFired();
@@ -387,6 +388,14 @@ std::vector<AttnCase> attnCases() {
           "sm90 at the default threshold, mixed with decodes and a 127-token chunk"},
          rose::cuda::kPagedAttnSm90DefaultMinTokens);
   hopper({{300}, {5000}, 0, true, 64, 8, 16, "sm90 basic: 300 after 5000"}, 1, false);
+  {
+    AttnCase c{{1000, 300}, {37, 4000}, 0, true, 64, 8, 8, "sm90 4 stages: block 8"};
+    c.sm90_stages = 4;
+    hopper(c);
+    c.window = 200;
+    c.name = "sm90 4 stages: block 8, window 200";
+    hopper(c);
+  }
   hopper({{1000}, {37}, 200, true, 64, 8, 16, "sm90 basic: 1000 after 37, window 200"}, 1,
          false);
   return v;

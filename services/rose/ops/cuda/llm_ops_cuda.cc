@@ -264,7 +264,7 @@ class CudaLlmOps final : public LlmOps {
     for (size_t i = 0; i < in.windows.size(); ++i) {
       // [TAG_PAGED_ATTN_SM90] long chunks to the Hopper kernel (eager steps only: a graph step's
       // sequences are single tokens, below any threshold).
-      const int32_t sm90_min = in.head_dim == 64 ? pagedAttnSm90MinTokens() : 0;
+      const int32_t sm90_min = in.head_dim == 64 ? pagedAttnSm90MinTokens(in.windows[i]) : 0;
       PagedAttnPlan plan =
           planPagedAttention(in.cu_q.data(), static_cast<int32_t>(in.cu_q.size()) - 1,
                              in.positions.data(), group, in.windows[i], sm90_min);

@@ -21,10 +21,15 @@ namespace garden::rose::cuda {
 // Chunks of at least this many query tokens take the Hopper kernel (0: none).
 inline constexpr int32_t kPagedAttnSm90DefaultMinTokens = 128;
 // Process-global, set before a model runs (rose --attn-prefill, rose_llm_bench): the chunk
-// length from which planPagedAttention's callers hand a sequence to the Hopper kernel (0 = never)
-// and whether it pipelines the softmax with the matrix products (false: one after the other).
-void setPagedAttnSm90(int32_t min_tokens, bool pipelined);
-int32_t pagedAttnSm90MinTokens();
+// length from which planPagedAttention's callers hand a sequence to the Hopper kernel (0 = never),
+// whether it pipelines the softmax with the matrix products (false: one after the other), the
+// K/V ring's depth (2 or 4 tiles), and whether sliding-window layers take it too (default no:
+// at gpt-oss's window of 128 the mma.sync kernel's 64-key tiles waste less, 0.40 vs 0.67 ms for
+// a 16k chunk on the H200, 2026-12-04; tests turn it on to check the window path).
+void setPagedAttnSm90(int32_t min_tokens, bool pipelined, int32_t stages = 2,
+                      bool windows = false);
+// The threshold for a launch with this sliding_window (0: full causal).
+int32_t pagedAttnSm90MinTokens(int32_t sliding_window = 0);
 
 // Whether the kernel can run on the current device with this cache layout: head_dim 64, a block
 // size that divides 128 or is a multiple of it (>= 8), compute capability 9.0.
