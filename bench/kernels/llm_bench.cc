@@ -22,9 +22,10 @@
 //              cuda::setLlmGemmSmallBuckets [TAG_GEMM_SMALL_BUCKETS]); off: one bucket 1..64.
 //   --gemm-gemv on|off: also time the CUDA-core GEMV for the small buckets [TAG_GEMV] (default
 //              off: not yet verified on a GPU).
-//   --attn-prefill sm90|sm90s4|sm90basic|mma: prefill chunks of >= 128 tokens of the full-causal
-//              layers take the Hopper paged attention (pipelined with a 2- or 4-tile K/V ring, or
-//              its basic schedule) or the mma.sync kernel like decode
+//   --attn-prefill sm90|sm90basic|sm90c2|sm90c2s4|mma: prefill chunks of >= 128 tokens of the
+//              full-causal layers take the Hopper paged attention (3 consumer warpgroups, 192
+//              rows per block, pipelined or basic; or 2, 128 rows, with a 2- or 4-tile K/V ring)
+//              or the mma.sync kernel like decode
 //              (default sm90) [TAG_PAGED_ATTN_SM90]; --attn-sm90-min-tokens N moves the threshold.
 //   --attn-bench C@H,...: the attention op alone (see attnBench), then exit.
 //   --attn-split-keys N: a decode token's keys are split into chunks of at least N (multiple of
@@ -625,11 +626,11 @@ int attnBench(const std::string& list) {
     int32_t min_tokens;
     bool pipelined;
     int32_t stages;
+    int32_t consumers;
   };
-  const Variant variants[] = {{"mma", 0, true, 2},
-                              {"sm90", 1, true, 2},
-                              {"sm90s4", 1, true, 4},
-                              {"sm90basic", 1, false, 2}};
+  const Variant variants[] = {{"mma", 0, true, 2, 3},       {"sm90", 1, true, 2, 3},
+                              {"sm90basic", 1, false, 2, 3}, {"sm90c2", 1, true, 2, 2},
+                              {"sm90c2s4", 1, true, 4, 2},   {"sm90c2basic", 1, false, 2, 2}};
   for (const auto& [chunk, hist] : cases) {
     const std::vector<int32_t> cu_h{0, chunk};
     std::vector<int32_t> pos_h(static_cast<size_t>(chunk));
@@ -645,7 +646,7 @@ int attnBench(const std::string& list) {
       const double flops = 4.0 * kHq * kD * keys;
       std::vector<uint16_t> ref;
       for (const Variant& v : variants) {
-        cuda::setPagedAttnSm90(v.min_tokens, v.pipelined, v.stages, /*windows=*/true);
+        cuda::setPagedAttnSm90(v.min_tokens, v.pipelined, v.stages, /*windows=*/true, v.consumers);
         const std::vector<int32_t> windows{window};
         AttentionPlanInput plan{cu_h, pos_h, windows, kHq, kHkv, kD};
         PagedAttentionParams p;
@@ -694,7 +695,7 @@ int attnBench(const std::string& list) {
         }
         const Result<bool> wd = cuda::pagedAttnSm90WatchdogFired();
         const bool fired = !wd.isOk() || wd.value();
-        std::printf("attn chunk %d after %d window %d %-9s %8.3f ms %6.1f TFLOP/s  vs mma rel_l2 "
+        std::printf("attn chunk %d after %d window %d %-11s %8.3f ms %6.1f TFLOP/s  vs mma rel_l2 "
                     "%.2e max_abs %.2e non-finite %zu watchdog %s\n",
                     chunk, hist, window, v.name, med, flops / med / 1e9, den > 0 ? std::sqrt(num / den) : 0.0,
                     maxd, nonfinite, fired ? "FIRED" : "ok");
@@ -758,8 +759,8 @@ int main(int argc, char** argv) {
     else if (a == "--attn-bench") return attnBench(next());
     else if (a == "--attn-prefill") {
       const std::string v = next();
-      if (v != "sm90" && v != "sm90s4" && v != "sm90basic" && v != "mma") {
-        std::fprintf(stderr, "--attn-prefill: sm90, sm90s4, sm90basic or mma\n");
+      if (v != "sm90" && v != "sm90basic" && v != "sm90c2" && v != "sm90c2s4" && v != "mma") {
+        std::fprintf(stderr, "--attn-prefill: sm90, sm90basic, sm90c2, sm90c2s4 or mma\n");
         return 2;
       }
       attn_prefill = v;
@@ -817,7 +818,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   cuda::setPagedAttnSm90(bo.cuda.paged_attention_sm90_min_tokens, attn_prefill != "sm90basic",
-                         attn_prefill == "sm90s4" ? 4 : 2);
+                         attn_prefill == "sm90c2s4" ? 4 : 2, /*windows=*/false,
+                         attn_prefill.rfind("sm90c2", 0) == 0 ? 2 : 3);
   b.backend = std::move(be).value();
   b.ops = makeLlmOps(*b.backend).value();
   GptOssOptions go;

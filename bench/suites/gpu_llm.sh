@@ -94,12 +94,16 @@
 #   decdef    declat's first run only: decode at 1/2/4/8 sequences and 64..256 @ 1k, default settings
 #   attnops   the paged attention tests alone (mma.sync and Hopper kernels, plan checks)
 #   attnmem   compute-sanitizer memcheck over paged attention cases 1x, 2x, 3x (Hopper ones among them)
+#   attnsrc   ncu --set full over the first Hopper paged attention launch of --attn-bench
+#             16384@16384: the SASS stall ledger (ncu_sass_stalls.py) and the details page
 #   attnncu   ncu (speed of light, warp states, pipes) over the first Hopper paged attention launch
 #             of --attn-bench 16384@49152
-#   attnbench rose_llm_bench --attn-bench: the attention op alone at prefill chunks with history,
+#   pattnbench rose_llm_bench --attn-bench: the paged attention op alone at prefill chunks with history,
 #             mma.sync vs the Hopper kernel [TAG_PAGED_ATTN_SM90] (no model needed)
-#   prefillab 20b prefill 8k/32k/64k/128k with --attn-prefill mma / sm90 / sm90s4, then sm90
+#   prefillab 20b prefill 8k/32k/64k/128k with --attn-prefill mma / sm90 / sm90c2, then sm90
 #             with --moe-weights fp8 (needs mk20b)
+#   prefilldef / prefillfp8  20b prefill 8k/32k/64k/128k with the defaults / --moe-weights fp8
+#             (needs mk20b)
 #   prefill128k  20b prefill of one 64k and one 128k request (issue 16's table; never run yet),
 #             MXFP4 experts then the FP8 copy (needs mk20b; KV for 140k tokens)
 #   sweepfp8  gpu_chat_sweep.sh at 256 streams with rose --moe-weights fp8 (prefill steps of
@@ -118,6 +122,7 @@
 #   sm90      gpu_kernels_test AttentionSm90.* once per Hopper attention variant (each under its own
 #             time limit, so a hang in one leaves the others' results)
 #   attnbench rose_kernel_bench attention: every attention variant side by side
+#   prefill120b  120b prefill 8k/32k/64k/128k (issue 16's table; needs mk120b)
 #   mk120b    the same at gpt-oss-120b's shapes, in /dev/shm (the GPU machine's disk is too small;
 #             rose mmaps the files from the page cache)
 #   bench120b rose_llm_bench on it with a KV cache for 140k tokens: load, memory, prefill, decode
@@ -172,9 +177,12 @@ for s in $STEPS; do
     memcheck) step memcheck memcheck.log 200 compute-sanitizer --tool memcheck --error-exitcode 3 "$BIN/gpu_llm_ops_test" --gtest_filter='*RopeKv*:*MoeRoute*:*MoeAlign*:*Gather*:*Greedy*:Cases/GpuPagedAttention.MatchesCpu/0:Cases/GpuPagedAttention.MatchesCpu/4:*MoeExperts*' ;;
     attnops) step attnops attn_ops.log 200 "$BIN/gpu_llm_ops_test" --gtest_filter='*PagedAttention*' ;;
     attnmem) step attnmem attn_mem.log 200 compute-sanitizer --tool memcheck --error-exitcode 3 "$BIN/gpu_llm_ops_test" --gtest_filter='Cases/GpuPagedAttention.MatchesCpu/1*:Cases/GpuPagedAttention.MatchesCpu/2*:Cases/GpuPagedAttention.MatchesCpu/3*' ;;
+    attnsrc) step attnsrc attn_src.txt 200 bash -c "ncu --set full --import-source no -k regex:pagedAttnSm90Kernel -c 1 -o '$LOGS/ncu_attn' '$BIN/rose_llm_bench' --attn-bench 16384@16384 >/dev/null 2>&1; ncu -i '$LOGS/ncu_attn.ncu-rep' --page source --csv --print-source sass > '$LOGS/ncu_attn.sass.csv' 2>&1; python3 '$ROOT/bench/suites/ncu_sass_stalls.py' '$LOGS/ncu_attn.sass.csv' 40; ncu -i '$LOGS/ncu_attn.ncu-rep' --page details 2>&1 | grep -E 'Duration|Registers Per|Executed Ipc A|Eligible Warps|Active Warps Per|Issue Slots|Tensor|Shared|Bank'" ;;
     attnncu) step attnncu attn_ncu.txt 200 ncu -k regex:pagedAttnSm90Kernel -c 1 --section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis --section Occupancy "$BIN/rose_llm_bench" --attn-bench 16384@49152 ;;
-    attnbench) step attnbench attn_bench.txt 200 "$BIN/rose_llm_bench" --attn-bench 16384@0,16384@49152,16384@114688,8192@0,2048@0,1024@4096,512@0,256@1000 ;;
-    prefillab) step prefillab prefillab.txt 400 bash -c "for v in mma sm90 sm90s4; do echo \"== --attn-prefill \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192,32768,65536,131072 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --attn-prefill \$v 2>&1 | grep -v 'gemm tuned'; done; echo '== --attn-prefill sm90 --moe-weights fp8'; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192,32768,65536,131072 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --moe-weights fp8 2>&1 | grep -v 'gemm tuned'" ;;
+    pattnbench) step pattnbench paged_attn_bench.txt 200 "$BIN/rose_llm_bench" --attn-bench 16384@0,16384@49152,16384@114688,8192@0,2048@0,1024@4096,512@0,256@1000 ;;
+    prefillab) step prefillab prefillab.txt 400 bash -c "for v in mma sm90 sm90c2; do echo \"== --attn-prefill \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192,32768,65536,131072 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --attn-prefill \$v 2>&1 | grep -v 'gemm tuned'; done; echo '== --attn-prefill sm90 --moe-weights fp8'; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192,32768,65536,131072 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --moe-weights fp8 2>&1 | grep -v 'gemm tuned'" ;;
+    prefilldef) step prefilldef prefilldef.txt 200 bash -c "'$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192,32768,65536,131072 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 2>&1 | grep -v 'gemm tuned'" ;;
+    prefillfp8) step prefillfp8 prefillfp8.txt 200 bash -c "'$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192,32768,65536,131072 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --moe-weights fp8 2>&1 | grep -v 'gemm tuned'" ;;
     mk20b) step mk20b mk20b.log 240 python3 "$ROOT/bench/suites/make_random_gpt_oss.py" --out /tmp/gptoss20b --shape 20b ;;
     bench20b) step bench20b bench20b.txt 300 "$BIN/rose_llm_bench" --model /tmp/gptoss20b --prefill 2048,8192,32768 --decode 1@8192,64@1024 --decode-steps 32 --max-batch-tokens 16384 --json "$LOGS/bench20b.jsonl" ;;
     moegemm) step moegemm moegemm.txt 200 "$BIN/rose_llm_bench" --moe-gemm 1,2,4,8,16,32,64,128,192,256 --moe-k-slices 1,2,4,8 ;;
@@ -194,6 +202,7 @@ for s in $STEPS; do
     decdef) step decdef decdef.txt 120 bash -c "'$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode 1@8192,2@8192,4@4096,8@2048,64@1024,96@1024,128@1024,192@1024,256@1024 --decode-steps 24 --max-batch-tokens 16384 --kv-tokens 290000 2>&1 | grep -v 'gemm tuned'" ;;
     prefill128k) step prefill128k prefill128k.txt 400 bash -c "for w in mxfp4 fp8; do echo \"== --moe-weights \$w\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 65536,131072 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --moe-weights \$w 2>&1 | grep -v 'gemm tuned'; done" ;;
     sweepfp8) step sweepfp8 sweepfp8.txt 300 bash -c "TAG=_fp8 TULIP_ARGS='--rose-arg=--moe-weights=fp8' bash '$ROOT/bench/suites/gpu_chat_sweep.sh' '$BIN' /tmp/gptoss20b '$BIN/tokenizer.json' '$LOGS/sweepfp8' 256" ;;
+    prefill120b) step prefill120b prefill120b.txt 300 "$BIN/rose_llm_bench" --model /dev/shm/gptoss120b --prefill 8192,32768,65536,131072 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 ;;
     sweep256) step sweep256 sweep256.txt 300 bash "$ROOT/bench/suites/gpu_chat_sweep.sh" "$BIN" /tmp/gptoss20b "$BIN/tokenizer.json" "$LOGS/sweep256" 256 ;;
     ncuwide) step ncuwide ncuwide.txt 200 bash -c "ncu --set full -k regex:moeGemmMxWide -c 2 '$BIN/rose_llm_bench' --moe-gemm 256 2>&1 | grep -v 'gemm tuned' | tail -250" ;;
     widedec) step widedec widedec.txt 400 bash -c "for v in '' '--moe-wide off' '--moe-wide-min-avg 16' '--moe-wide-min-avg 8' '--moe-wide-min-avg 4' '--attn-split-keys 256' '--attn-split-keys 128'; do echo \"== \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode 1@8192,64@1024,128@1024,256@1024 --decode-steps 24 --max-batch-tokens 16384 --kv-tokens 290000 \$v 2>&1 | grep -v 'gemm tuned'; done" ;;

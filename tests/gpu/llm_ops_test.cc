@@ -226,6 +226,7 @@ struct AttnCase {
   int32_t sm90_min = 0;
   bool sm90_pipelined = true;
   int32_t sm90_stages = 2;
+  int32_t sm90_consumers = 3;
 };
 
 struct AttnInputs {
@@ -331,7 +332,8 @@ TEST_P(GpuPagedAttention, MatchesCpu) {
   reserve(std::max<int64_t>(tokens, 64), static_cast<int32_t>(c.fresh.size()) + 4, c.hq, c.hkv);
   AttnInputs in = makeAttnInputs(c, rng_);
   auto ref = run(cpu(), *cops_, c, in);
-  rose::cuda::setPagedAttnSm90(c.sm90_min, c.sm90_pipelined, c.sm90_stages, /*windows=*/true);
+  rose::cuda::setPagedAttnSm90(c.sm90_min, c.sm90_pipelined, c.sm90_stages, /*windows=*/true,
+                               c.sm90_consumers);
   auto got = run(gpu(), *gops_, c, in);
   if (c.sm90_min > 0) {
     auto fired = rose::cuda::pagedAttnSm90WatchdogFired();
@@ -358,7 +360,7 @@ std::vector<AttnCase> attnCases() {
   v.push_back({{1024}, {0}, 0, true, 64, 8, 16, "prefill 1024"});
   v.push_back({{777}, {1234}, 128, true, 64, 8, 16, "prefill 777 after 1234, window"});
   // The Hopper kernel [TAG_PAGED_ATTN_SM90]: every case above with every sequence on it (decode
-  // tokens included: one valid row of 128), then cases of its own: chunks crossing 128-key tiles
+  // tokens included: one valid row of 192), then cases of its own: chunks crossing 128-key tiles
   // off the tile grid, windows whose bottom falls inside a page, block sizes 8..256, a chunk
   // mixed with decodes under the default threshold, and the basic schedule.
   const size_t base = v.size();
@@ -389,12 +391,28 @@ std::vector<AttnCase> attnCases() {
          rose::cuda::kPagedAttnSm90DefaultMinTokens);
   hopper({{300}, {5000}, 0, true, 64, 8, 16, "sm90 basic: 300 after 5000"}, 1, false);
   {
-    AttnCase c{{1000, 300}, {37, 4000}, 0, true, 64, 8, 8, "sm90 4 stages: block 8"};
+    AttnCase c{{1000, 300}, {37, 4000}, 0, true, 64, 8, 8, "sm90 2 consumers, 4 stages: block 8"};
+    c.sm90_consumers = 2;
     c.sm90_stages = 4;
     hopper(c);
     c.window = 200;
-    c.name = "sm90 4 stages: block 8, window 200";
+    c.name = "sm90 2 consumers, 4 stages: block 8, window 200";
     hopper(c);
+  }
+  // Two consumer warpgroups (128 query rows per block; the default is three, 192), pipelined
+  // and basic.
+  for (bool pipelined : {true, false}) {
+    const std::string tag = pipelined ? "sm90 2 consumers: " : "sm90 2 consumers basic: ";
+    for (AttnCase c : {AttnCase{{300}, {5000}, 0, true, 64, 8, 16, "300 after 5000"},
+                       AttnCase{{1000, 191, 193}, {37, 0, 64}, 200, true, 64, 8, 16,
+                                "1000 after 37 + 191 + 193 after 64, window 200"},
+                       AttnCase{{1, 600, 1, 130}, {5000, 30, 17, 0}, 0, true, 64, 8, 32,
+                                "mixed with decodes, block 32"},
+                       AttnCase{{400, 50}, {700, 9}, 128, true, 64, 8, 256, "block 256, window"}}) {
+      c.name = tag + c.name;
+      c.sm90_consumers = 2;
+      hopper(c, 1, pipelined);
+    }
   }
   hopper({{1000}, {37}, 200, true, 64, 8, 16, "sm90 basic: 1000 after 37, window 200"}, 1,
          false);
@@ -431,7 +449,7 @@ TEST(GpuPagedAttentionPlan, WindowCanSplitMatchesThePlanner) {
 }
 
 // The Hopper kernel's items [TAG_PAGED_ATTN_SM90]: every query token of a chunk at or above the
-// threshold (and only those) in exactly one item of 128 rows; each item's key range holds every
+// threshold (and only those) in exactly one item of 128 (or 192) rows; each item's key range holds every
 // key its rows see and nothing below the lowest one's window; most keys first; a chunk whose
 // positions are not consecutive stays on the mma.sync kernel.
 TEST(GpuPagedAttentionPlan, Sm90ItemsCoverLongChunksAndTheirKeys) {
@@ -449,8 +467,9 @@ TEST(GpuPagedAttentionPlan, Sm90ItemsCoverLongChunksAndTheirKeys) {
     }
     const bool gap = trial % 7 == 0 && cu[1] > 2;  // sequence 0 not consecutive
     if (gap) pos[1] += 1;
+    const int32_t rows = trial % 2 == 0 ? 128 : 192;
     const rose::cuda::PagedAttnPlan plan =
-        rose::cuda::planPagedAttention(cu.data(), seqs, pos.data(), 8, window, min_tokens);
+        rose::cuda::planPagedAttention(cu.data(), seqs, pos.data(), 8, window, min_tokens, rows);
     std::vector<int> covered(pos.size(), 0);
     for (size_t i = 0; i < plan.sm90.size(); ++i) {
       const auto& w = plan.sm90[i];
@@ -459,9 +478,9 @@ TEST(GpuPagedAttentionPlan, Sm90ItemsCoverLongChunksAndTheirKeys) {
       const int32_t n = cu[static_cast<size_t>(w.seq) + 1] - cu[static_cast<size_t>(w.seq)];
       ASSERT_GE(n, min_tokens);
       ASSERT_FALSE(gap && w.seq == 0);
-      ASSERT_EQ(w.tok0 % rose::cuda::kPagedAttnSm90Rows, 0);
+      ASSERT_EQ(w.tok0 % rows, 0);
       int32_t lowest = INT32_MAX;
-      for (int32_t r = w.tok0; r < std::min(n, w.tok0 + rose::cuda::kPagedAttnSm90Rows); ++r) {
+      for (int32_t r = w.tok0; r < std::min(n, w.tok0 + rows); ++r) {
         const int32_t p = pos[static_cast<size_t>(cu[static_cast<size_t>(w.seq)] + r)];
         ++covered[static_cast<size_t>(cu[static_cast<size_t>(w.seq)] + r)];
         const int32_t lo = window > 0 ? std::max(0, p - window + 1) : 0;
@@ -471,7 +490,7 @@ TEST(GpuPagedAttentionPlan, Sm90ItemsCoverLongChunksAndTheirKeys) {
       }
       EXPECT_EQ(w.key_begin, lowest);
       EXPECT_EQ(w.key_end, std::min(pos[static_cast<size_t>(cu[static_cast<size_t>(w.seq)] +
-                                                             std::min(n, w.tok0 + 128) - 1)],
+                                                             std::min(n, w.tok0 + rows) - 1)],
                                     pos[static_cast<size_t>(cu[static_cast<size_t>(w.seq)] + n -
                                                             1)]) +
                                 1);

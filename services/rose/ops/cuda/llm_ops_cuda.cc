@@ -267,7 +267,8 @@ class CudaLlmOps final : public LlmOps {
       const int32_t sm90_min = in.head_dim == 64 ? pagedAttnSm90MinTokens(in.windows[i]) : 0;
       PagedAttnPlan plan =
           planPagedAttention(in.cu_q.data(), static_cast<int32_t>(in.cu_q.size()) - 1,
-                             in.positions.data(), group, in.windows[i], sm90_min);
+                             in.positions.data(), group, in.windows[i], sm90_min,
+                             pagedAttnSm90Rows());
       require(static_cast<int64_t>(plan.work.size() + plan.sm90.size()) <= max_work_ &&
                   static_cast<int64_t>(plan.combine.size()) <= max_combine_ &&
                   plan.num_parts <= max_parts_,

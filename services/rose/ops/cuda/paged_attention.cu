@@ -397,7 +397,8 @@ bool consecutive(const int32_t* positions, int32_t n) {
 }  // namespace
 
 PagedAttnPlan planPagedAttention(const int32_t* cu_q, int32_t num_seqs, const int32_t* positions,
-                                 int32_t group, int32_t sliding_window, int32_t sm90_min_tokens) {
+                                 int32_t group, int32_t sliding_window, int32_t sm90_min_tokens,
+                                 int32_t sm90_rows) {
   PagedAttnPlan plan;
   const int32_t per_block = pagedAttnTokensPerBlock(group);
   for (int32_t s = 0; s < num_seqs; ++s) {
@@ -405,13 +406,13 @@ PagedAttnPlan planPagedAttention(const int32_t* cu_q, int32_t num_seqs, const in
     if (n <= 0) continue;
     if (sm90_min_tokens > 0 && n >= sm90_min_tokens && consecutive(positions + begin, n)) {
       const int32_t last = positions[begin] + n - 1;
-      for (int32_t t0 = 0; t0 < n; t0 += kPagedAttnSm90Rows) {
+      for (int32_t t0 = 0; t0 < n; t0 += sm90_rows) {
         const int32_t p0 = positions[begin] + t0;
         PagedAttnWork w;
         w.seq = s;
         w.tok0 = t0;
         w.key_begin = sliding_window > 0 ? std::max(0, p0 - sliding_window + 1) : 0;
-        w.key_end = std::min(p0 + kPagedAttnSm90Rows - 1, last) + 1;
+        w.key_end = std::min(p0 + sm90_rows - 1, last) + 1;
         plan.sm90.push_back(w);
       }
       continue;

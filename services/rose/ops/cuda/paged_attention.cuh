@@ -53,7 +53,7 @@ struct PagedAttnPlan {
   std::vector<PagedAttnWork> work;
   std::vector<PagedAttnCombine> combine;
   int32_t num_parts = 0;
-  // Items of the Hopper kernel (paged_attention_sm90.cuh): 128 query tokens [tok0, tok0 + 128)
+  // Items of the Hopper kernel (paged_attention_sm90.cuh): sm90_rows query tokens [tok0, tok0 + rows)
   // of one sequence's chunk (clipped to it), keys [key_begin, key_end) — everything its rows can
   // see — most keys first (the longest blocks start first).
   std::vector<PagedAttnWork> sm90;
@@ -88,10 +88,10 @@ int32_t pagedAttnTokensPerBlock(int32_t group);
 // cu_q [num_seqs + 1] and positions [T] as given to the kernel (host copies). sm90_min_tokens >
 // 0: a sequence with at least that many query tokens at consecutive positions goes to the Hopper
 // kernel (plan.sm90) instead of the mma.sync one; the choice reads only the sequence itself.
-inline constexpr int32_t kPagedAttnSm90Rows = 128;  // query tokens per Hopper work item
+// sm90_rows: query tokens per Hopper work item (pagedAttnSm90Rows(): 128 or 192).
 PagedAttnPlan planPagedAttention(const int32_t* cu_q, int32_t num_seqs, const int32_t* positions,
                                  int32_t group, int32_t sliding_window,
-                                 int32_t sm90_min_tokens = 0);
+                                 int32_t sm90_min_tokens = 0, int32_t sm90_rows = 128);
 
 struct PagedAttentionArgs {
   const __nv_bfloat16* qkv = nullptr;      // [T, (Hq + 2*Hkv) * head_dim]

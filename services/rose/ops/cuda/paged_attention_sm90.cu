@@ -3,22 +3,25 @@
 // both products. The structure is attention_sm90.cu's (the embedding path's head_dim-128 kernel);
 // what differs is where keys come from and which ones a row sees.
 //
-// One block = 3 warpgroups (384 threads) on 128 query rows of one (work item, q head): rows
-// tok0 .. tok0 + 127 of one sequence's chunk, at positions P .. P + 127 (the chunk's positions
-// are contiguous: the planner sends no other sequence here).
-//   warpgroup 0, the producer (its first warp): Q once (one {64, 128} box of the packed qkv
+// One block = 1 + kC warpgroups on 64 kC query rows of one (work item, q head): rows tok0 ..
+// tok0 + 64 kC - 1 of one sequence's chunk, at positions P .. (the chunk's positions are
+// contiguous: the planner sends no other sequence here). kC = 3 (192 rows) by default: with two
+// consumers one's softmax did not hide behind the other's matrix products (head_dim 64 makes the
+// exponentials as costly as the wgmmas: 410 TFLOP/s), with three 490-500 TFLOP/s (H200,
+// 2026-12-04, rose_llm_bench --attn-bench); the 3-consumer kernel has 128 registers per thread.
+//   warpgroup 0, the producer (its first warp): Q once (one {64, 64 kC} box of the packed qkv
 //     tensor); then per 128-key tile the K and V pages — one {64, 1, rows} box of the cache's
 //     3-D tensor map [slots][Hkv][64] per page (128 / block_size pages), lane j copying page j,
 //     its slot read from the block table one tile ahead; pages wholly outside the item's key
 //     range get a coordinate past the tensor (the copy engine writes zeros for them). (The first
 //     version issued every copy from one thread, reading the table entries one after another:
 //     ~6,000 cycles per tile, slower than the mma.sync kernel; H200, 2026-12-04.)
-//   warpgroups 1 and 2, the consumers: 64 query rows each. Per key tile:
+//   warpgroups 1 .. kC, the consumers: 64 query rows each. Per key tile:
 //     S (64 x 128 f32) = Q K^T      (4 wgmma m64n128k16, Q and K from shared memory, K-major);
 //     online softmax on S in registers (f32, exp2, running max and sum per row);
 //     O (64 x 64 f32) += P V        (8 wgmma m64n64k16, P from registers, V MN-major).
 //   kPipelined: each step issues S of tile i with P V of tile i - 1 and runs tile i's softmax
-//   while P V does; the two consumers take turns issuing (named barriers), as in
+//   while P V does; the consumers take turns issuing (named barriers, round robin), as in
 //   attention_sm90.cu. Otherwise the same steps one after the other.
 // Key tiles run from the last to the first. Row r (position p = P + r) sees keys
 // [max(key_begin, p - window + 1), min(p, last)], last = the chunk's last position; a tile is
@@ -55,26 +58,31 @@ using sm90::makeDescriptor;
 using sm90::pSourceElement;
 
 constexpr int kD = 64;                          // head_dim
-constexpr int kBlockM = 128;                    // query rows per block
 constexpr int kWgRows = 64;                     // per consumer warpgroup (wgmma M)
 constexpr int kBlockN = 128;                    // keys per tile
 constexpr uint32_t kRowBytes = 128;             // one row of 64 bf16: the 128-byte swizzle span
 constexpr uint32_t kTileBytes = 128 * kRowBytes;  // [128][64] bf16 = 16 KB
 constexpr uint32_t kAtomBytes = 1024;           // 8 rows: the swizzle repeat
-constexpr int kThreads = 384;
-// setmaxnreg: 128 x producer + 256 x consumer <= 64 K registers (the producer reads the block
-// table and computes page coordinates).
-constexpr int kProducerRegs = 40;
-constexpr int kConsumerRegs = 232;
-constexpr int kSchedBarrier = 1;  // named barriers 1, 2: the consumers' turns (0: __syncthreads)
-constexpr int kVZeroBarrier = 3;  // both consumers, after zeroing V rows past the last key
+// kC consumer warpgroups of 64 query rows each (2 or 3), one producer warpgroup.
+template <int kC>
+struct Shape {
+  static constexpr int kThreads = (kC + 1) * 128;
+  static constexpr int kBlockM = kC * kWgRows;  // query rows per block
+  // setmaxnreg: 128 x producer + 128 kC x consumer <= 64 K registers (the producer reads the
+  // block table and computes page coordinates).
+  static constexpr int kProducerRegs = kC == 2 ? 40 : 32;
+  static constexpr int kConsumerRegs = kC == 2 ? 232 : 160;
+  static_assert(128 * kProducerRegs + 128 * kC * kConsumerRegs <= 65536, "register file");
+};
+constexpr int kSchedBarrier = 1;  // named barriers 1 .. kC: the consumers' turns (0: syncthreads)
+constexpr int kVZeroBarrier = 4;  // every consumer, after zeroing V rows past the last key
 constexpr float kLog2e = 1.4426950408889634f;
 
 // Shared memory, byte offsets from a 1024-aligned base: Q, K[kStages], V[kStages], mbarriers.
-template <int kStages>
+template <int kStages, int kC>
 struct Smem {
   static constexpr uint32_t kQ = 0;
-  static constexpr uint32_t kK = kTileBytes;
+  static constexpr uint32_t kK = kC * kWgRows * kRowBytes;  // Q: kC x 64 rows
   static constexpr uint32_t kV = kK + kStages * kTileBytes;
   static constexpr uint32_t kBars = kV + kStages * kTileBytes;
   static constexpr uint32_t kBytes = kBars + 8 * (1 + 4 * kStages) + kAtomBytes;  // + align slack
@@ -118,10 +126,13 @@ __device__ __forceinline__ void gemmPV(float (&o)[32], const uint32_t (&p)[32], 
   }
 }
 
-// The keys this thread's two rows see: [lo[r], hi[r]].
+// Which keys this thread's two rows see: row r (0, 1) is at position pos + 8 r and sees keys
+// [max(0, p - window + 1), min(p, last)] (window 0: no lower bound). Kept as three values, not
+// the four bounds: the 3-consumer pipelined kernel has registers for no more.
 struct RowKeys {
-  int lo[2];
-  int hi[2];
+  int pos;
+  int last;
+  int window;
 };
 
 // Online softmax on this thread's S elements of the tile starting at key0 (two rows, 32 keys
@@ -133,11 +144,18 @@ __device__ __forceinline__ void softmaxStep(float (&s)[64], float (&m)[2], float
                                             float (&alpha)[2], float scale_log2, int key0,
                                             const RowKeys& rk, int tid) {
   if (kMask) {
+    int hi[2], lo[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int p = rk.pos + 8 * r;
+      hi[r] = min(p, rk.last) - key0;
+      lo[r] = rk.window > 0 ? p - rk.window + 1 - key0 : INT_MIN;
+    }
 #pragma unroll
     for (int e = 0; e < 64; ++e) {
       const int r = (e / 2) % 2;
-      const int key = key0 + accCol(tid, e);
-      if (key > rk.hi[r] || key < rk.lo[r]) s[e] = -INFINITY;
+      const int col = accCol(tid, e);
+      if (col > hi[r] || col < lo[r]) s[e] = -INFINITY;
     }
   }
   float mx[2] = {m[0], m[1]};
@@ -191,11 +209,20 @@ __device__ __forceinline__ void rescaleO(float (&o)[32], const float (&alpha)[2]
   }
 }
 
+// The consumers' turns at issuing wgmmas (pipelined): consumer w waits on barrier
+// kSchedBarrier + w, then, after issuing, lets the next one (w + 1 mod kC) go. The last consumer
+// opens consumer 0's first turn and skips its own last hand-over, so every barrier phase has 256
+// arrivals (128 waiting, 128 arriving).
+template <int kC>
 __device__ __forceinline__ void turnBegin(int w) { namedBarrierSync(kSchedBarrier + w, 256); }
-__device__ __forceinline__ void turnEnd(int w) { namedBarrierArrive(kSchedBarrier + 1 - w, 256); }
+template <int kC>
+__device__ __forceinline__ void turnEnd(int w) {
+  namedBarrierArrive(kSchedBarrier + (w + 1) % kC, 256);
+}
 
 // Whether some row of a block whose row 0 is at position p0 can miss a key of the tile at key0:
 // the top (keys past a row's position or past the chunk) or, with a window, the bottom.
+template <int kBlockM>
 __device__ __forceinline__ bool tileNeedsMask(int key0, int p0, int window) {
   return key0 + kBlockN - 1 > p0 || (window > 0 && key0 < p0 + kBlockM - window);
 }
@@ -207,7 +234,7 @@ struct Pipe {
 constexpr uint64_t kStageStep = kTileBytes >> 4;  // descriptor start address per stage
 
 // Pipelined step it >= 1: S of tile it with P V of tile it - 1, then tile it's softmax.
-template <int kStages, bool kMask>
+template <int kStages, int kC, bool kMask>
 __device__ __forceinline__ void pipelinedStep(const Pipe& pp, int it, int w, bool warp_leader,
                                               float (&s)[64], float (&o)[32], uint32_t (&p)[32],
                                               float (&m)[2], float (&l)[2], float (&alpha)[2],
@@ -219,13 +246,13 @@ __device__ __forceinline__ void pipelinedStep(const Pipe& pp, int it, int w, boo
   const uint32_t php = ((it - 1) / kStages) & 1;
   mbarWait(pp.bar_k_full + 8 * st, ph);
   mbarWait(pp.bar_v_full + 8 * sp, php);
-  turnBegin(w);
+  turnBegin<kC>(w);
   wgmmaFence();
   gemmQK(s, pp.q_desc, pp.k_desc0 + st * kStageStep);
   wgmmaCommit();
   gemmPV(o, p, pp.v_desc0 + sp * kStageStep);
   wgmmaCommit();
-  turnEnd(w);
+  turnEnd<kC>(w);
   wgmmaWait<1>();  // S done
   fenceRegs(s);
   mbarArriveIf(pp.bar_k_empty + 8 * st, warp_leader);
@@ -266,14 +293,16 @@ __device__ __forceinline__ void basicStep(const Pipe& pp, int it, bool warp_lead
   mbarArriveIf(pp.bar_v_empty + 8 * st, warp_leader);
 }
 
-template <bool kPipelined, int kStages>
-__global__ void __launch_bounds__(kThreads, 1)
+template <bool kPipelined, int kStages, int kC>
+__global__ void __launch_bounds__(Shape<kC>::kThreads, 1)
     pagedAttnSm90Kernel(const __grid_constant__ CUtensorMap q_map,
                         const __grid_constant__ CUtensorMap k_map,
                         const __grid_constant__ CUtensorMap v_map, PagedAttentionArgs a) {
   extern __shared__ unsigned char smem_raw[];
   const uint32_t base = (smemAddr(smem_raw) + kAtomBytes - 1) & ~(kAtomBytes - 1);
-  using L = Smem<kStages>;
+  using L = Smem<kStages, kC>;
+  using S = Shape<kC>;
+  constexpr int kBlockM = S::kBlockM;
   const uint32_t s_q = base + L::kQ;
   const uint32_t s_k = base + L::kK;
   const uint32_t s_v = base + L::kV;
@@ -302,8 +331,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int s = 0; s < kStages; ++s) {
       mbarInit(pp.bar_k_full + 8 * s, 1);
       mbarInit(pp.bar_v_full + 8 * s, 1);
-      mbarInit(pp.bar_k_empty + 8 * s, 8);  // lane 0 of each of the 8 consumer warps
-      mbarInit(pp.bar_v_empty + 8 * s, 8);
+      mbarInit(pp.bar_k_empty + 8 * s, 4 * kC);  // lane 0 of each consumer warp
+      mbarInit(pp.bar_v_empty + 8 * s, 4 * kC);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -312,11 +341,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (wg == 0) {
     // Producer: warp 0. Lane j copies page j of each tile (pages <= 16); each lane reads its
     // page's block-table entry one tile ahead, so no copy waits on a table read.
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(S::kProducerRegs));
     if (threadIdx.x < 32) {
       const int lane = static_cast<int>(threadIdx.x);
       if (lane == 0) {
-        mbarArriveExpectTx(bar_q, kTileBytes);
+        mbarArriveExpectTx(bar_q, kBlockM * kRowBytes);
         tmaLoad2d(s_q, &q_map, qh * kD, start + wk.tok0, bar_q);
       }
       const int32_t* table = a.block_tables + static_cast<int64_t>(wk.seq) * a.max_blocks;
@@ -356,20 +385,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   // Consumers.
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(S::kConsumerRegs));
   const int w = wg - 1;
   const int tid = static_cast<int>(threadIdx.x) % 128;
   const bool warp_leader = (threadIdx.x % 32) == 0;
   const int row0 = w * kWgRows;  // this warpgroup's first row in the block
   const float scale_log2 = a.scale * kLog2e;
   const int win = a.sliding_window;
-  RowKeys rk;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int p = p0 + row0 + accRow(tid, 2 * r);
-    rk.hi[r] = min(p, last);
-    rk.lo[r] = win > 0 ? p - win + 1 : INT_MIN;
-  }
+  const RowKeys rk{p0 + row0 + accRow(tid, 0), last, win};
   pp.q_desc = makeDescriptor(s_q + w * kWgRows * kRowBytes, kKMajorLbo, kSbo);
   pp.k_desc0 = makeDescriptor(s_k, kKMajorLbo, kSbo);
   pp.v_desc0 = makeDescriptor(s_v, kMnMajorLbo, kSbo);
@@ -380,12 +403,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (good < kBlockN) {  // block-uniform
     mbarWait(pp.bar_v_full, 0);
     constexpr int kChunks = kD / 8;  // 16-byte chunks per row
-    for (int i = static_cast<int>(threadIdx.x) - 128; i < (kBlockN - good) * kChunks; i += 256) {
+    for (int i = static_cast<int>(threadIdx.x) - 128; i < (kBlockN - good) * kChunks;
+         i += 128 * kC) {
       const uint32_t dst = s_v + tileOffset(good + i / kChunks, (i % kChunks) * 8);
       asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(dst), "r"(0) : "memory");
     }
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // visible to wgmma
-    namedBarrierSync(kVZeroBarrier, 256);
+    namedBarrierSync(kVZeroBarrier, 128 * kC);
   }
 
   float o[32], s[64], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, alpha[2];
@@ -397,18 +421,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   mbarWait(bar_q, 0);
 
   if constexpr (kPipelined) {
-    if (w == 1) namedBarrierArrive(kSchedBarrier, 256);  // consumer 0 takes the first turn
+    if (w == kC - 1) namedBarrierArrive(kSchedBarrier, 256);  // consumer 0 takes the first turn
     // Step 0: S of the first tile processed, its softmax.
     mbarWait(pp.bar_k_full, 0);
-    turnBegin(w);
+    turnBegin<kC>(w);
     wgmmaFence();
     gemmQK(s, pp.q_desc, pp.k_desc0);
     wgmmaCommit();
-    turnEnd(w);
+    turnEnd<kC>(w);
     wgmmaWait<0>();
     fenceRegs(s);
     mbarArriveIf(pp.bar_k_empty, warp_leader);
-    if (tileNeedsMask(first_key0, p0, win)) {
+    if (tileNeedsMask<kBlockM>(first_key0, p0, win)) {
       softmaxStep<true>(s, m, l, alpha, scale_log2, first_key0, rk, tid);
     } else {
       softmaxStep<false>(s, m, l, alpha, scale_log2, first_key0, rk, tid);
@@ -417,22 +441,22 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll 1
     for (int it = 1; it < n_tiles; ++it) {
       const int key0 = (kt_last - it) * kBlockN;
-      if (tileNeedsMask(key0, p0, win)) {
-        pipelinedStep<kStages, true>(pp, it, w, warp_leader, s, o, p, m, l, alpha, scale_log2, key0, rk,
+      if (tileNeedsMask<kBlockM>(key0, p0, win)) {
+        pipelinedStep<kStages, kC, true>(pp, it, w, warp_leader, s, o, p, m, l, alpha, scale_log2, key0, rk,
                             tid);
       } else {
-        pipelinedStep<kStages, false>(pp, it, w, warp_leader, s, o, p, m, l, alpha, scale_log2, key0, rk,
+        pipelinedStep<kStages, kC, false>(pp, it, w, warp_leader, s, o, p, m, l, alpha, scale_log2, key0, rk,
                              tid);
       }
     }
     // Last: P V of the last tile processed.
     const int sl = (n_tiles - 1) % kStages;
     mbarWait(pp.bar_v_full + 8 * sl, ((n_tiles - 1) / kStages) & 1);
-    turnBegin(w);
+    turnBegin<kC>(w);
     wgmmaFence();
     gemmPV(o, p, pp.v_desc0 + sl * kStageStep);
     wgmmaCommit();
-    if (w == 0) turnEnd(w);
+    if (w != kC - 1) turnEnd<kC>(w);
     wgmmaWait<0>();
     fenceRegs(o);
     mbarArriveIf(pp.bar_v_empty + 8 * sl, warp_leader);
@@ -440,7 +464,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll 1
     for (int it = 0; it < n_tiles; ++it) {
       const int key0 = (kt_last - it) * kBlockN;
-      if (tileNeedsMask(key0, p0, win)) {
+      if (tileNeedsMask<kBlockM>(key0, p0, win)) {
         basicStep<kStages, true>(pp, it, warp_leader, s, o, p, m, l, alpha, scale_log2, key0, rk, tid);
       } else {
         basicStep<kStages, false>(pp, it, warp_leader, s, o, p, m, l, alpha, scale_log2, key0, rk, tid);
@@ -489,14 +513,16 @@ Status encode(CUtensorMap* map, const void* ptr, cuuint32_t rank, const cuuint64
   return okStatus();
 }
 
-template <bool kPipelined, int kStages>
+template <bool kPipelined, int kStages, int kC>
 Status launchKernel(const PagedAttentionArgs& a, cudaStream_t stream) {
+  using S = Shape<kC>;
+  using L = Smem<kStages, kC>;
   CUtensorMap q_map, k_map, v_map;
   const uint64_t width = static_cast<uint64_t>(a.num_q_heads + 2 * a.num_kv_heads) * kD;
   {
     const cuuint64_t dims[2] = {width, static_cast<cuuint64_t>(a.num_tokens)};
     const cuuint64_t strides[1] = {width * 2};
-    const cuuint32_t box[2] = {kD, kBlockM};
+    const cuuint32_t box[2] = {kD, S::kBlockM};
     RETURN_IF_ERROR(encode(&q_map, a.qkv, 2, dims, strides, box, "q"));
   }
   {
@@ -513,14 +539,14 @@ Status launchKernel(const PagedAttentionArgs& a, cudaStream_t stream) {
   static std::once_flag once;  // [TAG_ATTN_SMEM] one attribute call per instance
   static cudaError_t configured = cudaSuccess;
   std::call_once(once, [] {
-    configured = cudaFuncSetAttribute(pagedAttnSm90Kernel<kPipelined, kStages>,
+    configured = cudaFuncSetAttribute(pagedAttnSm90Kernel<kPipelined, kStages, kC>,
                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      static_cast<int>(Smem<kStages>::kBytes));
+                                      static_cast<int>(L::kBytes));
   });
   CUDA_RETURN_IF_ERROR(configured);
   const int64_t blocks = static_cast<int64_t>(a.num_sm90_work) * a.num_q_heads;
-  pagedAttnSm90Kernel<kPipelined, kStages><<<dim3(static_cast<unsigned>(blocks)),
-                                             dim3(kThreads), Smem<kStages>::kBytes, stream>>>(
+  pagedAttnSm90Kernel<kPipelined, kStages, kC><<<dim3(static_cast<unsigned>(blocks)),
+                                                 dim3(S::kThreads), L::kBytes, stream>>>(
       q_map, k_map, v_map, a);
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return okStatus();
@@ -530,15 +556,19 @@ int32_t g_min_tokens = kPagedAttnSm90DefaultMinTokens;
 bool g_pipelined = true;
 int32_t g_stages = 2;
 bool g_windows = false;
+int32_t g_consumers = 3;
 
 }  // namespace
 
-void setPagedAttnSm90(int32_t min_tokens, bool pipelined, int32_t stages, bool windows) {
+void setPagedAttnSm90(int32_t min_tokens, bool pipelined, int32_t stages, bool windows,
+                      int32_t consumers) {
   g_min_tokens = min_tokens;
   g_pipelined = pipelined;
   g_stages = stages == 4 ? 4 : 2;
   g_windows = windows;
+  g_consumers = consumers == 3 ? 3 : 2;
 }
+int32_t pagedAttnSm90Rows() { return g_consumers * kWgRows; }
 int32_t pagedAttnSm90MinTokens(int32_t sliding_window) {
   return sliding_window > 0 && !g_windows ? 0 : g_min_tokens;
 }
@@ -566,10 +596,13 @@ Status launchPagedAttentionSm90(const PagedAttentionArgs& a, cudaStream_t stream
   if (static_cast<int64_t>(a.num_sm90_work) * a.num_q_heads > INT32_MAX) {
     return invalidArgument("paged attention sm90: too many work items x heads");
   }
-  if (g_stages == 4) {
-    return g_pipelined ? launchKernel<true, 4>(a, stream) : launchKernel<false, 4>(a, stream);
+  if (g_consumers == 3) {  // the default [TAG_PAGED_ATTN_SM90]; the ring depth stays 2
+    return g_pipelined ? launchKernel<true, 2, 3>(a, stream) : launchKernel<false, 2, 3>(a, stream);
   }
-  return g_pipelined ? launchKernel<true, 2>(a, stream) : launchKernel<false, 2>(a, stream);
+  if (g_stages == 4) {
+    return g_pipelined ? launchKernel<true, 4, 2>(a, stream) : launchKernel<false, 4, 2>(a, stream);
+  }
+  return g_pipelined ? launchKernel<true, 2, 2>(a, stream) : launchKernel<false, 2, 2>(a, stream);
 }
 
 Result<bool> pagedAttnSm90WatchdogFired() {

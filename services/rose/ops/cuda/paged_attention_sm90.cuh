@@ -26,8 +26,12 @@ inline constexpr int32_t kPagedAttnSm90DefaultMinTokens = 128;
 // K/V ring's depth (2 or 4 tiles), and whether sliding-window layers take it too (default no:
 // at gpt-oss's window of 128 the mma.sync kernel's 64-key tiles waste less, 0.40 vs 0.67 ms for
 // a 16k chunk on the H200, 2026-12-04; tests turn it on to check the window path).
+// consumers: 3 (the default) or 2 consumer warpgroups per block (192 or 128 query rows per work
+// item); a 4-tile ring exists for 2 consumers only.
 void setPagedAttnSm90(int32_t min_tokens, bool pipelined, int32_t stages = 2,
-                      bool windows = false);
+                      bool windows = false, int32_t consumers = 3);
+// Query rows per work item of the current setting (planPagedAttention's sm90_rows).
+int32_t pagedAttnSm90Rows();
 // The threshold for a launch with this sliding_window (0: full causal).
 int32_t pagedAttnSm90MinTokens(int32_t sliding_window = 0);
 
