@@ -631,6 +631,8 @@ int main(int argc, char** argv) {
         return 2;
       }
       kernels.paged_attention_sm90_min_tokens = 0;  // the default falls back to mma.sync
+      std::fprintf(stderr, "rose: --kv-block-size %d: gpt-oss prefill attention runs on the mma.sync "
+                           "kernel (the Hopper one copies pages of a size dividing 128)\n", bs);
     }
   }
 

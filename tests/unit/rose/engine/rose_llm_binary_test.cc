@@ -250,7 +250,9 @@ TEST_F(RoseLlmBinary, BadKvFlagsExitTwo) {
         std::vector<std::string>{"--kv-cache-fraction", "0"},
         std::vector<std::string>{"--kv-cache-fraction", "1.5"},
         std::vector<std::string>{"--moe-weights", "fp4"},
-        std::vector<std::string>{"--late-masks", "maybe"}}) {
+        std::vector<std::string>{"--late-masks", "maybe"},
+        std::vector<std::string>{"--attn-prefill", "wgmma"},
+        std::vector<std::string>{"--attn-prefill", "sm90", "--kv-block-size", "12"}}) {
     std::vector<std::string> args = {roseBin(),    "--model", modelDir(),
                                      "--shm-name", name,      "--create-shm"};
     args.insert(args.end(), extra.begin(), extra.end());

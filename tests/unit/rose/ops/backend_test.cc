@@ -16,7 +16,7 @@ namespace garden::rose {
 namespace {
 
 const char* const kVars[] = {"GARDEN_ATTENTION_KERNEL", "GARDEN_GEMM_TUNE", "GARDEN_GEMM_SMALLM",
-                             "GARDEN_PDL"};
+                             "GARDEN_PDL", "GARDEN_PAGED_ATTENTION"};
 
 // Clears the variables for the test and restores what the process had.
 class KernelEnvTest : public ::testing::Test {
@@ -43,7 +43,8 @@ class KernelEnvTest : public ::testing::Test {
 bool same(const CudaKernelOptions& a, const CudaKernelOptions& b) {
   return a.attention_wide == b.attention_wide && a.attention_sm90 == b.attention_sm90 &&
          a.gemm_tune == b.gemm_tune &&
-         a.gemm_smallm == b.gemm_smallm && a.pdl == b.pdl;
+         a.gemm_smallm == b.gemm_smallm && a.pdl == b.pdl &&
+         a.paged_attention_sm90_min_tokens == b.paged_attention_sm90_min_tokens;
 }
 
 TEST_F(KernelEnvTest, UnsetOrEmptyKeepsTheDefaults) {
@@ -54,6 +55,7 @@ TEST_F(KernelEnvTest, UnsetOrEmptyKeepsTheDefaults) {
   EXPECT_TRUE(o.gemm_tune);
   EXPECT_FALSE(o.gemm_smallm);
   EXPECT_TRUE(o.pdl);
+  EXPECT_EQ(o.paged_attention_sm90_min_tokens, 128);
   for (const char* v : kVars) setenv(v, "", 1);
   CudaKernelOptions e;
   ASSERT_TRUE(cudaKernelOptionsFromEnv(e).isOk());
@@ -65,8 +67,10 @@ TEST_F(KernelEnvTest, EachAcceptedValueIsRead) {
   setenv("GARDEN_GEMM_TUNE", "0", 1);
   setenv("GARDEN_GEMM_SMALLM", "1", 1);
   setenv("GARDEN_PDL", "0", 1);
+  setenv("GARDEN_PAGED_ATTENTION", "mma", 1);
   CudaKernelOptions o;
   ASSERT_TRUE(cudaKernelOptionsFromEnv(o).isOk());
+  EXPECT_EQ(o.paged_attention_sm90_min_tokens, 0);
   EXPECT_FALSE(o.attention_wide);
   EXPECT_FALSE(o.attention_sm90);
   EXPECT_FALSE(o.gemm_tune);
@@ -84,6 +88,7 @@ TEST_F(KernelEnvTest, EachAcceptedValueIsRead) {
   setenv("GARDEN_GEMM_TUNE", "1", 1);
   setenv("GARDEN_GEMM_SMALLM", "0", 1);
   setenv("GARDEN_PDL", "1", 1);
+  setenv("GARDEN_PAGED_ATTENTION", "sm90", 1);
   ASSERT_TRUE(cudaKernelOptionsFromEnv(o).isOk());
   EXPECT_TRUE(same(o, CudaKernelOptions{}));
 }
@@ -98,7 +103,8 @@ TEST_F(KernelEnvTest, OtherValuesAreRefusedByName) {
   for (const Bad& b :
        {Bad{"GARDEN_ATTENTION_KERNEL", "v3", "auto|narrow|sm90|mma"},
         Bad{"GARDEN_ATTENTION_KERNEL", "v1", "auto|narrow|sm90|mma"}, Bad{"GARDEN_GEMM_TUNE", "yes", "0|1"},
-        Bad{"GARDEN_GEMM_SMALLM", "2", "0|1"}, Bad{"GARDEN_PDL", "on", "0|1"}}) {
+        Bad{"GARDEN_GEMM_SMALLM", "2", "0|1"}, Bad{"GARDEN_PDL", "on", "0|1"},
+        Bad{"GARDEN_PAGED_ATTENTION", "wgmma", "sm90|mma"}}) {
     SCOPED_TRACE(std::string(b.var) + "=" + b.value);
     for (const char* v : kVars) unsetenv(v);
     setenv(b.var, b.value, 1);
