@@ -69,6 +69,7 @@
 #include <cstring>
 #include <fstream>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <span>
 #include <sstream>
@@ -335,6 +336,43 @@ int barDump(Bench& b, const std::string& dir, const std::string& list) {
   return 0;
 }
 
+// A CUDA backend and its LLM ops reserved for gpt-oss-20b's shapes (hidden 2880, 32 experts,
+// top-4, 64 q / 8 kv heads of 64) at the given step limits, for the op benchmarks; nullopt with
+// the reason on stderr when either fails.
+struct OpsBench {
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<LlmOps> ops;
+};
+std::optional<OpsBench> makeOpsBench(int64_t max_tokens, int32_t max_seqs, int64_t max_model_len) {
+  BackendOptions bo;
+  auto be = makeBackend("cuda", bo);
+  if (!be.isOk()) {
+    std::fprintf(stderr, "backend: %s\n", be.status().toString().c_str());
+    return std::nullopt;
+  }
+  OpsBench b;
+  b.backend = std::move(be).value();
+  b.ops = makeLlmOps(*b.backend).value();
+  LlmOpsLimits lim;
+  lim.max_tokens = max_tokens;
+  lim.max_seqs = max_seqs;
+  lim.max_logits_rows = 1;
+  lim.max_model_len = max_model_len;
+  lim.vocab = 1;
+  lim.hidden = 2880;
+  lim.intermediate = 2880;
+  lim.num_experts = 32;
+  lim.top_k = 4;
+  lim.num_q_heads = 64;
+  lim.num_kv_heads = 8;
+  lim.head_dim = 64;
+  if (Status st = b.ops->reserve(lim); !st.isOk()) {
+    std::fprintf(stderr, "reserve: %s\n", st.toString().c_str());
+    return std::nullopt;
+  }
+  return b;
+}
+
 // --moe-gemm T1,T2,...: LlmOps::moeExperts alone at gpt-oss-20b's expert shapes (32 experts,
 // top-4, hidden = intermediate = 2880, MXFP4 resident, random codes and scales), T tokens with
 // random distinct experts each; kLayers weight copies are cycled so the weights come from HBM as
@@ -347,34 +385,13 @@ int barDump(Bench& b, const std::string& dir, const std::string& list) {
 int moeGemmBench(const std::string& list, bool fp8, const std::vector<int>& slices,
                  const std::vector<int>& prefetch) {
   constexpr int kLayers = 6, kE = 32, kK = 4, kH = 2880, kI = 2880;
-  BackendOptions bo;
-  auto be = makeBackend("cuda", bo);
-  if (!be.isOk()) {
-    std::fprintf(stderr, "backend: %s\n", be.status().toString().c_str());
-    return 1;
-  }
-  std::unique_ptr<Backend> backend = std::move(be).value();
-  std::unique_ptr<LlmOps> ops = makeLlmOps(*backend).value();
   std::vector<int> ts;
   for (const auto& x : split(list, ',')) ts.push_back(std::atoi(x.c_str()));
   const int tmax = *std::max_element(ts.begin(), ts.end());
-  LlmOpsLimits lim;
-  lim.max_tokens = tmax;
-  lim.max_seqs = tmax;
-  lim.max_logits_rows = 1;
-  lim.max_model_len = 4096;
-  lim.vocab = 1;
-  lim.hidden = kH;
-  lim.intermediate = kI;
-  lim.num_experts = kE;
-  lim.top_k = kK;
-  lim.num_q_heads = 64;
-  lim.num_kv_heads = 8;
-  lim.head_dim = 64;
-  if (Status st = ops->reserve(lim); !st.isOk()) {
-    std::fprintf(stderr, "reserve: %s\n", st.toString().c_str());
-    return 1;
-  }
+  std::optional<OpsBench> ob = makeOpsBench(tmax, tmax, 4096);
+  if (!ob) return 1;
+  std::unique_ptr<Backend> backend = std::move(ob->backend);
+  std::unique_ptr<LlmOps> ops = std::move(ob->ops);
   std::mt19937 rng(5);
   auto mx = [&](int64_t rows, int64_t cols, std::vector<uint8_t>& c, std::vector<uint8_t>& sc) {
     c.resize(static_cast<size_t>(kE * rows * cols / 2));
@@ -562,31 +579,10 @@ int attnBench(const std::string& list) {
     max_ctx = std::max(max_ctx, c + h);
     max_chunk = std::max(max_chunk, c);
   }
-  BackendOptions bo;
-  auto be = makeBackend("cuda", bo);
-  if (!be.isOk()) {
-    std::fprintf(stderr, "backend: %s\n", be.status().toString().c_str());
-    return 1;
-  }
-  std::unique_ptr<Backend> backend = std::move(be).value();
-  std::unique_ptr<LlmOps> ops = makeLlmOps(*backend).value();
-  LlmOpsLimits lim;
-  lim.max_tokens = max_chunk;
-  lim.max_seqs = 1;
-  lim.max_logits_rows = 1;
-  lim.max_model_len = max_ctx;
-  lim.vocab = 1;
-  lim.hidden = 2880;
-  lim.intermediate = 2880;
-  lim.num_experts = 32;
-  lim.top_k = 4;
-  lim.num_q_heads = kHq;
-  lim.num_kv_heads = kHkv;
-  lim.head_dim = kD;
-  if (Status st = ops->reserve(lim); !st.isOk()) {
-    std::fprintf(stderr, "reserve: %s\n", st.toString().c_str());
-    return 1;
-  }
+  std::optional<OpsBench> ob = makeOpsBench(max_chunk, 1, max_ctx);
+  if (!ob) return 1;
+  std::unique_ptr<Backend> backend = std::move(ob->backend);
+  std::unique_ptr<LlmOps> ops = std::move(ob->ops);
   const int32_t blocks = (max_ctx + kBs - 1) / kBs + 8;
   std::mt19937 rng(11);
   std::normal_distribution<float> nd(0.f, 1.f);

@@ -39,6 +39,7 @@
 #include "services/rose/ops/cuda/common.cuh"
 #include "services/rose/ops/cuda/cuda_utils.h"
 #include "services/rose/ops/cuda/sm90_ptx.cuh"
+#include "services/rose/ops/cuda/sm90_softmax.cuh"
 
 namespace garden::rose::cuda {
 namespace {
@@ -100,55 +101,7 @@ __device__ __forceinline__ void softmaxStep(float (&s)[64], float (&m)[2], float
       }
     }
   }
-  float mx[2] = {m[0], m[1]};
-#pragma unroll
-  for (int i = 0; i < 16; ++i) {
-    mx[0] = fmaxf(mx[0], fmaxf(s[4 * i], s[4 * i + 1]));
-    mx[1] = fmaxf(mx[1], fmaxf(s[4 * i + 2], s[4 * i + 3]));
-  }
-  float ms[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-    ms[r] = mx[r] == -INFINITY ? 0.f : mx[r] * scale_log2;  // a row with no visible key yet
-    alpha[r] = exp2Ftz(fmaf(m[r], scale_log2, -ms[r]));      // m = -inf (first tile): 0
-    m[r] = mx[r];
-  }
-  float rs[2] = {0.f, 0.f};
-#pragma unroll
-  for (int i = 0; i < 16; ++i) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int r = e / 2;
-      s[4 * i + e] = exp2Ftz(fmaf(s[4 * i + e], scale_log2, -ms[r]));
-      rs[r] += s[4 * i + e];
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < 2; ++r) l[r] = fmaf(l[r], alpha[r], rs[r]);
-}
-
-// P (f32, in S's registers) -> bf16 A fragments of O += P V.
-__device__ __forceinline__ void toP(const float (&s)[64], uint32_t (&p)[32]) {
-#pragma unroll
-  for (int kk = 0; kk < kBlockN / 16; ++kk) {
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int e = pSourceElement(kk, r);
-      p[4 * kk + r] = packBf16x2(s[e], s[e + 1]);
-    }
-  }
-}
-
-__device__ __forceinline__ void rescaleO(float (&o)[64], const float (&alpha)[2]) {
-#pragma unroll
-  for (int i = 0; i < 16; ++i) {
-    o[4 * i] *= alpha[0];
-    o[4 * i + 1] *= alpha[0];
-    o[4 * i + 2] *= alpha[1];
-    o[4 * i + 3] *= alpha[1];
-  }
+  onlineSoftmax(s, m, l, alpha, scale_log2);
 }
 
 // The consumers' turns at issuing wgmmas (kPipelined): consumer w waits on barrier
