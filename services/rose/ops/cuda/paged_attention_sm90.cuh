@@ -1,6 +1,6 @@
 #pragma once
 // The Hopper (sm_90a) kernel for gpt-oss prefill attention [TAG_PAGED_ATTN_SM90]: the query
-// tokens of long chunks (planPagedAttention's `sm90` items, 128 query rows of one sequence each)
+// tokens of long chunks (planPagedAttention's `sm90` items, 192 query rows of one sequence each)
 // attend to their sequence's keys in the paged KV cache with wgmma and bulk tensor copies, as
 // attention_sm90.cu does for the embedding path (head_dim 64 here, learned sinks, sliding
 // window, chunks with history). The mma.sync kernel (paged_attention.cu) keeps decode tokens and
