@@ -79,6 +79,7 @@
 #include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 
+#include "common/safetensors.h"
 #include "services/rose/model/gpt_oss.h"
 #include "services/rose/ops/llm_ops.h"
 #include "services/rose/ops/paged_kv_cache.h"
@@ -673,17 +674,11 @@ int attnBench(const std::string& list) {
         (void)backend->synchronize();
         double num = 0, den = 0, maxd = 0;
         size_t nonfinite = 0;
-        auto f = [](uint16_t b) {
-          const uint32_t u = static_cast<uint32_t>(b) << 16;
-          float x;
-          std::memcpy(&x, &u, 4);
-          return x;
-        };
         if (ref.empty()) {
           ref = got;
         }
         for (size_t i = 0; i < got.size(); ++i) {
-          const double a = f(got[i]), b = f(ref[i]);
+          const double a = bf16ToF32(got[i]), b = bf16ToF32(ref[i]);
           if (!std::isfinite(a)) ++nonfinite;
           num += (a - b) * (a - b);
           den += b * b;

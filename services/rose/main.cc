@@ -60,6 +60,7 @@
 #include "services/rose/model/qwen3.h"
 #include "services/rose/ops/backend.h"
 #include "services/rose/ops/llm_ops.h"
+#include "services/rose/ops/paged_attention_fit.h"
 #include "services/rose/parallel/rank_runtime.h"
 #include "services/rose/parallel/shard_ops.h"
 
@@ -621,10 +622,9 @@ int main(int argc, char** argv) {
   if (llm.attn_prefill == "mma") kernels.paged_attention_sm90_min_tokens = 0;
   if (llm.attn_prefill == "sm90") kernels.paged_attention_sm90_min_tokens = 128;
   {
-    // The Hopper paged attention copies whole pages into 128-key tiles (pagedAttnSm90Supports).
     const int32_t bs = llm.kv_block_size;
-    const bool pages_fit = bs >= 8 && (128 % bs == 0 || bs % 128 == 0);
-    if (!pages_fit && kernels.paged_attention_sm90_min_tokens > 0) {
+    if (!rose::pagedAttentionSm90FitsBlockSize(bs) &&
+        kernels.paged_attention_sm90_min_tokens > 0) {
       if (llm.attn_prefill == "sm90") {
         std::fprintf(stderr, "rose: --attn-prefill sm90 needs a --kv-block-size that divides 128 "
                              "or is a multiple of it (>= 8)\n");

@@ -366,17 +366,7 @@ Status encodeQkvMap(const AttentionArgs& a, CUtensorMap* map) {
   const cuuint64_t dims[2] = {shape.dims[0], shape.dims[1]};
   const cuuint64_t strides[1] = {shape.row_stride_bytes};
   const cuuint32_t box[2] = {shape.box[0], shape.box[1]};
-  const cuuint32_t elem_strides[2] = {1, 1};
-  const CUresult r = tensorMapEncoder()(
-      map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
-      const_cast<void*>(static_cast<const void*>(a.qkv)), dims, strides, box, elem_strides,
-      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) {
-    return internalError("attention sm90: cuTensorMapEncodeTiled failed (CUresult " +
-                         std::to_string(static_cast<int>(r)) + ")");
-  }
-  return okStatus();
+  return encodeBf16TensorMap(map, a.qkv, 2, dims, strides, box, "attention sm90: qkv");
 }
 
 template <bool kCausal, bool kPipelined, bool kTma>
@@ -422,6 +412,21 @@ PFN_cuTensorMapEncodeTiled_v12000 tensorMapEncoder() {
     }
   });
   return fn;
+}
+
+Status encodeBf16TensorMap(CUtensorMap* map, const void* ptr, uint32_t rank, const uint64_t* dims,
+                           const uint64_t* strides, const uint32_t* box, const char* what) {
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  if (rank < 1 || rank > 3) return invalidArgument(std::string(what) + ": tensor map rank 1..3");
+  const CUresult r = tensorMapEncoder()(
+      map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank, const_cast<void*>(ptr), dims, strides, box,
+      elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    return internalError(std::string(what) + ": cuTensorMapEncodeTiled failed (CUresult " +
+                         std::to_string(static_cast<int>(r)) + ")");
+  }
+  return okStatus();
 }
 
 // Compute capability of the current device (queried once per device).

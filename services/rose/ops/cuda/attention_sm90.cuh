@@ -42,6 +42,12 @@ Result<bool> attentionSm90WatchdogFired();
 // cuTensorMapEncodeTiled from the driver, through the runtime (no link against libcuda); null
 // when the driver has none. Shared with paged_attention_sm90.cu.
 PFN_cuTensorMapEncodeTiled_v12000 tensorMapEncoder();
+// A bf16 tensor map (rank 1..3; dims innermost first, strides in bytes of dims 1.., the box in
+// elements) with the 128-byte swizzle, 256-byte L2 promotion and zero fill out of bounds, as
+// both Hopper attention kernels copy their tiles; INTERNAL naming `what` if the driver refuses.
+// The caller has checked tensorMapEncoder() != nullptr.
+Status encodeBf16TensorMap(CUtensorMap* map, const void* ptr, uint32_t rank, const uint64_t* dims,
+                           const uint64_t* strides, const uint32_t* box, const char* what);
 // Compute capability of the current device as major * 10 + minor (0 when unknown).
 int deviceCapability();
 

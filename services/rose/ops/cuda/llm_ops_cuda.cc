@@ -278,6 +278,7 @@ class CudaLlmOps final : public LlmOps {
       slot.num_work = static_cast<int32_t>(plan.work.size());
       slot.num_combine = static_cast<int32_t>(plan.combine.size());
       slot.num_sm90 = static_cast<int32_t>(plan.sm90.size());
+      plan.work.insert(plan.work.end(), plan.sm90.begin(), plan.sm90.end());  // one upload
       slot.work = static_cast<PagedAttnWork*>(work_.data()) + i * max_work_;
       slot.combine = static_cast<PagedAttnCombine*>(combine_.data()) + i * max_combine_;
       slot.counts = static_cast<int32_t*>(counts_.data()) + 2 * i;
@@ -287,11 +288,6 @@ class CudaLlmOps final : public LlmOps {
         b_.copyToDevice(Tensor(slot.work, DType::kU8,
                                {static_cast<int64_t>(plan.work.size() * sizeof(PagedAttnWork))}),
                         plan.work.data(), plan.work.size() * sizeof(PagedAttnWork));
-      }
-      if (!plan.sm90.empty()) {  // after the mma.sync items
-        b_.copyToDevice(Tensor(slot.work + slot.num_work, DType::kU8,
-                               {static_cast<int64_t>(plan.sm90.size() * sizeof(PagedAttnWork))}),
-                        plan.sm90.data(), plan.sm90.size() * sizeof(PagedAttnWork));
       }
       if (!plan.combine.empty()) {
         b_.copyToDevice(
@@ -338,11 +334,7 @@ class CudaLlmOps final : public LlmOps {
     a.num_combine = plan->num_combine;
     a.sm90_work = plan->work + plan->num_work;
     a.num_sm90_work = plan->num_sm90;
-    a.num_tokens = qkv.rows();
-    require(plan->num_sm90 == 0 || pagedAttnSm90Supports(p.block_size, p.head_dim),
-            "pagedAttention",
-            "the Hopper prefill attention cannot run here (KV block size or GPU): "
-            "use --attn-prefill mma");
+    a.num_tokens = qkv.rows();  // the launcher checks the Hopper kernel can run (KV block size, GPU)
     if (p.graph_seqs > 0) {  // any plan of up to graph_seqs single-token sequences
       // A layer whose window never splits a token (gpt-oss's sliding layers) launches one work
       // block per sequence and no combine kernel.

@@ -41,6 +41,7 @@
 #include <mutex>
 #include <string>
 
+#include "services/rose/ops/paged_attention_fit.h"
 #include "services/rose/ops/cuda/attention_sm90.cuh"
 #include "services/rose/ops/cuda/attention_sm90_layout.h"
 #include "services/rose/ops/cuda/common.cuh"
@@ -102,18 +103,11 @@ __device__ __forceinline__ void mbarWait(uint32_t bar, uint32_t parity) {
   mbarWaitOrGiveUp(bar, parity, &g_paged_watchdog);
 }
 
-// Byte offset of element (row, col) of a [128][64] bf16 tile written by SWIZZLE_128B copies.
-__device__ __forceinline__ uint32_t tileOffset(int row, int col) {
-  return static_cast<uint32_t>(row) * kRowBytes +
-         ((static_cast<uint32_t>(col / 8) ^ (static_cast<uint32_t>(row) & 7u)) * 16) +
-         static_cast<uint32_t>(col % 8) * 2;
-}
-
 // S = Q K^T over head_dim (4 k-steps); the first overwrites S.
 __device__ __forceinline__ void gemmQK(float (&s)[64], uint64_t q_desc, uint64_t k_desc) {
 #pragma unroll
   for (int kk = 0; kk < kD / 16; ++kk) {
-    const uint64_t step = static_cast<uint64_t>(kk * 32) >> 4;
+    const uint64_t step = sm90::kMajorStepOffset(kk) >> 4;  // half 0: head_dim 64 is one half
     wgmmaSS(s, q_desc + step, k_desc + step, kk > 0 ? 1 : 0);
   }
 }
@@ -123,7 +117,7 @@ __device__ __forceinline__ void gemmPV(float (&o)[32], const uint32_t (&p)[32], 
 #pragma unroll
   for (int kk = 0; kk < kBlockN / 16; ++kk) {
     wgmmaRS64(o, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3],
-              v_desc + ((static_cast<uint64_t>(kk) * 16 * kRowBytes) >> 4));
+              v_desc + (sm90::mnMajorStepOffset(kk) >> 4));
   }
 }
 
@@ -358,7 +352,8 @@ __global__ void __launch_bounds__(Shape<kC>::kThreads, 1)
     constexpr int kChunks = kD / 8;  // 16-byte chunks per row
     for (int i = static_cast<int>(threadIdx.x) - 128; i < (kBlockN - good) * kChunks;
          i += 128 * kC) {
-      const uint32_t dst = s_v + tileOffset(good + i / kChunks, (i % kChunks) * 8);
+      // A [128][64] tile is the first column half of the layout header's [128][128] one.
+      const uint32_t dst = s_v + sm90::tileOffset(good + i / kChunks, (i % kChunks) * 8);
       asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(dst), "r"(0) : "memory");
     }
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // visible to wgmma
@@ -452,20 +447,6 @@ __global__ void __launch_bounds__(Shape<kC>::kThreads, 1)
   }
 }
 
-Status encode(CUtensorMap* map, const void* ptr, cuuint32_t rank, const cuuint64_t* dims,
-              const cuuint64_t* strides, const cuuint32_t* box, const char* what) {
-  const cuuint32_t elem_strides[3] = {1, 1, 1};
-  const CUresult r = tensorMapEncoder()(
-      map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank, const_cast<void*>(ptr), dims, strides, box,
-      elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) {
-    return internalError(std::string("paged attention sm90: cuTensorMapEncodeTiled failed for ") +
-                         what + " (CUresult " + std::to_string(static_cast<int>(r)) + ")");
-  }
-  return okStatus();
-}
-
 template <bool kPipelined, int kStages, int kC>
 Status launchKernel(const PagedAttentionArgs& a, cudaStream_t stream) {
   using S = Shape<kC>;
@@ -476,7 +457,7 @@ Status launchKernel(const PagedAttentionArgs& a, cudaStream_t stream) {
     const cuuint64_t dims[2] = {width, static_cast<cuuint64_t>(a.num_tokens)};
     const cuuint64_t strides[1] = {width * 2};
     const cuuint32_t box[2] = {kD, S::kBlockM};
-    RETURN_IF_ERROR(encode(&q_map, a.qkv, 2, dims, strides, box, "q"));
+    RETURN_IF_ERROR(encodeBf16TensorMap(&q_map, a.qkv, 2, dims, strides, box, "paged attention sm90: q"));
   }
   {
     // The cache [blocks][block_size][Hkv][64] as [slots][Hkv][64]; one box = one page's rows of
@@ -486,8 +467,10 @@ Status launchKernel(const PagedAttentionArgs& a, cudaStream_t stream) {
                                 static_cast<cuuint64_t>(a.num_blocks) * a.block_size};
     const cuuint64_t strides[2] = {kD * 2, static_cast<cuuint64_t>(a.num_kv_heads) * kD * 2};
     const cuuint32_t box[3] = {kD, 1, static_cast<cuuint32_t>(std::min(a.block_size, kBlockN))};
-    RETURN_IF_ERROR(encode(&k_map, a.k_cache, 3, dims, strides, box, "k cache"));
-    RETURN_IF_ERROR(encode(&v_map, a.v_cache, 3, dims, strides, box, "v cache"));
+    RETURN_IF_ERROR(
+        encodeBf16TensorMap(&k_map, a.k_cache, 3, dims, strides, box, "paged attention sm90: k"));
+    RETURN_IF_ERROR(
+        encodeBf16TensorMap(&v_map, a.v_cache, 3, dims, strides, box, "paged attention sm90: v"));
   }
   static std::once_flag once;  // [TAG_ATTN_SMEM] one attribute call per instance
   static cudaError_t configured = cudaSuccess;
@@ -527,10 +510,9 @@ int32_t pagedAttnSm90MinTokens(int32_t sliding_window) {
 }
 
 bool pagedAttnSm90Supports(int32_t block_size, int32_t head_dim) {
-  if (head_dim != kD || block_size < 8) return false;
-  const bool divides = block_size <= kBlockN ? kBlockN % block_size == 0
-                                             : block_size % kBlockN == 0;
-  return divides && deviceCapability() == 90 && tensorMapEncoder() != nullptr;
+  static_assert(kBlockN == 128, "pagedAttentionSm90FitsBlockSize's tile");
+  return head_dim == kD && rose::pagedAttentionSm90FitsBlockSize(block_size) &&
+         deviceCapability() == 90 && tensorMapEncoder() != nullptr;
 }
 
 Status launchPagedAttentionSm90(const PagedAttentionArgs& a, cudaStream_t stream) {
@@ -538,7 +520,8 @@ Status launchPagedAttentionSm90(const PagedAttentionArgs& a, cudaStream_t stream
   if (!pagedAttnSm90Supports(a.block_size, a.head_dim)) {
     return failedPrecondition(
         "paged attention sm90: needs head_dim 64, a KV block size that divides 128 or is a "
-        "multiple of it (>= 8), a compute capability 9.0 GPU and cuTensorMapEncodeTiled");
+        "multiple of it (>= 8), a compute capability 9.0 GPU and cuTensorMapEncodeTiled "
+        "(rose --attn-prefill mma runs prefill on the mma.sync kernel)");
   }
   if (a.num_tokens <= 0 || a.sm90_work == nullptr) {
     return invalidArgument("paged attention sm90: num_tokens and the work list are required");
