@@ -100,8 +100,8 @@
 #             of --attn-bench 16384@49152
 #   pattnbench rose_llm_bench --attn-bench: the paged attention op alone at prefill chunks with history,
 #             mma.sync vs the Hopper kernel [TAG_PAGED_ATTN_SM90] (no model needed)
-#   prefillab 20b prefill 8k/32k/64k/128k with --attn-prefill mma / sm90 / sm90c2, then sm90
-#             with --moe-weights fp8 (needs mk20b)
+#   prefillab 20b prefill 8k/32k/64k/128k with --attn-prefill mma / sm90 / sm90c2 (needs mk20b;
+#             prefillfp8 for the FP8 experts)
 #   prefilldef / prefillfp8  20b prefill 8k/32k/64k/128k with the defaults / --moe-weights fp8
 #             (needs mk20b)
 #   prefill128k  20b prefill of one 64k and one 128k request (issue 16's table; never run yet),
@@ -180,7 +180,7 @@ for s in $STEPS; do
     attnsrc) step attnsrc attn_src.txt 200 bash -c "ncu --set full --import-source no -k regex:pagedAttnSm90Kernel -c 1 -o '$LOGS/ncu_attn' '$BIN/rose_llm_bench' --attn-bench 16384@16384 >/dev/null 2>&1; ncu -i '$LOGS/ncu_attn.ncu-rep' --page source --csv --print-source sass > '$LOGS/ncu_attn.sass.csv' 2>&1; python3 '$ROOT/bench/suites/ncu_sass_stalls.py' '$LOGS/ncu_attn.sass.csv' 40; ncu -i '$LOGS/ncu_attn.ncu-rep' --page details 2>&1 | grep -E 'Duration|Registers Per|Executed Ipc A|Eligible Warps|Active Warps Per|Issue Slots|Tensor|Shared|Bank'" ;;
     attnncu) step attnncu attn_ncu.txt 200 ncu -k regex:pagedAttnSm90Kernel -c 1 --section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis --section Occupancy "$BIN/rose_llm_bench" --attn-bench 16384@49152 ;;
     pattnbench) step pattnbench paged_attn_bench.txt 200 "$BIN/rose_llm_bench" --attn-bench 16384@0,16384@49152,16384@114688,8192@0,2048@0,1024@4096,512@0,256@1000 ;;
-    prefillab) step prefillab prefillab.txt 400 bash -c "for v in mma sm90 sm90c2; do echo \"== --attn-prefill \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192,32768,65536,131072 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --attn-prefill \$v 2>&1 | grep -v 'gemm tuned'; done; echo '== --attn-prefill sm90 --moe-weights fp8'; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192,32768,65536,131072 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --moe-weights fp8 2>&1 | grep -v 'gemm tuned'" ;;
+    prefillab) step prefillab prefillab.txt 400 bash -c "for v in mma sm90 sm90c2; do echo \"== --attn-prefill \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192,32768,65536,131072 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --attn-prefill \$v 2>&1 | grep -v 'gemm tuned'; done" ;;
     prefilldef) step prefilldef prefilldef.txt 200 bash -c "'$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192,32768,65536,131072 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 2>&1 | grep -v 'gemm tuned'" ;;
     prefillfp8) step prefillfp8 prefillfp8.txt 200 bash -c "'$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192,32768,65536,131072 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --moe-weights fp8 2>&1 | grep -v 'gemm tuned'" ;;
     mk20b) step mk20b mk20b.log 240 python3 "$ROOT/bench/suites/make_random_gpt_oss.py" --out /tmp/gptoss20b --shape 20b ;;

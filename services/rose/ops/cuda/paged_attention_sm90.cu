@@ -56,15 +56,14 @@ namespace {
 using namespace ptx90;  // NOLINT(build/namespaces): the PTX wrappers
 using sm90::accCol;
 using sm90::accRow;
+using sm90::kBlockN;     // keys per tile (128)
+using sm90::kRowBytes;   // one row of 64 bf16: the 128-byte swizzle span
+constexpr int kWgRows = sm90::kWarpgroupRows;  // rows per consumer warpgroup (wgmma M)
 using sm90::makeDescriptor;
-using sm90::pSourceElement;
 
-constexpr int kD = 64;                          // head_dim
-constexpr int kWgRows = 64;                     // per consumer warpgroup (wgmma M)
-constexpr int kBlockN = 128;                    // keys per tile
-constexpr uint32_t kRowBytes = 128;             // one row of 64 bf16: the 128-byte swizzle span
-constexpr uint32_t kTileBytes = 128 * kRowBytes;  // [128][64] bf16 = 16 KB
-constexpr uint32_t kAtomBytes = 1024;           // 8 rows: the swizzle repeat
+constexpr int kD = 64;                                 // head_dim
+constexpr uint32_t kTileBytes = sm90::kHalfBytes;      // [128][64] bf16: one column half, 16 KB
+constexpr uint32_t kAtomBytes = sm90::kSwizzleAtomBytes;  // 8 rows: the swizzle repeat
 // kC consumer warpgroups of 64 query rows each (2 or 3), one producer warpgroup.
 template <int kC>
 struct Shape {
@@ -90,12 +89,11 @@ struct Smem {
   static constexpr uint32_t kBytes = kBars + 8 * (1 + 4 * kStages) + kAtomBytes;  // + align slack
 };
 
-// Descriptor strides: K-major (Q, K): 8-row groups 1024 B apart, LBO unused (16 by convention);
-// k-step kk of head_dim at byte 32 kk of the row. MN-major (V): 8-key groups 1024 B apart; one
-// 64-column atom (LBO unused); k-step kk (16 keys) at row 16 kk.
-constexpr uint32_t kKMajorLbo = 16;
+// Descriptor strides (attention_sm90_layout.h): 8-row groups 1024 B apart; K-major LBO unused;
+// MN-major (V) has one 64-column atom here, so its LBO (the next atom) is never used either.
+using sm90::kKMajorLbo;
+using sm90::kMnMajorLbo;
 constexpr uint32_t kSbo = kAtomBytes;
-constexpr uint32_t kMnMajorLbo = kTileBytes;
 
 // Set by a wait that gave up (pagedAttnSm90WatchdogFired()).
 __device__ unsigned int g_paged_watchdog = 0;
