@@ -427,8 +427,11 @@ TEST_F(ChatMesh, ManyConcurrentChats) {
 }
 
 TEST_F(ChatMesh, ClientLeavingMidStreamFreesTheSequence) {
+  // ignore_eos: only the client leaving (or 2000 tokens) ends it; the random model would
+  // otherwise sample a stop token now and then and finish before the client leaves.
   RawStream stream(g_mesh->ivy_port,
-                   userChat("Tell me a long story", R"("max_tokens":2000,"stream":true)"));
+                   userChat("Tell me a long story",
+                            R"("max_tokens":2000,"ignore_eos":true,"stream":true)"));
   ASSERT_TRUE(stream.sent());
   // The role chunk goes out with tulip's first generated chunk: generation is under way. (Later
   // events may take long: a random model rarely completes a Harmony header, and header tokens
@@ -959,7 +962,8 @@ TEST_F(ChatMesh, RequestTimeoutMidStreamIsATimeoutEvent) {
   const pid_t rose = rosePid();
   ASSERT_GT(rose, 0);
   RawStream stream(g_mesh->ivy_port,
-                   userChat("Tell me a long story", R"("max_tokens":2000,"stream":true)"),
+                   userChat("Tell me a long story",
+                            R"("max_tokens":2000,"ignore_eos":true,"stream":true)"),
                    "x-request-timeout: 10\r\n");
   ASSERT_TRUE(stream.sent());
   ASSERT_TRUE(stream.readUntil("\"role\":\"assistant\""))
