@@ -28,6 +28,9 @@
 //              or the mma.sync kernel like decode
 //              (default sm90) [TAG_PAGED_ATTN_SM90]; --attn-sm90-min-tokens N moves the threshold.
 //   --attn-bench C@H,...: the attention op alone (see attnBench), then exit.
+//   --moe-prefill tiled|cublas: MoE steps of >= --lt-min-tokens N (default 1024) tokens over
+//              MXFP4 experts on the tiled kernels (default) or dequantized per step into bf16 and
+//              run as per-expert cuBLASLt GEMMs [TAG_MOE_LT_BF16].
 //   --attn-split-keys N: a decode token's keys are split into chunks of at least N (multiple of
 //              64; default: cuda::pagedAttnSplitKeysFor's rule) for the split-KV attention.
 //   --fuse-combine-norm on|off: each layer's MoE combine fused into the next RMSNorm
@@ -85,7 +88,7 @@
 #include "services/rose/ops/paged_kv_cache.h"
 #include "services/rose/ops/cuda/cuda_backend.h"
 #include "services/rose/ops/cuda/gemm.h"
-#include "services/rose/ops/cuda/moe_fp8_gemm.h"
+#include "services/rose/ops/cuda/moe_lt_gemm.h"
 #include "services/rose/ops/cuda/llm_ops_cuda.h"
 #include "services/rose/ops/cuda/moe_gemm.cuh"
 #include "services/rose/ops/cuda/moe_router_f32.cuh"
@@ -382,7 +385,9 @@ std::optional<OpsBench> makeOpsBench(int64_t max_tokens, int32_t max_seqs, int64
 // 0..3, their bits compared with the tiled kernel's at the same slicing) are timed with CUDA
 // events (median of 7 batches of 24 calls). Prints one line per (T, slices, kernel). With
 // --moe-weights fp8 also the FP8 experts (uploaded with the FP8 copy, every T forced onto it) and
-// their relative L2 difference from the MXFP4 tiled kernel.
+// their relative L2 difference from the MXFP4 tiled kernel. Always also the bf16 cuBLASLt path
+// [TAG_MOE_LT_BF16] (every T forced onto it; the experts dequantized per call) and its relative
+// L2 difference from the tiled kernel.
 int moeGemmBench(const std::string& list, bool fp8, const std::vector<int>& slices,
                  const std::vector<int>& prefetch) {
   constexpr int kLayers = 6, kE = 32, kK = 4, kH = 2880, kI = 2880;
@@ -402,6 +407,7 @@ int moeGemmBench(const std::string& list, bool fp8, const std::vector<int>& slic
   };
   std::vector<ExpertWeights> w1, w2;
   std::vector<OwnedTensor> b1, b2;
+  cuda::setMoeLtBf16MinTokens(INT64_MAX);  // switched on (off for every step): the scratch exists
   {
     std::vector<uint8_t> c1, s1, c2, s2;
     mx(2 * kI, kH, c1, s1);
@@ -468,7 +474,7 @@ int moeGemmBench(const std::string& list, bool fp8, const std::vector<int>& slic
     // for that slicing), then each decode-kernel shape at block_m 16, then (one chain only) each
     // wide-kernel shape at block_m 64 [TAG_MOE_WIDE] and the default choice; then the FP8
     // experts once.
-    enum class Kind { kTiled, kDecode, kWide, kAuto, kFp8 };
+    enum class Kind { kTiled, kDecode, kWide, kAuto, kFp8, kLtBf16 };
     struct Run {
       int slices;
       Kind kind;
@@ -489,6 +495,7 @@ int moeGemmBench(const std::string& list, bool fp8, const std::vector<int>& slic
       }
     }
     if (fp8) runs.push_back({cuda::kMoeDefaultKSlices, Kind::kFp8});
+    runs.push_back({cuda::kMoeDefaultKSlices, Kind::kLtBf16});
     for (const Run& run : runs) {
       const int sl = run.slices;
       cuda::setMoeKSlices(sl);
@@ -496,10 +503,13 @@ int moeGemmBench(const std::string& list, bool fp8, const std::vector<int>& slic
                                 : run.kind == Kind::kDecode ? run.variant
                                                             : 0);
       cuda::setMoeWideVariant(run.kind == Kind::kWide                                ? run.variant
-                              : run.kind == Kind::kAuto || run.kind == Kind::kFp8 ? 0
+                              : run.kind == Kind::kAuto || run.kind == Kind::kFp8 ||
+                                        run.kind == Kind::kLtBf16
+                                  ? 0
                                                                                   : -1);
       cuda::setMoeBlockMOverride(run.kind == Kind::kWide ? 64 : 0);
       cuda::setMoeFp8MinTokens(run.kind == Kind::kFp8 ? 1 : INT64_MAX);
+      cuda::setMoeLtBf16MinTokens(run.kind == Kind::kLtBf16 ? 1 : INT64_MAX);
       cuda::setMoeL2Prefetch(run.prefetch);
       auto call = [&](int l) {
         ops->moeExperts(xt, it, wt, w1[static_cast<size_t>(l)], b1[static_cast<size_t>(l)].view,
@@ -515,7 +525,7 @@ int moeGemmBench(const std::string& list, bool fp8, const std::vector<int>& slic
         char buf[96];
         std::snprintf(buf, sizeof buf, "  rel_l2 vs one chain %.2e", chain.empty() ? 0.0 : relL2(got, chain));
         note = buf;
-      } else if (run.kind == Kind::kFp8) {
+      } else if (run.kind == Kind::kFp8 || run.kind == Kind::kLtBf16) {
         char buf[96];
         std::snprintf(buf, sizeof buf, "  rel_l2 vs the MXFP4 tiled kernel %.4f", relL2(got, ref));
         note = buf;
@@ -533,9 +543,9 @@ int moeGemmBench(const std::string& list, bool fp8, const std::vector<int>& slic
         us.push_back(ms * 1000.f / 24);
       }
       std::sort(us.begin(), us.end());
-      if (run.kind == Kind::kFp8) {
-        std::printf("moe T=%4d fp8            : %8.2f us/call (min %.2f)%s\n", t, us[3], us[0],
-                    note.c_str());
+      if (run.kind == Kind::kFp8 || run.kind == Kind::kLtBf16) {
+        std::printf("moe T=%4d %-15s: %8.2f us/call (min %.2f)%s\n", t,
+                    run.kind == Kind::kFp8 ? "fp8" : "bf16 cublaslt", us[3], us[0], note.c_str());
       } else {
         const std::string name = run.kind == Kind::kTiled  ? "tiled"
                                  : run.kind == Kind::kAuto ? "auto"
@@ -554,6 +564,7 @@ int moeGemmBench(const std::string& list, bool fp8, const std::vector<int>& slic
   cuda::setMoeWideVariant(0);
   cuda::setMoeBlockMOverride(0);
   cuda::setMoeFp8MinTokens(cuda::kMoeFp8DefaultMinTokens);
+  cuda::setMoeLtBf16MinTokens(0);
   return 0;
 }
 
@@ -702,6 +713,8 @@ int attnBench(const std::string& list) {
 int main(int argc, char** argv) {
   std::string attn_prefill = "sm90";
   int32_t attn_min_tokens = cuda::kPagedAttnSm90DefaultMinTokens;
+  std::string moe_prefill = "tiled";  // --moe-prefill tiled|cublas [TAG_MOE_LT_BF16]
+  int64_t lt_min_tokens = cuda::kMoeLtBf16DefaultMinTokens;
   std::string model_dir, json_path, moe = "auto";
   std::string prefill_list = "2048,8192,32768", decode_list = "1@8192,64@1024";
   int decode_steps = 32;
@@ -764,6 +777,15 @@ int main(int argc, char** argv) {
     else if (a == "--gemm-flush") cuda::GemmRunner::setReadFlush(next() == "read");
     else if (a == "--router-fused") cuda::setRouterFusedRoute(next() == "on");
     else if (a == "--fp8-min-tokens") fp8_min_tokens = std::atoll(next().c_str());
+    else if (a == "--moe-prefill") {
+      moe_prefill = next();
+      if (moe_prefill != "tiled" && moe_prefill != "cublas") {
+        std::fprintf(stderr, "--moe-prefill: tiled or cublas\n");
+        return 2;
+      }
+    } else if (a == "--lt-min-tokens") {
+      lt_min_tokens = std::atoll(next().c_str());
+    }
     else if (a == "--masks") mask_density = std::atof(next().c_str());
     else if (a == "--bar-dump") bar_dir = next();
     else if (a == "--bar-prompts") bar_prompts = next();
@@ -803,6 +825,7 @@ int main(int argc, char** argv) {
   BackendOptions bo;
   bo.max_batch_tokens = max_batch_tokens;
   bo.cuda.paged_attention_sm90_min_tokens = attn_prefill == "mma" ? 0 : attn_min_tokens;
+  bo.cuda.moe_prefill_cublas_min_tokens = moe_prefill == "cublas" ? lt_min_tokens : 0;
   auto be = makeBackend("cuda", bo);
   if (!be.isOk()) {
     std::fprintf(stderr, "%s\n", be.status().toString().c_str());
@@ -876,6 +899,10 @@ int main(int argc, char** argv) {
               static_cast<long long>(blocks) * 16, static_cast<double>(b.kv->bytes()) / 1e9,
               static_cast<double>(mem_total - mem_free) / 1e9, static_cast<double>(mem_free) / 1e9,
               static_cast<double>(mem_total) / 1e9);
+  if (cuda::moeLtBf16MinTokens() > 0)
+    std::printf("moe prefill: MXFP4 MoE steps of >= %lld tokens dequantize into bf16 and run "
+                "cuBLASLt GEMMs [TAG_MOE_LT_BF16]\n",
+                static_cast<long long>(cuda::moeLtBf16MinTokens()));
   if (b.model->fp8Experts()) {
     const double nz = static_cast<double>(b.model->fp8NonzeroWeights());
     std::printf("fp8 experts: %llu of %llu non-zero weights not exact in e4m3 (%.3g %%); MoE "
@@ -891,13 +918,18 @@ int main(int argc, char** argv) {
   for (const auto& p : split(prefill_list, ',')) {
     const int len = std::atoi(p.c_str());
     b.prefill(len);  // warm-up (GEMM tuning, first-use allocations)
+    const uint64_t lt0 = cuda::moeLtBf16Steps(), fp80 = cuda::moeFp8Steps();
     const double s = b.prefill(len);
+    const uint64_t lt_steps = cuda::moeLtBf16Steps() - lt0, fp8_steps = cuda::moeFp8Steps() - fp80;
     if (profile) {
       cudaProfilerStart();
       b.prefill(len);
       cudaProfilerStop();
     }
-    std::printf("prefill %6d tokens: %.4f s  (%.0f tokens/s)\n", len, s, len / s);
+    std::printf("prefill %6d tokens: %.4f s  (%.0f tokens/s; MoE layer steps on fp8 %llu, bf16 "
+                "cublaslt %llu)\n",
+                len, s, len / s, static_cast<unsigned long long>(fp8_steps),
+                static_cast<unsigned long long>(lt_steps));
     std::fflush(stdout);
     if (json) json << "{\"workload\":\"prefill\",\"tokens\":" << len << ",\"seconds\":" << s << "}\n";
   }

@@ -33,7 +33,7 @@
 #include "services/rose/ops/cuda/cuda_backend.h"
 #include "services/rose/ops/cuda/fp8_act_quant.cuh"
 #include "services/rose/ops/cuda/fp8_block.h"
-#include "services/rose/ops/cuda/moe_fp8_gemm.h"
+#include "services/rose/ops/cuda/moe_lt_gemm.h"
 #include "services/rose/ops/llm_ops.h"
 #include "tests/gpu/gpu_test_util.h"
 

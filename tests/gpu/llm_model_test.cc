@@ -32,7 +32,7 @@
 #include "services/rose/model/gpt_oss.h"
 #include "services/rose/ops/cuda/cuda_backend.h"
 #include "services/rose/ops/cuda/gemm.h"
-#include "services/rose/ops/cuda/moe_fp8_gemm.h"
+#include "services/rose/ops/cuda/moe_lt_gemm.h"
 #include "services/rose/ops/llm_ops.h"
 #include "services/rose/ops/paged_kv_cache.h"
 #include "services/rose/tools/mkmodel_gpt_oss.h"

@@ -176,6 +176,11 @@ struct CudaKernelOptions {
   // at least this many query tokens take the Hopper paged kernel, the rest the mma.sync kernel;
   // 0 = the mma.sync kernel for everything. GARDEN_PAGED_ATTENTION=sm90 (128) | mma (0).
   int32_t paged_attention_sm90_min_tokens = 128;
+  // gpt-oss MoE steps over MXFP4 experts of at least this many tokens (not graph-captured) take the
+  // bf16 cuBLASLt path (ops/cuda/moe_lt_gemm.h [TAG_MOE_LT_BF16]: the experts dequantized per step,
+  // per-expert bf16 GEMMs); 0 = the tiled MXFP4 kernels for every step (the default: they keep a
+  // row's bits independent of the step's size). GARDEN_MOE_PREFILL=tiled (0) | cublas (1024).
+  int64_t moe_prefill_cublas_min_tokens = 0;
 };
 
 // Sets the fields of `opts` whose GARDEN_* variable (above) is set and not empty; INVALID_ARGUMENT

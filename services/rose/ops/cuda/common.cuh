@@ -115,6 +115,15 @@ __device__ __forceinline__ void moeCombineChunk(const bf16* y, const int32_t* ro
   }
 }
 
+// gpt-oss's clamped SwiGLU of one (gate, up) pair (the spec's alpha 1.702, limit 7): the gate
+// clamped above at `limit`, up to [-limit, limit]; the MoE GEMM epilogues
+// (moe_gemm.cu, moe_lt_bf16.cu) use it.
+__device__ __forceinline__ float clampedSwiglu(float gate, float up, float limit, float alpha) {
+  const float g = fminf(gate, limit);
+  const float u = fminf(fmaxf(up, -limit), limit);
+  return g / (1.f + expf(-alpha * g)) * (u + 1.f);
+}
+
 // Rounds through bf16 (mirrors where the reference model stores a bf16 intermediate).
 __device__ __forceinline__ float roundBf16(float x) {
   return __bfloat162float(__float2bfloat16(x));

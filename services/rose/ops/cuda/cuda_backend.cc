@@ -11,6 +11,7 @@
 #include "services/rose/ops/cuda/cuda_utils.h"
 #include "services/rose/ops/cuda/paged_attention_sm90.cuh"
 #include "services/rose/ops/cuda/embedding.cuh"
+#include "services/rose/ops/cuda/moe_lt_gemm.h"
 #include "services/rose/ops/cuda/pool.cuh"
 #include "services/rose/ops/cuda/qk_norm_rope.cuh"
 #include "services/rose/ops/cuda/rms_norm.cuh"
@@ -22,6 +23,7 @@ Result<std::unique_ptr<Backend>> makeCudaBackend(const BackendOptions& opts) {
   ASSIGN_OR_RETURN(auto b, cuda::CudaBackend::create(opts));
   // Process-global, like the other gpt-oss kernel knobs (one backend per process).
   cuda::setPagedAttnSm90(opts.cuda.paged_attention_sm90_min_tokens, true);
+  cuda::setMoeLtBf16MinTokens(opts.cuda.moe_prefill_cublas_min_tokens);
   return std::unique_ptr<Backend>(std::move(b));
 }
 

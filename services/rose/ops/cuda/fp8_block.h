@@ -2,7 +2,7 @@
 // The FP8 expert format of the CUDA MoE path [TAG_FP8_EXPERTS], as plain functions (no CUDA
 // runtime; host and device): the padding and scale-index arithmetic that the requant kernel
 // (fp8_requant.cu), the activation quantization (fp8_act_quant.cu), the cuBLASLt calls
-// (moe_fp8_gemm.cc) and the CPU tests (tests/unit/rose/ops/fp8_block_test.cc) share.
+// (moe_lt_gemm.cc) and the CPU tests (tests/unit/rose/ops/fp8_block_test.cc) share.
 //
 // Values are FP8 e4m3 (CUDA's __nv_fp8_e4m3: bias 7, no infinities, 0x7F/0xFF NaN, largest
 // finite 448, subnormals k * 2^-9) with f32 dequantization scales (value = code * scale), in

@@ -14,7 +14,8 @@
 #include "services/rose/ops/cuda/fp8_block.h"
 #include "services/rose/ops/cuda/fp8_requant.cuh"
 #include "services/rose/ops/cuda/gather.cuh"
-#include "services/rose/ops/cuda/moe_fp8_gemm.h"
+#include "services/rose/ops/cuda/moe_lt_bf16.cuh"
+#include "services/rose/ops/cuda/moe_lt_gemm.h"
 #include "services/rose/ops/cuda/moe_gemm.cuh"
 #include "services/rose/ops/cuda/moe_permute.cuh"
 #include "services/rose/ops/cuda/mxfp4_tiles.h"
@@ -119,9 +120,14 @@ class CudaLlmOps final : public LlmOps {
                      b_.allocate(sizeof(uint32_t) * static_cast<size_t>(mask_words_) *
                                  static_cast<size_t>(std::max<int64_t>(l.max_logits_rows, 1))));
     reserved_ = true;
+    ranges_ready_ = false;
     if (fp8_ready_) {  // FP8 copies exist: their workspaces follow the new limits
       fp8_ready_ = false;
       RETURN_IF_ERROR(ensureFp8Workspace());
+    }
+    if (lt_ready_) {  // the bf16 cuBLASLt path's workspaces too [TAG_MOE_LT_BF16]
+      lt_ready_ = false;
+      RETURN_IF_ERROR(ensureLtBf16Workspace(0));
     }
     return okStatus();
   }
@@ -141,6 +147,8 @@ class CudaLlmOps final : public LlmOps {
       return invalidArgument("MXFP4 experts: the FP8 copy needs rows (" + std::to_string(rows) +
                              ") to be a multiple of 8");
     if (fp8_copy) RETURN_IF_ERROR(ensureFp8Workspace());
+    // [TAG_MOE_LT_BF16] prefill steps may dequantize these experts into the bf16 scratch.
+    if (moeLtBf16MinTokens() > 0) RETURN_IF_ERROR(ensureLtBf16Workspace(experts * rows * cols));
     Mxfp4PackedShape shape{experts, rows, cols};
     ExpertWeights w;
     w.format = ExpertFormat::kMxfp4;
@@ -453,6 +461,10 @@ class CudaLlmOps final : public LlmOps {
       moeExpertsFp8(x, topk_ids, topk_weights, w1, b1, w2, b2, out, p);
       return;
     }
+    if (useLtBf16(t, w1, w2, st)) {
+      moeExpertsLtBf16(x, topk_ids, topk_weights, w1, b1, w2, b2, out, p);
+      return;
+    }
     const int64_t assignments = t * p.top_k;
     const bool mx_wide = w1.format == ExpertFormat::kMxfp4 && w2.format == ExpertFormat::kMxfp4 &&
                          w1.mx_max_scale <= kMxfp4MaxDecodeScale &&
@@ -559,41 +571,89 @@ class CudaLlmOps final : public LlmOps {
     deferred_valid_ = false;
   }
 
-  // FP8 experts [TAG_FP8_EXPERTS] when both projections carry the copy, the step is large
-  // enough (moeFp8MinTokens) and not being captured (the expert ranges go through the host).
-  bool useFp8(int64_t t, const ExpertWeights& w1, const ExpertWeights& w2, cudaStream_t st) const {
-    if (w1.fp8.empty() || w2.fp8.empty() || t < moeFp8MinTokens()) return false;
+  // Eager (not captured) steps only: the expert ranges of the cuBLASLt paths go through the host.
+  static bool notCapturing(cudaStream_t st) {
     cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
     return cudaStreamIsCapturing(st, &cs) == cudaSuccess && cs == cudaStreamCaptureStatusNone;
   }
 
-  // Workspaces of the FP8 path, sized for reserve()'s limits at block_m kFp8BlockM; once.
-  Status ensureFp8Workspace() {
-    if (fp8_ready_) return okStatus();
-    if (!reserved_) return failedPrecondition("cuda llm ops: FP8 experts need reserve() first");
+  // FP8 experts [TAG_FP8_EXPERTS] when both projections carry the copy, the step is large
+  // enough (moeFp8MinTokens) and not being captured (the expert ranges go through the host).
+  bool useFp8(int64_t t, const ExpertWeights& w1, const ExpertWeights& w2, cudaStream_t st) const {
+    if (w1.fp8.empty() || w2.fp8.empty() || t < moeFp8MinTokens()) return false;
+    return notCapturing(st);
+  }
+
+  // [TAG_MOE_LT_BF16] MXFP4 experts dequantized per step + bf16 cuBLASLt GEMMs: switched on
+  // (moeLtBf16MinTokens > 0, set before the experts were uploaded so the scratch exists), the
+  // step large enough, not being captured.
+  bool useLtBf16(int64_t t, const ExpertWeights& w1, const ExpertWeights& w2,
+                 cudaStream_t st) const {
+    const int64_t min_tokens = moeLtBf16MinTokens();
+    if (min_tokens <= 0 || t < min_tokens || !lt_ready_) return false;
+    if (w1.format != ExpertFormat::kMxfp4 || w2.format != ExpertFormat::kMxfp4) return false;
+    if (w1.experts * w1.rows * w1.cols > lt_w_elems_ || w2.experts * w2.rows * w2.cols > lt_w_elems_)
+      return false;
+    return notCapturing(st);
+  }
+
+  // The expert ranges of the cuBLASLt paths (block_m kLtBlockM): the pinned tile copy, its
+  // offsets on the device and the shared cuBLASLt runner; sized for reserve()'s limits, once.
+  Status ensureRangeWorkspace() {
+    if (ranges_ready_) return okStatus();
+    if (!reserved_) return failedPrecondition("cuda llm ops: cuBLASLt experts need reserve() first");
     const int64_t assignments = lim_.max_tokens * lim_.top_k;
-    fp8_max_tiles_ = moeAlignMaxTiles(assignments, lim_.num_experts, kFp8BlockM);
-    const int64_t rows = fp8_max_tiles_ * kFp8BlockM;
-    const int64_t h = lim_.hidden, in = lim_.intermediate;
-    ASSIGN_OR_RETURN(fp8_x_, b_.allocate(static_cast<size_t>(rows * fp8PaddedK(h))));
-    ASSIGN_OR_RETURN(fp8_xs_, b_.allocate(sizeof(float) * static_cast<size_t>(rows * fp8KBlocks(h))));
-    ASSIGN_OR_RETURN(fp8_a_, b_.allocate(static_cast<size_t>(rows * fp8PaddedK(in))));
-    ASSIGN_OR_RETURN(fp8_as_, b_.allocate(sizeof(float) * static_cast<size_t>(rows * fp8KBlocks(in))));
-    ASSIGN_OR_RETURN(fp8_h_, b_.allocate(sizeof(bf16) * static_cast<size_t>(rows * 2 * in)));
-    ASSIGN_OR_RETURN(fp8_off_, b_.allocate(sizeof(int32_t) * static_cast<size_t>(lim_.num_experts + 1)));
+    range_max_tiles_ = moeAlignMaxTiles(assignments, lim_.num_experts, kLtBlockM);
+    ASSIGN_OR_RETURN(range_off_, b_.allocate(sizeof(int32_t) * static_cast<size_t>(lim_.num_experts + 1)));
     if (host_tiles_ != nullptr) {
       cudaFreeHost(host_tiles_);
       host_tiles_ = nullptr;
     }
     void* pinned = nullptr;
     CUDA_RETURN_IF_ERROR(cudaMallocHost(
-        &pinned, sizeof(int32_t) * static_cast<size_t>(fp8_max_tiles_ + lim_.num_experts + 1)));
+        &pinned, sizeof(int32_t) * static_cast<size_t>(range_max_tiles_ + lim_.num_experts + 1)));
     host_tiles_ = static_cast<int32_t*>(pinned);
-    if (fp8_gemm_ == nullptr) {
-      ASSIGN_OR_RETURN(fp8_gemm_, MoeFp8Gemm::create());
+    if (lt_gemm_ == nullptr) {
+      ASSIGN_OR_RETURN(lt_gemm_, MoeLtGemm::create());
     }
     host_off_.assign(static_cast<size_t>(lim_.num_experts + 1), 0);
+    ranges_ready_ = true;
+    return okStatus();
+  }
+
+  // Workspaces of the FP8 path, sized for reserve()'s limits at block_m kLtBlockM; once.
+  Status ensureFp8Workspace() {
+    if (fp8_ready_) return okStatus();
+    RETURN_IF_ERROR(ensureRangeWorkspace());
+    const int64_t rows = range_max_tiles_ * kLtBlockM;
+    const int64_t h = lim_.hidden, in = lim_.intermediate;
+    ASSIGN_OR_RETURN(fp8_x_, b_.allocate(static_cast<size_t>(rows * fp8PaddedK(h))));
+    ASSIGN_OR_RETURN(fp8_xs_, b_.allocate(sizeof(float) * static_cast<size_t>(rows * fp8KBlocks(h))));
+    ASSIGN_OR_RETURN(fp8_a_, b_.allocate(static_cast<size_t>(rows * fp8PaddedK(in))));
+    ASSIGN_OR_RETURN(fp8_as_, b_.allocate(sizeof(float) * static_cast<size_t>(rows * fp8KBlocks(in))));
+    ASSIGN_OR_RETURN(fp8_h_, b_.allocate(sizeof(bf16) * static_cast<size_t>(rows * 2 * in)));
     fp8_ready_ = true;
+    return okStatus();
+  }
+
+  // [TAG_MOE_LT_BF16] Workspaces of the bf16 cuBLASLt path: the gathered rows, the gate_up output
+  // and the SwiGLU output at block_m kLtBlockM (once per reserve()), and the dequantized weight
+  // scratch, grown to `weight_elems` (one projection's E x N x K; the projections take turns).
+  Status ensureLtBf16Workspace(int64_t weight_elems) {
+    if (!lt_ready_) {
+      RETURN_IF_ERROR(ensureRangeWorkspace());
+      const int64_t rows = range_max_tiles_ * kLtBlockM;
+      const int64_t h = lim_.hidden, in = lim_.intermediate;
+      ASSIGN_OR_RETURN(lt_x_, b_.allocate(sizeof(bf16) * static_cast<size_t>(rows * h)));
+      ASSIGN_OR_RETURN(lt_h_, b_.allocate(sizeof(bf16) * static_cast<size_t>(rows * 2 * in)));
+      ASSIGN_OR_RETURN(lt_a_, b_.allocate(sizeof(bf16) * static_cast<size_t>(rows * in)));
+      lt_ready_ = true;
+    }
+    if (weight_elems > lt_w_elems_) {
+      lt_w_ = Buffer();  // the old scratch first: both would not always fit
+      ASSIGN_OR_RETURN(lt_w_, b_.allocate(sizeof(bf16) * static_cast<size_t>(weight_elems)));
+      lt_w_elems_ = weight_elems;
+    }
     return okStatus();
   }
 
@@ -617,6 +677,29 @@ class CudaLlmOps final : public LlmOps {
     checkOk(launchMoeAlign(al, st), "moeExperts/align");
   }
 
+  // Aligns the step's assignments at block_m kLtBlockM and brings the expert ranges to the host
+  // (host_off_; one device-to-host copy and a wait per layer) and back to the device as int32
+  // (range_off_). Returns the rows of the expert-sorted matrix.
+  int64_t hostExpertRanges(const Tensor& topk_ids, int64_t t, const MoeExpertsParams& p,
+                           cudaStream_t st) {
+    require(ranges_ready_, "moeExperts", "expert range workspace missing");
+    const int64_t tiles = moeAlignMaxTiles(t * p.top_k, p.num_experts, kLtBlockM);
+    require(tiles <= range_max_tiles_, "moeExperts", "cuBLASLt MoE step larger than reserve() allowed");
+    alignExperts(topk_ids, t, p, kLtBlockM, tiles, st);
+    CUDA_CHECK(cudaMemcpyAsync(host_tiles_, tile_expert_.data(),
+                               sizeof(int32_t) * static_cast<size_t>(tiles), cudaMemcpyDeviceToHost,
+                               st));
+    CUDA_CHECK(cudaStreamSynchronize(st));
+    require(moeExpertOffsetsFromTiles(host_tiles_, tiles, kLtBlockM, p.num_experts, host_off_.data()),
+            "moeExperts", "align produced an unsorted tile list");
+    int32_t* off32 = host_tiles_ + range_max_tiles_;  // pinned; rewritten only after the next wait
+    for (int32_t e = 0; e <= p.num_experts; ++e) off32[e] = static_cast<int32_t>(host_off_[static_cast<size_t>(e)]);
+    CUDA_CHECK(cudaMemcpyAsync(range_off_.data(), off32,
+                               sizeof(int32_t) * static_cast<size_t>(p.num_experts + 1),
+                               cudaMemcpyHostToDevice, st));
+    return host_off_[static_cast<size_t>(p.num_experts)];
+  }
+
   void moeExpertsFp8(const Tensor& x, const Tensor& topk_ids, const Tensor& topk_weights,
                      const ExpertWeights& w1, const Tensor& b1, const ExpertWeights& w2,
                      const Tensor& b2, const Tensor& out, const MoeExpertsParams& p) {
@@ -625,26 +708,10 @@ class CudaLlmOps final : public LlmOps {
             "FP8 experts need hidden % 8 == 0 and intermediate % 4 == 0");
     cudaStream_t st = b_.stream();
     const int64_t t = x.rows();
-    const int64_t assignments = t * p.top_k;
-    const int64_t tiles = moeAlignMaxTiles(assignments, p.num_experts, kFp8BlockM);
-    require(tiles <= fp8_max_tiles_, "moeExperts", "FP8 step larger than reserve() allowed");
-    alignExperts(topk_ids, t, p, kFp8BlockM, tiles, st);
-    // The expert ranges on the host: one device-to-host copy and a wait per layer.
-    CUDA_CHECK(cudaMemcpyAsync(host_tiles_, tile_expert_.data(),
-                               sizeof(int32_t) * static_cast<size_t>(tiles), cudaMemcpyDeviceToHost,
-                               st));
-    CUDA_CHECK(cudaStreamSynchronize(st));
-    require(moeExpertOffsetsFromTiles(host_tiles_, tiles, kFp8BlockM, p.num_experts, host_off_.data()),
-            "moeExperts", "align produced an unsorted tile list");
-    int32_t* off32 = host_tiles_ + fp8_max_tiles_;  // pinned; rewritten only after the next wait
-    for (int32_t e = 0; e <= p.num_experts; ++e) off32[e] = static_cast<int32_t>(host_off_[static_cast<size_t>(e)]);
-    CUDA_CHECK(cudaMemcpyAsync(fp8_off_.data(), off32,
-                               sizeof(int32_t) * static_cast<size_t>(p.num_experts + 1),
-                               cudaMemcpyHostToDevice, st));
-    const int64_t rows = host_off_[static_cast<size_t>(p.num_experts)];
+    const int64_t rows = hostExpertRanges(topk_ids, t, p, st);
     const int32_t* row_token = static_cast<const int32_t*>(row_token_.data());
     const int32_t* tile_expert = static_cast<const int32_t*>(tile_expert_.data());
-    const int32_t* off_dev = static_cast<const int32_t*>(fp8_off_.data());
+    const int32_t* off_dev = static_cast<const int32_t*>(range_off_.data());
 
     Fp8ActQuantArgs q1;
     q1.in = x.as<bf16>();
@@ -655,11 +722,11 @@ class CudaLlmOps final : public LlmOps {
     q1.scales = static_cast<float*>(fp8_xs_.data());
     q1.rows = rows;
     q1.k = p.hidden;
-    q1.block_m = kFp8BlockM;
+    q1.block_m = kLtBlockM;
     q1.num_experts = p.num_experts;
     checkOk(launchFp8ActQuant(q1, st), "moeExperts/quant_x");
 
-    MoeFp8GemmArgs g1;
+    MoeLtGemmArgs g1;
     g1.w = static_cast<const uint8_t*>(w1.fp8.data);
     g1.w_scales = static_cast<const float*>(w1.fp8_scales.data);
     g1.x = q1.q;
@@ -669,7 +736,7 @@ class CudaLlmOps final : public LlmOps {
     g1.num_experts = p.num_experts;
     g1.n = 2 * p.intermediate;
     g1.k = p.hidden;
-    checkOk(fp8_gemm_->run(g1, st), "moeExperts/gate_up_fp8");
+    checkOk(lt_gemm_->run(g1, st), "moeExperts/gate_up_fp8");
 
     Fp8ActQuantArgs q2 = q1;
     q2.in = g1.y;
@@ -682,7 +749,7 @@ class CudaLlmOps final : public LlmOps {
     q2.swiglu_alpha = p.swiglu_alpha;
     checkOk(launchFp8ActQuant(q2, st), "moeExperts/swiglu_quant");
 
-    MoeFp8GemmArgs g2 = g1;
+    MoeLtGemmArgs g2 = g1;
     g2.w = static_cast<const uint8_t*>(w2.fp8.data);
     g2.w_scales = static_cast<const float*>(w2.fp8_scales.data);
     g2.x = q2.q;
@@ -690,7 +757,7 @@ class CudaLlmOps final : public LlmOps {
     g2.y = static_cast<bf16*>(y_.data());
     g2.n = p.hidden;
     g2.k = p.intermediate;
-    checkOk(fp8_gemm_->run(g2, st), "moeExperts/down_fp8");
+    checkOk(lt_gemm_->run(g2, st), "moeExperts/down_fp8");
 
     MoeRowBiasArgs rb;
     rb.y = g2.y;
@@ -699,7 +766,7 @@ class CudaLlmOps final : public LlmOps {
     rb.tile_expert = tile_expert;
     rb.rows = rows;
     rb.n = p.hidden;
-    rb.block_m = kFp8BlockM;
+    rb.block_m = kLtBlockM;
     rb.num_experts = p.num_experts;
     checkOk(launchMoeRowBias(rb, st), "moeExperts/down_bias");
 
@@ -713,6 +780,96 @@ class CudaLlmOps final : public LlmOps {
     c.hidden = p.hidden;
     combineOrDefer(c, p, st);
     countMoeFp8Step();
+  }
+
+  // [TAG_MOE_LT_BF16] align (block_m 16) -> expert ranges to the host -> rows gathered (bf16) ->
+  // gate_up experts dequantized -> per-expert bf16 cuBLASLt GEMMs -> bias + SwiGLU -> down experts
+  // dequantized (into the same scratch) -> per-expert GEMMs -> down bias -> weighted combine.
+  void moeExpertsLtBf16(const Tensor& x, const Tensor& topk_ids, const Tensor& topk_weights,
+                        const ExpertWeights& w1, const Tensor& b1, const ExpertWeights& w2,
+                        const Tensor& b2, const Tensor& out, const MoeExpertsParams& p) {
+    require(lt_ready_, "moeExperts", "bf16 cuBLASLt workspace missing");
+    require(p.hidden % 8 == 0 && p.intermediate % 8 == 0, "moeExperts",
+            "bf16 cuBLASLt experts need hidden and intermediate multiples of 8");
+    cudaStream_t st = b_.stream();
+    const int64_t t = x.rows();
+    const int64_t rows = hostExpertRanges(topk_ids, t, p, st);
+    const int32_t* row_token = static_cast<const int32_t*>(row_token_.data());
+    const int32_t* tile_expert = static_cast<const int32_t*>(tile_expert_.data());
+    const int32_t* off_dev = static_cast<const int32_t*>(range_off_.data());
+    bf16* wq = static_cast<bf16*>(lt_w_.data());
+
+    checkOk(launchMoeGatherRows(x.as<bf16>(), row_token, rows, p.hidden,
+                                static_cast<bf16*>(lt_x_.data()), st),
+            "moeExperts/gather_bf16");
+    auto dequant = [&](const ExpertWeights& w, const char* what) {
+      Mxfp4DequantArgs d;
+      d.codes = static_cast<const uint8_t*>(w.codes.data);
+      d.scales = static_cast<const uint8_t*>(w.scales.data);
+      d.expert_off = off_dev;
+      d.out = wq;
+      d.experts = static_cast<int32_t>(w.experts);
+      d.n = static_cast<int32_t>(w.rows);
+      d.k = static_cast<int32_t>(w.cols);
+      d.max_scale = w.mx_max_scale;
+      checkOk(launchMxfp4Dequant(d, st), what);
+    };
+    dequant(w1, "moeExperts/dequant_gate_up");
+    MoeLtGemmArgs g1;
+    g1.type = MoeLtType::kBf16;
+    g1.w = wq;
+    g1.x = lt_x_.data();
+    g1.y = static_cast<bf16*>(lt_h_.data());
+    g1.expert_off = host_off_.data();
+    g1.num_experts = p.num_experts;
+    g1.n = 2 * p.intermediate;
+    g1.k = p.hidden;
+    checkOk(lt_gemm_->run(g1, st), "moeExperts/gate_up_bf16");
+
+    MoeBiasSwigluArgs sw;
+    sw.h = g1.y;
+    sw.bias = b1.empty() ? nullptr : b1.as<bf16>();
+    sw.row_token = row_token;
+    sw.tile_expert = tile_expert;
+    sw.out = static_cast<bf16*>(lt_a_.data());
+    sw.rows = rows;
+    sw.inter = p.intermediate;
+    sw.block_m = kLtBlockM;
+    sw.num_experts = p.num_experts;
+    sw.limit = p.swiglu_limit;
+    sw.alpha = p.swiglu_alpha;
+    checkOk(launchMoeBiasSwiglu(sw, st), "moeExperts/bias_swiglu");
+
+    // The down experts overwrite the scratch after the gate_up GEMMs (same stream).
+    dequant(w2, "moeExperts/dequant_down");
+    MoeLtGemmArgs g2 = g1;
+    g2.x = sw.out;
+    g2.y = static_cast<bf16*>(y_.data());
+    g2.n = p.hidden;
+    g2.k = p.intermediate;
+    checkOk(lt_gemm_->run(g2, st), "moeExperts/down_bf16");
+
+    MoeRowBiasArgs rb;
+    rb.y = g2.y;
+    rb.bias = b2.empty() ? nullptr : b2.as<bf16>();
+    rb.row_token = row_token;
+    rb.tile_expert = tile_expert;
+    rb.rows = rows;
+    rb.n = p.hidden;
+    rb.block_m = kLtBlockM;
+    rb.num_experts = p.num_experts;
+    checkOk(launchMoeRowBias(rb, st), "moeExperts/down_bias");
+
+    MoeCombineArgs c;
+    c.y = g2.y;
+    c.row_of = static_cast<const int32_t*>(row_of_.data());
+    c.weights = topk_weights.as<float>();
+    c.out = out.as<bf16>();
+    c.num_tokens = t;
+    c.top_k = p.top_k;
+    c.hidden = p.hidden;
+    combineOrDefer(c, p, st);
+    countMoeLtBf16Step();
   }
 
   void gatherRows(const Tensor& in, const Tensor& rows, const Tensor& out) override {
@@ -936,15 +1093,24 @@ class CudaLlmOps final : public LlmOps {
   Buffer sample_masks_;
   int64_t mask_words_ = 0;
   std::vector<PlanSlot> plans_;
-  // FP8 experts [TAG_FP8_EXPERTS]: activations / scales (x and the down input), the gate_up
-  // output, the expert ranges (device; host_off_ and the pinned tile copy on the host).
-  static constexpr int32_t kFp8BlockM = 16;
-  bool fp8_ready_ = false;
-  int64_t fp8_max_tiles_ = 0;
-  Buffer fp8_x_, fp8_xs_, fp8_a_, fp8_as_, fp8_h_, fp8_off_;
-  int32_t* host_tiles_ = nullptr;  // pinned: [fp8_max_tiles_] tiles + [E + 1] offsets
+  // The cuBLASLt expert paths: the expert ranges (device range_off_; host_off_ and the pinned
+  // tile copy on the host) at block_m kLtBlockM, and the cuBLASLt runner both paths share.
+  static constexpr int32_t kLtBlockM = 16;
+  bool ranges_ready_ = false;
+  int64_t range_max_tiles_ = 0;
+  Buffer range_off_;
+  int32_t* host_tiles_ = nullptr;  // pinned: [range_max_tiles_] tiles + [E + 1] offsets
   std::vector<int64_t> host_off_;
-  std::unique_ptr<MoeFp8Gemm> fp8_gemm_;
+  std::unique_ptr<MoeLtGemm> lt_gemm_;
+  // FP8 experts [TAG_FP8_EXPERTS]: activations / scales (x and the down input), the gate_up
+  // output.
+  bool fp8_ready_ = false;
+  Buffer fp8_x_, fp8_xs_, fp8_a_, fp8_as_, fp8_h_;
+  // [TAG_MOE_LT_BF16]: the gathered rows, the gate_up output, the SwiGLU output, and the
+  // dequantized weights of one projection (lt_w_elems_ bf16 values).
+  bool lt_ready_ = false;
+  Buffer lt_x_, lt_h_, lt_a_, lt_w_;
+  int64_t lt_w_elems_ = 0;
   std::vector<SampleRowDev> host_rows_;
   int32_t staged_rows_ = 0;
   bool staged_masks_ = false;  // a staged row has a token mask [TAG_TOKEN_MASK]

@@ -7,6 +7,7 @@
 #include "services/rose/ops/cuda/cuda_utils.h"
 #include "services/rose/ops/cuda/moe_gemm.cuh"
 #include "services/rose/ops/cuda/mxfp4_tiles.h"
+#include "services/rose/ops/cuda/mxfp4_unit.cuh"
 
 namespace garden::rose::cuda {
 namespace {
@@ -16,31 +17,6 @@ namespace cg = cooperative_groups;
 constexpr int kBK = kMoeGemmTileK;    // 64
 constexpr int kPackN = kMoeGemmTileN;  // 128: rows of one packed MXFP4 tile [TAG_MXFP4_TILED]
 constexpr int kRowS = kBK + 8;  // padded smem row (bf16 elements): conflict-free ldmatrix
-
-// gpt-oss's clamped SwiGLU of one (gate, up) pair (the spec's alpha 1.702, limit 7): the gate
-// clamped above at `limit`, up to [-limit, limit]; both MoE GEMM epilogues use it.
-__device__ __forceinline__ float clampedSwiglu(float gate, float up, float limit, float alpha) {
-  const float g = fminf(gate, limit);
-  const float u = fminf(fmaxf(up, -limit), limit);
-  return g / (1.f + expf(-alpha * g)) * (u + 1.f);
-}
-
-// 2^(s - 127) as a bf16 pair (s = 0: the subnormal 2^-127; 255: +inf, as the reference's ldexp).
-__device__ __forceinline__ __nv_bfloat162 e8m0Bf16x2(unsigned s) {
-  const uint32_t b = s == 0 ? 0x0040u : (s == 255 ? 0x7F80u : (s << 7));
-  const uint32_t two = b | (b << 16);
-  return *reinterpret_cast<const __nv_bfloat162*>(&two);
-}
-__device__ __forceinline__ __nv_bfloat162 bitsBf16x2(uint32_t b) {
-  return *reinterpret_cast<const __nv_bfloat162*>(&b);
-}
-__device__ __forceinline__ uint32_t bf16x2Bits(__nv_bfloat162 v) {
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-// Fragment register j of a packed word [TAG_MXFP4_TILED], as exact bf16 values times 2^-126.
-__device__ __forceinline__ uint32_t mxRegBits(uint32_t w, int j) { return mxfp4WordToBf16x2Bits(w, j); }
-// 2^126 as a bf16 pair: register bits * this = the E2M1 values (all normal).
-constexpr uint32_t kTwo126x2 = (253u << 7) | ((253u << 7) << 16);
 
 template <int kBM, int kBN, int kStages, bool kMx>
 constexpr size_t moeGemmSmemBytes() {
@@ -170,48 +146,9 @@ __global__ void __launch_bounds__(kWM * kWN * 32, kWM * kWN == 8 ? 2 : 1) moeGem
       // One unit = one lane's 16 bytes of a 16-row group (mxfp4_tiles.h): four words (k16 steps),
       // four fragment registers each, scattered back to [row][k] for the ldmatrix B loads.
       for (int u = tid; u < kBN * 2; u += kThreads) {
-        const int grp = u >> 5, ln = u & 31, g = ln >> 2, t = ln & 3;
-        const uint4 raw = *reinterpret_cast<const uint4*>(codes + u * 16);
-        const int r0 = grp * 16 + g;
-        const uint8_t* sr = scales + r0 * 2;
-        const uint32_t sbytes[2][2] = {{sr[0], sr[1]}, {sr[16], sr[17]}};  // rows r0, r0 + 8
-        if constexpr (fast_scales) {
-          // Every scale <= 128: one multiply by 2^(s - 1) (mxfp4DecodeScaleBits), as the decode
-          // kernel does; the same exact values as the two-multiply path below.
-          uint32_t sf[2][2];
-#pragma unroll
-          for (int hr = 0; hr < 2; ++hr)
-#pragma unroll
-            for (int hg = 0; hg < 2; ++hg) {
-              const uint32_t b = mxfp4DecodeScaleBits(sbytes[hr][hg]);
-              sf[hr][hg] = b | (b << 16);
-            }
-#pragma unroll
-          for (int w = 0; w < 4; ++w) {
-            const uint32_t word = w == 0 ? raw.x : w == 1 ? raw.y : w == 2 ? raw.z : raw.w;
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-              const __nv_bfloat162 v =
-                  __hmul2(bitsBf16x2(mxRegBits(word, j)), bitsBf16x2(sf[j & 1][w >> 1]));
-              const int row = r0 + 8 * (j & 1), k = 16 * w + 8 * (j >> 1) + 2 * t;
-              *reinterpret_cast<uint32_t*>(s_bdq + row * kRowS + k) = bf16x2Bits(v);
-            }
-          }
-        } else {
-          const __nv_bfloat162 sc[2][2] = {{e8m0Bf16x2(sbytes[0][0]), e8m0Bf16x2(sbytes[0][1])},
-                                           {e8m0Bf16x2(sbytes[1][0]), e8m0Bf16x2(sbytes[1][1])}};
-#pragma unroll
-          for (int w = 0; w < 4; ++w) {
-            const uint32_t word = w == 0 ? raw.x : w == 1 ? raw.y : w == 2 ? raw.z : raw.w;
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-              __nv_bfloat162 v = __hmul2(bitsBf16x2(mxRegBits(word, j)), bitsBf16x2(kTwo126x2));
-              v = __hmul2(v, sc[j & 1][w >> 1]);
-              const int row = r0 + 8 * (j & 1), k = 16 * w + 8 * (j >> 1) + 2 * t;
-              *reinterpret_cast<uint32_t*>(s_bdq + row * kRowS + k) = bf16x2Bits(v);
-            }
-          }
-        }
+        mxfp4DequantUnit<fast_scales>(u, codes, scales, [&](int row, int k, uint32_t bits) {
+          *reinterpret_cast<uint32_t*>(s_bdq + row * kRowS + k) = bits;
+        });
       }
       __syncthreads();
       sb = s_bdq;

@@ -252,6 +252,7 @@ TEST_F(RoseLlmBinary, BadKvFlagsExitTwo) {
         std::vector<std::string>{"--moe-weights", "fp4"},
         std::vector<std::string>{"--late-masks", "maybe"},
         std::vector<std::string>{"--attn-prefill", "wgmma"},
+        std::vector<std::string>{"--moe-prefill", "lt"},
         std::vector<std::string>{"--attn-prefill", "sm90", "--kv-block-size", "12"}}) {
     std::vector<std::string> args = {roseBin(),    "--model", modelDir(),
                                      "--shm-name", name,      "--create-shm"};

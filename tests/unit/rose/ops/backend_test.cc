@@ -16,7 +16,7 @@ namespace garden::rose {
 namespace {
 
 const char* const kVars[] = {"GARDEN_ATTENTION_KERNEL", "GARDEN_GEMM_TUNE", "GARDEN_GEMM_SMALLM",
-                             "GARDEN_PDL", "GARDEN_PAGED_ATTENTION"};
+                             "GARDEN_PDL", "GARDEN_PAGED_ATTENTION", "GARDEN_MOE_PREFILL"};
 
 // Clears the variables for the test and restores what the process had.
 class KernelEnvTest : public ::testing::Test {
@@ -44,7 +44,8 @@ bool same(const CudaKernelOptions& a, const CudaKernelOptions& b) {
   return a.attention_wide == b.attention_wide && a.attention_sm90 == b.attention_sm90 &&
          a.gemm_tune == b.gemm_tune &&
          a.gemm_smallm == b.gemm_smallm && a.pdl == b.pdl &&
-         a.paged_attention_sm90_min_tokens == b.paged_attention_sm90_min_tokens;
+         a.paged_attention_sm90_min_tokens == b.paged_attention_sm90_min_tokens &&
+         a.moe_prefill_cublas_min_tokens == b.moe_prefill_cublas_min_tokens;
 }
 
 TEST_F(KernelEnvTest, UnsetOrEmptyKeepsTheDefaults) {
@@ -56,6 +57,7 @@ TEST_F(KernelEnvTest, UnsetOrEmptyKeepsTheDefaults) {
   EXPECT_FALSE(o.gemm_smallm);
   EXPECT_TRUE(o.pdl);
   EXPECT_EQ(o.paged_attention_sm90_min_tokens, 128);
+  EXPECT_EQ(o.moe_prefill_cublas_min_tokens, 0);
   for (const char* v : kVars) setenv(v, "", 1);
   CudaKernelOptions e;
   ASSERT_TRUE(cudaKernelOptionsFromEnv(e).isOk());
@@ -68,9 +70,11 @@ TEST_F(KernelEnvTest, EachAcceptedValueIsRead) {
   setenv("GARDEN_GEMM_SMALLM", "1", 1);
   setenv("GARDEN_PDL", "0", 1);
   setenv("GARDEN_PAGED_ATTENTION", "mma", 1);
+  setenv("GARDEN_MOE_PREFILL", "cublas", 1);
   CudaKernelOptions o;
   ASSERT_TRUE(cudaKernelOptionsFromEnv(o).isOk());
   EXPECT_EQ(o.paged_attention_sm90_min_tokens, 0);
+  EXPECT_EQ(o.moe_prefill_cublas_min_tokens, 1024);
   EXPECT_FALSE(o.attention_wide);
   EXPECT_FALSE(o.attention_sm90);
   EXPECT_FALSE(o.gemm_tune);
@@ -89,6 +93,7 @@ TEST_F(KernelEnvTest, EachAcceptedValueIsRead) {
   setenv("GARDEN_GEMM_SMALLM", "0", 1);
   setenv("GARDEN_PDL", "1", 1);
   setenv("GARDEN_PAGED_ATTENTION", "sm90", 1);
+  setenv("GARDEN_MOE_PREFILL", "tiled", 1);
   ASSERT_TRUE(cudaKernelOptionsFromEnv(o).isOk());
   EXPECT_TRUE(same(o, CudaKernelOptions{}));
 }
@@ -104,7 +109,8 @@ TEST_F(KernelEnvTest, OtherValuesAreRefusedByName) {
        {Bad{"GARDEN_ATTENTION_KERNEL", "v3", "auto|narrow|sm90|mma"},
         Bad{"GARDEN_ATTENTION_KERNEL", "v1", "auto|narrow|sm90|mma"}, Bad{"GARDEN_GEMM_TUNE", "yes", "0|1"},
         Bad{"GARDEN_GEMM_SMALLM", "2", "0|1"}, Bad{"GARDEN_PDL", "on", "0|1"},
-        Bad{"GARDEN_PAGED_ATTENTION", "wgmma", "sm90|mma"}}) {
+        Bad{"GARDEN_PAGED_ATTENTION", "wgmma", "sm90|mma"},
+        Bad{"GARDEN_MOE_PREFILL", "lt", "tiled|cublas"}}) {
     SCOPED_TRACE(std::string(b.var) + "=" + b.value);
     for (const char* v : kVars) unsetenv(v);
     setenv(b.var, b.value, 1);
@@ -115,8 +121,9 @@ TEST_F(KernelEnvTest, OtherValuesAreRefusedByName) {
     EXPECT_NE(st.message().find(b.var), std::string::npos) << st.message();
     EXPECT_NE(st.message().find(b.value), std::string::npos) << st.message();
     EXPECT_NE(st.message().find(b.accepted), std::string::npos) << st.message();
-    EXPECT_FALSE(o.pdl);
-    EXPECT_TRUE(o.attention_wide);
+    CudaKernelOptions before;
+    before.pdl = false;
+    EXPECT_TRUE(same(o, before));
   }
 }
 

@@ -1,4 +1,4 @@
-#include "services/rose/ops/cuda/moe_fp8_gemm.h"
+#include "services/rose/ops/cuda/moe_lt_gemm.h"
 
 #include <atomic>
 #include <string>
@@ -14,9 +14,13 @@ Status lt(cublasStatus_t s, const char* what) {
   return internalError(std::string("cuBLASLt ") + what + " failed: status " +
                        std::to_string(static_cast<int>(s)));
 }
-#define FP8_LT_RETURN_IF_ERROR(expr) RETURN_IF_ERROR(lt((expr), #expr))
+#define LT_RETURN_IF_ERROR(expr) RETURN_IF_ERROR(lt((expr), #expr))
 
 constexpr int kCandidates = 8;
+
+cudaDataType_t elementType(MoeLtType t) {
+  return t == MoeLtType::kBf16 ? CUDA_R_16BF : CUDA_R_8F_E4M3;
+}
 
 int64_t rowBucket(int64_t rows) {
   int64_t b = 16;
@@ -26,31 +30,38 @@ int64_t rowBucket(int64_t rows) {
 
 std::atomic<int64_t> g_min_tokens{kMoeFp8DefaultMinTokens};
 std::atomic<uint64_t> g_steps{0};
+std::atomic<int64_t> g_lt_bf16_min_tokens{0};
+std::atomic<uint64_t> g_lt_bf16_steps{0};
 }  // namespace
+
+void setMoeLtBf16MinTokens(int64_t tokens) { g_lt_bf16_min_tokens.store(tokens); }
+int64_t moeLtBf16MinTokens() { return g_lt_bf16_min_tokens.load(); }
+uint64_t moeLtBf16Steps() { return g_lt_bf16_steps.load(); }
+void countMoeLtBf16Step() { g_lt_bf16_steps.fetch_add(1); }
 
 void setMoeFp8MinTokens(int64_t tokens) { g_min_tokens.store(tokens); }
 int64_t moeFp8MinTokens() { return g_min_tokens.load(); }
 uint64_t moeFp8Steps() { return g_steps.load(); }
 void countMoeFp8Step() { g_steps.fetch_add(1); }
 
-MoeFp8Gemm::Desc::~Desc() {
+MoeLtGemm::Desc::~Desc() {
   if (desc) cublasLtMatmulDescDestroy(desc);
   if (a) cublasLtMatrixLayoutDestroy(a);
 }
-MoeFp8Gemm::Shape::~Shape() {
+MoeLtGemm::Shape::~Shape() {
   if (b) cublasLtMatrixLayoutDestroy(b);
   if (d) cublasLtMatrixLayoutDestroy(d);
 }
 
-Result<std::unique_ptr<MoeFp8Gemm>> MoeFp8Gemm::create(size_t workspace_bytes) {
-  std::unique_ptr<MoeFp8Gemm> g(new MoeFp8Gemm());
-  FP8_LT_RETURN_IF_ERROR(cublasLtCreate(&g->handle_));
+Result<std::unique_ptr<MoeLtGemm>> MoeLtGemm::create(size_t workspace_bytes) {
+  std::unique_ptr<MoeLtGemm> g(new MoeLtGemm());
+  LT_RETURN_IF_ERROR(cublasLtCreate(&g->handle_));
   if (workspace_bytes > 0) CUDA_RETURN_IF_ERROR(cudaMalloc(&g->workspace_, workspace_bytes));
   g->workspace_bytes_ = workspace_bytes;
   return g;
 }
 
-MoeFp8Gemm::~MoeFp8Gemm() {
+MoeLtGemm::~MoeLtGemm() {
   shapes_.clear();
   descs_.clear();
   if (workspace_ != nullptr) cudaFree(workspace_);
@@ -60,33 +71,36 @@ MoeFp8Gemm::~MoeFp8Gemm() {
 // Column-major view (cuBLASLt "TN"): D [n x rows] = op(A) [n x kp] . B [kp x rows] with A = W_e
 // stored [kp x n] (ld kp, transposed), B = X rows stored [kp x rows] (ld kp), D = y rows stored
 // [n x rows] (ld n): row-major y[rows][n].
-Result<MoeFp8Gemm::Desc*> MoeFp8Gemm::desc(int64_t n, int64_t kp) {
-  auto key = std::make_tuple(n, kp);
+Result<MoeLtGemm::Desc*> MoeLtGemm::desc(MoeLtType type, int64_t n, int64_t kp) {
+  auto key = std::make_tuple(static_cast<int32_t>(type), n, kp);
   auto it = descs_.find(key);
   if (it != descs_.end()) return it->second.get();
   auto d = std::make_unique<Desc>();
-  FP8_LT_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&d->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  LT_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&d->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-  FP8_LT_RETURN_IF_ERROR(
+  LT_RETURN_IF_ERROR(
       cublasLtMatmulDescSetAttribute(d->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
-  FP8_LT_RETURN_IF_ERROR(
+  LT_RETURN_IF_ERROR(
       cublasLtMatmulDescSetAttribute(d->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
-  const int32_t mode_a = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
-  const int32_t mode_b = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
-  FP8_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(d->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
-                                                        &mode_a, sizeof(mode_a)));
-  FP8_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(d->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
-                                                        &mode_b, sizeof(mode_b)));
-  FP8_LT_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&d->a, CUDA_R_8F_E4M3, static_cast<uint64_t>(kp),
+  if (type == MoeLtType::kFp8Block) {
+    const int32_t mode_a = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+    const int32_t mode_b = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        d->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode_a, sizeof(mode_a)));
+    LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        d->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode_b, sizeof(mode_b)));
+  }
+  LT_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&d->a, elementType(type),
+                                                    static_cast<uint64_t>(kp),
                                                     static_cast<uint64_t>(n), kp));
   Desc* raw = d.get();
   descs_.emplace(key, std::move(d));
   return raw;
 }
 
-Result<bool> MoeFp8Gemm::heuristic(Desc& d, Shape& s, cublasLtMatmulAlgo_t* out) {
+Result<bool> MoeLtGemm::heuristic(Desc& d, Shape& s, cublasLtMatmulAlgo_t* out) {
   cublasLtMatmulPreference_t pref = nullptr;
-  FP8_LT_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&pref));
+  LT_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&pref));
   uint64_t ws = workspace_bytes_;
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
   cublasLtMatmulHeuristicResult_t results[kCandidates] = {};
@@ -95,7 +109,7 @@ Result<bool> MoeFp8Gemm::heuristic(Desc& d, Shape& s, cublasLtMatmulAlgo_t* out)
   const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(handle_, d.desc, d.a, s.b, s.d, s.d, pref,
                                                            kCandidates, results, &found);
   cublasLtMatmulPreferenceDestroy(pref);
-  FP8_LT_RETURN_IF_ERROR(hs);
+  LT_RETURN_IF_ERROR(hs);
   for (int i = 0; i < found; ++i) {
     if (results[i].state == CUBLAS_STATUS_SUCCESS && results[i].workspaceSize <= workspace_bytes_) {
       *out = results[i].algo;
@@ -105,16 +119,19 @@ Result<bool> MoeFp8Gemm::heuristic(Desc& d, Shape& s, cublasLtMatmulAlgo_t* out)
   return false;
 }
 
-Result<MoeFp8Gemm::Shape*> MoeFp8Gemm::shape(Desc& d, int64_t n, int64_t kp, int64_t rows) {
-  auto key = std::make_tuple(n, kp, rows);
+Result<MoeLtGemm::Shape*> MoeLtGemm::shape(Desc& d, MoeLtType type, int64_t n, int64_t kp,
+                                           int64_t rows) {
+  const int32_t ty = static_cast<int32_t>(type);
+  auto key = std::make_tuple(ty, n, kp, rows);
   auto it = shapes_.find(key);
   if (it != shapes_.end()) return it->second.get();
   auto s = std::make_unique<Shape>();
-  FP8_LT_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&s->b, CUDA_R_8F_E4M3, static_cast<uint64_t>(kp),
+  LT_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&s->b, elementType(type),
+                                                    static_cast<uint64_t>(kp),
                                                     static_cast<uint64_t>(rows), kp));
-  FP8_LT_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&s->d, CUDA_R_16BF, static_cast<uint64_t>(n),
+  LT_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&s->d, CUDA_R_16BF, static_cast<uint64_t>(n),
                                                     static_cast<uint64_t>(rows), n));
-  const auto bkey = std::make_tuple(n, kp, rowBucket(rows));
+  const auto bkey = std::make_tuple(ty, n, kp, rowBucket(rows));
   auto bit = bucket_algos_.find(bkey);
   bool have = false;
   if (bit != bucket_algos_.end()) {
@@ -129,7 +146,9 @@ Result<MoeFp8Gemm::Shape*> MoeFp8Gemm::shape(Desc& d, int64_t n, int64_t kp, int
   if (!have) {
     ASSIGN_OR_RETURN(bool ok, heuristic(d, *s, &s->algo));
     if (!ok) {
-      return internalError("cuBLASLt has no FP8 block-scaled algorithm for N=" + std::to_string(n) +
+      return internalError(std::string("cuBLASLt has no ") +
+                           (type == MoeLtType::kBf16 ? "bf16" : "FP8 block-scaled") +
+                           " algorithm for N=" + std::to_string(n) +
                            " K=" + std::to_string(kp) + " rows=" + std::to_string(rows));
     }
     if (bit == bucket_algos_.end()) bucket_algos_.emplace(bkey, s->algo);
@@ -139,31 +158,38 @@ Result<MoeFp8Gemm::Shape*> MoeFp8Gemm::shape(Desc& d, int64_t n, int64_t kp, int
   return raw;
 }
 
-Status MoeFp8Gemm::run(const MoeFp8GemmArgs& a, cudaStream_t stream) {
-  if (a.n <= 0 || a.n % 4 != 0 || a.k <= 0 || a.num_experts <= 0 || a.expert_off == nullptr)
-    return invalidArgument("moe_fp8_gemm: N must be a positive multiple of 4, K and E positive");
-  const int64_t kp = fp8PaddedK(a.k), nb = fp8KBlocks(a.k);
+Status MoeLtGemm::run(const MoeLtGemmArgs& a, cudaStream_t stream) {
+  const bool bf16 = a.type == MoeLtType::kBf16;
+  if (a.n <= 0 || a.n % 4 != 0 || a.k <= 0 || a.num_experts <= 0 || a.expert_off == nullptr ||
+      (bf16 && a.k % 8 != 0))
+    return invalidArgument(
+        "moe_lt_gemm: N must be a positive multiple of 4, K positive (bf16: a multiple of 8), E "
+        "positive");
+  const int64_t kp = bf16 ? a.k : fp8PaddedK(a.k), nb = fp8KBlocks(a.k);
   const int64_t spe = fp8WeightScalesPerExpert(a.n, a.k);
-  ASSIGN_OR_RETURN(Desc * d, desc(a.n, kp));
+  const int64_t esize = bf16 ? 2 : 1;  // bytes per element of W and X
+  ASSIGN_OR_RETURN(Desc * d, desc(a.type, a.n, kp));
   const float alpha = 1.f, beta = 0.f;
   for (int32_t e = 0; e < a.num_experts; ++e) {
     const int64_t r0 = a.expert_off[e], rows = a.expert_off[e + 1] - r0;
     if (rows <= 0) continue;
     if (rows % 4 != 0 || r0 % 4 != 0)
-      return invalidArgument("moe_fp8_gemm: expert row ranges must be multiples of 4");
-    // The scale pointers first: the heuristic query of a new shape refuses a block-scaled
-    // description without them (CUBLAS_STATUS_INVALID_VALUE, seen on the H200).
-    const void* sa = a.w_scales + e * spe;
-    const void* sb = a.x_scales + r0 * nb;
-    FP8_LT_RETURN_IF_ERROR(
-        cublasLtMatmulDescSetAttribute(d->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof(sa)));
-    FP8_LT_RETURN_IF_ERROR(
-        cublasLtMatmulDescSetAttribute(d->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(sb)));
-    ASSIGN_OR_RETURN(Shape * s, shape(*d, a.n, kp, rows));
-    const uint8_t* w = a.w + static_cast<int64_t>(e) * a.n * kp;
-    const uint8_t* x = a.x + r0 * kp;
+      return invalidArgument("moe_lt_gemm: expert row ranges must be multiples of 4");
+    if (!bf16) {
+      // The scale pointers first: the heuristic query of a new shape refuses a block-scaled
+      // description without them (CUBLAS_STATUS_INVALID_VALUE, seen on the H200).
+      const void* sa = a.w_scales + e * spe;
+      const void* sb = a.x_scales + r0 * nb;
+      LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+          d->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof(sa)));
+      LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+          d->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(sb)));
+    }
+    ASSIGN_OR_RETURN(Shape * s, shape(*d, a.type, a.n, kp, rows));
+    const auto* w = static_cast<const uint8_t*>(a.w) + static_cast<int64_t>(e) * a.n * kp * esize;
+    const auto* x = static_cast<const uint8_t*>(a.x) + r0 * kp * esize;
     __nv_bfloat16* y = a.y + r0 * a.n;
-    FP8_LT_RETURN_IF_ERROR(cublasLtMatmul(handle_, d->desc, &alpha, w, d->a, x, s->b, &beta, y, s->d,
+    LT_RETURN_IF_ERROR(cublasLtMatmul(handle_, d->desc, &alpha, w, d->a, x, s->b, &beta, y, s->d,
                                           y, s->d, &s->algo, workspace_, workspace_bytes_, stream));
   }
   return okStatus();

@@ -1,0 +1,117 @@
+#pragma once
+// The cuBLASLt expert GEMMs: one matmul per expert over its range of expert-sorted rows,
+//   y[r0 .. r0+cnt)[N] = X[r0 .. r0+cnt)[K'] · W_e[N][K']^T      (f32 accumulation, bf16 out)
+// in one of two element types:
+//   * kFp8Block [TAG_FP8_EXPERTS]: e4m3 x e4m3 with Hopper block scaling (weights
+//     BLK128x128_32F as the A operand, activations VEC128_32F as B; layouts in fp8_block.h),
+//     K' = fp8PaddedK(K);
+//   * kBf16 [TAG_MOE_LT_BF16]: bf16 x bf16, K' = K (a multiple of 8): the MXFP4 experts
+//     dequantized per step (moe_lt_bf16.cuh), exact weights.
+// The ranges come from the host (the align step's tiles copied back once per layer, so this runs
+// only in eager, non-captured steps: prefill). No bias, no epilogue (the callers add them:
+// fp8_act_quant.cuh, moe_lt_bf16.cuh, moe_row_bias.cuh).
+//
+// Plans: one matmul descriptor per (type, N, K'); matrix layouts per exact row count; the
+// algorithm is cuBLASLt's first heuristic choice for the row count rounded up to a power of two
+// (>= 16), checked with cublasLtMatmulAlgoCheck for each new exact count (its own heuristic query
+// if the check fails), so a new count costs host work once.
+//
+// Threads: one launching thread (the backend's). Move-only owner of the handle, the workspace and
+// the cached descriptors.
+
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <tuple>
+
+#include "common/status.h"
+
+namespace garden::rose::cuda {
+
+enum class MoeLtType : int32_t { kFp8Block = 0, kBf16 = 1 };
+
+struct MoeLtGemmArgs {
+  MoeLtType type = MoeLtType::kFp8Block;
+  const void* w = nullptr;              // fp8: [E][n][fp8PaddedK(k)] e4m3; bf16: [E][n][k]
+  const float* w_scales = nullptr;      // fp8: [E][fp8WeightScalesPerExpert(n, k)]
+  const void* x = nullptr;              // fp8: [rows][fp8PaddedK(k)] e4m3; bf16: [rows][k]
+  const float* x_scales = nullptr;      // fp8: fp8ActScaleIndex layout over the expert ranges
+  __nv_bfloat16* y = nullptr;           // [rows][n]
+  const int64_t* expert_off = nullptr;  // HOST [num_experts + 1], multiples of 4
+  int32_t num_experts = 0;
+  int32_t n = 0;  // output features, a multiple of 4
+  int32_t k = 0;  // inputs (before padding; bf16: a multiple of 8)
+};
+
+class MoeLtGemm {
+ public:
+  static Result<std::unique_ptr<MoeLtGemm>> create(size_t workspace_bytes = size_t{32} << 20);
+  ~MoeLtGemm();
+  MoeLtGemm(const MoeLtGemm&) = delete;
+  MoeLtGemm& operator=(const MoeLtGemm&) = delete;
+
+  // Enqueues one matmul per expert with rows on `stream`.
+  Status run(const MoeLtGemmArgs& a, cudaStream_t stream);
+
+  size_t heuristicQueries() const { return heuristic_queries_; }
+
+ private:
+  struct Desc {
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t a = nullptr;
+    ~Desc();
+  };
+  struct Shape {  // layouts and algorithm of one (n, kp, rows)
+    cublasLtMatrixLayout_t b = nullptr, d = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+    ~Shape();
+  };
+  MoeLtGemm() = default;
+  Result<Desc*> desc(MoeLtType type, int64_t n, int64_t kp);
+  Result<Shape*> shape(Desc& d, MoeLtType type, int64_t n, int64_t kp, int64_t rows);
+  Result<bool> heuristic(Desc& d, Shape& s, cublasLtMatmulAlgo_t* out);
+
+  cublasLtHandle_t handle_ = nullptr;
+  void* workspace_ = nullptr;
+  size_t workspace_bytes_ = 0;
+  size_t heuristic_queries_ = 0;
+  std::map<std::tuple<int32_t, int64_t, int64_t>, std::unique_ptr<Desc>> descs_;
+  std::map<std::tuple<int32_t, int64_t, int64_t, int64_t>, std::unique_ptr<Shape>> shapes_;
+  std::map<std::tuple<int32_t, int64_t, int64_t, int64_t>, cublasLtMatmulAlgo_t> bucket_algos_;
+};
+
+// Which MoE steps take the FP8 experts (when the weights carry an FP8 copy): steps of at least
+// this many tokens that are not being captured into a CUDA graph. Default 1024: where the FP8
+// path starts to win (the MoE op alone at 20b shapes on the H200, MXFP4 tiled vs FP8 µs per call:
+// 256 tokens 627 vs 853, 512 868 vs 886, 1024 1293 vs 954, 2048 2191 vs 1205; bench/results/
+// gpu-llm-2026-12-02-h200-s4), and above the largest graph-captured decode batch
+// (GptOssModel::kMaxGraphSeqs), so decode keeps the MXFP4 kernels and eager and graph steps of one
+// batch size take the same path. Process-global (tests, benches).
+inline constexpr int64_t kMoeFp8DefaultMinTokens = 1024;
+void setMoeFp8MinTokens(int64_t tokens);
+int64_t moeFp8MinTokens();
+// MoE steps that ran on the FP8 experts so far (process-global; tests check the path ran).
+uint64_t moeFp8Steps();
+void countMoeFp8Step();
+
+// [TAG_MOE_LT_BF16] Which MoE steps over MXFP4 experts take the bf16 cuBLASLt path (the experts
+// dequantized per step into a bf16 scratch, per-expert bf16 cuBLASLt GEMMs): steps of at least
+// this many tokens that are not being captured and do not take the FP8 copy. 0 (the default):
+// never — the tiled MXFP4 kernels keep a row's bits independent of the step's size (one K
+// chain in every tile shape), which cuBLASLt's own K order does not; a decode row batched into a
+// large prefill step would then get other bits than alone. Opt-in: rose --moe-prefill cublas /
+// GARDEN_MOE_PREFILL=cublas set kMoeLtBf16DefaultMinTokens (above the largest graph-captured
+// decode batch, like the FP8 threshold). Process-global; set before the experts are uploaded
+// (the scratch, one projection's E x N x K bf16 values, is allocated then).
+inline constexpr int64_t kMoeLtBf16DefaultMinTokens = 1024;
+void setMoeLtBf16MinTokens(int64_t tokens);
+int64_t moeLtBf16MinTokens();
+// MoE steps that ran on the bf16 cuBLASLt path so far (process-global; tests check it ran).
+uint64_t moeLtBf16Steps();
+void countMoeLtBf16Step();
+
+}  // namespace garden::rose::cuda
