@@ -104,6 +104,11 @@
 #             prefillfp8 for the FP8 experts)
 #   prefilldef / prefillfp8  20b prefill 8k/32k/64k/128k with the defaults / --moe-weights fp8
 #             (needs mk20b)
+#   ltops     GpuFp8Moe.*: the FP8 and the bf16 cuBLASLt expert paths [TAG_MOE_LT_BF16] against the CPU
+#   ltmem     compute-sanitizer memcheck over the bf16 cuBLASLt path's tests
+#   moegemm_lt  the MoE op alone at 512..8192 tokens: tiled / wide / FP8 / bf16 cuBLASLt
+#   prefilllt / prefill120blt  20b / 120b prefill 8k..128k with --moe-prefill cublas (needs
+#             mk20b / mk120b)
 #   prefill128k  20b prefill of one 64k and one 128k request (issue 16's table; never run yet),
 #             MXFP4 experts then the FP8 copy (needs mk20b; KV for 140k tokens)
 #   sweepfp8  gpu_chat_sweep.sh at 256 streams with rose --moe-weights fp8 (prefill steps of
@@ -182,6 +187,11 @@ for s in $STEPS; do
     pattnbench) step pattnbench paged_attn_bench.txt 200 "$BIN/rose_llm_bench" --attn-bench 16384@0,16384@49152,16384@114688,8192@0,2048@0,1024@4096,512@0,256@1000 ;;
     prefillab) step prefillab prefillab.txt 400 bash -c "for v in mma sm90 sm90c2; do echo \"== --attn-prefill \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192,32768,65536,131072 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --attn-prefill \$v 2>&1 | grep -v 'gemm tuned'; done" ;;
     prefilldef) step prefilldef prefilldef.txt 200 bash -c "'$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192,32768,65536,131072 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 2>&1 | grep -v 'gemm tuned'" ;;
+    ltops) step ltops lt_ops.log 300 "$BIN/gpu_llm_ops_test" --gtest_filter='GpuFp8Moe.*' ;;
+    ltmem) step ltmem lt_mem.log 300 compute-sanitizer --tool memcheck --error-exitcode 3 "$BIN/gpu_llm_ops_test" --gtest_filter='GpuFp8Moe.Bf16*:GpuFp8Moe.LtBf16*' ;;
+    moegemm_lt) step moegemm_lt moegemm_lt.txt 240 "$BIN/rose_llm_bench" --moe-gemm 512,1024,2048,4096,8192 --moe-k-slices 1 --moe-weights fp8 ;;
+    prefilllt) step prefilllt prefilllt.txt 200 bash -c "'$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192,32768,65536,131072 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --moe-prefill cublas 2>&1 | grep -v 'gemm tuned'" ;;
+    prefill120blt) step prefill120blt prefill120blt.txt 300 "$BIN/rose_llm_bench" --model /dev/shm/gptoss120b --prefill 8192,32768,65536,131072 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --moe-prefill cublas ;;
     prefillfp8) step prefillfp8 prefillfp8.txt 200 bash -c "'$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192,32768,65536,131072 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --moe-weights fp8 2>&1 | grep -v 'gemm tuned'" ;;
     mk20b) step mk20b mk20b.log 240 python3 "$ROOT/bench/suites/make_random_gpt_oss.py" --out /tmp/gptoss20b --shape 20b ;;
     bench20b) step bench20b bench20b.txt 300 "$BIN/rose_llm_bench" --model /tmp/gptoss20b --prefill 2048,8192,32768 --decode 1@8192,64@1024 --decode-steps 32 --max-batch-tokens 16384 --json "$LOGS/bench20b.jsonl" ;;

@@ -15,6 +15,14 @@
 //     its binade, RMS ~2.5 % of its value; the weights are exact (scales within 16 binades), so
 //     the error is that of the two quantized activations (x, and the SwiGLU output), ~2.5 % each,
 //     uncorrelated over 2880 inputs: ~3.5-4.5 % relative L2 expected at the output.
+// The bf16 cuBLASLt path of the same ops [TAG_MOE_LT_BF16] (moe_lt_bf16.cuh), in the same fixture:
+//   * the per-step MXFP4 -> bf16 dequantization (launchMxfp4Dequant) against the CPU dequantization
+//     bit for bit (K and N tails, scales above 128 for the two-multiply path, experts without
+//     rows left untouched);
+//   * the whole path (align, host ranges, gather, dequant, per-expert bf16 cuBLASLt GEMMs, bias +
+//     SwiGLU, down bias, combine) against (a) a CPU emulation rounding where it rounds (tight),
+//     (b) the tiled MXFP4 kernels on the same GPU and (c) the CPU reference op in f32; the
+//     threshold (off by default, on at >= the set tokens) and determinism.
 // Label `gpu`.
 
 #include <cuda_runtime_api.h>
@@ -33,6 +41,7 @@
 #include "services/rose/ops/cuda/cuda_backend.h"
 #include "services/rose/ops/cuda/fp8_act_quant.cuh"
 #include "services/rose/ops/cuda/fp8_block.h"
+#include "services/rose/ops/cuda/moe_lt_bf16.cuh"
 #include "services/rose/ops/cuda/moe_lt_gemm.h"
 #include "services/rose/ops/llm_ops.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -510,6 +519,230 @@ TEST_F(GpuFp8Moe, ExpertsMatchCpu) {
         ASSERT_TRUE(gpu().synchronize().isOk());
         EXPECT_EQ(cuda::moeFp8Steps(), steps0 + 2) << "a step above the threshold did not take FP8";
         EXPECT_EQ(download(gpu(), gout.view), got) << "FP8 path not deterministic";
+      }
+    }
+  }
+}
+
+// ---- the bf16 cuBLASLt path [TAG_MOE_LT_BF16] ------------------------------------------------
+
+// Switches the bf16 cuBLASLt path on for a scope (INT64_MAX: the scratch is allocated at upload,
+// no step takes it), restoring the default (off).
+struct LtMinTokens {
+  explicit LtMinTokens(int64_t t) { cuda::setMoeLtBf16MinTokens(t); }
+  ~LtMinTokens() { cuda::setMoeLtBf16MinTokens(0); }
+};
+
+TEST_F(GpuFp8Moe, Bf16DequantMatchesCpu) {
+  struct Case {
+    int64_t e, n, k;
+    int scale_hi;  // scales drawn in [100, scale_hi]: above 128 the two-multiply path
+  };
+  reserve(64, 256, 256, 4, 2);
+  for (const Case& c : {Case{3, 200, 96, 128}, Case{2, 320, 288, 200}, Case{4, 2880, 2880, 128}}) {
+    SCOPED_TRACE("E=" + std::to_string(c.e) + " N=" + std::to_string(c.n) + " K=" + std::to_string(c.k));
+    const int64_t g = c.k / 32;
+    std::vector<uint8_t> codes(static_cast<size_t>(c.e * c.n * g * 16)), sc(static_cast<size_t>(c.e * c.n * g));
+    for (auto& b : codes) b = static_cast<uint8_t>(rng_());
+    std::uniform_int_distribution<int> sd(100, c.scale_hi);
+    for (auto& b : sc) b = static_cast<uint8_t>(sd(rng_));
+    sc[0] = static_cast<uint8_t>(c.scale_hi);  // the largest scale decides the path
+    auto w = gops_->uploadMxfp4Experts(codes.data(), sc.data(), c.e, c.n, c.k, false);
+    ASSERT_TRUE(w.isOk()) << w.status().toString();
+    EXPECT_EQ(w->mx_max_scale, static_cast<uint32_t>(c.scale_hi));
+    std::vector<float> ref(static_cast<size_t>(c.e * c.n * c.k));
+    dequantizeMxfp4(codes.data(), sc.data(), c.e * c.n, g, ref.data());
+    auto out = allocate(gpu(), DType::kBF16, {c.e * c.n, c.k});
+    // Expert 1 has no rows: its part keeps the poison.
+    std::vector<int32_t> off(static_cast<size_t>(c.e + 1));
+    for (int64_t x = 0; x <= c.e; ++x) off[static_cast<size_t>(x)] = static_cast<int32_t>(x <= 1 ? 16 * x : 16 * (x - 1));
+    auto doff = uploadI32(gpu(), {c.e + 1}, off);
+    for (bool all : {false, true}) {
+      poison(gpu(), out.view);
+      cuda::Mxfp4DequantArgs d;
+      d.codes = static_cast<const uint8_t*>(w->codes.data);
+      d.scales = static_cast<const uint8_t*>(w->scales.data);
+      d.expert_off = all ? nullptr : doff.view.as<int32_t>();
+      d.out = out.view.as<__nv_bfloat16>();
+      d.experts = static_cast<int32_t>(c.e);
+      d.n = static_cast<int32_t>(c.n);
+      d.k = static_cast<int32_t>(c.k);
+      d.max_scale = w->mx_max_scale;
+      ASSERT_TRUE(cuda::launchMxfp4Dequant(d, stream()).isOk());
+      ASSERT_TRUE(gpu().synchronize().isOk());
+      const auto got = download(gpu(), out.view);
+      int64_t bad = 0, untouched_bad = 0;
+      for (int64_t x = 0; x < c.e; ++x) {
+        for (int64_t i = x * c.n * c.k; i < (x + 1) * c.n * c.k; ++i) {
+          const float gv = got[static_cast<size_t>(i)], rv = ref[static_cast<size_t>(i)];
+          if (!all && x == 1) {
+            if (!std::isnan(gv)) ++untouched_bad;
+          } else if (std::memcmp(&gv, &rv, 4) != 0 && !(gv == 0.f && rv == 0.f)) {
+            if (bad++ < 5) ADD_FAILURE() << "expert " << x << " element " << i - x * c.n * c.k << ": " << gv << " vs " << rv;
+          }
+        }
+      }
+      EXPECT_EQ(bad, 0) << (all ? "every expert" : "experts with rows");
+      EXPECT_EQ(untouched_bad, 0) << "an expert without rows was written";
+    }
+  }
+}
+
+// CPU emulation of the bf16 cuBLASLt MoE: exact weights and bf16 x, f64 sums rounded where the GPU
+// rounds (gate_up output to bf16; bias + SwiGLU in f32, rounded; down output to bf16, + bias,
+// rounded; combine in f32 in k order, bf16 out).
+std::vector<float> emulateLtBf16Moe(const std::vector<float>& x, const std::vector<float>& w1,
+                                    const std::vector<float>& b1, const std::vector<float>& w2,
+                                    const std::vector<float>& b2, const std::vector<int32_t>& ids,
+                                    const std::vector<float>& wts, int64_t t, int64_t h, int64_t in,
+                                    int32_t k) {
+  std::vector<float> out(static_cast<size_t>(t * h));
+  parallelFor(t, [&](int64_t tok) {
+    std::vector<float> act(static_cast<size_t>(in)), acc(static_cast<size_t>(h), 0.f);
+    const float* xr = &x[static_cast<size_t>(tok * h)];
+    for (int32_t j = 0; j < k; ++j) {
+      const int64_t e = ids[static_cast<size_t>(tok * k + j)];
+      for (int64_t i = 0; i < in; ++i) {
+        double gs = 0, us = 0;
+        const float* wg = &w1[static_cast<size_t>((e * 2 * in + 2 * i) * h)];
+        const float* wu = wg + h;
+        for (int64_t c = 0; c < h; ++c) {
+          gs += static_cast<double>(wg[c]) * xr[c];
+          us += static_cast<double>(wu[c]) * xr[c];
+        }
+        const float lim = 7.f, alpha = 1.702f;
+        const float gg = std::fmin(bf16Round(static_cast<float>(gs)) + b1[static_cast<size_t>(e * 2 * in + 2 * i)], lim);
+        const float uu = std::fmin(std::fmax(bf16Round(static_cast<float>(us)) + b1[static_cast<size_t>(e * 2 * in + 2 * i + 1)], -lim), lim);
+        act[static_cast<size_t>(i)] = bf16Round(gg / (1.f + std::exp(-alpha * gg)) * (uu + 1.f));
+      }
+      const float wt = wts[static_cast<size_t>(tok * k + j)];
+      for (int64_t n = 0; n < h; ++n) {
+        double y = 0;
+        const float* wd = &w2[static_cast<size_t>((e * h + n) * in)];
+        for (int64_t i = 0; i < in; ++i) y += static_cast<double>(wd[i]) * act[static_cast<size_t>(i)];
+        const float yb = bf16Round(bf16Round(static_cast<float>(y)) + b2[static_cast<size_t>(e * h + n)]);
+        acc[static_cast<size_t>(n)] = std::fma(wt, yb, acc[static_cast<size_t>(n)]);
+      }
+    }
+    for (int64_t n = 0; n < h; ++n) out[static_cast<size_t>(tok * h + n)] = bf16Round(acc[static_cast<size_t>(n)]);
+  });
+  return out;
+}
+
+TEST_F(GpuFp8Moe, LtBf16ExpertsMatchCpuAndTheTiledKernels) {
+  struct Shape {
+    int64_t h, in, e;
+    int32_t k;
+    std::vector<int64_t> ts;
+  };
+  for (const Shape& sh : {Shape{2880, 2880, 32, 4, {1, 7, 128, 1500}}, Shape{288, 160, 8, 4, {1000, 4096}}}) {
+    const int64_t tmax = *std::max_element(sh.ts.begin(), sh.ts.end());
+    reserve(std::max<int64_t>(tmax, 64), static_cast<int32_t>(sh.h), static_cast<int32_t>(sh.in),
+            static_cast<int32_t>(sh.e), sh.k);
+    std::vector<uint8_t> c1, s1, c2, s2;
+    randomMx(rng_, sh.e, 2 * sh.in, sh.h, c1, s1);
+    randomMx(rng_, sh.e, sh.h, sh.in, c2, s2);
+    std::vector<float> w1(static_cast<size_t>(sh.e * 2 * sh.in * sh.h)), w2(static_cast<size_t>(sh.e * sh.h * sh.in));
+    dequantizeMxfp4(c1.data(), s1.data(), sh.e * 2 * sh.in, sh.h / 32, w1.data());
+    dequantizeMxfp4(c2.data(), s2.data(), sh.e * sh.h, sh.in / 32, w2.data());
+    Result<ExpertWeights> m1 = internalError("not uploaded"), m2 = internalError("not uploaded");
+    {
+      LtMinTokens scratch(INT64_MAX);  // on at upload: the scratch is allocated
+      m1 = gops_->uploadMxfp4Experts(c1.data(), s1.data(), sh.e, 2 * sh.in, sh.h, false);
+      m2 = gops_->uploadMxfp4Experts(c2.data(), s2.data(), sh.e, sh.h, sh.in, false);
+    }
+    ASSERT_TRUE(m1.isOk() && m2.isOk()) << m1.status().toString() << m2.status().toString();
+    auto b1 = randomBf16(static_cast<size_t>(sh.e * 2 * sh.in), rng_, -0.1f, 0.1f);
+    auto b2 = randomBf16(static_cast<size_t>(sh.e * sh.h), rng_, -0.1f, 0.1f);
+    auto cw1 = upload(cpu(), DType::kF32, {sh.e, 2 * sh.in, sh.h}, w1);
+    auto cw2 = upload(cpu(), DType::kF32, {sh.e, sh.h, sh.in}, w2);
+    auto cb1 = upload(cpu(), DType::kF32, {sh.e, 2 * sh.in}, b1);
+    auto cb2 = upload(cpu(), DType::kF32, {sh.e, sh.h}, b2);
+    auto gb1 = upload(gpu(), DType::kBF16, {sh.e, 2 * sh.in}, b1);
+    auto gb2 = upload(gpu(), DType::kBF16, {sh.e, sh.h}, b2);
+    const auto [ce1, ce2] = denseExperts(cw1.view, cw2.view, sh.e, sh.in, sh.h);
+    const MoeExpertsParams p{static_cast<int32_t>(sh.e), sh.k, static_cast<int32_t>(sh.h),
+                             static_cast<int32_t>(sh.in), 7.f, 1.702f};
+    for (int64_t t : sh.ts) {
+      SCOPED_TRACE("T=" + std::to_string(t) + " H=" + std::to_string(sh.h) + " I=" + std::to_string(sh.in));
+      auto x = randomBf16(static_cast<size_t>(t * sh.h), rng_, -2.f, 2.f);
+      std::vector<int32_t> ids;
+      std::vector<float> wts;
+      for (int64_t i = 0; i < t; ++i) {
+        std::vector<int32_t> perm(static_cast<size_t>(sh.e));
+        std::iota(perm.begin(), perm.end(), 0);
+        std::shuffle(perm.begin(), perm.end(), rng_);
+        float sum = 0;
+        std::vector<float> w(static_cast<size_t>(sh.k));
+        for (auto& v : w) sum += (v = std::uniform_real_distribution<float>(0.1f, 1.f)(rng_));
+        for (int32_t j = 0; j < sh.k; ++j) {
+          ids.push_back(perm[static_cast<size_t>(j)]);
+          wts.push_back(w[static_cast<size_t>(j)] / sum);
+        }
+      }
+      auto cx = upload(cpu(), DType::kF32, {t, sh.h}, x);
+      auto cid = uploadI32(cpu(), {t, sh.k}, ids);
+      auto cwt = upload(cpu(), DType::kF32, {t, sh.k}, wts);
+      auto cout = allocate(cpu(), DType::kF32, {t, sh.h});
+      cops_->moeExperts(cx.view, cid.view, cwt.view, ce1, cb1.view, ce2, cb2.view, cout.view, p);
+      const auto ref = download(cpu(), cout.view);
+      const auto emu = emulateLtBf16Moe(x, w1, b1, w2, b2, ids, wts, t, sh.h, sh.in, sh.k);
+      auto gx = upload(gpu(), DType::kBF16, {t, sh.h}, x);
+      auto gid = uploadI32(gpu(), {t, sh.k}, ids);
+      auto gwt = upload(gpu(), DType::kF32, {t, sh.k}, wts);
+      auto gout = allocate(gpu(), DType::kBF16, {t, sh.h});
+      // The tiled MXFP4 kernels (the path is off by default).
+      poison(gpu(), gout.view);
+      const uint64_t steps0 = cuda::moeLtBf16Steps();
+      gops_->moeExperts(gx.view, gid.view, gwt.view, *m1, gb1.view, *m2, gb2.view, gout.view, p);
+      ASSERT_TRUE(gpu().synchronize().isOk());
+      EXPECT_EQ(cuda::moeLtBf16Steps(), steps0) << "the bf16 cuBLASLt path ran while off";
+      const auto tiled = download(gpu(), gout.view);
+      // The bf16 cuBLASLt path, on for every step size.
+      poison(gpu(), gout.view);
+      {
+        LtMinTokens on(1);
+        gops_->moeExperts(gx.view, gid.view, gwt.view, *m1, gb1.view, *m2, gb2.view, gout.view, p);
+        ASSERT_TRUE(gpu().synchronize().isOk());
+      }
+      EXPECT_EQ(cuda::moeLtBf16Steps(), steps0 + 1) << "the bf16 cuBLASLt path did not run";
+      const auto got = download(gpu(), gout.view);
+      const double e_emu = relL2(got, emu), e_tiled = relL2(got, tiled), e_ref = relL2(got, ref);
+      const double t_ref = relL2(tiled, ref);
+      double cos_emu = 1, cos_tiled = 1;
+      for (int64_t r = 0; r < t; ++r) {
+        cos_emu = std::min(cos_emu, rowCosine(got, emu, r, sh.h));
+        cos_tiled = std::min(cos_tiled, rowCosine(got, tiled, r, sh.h));
+      }
+      // (a) What separates the GPU from the emulation: f32 sums vs f64 sums rounding the
+      // gate_up output (bf16, 2^-9 relative) to the other side now and then, one bf16 step in a
+      // few elements. A wrong expert, row, bias or scale is O(1) relative L2.
+      EXPECT_LT(e_emu, 4e-3);
+      EXPECT_GT(cos_emu, 0.9999);
+      // (b), (c): the same weights and inputs; the tiled kernel keeps the gate_up output in f32
+      // into its SwiGLU and rounds the down output once with its bias; here both round to bf16
+      // first (~2^-9 relative each). Both paths must be about as close to the f32 reference.
+      EXPECT_LT(e_tiled, 1.5e-2);
+      EXPECT_GT(cos_tiled, 0.999);
+      EXPECT_LT(e_ref, 1.5e-2);
+      EXPECT_LT(e_ref, 2.0 * t_ref + 2e-3) << "further from the f32 reference than the tiled kernel";
+      std::cout << "[ bf16 cublaslt experts ] T=" << t << " H=" << sh.h << " I=" << sh.in
+                << " E=" << sh.e << ": vs emulation rel_l2=" << e_emu << " worst_row_cos="
+                << cos_emu << "; vs tiled rel_l2=" << e_tiled << " worst_row_cos=" << cos_tiled
+                << "; vs f32 reference rel_l2=" << e_ref << " (tiled: " << t_ref << ")\n";
+      // Deterministic, and a threshold above the step keeps the tiled kernels.
+      {
+        LtMinTokens on(1);
+        gops_->moeExperts(gx.view, gid.view, gwt.view, *m1, gb1.view, *m2, gb2.view, gout.view, p);
+        ASSERT_TRUE(gpu().synchronize().isOk());
+        EXPECT_EQ(download(gpu(), gout.view), got) << "bf16 cuBLASLt path not deterministic";
+      }
+      {
+        LtMinTokens above(t + 1);
+        gops_->moeExperts(gx.view, gid.view, gwt.view, *m1, gb1.view, *m2, gb2.view, gout.view, p);
+        ASSERT_TRUE(gpu().synchronize().isOk());
+        EXPECT_EQ(cuda::moeLtBf16Steps(), steps0 + 2) << "a step below the threshold took the path";
+        EXPECT_EQ(download(gpu(), gout.view), tiled);
       }
     }
   }
