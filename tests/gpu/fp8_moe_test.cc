@@ -196,6 +196,85 @@ class GpuFp8Moe : public ::testing::Test {
     Status s = gops_->reserve(l);
     ASSERT_TRUE(s.isOk()) << s.toString();
   }
+  // One MoE layer of random MXFP4 experts at (h, in, e, k), uploaded to the GPU (with the FP8
+  // copy when asked) and kept dequantized on the CPU, random biases on both.
+  struct MoeLayer {
+    int64_t h = 0, in = 0, e = 0;
+    int32_t k = 0;
+    std::vector<float> w1, w2, b1, b2;
+    Result<ExpertWeights> m1 = internalError("not uploaded"), m2 = internalError("not uploaded");
+    OwnedTensor cw1, cw2, cb1, cb2, gb1, gb2;
+    DenseExperts dense;
+    MoeExpertsParams p;
+  };
+  void makeLayer(MoeLayer& l, int64_t h, int64_t in, int64_t e, int32_t k, int64_t tmax, bool fp8_copy) {
+    l.h = h, l.in = in, l.e = e, l.k = k;
+    reserve(std::max<int64_t>(tmax, 64), static_cast<int32_t>(h), static_cast<int32_t>(in),
+            static_cast<int32_t>(e), k);
+    std::vector<uint8_t> c1, s1, c2, s2;
+    randomMx(rng_, e, 2 * in, h, c1, s1);
+    randomMx(rng_, e, h, in, c2, s2);
+    l.w1.resize(static_cast<size_t>(e * 2 * in * h));
+    l.w2.resize(static_cast<size_t>(e * h * in));
+    dequantizeMxfp4(c1.data(), s1.data(), e * 2 * in, h / 32, l.w1.data());
+    dequantizeMxfp4(c2.data(), s2.data(), e * h, in / 32, l.w2.data());
+    l.m1 = gops_->uploadMxfp4Experts(c1.data(), s1.data(), e, 2 * in, h, fp8_copy);
+    l.m2 = gops_->uploadMxfp4Experts(c2.data(), s2.data(), e, h, in, fp8_copy);
+    l.b1 = randomBf16(static_cast<size_t>(e * 2 * in), rng_, -0.1f, 0.1f);
+    l.b2 = randomBf16(static_cast<size_t>(e * h), rng_, -0.1f, 0.1f);
+    l.cw1 = upload(cpu(), DType::kF32, {e, 2 * in, h}, l.w1);
+    l.cw2 = upload(cpu(), DType::kF32, {e, h, in}, l.w2);
+    l.cb1 = upload(cpu(), DType::kF32, {e, 2 * in}, l.b1);
+    l.cb2 = upload(cpu(), DType::kF32, {e, h}, l.b2);
+    l.gb1 = upload(gpu(), DType::kBF16, {e, 2 * in}, l.b1);
+    l.gb2 = upload(gpu(), DType::kBF16, {e, h}, l.b2);
+    l.dense = denseExperts(l.cw1.view, l.cw2.view, e, in, h);
+    l.p = MoeExpertsParams{static_cast<int32_t>(e), k, static_cast<int32_t>(h),
+                           static_cast<int32_t>(in), 7.f, 1.702f};
+  }
+  // One step of t tokens for `l`: random x and top-k (distinct experts, weights summing to 1),
+  // the CPU reference op's f32 output, the GPU inputs and a bf16 output tensor.
+  struct MoeStep {
+    std::vector<float> x, wts, ref;
+    std::vector<int32_t> ids;
+    OwnedTensor gx, gid, gwt, gout;
+  };
+  MoeStep makeStep(const MoeLayer& l, int64_t t) {
+    MoeStep st;
+    st.x = randomBf16(static_cast<size_t>(t * l.h), rng_, -2.f, 2.f);
+    for (int64_t i = 0; i < t; ++i) {
+      std::vector<int32_t> perm(static_cast<size_t>(l.e));
+      std::iota(perm.begin(), perm.end(), 0);
+      std::shuffle(perm.begin(), perm.end(), rng_);
+      float sum = 0;
+      std::vector<float> w(static_cast<size_t>(l.k));
+      for (auto& v : w) sum += (v = std::uniform_real_distribution<float>(0.1f, 1.f)(rng_));
+      for (int32_t j = 0; j < l.k; ++j) {
+        st.ids.push_back(perm[static_cast<size_t>(j)]);
+        st.wts.push_back(w[static_cast<size_t>(j)] / sum);
+      }
+    }
+    auto cx = upload(cpu(), DType::kF32, {t, l.h}, st.x);
+    auto cid = uploadI32(cpu(), {t, l.k}, st.ids);
+    auto cwt = upload(cpu(), DType::kF32, {t, l.k}, st.wts);
+    auto cout = allocate(cpu(), DType::kF32, {t, l.h});
+    cops_->moeExperts(cx.view, cid.view, cwt.view, l.dense.w1, l.cb1.view, l.dense.w2, l.cb2.view,
+                      cout.view, l.p);
+    st.ref = download(cpu(), cout.view);
+    st.gx = upload(gpu(), DType::kBF16, {t, l.h}, st.x);
+    st.gid = uploadI32(gpu(), {t, l.k}, st.ids);
+    st.gwt = upload(gpu(), DType::kF32, {t, l.k}, st.wts);
+    st.gout = allocate(gpu(), DType::kBF16, {t, l.h});
+    return st;
+  }
+  // The GPU op on `st` (output poisoned first), synchronized.
+  std::vector<float> runGpu(const MoeLayer& l, MoeStep& st) {
+    poison(gpu(), st.gout.view);
+    gops_->moeExperts(st.gx.view, st.gid.view, st.gwt.view, *l.m1, l.gb1.view, *l.m2, l.gb2.view,
+                      st.gout.view, l.p);
+    EXPECT_TRUE(gpu().synchronize().isOk());
+    return download(gpu(), st.gout.view);
+  }
   Backend& cpu() { return *be_.cpu; }
   Backend& gpu() { return *be_.gpu; }
   cudaStream_t stream() { return dynamic_cast<cuda::CudaBackend&>(gpu()).stream(); }
@@ -370,21 +449,31 @@ TEST_F(GpuFp8Moe, ActivationQuantMatchesCpu) {
   }
 }
 
-// CPU emulation of the FP8 MoE: x and the SwiGLU output quantized per 128 as the GPU does,
-// exact weights, f64 sums rounded where the GPU rounds (gate_up and down GEMM outputs to bf16,
-// down + bias to bf16, combine in f32 in k order, bf16 out).
-std::vector<float> emulateFp8Moe(const std::vector<float>& x, const std::vector<float>& w1,
-                                 const std::vector<float>& b1, const std::vector<float>& w2,
-                                 const std::vector<float>& b2, const std::vector<int32_t>& ids,
-                                 const std::vector<float>& wts, int64_t t, int64_t h, int64_t in,
-                                 int32_t k) {
+// What a GPU path feeds an expert GEMM, per row of n values: the FP8 path quantizes per 128
+// (quantRowCpu, then dequantized), the bf16 cuBLASLt path rounds to bf16 (its x already is).
+void fp8RowQuant(const float* v, int64_t n, float* out) {
+  std::vector<uint8_t> q(static_cast<size_t>(cuda::fp8PaddedK(n)));
+  std::vector<float> s(static_cast<size_t>(cuda::fp8KBlocks(n)));
+  quantRowCpu(v, n, q.data(), s.data());
+  for (int64_t c = 0; c < n; ++c) out[c] = fp8E4m3ToFloat(q[static_cast<size_t>(c)]) * s[static_cast<size_t>(c / 128)];
+}
+void bf16RowRound(const float* v, int64_t n, float* out) {
+  for (int64_t c = 0; c < n; ++c) out[c] = bf16Round(v[c]);
+}
+
+// CPU emulation of the cuBLASLt MoE paths: x and the SwiGLU output (computed in f32 from the
+// bf16-rounded gate_up sums + bias) passed through `row_quant` as the GPU does, exact weights,
+// f64 sums rounded where the GPU rounds (gate_up and down GEMM outputs to bf16, down + bias to
+// bf16, combine in f32 in k order, bf16 out).
+std::vector<float> emulateLtMoe(const std::vector<float>& x, const std::vector<float>& w1,
+                                const std::vector<float>& b1, const std::vector<float>& w2,
+                                const std::vector<float>& b2, const std::vector<int32_t>& ids,
+                                const std::vector<float>& wts, int64_t t, int64_t h, int64_t in,
+                                int32_t k, void (*row_quant)(const float*, int64_t, float*)) {
   std::vector<float> out(static_cast<size_t>(t * h));
   parallelFor(t, [&](int64_t tok) {
-    std::vector<uint8_t> q(static_cast<size_t>(cuda::fp8PaddedK(std::max(h, in))));
-    std::vector<float> s(static_cast<size_t>(cuda::fp8KBlocks(std::max(h, in))));
     std::vector<float> xq(static_cast<size_t>(h)), act(static_cast<size_t>(in)), aq(static_cast<size_t>(in));
-    quantRowCpu(&x[static_cast<size_t>(tok * h)], h, q.data(), s.data());
-    for (int64_t c = 0; c < h; ++c) xq[static_cast<size_t>(c)] = fp8E4m3ToFloat(q[static_cast<size_t>(c)]) * s[static_cast<size_t>(c / 128)];
+    row_quant(&x[static_cast<size_t>(tok * h)], h, xq.data());
     std::vector<float> acc(static_cast<size_t>(h), 0.f);
     for (int32_t j = 0; j < k; ++j) {
       const int64_t e = ids[static_cast<size_t>(tok * k + j)];
@@ -401,8 +490,7 @@ std::vector<float> emulateFp8Moe(const std::vector<float>& x, const std::vector<
         const float uu = std::fmin(std::fmax(bf16Round(static_cast<float>(u)) + b1[static_cast<size_t>(e * 2 * in + 2 * i + 1)], -lim), lim);
         act[static_cast<size_t>(i)] = gg / (1.f + std::exp(-alpha * gg)) * (uu + 1.f);
       }
-      quantRowCpu(act.data(), in, q.data(), s.data());
-      for (int64_t i = 0; i < in; ++i) aq[static_cast<size_t>(i)] = fp8E4m3ToFloat(q[static_cast<size_t>(i)]) * s[static_cast<size_t>(i / 128)];
+      row_quant(act.data(), in, aq.data());
       const float wt = wts[static_cast<size_t>(tok * k + j)];
       for (int64_t n = 0; n < h; ++n) {
         double y = 0;
@@ -424,68 +512,25 @@ TEST_F(GpuFp8Moe, ExpertsMatchCpu) {
     std::vector<int64_t> ts;
   };
   for (const Shape& sh : {Shape{2880, 2880, 32, 4, {1, 7, 128}}, Shape{288, 160, 8, 4, {1000, 4096}}}) {
-    const int64_t tmax = *std::max_element(sh.ts.begin(), sh.ts.end());
-    reserve(std::max<int64_t>(tmax, 64), static_cast<int32_t>(sh.h), static_cast<int32_t>(sh.in),
-            static_cast<int32_t>(sh.e), sh.k);
-    std::vector<uint8_t> c1, s1, c2, s2;
-    randomMx(rng_, sh.e, 2 * sh.in, sh.h, c1, s1);
-    randomMx(rng_, sh.e, sh.h, sh.in, c2, s2);
-    std::vector<float> w1(static_cast<size_t>(sh.e * 2 * sh.in * sh.h)), w2(static_cast<size_t>(sh.e * sh.h * sh.in));
-    dequantizeMxfp4(c1.data(), s1.data(), sh.e * 2 * sh.in, sh.h / 32, w1.data());
-    dequantizeMxfp4(c2.data(), s2.data(), sh.e * sh.h, sh.in / 32, w2.data());
-    auto m1 = gops_->uploadMxfp4Experts(c1.data(), s1.data(), sh.e, 2 * sh.in, sh.h, true);
-    auto m2 = gops_->uploadMxfp4Experts(c2.data(), s2.data(), sh.e, sh.h, sh.in, true);
-    ASSERT_TRUE(m1.isOk() && m2.isOk()) << m1.status().toString() << m2.status().toString();
-    EXPECT_EQ(m1->fp8_inexact + m2->fp8_inexact, 0u);  // scales within 3 binades: all exact
-    auto b1 = randomBf16(static_cast<size_t>(sh.e * 2 * sh.in), rng_, -0.1f, 0.1f);
-    auto b2 = randomBf16(static_cast<size_t>(sh.e * sh.h), rng_, -0.1f, 0.1f);
-    auto cw1 = upload(cpu(), DType::kF32, {sh.e, 2 * sh.in, sh.h}, w1);
-    auto cw2 = upload(cpu(), DType::kF32, {sh.e, sh.h, sh.in}, w2);
-    auto cb1 = upload(cpu(), DType::kF32, {sh.e, 2 * sh.in}, b1);
-    auto cb2 = upload(cpu(), DType::kF32, {sh.e, sh.h}, b2);
-    auto gb1 = upload(gpu(), DType::kBF16, {sh.e, 2 * sh.in}, b1);
-    auto gb2 = upload(gpu(), DType::kBF16, {sh.e, sh.h}, b2);
-    const auto [ce1, ce2] = denseExperts(cw1.view, cw2.view, sh.e, sh.in, sh.h);
-    const MoeExpertsParams p{static_cast<int32_t>(sh.e), sh.k, static_cast<int32_t>(sh.h),
-                             static_cast<int32_t>(sh.in), 7.f, 1.702f};
+    MoeLayer l;
+    makeLayer(l, sh.h, sh.in, sh.e, sh.k, *std::max_element(sh.ts.begin(), sh.ts.end()), true);
+    ASSERT_TRUE(l.m1.isOk() && l.m2.isOk()) << l.m1.status().toString() << l.m2.status().toString();
+    EXPECT_EQ(l.m1->fp8_inexact + l.m2->fp8_inexact, 0u);  // scales within 3 binades: all exact
     for (int64_t t : sh.ts) {
       SCOPED_TRACE("T=" + std::to_string(t) + " H=" + std::to_string(sh.h) + " I=" + std::to_string(sh.in));
-      auto x = randomBf16(static_cast<size_t>(t * sh.h), rng_, -2.f, 2.f);
-      std::vector<int32_t> ids;
-      std::vector<float> wts;
-      for (int64_t i = 0; i < t; ++i) {
-        std::vector<int32_t> perm(static_cast<size_t>(sh.e));
-        std::iota(perm.begin(), perm.end(), 0);
-        std::shuffle(perm.begin(), perm.end(), rng_);
-        float sum = 0;
-        std::vector<float> w(static_cast<size_t>(sh.k));
-        for (auto& v : w) sum += (v = std::uniform_real_distribution<float>(0.1f, 1.f)(rng_));
-        for (int32_t j = 0; j < sh.k; ++j) {
-          ids.push_back(perm[static_cast<size_t>(j)]);
-          wts.push_back(w[static_cast<size_t>(j)] / sum);
-        }
-      }
-      // (b) the CPU reference op, f32.
-      auto cx = upload(cpu(), DType::kF32, {t, sh.h}, x);
-      auto cid = uploadI32(cpu(), {t, sh.k}, ids);
-      auto cwt = upload(cpu(), DType::kF32, {t, sh.k}, wts);
-      auto cout = allocate(cpu(), DType::kF32, {t, sh.h});
-      cops_->moeExperts(cx.view, cid.view, cwt.view, ce1, cb1.view, ce2, cb2.view, cout.view, p);
-      const auto ref = download(cpu(), cout.view);
+      MoeStep st = makeStep(l, t);
+      // (b) the CPU reference op, f32 (st.ref).
+      const auto& ref = st.ref;
       // (a) the emulation.
-      const auto emu = emulateFp8Moe(x, w1, b1, w2, b2, ids, wts, t, sh.h, sh.in, sh.k);
+      const auto emu = emulateLtMoe(st.x, l.w1, l.b1, l.w2, l.b2, st.ids, st.wts, t, sh.h, sh.in, sh.k,
+                                    fp8RowQuant);
       // GPU, forced onto the FP8 path.
-      auto gx = upload(gpu(), DType::kBF16, {t, sh.h}, x);
-      auto gid = uploadI32(gpu(), {t, sh.k}, ids);
-      auto gwt = upload(gpu(), DType::kF32, {t, sh.k}, wts);
-      auto gout = allocate(gpu(), DType::kBF16, {t, sh.h});
-      poison(gpu(), gout.view);
       const uint64_t steps0 = cuda::moeFp8Steps();
+      std::vector<float> got;
       {
         MinTokens force(1);
-        gops_->moeExperts(gx.view, gid.view, gwt.view, *m1, gb1.view, *m2, gb2.view, gout.view, p);
+        got = runGpu(l, st);
       }
-      const auto got = download(gpu(), gout.view);
       EXPECT_EQ(cuda::moeFp8Steps(), steps0 + 1) << "the FP8 path did not run";
       const double e_emu = relL2(got, emu), e_ref = relL2(got, ref);
       double cos_emu = 1, cos_ref = 1;
@@ -510,15 +555,12 @@ TEST_F(GpuFp8Moe, ExpertsMatchCpu) {
                 << ": vs emulation rel_l2=" << e_emu << " worst_row_cos=" << cos_emu
                 << "; vs f32 reference rel_l2=" << e_ref << " worst_row_cos=" << cos_ref << "\n";
       // Default threshold: below it the same weights take the MXFP4 kernels.
+      const auto again = runGpu(l, st);
       if (t < cuda::kMoeFp8DefaultMinTokens) {
-        gops_->moeExperts(gx.view, gid.view, gwt.view, *m1, gb1.view, *m2, gb2.view, gout.view, p);
-        ASSERT_TRUE(gpu().synchronize().isOk());
         EXPECT_EQ(cuda::moeFp8Steps(), steps0 + 1) << "a step below the threshold took FP8";
       } else {
-        gops_->moeExperts(gx.view, gid.view, gwt.view, *m1, gb1.view, *m2, gb2.view, gout.view, p);
-        ASSERT_TRUE(gpu().synchronize().isOk());
         EXPECT_EQ(cuda::moeFp8Steps(), steps0 + 2) << "a step above the threshold did not take FP8";
-        EXPECT_EQ(download(gpu(), gout.view), got) << "FP8 path not deterministic";
+        EXPECT_EQ(again, got) << "FP8 path not deterministic";
       }
     }
   }
@@ -588,47 +630,6 @@ TEST_F(GpuFp8Moe, Bf16DequantMatchesCpu) {
   }
 }
 
-// CPU emulation of the bf16 cuBLASLt MoE: exact weights and bf16 x, f64 sums rounded where the GPU
-// rounds (gate_up output to bf16; bias + SwiGLU in f32, rounded; down output to bf16, + bias,
-// rounded; combine in f32 in k order, bf16 out).
-std::vector<float> emulateLtBf16Moe(const std::vector<float>& x, const std::vector<float>& w1,
-                                    const std::vector<float>& b1, const std::vector<float>& w2,
-                                    const std::vector<float>& b2, const std::vector<int32_t>& ids,
-                                    const std::vector<float>& wts, int64_t t, int64_t h, int64_t in,
-                                    int32_t k) {
-  std::vector<float> out(static_cast<size_t>(t * h));
-  parallelFor(t, [&](int64_t tok) {
-    std::vector<float> act(static_cast<size_t>(in)), acc(static_cast<size_t>(h), 0.f);
-    const float* xr = &x[static_cast<size_t>(tok * h)];
-    for (int32_t j = 0; j < k; ++j) {
-      const int64_t e = ids[static_cast<size_t>(tok * k + j)];
-      for (int64_t i = 0; i < in; ++i) {
-        double gs = 0, us = 0;
-        const float* wg = &w1[static_cast<size_t>((e * 2 * in + 2 * i) * h)];
-        const float* wu = wg + h;
-        for (int64_t c = 0; c < h; ++c) {
-          gs += static_cast<double>(wg[c]) * xr[c];
-          us += static_cast<double>(wu[c]) * xr[c];
-        }
-        const float lim = 7.f, alpha = 1.702f;
-        const float gg = std::fmin(bf16Round(static_cast<float>(gs)) + b1[static_cast<size_t>(e * 2 * in + 2 * i)], lim);
-        const float uu = std::fmin(std::fmax(bf16Round(static_cast<float>(us)) + b1[static_cast<size_t>(e * 2 * in + 2 * i + 1)], -lim), lim);
-        act[static_cast<size_t>(i)] = bf16Round(gg / (1.f + std::exp(-alpha * gg)) * (uu + 1.f));
-      }
-      const float wt = wts[static_cast<size_t>(tok * k + j)];
-      for (int64_t n = 0; n < h; ++n) {
-        double y = 0;
-        const float* wd = &w2[static_cast<size_t>((e * h + n) * in)];
-        for (int64_t i = 0; i < in; ++i) y += static_cast<double>(wd[i]) * act[static_cast<size_t>(i)];
-        const float yb = bf16Round(bf16Round(static_cast<float>(y)) + b2[static_cast<size_t>(e * h + n)]);
-        acc[static_cast<size_t>(n)] = std::fma(wt, yb, acc[static_cast<size_t>(n)]);
-      }
-    }
-    for (int64_t n = 0; n < h; ++n) out[static_cast<size_t>(tok * h + n)] = bf16Round(acc[static_cast<size_t>(n)]);
-  });
-  return out;
-}
-
 TEST_F(GpuFp8Moe, LtBf16ExpertsMatchCpuAndTheTiledKernels) {
   struct Shape {
     int64_t h, in, e;
@@ -636,77 +637,29 @@ TEST_F(GpuFp8Moe, LtBf16ExpertsMatchCpuAndTheTiledKernels) {
     std::vector<int64_t> ts;
   };
   for (const Shape& sh : {Shape{2880, 2880, 32, 4, {1, 7, 128, 1500}}, Shape{288, 160, 8, 4, {1000, 4096}}}) {
-    const int64_t tmax = *std::max_element(sh.ts.begin(), sh.ts.end());
-    reserve(std::max<int64_t>(tmax, 64), static_cast<int32_t>(sh.h), static_cast<int32_t>(sh.in),
-            static_cast<int32_t>(sh.e), sh.k);
-    std::vector<uint8_t> c1, s1, c2, s2;
-    randomMx(rng_, sh.e, 2 * sh.in, sh.h, c1, s1);
-    randomMx(rng_, sh.e, sh.h, sh.in, c2, s2);
-    std::vector<float> w1(static_cast<size_t>(sh.e * 2 * sh.in * sh.h)), w2(static_cast<size_t>(sh.e * sh.h * sh.in));
-    dequantizeMxfp4(c1.data(), s1.data(), sh.e * 2 * sh.in, sh.h / 32, w1.data());
-    dequantizeMxfp4(c2.data(), s2.data(), sh.e * sh.h, sh.in / 32, w2.data());
-    Result<ExpertWeights> m1 = internalError("not uploaded"), m2 = internalError("not uploaded");
+    MoeLayer l;
     {
       LtMinTokens scratch(INT64_MAX);  // on at upload: the scratch is allocated
-      m1 = gops_->uploadMxfp4Experts(c1.data(), s1.data(), sh.e, 2 * sh.in, sh.h, false);
-      m2 = gops_->uploadMxfp4Experts(c2.data(), s2.data(), sh.e, sh.h, sh.in, false);
+      makeLayer(l, sh.h, sh.in, sh.e, sh.k, *std::max_element(sh.ts.begin(), sh.ts.end()), false);
     }
-    ASSERT_TRUE(m1.isOk() && m2.isOk()) << m1.status().toString() << m2.status().toString();
-    auto b1 = randomBf16(static_cast<size_t>(sh.e * 2 * sh.in), rng_, -0.1f, 0.1f);
-    auto b2 = randomBf16(static_cast<size_t>(sh.e * sh.h), rng_, -0.1f, 0.1f);
-    auto cw1 = upload(cpu(), DType::kF32, {sh.e, 2 * sh.in, sh.h}, w1);
-    auto cw2 = upload(cpu(), DType::kF32, {sh.e, sh.h, sh.in}, w2);
-    auto cb1 = upload(cpu(), DType::kF32, {sh.e, 2 * sh.in}, b1);
-    auto cb2 = upload(cpu(), DType::kF32, {sh.e, sh.h}, b2);
-    auto gb1 = upload(gpu(), DType::kBF16, {sh.e, 2 * sh.in}, b1);
-    auto gb2 = upload(gpu(), DType::kBF16, {sh.e, sh.h}, b2);
-    const auto [ce1, ce2] = denseExperts(cw1.view, cw2.view, sh.e, sh.in, sh.h);
-    const MoeExpertsParams p{static_cast<int32_t>(sh.e), sh.k, static_cast<int32_t>(sh.h),
-                             static_cast<int32_t>(sh.in), 7.f, 1.702f};
+    ASSERT_TRUE(l.m1.isOk() && l.m2.isOk()) << l.m1.status().toString() << l.m2.status().toString();
     for (int64_t t : sh.ts) {
       SCOPED_TRACE("T=" + std::to_string(t) + " H=" + std::to_string(sh.h) + " I=" + std::to_string(sh.in));
-      auto x = randomBf16(static_cast<size_t>(t * sh.h), rng_, -2.f, 2.f);
-      std::vector<int32_t> ids;
-      std::vector<float> wts;
-      for (int64_t i = 0; i < t; ++i) {
-        std::vector<int32_t> perm(static_cast<size_t>(sh.e));
-        std::iota(perm.begin(), perm.end(), 0);
-        std::shuffle(perm.begin(), perm.end(), rng_);
-        float sum = 0;
-        std::vector<float> w(static_cast<size_t>(sh.k));
-        for (auto& v : w) sum += (v = std::uniform_real_distribution<float>(0.1f, 1.f)(rng_));
-        for (int32_t j = 0; j < sh.k; ++j) {
-          ids.push_back(perm[static_cast<size_t>(j)]);
-          wts.push_back(w[static_cast<size_t>(j)] / sum);
-        }
-      }
-      auto cx = upload(cpu(), DType::kF32, {t, sh.h}, x);
-      auto cid = uploadI32(cpu(), {t, sh.k}, ids);
-      auto cwt = upload(cpu(), DType::kF32, {t, sh.k}, wts);
-      auto cout = allocate(cpu(), DType::kF32, {t, sh.h});
-      cops_->moeExperts(cx.view, cid.view, cwt.view, ce1, cb1.view, ce2, cb2.view, cout.view, p);
-      const auto ref = download(cpu(), cout.view);
-      const auto emu = emulateLtBf16Moe(x, w1, b1, w2, b2, ids, wts, t, sh.h, sh.in, sh.k);
-      auto gx = upload(gpu(), DType::kBF16, {t, sh.h}, x);
-      auto gid = uploadI32(gpu(), {t, sh.k}, ids);
-      auto gwt = upload(gpu(), DType::kF32, {t, sh.k}, wts);
-      auto gout = allocate(gpu(), DType::kBF16, {t, sh.h});
+      MoeStep st = makeStep(l, t);
+      const auto& ref = st.ref;
+      const auto emu = emulateLtMoe(st.x, l.w1, l.b1, l.w2, l.b2, st.ids, st.wts, t, sh.h, sh.in, sh.k,
+                                    bf16RowRound);
       // The tiled MXFP4 kernels (the path is off by default).
-      poison(gpu(), gout.view);
       const uint64_t steps0 = cuda::moeLtBf16Steps();
-      gops_->moeExperts(gx.view, gid.view, gwt.view, *m1, gb1.view, *m2, gb2.view, gout.view, p);
-      ASSERT_TRUE(gpu().synchronize().isOk());
+      const auto tiled = runGpu(l, st);
       EXPECT_EQ(cuda::moeLtBf16Steps(), steps0) << "the bf16 cuBLASLt path ran while off";
-      const auto tiled = download(gpu(), gout.view);
       // The bf16 cuBLASLt path, on for every step size.
-      poison(gpu(), gout.view);
+      std::vector<float> got;
       {
         LtMinTokens on(1);
-        gops_->moeExperts(gx.view, gid.view, gwt.view, *m1, gb1.view, *m2, gb2.view, gout.view, p);
-        ASSERT_TRUE(gpu().synchronize().isOk());
+        got = runGpu(l, st);
       }
       EXPECT_EQ(cuda::moeLtBf16Steps(), steps0 + 1) << "the bf16 cuBLASLt path did not run";
-      const auto got = download(gpu(), gout.view);
       const double e_emu = relL2(got, emu), e_tiled = relL2(got, tiled), e_ref = relL2(got, ref);
       const double t_ref = relL2(tiled, ref);
       double cos_emu = 1, cos_tiled = 1;
@@ -733,16 +686,12 @@ TEST_F(GpuFp8Moe, LtBf16ExpertsMatchCpuAndTheTiledKernels) {
       // Deterministic, and a threshold above the step keeps the tiled kernels.
       {
         LtMinTokens on(1);
-        gops_->moeExperts(gx.view, gid.view, gwt.view, *m1, gb1.view, *m2, gb2.view, gout.view, p);
-        ASSERT_TRUE(gpu().synchronize().isOk());
-        EXPECT_EQ(download(gpu(), gout.view), got) << "bf16 cuBLASLt path not deterministic";
+        EXPECT_EQ(runGpu(l, st), got) << "bf16 cuBLASLt path not deterministic";
       }
       {
         LtMinTokens above(t + 1);
-        gops_->moeExperts(gx.view, gid.view, gwt.view, *m1, gb1.view, *m2, gb2.view, gout.view, p);
-        ASSERT_TRUE(gpu().synchronize().isOk());
+        EXPECT_EQ(runGpu(l, st), tiled);
         EXPECT_EQ(cuda::moeLtBf16Steps(), steps0 + 2) << "a step below the threshold took the path";
-        EXPECT_EQ(download(gpu(), gout.view), tiled);
       }
     }
   }

@@ -758,12 +758,19 @@ class CudaLlmOps final : public LlmOps {
     g2.n = p.hidden;
     g2.k = p.intermediate;
     checkOk(lt_gemm_->run(g2, st), "moeExperts/down_fp8");
+    downBiasAndCombine(b2, rows, t, topk_weights, out, p, st);
+    countMoeFp8Step();
+  }
 
+  // The cuBLASLt paths' end: the down bias over the expert-sorted rows of y_ (their GEMMs run
+  // without an epilogue), then the weighted combine (or its deferral into the next norm).
+  void downBiasAndCombine(const Tensor& b2, int64_t rows, int64_t t, const Tensor& topk_weights,
+                          const Tensor& out, const MoeExpertsParams& p, cudaStream_t st) {
     MoeRowBiasArgs rb;
-    rb.y = g2.y;
+    rb.y = static_cast<bf16*>(y_.data());
     rb.bias = b2.empty() ? nullptr : b2.as<bf16>();
-    rb.row_token = row_token;
-    rb.tile_expert = tile_expert;
+    rb.row_token = static_cast<const int32_t*>(row_token_.data());
+    rb.tile_expert = static_cast<const int32_t*>(tile_expert_.data());
     rb.rows = rows;
     rb.n = p.hidden;
     rb.block_m = kLtBlockM;
@@ -771,7 +778,7 @@ class CudaLlmOps final : public LlmOps {
     checkOk(launchMoeRowBias(rb, st), "moeExperts/down_bias");
 
     MoeCombineArgs c;
-    c.y = g2.y;
+    c.y = rb.y;
     c.row_of = static_cast<const int32_t*>(row_of_.data());
     c.weights = topk_weights.as<float>();
     c.out = out.as<bf16>();
@@ -779,7 +786,6 @@ class CudaLlmOps final : public LlmOps {
     c.top_k = p.top_k;
     c.hidden = p.hidden;
     combineOrDefer(c, p, st);
-    countMoeFp8Step();
   }
 
   // [TAG_MOE_LT_BF16] align (block_m 16) -> expert ranges to the host -> rows gathered (bf16) ->
@@ -848,27 +854,7 @@ class CudaLlmOps final : public LlmOps {
     g2.n = p.hidden;
     g2.k = p.intermediate;
     checkOk(lt_gemm_->run(g2, st), "moeExperts/down_bf16");
-
-    MoeRowBiasArgs rb;
-    rb.y = g2.y;
-    rb.bias = b2.empty() ? nullptr : b2.as<bf16>();
-    rb.row_token = row_token;
-    rb.tile_expert = tile_expert;
-    rb.rows = rows;
-    rb.n = p.hidden;
-    rb.block_m = kLtBlockM;
-    rb.num_experts = p.num_experts;
-    checkOk(launchMoeRowBias(rb, st), "moeExperts/down_bias");
-
-    MoeCombineArgs c;
-    c.y = g2.y;
-    c.row_of = static_cast<const int32_t*>(row_of_.data());
-    c.weights = topk_weights.as<float>();
-    c.out = out.as<bf16>();
-    c.num_tokens = t;
-    c.top_k = p.top_k;
-    c.hidden = p.hidden;
-    combineOrDefer(c, p, st);
+    downBiasAndCombine(b2, rows, t, topk_weights, out, p, st);
     countMoeLtBf16Step();
   }
 
