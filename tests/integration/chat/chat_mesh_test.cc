@@ -43,6 +43,13 @@ const std::string kTool =
     R"("parameters":{"type":"object","properties":{"city":{"type":"string"}},)"
     R"("required":["city"]}}})";
 
+// Request fields for a stream that only max_tokens (or the client) ends: ignore_eos drops the
+// model's EOS ids from the stop set, and the chat route always stops at Harmony's <|return|> and
+// <|call|> (200002, 200012), which a random model samples now and then — so those are banned.
+// (A stream that ended by itself before the client left failed CI once: tulipSeqs 0 vs >= 1.)
+const std::string kUntilMaxTokens =
+    R"("ignore_eos":true,"logit_bias":{"200002":-100,"200012":-100})";
+
 class ChatMesh : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -427,11 +434,10 @@ TEST_F(ChatMesh, ManyConcurrentChats) {
 }
 
 TEST_F(ChatMesh, ClientLeavingMidStreamFreesTheSequence) {
-  // ignore_eos: only the client leaving (or 2000 tokens) ends it; the random model would
-  // otherwise sample a stop token now and then and finish before the client leaves.
+  // Only the client leaving (or 2000 tokens) ends it (kUntilMaxTokens).
   RawStream stream(g_mesh->ivy_port,
                    userChat("Tell me a long story",
-                            R"("max_tokens":2000,"ignore_eos":true,"stream":true)"));
+                            R"("max_tokens":2000,"stream":true,)" + kUntilMaxTokens));
   ASSERT_TRUE(stream.sent());
   // The role chunk goes out with tulip's first generated chunk: generation is under way. (Later
   // events may take long: a random model rarely completes a Harmony header, and header tokens
@@ -667,7 +673,7 @@ TEST_F(ChatMesh, StopStringEndingOneChoiceStopsItInTulip) {
 TEST_F(ChatMesh, ClientLeavingFreesEveryChoice) {
   RawStream stream(g_mesh->ivy_port,
                    userChat("Tell me a long story",
-                            R"("n":3,"max_tokens":2000,"ignore_eos":true,"stream":true)"));
+                            R"("n":3,"max_tokens":2000,"stream":true,)" + kUntilMaxTokens));
   ASSERT_TRUE(stream.sent());
   ASSERT_TRUE(stream.readUntil("\"role\":\"assistant\"")) << "stream ended early: " << stream.got();
   EXPECT_GE(tulipSeqs(), 1);
@@ -963,7 +969,7 @@ TEST_F(ChatMesh, RequestTimeoutMidStreamIsATimeoutEvent) {
   ASSERT_GT(rose, 0);
   RawStream stream(g_mesh->ivy_port,
                    userChat("Tell me a long story",
-                            R"("max_tokens":2000,"ignore_eos":true,"stream":true)"),
+                            R"("max_tokens":2000,"stream":true,)" + kUntilMaxTokens),
                    "x-request-timeout: 10\r\n");
   ASSERT_TRUE(stream.sent());
   ASSERT_TRUE(stream.readUntil("\"role\":\"assistant\""))
