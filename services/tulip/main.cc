@@ -364,6 +364,10 @@ int main(int argc, char** argv) {
                       ServiceOptions{served_name, auth.get(), vocab});
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
+  // No SO_REUSEPORT (gRPC sets it by default on Linux): a second server started on this port —
+  // another tulip, a misconfigured replica — must fail to listen, not silently take half of the
+  // new connections (seen in tests: a Load RPC answered by another process's tulip).
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   int bound_port = 0;
   builder.AddListeningPort(host + ":" + std::to_string(port), grpc::InsecureServerCredentials(),
                            &bound_port);

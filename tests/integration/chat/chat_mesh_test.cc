@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cctype>
 #include <fstream>
 #include <map>
@@ -316,6 +317,22 @@ class RawStream {
     fd_ = -1;
   }
   const std::string& got() const { return got_; }
+  // Whatever else arrives within `wait` (for failure messages: how the stream went on).
+  const std::string& drain(std::chrono::milliseconds wait = std::chrono::milliseconds(300)) {
+    char buf[4096];
+    const auto end = std::chrono::steady_clock::now() + wait;
+    while (fd_ >= 0 && std::chrono::steady_clock::now() < end) {
+      ssize_t n = ::recv(fd_, buf, sizeof buf, MSG_DONTWAIT);
+      if (n > 0) {
+        got_.append(buf, static_cast<size_t>(n));
+      } else if (n == 0) {
+        break;
+      } else {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    }
+    return got_;
+  }
 
  private:
   int fd_ = -1;
@@ -443,7 +460,9 @@ TEST_F(ChatMesh, ClientLeavingMidStreamFreesTheSequence) {
   // events may take long: a random model rarely completes a Harmony header, and header tokens
   // produce no output until the parser's header limit.)
   ASSERT_TRUE(stream.readUntil("\"role\":\"assistant\"")) << "stream ended early: " << stream.got();
-  EXPECT_GE(tulipSeqs(), 1);
+  const int64_t running = tulipSeqs();
+  EXPECT_GE(running, 1) << "no sequence in tulip while the stream is open; the stream: "
+                        << stream.drain();
   stream.close();
   // tulip's running set empties long before 2000 tokens could have been generated.
   int64_t seqs = -1;

@@ -207,6 +207,25 @@ TEST_F(TulipGrpc, DeadlineExpiresInQueueAndQueueLimitRejects) {
   EXPECT_EQ(load.inflight_tokens(), 0u);
 }
 
+// A second tulip on a port the first one serves cannot listen (exit 1, "cannot listen"): gRPC's
+// default SO_REUSEPORT would let both bind and split the new connections between them.
+TEST_F(TulipGrpc, ASecondTulipOnTheSamePortFailsToListen) {
+  startTulip();
+  testing::TempDir other;
+  testing::Process second({testing::binary("services/tulip/tulip"), "--host", "127.0.0.1", "--port",
+                           std::to_string(port_), "--metrics-port", "0", "--model", dir_.path(),
+                           "--rose-bin", testing::binary("tests/fakes/fake-rose"), "--shm-name",
+                           "/garden-tg2-" + std::to_string(getpid()) + "-" + std::to_string(port_)},
+                          other.path() + "/tulip2.log");
+  ASSERT_TRUE(testing::eventually(30s, [&] { return !second.alive(); }))
+      << "the second tulip kept running\n" << second.log();
+  const int st = second.signal(SIGTERM);  // reaped already: its exit status
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 1) << st << "\n" << second.log();
+  EXPECT_NE(second.log().find("cannot listen"), std::string::npos) << second.log();
+  // The first one still answers.
+  EXPECT_GE(inflightTokens(), 0) << tulip_->log();
+}
+
 TEST_F(TulipGrpc, CancelledCallIsDroppedAndSigtermDrains) {
   startTulip({"--rose-arg=--delay-ms", "--rose-arg=1000", "--depth", "1"});
   auto first = std::async(std::launch::async, [&] {
