@@ -291,6 +291,13 @@ int main(int argc, char** argv) {
   // start: a schema's free parts (any value, additionalProperties, {}) then find theirs in the
   // process-wide cache, and json_object requests compile in ~0.6 ms instead of ~3.
   std::thread prewarm;
+  // Joined on every return from main (a joinable std::thread's destructor would terminate).
+  struct JoinOnReturn {
+    std::thread& t;
+    ~JoinOnReturn() {
+      if (t.joinable()) t.join();
+    }
+  } join_prewarm{prewarm};
   if (vocab) {
     prewarm = std::thread([v = vocab] {
       const auto t0 = std::chrono::steady_clock::now();
@@ -352,6 +359,20 @@ int main(int argc, char** argv) {
     scheduler.poke();
     llm_scheduler.poke();
   });
+  // Whichever way main returns from here (a port it cannot listen on included), the schedulers
+  // and then the worker stop — the normal shutdown's order — before the schedulers are destroyed:
+  // the worker's thread calls back into both (ThreadSanitizer saw ~LlmScheduler race its poke()
+  // after "cannot listen"). Every stop() is idempotent.
+  struct StopOnReturn {
+    EmbedScheduler& embed;
+    LlmScheduler& llm;
+    ShmWorker& worker;
+    ~StopOnReturn() {
+      embed.stop();
+      llm.stop();
+      worker.stop();
+    }
+  } stop_on_return{scheduler, llm_scheduler, **worker};
 
   auto& reg = metrics::Registry::global();
   auto& g_ready = reg.gauge("tulip_worker_ready", "1 when the rose worker is ready").get();
