@@ -9,6 +9,7 @@
 //     another sequence) equals a miss; a sequence's tokens do not depend on the batch;
 //   * the MXFP4-resident experts and the bf16 (dequantized) experts give the same logits bits;
 //   * --moe-weights fp8 (the FP8 expert copy) tracks the MXFP4 path (agreement reported).
+//   * --moe-prefill cublas (the bf16 cuBLASLt MoE path) tracks the tiled kernels.
 // Label `gpu`.
 
 #include <gtest/gtest.h>
@@ -827,6 +828,64 @@ TEST_F(GpuGptOss, Fp8ExpertsTrackTheMxfp4Path) {
   generate(f8, prompt(1100, 5), 4, 2048, nullptr);
   EXPECT_EQ(cuda::moeFp8Steps() - steps0,
             static_cast<uint64_t>(f8.model->config().base.num_hidden_layers));
+}
+
+// --moe-prefill cublas [TAG_MOE_LT_BF16]: the same model's MoE steps on the bf16 cuBLASLt path
+// (the MXFP4 experts dequantized per step; forced onto every step here, graphs off) against the
+// tiled MXFP4 kernels, teacher-forced on the tiled path's greedy tokens. The weights are exact in
+// both; what differs is bf16 rounding (the gate_up output before the SwiGLU, the down output before
+// its bias) and cuBLASLt's summation order, so the logits stay close (median cosine >= 0.999) and
+// top-1 flips only where the logits nearly tie (agreement >= 0.8; a wrong range, expert or layout
+// gives unrelated logits). With the default threshold a 1100-token prefill step takes it (one MoE
+// call per layer), a 300-token one does not.
+TEST_F(GpuGptOss, LtBf16PrefillTracksTheTiledKernels) {
+  // The first load creates the backend (which sets the threshold from its options: off); the
+  // second shares it and uploads with the path switched on, so the bf16 scratch exists.
+  Runner base = load(*dir_, "cuda", MoeWeightsMode::kMxfp4, nullptr, /*cuda_graphs=*/false);
+  cuda::setMoeLtBf16MinTokens(INT64_MAX);
+  Runner m = load(*dir_, "cuda", MoeWeightsMode::kMxfp4, &base, /*cuda_graphs=*/false);
+  std::vector<double> cosines;
+  int positions = 0, agree = 0;
+  for (int len : {5, 33, 129, 300, 1000}) {
+    auto p = prompt(len, static_cast<uint32_t>(len) + 17);
+    cuda::setMoeLtBf16MinTokens(INT64_MAX);  // off for every step
+    m.next_block = 0;
+    auto tm = generate(m, p, 32, 2048, nullptr);
+    std::vector<int32_t> all = p;
+    all.insert(all.end(), tm.begin(), tm.end() - 1);
+    const uint64_t steps0 = cuda::moeLtBf16Steps();
+    m.next_block = 0;
+    auto lt = prefillLogits(m, all, len - 1);
+    EXPECT_EQ(cuda::moeLtBf16Steps(), steps0) << "the path ran while off";
+    cuda::setMoeLtBf16MinTokens(1);
+    m.next_block = 0;
+    auto lc = prefillLogits(m, all, len - 1);
+    EXPECT_GT(cuda::moeLtBf16Steps(), steps0) << "the path did not run";
+    ASSERT_EQ(lt.size(), lc.size());
+    for (size_t i = 0; i < lt.size(); ++i) {
+      const Diff df = diff(lt[i], lc[i]);
+      cosines.push_back(df.cos);
+      agree += df.top1;
+      ++positions;
+    }
+  }
+  std::sort(cosines.begin(), cosines.end());
+  const double agreement = static_cast<double>(agree) / positions;
+  std::cout << "[ bf16 cublaslt model ] teacher-forced " << positions
+            << " positions: top-1 agreement " << agreement << ", cosine worst " << cosines.front()
+            << " median " << cosines[cosines.size() / 2] << "\n";
+  EXPECT_GE(cosines[cosines.size() / 2], 0.999);
+  EXPECT_GE(agreement, 0.8);
+  cuda::setMoeLtBf16MinTokens(cuda::kMoeLtBf16DefaultMinTokens);
+  m.next_block = 0;
+  const uint64_t steps0 = cuda::moeLtBf16Steps();
+  generate(m, prompt(300, 5), 4, 2048, nullptr);
+  EXPECT_EQ(cuda::moeLtBf16Steps(), steps0) << "a 300-token step took the path below the threshold";
+  m.next_block = 0;
+  generate(m, prompt(1100, 5), 4, 2048, nullptr);
+  EXPECT_EQ(cuda::moeLtBf16Steps() - steps0,
+            static_cast<uint64_t>(m.model->config().base.num_hidden_layers));
+  cuda::setMoeLtBf16MinTokens(0);
 }
 
 }  // namespace
