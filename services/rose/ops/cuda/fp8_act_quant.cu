@@ -33,9 +33,7 @@ __global__ void __launch_bounds__(kWarps * 32) fp8ActQuantKernel(Fp8ActQuantArgs
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const float2 gu = __bfloat1622float2(h.h[j]);
-        const float g = fminf(gu.x + bi[2 * j], lim);
-        const float u = fminf(fmaxf(gu.y + bi[2 * j + 1], -lim), lim);
-        v[j] = g / (1.f + expf(-alpha * g)) * (u + 1.f);
+        v[j] = clampedSwiglu(gu.x + bi[2 * j], gu.y + bi[2 * j + 1], lim, alpha);
       }
     } else {
       const uint2 raw = *reinterpret_cast<const uint2*>(a.in + static_cast<int64_t>(src) * a.k + c);

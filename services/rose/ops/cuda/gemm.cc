@@ -14,12 +14,13 @@
 
 namespace garden::rose::cuda {
 
-namespace {
-Status lt(cublasStatus_t s, const char* what) {
+Status cublasLtStatus(cublasStatus_t s, const char* what) {
   if (s == CUBLAS_STATUS_SUCCESS) return okStatus();
   return internalError(std::string("cuBLASLt ") + what + " failed: status " +
                        std::to_string(static_cast<int>(s)));
 }
+
+namespace {
 
 bool g_read_flush = false;  // [TAG_GEMM_READ_FLUSH]
 constexpr int kCandidates = 16;
@@ -30,7 +31,6 @@ constexpr size_t kFlushBytes = size_t{80} << 20;
 constexpr int64_t kMaxCheckElems = int64_t{4} << 20;
 }  // namespace
 
-#define LT_RETURN_IF_ERROR(expr) RETURN_IF_ERROR(lt((expr), #expr))
 
 void GemmRunner::setReadFlush(bool on) { g_read_flush = on; }
 

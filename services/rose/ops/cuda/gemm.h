@@ -58,6 +58,12 @@
 
 namespace garden::rose::cuda {
 
+// cuBLASLt's status as ours (INTERNAL naming the call), and the early return on it; shared by
+// the GEMM runner and the MoE expert GEMMs (moe_lt_gemm.cc).
+Status cublasLtStatus(cublasStatus_t s, const char* what);
+#define LT_RETURN_IF_ERROR(expr) \
+  RETURN_IF_ERROR(::garden::rose::cuda::cublasLtStatus((expr), #expr))
+
 class GemmRunner {
  public:
   // smallm: also time the custom small-M kernel as a candidate (only with tune).

@@ -677,11 +677,20 @@ class CudaLlmOps final : public LlmOps {
     checkOk(launchMoeAlign(al, st), "moeExperts/align");
   }
 
+  // The expert-sorted matrix of a cuBLASLt path's step: its rows (host), and on the device each
+  // row's source token (-1: padding), each tile's expert and the experts' row offsets (int32).
+  struct ExpertRanges {
+    int64_t rows = 0;
+    const int32_t* row_token = nullptr;
+    const int32_t* tile_expert = nullptr;
+    const int32_t* off = nullptr;
+  };
+
   // Aligns the step's assignments at block_m kLtBlockM and brings the expert ranges to the host
   // (host_off_; one device-to-host copy and a wait per layer) and back to the device as int32
-  // (range_off_). Returns the rows of the expert-sorted matrix.
-  int64_t hostExpertRanges(const Tensor& topk_ids, int64_t t, const MoeExpertsParams& p,
-                           cudaStream_t st) {
+  // (range_off_).
+  ExpertRanges hostExpertRanges(const Tensor& topk_ids, int64_t t, const MoeExpertsParams& p,
+                                cudaStream_t st) {
     require(ranges_ready_, "moeExperts", "expert range workspace missing");
     const int64_t tiles = moeAlignMaxTiles(t * p.top_k, p.num_experts, kLtBlockM);
     require(tiles <= range_max_tiles_, "moeExperts", "cuBLASLt MoE step larger than reserve() allowed");
@@ -697,7 +706,10 @@ class CudaLlmOps final : public LlmOps {
     CUDA_CHECK(cudaMemcpyAsync(range_off_.data(), off32,
                                sizeof(int32_t) * static_cast<size_t>(p.num_experts + 1),
                                cudaMemcpyHostToDevice, st));
-    return host_off_[static_cast<size_t>(p.num_experts)];
+    return ExpertRanges{host_off_[static_cast<size_t>(p.num_experts)],
+                        static_cast<const int32_t*>(row_token_.data()),
+                        static_cast<const int32_t*>(tile_expert_.data()),
+                        static_cast<const int32_t*>(range_off_.data())};
   }
 
   void moeExpertsFp8(const Tensor& x, const Tensor& topk_ids, const Tensor& topk_weights,
@@ -708,19 +720,16 @@ class CudaLlmOps final : public LlmOps {
             "FP8 experts need hidden % 8 == 0 and intermediate % 4 == 0");
     cudaStream_t st = b_.stream();
     const int64_t t = x.rows();
-    const int64_t rows = hostExpertRanges(topk_ids, t, p, st);
-    const int32_t* row_token = static_cast<const int32_t*>(row_token_.data());
-    const int32_t* tile_expert = static_cast<const int32_t*>(tile_expert_.data());
-    const int32_t* off_dev = static_cast<const int32_t*>(range_off_.data());
+    const ExpertRanges r = hostExpertRanges(topk_ids, t, p, st);
 
     Fp8ActQuantArgs q1;
     q1.in = x.as<bf16>();
-    q1.row_token = row_token;
-    q1.tile_expert = tile_expert;
-    q1.expert_off = off_dev;
+    q1.row_token = r.row_token;
+    q1.tile_expert = r.tile_expert;
+    q1.expert_off = r.off;
     q1.q = static_cast<uint8_t*>(fp8_x_.data());
     q1.scales = static_cast<float*>(fp8_xs_.data());
-    q1.rows = rows;
+    q1.rows = r.rows;
     q1.k = p.hidden;
     q1.block_m = kLtBlockM;
     q1.num_experts = p.num_experts;
@@ -758,20 +767,21 @@ class CudaLlmOps final : public LlmOps {
     g2.n = p.hidden;
     g2.k = p.intermediate;
     checkOk(lt_gemm_->run(g2, st), "moeExperts/down_fp8");
-    downBiasAndCombine(b2, rows, t, topk_weights, out, p, st);
+    downBiasAndCombine(b2, r, t, topk_weights, out, p, st);
     countMoeFp8Step();
   }
 
   // The cuBLASLt paths' end: the down bias over the expert-sorted rows of y_ (their GEMMs run
   // without an epilogue), then the weighted combine (or its deferral into the next norm).
-  void downBiasAndCombine(const Tensor& b2, int64_t rows, int64_t t, const Tensor& topk_weights,
-                          const Tensor& out, const MoeExpertsParams& p, cudaStream_t st) {
+  void downBiasAndCombine(const Tensor& b2, const ExpertRanges& r, int64_t t,
+                          const Tensor& topk_weights, const Tensor& out,
+                          const MoeExpertsParams& p, cudaStream_t st) {
     MoeRowBiasArgs rb;
     rb.y = static_cast<bf16*>(y_.data());
     rb.bias = b2.empty() ? nullptr : b2.as<bf16>();
-    rb.row_token = static_cast<const int32_t*>(row_token_.data());
-    rb.tile_expert = static_cast<const int32_t*>(tile_expert_.data());
-    rb.rows = rows;
+    rb.row_token = r.row_token;
+    rb.tile_expert = r.tile_expert;
+    rb.rows = r.rows;
     rb.n = p.hidden;
     rb.block_m = kLtBlockM;
     rb.num_experts = p.num_experts;
@@ -799,20 +809,17 @@ class CudaLlmOps final : public LlmOps {
             "bf16 cuBLASLt experts need hidden and intermediate multiples of 8");
     cudaStream_t st = b_.stream();
     const int64_t t = x.rows();
-    const int64_t rows = hostExpertRanges(topk_ids, t, p, st);
-    const int32_t* row_token = static_cast<const int32_t*>(row_token_.data());
-    const int32_t* tile_expert = static_cast<const int32_t*>(tile_expert_.data());
-    const int32_t* off_dev = static_cast<const int32_t*>(range_off_.data());
+    const ExpertRanges r = hostExpertRanges(topk_ids, t, p, st);
     bf16* wq = static_cast<bf16*>(lt_w_.data());
 
-    checkOk(launchMoeGatherRows(x.as<bf16>(), row_token, rows, p.hidden,
-                                static_cast<bf16*>(lt_x_.data()), st),
+    checkOk(launchGatherRows(x.data, t, r.row_token, r.rows,
+                             static_cast<int64_t>(sizeof(bf16)) * p.hidden, lt_x_.data(), st),
             "moeExperts/gather_bf16");
     auto dequant = [&](const ExpertWeights& w, const char* what) {
       Mxfp4DequantArgs d;
       d.codes = static_cast<const uint8_t*>(w.codes.data);
       d.scales = static_cast<const uint8_t*>(w.scales.data);
-      d.expert_off = off_dev;
+      d.expert_off = r.off;
       d.out = wq;
       d.experts = static_cast<int32_t>(w.experts);
       d.n = static_cast<int32_t>(w.rows);
@@ -835,10 +842,10 @@ class CudaLlmOps final : public LlmOps {
     MoeBiasSwigluArgs sw;
     sw.h = g1.y;
     sw.bias = b1.empty() ? nullptr : b1.as<bf16>();
-    sw.row_token = row_token;
-    sw.tile_expert = tile_expert;
+    sw.row_token = r.row_token;
+    sw.tile_expert = r.tile_expert;
     sw.out = static_cast<bf16*>(lt_a_.data());
-    sw.rows = rows;
+    sw.rows = r.rows;
     sw.inter = p.intermediate;
     sw.block_m = kLtBlockM;
     sw.num_experts = p.num_experts;
@@ -854,7 +861,7 @@ class CudaLlmOps final : public LlmOps {
     g2.n = p.hidden;
     g2.k = p.intermediate;
     checkOk(lt_gemm_->run(g2, st), "moeExperts/down_bf16");
-    downBiasAndCombine(b2, rows, t, topk_weights, out, p, st);
+    downBiasAndCombine(b2, r, t, topk_weights, out, p, st);
     countMoeLtBf16Step();
   }
 

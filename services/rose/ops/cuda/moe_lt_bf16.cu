@@ -51,20 +51,6 @@ __global__ void __launch_bounds__(kDqThreads) mxfp4DequantKernel(Mxfp4DequantArg
 
 constexpr int kThreads = 256;
 
-__global__ void __launch_bounds__(kThreads) moeGatherRowsKernel(const __nv_bfloat16* in,
-                                                                 const int32_t* row_token,
-                                                                 int64_t rows, int32_t k,
-                                                                 __nv_bfloat16* out) {
-  const int64_t chunks = k / 8;
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-  if (i >= rows * chunks) return;
-  const int64_t r = i / chunks, c = (i % chunks) * 8;
-  const int32_t src = row_token[r];
-  uint4 v = make_uint4(0u, 0u, 0u, 0u);
-  if (src >= 0) v = __ldg(reinterpret_cast<const uint4*>(in + static_cast<int64_t>(src) * k + c));
-  *reinterpret_cast<uint4*>(out + r * k + c) = v;
-}
-
 // One thread per 4 outputs (8 inputs: four (gate, up) pairs).
 __global__ void __launch_bounds__(kThreads) moeBiasSwigluKernel(MoeBiasSwigluArgs a) {
   const int64_t chunks = a.inter / 4;
@@ -112,17 +98,6 @@ Status launchMxfp4Dequant(const Mxfp4DequantArgs& a, cudaStream_t stream) {
   } else {
     mxfp4DequantKernel<false><<<grid, kDqThreads, 0, stream>>>(a);
   }
-  CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  return okStatus();
-}
-
-Status launchMoeGatherRows(const __nv_bfloat16* in, const int32_t* row_token, int64_t rows,
-                           int32_t k, __nv_bfloat16* out, cudaStream_t stream) {
-  if (k <= 0 || k % 8 != 0) return invalidArgument("moe_gather_rows: k must be a positive multiple of 8");
-  if (rows == 0) return okStatus();
-  unsigned blocks = 0;
-  RETURN_IF_ERROR(gridFor(rows * (k / 8), "moe_gather_rows", &blocks));
-  moeGatherRowsKernel<<<blocks, kThreads, 0, stream>>>(in, row_token, rows, k, out);
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return okStatus();
 }

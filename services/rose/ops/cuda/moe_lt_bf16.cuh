@@ -2,10 +2,12 @@
 // The kernels around the bf16 cuBLASLt expert GEMMs of the MXFP4 prefill path [TAG_MOE_LT_BF16]
 // (CudaLlmOps::moeExpertsLtBf16, docs/gpt-oss-cuda.md): the resident MXFP4 experts are
 // dequantized once per prefill step and projection into a bf16 [E][N][K] scratch (exact: every
-// MXFP4 value is a bf16 value), the expert-sorted rows gathered into a dense bf16 matrix, and
-// per-expert cuBLASLt bf16 matmuls (moe_lt_gemm.h) run over them; the gate_up output then takes
-// bias + clamped SwiGLU here, the down output its bias in moe_row_bias.cuh. Pointers are device
-// memory owned by the caller.
+// MXFP4 value is a bf16 value), the expert-sorted rows gathered into a dense bf16 matrix
+// (launchGatherRows, gather.cuh: the align step's padding rows, row_token -1, keep whatever the
+// matrix held — a GEMM row depends on its own input row only, and the SwiGLU below writes those
+// rows as zeros), and per-expert cuBLASLt bf16 matmuls (moe_lt_gemm.h) run over them; the gate_up
+// output then takes bias + clamped SwiGLU here, the down output its bias in moe_row_bias.cuh.
+// Pointers are device memory owned by the caller.
 
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
@@ -30,11 +32,6 @@ struct Mxfp4DequantArgs {
   uint32_t max_scale = 255;  // the largest E8M0 byte (uploadMxfp4Experts): <= 128 takes one multiply
 };
 Status launchMxfp4Dequant(const Mxfp4DequantArgs& a, cudaStream_t stream);
-
-// out[r] = in[row_token[r]] (row_token[r] >= 0) or zeros (padding rows), r < rows; k bf16 per row,
-// a multiple of 8.
-Status launchMoeGatherRows(const __nv_bfloat16* in, const int32_t* row_token, int64_t rows,
-                           int32_t k, __nv_bfloat16* out, cudaStream_t stream);
 
 // The gate_up epilogue over expert-sorted rows: out[r][i] = clampedSwiglu(h[r][2i] + b[e][2i],
 // h[r][2i + 1] + b[e][2i + 1]) in f32 (interleaved (gate, up) pairs, the tiled kernel's formula),

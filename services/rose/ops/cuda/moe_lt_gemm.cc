@@ -5,16 +5,11 @@
 
 #include "services/rose/ops/cuda/cuda_utils.h"
 #include "services/rose/ops/cuda/fp8_block.h"
+#include "services/rose/ops/cuda/gemm.h"
 
 namespace garden::rose::cuda {
 
 namespace {
-Status lt(cublasStatus_t s, const char* what) {
-  if (s == CUBLAS_STATUS_SUCCESS) return okStatus();
-  return internalError(std::string("cuBLASLt ") + what + " failed: status " +
-                       std::to_string(static_cast<int>(s)));
-}
-#define LT_RETURN_IF_ERROR(expr) RETURN_IF_ERROR(lt((expr), #expr))
 
 constexpr int kCandidates = 8;
 
