@@ -634,7 +634,8 @@ int main(int argc, char** argv) {
   if (llm.attn_prefill == "mma") kernels.paged_attention_sm90_min_tokens = 0;
   if (llm.attn_prefill == "sm90") kernels.paged_attention_sm90_min_tokens = 128;
   if (llm.moe_prefill == "tiled") kernels.moe_prefill_cublas_min_tokens = 0;
-  if (llm.moe_prefill == "cublas") kernels.moe_prefill_cublas_min_tokens = 1024;
+  if (llm.moe_prefill == "cublas")
+    kernels.moe_prefill_cublas_min_tokens = rose::kMoePrefillCublasMinTokens;
   {
     const int32_t bs = llm.kv_block_size;
     if (!rose::pagedAttentionSm90FitsBlockSize(bs) &&

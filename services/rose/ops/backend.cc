@@ -53,7 +53,7 @@ Status cudaKernelOptionsFromEnv(CudaKernelOptions& opts) {
   if (moe == 0) {
     opts.moe_prefill_cublas_min_tokens = 0;
   } else if (opts.moe_prefill_cublas_min_tokens <= 0) {
-    opts.moe_prefill_cublas_min_tokens = 1024;
+    opts.moe_prefill_cublas_min_tokens = kMoePrefillCublasMinTokens;
   }
   opts.attention_wide = attention != 1;
   opts.attention_sm90 = attention == 0 || attention == 2;

@@ -182,6 +182,9 @@ struct CudaKernelOptions {
   // row's bits independent of the step's size). GARDEN_MOE_PREFILL=tiled (0) | cublas (1024).
   int64_t moe_prefill_cublas_min_tokens = 0;
 };
+// The threshold GARDEN_MOE_PREFILL=cublas / rose --moe-prefill cublas set (ops/cuda/moe_lt_gemm.h
+// says why 1024).
+inline constexpr int64_t kMoePrefillCublasMinTokens = 1024;
 
 // Sets the fields of `opts` whose GARDEN_* variable (above) is set and not empty; INVALID_ARGUMENT
 // naming the variable, its value and the accepted ones otherwise. For start-up code (rose's main,

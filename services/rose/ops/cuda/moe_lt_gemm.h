@@ -29,6 +29,7 @@
 #include <tuple>
 
 #include "common/status.h"
+#include "services/rose/ops/backend.h"
 
 namespace garden::rose::cuda {
 
@@ -107,7 +108,7 @@ void countMoeFp8Step();
 // GARDEN_MOE_PREFILL=cublas set kMoeLtBf16DefaultMinTokens (above the largest graph-captured
 // decode batch, like the FP8 threshold). Process-global; set before the experts are uploaded
 // (the scratch, one projection's E x N x K bf16 values, is allocated then).
-inline constexpr int64_t kMoeLtBf16DefaultMinTokens = 1024;
+inline constexpr int64_t kMoeLtBf16DefaultMinTokens = kMoePrefillCublasMinTokens;
 void setMoeLtBf16MinTokens(int64_t tokens);
 int64_t moeLtBf16MinTokens();
 // MoE steps that ran on the bf16 cuBLASLt path so far (process-global; tests check it ran).
