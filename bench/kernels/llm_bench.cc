@@ -28,9 +28,11 @@
 //              or the mma.sync kernel like decode
 //              (default sm90) [TAG_PAGED_ATTN_SM90]; --attn-sm90-min-tokens N moves the threshold.
 //   --attn-bench C@H,...: the attention op alone (see attnBench), then exit.
-//   --moe-prefill tiled|cublas: MoE steps of >= --lt-min-tokens N (default 1024) tokens over
-//              MXFP4 experts on the tiled kernels (default) or dequantized per step into bf16 and
-//              run as per-expert cuBLASLt GEMMs [TAG_MOE_LT_BF16].
+//   --moe-prefill chunk|step|tiled: MXFP4 MoE work dequantized per call into bf16 and run as
+//              per-expert cuBLASLt GEMMs [TAG_MOE_LT_BF16] for each prefill chunk of >=
+//              --moe-prefill-min-rows N (default 256) rows per expert on its own (chunk, the
+//              default, as rose), for whole steps that large (step, alias cublas), or never
+//              (tiled).
 //   --attn-split-keys N: a decode token's keys are split into chunks of at least N (multiple of
 //              64; default: cuda::pagedAttnSplitKeysFor's rule) for the split-KV attention.
 //   --fuse-combine-norm on|off: each layer's MoE combine fused into the next RMSNorm
@@ -408,6 +410,7 @@ int moeGemmBench(const std::string& list, bool fp8, const std::vector<int>& slic
   std::vector<ExpertWeights> w1, w2;
   std::vector<OwnedTensor> b1, b2;
   cuda::setMoeLtBf16MinTokens(INT64_MAX);  // switched on (off for every step): the scratch exists
+  cuda::setMoeLtBf16MinRowsPerExpert(0);    // the runs below decide by tokens alone
   {
     std::vector<uint8_t> c1, s1, c2, s2;
     mx(2 * kI, kH, c1, s1);
@@ -713,8 +716,8 @@ int attnBench(const std::string& list) {
 int main(int argc, char** argv) {
   std::string attn_prefill = "sm90";
   int32_t attn_min_tokens = cuda::kPagedAttnSm90DefaultMinTokens;
-  std::string moe_prefill = "tiled";  // --moe-prefill tiled|cublas [TAG_MOE_LT_BF16]
-  int64_t lt_min_tokens = cuda::kMoeLtBf16DefaultMinTokens;
+  std::string moe_prefill = "chunk";  // --moe-prefill chunk|step|tiled [TAG_MOE_LT_BF16]
+  int64_t lt_min_rows = kMoePrefillMinRowsPerExpert;
   std::string model_dir, json_path, moe = "auto";
   std::string prefill_list = "2048,8192,32768", decode_list = "1@8192,64@1024";
   int decode_steps = 32;
@@ -779,12 +782,13 @@ int main(int argc, char** argv) {
     else if (a == "--fp8-min-tokens") fp8_min_tokens = std::atoll(next().c_str());
     else if (a == "--moe-prefill") {
       moe_prefill = next();
-      if (moe_prefill != "tiled" && moe_prefill != "cublas") {
-        std::fprintf(stderr, "--moe-prefill: tiled or cublas\n");
+      if (moe_prefill == "cublas") moe_prefill = "step";
+      if (moe_prefill != "tiled" && moe_prefill != "chunk" && moe_prefill != "step") {
+        std::fprintf(stderr, "--moe-prefill: chunk, step (or cublas) or tiled\n");
         return 2;
       }
-    } else if (a == "--lt-min-tokens") {
-      lt_min_tokens = std::atoll(next().c_str());
+    } else if (a == "--moe-prefill-min-rows") {
+      lt_min_rows = std::atoll(next().c_str());
     }
     else if (a == "--masks") mask_density = std::atof(next().c_str());
     else if (a == "--bar-dump") bar_dir = next();
@@ -825,7 +829,10 @@ int main(int argc, char** argv) {
   BackendOptions bo;
   bo.max_batch_tokens = max_batch_tokens;
   bo.cuda.paged_attention_sm90_min_tokens = attn_prefill == "mma" ? 0 : attn_min_tokens;
-  bo.cuda.moe_prefill_cublas_min_tokens = moe_prefill == "cublas" ? lt_min_tokens : 0;
+  bo.cuda.moe_prefill = moe_prefill == "tiled"  ? CudaKernelOptions::MoePrefill::kTiled
+                        : moe_prefill == "step" ? CudaKernelOptions::MoePrefill::kStep
+                                                : CudaKernelOptions::MoePrefill::kChunk;
+  bo.cuda.moe_prefill_min_rows_per_expert = lt_min_rows;
   auto be = makeBackend("cuda", bo);
   if (!be.isOk()) {
     std::fprintf(stderr, "%s\n", be.status().toString().c_str());
@@ -900,9 +907,10 @@ int main(int argc, char** argv) {
               static_cast<double>(mem_total - mem_free) / 1e9, static_cast<double>(mem_free) / 1e9,
               static_cast<double>(mem_total) / 1e9);
   if (cuda::moeLtBf16MinTokens() > 0)
-    std::printf("moe prefill: MXFP4 MoE steps of >= %lld tokens dequantize into bf16 and run "
-                "cuBLASLt GEMMs [TAG_MOE_LT_BF16]\n",
-                static_cast<long long>(cuda::moeLtBf16MinTokens()));
+    std::printf("moe prefill: MXFP4 MoE %s of >= %lld rows per expert dequantize into bf16 and "
+                "run cuBLASLt GEMMs [TAG_MOE_LT_BF16]\n",
+                cuda::moeLtBf16PerChunk() ? "chunks" : "steps",
+                static_cast<long long>(cuda::moeLtBf16MinRowsPerExpert()));
   if (b.model->fp8Experts()) {
     const double nz = static_cast<double>(b.model->fp8NonzeroWeights());
     std::printf("fp8 experts: %llu of %llu non-zero weights not exact in e4m3 (%.3g %%); MoE "

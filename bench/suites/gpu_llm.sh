@@ -107,8 +107,13 @@
 #   ltops     GpuFp8Moe.*: the FP8 and the bf16 cuBLASLt expert paths [TAG_MOE_LT_BF16] against the CPU
 #   ltmem     compute-sanitizer memcheck over the bf16 cuBLASLt path's tests
 #   moegemm_lt  the MoE op alone at 512..8192 tokens: tiled / wide / FP8 / bf16 cuBLASLt
-#   prefilllt / prefill120blt  20b / 120b prefill 8k..128k with --moe-prefill cublas (needs
+#   prefilltiled / prefill120btiled  20b / 120b prefill 8k..128k on the tiled MXFP4 MoE kernels alone
+#   prefilllt / prefill120blt  20b / 120b prefill 8k..128k with --moe-prefill cublas (= step; needs
 #             mk20b / mk120b)
+#   ltcross / ltcross120b  20b / 120b prefill from 1k tokens up, --moe-prefill tiled then cublas with
+#             --moe-prefill-min-rows 1 (steps of >= 1024 tokens): where the bf16 cuBLASLt path starts to
+#             win (needs mk20b / mk120b)
+#   proflt    ncu over one 8k 20b prefill with --moe-prefill cublas: time per kernel, summed by name
 #   prefill128k  20b prefill of one 64k and one 128k request (issue 16's table; never run yet),
 #             MXFP4 experts then the FP8 copy (needs mk20b; KV for 140k tokens)
 #   sweepfp8  gpu_chat_sweep.sh at 256 streams with rose --moe-weights fp8 (prefill steps of
@@ -190,7 +195,12 @@ for s in $STEPS; do
     ltops) step ltops lt_ops.log 300 "$BIN/gpu_llm_ops_test" --gtest_filter='GpuFp8Moe.*' ;;
     ltmem) step ltmem lt_mem.log 300 compute-sanitizer --tool memcheck --error-exitcode 3 "$BIN/gpu_llm_ops_test" --gtest_filter='GpuFp8Moe.Bf16*:GpuFp8Moe.LtBf16*' ;;
     moegemm_lt) step moegemm_lt moegemm_lt.txt 240 "$BIN/rose_llm_bench" --moe-gemm 512,1024,2048,4096,8192 --moe-k-slices 1 --moe-weights fp8 ;;
+    prefilltiled) step prefilltiled prefilltiled.txt 200 bash -c "'$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192,32768,65536,131072 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --moe-prefill tiled 2>&1 | grep -v 'gemm tuned'" ;;
+    prefill120btiled) step prefill120btiled prefill120btiled.txt 300 "$BIN/rose_llm_bench" --model /dev/shm/gptoss120b --prefill 8192,32768,65536,131072 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --moe-prefill tiled ;;
     prefilllt) step prefilllt prefilllt.txt 200 bash -c "'$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192,32768,65536,131072 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --moe-prefill cublas 2>&1 | grep -v 'gemm tuned'" ;;
+    ltcross) step ltcross ltcross.txt 300 bash -c "for v in tiled step; do echo \"== --moe-prefill \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 1024,1536,2048,3072,4096,8192 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --moe-prefill \$v --moe-prefill-min-rows 1 2>&1 | grep -v 'gemm tuned'; done" ;;
+    ltcross120b) step ltcross120b ltcross120b.txt 400 bash -c "for v in tiled step; do echo \"== --moe-prefill \$v\"; '$BIN/rose_llm_bench' --model /dev/shm/gptoss120b --prefill 1024,2048,4096,8192,16384,32768,65536,131072 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --moe-prefill \$v --moe-prefill-min-rows 1 2>&1 | grep -v 'gemm tuned'; done" ;;
+    proflt) step proflt proflt.txt 240 bash -c "ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv --log-file '$LOGS/ncu_prefill_lt.csv' '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192 --decode '' --profile --moe-prefill cublas >/dev/null 2>&1; python3 '$ROOT/bench/suites/ncu_llm_summary.py' '$LOGS/ncu_prefill_lt.csv'" ;;
     prefill120blt) step prefill120blt prefill120blt.txt 300 "$BIN/rose_llm_bench" --model /dev/shm/gptoss120b --prefill 8192,32768,65536,131072 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --moe-prefill cublas ;;
     prefillfp8) step prefillfp8 prefillfp8.txt 200 bash -c "'$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192,32768,65536,131072 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --moe-weights fp8 2>&1 | grep -v 'gemm tuned'" ;;
     mk20b) step mk20b mk20b.log 240 python3 "$ROOT/bench/suites/make_random_gpt_oss.py" --out /tmp/gptoss20b --shape 20b ;;

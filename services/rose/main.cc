@@ -15,7 +15,7 @@
 //               padded to (sequences, tokens) buckets and replayed as CUDA graphs)
 //   gpt-oss:    [--kv-block-size 16] [--kv-blocks N | --kv-cache-mb MB | --kv-cache-fraction 0.9]
 //               [--max-model-len N] [--max-seqs 256] [--moe-weights auto|mxfp4|fp8|bf16]
-//               [--attn-prefill sm90|mma] [--moe-prefill tiled|cublas]
+//               [--attn-prefill sm90|mma] [--moe-prefill chunk|step|tiled]
 //               (KV cache: --kv-blocks, else --kv-cache-mb, else on a GPU that fraction of the
 //               device memory the model left free, on the cpu 256 MiB)
 //
@@ -27,7 +27,7 @@
 //
 // The cuda backend's kernel choices come from the environment, read once here:
 // GARDEN_ATTENTION_KERNEL=auto|sm90|mma|narrow, GARDEN_GEMM_TUNE=0|1, GARDEN_GEMM_SMALLM=0|1, GARDEN_PDL=0|1,
-// GARDEN_PAGED_ATTENTION=sm90|mma, GARDEN_MOE_PREFILL=tiled|cublas
+// GARDEN_PAGED_ATTENTION=sm90|mma, GARDEN_MOE_PREFILL=chunk|step|tiled (cublas = step)
 // (services/rose/ops/backend.h CudaKernelOptions).
 //
 // Exit codes: 0 clean stop, 1 startup failure (the channel's state is kFailed when it was
@@ -121,7 +121,7 @@ struct LlmArgs {
   std::string late_masks = "auto";  // auto | on | off [TAG_LATE_MASKS]
   std::string gemm_prewarm = "on";  // on | off: GptOssModel::prewarmGemms at load
   std::string attn_prefill = "env";  // sm90 | mma | env (GARDEN_PAGED_ATTENTION, default sm90)
-  std::string moe_prefill = "env";   // tiled | cublas | env (GARDEN_MOE_PREFILL, default tiled)
+  std::string moe_prefill = "env";   // chunk | step | tiled | env (GARDEN_MOE_PREFILL, default chunk)
 };
 
 // Flags of a model sharded over rank processes (--tp/--dp/--ep).
@@ -178,8 +178,9 @@ bool validLlmArgs(const LlmArgs& f) {
     std::fprintf(stderr, "rose: --moe-weights must be auto, mxfp4, fp8 or bf16\n");
     return false;
   }
-  if (f.moe_prefill != "env" && f.moe_prefill != "tiled" && f.moe_prefill != "cublas") {
-    std::fprintf(stderr, "rose: --moe-prefill must be tiled or cublas\n");
+  if (f.moe_prefill != "env" && f.moe_prefill != "chunk" && f.moe_prefill != "step" &&
+      f.moe_prefill != "cublas" && f.moe_prefill != "tiled") {
+    std::fprintf(stderr, "rose: --moe-prefill must be chunk, step (or cublas) or tiled\n");
     return false;
   }
   if (f.attn_prefill != "env" && f.attn_prefill != "sm90" && f.attn_prefill != "mma") {
@@ -522,10 +523,12 @@ int main(int argc, char** argv) {
            "kernel (default; GARDEN_PAGED_ATTENTION sets it too) or on the mma.sync kernel "
            "decode uses (cuda)")
       .add("moe-prefill", &llm.moe_prefill,
-           "gpt-oss: tiled|cublas: MoE steps of >= 1024 tokens over MXFP4 experts on the tiled "
-           "MXFP4 kernels (default; GARDEN_MOE_PREFILL sets it too) or with the experts "
-           "dequantized per step and bf16 cuBLASLt GEMMs (cuda; a decode row batched into such a "
-           "step then gets other bits than alone)")
+           "gpt-oss: chunk|step|tiled (cuda): MoE work over MXFP4 experts with the experts "
+           "dequantized per call and bf16 cuBLASLt GEMMs for each sequence's prefill chunk of "
+           ">= 256 rows per expert (tokens x top_k / experts; 20b 2048 tokens, 120b 8192) on its "
+           "own (chunk, the default; GARDEN_MOE_PREFILL sets it too), for whole steps that large "
+           "(step, alias cublas: the step's other rows then get other bits than alone), or "
+           "never (tiled: the tiled MXFP4 kernels for every step)")
       .add("gemm-prewarm", &llm.gemm_prewarm,
            "gpt-oss: on|off: at load, tune the dense GEMMs for every row count a step can bring "
            "(cuda; otherwise the first step of each size pays it)")
@@ -633,9 +636,10 @@ int main(int argc, char** argv) {
 
   if (llm.attn_prefill == "mma") kernels.paged_attention_sm90_min_tokens = 0;
   if (llm.attn_prefill == "sm90") kernels.paged_attention_sm90_min_tokens = 128;
-  if (llm.moe_prefill == "tiled") kernels.moe_prefill_cublas_min_tokens = 0;
-  if (llm.moe_prefill == "cublas")
-    kernels.moe_prefill_cublas_min_tokens = rose::kMoePrefillCublasMinTokens;
+  using MoePrefill = rose::CudaKernelOptions::MoePrefill;
+  if (llm.moe_prefill == "tiled") kernels.moe_prefill = MoePrefill::kTiled;
+  if (llm.moe_prefill == "chunk") kernels.moe_prefill = MoePrefill::kChunk;
+  if (llm.moe_prefill == "step" || llm.moe_prefill == "cublas") kernels.moe_prefill = MoePrefill::kStep;
   {
     const int32_t bs = llm.kv_block_size;
     if (!rose::pagedAttentionSm90FitsBlockSize(bs) &&

@@ -568,11 +568,14 @@ TEST_F(GpuFp8Moe, ExpertsMatchCpu) {
 
 // ---- the bf16 cuBLASLt path [TAG_MOE_LT_BF16] ------------------------------------------------
 
-// Switches the bf16 cuBLASLt path on for a scope (INT64_MAX: the scratch is allocated at upload,
-// no step takes it), restoring the default (off).
+// Switches the bf16 cuBLASLt path on for a scope, for calls of at least t tokens (INT64_MAX: the
+// scratch is allocated at upload, no call takes it; no rows-per-expert floor), restoring off.
 struct LtMinTokens {
-  explicit LtMinTokens(int64_t t) { cuda::setMoeLtBf16MinTokens(t); }
-  ~LtMinTokens() { cuda::setMoeLtBf16MinTokens(0); }
+  explicit LtMinTokens(int64_t t) {
+    cuda::setMoeLtBf16MinTokens(t);
+    cuda::setMoeLtBf16MinRowsPerExpert(0);
+  }
+  ~LtMinTokens() { cuda::applyMoePrefill(CudaKernelOptions::MoePrefill::kTiled, 0); }
 };
 
 TEST_F(GpuFp8Moe, Bf16DequantMatchesCpu) {

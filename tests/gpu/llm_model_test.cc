@@ -67,7 +67,8 @@ struct Runner {
 // `share`: load onto another runner's backend and ops (so both use the same GEMM algorithms).
 Runner load(const std::string& dir, const char* device, MoeWeightsMode moe,
             const Runner* share = nullptr, bool cuda_graphs = true,
-            bool fuse_combine_norm = GptOssOptions{}.fuse_combine_norm) {
+            bool fuse_combine_norm = GptOssOptions{}.fuse_combine_norm,
+            CudaKernelOptions::MoePrefill moe_prefill = CudaKernelOptions::MoePrefill::kTiled) {
   Runner r;
   if (share != nullptr) {
     r.backend = share->backend;
@@ -75,6 +76,10 @@ Runner load(const std::string& dir, const char* device, MoeWeightsMode moe,
   } else {
     BackendOptions bo;
     bo.threads = 8;
+    // [TAG_MOE_LT_BF16] The tests of the tiled kernels' properties pin them; the bf16 cuBLASLt
+    // path (rose's default, per chunk) has its own tests below. A runner sharing a backend keeps
+    // the process-global choice the first one set.
+    bo.cuda.moe_prefill = moe_prefill;
     auto b = makeBackend(device, bo);
     EXPECT_TRUE(b.isOk()) << b.status().toString();
     r.backend = std::move(b).value();
@@ -843,6 +848,8 @@ TEST_F(GpuGptOss, LtBf16PrefillTracksTheTiledKernels) {
   // second shares it and uploads with the path switched on, so the bf16 scratch exists.
   Runner base = load(*dir_, "cuda", MoeWeightsMode::kMxfp4, nullptr, /*cuda_graphs=*/false);
   cuda::setMoeLtBf16MinTokens(INT64_MAX);
+  cuda::setMoeLtBf16MinRowsPerExpert(0);  // by tokens alone, whole steps (step mode)
+  cuda::setMoeLtBf16PerChunk(false);
   Runner m = load(*dir_, "cuda", MoeWeightsMode::kMxfp4, &base, /*cuda_graphs=*/false);
   std::vector<double> cosines;
   int positions = 0, agree = 0;
@@ -876,16 +883,90 @@ TEST_F(GpuGptOss, LtBf16PrefillTracksTheTiledKernels) {
             << " median " << cosines[cosines.size() / 2] << "\n";
   EXPECT_GE(cosines[cosines.size() / 2], 0.999);
   EXPECT_GE(agreement, 0.8);
-  cuda::setMoeLtBf16MinTokens(cuda::kMoeLtBf16DefaultMinTokens);
+  // Step mode's thresholds: >= 1024 tokens and >= 256 rows per expert (8 experts, top-4: 512
+  // tokens): a 1000-token step does not take it, an 1100-token one does (one call per layer).
+  cuda::applyMoePrefill(CudaKernelOptions::MoePrefill::kStep, kMoePrefillMinRowsPerExpert);
   m.next_block = 0;
   const uint64_t steps0 = cuda::moeLtBf16Steps();
-  generate(m, prompt(300, 5), 4, 2048, nullptr);
-  EXPECT_EQ(cuda::moeLtBf16Steps(), steps0) << "a 300-token step took the path below the threshold";
+  generate(m, prompt(1000, 5), 4, 2048, nullptr);
+  EXPECT_EQ(cuda::moeLtBf16Steps(), steps0) << "a 1000-token step took the path below the threshold";
   m.next_block = 0;
   generate(m, prompt(1100, 5), 4, 2048, nullptr);
   EXPECT_EQ(cuda::moeLtBf16Steps() - steps0,
             static_cast<uint64_t>(m.model->config().base.num_hidden_layers));
-  cuda::setMoeLtBf16MinTokens(0);
+  cuda::applyMoePrefill(CudaKernelOptions::MoePrefill::kTiled, 0);
+}
+
+// rose's default, --moe-prefill chunk [TAG_MOE_LT_BF16]: each prefill chunk of >= 256 rows per
+// expert (this model: 8 experts, top-4, so >= 512 tokens) runs its MoE on the bf16 cuBLASLt path
+// as a call of its own; every other row (smaller chunks, decode rows) on the tiled kernels. So a
+// sequence's tokens do not depend on the batch: two prompts with a large chunk and one without,
+// alone and then prefilled in one step, and a decode stream that a large prompt's prefill joins
+// mid-way, give the tokens they gave alone (greedy). The path's call count says which chunks
+// took it.
+TEST_F(GpuGptOss, ChunkModeTokensDoNotDependOnTheBatch) {
+  Runner gpu = load(*dir_, "cuda", MoeWeightsMode::kMxfp4, nullptr, /*cuda_graphs=*/false,
+                    GptOssOptions{}.fuse_combine_norm, CudaKernelOptions::MoePrefill::kChunk);
+  ASSERT_EQ(gpu.ops->moeChunkMinRowsPerExpert(), kMoePrefillMinRowsPerExpert);
+  const uint64_t layers = static_cast<uint64_t>(gpu.model->config().base.num_hidden_layers);
+  const auto small = prompt(300, 61), large = prompt(600, 62), large2 = prompt(700, 63);
+  constexpr int kTokens = 16;
+  uint64_t before = cuda::moeLtBf16Steps();
+  const auto alone_small = generate(gpu, small, kTokens, 2048, nullptr);
+  EXPECT_EQ(cuda::moeLtBf16Steps(), before) << "a 300-token chunk took the cuBLASLt path";
+  before = cuda::moeLtBf16Steps();
+  const auto alone_large = generate(gpu, large, kTokens, 2048, nullptr);
+  EXPECT_EQ(cuda::moeLtBf16Steps() - before, layers) << "a 600-token chunk: one call per layer";
+  const auto alone_large2 = generate(gpu, large2, kTokens, 2048, nullptr);
+
+  // All three prefilled in one step (runs: small | large | large2), then decoded together.
+  {
+    std::vector<Seq> seqs(3);
+    seqs[0].tokens = small;
+    seqs[1].tokens = large;
+    seqs[2].tokens = large2;
+    std::vector<std::vector<int32_t>> got(3);
+    before = cuda::moeLtBf16Steps();
+    for (int i = 0; i < kTokens; ++i) {
+      auto ids = step(gpu, {&seqs[0], &seqs[1], &seqs[2]}, 2048, nullptr);
+      ASSERT_EQ(ids.size(), 3u);
+      for (size_t k = 0; k < 3; ++k) {
+        got[k].push_back(ids[k]);
+        seqs[k].tokens.push_back(ids[k]);
+      }
+      if (i == 0) {
+        EXPECT_EQ(cuda::moeLtBf16Steps() - before, 2 * layers) << "two large chunks";
+      }
+    }
+    EXPECT_EQ(got[0], alone_small);
+    EXPECT_EQ(got[1], alone_large);
+    EXPECT_EQ(got[2], alone_large2);
+  }
+
+  // A decode stream that the large prompt's whole prefill joins at its 5th token (runs: the
+  // decode row | the 600-token chunk), and the prompt then decoded beside it.
+  {
+    Seq a, b;
+    a.tokens = small;
+    b.tokens = large;
+    std::vector<int32_t> got_a, got_b;
+    while (static_cast<int>(got_a.size()) < kTokens) {
+      std::vector<Seq*> batch{&a};
+      const bool with_b = got_a.size() >= 4 && static_cast<int>(got_b.size()) < kTokens;
+      if (with_b) batch.push_back(&b);
+      auto ids = step(gpu, batch, 2048, nullptr);
+      ASSERT_EQ(ids.size(), batch.size());
+      got_a.push_back(ids[0]);
+      a.tokens.push_back(ids[0]);
+      if (with_b) {
+        got_b.push_back(ids[1]);
+        b.tokens.push_back(ids[1]);
+      }
+    }
+    EXPECT_EQ(got_a, alone_small);
+    EXPECT_EQ(std::vector<int32_t>(alone_large.begin(), alone_large.begin() + got_b.size()), got_b);
+  }
+  cuda::applyMoePrefill(CudaKernelOptions::MoePrefill::kTiled, 0);
 }
 
 }  // namespace

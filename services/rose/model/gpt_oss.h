@@ -38,6 +38,7 @@
 #include "services/rose/ops/llm_ops.h"
 #include "services/rose/model/rope.h"
 #include "services/rose/model/llm_step.h"
+#include "services/rose/model/moe_chunk_runs.h"
 #include "services/rose/ops/backend.h"
 
 namespace garden::rose {
@@ -212,6 +213,7 @@ class GptOssModel {
       sampled_lp_;
   int64_t table_capacity_ = 0;  // elements of block_tables_
   // Host staging (valid until the next enqueueStep()).
+  std::vector<MoeRun> moe_runs_;  // [TAG_MOE_LT_BF16] this step's MoE calls (moe_chunk_runs.h)
   std::vector<int32_t> h_ids_, h_positions_, h_slots_, h_cu_, h_tables_, h_rows_, h_last_row_,
       h_prev_pairs_, h_windows_;
   std::vector<SampleRow> h_samples_;

@@ -43,18 +43,14 @@ Status cudaKernelOptionsFromEnv(CudaKernelOptions& opts) {
   RETURN_IF_ERROR(envChoice("GARDEN_PDL", {"0", "1"}, &pdl));
   int paged = opts.paged_attention_sm90_min_tokens > 0 ? 0 : 1;
   RETURN_IF_ERROR(envChoice("GARDEN_PAGED_ATTENTION", {"sm90", "mma"}, &paged));
-  int moe = opts.moe_prefill_cublas_min_tokens > 0 ? 1 : 0;
-  RETURN_IF_ERROR(envChoice("GARDEN_MOE_PREFILL", {"tiled", "cublas"}, &moe));
+  int moe = static_cast<int>(opts.moe_prefill);  // tiled 0, chunk 1, step 2 (cublas: step)
+  RETURN_IF_ERROR(envChoice("GARDEN_MOE_PREFILL", {"tiled", "chunk", "step", "cublas"}, &moe));
   if (paged == 1) {
     opts.paged_attention_sm90_min_tokens = 0;
   } else if (opts.paged_attention_sm90_min_tokens <= 0) {
     opts.paged_attention_sm90_min_tokens = 128;
   }
-  if (moe == 0) {
-    opts.moe_prefill_cublas_min_tokens = 0;
-  } else if (opts.moe_prefill_cublas_min_tokens <= 0) {
-    opts.moe_prefill_cublas_min_tokens = kMoePrefillCublasMinTokens;
-  }
+  opts.moe_prefill = static_cast<CudaKernelOptions::MoePrefill>(moe == 3 ? 2 : moe);
   opts.attention_wide = attention != 1;
   opts.attention_sm90 = attention == 0 || attention == 2;
   opts.gemm_tune = tune == 1;

@@ -152,6 +152,14 @@ class Event {
 
 enum class PoolMode : uint8_t { kLast = 1, kMean = 2, kCls = 3 };
 
+// The bf16 cuBLASLt MoE path's thresholds (CudaKernelOptions::moe_prefill below): kStep's floor
+// in tokens (above the largest graph-captured decode batch), and the average rows per expert at
+// which a chunk or a step takes the path — where it starts to win, measured on the H200
+// (docs/gpt-oss-cuda.md): gpt-oss-20b (32 experts) from 2,048-token chunks, gpt-oss-120b (128
+// experts) from 8,192.
+inline constexpr int64_t kMoePrefillCublasMinTokens = 1024;
+inline constexpr int64_t kMoePrefillMinRowsPerExpert = 256;
+
 // Kernel choices of the cuda backend, for side-by-side runs (the defaults are the fastest
 // measured; the cpu backend ignores them). The backend never reads the environment: rose reads
 // GARDEN_* once at start-up (cudaKernelOptionsFromEnv, services/rose/main.cc).
@@ -176,15 +184,22 @@ struct CudaKernelOptions {
   // at least this many query tokens take the Hopper paged kernel, the rest the mma.sync kernel;
   // 0 = the mma.sync kernel for everything. GARDEN_PAGED_ATTENTION=sm90 (128) | mma (0).
   int32_t paged_attention_sm90_min_tokens = 128;
-  // gpt-oss MoE steps over MXFP4 experts of at least this many tokens (not graph-captured) take the
-  // bf16 cuBLASLt path (ops/cuda/moe_lt_gemm.h [TAG_MOE_LT_BF16]: the experts dequantized per step,
-  // per-expert bf16 GEMMs); 0 = the tiled MXFP4 kernels for every step (the default: they keep a
-  // row's bits independent of the step's size). GARDEN_MOE_PREFILL=tiled (0) | cublas (1024).
-  int64_t moe_prefill_cublas_min_tokens = 0;
+  // gpt-oss MoE work over MXFP4 experts that takes the bf16 cuBLASLt path (ops/cuda/moe_lt_gemm.h
+  // [TAG_MOE_LT_BF16]: the experts dequantized per call, per-expert bf16 GEMMs) instead of the
+  // tiled MXFP4 kernels, never inside a captured graph:
+  //   kChunk (default): each sequence's prefill chunk of at least
+  //     moe_prefill_min_rows_per_expert rows per expert on average (tokens x top_k / experts)
+  //     runs as its own MoE call on it, the rest of the step on the tiled kernels — a row's bits
+  //     depend on its own chunk only, never on what else is in the step (decode rows always
+  //     stay on the tiled kernels);
+  //   kStep: whole steps of at least kMoePrefillCublasMinTokens tokens and that many rows per
+  //     expert (the other rows of such a step get other bits than alone);
+  //   kTiled: never.
+  // GARDEN_MOE_PREFILL=chunk | step (or cublas) | tiled.
+  enum class MoePrefill : uint8_t { kTiled = 0, kChunk = 1, kStep = 2 };
+  MoePrefill moe_prefill = MoePrefill::kChunk;
+  int64_t moe_prefill_min_rows_per_expert = kMoePrefillMinRowsPerExpert;
 };
-// The threshold GARDEN_MOE_PREFILL=cublas / rose --moe-prefill cublas set (ops/cuda/moe_lt_gemm.h
-// says why 1024).
-inline constexpr int64_t kMoePrefillCublasMinTokens = 1024;
 
 // Sets the fields of `opts` whose GARDEN_* variable (above) is set and not empty; INVALID_ARGUMENT
 // naming the variable, its value and the accepted ones otherwise. For start-up code (rose's main,

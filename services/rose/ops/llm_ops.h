@@ -66,6 +66,14 @@ struct MoeRouteParams {
   float norm_eps = 1e-5f;  // moeRouteF32: the folded RMSNorm's epsilon
 };
 
+// [TAG_MOE_LT_BF16] Whether one moeExperts call may take a backend's second path for
+// prefill-sized MoE work (CUDA: bf16 cuBLASLt GEMMs over per-call dequantized MXFP4 experts).
+//   kBySize: the backend decides by the call's size (its step threshold, if it has one);
+//   kTake: the caller made this call one sequence's large chunk (moeChunkMinRowsPerExpert): take
+//     the path where the backend has it;
+//   kSkip: never.
+enum class MoeLtChoice : uint8_t { kBySize = 0, kTake = 1, kSkip = 2 };
+
 struct MoeExpertsParams {
   int32_t num_experts = 0;
   int32_t top_k = 0;
@@ -76,6 +84,7 @@ struct MoeExpertsParams {
   // Leave the weighted combine (`out`) to the next combineRmsNorm() [TAG_COMBINE_NORM]; needs
   // supportsCombineNorm(). `out` is then not written.
   bool defer_combine = false;
+  MoeLtChoice lt = MoeLtChoice::kBySize;
 };
 
 // How the ops keep one expert projection W [E, rows (out), cols (in)] resident.
@@ -221,6 +230,11 @@ class LlmOps {
   // backend's rmsNorm residual dtypes), p.residual_init false. The default fails (ops without
   // supportsCombineNorm() are never asked).
   virtual bool supportsCombineNorm() const { return false; }
+  // [TAG_MOE_LT_BF16] > 0: the ops want each layer's MoE work split by sequence chunk — every
+  // chunk of at least this many rows per expert on average (tokens x top_k >= this x experts) as
+  // its own moeExperts call with MoeLtChoice::kTake, the other rows (in runs of adjacent
+  // sequences) with kSkip, none deferring its combine. 0: one call per layer.
+  virtual int64_t moeChunkMinRowsPerExpert() const { return 0; }
   virtual void combineRmsNorm(const Tensor& residual, const Tensor& weight, const Tensor& out,
                               const RmsNormParams& p);
 

@@ -23,7 +23,7 @@ Result<std::unique_ptr<Backend>> makeCudaBackend(const BackendOptions& opts) {
   ASSIGN_OR_RETURN(auto b, cuda::CudaBackend::create(opts));
   // Process-global, like the other gpt-oss kernel knobs (one backend per process).
   cuda::setPagedAttnSm90(opts.cuda.paged_attention_sm90_min_tokens, true);
-  cuda::setMoeLtBf16MinTokens(opts.cuda.moe_prefill_cublas_min_tokens);
+  cuda::applyMoePrefill(opts.cuda.moe_prefill, opts.cuda.moe_prefill_min_rows_per_expert);
   return std::unique_ptr<Backend>(std::move(b));
 }
 

@@ -461,7 +461,7 @@ class CudaLlmOps final : public LlmOps {
       moeExpertsFp8(x, topk_ids, topk_weights, w1, b1, w2, b2, out, p);
       return;
     }
-    if (useLtBf16(t, w1, w2, st)) {
+    if (useLtBf16(t, w1, w2, st, p)) {
       moeExpertsLtBf16(x, topk_ids, topk_weights, w1, b1, w2, b2, out, p);
       return;
     }
@@ -584,17 +584,27 @@ class CudaLlmOps final : public LlmOps {
     return notCapturing(st);
   }
 
-  // [TAG_MOE_LT_BF16] MXFP4 experts dequantized per step + bf16 cuBLASLt GEMMs: switched on
+  // [TAG_MOE_LT_BF16] MXFP4 experts dequantized per call + bf16 cuBLASLt GEMMs: switched on
   // (moeLtBf16MinTokens > 0, set before the experts were uploaded so the scratch exists), the
-  // step large enough, not being captured.
-  bool useLtBf16(int64_t t, const ExpertWeights& w1, const ExpertWeights& w2,
-                 cudaStream_t st) const {
+  // call marked kTake or (kBySize) large enough, not being captured.
+  bool useLtBf16(int64_t t, const ExpertWeights& w1, const ExpertWeights& w2, cudaStream_t st,
+                 const MoeExpertsParams& p) const {
+    if (p.lt == MoeLtChoice::kSkip) return false;
     const int64_t min_tokens = moeLtBf16MinTokens();
-    if (min_tokens <= 0 || t < min_tokens || !lt_ready_) return false;
+    if (min_tokens <= 0 || !lt_ready_) return false;
+    if (p.lt == MoeLtChoice::kBySize &&
+        (t < min_tokens ||
+         t * p.top_k < moeLtBf16MinRowsPerExpert() * static_cast<int64_t>(p.num_experts)))
+      return false;
     if (w1.format != ExpertFormat::kMxfp4 || w2.format != ExpertFormat::kMxfp4) return false;
     if (w1.experts * w1.rows * w1.cols > lt_w_elems_ || w2.experts * w2.rows * w2.cols > lt_w_elems_)
       return false;
     return notCapturing(st);
+  }
+
+  int64_t moeChunkMinRowsPerExpert() const override {
+    if (!moeLtBf16PerChunk() || moeLtBf16MinTokens() <= 0 || !lt_ready_) return 0;
+    return std::max<int64_t>(1, moeLtBf16MinRowsPerExpert());
   }
 
   // The expert ranges of the cuBLASLt paths (block_m kLtBlockM): the pinned tile copy, its

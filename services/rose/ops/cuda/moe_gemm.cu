@@ -866,9 +866,12 @@ int32_t moeGemmBlockM(int64_t assignments, int32_t num_experts, bool mx_wide) {
   const int64_t avg = assignments / (num_experts > 0 ? num_experts : 1);
   // [TAG_MOE_WIDE] MXFP4 experts the decode kernels can read take block_m 64 tiles and the wide
   // kernel above g_wide_min_avg rows per expert — only with one K chain, where block_m 16 and 64
-  // give the same bits.
+  // give the same bits. No upper bound: the wide kernel beats block_m 128's tiled kernel at every
+  // size measured (20b shapes, gpu-llm-2026-12-04-h200-s8 call 2: T = 1024 / 2048 / 4096 / 8192,
+  // 128-1024 rows per expert: 873 / 1,661 / 3,191 / 6,289 us vs 1,304 / 2,207 / 3,850 / 7,550),
+  // with the same bits.
   if (mx_wide && g_wide_variant >= 0 && g_decode_variant >= 0 && g_k_slices == 1 &&
-      avg > g_wide_min_avg && avg <= 96)
+      avg > g_wide_min_avg)
     return 64;
   if (avg <= 24) return 16;
   if (avg <= 96) return 64;

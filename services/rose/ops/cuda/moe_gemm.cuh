@@ -103,7 +103,8 @@ struct MoeGemmArgs {
 // (T = 64) the decode kernel wins (279 vs 305 us), at 16 (T = 128) the wide kernel (322 vs 383).
 int32_t moeGemmBlockM(int64_t assignments, int32_t num_experts, bool mx_wide = false);
 // [TAG_MOE_WIDE] Rows per expert on average above which MXFP4 experts take block_m 64 and the
-// wide kernel (up to 96, where block_m 128 and the tiled kernel start).
+// wide kernel (at every larger size since 2026-12-04; before, block_m 128 and the tiled kernel
+// took over above 96).
 inline constexpr int kMoeWideDefaultMinAvg = 12;
 void setMoeWideMinAvg(int rows);
 // Benchmarks only (rose_llm_bench --moe-gemm): the wide kernel's shape (0: the default, 8 warps,

@@ -1,6 +1,8 @@
 #include "services/rose/ops/cuda/moe_lt_gemm.h"
 
+#include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <string>
 
 #include "services/rose/ops/cuda/cuda_utils.h"
@@ -27,10 +29,24 @@ std::atomic<int64_t> g_min_tokens{kMoeFp8DefaultMinTokens};
 std::atomic<uint64_t> g_steps{0};
 std::atomic<int64_t> g_lt_bf16_min_tokens{0};
 std::atomic<uint64_t> g_lt_bf16_steps{0};
+std::atomic<int64_t> g_lt_bf16_min_rows{0};
+std::atomic<bool> g_lt_bf16_per_chunk{false};
 }  // namespace
 
 void setMoeLtBf16MinTokens(int64_t tokens) { g_lt_bf16_min_tokens.store(tokens); }
 int64_t moeLtBf16MinTokens() { return g_lt_bf16_min_tokens.load(); }
+void setMoeLtBf16MinRowsPerExpert(int64_t rows) { g_lt_bf16_min_rows.store(rows); }
+int64_t moeLtBf16MinRowsPerExpert() { return g_lt_bf16_min_rows.load(); }
+void setMoeLtBf16PerChunk(bool per_chunk) { g_lt_bf16_per_chunk.store(per_chunk); }
+bool moeLtBf16PerChunk() { return g_lt_bf16_per_chunk.load(); }
+void applyMoePrefill(CudaKernelOptions::MoePrefill mode, int64_t min_rows_per_expert) {
+  using M = CudaKernelOptions::MoePrefill;
+  setMoeLtBf16MinTokens(mode == M::kTiled  ? 0
+                        : mode == M::kStep ? kMoePrefillCublasMinTokens
+                                           : INT64_MAX);
+  setMoeLtBf16MinRowsPerExpert(mode == M::kTiled ? 0 : std::max<int64_t>(1, min_rows_per_expert));
+  setMoeLtBf16PerChunk(mode == M::kChunk);
+}
 uint64_t moeLtBf16Steps() { return g_lt_bf16_steps.load(); }
 void countMoeLtBf16Step() { g_lt_bf16_steps.fetch_add(1); }
 

@@ -99,18 +99,28 @@ int64_t moeFp8MinTokens();
 uint64_t moeFp8Steps();
 void countMoeFp8Step();
 
-// [TAG_MOE_LT_BF16] Which MoE steps over MXFP4 experts take the bf16 cuBLASLt path (the experts
-// dequantized per step into a bf16 scratch, per-expert bf16 cuBLASLt GEMMs): steps of at least
-// this many tokens that are not being captured and do not take the FP8 copy. 0 (the default):
-// never — the tiled MXFP4 kernels keep a row's bits independent of the step's size (one K
-// chain in every tile shape), which cuBLASLt's own K order does not; a decode row batched into a
-// large prefill step would then get other bits than alone. Opt-in: rose --moe-prefill cublas /
-// GARDEN_MOE_PREFILL=cublas set kMoeLtBf16DefaultMinTokens (above the largest graph-captured
-// decode batch, like the FP8 threshold). Process-global; set before the experts are uploaded
-// (the scratch, one projection's E x N x K bf16 values, is allocated then).
+// [TAG_MOE_LT_BF16] Which MoE calls over MXFP4 experts take the bf16 cuBLASLt path (the experts
+// dequantized per call into a bf16 scratch, per-expert bf16 cuBLASLt GEMMs) instead of the tiled
+// MXFP4 kernels. Never a call being captured or one that takes the FP8 copy. Process-global; set
+// before the experts are uploaded (the scratch, one projection's E x N x K bf16 values, is
+// allocated then when MinTokens > 0).
+//   MinTokens: > 0 switches the path on; a call of MoeLtChoice::kBySize takes it with at least
+//     this many tokens and MinRowsPerExpert rows per expert on average (tokens x top_k >=
+//     rows x experts). INT64_MAX: on for kTake calls only.
+//   PerChunk: the model splits its steps by sequence chunk (LlmOps::moeChunkMinRowsPerExpert):
+//     chunks of MinRowsPerExpert rows per expert come as kTake calls, the rest as kSkip.
+// Why not every step by size: cuBLASLt picks its algorithm (and so its K order) by row count,
+// so a row's bits would depend on the other rows of its call; the tiled kernels keep them
+// independent (one K chain in every tile shape). Per chunk, a row shares its call with its own
+// chunk only. applyMoePrefill sets all three from rose's option (backend.h).
 inline constexpr int64_t kMoeLtBf16DefaultMinTokens = kMoePrefillCublasMinTokens;
 void setMoeLtBf16MinTokens(int64_t tokens);
 int64_t moeLtBf16MinTokens();
+void setMoeLtBf16MinRowsPerExpert(int64_t rows);
+int64_t moeLtBf16MinRowsPerExpert();
+void setMoeLtBf16PerChunk(bool per_chunk);
+bool moeLtBf16PerChunk();
+void applyMoePrefill(CudaKernelOptions::MoePrefill mode, int64_t min_rows_per_expert);
 // MoE steps that ran on the bf16 cuBLASLt path so far (process-global; tests check it ran).
 uint64_t moeLtBf16Steps();
 void countMoeLtBf16Step();

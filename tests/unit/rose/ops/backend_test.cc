@@ -45,7 +45,8 @@ bool same(const CudaKernelOptions& a, const CudaKernelOptions& b) {
          a.gemm_tune == b.gemm_tune &&
          a.gemm_smallm == b.gemm_smallm && a.pdl == b.pdl &&
          a.paged_attention_sm90_min_tokens == b.paged_attention_sm90_min_tokens &&
-         a.moe_prefill_cublas_min_tokens == b.moe_prefill_cublas_min_tokens;
+         a.moe_prefill == b.moe_prefill &&
+         a.moe_prefill_min_rows_per_expert == b.moe_prefill_min_rows_per_expert;
 }
 
 TEST_F(KernelEnvTest, UnsetOrEmptyKeepsTheDefaults) {
@@ -57,7 +58,8 @@ TEST_F(KernelEnvTest, UnsetOrEmptyKeepsTheDefaults) {
   EXPECT_FALSE(o.gemm_smallm);
   EXPECT_TRUE(o.pdl);
   EXPECT_EQ(o.paged_attention_sm90_min_tokens, 128);
-  EXPECT_EQ(o.moe_prefill_cublas_min_tokens, 0);
+  EXPECT_EQ(o.moe_prefill, CudaKernelOptions::MoePrefill::kChunk);
+  EXPECT_EQ(o.moe_prefill_min_rows_per_expert, kMoePrefillMinRowsPerExpert);
   for (const char* v : kVars) setenv(v, "", 1);
   CudaKernelOptions e;
   ASSERT_TRUE(cudaKernelOptionsFromEnv(e).isOk());
@@ -74,7 +76,13 @@ TEST_F(KernelEnvTest, EachAcceptedValueIsRead) {
   CudaKernelOptions o;
   ASSERT_TRUE(cudaKernelOptionsFromEnv(o).isOk());
   EXPECT_EQ(o.paged_attention_sm90_min_tokens, 0);
-  EXPECT_EQ(o.moe_prefill_cublas_min_tokens, 1024);
+  EXPECT_EQ(o.moe_prefill, CudaKernelOptions::MoePrefill::kStep);  // cublas: the old name of step
+  setenv("GARDEN_MOE_PREFILL", "tiled", 1);
+  ASSERT_TRUE(cudaKernelOptionsFromEnv(o).isOk());
+  EXPECT_EQ(o.moe_prefill, CudaKernelOptions::MoePrefill::kTiled);
+  setenv("GARDEN_MOE_PREFILL", "step", 1);
+  ASSERT_TRUE(cudaKernelOptionsFromEnv(o).isOk());
+  EXPECT_EQ(o.moe_prefill, CudaKernelOptions::MoePrefill::kStep);
   EXPECT_FALSE(o.attention_wide);
   EXPECT_FALSE(o.attention_sm90);
   EXPECT_FALSE(o.gemm_tune);
@@ -93,7 +101,7 @@ TEST_F(KernelEnvTest, EachAcceptedValueIsRead) {
   setenv("GARDEN_GEMM_SMALLM", "0", 1);
   setenv("GARDEN_PDL", "1", 1);
   setenv("GARDEN_PAGED_ATTENTION", "sm90", 1);
-  setenv("GARDEN_MOE_PREFILL", "tiled", 1);
+  setenv("GARDEN_MOE_PREFILL", "chunk", 1);
   ASSERT_TRUE(cudaKernelOptionsFromEnv(o).isOk());
   EXPECT_TRUE(same(o, CudaKernelOptions{}));
 }
@@ -110,7 +118,7 @@ TEST_F(KernelEnvTest, OtherValuesAreRefusedByName) {
         Bad{"GARDEN_ATTENTION_KERNEL", "v1", "auto|narrow|sm90|mma"}, Bad{"GARDEN_GEMM_TUNE", "yes", "0|1"},
         Bad{"GARDEN_GEMM_SMALLM", "2", "0|1"}, Bad{"GARDEN_PDL", "on", "0|1"},
         Bad{"GARDEN_PAGED_ATTENTION", "wgmma", "sm90|mma"},
-        Bad{"GARDEN_MOE_PREFILL", "lt", "tiled|cublas"}}) {
+        Bad{"GARDEN_MOE_PREFILL", "lt", "tiled|chunk|step|cublas"}}) {
     SCOPED_TRACE(std::string(b.var) + "=" + b.value);
     for (const char* v : kVars) unsetenv(v);
     setenv(b.var, b.value, 1);
