@@ -716,7 +716,7 @@ int attnBench(const std::string& list) {
 int main(int argc, char** argv) {
   std::string attn_prefill = "sm90";
   int32_t attn_min_tokens = cuda::kPagedAttnSm90DefaultMinTokens;
-  std::string moe_prefill = "chunk";  // --moe-prefill chunk|step|tiled [TAG_MOE_LT_BF16]
+  CudaKernelOptions::MoePrefill moe_prefill = CudaKernelOptions{}.moe_prefill;  // [TAG_MOE_LT_BF16]
   int64_t lt_min_rows = kMoePrefillMinRowsPerExpert;
   std::string model_dir, json_path, moe = "auto";
   std::string prefill_list = "2048,8192,32768", decode_list = "1@8192,64@1024";
@@ -781,9 +781,7 @@ int main(int argc, char** argv) {
     else if (a == "--router-fused") cuda::setRouterFusedRoute(next() == "on");
     else if (a == "--fp8-min-tokens") fp8_min_tokens = std::atoll(next().c_str());
     else if (a == "--moe-prefill") {
-      moe_prefill = next();
-      if (moe_prefill == "cublas") moe_prefill = "step";
-      if (moe_prefill != "tiled" && moe_prefill != "chunk" && moe_prefill != "step") {
+      if (!moePrefillFromName(next(), &moe_prefill)) {
         std::fprintf(stderr, "--moe-prefill: chunk, step (or cublas) or tiled\n");
         return 2;
       }
@@ -829,9 +827,7 @@ int main(int argc, char** argv) {
   BackendOptions bo;
   bo.max_batch_tokens = max_batch_tokens;
   bo.cuda.paged_attention_sm90_min_tokens = attn_prefill == "mma" ? 0 : attn_min_tokens;
-  bo.cuda.moe_prefill = moe_prefill == "tiled"  ? CudaKernelOptions::MoePrefill::kTiled
-                        : moe_prefill == "step" ? CudaKernelOptions::MoePrefill::kStep
-                                                : CudaKernelOptions::MoePrefill::kChunk;
+  bo.cuda.moe_prefill = moe_prefill;
   bo.cuda.moe_prefill_min_rows_per_expert = lt_min_rows;
   auto be = makeBackend("cuda", bo);
   if (!be.isOk()) {

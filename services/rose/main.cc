@@ -178,8 +178,8 @@ bool validLlmArgs(const LlmArgs& f) {
     std::fprintf(stderr, "rose: --moe-weights must be auto, mxfp4, fp8 or bf16\n");
     return false;
   }
-  if (f.moe_prefill != "env" && f.moe_prefill != "chunk" && f.moe_prefill != "step" &&
-      f.moe_prefill != "cublas" && f.moe_prefill != "tiled") {
+  rose::CudaKernelOptions::MoePrefill moe_prefill;
+  if (f.moe_prefill != "env" && !rose::moePrefillFromName(f.moe_prefill, &moe_prefill)) {
     std::fprintf(stderr, "rose: --moe-prefill must be chunk, step (or cublas) or tiled\n");
     return false;
   }
@@ -636,10 +636,7 @@ int main(int argc, char** argv) {
 
   if (llm.attn_prefill == "mma") kernels.paged_attention_sm90_min_tokens = 0;
   if (llm.attn_prefill == "sm90") kernels.paged_attention_sm90_min_tokens = 128;
-  using MoePrefill = rose::CudaKernelOptions::MoePrefill;
-  if (llm.moe_prefill == "tiled") kernels.moe_prefill = MoePrefill::kTiled;
-  if (llm.moe_prefill == "chunk") kernels.moe_prefill = MoePrefill::kChunk;
-  if (llm.moe_prefill == "step" || llm.moe_prefill == "cublas") kernels.moe_prefill = MoePrefill::kStep;
+  if (llm.moe_prefill != "env") rose::moePrefillFromName(llm.moe_prefill, &kernels.moe_prefill);
   {
     const int32_t bs = llm.kv_block_size;
     if (!rose::pagedAttentionSm90FitsBlockSize(bs) &&

@@ -930,8 +930,7 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
   const int64_t chunk_rows = decode_only ? 0 : ops_.moeChunkMinRowsPerExpert();
   moeChunkRuns(std::span<const int32_t>(h_cu_.data(), static_cast<size_t>(n_seq) + 1), t,
                mp.top_k, mp.num_experts, chunk_rows, moe_runs_);
-  if (moe_runs_.size() == 1) mp.lt = moe_runs_[0].large ? MoeLtChoice::kTake : MoeLtChoice::kSkip;
-  if (moe_runs_.empty() && chunk_rows > 0) mp.lt = MoeLtChoice::kSkip;
+  if (moe_runs_.empty()) moe_runs_.push_back(MoeRun{0, t, false});  // one call for the step
   // [TAG_COMBINE_NORM] The combine left to the next norm (the next layer's input norm, or the
   // final one), which then reads the experts' rows instead of `moe`: one MoE call per layer only.
   const bool fuse_cn =
@@ -990,17 +989,15 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
         b.linear(x, L.router.view, Tensor(), rl);  // f32 logits; the bias joins in moeRoute
         ops_.moeRoute(rl, L.router_bias.view, tk_ids, tk_w, MoeRouteParams{mp.top_k});
       }
-      if (moe_runs_.size() <= 1) {
-        ops_.moeExperts(x, tk_ids, tk_w, L.w1, L.b1.view, L.w2, L.b2.view, moe, mp);
-      } else {
-        for (const MoeRun& run : moe_runs_) {
-          MoeExpertsParams rp = mp;
-          rp.lt = run.large ? MoeLtChoice::kTake : MoeLtChoice::kSkip;
-          const int64_t n = run.end - run.begin;
-          ops_.moeExperts(x.rowSlice(run.begin, n), tk_ids.rowSlice(run.begin, n),
-                          tk_w.rowSlice(run.begin, n), L.w1, L.b1.view, L.w2, L.b2.view,
-                          moe.rowSlice(run.begin, n), rp);
-        }
+      for (const MoeRun& run : moe_runs_) {
+        MoeExpertsParams rp = mp;
+        rp.lt = chunk_rows <= 0 ? MoeLtChoice::kBySize
+                : run.large     ? MoeLtChoice::kTake
+                                : MoeLtChoice::kSkip;
+        const int64_t n = run.end - run.begin;
+        ops_.moeExperts(x.rowSlice(run.begin, n), tk_ids.rowSlice(run.begin, n),
+                        tk_w.rowSlice(run.begin, n), L.w1, L.b1.view, L.w2, L.b2.view,
+                        moe.rowSlice(run.begin, n), rp);
       }
       b.markProgress();  // [TAG_STEP_PROGRESS]
     }

@@ -32,6 +32,15 @@ Status envChoice(const char* name, std::initializer_list<const char*> accepted, 
 
 }  // namespace
 
+bool moePrefillFromName(std::string_view name, CudaKernelOptions::MoePrefill* out) {
+  using M = CudaKernelOptions::MoePrefill;
+  if (name == "chunk") *out = M::kChunk;
+  else if (name == "step" || name == "cublas") *out = M::kStep;
+  else if (name == "tiled") *out = M::kTiled;
+  else return false;
+  return true;
+}
+
 Status cudaKernelOptionsFromEnv(CudaKernelOptions& opts) {
   // auto and sm90 are one policy (the Hopper kernel for head_dim 128, the size policy for the
   // rest); mma is the mma.sync size policy alone (the default before the Hopper kernel's run).

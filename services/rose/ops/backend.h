@@ -201,6 +201,10 @@ struct CudaKernelOptions {
   int64_t moe_prefill_min_rows_per_expert = kMoePrefillMinRowsPerExpert;
 };
 
+// The --moe-prefill / GARDEN_MOE_PREFILL names: chunk, step (or its old name cublas), tiled.
+// False for any other name (`out` untouched).
+bool moePrefillFromName(std::string_view name, CudaKernelOptions::MoePrefill* out);
+
 // Sets the fields of `opts` whose GARDEN_* variable (above) is set and not empty; INVALID_ARGUMENT
 // naming the variable, its value and the accepted ones otherwise. For start-up code (rose's main,
 // benchmarks).

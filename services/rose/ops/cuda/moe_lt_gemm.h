@@ -113,7 +113,6 @@ void countMoeFp8Step();
 // so a row's bits would depend on the other rows of its call; the tiled kernels keep them
 // independent (one K chain in every tile shape). Per chunk, a row shares its call with its own
 // chunk only. applyMoePrefill sets all three from rose's option (backend.h).
-inline constexpr int64_t kMoeLtBf16DefaultMinTokens = kMoePrefillCublasMinTokens;
 void setMoeLtBf16MinTokens(int64_t tokens);
 int64_t moeLtBf16MinTokens();
 void setMoeLtBf16MinRowsPerExpert(int64_t rows);
