@@ -33,6 +33,11 @@
 //              --moe-prefill-min-rows N (default 256) rows per expert on its own (chunk, the
 //              default, as rose), for whole steps that large (step, alias cublas), or never
 //              (tiled).
+//   --prefill-reps N: time each --prefill length N times after its warm-up, report the median.
+//   --moe-lt-streams N, --moe-lt-epilogue on|off, --moe-lt-overlap on|off: how that path runs
+//              (CudaKernelOptions::moe_lt_*: its per-expert GEMMs over N streams, the expert
+//              biases as GEMM epilogues, the down experts dequantized on a stream of their own
+//              during the gate_up GEMMs; defaults as rose) [TAG_MOE_LT_STREAMS].
 //   --attn-split-keys N: a decode token's keys are split into chunks of at least N (multiple of
 //              64; default: cuda::pagedAttnSplitKeysFor's rule) for the split-KV attention.
 //   --fuse-combine-norm on|off: each layer's MoE combine fused into the next RMSNorm
@@ -345,12 +350,18 @@ int barDump(Bench& b, const std::string& dir, const std::string& list) {
 // A CUDA backend and its LLM ops reserved for gpt-oss-20b's shapes (hidden 2880, 32 experts,
 // top-4, 64 q / 8 kv heads of 64) at the given step limits, for the op benchmarks; nullopt with
 // the reason on stderr when either fails.
+// The --moe-lt-* flags (CudaKernelOptions::moe_lt_*), for both backends this program makes.
+CudaKernelOptions g_lt_flags;
+
 struct OpsBench {
   std::unique_ptr<Backend> backend;
   std::unique_ptr<LlmOps> ops;
 };
 std::optional<OpsBench> makeOpsBench(int64_t max_tokens, int32_t max_seqs, int64_t max_model_len) {
   BackendOptions bo;
+  bo.cuda.moe_lt_streams = g_lt_flags.moe_lt_streams;
+  bo.cuda.moe_lt_bias_epilogue = g_lt_flags.moe_lt_bias_epilogue;
+  bo.cuda.moe_lt_overlap_dequant = g_lt_flags.moe_lt_overlap_dequant;
   auto be = makeBackend("cuda", bo);
   if (!be.isOk()) {
     std::fprintf(stderr, "backend: %s\n", be.status().toString().c_str());
@@ -721,6 +732,7 @@ int main(int argc, char** argv) {
   std::string model_dir, json_path, moe = "auto";
   std::string prefill_list = "2048,8192,32768", decode_list = "1@8192,64@1024";
   int decode_steps = 32;
+  int prefill_reps = 1;  // --prefill-reps N: timed runs per prefill length (median reported)
   int64_t max_batch_tokens = 16384;
   bool graphs = true;     // --cuda-graphs on|off: decode steps as CUDA graphs
   bool f32_residual = true;  // --residual f32|bf16: GptOssOptions::f32_residual
@@ -787,6 +799,14 @@ int main(int argc, char** argv) {
       }
     } else if (a == "--moe-prefill-min-rows") {
       lt_min_rows = std::atoll(next().c_str());
+    } else if (a == "--prefill-reps") {
+      prefill_reps = std::max(1, std::atoi(next().c_str()));
+    } else if (a == "--moe-lt-streams") {
+      g_lt_flags.moe_lt_streams = std::atoi(next().c_str());
+    } else if (a == "--moe-lt-epilogue") {
+      g_lt_flags.moe_lt_bias_epilogue = next() == "on";
+    } else if (a == "--moe-lt-overlap") {
+      g_lt_flags.moe_lt_overlap_dequant = next() == "on";
     }
     else if (a == "--masks") mask_density = std::atof(next().c_str());
     else if (a == "--bar-dump") bar_dir = next();
@@ -829,6 +849,9 @@ int main(int argc, char** argv) {
   bo.cuda.paged_attention_sm90_min_tokens = attn_prefill == "mma" ? 0 : attn_min_tokens;
   bo.cuda.moe_prefill = moe_prefill;
   bo.cuda.moe_prefill_min_rows_per_expert = lt_min_rows;
+  bo.cuda.moe_lt_streams = g_lt_flags.moe_lt_streams;
+  bo.cuda.moe_lt_bias_epilogue = g_lt_flags.moe_lt_bias_epilogue;
+  bo.cuda.moe_lt_overlap_dequant = g_lt_flags.moe_lt_overlap_dequant;
   auto be = makeBackend("cuda", bo);
   if (!be.isOk()) {
     std::fprintf(stderr, "%s\n", be.status().toString().c_str());
@@ -923,17 +946,21 @@ int main(int argc, char** argv) {
     const int len = std::atoi(p.c_str());
     b.prefill(len);  // warm-up (GEMM tuning, first-use allocations)
     const uint64_t lt0 = cuda::moeLtBf16Steps(), fp80 = cuda::moeFp8Steps();
-    const double s = b.prefill(len);
-    const uint64_t lt_steps = cuda::moeLtBf16Steps() - lt0, fp8_steps = cuda::moeFp8Steps() - fp80;
+    std::vector<double> runs;
+    for (int r = 0; r < prefill_reps; ++r) runs.push_back(b.prefill(len));
+    std::sort(runs.begin(), runs.end());
+    const double s = runs[runs.size() / 2];  // the median (the upper one of an even count)
+    const uint64_t lt_steps = (cuda::moeLtBf16Steps() - lt0) / static_cast<uint64_t>(prefill_reps);
+    const uint64_t fp8_steps = (cuda::moeFp8Steps() - fp80) / static_cast<uint64_t>(prefill_reps);
     if (profile) {
       cudaProfilerStart();
       b.prefill(len);
       cudaProfilerStop();
     }
     std::printf("prefill %6d tokens: %.4f s  (%.0f tokens/s; MoE layer steps on fp8 %llu, bf16 "
-                "cublaslt %llu)\n",
+                "cublaslt %llu; median of %d, min %.4f)\n",
                 len, s, len / s, static_cast<unsigned long long>(fp8_steps),
-                static_cast<unsigned long long>(lt_steps));
+                static_cast<unsigned long long>(lt_steps), prefill_reps, runs.front());
     std::fflush(stdout);
     if (json) json << "{\"workload\":\"prefill\",\"tokens\":" << len << ",\"seconds\":" << s << "}\n";
   }

@@ -107,6 +107,11 @@
 #   ltops     GpuFp8Moe.*: the FP8 and the bf16 cuBLASLt expert paths [TAG_MOE_LT_BF16] against the CPU
 #   ltmem     compute-sanitizer memcheck over the bf16 cuBLASLt path's tests
 #   moegemm_lt  the MoE op alone at 512..8192 tokens: tiled / wide / FP8 / bf16 cuBLASLt
+#   ltab / ltab120b  20b / 120b prefill 8k and 32k (median of 3) for each way of running the bf16
+#             cuBLASLt path [TAG_MOE_LT_STREAMS]: --moe-lt-streams N, --moe-lt-epilogue, --moe-lt-overlap
+#             (needs mk20b / mk120b)
+#   ltcrossnew  20b and 120b prefill at the sizes around the crossover, tiled vs step mode with the
+#             defaults (where the path starts to win now; needs mk20b and mk120b)
 #   prefilltiled / prefill120btiled  20b / 120b prefill 8k..128k on the tiled MXFP4 MoE kernels alone
 #   prefilllt / prefill120blt  20b / 120b prefill 8k..128k with --moe-prefill cublas (= step; needs
 #             mk20b / mk120b)
@@ -195,6 +200,9 @@ for s in $STEPS; do
     ltops) step ltops lt_ops.log 300 "$BIN/gpu_llm_ops_test" --gtest_filter='GpuFp8Moe.*' ;;
     ltmem) step ltmem lt_mem.log 300 compute-sanitizer --tool memcheck --error-exitcode 3 "$BIN/gpu_llm_ops_test" --gtest_filter='GpuFp8Moe.Bf16*:GpuFp8Moe.LtBf16*' ;;
     moegemm_lt) step moegemm_lt moegemm_lt.txt 240 "$BIN/rose_llm_bench" --moe-gemm 512,1024,2048,4096,8192 --moe-k-slices 1 --moe-weights fp8 ;;
+    ltab) step ltab ltab.txt 320 bash -c "for v in '1 off off' '1 on off' '2 on on' '4 on off' '4 on on' '8 on on'; do set -- \$v; echo \"== --moe-lt-streams \$1 --moe-lt-epilogue \$2 --moe-lt-overlap \$3\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192,32768 --prefill-reps 3 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --moe-lt-streams \$1 --moe-lt-epilogue \$2 --moe-lt-overlap \$3 2>&1 | grep -v 'gemm tuned'; done" ;;
+    ltab120b) step ltab120b ltab120b.txt 320 bash -c "for v in '1 off off' '4 on on' '8 on on'; do set -- \$v; echo \"== --moe-lt-streams \$1 --moe-lt-epilogue \$2 --moe-lt-overlap \$3\"; '$BIN/rose_llm_bench' --model /dev/shm/gptoss120b --prefill 8192,32768 --prefill-reps 3 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --moe-lt-streams \$1 --moe-lt-epilogue \$2 --moe-lt-overlap \$3 2>&1 | grep -v 'gemm tuned'; done" ;;
+    ltcrossnew) step ltcrossnew ltcrossnew.txt 300 bash -c "for m in '/tmp/gptoss20b 1024,1536,2048' '/dev/shm/gptoss120b 2048,4096,6144,8192'; do set -- \$m; for v in tiled step; do echo \"== \$1 --moe-prefill \$v\"; '$BIN/rose_llm_bench' --model \$1 --prefill \$2 --prefill-reps 3 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --moe-prefill \$v --moe-prefill-min-rows 1 2>&1 | grep -v 'gemm tuned'; done; done" ;;
     prefilltiled) step prefilltiled prefilltiled.txt 200 bash -c "'$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192,32768,65536,131072 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --moe-prefill tiled 2>&1 | grep -v 'gemm tuned'" ;;
     prefill120btiled) step prefill120btiled prefill120btiled.txt 300 "$BIN/rose_llm_bench" --model /dev/shm/gptoss120b --prefill 8192,32768,65536,131072 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --moe-prefill tiled ;;
     prefilllt) step prefilllt prefilllt.txt 200 bash -c "'$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192,32768,65536,131072 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --moe-prefill cublas 2>&1 | grep -v 'gemm tuned'" ;;

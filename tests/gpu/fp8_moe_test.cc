@@ -464,12 +464,14 @@ void bf16RowRound(const float* v, int64_t n, float* out) {
 // CPU emulation of the cuBLASLt MoE paths: x and the SwiGLU output (computed in f32 from the
 // bf16-rounded gate_up sums + bias) passed through `row_quant` as the GPU does, exact weights,
 // f64 sums rounded where the GPU rounds (gate_up and down GEMM outputs to bf16, down + bias to
-// bf16, combine in f32 in k order, bf16 out).
+// bf16, combine in f32 in k order, bf16 out). `bias_epilogue` [TAG_MOE_LT_EPILOGUE]: the biases
+// are added to the f32 sums before their one rounding, as cuBLASLt's bias epilogue does.
 std::vector<float> emulateLtMoe(const std::vector<float>& x, const std::vector<float>& w1,
                                 const std::vector<float>& b1, const std::vector<float>& w2,
                                 const std::vector<float>& b2, const std::vector<int32_t>& ids,
                                 const std::vector<float>& wts, int64_t t, int64_t h, int64_t in,
-                                int32_t k, void (*row_quant)(const float*, int64_t, float*)) {
+                                int32_t k, void (*row_quant)(const float*, int64_t, float*),
+                                bool bias_epilogue = false) {
   std::vector<float> out(static_cast<size_t>(t * h));
   parallelFor(t, [&](int64_t tok) {
     std::vector<float> xq(static_cast<size_t>(h)), act(static_cast<size_t>(in)), aq(static_cast<size_t>(in));
@@ -486,8 +488,14 @@ std::vector<float> emulateLtMoe(const std::vector<float>& x, const std::vector<f
           u += static_cast<double>(wu[c]) * xq[static_cast<size_t>(c)];
         }
         const float lim = 7.f, alpha = 1.702f;
-        const float gg = std::fmin(bf16Round(static_cast<float>(g)) + b1[static_cast<size_t>(e * 2 * in + 2 * i)], lim);
-        const float uu = std::fmin(std::fmax(bf16Round(static_cast<float>(u)) + b1[static_cast<size_t>(e * 2 * in + 2 * i + 1)], -lim), lim);
+        const float bg = b1[static_cast<size_t>(e * 2 * in + 2 * i)];
+        const float bu = b1[static_cast<size_t>(e * 2 * in + 2 * i + 1)];
+        const float gb = bias_epilogue ? bf16Round(static_cast<float>(g) + bg)
+                                       : bf16Round(static_cast<float>(g)) + bg;
+        const float ub = bias_epilogue ? bf16Round(static_cast<float>(u) + bu)
+                                       : bf16Round(static_cast<float>(u)) + bu;
+        const float gg = std::fmin(gb, lim);
+        const float uu = std::fmin(std::fmax(ub, -lim), lim);
         act[static_cast<size_t>(i)] = gg / (1.f + std::exp(-alpha * gg)) * (uu + 1.f);
       }
       row_quant(act.data(), in, aq.data());
@@ -496,7 +504,9 @@ std::vector<float> emulateLtMoe(const std::vector<float>& x, const std::vector<f
         double y = 0;
         const float* wd = &w2[static_cast<size_t>((e * h + n) * in)];
         for (int64_t i = 0; i < in; ++i) y += static_cast<double>(wd[i]) * aq[static_cast<size_t>(i)];
-        const float yb = bf16Round(bf16Round(static_cast<float>(y)) + b2[static_cast<size_t>(e * h + n)]);
+        const float bn = b2[static_cast<size_t>(e * h + n)];
+        const float yb = bias_epilogue ? bf16Round(static_cast<float>(y) + bn)
+                                       : bf16Round(bf16Round(static_cast<float>(y)) + bn);
         acc[static_cast<size_t>(n)] = std::fma(wt, yb, acc[static_cast<size_t>(n)]);
       }
     }
@@ -578,6 +588,19 @@ struct LtMinTokens {
   ~LtMinTokens() { cuda::applyMoePrefill(CudaKernelOptions::MoePrefill::kTiled, 0); }
 };
 
+// How the bf16 cuBLASLt path runs, for a scope (CudaKernelOptions::moe_lt_*), restoring rose's
+// defaults.
+struct LtExec {
+  LtExec(int streams, bool epilogue, bool overlap) {
+    CudaKernelOptions o;
+    o.moe_lt_streams = streams;
+    o.moe_lt_bias_epilogue = epilogue;
+    o.moe_lt_overlap_dequant = overlap;
+    cuda::applyMoeLt(o);
+  }
+  ~LtExec() { cuda::applyMoeLt(CudaKernelOptions{}); }
+};
+
 TEST_F(GpuFp8Moe, Bf16DequantMatchesCpu) {
   struct Case {
     int64_t e, n, k;
@@ -651,7 +674,7 @@ TEST_F(GpuFp8Moe, LtBf16ExpertsMatchCpuAndTheTiledKernels) {
       MoeStep st = makeStep(l, t);
       const auto& ref = st.ref;
       const auto emu = emulateLtMoe(st.x, l.w1, l.b1, l.w2, l.b2, st.ids, st.wts, t, sh.h, sh.in, sh.k,
-                                    bf16RowRound);
+                                    bf16RowRound, cuda::moeLtBiasEpilogue());
       // The tiled MXFP4 kernels (the path is off by default).
       const uint64_t steps0 = cuda::moeLtBf16Steps();
       const auto tiled = runGpu(l, st);
@@ -697,6 +720,58 @@ TEST_F(GpuFp8Moe, LtBf16ExpertsMatchCpuAndTheTiledKernels) {
         EXPECT_EQ(cuda::moeLtBf16Steps(), steps0 + 2) << "a step below the threshold took the path";
       }
     }
+  }
+}
+
+// [TAG_MOE_LT_STREAMS] [TAG_MOE_LT_OVERLAP] [TAG_MOE_LT_EPILOGUE] How the path runs does not
+// change its bits: 1, 3, 4 or 8 streams, the down experts dequantized in turn or on their own
+// stream, give the same output, repeatedly (a missing fork/join or event would let a matmul read
+// a scratch half written, or the combine read outputs not yet written, which poisoned outputs and
+// repeated runs expose). The epilogue off (the separate bias kernels) tracks its own emulation
+// as tightly as the epilogue does its own.
+TEST_F(GpuFp8Moe, LtBf16StreamsAndOverlapKeepTheBits) {
+  MoeLayer l;
+  {
+    LtMinTokens scratch(INT64_MAX);
+    makeLayer(l, 2880, 2880, 32, 4, 3000, false);
+  }
+  ASSERT_TRUE(l.m1.isOk() && l.m2.isOk()) << l.m1.status().toString() << l.m2.status().toString();
+  for (int64_t t : {int64_t{700}, int64_t{3000}}) {
+    SCOPED_TRACE("T=" + std::to_string(t));
+    MoeStep st = makeStep(l, t);
+    LtMinTokens on(1);
+    const uint64_t steps0 = cuda::moeLtBf16Steps();
+    std::vector<float> base;
+    {
+      LtExec ex(1, true, false);
+      base = runGpu(l, st);
+    }
+    int runs = 1;
+    for (int streams : {1, 3, 4, 8}) {
+      for (bool overlap : {false, true}) {
+        SCOPED_TRACE("streams=" + std::to_string(streams) + " overlap=" + std::to_string(overlap));
+        LtExec ex(streams, true, overlap);
+        for (int rep = 0; rep < 2; ++rep, ++runs) EXPECT_EQ(runGpu(l, st), base);
+      }
+    }
+    EXPECT_EQ(cuda::moeLtBf16Steps(), steps0 + static_cast<uint64_t>(runs)) << "a run left the path";
+    const auto emu_epi = emulateLtMoe(st.x, l.w1, l.b1, l.w2, l.b2, st.ids, st.wts, t, 2880, 2880, 4,
+                                      bf16RowRound, true);
+    const auto emu_sep = emulateLtMoe(st.x, l.w1, l.b1, l.w2, l.b2, st.ids, st.wts, t, 2880, 2880, 4,
+                                      bf16RowRound, false);
+    std::vector<float> sep;
+    {
+      LtExec ex(4, false, true);
+      sep = runGpu(l, st);
+    }
+    const double epi_own = relL2(base, emu_epi), epi_other = relL2(base, emu_sep);
+    const double sep_own = relL2(sep, emu_sep);
+    std::cout << "[ bf16 cublaslt exec ] T=" << t << ": epilogue vs its emulation rel_l2=" << epi_own
+              << " (vs the separate-bias emulation " << epi_other << "); separate bias vs its own "
+              << sep_own << "\n";
+    EXPECT_LT(epi_own, 4e-3);
+    EXPECT_LT(sep_own, 4e-3);
+    EXPECT_NE(sep, base) << "the epilogue switch changed nothing: the biases were not moved";
   }
 }
 

@@ -54,6 +54,15 @@ Status cudaKernelOptionsFromEnv(CudaKernelOptions& opts) {
   RETURN_IF_ERROR(envChoice("GARDEN_PAGED_ATTENTION", {"sm90", "mma"}, &paged));
   int moe = static_cast<int>(opts.moe_prefill);  // tiled 0, chunk 1, step 2 (cublas: step)
   RETURN_IF_ERROR(envChoice("GARDEN_MOE_PREFILL", {"tiled", "chunk", "step", "cublas"}, &moe));
+  int lt_streams = opts.moe_lt_streams - 1;  // "1".."8"
+  int lt_epi = opts.moe_lt_bias_epilogue ? 1 : 0, lt_overlap = opts.moe_lt_overlap_dequant ? 1 : 0;
+  RETURN_IF_ERROR(envChoice("GARDEN_MOE_LT_STREAMS", {"1", "2", "3", "4", "5", "6", "7", "8"},
+                            &lt_streams));
+  RETURN_IF_ERROR(envChoice("GARDEN_MOE_LT_EPILOGUE", {"0", "1"}, &lt_epi));
+  RETURN_IF_ERROR(envChoice("GARDEN_MOE_LT_OVERLAP", {"0", "1"}, &lt_overlap));
+  opts.moe_lt_streams = lt_streams + 1;
+  opts.moe_lt_bias_epilogue = lt_epi == 1;
+  opts.moe_lt_overlap_dequant = lt_overlap == 1;
   if (paged == 1) {
     opts.paged_attention_sm90_min_tokens = 0;
   } else if (opts.paged_attention_sm90_min_tokens <= 0) {

@@ -199,6 +199,14 @@ struct CudaKernelOptions {
   enum class MoePrefill : uint8_t { kTiled = 0, kChunk = 1, kStep = 2 };
   MoePrefill moe_prefill = MoePrefill::kChunk;
   int64_t moe_prefill_min_rows_per_expert = kMoePrefillMinRowsPerExpert;
+  // How that path runs (ops/cuda/moe_lt_gemm.h): its per-expert matmuls spread over this many
+  // streams (1..8; GARDEN_MOE_LT_STREAMS) [TAG_MOE_LT_STREAMS]; the expert biases added by the
+  // matmuls' epilogue instead of separate kernels (GARDEN_MOE_LT_EPILOGUE=0|1)
+  // [TAG_MOE_LT_EPILOGUE]; the down projection dequantized on its own stream while the gate_up
+  // matmuls run, into a second scratch (GARDEN_MOE_LT_OVERLAP=0|1) [TAG_MOE_LT_OVERLAP].
+  int32_t moe_lt_streams = 4;
+  bool moe_lt_bias_epilogue = true;
+  bool moe_lt_overlap_dequant = true;
 };
 
 // The --moe-prefill / GARDEN_MOE_PREFILL names: chunk, step (or its old name cublas), tiled.

@@ -24,6 +24,7 @@ Result<std::unique_ptr<Backend>> makeCudaBackend(const BackendOptions& opts) {
   // Process-global, like the other gpt-oss kernel knobs (one backend per process).
   cuda::setPagedAttnSm90(opts.cuda.paged_attention_sm90_min_tokens, true);
   cuda::applyMoePrefill(opts.cuda.moe_prefill, opts.cuda.moe_prefill_min_rows_per_expert);
+  cuda::applyMoeLt(opts.cuda);
   return std::unique_ptr<Backend>(std::move(b));
 }
 

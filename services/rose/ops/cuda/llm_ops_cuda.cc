@@ -51,6 +51,12 @@ class CudaLlmOps final : public LlmOps {
   explicit CudaLlmOps(CudaBackend& b) : b_(b) {}
   ~CudaLlmOps() override {
     if (host_tiles_ != nullptr) cudaFreeHost(host_tiles_);
+    if (dq_stream_ != nullptr) {
+      cudaStreamSynchronize(dq_stream_);
+      cudaStreamDestroy(dq_stream_);
+    }
+    if (dq_start_ != nullptr) cudaEventDestroy(dq_start_);
+    if (dq_done_ != nullptr) cudaEventDestroy(dq_done_);
   }
 
   Status reserve(const LlmOpsLimits& l) override {
@@ -127,7 +133,7 @@ class CudaLlmOps final : public LlmOps {
     }
     if (lt_ready_) {  // the bf16 cuBLASLt path's workspaces too [TAG_MOE_LT_BF16]
       lt_ready_ = false;
-      RETURN_IF_ERROR(ensureLtBf16Workspace(0));
+      RETURN_IF_ERROR(ensureLtBf16Workspace(0, false));
     }
     return okStatus();
   }
@@ -147,8 +153,12 @@ class CudaLlmOps final : public LlmOps {
       return invalidArgument("MXFP4 experts: the FP8 copy needs rows (" + std::to_string(rows) +
                              ") to be a multiple of 8");
     if (fp8_copy) RETURN_IF_ERROR(ensureFp8Workspace());
-    // [TAG_MOE_LT_BF16] prefill steps may dequantize these experts into the bf16 scratch.
-    if (moeLtBf16MinTokens() > 0) RETURN_IF_ERROR(ensureLtBf16Workspace(experts * rows * cols));
+    // [TAG_MOE_LT_BF16] prefill steps may dequantize these experts into the bf16 scratch (a
+    // down projection, [E][hidden][intermediate], into its own with [TAG_MOE_LT_OVERLAP]).
+    if (moeLtBf16MinTokens() > 0)
+      RETURN_IF_ERROR(ensureLtBf16Workspace(
+          experts * rows * cols,
+          moeLtOverlapDequant() && rows == lim_.hidden && cols == lim_.intermediate));
     Mxfp4PackedShape shape{experts, rows, cols};
     ExpertWeights w;
     w.format = ExpertFormat::kMxfp4;
@@ -597,10 +607,15 @@ class CudaLlmOps final : public LlmOps {
          t * p.top_k < moeLtBf16MinRowsPerExpert() * static_cast<int64_t>(p.num_experts)))
       return false;
     if (w1.format != ExpertFormat::kMxfp4 || w2.format != ExpertFormat::kMxfp4) return false;
-    if (w1.experts * w1.rows * w1.cols > lt_w_elems_ || w2.experts * w2.rows * w2.cols > lt_w_elems_)
+    const int64_t w2_elems = w2.experts * w2.rows * w2.cols;
+    if (w1.experts * w1.rows * w1.cols > lt_w_elems_ ||
+        (w2_elems > lt_w_elems_ && !(overlapDequant() && w2_elems <= lt_w2_elems_)))
       return false;
     return notCapturing(st);
   }
+
+  // [TAG_MOE_LT_OVERLAP] on, and its stream made at upload.
+  bool overlapDequant() const { return moeLtOverlapDequant() && dq_stream_ != nullptr; }
 
   int64_t moeChunkMinRowsPerExpert() const override {
     if (!moeLtBf16PerChunk() || moeLtBf16MinTokens() <= 0 || !lt_ready_) return 0;
@@ -626,6 +641,7 @@ class CudaLlmOps final : public LlmOps {
     if (lt_gemm_ == nullptr) {
       ASSIGN_OR_RETURN(lt_gemm_, MoeLtGemm::create());
     }
+    RETURN_IF_ERROR(lt_gemm_->reserveStreams(moeLtStreams()));
     host_off_.assign(static_cast<size_t>(lim_.num_experts + 1), 0);
     ranges_ready_ = true;
     return okStatus();
@@ -648,8 +664,23 @@ class CudaLlmOps final : public LlmOps {
 
   // [TAG_MOE_LT_BF16] Workspaces of the bf16 cuBLASLt path: the gathered rows, the gate_up output
   // and the SwiGLU output at block_m kLtBlockM (once per reserve()), and the dequantized weight
-  // scratch, grown to `weight_elems` (one projection's E x N x K; the projections take turns).
-  Status ensureLtBf16Workspace(int64_t weight_elems) {
+  // scratch, grown to `weight_elems` (one projection's E x N x K; the projections take turns),
+  // or with `second` the down projection's own scratch, its stream and events
+  // [TAG_MOE_LT_OVERLAP].
+  Status ensureLtBf16Workspace(int64_t weight_elems, bool second) {
+    if (second) {
+      if (dq_stream_ == nullptr) {
+        CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&dq_stream_, cudaStreamNonBlocking));
+        CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&dq_start_, cudaEventDisableTiming));
+        CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&dq_done_, cudaEventDisableTiming));
+      }
+      if (weight_elems > lt_w2_elems_) {
+        lt_w2_ = Buffer();
+        ASSIGN_OR_RETURN(lt_w2_, b_.allocate(sizeof(bf16) * static_cast<size_t>(weight_elems)));
+        lt_w2_elems_ = weight_elems;
+      }
+      weight_elems = 0;  // the shared workspaces below still exist once
+    }
     if (!lt_ready_) {
       RETURN_IF_ERROR(ensureRangeWorkspace());
       const int64_t rows = range_max_tiles_ * kLtBlockM;
@@ -821,23 +852,38 @@ class CudaLlmOps final : public LlmOps {
     const int64_t t = x.rows();
     const ExpertRanges r = hostExpertRanges(topk_ids, t, p, st);
     bf16* wq = static_cast<bf16*>(lt_w_.data());
+    const int streams = moeLtStreams();
+    const bool epi = moeLtBiasEpilogue();
+    // [TAG_MOE_LT_OVERLAP] the down experts into their own scratch on dq_stream_, started after
+    // the gate_up dequantization (both are bandwidth-bound; the gate_up matmuls are not).
+    const bool overlap = overlapDequant() && w2.experts * w2.rows * w2.cols <= lt_w2_elems_;
 
     checkOk(launchGatherRows(x.data, t, r.row_token, r.rows,
                              static_cast<int64_t>(sizeof(bf16)) * p.hidden, lt_x_.data(), st),
             "moeExperts/gather_bf16");
-    auto dequant = [&](const ExpertWeights& w, const char* what) {
+    auto dequant = [&](const ExpertWeights& w, bf16* to, cudaStream_t on, const char* what) {
       Mxfp4DequantArgs d;
       d.codes = static_cast<const uint8_t*>(w.codes.data);
       d.scales = static_cast<const uint8_t*>(w.scales.data);
       d.expert_off = r.off;
-      d.out = wq;
+      d.out = to;
       d.experts = static_cast<int32_t>(w.experts);
       d.n = static_cast<int32_t>(w.rows);
       d.k = static_cast<int32_t>(w.cols);
       d.max_scale = w.mx_max_scale;
-      checkOk(launchMxfp4Dequant(d, st), what);
+      checkOk(launchMxfp4Dequant(d, on), what);
     };
-    dequant(w1, "moeExperts/dequant_gate_up");
+    dequant(w1, wq, st, "moeExperts/dequant_gate_up");
+    bf16* wq2 = wq;
+    if (overlap) {
+      // The scratch's last readers (the previous call's down matmuls) joined `st` before this
+      // call began, and the expert offsets it reads were copied on `st` above.
+      wq2 = static_cast<bf16*>(lt_w2_.data());
+      CUDA_CHECK(cudaEventRecord(dq_start_, st));
+      CUDA_CHECK(cudaStreamWaitEvent(dq_stream_, dq_start_, 0));
+      dequant(w2, wq2, dq_stream_, "moeExperts/dequant_down");
+      CUDA_CHECK(cudaEventRecord(dq_done_, dq_stream_));
+    }
     MoeLtGemmArgs g1;
     g1.type = MoeLtType::kBf16;
     g1.w = wq;
@@ -847,11 +893,12 @@ class CudaLlmOps final : public LlmOps {
     g1.num_experts = p.num_experts;
     g1.n = 2 * p.intermediate;
     g1.k = p.hidden;
-    checkOk(lt_gemm_->run(g1, st), "moeExperts/gate_up_bf16");
+    g1.bias = epi && !b1.empty() ? b1.as<bf16>() : nullptr;  // [TAG_MOE_LT_EPILOGUE]
+    checkOk(lt_gemm_->run(g1, st, streams), "moeExperts/gate_up_bf16");
 
     MoeBiasSwigluArgs sw;
     sw.h = g1.y;
-    sw.bias = b1.empty() ? nullptr : b1.as<bf16>();
+    sw.bias = b1.empty() || g1.bias != nullptr ? nullptr : b1.as<bf16>();
     sw.row_token = r.row_token;
     sw.tile_expert = r.tile_expert;
     sw.out = static_cast<bf16*>(lt_a_.data());
@@ -863,15 +910,21 @@ class CudaLlmOps final : public LlmOps {
     sw.alpha = p.swiglu_alpha;
     checkOk(launchMoeBiasSwiglu(sw, st), "moeExperts/bias_swiglu");
 
-    // The down experts overwrite the scratch after the gate_up GEMMs (same stream).
-    dequant(w2, "moeExperts/dequant_down");
+    if (overlap) {
+      CUDA_CHECK(cudaStreamWaitEvent(st, dq_done_, 0));
+    } else {
+      // The down experts overwrite the scratch after the gate_up GEMMs (same stream).
+      dequant(w2, wq, st, "moeExperts/dequant_down");
+    }
     MoeLtGemmArgs g2 = g1;
+    g2.w = wq2;
     g2.x = sw.out;
     g2.y = static_cast<bf16*>(y_.data());
     g2.n = p.hidden;
     g2.k = p.intermediate;
-    checkOk(lt_gemm_->run(g2, st), "moeExperts/down_bf16");
-    downBiasAndCombine(b2, r, t, topk_weights, out, p, st);
+    g2.bias = epi && !b2.empty() ? b2.as<bf16>() : nullptr;
+    checkOk(lt_gemm_->run(g2, st, streams), "moeExperts/down_bf16");
+    downBiasAndCombine(g2.bias != nullptr ? Tensor() : b2, r, t, topk_weights, out, p, st);
     countMoeLtBf16Step();
   }
 
@@ -1114,6 +1167,12 @@ class CudaLlmOps final : public LlmOps {
   bool lt_ready_ = false;
   Buffer lt_x_, lt_h_, lt_a_, lt_w_;
   int64_t lt_w_elems_ = 0;
+  // [TAG_MOE_LT_OVERLAP] the down projection's scratch, the stream that dequantizes into it and
+  // the events that order it between the gate_up dequantization and the down matmuls.
+  Buffer lt_w2_;
+  int64_t lt_w2_elems_ = 0;
+  cudaStream_t dq_stream_ = nullptr;
+  cudaEvent_t dq_start_ = nullptr, dq_done_ = nullptr;
   std::vector<SampleRowDev> host_rows_;
   int32_t staged_rows_ = 0;
   bool staged_masks_ = false;  // a staged row has a token mask [TAG_TOKEN_MASK]

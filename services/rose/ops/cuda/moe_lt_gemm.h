@@ -8,8 +8,16 @@
 //   * kBf16 [TAG_MOE_LT_BF16]: bf16 x bf16, K' = K (a multiple of 8): the MXFP4 experts
 //     dequantized per step (moe_lt_bf16.cuh), exact weights.
 // The ranges come from the host (the align step's tiles copied back once per layer, so this runs
-// only in eager, non-captured steps: prefill). No bias, no epilogue (the callers add them:
-// fp8_act_quant.cuh, moe_lt_bf16.cuh, moe_row_bias.cuh).
+// only in eager, non-captured steps: prefill). bf16 calls may carry the per-expert bias as
+// cuBLASLt's bias epilogue (added in f32 before the one rounding) [TAG_MOE_LT_EPILOGUE]; FP8 calls
+// have none (the callers add it: fp8_act_quant.cuh, moe_row_bias.cuh).
+//
+// Streams [TAG_MOE_LT_STREAMS]: with run(..., streams > 1) the experts' matmuls are spread over
+// that many helper streams (the least-loaded by rows first, in expert order: a fixed assignment for
+// given ranges), forked from the caller's stream by an event and joined back into it, each with a
+// workspace of its own: a per-expert GEMM of ~1,000 rows fills 1-2 waves of the GPU, and
+// concurrent ones fill each other's tails. A matmul's algorithm depends on its shape only, so the
+// bits do not depend on the stream count.
 //
 // Plans: one matmul descriptor per (type, N, K'); matrix layouts per exact row count; the
 // algorithm is cuBLASLt's first heuristic choice for the row count rounded up to a power of two
@@ -46,6 +54,7 @@ struct MoeLtGemmArgs {
   int32_t num_experts = 0;
   int32_t n = 0;  // output features, a multiple of 4
   int32_t k = 0;  // inputs (before padding; bf16: a multiple of 8)
+  const __nv_bfloat16* bias = nullptr;  // bf16 only, optional: [E][n], the bias epilogue
 };
 
 class MoeLtGemm {
@@ -55,8 +64,12 @@ class MoeLtGemm {
   MoeLtGemm(const MoeLtGemm&) = delete;
   MoeLtGemm& operator=(const MoeLtGemm&) = delete;
 
-  // Enqueues one matmul per expert with rows on `stream`.
-  Status run(const MoeLtGemmArgs& a, cudaStream_t stream);
+  // Enqueues one matmul per expert with rows: on `stream`, or (streams > 1) on that many helper
+  // streams that start after the work already on `stream` and that `stream` waits for.
+  Status run(const MoeLtGemmArgs& a, cudaStream_t stream, int streams = 1);
+  // Creates the helper streams, events and workspaces for up to `streams` (at most kMaxStreams).
+  Status reserveStreams(int streams);
+  static constexpr int kMaxStreams = 8;
 
   size_t heuristicQueries() const { return heuristic_queries_; }
 
@@ -72,14 +85,22 @@ class MoeLtGemm {
     ~Shape();
   };
   MoeLtGemm() = default;
-  Result<Desc*> desc(MoeLtType type, int64_t n, int64_t kp);
-  Result<Shape*> shape(Desc& d, MoeLtType type, int64_t n, int64_t kp, int64_t rows);
+  Result<Desc*> desc(MoeLtType type, int64_t n, int64_t kp, bool bias);
+  Result<Shape*> shape(Desc& d, int32_t key, MoeLtType type, int64_t n, int64_t kp, int64_t rows);
+  Status enqueue(const MoeLtGemmArgs& a, Desc* d, int32_t key, int64_t kp, cudaStream_t stream,
+                 int streams);
   Result<bool> heuristic(Desc& d, Shape& s, cublasLtMatmulAlgo_t* out);
 
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
   size_t heuristic_queries_ = 0;
+  // [TAG_MOE_LT_STREAMS] helper streams, their workspaces and join events; the fork event.
+  cudaStream_t helpers_[kMaxStreams] = {};
+  void* helper_ws_[kMaxStreams] = {};
+  cudaEvent_t joins_[kMaxStreams] = {};
+  cudaEvent_t fork_ = nullptr;
+  int helper_count_ = 0;
   std::map<std::tuple<int32_t, int64_t, int64_t>, std::unique_ptr<Desc>> descs_;
   std::map<std::tuple<int32_t, int64_t, int64_t, int64_t>, std::unique_ptr<Shape>> shapes_;
   std::map<std::tuple<int32_t, int64_t, int64_t, int64_t>, cublasLtMatmulAlgo_t> bucket_algos_;
@@ -120,6 +141,15 @@ int64_t moeLtBf16MinRowsPerExpert();
 void setMoeLtBf16PerChunk(bool per_chunk);
 bool moeLtBf16PerChunk();
 void applyMoePrefill(CudaKernelOptions::MoePrefill mode, int64_t min_rows_per_expert);
+// The bf16 path's execution choices (CudaKernelOptions::moe_lt_*; process-global, read per call):
+// helper streams for the per-expert matmuls [TAG_MOE_LT_STREAMS] (1: the caller's stream), the
+// biases as the matmuls' epilogue [TAG_MOE_LT_EPILOGUE], and the down projection's dequantization
+// on a stream of its own, concurrent with the gate_up matmuls, into a second scratch
+// [TAG_MOE_LT_OVERLAP] (allocated at upload when on).
+void applyMoeLt(const CudaKernelOptions& opts);
+int moeLtStreams();
+bool moeLtBiasEpilogue();
+bool moeLtOverlapDequant();
 // MoE steps that ran on the bf16 cuBLASLt path so far (process-global; tests check it ran).
 uint64_t moeLtBf16Steps();
 void countMoeLtBf16Step();

@@ -16,7 +16,9 @@ namespace garden::rose {
 namespace {
 
 const char* const kVars[] = {"GARDEN_ATTENTION_KERNEL", "GARDEN_GEMM_TUNE", "GARDEN_GEMM_SMALLM",
-                             "GARDEN_PDL", "GARDEN_PAGED_ATTENTION", "GARDEN_MOE_PREFILL"};
+                             "GARDEN_PDL", "GARDEN_PAGED_ATTENTION", "GARDEN_MOE_PREFILL",
+                             "GARDEN_MOE_LT_STREAMS", "GARDEN_MOE_LT_EPILOGUE",
+                             "GARDEN_MOE_LT_OVERLAP"};
 
 // Clears the variables for the test and restores what the process had.
 class KernelEnvTest : public ::testing::Test {
@@ -46,7 +48,9 @@ bool same(const CudaKernelOptions& a, const CudaKernelOptions& b) {
          a.gemm_smallm == b.gemm_smallm && a.pdl == b.pdl &&
          a.paged_attention_sm90_min_tokens == b.paged_attention_sm90_min_tokens &&
          a.moe_prefill == b.moe_prefill &&
-         a.moe_prefill_min_rows_per_expert == b.moe_prefill_min_rows_per_expert;
+         a.moe_prefill_min_rows_per_expert == b.moe_prefill_min_rows_per_expert &&
+         a.moe_lt_streams == b.moe_lt_streams && a.moe_lt_bias_epilogue == b.moe_lt_bias_epilogue &&
+         a.moe_lt_overlap_dequant == b.moe_lt_overlap_dequant;
 }
 
 TEST_F(KernelEnvTest, UnsetOrEmptyKeepsTheDefaults) {
@@ -60,6 +64,9 @@ TEST_F(KernelEnvTest, UnsetOrEmptyKeepsTheDefaults) {
   EXPECT_EQ(o.paged_attention_sm90_min_tokens, 128);
   EXPECT_EQ(o.moe_prefill, CudaKernelOptions::MoePrefill::kChunk);
   EXPECT_EQ(o.moe_prefill_min_rows_per_expert, kMoePrefillMinRowsPerExpert);
+  EXPECT_EQ(o.moe_lt_streams, 4);
+  EXPECT_TRUE(o.moe_lt_bias_epilogue);
+  EXPECT_TRUE(o.moe_lt_overlap_dequant);
   for (const char* v : kVars) setenv(v, "", 1);
   CudaKernelOptions e;
   ASSERT_TRUE(cudaKernelOptionsFromEnv(e).isOk());
@@ -73,8 +80,17 @@ TEST_F(KernelEnvTest, EachAcceptedValueIsRead) {
   setenv("GARDEN_PDL", "0", 1);
   setenv("GARDEN_PAGED_ATTENTION", "mma", 1);
   setenv("GARDEN_MOE_PREFILL", "cublas", 1);
+  setenv("GARDEN_MOE_LT_STREAMS", "1", 1);
+  setenv("GARDEN_MOE_LT_EPILOGUE", "0", 1);
+  setenv("GARDEN_MOE_LT_OVERLAP", "0", 1);
   CudaKernelOptions o;
   ASSERT_TRUE(cudaKernelOptionsFromEnv(o).isOk());
+  EXPECT_EQ(o.moe_lt_streams, 1);
+  EXPECT_FALSE(o.moe_lt_bias_epilogue);
+  EXPECT_FALSE(o.moe_lt_overlap_dequant);
+  setenv("GARDEN_MOE_LT_STREAMS", "8", 1);
+  ASSERT_TRUE(cudaKernelOptionsFromEnv(o).isOk());
+  EXPECT_EQ(o.moe_lt_streams, 8);
   EXPECT_EQ(o.paged_attention_sm90_min_tokens, 0);
   EXPECT_EQ(o.moe_prefill, CudaKernelOptions::MoePrefill::kStep);  // cublas: the old name of step
   setenv("GARDEN_MOE_PREFILL", "tiled", 1);
@@ -102,6 +118,9 @@ TEST_F(KernelEnvTest, EachAcceptedValueIsRead) {
   setenv("GARDEN_PDL", "1", 1);
   setenv("GARDEN_PAGED_ATTENTION", "sm90", 1);
   setenv("GARDEN_MOE_PREFILL", "chunk", 1);
+  setenv("GARDEN_MOE_LT_STREAMS", std::to_string(CudaKernelOptions{}.moe_lt_streams).c_str(), 1);
+  setenv("GARDEN_MOE_LT_EPILOGUE", "1", 1);
+  setenv("GARDEN_MOE_LT_OVERLAP", "1", 1);
   ASSERT_TRUE(cudaKernelOptionsFromEnv(o).isOk());
   EXPECT_TRUE(same(o, CudaKernelOptions{}));
 }
@@ -118,7 +137,10 @@ TEST_F(KernelEnvTest, OtherValuesAreRefusedByName) {
         Bad{"GARDEN_ATTENTION_KERNEL", "v1", "auto|narrow|sm90|mma"}, Bad{"GARDEN_GEMM_TUNE", "yes", "0|1"},
         Bad{"GARDEN_GEMM_SMALLM", "2", "0|1"}, Bad{"GARDEN_PDL", "on", "0|1"},
         Bad{"GARDEN_PAGED_ATTENTION", "wgmma", "sm90|mma"},
-        Bad{"GARDEN_MOE_PREFILL", "lt", "tiled|chunk|step|cublas"}}) {
+        Bad{"GARDEN_MOE_PREFILL", "lt", "tiled|chunk|step|cublas"},
+        Bad{"GARDEN_MOE_LT_STREAMS", "0", "1|2|3|4|5|6|7|8"},
+        Bad{"GARDEN_MOE_LT_STREAMS", "9", "1|2|3|4|5|6|7|8"},
+        Bad{"GARDEN_MOE_LT_EPILOGUE", "on", "0|1"}, Bad{"GARDEN_MOE_LT_OVERLAP", "yes", "0|1"}}) {
     SCOPED_TRACE(std::string(b.var) + "=" + b.value);
     for (const char* v : kVars) unsetenv(v);
     setenv(b.var, b.value, 1);
