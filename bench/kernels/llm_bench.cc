@@ -11,7 +11,7 @@
 // Output: one line per workload (and a JSON line with --json FILE).
 //   rose_llm_bench --model DIR [--prefill 2048,8192,32768] [--decode 1@8192,64@1024]
 //                  [--decode-steps 32] [--max-batch-tokens 16384]
-//                  [--moe-weights auto|mxfp4|fp8|bf16] [--fp8-min-tokens N]
+//                  [--moe-weights auto|mxfp4|fp8|mxfp4-bf16|bf16] [--fp8-min-tokens N]
 //                  [--cuda-graphs on|off] [--residual f32|bf16] [--router f32|bf16] [--norm-round once|twice] [--kv-tokens N] [--masks D]
 //                  [--profile] [--bar-dump DIR [--bar-prompts L1,L2,...]] [--moe-k-slices N]
 //                  [--fuse-combine-norm on|off] [--moe-wide on|off] [--moe-wide-min-avg N]
@@ -427,8 +427,9 @@ int moeGemmBench(const std::string& list, bool fp8, const std::vector<int>& slic
     mx(2 * kI, kH, c1, s1);
     mx(kH, kI, c2, s2);
     for (int l = 0; l < kLayers; ++l) {
-      w1.push_back(ops->uploadMxfp4Experts(c1.data(), s1.data(), kE, 2 * kI, kH, fp8).value());
-      w2.push_back(ops->uploadMxfp4Experts(c2.data(), s2.data(), kE, kH, kI, fp8).value());
+      const ExpertCopy copy = fp8 ? ExpertCopy::kFp8 : ExpertCopy::kNone;
+      w1.push_back(ops->uploadMxfp4Experts(c1.data(), s1.data(), kE, 2 * kI, kH, copy).value());
+      w2.push_back(ops->uploadMxfp4Experts(c2.data(), s2.data(), kE, kH, kI, copy).value());
       b1.push_back(backend->allocateTensor(DType::kBF16, {kE, 2 * kI}).value());
       b2.push_back(backend->allocateTensor(DType::kBF16, {kE, kH}).value());
       std::vector<float> z(static_cast<size_t>(kE * 2 * kI), 0.01f);
@@ -872,14 +873,15 @@ int main(int argc, char** argv) {
   go.f32_router = f32_router;
   go.norm_round_once = round_once;
   go.fuse_combine_norm = fuse_cn;
-  if (moe != "auto" && moe != "mxfp4" && moe != "fp8" && moe != "bf16") {
-    std::fprintf(stderr, "--moe-weights must be auto, mxfp4, fp8 or bf16\n");
+  if (moe != "auto" && moe != "mxfp4" && moe != "fp8" && moe != "bf16" && moe != "mxfp4-bf16") {
+    std::fprintf(stderr, "--moe-weights must be auto, mxfp4, fp8, mxfp4-bf16 or bf16\n");
     return 2;
   }
-  go.moe_weights = moe == "bf16"    ? MoeWeightsMode::kDense
-                   : moe == "mxfp4" ? MoeWeightsMode::kMxfp4
-                   : moe == "fp8"   ? MoeWeightsMode::kFp8
-                                    : MoeWeightsMode::kAuto;
+  go.moe_weights = moe == "bf16"         ? MoeWeightsMode::kDense
+                   : moe == "mxfp4"      ? MoeWeightsMode::kMxfp4
+                   : moe == "fp8"        ? MoeWeightsMode::kFp8
+                   : moe == "mxfp4-bf16" ? MoeWeightsMode::kMxfp4Bf16
+                                         : MoeWeightsMode::kAuto;
   if (fp8_min_tokens > 0) cuda::setMoeFp8MinTokens(fp8_min_tokens);
   const auto t0 = Clock::now();
   auto m = GptOssModel::load(model_dir, *b.backend, *b.ops, go);

@@ -107,6 +107,10 @@
 #   ltops     GpuFp8Moe.*: the FP8 and the bf16 cuBLASLt expert paths [TAG_MOE_LT_BF16] against the CPU
 #   ltmem     compute-sanitizer memcheck over the bf16 cuBLASLt path's tests
 #   moegemm_lt  the MoE op alone at 512..8192 tokens: tiled / wide / FP8 / bf16 cuBLASLt
+#   ltstreams GpuFp8Moe.LtBf16Streams*: the path's bits under every way of running it, and with the
+#             bf16 expert copy [TAG_MOE_BF16_COPY]
+#   prefillcopy  20b prefill 8k..128k (median of 3) and decode 1@8192 with --moe-weights mxfp4-bf16
+#             (needs mk20b)
 #   ltab / ltab120b  20b / 120b prefill 8k and 32k (median of 3) for each way of running the bf16
 #             cuBLASLt path [TAG_MOE_LT_STREAMS]: --moe-lt-streams N, --moe-lt-epilogue, --moe-lt-overlap
 #             (needs mk20b / mk120b)
@@ -196,10 +200,12 @@ for s in $STEPS; do
     attnncu) step attnncu attn_ncu.txt 200 ncu -k regex:pagedAttnSm90Kernel -c 1 --section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis --section Occupancy "$BIN/rose_llm_bench" --attn-bench 16384@49152 ;;
     pattnbench) step pattnbench paged_attn_bench.txt 200 "$BIN/rose_llm_bench" --attn-bench 16384@0,16384@49152,16384@114688,8192@0,2048@0,1024@4096,512@0,256@1000 ;;
     prefillab) step prefillab prefillab.txt 400 bash -c "for v in mma sm90 sm90c2; do echo \"== --attn-prefill \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192,32768,65536,131072 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --attn-prefill \$v 2>&1 | grep -v 'gemm tuned'; done" ;;
-    prefilldef) step prefilldef prefilldef.txt 200 bash -c "'$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192,32768,65536,131072 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 2>&1 | grep -v 'gemm tuned'" ;;
+    prefilldef) step prefilldef prefilldef.txt 200 bash -c "'$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192,32768,65536,131072 --prefill-reps 3 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 2>&1 | grep -v 'gemm tuned'" ;;
     ltops) step ltops lt_ops.log 300 "$BIN/gpu_llm_ops_test" --gtest_filter='GpuFp8Moe.*' ;;
     ltmem) step ltmem lt_mem.log 300 compute-sanitizer --tool memcheck --error-exitcode 3 "$BIN/gpu_llm_ops_test" --gtest_filter='GpuFp8Moe.Bf16*:GpuFp8Moe.LtBf16*' ;;
     moegemm_lt) step moegemm_lt moegemm_lt.txt 240 "$BIN/rose_llm_bench" --moe-gemm 512,1024,2048,4096,8192 --moe-k-slices 1 --moe-weights fp8 ;;
+    ltstreams) step ltstreams lt_streams.log 240 "$BIN/gpu_llm_ops_test" --gtest_filter='GpuFp8Moe.LtBf16Streams*' ;;
+    prefillcopy) step prefillcopy prefillcopy.txt 200 bash -c "'$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192,32768,65536,131072 --prefill-reps 3 --decode 1@8192 --max-batch-tokens 16384 --kv-tokens 140000 --moe-weights mxfp4-bf16 2>&1 | grep -v 'gemm tuned'" ;;
     ltab) step ltab ltab.txt 320 bash -c "for v in '1 off off' '1 on off' '2 on on' '4 on off' '4 on on' '8 on on'; do set -- \$v; echo \"== --moe-lt-streams \$1 --moe-lt-epilogue \$2 --moe-lt-overlap \$3\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192,32768 --prefill-reps 3 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --moe-lt-streams \$1 --moe-lt-epilogue \$2 --moe-lt-overlap \$3 2>&1 | grep -v 'gemm tuned'; done" ;;
     ltab120b) step ltab120b ltab120b.txt 320 bash -c "for v in '1 off off' '4 on on' '8 on on'; do set -- \$v; echo \"== --moe-lt-streams \$1 --moe-lt-epilogue \$2 --moe-lt-overlap \$3\"; '$BIN/rose_llm_bench' --model /dev/shm/gptoss120b --prefill 8192,32768 --prefill-reps 3 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --moe-lt-streams \$1 --moe-lt-epilogue \$2 --moe-lt-overlap \$3 2>&1 | grep -v 'gemm tuned'; done" ;;
     ltcrossnew) step ltcrossnew ltcrossnew.txt 300 bash -c "for m in '/tmp/gptoss20b 1024,1536,2048' '/dev/shm/gptoss120b 2048,4096,6144,8192'; do set -- \$m; for v in tiled step; do echo \"== \$1 --moe-prefill \$v\"; '$BIN/rose_llm_bench' --model \$1 --prefill \$2 --prefill-reps 3 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --moe-prefill \$v --moe-prefill-min-rows 1 2>&1 | grep -v 'gemm tuned'; done; done" ;;

@@ -115,7 +115,7 @@ struct LlmArgs {
   int64_t kv_blocks = 0;            // 0: from kv_cache_mb
   int64_t kv_cache_mb = 0;          // KV cache budget when kv_blocks is 0; 0: see below
   double kv_cache_fraction = 0.9;   // both 0 on a GPU: this share of the free device memory
-  std::string moe_weights = "auto";  // auto | mxfp4 | bf16
+  std::string moe_weights = "auto";  // auto | mxfp4 | fp8 | mxfp4-bf16 | bf16
   int64_t max_model_len = 0;  // 0: the model's (max_position_embeddings, at most 131072)
   int32_t max_seqs = 256;     // sequences per step
   std::string late_masks = "auto";  // auto | on | off [TAG_LATE_MASKS]
@@ -174,8 +174,8 @@ bool validLlmArgs(const LlmArgs& f) {
     return false;
   }
   if (f.moe_weights != "auto" && f.moe_weights != "mxfp4" && f.moe_weights != "fp8" &&
-      f.moe_weights != "bf16") {
-    std::fprintf(stderr, "rose: --moe-weights must be auto, mxfp4, fp8 or bf16\n");
+      f.moe_weights != "bf16" && f.moe_weights != "mxfp4-bf16") {
+    std::fprintf(stderr, "rose: --moe-weights must be auto, mxfp4, fp8, mxfp4-bf16 or bf16\n");
     return false;
   }
   rose::CudaKernelOptions::MoePrefill moe_prefill;
@@ -284,8 +284,9 @@ Result<Workload> loadLlm(const std::string& dir, rose::Backend& backend, int32_t
   Workload w;
   ASSIGN_OR_RETURN(w.ops, rose::makeLlmOps(backend, threads));
   rose::GptOssOptions go = gptOssOptions(max_batch_tokens, f);
-  go.moe_weights = f.moe_weights == "mxfp4"  ? rose::MoeWeightsMode::kMxfp4
-                   : f.moe_weights == "fp8"  ? rose::MoeWeightsMode::kFp8
+  go.moe_weights = f.moe_weights == "mxfp4"        ? rose::MoeWeightsMode::kMxfp4
+                   : f.moe_weights == "fp8"        ? rose::MoeWeightsMode::kFp8
+                   : f.moe_weights == "mxfp4-bf16" ? rose::MoeWeightsMode::kMxfp4Bf16
                    : f.moe_weights == "bf16" ? rose::MoeWeightsMode::kDense
                                              : rose::MoeWeightsMode::kAuto;
   ASSIGN_OR_RETURN(w.gpt_oss, rose::GptOssModel::load(dir, backend, *w.ops, go));
@@ -513,8 +514,10 @@ int main(int argc, char** argv) {
            "gpt-oss: share of the device memory left after loading that the KV cache takes when "
            "--kv-blocks and --kv-cache-mb are 0")
       .add("moe-weights", &llm.moe_weights,
-           "gpt-oss: auto|mxfp4|fp8|bf16: experts kept MXFP4 (cuda), MXFP4 plus an FP8 "
-           "copy for prefill (cuda), or dequantized to the weight dtype")
+           "gpt-oss: auto|mxfp4|fp8|mxfp4-bf16|bf16: experts kept MXFP4 (cuda), MXFP4 plus an "
+           "FP8 copy for prefill (cuda), MXFP4 plus a bf16 copy the prefill path reads instead "
+           "of dequantizing per call (cuda; +4.5x expert memory), or dequantized to the weight "
+           "dtype")
       .add("max-model-len", &llm.max_model_len,
            "gpt-oss: longest sequence (0 = the model's, at most 131072)")
       .add("max-seqs", &llm.max_seqs, "gpt-oss: sequences per step")

@@ -966,6 +966,17 @@ TEST_F(GpuGptOss, ChunkModeTokensDoNotDependOnTheBatch) {
     EXPECT_EQ(got_a, alone_small);
     EXPECT_EQ(std::vector<int32_t>(alone_large.begin(), alone_large.begin() + got_b.size()), got_b);
   }
+
+  // [TAG_MOE_BF16_COPY] The same checkpoint with a bf16 copy of the experts (--moe-weights
+  // mxfp4-bf16): the path reads the copy instead of dequantizing per call — the same tokens.
+  {
+    Runner copy = load(*dir_, "cuda", MoeWeightsMode::kMxfp4Bf16, &gpu, /*cuda_graphs=*/false);
+    before = cuda::moeLtBf16Steps();
+    EXPECT_EQ(generate(copy, large, kTokens, 2048, nullptr), alone_large);
+    EXPECT_EQ(cuda::moeLtBf16Steps() - before, layers) << "the copy's 600-token chunk: one call per layer";
+    EXPECT_EQ(generate(copy, large2, kTokens, 2048, nullptr), alone_large2);
+    EXPECT_EQ(generate(copy, small, kTokens, 2048, nullptr), alone_small);
+  }
   cuda::applyMoePrefill(CudaKernelOptions::MoePrefill::kTiled, 0);
 }
 

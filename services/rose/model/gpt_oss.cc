@@ -166,7 +166,7 @@ Result<ExpertWeights> allocateDenseExperts(Backend& b, DType wt, int64_t e, int6
 // MXFP4 experts kept resident by the ops, read straight from the mmap'ed checkpoint.
 Result<ExpertWeights> uploadResidentMxfp4(LlmOps& ops, const TensorView& blocks,
                                           const TensorView& scales, int64_t e, int64_t out,
-                                          int64_t in, bool fp8_copy) {
+                                          int64_t in, ExpertCopy copy) {
   ASSIGN_OR_RETURN(Mxfp4Shape ms, checkMxfp4(blocks, scales));
   if (ms.prefix != std::vector<int64_t>{e, out} || ms.groups * 32 != in) {
     return invalidArgument("MXFP4 tensor '" + blocks.name + "' has shape " +
@@ -176,8 +176,7 @@ Result<ExpertWeights> uploadResidentMxfp4(LlmOps& ops, const TensorView& blocks,
   }
   Result<ExpertWeights> w =
       ops.uploadMxfp4Experts(reinterpret_cast<const uint8_t*>(blocks.data),
-                             reinterpret_cast<const uint8_t*>(scales.data), e, out, in,
-                             fp8_copy);
+                             reinterpret_cast<const uint8_t*>(scales.data), e, out, in, copy);
   if (!w.isOk()) return w.status().withContext(blocks.name);
   return w;
 }
@@ -360,12 +359,16 @@ Result<std::unique_ptr<GptOssModel>> GptOssModel::load(const std::string& dir, B
                                "{gate_up_proj_scales, down_proj_blocks, down_proj_scales}");
       }
       const bool fp8 = opts.moe_weights == MoeWeightsMode::kFp8;
-      const bool resident = opts.moe_weights == MoeWeightsMode::kMxfp4 || fp8 ||
+      const bool bf16_copy = opts.moe_weights == MoeWeightsMode::kMxfp4Bf16;
+      const ExpertCopy copy = fp8 ? ExpertCopy::kFp8 : bf16_copy ? ExpertCopy::kBf16 : ExpertCopy::kNone;
+      const bool resident = opts.moe_weights == MoeWeightsMode::kMxfp4 || fp8 || bf16_copy ||
                             (opts.moe_weights == MoeWeightsMode::kAuto &&
                              ops.supportsExpertFormat(ExpertFormat::kMxfp4));
       if (resident) {
         if (!ops.supportsExpertFormat(ExpertFormat::kMxfp4)) {
-          return invalidArgument(std::string(fp8 ? "--moe-weights fp8" : "--moe-weights mxfp4") +
+          return invalidArgument(std::string(fp8         ? "--moe-weights fp8"
+                                             : bf16_copy ? "--moe-weights mxfp4-bf16"
+                                                         : "--moe-weights mxfp4") +
                                  ": the " + std::string(b.name()) +
                                  " backend runs dense experts only");
         }
@@ -373,9 +376,13 @@ Result<std::unique_ptr<GptOssModel>> GptOssModel::load(const std::string& dir, B
           return invalidArgument("--moe-weights fp8: the " + std::string(b.name()) +
                                  " backend's LLM ops have no FP8 experts");
         }
+        if (bf16_copy && !ops.supportsBf16ExpertCopy()) {
+          return invalidArgument("--moe-weights mxfp4-bf16: the " + std::string(b.name()) +
+                                 " backend's LLM ops keep no bf16 expert copy");
+        }
         ASSIGN_OR_RETURN(L.w1,
-                         uploadResidentMxfp4(ops, *gu_blocks, *gu_scales, ne, 2 * inter, h, fp8));
-        ASSIGN_OR_RETURN(L.w2, uploadResidentMxfp4(ops, *dn_blocks, *dn_scales, ne, h, inter, fp8));
+                         uploadResidentMxfp4(ops, *gu_blocks, *gu_scales, ne, 2 * inter, h, copy));
+        ASSIGN_OR_RETURN(L.w2, uploadResidentMxfp4(ops, *dn_blocks, *dn_scales, ne, h, inter, copy));
         m->expert_format_ = ExpertFormat::kMxfp4;
         if (fp8) {
           m->fp8_experts_ = true;
@@ -389,9 +396,12 @@ Result<std::unique_ptr<GptOssModel>> GptOssModel::load(const std::string& dir, B
       RETURN_IF_ERROR(uploadExpertsMxfp4(b, L.w1.dense, *gu_blocks, *gu_scales, ne, 2 * inter, h));
       RETURN_IF_ERROR(uploadExpertsMxfp4(b, L.w2.dense, *dn_blocks, *dn_scales, ne, h, inter));
     } else {
-      if (opts.moe_weights == MoeWeightsMode::kMxfp4 || opts.moe_weights == MoeWeightsMode::kFp8) {
+      if (opts.moe_weights == MoeWeightsMode::kMxfp4 || opts.moe_weights == MoeWeightsMode::kFp8 ||
+          opts.moe_weights == MoeWeightsMode::kMxfp4Bf16) {
         return invalidArgument(std::string(opts.moe_weights == MoeWeightsMode::kFp8
                                                ? "--moe-weights fp8"
+                                           : opts.moe_weights == MoeWeightsMode::kMxfp4Bf16
+                                               ? "--moe-weights mxfp4-bf16"
                                                : "--moe-weights mxfp4") +
                                ": the checkpoint's experts are not MXFP4");
       }

@@ -63,8 +63,11 @@ Result<GptOssConfig> loadGptOssConfig(const std::string& dir);
 // backend's LLM ops run MXFP4 experts (CUDA), else dense (the weight dtype; the CPU reference
 // always dequantizes at load). kFp8: MXFP4 resident plus an FP8 e4m3 copy with 128x128 block
 // scales requantized on the GPU at load, which the ops use for prefill-sized steps (CUDA;
-// [TAG_FP8_EXPERTS] in docs/gpt-oss-cuda.md) — both copies stay in memory.
-enum class MoeWeightsMode : uint8_t { kAuto = 0, kDense = 1, kMxfp4 = 2, kFp8 = 3 };
+// [TAG_FP8_EXPERTS] in docs/gpt-oss-cuda.md) — both copies stay in memory. kMxfp4Bf16: MXFP4
+// resident plus a bf16 copy dequantized once at load, which the bf16 cuBLASLt prefill path reads
+// instead of dequantizing every expert per call (CUDA; [TAG_MOE_BF16_COPY]; same bits as without
+// it; 4.5x the expert memory: gpt-oss-20b +38 GB, so for models whose copy fits).
+enum class MoeWeightsMode : uint8_t { kAuto = 0, kDense = 1, kMxfp4 = 2, kFp8 = 3, kMxfp4Bf16 = 4 };
 
 struct GptOssOptions {
   int64_t max_batch_tokens = 2048;  // new tokens per step

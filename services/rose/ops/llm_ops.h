@@ -92,18 +92,25 @@ struct MoeExpertsParams {
 //   kMxfp4: the checkpoint's MXFP4 codes and E8M0 scales, re-laid out by the ops that loaded
 //           them (uploadMxfp4Experts); `codes` / `scales` are opaque U8 views of that layout.
 enum class ExpertFormat : uint8_t { kDense = 0, kMxfp4 = 1 };
+// A second resident copy of MXFP4 experts for the steps the ops choose (uploadMxfp4Experts).
+enum class ExpertCopy : uint8_t { kNone = 0, kFp8 = 1, kBf16 = 2 };
+
 struct ExpertWeights {
   ExpertFormat format = ExpertFormat::kDense;
   int64_t experts = 0, rows = 0, cols = 0;
   Tensor dense;
   Tensor codes, scales;
   uint32_t mx_max_scale = 255;  // kMxfp4: the largest E8M0 scale byte (the ops may use it)
-  // kMxfp4 with an FP8 copy (uploadMxfp4Experts(..., fp8_copy)): e4m3 values and their block
+  // kMxfp4 with an FP8 copy (uploadMxfp4Experts(..., ExpertCopy::kFp8)): e4m3 values and their block
   // scales in the ops' own layout (opaque U8 views), used by the steps the ops choose (CUDA:
   // prefill-sized ones); inexact / nonzero: weights the copy does not hold exactly / all
   // non-zero weights. Empty without a copy.
   Tensor fp8, fp8_scales;
   uint64_t fp8_inexact = 0, fp8_nonzero = 0;
+  // kMxfp4 with a bf16 copy (ExpertCopy::kBf16) [TAG_MOE_BF16_COPY]: the exact weights dequantized
+  // once at load, [E][rows][cols] bf16, which the CUDA ops' bf16 cuBLASLt prefill path reads
+  // instead of dequantizing the experts per call. Empty without a copy.
+  Tensor bf16_copy;
   std::vector<Buffer> storage;  // owns what the views point to (may be empty: borrowed views)
 };
 
@@ -163,15 +170,18 @@ class LlmOps {
   virtual bool supportsExpertFormat(ExpertFormat f) const { return f == ExpertFormat::kDense; }
   // Load time: MXFP4 experts as published (codes [E, rows, cols/32, 16], scales [E, rows,
   // cols/32], host memory) into this backend's resident kMxfp4 layout. UNIMPLEMENTED when the ops
-  // do not support kMxfp4. fp8_copy: also keep an FP8 copy of the weights (fields fp8*; only
-  // where supportsFp8Experts()).
+  // do not support kMxfp4. copy: also keep an FP8 copy of the weights (kFp8: fields fp8*; only
+  // where supportsFp8Experts()) or a bf16 one (kBf16: bf16_copy; only where
+  // supportsBf16ExpertCopy()).
   virtual Result<ExpertWeights> uploadMxfp4Experts(const uint8_t* codes, const uint8_t* scales,
                                                    int64_t experts, int64_t rows, int64_t cols,
-                                                   bool fp8_copy = false) {
+                                                   ExpertCopy copy = ExpertCopy::kNone) {
     return unimplemented("these LLM ops keep experts dense only");
   }
   // Whether uploadMxfp4Experts can add an FP8 copy that moeExperts uses.
   virtual bool supportsFp8Experts() const { return false; }
+  // Whether uploadMxfp4Experts can add a bf16 copy that moeExperts uses.
+  virtual bool supportsBf16ExpertCopy() const { return false; }
 
   // In place on qkv [T, (Hq + 2·Hkv)·D]: rotary embedding of the q and k heads with the position
   // of each token (positions I32 [T]; cos, sin F32 [max_pos, rotary_dim/2], any scaling such as

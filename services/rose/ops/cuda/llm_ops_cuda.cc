@@ -143,10 +143,12 @@ class CudaLlmOps final : public LlmOps {
   }
 
   bool supportsFp8Experts() const override { return true; }
+  bool supportsBf16ExpertCopy() const override { return true; }
 
   Result<ExpertWeights> uploadMxfp4Experts(const uint8_t* codes, const uint8_t* scales,
                                            int64_t experts, int64_t rows, int64_t cols,
-                                           bool fp8_copy) override {
+                                           ExpertCopy copy) override {
+    const bool fp8_copy = copy == ExpertCopy::kFp8, bf16_copy = copy == ExpertCopy::kBf16;
     if (experts <= 0 || rows <= 0 || cols <= 0 || cols % 32 != 0)
       return invalidArgument("MXFP4 experts: bad shape (cols must be a multiple of 32)");
     if (fp8_copy && rows % 8 != 0)
@@ -155,10 +157,12 @@ class CudaLlmOps final : public LlmOps {
     if (fp8_copy) RETURN_IF_ERROR(ensureFp8Workspace());
     // [TAG_MOE_LT_BF16] prefill steps may dequantize these experts into the bf16 scratch (a
     // down projection, [E][hidden][intermediate], into its own with [TAG_MOE_LT_OVERLAP]).
+    // With a bf16 copy [TAG_MOE_BF16_COPY] no scratch is needed for these experts (only the path's
+    // row workspaces).
     if (moeLtBf16MinTokens() > 0)
       RETURN_IF_ERROR(ensureLtBf16Workspace(
-          experts * rows * cols,
-          moeLtOverlapDequant() && rows == lim_.hidden && cols == lim_.intermediate));
+          bf16_copy ? 0 : experts * rows * cols,
+          moeLtOverlapDequant() && !bf16_copy && rows == lim_.hidden && cols == lim_.intermediate));
     Mxfp4PackedShape shape{experts, rows, cols};
     ExpertWeights w;
     w.format = ExpertFormat::kMxfp4;
@@ -224,6 +228,22 @@ class CudaLlmOps final : public LlmOps {
     unsigned largest = 255;
     CUDA_RETURN_IF_ERROR(cudaMemcpy(&largest, max_scale, sizeof largest, cudaMemcpyDeviceToHost));
     w.mx_max_scale = largest;
+    if (bf16_copy) {  // [TAG_MOE_BF16_COPY] every expert, by the path's own dequantization kernel
+      const size_t bytes = sizeof(bf16) * static_cast<size_t>(experts * rows * cols);
+      ASSIGN_OR_RETURN(Buffer copy_buf, b_.allocate(bytes));
+      Mxfp4DequantArgs d;
+      d.codes = static_cast<const uint8_t*>(cb.data());
+      d.scales = static_cast<const uint8_t*>(sb.data());
+      d.out = static_cast<bf16*>(copy_buf.data());
+      d.experts = static_cast<int32_t>(experts);
+      d.n = static_cast<int32_t>(rows);
+      d.k = static_cast<int32_t>(cols);
+      d.max_scale = largest;
+      RETURN_IF_ERROR(launchMxfp4Dequant(d, st));
+      CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(st));
+      w.bf16_copy = Tensor(copy_buf.data(), DType::kBF16, {experts, rows, cols});
+      w.storage.push_back(std::move(copy_buf));
+    }
     if (fp8_copy) {
       unsigned long long counts[2] = {0, 0};
       CUDA_RETURN_IF_ERROR(cudaMemcpy(counts, fp8_counts, sizeof counts, cudaMemcpyDeviceToHost));
@@ -607,9 +627,11 @@ class CudaLlmOps final : public LlmOps {
          t * p.top_k < moeLtBf16MinRowsPerExpert() * static_cast<int64_t>(p.num_experts)))
       return false;
     if (w1.format != ExpertFormat::kMxfp4 || w2.format != ExpertFormat::kMxfp4) return false;
+    // Each projection: its bf16 copy [TAG_MOE_BF16_COPY], or a scratch it fits.
     const int64_t w2_elems = w2.experts * w2.rows * w2.cols;
-    if (w1.experts * w1.rows * w1.cols > lt_w_elems_ ||
-        (w2_elems > lt_w_elems_ && !(overlapDequant() && w2_elems <= lt_w2_elems_)))
+    if ((w1.bf16_copy.empty() && w1.experts * w1.rows * w1.cols > lt_w_elems_) ||
+        (w2.bf16_copy.empty() && w2_elems > lt_w_elems_ &&
+         !(overlapDequant() && w2_elems <= lt_w2_elems_)))
       return false;
     return notCapturing(st);
   }
@@ -856,7 +878,8 @@ class CudaLlmOps final : public LlmOps {
     const bool epi = moeLtBiasEpilogue();
     // [TAG_MOE_LT_OVERLAP] the down experts into their own scratch on dq_stream_, started after
     // the gate_up dequantization (both are bandwidth-bound; the gate_up matmuls are not).
-    const bool overlap = overlapDequant() && w2.experts * w2.rows * w2.cols <= lt_w2_elems_;
+    const bool overlap = w2.bf16_copy.empty() && overlapDequant() &&
+                         w2.experts * w2.rows * w2.cols <= lt_w2_elems_;
 
     checkOk(launchGatherRows(x.data, t, r.row_token, r.rows,
                              static_cast<int64_t>(sizeof(bf16)) * p.hidden, lt_x_.data(), st),
@@ -873,20 +896,23 @@ class CudaLlmOps final : public LlmOps {
       d.max_scale = w.mx_max_scale;
       checkOk(launchMxfp4Dequant(d, on), what);
     };
-    dequant(w1, wq, st, "moeExperts/dequant_gate_up");
-    bf16* wq2 = wq;
+    // [TAG_MOE_BF16_COPY] a projection with a bf16 copy is read as it is.
+    const bf16* wq1 = w1.bf16_copy.empty() ? wq : w1.bf16_copy.as<bf16>();
+    if (w1.bf16_copy.empty()) dequant(w1, wq, st, "moeExperts/dequant_gate_up");
+    const bf16* wq2 = w2.bf16_copy.empty() ? wq : w2.bf16_copy.as<bf16>();
     if (overlap) {
       // The scratch's last readers (the previous call's down matmuls) joined `st` before this
       // call began, and the expert offsets it reads were copied on `st` above.
-      wq2 = static_cast<bf16*>(lt_w2_.data());
+      bf16* to = static_cast<bf16*>(lt_w2_.data());
+      wq2 = to;
       CUDA_CHECK(cudaEventRecord(dq_start_, st));
       CUDA_CHECK(cudaStreamWaitEvent(dq_stream_, dq_start_, 0));
-      dequant(w2, wq2, dq_stream_, "moeExperts/dequant_down");
+      dequant(w2, to, dq_stream_, "moeExperts/dequant_down");
       CUDA_CHECK(cudaEventRecord(dq_done_, dq_stream_));
     }
     MoeLtGemmArgs g1;
     g1.type = MoeLtType::kBf16;
-    g1.w = wq;
+    g1.w = wq1;
     g1.x = lt_x_.data();
     g1.y = static_cast<bf16*>(lt_h_.data());
     g1.expert_off = host_off_.data();
@@ -912,7 +938,7 @@ class CudaLlmOps final : public LlmOps {
 
     if (overlap) {
       CUDA_CHECK(cudaStreamWaitEvent(st, dq_done_, 0));
-    } else {
+    } else if (w2.bf16_copy.empty()) {
       // The down experts overwrite the scratch after the gate_up GEMMs (same stream).
       dequant(w2, wq, st, "moeExperts/dequant_down");
     }
