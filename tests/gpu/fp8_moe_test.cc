@@ -739,6 +739,7 @@ TEST_F(GpuFp8Moe, LtBf16StreamsAndOverlapKeepTheBits) {
   MoeLayer l;
   {
     LtMinTokens scratch(INT64_MAX);
+    LtExec upload(4, true, true);  // the overlap's second scratch is made at upload (default off)
     makeLayer(l, 2880, 2880, 32, 4, 3000, ExpertCopy::kNone);
   }
   ASSERT_TRUE(l.m1.isOk() && l.m2.isOk()) << l.m1.status().toString() << l.m2.status().toString();

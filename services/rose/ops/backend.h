@@ -206,7 +206,7 @@ struct CudaKernelOptions {
   // matmuls run, into a second scratch (GARDEN_MOE_LT_OVERLAP=0|1) [TAG_MOE_LT_OVERLAP].
   int32_t moe_lt_streams = 4;
   bool moe_lt_bias_epilogue = true;
-  bool moe_lt_overlap_dequant = true;
+  bool moe_lt_overlap_dequant = false;
 };
 
 // The --moe-prefill / GARDEN_MOE_PREFILL names: chunk, step (or its old name cublas), tiled.

@@ -66,7 +66,7 @@ TEST_F(KernelEnvTest, UnsetOrEmptyKeepsTheDefaults) {
   EXPECT_EQ(o.moe_prefill_min_rows_per_expert, kMoePrefillMinRowsPerExpert);
   EXPECT_EQ(o.moe_lt_streams, 4);
   EXPECT_TRUE(o.moe_lt_bias_epilogue);
-  EXPECT_TRUE(o.moe_lt_overlap_dequant);
+  EXPECT_FALSE(o.moe_lt_overlap_dequant);
   for (const char* v : kVars) setenv(v, "", 1);
   CudaKernelOptions e;
   ASSERT_TRUE(cudaKernelOptionsFromEnv(e).isOk());
@@ -120,9 +120,12 @@ TEST_F(KernelEnvTest, EachAcceptedValueIsRead) {
   setenv("GARDEN_MOE_PREFILL", "chunk", 1);
   setenv("GARDEN_MOE_LT_STREAMS", std::to_string(CudaKernelOptions{}.moe_lt_streams).c_str(), 1);
   setenv("GARDEN_MOE_LT_EPILOGUE", "1", 1);
-  setenv("GARDEN_MOE_LT_OVERLAP", "1", 1);
+  setenv("GARDEN_MOE_LT_OVERLAP", "0", 1);
   ASSERT_TRUE(cudaKernelOptionsFromEnv(o).isOk());
   EXPECT_TRUE(same(o, CudaKernelOptions{}));
+  setenv("GARDEN_MOE_LT_OVERLAP", "1", 1);
+  ASSERT_TRUE(cudaKernelOptionsFromEnv(o).isOk());
+  EXPECT_TRUE(o.moe_lt_overlap_dequant);
 }
 
 TEST_F(KernelEnvTest, OtherValuesAreRefusedByName) {
