@@ -116,6 +116,9 @@
 #             (needs mk20b / mk120b)
 #   ltcrossnew  20b and 120b prefill at the sizes around the crossover, tiled vs step mode with the
 #             defaults (where the path starts to win now; needs mk20b and mk120b)
+#   ltcross2  the crossover again with 5 timed runs each: 20b 2k..6k, 120b 8k..16k tokens, tiled vs step
+#             (needs mk20b and mk120b)
+#   chunk120b 120b prefill 32k / 64k in 32k-token chunks (--max-batch-tokens 32768; needs mk120b)
 #   prefilltiled / prefill120btiled  20b / 120b prefill 8k..128k on the tiled MXFP4 MoE kernels alone
 #   prefilllt / prefill120blt  20b / 120b prefill 8k..128k with --moe-prefill cublas (= step; needs
 #             mk20b / mk120b)
@@ -208,6 +211,8 @@ for s in $STEPS; do
     prefillcopy) step prefillcopy prefillcopy.txt 200 bash -c "'$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192,32768,65536,131072 --prefill-reps 3 --decode 1@8192 --max-batch-tokens 16384 --kv-tokens 140000 --moe-weights mxfp4-bf16 2>&1 | grep -v 'gemm tuned'" ;;
     ltab) step ltab ltab.txt 320 bash -c "for v in '1 off off' '1 on off' '2 on on' '4 on off' '4 on on' '8 on on'; do set -- \$v; echo \"== --moe-lt-streams \$1 --moe-lt-epilogue \$2 --moe-lt-overlap \$3\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192,32768 --prefill-reps 3 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --moe-lt-streams \$1 --moe-lt-epilogue \$2 --moe-lt-overlap \$3 2>&1 | grep -v 'gemm tuned'; done" ;;
     ltab120b) step ltab120b ltab120b.txt 320 bash -c "for v in '1 off off' '4 on on' '8 on on'; do set -- \$v; echo \"== --moe-lt-streams \$1 --moe-lt-epilogue \$2 --moe-lt-overlap \$3\"; '$BIN/rose_llm_bench' --model /dev/shm/gptoss120b --prefill 8192,32768 --prefill-reps 3 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --moe-lt-streams \$1 --moe-lt-epilogue \$2 --moe-lt-overlap \$3 2>&1 | grep -v 'gemm tuned'; done" ;;
+    ltcross2) step ltcross2 ltcross2.txt 300 bash -c "for m in '/tmp/gptoss20b 2048,2560,3072,4096,6144' '/dev/shm/gptoss120b 8192,12288,16384'; do set -- \$m; for v in tiled step; do echo \"== \$1 --moe-prefill \$v\"; '$BIN/rose_llm_bench' --model \$1 --prefill \$2 --prefill-reps 5 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --moe-prefill \$v --moe-prefill-min-rows 1 2>&1 | grep -v 'gemm tuned'; done; done" ;;
+    chunk120b) step chunk120b chunk120b.txt 200 bash -c "'$BIN/rose_llm_bench' --model /dev/shm/gptoss120b --prefill 32768,65536 --decode '' --max-batch-tokens 32768 --kv-tokens 140000 2>&1 | grep -v 'gemm tuned'" ;;
     ltcrossnew) step ltcrossnew ltcrossnew.txt 300 bash -c "for m in '/tmp/gptoss20b 1024,1536,2048' '/dev/shm/gptoss120b 2048,4096,6144,8192'; do set -- \$m; for v in tiled step; do echo \"== \$1 --moe-prefill \$v\"; '$BIN/rose_llm_bench' --model \$1 --prefill \$2 --prefill-reps 3 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --moe-prefill \$v --moe-prefill-min-rows 1 2>&1 | grep -v 'gemm tuned'; done; done" ;;
     prefilltiled) step prefilltiled prefilltiled.txt 200 bash -c "'$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192,32768,65536,131072 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --moe-prefill tiled 2>&1 | grep -v 'gemm tuned'" ;;
     prefill120btiled) step prefill120btiled prefill120btiled.txt 300 "$BIN/rose_llm_bench" --model /dev/shm/gptoss120b --prefill 8192,32768,65536,131072 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --moe-prefill tiled ;;
