@@ -107,6 +107,9 @@
 #   ltops     GpuFp8Moe.*: the FP8 and the bf16 cuBLASLt expert paths [TAG_MOE_LT_BF16] against the CPU
 #   ltmem     compute-sanitizer memcheck over the bf16 cuBLASLt path's tests
 #   moegemm_lt  the MoE op alone at 512..8192 tokens: tiled / wide / FP8 / bf16 cuBLASLt
+#   smallk / smallkmem  the RoPE/KV write, MoE align and the bf16 path's SwiGLU against the CPU (the
+#             16-byte / range forms [TAG_ROPE_KV_VEC] [TAG_MOE_ALIGN_RANGES] [TAG_MOE_SWIGLU_VEC]), and
+#             compute-sanitizer memcheck over the first two
 #   ltstreams GpuFp8Moe.LtBf16Streams*: the path's bits under every way of running it, and with the
 #             bf16 expert copy [TAG_MOE_BF16_COPY]
 #   prefillcopy  20b prefill 8k..128k (median of 3) and decode 1@8192 with --moe-weights mxfp4-bf16
@@ -207,6 +210,8 @@ for s in $STEPS; do
     ltops) step ltops lt_ops.log 300 "$BIN/gpu_llm_ops_test" --gtest_filter='GpuFp8Moe.*' ;;
     ltmem) step ltmem lt_mem.log 300 compute-sanitizer --tool memcheck --error-exitcode 3 "$BIN/gpu_llm_ops_test" --gtest_filter='GpuFp8Moe.Bf16*:GpuFp8Moe.LtBf16*' ;;
     moegemm_lt) step moegemm_lt moegemm_lt.txt 240 "$BIN/rose_llm_bench" --moe-gemm 512,1024,2048,4096,8192 --moe-k-slices 1 --moe-weights fp8 ;;
+    smallk) step smallk smallk.log 240 "$BIN/gpu_llm_ops_test" --gtest_filter='*RopeKv*:*MoeAlign*:GpuFp8Moe.LtBf16ExpertsMatch*:*MoeExperts*' ;;
+    smallkmem) step smallkmem smallk_mem.log 200 compute-sanitizer --tool memcheck --error-exitcode 3 "$BIN/gpu_llm_ops_test" --gtest_filter='*RopeKv*:*MoeAlign*' ;;
     ltstreams) step ltstreams lt_streams.log 240 "$BIN/gpu_llm_ops_test" --gtest_filter='GpuFp8Moe.LtBf16Streams*' ;;
     prefillcopy) step prefillcopy prefillcopy.txt 200 bash -c "'$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192,32768,65536,131072 --prefill-reps 3 --decode 1@8192 --max-batch-tokens 16384 --kv-tokens 140000 --moe-weights mxfp4-bf16 2>&1 | grep -v 'gemm tuned'" ;;
     ltab) step ltab ltab.txt 320 bash -c "for v in '1 off off' '1 on off' '2 on on' '4 on off' '4 on on' '8 on on'; do set -- \$v; echo \"== --moe-lt-streams \$1 --moe-lt-epilogue \$2 --moe-lt-overlap \$3\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192,32768 --prefill-reps 3 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --moe-lt-streams \$1 --moe-lt-epilogue \$2 --moe-lt-overlap \$3 2>&1 | grep -v 'gemm tuned'; done" ;;

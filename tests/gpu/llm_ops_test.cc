@@ -159,17 +159,21 @@ TEST_F(GpuLlmOps, RopeKvWriteMatchesCpu) {
   yarn.beta_slow = 1;
   yarn.original_max_position_embeddings = 4096;
   yarn.truncate = false;
-  auto freqs = computeRopeFrequencies(d, 150000, yarn, 131072);
-  ASSERT_TRUE(freqs.isOk()) << freqs.status().toString();
-  std::vector<float> cosv(static_cast<size_t>(max_pos * d / 2)), sinv(cosv.size());
-  buildRopeTables(*freqs, max_pos, cosv.data(), sinv.data());
-  auto ccos = upload(cpu(), DType::kF32, {max_pos, d / 2}, cosv);
-  auto csin = upload(cpu(), DType::kF32, {max_pos, d / 2}, sinv);
-  auto gcos = upload(gpu(), DType::kF32, {max_pos, d / 2}, cosv);
-  auto gsin = upload(gpu(), DType::kF32, {max_pos, d / 2}, sinv);
-  struct Case { int64_t t; int32_t hq, hkv; };
-  for (Case c : {Case{1, 64, 8}, Case{7, 64, 8}, Case{133, 64, 8}, Case{1000, 4, 2}, Case{33, 8, 8}}) {
-    SCOPED_TRACE("T=" + std::to_string(c.t) + " Hq=" + std::to_string(c.hq));
+  struct Case { int64_t t; int32_t hq, hkv; int64_t rot = 64; };
+  // rotary_dim 64 (gpt-oss) and 48 take the 16-byte kernel [TAG_ROPE_KV_VEC] (48: two pass-through
+  // chunks per head), 36 the warp-per-head one (18 pairs: not a multiple of 8).
+  for (Case c : {Case{1, 64, 8}, Case{7, 64, 8}, Case{133, 64, 8}, Case{1000, 4, 2}, Case{33, 8, 8},
+                 Case{133, 64, 8, 48}, Case{33, 8, 8, 36}, Case{1000, 4, 2, 36}}) {
+    SCOPED_TRACE("T=" + std::to_string(c.t) + " Hq=" + std::to_string(c.hq) + " rotary=" +
+                 std::to_string(c.rot));
+    auto freqs = computeRopeFrequencies(c.rot, 150000, yarn, 131072);
+    ASSERT_TRUE(freqs.isOk()) << freqs.status().toString();
+    std::vector<float> cosv(static_cast<size_t>(max_pos * c.rot / 2)), sinv(cosv.size());
+    buildRopeTables(*freqs, max_pos, cosv.data(), sinv.data());
+    auto ccos = upload(cpu(), DType::kF32, {max_pos, c.rot / 2}, cosv);
+    auto csin = upload(cpu(), DType::kF32, {max_pos, c.rot / 2}, sinv);
+    auto gcos = upload(gpu(), DType::kF32, {max_pos, c.rot / 2}, cosv);
+    auto gsin = upload(gpu(), DType::kF32, {max_pos, c.rot / 2}, sinv);
     const int64_t width = (c.hq + 2 * c.hkv) * d;
     const int32_t num_blocks = static_cast<int32_t>((c.t + 15) / 16 + 7), bs = 16;
     auto qkv = randomBf16(static_cast<size_t>(c.t * width), rng_, -2.f, 2.f);
@@ -197,7 +201,7 @@ TEST_F(GpuLlmOps, RopeKvWriteMatchesCpu) {
     auto gp = uploadI32(gpu(), {c.t}, pos);
     auto cs = uploadI32(cpu(), {c.t}, slots);
     auto gs = uploadI32(gpu(), {c.t}, slots);
-    const RopeKvParams rp{c.hq, c.hkv, static_cast<int32_t>(d), static_cast<int32_t>(d)};
+    const RopeKvParams rp{c.hq, c.hkv, static_cast<int32_t>(d), static_cast<int32_t>(c.rot)};
     cops_->ropeKvWrite(cq.view, cp.view, ccos.view, csin.view, cs.view, (*ckv)->keys(0),
                        (*ckv)->values(0), rp);
     gops_->ropeKvWrite(gq.view, gp.view, gcos.view, gsin.view, gs.view, (*gkv)->keys(0),
@@ -792,6 +796,86 @@ TEST_F(GpuLlmOps, MoeAlignWarpPathEqualsTheBlockKernel) {
     }
   }
   EXPECT_GT(cases, 50);
+}
+
+// [TAG_MOE_ALIGN_RANGES] The block kernel (steps above 32 assignments: prefill) against the CPU
+// statement of the layout: expert e's rows start at the sum of the padded row counts of the experts
+// before it, an assignment's row is its expert's start + the earlier assignments of its expert in
+// (token, k) order, padding rows hold -1, tiles name their expert then -1. Random ids with skewed
+// experts and invalid ones, sizes that do not divide among the 32 warps, up to a 16k-token step.
+TEST_F(GpuLlmOps, MoeAlignBlockKernelMatchesTheCpuLayout) {
+  cudaStream_t st = dynamic_cast<cuda::CudaBackend&>(gpu()).stream();
+  struct Case { int64_t t; int32_t k, ne, bm; };
+  for (const Case c : {Case{9, 4, 32, 16}, Case{250, 4, 32, 16}, Case{1000, 4, 128, 16},
+                       Case{2049, 4, 32, 64}, Case{16384, 4, 32, 16}, Case{8191, 4, 128, 16},
+                       Case{777, 8, 256, 64}}) {
+    SCOPED_TRACE("T=" + std::to_string(c.t) + " k=" + std::to_string(c.k) + " E=" +
+                 std::to_string(c.ne) + " bm=" + std::to_string(c.bm));
+    const int64_t n = c.t * c.k;
+    std::vector<int32_t> ids(static_cast<size_t>(n));
+    std::uniform_int_distribution<int32_t> d(0, c.ne - 1), bad(0, 49);
+    for (auto& x : ids) {
+      x = d(rng_);
+      if (x % 3 == 0) x = d(rng_) % std::max(1, c.ne / 4);  // skew: a few experts get more rows
+      const int32_t b = bad(rng_);
+      if (b == 0) x = -1;
+      if (b == 1) x = c.ne + 1;
+    }
+    // The CPU statement.
+    std::vector<int64_t> cnt(static_cast<size_t>(c.ne), 0), start(static_cast<size_t>(c.ne), 0);
+    for (int32_t x : ids)
+      if (x >= 0 && x < c.ne) ++cnt[static_cast<size_t>(x)];
+    const int32_t max_tiles = static_cast<int32_t>(cuda::moeAlignMaxTiles(n, c.ne, c.bm)) + 2;
+    std::vector<int32_t> want_te(static_cast<size_t>(max_tiles), -1);
+    int64_t row = 0, tile = 0;
+    for (int32_t e = 0; e < c.ne; ++e) {
+      start[static_cast<size_t>(e)] = row;
+      const int64_t tiles = (cnt[static_cast<size_t>(e)] + c.bm - 1) / c.bm;
+      for (int64_t x = 0; x < tiles; ++x) want_te[static_cast<size_t>(tile + x)] = e;
+      tile += tiles;
+      row += tiles * c.bm;
+    }
+    std::vector<int32_t> want_rt(static_cast<size_t>(row), -1), want_ro(static_cast<size_t>(n), -1);
+    std::vector<int64_t> seen(static_cast<size_t>(c.ne), 0);
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t e = ids[static_cast<size_t>(i)];
+      if (e < 0 || e >= c.ne) continue;
+      const int64_t r = start[static_cast<size_t>(e)] + seen[static_cast<size_t>(e)]++;
+      want_ro[static_cast<size_t>(i)] = static_cast<int32_t>(r);
+      want_rt[static_cast<size_t>(r)] = static_cast<int32_t>(i / c.k);
+    }
+    // The GPU.
+    auto dids = uploadI32(gpu(), {n}, ids);
+    auto rt = allocate(gpu(), DType::kI32, {static_cast<int64_t>(max_tiles) * c.bm});
+    auto ro = allocate(gpu(), DType::kI32, {n});
+    auto te = allocate(gpu(), DType::kI32, {max_tiles});
+    auto nt = allocate(gpu(), DType::kI32, {1});
+    for (auto* v : {&rt, &ro, &te, &nt})  // 0x5A5A5A5A: not -1 (poison()'s 0xFF bytes would be)
+      ASSERT_EQ(cudaMemset(v->view.data, 0x5A, v->view.bytes()), cudaSuccess);
+    cuda::MoeAlignArgs a;
+    a.topk_ids = dids.view.as<int32_t>();
+    a.row_token = rt.view.as<int32_t>();
+    a.row_of = ro.view.as<int32_t>();
+    a.tile_expert = te.view.as<int32_t>();
+    a.num_tiles = nt.view.as<int32_t>();
+    a.num_tokens = c.t;
+    a.top_k = c.k;
+    a.num_experts = c.ne;
+    a.block_m = c.bm;
+    a.max_tiles = max_tiles;
+    ASSERT_TRUE(cuda::launchMoeAlign(a, st).isOk());
+    ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+    auto i32 = [&](const OwnedTensor& t) {
+      std::vector<int32_t> v(static_cast<size_t>(t.view.numel()));
+      EXPECT_EQ(cudaMemcpy(v.data(), t.view.data, v.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+      return v;
+    };
+    EXPECT_EQ(i32(nt)[0], static_cast<int32_t>(tile)) << "num_tiles";
+    EXPECT_EQ(i32(te), want_te) << "tile_expert";
+    EXPECT_EQ(i32(ro), want_ro) << "row_of";
+    const auto got_rt = i32(rt);
+    EXPECT_EQ(std::vector<int32_t>(got_rt.begin(), got_rt.begin() + row), want_rt) << "row_token";
+  }
 }
 
 // ---- experts -------------------------------------------------------------------------------------

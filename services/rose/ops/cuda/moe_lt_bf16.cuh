@@ -43,7 +43,7 @@ struct MoeBiasSwigluArgs {
   const int32_t* tile_expert = nullptr;  // [rows / block_m]
   __nv_bfloat16* out = nullptr;          // [rows][inter]
   int64_t rows = 0;
-  int32_t inter = 0;  // a multiple of 4
+  int32_t inter = 0;  // a multiple of 8
   int32_t block_m = 0;
   int32_t num_experts = 0;
   float limit = 7.f;

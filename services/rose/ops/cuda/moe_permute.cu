@@ -8,70 +8,85 @@ namespace {
 constexpr int kAlignThreads = 1024;
 constexpr int kAlignWarps = kAlignThreads / 32;
 
+// One block. [TAG_MOE_ALIGN_RANGES] Warp w owns the contiguous assignments [w * per, (w + 1) *
+// per): it counts its experts (pass 1), the counts are scanned over the warps once, and it ranks
+// its assignments in (token, k) order from its range's offset (pass 2) — three block barriers in
+// all. (The form this replaced ranked 1,024 assignments per round with four barriers and a serial
+// scan each: 91 us for an 8k-token step of gpt-oss-20b, ncu 2026-12-04.) A row's place is the
+// same: the expert's first row + the assignments of that expert before it.
 __global__ void __launch_bounds__(kAlignThreads) moeAlignKernel(MoeAlignArgs a) {
   __shared__ int32_t counts[kMoeAlignMaxExperts];
-  __shared__ int32_t offset[kMoeAlignMaxExperts];  // first permuted row of each expert
-  __shared__ int32_t base[kMoeAlignMaxExperts];    // rows of each expert ranked so far
-  __shared__ int32_t wc[kAlignWarps][kMoeAlignMaxExperts];
-  __shared__ int32_t total_rows;
+  __shared__ int32_t offset[kMoeAlignMaxExperts];      // first permuted row of each expert
+  __shared__ int32_t tile_first[kMoeAlignMaxExperts];  // first tile of each expert
+  __shared__ int32_t wc[kAlignWarps][kMoeAlignMaxExperts];  // per warp: count, then running rank
+  __shared__ int32_t total_rows, used_tiles;
   const int tid = threadIdx.x;
   const int warp = tid / 32, lane = tid & 31;
-  const int64_t n = a.num_tokens * a.top_k;
+  const unsigned lanes_before = (1u << lane) - 1u;
+  const int n = static_cast<int>(a.num_tokens * a.top_k);  // < 2^31 (launchMoeAlign)
   const int ne = a.num_experts;
-  for (int e = tid; e < ne; e += kAlignThreads) {
-    counts[e] = 0;
-    base[e] = 0;
+  const int per = (n + kAlignWarps - 1) / kAlignWarps;
+  const int lo = min(n, warp * per), hi = min(n, lo + per);
+  for (int i = tid; i < kAlignWarps * ne; i += kAlignThreads) wc[i / ne][i % ne] = 0;
+  __syncthreads();
+  for (int s0 = lo; s0 < hi; s0 += 32) {  // pass 1 (the bounds are warp-uniform)
+    const int i = s0 + lane;
+    int e = i < hi ? a.topk_ids[i] : -1;
+    if (e >= ne) e = -1;
+    if (e < 0) e = -1;
+    const unsigned peers = __match_any_sync(0xffffffffu, e);
+    if (e >= 0 && (peers & lanes_before) == 0) wc[warp][e] += __popc(peers);
+    __syncwarp();
   }
   __syncthreads();
-  for (int64_t i = tid; i < n; i += kAlignThreads) {
-    const int e = a.topk_ids[i];
-    if (e >= 0 && e < ne) atomicAdd(&counts[e], 1);
+  for (int x = tid; x < ne; x += kAlignThreads) {
+    int32_t run = 0;
+    for (int w = 0; w < kAlignWarps; ++w) {
+      const int32_t c = wc[w][x];
+      wc[w][x] = run;
+      run += c;
+    }
+    counts[x] = run;
   }
   __syncthreads();
   if (tid == 0) {
     int32_t row = 0, tile = 0;
     for (int e = 0; e < ne; ++e) {
       offset[e] = row;
+      tile_first[e] = tile;
       const int32_t tiles = (counts[e] + a.block_m - 1) / a.block_m;
-      for (int32_t x = 0; x < tiles && tile < a.max_tiles; ++x) a.tile_expert[tile++] = e;
+      tile += tiles;
       row += tiles * a.block_m;
     }
-    *a.num_tiles = tile;
-    for (int32_t x = tile; x < a.max_tiles; ++x) a.tile_expert[x] = -1;
+    used_tiles = min(tile, a.max_tiles);
+    *a.num_tiles = used_tiles;
     total_rows = row;
   }
   __syncthreads();
+  for (int e = tid; e < ne; e += kAlignThreads) {
+    const int32_t end = min(tile_first[e] + (counts[e] + a.block_m - 1) / a.block_m, a.max_tiles);
+    for (int32_t x = tile_first[e]; x < end; ++x) a.tile_expert[x] = e;
+  }
+  for (int32_t x = used_tiles + tid; x < a.max_tiles; x += kAlignThreads) a.tile_expert[x] = -1;
   for (int32_t r = tid; r < total_rows; r += kAlignThreads) a.row_token[r] = -1;
   __syncthreads();
-  // Ranks in (token, k) order, one chunk of kAlignThreads assignments at a time.
-  for (int64_t c0 = 0; c0 < n; c0 += kAlignThreads) {
-    for (int i = tid; i < kAlignWarps * ne; i += kAlignThreads) wc[i / ne][i % ne] = 0;
-    __syncthreads();
-    const int64_t i = c0 + tid;
-    int e = i < n ? a.topk_ids[i] : -1;
+  for (int s0 = lo; s0 < hi; s0 += 32) {  // pass 2
+    const int i = s0 + lane;
+    int e = i < hi ? a.topk_ids[i] : -1;
     if (e >= ne) e = -1;
+    if (e < 0) e = -1;
     const unsigned peers = __match_any_sync(0xffffffffu, e);
-    const int rank_in_warp = __popc(peers & ((1u << lane) - 1u));
-    if (e >= 0 && rank_in_warp == 0) wc[warp][e] = __popc(peers);
-    __syncthreads();
-    for (int x = tid; x < ne; x += kAlignThreads) {
-      int32_t run = base[x];
-      for (int w = 0; w < kAlignWarps; ++w) {
-        const int32_t c = wc[w][x];
-        wc[w][x] = run;
-        run += c;
-      }
-      base[x] = run;
-    }
-    __syncthreads();
+    const int rank = __popc(peers & lanes_before);
     if (e >= 0) {
-      const int32_t row = offset[e] + wc[warp][e] + rank_in_warp;
+      const int32_t row = offset[e] + wc[warp][e] + rank;
       a.row_of[i] = row;
-      a.row_token[row] = static_cast<int32_t>(i / a.top_k);
-    } else if (i < n) {
+      a.row_token[row] = i / a.top_k;
+    } else if (i < hi) {
       a.row_of[i] = -1;
     }
-    __syncthreads();
+    __syncwarp();  // every lane of the expert read its base before the leader moves it
+    if (e >= 0 && rank == 0) wc[warp][e] += __popc(peers);
+    __syncwarp();
   }
 }
 
@@ -135,6 +150,8 @@ Status launchMoeAlign(const MoeAlignArgs& a, cudaStream_t stream) {
     return invalidArgument("moe_align: top_k, block_m and max_tiles must be positive");
   if (a.max_tiles < moeAlignMaxTiles(a.num_tokens * a.top_k, a.num_experts, a.block_m))
     return invalidArgument("moe_align: max_tiles below the bound for this step");
+  if (a.num_tokens * a.top_k > INT32_MAX - 64)
+    return invalidArgument("moe_align: more than 2^31 assignments in one step");
   if (a.num_tokens * a.top_k <= 32) {
     moeAlignWarpKernel<<<1, 32, 0, stream>>>(a);
   } else {

@@ -4,7 +4,8 @@
 // (i, i + rotary_dim/2), cos/sin tables in f32 with YaRN's concentration folded in), then the
 // rotated k heads and the v heads of token t are copied into slot slot_mapping[t] of the layer's
 // caches [num_blocks * block_size, Hkv, D]. The rotation is computed in f32 from the bf16 inputs
-// and rounded once (the CPU reference computes it in f32). One warp per (token, head).
+// and rounded once (the CPU reference computes it in f32). One warp per (token, head), or with
+// 16-byte accesses where the shapes allow (rope_kv.cu [TAG_ROPE_KV_VEC]).
 // Pointers are device memory owned by the caller; positions must lie in [0, max_pos) and slots in
 // [0, num_slots) (the model validates both; out-of-range values are clamped/skipped, never
 // written out of bounds).
