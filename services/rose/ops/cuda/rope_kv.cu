@@ -7,6 +7,17 @@ namespace {
 
 constexpr int kWarpsPerBlock = 8;
 
+// The cache row head h of token t is copied to: k heads into k_cache, v heads into v_cache;
+// nullptr for a q head or a slot outside the cache (validated by the model; never written).
+__device__ __forceinline__ __nv_bfloat16* kvCacheRow(const RopeKvArgs& a, int64_t t, int h,
+                                                     bool is_v) {
+  if (h < a.num_q_heads) return nullptr;
+  const int64_t slot = a.slots[t];
+  if (slot < 0 || slot >= a.num_slots) return nullptr;
+  const int g = is_v ? h - a.num_q_heads - a.num_kv_heads : h - a.num_q_heads;
+  return (is_v ? a.v_cache : a.k_cache) + (slot * a.num_kv_heads + g) * static_cast<int64_t>(a.head_dim);
+}
+
 // Warp w handles item w = t * (Hq + 2*Hkv) + head: q heads and k heads are rotated in place (k
 // is also written to the cache), v heads are copied to the cache. Lane l owns the pairs
 // (i, i + half) for i = l, l + 32, ... < half (rotated part) and the dims >= rotary_dim.
@@ -34,12 +45,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) ropeKvKernel(RopeKvArgs a
     }
     __syncwarp();
   }
-  if (h < a.num_q_heads) return;
-  const int64_t slot = a.slots[t];
-  if (slot < 0 || slot >= a.num_slots) return;  // validated by the model; never write outside
-  const int g = is_v ? h - a.num_q_heads - a.num_kv_heads : h - a.num_q_heads;
-  __nv_bfloat16* dst = (is_v ? a.v_cache : a.k_cache) +
-                       (slot * a.num_kv_heads + g) * static_cast<int64_t>(d);
+  __nv_bfloat16* dst = kvCacheRow(a, t, h, is_v);
+  if (dst == nullptr) return;
   for (int i = lane * 2; i < d; i += 64) {
     *reinterpret_cast<__nv_bfloat162*>(dst + i) = *reinterpret_cast<const __nv_bfloat162*>(p + i);
   }
@@ -90,12 +97,8 @@ __global__ void __launch_bounds__(kVecThreads) ropeKvVecKernel(RopeKvArgs a, int
     *reinterpret_cast<uint4*>(p + c0) = lo;
     *reinterpret_cast<uint4*>(p + c0 + half) = hi;
   }
-  if (h < a.num_q_heads) return;
-  const int64_t slot = a.slots[t];
-  if (slot < 0 || slot >= a.num_slots) return;  // validated by the model; never write outside
-  const int g = is_v ? h - a.num_q_heads - a.num_kv_heads : h - a.num_q_heads;
-  __nv_bfloat16* dst = (is_v ? a.v_cache : a.k_cache) +
-                       (slot * a.num_kv_heads + g) * static_cast<int64_t>(d);
+  __nv_bfloat16* dst = kvCacheRow(a, t, h, is_v);
+  if (dst == nullptr) return;
   *reinterpret_cast<uint4*>(dst + c0) = lo;
   if (rot) *reinterpret_cast<uint4*>(dst + c0 + half) = hi;
 }
