@@ -797,8 +797,12 @@ TEST_P(LlmSchedulerModes, ConcurrentStopChoiceSubmitAndCancel) {
         // Stop a choice of this request or of the previous one (which may have ended); cancel
         // every fifth.
         if (i % 2 == 0) {
-          e.stopped = static_cast<int>(rng() % p.n);
-          EXPECT_TRUE(s.stopChoice(c->req->call_id, e.stopped).isOk());
+          // NOT_FOUND when every choice ended before this line ran (short requests, the fake
+          // worker's instant steps and a descheduled thread: seen under load): nothing stopped.
+          const int which = static_cast<int>(rng() % p.n);
+          const Status st = s.stopChoice(c->req->call_id, which);
+          EXPECT_TRUE(st.isOk() || st.code() == StatusCode::kNotFound) << st.toString();
+          if (st.isOk()) e.stopped = which;
         } else if (prev) {
           const Status st = s.stopChoice(prev->req->call_id, rng() % prev_n);
           EXPECT_TRUE(st.isOk() || st.code() == StatusCode::kNotFound) << st.toString();
@@ -834,9 +838,14 @@ TEST_P(LlmSchedulerModes, ConcurrentStopChoiceSubmitAndCancel) {
       const GenerateEvent& last = *e.c->last[i];
       if (e.cancelled && last.finish == FinishReason::kCancelled) continue;
       EXPECT_TRUE(last.status.isOk()) << k << "/" << i << ": " << last.status.toString();
-      if (static_cast<int>(i) == e.stopped) {
+      if (static_cast<int>(i) == e.stopped && last.finish != FinishReason::kLength) {
         EXPECT_EQ(last.finish, FinishReason::kStop) << k << "/" << i;
         EXPECT_EQ(last.completion_tokens, got.size()) << k << "/" << i;
+      } else if (static_cast<int>(i) == e.stopped) {
+        // The stop is queued for the loop's next turn: a choice that reached max_tokens first
+        // (the fake worker runs steps at once, this thread may be descheduled) ends by length,
+        // complete (seen once in 2026-12-04's clean-clone run on 2 busy cores).
+        EXPECT_EQ(got, want) << k << "/" << i;
       } else if (last.finish != FinishReason::kStop) {  // a later stop of a previous request's
         EXPECT_EQ(got, want) << k << "/" << i;
         EXPECT_EQ(last.finish, FinishReason::kLength) << k << "/" << i;
