@@ -352,6 +352,11 @@ int barDump(Bench& b, const std::string& dir, const std::string& list) {
 // the reason on stderr when either fails.
 // The --moe-lt-* flags (CudaKernelOptions::moe_lt_*), for both backends this program makes.
 CudaKernelOptions g_lt_flags;
+void applyLtFlags(BackendOptions& bo) {
+  bo.cuda.moe_lt_streams = g_lt_flags.moe_lt_streams;
+  bo.cuda.moe_lt_bias_epilogue = g_lt_flags.moe_lt_bias_epilogue;
+  bo.cuda.moe_lt_overlap_dequant = g_lt_flags.moe_lt_overlap_dequant;
+}
 
 struct OpsBench {
   std::unique_ptr<Backend> backend;
@@ -359,9 +364,7 @@ struct OpsBench {
 };
 std::optional<OpsBench> makeOpsBench(int64_t max_tokens, int32_t max_seqs, int64_t max_model_len) {
   BackendOptions bo;
-  bo.cuda.moe_lt_streams = g_lt_flags.moe_lt_streams;
-  bo.cuda.moe_lt_bias_epilogue = g_lt_flags.moe_lt_bias_epilogue;
-  bo.cuda.moe_lt_overlap_dequant = g_lt_flags.moe_lt_overlap_dequant;
+  applyLtFlags(bo);
   auto be = makeBackend("cuda", bo);
   if (!be.isOk()) {
     std::fprintf(stderr, "backend: %s\n", be.status().toString().c_str());
@@ -850,9 +853,7 @@ int main(int argc, char** argv) {
   bo.cuda.paged_attention_sm90_min_tokens = attn_prefill == "mma" ? 0 : attn_min_tokens;
   bo.cuda.moe_prefill = moe_prefill;
   bo.cuda.moe_prefill_min_rows_per_expert = lt_min_rows;
-  bo.cuda.moe_lt_streams = g_lt_flags.moe_lt_streams;
-  bo.cuda.moe_lt_bias_epilogue = g_lt_flags.moe_lt_bias_epilogue;
-  bo.cuda.moe_lt_overlap_dequant = g_lt_flags.moe_lt_overlap_dequant;
+  applyLtFlags(bo);
   auto be = makeBackend("cuda", bo);
   if (!be.isOk()) {
     std::fprintf(stderr, "%s\n", be.status().toString().c_str());
@@ -873,15 +874,10 @@ int main(int argc, char** argv) {
   go.f32_router = f32_router;
   go.norm_round_once = round_once;
   go.fuse_combine_norm = fuse_cn;
-  if (moe != "auto" && moe != "mxfp4" && moe != "fp8" && moe != "bf16" && moe != "mxfp4-bf16") {
+  if (!moeWeightsFromName(moe, &go.moe_weights)) {
     std::fprintf(stderr, "--moe-weights must be auto, mxfp4, fp8, mxfp4-bf16 or bf16\n");
     return 2;
   }
-  go.moe_weights = moe == "bf16"         ? MoeWeightsMode::kDense
-                   : moe == "mxfp4"      ? MoeWeightsMode::kMxfp4
-                   : moe == "fp8"        ? MoeWeightsMode::kFp8
-                   : moe == "mxfp4-bf16" ? MoeWeightsMode::kMxfp4Bf16
-                                         : MoeWeightsMode::kAuto;
   if (fp8_min_tokens > 0) cuda::setMoeFp8MinTokens(fp8_min_tokens);
   const auto t0 = Clock::now();
   auto m = GptOssModel::load(model_dir, *b.backend, *b.ops, go);

@@ -174,8 +174,7 @@ bool validLlmArgs(const LlmArgs& f) {
     std::fprintf(stderr, "rose: --kv-cache-fraction must be in (0, 1]\n");
     return false;
   }
-  if (f.moe_weights != "auto" && f.moe_weights != "mxfp4" && f.moe_weights != "fp8" &&
-      f.moe_weights != "bf16" && f.moe_weights != "mxfp4-bf16") {
+  if (rose::MoeWeightsMode m; !rose::moeWeightsFromName(f.moe_weights, &m)) {
     std::fprintf(stderr, "rose: --moe-weights must be auto, mxfp4, fp8, mxfp4-bf16 or bf16\n");
     return false;
   }
@@ -285,11 +284,7 @@ Result<Workload> loadLlm(const std::string& dir, rose::Backend& backend, int32_t
   Workload w;
   ASSIGN_OR_RETURN(w.ops, rose::makeLlmOps(backend, threads));
   rose::GptOssOptions go = gptOssOptions(max_batch_tokens, f);
-  go.moe_weights = f.moe_weights == "mxfp4"        ? rose::MoeWeightsMode::kMxfp4
-                   : f.moe_weights == "fp8"        ? rose::MoeWeightsMode::kFp8
-                   : f.moe_weights == "mxfp4-bf16" ? rose::MoeWeightsMode::kMxfp4Bf16
-                   : f.moe_weights == "bf16" ? rose::MoeWeightsMode::kDense
-                                             : rose::MoeWeightsMode::kAuto;
+  rose::moeWeightsFromName(f.moe_weights, &go.moe_weights);  // validLlmArgs checked the name
   ASSIGN_OR_RETURN(w.gpt_oss, rose::GptOssModel::load(dir, backend, *w.ops, go));
   if (f.gemm_prewarm == "on") {  // before the KV cache takes what is left of the device memory
     const auto t0 = std::chrono::steady_clock::now();

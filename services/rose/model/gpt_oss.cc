@@ -266,6 +266,28 @@ Result<GptOssConfig> parseGptOssConfig(std::string_view json, std::string_view l
   return c;
 }
 
+bool moeWeightsFromName(std::string_view name, MoeWeightsMode* out) {
+  for (MoeWeightsMode m : {MoeWeightsMode::kAuto, MoeWeightsMode::kDense, MoeWeightsMode::kMxfp4,
+                           MoeWeightsMode::kFp8, MoeWeightsMode::kMxfp4Bf16}) {
+    if (name == moeWeightsName(m)) {
+      *out = m;
+      return true;
+    }
+  }
+  return false;
+}
+
+const char* moeWeightsName(MoeWeightsMode mode) {
+  switch (mode) {
+    case MoeWeightsMode::kAuto: return "auto";
+    case MoeWeightsMode::kDense: return "bf16";
+    case MoeWeightsMode::kMxfp4: return "mxfp4";
+    case MoeWeightsMode::kFp8: return "fp8";
+    case MoeWeightsMode::kMxfp4Bf16: return "mxfp4-bf16";
+  }
+  return "?";
+}
+
 Result<GptOssConfig> loadGptOssConfig(const std::string& dir) {
   const std::string path = dir + "/config.json";
   std::ifstream in(path, std::ios::binary);
@@ -366,9 +388,7 @@ Result<std::unique_ptr<GptOssModel>> GptOssModel::load(const std::string& dir, B
                              ops.supportsExpertFormat(ExpertFormat::kMxfp4));
       if (resident) {
         if (!ops.supportsExpertFormat(ExpertFormat::kMxfp4)) {
-          return invalidArgument(std::string(fp8         ? "--moe-weights fp8"
-                                             : bf16_copy ? "--moe-weights mxfp4-bf16"
-                                                         : "--moe-weights mxfp4") +
+          return invalidArgument(std::string("--moe-weights ") + moeWeightsName(opts.moe_weights) +
                                  ": the " + std::string(b.name()) +
                                  " backend runs dense experts only");
         }
@@ -398,11 +418,7 @@ Result<std::unique_ptr<GptOssModel>> GptOssModel::load(const std::string& dir, B
     } else {
       if (opts.moe_weights == MoeWeightsMode::kMxfp4 || opts.moe_weights == MoeWeightsMode::kFp8 ||
           opts.moe_weights == MoeWeightsMode::kMxfp4Bf16) {
-        return invalidArgument(std::string(opts.moe_weights == MoeWeightsMode::kFp8
-                                               ? "--moe-weights fp8"
-                                           : opts.moe_weights == MoeWeightsMode::kMxfp4Bf16
-                                               ? "--moe-weights mxfp4-bf16"
-                                               : "--moe-weights mxfp4") +
+        return invalidArgument(std::string("--moe-weights ") + moeWeightsName(opts.moe_weights) +
                                ": the checkpoint's experts are not MXFP4");
       }
       ASSIGN_OR_RETURN(L.w1, allocateDenseExperts(b, wt, ne, 2 * inter, h));

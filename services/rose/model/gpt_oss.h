@@ -69,6 +69,12 @@ Result<GptOssConfig> loadGptOssConfig(const std::string& dir);
 // it; 4.5x the expert memory: gpt-oss-20b +38 GB, so for models whose copy fits).
 enum class MoeWeightsMode : uint8_t { kAuto = 0, kDense = 1, kMxfp4 = 2, kFp8 = 3, kMxfp4Bf16 = 4 };
 
+// The --moe-weights names (rose, rose_llm_bench): auto, mxfp4, fp8, mxfp4-bf16, bf16 (kDense).
+// False for any other name (`out` untouched).
+bool moeWeightsFromName(std::string_view name, MoeWeightsMode* out);
+// The --moe-weights name of a mode.
+const char* moeWeightsName(MoeWeightsMode mode);
+
 struct GptOssOptions {
   int64_t max_batch_tokens = 2048;  // new tokens per step
   int32_t max_seqs = 256;           // sequences per step

@@ -334,5 +334,45 @@ TEST(GptOssLoad, CheckpointErrorsAreClear) {
   fs::remove_all(tmp);
 }
 
+// --moe-weights: every name maps to its mode and back; the resident-MXFP4 modes (incl. the bf16
+// copy [TAG_MOE_BF16_COPY]) are refused by name on the CPU backend, and on a checkpoint whose
+// experts are not MXFP4; auto dequantizes on the CPU.
+TEST(GptOssLoad, MoeWeightsModesAreNamedAndRefusedWhereTheyCannotRun) {
+  for (const char* name : {"auto", "mxfp4", "fp8", "mxfp4-bf16", "bf16"}) {
+    MoeWeightsMode m = MoeWeightsMode::kAuto;
+    ASSERT_TRUE(moeWeightsFromName(name, &m)) << name;
+    EXPECT_STREQ(moeWeightsName(m), name);
+  }
+  MoeWeightsMode untouched = MoeWeightsMode::kFp8;
+  EXPECT_FALSE(moeWeightsFromName("fp4", &untouched));
+  EXPECT_FALSE(moeWeightsFromName("", &untouched));
+  EXPECT_EQ(untouched, MoeWeightsMode::kFp8);
+
+  auto backend = makeBackend("cpu", BackendOptions{1, 0, 64}).value();
+  auto ops = makeLlmOps(*backend, 1).value();
+  GptOssOptions o;
+  o.max_batch_tokens = 40;
+  o.max_seqs = 4;
+  o.max_logits_rows = 30;
+  o.max_model_len = 48;
+  for (MoeWeightsMode m : {MoeWeightsMode::kMxfp4, MoeWeightsMode::kFp8, MoeWeightsMode::kMxfp4Bf16}) {
+    const std::string flag = std::string("--moe-weights ") + moeWeightsName(m);
+    SCOPED_TRACE(flag);
+    o.moe_weights = m;
+    const Status cpu = GptOssModel::load(fixtureDir("mxfp4").string(), *backend, *ops, o).status();
+    EXPECT_EQ(cpu.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(cpu.message().find(flag + ": the cpu backend runs dense experts only"),
+              std::string::npos)
+        << cpu.toString();
+    const Status dense = GptOssModel::load(fixtureDir("bf16").string(), *backend, *ops, o).status();
+    EXPECT_EQ(dense.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(dense.message().find(flag + ": the checkpoint's experts are not MXFP4"),
+              std::string::npos)
+        << dense.toString();
+  }
+  o.moe_weights = MoeWeightsMode::kAuto;
+  EXPECT_TRUE(GptOssModel::load(fixtureDir("mxfp4").string(), *backend, *ops, o).isOk());
+}
+
 }  // namespace
 }  // namespace garden::rose
