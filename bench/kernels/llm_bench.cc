@@ -38,6 +38,10 @@
 //              (CudaKernelOptions::moe_lt_*: its per-expert GEMMs over N streams, the expert
 //              biases as GEMM epilogues, the down experts dequantized on a stream of their own
 //              during the gate_up GEMMs; defaults as rose) [TAG_MOE_LT_STREAMS].
+//   --moe-lt-wgmma on|off: that path's GEMMs as one wgmma launch per projection over the MXFP4
+//              experts instead (moe_wgmma.cuh) [TAG_MOE_WGMMA]; --moe-wgmma-min-rows N: with it,
+//              chunks of >= min(N, --moe-prefill-min-rows) rows per expert take the path
+//              (default 64).
 //   --attn-split-keys N: a decode token's keys are split into chunks of at least N (multiple of
 //              64; default: cuda::pagedAttnSplitKeysFor's rule) for the split-KV attention.
 //   --fuse-combine-norm on|off: each layer's MoE combine fused into the next RMSNorm
@@ -356,6 +360,8 @@ void applyLtFlags(BackendOptions& bo) {
   bo.cuda.moe_lt_streams = g_lt_flags.moe_lt_streams;
   bo.cuda.moe_lt_bias_epilogue = g_lt_flags.moe_lt_bias_epilogue;
   bo.cuda.moe_lt_overlap_dequant = g_lt_flags.moe_lt_overlap_dequant;
+  bo.cuda.moe_lt_wgmma = g_lt_flags.moe_lt_wgmma;
+  bo.cuda.moe_wgmma_min_rows_per_expert = g_lt_flags.moe_wgmma_min_rows_per_expert;
 }
 
 struct OpsBench {
@@ -811,6 +817,10 @@ int main(int argc, char** argv) {
       g_lt_flags.moe_lt_bias_epilogue = next() == "on";
     } else if (a == "--moe-lt-overlap") {
       g_lt_flags.moe_lt_overlap_dequant = next() == "on";
+    } else if (a == "--moe-lt-wgmma") {
+      g_lt_flags.moe_lt_wgmma = next() == "on";
+    } else if (a == "--moe-wgmma-min-rows") {
+      g_lt_flags.moe_wgmma_min_rows_per_expert = std::atoll(next().c_str());
     }
     else if (a == "--masks") mask_density = std::atof(next().c_str());
     else if (a == "--bar-dump") bar_dir = next();
@@ -924,10 +934,11 @@ int main(int argc, char** argv) {
               static_cast<double>(mem_total - mem_free) / 1e9, static_cast<double>(mem_free) / 1e9,
               static_cast<double>(mem_total) / 1e9);
   if (cuda::moeLtBf16MinTokens() > 0)
-    std::printf("moe prefill: MXFP4 MoE %s of >= %lld rows per expert dequantize into bf16 and "
-                "run cuBLASLt GEMMs [TAG_MOE_LT_BF16]\n",
+    std::printf("moe prefill: MXFP4 MoE %s of >= %lld rows per expert %s\n",
                 cuda::moeLtBf16PerChunk() ? "chunks" : "steps",
-                static_cast<long long>(cuda::moeLtBf16MinRowsPerExpert()));
+                static_cast<long long>(cuda::moeLtBf16MinRowsPerExpert()),
+                cuda::moeLtWgmma() ? "run the wgmma kernel on the MXFP4 experts [TAG_MOE_WGMMA]"
+                                   : "dequantize into bf16 and run cuBLASLt GEMMs [TAG_MOE_LT_BF16]");
   if (b.model->fp8Experts()) {
     const double nz = static_cast<double>(b.model->fp8NonzeroWeights());
     std::printf("fp8 experts: %llu of %llu non-zero weights not exact in e4m3 (%.3g %%); MoE "

@@ -41,6 +41,24 @@
 #             and the FP8 path side by side per token count (the FP8 row's rel_l2 vs MXFP4)
 #   hfpeer    bench/suites/hf_llm_peer.py: Hugging Face transformers (bf16, eager) on the same
 #             checkpoint and shapes, the peer of bench20b (needs mk20b)
+#   wgops     gpu_llm_ops_test GpuFp8Moe.WgmmaExperts*: the wgmma MXFP4 expert GEMM [TAG_MOE_WGMMA]
+#             against the tiled kernels, the cuBLASLt path and the f32 reference
+#   wgmodel   gpu_llm_model_test: the wgmma kernel in the model (batch independence, teacher-forced
+#             against the tiled kernels) beside the cuBLASLt path's chunk tests
+#   wgab / wgab120b  prefill 8k / 32k (median of 3) with --moe-lt-wgmma on and off (20b also 64k,
+#             128k with it on; needs mk20b / mk120b)
+#   wgncu     per-kernel times of an 8k 20b prefill with the wgmma kernel (ncu)
+#   wgncufull ncu --set full on the first two wgmma launches of an 8k 20b prefill (gate_up, down)
+#   wgcross   prefill with the chunk path from 1 row per expert (the wgmma kernel by default)
+#             against the tiled kernels: 20b 512..2048 tokens, 120b 2k..8k (the threshold)
+#   wgmem     compute-sanitizer memcheck over the wgmma op test
+#   wgsass    where the wgmma kernel's register spills sit (bench/suites/sass_spills.py)
+#   wgpers    prefill 8k / 32k, 20b and 120b, with the wgmma kernel persistent and one block per item
+#   wgcross2  the chunk path from 1 row per expert against the tiled kernels at small chunks (20b
+#             128..512 tokens, 120b 512..1536)
+#   wgncu120  per-kernel times of an 8k 120b prefill (ncu)
+#   sweepab   256 streams 1k/1k through the mesh with the wgmma kernel (default: chunks from 64 rows
+#             per expert take it) and without (GARDEN_MOE_LT_WGMMA=0: the cuBLASLt GEMMs from 256)
 #   mesh      bench/suites/gpu_mesh_smoke.sh: tulip + rose --device cuda + ivy on the 20b-shaped
 #             checkpoint (needs mk20b, and the gpt-oss tokenizer.json at GPUBIN/tokenizer.json),
 #             HTTP chat / stream / completions / concurrent chats through ivy
@@ -207,6 +225,19 @@ for s in $STEPS; do
     pattnbench) step pattnbench paged_attn_bench.txt 200 "$BIN/rose_llm_bench" --attn-bench 16384@0,16384@49152,16384@114688,8192@0,2048@0,1024@4096,512@0,256@1000 ;;
     prefillab) step prefillab prefillab.txt 400 bash -c "for v in mma sm90 sm90c2; do echo \"== --attn-prefill \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192,32768,65536,131072 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --attn-prefill \$v 2>&1 | grep -v 'gemm tuned'; done" ;;
     prefilldef) step prefilldef prefilldef.txt 200 bash -c "'$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192,32768,65536,131072 --prefill-reps 3 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 2>&1 | grep -v 'gemm tuned'" ;;
+    wgops) step wgops wg_ops.log 240 "$BIN/gpu_llm_ops_test" --gtest_filter="${WGOPS_FILTER:-GpuFp8Moe.WgmmaExperts*:GpuFp8Moe.LtBf16ExpertsMatch*}" ;;
+    wgncufull) step wgncufull wgncufull.txt 240 bash -c "ncu --set full -k regex:moeWgmma -c 2 '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 2>&1 | grep -v 'gemm tuned' | tail -260" ;;
+    wgcross) step wgcross wgcross.txt 300 bash -c "for m in '/tmp/gptoss20b 512,1024,1536,2048' '/dev/shm/gptoss120b 2048,4096,6144,8192'; do set -- \$m; for v in tiled chunk; do echo \"== \$1 --moe-prefill \$v\"; '$BIN/rose_llm_bench' --model \$1 --prefill \$2 --prefill-reps 3 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --moe-prefill \$v --moe-prefill-min-rows 1 2>&1 | grep -v 'gemm tuned'; done; done" ;;
+    wgmodel) step wgmodel wg_model.log 240 "$BIN/gpu_llm_model_test" --gtest_filter='*Wgmma*:*ChunkMode*:*LtBf16Prefill*' ;;
+    wgab) step wgab wgab.txt 300 bash -c "for v in on off; do echo \"== --moe-lt-wgmma \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192,32768 --prefill-reps 3 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --moe-lt-wgmma \$v 2>&1 | grep -v 'gemm tuned'; done; echo '== --moe-lt-wgmma on, long'; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 65536,131072 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --moe-lt-wgmma on 2>&1 | grep -v 'gemm tuned'" ;;
+    wgab120b) step wgab120b wgab120b.txt 320 bash -c "for v in on off; do echo \"== --moe-lt-wgmma \$v\"; '$BIN/rose_llm_bench' --model /dev/shm/gptoss120b --prefill 8192,32768 --prefill-reps 3 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --moe-lt-wgmma \$v 2>&1 | grep -v 'gemm tuned'; done" ;;
+    wgncu) step wgncu wgncu.txt 240 bash -c "ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv --log-file '$LOGS/ncu_prefill_wg.csv' '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192 --decode '' --profile --moe-lt-wgmma on >/dev/null 2>&1; python3 '$ROOT/bench/suites/ncu_llm_summary.py' '$LOGS/ncu_prefill_wg.csv'" ;;
+    wgmem) step wgmem wg_mem.log 300 compute-sanitizer --tool memcheck --error-exitcode 3 "$BIN/gpu_llm_ops_test" --gtest_filter='GpuFp8Moe.WgmmaExperts*' ;;
+    wgsass) step wgsass wgsass.txt 120 bash -c "cuobjdump -sass '$BIN/rose_llm_bench' > '$LOGS/rlb.sass' 2>&1; python3 '$ROOT/bench/suites/sass_spills.py' '$LOGS/rlb.sass' moeWgmma" ;;
+    wgpers) step wgpers wgpers.txt 320 bash -c "for m in /tmp/gptoss20b /dev/shm/gptoss120b; do for v in on off; do echo \"== \$m --moe-wgmma-persistent \$v\"; '$BIN/rose_llm_bench' --model \$m --prefill 8192,32768 --prefill-reps 3 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --moe-wgmma-persistent \$v 2>&1 | grep -v 'gemm tuned'; done; done" ;;
+    wgcross2) step wgcross2 wgcross2.txt 300 bash -c "for m in '/tmp/gptoss20b 128,256,384,512' '/dev/shm/gptoss120b 512,1024,1536'; do set -- \$m; for v in tiled chunk; do echo \"== \$1 --moe-prefill \$v\"; '$BIN/rose_llm_bench' --model \$1 --prefill \$2 --prefill-reps 5 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --moe-prefill \$v --moe-prefill-min-rows 1 2>&1 | grep -v 'gemm tuned'; done; done" ;;
+    wgncu120) step wgncu120 wgncu120.txt 240 bash -c "ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv --log-file '$LOGS/ncu_prefill_wg120.csv' '$BIN/rose_llm_bench' --model /dev/shm/gptoss120b --prefill 8192 --decode '' --profile --kv-tokens 140000 >/dev/null 2>&1; python3 '$ROOT/bench/suites/ncu_llm_summary.py' '$LOGS/ncu_prefill_wg120.csv'" ;;
+    sweepab) step sweepab sweepab.txt 300 bash -c "for v in 1 0; do echo \"== GARDEN_MOE_LT_WGMMA=\$v\"; GARDEN_MOE_LT_WGMMA=\$v TAG=_wg\$v bash '$ROOT/bench/suites/gpu_chat_sweep.sh' '$BIN' /tmp/gptoss20b '$BIN/tokenizer.json' '$LOGS/sweepab' 256; done" ;;
     ltops) step ltops lt_ops.log 300 "$BIN/gpu_llm_ops_test" --gtest_filter='GpuFp8Moe.*' ;;
     ltmem) step ltmem lt_mem.log 300 compute-sanitizer --tool memcheck --error-exitcode 3 "$BIN/gpu_llm_ops_test" --gtest_filter='GpuFp8Moe.Bf16*:GpuFp8Moe.LtBf16*' ;;
     moegemm_lt) step moegemm_lt moegemm_lt.txt 240 "$BIN/rose_llm_bench" --moe-gemm 512,1024,2048,4096,8192 --moe-k-slices 1 --moe-weights fp8 ;;

@@ -43,6 +43,7 @@
 #include "services/rose/ops/cuda/fp8_block.h"
 #include "services/rose/ops/cuda/moe_lt_bf16.cuh"
 #include "services/rose/ops/cuda/moe_lt_gemm.h"
+#include "services/rose/ops/cuda/moe_wgmma.cuh"
 #include "services/rose/ops/llm_ops.h"
 #include "tests/gpu/gpu_test_util.h"
 
@@ -594,13 +595,15 @@ struct LtMinTokens {
 };
 
 // How the bf16 cuBLASLt path runs, for a scope (CudaKernelOptions::moe_lt_*), restoring rose's
-// defaults.
+// defaults. The path's GEMMs are cuBLASLt's unless `wgmma` [TAG_MOE_WGMMA] (rose's default): an
+// upload in the scope of wgmma off gets the weight scratch the cuBLASLt GEMMs need.
 struct LtExec {
-  LtExec(int streams, bool epilogue, bool overlap) {
+  LtExec(int streams, bool epilogue, bool overlap, bool wgmma = false) {
     CudaKernelOptions o;
     o.moe_lt_streams = streams;
     o.moe_lt_bias_epilogue = epilogue;
     o.moe_lt_overlap_dequant = overlap;
+    o.moe_lt_wgmma = wgmma;
     cuda::applyMoeLt(o);
   }
   ~LtExec() { cuda::applyMoeLt(CudaKernelOptions{}); }
@@ -667,6 +670,7 @@ TEST_F(GpuFp8Moe, LtBf16ExpertsMatchCpuAndTheTiledKernels) {
     int32_t k;
     std::vector<int64_t> ts;
   };
+  LtExec cublas(4, true, false);  // the cuBLASLt GEMMs (not the wgmma kernel)
   for (const Shape& sh : {Shape{2880, 2880, 32, 4, {1, 7, 128, 1500}}, Shape{288, 160, 8, 4, {1000, 4096}}}) {
     MoeLayer l;
     {
@@ -797,6 +801,70 @@ TEST_F(GpuFp8Moe, LtBf16StreamsAndOverlapKeepTheBits) {
     EXPECT_LT(epi_own, 1.5e-3);
     EXPECT_LT(sep_own, 1.5e-3);
     EXPECT_NE(sep, base) << "the epilogue switch changed nothing: the biases were not moved";
+  }
+}
+
+// [TAG_MOE_WGMMA] The wgmma kernel gives the tiled kernels' bits: the same exact weight values,
+// f32 sums over K tiles and k16 steps in the same order (wgmma's own order inside a k16 step is
+// mma.sync's: first measured on the H200, 2026-12-04 s10, every element equal), bias and SwiGLU on
+// the f32 sums, one rounding each; deterministic; over steps whose experts get tiles of every
+// kind (T = 1, 7: tiles of 16-32 rows; 128: ~16; 1,500: ~190 rows, one tile of 176-208; 3,000:
+// ~375 = 256 + a tile of ~120) and a K and N tail shape (H = 288: K tiles of 64 with a half tile,
+// the down projection's last 128-row weight tile mostly padding). The cuBLASLt GEMMs (the path
+// with the kernel off) are printed beside it.
+TEST_F(GpuFp8Moe, WgmmaExpertsMatchTheTiledKernels) {
+  ASSERT_TRUE(cuda::moeWgmmaSupported()) << "the GPU tests run on an sm_90 device (the H200)";
+  struct Shape {
+    int64_t h, in, e;
+    int32_t k;
+    std::vector<int64_t> ts;
+  };
+  for (const Shape& sh : {Shape{2880, 2880, 32, 4, {1, 7, 128, 1500, 3000}},
+                          Shape{288, 160, 8, 4, {1000, 4096}}}) {
+    MoeLayer l;
+    {
+      LtMinTokens scratch(INT64_MAX);
+      LtExec with_scratch(4, true, false);  // the cuBLASLt comparison below needs it
+      makeLayer(l, sh.h, sh.in, sh.e, sh.k, *std::max_element(sh.ts.begin(), sh.ts.end()),
+                ExpertCopy::kNone);
+    }
+    ASSERT_TRUE(l.m1.isOk() && l.m2.isOk()) << l.m1.status().toString() << l.m2.status().toString();
+    for (int64_t t : sh.ts) {
+      SCOPED_TRACE("T=" + std::to_string(t) + " H=" + std::to_string(sh.h) + " I=" + std::to_string(sh.in));
+      MoeStep st = makeStep(l, t);
+      const auto& ref = st.ref;
+      const auto tiled = runGpu(l, st);
+      const uint64_t lt0 = cuda::moeLtBf16Steps(), wg0 = cuda::moeWgmmaSteps();
+      std::vector<float> got, again, cublas;
+      {
+        LtMinTokens on(1);
+        {
+          LtExec wg(4, true, false, /*wgmma=*/true);
+          got = runGpu(l, st);
+          again = runGpu(l, st);
+        }
+        LtExec lt(4, true, false);
+        cublas = runGpu(l, st);
+      }
+      EXPECT_EQ(cuda::moeLtBf16Steps(), lt0 + 3);
+      EXPECT_EQ(cuda::moeWgmmaSteps(), wg0 + 2) << "the wgmma kernel did not run (or ran while off)";
+      auto fired = cuda::moeWgmmaWatchdogFired();
+      ASSERT_TRUE(fired.isOk());
+      EXPECT_FALSE(*fired) << "a pipeline wait gave up";
+      EXPECT_EQ(again, got) << "wgmma kernel not deterministic";
+      const double e_tiled = relL2(got, tiled), e_ref = relL2(got, ref), t_ref = relL2(tiled, ref);
+      const double e_cublas = relL2(got, cublas);
+      double cos_tiled = 1;
+      int64_t same = 0;
+      for (int64_t r = 0; r < t; ++r) cos_tiled = std::min(cos_tiled, rowCosine(got, tiled, r, sh.h));
+      for (size_t i = 0; i < got.size(); ++i) same += got[i] == tiled[i] ? 1 : 0;
+      std::cout << "[ wgmma experts ] T=" << t << " H=" << sh.h << " I=" << sh.in << " E=" << sh.e
+                << ": vs tiled rel_l2=" << e_tiled << " worst_row_cos=" << cos_tiled
+                << " bit-equal " << same << "/" << got.size() << "; vs cuBLASLt path " << e_cublas
+                << "; vs f32 reference rel_l2=" << e_ref << " (tiled: " << t_ref << ")\n";
+      EXPECT_EQ(got, tiled) << "not the tiled kernels' bits (rel_l2 " << e_tiled << ")";
+      EXPECT_LT(e_ref, 1.25 * t_ref + 1e-3) << "further from the f32 reference than the tiled kernel";
+    }
   }
 }
 

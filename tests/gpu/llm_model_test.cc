@@ -68,7 +68,8 @@ struct Runner {
 Runner load(const std::string& dir, const char* device, MoeWeightsMode moe,
             const Runner* share = nullptr, bool cuda_graphs = true,
             bool fuse_combine_norm = GptOssOptions{}.fuse_combine_norm,
-            CudaKernelOptions::MoePrefill moe_prefill = CudaKernelOptions::MoePrefill::kTiled) {
+            CudaKernelOptions::MoePrefill moe_prefill = CudaKernelOptions::MoePrefill::kTiled,
+            bool moe_lt_wgmma = CudaKernelOptions{}.moe_lt_wgmma) {
   Runner r;
   if (share != nullptr) {
     r.backend = share->backend;
@@ -80,6 +81,7 @@ Runner load(const std::string& dir, const char* device, MoeWeightsMode moe,
     // path (rose's default, per chunk) has its own tests below. A runner sharing a backend keeps
     // the process-global choice the first one set.
     bo.cuda.moe_prefill = moe_prefill;
+    bo.cuda.moe_lt_wgmma = moe_lt_wgmma;  // [TAG_MOE_WGMMA]
     auto b = makeBackend(device, bo);
     EXPECT_TRUE(b.isOk()) << b.status().toString();
     r.backend = std::move(b).value();
@@ -850,6 +852,9 @@ TEST_F(GpuGptOss, LtBf16PrefillTracksTheTiledKernels) {
   cuda::setMoeLtBf16MinTokens(INT64_MAX);
   cuda::setMoeLtBf16MinRowsPerExpert(0);  // by tokens alone, whole steps (step mode)
   cuda::setMoeLtBf16PerChunk(false);
+  CudaKernelOptions lt;
+  lt.moe_lt_wgmma = false;  // the cuBLASLt GEMMs [TAG_MOE_WGMMA]: uploaded with their scratch
+  cuda::applyMoeLt(lt);
   Runner m = load(*dir_, "cuda", MoeWeightsMode::kMxfp4, &base, /*cuda_graphs=*/false);
   std::vector<double> cosines;
   int positions = 0, agree = 0;
@@ -895,6 +900,7 @@ TEST_F(GpuGptOss, LtBf16PrefillTracksTheTiledKernels) {
   EXPECT_EQ(cuda::moeLtBf16Steps() - steps0,
             static_cast<uint64_t>(m.model->config().base.num_hidden_layers));
   cuda::applyMoePrefill(CudaKernelOptions::MoePrefill::kTiled, 0);
+  cuda::applyMoeLt(CudaKernelOptions{});
 }
 
 // rose's default, --moe-prefill chunk [TAG_MOE_LT_BF16]: each prefill chunk of >= 256 rows per
@@ -905,46 +911,108 @@ TEST_F(GpuGptOss, LtBf16PrefillTracksTheTiledKernels) {
 // mid-way, give the tokens they gave alone (greedy). The path's call count says which chunks
 // took it.
 TEST_F(GpuGptOss, ChunkModeTokensDoNotDependOnTheBatch) {
+  for (bool wgmma : {false, true}) {
+    SCOPED_TRACE(wgmma ? "wgmma kernel" : "cuBLASLt GEMMs");
+    // [TAG_MOE_WGMMA] set before the upload: the cuBLASLt GEMMs need their weight scratch.
+    Runner gpu = load(*dir_, "cuda", MoeWeightsMode::kMxfp4, nullptr, /*cuda_graphs=*/false,
+                      GptOssOptions{}.fuse_combine_norm, CudaKernelOptions::MoePrefill::kChunk, wgmma);
+    // The floor: 256 rows per expert for the cuBLASLt GEMMs (8 experts, top-4: 512 tokens), 64
+    // for the wgmma kernel (128 tokens).
+    ASSERT_EQ(gpu.ops->moeChunkMinRowsPerExpert(),
+              wgmma ? kMoeWgmmaMinRowsPerExpert : kMoePrefillMinRowsPerExpert);
+    const uint64_t layers = static_cast<uint64_t>(gpu.model->config().base.num_hidden_layers);
+    const auto small = prompt(wgmma ? 100 : 300, 61), large = prompt(600, 62), large2 = prompt(700, 63);
+    constexpr int kTokens = 16;
+    uint64_t before = cuda::moeLtBf16Steps();
+    const auto alone_small = generate(gpu, small, kTokens, 2048, nullptr);
+    EXPECT_EQ(cuda::moeLtBf16Steps(), before) << "a chunk below the floor took the path";
+    before = cuda::moeLtBf16Steps();
+    const auto alone_large = generate(gpu, large, kTokens, 2048, nullptr);
+    EXPECT_EQ(cuda::moeLtBf16Steps() - before, layers) << "a 600-token chunk: one call per layer";
+    const auto alone_large2 = generate(gpu, large2, kTokens, 2048, nullptr);
+
+    // All three prefilled in one step (runs: small | large | large2), then decoded together.
+    {
+      std::vector<Seq> seqs(3);
+      seqs[0].tokens = small;
+      seqs[1].tokens = large;
+      seqs[2].tokens = large2;
+      std::vector<std::vector<int32_t>> got(3);
+      before = cuda::moeLtBf16Steps();
+      for (int i = 0; i < kTokens; ++i) {
+        auto ids = step(gpu, {&seqs[0], &seqs[1], &seqs[2]}, 2048, nullptr);
+        ASSERT_EQ(ids.size(), 3u);
+        for (size_t k = 0; k < 3; ++k) {
+          got[k].push_back(ids[k]);
+          seqs[k].tokens.push_back(ids[k]);
+        }
+        if (i == 0) {
+          EXPECT_EQ(cuda::moeLtBf16Steps() - before, 2 * layers) << "two large chunks";
+        }
+      }
+      EXPECT_EQ(got[0], alone_small);
+      EXPECT_EQ(got[1], alone_large);
+      EXPECT_EQ(got[2], alone_large2);
+    }
+
+    // A decode stream that the large prompt's whole prefill joins at its 5th token (runs: the
+    // decode row | the 600-token chunk), and the prompt then decoded beside it.
+    {
+      Seq a, b;
+      a.tokens = small;
+      b.tokens = large;
+      std::vector<int32_t> got_a, got_b;
+      while (static_cast<int>(got_a.size()) < kTokens) {
+        std::vector<Seq*> batch{&a};
+        const bool with_b = got_a.size() >= 4 && static_cast<int>(got_b.size()) < kTokens;
+        if (with_b) batch.push_back(&b);
+        auto ids = step(gpu, batch, 2048, nullptr);
+        ASSERT_EQ(ids.size(), batch.size());
+        got_a.push_back(ids[0]);
+        a.tokens.push_back(ids[0]);
+        if (with_b) {
+          got_b.push_back(ids[1]);
+          b.tokens.push_back(ids[1]);
+        }
+      }
+      EXPECT_EQ(got_a, alone_small);
+      EXPECT_EQ(std::vector<int32_t>(alone_large.begin(), alone_large.begin() + got_b.size()), got_b);
+    }
+
+    // [TAG_MOE_BF16_COPY] The same checkpoint with a bf16 copy of the experts (--moe-weights
+    // mxfp4-bf16): the path reads the copy instead of dequantizing per call — the same tokens. (With
+    // the wgmma kernel on, a copy keeps the cuBLASLt GEMMs: other bits than the kernel's.)
+    if (!wgmma) {
+      Runner copy = load(*dir_, "cuda", MoeWeightsMode::kMxfp4Bf16, &gpu, /*cuda_graphs=*/false);
+      before = cuda::moeLtBf16Steps();
+      EXPECT_EQ(generate(copy, large, kTokens, 2048, nullptr), alone_large);
+      EXPECT_EQ(cuda::moeLtBf16Steps() - before, layers) << "the copy's 600-token chunk: one call per layer";
+      EXPECT_EQ(generate(copy, large2, kTokens, 2048, nullptr), alone_large2);
+      EXPECT_EQ(generate(copy, small, kTokens, 2048, nullptr), alone_small);
+    }
+    cuda::applyMoePrefill(CudaKernelOptions::MoePrefill::kTiled, 0);
+  }
+  cuda::applyMoeLt(CudaKernelOptions{});
+}
+
+// [TAG_MOE_WGMMA] The chunk path's GEMMs as the wgmma kernel (CudaKernelOptions::moe_lt_wgmma):
+// a 600-token chunk takes it once per layer; a decode stream that the chunk's prefill joins and
+// the prompt itself give their tokens of alone (the kernel depends on the chunk's own rows only);
+// teacher-forced logits track the tiled kernels (same numerics, another f32 summation order).
+TEST_F(GpuGptOss, WgmmaChunkPathKeepsTheBatchAndTracksTheTiledKernels) {
   Runner gpu = load(*dir_, "cuda", MoeWeightsMode::kMxfp4, nullptr, /*cuda_graphs=*/false,
                     GptOssOptions{}.fuse_combine_norm, CudaKernelOptions::MoePrefill::kChunk);
-  ASSERT_EQ(gpu.ops->moeChunkMinRowsPerExpert(), kMoePrefillMinRowsPerExpert);
+  CudaKernelOptions on;
+  on.moe_lt_wgmma = true;
+  cuda::applyMoeLt(on);
   const uint64_t layers = static_cast<uint64_t>(gpu.model->config().base.num_hidden_layers);
-  const auto small = prompt(300, 61), large = prompt(600, 62), large2 = prompt(700, 63);
+  const auto small = prompt(300, 71), large = prompt(600, 72);
   constexpr int kTokens = 16;
-  uint64_t before = cuda::moeLtBf16Steps();
   const auto alone_small = generate(gpu, small, kTokens, 2048, nullptr);
-  EXPECT_EQ(cuda::moeLtBf16Steps(), before) << "a 300-token chunk took the cuBLASLt path";
-  before = cuda::moeLtBf16Steps();
+  uint64_t before = cuda::moeWgmmaSteps();
   const auto alone_large = generate(gpu, large, kTokens, 2048, nullptr);
-  EXPECT_EQ(cuda::moeLtBf16Steps() - before, layers) << "a 600-token chunk: one call per layer";
-  const auto alone_large2 = generate(gpu, large2, kTokens, 2048, nullptr);
-
-  // All three prefilled in one step (runs: small | large | large2), then decoded together.
-  {
-    std::vector<Seq> seqs(3);
-    seqs[0].tokens = small;
-    seqs[1].tokens = large;
-    seqs[2].tokens = large2;
-    std::vector<std::vector<int32_t>> got(3);
-    before = cuda::moeLtBf16Steps();
-    for (int i = 0; i < kTokens; ++i) {
-      auto ids = step(gpu, {&seqs[0], &seqs[1], &seqs[2]}, 2048, nullptr);
-      ASSERT_EQ(ids.size(), 3u);
-      for (size_t k = 0; k < 3; ++k) {
-        got[k].push_back(ids[k]);
-        seqs[k].tokens.push_back(ids[k]);
-      }
-      if (i == 0) {
-        EXPECT_EQ(cuda::moeLtBf16Steps() - before, 2 * layers) << "two large chunks";
-      }
-    }
-    EXPECT_EQ(got[0], alone_small);
-    EXPECT_EQ(got[1], alone_large);
-    EXPECT_EQ(got[2], alone_large2);
-  }
-
-  // A decode stream that the large prompt's whole prefill joins at its 5th token (runs: the
-  // decode row | the 600-token chunk), and the prompt then decoded beside it.
+  EXPECT_EQ(cuda::moeWgmmaSteps() - before, layers) << "a 600-token chunk: one wgmma call per layer";
+  EXPECT_EQ(generate(gpu, large, kTokens, 2048, nullptr), alone_large) << "not deterministic";
   {
     Seq a, b;
     a.tokens = small;
@@ -966,17 +1034,37 @@ TEST_F(GpuGptOss, ChunkModeTokensDoNotDependOnTheBatch) {
     EXPECT_EQ(got_a, alone_small);
     EXPECT_EQ(std::vector<int32_t>(alone_large.begin(), alone_large.begin() + got_b.size()), got_b);
   }
-
-  // [TAG_MOE_BF16_COPY] The same checkpoint with a bf16 copy of the experts (--moe-weights
-  // mxfp4-bf16): the path reads the copy instead of dequantizing per call — the same tokens.
-  {
-    Runner copy = load(*dir_, "cuda", MoeWeightsMode::kMxfp4Bf16, &gpu, /*cuda_graphs=*/false);
-    before = cuda::moeLtBf16Steps();
-    EXPECT_EQ(generate(copy, large, kTokens, 2048, nullptr), alone_large);
-    EXPECT_EQ(cuda::moeLtBf16Steps() - before, layers) << "the copy's 600-token chunk: one call per layer";
-    EXPECT_EQ(generate(copy, large2, kTokens, 2048, nullptr), alone_large2);
-    EXPECT_EQ(generate(copy, small, kTokens, 2048, nullptr), alone_small);
+  // Teacher-forced: the same tokens through the tiled kernels (the path off) and the wgmma kernel.
+  std::vector<double> cosines;
+  int positions = 0, agree = 0;
+  for (int len : {600, 1000}) {
+    auto p = prompt(len, static_cast<uint32_t>(len) + 29);
+    std::vector<int32_t> all = p;
+    all.insert(all.end(), alone_large.begin(), alone_large.end() - 1);
+    cuda::setMoeLtBf16MinTokens(0);  // off: the tiled kernels
+    gpu.next_block = 0;
+    auto lt = prefillLogits(gpu, all, len - 1);
+    cuda::applyMoePrefill(CudaKernelOptions::MoePrefill::kChunk, kMoePrefillMinRowsPerExpert);
+    before = cuda::moeWgmmaSteps();
+    gpu.next_block = 0;
+    auto lw = prefillLogits(gpu, all, len - 1);
+    EXPECT_GT(cuda::moeWgmmaSteps(), before) << "the wgmma kernel did not run";
+    ASSERT_EQ(lt.size(), lw.size());
+    for (size_t i = 0; i < lt.size(); ++i) {
+      const Diff df = diff(lt[i], lw[i]);
+      cosines.push_back(df.cos);
+      agree += df.top1;
+      ++positions;
+    }
   }
+  std::sort(cosines.begin(), cosines.end());
+  const double agreement = static_cast<double>(agree) / positions;
+  std::cout << "[ wgmma model ] teacher-forced " << positions << " positions vs tiled: top-1 agreement "
+            << agreement << ", cosine worst " << cosines.front() << " median "
+            << cosines[cosines.size() / 2] << "\n";
+  EXPECT_GE(cosines[cosines.size() / 2], 0.9995);
+  EXPECT_GE(agreement, 0.9);
+  cuda::applyMoeLt(CudaKernelOptions{});
   cuda::applyMoePrefill(CudaKernelOptions::MoePrefill::kTiled, 0);
 }
 

@@ -60,6 +60,9 @@ Status cudaKernelOptionsFromEnv(CudaKernelOptions& opts) {
                             &lt_streams));
   RETURN_IF_ERROR(envChoice("GARDEN_MOE_LT_EPILOGUE", {"0", "1"}, &lt_epi));
   RETURN_IF_ERROR(envChoice("GARDEN_MOE_LT_OVERLAP", {"0", "1"}, &lt_overlap));
+  int lt_wgmma = opts.moe_lt_wgmma ? 1 : 0;
+  RETURN_IF_ERROR(envChoice("GARDEN_MOE_LT_WGMMA", {"0", "1"}, &lt_wgmma));
+  opts.moe_lt_wgmma = lt_wgmma == 1;
   opts.moe_lt_streams = lt_streams + 1;
   opts.moe_lt_bias_epilogue = lt_epi == 1;
   opts.moe_lt_overlap_dequant = lt_overlap == 1;

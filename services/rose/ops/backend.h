@@ -159,6 +159,8 @@ enum class PoolMode : uint8_t { kLast = 1, kMean = 2, kCls = 3 };
 // experts) from 8,192.
 inline constexpr int64_t kMoePrefillCublasMinTokens = 1024;
 inline constexpr int64_t kMoePrefillMinRowsPerExpert = 256;
+// ... with the wgmma kernel [TAG_MOE_WGMMA] (CudaKernelOptions::moe_wgmma_min_rows_per_expert).
+inline constexpr int64_t kMoeWgmmaMinRowsPerExpert = 64;
 
 // Kernel choices of the cuda backend, for side-by-side runs (the defaults are the fastest
 // measured; the cpu backend ignores them). The backend never reads the environment: rose reads
@@ -207,6 +209,16 @@ struct CudaKernelOptions {
   int32_t moe_lt_streams = 4;
   bool moe_lt_bias_epilogue = true;
   bool moe_lt_overlap_dequant = false;
+  // Instead of the dequantization + per-expert cuBLASLt matmuls: one wgmma launch per projection
+  // over the resident MXFP4 experts, dequantized in registers (ops/cuda/moe_wgmma.cuh; sm_90,
+  // scale bytes <= 128; GARDEN_MOE_LT_WGMMA=0|1) [TAG_MOE_WGMMA]. Needs no weight scratch, and
+  // gives the tiled kernels' bits (measured on the H200, 2026-12-04 s10).
+  bool moe_lt_wgmma = true;
+  // With it, chunks (kChunk) / steps (kStep) of at least this many rows per expert take the path
+  // (the smaller of this and moe_prefill_min_rows_per_expert, which stays the cuBLASLt GEMMs'
+  // floor): the kernel needs no per-call dequantization, so it beats the tiled kernels from
+  // ~48-64 rows per expert (measured on the H200, 2026-12-04 s10).
+  int64_t moe_wgmma_min_rows_per_expert = kMoeWgmmaMinRowsPerExpert;
 };
 
 // The --moe-prefill / GARDEN_MOE_PREFILL names: chunk, step (or its old name cublas), tiled.

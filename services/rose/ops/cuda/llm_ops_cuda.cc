@@ -16,6 +16,7 @@
 #include "services/rose/ops/cuda/gather.cuh"
 #include "services/rose/ops/cuda/moe_lt_bf16.cuh"
 #include "services/rose/ops/cuda/moe_lt_gemm.h"
+#include "services/rose/ops/cuda/moe_wgmma.cuh"
 #include "services/rose/ops/cuda/moe_gemm.cuh"
 #include "services/rose/ops/cuda/moe_permute.cuh"
 #include "services/rose/ops/cuda/mxfp4_tiles.h"
@@ -51,6 +52,7 @@ class CudaLlmOps final : public LlmOps {
   explicit CudaLlmOps(CudaBackend& b) : b_(b) {}
   ~CudaLlmOps() override {
     if (host_tiles_ != nullptr) cudaFreeHost(host_tiles_);
+    if (host_wg_tiles_ != nullptr) cudaFreeHost(host_wg_tiles_);
     if (dq_stream_ != nullptr) {
       cudaStreamSynchronize(dq_stream_);
       cudaStreamDestroy(dq_stream_);
@@ -155,14 +157,6 @@ class CudaLlmOps final : public LlmOps {
       return invalidArgument("MXFP4 experts: the FP8 copy needs rows (" + std::to_string(rows) +
                              ") to be a multiple of 8");
     if (fp8_copy) RETURN_IF_ERROR(ensureFp8Workspace());
-    // [TAG_MOE_LT_BF16] prefill steps may dequantize these experts into the bf16 scratch (a
-    // down projection, [E][hidden][intermediate], into its own with [TAG_MOE_LT_OVERLAP]).
-    // With a bf16 copy [TAG_MOE_BF16_COPY] no scratch is needed for these experts (only the path's
-    // row workspaces).
-    if (moeLtBf16MinTokens() > 0)
-      RETURN_IF_ERROR(ensureLtBf16Workspace(
-          bf16_copy ? 0 : experts * rows * cols,
-          moeLtOverlapDequant() && !bf16_copy && rows == lim_.hidden && cols == lim_.intermediate));
     Mxfp4PackedShape shape{experts, rows, cols};
     ExpertWeights w;
     w.format = ExpertFormat::kMxfp4;
@@ -228,6 +222,16 @@ class CudaLlmOps final : public LlmOps {
     unsigned largest = 255;
     CUDA_RETURN_IF_ERROR(cudaMemcpy(&largest, max_scale, sizeof largest, cudaMemcpyDeviceToHost));
     w.mx_max_scale = largest;
+    // [TAG_MOE_LT_BF16] prefill steps may dequantize these experts into the bf16 scratch (a
+    // down projection, [E][hidden][intermediate], into its own with [TAG_MOE_LT_OVERLAP]).
+    // With a bf16 copy [TAG_MOE_BF16_COPY] no scratch is needed for these experts (only the path's
+    // row workspaces), nor when the wgmma kernel will read them as they are [TAG_MOE_WGMMA] (on,
+    // and every scale byte within its one-multiply dequantization).
+    const bool wgmma_reads = wgmmaOn() && !bf16_copy && largest <= kMxfp4MaxDecodeScale;
+    if (moeLtBf16MinTokens() > 0)
+      RETURN_IF_ERROR(ensureLtBf16Workspace(
+          bf16_copy || wgmma_reads ? 0 : experts * rows * cols,
+          moeLtOverlapDequant() && !bf16_copy && rows == lim_.hidden && cols == lim_.intermediate));
     if (bf16_copy) {  // [TAG_MOE_BF16_COPY] every expert, by the path's own dequantization kernel
       const size_t bytes = sizeof(bf16) * static_cast<size_t>(experts * rows * cols);
       ASSIGN_OR_RETURN(Buffer copy_buf, b_.allocate(bytes));
@@ -622,12 +626,19 @@ class CudaLlmOps final : public LlmOps {
     if (p.lt == MoeLtChoice::kSkip) return false;
     const int64_t min_tokens = moeLtBf16MinTokens();
     if (min_tokens <= 0 || !lt_ready_) return false;
-    if (p.lt == MoeLtChoice::kBySize &&
-        (t < min_tokens ||
-         t * p.top_k < moeLtBf16MinRowsPerExpert() * static_cast<int64_t>(p.num_experts)))
-      return false;
+    // The rows-per-expert floor: the cuBLASLt GEMMs' (moeLtBf16MinRowsPerExpert), or the lower
+    // one of the wgmma kernel [TAG_MOE_WGMMA] when it runs these experts. A chunk the model cut at
+    // the wgmma floor (kTake) that the kernel cannot run is held to the cuBLASLt floor here.
+    const bool wgmma = useWgmma(w1, w2);
+    const int64_t floor_rows = wgmma ? std::min(moeLtBf16MinRowsPerExpert(), moeWgmmaMinRowsPerExpert())
+                                     : moeLtBf16MinRowsPerExpert();
+    const bool enough_rows = t * p.top_k >= floor_rows * static_cast<int64_t>(p.num_experts);
+    if (p.lt == MoeLtChoice::kBySize && (t < min_tokens || !enough_rows)) return false;
+    if (p.lt == MoeLtChoice::kTake && !enough_rows) return false;
     if (w1.format != ExpertFormat::kMxfp4 || w2.format != ExpertFormat::kMxfp4) return false;
-    // Each projection: its bf16 copy [TAG_MOE_BF16_COPY], or a scratch it fits.
+    // Each projection: its bf16 copy [TAG_MOE_BF16_COPY], or a scratch it fits, or neither with
+    // the wgmma kernel [TAG_MOE_WGMMA].
+    if (wgmma) return notCapturing(st);
     const int64_t w2_elems = w2.experts * w2.rows * w2.cols;
     if ((w1.bf16_copy.empty() && w1.experts * w1.rows * w1.cols > lt_w_elems_) ||
         (w2.bf16_copy.empty() && w2_elems > lt_w_elems_ &&
@@ -636,12 +647,29 @@ class CudaLlmOps final : public LlmOps {
     return notCapturing(st);
   }
 
+  // [TAG_MOE_WGMMA] switched on (moeLtWgmma()) on a device that runs it.
+  static bool wgmmaOn() {
+    static const bool supported = moeWgmmaSupported();
+    return moeLtWgmma() && supported;
+  }
+  // ... and both projections' scales fit its one-multiply dequantization. Experts with a bf16
+  // copy [TAG_MOE_BF16_COPY] (asked for by --moe-weights mxfp4-bf16) keep the cuBLASLt GEMMs on
+  // the copy.
+  static bool useWgmma(const ExpertWeights& w1, const ExpertWeights& w2) {
+    return wgmmaOn() && w1.bf16_copy.empty() && w2.bf16_copy.empty() &&
+           w1.format == ExpertFormat::kMxfp4 && w2.format == ExpertFormat::kMxfp4 &&
+           w1.mx_max_scale <= kMxfp4MaxDecodeScale && w2.mx_max_scale <= kMxfp4MaxDecodeScale &&
+           w1.rows % 16 == 0 && w2.rows % 8 == 0;
+  }
+
   // [TAG_MOE_LT_OVERLAP] on, and its stream made at upload.
   bool overlapDequant() const { return moeLtOverlapDequant() && dq_stream_ != nullptr; }
 
   int64_t moeChunkMinRowsPerExpert() const override {
     if (!moeLtBf16PerChunk() || moeLtBf16MinTokens() <= 0 || !lt_ready_) return 0;
-    return std::max<int64_t>(1, moeLtBf16MinRowsPerExpert());
+    const int64_t rows = wgmmaOn() ? std::min(moeLtBf16MinRowsPerExpert(), moeWgmmaMinRowsPerExpert())
+                                   : moeLtBf16MinRowsPerExpert();
+    return std::max<int64_t>(1, rows);
   }
 
   // The expert ranges of the cuBLASLt paths (block_m kLtBlockM): the pinned tile copy, its
@@ -660,6 +688,15 @@ class CudaLlmOps final : public LlmOps {
     CUDA_RETURN_IF_ERROR(cudaMallocHost(
         &pinned, sizeof(int32_t) * static_cast<size_t>(range_max_tiles_ + lim_.num_experts + 1)));
     host_tiles_ = static_cast<int32_t*>(pinned);
+    // [TAG_MOE_WGMMA] its token tiles: at most one per 16-row tile.
+    if (host_wg_tiles_ != nullptr) {
+      cudaFreeHost(host_wg_tiles_);
+      host_wg_tiles_ = nullptr;
+    }
+    CUDA_RETURN_IF_ERROR(
+        cudaMallocHost(&pinned, sizeof(MoeWgmmaTile) * static_cast<size_t>(range_max_tiles_)));
+    host_wg_tiles_ = static_cast<MoeWgmmaTile*>(pinned);
+    ASSIGN_OR_RETURN(wg_tiles_, b_.allocate(sizeof(MoeWgmmaTile) * static_cast<size_t>(range_max_tiles_)));
     if (lt_gemm_ == nullptr) {
       ASSIGN_OR_RETURN(lt_gemm_, MoeLtGemm::create());
     }
@@ -873,6 +910,10 @@ class CudaLlmOps final : public LlmOps {
     cudaStream_t st = b_.stream();
     const int64_t t = x.rows();
     const ExpertRanges r = hostExpertRanges(topk_ids, t, p, st);
+    if (useWgmma(w1, w2)) {
+      moeExpertsWgmma(x, r, topk_weights, w1, b1, w2, b2, out, p);
+      return;
+    }
     bf16* wq = static_cast<bf16*>(lt_w_.data());
     const int streams = moeLtStreams();
     const bool epi = moeLtBiasEpilogue();
@@ -952,6 +993,57 @@ class CudaLlmOps final : public LlmOps {
     checkOk(lt_gemm_->run(g2, st, streams), "moeExperts/down_bf16");
     downBiasAndCombine(g2.bias != nullptr ? Tensor() : b2, r, t, topk_weights, out, p, st);
     countMoeLtBf16Step();
+  }
+
+  // [TAG_MOE_WGMMA] the rows gathered as for cuBLASLt, then one wgmma launch per projection over
+  // the resident MXFP4 experts (gate_up with bias and SwiGLU in its epilogue, down with bias),
+  // then the combine.
+  void moeExpertsWgmma(const Tensor& x, const ExpertRanges& r, const Tensor& topk_weights,
+                       const ExpertWeights& w1, const Tensor& b1, const ExpertWeights& w2,
+                       const Tensor& b2, const Tensor& out, const MoeExpertsParams& p) {
+    cudaStream_t st = b_.stream();
+    const int64_t t = x.rows();
+    const int64_t tiles = moeWgmmaPlanTiles(host_off_.data(), p.num_experts, host_wg_tiles_, range_max_tiles_);
+    require(tiles >= 0, "moeExperts", "wgmma token tiles exceed the workspace");
+    // Pinned and rewritten only after the next layer's range wait, which follows this copy.
+    CUDA_CHECK(cudaMemcpyAsync(wg_tiles_.data(), host_wg_tiles_, sizeof(MoeWgmmaTile) * static_cast<size_t>(tiles),
+                               cudaMemcpyHostToDevice, st));
+    checkOk(launchGatherRows(x.data, t, r.row_token, r.rows,
+                             static_cast<int64_t>(sizeof(bf16)) * p.hidden, lt_x_.data(), st),
+            "moeExperts/gather_bf16");
+    MoeWgmmaArgs g1;
+    g1.x = static_cast<const bf16*>(lt_x_.data());
+    g1.x_rows = r.rows;
+    g1.codes = static_cast<const uint8_t*>(w1.codes.data);
+    g1.scales = static_cast<const uint8_t*>(w1.scales.data);
+    g1.bias = b1.empty() ? nullptr : b1.as<bf16>();
+    g1.tiles = static_cast<const MoeWgmmaTile*>(wg_tiles_.data());
+    g1.num_tiles = static_cast<int32_t>(tiles);
+    g1.row_token = r.row_token;
+    g1.out = static_cast<bf16*>(lt_a_.data());
+    g1.experts = p.num_experts;
+    g1.n = 2 * p.intermediate;
+    g1.k = p.hidden;
+    g1.swiglu = true;
+    g1.limit = p.swiglu_limit;
+    g1.alpha = p.swiglu_alpha;
+    g1.max_scale = w1.mx_max_scale;
+    checkOk(launchMoeWgmma(g1, st), "moeExperts/gate_up_wgmma");
+    MoeWgmmaArgs g2 = g1;
+    g2.x = g1.out;
+    g2.codes = static_cast<const uint8_t*>(w2.codes.data);
+    g2.scales = static_cast<const uint8_t*>(w2.scales.data);
+    g2.bias = b2.empty() ? nullptr : b2.as<bf16>();
+    g2.row_token = nullptr;
+    g2.out = static_cast<bf16*>(y_.data());
+    g2.n = p.hidden;
+    g2.k = p.intermediate;
+    g2.swiglu = false;
+    g2.max_scale = w2.mx_max_scale;
+    checkOk(launchMoeWgmma(g2, st), "moeExperts/down_wgmma");
+    downBiasAndCombine(Tensor(), r, t, topk_weights, out, p, st);
+    countMoeLtBf16Step();
+    countMoeWgmmaStep();
   }
 
   void gatherRows(const Tensor& in, const Tensor& rows, const Tensor& out) override {
@@ -1182,6 +1274,8 @@ class CudaLlmOps final : public LlmOps {
   int64_t range_max_tiles_ = 0;
   Buffer range_off_;
   int32_t* host_tiles_ = nullptr;  // pinned: [range_max_tiles_] tiles + [E + 1] offsets
+  MoeWgmmaTile* host_wg_tiles_ = nullptr;  // [TAG_MOE_WGMMA] pinned [range_max_tiles_]
+  Buffer wg_tiles_;                        // ... and on the device
   std::vector<int64_t> host_off_;
   std::unique_ptr<MoeLtGemm> lt_gemm_;
   // FP8 experts [TAG_FP8_EXPERTS]: activations / scales (x and the down input), the gate_up

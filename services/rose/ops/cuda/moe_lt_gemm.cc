@@ -34,6 +34,9 @@ std::atomic<bool> g_lt_bf16_per_chunk{false};
 std::atomic<int> g_lt_streams{CudaKernelOptions{}.moe_lt_streams};
 std::atomic<bool> g_lt_epilogue{CudaKernelOptions{}.moe_lt_bias_epilogue};
 std::atomic<bool> g_lt_overlap{CudaKernelOptions{}.moe_lt_overlap_dequant};
+std::atomic<bool> g_lt_wgmma{CudaKernelOptions{}.moe_lt_wgmma};
+std::atomic<int64_t> g_wgmma_min_rows{CudaKernelOptions{}.moe_wgmma_min_rows_per_expert};
+std::atomic<uint64_t> g_wgmma_steps{0};
 
 // The descriptor/shape cache key of a (type, bias epilogue) pair.
 int32_t typeKey(MoeLtType type, bool bias) { return static_cast<int32_t>(type) * 2 + (bias ? 1 : 0); }
@@ -43,7 +46,13 @@ void applyMoeLt(const CudaKernelOptions& opts) {
   g_lt_streams.store(std::clamp<int>(opts.moe_lt_streams, 1, MoeLtGemm::kMaxStreams));
   g_lt_epilogue.store(opts.moe_lt_bias_epilogue);
   g_lt_overlap.store(opts.moe_lt_overlap_dequant);
+  g_lt_wgmma.store(opts.moe_lt_wgmma);
+  g_wgmma_min_rows.store(std::max<int64_t>(1, opts.moe_wgmma_min_rows_per_expert));
 }
+bool moeLtWgmma() { return g_lt_wgmma.load(); }
+int64_t moeWgmmaMinRowsPerExpert() { return g_wgmma_min_rows.load(); }
+uint64_t moeWgmmaSteps() { return g_wgmma_steps.load(); }
+void countMoeWgmmaStep() { g_wgmma_steps.fetch_add(1); }
 int moeLtStreams() { return g_lt_streams.load(); }
 bool moeLtBiasEpilogue() { return g_lt_epilogue.load(); }
 bool moeLtOverlapDequant() { return g_lt_overlap.load(); }

@@ -150,8 +150,14 @@ void applyMoeLt(const CudaKernelOptions& opts);
 int moeLtStreams();
 bool moeLtBiasEpilogue();
 bool moeLtOverlapDequant();
+// [TAG_MOE_WGMMA] the path's GEMMs as one wgmma launch per projection (moe_wgmma.cuh).
+bool moeLtWgmma();
+int64_t moeWgmmaMinRowsPerExpert();
 // MoE steps that ran on the bf16 cuBLASLt path so far (process-global; tests check it ran).
 uint64_t moeLtBf16Steps();
 void countMoeLtBf16Step();
+// ... of which on the wgmma kernel [TAG_MOE_WGMMA].
+uint64_t moeWgmmaSteps();
+void countMoeWgmmaStep();
 
 }  // namespace garden::rose::cuda

@@ -1,0 +1,50 @@
+#pragma once
+// How the wgmma MXFP4 expert GEMM (moe_wgmma.cuh) [TAG_MOE_WGMMA] cuts a step's expert-sorted rows
+// into token tiles, as a plain function (no CUDA) so a CPU test checks it.
+//
+// Each expert's R rows [off[e], off[e + 1]) are cut, in order, into ceil(R / 256) tiles of
+// near-equal size (the first R % tiles of them one row longer): a remainder tile of a few rows
+// would cost a whole pass over the expert's weights at little work, while equal tiles share the
+// rows (R = 272: 136 + 136, not 256 + 16; R = 1,040: 5 x 208). A tile's n (the wgmma N of the
+// kernel instance it runs, a multiple of 16 up to 256) is its row count rounded up to 16. Tiles
+// never span two experts, and every row of every expert is in exactly one tile; experts without
+// rows get none.
+
+#include <cstdint>
+
+namespace garden::rose::cuda {
+
+struct MoeWgmmaTile {
+  int32_t expert = 0;
+  int32_t row0 = 0;  // first row (in the expert-sorted matrix)
+  int32_t rows = 0;  // real rows: 1 .. n
+  int32_t n = 0;     // 16, 32, ..., 256: rows rounded up to 16
+};
+
+inline constexpr int32_t kMoeWgmmaMaxN = 256;
+inline constexpr int32_t moeWgmmaTileN(int64_t rows) {
+  return static_cast<int32_t>((rows + 15) / 16 * 16);
+}
+
+// Writes the tiles of experts 0 .. experts - 1 (off: [experts + 1], non-decreasing) into out
+// (capacity cap) and returns their count, or -1 when more than cap would be needed or an offset
+// does not fit int32.
+inline int64_t moeWgmmaPlanTiles(const int64_t* off, int32_t experts, MoeWgmmaTile* out, int64_t cap) {
+  int64_t count = 0;
+  for (int32_t e = 0; e < experts; ++e) {
+    int64_t r0 = off[e];
+    int64_t left = off[e + 1] - off[e];
+    if (left < 0 || off[e + 1] > INT32_MAX) return -1;
+    const int64_t tiles = (left + kMoeWgmmaMaxN - 1) / kMoeWgmmaMaxN;
+    for (int64_t i = 0; i < tiles; ++i) {
+      if (count >= cap) return -1;
+      const int64_t rows = left / tiles + (i < left % tiles ? 1 : 0);
+      out[count++] = MoeWgmmaTile{e, static_cast<int32_t>(r0), static_cast<int32_t>(rows),
+                                  moeWgmmaTileN(rows)};
+      r0 += rows;
+    }
+  }
+  return count;
+}
+
+}  // namespace garden::rose::cuda
