@@ -903,6 +903,33 @@ TEST_F(GpuGptOss, LtBf16PrefillTracksTheTiledKernels) {
   cuda::applyMoeLt(CudaKernelOptions{});
 }
 
+// A decode stream (prompt `small`) that prompt `large`'s whole prefill joins at its 5th token
+// (runs: the decode row | the large chunk), the large prompt then decoded beside it: both give
+// the tokens they gave alone.
+void decodeThenJoin(Runner& gpu, const std::vector<int32_t>& small, const std::vector<int32_t>& large,
+                    int tokens, const std::vector<int32_t>& alone_small,
+                    const std::vector<int32_t>& alone_large) {
+  Seq a, b;
+  a.tokens = small;
+  b.tokens = large;
+  std::vector<int32_t> got_a, got_b;
+  while (static_cast<int>(got_a.size()) < tokens) {
+    std::vector<Seq*> batch{&a};
+    const bool with_b = got_a.size() >= 4 && static_cast<int>(got_b.size()) < tokens;
+    if (with_b) batch.push_back(&b);
+    auto ids = step(gpu, batch, 2048, nullptr);
+    ASSERT_EQ(ids.size(), batch.size());
+    got_a.push_back(ids[0]);
+    a.tokens.push_back(ids[0]);
+    if (with_b) {
+      got_b.push_back(ids[1]);
+      b.tokens.push_back(ids[1]);
+    }
+  }
+  EXPECT_EQ(got_a, alone_small);
+  EXPECT_EQ(std::vector<int32_t>(alone_large.begin(), alone_large.begin() + got_b.size()), got_b);
+}
+
 // rose's default, --moe-prefill chunk [TAG_MOE_LT_BF16]: each prefill chunk of >= 256 rows per
 // expert (this model: 8 experts, top-4, so >= 512 tokens) runs its MoE on the bf16 cuBLASLt path
 // as a call of its own; every other row (smaller chunks, decode rows) on the tiled kernels. So a
@@ -957,27 +984,7 @@ TEST_F(GpuGptOss, ChunkModeTokensDoNotDependOnTheBatch) {
 
     // A decode stream that the large prompt's whole prefill joins at its 5th token (runs: the
     // decode row | the 600-token chunk), and the prompt then decoded beside it.
-    {
-      Seq a, b;
-      a.tokens = small;
-      b.tokens = large;
-      std::vector<int32_t> got_a, got_b;
-      while (static_cast<int>(got_a.size()) < kTokens) {
-        std::vector<Seq*> batch{&a};
-        const bool with_b = got_a.size() >= 4 && static_cast<int>(got_b.size()) < kTokens;
-        if (with_b) batch.push_back(&b);
-        auto ids = step(gpu, batch, 2048, nullptr);
-        ASSERT_EQ(ids.size(), batch.size());
-        got_a.push_back(ids[0]);
-        a.tokens.push_back(ids[0]);
-        if (with_b) {
-          got_b.push_back(ids[1]);
-          b.tokens.push_back(ids[1]);
-        }
-      }
-      EXPECT_EQ(got_a, alone_small);
-      EXPECT_EQ(std::vector<int32_t>(alone_large.begin(), alone_large.begin() + got_b.size()), got_b);
-    }
+    decodeThenJoin(gpu, small, large, kTokens, alone_small, alone_large);
 
     // [TAG_MOE_BF16_COPY] The same checkpoint with a bf16 copy of the experts (--moe-weights
     // mxfp4-bf16): the path reads the copy instead of dequantizing per call — the same tokens. (With
@@ -1013,27 +1020,7 @@ TEST_F(GpuGptOss, WgmmaChunkPathKeepsTheBatchAndTracksTheTiledKernels) {
   const auto alone_large = generate(gpu, large, kTokens, 2048, nullptr);
   EXPECT_EQ(cuda::moeWgmmaSteps() - before, layers) << "a 600-token chunk: one wgmma call per layer";
   EXPECT_EQ(generate(gpu, large, kTokens, 2048, nullptr), alone_large) << "not deterministic";
-  {
-    Seq a, b;
-    a.tokens = small;
-    b.tokens = large;
-    std::vector<int32_t> got_a, got_b;
-    while (static_cast<int>(got_a.size()) < kTokens) {
-      std::vector<Seq*> batch{&a};
-      const bool with_b = got_a.size() >= 4 && static_cast<int>(got_b.size()) < kTokens;
-      if (with_b) batch.push_back(&b);
-      auto ids = step(gpu, batch, 2048, nullptr);
-      ASSERT_EQ(ids.size(), batch.size());
-      got_a.push_back(ids[0]);
-      a.tokens.push_back(ids[0]);
-      if (with_b) {
-        got_b.push_back(ids[1]);
-        b.tokens.push_back(ids[1]);
-      }
-    }
-    EXPECT_EQ(got_a, alone_small);
-    EXPECT_EQ(std::vector<int32_t>(alone_large.begin(), alone_large.begin() + got_b.size()), got_b);
-  }
+  decodeThenJoin(gpu, small, large, kTokens, alone_small, alone_large);
   // Teacher-forced: the same tokens through the tiled kernels (the path off) and the wgmma kernel.
   std::vector<double> cosines;
   int positions = 0, agree = 0;
