@@ -5,25 +5,14 @@ order of LDG, HMMA and BAR (one letter each: L = LDG, M = HMMA, B = BAR, S = LDS
 see how many loads are issued ahead of the mma that use them.
     python3 bench/suites/sass_digest.py FILE.sass PATTERN
 """
-import re
+import os
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from sass_parse import kernels as parse  # noqa: E402
+
 path, pat = sys.argv[1], sys.argv[2]
-cur, body = None, []
-kernels = []
-for line in open(path, errors="replace"):
-    m = re.search(r"Function : (\S+)", line)
-    if m:
-        if cur:
-            kernels.append((cur, body))
-        cur, body = m.group(1), []
-        continue
-    if cur:
-        ins = re.search(r"/\*[0-9a-f]{4,}\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", line)
-        if ins:
-            body.append(ins.group(2))
-if cur:
-    kernels.append((cur, body))
+kernels = [(name, [op for _, op, _ in body]) for name, body in parse(path)]
 for name, body in kernels:
     if pat not in name:
         continue

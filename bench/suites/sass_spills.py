@@ -5,24 +5,15 @@ inside a main loop (between a backward branch's target and the branch) that also
 tensor-core op (HGMMA/HMMA) — spills there run every K step, elsewhere once per tile.
     python3 bench/suites/sass_spills.py FILE.sass PATTERN
 """
+import os
 import re
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from sass_parse import kernels as parse  # noqa: E402
+
 path, pat = sys.argv[1], sys.argv[2]
-kernels, cur, body = [], None, []
-for line in open(path, errors="replace"):
-    m = re.search(r"Function : (\S+)", line)
-    if m:
-        if cur:
-            kernels.append((cur, body))
-        cur, body = m.group(1), []
-        continue
-    if cur:
-        ins = re.search(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)([^;]*);", line)
-        if ins:
-            body.append((int(ins.group(1), 16), ins.group(3), ins.group(4)))
-if cur:
-    kernels.append((cur, body))
+kernels = parse(path)
 for name, body in kernels:
     if pat not in name:
         continue
