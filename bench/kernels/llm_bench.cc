@@ -936,9 +936,7 @@ int main(int argc, char** argv) {
   if (cuda::moeLtBf16MinTokens() > 0)
     std::printf("moe prefill: MXFP4 MoE %s of >= %lld rows per expert %s\n",
                 cuda::moeLtBf16PerChunk() ? "chunks" : "steps",
-                static_cast<long long>(cuda::moeLtWgmma() ? std::min(cuda::moeLtBf16MinRowsPerExpert(),
-                                                                     cuda::moeWgmmaMinRowsPerExpert())
-                                                          : cuda::moeLtBf16MinRowsPerExpert()),
+                static_cast<long long>(cuda::moeLtMinRowsPerExpert(cuda::moeLtWgmma())),
                 cuda::moeLtWgmma() ? "run the wgmma kernel on the MXFP4 experts [TAG_MOE_WGMMA]"
                                    : "dequantize into bf16 and run cuBLASLt GEMMs [TAG_MOE_LT_BF16]");
   if (b.model->fp8Experts()) {

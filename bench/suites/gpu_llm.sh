@@ -53,7 +53,6 @@
 #             against the tiled kernels: 20b 512..2048 tokens, 120b 2k..8k (the threshold)
 #   wgmem     compute-sanitizer memcheck over the wgmma op test
 #   wgsass    where the wgmma kernel's register spills sit (bench/suites/sass_spills.py)
-#   wgpers    prefill 8k / 32k, 20b and 120b, with the wgmma kernel persistent and one block per item
 #   wgcross2  the chunk path from 1 row per expert against the tiled kernels at small chunks (20b
 #             128..512 tokens, 120b 512..1536)
 #   wgncu120  per-kernel times of an 8k 120b prefill (ncu)
@@ -234,7 +233,6 @@ for s in $STEPS; do
     wgncu) step wgncu wgncu.txt 240 bash -c "ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv --log-file '$LOGS/ncu_prefill_wg.csv' '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192 --decode '' --profile --moe-lt-wgmma on >/dev/null 2>&1; python3 '$ROOT/bench/suites/ncu_llm_summary.py' '$LOGS/ncu_prefill_wg.csv'" ;;
     wgmem) step wgmem wg_mem.log 300 compute-sanitizer --tool memcheck --error-exitcode 3 "$BIN/gpu_llm_ops_test" --gtest_filter='GpuFp8Moe.WgmmaExperts*' ;;
     wgsass) step wgsass wgsass.txt 120 bash -c "cuobjdump -sass '$BIN/rose_llm_bench' > '$LOGS/rlb.sass' 2>&1; python3 '$ROOT/bench/suites/sass_spills.py' '$LOGS/rlb.sass' moeWgmma" ;;
-    wgpers) step wgpers wgpers.txt 320 bash -c "for m in /tmp/gptoss20b /dev/shm/gptoss120b; do for v in on off; do echo \"== \$m --moe-wgmma-persistent \$v\"; '$BIN/rose_llm_bench' --model \$m --prefill 8192,32768 --prefill-reps 3 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --moe-wgmma-persistent \$v 2>&1 | grep -v 'gemm tuned'; done; done" ;;
     wgcross2) step wgcross2 wgcross2.txt 300 bash -c "for m in '/tmp/gptoss20b 128,256,384,512' '/dev/shm/gptoss120b 512,1024,1536'; do set -- \$m; for v in tiled chunk; do echo \"== \$1 --moe-prefill \$v\"; '$BIN/rose_llm_bench' --model \$1 --prefill \$2 --prefill-reps 5 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --moe-prefill \$v --moe-prefill-min-rows 1 2>&1 | grep -v 'gemm tuned'; done; done" ;;
     wgncu120) step wgncu120 wgncu120.txt 240 bash -c "ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv --log-file '$LOGS/ncu_prefill_wg120.csv' '$BIN/rose_llm_bench' --model /dev/shm/gptoss120b --prefill 8192 --decode '' --profile --kv-tokens 140000 >/dev/null 2>&1; python3 '$ROOT/bench/suites/ncu_llm_summary.py' '$LOGS/ncu_prefill_wg120.csv'" ;;
     sweepab) step sweepab sweepab.txt 300 bash -c "for v in 1 0; do echo \"== GARDEN_MOE_LT_WGMMA=\$v\"; GARDEN_MOE_LT_WGMMA=\$v TAG=_wg\$v bash '$ROOT/bench/suites/gpu_chat_sweep.sh' '$BIN' /tmp/gptoss20b '$BIN/tokenizer.json' '$LOGS/sweepab' 256; done" ;;

@@ -630,9 +630,8 @@ class CudaLlmOps final : public LlmOps {
     // one of the wgmma kernel [TAG_MOE_WGMMA] when it runs these experts. A chunk the model cut at
     // the wgmma floor (kTake) that the kernel cannot run is held to the cuBLASLt floor here.
     const bool wgmma = useWgmma(w1, w2);
-    const int64_t floor_rows = wgmma ? std::min(moeLtBf16MinRowsPerExpert(), moeWgmmaMinRowsPerExpert())
-                                     : moeLtBf16MinRowsPerExpert();
-    const bool enough_rows = t * p.top_k >= floor_rows * static_cast<int64_t>(p.num_experts);
+    const bool enough_rows =
+        t * p.top_k >= moeLtMinRowsPerExpert(wgmma) * static_cast<int64_t>(p.num_experts);
     if (p.lt == MoeLtChoice::kBySize && (t < min_tokens || !enough_rows)) return false;
     if (p.lt == MoeLtChoice::kTake && !enough_rows) return false;
     if (w1.format != ExpertFormat::kMxfp4 || w2.format != ExpertFormat::kMxfp4) return false;
@@ -667,9 +666,7 @@ class CudaLlmOps final : public LlmOps {
 
   int64_t moeChunkMinRowsPerExpert() const override {
     if (!moeLtBf16PerChunk() || moeLtBf16MinTokens() <= 0 || !lt_ready_) return 0;
-    const int64_t rows = wgmmaOn() ? std::min(moeLtBf16MinRowsPerExpert(), moeWgmmaMinRowsPerExpert())
-                                   : moeLtBf16MinRowsPerExpert();
-    return std::max<int64_t>(1, rows);
+    return std::max<int64_t>(1, moeLtMinRowsPerExpert(wgmmaOn()));
   }
 
   // The expert ranges of the cuBLASLt paths (block_m kLtBlockM): the pinned tile copy, its
@@ -910,8 +907,11 @@ class CudaLlmOps final : public LlmOps {
     cudaStream_t st = b_.stream();
     const int64_t t = x.rows();
     const ExpertRanges r = hostExpertRanges(topk_ids, t, p, st);
+    checkOk(launchGatherRows(x.data, t, r.row_token, r.rows,
+                             static_cast<int64_t>(sizeof(bf16)) * p.hidden, lt_x_.data(), st),
+            "moeExperts/gather_bf16");
     if (useWgmma(w1, w2)) {
-      moeExpertsWgmma(x, r, topk_weights, w1, b1, w2, b2, out, p);
+      moeExpertsWgmma(r, t, topk_weights, w1, b1, w2, b2, out, p);
       return;
     }
     bf16* wq = static_cast<bf16*>(lt_w_.data());
@@ -921,10 +921,6 @@ class CudaLlmOps final : public LlmOps {
     // the gate_up dequantization (both are bandwidth-bound; the gate_up matmuls are not).
     const bool overlap = w2.bf16_copy.empty() && overlapDequant() &&
                          w2.experts * w2.rows * w2.cols <= lt_w2_elems_;
-
-    checkOk(launchGatherRows(x.data, t, r.row_token, r.rows,
-                             static_cast<int64_t>(sizeof(bf16)) * p.hidden, lt_x_.data(), st),
-            "moeExperts/gather_bf16");
     auto dequant = [&](const ExpertWeights& w, bf16* to, cudaStream_t on, const char* what) {
       Mxfp4DequantArgs d;
       d.codes = static_cast<const uint8_t*>(w.codes.data);
@@ -995,22 +991,18 @@ class CudaLlmOps final : public LlmOps {
     countMoeLtBf16Step();
   }
 
-  // [TAG_MOE_WGMMA] the rows gathered as for cuBLASLt, then one wgmma launch per projection over
-  // the resident MXFP4 experts (gate_up with bias and SwiGLU in its epilogue, down with bias),
-  // then the combine.
-  void moeExpertsWgmma(const Tensor& x, const ExpertRanges& r, const Tensor& topk_weights,
+  // [TAG_MOE_WGMMA] over the rows moeExpertsLtBf16 gathered into lt_x_: one wgmma launch per
+  // projection over the resident MXFP4 experts (gate_up with bias and SwiGLU in its epilogue,
+  // down with bias), then the combine.
+  void moeExpertsWgmma(const ExpertRanges& r, int64_t t, const Tensor& topk_weights,
                        const ExpertWeights& w1, const Tensor& b1, const ExpertWeights& w2,
                        const Tensor& b2, const Tensor& out, const MoeExpertsParams& p) {
     cudaStream_t st = b_.stream();
-    const int64_t t = x.rows();
     const int64_t tiles = moeWgmmaPlanTiles(host_off_.data(), p.num_experts, host_wg_tiles_, range_max_tiles_);
     require(tiles >= 0, "moeExperts", "wgmma token tiles exceed the workspace");
     // Pinned and rewritten only after the next layer's range wait, which follows this copy.
     CUDA_CHECK(cudaMemcpyAsync(wg_tiles_.data(), host_wg_tiles_, sizeof(MoeWgmmaTile) * static_cast<size_t>(tiles),
                                cudaMemcpyHostToDevice, st));
-    checkOk(launchGatherRows(x.data, t, r.row_token, r.rows,
-                             static_cast<int64_t>(sizeof(bf16)) * p.hidden, lt_x_.data(), st),
-            "moeExperts/gather_bf16");
     MoeWgmmaArgs g1;
     g1.x = static_cast<const bf16*>(lt_x_.data());
     g1.x_rows = r.rows;

@@ -51,6 +51,10 @@ void applyMoeLt(const CudaKernelOptions& opts) {
 }
 bool moeLtWgmma() { return g_lt_wgmma.load(); }
 int64_t moeWgmmaMinRowsPerExpert() { return g_wgmma_min_rows.load(); }
+int64_t moeLtMinRowsPerExpert(bool wgmma) {
+  const int64_t lt = moeLtBf16MinRowsPerExpert();
+  return wgmma ? std::min(lt, moeWgmmaMinRowsPerExpert()) : lt;
+}
 uint64_t moeWgmmaSteps() { return g_wgmma_steps.load(); }
 void countMoeWgmmaStep() { g_wgmma_steps.fetch_add(1); }
 int moeLtStreams() { return g_lt_streams.load(); }

@@ -153,6 +153,10 @@ bool moeLtOverlapDequant();
 // [TAG_MOE_WGMMA] the path's GEMMs as one wgmma launch per projection (moe_wgmma.cuh).
 bool moeLtWgmma();
 int64_t moeWgmmaMinRowsPerExpert();
+// The rows-per-expert floor of the path's calls (chunks or steps): the cuBLASLt GEMMs'
+// (moeLtBf16MinRowsPerExpert), or with the wgmma kernel running them the smaller of that and
+// moeWgmmaMinRowsPerExpert.
+int64_t moeLtMinRowsPerExpert(bool wgmma);
 // MoE steps that ran on the bf16 cuBLASLt path so far (process-global; tests check it ran).
 uint64_t moeLtBf16Steps();
 void countMoeLtBf16Step();

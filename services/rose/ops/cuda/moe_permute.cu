@@ -8,6 +8,13 @@ namespace {
 constexpr int kAlignThreads = 1024;
 constexpr int kAlignWarps = kAlignThreads / 32;
 
+// The expert of assignment i of a warp range ending at hi: -1 past the range and for ids outside
+// [0, num_experts) (both passes of moeAlignKernel read it the same way).
+__device__ __forceinline__ int alignExpertOf(const MoeAlignArgs& a, int i, int hi) {
+  const int e = i < hi ? a.topk_ids[i] : -1;
+  return e >= 0 && e < a.num_experts ? e : -1;
+}
+
 // One block. [TAG_MOE_ALIGN_RANGES] Warp w owns the contiguous assignments [w * per, (w + 1) *
 // per): it counts its experts (pass 1), the counts are scanned over the warps once, and it ranks
 // its assignments in (token, k) order from its range's offset (pass 2) — three block barriers in
@@ -31,9 +38,7 @@ __global__ void __launch_bounds__(kAlignThreads) moeAlignKernel(MoeAlignArgs a) 
   __syncthreads();
   for (int s0 = lo; s0 < hi; s0 += 32) {  // pass 1 (the bounds are warp-uniform)
     const int i = s0 + lane;
-    int e = i < hi ? a.topk_ids[i] : -1;
-    if (e >= ne) e = -1;
-    if (e < 0) e = -1;
+    const int e = alignExpertOf(a, i, hi);
     const unsigned peers = __match_any_sync(0xffffffffu, e);
     if (e >= 0 && (peers & lanes_before) == 0) wc[warp][e] += __popc(peers);
     __syncwarp();
@@ -72,9 +77,7 @@ __global__ void __launch_bounds__(kAlignThreads) moeAlignKernel(MoeAlignArgs a) 
   __syncthreads();
   for (int s0 = lo; s0 < hi; s0 += 32) {  // pass 2
     const int i = s0 + lane;
-    int e = i < hi ? a.topk_ids[i] : -1;
-    if (e >= ne) e = -1;
-    if (e < 0) e = -1;
+    const int e = alignExpertOf(a, i, hi);
     const unsigned peers = __match_any_sync(0xffffffffu, e);
     const int rank = __popc(peers & lanes_before);
     if (e >= 0) {
