@@ -52,6 +52,8 @@
 //   --router-fused on|off: the f32 router's top-k inside the router kernel (default off,
 //              cuda::setRouterFusedRoute [TAG_ROUTER_FUSED_ROUTE]; same bits); off: the separate
 //              route kernel.
+//   --router-mma on|off: the f32 router on bf16 tensor cores with split operands (default on,
+//              CudaKernelOptions::router_mma [TAG_ROUTER_MMA]); off: the CUDA-core f32 kernel.
 //   --moe-prefetch N: the MXFP4 decode MoE kernel asks L2 for its weight tiles N K tiles beyond
 //              its register ring (cuda::setMoeL2Prefetch [TAG_MOE_L2_PREFETCH]; same bits; 0 off).
 //              With --moe-gemm, a list: the default decode shape at each distance.
@@ -362,6 +364,7 @@ void applyLtFlags(BackendOptions& bo) {
   bo.cuda.moe_lt_overlap_dequant = g_lt_flags.moe_lt_overlap_dequant;
   bo.cuda.moe_lt_wgmma = g_lt_flags.moe_lt_wgmma;
   bo.cuda.moe_wgmma_min_rows_per_expert = g_lt_flags.moe_wgmma_min_rows_per_expert;
+  bo.cuda.router_mma = g_lt_flags.router_mma;
 }
 
 struct OpsBench {
@@ -801,6 +804,7 @@ int main(int argc, char** argv) {
     else if (a == "--gemm-gemv") cuda::setLlmGemv(next() == "on");
     else if (a == "--gemm-flush") cuda::GemmRunner::setReadFlush(next() == "read");
     else if (a == "--router-fused") cuda::setRouterFusedRoute(next() == "on");
+    else if (a == "--router-mma") g_lt_flags.router_mma = next() == "on";
     else if (a == "--fp8-min-tokens") fp8_min_tokens = std::atoll(next().c_str());
     else if (a == "--moe-prefill") {
       if (!moePrefillFromName(next(), &moe_prefill)) {

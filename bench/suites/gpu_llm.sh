@@ -56,6 +56,13 @@
 #   wgcross2  the chunk path from 1 row per expert against the tiled kernels at small chunks (20b
 #             128..512 tokens, 120b 512..1536)
 #   wgncu120  per-kernel times of an 8k 120b prefill (ncu)
+#   routerops gpu_llm_ops_test '*MoeRoute*': the route and both f32 routers (the CUDA-core kernel and
+#             the tensor-core one [TAG_ROUTER_MMA]) against the CPU and f64 sums
+#   routermem compute-sanitizer memcheck over the router tests
+#   routerab / routerab120b  prefill 8k / 32k (median of 3) and decode with --router-mma on and off
+#             (needs mk20b / mk120b)
+#   stepab    256 streams 1k/1k through the mesh with GARDEN_MOE_PREFILL=step (whole steps on the
+#             MoE prefill path) and chunk (the default)
 #   sweepab   256 streams 1k/1k through the mesh with the wgmma kernel (default: chunks from 64 rows
 #             per expert take it) and without (GARDEN_MOE_LT_WGMMA=0: the cuBLASLt GEMMs from 256)
 #   mesh      bench/suites/gpu_mesh_smoke.sh: tulip + rose --device cuda + ivy on the 20b-shaped
@@ -228,6 +235,11 @@ for s in $STEPS; do
     wgncufull) step wgncufull wgncufull.txt 240 bash -c "ncu --set full -k regex:moeWgmma -c 2 '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 2>&1 | grep -v 'gemm tuned' | tail -260" ;;
     wgcross) step wgcross wgcross.txt 300 bash -c "for m in '/tmp/gptoss20b 512,1024,1536,2048' '/dev/shm/gptoss120b 2048,4096,6144,8192'; do set -- \$m; for v in tiled chunk; do echo \"== \$1 --moe-prefill \$v\"; '$BIN/rose_llm_bench' --model \$1 --prefill \$2 --prefill-reps 3 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --moe-prefill \$v --moe-prefill-min-rows 1 2>&1 | grep -v 'gemm tuned'; done; done" ;;
     wgmodel) step wgmodel wg_model.log 240 "$BIN/gpu_llm_model_test" --gtest_filter='*Wgmma*:*ChunkMode*:*LtBf16Prefill*' ;;
+    routerops) step routerops router_ops.log 200 "$BIN/gpu_llm_ops_test" --gtest_filter='*MoeRoute*' ;;
+    routermem) step routermem router_mem.log 200 compute-sanitizer --tool memcheck --error-exitcode 3 "$BIN/gpu_llm_ops_test" --gtest_filter='*MoeRouteMma*:*MoeRouteF32Matches*' ;;
+    routerab) step routerab routerab.txt 300 bash -c "for v in on off; do echo \"== --router-mma \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192,32768 --prefill-reps 3 --decode 1@8192,64@1024 --decode-steps 32 --max-batch-tokens 16384 --kv-tokens 140000 --router-mma \$v 2>&1 | grep -v 'gemm tuned'; done" ;;
+    routerab120b) step routerab120b routerab120b.txt 320 bash -c "for v in on off; do echo \"== --router-mma \$v\"; '$BIN/rose_llm_bench' --model /dev/shm/gptoss120b --prefill 8192,32768 --prefill-reps 3 --decode 1@8192 --decode-steps 32 --max-batch-tokens 16384 --kv-tokens 140000 --router-mma \$v 2>&1 | grep -v 'gemm tuned'; done" ;;
+    stepab) step stepab stepab.txt 300 bash -c "for v in step chunk; do echo \"== GARDEN_MOE_PREFILL=\$v\"; GARDEN_MOE_PREFILL=\$v TAG=_\$v bash '$ROOT/bench/suites/gpu_chat_sweep.sh' '$BIN' /tmp/gptoss20b '$BIN/tokenizer.json' '$LOGS/stepab' 256; done" ;;
     wgab) step wgab wgab.txt 300 bash -c "for v in on off; do echo \"== --moe-lt-wgmma \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192,32768 --prefill-reps 3 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --moe-lt-wgmma \$v 2>&1 | grep -v 'gemm tuned'; done; echo '== --moe-lt-wgmma on, long'; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 65536,131072 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --moe-lt-wgmma on 2>&1 | grep -v 'gemm tuned'" ;;
     wgab120b) step wgab120b wgab120b.txt 320 bash -c "for v in on off; do echo \"== --moe-lt-wgmma \$v\"; '$BIN/rose_llm_bench' --model /dev/shm/gptoss120b --prefill 8192,32768 --prefill-reps 3 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --moe-lt-wgmma \$v 2>&1 | grep -v 'gemm tuned'; done" ;;
     wgncu) step wgncu wgncu.txt 240 bash -c "ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv --log-file '$LOGS/ncu_prefill_wg.csv' '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192 --decode '' --profile --moe-lt-wgmma on >/dev/null 2>&1; python3 '$ROOT/bench/suites/ncu_llm_summary.py' '$LOGS/ncu_prefill_wg.csv'" ;;

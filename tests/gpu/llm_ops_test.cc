@@ -30,6 +30,7 @@
 #include "services/rose/ops/cuda/moe_gemm.cuh"
 #include "services/rose/ops/cuda/moe_permute.cuh"
 #include "services/rose/ops/cuda/moe_router_f32.cuh"
+#include "services/rose/ops/router_split.h"
 #include "services/rose/ops/cuda/paged_attention.cuh"
 #include "services/rose/ops/cuda/paged_attention_sm90.cuh"
 #include "services/rose/ops/paged_kv_cache.h"
@@ -62,6 +63,13 @@ class GpuLlmOps : public ::testing::Test {
     cops_ = std::move(c).value();
     gops_ = std::move(g).value();
     rng_.seed(::testing::UnitTest::GetInstance()->random_seed() + 777);
+  }
+  // wt F32 [h, e] as the tensor-core router's BF16 split [2, Ep, Hp] [TAG_ROUTER_MMA].
+  OwnedTensor uploadRouterSplit(const std::vector<float>& wt, int64_t h, int64_t e) {
+    const std::vector<uint16_t> s = routerSplitWeights(wt.data(), h, e);
+    std::vector<float> f(s.size());
+    for (size_t i = 0; i < s.size(); ++i) f[i] = bf16ToF32(s[i]);  // bf16 values: exact
+    return upload(gpu(), DType::kBF16, {2, routerSplitPaddedE(e), routerSplitPaddedH(h)}, f);
   }
   // Sizes the GPU ops' workspaces for steps up to these limits.
   void reserve(int64_t tokens, int32_t seqs, int32_t hq, int32_t hkv, int32_t hidden = 64,
@@ -604,14 +612,17 @@ TEST_F(GpuLlmOps, MoeRouteMatchesCpu) {
 // [TAG_ROUTER_F32] The f32 router (logits from the f32 stream, the norm folded into f32 weights)
 // against the CPU op (double sums): the same experts wherever the k-th and (k+1)-th logits are
 // apart by more than f32 rounding could move them, weights within 1e-5; and a row alone gives the
-// bits it gives inside a batch of 1000 (the K split depends on the hidden size only).
+// bits it gives inside a batch of 1000 (the K split depends on the hidden size only). Both
+// kernels: the CUDA-core one (wt F32 [H, E]) and the tensor-core one (the BF16 split,
+// [TAG_ROUTER_MMA]).
 TEST_F(GpuLlmOps, MoeRouteF32MatchesCpuAndIsBatchInvariant) {
   struct Case { int64_t t, h, e; int32_t k; };
+  for (bool mma : {false, true})
   for (Case c : {Case{1, 2880, 32, 4}, Case{16, 2880, 32, 4}, Case{17, 288, 8, 4},
                  Case{1000, 2880, 128, 4}, Case{257, 96, 4, 2}, Case{3, 2880, 32, 4},
-                 Case{40, 260, 12, 3}, Case{5, 4608, 32, 4}}) {
-    SCOPED_TRACE("T=" + std::to_string(c.t) + " H=" + std::to_string(c.h) + " E=" +
-                 std::to_string(c.e) + " k=" + std::to_string(c.k));
+                 Case{40, 260, 12, 3}, Case{5, 4608, 32, 4}, Case{130, 2880, 36, 4}}) {
+    SCOPED_TRACE(std::string(mma ? "mma" : "simt") + " T=" + std::to_string(c.t) + " H=" +
+                 std::to_string(c.h) + " E=" + std::to_string(c.e) + " k=" + std::to_string(c.k));
     reserve(std::max<int64_t>(c.t, 64), 8, 8, 8, static_cast<int32_t>(c.h), 64,
             static_cast<int32_t>(c.e), c.k);
     std::normal_distribution<float> nd(0.f, 3.f);
@@ -629,7 +640,7 @@ TEST_F(GpuLlmOps, MoeRouteF32MatchesCpuAndIsBatchInvariant) {
     auto cr = upload(cpu(), DType::kF32, {c.t, c.h}, res);
     auto gr = upload(gpu(), DType::kF32, {c.t, c.h}, res);
     auto cwt = upload(cpu(), DType::kF32, {c.h, c.e}, wt);
-    auto gwt = upload(gpu(), DType::kF32, {c.h, c.e}, wt);
+    auto gwt = mma ? uploadRouterSplit(wt, c.h, c.e) : upload(gpu(), DType::kF32, {c.h, c.e}, wt);
     auto cb = upload(cpu(), DType::kF32, {c.e}, bias);
     auto gb = upload(gpu(), gpu().weightDType(), {c.e}, bias);
     auto ci = allocate(cpu(), DType::kI32, {c.t, c.k});
@@ -681,6 +692,107 @@ TEST_F(GpuLlmOps, MoeRouteF32MatchesCpuAndIsBatchInvariant) {
       EXPECT_EQ(ids1[static_cast<size_t>(j)], gids[i]);
       EXPECT_EQ(std::memcmp(&ws1[static_cast<size_t>(j)], &gws[i], 4), 0) << "slot " << j;
     }
+  }
+}
+
+// [TAG_ROUTER_MMA] The tensor-core router's slice partials and sums of squares against f64 sums
+// of the same products, beside the CUDA-core kernel's: every partial within 2^-18 of the slice's
+// sum of |x·w| (f32 sums of <= 256 exact products stay far inside that; one dropped product of
+// the split — hi·lo, mid·hi — would be off by ~2^-9), and the tensor-core kernel's worst error
+// at most 4x the CUDA-core kernel's on the same data. Shapes with a K tail (260, 4100), an expert
+// count off the 8-expert tile (12, 36), one token and 3000.
+TEST_F(GpuLlmOps, MoeRouteMmaPartialsTrackF64Sums) {
+  struct Case { int64_t t, h, e; };
+  for (Case c : {Case{1, 2880, 32}, Case{3000, 2880, 128}, Case{77, 260, 12}, Case{65, 4100, 36},
+                 Case{200, 2880, 32}}) {
+    SCOPED_TRACE("T=" + std::to_string(c.t) + " H=" + std::to_string(c.h) + " E=" +
+                 std::to_string(c.e));
+    std::normal_distribution<float> nd(0.f, 3.f);
+    std::uniform_real_distribution<float> scale(-12.f, 12.f);
+    std::vector<float> res(static_cast<size_t>(c.t * c.h));
+    for (auto& x : res) x = nd(rng_) * std::exp2(std::round(scale(rng_)));  // wide exponents
+    auto router = randomBf16(static_cast<size_t>(c.e * c.h), rng_, -0.05f, 0.05f);
+    auto gamma = randomBf16(static_cast<size_t>(c.h), rng_, 0.5f, 1.5f);
+    std::vector<float> wt(static_cast<size_t>(c.h * c.e));
+    for (int64_t e = 0; e < c.e; ++e)
+      for (int64_t k = 0; k < c.h; ++k)
+        wt[static_cast<size_t>(k * c.e + e)] =
+            router[static_cast<size_t>(e * c.h + k)] * gamma[static_cast<size_t>(k)];
+    const int32_t splits = rose::cuda::routerF32Splits(c.h);
+    auto gr = upload(gpu(), DType::kF32, {c.t, c.h}, res);
+    auto gwt = upload(gpu(), DType::kF32, {c.h, c.e}, wt);
+    auto gsplit = uploadRouterSplit(wt, c.h, c.e);
+    auto part = allocate(gpu(), DType::kF32, {splits, c.t, c.e});
+    auto ss = allocate(gpu(), DType::kF32, {splits, c.t});
+    auto run = [&](bool mma) {
+      poison(gpu(), part.view);
+      poison(gpu(), ss.view);
+      const cudaStream_t st = dynamic_cast<cuda::CudaBackend&>(gpu()).stream();
+      if (mma) {
+        rose::cuda::RouterMmaArgs a;
+        a.residual = gr.view.as<float>();
+        a.w = gsplit.view.as<uint16_t>();
+        a.part = part.view.as<float>();
+        a.ss = ss.view.as<float>();
+        a.num_tokens = c.t;
+        a.hidden = static_cast<int32_t>(c.h);
+        a.num_experts = static_cast<int32_t>(c.e);
+        EXPECT_TRUE(rose::cuda::launchRouterMmaPartials(a, st).isOk());
+      } else {
+        rose::cuda::RouterF32Args a;
+        a.residual = gr.view.as<float>();
+        a.wt = gwt.view.as<float>();
+        a.part = part.view.as<float>();
+        a.ss = ss.view.as<float>();
+        a.num_tokens = c.t;
+        a.hidden = static_cast<int32_t>(c.h);
+        a.num_experts = static_cast<int32_t>(c.e);
+        EXPECT_TRUE(rose::cuda::launchRouterF32Partials(a, st).isOk());
+      }
+      return std::make_pair(download(gpu(), part.view), download(gpu(), ss.view));
+    };
+    // Relative error of every partial against its slice's sum of |products|.
+    auto worst = [&](const std::pair<std::vector<float>, std::vector<float>>& got) {
+      double w = 0;
+      for (int32_t s = 0; s < splits; ++s) {
+        const int64_t k0 = static_cast<int64_t>(s) * rose::cuda::kRouterF32SliceK;
+        const int64_t k1 = std::min<int64_t>(c.h, k0 + rose::cuda::kRouterF32SliceK);
+        for (int64_t t = 0; t < c.t; ++t) {
+          double sq = 0;
+          std::vector<double> dot(static_cast<size_t>(c.e), 0.0), mag(static_cast<size_t>(c.e), 0.0);
+          for (int64_t k = k0; k < k1; ++k) {
+            const double x = res[static_cast<size_t>(t * c.h + k)];
+            sq += x * x;
+            for (int64_t e = 0; e < c.e; ++e) {
+              const double p = x * wt[static_cast<size_t>(k * c.e + e)];
+              dot[static_cast<size_t>(e)] += p;
+              mag[static_cast<size_t>(e)] += std::fabs(p);
+            }
+          }
+          const double gs = got.second[static_cast<size_t>(s * c.t + t)];
+          EXPECT_LE(std::fabs(gs - sq), std::ldexp(sq, -18) + 1e-30)
+              << "ss slice " << s << " token " << t;
+          for (int64_t e = 0; e < c.e; ++e) {
+            const double g = got.first[static_cast<size_t>((s * c.t + t) * c.e + e)];
+            const double m = mag[static_cast<size_t>(e)];
+            const double err = std::fabs(g - dot[static_cast<size_t>(e)]);
+            if (m > 0) w = std::max(w, err / m);
+            if (err > std::ldexp(m, -18) + 1e-30) {
+              ADD_FAILURE() << "slice " << s << " token " << t << " expert " << e << ": " << g
+                            << " vs " << dot[static_cast<size_t>(e)] << " (sum |p| " << m << ")";
+              return w;
+            }
+          }
+        }
+      }
+      return w;
+    };
+    const double w_simt = worst(run(false));
+    const double w_mma = worst(run(true));
+    std::printf("router partials T=%lld H=%lld E=%lld: worst |err| / sum|p| simt %.3g mma %.3g\n",
+                static_cast<long long>(c.t), static_cast<long long>(c.h),
+                static_cast<long long>(c.e), w_simt, w_mma);
+    EXPECT_LE(w_mma, 4 * w_simt + 1e-9);
   }
 }
 

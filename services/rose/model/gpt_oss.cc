@@ -12,6 +12,7 @@
 #include "common/safetensors.h"
 #include "services/rose/model/weights.h"
 #include "services/rose/model/mxfp4.h"
+#include "services/rose/ops/router_split.h"
 #include "services/rose/ops/sampler.h"
 
 namespace garden::rose {
@@ -74,8 +75,10 @@ Result<OwnedTensor> uploadOne(Backend& b, const SafetensorsCheckpoint& ck, const
 }
 
 // [TAG_ROUTER_F32] wt[k, e] = router[e, k] · norm[k] in f32, [H, E] (exact for bf16 inputs: the
-// product of two 8-bit significands fits f32's 24).
-Result<OwnedTensor> uploadRouterF32(Backend& b, const TensorView& router, const TensorView& norm) {
+// product of two 8-bit significands fits f32's 24). split: as its exact bf16 halves, BF16
+// [2, Ep, Hp] (router_split.h), for ops whose routerF32Split() [TAG_ROUTER_MMA].
+Result<OwnedTensor> uploadRouterF32(Backend& b, const TensorView& router, const TensorView& norm,
+                                    bool split) {
   ASSIGN_OR_RETURN(std::vector<float> r, router.toF32());
   ASSIGN_OR_RETURN(std::vector<float> g, norm.toF32());
   const int64_t e = router.shape[0], h = router.shape[1];
@@ -84,6 +87,15 @@ Result<OwnedTensor> uploadRouterF32(Backend& b, const TensorView& router, const 
     for (int64_t k = 0; k < h; ++k)
       wt[static_cast<size_t>(k * e + x)] =
           r[static_cast<size_t>(x * h + k)] * g[static_cast<size_t>(k)];
+  if (split) {
+    bool exact = false;
+    const std::vector<uint16_t> s = routerSplitWeights(wt.data(), h, e, &exact);
+    if (!exact) return internalError("router weights: a router x norm product is not two bf16 halves");
+    const int64_t ep = routerSplitPaddedE(e), hp = routerSplitPaddedH(h);
+    ASSIGN_OR_RETURN(OwnedTensor t, b.allocateTensor(DType::kBF16, {2, ep, hp}));
+    RETURN_IF_ERROR(b.uploadConvert(t.view, HostView{s.data(), DType::kBF16, 2 * ep * hp}));
+    return t;
+  }
   ASSIGN_OR_RETURN(OwnedTensor t, b.allocateTensor(DType::kF32, {h, e}));
   RETURN_IF_ERROR(b.uploadConvert(t.view, HostView{wt.data(), DType::kF32, h * e}));
   return t;
@@ -365,7 +377,7 @@ Result<std::unique_ptr<GptOssModel>> GptOssModel::load(const std::string& dir, B
       ASSIGN_OR_RETURN(auto* rw, requireHfTensor(*ck, p + "mlp.router.weight", {ne, h}));
       ASSIGN_OR_RETURN(auto* nw,
                        requireHfTensor(*ck, p + "post_attention_layernorm.weight", {h}));
-      ASSIGN_OR_RETURN(L.router_f32t, uploadRouterF32(b, *rw, *nw));
+      ASSIGN_OR_RETURN(L.router_f32t, uploadRouterF32(b, *rw, *nw, ops.routerF32Split()));
     }
     ASSIGN_OR_RETURN(L.b1,
                      uploadOne(b, *ck, p + "mlp.experts.gate_up_proj_bias", {ne, 2 * inter}, wt));

@@ -194,7 +194,8 @@ class GptOssModel {
   struct Layer {
     OwnedTensor input_norm, post_norm, qkv, qkv_bias, o, o_bias, sinks;
     OwnedTensor router, router_bias, b1, b2;
-    OwnedTensor router_f32t;  // [H, E] f32 (router ⊙ post_norm)ᵀ when route_f32_
+    OwnedTensor router_f32t;  // [H, E] f32 (router ⊙ post_norm)ᵀ when route_f32_ (or its bf16
+                              // split [2, Ep, Hp] when the ops ask, [TAG_ROUTER_MMA])
     ExpertWeights w1, w2;  // [E, 2I, H] and [E, H, I]
   };
 

@@ -63,6 +63,9 @@ Status cudaKernelOptionsFromEnv(CudaKernelOptions& opts) {
   int lt_wgmma = opts.moe_lt_wgmma ? 1 : 0;
   RETURN_IF_ERROR(envChoice("GARDEN_MOE_LT_WGMMA", {"0", "1"}, &lt_wgmma));
   opts.moe_lt_wgmma = lt_wgmma == 1;
+  int router_mma = opts.router_mma ? 1 : 0;
+  RETURN_IF_ERROR(envChoice("GARDEN_ROUTER_MMA", {"0", "1"}, &router_mma));
+  opts.router_mma = router_mma == 1;
   opts.moe_lt_streams = lt_streams + 1;
   opts.moe_lt_bias_epilogue = lt_epi == 1;
   opts.moe_lt_overlap_dequant = lt_overlap == 1;

@@ -219,6 +219,11 @@ struct CudaKernelOptions {
   // floor): the kernel needs no per-call dequantization, so it beats the tiled kernels from
   // ~48-64 rows per expert (measured on the H200, 2026-12-04 s10).
   int64_t moe_wgmma_min_rows_per_expert = kMoeWgmmaMinRowsPerExpert;
+  // The f32 router [TAG_ROUTER_F32] on bf16 tensor cores [TAG_ROUTER_MMA] (every product exact
+  // in f32 through split operands; ops/cuda/moe_router_f32.cuh RouterMmaArgs) instead of the
+  // CUDA-core f32 kernel: GARDEN_ROUTER_MMA=0|1. Read when a model uploads its router weights (the
+  // layout follows it).
+  bool router_mma = true;
 };
 
 // The --moe-prefill / GARDEN_MOE_PREFILL names: chunk, step (or its old name cublas), tiled.

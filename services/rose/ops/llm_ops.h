@@ -217,13 +217,17 @@ class LlmOps {
   // The f32 router [TAG_ROUTER_F32]: moeRoute's selection on logits computed from the f32
   // residual stream with the RMSNorm before the router folded into the weights:
   //   logits[t, e] = rsqrt(mean_k(residual[t, k]²) + p.norm_eps) · Σ_k residual[t, k] · wt[k, e]
-  // residual F32 [T, H]; wt F32 [H, E] = (router[e, k] · norm_weight[k])ᵀ; bias as moeRoute's.
+  // residual F32 [T, H]; wt F32 [H, E] = (router[e, k] · norm_weight[k])ᵀ — or, for ops whose
+  // routerF32Split() is true, that wt split into exact bf16 halves, BF16 [2, Ep, Hp]
+  // (router_split.h routerSplitWeights) [TAG_ROUTER_MMA]; bias as moeRoute's.
   // A model whose residual stream is wider than its activations (gpt-oss on CUDA: f32 stream,
   // bf16 activations) routes with this instead of a router GEMM on the bf16 normalized row. The
   // default fails (ops without it are never given such a model).
   virtual void moeRouteF32(const Tensor& residual, const Tensor& wt, const Tensor& bias,
                            const Tensor& topk_ids, const Tensor& topk_weights,
                            const MoeRouteParams& p);
+  // Whether moeRouteF32 wants its weights as the bf16 split (read when a model uploads them).
+  virtual bool routerF32Split() const { return false; }
 
   // out [T, H] = Σ_k w[t,k] · (W2[e] · a + b2[e]), e = ids[t,k], with h = W1[e] · x[t] + b1[e],
   // gate = h[0::2], up = h[1::2] (interleaved rows), a = min(gate, L) · sigmoid(α · min(gate, L))

@@ -12,6 +12,7 @@
 #include "services/rose/ops/cuda/paged_attention_sm90.cuh"
 #include "services/rose/ops/cuda/embedding.cuh"
 #include "services/rose/ops/cuda/moe_lt_gemm.h"
+#include "services/rose/ops/cuda/moe_router_f32.cuh"
 #include "services/rose/ops/cuda/pool.cuh"
 #include "services/rose/ops/cuda/qk_norm_rope.cuh"
 #include "services/rose/ops/cuda/rms_norm.cuh"
@@ -25,6 +26,7 @@ Result<std::unique_ptr<Backend>> makeCudaBackend(const BackendOptions& opts) {
   cuda::setPagedAttnSm90(opts.cuda.paged_attention_sm90_min_tokens, true);
   cuda::applyMoePrefill(opts.cuda.moe_prefill, opts.cuda.moe_prefill_min_rows_per_expert);
   cuda::applyMoeLt(opts.cuda);
+  cuda::setRouterMma(opts.cuda.router_mma);  // [TAG_ROUTER_MMA]
   return std::unique_ptr<Backend>(std::move(b));
 }
 

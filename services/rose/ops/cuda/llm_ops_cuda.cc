@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "services/rose/ops/cuda/cuda_backend.h"
+#include "services/rose/ops/router_split.h"
 #include "services/rose/ops/cuda/cuda_utils.h"
 #include "services/rose/ops/cuda/fp8_act_quant.cuh"
 #include "services/rose/ops/cuda/fp8_block.h"
@@ -146,6 +147,7 @@ class CudaLlmOps final : public LlmOps {
 
   bool supportsFp8Experts() const override { return true; }
   bool supportsBf16ExpertCopy() const override { return true; }
+  bool routerF32Split() const override { return routerMma(); }  // [TAG_ROUTER_MMA]
 
   Result<ExpertWeights> uploadMxfp4Experts(const uint8_t* codes, const uint8_t* scales,
                                            int64_t experts, int64_t rows, int64_t cols,
@@ -425,20 +427,25 @@ class CudaLlmOps final : public LlmOps {
                    const Tensor& topk_ids, const Tensor& topk_weights,
                    const MoeRouteParams& p) override {
     require(reserved_, "moeRouteF32", "reserve() was not called");
-    require(is(residual, DType::kF32) && is(wt, DType::kF32) && is(topk_ids, DType::kI32) &&
-                is(topk_weights, DType::kF32),
-            "moeRouteF32", "residual F32, wt F32, ids I32, weights F32");
+    // [TAG_ROUTER_MMA] The split weights (BF16 [2, Ep, Hp]) run the tensor-core kernel.
+    const bool split = is(wt, DType::kBF16);
+    require(is(residual, DType::kF32) && (split || is(wt, DType::kF32)) &&
+                is(topk_ids, DType::kI32) && is(topk_weights, DType::kF32),
+            "moeRouteF32", "residual F32, wt F32 (or the BF16 split), ids I32, weights F32");
     const int64_t t = residual.rows();
-    require(residual.cols() == lim_.hidden && wt.rows() == lim_.hidden &&
-                wt.cols() == lim_.num_experts && t <= lim_.max_tokens,
+    require(residual.cols() == lim_.hidden && t <= lim_.max_tokens &&
+                (split ? wt.shape.size() == 3 && wt.shape[0] == 2 &&
+                             wt.shape[1] == routerSplitPaddedE(lim_.num_experts) &&
+                             wt.shape[2] == routerSplitPaddedH(lim_.hidden)
+                       : wt.rows() == lim_.hidden && wt.cols() == lim_.num_experts),
             "moeRouteF32", "shapes exceed what reserve() allowed");
-    require(bias.empty() || (bias.dtype == DType::kBF16 && bias.numel() == wt.cols()),
+    require(bias.empty() || (bias.dtype == DType::kBF16 && bias.numel() == lim_.num_experts),
             "moeRouteF32", "bias must be BF16 [E]");
     require(topk_ids.numel() == t * p.top_k && topk_weights.numel() == topk_ids.numel(),
             "moeRouteF32", "top-k shape mismatch");
     RouterF32Args r;
     r.residual = residual.as<float>();
-    r.wt = wt.as<float>();
+    r.wt = split ? nullptr : wt.as<float>();
     r.part = static_cast<float*>(router_part_.data());
     r.ss = static_cast<float*>(router_ss_.data());
     r.num_tokens = t;
@@ -456,6 +463,19 @@ class CudaLlmOps final : public LlmOps {
     a.ss = r.ss;
     a.hidden = lim_.hidden;
     a.eps = p.norm_eps;
+    if (split) {
+      RouterMmaArgs m;
+      m.residual = r.residual;
+      m.w = wt.as<uint16_t>();
+      m.part = r.part;
+      m.ss = r.ss;
+      m.num_tokens = t;
+      m.hidden = lim_.hidden;
+      m.num_experts = lim_.num_experts;
+      checkOk(launchRouterMmaPartials(m, b_.stream()), "moeRouteF32");
+      checkOk(launchMoeRoute(a, b_.stream()), "moeRouteF32");
+      return;
+    }
     if (routerFusedRoute()) {  // [TAG_ROUTER_FUSED_ROUTE]: one kernel
       r.route_counters = static_cast<unsigned int*>(router_counters_.data());
       r.route = a;

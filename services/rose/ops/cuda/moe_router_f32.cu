@@ -1,3 +1,5 @@
+#include <atomic>
+
 #include "services/rose/ops/cuda/common.cuh"
 #include "services/rose/ops/cuda/cuda_utils.h"
 #include "services/rose/ops/cuda/moe_router_f32.cuh"
@@ -133,11 +135,151 @@ __global__ void __launch_bounds__(kThreads) routerF32Kernel(RouterF32Args a) {
   if (tid == 0) a.route_counters[blockIdx.x] = 0u;  // ready for the next launch
 }
 
-bool g_fused_route = false;  // measured slower in the graphed step (see the header)
+// [TAG_ROUTER_MMA] The tensor-core router (moe_router_f32.cuh RouterMmaArgs).
+constexpr int kMmaWarps = 4;
+constexpr int kMmaTok = 16 * kMmaWarps;  // tokens per block (16 per warp: the mma's M)
+constexpr int kMmaNTiles = 8;            // n-tiles of 8 experts per warp
+constexpr int kMmaExp = 8 * kMmaNTiles;  // experts per block
+constexpr int kMmaGroup = 4;             // n-tiles whose weights are loaded together
+constexpr int kMmaSteps = kRouterF32SliceK / 32;
+static_assert(kRouterF32SliceK % 32 == 0, "a slice is whole k32 steps");
+
+// x == hi + mid + lo exactly (each difference is exact in f32; 3 x 8 significand bits plus the
+// rounding signs cover f32's 24). Packed in pairs as the mma fragments want them.
+__device__ __forceinline__ void splitPair(float x0, float x1, uint32_t& hi, uint32_t& mid,
+                                          uint32_t& lo) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
+  const float r0 = x0 - __low2float(h), r1 = x1 - __high2float(h);
+  const __nv_bfloat162 m = __floats2bfloat162_rn(r0, r1);
+  const __nv_bfloat162 l = __floats2bfloat162_rn(r0 - __low2float(m), r1 - __high2float(m));
+  hi = *reinterpret_cast<const uint32_t*>(&h);
+  mid = *reinterpret_cast<const uint32_t*>(&m);
+  lo = *reinterpret_cast<const uint32_t*>(&l);
+}
+
+// Warp w of block (expert tile, token tile, slice) owns tokens t0 + 16w .. + 15 and the block's
+// 64 experts over the slice's k32 steps. The K order inside a k32 step is permuted (the same
+// permutation for A and B, so the dot products are unchanged): thread (g = lane / 4, t = lane % 4)
+// holds, for k16 half h, physical columns k0 + 8t + 4h + {0, 1} in fragment slots {2t, 2t + 1}
+// and + {2, 3} in slots {2t + 8, 2t + 9}. So a thread reads 8 consecutive floats of each of its
+// two rows (two float4) and 8 consecutive bf16 of each expert row of either weight plane (one
+// 16-byte load each): no shared memory, the four warps' weight loads meet in L1.
+__global__ void __launch_bounds__(kMmaWarps * 32, 4) routerMmaKernel(RouterMmaArgs a) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int64_t tw = static_cast<int64_t>(blockIdx.y) * kMmaTok + warp * 16;
+  if (tw >= a.num_tokens) return;  // no block-wide synchronization below
+  const int e0 = static_cast<int>(blockIdx.x) * kMmaExp;
+  const int slice = static_cast<int>(blockIdx.z);
+  const int kbase = slice * kRouterF32SliceK;
+  const int ksteps = min(kMmaSteps, (a.hidden - kbase + 31) / 32);
+  const int64_t hp = (a.hidden + 31) / 32 * 32;
+  const int64_t ep = (a.num_experts + 7) / 8 * 8;
+  const int ntiles = min(kMmaNTiles, static_cast<int>((ep - e0) / 8));
+  const int64_t r0 = tw + g, r1 = r0 + 8;
+  const bool v0 = r0 < a.num_tokens, v1 = r1 < a.num_tokens;
+  const float* x0 = a.residual + (v0 ? r0 : 0) * a.hidden;
+  const float* x1 = a.residual + (v1 ? r1 : 0) * a.hidden;
+  const uint16_t* whi = a.w + static_cast<int64_t>(e0 + g) * hp + kbase + 8 * t;
+  const int64_t lo_plane = ep * hp;
+
+  float acc[kMmaNTiles][4];
+#pragma unroll
+  for (int j = 0; j < kMmaNTiles; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+  float ss0 = 0.f, ss1 = 0.f;
+#pragma unroll 1
+  for (int s = 0; s < ksteps; ++s) {
+    const int k = kbase + 32 * s + 8 * t;
+    float4 xa[2][2];  // [row][half]
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int kk = k + 4 * h;
+      const bool in = kk < a.hidden;  // hidden % 4 == 0: a float4 is all in or all out
+      xa[0][h] = v0 && in ? __ldg(reinterpret_cast<const float4*>(x0 + kk)) : make_float4(0, 0, 0, 0);
+      xa[1][h] = v1 && in ? __ldg(reinterpret_cast<const float4*>(x1 + kk)) : make_float4(0, 0, 0, 0);
+    }
+    // A fragments of both k16 halves: a0 (row g, slots 2t..), a1 (row g + 8, 2t..), a2 (row g,
+    // 2t + 8..), a3 (row g + 8, 2t + 8..), one set per part.
+    uint32_t ah[2][4], am[2][4], al[2][4];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float4 p0 = xa[0][h], p1 = xa[1][h];
+      ss0 += p0.x * p0.x;
+      ss0 += p0.y * p0.y;
+      ss0 += p0.z * p0.z;
+      ss0 += p0.w * p0.w;
+      ss1 += p1.x * p1.x;
+      ss1 += p1.y * p1.y;
+      ss1 += p1.z * p1.z;
+      ss1 += p1.w * p1.w;
+      splitPair(p0.x, p0.y, ah[h][0], am[h][0], al[h][0]);
+      splitPair(p1.x, p1.y, ah[h][1], am[h][1], al[h][1]);
+      splitPair(p0.z, p0.w, ah[h][2], am[h][2], al[h][2]);
+      splitPair(p1.z, p1.w, ah[h][3], am[h][3], al[h][3]);
+    }
+    // The n-tiles in groups (fewer live weight registers; the group's loads issue together).
+#pragma unroll
+    for (int jg = 0; jg < kMmaNTiles; jg += kMmaGroup) {
+      uint4 bh[kMmaGroup], bl[kMmaGroup];
+#pragma unroll
+      for (int jj = 0; jj < kMmaGroup; ++jj) {
+        if (jg + jj < ntiles) {
+          const uint16_t* p = whi + static_cast<int64_t>(8 * (jg + jj)) * hp + 32 * s;
+          bh[jj] = __ldg(reinterpret_cast<const uint4*>(p));
+          bl[jj] = __ldg(reinterpret_cast<const uint4*>(p + lo_plane));
+        }
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int jj = 0; jj < kMmaGroup; ++jj) {
+          if (jg + jj < ntiles) {
+            const uint32_t h0 = h ? bh[jj].z : bh[jj].x, h1 = h ? bh[jj].w : bh[jj].y;
+            const uint32_t l0 = h ? bl[jj].z : bl[jj].x, l1 = h ? bl[jj].w : bl[jj].y;
+            float(&c)[4] = acc[jg + jj];
+            // Smallest products first.
+            mmaBf16(c, al[h], h0, h1);
+            mmaBf16(c, am[h], l0, l1);
+            mmaBf16(c, am[h], h0, h1);
+            mmaBf16(c, ah[h], l0, l1);
+            mmaBf16(c, ah[h], h0, h1);
+          }
+        }
+      }
+    }
+  }
+  // Sums of squares of the two rows over the slice: the 4 threads of a row, in xor order.
+  ss0 += __shfl_xor_sync(0xffffffffu, ss0, 1);
+  ss0 += __shfl_xor_sync(0xffffffffu, ss0, 2);
+  ss1 += __shfl_xor_sync(0xffffffffu, ss1, 1);
+  ss1 += __shfl_xor_sync(0xffffffffu, ss1, 2);
+  if (blockIdx.x == 0 && t == 0) {
+    if (v0) a.ss[slice * a.num_tokens + r0] = ss0;
+    if (v1) a.ss[slice * a.num_tokens + r1] = ss1;
+  }
+  // c0, c1: row g, experts 2t, 2t + 1 of the n-tile; c2, c3: row g + 8.
+#pragma unroll
+  for (int j = 0; j < kMmaNTiles; ++j) {
+    const int e = e0 + 8 * j + 2 * t;
+    if (j < ntiles && e < a.num_experts) {  // num_experts % 4 == 0: e + 1 < num_experts too
+      if (v0)
+        *reinterpret_cast<float2*>(a.part + (slice * a.num_tokens + r0) * a.num_experts + e) =
+            make_float2(acc[j][0], acc[j][1]);
+      if (v1)
+        *reinterpret_cast<float2*>(a.part + (slice * a.num_tokens + r1) * a.num_experts + e) =
+            make_float2(acc[j][2], acc[j][3]);
+    }
+  }
+}
+
+bool g_fused_route = false;
+std::atomic<bool> g_router_mma{true};  // CudaKernelOptions::router_mma  // measured slower in the graphed step (see the header)
 
 }  // namespace
 
 void setRouterFusedRoute(bool on) { g_fused_route = on; }
+void setRouterMma(bool on) { g_router_mma.store(on); }
+bool routerMma() { return g_router_mma.load(); }
 bool routerFusedRoute() { return g_fused_route; }
 
 Status launchRouterF32Partials(const RouterF32Args& a, cudaStream_t stream) {
@@ -159,6 +301,23 @@ Status launchRouterF32Partials(const RouterF32Args& a, cudaStream_t stream) {
                   static_cast<unsigned>((a.num_experts + kExp - 1) / kExp),
                   static_cast<unsigned>(routerF32Splits(a.hidden)));
   routerF32Kernel<<<grid, kThreads, 0, stream>>>(a);
+  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return okStatus();
+}
+
+Status launchRouterMmaPartials(const RouterMmaArgs& a, cudaStream_t stream) {
+  if (a.hidden <= 0 || a.hidden % 4 != 0)
+    return invalidArgument("router_mma: hidden must be a positive multiple of 4");
+  if (a.num_experts <= 0 || a.num_experts % 4 != 0)
+    return invalidArgument("router_mma: num_experts must be a positive multiple of 4");
+  if ((reinterpret_cast<uintptr_t>(a.residual) | reinterpret_cast<uintptr_t>(a.w)) % 16 != 0)
+    return invalidArgument("router_mma: residual and w must be 16-byte aligned");
+  if (a.num_tokens == 0) return okStatus();
+  const dim3 grid(static_cast<unsigned>((a.num_experts + kMmaExp - 1) / kMmaExp),
+                  static_cast<unsigned>((a.num_tokens + kMmaTok - 1) / kMmaTok),
+                  static_cast<unsigned>(routerF32Splits(a.hidden)));
+  if (grid.y > 65535u) return invalidArgument("router_mma: too many tokens for one launch");
+  routerMmaKernel<<<grid, kMmaWarps * 32, 0, stream>>>(a);
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return okStatus();
 }

@@ -54,6 +54,26 @@ struct RouterF32Args {
   MoeRouteArgs route;
 };
 
+// The tensor-core router [TAG_ROUTER_MMA]: the same partials and sums of squares (same slices,
+// same layout, for the same route kernel) from bf16 mma.sync with f32 sums. Each residual value
+// is split in registers into three bf16 parts (hi + mid + lo == x exactly), each weight is given
+// as its exact bf16 hi + lo split (services/rose/ops/router_split.h: BF16 [2, Ep, Hp]), and the
+// five products that matter (hi·hi, hi·lo, mid·hi, mid·lo, lo·hi; lo·lo is below f32 rounding)
+// are exact in f32 — only the order of the f32 sums differs from the SIMT kernel's, and that
+// order depends on the hidden size alone (a token's bits do not depend on its batch). Block
+// (64 tokens, 64 experts, slice): 4 warps of 16 tokens, each 8 n-tiles of 8 experts.
+struct RouterMmaArgs {
+  const float* residual = nullptr;  // [T, H], 16-byte aligned
+  const uint16_t* w = nullptr;      // bf16 bits [2, Ep, Hp] (router_split.h), 16-byte aligned
+  float* part = nullptr;            // [splits, T, E]
+  float* ss = nullptr;              // [splits, T]
+  int64_t num_tokens = 0;
+  int32_t hidden = 0;       // multiple of 4
+  int32_t num_experts = 0;  // multiple of 4
+};
+
+Status launchRouterMmaPartials(const RouterMmaArgs& a, cudaStream_t stream);
+
 // Counters the fused route needs for up to `max_tokens` tokens (one per 16-token tile).
 inline int64_t routerF32TileCounters(int64_t max_tokens) { return (max_tokens + 15) / 16; }
 
@@ -64,5 +84,11 @@ Status launchRouterF32Partials(const RouterF32Args& a, cudaStream_t stream);
 // Process-global, read at each moeRouteF32 call (a captured graph keeps what it captured).
 void setRouterFusedRoute(bool on);
 bool routerFusedRoute();
+
+// [TAG_ROUTER_MMA] Whether the CUDA LLM ops ask for the split router weights (routerF32Split():
+// the model then uploads them and moeRouteF32 runs the tensor-core kernel) — CudaKernelOptions::
+// router_mma, set by the backend at creation. Process-global, read at upload.
+void setRouterMma(bool on);
+bool routerMma();
 
 }  // namespace garden::rose::cuda

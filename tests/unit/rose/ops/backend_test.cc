@@ -18,7 +18,8 @@ namespace {
 const char* const kVars[] = {"GARDEN_ATTENTION_KERNEL", "GARDEN_GEMM_TUNE", "GARDEN_GEMM_SMALLM",
                              "GARDEN_PDL", "GARDEN_PAGED_ATTENTION", "GARDEN_MOE_PREFILL",
                              "GARDEN_MOE_LT_STREAMS", "GARDEN_MOE_LT_EPILOGUE",
-                             "GARDEN_MOE_LT_OVERLAP", "GARDEN_MOE_LT_WGMMA"};
+                             "GARDEN_MOE_LT_OVERLAP", "GARDEN_MOE_LT_WGMMA",
+                             "GARDEN_ROUTER_MMA"};
 
 // Clears the variables for the test and restores what the process had.
 class KernelEnvTest : public ::testing::Test {
@@ -51,7 +52,8 @@ bool same(const CudaKernelOptions& a, const CudaKernelOptions& b) {
          a.moe_prefill_min_rows_per_expert == b.moe_prefill_min_rows_per_expert &&
          a.moe_lt_streams == b.moe_lt_streams && a.moe_lt_bias_epilogue == b.moe_lt_bias_epilogue &&
          a.moe_lt_overlap_dequant == b.moe_lt_overlap_dequant && a.moe_lt_wgmma == b.moe_lt_wgmma &&
-         a.moe_wgmma_min_rows_per_expert == b.moe_wgmma_min_rows_per_expert;
+         a.moe_wgmma_min_rows_per_expert == b.moe_wgmma_min_rows_per_expert &&
+         a.router_mma == b.router_mma;
 }
 
 TEST_F(KernelEnvTest, UnsetOrEmptyKeepsTheDefaults) {
@@ -69,6 +71,7 @@ TEST_F(KernelEnvTest, UnsetOrEmptyKeepsTheDefaults) {
   EXPECT_TRUE(o.moe_lt_bias_epilogue);
   EXPECT_FALSE(o.moe_lt_overlap_dequant);
   EXPECT_TRUE(o.moe_lt_wgmma);
+  EXPECT_TRUE(o.router_mma);
   for (const char* v : kVars) setenv(v, "", 1);
   CudaKernelOptions e;
   ASSERT_TRUE(cudaKernelOptionsFromEnv(e).isOk());
@@ -134,6 +137,12 @@ TEST_F(KernelEnvTest, EachAcceptedValueIsRead) {
   setenv("GARDEN_MOE_LT_WGMMA", "0", 1);
   ASSERT_TRUE(cudaKernelOptionsFromEnv(o).isOk());
   EXPECT_FALSE(o.moe_lt_wgmma);
+  setenv("GARDEN_ROUTER_MMA", "0", 1);
+  ASSERT_TRUE(cudaKernelOptionsFromEnv(o).isOk());
+  EXPECT_FALSE(o.router_mma);
+  setenv("GARDEN_ROUTER_MMA", "1", 1);
+  ASSERT_TRUE(cudaKernelOptionsFromEnv(o).isOk());
+  EXPECT_TRUE(o.router_mma);
 }
 
 TEST_F(KernelEnvTest, OtherValuesAreRefusedByName) {
@@ -152,7 +161,7 @@ TEST_F(KernelEnvTest, OtherValuesAreRefusedByName) {
         Bad{"GARDEN_MOE_LT_STREAMS", "0", "1|2|3|4|5|6|7|8"},
         Bad{"GARDEN_MOE_LT_STREAMS", "9", "1|2|3|4|5|6|7|8"},
         Bad{"GARDEN_MOE_LT_EPILOGUE", "on", "0|1"}, Bad{"GARDEN_MOE_LT_OVERLAP", "yes", "0|1"},
-        Bad{"GARDEN_MOE_LT_WGMMA", "on", "0|1"}}) {
+        Bad{"GARDEN_MOE_LT_WGMMA", "on", "0|1"}, Bad{"GARDEN_ROUTER_MMA", "mma", "0|1"}}) {
     SCOPED_TRACE(std::string(b.var) + "=" + b.value);
     for (const char* v : kVars) unsetenv(v);
     setenv(b.var, b.value, 1);
