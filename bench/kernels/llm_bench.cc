@@ -28,11 +28,13 @@
 //              or the mma.sync kernel like decode
 //              (default sm90) [TAG_PAGED_ATTN_SM90]; --attn-sm90-min-tokens N moves the threshold.
 //   --attn-bench C@H,...: the attention op alone (see attnBench), then exit.
-//   --moe-prefill chunk|step|tiled: MXFP4 MoE work dequantized per call into bf16 and run as
-//              per-expert cuBLASLt GEMMs [TAG_MOE_LT_BF16] for each prefill chunk of >=
-//              --moe-prefill-min-rows N (default 256) rows per expert on its own (chunk, the
-//              default, as rose), for whole steps that large (step, alias cublas), or never
-//              (tiled).
+//   --moe-prefill auto|chunk|step|tiled: MXFP4 MoE work on the wgmma kernel (or dequantized per
+//              call into bf16 and run as per-expert cuBLASLt GEMMs [TAG_MOE_LT_BF16]) for whole
+//              steps of >= 64 rows per expert where the wgmma kernel runs every expert, else as
+//              chunk (auto, the default, as rose) [TAG_MOE_PREFILL_AUTO]; for each prefill chunk
+//              of >= --moe-prefill-min-rows N (default 256; 64 with the wgmma kernel) rows per
+//              expert on its own (chunk); for whole steps that large (step, alias cublas); or
+//              never (tiled).
 //   --prefill-reps N: time each --prefill length N times after its warm-up, report the median.
 //   --moe-lt-streams N, --moe-lt-epilogue on|off, --moe-lt-overlap on|off: how that path runs
 //              (CudaKernelOptions::moe_lt_*: its per-expert GEMMs over N streams, the expert
@@ -52,7 +54,9 @@
 //   --router-fused on|off: the f32 router's top-k inside the router kernel (default off,
 //              cuda::setRouterFusedRoute [TAG_ROUTER_FUSED_ROUTE]; same bits); off: the separate
 //              route kernel.
-//   --router-mma on|off: the f32 router on bf16 tensor cores with split operands (default on,
+//   --router-tiled-min N: steps of >= N tokens run the f32 router's register-tiled kernel (same
+//              bits; default 128, 0 = never) [TAG_ROUTER_F32_TILED].
+//   --router-mma on|off: the f32 router on bf16 tensor cores with split operands (default off,
 //              CudaKernelOptions::router_mma [TAG_ROUTER_MMA]); off: the CUDA-core f32 kernel.
 //   --moe-prefetch N: the MXFP4 decode MoE kernel asks L2 for its weight tiles N K tiles beyond
 //              its register ring (cuda::setMoeL2Prefetch [TAG_MOE_L2_PREFETCH]; same bits; 0 off).
@@ -805,10 +809,11 @@ int main(int argc, char** argv) {
     else if (a == "--gemm-flush") cuda::GemmRunner::setReadFlush(next() == "read");
     else if (a == "--router-fused") cuda::setRouterFusedRoute(next() == "on");
     else if (a == "--router-mma") g_lt_flags.router_mma = next() == "on";
+    else if (a == "--router-tiled-min") cuda::setRouterF32TiledMinTokens(std::atoll(next().c_str()));
     else if (a == "--fp8-min-tokens") fp8_min_tokens = std::atoll(next().c_str());
     else if (a == "--moe-prefill") {
       if (!moePrefillFromName(next(), &moe_prefill)) {
-        std::fprintf(stderr, "--moe-prefill: chunk, step (or cublas) or tiled\n");
+        std::fprintf(stderr, "--moe-prefill: auto, chunk, step (or cublas) or tiled\n");
         return 2;
       }
     } else if (a == "--moe-prefill-min-rows") {
@@ -939,7 +944,10 @@ int main(int argc, char** argv) {
               static_cast<double>(mem_total) / 1e9);
   if (cuda::moeLtBf16MinTokens() > 0)
     std::printf("moe prefill: MXFP4 MoE %s of >= %lld rows per expert %s\n",
-                cuda::moeLtBf16PerChunk() ? "chunks" : "steps",
+                b.ops->moeChunkMinRowsPerExpert() == 0 && cuda::moeLtBf16Auto()
+                    ? "whole steps (auto)"
+                : cuda::moeLtBf16PerChunk() ? "chunks"
+                                            : "steps",
                 static_cast<long long>(cuda::moeLtMinRowsPerExpert(cuda::moeLtWgmma())),
                 cuda::moeLtWgmma() ? "run the wgmma kernel on the MXFP4 experts [TAG_MOE_WGMMA]"
                                    : "dequantize into bf16 and run cuBLASLt GEMMs [TAG_MOE_LT_BF16]");

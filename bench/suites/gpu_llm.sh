@@ -56,6 +56,11 @@
 #   wgcross2  the chunk path from 1 row per expert against the tiled kernels at small chunks (20b
 #             128..512 tokens, 120b 512..1536)
 #   wgncu120  per-kernel times of an 8k 120b prefill (ncu)
+#   tiledab / tiledab120b  prefill 8k / 32k (median of 3) with the f32 router's register-tiled
+#             kernel for steps of >= 128 tokens (the default) and without (--router-tiled-min 0),
+#             then 64k / 128k (and 120b decode b1) with the defaults [TAG_ROUTER_F32_TILED]
+#   autoab    256 streams 1k/1k through the mesh with GARDEN_MOE_PREFILL=auto (the default: whole
+#             steps on the wgmma kernel) and chunk [TAG_MOE_PREFILL_AUTO]
 #   routerops gpu_llm_ops_test '*MoeRoute*': the route and both f32 routers (the CUDA-core kernel and
 #             the tensor-core one [TAG_ROUTER_MMA]) against the CPU and f64 sums
 #   routermem compute-sanitizer memcheck over the router tests
@@ -235,8 +240,11 @@ for s in $STEPS; do
     wgncufull) step wgncufull wgncufull.txt 240 bash -c "ncu --set full -k regex:moeWgmma -c 2 '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 2>&1 | grep -v 'gemm tuned' | tail -260" ;;
     wgcross) step wgcross wgcross.txt 300 bash -c "for m in '/tmp/gptoss20b 512,1024,1536,2048' '/dev/shm/gptoss120b 2048,4096,6144,8192'; do set -- \$m; for v in tiled chunk; do echo \"== \$1 --moe-prefill \$v\"; '$BIN/rose_llm_bench' --model \$1 --prefill \$2 --prefill-reps 3 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --moe-prefill \$v --moe-prefill-min-rows 1 2>&1 | grep -v 'gemm tuned'; done; done" ;;
     wgmodel) step wgmodel wg_model.log 240 "$BIN/gpu_llm_model_test" --gtest_filter='*Wgmma*:*ChunkMode*:*LtBf16Prefill*' ;;
+    tiledab) step tiledab tiledab.txt 300 bash -c "for v in 128 0; do echo \"== --router-tiled-min \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192,32768 --prefill-reps 3 --decode 1@8192,64@1024 --decode-steps 32 --max-batch-tokens 16384 --kv-tokens 140000 --router-tiled-min \$v 2>&1 | grep -v 'gemm tuned'; done; echo '== defaults, long'; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 65536,131072 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 2>&1 | grep -v 'gemm tuned'" ;;
+    tiledab120b) step tiledab120b tiledab120b.txt 320 bash -c "for v in 128 0; do echo \"== --router-tiled-min \$v\"; '$BIN/rose_llm_bench' --model /dev/shm/gptoss120b --prefill 8192,32768 --prefill-reps 3 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --router-tiled-min \$v 2>&1 | grep -v 'gemm tuned'; done; echo '== defaults, long'; '$BIN/rose_llm_bench' --model /dev/shm/gptoss120b --prefill 65536,131072 --decode 1@8192 --decode-steps 32 --max-batch-tokens 16384 --kv-tokens 140000 2>&1 | grep -v 'gemm tuned'" ;;
+    autoab) step autoab autoab.txt 300 bash -c "for v in auto chunk; do echo \"== GARDEN_MOE_PREFILL=\$v\"; GARDEN_MOE_PREFILL=\$v TAG=_\$v bash '$ROOT/bench/suites/gpu_chat_sweep.sh' '$BIN' /tmp/gptoss20b '$BIN/tokenizer.json' '$LOGS/autoab' 256; done" ;;
     routerops) step routerops router_ops.log 200 "$BIN/gpu_llm_ops_test" --gtest_filter='*MoeRoute*' ;;
-    routermem) step routermem router_mem.log 200 compute-sanitizer --tool memcheck --error-exitcode 3 "$BIN/gpu_llm_ops_test" --gtest_filter='*MoeRouteMma*:*MoeRouteF32Matches*' ;;
+    routermem) step routermem router_mem.log 200 compute-sanitizer --tool memcheck --error-exitcode 3 "$BIN/gpu_llm_ops_test" --gtest_filter='*MoeRouteMma*:*MoeRouteF32Matches*:*MoeRouteF32Tiled*' ;;
     routerab) step routerab routerab.txt 300 bash -c "for v in on off; do echo \"== --router-mma \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192,32768 --prefill-reps 3 --decode 1@8192,64@1024 --decode-steps 32 --max-batch-tokens 16384 --kv-tokens 140000 --router-mma \$v 2>&1 | grep -v 'gemm tuned'; done" ;;
     routerab120b) step routerab120b routerab120b.txt 320 bash -c "for v in on off; do echo \"== --router-mma \$v\"; '$BIN/rose_llm_bench' --model /dev/shm/gptoss120b --prefill 8192,32768 --prefill-reps 3 --decode 1@8192 --decode-steps 32 --max-batch-tokens 16384 --kv-tokens 140000 --router-mma \$v 2>&1 | grep -v 'gemm tuned'; done" ;;
     stepab) step stepab stepab.txt 300 bash -c "for v in step chunk; do echo \"== GARDEN_MOE_PREFILL=\$v\"; GARDEN_MOE_PREFILL=\$v TAG=_\$v bash '$ROOT/bench/suites/gpu_chat_sweep.sh' '$BIN' /tmp/gptoss20b '$BIN/tokenizer.json' '$LOGS/stepab' 256; done" ;;

@@ -27,7 +27,7 @@
 //
 // The cuda backend's kernel choices come from the environment, read once here:
 // GARDEN_ATTENTION_KERNEL=auto|sm90|mma|narrow, GARDEN_GEMM_TUNE=0|1, GARDEN_GEMM_SMALLM=0|1, GARDEN_PDL=0|1,
-// GARDEN_PAGED_ATTENTION=sm90|mma, GARDEN_MOE_PREFILL=chunk|step|tiled (cublas = step),
+// GARDEN_PAGED_ATTENTION=sm90|mma, GARDEN_MOE_PREFILL=auto|chunk|step|tiled (cublas = step),
 // GARDEN_MOE_LT_STREAMS=1..8, GARDEN_MOE_LT_EPILOGUE=0|1, GARDEN_MOE_LT_OVERLAP=0|1,
 // GARDEN_MOE_LT_WGMMA=0|1, GARDEN_ROUTER_MMA=0|1
 // (services/rose/ops/backend.h CudaKernelOptions).
@@ -123,7 +123,7 @@ struct LlmArgs {
   std::string late_masks = "auto";  // auto | on | off [TAG_LATE_MASKS]
   std::string gemm_prewarm = "on";  // on | off: GptOssModel::prewarmGemms at load
   std::string attn_prefill = "env";  // sm90 | mma | env (GARDEN_PAGED_ATTENTION, default sm90)
-  std::string moe_prefill = "env";   // chunk | step | tiled | env (GARDEN_MOE_PREFILL, default chunk)
+  std::string moe_prefill = "env";   // auto | chunk | step | tiled | env (GARDEN_MOE_PREFILL, default auto)
 };
 
 // Flags of a model sharded over rank processes (--tp/--dp/--ep).
@@ -523,12 +523,14 @@ int main(int argc, char** argv) {
            "kernel (default; GARDEN_PAGED_ATTENTION sets it too) or on the mma.sync kernel "
            "decode uses (cuda)")
       .add("moe-prefill", &llm.moe_prefill,
-           "gpt-oss: chunk|step|tiled (cuda): MoE work over MXFP4 experts with the experts "
-           "dequantized per call and bf16 cuBLASLt GEMMs for each sequence's prefill chunk of "
-           ">= 256 rows per expert (tokens x top_k / experts; 20b 2048 tokens, 120b 8192) on its "
-           "own (chunk, the default; GARDEN_MOE_PREFILL sets it too), for whole steps that large "
-           "(step, alias cublas: the step's other rows then get other bits than alone), or "
-           "never (tiled: the tiled MXFP4 kernels for every step)")
+           "gpt-oss: auto|chunk|step|tiled (cuda): MoE work over MXFP4 experts on the wgmma "
+           "kernel (or, where it cannot run them, dequantized per call into bf16 cuBLASLt GEMMs) "
+           "instead of the tiled kernels: for whole steps of >= 64 rows per expert (tokens x "
+           "top_k / experts) where the wgmma kernel runs every expert, else as chunk (auto, the "
+           "default; GARDEN_MOE_PREFILL sets it too); for each sequence's prefill chunk that "
+           "large on its own (chunk; 256 rows per expert for the cuBLASLt GEMMs); for whole "
+           "steps of >= 1024 tokens (step, alias cublas: with the cuBLASLt GEMMs the step's "
+           "other rows then get other bits than alone); or never (tiled)")
       .add("gemm-prewarm", &llm.gemm_prewarm,
            "gpt-oss: on|off: at load, tune the dense GEMMs for every row count a step can bring "
            "(cuda; otherwise the first step of each size pays it)")

@@ -1002,6 +1002,64 @@ TEST_F(GpuGptOss, ChunkModeTokensDoNotDependOnTheBatch) {
   cuda::applyMoeLt(CudaKernelOptions{});
 }
 
+// rose's default, --moe-prefill auto [TAG_MOE_PREFILL_AUTO]: with the wgmma kernel running every
+// expert, a whole step of >= 64 rows per expert (this model: 8 experts, top-4, so >= 128 tokens)
+// is ONE MoE call on it — decode rows and small chunks included — because the kernel gives every
+// row the tiled kernels' bits. So a sequence's tokens still do not depend on the batch: the
+// scenario of the chunk test (three prompts alone, then prefilled in one step and decoded
+// together; a decode stream that a large prefill joins), with the call counts saying the joint
+// steps were single calls. With the kernel off, auto is chunk (the cuBLASLt GEMMs' bits differ
+// from the tiled kernels'): the joint prefill is two chunk calls per layer again.
+TEST_F(GpuGptOss, AutoModeTokensDoNotDependOnTheBatch) {
+  for (bool wgmma : {true, false}) {
+    SCOPED_TRACE(wgmma ? "wgmma kernel" : "cuBLASLt GEMMs");
+    Runner gpu = load(*dir_, "cuda", MoeWeightsMode::kMxfp4, nullptr, /*cuda_graphs=*/false,
+                      GptOssOptions{}.fuse_combine_norm, CudaKernelOptions::MoePrefill::kAuto, wgmma);
+    EXPECT_EQ(gpu.ops->moeWholeStep(), wgmma);
+    ASSERT_EQ(gpu.ops->moeChunkMinRowsPerExpert(),
+              wgmma ? kMoeWgmmaMinRowsPerExpert : kMoePrefillMinRowsPerExpert);
+    const uint64_t layers = static_cast<uint64_t>(gpu.model->config().base.num_hidden_layers);
+    // small: 100 tokens = 50 rows per expert (below 64); large, large2 above either floor.
+    const auto small = prompt(wgmma ? 100 : 300, 81), large = prompt(600, 82), large2 = prompt(700, 83);
+    constexpr int kTokens = 16;
+    uint64_t before = cuda::moeLtBf16Steps();
+    const auto alone_small = generate(gpu, small, kTokens, 2048, nullptr);
+    EXPECT_EQ(cuda::moeLtBf16Steps(), before) << "a step below the floor took the path";
+    before = cuda::moeLtBf16Steps();
+    const auto alone_large = generate(gpu, large, kTokens, 2048, nullptr);
+    EXPECT_EQ(cuda::moeLtBf16Steps() - before, layers) << "a 600-token step: one call per layer";
+    const auto alone_large2 = generate(gpu, large2, kTokens, 2048, nullptr);
+    {
+      std::vector<Seq> seqs(3);
+      seqs[0].tokens = small;
+      seqs[1].tokens = large;
+      seqs[2].tokens = large2;
+      std::vector<std::vector<int32_t>> got(3);
+      for (int i = 0; i < kTokens; ++i) {
+        before = cuda::moeLtBf16Steps();
+        auto ids = step(gpu, {&seqs[0], &seqs[1], &seqs[2]}, 2048, nullptr);
+        ASSERT_EQ(ids.size(), 3u);
+        for (size_t k = 0; k < 3; ++k) {
+          got[k].push_back(ids[k]);
+          seqs[k].tokens.push_back(ids[k]);
+        }
+        if (i == 0) {
+          EXPECT_EQ(cuda::moeLtBf16Steps() - before, (wgmma ? 1 : 2) * layers)
+              << "the joint prefill: one whole-step call (wgmma) or two chunk calls per layer";
+        } else {
+          EXPECT_EQ(cuda::moeLtBf16Steps(), before) << "3 decode rows are below the floor";
+        }
+      }
+      EXPECT_EQ(got[0], alone_small);
+      EXPECT_EQ(got[1], alone_large);
+      EXPECT_EQ(got[2], alone_large2);
+    }
+    decodeThenJoin(gpu, small, large, kTokens, alone_small, alone_large);
+    cuda::applyMoePrefill(CudaKernelOptions::MoePrefill::kTiled, 0);
+  }
+  cuda::applyMoeLt(CudaKernelOptions{});
+}
+
 // [TAG_MOE_WGMMA] The chunk path's GEMMs as the wgmma kernel (CudaKernelOptions::moe_lt_wgmma):
 // a 600-token chunk takes it once per layer; a decode stream that the chunk's prefill joins and
 // the prompt itself give their tokens of alone (the kernel depends on the chunk's own rows only);

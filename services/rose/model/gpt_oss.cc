@@ -966,8 +966,13 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
   // [TAG_MOE_LT_BF16] Large prefill chunks as MoE calls of their own (moe_chunk_runs.h) where the
   // ops ask for it; decode steps (graph-captured) never have one.
   const int64_t chunk_rows = decode_only ? 0 : ops_.moeChunkMinRowsPerExpert();
-  moeChunkRuns(std::span<const int32_t>(h_cu_.data(), static_cast<size_t>(n_seq) + 1), t,
-               mp.top_k, mp.num_experts, chunk_rows, moe_runs_);
+  if (chunk_rows > 0 && ops_.moeWholeStep()) {  // [TAG_MOE_PREFILL_AUTO]
+    moeWholeStepRun(t, h_cu_[static_cast<size_t>(n_seq)], mp.top_k, mp.num_experts, chunk_rows,
+                    moe_runs_);
+  } else {
+    moeChunkRuns(std::span<const int32_t>(h_cu_.data(), static_cast<size_t>(n_seq) + 1), t,
+                 mp.top_k, mp.num_experts, chunk_rows, moe_runs_);
+  }
   if (moe_runs_.empty()) moe_runs_.push_back(MoeRun{0, t, false});  // one call for the step
   // [TAG_COMBINE_NORM] The combine left to the next norm (the next layer's input norm, or the
   // final one), which then reads the experts' rows instead of `moe`: one MoE call per layer only.

@@ -49,4 +49,13 @@ inline void moeChunkRuns(std::span<const int32_t> cu, int64_t rows, int64_t top_
   }
 }
 
+// [TAG_MOE_PREFILL_AUTO] The whole step as one run (rows including padding), large when its
+// `real_rows` have at least `min_rows` rows per expert on average.
+inline void moeWholeStepRun(int64_t rows, int64_t real_rows, int64_t top_k, int64_t experts,
+                            int64_t min_rows, std::vector<MoeRun>& out) {
+  out.clear();
+  if (rows <= 0) return;
+  out.push_back(MoeRun{0, rows, min_rows > 0 && real_rows * top_k >= min_rows * experts});
+}
+
 }  // namespace garden::rose

@@ -34,7 +34,8 @@ Status envChoice(const char* name, std::initializer_list<const char*> accepted, 
 
 bool moePrefillFromName(std::string_view name, CudaKernelOptions::MoePrefill* out) {
   using M = CudaKernelOptions::MoePrefill;
-  if (name == "chunk") *out = M::kChunk;
+  if (name == "auto") *out = M::kAuto;
+  else if (name == "chunk") *out = M::kChunk;
   else if (name == "step" || name == "cublas") *out = M::kStep;
   else if (name == "tiled") *out = M::kTiled;
   else return false;
@@ -52,8 +53,11 @@ Status cudaKernelOptionsFromEnv(CudaKernelOptions& opts) {
   RETURN_IF_ERROR(envChoice("GARDEN_PDL", {"0", "1"}, &pdl));
   int paged = opts.paged_attention_sm90_min_tokens > 0 ? 0 : 1;
   RETURN_IF_ERROR(envChoice("GARDEN_PAGED_ATTENTION", {"sm90", "mma"}, &paged));
-  int moe = static_cast<int>(opts.moe_prefill);  // tiled 0, chunk 1, step 2 (cublas: step)
-  RETURN_IF_ERROR(envChoice("GARDEN_MOE_PREFILL", {"tiled", "chunk", "step", "cublas"}, &moe));
+  // tiled 0, chunk 1, step 2, cublas 3 (= step), auto 4
+  using MP = CudaKernelOptions::MoePrefill;
+  int moe = opts.moe_prefill == MP::kAuto ? 4 : static_cast<int>(opts.moe_prefill);
+  RETURN_IF_ERROR(
+      envChoice("GARDEN_MOE_PREFILL", {"tiled", "chunk", "step", "cublas", "auto"}, &moe));
   int lt_streams = opts.moe_lt_streams - 1;  // "1".."8"
   int lt_epi = opts.moe_lt_bias_epilogue ? 1 : 0, lt_overlap = opts.moe_lt_overlap_dequant ? 1 : 0;
   RETURN_IF_ERROR(envChoice("GARDEN_MOE_LT_STREAMS", {"1", "2", "3", "4", "5", "6", "7", "8"},
@@ -74,7 +78,7 @@ Status cudaKernelOptionsFromEnv(CudaKernelOptions& opts) {
   } else if (opts.paged_attention_sm90_min_tokens <= 0) {
     opts.paged_attention_sm90_min_tokens = 128;
   }
-  opts.moe_prefill = static_cast<CudaKernelOptions::MoePrefill>(moe == 3 ? 2 : moe);
+  opts.moe_prefill = moe == 4 ? MP::kAuto : static_cast<MP>(moe == 3 ? 2 : moe);
   opts.attention_wide = attention != 1;
   opts.attention_sm90 = attention == 0 || attention == 2;
   opts.gemm_tune = tune == 1;

@@ -189,7 +189,13 @@ struct CudaKernelOptions {
   // gpt-oss MoE work over MXFP4 experts that takes the bf16 cuBLASLt path (ops/cuda/moe_lt_gemm.h
   // [TAG_MOE_LT_BF16]: the experts dequantized per call, per-expert bf16 GEMMs) instead of the
   // tiled MXFP4 kernels, never inside a captured graph:
-  //   kChunk (default): each sequence's prefill chunk of at least
+  //   kAuto (default) [TAG_MOE_PREFILL_AUTO]: where the wgmma kernel [TAG_MOE_WGMMA] runs every
+  //     MXFP4 expert the model uploaded, whole steps of at least that kernel's floor of rows per
+  //     expert (any token count) are one MoE call on it — its bits are the tiled kernels', so a
+  //     row's bits still never depend on the rest of the step; otherwise kChunk. Measured on the
+  //     H200 (2026-12-04 s11, 256 streams 1k/1k): 16,704 vs 16,349 output tok/s, TTFT p50 4.14
+  //     vs 4.54 s against kChunk;
+  //   kChunk: each sequence's prefill chunk of at least
   //     moe_prefill_min_rows_per_expert rows per expert on average (tokens x top_k / experts)
   //     runs as its own MoE call on it, the rest of the step on the tiled kernels — a row's bits
   //     depend on its own chunk only, never on what else is in the step (decode rows always
@@ -197,9 +203,9 @@ struct CudaKernelOptions {
   //   kStep: whole steps of at least kMoePrefillCublasMinTokens tokens and that many rows per
   //     expert (the other rows of such a step get other bits than alone);
   //   kTiled: never.
-  // GARDEN_MOE_PREFILL=chunk | step (or cublas) | tiled.
-  enum class MoePrefill : uint8_t { kTiled = 0, kChunk = 1, kStep = 2 };
-  MoePrefill moe_prefill = MoePrefill::kChunk;
+  // GARDEN_MOE_PREFILL=auto | chunk | step (or cublas) | tiled.
+  enum class MoePrefill : uint8_t { kTiled = 0, kChunk = 1, kStep = 2, kAuto = 3 };
+  MoePrefill moe_prefill = MoePrefill::kAuto;
   int64_t moe_prefill_min_rows_per_expert = kMoePrefillMinRowsPerExpert;
   // How that path runs (ops/cuda/moe_lt_gemm.h): its per-expert matmuls spread over this many
   // streams (1..8; GARDEN_MOE_LT_STREAMS) [TAG_MOE_LT_STREAMS]; the expert biases added by the
@@ -222,11 +228,13 @@ struct CudaKernelOptions {
   // The f32 router [TAG_ROUTER_F32] on bf16 tensor cores [TAG_ROUTER_MMA] (every product exact
   // in f32 through split operands; ops/cuda/moe_router_f32.cuh RouterMmaArgs) instead of the
   // CUDA-core f32 kernel: GARDEN_ROUTER_MMA=0|1. Read when a model uploads its router weights (the
-  // layout follows it).
-  bool router_mma = true;
+  // layout follows it). Off: measured on the H200 (2026-12-04 s11) it is 3.6 % faster at 120b
+  // prefill 8k but slower at decode (b1@8k 3.03 vs 2.58 ms at 20b) and its f32 sums on the tensor
+  // cores are ~8x further from f64 than the CUDA-core kernel's.
+  bool router_mma = false;
 };
 
-// The --moe-prefill / GARDEN_MOE_PREFILL names: chunk, step (or its old name cublas), tiled.
+// The --moe-prefill / GARDEN_MOE_PREFILL names: auto, chunk, step (or its old name cublas), tiled.
 // False for any other name (`out` untouched).
 bool moePrefillFromName(std::string_view name, CudaKernelOptions::MoePrefill* out);
 

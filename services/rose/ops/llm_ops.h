@@ -249,6 +249,10 @@ class LlmOps {
   // its own moeExperts call with MoeLtChoice::kTake, the other rows (in runs of adjacent
   // sequences) with kSkip, none deferring its combine. 0: one call per layer.
   virtual int64_t moeChunkMinRowsPerExpert() const { return 0; }
+  // [TAG_MOE_PREFILL_AUTO] With a chunk floor: whether a whole step may be one run instead (the
+  // large-call path gives every row the bits the small-call path would): the model then makes
+  // the step one call, large when it has the floor's rows per expert.
+  virtual bool moeWholeStep() const { return false; }
   virtual void combineRmsNorm(const Tensor& residual, const Tensor& weight, const Tensor& out,
                               const RmsNormParams& p);
 

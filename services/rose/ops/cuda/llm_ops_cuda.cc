@@ -230,6 +230,8 @@ class CudaLlmOps final : public LlmOps {
     // row workspaces), nor when the wgmma kernel will read them as they are [TAG_MOE_WGMMA] (on,
     // and every scale byte within its one-multiply dequantization).
     const bool wgmma_reads = wgmmaOn() && !bf16_copy && largest <= kMxfp4MaxDecodeScale;
+    // [TAG_MOE_PREFILL_AUTO] Whole steps go to the kernel only while it runs every MXFP4 expert.
+    if (!wgmma_reads || rows % 16 != 0) mx_beyond_wgmma_ = true;
     if (moeLtBf16MinTokens() > 0)
       RETURN_IF_ERROR(ensureLtBf16Workspace(
           bf16_copy || wgmma_reads ? 0 : experts * rows * cols,
@@ -434,7 +436,7 @@ class CudaLlmOps final : public LlmOps {
             "moeRouteF32", "residual F32, wt F32 (or the BF16 split), ids I32, weights F32");
     const int64_t t = residual.rows();
     require(residual.cols() == lim_.hidden && t <= lim_.max_tokens &&
-                (split ? wt.shape.size() == 3 && wt.shape[0] == 2 &&
+                (split ? wt.ndim == 3 && wt.shape[0] == 2 &&
                              wt.shape[1] == routerSplitPaddedE(lim_.num_experts) &&
                              wt.shape[2] == routerSplitPaddedH(lim_.hidden)
                        : wt.rows() == lim_.hidden && wt.cols() == lim_.num_experts),
@@ -687,6 +689,12 @@ class CudaLlmOps final : public LlmOps {
   int64_t moeChunkMinRowsPerExpert() const override {
     if (!moeLtBf16PerChunk() || moeLtBf16MinTokens() <= 0 || !lt_ready_) return 0;
     return std::max<int64_t>(1, moeLtMinRowsPerExpert(wgmmaOn()));
+  }
+
+  // [TAG_MOE_PREFILL_AUTO] The wgmma kernel runs every MXFP4 expert uploaded so far (its bits are
+  // the tiled kernels'): the model may make the whole step one call at the chunk floor.
+  bool moeWholeStep() const override {
+    return moeLtBf16Auto() && moeChunkMinRowsPerExpert() > 0 && wgmmaOn() && !mx_beyond_wgmma_;
   }
 
   // The expert ranges of the cuBLASLt paths (block_m kLtBlockM): the pinned tile copy, its
@@ -1274,6 +1282,8 @@ class CudaLlmOps final : public LlmOps {
   int64_t max_work_ = 0, max_combine_ = 0, max_parts_ = 0, max_tiles_ = 0, max_rows_ = 0;
   Buffer work_, combine_, part_o_, part_ml_, counts_;
   Buffer router_part_, router_ss_;  // [TAG_ROUTER_F32]
+  // [TAG_MOE_PREFILL_AUTO] An uploaded MXFP4 expert set the wgmma kernel does not run.
+  bool mx_beyond_wgmma_ = false;
   Buffer router_counters_;          // [TAG_ROUTER_FUSED_ROUTE]
   Buffer row_token_, row_of_, tile_expert_, num_tiles_, act_, y_, sample_rows_, sample_ws_;
   Buffer sample_masks_;

@@ -31,6 +31,7 @@ std::atomic<int64_t> g_lt_bf16_min_tokens{0};
 std::atomic<uint64_t> g_lt_bf16_steps{0};
 std::atomic<int64_t> g_lt_bf16_min_rows{0};
 std::atomic<bool> g_lt_bf16_per_chunk{false};
+std::atomic<bool> g_lt_bf16_auto{false};
 std::atomic<int> g_lt_streams{CudaKernelOptions{}.moe_lt_streams};
 std::atomic<bool> g_lt_epilogue{CudaKernelOptions{}.moe_lt_bias_epilogue};
 std::atomic<bool> g_lt_overlap{CudaKernelOptions{}.moe_lt_overlap_dequant};
@@ -67,13 +68,17 @@ void setMoeLtBf16MinRowsPerExpert(int64_t rows) { g_lt_bf16_min_rows.store(rows)
 int64_t moeLtBf16MinRowsPerExpert() { return g_lt_bf16_min_rows.load(); }
 void setMoeLtBf16PerChunk(bool per_chunk) { g_lt_bf16_per_chunk.store(per_chunk); }
 bool moeLtBf16PerChunk() { return g_lt_bf16_per_chunk.load(); }
+bool moeLtBf16Auto() { return g_lt_bf16_auto.load(); }
 void applyMoePrefill(CudaKernelOptions::MoePrefill mode, int64_t min_rows_per_expert) {
   using M = CudaKernelOptions::MoePrefill;
+  // kAuto is kChunk for the ops; the model makes whole steps its one run where the ops say so
+  // (LlmOps::moeWholeStep: the wgmma kernel runs every expert).
   setMoeLtBf16MinTokens(mode == M::kTiled  ? 0
                         : mode == M::kStep ? kMoePrefillCublasMinTokens
                                            : INT64_MAX);
   setMoeLtBf16MinRowsPerExpert(mode == M::kTiled ? 0 : std::max<int64_t>(1, min_rows_per_expert));
-  setMoeLtBf16PerChunk(mode == M::kChunk);
+  setMoeLtBf16PerChunk(mode == M::kChunk || mode == M::kAuto);
+  g_lt_bf16_auto.store(mode == M::kAuto);
 }
 uint64_t moeLtBf16Steps() { return g_lt_bf16_steps.load(); }
 void countMoeLtBf16Step() { g_lt_bf16_steps.fetch_add(1); }

@@ -140,6 +140,8 @@ void setMoeLtBf16MinRowsPerExpert(int64_t rows);
 int64_t moeLtBf16MinRowsPerExpert();
 void setMoeLtBf16PerChunk(bool per_chunk);
 bool moeLtBf16PerChunk();
+// [TAG_MOE_PREFILL_AUTO] CudaKernelOptions::MoePrefill::kAuto in force (per chunk is then on too).
+bool moeLtBf16Auto();
 void applyMoePrefill(CudaKernelOptions::MoePrefill mode, int64_t min_rows_per_expert);
 // The bf16 path's execution choices (CudaKernelOptions::moe_lt_*; process-global, read per call):
 // helper streams for the per-expert matmuls [TAG_MOE_LT_STREAMS] (1: the caller's stream), the

@@ -70,10 +70,12 @@ __global__ void __launch_bounds__(kThreads) routerF32Kernel(RouterF32Args a) {
       xs[b][x_q * 4 + 1][x_tok] = xr[c].y;
       xs[b][x_q * 4 + 2][x_tok] = xr[c].z;
       xs[b][x_q * 4 + 3][x_tok] = xr[c].w;
-      ssq += xr[c].x * xr[c].x;
-      ssq += xr[c].y * xr[c].y;
-      ssq += xr[c].z * xr[c].z;
-      ssq += xr[c].w * xr[c].w;
+      // Explicit fused multiply-adds (what contraction made of `+= a * b`): routerF32TiledKernel
+      // repeats these chains and must give their bits.
+      ssq = __fmaf_rn(xr[c].x, xr[c].x, ssq);
+      ssq = __fmaf_rn(xr[c].y, xr[c].y, ssq);
+      ssq = __fmaf_rn(xr[c].z, xr[c].z, ssq);
+      ssq = __fmaf_rn(xr[c].w, xr[c].w, ssq);
 #pragma unroll
       for (int r = 0; r < 2; ++r)
         reinterpret_cast<float4*>(ws + b * kChunk * kExp)[tid + r * kThreads] = wr[c][r];
@@ -86,10 +88,10 @@ __global__ void __launch_bounds__(kThreads) routerF32Kernel(RouterF32Args a) {
 #pragma unroll
         for (int q = 0; q < kTok / 4; ++q) {
           const float4 v = xv[q];
-          acc[q * 4 + 0] += v.x * wv;
-          acc[q * 4 + 1] += v.y * wv;
-          acc[q * 4 + 2] += v.z * wv;
-          acc[q * 4 + 3] += v.w * wv;
+          acc[q * 4 + 0] = __fmaf_rn(v.x, wv, acc[q * 4 + 0]);
+          acc[q * 4 + 1] = __fmaf_rn(v.y, wv, acc[q * 4 + 1]);
+          acc[q * 4 + 2] = __fmaf_rn(v.z, wv, acc[q * 4 + 2]);
+          acc[q * 4 + 3] = __fmaf_rn(v.w, wv, acc[q * 4 + 3]);
         }
       }
     }
@@ -133,6 +135,170 @@ __global__ void __launch_bounds__(kThreads) routerF32Kernel(RouterF32Args a) {
     if (t < a.num_tokens) moeRouteToken(a.route, t, lane);
   }
   if (tid == 0) a.route_counters[blockIdx.x] = 0u;  // ready for the next launch
+}
+
+// [TAG_ROUTER_F32_TILED] routerF32Kernel's sums, register-tiled for large steps: the same chains
+// in the same order, so the same bits. In routerF32Kernel, the partial of (token, expert) in a
+// slice is: for each column group w = 0..7 (warp w), a chain of fused multiply-adds over the
+// columns c * 64 + w * 8 + j (chunk c < nc outer, j = 0..7 inner; columns past the hidden size
+// staged as zeros), then 0 + g0 + g1 + ... + g7 in order; a token's sum of squares is, for each
+// quarter q = 0..15 (4 columns c * 64 + q * 4 + m per chunk), a chain over c then m, combined by
+// the xor butterfly over q (offsets 8, 4, 2, 1) as lane 0 of it sees it. Here a block takes 64
+// tokens x kTE experts x one slice with 16 warps: warp = (column group w, half of the tokens),
+// lane = (8 tokens, kTE / 8 experts) — 8 x (kTE / 8) chains per thread instead of 16 x 1 — with
+// the whole slice staged in shared memory once (128 KiB at kTE 64), then reused for the
+// column-group sums.
+constexpr int kTiledTok = 64;
+constexpr int kTiledThreads = 512;
+constexpr int kTiledWarps = kTiledThreads / 32;
+static_assert(kRouterF32SliceK == 256, "the tiled router stages 4 chunks of 64 columns");
+
+template <int kTE>
+__global__ void __launch_bounds__(kTiledThreads, 1) routerF32TiledKernel(RouterF32Args a) {
+  constexpr int kEPT = kTE / 8;  // experts per thread
+  extern __shared__ __align__(16) float smem[];
+  float* xs = smem;                             // [256 k][64 tok]
+  float* ws = smem + kRouterF32SliceK * kTiledTok;  // [256 k][kTE]
+  __shared__ float ssp[16][kTiledTok];          // sums-of-squares chains per (quarter, token)
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kTiledTok;
+  const int e0 = static_cast<int>(blockIdx.y) * kTE;
+  const int slice = static_cast<int>(blockIdx.z);
+  const int kbase = slice * kRouterF32SliceK;
+  int nc = (a.hidden - kbase + 63) / 64;
+  if (nc > 4) nc = 4;
+
+  // Stage x (transposed to [k][tok]) and the chains of the sums of squares: thread i takes token
+  // i % 64 and quarters b = i / 64 and b + 8 of every chunk (idx = i + 512 r: chunk r / 2).
+  {
+    const int tok = tid & 63, b = tid >> 6;
+    const bool row = t0 + tok < a.num_tokens;
+    const float* xrow = a.residual + (row ? t0 + tok : 0) * a.hidden;
+    float s_lo = 0.f, s_hi = 0.f;
+#pragma unroll
+    for (int r = 0; r < 8; ++r) {
+      const int c = r >> 1, q = b + 8 * (r & 1);
+      if (c < nc) {
+        const int k = kbase + c * 64 + q * 4;
+        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (row && k < a.hidden) v = __ldg(reinterpret_cast<const float4*>(xrow + k));
+        float s = (r & 1) ? s_hi : s_lo;  // r is a constant of the unrolled loop
+        s = __fmaf_rn(v.x, v.x, s);
+        s = __fmaf_rn(v.y, v.y, s);
+        s = __fmaf_rn(v.z, v.z, s);
+        s = __fmaf_rn(v.w, v.w, s);
+        if (r & 1) {
+          s_hi = s;
+        } else {
+          s_lo = s;
+        }
+        const int kk = c * 64 + q * 4;
+        xs[(kk + 0) * kTiledTok + tok] = v.x;
+        xs[(kk + 1) * kTiledTok + tok] = v.y;
+        xs[(kk + 2) * kTiledTok + tok] = v.z;
+        xs[(kk + 3) * kTiledTok + tok] = v.w;
+      }
+    }
+    ssp[b][tok] = s_lo;
+    ssp[b + 8][tok] = s_hi;
+  }
+  // Stage the weights [k][kTE] (rows past the hidden size or experts past E as zeros).
+  {
+    constexpr int kVecPerRow = kTE / 4;
+    for (int idx = tid; idx < nc * 64 * kVecPerRow; idx += kTiledThreads) {
+      const int kk = idx / kVecPerRow, e = e0 + (idx % kVecPerRow) * 4;
+      const int k = kbase + kk;
+      float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (k < a.hidden && e < a.num_experts)
+        v = __ldg(reinterpret_cast<const float4*>(a.wt + static_cast<int64_t>(k) * a.num_experts + e));
+      reinterpret_cast<float4*>(ws)[idx] = v;
+    }
+  }
+  __syncthreads();
+
+  // The sums of squares: lane 0's view of the xor butterfly over the 16 quarters.
+  if (blockIdx.y == 0 && tid < kTiledTok && t0 + tid < a.num_tokens) {
+    float l[8], m[4];
+#pragma unroll
+    for (int q = 0; q < 8; ++q) l[q] = ssp[q][tid] + ssp[q + 8][tid];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) m[q] = l[q] + l[q + 4];
+    const float n0 = m[0] + m[2], n1 = m[1] + m[3];
+    a.ss[slice * a.num_tokens + t0 + tid] = n0 + n1;
+  }
+
+  // Column group w = warp / 2; tokens (warp % 2) * 32 + (lane / 8) * 8 .. + 7; experts
+  // (lane % 8) * kEPT .. + kEPT - 1 of the tile.
+  const int w = warp >> 1;
+  const int tk0 = (warp & 1) * 32 + (lane >> 3) * 8;
+  const int ek0 = (lane & 7) * kEPT;
+  float acc[8][kEPT];
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+#pragma unroll
+    for (int e = 0; e < kEPT; ++e) acc[i][e] = 0.f;
+  for (int c = 0; c < nc; ++c) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int kk = c * 64 + w * 8 + j;
+      const float4 xa = *reinterpret_cast<const float4*>(xs + kk * kTiledTok + tk0);
+      const float4 xb = *reinterpret_cast<const float4*>(xs + kk * kTiledTok + tk0 + 4);
+      const float xv[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+      float wv[kEPT];
+#pragma unroll
+      for (int e = 0; e < kEPT; e += 4) {
+        const float4 v = *reinterpret_cast<const float4*>(ws + kk * kTE + ek0 + e);
+        wv[e] = v.x;
+        wv[e + 1] = v.y;
+        wv[e + 2] = v.z;
+        wv[e + 3] = v.w;
+      }
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int e = 0; e < kEPT; ++e) acc[i][e] = __fmaf_rn(xv[i], wv[e], acc[i][e]);
+    }
+  }
+  __syncthreads();  // every warp is done with the staged slice: it becomes red[w][tok][kTE]
+  float* red = smem;
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+#pragma unroll
+    for (int e = 0; e < kEPT; e += 4)
+      *reinterpret_cast<float4*>(red + (w * kTiledTok + tk0 + i) * kTE + ek0 + e) =
+          make_float4(acc[i][e], acc[i][e + 1], acc[i][e + 2], acc[i][e + 3]);
+  __syncthreads();
+  for (int o = tid; o < kTiledTok * kTE; o += kTiledThreads) {
+    const int tok = o / kTE, e = o % kTE;
+    float v = 0.f;
+#pragma unroll
+    for (int g = 0; g < 8; ++g) v += red[(g * kTiledTok + tok) * kTE + e];
+    if (t0 + tok < a.num_tokens && e0 + e < a.num_experts)
+      a.part[(slice * a.num_tokens + t0 + tok) * a.num_experts + e0 + e] = v;
+  }
+}
+
+template <int kTE>
+constexpr size_t routerTiledSmem() {
+  return sizeof(float) * kRouterF32SliceK * (kTiledTok + kTE);
+}
+static_assert(routerTiledSmem<64>() >= sizeof(float) * 8 * kTiledTok * 64, "red fits the staging");
+static_assert(routerTiledSmem<32>() >= sizeof(float) * 8 * kTiledTok * 32, "red fits the staging");
+
+std::atomic<int64_t> g_tiled_min_tokens{kRouterF32TiledMinTokens};
+
+template <int kTE>
+Status launchRouterTiled(const RouterF32Args& a, cudaStream_t stream) {
+  constexpr size_t smem = routerTiledSmem<kTE>();
+  static const cudaError_t attr = cudaFuncSetAttribute(
+      routerF32TiledKernel<kTE>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  CUDA_RETURN_IF_ERROR(attr);
+  const dim3 grid(static_cast<unsigned>((a.num_tokens + kTiledTok - 1) / kTiledTok),
+                  static_cast<unsigned>((a.num_experts + kTE - 1) / kTE),
+                  static_cast<unsigned>(routerF32Splits(a.hidden)));
+  routerF32TiledKernel<kTE><<<grid, kTiledThreads, smem, stream>>>(a);
+  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return okStatus();
 }
 
 // [TAG_ROUTER_MMA] The tensor-core router (moe_router_f32.cuh RouterMmaArgs).
@@ -273,12 +439,14 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 4) routerMmaKernel(RouterMmaAr
 }
 
 bool g_fused_route = false;
-std::atomic<bool> g_router_mma{true};  // CudaKernelOptions::router_mma  // measured slower in the graphed step (see the header)
+std::atomic<bool> g_router_mma{false};  // CudaKernelOptions::router_mma  // measured slower in the graphed step (see the header)
 
 }  // namespace
 
 void setRouterFusedRoute(bool on) { g_fused_route = on; }
 void setRouterMma(bool on) { g_router_mma.store(on); }
+void setRouterF32TiledMinTokens(int64_t tokens) { g_tiled_min_tokens.store(tokens); }
+int64_t routerF32TiledMinTokens() { return g_tiled_min_tokens.load(); }
 bool routerMma() { return g_router_mma.load(); }
 bool routerFusedRoute() { return g_fused_route; }
 
@@ -297,6 +465,13 @@ Status launchRouterF32Partials(const RouterF32Args& a, cudaStream_t stream) {
       return invalidArgument("router_f32: the fused route must read this router's partials");
   }
   if (a.num_tokens == 0) return okStatus();
+  // [TAG_ROUTER_F32_TILED] Large steps: the register-tiled kernel, the same bits.
+  const int64_t tiled_min = g_tiled_min_tokens.load();
+  if (a.route_counters == nullptr && tiled_min > 0 && a.num_tokens >= tiled_min) {
+    if (a.num_tokens > 65535LL * kTiledTok)
+      return invalidArgument("router_f32: too many tokens for one launch");
+    return a.num_experts <= 32 ? launchRouterTiled<32>(a, stream) : launchRouterTiled<64>(a, stream);
+  }
   const dim3 grid(static_cast<unsigned>((a.num_tokens + kTok - 1) / kTok),
                   static_cast<unsigned>((a.num_experts + kExp - 1) / kExp),
                   static_cast<unsigned>(routerF32Splits(a.hidden)));

@@ -85,6 +85,15 @@ Status launchRouterF32Partials(const RouterF32Args& a, cudaStream_t stream);
 void setRouterFusedRoute(bool on);
 bool routerFusedRoute();
 
+// [TAG_ROUTER_F32_TILED] Steps of at least this many tokens run launchRouterF32Partials on a
+// register-tiled kernel (64 tokens x 64 experts per block, the slice staged once in shared
+// memory) that repeats routerF32Kernel's chains in their order: the same bits (checked bit for
+// bit by MoeRouteF32TiledKernelGivesTheSameBits), so the choice may follow the step's size. 0: the
+// original kernel for every step. Process-global (rose_llm_bench --router-tiled-min N).
+inline constexpr int64_t kRouterF32TiledMinTokens = 128;
+void setRouterF32TiledMinTokens(int64_t tokens);
+int64_t routerF32TiledMinTokens();
+
 // [TAG_ROUTER_MMA] Whether the CUDA LLM ops ask for the split router weights (routerF32Split():
 // the model then uploads them and moeRouteF32 runs the tensor-core kernel) — CudaKernelOptions::
 // router_mma, set by the backend at creation. Process-global, read at upload.

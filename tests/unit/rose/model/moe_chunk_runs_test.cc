@@ -63,5 +63,23 @@ TEST(MoeChunkRuns, TheThresholdScalesWithTheExperts) {
   expectRuns(out, {{0, 512, true}});
 }
 
+// [TAG_MOE_PREFILL_AUTO] The whole step is one run, large by its real rows per expert (padding
+// rows ride along, not counted).
+TEST(MoeWholeStepRun, OneRunLargeByTheRealRows) {
+  std::vector<MoeRun> out;
+  moeWholeStepRun(520, 512, 4, 32, 64, out);  // 20b: 512 x 4 / 32 = 64 rows per expert
+  expectRuns(out, {{0, 520, true}});
+  moeWholeStepRun(520, 511, 4, 32, 64, out);  // 63.9: below the floor
+  expectRuns(out, {{0, 520, false}});
+  moeWholeStepRun(8192, 8192, 4, 128, 64, out);  // 120b 8k: 256 rows per expert
+  expectRuns(out, {{0, 8192, true}});
+  moeWholeStepRun(64, 1, 4, 32, 64, out);  // one decode row, padded
+  expectRuns(out, {{0, 64, false}});
+  moeWholeStepRun(0, 0, 4, 32, 64, out);
+  EXPECT_TRUE(out.empty());
+  moeWholeStepRun(4096, 4096, 4, 32, 0, out);  // no floor: never large
+  expectRuns(out, {{0, 4096, false}});
+}
+
 }  // namespace
 }  // namespace garden::rose

@@ -65,13 +65,13 @@ TEST_F(KernelEnvTest, UnsetOrEmptyKeepsTheDefaults) {
   EXPECT_FALSE(o.gemm_smallm);
   EXPECT_TRUE(o.pdl);
   EXPECT_EQ(o.paged_attention_sm90_min_tokens, 128);
-  EXPECT_EQ(o.moe_prefill, CudaKernelOptions::MoePrefill::kChunk);
+  EXPECT_EQ(o.moe_prefill, CudaKernelOptions::MoePrefill::kAuto);
   EXPECT_EQ(o.moe_prefill_min_rows_per_expert, kMoePrefillMinRowsPerExpert);
   EXPECT_EQ(o.moe_lt_streams, 4);
   EXPECT_TRUE(o.moe_lt_bias_epilogue);
   EXPECT_FALSE(o.moe_lt_overlap_dequant);
   EXPECT_TRUE(o.moe_lt_wgmma);
-  EXPECT_TRUE(o.router_mma);
+  EXPECT_FALSE(o.router_mma);
   for (const char* v : kVars) setenv(v, "", 1);
   CudaKernelOptions e;
   ASSERT_TRUE(cudaKernelOptionsFromEnv(e).isOk());
@@ -104,6 +104,14 @@ TEST_F(KernelEnvTest, EachAcceptedValueIsRead) {
   setenv("GARDEN_MOE_PREFILL", "step", 1);
   ASSERT_TRUE(cudaKernelOptionsFromEnv(o).isOk());
   EXPECT_EQ(o.moe_prefill, CudaKernelOptions::MoePrefill::kStep);
+  setenv("GARDEN_MOE_PREFILL", "auto", 1);
+  ASSERT_TRUE(cudaKernelOptionsFromEnv(o).isOk());
+  EXPECT_EQ(o.moe_prefill, CudaKernelOptions::MoePrefill::kAuto);
+  // An unset variable keeps what the options had (auto is not read as the old "cublas" slot).
+  unsetenv("GARDEN_MOE_PREFILL");
+  ASSERT_TRUE(cudaKernelOptionsFromEnv(o).isOk());
+  EXPECT_EQ(o.moe_prefill, CudaKernelOptions::MoePrefill::kAuto);
+  setenv("GARDEN_MOE_PREFILL", "step", 1);
   EXPECT_FALSE(o.attention_wide);
   EXPECT_FALSE(o.attention_sm90);
   EXPECT_FALSE(o.gemm_tune);
@@ -122,7 +130,7 @@ TEST_F(KernelEnvTest, EachAcceptedValueIsRead) {
   setenv("GARDEN_GEMM_SMALLM", "0", 1);
   setenv("GARDEN_PDL", "1", 1);
   setenv("GARDEN_PAGED_ATTENTION", "sm90", 1);
-  setenv("GARDEN_MOE_PREFILL", "chunk", 1);
+  setenv("GARDEN_MOE_PREFILL", "auto", 1);
   setenv("GARDEN_MOE_LT_STREAMS", std::to_string(CudaKernelOptions{}.moe_lt_streams).c_str(), 1);
   setenv("GARDEN_MOE_LT_EPILOGUE", "1", 1);
   setenv("GARDEN_MOE_LT_OVERLAP", "0", 1);
@@ -157,7 +165,7 @@ TEST_F(KernelEnvTest, OtherValuesAreRefusedByName) {
         Bad{"GARDEN_ATTENTION_KERNEL", "v1", "auto|narrow|sm90|mma"}, Bad{"GARDEN_GEMM_TUNE", "yes", "0|1"},
         Bad{"GARDEN_GEMM_SMALLM", "2", "0|1"}, Bad{"GARDEN_PDL", "on", "0|1"},
         Bad{"GARDEN_PAGED_ATTENTION", "wgmma", "sm90|mma"},
-        Bad{"GARDEN_MOE_PREFILL", "lt", "tiled|chunk|step|cublas"},
+        Bad{"GARDEN_MOE_PREFILL", "lt", "tiled|chunk|step|cublas|auto"},
         Bad{"GARDEN_MOE_LT_STREAMS", "0", "1|2|3|4|5|6|7|8"},
         Bad{"GARDEN_MOE_LT_STREAMS", "9", "1|2|3|4|5|6|7|8"},
         Bad{"GARDEN_MOE_LT_EPILOGUE", "on", "0|1"}, Bad{"GARDEN_MOE_LT_OVERLAP", "yes", "0|1"},
