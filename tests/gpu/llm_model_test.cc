@@ -930,6 +930,37 @@ void decodeThenJoin(Runner& gpu, const std::vector<int32_t>& small, const std::v
   EXPECT_EQ(std::vector<int32_t>(alone_large.begin(), alone_large.begin() + got_b.size()), got_b);
 }
 
+// Three prompts prefilled in one step, then decoded together for `tokens` steps: each gives the
+// tokens it gave alone (`alone`), the joint prefill makes `first_calls` calls of the MoE prefill
+// path, and (when `decode_calls` >= 0) each decode step that many.
+void prefillTogether(Runner& gpu, const std::vector<std::vector<int32_t>>& prompts, int tokens,
+                     const std::vector<std::vector<int32_t>>& alone, uint64_t first_calls,
+                     int64_t decode_calls) {
+  std::vector<Seq> seqs(prompts.size());
+  std::vector<Seq*> batch;
+  for (size_t k = 0; k < prompts.size(); ++k) {
+    seqs[k].tokens = prompts[k];
+    batch.push_back(&seqs[k]);
+  }
+  std::vector<std::vector<int32_t>> got(prompts.size());
+  for (int i = 0; i < tokens; ++i) {
+    const uint64_t before = cuda::moeLtBf16Steps();
+    auto ids = step(gpu, batch, 2048, nullptr);
+    ASSERT_EQ(ids.size(), prompts.size());
+    for (size_t k = 0; k < prompts.size(); ++k) {
+      got[k].push_back(ids[k]);
+      seqs[k].tokens.push_back(ids[k]);
+    }
+    if (i == 0) {
+      EXPECT_EQ(cuda::moeLtBf16Steps() - before, first_calls) << "the joint prefill's path calls";
+    } else if (decode_calls >= 0) {
+      EXPECT_EQ(cuda::moeLtBf16Steps() - before, static_cast<uint64_t>(decode_calls))
+          << "decode step " << i;
+    }
+  }
+  for (size_t k = 0; k < prompts.size(); ++k) EXPECT_EQ(got[k], alone[k]) << "prompt " << k;
+}
+
 // rose's default, --moe-prefill chunk [TAG_MOE_LT_BF16]: each prefill chunk of >= 256 rows per
 // expert (this model: 8 experts, top-4, so >= 512 tokens) runs its MoE on the bf16 cuBLASLt path
 // as a call of its own; every other row (smaller chunks, decode rows) on the tiled kernels. So a
@@ -958,29 +989,10 @@ TEST_F(GpuGptOss, ChunkModeTokensDoNotDependOnTheBatch) {
     EXPECT_EQ(cuda::moeLtBf16Steps() - before, layers) << "a 600-token chunk: one call per layer";
     const auto alone_large2 = generate(gpu, large2, kTokens, 2048, nullptr);
 
-    // All three prefilled in one step (runs: small | large | large2), then decoded together.
-    {
-      std::vector<Seq> seqs(3);
-      seqs[0].tokens = small;
-      seqs[1].tokens = large;
-      seqs[2].tokens = large2;
-      std::vector<std::vector<int32_t>> got(3);
-      before = cuda::moeLtBf16Steps();
-      for (int i = 0; i < kTokens; ++i) {
-        auto ids = step(gpu, {&seqs[0], &seqs[1], &seqs[2]}, 2048, nullptr);
-        ASSERT_EQ(ids.size(), 3u);
-        for (size_t k = 0; k < 3; ++k) {
-          got[k].push_back(ids[k]);
-          seqs[k].tokens.push_back(ids[k]);
-        }
-        if (i == 0) {
-          EXPECT_EQ(cuda::moeLtBf16Steps() - before, 2 * layers) << "two large chunks";
-        }
-      }
-      EXPECT_EQ(got[0], alone_small);
-      EXPECT_EQ(got[1], alone_large);
-      EXPECT_EQ(got[2], alone_large2);
-    }
+    // All three prefilled in one step (runs: small | large | large2: two large chunks), then
+    // decoded together.
+    prefillTogether(gpu, {small, large, large2}, kTokens, {alone_small, alone_large, alone_large2},
+                    2 * layers, -1);
 
     // A decode stream that the large prompt's whole prefill joins at its 5th token (runs: the
     // decode row | the 600-token chunk), and the prompt then decoded beside it.
@@ -1029,31 +1041,10 @@ TEST_F(GpuGptOss, AutoModeTokensDoNotDependOnTheBatch) {
     const auto alone_large = generate(gpu, large, kTokens, 2048, nullptr);
     EXPECT_EQ(cuda::moeLtBf16Steps() - before, layers) << "a 600-token step: one call per layer";
     const auto alone_large2 = generate(gpu, large2, kTokens, 2048, nullptr);
-    {
-      std::vector<Seq> seqs(3);
-      seqs[0].tokens = small;
-      seqs[1].tokens = large;
-      seqs[2].tokens = large2;
-      std::vector<std::vector<int32_t>> got(3);
-      for (int i = 0; i < kTokens; ++i) {
-        before = cuda::moeLtBf16Steps();
-        auto ids = step(gpu, {&seqs[0], &seqs[1], &seqs[2]}, 2048, nullptr);
-        ASSERT_EQ(ids.size(), 3u);
-        for (size_t k = 0; k < 3; ++k) {
-          got[k].push_back(ids[k]);
-          seqs[k].tokens.push_back(ids[k]);
-        }
-        if (i == 0) {
-          EXPECT_EQ(cuda::moeLtBf16Steps() - before, (wgmma ? 1 : 2) * layers)
-              << "the joint prefill: one whole-step call (wgmma) or two chunk calls per layer";
-        } else {
-          EXPECT_EQ(cuda::moeLtBf16Steps(), before) << "3 decode rows are below the floor";
-        }
-      }
-      EXPECT_EQ(got[0], alone_small);
-      EXPECT_EQ(got[1], alone_large);
-      EXPECT_EQ(got[2], alone_large2);
-    }
+    // The joint prefill: one whole-step call per layer (wgmma) or two chunk calls; the 3 decode
+    // rows of the later steps are below the floor.
+    prefillTogether(gpu, {small, large, large2}, kTokens, {alone_small, alone_large, alone_large2},
+                    (wgmma ? 1 : 2) * layers, 0);
     decodeThenJoin(gpu, small, large, kTokens, alone_small, alone_large);
     cuda::applyMoePrefill(CudaKernelOptions::MoePrefill::kTiled, 0);
   }

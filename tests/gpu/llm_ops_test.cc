@@ -64,6 +64,18 @@ class GpuLlmOps : public ::testing::Test {
     gops_ = std::move(g).value();
     rng_.seed(::testing::UnitTest::GetInstance()->random_seed() + 777);
   }
+  // wt [h, e] = router (bf16, [e, h]) x norm weight (bf16, [h]) transposed, as the model folds
+  // them [TAG_ROUTER_F32]: exact in f32.
+  std::vector<float> foldedRouterWeights(int64_t h, int64_t e) {
+    auto router = randomBf16(static_cast<size_t>(e * h), rng_, -0.05f, 0.05f);
+    auto gamma = randomBf16(static_cast<size_t>(h), rng_, 0.5f, 1.5f);
+    std::vector<float> wt(static_cast<size_t>(h * e));
+    for (int64_t x = 0; x < e; ++x)
+      for (int64_t k = 0; k < h; ++k)
+        wt[static_cast<size_t>(k * e + x)] =
+            router[static_cast<size_t>(x * h + k)] * gamma[static_cast<size_t>(k)];
+    return wt;
+  }
   // wt F32 [h, e] as the tensor-core router's BF16 split [2, Ep, Hp] [TAG_ROUTER_MMA].
   OwnedTensor uploadRouterSplit(const std::vector<float>& wt, int64_t h, int64_t e) {
     const std::vector<uint16_t> s = routerSplitWeights(wt.data(), h, e);
@@ -628,14 +640,7 @@ TEST_F(GpuLlmOps, MoeRouteF32MatchesCpuAndIsBatchInvariant) {
     std::normal_distribution<float> nd(0.f, 3.f);
     std::vector<float> res(static_cast<size_t>(c.t * c.h));
     for (auto& x : res) x = nd(rng_);
-    // wt = router (bf16) x norm weight (bf16), as the model folds them: exact in f32.
-    auto router = randomBf16(static_cast<size_t>(c.e * c.h), rng_, -0.05f, 0.05f);
-    auto gamma = randomBf16(static_cast<size_t>(c.h), rng_, 0.5f, 1.5f);
-    std::vector<float> wt(static_cast<size_t>(c.h * c.e));
-    for (int64_t e = 0; e < c.e; ++e)
-      for (int64_t k = 0; k < c.h; ++k)
-        wt[static_cast<size_t>(k * c.e + e)] =
-            router[static_cast<size_t>(e * c.h + k)] * gamma[static_cast<size_t>(k)];
+    const std::vector<float> wt = foldedRouterWeights(c.h, c.e);
     auto bias = randomBf16(static_cast<size_t>(c.e), rng_, -0.5f, 0.5f);
     auto cr = upload(cpu(), DType::kF32, {c.t, c.h}, res);
     auto gr = upload(gpu(), DType::kF32, {c.t, c.h}, res);
@@ -695,6 +700,20 @@ TEST_F(GpuLlmOps, MoeRouteF32MatchesCpuAndIsBatchInvariant) {
   }
 }
 
+// The router kernels' common arguments (RouterF32Args or RouterMmaArgs; weights set by the caller).
+template <typename Args>
+Args routerArgs(const OwnedTensor& residual, const OwnedTensor& part, const OwnedTensor& ss,
+                int64_t t, int64_t h, int64_t e) {
+  Args a;
+  a.residual = residual.view.as<float>();
+  a.part = part.view.as<float>();
+  a.ss = ss.view.as<float>();
+  a.num_tokens = t;
+  a.hidden = static_cast<int32_t>(h);
+  a.num_experts = static_cast<int32_t>(e);
+  return a;
+}
+
 // [TAG_ROUTER_F32_TILED] The register-tiled kernel that large steps take gives routerF32Kernel's
 // partials and sums of squares bit for bit: token counts around its 64-token tile, expert counts
 // off its 32/64-expert tiles, K tails (260, 4100), inputs with zeros and negative zeros.
@@ -723,14 +742,8 @@ TEST_F(GpuLlmOps, MoeRouteF32TiledKernelGivesTheSameBits) {
       poison(gpu(), part.view);
       poison(gpu(), ss.view);
       rose::cuda::setRouterF32TiledMinTokens(tiled_min);
-      rose::cuda::RouterF32Args a;
-      a.residual = gr.view.as<float>();
+      auto a = routerArgs<rose::cuda::RouterF32Args>(gr, part, ss, c.t, c.h, c.e);
       a.wt = gwt.view.as<float>();
-      a.part = part.view.as<float>();
-      a.ss = ss.view.as<float>();
-      a.num_tokens = c.t;
-      a.hidden = static_cast<int32_t>(c.h);
-      a.num_experts = static_cast<int32_t>(c.e);
       EXPECT_TRUE(
           rose::cuda::launchRouterF32Partials(a, dynamic_cast<cuda::CudaBackend&>(gpu()).stream())
               .isOk());
@@ -765,13 +778,7 @@ TEST_F(GpuLlmOps, MoeRouteMmaPartialsTrackF64Sums) {
     std::uniform_real_distribution<float> scale(-12.f, 12.f);
     std::vector<float> res(static_cast<size_t>(c.t * c.h));
     for (auto& x : res) x = nd(rng_) * std::exp2(std::round(scale(rng_)));  // wide exponents
-    auto router = randomBf16(static_cast<size_t>(c.e * c.h), rng_, -0.05f, 0.05f);
-    auto gamma = randomBf16(static_cast<size_t>(c.h), rng_, 0.5f, 1.5f);
-    std::vector<float> wt(static_cast<size_t>(c.h * c.e));
-    for (int64_t e = 0; e < c.e; ++e)
-      for (int64_t k = 0; k < c.h; ++k)
-        wt[static_cast<size_t>(k * c.e + e)] =
-            router[static_cast<size_t>(e * c.h + k)] * gamma[static_cast<size_t>(k)];
+    const std::vector<float> wt = foldedRouterWeights(c.h, c.e);
     const int32_t splits = rose::cuda::routerF32Splits(c.h);
     auto gr = upload(gpu(), DType::kF32, {c.t, c.h}, res);
     auto gwt = upload(gpu(), DType::kF32, {c.h, c.e}, wt);
@@ -783,24 +790,12 @@ TEST_F(GpuLlmOps, MoeRouteMmaPartialsTrackF64Sums) {
       poison(gpu(), ss.view);
       const cudaStream_t st = dynamic_cast<cuda::CudaBackend&>(gpu()).stream();
       if (mma) {
-        rose::cuda::RouterMmaArgs a;
-        a.residual = gr.view.as<float>();
+        auto a = routerArgs<rose::cuda::RouterMmaArgs>(gr, part, ss, c.t, c.h, c.e);
         a.w = gsplit.view.as<uint16_t>();
-        a.part = part.view.as<float>();
-        a.ss = ss.view.as<float>();
-        a.num_tokens = c.t;
-        a.hidden = static_cast<int32_t>(c.h);
-        a.num_experts = static_cast<int32_t>(c.e);
         EXPECT_TRUE(rose::cuda::launchRouterMmaPartials(a, st).isOk());
       } else {
-        rose::cuda::RouterF32Args a;
-        a.residual = gr.view.as<float>();
+        auto a = routerArgs<rose::cuda::RouterF32Args>(gr, part, ss, c.t, c.h, c.e);
         a.wt = gwt.view.as<float>();
-        a.part = part.view.as<float>();
-        a.ss = ss.view.as<float>();
-        a.num_tokens = c.t;
-        a.hidden = static_cast<int32_t>(c.h);
-        a.num_experts = static_cast<int32_t>(c.e);
         EXPECT_TRUE(rose::cuda::launchRouterF32Partials(a, st).isOk());
       }
       return std::make_pair(download(gpu(), part.view), download(gpu(), ss.view));
