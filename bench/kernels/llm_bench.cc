@@ -43,7 +43,8 @@
 //   --moe-lt-wgmma on|off: that path's GEMMs as one wgmma launch per projection over the MXFP4
 //              experts instead (moe_wgmma.cuh) [TAG_MOE_WGMMA]; --moe-wgmma-min-rows N: with it,
 //              chunks of >= min(N, --moe-prefill-min-rows) rows per expert take the path
-//              (default 64).
+//              (default 64); --moe-wgmma-device-plan on|off: its token tiles planned on the
+//              device, no host wait per layer (default off until run) [TAG_MOE_WGMMA_DEVICE_PLAN].
 //   --attn-split-keys N: a decode token's keys are split into chunks of at least N (multiple of
 //              64; default: cuda::pagedAttnSplitKeysFor's rule) for the split-KV attention.
 //   --fuse-combine-norm on|off: each layer's MoE combine fused into the next RMSNorm
@@ -369,6 +370,7 @@ void applyLtFlags(BackendOptions& bo) {
   bo.cuda.moe_lt_wgmma = g_lt_flags.moe_lt_wgmma;
   bo.cuda.moe_wgmma_min_rows_per_expert = g_lt_flags.moe_wgmma_min_rows_per_expert;
   bo.cuda.router_mma = g_lt_flags.router_mma;
+  bo.cuda.moe_wgmma_device_plan = g_lt_flags.moe_wgmma_device_plan;
 }
 
 struct OpsBench {
@@ -828,6 +830,8 @@ int main(int argc, char** argv) {
       g_lt_flags.moe_lt_overlap_dequant = next() == "on";
     } else if (a == "--moe-lt-wgmma") {
       g_lt_flags.moe_lt_wgmma = next() == "on";
+    } else if (a == "--moe-wgmma-device-plan") {
+      g_lt_flags.moe_wgmma_device_plan = next() == "on";
     } else if (a == "--moe-wgmma-min-rows") {
       g_lt_flags.moe_wgmma_min_rows_per_expert = std::atoll(next().c_str());
     }

@@ -56,6 +56,11 @@
 #   wgcross2  the chunk path from 1 row per expert against the tiled kernels at small chunks (20b
 #             128..512 tokens, 120b 512..1536)
 #   wgncu120  per-kernel times of an 8k 120b prefill (ncu)
+#   wgplan    the wgmma path with its tiles planned on the device [TAG_MOE_WGMMA_DEVICE_PLAN]: the op
+#             test (the device plan's bits = the host plan's, also after a larger step) and the
+#             model tests (tokens = the host plan's); wgplanmem: memcheck over the op test
+#   wgplanab / wgplanab120b  prefill 8k / 32k (median of 3) with --moe-wgmma-device-plan on and
+#             off (needs mk20b / mk120b)
 #   tiledab / tiledab120b  prefill 8k / 32k (median of 3) with the f32 router's register-tiled
 #             kernel for steps of >= 128 tokens (the default) and without (--router-tiled-min 0),
 #             then 64k / 128k (and 120b decode b1) with the defaults [TAG_ROUTER_F32_TILED]
@@ -240,6 +245,10 @@ for s in $STEPS; do
     wgncufull) step wgncufull wgncufull.txt 240 bash -c "ncu --set full -k regex:moeWgmma -c 2 '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 2>&1 | grep -v 'gemm tuned' | tail -260" ;;
     wgcross) step wgcross wgcross.txt 300 bash -c "for m in '/tmp/gptoss20b 512,1024,1536,2048' '/dev/shm/gptoss120b 2048,4096,6144,8192'; do set -- \$m; for v in tiled chunk; do echo \"== \$1 --moe-prefill \$v\"; '$BIN/rose_llm_bench' --model \$1 --prefill \$2 --prefill-reps 3 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --moe-prefill \$v --moe-prefill-min-rows 1 2>&1 | grep -v 'gemm tuned'; done; done" ;;
     wgmodel) step wgmodel wg_model.log 240 "$BIN/gpu_llm_model_test" --gtest_filter='*Wgmma*:*ChunkMode*:*LtBf16Prefill*' ;;
+    wgplan) step wgplan wgplan.log 300 bash -c "'$BIN/gpu_llm_ops_test' --gtest_filter='GpuFp8Moe.WgmmaExperts*' && '$BIN/gpu_llm_model_test' --gtest_filter='*WgmmaDevicePlan*:*AutoMode*'" ;;
+    wgplanmem) step wgplanmem wgplan_mem.log 300 compute-sanitizer --tool memcheck --error-exitcode 3 "$BIN/gpu_llm_ops_test" --gtest_filter='GpuFp8Moe.WgmmaExperts*' ;;
+    wgplanab) step wgplanab wgplanab.txt 300 bash -c "for v in on off; do echo \"== --moe-wgmma-device-plan \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192,32768 --prefill-reps 3 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --moe-wgmma-device-plan \$v 2>&1 | grep -v 'gemm tuned'; done" ;;
+    wgplanab120b) step wgplanab120b wgplanab120b.txt 320 bash -c "for v in on off; do echo \"== --moe-wgmma-device-plan \$v\"; '$BIN/rose_llm_bench' --model /dev/shm/gptoss120b --prefill 8192,32768 --prefill-reps 3 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --moe-wgmma-device-plan \$v 2>&1 | grep -v 'gemm tuned'; done" ;;
     tiledab) step tiledab tiledab.txt 300 bash -c "for v in 128 0; do echo \"== --router-tiled-min \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192,32768 --prefill-reps 3 --decode 1@8192,64@1024 --decode-steps 32 --max-batch-tokens 16384 --kv-tokens 140000 --router-tiled-min \$v 2>&1 | grep -v 'gemm tuned'; done; echo '== defaults, long'; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 65536,131072 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 2>&1 | grep -v 'gemm tuned'" ;;
     tiledab120b) step tiledab120b tiledab120b.txt 320 bash -c "for v in 128 0; do echo \"== --router-tiled-min \$v\"; '$BIN/rose_llm_bench' --model /dev/shm/gptoss120b --prefill 8192,32768 --prefill-reps 3 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --router-tiled-min \$v 2>&1 | grep -v 'gemm tuned'; done; echo '== defaults, long'; '$BIN/rose_llm_bench' --model /dev/shm/gptoss120b --prefill 65536,131072 --decode 1@8192 --decode-steps 32 --max-batch-tokens 16384 --kv-tokens 140000 2>&1 | grep -v 'gemm tuned'" ;;
     autoab) step autoab autoab.txt 300 bash -c "for v in auto chunk; do echo \"== GARDEN_MOE_PREFILL=\$v\"; GARDEN_MOE_PREFILL=\$v TAG=_\$v bash '$ROOT/bench/suites/gpu_chat_sweep.sh' '$BIN' /tmp/gptoss20b '$BIN/tokenizer.json' '$LOGS/autoab' 256; done" ;;

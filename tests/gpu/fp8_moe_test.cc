@@ -598,12 +598,13 @@ struct LtMinTokens {
 // defaults. The path's GEMMs are cuBLASLt's unless `wgmma` [TAG_MOE_WGMMA] (rose's default): an
 // upload in the scope of wgmma off gets the weight scratch the cuBLASLt GEMMs need.
 struct LtExec {
-  LtExec(int streams, bool epilogue, bool overlap, bool wgmma = false) {
+  LtExec(int streams, bool epilogue, bool overlap, bool wgmma = false, bool device_plan = false) {
     CudaKernelOptions o;
     o.moe_lt_streams = streams;
     o.moe_lt_bias_epilogue = epilogue;
     o.moe_lt_overlap_dequant = overlap;
     o.moe_lt_wgmma = wgmma;
+    o.moe_wgmma_device_plan = device_plan;  // [TAG_MOE_WGMMA_DEVICE_PLAN]
     cuda::applyMoeLt(o);
   }
   ~LtExec() { cuda::applyMoeLt(CudaKernelOptions{}); }
@@ -829,13 +830,14 @@ TEST_F(GpuFp8Moe, WgmmaExpertsMatchTheTiledKernels) {
                 ExpertCopy::kNone);
     }
     ASSERT_TRUE(l.m1.isOk() && l.m2.isOk()) << l.m1.status().toString() << l.m2.status().toString();
+    std::vector<std::pair<MoeStep, std::vector<float>>> done;  // for the device plan's second pass
     for (int64_t t : sh.ts) {
       SCOPED_TRACE("T=" + std::to_string(t) + " H=" + std::to_string(sh.h) + " I=" + std::to_string(sh.in));
       MoeStep st = makeStep(l, t);
       const auto& ref = st.ref;
       const auto tiled = runGpu(l, st);
       const uint64_t lt0 = cuda::moeLtBf16Steps(), wg0 = cuda::moeWgmmaSteps();
-      std::vector<float> got, again, cublas;
+      std::vector<float> got, again, cublas, planned;
       {
         LtMinTokens on(1);
         {
@@ -843,11 +845,16 @@ TEST_F(GpuFp8Moe, WgmmaExpertsMatchTheTiledKernels) {
           got = runGpu(l, st);
           again = runGpu(l, st);
         }
+        {  // [TAG_MOE_WGMMA_DEVICE_PLAN] the tiles planned on the device: the same tiles, bits
+          LtExec wgd(4, true, false, /*wgmma=*/true, /*device_plan=*/true);
+          planned = runGpu(l, st);
+        }
         LtExec lt(4, true, false);
         cublas = runGpu(l, st);
       }
-      EXPECT_EQ(cuda::moeLtBf16Steps(), lt0 + 3);
-      EXPECT_EQ(cuda::moeWgmmaSteps(), wg0 + 2) << "the wgmma kernel did not run (or ran while off)";
+      EXPECT_EQ(cuda::moeLtBf16Steps(), lt0 + 4);
+      EXPECT_EQ(cuda::moeWgmmaSteps(), wg0 + 3) << "the wgmma kernel did not run (or ran while off)";
+      EXPECT_EQ(planned, got) << "the device plan's tiles gave other bits";
       auto fired = cuda::moeWgmmaWatchdogFired();
       ASSERT_TRUE(fired.isOk());
       EXPECT_FALSE(*fired) << "a pipeline wait gave up";
@@ -864,7 +871,15 @@ TEST_F(GpuFp8Moe, WgmmaExpertsMatchTheTiledKernels) {
                 << "; vs f32 reference rel_l2=" << e_ref << " (tiled: " << t_ref << ")\n";
       EXPECT_EQ(got, tiled) << "not the tiled kernels' bits (rel_l2 " << e_tiled << ")";
       EXPECT_LT(e_ref, 1.25 * t_ref + 1e-3) << "further from the f32 reference than the tiled kernel";
+      done.emplace_back(std::move(st), std::move(got));
     }
+    // The device plan again, largest step first: rows and tiles a larger step left behind in the
+    // workspaces must not reach a smaller step's output.
+    LtMinTokens on(1);
+    LtExec wgd(4, true, false, /*wgmma=*/true, /*device_plan=*/true);
+    for (auto it = done.rbegin(); it != done.rend(); ++it)
+      EXPECT_EQ(runGpu(l, it->first), it->second)
+          << "device plan after a larger step, T=" << it->first.x.size() / static_cast<size_t>(sh.h);
   }
 }
 

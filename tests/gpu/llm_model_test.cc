@@ -1051,6 +1051,34 @@ TEST_F(GpuGptOss, AutoModeTokensDoNotDependOnTheBatch) {
   cuda::applyMoeLt(CudaKernelOptions{});
 }
 
+// [TAG_MOE_WGMMA_DEVICE_PLAN] The wgmma path with its tiles planned on the device (no host wait
+// per layer) gives the host plan's tokens: three prompts alone and prefilled together (one
+// whole-step call per layer, --moe-prefill auto), and a decode stream a large prefill joins.
+TEST_F(GpuGptOss, WgmmaDevicePlanGivesTheHostPlansTokens) {
+  Runner gpu = load(*dir_, "cuda", MoeWeightsMode::kMxfp4, nullptr, /*cuda_graphs=*/false,
+                    GptOssOptions{}.fuse_combine_norm, CudaKernelOptions::MoePrefill::kAuto, true);
+  ASSERT_TRUE(gpu.ops->moeWholeStep());
+  const uint64_t layers = static_cast<uint64_t>(gpu.model->config().base.num_hidden_layers);
+  const auto small = prompt(100, 91), large = prompt(600, 92), large2 = prompt(900, 93);
+  constexpr int kTokens = 12;
+  // The host plan's tokens.
+  const auto alone_small = generate(gpu, small, kTokens, 2048, nullptr);
+  const auto alone_large = generate(gpu, large, kTokens, 2048, nullptr);
+  const auto alone_large2 = generate(gpu, large2, kTokens, 2048, nullptr);
+  CudaKernelOptions dp;
+  dp.moe_wgmma_device_plan = true;
+  cuda::applyMoeLt(dp);
+  const uint64_t before = cuda::moeWgmmaSteps();
+  EXPECT_EQ(generate(gpu, large2, kTokens, 2048, nullptr), alone_large2);
+  EXPECT_EQ(cuda::moeWgmmaSteps() - before, layers) << "the 900-token prefill: one call per layer";
+  EXPECT_EQ(generate(gpu, large, kTokens, 2048, nullptr), alone_large);  // after a larger step
+  prefillTogether(gpu, {small, large, large2}, kTokens, {alone_small, alone_large, alone_large2},
+                  layers, 0);
+  decodeThenJoin(gpu, small, large, kTokens, alone_small, alone_large);
+  cuda::applyMoePrefill(CudaKernelOptions::MoePrefill::kTiled, 0);
+  cuda::applyMoeLt(CudaKernelOptions{});
+}
+
 // [TAG_MOE_WGMMA] The chunk path's GEMMs as the wgmma kernel (CudaKernelOptions::moe_lt_wgmma):
 // a 600-token chunk takes it once per layer; a decode stream that the chunk's prefill joins and
 // the prompt itself give their tokens of alone (the kernel depends on the chunk's own rows only);

@@ -67,6 +67,9 @@ Status cudaKernelOptionsFromEnv(CudaKernelOptions& opts) {
   int lt_wgmma = opts.moe_lt_wgmma ? 1 : 0;
   RETURN_IF_ERROR(envChoice("GARDEN_MOE_LT_WGMMA", {"0", "1"}, &lt_wgmma));
   opts.moe_lt_wgmma = lt_wgmma == 1;
+  int wg_plan = opts.moe_wgmma_device_plan ? 1 : 0;
+  RETURN_IF_ERROR(envChoice("GARDEN_MOE_WGMMA_DEVICE_PLAN", {"0", "1"}, &wg_plan));
+  opts.moe_wgmma_device_plan = wg_plan == 1;
   int router_mma = opts.router_mma ? 1 : 0;
   RETURN_IF_ERROR(envChoice("GARDEN_ROUTER_MMA", {"0", "1"}, &router_mma));
   opts.router_mma = router_mma == 1;

@@ -721,7 +721,12 @@ class CudaLlmOps final : public LlmOps {
     CUDA_RETURN_IF_ERROR(
         cudaMallocHost(&pinned, sizeof(MoeWgmmaTile) * static_cast<size_t>(range_max_tiles_)));
     host_wg_tiles_ = static_cast<MoeWgmmaTile*>(pinned);
-    ASSIGN_OR_RETURN(wg_tiles_, b_.allocate(sizeof(MoeWgmmaTile) * static_cast<size_t>(range_max_tiles_)));
+    // [TAG_MOE_WGMMA_DEVICE_PLAN] ... or the device plan's bound, whichever is larger.
+    const int64_t wg_cap = std::max<int64_t>(
+        range_max_tiles_,
+        moeWgmmaMaxTiles(range_max_tiles_ * kLtBlockM, std::min<int64_t>(assignments, lim_.num_experts)));
+    ASSIGN_OR_RETURN(wg_tiles_, b_.allocate(sizeof(MoeWgmmaTile) * static_cast<size_t>(wg_cap)));
+    ASSIGN_OR_RETURN(wg_count_, b_.allocate(sizeof(int32_t)));
     if (lt_gemm_ == nullptr) {
       ASSIGN_OR_RETURN(lt_gemm_, MoeLtGemm::create());
     }
@@ -934,6 +939,10 @@ class CudaLlmOps final : public LlmOps {
             "bf16 cuBLASLt experts need hidden and intermediate multiples of 8");
     cudaStream_t st = b_.stream();
     const int64_t t = x.rows();
+    if (useWgmma(w1, w2) && moeWgmmaDevicePlan()) {  // [TAG_MOE_WGMMA_DEVICE_PLAN]
+      moeExpertsWgmmaDevicePlan(x, topk_ids, topk_weights, w1, b1, w2, b2, out, p);
+      return;
+    }
     const ExpertRanges r = hostExpertRanges(topk_ids, t, p, st);
     checkOk(launchGatherRows(x.data, t, r.row_token, r.rows,
                              static_cast<int64_t>(sizeof(bf16)) * p.hidden, lt_x_.data(), st),
@@ -1019,6 +1028,42 @@ class CudaLlmOps final : public LlmOps {
     countMoeLtBf16Step();
   }
 
+  // [TAG_MOE_WGMMA_DEVICE_PLAN] The wgmma path without the host: align, gather over the align's
+  // row bound (rows past the real ones copy stale or no rows that no tile reads), the tiles
+  // planned on the device, both launches sized by the plan's bound (items past the count leave),
+  // then the combine. Nothing waits for the device, so the host runs ahead through the layers.
+  void moeExpertsWgmmaDevicePlan(const Tensor& x, const Tensor& topk_ids, const Tensor& topk_weights,
+                                 const ExpertWeights& w1, const Tensor& b1, const ExpertWeights& w2,
+                                 const Tensor& b2, const Tensor& out, const MoeExpertsParams& p) {
+    require(ranges_ready_, "moeExperts", "expert range workspace missing");
+    cudaStream_t st = b_.stream();
+    const int64_t t = x.rows();
+    const int64_t align_tiles = moeAlignMaxTiles(t * p.top_k, p.num_experts, kLtBlockM);
+    require(align_tiles <= range_max_tiles_, "moeExperts", "MoE step larger than reserve() allowed");
+    alignExperts(topk_ids, t, p, kLtBlockM, align_tiles, st);
+    const int64_t max_rows = align_tiles * kLtBlockM;
+    const int64_t cap = moeWgmmaMaxTiles(max_rows, std::min<int64_t>(t * p.top_k, p.num_experts));
+    checkOk(launchGatherRows(x.data, t, static_cast<const int32_t*>(row_token_.data()), max_rows,
+                             static_cast<int64_t>(sizeof(bf16)) * p.hidden, lt_x_.data(), st),
+            "moeExperts/gather_bf16");
+    MoeWgmmaDevicePlanArgs pl;
+    pl.tile_expert = static_cast<const int32_t*>(tile_expert_.data());
+    pl.num_align_tiles = static_cast<const int32_t*>(num_tiles_.data());
+    pl.max_align_tiles = static_cast<int32_t>(align_tiles);
+    pl.block_m = kLtBlockM;
+    pl.experts = p.num_experts;
+    pl.tiles = static_cast<MoeWgmmaTile*>(wg_tiles_.data());
+    pl.num_tiles = static_cast<int32_t*>(wg_count_.data());
+    pl.cap = static_cast<int32_t>(cap);
+    checkOk(launchMoeWgmmaDevicePlan(pl, st), "moeExperts/wgmma_plan");
+    const ExpertRanges r{max_rows, static_cast<const int32_t*>(row_token_.data()),
+                         static_cast<const int32_t*>(tile_expert_.data()), nullptr};
+    wgmmaProjections(r, cap, static_cast<const int32_t*>(wg_count_.data()), w1, b1, w2, b2, p, st);
+    downBiasAndCombine(Tensor(), r, t, topk_weights, out, p, st);
+    countMoeLtBf16Step();
+    countMoeWgmmaStep();
+  }
+
   // [TAG_MOE_WGMMA] over the rows moeExpertsLtBf16 gathered into lt_x_: one wgmma launch per
   // projection over the resident MXFP4 experts (gate_up with bias and SwiGLU in its epilogue,
   // down with bias), then the combine.
@@ -1031,6 +1076,17 @@ class CudaLlmOps final : public LlmOps {
     // Pinned and rewritten only after the next layer's range wait, which follows this copy.
     CUDA_CHECK(cudaMemcpyAsync(wg_tiles_.data(), host_wg_tiles_, sizeof(MoeWgmmaTile) * static_cast<size_t>(tiles),
                                cudaMemcpyHostToDevice, st));
+    wgmmaProjections(r, tiles, nullptr, w1, b1, w2, b2, p, st);
+    downBiasAndCombine(Tensor(), r, t, topk_weights, out, p, st);
+    countMoeLtBf16Step();
+    countMoeWgmmaStep();
+  }
+
+  // The two wgmma launches over wg_tiles_ (tiles of them, or a bound with the count on the device
+  // when tiles_dev is set): gate_up (+bias, SwiGLU) into lt_a_, down (+bias) into y_.
+  void wgmmaProjections(const ExpertRanges& r, int64_t tiles, const int32_t* tiles_dev,
+                        const ExpertWeights& w1, const Tensor& b1, const ExpertWeights& w2,
+                        const Tensor& b2, const MoeExpertsParams& p, cudaStream_t st) {
     MoeWgmmaArgs g1;
     g1.x = static_cast<const bf16*>(lt_x_.data());
     g1.x_rows = r.rows;
@@ -1039,6 +1095,7 @@ class CudaLlmOps final : public LlmOps {
     g1.bias = b1.empty() ? nullptr : b1.as<bf16>();
     g1.tiles = static_cast<const MoeWgmmaTile*>(wg_tiles_.data());
     g1.num_tiles = static_cast<int32_t>(tiles);
+    g1.num_tiles_dev = tiles_dev;
     g1.row_token = r.row_token;
     g1.out = static_cast<bf16*>(lt_a_.data());
     g1.experts = p.num_experts;
@@ -1061,9 +1118,6 @@ class CudaLlmOps final : public LlmOps {
     g2.swiglu = false;
     g2.max_scale = w2.mx_max_scale;
     checkOk(launchMoeWgmma(g2, st), "moeExperts/down_wgmma");
-    downBiasAndCombine(Tensor(), r, t, topk_weights, out, p, st);
-    countMoeLtBf16Step();
-    countMoeWgmmaStep();
   }
 
   void gatherRows(const Tensor& in, const Tensor& rows, const Tensor& out) override {
@@ -1298,6 +1352,7 @@ class CudaLlmOps final : public LlmOps {
   int32_t* host_tiles_ = nullptr;  // pinned: [range_max_tiles_] tiles + [E + 1] offsets
   MoeWgmmaTile* host_wg_tiles_ = nullptr;  // [TAG_MOE_WGMMA] pinned [range_max_tiles_]
   Buffer wg_tiles_;                        // ... and on the device
+  Buffer wg_count_;  // [TAG_MOE_WGMMA_DEVICE_PLAN] the device plan's tile count
   std::vector<int64_t> host_off_;
   std::unique_ptr<MoeLtGemm> lt_gemm_;
   // FP8 experts [TAG_FP8_EXPERTS]: activations / scales (x and the down input), the gate_up

@@ -154,6 +154,8 @@ bool moeLtBiasEpilogue();
 bool moeLtOverlapDequant();
 // [TAG_MOE_WGMMA] the path's GEMMs as one wgmma launch per projection (moe_wgmma.cuh).
 bool moeLtWgmma();
+// [TAG_MOE_WGMMA_DEVICE_PLAN] CudaKernelOptions::moe_wgmma_device_plan in force.
+bool moeWgmmaDevicePlan();
 int64_t moeWgmmaMinRowsPerExpert();
 // The rows-per-expert floor of the path's calls (chunks or steps): the cuBLASLt GEMMs'
 // (moeLtBf16MinRowsPerExpert), or with the wgmma kernel running them the smaller of that and

@@ -249,6 +249,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   b.base = (smemAddr(smem_raw) + 1023u) & ~1023u;
   b.kt_count = (a.k + kMxTileK - 1) / kMxTileK;
   const int ntw = (a.n + kMxTileRows - 1) / kMxTileRows;
+  // [TAG_MOE_WGMMA_DEVICE_PLAN] A grid sized by the bound: items past the plan's count leave.
+  if (a.num_tiles_dev != nullptr && static_cast<int>(blockIdx.x) / ntw >= *a.num_tiles_dev) return;
   b.tile = a.tiles[blockIdx.x / ntw];
   b.nt = static_cast<int>(blockIdx.x) % ntw;
   const int wg = static_cast<int>(threadIdx.x) / 128;
@@ -358,6 +360,55 @@ Status launchMoeWgmma(const MoeWgmmaArgs& a, cudaStream_t stream) {
   CUDA_RETURN_IF_ERROR(configured);
   const int64_t items = static_cast<int64_t>(a.num_tiles) * ((a.n + kMxTileRows - 1) / kMxTileRows);
   moeWgmmaKernel<<<static_cast<unsigned>(items), kThreads, Smem::kBytes, stream>>>(map, a);
+  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return okStatus();
+}
+
+// [TAG_MOE_WGMMA_DEVICE_PLAN] One block: count the align's tiles per expert, scan the row and
+// tile offsets (one thread; experts <= 1024), then each expert's thread writes its tiles with the
+// host plan's own cut (moeWgmmaExpertTile).
+__global__ void __launch_bounds__(1024) moeWgmmaPlanKernel(MoeWgmmaDevicePlanArgs a) {
+  __shared__ int32_t cnt[kMoeWgmmaPlanMaxExperts];
+  __shared__ int32_t roff[kMoeWgmmaPlanMaxExperts + 1];
+  __shared__ int32_t toff[kMoeWgmmaPlanMaxExperts + 1];
+  const int tid = static_cast<int>(threadIdx.x);
+  for (int e = tid; e < a.experts; e += blockDim.x) cnt[e] = 0;
+  __syncthreads();
+  const int32_t n = min(*a.num_align_tiles, a.max_align_tiles);
+  for (int i = tid; i < n; i += blockDim.x) {
+    const int32_t e = a.tile_expert[i];
+    if (e >= 0 && e < a.experts) atomicAdd(&cnt[e], 1);
+  }
+  __syncthreads();
+  if (tid == 0) {
+    int32_t r = 0, t = 0;
+    for (int e = 0; e < a.experts; ++e) {
+      roff[e] = r;
+      toff[e] = t;
+      const int32_t rows = cnt[e] * a.block_m;
+      r += rows;
+      t += moeWgmmaExpertTiles(rows);
+    }
+    roff[a.experts] = r;
+    toff[a.experts] = t;
+    if (t > a.cap) __trap();  // cannot happen: cap is moeWgmmaMaxTiles of the align's bound
+    *a.num_tiles = t;
+  }
+  __syncthreads();
+  for (int e = tid; e < a.experts; e += blockDim.x) {
+    const int32_t rows = roff[e + 1] - roff[e];
+    const int32_t tiles = toff[e + 1] - toff[e];
+    for (int32_t j = 0; j < tiles; ++j) a.tiles[toff[e] + j] = moeWgmmaExpertTile(e, roff[e], rows, j);
+  }
+}
+
+Status launchMoeWgmmaDevicePlan(const MoeWgmmaDevicePlanArgs& a, cudaStream_t stream) {
+  if (a.tile_expert == nullptr || a.num_align_tiles == nullptr || a.tiles == nullptr ||
+      a.num_tiles == nullptr || a.experts <= 0 || a.experts > kMoeWgmmaPlanMaxExperts ||
+      a.block_m <= 0 || a.max_align_tiles < 0 || a.cap <= 0) {
+    return invalidArgument("moe_wgmma plan: missing pointers or bad shape");
+  }
+  moeWgmmaPlanKernel<<<1, 1024, 0, stream>>>(a);
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return okStatus();
 }

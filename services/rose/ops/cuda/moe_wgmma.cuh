@@ -33,6 +33,10 @@ struct MoeWgmmaArgs {
   const __nv_bfloat16* bias = nullptr;  // [experts][n] or null
   const MoeWgmmaTile* tiles = nullptr;  // device, [num_tiles] (moeWgmmaPlanTiles)
   int32_t num_tiles = 0;
+  // [TAG_MOE_WGMMA_DEVICE_PLAN] Non-null: the plan's count on the device (launchMoeWgmmaDevicePlan);
+  // num_tiles is then the bound the grid is sized by (moeWgmmaMaxTiles) and items past the
+  // count return at once.
+  const int32_t* num_tiles_dev = nullptr;
   const int32_t* row_token = nullptr;   // [x_rows], swiglu only: < 0 rows are written as 0
   __nv_bfloat16* out = nullptr;         // [x_rows][n] (plain) or [x_rows][n / 2] (swiglu)
   int32_t experts = 0;
@@ -43,6 +47,22 @@ struct MoeWgmmaArgs {
   float alpha = 1.702f;
   uint32_t max_scale = 255;  // the largest E8M0 byte: must be <= 128 (kMxfp4MaxDecodeScale)
 };
+
+// [TAG_MOE_WGMMA_DEVICE_PLAN] The token tiles planned on the device from the align's output, so
+// the host needs no expert ranges (no device-to-host copy and wait per layer): the same tiles as
+// moeWgmmaPlanTiles over the align's row offsets, in the same order. One block.
+inline constexpr int32_t kMoeWgmmaPlanMaxExperts = 1024;
+struct MoeWgmmaDevicePlanArgs {
+  const int32_t* tile_expert = nullptr;      // the align's tiles (block_m rows each), by expert
+  const int32_t* num_align_tiles = nullptr;  // device [1]: the align's tile count
+  int32_t max_align_tiles = 0;
+  int32_t block_m = 0;
+  int32_t experts = 0;                       // <= kMoeWgmmaPlanMaxExperts
+  MoeWgmmaTile* tiles = nullptr;             // device [cap]
+  int32_t* num_tiles = nullptr;              // device [1]
+  int32_t cap = 0;                           // moeWgmmaMaxTiles(align rows bound, busy experts)
+};
+Status launchMoeWgmmaDevicePlan(const MoeWgmmaDevicePlanArgs& a, cudaStream_t stream);
 
 // Whether the kernel can run here: an sm_90 device and a driver with tensor maps.
 bool moeWgmmaSupported();

@@ -23,9 +23,36 @@ struct MoeWgmmaTile {
   int32_t n = 0;     // 16, 32, ..., 256: rows rounded up to 16
 };
 
+#ifdef __CUDACC__
+#define GARDEN_WGMMA_PLAN_HD __host__ __device__
+#else
+#define GARDEN_WGMMA_PLAN_HD
+#endif
+
 inline constexpr int32_t kMoeWgmmaMaxN = 256;
-inline constexpr int32_t moeWgmmaTileN(int64_t rows) {
+GARDEN_WGMMA_PLAN_HD inline constexpr int32_t moeWgmmaTileN(int64_t rows) {
   return static_cast<int32_t>((rows + 15) / 16 * 16);
+}
+
+// The number of tiles of an expert with `rows` rows.
+GARDEN_WGMMA_PLAN_HD inline constexpr int32_t moeWgmmaExpertTiles(int32_t rows) {
+  return (rows + kMoeWgmmaMaxN - 1) / kMoeWgmmaMaxN;
+}
+
+// Tile j of expert e whose rows start at r0 (rows in all): the host plan below and the device
+// plan (moe_wgmma.cuh launchMoeWgmmaDevicePlan [TAG_MOE_WGMMA_DEVICE_PLAN]) both cut with it.
+GARDEN_WGMMA_PLAN_HD inline MoeWgmmaTile moeWgmmaExpertTile(int32_t e, int32_t r0, int32_t rows,
+                                                            int32_t j) {
+  const int32_t first = j * kMoeWgmmaMaxN, left = rows - first;
+  const int32_t n = left < kMoeWgmmaMaxN ? left : kMoeWgmmaMaxN;
+  return MoeWgmmaTile{e, r0 + first, n, moeWgmmaTileN(n)};
+}
+
+// Upper bound on the tiles of a step whose expert-sorted matrix has at most `max_rows` rows over
+// at most `busy` experts with rows: ceil(r / 256) <= floor(r / 256) + 1 per expert, and the floors
+// add up to at most floor(max_rows / 256). (The device plan's launches use it as their grid.)
+inline constexpr int64_t moeWgmmaMaxTiles(int64_t max_rows, int64_t busy) {
+  return max_rows / kMoeWgmmaMaxN + busy;
 }
 
 // Writes the tiles of experts 0 .. experts - 1 (off: [experts + 1], non-decreasing) into out
@@ -34,16 +61,13 @@ inline constexpr int32_t moeWgmmaTileN(int64_t rows) {
 inline int64_t moeWgmmaPlanTiles(const int64_t* off, int32_t experts, MoeWgmmaTile* out, int64_t cap) {
   int64_t count = 0;
   for (int32_t e = 0; e < experts; ++e) {
-    int64_t r0 = off[e];
-    int64_t left = off[e + 1] - off[e];
-    if (left < 0 || off[e + 1] > INT32_MAX) return -1;
-    while (left > 0) {
+    const int64_t rows = off[e + 1] - off[e];
+    if (rows < 0 || off[e + 1] > INT32_MAX) return -1;
+    const int32_t tiles = moeWgmmaExpertTiles(static_cast<int32_t>(rows));
+    for (int32_t j = 0; j < tiles; ++j) {
       if (count >= cap) return -1;
-      const int64_t rows = left < kMoeWgmmaMaxN ? left : kMoeWgmmaMaxN;
-      out[count++] = MoeWgmmaTile{e, static_cast<int32_t>(r0), static_cast<int32_t>(rows),
-                                  moeWgmmaTileN(rows)};
-      r0 += rows;
-      left -= rows;
+      out[count++] =
+          moeWgmmaExpertTile(e, static_cast<int32_t>(off[e]), static_cast<int32_t>(rows), j);
     }
   }
   return count;

@@ -19,7 +19,7 @@ const char* const kVars[] = {"GARDEN_ATTENTION_KERNEL", "GARDEN_GEMM_TUNE", "GAR
                              "GARDEN_PDL", "GARDEN_PAGED_ATTENTION", "GARDEN_MOE_PREFILL",
                              "GARDEN_MOE_LT_STREAMS", "GARDEN_MOE_LT_EPILOGUE",
                              "GARDEN_MOE_LT_OVERLAP", "GARDEN_MOE_LT_WGMMA",
-                             "GARDEN_ROUTER_MMA"};
+                             "GARDEN_ROUTER_MMA", "GARDEN_MOE_WGMMA_DEVICE_PLAN"};
 
 // Clears the variables for the test and restores what the process had.
 class KernelEnvTest : public ::testing::Test {
@@ -53,7 +53,7 @@ bool same(const CudaKernelOptions& a, const CudaKernelOptions& b) {
          a.moe_lt_streams == b.moe_lt_streams && a.moe_lt_bias_epilogue == b.moe_lt_bias_epilogue &&
          a.moe_lt_overlap_dequant == b.moe_lt_overlap_dequant && a.moe_lt_wgmma == b.moe_lt_wgmma &&
          a.moe_wgmma_min_rows_per_expert == b.moe_wgmma_min_rows_per_expert &&
-         a.router_mma == b.router_mma;
+         a.router_mma == b.router_mma && a.moe_wgmma_device_plan == b.moe_wgmma_device_plan;
 }
 
 TEST_F(KernelEnvTest, UnsetOrEmptyKeepsTheDefaults) {
@@ -72,6 +72,7 @@ TEST_F(KernelEnvTest, UnsetOrEmptyKeepsTheDefaults) {
   EXPECT_FALSE(o.moe_lt_overlap_dequant);
   EXPECT_TRUE(o.moe_lt_wgmma);
   EXPECT_FALSE(o.router_mma);
+  EXPECT_FALSE(o.moe_wgmma_device_plan);
   for (const char* v : kVars) setenv(v, "", 1);
   CudaKernelOptions e;
   ASSERT_TRUE(cudaKernelOptionsFromEnv(e).isOk());
@@ -151,6 +152,9 @@ TEST_F(KernelEnvTest, EachAcceptedValueIsRead) {
   setenv("GARDEN_ROUTER_MMA", "1", 1);
   ASSERT_TRUE(cudaKernelOptionsFromEnv(o).isOk());
   EXPECT_TRUE(o.router_mma);
+  setenv("GARDEN_MOE_WGMMA_DEVICE_PLAN", "1", 1);
+  ASSERT_TRUE(cudaKernelOptionsFromEnv(o).isOk());
+  EXPECT_TRUE(o.moe_wgmma_device_plan);
 }
 
 TEST_F(KernelEnvTest, OtherValuesAreRefusedByName) {
@@ -169,7 +173,8 @@ TEST_F(KernelEnvTest, OtherValuesAreRefusedByName) {
         Bad{"GARDEN_MOE_LT_STREAMS", "0", "1|2|3|4|5|6|7|8"},
         Bad{"GARDEN_MOE_LT_STREAMS", "9", "1|2|3|4|5|6|7|8"},
         Bad{"GARDEN_MOE_LT_EPILOGUE", "on", "0|1"}, Bad{"GARDEN_MOE_LT_OVERLAP", "yes", "0|1"},
-        Bad{"GARDEN_MOE_LT_WGMMA", "on", "0|1"}, Bad{"GARDEN_ROUTER_MMA", "mma", "0|1"}}) {
+        Bad{"GARDEN_MOE_LT_WGMMA", "on", "0|1"}, Bad{"GARDEN_ROUTER_MMA", "mma", "0|1"},
+        Bad{"GARDEN_MOE_WGMMA_DEVICE_PLAN", "on", "0|1"}}) {
     SCOPED_TRACE(std::string(b.var) + "=" + b.value);
     for (const char* v : kVars) unsetenv(v);
     setenv(b.var, b.value, 1);

@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -53,6 +54,37 @@ TEST(MoeWgmmaPlan, TilesCoverEveryRowOnceWithinItsExpert) {
     }
     EXPECT_EQ(next_row, off.back());
     for (int c : cover) ASSERT_EQ(c, 1);
+  }
+}
+
+// [TAG_MOE_WGMMA_DEVICE_PLAN] The device plan launches moeWgmmaMaxTiles items' worth of tiles
+// before it knows the count: for T·k assignments over E experts, each expert padded to 16 rows
+// (the align), the rows are at most (min(E, T·k) + T·k / 16) · 16 and the plan never needs more
+// tiles than the bound on them.
+TEST(MoeWgmmaPlan, TheDevicePlansBoundHoldsForEveryRouting) {
+  std::mt19937 rng(19);
+  for (int rep = 0; rep < 2000; ++rep) {
+    const int experts = 1 + static_cast<int>(rng() % 256);
+    const int64_t assignments = 1 + static_cast<int64_t>(rng() % 40000);
+    std::vector<int64_t> count(static_cast<size_t>(experts), 0);
+    // Skewed or uniform routings.
+    const bool skew = rng() % 2 == 0;
+    for (int64_t a = 0; a < assignments; ++a) {
+      const int e = skew ? static_cast<int>(rng() % (1 + rng() % experts)) : static_cast<int>(rng() % experts);
+      ++count[static_cast<size_t>(e)];
+    }
+    std::vector<int64_t> off(static_cast<size_t>(experts + 1), 0);
+    for (int e = 0; e < experts; ++e)
+      off[static_cast<size_t>(e + 1)] =
+          off[static_cast<size_t>(e)] + (count[static_cast<size_t>(e)] + 15) / 16 * 16;
+    const int64_t busy = std::min<int64_t>(experts, assignments);
+    const int64_t max_rows = (busy + assignments / 16) * 16;
+    ASSERT_LE(off.back(), max_rows);
+    const int64_t bound = moeWgmmaMaxTiles(max_rows, busy);
+    std::vector<MoeWgmmaTile> t(static_cast<size_t>(bound));
+    const int64_t n = moeWgmmaPlanTiles(off.data(), experts, t.data(), bound);
+    ASSERT_GE(n, 0) << "the plan needs more tiles than the bound (" << bound << ")";
+    EXPECT_LE(n, bound);
   }
 }
 
