@@ -56,7 +56,9 @@
 //              cuda::setRouterFusedRoute [TAG_ROUTER_FUSED_ROUTE]; same bits); off: the separate
 //              route kernel.
 //   --router-tiled-min N: steps of >= N tokens run the f32 router's register-tiled kernel (same
-//              bits; default 128, 0 = never) [TAG_ROUTER_F32_TILED].
+//              bits; default 128, 0 = never) [TAG_ROUTER_F32_TILED]; --router-tiled-rows on|off: its
+//              f32 rows staged as they lie, coalesced (default off until run)
+//              [TAG_ROUTER_F32_TILED_ROWS].
 //   --router-mma on|off: the f32 router on bf16 tensor cores with split operands (default off,
 //              CudaKernelOptions::router_mma [TAG_ROUTER_MMA]); off: the CUDA-core f32 kernel.
 //   --moe-prefetch N: the MXFP4 decode MoE kernel asks L2 for its weight tiles N K tiles beyond
@@ -812,6 +814,7 @@ int main(int argc, char** argv) {
     else if (a == "--router-fused") cuda::setRouterFusedRoute(next() == "on");
     else if (a == "--router-mma") g_lt_flags.router_mma = next() == "on";
     else if (a == "--router-tiled-min") cuda::setRouterF32TiledMinTokens(std::atoll(next().c_str()));
+    else if (a == "--router-tiled-rows") cuda::setRouterF32TiledRows(next() == "on");
     else if (a == "--fp8-min-tokens") fp8_min_tokens = std::atoll(next().c_str());
     else if (a == "--moe-prefill") {
       if (!moePrefillFromName(next(), &moe_prefill)) {

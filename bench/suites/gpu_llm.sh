@@ -56,6 +56,8 @@
 #   wgcross2  the chunk path from 1 row per expert against the tiled kernels at small chunks (20b
 #             128..512 tokens, 120b 512..1536)
 #   wgncu120  per-kernel times of an 8k 120b prefill (ncu)
+#   rowsab    20b prefill 8k / 32k (median of 3) with the tiled router's rows staged as they lie
+#             (--router-tiled-rows on) and transposed (off) [TAG_ROUTER_F32_TILED_ROWS]
 #   wgplan    the wgmma path with its tiles planned on the device [TAG_MOE_WGMMA_DEVICE_PLAN]: the op
 #             test (the device plan's bits = the host plan's, also after a larger step) and the
 #             model tests (tokens = the host plan's); wgplanmem: memcheck over the op test
@@ -245,6 +247,7 @@ for s in $STEPS; do
     wgncufull) step wgncufull wgncufull.txt 240 bash -c "ncu --set full -k regex:moeWgmma -c 2 '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 2>&1 | grep -v 'gemm tuned' | tail -260" ;;
     wgcross) step wgcross wgcross.txt 300 bash -c "for m in '/tmp/gptoss20b 512,1024,1536,2048' '/dev/shm/gptoss120b 2048,4096,6144,8192'; do set -- \$m; for v in tiled chunk; do echo \"== \$1 --moe-prefill \$v\"; '$BIN/rose_llm_bench' --model \$1 --prefill \$2 --prefill-reps 3 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --moe-prefill \$v --moe-prefill-min-rows 1 2>&1 | grep -v 'gemm tuned'; done; done" ;;
     wgmodel) step wgmodel wg_model.log 240 "$BIN/gpu_llm_model_test" --gtest_filter='*Wgmma*:*ChunkMode*:*LtBf16Prefill*' ;;
+    rowsab) step rowsab rowsab.txt 300 bash -c "for v in on off; do echo \"== --router-tiled-rows \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192,32768 --prefill-reps 3 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --router-tiled-rows \$v 2>&1 | grep -v 'gemm tuned'; done" ;;
     wgplan) step wgplan wgplan.log 300 bash -c "'$BIN/gpu_llm_ops_test' --gtest_filter='GpuFp8Moe.WgmmaExperts*' && '$BIN/gpu_llm_model_test' --gtest_filter='*WgmmaDevicePlan*:*AutoMode*'" ;;
     wgplanmem) step wgplanmem wgplan_mem.log 300 compute-sanitizer --tool memcheck --error-exitcode 3 "$BIN/gpu_llm_ops_test" --gtest_filter='GpuFp8Moe.WgmmaExperts*' ;;
     wgplanab) step wgplanab wgplanab.txt 300 bash -c "for v in on off; do echo \"== --moe-wgmma-device-plan \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192,32768 --prefill-reps 3 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --moe-wgmma-device-plan \$v 2>&1 | grep -v 'gemm tuned'; done" ;;

@@ -715,7 +715,7 @@ Args routerArgs(const OwnedTensor& residual, const OwnedTensor& part, const Owne
 }
 
 // [TAG_ROUTER_F32_TILED] The register-tiled kernel that large steps take gives routerF32Kernel's
-// partials and sums of squares bit for bit: token counts around its 64-token tile, expert counts
+// partials and sums of squares bit for bit (both of its stagings, [TAG_ROUTER_F32_TILED_ROWS]): token counts around its 64-token tile, expert counts
 // off its 32/64-expert tiles, K tails (260, 4100), inputs with zeros and negative zeros.
 TEST_F(GpuLlmOps, MoeRouteF32TiledKernelGivesTheSameBits) {
   struct Case { int64_t t, h, e; };
@@ -738,27 +738,32 @@ TEST_F(GpuLlmOps, MoeRouteF32TiledKernelGivesTheSameBits) {
     auto gwt = upload(gpu(), DType::kF32, {c.h, c.e}, wt);
     auto part = allocate(gpu(), DType::kF32, {splits, c.t, c.e});
     auto ss = allocate(gpu(), DType::kF32, {splits, c.t});
-    auto run = [&](int64_t tiled_min) {
+    auto run = [&](int64_t tiled_min, bool rows = false) {
       poison(gpu(), part.view);
       poison(gpu(), ss.view);
       rose::cuda::setRouterF32TiledMinTokens(tiled_min);
+      rose::cuda::setRouterF32TiledRows(rows);  // [TAG_ROUTER_F32_TILED_ROWS]
       auto a = routerArgs<rose::cuda::RouterF32Args>(gr, part, ss, c.t, c.h, c.e);
       a.wt = gwt.view.as<float>();
       EXPECT_TRUE(
           rose::cuda::launchRouterF32Partials(a, dynamic_cast<cuda::CudaBackend&>(gpu()).stream())
               .isOk());
       rose::cuda::setRouterF32TiledMinTokens(rose::cuda::kRouterF32TiledMinTokens);
+      rose::cuda::setRouterF32TiledRows(false);
       return std::make_pair(download(gpu(), part.view), download(gpu(), ss.view));
     };
-    const auto ref = run(0);   // routerF32Kernel
-    const auto got = run(1);   // the tiled kernel at every size
-    ASSERT_EQ(ref.first.size(), got.first.size());
-    size_t diffs = 0;
-    for (size_t i = 0; i < ref.first.size(); ++i)
-      diffs += std::memcmp(&ref.first[i], &got.first[i], 4) != 0;
-    EXPECT_EQ(diffs, 0u) << "partials differ in bits (of " << ref.first.size() << ")";
-    EXPECT_EQ(std::memcmp(ref.second.data(), got.second.data(), ref.second.size() * 4), 0)
-        << "sums of squares differ in bits";
+    const auto ref = run(0);  // routerF32Kernel
+    for (bool rows : {false, true}) {  // the tiled kernel at every size, both stagings
+      SCOPED_TRACE(rows ? "rows staged as they lie" : "rows staged transposed");
+      const auto got = run(1, rows);
+      ASSERT_EQ(ref.first.size(), got.first.size());
+      size_t diffs = 0;
+      for (size_t i = 0; i < ref.first.size(); ++i)
+        diffs += std::memcmp(&ref.first[i], &got.first[i], 4) != 0;
+      EXPECT_EQ(diffs, 0u) << "partials differ in bits (of " << ref.first.size() << ")";
+      EXPECT_EQ(std::memcmp(ref.second.data(), got.second.data(), ref.second.size() * 4), 0)
+          << "sums of squares differ in bits";
+    }
   }
 }
 

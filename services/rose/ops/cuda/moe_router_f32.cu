@@ -153,12 +153,19 @@ constexpr int kTiledThreads = 512;
 constexpr int kTiledWarps = kTiledThreads / 32;
 static_assert(kRouterF32SliceK == 256, "the tiled router stages 4 chunks of 64 columns");
 
-template <int kTE>
+// kRows [TAG_ROUTER_F32_TILED_ROWS]: x staged as it lies in memory ([tok][k], rows padded to 257
+// floats) by warps reading 512 contiguous bytes of a row, instead of transposed by warps that
+// read 16 bytes of each of 32 rows; the sums of squares then come from shared memory (the same
+// chains). Off by default until measured (CudaKernelOptions-free switch setRouterF32TiledRows).
+constexpr int kRowStride = kRouterF32SliceK + 1;  // conflict-free column reads across 4 rows
+
+template <int kTE, bool kRows>
 __global__ void __launch_bounds__(kTiledThreads, 1) routerF32TiledKernel(RouterF32Args a) {
   constexpr int kEPT = kTE / 8;  // experts per thread
+  constexpr int kXsFloats = kRows ? kTiledTok * kRowStride : kRouterF32SliceK * kTiledTok;
   extern __shared__ __align__(16) float smem[];
-  float* xs = smem;                             // [256 k][64 tok]
-  float* ws = smem + kRouterF32SliceK * kTiledTok;  // [256 k][kTE]
+  float* xs = smem;               // [256 k][64 tok], or [64 tok][257] with kRows
+  float* ws = smem + kXsFloats;   // [256 k][kTE]
   __shared__ float ssp[16][kTiledTok];          // sums-of-squares chains per (quarter, token)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kTiledTok;
@@ -168,9 +175,26 @@ __global__ void __launch_bounds__(kTiledThreads, 1) routerF32TiledKernel(RouterF
   int nc = (a.hidden - kbase + 63) / 64;
   if (nc > 4) nc = 4;
 
+  if constexpr (kRows) {
+    // Thread i stages float4 i % 64 of rows i / 64 + 8 r: a warp reads 512 contiguous bytes.
+#pragma unroll
+    for (int r = 0; r < 8; ++r) {
+      const int tok = (tid >> 6) + 8 * r, c4 = tid & 63;
+      if ((c4 >> 4) < nc) {
+        const int k = kbase + c4 * 4;
+        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (t0 + tok < a.num_tokens && k < a.hidden)
+          v = __ldg(reinterpret_cast<const float4*>(a.residual + (t0 + tok) * a.hidden + k));
+        float* d = xs + tok * kRowStride + c4 * 4;
+        d[0] = v.x;
+        d[1] = v.y;
+        d[2] = v.z;
+        d[3] = v.w;
+      }
+    }
+  } else {
   // Stage x (transposed to [k][tok]) and the chains of the sums of squares: thread i takes token
   // i % 64 and quarters b = i / 64 and b + 8 of every chunk (idx = i + 512 r: chunk r / 2).
-  {
     const int tok = tid & 63, b = tid >> 6;
     const bool row = t0 + tok < a.num_tokens;
     const float* xrow = a.residual + (row ? t0 + tok : 0) * a.hidden;
@@ -215,6 +239,24 @@ __global__ void __launch_bounds__(kTiledThreads, 1) routerF32TiledKernel(RouterF
     }
   }
   __syncthreads();
+  if constexpr (kRows) {
+    // The chains of the sums of squares from the staged rows: thread i takes token i / 8 and
+    // quarters b = i % 8 and b + 8 (columns c * 64 + q * 4 + m, chunk outer, m inner).
+    const int tok = tid >> 3, b = tid & 7;
+    const float* xr = xs + tok * kRowStride;
+    float s_lo = 0.f, s_hi = 0.f;
+    for (int c = 0; c < nc; ++c) {
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        const float lo = xr[c * 64 + b * 4 + m], hi = xr[c * 64 + (b + 8) * 4 + m];
+        s_lo = __fmaf_rn(lo, lo, s_lo);
+        s_hi = __fmaf_rn(hi, hi, s_hi);
+      }
+    }
+    ssp[b][tok] = s_lo;
+    ssp[b + 8][tok] = s_hi;
+    __syncthreads();
+  }
 
   // The sums of squares: lane 0's view of the xor butterfly over the 16 quarters.
   if (blockIdx.y == 0 && tid < kTiledTok && t0 + tid < a.num_tokens) {
@@ -241,9 +283,22 @@ __global__ void __launch_bounds__(kTiledThreads, 1) routerF32TiledKernel(RouterF
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       const int kk = c * 64 + w * 8 + j;
-      const float4 xa = *reinterpret_cast<const float4*>(xs + kk * kTiledTok + tk0);
-      const float4 xb = *reinterpret_cast<const float4*>(xs + kk * kTiledTok + tk0 + 4);
-      const float xv[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+      float xv[8];
+      if constexpr (kRows) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) xv[i] = xs[(tk0 + i) * kRowStride + kk];
+      } else {
+        const float4 xa = *reinterpret_cast<const float4*>(xs + kk * kTiledTok + tk0);
+        const float4 xb = *reinterpret_cast<const float4*>(xs + kk * kTiledTok + tk0 + 4);
+        xv[0] = xa.x;
+        xv[1] = xa.y;
+        xv[2] = xa.z;
+        xv[3] = xa.w;
+        xv[4] = xb.x;
+        xv[5] = xb.y;
+        xv[6] = xb.z;
+        xv[7] = xb.w;
+      }
       float wv[kEPT];
 #pragma unroll
       for (int e = 0; e < kEPT; e += 4) {
@@ -278,25 +333,31 @@ __global__ void __launch_bounds__(kTiledThreads, 1) routerF32TiledKernel(RouterF
   }
 }
 
-template <int kTE>
+template <int kTE, bool kRows>
 constexpr size_t routerTiledSmem() {
-  return sizeof(float) * kRouterF32SliceK * (kTiledTok + kTE);
+  return sizeof(float) * ((kRows ? kTiledTok * kRowStride : kRouterF32SliceK * kTiledTok) +
+                          kRouterF32SliceK * kTE);
 }
-static_assert(routerTiledSmem<64>() >= sizeof(float) * 8 * kTiledTok * 64, "red fits the staging");
-static_assert(routerTiledSmem<32>() >= sizeof(float) * 8 * kTiledTok * 32, "red fits the staging");
+static_assert(routerTiledSmem<64, false>() >= sizeof(float) * 8 * kTiledTok * 64, "red fits");
+static_assert(routerTiledSmem<32, false>() >= sizeof(float) * 8 * kTiledTok * 32, "red fits");
+static_assert(routerTiledSmem<64, true>() >= sizeof(float) * 8 * kTiledTok * 64, "red fits");
+static_assert(routerTiledSmem<32, true>() >= sizeof(float) * 8 * kTiledTok * 32, "red fits");
+static_assert(kTiledTok * kRowStride % 4 == 0, "ws stays 16-byte aligned after padded rows");
 
 std::atomic<int64_t> g_tiled_min_tokens{kRouterF32TiledMinTokens};
+std::atomic<bool> g_tiled_rows{false};  // [TAG_ROUTER_F32_TILED_ROWS]
 
-template <int kTE>
+template <int kTE, bool kRows>
 Status launchRouterTiled(const RouterF32Args& a, cudaStream_t stream) {
-  constexpr size_t smem = routerTiledSmem<kTE>();
-  static const cudaError_t attr = cudaFuncSetAttribute(
-      routerF32TiledKernel<kTE>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  constexpr size_t smem = routerTiledSmem<kTE, kRows>();
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(routerF32TiledKernel<kTE, kRows>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   CUDA_RETURN_IF_ERROR(attr);
   const dim3 grid(static_cast<unsigned>((a.num_tokens + kTiledTok - 1) / kTiledTok),
                   static_cast<unsigned>((a.num_experts + kTE - 1) / kTE),
                   static_cast<unsigned>(routerF32Splits(a.hidden)));
-  routerF32TiledKernel<kTE><<<grid, kTiledThreads, smem, stream>>>(a);
+  routerF32TiledKernel<kTE, kRows><<<grid, kTiledThreads, smem, stream>>>(a);
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return okStatus();
 }
@@ -447,6 +508,8 @@ void setRouterFusedRoute(bool on) { g_fused_route = on; }
 void setRouterMma(bool on) { g_router_mma.store(on); }
 void setRouterF32TiledMinTokens(int64_t tokens) { g_tiled_min_tokens.store(tokens); }
 int64_t routerF32TiledMinTokens() { return g_tiled_min_tokens.load(); }
+void setRouterF32TiledRows(bool on) { g_tiled_rows.store(on); }
+bool routerF32TiledRows() { return g_tiled_rows.load(); }
 bool routerMma() { return g_router_mma.load(); }
 bool routerFusedRoute() { return g_fused_route; }
 
@@ -470,7 +533,11 @@ Status launchRouterF32Partials(const RouterF32Args& a, cudaStream_t stream) {
   if (a.route_counters == nullptr && tiled_min > 0 && a.num_tokens >= tiled_min) {
     if (a.num_tokens > 65535LL * kTiledTok)
       return invalidArgument("router_f32: too many tokens for one launch");
-    return a.num_experts <= 32 ? launchRouterTiled<32>(a, stream) : launchRouterTiled<64>(a, stream);
+    if (g_tiled_rows.load())
+      return a.num_experts <= 32 ? launchRouterTiled<32, true>(a, stream)
+                                 : launchRouterTiled<64, true>(a, stream);
+    return a.num_experts <= 32 ? launchRouterTiled<32, false>(a, stream)
+                               : launchRouterTiled<64, false>(a, stream);
   }
   const dim3 grid(static_cast<unsigned>((a.num_tokens + kTok - 1) / kTok),
                   static_cast<unsigned>((a.num_experts + kExp - 1) / kExp),
