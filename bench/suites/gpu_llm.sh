@@ -207,6 +207,18 @@ export LD_LIBRARY_PATH="$BIN/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 export PATH="/usr/local/cuda/bin:$PATH"
 START=$(date +%s); DEADLINE=${SESSION_DEADLINE_S:-560}
 summary=""; failed=0
+# prefillab MODEL FLAG VALUE...: rose_llm_bench prefill 8k / 32k (median of 3) once per value of
+# one flag (the A/B steps' common form; exported so `step` can run it).
+prefillab() {
+  local model=$1 flag=$2 v; shift 2
+  for v in "$@"; do
+    echo "== $flag $v"
+    "$BIN/rose_llm_bench" --model "$model" --prefill 8192,32768 --prefill-reps 3 --decode '' \
+      --max-batch-tokens 16384 --kv-tokens 140000 "$flag" "$v" 2>&1 | grep -v 'gemm tuned'
+  done
+}
+export -f prefillab
+export BIN
 step() {  # step NAME LOG LIMIT CMD...
   local name=$1 log=$2 limit=$3; shift 3
   local left=$(( DEADLINE - ($(date +%s) - START) ))
@@ -247,11 +259,11 @@ for s in $STEPS; do
     wgncufull) step wgncufull wgncufull.txt 240 bash -c "ncu --set full -k regex:moeWgmma -c 2 '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 2>&1 | grep -v 'gemm tuned' | tail -260" ;;
     wgcross) step wgcross wgcross.txt 300 bash -c "for m in '/tmp/gptoss20b 512,1024,1536,2048' '/dev/shm/gptoss120b 2048,4096,6144,8192'; do set -- \$m; for v in tiled chunk; do echo \"== \$1 --moe-prefill \$v\"; '$BIN/rose_llm_bench' --model \$1 --prefill \$2 --prefill-reps 3 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --moe-prefill \$v --moe-prefill-min-rows 1 2>&1 | grep -v 'gemm tuned'; done; done" ;;
     wgmodel) step wgmodel wg_model.log 240 "$BIN/gpu_llm_model_test" --gtest_filter='*Wgmma*:*ChunkMode*:*LtBf16Prefill*' ;;
-    rowsab) step rowsab rowsab.txt 300 bash -c "for v in on off; do echo \"== --router-tiled-rows \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192,32768 --prefill-reps 3 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --router-tiled-rows \$v 2>&1 | grep -v 'gemm tuned'; done" ;;
+    rowsab) step rowsab rowsab.txt 300 prefillab /tmp/gptoss20b --router-tiled-rows on off ;;
     wgplan) step wgplan wgplan.log 300 bash -c "'$BIN/gpu_llm_ops_test' --gtest_filter='GpuFp8Moe.WgmmaExperts*' && '$BIN/gpu_llm_model_test' --gtest_filter='*WgmmaDevicePlan*:*AutoMode*'" ;;
     wgplanmem) step wgplanmem wgplan_mem.log 300 compute-sanitizer --tool memcheck --error-exitcode 3 "$BIN/gpu_llm_ops_test" --gtest_filter='GpuFp8Moe.WgmmaExperts*' ;;
-    wgplanab) step wgplanab wgplanab.txt 300 bash -c "for v in on off; do echo \"== --moe-wgmma-device-plan \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192,32768 --prefill-reps 3 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --moe-wgmma-device-plan \$v 2>&1 | grep -v 'gemm tuned'; done" ;;
-    wgplanab120b) step wgplanab120b wgplanab120b.txt 320 bash -c "for v in on off; do echo \"== --moe-wgmma-device-plan \$v\"; '$BIN/rose_llm_bench' --model /dev/shm/gptoss120b --prefill 8192,32768 --prefill-reps 3 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --moe-wgmma-device-plan \$v 2>&1 | grep -v 'gemm tuned'; done" ;;
+    wgplanab) step wgplanab wgplanab.txt 300 prefillab /tmp/gptoss20b --moe-wgmma-device-plan on off ;;
+    wgplanab120b) step wgplanab120b wgplanab120b.txt 320 prefillab /dev/shm/gptoss120b --moe-wgmma-device-plan on off ;;
     tiledab) step tiledab tiledab.txt 300 bash -c "for v in 128 0; do echo \"== --router-tiled-min \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192,32768 --prefill-reps 3 --decode 1@8192,64@1024 --decode-steps 32 --max-batch-tokens 16384 --kv-tokens 140000 --router-tiled-min \$v 2>&1 | grep -v 'gemm tuned'; done; echo '== defaults, long'; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 65536,131072 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 2>&1 | grep -v 'gemm tuned'" ;;
     tiledab120b) step tiledab120b tiledab120b.txt 320 bash -c "for v in 128 0; do echo \"== --router-tiled-min \$v\"; '$BIN/rose_llm_bench' --model /dev/shm/gptoss120b --prefill 8192,32768 --prefill-reps 3 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --router-tiled-min \$v 2>&1 | grep -v 'gemm tuned'; done; echo '== defaults, long'; '$BIN/rose_llm_bench' --model /dev/shm/gptoss120b --prefill 65536,131072 --decode 1@8192 --decode-steps 32 --max-batch-tokens 16384 --kv-tokens 140000 2>&1 | grep -v 'gemm tuned'" ;;
     autoab) step autoab autoab.txt 300 bash -c "for v in auto chunk; do echo \"== GARDEN_MOE_PREFILL=\$v\"; GARDEN_MOE_PREFILL=\$v TAG=_\$v bash '$ROOT/bench/suites/gpu_chat_sweep.sh' '$BIN' /tmp/gptoss20b '$BIN/tokenizer.json' '$LOGS/autoab' 256; done" ;;
@@ -261,7 +273,7 @@ for s in $STEPS; do
     routerab120b) step routerab120b routerab120b.txt 320 bash -c "for v in on off; do echo \"== --router-mma \$v\"; '$BIN/rose_llm_bench' --model /dev/shm/gptoss120b --prefill 8192,32768 --prefill-reps 3 --decode 1@8192 --decode-steps 32 --max-batch-tokens 16384 --kv-tokens 140000 --router-mma \$v 2>&1 | grep -v 'gemm tuned'; done" ;;
     stepab) step stepab stepab.txt 300 bash -c "for v in step chunk; do echo \"== GARDEN_MOE_PREFILL=\$v\"; GARDEN_MOE_PREFILL=\$v TAG=_\$v bash '$ROOT/bench/suites/gpu_chat_sweep.sh' '$BIN' /tmp/gptoss20b '$BIN/tokenizer.json' '$LOGS/stepab' 256; done" ;;
     wgab) step wgab wgab.txt 300 bash -c "for v in on off; do echo \"== --moe-lt-wgmma \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192,32768 --prefill-reps 3 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --moe-lt-wgmma \$v 2>&1 | grep -v 'gemm tuned'; done; echo '== --moe-lt-wgmma on, long'; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 65536,131072 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --moe-lt-wgmma on 2>&1 | grep -v 'gemm tuned'" ;;
-    wgab120b) step wgab120b wgab120b.txt 320 bash -c "for v in on off; do echo \"== --moe-lt-wgmma \$v\"; '$BIN/rose_llm_bench' --model /dev/shm/gptoss120b --prefill 8192,32768 --prefill-reps 3 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --moe-lt-wgmma \$v 2>&1 | grep -v 'gemm tuned'; done" ;;
+    wgab120b) step wgab120b wgab120b.txt 320 prefillab /dev/shm/gptoss120b --moe-lt-wgmma on off ;;
     wgncu) step wgncu wgncu.txt 240 bash -c "ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv --log-file '$LOGS/ncu_prefill_wg.csv' '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192 --decode '' --profile --moe-lt-wgmma on >/dev/null 2>&1; python3 '$ROOT/bench/suites/ncu_llm_summary.py' '$LOGS/ncu_prefill_wg.csv'" ;;
     wgmem) step wgmem wg_mem.log 300 compute-sanitizer --tool memcheck --error-exitcode 3 "$BIN/gpu_llm_ops_test" --gtest_filter='GpuFp8Moe.WgmmaExperts*' ;;
     wgsass) step wgsass wgsass.txt 120 bash -c "cuobjdump -sass '$BIN/rose_llm_bench' > '$LOGS/rlb.sass' 2>&1; python3 '$ROOT/bench/suites/sass_spills.py' '$LOGS/rlb.sass' moeWgmma" ;;
