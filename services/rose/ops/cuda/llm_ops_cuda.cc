@@ -692,9 +692,10 @@ class CudaLlmOps final : public LlmOps {
   }
 
   // [TAG_MOE_PREFILL_AUTO] The wgmma kernel runs every MXFP4 expert uploaded so far (its bits are
-  // the tiled kernels'): the model may make the whole step one call at the chunk floor.
+  // the tiled kernels'): the model, which asks only when there is a chunk floor, may make the
+  // whole step one call at that floor.
   bool moeWholeStep() const override {
-    return moeLtBf16Auto() && moeChunkMinRowsPerExpert() > 0 && wgmmaOn() && !mx_beyond_wgmma_;
+    return moeLtBf16Auto() && wgmmaOn() && !mx_beyond_wgmma_;
   }
 
   // The expert ranges of the cuBLASLt paths (block_m kLtBlockM): the pinned tile copy, its

@@ -150,7 +150,6 @@ __global__ void __launch_bounds__(kThreads) routerF32Kernel(RouterF32Args a) {
 // column-group sums.
 constexpr int kTiledTok = 64;
 constexpr int kTiledThreads = 512;
-constexpr int kTiledWarps = kTiledThreads / 32;
 static_assert(kRouterF32SliceK == 256, "the tiled router stages 4 chunks of 64 columns");
 
 // kRows [TAG_ROUTER_F32_TILED_ROWS]: x staged as it lies in memory ([tok][k], rows padded to 257
@@ -240,22 +239,25 @@ __global__ void __launch_bounds__(kTiledThreads, 1) routerF32TiledKernel(RouterF
   }
   __syncthreads();
   if constexpr (kRows) {
-    // The chains of the sums of squares from the staged rows: thread i takes token i / 8 and
-    // quarters b = i % 8 and b + 8 (columns c * 64 + q * 4 + m, chunk outer, m inner).
+    // The chains of the sums of squares from the staged rows (only the first expert tile writes
+    // them): thread i takes token i / 8 and quarters b = i % 8 and b + 8 (columns
+    // c * 64 + q * 4 + m, chunk outer, m inner).
     const int tok = tid >> 3, b = tid & 7;
-    const float* xr = xs + tok * kRowStride;
-    float s_lo = 0.f, s_hi = 0.f;
-    for (int c = 0; c < nc; ++c) {
+    if (blockIdx.y == 0) {
+      const float* xr = xs + tok * kRowStride;
+      float s_lo = 0.f, s_hi = 0.f;
+      for (int c = 0; c < nc; ++c) {
 #pragma unroll
-      for (int m = 0; m < 4; ++m) {
-        const float lo = xr[c * 64 + b * 4 + m], hi = xr[c * 64 + (b + 8) * 4 + m];
-        s_lo = __fmaf_rn(lo, lo, s_lo);
-        s_hi = __fmaf_rn(hi, hi, s_hi);
+        for (int m = 0; m < 4; ++m) {
+          const float lo = xr[c * 64 + b * 4 + m], hi = xr[c * 64 + (b + 8) * 4 + m];
+          s_lo = __fmaf_rn(lo, lo, s_lo);
+          s_hi = __fmaf_rn(hi, hi, s_hi);
+        }
       }
+      ssp[b][tok] = s_lo;
+      ssp[b + 8][tok] = s_hi;
     }
-    ssp[b][tok] = s_lo;
-    ssp[b + 8][tok] = s_hi;
-    __syncthreads();
+    __syncthreads();  // outside the branch: every thread of the block reaches it
   }
 
   // The sums of squares: lane 0's view of the xor butterfly over the 16 quarters.
@@ -507,9 +509,7 @@ std::atomic<bool> g_router_mma{false};  // CudaKernelOptions::router_mma  // mea
 void setRouterFusedRoute(bool on) { g_fused_route = on; }
 void setRouterMma(bool on) { g_router_mma.store(on); }
 void setRouterF32TiledMinTokens(int64_t tokens) { g_tiled_min_tokens.store(tokens); }
-int64_t routerF32TiledMinTokens() { return g_tiled_min_tokens.load(); }
 void setRouterF32TiledRows(bool on) { g_tiled_rows.store(on); }
-bool routerF32TiledRows() { return g_tiled_rows.load(); }
 bool routerMma() { return g_router_mma.load(); }
 bool routerFusedRoute() { return g_fused_route; }
 

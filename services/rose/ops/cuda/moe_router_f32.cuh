@@ -92,13 +92,11 @@ bool routerFusedRoute();
 // original kernel for every step. Process-global (rose_llm_bench --router-tiled-min N).
 inline constexpr int64_t kRouterF32TiledMinTokens = 128;
 void setRouterF32TiledMinTokens(int64_t tokens);
-int64_t routerF32TiledMinTokens();
 // [TAG_ROUTER_F32_TILED_ROWS] The tiled kernel with its f32 rows staged as they lie (coalesced
 // reads, rows padded in shared memory) — the same chains, so the same bits. Off by default:
 // written 2026-12-04 s11 after that session's device time was spent, not yet run on a GPU
 // (rose_llm_bench --router-tiled-rows on; gpu_llm.sh routerops / rowsab).
 void setRouterF32TiledRows(bool on);
-bool routerF32TiledRows();
 
 // [TAG_ROUTER_MMA] Whether the CUDA LLM ops ask for the split router weights (routerF32Split():
 // the model then uploads them and moeRouteF32 runs the tensor-core kernel) — CudaKernelOptions::
