@@ -44,7 +44,7 @@
 //              experts instead (moe_wgmma.cuh) [TAG_MOE_WGMMA]; --moe-wgmma-min-rows N: with it,
 //              chunks of >= min(N, --moe-prefill-min-rows) rows per expert take the path
 //              (default 64); --moe-wgmma-device-plan on|off: its token tiles planned on the
-//              device, no host wait per layer (default off until run) [TAG_MOE_WGMMA_DEVICE_PLAN].
+//              device, no host wait per layer (default on) [TAG_MOE_WGMMA_DEVICE_PLAN].
 //   --attn-split-keys N: a decode token's keys are split into chunks of at least N (multiple of
 //              64; default: cuda::pagedAttnSplitKeysFor's rule) for the split-KV attention.
 //   --fuse-combine-norm on|off: each layer's MoE combine fused into the next RMSNorm

@@ -1062,6 +1062,9 @@ TEST_F(GpuGptOss, WgmmaDevicePlanGivesTheHostPlansTokens) {
   const auto small = prompt(100, 91), large = prompt(600, 92), large2 = prompt(900, 93);
   constexpr int kTokens = 12;
   // The host plan's tokens.
+  CudaKernelOptions hp;
+  hp.moe_wgmma_device_plan = false;
+  cuda::applyMoeLt(hp);
   const auto alone_small = generate(gpu, small, kTokens, 2048, nullptr);
   const auto alone_large = generate(gpu, large, kTokens, 2048, nullptr);
   const auto alone_large2 = generate(gpu, large2, kTokens, 2048, nullptr);

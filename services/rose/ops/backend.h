@@ -227,9 +227,10 @@ struct CudaKernelOptions {
   int64_t moe_wgmma_min_rows_per_expert = kMoeWgmmaMinRowsPerExpert;
   // [TAG_MOE_WGMMA_DEVICE_PLAN] The wgmma path's token tiles planned on the device (no expert
   // ranges to the host: no device-to-host copy and wait per layer), GARDEN_MOE_WGMMA_DEVICE_PLAN=
-  // 0|1. Off: built 2026-12-04 s11 after that session's device time was spent — not yet run on
-  // a GPU; the next session's first call runs its tests and the A/B (gpu_llm.sh wgplanab).
-  bool moe_wgmma_device_plan = false;
+  // 0|1. On since 2026-12-04 s12: tests, memcheck and the A/B passed on the H200 (20b 8k
+  // 0.1208 vs 0.1212 s, 32k 0.6345 vs 0.6372; 120b 8k 0.2177 vs 0.2180), and it drops a
+  // per-layer host wait; 0 keeps the host plan for A/B runs (gpu_llm.sh wgplanab).
+  bool moe_wgmma_device_plan = true;
   // The f32 router [TAG_ROUTER_F32] on bf16 tensor cores [TAG_ROUTER_MMA] (every product exact
   // in f32 through split operands; ops/cuda/moe_router_f32.cuh RouterMmaArgs) instead of the
   // CUDA-core f32 kernel: GARDEN_ROUTER_MMA=0|1. Read when a model uploads its router weights (the

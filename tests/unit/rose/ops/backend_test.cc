@@ -72,7 +72,7 @@ TEST_F(KernelEnvTest, UnsetOrEmptyKeepsTheDefaults) {
   EXPECT_FALSE(o.moe_lt_overlap_dequant);
   EXPECT_TRUE(o.moe_lt_wgmma);
   EXPECT_FALSE(o.router_mma);
-  EXPECT_FALSE(o.moe_wgmma_device_plan);
+  EXPECT_TRUE(o.moe_wgmma_device_plan);
   for (const char* v : kVars) setenv(v, "", 1);
   CudaKernelOptions e;
   ASSERT_TRUE(cudaKernelOptionsFromEnv(e).isOk());
@@ -152,9 +152,9 @@ TEST_F(KernelEnvTest, EachAcceptedValueIsRead) {
   setenv("GARDEN_ROUTER_MMA", "1", 1);
   ASSERT_TRUE(cudaKernelOptionsFromEnv(o).isOk());
   EXPECT_TRUE(o.router_mma);
-  setenv("GARDEN_MOE_WGMMA_DEVICE_PLAN", "1", 1);
+  setenv("GARDEN_MOE_WGMMA_DEVICE_PLAN", "0", 1);
   ASSERT_TRUE(cudaKernelOptionsFromEnv(o).isOk());
-  EXPECT_TRUE(o.moe_wgmma_device_plan);
+  EXPECT_FALSE(o.moe_wgmma_device_plan);
 }
 
 TEST_F(KernelEnvTest, OtherValuesAreRefusedByName) {
