@@ -57,8 +57,11 @@
 //              route kernel.
 //   --router-tiled-min N: steps of >= N tokens run the f32 router's register-tiled kernel (same
 //              bits; default 128, 0 = never) [TAG_ROUTER_F32_TILED]; --router-tiled-rows on|off: its
-//              f32 rows staged as they lie, coalesced (default off until run)
-//              [TAG_ROUTER_F32_TILED_ROWS].
+//              f32 rows staged as they lie, coalesced (default off: no gain measured)
+//              [TAG_ROUTER_F32_TILED_ROWS]; --router-tiled-tok 32|64: its token tile (same bits)
+//              [TAG_ROUTER_F32_TILED_TOK].
+//   --moe-align-multiblock on|off: large steps' MoE align on many blocks (default on; same
+//              output) [TAG_MOE_ALIGN_MULTIBLOCK].
 //   --router-mma on|off: the f32 router on bf16 tensor cores with split operands (default off,
 //              CudaKernelOptions::router_mma [TAG_ROUTER_MMA]); off: the CUDA-core f32 kernel.
 //   --moe-prefetch N: the MXFP4 decode MoE kernel asks L2 for its weight tiles N K tiles beyond
@@ -112,6 +115,7 @@
 #include "services/rose/ops/cuda/llm_ops_cuda.h"
 #include "services/rose/ops/cuda/moe_gemm.cuh"
 #include "services/rose/ops/cuda/moe_router_f32.cuh"
+#include "services/rose/ops/cuda/moe_permute.cuh"
 #include "services/rose/ops/cuda/paged_attention.cuh"
 #include "services/rose/ops/cuda/paged_attention_sm90.cuh"
 
@@ -815,6 +819,8 @@ int main(int argc, char** argv) {
     else if (a == "--router-mma") g_lt_flags.router_mma = next() == "on";
     else if (a == "--router-tiled-min") cuda::setRouterF32TiledMinTokens(std::atoll(next().c_str()));
     else if (a == "--router-tiled-rows") cuda::setRouterF32TiledRows(next() == "on");
+    else if (a == "--router-tiled-tok") cuda::setRouterF32TiledTok(std::atoi(next().c_str()));
+    else if (a == "--moe-align-multiblock") cuda::setMoeAlignMultiBlock(next() == "on");
     else if (a == "--fp8-min-tokens") fp8_min_tokens = std::atoll(next().c_str());
     else if (a == "--moe-prefill") {
       if (!moePrefillFromName(next(), &moe_prefill)) {

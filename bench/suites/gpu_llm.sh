@@ -63,6 +63,12 @@
 #             model tests (tokens = the host plan's); wgplanmem: memcheck over the op test
 #   wgplanab / wgplanab120b  prefill 8k / 32k (median of 3) with --moe-wgmma-device-plan on and
 #             off (needs mk20b / mk120b)
+#   alignops  gpu_llm_ops_test *MoeAlign* (incl. the multi-block align [TAG_MOE_ALIGN_MULTIBLOCK]
+#             against the CPU layout), then memcheck over the block-kernel case
+#   tokab / tokab120b  prefill 8k / 32k (median of 3) with the tiled router's 32- and 64-token
+#             tiles [TAG_ROUTER_F32_TILED_TOK] (needs mk20b / mk120b)
+#   alignab / alignab120b  prefill 8k / 32k (median of 3) with --moe-align-multiblock on / off
+#             (needs mk20b / mk120b)
 #   tiledab / tiledab120b  prefill 8k / 32k (median of 3) with the f32 router's register-tiled
 #             kernel for steps of >= 128 tokens (the default) and without (--router-tiled-min 0),
 #             then 64k / 128k (and 120b decode b1) with the defaults [TAG_ROUTER_F32_TILED]
@@ -268,6 +274,11 @@ for s in $STEPS; do
     tiledab120b) step tiledab120b tiledab120b.txt 320 bash -c "for v in 128 0; do echo \"== --router-tiled-min \$v\"; '$BIN/rose_llm_bench' --model /dev/shm/gptoss120b --prefill 8192,32768 --prefill-reps 3 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --router-tiled-min \$v 2>&1 | grep -v 'gemm tuned'; done; echo '== defaults, long'; '$BIN/rose_llm_bench' --model /dev/shm/gptoss120b --prefill 65536,131072 --decode 1@8192 --decode-steps 32 --max-batch-tokens 16384 --kv-tokens 140000 2>&1 | grep -v 'gemm tuned'" ;;
     autoab) step autoab autoab.txt 300 bash -c "for v in auto chunk; do echo \"== GARDEN_MOE_PREFILL=\$v\"; GARDEN_MOE_PREFILL=\$v TAG=_\$v bash '$ROOT/bench/suites/gpu_chat_sweep.sh' '$BIN' /tmp/gptoss20b '$BIN/tokenizer.json' '$LOGS/autoab' 256; done" ;;
     routerops) step routerops router_ops.log 200 "$BIN/gpu_llm_ops_test" --gtest_filter='*MoeRoute*' ;;
+    alignops) step alignops align_ops.log 300 bash -c "'$BIN/gpu_llm_ops_test' --gtest_filter='*MoeAlign*' && compute-sanitizer --tool memcheck --error-exitcode 3 '$BIN/gpu_llm_ops_test' --gtest_filter='*MoeAlignBlock*'" ;;
+    tokab) step tokab tokab.txt 300 prefillab /tmp/gptoss20b --router-tiled-tok 32 64 ;;
+    tokab120b) step tokab120b tokab120b.txt 320 prefillab /dev/shm/gptoss120b --router-tiled-tok 32 64 ;;
+    alignab) step alignab alignab.txt 300 prefillab /tmp/gptoss20b --moe-align-multiblock on off ;;
+    alignab120b) step alignab120b alignab120b.txt 320 prefillab /dev/shm/gptoss120b --moe-align-multiblock on off ;;
     routermem) step routermem router_mem.log 200 compute-sanitizer --tool memcheck --error-exitcode 3 "$BIN/gpu_llm_ops_test" --gtest_filter='*MoeRouteMma*:*MoeRouteF32Matches*:*MoeRouteF32Tiled*' ;;
     routerab) step routerab routerab.txt 300 bash -c "for v in on off; do echo \"== --router-mma \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192,32768 --prefill-reps 3 --decode 1@8192,64@1024 --decode-steps 32 --max-batch-tokens 16384 --kv-tokens 140000 --router-mma \$v 2>&1 | grep -v 'gemm tuned'; done" ;;
     routerab120b) step routerab120b routerab120b.txt 320 bash -c "for v in on off; do echo \"== --router-mma \$v\"; '$BIN/rose_llm_bench' --model /dev/shm/gptoss120b --prefill 8192,32768 --prefill-reps 3 --decode 1@8192 --decode-steps 32 --max-batch-tokens 16384 --kv-tokens 140000 --router-mma \$v 2>&1 | grep -v 'gemm tuned'; done" ;;

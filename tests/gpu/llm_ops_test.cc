@@ -715,7 +715,8 @@ Args routerArgs(const OwnedTensor& residual, const OwnedTensor& part, const Owne
 }
 
 // [TAG_ROUTER_F32_TILED] The register-tiled kernel that large steps take gives routerF32Kernel's
-// partials and sums of squares bit for bit (both of its stagings, [TAG_ROUTER_F32_TILED_ROWS]): token counts around its 64-token tile, expert counts
+// partials and sums of squares bit for bit (both of its stagings, [TAG_ROUTER_F32_TILED_ROWS];
+// the 32-token tile, [TAG_ROUTER_F32_TILED_TOK]): token counts around its 32/64-token tiles, expert counts
 // off its 32/64-expert tiles, K tails (260, 4100), inputs with zeros and negative zeros.
 TEST_F(GpuLlmOps, MoeRouteF32TiledKernelGivesTheSameBits) {
   struct Case { int64_t t, h, e; };
@@ -738,11 +739,12 @@ TEST_F(GpuLlmOps, MoeRouteF32TiledKernelGivesTheSameBits) {
     auto gwt = upload(gpu(), DType::kF32, {c.h, c.e}, wt);
     auto part = allocate(gpu(), DType::kF32, {splits, c.t, c.e});
     auto ss = allocate(gpu(), DType::kF32, {splits, c.t});
-    auto run = [&](int64_t tiled_min, bool rows = false) {
+    auto run = [&](int64_t tiled_min, bool rows = false, int tok = 64) {
       poison(gpu(), part.view);
       poison(gpu(), ss.view);
       rose::cuda::setRouterF32TiledMinTokens(tiled_min);
       rose::cuda::setRouterF32TiledRows(rows);  // [TAG_ROUTER_F32_TILED_ROWS]
+      rose::cuda::setRouterF32TiledTok(tok);    // [TAG_ROUTER_F32_TILED_TOK]
       auto a = routerArgs<rose::cuda::RouterF32Args>(gr, part, ss, c.t, c.h, c.e);
       a.wt = gwt.view.as<float>();
       EXPECT_TRUE(
@@ -750,12 +752,17 @@ TEST_F(GpuLlmOps, MoeRouteF32TiledKernelGivesTheSameBits) {
               .isOk());
       rose::cuda::setRouterF32TiledMinTokens(rose::cuda::kRouterF32TiledMinTokens);
       rose::cuda::setRouterF32TiledRows(false);
+      rose::cuda::setRouterF32TiledTok(rose::cuda::kRouterF32TiledTok);
       return std::make_pair(download(gpu(), part.view), download(gpu(), ss.view));
     };
     const auto ref = run(0);  // routerF32Kernel
-    for (bool rows : {false, true}) {  // the tiled kernel at every size, both stagings
-      SCOPED_TRACE(rows ? "rows staged as they lie" : "rows staged transposed");
-      const auto got = run(1, rows);
+    // The tiled kernel at every size: both stagings of the 64-token tile, the 32-token tile.
+    for (int variant = 0; variant < 3; ++variant) {
+      const bool rows = variant == 1;
+      const int tok = variant == 2 ? 32 : 64;
+      SCOPED_TRACE(variant == 0 ? "rows staged transposed" : variant == 1 ? "rows staged as they lie"
+                                                                          : "32-token tile");
+      const auto got = run(1, rows, tok);
       ASSERT_EQ(ref.first.size(), got.first.size());
       size_t diffs = 0;
       for (size_t i = 0; i < ref.first.size(); ++i)
@@ -967,13 +974,16 @@ TEST_F(GpuLlmOps, MoeAlignWarpPathEqualsTheBlockKernel) {
 // statement of the layout: expert e's rows start at the sum of the padded row counts of the experts
 // before it, an assignment's row is its expert's start + the earlier assignments of its expert in
 // (token, k) order, padding rows hold -1, tiles name their expert then -1. Random ids with skewed
-// experts and invalid ones, sizes that do not divide among the 32 warps, up to a 16k-token step.
+// experts and invalid ones, sizes that do not divide among the 32 warps, up to a 128k-token step;
+// with the workspace, steps of >= kMoeAlignMultiBlockMin assignments take the multi-block kernels
+// [TAG_MOE_ALIGN_MULTIBLOCK] and must write the same.
 TEST_F(GpuLlmOps, MoeAlignBlockKernelMatchesTheCpuLayout) {
   cudaStream_t st = dynamic_cast<cuda::CudaBackend&>(gpu()).stream();
   struct Case { int64_t t; int32_t k, ne, bm; };
   for (const Case c : {Case{9, 4, 32, 16}, Case{250, 4, 32, 16}, Case{1000, 4, 128, 16},
                        Case{2049, 4, 32, 64}, Case{16384, 4, 32, 16}, Case{8191, 4, 128, 16},
-                       Case{777, 8, 256, 64}}) {
+                       Case{777, 8, 256, 64}, Case{1024, 4, 32, 16}, Case{32768, 4, 128, 16},
+                       Case{131072, 4, 32, 16}, Case{40000, 4, 128, 64}}) {
     SCOPED_TRACE("T=" + std::to_string(c.t) + " k=" + std::to_string(c.k) + " E=" +
                  std::to_string(c.ne) + " bm=" + std::to_string(c.bm));
     const int64_t n = c.t * c.k;
@@ -1009,37 +1019,48 @@ TEST_F(GpuLlmOps, MoeAlignBlockKernelMatchesTheCpuLayout) {
       want_ro[static_cast<size_t>(i)] = static_cast<int32_t>(r);
       want_rt[static_cast<size_t>(r)] = static_cast<int32_t>(i / c.k);
     }
-    // The GPU.
+    // The GPU: the one-block kernel, then (from kMoeAlignMultiBlockMin assignments) the
+    // multi-block kernels [TAG_MOE_ALIGN_MULTIBLOCK].
     auto dids = uploadI32(gpu(), {n}, ids);
-    auto rt = allocate(gpu(), DType::kI32, {static_cast<int64_t>(max_tiles) * c.bm});
-    auto ro = allocate(gpu(), DType::kI32, {n});
-    auto te = allocate(gpu(), DType::kI32, {max_tiles});
-    auto nt = allocate(gpu(), DType::kI32, {1});
-    for (auto* v : {&rt, &ro, &te, &nt})  // 0x5A5A5A5A: not -1 (poison()'s 0xFF bytes would be)
-      ASSERT_EQ(cudaMemset(v->view.data, 0x5A, v->view.bytes()), cudaSuccess);
-    cuda::MoeAlignArgs a;
-    a.topk_ids = dids.view.as<int32_t>();
-    a.row_token = rt.view.as<int32_t>();
-    a.row_of = ro.view.as<int32_t>();
-    a.tile_expert = te.view.as<int32_t>();
-    a.num_tiles = nt.view.as<int32_t>();
-    a.num_tokens = c.t;
-    a.top_k = c.k;
-    a.num_experts = c.ne;
-    a.block_m = c.bm;
-    a.max_tiles = max_tiles;
-    ASSERT_TRUE(cuda::launchMoeAlign(a, st).isOk());
-    ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
-    auto i32 = [&](const OwnedTensor& t) {
-      std::vector<int32_t> v(static_cast<size_t>(t.view.numel()));
-      EXPECT_EQ(cudaMemcpy(v.data(), t.view.data, v.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-      return v;
-    };
-    EXPECT_EQ(i32(nt)[0], static_cast<int32_t>(tile)) << "num_tiles";
-    EXPECT_EQ(i32(te), want_te) << "tile_expert";
-    EXPECT_EQ(i32(ro), want_ro) << "row_of";
-    const auto got_rt = i32(rt);
-    EXPECT_EQ(std::vector<int32_t>(got_rt.begin(), got_rt.begin() + row), want_rt) << "row_token";
+    auto counts_ws = allocate(gpu(), DType::kI32,
+                              {int64_t{cuda::kMoeAlignMaxBlocks} * cuda::kMoeAlignMaxExperts});
+    for (const bool multi : {false, true}) {
+      SCOPED_TRACE(multi ? "multi-block" : "one block");
+      auto rt = allocate(gpu(), DType::kI32, {static_cast<int64_t>(max_tiles) * c.bm});
+      auto ro = allocate(gpu(), DType::kI32, {n});
+      auto te = allocate(gpu(), DType::kI32, {max_tiles});
+      auto nt = allocate(gpu(), DType::kI32, {1});
+      for (auto* v : {&rt, &ro, &te, &nt})  // 0x5A5A5A5A: not -1 (poison()'s 0xFF bytes would be)
+        ASSERT_EQ(cudaMemset(v->view.data, 0x5A, v->view.bytes()), cudaSuccess);
+      cuda::MoeAlignArgs a;
+      a.topk_ids = dids.view.as<int32_t>();
+      a.row_token = rt.view.as<int32_t>();
+      a.row_of = ro.view.as<int32_t>();
+      a.tile_expert = te.view.as<int32_t>();
+      a.num_tiles = nt.view.as<int32_t>();
+      a.num_tokens = c.t;
+      a.top_k = c.k;
+      a.num_experts = c.ne;
+      a.block_m = c.bm;
+      a.max_tiles = max_tiles;
+      if (multi) {
+        ASSERT_EQ(cudaMemset(counts_ws.view.data, 0x5A, counts_ws.view.bytes()), cudaSuccess);
+        a.block_counts = counts_ws.view.as<int32_t>();
+      }
+      ASSERT_TRUE(cuda::launchMoeAlign(a, st).isOk());
+      ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+      auto i32 = [&](const OwnedTensor& t) {
+        std::vector<int32_t> v(static_cast<size_t>(t.view.numel()));
+        EXPECT_EQ(cudaMemcpy(v.data(), t.view.data, v.size() * 4, cudaMemcpyDeviceToHost),
+                  cudaSuccess);
+        return v;
+      };
+      EXPECT_EQ(i32(nt)[0], static_cast<int32_t>(tile)) << "num_tiles";
+      EXPECT_EQ(i32(te), want_te) << "tile_expert";
+      EXPECT_EQ(i32(ro), want_ro) << "row_of";
+      const auto got_rt = i32(rt);
+      EXPECT_EQ(std::vector<int32_t>(got_rt.begin(), got_rt.begin() + row), want_rt) << "row_token";
+    }
   }
 }
 
@@ -1054,11 +1075,11 @@ struct MoeCase {
 TEST_F(GpuLlmOps, MoeExpertsMatchCpuMxfp4AndBf16) {
   // T <= 24 per expert on average takes the decode kernel (MXFP4, block_m 16; 8-row token tile
   // when T <= 8), larger T the tiled kernel; bf16 experts always the tiled one.
-  for (MoeCase c : {MoeCase{1, 2880, 2880, 32, 4}, MoeCase{37, 288, 160, 4, 2},
-                    MoeCase{200, 2880, 2880, 32, 4}, MoeCase{1000, 288, 160, 8, 4},
-                    MoeCase{64, 96, 32, 8, 4}, MoeCase{6, 2880, 2880, 32, 4},
-                    MoeCase{20, 2880, 2880, 32, 4}, MoeCase{150, 2880, 2880, 32, 4},
-                    MoeCase{5, 320, 96, 3, 2}, MoeCase{3, 288, 160, 4, 2, true}}) {
+  for (MoeCase c :
+       {MoeCase{1, 2880, 2880, 32, 4}, MoeCase{37, 288, 160, 4, 2}, MoeCase{200, 2880, 2880, 32, 4},
+        MoeCase{1000, 288, 160, 8, 4}, MoeCase{64, 96, 32, 8, 4}, MoeCase{6, 2880, 2880, 32, 4},
+        MoeCase{20, 2880, 2880, 32, 4}, MoeCase{150, 2880, 2880, 32, 4}, MoeCase{5, 320, 96, 3, 2},
+        MoeCase{3, 288, 160, 4, 2, true}}) {
     SCOPED_TRACE("T=" + std::to_string(c.t) + " H=" + std::to_string(c.h) +
                  " I=" + std::to_string(c.inter) + " E=" + std::to_string(c.e));
     reserve(std::max<int64_t>(c.t, 64), 8, 8, 8, static_cast<int32_t>(c.h),

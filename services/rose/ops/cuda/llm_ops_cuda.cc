@@ -105,6 +105,9 @@ class CudaLlmOps final : public LlmOps {
     ASSIGN_OR_RETURN(row_of_, b_.allocate(sizeof(int32_t) * assignments));
     ASSIGN_OR_RETURN(tile_expert_, b_.allocate(sizeof(int32_t) * max_tiles_));
     ASSIGN_OR_RETURN(num_tiles_, b_.allocate(sizeof(int32_t)));
+    // [TAG_MOE_ALIGN_MULTIBLOCK] the multi-block align's per-block expert counts.
+    ASSIGN_OR_RETURN(align_counts_, b_.allocate(sizeof(int32_t) * kMoeAlignMaxBlocks *
+                                                kMoeAlignMaxExperts));
     ASSIGN_OR_RETURN(act_, b_.allocate(sizeof(bf16) * max_rows_ * l.intermediate));
     ASSIGN_OR_RETURN(y_, b_.allocate(sizeof(bf16) * max_rows_ * l.hidden));
     ASSIGN_OR_RETURN(sample_rows_, b_.allocate(sizeof(SampleRowDev) * l.max_logits_rows));
@@ -805,6 +808,7 @@ class CudaLlmOps final : public LlmOps {
     al.num_experts = p.num_experts;
     al.block_m = bm;
     al.max_tiles = static_cast<int32_t>(tiles);
+    al.block_counts = static_cast<int32_t*>(align_counts_.data());  // [TAG_MOE_ALIGN_MULTIBLOCK]
     checkOk(launchMoeAlign(al, st), "moeExperts/align");
   }
 
@@ -1340,7 +1344,7 @@ class CudaLlmOps final : public LlmOps {
   // [TAG_MOE_PREFILL_AUTO] An uploaded MXFP4 expert set the wgmma kernel does not run.
   bool mx_beyond_wgmma_ = false;
   Buffer router_counters_;          // [TAG_ROUTER_FUSED_ROUTE]
-  Buffer row_token_, row_of_, tile_expert_, num_tiles_, act_, y_, sample_rows_, sample_ws_;
+  Buffer row_token_, row_of_, tile_expert_, num_tiles_, align_counts_, act_, y_, sample_rows_, sample_ws_;
   Buffer sample_masks_;
   int64_t mask_words_ = 0;
   std::vector<PlanSlot> plans_;

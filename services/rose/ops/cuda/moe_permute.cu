@@ -1,3 +1,6 @@
+#include <algorithm>
+#include <atomic>
+
 #include "services/rose/ops/cuda/common.cuh"
 #include "services/rose/ops/cuda/cuda_utils.h"
 #include "services/rose/ops/cuda/moe_permute.cuh"
@@ -132,6 +135,154 @@ __global__ void __launch_bounds__(32) moeAlignWarpKernel(MoeAlignArgs a) {
   }
 }
 
+// [TAG_MOE_ALIGN_MULTIBLOCK] Large steps on many blocks. Block b owns the contiguous assignments
+// [b * per_block, (b + 1) * per_block), its warp w the w-th eighth of them. Kernel 1 counts each
+// block's rows per expert into block_counts[b][e]. Kernel 2 (the same grid): every block sums the
+// counts over all blocks (the expert totals) and over the blocks before it, scans the experts'
+// tiles in one warp, writes its share of tile_expert (tile x found by binary search over the
+// experts' first tiles) and the padding rows of the experts e with e % blocks == b, recounts its
+// own range per warp and ranks it as moeAlignKernel's pass 2 does from the blocks-before base. An
+// assignment's row is its expert's first row + the assignments of that expert before it in
+// (token, k) order: the same as the one-block kernel's.
+std::atomic<bool> g_align_multiblock{true};
+constexpr int kAlignMbThreads = 256;
+constexpr int kAlignMbWarps = kAlignMbThreads / 32;
+
+// Counts the assignments of [lo, hi) per expert into wc[warp][e] (zeroed by the caller).
+__device__ __forceinline__ void alignCountRange(const MoeAlignArgs& a, int lo, int hi,
+                                                int32_t* wc_warp) {
+  const int lane = threadIdx.x & 31;
+  const unsigned lanes_before = (1u << lane) - 1u;
+  for (int s0 = lo; s0 < hi; s0 += 32) {
+    const int e = alignExpertOf(a, s0 + lane, hi);
+    const unsigned peers = __match_any_sync(0xffffffffu, e);
+    if (e >= 0 && (peers & lanes_before) == 0) wc_warp[e] += __popc(peers);
+    __syncwarp();
+  }
+}
+
+__global__ void __launch_bounds__(kAlignMbThreads) moeAlignCountKernel(MoeAlignArgs a,
+                                                                       int per_block) {
+  __shared__ int32_t wc[kAlignMbWarps][kMoeAlignMaxExperts];
+  const int tid = threadIdx.x, warp = tid / 32;
+  const int n = static_cast<int>(a.num_tokens * a.top_k), ne = a.num_experts;
+  for (int i = tid; i < kAlignMbWarps * ne; i += kAlignMbThreads) wc[i / ne][i % ne] = 0;
+  __syncthreads();
+  const int per_warp = per_block / kAlignMbWarps;
+  const int lo = min(n, static_cast<int>(blockIdx.x) * per_block + warp * per_warp);
+  alignCountRange(a, lo, min(n, lo + per_warp), wc[warp]);
+  __syncthreads();
+  for (int e = tid; e < ne; e += kAlignMbThreads) {
+    int32_t c = 0;
+    for (int w = 0; w < kAlignMbWarps; ++w) c += wc[w][e];
+    a.block_counts[static_cast<int64_t>(blockIdx.x) * ne + e] = c;
+  }
+}
+
+__global__ void __launch_bounds__(kAlignMbThreads) moeAlignRankKernel(MoeAlignArgs a,
+                                                                      int per_block) {
+  __shared__ int32_t wc[kAlignMbWarps][kMoeAlignMaxExperts];
+  __shared__ int32_t counts[kMoeAlignMaxExperts];      // the expert's rows in the whole step
+  __shared__ int32_t before[kMoeAlignMaxExperts];      // ... in the blocks before this one
+  __shared__ int32_t tile_first[kMoeAlignMaxExperts];  // first tile of each expert
+  __shared__ int32_t s_total_tiles;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid & 31;
+  const unsigned lanes_before = (1u << lane) - 1u;
+  const int n = static_cast<int>(a.num_tokens * a.top_k), ne = a.num_experts;
+  const int nb = static_cast<int>(gridDim.x), b = static_cast<int>(blockIdx.x);
+  const int bm = a.block_m;
+  for (int i = tid; i < kAlignMbWarps * ne; i += kAlignMbThreads) wc[i / ne][i % ne] = 0;
+  for (int e = tid; e < ne; e += kAlignMbThreads) {
+    int32_t bef = 0, tot = 0;
+    for (int j = 0; j < nb; ++j) {
+      const int32_t c = a.block_counts[static_cast<int64_t>(j) * ne + e];
+      bef += j < b ? c : 0;
+      tot += c;
+    }
+    before[e] = bef;
+    counts[e] = tot;
+  }
+  __syncthreads();
+  const int per_warp = per_block / kAlignMbWarps;
+  const int lo = min(n, b * per_block + warp * per_warp), hi = min(n, lo + per_warp);
+  alignCountRange(a, lo, hi, wc[warp]);
+  if (warp == 0) {  // the experts' first tiles: lane l scans experts [l * epl, (l + 1) * epl)
+    const int epl = (ne + 31) / 32;
+    int32_t local = 0;
+    for (int j = 0; j < epl; ++j) {
+      const int e = lane * epl + j;
+      if (e < ne) local += (counts[e] + bm - 1) / bm;
+    }
+    int32_t incl = local;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int32_t y = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += y;
+    }
+    int32_t run = incl - local;
+    for (int j = 0; j < epl; ++j) {
+      const int e = lane * epl + j;
+      if (e < ne) {
+        tile_first[e] = run;
+        run += (counts[e] + bm - 1) / bm;
+      }
+    }
+    if (lane == 31) s_total_tiles = incl;
+  }
+  __syncthreads();
+  const int32_t used = min(s_total_tiles, a.max_tiles);
+  if (b == 0 && tid == 0) *a.num_tiles = used;
+  for (int32_t x = b * kAlignMbThreads + tid; x < a.max_tiles; x += nb * kAlignMbThreads) {
+    int32_t e = -1;
+    if (x < used) {  // the last expert whose first tile is <= x (it has tiles: see below)
+      int lo_e = 0, hi_e = ne - 1;
+      while (lo_e < hi_e) {
+        const int mid = (lo_e + hi_e + 1) / 2;
+        if (tile_first[mid] <= x) {
+          lo_e = mid;
+        } else {
+          hi_e = mid - 1;
+        }
+      }
+      e = lo_e;  // an expert without tiles shares its first tile with the next one, so the last
+                 // such expert <= x has tiles whenever x < the total
+    }
+    a.tile_expert[x] = e;
+  }
+  for (int e = tid; e < ne; e += kAlignMbThreads) {
+    if (e % nb != b) continue;
+    const int32_t first_row = tile_first[e] * bm;
+    const int32_t end = first_row + (counts[e] + bm - 1) / bm * bm;
+    for (int32_t r = first_row + counts[e]; r < end; ++r) a.row_token[r] = -1;
+  }
+  __syncthreads();  // wc holds every warp's counts
+  for (int e = tid; e < ne; e += kAlignMbThreads) {
+    int32_t run = before[e];
+    for (int w = 0; w < kAlignMbWarps; ++w) {
+      const int32_t c = wc[w][e];
+      wc[w][e] = run;
+      run += c;
+    }
+  }
+  __syncthreads();
+  for (int s0 = lo; s0 < hi; s0 += 32) {  // moeAlignKernel's pass 2
+    const int i = s0 + lane;
+    const int e = alignExpertOf(a, i, hi);
+    const unsigned peers = __match_any_sync(0xffffffffu, e);
+    const int rank = __popc(peers & lanes_before);
+    if (e >= 0) {
+      const int32_t row = tile_first[e] * bm + wc[warp][e] + rank;
+      a.row_of[i] = row;
+      a.row_token[row] = i / a.top_k;
+    } else if (i < hi) {
+      a.row_of[i] = -1;
+    }
+    __syncwarp();
+    if (e >= 0 && rank == 0) wc[warp][e] += __popc(peers);
+    __syncwarp();
+  }
+}
+
 constexpr int kCombineThreads = 128;
 
 __global__ void __launch_bounds__(kCombineThreads) moeCombineKernel(MoeCombineArgs a) {
@@ -155,14 +306,26 @@ Status launchMoeAlign(const MoeAlignArgs& a, cudaStream_t stream) {
     return invalidArgument("moe_align: max_tiles below the bound for this step");
   if (a.num_tokens * a.top_k > INT32_MAX - 64)
     return invalidArgument("moe_align: more than 2^31 assignments in one step");
-  if (a.num_tokens * a.top_k <= 32) {
+  const int64_t n = a.num_tokens * a.top_k;
+  if (n <= 32) {
     moeAlignWarpKernel<<<1, 32, 0, stream>>>(a);
+  } else if (a.block_counts != nullptr && n >= kMoeAlignMultiBlockMin &&
+             g_align_multiblock.load()) {
+    // [TAG_MOE_ALIGN_MULTIBLOCK] per_block: a multiple of the block's threads, >= 1024, and at
+    // most kMoeAlignMaxBlocks blocks.
+    int64_t per = (n + kMoeAlignMaxBlocks - 1) / kMoeAlignMaxBlocks;
+    per = std::max<int64_t>(1024, (per + kAlignMbThreads - 1) / kAlignMbThreads * kAlignMbThreads);
+    const unsigned blocks = static_cast<unsigned>((n + per - 1) / per);
+    moeAlignCountKernel<<<blocks, kAlignMbThreads, 0, stream>>>(a, static_cast<int>(per));
+    moeAlignRankKernel<<<blocks, kAlignMbThreads, 0, stream>>>(a, static_cast<int>(per));
   } else {
     moeAlignKernel<<<1, kAlignThreads, 0, stream>>>(a);
   }
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return okStatus();
 }
+
+void setMoeAlignMultiBlock(bool on) { g_align_multiblock.store(on); }
 
 Status launchMoeAlignOneBlock(const MoeAlignArgs& a, cudaStream_t stream) {
   if (a.num_experts <= 0 || a.num_experts > kMoeAlignMaxExperts || a.top_k <= 0 ||

@@ -5,8 +5,9 @@
 //            to one expert. Deterministic: within an expert, rows keep (token, k) order. Writes
 //            row_token (the source token of each permuted row, -1 for padding), row_of (the
 //            permuted row of each assignment), tile_expert (the expert of each M tile, -1 past the
-//            last) and num_tiles. One block; its cost grows with T·k (tens of µs at 32k
-//            assignments).
+//            last) and num_tiles. One block for small steps; with a block_counts workspace,
+//            steps of >= kMoeAlignMultiBlockMin assignments run on many blocks
+//            [TAG_MOE_ALIGN_MULTIBLOCK] (the one block took ~70 µs at 32k assignments).
 //   combine: out[t] = Σ_k w[t,k] · y[row_of[t,k]] in f32 in k order, rounded once to bf16.
 // Pointers are device memory owned by the caller.
 
@@ -20,6 +21,10 @@
 namespace garden::rose::cuda {
 
 inline constexpr int kMoeAlignMaxExperts = 256;
+// [TAG_MOE_ALIGN_MULTIBLOCK] At most this many blocks count and rank a large step; the workspace
+// MoeAlignArgs::block_counts holds kMoeAlignMaxBlocks x num_experts int32.
+inline constexpr int kMoeAlignMaxBlocks = 128;
+inline constexpr int64_t kMoeAlignMultiBlockMin = 4096;
 
 struct MoeAlignArgs {
   const int32_t* topk_ids = nullptr;  // [T, k]
@@ -32,6 +37,10 @@ struct MoeAlignArgs {
   int32_t num_experts = 0;  // <= kMoeAlignMaxExperts
   int32_t block_m = 0;      // the GEMM's M tile
   int32_t max_tiles = 0;    // moeAlignMaxTiles(...)
+  // [TAG_MOE_ALIGN_MULTIBLOCK] Optional workspace of kMoeAlignMaxBlocks * num_experts int32
+  // (contents need no initialization): steps of >= kMoeAlignMultiBlockMin assignments then run
+  // two multi-block kernels with the same output. nullptr: the one-block kernel.
+  int32_t* block_counts = nullptr;
 };
 
 // Upper bound on M tiles (and so rows = tiles · block_m) for T·k assignments over E experts:
@@ -43,7 +52,13 @@ inline int64_t moeAlignMaxTiles(int64_t assignments, int32_t num_experts, int32_
   return busy + assignments / block_m;
 }
 
-// Steps of at most 32 assignments run a one-warp kernel, larger ones a 1024-thread block; both
+// [TAG_MOE_ALIGN_MULTIBLOCK] Process-global switch for A/B runs (rose_llm_bench
+// --moe-align-multiblock on|off); on by default. Off: the workspace is ignored.
+void setMoeAlignMultiBlock(bool on);
+
+// Steps of at most 32 assignments run a one-warp kernel, larger ones a 1024-thread block, and
+// with a block_counts workspace those of >= kMoeAlignMultiBlockMin assignments two multi-block
+// kernels (per-block expert counts, then every block scans them and ranks its own range); all
 // write the same output.
 Status launchMoeAlign(const MoeAlignArgs& a, cudaStream_t stream);
 // The 1024-thread kernel whatever the size (tests hold the one-warp path to its output).

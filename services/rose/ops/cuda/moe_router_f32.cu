@@ -148,8 +148,11 @@ __global__ void __launch_bounds__(kThreads) routerF32Kernel(RouterF32Args a) {
 // lane = (8 tokens, kTE / 8 experts) — 8 x (kTE / 8) chains per thread instead of 16 x 1 — with
 // the whole slice staged in shared memory once (128 KiB at kTE 64), then reused for the
 // column-group sums.
-constexpr int kTiledTok = 64;
-constexpr int kTiledThreads = 512;
+// kTok [TAG_ROUTER_F32_TILED_TOK]: 64 tokens per block (16 warps, one block per SM) or 32 (8
+// warps, 2-3 blocks per SM, so one block's staging overlaps another's sums). The chains are per
+// (token, expert, column group) and do not depend on the tile: both give the same bits.
+template <int kTok>
+constexpr int tiledThreads() { return kTok * 8; }
 static_assert(kRouterF32SliceK == 256, "the tiled router stages 4 chunks of 64 columns");
 
 // kRows [TAG_ROUTER_F32_TILED_ROWS]: x staged as it lies in memory ([tok][k], rows padded to 257
@@ -158,8 +161,16 @@ static_assert(kRouterF32SliceK == 256, "the tiled router stages 4 chunks of 64 c
 // chains). Off by default until measured (CudaKernelOptions-free switch setRouterF32TiledRows).
 constexpr int kRowStride = kRouterF32SliceK + 1;  // conflict-free column reads across 4 rows
 
-template <int kTE, bool kRows>
-__global__ void __launch_bounds__(kTiledThreads, 1) routerF32TiledKernel(RouterF32Args a) {
+template <int kTok>
+constexpr int tiledMinBlocks() { return kTok == 32 ? 2 : 1; }
+
+template <int kTE, bool kRows, int kTok>
+__global__ void __launch_bounds__(tiledThreads<kTok>(), tiledMinBlocks<kTok>())
+    routerF32TiledKernel(RouterF32Args a) {
+  constexpr int kTiledThreads = tiledThreads<kTok>();
+  constexpr int kTiledTok = kTok;
+  constexpr int kGroupWarps = kTok / 32;  // warps per column group
+  static_assert(kTok == 32 || kTok == 64, "token tile of 32 or 64");
   constexpr int kEPT = kTE / 8;  // experts per thread
   constexpr int kXsFloats = kRows ? kTiledTok * kRowStride : kRouterF32SliceK * kTiledTok;
   extern __shared__ __align__(16) float smem[];
@@ -175,10 +186,11 @@ __global__ void __launch_bounds__(kTiledThreads, 1) routerF32TiledKernel(RouterF
   if (nc > 4) nc = 4;
 
   if constexpr (kRows) {
-    // Thread i stages float4 i % 64 of rows i / 64 + 8 r: a warp reads 512 contiguous bytes.
+    // Thread i stages float4 i % 64 of rows i / 64 + (kTok / 8) r: a warp reads 512 contiguous
+    // bytes.
 #pragma unroll
     for (int r = 0; r < 8; ++r) {
-      const int tok = (tid >> 6) + 8 * r, c4 = tid & 63;
+      const int tok = (tid >> 6) + (kTok / 8) * r, c4 = tid & 63;
       if ((c4 >> 4) < nc) {
         const int k = kbase + c4 * 4;
         float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -193,8 +205,8 @@ __global__ void __launch_bounds__(kTiledThreads, 1) routerF32TiledKernel(RouterF
     }
   } else {
   // Stage x (transposed to [k][tok]) and the chains of the sums of squares: thread i takes token
-  // i % 64 and quarters b = i / 64 and b + 8 of every chunk (idx = i + 512 r: chunk r / 2).
-    const int tok = tid & 63, b = tid >> 6;
+  // i % kTok and quarters b = i / kTok and b + 8 of every chunk (chunk r / 2).
+    const int tok = tid % kTok, b = tid / kTok;
     const bool row = t0 + tok < a.num_tokens;
     const float* xrow = a.residual + (row ? t0 + tok : 0) * a.hidden;
     float s_lo = 0.f, s_hi = 0.f;
@@ -271,10 +283,10 @@ __global__ void __launch_bounds__(kTiledThreads, 1) routerF32TiledKernel(RouterF
     a.ss[slice * a.num_tokens + t0 + tid] = n0 + n1;
   }
 
-  // Column group w = warp / 2; tokens (warp % 2) * 32 + (lane / 8) * 8 .. + 7; experts
-  // (lane % 8) * kEPT .. + kEPT - 1 of the tile.
-  const int w = warp >> 1;
-  const int tk0 = (warp & 1) * 32 + (lane >> 3) * 8;
+  // Column group w = warp / kGroupWarps; tokens (warp % kGroupWarps) * 32 + (lane / 8) * 8 .. + 7;
+  // experts (lane % 8) * kEPT .. + kEPT - 1 of the tile.
+  const int w = warp / kGroupWarps;
+  const int tk0 = (warp % kGroupWarps) * 32 + (lane >> 3) * 8;
   const int ek0 = (lane & 7) * kEPT;
   float acc[8][kEPT];
 #pragma unroll
@@ -335,31 +347,34 @@ __global__ void __launch_bounds__(kTiledThreads, 1) routerF32TiledKernel(RouterF
   }
 }
 
-template <int kTE, bool kRows>
+template <int kTE, bool kRows, int kTok>
 constexpr size_t routerTiledSmem() {
-  return sizeof(float) * ((kRows ? kTiledTok * kRowStride : kRouterF32SliceK * kTiledTok) +
+  return sizeof(float) * ((kRows ? kTok * kRowStride : kRouterF32SliceK * kTok) +
                           kRouterF32SliceK * kTE);
 }
-static_assert(routerTiledSmem<64, false>() >= sizeof(float) * 8 * kTiledTok * 64, "red fits");
-static_assert(routerTiledSmem<32, false>() >= sizeof(float) * 8 * kTiledTok * 32, "red fits");
-static_assert(routerTiledSmem<64, true>() >= sizeof(float) * 8 * kTiledTok * 64, "red fits");
-static_assert(routerTiledSmem<32, true>() >= sizeof(float) * 8 * kTiledTok * 32, "red fits");
-static_assert(kTiledTok * kRowStride % 4 == 0, "ws stays 16-byte aligned after padded rows");
+static_assert(routerTiledSmem<64, false, 64>() >= sizeof(float) * 8 * 64 * 64, "red fits");
+static_assert(routerTiledSmem<32, false, 64>() >= sizeof(float) * 8 * 64 * 32, "red fits");
+static_assert(routerTiledSmem<64, true, 64>() >= sizeof(float) * 8 * 64 * 64, "red fits");
+static_assert(routerTiledSmem<32, true, 64>() >= sizeof(float) * 8 * 64 * 32, "red fits");
+static_assert(routerTiledSmem<64, false, 32>() >= sizeof(float) * 8 * 32 * 64, "red fits");
+static_assert(routerTiledSmem<32, false, 32>() >= sizeof(float) * 8 * 32 * 32, "red fits");
+static_assert(64 * kRowStride % 4 == 0, "ws stays 16-byte aligned after padded rows");
 
 std::atomic<int64_t> g_tiled_min_tokens{kRouterF32TiledMinTokens};
 std::atomic<bool> g_tiled_rows{false};  // [TAG_ROUTER_F32_TILED_ROWS]
+std::atomic<int> g_tiled_tok{kRouterF32TiledTok};  // [TAG_ROUTER_F32_TILED_TOK]
 
-template <int kTE, bool kRows>
+template <int kTE, bool kRows, int kTok>
 Status launchRouterTiled(const RouterF32Args& a, cudaStream_t stream) {
-  constexpr size_t smem = routerTiledSmem<kTE, kRows>();
+  constexpr size_t smem = routerTiledSmem<kTE, kRows, kTok>();
   static const cudaError_t attr =
-      cudaFuncSetAttribute(routerF32TiledKernel<kTE, kRows>,
+      cudaFuncSetAttribute(routerF32TiledKernel<kTE, kRows, kTok>,
                            cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   CUDA_RETURN_IF_ERROR(attr);
-  const dim3 grid(static_cast<unsigned>((a.num_tokens + kTiledTok - 1) / kTiledTok),
+  const dim3 grid(static_cast<unsigned>((a.num_tokens + kTok - 1) / kTok),
                   static_cast<unsigned>((a.num_experts + kTE - 1) / kTE),
                   static_cast<unsigned>(routerF32Splits(a.hidden)));
-  routerF32TiledKernel<kTE, kRows><<<grid, kTiledThreads, smem, stream>>>(a);
+  routerF32TiledKernel<kTE, kRows, kTok><<<grid, tiledThreads<kTok>(), smem, stream>>>(a);
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return okStatus();
 }
@@ -510,6 +525,7 @@ void setRouterFusedRoute(bool on) { g_fused_route = on; }
 void setRouterMma(bool on) { g_router_mma.store(on); }
 void setRouterF32TiledMinTokens(int64_t tokens) { g_tiled_min_tokens.store(tokens); }
 void setRouterF32TiledRows(bool on) { g_tiled_rows.store(on); }
+void setRouterF32TiledTok(int tokens) { g_tiled_tok.store(tokens == 32 ? 32 : 64); }
 bool routerMma() { return g_router_mma.load(); }
 bool routerFusedRoute() { return g_fused_route; }
 
@@ -531,13 +547,16 @@ Status launchRouterF32Partials(const RouterF32Args& a, cudaStream_t stream) {
   // [TAG_ROUTER_F32_TILED] Large steps: the register-tiled kernel, the same bits.
   const int64_t tiled_min = g_tiled_min_tokens.load();
   if (a.route_counters == nullptr && tiled_min > 0 && a.num_tokens >= tiled_min) {
-    if (a.num_tokens > 65535LL * kTiledTok)
+    if (a.num_tokens > 65535LL * 32)
       return invalidArgument("router_f32: too many tokens for one launch");
     if (g_tiled_rows.load())
-      return a.num_experts <= 32 ? launchRouterTiled<32, true>(a, stream)
-                                 : launchRouterTiled<64, true>(a, stream);
-    return a.num_experts <= 32 ? launchRouterTiled<32, false>(a, stream)
-                               : launchRouterTiled<64, false>(a, stream);
+      return a.num_experts <= 32 ? launchRouterTiled<32, true, 64>(a, stream)
+                                 : launchRouterTiled<64, true, 64>(a, stream);
+    if (g_tiled_tok.load() == 32)
+      return a.num_experts <= 32 ? launchRouterTiled<32, false, 32>(a, stream)
+                                 : launchRouterTiled<64, false, 32>(a, stream);
+    return a.num_experts <= 32 ? launchRouterTiled<32, false, 64>(a, stream)
+                               : launchRouterTiled<64, false, 64>(a, stream);
   }
   const dim3 grid(static_cast<unsigned>((a.num_tokens + kTok - 1) / kTok),
                   static_cast<unsigned>((a.num_experts + kExp - 1) / kExp),

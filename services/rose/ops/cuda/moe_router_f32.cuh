@@ -93,10 +93,14 @@ bool routerFusedRoute();
 inline constexpr int64_t kRouterF32TiledMinTokens = 128;
 void setRouterF32TiledMinTokens(int64_t tokens);
 // [TAG_ROUTER_F32_TILED_ROWS] The tiled kernel with its f32 rows staged as they lie (coalesced
-// reads, rows padded in shared memory) — the same chains, so the same bits. Off by default:
-// written 2026-12-04 s11 after that session's device time was spent, not yet run on a GPU
-// (rose_llm_bench --router-tiled-rows on; gpu_llm.sh routerops / rowsab).
+// reads, rows padded in shared memory) — the same chains, so the same bits. Off: measured on the
+// H200 (2026-12-04 s12) without a gain (rose_llm_bench --router-tiled-rows on; gpu_llm.sh rowsab).
 void setRouterF32TiledRows(bool on);
+// [TAG_ROUTER_F32_TILED_TOK] The tiled kernel's token tile: 64 (16 warps, one block per SM) or
+// 32 (8 warps, several blocks per SM: one block's staging overlaps another's sums). The same
+// chains, so the same bits. Process-global (rose_llm_bench --router-tiled-tok 32|64).
+inline constexpr int kRouterF32TiledTok = 64;
+void setRouterF32TiledTok(int tokens);
 
 // [TAG_ROUTER_MMA] Whether the CUDA LLM ops ask for the split router weights (routerF32Split():
 // the model then uploads them and moeRouteF32 runs the tensor-core kernel) — CudaKernelOptions::
