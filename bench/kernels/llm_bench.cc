@@ -144,6 +144,11 @@ struct Bench {
   int32_t next_block = 0;
   int64_t max_batch_tokens = 16384;
   double last_host_s = 0;  // host time of the last step's enqueue (before the GPU finished)
+  // GPU span of the last step / of the last prefill's steps: from an event recorded before the
+  // step's first operation to one after its last (CUDA only; 0 elsewhere). wall - span = the
+  // host's own time around the step (planning, the final wait's wake-up).
+  double last_gpu_s = 0, last_prefill_gpu_s = 0;
+  cudaEvent_t span_ev[2] = {nullptr, nullptr};
   std::mt19937 rng{1};
   double mask_density = 0;      // --masks: 0 = unconstrained
   std::vector<uint32_t> masks;  // one random mask per sampled row, reused every step
@@ -218,11 +223,23 @@ struct Bench {
       std::exit(1);
     }
     std::vector<int32_t> sampled(ran.size());
+    auto* cb = dynamic_cast<cuda::CudaBackend*>(backend.get());
+    if (cb != nullptr && span_ev[0] == nullptr) {
+      cudaEventCreate(&span_ev[0]);
+      cudaEventCreate(&span_ev[1]);
+    }
     const auto t0 = Clock::now();
+    if (cb != nullptr) cudaEventRecord(span_ev[0], cb->stream());
     backend->launch([&] { model->enqueueStep(st, *kv, nullptr, sampled.data()); });
+    if (cb != nullptr) cudaEventRecord(span_ev[1], cb->stream());
     last_host_s = std::chrono::duration<double>(Clock::now() - t0).count();
     Status s = backend->synchronize();
     const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+    last_gpu_s = 0;
+    if (cb != nullptr) {
+      float ms = 0.f;
+      if (cudaEventElapsedTime(&ms, span_ev[0], span_ev[1]) == cudaSuccess) last_gpu_s = ms / 1e3;
+    }
     if (!s.isOk()) {
       std::fprintf(stderr, "step failed: %s\n", s.toString().c_str());
       std::exit(1);
@@ -248,7 +265,11 @@ struct Bench {
     Seq s;
     s.tokens = randomTokens(len);
     double total = 0;
-    while (s.cached < len) total += step({&s});
+    last_prefill_gpu_s = 0;
+    while (s.cached < len) {
+      total += step({&s});
+      last_prefill_gpu_s += last_gpu_s;
+    }
     return total;
   }
 
@@ -274,10 +295,11 @@ struct Bench {
       pending = true;
       step(todo);
     }
-    std::vector<double> times, host;
+    std::vector<double> times, host, gpu;
     for (int i = 0; i < steps; ++i) {
       times.push_back(step(ptrs));
       host.push_back(last_host_s);
+      gpu.push_back(last_gpu_s);
     }
     if (profile) {
       cudaProfilerStart();
@@ -286,7 +308,9 @@ struct Bench {
     }
     std::sort(times.begin(), times.end());
     std::sort(host.begin(), host.end());
+    std::sort(gpu.begin(), gpu.end());
     if (host_s) *host_s = host[host.size() / 2];
+    last_gpu_s = gpu[gpu.size() / 2];  // the median GPU span
     return times[times.size() / 2];
   }
 };
@@ -980,9 +1004,13 @@ int main(int argc, char** argv) {
     const int len = std::atoi(p.c_str());
     b.prefill(len);  // warm-up (GEMM tuning, first-use allocations)
     const uint64_t lt0 = cuda::moeLtBf16Steps(), fp80 = cuda::moeFp8Steps();
-    std::vector<double> runs;
-    for (int r = 0; r < prefill_reps; ++r) runs.push_back(b.prefill(len));
+    std::vector<double> runs, spans;
+    for (int r = 0; r < prefill_reps; ++r) {
+      runs.push_back(b.prefill(len));
+      spans.push_back(b.last_prefill_gpu_s);
+    }
     std::sort(runs.begin(), runs.end());
+    std::sort(spans.begin(), spans.end());
     const double s = runs[runs.size() / 2];  // the median (the upper one of an even count)
     const uint64_t lt_steps = (cuda::moeLtBf16Steps() - lt0) / static_cast<uint64_t>(prefill_reps);
     const uint64_t fp8_steps = (cuda::moeFp8Steps() - fp80) / static_cast<uint64_t>(prefill_reps);
@@ -992,9 +1020,10 @@ int main(int argc, char** argv) {
       cudaProfilerStop();
     }
     std::printf("prefill %6d tokens: %.4f s  (%.0f tokens/s; MoE layer steps on fp8 %llu, bf16 "
-                "cublaslt %llu; median of %d, min %.4f)\n",
+                "cublaslt %llu; median of %d, min %.4f; GPU span median %.4f s)\n",
                 len, s, len / s, static_cast<unsigned long long>(fp8_steps),
-                static_cast<unsigned long long>(lt_steps), prefill_reps, runs.front());
+                static_cast<unsigned long long>(lt_steps), prefill_reps, runs.front(),
+                spans[spans.size() / 2]);
     std::fflush(stdout);
     if (json) json << "{\"workload\":\"prefill\",\"tokens\":" << len << ",\"seconds\":" << s << "}\n";
   }
@@ -1004,8 +1033,10 @@ int main(int argc, char** argv) {
     b.decode(batch, ctx, 4);  // warm-up
     double host = 0;
     const double s = b.decode(batch, ctx, decode_steps, &host, profile);
-    std::printf("decode batch %3d @ %6d%s: step %.3f ms, host enqueue %.3f ms  (%.0f tokens/s)\n",
-                batch, ctx, mask_density > 0 ? " masked" : "", s * 1e3, host * 1e3, batch / s);
+    std::printf("decode batch %3d @ %6d%s: step %.3f ms, host enqueue %.3f ms, GPU span %.3f ms  "
+                "(%.0f tokens/s)\n",
+                batch, ctx, mask_density > 0 ? " masked" : "", s * 1e3, host * 1e3,
+                b.last_gpu_s * 1e3, batch / s);
     std::fflush(stdout);
     if (json) json << "{\"workload\":\"decode\",\"masks\":" << mask_density << ",\"batch\":" << batch << ",\"context\":" << ctx
                    << ",\"step_seconds\":" << s << "}\n";

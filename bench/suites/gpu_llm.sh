@@ -63,6 +63,12 @@
 #             model tests (tokens = the host plan's); wgplanmem: memcheck over the op test
 #   wgplanab / wgplanab120b  prefill 8k / 32k (median of 3) with --moe-wgmma-device-plan on and
 #             off (needs mk20b / mk120b)
+#   figs / figs120b  the figures with the defaults (+ $FIGS_FLAGS): prefill 8k / 32k (median of 5)
+#             and 64k / 128k, decode (20b: 1@8192, 64@1024; 120b: 1@8192), each with its GPU span
+#             (needs mk20b / mk120b); figs also says whether nsys is on the host
+#   nsysdec / nsyspre  nsys timeline of one 20b decode step (b1@8192, graph nodes traced) / one 8k
+#             prefill: span, kernel time, idle time between operations, the largest gaps, time per
+#             kernel (bench/suites/nsys_span.py; needs mk20b and nsys on the host)
 #   alignops  gpu_llm_ops_test *MoeAlign* (incl. the multi-block align [TAG_MOE_ALIGN_MULTIBLOCK]
 #             against the CPU layout), then memcheck over the block-kernel case
 #   tokab / tokab120b  prefill 8k / 32k (median of 3) with the tiled router's 32- and 64-token
@@ -274,6 +280,10 @@ for s in $STEPS; do
     tiledab120b) step tiledab120b tiledab120b.txt 320 bash -c "for v in 128 0; do echo \"== --router-tiled-min \$v\"; '$BIN/rose_llm_bench' --model /dev/shm/gptoss120b --prefill 8192,32768 --prefill-reps 3 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --router-tiled-min \$v 2>&1 | grep -v 'gemm tuned'; done; echo '== defaults, long'; '$BIN/rose_llm_bench' --model /dev/shm/gptoss120b --prefill 65536,131072 --decode 1@8192 --decode-steps 32 --max-batch-tokens 16384 --kv-tokens 140000 2>&1 | grep -v 'gemm tuned'" ;;
     autoab) step autoab autoab.txt 300 bash -c "for v in auto chunk; do echo \"== GARDEN_MOE_PREFILL=\$v\"; GARDEN_MOE_PREFILL=\$v TAG=_\$v bash '$ROOT/bench/suites/gpu_chat_sweep.sh' '$BIN' /tmp/gptoss20b '$BIN/tokenizer.json' '$LOGS/autoab' 256; done" ;;
     routerops) step routerops router_ops.log 200 "$BIN/gpu_llm_ops_test" --gtest_filter='*MoeRoute*' ;;
+    figs) step figs figs.txt 300 bash -c "command -v nsys || echo 'no nsys'; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192,32768 --prefill-reps 5 --decode 1@8192,64@1024 --decode-steps 32 --max-batch-tokens 16384 --kv-tokens 140000 $FIGS_FLAGS 2>&1 | grep -v 'gemm tuned'; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 65536,131072 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 $FIGS_FLAGS 2>&1 | grep -v 'gemm tuned'" ;;
+    figs120b) step figs120b figs120b.txt 320 bash -c "'$BIN/rose_llm_bench' --model /dev/shm/gptoss120b --prefill 8192,32768 --prefill-reps 5 --decode 1@8192 --decode-steps 32 --max-batch-tokens 16384 --kv-tokens 140000 $FIGS_FLAGS 2>&1 | grep -v 'gemm tuned'; '$BIN/rose_llm_bench' --model /dev/shm/gptoss120b --prefill 65536,131072 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 $FIGS_FLAGS 2>&1 | grep -v 'gemm tuned'" ;;
+    nsysdec) step nsysdec nsysdec.txt 200 bash -c "nsys profile --capture-range=cudaProfilerApi --capture-range-end=stop --cuda-graph-trace=node -t cuda -o '$LOGS/nsysdec' --force-overwrite true '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode 1@8192 --decode-steps 8 --max-batch-tokens 16384 --kv-tokens 140000 --profile >/dev/null 2>&1; nsys stats --report cuda_gpu_trace --format csv --output '$LOGS/nsysdec' '$LOGS/nsysdec.nsys-rep' >/dev/null 2>&1; python3 '$ROOT/bench/suites/nsys_span.py' '$LOGS/nsysdec_cuda_gpu_trace.csv' 40" ;;
+    nsyspre) step nsyspre nsyspre.txt 200 bash -c "nsys profile --capture-range=cudaProfilerApi --capture-range-end=stop -t cuda -o '$LOGS/nsyspre' --force-overwrite true '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --profile >/dev/null 2>&1; nsys stats --report cuda_gpu_trace --format csv --output '$LOGS/nsyspre' '$LOGS/nsyspre.nsys-rep' >/dev/null 2>&1; python3 '$ROOT/bench/suites/nsys_span.py' '$LOGS/nsyspre_cuda_gpu_trace.csv' 25" ;;
     alignops) step alignops align_ops.log 300 bash -c "'$BIN/gpu_llm_ops_test' --gtest_filter='*MoeAlign*' && compute-sanitizer --tool memcheck --error-exitcode 3 '$BIN/gpu_llm_ops_test' --gtest_filter='*MoeAlignBlock*'" ;;
     tokab) step tokab tokab.txt 300 prefillab /tmp/gptoss20b --router-tiled-tok 32 64 ;;
     tokab120b) step tokab120b tokab120b.txt 320 prefillab /dev/shm/gptoss120b --router-tiled-tok 32 64 ;;
