@@ -7,7 +7,10 @@
 #   - the same at --saturate concurrency (default 256) for the saturated throughput row.
 #     bench/suites/gpu_chat_sweep.sh GPUBIN MODEL_DIR TOKENIZER_JSON OUT_DIR [CONCURRENCIES]
 # Writes OUT_DIR/chat_c<N>.json (loadgen's schema, bench/README.md) and prints one line per run.
-# Environment: PROMPT_TOKENS / OUTPUT_TOKENS (1024 each), RESPONSE_FORMAT=json_object (structured
+# Every request of a run has a prompt of its own (--pool = the request count, a seed per
+# concurrency), so no run is served from the prefix cache of another request's prompt (POOL=32
+# gives the old behavior: 32 prompts cycled, i.e. 7 of 8 requests at 256 streams hit the cache).
+# Environment: PROMPT_TOKENS / OUTPUT_TOKENS (1024 each), POOL, SEED (base; default 1000), RESPONSE_FORMAT=json_object (structured
 # outputs: every request constrained; the line then also gives tulip's mask counters),
 # SKIP_REASONING=true (answers start on the final channel: with RESPONSE_FORMAT every token is
 # constrained), TEMPERATURE=0 (greedy: runs of the same prompts give the same tokens, so A/B runs
@@ -41,7 +44,8 @@ for c in $CONC; do
   n=$(( c < 4 ? 3 : c ))
   timeout 240 "$BIN/loadgen" --protocol http --endpoint 127.0.0.1:8182 --mode chat \
     --model gpt-oss-gpu --seq-len "$PROMPT" --max-tokens "$GEN" --concurrency "$c" \
-    --warmup 0 --count "$n" --timeout-ms 200000 --suite gpu-chat-sweep --response-format "$RF" \
+    --warmup 0 --count "$n" --pool "${POOL:-$n}" --seed "$(( ${SEED:-1000} + c ))" \
+    --timeout-ms 200000 --suite gpu-chat-sweep --response-format "$RF" \
     ${RESPONSE_SCHEMA:+--response-schema "$RESPONSE_SCHEMA"} \
     --skip-reasoning "${SKIP_REASONING:-false}" --temperature "${TEMPERATURE:--1}" \
     --workload "chat_in${PROMPT}_out${GEN}_c${c}_rf_$RF" --out "$OUT/chat_c$c$TAG.json" \
