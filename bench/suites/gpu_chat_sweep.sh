@@ -10,7 +10,8 @@
 # Every request of a run has a prompt of its own (--pool = the request count, a seed per
 # concurrency), so no run is served from the prefix cache of another request's prompt (POOL=32
 # gives the old behavior: 32 prompts cycled, i.e. 7 of 8 requests at 256 streams hit the cache).
-# Environment: PROMPT_TOKENS / OUTPUT_TOKENS (1024 each), POOL, SEED (base; default 1000), RESPONSE_FORMAT=json_object (structured
+# Environment: PROMPT_TOKENS / OUTPUT_TOKENS (1024 each), POOL, SEED (base; default 1000),
+# MAX_BATCH_TOKENS (tulip's step budget, default 8192), RESPONSE_FORMAT=json_object (structured
 # outputs: every request constrained; the line then also gives tulip's mask counters),
 # SKIP_REASONING=true (answers start on the final channel: with RESPONSE_FORMAT every token is
 # constrained), TEMPERATURE=0 (greedy: runs of the same prompts give the same tokens, so A/B runs
@@ -27,7 +28,7 @@ mkdir -p "$OUT"
 [ -f "$MODEL/tokenizer.json" ] || cp "$TOK" "$MODEL/tokenizer.json"
 "$BIN/tulip" --host 127.0.0.1 --port 50161 --metrics-port 9192 --model "$MODEL" --device cuda \
   --rose-bin "$BIN/rose" --shm-name /garden-gpu-sweep --served-model-name gpt-oss-gpu \
-  --max-num-seqs 256 --max-batch-tokens 8192 --progress-timeout-ms 120000 \
+  --max-num-seqs 256 --max-batch-tokens "${MAX_BATCH_TOKENS:-8192}" --progress-timeout-ms 120000 \
   --step-timeout-ms 120000 ${TULIP_ARGS:-} > "$OUT/sweep_tulip$TAG.log" 2>&1 &
 tulip_pid=$!
 "$BIN/ivy" --host 127.0.0.1 --port 8182 --tulip 127.0.0.1:50161 --tokenizer "$MODEL/tokenizer.json" \

@@ -208,6 +208,8 @@
 #             first tokens fill the Harmony header up to ivy's 256-token limit and TTFT is ~256
 #             inter-token gaps longer), every prompt distinct; then 256 streams on a fresh mesh
 #             with POOL=32 (32 prompts cycled, the sweeps before 2026-12-04 s12)
+#   mbtab     256 streams (distinct prompts, engine TTFT) with tulip --max-batch-tokens 16384 and
+#             8192, a fresh mesh each
 #   sweep     bench/suites/gpu_chat_sweep.sh: 1k-in/1k-out streamed chats through ivy at 1/16/64/256
 #             concurrent streams (TTFT, inter-token p50/p99, output tokens/s; needs mk20b)
 #   prof      ncu over one decode step (1@8192) and one 8k prefill: time per kernel, summed by name
@@ -374,6 +376,7 @@ for s in $STEPS; do
     hfpeer) step hfpeer hfpeer.txt 240 python3 "$ROOT/bench/suites/hf_llm_peer.py" /tmp/gptoss20b --prefill 2048,8192 --decode 1@8192,64@1024 --steps 16 ;;
     mesh) step mesh mesh.log 200 bash "$ROOT/bench/suites/gpu_mesh_smoke.sh" "$BIN" /tmp/gptoss20b "$BIN/tokenizer.json" "$LOGS" ;;
     sweepttft) step sweepttft sweepttft.txt 420 bash -c "SKIP_REASONING=true TAG=_skip bash '$ROOT/bench/suites/gpu_chat_sweep.sh' '$BIN' /tmp/gptoss20b '$BIN/tokenizer.json' '$LOGS/sweepttft'; SKIP_REASONING=true POOL=32 TAG=_pool32 bash '$ROOT/bench/suites/gpu_chat_sweep.sh' '$BIN' /tmp/gptoss20b '$BIN/tokenizer.json' '$LOGS/sweepttft' '256'" ;;
+    mbtab) step mbtab mbtab.txt 300 bash -c "for v in 16384 8192; do SKIP_REASONING=true MAX_BATCH_TOKENS=\$v TAG=_mbt\$v bash '$ROOT/bench/suites/gpu_chat_sweep.sh' '$BIN' /tmp/gptoss20b '$BIN/tokenizer.json' '$LOGS/mbtab' 256; done" ;;
     sweep) step sweep sweep.txt 420 bash "$ROOT/bench/suites/gpu_chat_sweep.sh" "$BIN" /tmp/gptoss20b "$BIN/tokenizer.json" "$LOGS/sweep" ;;
     prof) step prof prof.txt 240 bash -c "ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv --log-file '$LOGS/ncu_decode.csv' '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode 1@8192,64@1024 --decode-steps 4 --profile >/dev/null 2>&1; ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv --log-file '$LOGS/ncu_prefill.csv' '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192 --decode '' --profile >/dev/null 2>&1; python3 '$ROOT/bench/suites/ncu_llm_summary.py' '$LOGS/ncu_decode.csv' '$LOGS/ncu_prefill.csv'" ;;
     *) echo "unknown step $s"; failed=$((failed+1)) ;;
