@@ -5,7 +5,10 @@
 # prompt (system and framing included, i.e. usage.prompt_tokens); --max-tokens output tokens each
 # with ignore_eos so every stream has the same length. Every workload's pool holds warm-up + count
 # distinct prompts, so no request reuses another's prompt (only the shared Harmony system prefix
-# can come from the prefix cache, as in real serving).
+# can come from the prefix cache, as in real serving). TTFT is the first content or reasoning delta:
+# a random-weight model's first tokens fill the Harmony header (up to ivy's 256-token limit) before
+# any delta, so with such a model set SKIP_REASONING=true (the answer starts on the final channel)
+# for the engine's TTFT.
 #   bench/suites/chat.sh --ivy HOST:PORT --out DIR [--streams "1 2 4 8 16 32 64"]
 #                        [--max-tokens 256] [common flags, see common.sh]
 # Defaults per workload: count = max(4 x streams, 16) streams measured after `streams` warm-up
@@ -39,6 +42,7 @@ for len in ${LENGTHS:-512}; do
     fi
     run_one "$len" --protocol http --endpoint "$IVY" --mode chat --concurrency "$c" \
       --max-tokens "$MAXTOK" --pool "$pool" "${flags[@]}" --suite chat_streaming \
+      ${SKIP_REASONING:+--skip-reasoning "$SKIP_REASONING"} \
       --timeout-ms 600000 --out "$OUT/chat_text${len}_c${c}.json"
   done
 done
