@@ -65,10 +65,8 @@
 #             off (needs mk20b / mk120b)
 #   figs / figs120b  the figures with the defaults (+ ${FIGS_FLAGS:-}): prefill 8k / 32k (median of 5)
 #             and 64k / 128k, decode (20b: 1@8192, 64@1024; 120b: 1@8192), each with its GPU span
-#             (needs mk20b / mk120b); figs also says whether nsys is on the host
-#   nsysdec / nsyspre  nsys timeline of one 20b decode step (b1@8192, graph nodes traced) / one 8k
-#             prefill: span, kernel time, idle time between operations, the largest gaps, time per
-#             kernel (bench/suites/nsys_span.py; needs mk20b and nsys on the host)
+#             (needs mk20b / mk120b); figs also says whether nsys is on the host (it was not,
+#             2026-12-04 s12)
 #   alignops  gpu_llm_ops_test *MoeAlign* (incl. the multi-block align [TAG_MOE_ALIGN_MULTIBLOCK]
 #             against the CPU layout), then memcheck over the block-kernel case
 #   tokab / tokab120b  prefill 8k / 32k (median of 3) with the tiled router's 32- and 64-token
@@ -289,8 +287,6 @@ for s in $STEPS; do
     routerops) step routerops router_ops.log 200 "$BIN/gpu_llm_ops_test" --gtest_filter='*MoeRoute*' ;;
     figs) step figs figs.txt 300 bash -c "command -v nsys || echo 'no nsys'; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192,32768 --prefill-reps 5 --decode 1@8192,64@1024 --decode-steps 32 --max-batch-tokens 16384 --kv-tokens 140000 ${FIGS_FLAGS:-} 2>&1 | grep -v 'gemm tuned'; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 65536,131072 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 ${FIGS_FLAGS:-} 2>&1 | grep -v 'gemm tuned'" ;;
     figs120b) step figs120b figs120b.txt 320 bash -c "'$BIN/rose_llm_bench' --model /dev/shm/gptoss120b --prefill 8192,32768 --prefill-reps 5 --decode 1@8192 --decode-steps 32 --max-batch-tokens 16384 --kv-tokens 140000 ${FIGS_FLAGS:-} 2>&1 | grep -v 'gemm tuned'; '$BIN/rose_llm_bench' --model /dev/shm/gptoss120b --prefill 65536,131072 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 ${FIGS_FLAGS:-} 2>&1 | grep -v 'gemm tuned'" ;;
-    nsysdec) step nsysdec nsysdec.txt 200 bash -c "nsys profile --capture-range=cudaProfilerApi --capture-range-end=stop --cuda-graph-trace=node -t cuda -o '$LOGS/nsysdec' --force-overwrite true '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode 1@8192 --decode-steps 8 --max-batch-tokens 16384 --kv-tokens 140000 --profile >/dev/null 2>&1; nsys stats --report cuda_gpu_trace --format csv --output '$LOGS/nsysdec' '$LOGS/nsysdec.nsys-rep' >/dev/null 2>&1; python3 '$ROOT/bench/suites/nsys_span.py' '$LOGS/nsysdec_cuda_gpu_trace.csv' 40" ;;
-    nsyspre) step nsyspre nsyspre.txt 200 bash -c "nsys profile --capture-range=cudaProfilerApi --capture-range-end=stop -t cuda -o '$LOGS/nsyspre' --force-overwrite true '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --profile >/dev/null 2>&1; nsys stats --report cuda_gpu_trace --format csv --output '$LOGS/nsyspre' '$LOGS/nsyspre.nsys-rep' >/dev/null 2>&1; python3 '$ROOT/bench/suites/nsys_span.py' '$LOGS/nsyspre_cuda_gpu_trace.csv' 25" ;;
     alignops) step alignops align_ops.log 300 bash -c "'$BIN/gpu_llm_ops_test' --gtest_filter='*MoeAlign*' && compute-sanitizer --tool memcheck --error-exitcode 3 '$BIN/gpu_llm_ops_test' --gtest_filter='*MoeAlignBlock*'" ;;
     tokab) step tokab tokab.txt 300 prefillab /tmp/gptoss20b --router-tiled-tok 32 64 ;;
     tokab120b) step tokab120b tokab120b.txt 320 prefillab /dev/shm/gptoss120b --router-tiled-tok 32 64 ;;
