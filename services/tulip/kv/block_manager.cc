@@ -168,6 +168,84 @@ std::vector<int32_t> KvBlockManager::findCachedPrefix(std::span<const int32_t> t
   return best;
 }
 
+uint64_t KvBlockManager::firstWindowBlock(uint64_t position) const {
+  const uint64_t w = opts_.window;
+  const uint64_t keep_from = position + 1 > w ? position + 1 - w : 0;  // the first key it reads
+  return keep_from / opts_.block_size;
+}
+
+std::vector<int32_t> KvBlockManager::cachedWindowPrefixIn(uint32_t group,
+                                                          std::span<const int32_t> tokens,
+                                                          uint64_t max_blocks) const {
+  std::vector<int32_t> out;
+  if (!opts_.prefix_caching || tokens.empty()) return out;
+  const uint64_t bs = opts_.block_size;
+  const uint64_t limit = tokens.size() - 1;  // at least one token left to compute
+  const uint64_t lmax = std::min<uint64_t>(max_blocks, limit / bs);
+  // Every full block's cached copy (-1: none), following the chain hashes through the misses.
+  std::vector<int32_t> found(lmax, -1);
+  uint64_t parent = rootHash(group);
+  for (uint64_t i = 0; i < lmax; ++i) {
+    auto blk = tokens.subspan(i * bs, bs);
+    const uint64_t h = hashBlock(parent, blk);
+    found[i] = lookup(group, parent, h, blk);
+    parent = h;
+  }
+  // The longest L whose window blocks [firstWindowBlock(L * bs), L) are all found.
+  for (uint64_t l = lmax; l > 0; --l) {
+    const uint64_t first = firstWindowBlock(l * bs);
+    bool all = true;
+    for (uint64_t i = first; i < l && all; ++i) all = found[i] >= 0;
+    if (!all) continue;
+    out.assign(l, -1);
+    for (uint64_t i = first; i < l; ++i) out[i] = found[i];
+    return out;
+  }
+  return out;
+}
+
+std::vector<int32_t> KvBlockManager::findCachedWindowPrefix(std::span<const int32_t> tokens,
+                                                            uint64_t max_blocks) const {
+  CHECK(opts_.window > 0);
+  std::vector<int32_t> best = cachedWindowPrefixIn(0, tokens, max_blocks);
+  uint32_t best_group = 0;
+  for (uint32_t g = 1; g < groups_; ++g) {
+    std::vector<int32_t> p = cachedWindowPrefixIn(g, tokens, max_blocks);
+    if (p.size() > best.size() ||
+        (p.size() == best.size() && group_free_[g] > group_free_[best_group])) {
+      best = std::move(p);
+      best_group = g;
+    }
+  }
+  return best;
+}
+
+void KvBlockManager::release(int32_t b) {
+  Block& blk = blocks_[b];
+  CHECK(blk.ref > 0);
+  if (--blk.ref == 0) {
+    if (blk.cached)
+      pushBack(b);
+    else
+      pushFront(b);
+  }
+}
+
+void KvBlockManager::trim(SeqId seq, uint64_t next_position) {
+  CHECK(opts_.window > 0);
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return;
+  auto& table = it->second.table;
+  const uint64_t end = std::min<uint64_t>(firstWindowBlock(next_position), table.size());
+  // Later blocks first, as free() does: a cached prefix's head is evicted last.
+  for (uint64_t i = end; i > 0; --i) {
+    int32_t& b = table[i - 1];
+    if (b < 0) break;  // holes are a prefix: everything before is gone already
+    release(b);
+    b = -1;
+  }
+}
+
 std::optional<std::span<const int32_t>> KvBlockManager::allocate(SeqId seq, uint64_t num_tokens,
                                                                  std::span<const int32_t> prefix) {
   auto it = seqs_.find(seq);
@@ -178,7 +256,7 @@ std::optional<std::span<const int32_t>> KvBlockManager::allocate(SeqId seq, uint
   if (!fresh) {
     group = it->second.group;
   } else if (!prefix.empty()) {
-    group = groupOfBlock(prefix[0]);
+    group = groupOfBlock(prefix.back());  // (window mode: the front may be holes)
   } else {
     for (uint32_t g = 1; g < groups_; ++g)
       if (group_free_[g] > group_free_[group]) group = g;
@@ -188,8 +266,14 @@ std::optional<std::span<const int32_t>> KvBlockManager::allocate(SeqId seq, uint
   const uint64_t add = want > have ? want - have : 0;
   // Prefix blocks without references leave the free queue too.
   uint64_t revive = 0;
+  bool seen_block = false;
   for (int32_t b : prefix) {
-    CHECK(b >= 0 && static_cast<uint32_t>(b) < opts_.num_blocks && blocks_[b].cached &&
+    if (b < 0) {  // [TAG_KV_WINDOW_GROUP] a hole: window mode, before every block of the prefix
+      CHECK(opts_.window > 0 && !seen_block);
+      continue;
+    }
+    seen_block = true;
+    CHECK(static_cast<uint32_t>(b) < opts_.num_blocks && blocks_[b].cached &&
           groupOfBlock(b) == group);
     if (blocks_[b].ref == 0) ++revive;
   }
@@ -199,8 +283,10 @@ std::optional<std::span<const int32_t>> KvBlockManager::allocate(SeqId seq, uint
   s.group = group;
   if (fresh && !prefix.empty()) {
     for (int32_t b : prefix) {
-      if (blocks_[b].ref == 0) unlink(b);
-      ++blocks_[b].ref;
+      if (b >= 0) {
+        if (blocks_[b].ref == 0) unlink(b);
+        ++blocks_[b].ref;
+      }
       s.table.push_back(b);
     }
     s.hashed_blocks = static_cast<uint32_t>(prefix.size());
@@ -231,8 +317,10 @@ std::optional<std::span<const int32_t>> KvBlockManager::fork(SeqId seq, SeqId fr
   SeqState& s = dst->second;
   s.group = group;
   for (int32_t b : shared) {
-    CHECK(blocks_[b].ref > 0);
-    ++blocks_[b].ref;
+    if (b >= 0) {  // window mode: holes stay holes
+      CHECK(blocks_[b].ref > 0);
+      ++blocks_[b].ref;
+    }
     s.table.push_back(b);
   }
   // Hashes are recomputed from `seq`'s own tokens by commit() (the shared blocks may not be
@@ -261,8 +349,10 @@ void KvBlockManager::commit(SeqId seq, std::span<const int32_t> tokens, uint64_t
     auto blk = tokens.subspan(i * bs, bs);
     const uint64_t h = hashBlock(parent, blk);
     const int32_t b = s.table[i];
-    Block& block = blocks_[b];
-    if (!block.cached && cache_.find(h) == cache_.end()) {
+    // A hole (window mode: dropped before its step was committed) has nothing to register; the
+    // chain continues.
+    if (b >= 0 && !blocks_[b].cached && cache_.find(h) == cache_.end()) {
+      Block& block = blocks_[b];
       block.cached = true;
       block.hash = h;
       block.parent_hash = parent;
@@ -282,14 +372,8 @@ void KvBlockManager::free(SeqId seq) {
   const auto& table = it->second.table;
   // Later blocks are pushed first, so a prefix's head outlives its tail in the LRU queue.
   for (auto b = table.rbegin(); b != table.rend(); ++b) {
-    Block& blk = blocks_[*b];
-    CHECK(blk.ref > 0);
-    if (--blk.ref == 0) {
-      if (blk.cached)
-        pushBack(*b);
-      else
-        pushFront(*b);
-    }
+    if (*b < 0) break;  // window mode: the rest are holes
+    release(*b);
   }
   seqs_.erase(it);
 }
@@ -310,18 +394,27 @@ std::vector<int32_t> KvBlockManager::freeQueue() const {
 Status KvBlockManager::checkInvariants() const {
   std::vector<int32_t> refs(opts_.num_blocks, 0);
   for (const auto& [id, s] : seqs_) {
-    std::vector<int32_t> sorted = s.table;
+    // [TAG_KV_WINDOW_GROUP] Holes only in window mode, and only as a prefix of the table.
+    const auto first_block =
+        std::find_if(s.table.begin(), s.table.end(), [](int32_t b) { return b >= 0; });
+    if (first_block != s.table.begin() && opts_.window == 0)
+      return internalError("seq " + std::to_string(id) + " has holes outside window mode");
+    if (std::find(first_block, s.table.end(), -1) != s.table.end())
+      return internalError("seq " + std::to_string(id) + " has a hole after a block");
+    std::vector<int32_t> sorted(first_block, s.table.end());
     std::sort(sorted.begin(), sorted.end());
     if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end())
       return internalError("seq " + std::to_string(id) + " holds a block twice");
-    for (int32_t b : s.table) {
+    for (auto bi = first_block; bi != s.table.end(); ++bi) {
+      const int32_t b = *bi;
       if (b < 0 || static_cast<uint32_t>(b) >= opts_.num_blocks)
         return internalError("seq " + std::to_string(id) + " holds block id " + std::to_string(b));
       ++refs[b];
     }
     if (s.hashed_blocks > s.table.size())
       return internalError("seq " + std::to_string(id) + " hashed more blocks than it holds");
-    for (int32_t b : s.table) {
+    for (auto bi = first_block; bi != s.table.end(); ++bi) {
+      const int32_t b = *bi;
       if (groupOfBlock(b) != s.group)
         return internalError("seq " + std::to_string(id) + " holds block " + std::to_string(b) +
                              " outside its group " + std::to_string(s.group));

@@ -25,6 +25,19 @@
 // sequence grows inside its group. The chain hashes of a group start from its own root, so the
 // prefix cache matches within a group only. One group (the default) is the single-worker case.
 //
+// Sliding-window mode (KvOptions::window = W > 0) [TAG_KV_WINDOW_GROUP]: the manager of a block
+// pool that only sliding-window layers use (a query at position i reads keys i - W < j <= i). A
+// table may then hold holes (-1) where its blocks were dropped: trim(seq, next) releases every
+// block that no query at a position >= next can read (its last position < next - W + 1), so the
+// holes are always a prefix of the table. A released block that was committed stays in the prefix
+// cache's LRU queue like any freed block; commit() continues the chain hashes through holes (they
+// depend on the tokens only). findCachedWindowPrefix() finds the longest prefix of L full blocks
+// whose window is cached — the blocks covering positions [L * bs - W + 1, L * bs) — and returns it
+// with holes before them (their tokens cannot be checked — the blocks are gone — so such a hit
+// rests on the window blocks' stored tokens and the 64-bit chain hash of what precedes them);
+// allocate() takes such a prefix and fork() shares holes as holes. (Stage
+// one of docs/llm-scheduler.md's design: the scheduler and rose do not use this mode yet.)
+//
 // Threads: not thread-safe; the LLM scheduler calls it under its own mutex.
 
 #include <cstdint>
@@ -44,6 +57,7 @@ struct KvOptions {
   uint32_t block_size = 16;
   bool prefix_caching = true;
   uint32_t groups = 1;  // block groups (dp groups); num_blocks must be a multiple
+  uint32_t window = 0;  // > 0: sliding-window mode, W keys per query [TAG_KV_WINDOW_GROUP]
 };
 
 class KvBlockManager {
@@ -76,11 +90,26 @@ class KvBlockManager {
   // free blocks, then the lowest); allocate() with it puts the sequence in that group.
   std::vector<int32_t> findCachedPrefix(std::span<const int32_t> tokens) const;
 
+  // [TAG_KV_WINDOW_GROUP] Window mode only. The longest L <= max_blocks (and leaving at least the
+  // last token out) whose window blocks — those covering positions [L * bs - window + 1, L * bs)
+  // — are all cached in one group, as a table prefix of L entries: -1 before the window blocks.
+  // Empty when no L > 0 qualifies or caching is off. Over groups: the longest, then the most free
+  // blocks, then the lowest group. The joint hit with a full-attention group is this L when
+  // max_blocks is that group's hit.
+  std::vector<int32_t> findCachedWindowPrefix(std::span<const int32_t> tokens,
+                                              uint64_t max_blocks) const;
+  // [TAG_KV_WINDOW_GROUP] Window mode only: releases `seq`'s blocks that no query at a position >=
+  // next_position reads (every block whose last position is < next_position - window + 1), leaving
+  // holes. No-op for an unknown sequence.
+  void trim(SeqId seq, uint64_t next_position);
+  uint32_t window() const { return opts_.window; }
+
   // Grows `seq`'s table so it covers `num_tokens` tokens. A sequence without a table first takes
   // `prefix` (from findCachedPrefix with no state change in between; its blocks gain a
   // reference). Returns the table, or nullopt (nothing changed) when free blocks run out (in
   // the sequence's group: the prefix's, its table's, or for a new sequence without a prefix
-  // the group with the most free blocks).
+  // the group with the most free blocks). In window mode the prefix may start with holes
+  // (findCachedWindowPrefix).
   std::optional<std::span<const int32_t>> allocate(SeqId seq, uint64_t num_tokens,
                                                    std::span<const int32_t> prefix = {});
 
@@ -89,7 +118,9 @@ class KvBlockManager {
   // grows it to cover `num_tokens` tokens with fresh blocks. The shared blocks must be full for
   // both: neither sequence writes them again, so nothing is ever copied; the partly filled block
   // after them is not shared (`seq` computes those tokens into its own fresh block). Returns the
-  // table, or nullopt (nothing changed) when free blocks run out.
+  // table, or nullopt (nothing changed) when free blocks run out. In window mode holes among the
+  // first num_blocks stay holes (the caller makes sure the blocks the new sequence's window needs
+  // are present).
   std::optional<std::span<const int32_t>> fork(SeqId seq, SeqId from, uint32_t num_blocks,
                                                uint64_t num_tokens);
 
@@ -137,6 +168,11 @@ class KvBlockManager {
   static uint64_t hashBlock(uint64_t parent, std::span<const int32_t> tokens);
   static uint64_t rootHash(uint32_t group);
   std::vector<int32_t> cachedPrefixIn(uint32_t group, std::span<const int32_t> tokens) const;
+  std::vector<int32_t> cachedWindowPrefixIn(uint32_t group, std::span<const int32_t> tokens,
+                                            uint64_t max_blocks) const;
+  // The first block index whose blocks a query at `position` or later may read (window mode).
+  uint64_t firstWindowBlock(uint64_t position) const;
+  void release(int32_t b);  // drops one reference; an unreferenced block joins the free queue
   int32_t lookup(uint32_t group, uint64_t parent, uint64_t hash,
                  std::span<const int32_t> tokens) const;
   void pushFront(int32_t b);

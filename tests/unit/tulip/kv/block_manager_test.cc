@@ -445,5 +445,168 @@ TEST(KvBlockManager, GroupsRandomOperationsKeepInvariants) {
   }
 }
 
+// ---- sliding-window mode [TAG_KV_WINDOW_GROUP] -------------------------------------------
+
+// trim() drops exactly the blocks no later query reads (window 8, blocks of 4: a query at position
+// p reads p - 7 .. p), leaving holes at the front; committed blocks it drops stay cached and go to
+// the back of the free queue, uncommitted ones to the front; free() then releases the rest.
+TEST(KvBlockManager, WindowTrimLeavesHolesAndFreesBlocks) {
+  KvOptions o{16, 4, true};
+  o.window = 8;
+  KvBlockManager m(o);
+  const std::vector<int32_t> toks = iota(22);
+  ASSERT_TRUE(m.allocate(1, 22).has_value());  // blocks 0..5
+  m.commit(1, toks, 16);                       // blocks 0..3 cached
+  m.trim(1, 8);  // a query at 8 reads 1 .. 8: block 0 (0..3) is still read
+  EXPECT_EQ(table(m, 1), (std::vector<int32_t>{0, 1, 2, 3, 4, 5}));
+  m.trim(1, 12);  // reads 5 .. 12: block 0 goes
+  EXPECT_EQ(table(m, 1), (std::vector<int32_t>{-1, 1, 2, 3, 4, 5}));
+  EXPECT_EQ(m.blocksFree(), 11u);
+  m.trim(1, 22);  // reads 15 .. 22: blocks 1, 2 go (3 holds 12..15)
+  EXPECT_EQ(table(m, 1), (std::vector<int32_t>{-1, -1, -1, 3, 4, 5}));
+  EXPECT_EQ(m.blocksFree(), 13u);
+  EXPECT_TRUE(m.isCached(0) && m.isCached(1) && m.isCached(2));
+  EXPECT_EQ(m.refCount(1), 0);
+  m.trim(1, 12);  // an earlier position changes nothing (the holes stay)
+  EXPECT_EQ(table(m, 1), (std::vector<int32_t>{-1, -1, -1, 3, 4, 5}));
+  ASSERT_TRUE(m.checkInvariants().isOk()) << m.checkInvariants().toString();
+  // The free queue: never-used blocks first, then the dropped cached ones (later blocks first).
+  std::vector<int32_t> q = m.freeQueue();
+  EXPECT_EQ(std::vector<int32_t>(q.end() - 3, q.end()), (std::vector<int32_t>{0, 2, 1}));
+  // Commit continues the chain through the holes: block 4 (16..19) is registered.
+  m.commit(1, toks, 20);
+  EXPECT_TRUE(m.isCached(4));
+  // Growing appends after the holes.
+  ASSERT_TRUE(m.allocate(1, 30).has_value());
+  EXPECT_EQ(m.blockTable(1).size(), 8u);
+  m.free(1);
+  EXPECT_EQ(m.blocksFree(), 16u);
+  EXPECT_EQ(m.numSeqs(), 0u);
+  EXPECT_TRUE(m.checkInvariants().isOk()) << m.checkInvariants().toString();
+}
+
+// A window prefix hit needs only the blocks the next query reads: the blocks before them may be
+// gone. It comes back with holes in front, allocate() takes it (the holes unreferenced), and a
+// window block that was evicted shortens the hit to the longest L whose window is still cached.
+TEST(KvBlockManager, WindowPrefixNeedsOnlyTheWindow) {
+  KvOptions o{12, 4, true};
+  o.window = 8;
+  KvBlockManager m(o);
+  std::vector<int32_t> toks = iota(26);  // 6 full blocks + 2 tokens
+  ASSERT_TRUE(m.allocate(1, 26).has_value());
+  m.commit(1, toks, 26);
+  m.trim(1, 26);  // reads 19 .. : blocks 0..3 dropped (block 4 holds 16..19)
+  EXPECT_EQ(table(m, 1), (std::vector<int32_t>{-1, -1, -1, -1, 4, 5, 6}));
+  m.free(1);
+  // L = 6 blocks (24 tokens, the 25th left to compute): the next query at 24 reads 17 .. 24, i.e.
+  // blocks 4 and 5 — both cached.
+  auto hit = m.findCachedWindowPrefix(toks, 100);
+  EXPECT_EQ(hit, (std::vector<int32_t>{-1, -1, -1, -1, 4, 5}));
+  // max_blocks caps L (the full-attention group's own hit): L = 3 needs blocks 1, 2 (reads 5..12)
+  // — block 1 is cached still (dropped, not evicted).
+  EXPECT_EQ(m.findCachedWindowPrefix(toks, 3), (std::vector<int32_t>{-1, 1, 2}));
+  ASSERT_TRUE(m.allocate(2, 26, hit).has_value());
+  // + one fresh block: 6, the uncached block free() put at the front of the queue.
+  EXPECT_EQ(table(m, 2), (std::vector<int32_t>{-1, -1, -1, -1, 4, 5, 6}));
+  EXPECT_EQ(m.refCount(4), 1);
+  ASSERT_TRUE(m.checkInvariants().isOk()) << m.checkInvariants().toString();
+  m.free(2);
+  // The queue is now 6, the never-used 7..11, then the cached blocks as released: 3, 2, 1, 0 (the
+  // trim, later blocks first), 5, 4. Seven blocks for another sequence evict block 3 only.
+  EXPECT_EQ(m.freeQueue(), (std::vector<int32_t>{6, 7, 8, 9, 10, 11, 3, 2, 1, 0, 5, 4}));
+  ASSERT_TRUE(m.allocate(3, 28).has_value());
+  EXPECT_FALSE(m.isCached(3));
+  // L = 6 still hits (its window is blocks 4, 5); capped at 5, L = 5 and 4 need block 3, so the
+  // hit is L = 3 (blocks 1, 2).
+  EXPECT_EQ(m.findCachedWindowPrefix(toks, 100), (std::vector<int32_t>{-1, -1, -1, -1, 4, 5}));
+  EXPECT_EQ(m.findCachedWindowPrefix(toks, 5), (std::vector<int32_t>{-1, 1, 2}));
+  m.free(3);
+  EXPECT_EQ(m.blocksFree(), 12u);
+  EXPECT_TRUE(m.checkInvariants().isOk()) << m.checkInvariants().toString();
+}
+
+// Random admissions (with window prefix hits), chunked computation with trims, commits, forks and
+// frees over two block groups: the invariants hold after every operation (holes only as a table
+// prefix, references = memberships), every live table holds the blocks its window needs, and
+// nothing leaks.
+TEST(KvBlockManager, WindowRandomOperationsKeepInvariants) {
+  for (uint32_t seed = 1; seed <= 5; ++seed) {
+    std::mt19937 rng(seed);
+    KvOptions o{48, 3, true, 2};
+    o.window = 5;
+    KvBlockManager m(o);
+    const std::vector<std::vector<int32_t>> prompts = randomPrompts(rng);
+    struct Live {
+      std::vector<int32_t> tokens;
+      uint64_t computed;
+    };
+    std::map<SeqId, Live> live;
+    SeqId next = 1;
+    uint64_t hits = 0, holes_seen = 0;
+    for (int op = 0; op < 3000; ++op) {
+      const uint32_t r = rng() % 12;
+      if (r < 4) {
+        Live l{prompts[rng() % prompts.size()], 0};
+        auto hit = m.findCachedWindowPrefix(l.tokens, 1000);
+        if (m.allocate(next, l.tokens.size(), hit)) {
+          l.computed = hit.size() * m.blockSize();
+          hits += hit.size();
+          live.emplace(next, l);
+        } else {
+          ASSERT_FALSE(m.hasSeq(next));
+        }
+        ++next;
+      } else if (r < 8 && !live.empty()) {
+        // One step: a chunk of up to 4 tokens (or one decode token) computed, then committed;
+        // the table is trimmed for the next position and grows for the next token.
+        auto it = std::next(live.begin(), rng() % live.size());
+        Live& l = it->second;
+        l.computed = std::min<uint64_t>(l.tokens.size(), l.computed + 1 + rng() % 4);
+        m.commit(it->first, l.tokens, l.computed);
+        m.trim(it->first, l.computed);
+        if (l.computed == l.tokens.size()) l.tokens.push_back(static_cast<int32_t>(rng() % 5));
+        if (!m.allocate(it->first, l.tokens.size())) {
+          m.free(it->first);
+          live.erase(it);
+        }
+      } else if (r < 9 && !live.empty()) {
+        // A fork sharing the full blocks the source has computed (holes included), when the
+        // source still holds the blocks the fork's next query reads (a scheduler shares fewer
+        // blocks or none otherwise).
+        auto it = std::next(live.begin(), rng() % live.size());
+        const Live src = it->second;
+        const uint32_t shared = static_cast<uint32_t>(src.computed / m.blockSize());
+        const uint64_t pos = uint64_t{shared} * m.blockSize();
+        const uint64_t need = pos + 1 > 5 ? (pos + 1 - 5) / m.blockSize() : 0;
+        auto st = m.blockTable(it->first);
+        bool present = true;
+        for (uint64_t i = need; i < shared; ++i) present = present && st[i] >= 0;
+        if (present && m.fork(next, it->first, shared, src.tokens.size())) {
+          live.emplace(next, Live{src.tokens, uint64_t{shared} * m.blockSize()});
+        }
+        ++next;
+      } else if (!live.empty()) {
+        freeOneAtRandom(m, live, rng);
+      }
+      Status st = m.checkInvariants();
+      ASSERT_TRUE(st.isOk()) << "seed " << seed << " op " << op << ": " << st.toString();
+      for (auto& [id, l] : live) {
+        auto t = m.blockTable(id);
+        ASSERT_EQ(t.size(), m.blocksFor(l.tokens.size()));
+        // The blocks the next query (at l.computed) reads and everything after are present.
+        const uint64_t keep = l.computed + 1 > 5 ? (l.computed + 1 - 5) / m.blockSize() : 0;
+        for (uint64_t i = keep; i < t.size(); ++i)
+          ASSERT_GE(t[i], 0) << "seq " << id << " block " << i;
+        holes_seen += t.empty() || t[0] >= 0 ? 0 : 1;
+      }
+    }
+    EXPECT_GT(hits, 0u) << "seed " << seed;
+    EXPECT_GT(holes_seen, 0u) << "seed " << seed;
+    for (auto& [id, l] : live) m.free(id);
+    EXPECT_EQ(m.blocksFree(), m.blocksTotal());
+    EXPECT_EQ(m.numSeqs(), 0u);
+    EXPECT_TRUE(m.checkInvariants().isOk());
+  }
+}
 }  // namespace
 }  // namespace garden::tulip
