@@ -35,7 +35,7 @@ namespace {
 
 struct Options {
   std::string protocol = "grpc", endpoint = "127.0.0.1:50051", mode = "embed", input = "tokens";
-  int32_t batch = 1, seq_len = 512, concurrency = 1, channels = 0, pool = 32;
+  int32_t batch = 1, seq_len = 512, concurrency = 1, channels = 0, pool = 0;  // 0: requestPool()
   uint64_t count = 0, warmup = 20, seed = 1;
   double duration = 0;
   int32_t timeout_ms = 60000;
@@ -167,7 +167,8 @@ int runMain(int argc, char** argv) {
       .add("count", &o.count, "measured requests in total (0: use --duration)")
       .add("duration", &o.duration, "measured seconds when --count is 0")
       .add("warmup", &o.warmup, "requests before measuring (not recorded)")
-      .add("pool", &o.pool, "distinct request payloads, cycled")
+      .add("pool", &o.pool,
+           "distinct request payloads, cycled (0: chat = one per request, embed/score = 32)")
       .add("seed", &o.seed, "workload PRNG seed")
       .add("timeout-ms", &o.timeout_ms, "per-request deadline")
       .add("model", &o.model, "model name for requests (default: what the server reports)")
@@ -219,7 +220,8 @@ int runMain(int argc, char** argv) {
   if (o.batch < 1) return usage("--batch must be >= 1");
   if (o.seq_len < 1) return usage("--seq-len must be >= 1");
   if (o.concurrency < 1 || o.concurrency > 4096) return usage("--concurrency must be in [1, 4096]");
-  if (o.pool < 1) return usage("--pool must be >= 1");
+  if (o.pool < 0) return usage("--pool must be >= 0");
+  o.pool = requestPool(*mode, o.pool, o.count, o.warmup, o.concurrency);
   if (o.count == 0 && !(o.duration > 0)) return usage("give --count N or --duration SECONDS");
   if (o.timeout_ms < 1) return usage("--timeout-ms must be >= 1");
   if (*protocol == Protocol::kGrpc && *input == InputKind::kText)

@@ -1,5 +1,6 @@
 #include "bench/loadgen/workload.h"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 
@@ -95,6 +96,14 @@ std::string workloadName(Mode mode, InputKind input, int32_t seq_len, int32_t ba
   if (mode != Mode::kChat) n += "_b" + std::to_string(batch);
   n += "_c" + std::to_string(concurrency);
   return n;
+}
+
+int32_t requestPool(Mode mode, int32_t pool, uint64_t count, uint64_t warmup, int32_t concurrency) {
+  if (pool > 0) return pool;
+  if (mode != Mode::kChat) return 32;
+  const uint64_t per_run =
+      count > 0 ? count + warmup : warmup + 4 * static_cast<uint64_t>(concurrency);
+  return static_cast<int32_t>(std::clamp<uint64_t>(per_run, 32, 1u << 20));
 }
 
 }  // namespace garden::bench

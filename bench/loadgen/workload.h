@@ -40,6 +40,13 @@ std::string randomWords(Rng& rng, int32_t words);
 int32_t nextWordCount(int32_t words, int32_t tokens, int32_t target);
 
 // "embed_tok128_b1_c1", "score_tok512_b25_c1", "embed_text512_b1_c8", "chat_text128_c4".
+// The request pool when --pool is not given (0): chat mode sends every request its own prompt —
+// warm-up + count requests, or with --duration warm-up + 4 x concurrency, at least 32 — so a chat
+// run is never served from the prefix cache of a repeated prompt (a cycled pool of 32 prompts made
+// 7 of 8 requests at 256 streams prefix-cache hits, bench/results/gpu-llm-2026-12-04-h200-s12);
+// embed and score keep 32 payloads cycled (no KV cache there). An explicit pool is kept.
+int32_t requestPool(Mode mode, int32_t pool, uint64_t count, uint64_t warmup, int32_t concurrency);
+
 std::string workloadName(Mode mode, InputKind input, int32_t seq_len, int32_t batch,
                          int32_t concurrency);
 

@@ -9,6 +9,20 @@
 namespace garden::bench {
 namespace {
 
+// Without --pool, a chat run gives every request its own prompt (count + warm-up, or warm-up +
+// 4 x concurrency for --duration runs, at least 32), so no request repeats another's prompt and
+// hits the prefix cache; embed and score cycle 32 payloads; an explicit pool is kept.
+TEST(Workload, ChatRequestsGetDistinctPromptsByDefault) {
+  EXPECT_EQ(requestPool(Mode::kChat, 0, 256, 0, 256), 256);
+  EXPECT_EQ(requestPool(Mode::kChat, 0, 3, 0, 1), 32);
+  EXPECT_EQ(requestPool(Mode::kChat, 0, 1000, 64, 64), 1064);
+  EXPECT_EQ(requestPool(Mode::kChat, 0, 0, 16, 64), 16 + 4 * 64);  // --duration: no count
+  EXPECT_EQ(requestPool(Mode::kChat, 8, 256, 0, 256), 8);           // explicit
+  EXPECT_EQ(requestPool(Mode::kEmbed, 0, 5000, 50, 16), 32);
+  EXPECT_EQ(requestPool(Mode::kScore, 0, 5000, 50, 16), 32);
+  EXPECT_EQ(requestPool(Mode::kEmbed, 100, 5000, 50, 16), 100);
+}
+
 TEST(Workload, RandomTokensHaveExactLengthRangeAndSeed) {
   for (int32_t len : {0, 1, 17, 97, 4096}) {
     Rng a(7), b(7), c(8);
