@@ -205,8 +205,13 @@ std::vector<int32_t> KvBlockManager::cachedWindowPrefixIn(uint32_t group,
 }
 
 std::vector<int32_t> KvBlockManager::findCachedWindowPrefix(std::span<const int32_t> tokens,
-                                                            uint64_t max_blocks) const {
+                                                            uint64_t max_blocks,
+                                                            int32_t group) const {
   CHECK(opts_.window > 0);
+  if (group >= 0) {
+    CHECK(static_cast<uint32_t>(group) < groups_);
+    return cachedWindowPrefixIn(static_cast<uint32_t>(group), tokens, max_blocks);
+  }
   std::vector<int32_t> best = cachedWindowPrefixIn(0, tokens, max_blocks);
   uint32_t best_group = 0;
   for (uint32_t g = 1; g < groups_; ++g) {
@@ -247,7 +252,8 @@ void KvBlockManager::trim(SeqId seq, uint64_t next_position) {
 }
 
 std::optional<std::span<const int32_t>> KvBlockManager::allocate(SeqId seq, uint64_t num_tokens,
-                                                                 std::span<const int32_t> prefix) {
+                                                                 std::span<const int32_t> prefix,
+                                                                 int32_t want_group) {
   auto it = seqs_.find(seq);
   const bool fresh = it == seqs_.end() || it->second.table.empty();
   if (!fresh) prefix = {};
@@ -255,6 +261,9 @@ std::optional<std::span<const int32_t>> KvBlockManager::allocate(SeqId seq, uint
   uint32_t group = 0;
   if (!fresh) {
     group = it->second.group;
+  } else if (want_group >= 0) {
+    CHECK(static_cast<uint32_t>(want_group) < groups_);
+    group = static_cast<uint32_t>(want_group);
   } else if (!prefix.empty()) {
     group = groupOfBlock(prefix.back());  // (window mode: the front may be holes)
   } else {

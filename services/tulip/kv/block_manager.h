@@ -35,8 +35,8 @@
 // whose window is cached — the blocks covering positions [L * bs - W + 1, L * bs) — and returns it
 // with holes before them (their tokens cannot be checked — the blocks are gone — so such a hit
 // rests on the window blocks' stored tokens and the 64-bit chain hash of what precedes them);
-// allocate() takes such a prefix and fork() shares holes as holes. (Stage
-// one of docs/llm-scheduler.md's design: the scheduler and rose do not use this mode yet.)
+// allocate() takes such a prefix and fork() shares holes as holes. (docs/llm-scheduler.md: the
+// scheduler keeps such a pool when the worker's limits name one; rose does not report one yet.)
 //
 // Threads: not thread-safe; the LLM scheduler calls it under its own mutex.
 
@@ -96,8 +96,11 @@ class KvBlockManager {
   // Empty when no L > 0 qualifies or caching is off. Over groups: the longest, then the most free
   // blocks, then the lowest group. The joint hit with a full-attention group is this L when
   // max_blocks is that group's hit.
-  std::vector<int32_t> findCachedWindowPrefix(std::span<const int32_t> tokens,
-                                              uint64_t max_blocks) const;
+  // group >= 0: that group only (a window group follows its full-attention group's choice).
+  std::vector<int32_t> findCachedWindowPrefix(std::span<const int32_t> tokens, uint64_t max_blocks,
+                                              int32_t group = -1) const;
+  // The first block index a query at `position` or later may read (window mode).
+  uint64_t firstWindowBlock(uint64_t position) const;
   // [TAG_KV_WINDOW_GROUP] Window mode only: releases `seq`'s blocks that no query at a position >=
   // next_position reads (every block whose last position is < next_position - window + 1), leaving
   // holes. No-op for an unknown sequence.
@@ -110,8 +113,11 @@ class KvBlockManager {
   // the sequence's group: the prefix's, its table's, or for a new sequence without a prefix
   // the group with the most free blocks). In window mode the prefix may start with holes
   // (findCachedWindowPrefix).
+  // group >= 0 puts a new sequence in that group (a window group's table follows its
+  // full-attention group's); a prefix must then lie in it.
   std::optional<std::span<const int32_t>> allocate(SeqId seq, uint64_t num_tokens,
-                                                   std::span<const int32_t> prefix = {});
+                                                   std::span<const int32_t> prefix = {},
+                                                   int32_t group = -1);
 
   // Choices of one request (copy-on-write at block granularity): gives `seq`, which has no table
   // yet, the first `num_blocks` blocks of `from`'s table by reference (each gains one), then
@@ -170,8 +176,6 @@ class KvBlockManager {
   std::vector<int32_t> cachedPrefixIn(uint32_t group, std::span<const int32_t> tokens) const;
   std::vector<int32_t> cachedWindowPrefixIn(uint32_t group, std::span<const int32_t> tokens,
                                             uint64_t max_blocks) const;
-  // The first block index whose blocks a query at `position` or later may read (window mode).
-  uint64_t firstWindowBlock(uint64_t position) const;
   void release(int32_t b);  // drops one reference; an unreferenced block joins the free queue
   int32_t lookup(uint32_t group, uint64_t parent, uint64_t hash,
                  std::span<const int32_t> tokens) const;

@@ -51,6 +51,14 @@ bool LlmStepScheduler::configure(const LlmWorkerLimits& limits) {
   limits_ = limits;
   kv_ = std::make_unique<KvBlockManager>(KvOptions{limits.kv_num_blocks, limits.kv_block_size,
                                                    opts_.enable_prefix_caching, groups});
+  kvw_.reset();
+  if (limits.kv_num_blocks_window > 0 && limits.kv_window > 0) {  // [TAG_KV_WINDOW_GROUP]
+    if (limits.kv_num_blocks_window % groups != 0) return false;
+    KvOptions wo{limits.kv_num_blocks_window, limits.kv_block_size, opts_.enable_prefix_caching,
+                 groups};
+    wo.window = limits.kv_window;
+    kvw_ = std::make_unique<KvBlockManager>(wo);
+  }
   kv_lost_ = false;
   budget_ = opts_.max_batch_tokens;
   if (limits.max_batch_tokens > 0) budget_ = std::min(budget_, limits.max_batch_tokens);
@@ -145,6 +153,7 @@ void LlmStepScheduler::finish(Seq& s, Status st, FinishReason why, int32_t token
     }
   }
   if (kv_) kv_->free(s.id);
+  if (kvw_) kvw_->free(s.id);
   SeqEvent out;
   out.id = s.id;
   GenerateEvent& ev = out.event;
@@ -213,6 +222,15 @@ void LlmStepScheduler::cancelAll(const Status& why, int64_t now_ns) {
   for (SeqId id : ids) finish(seqs_.at(id), why, FinishReason::kCancelled, -1, now_ns);
 }
 
+bool LlmStepScheduler::windowBlocksHeld(SeqId id, uint32_t position) const {
+  const auto t = kvw_->blockTable(id);
+  const uint64_t end = position / kvw_->blockSize();
+  if (t.size() < end) return false;
+  for (uint64_t i = kvw_->firstWindowBlock(position); i < end; ++i)
+    if (t[i] < 0) return false;
+  return true;
+}
+
 SeqId LlmStepScheduler::preemptionVictim(const Seq& s) const {
   const int32_t g = kv_->groupOf(s.id);
   if (g < 0 || kv_->groups() == 1) return running_.back();
@@ -224,6 +242,7 @@ SeqId LlmStepScheduler::preemptionVictim(const Seq& s) const {
 
 void LlmStepScheduler::preempt(Seq& victim) {
   kv_->free(victim.id);
+  if (kvw_) kvw_->free(victim.id);
   victim.num_computed = 0;
   victim.num_scheduled = 0;
   // Tokens sampled by steps in flight are dropped with the KV: the recompute samples the same
@@ -320,6 +339,23 @@ StepPlan LlmStepScheduler::schedule(int64_t now_ns) {
       }
       table = kv_->allocate(s.id, uint64_t{s.num_scheduled} + num_new);
     }
+    // [TAG_KV_WINDOW_GROUP] The window pool: drop what no query from here on reads, then grow
+    // (preempting as above when it runs out).
+    if (!self && kvw_) {
+      kvw_->trim(s.id, s.num_scheduled);
+      const uint64_t want = uint64_t{s.num_scheduled} + num_new;
+      auto wt = kvw_->allocate(s.id, want, {}, kv_->groupOf(s.id));
+      while (!wt) {
+        Seq& victim = seqs_.at(preemptionVictim(s));
+        preempt(victim);
+        preempted = true;
+        if (&victim == &s) {
+          self = true;
+          break;
+        }
+        wt = kvw_->allocate(s.id, want, {}, kv_->groupOf(s.id));
+      }
+    }
     // s preempted itself: with one block group every later sequence went before it (victims
     // come from the tail); with several, later ones of other groups go on (running_[i] is the
     // next one now).
@@ -364,10 +400,22 @@ StepPlan LlmStepScheduler::schedule(int64_t now_ns) {
       } else if (!lead->running || lead->shared_step == 0) {
         ++w;  // its prefix is not scheduled by an earlier plan yet
         continue;
+      } else if (kvw_ && !windowBlocksHeld(lead->id, shared)) {
+        // [TAG_KV_WINDOW_GROUP] The leader's window has moved past the blocks the follower's
+        // first query reads: nothing to fork, an ordinary request now.
+        s.leader = 0;
+        lead = nullptr;
       }
     }
-    std::vector<int32_t> prefix;
+    std::vector<int32_t> prefix, wprefix;
     if (lead == nullptr) prefix = kv_->findCachedPrefix(s.tokens);
+    if (kvw_ && !prefix.empty()) {
+      // [TAG_KV_WINDOW_GROUP] The joint hit: the longest prefix of the full-attention hit whose
+      // window blocks are cached too, in the same dp group.
+      wprefix = kvw_->findCachedWindowPrefix(
+          s.tokens, prefix.size(), static_cast<int32_t>(kv_->groupOfBlock(prefix.back())));
+      prefix.resize(wprefix.size());
+    }
     const uint32_t computed =
         lead ? shared : static_cast<uint32_t>(prefix.size()) * kv_->blockSize();
     const uint32_t num_new = std::min(static_cast<uint32_t>(s.tokens.size()) - computed, budget);
@@ -375,9 +423,20 @@ StepPlan LlmStepScheduler::schedule(int64_t now_ns) {
                                   uint64_t{computed} + num_new)
                       : kv_->allocate(s.id, uint64_t{computed} + num_new, prefix);
     if (!table) break;
+    if (kvw_) {  // [TAG_KV_WINDOW_GROUP]
+      auto wt = lead ? kvw_->fork(s.id, lead->id, shared / kv_->blockSize(),
+                                  uint64_t{computed} + num_new)
+                     : kvw_->allocate(s.id, uint64_t{computed} + num_new, wprefix,
+                                      kv_->groupOf(s.id));
+      if (!wt) {
+        kv_->free(s.id);
+        break;
+      }
+    }
     const uint64_t state = stateWords(s, true);
     if (!fits(num_new, table->size(), state, s.decoder != nullptr)) {
       kv_->free(s.id);
+      if (kvw_) kvw_->free(s.id);
       break;
     }
     waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(w));
@@ -431,6 +490,12 @@ StepPlan LlmStepScheduler::schedule(int64_t now_ns) {
     d.position = static_cast<int32_t>(p.position);
     d.block_offset = static_cast<int32_t>(plan.block_ids.size());
     d.num_blocks = static_cast<int32_t>(table.size());
+    if (kvw_) {  // [TAG_KV_WINDOW_GROUP] both tables grow together: the same length
+      auto wt = kvw_->blockTable(s.id);
+      CHECK(wt.size() == table.size());
+      plan.window_offsets.push_back(static_cast<int32_t>(plan.window_block_ids.size()));
+      plan.window_block_ids.insert(plan.window_block_ids.end(), wt.begin(), wt.end());
+    }
     d.logits = llm::LogitsMode::kNone;
     d.sample = p.position + p.num_new == s.length() ? 1 : 0;
     d.sampling = s.params.sampling;
@@ -585,6 +650,7 @@ void LlmStepScheduler::update(const StepPlan& plan, std::span<const int32_t> sam
     }
     // Only known tokens are hashed: num_computed never passes them.
     kv_->commit(s->id, s->tokens, s->num_computed);
+    if (kvw_) kvw_->commit(s->id, s->tokens, s->num_computed);
     if (!d.sample) continue;
     const GenerateParams& p = s->params;
     const bool with_lp = p.sampling.logprobs >= 0 && lp != nullptr && lp->num_top >= 0;

@@ -120,6 +120,11 @@ struct LlmWorkerLimits {
   uint32_t kv_num_blocks = 0;
   uint32_t kv_block_size = 0;
   uint32_t kv_block_groups = 1;   // dp groups: a sequence's blocks lie in one (KvOptions::groups)
+  // [TAG_KV_WINDOW_GROUP] A second pool for sliding-window layers of `kv_window` keys:
+  // kv_num_blocks_window blocks (0: none, every layer reads the one table). Not reported by rose
+  // yet (ModelFacts has no field for it): only tests set it.
+  uint32_t kv_num_blocks_window = 0;
+  uint32_t kv_window = 0;
   uint32_t context_len = 0;       // tokens one sequence may reach (prompt + generated)
   uint32_t max_seqs = 0;          // sequences per step (0 = no limit of the worker's)
   uint32_t max_batch_tokens = 0;  // new tokens per step (0 = no limit of the worker's)
@@ -148,6 +153,11 @@ struct StepPlan {
   std::vector<llm::LlmStepSeq> seqs;
   std::vector<int32_t> tokens;
   std::vector<int32_t> block_ids;
+  // [TAG_KV_WINDOW_GROUP] With a window pool: seqs[i]'s window table is
+  // window_block_ids[window_offsets[i], + seqs[i].num_blocks) (the same length as its table,
+  // -1 where its window dropped a block). Empty without one. (Not in the shm step format yet.)
+  std::vector<int32_t> window_offsets;
+  std::vector<int32_t> window_block_ids;
   std::vector<int32_t> state;    // sampler-state reloads [TAG_LLM_SAMPLER_STATE]
   std::vector<StepSeqRef> refs;  // refs[i]: the sequence seqs[i] belongs to
   // Token bitmasks of constrained sequences [TAG_TOKEN_MASK]: seqs[i].mask_index k > 0 names
@@ -271,6 +281,8 @@ class LlmStepScheduler {
 
   // Inspection, for tests and debugging.
   const KvBlockManager* kv() const { return kv_.get(); }
+  // [TAG_KV_WINDOW_GROUP] The window pool's manager (null without one).
+  const KvBlockManager* kvWindow() const { return kvw_.get(); }
   const std::vector<SeqId>& running() const { return running_; }
   const std::deque<SeqId>& waiting() const { return waiting_; }
   bool hasSeq(SeqId id) const { return seqs_.count(id) != 0; }
@@ -330,6 +342,9 @@ class LlmStepScheduler {
   // The running sequence to preempt when `s` (running) cannot grow: the latest admitted one in
   // s's KV block group (s itself when it is the latest).
   SeqId preemptionVictim(const Seq& s) const;
+  // [TAG_KV_WINDOW_GROUP] Whether `id`'s window table still holds the blocks a query at
+  // `position` (a block boundary) reads before it.
+  bool windowBlocksHeld(SeqId id, uint32_t position) const;
   void finish(Seq& s, Status st, FinishReason why, int32_t token, int64_t now_ns);
   void failRunning(const Status& st, int64_t now_ns);
   void releaseStateSlot(Seq& s);
@@ -342,6 +357,7 @@ class LlmStepScheduler {
   uint32_t budget_ = 0;       // tokens per step: options and worker limits together
   uint32_t max_running_ = 0;  // running sequences: options and worker limits together
   std::unique_ptr<KvBlockManager> kv_;
+  std::unique_ptr<KvBlockManager> kvw_;  // [TAG_KV_WINDOW_GROUP] the window pool, or null
   bool kv_lost_ = false;
   std::unordered_map<SeqId, Seq> seqs_;  // node-based: Seq references stay valid
   std::vector<int32_t> free_state_slots_;  // [TAG_LLM_SAMPLER_STATE]

@@ -16,6 +16,7 @@
 
 #include <deque>
 #include <map>
+#include <optional>
 #include <random>
 
 #include "common/grammar/json_schema.h"
@@ -866,13 +867,71 @@ struct Outcome {
 // Runs `reqs` to the end: the fake model runs each step when its result is taken, in plan order,
 // resolving prev_row from the step it ran before (as rose does). With async_steps, up to two
 // plans are out; cancel_at: (step count, request index) pairs cancelled after that many results.
+// [TAG_KV_WINDOW_GROUP] What a sliding-window layer would see: every step's new tokens are
+// written through both tables (each plan's block table and its window table) into two slot
+// arrays, and every query position q of the step must read keys q - W + 1 .. q through its
+// window table, equal to what the full table holds there — so a window table with a hole where
+// the window still reads, a block reused while still read or a wrong prefix hit fails it.
+class WindowShadow {
+ public:
+  WindowShadow(const LlmWorkerLimits& l)
+      : bs_(l.kv_block_size),
+        window_(l.kv_window),
+        full_(uint64_t{l.kv_num_blocks} * l.kv_block_size, -1),
+        win_(uint64_t{l.kv_num_blocks_window} * l.kv_block_size, -1) {}
+
+  // Checks and applies plan `p`; `sampled` are the ids the engine returned for it.
+  void step(const StepPlan& p, const std::vector<int32_t>& sampled) {
+    ASSERT_EQ(p.window_offsets.size(), p.seqs.size());
+    for (size_t i = 0; i < p.seqs.size(); ++i) {
+      const llm::LlmStepSeq& d = p.seqs[i];
+      auto table = std::span<const int32_t>(p.block_ids).subspan(d.block_offset, d.num_blocks);
+      auto wt = std::span<const int32_t>(p.window_block_ids).subspan(p.window_offsets[i], d.num_blocks);
+      for (int32_t k = 0; k < d.num_tokens; ++k) {
+        const int32_t id = k == 0 && d.prev_row >= 0 ? prev_[d.prev_row] : p.tokens[d.token_offset + k];
+        const uint64_t pos = uint64_t(d.position) + k;
+        ASSERT_GE(wt[pos / bs_], 0) << "seq " << i << " writes position " << pos << " into a hole";
+        full_[slot(table, pos)] = id;
+        win_[slot(wt, pos)] = id;
+      }
+      if (wt.size() > 0 && wt[0] < 0) ++holes_;
+    }
+    for (size_t i = 0; i < p.seqs.size(); ++i) {
+      const llm::LlmStepSeq& d = p.seqs[i];
+      auto table = std::span<const int32_t>(p.block_ids).subspan(d.block_offset, d.num_blocks);
+      auto wt = std::span<const int32_t>(p.window_block_ids).subspan(p.window_offsets[i], d.num_blocks);
+      for (int32_t k = 0; k < d.num_tokens; ++k) {
+        const uint64_t q = uint64_t(d.position) + k;
+        for (uint64_t j = q + 1 > window_ ? q + 1 - window_ : 0; j <= q; ++j) {
+          ASSERT_GE(wt[j / bs_], 0) << "seq " << i << " query " << q << " reads a hole at " << j;
+          ASSERT_EQ(win_[slot(wt, j)], full_[slot(table, j)])
+              << "seq " << i << " query " << q << " key " << j;
+        }
+      }
+    }
+    prev_ = sampled;
+  }
+  size_t holes() const { return holes_; }
+
+ private:
+  uint64_t slot(std::span<const int32_t> table, uint64_t pos) const {
+    return uint64_t(table[pos / bs_]) * bs_ + pos % bs_;
+  }
+  uint32_t bs_, window_;
+  std::vector<int32_t> full_, win_, prev_;
+  size_t holes_ = 0;  // sequences planned with dropped window blocks
+};
+
 Outcome runModel(const LlmSchedulerOptions& opts, const LlmWorkerLimits& l,
                  const std::vector<Req>& reqs,
-                 const std::vector<std::pair<size_t, size_t>>& cancel_at = {}) {
+                 const std::vector<std::pair<size_t, size_t>>& cancel_at = {},
+                 size_t* window_holes = nullptr) {
   Outcome out;
   LlmStepScheduler s(opts);
   EXPECT_TRUE(s.configure(l));
   testing::FakeLlmEngine engine(l.kv_num_blocks, l.kv_block_size, kVocab);
+  std::optional<WindowShadow> shadow;
+  if (l.kv_num_blocks_window > 0) shadow.emplace(l);
   std::vector<SeqId> ids;
   int64_t now = 1;
   for (const Req& r : reqs) ids.push_back(*s.add(r.params, now));
@@ -886,6 +945,10 @@ Outcome runModel(const LlmSchedulerOptions& opts, const LlmWorkerLimits& l,
     }
     EXPECT_TRUE(s.kv()->checkInvariants().isOk()) << s.kv()->checkInvariants().toString();
     EXPECT_EQ(s.kv()->numSeqs(), s.running().size());
+    if (const KvBlockManager* w = s.kvWindow()) {
+      EXPECT_TRUE(w->checkInvariants().isOk()) << w->checkInvariants().toString();
+      EXPECT_EQ(w->numSeqs(), s.running().size());
+    }
   };
   for (int guard = 0; guard < 100000 && (s.hasWork() || !out_plans.empty()); ++guard) {
     while (true) {
@@ -906,6 +969,7 @@ Outcome runModel(const LlmSchedulerOptions& opts, const LlmWorkerLimits& l,
       ADD_FAILURE() << "the fake model refused a step: " << ids_or.status().toString();
       s.stepFailed(p, ids_or.status(), ++now);
     } else {
+      if (shadow) shadow->step(p, *ids_or);
       s.update(p, *ids_or, ++now);
     }
     ++results;
@@ -915,7 +979,11 @@ Outcome runModel(const LlmSchedulerOptions& opts, const LlmWorkerLimits& l,
   }
   EXPECT_FALSE(s.hasWork());
   EXPECT_EQ(s.kv()->blocksFree(), l.kv_num_blocks);
+  if (s.kvWindow()) {
+    EXPECT_EQ(s.kvWindow()->blocksFree(), l.kv_num_blocks_window);
+  }
   EXPECT_EQ(s.stepsInFlight(), 0u);
+  if (window_holes && shadow) *window_holes = shadow->holes();
   return out;
 }
 
@@ -969,6 +1037,49 @@ TEST(StepSchedulerModel, SyncAndAsyncStreamsEqualTheReference) {
       EXPECT_EQ(b.last.at(id).completion_tokens, reqs[i].want.size()) << i;
     }
     EXPECT_EQ(a.events_after_last + b.events_after_last, 0u);
+  }
+}
+
+// [TAG_KV_WINDOW_GROUP] With a pool for sliding-window layers (window 4 tokens, blocks of 2, a
+// pool smaller than the full one: trims, window preemptions, joint prefix hits, forks of
+// choices): the streams still equal the reference in both modes, every query's window reads the
+// tokens the full table holds (WindowShadow), and both pools come back whole.
+TEST(StepSchedulerModel, WindowGroupKeepsTheWindowAndTheStreams) {
+  LlmWorkerLimits l = limits(16, 2, 32);
+  l.kv_num_blocks_window = 10;
+  l.kv_window = 4;
+  for (uint32_t seed : {1u, 2u, 3u, 4u}) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::vector<Req> reqs = randomRequests(seed, 24, 32);
+    if (seed == 4) {  // choices: followers fork their leader's blocks, both tables
+      for (size_t i = 0; i < reqs.size(); i += 5) reqs[i].params.n = 2;
+    }
+    for (bool is_async : {false, true}) {
+      SCOPED_TRACE(is_async ? "async" : "sync");
+      size_t holes = 0;
+      const Outcome o = runModel(is_async ? async(16, 4) : sync(16, 4), l, reqs, {}, &holes);
+      EXPECT_GT(holes, 0u) << "no window block was ever dropped";
+      EXPECT_EQ(o.events_after_last, 0u);
+      // Ids are handed out in order, n per request; choice 0 is the reference stream, and so is
+      // every other choice of a greedy request (choice c samples with seed + c).
+      SeqId next = 1;
+      size_t forked = 0;
+      for (size_t i = 0; i < reqs.size(); ++i) {
+        const uint32_t n = std::max<uint32_t>(1, reqs[i].params.n);
+        for (uint32_t c = 0; c < n; ++c) {
+          const SeqId id = next + c;
+          if (c > 0 && reqs[i].params.sampling.temperature > 0) continue;
+          ASSERT_TRUE(o.tokens.count(id)) << "request " << i << " choice " << c;
+          EXPECT_EQ(o.tokens.at(id), reqs[i].want) << "request " << i << " choice " << c;
+          EXPECT_EQ(o.last.at(id).finish, reqs[i].want_finish) << i;
+          forked += c > 0 ? 1 : 0;
+        }
+        next += n;
+      }
+      if (seed == 4) {
+        EXPECT_GT(forked, 0u);
+      }
+    }
   }
 }
 
