@@ -315,6 +315,18 @@ StepPlan LlmStepScheduler::schedule(int64_t now_ns) {
                limits_.input_bytes;
   };
   bool preempted = false;
+  // Grows s's table in pool `m` to cover `want` tokens, preempting while it cannot the latest
+  // admitted sequence of s's block group (only its blocks can help s; one group without dp);
+  // false when that was s itself.
+  auto growOrPreempt = [&](KvBlockManager& m, Seq& s, uint64_t want) {
+    while (!m.allocate(s.id, want, {}, kv_->groupOf(s.id))) {
+      Seq& victim = seqs_.at(preemptionVictim(s));
+      preempt(victim);
+      preempted = true;
+      if (&victim == &s) return false;
+    }
+    return true;
+  };
   // Running sequences, in admission order; victims come from the tail (never one already
   // picked: those are ahead of i).
   for (size_t i = 0; i < running_.size() && budget > 0;) {
@@ -325,50 +337,28 @@ StepPlan LlmStepScheduler::schedule(int64_t now_ns) {
       continue;
     }
     const uint32_t num_new = std::min(s.length() - s.num_scheduled, budget);
-    auto table = kv_->allocate(s.id, uint64_t{s.num_scheduled} + num_new);
-    bool self = false;
-    while (!table) {
-      // The latest admitted sequence of s's block group (only its blocks can help s; one group
-      // without dp): s itself when it is the latest.
-      Seq& victim = seqs_.at(preemptionVictim(s));
-      preempt(victim);
-      preempted = true;
-      if (&victim == &s) {
-        self = true;
-        break;
-      }
-      table = kv_->allocate(s.id, uint64_t{s.num_scheduled} + num_new);
-    }
+    const uint64_t want = uint64_t{s.num_scheduled} + num_new;
+    bool self = !growOrPreempt(*kv_, s, want);
     // [TAG_KV_WINDOW_GROUP] The window pool: drop what no query from here on reads, then grow
-    // (preempting as above when it runs out).
+    // the same way.
     if (!self && kvw_) {
       kvw_->trim(s.id, s.num_scheduled);
-      const uint64_t want = uint64_t{s.num_scheduled} + num_new;
-      auto wt = kvw_->allocate(s.id, want, {}, kv_->groupOf(s.id));
-      while (!wt) {
-        Seq& victim = seqs_.at(preemptionVictim(s));
-        preempt(victim);
-        preempted = true;
-        if (&victim == &s) {
-          self = true;
-          break;
-        }
-        wt = kvw_->allocate(s.id, want, {}, kv_->groupOf(s.id));
-      }
+      self = !growOrPreempt(*kvw_, s, want);
     }
     // s preempted itself: with one block group every later sequence went before it (victims
     // come from the tail); with several, later ones of other groups go on (running_[i] is the
     // next one now).
     if (self) continue;
+    const auto table = kv_->blockTable(s.id);
     const uint64_t state = stateWords(s, false);
-    if (!fits(num_new, table->size(), state, s.decoder != nullptr)) {
+    if (!fits(num_new, table.size(), state, s.decoder != nullptr)) {
       ++i;
       continue;
     }
     picks.push_back(Pick{s.id, s.num_scheduled, num_new, prev_row});
     n_masks += s.decoder ? 1 : 0;
     n_tokens += num_new;
-    n_blocks += table->size();
+    n_blocks += table.size();
     n_state += state;
     budget -= num_new;
     ++i;
