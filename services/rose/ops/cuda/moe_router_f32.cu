@@ -158,7 +158,7 @@ static_assert(kRouterF32SliceK == 256, "the tiled router stages 4 chunks of 64 c
 // kRows [TAG_ROUTER_F32_TILED_ROWS]: x staged as it lies in memory ([tok][k], rows padded to 257
 // floats) by warps reading 512 contiguous bytes of a row, instead of transposed by warps that
 // read 16 bytes of each of 32 rows; the sums of squares then come from shared memory (the same
-// chains). Off by default until measured (CudaKernelOptions-free switch setRouterF32TiledRows).
+// chains). Off: measured on the H200 without a gain, 2026-12-04 s12 (setRouterF32TiledRows).
 constexpr int kRowStride = kRouterF32SliceK + 1;  // conflict-free column reads across 4 rows
 
 template <int kTok>
