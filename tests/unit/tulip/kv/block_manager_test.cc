@@ -41,6 +41,30 @@ void freeOneAtRandom(KvBlockManager& m, Live& live, std::mt19937& rng) {
   live.erase(it);
 }
 
+// A live sequence of the randomized runs: its tokens and how many of them are computed.
+struct LiveSeq {
+  std::vector<int32_t> tokens;
+  uint64_t computed;
+};
+
+// Admits sequence `next` with a random one of `prompts` on the prefix `find` returns for it,
+// when the blocks suffice (its computed tokens: the prefix; `hits` counts the prefix's blocks).
+template <class Find>
+void admitAtRandom(KvBlockManager& m, std::map<SeqId, LiveSeq>& live, SeqId& next,
+                   uint64_t& hits, const std::vector<std::vector<int32_t>>& prompts,
+                   std::mt19937& rng, Find&& find) {
+  LiveSeq l{prompts[rng() % prompts.size()], 0};
+  const std::vector<int32_t> hit = find(l.tokens);
+  if (m.allocate(next, l.tokens.size(), hit)) {
+    l.computed = hit.size() * m.blockSize();
+    hits += hit.size();
+    live.emplace(next, l);
+  } else {
+    EXPECT_FALSE(m.hasSeq(next));
+  }
+  ++next;
+}
+
 TEST(KvBlockManager, AllocateAndFreeAccounting) {
   KvBlockManager m({8, 4, true});
   EXPECT_EQ(m.blocksFree(), 8u);
@@ -214,26 +238,14 @@ TEST(KvBlockManager, RandomOperationsKeepInvariantsAndLeakNothing) {
     std::mt19937 rng(seed);
     KvBlockManager m({24, 3, true});
     const std::vector<std::vector<int32_t>> prompts = randomPrompts(rng);
-    struct Live {
-      std::vector<int32_t> tokens;
-      uint64_t computed;
-    };
-    std::map<SeqId, Live> live;
+    std::map<SeqId, LiveSeq> live;
     SeqId next = 1;
     uint64_t hits = 0;
     for (int op = 0; op < 3000; ++op) {
       const uint32_t r = rng() % 10;
       if (r < 4) {
-        Live l{prompts[rng() % prompts.size()], 0};
-        auto hit = m.findCachedPrefix(l.tokens);
-        if (m.allocate(next, l.tokens.size(), hit)) {
-          l.computed = hit.size() * m.blockSize();
-          hits += hit.size();
-          live.emplace(next, l);
-        } else {
-          ASSERT_FALSE(m.hasSeq(next));
-        }
-        ++next;
+        admitAtRandom(m, live, next, hits, prompts, rng,
+                      [&](const std::vector<int32_t>& t) { return m.findCachedPrefix(t); });
       } else if (r < 7 && !live.empty()) {
         auto it = std::next(live.begin(), rng() % live.size());
         it->second.computed = it->second.tokens.size();
@@ -536,31 +548,20 @@ TEST(KvBlockManager, WindowRandomOperationsKeepInvariants) {
     o.window = 5;
     KvBlockManager m(o);
     const std::vector<std::vector<int32_t>> prompts = randomPrompts(rng);
-    struct Live {
-      std::vector<int32_t> tokens;
-      uint64_t computed;
-    };
-    std::map<SeqId, Live> live;
+    std::map<SeqId, LiveSeq> live;
     SeqId next = 1;
     uint64_t hits = 0, holes_seen = 0;
     for (int op = 0; op < 3000; ++op) {
       const uint32_t r = rng() % 12;
       if (r < 4) {
-        Live l{prompts[rng() % prompts.size()], 0};
-        auto hit = m.findCachedWindowPrefix(l.tokens, 1000);
-        if (m.allocate(next, l.tokens.size(), hit)) {
-          l.computed = hit.size() * m.blockSize();
-          hits += hit.size();
-          live.emplace(next, l);
-        } else {
-          ASSERT_FALSE(m.hasSeq(next));
-        }
-        ++next;
+        admitAtRandom(m, live, next, hits, prompts, rng, [&](const std::vector<int32_t>& t) {
+          return m.findCachedWindowPrefix(t, 1000);
+        });
       } else if (r < 8 && !live.empty()) {
         // One step: a chunk of up to 4 tokens (or one decode token) computed, then committed;
         // the table is trimmed for the next position and grows for the next token.
         auto it = std::next(live.begin(), rng() % live.size());
-        Live& l = it->second;
+        LiveSeq& l = it->second;
         l.computed = std::min<uint64_t>(l.tokens.size(), l.computed + 1 + rng() % 4);
         m.commit(it->first, l.tokens, l.computed);
         m.trim(it->first, l.computed);
@@ -574,7 +575,7 @@ TEST(KvBlockManager, WindowRandomOperationsKeepInvariants) {
         // source still holds the blocks the fork's next query reads (a scheduler shares fewer
         // blocks or none otherwise).
         auto it = std::next(live.begin(), rng() % live.size());
-        const Live src = it->second;
+        const LiveSeq src = it->second;
         const uint32_t shared = static_cast<uint32_t>(src.computed / m.blockSize());
         const uint64_t pos = uint64_t{shared} * m.blockSize();
         const uint64_t need = pos + 1 > 5 ? (pos + 1 - 5) / m.blockSize() : 0;
@@ -582,7 +583,7 @@ TEST(KvBlockManager, WindowRandomOperationsKeepInvariants) {
         bool present = true;
         for (uint64_t i = need; i < shared; ++i) present = present && st[i] >= 0;
         if (present && m.fork(next, it->first, shared, src.tokens.size())) {
-          live.emplace(next, Live{src.tokens, uint64_t{shared} * m.blockSize()});
+          live.emplace(next, LiveSeq{src.tokens, uint64_t{shared} * m.blockSize()});
         }
         ++next;
       } else if (!live.empty()) {
