@@ -154,11 +154,12 @@ std::vector<int32_t> KvBlockManager::cachedPrefixIn(uint32_t group,
   return out;
 }
 
-std::vector<int32_t> KvBlockManager::findCachedPrefix(std::span<const int32_t> tokens) const {
-  std::vector<int32_t> best = cachedPrefixIn(0, tokens);
+template <class PrefixIn>
+std::vector<int32_t> KvBlockManager::bestOverGroups(PrefixIn&& prefix_in) const {
+  std::vector<int32_t> best = prefix_in(0u);
   uint32_t best_group = 0;
   for (uint32_t g = 1; g < groups_; ++g) {
-    std::vector<int32_t> p = cachedPrefixIn(g, tokens);
+    std::vector<int32_t> p = prefix_in(g);
     if (p.size() > best.size() ||
         (p.size() == best.size() && group_free_[g] > group_free_[best_group])) {
       best = std::move(p);
@@ -166,6 +167,10 @@ std::vector<int32_t> KvBlockManager::findCachedPrefix(std::span<const int32_t> t
     }
   }
   return best;
+}
+
+std::vector<int32_t> KvBlockManager::findCachedPrefix(std::span<const int32_t> tokens) const {
+  return bestOverGroups([&](uint32_t g) { return cachedPrefixIn(g, tokens); });
 }
 
 uint64_t KvBlockManager::firstWindowBlock(uint64_t position) const {
@@ -212,17 +217,8 @@ std::vector<int32_t> KvBlockManager::findCachedWindowPrefix(std::span<const int3
     CHECK(static_cast<uint32_t>(group) < groups_);
     return cachedWindowPrefixIn(static_cast<uint32_t>(group), tokens, max_blocks);
   }
-  std::vector<int32_t> best = cachedWindowPrefixIn(0, tokens, max_blocks);
-  uint32_t best_group = 0;
-  for (uint32_t g = 1; g < groups_; ++g) {
-    std::vector<int32_t> p = cachedWindowPrefixIn(g, tokens, max_blocks);
-    if (p.size() > best.size() ||
-        (p.size() == best.size() && group_free_[g] > group_free_[best_group])) {
-      best = std::move(p);
-      best_group = g;
-    }
-  }
-  return best;
+  return bestOverGroups(
+      [&](uint32_t g) { return cachedWindowPrefixIn(g, tokens, max_blocks); });
 }
 
 void KvBlockManager::release(int32_t b) {

@@ -174,6 +174,9 @@ class KvBlockManager {
   static uint64_t hashBlock(uint64_t parent, std::span<const int32_t> tokens);
   static uint64_t rootHash(uint32_t group);
   std::vector<int32_t> cachedPrefixIn(uint32_t group, std::span<const int32_t> tokens) const;
+  // The longest of prefix_in(g) over the groups (ties: the most free blocks, then the lowest g).
+  template <class PrefixIn>
+  std::vector<int32_t> bestOverGroups(PrefixIn&& prefix_in) const;
   std::vector<int32_t> cachedWindowPrefixIn(uint32_t group, std::span<const int32_t> tokens,
                                             uint64_t max_blocks) const;
   void release(int32_t b);  // drops one reference; an unreferenced block joins the free queue

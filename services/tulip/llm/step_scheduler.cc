@@ -152,8 +152,7 @@ void LlmStepScheduler::finish(Seq& s, Status st, FinishReason why, int32_t token
       waiting_.erase(it);
     }
   }
-  if (kv_) kv_->free(s.id);
-  if (kvw_) kvw_->free(s.id);
+  releaseKv(s.id);
   SeqEvent out;
   out.id = s.id;
   GenerateEvent& ev = out.event;
@@ -222,6 +221,11 @@ void LlmStepScheduler::cancelAll(const Status& why, int64_t now_ns) {
   for (SeqId id : ids) finish(seqs_.at(id), why, FinishReason::kCancelled, -1, now_ns);
 }
 
+void LlmStepScheduler::releaseKv(SeqId id) {
+  if (kv_) kv_->free(id);
+  if (kvw_) kvw_->free(id);
+}
+
 bool LlmStepScheduler::windowBlocksHeld(SeqId id, uint32_t position) const {
   const auto t = kvw_->blockTable(id);
   const uint64_t end = position / kvw_->blockSize();
@@ -241,8 +245,7 @@ SeqId LlmStepScheduler::preemptionVictim(const Seq& s) const {
 }
 
 void LlmStepScheduler::preempt(Seq& victim) {
-  kv_->free(victim.id);
-  if (kvw_) kvw_->free(victim.id);
+  releaseKv(victim.id);
   victim.num_computed = 0;
   victim.num_scheduled = 0;
   // Tokens sampled by steps in flight are dropped with the KV: the recompute samples the same
@@ -419,14 +422,13 @@ StepPlan LlmStepScheduler::schedule(int64_t now_ns) {
                      : kvw_->allocate(s.id, uint64_t{computed} + num_new, wprefix,
                                       kv_->groupOf(s.id));
       if (!wt) {
-        kv_->free(s.id);
+        releaseKv(s.id);
         break;
       }
     }
     const uint64_t state = stateWords(s, true);
     if (!fits(num_new, table->size(), state, s.decoder != nullptr)) {
-      kv_->free(s.id);
-      if (kvw_) kvw_->free(s.id);
+      releaseKv(s.id);
       break;
     }
     waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(w));

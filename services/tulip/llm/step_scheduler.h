@@ -342,6 +342,8 @@ class LlmStepScheduler {
   // The running sequence to preempt when `s` (running) cannot grow: the latest admitted one in
   // s's KV block group (s itself when it is the latest).
   SeqId preemptionVictim(const Seq& s) const;
+  // Drops `id`'s blocks in every pool (the full one and the window one [TAG_KV_WINDOW_GROUP]).
+  void releaseKv(SeqId id);
   // [TAG_KV_WINDOW_GROUP] Whether `id`'s window table still holds the blocks a query at
   // `position` (a block boundary) reads before it.
   bool windowBlocksHeld(SeqId id, uint32_t position) const;
