@@ -73,7 +73,14 @@ struct LlmStepSeq {
   int32_t num_blocks = 0;
   LogitsMode logits = LogitsMode::kNone;
   uint8_t sample = 0;
-  uint8_t reserved[2] = {0, 0};
+  // [TAG_KV_WINDOW_GROUP] 1: the worker keeps its sliding-window layers in a pool of their own
+  // (ModelFacts kv_num_blocks_window) and this sequence's window table follows its block table:
+  // block_ids[block_offset + num_blocks, block_offset + 2 * num_blocks), ids of that pool, -1
+  // where the window has dropped a block (every block holding a position a sliding layer of
+  // this step reads or writes, position - window + 1 .. position + num_tokens - 1, is present).
+  // Required (1) exactly when the worker announced a window pool; else 0.
+  uint8_t window_table = 0;
+  uint8_t reserved = 0;
   SamplingParams sampling;
   int32_t prev_row = -1;  // see [TAG_LLM_PREV_TOKEN]
   // Structured outputs [TAG_TOKEN_MASK]: k > 0 = the draw is restricted to the tokens set in
@@ -96,6 +103,7 @@ static_assert(std::is_trivially_copyable_v<LlmStepSeq>);
 static_assert(std::is_standard_layout_v<LlmStepSeq>);
 static_assert(sizeof(LlmStepSeq) == 96);
 static_assert(offsetof(LlmStepSeq, mask_index) == 76 && offsetof(LlmStepSeq, state_offset) == 80);
+static_assert(offsetof(LlmStepSeq, window_table) == 22);
 
 // What the worker returns per sampled sequence when the step asks for logprobs
 // (SamplingParams.logprobs >= 0 on any sampling sequence; common/shm/llm_batch.h): the sampled

@@ -44,7 +44,9 @@ inline constexpr uint64_t kMagic = 0x314D534E44524147ULL;  // "GARDNSM1" little-
 // 9: late token masks (BatchDesc.flags in the former reserved_state, kBatchLateMasks,
 //    kLlmCapLateMask) [TAG_LATE_MASKS].
 // 10: ModelFacts.kv_block_groups (rose --dp: tulip keeps each sequence's blocks in one group).
-inline constexpr uint32_t kVersion = 10;
+// 11: ModelFacts.kv_num_blocks_window / kv_window, LlmStepSeq.window_table in the former
+//     reserved[0] (sliding-window layers in a pool of their own) [TAG_KV_WINDOW_GROUP].
+inline constexpr uint32_t kVersion = 11;
 
 enum class BatchKind : uint32_t {
   kEmbed = 1,     // pooled (optionally L2-normalized) embeddings: rows=num_seqs, cols=hidden
@@ -92,6 +94,13 @@ struct ModelFacts {
   // ids [g * n / groups, (g + 1) * n / groups) is cached by dp group g's ranks); every
   // sequence's blocks must lie in one group. 0 or 1: one group.
   uint32_t kv_block_groups = 0;
+  // kind "llm" only [TAG_KV_WINDOW_GROUP]: the model's sliding-window layers (kv_window keys)
+  // keep their K/V in a pool of their own of kv_num_blocks_window blocks (ids
+  // 0..kv_num_blocks_window-1, kv_block_size tokens each, in kv_block_groups groups like the
+  // full pool); every sequence of a step then carries a window table (LlmStepSeq.window_table).
+  // 0: none, every layer reads the one table.
+  uint32_t kv_num_blocks_window = 0;
+  uint32_t kv_window = 0;
 };
 // logprobs, min_p, presence/frequency/repetition penalties and logit_bias (sampler-state slots,
 // [TAG_LLM_SAMPLER_STATE]; rose: LlmOps::supportsSamplerState()).

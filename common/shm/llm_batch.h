@@ -14,6 +14,8 @@
 // BatchDesc.num_tokens must equal the sum of the sequences' num_tokens.
 // Block ids index the paged KV cache rose announced in ModelFacts (kv_num_blocks blocks of
 // kv_block_size tokens); tulip owns allocation, rose only reads and writes the blocks it is told.
+// With a window pool (ModelFacts.kv_num_blocks_window > 0) every sequence's window table follows
+// its block table in the same array (LlmStepSeq.window_table) [TAG_KV_WINDOW_GROUP].
 //
 // Limits (rose answers INVALID_ARGUMENT naming the field, before anything runs):
 //   num_seqs <= ModelFacts.max_seqs, num_tokens <= ModelFacts.max_batch_tokens,

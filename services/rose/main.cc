@@ -15,6 +15,7 @@
 //               padded to (sequences, tokens) buckets and replayed as CUDA graphs)
 //   gpt-oss:    [--kv-block-size 16] [--kv-blocks N | --kv-cache-mb MB | --kv-cache-fraction 0.9]
 //               [--max-model-len N] [--max-seqs 256] [--moe-weights auto|mxfp4|fp8|bf16]
+//               [--kv-window-blocks -1|0|N] (sliding layers' own pool: -1 auto, 0 none)
 //               [--attn-prefill sm90|mma] [--moe-prefill chunk|step|tiled]
 //               (KV cache: --kv-blocks, else --kv-cache-mb, else on a GPU that fraction of the
 //               device memory the model left free, on the cpu 256 MiB)
@@ -117,6 +118,9 @@ struct LlmArgs {
   int64_t kv_blocks = 0;            // 0: from kv_cache_mb
   int64_t kv_cache_mb = 0;          // KV cache budget when kv_blocks is 0; 0: see below
   double kv_cache_fraction = 0.9;   // both 0 on a GPU: this share of the free device memory
+  // [TAG_KV_WINDOW_GROUP] Blocks of the sliding layers' own pool: -1 auto (kvWindowBlocks), 0
+  // none (every layer in the one pool), N.
+  int64_t kv_window_blocks = -1;
   std::string moe_weights = "auto";  // auto | mxfp4 | fp8 | mxfp4-bf16 | bf16
   int64_t max_model_len = 0;  // 0: the model's (max_position_embeddings, at most 131072)
   int32_t max_seqs = 256;     // sequences per step
@@ -165,6 +169,10 @@ bool validLlmArgs(const LlmArgs& f) {
   }
   if (f.kv_blocks < 0 || f.kv_blocks > INT32_MAX) {
     std::fprintf(stderr, "rose: --kv-blocks must be in [0, 2147483647]\n");
+    return false;
+  }
+  if (f.kv_window_blocks < -1 || f.kv_window_blocks > INT32_MAX) {
+    std::fprintf(stderr, "rose: --kv-window-blocks must be -1 (auto), 0 (none) or a block count\n");
     return false;
   }
   if (f.kv_cache_mb < 0) {
@@ -241,13 +249,15 @@ Result<Workload> loadEmbedding(const std::string& dir, rose::Backend& backend,
 }
 
 // KV blocks this process caches: --kv-blocks, else the --kv-cache-mb budget, else
-// --kv-cache-fraction of the free device memory (256 MiB on the cpu), in blocks of `one`'s size.
+// --kv-cache-fraction of the free device memory (256 MiB on the cpu), less `reserved_bytes`
+// (the window pool), in blocks of `one`'s size (its full-pool layers: K and V).
 Result<int64_t> kvBlocks(rose::Backend& backend, const LlmArgs& f, const rose::KvCacheShape& one,
-                         DType kv_dtype) {
+                         DType kv_dtype, int64_t reserved_bytes = 0) {
   int64_t kv_blocks = f.kv_blocks;
   if (kv_blocks == 0) {
     const int64_t block_bytes =
-        2 * one.elementsPerLayer() * one.num_layers * static_cast<int64_t>(dtypeSize(kv_dtype));
+        2 * one.elementsPerLayer() * (one.num_layers - one.numWindowLayers()) *
+        static_cast<int64_t>(dtypeSize(kv_dtype));
     int64_t budget = f.kv_cache_mb << 20;
     std::string from = "--kv-cache-mb " + std::to_string(f.kv_cache_mb);
     if (budget == 0) {
@@ -260,13 +270,49 @@ Result<int64_t> kvBlocks(rose::Backend& backend, const LlmArgs& f, const rose::K
                                  " MiB free on the device"
                            : "the default 256 MiB";
     }
-    kv_blocks = std::min<int64_t>(budget / block_bytes, INT32_MAX);
+    kv_blocks = std::min<int64_t>(std::max<int64_t>(0, budget - reserved_bytes) / block_bytes,
+                                  INT32_MAX);
     if (kv_blocks == 0) {
       return invalidArgument(from + " holds no KV block (" + std::to_string(block_bytes) +
-                             " bytes each)");
+                             " bytes each" +
+                             (reserved_bytes > 0 ? ", after " + std::to_string(reserved_bytes >> 20) +
+                                                       " MiB of window pool (--kv-window-blocks)"
+                                                 : std::string()) +
+                             ")");
     }
   }
   return kv_blocks;
+}
+
+// [TAG_KV_WINDOW_GROUP] Blocks of the sliding layers' own pool for a model whose window is
+// `window` keys (0: none). --kv-window-blocks N: N (at least what one sequence's largest chunk
+// reads: ceil((window - 1 + max_batch_tokens) / block_size) + 1); 0: none; -1 (auto) on a
+// backend whose window path is verified (cpu; the cuda path awaits its GPU test run): twice
+// what max_seqs running sequences can hold at once (each ceil((window - 1) / block_size) + 2
+// blocks, plus one step's new tokens), the second half for the prefix cache's window blocks.
+Result<int64_t> kvWindowBlocks(rose::Backend& backend, const LlmArgs& f, int32_t window,
+                               int64_t max_batch_tokens) {
+  if (window <= 0 || f.kv_window_blocks == 0) return int64_t{0};
+  const int64_t bs = f.kv_block_size;
+  if (f.kv_window_blocks < 0) {
+    if (backend.name() != "cpu") {
+      log::info("kv window pool off on this backend until its GPU tests have run (set "
+                "--kv-window-blocks N to use it)",
+                {{"backend", std::string(backend.name())}});
+      return int64_t{0};
+    }
+    const int64_t per_seq = (window - 1 + bs - 1) / bs + 2;
+    return 2 * (int64_t{f.max_seqs} * per_seq + (max_batch_tokens + bs - 1) / bs);
+  }
+  const int64_t least = (window - 1 + max_batch_tokens + bs - 1) / bs + 1;
+  if (f.kv_window_blocks < least) {
+    return invalidArgument("--kv-window-blocks " + std::to_string(f.kv_window_blocks) +
+                           ": one sequence's largest chunk (--max-batch-tokens " +
+                           std::to_string(max_batch_tokens) + ", window " +
+                           std::to_string(window) + ") reads up to " + std::to_string(least) +
+                           " blocks");
+  }
+  return f.kv_window_blocks;
 }
 
 rose::GptOssOptions gptOssOptions(int64_t max_batch_tokens, const LlmArgs& f) {
@@ -298,11 +344,24 @@ Result<Workload> loadLlm(const std::string& dir, rose::Backend& backend, int32_t
     }
   }
   ASSIGN_OR_RETURN(std::vector<int32_t> eos, rose::loadEosIds(dir));
+  ASSIGN_OR_RETURN(const int64_t window_blocks,
+                   kvWindowBlocks(backend, f, w.gpt_oss->slidingWindow(), max_batch_tokens));
+  const rose::KvCacheShape one =
+      w.gpt_oss->kvShape(1, f.kv_block_size, static_cast<int32_t>(window_blocks > 0 ? 1 : 0));
+  const int64_t window_bytes = window_blocks * 2 * one.numWindowLayers() * f.kv_block_size *
+                               one.slotElements() *
+                               static_cast<int64_t>(dtypeSize(w.gpt_oss->kvDType()));
   ASSIGN_OR_RETURN(const int64_t kv_blocks,
-                   kvBlocks(backend, f, w.gpt_oss->kvShape(1, f.kv_block_size),
-                            w.gpt_oss->kvDType()));
+                   kvBlocks(backend, f, one, w.gpt_oss->kvDType(), window_bytes));
+  if (window_blocks > 0) {
+    log::info("kv window pool", {{"window", w.gpt_oss->slidingWindow()},
+                                 {"blocks", window_blocks},
+                                 {"mib", window_bytes >> 20},
+                                 {"full_blocks", kv_blocks}});
+  }
   rose::LlmRunnerOptions ro;
   ro.kv_num_blocks = static_cast<int32_t>(kv_blocks);
+  ro.kv_num_blocks_window = static_cast<int32_t>(window_blocks);
   ro.kv_block_size = f.kv_block_size;
   ro.max_seqs = f.max_seqs;
   ro.max_batch_tokens = max_batch_tokens;
@@ -324,6 +383,11 @@ Result<Workload> loadLlmSharded(const std::string& dir, rose::Backend& backend, 
                                 const std::vector<std::string>& self_argv) {
   Workload w;
   const rose::ParallelConfig& par = ra.parallel;
+  if (f.kv_window_blocks > 0) {  // [TAG_KV_WINDOW_GROUP] auto (-1) means none here
+    return invalidArgument(
+        "--kv-window-blocks: a sharded model (--tp/--dp/--ep) keeps every layer in the one pool "
+        "so far; use 0 or -1");
+  }
   ASSIGN_OR_RETURN(const rose::GptOssConfig cfg, rose::loadGptOssConfig(dir));
   const ModelConfig& c = cfg.base;
   RETURN_IF_ERROR(rose::checkParallelConfig(par, c.num_attention_heads, c.num_key_value_heads,
@@ -507,6 +571,10 @@ int main(int argc, char** argv) {
       .add("kv-cache-mb", &llm.kv_cache_mb,
            "gpt-oss: KV cache MiB when --kv-blocks is 0 (0: --kv-cache-fraction on a GPU, "
            "256 MiB on the cpu)")
+      .add("kv-window-blocks", &llm.kv_window_blocks,
+           "gpt-oss: blocks of the sliding-window layers' own KV pool, which keeps only what "
+           "their window still reads: -1 auto (cpu: twice what --max-seqs sequences hold; off on "
+           "cuda until verified there), 0 none (every layer in the one pool), N")
       .add("kv-cache-fraction", &llm.kv_cache_fraction,
            "gpt-oss: share of the device memory left after loading that the KV cache takes when "
            "--kv-blocks and --kv-cache-mb are 0")
@@ -796,6 +864,9 @@ int main(int argc, char** argv) {
                         {"max_model_len", w.shard ? w.shard->maxModelLen() : w.gpt_oss->maxModelLen()},
                         {"kv_blocks", kv.shape().num_blocks},
                         {"kv_block_size", kv.shape().block_size},
+                        {"kv_tokens", static_cast<int64_t>(kv.shape().num_blocks) *
+                                          kv.shape().block_size},
+                        {"kv_window_blocks", kv.shape().num_blocks_window},
                         {"kv_mb", static_cast<int64_t>(kv.bytes() >> 20)},
                         {"max_batch_tokens", max_batch_tokens},
                         {"experts_fp8", w.gpt_oss != nullptr && w.gpt_oss->fp8Experts()},

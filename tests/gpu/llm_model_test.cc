@@ -379,6 +379,119 @@ TEST_F(GpuGptOss, DecodeGraphsEqualEagerSteps) {
   EXPECT_EQ(eager.model->graphSteps(), 0u);
 }
 
+// [TAG_KV_WINDOW_GROUP] The sliding layers (window 16, blocks of 16) from a window pool of their
+// own: four sequences (prompts of 40..1000 tokens, prefilled in chunks of 128 — the sm90 prefill
+// kernel — then 40 decode steps: CUDA graphs on the pooled side) give the same sampled ids and
+// the same logits bits as every layer in one pool. Before each step the window tables drop
+// (-1) every block no query reads any more and hand it to the next sequence that needs one
+// (LIFO), so the kernels meet holes and reused blocks; a hole they read would differ (or fault:
+// the run is also a memcheck target).
+TEST_F(GpuGptOss, WindowPoolGivesTheSameBitsAsOnePool) {
+  Runner one = load(*dir_, "cuda", MoeWeightsMode::kAuto, nullptr, /*cuda_graphs=*/false);
+  Runner two = load(*dir_, "cuda", MoeWeightsMode::kAuto, &one, /*cuda_graphs=*/true);
+  constexpr int32_t kWindow = 16, kWin = 64;
+  ASSERT_EQ(two.model->slidingWindow(), kWindow);
+  auto kvw = PagedKvCache::create(*two.backend, two.model->kvShape(kBlocks, kBlock, kWin),
+                                  two.model->kvDType());
+  ASSERT_TRUE(kvw.isOk()) << kvw.status().toString();
+  two.kv = std::move(kvw).value();
+  struct S {
+    std::vector<int32_t> tokens;
+    int32_t cached = 0;
+    std::vector<int32_t> ta, tb, tw;
+  };
+  std::vector<S> seqs(4);
+  const int lens[4] = {300, 150, 40, 1000};
+  for (size_t i = 0; i < seqs.size(); ++i) seqs[i].tokens = prompt(lens[i], 4000 + i);
+  std::vector<int32_t> free_w(kWin);
+  std::iota(free_w.rbegin(), free_w.rend(), 0);
+  int32_t next_a = 0, next_b = kBlocks - 1;  // different full-pool ids on the two sides
+  size_t holes = 0, decode_steps = 0;
+  const uint64_t graphs0 = two.model->graphSteps();
+  for (int it = 0; it < 200; ++it) {
+    std::vector<LlmStepSeq> da, db;
+    std::vector<int32_t> toks, ba, bb;
+    std::vector<size_t> who;
+    bool all_decode = true;
+    for (size_t j = 0; j < seqs.size(); ++j) {
+      S& s = seqs[j];
+      if (s.tokens.size() >= static_cast<size_t>(lens[j] + 40)) continue;
+      who.push_back(j);
+      const int32_t n = std::min<int32_t>(128, static_cast<int32_t>(s.tokens.size()) - s.cached);
+      const int32_t end = s.cached + n;
+      for (size_t bi = 0; bi < s.tw.size(); ++bi) {
+        if (s.tw[bi] >= 0 && static_cast<int32_t>(bi + 1) * kBlock <= s.cached - kWindow + 1) {
+          free_w.push_back(s.tw[bi]);
+          s.tw[bi] = -1;
+        }
+      }
+      while (static_cast<int32_t>(s.ta.size()) * kBlock < end) {
+        s.ta.push_back(next_a++);
+        s.tb.push_back(next_b--);
+        ASSERT_FALSE(free_w.empty());
+        s.tw.push_back(free_w.back());
+        free_w.pop_back();
+      }
+      holes += s.tw[0] < 0 ? 1 : 0;
+      LlmStepSeq d;
+      d.token_offset = static_cast<int32_t>(toks.size());
+      d.num_tokens = n;
+      d.position = s.cached;
+      d.num_blocks = static_cast<int32_t>(s.ta.size());
+      d.sample = end == static_cast<int32_t>(s.tokens.size()) ? 1 : 0;
+      all_decode = all_decode && n == 1;
+      d.block_offset = static_cast<int32_t>(ba.size());
+      // The one-pool side returns the sampling rows' logits (never a graph); the pooled side
+      // too, except on pure decode steps, which it runs as graphs.
+      d.logits = d.sample ? LogitsMode::kLast : LogitsMode::kNone;
+      da.push_back(d);
+      d.block_offset = static_cast<int32_t>(bb.size());
+      d.window_table = 1;
+      db.push_back(d);
+      toks.insert(toks.end(), s.tokens.begin() + s.cached, s.tokens.begin() + end);
+      ba.insert(ba.end(), s.ta.begin(), s.ta.end());
+      bb.insert(bb.end(), s.tb.begin(), s.tb.end());
+      bb.insert(bb.end(), s.tw.begin(), s.tw.end());
+    }
+    if (da.empty()) break;
+    if (all_decode) {
+      for (LlmStepSeq& d : db) d.logits = LogitsMode::kNone;
+      ++decode_steps;
+    }
+    const LlmStep sa{da, toks, ba}, sb{db, toks, bb};
+    ASSERT_TRUE(one.model->validate(sa, *one.kv).isOk());
+    const Status vb = two.model->validate(sb, *two.kv);
+    ASSERT_TRUE(vb.isOk()) << vb.toString();
+    const int64_t vocab = one.model->vocabSize();
+    std::vector<float> la(static_cast<size_t>(logitsRows(sa) * vocab)),
+        lb(static_cast<size_t>(logitsRows(sb) * vocab));
+    int64_t samples = 0;
+    for (const auto& d : da) samples += d.sample;
+    std::vector<int32_t> ida(static_cast<size_t>(samples), -1), idb(ida.size(), -1);
+    one.backend->launch([&] { one.model->enqueueStep(sa, *one.kv, la.data(), ida.data()); });
+    ASSERT_TRUE(one.backend->synchronize().isOk());
+    two.backend->launch([&] { two.model->enqueueStep(sb, *two.kv, lb.data(), idb.data()); });
+    ASSERT_TRUE(two.backend->synchronize().isOk());
+    ASSERT_EQ(ida, idb) << "step " << it;
+    if (!all_decode) {
+      ASSERT_EQ(la.size(), lb.size());
+      ASSERT_EQ(0, std::memcmp(la.data(), lb.data(), la.size() * sizeof(float))) << "step " << it;
+    }
+    size_t k = 0;
+    for (size_t si = 0; si < da.size(); ++si) {
+      S& s = seqs[who[si]];
+      s.cached += da[si].num_tokens;
+      if (da[si].sample) s.tokens.push_back(ida[k++]);
+    }
+  }
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    EXPECT_EQ(seqs[i].tokens.size(), static_cast<size_t>(lens[i] + 40)) << "sequence " << i;
+  }
+  EXPECT_GT(holes, 100u) << "the windows dropped blocks";
+  EXPECT_GE(decode_steps, 30u);
+  EXPECT_EQ(two.model->graphSteps() - graphs0, decode_steps);
+}
+
 // GptOssModel::prewarmGemms: the dense GEMMs of every M bucket up to the step budget (and the
 // lm_head up to max_logits_rows) are tuned at load, so prefill chunks, mixed steps and decode
 // batches of any size afterwards tune nothing more; the tokens equal those of a runner that

@@ -106,6 +106,13 @@ Result<std::unique_ptr<LlmRunner>> LlmRunner::create(Backend& backend, LlmStepMo
   if (opts.kv_block_groups < 1 || opts.kv_num_blocks % opts.kv_block_groups != 0)
     return invalidArgument("kv_block_groups must be >= 1 and divide kv_num_blocks");
   if (opts.kv_block_size <= 0) return invalidArgument("kv_block_size must be positive");
+  if (opts.kv_num_blocks_window < 0 ||
+      (opts.kv_num_blocks_window > 0 &&
+       (model.kvWindow() <= 0 || opts.kv_num_blocks_window % opts.kv_block_groups != 0))) {
+    return invalidArgument(
+        "kv_num_blocks_window must be 0, or a multiple of kv_block_groups for a model whose "
+        "sliding layers can keep a window pool");
+  }
   if (opts.max_seqs <= 0 || opts.max_batch_tokens <= 0)
     return invalidArgument("max_seqs and max_batch_tokens must be positive");
   if (opts.eos_ids.size() > kMaxEosIds) {
@@ -120,7 +127,9 @@ Result<std::unique_ptr<LlmRunner>> LlmRunner::create(Backend& backend, LlmStepMo
   }
   std::unique_ptr<LlmRunner> r(new LlmRunner(backend, model, opts));
   ASSIGN_OR_RETURN(
-      r->kv_, PagedKvCache::create(backend, model.kvShape(opts.kv_num_blocks, opts.kv_block_size),
+      r->kv_, PagedKvCache::create(backend,
+                                   model.kvShape(opts.kv_num_blocks, opts.kv_block_size,
+                                                 opts.kv_num_blocks_window),
                                    model.kvDType()));
   return r;
 }
@@ -132,7 +141,10 @@ RunnerTraits LlmRunner::traits() const {
 
 shm::Layout LlmRunner::layoutFor(uint32_t slots) const {
   const auto max_seqs = static_cast<uint64_t>(opts_.max_seqs);
-  const auto tables = static_cast<uint64_t>(kvBlocksFor(model_.maxModelLen(), opts_.kv_block_size));
+  // With a window pool each sequence carries its window table too [TAG_KV_WINDOW_GROUP].
+  const auto tables =
+      static_cast<uint64_t>(kvBlocksFor(model_.maxModelLen(), opts_.kv_block_size)) *
+      (opts_.kv_num_blocks_window > 0 ? 2u : 1u);
   shm::Layout l;
   l.slots = slots;
   // Room for at least one whole sampler-state reload (a full context plus the largest
@@ -154,7 +166,9 @@ Status LlmRunner::bind(const shm::Layout& layout) {
   // A step's block ids: at most max_seqs tables of the longest sequence, and never more than
   // the input arena can carry.
   max_step_blocks_ = std::min<int64_t>(
-      static_cast<int64_t>(opts_.max_seqs) * kvBlocksFor(model_.maxModelLen(), opts_.kv_block_size),
+      static_cast<int64_t>(opts_.max_seqs) *
+          kvBlocksFor(model_.maxModelLen(), opts_.kv_block_size) *
+          (opts_.kv_num_blocks_window > 0 ? 2 : 1),
       static_cast<int64_t>(layout.input_bytes / sizeof(int32_t)));
   slots_.resize(layout.slots);
   for (Slot& s : slots_) {
@@ -174,6 +188,10 @@ shm::ModelFacts LlmRunner::facts() const {
   f.kv_num_blocks = static_cast<uint32_t>(opts_.kv_num_blocks);
   f.kv_block_size = static_cast<uint32_t>(opts_.kv_block_size);
   f.kv_block_groups = static_cast<uint32_t>(opts_.kv_block_groups);
+  if (opts_.kv_num_blocks_window > 0) {  // [TAG_KV_WINDOW_GROUP]
+    f.kv_num_blocks_window = static_cast<uint32_t>(opts_.kv_num_blocks_window);
+    f.kv_window = static_cast<uint32_t>(model_.kvWindow());
+  }
   f.max_seqs = static_cast<uint32_t>(opts_.max_seqs);
   for (size_t i = 0; i < opts_.eos_ids.size() && i < kMaxEosIds; ++i) {
     f.eos_ids[i] = opts_.eos_ids[i];

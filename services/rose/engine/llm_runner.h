@@ -51,6 +51,10 @@ struct LlmRunnerOptions {
   // Announced as ModelFacts::kv_block_groups: the block ids form this many groups and tulip
   // keeps each sequence in one (a sharded rose's --dp; kv_num_blocks a multiple). >= 1.
   int32_t kv_block_groups = 1;
+  // [TAG_KV_WINDOW_GROUP] Blocks of the sliding layers' own pool (0: none; every layer in the
+  // kv_num_blocks pool). Needs a model with kvWindow() > 0 and a multiple of kv_block_groups;
+  // announced as ModelFacts kv_num_blocks_window / kv_window.
+  int32_t kv_num_blocks_window = 0;
   // Per-step staging; use the values the model was loaded with (GptOssOptions). Larger steps
   // are answered INVALID_ARGUMENT here, before the model sees them.
   int32_t max_seqs = 256;
@@ -69,7 +73,8 @@ struct LlmRunnerOptions {
 class LlmRunner final : public Runner {
  public:
   // Checks the options (INVALID_ARGUMENT naming the field) and allocates the KV cache
-  // (RESOURCE_EXHAUSTED when it does not fit): model.kvShape(kv_num_blocks, kv_block_size).
+  // (RESOURCE_EXHAUSTED when it does not fit): model.kvShape(kv_num_blocks, kv_block_size,
+  // kv_num_blocks_window).
   static Result<std::unique_ptr<LlmRunner>> create(Backend& backend, LlmStepModel& model,
                                                    const LlmRunnerOptions& opts);
   // The single-device gpt-oss (wrapped in a GptOssStepModel the runner owns).
@@ -78,7 +83,8 @@ class LlmRunner final : public Runner {
 
   const PagedKvCache& kvCache() const { return *kv_; }
   // Block ids one step may carry in total (staging): max_seqs block tables of the model's
-  // longest length, capped by the input arena. Set by bind().
+  // longest length (twice that with a window pool: each window table follows its table),
+  // capped by the input arena. Set by bind().
   int64_t maxStepBlocks() const { return max_step_blocks_; }
 
   RunnerTraits traits() const override;

@@ -473,6 +473,10 @@ Result<std::unique_ptr<GptOssModel>> GptOssModel::load(const std::string& dir, B
   ASSIGN_OR_RETURN(m->ids_, b.allocateTensor(DType::kI32, {t}));
   ASSIGN_OR_RETURN(m->positions_, b.allocateTensor(DType::kI32, {t}));
   ASSIGN_OR_RETURN(m->slots_, b.allocateTensor(DType::kI32, {t}));
+  if (m->slidingWindow() > 0) {  // [TAG_KV_WINDOW_GROUP] for a cache with a window pool
+    ASSIGN_OR_RETURN(m->block_tables_w_, b.allocateTensor(DType::kI32, {m->table_capacity_}));
+    ASSIGN_OR_RETURN(m->slots_w_, b.allocateTensor(DType::kI32, {t}));
+  }
   ASSIGN_OR_RETURN(m->cu_q_, b.allocateTensor(DType::kI32, {s + 1}));
   ASSIGN_OR_RETURN(m->rows_, b.allocateTensor(DType::kI32, {r}));
   ASSIGN_OR_RETURN(m->residual_, b.allocateTensor(opts.f32_residual ? DType::kF32
@@ -503,14 +507,28 @@ Result<std::unique_ptr<GptOssModel>> GptOssModel::load(const std::string& dir, B
   return m;
 }
 
-KvCacheShape GptOssModel::kvShape(int32_t num_blocks, int32_t block_size) const {
+KvCacheShape GptOssModel::kvShape(int32_t num_blocks, int32_t block_size,
+                                  int32_t num_blocks_window) const {
   KvCacheShape s;
   s.num_layers = static_cast<int32_t>(config_.base.num_hidden_layers);
   s.num_blocks = num_blocks;
   s.block_size = block_size;
   s.num_kv_heads = static_cast<int32_t>(config_.base.num_key_value_heads);
   s.head_dim = static_cast<int32_t>(config_.base.head_dim);
+  if (num_blocks_window > 0 && slidingWindow() > 0 && s.num_layers <= 64) {
+    s.num_blocks_window = num_blocks_window;
+    for (int32_t l = 0; l < s.num_layers; ++l) {
+      if (config_.sliding[static_cast<size_t>(l)]) s.window_layers |= uint64_t{1} << l;
+    }
+  }
   return s;
+}
+
+int32_t GptOssModel::slidingWindow() const {
+  for (uint8_t sl : config_.sliding) {
+    if (sl) return static_cast<int32_t>(config_.base.sliding_window);
+  }
+  return 0;
 }
 
 DType GptOssModel::kvDType() const { return backend_.activationDType(); }
@@ -580,11 +598,13 @@ Status validateSamplerState(const GptOssStepLimits& lim, const LlmStep& step, co
 Status GptOssModel::validate(const LlmStep& step, const PagedKvCache& kv,
                              int64_t prev_sampled) const {
   const KvCacheShape& ks = kv.shape();
-  const KvCacheShape want = kvShape(ks.num_blocks, ks.block_size);
+  const KvCacheShape want = kvShape(ks.num_blocks, ks.block_size, ks.num_blocks_window);
   if (ks.num_layers != want.num_layers || ks.num_kv_heads != want.num_kv_heads ||
-      ks.head_dim != want.head_dim || kv.dtype() != kvDType()) {
+      ks.head_dim != want.head_dim || kv.dtype() != kvDType() ||
+      ks.num_blocks_window != want.num_blocks_window || ks.window_layers != want.window_layers) {
     return invalidArgument(
-        "kv cache shape/dtype does not match the model (layers, kv heads, head_dim, dtype)");
+        "kv cache shape/dtype does not match the model (layers, kv heads, head_dim, dtype, "
+        "window pool layers)");
   }
   GptOssStepLimits lim;
   lim.vocab = config_.base.vocab_size;
@@ -595,6 +615,8 @@ Status GptOssModel::validate(const LlmStep& step, const PagedKvCache& kv,
   lim.table_capacity = table_capacity_;
   lim.sampler_state = ops_.supportsSamplerState();
   lim.token_mask = ops_.supportsTokenMask();
+  lim.num_blocks_window = ks.num_blocks_window;
+  lim.window = ks.num_blocks_window > 0 ? slidingWindow() : 0;
   return validateGptOssStep(lim, step, ks.block_size, ks.num_blocks, prev_sampled);
 }
 
@@ -634,7 +656,7 @@ Status validateGptOssStep(const GptOssStepLimits& lim, const LlmStep& step, int3
                            std::to_string(lim.max_seqs));
   }
   int64_t total = 0, rows = 0;
-  std::unordered_set<int64_t> slots;
+  std::unordered_set<int64_t> slots, window_slots;
   std::unordered_set<int32_t> state_slots;
   for (int64_t i = 0; i < n_seq; ++i) {
     const LlmStepSeq& s = step.seqs[static_cast<size_t>(i)];
@@ -667,6 +689,45 @@ Status validateGptOssStep(const GptOssStepLimits& lim, const LlmStep& step, int3
       if (table[bi] < 0 || table[bi] >= num_blocks) {
         return invalidArgument(who + "block id " + std::to_string(table[bi]) +
                                " outside the cache [0, " + std::to_string(num_blocks) + ")");
+      }
+    }
+    // [TAG_KV_WINDOW_GROUP] The window table: after the block table, ids of the window pool,
+    // holes (-1) only where no sliding layer of this step reads or writes.
+    std::span<const int32_t> wtable;
+    if (s.window_table > 1 || (s.window_table == 1) != (lim.num_blocks_window > 0)) {
+      return invalidArgument(who + "window_table " + std::to_string(s.window_table) +
+                             (lim.num_blocks_window > 0
+                                  ? ": the cache keeps sliding layers in a window pool, so every "
+                                    "sequence must carry its window table (1)"
+                                  : ": the cache has no window pool (0)"));
+    }
+    if (s.window_table == 1) {
+      if (static_cast<size_t>(s.block_offset) + 2 * static_cast<size_t>(s.num_blocks) >
+          step.block_ids.size()) {
+        return invalidArgument(who + "window table outside the block id array");
+      }
+      wtable = step.block_ids.subspan(static_cast<size_t>(s.block_offset + s.num_blocks),
+                                      static_cast<size_t>(s.num_blocks));
+      for (size_t bi = 0; bi < wtable.size(); ++bi) {
+        if (wtable[bi] < -1 || wtable[bi] >= lim.num_blocks_window) {
+          return invalidArgument(who + "window block id " + std::to_string(wtable[bi]) +
+                                 " outside the window pool [0, " +
+                                 std::to_string(lim.num_blocks_window) + ") (or -1)");
+        }
+      }
+      const int64_t lo = std::max<int64_t>(0, static_cast<int64_t>(s.position) - lim.window + 1);
+      for (int64_t bi = lo / block_size; bi * block_size < end; ++bi) {
+        if (wtable[static_cast<size_t>(bi)] < 0) {
+          return invalidArgument(who + "window table has a hole at block " + std::to_string(bi) +
+                                 ", which a sliding layer reads or writes (positions " +
+                                 std::to_string(lo) + ".." + std::to_string(end - 1) + ")");
+        }
+      }
+      for (int32_t j = 0; j < s.num_tokens; ++j) {
+        if (!window_slots.insert(kvSlot(wtable, s.position + j, block_size)).second) {
+          return invalidArgument(who + "token " + std::to_string(j) +
+                                 " writes a window-pool KV slot another token of this step writes");
+        }
       }
     }
     if (s.prev_row < -1 || s.prev_row >= prev_sampled) {
@@ -803,8 +864,13 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
     }
   }
   const int64_t t = decode_only ? n_pad : t_total;
+  // [TAG_KV_WINDOW_GROUP] Sliding layers through the window tables (validate() checked them).
+  const bool wpool = kv.shape().num_blocks_window > 0;
+  CHECK(!wpool || slots_w_.view.data != nullptr);
   h_positions_.assign(static_cast<size_t>(t), 0);
   h_slots_.assign(static_cast<size_t>(t), -1);
+  h_slots_w_.assign(wpool ? static_cast<size_t>(t) : 0, -1);
+  h_tables_w_.assign(wpool ? static_cast<size_t>(n_pad) * static_cast<size_t>(maxb) : 0, -1);
   h_cu_.assign(static_cast<size_t>(n_pad) + 1, 0);
   h_tables_.assign(static_cast<size_t>(n_pad) * static_cast<size_t>(maxb), -1);
   h_rows_.clear();
@@ -823,6 +889,14 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
     for (int32_t bi = 0; bi < needed; ++bi) {
       h_tables_[static_cast<size_t>(si) * maxb + bi] = table[static_cast<size_t>(bi)];
     }
+    std::span<const int32_t> wtable;
+    if (wpool) {
+      wtable = step.block_ids.subspan(static_cast<size_t>(s.block_offset + s.num_blocks),
+                                      static_cast<size_t>(s.num_blocks));
+      for (int32_t bi = 0; bi < needed; ++bi) {
+        h_tables_w_[static_cast<size_t>(si) * maxb + bi] = wtable[static_cast<size_t>(bi)];
+      }
+    }
     if (s.prev_row >= 0) {
       h_prev_pairs_.push_back(row);
       h_prev_pairs_.push_back(s.prev_row);
@@ -833,6 +907,7 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
       if (j == 0 && s.prev_row >= 0) ids[r] = 0;  // replaced on the device by copyTokens
       h_positions_[r] = s.position + j;
       h_slots_[r] = static_cast<int32_t>(kvSlot(table, s.position + j, bs));
+      if (wpool) h_slots_w_[r] = static_cast<int32_t>(kvSlot(wtable, s.position + j, bs));
     }
     if (s.logits == LogitsMode::kAll) {
       for (int32_t j = 0; j < s.num_tokens; ++j) h_rows_.push_back(row + j);
@@ -898,6 +973,13 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
   b.copyToDevice(slots, h_slots_.data(), sizeof(int32_t) * static_cast<size_t>(t));
   b.copyToDevice(cu, h_cu_.data(), sizeof(int32_t) * static_cast<size_t>(n_pad + 1));
   b.copyToDevice(tables, h_tables_.data(), sizeof(int32_t) * h_tables_.size());
+  const Tensor slots_w = wpool ? slots_w_.view.rowSlice(0, t) : Tensor();
+  const Tensor tables_w =
+      wpool ? Tensor(block_tables_w_.view.data, DType::kI32, {n_pad, maxb}) : Tensor();
+  if (wpool) {
+    b.copyToDevice(slots_w, h_slots_w_.data(), sizeof(int32_t) * static_cast<size_t>(t));
+    b.copyToDevice(tables_w, h_tables_w_.data(), sizeof(int32_t) * h_tables_w_.size());
+  }
   if (!h_prev_pairs_.empty()) {  // [TAG_LLM_PREV_TOKEN]: before sampled_ is overwritten below
     const int64_t np = static_cast<int64_t>(h_prev_pairs_.size() / 2);
     const Tensor pairs(prev_pairs_.view.data, DType::kI32, {np, 2});
@@ -1017,12 +1099,13 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
       }
       b.linear(x, L.qkv.view, L.qkv_bias.view, qkv);
       const int32_t li = static_cast<int32_t>(l);
-      ops_.ropeKvWrite(qkv, pos, rope_cos_.view, rope_sin_.view, slots, kv.keys(li),
-                       kv.values(li), rope);
+      const bool in_window_pool = kv.shape().windowLayer(li);  // [TAG_KV_WINDOW_GROUP]
+      ops_.ropeKvWrite(qkv, pos, rope_cos_.view, rope_sin_.view, in_window_pool ? slots_w : slots,
+                       kv.keys(li), kv.values(li), rope);
       PagedAttentionParams lp = ap;
       lp.sliding_window = config_.sliding[l] ? static_cast<int32_t>(c.sliding_window) : 0;
-      ops_.pagedAttention(qkv, kv.keys(li), kv.values(li), cu, pos, tables, L.sinks.view, attn,
-                          lp);
+      ops_.pagedAttention(qkv, kv.keys(li), kv.values(li), cu, pos,
+                          in_window_pool ? tables_w : tables, L.sinks.view, attn, lp);
       b.linear(attn, L.o.view, L.o_bias.view, x);
       b.rmsNorm(x, res, L.post_norm.view, x, norm);  // res += attn out; x = norm(res)
       if (route_f32_) {  // [TAG_ROUTER_F32]: from the f32 stream, the norm folded in
@@ -1057,7 +1140,8 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
     key.kind = late ? 0x474F4432u : 0x474F4431u;  // "GOD2" / "GOD1": decode without / with sampling
     key.seqs = static_cast<uint32_t>(n_pad);
     key.tokens = static_cast<uint32_t>(n_pad);
-    key.variant = static_cast<uint64_t>(maxb);
+    // The window pool's tables are inputs of their own [TAG_KV_WINDOW_GROUP].
+    key.variant = static_cast<uint64_t>(maxb) | (wpool ? uint64_t{1} << 32 : 0);
     const Status st = graphs_->run(key, forward);
     CHECK(st.isOk());
     ++graph_steps_;

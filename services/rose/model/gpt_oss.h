@@ -121,6 +121,13 @@ struct GptOssStepLimits {
   int64_t table_capacity = 0;  // block-table entries of one step (sequences x longest table)
   bool sampler_state = false;  // the ops implement state slots, penalties, logprobs, min_p
   bool token_mask = false;     // the ops honour token masks [TAG_TOKEN_MASK]
+  // [TAG_KV_WINDOW_GROUP] The cache's window pool (0: none; then no sequence may carry a window
+  // table) and the sliding layers' window in keys. With one, every sequence carries its window
+  // table (LlmStepSeq.window_table): ids in [-1, num_blocks_window), present for every block
+  // holding a position position - window + 1 .. position + num_tokens - 1, no two tokens
+  // writing one of its slots.
+  int32_t num_blocks_window = 0;
+  int32_t window = 0;
 };
 Status validateGptOssStep(const GptOssStepLimits& lim, const LlmStep& step, int32_t block_size,
                           int32_t num_blocks, int64_t prev_sampled);
@@ -146,8 +153,12 @@ class GptOssModel {
   bool supportsTokenMask() const { return ops_.supportsTokenMask(); }
   // Whether a step may bring its masks late (LlmStep::await_masks); shm::kLlmCapLateMask.
   bool supportsLateMask() const { return ops_.supportsTokenMask() && ops_.supportsLateMask(); }
-  // The cache shape this model needs for `num_blocks` blocks of `block_size` tokens.
-  KvCacheShape kvShape(int32_t num_blocks, int32_t block_size) const;
+  // The cache shape this model needs for `num_blocks` blocks of `block_size` tokens; with
+  // `num_blocks_window` > 0 its sliding-window layers live in a window pool of that many blocks
+  // [TAG_KV_WINDOW_GROUP] (a model without sliding layers ignores it: slidingWindow() == 0).
+  KvCacheShape kvShape(int32_t num_blocks, int32_t block_size, int32_t num_blocks_window = 0) const;
+  // The sliding layers' window in keys; 0 when no layer slides.
+  int32_t slidingWindow() const;
   // The dtype the cache must have (the backend's activation dtype).
   DType kvDType() const;
 
@@ -218,14 +229,17 @@ class GptOssModel {
   std::vector<Layer> layers_;
 
   // Workspace.
-  OwnedTensor ids_, positions_, slots_, cu_q_, block_tables_, rows_, residual_, x_, moe_out_,
+  // slots_w_ / block_tables_w_: the sliding layers' slot mapping and tables through the window
+  // tables [TAG_KV_WINDOW_GROUP] (allocated when a layer slides).
+  OwnedTensor ids_, positions_, slots_, slots_w_, cu_q_, block_tables_, block_tables_w_, rows_,
+      residual_, x_, moe_out_,
       qkv_buf_, attn_, router_logits_, topk_ids_, topk_w_, gathered_, logits_, sampled_, prev_pairs_,
       sampled_lp_;
   int64_t table_capacity_ = 0;  // elements of block_tables_
   // Host staging (valid until the next enqueueStep()).
   std::vector<MoeRun> moe_runs_;  // [TAG_MOE_LT_BF16] this step's MoE calls (moe_chunk_runs.h)
-  std::vector<int32_t> h_ids_, h_positions_, h_slots_, h_cu_, h_tables_, h_rows_, h_last_row_,
-      h_prev_pairs_, h_windows_;
+  std::vector<int32_t> h_ids_, h_positions_, h_slots_, h_slots_w_, h_cu_, h_tables_, h_tables_w_,
+      h_rows_, h_last_row_, h_prev_pairs_, h_windows_;
   std::vector<SampleRow> h_samples_;
   std::vector<SamplerStateReset> h_resets_;
   std::vector<LogitBias> h_bias_;

@@ -34,8 +34,14 @@ class LlmStepModel {
   // --late-masks on: for running the backend's tests through the whole mesh).
   virtual bool implementsLateMask() const { return false; }
   // The cache this process allocates for tulip's `num_blocks` block ids of `block_size` tokens
-  // (a dp-sharded model holds only its group's share of them).
-  virtual KvCacheShape kvShape(int32_t num_blocks, int32_t block_size) const = 0;
+  // (a dp-sharded model holds only its group's share of them), its sliding layers in a window
+  // pool of `num_blocks_window` blocks when that is > 0 [TAG_KV_WINDOW_GROUP] (only a model
+  // with kvWindow() > 0 takes one).
+  virtual KvCacheShape kvShape(int32_t num_blocks, int32_t block_size,
+                               int32_t num_blocks_window) const = 0;
+  // The sliding layers' window in keys when the model can keep them in a window pool; 0: it
+  // cannot (no sliding layers, or not implemented).
+  virtual int32_t kvWindow() const { return 0; }
   virtual DType kvDType() const = 0;
   // As GptOssModel::validate(step, kv, prev_sampled).
   virtual Status validate(const LlmStep& step, const PagedKvCache& kv,
@@ -55,9 +61,11 @@ class GptOssStepModel final : public LlmStepModel {
   bool supportsTokenMask() const override { return m_.supportsTokenMask(); }
   bool supportsLateMask() const override { return m_.supportsLateMask(); }
   bool implementsLateMask() const override { return m_.supportsTokenMask(); }
-  KvCacheShape kvShape(int32_t num_blocks, int32_t block_size) const override {
-    return m_.kvShape(num_blocks, block_size);
+  KvCacheShape kvShape(int32_t num_blocks, int32_t block_size,
+                       int32_t num_blocks_window) const override {
+    return m_.kvShape(num_blocks, block_size, num_blocks_window);
   }
+  int32_t kvWindow() const override { return m_.slidingWindow(); }
   DType kvDType() const override { return m_.kvDType(); }
   Status validate(const LlmStep& step, const PagedKvCache& kv,
                   int64_t prev_sampled) const override {

@@ -7,6 +7,12 @@
 // scheduler owns block ids and hands block tables in each step (services/rose/model/llm_step.h); this
 // class only holds the memory. Contents of never-written slots are unspecified.
 //
+// [TAG_KV_WINDOW_GROUP] With a window pool (num_blocks_window > 0), the layers marked in
+// window_layers (sliding-window layers) hold num_blocks_window blocks each instead of
+// num_blocks: their slots are reached through each sequence's window table, whose ids index that
+// pool (tulip's second block group). The layers stay in order in each of K and V; a layer's view
+// has its own pool's block count.
+//
 // Threads: created on the loading thread; the views are used by the launching thread.
 
 #include <cstdint>
@@ -24,9 +30,37 @@ struct KvCacheShape {
   int32_t block_size = 0;
   int32_t num_kv_heads = 0;
   int32_t head_dim = 0;
+  // [TAG_KV_WINDOW_GROUP] Blocks of the window pool (0: none) and its layers (bit l: layer l;
+  // at most 64 layers then).
+  int32_t num_blocks_window = 0;
+  uint64_t window_layers = 0;
 
+  bool windowLayer(int32_t layer) const {
+    return num_blocks_window > 0 && layer < 64 && ((window_layers >> layer) & 1u) != 0;
+  }
+  int32_t layerBlocks(int32_t layer) const {
+    return windowLayer(layer) ? num_blocks_window : num_blocks;
+  }
+  // Elements of one token slot (kv heads x head_dim).
+  int64_t slotElements() const { return static_cast<int64_t>(num_kv_heads) * head_dim; }
+  // Elements of one full-pool layer.
   int64_t elementsPerLayer() const {
-    return static_cast<int64_t>(num_blocks) * block_size * num_kv_heads * head_dim;
+    return static_cast<int64_t>(num_blocks) * block_size * slotElements();
+  }
+  // Elements of layer `layer` and of the layers before it.
+  int64_t layerElements(int32_t layer) const {
+    return static_cast<int64_t>(layerBlocks(layer)) * block_size * slotElements();
+  }
+  int64_t layerOffset(int32_t layer) const {
+    int64_t off = 0;
+    for (int32_t l = 0; l < layer; ++l) off += layerElements(l);
+    return off;
+  }
+  int64_t totalElements() const { return layerOffset(num_layers); }
+  int32_t numWindowLayers() const {
+    int32_t n = 0;
+    for (int32_t l = 0; l < num_layers; ++l) n += windowLayer(l) ? 1 : 0;
+    return n;
   }
 };
 
@@ -50,14 +84,13 @@ class PagedKvCache {
                                                     void* k, void* v);
   // Bytes of one of the two pools (K or V).
   static size_t poolBytes(const KvCacheShape& shape, DType dtype) {
-    return static_cast<size_t>(shape.elementsPerLayer()) * static_cast<size_t>(shape.num_layers) *
-           dtypeSize(dtype);
+    return static_cast<size_t>(shape.totalElements()) * dtypeSize(dtype);
   }
 
   const KvCacheShape& shape() const { return shape_; }
   DType dtype() const { return dtype_; }
   size_t bytes() const { return k_.bytes() + v_.bytes(); }
-  // [num_blocks, block_size, num_kv_heads, head_dim] views of one layer.
+  // [layerBlocks(layer), block_size, num_kv_heads, head_dim] views of one layer.
   Tensor keys(int32_t layer) const { return layerView(k_, layer); }
   Tensor values(int32_t layer) const { return layerView(v_, layer); }
 

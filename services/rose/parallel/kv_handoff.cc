@@ -20,6 +20,7 @@ int64_t blockBytes(const KvCacheShape& s, DType dtype) {
 
 KvPoolView kvPoolView(const PagedKvCache& cache) {
   const KvCacheShape& s = cache.shape();
+  CHECK(s.num_blocks_window == 0);  // [TAG_KV_WINDOW_GROUP] one pool layout only
   KvPoolView v;
   v.k = static_cast<const std::byte*>(cache.keys(0).data);
   v.v = static_cast<const std::byte*>(cache.values(0).data);
@@ -32,6 +33,9 @@ KvPoolView kvPoolView(const PagedKvCache& cache) {
 Status checkKvBlockPairs(const KvPoolView& src, const PagedKvCache& dst,
                          std::span<const int32_t> pairs) {
   const KvCacheShape& ds = dst.shape();
+  if (ds.num_blocks_window != 0) {  // [TAG_KV_WINDOW_GROUP] not handed off yet
+    return invalidArgument("kv handoff: the destination cache has a window pool");
+  }
   if (src.layers != ds.num_layers) {
     return invalidArgument("kv handoff: layers " + std::to_string(src.layers) +
                            " (source) != " + std::to_string(ds.num_layers) + " (destination)");
@@ -96,6 +100,9 @@ Result<std::unique_ptr<SharedKvPools>> SharedKvPools::create(const KvCacheShape&
   if (shape.num_layers <= 0 || shape.num_blocks <= 0 || shape.block_size <= 0 ||
       shape.num_kv_heads <= 0 || shape.head_dim <= 0) {
     return invalidArgument("kv pools: every dimension must be positive");
+  }
+  if (shape.num_blocks_window != 0) {  // [TAG_KV_WINDOW_GROUP] not handed off yet
+    return invalidArgument("kv pools: the KV handoff does not carry a window pool");
   }
   const size_t pool = PagedKvCache::poolBytes(shape, dtype);
   const int fd = memfd_create("garden-kv-pools", MFD_CLOEXEC);

@@ -140,7 +140,10 @@ class ShardedStepModel final : public LlmStepModel {
   // tulip refuses constrained requests for such a worker rather than ignoring the grammar.
   bool supportsTokenMask() const override { return false; }
   // `num_blocks` is tulip's block-id space: dp groups of num_blocks / dp blocks each.
-  KvCacheShape kvShape(int32_t num_blocks, int32_t block_size) const override {
+  // No window pool yet for a sharded model (kvWindow() 0) [TAG_KV_WINDOW_GROUP].
+  KvCacheShape kvShape(int32_t num_blocks, int32_t block_size,
+                       int32_t num_blocks_window) const override {
+    CHECK(num_blocks_window == 0);
     return shard_.kvShape(num_blocks / shard_.parallel().dp, block_size);
   }
   DType kvDType() const override { return shard_.kvDType(); }

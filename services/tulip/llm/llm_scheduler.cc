@@ -17,6 +17,8 @@ struct LlmMetrics {
   metrics::Gauge& waiting;
   metrics::Gauge& kv_used;
   metrics::Gauge& kv_free;
+  metrics::Gauge& kv_window_used;
+  metrics::Gauge& kv_window_free;
   metrics::Counter& cache_hit_tokens;
   metrics::Counter& cache_query_tokens;
   metrics::Counter& shared_prompt_tokens;
@@ -38,6 +40,14 @@ struct LlmMetrics {
         r.gauge("tulip_llm_waiting_sequences", "Sequences waiting for KV blocks or a slot").get(),
         r.gauge("tulip_kv_blocks_used", "KV cache blocks referenced by sequences").get(),
         r.gauge("tulip_kv_blocks_free", "KV cache blocks free (including unreferenced cached)")
+            .get(),
+        r.gauge("tulip_kv_window_blocks_used",
+                "Blocks of the sliding-window layers' own KV pool referenced by sequences (0 "
+                "without one)")
+            .get(),
+        r.gauge("tulip_kv_window_blocks_free",
+                "Blocks of the sliding-window layers' own KV pool free (including unreferenced "
+                "cached; 0 without one)")
             .get(),
         r.counter("tulip_prefix_cache_hit_tokens_total",
                   "Prompt tokens served from the prefix cache")
@@ -220,6 +230,10 @@ void LlmScheduler::publishMetrics() {
     m.kv_used.set(s.kv_used_blocks);
     m.kv_free.set(s.kv_free_blocks);
   }
+  if (s.kv_window_total_blocks > 0) {  // [TAG_KV_WINDOW_GROUP]
+    m.kv_window_used.set(s.kv_window_used_blocks);
+    m.kv_window_free.set(s.kv_window_free_blocks);
+  }
   // Counters grow by what the step scheduler counted since the last call.
   m.cache_hit_tokens.inc(
       static_cast<double>(s.cached_prompt_tokens - published_.cached_prompt_tokens));
@@ -331,6 +345,8 @@ LlmScheduler::Submitted LlmScheduler::submitStep(std::unique_lock<std::mutex>& l
     const shm::ModelFacts f = worker_.facts();
     if (!core_.configure(llmWorkerLimits(f, worker_.inputBytes()))) return Submitted::kNone;
     log::info("kv cache ready", {{"blocks", f.kv_num_blocks},
+                                 {"window_blocks", f.kv_num_blocks_window},
+                                 {"window", f.kv_window},
                                  {"block_size", f.kv_block_size},
                                  {"block_groups", std::max<uint32_t>(1, f.kv_block_groups)},
                                  {"max_len", llmContextLength(f)},

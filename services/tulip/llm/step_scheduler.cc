@@ -24,6 +24,8 @@ LlmWorkerLimits llmWorkerLimits(const shm::ModelFacts& f, uint64_t input_bytes) 
   l.kv_num_blocks = f.kv_num_blocks;
   l.kv_block_size = f.kv_block_size;
   l.kv_block_groups = std::max<uint32_t>(1, f.kv_block_groups);
+  l.kv_num_blocks_window = f.kv_num_blocks_window;  // [TAG_KV_WINDOW_GROUP]
+  l.kv_window = f.kv_window;
   l.context_len = llmContextLength(f);
   l.max_seqs = f.max_seqs;
   l.max_batch_tokens = f.max_batch_tokens;
@@ -307,8 +309,11 @@ StepPlan LlmStepScheduler::schedule(int64_t now_ns) {
   std::vector<Pick> picks;
   uint32_t budget = budget_;
   uint64_t n_tokens = 0, n_blocks = 0, n_state = 0, n_masks = 0;
-  // A constrained sequence brings a token bitmask [TAG_TOKEN_MASK].
-  auto fits = [&](uint32_t num_new, size_t table, uint64_t state, bool masked) {
+  // A constrained sequence brings a token bitmask [TAG_TOKEN_MASK]. With a window pool each
+  // table travels twice: the window table follows it [TAG_KV_WINDOW_GROUP].
+  const uint64_t tables_per_seq = kvw_ ? 2 : 1;
+  auto fits = [&](uint32_t num_new, size_t table_len, uint64_t state, bool masked) {
+    const uint64_t table = table_len * tables_per_seq;
     return limits_.input_bytes == 0 ||
            shm::llmStepBytes(picks.size() + 1, n_tokens + num_new, n_blocks + table,
                              n_state + state) +
@@ -361,7 +366,7 @@ StepPlan LlmStepScheduler::schedule(int64_t now_ns) {
     picks.push_back(Pick{s.id, s.num_scheduled, num_new, prev_row});
     n_masks += s.decoder ? 1 : 0;
     n_tokens += num_new;
-    n_blocks += table.size();
+    n_blocks += table.size() * tables_per_seq;
     n_state += state;
     budget -= num_new;
     ++i;
@@ -462,7 +467,7 @@ StepPlan LlmStepScheduler::schedule(int64_t now_ns) {
     }
     picks.push_back(Pick{s.id, computed, num_new, -1});
     n_tokens += num_new;
-    n_blocks += table->size();
+    n_blocks += table->size() * tables_per_seq;
     n_state += state;
     budget -= num_new;
   }
@@ -482,12 +487,6 @@ StepPlan LlmStepScheduler::schedule(int64_t now_ns) {
     d.position = static_cast<int32_t>(p.position);
     d.block_offset = static_cast<int32_t>(plan.block_ids.size());
     d.num_blocks = static_cast<int32_t>(table.size());
-    if (kvw_) {  // [TAG_KV_WINDOW_GROUP] both tables grow together: the same length
-      auto wt = kvw_->blockTable(s.id);
-      CHECK(wt.size() == table.size());
-      plan.window_offsets.push_back(static_cast<int32_t>(plan.window_block_ids.size()));
-      plan.window_block_ids.insert(plan.window_block_ids.end(), wt.begin(), wt.end());
-    }
     d.logits = llm::LogitsMode::kNone;
     d.sample = p.position + p.num_new == s.length() ? 1 : 0;
     d.sampling = s.params.sampling;
@@ -516,6 +515,12 @@ StepPlan LlmStepScheduler::schedule(int64_t now_ns) {
                          s.tokens.begin() + p.position + p.num_new);
     }
     plan.block_ids.insert(plan.block_ids.end(), table.begin(), table.end());
+    if (kvw_) {  // [TAG_KV_WINDOW_GROUP] the window table right after it, the same length
+      auto wt = kvw_->blockTable(s.id);
+      CHECK(wt.size() == table.size());
+      plan.block_ids.insert(plan.block_ids.end(), wt.begin(), wt.end());
+      d.window_table = 1;
+    }
     plan.refs.push_back(StepSeqRef{s.id, s.admission});
     if (p.position < s.prompt_len)
       plan.prompt_tokens += std::min(p.position + p.num_new, s.prompt_len) - p.position;
@@ -729,6 +734,11 @@ LlmStats LlmStepScheduler::stats() const {
     s.kv_free_blocks = kv_->blocksFree();
     s.kv_used_blocks = kv_->blocksUsed();
     s.kv_total_blocks = kv_->blocksTotal();
+  }
+  if (kvw_) {  // [TAG_KV_WINDOW_GROUP]
+    s.kv_window_free_blocks = kvw_->blocksFree();
+    s.kv_window_used_blocks = kvw_->blocksUsed();
+    s.kv_window_total_blocks = kvw_->blocksTotal();
   }
   return s;
 }

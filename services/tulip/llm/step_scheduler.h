@@ -121,8 +121,8 @@ struct LlmWorkerLimits {
   uint32_t kv_block_size = 0;
   uint32_t kv_block_groups = 1;   // dp groups: a sequence's blocks lie in one (KvOptions::groups)
   // [TAG_KV_WINDOW_GROUP] A second pool for sliding-window layers of `kv_window` keys:
-  // kv_num_blocks_window blocks (0: none, every layer reads the one table). Not reported by rose
-  // yet (ModelFacts has no field for it): only tests set it.
+  // kv_num_blocks_window blocks (0: none, every layer reads the one table); ModelFacts
+  // kv_num_blocks_window / kv_window.
   uint32_t kv_num_blocks_window = 0;
   uint32_t kv_window = 0;
   uint32_t context_len = 0;       // tokens one sequence may reach (prompt + generated)
@@ -152,12 +152,10 @@ struct StepPlan {
   uint64_t step = 0;  // 1, 2, ... in the order schedule() formed them; 0: no step
   std::vector<llm::LlmStepSeq> seqs;
   std::vector<int32_t> tokens;
+  // [TAG_KV_WINDOW_GROUP] With a window pool, seqs[i].window_table = 1 and its window table
+  // follows its block table: block_ids[block_offset + num_blocks, + num_blocks) (-1 where its
+  // window dropped a block).
   std::vector<int32_t> block_ids;
-  // [TAG_KV_WINDOW_GROUP] With a window pool: seqs[i]'s window table is
-  // window_block_ids[window_offsets[i], + seqs[i].num_blocks) (the same length as its table,
-  // -1 where its window dropped a block). Empty without one. (Not in the shm step format yet.)
-  std::vector<int32_t> window_offsets;
-  std::vector<int32_t> window_block_ids;
   std::vector<int32_t> state;    // sampler-state reloads [TAG_LLM_SAMPLER_STATE]
   std::vector<StepSeqRef> refs;  // refs[i]: the sequence seqs[i] belongs to
   // Token bitmasks of constrained sequences [TAG_TOKEN_MASK]: seqs[i].mask_index k > 0 names
@@ -195,6 +193,10 @@ struct LlmStats {
   uint32_t kv_free_blocks = 0;
   uint32_t kv_used_blocks = 0;
   uint32_t kv_total_blocks = 0;
+  // [TAG_KV_WINDOW_GROUP] The sliding layers' pool (all 0 without one).
+  uint32_t kv_window_free_blocks = 0;
+  uint32_t kv_window_used_blocks = 0;
+  uint32_t kv_window_total_blocks = 0;
   uint64_t preemptions = 0;
   uint64_t cached_prompt_tokens = 0;   // prompt tokens served from the prefix cache
   uint64_t shared_prompt_tokens = 0;   // prompt tokens a choice took from its leader's blocks

@@ -92,7 +92,8 @@ class GenerateRose : public ::testing::Test {
     return out;
   }
 
-  void startTulip(int kv_blocks) {
+  // window_blocks: rose's --kv-window-blocks (-1: its default, auto on the cpu).
+  void startTulip(int kv_blocks, int window_blocks = -1) {
     port_ = testing::freePort();
     metrics_port_ = testing::freePort();
     std::vector<std::string> argv =
@@ -105,6 +106,10 @@ class GenerateRose : public ::testing::Test {
          "--rose-arg=--kv-blocks", "--rose-arg=" + std::to_string(kv_blocks),
          "--rose-arg=--kv-block-size", "--rose-arg=" + std::to_string(kBlock),
          "--rose-arg=--max-model-len", "--rose-arg=128", "--rose-arg=--max-seqs", "--rose-arg=4"});
+    if (window_blocks >= 0) {
+      argv.insert(argv.end(),
+                  {"--rose-arg=--kv-window-blocks", "--rose-arg=" + std::to_string(window_blocks)});
+    }
     tulip_ = std::make_unique<testing::Process>(
         argv, dir_->path() + "/tulip-" + std::to_string(port_) + ".log");
     auto t0 = std::chrono::steady_clock::now();
@@ -203,6 +208,46 @@ TEST_F(GenerateRose, GreedyStreamsEqualRosesOwnContinuation) {
   ASSERT_TRUE(again.status.ok());
   EXPECT_EQ(again.tokens, want_a);
   EXPECT_EQ(again.last.cached_prompt_tokens(), 16u);  // 20 tokens: two full blocks of 8
+  // [TAG_KV_WINDOW_GROUP] The sliding layer (window 8) ran from rose's own pool, auto-sized on the
+  // cpu: 2 x (4 seqs x (ceil(7 / 8) + 2) + ceil(16 / 8)) = 28 blocks, all free again; the
+  // streams above crossed the window (20+ tokens), so their window tables had holes.
+  EXPECT_TRUE(testing::eventually(10s, [&] {
+    return metric("tulip_kv_window_blocks_free") == 28.0 &&
+           metric("tulip_kv_window_blocks_used") == 0.0;
+  })) << metric("tulip_kv_window_blocks_free") << " " << metric("tulip_kv_window_blocks_used");
+}
+
+// [TAG_KV_WINDOW_GROUP] A window pool of 5 blocks (one 16-token chunk with its window needs 4) for
+// three streams: the window pool preempts, the full pool (64 blocks) never runs short, and every
+// stream still equals rose's own continuation computed without a window pool.
+TEST_F(GenerateRose, WindowPoolPreemptionStillGivesRosesContinuation) {
+  const auto a = prompt(20, 301), b = prompt(27, 7001), c = prompt(22, 90001);
+  const auto want_a = reference(a, 8), want_b = reference(b, 8), want_c = reference(c, 8);
+  startTulip(64, 5);
+  const std::vector<pid_t> kids = testing::childrenOf(tulip_->pid());
+  ASSERT_EQ(kids.size(), 1u);
+  testing::Paused paused(kids.front());
+  ASSERT_TRUE(paused.stopped());
+  auto fa = std::async(std::launch::async, [&] { return generate(a, 8); });
+  auto fb = std::async(std::launch::async, [&] { return generate(b, 8); });
+  auto fc = std::async(std::launch::async, [&] { return generate(c, 8); });
+  const bool all_held = testing::eventually(60s, [&] {
+    auto l = testing::tulipLoad(*stub_);
+    return l && l->running_seqs() + l->waiting_seqs() == 3;
+  });
+  paused.resume();
+  ASSERT_TRUE(all_held) << "tulip never held the three streams";
+  auto oa = fa.get(), ob = fb.get(), oc = fc.get();
+  ASSERT_TRUE(oa.status.ok()) << oa.status.error_message() << tulip_->log();
+  ASSERT_TRUE(ob.status.ok()) << ob.status.error_message();
+  ASSERT_TRUE(oc.status.ok()) << oc.status.error_message();
+  EXPECT_EQ(oa.tokens, want_a);
+  EXPECT_EQ(ob.tokens, want_b);
+  EXPECT_EQ(oc.tokens, want_c);
+  EXPECT_GT(metric("tulip_llm_preemptions_total"), 0.0);
+  EXPECT_TRUE(testing::eventually(10s, [&] {
+    return metric("tulip_kv_window_blocks_free") == 5.0 && metric("tulip_kv_blocks_free") == 64.0;
+  })) << metric("tulip_kv_window_blocks_free") << " " << metric("tulip_kv_blocks_free");
 }
 
 TEST_F(GenerateRose, PreemptionOnATinyCacheStillGivesRosesContinuation) {

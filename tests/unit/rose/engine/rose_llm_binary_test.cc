@@ -109,16 +109,20 @@ TEST_F(RoseLlmBinary, SidecarAnnouncesTheLlmAndServesAStep) {
   EXPECT_EQ(f.max_seqs, 8u);
   EXPECT_EQ(f.kv_num_blocks, 40u);
   EXPECT_EQ(f.kv_block_size, 16u);
+  // [TAG_KV_WINDOW_GROUP] The sliding layer (window 8) in a pool of its own, auto-sized on the
+  // cpu: 2 x (max_seqs 8 x (ceil(7 / 16) + 2) + ceil(64 / 16)) blocks.
+  EXPECT_EQ(f.kv_num_blocks_window, 56u);
+  EXPECT_EQ(f.kv_window, 8u);
   // generation_config.json as published: <|return|>, <|endoftext|>, <|call|>.
   EXPECT_EQ(f.eos_ids[0], 200002);
   EXPECT_EQ(f.eos_ids[1], 199999);
   EXPECT_EQ(f.eos_ids[2], 200012);
   EXPECT_EQ(f.eos_ids[3], -1);
   EXPECT_EQ(ch->layout().slots, 2u);
-  // Input arena sized for max_seqs sequences of max_model_len tokens, plus one whole
-  // sampler-state reload [TAG_LLM_SAMPLER_STATE].
+  // Input arena sized for max_seqs sequences of max_model_len tokens (a block table and a window
+  // table each), plus one whole sampler-state reload [TAG_LLM_SAMPLER_STATE].
   EXPECT_EQ(ch->layout().input_bytes,
-            shm::llmStepBytes(8, 64, 8 * 16, 256 + 2 * llm::kMaxLogitBias));
+            shm::llmStepBytes(8, 64, 2 * 8 * 16, 256 + 2 * llm::kMaxLogitBias));
 
   // One step: a Harmony-looking prompt (greedy) and a seeded second sequence.
   const std::vector<int32_t> tokens = {200006, 1428,   200008, 12194, 200007,
@@ -129,14 +133,17 @@ TEST_F(RoseLlmBinary, SidecarAnnouncesTheLlmAndServesAStep) {
   seqs[0].num_blocks = 1;
   seqs[0].block_offset = 0;
   seqs[0].sample = 1;
+  seqs[0].window_table = 1;
   seqs[1].token_offset = 7;
   seqs[1].num_tokens = 3;
-  seqs[1].block_offset = 1;
+  seqs[1].block_offset = 2;
   seqs[1].num_blocks = 1;
   seqs[1].sample = 1;
   seqs[1].sampling.temperature = 1.0f;
   seqs[1].sampling.seed = 99;
-  const std::vector<int32_t> blocks = {39, 4};
+  seqs[1].window_table = 1;
+  // Each block table followed by its window table (ids of the window pool).
+  const std::vector<int32_t> blocks = {39, 55, 4, 0};
   // The three arrays back to back, each 8-byte aligned (offsets from the struct size, which grows
   // with the channel version).
   const uint64_t tokens_offset = shm::llmAlignUp(seqs.size() * sizeof(llm::LlmStepSeq));
@@ -151,7 +158,7 @@ TEST_F(RoseLlmBinary, SidecarAnnouncesTheLlmAndServesAStep) {
   d.kind = shm::BatchKind::kGenerate;
   d.num_seqs = 2;
   d.num_tokens = 10;
-  d.num_blocks = 2;
+  d.num_blocks = 4;
   d.seqs_offset = 0;
   d.tokens_offset = tokens_offset;
   d.blocks_offset = blocks_offset;
@@ -165,7 +172,7 @@ TEST_F(RoseLlmBinary, SidecarAnnouncesTheLlmAndServesAStep) {
   std::vector<int32_t> got(2);
   std::memcpy(got.data(), ch->outputArena(1).data(), 8);
 
-  // The same step on the model driven directly.
+  // The same step on the model driven directly, every layer in one pool: the same tokens.
   auto backend = std::move(makeBackend("cpu", BackendOptions{1, 0, 64})).value();
   auto ops = std::move(makeLlmOps(*backend, 1)).value();
   GptOssOptions go;
@@ -176,7 +183,11 @@ TEST_F(RoseLlmBinary, SidecarAnnouncesTheLlmAndServesAStep) {
   auto model = std::move(GptOssModel::load(modelDir(), *backend, *ops, go)).value();
   auto kv =
       std::move(PagedKvCache::create(*backend, model->kvShape(40, 16), model->kvDType())).value();
-  LlmStep step{seqs, tokens, blocks};
+  std::vector<llm::LlmStepSeq> plain = seqs;
+  plain[1].block_offset = 1;
+  for (auto& sq : plain) sq.window_table = 0;
+  const std::vector<int32_t> plain_blocks = {39, 4};
+  LlmStep step{plain, tokens, plain_blocks};
   ASSERT_TRUE(model->validate(step, *kv).isOk());
   std::vector<int32_t> want(2, -1);
   model->enqueueStep(step, *kv, nullptr, want.data());
@@ -216,8 +227,12 @@ TEST_F(RoseLlmBinary, SpawnedSizesTheKvCacheFromMegabytes) {
   EXPECT_EQ(ch->workerPid(), pid);
   const shm::ModelFacts f = ch->modelFacts();
   EXPECT_STREQ(f.kind, "llm");
-  // 1 MiB / (K and V x 2 layers x 8 tokens x 2 kv heads x 64 dims x 4 bytes (f32 on cpu)).
-  EXPECT_EQ(f.kv_num_blocks, (1u << 20) / (2 * 2 * 8 * 2 * 64 * 4));
+  // [TAG_KV_WINDOW_GROUP] The sliding layer's pool first: 2 x (4 seqs x (ceil(7 / 8) + 2) +
+  // ceil(32 / 8)) = 32 blocks of K and V x 1 layer x 8 tokens x 2 kv heads x 64 dims x 4 bytes
+  // (f32 on cpu); the rest of the 1 MiB in blocks of the full layer, the same size.
+  constexpr uint32_t kBlockBytes = 2 * 1 * 8 * 2 * 64 * 4;
+  EXPECT_EQ(f.kv_num_blocks_window, 32u);
+  EXPECT_EQ(f.kv_num_blocks, ((1u << 20) - 32 * kBlockBytes) / kBlockBytes);
   EXPECT_EQ(f.kv_block_size, 8u);
   EXPECT_EQ(f.max_seq_len, 128u);
   kill(pid, SIGTERM);
@@ -225,6 +240,40 @@ TEST_F(RoseLlmBinary, SpawnedSizesTheKvCacheFromMegabytes) {
   ASSERT_NE(st, -1);
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "status " << st;
   EXPECT_EQ(ch->state(), shm::WorkerState::kStopping);
+}
+
+// [TAG_KV_WINDOW_GROUP] A window pool smaller than one sequence's largest chunk reads
+// (ceil((8 - 1 + 32) / 8) + 1 = 6 blocks) cannot start: exit 1, state kFailed; --kv-window-blocks
+// 0 keeps every layer in the one pool.
+TEST_F(RoseLlmBinary, WindowPoolTooSmallFailsAndZeroTurnsItOff) {
+  for (const char* blocks : {"5", "0"}) {
+    SCOPED_TRACE(blocks);
+    const std::string name = garden::testing::uniqueShmName("/rose-llm-bin-", "window");
+    auto ch = shm::Channel::create(name, shm::Layout{2, 8192, 4096});
+    ASSERT_TRUE(ch.isOk()) << ch.status().toString();
+    pid_t pid = garden::testing::spawnChild(
+        {roseBin(), "--model", modelDir(), "--shm-name", name, "--threads", "1",
+         "--max-batch-tokens", "32", "--kv-blocks", "20", "--kv-block-size", "8",
+         "--max-model-len", "128", "--max-seqs", "4", "--kv-window-blocks", blocks,
+         "--log-level", "error"});
+    ASSERT_GT(pid, 0);
+    if (std::string(blocks) == "5") {
+      int st = garden::testing::waitChildExit(pid, 30s);
+      ASSERT_NE(st, -1) << "rose did not exit";
+      EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 1) << "status " << st;
+      EXPECT_EQ(ch->state(), shm::WorkerState::kFailed);
+      continue;
+    }
+    ASSERT_TRUE(waitState(*ch, shm::WorkerState::kReady, 60s)) << "rose did not become ready";
+    const shm::ModelFacts f = ch->modelFacts();
+    EXPECT_EQ(f.kv_num_blocks, 20u);
+    EXPECT_EQ(f.kv_num_blocks_window, 0u);
+    EXPECT_EQ(f.kv_window, 0u);
+    kill(pid, SIGTERM);
+    int st = garden::testing::waitChildExit(pid, 15s);
+    ASSERT_NE(st, -1);
+    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "status " << st;
+  }
 }
 
 // Without a GPU (CI, the development machines) --device cuda cannot start: exit 1, state kFailed.
@@ -251,6 +300,7 @@ TEST_F(RoseLlmBinary, BadKvFlagsExitTwo) {
         std::vector<std::string>{"--kv-cache-fraction", "1.5"},
         std::vector<std::string>{"--moe-weights", "fp4"},
         std::vector<std::string>{"--late-masks", "maybe"},
+        std::vector<std::string>{"--kv-window-blocks=-2"},
         std::vector<std::string>{"--attn-prefill", "wgmma"},
         std::vector<std::string>{"--moe-prefill", "lt"},
         std::vector<std::string>{"--attn-prefill", "sm90", "--kv-block-size", "12"}}) {

@@ -7,9 +7,11 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <numeric>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -43,6 +45,7 @@ class GptOssModelTest : public ::testing::Test {
     o.max_seqs = 4;
     o.max_logits_rows = 30;
     o.max_model_len = 48;
+    o.min_block_size = 4;  // the caches below use blocks of 4
     auto m = GptOssModel::load(fixtureDir("bf16").string(), *backend_, *ops_, o);
     ASSERT_TRUE(m.isOk()) << m.status().toString();
     model_ = std::move(m).value();
@@ -200,6 +203,152 @@ TEST_F(GptOssModelTest, PrevRowTakesThePreviousStepsToken) {
   LlmStepSeq bad = seq(0, 1, 4, 0, 2);
   bad.prev_row = 1;
   expectError(check({bad}, {-1}, {3, 7}), "prev_row");
+}
+
+// [TAG_KV_WINDOW_GROUP] The sliding layers (window 8 keys, blocks of 4) in a window pool of their
+// own: three sequences run chunked prefill then greedy decode to 44 tokens, once with every layer
+// in one pool and once with the window pool, whose tables drop (-1) every block the window no
+// longer reads before each step and hand it at once to another sequence (LIFO free list). Every
+// logits row and every sampled id must be equal bit for bit: a sliding layer reads only its
+// window, wherever it lives.
+TEST_F(GptOssModelTest, WindowPoolGivesTheSameLogitsAsOnePool) {
+  constexpr int32_t kBs = 4, kWindow = 8, kFull = 40, kWin = 16, kEnd = 44;
+  ASSERT_EQ(model_->slidingWindow(), kWindow);
+  auto one = PagedKvCache::create(*backend_, model_->kvShape(kFull, kBs), model_->kvDType()).value();
+  auto two =
+      PagedKvCache::create(*backend_, model_->kvShape(kFull, kBs, kWin), model_->kvDType()).value();
+  ASSERT_EQ(two->shape().numWindowLayers(), 2);
+  ASSERT_EQ(two->keys(0).dim(0), kWin);  // layer 0 slides
+  ASSERT_EQ(two->keys(1).dim(0), kFull);
+
+  std::mt19937 rng(7);
+  auto shuffled = [&](int32_t n) {
+    std::vector<int32_t> v(static_cast<size_t>(n));
+    std::iota(v.begin(), v.end(), 0);
+    std::shuffle(v.begin(), v.end(), rng);
+    return v;
+  };
+  std::vector<int32_t> free_a = shuffled(kFull), free_b = shuffled(kFull), free_w = shuffled(kWin);
+  struct Seq {
+    std::vector<int32_t> tokens;
+    int32_t computed = 0;
+    std::vector<int32_t> ta, tb, tw;  // one pool; two pools: full and window tables
+  };
+  std::vector<Seq> seqs(3);
+  const int32_t prompt_len[3] = {20, 14, 9};
+  for (int i = 0; i < 3; ++i) {
+    for (int32_t k = 0; k < prompt_len[i]; ++k) seqs[i].tokens.push_back(3 + rng() % 500);
+  }
+  auto take = [](std::vector<int32_t>& list) {
+    EXPECT_FALSE(list.empty());
+    const int32_t b = list.back();
+    list.pop_back();
+    return b;
+  };
+  size_t holes = 0, reused = 0, steps = 0;
+  std::vector<bool> window_used(kWin, false);
+  while (true) {
+    std::vector<LlmStepSeq> d;
+    std::vector<int32_t> tokens, blocks_a, blocks_b;
+    std::vector<int> who;
+    for (int i = 0; i < 3; ++i) {
+      Seq& s = seqs[i];
+      if (s.computed >= kEnd) continue;
+      const int32_t n = std::min<int32_t>(3 + static_cast<int32_t>(rng() % 5),
+                                          static_cast<int32_t>(s.tokens.size()) - s.computed);
+      const int32_t end = s.computed + n;
+      // The window drops what no query from here on reads: blocks ending before
+      // computed - window + 1; freed blocks go to the front of the line.
+      for (size_t bi = 0; bi < s.tw.size(); ++bi) {
+        if (s.tw[bi] >= 0 && int32_t(bi + 1) * kBs <= s.computed - kWindow + 1) {
+          free_w.push_back(s.tw[bi]);
+          s.tw[bi] = -1;
+        }
+      }
+      while (int32_t(s.ta.size()) * kBs < end) {
+        s.ta.push_back(take(free_a));
+        s.tb.push_back(take(free_b));
+        const int32_t w = take(free_w);
+        reused += window_used[static_cast<size_t>(w)] ? 1 : 0;
+        window_used[static_cast<size_t>(w)] = true;
+        s.tw.push_back(w);
+      }
+      holes += s.tw[0] < 0 ? 1 : 0;
+      LlmStepSeq q = seq(static_cast<int32_t>(tokens.size()), n, s.computed,
+                         static_cast<int32_t>(blocks_a.size()), static_cast<int32_t>(s.ta.size()));
+      q.logits = LogitsMode::kAll;
+      q.sample = end == static_cast<int32_t>(s.tokens.size()) ? 1 : 0;
+      d.push_back(q);
+      tokens.insert(tokens.end(), s.tokens.begin() + s.computed, s.tokens.begin() + end);
+      blocks_a.insert(blocks_a.end(), s.ta.begin(), s.ta.end());
+      blocks_b.insert(blocks_b.end(), s.tb.begin(), s.tb.end());
+      blocks_b.insert(blocks_b.end(), s.tw.begin(), s.tw.end());
+      who.push_back(i);
+    }
+    if (d.empty()) break;
+    std::vector<LlmStepSeq> db = d;
+    int32_t off = 0;
+    for (LlmStepSeq& q : db) {
+      q.block_offset = off;
+      q.window_table = 1;
+      off += 2 * q.num_blocks;
+    }
+    const LlmStep sa{d, tokens, blocks_a}, sb{db, tokens, blocks_b};
+    const Status va = model_->validate(sa, *one);
+    ASSERT_TRUE(va.isOk()) << va.toString();
+    const Status vb = model_->validate(sb, *two);
+    ASSERT_TRUE(vb.isOk()) << vb.toString();
+    // The one-pool cache refuses window tables, the two-pool cache their absence.
+    expectError(model_->validate(sb, *one), "no window pool");
+    expectError(model_->validate(sa, *two), "window_table 0");
+    const size_t rows = static_cast<size_t>(logitsRows(sa));
+    std::vector<float> la(rows * 512), lb(rows * 512, 1.f);
+    std::vector<int32_t> ida(d.size(), -1), idb(d.size(), -1);
+    backend_->launch([&] { model_->enqueueStep(sa, *one, la.data(), ida.data()); });
+    ASSERT_TRUE(backend_->synchronize().isOk());
+    backend_->launch([&] { model_->enqueueStep(sb, *two, lb.data(), idb.data()); });
+    ASSERT_TRUE(backend_->synchronize().isOk());
+    ASSERT_EQ(la, lb) << "step " << steps;
+    ASSERT_EQ(ida, idb) << "step " << steps;
+    size_t k = 0;
+    for (size_t j = 0; j < d.size(); ++j) {
+      Seq& s = seqs[static_cast<size_t>(who[j])];
+      s.computed += d[j].num_tokens;
+      if (d[j].sample) s.tokens.push_back(ida[k++]);
+    }
+    ++steps;
+  }
+  EXPECT_GT(steps, 30u);
+  EXPECT_GT(holes, 20u) << "the windows dropped blocks";
+  EXPECT_GT(reused, 10u) << "dropped blocks were handed to other sequences";
+}
+
+// [TAG_KV_WINDOW_GROUP] A window table's errors name the problem.
+TEST_F(GptOssModelTest, WindowTableErrorsNameTheProblem) {
+  auto two = PagedKvCache::create(*backend_, model_->kvShape(16, 4, 6), model_->kvDType()).value();
+  auto checkTwo = [&](std::vector<LlmStepSeq> seqs, std::vector<int32_t> tokens,
+                      std::vector<int32_t> blocks) {
+    for (LlmStepSeq& q : seqs) q.window_table = 1;
+    return model_->validate(LlmStep{seqs, tokens, blocks}, *two);
+  };
+  std::vector<int32_t> five = {1, 2, 3, 4, 5};
+  // Positions 12..16 read keys 5..16 in the window: blocks 1..4 needed, block 0 may be a hole.
+  EXPECT_TRUE(checkTwo({seq(0, 5, 12, 0, 5)}, five, {0, 1, 2, 3, 4, -1, 5, 4, 3, 2}).isOk());
+  expectError(checkTwo({seq(0, 5, 12, 0, 5)}, five, {0, 1, 2, 3, 4, -1, -1, 4, 3, 2}),
+              "hole at block 1");
+  expectError(checkTwo({seq(0, 5, 12, 0, 5)}, five, {0, 1, 2, 3, 4, -1, 5, 4, 3, 6}),
+              "outside the window pool");
+  expectError(checkTwo({seq(0, 5, 12, 0, 5)}, five, {0, 1, 2, 3, 4, -1, 5, 4, 3}),
+              "window table outside");
+  expectError(checkTwo({seq(0, 1, 0, 0, 1), seq(1, 1, 0, 2, 1)}, {1, 2}, {5, 2, 6, 2}),
+              "window-pool KV slot");
+  const std::vector<LlmStepSeq> two_flag = {[] {
+    LlmStepSeq q = seq(0, 1, 0, 0, 1);
+    q.window_table = 2;
+    return q;
+  }()};
+  const std::vector<int32_t> one_token = {1}, table = {0, 0};
+  expectError(model_->validate(LlmStep{two_flag, one_token, table}, *two), "window_table 2");
 }
 
 // The fixture split into two shards with an index (as the published checkpoints are) loads and

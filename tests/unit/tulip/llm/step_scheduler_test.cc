@@ -882,11 +882,12 @@ class WindowShadow {
 
   // Checks and applies plan `p`; `sampled` are the ids the engine returned for it.
   void step(const StepPlan& p, const std::vector<int32_t>& sampled) {
-    ASSERT_EQ(p.window_offsets.size(), p.seqs.size());
     for (size_t i = 0; i < p.seqs.size(); ++i) {
       const llm::LlmStepSeq& d = p.seqs[i];
+      ASSERT_EQ(d.window_table, 1);
+      ASSERT_LE(size_t(d.block_offset) + 2 * size_t(d.num_blocks), p.block_ids.size());
       auto table = std::span<const int32_t>(p.block_ids).subspan(d.block_offset, d.num_blocks);
-      auto wt = std::span<const int32_t>(p.window_block_ids).subspan(p.window_offsets[i], d.num_blocks);
+      auto wt = std::span<const int32_t>(p.block_ids).subspan(d.block_offset + d.num_blocks, d.num_blocks);
       for (int32_t k = 0; k < d.num_tokens; ++k) {
         const int32_t id = k == 0 && d.prev_row >= 0 ? prev_[d.prev_row] : p.tokens[d.token_offset + k];
         const uint64_t pos = uint64_t(d.position) + k;
@@ -899,7 +900,7 @@ class WindowShadow {
     for (size_t i = 0; i < p.seqs.size(); ++i) {
       const llm::LlmStepSeq& d = p.seqs[i];
       auto table = std::span<const int32_t>(p.block_ids).subspan(d.block_offset, d.num_blocks);
-      auto wt = std::span<const int32_t>(p.window_block_ids).subspan(p.window_offsets[i], d.num_blocks);
+      auto wt = std::span<const int32_t>(p.block_ids).subspan(d.block_offset + d.num_blocks, d.num_blocks);
       for (int32_t k = 0; k < d.num_tokens; ++k) {
         const uint64_t q = uint64_t(d.position) + k;
         for (uint64_t j = q + 1 > window_ ? q + 1 - window_ : 0; j <= q; ++j) {
