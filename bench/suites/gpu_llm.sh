@@ -141,8 +141,8 @@
 #   winmodel  the sliding-window KV pool on CUDA [TAG_KV_WINDOW_GROUP]: gpu_llm_model_test's
 #             WindowPool case (bits equal to one pool, holes, reused blocks, decode graphs) and
 #             DecodeGraphs, then memcheck over the WindowPool case
-#   winsweep  gpu_chat_sweep.sh at 256 streams with --kv-window-blocks 0 and 6144 (the cpu auto
-#             size at the serving defaults; needs mk20b, GPUBIN/tokenizer.json)
+#   winsweep  gpu_chat_sweep.sh at 256 streams with --kv-window-blocks 0 and 32000 (about what auto
+#             gives 20b on the H200: 1/9 of ~115 GB; needs mk20b, GPUBIN/tokenizer.json)
 #   attnops   the paged attention tests alone (mma.sync and Hopper kernels, plan checks)
 #   attnmem   compute-sanitizer memcheck over paged attention cases 1x, 2x, 3x (Hopper ones among them)
 #   attnsrc   ncu --set full over the first Hopper paged attention launch of --attn-bench
@@ -290,7 +290,7 @@ for s in $STEPS; do
     tiledab120b) step tiledab120b tiledab120b.txt 320 bash -c "for v in 128 0; do echo \"== --router-tiled-min \$v\"; '$BIN/rose_llm_bench' --model /dev/shm/gptoss120b --prefill 8192,32768 --prefill-reps 3 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --router-tiled-min \$v 2>&1 | grep -v 'gemm tuned'; done; echo '== defaults, long'; '$BIN/rose_llm_bench' --model /dev/shm/gptoss120b --prefill 65536,131072 --decode 1@8192 --decode-steps 32 --max-batch-tokens 16384 --kv-tokens 140000 2>&1 | grep -v 'gemm tuned'" ;;
     autoab) step autoab autoab.txt 300 bash -c "for v in auto chunk; do echo \"== GARDEN_MOE_PREFILL=\$v\"; GARDEN_MOE_PREFILL=\$v TAG=_\$v bash '$ROOT/bench/suites/gpu_chat_sweep.sh' '$BIN' /tmp/gptoss20b '$BIN/tokenizer.json' '$LOGS/autoab' 256; done" ;;
     winmodel) step winmodel win_model.log 300 bash -c "'$BIN/gpu_llm_model_test' --gtest_filter='*WindowPool*:*DecodeGraphs*' && compute-sanitizer --tool memcheck --error-exitcode 3 '$BIN/gpu_llm_model_test' --gtest_filter='*WindowPool*'" ;;
-    winsweep) step winsweep winsweep.txt 400 bash -c "for v in '0 _nowin' '6144 _win'; do set -- \$v; echo \"== --kv-window-blocks \$1\"; TAG=\$2 TULIP_ARGS=\"--rose-arg=--kv-window-blocks=\$1\" bash '$ROOT/bench/suites/gpu_chat_sweep.sh' '$BIN' /tmp/gptoss20b '$BIN/tokenizer.json' '$LOGS/winsweep' 256; grep -h -E 'kv window pool|kv cache ready|\"ready\"' '$LOGS'/winsweep/sweep_tulip\$2.log | head -4; done" ;;
+    winsweep) step winsweep winsweep.txt 400 bash -c "for v in '0 _nowin' '32000 _win'; do set -- \$v; echo \"== --kv-window-blocks \$1\"; TAG=\$2 TULIP_ARGS=\"--rose-arg=--kv-window-blocks=\$1\" bash '$ROOT/bench/suites/gpu_chat_sweep.sh' '$BIN' /tmp/gptoss20b '$BIN/tokenizer.json' '$LOGS/winsweep' 256; grep -h -E 'kv window pool|kv cache ready|\"ready\"' '$LOGS'/winsweep/sweep_tulip\$2.log | head -4; done" ;;
     routerops) step routerops router_ops.log 200 "$BIN/gpu_llm_ops_test" --gtest_filter='*MoeRoute*' ;;
     figs) step figs figs.txt 300 bash -c "command -v nsys || echo 'no nsys'; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192,32768 --prefill-reps 5 --decode 1@8192,64@1024 --decode-steps 32 --max-batch-tokens 16384 --kv-tokens 140000 ${FIGS_FLAGS:-} 2>&1 | grep -v 'gemm tuned'; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 65536,131072 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 ${FIGS_FLAGS:-} 2>&1 | grep -v 'gemm tuned'" ;;
     figs120b) step figs120b figs120b.txt 320 bash -c "'$BIN/rose_llm_bench' --model /dev/shm/gptoss120b --prefill 8192,32768 --prefill-reps 5 --decode 1@8192 --decode-steps 32 --max-batch-tokens 16384 --kv-tokens 140000 ${FIGS_FLAGS:-} 2>&1 | grep -v 'gemm tuned'; '$BIN/rose_llm_bench' --model /dev/shm/gptoss120b --prefill 65536,131072 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 ${FIGS_FLAGS:-} 2>&1 | grep -v 'gemm tuned'" ;;

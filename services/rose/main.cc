@@ -287,9 +287,10 @@ Result<int64_t> kvBlocks(rose::Backend& backend, const LlmArgs& f, const rose::K
 // [TAG_KV_WINDOW_GROUP] Blocks of the sliding layers' own pool for a model whose window is
 // `window` keys (0: none). --kv-window-blocks N: N (at least what one sequence's largest chunk
 // reads: ceil((window - 1 + max_batch_tokens) / block_size) + 1); 0: none; -1 (auto) on a
-// backend whose window path is verified (cpu; the cuda path awaits its GPU test run): twice
-// what max_seqs running sequences can hold at once (each ceil((window - 1) / block_size) + 2
-// blocks, plus one step's new tokens), the second half for the prefix cache's window blocks.
+// backend whose window path is verified (cpu; the cuda path awaits its GPU test run): at least
+// twice what max_seqs running sequences can hold at once (each ceil((window - 1) / block_size)
+// + 2 blocks, plus one step's new tokens), the second half for the prefix cache's window blocks
+// — returned negated (the caller raises it to one window block per 8 full blocks, below).
 Result<int64_t> kvWindowBlocks(rose::Backend& backend, const LlmArgs& f, int32_t window,
                                int64_t max_batch_tokens) {
   if (window <= 0 || f.kv_window_blocks == 0) return int64_t{0};
@@ -302,7 +303,7 @@ Result<int64_t> kvWindowBlocks(rose::Backend& backend, const LlmArgs& f, int32_t
       return int64_t{0};
     }
     const int64_t per_seq = (window - 1 + bs - 1) / bs + 2;
-    return 2 * (int64_t{f.max_seqs} * per_seq + (max_batch_tokens + bs - 1) / bs);
+    return -2 * (int64_t{f.max_seqs} * per_seq + (max_batch_tokens + bs - 1) / bs);
   }
   const int64_t least = (window - 1 + max_batch_tokens + bs - 1) / bs + 1;
   if (f.kv_window_blocks < least) {
@@ -344,13 +345,32 @@ Result<Workload> loadLlm(const std::string& dir, rose::Backend& backend, int32_t
     }
   }
   ASSIGN_OR_RETURN(std::vector<int32_t> eos, rose::loadEosIds(dir));
-  ASSIGN_OR_RETURN(const int64_t window_blocks,
+  ASSIGN_OR_RETURN(int64_t window_blocks,
                    kvWindowBlocks(backend, f, w.gpt_oss->slidingWindow(), max_batch_tokens));
   const rose::KvCacheShape one =
-      w.gpt_oss->kvShape(1, f.kv_block_size, static_cast<int32_t>(window_blocks > 0 ? 1 : 0));
-  const int64_t window_bytes = window_blocks * 2 * one.numWindowLayers() * f.kv_block_size *
-                               one.slotElements() *
-                               static_cast<int64_t>(dtypeSize(w.gpt_oss->kvDType()));
+      w.gpt_oss->kvShape(1, f.kv_block_size, static_cast<int32_t>(window_blocks != 0 ? 1 : 0));
+  const int64_t window_block_bytes = 2 * one.numWindowLayers() * f.kv_block_size *
+                                     one.slotElements() *
+                                     static_cast<int64_t>(dtypeSize(w.gpt_oss->kvDType()));
+  if (window_blocks < 0) {
+    // Auto: a prefix hit needs the window blocks before its end as well as the full blocks
+    // [TAG_KV_WINDOW_GROUP], so the window pool keeps one block per 8 full blocks when that is
+    // more than the running sequences' share: the window (ceil(window / block_size) + 1 = 9
+    // blocks at the published shape) of every prefix the full pool can keep cached, for
+    // contexts from ~1,150 tokens. The budget splits so that full = 8 x window.
+    const int64_t least = -window_blocks;
+    ASSIGN_OR_RETURN(const int64_t all_full, kvBlocks(backend, f, one, w.gpt_oss->kvDType()));
+    const int64_t full_block_bytes = 2 * (one.num_layers - one.numWindowLayers()) *
+                                     f.kv_block_size * one.slotElements() *
+                                     static_cast<int64_t>(dtypeSize(w.gpt_oss->kvDType()));
+    // --kv-blocks N fixes the full pool; a budget is shared: full x (bf + bw / 8) = budget.
+    const int64_t full = f.kv_blocks > 0 ? all_full
+                                         : static_cast<int64_t>(
+                                               static_cast<double>(all_full) * full_block_bytes /
+                                               (full_block_bytes + window_block_bytes / 8.0));
+    window_blocks = std::min<int64_t>(std::max(least, full / 8), INT32_MAX);
+  }
+  const int64_t window_bytes = window_blocks * window_block_bytes;
   ASSIGN_OR_RETURN(const int64_t kv_blocks,
                    kvBlocks(backend, f, one, w.gpt_oss->kvDType(), window_bytes));
   if (window_blocks > 0) {

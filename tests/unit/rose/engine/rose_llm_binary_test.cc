@@ -215,31 +215,44 @@ TEST_F(RoseLlmBinary, SidecarAnnouncesTheLlmAndServesAStep) {
 }
 
 TEST_F(RoseLlmBinary, SpawnedSizesTheKvCacheFromMegabytes) {
-  const std::string name = garden::testing::uniqueShmName("/rose-llm-bin-", "spawned");
-  auto ch = shm::Channel::create(name, shm::Layout{2, 8192, 4096});
-  ASSERT_TRUE(ch.isOk()) << ch.status().toString();
-  pid_t pid = garden::testing::spawnChild({roseBin(), "--model", modelDir(), "--shm-name", name,
-                                           "--threads", "1", "--max-batch-tokens", "32",
-                                           "--kv-cache-mb", "1", "--kv-block-size", "8",
-                                           "--max-model-len", "128", "--max-seqs", "4"});
-  ASSERT_GT(pid, 0);
-  ASSERT_TRUE(waitState(*ch, shm::WorkerState::kReady, 60s)) << "rose did not become ready";
-  EXPECT_EQ(ch->workerPid(), pid);
-  const shm::ModelFacts f = ch->modelFacts();
-  EXPECT_STREQ(f.kind, "llm");
-  // [TAG_KV_WINDOW_GROUP] The sliding layer's pool first: 2 x (4 seqs x (ceil(7 / 8) + 2) +
-  // ceil(32 / 8)) = 32 blocks of K and V x 1 layer x 8 tokens x 2 kv heads x 64 dims x 4 bytes
-  // (f32 on cpu); the rest of the 1 MiB in blocks of the full layer, the same size.
+  // [TAG_KV_WINDOW_GROUP] Blocks of K and V x 1 layer x 8 tokens x 2 kv heads x 64 dims x 4 bytes
+  // (f32 on cpu), the same size in both pools (one sliding layer, one full).
   constexpr uint32_t kBlockBytes = 2 * 1 * 8 * 2 * 64 * 4;
-  EXPECT_EQ(f.kv_num_blocks_window, 32u);
-  EXPECT_EQ(f.kv_num_blocks, ((1u << 20) - 32 * kBlockBytes) / kBlockBytes);
-  EXPECT_EQ(f.kv_block_size, 8u);
-  EXPECT_EQ(f.max_seq_len, 128u);
-  kill(pid, SIGTERM);
-  int st = garden::testing::waitChildExit(pid, 15s);
-  ASSERT_NE(st, -1);
-  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "status " << st;
-  EXPECT_EQ(ch->state(), shm::WorkerState::kStopping);
+  for (const char* mb : {"1", "8"}) {
+    SCOPED_TRACE(std::string(mb) + " MiB");
+    const std::string name = garden::testing::uniqueShmName("/rose-llm-bin-", "spawned");
+    auto ch = shm::Channel::create(name, shm::Layout{2, 8192, 4096});
+    ASSERT_TRUE(ch.isOk()) << ch.status().toString();
+    pid_t pid = garden::testing::spawnChild({roseBin(), "--model", modelDir(), "--shm-name", name,
+                                             "--threads", "1", "--max-batch-tokens", "32",
+                                             "--kv-cache-mb", mb, "--kv-block-size", "8",
+                                             "--max-model-len", "128", "--max-seqs", "4"});
+    ASSERT_GT(pid, 0);
+    ASSERT_TRUE(waitState(*ch, shm::WorkerState::kReady, 60s)) << "rose did not become ready";
+    EXPECT_EQ(ch->workerPid(), pid);
+    const shm::ModelFacts f = ch->modelFacts();
+    EXPECT_STREQ(f.kind, "llm");
+    const uint32_t budget = static_cast<uint32_t>(std::stoi(mb)) << 20;
+    if (std::string(mb) == "1") {
+      // The running sequences' share decides: 2 x (4 seqs x (ceil(7 / 8) + 2) + ceil(32 / 8)) =
+      // 32 window blocks (more than 1/8 of the full pool); the full pool takes the rest.
+      EXPECT_EQ(f.kv_num_blocks_window, 32u);
+      EXPECT_EQ(f.kv_num_blocks, (budget - 32 * kBlockBytes) / kBlockBytes);
+    } else {
+      // One window block per 8 full blocks decides: full x (1 + 1/8) blocks = 1024 blocks of
+      // budget, full = 910, window = 910 / 8 = 113; the full pool takes the rest (911).
+      EXPECT_EQ(f.kv_num_blocks_window, 113u);
+      EXPECT_EQ(f.kv_num_blocks, (budget - 113 * kBlockBytes) / kBlockBytes);
+    }
+    EXPECT_EQ(f.kv_window, 8u);
+    EXPECT_EQ(f.kv_block_size, 8u);
+    EXPECT_EQ(f.max_seq_len, 128u);
+    kill(pid, SIGTERM);
+    int st = garden::testing::waitChildExit(pid, 15s);
+    ASSERT_NE(st, -1);
+    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "status " << st;
+    EXPECT_EQ(ch->state(), shm::WorkerState::kStopping);
+  }
 }
 
 // [TAG_KV_WINDOW_GROUP] A window pool smaller than one sequence's largest chunk reads
