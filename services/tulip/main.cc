@@ -259,13 +259,15 @@ int main(int argc, char** argv) {
   wopts.layout.input_bytes =
       (uint64_t{max_batch_tokens} + max_batch_seqs) * sizeof(int32_t) + 4096;
   {
-    // An LLM step: descriptors, tokens and every sequence's block table (blocks of >= 16
-    // tokens assumed; a step that would not fit carries fewer sequences). Pages of the segment
-    // are only backed once touched, so generous sizing costs nothing until used.
+    // An LLM step: descriptors, tokens and every sequence's block table, twice over for a
+    // worker with a sliding-window pool (each window table follows its table,
+    // [TAG_KV_WINDOW_GROUP]) (blocks of >= 16 tokens assumed; a step that would not fit carries
+    // fewer sequences). Pages of the segment are only backed once touched, so generous sizing
+    // costs nothing until used.
     uint64_t positions = model.empty() ? 0 : maxPositionsOf(model);
     if (positions == 0) positions = 8192;
-    const uint64_t blocks = std::min<uint64_t>(uint64_t{max_num_seqs} * ((positions + 15) / 16),
-                                               uint64_t{16} << 20);
+    const uint64_t blocks = std::min<uint64_t>(
+        2 * uint64_t{max_num_seqs} * ((positions + 15) / 16), uint64_t{32} << 20);
     wopts.layout.input_bytes = std::max<uint64_t>(
         wopts.layout.input_bytes, shm::llmStepBytes(max_num_seqs, max_batch_tokens, blocks));
   }
