@@ -24,7 +24,8 @@
 // one process each; this process is rank 0 and starts ranks 1..N-1 as
 // `rose <the same flags> --rank r --rank-fd FD`, services/rose/parallel/rank_runtime.h)
 //             [--rank-heartbeat-timeout-ms 3000] [--rank-comm-timeout-ms 0]
-// With --dp D, --kv-blocks counts tulip's block ids (a multiple of D; each dp group caches 1/D).
+// With --dp D, --kv-blocks and --kv-window-blocks count tulip's block ids (multiples of D; each
+// dp group caches 1/D).
 //
 // The cuda backend's kernel choices come from the environment, read once here:
 // GARDEN_ATTENTION_KERNEL=auto|sm90|mma|narrow, GARDEN_GEMM_TUNE=0|1, GARDEN_GEMM_SMALLM=0|1, GARDEN_PDL=0|1,
@@ -316,6 +317,54 @@ Result<int64_t> kvWindowBlocks(rose::Backend& backend, const LlmArgs& f, int32_t
   return f.kv_window_blocks;
 }
 
+// [TAG_KV_WINDOW_GROUP] The KV pools of this process (of one dp group for a sharded model,
+// whose `f` then counts one group's blocks): the window pool (kvWindowBlocks; auto raised to one
+// window block per 8 full blocks) and the full pool in the rest of the budget (kvBlocks).
+// `one`: the cache shape of one block in each pool (its window layers marked when the model has
+// sliding layers).
+struct KvPools {
+  int64_t full = 0, window = 0;
+};
+Result<KvPools> kvPools(rose::Backend& backend, const LlmArgs& f, int32_t window,
+                        int64_t max_batch_tokens, const rose::KvCacheShape& one, DType dtype) {
+  KvPools p;
+  ASSIGN_OR_RETURN(p.window, kvWindowBlocks(backend, f, window, max_batch_tokens));
+  rose::KvCacheShape shape = one;
+  if (p.window == 0) {  // every layer in the one pool
+    shape.num_blocks_window = 0;
+    shape.window_layers = 0;
+  }
+  const int64_t layer_block_bytes = shape.slotElements() *
+                                    static_cast<int64_t>(dtypeSize(dtype)) * f.kv_block_size *
+                                    2;  // K and V of one block of one layer
+  const int64_t window_block_bytes = layer_block_bytes * shape.numWindowLayers();
+  if (p.window < 0) {
+    // Auto: a prefix hit needs the window blocks before its end as well as the full blocks, so
+    // the window pool keeps one block per 8 full blocks when that is more than the running
+    // sequences' share: the window (ceil(window / block_size) + 1 = 9 blocks at the published
+    // shape) of every prefix the full pool can keep cached, for contexts from ~1,150 tokens.
+    // --kv-blocks N fixes the full pool; a budget is split so that full x (bf + bw / 8) = budget.
+    const int64_t least = -p.window;
+    ASSIGN_OR_RETURN(const int64_t all_full, kvBlocks(backend, f, shape, dtype));
+    const int64_t full_block_bytes =
+        layer_block_bytes * (shape.num_layers - shape.numWindowLayers());
+    const int64_t full =
+        f.kv_blocks > 0 ? all_full
+                        : static_cast<int64_t>(static_cast<double>(all_full) * full_block_bytes /
+                                               (full_block_bytes + window_block_bytes / 8.0));
+    p.window = std::min<int64_t>(std::max(least, full / 8), INT32_MAX);
+  }
+  const int64_t window_bytes = p.window * window_block_bytes;
+  ASSIGN_OR_RETURN(p.full, kvBlocks(backend, f, shape, dtype, window_bytes));
+  if (p.window > 0) {
+    log::info("kv window pool", {{"window", window},
+                                 {"blocks", p.window},
+                                 {"mib", window_bytes >> 20},
+                                 {"full_blocks", p.full}});
+  }
+  return p;
+}
+
 rose::GptOssOptions gptOssOptions(int64_t max_batch_tokens, const LlmArgs& f) {
   rose::GptOssOptions go;
   go.max_batch_tokens = max_batch_tokens;
@@ -345,40 +394,10 @@ Result<Workload> loadLlm(const std::string& dir, rose::Backend& backend, int32_t
     }
   }
   ASSIGN_OR_RETURN(std::vector<int32_t> eos, rose::loadEosIds(dir));
-  ASSIGN_OR_RETURN(int64_t window_blocks,
-                   kvWindowBlocks(backend, f, w.gpt_oss->slidingWindow(), max_batch_tokens));
-  const rose::KvCacheShape one =
-      w.gpt_oss->kvShape(1, f.kv_block_size, static_cast<int32_t>(window_blocks != 0 ? 1 : 0));
-  const int64_t window_block_bytes = 2 * one.numWindowLayers() * f.kv_block_size *
-                                     one.slotElements() *
-                                     static_cast<int64_t>(dtypeSize(w.gpt_oss->kvDType()));
-  if (window_blocks < 0) {
-    // Auto: a prefix hit needs the window blocks before its end as well as the full blocks
-    // [TAG_KV_WINDOW_GROUP], so the window pool keeps one block per 8 full blocks when that is
-    // more than the running sequences' share: the window (ceil(window / block_size) + 1 = 9
-    // blocks at the published shape) of every prefix the full pool can keep cached, for
-    // contexts from ~1,150 tokens. The budget splits so that full = 8 x window.
-    const int64_t least = -window_blocks;
-    ASSIGN_OR_RETURN(const int64_t all_full, kvBlocks(backend, f, one, w.gpt_oss->kvDType()));
-    const int64_t full_block_bytes = 2 * (one.num_layers - one.numWindowLayers()) *
-                                     f.kv_block_size * one.slotElements() *
-                                     static_cast<int64_t>(dtypeSize(w.gpt_oss->kvDType()));
-    // --kv-blocks N fixes the full pool; a budget is shared: full x (bf + bw / 8) = budget.
-    const int64_t full = f.kv_blocks > 0 ? all_full
-                                         : static_cast<int64_t>(
-                                               static_cast<double>(all_full) * full_block_bytes /
-                                               (full_block_bytes + window_block_bytes / 8.0));
-    window_blocks = std::min<int64_t>(std::max(least, full / 8), INT32_MAX);
-  }
-  const int64_t window_bytes = window_blocks * window_block_bytes;
-  ASSIGN_OR_RETURN(const int64_t kv_blocks,
-                   kvBlocks(backend, f, one, w.gpt_oss->kvDType(), window_bytes));
-  if (window_blocks > 0) {
-    log::info("kv window pool", {{"window", w.gpt_oss->slidingWindow()},
-                                 {"blocks", window_blocks},
-                                 {"mib", window_bytes >> 20},
-                                 {"full_blocks", kv_blocks}});
-  }
+  ASSIGN_OR_RETURN(const KvPools pools,
+                   kvPools(backend, f, w.gpt_oss->slidingWindow(), max_batch_tokens,
+                           w.gpt_oss->kvShape(1, f.kv_block_size, 1), w.gpt_oss->kvDType()));
+  const int64_t kv_blocks = pools.full, window_blocks = pools.window;
   rose::LlmRunnerOptions ro;
   ro.kv_num_blocks = static_cast<int32_t>(kv_blocks);
   ro.kv_num_blocks_window = static_cast<int32_t>(window_blocks);
@@ -403,10 +422,9 @@ Result<Workload> loadLlmSharded(const std::string& dir, rose::Backend& backend, 
                                 const std::vector<std::string>& self_argv) {
   Workload w;
   const rose::ParallelConfig& par = ra.parallel;
-  if (f.kv_window_blocks > 0) {  // [TAG_KV_WINDOW_GROUP] auto (-1) means none here
-    return invalidArgument(
-        "--kv-window-blocks: a sharded model (--tp/--dp/--ep) keeps every layer in the one pool "
-        "so far; use 0 or -1");
+  if (f.kv_window_blocks > 0 && f.kv_window_blocks % par.dp != 0) {  // [TAG_KV_WINDOW_GROUP]
+    return invalidArgument("--kv-window-blocks must be a multiple of --dp (it counts tulip's "
+                           "window block ids, one equal share per dp group)");
   }
   ASSIGN_OR_RETURN(const rose::GptOssConfig cfg, rose::loadGptOssConfig(dir));
   const ModelConfig& c = cfg.base;
@@ -419,9 +437,10 @@ Result<Workload> loadLlmSharded(const std::string& dir, rose::Backend& backend, 
                               : std::min<int64_t>(c.max_position_embeddings, 131072);
   rose::RankSegmentOptions so;
   so.parallel = par;
+  // (Twice the tables: a window table may follow each [TAG_KV_WINDOW_GROUP].)
   so.step_bytes = rose::relayedStepBytes(
       static_cast<uint64_t>(f.max_seqs), static_cast<uint64_t>(max_batch_tokens),
-      static_cast<uint64_t>(f.max_seqs) *
+      2 * static_cast<uint64_t>(f.max_seqs) *
           static_cast<uint64_t>(rose::kvBlocksFor(max_len, f.kv_block_size)));
   so.comm_timeout_ms = static_cast<uint32_t>(ra.comm_timeout_ms);
   ASSIGN_OR_RETURN(w.segment, rose::RankSegment::create(so));
@@ -440,11 +459,16 @@ Result<Workload> loadLlmSharded(const std::string& dir, rose::Backend& backend, 
   ASSIGN_OR_RETURN(std::vector<int32_t> eos, rose::loadEosIds(dir));
   LlmArgs per_group = f;
   per_group.kv_blocks = f.kv_blocks / par.dp;
-  ASSIGN_OR_RETURN(const int64_t blocks,
-                   kvBlocks(backend, per_group, w.shard->kvShape(1, f.kv_block_size),
-                            w.shard->kvDType()));
-  if (blocks * par.dp > INT32_MAX) return invalidArgument("KV blocks x --dp exceed 2^31 - 1");
-  w.segment->setKvBlocksPerGroup(static_cast<int32_t>(blocks));
+  if (f.kv_window_blocks > 0) per_group.kv_window_blocks = f.kv_window_blocks / par.dp;
+  ASSIGN_OR_RETURN(const KvPools pools,
+                   kvPools(backend, per_group, w.shard->slidingWindow(), max_batch_tokens,
+                           w.shard->kvShape(1, f.kv_block_size, 1), w.shard->kvDType()));
+  const int64_t blocks = pools.full, window_blocks = pools.window;
+  if ((blocks + window_blocks) * par.dp > INT32_MAX) {
+    return invalidArgument("KV blocks x --dp exceed 2^31 - 1");
+  }
+  w.segment->setKvBlocksPerGroup(static_cast<int32_t>(blocks),
+                                 static_cast<int32_t>(window_blocks));
   RETURN_IF_ERROR(w.ranks->waitReady(std::chrono::minutes(30)));
   if (par.dp > 1) {
     log::info("--dp > 1: the KV block ids form one group per dp group (announced to tulip, which "
@@ -455,6 +479,7 @@ Result<Workload> loadLlmSharded(const std::string& dir, rose::Backend& backend, 
   w.step_model = std::make_unique<rose::ShardedStepModel>(*w.shard, *w.segment);
   rose::LlmRunnerOptions ro;
   ro.kv_num_blocks = static_cast<int32_t>(blocks * par.dp);
+  ro.kv_num_blocks_window = static_cast<int32_t>(window_blocks * par.dp);
   ro.kv_block_groups = par.dp;
   ro.kv_block_size = f.kv_block_size;
   ro.max_seqs = f.max_seqs;
@@ -520,8 +545,9 @@ int runFollowerRank(const std::string& dir, const std::string& device, int32_t t
     if (g_stop || s.aborted()) return finish(1);
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
-  auto kv = rose::PagedKvCache::create(**backend, (*shard)->kvShape(blocks, f.kv_block_size),
-                                       (*shard)->kvDType());
+  auto kv = rose::PagedKvCache::create(
+      **backend, (*shard)->kvShape(blocks, f.kv_block_size, s.kvWindowBlocksPerGroup()),
+      (*shard)->kvDType());
   if (!kv.isOk()) return failed(kv.status(), "cannot allocate this rank's KV cache");
   log::info("rank ready", {{"rank", ra.rank},
                            {"world", par.world()},

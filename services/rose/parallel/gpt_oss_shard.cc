@@ -288,6 +288,10 @@ Result<std::unique_ptr<GptOssShard>> GptOssShard::load(const std::string& dir, B
   ASSIGN_OR_RETURN(m->ids_, b.allocateTensor(DType::kI32, {t}));
   ASSIGN_OR_RETURN(m->positions_, b.allocateTensor(DType::kI32, {t}));
   ASSIGN_OR_RETURN(m->slots_, b.allocateTensor(DType::kI32, {t}));
+  if (m->slidingWindow() > 0) {  // [TAG_KV_WINDOW_GROUP] for a cache with a window pool
+    ASSIGN_OR_RETURN(m->block_tables_w_, b.allocateTensor(DType::kI32, {m->table_capacity_}));
+    ASSIGN_OR_RETURN(m->slots_w_, b.allocateTensor(DType::kI32, {t}));
+  }
   ASSIGN_OR_RETURN(m->cu_q_, b.allocateTensor(DType::kI32, {s + 1}));
   ASSIGN_OR_RETURN(m->rows_, b.allocateTensor(DType::kI32, {r}));
   ASSIGN_OR_RETURN(m->residual_, b.allocateTensor(b.residualDType(), {t, h}));
@@ -332,25 +336,40 @@ Result<std::unique_ptr<GptOssShard>> GptOssShard::load(const std::string& dir, B
   return m;
 }
 
-KvCacheShape GptOssShard::kvShape(int32_t blocks_per_group, int32_t block_size) const {
+KvCacheShape GptOssShard::kvShape(int32_t blocks_per_group, int32_t block_size,
+                                  int32_t window_blocks_per_group) const {
   KvCacheShape s;
   s.num_layers = static_cast<int32_t>(config_.base.num_hidden_layers);
   s.num_blocks = blocks_per_group;
   s.block_size = block_size;
   s.num_kv_heads = static_cast<int32_t>(attn_shard_.kv_heads.count);
   s.head_dim = static_cast<int32_t>(config_.base.head_dim);
+  if (window_blocks_per_group > 0 && slidingWindow() > 0 && s.num_layers <= 64) {
+    s.num_blocks_window = window_blocks_per_group;
+    for (int32_t l = 0; l < s.num_layers; ++l) {
+      if (config_.sliding[static_cast<size_t>(l)]) s.window_layers |= uint64_t{1} << l;
+    }
+  }
   return s;
+}
+
+int32_t GptOssShard::slidingWindow() const {
+  for (uint8_t sl : config_.sliding) {
+    if (sl) return static_cast<int32_t>(config_.base.sliding_window);
+  }
+  return 0;
 }
 
 Status GptOssShard::validate(const LlmStep& step, const PagedKvCache& kv,
                              int64_t prev_sampled) const {
   const KvCacheShape& ks = kv.shape();
-  const KvCacheShape want = kvShape(ks.num_blocks, ks.block_size);
+  const KvCacheShape want = kvShape(ks.num_blocks, ks.block_size, ks.num_blocks_window);
   if (ks.num_layers != want.num_layers || ks.num_kv_heads != want.num_kv_heads ||
-      ks.head_dim != want.head_dim || kv.dtype() != kvDType()) {
+      ks.head_dim != want.head_dim || kv.dtype() != kvDType() ||
+      ks.num_blocks_window != want.num_blocks_window || ks.window_layers != want.window_layers) {
     return invalidArgument(
         "kv cache shape/dtype does not match this rank's shard (layers, kv heads, head_dim, "
-        "dtype)");
+        "dtype, window pool layers)");
   }
   GptOssStepLimits lim;
   lim.vocab = config_.base.vocab_size;
@@ -360,6 +379,8 @@ Status GptOssShard::validate(const LlmStep& step, const PagedKvCache& kv,
   lim.max_model_len = max_model_len_;
   lim.table_capacity = table_capacity_;
   lim.sampler_state = ops_.supportsSamplerState();
+  lim.num_blocks_window = ks.num_blocks_window * par_.dp;  // [TAG_KV_WINDOW_GROUP]
+  lim.window = ks.num_blocks_window > 0 ? slidingWindow() : 0;
   RETURN_IF_ERROR(
       validateGptOssStep(lim, step, ks.block_size, ks.num_blocks * par_.dp, prev_sampled));
   for (size_t i = 0; i < step.seqs.size(); ++i) {
@@ -371,6 +392,20 @@ Status GptOssShard::validate(const LlmStep& step, const PagedKvCache& kv,
         return invalidArgument("sequence " + std::to_string(i) + ": block " + std::to_string(id) +
                                " lies in another dp group than block " + std::to_string(table[0]) +
                                " (" + std::to_string(ks.num_blocks) + " blocks per group)");
+      }
+    }
+    if (s.window_table == 1) {  // [TAG_KV_WINDOW_GROUP] the window ids: the same dp group
+      const auto wt = step.block_ids.subspan(static_cast<size_t>(s.block_offset + s.num_blocks),
+                                             static_cast<size_t>(s.num_blocks));
+      const int64_t g = dpGroupOfBlock(table[0], ks.num_blocks);
+      for (int32_t id : wt) {
+        if (id >= 0 && dpGroupOfBlock(id, ks.num_blocks_window) != g) {
+          return invalidArgument("sequence " + std::to_string(i) + ": window block " +
+                                 std::to_string(id) + " lies in another dp group than block " +
+                                 std::to_string(table[0]) + " (" +
+                                 std::to_string(ks.num_blocks_window) +
+                                 " window blocks per group)");
+        }
       }
     }
   }
@@ -590,6 +625,12 @@ void GptOssShard::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
     ++rows_of_group[static_cast<size_t>(groupOf(step.seqs[static_cast<size_t>(o.seq)]))];
   }
   h_tables_.clear();
+  // [TAG_KV_WINDOW_GROUP] Sliding layers through the window tables (validate() checked them).
+  const bool wpool = kv.shape().num_blocks_window > 0;
+  const int32_t per_group_w = kv.shape().num_blocks_window;
+  CHECK(!wpool || slots_w_.view.data != nullptr);
+  h_slots_w_.clear();
+  h_tables_w_.clear();
   if (tap_ != nullptr) tap_->token.clear();
   for (int32_t si = 0; si < n_seq; ++si) {
     const LlmStepSeq& s = step.seqs[static_cast<size_t>(si)];
@@ -604,6 +645,18 @@ void GptOssShard::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
     for (int32_t bi = 0; bi < maxb; ++bi) {
       h_tables_.push_back(bi < needed ? local_table[static_cast<size_t>(bi)] : -1);
     }
+    std::vector<int32_t> local_wtable;
+    if (wpool) {
+      const auto wt = step.block_ids.subspan(static_cast<size_t>(s.block_offset + s.num_blocks),
+                                             static_cast<size_t>(s.num_blocks));
+      local_wtable.resize(wt.size());
+      for (size_t bi = 0; bi < wt.size(); ++bi) {
+        local_wtable[bi] = wt[bi] < 0 ? -1 : wt[bi] % per_group_w;
+      }
+      for (int32_t bi = 0; bi < maxb; ++bi) {
+        h_tables_w_.push_back(bi < needed ? local_wtable[static_cast<size_t>(bi)] : -1);
+      }
+    }
     if (s.prev_row >= 0) {
       h_prev_pairs_.push_back(row);
       h_prev_pairs_.push_back(s.prev_row);
@@ -613,6 +666,9 @@ void GptOssShard::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
       h_ids_.push_back(j == 0 && s.prev_row >= 0 ? 0 : id);
       h_positions_.push_back(s.position + j);
       h_slots_.push_back(static_cast<int32_t>(kvSlot(local_table, s.position + j, bs)));
+      if (wpool) {
+        h_slots_w_.push_back(static_cast<int32_t>(kvSlot(local_wtable, s.position + j, bs)));
+      }
       if (tap_ != nullptr) tap_->token.push_back(global_row_of_seq[static_cast<size_t>(si)] + j);
     }
     h_cu_.push_back(row + s.num_tokens);
@@ -633,6 +689,9 @@ void GptOssShard::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
   const Tensor slots = i32View(slots_, t);
   const Tensor cu = i32View(cu_q_, local_seqs + 1);
   const Tensor tables(block_tables_.view.data, DType::kI32, {local_seqs, maxb});
+  const Tensor slots_w = wpool ? i32View(slots_w_, t) : Tensor();
+  const Tensor tables_w =
+      wpool ? Tensor(block_tables_w_.view.data, DType::kI32, {local_seqs, maxb}) : Tensor();
   const Tensor res = residual_.view.rowSlice(0, t);
   const Tensor x = x_.view.rowSlice(0, t);
   const Tensor moe = moe_out_.view.rowSlice(0, t);
@@ -662,6 +721,10 @@ void GptOssShard::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
     b.copyToDevice(slots, h_slots_.data(), sizeof(int32_t) * static_cast<size_t>(t));
     b.copyToDevice(cu, h_cu_.data(), sizeof(int32_t) * h_cu_.size());
     b.copyToDevice(tables, h_tables_.data(), sizeof(int32_t) * h_tables_.size());
+    if (wpool) {
+      b.copyToDevice(slots_w, h_slots_w_.data(), sizeof(int32_t) * static_cast<size_t>(t));
+      b.copyToDevice(tables_w, h_tables_w_.data(), sizeof(int32_t) * h_tables_w_.size());
+    }
     if (!h_prev_pairs_.empty()) {  // [TAG_LLM_PREV_TOKEN]: sampled_ holds the broadcast ids
       const int64_t np = static_cast<int64_t>(h_prev_pairs_.size() / 2);
       const Tensor pairs(prev_pairs_.view.data, DType::kI32, {np, 2});
@@ -706,10 +769,12 @@ void GptOssShard::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
         b.rmsNorm(moe, res, L.input_norm.view, x, norm);
       }
       b.linear(x, L.qkv.view, L.qkv_bias.view, qkv);
-      ops_.ropeKvWrite(qkv, pos, rope_cos_.view, rope_sin_.view, slots, kv.keys(li), kv.values(li),
-                       rope);
+      const bool in_window_pool = kv.shape().windowLayer(li);  // [TAG_KV_WINDOW_GROUP]
+      ops_.ropeKvWrite(qkv, pos, rope_cos_.view, rope_sin_.view, in_window_pool ? slots_w : slots,
+                       kv.keys(li), kv.values(li), rope);
       ap.sliding_window = config_.sliding[l] ? static_cast<int32_t>(c.sliding_window) : 0;
-      ops_.pagedAttention(qkv, kv.keys(li), kv.values(li), cu, pos, tables, L.sinks.view, attn, ap);
+      ops_.pagedAttention(qkv, kv.keys(li), kv.values(li), cu, pos,
+                          in_window_pool ? tables_w : tables, L.sinks.view, attn, ap);
       b.linear(attn, L.o.view, L.o_bias.view, x);
       if (par_.tp > 1) comms_.tp->allReduceSum(x);
       if (tap_ != nullptr) tapRows(tap_->attn, x, t);

@@ -74,8 +74,13 @@ class GptOssShard {
   int64_t vocabSize() const { return config_.base.vocab_size; }
   int64_t maxModelLen() const { return max_model_len_; }
 
-  // This rank's cache: its kv heads, blocks_per_group blocks.
-  KvCacheShape kvShape(int32_t blocks_per_group, int32_t block_size) const;
+  // This rank's cache: its kv heads, blocks_per_group blocks; with window_blocks_per_group > 0
+  // its sliding layers in a window pool of that many blocks [TAG_KV_WINDOW_GROUP] (tulip's
+  // window ids form dp groups of that size, like the full pool's).
+  KvCacheShape kvShape(int32_t blocks_per_group, int32_t block_size,
+                       int32_t window_blocks_per_group = 0) const;
+  // The sliding layers' window in keys; 0 when no layer slides.
+  int32_t slidingWindow() const;
   DType kvDType() const { return backend_.activationDType(); }
 
   // The unsharded model's step checks against tulip's dp·B block ids, plus: every sequence's
@@ -136,12 +141,16 @@ class GptOssShard {
   std::vector<Layer> layers_;
 
   // Workspace (sizes in gpt_oss_shard.cc load()).
+  // slots_w_ / block_tables_w_: the sliding layers' through the window tables (when a layer
+  // slides) [TAG_KV_WINDOW_GROUP].
+  OwnedTensor slots_w_, block_tables_w_;
   OwnedTensor ids_, positions_, slots_, cu_q_, block_tables_, rows_, residual_, x_, moe_out_,
       moe_mine_, qkv_buf_, attn_, router_logits_, topk_ids_, topk_w_, gathered_, logits_part_,
       logits_cols_, logits_group_, logits_recv_, logits_, sampled_, prev_pairs_, pair_rows_,
       pair_ids_, pair_w_, pair_x_, pair_y_, send_x_, send_ids_, send_w_, send_rows_, recv_x_,
       recv_ids_, recv_w_, part_, back_, perm_, sampled_lp_;
   // Host staging (valid until the next enqueueStep()).
+  std::vector<int32_t> h_slots_w_, h_tables_w_;
   std::vector<int32_t> h_ids_, h_positions_, h_slots_, h_cu_, h_tables_, h_prev_pairs_, h_windows_,
       h_topk_ids_, h_recv_ids_, h_local_rows_, h_perm_, h_i32_;
   std::vector<float> h_topk_w_, h_recv_w_, h_f32_;

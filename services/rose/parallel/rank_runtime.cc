@@ -30,7 +30,7 @@ namespace garden::rose {
 namespace {
 
 constexpr uint64_t kMagic = 0x4741524452534547ull;  // "GARDRSEG"
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;  // 2: kv_window_blocks_per_group
 constexpr uint32_t kStepKind = 1, kStopKind = 2;
 
 uint64_t align64(uint64_t v) { return (v + 63) / 64 * 64; }
@@ -43,6 +43,7 @@ struct alignas(64) SegHeader {
   uint64_t step_offset, step_bytes, comm_offset, total;
   int64_t created_ns;
   std::atomic<int32_t> kv_blocks_per_group;
+  std::atomic<int32_t> kv_window_blocks_per_group;  // [TAG_KV_WINDOW_GROUP] 0: none
   std::atomic<uint32_t> published;  // futex word: steps (and the stop) published so far
   // The relayed step's counts (written before `published` moves).
   uint32_t kind, num_seqs, num_tokens, num_blocks;
@@ -190,8 +191,13 @@ int64_t RankSegment::heartbeatAgeMs(int32_t rank) const {
 }
 void RankSegment::setReady(int32_t rank) { words(base_, rank)->ready.store(1); }
 bool RankSegment::ready(int32_t rank) const { return words(base_, rank)->ready.load() != 0; }
-void RankSegment::setKvBlocksPerGroup(int32_t blocks) {
+void RankSegment::setKvBlocksPerGroup(int32_t blocks, int32_t window_blocks) {
+  // The window count first: a follower reads it after it sees `blocks` (release/acquire).
+  hdr(base_)->kv_window_blocks_per_group.store(window_blocks, std::memory_order_relaxed);
   hdr(base_)->kv_blocks_per_group.store(blocks, std::memory_order_release);
+}
+int32_t RankSegment::kvWindowBlocksPerGroup() const {
+  return hdr(base_)->kv_window_blocks_per_group.load(std::memory_order_relaxed);
 }
 int32_t RankSegment::kvBlocksPerGroup() const {
   return hdr(base_)->kv_blocks_per_group.load(std::memory_order_acquire);

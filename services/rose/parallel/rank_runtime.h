@@ -99,8 +99,11 @@ class RankSegment {
   void setReady(int32_t rank);
   bool ready(int32_t rank) const;
   // KV blocks per dp group; 0 until rank 0 has sized its cache (followers wait for it).
-  void setKvBlocksPerGroup(int32_t blocks);
+  // `window_blocks`: the sliding layers' window pool per dp group (0: none) [TAG_KV_WINDOW_GROUP],
+  // published with it (read kvWindowBlocksPerGroup() after kvBlocksPerGroup() is non-zero).
+  void setKvBlocksPerGroup(int32_t blocks, int32_t window_blocks = 0);
   int32_t kvBlocksPerGroup() const;
+  int32_t kvWindowBlocksPerGroup() const;
   // Ends every collective now waiting or started later (the world is dead).
   void abort() const { comm_.abort(); }
   bool aborted() const { return comm_.aborted(); }
@@ -139,13 +142,14 @@ class ShardedStepModel final : public LlmStepModel {
   // Not yet across ranks: the sharded model refuses masked steps (GptOssShard::validate), so
   // tulip refuses constrained requests for such a worker rather than ignoring the grammar.
   bool supportsTokenMask() const override { return false; }
-  // `num_blocks` is tulip's block-id space: dp groups of num_blocks / dp blocks each.
-  // No window pool yet for a sharded model (kvWindow() 0) [TAG_KV_WINDOW_GROUP].
+  // `num_blocks` (and `num_blocks_window`, [TAG_KV_WINDOW_GROUP]) is tulip's block-id space:
+  // dp groups of num_blocks / dp blocks each.
   KvCacheShape kvShape(int32_t num_blocks, int32_t block_size,
                        int32_t num_blocks_window) const override {
-    CHECK(num_blocks_window == 0);
-    return shard_.kvShape(num_blocks / shard_.parallel().dp, block_size);
+    const int32_t dp = shard_.parallel().dp;
+    return shard_.kvShape(num_blocks / dp, block_size, num_blocks_window / dp);
   }
+  int32_t kvWindow() const override { return shard_.slidingWindow(); }
   DType kvDType() const override { return shard_.kvDType(); }
   Status validate(const LlmStep& step, const PagedKvCache& kv,
                   int64_t prev_sampled) const override;

@@ -119,6 +119,30 @@ StepData makeStep(const std::vector<Seq>& seqs) {
   return d;
 }
 
+// [TAG_KV_WINDOW_GROUP] The same step with window tables (the models' window is 8 keys): each
+// sequence's window table follows its table, a hole (-1) for every block whose positions the
+// step's first query no longer reads, else the window pool's id of its dp group (B window blocks
+// per group, ids rotated by 7 inside the group so they differ from the full ids).
+StepData withWindowTables(const StepData& d, const std::vector<Seq>& seqs) {
+  constexpr int32_t kWindow = 8;
+  StepData w;
+  w.seqs = d.seqs;
+  w.tokens = d.tokens;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    LlmStepSeq& q = w.seqs[i];
+    q.block_offset = static_cast<int32_t>(w.blocks.size());
+    q.window_table = 1;
+    const std::vector<int32_t>& b = seqs[i].blocks;
+    w.blocks.insert(w.blocks.end(), b.begin(), b.end());
+    for (size_t bi = 0; bi < b.size(); ++bi) {
+      const int32_t g = b[bi] / kBlocksPerGroup, local = b[bi] % kBlocksPerGroup;
+      const bool dropped = static_cast<int32_t>(bi + 1) * kBlock <= q.position - kWindow + 1;
+      w.blocks.push_back(dropped ? -1 : g * kBlocksPerGroup + (local + 7) % kBlocksPerGroup);
+    }
+  }
+  return w;
+}
+
 // Sequence i's blocks lie in dp group i % dp: ids [g·B, (g+1)·B).
 std::vector<Seq> prompts(int32_t dp) {
   std::mt19937 rng(5);
@@ -185,7 +209,9 @@ Trace runReference(const std::string& dir, int32_t dp) {
 }
 
 // The sharded model, one thread per rank; rank 0's outputs drive the next step.
-Trace runSharded(const std::string& dir, const ParallelConfig& par, bool use_prev_row) {
+// window: the sliding layers in a window pool of B blocks per dp group (withWindowTables).
+Trace runSharded(const std::string& dir, const ParallelConfig& par, bool use_prev_row,
+                 bool window = false) {
   const int32_t n = par.world();
   struct Rank {
     std::unique_ptr<Backend> backend;
@@ -218,7 +244,9 @@ Trace runSharded(const std::string& dir, const ParallelConfig& par, bool use_pre
     EXPECT_TRUE(m.isOk()) << m.status().toString();
     if (!m.isOk()) return {};
     k.model = std::move(m).value();
-    k.kv = PagedKvCache::create(*k.backend, k.model->kvShape(kBlocksPerGroup, kBlock),
+    k.kv = PagedKvCache::create(*k.backend,
+                                k.model->kvShape(kBlocksPerGroup, kBlock,
+                                                 window ? kBlocksPerGroup : 0),
                                 k.model->kvDType())
                .value();
   }
@@ -227,6 +255,7 @@ Trace runSharded(const std::string& dir, const ParallelConfig& par, bool use_pre
   const int64_t vocab = ranks[0].model->vocabSize();
   for (int step = 0; step <= kDecodeSteps; ++step) {
     StepData d = makeStep(seqs);
+    if (window) d = withWindowTables(d, seqs);
     if (use_prev_row && step > 0) {
       for (size_t i = 0; i < d.seqs.size(); ++i) {
         d.seqs[i].prev_row = static_cast<int32_t>(i);  // the token comes from last step's ids
@@ -380,6 +409,28 @@ TEST_P(GptOssShardTest, EveryLayoutMatchesTheUnshardedModel) {
   }
   // 1 + 4 + 9 + 16 layouts exist up to 8 ranks; every tp divides both shapes' heads.
   EXPECT_EQ(tested, GetParam() == 0 ? 30 : 7);
+}
+
+// [TAG_KV_WINDOW_GROUP] The sliding layers from a window pool per dp group (holes once a
+// sequence passes its window, ids of its own group) give the same logits bits and tokens as
+// every layer in one pool, on the same layout: the sharded math is the same, only where K/V live
+// differs.
+TEST(GptOssShardWindow, WindowPoolGivesTheSameBitsAsOnePool) {
+  const std::string dir = makeModel(ModelShape{"w", 64, 8, 16, 64, 256, 8});
+  for (const ParallelConfig par : {ParallelConfig{1, 1, 1}, ParallelConfig{2, 2, 2},
+                                   ParallelConfig{1, 4, 4}, ParallelConfig{4, 2, 1}}) {
+    SCOPED_TRACE("tp " + std::to_string(par.tp) + " dp " + std::to_string(par.dp) + " ep " +
+                 std::to_string(par.ep));
+    const Trace one = runSharded(dir, par, false, false);
+    const Trace two = runSharded(dir, par, false, true);
+    ASSERT_EQ(one.logits.size(), two.logits.size());
+    for (size_t st = 0; st < one.logits.size(); ++st) {
+      ASSERT_EQ(one.logits[st], two.logits[st]) << "step " << st;
+      ASSERT_EQ(one.tokens[st], two.tokens[st]) << "step " << st;
+    }
+  }
+  std::error_code ec;
+  fs::remove_all(dir, ec);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GptOssShardTest, ::testing::Values(0, 1),

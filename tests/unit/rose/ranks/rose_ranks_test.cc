@@ -133,11 +133,15 @@ std::vector<Seq> workload() {
 }
 
 // One step over `seqs`: a prefill of every prompt when `prefill`, else one decode token each.
+// `window`: each table followed by its window table [TAG_KV_WINDOW_GROUP] for a rose started
+// with --kv-window-blocks 32 (the model's window is 8 keys): -1 for blocks the step's first
+// query no longer reads, else the block's id rotated by 5 inside its 16-id half (a dp group of
+// --dp 2, half of the one group otherwise).
 struct StepArrays {
   std::vector<llm::LlmStepSeq> seqs;
   std::vector<int32_t> tokens, blocks, state;
 };
-StepArrays makeStep(const std::vector<Seq>& seqs, bool prefill) {
+StepArrays makeStep(const std::vector<Seq>& seqs, bool prefill, bool window = true) {
   StepArrays s;
   for (const Seq& q : seqs) {
     llm::LlmStepSeq d;
@@ -161,6 +165,14 @@ StepArrays makeStep(const std::vector<Seq>& seqs, bool prefill) {
     }
     for (int32_t i = prefill ? 0 : len - 1; i < len; ++i) s.tokens.push_back(q.tokens[i]);
     for (int32_t b = 0; b < d.num_blocks; ++b) s.blocks.push_back(q.first_block + b);
+    if (window) {
+      d.window_table = 1;
+      for (int32_t b = 0; b < d.num_blocks; ++b) {
+        const int32_t id = q.first_block + b;
+        const bool dropped = (b + 1) * kBlock <= d.position - 8 + 1;
+        s.blocks.push_back(dropped ? -1 : id / 16 * 16 + (id % 16 + 5) % 16);
+      }
+    }
     s.seqs.push_back(d);
   }
   return s;
@@ -206,7 +218,7 @@ class RoseRanks : public ::testing::Test {
     std::vector<Seq> seqs = workload();
     std::vector<std::vector<int32_t>> out;
     for (int step = 0; step <= kDecodeSteps; ++step) {
-      const StepArrays a = makeStep(seqs, step == 0);
+      const StepArrays a = makeStep(seqs, step == 0, /*window=*/false);
       const LlmStep s{a.seqs, a.tokens, a.blocks, a.state};
       Status v = model->validate(s, *kv);
       EXPECT_TRUE(v.isOk()) << v.toString();
@@ -242,6 +254,7 @@ class RoseRanks : public ::testing::Test {
     if (std::find(extra.begin(), extra.end(), "--kv-blocks") == extra.end()) {
       args.insert(args.end(), {"--kv-blocks", std::to_string(kKvBlocks)});
     }
+    args.insert(args.end(), {"--kv-window-blocks", "32"});  // makeStep's window tables
     args.insert(args.end(), extra.begin(), extra.end());
     w.pid = garden::testing::spawnChild(args);
     if (!expect_ready) return w;
@@ -340,6 +353,8 @@ TEST_P(RoseRanksLayout, ServesTheTokensOfOneRank) {
   const shm::ModelFacts f = w.ch->modelFacts();
   EXPECT_STREQ(f.kind, "llm");
   EXPECT_EQ(f.kv_num_blocks, static_cast<uint32_t>(kKvBlocks)) << "tulip's whole id space";
+  EXPECT_EQ(f.kv_num_blocks_window, 32u) << "the window pool, tulip's ids too";
+  EXPECT_EQ(f.kv_window, 8u);
   EXPECT_NE(f.llm_caps & shm::kLlmCapSamplerState, 0u) << "rank 0's sampler has the state";
 
   std::vector<Seq> seqs = workload();
