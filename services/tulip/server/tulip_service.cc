@@ -684,6 +684,8 @@ grpc::ServerUnaryReactor* TulipService::Load(grpc::CallbackServerContext* ctx,
     resp->set_waiting_seqs(s.waiting);
     resp->set_kv_free_blocks(s.kv_free_blocks);
     resp->set_kv_total_blocks(s.kv_total_blocks);
+    resp->set_kv_window_free_blocks(s.kv_window_free_blocks);  // [TAG_KV_WINDOW_GROUP]
+    resp->set_kv_window_total_blocks(s.kv_window_total_blocks);
   } else {
     auto s = scheduler_.stats();
     resp->set_queued_requests(s.queued_requests);
@@ -731,6 +733,8 @@ grpc::ServerUnaryReactor* TulipService::ModelInfo(grpc::CallbackServerContext* c
     if (e >= 0) resp->add_eos_token_ids(e);
   resp->set_kv_blocks(f.kv_num_blocks);
   resp->set_kv_block_size(f.kv_block_size);
+  resp->set_kv_window_blocks(f.kv_num_blocks_window);  // [TAG_KV_WINDOW_GROUP]
+  resp->set_kv_window(f.kv_window);
   return finishNow(ctx, grpc::Status::OK);
 }
 

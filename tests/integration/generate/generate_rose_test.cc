@@ -192,6 +192,8 @@ TEST_F(GenerateRose, GreedyStreamsEqualRosesOwnContinuation) {
     EXPECT_EQ(info.kind(), "llm");
     EXPECT_EQ(info.kv_blocks(), 64u);
     EXPECT_EQ(info.kv_block_size(), static_cast<uint32_t>(kBlock));
+    EXPECT_EQ(info.kv_window_blocks(), 28u);  // [TAG_KV_WINDOW_GROUP] rose's auto size
+    EXPECT_EQ(info.kv_window(), 8u);
     EXPECT_GT(info.eos_token_ids_size(), 0);
   }
   // Two concurrent streams, prefilled in chunks of at most 16 tokens.
@@ -245,6 +247,14 @@ TEST_F(GenerateRose, WindowPoolPreemptionStillGivesRosesContinuation) {
   EXPECT_EQ(ob.tokens, want_b);
   EXPECT_EQ(oc.tokens, want_c);
   EXPECT_GT(metric("tulip_llm_preemptions_total"), 0.0);
+  {
+    grpc::ClientContext ctx;
+    v1::LoadResponse load;
+    ASSERT_TRUE(stub_->Load(&ctx, v1::LoadRequest(), &load).ok());
+    EXPECT_EQ(load.kv_window_total_blocks(), 5u);
+    EXPECT_EQ(load.kv_window_free_blocks(), 5u);
+    EXPECT_EQ(load.kv_free_blocks(), 64u);
+  }
   EXPECT_TRUE(testing::eventually(10s, [&] {
     return metric("tulip_kv_window_blocks_free") == 5.0 && metric("tulip_kv_blocks_free") == 64.0;
   })) << metric("tulip_kv_window_blocks_free") << " " << metric("tulip_kv_blocks_free");
