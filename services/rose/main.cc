@@ -330,6 +330,7 @@ Result<KvPools> kvPools(rose::Backend& backend, const LlmArgs& f, int32_t window
   KvPools p;
   ASSIGN_OR_RETURN(p.window, kvWindowBlocks(backend, f, window, max_batch_tokens));
   rose::KvCacheShape shape = one;
+  if (one.numWindowLayers() == 0) p.window = 0;  // (a model of more than 64 layers: none)
   if (p.window == 0) {  // every layer in the one pool
     shape.num_blocks_window = 0;
     shape.window_layers = 0;

@@ -131,6 +131,10 @@ Result<std::unique_ptr<LlmRunner>> LlmRunner::create(Backend& backend, LlmStepMo
                                    model.kvShape(opts.kv_num_blocks, opts.kv_block_size,
                                                  opts.kv_num_blocks_window),
                                    model.kvDType()));
+  if (r->kv_->shape().num_blocks_window != opts.kv_num_blocks_window) {
+    return invalidArgument("kv_num_blocks_window: the model keeps no window pool (sliding layers "
+                           "among its first 64 only)");
+  }
   return r;
 }
 

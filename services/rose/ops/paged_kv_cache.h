@@ -47,7 +47,7 @@ struct KvCacheShape {
   int64_t elementsPerLayer() const {
     return static_cast<int64_t>(num_blocks) * block_size * slotElements();
   }
-  // Elements of layer `layer` and of the layers before it.
+  // Elements of layer `layer`; of the layers before it (its offset in each of K and V).
   int64_t layerElements(int32_t layer) const {
     return static_cast<int64_t>(layerBlocks(layer)) * block_size * slotElements();
   }
