@@ -527,5 +527,48 @@ TEST(LlmOpsFactory, CpuOnly) {
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
 }
 
+// [TAG_KV_WINDOW_GROUP] A cache with a window pool: the window layers' views have the window
+// pool's block count, the layers sit back to back in order (no overlap: a write through one
+// view is seen by no other), poolBytes counts both pools; malformed shapes are refused.
+TEST(PagedKvCacheWindow, LayersOfBothPoolsTileTheBuffer) {
+  auto b = makeBackend("cpu", BackendOptions{});
+  ASSERT_TRUE(b.isOk());
+  KvCacheShape s{4, 10, 2, 1, 4};  // 4 layers, 10 full blocks of 2 tokens, 1 kv head, dim 4
+  s.num_blocks_window = 3;
+  s.window_layers = 0b0101;  // layers 0 and 2
+  EXPECT_EQ(s.numWindowLayers(), 2);
+  EXPECT_EQ(PagedKvCache::poolBytes(s, DType::kF32), size_t{(3 + 10 + 3 + 10) * 2 * 4 * 4});
+  auto kv = PagedKvCache::create(**b, s, DType::kF32);
+  ASSERT_TRUE(kv.isOk()) << kv.status().toString();
+  const int64_t want_blocks[4] = {3, 10, 3, 10};
+  const auto* base = static_cast<const std::byte*>((*kv)->keys(0).data);
+  int64_t off = 0;
+  for (int32_t l = 0; l < 4; ++l) {
+    const Tensor k = (*kv)->keys(l);
+    EXPECT_EQ(k.dim(0), want_blocks[l]) << "layer " << l;
+    EXPECT_EQ(k.dim(1), 2);
+    EXPECT_EQ(static_cast<const std::byte*>(k.data) - base, off * 4) << "layer " << l;
+    off += want_blocks[l] * 2 * 4;
+    // Every element of this layer gets the layer's number; the others keep theirs.
+    std::fill(k.as<float>(), k.as<float>() + k.numel(), static_cast<float>(l + 1));
+  }
+  for (int32_t l = 0; l < 4; ++l) {
+    const Tensor k = (*kv)->keys(l);
+    for (int64_t i = 0; i < k.numel(); ++i) ASSERT_EQ(k.as<float>()[i], l + 1.f) << l << " " << i;
+  }
+  KvCacheShape bad = s;
+  bad.window_layers = 0;  // a pool without layers
+  EXPECT_EQ(PagedKvCache::create(**b, bad, DType::kF32).status().code(),
+            StatusCode::kInvalidArgument);
+  bad = s;
+  bad.window_layers = 0b10000;  // layer 4 of 4
+  EXPECT_EQ(PagedKvCache::create(**b, bad, DType::kF32).status().code(),
+            StatusCode::kInvalidArgument);
+  bad = s;
+  bad.num_blocks_window = -1;
+  EXPECT_EQ(PagedKvCache::create(**b, bad, DType::kF32).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace garden::rose
