@@ -171,6 +171,38 @@ class GenerateRose : public ::testing::Test {
     return std::stod(r.body.substr(at + name.size() + 2));
   }
 
+  // Three streams (prompts of 20, 27 and 22 tokens starting at 300, 7000 and 90000 + `shift`,
+  // 8 tokens each)
+  // held by tulip while rose is paused, so they compete for the cache however late a loaded
+  // machine starts their threads; each must equal rose's own continuation and tulip must have
+  // preempted.
+  void threeCompetingStreams(int32_t shift) {
+    const auto a = prompt(20, 300 + shift), b = prompt(27, 7000 + shift),
+               c = prompt(22, 90000 + shift);
+    const auto want_a = reference(a, 8), want_b = reference(b, 8), want_c = reference(c, 8);
+    const std::vector<pid_t> kids = testing::childrenOf(tulip_->pid());
+    ASSERT_EQ(kids.size(), 1u);
+    testing::Paused paused(kids.front());
+    ASSERT_TRUE(paused.stopped());
+    auto fa = std::async(std::launch::async, [&] { return generate(a, 8); });
+    auto fb = std::async(std::launch::async, [&] { return generate(b, 8); });
+    auto fc = std::async(std::launch::async, [&] { return generate(c, 8); });
+    const bool all_held = testing::eventually(60s, [&] {
+      auto l = testing::tulipLoad(*stub_);
+      return l && l->running_seqs() + l->waiting_seqs() == 3;
+    });
+    paused.resume();
+    ASSERT_TRUE(all_held) << "tulip never held the three streams";
+    auto oa = fa.get(), ob = fb.get(), oc = fc.get();
+    ASSERT_TRUE(oa.status.ok()) << oa.status.error_message() << tulip_->log();
+    ASSERT_TRUE(ob.status.ok()) << ob.status.error_message();
+    ASSERT_TRUE(oc.status.ok()) << oc.status.error_message();
+    EXPECT_EQ(oa.tokens, want_a);
+    EXPECT_EQ(ob.tokens, want_b);
+    EXPECT_EQ(oc.tokens, want_c);
+    EXPECT_GT(metric("tulip_llm_preemptions_total"), 0.0);
+  }
+
   static testing::TempDir* dir_;
   int port_ = 0, metrics_port_ = 0;
   std::unique_ptr<testing::Process> tulip_;
@@ -223,30 +255,8 @@ TEST_F(GenerateRose, GreedyStreamsEqualRosesOwnContinuation) {
 // three streams: the window pool preempts, the full pool (64 blocks) never runs short, and every
 // stream still equals rose's own continuation computed without a window pool.
 TEST_F(GenerateRose, WindowPoolPreemptionStillGivesRosesContinuation) {
-  const auto a = prompt(20, 301), b = prompt(27, 7001), c = prompt(22, 90001);
-  const auto want_a = reference(a, 8), want_b = reference(b, 8), want_c = reference(c, 8);
   startTulip(64, 5);
-  const std::vector<pid_t> kids = testing::childrenOf(tulip_->pid());
-  ASSERT_EQ(kids.size(), 1u);
-  testing::Paused paused(kids.front());
-  ASSERT_TRUE(paused.stopped());
-  auto fa = std::async(std::launch::async, [&] { return generate(a, 8); });
-  auto fb = std::async(std::launch::async, [&] { return generate(b, 8); });
-  auto fc = std::async(std::launch::async, [&] { return generate(c, 8); });
-  const bool all_held = testing::eventually(60s, [&] {
-    auto l = testing::tulipLoad(*stub_);
-    return l && l->running_seqs() + l->waiting_seqs() == 3;
-  });
-  paused.resume();
-  ASSERT_TRUE(all_held) << "tulip never held the three streams";
-  auto oa = fa.get(), ob = fb.get(), oc = fc.get();
-  ASSERT_TRUE(oa.status.ok()) << oa.status.error_message() << tulip_->log();
-  ASSERT_TRUE(ob.status.ok()) << ob.status.error_message();
-  ASSERT_TRUE(oc.status.ok()) << oc.status.error_message();
-  EXPECT_EQ(oa.tokens, want_a);
-  EXPECT_EQ(ob.tokens, want_b);
-  EXPECT_EQ(oc.tokens, want_c);
-  EXPECT_GT(metric("tulip_llm_preemptions_total"), 0.0);
+  threeCompetingStreams(1);
   {
     grpc::ClientContext ctx;
     v1::LoadResponse load;
@@ -262,36 +272,12 @@ TEST_F(GenerateRose, WindowPoolPreemptionStillGivesRosesContinuation) {
 
 TEST_F(GenerateRose, PreemptionOnATinyCacheStillGivesRosesContinuation) {
   // 9 blocks of 8 = 72 token slots for three streams that grow to 28, 35 and 30 tokens.
-  const auto a = prompt(20, 300), b = prompt(27, 7000), c = prompt(22, 90000);
-  const auto want_a = reference(a, 8), want_b = reference(b, 8), want_c = reference(c, 8);
   startTulip(9);
-  // rose is paused until tulip holds all three streams, so they compete for the cache however
-  // late a loaded machine starts their threads.
-  const std::vector<pid_t> kids = testing::childrenOf(tulip_->pid());
-  ASSERT_EQ(kids.size(), 1u);
-  testing::Paused paused(kids.front());
-  ASSERT_TRUE(paused.stopped());
-  auto fa = std::async(std::launch::async, [&] { return generate(a, 8); });
-  auto fb = std::async(std::launch::async, [&] { return generate(b, 8); });
-  auto fc = std::async(std::launch::async, [&] { return generate(c, 8); });
-  const bool all_held = testing::eventually(60s, [&] {
-    auto l = testing::tulipLoad(*stub_);
-    return l && l->running_seqs() + l->waiting_seqs() == 3;
-  });
-  paused.resume();
-  ASSERT_TRUE(all_held) << "tulip never held the three streams";
-  auto oa = fa.get(), ob = fb.get(), oc = fc.get();
-  ASSERT_TRUE(oa.status.ok()) << oa.status.error_message() << tulip_->log();
-  ASSERT_TRUE(ob.status.ok()) << ob.status.error_message();
-  ASSERT_TRUE(oc.status.ok()) << oc.status.error_message();
-  EXPECT_EQ(oa.tokens, want_a);
-  EXPECT_EQ(ob.tokens, want_b);
-  EXPECT_EQ(oc.tokens, want_c);
+  threeCompetingStreams(0);
   grpc::ClientContext ctx;
   v1::LoadResponse load;
   ASSERT_TRUE(stub_->Load(&ctx, v1::LoadRequest(), &load).ok());
   EXPECT_EQ(load.kv_free_blocks(), 9u);
-  EXPECT_GT(metric("tulip_llm_preemptions_total"), 0.0);
 }
 
 }  // namespace

@@ -65,6 +65,14 @@ class RoseLlmBinary : public ::testing::Test {
 };
 fs::path* RoseLlmBinary::dir_ = nullptr;
 
+// SIGTERM, then rose exits 0 within 15 s.
+void stopCleanly(pid_t pid) {
+  kill(pid, SIGTERM);
+  const int st = garden::testing::waitChildExit(pid, 15s);
+  ASSERT_NE(st, -1) << "rose did not exit on SIGTERM";
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "status " << st;
+}
+
 TEST_F(RoseLlmBinary, SidecarAnnouncesTheLlmAndServesAStep) {
   const std::string name = garden::testing::uniqueShmName("/rose-llm-bin-", "sidecar");
   pid_t pid = garden::testing::spawnChild({roseBin(),
@@ -208,10 +216,7 @@ TEST_F(RoseLlmBinary, SidecarAnnouncesTheLlmAndServesAStep) {
   EXPECT_NE(std::string(c->message).find("serves an llm"), std::string::npos) << c->message;
 
   EXPECT_FALSE(ch->heartbeatStale(2s));
-  kill(pid, SIGTERM);
-  int st = garden::testing::waitChildExit(pid, 15s);
-  ASSERT_NE(st, -1) << "rose did not exit on SIGTERM";
-  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "status " << st;
+  stopCleanly(pid);
 }
 
 TEST_F(RoseLlmBinary, SpawnedSizesTheKvCacheFromMegabytes) {
@@ -247,10 +252,7 @@ TEST_F(RoseLlmBinary, SpawnedSizesTheKvCacheFromMegabytes) {
     EXPECT_EQ(f.kv_window, 8u);
     EXPECT_EQ(f.kv_block_size, 8u);
     EXPECT_EQ(f.max_seq_len, 128u);
-    kill(pid, SIGTERM);
-    int st = garden::testing::waitChildExit(pid, 15s);
-    ASSERT_NE(st, -1);
-    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "status " << st;
+    stopCleanly(pid);
     EXPECT_EQ(ch->state(), shm::WorkerState::kStopping);
   }
 }
@@ -282,10 +284,7 @@ TEST_F(RoseLlmBinary, WindowPoolTooSmallFailsAndZeroTurnsItOff) {
     EXPECT_EQ(f.kv_num_blocks, 20u);
     EXPECT_EQ(f.kv_num_blocks_window, 0u);
     EXPECT_EQ(f.kv_window, 0u);
-    kill(pid, SIGTERM);
-    int st = garden::testing::waitChildExit(pid, 15s);
-    ASSERT_NE(st, -1);
-    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "status " << st;
+    stopCleanly(pid);
   }
 }
 
