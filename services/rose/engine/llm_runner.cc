@@ -131,7 +131,8 @@ Result<std::unique_ptr<LlmRunner>> LlmRunner::create(Backend& backend, LlmStepMo
                                    model.kvShape(opts.kv_num_blocks, opts.kv_block_size,
                                                  opts.kv_num_blocks_window),
                                    model.kvDType()));
-  if (r->kv_->shape().num_blocks_window != opts.kv_num_blocks_window) {
+  // (A sharded model's cache holds one dp group's share of the window ids.)
+  if ((r->kv_->shape().num_blocks_window > 0) != (opts.kv_num_blocks_window > 0)) {
     return invalidArgument("kv_num_blocks_window: the model keeps no window pool (sliding layers "
                            "among its first 64 only)");
   }
