@@ -515,20 +515,25 @@ KvCacheShape GptOssModel::kvShape(int32_t num_blocks, int32_t block_size,
   s.block_size = block_size;
   s.num_kv_heads = static_cast<int32_t>(config_.base.num_key_value_heads);
   s.head_dim = static_cast<int32_t>(config_.base.head_dim);
-  if (num_blocks_window > 0 && slidingWindow() > 0 && s.num_layers <= 64) {
-    s.num_blocks_window = num_blocks_window;
-    for (int32_t l = 0; l < s.num_layers; ++l) {
-      if (config_.sliding[static_cast<size_t>(l)]) s.window_layers |= uint64_t{1} << l;
-    }
-  }
+  addWindowPool(config_, num_blocks_window, s);
   return s;
 }
 
-int32_t GptOssModel::slidingWindow() const {
-  for (uint8_t sl : config_.sliding) {
-    if (sl) return static_cast<int32_t>(config_.base.sliding_window);
+int32_t GptOssModel::slidingWindow() const { return slidingWindowOf(config_); }
+
+int32_t slidingWindowOf(const GptOssConfig& c) {
+  for (uint8_t sl : c.sliding) {
+    if (sl) return static_cast<int32_t>(c.base.sliding_window);
   }
   return 0;
+}
+
+void addWindowPool(const GptOssConfig& c, int32_t num_blocks_window, KvCacheShape& shape) {
+  if (num_blocks_window <= 0 || slidingWindowOf(c) <= 0 || shape.num_layers > 64) return;
+  shape.num_blocks_window = num_blocks_window;
+  for (int32_t l = 0; l < shape.num_layers; ++l) {
+    if (c.sliding[static_cast<size_t>(l)]) shape.window_layers |= uint64_t{1} << l;
+  }
 }
 
 DType GptOssModel::kvDType() const { return backend_.activationDType(); }

@@ -59,6 +59,12 @@ Result<GptOssConfig> parseGptOssConfig(std::string_view json,
                                        std::string_view label = "config.json");
 Result<GptOssConfig> loadGptOssConfig(const std::string& dir);
 
+// [TAG_KV_WINDOW_GROUP] The sliding layers' window in keys (0 when no layer slides), and a cache
+// shape given a window pool of `num_blocks_window` blocks for them (unchanged when that is 0, no
+// layer slides or there are more than 64 layers). Shared by GptOssModel and GptOssShard.
+int32_t slidingWindowOf(const GptOssConfig& c);
+void addWindowPool(const GptOssConfig& c, int32_t num_blocks_window, KvCacheShape& shape);
+
 // How the experts stay resident: kAuto keeps a published MXFP4 checkpoint in MXFP4 when the
 // backend's LLM ops run MXFP4 experts (CUDA), else dense (the weight dtype; the CPU reference
 // always dequantizes at load). kFp8: MXFP4 resident plus an FP8 e4m3 copy with 128x128 block

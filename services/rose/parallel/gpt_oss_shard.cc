@@ -344,21 +344,11 @@ KvCacheShape GptOssShard::kvShape(int32_t blocks_per_group, int32_t block_size,
   s.block_size = block_size;
   s.num_kv_heads = static_cast<int32_t>(attn_shard_.kv_heads.count);
   s.head_dim = static_cast<int32_t>(config_.base.head_dim);
-  if (window_blocks_per_group > 0 && slidingWindow() > 0 && s.num_layers <= 64) {
-    s.num_blocks_window = window_blocks_per_group;
-    for (int32_t l = 0; l < s.num_layers; ++l) {
-      if (config_.sliding[static_cast<size_t>(l)]) s.window_layers |= uint64_t{1} << l;
-    }
-  }
+  addWindowPool(config_, window_blocks_per_group, s);
   return s;
 }
 
-int32_t GptOssShard::slidingWindow() const {
-  for (uint8_t sl : config_.sliding) {
-    if (sl) return static_cast<int32_t>(config_.base.sliding_window);
-  }
-  return 0;
-}
+int32_t GptOssShard::slidingWindow() const { return slidingWindowOf(config_); }
 
 Status GptOssShard::validate(const LlmStep& step, const PagedKvCache& kv,
                              int64_t prev_sampled) const {
