@@ -179,13 +179,16 @@ TEST_F(GpuLlmOps, RopeKvWriteMatchesCpu) {
   yarn.beta_slow = 1;
   yarn.original_max_position_embeddings = 4096;
   yarn.truncate = false;
-  struct Case { int64_t t; int32_t hq, hkv; int64_t rot = 64; };
+  struct Case { int64_t t; int32_t hq, hkv; int64_t rot = 64; bool f16 = false; };
   // rotary_dim 64 (gpt-oss) and 48 take the 16-byte kernel [TAG_ROPE_KV_VEC] (48: two pass-through
-  // chunks per head), 36 the warp-per-head one (18 pairs: not a multiple of 8).
+  // chunks per head), 36 the warp-per-head one (18 pairs: not a multiple of 8). f16: qkv and the
+  // caches in IEEE fp16 [TAG_ATTN_F16], both kernels.
   for (Case c : {Case{1, 64, 8}, Case{7, 64, 8}, Case{133, 64, 8}, Case{1000, 4, 2}, Case{33, 8, 8},
-                 Case{133, 64, 8, 48}, Case{33, 8, 8, 36}, Case{1000, 4, 2, 36}}) {
+                 Case{133, 64, 8, 48}, Case{33, 8, 8, 36}, Case{1000, 4, 2, 36},
+                 Case{133, 64, 8, 64, true}, Case{1000, 4, 2, 36, true}, Case{1, 64, 8, 64, true}}) {
     SCOPED_TRACE("T=" + std::to_string(c.t) + " Hq=" + std::to_string(c.hq) + " rotary=" +
-                 std::to_string(c.rot));
+                 std::to_string(c.rot) + (c.f16 ? " f16" : ""));
+    const DType gdt = c.f16 ? DType::kF16 : gpu().activationDType();
     auto freqs = computeRopeFrequencies(c.rot, 150000, yarn, 131072);
     ASSERT_TRUE(freqs.isOk()) << freqs.status().toString();
     std::vector<float> cosv(static_cast<size_t>(max_pos * c.rot / 2)), sinv(cosv.size());
@@ -206,7 +209,7 @@ TEST_F(GpuLlmOps, RopeKvWriteMatchesCpu) {
     slots.resize(static_cast<size_t>(c.t));
     KvCacheShape ks{1, num_blocks, bs, c.hkv, static_cast<int32_t>(d)};
     auto ckv = PagedKvCache::create(cpu(), ks, DType::kF32);
-    auto gkv = PagedKvCache::create(gpu(), ks, gpu().activationDType());
+    auto gkv = PagedKvCache::create(gpu(), ks, gdt);
     ASSERT_TRUE(ckv.isOk() && gkv.isOk());
     // Fill both caches with the same random values so untouched slots compare too.
     auto fill = randomBf16(static_cast<size_t>(ks.elementsPerLayer()), rng_);
@@ -216,7 +219,7 @@ TEST_F(GpuLlmOps, RopeKvWriteMatchesCpu) {
       ASSERT_TRUE(b.uploadConvert(kv->values(0), {fill.data(), DType::kF32, ks.elementsPerLayer()}).isOk());
     }
     auto cq = upload(cpu(), DType::kF32, {c.t, width}, qkv);
-    auto gq = upload(gpu(), gpu().activationDType(), {c.t, width}, qkv);
+    auto gq = upload(gpu(), gdt, {c.t, width}, qkv);
     auto cp = uploadI32(cpu(), {c.t}, pos);
     auto gp = uploadI32(gpu(), {c.t}, pos);
     auto cs = uploadI32(cpu(), {c.t}, slots);
@@ -226,9 +229,11 @@ TEST_F(GpuLlmOps, RopeKvWriteMatchesCpu) {
                        (*ckv)->values(0), rp);
     gops_->ropeKvWrite(gq.view, gp.view, gcos.view, gsin.view, gs.view, (*gkv)->keys(0),
                        (*gkv)->values(0), rp);
-    // bf16 output of an f32 rotation of values up to ~2.7: half an ulp of bf16 at 4 is 2^-7.
-    expectClose(download(gpu(), gq.view), download(cpu(), cq.view), 1.6e-2, 4e-3, "qkv rotated");
-    expectClose(download(gpu(), (*gkv)->keys(0)), download(cpu(), (*ckv)->keys(0)), 1.6e-2, 4e-3,
+    // bf16 output of an f32 rotation of values up to ~2.7: half an ulp of bf16 at 4 is 2^-7; of
+    // fp16 2^-10 (the bf16 bound would pass a bf16 rounding: this one does not).
+    const double atol = c.f16 ? 2.2e-3 : 1.6e-2, rtol = c.f16 ? 5e-4 : 4e-3;
+    expectClose(download(gpu(), gq.view), download(cpu(), cq.view), atol, rtol, "qkv rotated");
+    expectClose(download(gpu(), (*gkv)->keys(0)), download(cpu(), (*ckv)->keys(0)), atol, rtol,
                 "k cache");
     expectClose(download(gpu(), (*gkv)->values(0)), download(cpu(), (*ckv)->values(0)), 0, 0,
                 "v cache (copied exactly)");
@@ -251,6 +256,7 @@ struct AttnCase {
   bool sm90_pipelined = true;
   int32_t sm90_stages = 2;
   int32_t sm90_consumers = 3;
+  bool f16 = false;  // qkv, caches and out IEEE fp16 on the GPU [TAG_ATTN_F16]
 };
 
 struct AttnInputs {
@@ -302,7 +308,7 @@ class GpuPagedAttention : public GpuLlmOps,
   // Runs one backend's attention; returns out [T, Hq*64] as float.
   std::vector<float> run(Backend& b, LlmOps& ops, const AttnCase& c, const AttnInputs& in) {
     const int64_t width = (c.hq + 2 * c.hkv) * 64;
-    const DType act = b.activationDType();
+    const DType act = c.f16 && b.activationDType() != DType::kF32 ? DType::kF16 : b.activationDType();
     KvCacheShape ks{1, in.num_blocks, c.block_size, c.hkv, 64};
     auto kv = PagedKvCache::create(b, ks, act);
     EXPECT_TRUE(kv.isOk());
@@ -364,10 +370,12 @@ TEST_P(GpuPagedAttention, MatchesCpu) {
     ASSERT_TRUE(fired.isOk());
     EXPECT_FALSE(*fired) << c.name << ": the Hopper kernel's mbarrier watchdog fired";
   }
-  // P is rounded to bf16 before P·V (FlashAttention's choice) and the output is bf16.
-  expectClose(got, ref, 1.5e-2, 2e-2, c.name);
+  // P is rounded to bf16 before P·V (FlashAttention's choice) and the output is bf16. In fp16
+  // (10 significand bits instead of 7) the bound is 8x tighter: a bf16 rounding anywhere fails it.
+  const double scale = c.f16 ? 0.125 : 1.0;
+  expectClose(got, ref, 1.5e-2 * scale, 2e-2 * scale, c.name);
   const double err = relErr(got, ref);
-  EXPECT_LT(err, 1e-2) << c.name;
+  EXPECT_LT(err, 1e-2 * scale) << c.name;
   std::cout << "[ attention ] " << c.name << " T=" << in.t << " rel_l2=" << err << "\n";
 }
 
@@ -440,6 +448,14 @@ std::vector<AttnCase> attnCases() {
   }
   hopper({{1000}, {37}, 200, true, 64, 8, 16, "sm90 basic: 1000 after 37, window 200"}, 1,
          false);
+  // [TAG_ATTN_F16] The base cases and their Hopper twins (the default 3-consumer pipelined
+  // shape, the only one fp16 runs) in fp16.
+  for (size_t i = 0; i < 2 * base; ++i) {
+    AttnCase c = v[i];
+    c.name = "f16 " + c.name;
+    c.f16 = true;
+    v.push_back(c);
+  }
   return v;
 }
 

@@ -345,6 +345,17 @@ Result<std::unique_ptr<GptOssModel>> GptOssModel::load(const std::string& dir, B
   RETURN_IF_ERROR(ops.reserve(lim));
 
   m->route_f32_ = opts.f32_residual && opts.f32_router && b.activationDType() != DType::kF32;
+  // [TAG_ATTN_F16] The attention block's type: the backend's, or fp16 on a bf16 backend with the
+  // f32 stream.
+  if (opts.attn_f16 && (b.activationDType() != DType::kBF16 || !opts.f32_residual)) {
+    return invalidArgument(std::string("--attn-dtype float16: needs a bf16 backend (cuda) and the "
+                                       "f32 residual stream; the ") +
+                           std::string(b.name()) + " backend computes in " +
+                           std::string(dtypeName(b.activationDType())));
+  }
+  const DType adt = opts.attn_f16 ? DType::kF16 : b.activationDType();
+  const DType awt = opts.attn_f16 ? DType::kF16 : wt;
+  m->attn_dtype_ = adt;
   ASSIGN_OR_RETURN(auto ck, SafetensorsCheckpoint::openDir(dir));
   ASSIGN_OR_RETURN(m->embed_, uploadOne(b, *ck, "model.embed_tokens.weight", {v, h}, wt));
   ASSIGN_OR_RETURN(m->final_norm_, uploadOne(b, *ck, "model.norm.weight", {h}, wt));
@@ -363,13 +374,13 @@ Result<std::unique_ptr<GptOssModel>> GptOssModel::load(const std::string& dir, B
     ASSIGN_OR_RETURN(auto* q, requireHfTensor(*ck, p + "self_attn.q_proj.weight", {hq * d, h}));
     ASSIGN_OR_RETURN(auto* k, requireHfTensor(*ck, p + "self_attn.k_proj.weight", {hkv * d, h}));
     ASSIGN_OR_RETURN(auto* vv, requireHfTensor(*ck, p + "self_attn.v_proj.weight", {hkv * d, h}));
-    ASSIGN_OR_RETURN(L.qkv, uploadStacked(b, wt, {q, k, vv}));
+    ASSIGN_OR_RETURN(L.qkv, uploadStacked(b, awt, {q, k, vv}));
     ASSIGN_OR_RETURN(auto* qb, requireHfTensor(*ck, p + "self_attn.q_proj.bias", {hq * d}));
     ASSIGN_OR_RETURN(auto* kb, requireHfTensor(*ck, p + "self_attn.k_proj.bias", {hkv * d}));
     ASSIGN_OR_RETURN(auto* vb, requireHfTensor(*ck, p + "self_attn.v_proj.bias", {hkv * d}));
-    ASSIGN_OR_RETURN(L.qkv_bias, uploadStacked(b, wt, {qb, kb, vb}));
-    ASSIGN_OR_RETURN(L.o, uploadOne(b, *ck, p + "self_attn.o_proj.weight", {h, hq * d}, wt));
-    ASSIGN_OR_RETURN(L.o_bias, uploadOne(b, *ck, p + "self_attn.o_proj.bias", {h}, wt));
+    ASSIGN_OR_RETURN(L.qkv_bias, uploadStacked(b, awt, {qb, kb, vb}));
+    ASSIGN_OR_RETURN(L.o, uploadOne(b, *ck, p + "self_attn.o_proj.weight", {h, hq * d}, awt));
+    ASSIGN_OR_RETURN(L.o_bias, uploadOne(b, *ck, p + "self_attn.o_proj.bias", {h}, awt));
     ASSIGN_OR_RETURN(L.sinks, uploadOne(b, *ck, p + "self_attn.sinks", {hq}, DType::kF32));
     ASSIGN_OR_RETURN(L.router, uploadOne(b, *ck, p + "mlp.router.weight", {ne, h}, wt));
     ASSIGN_OR_RETURN(L.router_bias, uploadOne(b, *ck, p + "mlp.router.bias", {ne}, wt));
@@ -483,9 +494,12 @@ Result<std::unique_ptr<GptOssModel>> GptOssModel::load(const std::string& dir, B
                                                                       : b.residualDType(),
                                                   {t, h}));
   ASSIGN_OR_RETURN(m->x_, b.allocateTensor(act, {t, h}));
+  if (opts.attn_f16) {
+    ASSIGN_OR_RETURN(m->xa_, b.allocateTensor(adt, {t, h}));
+  }
   ASSIGN_OR_RETURN(m->moe_out_, b.allocateTensor(act, {t, h}));
-  ASSIGN_OR_RETURN(m->qkv_buf_, b.allocateTensor(act, {t, (hq + 2 * hkv) * d}));
-  ASSIGN_OR_RETURN(m->attn_, b.allocateTensor(act, {t, hq * d}));
+  ASSIGN_OR_RETURN(m->qkv_buf_, b.allocateTensor(adt, {t, (hq + 2 * hkv) * d}));
+  ASSIGN_OR_RETURN(m->attn_, b.allocateTensor(adt, {t, hq * d}));
   ASSIGN_OR_RETURN(m->router_logits_, b.allocateTensor(DType::kF32, {t, ne}));
   ASSIGN_OR_RETURN(m->topk_ids_, b.allocateTensor(DType::kI32, {t, c.num_experts_per_tok}));
   ASSIGN_OR_RETURN(m->topk_w_, b.allocateTensor(DType::kF32, {t, c.num_experts_per_tok}));
@@ -498,7 +512,7 @@ Result<std::unique_ptr<GptOssModel>> GptOssModel::load(const std::string& dir, B
     // Padded decode rows never get attention output; start them at zero, not at whatever the
     // allocation held.
     const int64_t rows = std::min<int64_t>(t, kMaxGraphSeqs);
-    std::vector<uint8_t> zeros(static_cast<size_t>(rows * hq * d) * dtypeSize(act), 0);
+    std::vector<uint8_t> zeros(static_cast<size_t>(rows * hq * d) * dtypeSize(adt), 0);
     b.copyToDevice(m->attn_.view.rowSlice(0, rows), zeros.data(), zeros.size());
     RETURN_IF_ERROR(b.synchronize());
   }
@@ -536,7 +550,7 @@ void addWindowPool(const GptOssConfig& c, int32_t num_blocks_window, KvCacheShap
   }
 }
 
-DType GptOssModel::kvDType() const { return backend_.activationDType(); }
+DType GptOssModel::kvDType() const { return attn_dtype_; }
 
 // [TAG_LLM_SAMPLER_STATE] The sampler-state fields of one sequence: the slot inside
 // [0, max_seqs) and used by one sequence of the step, the reload's words inside the state array
@@ -808,7 +822,7 @@ Result<int64_t> GptOssModel::prewarmGemms() {
   if (layers_.empty()) return int64_t{0};
   // Every layer's projections have layer 0's shapes; the tuning is per shape, not per weight.
   const Layer& L = layers_[0];
-  const DType act = backend_.activationDType();
+  const DType act = attn_dtype_;  // the QKV / O-proj activations [TAG_ATTN_F16]
   int64_t runs = 0;
   ASSIGN_OR_RETURN(int64_t r,
                    backend_.prewarmLinear(L.qkv.view, L.qkv_bias.view, act, opts_.max_batch_tokens));
@@ -1080,6 +1094,8 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
   auto forward = [&] {
     const Tensor res = residual_.view.rowSlice(0, t);
     const Tensor x = x_.view.rowSlice(0, t);
+    // The attention block's input and O-proj output: x, or its fp16 twin [TAG_ATTN_F16].
+    const Tensor xa = opts_.attn_f16 ? xa_.view.rowSlice(0, t) : x;
     const Tensor moe = moe_out_.view.rowSlice(0, t);
     const Tensor qkv = qkv_buf_.view.rowSlice(0, t);
     const Tensor attn = attn_.view.rowSlice(0, t);
@@ -1096,13 +1112,13 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
       if (l == 0 && wide_res) {
         RmsNormParams init = norm;
         init.residual_init = true;
-        b.rmsNorm(x, res, L.input_norm.view, x, init);
+        b.rmsNorm(x, res, L.input_norm.view, xa, init);
       } else if (l == 0) {
-        b.rmsNorm(res, Tensor(), L.input_norm.view, x, norm);
+        b.rmsNorm(res, Tensor(), L.input_norm.view, xa, norm);
       } else {
-        combineNorm(moe, res, L.input_norm.view, x, norm);  // res += moe out; x = norm(res)
+        combineNorm(moe, res, L.input_norm.view, xa, norm);  // res += moe out; xa = norm(res)
       }
-      b.linear(x, L.qkv.view, L.qkv_bias.view, qkv);
+      b.linear(xa, L.qkv.view, L.qkv_bias.view, qkv);
       const int32_t li = static_cast<int32_t>(l);
       const bool in_window_pool = kv.shape().windowLayer(li);  // [TAG_KV_WINDOW_GROUP]
       ops_.ropeKvWrite(qkv, pos, rope_cos_.view, rope_sin_.view, in_window_pool ? slots_w : slots,
@@ -1111,8 +1127,8 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
       lp.sliding_window = config_.sliding[l] ? static_cast<int32_t>(c.sliding_window) : 0;
       ops_.pagedAttention(qkv, kv.keys(li), kv.values(li), cu, pos,
                           in_window_pool ? tables_w : tables, L.sinks.view, attn, lp);
-      b.linear(attn, L.o.view, L.o_bias.view, x);
-      b.rmsNorm(x, res, L.post_norm.view, x, norm);  // res += attn out; x = norm(res)
+      b.linear(attn, L.o.view, L.o_bias.view, xa);
+      b.rmsNorm(xa, res, L.post_norm.view, x, norm);  // res += attn out; x = norm(res)
       if (route_f32_) {  // [TAG_ROUTER_F32]: from the f32 stream, the norm folded in
         ops_.moeRouteF32(res, L.router_f32t.view, L.router_bias.view, tk_ids, tk_w,
                          MoeRouteParams{mp.top_k, norm.eps});

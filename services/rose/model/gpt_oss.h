@@ -112,6 +112,13 @@ struct GptOssOptions {
   // 8.954 ms; GpuGptOss.CombineNormFusionIsBitExact passed); rose_llm_bench
   // --fuse-combine-norm off for the A/B.
   bool fuse_combine_norm = true;
+  // [TAG_ATTN_F16] The attention block in IEEE fp16 instead of the backend's bf16: the QKV and
+  // O-proj weights and biases, the attention-input norm's output, q/k/v, the KV cache, the
+  // attention output and the O-proj output (10 significand bits instead of 7; the MoE side stays
+  // bf16). Needs a bf16 backend (CUDA) and the f32 residual stream. Weights convert exactly where
+  // their magnitude is within fp16's normal range (bf16 values below 2^-14 lose bits, above
+  // 65504 fail to load).
+  bool attn_f16 = false;
 };
 
 // The step checks of GptOssModel::validate that do not depend on the cache's head layout (token
@@ -238,9 +245,12 @@ class GptOssModel {
   // slots_w_ / block_tables_w_: the sliding layers' slot mapping and tables through the window
   // tables [TAG_KV_WINDOW_GROUP] (allocated when a layer slides).
   OwnedTensor ids_, positions_, slots_, slots_w_, cu_q_, block_tables_, block_tables_w_, rows_,
-      residual_, x_, moe_out_,
+      residual_, x_, xa_, moe_out_,
       qkv_buf_, attn_, router_logits_, topk_ids_, topk_w_, gathered_, logits_, sampled_, prev_pairs_,
       sampled_lp_;
+  // xa_: the attention block's input and O-proj output in fp16 when opts_.attn_f16 (else x_ serves)
+  // [TAG_ATTN_F16]; attn_dtype_: the attention block's activation type.
+  DType attn_dtype_ = DType::kF32;
   int64_t table_capacity_ = 0;  // elements of block_tables_
   // Host staging (valid until the next enqueueStep()).
   std::vector<MoeRun> moe_runs_;  // [TAG_MOE_LT_BF16] this step's MoE calls (moe_chunk_runs.h)

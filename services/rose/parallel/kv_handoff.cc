@@ -27,6 +27,7 @@ KvPoolView kvPoolView(const PagedKvCache& cache) {
   v.layers = s.num_layers;
   v.num_blocks = s.num_blocks;
   v.block_bytes = blockBytes(s, cache.dtype());
+  v.dtype = cache.dtype();
   return v;
 }
 
@@ -44,6 +45,11 @@ Status checkKvBlockPairs(const KvPoolView& src, const PagedKvCache& dst,
     return invalidArgument("kv handoff: block_bytes " + std::to_string(src.block_bytes) +
                            " (source) != " + std::to_string(blockBytes(ds, dst.dtype())) +
                            " (destination): block size, kv heads, head dim and dtype must match");
+  }
+  if (src.dtype != dst.dtype()) {
+    return invalidArgument("kv handoff: dtype " + std::string(dtypeName(src.dtype)) +
+                           " (source) != " + std::string(dtypeName(dst.dtype())) +
+                           " (destination): both roses need the same --attn-dtype");
   }
   if (pairs.size() % 2 != 0) return invalidArgument("kv handoff: pairs must be (src, dst) pairs");
   std::vector<bool> used(static_cast<size_t>(ds.num_blocks), false);
@@ -160,6 +166,7 @@ KvPoolView SharedKvPools::view() const {
   v.layers = shape_.num_layers;
   v.num_blocks = shape_.num_blocks;
   v.block_bytes = blockBytes(shape_, dtype_);
+  v.dtype = dtype_;
   return v;
 }
 

@@ -39,6 +39,9 @@ struct KvPoolView {
   int32_t layers = 0;
   int32_t num_blocks = 0;
   int64_t block_bytes = 0;
+  // The element type; checkKvBlockPairs refuses a destination of another one (bf16 and fp16
+  // blocks have the same bytes [TAG_ATTN_F16]). Views built by hand for raw copies may leave it.
+  DType dtype = DType::kF32;
 };
 KvPoolView kvPoolView(const PagedKvCache& cache);
 

@@ -416,10 +416,16 @@ PFN_cuTensorMapEncodeTiled_v12000 tensorMapEncoder() {
 
 Status encodeBf16TensorMap(CUtensorMap* map, const void* ptr, uint32_t rank, const uint64_t* dims,
                            const uint64_t* strides, const uint32_t* box, const char* what) {
+  return encode16TensorMap(map, ptr, rank, dims, strides, box, what, false);
+}
+
+Status encode16TensorMap(CUtensorMap* map, const void* ptr, uint32_t rank, const uint64_t* dims,
+                         const uint64_t* strides, const uint32_t* box, const char* what,
+                         bool f16) {
   const cuuint32_t elem_strides[3] = {1, 1, 1};
   if (rank < 1 || rank > 3) return invalidArgument(std::string(what) + ": tensor map rank 1..3");
   const CUresult r = tensorMapEncoder()(
-      map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank, const_cast<void*>(ptr), dims, strides, box,
+      map, f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank, const_cast<void*>(ptr), dims, strides, box,
       elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
       CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) {

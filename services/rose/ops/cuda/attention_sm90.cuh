@@ -48,6 +48,9 @@ PFN_cuTensorMapEncodeTiled_v12000 tensorMapEncoder();
 // The caller has checked tensorMapEncoder() != nullptr.
 Status encodeBf16TensorMap(CUtensorMap* map, const void* ptr, uint32_t rank, const uint64_t* dims,
                            const uint64_t* strides, const uint32_t* box, const char* what);
+// The same for either 16-bit type (f16: IEEE fp16 elements [TAG_ATTN_F16], else bf16).
+Status encode16TensorMap(CUtensorMap* map, const void* ptr, uint32_t rank, const uint64_t* dims,
+                         const uint64_t* strides, const uint32_t* box, const char* what, bool f16);
 // Compute capability of the current device as major * 10 + minor (0 when unknown).
 int deviceCapability();
 

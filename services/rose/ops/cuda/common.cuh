@@ -4,9 +4,11 @@
 // mma.sync m16n8k16 bf16) the attention kernel uses. Stateless; owns nothing.
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 
 #include "services/rose/ops/cuda/cuda_utils.h"
@@ -14,6 +16,7 @@
 namespace garden::rose::cuda {
 
 using bf16 = __nv_bfloat16;
+using f16 = __half;
 
 // Programmatic dependent launch [TAG_PDL]. The elementwise/attention kernels that follow another
 // kernel are launched with launchPdl(): when `pdl` is on (the backend's CudaKernelOptions::pdl,
@@ -96,6 +99,36 @@ __device__ __forceinline__ void storeF32x8(bf16* p, const float (&f)[8]) {
   *reinterpret_cast<Bf16x8*>(p) = v;
 }
 
+// [TAG_ATTN_F16] The same for IEEE fp16 (the attention block's optional activation type).
+struct alignas(16) F16x8 {
+  __half2 h[4];
+};
+__device__ __forceinline__ void loadF32x8(const f16* p, float (&f)[8]) {
+  F16x8 v = *reinterpret_cast<const F16x8*>(p);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    float2 t = __half22float2(v.h[i]);
+    f[2 * i] = t.x;
+    f[2 * i + 1] = t.y;
+  }
+}
+__device__ __forceinline__ void storeF32x8(f16* p, const float (&f)[8]) {
+  F16x8 v;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) v.h[i] = __floats2half2_rn(f[2 * i], f[2 * i + 1]);
+  *reinterpret_cast<F16x8*>(p) = v;
+}
+
+// Scalar conversions of either 16-bit type (round to nearest even).
+__device__ __forceinline__ float toF32(bf16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float toF32(f16 v) { return __half2float(v); }
+template <typename T>
+__device__ __forceinline__ T fromF32(float v);
+template <>
+__device__ __forceinline__ bf16 fromF32<bf16>(float v) { return __float2bfloat16(v); }
+template <>
+__device__ __forceinline__ f16 fromF32<f16>(float v) { return __float2half_rn(v); }
+
 // One 8-wide chunk (elements c*8 .. c*8+7) of token t's MoE combine: sum over k of
 // weights[t, k] * y[row_of[t, k]] (row -1: none), in f32 in k order with fmaf, not rounded.
 // moeCombineKernel stores it as bf16; the fused norm [TAG_COMBINE_NORM] rounds it the same way.
@@ -146,6 +179,20 @@ __device__ __forceinline__ uint32_t packBf16x2(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
+__device__ __forceinline__ uint32_t packF16x2(float lo, float hi) {
+  __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+// packBf16x2 or packF16x2 by the element type.
+template <typename T>
+__device__ __forceinline__ uint32_t pack16x2(float lo, float hi) {
+  if constexpr (std::is_same_v<T, f16>) {
+    return packF16x2(lo, hi);
+  } else {
+    return packBf16x2(lo, hi);
+  }
+}
+
 __device__ __forceinline__ uint32_t smemAddr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
@@ -181,6 +228,26 @@ __device__ __forceinline__ void mmaBf16(float (&c)[4], const uint32_t (&a)[4], u
       "{%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// c[16x8 f32] += a[16x16 f16, row] * b[16x8 f16, col] [TAG_ATTN_F16].
+__device__ __forceinline__ void mmaF16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                       uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// mmaBf16 or mmaF16 by the element type of both operands.
+template <typename T>
+__device__ __forceinline__ void mma16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                      uint32_t b1) {
+  if constexpr (std::is_same_v<T, f16>) {
+    mmaF16(c, a, b0, b1);
+  } else {
+    mmaBf16(c, a, b0, b1);
+  }
 }
 
 }  // namespace garden::rose::cuda

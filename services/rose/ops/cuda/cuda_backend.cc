@@ -128,6 +128,14 @@ Status CudaBackend::uploadConvert(const Tensor& dst, const HostView& src) {
       for (size_t i = 0; i < n; ++i) tmp16[i] = f32ToBf16(tmp32[i]);
       host = tmp16.data();
     }
+  } else if (dst.dtype == DType::kF16) {  // [TAG_ATTN_F16] (bf16 -> fp16: exact in fp16's range)
+    if (src.dtype != DType::kF16) {
+      tmp32.resize(n);
+      RETURN_IF_ERROR(convertToF32(src.data, src.dtype, n, tmp32.data()));
+      tmp16.resize(n);
+      for (size_t i = 0; i < n; ++i) tmp16[i] = f32ToF16(tmp32[i]);
+      host = tmp16.data();
+    }
   } else if (dst.dtype == DType::kF32) {
     if (src.dtype != DType::kF32) {
       tmp32.resize(n);
@@ -252,8 +260,13 @@ void CudaBackend::embedding(const Tensor& table, const Tensor& ids, const Tensor
 
 void CudaBackend::rmsNorm(const Tensor& x, const Tensor& residual, const Tensor& weight,
                           const Tensor& out, const RmsNormParams& p) {
-  require(is(x, DType::kBF16) && is(weight, DType::kBF16) && is(out, DType::kBF16), "rmsNorm",
-          "dtypes must be BF16");
+  // [TAG_ATTN_F16] x and out may be F16 (gpt-oss's fp16 attention block); an F16 x only with
+  // the F32 residual stream.
+  require((is(x, DType::kBF16) || is(x, DType::kF16)) && is(weight, DType::kBF16) &&
+              (is(out, DType::kBF16) || is(out, DType::kF16)),
+          "rmsNorm", "dtypes must be BF16 (x and out: BF16 or F16)");
+  require(x.dtype == DType::kBF16 || (!residual.empty() && residual.dtype == DType::kF32),
+          "rmsNorm", "an F16 x needs the F32 residual");
   require(residual.empty() || residual.dtype == DType::kBF16 || residual.dtype == DType::kF32,
           "rmsNorm", "residual must be BF16 or F32");
   require(out.rows() == x.rows() && out.cols() == x.cols() && weight.numel() == x.cols(), "rmsNorm",
@@ -261,14 +274,16 @@ void CudaBackend::rmsNorm(const Tensor& x, const Tensor& residual, const Tensor&
   require(residual.empty() || (residual.rows() == x.rows() && residual.cols() == x.cols()),
           "rmsNorm", "residual shape mismatch");
   RmsNormArgs a;
-  a.x = x.as<bf16>();
+  a.x = static_cast<const bf16*>(x.data);
+  a.x_f16 = x.dtype == DType::kF16;
+  a.out_f16 = out.dtype == DType::kF16;
   const bool f32_res = !residual.empty() && residual.dtype == DType::kF32;
   a.residual = residual.empty() || f32_res ? nullptr : residual.as<bf16>();
   a.residual_f32 = f32_res ? residual.as<float>() : nullptr;
   a.residual_init = p.residual_init;
   a.round_normalized = p.round_normalized;
   a.weight = weight.as<bf16>();
-  a.out = out.as<bf16>();
+  a.out = static_cast<bf16*>(out.data);
   a.rows = x.rows();
   a.hidden = x.cols();
   a.eps = p.eps;
@@ -276,6 +291,17 @@ void CudaBackend::rmsNorm(const Tensor& x, const Tensor& residual, const Tensor&
 }
 
 void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) {
+  if (is(w, DType::kF16)) {  // [TAG_ATTN_F16] every operand fp16
+    require(is(x, DType::kF16) && is(y, DType::kF16) &&
+                (bias.empty() || (bias.dtype == DType::kF16 && bias.numel() == w.rows())),
+            "linear", "an F16 weight needs x, y and bias F16");
+    require(x.cols() == w.cols() && y.rows() == x.rows() && y.cols() == w.rows(), "linear",
+            "shape mismatch");
+    checkOk(gemm_->runF16(x.data, w.data, bias.empty() ? nullptr : bias.data, y.data, x.rows(),
+                          w.rows(), w.cols(), stream_),
+            "linear");
+    return;
+  }
   require(is(x, DType::kBF16) && is(w, DType::kBF16) && (is(y, DType::kBF16) || is(y, DType::kF32)),
           "linear", "x and w must be BF16, y BF16 or F32");
   require(x.cols() == w.cols() && y.rows() == x.rows() && y.cols() == w.rows(), "linear",
@@ -296,10 +322,11 @@ void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, c
 
 Result<int64_t> CudaBackend::prewarmLinear(const Tensor& w, const Tensor& bias, DType y_dtype,
                                            int64_t max_rows) {
-  if (!is(w, DType::kBF16) || w.ndim != 2 || max_rows <= 0)
-    return invalidArgument("prewarmLinear: a BF16 [N, K] weight and max_rows > 0");
-  if (y_dtype != DType::kBF16 && y_dtype != DType::kF32)
-    return invalidArgument("prewarmLinear: y must be BF16 or F32");
+  const bool f16 = is(w, DType::kF16);  // [TAG_ATTN_F16]
+  if (!(is(w, DType::kBF16) || f16) || w.ndim != 2 || max_rows <= 0)
+    return invalidArgument("prewarmLinear: a BF16 or F16 [N, K] weight and max_rows > 0");
+  if (f16 ? y_dtype != DType::kF16 : (y_dtype != DType::kBF16 && y_dtype != DType::kF32))
+    return invalidArgument("prewarmLinear: y must be BF16 or F32 (F16 for an F16 weight)");
   if (!gemm_->tuning()) return int64_t{0};
   const int64_t n = w.rows(), k = w.cols();
   // Pseudo-random rows (not zeros: the tuner checks on them that its winner gives a row the
@@ -308,13 +335,15 @@ Result<int64_t> CudaBackend::prewarmLinear(const Tensor& w, const Tensor& bias, 
   uint32_t state = 0x9e3779b9u;
   for (uint16_t& v : host) {
     state = state * 1664525u + 1013904223u;
-    // bf16 in +-[0.5, 2): sign, exponent 126 or 127, random mantissa.
-    v = static_cast<uint16_t>(((state >> 16) & 0x8000u) | ((126u + ((state >> 8) & 1u)) << 7) |
-                              ((state >> 9) & 0x7fu));
+    // bf16 (fp16) in +-[0.5, 2): sign, exponent 126 or 127 (14 or 15), random mantissa.
+    v = f16 ? static_cast<uint16_t>(((state >> 16) & 0x8000u) | ((14u + ((state >> 8) & 1u)) << 10) |
+                                    ((state >> 9) & 0x3ffu))
+            : static_cast<uint16_t>(((state >> 16) & 0x8000u) | ((126u + ((state >> 8) & 1u)) << 7) |
+                                    ((state >> 9) & 0x7fu));
   }
   ASSIGN_OR_RETURN(Buffer xb, allocate(host.size() * sizeof(uint16_t)));
   ASSIGN_OR_RETURN(Buffer yb, allocate(static_cast<size_t>(max_rows * n) * dtypeSize(y_dtype)));
-  const Tensor x(xb.data(), DType::kBF16, {max_rows, k});
+  const Tensor x(xb.data(), f16 ? DType::kF16 : DType::kBF16, {max_rows, k});
   copyToDevice(x, host.data(), host.size() * sizeof(uint16_t));
   const Tensor y(yb.data(), y_dtype, {max_rows, n});
   const Tensor b = y_dtype == DType::kF32 ? Tensor() : bias;

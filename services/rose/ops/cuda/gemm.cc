@@ -82,7 +82,9 @@ GemmRunner::~GemmRunner() {
 
 // Column-major view: y^T [N, M] = w [K, N]^T-as-stored . x^T [K, M]; i.e. op(A) = A^T with
 // A = w stored [K, N] (ld K), B = x stored [K, M] (ld K), C = y stored [N, M] (ld N).
-Status GemmRunner::makeLayouts(Plan& p, int64_t m, int64_t n, int64_t k, bool bias, bool f32_out) {
+Status GemmRunner::makeLayouts(Plan& p, int64_t m, int64_t n, int64_t k, bool bias, int io) {
+  const bool f32_out = io == kIoF32Out;
+  const cudaDataType_t t16 = io == kIoF16 ? CUDA_R_16F : CUDA_R_16BF;
   LT_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
   LT_RETURN_IF_ERROR(
@@ -93,15 +95,15 @@ Status GemmRunner::makeLayouts(Plan& p, int64_t m, int64_t n, int64_t k, bool bi
     const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
     LT_RETURN_IF_ERROR(
         cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
-    const cudaDataType_t bt = CUDA_R_16BF;
+    const cudaDataType_t bt = t16;
     LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
                                                       &bt, sizeof(bt)));
   }
-  LT_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, static_cast<uint64_t>(k),
+  LT_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&p.a, t16, static_cast<uint64_t>(k),
                                                 static_cast<uint64_t>(n), k));
-  LT_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, static_cast<uint64_t>(k),
+  LT_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&p.b, t16, static_cast<uint64_t>(k),
                                                 static_cast<uint64_t>(m), k));
-  LT_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&p.c, f32_out ? CUDA_R_32F : CUDA_R_16BF,
+  LT_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&p.c, f32_out ? CUDA_R_32F : t16,
                                                 static_cast<uint64_t>(n), static_cast<uint64_t>(m),
                                                 n));
   return okStatus();
@@ -211,7 +213,7 @@ Result<bool> GemmRunner::rowsIndependentOfM(const Plan& exact, const Choice& cho
   if (half < 1 || half * n > kMaxCheckElems || bytes > flush_bytes_) return true;
   Plan p;  // the M / 2 shape (cuBLASLt only; the custom kernels take M as an argument)
   if (choice.smallm_splits == 0 && choice.gemv_rows == 0) {
-    RETURN_IF_ERROR(makeLayouts(p, half, n, k, ops.bias != nullptr, ops.f32_out));
+    RETURN_IF_ERROR(makeLayouts(p, half, n, k, ops.bias != nullptr, ioOf(ops)));
     if (!fits(p, choice.algo)) return false;
   }
   RETURN_IF_ERROR(enqueueChoice(exact, choice, m, n, k, ops));
@@ -235,7 +237,7 @@ Result<GemmRunner::Choice> GemmRunner::chooseAlgo(Plan& exact, int64_t m, int64_
   Plan top;
   Plan* ref = &exact;
   if (bucket != m) {
-    RETURN_IF_ERROR(makeLayouts(top, bucket, n, k, bias, ops.f32_out));
+    RETURN_IF_ERROR(makeLayouts(top, bucket, n, k, bias, ioOf(ops)));
     ref = &top;
   }
   cublasLtMatmulPreference_t pref = nullptr;
@@ -278,7 +280,7 @@ Result<GemmRunner::Choice> GemmRunner::chooseAlgo(Plan& exact, int64_t m, int64_
   // The custom kernel (gemm_smallm.cuh), one candidate per (N tile, split count), after
   // cuBLASLt's.
   const size_t num_lt = cands.size();
-  if (smallm_ && !ops.f32_out && bucket <= kSmallMMaxRows) {
+  if (smallm_ && ioOf(ops) == kIoBf16 && bucket <= kSmallMMaxRows) {
     SmallMConfig cfgs[8] = {};
     const int nc = smallMGemmCandidates(n, k, num_sms_, cfgs);
     for (int i = 0; i < nc; ++i) {
@@ -288,7 +290,7 @@ Result<GemmRunner::Choice> GemmRunner::chooseAlgo(Plan& exact, int64_t m, int64_
     }
   }
   // The GEMV (gemv.cuh) for the small buckets [TAG_GEMV], after those.
-  if (gemv_ && small_buckets_ && !ops.f32_out && bucket <= kGemvMaxRows) {
+  if (gemv_ && small_buckets_ && ioOf(ops) == kIoBf16 && bucket <= kGemvMaxRows) {
     GemvShape shapes[4];
     const int ns = gemvShapes(bucket, shapes);
     for (int i = 0; i < ns; ++i) {
@@ -411,13 +413,13 @@ Result<GemmRunner::Choice> GemmRunner::chooseAlgo(Plan& exact, int64_t m, int64_
 
 Result<GemmRunner::Plan*> GemmRunner::plan(int64_t m, int64_t n, int64_t k, const Operands& ops) {
   const bool bias = ops.bias != nullptr;
-  auto key = std::make_tuple(m, n, k, bias, ops.f32_out);
+  auto key = std::make_tuple(m, n, k, bias, ioOf(ops));
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second.get();
   auto p = std::make_unique<Plan>();
-  RETURN_IF_ERROR(makeLayouts(*p, m, n, k, bias, ops.f32_out));
+  RETURN_IF_ERROR(makeLayouts(*p, m, n, k, bias, ioOf(ops)));
   const auto akey =
-      std::make_tuple(tune_ ? bucketOf(m) : int64_t{0}, n, k, bias, ops.f32_out);
+      std::make_tuple(tune_ ? bucketOf(m) : int64_t{0}, n, k, bias, ioOf(ops));
   auto ait = algos_.find(akey);
   if (ait == algos_.end()) {
     Choice algo;
@@ -427,7 +429,7 @@ Result<GemmRunner::Plan*> GemmRunner::plan(int64_t m, int64_t n, int64_t k, cons
       // The (N, K) algorithm, chosen at the reference M.
       constexpr int64_t kReferenceM = 2048;
       Plan ref;
-      RETURN_IF_ERROR(makeLayouts(ref, kReferenceM, n, k, bias, ops.f32_out));
+      RETURN_IF_ERROR(makeLayouts(ref, kReferenceM, n, k, bias, ioOf(ops)));
       ASSIGN_OR_RETURN(const bool ok, pickAlgo(ref, &algo.algo));
       if (!ok) {
         return internalError("cuBLASLt: no bf16 algorithm without split-K for n=" +
@@ -477,6 +479,17 @@ Status GemmRunner::run(const __nv_bfloat16* x, const __nv_bfloat16* w, const __n
   return enqueueChoice(
       *p, Choice{p->algo, p->smallm_splits, p->smallm_tile_n, p->gemv_rows, p->gemv_unroll}, m, n,
       k, ops);
+}
+
+Status GemmRunner::runF16(const void* x, const void* w, const void* bias, void* y, int64_t m,
+                          int64_t n, int64_t k, cudaStream_t stream) {
+  if (m == 0) return okStatus();
+  if (m < 0 || n <= 0 || k <= 0) return invalidArgument("gemm: bad shape");
+  // The operand pointers carry fp16 bits; only cuBLASLt reads them (ioOf: no custom kernel).
+  const Operands ops{static_cast<const __nv_bfloat16*>(x), static_cast<const __nv_bfloat16*>(w),
+                     static_cast<const __nv_bfloat16*>(bias), y, false, stream, true};
+  ASSIGN_OR_RETURN(Plan * p, plan(m, n, k, ops));
+  return enqueueChoice(*p, Choice{p->algo, 0, 0}, m, n, k, ops);
 }
 
 Status GemmRunner::runF32(const __nv_bfloat16* x, const __nv_bfloat16* w, float* y, int64_t m,

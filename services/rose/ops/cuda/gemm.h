@@ -82,6 +82,10 @@ class GemmRunner {
   // cached separately (cuBLASLt candidates only). Same alignment rules.
   Status runF32(const __nv_bfloat16* x, const __nv_bfloat16* w, float* y, int64_t m, int64_t n,
                 int64_t k, cudaStream_t stream);
+  // [TAG_ATTN_F16] run() with every operand IEEE fp16 (x, w, bias, y), tuned and cached
+  // separately (cuBLASLt candidates only). Same alignment rules.
+  Status runF16(const void* x, const void* w, const void* bias, void* y, int64_t m, int64_t n,
+                int64_t k, cudaStream_t stream);
 
   // The M bucket sharing one algorithm: 64-row steps up to 1024, 256 up to 4096, 1024 above.
   // algoBucket(graphTokensBucket(m)) == algoBucket(m) for every m.
@@ -131,7 +135,11 @@ class GemmRunner {
     void* y;       // bf16, or float when f32_out
     bool f32_out;  // y is float32 (no bias, cuBLASLt only)
     cudaStream_t stream;
+    bool f16 = false;  // x, w, bias, y hold fp16 bits (cuBLASLt only) [TAG_ATTN_F16]
   };
+  // The operand types of a call, part of the plan and tuning keys.
+  static constexpr int kIoBf16 = 0, kIoF32Out = 1, kIoF16 = 2;
+  static int ioOf(const Operands& o) { return o.f32_out ? kIoF32Out : o.f16 ? kIoF16 : kIoBf16; }
   // One tuning choice: a cuBLASLt algorithm, or (smallm_splits > 0) the custom kernel.
   struct Choice {
     cublasLtMatmulAlgo_t algo{};
@@ -142,7 +150,7 @@ class GemmRunner {
   };
   GemmRunner() = default;
   Result<Plan*> plan(int64_t m, int64_t n, int64_t k, const Operands& ops);
-  Status makeLayouts(Plan& p, int64_t m, int64_t n, int64_t k, bool bias, bool f32_out);
+  Status makeLayouts(Plan& p, int64_t m, int64_t n, int64_t k, bool bias, int io);
   // Heuristic choice for this plan's shape with split-K disabled; false when none qualifies.
   Result<bool> pickAlgo(Plan& p, cublasLtMatmulAlgo_t* out);
   // Tuning: the fastest (or, while capturing, the first) heuristic candidate for the bucket of
@@ -170,9 +178,9 @@ class GemmRunner {
   size_t flush_bytes_ = 0;
   static constexpr int kTimedReps = 5;
   cudaEvent_t events_[2 * kTimedReps] = {};
-  std::map<std::tuple<int64_t, int64_t, int64_t, bool, bool>, std::unique_ptr<Plan>> plans_;
+  std::map<std::tuple<int64_t, int64_t, int64_t, bool, int>, std::unique_ptr<Plan>> plans_;
   // Per (M bucket, N, K, bias, f32 out); the bucket is 0 for every M with tuning off.
-  std::map<std::tuple<int64_t, int64_t, int64_t, bool, bool>, Choice> algos_;
+  std::map<std::tuple<int64_t, int64_t, int64_t, bool, int>, Choice> algos_;
   size_t fallbacks_ = 0;
   size_t tuned_ = 0;
   size_t untimed_ = 0;

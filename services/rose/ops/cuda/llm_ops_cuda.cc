@@ -271,9 +271,11 @@ class CudaLlmOps final : public LlmOps {
   void ropeKvWrite(const Tensor& qkv, const Tensor& positions, const Tensor& cos,
                    const Tensor& sin, const Tensor& slot_mapping, const Tensor& k_cache,
                    const Tensor& v_cache, const RopeKvParams& p) override {
-    require(is(qkv, DType::kBF16) && is(k_cache, DType::kBF16) && is(v_cache, DType::kBF16) &&
-                is(slot_mapping, DType::kI32),
-            "ropeKvWrite", "qkv and caches must be BF16, slots I32");
+    // [TAG_ATTN_F16] qkv and caches all BF16 or all F16.
+    const bool f16 = is(qkv, DType::kF16);
+    const DType t16 = f16 ? DType::kF16 : DType::kBF16;
+    require(is(qkv, t16) && is(k_cache, t16) && is(v_cache, t16) && is(slot_mapping, DType::kI32),
+            "ropeKvWrite", "qkv and caches must be BF16 (or all F16), slots I32");
     const int64_t width = static_cast<int64_t>(p.num_q_heads + 2 * p.num_kv_heads) * p.head_dim;
     require(qkv.cols() == width && slot_mapping.numel() == qkv.rows(), "ropeKvWrite",
             "qkv columns / slot count mismatch");
@@ -281,10 +283,11 @@ class CudaLlmOps final : public LlmOps {
                 v_cache.numel() == k_cache.numel(),
             "ropeKvWrite", "cache shape mismatch");
     RopeKvArgs a;
-    a.qkv = qkv.as<bf16>();
+    a.f16 = f16;
+    a.qkv = static_cast<bf16*>(qkv.data);
     a.slots = slot_mapping.as<int32_t>();
-    a.k_cache = k_cache.as<bf16>();
-    a.v_cache = v_cache.as<bf16>();
+    a.k_cache = static_cast<bf16*>(k_cache.data);
+    a.v_cache = static_cast<bf16*>(v_cache.data);
     a.num_tokens = qkv.rows();
     a.num_slots = k_cache.dim(0) * k_cache.dim(1);
     a.num_q_heads = p.num_q_heads;
@@ -352,10 +355,13 @@ class CudaLlmOps final : public LlmOps {
                       const Tensor& cu_q, const Tensor& positions, const Tensor& block_tables,
                       const Tensor& sinks, const Tensor& out,
                       const PagedAttentionParams& p) override {
-    require(is(qkv, DType::kBF16) && is(k_cache, DType::kBF16) && is(v_cache, DType::kBF16) &&
-                is(out, DType::kBF16) && is(cu_q, DType::kI32) && is(positions, DType::kI32) &&
+    // [TAG_ATTN_F16] qkv, caches and out all BF16 or all F16.
+    const bool f16 = is(qkv, DType::kF16);
+    const DType t16 = f16 ? DType::kF16 : DType::kBF16;
+    require(is(qkv, t16) && is(k_cache, t16) && is(v_cache, t16) && is(out, t16) &&
+                is(cu_q, DType::kI32) && is(positions, DType::kI32) &&
                 is(block_tables, DType::kI32),
-            "pagedAttention", "dtypes: qkv/caches/out BF16, indices I32");
+            "pagedAttention", "dtypes: qkv/caches/out BF16 (or all F16), indices I32");
     require(sinks.empty() || (sinks.dtype == DType::kF32 && sinks.numel() == p.num_q_heads),
             "pagedAttention", "sinks must be F32 [Hq]");
     require(k_cache.ndim == 4 && k_cache.dim(1) == p.block_size &&
@@ -367,16 +373,17 @@ class CudaLlmOps final : public LlmOps {
     }
     require(plan != nullptr, "pagedAttention", "no plan for this sliding_window (planAttention)");
     PagedAttentionArgs a;
-    a.qkv = qkv.as<bf16>();
-    a.k_cache = k_cache.as<bf16>();
-    a.v_cache = v_cache.as<bf16>();
+    a.f16 = f16;
+    a.qkv = static_cast<const bf16*>(qkv.data);
+    a.k_cache = static_cast<const bf16*>(k_cache.data);
+    a.v_cache = static_cast<const bf16*>(v_cache.data);
     a.cu_q = cu_q.as<int32_t>();
     a.positions = positions.as<int32_t>();
     a.block_tables = block_tables.as<int32_t>();
     a.sinks = sinks.empty() ? nullptr : sinks.as<float>();
     a.work = plan->work;
     a.combine = plan->combine;
-    a.out = out.as<bf16>();
+    a.out = static_cast<bf16*>(out.data);
     a.part_o = static_cast<float*>(part_o_.data());
     a.part_ml = static_cast<float*>(part_ml_.data());
     a.num_work = plan->num_work;
@@ -605,9 +612,9 @@ class CudaLlmOps final : public LlmOps {
                       const RmsNormParams& p) override {
     require(deferred_valid_, "combineRmsNorm", "no deferred combine (moeExperts defer_combine)");
     const MoeCombineArgs& c = deferred_;
-    require(is(weight, DType::kBF16) && is(out, DType::kBF16) &&
+    require(is(weight, DType::kBF16) && (is(out, DType::kBF16) || is(out, DType::kF16)) &&
                 (residual.dtype == DType::kBF16 || residual.dtype == DType::kF32),
-            "combineRmsNorm", "weight/out BF16, residual BF16 or F32");
+            "combineRmsNorm", "weight BF16, out BF16 or F16, residual BF16 or F32");
     require(out.rows() == c.num_tokens && out.cols() == c.hidden &&
                 residual.rows() == c.num_tokens && residual.cols() == c.hidden &&
                 weight.numel() == c.hidden && !p.residual_init,
@@ -622,7 +629,8 @@ class CudaLlmOps final : public LlmOps {
     a.residual_f32 = f32_res ? residual.as<float>() : nullptr;
     a.round_normalized = p.round_normalized;
     a.weight = weight.as<bf16>();
-    a.out = out.as<bf16>();
+    a.out = static_cast<bf16*>(out.data);
+    a.out_f16 = out.dtype == DType::kF16;  // [TAG_ATTN_F16] the next layer's attention input
     a.rows = c.num_tokens;
     a.hidden = c.hidden;
     a.eps = p.eps;

@@ -19,15 +19,18 @@ constexpr float kLog2e = 1.4426950408889634f;
 // of the sequence and q head kvh * kG + r % kG. Thread (warp, lane) owns rows r0 = warp*16 +
 // lane/4 and r1 = r0 + 8 (the two halves of an mma fragment), and columns 2*(lane%4) (+1) of
 // every 8-wide tile.
-template <int kD, int kG>
+template <int kD, int kG, typename T>
 __device__ __forceinline__ void pagedAttnItem(const PagedAttentionArgs& a, const int item,
                                               const int kvh) {
   constexpr int kRow = kD + 8;        // padded smem row: conflict-free ldmatrix
   constexpr int kKSteps = kD / 16;    // k-steps of Q K^T over head_dim
   constexpr int kDTiles = kD / 8;     // 8-wide output column tiles
   constexpr int kChunks = kD / 8;     // 16-byte chunks per K/V row
-  __shared__ __align__(16) __nv_bfloat16 s_k[2][kKeys][kRow];
-  __shared__ __align__(16) __nv_bfloat16 s_v[2][kKeys][kRow];
+  __shared__ __align__(16) T s_k[2][kKeys][kRow];
+  __shared__ __align__(16) T s_v[2][kKeys][kRow];
+  const T* qkv = reinterpret_cast<const T*>(a.qkv);
+  const T* k_cache = reinterpret_cast<const T*>(a.k_cache);
+  const T* v_cache = reinterpret_cast<const T*>(a.v_cache);
 
   const PagedAttnWork w = a.work[item];
   const int seq = w.seq;
@@ -58,10 +61,10 @@ __device__ __forceinline__ void pagedAttnItem(const PagedAttentionArgs& a, const
 
   uint32_t qf[kKSteps][4];
   {
-    const __nv_bfloat16* q0 = a.qkv + static_cast<int64_t>(start + (v0 ? tok0 : 0)) * stride +
-                              static_cast<int64_t>(qh0) * kD;
-    const __nv_bfloat16* q1 = a.qkv + static_cast<int64_t>(start + (v1 ? tok1 : 0)) * stride +
-                              static_cast<int64_t>(qh1) * kD;
+    const T* q0 = qkv + static_cast<int64_t>(start + (v0 ? tok0 : 0)) * stride +
+                  static_cast<int64_t>(qh0) * kD;
+    const T* q1 = qkv + static_cast<int64_t>(start + (v1 ? tok1 : 0)) * stride +
+                  static_cast<int64_t>(qh1) * kD;
 #pragma unroll
     for (int kk = 0; kk < kKSteps; ++kk) {
       const int c = kk * 16 + 2 * t4;
@@ -97,8 +100,8 @@ __device__ __forceinline__ void pagedAttnItem(const PagedAttentionArgs& a, const
                kvh) * kD + c;
         if (!valid) off = 0;
       }
-      cpAsync16(&s_k[stage][r][c], a.k_cache + off, valid);
-      cpAsync16(&s_v[stage][r][c], a.v_cache + off, valid);
+      cpAsync16(&s_k[stage][r][c], k_cache + off, valid);
+      cpAsync16(&s_v[stage][r][c], v_cache + off, valid);
     }
   };
   if (t_begin < t_end) {
@@ -129,8 +132,8 @@ __device__ __forceinline__ void pagedAttnItem(const PagedAttentionArgs& a, const
         for (int kk = 0; kk < kKSteps; ++kk) {
           uint32_t b[4];
           ldmatrixX4(b, &s_k[stage][nt2 * 16 + (mi >> 1) * 8 + mr][kk * 16 + (mi & 1) * 8]);
-          mmaBf16(s[2 * nt2], qf[kk], b[0], b[1]);
-          mmaBf16(s[2 * nt2 + 1], qf[kk], b[2], b[3]);
+          mma16<T>(s[2 * nt2], qf[kk], b[0], b[1]);
+          mma16<T>(s[2 * nt2 + 1], qf[kk], b[2], b[3]);
         }
       }
       const int key0 = tile * kKeys;
@@ -181,16 +184,16 @@ __device__ __forceinline__ void pagedAttnItem(const PagedAttentionArgs& a, const
       }
 #pragma unroll
       for (int kk = 0; kk < kKeys / 16; ++kk) {
-        const uint32_t pa[4] = {packBf16x2(s[2 * kk][0], s[2 * kk][1]),
-                                packBf16x2(s[2 * kk][2], s[2 * kk][3]),
-                                packBf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                                packBf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+        const uint32_t pa[4] = {pack16x2<T>(s[2 * kk][0], s[2 * kk][1]),
+                                pack16x2<T>(s[2 * kk][2], s[2 * kk][3]),
+                                pack16x2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                pack16x2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
 #pragma unroll
         for (int dt2 = 0; dt2 < kDTiles / 2; ++dt2) {
           uint32_t b[4];
           ldmatrixX4Trans(b, &s_v[stage][kk * 16 + (mi & 1) * 8 + mr][dt2 * 16 + (mi >> 1) * 8]);
-          mmaBf16(o[2 * dt2], pa, b[0], b[1]);
-          mmaBf16(o[2 * dt2 + 1], pa, b[2], b[3]);
+          mma16<T>(o[2 * dt2], pa, b[0], b[1]);
+          mma16<T>(o[2 * dt2 + 1], pa, b[2], b[3]);
         }
       }
     }
@@ -228,11 +231,12 @@ __device__ __forceinline__ void pagedAttnItem(const PagedAttentionArgs& a, const
       const float sink = a.sinks != nullptr ? exp2f(a.sinks[qh] * kLog2e - m) : 0.f;
       inv = 1.f / (l + sink);
     }
-    uint32_t* p = reinterpret_cast<uint32_t*>(a.out + static_cast<int64_t>(start + tok) * out_stride +
+    uint32_t* p = reinterpret_cast<uint32_t*>(reinterpret_cast<T*>(a.out) +
+                                              static_cast<int64_t>(start + tok) * out_stride +
                                               static_cast<int64_t>(qh) * kD + 2 * t4);
 #pragma unroll
     for (int dt = 0; dt < kDTiles; ++dt)
-      p[dt * 4] = packBf16x2(o[dt][2 * half] * inv, o[dt][2 * half + 1] * inv);
+      p[dt * 4] = pack16x2<T>(o[dt][2 * half] * inv, o[dt][2 * half + 1] * inv);
   };
   finish(qh0, tok0, v0, 0, m0, l0);
   finish(qh1, tok1, v1, 1, m1, l1);
@@ -241,11 +245,11 @@ __device__ __forceinline__ void pagedAttnItem(const PagedAttentionArgs& a, const
 // Block (work items blockIdx.x, + gridDim.x, ..., kv head blockIdx.y): one item per block when
 // launched eagerly (grid = the plan's count); a fixed grid looping over the count on the device
 // when the launch is captured into a graph (counts != null). Same per-item work either way.
-template <int kD, int kG>
+template <int kD, int kG, typename T>
 __global__ void __launch_bounds__(kWarps * 32) pagedAttnKernel(PagedAttentionArgs a) {
   const int count = a.counts != nullptr ? a.counts[0] : a.num_work;
   for (int item = blockIdx.x; item < count; item += gridDim.x) {
-    pagedAttnItem<kD, kG>(a, item, blockIdx.y);
+    pagedAttnItem<kD, kG, T>(a, item, blockIdx.y);
     __syncthreads();  // the next item refills the shared K/V stages
   }
 }
@@ -257,7 +261,7 @@ __global__ void __launch_bounds__(kWarps * 32) pagedAttnKernel(PagedAttentionArg
 // are those of the one-part-at-a-time loop (kept for num_parts > 32: the planner can make 33 chunks when a
 // sliding window longer than 512 keys starts off a 64-key boundary; never for full-causal layers
 // or gpt-oss's 128-key windows).
-template <int kD>
+template <int kD, typename T>
 __device__ __forceinline__ void pagedAttnCombineItem(const PagedAttentionArgs& a, const int item) {
   const PagedAttnCombine c = a.combine[item];
   const int qh = blockIdx.y * 4 + threadIdx.x / 32;
@@ -327,35 +331,35 @@ __device__ __forceinline__ void pagedAttnCombineItem(const PagedAttentionArgs& a
     }
   }
   const float inv = den > 0.f ? 1.f / den : 0.f;
-  __nv_bfloat16* out = a.out + static_cast<int64_t>(c.row) * a.num_q_heads * kD +
-                       static_cast<int64_t>(qh) * kD + lane * kPer;
+  T* out = reinterpret_cast<T*>(a.out) + static_cast<int64_t>(c.row) * a.num_q_heads * kD +
+           static_cast<int64_t>(qh) * kD + lane * kPer;
 #pragma unroll
   for (int i = 0; i < kPer; i += 2)
-    *reinterpret_cast<__nv_bfloat162*>(out + i) = __floats2bfloat162_rn(acc[i] * inv, acc[i + 1] * inv);
+    *reinterpret_cast<uint32_t*>(out + i) = pack16x2<T>(acc[i] * inv, acc[i + 1] * inv);
 }
 
-template <int kD>
+template <int kD, typename T>
 __global__ void __launch_bounds__(128) pagedAttnCombineKernel(PagedAttentionArgs a) {
   const int count = a.counts != nullptr ? a.counts[1] : a.num_combine;
-  for (int item = blockIdx.x; item < count; item += gridDim.x) pagedAttnCombineItem<kD>(a, item);
+  for (int item = blockIdx.x; item < count; item += gridDim.x) pagedAttnCombineItem<kD, T>(a, item);
 }
 
 bool isPow2UpTo64(int g) { return g >= 1 && g <= 64 && (g & (g - 1)) == 0; }
 
-template <int kG>
+template <int kG, typename T>
 Status launchGroup(const PagedAttentionArgs& a, cudaStream_t stream) {
   const bool fixed = a.counts != nullptr;  // graph launch: fixed grids, counts on the device
   const int32_t work_grid = fixed ? a.grid_work : a.num_work;
   const int32_t combine_grid = fixed ? a.grid_combine : a.num_combine;
   if (work_grid > 0) {
     const dim3 grid(static_cast<unsigned>(work_grid), static_cast<unsigned>(a.num_kv_heads));
-    pagedAttnKernel<kHeadDim, kG><<<grid, kWarps * 32, 0, stream>>>(a);
+    pagedAttnKernel<kHeadDim, kG, T><<<grid, kWarps * 32, 0, stream>>>(a);
     CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }
   if (combine_grid > 0) {
     const dim3 grid(static_cast<unsigned>(combine_grid),
                     static_cast<unsigned>((a.num_q_heads + 3) / 4));
-    pagedAttnCombineKernel<kHeadDim><<<grid, 128, 0, stream>>>(a);
+    pagedAttnCombineKernel<kHeadDim, T><<<grid, 128, 0, stream>>>(a);
     CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }
   return okStatus();
@@ -481,17 +485,21 @@ Status checkPagedAttention(const PagedAttentionArgs& a) {
 }
 
 namespace {
-Status launchMma(const PagedAttentionArgs& a, cudaStream_t stream) {
+template <typename T>
+Status launchMmaT(const PagedAttentionArgs& a, cudaStream_t stream) {
   switch (a.num_q_heads / a.num_kv_heads) {
-    case 1: return launchGroup<1>(a, stream);
-    case 2: return launchGroup<2>(a, stream);
-    case 4: return launchGroup<4>(a, stream);
-    case 8: return launchGroup<8>(a, stream);
-    case 16: return launchGroup<16>(a, stream);
-    case 32: return launchGroup<32>(a, stream);
-    case 64: return launchGroup<64>(a, stream);
+    case 1: return launchGroup<1, T>(a, stream);
+    case 2: return launchGroup<2, T>(a, stream);
+    case 4: return launchGroup<4, T>(a, stream);
+    case 8: return launchGroup<8, T>(a, stream);
+    case 16: return launchGroup<16, T>(a, stream);
+    case 32: return launchGroup<32, T>(a, stream);
+    case 64: return launchGroup<64, T>(a, stream);
     default: return invalidArgument("paged_attention: unsupported GQA group");
   }
+}
+Status launchMma(const PagedAttentionArgs& a, cudaStream_t stream) {
+  return a.f16 ? launchMmaT<f16>(a, stream) : launchMmaT<bf16>(a, stream);
 }
 }  // namespace
 

@@ -127,6 +127,9 @@ struct PagedAttentionArgs {
   int32_t num_blocks = 0;      // of the cache (block ids outside are never read)
   int32_t sliding_window = 0;  // 0: full causal
   float scale = 0.f;           // logit scale (the sink is not scaled)
+  // [TAG_ATTN_F16] qkv, the caches and out hold IEEE fp16 (__half) bits instead of bf16: both
+  // products on fp16 tensor cores (P rounded to fp16), the rest as with bf16.
+  bool f16 = false;
 };
 
 // INVALID_ARGUMENT naming what the kernels do not support (head_dim != 64, a GQA group that is

@@ -101,20 +101,23 @@ __device__ __forceinline__ void mbarWait(uint32_t bar, uint32_t parity) {
   mbarWaitOrGiveUp(bar, parity, &g_paged_watchdog);
 }
 
-// S = Q K^T over head_dim (4 k-steps); the first overwrites S.
+// S = Q K^T over head_dim (4 k-steps); the first overwrites S. T: the element type of Q, K, V
+// and P (bf16, or fp16 [TAG_ATTN_F16]).
+template <typename T>
 __device__ __forceinline__ void gemmQK(float (&s)[64], uint64_t q_desc, uint64_t k_desc) {
 #pragma unroll
   for (int kk = 0; kk < kD / 16; ++kk) {
     const uint64_t step = sm90::kMajorStepOffset(kk) >> 4;  // half 0: head_dim 64 is one half
-    wgmmaSS(s, q_desc + step, k_desc + step, kk > 0 ? 1 : 0);
+    wgmmaSS<std::is_same_v<T, f16>>(s, q_desc + step, k_desc + step, kk > 0 ? 1 : 0);
   }
 }
 
 // O += P V over the tile's 128 keys (8 k-steps of 16 keys).
+template <typename T>
 __device__ __forceinline__ void gemmPV(float (&o)[32], const uint32_t (&p)[32], uint64_t v_desc) {
 #pragma unroll
   for (int kk = 0; kk < kBlockN / 16; ++kk) {
-    wgmmaRS64(o, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3],
+    wgmmaRS64<std::is_same_v<T, f16>>(o, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3],
               v_desc + (sm90::mnMajorStepOffset(kk) >> 4));
   }
 }
@@ -179,7 +182,7 @@ struct Pipe {
 constexpr uint64_t kStageStep = kTileBytes >> 4;  // descriptor start address per stage
 
 // Pipelined step it >= 1: S of tile it with P V of tile it - 1, then tile it's softmax.
-template <int kStages, int kC, bool kMask>
+template <int kStages, int kC, bool kMask, typename T>
 __device__ __forceinline__ void pipelinedStep(const Pipe& pp, int it, int w, bool warp_leader,
                                               float (&s)[64], float (&o)[32], uint32_t (&p)[32],
                                               float (&m)[2], float (&l)[2], float (&alpha)[2],
@@ -193,9 +196,9 @@ __device__ __forceinline__ void pipelinedStep(const Pipe& pp, int it, int w, boo
   mbarWait(pp.bar_v_full + 8 * sp, php);
   turnBegin<kC>(w);
   wgmmaFence();
-  gemmQK(s, pp.q_desc, pp.k_desc0 + st * kStageStep);
+  gemmQK<T>(s, pp.q_desc, pp.k_desc0 + st * kStageStep);
   wgmmaCommit();
-  gemmPV(o, p, pp.v_desc0 + sp * kStageStep);
+  gemmPV<T>(o, p, pp.v_desc0 + sp * kStageStep);
   wgmmaCommit();
   turnEnd<kC>(w);
   wgmmaWait<1>();  // S done
@@ -206,12 +209,12 @@ __device__ __forceinline__ void pipelinedStep(const Pipe& pp, int it, int w, boo
   fenceRegs(o);
   fenceRegs(p);
   mbarArriveIf(pp.bar_v_empty + 8 * sp, warp_leader);
-  toP(s, p);
+  toP<T>(s, p);
   rescaleO(o, alpha);
 }
 
 // Basic step: S, softmax, P V of tile it, one after the other.
-template <int kStages, bool kMask>
+template <int kStages, bool kMask, typename T>
 __device__ __forceinline__ void basicStep(const Pipe& pp, int it, bool warp_leader,
                                           float (&s)[64], float (&o)[32], uint32_t (&p)[32],
                                           float (&m)[2], float (&l)[2], float (&alpha)[2],
@@ -220,17 +223,17 @@ __device__ __forceinline__ void basicStep(const Pipe& pp, int it, bool warp_lead
   const uint32_t ph = (it / kStages) & 1;
   mbarWait(pp.bar_k_full + 8 * st, ph);
   wgmmaFence();
-  gemmQK(s, pp.q_desc, pp.k_desc0 + st * kStageStep);
+  gemmQK<T>(s, pp.q_desc, pp.k_desc0 + st * kStageStep);
   wgmmaCommit();
   wgmmaWait<0>();
   fenceRegs(s);
   mbarArriveIf(pp.bar_k_empty + 8 * st, warp_leader);
   softmaxStep<kMask>(s, m, l, alpha, scale_log2, key0, rk, tid);
-  toP(s, p);
+  toP<T>(s, p);
   rescaleO(o, alpha);
   mbarWait(pp.bar_v_full + 8 * st, ph);
   wgmmaFence();
-  gemmPV(o, p, pp.v_desc0 + st * kStageStep);
+  gemmPV<T>(o, p, pp.v_desc0 + st * kStageStep);
   wgmmaCommit();
   wgmmaWait<0>();
   fenceRegs(o);
@@ -238,7 +241,7 @@ __device__ __forceinline__ void basicStep(const Pipe& pp, int it, bool warp_lead
   mbarArriveIf(pp.bar_v_empty + 8 * st, warp_leader);
 }
 
-template <bool kPipelined, int kStages, int kC>
+template <bool kPipelined, int kStages, int kC, typename T>
 __global__ void __launch_bounds__(Shape<kC>::kThreads, 1)
     pagedAttnSm90Kernel(const __grid_constant__ CUtensorMap q_map,
                         const __grid_constant__ CUtensorMap k_map,
@@ -372,7 +375,7 @@ __global__ void __launch_bounds__(Shape<kC>::kThreads, 1)
     mbarWait(pp.bar_k_full, 0);
     turnBegin<kC>(w);
     wgmmaFence();
-    gemmQK(s, pp.q_desc, pp.k_desc0);
+    gemmQK<T>(s, pp.q_desc, pp.k_desc0);
     wgmmaCommit();
     turnEnd<kC>(w);
     wgmmaWait<0>();
@@ -383,15 +386,15 @@ __global__ void __launch_bounds__(Shape<kC>::kThreads, 1)
     } else {
       softmaxStep<false>(s, m, l, alpha, scale_log2, first_key0, rk, tid);
     }
-    toP(s, p);
+    toP<T>(s, p);
 #pragma unroll 1
     for (int it = 1; it < n_tiles; ++it) {
       const int key0 = (kt_last - it) * kBlockN;
       if (tileNeedsMask<kBlockM>(key0, p0, win)) {
-        pipelinedStep<kStages, kC, true>(pp, it, w, warp_leader, s, o, p, m, l, alpha, scale_log2, key0, rk,
+        pipelinedStep<kStages, kC, true, T>(pp, it, w, warp_leader, s, o, p, m, l, alpha, scale_log2, key0, rk,
                             tid);
       } else {
-        pipelinedStep<kStages, kC, false>(pp, it, w, warp_leader, s, o, p, m, l, alpha, scale_log2, key0, rk,
+        pipelinedStep<kStages, kC, false, T>(pp, it, w, warp_leader, s, o, p, m, l, alpha, scale_log2, key0, rk,
                              tid);
       }
     }
@@ -400,7 +403,7 @@ __global__ void __launch_bounds__(Shape<kC>::kThreads, 1)
     mbarWait(pp.bar_v_full + 8 * sl, ((n_tiles - 1) / kStages) & 1);
     turnBegin<kC>(w);
     wgmmaFence();
-    gemmPV(o, p, pp.v_desc0 + sl * kStageStep);
+    gemmPV<T>(o, p, pp.v_desc0 + sl * kStageStep);
     wgmmaCommit();
     if (w != kC - 1) turnEnd<kC>(w);
     wgmmaWait<0>();
@@ -411,9 +414,9 @@ __global__ void __launch_bounds__(Shape<kC>::kThreads, 1)
     for (int it = 0; it < n_tiles; ++it) {
       const int key0 = (kt_last - it) * kBlockN;
       if (tileNeedsMask<kBlockM>(key0, p0, win)) {
-        basicStep<kStages, true>(pp, it, warp_leader, s, o, p, m, l, alpha, scale_log2, key0, rk, tid);
+        basicStep<kStages, true, T>(pp, it, warp_leader, s, o, p, m, l, alpha, scale_log2, key0, rk, tid);
       } else {
-        basicStep<kStages, false>(pp, it, warp_leader, s, o, p, m, l, alpha, scale_log2, key0, rk, tid);
+        basicStep<kStages, false, T>(pp, it, warp_leader, s, o, p, m, l, alpha, scale_log2, key0, rk, tid);
       }
     }
   }
@@ -430,7 +433,7 @@ __global__ void __launch_bounds__(Shape<kC>::kThreads, 1)
     inv[r] = den > 0.f ? 1.f / den : 0.f;
   }
   const int64_t out_stride = static_cast<int64_t>(a.num_q_heads) * kD;
-  __nv_bfloat16* o_base = a.out + static_cast<int64_t>(start) * out_stride + qh * kD;
+  T* o_base = reinterpret_cast<T*>(a.out) + static_cast<int64_t>(start) * out_stride + qh * kD;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = wk.tok0 + row0 + accRow(tid, 2 * r);
@@ -439,13 +442,13 @@ __global__ void __launch_bounds__(Shape<kC>::kThreads, 1)
                                                   accCol(tid, 0));
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
-        dst[4 * i] = packBf16x2(o[4 * i + 2 * r] * inv[r], o[4 * i + 2 * r + 1] * inv[r]);
+        dst[4 * i] = pack16x2<T>(o[4 * i + 2 * r] * inv[r], o[4 * i + 2 * r + 1] * inv[r]);
       }
     }
   }
 }
 
-template <bool kPipelined, int kStages, int kC>
+template <bool kPipelined, int kStages, int kC, typename T>
 Status launchKernel(const PagedAttentionArgs& a, cudaStream_t stream) {
   using S = Shape<kC>;
   using L = Smem<kStages, kC>;
@@ -455,7 +458,8 @@ Status launchKernel(const PagedAttentionArgs& a, cudaStream_t stream) {
     const cuuint64_t dims[2] = {width, static_cast<cuuint64_t>(a.num_tokens)};
     const cuuint64_t strides[1] = {width * 2};
     const cuuint32_t box[2] = {kD, S::kBlockM};
-    RETURN_IF_ERROR(encodeBf16TensorMap(&q_map, a.qkv, 2, dims, strides, box, "paged attention sm90: q"));
+    RETURN_IF_ERROR(encode16TensorMap(&q_map, a.qkv, 2, dims, strides, box, "paged attention sm90: q",
+                                      a.f16));
   }
   {
     // The cache [blocks][block_size][Hkv][64] as [slots][Hkv][64]; one box = one page's rows of
@@ -466,20 +470,20 @@ Status launchKernel(const PagedAttentionArgs& a, cudaStream_t stream) {
     const cuuint64_t strides[2] = {kD * 2, static_cast<cuuint64_t>(a.num_kv_heads) * kD * 2};
     const cuuint32_t box[3] = {kD, 1, static_cast<cuuint32_t>(std::min(a.block_size, kBlockN))};
     RETURN_IF_ERROR(
-        encodeBf16TensorMap(&k_map, a.k_cache, 3, dims, strides, box, "paged attention sm90: k"));
+        encode16TensorMap(&k_map, a.k_cache, 3, dims, strides, box, "paged attention sm90: k", a.f16));
     RETURN_IF_ERROR(
-        encodeBf16TensorMap(&v_map, a.v_cache, 3, dims, strides, box, "paged attention sm90: v"));
+        encode16TensorMap(&v_map, a.v_cache, 3, dims, strides, box, "paged attention sm90: v", a.f16));
   }
   static std::once_flag once;  // [TAG_ATTN_SMEM] one attribute call per instance
   static cudaError_t configured = cudaSuccess;
   std::call_once(once, [] {
-    configured = cudaFuncSetAttribute(pagedAttnSm90Kernel<kPipelined, kStages, kC>,
+    configured = cudaFuncSetAttribute(pagedAttnSm90Kernel<kPipelined, kStages, kC, T>,
                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(L::kBytes));
   });
   CUDA_RETURN_IF_ERROR(configured);
   const int64_t blocks = static_cast<int64_t>(a.num_sm90_work) * a.num_q_heads;
-  pagedAttnSm90Kernel<kPipelined, kStages, kC><<<dim3(static_cast<unsigned>(blocks)),
+  pagedAttnSm90Kernel<kPipelined, kStages, kC, T><<<dim3(static_cast<unsigned>(blocks)),
                                                  dim3(S::kThreads), L::kBytes, stream>>>(
       q_map, k_map, v_map, a);
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
@@ -530,13 +534,19 @@ Status launchPagedAttentionSm90(const PagedAttentionArgs& a, cudaStream_t stream
   if (static_cast<int64_t>(a.num_sm90_work) * a.num_q_heads > INT32_MAX) {
     return invalidArgument("paged attention sm90: too many work items x heads");
   }
+  if (a.f16) {  // [TAG_ATTN_F16]: the default shape only
+    return launchKernel<true, 2, 3, f16>(a, stream);
+  }
   if (g_consumers == 3) {  // the default [TAG_PAGED_ATTN_SM90]; the ring depth stays 2
-    return g_pipelined ? launchKernel<true, 2, 3>(a, stream) : launchKernel<false, 2, 3>(a, stream);
+    return g_pipelined ? launchKernel<true, 2, 3, bf16>(a, stream)
+                       : launchKernel<false, 2, 3, bf16>(a, stream);
   }
   if (g_stages == 4) {
-    return g_pipelined ? launchKernel<true, 4, 2>(a, stream) : launchKernel<false, 4, 2>(a, stream);
+    return g_pipelined ? launchKernel<true, 4, 2, bf16>(a, stream)
+                       : launchKernel<false, 4, 2, bf16>(a, stream);
   }
-  return g_pipelined ? launchKernel<true, 2, 2>(a, stream) : launchKernel<false, 2, 2>(a, stream);
+  return g_pipelined ? launchKernel<true, 2, 2, bf16>(a, stream)
+                     : launchKernel<false, 2, 2, bf16>(a, stream);
 }
 
 Result<bool> pagedAttnSm90WatchdogFired() {

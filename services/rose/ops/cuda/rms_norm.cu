@@ -7,6 +7,27 @@
 namespace garden::rose::cuda {
 namespace {
 
+// [TAG_ATTN_F16] x and out may hold IEEE fp16 bits (RmsNormArgs::x_f16 / out_f16): a uniform
+// branch per 8-value chunk.
+__device__ __forceinline__ void loadX8(const bf16* p, bool f16, float (&v)[8]) {
+  if (f16) {
+    loadF32x8(reinterpret_cast<const cuda::f16*>(p), v);
+  } else {
+    loadF32x8(p, v);
+  }
+}
+__device__ __forceinline__ void storeOut8(bf16* p, bool f16, const float (&v)[8]) {
+  if (f16) {
+    storeF32x8(reinterpret_cast<cuda::f16*>(p), v);
+  } else {
+    storeF32x8(p, v);
+  }
+}
+// The normalized value rounded to the output type (Qwen3RMSNorm's intermediate rounding).
+__device__ __forceinline__ float roundOut(float x, bool f16) {
+  return f16 ? __half2float(__float2half_rn(x)) : roundBf16(x);
+}
+
 // v (8 values of x at element i) += the residual there, and the residual = the sum: bf16 stream
 // rounded, f32 stream not; residual_init: the residual = x.
 __device__ __forceinline__ void addResidual(const RmsNormArgs& a, int64_t i, float (&v)[8]) {
@@ -36,7 +57,7 @@ __device__ __forceinline__ void addResidual(const RmsNormArgs& a, int64_t i, flo
 template <bool kCombine>
 __device__ __forceinline__ void loadX(const RmsNormArgs& a, int64_t row, int c, float (&v)[8]) {
   if constexpr (!kCombine) {
-    loadF32x8(a.x + row * a.hidden + c * 8, v);
+    loadX8(a.x + row * a.hidden + c * 8, a.x_f16, v);
     return;
   }
   float acc[8];
@@ -85,8 +106,8 @@ __global__ void rmsNormKernel(RmsNormArgs a) {
       loadF32x8(a.weight + c * 8, w);
 #pragma unroll
       for (int i = 0; i < 8; ++i)
-        v[k][i] = (a.round_normalized ? roundBf16(v[k][i] * rstd) : v[k][i] * rstd) * w[i];
-      storeF32x8(a.out + off + c * 8, v[k]);
+        v[k][i] = (a.round_normalized ? roundOut(v[k][i] * rstd, a.out_f16) : v[k][i] * rstd) * w[i];
+      storeOut8(a.out + off + c * 8, a.out_f16, v[k]);
     }
   }
 }
@@ -145,8 +166,8 @@ __global__ void rmsNormSplitKernel(RmsNormArgs a) {
   if (c < chunks) {
 #pragma unroll
     for (int i = 0; i < 8; ++i)
-      v[i] = (a.round_normalized ? roundBf16(v[i] * rstd) : v[i] * rstd) * w[i];
-    storeF32x8(a.out + off + c * 8, v);
+      v[i] = (a.round_normalized ? roundOut(v[i] * rstd, a.out_f16) : v[i] * rstd) * w[i];
+    storeOut8(a.out + off + c * 8, a.out_f16, v);
   }
 }
 
@@ -156,6 +177,8 @@ Status launchRmsNorm(const RmsNormArgs& a, cudaStream_t stream, bool pdl) {
   if (a.rows == 0) return okStatus();
   if (a.residual != nullptr && a.residual_f32 != nullptr)
     return invalidArgument("rms_norm: a bf16 and an f32 residual at once");
+  if (a.x_f16 && a.residual != nullptr)
+    return invalidArgument("rms_norm: an fp16 x needs the f32 residual (or none)");
   if ((a.combine_y == nullptr) == (a.x == nullptr))
     return invalidArgument("rms_norm: exactly one of x and the MoE combine");
   if (a.combine_y != nullptr &&

@@ -41,6 +41,10 @@ struct RmsNormArgs {
   const int32_t* combine_row_of = nullptr;   // [rows, combine_top_k], -1: none
   const float* combine_weights = nullptr;    // [rows, combine_top_k]
   int32_t combine_top_k = 0;
+  // [TAG_ATTN_F16] x / out hold IEEE fp16 bits instead of bf16 (the weight and a bf16 residual
+  // stay bf16; an fp16 x goes with the f32 residual only).
+  bool x_f16 = false;
+  bool out_f16 = false;
 };
 
 // pdl: programmatic dependent launch for an eager launch (common.cuh [TAG_PDL]); the backend

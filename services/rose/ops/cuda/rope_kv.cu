@@ -9,18 +9,20 @@ constexpr int kWarpsPerBlock = 8;
 
 // The cache row head h of token t is copied to: k heads into k_cache, v heads into v_cache;
 // nullptr for a q head or a slot outside the cache (validated by the model; never written).
-__device__ __forceinline__ __nv_bfloat16* kvCacheRow(const RopeKvArgs& a, int64_t t, int h,
-                                                     bool is_v) {
+template <typename T>
+__device__ __forceinline__ T* kvCacheRow(const RopeKvArgs& a, int64_t t, int h, bool is_v) {
   if (h < a.num_q_heads) return nullptr;
   const int64_t slot = a.slots[t];
   if (slot < 0 || slot >= a.num_slots) return nullptr;
   const int g = is_v ? h - a.num_q_heads - a.num_kv_heads : h - a.num_q_heads;
-  return (is_v ? a.v_cache : a.k_cache) + (slot * a.num_kv_heads + g) * static_cast<int64_t>(a.head_dim);
+  return reinterpret_cast<T*>(is_v ? a.v_cache : a.k_cache) +
+         (slot * a.num_kv_heads + g) * static_cast<int64_t>(a.head_dim);
 }
 
 // Warp w handles item w = t * (Hq + 2*Hkv) + head: q heads and k heads are rotated in place (k
 // is also written to the cache), v heads are copied to the cache. Lane l owns the pairs
 // (i, i + half) for i = l, l + 32, ... < half (rotated part) and the dims >= rotary_dim.
+template <typename T>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) ropeKvKernel(RopeKvArgs a) {
   const int lane = threadIdx.x & 31;
   const int heads = a.num_q_heads + 2 * a.num_kv_heads;
@@ -29,7 +31,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) ropeKvKernel(RopeKvArgs a
   const int64_t t = item / heads;
   const int h = static_cast<int>(item % heads);
   const int d = a.head_dim;
-  __nv_bfloat16* p = a.qkv + t * static_cast<int64_t>(heads) * d + static_cast<int64_t>(h) * d;
+  T* p = reinterpret_cast<T*>(a.qkv) + t * static_cast<int64_t>(heads) * d +
+         static_cast<int64_t>(h) * d;
   const bool is_v = h >= a.num_q_heads + a.num_kv_heads;
   if (!is_v && a.rotary_dim > 0) {
     const int half = a.rotary_dim / 2;
@@ -37,18 +40,18 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) ropeKvKernel(RopeKvArgs a
     const float* c = a.cos + static_cast<int64_t>(pos) * half;
     const float* s = a.sin + static_cast<int64_t>(pos) * half;
     for (int i = lane; i < half; i += 32) {
-      const float x1 = __bfloat162float(p[i]);
-      const float x2 = __bfloat162float(p[i + half]);
+      const float x1 = toF32(p[i]);
+      const float x2 = toF32(p[i + half]);
       const float ci = c[i], si = s[i];
-      p[i] = __float2bfloat16(x1 * ci - x2 * si);
-      p[i + half] = __float2bfloat16(x2 * ci + x1 * si);
+      p[i] = fromF32<T>(x1 * ci - x2 * si);
+      p[i + half] = fromF32<T>(x2 * ci + x1 * si);
     }
     __syncwarp();
   }
-  __nv_bfloat16* dst = kvCacheRow(a, t, h, is_v);
+  T* dst = kvCacheRow<T>(a, t, h, is_v);
   if (dst == nullptr) return;
   for (int i = lane * 2; i < d; i += 64) {
-    *reinterpret_cast<__nv_bfloat162*>(dst + i) = *reinterpret_cast<const __nv_bfloat162*>(p + i);
+    *reinterpret_cast<uint32_t*>(dst + i) = *reinterpret_cast<const uint32_t*>(p + i);
   }
 }
 
@@ -60,6 +63,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) ropeKvKernel(RopeKvArgs a
 // gpt-oss-20b (ncu, 2026-12-04), ~4x its traffic at HBM speed.
 constexpr int kVecThreads = 256;
 
+template <typename T>
 __global__ void __launch_bounds__(kVecThreads) ropeKvVecKernel(RopeKvArgs a, int units) {
   const int heads = a.num_q_heads + 2 * a.num_kv_heads;
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * kVecThreads + threadIdx.x;
@@ -69,7 +73,8 @@ __global__ void __launch_bounds__(kVecThreads) ropeKvVecKernel(RopeKvArgs a, int
   const int64_t t = th / heads;
   const int h = static_cast<int>(th % heads);
   const int d = a.head_dim, half = a.rotary_dim / 2;
-  __nv_bfloat16* p = a.qkv + t * static_cast<int64_t>(heads) * d + static_cast<int64_t>(h) * d;
+  T* p = reinterpret_cast<T*>(a.qkv) + t * static_cast<int64_t>(heads) * d +
+         static_cast<int64_t>(h) * d;
   const bool is_v = h >= a.num_q_heads + a.num_kv_heads;
   const bool rot = u < half / 8;
   // Dims [c0, c0 + 8) and, for a rotated pair chunk, [c0 + half, c0 + half + 8).
@@ -85,19 +90,19 @@ __global__ void __launch_bounds__(kVecThreads) ropeKvVecKernel(RopeKvArgs a, int
     *reinterpret_cast<float4*>(c + 4) = *reinterpret_cast<const float4*>(cp + 4);
     *reinterpret_cast<float4*>(sn) = *reinterpret_cast<const float4*>(sp);
     *reinterpret_cast<float4*>(sn + 4) = *reinterpret_cast<const float4*>(sp + 4);
-    __nv_bfloat16* l = reinterpret_cast<__nv_bfloat16*>(&lo);
-    __nv_bfloat16* r = reinterpret_cast<__nv_bfloat16*>(&hi);
+    T* l = reinterpret_cast<T*>(&lo);
+    T* r = reinterpret_cast<T*>(&hi);
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      const float x1 = __bfloat162float(l[i]);
-      const float x2 = __bfloat162float(r[i]);
-      l[i] = __float2bfloat16(x1 * c[i] - x2 * sn[i]);
-      r[i] = __float2bfloat16(x2 * c[i] + x1 * sn[i]);
+      const float x1 = toF32(l[i]);
+      const float x2 = toF32(r[i]);
+      l[i] = fromF32<T>(x1 * c[i] - x2 * sn[i]);
+      r[i] = fromF32<T>(x2 * c[i] + x1 * sn[i]);
     }
     *reinterpret_cast<uint4*>(p + c0) = lo;
     *reinterpret_cast<uint4*>(p + c0 + half) = hi;
   }
-  __nv_bfloat16* dst = kvCacheRow(a, t, h, is_v);
+  T* dst = kvCacheRow<T>(a, t, h, is_v);
   if (dst == nullptr) return;
   *reinterpret_cast<uint4*>(dst + c0) = lo;
   if (rot) *reinterpret_cast<uint4*>(dst + c0 + half) = hi;
@@ -132,12 +137,20 @@ Status launchRopeKv(const RopeKvArgs& a, cudaStream_t stream) {
       (a.rotary_dim == 0 || (aligned16(a.cos) && aligned16(a.sin)))) {
     const int units = a.rotary_dim / 16 + (a.head_dim - a.rotary_dim) / 8;
     const int64_t threads = a.num_tokens * heads * units;
-    ropeKvVecKernel<<<static_cast<unsigned>((threads + kVecThreads - 1) / kVecThreads), kVecThreads,
-                      0, stream>>>(a, units);
+    const unsigned blocks = static_cast<unsigned>((threads + kVecThreads - 1) / kVecThreads);
+    if (a.f16) {
+      ropeKvVecKernel<f16><<<blocks, kVecThreads, 0, stream>>>(a, units);
+    } else {
+      ropeKvVecKernel<bf16><<<blocks, kVecThreads, 0, stream>>>(a, units);
+    }
   } else {
     const int64_t items = a.num_tokens * heads;
     const dim3 grid(static_cast<unsigned>((items + kWarpsPerBlock - 1) / kWarpsPerBlock));
-    ropeKvKernel<<<grid, kWarpsPerBlock * 32, 0, stream>>>(a);
+    if (a.f16) {
+      ropeKvKernel<f16><<<grid, kWarpsPerBlock * 32, 0, stream>>>(a);
+    } else {
+      ropeKvKernel<bf16><<<grid, kWarpsPerBlock * 32, 0, stream>>>(a);
+    }
   }
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return okStatus();

@@ -34,6 +34,9 @@ struct RopeKvArgs {
   int32_t head_dim = 0;    // even, <= 256
   int32_t rotary_dim = 0;  // even, <= head_dim (0: no rotation)
   int32_t max_pos = 0;
+  // [TAG_ATTN_F16] qkv and the caches hold IEEE fp16 (__half) bits instead of bf16: the same
+  // f32 arithmetic, rounded to fp16.
+  bool f16 = false;
 };
 
 // The shape rules launchRopeKv enforces (INVALID_ARGUMENT naming the field otherwise).

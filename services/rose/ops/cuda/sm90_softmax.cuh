@@ -47,14 +47,16 @@ __device__ __forceinline__ void onlineSoftmax(float (&s)[64], float (&m)[2], flo
   for (int r = 0; r < 2; ++r) l[r] = fmaf(l[r], alpha[r], rs[r]);
 }
 
-// P (f32, in S's registers) -> bf16 A fragments of O += P V over the tile's 128 keys.
+// P (f32, in S's registers) -> bf16 (T = f16: fp16) A fragments of O += P V over the tile's
+// 128 keys.
+template <typename T = bf16>
 __device__ __forceinline__ void toP(const float (&s)[64], uint32_t (&p)[32]) {
 #pragma unroll
   for (int kk = 0; kk < 128 / 16; ++kk) {
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       const int e = sm90::pSourceElement(kk, r);
-      p[4 * kk + r] = packBf16x2(s[e], s[e + 1]);
+      p[4 * kk + r] = pack16x2<T>(s[e], s[e + 1]);
     }
   }
 }

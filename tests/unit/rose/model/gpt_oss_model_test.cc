@@ -523,5 +523,27 @@ TEST(GptOssLoad, MoeWeightsModesAreNamedAndRefusedWhereTheyCannotRun) {
   EXPECT_TRUE(GptOssModel::load(fixtureDir("mxfp4").string(), *backend, *ops, o).isOk());
 }
 
+// [TAG_ATTN_F16] --attn-dtype float16 needs a bf16 backend (CUDA) and the f32 stream: the fp32
+// CPU reference refuses it by name instead of silently computing in fp32.
+TEST(GptOssLoad, Fp16AttentionIsRefusedOnTheCpuBackend) {
+  auto backend = makeBackend("cpu", BackendOptions{1, 0, 64}).value();
+  auto ops = makeLlmOps(*backend, 1).value();
+  GptOssOptions o;
+  o.max_batch_tokens = 40;
+  o.max_seqs = 4;
+  o.max_logits_rows = 30;
+  o.max_model_len = 48;
+  o.attn_f16 = true;
+  const Status st = GptOssModel::load(fixtureDir("mxfp4").string(), *backend, *ops, o).status();
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("--attn-dtype float16"), std::string::npos) << st.toString();
+  EXPECT_NE(st.message().find("the cpu backend computes in F32"), std::string::npos)
+      << st.toString();
+  o.attn_f16 = false;
+  auto m = GptOssModel::load(fixtureDir("mxfp4").string(), *backend, *ops, o);
+  ASSERT_TRUE(m.isOk()) << m.status().toString();
+  EXPECT_EQ((*m)->kvDType(), DType::kF32);
+}
+
 }  // namespace
 }  // namespace garden::rose

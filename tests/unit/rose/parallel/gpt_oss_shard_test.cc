@@ -454,6 +454,13 @@ TEST(GptOssShardErrors, ClearErrors) {
                                     ShardComms{w1[0].get(), w1[0].get()});
   ASSERT_FALSE(mismatch.isOk());
   EXPECT_NE(mismatch.status().message().find("communicators"), std::string::npos);
+  GptOssOptions f16 = options();  // [TAG_ATTN_F16] not for a sharded model
+  f16.attn_f16 = true;
+  auto half = GptOssShard::load(dir, *backend, *ops, *so, f16, ParallelConfig{1, 1, 1}, 0,
+                                ShardComms{w1[0].get(), w1[0].get()});
+  ASSERT_FALSE(half.isOk());
+  EXPECT_EQ(half.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(half.status().message().find("--attn-dtype float16"), std::string::npos);
   // A dp 2 layout of 2 ranks; rank 0's view of a straddling sequence.
   std::vector<std::unique_ptr<Backend>> owned;
   std::vector<std::unique_ptr<LlmOps>> owned_ops;

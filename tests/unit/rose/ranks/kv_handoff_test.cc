@@ -229,6 +229,15 @@ TEST(KvHandoff, RefusesBadPairsAndShapes) {
   auto deep = std::move(PagedKvCache::create(*backend, other, DType::kF32)).value();
   st = copyKvBlocks(*backend, src, *deep, std::vector<int32_t>{0, 0});
   EXPECT_NE(st.message().find("layers"), std::string::npos) << st.message();
+  // The same bytes per block in another element type [TAG_ATTN_F16].
+  {
+    auto bf = std::move(SharedKvPools::create(s, DType::kBF16)).value();
+    auto half = std::move(PagedKvCache::create(*backend, s, DType::kF16)).value();
+    st = copyKvBlocks(*backend, bf->view(), *half, std::vector<int32_t>{0, 0});
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.toString();
+    EXPECT_NE(st.message().find("dtype BF16 (source) != F16 (destination)"), std::string::npos)
+        << st.message();
+  }
   // Mapping with another shape, and a cache over an imported pair.
   EXPECT_FALSE(SharedKvPools::map(pools->fd(), other, DType::kF32).isOk());
   auto mapped = SharedKvPools::map(pools->fd(), s, DType::kF32);
