@@ -127,6 +127,7 @@ struct LlmArgs {
   int32_t max_seqs = 256;     // sequences per step
   std::string late_masks = "auto";  // auto | on | off [TAG_LATE_MASKS]
   std::string attn_dtype = "bfloat16";  // bfloat16 | float16 [TAG_ATTN_F16]
+  std::string moe_dtype = "bfloat16";   // bfloat16 | float16 [TAG_ATTN_F16]
   std::string gemm_prewarm = "on";  // on | off: GptOssModel::prewarmGemms at load
   std::string attn_prefill = "env";  // sm90 | mma | env (GARDEN_PAGED_ATTENTION, default sm90)
   std::string moe_prefill = "env";   // auto | chunk | step | tiled | env (GARDEN_MOE_PREFILL, default auto)
@@ -208,6 +209,10 @@ bool validLlmArgs(const LlmArgs& f) {
   }
   if (f.attn_dtype != "bfloat16" && f.attn_dtype != "float16") {
     std::fprintf(stderr, "rose: --attn-dtype must be bfloat16 or float16\n");
+    return false;
+  }
+  if (f.moe_dtype != "bfloat16" && f.moe_dtype != "float16") {
+    std::fprintf(stderr, "rose: --moe-dtype must be bfloat16 or float16\n");
     return false;
   }
   if (f.max_model_len < 0 || f.max_seqs <= 0 || f.max_seqs > 65536) {
@@ -375,6 +380,7 @@ rose::GptOssOptions gptOssOptions(int64_t max_batch_tokens, const LlmArgs& f) {
   go.min_block_size = f.kv_block_size;
   go.cuda_graphs = f.cuda_graphs;
   go.attn_f16 = f.attn_dtype == "float16";
+  go.moe_f16 = f.moe_dtype == "float16";
   return go;
 }
 
@@ -657,7 +663,12 @@ int main(int argc, char** argv) {
       .add("attn-dtype", &llm.attn_dtype,
            "gpt-oss: bfloat16|float16: the attention block's activations, KV cache and QKV / "
            "O-proj weights in the backend's bf16 (default) or IEEE fp16 (cuda; 3 more significand "
-           "bits, same speed; the MoE side stays bf16)");
+           "bits; the MoE side has --moe-dtype)")
+      .add("moe-dtype", &llm.moe_dtype,
+           "gpt-oss: bfloat16|float16: the MoE side's activations (its norm output, expert GEMMs "
+           "with MXFP4 dequantized to fp16, their outputs, the combine) and expert biases in bf16 "
+           "(default) or IEEE fp16 (cuda; every MXFP4 scale byte <= 128; not with --moe-weights "
+           "fp8 or mxfp4-bf16)");
   // gpt-oss over several ranks (docs/multi-gpu.md).
   RankArgs ranks;
   flags.add("tp", &ranks.parallel.tp, "gpt-oss: tensor-parallel ranks (attention heads, vocabulary)")

@@ -1185,6 +1185,37 @@ TEST_F(GpuLlmOps, MoeExpertsMatchCpuMxfp4AndBf16) {
     // Same bf16 weight values, same K order: the two formats agree bit for bit.
     EXPECT_EQ(std::memcmp(got[0].data(), got[1].data(), got[0].size() * sizeof(float)), 0)
         << "MXFP4-resident and bf16 experts differ";
+    // [TAG_ATTN_F16] The same in fp16 (scales <= 128 only): x, biases, the SwiGLU output, the
+    // expert outputs and the combine round to 10 significand bits instead of 7, so the error is a
+    // fraction of bf16's (a bf16 rounding left anywhere would not be), and MXFP4 dequantized to fp16
+    // equals the same weights uploaded as fp16 bit for bit.
+    if (!c.big_scales) {
+      auto hx = upload(gpu(), DType::kF16, {c.t, c.h}, x);
+      auto hb1 = upload(gpu(), DType::kF16, {c.e, 2 * c.inter}, b1);
+      auto hb2 = upload(gpu(), DType::kF16, {c.e, c.h}, b2);
+      auto hw1 = upload(gpu(), DType::kF16, {c.e, 2 * c.inter, c.h}, w1);
+      auto hw2 = upload(gpu(), DType::kF16, {c.e, c.h, c.inter}, w2);
+      const auto [h1, h2] = denseExperts(hw1.view, hw2.view, c.e, c.inter, c.h);
+      std::vector<std::vector<float>> hg;
+      for (int variant = 0; variant < 2; ++variant) {
+        auto hout = allocate(gpu(), DType::kF16, {c.t, c.h});
+        poison(gpu(), hout.view);
+        if (variant == 0) {
+          gops_->moeExperts(hx.view, gid.view, gwt.view, *m1, hb1.view, *m2, hb2.view, hout.view, p);
+        } else {
+          gops_->moeExperts(hx.view, gid.view, gwt.view, h1, hb1.view, h2, hb2.view, hout.view, p);
+        }
+        hg.push_back(download(gpu(), hout.view));
+        const double err = relErr(hg.back(), ref);
+        const double err_bf16 = relErr(got[static_cast<size_t>(variant)], ref);
+        EXPECT_LT(err, err_bf16 / 3) << (variant == 0 ? "mxfp4 f16" : "dense f16");
+        std::cout << "[ experts ] T=" << c.t << " H=" << c.h << " I=" << c.inter << " E=" << c.e
+                  << (variant == 0 ? " mxfp4 f16" : " dense f16") << " rel_l2=" << err
+                  << " (bf16 " << err_bf16 << ")\n";
+      }
+      EXPECT_EQ(std::memcmp(hg[0].data(), hg[1].data(), hg[0].size() * sizeof(float)), 0)
+          << "MXFP4-resident and dense fp16 experts differ";
+    }
     // Batch invariance: row 0 alone (the smallest tile) equals row 0 of the batch — bit for bit
     // when the batch is in the decode regime too (block_m 16: the same K slicing), to f32
     // rounding when it takes the prefill tiles (K in one chain) [TAG_MOE_K_SLICES].

@@ -356,6 +356,21 @@ Result<std::unique_ptr<GptOssModel>> GptOssModel::load(const std::string& dir, B
   const DType adt = opts.attn_f16 ? DType::kF16 : b.activationDType();
   const DType awt = opts.attn_f16 ? DType::kF16 : wt;
   m->attn_dtype_ = adt;
+  // The MoE side the same way: its input norm's output, the expert biases (and dense experts),
+  // the expert GEMMs' activations and outputs, the combine. The router reads the f32 stream.
+  if (opts.moe_f16 && (b.activationDType() != DType::kBF16 || !m->route_f32_)) {
+    return invalidArgument(std::string("--moe-dtype float16: needs a bf16 backend (cuda), the f32 "
+                                       "residual stream and the f32 router; the ") +
+                           std::string(b.name()) + " backend computes in " +
+                           std::string(dtypeName(b.activationDType())));
+  }
+  if (opts.moe_f16 && (opts.moe_weights == MoeWeightsMode::kFp8 ||
+                       opts.moe_weights == MoeWeightsMode::kMxfp4Bf16)) {
+    return invalidArgument(std::string("--moe-dtype float16: not with --moe-weights ") +
+                           moeWeightsName(opts.moe_weights) + " (its expert copy is for bf16 steps)");
+  }
+  const DType mdt = opts.moe_f16 ? DType::kF16 : b.activationDType();
+  const DType mwt = opts.moe_f16 ? DType::kF16 : wt;
   ASSIGN_OR_RETURN(auto ck, SafetensorsCheckpoint::openDir(dir));
   ASSIGN_OR_RETURN(m->embed_, uploadOne(b, *ck, "model.embed_tokens.weight", {v, h}, wt));
   ASSIGN_OR_RETURN(m->final_norm_, uploadOne(b, *ck, "model.norm.weight", {h}, wt));
@@ -391,8 +406,8 @@ Result<std::unique_ptr<GptOssModel>> GptOssModel::load(const std::string& dir, B
       ASSIGN_OR_RETURN(L.router_f32t, uploadRouterF32(b, *rw, *nw, ops.routerF32Split()));
     }
     ASSIGN_OR_RETURN(L.b1,
-                     uploadOne(b, *ck, p + "mlp.experts.gate_up_proj_bias", {ne, 2 * inter}, wt));
-    ASSIGN_OR_RETURN(L.b2, uploadOne(b, *ck, p + "mlp.experts.down_proj_bias", {ne, h}, wt));
+                     uploadOne(b, *ck, p + "mlp.experts.gate_up_proj_bias", {ne, 2 * inter}, mwt));
+    ASSIGN_OR_RETURN(L.b2, uploadOne(b, *ck, p + "mlp.experts.down_proj_bias", {ne, h}, mwt));
     const std::string ex = p + "mlp.experts.";
     const TensorView* gu_blocks = findHfTensor(*ck, ex + "gate_up_proj_blocks");
     if (gu_blocks != nullptr) {
@@ -426,6 +441,11 @@ Result<std::unique_ptr<GptOssModel>> GptOssModel::load(const std::string& dir, B
         ASSIGN_OR_RETURN(L.w1,
                          uploadResidentMxfp4(ops, *gu_blocks, *gu_scales, ne, 2 * inter, h, copy));
         ASSIGN_OR_RETURN(L.w2, uploadResidentMxfp4(ops, *dn_blocks, *dn_scales, ne, h, inter, copy));
+        if (opts.moe_f16 && std::max(L.w1.mx_max_scale, L.w2.mx_max_scale) > 128) {
+          return invalidArgument("--moe-dtype float16: layer " + std::to_string(l) +
+                                 " has MXFP4 scale bytes above 128 (weights >= 12), which the "
+                                 "fp16 dequantization does not take");
+        }
         m->expert_format_ = ExpertFormat::kMxfp4;
         if (fp8) {
           m->fp8_experts_ = true;
@@ -434,8 +454,8 @@ Result<std::unique_ptr<GptOssModel>> GptOssModel::load(const std::string& dir, B
         }
         continue;
       }
-      ASSIGN_OR_RETURN(L.w1, allocateDenseExperts(b, wt, ne, 2 * inter, h));
-      ASSIGN_OR_RETURN(L.w2, allocateDenseExperts(b, wt, ne, h, inter));
+      ASSIGN_OR_RETURN(L.w1, allocateDenseExperts(b, mwt, ne, 2 * inter, h));
+      ASSIGN_OR_RETURN(L.w2, allocateDenseExperts(b, mwt, ne, h, inter));
       RETURN_IF_ERROR(uploadExpertsMxfp4(b, L.w1.dense, *gu_blocks, *gu_scales, ne, 2 * inter, h));
       RETURN_IF_ERROR(uploadExpertsMxfp4(b, L.w2.dense, *dn_blocks, *dn_scales, ne, h, inter));
     } else {
@@ -444,8 +464,8 @@ Result<std::unique_ptr<GptOssModel>> GptOssModel::load(const std::string& dir, B
         return invalidArgument(std::string("--moe-weights ") + moeWeightsName(opts.moe_weights) +
                                ": the checkpoint's experts are not MXFP4");
       }
-      ASSIGN_OR_RETURN(L.w1, allocateDenseExperts(b, wt, ne, 2 * inter, h));
-      ASSIGN_OR_RETURN(L.w2, allocateDenseExperts(b, wt, ne, h, inter));
+      ASSIGN_OR_RETURN(L.w1, allocateDenseExperts(b, mwt, ne, 2 * inter, h));
+      ASSIGN_OR_RETURN(L.w2, allocateDenseExperts(b, mwt, ne, h, inter));
       const TensorView* gu = findHfTensor(*ck, ex + "gate_up_proj");
       const TensorView* dn = findHfTensor(*ck, ex + "down_proj");
       if (gu == nullptr || dn == nullptr) {
@@ -497,7 +517,10 @@ Result<std::unique_ptr<GptOssModel>> GptOssModel::load(const std::string& dir, B
   if (opts.attn_f16) {
     ASSIGN_OR_RETURN(m->xa_, b.allocateTensor(adt, {t, h}));
   }
-  ASSIGN_OR_RETURN(m->moe_out_, b.allocateTensor(act, {t, h}));
+  if (opts.moe_f16) {
+    ASSIGN_OR_RETURN(m->xm_, b.allocateTensor(mdt, {t, h}));
+  }
+  ASSIGN_OR_RETURN(m->moe_out_, b.allocateTensor(mdt, {t, h}));
   ASSIGN_OR_RETURN(m->qkv_buf_, b.allocateTensor(adt, {t, (hq + 2 * hkv) * d}));
   ASSIGN_OR_RETURN(m->attn_, b.allocateTensor(adt, {t, hq * d}));
   ASSIGN_OR_RETURN(m->router_logits_, b.allocateTensor(DType::kF32, {t, ne}));
@@ -1096,6 +1119,7 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
     const Tensor x = x_.view.rowSlice(0, t);
     // The attention block's input and O-proj output: x, or its fp16 twin [TAG_ATTN_F16].
     const Tensor xa = opts_.attn_f16 ? xa_.view.rowSlice(0, t) : x;
+    const Tensor xm = opts_.moe_f16 ? xm_.view.rowSlice(0, t) : x;  // the MoE side's input
     const Tensor moe = moe_out_.view.rowSlice(0, t);
     const Tensor qkv = qkv_buf_.view.rowSlice(0, t);
     const Tensor attn = attn_.view.rowSlice(0, t);
@@ -1128,12 +1152,12 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
       ops_.pagedAttention(qkv, kv.keys(li), kv.values(li), cu, pos,
                           in_window_pool ? tables_w : tables, L.sinks.view, attn, lp);
       b.linear(attn, L.o.view, L.o_bias.view, xa);
-      b.rmsNorm(xa, res, L.post_norm.view, x, norm);  // res += attn out; x = norm(res)
+      b.rmsNorm(xa, res, L.post_norm.view, xm, norm);  // res += attn out; xm = norm(res)
       if (route_f32_) {  // [TAG_ROUTER_F32]: from the f32 stream, the norm folded in
         ops_.moeRouteF32(res, L.router_f32t.view, L.router_bias.view, tk_ids, tk_w,
                          MoeRouteParams{mp.top_k, norm.eps});
       } else {
-        b.linear(x, L.router.view, Tensor(), rl);  // f32 logits; the bias joins in moeRoute
+        b.linear(xm, L.router.view, Tensor(), rl);  // f32 logits; the bias joins in moeRoute
         ops_.moeRoute(rl, L.router_bias.view, tk_ids, tk_w, MoeRouteParams{mp.top_k});
       }
       for (const MoeRun& run : moe_runs_) {
@@ -1142,7 +1166,7 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
                 : run.large     ? MoeLtChoice::kTake
                                 : MoeLtChoice::kSkip;
         const int64_t n = run.end - run.begin;
-        ops_.moeExperts(x.rowSlice(run.begin, n), tk_ids.rowSlice(run.begin, n),
+        ops_.moeExperts(xm.rowSlice(run.begin, n), tk_ids.rowSlice(run.begin, n),
                         tk_w.rowSlice(run.begin, n), L.w1, L.b1.view, L.w2, L.b2.view,
                         moe.rowSlice(run.begin, n), rp);
       }

@@ -132,7 +132,9 @@ __device__ __forceinline__ f16 fromF32<f16>(float v) { return __float2half_rn(v)
 // One 8-wide chunk (elements c*8 .. c*8+7) of token t's MoE combine: sum over k of
 // weights[t, k] * y[row_of[t, k]] (row -1: none), in f32 in k order with fmaf, not rounded.
 // moeCombineKernel stores it as bf16; the fused norm [TAG_COMBINE_NORM] rounds it the same way.
-__device__ __forceinline__ void moeCombineChunk(const bf16* y, const int32_t* row_of,
+// T: y's element type (bf16, or fp16 with the MoE side in fp16 [TAG_ATTN_F16]).
+template <typename T>
+__device__ __forceinline__ void moeCombineChunk(const T* y, const int32_t* row_of,
                                                 const float* weights, int top_k, int64_t hidden,
                                                 int64_t t, int c, float (&acc)[8]) {
 #pragma unroll

@@ -502,9 +502,12 @@ class CudaLlmOps final : public LlmOps {
                   const ExpertWeights& w1, const Tensor& b1, const ExpertWeights& w2,
                   const Tensor& b2, const Tensor& out, const MoeExpertsParams& p) override {
     require(reserved_, "moeExperts", "reserve() was not called");
-    require(is(x, DType::kBF16) && is(out, DType::kBF16) && is(topk_ids, DType::kI32) &&
+    // [TAG_ATTN_F16] x, out, biases and dense experts all BF16 or all F16.
+    const bool f16 = is(x, DType::kF16);
+    const DType t16 = f16 ? DType::kF16 : DType::kBF16;
+    require(is(x, t16) && is(out, t16) && is(topk_ids, DType::kI32) &&
                 is(topk_weights, DType::kF32),
-            "moeExperts", "x/out BF16, ids I32, weights F32");
+            "moeExperts", "x/out BF16 (or both F16), ids I32, weights F32");
     require(x.data != out.data, "moeExperts", "out must not alias x");
     const int64_t t = x.rows();
     require(x.cols() == p.hidden && out.rows() == t && out.cols() == p.hidden, "moeExperts",
@@ -514,20 +517,21 @@ class CudaLlmOps final : public LlmOps {
     require(w1.experts == p.num_experts && w1.rows == 2 * p.intermediate && w1.cols == p.hidden &&
                 w2.experts == p.num_experts && w2.rows == p.hidden && w2.cols == p.intermediate,
             "moeExperts", "expert weight shapes mismatch the params");
-    require(b1.empty() || (b1.dtype == DType::kBF16 && b1.numel() == p.num_experts * 2 * p.intermediate),
-            "moeExperts", "b1 must be BF16 [E, 2I]");
-    require(b2.empty() || (b2.dtype == DType::kBF16 && b2.numel() == p.num_experts * p.hidden),
-            "moeExperts", "b2 must be BF16 [E, H]");
+    require(b1.empty() || (b1.dtype == t16 && b1.numel() == p.num_experts * 2 * p.intermediate),
+            "moeExperts", "b1 must be [E, 2I] in x's dtype");
+    require(b2.empty() || (b2.dtype == t16 && b2.numel() == p.num_experts * p.hidden),
+            "moeExperts", "b2 must be [E, H] in x's dtype");
     require(t <= lim_.max_tokens && p.num_experts == lim_.num_experts && p.top_k == lim_.top_k &&
                 p.hidden == lim_.hidden && p.intermediate == lim_.intermediate,
             "moeExperts", "step larger than reserve() allowed");
     if (t == 0) return;
     cudaStream_t st = b_.stream();
-    if (useFp8(t, w1, w2, st)) {
+    if (!f16 && useFp8(t, w1, w2, st)) {
       moeExpertsFp8(x, topk_ids, topk_weights, w1, b1, w2, b2, out, p);
       return;
     }
-    if (useLtBf16(t, w1, w2, st, p)) {
+    // fp16: of the large-call paths only the wgmma kernel's (the cuBLASLt GEMMs are bf16).
+    if (useLtBf16(t, w1, w2, st, p) && (!f16 || useWgmma(w1, w2))) {
       moeExpertsLtBf16(x, topk_ids, topk_weights, w1, b1, w2, b2, out, p);
       return;
     }
@@ -544,17 +548,18 @@ class CudaLlmOps final : public LlmOps {
         g.codes = static_cast<const uint8_t*>(w.codes.data);
         g.scales = static_cast<const uint8_t*>(w.scales.data);
       } else {
-        require(is(w.dense, DType::kBF16), "moeExperts", "dense experts must be BF16");
-        g.w = w.dense.as<bf16>();
+        require(is(w.dense, t16), "moeExperts", "dense experts must be in x's dtype");
+        g.w = static_cast<const bf16*>(w.dense.data);
       }
     };
     MoeGemmArgs g1;
-    g1.a = x.as<bf16>();
+    g1.f16 = f16;
+    g1.a = static_cast<const bf16*>(x.data);
     g1.a_rows = static_cast<const int32_t*>(row_token_.data());
     g1.tile_expert = static_cast<const int32_t*>(tile_expert_.data());
     g1.num_tiles = static_cast<const int32_t*>(num_tiles_.data());
     fillWeights(g1, w1);
-    g1.bias = b1.empty() ? nullptr : b1.as<bf16>();
+    g1.bias = b1.empty() ? nullptr : static_cast<const bf16*>(b1.data);
     g1.out = static_cast<bf16*>(act_.data());
     g1.max_tiles = static_cast<int32_t>(tiles);
     g1.block_m = bm;
@@ -577,7 +582,7 @@ class CudaLlmOps final : public LlmOps {
     g2.codes = nullptr;
     g2.scales = nullptr;
     fillWeights(g2, w2);
-    g2.bias = b2.empty() ? nullptr : b2.as<bf16>();
+    g2.bias = b2.empty() ? nullptr : static_cast<const bf16*>(b2.data);
     g2.out = static_cast<bf16*>(y_.data());
     g2.n = p.hidden;
     g2.k = p.intermediate;
@@ -587,10 +592,11 @@ class CudaLlmOps final : public LlmOps {
     checkOk(launchMoeGemm(g2, st), "moeExperts/down");
 
     MoeCombineArgs c;
+    c.f16 = f16;
     c.y = static_cast<const bf16*>(y_.data());
     c.row_of = static_cast<const int32_t*>(row_of_.data());
     c.weights = topk_weights.as<float>();
-    c.out = out.as<bf16>();
+    c.out = static_cast<bf16*>(out.data);
     c.num_tokens = t;
     c.top_k = p.top_k;
     c.hidden = p.hidden;
@@ -624,6 +630,7 @@ class CudaLlmOps final : public LlmOps {
     a.combine_row_of = c.row_of;
     a.combine_weights = c.weights;
     a.combine_top_k = c.top_k;
+    a.combine_f16 = c.f16;  // [TAG_ATTN_F16]
     const bool f32_res = residual.dtype == DType::kF32;
     a.residual = f32_res ? nullptr : residual.as<bf16>();
     a.residual_f32 = f32_res ? residual.as<float>() : nullptr;
@@ -931,10 +938,11 @@ class CudaLlmOps final : public LlmOps {
     checkOk(launchMoeRowBias(rb, st), "moeExperts/down_bias");
 
     MoeCombineArgs c;
+    c.f16 = out.dtype == DType::kF16;  // [TAG_ATTN_F16] (the wgmma path's only; no row bias then)
     c.y = rb.y;
     c.row_of = static_cast<const int32_t*>(row_of_.data());
     c.weights = topk_weights.as<float>();
-    c.out = out.as<bf16>();
+    c.out = static_cast<bf16*>(out.data);
     c.num_tokens = t;
     c.top_k = p.top_k;
     c.hidden = p.hidden;
@@ -952,6 +960,9 @@ class CudaLlmOps final : public LlmOps {
             "bf16 cuBLASLt experts need hidden and intermediate multiples of 8");
     cudaStream_t st = b_.stream();
     const int64_t t = x.rows();
+    wgmma_f16_ = x.dtype == DType::kF16;  // [TAG_ATTN_F16] moeExperts sent fp16 only with wgmma
+    require(!wgmma_f16_ || useWgmma(w1, w2), "moeExperts",
+            "fp16 experts take the wgmma kernel only (no bf16 cuBLASLt path)");
     if (useWgmma(w1, w2) && moeWgmmaDevicePlan()) {  // [TAG_MOE_WGMMA_DEVICE_PLAN]
       moeExpertsWgmmaDevicePlan(x, topk_ids, topk_weights, w1, b1, w2, b2, out, p);
       return;
@@ -1101,11 +1112,12 @@ class CudaLlmOps final : public LlmOps {
                         const ExpertWeights& w1, const Tensor& b1, const ExpertWeights& w2,
                         const Tensor& b2, const MoeExpertsParams& p, cudaStream_t st) {
     MoeWgmmaArgs g1;
+    g1.f16 = wgmma_f16_;  // [TAG_ATTN_F16] set by moeExpertsLtBf16 for this call
     g1.x = static_cast<const bf16*>(lt_x_.data());
     g1.x_rows = r.rows;
     g1.codes = static_cast<const uint8_t*>(w1.codes.data);
     g1.scales = static_cast<const uint8_t*>(w1.scales.data);
-    g1.bias = b1.empty() ? nullptr : b1.as<bf16>();
+    g1.bias = b1.empty() ? nullptr : static_cast<const bf16*>(b1.data);
     g1.tiles = static_cast<const MoeWgmmaTile*>(wg_tiles_.data());
     g1.num_tiles = static_cast<int32_t>(tiles);
     g1.num_tiles_dev = tiles_dev;
@@ -1123,7 +1135,7 @@ class CudaLlmOps final : public LlmOps {
     g2.x = g1.out;
     g2.codes = static_cast<const uint8_t*>(w2.codes.data);
     g2.scales = static_cast<const uint8_t*>(w2.scales.data);
-    g2.bias = b2.empty() ? nullptr : b2.as<bf16>();
+    g2.bias = b2.empty() ? nullptr : static_cast<const bf16*>(b2.data);
     g2.row_token = nullptr;
     g2.out = static_cast<bf16*>(y_.data());
     g2.n = p.hidden;
@@ -1344,6 +1356,7 @@ class CudaLlmOps final : public LlmOps {
   CudaBackend& b_;
   MoeCombineArgs deferred_;      // [TAG_COMBINE_NORM] the combine moeExperts left to the norm
   bool deferred_valid_ = false;
+  bool wgmma_f16_ = false;       // [TAG_ATTN_F16] the current wgmma MoE call's activations are fp16
   LlmOpsLimits lim_;
   bool reserved_ = false;
   int64_t max_work_ = 0, max_combine_ = 0, max_parts_ = 0, max_tiles_ = 0, max_rows_ = 0;

@@ -36,7 +36,7 @@ constexpr size_t moeGemmSmemBytes() {
 // order, k16 steps in order), so a row's bits do not depend on the configuration. kSliced (the
 // block_m 16 instance): the chain restarts from zero at each fixed K slice boundary and the
 // slices are summed in order [TAG_MOE_K_SLICES], as the decode kernel does.
-template <int kWM, int kWN, int kMT, int kNT, int kStages, bool kMx, MoeGemmEpilogue kEpi,
+template <typename T, int kWM, int kWN, int kMT, int kNT, int kStages, bool kMx, MoeGemmEpilogue kEpi,
           bool kSliced, bool kFastScales = false>
 // Two 256-thread blocks per SM (the register budget that keeps them: <= 128 per thread).
 __global__ void __launch_bounds__(kWM * kWN * 32, kWM * kWN == 8 ? 2 : 1) moeGemmKernel(MoeGemmArgs a) {
@@ -46,12 +46,12 @@ __global__ void __launch_bounds__(kWM * kWN * 32, kWM * kWN == 8 ? 2 : 1) moeGem
   static_assert(kBN == 32 || kBN == kPackN, "block N tile must be 32 or 128");
   static_assert(kNT % 2 == 0, "n8 tiles come in pairs (ldmatrix.x4)");
   extern __shared__ __align__(16) unsigned char smem[];
-  __nv_bfloat16* s_a = reinterpret_cast<__nv_bfloat16*>(smem);  // [kStages][kBM][kRowS]
+  T* s_a = reinterpret_cast<T*>(smem);  // [kStages][kBM][kRowS]
   unsigned char* rest = smem + size_t{kStages} * kBM * kRowS * 2;
   uint8_t* s_codes = rest;                                   // kMx: [kStages][kBN * 32]
   uint8_t* s_scales = rest + kStages * kBN * 32;             // kMx: [kStages][kBN * 2]
-  __nv_bfloat16* s_bdq = reinterpret_cast<__nv_bfloat16*>(s_scales + kStages * kBN * 2);  // kMx: [kBN][kRowS]
-  __nv_bfloat16* s_b = reinterpret_cast<__nv_bfloat16*>(rest);  // !kMx: [kStages][kBN][kRowS]
+  T* s_bdq = reinterpret_cast<T*>(s_scales + kStages * kBN * 2);  // kMx: [kBN][kRowS]
+  T* s_b = reinterpret_cast<T*>(rest);  // !kMx: [kStages][kBN][kRowS]
 
   const int tile = blockIdx.x;
   if (tile >= *a.num_tiles) return;
@@ -67,7 +67,7 @@ __global__ void __launch_bounds__(kWM * kWN * 32, kWM * kWN == 8 ? 2 : 1) moeGem
   constexpr bool fast_scales = kFastScales;  // every scale <= 128 (the launcher checked)
 
   auto load_stage = [&](int kt, int slot) {
-    __nv_bfloat16* sa = s_a + slot * kBM * kRowS;
+    T* sa = s_a + slot * kBM * kRowS;
     for (int i = tid; i < kBM * (kBK / 8); i += kThreads) {
       const int r = i / (kBK / 8);
       const int c = (i % (kBK / 8)) * 8;
@@ -75,7 +75,7 @@ __global__ void __launch_bounds__(kWM * kWN * 32, kWM * kWN == 8 ? 2 : 1) moeGem
       const int src = a.a_rows != nullptr ? a.a_rows[pr] : pr;
       const int kk = kt * kBK + c;
       const bool valid = src >= 0 && kk < a.k;
-      const __nv_bfloat16* p = a.a + (valid ? static_cast<int64_t>(src) * a.k + kk : 0);
+      const T* p = reinterpret_cast<const T*>(a.a) + (valid ? static_cast<int64_t>(src) * a.k + kk : 0);
       cpAsync16(sa + r * kRowS + c, p, valid);
     }
     if constexpr (kMx) {
@@ -87,15 +87,15 @@ __global__ void __launch_bounds__(kWM * kWN * 32, kWM * kWN == 8 ? 2 : 1) moeGem
       for (int i = tid; i < kBN * 2 / 16; i += kThreads)
         cpAsync16(s_scales + slot * kBN * 2 + i * 16, ss + i * 16, true);
     } else {
-      __nv_bfloat16* sb = s_b + slot * kBN * kRowS;
+      T* sb = s_b + slot * kBN * kRowS;
       for (int i = tid; i < kBN * (kBK / 8); i += kThreads) {
         const int r = i / (kBK / 8);
         const int c = (i % (kBK / 8)) * 8;
         const int n = n0 + r;
         const int kk = kt * kBK + c;
         const bool valid = n < a.n && kk < a.k;
-        const __nv_bfloat16* p =
-            a.w + (valid ? (static_cast<int64_t>(e) * a.n + n) * a.k + kk : 0);
+        const T* p =
+            reinterpret_cast<const T*>(a.w) + (valid ? (static_cast<int64_t>(e) * a.n + n) * a.k + kk : 0);
         cpAsync16(sb + r * kRowS + c, p, valid);
       }
     }
@@ -139,14 +139,14 @@ __global__ void __launch_bounds__(kWM * kWN * 32, kWM * kWN == 8 ? 2 : 1) moeGem
       cpAsyncCommit();
     }
     const int slot = kt % kStages;
-    const __nv_bfloat16* sb;
+    const T* sb;
     if constexpr (kMx) {
       const uint8_t* codes = s_codes + slot * kBN * 32;
       const uint8_t* scales = s_scales + slot * kBN * 2;
       // One unit = one lane's 16 bytes of a 16-row group (mxfp4_tiles.h): four words (k16 steps),
       // four fragment registers each, scattered back to [row][k] for the ldmatrix B loads.
       for (int u = tid; u < kBN * 2; u += kThreads) {
-        mxfp4DequantUnit<fast_scales>(u, codes, scales, [&](int row, int k, uint32_t bits) {
+        mxfp4DequantUnit<fast_scales, T>(u, codes, scales, [&](int row, int k, uint32_t bits) {
           *reinterpret_cast<uint32_t*>(s_bdq + row * kRowS + k) = bits;
         });
       }
@@ -155,7 +155,7 @@ __global__ void __launch_bounds__(kWM * kWN * 32, kWM * kWN == 8 ? 2 : 1) moeGem
     } else {
       sb = s_b + slot * kBN * kRowS;
     }
-    const __nv_bfloat16* sa = s_a + slot * kBM * kRowS;
+    const T* sa = s_a + slot * kBM * kRowS;
 #pragma unroll
     for (int ks = 0; ks < kBK / 16; ++ks) {
       uint32_t af[kMT][4];
@@ -168,8 +168,8 @@ __global__ void __launch_bounds__(kWM * kWN * 32, kWM * kWN == 8 ? 2 : 1) moeGem
         ldmatrixX4(b, sb + (col_base + nt2 * 16 + (mi >> 1) * 8 + mr) * kRowS + ks * 16 + (mi & 1) * 8);
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt) {
-          mmaBf16(acc[mt][2 * nt2], af[mt], b[0], b[1]);
-          mmaBf16(acc[mt][2 * nt2 + 1], af[mt], b[2], b[3]);
+          mma16<T>(acc[mt][2 * nt2], af[mt], b[0], b[1]);
+          mma16<T>(acc[mt][2 * nt2 + 1], af[mt], b[2], b[3]);
         }
       }
     }
@@ -200,8 +200,8 @@ __global__ void __launch_bounds__(kWM * kWN * 32, kWM * kWN == 8 ? 2 : 1) moeGem
       if (col >= a.n) continue;
       float b0 = 0.f, b1 = 0.f;
       if (a.bias != nullptr) {
-        b0 = __bfloat162float(a.bias[static_cast<int64_t>(e) * a.n + col]);
-        b1 = __bfloat162float(a.bias[static_cast<int64_t>(e) * a.n + col + 1]);
+        b0 = toF32(reinterpret_cast<const T*>(a.bias)[static_cast<int64_t>(e) * a.n + col]);
+        b1 = toF32(reinterpret_cast<const T*>(a.bias)[static_cast<int64_t>(e) * a.n + col + 1]);
       }
       const float* c = acc[mt][nt];
       if constexpr (kSliced) {
@@ -210,29 +210,34 @@ __global__ void __launch_bounds__(kWM * kWN * 32, kWM * kWN == 8 ? 2 : 1) moeGem
       if constexpr (kEpi == MoeGemmEpilogue::kSwiglu) {
         const float lim = a.swiglu_limit, alpha = a.swiglu_alpha;
         const int half_n = a.n / 2;
-        a.out[ra * half_n + col / 2] =
-            __float2bfloat16(clampedSwiglu(c[0] + b0, c[1] + b1, lim, alpha));
-        a.out[rb * half_n + col / 2] =
-            __float2bfloat16(clampedSwiglu(c[2] + b0, c[3] + b1, lim, alpha));
+        reinterpret_cast<T*>(a.out)[ra * half_n + col / 2] =
+            fromF32<T>(clampedSwiglu(c[0] + b0, c[1] + b1, lim, alpha));
+        reinterpret_cast<T*>(a.out)[rb * half_n + col / 2] =
+            fromF32<T>(clampedSwiglu(c[2] + b0, c[3] + b1, lim, alpha));
       } else {
-        *reinterpret_cast<uint32_t*>(a.out + ra * a.n + col) = packBf16x2(c[0] + b0, c[1] + b1);
-        *reinterpret_cast<uint32_t*>(a.out + rb * a.n + col) = packBf16x2(c[2] + b0, c[3] + b1);
+        *reinterpret_cast<uint32_t*>(reinterpret_cast<T*>(a.out) + ra * a.n + col) = pack16x2<T>(c[0] + b0, c[1] + b1);
+        *reinterpret_cast<uint32_t*>(reinterpret_cast<T*>(a.out) + rb * a.n + col) = pack16x2<T>(c[2] + b0, c[3] + b1);
       }
     }
   }
 }
 
-template <int kWM, int kWN, int kMT, int kNT, int kStages, bool kMx, MoeGemmEpilogue kEpi,
+template <typename T, int kWM, int kWN, int kMT, int kNT, int kStages, bool kMx, MoeGemmEpilogue kEpi,
           bool kSliced, bool kFastScales = false>
 Status launchInstance(const MoeGemmArgs& a, cudaStream_t stream) {
   constexpr int kBM = kWM * kMT * 16;
   constexpr int kBN = kWN * kNT * 8;
   constexpr size_t smem = moeGemmSmemBytes<kBM, kBN, kStages, kMx>();
+  if constexpr (kMx && !kFastScales && std::is_same_v<T, f16>) {  // [TAG_ATTN_F16]
+    if (a.mx_max_scale <= kMxfp4MaxDecodeScale)
+      return launchInstance<T, kWM, kWN, kMT, kNT, kStages, kMx, kEpi, kSliced, true>(a, stream);
+    return invalidArgument("moe_gemm: fp16 activations need every MXFP4 scale byte <= 128");
+  } else {
   if constexpr (kMx && !kFastScales) {
     if (a.mx_max_scale <= kMxfp4MaxDecodeScale)
-      return launchInstance<kWM, kWN, kMT, kNT, kStages, kMx, kEpi, kSliced, true>(a, stream);
+      return launchInstance<T, kWM, kWN, kMT, kNT, kStages, kMx, kEpi, kSliced, true>(a, stream);
   }
-  auto kernel = moeGemmKernel<kWM, kWN, kMT, kNT, kStages, kMx, kEpi, kSliced, kFastScales>;
+  auto kernel = moeGemmKernel<T, kWM, kWN, kMT, kNT, kStages, kMx, kEpi, kSliced, kFastScales>;
   static bool configured = false;  // one attribute call per instance (load time, not captured)
   if (!configured) {
     CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -244,6 +249,7 @@ Status launchInstance(const MoeGemmArgs& a, cudaStream_t stream) {
   kernel<<<grid, kWM * kWN * 32, smem, stream>>>(a);
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return okStatus();
+  }
 }
 
 
@@ -283,29 +289,51 @@ struct MxWarpStream {
 };
 
 // bf16x2 2^(s-1) of each scale byte of the pairs: sf[row g / g + 8][group 0 / 1]. Byte b of the
-// pair into both halves' exponent: (s << 7 | s << 23) + (126 << 7) twice.
+// pair into both halves' exponent: (s << 7 | s << 23) + (126 << 7) twice. T = fp16
+// [TAG_ATTN_F16]: the fp16 pairs of 2^(s - 113) (mxfp4DecodeScaleF16Bits).
+template <typename T>
 __device__ __forceinline__ void mxScaleFactors(uint32_t sa, uint32_t sb, uint32_t (&sf)[2][2]) {
+  if constexpr (std::is_same_v<T, f16>) {
 #pragma unroll
-  for (int hg = 0; hg < 2; ++hg) {
-    sf[0][hg] = (__byte_perm(sa, 0u, hg ? 0x1414u : 0x0404u) >> 1) + 0x3F003F00u;
-    sf[1][hg] = (__byte_perm(sb, 0u, hg ? 0x1414u : 0x0404u) >> 1) + 0x3F003F00u;
+    for (int hg = 0; hg < 2; ++hg) {
+      const uint32_t a = mxfp4DecodeScaleF16Bits((sa >> (8 * hg)) & 0xFFu);
+      const uint32_t b = mxfp4DecodeScaleF16Bits((sb >> (8 * hg)) & 0xFFu);
+      sf[0][hg] = a | (a << 16);
+      sf[1][hg] = b | (b << 16);
+    }
+  } else {
+#pragma unroll
+    for (int hg = 0; hg < 2; ++hg) {
+      sf[0][hg] = (__byte_perm(sa, 0u, hg ? 0x1414u : 0x0404u) >> 1) + 0x3F003F00u;
+      sf[1][hg] = (__byte_perm(sb, 0u, hg ? 0x1414u : 0x0404u) >> 1) + 0x3F003F00u;
+    }
   }
 }
 
-// The mma A fragment of k16 step s of a tile from its packed word: exact bf16 weight values.
+// The mma A fragment of k16 step s of a tile from its packed word: exact bf16 weight values (T =
+// fp16: the weights rounded once to fp16, mxfp4_tiles.h).
+template <typename T>
 __device__ __forceinline__ void mxFragment(const uint4& w, int s, const uint32_t (&sf)[2][2],
                                            uint32_t (&af)[4]) {
   const uint32_t word = s == 0 ? w.x : s == 1 ? w.y : s == 2 ? w.z : w.w;
 #pragma unroll
-  for (int j = 0; j < 4; ++j)
-    af[j] = bf16x2Bits(__hmul2(bitsBf16x2(mxRegBits(word, j)), bitsBf16x2(sf[j & 1][s >> 1])));
+  for (int j = 0; j < 4; ++j) {
+    if constexpr (std::is_same_v<T, f16>) {
+      const uint32_t bits = mxfp4WordToF16x2Bits(word, j);
+      const __half2 v = __hmul2(*reinterpret_cast<const __half2*>(&bits),
+                                *reinterpret_cast<const __half2*>(&sf[j & 1][s >> 1]));
+      af[j] = *reinterpret_cast<const uint32_t*>(&v);
+    } else {
+      af[j] = bf16x2Bits(__hmul2(bitsBf16x2(mxRegBits(word, j)), bitsBf16x2(sf[j & 1][s >> 1])));
+    }
+  }
 }
 
 // Stores one n8 token tile of a decode-shaped kernel's accumulators c (c0: row g, token 2t; c1:
 // row g, token 2t + 1; c2/c3 the same for row g + 8) for weight rows n_base + g (+ 8), tokens
 // tok0 and tok0 + 1: bias and the epilogue in f32, rounded once. Every lane of the warp calls it
 // (the SwiGLU pairs row n with the up row n + 1 held by the lane of row g + 1).
-template <MoeGemmEpilogue kEpi>
+template <typename T, MoeGemmEpilogue kEpi>
 __device__ __forceinline__ void storeMoeTile(const MoeGemmArgs& a, int e, int n_base, int g,
                                              int64_t tok0, const float (&c)[4]) {
 #pragma unroll
@@ -319,21 +347,21 @@ __device__ __forceinline__ void storeMoeTile(const MoeGemmArgs& a, int e, int n_
       if ((g & 1) == 0 && n + 1 < a.n) {
         float bg = 0.f, bu = 0.f;
         if (a.bias != nullptr) {
-          bg = __bfloat162float(a.bias[static_cast<int64_t>(e) * a.n + n]);
-          bu = __bfloat162float(a.bias[static_cast<int64_t>(e) * a.n + n + 1]);
+          bg = toF32(reinterpret_cast<const T*>(a.bias)[static_cast<int64_t>(e) * a.n + n]);
+          bu = toF32(reinterpret_cast<const T*>(a.bias)[static_cast<int64_t>(e) * a.n + n + 1]);
         }
         const float lim = a.swiglu_limit, alpha = a.swiglu_alpha;
         const int half_n = a.n / 2;
-        a.out[tok0 * half_n + n / 2] = __float2bfloat16(clampedSwiglu(v0 + bg, u0 + bu, lim, alpha));
-        a.out[(tok0 + 1) * half_n + n / 2] =
-            __float2bfloat16(clampedSwiglu(v1 + bg, u1 + bu, lim, alpha));
+        reinterpret_cast<T*>(a.out)[tok0 * half_n + n / 2] = fromF32<T>(clampedSwiglu(v0 + bg, u0 + bu, lim, alpha));
+        reinterpret_cast<T*>(a.out)[(tok0 + 1) * half_n + n / 2] =
+            fromF32<T>(clampedSwiglu(v1 + bg, u1 + bu, lim, alpha));
       }
     } else {
       if (n < a.n) {
         const float bn =
-            a.bias != nullptr ? __bfloat162float(a.bias[static_cast<int64_t>(e) * a.n + n]) : 0.f;
-        a.out[tok0 * a.n + n] = __float2bfloat16(v0 + bn);
-        a.out[(tok0 + 1) * a.n + n] = __float2bfloat16(v1 + bn);
+            a.bias != nullptr ? toF32(reinterpret_cast<const T*>(a.bias)[static_cast<int64_t>(e) * a.n + n]) : 0.f;
+        reinterpret_cast<T*>(a.out)[tok0 * a.n + n] = fromF32<T>(v0 + bn);
+        reinterpret_cast<T*>(a.out)[(tok0 + 1) * a.n + n] = fromF32<T>(v1 + bn);
       }
     }
   }
@@ -365,7 +393,7 @@ __device__ __forceinline__ void storeMoeTile(const MoeGemmArgs& a, int e, int n_
 // ncu saw 35 % of the stalls as fixed-latency waits at ~2.6 warps per scheduler), the refill
 // addresses as immediate offsets from one pointer per group; the rest, and every tile when the
 // L2 prefetch is on, in the checked loop. Same mmas in the same order: same bits.
-template <int kRG, int kTok, int kDepth, MoeGemmEpilogue kEpi, bool kSteady = true>
+template <typename T, int kRG, int kTok, int kDepth, MoeGemmEpilogue kEpi, bool kSteady = true>
 __global__ void __launch_bounds__(kRG * 32) moeGemmMxDecodeKernel(MoeGemmArgs a, int slice_len,
                                                                    int slices, int rows_staged) {
   static_assert(kTok == 8 || kTok == 16, "token tile is one or two n8 tiles");
@@ -380,7 +408,7 @@ __global__ void __launch_bounds__(kRG * 32) moeGemmMxDecodeKernel(MoeGemmArgs a,
   const int kt0 = rank * slice_len;
   const int kt1 = min(kt_count, kt0 + slice_len);
   const int row_s = slice_len * kBK + 8;  // smem row stride (bf16): an odd multiple of 16 bytes
-  __nv_bfloat16* s_x = reinterpret_cast<__nv_bfloat16*>(smem);  // [rows_staged][row_s]
+  T* s_x = reinterpret_cast<T*>(smem);  // [rows_staged][row_s]
   const size_t x_bytes = (static_cast<size_t>(rows_staged) * row_s * 2 + 15) / 16 * 16;
   float* s_part = reinterpret_cast<float*>(smem + x_bytes);  // [kRG warps][32 lanes][8]
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -421,7 +449,7 @@ __global__ void __launch_bounds__(kRG * 32) moeGemmMxDecodeKernel(MoeGemmArgs a,
     for (int c = tid * 8; c < width; c += kRG * 32 * 8) {
       const int kk = kt0 * kBK + c;
       const bool ok = kk < a.k;
-      cpAsync16(s_x + r * row_s + c, a.a + (ok ? static_cast<int64_t>(src) * a.k + kk : 0), ok);
+      cpAsync16(s_x + r * row_s + c, reinterpret_cast<const T*>(a.a) + (ok ? static_cast<int64_t>(src) * a.k + kk : 0), ok);
     }
   }
   cpAsyncCommit();
@@ -436,7 +464,7 @@ __global__ void __launch_bounds__(kRG * 32) moeGemmMxDecodeKernel(MoeGemmArgs a,
   // ldmatrix.x4 rows: matrices (tokens 0-7, k 0-7), (0-7, 8-15), (8-15, 0-7), (8-15, 8-15)
   // (kTok 8: matrices 2 and 3 repeat 0 and 1, unused).
   const int tok = min((kTok == 16 ? (mi >> 1) * 8 : 0) + mr, rows_staged - 1);
-  const __nv_bfloat16* xrow = s_x + tok * row_s + (mi & 1) * 8;
+  const T* xrow = s_x + tok * row_s + (mi & 1) * 8;
 
   if (act) {
     int kb = kt0;
@@ -447,14 +475,14 @@ __global__ void __launch_bounds__(kRG * 32) moeGemmMxDecodeKernel(MoeGemmArgs a,
           for (; kb + 2 * kDepth <= kt1; kb += kDepth) {
             const uint8_t* cnext = ws.cbase + static_cast<int64_t>(kb + kDepth) * kMxTileBytes;
             const uint8_t* snext = ws.sbase + static_cast<int64_t>(kb + kDepth) * 256;
-            const __nv_bfloat16* xk = xrow + (kb - kt0) * kBK;
+            const T* xk = xrow + (kb - kt0) * kBK;
 #pragma unroll
             for (int d = 0; d < kDepth; ++d) {
               uint32_t sf[2][2];
-              mxScaleFactors(sqa[d], sqb[d], sf);
+              mxScaleFactors<T>(sqa[d], sqb[d], sf);
               uint32_t af[4][4];
 #pragma unroll
-              for (int s = 0; s < 4; ++s) mxFragment(wq[d], s, sf, af[s]);
+              for (int s = 0; s < 4; ++s) mxFragment<T>(wq[d], s, sf, af[s]);
               wq[d] = __ldg(reinterpret_cast<const uint4*>(cnext + d * kMxTileBytes));
               const uint16_t* sp = reinterpret_cast<const uint16_t*>(snext + d * 256);
               sqa[d] = __ldg(sp);
@@ -463,8 +491,8 @@ __global__ void __launch_bounds__(kRG * 32) moeGemmMxDecodeKernel(MoeGemmArgs a,
               for (int s = 0; s < 4; ++s) {
                 uint32_t b[4];
                 ldmatrixX4(b, xk + d * kBK + s * 16);
-                mmaBf16(acc[0], af[s], b[0], b[1]);
-                if constexpr (kTwo) mmaBf16(acc[1], af[s], b[2], b[3]);
+                mma16<T>(acc[0], af[s], b[0], b[1]);
+                if constexpr (kTwo) mma16<T>(acc[1], af[s], b[2], b[3]);
               }
             }
           }
@@ -484,18 +512,18 @@ __global__ void __launch_bounds__(kRG * 32) moeGemmMxDecodeKernel(MoeGemmArgs a,
         // The slot is dequantized whole, then refilled in place: no register copy of the
         // ring (the copies were ~30 % of the instructions at T = 1, ncu 2026-12-03).
         uint32_t sf[2][2];
-        mxScaleFactors(sqa[d], sqb[d], sf);
+        mxScaleFactors<T>(sqa[d], sqb[d], sf);
         uint32_t af[4][4];
 #pragma unroll
-        for (int s = 0; s < 4; ++s) mxFragment(wq[d], s, sf, af[s]);
+        for (int s = 0; s < 4; ++s) mxFragment<T>(wq[d], s, sf, af[s]);
         if (kt + kDepth < kt1) ws.fetch(kt + kDepth, wq[d], sqa[d], sqb[d]);
         if (pf > 0 && kt + kDepth + pf < kt1) ws.prefetchL2(kt + kDepth + pf, lane);
 #pragma unroll
         for (int s = 0; s < 4; ++s) {
           uint32_t b[4];
           ldmatrixX4(b, xrow + (kt - kt0) * kBK + s * 16);
-          mmaBf16(acc[0], af[s], b[0], b[1]);
-          if (two) mmaBf16(acc[1], af[s], b[2], b[3]);
+          mma16<T>(acc[0], af[s], b[0], b[1]);
+          if (two) mma16<T>(acc[1], af[s], b[2], b[3]);
         }
       }
     }
@@ -533,18 +561,18 @@ __global__ void __launch_bounds__(kRG * 32) moeGemmMxDecodeKernel(MoeGemmArgs a,
 #pragma unroll
   for (int nt = 0; nt < 2; ++nt) {
     if (nt == 1 && !two) break;
-    storeMoeTile<kEpi>(a, e, q * 16, g, m0 + nt * 8 + 2 * t, acc[nt]);
+    storeMoeTile<T, kEpi>(a, e, q * 16, g, m0 + nt * 8 + 2 * t, acc[nt]);
   }
 }
 
-template <int kRG, int kTok, int kDepth, MoeGemmEpilogue kEpi, bool kSteady = true>
+template <typename T, int kRG, int kTok, int kDepth, MoeGemmEpilogue kEpi, bool kSteady = true>
 Status launchDecode(const MoeGemmArgs& a, cudaStream_t stream) {
   const int kt_count = (a.k + kBK - 1) / kBK;
   const MoeKSlicing sl = moeKSlicing(kt_count, a.k_slices);
   const int rows = std::max(1, std::min(kTok, a.max_rows_per_expert));
   const size_t x_bytes = (static_cast<size_t>(rows) * (sl.len * kBK + 8) * 2 + 15) / 16 * 16;
   const size_t smem = x_bytes + (sl.count > 1 ? size_t{kRG} * 32 * 8 * sizeof(float) : 0);
-  auto kernel = moeGemmMxDecodeKernel<kRG, kTok, kDepth, kEpi, kSteady>;
+  auto kernel = moeGemmMxDecodeKernel<T, kRG, kTok, kDepth, kEpi, kSteady>;
   static size_t configured = 0;  // largest dynamic smem set so far (load time, not captured)
   if (smem > 48 * 1024 && smem > configured) {
     CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -569,10 +597,10 @@ Status launchDecode(const MoeGemmArgs& a, cudaStream_t stream) {
 // the compiler interleaves the token fragment loads, the dequantization and the mmas; a runtime
 // pair count cost ~24 issued instructions per mma at T = 256, ncu 2026-12-03). Each thread's
 // token-row copies are resolved once (source row, smem offset) and only advanced by K tile.
-template <int kRG, int kNT, int kDepth, int kXStages, MoeGemmEpilogue kEpi, int kPairs>
+template <typename T, int kRG, int kNT, int kDepth, int kXStages, MoeGemmEpilogue kEpi, int kPairs>
 __device__ __forceinline__ void moeWideLoop(const MoeGemmArgs& a, const MxWarpStream& ws,
                                             uint4 (&wq)[kDepth], uint32_t (&sqa)[kDepth],
-                                            uint32_t (&sqb)[kDepth], __nv_bfloat16* s_x,
+                                            uint32_t (&sqb)[kDepth], T* s_x,
                                             const int32_t* s_src, int e, int m0, int q, bool act,
                                             int kt_count) {
   constexpr int kM = kNT * 8;
@@ -582,7 +610,7 @@ __device__ __forceinline__ void moeWideLoop(const MoeGemmArgs& a, const MxWarpSt
   constexpr int kSlots = (kChunks + kThreads - 1) / kThreads;
   const int tid = threadIdx.x, lane = tid & 31;
   const int g = lane >> 2, t = lane & 3;
-  const __nv_bfloat16* src[kSlots];
+  const T* src[kSlots];
   int dst[kSlots], col[kSlots];
   bool live[kSlots];
 #pragma unroll
@@ -591,17 +619,17 @@ __device__ __forceinline__ void moeWideLoop(const MoeGemmArgs& a, const MxWarpSt
     const int r = i >> 3, c = (i & 7) * 8;
     const int s = i < kChunks ? s_src[r] : -1;
     live[j] = s >= 0;
-    src[j] = a.a + (live[j] ? static_cast<int64_t>(s) * a.k + c : 0);
+    src[j] = reinterpret_cast<const T*>(a.a) + (live[j] ? static_cast<int64_t>(s) * a.k + c : 0);
     dst[j] = r * kXRow + c;
     col[j] = c;
   }
   auto loadX = [&](int kt) {
-    __nv_bfloat16* base = s_x + (kt % kXStages) * (kM * kXRow);
+    T* base = s_x + (kt % kXStages) * (kM * kXRow);
 #pragma unroll
     for (int j = 0; j < kSlots; ++j) {
       if (j * kThreads + tid >= kChunks) break;
       const bool ok = live[j] && kt * kBK + col[j] < a.k;
-      cpAsync16(base + dst[j], ok ? src[j] + kt * kBK : a.a, ok);
+      cpAsync16(base + dst[j], ok ? src[j] + kt * kBK : reinterpret_cast<const T*>(a.a), ok);
     }
   };
 #pragma unroll
@@ -629,8 +657,8 @@ __device__ __forceinline__ void moeWideLoop(const MoeGemmArgs& a, const MxWarpSt
       cpAsyncCommit();
       if (!act) continue;
       uint32_t sf[2][2];
-      mxScaleFactors(sqa[d], sqb[d], sf);
-      const __nv_bfloat16* xs = s_x + (kt % kXStages) * (kM * kXRow) + xoff;
+      mxScaleFactors<T>(sqa[d], sqb[d], sf);
+      const T* xs = s_x + (kt % kXStages) * (kM * kXRow) + xoff;
       uint32_t bf[2][kPairs][4];
 #pragma unroll
       for (int p = 0; p < kPairs; ++p) ldmatrixX4(bf[0][p], xs + p * 16 * kXRow);
@@ -642,13 +670,13 @@ __device__ __forceinline__ void moeWideLoop(const MoeGemmArgs& a, const MxWarpSt
             ldmatrixX4(bf[(s + 1) & 1][p], xs + p * 16 * kXRow + (s + 1) * 16);
         }
         uint32_t af[4];
-        mxFragment(wq[d], s, sf, af);
+        mxFragment<T>(wq[d], s, sf, af);
         // The slot's last words are dequantized: refill it in place (no register copy).
         if (s == 3 && kt + kDepth < kt_count) ws.fetch(kt + kDepth, wq[d], sqa[d], sqb[d]);
 #pragma unroll
         for (int p = 0; p < kPairs; ++p) {
-          mmaBf16(acc[2 * p], af, bf[s & 1][p][0], bf[s & 1][p][1]);
-          mmaBf16(acc[2 * p + 1], af, bf[s & 1][p][2], bf[s & 1][p][3]);
+          mma16<T>(acc[2 * p], af, bf[s & 1][p][0], bf[s & 1][p][1]);
+          mma16<T>(acc[2 * p + 1], af, bf[s & 1][p][2], bf[s & 1][p][3]);
         }
       }
     }
@@ -657,7 +685,7 @@ __device__ __forceinline__ void moeWideLoop(const MoeGemmArgs& a, const MxWarpSt
   if (!act) return;
 #pragma unroll
   for (int nt = 0; nt < 2 * kPairs; ++nt)
-    storeMoeTile<kEpi>(a, e, q * 16, g, m0 + nt * 8 + 2 * t, acc[nt]);
+    storeMoeTile<T, kEpi>(a, e, q * 16, g, m0 + nt * 8 + 2 * t, acc[nt]);
 }
 
 // The wide decode-shaped MXFP4 GEMM [TAG_MOE_WIDE]: the decode kernel's weight path (weights as
@@ -673,13 +701,13 @@ __device__ __forceinline__ void moeWideLoop(const MoeGemmArgs& a, const MxWarpSt
 // epilogue in f32), on the same exact bf16 weight values, so the bits equal it (rose_llm_bench
 // --moe-gemm and the GPU tests compare them). Unsliced: only used where the K slicing is one
 // chain. Needs every scale <= 128, like the decode kernel.
-template <int kRG, int kNT, int kDepth, int kXStages, MoeGemmEpilogue kEpi>
+template <typename T, int kRG, int kNT, int kDepth, int kXStages, MoeGemmEpilogue kEpi>
 __global__ void __launch_bounds__(kRG * 32, 16 / kRG) moeGemmMxWideKernel(MoeGemmArgs a) {
   static_assert(kNT == 8 && kXStages >= 2, "four ldmatrix.x4 pairs of n8 token tiles");
   constexpr int kM = kNT * 8;     // token rows per tile (== block_m)
   constexpr int kThreads = kRG * 32;
   extern __shared__ __align__(16) unsigned char smem[];
-  __nv_bfloat16* s_x = reinterpret_cast<__nv_bfloat16*>(smem);  // [kXStages][kM][kBK + 8]
+  T* s_x = reinterpret_cast<T*>(smem);  // [kXStages][kM][kBK + 8]
   __shared__ int32_t s_src[kM];
   __shared__ int s_rows;  // 1 + the last real row of the tile (0: none)
   const int tile = blockIdx.y;
@@ -709,17 +737,17 @@ __global__ void __launch_bounds__(kRG * 32, 16 / kRG) moeGemmMxWideKernel(MoeGem
   __syncthreads();
   // ldmatrix.x4 pairs of n8 tiles that hold a real row (uniform over the CTA)
   switch ((s_rows + 15) / 16) {
-    case 1: return moeWideLoop<kRG, kNT, kDepth, kXStages, kEpi, 1>(a, ws, wq, sqa, sqb, s_x, s_src, e, m0, q, act, kt_count);
-    case 2: return moeWideLoop<kRG, kNT, kDepth, kXStages, kEpi, 2>(a, ws, wq, sqa, sqb, s_x, s_src, e, m0, q, act, kt_count);
-    case 3: return moeWideLoop<kRG, kNT, kDepth, kXStages, kEpi, 3>(a, ws, wq, sqa, sqb, s_x, s_src, e, m0, q, act, kt_count);
-    case 4: return moeWideLoop<kRG, kNT, kDepth, kXStages, kEpi, 4>(a, ws, wq, sqa, sqb, s_x, s_src, e, m0, q, act, kt_count);
+    case 1: return moeWideLoop<T, kRG, kNT, kDepth, kXStages, kEpi, 1>(a, ws, wq, sqa, sqb, s_x, s_src, e, m0, q, act, kt_count);
+    case 2: return moeWideLoop<T, kRG, kNT, kDepth, kXStages, kEpi, 2>(a, ws, wq, sqa, sqb, s_x, s_src, e, m0, q, act, kt_count);
+    case 3: return moeWideLoop<T, kRG, kNT, kDepth, kXStages, kEpi, 3>(a, ws, wq, sqa, sqb, s_x, s_src, e, m0, q, act, kt_count);
+    case 4: return moeWideLoop<T, kRG, kNT, kDepth, kXStages, kEpi, 4>(a, ws, wq, sqa, sqb, s_x, s_src, e, m0, q, act, kt_count);
     default: return;  // no real row: nothing to store
   }
 }
-template <int kRG, int kNT, int kDepth, int kXStages, MoeGemmEpilogue kEpi>
+template <typename T, int kRG, int kNT, int kDepth, int kXStages, MoeGemmEpilogue kEpi>
 Status launchWide(const MoeGemmArgs& a, cudaStream_t stream) {
   constexpr size_t smem = size_t{kXStages} * kNT * 8 * (kBK + 8) * 2;
-  auto kernel = moeGemmMxWideKernel<kRG, kNT, kDepth, kXStages, kEpi>;
+  auto kernel = moeGemmMxWideKernel<T, kRG, kNT, kDepth, kXStages, kEpi>;
   static bool configured = false;  // one attribute call per instance (load time, not captured)
   if (!configured) {
     CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -745,56 +773,56 @@ int g_wide_variant = 0;                   // [TAG_MOE_WIDE] -1: off (the tiled k
 int g_wide_min_avg = kMoeWideDefaultMinAvg;  // block_m 64 + the wide kernel above this average
 int g_block_m_override = 0;               // rose_llm_bench only: 0 = moeGemmBlockM's choice
 
-template <MoeGemmEpilogue kEpi>
+template <typename T, MoeGemmEpilogue kEpi>
 Status launchWideVariant(const MoeGemmArgs& a, cudaStream_t stream) {
   // Measured on the H200: with the runtime pair count (bench/results/gpu-llm-2026-12-03-h200-s3,
   // call 2) the depth-2 weight ring (123 registers) beat depth 4 (spilling) by 15-20 %; with the
   // loop specialized per pair count (gpu-llm-2026-12-03-h200-s4, call 1) nothing spills and depth 4
   // is 3-5 % faster at every T (MoE op T = 256: 369.6 vs 384.5 us; T = 512: 561 vs 581).
   switch (g_wide_variant) {
-    case 1: return launchWide<8, 8, 2, 6, kEpi>(a, stream);
-    case 2: return launchWide<16, 8, 2, 4, kEpi>(a, stream);
-    case 3: return launchWide<8, 8, 2, 4, kEpi>(a, stream);
-    default: return launchWide<8, 8, 4, 4, kEpi>(a, stream);
+    case 1: return launchWide<T, 8, 8, 2, 6, kEpi>(a, stream);
+    case 2: return launchWide<T, 16, 8, 2, 4, kEpi>(a, stream);
+    case 3: return launchWide<T, 8, 8, 2, 4, kEpi>(a, stream);
+    default: return launchWide<T, 8, 8, 4, 4, kEpi>(a, stream);
   }
 }
 
-template <MoeGemmEpilogue kEpi>
+template <typename T, MoeGemmEpilogue kEpi>
 Status launchDecodeVariant(const MoeGemmArgs& a, cudaStream_t stream) {
   const bool small = a.max_rows_per_expert <= 8;
   switch (g_decode_variant) {
-    case 1: return small ? launchDecode<4, 8, 4, kEpi>(a, stream) : launchDecode<8, 16, 4, kEpi>(a, stream);
-    case 2: return small ? launchDecode<2, 8, 8, kEpi>(a, stream) : launchDecode<4, 16, 8, kEpi>(a, stream);
-    case 3: return small ? launchDecode<2, 8, 4, kEpi>(a, stream) : launchDecode<4, 16, 4, kEpi>(a, stream);
-    case 4: return small ? launchDecode<4, 8, 8, kEpi>(a, stream) : launchDecode<8, 16, 8, kEpi>(a, stream);
+    case 1: return small ? launchDecode<T, 4, 8, 4, kEpi>(a, stream) : launchDecode<T, 8, 16, 4, kEpi>(a, stream);
+    case 2: return small ? launchDecode<T, 2, 8, 8, kEpi>(a, stream) : launchDecode<T, 4, 16, 8, kEpi>(a, stream);
+    case 3: return small ? launchDecode<T, 2, 8, 4, kEpi>(a, stream) : launchDecode<T, 4, 16, 4, kEpi>(a, stream);
+    case 4: return small ? launchDecode<T, 4, 8, 8, kEpi>(a, stream) : launchDecode<T, 8, 16, 8, kEpi>(a, stream);
     case 5:  // the default shapes with every slot checked (no steady loop): the A/B of kSteady
-      if (a.max_rows_per_expert <= 1) return launchDecode<4, 8, 8, kEpi, false>(a, stream);
-      return small ? launchDecode<4, 8, 4, kEpi, false>(a, stream)
-                   : launchDecode<8, 16, 4, kEpi, false>(a, stream);
+      if (a.max_rows_per_expert <= 1) return launchDecode<T, 4, 8, 8, kEpi, false>(a, stream);
+      return small ? launchDecode<T, 4, 8, 4, kEpi, false>(a, stream)
+                   : launchDecode<T, 8, 16, 4, kEpi, false>(a, stream);
     default:  // depth 8 for one token, depth 4 above
-      if (a.max_rows_per_expert <= 1) return launchDecode<4, 8, 8, kEpi>(a, stream);
-      return small ? launchDecode<4, 8, 4, kEpi>(a, stream) : launchDecode<8, 16, 4, kEpi>(a, stream);
+      if (a.max_rows_per_expert <= 1) return launchDecode<T, 4, 8, 8, kEpi>(a, stream);
+      return small ? launchDecode<T, 4, 8, 4, kEpi>(a, stream) : launchDecode<T, 8, 16, 4, kEpi>(a, stream);
   }
 }
 
-template <bool kMx, MoeGemmEpilogue kEpi>
+template <typename T, bool kMx, MoeGemmEpilogue kEpi>
 Status launchTile(const MoeGemmArgs& a, cudaStream_t stream) {
   if constexpr (kMx) {
     if (a.block_m == 16 && a.mx_max_scale <= kMxfp4MaxDecodeScale && !a.force_tiled &&
         g_decode_variant >= 0)
-      return launchDecodeVariant<kEpi>(a, stream);
+      return launchDecodeVariant<T, kEpi>(a, stream);
     if (a.block_m == 64 && a.mx_max_scale <= kMxfp4MaxDecodeScale && !a.force_tiled &&
         g_decode_variant >= 0 && g_wide_variant >= 0)
-      return launchWideVariant<kEpi>(a, stream);
+      return launchWideVariant<T, kEpi>(a, stream);
   }
   switch (a.block_m) {
     // Few rows per expert (decode): one warp per 16 x 32 tile, 6 stages in flight, so the
     // weight stream is spread over many blocks with many loads outstanding.
     // Sliced like the decode kernel [TAG_MOE_K_SLICES]: the decode regime gives the same bits
     // whichever kernel runs (bf16 experts, scales > 128, force_tiled).
-    case 16: return launchInstance<1, 1, 1, 4, 6, kMx, kEpi, true>(a, stream);
-    case 64: return launchInstance<2, 4, 2, 4, 3, kMx, kEpi, false>(a, stream);
-    case 128: return launchInstance<4, 2, 2, 8, 3, kMx, kEpi, false>(a, stream);
+    case 16: return launchInstance<T, 1, 1, 1, 4, 6, kMx, kEpi, true>(a, stream);
+    case 64: return launchInstance<T, 2, 4, 2, 4, 3, kMx, kEpi, false>(a, stream);
+    case 128: return launchInstance<T, 4, 2, 2, 8, 3, kMx, kEpi, false>(a, stream);
     default: return invalidArgument("moe_gemm: block_m must be 16, 64 or 128");
   }
 }
@@ -903,12 +931,20 @@ Status checkMoeGemm(const MoeGemmArgs& a) {
 Status launchMoeGemm(const MoeGemmArgs& a, cudaStream_t stream) {
   RETURN_IF_ERROR(checkMoeGemm(a));
   const bool mx = a.codes != nullptr;
-  if (a.epilogue == MoeGemmEpilogue::kSwiglu) {
-    return mx ? launchTile<true, MoeGemmEpilogue::kSwiglu>(a, stream)
-              : launchTile<false, MoeGemmEpilogue::kSwiglu>(a, stream);
+  if (a.f16) {  // [TAG_ATTN_F16] activations, biases and dense weights in fp16
+    if (a.epilogue == MoeGemmEpilogue::kSwiglu) {
+      return mx ? launchTile<f16, true, MoeGemmEpilogue::kSwiglu>(a, stream)
+                : launchTile<f16, false, MoeGemmEpilogue::kSwiglu>(a, stream);
+    }
+    return mx ? launchTile<f16, true, MoeGemmEpilogue::kBias>(a, stream)
+              : launchTile<f16, false, MoeGemmEpilogue::kBias>(a, stream);
   }
-  return mx ? launchTile<true, MoeGemmEpilogue::kBias>(a, stream)
-            : launchTile<false, MoeGemmEpilogue::kBias>(a, stream);
+  if (a.epilogue == MoeGemmEpilogue::kSwiglu) {
+    return mx ? launchTile<bf16, true, MoeGemmEpilogue::kSwiglu>(a, stream)
+              : launchTile<bf16, false, MoeGemmEpilogue::kSwiglu>(a, stream);
+  }
+  return mx ? launchTile<bf16, true, MoeGemmEpilogue::kBias>(a, stream)
+            : launchTile<bf16, false, MoeGemmEpilogue::kBias>(a, stream);
 }
 
 Status launchMxfp4Pack(const uint8_t* src_codes, const uint8_t* src_scales, int64_t first,

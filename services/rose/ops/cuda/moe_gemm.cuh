@@ -93,6 +93,9 @@ struct MoeGemmArgs {
   MoeGemmEpilogue epilogue = MoeGemmEpilogue::kBias;
   float swiglu_limit = 7.f;
   float swiglu_alpha = 1.702f;
+  // [TAG_ATTN_F16] a, out, bias and dense weights hold IEEE fp16 bits; MXFP4 weights dequantize
+  // to fp16 (every scale byte must be <= 128).
+  bool f16 = false;
 };
 
 // The M tile for `assignments` rows over `num_experts` experts (the align step must use it).

@@ -285,13 +285,16 @@ __global__ void __launch_bounds__(kAlignMbThreads) moeAlignRankKernel(MoeAlignAr
 
 constexpr int kCombineThreads = 128;
 
+template <typename T>
 __global__ void __launch_bounds__(kCombineThreads) moeCombineKernel(MoeCombineArgs a) {
   const int64_t t = blockIdx.x;
   const int chunks = a.hidden / 8;
+  const T* y = reinterpret_cast<const T*>(a.y);
+  T* out = reinterpret_cast<T*>(a.out);
   for (int c = threadIdx.x; c < chunks; c += kCombineThreads) {
     float acc[8];
-    moeCombineChunk(a.y, a.row_of, a.weights, a.top_k, a.hidden, t, c, acc);
-    storeF32x8(a.out + t * a.hidden + c * 8, acc);
+    moeCombineChunk(y, a.row_of, a.weights, a.top_k, a.hidden, t, c, acc);
+    storeF32x8(out + t * a.hidden + c * 8, acc);
   }
 }
 
@@ -340,7 +343,11 @@ Status launchMoeCombine(const MoeCombineArgs& a, cudaStream_t stream) {
   if (a.hidden <= 0 || a.hidden % 8 != 0)
     return invalidArgument("moe_combine: hidden must be a positive multiple of 8");
   if (a.num_tokens == 0) return okStatus();
-  moeCombineKernel<<<static_cast<unsigned>(a.num_tokens), kCombineThreads, 0, stream>>>(a);
+  if (a.f16) {
+    moeCombineKernel<f16><<<static_cast<unsigned>(a.num_tokens), kCombineThreads, 0, stream>>>(a);
+  } else {
+    moeCombineKernel<bf16><<<static_cast<unsigned>(a.num_tokens), kCombineThreads, 0, stream>>>(a);
+  }
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return okStatus();
 }

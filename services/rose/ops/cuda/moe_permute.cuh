@@ -72,6 +72,7 @@ struct MoeCombineArgs {
   int64_t num_tokens = 0;
   int32_t top_k = 0;
   int32_t hidden = 0;  // multiple of 8
+  bool f16 = false;    // y and out hold IEEE fp16 bits [TAG_ATTN_F16]
 };
 
 Status launchMoeCombine(const MoeCombineArgs& a, cudaStream_t stream);

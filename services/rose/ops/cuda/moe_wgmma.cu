@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <type_traits>
 
 #include "services/rose/ops/cuda/attention_sm90.cuh"
 #include "services/rose/ops/cuda/attention_sm90_layout.h"
@@ -91,20 +92,26 @@ __device__ __forceinline__ uint32_t ldShared16b(uint32_t addr) {
   asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(v) : "r"(addr));
   return v;
 }
-__device__ __forceinline__ void stShared16b(uint32_t addr, __nv_bfloat16 v) {
+template <typename T>
+__device__ __forceinline__ void stShared16b(uint32_t addr, T v) {
   asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(addr), "h"(*reinterpret_cast<uint16_t*>(&v))
                : "memory");
 }
 
 // The lane's 16 A registers of one 64-wide K tile: word s of its code unit is k16 step s; the
 // scale of (row g or g + 8, group 2kt + s / 2) as 2^(s - 1) (every scale <= 128).
+// T = fp16 [TAG_ATTN_F16]: the fp16 fragments and factors of mxfp4_tiles.h.
+template <typename T>
 __device__ __forceinline__ void dequantKt(uint32_t (&a)[16], uint4 raw, uint32_t s_lo,
                                           uint32_t s_hi) {
+  constexpr bool kHalf = std::is_same_v<T, __half>;
   uint32_t sf[2][2];
 #pragma unroll
   for (int hg = 0; hg < 2; ++hg) {
-    const uint32_t b0 = mxfp4DecodeScaleBits((s_lo >> (8 * hg)) & 0xFFu);
-    const uint32_t b1 = mxfp4DecodeScaleBits((s_hi >> (8 * hg)) & 0xFFu);
+    const uint32_t b0 = kHalf ? mxfp4DecodeScaleF16Bits((s_lo >> (8 * hg)) & 0xFFu)
+                              : mxfp4DecodeScaleBits((s_lo >> (8 * hg)) & 0xFFu);
+    const uint32_t b1 = kHalf ? mxfp4DecodeScaleF16Bits((s_hi >> (8 * hg)) & 0xFFu)
+                              : mxfp4DecodeScaleBits((s_hi >> (8 * hg)) & 0xFFu);
     sf[0][hg] = b0 | (b0 << 16);
     sf[1][hg] = b1 | (b1 << 16);
   }
@@ -113,8 +120,15 @@ __device__ __forceinline__ void dequantKt(uint32_t (&a)[16], uint4 raw, uint32_t
     const uint32_t word = s == 0 ? raw.x : s == 1 ? raw.y : s == 2 ? raw.z : raw.w;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      a[4 * s + j] = bf16x2Bits(
-          __hmul2(bitsBf16x2(mxRegBits(word, j)), bitsBf16x2(sf[j & 1][s >> 1])));
+      if constexpr (kHalf) {
+        const uint32_t bits = mxfp4WordToF16x2Bits(word, j);
+        const __half2 v = __hmul2(*reinterpret_cast<const __half2*>(&bits),
+                                  *reinterpret_cast<const __half2*>(&sf[j & 1][s >> 1]));
+        a[4 * s + j] = *reinterpret_cast<const uint32_t*>(&v);
+      } else {
+        a[4 * s + j] = bf16x2Bits(
+            __hmul2(bitsBf16x2(mxRegBits(word, j)), bitsBf16x2(sf[j & 1][s >> 1])));
+      }
     }
   }
 }
@@ -139,7 +153,7 @@ __device__ __forceinline__ uint32_t emptyBar(uint32_t base, int st) {
 // wgmmas left in flight were built and dropped: ptxas serializes such wgmmas, C7513, "non wgmma
 // instructions defining input registers of a wgmma between start and end of the pipeline
 // stage".)
-template <int kN>
+template <int kN, typename T>
 __device__ __forceinline__ void consume(const MoeWgmmaArgs& a, const Block& b, int c, int tid) {
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
   const int grp = 4 * c + warp;
@@ -159,13 +173,18 @@ __device__ __forceinline__ void consume(const MoeWgmmaArgs& a, const Block& b, i
     const uint4 raw = ldShared16(codes0 + st * kCodesStage);
     const uint32_t s_lo = ldShared16b(scales0 + st * kScalesStage);       // row g: groups 2kt, 2kt+1
     const uint32_t s_hi = ldShared16b(scales0 + st * kScalesStage + 16);  // row g + 8
-    dequantKt(ra, raw, s_lo, s_hi);
+    dequantKt<T>(ra, raw, s_lo, s_hi);
     fenceRegs(acc);
     wgmmaFence();
 #pragma unroll
     for (int s = 0; s < 4; ++s) {
-      wgmmaRSK<kN>(acc, ra[4 * s], ra[4 * s + 1], ra[4 * s + 2], ra[4 * s + 3],
-                   desc0 + ((st * kTokStage + 32u * s) >> 4));
+      if constexpr (std::is_same_v<T, __half>) {
+        wgmmaRSKh<kN>(acc, ra[4 * s], ra[4 * s + 1], ra[4 * s + 2], ra[4 * s + 3],
+                      desc0 + ((st * kTokStage + 32u * s) >> 4));
+      } else {
+        wgmmaRSK<kN>(acc, ra[4 * s], ra[4 * s + 1], ra[4 * s + 2], ra[4 * s + 3],
+                     desc0 + ((st * kTokStage + 32u * s) >> 4));
+      }
     }
     wgmmaCommit();
     wgmmaWait<0>();
@@ -182,7 +201,8 @@ __device__ __forceinline__ void consume(const MoeWgmmaArgs& a, const Block& b, i
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
       const int ch = n_base + warp * 16 + g + 8 * hr;
-      if (ch < a.n) bias[hr] = __bfloat162float(a.bias[static_cast<int64_t>(b.tile.expert) * a.n + ch]);
+      if (ch < a.n)
+        bias[hr] = toF32(reinterpret_cast<const T*>(a.bias)[static_cast<int64_t>(b.tile.expert) * a.n + ch]);
     }
   }
   const uint32_t epi = b.base + Smem::kEpi + c * kEpiBytes;
@@ -195,7 +215,7 @@ __device__ __forceinline__ void consume(const MoeWgmmaArgs& a, const Block& b, i
       const int tok = (e >> 2) * 8 + 2 * t4 + (e & 1);
       const int row = warp * 16 + g + 8 * hr;
       stShared16b(epi + tok * kRowBytes + ((((row >> 3) ^ (tok & 7))) << 4) + (row & 7) * 2,
-                  __float2bfloat16(acc[e] + bias[hr]));
+                  fromF32<T>(acc[e] + bias[hr]));
     }
     namedBarrierSync(1 + c, 128);
     for (int i = tid; i < kN * 8; i += 128) {
@@ -219,7 +239,7 @@ __device__ __forceinline__ void consume(const MoeWgmmaArgs& a, const Block& b, i
         const int tok = (e >> 2) * 8 + 2 * t4 + (e & 1);
         const int och = warp * 8 + (g >> 1) + 4 * hr;
         stShared16b(epi + tok * 64 + ((((och >> 3) ^ (tok & 3))) << 4) + (och & 7) * 2,
-                    __float2bfloat16(clampedSwiglu(v, up, lim, alpha)));
+                    fromF32<T>(clampedSwiglu(v, up, lim, alpha)));
       }
     }
     namedBarrierSync(1 + c, 128);
@@ -242,6 +262,7 @@ __device__ __forceinline__ void consume(const MoeWgmmaArgs& a, const Block& b, i
 // across them so the next item's loads overlap the last one's epilogue — measured 1-3 % faster
 // on the H200 but made ptxas spill ~60 registers inside the main loops, which cost more: 20b 8k
 // prefill 0.1271 s against 0.1213 without the loop; 2026-12-04 s10.)
+template <typename T>
 __global__ void __launch_bounds__(kThreads, 1)
     moeWgmmaKernel(const __grid_constant__ CUtensorMap x_map, MoeWgmmaArgs a) {
   extern __shared__ unsigned char smem_raw[];
@@ -297,7 +318,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   switch (b.tile.n >> 4) {
 #define GARDEN_MOE_WGMMA_CASE(i)   \
   case i:                          \
-    consume<16 * i>(a, b, c, tid); \
+    consume<16 * i, T>(a, b, c, tid); \
     break;
     GARDEN_MOE_WGMMA_CASE(1)
     GARDEN_MOE_WGMMA_CASE(2)
@@ -350,16 +371,26 @@ Status launchMoeWgmma(const MoeWgmmaArgs& a, cudaStream_t stream) {
   const uint64_t dims[2] = {static_cast<uint64_t>(a.k), static_cast<uint64_t>(a.x_rows)};
   const uint64_t strides[1] = {static_cast<uint64_t>(a.k) * 2};
   const uint32_t box[2] = {static_cast<uint32_t>(kMxTileK), kBoxRows};
-  RETURN_IF_ERROR(encodeBf16TensorMap(&map, a.x, 2, dims, strides, box, "moe_wgmma"));
+  RETURN_IF_ERROR(encode16TensorMap(&map, a.x, 2, dims, strides, box, "moe_wgmma", a.f16));
   static std::once_flag once;
   static cudaError_t configured = cudaSuccess;
   std::call_once(once, [] {
-    configured = cudaFuncSetAttribute(moeWgmmaKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    configured = cudaFuncSetAttribute(moeWgmmaKernel<__nv_bfloat16>,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(Smem::kBytes));
+    if (configured == cudaSuccess) {
+      configured = cudaFuncSetAttribute(moeWgmmaKernel<__half>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(Smem::kBytes));
+    }
   });
   CUDA_RETURN_IF_ERROR(configured);
   const int64_t items = static_cast<int64_t>(a.num_tiles) * ((a.n + kMxTileRows - 1) / kMxTileRows);
-  moeWgmmaKernel<<<static_cast<unsigned>(items), kThreads, Smem::kBytes, stream>>>(map, a);
+  if (a.f16) {  // [TAG_ATTN_F16]
+    moeWgmmaKernel<__half><<<static_cast<unsigned>(items), kThreads, Smem::kBytes, stream>>>(map, a);
+  } else {
+    moeWgmmaKernel<__nv_bfloat16><<<static_cast<unsigned>(items), kThreads, Smem::kBytes, stream>>>(map, a);
+  }
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return okStatus();
 }

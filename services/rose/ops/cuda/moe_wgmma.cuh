@@ -46,6 +46,7 @@ struct MoeWgmmaArgs {
   float limit = 7.f;
   float alpha = 1.702f;
   uint32_t max_scale = 255;  // the largest E8M0 byte: must be <= 128 (kMxfp4MaxDecodeScale)
+  bool f16 = false;  // x, bias and out hold IEEE fp16 bits; weights dequantize to fp16 [TAG_ATTN_F16]
 };
 
 // [TAG_MOE_WGMMA_DEVICE_PLAN] The token tiles planned on the device from the align's output, so

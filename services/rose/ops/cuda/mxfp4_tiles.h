@@ -77,6 +77,25 @@ constexpr uint32_t mxfp4WordToBf16x2Bits(uint32_t w, int j) {
 constexpr uint16_t mxfp4DecodeScaleBits(uint32_t s) { return static_cast<uint16_t>((s + 126u) << 7); }
 inline constexpr uint32_t kMxfp4MaxDecodeScale = 128;
 
+// [TAG_ATTN_F16] The same for IEEE fp16 fragments (the MoE side in fp16): nibble 3 - j as sign
+// (bit 15) and magnitude (bits 11..9) of each half — the E2M1 value times 2^-14 (0.5 becomes the
+// fp16 subnormal 2^-15) — and the fp16 bits of 2^(s - 113), which makes it value * 2^(s - 127),
+// rounded once to fp16 (exact from s = 104 on; below, the fp16 subnormal rounding of the true
+// weight). s <= 98: 0 (every value of such a group is below half of fp16's smallest subnormal, so
+// fp16 rounds it to 0 too). Needs s <= 128, as the bf16 fast path.
+constexpr uint32_t mxfp4WordToF16x2Bits(uint32_t w, int j) {
+  const uint32_t sign = 0x80008000u, mag = 0x0E000E00u;
+  switch (j) {
+    case 0: return (w & sign) | ((w >> 3) & mag);
+    case 1: return ((w << 4) & sign) | ((w << 1) & mag);
+    case 2: return ((w << 8) & sign) | ((w << 5) & mag);
+    default: return ((w << 12) & sign) | ((w << 9) & mag);
+  }
+}
+constexpr uint16_t mxfp4DecodeScaleF16Bits(uint32_t s) {
+  return static_cast<uint16_t>(s >= 99u ? (s - 98u) << 10 : 0u);
+}
+
 // The fixed K slicing of the decode-regime expert GEMMs [TAG_MOE_K_SLICES] (block_m 16, both the
 // decode kernel and the tiled kernel's block_m 16 instance, MXFP4 and bf16 weights): the kt_count
 // 64-wide K tiles are cut into `count` contiguous slices of `len` tiles (the last may be shorter),

@@ -7,8 +7,10 @@
 // see the same weight values. Include only from .cu files.
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "services/rose/ops/cuda/mxfp4_tiles.h"
 
@@ -38,7 +40,7 @@ constexpr uint32_t kTwo126x2 = (253u << 7) | ((253u << 7) << 16);
 // (row, k) and (row, k + 1) as one 32-bit pattern. kFast: every scale <= 128 (one multiply by
 // 2^(s - 1)); otherwise two multiplies (by 2^126, then 2^(s - 127)). Both give the same exact
 // values.
-template <bool kFast, typename Store>
+template <bool kFast, typename T = __nv_bfloat16, typename Store>
 __device__ __forceinline__ void mxfp4DequantUnit(int u, const uint8_t* codes, const uint8_t* scales,
                                                  Store&& store) {
   const int grp = u >> 5, ln = u & 31, g = ln >> 2, t = ln & 3;
@@ -46,7 +48,28 @@ __device__ __forceinline__ void mxfp4DequantUnit(int u, const uint8_t* codes, co
   const int r0 = grp * 16 + g;
   const uint8_t* sr = scales + r0 * 2;
   const uint32_t sbytes[2][2] = {{sr[0], sr[1]}, {sr[16], sr[17]}};  // rows r0, r0 + 8
-  if constexpr (kFast) {
+  if constexpr (!std::is_same_v<T, __nv_bfloat16>) {  // fp16 [TAG_ATTN_F16]: scales <= 128 only
+    static_assert(kFast, "fp16 MXFP4 dequantization needs every scale <= 128");
+    uint32_t sf[2][2];
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr)
+#pragma unroll
+      for (int hg = 0; hg < 2; ++hg) {
+        const uint32_t b = mxfp4DecodeScaleF16Bits(sbytes[hr][hg]);
+        sf[hr][hg] = b | (b << 16);
+      }
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const uint32_t word = w == 0 ? raw.x : w == 1 ? raw.y : w == 2 ? raw.z : raw.w;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const uint32_t bits = mxfp4WordToF16x2Bits(word, j);
+        const __half2 v = __hmul2(*reinterpret_cast<const __half2*>(&bits),
+                                  *reinterpret_cast<const __half2*>(&sf[j & 1][w >> 1]));
+        store(r0 + 8 * (j & 1), 16 * w + 8 * (j >> 1) + 2 * t, *reinterpret_cast<const uint32_t*>(&v));
+      }
+    }
+  } else if constexpr (kFast) {
     uint32_t sf[2][2];
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr)

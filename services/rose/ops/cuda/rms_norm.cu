@@ -61,6 +61,13 @@ __device__ __forceinline__ void loadX(const RmsNormArgs& a, int64_t row, int c, 
     return;
   }
   float acc[8];
+  if (a.combine_f16) {  // [TAG_ATTN_F16] fp16 expert rows, the combine rounded to fp16
+    moeCombineChunk(reinterpret_cast<const cuda::f16*>(a.combine_y), a.combine_row_of,
+                    a.combine_weights, a.combine_top_k, a.hidden, row, c, acc);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = __half2float(__float2half_rn(acc[j]));
+    return;
+  }
   moeCombineChunk(a.combine_y, a.combine_row_of, a.combine_weights, a.combine_top_k, a.hidden,
                   row, c, acc);
 #pragma unroll

@@ -45,6 +45,7 @@ struct RmsNormArgs {
   // stay bf16; an fp16 x goes with the f32 residual only).
   bool x_f16 = false;
   bool out_f16 = false;
+  bool combine_f16 = false;  // combine_y holds fp16 rows (rounded to fp16, as its combine's store)
 };
 
 // pdl: programmatic dependent launch for an eager launch (common.cuh [TAG_PDL]); the backend

@@ -313,6 +313,7 @@ TEST_F(RoseLlmBinary, BadKvFlagsExitTwo) {
         std::vector<std::string>{"--moe-weights", "fp4"},
         std::vector<std::string>{"--late-masks", "maybe"},
         std::vector<std::string>{"--attn-dtype", "float32"},
+        std::vector<std::string>{"--moe-dtype", "half"},
         std::vector<std::string>{"--kv-window-blocks=-2"},
         std::vector<std::string>{"--attn-prefill", "wgmma"},
         std::vector<std::string>{"--moe-prefill", "lt"},

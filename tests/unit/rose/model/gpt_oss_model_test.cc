@@ -540,6 +540,11 @@ TEST(GptOssLoad, Fp16AttentionIsRefusedOnTheCpuBackend) {
   EXPECT_NE(st.message().find("the cpu backend computes in F32"), std::string::npos)
       << st.toString();
   o.attn_f16 = false;
+  o.moe_f16 = true;
+  const Status moe = GptOssModel::load(fixtureDir("mxfp4").string(), *backend, *ops, o).status();
+  EXPECT_EQ(moe.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(moe.message().find("--moe-dtype float16"), std::string::npos) << moe.toString();
+  o.moe_f16 = false;
   auto m = GptOssModel::load(fixtureDir("mxfp4").string(), *backend, *ops, o);
   ASSERT_TRUE(m.isOk()) << m.status().toString();
   EXPECT_EQ((*m)->kvDType(), DType::kF32);
