@@ -13,7 +13,7 @@
 //                  [--decode-steps 32] [--max-batch-tokens 16384]
 //                  [--moe-weights auto|mxfp4|fp8|mxfp4-bf16|bf16] [--fp8-min-tokens N]
 //                  [--cuda-graphs on|off] [--residual f32|bf16] [--router f32|bf16] [--norm-round once|twice] [--kv-tokens N] [--masks D]
-//                  [--attn-dtype bfloat16|float16] [--moe-dtype bfloat16|float16]
+//                  [--dtype bfloat16|float16] [--attn-dtype D] [--moe-dtype D] [--head-dtype D]
 //                  [--profile] [--bar-dump DIR [--bar-prompts L1,L2,...]] [--moe-k-slices N]
 //                  [--fuse-combine-norm on|off] [--moe-wide on|off] [--moe-wide-min-avg N]
 //   --moe-wide off: block_m 64 MXFP4 tiles take the tiled kernel, not the wide one [TAG_MOE_WIDE];
@@ -790,6 +790,7 @@ int main(int argc, char** argv) {
   bool round_once = true;    // --norm-round once|twice: GptOssOptions::norm_round_once
   bool attn_f16 = false;     // --attn-dtype bfloat16|float16: GptOssOptions::attn_f16 [TAG_ATTN_F16]
   bool moe_f16 = false;      // --moe-dtype bfloat16|float16: GptOssOptions::moe_f16
+  bool head_f16 = false;     // --head-dtype bfloat16|float16: GptOssOptions::head_f16 (--dtype: all three)
   bool fuse_cn = GptOssOptions{}.fuse_combine_norm;  // --fuse-combine-norm on|off: GptOssOptions::fuse_combine_norm
   int64_t kv_tokens = 0;  // --kv-tokens N: size the KV cache for at least N tokens
   std::string moe_list;   // --moe-gemm T1,T2,...: time the MoE experts op alone (no model)
@@ -821,6 +822,8 @@ int main(int argc, char** argv) {
     else if (a == "--router") f32_router = next() == "f32";
     else if (a == "--attn-dtype") attn_f16 = next() == "float16";
     else if (a == "--moe-dtype") moe_f16 = next() == "float16";
+    else if (a == "--head-dtype") head_f16 = next() == "float16";
+    else if (a == "--dtype") attn_f16 = moe_f16 = head_f16 = next() == "float16";
     else if (a == "--norm-round") round_once = next() == "once";
     else if (a == "--fuse-combine-norm") fuse_cn = next() == "on";
     else if (a == "--kv-tokens") kv_tokens = std::atoll(next().c_str());
@@ -937,6 +940,7 @@ int main(int argc, char** argv) {
   go.fuse_combine_norm = fuse_cn;
   go.attn_f16 = attn_f16;
   go.moe_f16 = moe_f16;
+  go.head_f16 = head_f16;
   if (!moeWeightsFromName(moe, &go.moe_weights)) {
     std::fprintf(stderr, "--moe-weights must be auto, mxfp4, fp8, mxfp4-bf16 or bf16\n");
     return 2;

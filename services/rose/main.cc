@@ -126,8 +126,7 @@ struct LlmArgs {
   int64_t max_model_len = 0;  // 0: the model's (max_position_embeddings, at most 131072)
   int32_t max_seqs = 256;     // sequences per step
   std::string late_masks = "auto";  // auto | on | off [TAG_LATE_MASKS]
-  std::string attn_dtype = "bfloat16";  // bfloat16 | float16 [TAG_ATTN_F16]
-  std::string moe_dtype = "bfloat16";   // bfloat16 | float16 [TAG_ATTN_F16]
+  std::string dtype = "bfloat16";  // bfloat16 | float16 [TAG_ATTN_F16]
   std::string gemm_prewarm = "on";  // on | off: GptOssModel::prewarmGemms at load
   std::string attn_prefill = "env";  // sm90 | mma | env (GARDEN_PAGED_ATTENTION, default sm90)
   std::string moe_prefill = "env";   // auto | chunk | step | tiled | env (GARDEN_MOE_PREFILL, default auto)
@@ -207,12 +206,8 @@ bool validLlmArgs(const LlmArgs& f) {
     std::fprintf(stderr, "rose: --late-masks must be auto, on or off\n");
     return false;
   }
-  if (f.attn_dtype != "bfloat16" && f.attn_dtype != "float16") {
-    std::fprintf(stderr, "rose: --attn-dtype must be bfloat16 or float16\n");
-    return false;
-  }
-  if (f.moe_dtype != "bfloat16" && f.moe_dtype != "float16") {
-    std::fprintf(stderr, "rose: --moe-dtype must be bfloat16 or float16\n");
+  if (f.dtype != "bfloat16" && f.dtype != "float16") {
+    std::fprintf(stderr, "rose: --dtype must be bfloat16 or float16\n");
     return false;
   }
   if (f.max_model_len < 0 || f.max_seqs <= 0 || f.max_seqs > 65536) {
@@ -379,8 +374,7 @@ rose::GptOssOptions gptOssOptions(int64_t max_batch_tokens, const LlmArgs& f) {
   go.max_model_len = f.max_model_len;
   go.min_block_size = f.kv_block_size;
   go.cuda_graphs = f.cuda_graphs;
-  go.attn_f16 = f.attn_dtype == "float16";
-  go.moe_f16 = f.moe_dtype == "float16";
+  go.attn_f16 = go.moe_f16 = go.head_f16 = f.dtype == "float16";
   return go;
 }
 
@@ -660,15 +654,12 @@ int main(int argc, char** argv) {
            "gpt-oss structured outputs: auto|on|off: take a step's token masks after it was "
            "launched (tulip's late masks). auto: where the backend has verified it (cpu, cuda); "
            "on: also where it has not; off: never")
-      .add("attn-dtype", &llm.attn_dtype,
-           "gpt-oss: bfloat16|float16: the attention block's activations, KV cache and QKV / "
-           "O-proj weights in the backend's bf16 (default) or IEEE fp16 (cuda; 3 more significand "
-           "bits; the MoE side has --moe-dtype)")
-      .add("moe-dtype", &llm.moe_dtype,
-           "gpt-oss: bfloat16|float16: the MoE side's activations (its norm output, expert GEMMs "
-           "with MXFP4 dequantized to fp16, their outputs, the combine) and expert biases in bf16 "
-           "(default) or IEEE fp16 (cuda; every MXFP4 scale byte <= 128; not with --moe-weights "
-           "fp8 or mxfp4-bf16)");
+      .add("dtype", &llm.dtype,
+           "gpt-oss: bfloat16|float16: activations (between ops), KV cache and the non-expert "
+           "weights in bf16 (default) or IEEE fp16 (cuda: 3 more significand bits at about the "
+           "same speed; MXFP4 experts dequantized to fp16, every scale byte <= 128; not with "
+           "--moe-weights fp8 or mxfp4-bf16). The residual stream, the router, softmax and "
+           "every accumulation stay f32 either way");
   // gpt-oss over several ranks (docs/multi-gpu.md).
   RankArgs ranks;
   flags.add("tp", &ranks.parallel.tp, "gpt-oss: tensor-parallel ranks (attention heads, vocabulary)")

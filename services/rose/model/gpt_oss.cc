@@ -348,7 +348,7 @@ Result<std::unique_ptr<GptOssModel>> GptOssModel::load(const std::string& dir, B
   // [TAG_ATTN_F16] The attention block's type: the backend's, or fp16 on a bf16 backend with the
   // f32 stream.
   if (opts.attn_f16 && (b.activationDType() != DType::kBF16 || !opts.f32_residual)) {
-    return invalidArgument(std::string("--attn-dtype float16: needs a bf16 backend (cuda) and the "
+    return invalidArgument(std::string("--dtype float16 (attention): needs a bf16 backend (cuda) and the "
                                        "f32 residual stream; the ") +
                            std::string(b.name()) + " backend computes in " +
                            std::string(dtypeName(b.activationDType())));
@@ -359,25 +359,31 @@ Result<std::unique_ptr<GptOssModel>> GptOssModel::load(const std::string& dir, B
   // The MoE side the same way: its input norm's output, the expert biases (and dense experts),
   // the expert GEMMs' activations and outputs, the combine. The router reads the f32 stream.
   if (opts.moe_f16 && (b.activationDType() != DType::kBF16 || !m->route_f32_)) {
-    return invalidArgument(std::string("--moe-dtype float16: needs a bf16 backend (cuda), the f32 "
+    return invalidArgument(std::string("--dtype float16 (MoE): needs a bf16 backend (cuda), the f32 "
                                        "residual stream and the f32 router; the ") +
                            std::string(b.name()) + " backend computes in " +
                            std::string(dtypeName(b.activationDType())));
   }
   if (opts.moe_f16 && (opts.moe_weights == MoeWeightsMode::kFp8 ||
                        opts.moe_weights == MoeWeightsMode::kMxfp4Bf16)) {
-    return invalidArgument(std::string("--moe-dtype float16: not with --moe-weights ") +
+    return invalidArgument(std::string("--dtype float16: not with --moe-weights ") +
                            moeWeightsName(opts.moe_weights) + " (its expert copy is for bf16 steps)");
   }
   const DType mdt = opts.moe_f16 ? DType::kF16 : b.activationDType();
   const DType mwt = opts.moe_f16 ? DType::kF16 : wt;
+  if (opts.head_f16 && (b.activationDType() != DType::kBF16 || !opts.f32_residual)) {
+    return invalidArgument("--dtype float16 (lm_head): needs a bf16 backend (cuda) and the f32 "
+                           "residual stream");
+  }
+  const DType hdt = opts.head_f16 ? DType::kF16 : b.activationDType();
+  const DType hwt = opts.head_f16 ? DType::kF16 : wt;
   ASSIGN_OR_RETURN(auto ck, SafetensorsCheckpoint::openDir(dir));
   ASSIGN_OR_RETURN(m->embed_, uploadOne(b, *ck, "model.embed_tokens.weight", {v, h}, wt));
   ASSIGN_OR_RETURN(m->final_norm_, uploadOne(b, *ck, "model.norm.weight", {h}, wt));
   if (c.tie_word_embeddings) {
-    ASSIGN_OR_RETURN(m->lm_head_, uploadOne(b, *ck, "model.embed_tokens.weight", {v, h}, wt));
+    ASSIGN_OR_RETURN(m->lm_head_, uploadOne(b, *ck, "model.embed_tokens.weight", {v, h}, hwt));
   } else {
-    ASSIGN_OR_RETURN(m->lm_head_, uploadOne(b, *ck, "lm_head.weight", {v, h}, wt));
+    ASSIGN_OR_RETURN(m->lm_head_, uploadOne(b, *ck, "lm_head.weight", {v, h}, hwt));
   }
   m->layers_.resize(static_cast<size_t>(c.num_hidden_layers));
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
@@ -442,7 +448,7 @@ Result<std::unique_ptr<GptOssModel>> GptOssModel::load(const std::string& dir, B
                          uploadResidentMxfp4(ops, *gu_blocks, *gu_scales, ne, 2 * inter, h, copy));
         ASSIGN_OR_RETURN(L.w2, uploadResidentMxfp4(ops, *dn_blocks, *dn_scales, ne, h, inter, copy));
         if (opts.moe_f16 && std::max(L.w1.mx_max_scale, L.w2.mx_max_scale) > 128) {
-          return invalidArgument("--moe-dtype float16: layer " + std::to_string(l) +
+          return invalidArgument("--dtype float16: layer " + std::to_string(l) +
                                  " has MXFP4 scale bytes above 128 (weights >= 12), which the "
                                  "fp16 dequantization does not take");
         }
@@ -520,13 +526,16 @@ Result<std::unique_ptr<GptOssModel>> GptOssModel::load(const std::string& dir, B
   if (opts.moe_f16) {
     ASSIGN_OR_RETURN(m->xm_, b.allocateTensor(mdt, {t, h}));
   }
+  if (opts.head_f16) {
+    ASSIGN_OR_RETURN(m->xf_, b.allocateTensor(hdt, {t, h}));
+  }
   ASSIGN_OR_RETURN(m->moe_out_, b.allocateTensor(mdt, {t, h}));
   ASSIGN_OR_RETURN(m->qkv_buf_, b.allocateTensor(adt, {t, (hq + 2 * hkv) * d}));
   ASSIGN_OR_RETURN(m->attn_, b.allocateTensor(adt, {t, hq * d}));
   ASSIGN_OR_RETURN(m->router_logits_, b.allocateTensor(DType::kF32, {t, ne}));
   ASSIGN_OR_RETURN(m->topk_ids_, b.allocateTensor(DType::kI32, {t, c.num_experts_per_tok}));
   ASSIGN_OR_RETURN(m->topk_w_, b.allocateTensor(DType::kF32, {t, c.num_experts_per_tok}));
-  ASSIGN_OR_RETURN(m->gathered_, b.allocateTensor(act, {r, h}));
+  ASSIGN_OR_RETURN(m->gathered_, b.allocateTensor(hdt, {r, h}));
   ASSIGN_OR_RETURN(m->logits_, b.allocateTensor(DType::kF32, {r, v}));
   ASSIGN_OR_RETURN(m->sampled_, b.allocateTensor(DType::kI32, {s}));
   ASSIGN_OR_RETURN(m->prev_pairs_, b.allocateTensor(DType::kI32, {s, 2}));
@@ -1120,6 +1129,7 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
     // The attention block's input and O-proj output: x, or its fp16 twin [TAG_ATTN_F16].
     const Tensor xa = opts_.attn_f16 ? xa_.view.rowSlice(0, t) : x;
     const Tensor xm = opts_.moe_f16 ? xm_.view.rowSlice(0, t) : x;  // the MoE side's input
+    const Tensor xf = opts_.head_f16 ? xf_.view.rowSlice(0, t) : x;  // lm_head's input
     const Tensor moe = moe_out_.view.rowSlice(0, t);
     const Tensor qkv = qkv_buf_.view.rowSlice(0, t);
     const Tensor attn = attn_.view.rowSlice(0, t);
@@ -1172,11 +1182,11 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
       }
       b.markProgress();  // [TAG_STEP_PROGRESS]
     }
-    combineNorm(moe, res, final_norm_.view, x, norm);
+    combineNorm(moe, res, final_norm_.view, xf, norm);
     if (n_rows == 0) return;
     const Tensor gathered = gathered_.view.rowSlice(0, n_rows);
     const Tensor logits = logits_.view.rowSlice(0, n_rows);
-    ops_.gatherRows(x, rows, gathered);
+    ops_.gatherRows(xf, rows, gathered);
     b.linear(gathered, lm_head_.view, Tensor(), logits);
     if (!late) sample_rows();
   };

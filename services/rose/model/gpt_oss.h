@@ -124,6 +124,9 @@ struct GptOssOptions {
   // must be <= 128), their outputs and the combine. Needs the f32 router (route from the f32
   // stream); not with --moe-weights fp8 / mxfp4-bf16. lm_head stays bf16.
   bool moe_f16 = false;
+  // lm_head in fp16 the same way: its weight and the final norm's output (the logits stay f32).
+  // Needs a bf16 backend and the f32 stream.
+  bool head_f16 = false;
 };
 
 // The step checks of GptOssModel::validate that do not depend on the cache's head layout (token
@@ -250,7 +253,7 @@ class GptOssModel {
   // slots_w_ / block_tables_w_: the sliding layers' slot mapping and tables through the window
   // tables [TAG_KV_WINDOW_GROUP] (allocated when a layer slides).
   OwnedTensor ids_, positions_, slots_, slots_w_, cu_q_, block_tables_, block_tables_w_, rows_,
-      residual_, x_, xa_, xm_, moe_out_,
+      residual_, x_, xa_, xm_, xf_, moe_out_,
       qkv_buf_, attn_, router_logits_, topk_ids_, topk_w_, gathered_, logits_, sampled_, prev_pairs_,
       sampled_lp_;
   // xa_: the attention block's input and O-proj output in fp16 when opts_.attn_f16 (else x_ serves)

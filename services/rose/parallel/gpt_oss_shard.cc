@@ -110,10 +110,9 @@ Result<std::unique_ptr<GptOssShard>> GptOssShard::load(const std::string& dir, B
         "gpt-oss options: max_batch_tokens, max_seqs, max_logits_rows and min_block_size must "
         "be positive");
   }
-  if (opts.attn_f16 || opts.moe_f16) {  // [TAG_ATTN_F16]
-    return invalidArgument(std::string(opts.attn_f16 ? "--attn-dtype" : "--moe-dtype") +
-                           " float16: not implemented for a sharded gpt-oss (--tp / --dp / --ep); "
-                           "run one rank");
+  if (opts.attn_f16 || opts.moe_f16 || opts.head_f16) {  // [TAG_ATTN_F16]
+    return invalidArgument("--dtype float16: not implemented for a sharded gpt-oss (--tp / --dp / "
+                           "--ep); run one rank");
   }
   const ModelConfig& c = m->config_.base;
   const int64_t h = c.hidden_size, d = c.head_dim, hq = c.num_attention_heads,

@@ -291,12 +291,19 @@ void CudaBackend::rmsNorm(const Tensor& x, const Tensor& residual, const Tensor&
 }
 
 void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) {
-  if (is(w, DType::kF16)) {  // [TAG_ATTN_F16] every operand fp16
-    require(is(x, DType::kF16) && is(y, DType::kF16) &&
+  if (is(w, DType::kF16)) {  // [TAG_ATTN_F16] every operand fp16 (or F32 logits, no bias)
+    require(is(x, DType::kF16) && (is(y, DType::kF16) || is(y, DType::kF32)) &&
                 (bias.empty() || (bias.dtype == DType::kF16 && bias.numel() == w.rows())),
-            "linear", "an F16 weight needs x, y and bias F16");
+            "linear", "an F16 weight needs x and bias F16, y F16 or F32");
     require(x.cols() == w.cols() && y.rows() == x.rows() && y.cols() == w.rows(), "linear",
             "shape mismatch");
+    if (y.dtype == DType::kF32) {
+      require(bias.empty(), "linear", "an F32 output takes no bias");
+      checkOk(gemm_->runF16F32(x.data, w.data, y.as<float>(), x.rows(), w.rows(), w.cols(),
+                               stream_),
+              "linear");
+      return;
+    }
     checkOk(gemm_->runF16(x.data, w.data, bias.empty() ? nullptr : bias.data, y.data, x.rows(),
                           w.rows(), w.cols(), stream_),
             "linear");
@@ -325,8 +332,8 @@ Result<int64_t> CudaBackend::prewarmLinear(const Tensor& w, const Tensor& bias, 
   const bool f16 = is(w, DType::kF16);  // [TAG_ATTN_F16]
   if (!(is(w, DType::kBF16) || f16) || w.ndim != 2 || max_rows <= 0)
     return invalidArgument("prewarmLinear: a BF16 or F16 [N, K] weight and max_rows > 0");
-  if (f16 ? y_dtype != DType::kF16 : (y_dtype != DType::kBF16 && y_dtype != DType::kF32))
-    return invalidArgument("prewarmLinear: y must be BF16 or F32 (F16 for an F16 weight)");
+  if (y_dtype != (f16 ? DType::kF16 : DType::kBF16) && y_dtype != DType::kF32)
+    return invalidArgument("prewarmLinear: y must be BF16 (F16 for an F16 weight) or F32");
   if (!gemm_->tuning()) return int64_t{0};
   const int64_t n = w.rows(), k = w.cols();
   // Pseudo-random rows (not zeros: the tuner checks on them that its winner gives a row the

@@ -83,8 +83,8 @@ GemmRunner::~GemmRunner() {
 // Column-major view: y^T [N, M] = w [K, N]^T-as-stored . x^T [K, M]; i.e. op(A) = A^T with
 // A = w stored [K, N] (ld K), B = x stored [K, M] (ld K), C = y stored [N, M] (ld N).
 Status GemmRunner::makeLayouts(Plan& p, int64_t m, int64_t n, int64_t k, bool bias, int io) {
-  const bool f32_out = io == kIoF32Out;
-  const cudaDataType_t t16 = io == kIoF16 ? CUDA_R_16F : CUDA_R_16BF;
+  const bool f32_out = io == kIoF32Out || io == kIoF16F32Out;
+  const cudaDataType_t t16 = io == kIoF16 || io == kIoF16F32Out ? CUDA_R_16F : CUDA_R_16BF;
   LT_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
   LT_RETURN_IF_ERROR(
@@ -488,6 +488,16 @@ Status GemmRunner::runF16(const void* x, const void* w, const void* bias, void* 
   // The operand pointers carry fp16 bits; only cuBLASLt reads them (ioOf: no custom kernel).
   const Operands ops{static_cast<const __nv_bfloat16*>(x), static_cast<const __nv_bfloat16*>(w),
                      static_cast<const __nv_bfloat16*>(bias), y, false, stream, true};
+  ASSIGN_OR_RETURN(Plan * p, plan(m, n, k, ops));
+  return enqueueChoice(*p, Choice{p->algo, 0, 0}, m, n, k, ops);
+}
+
+Status GemmRunner::runF16F32(const void* x, const void* w, float* y, int64_t m, int64_t n,
+                             int64_t k, cudaStream_t stream) {
+  if (m == 0) return okStatus();
+  if (m < 0 || n <= 0 || k <= 0) return invalidArgument("gemm: bad shape");
+  const Operands ops{static_cast<const __nv_bfloat16*>(x), static_cast<const __nv_bfloat16*>(w),
+                     nullptr, y, true, stream, true};
   ASSIGN_OR_RETURN(Plan * p, plan(m, n, k, ops));
   return enqueueChoice(*p, Choice{p->algo, 0, 0}, m, n, k, ops);
 }

@@ -86,6 +86,9 @@ class GemmRunner {
   // separately (cuBLASLt candidates only). Same alignment rules.
   Status runF16(const void* x, const void* w, const void* bias, void* y, int64_t m, int64_t n,
                 int64_t k, cudaStream_t stream);
+  // fp16 x and w, float32 y, no bias (gpt-oss's lm_head with --dtype float16).
+  Status runF16F32(const void* x, const void* w, float* y, int64_t m, int64_t n, int64_t k,
+                   cudaStream_t stream);
 
   // The M bucket sharing one algorithm: 64-row steps up to 1024, 256 up to 4096, 1024 above.
   // algoBucket(graphTokensBucket(m)) == algoBucket(m) for every m.
@@ -138,8 +141,10 @@ class GemmRunner {
     bool f16 = false;  // x, w, bias, y hold fp16 bits (cuBLASLt only) [TAG_ATTN_F16]
   };
   // The operand types of a call, part of the plan and tuning keys.
-  static constexpr int kIoBf16 = 0, kIoF32Out = 1, kIoF16 = 2;
-  static int ioOf(const Operands& o) { return o.f32_out ? kIoF32Out : o.f16 ? kIoF16 : kIoBf16; }
+  static constexpr int kIoBf16 = 0, kIoF32Out = 1, kIoF16 = 2, kIoF16F32Out = 3;
+  static int ioOf(const Operands& o) {
+    return o.f32_out ? (o.f16 ? kIoF16F32Out : kIoF32Out) : o.f16 ? kIoF16 : kIoBf16;
+  }
   // One tuning choice: a cuBLASLt algorithm, or (smallm_splits > 0) the custom kernel.
   struct Choice {
     cublasLtMatmulAlgo_t algo{};

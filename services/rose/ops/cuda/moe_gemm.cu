@@ -294,12 +294,12 @@ struct MxWarpStream {
 template <typename T>
 __device__ __forceinline__ void mxScaleFactors(uint32_t sa, uint32_t sb, uint32_t (&sf)[2][2]) {
   if constexpr (std::is_same_v<T, f16>) {
+    // Byte hg into both halves' low byte, max(s - 98, 0) per half (saturating), into the
+    // exponent: mxfp4DecodeScaleF16Bits for both halves in three operations.
 #pragma unroll
     for (int hg = 0; hg < 2; ++hg) {
-      const uint32_t a = mxfp4DecodeScaleF16Bits((sa >> (8 * hg)) & 0xFFu);
-      const uint32_t b = mxfp4DecodeScaleF16Bits((sb >> (8 * hg)) & 0xFFu);
-      sf[0][hg] = a | (a << 16);
-      sf[1][hg] = b | (b << 16);
+      sf[0][hg] = __vsubus2(__byte_perm(sa, 0u, hg ? 0x4141u : 0x4040u), 0x00620062u) << 10;
+      sf[1][hg] = __vsubus2(__byte_perm(sb, 0u, hg ? 0x4141u : 0x4040u), 0x00620062u) << 10;
     }
   } else {
 #pragma unroll

@@ -108,12 +108,15 @@ __device__ __forceinline__ void dequantKt(uint32_t (&a)[16], uint4 raw, uint32_t
   uint32_t sf[2][2];
 #pragma unroll
   for (int hg = 0; hg < 2; ++hg) {
-    const uint32_t b0 = kHalf ? mxfp4DecodeScaleF16Bits((s_lo >> (8 * hg)) & 0xFFu)
-                              : mxfp4DecodeScaleBits((s_lo >> (8 * hg)) & 0xFFu);
-    const uint32_t b1 = kHalf ? mxfp4DecodeScaleF16Bits((s_hi >> (8 * hg)) & 0xFFu)
-                              : mxfp4DecodeScaleBits((s_hi >> (8 * hg)) & 0xFFu);
-    sf[0][hg] = b0 | (b0 << 16);
-    sf[1][hg] = b1 | (b1 << 16);
+    if constexpr (kHalf) {  // mxfp4DecodeScaleF16Bits in both halves (moe_gemm.cu's form)
+      sf[0][hg] = __vsubus2(__byte_perm(s_lo, 0u, hg ? 0x4141u : 0x4040u), 0x00620062u) << 10;
+      sf[1][hg] = __vsubus2(__byte_perm(s_hi, 0u, hg ? 0x4141u : 0x4040u), 0x00620062u) << 10;
+    } else {
+      const uint32_t b0 = mxfp4DecodeScaleBits((s_lo >> (8 * hg)) & 0xFFu);
+      const uint32_t b1 = mxfp4DecodeScaleBits((s_hi >> (8 * hg)) & 0xFFu);
+      sf[0][hg] = b0 | (b0 << 16);
+      sf[1][hg] = b1 | (b1 << 16);
+    }
   }
 #pragma unroll
   for (int s = 0; s < 4; ++s) {

@@ -523,9 +523,9 @@ TEST(GptOssLoad, MoeWeightsModesAreNamedAndRefusedWhereTheyCannotRun) {
   EXPECT_TRUE(GptOssModel::load(fixtureDir("mxfp4").string(), *backend, *ops, o).isOk());
 }
 
-// [TAG_ATTN_F16] --attn-dtype float16 needs a bf16 backend (CUDA) and the f32 stream: the fp32
+// [TAG_ATTN_F16] --dtype float16 needs a bf16 backend (CUDA) and the f32 stream: the fp32
 // CPU reference refuses it by name instead of silently computing in fp32.
-TEST(GptOssLoad, Fp16AttentionIsRefusedOnTheCpuBackend) {
+TEST(GptOssLoad, Fp16IsRefusedOnTheCpuBackend) {
   auto backend = makeBackend("cpu", BackendOptions{1, 0, 64}).value();
   auto ops = makeLlmOps(*backend, 1).value();
   GptOssOptions o;
@@ -536,15 +536,20 @@ TEST(GptOssLoad, Fp16AttentionIsRefusedOnTheCpuBackend) {
   o.attn_f16 = true;
   const Status st = GptOssModel::load(fixtureDir("mxfp4").string(), *backend, *ops, o).status();
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(st.message().find("--attn-dtype float16"), std::string::npos) << st.toString();
+  EXPECT_NE(st.message().find("--dtype float16 (attention)"), std::string::npos) << st.toString();
   EXPECT_NE(st.message().find("the cpu backend computes in F32"), std::string::npos)
       << st.toString();
   o.attn_f16 = false;
   o.moe_f16 = true;
   const Status moe = GptOssModel::load(fixtureDir("mxfp4").string(), *backend, *ops, o).status();
   EXPECT_EQ(moe.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(moe.message().find("--moe-dtype float16"), std::string::npos) << moe.toString();
+  EXPECT_NE(moe.message().find("--dtype float16 (MoE)"), std::string::npos) << moe.toString();
   o.moe_f16 = false;
+  o.head_f16 = true;
+  const Status head = GptOssModel::load(fixtureDir("mxfp4").string(), *backend, *ops, o).status();
+  EXPECT_EQ(head.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(head.message().find("--dtype float16 (lm_head)"), std::string::npos) << head.toString();
+  o.head_f16 = false;
   auto m = GptOssModel::load(fixtureDir("mxfp4").string(), *backend, *ops, o);
   ASSERT_TRUE(m.isOk()) << m.status().toString();
   EXPECT_EQ((*m)->kvDType(), DType::kF32);

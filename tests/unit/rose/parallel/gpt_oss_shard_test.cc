@@ -460,7 +460,7 @@ TEST(GptOssShardErrors, ClearErrors) {
                                 ShardComms{w1[0].get(), w1[0].get()});
   ASSERT_FALSE(half.isOk());
   EXPECT_EQ(half.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(half.status().message().find("--attn-dtype float16"), std::string::npos);
+  EXPECT_NE(half.status().message().find("--dtype float16"), std::string::npos);
   // A dp 2 layout of 2 ranks; rank 0's view of a straddling sequence.
   std::vector<std::unique_ptr<Backend>> owned;
   std::vector<std::unique_ptr<LlmOps>> owned_ops;
