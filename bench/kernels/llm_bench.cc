@@ -791,6 +791,7 @@ int main(int argc, char** argv) {
   bool attn_f16 = false;     // --attn-dtype bfloat16|float16: GptOssOptions::attn_f16 [TAG_ATTN_F16]
   bool moe_f16 = false;      // --moe-dtype bfloat16|float16: GptOssOptions::moe_f16
   bool head_f16 = false;     // --head-dtype bfloat16|float16: GptOssOptions::head_f16 (--dtype: all three)
+  bool moe_out_f32 = false;  // --moe-out f32|act: GptOssOptions::moe_out_f32
   bool fuse_cn = GptOssOptions{}.fuse_combine_norm;  // --fuse-combine-norm on|off: GptOssOptions::fuse_combine_norm
   int64_t kv_tokens = 0;  // --kv-tokens N: size the KV cache for at least N tokens
   std::string moe_list;   // --moe-gemm T1,T2,...: time the MoE experts op alone (no model)
@@ -823,6 +824,7 @@ int main(int argc, char** argv) {
     else if (a == "--attn-dtype") attn_f16 = next() == "float16";
     else if (a == "--moe-dtype") moe_f16 = next() == "float16";
     else if (a == "--head-dtype") head_f16 = next() == "float16";
+    else if (a == "--moe-out") moe_out_f32 = next() == "f32";
     else if (a == "--dtype") attn_f16 = moe_f16 = head_f16 = next() == "float16";
     else if (a == "--norm-round") round_once = next() == "once";
     else if (a == "--fuse-combine-norm") fuse_cn = next() == "on";
@@ -941,6 +943,7 @@ int main(int argc, char** argv) {
   go.attn_f16 = attn_f16;
   go.moe_f16 = moe_f16;
   go.head_f16 = head_f16;
+  go.moe_out_f32 = moe_out_f32;
   if (!moeWeightsFromName(moe, &go.moe_weights)) {
     std::fprintf(stderr, "--moe-weights must be auto, mxfp4, fp8, mxfp4-bf16 or bf16\n");
     return 2;

@@ -529,7 +529,10 @@ Result<std::unique_ptr<GptOssModel>> GptOssModel::load(const std::string& dir, B
   if (opts.head_f16) {
     ASSIGN_OR_RETURN(m->xf_, b.allocateTensor(hdt, {t, h}));
   }
-  ASSIGN_OR_RETURN(m->moe_out_, b.allocateTensor(mdt, {t, h}));
+  if (opts.moe_out_f32 && !opts.f32_residual) {
+    return invalidArgument("moe_out_f32: needs the f32 residual stream");
+  }
+  ASSIGN_OR_RETURN(m->moe_out_, b.allocateTensor(opts.moe_out_f32 ? DType::kF32 : mdt, {t, h}));
   ASSIGN_OR_RETURN(m->qkv_buf_, b.allocateTensor(adt, {t, (hq + 2 * hkv) * d}));
   ASSIGN_OR_RETURN(m->attn_, b.allocateTensor(adt, {t, hq * d}));
   ASSIGN_OR_RETURN(m->router_logits_, b.allocateTensor(DType::kF32, {t, ne}));

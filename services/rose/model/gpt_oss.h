@@ -127,6 +127,10 @@ struct GptOssOptions {
   // lm_head in fp16 the same way: its weight and the final norm's output (the logits stay f32).
   // Needs a bf16 backend and the f32 stream.
   bool head_f16 = false;
+  // The MoE output (the combine of the expert rows) kept in f32 on its way into the f32 stream
+  // instead of rounded to the activation type (A/B: rose_llm_bench --moe-out f32). Needs the f32
+  // stream.
+  bool moe_out_f32 = false;
 };
 
 // The step checks of GptOssModel::validate that do not depend on the cache's head layout (token

@@ -262,11 +262,11 @@ void CudaBackend::rmsNorm(const Tensor& x, const Tensor& residual, const Tensor&
                           const Tensor& out, const RmsNormParams& p) {
   // [TAG_ATTN_F16] x and out may be F16 (gpt-oss's fp16 attention block); an F16 x only with
   // the F32 residual stream.
-  require((is(x, DType::kBF16) || is(x, DType::kF16)) && is(weight, DType::kBF16) &&
-              (is(out, DType::kBF16) || is(out, DType::kF16)),
-          "rmsNorm", "dtypes must be BF16 (x and out: BF16 or F16)");
+  require((is(x, DType::kBF16) || is(x, DType::kF16) || is(x, DType::kF32)) &&
+              is(weight, DType::kBF16) && (is(out, DType::kBF16) || is(out, DType::kF16)),
+          "rmsNorm", "dtypes must be BF16 (x: BF16, F16 or F32; out: BF16 or F16)");
   require(x.dtype == DType::kBF16 || (!residual.empty() && residual.dtype == DType::kF32),
-          "rmsNorm", "an F16 x needs the F32 residual");
+          "rmsNorm", "an F16 or F32 x needs the F32 residual");
   require(residual.empty() || residual.dtype == DType::kBF16 || residual.dtype == DType::kF32,
           "rmsNorm", "residual must be BF16 or F32");
   require(out.rows() == x.rows() && out.cols() == x.cols() && weight.numel() == x.cols(), "rmsNorm",
@@ -276,6 +276,7 @@ void CudaBackend::rmsNorm(const Tensor& x, const Tensor& residual, const Tensor&
   RmsNormArgs a;
   a.x = static_cast<const bf16*>(x.data);
   a.x_f16 = x.dtype == DType::kF16;
+  a.x_f32 = x.dtype == DType::kF32;
   a.out_f16 = out.dtype == DType::kF16;
   const bool f32_res = !residual.empty() && residual.dtype == DType::kF32;
   a.residual = residual.empty() || f32_res ? nullptr : residual.as<bf16>();

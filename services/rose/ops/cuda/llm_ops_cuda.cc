@@ -505,9 +505,9 @@ class CudaLlmOps final : public LlmOps {
     // [TAG_ATTN_F16] x, out, biases and dense experts all BF16 or all F16.
     const bool f16 = is(x, DType::kF16);
     const DType t16 = f16 ? DType::kF16 : DType::kBF16;
-    require(is(x, t16) && is(out, t16) && is(topk_ids, DType::kI32) &&
+    require(is(x, t16) && (is(out, t16) || is(out, DType::kF32)) && is(topk_ids, DType::kI32) &&
                 is(topk_weights, DType::kF32),
-            "moeExperts", "x/out BF16 (or both F16), ids I32, weights F32");
+            "moeExperts", "x BF16 or F16, out x's dtype or F32, ids I32, weights F32");
     require(x.data != out.data, "moeExperts", "out must not alias x");
     const int64_t t = x.rows();
     require(x.cols() == p.hidden && out.rows() == t && out.cols() == p.hidden, "moeExperts",
@@ -593,6 +593,7 @@ class CudaLlmOps final : public LlmOps {
 
     MoeCombineArgs c;
     c.f16 = f16;
+    c.out_f32 = out.dtype == DType::kF32;  // the combine kept in f32
     c.y = static_cast<const bf16*>(y_.data());
     c.row_of = static_cast<const int32_t*>(row_of_.data());
     c.weights = topk_weights.as<float>();
@@ -619,8 +620,9 @@ class CudaLlmOps final : public LlmOps {
     require(deferred_valid_, "combineRmsNorm", "no deferred combine (moeExperts defer_combine)");
     const MoeCombineArgs& c = deferred_;
     require(is(weight, DType::kBF16) && (is(out, DType::kBF16) || is(out, DType::kF16)) &&
-                (residual.dtype == DType::kBF16 || residual.dtype == DType::kF32),
-            "combineRmsNorm", "weight BF16, out BF16 or F16, residual BF16 or F32");
+                (residual.dtype == DType::kBF16 || residual.dtype == DType::kF32) &&
+                (!c.out_f32 || residual.dtype == DType::kF32),
+            "combineRmsNorm", "weight BF16, out BF16 or F16, residual BF16 or F32 (an f32 combine: F32)");
     require(out.rows() == c.num_tokens && out.cols() == c.hidden &&
                 residual.rows() == c.num_tokens && residual.cols() == c.hidden &&
                 weight.numel() == c.hidden && !p.residual_init,
@@ -631,6 +633,7 @@ class CudaLlmOps final : public LlmOps {
     a.combine_weights = c.weights;
     a.combine_top_k = c.top_k;
     a.combine_f16 = c.f16;  // [TAG_ATTN_F16]
+    a.combine_f32 = c.out_f32;
     const bool f32_res = residual.dtype == DType::kF32;
     a.residual = f32_res ? nullptr : residual.as<bf16>();
     a.residual_f32 = f32_res ? residual.as<float>() : nullptr;
@@ -938,7 +941,8 @@ class CudaLlmOps final : public LlmOps {
     checkOk(launchMoeRowBias(rb, st), "moeExperts/down_bias");
 
     MoeCombineArgs c;
-    c.f16 = out.dtype == DType::kF16;  // [TAG_ATTN_F16] (the wgmma path's only; no row bias then)
+    c.f16 = wgmma_f16_;  // [TAG_ATTN_F16] (the wgmma path's only; no row bias then)
+    c.out_f32 = out.dtype == DType::kF32;
     c.y = rb.y;
     c.row_of = static_cast<const int32_t*>(row_of_.data());
     c.weights = topk_weights.as<float>();

@@ -285,16 +285,22 @@ __global__ void __launch_bounds__(kAlignMbThreads) moeAlignRankKernel(MoeAlignAr
 
 constexpr int kCombineThreads = 128;
 
-template <typename T>
+template <typename T, typename O>
 __global__ void __launch_bounds__(kCombineThreads) moeCombineKernel(MoeCombineArgs a) {
   const int64_t t = blockIdx.x;
   const int chunks = a.hidden / 8;
   const T* y = reinterpret_cast<const T*>(a.y);
-  T* out = reinterpret_cast<T*>(a.out);
+  O* out = reinterpret_cast<O*>(a.out);
   for (int c = threadIdx.x; c < chunks; c += kCombineThreads) {
     float acc[8];
     moeCombineChunk(y, a.row_of, a.weights, a.top_k, a.hidden, t, c, acc);
-    storeF32x8(out + t * a.hidden + c * 8, acc);
+    if constexpr (std::is_same_v<O, float>) {
+      float4* p = reinterpret_cast<float4*>(out + t * a.hidden + c * 8);
+      p[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+      p[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+    } else {
+      storeF32x8(out + t * a.hidden + c * 8, acc);
+    }
   }
 }
 
@@ -343,10 +349,15 @@ Status launchMoeCombine(const MoeCombineArgs& a, cudaStream_t stream) {
   if (a.hidden <= 0 || a.hidden % 8 != 0)
     return invalidArgument("moe_combine: hidden must be a positive multiple of 8");
   if (a.num_tokens == 0) return okStatus();
-  if (a.f16) {
-    moeCombineKernel<f16><<<static_cast<unsigned>(a.num_tokens), kCombineThreads, 0, stream>>>(a);
+  const unsigned grid = static_cast<unsigned>(a.num_tokens);
+  if (a.f16 && a.out_f32) {
+    moeCombineKernel<f16, float><<<grid, kCombineThreads, 0, stream>>>(a);
+  } else if (a.f16) {
+    moeCombineKernel<f16, f16><<<grid, kCombineThreads, 0, stream>>>(a);
+  } else if (a.out_f32) {
+    moeCombineKernel<bf16, float><<<grid, kCombineThreads, 0, stream>>>(a);
   } else {
-    moeCombineKernel<bf16><<<static_cast<unsigned>(a.num_tokens), kCombineThreads, 0, stream>>>(a);
+    moeCombineKernel<bf16, bf16><<<grid, kCombineThreads, 0, stream>>>(a);
   }
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return okStatus();

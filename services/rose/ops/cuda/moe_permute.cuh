@@ -73,6 +73,7 @@ struct MoeCombineArgs {
   int32_t top_k = 0;
   int32_t hidden = 0;  // multiple of 8
   bool f16 = false;    // y and out hold IEEE fp16 bits [TAG_ATTN_F16]
+  bool out_f32 = false;  // out is float (not rounded): the MoE output kept in f32
 };
 
 Status launchMoeCombine(const MoeCombineArgs& a, cudaStream_t stream);

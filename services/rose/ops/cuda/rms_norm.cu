@@ -57,6 +57,14 @@ __device__ __forceinline__ void addResidual(const RmsNormArgs& a, int64_t i, flo
 template <bool kCombine>
 __device__ __forceinline__ void loadX(const RmsNormArgs& a, int64_t row, int c, float (&v)[8]) {
   if constexpr (!kCombine) {
+    if (a.x_f32) {  // an f32 x (the MoE output kept in f32)
+      const float4* p = reinterpret_cast<const float4*>(reinterpret_cast<const float*>(a.x) +
+                                                        row * a.hidden + c * 8);
+      const float4 p0 = p[0], p1 = p[1];
+      v[0] = p0.x; v[1] = p0.y; v[2] = p0.z; v[3] = p0.w;
+      v[4] = p1.x; v[5] = p1.y; v[6] = p1.z; v[7] = p1.w;
+      return;
+    }
     loadX8(a.x + row * a.hidden + c * 8, a.x_f16, v);
     return;
   }
@@ -65,13 +73,13 @@ __device__ __forceinline__ void loadX(const RmsNormArgs& a, int64_t row, int c, 
     moeCombineChunk(reinterpret_cast<const cuda::f16*>(a.combine_y), a.combine_row_of,
                     a.combine_weights, a.combine_top_k, a.hidden, row, c, acc);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) v[j] = __half2float(__float2half_rn(acc[j]));
+    for (int j = 0; j < 8; ++j) v[j] = a.combine_f32 ? acc[j] : __half2float(__float2half_rn(acc[j]));
     return;
   }
   moeCombineChunk(a.combine_y, a.combine_row_of, a.combine_weights, a.combine_top_k, a.hidden,
                   row, c, acc);
 #pragma unroll
-  for (int j = 0; j < 8; ++j) v[j] = roundBf16(acc[j]);
+  for (int j = 0; j < 8; ++j) v[j] = a.combine_f32 ? acc[j] : roundBf16(acc[j]);
 }
 
 // blockDim = (tx threads per row, ty rows per block); tx is a multiple of 32 and depends only on
@@ -184,8 +192,8 @@ Status launchRmsNorm(const RmsNormArgs& a, cudaStream_t stream, bool pdl) {
   if (a.rows == 0) return okStatus();
   if (a.residual != nullptr && a.residual_f32 != nullptr)
     return invalidArgument("rms_norm: a bf16 and an f32 residual at once");
-  if (a.x_f16 && a.residual != nullptr)
-    return invalidArgument("rms_norm: an fp16 x needs the f32 residual (or none)");
+  if ((a.x_f16 || a.x_f32) && a.residual != nullptr)
+    return invalidArgument("rms_norm: an fp16 or f32 x needs the f32 residual (or none)");
   if ((a.combine_y == nullptr) == (a.x == nullptr))
     return invalidArgument("rms_norm: exactly one of x and the MoE combine");
   if (a.combine_y != nullptr &&

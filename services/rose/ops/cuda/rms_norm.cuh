@@ -46,6 +46,10 @@ struct RmsNormArgs {
   bool x_f16 = false;
   bool out_f16 = false;
   bool combine_f16 = false;  // combine_y holds fp16 rows (rounded to fp16, as its combine's store)
+  // The combine kept in f32 (not rounded: as an f32 moe tensor holds it), and an f32 x: gpt-oss's
+  // MoE output in f32 (GptOssOptions::moe_out_f32).
+  bool combine_f32 = false;
+  bool x_f32 = false;
 };
 
 // pdl: programmatic dependent launch for an eager launch (common.cuh [TAG_PDL]); the backend
