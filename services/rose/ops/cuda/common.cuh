@@ -77,46 +77,45 @@ cudaError_t launchClustered(void (*kernel)(KernelArgs...), dim3 grid, dim3 block
   return err;
 }
 
-// Eight bf16 values, one 16-byte load or store.
-struct alignas(16) Bf16x8 {
-  __nv_bfloat162 h[4];
+// Eight bf16 (or fp16 [TAG_ATTN_F16]) values, one 16-byte load or store, to/from float.
+template <typename T>
+struct Pair16;
+template <>
+struct Pair16<bf16> {
+  using type = __nv_bfloat162;
+  static __device__ __forceinline__ float2 toFloat2(type v) { return __bfloat1622float2(v); }
+  static __device__ __forceinline__ type fromFloats(float lo, float hi) {
+    return __floats2bfloat162_rn(lo, hi);
+  }
 };
-
-__device__ __forceinline__ void loadF32x8(const bf16* p, float (&f)[8]) {
-  Bf16x8 v = *reinterpret_cast<const Bf16x8*>(p);
+template <>
+struct Pair16<f16> {
+  using type = __half2;
+  static __device__ __forceinline__ float2 toFloat2(type v) { return __half22float2(v); }
+  static __device__ __forceinline__ type fromFloats(float lo, float hi) {
+    return __floats2half2_rn(lo, hi);
+  }
+};
+template <typename T>
+struct alignas(16) Vec8 {
+  typename Pair16<T>::type h[4];
+};
+template <typename T>
+__device__ __forceinline__ void loadF32x8(const T* p, float (&f)[8]) {
+  Vec8<T> v = *reinterpret_cast<const Vec8<T>*>(p);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    float2 t = __bfloat1622float2(v.h[i]);
+    float2 t = Pair16<T>::toFloat2(v.h[i]);
     f[2 * i] = t.x;
     f[2 * i + 1] = t.y;
   }
 }
-
-__device__ __forceinline__ void storeF32x8(bf16* p, const float (&f)[8]) {
-  Bf16x8 v;
+template <typename T>
+__device__ __forceinline__ void storeF32x8(T* p, const float (&f)[8]) {
+  Vec8<T> v;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) v.h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
-  *reinterpret_cast<Bf16x8*>(p) = v;
-}
-
-// [TAG_ATTN_F16] The same for IEEE fp16 (the attention block's optional activation type).
-struct alignas(16) F16x8 {
-  __half2 h[4];
-};
-__device__ __forceinline__ void loadF32x8(const f16* p, float (&f)[8]) {
-  F16x8 v = *reinterpret_cast<const F16x8*>(p);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    float2 t = __half22float2(v.h[i]);
-    f[2 * i] = t.x;
-    f[2 * i + 1] = t.y;
-  }
-}
-__device__ __forceinline__ void storeF32x8(f16* p, const float (&f)[8]) {
-  F16x8 v;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) v.h[i] = __floats2half2_rn(f[2 * i], f[2 * i + 1]);
-  *reinterpret_cast<F16x8*>(p) = v;
+  for (int i = 0; i < 4; ++i) v.h[i] = Pair16<T>::fromFloats(f[2 * i], f[2 * i + 1]);
+  *reinterpret_cast<Vec8<T>*>(p) = v;
 }
 
 // Scalar conversions of either 16-bit type (round to nearest even).

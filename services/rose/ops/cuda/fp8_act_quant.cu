@@ -26,7 +26,7 @@ __global__ void __launch_bounds__(kWarps * 32) fp8ActQuantKernel(Fp8ActQuantArgs
   float v[4] = {0.f, 0.f, 0.f, 0.f};
   if (src >= 0 && c < a.k) {  // k % 4 == 0: the four inputs are all real or all padding
     if constexpr (kSwiglu) {
-      const Bf16x8 h = *reinterpret_cast<const Bf16x8*>(a.in + r * 2 * a.k + 2 * c);
+      const Vec8<bf16> h = *reinterpret_cast<const Vec8<bf16>*>(a.in + r * 2 * a.k + 2 * c);
       float bi[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
       if (a.bias != nullptr) loadF32x8(a.bias + static_cast<int64_t>(e) * 2 * a.k + 2 * c, bi);
       const float lim = a.swiglu_limit, alpha = a.swiglu_alpha;

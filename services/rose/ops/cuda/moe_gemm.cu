@@ -294,12 +294,10 @@ struct MxWarpStream {
 template <typename T>
 __device__ __forceinline__ void mxScaleFactors(uint32_t sa, uint32_t sb, uint32_t (&sf)[2][2]) {
   if constexpr (std::is_same_v<T, f16>) {
-    // Byte hg into both halves' low byte, max(s - 98, 0) per half (saturating), into the
-    // exponent: mxfp4DecodeScaleF16Bits for both halves in three operations.
 #pragma unroll
     for (int hg = 0; hg < 2; ++hg) {
-      sf[0][hg] = __vsubus2(__byte_perm(sa, 0u, hg ? 0x4141u : 0x4040u), 0x00620062u) << 10;
-      sf[1][hg] = __vsubus2(__byte_perm(sb, 0u, hg ? 0x4141u : 0x4040u), 0x00620062u) << 10;
+      sf[0][hg] = mxScalePairF16(sa, hg);
+      sf[1][hg] = mxScalePairF16(sb, hg);
     }
   } else {
 #pragma unroll
@@ -317,16 +315,7 @@ __device__ __forceinline__ void mxFragment(const uint4& w, int s, const uint32_t
                                            uint32_t (&af)[4]) {
   const uint32_t word = s == 0 ? w.x : s == 1 ? w.y : s == 2 ? w.z : w.w;
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    if constexpr (std::is_same_v<T, f16>) {
-      const uint32_t bits = mxfp4WordToF16x2Bits(word, j);
-      const __half2 v = __hmul2(*reinterpret_cast<const __half2*>(&bits),
-                                *reinterpret_cast<const __half2*>(&sf[j & 1][s >> 1]));
-      af[j] = *reinterpret_cast<const uint32_t*>(&v);
-    } else {
-      af[j] = bf16x2Bits(__hmul2(bitsBf16x2(mxRegBits(word, j)), bitsBf16x2(sf[j & 1][s >> 1])));
-    }
-  }
+  for (int j = 0; j < 4; ++j) af[j] = mul16x2Bits<T>(mxRegBits16<T>(word, j), sf[j & 1][s >> 1]);
 }
 
 // Stores one n8 token tile of a decode-shaped kernel's accumulators c (c0: row g, token 2t; c1:

@@ -108,9 +108,9 @@ __device__ __forceinline__ void dequantKt(uint32_t (&a)[16], uint4 raw, uint32_t
   uint32_t sf[2][2];
 #pragma unroll
   for (int hg = 0; hg < 2; ++hg) {
-    if constexpr (kHalf) {  // mxfp4DecodeScaleF16Bits in both halves (moe_gemm.cu's form)
-      sf[0][hg] = __vsubus2(__byte_perm(s_lo, 0u, hg ? 0x4141u : 0x4040u), 0x00620062u) << 10;
-      sf[1][hg] = __vsubus2(__byte_perm(s_hi, 0u, hg ? 0x4141u : 0x4040u), 0x00620062u) << 10;
+    if constexpr (kHalf) {
+      sf[0][hg] = mxScalePairF16(s_lo, hg);
+      sf[1][hg] = mxScalePairF16(s_hi, hg);
     } else {
       const uint32_t b0 = mxfp4DecodeScaleBits((s_lo >> (8 * hg)) & 0xFFu);
       const uint32_t b1 = mxfp4DecodeScaleBits((s_hi >> (8 * hg)) & 0xFFu);
@@ -123,15 +123,7 @@ __device__ __forceinline__ void dequantKt(uint32_t (&a)[16], uint4 raw, uint32_t
     const uint32_t word = s == 0 ? raw.x : s == 1 ? raw.y : s == 2 ? raw.z : raw.w;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      if constexpr (kHalf) {
-        const uint32_t bits = mxfp4WordToF16x2Bits(word, j);
-        const __half2 v = __hmul2(*reinterpret_cast<const __half2*>(&bits),
-                                  *reinterpret_cast<const __half2*>(&sf[j & 1][s >> 1]));
-        a[4 * s + j] = *reinterpret_cast<const uint32_t*>(&v);
-      } else {
-        a[4 * s + j] = bf16x2Bits(
-            __hmul2(bitsBf16x2(mxRegBits(word, j)), bitsBf16x2(sf[j & 1][s >> 1])));
-      }
+      a[4 * s + j] = mul16x2Bits<T>(mxRegBits16<T>(word, j), sf[j & 1][s >> 1]);
     }
   }
 }
@@ -181,13 +173,9 @@ __device__ __forceinline__ void consume(const MoeWgmmaArgs& a, const Block& b, i
     wgmmaFence();
 #pragma unroll
     for (int s = 0; s < 4; ++s) {
-      if constexpr (std::is_same_v<T, __half>) {
-        wgmmaRSKh<kN>(acc, ra[4 * s], ra[4 * s + 1], ra[4 * s + 2], ra[4 * s + 3],
-                      desc0 + ((st * kTokStage + 32u * s) >> 4));
-      } else {
-        wgmmaRSK<kN>(acc, ra[4 * s], ra[4 * s + 1], ra[4 * s + 2], ra[4 * s + 3],
-                     desc0 + ((st * kTokStage + 32u * s) >> 4));
-      }
+      wgmmaRSK<kN, std::is_same_v<T, __half>>(acc, ra[4 * s], ra[4 * s + 1], ra[4 * s + 2],
+                                               ra[4 * s + 3],
+                                               desc0 + ((st * kTokStage + 32u * s) >> 4));
     }
     wgmmaCommit();
     wgmmaWait<0>();

@@ -33,13 +33,49 @@ __device__ __forceinline__ uint32_t mxRegBits(uint32_t w, int j) { return mxfp4W
 // 2^126 as a bf16 pair: register bits * this = the E2M1 values (all normal).
 constexpr uint32_t kTwo126x2 = (253u << 7) | ((253u << 7) << 16);
 
+// [TAG_ATTN_F16] The same for either 16-bit type T (bf16, or fp16: mxfp4_tiles.h's fp16 forms):
+// a packed word's fragment register j, the factor of a scale byte (<= 128), and the pairwise
+// product of two 16-bit pairs given as bits.
+template <typename T>
+__device__ __forceinline__ uint32_t mxRegBits16(uint32_t w, int j) {
+  if constexpr (std::is_same_v<T, __half>) {
+    return mxfp4WordToF16x2Bits(w, j);
+  } else {
+    return mxfp4WordToBf16x2Bits(w, j);
+  }
+}
+template <typename T>
+__device__ __forceinline__ uint32_t mxScaleBits16(uint32_t s) {
+  if constexpr (std::is_same_v<T, __half>) {
+    return mxfp4DecodeScaleF16Bits(s);
+  } else {
+    return mxfp4DecodeScaleBits(s);
+  }
+}
+template <typename T>
+__device__ __forceinline__ uint32_t mul16x2Bits(uint32_t a, uint32_t b) {
+  if constexpr (std::is_same_v<T, __half>) {
+    const __half2 v = __hmul2(*reinterpret_cast<const __half2*>(&a), *reinterpret_cast<const __half2*>(&b));
+    return *reinterpret_cast<const uint32_t*>(&v);
+  } else {
+    return bf16x2Bits(__hmul2(bitsBf16x2(a), bitsBf16x2(b)));
+  }
+}
+
+// The fp16 factor pair (mxfp4DecodeScaleF16Bits in both halves) of byte hg (0, 1) of two scale
+// bytes: the byte into both halves' low byte, max(s - 98, 0) per half (saturating), into the
+// exponent — three operations, as the bf16 form.
+__device__ __forceinline__ uint32_t mxScalePairF16(uint32_t two_bytes, int hg) {
+  return __vsubus2(__byte_perm(two_bytes, 0u, hg ? 0x4141u : 0x4040u), 0x00620062u) << 10;
+}
+
 // Dequantizes unit u (0 .. 255) of one packed (128-row, 64-wide K) tile: `codes` the tile's 4 KiB
 // of codes (unit u: codes + u * 16), `scales` its 256 scale bytes (both in shared memory). Unit u is 16-row group u / 32, lane
 // l = u % 32 = 4g + t: rows r0 = 16 (u / 32) + g and r0 + 8, k = 16w + 8 (j / 2) + 2t for word w
-// and fragment register j (mxfp4_tiles.h). Calls store(row, k, bits) with the bf16 pair of
-// (row, k) and (row, k + 1) as one 32-bit pattern. kFast: every scale <= 128 (one multiply by
-// 2^(s - 1)); otherwise two multiplies (by 2^126, then 2^(s - 127)). Both give the same exact
-// values.
+// and fragment register j (mxfp4_tiles.h). Calls store(row, k, bits) with the T (bf16, or fp16
+// [TAG_ATTN_F16]) pair of (row, k) and (row, k + 1) as one 32-bit pattern. kFast: every scale <=
+// 128 (one multiply by the scale's factor); otherwise two multiplies (by 2^126, then
+// 2^(s - 127); bf16 only). Both give the same exact values.
 template <bool kFast, typename T = __nv_bfloat16, typename Store>
 __device__ __forceinline__ void mxfp4DequantUnit(int u, const uint8_t* codes, const uint8_t* scales,
                                                  Store&& store) {
@@ -48,14 +84,14 @@ __device__ __forceinline__ void mxfp4DequantUnit(int u, const uint8_t* codes, co
   const int r0 = grp * 16 + g;
   const uint8_t* sr = scales + r0 * 2;
   const uint32_t sbytes[2][2] = {{sr[0], sr[1]}, {sr[16], sr[17]}};  // rows r0, r0 + 8
-  if constexpr (!std::is_same_v<T, __nv_bfloat16>) {  // fp16 [TAG_ATTN_F16]: scales <= 128 only
-    static_assert(kFast, "fp16 MXFP4 dequantization needs every scale <= 128");
+  if constexpr (!std::is_same_v<T, __nv_bfloat16>) {
+    static_assert(kFast, "fp16 MXFP4 dequantization needs every scale <= 128");  // [TAG_ATTN_F16]
     uint32_t sf[2][2];
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr)
 #pragma unroll
       for (int hg = 0; hg < 2; ++hg) {
-        const uint32_t b = mxfp4DecodeScaleF16Bits(sbytes[hr][hg]);
+        const uint32_t b = mxScaleBits16<T>(sbytes[hr][hg]);
         sf[hr][hg] = b | (b << 16);
       }
 #pragma unroll
@@ -63,13 +99,11 @@ __device__ __forceinline__ void mxfp4DequantUnit(int u, const uint8_t* codes, co
       const uint32_t word = w == 0 ? raw.x : w == 1 ? raw.y : w == 2 ? raw.z : raw.w;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const uint32_t bits = mxfp4WordToF16x2Bits(word, j);
-        const __half2 v = __hmul2(*reinterpret_cast<const __half2*>(&bits),
-                                  *reinterpret_cast<const __half2*>(&sf[j & 1][w >> 1]));
-        store(r0 + 8 * (j & 1), 16 * w + 8 * (j >> 1) + 2 * t, *reinterpret_cast<const uint32_t*>(&v));
+        store(r0 + 8 * (j & 1), 16 * w + 8 * (j >> 1) + 2 * t,
+              mul16x2Bits<T>(mxRegBits16<T>(word, j), sf[j & 1][w >> 1]));
       }
     }
-  } else if constexpr (kFast) {
+  } else if constexpr (kFast) {  // bf16 (kept as first written: its SASS is the one measured)
     uint32_t sf[2][2];
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr)
