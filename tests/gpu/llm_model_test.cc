@@ -122,6 +122,11 @@ Runner load(const std::string& dir, const char* device, MoeWeightsMode moe,
   go.attn_f16 = attn_f16 && std::string(device) == "cuda";
   go.moe_f16 = go.head_f16 = moe_f16 && std::string(device) == "cuda";
   if (fp16Everywhere() && std::string(device) == "cuda") go.attn_f16 = go.moe_f16 = go.head_f16 = true;
+  // GARDEN_TEST_GPTOSS_MOE_OUT=f32: the MoE output kept in f32 (GptOssOptions::moe_out_f32), not
+  // yet part of --dtype float16 (gpu_llm.sh f16moeout).
+  if (const char* v = std::getenv("GARDEN_TEST_GPTOSS_MOE_OUT");
+      v && std::string(v) == "f32" && std::string(device) == "cuda")
+    go.moe_out_f32 = true;
   if (const char* v = std::getenv("GARDEN_TEST_GPTOSS_ATTN");
       v && std::string(v) == "float16" && std::string(device) == "cuda")
     go.attn_f16 = true;
