@@ -8,6 +8,7 @@
 #include <fstream>
 #include <iterator>
 #include <unordered_set>
+#include <utility>
 
 #include "common/safetensors.h"
 #include "services/rose/model/weights.h"
@@ -345,38 +346,33 @@ Result<std::unique_ptr<GptOssModel>> GptOssModel::load(const std::string& dir, B
   RETURN_IF_ERROR(ops.reserve(lim));
 
   m->route_f32_ = opts.f32_residual && opts.f32_router && b.activationDType() != DType::kF32;
-  // [TAG_ATTN_F16] The attention block's type: the backend's, or fp16 on a bf16 backend with the
-  // f32 stream.
-  if (opts.attn_f16 && (b.activationDType() != DType::kBF16 || !opts.f32_residual)) {
-    return invalidArgument(std::string("--dtype float16 (attention): needs a bf16 backend (cuda) and the "
-                                       "f32 residual stream; the ") +
+  // [TAG_ATTN_F16] Each part's 16-bit type: the backend's, or fp16 on a bf16 backend with the f32
+  // stream (the MoE side also with the f32 router: it routes from the stream, not its fp16 input).
+  const bool bf16_backend = b.activationDType() == DType::kBF16;
+  auto refuseF16 = [&](const char* part, const char* needs) {
+    return invalidArgument(std::string("--dtype float16 (") + part + "): needs a bf16 backend " +
+                           "(cuda) and the f32 residual stream" + needs + "; the " +
                            std::string(b.name()) + " backend computes in " +
                            std::string(dtypeName(b.activationDType())));
-  }
-  const DType adt = opts.attn_f16 ? DType::kF16 : b.activationDType();
-  const DType awt = opts.attn_f16 ? DType::kF16 : wt;
-  m->attn_dtype_ = adt;
-  // The MoE side the same way: its input norm's output, the expert biases (and dense experts),
-  // the expert GEMMs' activations and outputs, the combine. The router reads the f32 stream.
-  if (opts.moe_f16 && (b.activationDType() != DType::kBF16 || !m->route_f32_)) {
-    return invalidArgument(std::string("--dtype float16 (MoE): needs a bf16 backend (cuda), the f32 "
-                                       "residual stream and the f32 router; the ") +
-                           std::string(b.name()) + " backend computes in " +
-                           std::string(dtypeName(b.activationDType())));
-  }
+  };
+  if (opts.attn_f16 && (!bf16_backend || !opts.f32_residual)) return refuseF16("attention", "");
+  if (opts.moe_f16 && (!bf16_backend || !m->route_f32_)) return refuseF16("MoE", " and the f32 router");
+  if (opts.head_f16 && (!bf16_backend || !opts.f32_residual)) return refuseF16("lm_head", "");
   if (opts.moe_f16 && (opts.moe_weights == MoeWeightsMode::kFp8 ||
                        opts.moe_weights == MoeWeightsMode::kMxfp4Bf16)) {
     return invalidArgument(std::string("--dtype float16: not with --moe-weights ") +
                            moeWeightsName(opts.moe_weights) + " (its expert copy is for bf16 steps)");
   }
-  const DType mdt = opts.moe_f16 ? DType::kF16 : b.activationDType();
-  const DType mwt = opts.moe_f16 ? DType::kF16 : wt;
-  if (opts.head_f16 && (b.activationDType() != DType::kBF16 || !opts.f32_residual)) {
-    return invalidArgument("--dtype float16 (lm_head): needs a bf16 backend (cuda) and the f32 "
-                           "residual stream");
+  if (opts.moe_out_f32 && !opts.f32_residual) {
+    return invalidArgument("moe_out_f32: needs the f32 residual stream");
   }
-  const DType hdt = opts.head_f16 ? DType::kF16 : b.activationDType();
-  const DType hwt = opts.head_f16 ? DType::kF16 : wt;
+  auto dtypes = [&](bool f16) {  // (activations, weights) of a part
+    return std::pair{f16 ? DType::kF16 : b.activationDType(), f16 ? DType::kF16 : wt};
+  };
+  const auto [adt, awt] = dtypes(opts.attn_f16);
+  const auto [mdt, mwt] = dtypes(opts.moe_f16);
+  const auto [hdt, hwt] = dtypes(opts.head_f16);
+  m->attn_dtype_ = adt;
   ASSIGN_OR_RETURN(auto ck, SafetensorsCheckpoint::openDir(dir));
   ASSIGN_OR_RETURN(m->embed_, uploadOne(b, *ck, "model.embed_tokens.weight", {v, h}, wt));
   ASSIGN_OR_RETURN(m->final_norm_, uploadOne(b, *ck, "model.norm.weight", {h}, wt));
@@ -528,9 +524,6 @@ Result<std::unique_ptr<GptOssModel>> GptOssModel::load(const std::string& dir, B
   }
   if (opts.head_f16) {
     ASSIGN_OR_RETURN(m->xf_, b.allocateTensor(hdt, {t, h}));
-  }
-  if (opts.moe_out_f32 && !opts.f32_residual) {
-    return invalidArgument("moe_out_f32: needs the f32 residual stream");
   }
   ASSIGN_OR_RETURN(m->moe_out_, b.allocateTensor(opts.moe_out_f32 ? DType::kF32 : mdt, {t, h}));
   ASSIGN_OR_RETURN(m->qkv_buf_, b.allocateTensor(adt, {t, (hq + 2 * hkv) * d}));

@@ -180,18 +180,11 @@ __device__ __forceinline__ uint32_t packBf16x2(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
-__device__ __forceinline__ uint32_t packF16x2(float lo, float hi) {
-  __half2 v = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
-// packBf16x2 or packF16x2 by the element type.
+// Two floats rounded to T (bf16, or fp16 [TAG_ATTN_F16]) as one 32-bit pattern (packBf16x2's form).
 template <typename T>
 __device__ __forceinline__ uint32_t pack16x2(float lo, float hi) {
-  if constexpr (std::is_same_v<T, f16>) {
-    return packF16x2(lo, hi);
-  } else {
-    return packBf16x2(lo, hi);
-  }
+  typename Pair16<T>::type v = Pair16<T>::fromFloats(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
 }
 
 __device__ __forceinline__ uint32_t smemAddr(const void* p) {

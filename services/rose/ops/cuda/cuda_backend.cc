@@ -120,20 +120,14 @@ Status CudaBackend::uploadConvert(const Tensor& dst, const HostView& src) {
   std::vector<uint16_t> tmp16;
   std::vector<float> tmp32;
   const void* host = src.data;
-  if (dst.dtype == DType::kBF16) {
-    if (src.dtype != DType::kBF16) {
+  if (dst.dtype == DType::kBF16 || dst.dtype == DType::kF16) {
+    // [TAG_ATTN_F16] F16 too (bf16 -> fp16: exact in fp16's range).
+    if (src.dtype != dst.dtype) {
       tmp32.resize(n);
       RETURN_IF_ERROR(convertToF32(src.data, src.dtype, n, tmp32.data()));
       tmp16.resize(n);
-      for (size_t i = 0; i < n; ++i) tmp16[i] = f32ToBf16(tmp32[i]);
-      host = tmp16.data();
-    }
-  } else if (dst.dtype == DType::kF16) {  // [TAG_ATTN_F16] (bf16 -> fp16: exact in fp16's range)
-    if (src.dtype != DType::kF16) {
-      tmp32.resize(n);
-      RETURN_IF_ERROR(convertToF32(src.data, src.dtype, n, tmp32.data()));
-      tmp16.resize(n);
-      for (size_t i = 0; i < n; ++i) tmp16[i] = f32ToF16(tmp32[i]);
+      const bool bf = dst.dtype == DType::kBF16;
+      for (size_t i = 0; i < n; ++i) tmp16[i] = bf ? f32ToBf16(tmp32[i]) : f32ToF16(tmp32[i]);
       host = tmp16.data();
     }
   } else if (dst.dtype == DType::kF32) {
@@ -292,39 +286,28 @@ void CudaBackend::rmsNorm(const Tensor& x, const Tensor& residual, const Tensor&
 }
 
 void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) {
-  if (is(w, DType::kF16)) {  // [TAG_ATTN_F16] every operand fp16 (or F32 logits, no bias)
-    require(is(x, DType::kF16) && (is(y, DType::kF16) || is(y, DType::kF32)) &&
-                (bias.empty() || (bias.dtype == DType::kF16 && bias.numel() == w.rows())),
-            "linear", "an F16 weight needs x and bias F16, y F16 or F32");
-    require(x.cols() == w.cols() && y.rows() == x.rows() && y.cols() == w.rows(), "linear",
-            "shape mismatch");
-    if (y.dtype == DType::kF32) {
-      require(bias.empty(), "linear", "an F32 output takes no bias");
-      checkOk(gemm_->runF16F32(x.data, w.data, y.as<float>(), x.rows(), w.rows(), w.cols(),
-                               stream_),
-              "linear");
-      return;
-    }
-    checkOk(gemm_->runF16(x.data, w.data, bias.empty() ? nullptr : bias.data, y.data, x.rows(),
-                          w.rows(), w.cols(), stream_),
-            "linear");
-    return;
-  }
-  require(is(x, DType::kBF16) && is(w, DType::kBF16) && (is(y, DType::kBF16) || is(y, DType::kF32)),
-          "linear", "x and w must be BF16, y BF16 or F32");
+  // bf16, or every 16-bit operand fp16 [TAG_ATTN_F16]; y may be F32 (logits, no bias).
+  const bool f16 = is(w, DType::kF16);
+  const DType t16 = f16 ? DType::kF16 : DType::kBF16;
+  require(is(x, t16) && is(w, t16) && (is(y, t16) || is(y, DType::kF32)), "linear",
+          "x and w must be BF16 (or both F16), y their dtype or F32");
   require(x.cols() == w.cols() && y.rows() == x.rows() && y.cols() == w.rows(), "linear",
           "shape mismatch");
   if (y.dtype == DType::kF32) {  // logits: f32 out, no bias
     require(bias.empty(), "linear", "an F32 output takes no bias");
-    checkOk(gemm_->runF32(x.as<bf16>(), w.as<bf16>(), y.as<float>(), x.rows(), w.rows(), w.cols(),
-                          stream_),
+    checkOk(f16 ? gemm_->runF16F32(x.data, w.data, y.as<float>(), x.rows(), w.rows(), w.cols(),
+                                   stream_)
+                : gemm_->runF32(x.as<bf16>(), w.as<bf16>(), y.as<float>(), x.rows(), w.rows(),
+                                w.cols(), stream_),
             "linear");
     return;
   }
-  require(bias.empty() || (bias.dtype == DType::kBF16 && bias.numel() == w.rows()), "linear",
-          "bias must be BF16 [N]");
-  checkOk(gemm_->run(x.as<bf16>(), w.as<bf16>(), bias.empty() ? nullptr : bias.as<bf16>(),
-                     y.as<bf16>(), x.rows(), w.rows(), w.cols(), stream_),
+  require(bias.empty() || (bias.dtype == t16 && bias.numel() == w.rows()), "linear",
+          "bias must be [N] in w's dtype");
+  checkOk(f16 ? gemm_->runF16(x.data, w.data, bias.empty() ? nullptr : bias.data, y.data,
+                              x.rows(), w.rows(), w.cols(), stream_)
+              : gemm_->run(x.as<bf16>(), w.as<bf16>(), bias.empty() ? nullptr : bias.as<bf16>(),
+                           y.as<bf16>(), x.rows(), w.rows(), w.cols(), stream_),
           "linear");
 }
 

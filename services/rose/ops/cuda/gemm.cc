@@ -481,34 +481,31 @@ Status GemmRunner::run(const __nv_bfloat16* x, const __nv_bfloat16* w, const __n
       k, ops);
 }
 
-Status GemmRunner::runF16(const void* x, const void* w, const void* bias, void* y, int64_t m,
-                          int64_t n, int64_t k, cudaStream_t stream) {
+Status GemmRunner::runCublasLt(const Operands& ops, int64_t m, int64_t n, int64_t k) {
   if (m == 0) return okStatus();
   if (m < 0 || n <= 0 || k <= 0) return invalidArgument("gemm: bad shape");
-  // The operand pointers carry fp16 bits; only cuBLASLt reads them (ioOf: no custom kernel).
-  const Operands ops{static_cast<const __nv_bfloat16*>(x), static_cast<const __nv_bfloat16*>(w),
-                     static_cast<const __nv_bfloat16*>(bias), y, false, stream, true};
   ASSIGN_OR_RETURN(Plan * p, plan(m, n, k, ops));
   return enqueueChoice(*p, Choice{p->algo, 0, 0}, m, n, k, ops);
+}
+
+// The fp16 operand pointers carry fp16 bits; only cuBLASLt reads them (ioOf: no custom kernel).
+Status GemmRunner::runF16(const void* x, const void* w, const void* bias, void* y, int64_t m,
+                          int64_t n, int64_t k, cudaStream_t stream) {
+  return runCublasLt({static_cast<const __nv_bfloat16*>(x), static_cast<const __nv_bfloat16*>(w),
+                      static_cast<const __nv_bfloat16*>(bias), y, false, stream, true},
+                     m, n, k);
 }
 
 Status GemmRunner::runF16F32(const void* x, const void* w, float* y, int64_t m, int64_t n,
                              int64_t k, cudaStream_t stream) {
-  if (m == 0) return okStatus();
-  if (m < 0 || n <= 0 || k <= 0) return invalidArgument("gemm: bad shape");
-  const Operands ops{static_cast<const __nv_bfloat16*>(x), static_cast<const __nv_bfloat16*>(w),
-                     nullptr, y, true, stream, true};
-  ASSIGN_OR_RETURN(Plan * p, plan(m, n, k, ops));
-  return enqueueChoice(*p, Choice{p->algo, 0, 0}, m, n, k, ops);
+  return runCublasLt({static_cast<const __nv_bfloat16*>(x), static_cast<const __nv_bfloat16*>(w),
+                      nullptr, y, true, stream, true},
+                     m, n, k);
 }
 
 Status GemmRunner::runF32(const __nv_bfloat16* x, const __nv_bfloat16* w, float* y, int64_t m,
                           int64_t n, int64_t k, cudaStream_t stream) {
-  if (m == 0) return okStatus();
-  if (m < 0 || n <= 0 || k <= 0) return invalidArgument("gemm: bad shape");
-  const Operands ops{x, w, nullptr, y, true, stream};
-  ASSIGN_OR_RETURN(Plan * p, plan(m, n, k, ops));
-  return enqueueChoice(*p, Choice{p->algo, 0, 0}, m, n, k, ops);
+  return runCublasLt({x, w, nullptr, y, true, stream}, m, n, k);
 }
 
 }  // namespace garden::rose::cuda

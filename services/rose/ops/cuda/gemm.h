@@ -155,6 +155,8 @@ class GemmRunner {
   };
   GemmRunner() = default;
   Result<Plan*> plan(int64_t m, int64_t n, int64_t k, const Operands& ops);
+  // Shape checks, plan, cuBLASLt's choice only (runF32, runF16, runF16F32).
+  Status runCublasLt(const Operands& ops, int64_t m, int64_t n, int64_t k);
   Status makeLayouts(Plan& p, int64_t m, int64_t n, int64_t k, bool bias, int io);
   // Heuristic choice for this plan's shape with split-K disabled; false when none qualifies.
   Result<bool> pickAlgo(Plan& p, cublasLtMatmulAlgo_t* out);

@@ -526,12 +526,11 @@ class CudaLlmOps final : public LlmOps {
             "moeExperts", "step larger than reserve() allowed");
     if (t == 0) return;
     cudaStream_t st = b_.stream();
-    if (!f16 && useFp8(t, w1, w2, st)) {
+    if (useFp8(t, w1, w2, st, f16)) {
       moeExpertsFp8(x, topk_ids, topk_weights, w1, b1, w2, b2, out, p);
       return;
     }
-    // fp16: of the large-call paths only the wgmma kernel's (the cuBLASLt GEMMs are bf16).
-    if (useLtBf16(t, w1, w2, st, p) && (!f16 || useWgmma(w1, w2))) {
+    if (useLtBf16(t, w1, w2, st, p, f16)) {
       moeExpertsLtBf16(x, topk_ids, topk_weights, w1, b1, w2, b2, out, p);
       return;
     }
@@ -656,16 +655,19 @@ class CudaLlmOps final : public LlmOps {
 
   // FP8 experts [TAG_FP8_EXPERTS] when both projections carry the copy, the step is large
   // enough (moeFp8MinTokens) and not being captured (the expert ranges go through the host).
-  bool useFp8(int64_t t, const ExpertWeights& w1, const ExpertWeights& w2, cudaStream_t st) const {
-    if (w1.fp8.empty() || w2.fp8.empty() || t < moeFp8MinTokens()) return false;
+  // Never for fp16 activations (f16 [TAG_ATTN_F16]: the copy's activations are quantized from bf16).
+  bool useFp8(int64_t t, const ExpertWeights& w1, const ExpertWeights& w2, cudaStream_t st,
+              bool f16) const {
+    if (f16 || w1.fp8.empty() || w2.fp8.empty() || t < moeFp8MinTokens()) return false;
     return notCapturing(st);
   }
 
   // [TAG_MOE_LT_BF16] MXFP4 experts dequantized per call + bf16 cuBLASLt GEMMs: switched on
   // (moeLtBf16MinTokens > 0, set before the experts were uploaded so the scratch exists), the
-  // call marked kTake or (kBySize) large enough, not being captured.
+  // call marked kTake or (kBySize) large enough, not being captured. With fp16 activations (f16
+  // [TAG_ATTN_F16]) the wgmma kernel's only: the cuBLASLt GEMMs are bf16.
   bool useLtBf16(int64_t t, const ExpertWeights& w1, const ExpertWeights& w2, cudaStream_t st,
-                 const MoeExpertsParams& p) const {
+                 const MoeExpertsParams& p, bool f16) const {
     if (p.lt == MoeLtChoice::kSkip) return false;
     const int64_t min_tokens = moeLtBf16MinTokens();
     if (min_tokens <= 0 || !lt_ready_) return false;
@@ -673,6 +675,7 @@ class CudaLlmOps final : public LlmOps {
     // one of the wgmma kernel [TAG_MOE_WGMMA] when it runs these experts. A chunk the model cut at
     // the wgmma floor (kTake) that the kernel cannot run is held to the cuBLASLt floor here.
     const bool wgmma = useWgmma(w1, w2);
+    if (f16 && !wgmma) return false;
     const bool enough_rows =
         t * p.top_k >= moeLtMinRowsPerExpert(wgmma) * static_cast<int64_t>(p.num_experts);
     if (p.lt == MoeLtChoice::kBySize && (t < min_tokens || !enough_rows)) return false;
@@ -920,15 +923,16 @@ class CudaLlmOps final : public LlmOps {
     g2.n = p.hidden;
     g2.k = p.intermediate;
     checkOk(lt_gemm_->run(g2, st), "moeExperts/down_fp8");
-    downBiasAndCombine(b2, r, t, topk_weights, out, p, st);
+    downBiasAndCombine(b2, r, t, topk_weights, out, p, st, /*f16=*/false);
     countMoeFp8Step();
   }
 
   // The cuBLASLt paths' end: the down bias over the expert-sorted rows of y_ (their GEMMs run
-  // without an epilogue), then the weighted combine (or its deferral into the next norm).
+  // without an epilogue), then the weighted combine (or its deferral into the next norm). f16: y_
+  // holds fp16 rows (the wgmma path's, which brings no row bias) [TAG_ATTN_F16].
   void downBiasAndCombine(const Tensor& b2, const ExpertRanges& r, int64_t t,
                           const Tensor& topk_weights, const Tensor& out,
-                          const MoeExpertsParams& p, cudaStream_t st) {
+                          const MoeExpertsParams& p, cudaStream_t st, bool f16) {
     MoeRowBiasArgs rb;
     rb.y = static_cast<bf16*>(y_.data());
     rb.bias = b2.empty() ? nullptr : b2.as<bf16>();
@@ -941,7 +945,7 @@ class CudaLlmOps final : public LlmOps {
     checkOk(launchMoeRowBias(rb, st), "moeExperts/down_bias");
 
     MoeCombineArgs c;
-    c.f16 = wgmma_f16_;  // [TAG_ATTN_F16] (the wgmma path's only; no row bias then)
+    c.f16 = f16;
     c.out_f32 = out.dtype == DType::kF32;
     c.y = rb.y;
     c.row_of = static_cast<const int32_t*>(row_of_.data());
@@ -964,8 +968,8 @@ class CudaLlmOps final : public LlmOps {
             "bf16 cuBLASLt experts need hidden and intermediate multiples of 8");
     cudaStream_t st = b_.stream();
     const int64_t t = x.rows();
-    wgmma_f16_ = x.dtype == DType::kF16;  // [TAG_ATTN_F16] moeExperts sent fp16 only with wgmma
-    require(!wgmma_f16_ || useWgmma(w1, w2), "moeExperts",
+    const bool f16 = x.dtype == DType::kF16;  // [TAG_ATTN_F16] useLtBf16: with wgmma only
+    require(!f16 || useWgmma(w1, w2), "moeExperts",
             "fp16 experts take the wgmma kernel only (no bf16 cuBLASLt path)");
     if (useWgmma(w1, w2) && moeWgmmaDevicePlan()) {  // [TAG_MOE_WGMMA_DEVICE_PLAN]
       moeExpertsWgmmaDevicePlan(x, topk_ids, topk_weights, w1, b1, w2, b2, out, p);
@@ -976,7 +980,7 @@ class CudaLlmOps final : public LlmOps {
                              static_cast<int64_t>(sizeof(bf16)) * p.hidden, lt_x_.data(), st),
             "moeExperts/gather_bf16");
     if (useWgmma(w1, w2)) {
-      moeExpertsWgmma(r, t, topk_weights, w1, b1, w2, b2, out, p);
+      moeExpertsWgmma(r, t, topk_weights, w1, b1, w2, b2, out, p, f16);
       return;
     }
     bf16* wq = static_cast<bf16*>(lt_w_.data());
@@ -1052,7 +1056,8 @@ class CudaLlmOps final : public LlmOps {
     g2.k = p.intermediate;
     g2.bias = epi && !b2.empty() ? b2.as<bf16>() : nullptr;
     checkOk(lt_gemm_->run(g2, st, streams), "moeExperts/down_bf16");
-    downBiasAndCombine(g2.bias != nullptr ? Tensor() : b2, r, t, topk_weights, out, p, st);
+    downBiasAndCombine(g2.bias != nullptr ? Tensor() : b2, r, t, topk_weights, out, p, st,
+                       /*f16=*/false);
     countMoeLtBf16Step();
   }
 
@@ -1086,8 +1091,10 @@ class CudaLlmOps final : public LlmOps {
     checkOk(launchMoeWgmmaDevicePlan(pl, st), "moeExperts/wgmma_plan");
     const ExpertRanges r{max_rows, static_cast<const int32_t*>(row_token_.data()),
                          static_cast<const int32_t*>(tile_expert_.data()), nullptr};
-    wgmmaProjections(r, cap, static_cast<const int32_t*>(wg_count_.data()), w1, b1, w2, b2, p, st);
-    downBiasAndCombine(Tensor(), r, t, topk_weights, out, p, st);
+    const bool f16 = x.dtype == DType::kF16;  // [TAG_ATTN_F16]
+    wgmmaProjections(r, cap, static_cast<const int32_t*>(wg_count_.data()), w1, b1, w2, b2, p, st,
+                     f16);
+    downBiasAndCombine(Tensor(), r, t, topk_weights, out, p, st, f16);
     countMoeLtBf16Step();
     countMoeWgmmaStep();
   }
@@ -1097,26 +1104,27 @@ class CudaLlmOps final : public LlmOps {
   // down with bias), then the combine.
   void moeExpertsWgmma(const ExpertRanges& r, int64_t t, const Tensor& topk_weights,
                        const ExpertWeights& w1, const Tensor& b1, const ExpertWeights& w2,
-                       const Tensor& b2, const Tensor& out, const MoeExpertsParams& p) {
+                       const Tensor& b2, const Tensor& out, const MoeExpertsParams& p, bool f16) {
     cudaStream_t st = b_.stream();
     const int64_t tiles = moeWgmmaPlanTiles(host_off_.data(), p.num_experts, host_wg_tiles_, range_max_tiles_);
     require(tiles >= 0, "moeExperts", "wgmma token tiles exceed the workspace");
     // Pinned and rewritten only after the next layer's range wait, which follows this copy.
     CUDA_CHECK(cudaMemcpyAsync(wg_tiles_.data(), host_wg_tiles_, sizeof(MoeWgmmaTile) * static_cast<size_t>(tiles),
                                cudaMemcpyHostToDevice, st));
-    wgmmaProjections(r, tiles, nullptr, w1, b1, w2, b2, p, st);
-    downBiasAndCombine(Tensor(), r, t, topk_weights, out, p, st);
+    wgmmaProjections(r, tiles, nullptr, w1, b1, w2, b2, p, st, f16);
+    downBiasAndCombine(Tensor(), r, t, topk_weights, out, p, st, f16);
     countMoeLtBf16Step();
     countMoeWgmmaStep();
   }
 
   // The two wgmma launches over wg_tiles_ (tiles of them, or a bound with the count on the device
-  // when tiles_dev is set): gate_up (+bias, SwiGLU) into lt_a_, down (+bias) into y_.
+  // when tiles_dev is set): gate_up (+bias, SwiGLU) into lt_a_, down (+bias) into y_. f16: the
+  // gathered rows, biases and outputs are fp16 [TAG_ATTN_F16].
   void wgmmaProjections(const ExpertRanges& r, int64_t tiles, const int32_t* tiles_dev,
                         const ExpertWeights& w1, const Tensor& b1, const ExpertWeights& w2,
-                        const Tensor& b2, const MoeExpertsParams& p, cudaStream_t st) {
+                        const Tensor& b2, const MoeExpertsParams& p, cudaStream_t st, bool f16) {
     MoeWgmmaArgs g1;
-    g1.f16 = wgmma_f16_;  // [TAG_ATTN_F16] set by moeExpertsLtBf16 for this call
+    g1.f16 = f16;
     g1.x = static_cast<const bf16*>(lt_x_.data());
     g1.x_rows = r.rows;
     g1.codes = static_cast<const uint8_t*>(w1.codes.data);
@@ -1360,7 +1368,6 @@ class CudaLlmOps final : public LlmOps {
   CudaBackend& b_;
   MoeCombineArgs deferred_;      // [TAG_COMBINE_NORM] the combine moeExperts left to the norm
   bool deferred_valid_ = false;
-  bool wgmma_f16_ = false;       // [TAG_ATTN_F16] the current wgmma MoE call's activations are fp16
   LlmOpsLimits lim_;
   bool reserved_ = false;
   int64_t max_work_ = 0, max_combine_ = 0, max_parts_ = 0, max_tiles_ = 0, max_rows_ = 0;

@@ -73,7 +73,7 @@ __device__ __forceinline__ void loadX(const RmsNormArgs& a, int64_t row, int c, 
     moeCombineChunk(reinterpret_cast<const cuda::f16*>(a.combine_y), a.combine_row_of,
                     a.combine_weights, a.combine_top_k, a.hidden, row, c, acc);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) v[j] = a.combine_f32 ? acc[j] : __half2float(__float2half_rn(acc[j]));
+    for (int j = 0; j < 8; ++j) v[j] = a.combine_f32 ? acc[j] : roundOut(acc[j], true);
     return;
   }
   moeCombineChunk(a.combine_y, a.combine_row_of, a.combine_weights, a.combine_top_k, a.hidden,
