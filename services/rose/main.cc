@@ -374,7 +374,7 @@ rose::GptOssOptions gptOssOptions(int64_t max_batch_tokens, const LlmArgs& f) {
   go.max_model_len = f.max_model_len;
   go.min_block_size = f.kv_block_size;
   go.cuda_graphs = f.cuda_graphs;
-  go.attn_f16 = go.moe_f16 = go.head_f16 = f.dtype == "float16";
+  rose::applyGptOssDtype(f.dtype, go);  // checked at parse time
   return go;
 }
 

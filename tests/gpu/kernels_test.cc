@@ -220,6 +220,59 @@ TEST_F(GpuOps, LinearMatchesReference) {
   }
 }
 
+// [TAG_ATTN_F16] [TAG_PROJ_F32] fp16 operands: y in fp16 with an fp16 bias (gpt-oss's fp16
+// attention projections), y in f32 with an f32 bias (the projections kept in f32) and without one
+// (lm_head). The reference is the CPU's f32 GEMM on the same (fp16-exact) values: the f32 output
+// differs from it only by the summation order, the fp16 output also by its rounding.
+TEST_F(GpuOps, LinearF16OperandsMatchReference) {
+  struct S {
+    int64_t m, n, k;
+  };
+  for (S s : std::vector<S>{{1, 5120, 2880}, {7, 2880, 4096}, {300, 1032, 520}, {1000, 256, 128}}) {
+    SCOPED_TRACE(shape({s.m, s.n, s.k}));
+    auto gx = upload(gpu(), DType::kF16, {s.m, s.k},
+                     randomBf16(static_cast<size_t>(s.m * s.k), rng_, -1.f, 1.f));
+    auto gw = upload(gpu(), DType::kF16, {s.n, s.k},
+                     randomBf16(static_cast<size_t>(s.n * s.k), rng_, -0.06f, 0.06f));
+    auto gb16 = upload(gpu(), DType::kF16, {s.n},
+                       randomBf16(static_cast<size_t>(s.n), rng_, -0.5f, 0.5f));
+    auto bias = download(gpu(), gb16.view);
+    auto gb32 = upload(gpu(), DType::kF32, {s.n}, bias);
+    auto cx = upload(cpu(), DType::kF32, {s.m, s.k}, download(gpu(), gx.view));
+    auto cw = upload(cpu(), DType::kF32, {s.n, s.k}, download(gpu(), gw.view));
+    auto cb = upload(cpu(), DType::kF32, {s.n}, bias);
+    auto cy = allocate(cpu(), DType::kF32, {s.m, s.n});
+    auto cyn = allocate(cpu(), DType::kF32, {s.m, s.n});
+    cpu().linear(cx.view, cw.view, cb.view, cy.view);
+    cpu().linear(cx.view, cw.view, Tensor(), cyn.view);
+    auto ref = download(cpu(), cy.view);
+    auto ref_nb = download(cpu(), cyn.view);
+    double mx = 0;
+    for (float v : ref) mx = std::max(mx, static_cast<double>(std::fabs(v)));
+    auto y16 = allocate(gpu(), DType::kF16, {s.m, s.n});
+    auto y32 = allocate(gpu(), DType::kF32, {s.m, s.n});
+    auto y32n = allocate(gpu(), DType::kF32, {s.m, s.n});
+    for (auto* y : {&y16, &y32, &y32n}) poison(gpu(), y->view);
+    gpu().linear(gx.view, gw.view, gb16.view, y16.view);
+    gpu().linear(gx.view, gw.view, gb32.view, y32.view);
+    gpu().linear(gx.view, gw.view, Tensor(), y32n.view);
+    const auto got16 = download(gpu(), y16.view), got32 = download(gpu(), y32.view);
+    // fp16 output: half an ulp (2^-11 relative) plus the summation order.
+    expectClose(got16, ref, 1e-4 * mx, 1e-3, "fp16 out, fp16 bias");
+    // f32 output: the summation order only (K terms of exact products, f32 sums).
+    expectClose(got32, ref, 5e-5 * mx, 1e-5, "f32 out, f32 bias");
+    expectClose(download(gpu(), y32n.view), ref_nb, 5e-5 * mx, 1e-5, "f32 out, no bias");
+    double e16 = 0, e32 = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      e16 = std::max(e16, std::fabs(static_cast<double>(got16[i]) - ref[i]));
+      e32 = std::max(e32, std::fabs(static_cast<double>(got32[i]) - ref[i]));
+    }
+    std::cout << "[ f16 linear ] " << shape({s.m, s.n, s.k}) << ": max |err| fp16 out " << e16
+              << ", f32 out " << e32 << " (max |y| " << mx << ")\n";
+    EXPECT_LT(e32, e16) << "the f32 output must be closer than the rounded one";
+  }
+}
+
 // Two bf16 results of the same GEMM row computed with different f32 summation orders (another
 // algorithm, split-K): each value within 2 bf16 ulps (2 * 2^-7 relative) of the other, plus a
 // small absolute floor for values near zero where cancellation makes relative bounds meaningless.

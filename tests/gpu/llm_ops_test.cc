@@ -179,15 +179,19 @@ TEST_F(GpuLlmOps, RopeKvWriteMatchesCpu) {
   yarn.beta_slow = 1;
   yarn.original_max_position_embeddings = 4096;
   yarn.truncate = false;
-  struct Case { int64_t t; int32_t hq, hkv; int64_t rot = 64; bool f16 = false; };
+  struct Case { int64_t t; int32_t hq, hkv; int64_t rot = 64; bool f16 = false; bool f32_in = false; };
   // rotary_dim 64 (gpt-oss) and 48 take the 16-byte kernel [TAG_ROPE_KV_VEC] (48: two pass-through
   // chunks per head), 36 the warp-per-head one (18 pairs: not a multiple of 8). f16: qkv and the
-  // caches in IEEE fp16 [TAG_ATTN_F16], both kernels.
+  // caches in IEEE fp16 [TAG_ATTN_F16], both kernels. f32_in: the unrotated q/k/v read from an
+  // f32 tensor (ropeKvWriteF32In [TAG_PROJ_F32]) of values no 16-bit type holds exactly.
   for (Case c : {Case{1, 64, 8}, Case{7, 64, 8}, Case{133, 64, 8}, Case{1000, 4, 2}, Case{33, 8, 8},
                  Case{133, 64, 8, 48}, Case{33, 8, 8, 36}, Case{1000, 4, 2, 36},
-                 Case{133, 64, 8, 64, true}, Case{1000, 4, 2, 36, true}, Case{1, 64, 8, 64, true}}) {
+                 Case{133, 64, 8, 64, true}, Case{1000, 4, 2, 36, true}, Case{1, 64, 8, 64, true},
+                 Case{133, 64, 8, 64, true, true}, Case{1, 64, 8, 64, true, true},
+                 Case{33, 8, 8, 48, true, true}, Case{1000, 4, 2, 36, true, true},
+                 Case{7, 64, 8, 64, false, true}}) {
     SCOPED_TRACE("T=" + std::to_string(c.t) + " Hq=" + std::to_string(c.hq) + " rotary=" +
-                 std::to_string(c.rot) + (c.f16 ? " f16" : ""));
+                 std::to_string(c.rot) + (c.f16 ? " f16" : "") + (c.f32_in ? " f32 in" : ""));
     const DType gdt = c.f16 ? DType::kF16 : gpu().activationDType();
     auto freqs = computeRopeFrequencies(c.rot, 150000, yarn, 131072);
     ASSERT_TRUE(freqs.isOk()) << freqs.status().toString();
@@ -200,6 +204,10 @@ TEST_F(GpuLlmOps, RopeKvWriteMatchesCpu) {
     const int64_t width = (c.hq + 2 * c.hkv) * d;
     const int32_t num_blocks = static_cast<int32_t>((c.t + 15) / 16 + 7), bs = 16;
     auto qkv = randomBf16(static_cast<size_t>(c.t * width), rng_, -2.f, 2.f);
+    if (c.f32_in) {
+      std::uniform_real_distribution<float> u(-2.f, 2.f);
+      for (float& v : qkv) v = u(rng_);
+    }
     std::vector<int32_t> pos(static_cast<size_t>(c.t)), slots(static_cast<size_t>(num_blocks * bs));
     std::uniform_int_distribution<int32_t> pd(0, static_cast<int32_t>(max_pos - 1));
     for (auto& p : pos) p = pd(rng_);
@@ -220,6 +228,8 @@ TEST_F(GpuLlmOps, RopeKvWriteMatchesCpu) {
     }
     auto cq = upload(cpu(), DType::kF32, {c.t, width}, qkv);
     auto gq = upload(gpu(), gdt, {c.t, width}, qkv);
+    auto gq32 = upload(gpu(), DType::kF32, {c.t, width}, qkv);
+    if (c.f32_in) poison(gpu(), gq.view);  // every head must be written, v heads included
     auto cp = uploadI32(cpu(), {c.t}, pos);
     auto gp = uploadI32(gpu(), {c.t}, pos);
     auto cs = uploadI32(cpu(), {c.t}, slots);
@@ -227,16 +237,26 @@ TEST_F(GpuLlmOps, RopeKvWriteMatchesCpu) {
     const RopeKvParams rp{c.hq, c.hkv, static_cast<int32_t>(d), static_cast<int32_t>(c.rot)};
     cops_->ropeKvWrite(cq.view, cp.view, ccos.view, csin.view, cs.view, (*ckv)->keys(0),
                        (*ckv)->values(0), rp);
-    gops_->ropeKvWrite(gq.view, gp.view, gcos.view, gsin.view, gs.view, (*gkv)->keys(0),
-                       (*gkv)->values(0), rp);
+    if (c.f32_in) {
+      gops_->ropeKvWriteF32In(gq32.view, gq.view, gp.view, gcos.view, gsin.view, gs.view,
+                              (*gkv)->keys(0), (*gkv)->values(0), rp);
+    } else {
+      gops_->ropeKvWrite(gq.view, gp.view, gcos.view, gsin.view, gs.view, (*gkv)->keys(0),
+                         (*gkv)->values(0), rp);
+    }
     // bf16 output of an f32 rotation of values up to ~2.7: half an ulp of bf16 at 4 is 2^-7; of
-    // fp16 2^-10 (the bf16 bound would pass a bf16 rounding: this one does not).
-    const double atol = c.f16 ? 2.2e-3 : 1.6e-2, rtol = c.f16 ? 5e-4 : 4e-3;
+    // fp16 2^-10 (the bf16 bound would pass a bf16 rounding: this one does not). f32 in: one
+    // rounding of the f32 rotation, so within half an ulp (2^-10 = 9.8e-4 for |y| < 4, the f32
+    // arithmetic's error far below it); input rounded first would add up to ~7e-4 more.
+    double atol = c.f16 ? 2.2e-3 : 1.6e-2, rtol = c.f16 ? 5e-4 : 4e-3;
+    if (c.f32_in) atol = c.f16 ? 1e-3 : 7.9e-3, rtol = 0;
     expectClose(download(gpu(), gq.view), download(cpu(), cq.view), atol, rtol, "qkv rotated");
     expectClose(download(gpu(), (*gkv)->keys(0)), download(cpu(), (*ckv)->keys(0)), atol, rtol,
                 "k cache");
-    expectClose(download(gpu(), (*gkv)->values(0)), download(cpu(), (*ckv)->values(0)), 0, 0,
-                "v cache (copied exactly)");
+    // v: copied exactly from a 16-bit qkv; from f32 rounded once (half an ulp: 2^-11 below 2).
+    const double vtol = c.f32_in ? (c.f16 ? 4.9e-4 : 3.9e-3) : 0;
+    expectClose(download(gpu(), (*gkv)->values(0)), download(cpu(), (*ckv)->values(0)), vtol, 0,
+                "v cache");
   }
 }
 

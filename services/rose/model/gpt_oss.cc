@@ -301,6 +301,14 @@ const char* moeWeightsName(MoeWeightsMode mode) {
   return "?";
 }
 
+bool applyGptOssDtype(std::string_view dtype, GptOssOptions& o) {
+  if (dtype == "bfloat16") return true;
+  if (dtype != "float16") return false;
+  o.attn_f16 = o.moe_f16 = o.head_f16 = true;
+  o.moe_out_f32 = o.proj_f32 = true;  // the roundings TF32 does not make [TAG_PROJ_F32]
+  return true;
+}
+
 Result<GptOssConfig> loadGptOssConfig(const std::string& dir) {
   const std::string path = dir + "/config.json";
   std::ifstream in(path, std::ios::binary);
@@ -366,6 +374,9 @@ Result<std::unique_ptr<GptOssModel>> GptOssModel::load(const std::string& dir, B
   if (opts.moe_out_f32 && !opts.f32_residual) {
     return invalidArgument("moe_out_f32: needs the f32 residual stream");
   }
+  if (opts.proj_f32 && !opts.attn_f16) {  // [TAG_PROJ_F32]
+    return invalidArgument("proj_f32: needs the fp16 attention block (--dtype float16)");
+  }
   auto dtypes = [&](bool f16) {  // (activations, weights) of a part
     return std::pair{f16 ? DType::kF16 : b.activationDType(), f16 ? DType::kF16 : wt};
   };
@@ -395,9 +406,11 @@ Result<std::unique_ptr<GptOssModel>> GptOssModel::load(const std::string& dir, B
     ASSIGN_OR_RETURN(auto* qb, requireHfTensor(*ck, p + "self_attn.q_proj.bias", {hq * d}));
     ASSIGN_OR_RETURN(auto* kb, requireHfTensor(*ck, p + "self_attn.k_proj.bias", {hkv * d}));
     ASSIGN_OR_RETURN(auto* vb, requireHfTensor(*ck, p + "self_attn.v_proj.bias", {hkv * d}));
-    ASSIGN_OR_RETURN(L.qkv_bias, uploadStacked(b, awt, {qb, kb, vb}));
+    // [TAG_PROJ_F32] f32 projections take f32 biases (cuBLASLt: the bias has D's type).
+    const DType pbt = opts.proj_f32 ? DType::kF32 : awt;
+    ASSIGN_OR_RETURN(L.qkv_bias, uploadStacked(b, pbt, {qb, kb, vb}));
     ASSIGN_OR_RETURN(L.o, uploadOne(b, *ck, p + "self_attn.o_proj.weight", {h, hq * d}, awt));
-    ASSIGN_OR_RETURN(L.o_bias, uploadOne(b, *ck, p + "self_attn.o_proj.bias", {h}, awt));
+    ASSIGN_OR_RETURN(L.o_bias, uploadOne(b, *ck, p + "self_attn.o_proj.bias", {h}, pbt));
     ASSIGN_OR_RETURN(L.sinks, uploadOne(b, *ck, p + "self_attn.sinks", {hq}, DType::kF32));
     ASSIGN_OR_RETURN(L.router, uploadOne(b, *ck, p + "mlp.router.weight", {ne, h}, wt));
     ASSIGN_OR_RETURN(L.router_bias, uploadOne(b, *ck, p + "mlp.router.bias", {ne}, wt));
@@ -524,6 +537,10 @@ Result<std::unique_ptr<GptOssModel>> GptOssModel::load(const std::string& dir, B
   }
   if (opts.head_f16) {
     ASSIGN_OR_RETURN(m->xf_, b.allocateTensor(hdt, {t, h}));
+  }
+  if (opts.proj_f32) {
+    ASSIGN_OR_RETURN(m->proj32_,
+                     b.allocateTensor(DType::kF32, {t, std::max((hq + 2 * hkv) * d, h)}));
   }
   ASSIGN_OR_RETURN(m->moe_out_, b.allocateTensor(opts.moe_out_f32 ? DType::kF32 : mdt, {t, h}));
   ASSIGN_OR_RETURN(m->qkv_buf_, b.allocateTensor(adt, {t, (hq + 2 * hkv) * d}));
@@ -850,7 +867,8 @@ Result<int64_t> GptOssModel::prewarmGemms() {
   if (layers_.empty()) return int64_t{0};
   // Every layer's projections have layer 0's shapes; the tuning is per shape, not per weight.
   const Layer& L = layers_[0];
-  const DType act = attn_dtype_;  // the QKV / O-proj activations [TAG_ATTN_F16]
+  // The QKV / O-proj outputs [TAG_ATTN_F16] (f32 with proj_f32 [TAG_PROJ_F32]).
+  const DType act = opts_.proj_f32 ? DType::kF32 : attn_dtype_;
   int64_t runs = 0;
   ASSIGN_OR_RETURN(int64_t r,
                    backend_.prewarmLinear(L.qkv.view, L.qkv_bias.view, act, opts_.max_batch_tokens));
@@ -1128,6 +1146,11 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
     const Tensor xf = opts_.head_f16 ? xf_.view.rowSlice(0, t) : x;  // lm_head's input
     const Tensor moe = moe_out_.view.rowSlice(0, t);
     const Tensor qkv = qkv_buf_.view.rowSlice(0, t);
+    // [TAG_PROJ_F32] QKV's f32 output, then O-proj's, in one buffer (each read before the next).
+    const Tensor qkv32 = opts_.proj_f32 ? Tensor(proj32_.view.data, DType::kF32, {t, qkv.cols()})
+                                        : Tensor();
+    const Tensor o32 = opts_.proj_f32 ? Tensor(proj32_.view.data, DType::kF32, {t, x.cols()})
+                                      : Tensor();
     const Tensor attn = attn_.view.rowSlice(0, t);
     const Tensor rl = router_logits_.view.rowSlice(0, t);
     const Tensor tk_ids = topk_ids_.view.rowSlice(0, t);
@@ -1148,17 +1171,25 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
       } else {
         combineNorm(moe, res, L.input_norm.view, xa, norm);  // res += moe out; xa = norm(res)
       }
-      b.linear(xa, L.qkv.view, L.qkv_bias.view, qkv);
       const int32_t li = static_cast<int32_t>(l);
       const bool in_window_pool = kv.shape().windowLayer(li);  // [TAG_KV_WINDOW_GROUP]
-      ops_.ropeKvWrite(qkv, pos, rope_cos_.view, rope_sin_.view, in_window_pool ? slots_w : slots,
-                       kv.keys(li), kv.values(li), rope);
+      if (opts_.proj_f32) {  // [TAG_PROJ_F32] q/k/v rounded once, after RoPE
+        b.linear(xa, L.qkv.view, L.qkv_bias.view, qkv32);
+        ops_.ropeKvWriteF32In(qkv32, qkv, pos, rope_cos_.view, rope_sin_.view,
+                              in_window_pool ? slots_w : slots, kv.keys(li), kv.values(li), rope);
+      } else {
+        b.linear(xa, L.qkv.view, L.qkv_bias.view, qkv);
+        ops_.ropeKvWrite(qkv, pos, rope_cos_.view, rope_sin_.view, in_window_pool ? slots_w : slots,
+                         kv.keys(li), kv.values(li), rope);
+      }
       PagedAttentionParams lp = ap;
       lp.sliding_window = config_.sliding[l] ? static_cast<int32_t>(c.sliding_window) : 0;
       ops_.pagedAttention(qkv, kv.keys(li), kv.values(li), cu, pos,
                           in_window_pool ? tables_w : tables, L.sinks.view, attn, lp);
-      b.linear(attn, L.o.view, L.o_bias.view, xa);
-      b.rmsNorm(xa, res, L.post_norm.view, xm, norm);  // res += attn out; xm = norm(res)
+      // res += attn out; xm = norm(res). The O-proj output in f32 with proj_f32.
+      const Tensor ao = opts_.proj_f32 ? o32 : xa;
+      b.linear(attn, L.o.view, L.o_bias.view, ao);
+      b.rmsNorm(ao, res, L.post_norm.view, xm, norm);
       if (route_f32_) {  // [TAG_ROUTER_F32]: from the f32 stream, the norm folded in
         ops_.moeRouteF32(res, L.router_f32t.view, L.router_bias.view, tk_ids, tk_w,
                          MoeRouteParams{mp.top_k, norm.eps});

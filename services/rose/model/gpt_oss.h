@@ -131,7 +131,16 @@ struct GptOssOptions {
   // instead of rounded to the activation type (A/B: rose_llm_bench --moe-out f32). Needs the f32
   // stream.
   bool moe_out_f32 = false;
+  // [TAG_PROJ_F32] The QKV and O-proj GEMMs write f32 (their biases in f32): q/k/v are rounded
+  // once, after RoPE, into fp16 q and the cache (not also at the GEMM's output), and the O-proj
+  // output joins the f32 stream unrounded — the roundings a TF32 run does not make. Needs
+  // attn_f16 (the f16-in / f32-out GEMM; A/B: rose_llm_bench --proj-out f16).
+  bool proj_f32 = false;
 };
+
+// `rose --dtype` [TAG_ATTN_F16]: "bfloat16" leaves `o` as it is; "float16" sets attn_f16,
+// moe_f16, head_f16, moe_out_f32 and proj_f32. false for any other name.
+bool applyGptOssDtype(std::string_view dtype, GptOssOptions& o);
 
 // The step checks of GptOssModel::validate that do not depend on the cache's head layout (token
 // ids, positions, block tables inside [0, num_blocks), KV slots, sampling, budgets), shared with
@@ -257,11 +266,12 @@ class GptOssModel {
   // slots_w_ / block_tables_w_: the sliding layers' slot mapping and tables through the window
   // tables [TAG_KV_WINDOW_GROUP] (allocated when a layer slides).
   OwnedTensor ids_, positions_, slots_, slots_w_, cu_q_, block_tables_, block_tables_w_, rows_,
-      residual_, x_, xa_, xm_, xf_, moe_out_,
+      residual_, x_, xa_, xm_, xf_, proj32_, moe_out_,
       qkv_buf_, attn_, router_logits_, topk_ids_, topk_w_, gathered_, logits_, sampled_, prev_pairs_,
       sampled_lp_;
   // xa_: the attention block's input and O-proj output in fp16 when opts_.attn_f16 (else x_ serves)
-  // [TAG_ATTN_F16]; attn_dtype_: the attention block's activation type.
+  // [TAG_ATTN_F16]; attn_dtype_: the attention block's activation type. proj32_: the f32 output
+  // of QKV, then of O-proj, when opts_.proj_f32 [TAG_PROJ_F32] ([T, max(qkv width, H)]).
   DType attn_dtype_ = DType::kF32;
   int64_t table_capacity_ = 0;  // elements of block_tables_
   // Host staging (valid until the next enqueueStep()).

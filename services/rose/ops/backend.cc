@@ -125,6 +125,13 @@ void LlmOps::combineRmsNorm(const Tensor&, const Tensor&, const Tensor&, const R
   std::abort();
 }
 
+void LlmOps::ropeKvWriteF32In(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                              const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                              const RopeKvParams&) {
+  std::fputs("LlmOps::ropeKvWriteF32In: not supported by this backend's ops\n", stderr);
+  std::abort();
+}
+
 Result<std::unique_ptr<LlmOps>> makeLlmOps(Backend& backend, int32_t threads) {
   if (backend.name() == "cpu") return cpu::createLlmOps(backend, threads);
 #if defined(GARDEN_HAVE_CUDA) && GARDEN_HAVE_CUDA

@@ -420,7 +420,9 @@ class Backend {
                        const Tensor& out, const RmsNormParams& p) = 0;
 
   // y[T, N] = x[T, K] · w[N, K]^T (+ bias[N] when non-empty). w weight dtype, x/y activation;
-  // y may also be F32 when bias is empty (logits: the gpt-oss router and lm_head).
+  // y may also be F32 when bias is empty (logits: the gpt-oss router and lm_head), and on the
+  // CUDA backend with F16 x and w an F32 y may take an F32 bias (gpt-oss's projections kept in
+  // f32 [TAG_PROJ_F32]).
   virtual void linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) = 0;
   // Load time: makes linear() of this weight (and bias; y of `y_dtype`) ready for every row
   // count up to max_rows, so that no step later stalls on one-time work (the cuda backend times

@@ -191,6 +191,14 @@ class LlmOps {
   virtual void ropeKvWrite(const Tensor& qkv, const Tensor& positions, const Tensor& cos,
                            const Tensor& sin, const Tensor& slot_mapping, const Tensor& k_cache,
                            const Tensor& v_cache, const RopeKvParams& p) = 0;
+  // [TAG_PROJ_F32] The same with the unrotated q/k/v read from qkv_in (F32, qkv's shape: the QKV
+  // projection kept in f32): every head of row t is written to qkv (16-bit) rounded once, q and
+  // k rotated, and k, v go into the caches. The default fails (only the CUDA ops are asked: the
+  // model takes the f32 projections with fp16 attention only).
+  virtual void ropeKvWriteF32In(const Tensor& qkv_in, const Tensor& qkv, const Tensor& positions,
+                                const Tensor& cos, const Tensor& sin, const Tensor& slot_mapping,
+                                const Tensor& k_cache, const Tensor& v_cache,
+                                const RopeKvParams& p);
 
   // Host planning for the step's attention (see AttentionPlanInput); no-op by default.
   virtual void planAttention(const AttentionPlanInput& in) {}

@@ -286,17 +286,19 @@ void CudaBackend::rmsNorm(const Tensor& x, const Tensor& residual, const Tensor&
 }
 
 void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) {
-  // bf16, or every 16-bit operand fp16 [TAG_ATTN_F16]; y may be F32 (logits, no bias).
+  // bf16, or every 16-bit operand fp16 [TAG_ATTN_F16]; y may be F32: logits (no bias), or with
+  // fp16 operands an F32 bias too (gpt-oss's projections kept in f32 [TAG_PROJ_F32]).
   const bool f16 = is(w, DType::kF16);
   const DType t16 = f16 ? DType::kF16 : DType::kBF16;
   require(is(x, t16) && is(w, t16) && (is(y, t16) || is(y, DType::kF32)), "linear",
           "x and w must be BF16 (or both F16), y their dtype or F32");
   require(x.cols() == w.cols() && y.rows() == x.rows() && y.cols() == w.rows(), "linear",
           "shape mismatch");
-  if (y.dtype == DType::kF32) {  // logits: f32 out, no bias
-    require(bias.empty(), "linear", "an F32 output takes no bias");
-    checkOk(f16 ? gemm_->runF16F32(x.data, w.data, y.as<float>(), x.rows(), w.rows(), w.cols(),
-                                   stream_)
+  if (y.dtype == DType::kF32) {
+    require(bias.empty() || (f16 && bias.dtype == DType::kF32 && bias.numel() == w.rows()),
+            "linear", "an F32 output takes no bias, or with F16 operands an F32 bias [N]");
+    checkOk(f16 ? gemm_->runF16F32(x.data, w.data, bias.empty() ? nullptr : bias.as<float>(),
+                                   y.as<float>(), x.rows(), w.rows(), w.cols(), stream_)
                 : gemm_->runF32(x.as<bf16>(), w.as<bf16>(), y.as<float>(), x.rows(), w.rows(),
                                 w.cols(), stream_),
             "linear");
@@ -337,7 +339,8 @@ Result<int64_t> CudaBackend::prewarmLinear(const Tensor& w, const Tensor& bias, 
   const Tensor x(xb.data(), f16 ? DType::kF16 : DType::kBF16, {max_rows, k});
   copyToDevice(x, host.data(), host.size() * sizeof(uint16_t));
   const Tensor y(yb.data(), y_dtype, {max_rows, n});
-  const Tensor b = y_dtype == DType::kF32 ? Tensor() : bias;
+  // An F32 output keeps a bias only if it is F32 too (the projections kept in f32).
+  const Tensor b = y_dtype == DType::kF32 && bias.dtype != DType::kF32 ? Tensor() : bias;
   int64_t runs = 0;
   for (int64_t m = 1; m <= max_rows;) {
     const int64_t bucket = gemm_->bucketOf(m);

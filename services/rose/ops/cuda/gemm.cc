@@ -95,7 +95,8 @@ Status GemmRunner::makeLayouts(Plan& p, int64_t m, int64_t n, int64_t k, bool bi
     const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
     LT_RETURN_IF_ERROR(
         cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
-    const cudaDataType_t bt = t16;
+    // The bias has D's type (cuBLASLt's rule outside FP8): 16-bit, or f32 with an f32 output.
+    const cudaDataType_t bt = f32_out ? CUDA_R_32F : t16;
     LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
                                                       &bt, sizeof(bt)));
   }
@@ -496,10 +497,10 @@ Status GemmRunner::runF16(const void* x, const void* w, const void* bias, void* 
                      m, n, k);
 }
 
-Status GemmRunner::runF16F32(const void* x, const void* w, float* y, int64_t m, int64_t n,
-                             int64_t k, cudaStream_t stream) {
+Status GemmRunner::runF16F32(const void* x, const void* w, const float* bias, float* y, int64_t m,
+                             int64_t n, int64_t k, cudaStream_t stream) {
   return runCublasLt({static_cast<const __nv_bfloat16*>(x), static_cast<const __nv_bfloat16*>(w),
-                      nullptr, y, true, stream, true},
+                      reinterpret_cast<const __nv_bfloat16*>(bias), y, true, stream, true},
                      m, n, k);
 }
 

@@ -86,9 +86,10 @@ class GemmRunner {
   // separately (cuBLASLt candidates only). Same alignment rules.
   Status runF16(const void* x, const void* w, const void* bias, void* y, int64_t m, int64_t n,
                 int64_t k, cudaStream_t stream);
-  // fp16 x and w, float32 y, no bias (gpt-oss's lm_head with --dtype float16).
-  Status runF16F32(const void* x, const void* w, float* y, int64_t m, int64_t n, int64_t k,
-                   cudaStream_t stream);
+  // fp16 x and w, float32 y and bias (may be null): gpt-oss's lm_head with --dtype float16 (no
+  // bias), its QKV and O-proj with their outputs kept in f32 [TAG_PROJ_F32].
+  Status runF16F32(const void* x, const void* w, const float* bias, float* y, int64_t m, int64_t n,
+                   int64_t k, cudaStream_t stream);
 
   // The M bucket sharing one algorithm: 64-row steps up to 1024, 256 up to 4096, 1024 above.
   // algoBucket(graphTokensBucket(m)) == algoBucket(m) for every m.
@@ -136,7 +137,7 @@ class GemmRunner {
   struct Operands {
     const __nv_bfloat16 *x, *w, *bias;
     void* y;       // bf16, or float when f32_out
-    bool f32_out;  // y is float32 (no bias, cuBLASLt only)
+    bool f32_out;  // y (and bias, if any) float32 (cuBLASLt only)
     cudaStream_t stream;
     bool f16 = false;  // x, w, bias, y hold fp16 bits (cuBLASLt only) [TAG_ATTN_F16]
   };

@@ -271,6 +271,22 @@ class CudaLlmOps final : public LlmOps {
   void ropeKvWrite(const Tensor& qkv, const Tensor& positions, const Tensor& cos,
                    const Tensor& sin, const Tensor& slot_mapping, const Tensor& k_cache,
                    const Tensor& v_cache, const RopeKvParams& p) override {
+    ropeKv(nullptr, qkv, positions, cos, sin, slot_mapping, k_cache, v_cache, p);
+  }
+
+  void ropeKvWriteF32In(const Tensor& qkv_in, const Tensor& qkv, const Tensor& positions,
+                        const Tensor& cos, const Tensor& sin, const Tensor& slot_mapping,
+                        const Tensor& k_cache, const Tensor& v_cache,
+                        const RopeKvParams& p) override {
+    require(is(qkv_in, DType::kF32) && qkv_in.ndim == 2 && qkv_in.rows() == qkv.rows() &&
+                qkv_in.cols() == qkv.cols(),
+            "ropeKvWriteF32In", "qkv_in must be F32 of qkv's shape");
+    ropeKv(&qkv_in, qkv, positions, cos, sin, slot_mapping, k_cache, v_cache, p);
+  }
+
+  void ropeKv(const Tensor* qkv_in, const Tensor& qkv, const Tensor& positions, const Tensor& cos,
+              const Tensor& sin, const Tensor& slot_mapping, const Tensor& k_cache,
+              const Tensor& v_cache, const RopeKvParams& p) {
     // [TAG_ATTN_F16] qkv and caches all BF16 or all F16.
     const bool f16 = is(qkv, DType::kF16);
     const DType t16 = f16 ? DType::kF16 : DType::kBF16;
@@ -285,6 +301,7 @@ class CudaLlmOps final : public LlmOps {
     RopeKvArgs a;
     a.f16 = f16;
     a.qkv = static_cast<bf16*>(qkv.data);
+    a.qkv_in = qkv_in == nullptr ? nullptr : qkv_in->as<float>();
     a.slots = slot_mapping.as<int32_t>();
     a.k_cache = static_cast<bf16*>(k_cache.data);
     a.v_cache = static_cast<bf16*>(v_cache.data);

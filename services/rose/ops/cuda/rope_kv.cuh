@@ -37,6 +37,10 @@ struct RopeKvArgs {
   // [TAG_ATTN_F16] qkv and the caches hold IEEE fp16 (__half) bits instead of bf16: the same
   // f32 arithmetic, rounded to fp16.
   bool f16 = false;
+  // [TAG_PROJ_F32] When set: the unrotated q/k/v come from this f32 tensor of qkv's shape (the
+  // QKV projection's f32 output), and every head is written to qkv as well as k/v to the caches,
+  // rounded once (qkv's own contents are not read). 16-byte aligned for the vector kernel.
+  const float* qkv_in = nullptr;
 };
 
 // The shape rules launchRopeKv enforces (INVALID_ARGUMENT naming the field otherwise).

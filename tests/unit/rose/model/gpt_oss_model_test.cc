@@ -550,9 +550,28 @@ TEST(GptOssLoad, Fp16IsRefusedOnTheCpuBackend) {
   EXPECT_EQ(head.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(head.message().find("--dtype float16 (lm_head)"), std::string::npos) << head.toString();
   o.head_f16 = false;
+  // [TAG_PROJ_F32] The f32 projections only come with the fp16 attention block.
+  o.proj_f32 = true;
+  const Status proj = GptOssModel::load(fixtureDir("mxfp4").string(), *backend, *ops, o).status();
+  EXPECT_EQ(proj.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(proj.message().find("proj_f32: needs the fp16 attention block"), std::string::npos)
+      << proj.toString();
+  o.proj_f32 = false;
   auto m = GptOssModel::load(fixtureDir("mxfp4").string(), *backend, *ops, o);
   ASSERT_TRUE(m.isOk()) << m.status().toString();
   EXPECT_EQ((*m)->kvDType(), DType::kF32);
+}
+
+// rose --dtype: the names and what float16 sets [TAG_ATTN_F16] [TAG_PROJ_F32].
+TEST(GptOssLoad, DtypeNamesSetTheirOptions) {
+  GptOssOptions o;
+  EXPECT_TRUE(applyGptOssDtype("bfloat16", o));
+  EXPECT_FALSE(o.attn_f16 || o.moe_f16 || o.head_f16 || o.moe_out_f32 || o.proj_f32);
+  EXPECT_FALSE(applyGptOssDtype("float32", o));
+  EXPECT_FALSE(applyGptOssDtype("", o));
+  EXPECT_FALSE(o.attn_f16);
+  EXPECT_TRUE(applyGptOssDtype("float16", o));
+  EXPECT_TRUE(o.attn_f16 && o.moe_f16 && o.head_f16 && o.moe_out_f32 && o.proj_f32);
 }
 
 }  // namespace
