@@ -8,13 +8,25 @@
 //                answers at once with one 1024-float row: both ends of the hop, minus the model,
 //                over TCP loopback (how ivy reaches tulip); grpc_hop_unix the same over a
 //                Unix-domain socket (--unix PATH)
+//   ivy_e2e      (--ivy PATH) the real ivy binary in front of the instant tulip: one HTTP/1.1
+//                keep-alive connection posting the 512-token /v1/embeddings request; wall time per
+//                request, and CPU per request of the ivy process (/proc utime + stime over all
+//                requests) and of this process (client + the instant tulip)
 // For each: p50/p99 of per-call thread CPU time (the pieces on one thread) or of wall time and
 // process CPU time per call (the gRPC hop runs on gRPC's threads: client, server, completion),
 // after warm-up. CPU time is what the host pays and is robust to a shared machine; wall time is
 // what a caller waits and is not. Output: one JSON object per line on stdout.
 //
 // usage: ivy_hop_bench --tokenizer tokenizer.json [--iters N] [--grpc-iters N] [--unix PATH]
+//                      [--ivy build/services/ivy/ivy] [--e2e-iters N] [--ivy-arg ARG]...
+#include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -24,7 +36,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <fstream>
 #include <mutex>
+#include <sstream>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -106,9 +121,34 @@ std::string makeText(const TextEncoder& enc, size_t target) {
   }
 }
 
-// garden.v1.Tulip that answers Embed at once with `dim` floats per input.
+// garden.v1.Tulip that answers Embed at once with `dim` floats per input (and ModelInfo / Load,
+// which ivy's replica pool asks before it sends a replica work).
 class InstantTulip final : public garden::v1::Tulip::CallbackService {
  public:
+  uint32_t vocab = 151669, max_seq_len = 32768;
+  grpc::ServerUnaryReactor* ModelInfo(grpc::CallbackServerContext* ctx,
+                                      const garden::v1::ModelInfoRequest*,
+                                      garden::v1::ModelInfoResponse* resp) override {
+    resp->set_model("qwen3-embedding");
+    resp->set_kind("embedding");
+    resp->set_hidden_size(dim_);
+    resp->set_max_seq_len(max_seq_len);
+    resp->set_vocab_size(vocab);
+    auto* r = ctx->DefaultReactor();
+    r->Finish(grpc::Status::OK);
+    return r;
+  }
+  grpc::ServerUnaryReactor* Load(grpc::CallbackServerContext* ctx, const garden::v1::LoadRequest*,
+                                 garden::v1::LoadResponse* resp) override {
+    resp->set_worker_ready(true);
+    resp->set_model("qwen3-embedding");
+    resp->set_max_seq_len(max_seq_len);
+    resp->set_hidden_size(dim_);
+    resp->set_queue_limit_tokens(1u << 30);
+    auto* r = ctx->DefaultReactor();
+    r->Finish(grpc::Status::OK);
+    return r;
+  }
   explicit InstantTulip(uint32_t dim) : row_(dim * sizeof(float), '\0') {
     std::vector<float> f(dim);
     for (uint32_t i = 0; i < dim; ++i) f[i] = 0.03125f * float(int(i % 61) - 30) / 7.0f;
@@ -135,12 +175,190 @@ class InstantTulip final : public garden::v1::Tulip::CallbackService {
   uint32_t dim_ = 0;
 };
 
+// utime + stime of process `pid` in µs (/proc/PID/stat; clock-tick resolution).
+double procCpuUs(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(f, line);
+  const size_t rp = line.rfind(')');
+  if (rp == std::string::npos) return 0;
+  std::istringstream in(line.substr(rp + 2));
+  std::string tok;
+  double ut = 0, st = 0;
+  for (int field = 3; in >> tok; ++field) {  // field 3 is the state
+    if (field == 14) ut = std::atof(tok.c_str());
+    if (field == 15) {
+      st = std::atof(tok.c_str());
+      break;
+    }
+  }
+  return (ut + st) * 1e6 / double(sysconf(_SC_CLK_TCK));
+}
+
+int freePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  socklen_t len = sizeof(a);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    close(fd);
+    return 0;
+  }
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+// One HTTP/1.1 keep-alive connection (TCP_NODELAY, as a load generator's client).
+class HttpConn {
+ public:
+  bool connectTo(int port) {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    if (connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) return false;
+    int one = 1;
+    setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    return true;
+  }
+  ~HttpConn() {
+    if (fd_ >= 0) close(fd_);
+  }
+  // Sends `req` whole and reads one response; returns its status code (0: broken) and body.
+  int roundTrip(const std::string& req, std::string* body) {
+    for (size_t off = 0; off < req.size();) {
+      const ssize_t n = send(fd_, req.data() + off, req.size() - off, MSG_NOSIGNAL);
+      if (n <= 0) return 0;
+      off += static_cast<size_t>(n);
+    }
+    size_t hdr_end;
+    while ((hdr_end = buf_.find("\r\n\r\n")) == std::string::npos) {
+      if (!fill()) return 0;
+    }
+    const std::string head = buf_.substr(0, hdr_end);
+    const int code = std::atoi(head.c_str() + 9);  // "HTTP/1.1 200"
+    size_t len = 0;
+    for (const char* key : {"content-length:", "Content-Length:"}) {
+      const size_t p = head.find(key);
+      if (p != std::string::npos) len = std::strtoul(head.c_str() + p + std::strlen(key), nullptr, 10);
+    }
+    while (buf_.size() < hdr_end + 4 + len) {
+      if (!fill()) return 0;
+    }
+    body->assign(buf_, hdr_end + 4, len);
+    buf_.erase(0, hdr_end + 4 + len);
+    return code;
+  }
+
+ private:
+  bool fill() {
+    char tmp[65536];
+    const ssize_t n = recv(fd_, tmp, sizeof(tmp), 0);
+    if (n <= 0) return false;
+    buf_.append(tmp, static_cast<size_t>(n));
+    return true;
+  }
+  int fd_ = -1;
+  std::string buf_;
+};
+
+// ivy_e2e: the real ivy binary in front of the instant tulip; see the header.
+int runE2e(const std::string& ivy_bin, const std::vector<std::string>& ivy_args,
+           const std::string& tokenizer, const std::string& body, int iters, uint32_t vocab) {
+  constexpr uint32_t kDim = 1024;
+  InstantTulip service(kDim);
+  service.vocab = vocab;
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder b;
+  int tport = 0;
+  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &tport);
+  b.RegisterService(&service);
+  auto server = b.BuildAndStart();
+  const int hport = freePort();
+  if (!server || tport == 0 || hport == 0) {
+    std::fprintf(stderr, "ivy_hop_bench: cannot start the instant tulip or find a port\n");
+    return 1;
+  }
+  std::vector<std::string> args = {ivy_bin,
+                                    "--port=" + std::to_string(hport),
+                                    "--tulip=127.0.0.1:" + std::to_string(tport),
+                                    "--tokenizer=" + tokenizer,
+                                    "--log-level=warn"};
+  args.insert(args.end(), ivy_args.begin(), ivy_args.end());
+  const pid_t pid = fork();
+  if (pid == 0) {
+    std::vector<char*> av;
+    for (auto& a : args) av.push_back(a.data());
+    av.push_back(nullptr);
+    execv(av[0], av.data());
+    std::_Exit(127);
+  }
+  auto stop = [&](int rc) {
+    kill(pid, SIGTERM);
+    waitpid(pid, nullptr, 0);
+    server->Shutdown();
+    return rc;
+  };
+  // Ready when /ready answers 200 (ivy has asked the tulip for its model).
+  bool ready = false;
+  for (int i = 0; i < 200 && !ready; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    HttpConn c;
+    std::string out;
+    ready = c.connectTo(hport) &&
+            c.roundTrip("GET /ready HTTP/1.1\r\nHost: x\r\n\r\n", &out) == 200;
+  }
+  if (!ready) {
+    std::fprintf(stderr, "ivy_hop_bench: ivy did not become ready on port %d\n", hport);
+    return stop(1);
+  }
+  const std::string req = "POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                          "application/json\r\nContent-Length: " +
+                          std::to_string(body.size()) + "\r\n\r\n" + body;
+  HttpConn c;
+  if (!c.connectTo(hport)) return stop(1);
+  std::string out;
+  for (int i = 0; i < 200; ++i) {
+    if (c.roundTrip(req, &out) != 200) {
+      std::fprintf(stderr, "ivy_hop_bench: ivy answered: %s\n", out.substr(0, 300).c_str());
+      return stop(1);
+    }
+  }
+  std::vector<double> wall;
+  wall.reserve(static_cast<size_t>(iters));
+  const double ivy0 = procCpuUs(pid);
+  const int64_t self0 = clockNs(CLOCK_PROCESS_CPUTIME_ID);
+  for (int i = 0; i < iters; ++i) {
+    const int64_t w0 = clockNs(CLOCK_MONOTONIC);
+    if (c.roundTrip(req, &out) != 200) return stop(1);
+    wall.push_back(double(clockNs(CLOCK_MONOTONIC) - w0) / 1e3);
+  }
+  const double ivy_cpu = (procCpuUs(pid) - ivy0) / iters;
+  const double self_cpu = double(clockNs(CLOCK_PROCESS_CPUTIME_ID) - self0) / 1e3 / iters;
+  emit("ivy_e2e", "wall", stat(wall), wall.size(), "response_bytes", double(out.size()));
+  std::string line;
+  JsonWriter w(&line);
+  w.beginObject().field("bench", "ivy_hop").field("piece", "ivy_e2e").field("clock", "process_cpu");
+  w.field("n", iters).field("ivy_mean_us", ivy_cpu).field("client_and_tulip_mean_us", self_cpu);
+  w.endObject();
+  std::printf("%s\n", line.c_str());
+  std::fflush(stdout);
+  return stop(0);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string tokenizer;
   int iters = 3000, grpc_iters = 3000;
   std::string unix_socket;  // also time the hop over this Unix-domain socket (gRPC "unix:" target)
+  std::string ivy_bin;      // --ivy: also time the whole request through the real ivy (ivy_e2e)
+  int e2e_iters = 3000;
+  std::vector<std::string> ivy_args;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -158,9 +376,16 @@ int main(int argc, char** argv) {
       grpc_iters = std::atoi(next().c_str());
     } else if (a == "--unix") {
       unix_socket = next();
+    } else if (a == "--ivy") {
+      ivy_bin = next();
+    } else if (a == "--e2e-iters") {
+      e2e_iters = std::atoi(next().c_str());
+    } else if (a == "--ivy-arg") {
+      ivy_args.push_back(next());
     } else {
       std::fprintf(stderr, "usage: ivy_hop_bench --tokenizer tokenizer.json [--iters N] "
-                           "[--grpc-iters N] [--unix /tmp/ivy_hop.sock]\n");
+                           "[--grpc-iters N] [--unix /tmp/ivy_hop.sock] [--ivy PATH] "
+                           "[--e2e-iters N] [--ivy-arg ARG]...\n");
       return 2;
     }
   }
@@ -291,6 +516,10 @@ int main(int argc, char** argv) {
     emit("grpc_hop_" + transport, "process_cpu", stat(cpu), cpu.size());
     client.reset();
     server->Shutdown();
+  }
+  if (!ivy_bin.empty() && e2e_iters > 0) {
+    const int rc = runE2e(ivy_bin, ivy_args, tokenizer, body, e2e_iters, (*enc)->vocabSize());
+    if (rc != 0) return rc;
   }
   std::fprintf(stderr, "(sink %zu)\n", sink);
   return 0;
