@@ -568,6 +568,18 @@ def configurations(which):
     cfgs.append(("cuda + q_rope + attn_probs minus norm_out+moe_in",
                  Opts([x for x in CUDA_SITES + EXTRA_SITES if x not in ("norm_out", "moe_in")])))
     cfgs.append(("all sites (cuda + residual + q_rope + attn_probs)", Opts(SITES + EXTRA_SITES)))
+    # rose's --dtype float16 as the GPU computes it: the 2026-12-05 s14 form (every site fp16, q
+    # rounded again after RoPE, P in fp16), then without the roundings of the f32 projection /
+    # MoE outputs [TAG_PROJ_F32]: q/k/v only after RoPE (q_rope, kv_cache), O-proj and MoE
+    # outputs into the f32 stream unrounded.
+    f16_gpu = split + EXTRA_SITES
+    cfgs.append(("--dtype float16 (s14: 16-bit outputs)", Opts(f16=f16_gpu)))
+    cfgs.append(("--dtype float16 (s14) + moe_out f32",
+                 Opts(f16=[x for x in f16_gpu if x != "moe_out"])))
+    cfgs.append(("--dtype float16 (s14) + qkv/oproj f32",
+                 Opts(f16=[x for x in f16_gpu if x not in ("qkv_out", "oproj_out")])))
+    cfgs.append(("--dtype float16 (s15: qkv/oproj/moe_out f32)",
+                 Opts(f16=[x for x in f16_gpu if x not in ("qkv_out", "oproj_out", "moe_out")])))
     cfgs.append(("tf32", Opts(tf32="rne")))
     cfgs.append(("tf32 (truncating)", Opts(tf32="trunc")))
     if which == "all":
