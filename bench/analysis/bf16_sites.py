@@ -580,6 +580,9 @@ def configurations(which):
                  Opts(f16=[x for x in f16_gpu if x not in ("qkv_out", "oproj_out")])))
     cfgs.append(("--dtype float16 (s15: qkv/oproj/moe_out f32)",
                  Opts(f16=[x for x in f16_gpu if x not in ("qkv_out", "oproj_out", "moe_out")])))
+    cfgs.append(("--dtype float16 (s15) + expert_out f32",
+                 Opts(f16=[x for x in f16_gpu
+                           if x not in ("qkv_out", "oproj_out", "moe_out", "expert_out")])))
     cfgs.append(("tf32", Opts(tf32="rne")))
     cfgs.append(("tf32 (truncating)", Opts(tf32="trunc")))
     if which == "all":

@@ -246,6 +246,22 @@ SeqId LlmStepScheduler::preemptionVictim(const Seq& s) const {
   return running_.back();
 }
 
+int32_t LlmStepScheduler::leastLoadedGroup(const std::vector<uint32_t>& load,
+                                           uint64_t tokens) const {
+  int32_t best = -1;
+  const uint32_t need = kv_->blocksFor(tokens);
+  for (uint32_t g = 0; g < load.size(); ++g) {
+    const uint32_t free = kv_->blocksFreeInGroup(g);
+    if (free < need) continue;
+    if (best < 0 || load[g] < load[static_cast<size_t>(best)] ||
+        (load[g] == load[static_cast<size_t>(best)] &&
+         free > kv_->blocksFreeInGroup(static_cast<uint32_t>(best)))) {
+      best = static_cast<int32_t>(g);
+    }
+  }
+  return best;
+}
+
 void LlmStepScheduler::preempt(Seq& victim) {
   releaseKv(victim.id);
   victim.num_computed = 0;
@@ -371,6 +387,17 @@ StepPlan LlmStepScheduler::schedule(int64_t now_ns) {
     budget -= num_new;
     ++i;
   }
+  // [TAG_DP_ADMIT] With several block groups (rose --dp): the running sequences per group, the
+  // load a new sequence is placed by (each running sequence adds a token to every step of its
+  // group, and the step is as slow as its busiest group).
+  std::vector<uint32_t> group_load;
+  if (kv_->groups() > 1) {
+    group_load.assign(kv_->groups(), 0);
+    for (SeqId id : running_) {
+      const int32_t g = kv_->groupOf(id);
+      if (g >= 0) ++group_load[static_cast<size_t>(g)];
+    }
+  }
   // Waiting sequences, first come first served, unless this step had to preempt. A follower that
   // cannot fork yet keeps its place and is passed over [TAG_LLM_CHOICES].
   size_t w = 0;
@@ -414,12 +441,27 @@ StepPlan LlmStepScheduler::schedule(int64_t now_ns) {
           s.tokens, prefix.size(), static_cast<int32_t>(kv_->groupOfBlock(prefix.back())));
       prefix.resize(wprefix.size());
     }
-    const uint32_t computed =
-        lead ? shared : static_cast<uint32_t>(prefix.size()) * kv_->blockSize();
-    const uint32_t num_new = std::min(static_cast<uint32_t>(s.tokens.size()) - computed, budget);
-    auto table = lead ? kv_->fork(s.id, lead->id, shared / kv_->blockSize(),
-                                  uint64_t{computed} + num_new)
-                      : kv_->allocate(s.id, uint64_t{computed} + num_new, prefix);
+    uint32_t computed = lead ? shared : static_cast<uint32_t>(prefix.size()) * kv_->blockSize();
+    uint32_t num_new = std::min(static_cast<uint32_t>(s.tokens.size()) - computed, budget);
+    std::optional<std::span<const int32_t>> table;
+    bool forgone = false;  // [TAG_DP_ADMIT] the cached prefix given up for another group
+    if (lead) {
+      table = kv_->fork(s.id, lead->id, shared / kv_->blockSize(), uint64_t{computed} + num_new);
+    } else {
+      // [TAG_DP_ADMIT] A new sequence without a cached prefix goes to the least loaded group
+      // with room; one whose prefix lies in a group without room starts over there instead of
+      // waiting while another group has room (its prefix is computed again).
+      auto group = [&] { return prefix.empty() ? leastLoadedGroup(group_load, computed + num_new) : -1; };
+      table = kv_->allocate(s.id, uint64_t{computed} + num_new, prefix, group());
+      if (!table && !group_load.empty() && !prefix.empty()) {
+        prefix.clear();
+        wprefix.clear();
+        computed = 0;
+        num_new = std::min(static_cast<uint32_t>(s.tokens.size()), budget);
+        table = kv_->allocate(s.id, num_new, prefix, group());
+        forgone = table.has_value();
+      }
+    }
     if (!table) break;
     if (kvw_) {  // [TAG_KV_WINDOW_GROUP]
       auto wt = lead ? kvw_->fork(s.id, lead->id, shared / kv_->blockSize(),
@@ -454,6 +496,8 @@ StepPlan LlmStepScheduler::schedule(int64_t now_ns) {
     s.num_computed = computed;
     s.num_scheduled = computed;
     running_.push_back(s.id);
+    if (!group_load.empty()) ++group_load[static_cast<size_t>(kv_->groupOf(s.id))];
+    totals_.dp_prefix_forgone += forgone ? 1 : 0;
     if (!s.admitted_once) {
       s.admitted_once = true;
       s.cached_prompt = computed;

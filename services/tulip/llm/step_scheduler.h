@@ -202,6 +202,9 @@ struct LlmStats {
   uint64_t shared_prompt_tokens = 0;   // prompt tokens a choice took from its leader's blocks
   uint64_t computed_prompt_tokens = 0; // prompt positions of the steps the worker ran
   uint64_t queried_prompt_tokens = 0;  // prompt tokens looked up in the prefix cache
+  // [TAG_DP_ADMIT] sequences started in another block group than their cached prefix's (that
+  // group had no room; the prefix was computed again)
+  uint64_t dp_prefix_forgone = 0;
   uint64_t generated_tokens = 0;
   uint64_t steps = 0;  // steps whose result (or failure) came back
   // Structured outputs [TAG_MASK_POOL]: planned steps with masks, the masks in them, and the
@@ -344,6 +347,11 @@ class LlmStepScheduler {
   // The running sequence to preempt when `s` (running) cannot grow: the latest admitted one in
   // s's KV block group (s itself when it is the latest).
   SeqId preemptionVictim(const Seq& s) const;
+  // [TAG_DP_ADMIT] With several block groups: the group with the fewest running sequences
+  // (`load`, per group) among those with free blocks for `tokens` tokens (ties: the most free
+  // blocks, then the lowest index); -1 with one group (`load` empty) or when none has room
+  // (allocate() then takes the group with the most free blocks, and fails).
+  int32_t leastLoadedGroup(const std::vector<uint32_t>& load, uint64_t tokens) const;
   // Drops `id`'s blocks in every pool (the full one and the window one [TAG_KV_WINDOW_GROUP]).
   void releaseKv(SeqId id);
   // [TAG_KV_WINDOW_GROUP] Whether `id`'s window table still holds the blocks a query at

@@ -284,45 +284,6 @@ class CudaLlmOps final : public LlmOps {
     ropeKv(&qkv_in, qkv, positions, cos, sin, slot_mapping, k_cache, v_cache, p);
   }
 
-  void ropeKv(const Tensor* qkv_in, const Tensor& qkv, const Tensor& positions, const Tensor& cos,
-              const Tensor& sin, const Tensor& slot_mapping, const Tensor& k_cache,
-              const Tensor& v_cache, const RopeKvParams& p) {
-    // [TAG_ATTN_F16] qkv and caches all BF16 or all F16.
-    const bool f16 = is(qkv, DType::kF16);
-    const DType t16 = f16 ? DType::kF16 : DType::kBF16;
-    require(is(qkv, t16) && is(k_cache, t16) && is(v_cache, t16) && is(slot_mapping, DType::kI32),
-            "ropeKvWrite", "qkv and caches must be BF16 (or all F16), slots I32");
-    const int64_t width = static_cast<int64_t>(p.num_q_heads + 2 * p.num_kv_heads) * p.head_dim;
-    require(qkv.cols() == width && slot_mapping.numel() == qkv.rows(), "ropeKvWrite",
-            "qkv columns / slot count mismatch");
-    require(k_cache.ndim == 4 && k_cache.dim(2) == p.num_kv_heads && k_cache.dim(3) == p.head_dim &&
-                v_cache.numel() == k_cache.numel(),
-            "ropeKvWrite", "cache shape mismatch");
-    RopeKvArgs a;
-    a.f16 = f16;
-    a.qkv = static_cast<bf16*>(qkv.data);
-    a.qkv_in = qkv_in == nullptr ? nullptr : qkv_in->as<float>();
-    a.slots = slot_mapping.as<int32_t>();
-    a.k_cache = static_cast<bf16*>(k_cache.data);
-    a.v_cache = static_cast<bf16*>(v_cache.data);
-    a.num_tokens = qkv.rows();
-    a.num_slots = k_cache.dim(0) * k_cache.dim(1);
-    a.num_q_heads = p.num_q_heads;
-    a.num_kv_heads = p.num_kv_heads;
-    a.head_dim = p.head_dim;
-    a.rotary_dim = p.rotary_dim;
-    if (p.rotary_dim > 0) {
-      require(is(positions, DType::kI32) && positions.numel() == qkv.rows() &&
-                  is(cos, DType::kF32) && is(sin, DType::kF32) && cos.cols() == p.rotary_dim / 2,
-              "ropeKvWrite", "positions I32 [T], cos/sin F32 [max_pos, rotary_dim/2]");
-      a.positions = positions.as<int32_t>();
-      a.cos = cos.as<float>();
-      a.sin = sin.as<float>();
-      a.max_pos = static_cast<int32_t>(cos.rows());
-    }
-    checkOk(launchRopeKv(a, b_.stream()), "ropeKvWrite");
-  }
-
   void planAttention(const AttentionPlanInput& in) override {
     require(reserved_, "planAttention", "reserve() was not called");
     require(in.windows.size() <= kMaxWindows, "planAttention", "more than 2 window values");
@@ -1370,6 +1331,46 @@ class CudaLlmOps final : public LlmOps {
   }
 
  private:
+  // ropeKvWrite / ropeKvWriteF32In: qkv_in null for the in-place form.
+  void ropeKv(const Tensor* qkv_in, const Tensor& qkv, const Tensor& positions, const Tensor& cos,
+              const Tensor& sin, const Tensor& slot_mapping, const Tensor& k_cache,
+              const Tensor& v_cache, const RopeKvParams& p) {
+    // [TAG_ATTN_F16] qkv and caches all BF16 or all F16.
+    const bool f16 = is(qkv, DType::kF16);
+    const DType t16 = f16 ? DType::kF16 : DType::kBF16;
+    require(is(qkv, t16) && is(k_cache, t16) && is(v_cache, t16) && is(slot_mapping, DType::kI32),
+            "ropeKvWrite", "qkv and caches must be BF16 (or all F16), slots I32");
+    const int64_t width = static_cast<int64_t>(p.num_q_heads + 2 * p.num_kv_heads) * p.head_dim;
+    require(qkv.cols() == width && slot_mapping.numel() == qkv.rows(), "ropeKvWrite",
+            "qkv columns / slot count mismatch");
+    require(k_cache.ndim == 4 && k_cache.dim(2) == p.num_kv_heads && k_cache.dim(3) == p.head_dim &&
+                v_cache.numel() == k_cache.numel(),
+            "ropeKvWrite", "cache shape mismatch");
+    RopeKvArgs a;
+    a.f16 = f16;
+    a.qkv = static_cast<bf16*>(qkv.data);
+    a.qkv_in = qkv_in == nullptr ? nullptr : qkv_in->as<float>();
+    a.slots = slot_mapping.as<int32_t>();
+    a.k_cache = static_cast<bf16*>(k_cache.data);
+    a.v_cache = static_cast<bf16*>(v_cache.data);
+    a.num_tokens = qkv.rows();
+    a.num_slots = k_cache.dim(0) * k_cache.dim(1);
+    a.num_q_heads = p.num_q_heads;
+    a.num_kv_heads = p.num_kv_heads;
+    a.head_dim = p.head_dim;
+    a.rotary_dim = p.rotary_dim;
+    if (p.rotary_dim > 0) {
+      require(is(positions, DType::kI32) && positions.numel() == qkv.rows() &&
+                  is(cos, DType::kF32) && is(sin, DType::kF32) && cos.cols() == p.rotary_dim / 2,
+              "ropeKvWrite", "positions I32 [T], cos/sin F32 [max_pos, rotary_dim/2]");
+      a.positions = positions.as<int32_t>();
+      a.cos = cos.as<float>();
+      a.sin = sin.as<float>();
+      a.max_pos = static_cast<int32_t>(cos.rows());
+    }
+    checkOk(launchRopeKv(a, b_.stream()), "ropeKvWrite");
+  }
+
   static constexpr size_t kMaxWindows = 2;
   struct PlanSlot {
     int32_t window = 0;

@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include <deque>
+#include <iostream>
 #include <map>
 #include <optional>
 #include <random>
@@ -547,6 +548,40 @@ TEST(StepScheduler, PreemptionStaysInsideTheBlockGroup) {
   EXPECT_EQ(sim.sched().seq(sim.id('A')).tokens.size(), 9u);
 }
 
+// [TAG_DP_ADMIT] Block groups: a prompt whose cached prefix lies in a group without room for it
+// starts in a group with room (computing the prefix again) instead of waiting while that group
+// idles. Before the change Q waited behind A until A ended.
+TEST(StepScheduler, PrefixInAFullGroupStartsInAnotherGroup) {
+  LlmWorkerLimits l = limits(8, 2, 16);  // group 0: blocks 0-3, group 1: 4-7
+  l.kv_block_groups = 2;
+  Sim sim(sync(), l);
+  sim.add('P', gp(range(5, 10), 1));  // caches blocks 0 and 1 (tokens 10-13) in group 0
+  runTable(sim, {{"P@0+5* [0 1 2]", {50}, "P=50 length", "2 3 1c 0c 4 5 6 7"}});
+  sim.add('A', gp(range(3, 40), 10));  // group 0 again (both idle, as many free blocks)
+  runTable(sim, {{"A@0+3* [2 3]", {60}, "A=60", "1c 0c 4 5 6 7"}});
+  // Q starts with P's 4 cached tokens, in group 0, which has no block for Q's third one.
+  sim.add('Q', gp(range(6, 10), 10));
+  runTable(sim, {{"A@3+1* [2 3]; Q@0+6* [4 5 6]", {61, 70}, "A=61, Q=70", "1c 0c 7"}});
+  EXPECT_EQ(sim.sched().stats().dp_prefix_forgone, 1u);
+  EXPECT_EQ(sim.sched().stats().cached_prompt_tokens, 0u);  // Q's hit was given up
+  EXPECT_TRUE(sim.sched().waiting().empty());
+}
+
+// [TAG_DP_ADMIT] Block groups: a new sequence goes to the group with the fewest running
+// sequences that has room, not to the one with the most free blocks: N joins L's group (one
+// long sequence, three free blocks) rather than S and T's (two short ones, six free blocks).
+TEST(StepScheduler, NewSequencesGoToTheLeastLoadedGroup) {
+  LlmWorkerLimits l = limits(16, 2, 32);  // group 0: blocks 0-7, group 1: 8-15
+  l.kv_block_groups = 2;
+  Sim sim(sync(), l);
+  sim.add('L', gp(range(9, 10), 10));
+  sim.add('S', gp(range(2, 40), 10));
+  sim.add('T', gp(range(2, 50), 10));
+  sim.add('N', gp(range(2, 60), 10));
+  EXPECT_EQ(sim.schedule(), "L@0+9* [0 1 2 3 4]; S@0+2* [8]; T@0+2* [9]; N@0+2* [5]");
+  EXPECT_EQ(sim.sched().stats().dp_prefix_forgone, 0u);
+}
+
 TEST(StepScheduler, StopEosLengthAndContext) {
   Sim sim(sync(), limits(16, 4, 8));
   auto stop = gp({10, 11}, 10);
@@ -862,6 +897,7 @@ struct Outcome {
   std::map<SeqId, GenerateEvent> last;
   size_t placeholders = 0;  // sequences planned from a placeholder
   size_t events_after_last = 0;
+  uint64_t dp_prefix_forgone = 0;  // LlmStats [TAG_DP_ADMIT]
 };
 
 // Runs `reqs` to the end: the fake model runs each step when its result is taken, in plan order,
@@ -985,6 +1021,7 @@ Outcome runModel(const LlmSchedulerOptions& opts, const LlmWorkerLimits& l,
   }
   EXPECT_EQ(s.stepsInFlight(), 0u);
   if (window_holes && shadow) *window_holes = shadow->holes();
+  out.dp_prefix_forgone = s.stats().dp_prefix_forgone;
   return out;
 }
 
@@ -1016,6 +1053,35 @@ std::vector<Req> randomRequests(uint32_t seed, size_t n, uint32_t context_len) {
     reqs.push_back(std::move(r));
   }
   return reqs;
+}
+
+// [TAG_DP_ADMIT] The same over 2 and 4 block groups (rose --dp): prefix hits per group, the
+// fallback to another group when the prefix's group is full, placement by load, preemption inside
+// a group; the fake model checks every block's contents, checkInvariants that no table straddles
+// groups.
+TEST(StepSchedulerModel, BlockGroupStreamsEqualTheReference) {
+  uint64_t forgone = 0;
+  for (uint32_t groups : {2u, 4u}) {
+    LlmWorkerLimits l = limits(32, 2, 16);
+    l.kv_block_groups = groups;
+    l.context_len = std::min<uint32_t>(16, 32 / groups * 2);
+    for (uint32_t seed : {1u, 2u, 3u, 4u}) {
+      SCOPED_TRACE("groups " + std::to_string(groups) + ", seed " + std::to_string(seed));
+      const std::vector<Req> reqs = randomRequests(seed, 32, l.context_len);
+      for (const LlmSchedulerOptions& o : {sync(16, 4), async(16, 4)}) {
+        const Outcome a = runModel(o, l, reqs);
+        forgone += a.dp_prefix_forgone;
+        for (size_t i = 0; i < reqs.size(); ++i) {
+          const SeqId id = i + 1;
+          EXPECT_EQ(a.tokens.at(id), reqs[i].want) << "request " << i;
+          EXPECT_EQ(a.last.at(id).finish, reqs[i].want_finish) << i;
+        }
+        EXPECT_EQ(a.events_after_last, 0u);
+      }
+    }
+  }
+  std::cout << "[ dp admit ] prefixes given up for another group: " << forgone << "\n";
+  EXPECT_GT(forgone, 0u) << "the runs never took the fallback";
 }
 
 TEST(StepSchedulerModel, SyncAndAsyncStreamsEqualTheReference) {
