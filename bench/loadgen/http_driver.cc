@@ -4,6 +4,8 @@
 #include <simdjson.h>
 
 #include <atomic>
+#include <cstdlib>
+#include <map>
 #include <thread>
 
 #include "bench/loadgen/driver.h"
@@ -184,6 +186,27 @@ class HttpDriver : public Driver {
     rec.success(ms);
     rec.items += sizes_[i];
     rec.tokens += *tokens ? *tokens : tokens_[i];
+    recordGatewayTimes(reader.headers(), ms, rec);
+  }
+
+  // ivy's x-garden-*-us headers [TAG_TIMING_HEADERS], when all are there.
+  static void recordGatewayTimes(const std::map<std::string, std::string>& h, double ms,
+                                 Recorder& rec) {
+    double v[5];
+    const char* names[5] = {"x-garden-tokenize-us", "x-garden-upstream-us", "x-garden-total-us",
+                            "x-garden-queue-us", "x-garden-inference-us"};
+    for (int k = 0; k < 5; ++k) {
+      auto it = h.find(names[k]);
+      if (it == h.end()) return;
+      v[k] = std::strtod(it->second.c_str(), nullptr);
+    }
+    rec.gw_tokenize_us.push_back(v[0]);
+    rec.gw_upstream_us.push_back(v[1]);
+    rec.gw_total_us.push_back(v[2]);
+    rec.gw_own_us.push_back(v[2] - v[1]);
+    rec.gw_tulip_queue_us.push_back(v[3]);
+    rec.gw_tulip_inference_us.push_back(v[4]);
+    rec.gw_client_us.push_back(ms * 1000.0 - v[2]);
   }
 
   void chatOnce(Connection& conn, simdjson::dom::parser& parser, size_t i, Recorder& rec) {

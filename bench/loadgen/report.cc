@@ -116,6 +116,17 @@ std::string renderReport(const RunReport& r) {
     summaryObject(w, "total", rec.server_total_us);
     w.endObject();
   }
+  if (!rec.gw_total_us.empty()) {  // HTTP embeddings: ivy's timing headers
+    w.key("gateway_us").beginObject();
+    summaryObject(w, "tokenize", rec.gw_tokenize_us);
+    summaryObject(w, "upstream", rec.gw_upstream_us);
+    summaryObject(w, "total", rec.gw_total_us);
+    summaryObject(w, "own", rec.gw_own_us);
+    summaryObject(w, "tulip_queue", rec.gw_tulip_queue_us);
+    summaryObject(w, "tulip_inference", rec.gw_tulip_inference_us);
+    summaryObject(w, "client", rec.gw_client_us);
+    w.endObject();
+  }
   if (r.mode == Mode::kChat) {
     w.key("chat").beginObject();
     summaryObject(w, "ttft_ms", rec.ttft_ms);

@@ -31,6 +31,13 @@ struct Recorder {
   uint64_t tokens = 0;  // input tokens of successful requests (server-reported where available)
   // Server-side stage timings (gRPC Timings) of successful requests, in microseconds.
   std::vector<double> server_queue_us, server_inference_us, server_total_us;
+  // HTTP embeddings: ivy's timing headers (docs/gateway.md [TAG_TIMING_HEADERS]), µs: tokenize,
+  // upstream (request sent to tulip until its answer), total (arrival until the answer), own
+  // (total - upstream: parse, tokenize, admission, the JSON answer, the hand-offs), tulip's queue
+  // and inference, and the client's share (latency - total: the loadgen's own send/receive and
+  // the HTTP transfers).
+  std::vector<double> gw_tokenize_us, gw_upstream_us, gw_total_us, gw_own_us, gw_tulip_queue_us,
+      gw_tulip_inference_us, gw_client_us;
   // Chat streams: time to first token, inter-token gaps (between SSE events that carry generated
   // text), time per output token ((latency - TTFT) / (output tokens - 1), per stream with at least
   // two events with text: robust to several tokens arriving in one event), output tokens, finish

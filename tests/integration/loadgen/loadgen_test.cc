@@ -278,6 +278,17 @@ TEST_F(Loadgen, IvyTextThroughRealMesh) {
   // as ivy's tokenizer counts them.
   EXPECT_GE(double(doc["input_tokens"]["per_input_min"]), 47.0);
   EXPECT_LE(double(doc["input_tokens"]["per_input_max"]), 49.0);
+  // ivy's timing headers, per request: its total within the client's latency, the upstream leg
+  // within its total, tulip's queue + inference within the upstream leg.
+  const auto gw = doc["gateway_us"];
+  EXPECT_EQ(uint64_t(gw["total"]["count"]), 16u);
+  EXPECT_GT(double(gw["total"]["min"]), 0.0);
+  EXPECT_LE(double(gw["total"]["max"]), double(doc["latency_ms"]["max"]) * 1000.0);
+  EXPECT_GE(double(gw["client"]["min"]), 0.0);
+  EXPECT_GE(double(gw["own"]["min"]), 0.0);
+  EXPECT_GT(double(gw["upstream"]["min"]), 0.0);
+  EXPECT_LE(double(gw["tulip_queue"]["p50"]) + double(gw["tulip_inference"]["p50"]),
+            double(gw["upstream"]["max"]));
   // A target at the model's maximum length (512): over-long probes are refused with 400 and the
   // calibration must still converge from below.
   std::string max_out = dir_->path() + "/ivy_text_max.json";
