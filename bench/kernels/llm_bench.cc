@@ -944,8 +944,14 @@ int main(int argc, char** argv) {
   b.ops = makeLlmOps(*b.backend).value();
   GptOssOptions go;
   go.max_batch_tokens = max_batch_tokens;
-  go.max_seqs = 256;
-  go.max_logits_rows = 256;
+  // rose's default (--max-seqs 256), or the largest --decode batch above it (a saturated serving
+  // run's running set can exceed 256: tulip --max-num-seqs with rose --max-seqs).
+  int32_t max_seqs = 256;
+  for (const auto& d : split(decode_list, ',')) {
+    max_seqs = std::max<int32_t>(max_seqs, std::atoi(d.c_str()));
+  }
+  go.max_seqs = max_seqs;
+  go.max_logits_rows = max_seqs;
   go.max_model_len = 131072;
   go.cuda_graphs = graphs;
   go.f32_residual = f32_residual;

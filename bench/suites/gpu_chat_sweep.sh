@@ -18,7 +18,12 @@
 # decode the same sequences), TULIP_ARGS (more tulip flags, e.g. --mask-threads 0), TAG (an
 # output suffix), RESPONSE_SCHEMA (a JSON Schema file: RESPONSE_FORMAT=json_schema with it;
 # bench/suites/schemas/long_arrays.json asks for 4 x 128 integers, at least 512 tokens, so a
-# constrained run keeps its whole batch to the end, unlike json_object whose values end early).
+# constrained run keeps its whole batch to the end, unlike json_object whose values end early),
+# MAX_NUM_SEQS (the running set: tulip --max-num-seqs and rose --max-seqs; default 256, the
+# most a concurrency above it gets at once), REQS_PER_CLIENT (requests per client from 4 streams
+# up; default 1: one wave, every stream starting together; 2 and more also measure the mixed
+# prefill/decode steps of clients that come back while others decode).
+MAXSEQS=${MAX_NUM_SEQS:-256} RPC=${REQS_PER_CLIENT:-1}
 set -uo pipefail
 BIN=$1 MODEL=$2 TOK=$3 OUT=$4
 CONC=${5:-"1 16 64 256"}
@@ -28,7 +33,8 @@ mkdir -p "$OUT"
 [ -f "$MODEL/tokenizer.json" ] || cp "$TOK" "$MODEL/tokenizer.json"
 "$BIN/tulip" --host 127.0.0.1 --port 50161 --metrics-port 9192 --model "$MODEL" --device cuda \
   --rose-bin "$BIN/rose" --shm-name /garden-gpu-sweep --served-model-name gpt-oss-gpu \
-  --max-num-seqs 256 --max-batch-tokens "${MAX_BATCH_TOKENS:-8192}" --progress-timeout-ms 120000 \
+  --max-num-seqs "$MAXSEQS" --rose-arg --max-seqs --rose-arg "$MAXSEQS" \
+  --max-batch-tokens "${MAX_BATCH_TOKENS:-8192}" --progress-timeout-ms 120000 \
   --step-timeout-ms 120000 ${TULIP_ARGS:-} > "$OUT/sweep_tulip$TAG.log" 2>&1 &
 tulip_pid=$!
 "$BIN/ivy" --host 127.0.0.1 --port 8182 --tulip 127.0.0.1:50161 --tokenizer "$MODEL/tokenizer.json" \
@@ -42,8 +48,8 @@ for _ in $(seq 1 120); do  # rose loads the checkpoint: wait until ivy serves th
 done
 rc=0
 for c in $CONC; do
-  n=$(( c < 4 ? 3 : c ))
-  timeout 240 "$BIN/loadgen" --protocol http --endpoint 127.0.0.1:8182 --mode chat \
+  n=$(( c < 4 ? 3 : c * RPC ))
+  timeout $(( 240 * RPC )) "$BIN/loadgen" --protocol http --endpoint 127.0.0.1:8182 --mode chat \
     --model gpt-oss-gpu --seq-len "$PROMPT" --max-tokens "$GEN" --concurrency "$c" \
     --warmup 0 --count "$n" --pool "${POOL:-$n}" --seed "$(( ${SEED:-1000} + c ))" \
     --timeout-ms 200000 --suite gpu-chat-sweep --response-format "$RF" \

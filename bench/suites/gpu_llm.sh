@@ -204,6 +204,11 @@
 #   sweepfp8  gpu_chat_sweep.sh at 256 streams with rose --moe-weights fp8 (prefill steps of
 #             >= 257 tokens on the FP8 experts; prefill is 25-30 % of that run's wall)
 #   sweep256  gpu_chat_sweep.sh at 256 concurrent streams only (the saturated row; needs mk20b)
+#   dec512    decode steps at 256 / 384 / 512 / 768 sequences @ 1k (rose_llm_bench; needs mk20b): what
+#             a running set above 256 costs per token
+#   sweep512  gpu_chat_sweep.sh with a running set of 512 (MAX_NUM_SEQS=512) and two requests per
+#             client (REQS_PER_CLIENT=2: the second wave's prefill mixes with the first's decode),
+#             at 256 and 512 streams (needs mk20b, GPUBIN/tokenizer.json)
 #   ncuwide   ncu --set full on the first two wide-kernel launches of --moe-gemm 256
 #   widedec   decode 1@8192, 64/128/256@1024 (needs mk20b): the default, --moe-wide off,
 #             --moe-wide-min-avg 16 / 8 / 4, --attn-split-keys 256 / 128
@@ -378,6 +383,8 @@ for s in $STEPS; do
     sweepfp8) step sweepfp8 sweepfp8.txt 300 bash -c "TAG=_fp8 TULIP_ARGS='--rose-arg=--moe-weights=fp8' bash '$ROOT/bench/suites/gpu_chat_sweep.sh' '$BIN' /tmp/gptoss20b '$BIN/tokenizer.json' '$LOGS/sweepfp8' 256" ;;
     prefill120b) step prefill120b prefill120b.txt 300 "$BIN/rose_llm_bench" --model /dev/shm/gptoss120b --prefill 8192,32768,65536,131072 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 ;;
     sweep256) step sweep256 sweep256.txt 300 bash "$ROOT/bench/suites/gpu_chat_sweep.sh" "$BIN" /tmp/gptoss20b "$BIN/tokenizer.json" "$LOGS/sweep256" 256 ;;
+    dec512) step dec512 dec512.txt 240 bash -c "'$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode 256@1024,384@1024,512@1024,768@1024 --decode-steps 32 2>&1 | grep -v 'gemm tuned'" ;;
+    sweep512) step sweep512 sweep512.txt 420 env MAX_NUM_SEQS=512 REQS_PER_CLIENT=2 bash "$ROOT/bench/suites/gpu_chat_sweep.sh" "$BIN" /tmp/gptoss20b "$BIN/tokenizer.json" "$LOGS/sweep512" "256 512" ;;
     ncuwide) step ncuwide ncuwide.txt 200 bash -c "ncu --set full -k regex:moeGemmMxWide -c 2 '$BIN/rose_llm_bench' --moe-gemm 256 2>&1 | grep -v 'gemm tuned' | tail -250" ;;
     widedec) step widedec widedec.txt 400 bash -c "for v in '' '--moe-wide off' '--moe-wide-min-avg 16' '--moe-wide-min-avg 8' '--moe-wide-min-avg 4' '--attn-split-keys 256' '--attn-split-keys 128'; do echo \"== \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode 1@8192,64@1024,128@1024,256@1024 --decode-steps 24 --max-batch-tokens 16384 --kv-tokens 290000 \$v 2>&1 | grep -v 'gemm tuned'; done" ;;
     fusecn) step fusecn fusecn.txt 300 bash -c "'$BIN/gpu_llm_model_test' --gtest_filter='*CombineNorm*' 2>&1 | tail -8; for f in off on; do echo \"== --fuse-combine-norm \$f\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode 1@8192,64@1024 --decode-steps 32 --max-batch-tokens 16384 --fuse-combine-norm \$f 2>&1 | grep -v 'gemm tuned'; done" ;;
