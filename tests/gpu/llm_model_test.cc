@@ -75,6 +75,10 @@ bool fp16Everywhere() {
   return v != nullptr && std::string(v) == "float16";
 }
 
+// [TAG_L2_PREFETCH_NEXT] What load() sets GptOssOptions::l2_prefetch to (the L2PrefetchChangesNoBits
+// test; GARDEN_TEST_GPTOSS_L2_PREFETCH=normal|last runs the whole suite with it).
+GptOssOptions::L2Prefetch g_l2_prefetch = GptOssOptions::L2Prefetch::kOff;
+
 // `share`: load onto another runner's backend and ops (so both use the same GEMM algorithms).
 Runner load(const std::string& dir, const char* device, MoeWeightsMode moe,
             const Runner* share = nullptr, bool cuda_graphs = true,
@@ -136,6 +140,13 @@ Runner load(const std::string& dir, const char* device, MoeWeightsMode moe,
   if (const char* v = std::getenv("GARDEN_TEST_GPTOSS_PROJ"); v && std::string(v) == "f32" && cuda) {
     go.attn_f16 = true;  // the f32 projections come with the fp16 attention block
     go.proj_f32 = true;
+  }
+  if (cuda) {
+    go.l2_prefetch = g_l2_prefetch;
+    if (const char* v = std::getenv("GARDEN_TEST_GPTOSS_L2_PREFETCH"); v && *v) {
+      go.l2_prefetch = std::string(v) == "last" ? GptOssOptions::L2Prefetch::kEvictLast
+                                                : GptOssOptions::L2Prefetch::kNormal;
+    }
   }
   auto m = GptOssModel::load(dir, *r.backend, *r.ops, go);
   EXPECT_TRUE(m.isOk()) << m.status().toString();
@@ -699,6 +710,48 @@ TEST_F(GpuGptOss, CombineNormFusionIsBitExact) {
     }
     if (graphs) {
       EXPECT_GT(fused.model->graphSteps(), 0u);
+    }
+  }
+}
+
+// [TAG_L2_PREFETCH_NEXT] The L2 prefetch of the next projection weights is a hint: ids and logits
+// are bit-identical to the same model without it, eager and graphed, in both prefetch forms (the
+// two runners share a backend and ops, so the same GEMM algorithms; only one of them prefetches).
+TEST_F(GpuGptOss, L2PrefetchChangesNoBits) {
+  for (auto mode : {GptOssOptions::L2Prefetch::kNormal, GptOssOptions::L2Prefetch::kEvictLast}) {
+    for (bool graphs : {false, true}) {
+      SCOPED_TRACE(std::string(graphs ? "graphs" : "eager") +
+                   (mode == GptOssOptions::L2Prefetch::kEvictLast ? ", evict_last" : ", normal"));
+      Runner plain = load(*dir_, "cuda", MoeWeightsMode::kAuto, nullptr, graphs);
+      g_l2_prefetch = mode;
+      Runner pf = load(*dir_, "cuda", MoeWeightsMode::kAuto, &plain, graphs);
+      g_l2_prefetch = GptOssOptions::L2Prefetch::kOff;
+      constexpr int kBatch = 3;
+      TwinBatch tw(kBatch, [](int i) { return prompt(300 + 57 * i, 8100 + i); });
+      std::vector<Seq*>&pa = tw.pa, &pb = tw.pb;
+      for (int it = 0; it < 2; ++it) {  // prefill in chunks of 450 tokens (no prefetch: > 256)
+        std::vector<std::vector<float>> la, lb;
+        auto ta = step(plain, pa, 450, &la, true);
+        auto tb = step(pf, pb, 450, &lb, true);
+        ASSERT_EQ(ta, tb) << "prefill step " << it;
+        ASSERT_EQ(la, lb) << "prefill step " << it;
+        tw.append(ta, tb);
+      }
+      for (int it = 0; it < 16; ++it) {
+        SCOPED_TRACE("decode " + std::to_string(it));
+        const bool want = it % 2 == 0;  // logits on even steps (eager), ids only on odd ones
+        std::vector<std::vector<float>> la, lb;
+        auto ta = step(plain, pa, 2048, want ? &la : nullptr, want);
+        auto tb = step(pf, pb, 2048, want ? &lb : nullptr, want);
+        ASSERT_EQ(ta, tb);
+        if (want) {
+          ASSERT_EQ(la, lb);
+        }
+        tw.append(ta, tb);
+      }
+      if (graphs) {
+        EXPECT_GT(pf.model->graphSteps(), 0u);
+      }
     }
   }
 }
