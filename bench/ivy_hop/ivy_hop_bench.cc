@@ -39,8 +39,8 @@
 #include <fstream>
 #include <mutex>
 #include <sstream>
-#include <thread>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/json_writer.h"
@@ -244,7 +244,8 @@ class HttpConn {
     size_t len = 0;
     for (const char* key : {"content-length:", "Content-Length:"}) {
       const size_t p = head.find(key);
-      if (p != std::string::npos) len = std::strtoul(head.c_str() + p + std::strlen(key), nullptr, 10);
+      if (p != std::string::npos)
+        len = std::strtoul(head.c_str() + p + std::strlen(key), nullptr, 10);
     }
     while (buf_.size() < hdr_end + 4 + len) {
       if (!fill()) return 0;
@@ -283,11 +284,9 @@ int runE2e(const std::string& ivy_bin, const std::vector<std::string>& ivy_args,
     std::fprintf(stderr, "ivy_hop_bench: cannot start the instant tulip or find a port\n");
     return 1;
   }
-  std::vector<std::string> args = {ivy_bin,
-                                    "--port=" + std::to_string(hport),
-                                    "--tulip=127.0.0.1:" + std::to_string(tport),
-                                    "--tokenizer=" + tokenizer,
-                                    "--log-level=warn"};
+  std::vector<std::string> args = {ivy_bin, "--port=" + std::to_string(hport),
+                                   "--tulip=127.0.0.1:" + std::to_string(tport),
+                                   "--tokenizer=" + tokenizer, "--log-level=warn"};
   args.insert(args.end(), ivy_args.begin(), ivy_args.end());
   const pid_t pid = fork();
   if (pid == 0) {
@@ -309,16 +308,17 @@ int runE2e(const std::string& ivy_bin, const std::vector<std::string>& ivy_args,
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     HttpConn c;
     std::string out;
-    ready = c.connectTo(hport) &&
-            c.roundTrip("GET /ready HTTP/1.1\r\nHost: x\r\n\r\n", &out) == 200;
+    ready =
+        c.connectTo(hport) && c.roundTrip("GET /ready HTTP/1.1\r\nHost: x\r\n\r\n", &out) == 200;
   }
   if (!ready) {
     std::fprintf(stderr, "ivy_hop_bench: ivy did not become ready on port %d\n", hport);
     return stop(1);
   }
-  const std::string req = "POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: "
-                          "application/json\r\nContent-Length: " +
-                          std::to_string(body.size()) + "\r\n\r\n" + body;
+  const std::string req =
+      "POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: "
+      "application/json\r\nContent-Length: " +
+      std::to_string(body.size()) + "\r\n\r\n" + body;
   HttpConn c;
   if (!c.connectTo(hport)) return stop(1);
   std::string out;
@@ -383,9 +383,10 @@ int main(int argc, char** argv) {
     } else if (a == "--ivy-arg") {
       ivy_args.push_back(next());
     } else {
-      std::fprintf(stderr, "usage: ivy_hop_bench --tokenizer tokenizer.json [--iters N] "
-                           "[--grpc-iters N] [--unix /tmp/ivy_hop.sock] [--ivy PATH] "
-                           "[--e2e-iters N] [--ivy-arg ARG]...\n");
+      std::fprintf(stderr,
+                   "usage: ivy_hop_bench --tokenizer tokenizer.json [--iters N] "
+                   "[--grpc-iters N] [--unix /tmp/ivy_hop.sock] [--ivy PATH] "
+                   "[--e2e-iters N] [--ivy-arg ARG]...\n");
       return 2;
     }
   }

@@ -840,8 +840,7 @@ int main(int argc, char** argv) {
       l2pf = v == "off"      ? GptOssOptions::L2Prefetch::kOff
              : v == "normal" ? GptOssOptions::L2Prefetch::kNormal
                              : GptOssOptions::L2Prefetch::kEvictLast;
-    }
-    else if (a == "--dtype") {
+    } else if (a == "--dtype") {
       GptOssOptions d;
       if (!applyGptOssDtype(next(), d)) {
         std::fprintf(stderr, "--dtype must be bfloat16 or float16\n");
@@ -849,8 +848,7 @@ int main(int argc, char** argv) {
       }
       attn_f16 = d.attn_f16, moe_f16 = d.moe_f16, head_f16 = d.head_f16;
       moe_out_f32 = d.moe_out_f32, proj_f32 = d.proj_f32;
-    }
-    else if (a == "--norm-round") round_once = next() == "once";
+    } else if (a == "--norm-round") round_once = next() == "once";
     else if (a == "--fuse-combine-norm") fuse_cn = next() == "on";
     else if (a == "--kv-tokens") kv_tokens = std::atoll(next().c_str());
     else if (a == "--moe-gemm") moe_list = next();

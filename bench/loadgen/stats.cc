@@ -46,11 +46,13 @@ void Recorder::merge(const Recorder& o) {
   server_inference_us.insert(server_inference_us.end(), o.server_inference_us.begin(),
                              o.server_inference_us.end());
   server_total_us.insert(server_total_us.end(), o.server_total_us.begin(), o.server_total_us.end());
-  for (auto [mine, theirs] :
-       {std::pair{&gw_tokenize_us, &o.gw_tokenize_us}, {&gw_upstream_us, &o.gw_upstream_us},
-        {&gw_total_us, &o.gw_total_us}, {&gw_own_us, &o.gw_own_us},
-        {&gw_tulip_queue_us, &o.gw_tulip_queue_us},
-        {&gw_tulip_inference_us, &o.gw_tulip_inference_us}, {&gw_client_us, &o.gw_client_us}}) {
+  for (auto [mine, theirs] : {std::pair{&gw_tokenize_us, &o.gw_tokenize_us},
+                              {&gw_upstream_us, &o.gw_upstream_us},
+                              {&gw_total_us, &o.gw_total_us},
+                              {&gw_own_us, &o.gw_own_us},
+                              {&gw_tulip_queue_us, &o.gw_tulip_queue_us},
+                              {&gw_tulip_inference_us, &o.gw_tulip_inference_us},
+                              {&gw_client_us, &o.gw_client_us}}) {
     mine->insert(mine->end(), theirs->begin(), theirs->end());
   }
   ttft_ms.insert(ttft_ms.end(), o.ttft_ms.begin(), o.ttft_ms.end());

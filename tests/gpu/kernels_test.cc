@@ -234,8 +234,8 @@ TEST_F(GpuOps, LinearF16OperandsMatchReference) {
                      randomBf16(static_cast<size_t>(s.m * s.k), rng_, -1.f, 1.f));
     auto gw = upload(gpu(), DType::kF16, {s.n, s.k},
                      randomBf16(static_cast<size_t>(s.n * s.k), rng_, -0.06f, 0.06f));
-    auto gb16 = upload(gpu(), DType::kF16, {s.n},
-                       randomBf16(static_cast<size_t>(s.n), rng_, -0.5f, 0.5f));
+    auto gb16 =
+        upload(gpu(), DType::kF16, {s.n}, randomBf16(static_cast<size_t>(s.n), rng_, -0.5f, 0.5f));
     auto bias = download(gpu(), gb16.view);
     auto gb32 = upload(gpu(), DType::kF32, {s.n}, bias);
     auto cx = upload(cpu(), DType::kF32, {s.m, s.k}, download(gpu(), gx.view));

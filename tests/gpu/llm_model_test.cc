@@ -75,8 +75,9 @@ bool fp16Everywhere() {
   return v != nullptr && std::string(v) == "float16";
 }
 
-// [TAG_L2_PREFETCH_NEXT] What load() sets GptOssOptions::l2_prefetch to (the L2PrefetchChangesNoBits
-// test; GARDEN_TEST_GPTOSS_L2_PREFETCH=normal|last runs the whole suite with it).
+// [TAG_L2_PREFETCH_NEXT] What load() sets GptOssOptions::l2_prefetch to (the
+// L2PrefetchChangesNoBits test; GARDEN_TEST_GPTOSS_L2_PREFETCH=normal|last runs the whole suite
+// with it).
 GptOssOptions::L2Prefetch g_l2_prefetch = GptOssOptions::L2Prefetch::kOff;
 
 // `share`: load onto another runner's backend and ops (so both use the same GEMM algorithms).
@@ -133,11 +134,14 @@ Runner load(const std::string& dir, const char* device, MoeWeightsMode moe,
   }
   if (cuda && f16 == F16::kAll16) go.attn_f16 = go.moe_f16 = go.head_f16 = true;
   if (cuda && f16 == F16::kAttn) go.attn_f16 = true;
-  if (const char* v = std::getenv("GARDEN_TEST_GPTOSS_ATTN"); v && std::string(v) == "float16" && cuda)
+  if (const char* v = std::getenv("GARDEN_TEST_GPTOSS_ATTN");
+      v && std::string(v) == "float16" && cuda)
     go.attn_f16 = true;
-  if (const char* v = std::getenv("GARDEN_TEST_GPTOSS_MOE_OUT"); v && std::string(v) == "f32" && cuda)
+  if (const char* v = std::getenv("GARDEN_TEST_GPTOSS_MOE_OUT");
+      v && std::string(v) == "f32" && cuda)
     go.moe_out_f32 = true;
-  if (const char* v = std::getenv("GARDEN_TEST_GPTOSS_PROJ"); v && std::string(v) == "f32" && cuda) {
+  if (const char* v = std::getenv("GARDEN_TEST_GPTOSS_PROJ");
+      v && std::string(v) == "f32" && cuda) {
     go.attn_f16 = true;  // the f32 projections come with the fp16 attention block
     go.proj_f32 = true;
   }
@@ -848,9 +852,9 @@ struct TfStats {
 TfStats teacherForced(const std::string& dir, const std::vector<int>& lengths, double near_tie,
                       const std::string& dump, F16 f16 = F16::kNone) {
   Runner cpu = load(dir, "cpu", MoeWeightsMode::kDense);
-  Runner gpu = load(dir, "cuda", MoeWeightsMode::kAuto, nullptr, true,
-                    GptOssOptions{}.fuse_combine_norm, CudaKernelOptions::MoePrefill::kTiled,
-                    CudaKernelOptions{}.moe_lt_wgmma, f16);
+  Runner gpu =
+      load(dir, "cuda", MoeWeightsMode::kAuto, nullptr, true, GptOssOptions{}.fuse_combine_norm,
+           CudaKernelOptions::MoePrefill::kTiled, CudaKernelOptions{}.moe_lt_wgmma, f16);
   TfStats st;
   std::string seqs_json = "[";
   for (size_t pi = 0; pi < lengths.size(); ++pi) {

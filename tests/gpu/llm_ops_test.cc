@@ -179,17 +179,23 @@ TEST_F(GpuLlmOps, RopeKvWriteMatchesCpu) {
   yarn.beta_slow = 1;
   yarn.original_max_position_embeddings = 4096;
   yarn.truncate = false;
-  struct Case { int64_t t; int32_t hq, hkv; int64_t rot = 64; bool f16 = false; bool f32_in = false; };
+  struct Case {
+    int64_t t;
+    int32_t hq, hkv;
+    int64_t rot = 64;
+    bool f16 = false;
+    bool f32_in = false;
+  };
   // rotary_dim 64 (gpt-oss) and 48 take the 16-byte kernel [TAG_ROPE_KV_VEC] (48: two pass-through
   // chunks per head), 36 the warp-per-head one (18 pairs: not a multiple of 8). f16: qkv and the
   // caches in IEEE fp16 [TAG_ATTN_F16], both kernels. f32_in: the unrotated q/k/v read from an
   // f32 tensor (ropeKvWriteF32In [TAG_PROJ_F32]) of values no 16-bit type holds exactly.
-  for (Case c : {Case{1, 64, 8}, Case{7, 64, 8}, Case{133, 64, 8}, Case{1000, 4, 2}, Case{33, 8, 8},
-                 Case{133, 64, 8, 48}, Case{33, 8, 8, 36}, Case{1000, 4, 2, 36},
-                 Case{133, 64, 8, 64, true}, Case{1000, 4, 2, 36, true}, Case{1, 64, 8, 64, true},
-                 Case{133, 64, 8, 64, true, true}, Case{1, 64, 8, 64, true, true},
-                 Case{33, 8, 8, 48, true, true}, Case{1000, 4, 2, 36, true, true},
-                 Case{7, 64, 8, 64, false, true}}) {
+  for (Case c :
+       {Case{1, 64, 8}, Case{7, 64, 8}, Case{133, 64, 8}, Case{1000, 4, 2}, Case{33, 8, 8},
+        Case{133, 64, 8, 48}, Case{33, 8, 8, 36}, Case{1000, 4, 2, 36}, Case{133, 64, 8, 64, true},
+        Case{1000, 4, 2, 36, true}, Case{1, 64, 8, 64, true}, Case{133, 64, 8, 64, true, true},
+        Case{1, 64, 8, 64, true, true}, Case{33, 8, 8, 48, true, true},
+        Case{1000, 4, 2, 36, true, true}, Case{7, 64, 8, 64, false, true}}) {
     SCOPED_TRACE("T=" + std::to_string(c.t) + " Hq=" + std::to_string(c.hq) + " rotary=" +
                  std::to_string(c.rot) + (c.f16 ? " f16" : "") + (c.f32_in ? " f32 in" : ""));
     const DType gdt = c.f16 ? DType::kF16 : gpu().activationDType();

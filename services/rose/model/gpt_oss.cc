@@ -1153,10 +1153,10 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
     const Tensor moe = moe_out_.view.rowSlice(0, t);
     const Tensor qkv = qkv_buf_.view.rowSlice(0, t);
     // [TAG_PROJ_F32] QKV's f32 output, then O-proj's, in one buffer (each read before the next).
-    const Tensor qkv32 = opts_.proj_f32 ? Tensor(proj32_.view.data, DType::kF32, {t, qkv.cols()})
-                                        : Tensor();
-    const Tensor o32 = opts_.proj_f32 ? Tensor(proj32_.view.data, DType::kF32, {t, x.cols()})
-                                      : Tensor();
+    const Tensor qkv32 =
+        opts_.proj_f32 ? Tensor(proj32_.view.data, DType::kF32, {t, qkv.cols()}) : Tensor();
+    const Tensor o32 =
+        opts_.proj_f32 ? Tensor(proj32_.view.data, DType::kF32, {t, x.cols()}) : Tensor();
     const Tensor attn = attn_.view.rowSlice(0, t);
     const Tensor rl = router_logits_.view.rowSlice(0, t);
     const Tensor tk_ids = topk_ids_.view.rowSlice(0, t);
@@ -1165,7 +1165,8 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
     norm.round_normalized = !opts_.norm_round_once;
     // [TAG_L2_PREFETCH_NEXT] Steps of at most kL2PrefetchMaxTokens tokens (decode; prefill's
     // GEMMs are compute-bound), graphed or eager.
-    const bool l2pf = t <= kL2PrefetchMaxTokens && opts_.l2_prefetch != GptOssOptions::L2Prefetch::kOff;
+    const bool l2pf =
+        t <= kL2PrefetchMaxTokens && opts_.l2_prefetch != GptOssOptions::L2Prefetch::kOff;
     const bool l2pf_last = opts_.l2_prefetch == GptOssOptions::L2Prefetch::kEvictLast;
     // A stream wider than the activations starts from the embedding rows in x (res = x).
     const bool wide_res = res.dtype != x.dtype;
@@ -1184,7 +1185,7 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
       const int32_t li = static_cast<int32_t>(l);
       const bool in_window_pool = kv.shape().windowLayer(li);  // [TAG_KV_WINDOW_GROUP]
       if (l2pf) ops_.prefetchL2Join();  // this QKV weight, pulled in during the last MoE
-      if (opts_.proj_f32) {  // [TAG_PROJ_F32] q/k/v rounded once, after RoPE
+      if (opts_.proj_f32) {             // [TAG_PROJ_F32] q/k/v rounded once, after RoPE
         b.linear(xa, L.qkv.view, L.qkv_bias.view, qkv32);
         ops_.ropeKvWriteF32In(qkv32, qkv, pos, rope_cos_.view, rope_sin_.view,
                               in_window_pool ? slots_w : slots, kv.keys(li), kv.values(li), rope);

@@ -136,9 +136,9 @@ struct GptOssOptions {
   // output joins the f32 stream unrounded — the roundings a TF32 run does not make. Needs
   // attn_f16 (the f16-in / f32-out GEMM; A/B: rose_llm_bench --proj-out f16).
   bool proj_f32 = false;
-  // [TAG_L2_PREFETCH_NEXT] Steps of <= 256 tokens (A/B, off by default until measured): the next QKV
-  // weight is pulled into L2 while the MoE runs and the O-proj weight while attention runs, on a
-  // side queue joined before each GEMM (LlmOps::prefetchL2); kEvictLast marks the lines as
+  // [TAG_L2_PREFETCH_NEXT] Steps of <= 256 tokens (A/B, off by default until measured): the next
+  // QKV weight is pulled into L2 while the MoE runs and the O-proj weight while attention runs, on
+  // a side queue joined before each GEMM (LlmOps::prefetchL2); kEvictLast marks the lines as
   // persisting (an L2 set-aside of one projection's size). Hints: the same bits either way.
   enum class L2Prefetch { kOff, kNormal, kEvictLast };
   L2Prefetch l2_prefetch = L2Prefetch::kOff;
@@ -273,9 +273,8 @@ class GptOssModel {
   // slots_w_ / block_tables_w_: the sliding layers' slot mapping and tables through the window
   // tables [TAG_KV_WINDOW_GROUP] (allocated when a layer slides).
   OwnedTensor ids_, positions_, slots_, slots_w_, cu_q_, block_tables_, block_tables_w_, rows_,
-      residual_, x_, xa_, xm_, xf_, proj32_, moe_out_,
-      qkv_buf_, attn_, router_logits_, topk_ids_, topk_w_, gathered_, logits_, sampled_, prev_pairs_,
-      sampled_lp_;
+      residual_, x_, xa_, xm_, xf_, proj32_, moe_out_, qkv_buf_, attn_, router_logits_, topk_ids_,
+      topk_w_, gathered_, logits_, sampled_, prev_pairs_, sampled_lp_;
   // xa_: the attention block's input and O-proj output in fp16 when opts_.attn_f16 (else x_ serves)
   // [TAG_ATTN_F16]; attn_dtype_: the attention block's activation type. proj32_: the f32 output
   // of QKV, then of O-proj, when opts_.proj_f32 [TAG_PROJ_F32] ([T, max(qkv width, H)]).

@@ -451,7 +451,9 @@ StepPlan LlmStepScheduler::schedule(int64_t now_ns) {
       // [TAG_DP_ADMIT] A new sequence without a cached prefix goes to the least loaded group
       // with room; one whose prefix lies in a group without room starts over there instead of
       // waiting while another group has room (its prefix is computed again).
-      auto group = [&] { return prefix.empty() ? leastLoadedGroup(group_load, computed + num_new) : -1; };
+      auto group = [&] {
+        return prefix.empty() ? leastLoadedGroup(group_load, computed + num_new) : -1;
+      };
       table = kv_->allocate(s.id, uint64_t{computed} + num_new, prefix, group());
       if (!table && !group_load.empty() && !prefix.empty()) {
         prefix.clear();

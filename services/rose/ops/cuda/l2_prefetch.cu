@@ -8,8 +8,8 @@ constexpr int kThreads = 128;
 constexpr size_t kLine = 128;
 
 template <bool kEvictLast>
-__global__ void __launch_bounds__(kThreads) l2PrefetchKernel(const char* base, const char* begin,
-                                                             size_t lines) {
+__global__ void __launch_bounds__(kThreads)
+    l2PrefetchKernel(const char* base, const char* begin, size_t lines) {
   const size_t stride = static_cast<size_t>(gridDim.x) * kThreads;
   for (size_t i = static_cast<size_t>(blockIdx.x) * kThreads + threadIdx.x; i < lines;
        i += stride) {

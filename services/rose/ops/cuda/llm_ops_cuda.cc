@@ -9,28 +9,28 @@
 #include <vector>
 
 #include "services/rose/ops/cuda/cuda_backend.h"
-#include "services/rose/ops/router_split.h"
 #include "services/rose/ops/cuda/cuda_utils.h"
 #include "services/rose/ops/cuda/fp8_act_quant.cuh"
 #include "services/rose/ops/cuda/fp8_block.h"
 #include "services/rose/ops/cuda/fp8_requant.cuh"
 #include "services/rose/ops/cuda/gather.cuh"
 #include "services/rose/ops/cuda/l2_prefetch.cuh"
+#include "services/rose/ops/cuda/moe_gemm.cuh"
 #include "services/rose/ops/cuda/moe_lt_bf16.cuh"
 #include "services/rose/ops/cuda/moe_lt_gemm.h"
-#include "services/rose/ops/cuda/moe_wgmma.cuh"
-#include "services/rose/ops/cuda/moe_gemm.cuh"
 #include "services/rose/ops/cuda/moe_permute.cuh"
-#include "services/rose/ops/cuda/mxfp4_tiles.h"
-#include "services/rose/ops/cuda/rms_norm.cuh"
 #include "services/rose/ops/cuda/moe_route.cuh"
 #include "services/rose/ops/cuda/moe_router_f32.cuh"
 #include "services/rose/ops/cuda/moe_row_bias.cuh"
+#include "services/rose/ops/cuda/moe_wgmma.cuh"
+#include "services/rose/ops/cuda/mxfp4_tiles.h"
 #include "services/rose/ops/cuda/paged_attention.cuh"
 #include "services/rose/ops/cuda/paged_attention_sm90.cuh"
+#include "services/rose/ops/cuda/rms_norm.cuh"
 #include "services/rose/ops/cuda/rope_kv.cuh"
 #include "services/rose/ops/cuda/sample.cuh"
 #include "services/rose/ops/cuda/sample_state.cuh"
+#include "services/rose/ops/router_split.h"
 
 namespace garden::rose::cuda {
 namespace {
