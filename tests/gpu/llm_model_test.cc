@@ -326,6 +326,36 @@ class GpuGptOss : public ::testing::Test {
     for (auto& x : p) x = d(rng);
     return p;
   }
+  // Three twin sequences (prompts of 700, 741 and 782 tokens) through runners `a` and `b` step by
+  // step: a prefill step of 600 tokens each (1,800 rows, no sample), the rest of the prompts (which
+  // samples each sequence's first token), then 24 decode steps — logits back on even steps
+  // (eager), ids only on odd ones (the graph path when the runners have graphs). Every step's ids
+  // and logits must be equal bit for bit.
+  static void expectTwinStepsBitEqual(Runner& a, Runner& b, uint32_t seed) {
+    constexpr int kBatch = 3;
+    TwinBatch tw(kBatch, [seed](int i) { return prompt(700 + 41 * i, seed + i); });
+    for (int it = 0; it < 2; ++it) {
+      std::vector<std::vector<float>> la, lb;
+      auto ta = step(a, tw.pa, 600, &la, true);
+      auto tb = step(b, tw.pb, 600, &lb, true);
+      ASSERT_EQ(ta, tb) << "prefill step " << it;
+      ASSERT_EQ(la, lb) << "prefill step " << it;
+      ASSERT_EQ(ta.size(), it == 0 ? 0u : static_cast<size_t>(kBatch));
+      tw.append(ta, tb);
+    }
+    for (int it = 0; it < 24; ++it) {
+      SCOPED_TRACE("decode " + std::to_string(it));
+      const bool want = it % 2 == 0;
+      std::vector<std::vector<float>> la, lb;
+      auto ta = step(a, tw.pa, 2048, want ? &la : nullptr, want);
+      auto tb = step(b, tw.pb, 2048, want ? &lb : nullptr, want);
+      ASSERT_EQ(ta, tb);
+      if (want) {
+        ASSERT_EQ(la, lb);
+      }
+      tw.append(ta, tb);
+    }
+  }
   static std::string* dir_;
   static std::vector<std::string>* dirs_;
 };
@@ -685,33 +715,7 @@ TEST_F(GpuGptOss, CombineNormFusionIsBitExact) {
     Runner plain = load(*dir_, "cuda", MoeWeightsMode::kAuto, nullptr, graphs, false);
     Runner fused = load(*dir_, "cuda", MoeWeightsMode::kAuto, nullptr, graphs, true);
     ASSERT_TRUE(fused.ops->supportsCombineNorm());
-    constexpr int kBatch = 3;
-    TwinBatch tw(kBatch, [](int i) { return prompt(700 + 41 * i, 7100 + i); });
-    std::vector<Seq*>&pa = tw.pa, &pb = tw.pb;
-    // Prefill all three in chunks of 600 tokens (a first step of 1800 rows, then the rest, which
-    // samples each sequence's first token), logits back.
-    for (int it = 0; it < 2; ++it) {
-      std::vector<std::vector<float>> la, lb;
-      auto ta = step(plain, pa, 600, &la, true);
-      auto tb = step(fused, pb, 600, &lb, true);
-      ASSERT_EQ(ta, tb) << "prefill step " << it;
-      ASSERT_EQ(la, lb) << "prefill step " << it;
-      ASSERT_EQ(ta.size(), it == 0 ? 0u : static_cast<size_t>(kBatch));
-      tw.append(ta, tb);
-    }
-    for (int it = 0; it < 24; ++it) {
-      SCOPED_TRACE("decode " + std::to_string(it));
-      // Logits back on even steps (eager), ids only on odd ones (the graph path when on).
-      const bool want = it % 2 == 0;
-      std::vector<std::vector<float>> la, lb;
-      auto ta = step(plain, pa, 2048, want ? &la : nullptr, want);
-      auto tb = step(fused, pb, 2048, want ? &lb : nullptr, want);
-      ASSERT_EQ(ta, tb);
-      if (want) {
-        ASSERT_EQ(la, lb);
-      }
-      tw.append(ta, tb);
-    }
+    expectTwinStepsBitEqual(plain, fused, 7100);
     if (graphs) {
       EXPECT_GT(fused.model->graphSteps(), 0u);
     }
@@ -720,7 +724,8 @@ TEST_F(GpuGptOss, CombineNormFusionIsBitExact) {
 
 // [TAG_L2_PREFETCH_NEXT] The L2 prefetch of the next projection weights is a hint: ids and logits
 // are bit-identical to the same model without it, eager and graphed, in both prefetch forms (the
-// two runners share a backend and ops, so the same GEMM algorithms; only one of them prefetches).
+// two runners share a backend and ops, so the same GEMM algorithms; only one of them prefetches;
+// the prefill steps, > 256 rows, run without it, every decode step with it).
 TEST_F(GpuGptOss, L2PrefetchChangesNoBits) {
   for (auto mode : {GptOssOptions::L2Prefetch::kNormal, GptOssOptions::L2Prefetch::kEvictLast}) {
     for (bool graphs : {false, true}) {
@@ -730,29 +735,7 @@ TEST_F(GpuGptOss, L2PrefetchChangesNoBits) {
       g_l2_prefetch = mode;
       Runner pf = load(*dir_, "cuda", MoeWeightsMode::kAuto, &plain, graphs);
       g_l2_prefetch = GptOssOptions::L2Prefetch::kOff;
-      constexpr int kBatch = 3;
-      TwinBatch tw(kBatch, [](int i) { return prompt(300 + 57 * i, 8100 + i); });
-      std::vector<Seq*>&pa = tw.pa, &pb = tw.pb;
-      for (int it = 0; it < 2; ++it) {  // prefill in chunks of 450 tokens (no prefetch: > 256)
-        std::vector<std::vector<float>> la, lb;
-        auto ta = step(plain, pa, 450, &la, true);
-        auto tb = step(pf, pb, 450, &lb, true);
-        ASSERT_EQ(ta, tb) << "prefill step " << it;
-        ASSERT_EQ(la, lb) << "prefill step " << it;
-        tw.append(ta, tb);
-      }
-      for (int it = 0; it < 16; ++it) {
-        SCOPED_TRACE("decode " + std::to_string(it));
-        const bool want = it % 2 == 0;  // logits on even steps (eager), ids only on odd ones
-        std::vector<std::vector<float>> la, lb;
-        auto ta = step(plain, pa, 2048, want ? &la : nullptr, want);
-        auto tb = step(pf, pb, 2048, want ? &lb : nullptr, want);
-        ASSERT_EQ(ta, tb);
-        if (want) {
-          ASSERT_EQ(la, lb);
-        }
-        tw.append(ta, tb);
-      }
+      expectTwinStepsBitEqual(plain, pf, 8100);
       if (graphs) {
         EXPECT_GT(pf.model->graphSteps(), 0u);
       }
