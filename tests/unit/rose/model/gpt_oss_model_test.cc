@@ -402,6 +402,32 @@ TEST_F(GptOssModelTest, ShardedCheckpointGivesTheSameLogits) {
   EXPECT_NE(a[0], a[512]);  // real logits, not an untouched buffer
 }
 
+// [TAG_L2_PREFETCH_NEXT] The L2 prefetch option runs its prefetch / join calls in every step of
+// <= 256 tokens; on the CPU backend (LlmOps' no-op defaults) the logits are the same bits.
+TEST_F(GptOssModelTest, L2PrefetchOptionLeavesTheCpuLogitsAlone) {
+  GptOssOptions o;
+  o.max_batch_tokens = 40;
+  o.max_seqs = 4;
+  o.max_logits_rows = 30;
+  o.max_model_len = 48;
+  o.min_block_size = 4;
+  o.l2_prefetch = GptOssOptions::L2Prefetch::kEvictLast;
+  auto pf = GptOssModel::load(fixtureDir("bf16").string(), *backend_, *ops_, o);
+  ASSERT_TRUE(pf.isOk()) << pf.status().toString();
+  auto kv2 = PagedKvCache::create(*backend_, (*pf)->kvShape(16, 4), (*pf)->kvDType()).value();
+  LlmStepSeq s = seq(0, 6, 0, 0, 2);
+  s.logits = LogitsMode::kAll;
+  const std::vector<LlmStepSeq> seqs = {s};
+  const std::vector<int32_t> tokens = {3, 1, 4, 1, 5, 9}, blocks = {2, 0};
+  const LlmStep step{seqs, tokens, blocks};
+  std::vector<float> a(6 * 512), b(6 * 512);
+  model_->enqueueStep(step, *kv_, a.data(), nullptr);
+  (*pf)->enqueueStep(step, *kv2, b.data(), nullptr);
+  ASSERT_TRUE(backend_->synchronize().isOk());
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a[0], a[512]);  // real logits, not an untouched buffer
+}
+
 TEST(GptOssConfigParse, BothRopeSpellingsAndDefaults) {
   const std::string v4 = R"({"model_type":"gpt_oss","hidden_size":64,"num_hidden_layers":3,
     "num_attention_heads":4,"num_key_value_heads":2,"head_dim":16,"vocab_size":10,
