@@ -37,16 +37,20 @@ fs::path fixtureDir(const char* variant) {
 
 class GptOssModelTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    backend_ = makeBackend("cpu", BackendOptions{1, 0, 64}).value();
-    ops_ = makeLlmOps(*backend_, 1).value();
+  // The fixture model's options (small budgets; the caches below use blocks of 4).
+  static GptOssOptions smallOptions() {
     GptOssOptions o;
     o.max_batch_tokens = 40;
     o.max_seqs = 4;
     o.max_logits_rows = 30;
     o.max_model_len = 48;
-    o.min_block_size = 4;  // the caches below use blocks of 4
-    auto m = GptOssModel::load(fixtureDir("bf16").string(), *backend_, *ops_, o);
+    o.min_block_size = 4;
+    return o;
+  }
+  void SetUp() override {
+    backend_ = makeBackend("cpu", BackendOptions{1, 0, 64}).value();
+    ops_ = makeLlmOps(*backend_, 1).value();
+    auto m = GptOssModel::load(fixtureDir("bf16").string(), *backend_, *ops_, smallOptions());
     ASSERT_TRUE(m.isOk()) << m.status().toString();
     model_ = std::move(m).value();
     kv_ = PagedKvCache::create(*backend_, model_->kvShape(16, 4), model_->kvDType()).value();
@@ -77,6 +81,23 @@ class GptOssModelTest : public ::testing::Test {
     backend_->launch([&] { model_->enqueueStep(step, *kv_, logits.data(), out.data()); });
     EXPECT_TRUE(backend_->synchronize().isOk());
     return out;
+  }
+
+  // One 6-token step with every row's logits through model_ and `other` (a cache of its own):
+  // the same bits, and real logits (not an untouched buffer).
+  void expectSameLogits(GptOssModel& other) {
+    auto kv2 = PagedKvCache::create(*backend_, other.kvShape(16, 4), other.kvDType()).value();
+    LlmStepSeq s = seq(0, 6, 0, 0, 2);
+    s.logits = LogitsMode::kAll;
+    const std::vector<LlmStepSeq> seqs = {s};
+    const std::vector<int32_t> tokens = {3, 1, 4, 1, 5, 9}, blocks = {2, 0};
+    const LlmStep step{seqs, tokens, blocks};
+    std::vector<float> a(6 * 512), b(6 * 512);
+    model_->enqueueStep(step, *kv_, a.data(), nullptr);
+    other.enqueueStep(step, *kv2, b.data(), nullptr);
+    ASSERT_TRUE(backend_->synchronize().isOk());
+    EXPECT_EQ(a, b);
+    EXPECT_NE(a[0], a[512]);
   }
 
   std::unique_ptr<Backend> backend_;
@@ -379,53 +400,20 @@ TEST_F(GptOssModelTest, ShardedCheckpointGivesTheSameLogits) {
             .isOk());
   }
   std::ofstream(tmp / "model.safetensors.index.json") << index;
-  GptOssOptions o;
-  o.max_batch_tokens = 40;
-  o.max_seqs = 4;
-  o.max_logits_rows = 30;
-  o.max_model_len = 48;
-  auto sharded = GptOssModel::load(tmp.string(), *backend_, *ops_, o);
+  auto sharded = GptOssModel::load(tmp.string(), *backend_, *ops_, smallOptions());
   fs::remove_all(tmp);
   ASSERT_TRUE(sharded.isOk()) << sharded.status().toString();
-  auto kv2 =
-      PagedKvCache::create(*backend_, (*sharded)->kvShape(16, 4), (*sharded)->kvDType()).value();
-  LlmStepSeq s = seq(0, 6, 0, 0, 2);
-  s.logits = LogitsMode::kAll;
-  const std::vector<LlmStepSeq> seqs = {s};
-  const std::vector<int32_t> tokens = {3, 1, 4, 1, 5, 9}, blocks = {2, 0};
-  const LlmStep step{seqs, tokens, blocks};
-  std::vector<float> a(6 * 512), b(6 * 512);
-  model_->enqueueStep(step, *kv_, a.data(), nullptr);
-  (*sharded)->enqueueStep(step, *kv2, b.data(), nullptr);
-  ASSERT_TRUE(backend_->synchronize().isOk());
-  EXPECT_EQ(a, b);
-  EXPECT_NE(a[0], a[512]);  // real logits, not an untouched buffer
+  expectSameLogits(**sharded);
 }
 
 // [TAG_L2_PREFETCH_NEXT] The L2 prefetch option runs its prefetch / join calls in every step of
 // <= 256 tokens; on the CPU backend (LlmOps' no-op defaults) the logits are the same bits.
 TEST_F(GptOssModelTest, L2PrefetchOptionLeavesTheCpuLogitsAlone) {
-  GptOssOptions o;
-  o.max_batch_tokens = 40;
-  o.max_seqs = 4;
-  o.max_logits_rows = 30;
-  o.max_model_len = 48;
-  o.min_block_size = 4;
+  GptOssOptions o = smallOptions();
   o.l2_prefetch = GptOssOptions::L2Prefetch::kEvictLast;
   auto pf = GptOssModel::load(fixtureDir("bf16").string(), *backend_, *ops_, o);
   ASSERT_TRUE(pf.isOk()) << pf.status().toString();
-  auto kv2 = PagedKvCache::create(*backend_, (*pf)->kvShape(16, 4), (*pf)->kvDType()).value();
-  LlmStepSeq s = seq(0, 6, 0, 0, 2);
-  s.logits = LogitsMode::kAll;
-  const std::vector<LlmStepSeq> seqs = {s};
-  const std::vector<int32_t> tokens = {3, 1, 4, 1, 5, 9}, blocks = {2, 0};
-  const LlmStep step{seqs, tokens, blocks};
-  std::vector<float> a(6 * 512), b(6 * 512);
-  model_->enqueueStep(step, *kv_, a.data(), nullptr);
-  (*pf)->enqueueStep(step, *kv2, b.data(), nullptr);
-  ASSERT_TRUE(backend_->synchronize().isOk());
-  EXPECT_EQ(a, b);
-  EXPECT_NE(a[0], a[512]);  // real logits, not an untouched buffer
+  expectSameLogits(**pf);
 }
 
 TEST(GptOssConfigParse, BothRopeSpellingsAndDefaults) {
