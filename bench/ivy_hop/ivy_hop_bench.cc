@@ -22,7 +22,6 @@
 #include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -43,6 +42,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/loadgen/http_client.h"
 #include "common/json_writer.h"
 #include "garden/v1/garden.grpc.pb.h"
 #include "services/ivy/api/embeddings.h"
@@ -211,61 +211,14 @@ int freePort() {
   return ntohs(a.sin_port);
 }
 
-// One HTTP/1.1 keep-alive connection (TCP_NODELAY, as a load generator's client).
-class HttpConn {
- public:
-  bool connectTo(int port) {
-    fd_ = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = htons(static_cast<uint16_t>(port));
-    if (connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) return false;
-    int one = 1;
-    setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    return true;
-  }
-  ~HttpConn() {
-    if (fd_ >= 0) close(fd_);
-  }
-  // Sends `req` whole and reads one response; returns its status code (0: broken) and body.
-  int roundTrip(const std::string& req, std::string* body) {
-    for (size_t off = 0; off < req.size();) {
-      const ssize_t n = send(fd_, req.data() + off, req.size() - off, MSG_NOSIGNAL);
-      if (n <= 0) return 0;
-      off += static_cast<size_t>(n);
-    }
-    size_t hdr_end;
-    while ((hdr_end = buf_.find("\r\n\r\n")) == std::string::npos) {
-      if (!fill()) return 0;
-    }
-    const std::string head = buf_.substr(0, hdr_end);
-    const int code = std::atoi(head.c_str() + 9);  // "HTTP/1.1 200"
-    size_t len = 0;
-    for (const char* key : {"content-length:", "Content-Length:"}) {
-      const size_t p = head.find(key);
-      if (p != std::string::npos)
-        len = std::strtoul(head.c_str() + p + std::strlen(key), nullptr, 10);
-    }
-    while (buf_.size() < hdr_end + 4 + len) {
-      if (!fill()) return 0;
-    }
-    body->assign(buf_, hdr_end + 4, len);
-    buf_.erase(0, hdr_end + 4 + len);
-    return code;
-  }
-
- private:
-  bool fill() {
-    char tmp[65536];
-    const ssize_t n = recv(fd_, tmp, sizeof(tmp), 0);
-    if (n <= 0) return false;
-    buf_.append(tmp, static_cast<size_t>(n));
-    return true;
-  }
-  int fd_ = -1;
-  std::string buf_;
-};
+// One request on loadgen's keep-alive connection (bench/loadgen/http_client.h): the status code
+// (0: the connection or the response broke) and the body in `out`.
+int roundTrip(bench::Connection& c, const std::string& req, std::string* out) {
+  bench::ResponseReader reader;
+  if (!c.roundTrip(req, reader).isOk()) return 0;
+  *out = reader.body();
+  return reader.status();
+}
 
 // ivy_e2e: the real ivy binary in front of the instant tulip; see the header.
 int runE2e(const std::string& ivy_bin, const std::vector<std::string>& ivy_args,
@@ -306,24 +259,19 @@ int runE2e(const std::string& ivy_bin, const std::vector<std::string>& ivy_args,
   bool ready = false;
   for (int i = 0; i < 200 && !ready; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    HttpConn c;
+    bench::Connection c("127.0.0.1", hport, std::chrono::milliseconds(2000));
     std::string out;
-    ready =
-        c.connectTo(hport) && c.roundTrip("GET /ready HTTP/1.1\r\nHost: x\r\n\r\n", &out) == 200;
+    ready = roundTrip(c, "GET /ready HTTP/1.1\r\nHost: x\r\n\r\n", &out) == 200;
   }
   if (!ready) {
     std::fprintf(stderr, "ivy_hop_bench: ivy did not become ready on port %d\n", hport);
     return stop(1);
   }
-  const std::string req =
-      "POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: "
-      "application/json\r\nContent-Length: " +
-      std::to_string(body.size()) + "\r\n\r\n" + body;
-  HttpConn c;
-  if (!c.connectTo(hport)) return stop(1);
+  const std::string req = bench::buildPost("127.0.0.1", "/v1/embeddings", body);
+  bench::Connection c("127.0.0.1", hport, std::chrono::milliseconds(10000));
   std::string out;
   for (int i = 0; i < 200; ++i) {
-    if (c.roundTrip(req, &out) != 200) {
+    if (roundTrip(c, req, &out) != 200) {
       std::fprintf(stderr, "ivy_hop_bench: ivy answered: %s\n", out.substr(0, 300).c_str());
       return stop(1);
     }
@@ -334,7 +282,7 @@ int runE2e(const std::string& ivy_bin, const std::vector<std::string>& ivy_args,
   const int64_t self0 = clockNs(CLOCK_PROCESS_CPUTIME_ID);
   for (int i = 0; i < iters; ++i) {
     const int64_t w0 = clockNs(CLOCK_MONOTONIC);
-    if (c.roundTrip(req, &out) != 200) return stop(1);
+    if (roundTrip(c, req, &out) != 200) return stop(1);
     wall.push_back(double(clockNs(CLOCK_MONOTONIC) - w0) / 1e3);
   }
   const double ivy_cpu = (procCpuUs(pid) - ivy0) / iters;

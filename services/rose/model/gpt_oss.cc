@@ -1185,14 +1185,15 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
       const int32_t li = static_cast<int32_t>(l);
       const bool in_window_pool = kv.shape().windowLayer(li);  // [TAG_KV_WINDOW_GROUP]
       if (l2pf) ops_.prefetchL2Join();  // this QKV weight, pulled in during the last MoE
-      if (opts_.proj_f32) {             // [TAG_PROJ_F32] q/k/v rounded once, after RoPE
-        b.linear(xa, L.qkv.view, L.qkv_bias.view, qkv32);
-        ops_.ropeKvWriteF32In(qkv32, qkv, pos, rope_cos_.view, rope_sin_.view,
-                              in_window_pool ? slots_w : slots, kv.keys(li), kv.values(li), rope);
+      // [TAG_PROJ_F32] With f32 projections, q/k/v are rounded once, after RoPE, into qkv.
+      b.linear(xa, L.qkv.view, L.qkv_bias.view, opts_.proj_f32 ? qkv32 : qkv);
+      const Tensor& layer_slots = in_window_pool ? slots_w : slots;
+      if (opts_.proj_f32) {
+        ops_.ropeKvWriteF32In(qkv32, qkv, pos, rope_cos_.view, rope_sin_.view, layer_slots,
+                              kv.keys(li), kv.values(li), rope);
       } else {
-        b.linear(xa, L.qkv.view, L.qkv_bias.view, qkv);
-        ops_.ropeKvWrite(qkv, pos, rope_cos_.view, rope_sin_.view, in_window_pool ? slots_w : slots,
-                         kv.keys(li), kv.values(li), rope);
+        ops_.ropeKvWrite(qkv, pos, rope_cos_.view, rope_sin_.view, layer_slots, kv.keys(li),
+                         kv.values(li), rope);
       }
       PagedAttentionParams lp = ap;
       lp.sliding_window = config_.sliding[l] ? static_cast<int32_t>(c.sliding_window) : 0;

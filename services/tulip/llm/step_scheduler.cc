@@ -391,7 +391,7 @@ StepPlan LlmStepScheduler::schedule(int64_t now_ns) {
   // load a new sequence is placed by (each running sequence adds a token to every step of its
   // group, and the step is as slow as its busiest group).
   std::vector<uint32_t> group_load;
-  if (kv_->groups() > 1) {
+  if (kv_->groups() > 1 && !preempted && !waiting_.empty()) {  // only when admitting
     group_load.assign(kv_->groups(), 0);
     for (SeqId id : running_) {
       const int32_t g = kv_->groupOf(id);

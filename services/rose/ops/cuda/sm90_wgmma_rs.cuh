@@ -18,6 +18,20 @@ template <int kN, bool kHalf = false>
 __device__ __forceinline__ void wgmmaRSK(float (&d)[kN / 2], uint32_t a0, uint32_t a1,
                                          uint32_t a2, uint32_t a3, uint64_t desc_b);
 
+// The bf16 and fp16 specializations of wgmmaRSK<N> (M = N / 2 accumulators) from N's operand list
+// GARDEN_WGMMA_RSK_<N>(type suffix).
+#define GARDEN_WGMMA_RSK_SPECIALIZE(N, M)                                                       \
+  template <>                                                                                  \
+  __device__ __forceinline__ void wgmmaRSK<N, false>(float(&d)[M], uint32_t a0, uint32_t a1,   \
+                                                     uint32_t a2, uint32_t a3, uint64_t desc_b) { \
+    GARDEN_WGMMA_RSK_##N("bf16");                                                              \
+  }                                                                                            \
+  template <>                                                                                  \
+  __device__ __forceinline__ void wgmmaRSK<N, true>(float(&d)[M], uint32_t a0, uint32_t a1,    \
+                                                    uint32_t a2, uint32_t a3, uint64_t desc_b) { \
+    GARDEN_WGMMA_RSK_##N("f16");                                                               \
+  }
+
 #define GARDEN_WGMMA_RSK_16(TY) \
   asm volatile( \
       "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n" \
@@ -26,16 +40,7 @@ __device__ __forceinline__ void wgmmaRSK(float (&d)[kN / 2], uint32_t a0, uint32
       "}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n" \
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]) \
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc_b), "r"(1));
-template <>
-__device__ __forceinline__ void wgmmaRSK<16, false>(float (&d)[8], uint32_t a0, uint32_t a1,
-                                            uint32_t a2, uint32_t a3, uint64_t desc_b) {
-  GARDEN_WGMMA_RSK_16("bf16");
-}
-template <>
-__device__ __forceinline__ void wgmmaRSK<16, true>(float (&d)[8], uint32_t a0, uint32_t a1,
-                                            uint32_t a2, uint32_t a3, uint64_t desc_b) {
-  GARDEN_WGMMA_RSK_16("f16");
-}
+GARDEN_WGMMA_RSK_SPECIALIZE(16, 8)
 #undef GARDEN_WGMMA_RSK_16
 
 #define GARDEN_WGMMA_RSK_32(TY) \
@@ -47,16 +52,7 @@ __device__ __forceinline__ void wgmmaRSK<16, true>(float (&d)[8], uint32_t a0, u
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]) \
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc_b), "r"(1));
-template <>
-__device__ __forceinline__ void wgmmaRSK<32, false>(float (&d)[16], uint32_t a0, uint32_t a1,
-                                            uint32_t a2, uint32_t a3, uint64_t desc_b) {
-  GARDEN_WGMMA_RSK_32("bf16");
-}
-template <>
-__device__ __forceinline__ void wgmmaRSK<32, true>(float (&d)[16], uint32_t a0, uint32_t a1,
-                                            uint32_t a2, uint32_t a3, uint64_t desc_b) {
-  GARDEN_WGMMA_RSK_32("f16");
-}
+GARDEN_WGMMA_RSK_SPECIALIZE(32, 16)
 #undef GARDEN_WGMMA_RSK_32
 
 #define GARDEN_WGMMA_RSK_48(TY) \
@@ -70,16 +66,7 @@ __device__ __forceinline__ void wgmmaRSK<32, true>(float (&d)[16], uint32_t a0, 
         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
         "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]) \
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc_b), "r"(1));
-template <>
-__device__ __forceinline__ void wgmmaRSK<48, false>(float (&d)[24], uint32_t a0, uint32_t a1,
-                                            uint32_t a2, uint32_t a3, uint64_t desc_b) {
-  GARDEN_WGMMA_RSK_48("bf16");
-}
-template <>
-__device__ __forceinline__ void wgmmaRSK<48, true>(float (&d)[24], uint32_t a0, uint32_t a1,
-                                            uint32_t a2, uint32_t a3, uint64_t desc_b) {
-  GARDEN_WGMMA_RSK_48("f16");
-}
+GARDEN_WGMMA_RSK_SPECIALIZE(48, 24)
 #undef GARDEN_WGMMA_RSK_48
 
 #define GARDEN_WGMMA_RSK_64(TY) \
@@ -94,16 +81,7 @@ __device__ __forceinline__ void wgmmaRSK<48, true>(float (&d)[24], uint32_t a0, 
         "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
         "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]) \
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc_b), "r"(1));
-template <>
-__device__ __forceinline__ void wgmmaRSK<64, false>(float (&d)[32], uint32_t a0, uint32_t a1,
-                                            uint32_t a2, uint32_t a3, uint64_t desc_b) {
-  GARDEN_WGMMA_RSK_64("bf16");
-}
-template <>
-__device__ __forceinline__ void wgmmaRSK<64, true>(float (&d)[32], uint32_t a0, uint32_t a1,
-                                            uint32_t a2, uint32_t a3, uint64_t desc_b) {
-  GARDEN_WGMMA_RSK_64("f16");
-}
+GARDEN_WGMMA_RSK_SPECIALIZE(64, 32)
 #undef GARDEN_WGMMA_RSK_64
 
 #define GARDEN_WGMMA_RSK_80(TY) \
@@ -120,16 +98,7 @@ __device__ __forceinline__ void wgmmaRSK<64, true>(float (&d)[32], uint32_t a0, 
         "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
         "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]) \
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc_b), "r"(1));
-template <>
-__device__ __forceinline__ void wgmmaRSK<80, false>(float (&d)[40], uint32_t a0, uint32_t a1,
-                                            uint32_t a2, uint32_t a3, uint64_t desc_b) {
-  GARDEN_WGMMA_RSK_80("bf16");
-}
-template <>
-__device__ __forceinline__ void wgmmaRSK<80, true>(float (&d)[40], uint32_t a0, uint32_t a1,
-                                            uint32_t a2, uint32_t a3, uint64_t desc_b) {
-  GARDEN_WGMMA_RSK_80("f16");
-}
+GARDEN_WGMMA_RSK_SPECIALIZE(80, 40)
 #undef GARDEN_WGMMA_RSK_80
 
 #define GARDEN_WGMMA_RSK_96(TY) \
@@ -147,16 +116,7 @@ __device__ __forceinline__ void wgmmaRSK<80, true>(float (&d)[40], uint32_t a0, 
         "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
         "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]) \
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc_b), "r"(1));
-template <>
-__device__ __forceinline__ void wgmmaRSK<96, false>(float (&d)[48], uint32_t a0, uint32_t a1,
-                                            uint32_t a2, uint32_t a3, uint64_t desc_b) {
-  GARDEN_WGMMA_RSK_96("bf16");
-}
-template <>
-__device__ __forceinline__ void wgmmaRSK<96, true>(float (&d)[48], uint32_t a0, uint32_t a1,
-                                            uint32_t a2, uint32_t a3, uint64_t desc_b) {
-  GARDEN_WGMMA_RSK_96("f16");
-}
+GARDEN_WGMMA_RSK_SPECIALIZE(96, 48)
 #undef GARDEN_WGMMA_RSK_96
 
 #define GARDEN_WGMMA_RSK_112(TY) \
@@ -176,16 +136,7 @@ __device__ __forceinline__ void wgmmaRSK<96, true>(float (&d)[48], uint32_t a0, 
         "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
         "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]) \
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc_b), "r"(1));
-template <>
-__device__ __forceinline__ void wgmmaRSK<112, false>(float (&d)[56], uint32_t a0, uint32_t a1,
-                                            uint32_t a2, uint32_t a3, uint64_t desc_b) {
-  GARDEN_WGMMA_RSK_112("bf16");
-}
-template <>
-__device__ __forceinline__ void wgmmaRSK<112, true>(float (&d)[56], uint32_t a0, uint32_t a1,
-                                            uint32_t a2, uint32_t a3, uint64_t desc_b) {
-  GARDEN_WGMMA_RSK_112("f16");
-}
+GARDEN_WGMMA_RSK_SPECIALIZE(112, 56)
 #undef GARDEN_WGMMA_RSK_112
 
 #define GARDEN_WGMMA_RSK_128(TY) \
@@ -206,16 +157,7 @@ __device__ __forceinline__ void wgmmaRSK<112, true>(float (&d)[56], uint32_t a0,
         "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
         "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) \
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc_b), "r"(1));
-template <>
-__device__ __forceinline__ void wgmmaRSK<128, false>(float (&d)[64], uint32_t a0, uint32_t a1,
-                                            uint32_t a2, uint32_t a3, uint64_t desc_b) {
-  GARDEN_WGMMA_RSK_128("bf16");
-}
-template <>
-__device__ __forceinline__ void wgmmaRSK<128, true>(float (&d)[64], uint32_t a0, uint32_t a1,
-                                            uint32_t a2, uint32_t a3, uint64_t desc_b) {
-  GARDEN_WGMMA_RSK_128("f16");
-}
+GARDEN_WGMMA_RSK_SPECIALIZE(128, 64)
 #undef GARDEN_WGMMA_RSK_128
 
 #define GARDEN_WGMMA_RSK_144(TY) \
@@ -238,16 +180,7 @@ __device__ __forceinline__ void wgmmaRSK<128, true>(float (&d)[64], uint32_t a0,
         "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), \
         "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]) \
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc_b), "r"(1));
-template <>
-__device__ __forceinline__ void wgmmaRSK<144, false>(float (&d)[72], uint32_t a0, uint32_t a1,
-                                            uint32_t a2, uint32_t a3, uint64_t desc_b) {
-  GARDEN_WGMMA_RSK_144("bf16");
-}
-template <>
-__device__ __forceinline__ void wgmmaRSK<144, true>(float (&d)[72], uint32_t a0, uint32_t a1,
-                                            uint32_t a2, uint32_t a3, uint64_t desc_b) {
-  GARDEN_WGMMA_RSK_144("f16");
-}
+GARDEN_WGMMA_RSK_SPECIALIZE(144, 72)
 #undef GARDEN_WGMMA_RSK_144
 
 #define GARDEN_WGMMA_RSK_160(TY) \
@@ -271,16 +204,7 @@ __device__ __forceinline__ void wgmmaRSK<144, true>(float (&d)[72], uint32_t a0,
         "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), \
         "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]) \
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc_b), "r"(1));
-template <>
-__device__ __forceinline__ void wgmmaRSK<160, false>(float (&d)[80], uint32_t a0, uint32_t a1,
-                                            uint32_t a2, uint32_t a3, uint64_t desc_b) {
-  GARDEN_WGMMA_RSK_160("bf16");
-}
-template <>
-__device__ __forceinline__ void wgmmaRSK<160, true>(float (&d)[80], uint32_t a0, uint32_t a1,
-                                            uint32_t a2, uint32_t a3, uint64_t desc_b) {
-  GARDEN_WGMMA_RSK_160("f16");
-}
+GARDEN_WGMMA_RSK_SPECIALIZE(160, 80)
 #undef GARDEN_WGMMA_RSK_160
 
 #define GARDEN_WGMMA_RSK_176(TY) \
@@ -306,16 +230,7 @@ __device__ __forceinline__ void wgmmaRSK<160, true>(float (&d)[80], uint32_t a0,
         "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), \
         "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]) \
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc_b), "r"(1));
-template <>
-__device__ __forceinline__ void wgmmaRSK<176, false>(float (&d)[88], uint32_t a0, uint32_t a1,
-                                            uint32_t a2, uint32_t a3, uint64_t desc_b) {
-  GARDEN_WGMMA_RSK_176("bf16");
-}
-template <>
-__device__ __forceinline__ void wgmmaRSK<176, true>(float (&d)[88], uint32_t a0, uint32_t a1,
-                                            uint32_t a2, uint32_t a3, uint64_t desc_b) {
-  GARDEN_WGMMA_RSK_176("f16");
-}
+GARDEN_WGMMA_RSK_SPECIALIZE(176, 88)
 #undef GARDEN_WGMMA_RSK_176
 
 #define GARDEN_WGMMA_RSK_192(TY) \
@@ -342,16 +257,7 @@ __device__ __forceinline__ void wgmmaRSK<176, true>(float (&d)[88], uint32_t a0,
         "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), \
         "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]) \
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc_b), "r"(1));
-template <>
-__device__ __forceinline__ void wgmmaRSK<192, false>(float (&d)[96], uint32_t a0, uint32_t a1,
-                                            uint32_t a2, uint32_t a3, uint64_t desc_b) {
-  GARDEN_WGMMA_RSK_192("bf16");
-}
-template <>
-__device__ __forceinline__ void wgmmaRSK<192, true>(float (&d)[96], uint32_t a0, uint32_t a1,
-                                            uint32_t a2, uint32_t a3, uint64_t desc_b) {
-  GARDEN_WGMMA_RSK_192("f16");
-}
+GARDEN_WGMMA_RSK_SPECIALIZE(192, 96)
 #undef GARDEN_WGMMA_RSK_192
 
 #define GARDEN_WGMMA_RSK_208(TY) \
@@ -380,16 +286,7 @@ __device__ __forceinline__ void wgmmaRSK<192, true>(float (&d)[96], uint32_t a0,
         "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), \
         "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]) \
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc_b), "r"(1));
-template <>
-__device__ __forceinline__ void wgmmaRSK<208, false>(float (&d)[104], uint32_t a0, uint32_t a1,
-                                            uint32_t a2, uint32_t a3, uint64_t desc_b) {
-  GARDEN_WGMMA_RSK_208("bf16");
-}
-template <>
-__device__ __forceinline__ void wgmmaRSK<208, true>(float (&d)[104], uint32_t a0, uint32_t a1,
-                                            uint32_t a2, uint32_t a3, uint64_t desc_b) {
-  GARDEN_WGMMA_RSK_208("f16");
-}
+GARDEN_WGMMA_RSK_SPECIALIZE(208, 104)
 #undef GARDEN_WGMMA_RSK_208
 
 #define GARDEN_WGMMA_RSK_224(TY) \
@@ -419,16 +316,7 @@ __device__ __forceinline__ void wgmmaRSK<208, true>(float (&d)[104], uint32_t a0
         "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), \
         "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]) \
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc_b), "r"(1));
-template <>
-__device__ __forceinline__ void wgmmaRSK<224, false>(float (&d)[112], uint32_t a0, uint32_t a1,
-                                            uint32_t a2, uint32_t a3, uint64_t desc_b) {
-  GARDEN_WGMMA_RSK_224("bf16");
-}
-template <>
-__device__ __forceinline__ void wgmmaRSK<224, true>(float (&d)[112], uint32_t a0, uint32_t a1,
-                                            uint32_t a2, uint32_t a3, uint64_t desc_b) {
-  GARDEN_WGMMA_RSK_224("f16");
-}
+GARDEN_WGMMA_RSK_SPECIALIZE(224, 112)
 #undef GARDEN_WGMMA_RSK_224
 
 #define GARDEN_WGMMA_RSK_240(TY) \
@@ -460,16 +348,7 @@ __device__ __forceinline__ void wgmmaRSK<224, true>(float (&d)[112], uint32_t a0
         "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), \
         "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]) \
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc_b), "r"(1));
-template <>
-__device__ __forceinline__ void wgmmaRSK<240, false>(float (&d)[120], uint32_t a0, uint32_t a1,
-                                            uint32_t a2, uint32_t a3, uint64_t desc_b) {
-  GARDEN_WGMMA_RSK_240("bf16");
-}
-template <>
-__device__ __forceinline__ void wgmmaRSK<240, true>(float (&d)[120], uint32_t a0, uint32_t a1,
-                                            uint32_t a2, uint32_t a3, uint64_t desc_b) {
-  GARDEN_WGMMA_RSK_240("f16");
-}
+GARDEN_WGMMA_RSK_SPECIALIZE(240, 120)
 #undef GARDEN_WGMMA_RSK_240
 
 #define GARDEN_WGMMA_RSK_256(TY) \
@@ -502,16 +381,9 @@ __device__ __forceinline__ void wgmmaRSK<240, true>(float (&d)[120], uint32_t a0
         "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), \
         "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127]) \
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc_b), "r"(1));
-template <>
-__device__ __forceinline__ void wgmmaRSK<256, false>(float (&d)[128], uint32_t a0, uint32_t a1,
-                                            uint32_t a2, uint32_t a3, uint64_t desc_b) {
-  GARDEN_WGMMA_RSK_256("bf16");
-}
-template <>
-__device__ __forceinline__ void wgmmaRSK<256, true>(float (&d)[128], uint32_t a0, uint32_t a1,
-                                            uint32_t a2, uint32_t a3, uint64_t desc_b) {
-  GARDEN_WGMMA_RSK_256("f16");
-}
+GARDEN_WGMMA_RSK_SPECIALIZE(256, 128)
 #undef GARDEN_WGMMA_RSK_256
+
+#undef GARDEN_WGMMA_RSK_SPECIALIZE
 
 }  // namespace garden::rose::cuda::ptx90
