@@ -11,14 +11,17 @@
 //   ivy_e2e      (--ivy PATH) the real ivy binary in front of the instant tulip: one HTTP/1.1
 //                keep-alive connection posting the 512-token /v1/embeddings request; wall time per
 //                request, and CPU per request of the ivy process (/proc utime + stime over all
-//                requests) and of this process (client + the instant tulip)
+//                requests) and of this process (client + the instant tulip); --e2e-conns N: N
+//                such connections at once, one thread each, --e2e-iters requests each (adds
+//                requests_per_s)
 // For each: p50/p99 of per-call thread CPU time (the pieces on one thread) or of wall time and
 // process CPU time per call (the gRPC hop runs on gRPC's threads: client, server, completion),
 // after warm-up. CPU time is what the host pays and is robust to a shared machine; wall time is
 // what a caller waits and is not. Output: one JSON object per line on stdout.
 //
 // usage: ivy_hop_bench --tokenizer tokenizer.json [--iters N] [--grpc-iters N] [--unix PATH]
-//                      [--ivy build/services/ivy/ivy] [--e2e-iters N] [--ivy-arg ARG]...
+//                      [--ivy build/services/ivy/ivy] [--e2e-iters N] [--e2e-conns N]
+//                      [--ivy-arg ARG]...
 #include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
@@ -28,6 +31,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -36,6 +40,7 @@
 #include <cstring>
 #include <ctime>
 #include <fstream>
+#include <memory>
 #include <mutex>
 #include <sstream>
 #include <string>
@@ -222,7 +227,8 @@ int roundTrip(bench::Connection& c, const std::string& req, std::string* out) {
 
 // ivy_e2e: the real ivy binary in front of the instant tulip; see the header.
 int runE2e(const std::string& ivy_bin, const std::vector<std::string>& ivy_args,
-           const std::string& tokenizer, const std::string& body, int iters, uint32_t vocab) {
+           const std::string& tokenizer, const std::string& body, int iters, uint32_t vocab,
+           int conns) {
   constexpr uint32_t kDim = 1024;
   InstantTulip service(kDim);
   service.vocab = vocab;
@@ -276,22 +282,48 @@ int runE2e(const std::string& ivy_bin, const std::vector<std::string>& ivy_args,
       return stop(1);
     }
   }
-  std::vector<double> wall;
-  wall.reserve(static_cast<size_t>(iters));
+  // `conns` keep-alive connections, each on its own thread, `iters` requests each.
+  std::vector<std::vector<double>> per(static_cast<size_t>(conns));
+  std::atomic<bool> failed{false};
   const double ivy0 = procCpuUs(pid);
   const int64_t self0 = clockNs(CLOCK_PROCESS_CPUTIME_ID);
-  for (int i = 0; i < iters; ++i) {
-    const int64_t w0 = clockNs(CLOCK_MONOTONIC);
-    if (roundTrip(c, req, &out) != 200) return stop(1);
-    wall.push_back(double(clockNs(CLOCK_MONOTONIC) - w0) / 1e3);
+  const int64_t t0 = clockNs(CLOCK_MONOTONIC);
+  auto client = [&](size_t k, bench::Connection& conn) {
+    std::string o;
+    per[k].reserve(static_cast<size_t>(iters));
+    for (int i = 0; i < iters && !failed.load(); ++i) {
+      const int64_t w0 = clockNs(CLOCK_MONOTONIC);
+      if (roundTrip(conn, req, &o) != 200) return void(failed = true);
+      per[k].push_back(double(clockNs(CLOCK_MONOTONIC) - w0) / 1e3);
+    }
+  };
+  {
+    std::vector<std::unique_ptr<bench::Connection>> extra;
+    std::vector<std::thread> threads;
+    for (int k = 1; k < conns; ++k) {
+      extra.push_back(std::make_unique<bench::Connection>("127.0.0.1", hport,
+                                                          std::chrono::milliseconds(10000)));
+    }
+    for (int k = 1; k < conns; ++k) {
+      threads.emplace_back(client, static_cast<size_t>(k), std::ref(*extra[k - 1]));
+    }
+    client(0, c);
+    for (auto& t : threads) t.join();
   }
-  const double ivy_cpu = (procCpuUs(pid) - ivy0) / iters;
-  const double self_cpu = double(clockNs(CLOCK_PROCESS_CPUTIME_ID) - self0) / 1e3 / iters;
-  emit("ivy_e2e", "wall", stat(wall), wall.size(), "response_bytes", double(out.size()));
+  const double span_s = double(clockNs(CLOCK_MONOTONIC) - t0) / 1e9;
+  if (failed.load()) return stop(1);
+  std::vector<double> wall;
+  for (auto& v : per) wall.insert(wall.end(), v.begin(), v.end());
+  const double n = double(wall.size());
+  const double ivy_cpu = (procCpuUs(pid) - ivy0) / n;
+  const double self_cpu = double(clockNs(CLOCK_PROCESS_CPUTIME_ID) - self0) / 1e3 / n;
+  emit("ivy_e2e", "wall", stat(wall), wall.size(), "connections", double(conns));
   std::string line;
   JsonWriter w(&line);
   w.beginObject().field("bench", "ivy_hop").field("piece", "ivy_e2e").field("clock", "process_cpu");
-  w.field("n", iters).field("ivy_mean_us", ivy_cpu).field("client_and_tulip_mean_us", self_cpu);
+  w.field("n", static_cast<int64_t>(n)).field("connections", conns);
+  w.field("requests_per_s", n / span_s);
+  w.field("ivy_mean_us", ivy_cpu).field("client_and_tulip_mean_us", self_cpu);
   w.endObject();
   std::printf("%s\n", line.c_str());
   std::fflush(stdout);
@@ -306,6 +338,7 @@ int main(int argc, char** argv) {
   std::string unix_socket;  // also time the hop over this Unix-domain socket (gRPC "unix:" target)
   std::string ivy_bin;      // --ivy: also time the whole request through the real ivy (ivy_e2e)
   int e2e_iters = 3000;
+  int e2e_conns = 1;  // --e2e-conns: concurrent keep-alive connections, e2e_iters requests each
   std::vector<std::string> ivy_args;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -328,6 +361,8 @@ int main(int argc, char** argv) {
       ivy_bin = next();
     } else if (a == "--e2e-iters") {
       e2e_iters = std::atoi(next().c_str());
+    } else if (a == "--e2e-conns") {
+      e2e_conns = std::max(1, std::atoi(next().c_str()));
     } else if (a == "--ivy-arg") {
       ivy_args.push_back(next());
     } else {
@@ -467,7 +502,8 @@ int main(int argc, char** argv) {
     server->Shutdown();
   }
   if (!ivy_bin.empty() && e2e_iters > 0) {
-    const int rc = runE2e(ivy_bin, ivy_args, tokenizer, body, e2e_iters, (*enc)->vocabSize());
+    const int rc = runE2e(ivy_bin, ivy_args, tokenizer, body, e2e_iters, (*enc)->vocabSize(),
+                          e2e_conns);
     if (rc != 0) return rc;
   }
   std::fprintf(stderr, "(sink %zu)\n", sink);

@@ -1,8 +1,9 @@
 #pragma once
 // HttpRequest / HttpResponse: plain structs between the Beast server (server.cc, the only file that
 // sees Beast) and the router and route handlers, so those are testable without sockets.
-// A Responder delivers exactly one response for a request; it may be called from any thread (it
-// posts back to the connection's strand). Calling it more than once is a bug and CHECK-fails.
+// A Responder delivers exactly one response for a request; it may be called from any thread (a
+// plain response is sent from that thread without blocking, the rest is the connection strand's:
+// server.cc [TAG_DIRECT_WRITE]). Calling it more than once is a bug and CHECK-fails.
 //
 // Client gone [TAG_CLIENT_DISCONNECT]: the server fires HttpRequest::cancel when the client closes
 // (or resets) the connection while the request waits for its response. A handler that starts

@@ -1,6 +1,7 @@
 #include "services/ivy/http/server.h"
 
 #include <sys/socket.h>
+#include <sys/uio.h>
 
 #include <array>
 #include <atomic>
@@ -54,6 +55,65 @@ std::string toLower(std::string_view s) {
   return out;
 }
 
+// [TAG_DIRECT_WRITE] A plain (not streamed) response, built as the strand's write() builds it.
+http::response<http::string_body> makeResponse(HttpResponse&& r, const std::string& request_id,
+                                               bool keep) {
+  http::response<http::string_body> res;
+  res.version(11);
+  res.result(static_cast<unsigned>(r.status));
+  res.set(http::field::server, "garden-ivy");
+  res.set(http::field::content_type, r.content_type);
+  res.set("x-request-id", request_id);
+  for (auto& [k, v] : r.headers) res.set(k, v);
+  res.body() = std::move(r.body);
+  res.keep_alive(keep);
+  res.prepare_payload();
+  return res;
+}
+
+// A response written by the thread that produced it [TAG_DIRECT_WRITE]: what send() took now, the
+// rest (if the socket's buffer filled) is written by the connection's strand.
+struct DirectReply {
+  http::response<http::string_body> res;
+  std::optional<http::response_serializer<http::string_body>> sr;  // over `res`
+  bool keep = false;
+  beast::error_code ec;  // send() failed: the connection is closed
+};
+
+// Sends what the socket takes without blocking (MSG_DONTWAIT: never waits for buffer space).
+void sendWithoutBlocking(int fd, DirectReply& d) {
+  while (!d.sr->is_done()) {
+    std::array<iovec, 16> iov;
+    size_t n_iov = 0, total = 0;
+    beast::error_code ec;
+    d.sr->next(ec, [&](beast::error_code&, const auto& buffers) {
+      for (auto b : beast::buffers_range_ref(buffers)) {
+        if (n_iov == iov.size()) break;
+        if (b.size() == 0) continue;
+        iov[n_iov++] = {const_cast<void*>(b.data()), b.size()};
+        total += b.size();
+      }
+    });
+    if (ec) {
+      d.ec = ec;
+      return;
+    }
+    msghdr msg{};
+    msg.msg_iov = iov.data();
+    msg.msg_iovlen = n_iov;
+    ssize_t w = ::sendmsg(fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) {
+        d.ec = beast::error_code(errno, boost::system::system_category());
+      }
+      return;
+    }
+    d.sr->consume(static_cast<size_t>(w));
+    if (static_cast<size_t>(w) < total) return;  // the buffer is full: the strand writes the rest
+  }
+}
+
 }  // namespace
 
 std::string requestIdFor(std::string_view incoming) {
@@ -77,7 +137,21 @@ class Session;
 
 struct HttpServer::Core : std::enable_shared_from_this<HttpServer::Core> {
   Core(HttpServerOptions o, const Router* r, AccessObserver d)
-      : options(std::move(o)), router(r), on_done(std::move(d)), acceptor(net::make_strand(ioc)) {}
+      : options(std::move(o)), router(r), on_done(std::move(d)), iocs(makeContexts(options)),
+        acceptor(net::make_strand(*iocs[0])) {}
+
+  // [TAG_IO_PER_THREAD] One io_context per io thread, each run by its thread alone (concurrency
+  // hint 1), and each connection on one of them (round robin at accept). One io_context shared by
+  // N threads made its scheduler wake another thread for nearly every handler: on the 2-core
+  // development VM ~9.5 context switches and ~340 µs of ivy CPU per embeddings request with two
+  // threads, ~4.2 and ~265 µs with one (bench/results/ivy-e2e-2026-12-05-cpu.md).
+  static std::vector<std::unique_ptr<net::io_context>> makeContexts(const HttpServerOptions& o) {
+    int n = o.threads > 0 ? o.threads
+                          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+    std::vector<std::unique_ptr<net::io_context>> v;
+    for (int i = 0; i < n; ++i) v.push_back(std::make_unique<net::io_context>(1));
+    return v;
+  }
 
   void doAccept();
   void add(Session* s, std::weak_ptr<Session> w) EXCLUDES(mu) {
@@ -92,7 +166,10 @@ struct HttpServer::Core : std::enable_shared_from_this<HttpServer::Core> {
   HttpServerOptions options;
   const Router* router;
   AccessObserver on_done;
-  net::io_context ioc;
+  std::vector<std::unique_ptr<net::io_context>> iocs;  // one per io thread
+  // Keep every io_context running (a thread with no connection yet) until stop().
+  std::vector<net::executor_work_guard<net::io_context::executor_type>> guards;
+  size_t next_ioc = 0;  // round robin of accepted connections (the acceptor's strand only)
   tcp::acceptor acceptor;
   uint16_t port = 0;
   std::atomic<bool> stopping{false};
@@ -105,8 +182,8 @@ struct HttpServer::Core : std::enable_shared_from_this<HttpServer::Core> {
 
 class Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(std::shared_ptr<HttpServer::Core> core, tcp::socket&& socket)
-      : core_(std::move(core)), stream_(std::move(socket)) {}
+  Session(std::shared_ptr<HttpServer::Core> core, net::io_context& ioc, tcp::socket&& socket)
+      : core_(std::move(core)), ioc_(ioc), stream_(std::move(socket)) {}
   ~Session() { core_->remove(this); }
 
   void start() {
@@ -238,20 +315,23 @@ class Session : public std::enable_shared_from_this<Session> {
     r.cancel = request_cancel_;
     awaiting_ = true;
 
-    // Keeps the io_context running (stop() drains) until the response is handed back.
-    struct Pending {
-      Pending(std::shared_ptr<Session> s, net::io_context& ioc)
-          : session(std::move(s)), work(net::make_work_guard(ioc)) {}
-      std::shared_ptr<Session> session;
-      net::executor_work_guard<net::io_context::executor_type> work;
-      std::atomic<bool> called{false};
-    };
-    auto pending = std::make_shared<Pending>(shared_from_this(), core_->ioc);
+    auto pending = std::make_shared<Pending>(shared_from_this(), ioc_);
+    pending->fd = stream_.socket().native_handle();
+    pending->keep_alive = keep_alive_;
+    pending->request_id = request_id_;
+    pending->method = method_;
+    pending->path = path_;
+    pending->route = route_;
+    pending->start = start_;
+    pending->request_bytes = request_bytes_;
+    direct_.store(kDirectArmed, std::memory_order_release);
     Responder respond = [pending](HttpResponse response) {
       CHECK_MSG(!pending->called.exchange(true), "Responder called twice");
       auto s = pending->session;
-      net::post(s->stream_.get_executor(),
-                [s, response = std::move(response)]() mutable { s->write(std::move(response)); });
+      if (response.stream || !s->writeDirect(*pending, response)) {
+        net::post(s->stream_.get_executor(),
+                  [s, response = std::move(response)]() mutable { s->write(std::move(response)); });
+      }
       pending->work.reset();
     };
     core_->router->dispatch(std::move(r), std::move(respond));
@@ -287,6 +367,13 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void clientGone() {
+    // [TAG_DIRECT_WRITE] The response is already being written by its own thread: that wins (the
+    // socket stays open for it; finishDirect() sees the error, if any, and closes).
+    int armed = kDirectArmed;
+    if (!direct_.compare_exchange_strong(armed, kDirectOff, std::memory_order_acq_rel) &&
+        armed == kDirectTaken) {
+      return;
+    }
     client_gone_ = true;
     AccessRecord rec;
     rec.request_id = request_id_;
@@ -319,7 +406,87 @@ class Session : public std::enable_shared_from_this<Session> {
     write(std::move(r));
   }
 
+  // --- the response written by the thread that produced it [TAG_DIRECT_WRITE] ---
+  // The Responder runs on whatever thread the handler answers from (a gRPC callback thread for
+  // model routes). Posting the response to the strand costs a wake-up of an io thread and two
+  // context switches before the first byte leaves; instead that thread sends it itself, without
+  // blocking, when it can take the connection from the strand: `direct_` goes Armed -> Taken
+  // (here) or Armed -> Off (clientGone(), or write() for a response that came through the strand).
+  // While Taken the strand never closes the socket, so the descriptor cannot be reused under the
+  // send. What the socket's buffer did not take, and the rest of the request's bookkeeping
+  // (cancelling the disconnect watch, keep-alive, the next read), happens on the strand in
+  // finishDirect(). Nothing of the Session but `direct_`, `core_` and the executor is touched here:
+  // the request's fields were copied into `p` on the strand.
+  struct Pending {
+    Pending(std::shared_ptr<Session> s, net::io_context& ioc)
+        : session(std::move(s)), work(net::make_work_guard(ioc)) {}
+    std::shared_ptr<Session> session;
+    net::executor_work_guard<net::io_context::executor_type> work;  // stop() drains until answered
+    std::atomic<bool> called{false};
+    int fd = -1;
+    bool keep_alive = false;
+    std::string request_id, method, path;
+    std::string_view route;
+    std::chrono::steady_clock::time_point start;
+    size_t request_bytes = 0;
+  };
+
+  bool writeDirect(const Pending& p, HttpResponse& r) {
+    int armed = kDirectArmed;
+    if (!direct_.compare_exchange_strong(armed, kDirectTaken, std::memory_order_acq_rel)) {
+      return false;
+    }
+    auto d = std::make_shared<DirectReply>();
+    d->keep = p.keep_alive && !core_->stopping.load();
+    d->res = makeResponse(std::move(r), p.request_id, d->keep);
+    AccessRecord rec;
+    rec.request_id = p.request_id;
+    rec.method = p.method;
+    rec.path = p.path;
+    rec.route = p.route;
+    rec.status = static_cast<int>(d->res.result_int());
+    rec.latency = std::chrono::duration_cast<std::chrono::microseconds>(
+        std::chrono::steady_clock::now() - p.start);
+    rec.request_bytes = p.request_bytes;
+    rec.response_bytes = d->res.body().size();
+    if (core_->on_done) core_->on_done(rec);
+    d->sr.emplace(d->res);
+    sendWithoutBlocking(p.fd, *d);
+    net::post(stream_.get_executor(), [s = p.session, d] { s->finishDirect(d); });
+    return true;
+  }
+
+  void finishDirect(const std::shared_ptr<DirectReply>& d) {
+    CHECK(awaiting_ && !client_gone_);
+    awaiting_ = false;
+    request_bytes_ = 0;
+    request_cancel_.reset();
+    if (wait_armed_) {
+      beast::error_code ec;
+      stream_.socket().cancel(ec);
+      wait_armed_ = false;
+    }
+    direct_.store(kDirectOff, std::memory_order_release);
+    if (d->ec) {
+      busy_ = false;
+      return close();
+    }
+    if (d->sr->is_done()) return afterWrite({}, d->keep);
+    stream_.expires_after(options().idle_timeout);
+    http::async_write(stream_, *d->sr, [self = shared_from_this(), d](beast::error_code ec, size_t) {
+      self->afterWrite(ec, d->keep);
+    });
+  }
+
+  void afterWrite(beast::error_code ec, bool keep) {
+    busy_ = false;
+    if (ec) return close();
+    if (!keep) return linger_ ? lingerClose() : close();
+    readHeader();
+  }
+
   void write(HttpResponse r) {
+    direct_.store(kDirectOff, std::memory_order_release);
     if (awaiting_) {  // the response of a dispatched request [TAG_CLIENT_DISCONNECT]
       awaiting_ = false;
       request_cancel_.reset();
@@ -336,16 +503,7 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     if (r.stream) return startStream(std::move(r));
     bool keep = keep_alive_ && !stopping_ && !core_->stopping.load();
-    res_ = {};
-    res_.version(11);
-    res_.result(static_cast<unsigned>(r.status));
-    res_.set(http::field::server, "garden-ivy");
-    res_.set(http::field::content_type, r.content_type);
-    res_.set("x-request-id", request_id_);
-    for (auto& [k, v] : r.headers) res_.set(k, v);
-    res_.body() = std::move(r.body);
-    res_.keep_alive(keep);
-    res_.prepare_payload();
+    res_ = makeResponse(std::move(r), request_id_, keep);
 
     AccessRecord rec;
     rec.request_id = request_id_;
@@ -363,10 +521,7 @@ class Session : public std::enable_shared_from_this<Session> {
     stream_.expires_after(options().idle_timeout);
     http::async_write(stream_, res_,
                       [self = shared_from_this(), keep](beast::error_code ec, size_t) {
-                        self->busy_ = false;
-                        if (ec) return self->close();
-                        if (!keep) return self->linger_ ? self->lingerClose() : self->close();
-                        self->readHeader();
+                        self->afterWrite(ec, keep);
                       });
   }
 
@@ -509,6 +664,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   std::shared_ptr<HttpServer::Core> core_;  // first member: destroyed last (owns the io_context)
+  net::io_context& ioc_;                    // the one this connection runs on
   beast::tcp_stream stream_;
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
@@ -534,6 +690,9 @@ class Session : public std::enable_shared_from_this<Session> {
   bool awaiting_ = false;     // dispatched; write() not yet called for it
   bool wait_armed_ = false;   // watchDisconnect()'s async_wait is outstanding
   bool client_gone_ = false;  // the client left before the response: it is dropped
+  // Who may write the awaited response [TAG_DIRECT_WRITE] (any thread; see writeDirect()).
+  enum : int { kDirectOff = 0, kDirectArmed = 1, kDirectTaken = 2 };
+  std::atomic<int> direct_{kDirectOff};
   std::string request_id_, method_, path_, query_;
   std::string_view route_ = "other";
   std::chrono::steady_clock::time_point start_;
@@ -541,17 +700,17 @@ class Session : public std::enable_shared_from_this<Session> {
 };
 
 void HttpServer::Core::doAccept() {
-  acceptor.async_accept(net::make_strand(ioc),
-                        [self = shared_from_this()](beast::error_code ec, tcp::socket socket) {
-                          if (ec) {
-                            if (ec == net::error::operation_aborted || !self->acceptor.is_open())
-                              return;
-                            log::warn("accept failed", {{"error", ec.message()}});
-                          } else {
-                            std::make_shared<Session>(self, std::move(socket))->start();
-                          }
-                          self->doAccept();
-                        });
+  net::io_context& ioc = *iocs[next_ioc++ % iocs.size()];
+  acceptor.async_accept(net::make_strand(ioc), [self = shared_from_this(), &ioc](
+                                                   beast::error_code ec, tcp::socket socket) {
+    if (ec) {
+      if (ec == net::error::operation_aborted || !self->acceptor.is_open()) return;
+      log::warn("accept failed", {{"error", ec.message()}});
+    } else {
+      std::make_shared<Session>(self, ioc, std::move(socket))->start();
+    }
+    self->doAccept();
+  });
 }
 
 HttpServer::HttpServer(HttpServerOptions options, const Router* router, AccessObserver on_done)
@@ -563,7 +722,7 @@ Status HttpServer::start() {
   Core& c = *core_;
   CHECK(c.threads.empty());
   beast::error_code ec;
-  tcp::resolver resolver(c.ioc);
+  tcp::resolver resolver(*c.iocs[0]);
   auto results =
       resolver.resolve(c.options.host, std::to_string(c.options.port), tcp::resolver::passive, ec);
   std::string where = c.options.host + ":" + std::to_string(c.options.port);
@@ -575,17 +734,16 @@ Status HttpServer::start() {
   if (!ec) c.acceptor.listen(net::socket_base::max_listen_connections, ec);
   if (ec) return unavailable("cannot listen on " + where + ": " + ec.message());
   c.port = c.acceptor.local_endpoint().port();
+  for (auto& ioc : c.iocs) c.guards.push_back(net::make_work_guard(*ioc));
   c.doAccept();
-  int n = c.options.threads > 0
-              ? c.options.threads
-              : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  const int n = static_cast<int>(c.iocs.size());
   {
     MutexLock lock(c.mu);
     c.running = n;
   }
   for (int i = 0; i < n; ++i) {
-    c.threads.emplace_back([core = core_.get()] {
-      core->ioc.run();
+    c.threads.emplace_back([core = core_.get(), i] {
+      core->iocs[i]->run();
       MutexLock lock(core->mu);
       if (--core->running == 0) core->cv.notifyAll();
     });
@@ -612,13 +770,15 @@ void HttpServer::stop() {
   }
   for (auto& s : live) s->onStop();
   live.clear();
+  // Each io thread now ends once its connections are done (the acceptor's close is queued first).
+  for (auto& g : c.guards) g.reset();
   {
     MutexLock lock(c.mu);
     if (!c.cv.waitFor(lock, c.options.drain_timeout,
                       [&c]() REQUIRES(c.mu) { return c.running == 0; })) {
       log::warn("http drain timed out; dropping requests in flight", {});
       lock.unlock();
-      c.ioc.stop();
+      for (auto& ioc : c.iocs) ioc->stop();
     }
   }
   for (auto& t : c.threads) t.join();

@@ -1,8 +1,11 @@
 #pragma once
 // HttpServer: the Boost.Beast HTTP/1.1 server. Beast and Asio appear only in server.cc.
 //
-// * `threads` io threads run one io_context; each connection lives on its own strand. Handlers are
-//   called on that strand and must not block; they answer through the Responder, from any thread.
+// * `threads` io threads, each running its own io_context [TAG_IO_PER_THREAD]; each connection is
+//   placed on one of them (round robin) and lives on its own strand there. Handlers are called on
+//   that strand and must not block; they answer through the Responder, from any thread: a plain
+//   response is sent by the thread that answers, without blocking, and what the socket's buffer
+//   did not take is written by the strand [TAG_DIRECT_WRITE].
 // * Keep-alive: requests on one connection are served in order; the connection stays open while
 //   the client asks for it and the server is not stopping. An idle or slow connection is closed
 //   after `idle_timeout`.
