@@ -780,6 +780,16 @@ int main(int argc, char** argv) {
   bo.threads = threads;
   bo.max_batch_tokens = max_batch_tokens;
   bo.cuda = kernels;
+#if defined(GARDEN_HAVE_CUDA) && GARDEN_HAVE_CUDA
+  // [TAG_RANK_DEVICE] A CUDA rank runs on GPU rank % (GPUs this process sees): one GPU per rank
+  // where the node has world GPUs; where it has fewer, ranks share GPUs (one GPU serving every
+  // rank is how the sharded model is checked on a single-GPU host; --kv-blocks then sizes the
+  // caches, since every rank would otherwise take its fraction of the same free memory).
+  if (device == "cuda" && ranks.sharded()) {
+    const Result<int32_t> gpus = rose::cudaDeviceCount();
+    if (gpus.isOk()) bo.device_index = ranks.rank % *gpus;
+  }
+#endif
   if (ranks.rank > 0) {
     // Ranks 1..N-1: started by rank 0, which set PR_SET_PDEATHSIG = SIGKILL; no channel.
     struct sigaction sa = {};

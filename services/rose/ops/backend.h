@@ -491,6 +491,8 @@ Result<std::unique_ptr<Backend>> makeBackend(std::string_view device, const Back
 Result<std::unique_ptr<Backend>> makeCpuBackend(const BackendOptions& opts);
 #if defined(GARDEN_HAVE_CUDA) && GARDEN_HAVE_CUDA
 Result<std::unique_ptr<Backend>> makeCudaBackend(const BackendOptions& opts);
+// The GPUs this process sees (CUDA_VISIBLE_DEVICES applies); UNAVAILABLE when none.
+Result<int32_t> cudaDeviceCount();
 #endif
 
 }  // namespace garden::rose

@@ -439,9 +439,9 @@ void GptOssShard::runExpertPairs(const Layer& L, const Tensor& x_rows, const Dis
     mp.swiglu_limit = config_.swiglu_limit;
     mp.swiglu_alpha = config_.swiglu_alpha;
     ops_.moeExperts(xp, ids, w, L.w1, L.b1.view, L.w2, L.b2.view, yp, mp);
-    shard_ops_.combineRows(yp, rows, out);
+    shard_ops_.combineRows(yp, rows, pairs.pair_row, out);
   } else {
-    shard_ops_.combineRows(pair_y_.view.rowSlice(0, 0), rows, out);
+    shard_ops_.combineRows(pair_y_.view.rowSlice(0, 0), rows, {}, out);
   }
 }
 
@@ -533,7 +533,7 @@ void GptOssShard::moeDispatched(const Layer& L, const Tensor& x, const Tensor& t
   comms_.world->allToAllRows(part, recv_from, back, ds.rows_to);
   if (t_local == 0) return;
   const Tensor mine = par_.tp == 1 ? out.rowSlice(0, n) : moe_mine_.view.rowSlice(0, n);
-  shard_ops_.combineRows(back, src_rows, mine);
+  shard_ops_.combineRows(back, src_rows, ds.src_row, mine);
   if (par_.tp > 1) {
     std::vector<int64_t> shares(static_cast<size_t>(par_.tp));
     for (int32_t i = 0; i < par_.tp; ++i) {

@@ -20,11 +20,13 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 
 #include "common/logging.h"
 #include "common/shm/channel.h"
+#include "services/rose/parallel/staged_comm.h"
 
 namespace garden::rose {
 namespace {
@@ -174,6 +176,18 @@ RankSegment::Comms RankSegment::communicators(int32_t rank, Backend* backend) co
   const ParallelConfig p = parallel();
   const RankCoords c = rankCoords(p, rank);
   Comms out;
+  // Device tensors: the shared-memory collectives on host copies [TAG_STAGED_COMM]. Test knob:
+  // GARDEN_TEST_STAGED_COMM=1 stages on the cpu backend too (the CUDA ranks' path, checkable
+  // without a GPU: tests/gpu/ranks_test.cc with GARDEN_GPU_RANKS_DEVICE=cpu).
+  const char* force = std::getenv("GARDEN_TEST_STAGED_COMM");
+  const bool staged = backend != nullptr &&
+                      (backend->name() != "cpu" || (force != nullptr && force[0] == '1'));
+  if (staged) {
+    out.world = std::make_unique<StagedCommunicator>(comm_.communicator(0, rank, nullptr), *backend);
+    out.tp = std::make_unique<StagedCommunicator>(
+        comm_.communicator(1 + c.dp_rank, c.tp_rank, nullptr), *backend);
+    return out;
+  }
   out.world = comm_.communicator(0, rank, backend);
   out.tp = comm_.communicator(1 + c.dp_rank, c.tp_rank, backend);
   return out;

@@ -84,6 +84,8 @@ class RankSegment {
   const ShmCommArea& comm() const { return comm_; }
 
   // This rank's communicators: group 0 is the world, group 1 + d the tp ranks of dp group d.
+  // On a backend other than cpu they stage device tensors through host memory
+  // (StagedCommunicator) [TAG_STAGED_COMM].
   struct Comms {
     std::unique_ptr<Communicator> world, tp;
     ShardComms view() const { return {world.get(), tp.get()}; }

@@ -3,8 +3,8 @@
 // one Backend and enqueued on its queue like LlmOps ([TAG_ROSE_LAZY]). Kept apart from LlmOps so
 // the single-GPU model and its ops do not change.
 //
-// Implementations: "cpu" (shard_ops_cpu.cc, host memory, the reference). A CUDA implementation
-// is not written yet (makeShardOps returns UNIMPLEMENTED for other backends).
+// Implementations: "cpu" (shard_ops_cpu.cc, host memory, the reference) and "cuda"
+// (parallel/cuda/shard_ops_cuda.cu, when the build has CUDA).
 //
 // Threads: as Backend (one launching thread).
 
@@ -28,8 +28,12 @@ class ShardOps {
                               const Tensor& out) = 0;
 
   // out [R, H] = 0, then out[rows[p]] += in[p] for p = 0, 1, ... in that order (deterministic
-  // summation order). in [P, H], rows I32 [P] with values in [0, R). Expert combine.
-  virtual void combineRows(const Tensor& in, const Tensor& rows, const Tensor& out) = 0;
+  // summation order; on a 16-bit out the sum is kept in f32 and rounded once). in [P, H], rows
+  // I32 [P] with values in [0, R). `host_rows`: the same P values in host memory (the caller
+  // computed them there; a device implementation plans the sum from them without a
+  // synchronization). Expert combine.
+  virtual void combineRows(const Tensor& in, const Tensor& rows,
+                           std::span<const int32_t> host_rows, const Tensor& out) = 0;
 
   // in: parts stacked rank-major, part i = [R, cols[i]] (row-major, contiguous); out [R, Σ cols]
   // with part i in columns [Σ_{j<i} cols[j], ...). Gathered vocabulary slices of the logits.
@@ -37,7 +41,11 @@ class ShardOps {
                              const Tensor& out) = 0;
 };
 
-// "cpu" → the reference; other backends: UNIMPLEMENTED.
+// "cpu" → the reference; "cuda" (builds with CUDA) → the kernels; others: UNIMPLEMENTED.
 Result<std::unique_ptr<ShardOps>> makeShardOps(Backend& backend);
+
+#if defined(GARDEN_HAVE_CUDA) && GARDEN_HAVE_CUDA
+Result<std::unique_ptr<ShardOps>> makeCudaShardOps(Backend& backend);  // shard_ops_cuda.cu
+#endif
 
 }  // namespace garden::rose

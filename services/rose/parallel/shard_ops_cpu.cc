@@ -29,15 +29,17 @@ class CpuShardOps final : public ShardOps {
     }
   }
 
-  void combineRows(const Tensor& in, const Tensor& rows, const Tensor& out) override {
+  void combineRows(const Tensor& in, const Tensor& rows, std::span<const int32_t> host_rows,
+                   const Tensor& out) override {
     sync();
     CHECK(in.dtype == DType::kF32 && out.dtype == DType::kF32 && rows.dtype == DType::kI32);
     const int64_t h = out.cols(), p = rows.numel();
+    CHECK(static_cast<int64_t>(host_rows.size()) == p);
     CHECK(p == 0 || (in.rows() == p && in.cols() == h));
     if (out.numel() > 0) std::memset(out.data, 0, out.bytes());
     const int32_t* r = rows.as<int32_t>();
     for (int64_t j = 0; j < p; ++j) {
-      CHECK(r[j] >= 0 && r[j] < out.rows());
+      CHECK(r[j] >= 0 && r[j] < out.rows() && r[j] == host_rows[static_cast<size_t>(j)]);
       float* o = out.as<float>() + static_cast<int64_t>(r[j]) * h;
       const float* s = in.as<float>() + j * h;
       for (int64_t c = 0; c < h; ++c) o[c] += s[c];
@@ -75,8 +77,11 @@ Result<std::unique_ptr<ShardOps>> makeShardOps(Backend& backend) {
   if (backend.name() == "cpu") {
     return std::unique_ptr<ShardOps>(std::make_unique<CpuShardOps>(backend));
   }
-  return unimplemented("sharded gpt-oss ops are written for the cpu backend only (backend '" +
-                       std::string(backend.name()) + "')");
+#if defined(GARDEN_HAVE_CUDA) && GARDEN_HAVE_CUDA
+  if (backend.name() == "cuda") return makeCudaShardOps(backend);
+#endif
+  return unimplemented("sharded gpt-oss ops are written for the cpu and cuda backends only "
+                       "(backend '" + std::string(backend.name()) + "')");
 }
 
 }  // namespace garden::rose

@@ -30,6 +30,15 @@ Result<std::unique_ptr<Backend>> makeCudaBackend(const BackendOptions& opts) {
   return std::unique_ptr<Backend>(std::move(b));
 }
 
+Result<int32_t> cudaDeviceCount() {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess || count <= 0) {
+    return unavailable(std::string("no CUDA device: ") + cudaGetErrorString(err));
+  }
+  return static_cast<int32_t>(count);
+}
+
 namespace cuda {
 namespace {
 

@@ -539,8 +539,11 @@ class CudaLlmOps final : public LlmOps {
             "moeExperts", "b1 must be [E, 2I] in x's dtype");
     require(b2.empty() || (b2.dtype == t16 && b2.numel() == p.num_experts * p.hidden),
             "moeExperts", "b2 must be [E, H] in x's dtype");
-    require(t <= lim_.max_tokens && p.num_experts == lim_.num_experts && p.top_k == lim_.top_k &&
-                p.hidden == lim_.hidden && p.intermediate == lim_.intermediate,
+    // top_k below the reserved one: the sharded model's one-slot expert pairs (its workspaces are
+    // sized by max_tokens x top_k assignments, which t x p.top_k stays within).
+    require(t <= lim_.max_tokens && p.num_experts == lim_.num_experts && p.top_k >= 1 &&
+                p.top_k <= lim_.top_k && p.hidden == lim_.hidden &&
+                p.intermediate == lim_.intermediate,
             "moeExperts", "step larger than reserve() allowed");
     if (t == 0) return;
     cudaStream_t st = b_.stream();

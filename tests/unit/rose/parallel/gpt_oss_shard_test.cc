@@ -35,7 +35,9 @@
 #include <thread>
 
 #include "services/rose/model/gpt_oss.h"
+#include "services/rose/parallel/staged_comm.h"
 #include "services/rose/tools/mkmodel_gpt_oss.h"
+#include "tests/support/gpt_oss_steps.h"
 
 namespace garden::rose {
 namespace {
@@ -88,36 +90,9 @@ GptOssOptions options() {
   return o;
 }
 
-// A step over the live sequences: prefill (all tokens) or one decode token each.
-struct Seq {
-  std::vector<int32_t> tokens;
-  int32_t computed = 0;
-  std::vector<int32_t> blocks;
-};
-struct StepData {
-  std::vector<LlmStepSeq> seqs;
-  std::vector<int32_t> tokens, blocks;
-  LlmStep view() const { return LlmStep{seqs, tokens, blocks}; }
-};
-StepData makeStep(const std::vector<Seq>& seqs) {
-  StepData d;
-  for (const Seq& s : seqs) {
-    LlmStepSeq q;
-    q.token_offset = static_cast<int32_t>(d.tokens.size());
-    q.num_tokens = static_cast<int32_t>(s.tokens.size()) - s.computed;
-    q.position = s.computed;
-    q.block_offset = static_cast<int32_t>(d.blocks.size());
-    q.num_blocks = static_cast<int32_t>(s.blocks.size());
-    q.logits = LogitsMode::kLast;
-    q.sample = 1;  // greedy
-    for (size_t i = static_cast<size_t>(s.computed); i < s.tokens.size(); ++i) {
-      d.tokens.push_back(s.tokens[i]);
-    }
-    d.blocks.insert(d.blocks.end(), s.blocks.begin(), s.blocks.end());
-    d.seqs.push_back(q);
-  }
-  return d;
-}
+using testsupport::makeStep;
+using testsupport::Seq;
+using testsupport::StepData;
 
 // [TAG_KV_WINDOW_GROUP] The same step with window tables (the models' window is 8 keys): each
 // sequence's window table follows its table, a hole (-1) for every block whose positions the
@@ -210,8 +185,10 @@ Trace runReference(const std::string& dir, int32_t dp) {
 
 // The sharded model, one thread per rank; rank 0's outputs drive the next step.
 // window: the sliding layers in a window pool of B blocks per dp group (withWindowTables).
+// staged: every collective through StagedCommunicator over host-only LocalCommGroup ends (what
+// CUDA ranks use [TAG_STAGED_COMM]) instead of the ends bound to the backends.
 Trace runSharded(const std::string& dir, const ParallelConfig& par, bool use_prev_row,
-                 bool window = false) {
+                 bool window = false, bool staged = false) {
   const int32_t n = par.world();
   struct Rank {
     std::unique_ptr<Backend> backend;
@@ -229,11 +206,23 @@ Trace runSharded(const std::string& dir, const ParallelConfig& par, bool use_pre
     r.shard_ops = makeShardOps(*r.backend).value();
     backends.push_back(r.backend.get());
   }
-  auto world = LocalCommGroup::create(n, backends);
+  // Staged: the host ends get no backend (the wrapper synchronizes and copies).
+  const std::vector<Backend*> none(static_cast<size_t>(n), nullptr);
+  const std::vector<Backend*>& bound = staged ? none : backends;
+  auto world = LocalCommGroup::create(n, bound);
   std::vector<std::vector<std::unique_ptr<Communicator>>> tp_groups;
   for (int32_t g = 0; g < par.dp; ++g) {
     tp_groups.push_back(LocalCommGroup::create(
-        par.tp, std::span<Backend* const>(backends.data() + g * par.tp, par.tp)));
+        par.tp, std::span<Backend* const>(bound.data() + g * par.tp, par.tp)));
+  }
+  if (staged) {
+    for (int32_t r = 0; r < n; ++r) {
+      Backend& b = *backends[static_cast<size_t>(r)];
+      auto& w = world[static_cast<size_t>(r)];
+      w = std::make_unique<StagedCommunicator>(std::move(w), b);
+      auto& t = tp_groups[static_cast<size_t>(r / par.tp)][static_cast<size_t>(r % par.tp)];
+      t = std::make_unique<StagedCommunicator>(std::move(t), b);
+    }
   }
   for (int32_t r = 0; r < n; ++r) {
     Rank& k = ranks[static_cast<size_t>(r)];
@@ -427,6 +416,31 @@ TEST(GptOssShardWindow, WindowPoolGivesTheSameBitsAsOnePool) {
     for (size_t st = 0; st < one.logits.size(); ++st) {
       ASSERT_EQ(one.logits[st], two.logits[st]) << "step " << st;
       ASSERT_EQ(one.tokens[st], two.tokens[st]) << "step " << st;
+    }
+  }
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+}
+
+// [TAG_STAGED_COMM] Collectives staged through host copies (the path of CUDA ranks) give the
+// same logits bits and tokens as the backend-bound ones: the same host sums in the same order,
+// only where the operands are copied differs. Layouts with every collective: the tp all-reduce,
+// the vocabulary slices (embedding all-reduce, logit all-gather), the expert all-to-all and the
+// broadcast of sampled ids (dp > 1 with tp > 1 uses prev_row).
+TEST(GptOssShardStaged, StagedCollectivesGiveTheSameBits) {
+  const std::string dir = makeModel(ModelShape{"s", 64, 8, 16, 64, 256, 8});
+  for (const ParallelConfig par : {ParallelConfig{2, 1, 1}, ParallelConfig{2, 1, 2},
+                                   ParallelConfig{2, 2, 4}, ParallelConfig{1, 2, 2}}) {
+    SCOPED_TRACE("tp " + std::to_string(par.tp) + " dp " + std::to_string(par.dp) + " ep " +
+                 std::to_string(par.ep));
+    const bool prev_row = par.dp > 1 && par.tp > 1;
+    const Trace direct = runSharded(dir, par, prev_row, false, false);
+    const Trace staged = runSharded(dir, par, prev_row, false, true);
+    ASSERT_EQ(direct.logits.size(), static_cast<size_t>(kDecodeSteps + 1));
+    ASSERT_EQ(direct.logits.size(), staged.logits.size());
+    for (size_t st = 0; st < direct.logits.size(); ++st) {
+      ASSERT_EQ(direct.logits[st], staged.logits[st]) << "step " << st;
+      ASSERT_EQ(direct.tokens[st], staged.tokens[st]) << "step " << st;
     }
   }
   std::error_code ec;

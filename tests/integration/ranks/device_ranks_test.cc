@@ -1,0 +1,173 @@
+// tulip with the REAL rose spanning rank processes, collectives staged through the rank
+// segment's shared host memory ([TAG_STAGED_COMM], the path of CUDA ranks) — issue 19,
+// docs/multi-gpu.md "CUDA ranks". Built twice from this file:
+//   - integration_ranks_staged (CI, cpu backend): GARDEN_TEST_STAGED_COMM=1 makes the cpu ranks
+//     stage their collectives exactly as CUDA ranks do;
+//   - gpu_ranks_test (label gpu, GARDEN_RANKS_TEST_DEVICE="cuda"): `rose --device cuda`, every
+//     rank on GPU 0 of a one-GPU host ([TAG_RANK_DEVICE]: rank % visible GPUs).
+// The GPU-path tiny random gpt-oss; `--tp 2 --ep 2` and `--dp 2 --ep 2` through --rose-arg.
+// What must hold: tulip sees one worker with rank 0 and one more rank process; two concurrent
+// greedy streams equal what the unsharded rose (one process, same device) serves for the same
+// prompts (issue 19: TP/EP output equals TP1 greedy); stopping tulip leaves no rank behind.
+// Binaries: $GARDEN_BUILD_DIR/services/{tulip/tulip,rose/rose}. GARDEN_GPU_RANKS_DEVICE
+// overrides the device.
+
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <stdlib.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <future>
+#include <thread>
+
+#include "garden/v1/garden.grpc.pb.h"
+#include "services/rose/tools/mkmodel_gpt_oss.h"
+#include "tests/integration/support/harness.h"
+
+namespace garden {
+namespace {
+
+using namespace std::chrono_literals;
+namespace v1 = garden::v1;
+
+std::vector<int32_t> prompt(int32_t n, int32_t start) {
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  for (int32_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = (start + 7919 * i) % 199998;
+  return v;
+}
+
+bool running(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(f, line)) return false;
+  const size_t close = line.rfind(')');
+  return close != std::string::npos && close + 2 < line.size() && line[close + 2] != 'Z';
+}
+
+class DeviceRanks : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    // The cpu ranks stage like CUDA ranks (tulip and rose inherit it); CUDA ranks always do.
+    setenv("GARDEN_TEST_STAGED_COMM", "1", 1);
+    dir_ = new testing::TempDir();
+    rose::MkGptOssOptions mk;  // gpu_llm_model_test's GPU-path shape
+    mk.out_dir = dir_->path() + "/gpt-oss";
+    mk.seed = 7;
+    mk.hidden_size = 288;
+    mk.num_layers = 4;
+    mk.num_heads = 16;
+    mk.num_kv_heads = 2;
+    mk.head_dim = 64;
+    mk.intermediate_size = 160;
+    mk.num_experts = 8;
+    mk.experts_per_token = 4;
+    mk.sliding_window = 16;
+    Status st = rose::makeGptOssModel(mk);
+    ASSERT_TRUE(st.isOk()) << st.toString();
+  }
+  static void TearDownTestSuite() {
+    delete dir_;
+    dir_ = nullptr;
+  }
+  void TearDown() override { tulip_.reset(); }
+  static std::string device() {
+    const char* d = std::getenv("GARDEN_GPU_RANKS_DEVICE");
+#ifdef GARDEN_RANKS_TEST_DEVICE
+    return d != nullptr ? d : GARDEN_RANKS_TEST_DEVICE;
+#else
+    return d != nullptr ? d : "cpu";
+#endif
+  }
+
+  void startTulip(const std::vector<std::string>& rose_args) {
+    port_ = testing::freePort();
+    std::vector<std::string> argv = testing::tulipArgv(port_, 0, dir_->path() + "/gpt-oss",
+                                                       "services/rose/rose", "gpuranks");
+    argv.insert(argv.end(),
+                {"--max-batch-tokens", "256", "--max-num-seqs", "4", "--device", device(),
+                 "--rose-arg=--kv-block-size", "--rose-arg=16", "--rose-arg=--max-model-len",
+                 "--rose-arg=512", "--rose-arg=--max-seqs", "--rose-arg=4",
+                 "--rose-arg=--kv-blocks", "--rose-arg=64", "--rose-arg=--cuda-graphs",
+                 "--rose-arg=off"});
+    for (const std::string& a : rose_args) argv.push_back("--rose-arg=" + a);
+    tulip_ = std::make_unique<testing::Process>(
+        argv, dir_->path() + "/tulip-" + std::to_string(port_) + ".log");
+    stub_ = v1::Tulip::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(port_),
+                                                   grpc::InsecureChannelCredentials()));
+    const bool ready = testing::eventually(180s, [&] {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + 500ms);
+      v1::LoadResponse load;
+      return stub_->Load(&ctx, v1::LoadRequest(), &load).ok() && load.worker_ready();
+    });
+    ASSERT_TRUE(ready) << tulip_->log();
+  }
+
+  pid_t rosePid() {
+    for (pid_t p : testing::childrenOf(tulip_->pid())) {
+      if (running(p)) return p;
+    }
+    return -1;
+  }
+
+  std::vector<int32_t> generate(const std::vector<int32_t>& p, uint32_t n) {
+    v1::GenerateRequest r;
+    for (int32_t t : p) r.add_prompt_ids(t);
+    r.set_max_tokens(n);
+    r.set_ignore_eos(true);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + 120s);
+    auto reader = stub_->Generate(&ctx, r);
+    std::vector<int32_t> out;
+    v1::GenerateChunk c;
+    while (reader->Read(&c)) out.insert(out.end(), c.token_ids().begin(), c.token_ids().end());
+    const grpc::Status st = reader->Finish();
+    EXPECT_TRUE(st.ok()) << st.error_message();
+    return out;
+  }
+
+  // Two concurrent greedy streams of 24 tokens.
+  std::pair<std::vector<int32_t>, std::vector<int32_t>> twoStreams() {
+    auto fa = std::async(std::launch::async, [&] { return generate(prompt(45, 1000), 24); });
+    auto fb = std::async(std::launch::async, [&] { return generate(prompt(97, 90000), 24); });
+    return {fa.get(), fb.get()};
+  }
+
+  static testing::TempDir* dir_;
+  int port_ = 0;
+  std::unique_ptr<testing::Process> tulip_;
+  std::unique_ptr<v1::Tulip::Stub> stub_;
+};
+testing::TempDir* DeviceRanks::dir_ = nullptr;
+
+TEST_F(DeviceRanks, StagedShardedRoseServesTheUnshardedTokens) {
+  startTulip({});
+  const auto want = twoStreams();
+  ASSERT_EQ(want.first.size(), 24u);
+  ASSERT_EQ(want.second.size(), 24u);
+  tulip_.reset();
+  for (const std::vector<std::string>& layout :
+       {std::vector<std::string>{"--tp", "2", "--ep", "2"},
+        std::vector<std::string>{"--dp", "2", "--ep", "2"}}) {
+    SCOPED_TRACE(layout[0] + " 2 --ep 2");
+    startTulip(layout);
+    const pid_t rose0 = rosePid();
+    ASSERT_GT(rose0, 0);
+    std::vector<pid_t> ranks;
+    for (pid_t p : testing::childrenOf(rose0)) {
+      if (running(p)) ranks.push_back(p);
+    }
+    ASSERT_EQ(ranks.size(), 1u) << "rank 0 and one more process";
+    const auto got = twoStreams();
+    EXPECT_EQ(got.first, want.first);
+    EXPECT_EQ(got.second, want.second);
+    tulip_.reset();  // SIGTERM: rose stops its ranks
+    EXPECT_TRUE(testing::eventually(10s, [&] { return !running(rose0) && !running(ranks[0]); }));
+  }
+}
+
+}  // namespace
+}  // namespace garden
