@@ -139,6 +139,9 @@ struct RankArgs {
   int32_t rank_fd = -1;  // followers: the rank segment rank 0 handed down
   int64_t heartbeat_timeout_ms = 3000;
   int64_t comm_timeout_ms = 0;
+  // cuda ranks: all-reduces up to this many bytes through the CUDA IPC all-reduce (0: every
+  // collective staged through host memory) [TAG_STAGED_COMM].
+  int64_t ipc_allreduce_bytes = 0;
   bool sharded() const { return parallel.world() > 1 || rank > 0; }
 };
 
@@ -453,7 +456,7 @@ Result<Workload> loadLlmSharded(const std::string& dir, rose::Backend& backend, 
 
   ASSIGN_OR_RETURN(w.ops, rose::makeLlmOps(backend, threads));
   ASSIGN_OR_RETURN(w.shard_ops, rose::makeShardOps(backend));
-  w.comms = w.segment->communicators(0, &backend);
+  w.comms = w.segment->communicators(0, &backend, static_cast<size_t>(ra.ipc_allreduce_bytes));
   ASSIGN_OR_RETURN(w.shard,
                    rose::GptOssShard::load(dir, backend, *w.ops, *w.shard_ops,
                                            gptOssOptions(max_batch_tokens, f), par, 0,
@@ -537,7 +540,8 @@ int runFollowerRank(const std::string& dir, const std::string& device, int32_t t
   if (!ops.isOk()) return failed(ops.status(), "cannot create the LLM ops");
   auto shard_ops = rose::makeShardOps(**backend);
   if (!shard_ops.isOk()) return failed(shard_ops.status(), "cannot create the shard ops");
-  rose::RankSegment::Comms comms = s.communicators(ra.rank, backend->get());
+  rose::RankSegment::Comms comms =
+      s.communicators(ra.rank, backend->get(), static_cast<size_t>(ra.ipc_allreduce_bytes));
   auto shard = rose::GptOssShard::load(dir, **backend, **ops, **shard_ops,
                                        gptOssOptions(max_batch_tokens, f), par, ra.rank,
                                        comms.view());
@@ -673,7 +677,11 @@ int main(int argc, char** argv) {
            "rank 0 fails the worker when another rank has not beaten for this long")
       .add("rank-comm-timeout-ms", &ranks.comm_timeout_ms,
            "a rank waiting longer than this in one collective exits (0: wait; rank 0's checks "
-           "end a dead world)");
+           "end a dead world)")
+      .add("rank-ipc-allreduce-bytes", &ranks.ipc_allreduce_bytes,
+           "cuda ranks: all-reduces of F32/BF16 up to this many bytes run as the CUDA IPC "
+           "all-reduce on the GPU (a multiple of 16); 0 (default until measured): every "
+           "collective is staged through host memory");
   flags.useEnv("ROSE_");
   flags.parseOrExit(argc, argv);
   log::setService("rose");
@@ -741,6 +749,12 @@ int main(int argc, char** argv) {
     if (llm.kv_blocks % p.dp != 0) {
       std::fprintf(stderr, "rose: --kv-blocks must be a multiple of --dp (each dp group caches "
                            "an equal share)\n");
+      return 2;
+    }
+    if (ranks.ipc_allreduce_bytes < 0 || ranks.ipc_allreduce_bytes % 16 != 0 ||
+        (ranks.ipc_allreduce_bytes > 0 && device != "cuda")) {
+      std::fprintf(stderr, "rose: --rank-ipc-allreduce-bytes must be a multiple of 16, and needs "
+                           "--device cuda\n");
       return 2;
     }
     if (ranks.heartbeat_timeout_ms <= 0 || ranks.comm_timeout_ms < 0 ||

@@ -27,6 +27,9 @@
 #include "common/logging.h"
 #include "common/shm/channel.h"
 #include "services/rose/parallel/staged_comm.h"
+#if defined(GARDEN_HAVE_CUDA) && GARDEN_HAVE_CUDA
+#include "services/rose/parallel/cuda/ipc_rank_comm.h"
+#endif
 
 namespace garden::rose {
 namespace {
@@ -172,7 +175,8 @@ ParallelConfig RankSegment::parallel() const {
   return ParallelConfig{h->tp, h->dp, h->ep};
 }
 
-RankSegment::Comms RankSegment::communicators(int32_t rank, Backend* backend) const {
+RankSegment::Comms RankSegment::communicators(int32_t rank, Backend* backend,
+                                              size_t ipc_bytes) const {
   const ParallelConfig p = parallel();
   const RankCoords c = rankCoords(p, rank);
   Comms out;
@@ -182,6 +186,18 @@ RankSegment::Comms RankSegment::communicators(int32_t rank, Backend* backend) co
   const char* force = std::getenv("GARDEN_TEST_STAGED_COMM");
   const bool staged = backend != nullptr &&
                       (backend->name() != "cpu" || (force != nullptr && force[0] == '1'));
+#if defined(GARDEN_HAVE_CUDA) && GARDEN_HAVE_CUDA
+  if (staged && ipc_bytes > 0 && backend->name() == "cuda") {
+    auto world = makeIpcRankCommunicator(comm_.communicator(0, rank, nullptr), *backend, ipc_bytes);
+    CHECK_MSG(world.isOk(), world.status().toString().c_str());
+    auto tp = makeIpcRankCommunicator(comm_.communicator(1 + c.dp_rank, c.tp_rank, nullptr),
+                                      *backend, ipc_bytes);
+    CHECK_MSG(tp.isOk(), tp.status().toString().c_str());
+    out.world = std::move(world).value();
+    out.tp = std::move(tp).value();
+    return out;
+  }
+#endif
   if (staged) {
     out.world = std::make_unique<StagedCommunicator>(comm_.communicator(0, rank, nullptr), *backend);
     out.tp = std::make_unique<StagedCommunicator>(

@@ -85,12 +85,14 @@ class RankSegment {
 
   // This rank's communicators: group 0 is the world, group 1 + d the tp ranks of dp group d.
   // On a backend other than cpu they stage device tensors through host memory
-  // (StagedCommunicator) [TAG_STAGED_COMM].
+  // (StagedCommunicator) [TAG_STAGED_COMM]; on cuda with ipc_bytes > 0 all-reduces up to that
+  // size go through the CUDA IPC all-reduce instead (parallel/cuda/ipc_rank_comm.h; collective:
+  // every rank must call this with the same ipc_bytes).
   struct Comms {
     std::unique_ptr<Communicator> world, tp;
     ShardComms view() const { return {world.get(), tp.get()}; }
   };
-  Comms communicators(int32_t rank, Backend* backend) const;
+  Comms communicators(int32_t rank, Backend* backend, size_t ipc_bytes = 0) const;
 
   // ---- liveness and start-up, per rank ----
   void setPid(int32_t rank, pid_t pid);

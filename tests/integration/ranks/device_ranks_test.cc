@@ -5,7 +5,9 @@
 //     stage their collectives exactly as CUDA ranks do;
 //   - gpu_ranks_test (label gpu, GARDEN_RANKS_TEST_DEVICE="cuda"): `rose --device cuda`, every
 //     rank on GPU 0 of a one-GPU host ([TAG_RANK_DEVICE]: rank % visible GPUs).
-// The GPU-path tiny random gpt-oss; `--tp 2 --ep 2` and `--dp 2 --ep 2` through --rose-arg.
+// The GPU-path tiny random gpt-oss; `--tp 2 --ep 2` and `--dp 2 --ep 2` through --rose-arg (on
+// cuda also `--tp 2 --ep 2 --rank-ipc-allreduce-bytes 1048576`: the all-reduces on the CUDA IPC
+// kernel, parallel/cuda/ipc_rank_comm.h).
 // What must hold: tulip sees one worker with rank 0 and one more rank process; two concurrent
 // greedy streams equal what the unsharded rose (one process, same device) serves for the same
 // prompts (issue 19: TP/EP output equals TP1 greedy); stopping tulip leaves no rank behind.
@@ -149,10 +151,16 @@ TEST_F(DeviceRanks, StagedShardedRoseServesTheUnshardedTokens) {
   ASSERT_EQ(want.first.size(), 24u);
   ASSERT_EQ(want.second.size(), 24u);
   tulip_.reset();
-  for (const std::vector<std::string>& layout :
-       {std::vector<std::string>{"--tp", "2", "--ep", "2"},
-        std::vector<std::string>{"--dp", "2", "--ep", "2"}}) {
-    SCOPED_TRACE(layout[0] + " 2 --ep 2");
+  std::vector<std::vector<std::string>> layouts = {{"--tp", "2", "--ep", "2"},
+                                                    {"--dp", "2", "--ep", "2"}};
+  // cuda: also the all-reduces through the CUDA IPC kernel (the rest staged).
+  if (device() == "cuda") {
+    layouts.push_back({"--tp", "2", "--ep", "2", "--rank-ipc-allreduce-bytes", "1048576"});
+  }
+  for (const std::vector<std::string>& layout : layouts) {
+    std::string name;
+    for (const std::string& a : layout) name += a + " ";
+    SCOPED_TRACE(name);
     startTulip(layout);
     const pid_t rose0 = rosePid();
     ASSERT_GT(rose0, 0);

@@ -89,6 +89,7 @@ class CudaBackend final : public Backend, public GraphExecutor {
 
   // ---- CUDA-only ----
   cudaStream_t stream() const { return stream_; }
+  int device() const { return device_; }
   // Programmatic dependent launch of eager kernels (common.cuh [TAG_PDL]).
   bool pdl() const { return kernels_.pdl; }
   // Runs `body` (which enqueues ops of this backend only, see [TAG_GRAPH_BODY]) through the graph
