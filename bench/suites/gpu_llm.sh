@@ -230,7 +230,7 @@
 #             the sharded model on rank threads with staged collectives vs the single-GPU model,
 #             six layouts), compute-sanitizer memcheck over the shard ops, then gpu_ranks_test
 #             (tulip over `rose --device cuda --tp 2 --ep 2` / `--dp 2 --ep 2` rank processes
-#             against the unsharded rose); needs GPUBIN/services/{tulip/tulip,rose/rose}
+#             against the unsharded rose; GPUBIN's rose and tulip)
 #   sm90      gpu_kernels_test AttentionSm90.* once per Hopper attention variant (each under its own
 #             time limit, so a hang in one leaves the others' results)
 #   attnbench rose_kernel_bench attention: every attention variant side by side
@@ -406,7 +406,7 @@ for s in $STEPS; do
     sliceab) step sliceab sliceab.txt 200 bash -c "for s in 1 2; do echo \"== --moe-k-slices \$s\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode 1@8192,64@1024 --decode-steps 32 --max-batch-tokens 16384 --moe-k-slices \$s; done" ;;
     sass) step sass sass.txt 60 bash -c "cuobjdump -sass '$BIN/rose_llm_bench' > '$LOGS/rose_llm_bench.sass' 2>&1; python3 '$ROOT/bench/suites/sass_digest.py' '$LOGS/rose_llm_bench.sass' moeGemmMxDecodeKernel" ;;
     ipc) step ipc ipc.log 200 env NCCL_NVLS_ENABLE=0 "$BIN/gpu_ipc_test" ;;
-    shard1gpu) step shard1gpu shard1gpu.log 400 bash -c "'$BIN/gpu_shard_test' 2>&1 | tail -40; compute-sanitizer --tool memcheck --error-exitcode 3 '$BIN/gpu_shard_test' --gtest_filter='GpuShardOps.*' 2>&1 | tail -4; GARDEN_BUILD_DIR='$BIN' '$BIN/gpu_ranks_test' 2>&1 | tail -30" ;;
+    shard1gpu) step shard1gpu shard1gpu.log 400 bash -c "'$BIN/gpu_shard_test' 2>&1 | tail -40; compute-sanitizer --tool memcheck --error-exitcode 3 '$BIN/gpu_shard_test' --gtest_filter='GpuShardOps.*' 2>&1 | tail -4; mkdir -p /tmp/gbd/services/rose /tmp/gbd/services/tulip && ln -sf '$BIN/rose' /tmp/gbd/services/rose/rose && ln -sf '$BIN/tulip' /tmp/gbd/services/tulip/tulip && GARDEN_BUILD_DIR=/tmp/gbd '$BIN/gpu_ranks_test' 2>&1 | tail -30" ;;
     sm90) step sm90 sm90.log 240 bash -c "for v in sm90cpasync sm90basic sm90 'policy sm90'; do echo \"== GARDEN_SM90_TEST_ONLY=\$v\"; GARDEN_SM90_TEST_ONLY=\"\$v\" timeout 60 '$BIN/gpu_kernels_test' --gtest_filter='AttentionSm90.*' 2>&1 | tail -40; echo \"rc=\$?\"; done" ;;
     attnbench) step attnbench attnbench.txt 120 timeout 110 "$BIN/rose_kernel_bench" attention ;;
     mk120b) step mk120b mk120b.log 300 bash -c "df -h /dev/shm /tmp; free -g; python3 '$ROOT/bench/suites/make_random_gpt_oss.py' --out /dev/shm/gptoss120b --shape 120b && du -sh /dev/shm/gptoss120b" ;;

@@ -7,6 +7,7 @@ set -euo pipefail
 BUILD="$(cd "$1" && pwd)"; DEST="$2"
 bins=(tests/gpu/gpu_kernels_test tests/gpu/gpu_graph_test tests/gpu/gpu_model_graph_test
       tests/gpu/gpu_llm_ops_test tests/gpu/gpu_llm_model_test tests/gpu/gpu_ipc_test
+      tests/gpu/gpu_shard_test tests/gpu/gpu_ranks_test
       bench/kernels/rose_kernel_bench bench/kernels/rose_forward_bench bench/kernels/rose_llm_bench
       services/rose/rose services/tulip/tulip services/ivy/ivy bench/loadgen/loadgen
       bench/grammar/grammar_bench)
