@@ -486,7 +486,9 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void write(HttpResponse r) {
-    direct_.store(kDirectOff, std::memory_order_release);
+    // A response through the strand: its Responder did not take the connection (a streamed one,
+    // or the client left first), and nothing else answers a dispatched request.
+    CHECK(direct_.exchange(kDirectOff, std::memory_order_acq_rel) != kDirectTaken);
     if (awaiting_) {  // the response of a dispatched request [TAG_CLIENT_DISCONNECT]
       awaiting_ = false;
       request_cancel_.reset();

@@ -182,7 +182,7 @@ RankSegment::Comms RankSegment::communicators(int32_t rank, Backend* backend,
   Comms out;
   // Device tensors: the shared-memory collectives on host copies [TAG_STAGED_COMM]. Test knob:
   // GARDEN_TEST_STAGED_COMM=1 stages on the cpu backend too (the CUDA ranks' path, checkable
-  // without a GPU: tests/gpu/ranks_test.cc with GARDEN_GPU_RANKS_DEVICE=cpu).
+  // without a GPU: tests/integration/ranks/device_ranks_test.cc).
   const char* force = std::getenv("GARDEN_TEST_STAGED_COMM");
   const bool staged = backend != nullptr &&
                       (backend->name() != "cpu" || (force != nullptr && force[0] == '1'));
