@@ -298,7 +298,11 @@ Result<std::unique_ptr<GptOssShard>> GptOssShard::load(const std::string& dir, B
   }
   ASSIGN_OR_RETURN(m->cu_q_, b.allocateTensor(DType::kI32, {s + 1}));
   ASSIGN_OR_RETURN(m->rows_, b.allocateTensor(DType::kI32, {r}));
-  ASSIGN_OR_RETURN(m->residual_, b.allocateTensor(b.residualDType(), {t, h}));
+  // The residual stream in f32 on a backend with narrower activations (CUDA), as GptOssModel
+  // keeps it (GptOssOptions::f32_residual); on the CPU the backend's own stream is f32 already.
+  m->f32_res_ = opts.f32_residual && act != DType::kF32;
+  ASSIGN_OR_RETURN(m->residual_,
+                   b.allocateTensor(m->f32_res_ ? DType::kF32 : b.residualDType(), {t, h}));
   ASSIGN_OR_RETURN(m->x_, b.allocateTensor(act, {t, h}));
   ASSIGN_OR_RETURN(m->moe_out_, b.allocateTensor(act, {t, h}));
   ASSIGN_OR_RETURN(m->moe_mine_, b.allocateTensor(act, {n_share, h}));
@@ -694,7 +698,8 @@ void GptOssShard::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
   const Tensor rl = router_logits_.view.rowSlice(0, t);
   const Tensor tk_ids = topk_ids_.view.rowSlice(0, t);
   const Tensor tk_w = topk_w_.view.rowSlice(0, t);
-  const RmsNormParams norm{static_cast<float>(c.rms_norm_eps)};
+  RmsNormParams norm{static_cast<float>(c.rms_norm_eps)};
+  norm.round_normalized = !opts_.norm_round_once;  // as GptOssModel (no-op on the f32 CPU)
   RopeKvParams rope;
   rope.num_q_heads = static_cast<int32_t>(attn_shard_.q_heads.count);
   rope.num_kv_heads = static_cast<int32_t>(attn_shard_.kv_heads.count);
@@ -725,11 +730,14 @@ void GptOssShard::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
       b.copyToDevice(pairs, h_prev_pairs_.data(), sizeof(int32_t) * h_prev_pairs_.size());
       ops_.copyTokens(i32View(sampled_, last_sampled_), pairs, ids_t);
     }
+    // With the f32 stream the embedding lands in x (the activations' dtype: the row is exact
+    // there, and a sum with zeros stays exact) and the first norm copies it into the stream.
+    const Tensor emb = f32_res_ ? x : res;
     if (par_.tp == 1) {
-      b.embedding(embed_.view, ids_t, res);
+      b.embedding(embed_.view, ids_t, emb);
     } else {
-      shard_ops_.embeddingSlice(embed_.view, ids_t, vocab_.begin, res);
-      comms_.tp->allReduceSum(res);
+      shard_ops_.embeddingSlice(embed_.view, ids_t, vocab_.begin, emb);
+      comms_.tp->allReduceSum(emb);
     }
     h_windows_.clear();
     for (size_t l = 0; l < layers_.size(); ++l) {
@@ -757,7 +765,11 @@ void GptOssShard::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
     const Layer& L = layers_[l];
     const int32_t li = static_cast<int32_t>(l);
     if (t > 0) {
-      if (l == 0) {
+      if (l == 0 && f32_res_) {
+        RmsNormParams init = norm;
+        init.residual_init = true;  // res = x, then x = norm(res)
+        b.rmsNorm(x, res, L.input_norm.view, x, init);
+      } else if (l == 0) {
         b.rmsNorm(res, Tensor(), L.input_norm.view, x, norm);
       } else {
         b.rmsNorm(moe, res, L.input_norm.view, x, norm);

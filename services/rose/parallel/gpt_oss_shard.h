@@ -135,6 +135,7 @@ class GptOssShard {
   int64_t max_model_len_ = 0;
   int64_t table_capacity_ = 0;
   int64_t last_sampled_ = 0;
+  bool f32_res_ = false;  // the residual stream in f32 on a narrower backend (see load())
   LayerTap* tap_ = nullptr;
 
   OwnedTensor embed_, lm_head_, final_norm_, rope_cos_, rope_sin_;
