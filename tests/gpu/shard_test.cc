@@ -294,9 +294,9 @@ TEST(GpuShardedModel, LayoutsOnOneGpuTrackTheSingleGpuModel) {
   o.num_kv_heads = 2;
   o.head_dim = 64;
   o.intermediate_size = 160;
-  // 4 experts, top 4: no routing choice, so the shard's router on the bf16 normalized row and the
-  // single-GPU model's f32 router [TAG_ROUTER_F32] differ only in the weights, continuously (a
-  // near-tie between a 4th and 5th expert would otherwise flip a choice on rounding alone).
+  // 4 experts, top 4: no routing choice, so the two models' rounding differences (the split
+  // projections' bf16 partial sums) move the router weights continuously; a near-tie between a
+  // 4th and 5th expert would otherwise flip a choice on rounding alone.
   o.num_experts = 4;
   o.experts_per_token = 4;
   o.sliding_window = 16;

@@ -78,29 +78,6 @@ Result<OwnedTensor> uploadOne(Backend& b, const SafetensorsCheckpoint& ck, const
 // [TAG_ROUTER_F32] wt[k, e] = router[e, k] · norm[k] in f32, [H, E] (exact for bf16 inputs: the
 // product of two 8-bit significands fits f32's 24). split: as its exact bf16 halves, BF16
 // [2, Ep, Hp] (router_split.h), for ops whose routerF32Split() [TAG_ROUTER_MMA].
-Result<OwnedTensor> uploadRouterF32(Backend& b, const TensorView& router, const TensorView& norm,
-                                    bool split) {
-  ASSIGN_OR_RETURN(std::vector<float> r, router.toF32());
-  ASSIGN_OR_RETURN(std::vector<float> g, norm.toF32());
-  const int64_t e = router.shape[0], h = router.shape[1];
-  std::vector<float> wt(static_cast<size_t>(h * e));
-  for (int64_t x = 0; x < e; ++x)
-    for (int64_t k = 0; k < h; ++k)
-      wt[static_cast<size_t>(k * e + x)] =
-          r[static_cast<size_t>(x * h + k)] * g[static_cast<size_t>(k)];
-  if (split) {
-    bool exact = false;
-    const std::vector<uint16_t> s = routerSplitWeights(wt.data(), h, e, &exact);
-    if (!exact) return internalError("router weights: a router x norm product is not two bf16 halves");
-    const int64_t ep = routerSplitPaddedE(e), hp = routerSplitPaddedH(h);
-    ASSIGN_OR_RETURN(OwnedTensor t, b.allocateTensor(DType::kBF16, {2, ep, hp}));
-    RETURN_IF_ERROR(b.uploadConvert(t.view, HostView{s.data(), DType::kBF16, 2 * ep * hp}));
-    return t;
-  }
-  ASSIGN_OR_RETURN(OwnedTensor t, b.allocateTensor(DType::kF32, {h, e}));
-  RETURN_IF_ERROR(b.uploadConvert(t.view, HostView{wt.data(), DType::kF32, h * e}));
-  return t;
-}
 
 // Expert weight [E, out, in] into `dst` (allocated [E, out, in]), from MXFP4 blocks/scales
 // ([E, out, in/32, 16] / [E, out, in/32]) or a dense tensor ([E, in, out] transposed HF layout
@@ -195,6 +172,30 @@ Result<ExpertWeights> uploadResidentMxfp4(LlmOps& ops, const TensorView& blocks,
 }
 
 }  // namespace
+
+Result<OwnedTensor> uploadGptOssRouterF32(Backend& b, const TensorView& router,
+                                          const TensorView& norm, bool split) {
+  ASSIGN_OR_RETURN(std::vector<float> r, router.toF32());
+  ASSIGN_OR_RETURN(std::vector<float> g, norm.toF32());
+  const int64_t e = router.shape[0], h = router.shape[1];
+  std::vector<float> wt(static_cast<size_t>(h * e));
+  for (int64_t x = 0; x < e; ++x)
+    for (int64_t k = 0; k < h; ++k)
+      wt[static_cast<size_t>(k * e + x)] =
+          r[static_cast<size_t>(x * h + k)] * g[static_cast<size_t>(k)];
+  if (split) {
+    bool exact = false;
+    const std::vector<uint16_t> s = routerSplitWeights(wt.data(), h, e, &exact);
+    if (!exact) return internalError("router weights: a router x norm product is not two bf16 halves");
+    const int64_t ep = routerSplitPaddedE(e), hp = routerSplitPaddedH(h);
+    ASSIGN_OR_RETURN(OwnedTensor t, b.allocateTensor(DType::kBF16, {2, ep, hp}));
+    RETURN_IF_ERROR(b.uploadConvert(t.view, HostView{s.data(), DType::kBF16, 2 * ep * hp}));
+    return t;
+  }
+  ASSIGN_OR_RETURN(OwnedTensor t, b.allocateTensor(DType::kF32, {h, e}));
+  RETURN_IF_ERROR(b.uploadConvert(t.view, HostView{wt.data(), DType::kF32, h * e}));
+  return t;
+}
 
 Result<GptOssConfig> parseGptOssConfig(std::string_view json, std::string_view label_sv) {
   const std::string label(label_sv);
@@ -424,7 +425,7 @@ Result<std::unique_ptr<GptOssModel>> GptOssModel::load(const std::string& dir, B
       ASSIGN_OR_RETURN(auto* rw, requireHfTensor(*ck, p + "mlp.router.weight", {ne, h}));
       ASSIGN_OR_RETURN(auto* nw,
                        requireHfTensor(*ck, p + "post_attention_layernorm.weight", {h}));
-      ASSIGN_OR_RETURN(L.router_f32t, uploadRouterF32(b, *rw, *nw, ops.routerF32Split()));
+      ASSIGN_OR_RETURN(L.router_f32t, uploadGptOssRouterF32(b, *rw, *nw, ops.routerF32Split()));
     }
     ASSIGN_OR_RETURN(L.b1,
                      uploadOne(b, *ck, p + "mlp.experts.gate_up_proj_bias", {ne, 2 * inter}, mwt));

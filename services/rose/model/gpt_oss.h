@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "common/model_config.h"
+#include "common/safetensors.h"
 #include "common/status.h"
 #include "services/rose/ops/paged_kv_cache.h"
 #include "services/rose/ops/llm_ops.h"
@@ -58,6 +59,12 @@ struct GptOssConfig {
 Result<GptOssConfig> parseGptOssConfig(std::string_view json,
                                        std::string_view label = "config.json");
 Result<GptOssConfig> loadGptOssConfig(const std::string& dir);
+
+// [TAG_ROUTER_F32] A layer's router weights with its post-attention norm folded in, for
+// LlmOps::moeRouteF32: f32 [H, E] (wt[k][e] = router[e][k] * norm[k]), or the ops' bf16 split
+// when `split` (ops.routerF32Split()). router [E, H], norm [H] as in the checkpoint.
+Result<OwnedTensor> uploadGptOssRouterF32(Backend& b, const TensorView& router,
+                                          const TensorView& norm, bool split);
 
 // [TAG_KV_WINDOW_GROUP] The sliding layers' window in keys (0 when no layer slides), and a cache
 // shape given a window pool of `num_blocks_window` blocks for them (unchanged when that is 0, no

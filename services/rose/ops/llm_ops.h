@@ -114,7 +114,9 @@ struct ExpertWeights {
   std::vector<Buffer> storage;  // owns what the views point to (may be empty: borrowed views)
 };
 
-// Largest sizes a step will use, given once at load so the ops can size their workspaces.
+// Largest sizes a step will use, given once at load so the ops can size their workspaces. The
+// router's calls use num_experts as given; a moeExperts call may take fewer experts and a smaller
+// top_k (the sharded model's experts of one rank, its one-slot pairs).
 struct LlmOpsLimits {
   int64_t max_tokens = 0;       // tokens per step
   int32_t max_seqs = 0;         // sequences per step

@@ -149,7 +149,9 @@ Result<std::unique_ptr<GptOssShard>> GptOssShard::load(const std::string& dir, B
   lim.vocab = v;
   lim.hidden = static_cast<int32_t>(h);
   lim.intermediate = static_cast<int32_t>(ir.count);
-  lim.num_experts = static_cast<int32_t>(ex.count);
+  // Every expert: the router (replicated) routes over all of them; the expert calls take this
+  // rank's ex.count <= ne (LlmOps allow fewer than reserved).
+  lim.num_experts = static_cast<int32_t>(ne);
   lim.top_k = static_cast<int32_t>(k);
   lim.num_q_heads = static_cast<int32_t>(qh.count);
   lim.num_kv_heads = static_cast<int32_t>(kh.count);
@@ -158,6 +160,11 @@ Result<std::unique_ptr<GptOssShard>> GptOssShard::load(const std::string& dir, B
 
   Backend& b = backend;
   const DType wt = b.weightDType();
+  // The residual stream in f32 on a backend with narrower activations (CUDA), as GptOssModel
+  // keeps it (GptOssOptions::f32_residual), and the router reading it (f32_router,
+  // [TAG_ROUTER_F32]); on the CPU the backend's own stream is f32 already.
+  m->f32_res_ = opts.f32_residual && b.activationDType() != DType::kF32;
+  m->route_f32_ = m->f32_res_ && opts.f32_router;
   ASSIGN_OR_RETURN(auto ck, SafetensorsCheckpoint::openDir(dir));
   const std::string head_name =
       c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
@@ -208,6 +215,11 @@ Result<std::unique_ptr<GptOssShard>> GptOssShard::load(const std::string& dir, B
                      uploadSlice(b, wt, *ck, p + "mlp.router.weight", {ne, h}, {0, ne}, all_h));
     ASSIGN_OR_RETURN(L.router_bias,
                      uploadSlice(b, wt, *ck, p + "mlp.router.bias", {ne}, {0, ne}, {0, 1}));
+    if (m->route_f32_) {
+      ASSIGN_OR_RETURN(auto* rw, requireHfTensor(*ck, p + "mlp.router.weight", {ne, h}));
+      ASSIGN_OR_RETURN(auto* nw, requireHfTensor(*ck, p + "post_attention_layernorm.weight", {h}));
+      ASSIGN_OR_RETURN(L.router_f32t, uploadGptOssRouterF32(b, *rw, *nw, ops.routerF32Split()));
+    }
     // Experts: this rank's experts, its intermediate columns (gate/up rows 2i, 2i+1 together).
     const std::string xp = p + "mlp.experts.";
     ASSIGN_OR_RETURN(auto* b1, requireHfTensor(*ck, xp + "gate_up_proj_bias", {ne, 2 * inter}));
@@ -298,9 +310,6 @@ Result<std::unique_ptr<GptOssShard>> GptOssShard::load(const std::string& dir, B
   }
   ASSIGN_OR_RETURN(m->cu_q_, b.allocateTensor(DType::kI32, {s + 1}));
   ASSIGN_OR_RETURN(m->rows_, b.allocateTensor(DType::kI32, {r}));
-  // The residual stream in f32 on a backend with narrower activations (CUDA), as GptOssModel
-  // keeps it (GptOssOptions::f32_residual); on the CPU the backend's own stream is f32 already.
-  m->f32_res_ = opts.f32_residual && act != DType::kF32;
   ASSIGN_OR_RETURN(m->residual_,
                    b.allocateTensor(m->f32_res_ ? DType::kF32 : b.residualDType(), {t, h}));
   ASSIGN_OR_RETURN(m->x_, b.allocateTensor(act, {t, h}));
@@ -785,8 +794,14 @@ void GptOssShard::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
       if (par_.tp > 1) comms_.tp->allReduceSum(x);
       if (tap_ != nullptr) tapRows(tap_->attn, x, t);
       b.rmsNorm(x, res, L.post_norm.view, x, norm);
-      b.linear(x, L.router.view, Tensor(), rl);
-      ops_.moeRoute(rl, L.router_bias.view, tk_ids, tk_w, MoeRouteParams{static_cast<int32_t>(kk)});
+      if (route_f32_) {  // [TAG_ROUTER_F32]: from the f32 stream, the norm folded in
+        ops_.moeRouteF32(res, L.router_f32t.view, L.router_bias.view, tk_ids, tk_w,
+                         MoeRouteParams{static_cast<int32_t>(kk), norm.eps});
+      } else {
+        b.linear(x, L.router.view, Tensor(), rl);
+        ops_.moeRoute(rl, L.router_bias.view, tk_ids, tk_w,
+                      MoeRouteParams{static_cast<int32_t>(kk)});
+      }
     }
     if (par_.dp == 1) {
       moeReplicated(L, x, tk_ids, tk_w, moe);

@@ -109,6 +109,7 @@ class GptOssShard {
   struct Layer {
     OwnedTensor input_norm, post_norm, qkv, qkv_bias, o, o_bias, sinks;
     OwnedTensor router, router_bias, b1, b2;
+    OwnedTensor router_f32t;  // [TAG_ROUTER_F32] the norm folded in (route_f32_ only)
     ExpertWeights w1, w2;  // [E_local, 2·I_local, H] and [E_local, H, I_local], dense
   };
 
@@ -135,7 +136,8 @@ class GptOssShard {
   int64_t max_model_len_ = 0;
   int64_t table_capacity_ = 0;
   int64_t last_sampled_ = 0;
-  bool f32_res_ = false;  // the residual stream in f32 on a narrower backend (see load())
+  bool f32_res_ = false;    // the residual stream in f32 on a narrower backend (see load())
+  bool route_f32_ = false;  // route from that stream (LlmOps::moeRouteF32), as GptOssModel
   LayerTap* tap_ = nullptr;
 
   OwnedTensor embed_, lm_head_, final_norm_, rope_cos_, rope_sin_;

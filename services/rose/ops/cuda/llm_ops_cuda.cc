@@ -539,9 +539,12 @@ class CudaLlmOps final : public LlmOps {
             "moeExperts", "b1 must be [E, 2I] in x's dtype");
     require(b2.empty() || (b2.dtype == t16 && b2.numel() == p.num_experts * p.hidden),
             "moeExperts", "b2 must be [E, H] in x's dtype");
-    // top_k below the reserved one: the sharded model's one-slot expert pairs (its workspaces are
-    // sized by max_tokens x top_k assignments, which t x p.top_k stays within).
-    require(t <= lim_.max_tokens && p.num_experts == lim_.num_experts && p.top_k >= 1 &&
+    // top_k and num_experts below the reserved ones: the sharded model's one-slot expert pairs
+    // over the experts of its rank, reserved with every expert for its router (the workspaces are
+    // sized by max_tokens x top_k assignments over lim_.num_experts, which a smaller call stays
+    // within).
+    require(t <= lim_.max_tokens && p.num_experts >= 1 && p.num_experts <= lim_.num_experts &&
+                p.top_k >= 1 &&
                 p.top_k <= lim_.top_k && p.hidden == lim_.hidden &&
                 p.intermediate == lim_.intermediate,
             "moeExperts", "step larger than reserve() allowed");
