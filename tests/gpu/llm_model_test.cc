@@ -37,6 +37,7 @@
 #include "services/rose/ops/llm_ops.h"
 #include "services/rose/ops/paged_kv_cache.h"
 #include "services/rose/tools/mkmodel_gpt_oss.h"
+#include "tests/support/gpt_oss_tiny.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace garden::rose::gputest {
@@ -292,19 +293,7 @@ class GpuGptOss : public ::testing::Test {
     const std::string dir = (fs::temp_directory_path() /
                              ("garden_gpu_gptoss_" + name + "_" + std::to_string(getpid())))
                                 .string();
-    MkGptOssOptions o;
-    o.out_dir = dir;
-    o.seed = 7;
-    o.hidden_size = 288;
-    o.num_layers = 4;
-    o.num_heads = 16;
-    o.num_kv_heads = 2;
-    o.head_dim = 64;
-    o.intermediate_size = 160;
-    o.num_experts = experts;
-    o.experts_per_token = 4;
-    o.sliding_window = window;
-    Status s = makeGptOssModel(o);
+    Status s = makeGptOssModel(testsupport::gpuTinyGptOss(dir, experts, window));
     EXPECT_TRUE(s.isOk()) << s.toString();
     dirs_->push_back(dir);
     return dir;

@@ -8,9 +8,9 @@
 //     model allows, against the single-GPU GptOssModel on CUDA fed the same tokens (teacher
 //     forcing: the reference's greedy tokens): every step's logits rows within bf16 distance
 //     (cosine >= 0.999, max |diff| <= 3 % of the row's largest |logit|) and the same greedy
-//     token on every row (issue 19: TP/EP output equals TP1 greedy). The sharded path reads dense bf16 experts (the MXFP4 values dequantized exactly)
-//     and rounds the tp partial sums to bf16 before the all-reduce, so bits differ from the
-//     single-GPU model by bf16 roundings, not more.
+//     token on every row (issue 19: TP/EP output equals TP1 greedy). The sharded path reads dense
+//     bf16 experts (the MXFP4 values dequantized exactly) and rounds the tp partial sums to bf16
+//     before the all-reduce, so bits differ from the single-GPU model by bf16 roundings, not more.
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -30,6 +30,7 @@
 #include "services/rose/tools/mkmodel_gpt_oss.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/support/gpt_oss_steps.h"
+#include "tests/support/gpt_oss_tiny.h"
 
 namespace garden::rose {
 namespace {
@@ -231,8 +232,7 @@ Trace runSharded(const std::string& dir, const ParallelConfig& par, const Trace&
     staged_world.push_back(
         std::make_unique<StagedCommunicator>(std::move(world[static_cast<size_t>(r)]), b));
     staged_tp.push_back(std::make_unique<StagedCommunicator>(
-        std::move(tp_groups[static_cast<size_t>(r / par.tp)][static_cast<size_t>(r % par.tp)]),
-        b));
+        std::move(tp_groups[static_cast<size_t>(r / par.tp)][static_cast<size_t>(r % par.tp)]), b));
   }
   for (int32_t r = 0; r < n; ++r) {
     Rank& k = ranks[static_cast<size_t>(r)];
@@ -285,21 +285,10 @@ int32_t argmax(const float* v, int64_t n) {
 TEST(GpuShardedModel, LayoutsOnOneGpuTrackTheSingleGpuModel) {
   const std::string dir =
       (fs::temp_directory_path() / ("garden_gpu_shard_" + std::to_string(getpid()))).string();
-  MkGptOssOptions o;  // the GPU-path tiny shape of gpu_llm_model_test (16 q / 2 kv heads)
-  o.out_dir = dir;
-  o.seed = 7;
-  o.hidden_size = 288;
-  o.num_layers = 4;
-  o.num_heads = 16;
-  o.num_kv_heads = 2;
-  o.head_dim = 64;
-  o.intermediate_size = 160;
-  // 4 experts, top 4: no routing choice, so the two models' rounding differences (the split
-  // projections' bf16 partial sums) move the router weights continuously; a near-tie between a
-  // 4th and 5th expert would otherwise flip a choice on rounding alone.
-  o.num_experts = 4;
-  o.experts_per_token = 4;
-  o.sliding_window = 16;
+  // The GPU-path tiny shape with 4 experts, top 4: no routing choice, so the two models' rounding
+  // differences (the split projections' bf16 partial sums) move the router weights continuously;
+  // a near-tie between a 4th and 5th expert would otherwise flip a choice on rounding alone.
+  const MkGptOssOptions o = testsupport::gpuTinyGptOss(dir, 4, 16);
   ASSERT_TRUE(makeGptOssModel(o).isOk());
   int tested = 0;
   for (const ParallelConfig par :
@@ -344,15 +333,16 @@ TEST(GpuShardedModel, LayoutsOnOneGpuTrackTheSingleGpuModel) {
           ++agree;
         } else {
           ADD_FAILURE() << "step " << s << " seq " << i << ": greedy token " << tb
-                        << " where the single-GPU model has " << ta << " (its logits "
-                        << a[ta] << " vs " << a[tb] << ")";
+                        << " where the single-GPU model has " << ta << " (its logits " << a[ta]
+                        << " vs " << a[tb] << ")";
         }
         ++rows;
       }
     }
-    std::printf("tp %d dp %d ep %d: worst cosine %.6f, worst max|diff| / max|logit| %.4f, greedy "
-                "tokens equal on %d of %d rows\n",
-                par.tp, par.dp, par.ep, worst_cos, worst_rel, agree, rows);
+    std::printf(
+        "tp %d dp %d ep %d: worst cosine %.6f, worst max|diff| / max|logit| %.4f, greedy "
+        "tokens equal on %d of %d rows\n",
+        par.tp, par.dp, par.ep, worst_cos, worst_rel, agree, rows);
     ++tested;
   }
   EXPECT_EQ(tested, 6);

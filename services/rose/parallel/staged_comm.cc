@@ -28,8 +28,7 @@ void StagedCommunicator::upload(const Tensor& t, const std::vector<std::byte>& h
 }
 
 void StagedCommunicator::allReduceSum(const Tensor& inout) {
-  CHECK_MSG(inout.dtype == DType::kF32 || inout.dtype == DType::kBF16 ||
-                inout.dtype == DType::kF16,
+  CHECK_MSG(inout.dtype == DType::kF32 || inout.dtype == DType::kBF16 || inout.dtype == DType::kF16,
             "staged all-reduce wants F32, BF16 or F16");
   download(a_, inout);
   const size_t n = static_cast<size_t>(inout.numel());

@@ -28,6 +28,7 @@
 #include "garden/v1/garden.grpc.pb.h"
 #include "services/rose/tools/mkmodel_gpt_oss.h"
 #include "tests/integration/support/harness.h"
+#include "tests/support/gpt_oss_tiny.h"
 
 namespace garden {
 namespace {
@@ -41,13 +42,7 @@ std::vector<int32_t> prompt(int32_t n, int32_t start) {
   return v;
 }
 
-bool running(pid_t pid) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  if (!std::getline(f, line)) return false;
-  const size_t close = line.rfind(')');
-  return close != std::string::npos && close + 2 < line.size() && line[close + 2] != 'Z';
-}
+bool running(pid_t pid) { return testing::processRunning(pid); }
 
 class DeviceRanks : public ::testing::Test {
  protected:
@@ -55,21 +50,11 @@ class DeviceRanks : public ::testing::Test {
     // The cpu ranks stage like CUDA ranks (tulip and rose inherit it); CUDA ranks always do.
     setenv("GARDEN_TEST_STAGED_COMM", "1", 1);
     dir_ = new testing::TempDir();
-    rose::MkGptOssOptions mk;  // gpu_llm_model_test's GPU-path shape
-    mk.out_dir = dir_->path() + "/gpt-oss";
-    mk.seed = 7;
-    mk.hidden_size = 288;
-    mk.num_layers = 4;
-    mk.num_heads = 16;
-    mk.num_kv_heads = 2;
-    mk.head_dim = 64;
-    mk.intermediate_size = 160;
-    // 4 experts, top 4: no routing choice (on cuda the sharded and the single-GPU rose round
-    // differently, and a near-tie between a 4th and 5th expert could flip a choice on that alone).
-    mk.num_experts = 4;
-    mk.experts_per_token = 4;
-    mk.sliding_window = 16;
-    Status st = rose::makeGptOssModel(mk);
+    // The GPU-path tiny shape with 4 experts, top 4: no routing choice (on cuda the sharded and
+    // the single-GPU rose round differently, and a near-tie between a 4th and 5th expert could
+    // flip a choice on that alone).
+    Status st =
+        rose::makeGptOssModel(rose::testsupport::gpuTinyGptOss(dir_->path() + "/gpt-oss", 4, 16));
     ASSERT_TRUE(st.isOk()) << st.toString();
   }
   static void TearDownTestSuite() {
@@ -88,14 +73,13 @@ class DeviceRanks : public ::testing::Test {
 
   void startTulip(const std::vector<std::string>& rose_args) {
     port_ = testing::freePort();
-    std::vector<std::string> argv = testing::tulipArgv(port_, 0, dir_->path() + "/gpt-oss",
-                                                       "services/rose/rose", "gpuranks");
-    argv.insert(argv.end(),
-                {"--max-batch-tokens", "256", "--max-num-seqs", "4", "--device", device(),
-                 "--rose-arg=--kv-block-size", "--rose-arg=16", "--rose-arg=--max-model-len",
-                 "--rose-arg=512", "--rose-arg=--max-seqs", "--rose-arg=4",
-                 "--rose-arg=--kv-blocks", "--rose-arg=64", "--rose-arg=--cuda-graphs",
-                 "--rose-arg=off"});
+    std::vector<std::string> argv =
+        testing::tulipArgv(port_, 0, dir_->path() + "/gpt-oss", "services/rose/rose", "gpuranks");
+    argv.insert(argv.end(), {"--max-batch-tokens", "256", "--max-num-seqs", "4", "--device",
+                             device(), "--rose-arg=--kv-block-size", "--rose-arg=16",
+                             "--rose-arg=--max-model-len", "--rose-arg=512",
+                             "--rose-arg=--max-seqs", "--rose-arg=4", "--rose-arg=--kv-blocks",
+                             "--rose-arg=64", "--rose-arg=--cuda-graphs", "--rose-arg=off"});
     for (const std::string& a : rose_args) argv.push_back("--rose-arg=" + a);
     tulip_ = std::make_unique<testing::Process>(
         argv, dir_->path() + "/tulip-" + std::to_string(port_) + ".log");
@@ -154,7 +138,7 @@ TEST_F(DeviceRanks, StagedShardedRoseServesTheUnshardedTokens) {
   ASSERT_EQ(want.second.size(), 24u);
   tulip_.reset();
   std::vector<std::vector<std::string>> layouts = {{"--tp", "2", "--ep", "2"},
-                                                    {"--dp", "2", "--ep", "2"}};
+                                                   {"--dp", "2", "--ep", "2"}};
   // cuda: also the all-reduces through the CUDA IPC kernel (the rest staged).
   if (device() == "cuda") {
     layouts.push_back({"--tp", "2", "--ep", "2", "--rank-ipc-allreduce-bytes", "1048576"});

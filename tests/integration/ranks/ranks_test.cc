@@ -43,14 +43,7 @@ std::vector<int32_t> prompt(int32_t n, int32_t start) {
   return v;
 }
 
-// Running: present and not a zombie.
-bool running(pid_t pid) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  if (!std::getline(f, line)) return false;
-  const size_t close = line.rfind(')');
-  return close != std::string::npos && close + 2 < line.size() && line[close + 2] != 'Z';
-}
+bool running(pid_t pid) { return testing::processRunning(pid); }
 
 class Ranks : public ::testing::Test {
  protected:

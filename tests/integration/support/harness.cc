@@ -213,6 +213,14 @@ std::vector<pid_t> childrenOf(pid_t pid) {
   return out;
 }
 
+bool processRunning(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(f, line)) return false;
+  const size_t close = line.rfind(')');
+  return close != std::string::npos && close + 2 < line.size() && line[close + 2] != 'Z';
+}
+
 HttpResponse http(int port, const std::string& method, const std::string& path,
                   const std::string& body, const std::map<std::string, std::string>& headers,
                   std::chrono::milliseconds timeout) {

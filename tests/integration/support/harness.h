@@ -95,6 +95,8 @@ inline double metricValue(const std::string& page, const std::string& series) {
 
 // Direct children of `pid` (from /proc).
 std::vector<pid_t> childrenOf(pid_t pid);
+// Whether `pid` exists and is not a zombie (from /proc/<pid>/stat).
+bool processRunning(pid_t pid);
 
 struct HttpResponse {
   int status = 0;                              // 0 = connection failed

@@ -73,8 +73,8 @@ Status embeddingFor(const void* table, int64_t table_rows, const int32_t* ids, i
   const unsigned grid = static_cast<unsigned>(t);
   switch (out_type) {
     case ShardElem::kF32:
-      embeddingSliceKernel<TE, ShardElem::kF32><<<grid, 256, 0, stream>>>(
-          tb, table_rows, ids, vocab_begin, h, static_cast<float*>(out));
+      embeddingSliceKernel<TE, ShardElem::kF32>
+          <<<grid, 256, 0, stream>>>(tb, table_rows, ids, vocab_begin, h, static_cast<float*>(out));
       break;
     case ShardElem::kBF16:
       embeddingSliceKernel<TE, ShardElem::kBF16><<<grid, 256, 0, stream>>>(
@@ -98,20 +98,20 @@ Status launchEmbeddingSlice(const void* table, ShardElem table_type, int64_t tab
   if (h <= 0 || t > INT32_MAX) return invalidArgument("embedding slice: bad shape");
   switch (table_type) {
     case ShardElem::kF32:
-      return embeddingFor<ShardElem::kF32>(table, table_rows, ids, t, vocab_begin, h, out,
-                                           out_type, stream);
+      return embeddingFor<ShardElem::kF32>(table, table_rows, ids, t, vocab_begin, h, out, out_type,
+                                           stream);
     case ShardElem::kBF16:
       return embeddingFor<ShardElem::kBF16>(table, table_rows, ids, t, vocab_begin, h, out,
                                             out_type, stream);
     case ShardElem::kF16:
-      return embeddingFor<ShardElem::kF16>(table, table_rows, ids, t, vocab_begin, h, out,
-                                           out_type, stream);
+      return embeddingFor<ShardElem::kF16>(table, table_rows, ids, t, vocab_begin, h, out, out_type,
+                                           stream);
   }
   return invalidArgument("embedding slice: bad element type");
 }
 
-Status launchCombineRows(const void* in, const int32_t* offsets, const int32_t* order,
-                         int64_t rows, int64_t h, void* out, ShardElem type, cudaStream_t stream) {
+Status launchCombineRows(const void* in, const int32_t* offsets, const int32_t* order, int64_t rows,
+                         int64_t h, void* out, ShardElem type, cudaStream_t stream) {
   if (rows == 0) return okStatus();
   if (h <= 0 || rows > INT32_MAX) return invalidArgument("combine rows: bad shape");
   const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>((h + 255) / 256));
@@ -121,9 +121,9 @@ Status launchCombineRows(const void* in, const int32_t* offsets, const int32_t* 
           static_cast<const float*>(in), offsets, order, h, static_cast<float*>(out));
       break;
     case ShardElem::kBF16:
-      combineRowsKernel<ShardElem::kBF16><<<grid, 256, 0, stream>>>(
-          static_cast<const __nv_bfloat16*>(in), offsets, order, h,
-          static_cast<__nv_bfloat16*>(out));
+      combineRowsKernel<ShardElem::kBF16>
+          <<<grid, 256, 0, stream>>>(static_cast<const __nv_bfloat16*>(in), offsets, order, h,
+                                     static_cast<__nv_bfloat16*>(out));
       break;
     case ShardElem::kF16:
       combineRowsKernel<ShardElem::kF16><<<grid, 256, 0, stream>>>(

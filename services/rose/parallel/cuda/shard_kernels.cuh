@@ -21,7 +21,7 @@ Status launchEmbeddingSlice(const void* table, ShardElem table_type, int64_t tab
 
 // out[r] = Σ_{j in [offsets[r], offsets[r+1])} in[order[j]] per column, in j order, accumulated
 // in f32 and rounded once into `type` (in and out share it). offsets [rows + 1], order [P].
-Status launchCombineRows(const void* in, const int32_t* offsets, const int32_t* order,
-                         int64_t rows, int64_t h, void* out, ShardElem type, cudaStream_t stream);
+Status launchCombineRows(const void* in, const int32_t* offsets, const int32_t* order, int64_t rows,
+                         int64_t h, void* out, ShardElem type, cudaStream_t stream);
 
 }  // namespace garden::rose::cuda

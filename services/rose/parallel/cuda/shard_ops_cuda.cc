@@ -117,10 +117,10 @@ class CudaShardOps final : public ShardOps {
     int64_t col0 = 0;
     for (int64_t c : cols) {
       if (c > 0 && r > 0) {
-        const cudaError_t err = cudaMemcpy2DAsync(
-            dst + col0 * es, static_cast<size_t>(width) * es, src, static_cast<size_t>(c) * es,
-            static_cast<size_t>(c) * es, static_cast<size_t>(r), cudaMemcpyDeviceToDevice,
-            b_.stream());
+        const cudaError_t err =
+            cudaMemcpy2DAsync(dst + col0 * es, static_cast<size_t>(width) * es, src,
+                              static_cast<size_t>(c) * es, static_cast<size_t>(c) * es,
+                              static_cast<size_t>(r), cudaMemcpyDeviceToDevice, b_.stream());
         if (err != cudaSuccess) checkOk(internalError(cudaGetErrorString(err)), "concatColumns");
       }
       src += r * c * static_cast<int64_t>(es);

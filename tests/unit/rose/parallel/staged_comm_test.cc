@@ -133,8 +133,10 @@ TEST_P(StagedCommSizes, RowCollectivesMoveTheRightBytes) {
         for (int64_t k = 0; k < kCols; ++k) hs.push_back(val(r, p, i, k));
       }
     }
-    OwnedTensor st = b.allocateTensor(DType::kI32, {std::max<int64_t>(total_send, 1), kCols}).value();
-    OwnedTensor rt = b.allocateTensor(DType::kI32, {std::max<int64_t>(total_recv, 1), kCols}).value();
+    OwnedTensor st =
+        b.allocateTensor(DType::kI32, {std::max<int64_t>(total_send, 1), kCols}).value();
+    OwnedTensor rt =
+        b.allocateTensor(DType::kI32, {std::max<int64_t>(total_recv, 1), kCols}).value();
     const Tensor sv = st.view.rowSlice(0, total_send), rv = rt.view.rowSlice(0, total_recv);
     if (!hs.empty()) b.copyToDevice(sv, hs.data(), hs.size() * 4);
     c.allToAllRows(sv, send, rv, recv);
