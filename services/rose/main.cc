@@ -142,6 +142,10 @@ struct RankArgs {
   // cuda ranks: all-reduces up to this many bytes through the CUDA IPC all-reduce (0: every
   // collective staged through host memory) [TAG_STAGED_COMM].
   int64_t ipc_allreduce_bytes = 0;
+  std::string nccl = "off";  // cuda ranks: NCCL for the collectives the IPC kernel does not take
+  rose::RankDeviceComm deviceComm() const {
+    return {static_cast<size_t>(ipc_allreduce_bytes), nccl == "on"};
+  }
   bool sharded() const { return parallel.world() > 1 || rank > 0; }
 };
 
@@ -456,7 +460,7 @@ Result<Workload> loadLlmSharded(const std::string& dir, rose::Backend& backend, 
 
   ASSIGN_OR_RETURN(w.ops, rose::makeLlmOps(backend, threads));
   ASSIGN_OR_RETURN(w.shard_ops, rose::makeShardOps(backend));
-  w.comms = w.segment->communicators(0, &backend, static_cast<size_t>(ra.ipc_allreduce_bytes));
+  w.comms = w.segment->communicators(0, &backend, ra.deviceComm());
   ASSIGN_OR_RETURN(w.shard,
                    rose::GptOssShard::load(dir, backend, *w.ops, *w.shard_ops,
                                            gptOssOptions(max_batch_tokens, f), par, 0,
@@ -541,7 +545,7 @@ int runFollowerRank(const std::string& dir, const std::string& device, int32_t t
   auto shard_ops = rose::makeShardOps(**backend);
   if (!shard_ops.isOk()) return failed(shard_ops.status(), "cannot create the shard ops");
   rose::RankSegment::Comms comms =
-      s.communicators(ra.rank, backend->get(), static_cast<size_t>(ra.ipc_allreduce_bytes));
+      s.communicators(ra.rank, backend->get(), ra.deviceComm());
   auto shard = rose::GptOssShard::load(dir, **backend, **ops, **shard_ops,
                                        gptOssOptions(max_batch_tokens, f), par, ra.rank,
                                        comms.view());
@@ -681,7 +685,11 @@ int main(int argc, char** argv) {
       .add("rank-ipc-allreduce-bytes", &ranks.ipc_allreduce_bytes,
            "cuda ranks: all-reduces of F32/BF16 up to this many bytes run as the CUDA IPC "
            "all-reduce on the GPU (a multiple of 16); 0 (default until measured): every "
-           "collective is staged through host memory");
+           "collective is staged through host memory")
+      .add("rank-nccl", &ranks.nccl,
+           "on|off: cuda ranks use NCCL for all-reduces above --rank-ipc-allreduce-bytes, "
+           "broadcasts, all-gathers and the expert all-to-all (one GPU per rank; NVLink "
+           "multicast stays off); off (default until measured): staged through host memory");
   flags.useEnv("ROSE_");
   flags.parseOrExit(argc, argv);
   log::setService("rose");
@@ -757,6 +765,10 @@ int main(int argc, char** argv) {
                            "--device cuda\n");
       return 2;
     }
+    if ((ranks.nccl != "on" && ranks.nccl != "off") || (ranks.nccl == "on" && device != "cuda")) {
+      std::fprintf(stderr, "rose: --rank-nccl must be on or off, and on needs --device cuda\n");
+      return 2;
+    }
     if (ranks.heartbeat_timeout_ms <= 0 || ranks.comm_timeout_ms < 0 ||
         ranks.comm_timeout_ms > UINT32_MAX) {
       std::fprintf(stderr,
@@ -802,6 +814,12 @@ int main(int argc, char** argv) {
   if (device == "cuda" && ranks.sharded()) {
     const Result<int32_t> gpus = rose::cudaDeviceCount();
     if (gpus.isOk()) bo.device_index = ranks.rank % *gpus;
+    // NCCL puts one rank of a communicator on one GPU.
+    if (ranks.nccl == "on" && (!gpus.isOk() || *gpus < ranks.parallel.world())) {
+      std::fprintf(stderr, "rose: --rank-nccl on needs a GPU per rank (%d ranks, %d GPUs visible)\n",
+                   ranks.parallel.world(), gpus.isOk() ? *gpus : 0);
+      return 2;
+    }
   }
 #endif
   if (ranks.rank > 0) {

@@ -28,7 +28,7 @@
 #include "common/shm/channel.h"
 #include "services/rose/parallel/staged_comm.h"
 #if defined(GARDEN_HAVE_CUDA) && GARDEN_HAVE_CUDA
-#include "services/rose/parallel/cuda/ipc_rank_comm.h"
+#include "services/rose/parallel/cuda/device_rank_comm.h"
 #endif
 
 namespace garden::rose {
@@ -176,7 +176,7 @@ ParallelConfig RankSegment::parallel() const {
 }
 
 RankSegment::Comms RankSegment::communicators(int32_t rank, Backend* backend,
-                                              size_t ipc_bytes) const {
+                                              RankDeviceComm dev) const {
   const ParallelConfig p = parallel();
   const RankCoords c = rankCoords(p, rank);
   Comms out;
@@ -187,11 +187,12 @@ RankSegment::Comms RankSegment::communicators(int32_t rank, Backend* backend,
   const bool staged = backend != nullptr &&
                       (backend->name() != "cpu" || (force != nullptr && force[0] == '1'));
 #if defined(GARDEN_HAVE_CUDA) && GARDEN_HAVE_CUDA
-  if (staged && ipc_bytes > 0 && backend->name() == "cuda") {
-    auto world = makeIpcRankCommunicator(comm_.communicator(0, rank, nullptr), *backend, ipc_bytes);
+  if (staged && (dev.ipc_bytes > 0 || dev.nccl) && backend->name() == "cuda") {
+    const DeviceCommOptions o{dev.ipc_bytes, dev.nccl};
+    auto world = makeDeviceRankCommunicator(comm_.communicator(0, rank, nullptr), *backend, o);
     CHECK_MSG(world.isOk(), world.status().toString().c_str());
-    auto tp = makeIpcRankCommunicator(comm_.communicator(1 + c.dp_rank, c.tp_rank, nullptr),
-                                      *backend, ipc_bytes);
+    auto tp = makeDeviceRankCommunicator(comm_.communicator(1 + c.dp_rank, c.tp_rank, nullptr),
+                                         *backend, o);
     CHECK_MSG(tp.isOk(), tp.status().toString().c_str());
     out.world = std::move(world).value();
     out.tp = std::move(tp).value();

@@ -68,6 +68,12 @@ struct RelayedStep {
   LlmStep view() const { return LlmStep{seqs, tokens, blocks, {}}; }
 };
 
+// Device collectives of CUDA ranks (RankSegment::communicators).
+struct RankDeviceComm {
+  size_t ipc_bytes = 0;  // all-reduces up to this size on the CUDA IPC kernel (0: none)
+  bool nccl = false;     // NCCL for the rest (one GPU per rank)
+};
+
 class RankSegment {
  public:
   // Rank 0: a new memfd holding the segment (close-on-exec; RankSupervisor hands it to the
@@ -85,14 +91,14 @@ class RankSegment {
 
   // This rank's communicators: group 0 is the world, group 1 + d the tp ranks of dp group d.
   // On a backend other than cpu they stage device tensors through host memory
-  // (StagedCommunicator) [TAG_STAGED_COMM]; on cuda with ipc_bytes > 0 all-reduces up to that
-  // size go through the CUDA IPC all-reduce instead (parallel/cuda/ipc_rank_comm.h; collective:
-  // every rank must call this with the same ipc_bytes).
+  // (StagedCommunicator) [TAG_STAGED_COMM]; on cuda, device collectives take what `dev` allows
+  // (the CUDA IPC all-reduce up to ipc_bytes, NCCL: parallel/cuda/device_rank_comm.h;
+  // collective: every rank must call this with the same options).
   struct Comms {
     std::unique_ptr<Communicator> world, tp;
     ShardComms view() const { return {world.get(), tp.get()}; }
   };
-  Comms communicators(int32_t rank, Backend* backend, size_t ipc_bytes = 0) const;
+  Comms communicators(int32_t rank, Backend* backend, RankDeviceComm dev = {}) const;
 
   // ---- liveness and start-up, per rank ----
   void setPid(int32_t rank, pid_t pid);

@@ -62,6 +62,40 @@ Status NcclComm::allGather(const void* in, void* out, int64_t n, IpcDType dtype,
   return okStatus();
 }
 
+Status NcclComm::broadcastBytes(void* buf, size_t bytes, int root, cudaStream_t stream) {
+  const ncclResult_t r = ncclBroadcast(buf, buf, bytes, ncclUint8, root, comm_, stream);
+  if (r != ncclSuccess) return ncclStatus(r, "ncclBroadcast");
+  return okStatus();
+}
+
+Status NcclComm::allGatherBytes(const void* in, void* out, size_t bytes, cudaStream_t stream) {
+  const ncclResult_t r = ncclAllGather(in, out, bytes, ncclUint8, comm_, stream);
+  if (r != ncclSuccess) return ncclStatus(r, "ncclAllGather");
+  return okStatus();
+}
+
+Status NcclComm::allToAllBytes(const char* send, std::span<const size_t> send_off,
+                               std::span<const size_t> send_bytes, char* recv,
+                               std::span<const size_t> recv_off,
+                               std::span<const size_t> recv_bytes, cudaStream_t stream) {
+  ncclResult_t r = ncclGroupStart();
+  if (r != ncclSuccess) return ncclStatus(r, "ncclGroupStart");
+  for (size_t q = 0; q < send_bytes.size() && r == ncclSuccess; ++q) {
+    if (send_bytes[q] > 0) {
+      r = ncclSend(send + send_off[q], send_bytes[q], ncclUint8, static_cast<int>(q), comm_,
+                   stream);
+    }
+    if (r == ncclSuccess && recv_bytes[q] > 0) {
+      r = ncclRecv(recv + recv_off[q], recv_bytes[q], ncclUint8, static_cast<int>(q), comm_,
+                   stream);
+    }
+  }
+  const ncclResult_t end = ncclGroupEnd();
+  if (r != ncclSuccess) return ncclStatus(r, "ncclSend/ncclRecv");
+  if (end != ncclSuccess) return ncclStatus(end, "ncclGroupEnd");
+  return okStatus();
+}
+
 Status NodeAllReduce::allReduceSum(const void* in, void* out, int64_t n, IpcDType dtype,
                                    cudaStream_t stream) {
   const size_t bytes = static_cast<size_t>(n) * (dtype == IpcDType::kF32 ? 4 : 2);

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 
 #include "common/status.h"
 #include "services/rose/parallel/cuda/ipc_comm.h"
@@ -39,6 +40,16 @@ class NcclComm {
   Status allReduceSum(const void* in, void* out, int64_t n, IpcDType dtype, cudaStream_t stream);
   // out = rank 0's n elements, then rank 1's, ... (equal counts).
   Status allGather(const void* in, void* out, int64_t n, IpcDType dtype, cudaStream_t stream);
+  // Byte-wise forms for the rank communicator (parallel/cuda/ipc_rank_comm.h): every rank's
+  // `buf` = root's; out = each rank's `bytes`, in rank order; and an all-to-all of byte ranges
+  // (send_off/send_bytes[q]: what goes to rank q; recv_off/recv_bytes[q]: what comes from it),
+  // one group of ncclSend/ncclRecv.
+  Status broadcastBytes(void* buf, size_t bytes, int root, cudaStream_t stream);
+  Status allGatherBytes(const void* in, void* out, size_t bytes, cudaStream_t stream);
+  Status allToAllBytes(const char* send, std::span<const size_t> send_off,
+                       std::span<const size_t> send_bytes, char* recv,
+                       std::span<const size_t> recv_off, std::span<const size_t> recv_bytes,
+                       cudaStream_t stream);
 
  private:
   explicit NcclComm(ncclComm_t c) : comm_(c) {}
