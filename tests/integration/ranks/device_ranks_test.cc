@@ -10,7 +10,9 @@
 // kernel, parallel/cuda/ipc_rank_comm.h).
 // What must hold: tulip sees one worker with rank 0 and one more rank process; two concurrent
 // greedy streams equal what the unsharded rose (one process, same device) serves for the same
-// prompts (issue 19: TP/EP output equals TP1 greedy); stopping tulip leaves no rank behind.
+// prompts (issue 19: TP/EP output equals TP1 greedy) up to the unsharded stream's first near-tie
+// (top-2 margin < 0.05: on cuda bf16 rounding alone decides there, and a free-running stream
+// parts); stopping tulip leaves no rank behind.
 // Binaries: $GARDEN_BUILD_DIR/services/{tulip/tulip,rose/rose}. GARDEN_GPU_RANKS_DEVICE
 // overrides the device.
 
@@ -19,7 +21,9 @@
 #include <signal.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <future>
@@ -101,27 +105,59 @@ class DeviceRanks : public ::testing::Test {
     return -1;
   }
 
-  std::vector<int32_t> generate(const std::vector<int32_t>& p, uint32_t n) {
+  // A greedy stream and, per token, the top-2 logprob margin (= the logits' top-2 margin).
+  struct Stream {
+    std::vector<int32_t> tokens;
+    std::vector<float> margins;
+  };
+  Stream generate(const std::vector<int32_t>& p, uint32_t n) {
     v1::GenerateRequest r;
     for (int32_t t : p) r.add_prompt_ids(t);
     r.set_max_tokens(n);
     r.set_ignore_eos(true);
+    r.mutable_sampling()->set_logprobs(true);
+    r.mutable_sampling()->set_top_logprobs(2);
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + 120s);
     auto reader = stub_->Generate(&ctx, r);
-    std::vector<int32_t> out;
+    Stream out;
     v1::GenerateChunk c;
-    while (reader->Read(&c)) out.insert(out.end(), c.token_ids().begin(), c.token_ids().end());
+    while (reader->Read(&c)) {
+      out.tokens.insert(out.tokens.end(), c.token_ids().begin(), c.token_ids().end());
+      for (const v1::TokenLogprobs& lp : c.logprobs()) {
+        out.margins.push_back(lp.top_logprobs_size() >= 2 ? lp.top_logprobs(0) - lp.top_logprobs(1)
+                                                          : 0.f);
+      }
+    }
     const grpc::Status st = reader->Finish();
     EXPECT_TRUE(st.ok()) << st.error_message();
     return out;
   }
 
   // Two concurrent greedy streams of 24 tokens.
-  std::pair<std::vector<int32_t>, std::vector<int32_t>> twoStreams() {
+  std::pair<Stream, Stream> twoStreams() {
     auto fa = std::async(std::launch::async, [&] { return generate(prompt(45, 1000), 24); });
     auto fb = std::async(std::launch::async, [&] { return generate(prompt(97, 90000), 24); });
     return {fa.get(), fb.get()};
+  }
+
+  // `got` equals `want` up to `want`'s first near-tie (top-2 margin below 0.05 on cuda, where bf16
+  // rounding alone may decide, as in gpu_llm_model_test; 1e-4 on the f32 cpu): the tokens before
+  // it (the streams may part there).
+  // Returns how many were compared.
+  static size_t expectSameUntilNearTie(const Stream& got, const Stream& want) {
+    // cpu: f32 throughout, the sharded sums differ from one rank's by ~1e-6 relative.
+    const float near_tie = device() == "cpu" ? 1e-4f : 0.05f;
+    size_t k = 0;
+    while (k < want.tokens.size() && k < want.margins.size() && want.margins[k] >= near_tie) ++k;
+    const size_t n = std::min(k + 1, want.tokens.size());  // the near-tie token itself may differ
+    EXPECT_GE(got.tokens.size(), n);
+    for (size_t i = 0; i < n && i < got.tokens.size(); ++i) {
+      if (i == k) break;
+      EXPECT_EQ(got.tokens[i], want.tokens[i])
+          << "token " << i << " (first near-tie at " << k << ")";
+    }
+    return k;
   }
 
   static testing::TempDir* dir_;
@@ -134,8 +170,9 @@ testing::TempDir* DeviceRanks::dir_ = nullptr;
 TEST_F(DeviceRanks, StagedShardedRoseServesTheUnshardedTokens) {
   startTulip({});
   const auto want = twoStreams();
-  ASSERT_EQ(want.first.size(), 24u);
-  ASSERT_EQ(want.second.size(), 24u);
+  ASSERT_EQ(want.first.tokens.size(), 24u);
+  ASSERT_EQ(want.second.tokens.size(), 24u);
+  ASSERT_EQ(want.first.margins.size(), 24u);
   tulip_.reset();
   std::vector<std::vector<std::string>> layouts = {{"--tp", "2", "--ep", "2"},
                                                    {"--dp", "2", "--ep", "2"}};
@@ -156,8 +193,12 @@ TEST_F(DeviceRanks, StagedShardedRoseServesTheUnshardedTokens) {
     }
     ASSERT_EQ(ranks.size(), 1u) << "rank 0 and one more process";
     const auto got = twoStreams();
-    EXPECT_EQ(got.first, want.first);
-    EXPECT_EQ(got.second, want.second);
+    EXPECT_EQ(got.first.tokens.size(), 24u);
+    EXPECT_EQ(got.second.tokens.size(), 24u);
+    const size_t a = expectSameUntilNearTie(got.first, want.first);
+    const size_t b = expectSameUntilNearTie(got.second, want.second);
+    std::printf("%s: tokens equal up to the first near-tie: %zu and %zu of 24 compared\n",
+                name.c_str(), a, b);
     tulip_.reset();  // SIGTERM: rose stops its ranks
     EXPECT_TRUE(testing::eventually(10s, [&] { return !running(rose0) && !running(ranks[0]); }));
   }
