@@ -114,6 +114,19 @@ CloseStats compare(const std::vector<float>& got, const std::vector<float>& ref,
   return s;
 }
 
+double topTwoMargin(const float* v, int64_t n) {
+  float a = -INFINITY, b = -INFINITY;
+  for (int64_t j = 0; j < n; ++j) {
+    if (v[j] > a) {
+      b = a;
+      a = v[j];
+    } else if (v[j] > b) {
+      b = v[j];
+    }
+  }
+  return static_cast<double>(a) - b;
+}
+
 void expectClose(const std::vector<float>& got, const std::vector<float>& ref, double atol,
                  double rtol, const std::string& what) {
   ASSERT_EQ(got.size(), ref.size()) << what;

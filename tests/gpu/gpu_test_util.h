@@ -70,6 +70,9 @@ CloseStats compare(const std::vector<float>& got, const std::vector<float>& ref,
 // EXPECTs every element within atol + rtol*|ref| and finite; prints the worst one otherwise.
 void expectClose(const std::vector<float>& got, const std::vector<float>& ref, double atol,
                  double rtol, const std::string& what);
+// The gap between a logits row's two largest values (a greedy choice below some margin is a
+// near-tie that rounding alone may decide).
+double topTwoMargin(const float* v, int64_t n);
 // Cosine similarity of rows [r*cols, (r+1)*cols).
 double rowCosine(const std::vector<float>& a, const std::vector<float>& b, int64_t row,
                  int64_t cols);

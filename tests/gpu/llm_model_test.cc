@@ -274,16 +274,7 @@ double cosine(const std::vector<float>& a, const std::vector<float>& b) {
 
 // (top-1 − top-2) of a logits row.
 double margin(const std::vector<float>& l) {
-  float a = -INFINITY, b = -INFINITY;
-  for (float x : l) {
-    if (x > a) {
-      b = a;
-      a = x;
-    } else if (x > b) {
-      b = x;
-    }
-  }
-  return a - b;
+  return topTwoMargin(l.data(), static_cast<int64_t>(l.size()));
 }
 
 class GpuGptOss : public ::testing::Test {

@@ -150,19 +150,8 @@ std::unique_ptr<Backend> cudaBackend() {
 
 // Sequence i's blocks in dp group i % dp.
 std::vector<Seq> prompts(int32_t dp) {
-  std::mt19937 rng(19);
-  std::uniform_int_distribution<int32_t> tok(0, 199997);
-  std::vector<Seq> out;
-  int32_t next[8] = {0};
-  for (int len : {37, 70, 129}) {
-    Seq s;
-    for (int i = 0; i < len; ++i) s.tokens.push_back(tok(rng));
-    const int32_t g = static_cast<int32_t>(out.size()) % dp;
-    const int32_t need = static_cast<int32_t>(kvBlocksFor(len + kDecodeSteps + 1, kBlock));
-    for (int32_t b = 0; b < need; ++b) s.blocks.push_back(g * kBlocksPerGroup + next[g]++);
-    out.push_back(s);
-  }
-  return out;
+  return testsupport::groupedPrompts({37, 70, 129}, 199997, 19, dp, kBlock, kBlocksPerGroup,
+                                     kDecodeSteps + 1);
 }
 
 struct Trace {
@@ -285,21 +274,9 @@ int32_t argmax(const float* v, int64_t n) {
   return static_cast<int32_t>(std::max_element(v, v + n) - v);
 }
 
-// The top-2 logit margin of a row, and below what a greedy flip is a near-tie that bf16
-// rounding alone may decide (gpu_llm_model_test's bound: 0.05).
-float margin(const float* v, int64_t n) {
-  float a = -1e30f, b = -1e30f;
-  for (int64_t j = 0; j < n; ++j) {
-    if (v[j] > a) {
-      b = a;
-      a = v[j];
-    } else if (v[j] > b) {
-      b = v[j];
-    }
-  }
-  return a - b;
-}
-constexpr float kNearTie = 0.05f;
+// Below this top-2 logit margin a greedy flip is a near-tie that bf16 rounding alone may decide
+// (gpu_llm_model_test's bound).
+constexpr double kNearTie = 0.05;
 
 TEST(GpuShardedModel, LayoutsOnOneGpuTrackTheSingleGpuModel) {
   const std::string dir =
@@ -350,7 +327,8 @@ TEST(GpuShardedModel, LayoutsOnOneGpuTrackTheSingleGpuModel) {
         const int32_t ta = argmax(a, v), tb = argmax(b, v);
         if (ta == tb) {
           ++agree;
-        } else if (margin(a, v) >= kNearTie) {  // a flip where the reference was decisive
+        } else if (gputest::topTwoMargin(a, v) >=
+                   kNearTie) {  // a flip where the reference was decisive
           ADD_FAILURE() << "step " << s << " seq " << i << ": greedy token " << tb
                         << " where the single-GPU model has " << ta << " (its logits " << a[ta]
                         << " vs " << a[tb] << ")";

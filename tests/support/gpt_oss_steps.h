@@ -5,9 +5,12 @@
 // GPU tests share it).
 
 #include <cstdint>
+#include <initializer_list>
+#include <random>
 #include <vector>
 
 #include "services/rose/model/llm_step.h"
+#include "services/rose/ops/paged_kv_cache.h"
 
 namespace garden::rose::testsupport {
 
@@ -42,6 +45,27 @@ inline StepData makeStep(const std::vector<Seq>& seqs) {
     d.seqs.push_back(q);
   }
   return d;
+}
+
+// Prompts of `lengths` tokens (uniform ids in [0, max_id], from `seed`); sequence i's blocks lie in
+// dp group i % dp (tulip's ids [g·B, (g+1)·B), B = blocks_per_group, taken in order), enough for
+// its prompt plus `extra_tokens` more (dp <= 8).
+inline std::vector<Seq> groupedPrompts(std::initializer_list<int> lengths, int32_t max_id,
+                                       uint32_t seed, int32_t dp, int32_t block_size,
+                                       int32_t blocks_per_group, int32_t extra_tokens) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> tok(0, max_id);
+  std::vector<Seq> out;
+  int32_t next_in_group[8] = {0};
+  for (int len : lengths) {
+    Seq s;
+    for (int i = 0; i < len; ++i) s.tokens.push_back(tok(rng));
+    const int32_t g = static_cast<int32_t>(out.size()) % dp;
+    const int32_t need = static_cast<int32_t>(kvBlocksFor(len + extra_tokens, block_size));
+    for (int32_t b = 0; b < need; ++b) s.blocks.push_back(g * blocks_per_group + next_in_group[g]++);
+    out.push_back(s);
+  }
+  return out;
 }
 
 }  // namespace garden::rose::testsupport

@@ -211,6 +211,33 @@ class Session : public std::enable_shared_from_this<Session> {
            ec != http::error::end_of_stream && ec != http::error::partial_message;
   }
 
+  // What the access record of a request says about it (strand fields, or the copies a Pending
+  // carries to the answering thread [TAG_DIRECT_WRITE]).
+  struct RequestFacts {
+    std::string_view request_id, method, path, route;
+    std::chrono::steady_clock::time_point start;
+    size_t request_bytes = 0;
+  };
+  RequestFacts facts() const {
+    return {request_id_, method_, path_, route_, start_, request_bytes_};
+  }
+  // The request's AccessRecord to on_done (any thread: on_done is thread-safe).
+  void report(const RequestFacts& f, int status, size_t response_bytes, bool client_gone) const {
+    if (!core_->on_done) return;
+    AccessRecord rec;
+    rec.request_id = f.request_id;
+    rec.method = f.method;
+    rec.path = f.path;
+    rec.route = f.route;
+    rec.status = status;
+    rec.latency = std::chrono::duration_cast<std::chrono::microseconds>(
+        std::chrono::steady_clock::now() - f.start);
+    rec.request_bytes = f.request_bytes;
+    rec.response_bytes = response_bytes;
+    rec.client_gone = client_gone;
+    core_->on_done(rec);
+  }
+
   void readHeader() {
     if (stopping_ || core_->stopping.load()) return close();
     parser_.emplace();
@@ -375,17 +402,7 @@ class Session : public std::enable_shared_from_this<Session> {
       return;
     }
     client_gone_ = true;
-    AccessRecord rec;
-    rec.request_id = request_id_;
-    rec.method = method_;
-    rec.path = path_;
-    rec.route = route_;
-    rec.status = 499;  // client closed request (nginx's convention)
-    rec.latency = std::chrono::duration_cast<std::chrono::microseconds>(
-        std::chrono::steady_clock::now() - start_);
-    rec.request_bytes = request_bytes_;
-    rec.client_gone = true;
-    if (core_->on_done) core_->on_done(rec);
+    report(facts(), 499, 0, true);  // client closed request (nginx's convention)
     request_bytes_ = 0;
     close();
     // Last: the hooks may complete calls inline, whose Responder only posts to this strand.
@@ -439,17 +456,8 @@ class Session : public std::enable_shared_from_this<Session> {
     auto d = std::make_shared<DirectReply>();
     d->keep = p.keep_alive && !core_->stopping.load();
     d->res = makeResponse(std::move(r), p.request_id, d->keep);
-    AccessRecord rec;
-    rec.request_id = p.request_id;
-    rec.method = p.method;
-    rec.path = p.path;
-    rec.route = p.route;
-    rec.status = static_cast<int>(d->res.result_int());
-    rec.latency = std::chrono::duration_cast<std::chrono::microseconds>(
-        std::chrono::steady_clock::now() - p.start);
-    rec.request_bytes = p.request_bytes;
-    rec.response_bytes = d->res.body().size();
-    if (core_->on_done) core_->on_done(rec);
+    report({p.request_id, p.method, p.path, p.route, p.start, p.request_bytes},
+           static_cast<int>(d->res.result_int()), d->res.body().size(), false);
     d->sr.emplace(d->res);
     sendWithoutBlocking(p.fd, *d);
     net::post(stream_.get_executor(), [s = p.session, d] { s->finishDirect(d); });
@@ -507,17 +515,7 @@ class Session : public std::enable_shared_from_this<Session> {
     bool keep = keep_alive_ && !stopping_ && !core_->stopping.load();
     res_ = makeResponse(std::move(r), request_id_, keep);
 
-    AccessRecord rec;
-    rec.request_id = request_id_;
-    rec.method = method_;
-    rec.path = path_;
-    rec.route = route_;
-    rec.status = r.status;
-    rec.latency = std::chrono::duration_cast<std::chrono::microseconds>(
-        std::chrono::steady_clock::now() - start_);
-    rec.request_bytes = request_bytes_;
-    rec.response_bytes = res_.body().size();
-    if (core_->on_done) core_->on_done(rec);
+    report(facts(), static_cast<int>(res_.result_int()), res_.body().size(), false);
     request_bytes_ = 0;
 
     stream_.expires_after(options().idle_timeout);
@@ -602,18 +600,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void logStream(int status) {
-    AccessRecord rec;
-    rec.request_id = request_id_;
-    rec.method = method_;
-    rec.path = path_;
-    rec.route = route_;
-    rec.status = status;
-    rec.latency = std::chrono::duration_cast<std::chrono::microseconds>(
-        std::chrono::steady_clock::now() - start_);
-    rec.request_bytes = request_bytes_;
-    rec.response_bytes = stream_bytes_;
-    rec.client_gone = status == 499;
-    if (core_->on_done) core_->on_done(rec);
+    report(facts(), status, stream_bytes_, status == 499);
     request_bytes_ = 0;
   }
 

@@ -17,6 +17,7 @@
 //
 // Threads: one Communicator per rank, used from that rank's launching thread.
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -25,6 +26,15 @@
 #include "services/rose/ops/backend.h"
 
 namespace garden::rose {
+
+// Bytes of one row of a collective's operand, from its trailing dims (Tensor::cols() is 0 for a
+// view of zero rows, and a rank with nothing to send or receive still exchanges rows of the true
+// size).
+inline size_t collectiveRowBytes(const Tensor& t) {
+  size_t n = dtypeSize(t.dtype);
+  for (int32_t i = 1; i < t.ndim; ++i) n *= static_cast<size_t>(t.shape[static_cast<size_t>(i)]);
+  return n;
+}
 
 class Communicator {
  public:

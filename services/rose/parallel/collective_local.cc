@@ -66,7 +66,7 @@ class LocalComm final : public Communicator {
     sync();
     CHECK(static_cast<int32_t>(rows_per_rank.size()) == s_->n);
     CHECK(in.rows() == rows_per_rank[static_cast<size_t>(rank_)] || in.numel() == 0);
-    const size_t row_bytes = rowBytes(out);
+    const size_t row_bytes = collectiveRowBytes(out);
     int64_t total = 0;
     for (int64_t r : rows_per_rank) total += r;
     CHECK(out.rows() == total);
@@ -85,7 +85,7 @@ class LocalComm final : public Communicator {
     sync();
     CHECK(static_cast<int32_t>(send_rows.size()) == s_->n &&
           static_cast<int32_t>(recv_rows.size()) == s_->n);
-    const size_t row_bytes = recv.ndim > 0 ? rowBytes(recv) : rowBytes(send);
+    const size_t row_bytes = recv.ndim > 0 ? collectiveRowBytes(recv) : collectiveRowBytes(send);
     post({send.data, nullptr, send_rows.data()});
     auto* dst = static_cast<std::byte*>(recv.data);
     for (int32_t q = 0; q < s_->n; ++q) {
@@ -124,9 +124,6 @@ class LocalComm final : public Communicator {
   }
 
  private:
-  static size_t rowBytes(const Tensor& t) {
-    return static_cast<size_t>(t.cols()) * dtypeSize(t.dtype);
-  }
   // Posts this rank's pointers and waits until every rank has posted.
   void post(const Shared::Post& p) {
     s_->posted[static_cast<size_t>(rank_)] = p;

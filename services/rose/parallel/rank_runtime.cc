@@ -179,34 +179,30 @@ RankSegment::Comms RankSegment::communicators(int32_t rank, Backend* backend,
                                               RankDeviceComm dev) const {
   const ParallelConfig p = parallel();
   const RankCoords c = rankCoords(p, rank);
-  Comms out;
-  // Device tensors: the shared-memory collectives on host copies [TAG_STAGED_COMM]. Test knob:
-  // GARDEN_TEST_STAGED_COMM=1 stages on the cpu backend too (the CUDA ranks' path, checkable
-  // without a GPU: tests/integration/ranks/device_ranks_test.cc).
+  // Device tensors: the shared-memory collectives on host copies [TAG_STAGED_COMM], with the
+  // device collectives `dev` asks for beside them on cuda. Test knob: GARDEN_TEST_STAGED_COMM=1
+  // stages on the cpu backend too (the CUDA ranks' path, checkable without a GPU:
+  // tests/integration/ranks/device_ranks_test.cc).
   const char* force = std::getenv("GARDEN_TEST_STAGED_COMM");
   const bool staged = backend != nullptr &&
                       (backend->name() != "cpu" || (force != nullptr && force[0] == '1'));
+  // Member `member` of group `group` (0: the world, 1 + d: dp group d's tp ranks).
+  auto make = [&](int32_t group, int32_t member) -> std::unique_ptr<Communicator> {
+    if (!staged) return comm_.communicator(group, member, backend);
+    std::unique_ptr<Communicator> host = comm_.communicator(group, member, nullptr);
 #if defined(GARDEN_HAVE_CUDA) && GARDEN_HAVE_CUDA
-  if (staged && (dev.ipc_bytes > 0 || dev.nccl) && backend->name() == "cuda") {
-    const DeviceCommOptions o{dev.ipc_bytes, dev.nccl};
-    auto world = makeDeviceRankCommunicator(comm_.communicator(0, rank, nullptr), *backend, o);
-    CHECK_MSG(world.isOk(), world.status().toString().c_str());
-    auto tp = makeDeviceRankCommunicator(comm_.communicator(1 + c.dp_rank, c.tp_rank, nullptr),
-                                         *backend, o);
-    CHECK_MSG(tp.isOk(), tp.status().toString().c_str());
-    out.world = std::move(world).value();
-    out.tp = std::move(tp).value();
-    return out;
-  }
+    if ((dev.ipc_bytes > 0 || dev.nccl) && backend->name() == "cuda") {
+      auto d = makeDeviceRankCommunicator(std::move(host), *backend,
+                                          DeviceCommOptions{dev.ipc_bytes, dev.nccl});
+      CHECK_MSG(d.isOk(), d.status().toString().c_str());
+      return std::move(d).value();
+    }
 #endif
-  if (staged) {
-    out.world = std::make_unique<StagedCommunicator>(comm_.communicator(0, rank, nullptr), *backend);
-    out.tp = std::make_unique<StagedCommunicator>(
-        comm_.communicator(1 + c.dp_rank, c.tp_rank, nullptr), *backend);
-    return out;
-  }
-  out.world = comm_.communicator(0, rank, backend);
-  out.tp = comm_.communicator(1 + c.dp_rank, c.tp_rank, backend);
+    return std::make_unique<StagedCommunicator>(std::move(host), *backend);
+  };
+  Comms out;
+  out.world = make(0, rank);
+  out.tp = make(1 + c.dp_rank, c.tp_rank);
   return out;
 }
 

@@ -108,7 +108,7 @@ class ShmComm final : public Communicator {
     sync();
     CHECK(static_cast<int32_t>(rows_per_rank.size()) == n_);
     CHECK(in.rows() == rows_per_rank[static_cast<size_t>(rank_)] || in.numel() == 0);
-    const uint64_t row_bytes = rowBytes(out);
+    const uint64_t row_bytes = collectiveRowBytes(out);
     std::vector<uint64_t> base(static_cast<size_t>(n_) + 1, 0);
     for (int32_t q = 0; q < n_; ++q) {
       base[static_cast<size_t>(q) + 1] =
@@ -132,7 +132,7 @@ class ShmComm final : public Communicator {
     sync();
     CHECK(static_cast<int32_t>(send_rows.size()) == n_ &&
           static_cast<int32_t>(recv_rows.size()) == n_);
-    const uint64_t row_bytes = recv.ndim > 0 ? rowBytes(recv) : rowBytes(send);
+    const uint64_t row_bytes = recv.ndim > 0 ? collectiveRowBytes(recv) : collectiveRowBytes(send);
     uint64_t mine = 0;
     for (int64_t r : send_rows) mine += static_cast<uint64_t>(r) * row_bytes;
     // Where rank q's rows for me lie in q's payload, and where they land in recv.
@@ -185,13 +185,6 @@ class ShmComm final : public Communicator {
   }
 
  private:
-  // Bytes of one row from the trailing dims (Tensor::cols() is 0 for a view of zero rows, and a
-  // rank with nothing to receive must still post its rows at their true size).
-  static uint64_t rowBytes(const Tensor& t) {
-    uint64_t n = dtypeSize(t.dtype);
-    for (int i = 1; i < t.ndim; ++i) n *= static_cast<uint64_t>(t.shape[i]);
-    return n;
-  }
   Post& post(int32_t q) const {
     return reinterpret_cast<Post*>(base_ + ctl_->posts_offset)[q];
   }

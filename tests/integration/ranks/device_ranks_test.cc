@@ -99,10 +99,8 @@ class DeviceRanks : public ::testing::Test {
   }
 
   pid_t rosePid() {
-    for (pid_t p : testing::childrenOf(tulip_->pid())) {
-      if (running(p)) return p;
-    }
-    return -1;
+    const std::vector<pid_t> c = testing::runningChildrenOf(tulip_->pid());
+    return c.empty() ? -1 : c[0];
   }
 
   // A greedy stream and, per token, the top-2 logprob margin (= the logits' top-2 margin).
@@ -187,10 +185,7 @@ TEST_F(DeviceRanks, StagedShardedRoseServesTheUnshardedTokens) {
     startTulip(layout);
     const pid_t rose0 = rosePid();
     ASSERT_GT(rose0, 0);
-    std::vector<pid_t> ranks;
-    for (pid_t p : testing::childrenOf(rose0)) {
-      if (running(p)) ranks.push_back(p);
-    }
+    const std::vector<pid_t> ranks = testing::runningChildrenOf(rose0);
     ASSERT_EQ(ranks.size(), 1u) << "rank 0 and one more process";
     const auto got = twoStreams();
     EXPECT_EQ(got.first.tokens.size(), 24u);

@@ -133,18 +133,10 @@ class Ranks : public ::testing::Test {
 
   // rose (rank 0, tulip's child) and its ranks (rose's children).
   pid_t rosePid() {
-    for (pid_t p : testing::childrenOf(tulip_->pid())) {
-      if (running(p)) return p;
-    }
-    return -1;
+    const std::vector<pid_t> c = testing::runningChildrenOf(tulip_->pid());
+    return c.empty() ? -1 : c[0];
   }
-  std::vector<pid_t> rankPids(pid_t rose) {
-    std::vector<pid_t> out;
-    for (pid_t p : testing::childrenOf(rose)) {
-      if (running(p)) out.push_back(p);
-    }
-    return out;
-  }
+  std::vector<pid_t> rankPids(pid_t rose) { return testing::runningChildrenOf(rose); }
 
   struct Out {
     grpc::Status status;

@@ -221,6 +221,14 @@ bool processRunning(pid_t pid) {
   return close != std::string::npos && close + 2 < line.size() && line[close + 2] != 'Z';
 }
 
+std::vector<pid_t> runningChildrenOf(pid_t pid) {
+  std::vector<pid_t> out;
+  for (pid_t c : childrenOf(pid)) {
+    if (processRunning(c)) out.push_back(c);
+  }
+  return out;
+}
+
 HttpResponse http(int port, const std::string& method, const std::string& path,
                   const std::string& body, const std::map<std::string, std::string>& headers,
                   std::chrono::milliseconds timeout) {

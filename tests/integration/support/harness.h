@@ -97,6 +97,8 @@ inline double metricValue(const std::string& page, const std::string& series) {
 std::vector<pid_t> childrenOf(pid_t pid);
 // Whether `pid` exists and is not a zombie (from /proc/<pid>/stat).
 bool processRunning(pid_t pid);
+// The direct children of `pid` that are running (childrenOf filtered by processRunning).
+std::vector<pid_t> runningChildrenOf(pid_t pid);
 
 struct HttpResponse {
   int status = 0;                              // 0 = connection failed

@@ -25,13 +25,6 @@ using NcclPtr = std::unique_ptr<NoNccl>;
 
 void check(const Status& st) { CHECK_MSG(st.isOk(), st.toString().c_str()); }
 
-// Bytes of one row from the trailing dims (a view of zero rows still has its row size).
-size_t rowBytes(const Tensor& t) {
-  size_t n = dtypeSize(t.dtype);
-  for (int i = 1; i < t.ndim; ++i) n *= static_cast<size_t>(t.shape[static_cast<size_t>(i)]);
-  return n;
-}
-
 class DeviceRankComm final : public Communicator {
  public:
   DeviceRankComm(std::unique_ptr<Communicator> host, cuda::CudaBackend& b,
@@ -71,7 +64,7 @@ class DeviceRankComm final : public Communicator {
                     std::span<const int64_t> recv_rows) override {
 #if defined(GARDEN_HAVE_NCCL) && GARDEN_HAVE_NCCL
     if (nccl_ != nullptr) {
-      const size_t rb = recv.ndim > 0 ? rowBytes(recv) : rowBytes(send);
+      const size_t rb = recv.ndim > 0 ? collectiveRowBytes(recv) : collectiveRowBytes(send);
       const size_t n = send_rows.size();
       std::vector<size_t> so(n), sb(n), ro(n), rbytes(n);
       size_t s_at = 0, r_at = 0;

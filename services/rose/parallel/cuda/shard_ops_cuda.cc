@@ -82,10 +82,9 @@ class CudaShardOps final : public ShardOps {
       ++offsets[row + 1];
     }
     for (int64_t i = 0; i < r; ++i) offsets[i + 1] += offsets[i];
-    std::vector<int32_t>& fill = fill_;
-    fill.assign(offsets, offsets + r);
+    fill_.assign(offsets, offsets + r);
     for (int64_t j = 0; j < p; ++j) {
-      order[fill[static_cast<size_t>(host_rows[static_cast<size_t>(j)])]++] =
+      order[fill_[static_cast<size_t>(host_rows[static_cast<size_t>(j)])]++] =
           static_cast<int32_t>(j);
     }
     const int64_t n = r + 1 + p;

@@ -120,19 +120,8 @@ StepData withWindowTables(const StepData& d, const std::vector<Seq>& seqs) {
 
 // Sequence i's blocks lie in dp group i % dp: ids [g·B, (g+1)·B).
 std::vector<Seq> prompts(int32_t dp) {
-  std::mt19937 rng(5);
-  std::uniform_int_distribution<int32_t> tok(0, 1002);
-  std::vector<Seq> out;
-  int32_t next_in_group[8] = {0};
-  for (int len : {5, 17, 11}) {
-    Seq s;
-    for (int i = 0; i < len; ++i) s.tokens.push_back(tok(rng));
-    const int32_t g = static_cast<int32_t>(out.size()) % dp;
-    const int32_t need = static_cast<int32_t>(kvBlocksFor(len + kDecodeSteps + 1, kBlock));
-    for (int32_t b = 0; b < need; ++b) s.blocks.push_back(g * kBlocksPerGroup + next_in_group[g]++);
-    out.push_back(s);
-  }
-  return out;
+  return testsupport::groupedPrompts({5, 17, 11}, 1002, 5, dp, kBlock, kBlocksPerGroup,
+                                     kDecodeSteps + 1);
 }
 
 struct Trace {
