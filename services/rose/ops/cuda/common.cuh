@@ -118,19 +118,15 @@ __device__ __forceinline__ void storeF32x8(T* p, const float (&f)[8]) {
   *reinterpret_cast<Vec8<T>*>(p) = v;
 }
 
-// Scalar conversions of either 16-bit type (round to nearest even), and the identity for f32 (for
-// kernels templated on the element type).
+// Scalar conversions of either 16-bit type (round to nearest even).
 __device__ __forceinline__ float toF32(bf16 v) { return __bfloat162float(v); }
 __device__ __forceinline__ float toF32(f16 v) { return __half2float(v); }
-__device__ __forceinline__ float toF32(float v) { return v; }
 template <typename T>
 __device__ __forceinline__ T fromF32(float v);
 template <>
 __device__ __forceinline__ bf16 fromF32<bf16>(float v) { return __float2bfloat16(v); }
 template <>
 __device__ __forceinline__ f16 fromF32<f16>(float v) { return __float2half_rn(v); }
-template <>
-__device__ __forceinline__ float fromF32<float>(float v) { return v; }
 
 // One 8-wide chunk (elements c*8 .. c*8+7) of token t's MoE combine: sum over k of
 // weights[t, k] * y[row_of[t, k]] (row -1: none), in f32 in k order with fmaf, not rounded.
