@@ -208,9 +208,6 @@
 #   sweepfp8  gpu_chat_sweep.sh at 256 streams with rose --moe-weights fp8 (prefill steps of
 #             >= 257 tokens on the FP8 experts; prefill is 25-30 % of that run's wall)
 #   sweep256  gpu_chat_sweep.sh at 256 concurrent streams only (the saturated row; needs mk20b)
-#   l2pf      [TAG_L2_PREFETCH_NEXT] GpuGptOss.L2PrefetchChangesNoBits, then decode at 1@8192, 1/8/64/256
-#             @1024 with --l2-prefetch off / normal / last (the next projection weight pulled into L2
-#             on a side stream while the MoE / attention run; needs mk20b)
 #   dec512    decode steps at 256 / 384 / 512 / 768 sequences @ 1k (rose_llm_bench; needs mk20b): what
 #             a running set above 256 costs per token
 #   sweep512  gpu_chat_sweep.sh with a running set of 512 (MAX_NUM_SEQS=512) and two requests per
@@ -396,7 +393,6 @@ for s in $STEPS; do
     sweepfp8) step sweepfp8 sweepfp8.txt 300 bash -c "TAG=_fp8 TULIP_ARGS='--rose-arg=--moe-weights=fp8' bash '$ROOT/bench/suites/gpu_chat_sweep.sh' '$BIN' /tmp/gptoss20b '$BIN/tokenizer.json' '$LOGS/sweepfp8' 256" ;;
     prefill120b) step prefill120b prefill120b.txt 300 "$BIN/rose_llm_bench" --model /dev/shm/gptoss120b --prefill 8192,32768,65536,131072 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 ;;
     sweep256) step sweep256 sweep256.txt 300 bash "$ROOT/bench/suites/gpu_chat_sweep.sh" "$BIN" /tmp/gptoss20b "$BIN/tokenizer.json" "$LOGS/sweep256" 256 ;;
-    l2pf) step l2pf l2pf.txt 360 bash -c "'$BIN/gpu_llm_model_test' --gtest_filter='*L2PrefetchChangesNoBits*' 2>&1 | grep -E 'OK|FAILED|Failure|Expected|Which is|PASSED|rror'; for v in off normal last; do echo \"== --l2-prefetch \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode 1@8192,1@1024,8@1024,64@1024,256@1024 --decode-steps 32 --l2-prefetch \$v 2>&1 | grep -v 'gemm tuned'; done" ;;
     dec512) step dec512 dec512.txt 240 bash -c "'$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode 256@1024,384@1024,512@1024,768@1024 --decode-steps 32 2>&1 | grep -v 'gemm tuned'" ;;
     sweep512) step sweep512 sweep512.txt 420 env MAX_NUM_SEQS=512 REQS_PER_CLIENT=2 bash "$ROOT/bench/suites/gpu_chat_sweep.sh" "$BIN" /tmp/gptoss20b "$BIN/tokenizer.json" "$LOGS/sweep512" "256 512" ;;
     ncuwide) step ncuwide ncuwide.txt 200 bash -c "ncu --set full -k regex:moeGemmMxWide -c 2 '$BIN/rose_llm_bench' --moe-gemm 256 2>&1 | grep -v 'gemm tuned' | tail -250" ;;

@@ -76,11 +76,6 @@ bool fp16Everywhere() {
   return v != nullptr && std::string(v) == "float16";
 }
 
-// [TAG_L2_PREFETCH_NEXT] What load() sets GptOssOptions::l2_prefetch to (the
-// L2PrefetchChangesNoBits test; GARDEN_TEST_GPTOSS_L2_PREFETCH=normal|last runs the whole suite
-// with it).
-GptOssOptions::L2Prefetch g_l2_prefetch = GptOssOptions::L2Prefetch::kOff;
-
 // `share`: load onto another runner's backend and ops (so both use the same GEMM algorithms).
 Runner load(const std::string& dir, const char* device, MoeWeightsMode moe,
             const Runner* share = nullptr, bool cuda_graphs = true,
@@ -145,13 +140,6 @@ Runner load(const std::string& dir, const char* device, MoeWeightsMode moe,
       v && std::string(v) == "f32" && cuda) {
     go.attn_f16 = true;  // the f32 projections come with the fp16 attention block
     go.proj_f32 = true;
-  }
-  if (cuda) {
-    go.l2_prefetch = g_l2_prefetch;
-    if (const char* v = std::getenv("GARDEN_TEST_GPTOSS_L2_PREFETCH"); v && *v) {
-      go.l2_prefetch = std::string(v) == "last" ? GptOssOptions::L2Prefetch::kEvictLast
-                                                : GptOssOptions::L2Prefetch::kNormal;
-    }
   }
   auto m = GptOssModel::load(dir, *r.backend, *r.ops, go);
   EXPECT_TRUE(m.isOk()) << m.status().toString();
@@ -698,27 +686,6 @@ TEST_F(GpuGptOss, CombineNormFusionIsBitExact) {
     expectTwinStepsBitEqual(plain, fused, 7100);
     if (graphs) {
       EXPECT_GT(fused.model->graphSteps(), 0u);
-    }
-  }
-}
-
-// [TAG_L2_PREFETCH_NEXT] The L2 prefetch of the next projection weights is a hint: ids and logits
-// are bit-identical to the same model without it, eager and graphed, in both prefetch forms (the
-// two runners share a backend and ops, so the same GEMM algorithms; only one of them prefetches;
-// the prefill steps, > 256 rows, run without it, every decode step with it).
-TEST_F(GpuGptOss, L2PrefetchChangesNoBits) {
-  for (auto mode : {GptOssOptions::L2Prefetch::kNormal, GptOssOptions::L2Prefetch::kEvictLast}) {
-    for (bool graphs : {false, true}) {
-      SCOPED_TRACE(std::string(graphs ? "graphs" : "eager") +
-                   (mode == GptOssOptions::L2Prefetch::kEvictLast ? ", evict_last" : ", normal"));
-      Runner plain = load(*dir_, "cuda", MoeWeightsMode::kAuto, nullptr, graphs);
-      g_l2_prefetch = mode;
-      Runner pf = load(*dir_, "cuda", MoeWeightsMode::kAuto, &plain, graphs);
-      g_l2_prefetch = GptOssOptions::L2Prefetch::kOff;
-      expectTwinStepsBitEqual(plain, pf, 8100);
-      if (graphs) {
-        EXPECT_GT(pf.model->graphSteps(), 0u);
-      }
     }
   }
 }

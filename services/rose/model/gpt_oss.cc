@@ -378,12 +378,6 @@ Result<std::unique_ptr<GptOssModel>> GptOssModel::load(const std::string& dir, B
   if (opts.proj_f32 && !opts.attn_f16) {  // [TAG_PROJ_F32]
     return invalidArgument("proj_f32: needs the fp16 attention block (--dtype float16)");
   }
-  if (opts.l2_prefetch != GptOssOptions::L2Prefetch::kOff) {  // [TAG_L2_PREFETCH_NEXT]
-    // The set-aside: the larger projection weight (QKV), in the attention block's 16-bit type.
-    const uint64_t qkv_bytes = static_cast<uint64_t>((hq + 2 * hkv) * d * h) * 2;
-    RETURN_IF_ERROR(ops.reserveL2Persisting(
-        opts.l2_prefetch == GptOssOptions::L2Prefetch::kEvictLast ? qkv_bytes : 0));
-  }
   auto dtypes = [&](bool f16) {  // (activations, weights) of a part
     return std::pair{f16 ? DType::kF16 : b.activationDType(), f16 ? DType::kF16 : wt};
   };
@@ -1164,11 +1158,6 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
     const Tensor tk_w = topk_w_.view.rowSlice(0, t);
     RmsNormParams norm{static_cast<float>(c.rms_norm_eps)};
     norm.round_normalized = !opts_.norm_round_once;
-    // [TAG_L2_PREFETCH_NEXT] Steps of at most kL2PrefetchMaxTokens tokens (decode; prefill's
-    // GEMMs are compute-bound), graphed or eager.
-    const bool l2pf =
-        t <= kL2PrefetchMaxTokens && opts_.l2_prefetch != GptOssOptions::L2Prefetch::kOff;
-    const bool l2pf_last = opts_.l2_prefetch == GptOssOptions::L2Prefetch::kEvictLast;
     // A stream wider than the activations starts from the embedding rows in x (res = x).
     const bool wide_res = res.dtype != x.dtype;
     b.embedding(embed_.view, ids_t, wide_res ? x : res);
@@ -1185,7 +1174,6 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
       }
       const int32_t li = static_cast<int32_t>(l);
       const bool in_window_pool = kv.shape().windowLayer(li);  // [TAG_KV_WINDOW_GROUP]
-      if (l2pf) ops_.prefetchL2Join();  // this QKV weight, pulled in during the last MoE
       // [TAG_PROJ_F32] With f32 projections, q/k/v are rounded once, after RoPE, into qkv.
       b.linear(xa, L.qkv.view, L.qkv_bias.view, opts_.proj_f32 ? qkv32 : qkv);
       const Tensor& layer_slots = in_window_pool ? slots_w : slots;
@@ -1198,10 +1186,8 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
       }
       PagedAttentionParams lp = ap;
       lp.sliding_window = config_.sliding[l] ? static_cast<int32_t>(c.sliding_window) : 0;
-      if (l2pf) ops_.prefetchL2(L.o.view, l2pf_last);  // while attention runs
       ops_.pagedAttention(qkv, kv.keys(li), kv.values(li), cu, pos,
                           in_window_pool ? tables_w : tables, L.sinks.view, attn, lp);
-      if (l2pf) ops_.prefetchL2Join();
       // res += attn out; xm = norm(res). The O-proj output in f32 with proj_f32.
       const Tensor ao = opts_.proj_f32 ? o32 : xa;
       b.linear(attn, L.o.view, L.o_bias.view, ao);
@@ -1213,8 +1199,6 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
         b.linear(xm, L.router.view, Tensor(), rl);  // f32 logits; the bias joins in moeRoute
         ops_.moeRoute(rl, L.router_bias.view, tk_ids, tk_w, MoeRouteParams{mp.top_k});
       }
-      // While the MoE runs: the next layer's QKV weight.
-      if (l2pf && l + 1 < layers_.size()) ops_.prefetchL2(layers_[l + 1].qkv.view, l2pf_last);
       for (const MoeRun& run : moe_runs_) {
         MoeExpertsParams rp = mp;
         rp.lt = chunk_rows <= 0 ? MoeLtChoice::kBySize

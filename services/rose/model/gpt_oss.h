@@ -143,12 +143,6 @@ struct GptOssOptions {
   // output joins the f32 stream unrounded — the roundings a TF32 run does not make. Needs
   // attn_f16 (the f16-in / f32-out GEMM; A/B: rose_llm_bench --proj-out f16).
   bool proj_f32 = false;
-  // [TAG_L2_PREFETCH_NEXT] Steps of <= 256 tokens (A/B, off by default until measured): the next
-  // QKV weight is pulled into L2 while the MoE runs and the O-proj weight while attention runs, on
-  // a side queue joined before each GEMM (LlmOps::prefetchL2); kEvictLast marks the lines as
-  // persisting (an L2 set-aside of one projection's size). Hints: the same bits either way.
-  enum class L2Prefetch { kOff, kNormal, kEvictLast };
-  L2Prefetch l2_prefetch = L2Prefetch::kOff;
 };
 
 // `rose --dtype` [TAG_ATTN_F16]: "bfloat16" leaves `o` as it is; "float16" sets attn_f16,
@@ -238,7 +232,6 @@ class GptOssModel {
 
   // Largest decode batch replayed as a CUDA graph; graph buckets used so far (tests, benches).
   static constexpr int32_t kMaxGraphSeqs = 256;
-  static constexpr int64_t kL2PrefetchMaxTokens = 256;  // [TAG_L2_PREFETCH_NEXT]
   uint64_t graphSteps() const { return graph_steps_; }
 
   // Expert format the model loaded (MXFP4 resident or dense).

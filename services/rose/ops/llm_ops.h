@@ -202,17 +202,6 @@ class LlmOps {
                                 const Tensor& k_cache, const Tensor& v_cache,
                                 const RopeKvParams& p);
 
-  // [TAG_L2_PREFETCH_NEXT] Hints that never change a result. prefetchL2 starts pulling `t`'s bytes
-  // into L2 on a side queue, concurrently with what this queue runs next (evict_last: marked as
-  // persisting lines, kept in the set-aside reserveL2Persisting made); prefetchL2Join makes this
-  // queue wait for the prefetches started since the last join — call it before the kernel that
-  // reads the weight, and always before a graph capture ends. reserveL2Persisting (at load, before
-  // any prefetch): creates the side queue and sets the L2 set-aside for evict_last lines to
-  // `bytes` (capped by the device; 0: none). Defaults: no-ops.
-  virtual Status reserveL2Persisting(uint64_t bytes) { return okStatus(); }
-  virtual void prefetchL2(const Tensor& t, bool evict_last) {}
-  virtual void prefetchL2Join() {}
-
   // Host planning for the step's attention (see AttentionPlanInput); no-op by default.
   virtual void planAttention(const AttentionPlanInput& in) {}
 

@@ -14,7 +14,6 @@
 #include "services/rose/ops/cuda/fp8_block.h"
 #include "services/rose/ops/cuda/fp8_requant.cuh"
 #include "services/rose/ops/cuda/gather.cuh"
-#include "services/rose/ops/cuda/l2_prefetch.cuh"
 #include "services/rose/ops/cuda/moe_gemm.cuh"
 #include "services/rose/ops/cuda/moe_lt_bf16.cuh"
 #include "services/rose/ops/cuda/moe_lt_gemm.h"
@@ -61,12 +60,6 @@ class CudaLlmOps final : public LlmOps {
     }
     if (dq_start_ != nullptr) cudaEventDestroy(dq_start_);
     if (dq_done_ != nullptr) cudaEventDestroy(dq_done_);
-    if (pf_stream_ != nullptr) {  // [TAG_L2_PREFETCH_NEXT]
-      cudaStreamSynchronize(pf_stream_);
-      cudaStreamDestroy(pf_stream_);
-    }
-    if (pf_fork_ != nullptr) cudaEventDestroy(pf_fork_);
-    if (pf_join_ != nullptr) cudaEventDestroy(pf_join_);
   }
 
   Status reserve(const LlmOpsLimits& l) override {
@@ -289,39 +282,6 @@ class CudaLlmOps final : public LlmOps {
                 qkv_in.cols() == qkv.cols(),
             "ropeKvWriteF32In", "qkv_in must be F32 of qkv's shape");
     ropeKv(&qkv_in, qkv, positions, cos, sin, slot_mapping, k_cache, v_cache, p);
-  }
-
-  Status reserveL2Persisting(uint64_t bytes) override {  // [TAG_L2_PREFETCH_NEXT]
-    if (pf_stream_ == nullptr) {
-      CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&pf_stream_, cudaStreamNonBlocking));
-      CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&pf_fork_, cudaEventDisableTiming));
-      CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&pf_join_, cudaEventDisableTiming));
-    }
-    int dev = 0;
-    CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
-    cudaDeviceProp prop{};
-    CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, dev));
-    const size_t set_aside =
-        std::min<size_t>(bytes, static_cast<size_t>(std::max(prop.persistingL2CacheMaxSize, 0)));
-    CUDA_RETURN_IF_ERROR(cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, set_aside));
-    pf_ctas_ = std::max(1, prop.multiProcessorCount / 4);
-    return okStatus();
-  }
-
-  void prefetchL2(const Tensor& t, bool evict_last) override {
-    require(pf_stream_ != nullptr, "prefetchL2", "reserveL2Persisting() was not called");
-    cudaStream_t st = b_.stream();
-    CUDA_CHECK(cudaEventRecord(pf_fork_, st));
-    CUDA_CHECK(cudaStreamWaitEvent(pf_stream_, pf_fork_, 0));
-    checkOk(launchL2Prefetch(t.data, t.bytes(), evict_last, pf_ctas_, pf_stream_), "prefetchL2");
-    CUDA_CHECK(cudaEventRecord(pf_join_, pf_stream_));
-    pf_pending_ = true;
-  }
-
-  void prefetchL2Join() override {
-    if (!pf_pending_) return;
-    CUDA_CHECK(cudaStreamWaitEvent(b_.stream(), pf_join_, 0));
-    pf_pending_ = false;
   }
 
   void planAttention(const AttentionPlanInput& in) override {
@@ -1416,13 +1376,6 @@ class CudaLlmOps final : public LlmOps {
     }
     checkOk(launchRopeKv(a, b_.stream()), "ropeKvWrite");
   }
-
-  // [TAG_L2_PREFETCH_NEXT] The side queue of prefetchL2, its fork / join events, and whether a
-  // prefetch awaits its join; the prefetch grid (a quarter of the SMs: room for the main kernel).
-  cudaStream_t pf_stream_ = nullptr;
-  cudaEvent_t pf_fork_ = nullptr, pf_join_ = nullptr;
-  bool pf_pending_ = false;
-  int pf_ctas_ = 32;
 
   static constexpr size_t kMaxWindows = 2;
   struct PlanSlot {

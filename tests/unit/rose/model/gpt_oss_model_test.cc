@@ -406,16 +406,6 @@ TEST_F(GptOssModelTest, ShardedCheckpointGivesTheSameLogits) {
   expectSameLogits(**sharded);
 }
 
-// [TAG_L2_PREFETCH_NEXT] The L2 prefetch option runs its prefetch / join calls in every step of
-// <= 256 tokens; on the CPU backend (LlmOps' no-op defaults) the logits are the same bits.
-TEST_F(GptOssModelTest, L2PrefetchOptionLeavesTheCpuLogitsAlone) {
-  GptOssOptions o = smallOptions();
-  o.l2_prefetch = GptOssOptions::L2Prefetch::kEvictLast;
-  auto pf = GptOssModel::load(fixtureDir("bf16").string(), *backend_, *ops_, o);
-  ASSERT_TRUE(pf.isOk()) << pf.status().toString();
-  expectSameLogits(**pf);
-}
-
 TEST(GptOssConfigParse, BothRopeSpellingsAndDefaults) {
   const std::string v4 = R"({"model_type":"gpt_oss","hidden_size":64,"num_hidden_layers":3,
     "num_attention_heads":4,"num_key_value_heads":2,"head_dim":16,"vocab_size":10,
