@@ -46,12 +46,16 @@ inline constexpr uint64_t kMagic = 0x314D534E44524147ULL;  // "GARDNSM1" little-
 // 10: ModelFacts.kv_block_groups (rose --dp: tulip keeps each sequence's blocks in one group).
 // 11: ModelFacts.kv_num_blocks_window / kv_window, LlmStepSeq.window_table in the former
 //     reserved[0] (sliding-window layers in a pool of their own) [TAG_KV_WINDOW_GROUP].
-inline constexpr uint32_t kVersion = 11;
+// 12: BatchKind::kKvPull and ModelFacts.kv_export (prefill/decode disaggregation) [TAG_KV_PULL].
+inline constexpr uint32_t kVersion = 12;
 
 enum class BatchKind : uint32_t {
   kEmbed = 1,     // pooled (optionally L2-normalized) embeddings: rows=num_seqs, cols=hidden
   kScore = 2,     // one float per sequence
   kGenerate = 3,  // one LLM step (common/shm/llm_batch.h): sampled token ids back
+  // Copy KV blocks from another worker's exported cache into this worker's (common/shm/
+  // llm_batch.h, [TAG_KV_PULL]); completes with rows = 0 once the copy is done.
+  kKvPull = 4,
 };
 
 enum class PoolingMode : uint32_t { kDefault = 0, kLast = 1, kMean = 2, kCls = 3 };
@@ -101,6 +105,10 @@ struct ModelFacts {
   // 0: none, every layer reads the one table.
   uint32_t kv_num_blocks_window = 0;
   uint32_t kv_window = 0;
+  // kind "llm" only [TAG_KV_PULL]: the name this worker's KV cache is exported under (rose
+  // --kv-export; another worker's kKvPull reads it), empty when not exported; and whether this
+  // worker takes kKvPull batches (kLlmCapKvPull in llm_caps).
+  char kv_export[64] = {};
 };
 // logprobs, min_p, presence/frequency/repetition penalties and logit_bias (sampler-state slots,
 // [TAG_LLM_SAMPLER_STATE]; rose: LlmOps::supportsSamplerState()).
@@ -111,6 +119,8 @@ inline constexpr uint32_t kLlmCapTokenMask = 1u << 1;
 // Token bitmasks handed over after the step was submitted (BatchDesc kBatchLateMasks,
 // common/shm/llm_batch.h) [TAG_LATE_MASKS].
 inline constexpr uint32_t kLlmCapLateMask = 1u << 2;
+// kKvPull batches: copying KV blocks out of another worker's exported cache [TAG_KV_PULL].
+inline constexpr uint32_t kLlmCapKvPull = 1u << 3;
 
 // BatchDesc.flags bits.
 // kGenerate: the token masks at seqlens_offset follow a ready word and are written after the

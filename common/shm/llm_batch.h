@@ -45,6 +45,20 @@
 // `timeout`: it samples that step without the masks, and tulip, whose publish then fails, ends
 // the step's constrained sequences with an error).
 //
+// KV pull [TAG_KV_PULL] (BatchKind::kKvPull, to a worker announcing kLlmCapKvPull): prefill/
+// decode disaggregation's handoff. Input: one KvPullDesc at seqs_offset, then int32 (src, dst)
+// block-id pairs at blocks_offset — num_pairs pairs of the full pool, then num_window_pairs of the
+// window pool (ModelFacts.kv_num_blocks_window; 0 without one); BatchDesc.num_blocks =
+// 2 * (num_pairs + num_window_pairs), num_seqs = num_tokens = 0. The worker copies block src of
+// the exported cache `source` (another worker's ModelFacts.kv_export, written by process
+// source_pid) into its own block dst, every layer of that pool, K and V. The completion (rows =
+// 0) comes once the copy is done: the source blocks may be reused from then on, and the
+// destination blocks hold what the source held when the pull was submitted (tulip submits it
+// only after the source's last write to them completed). Refused with INVALID_ARGUMENT naming the
+// pair or field (an id out of range, a destination written twice, shapes or dtypes that differ),
+// FAILED_PRECONDITION when no export `source` of process source_pid exists (never made, or
+// re-created by a restarted worker: its blocks are gone). Nothing is copied when refused.
+//
 // Threads: plain functions over caller-owned memory; the late-mask word is shared by the two
 // processes (atomic, futex).
 
@@ -94,6 +108,16 @@ bool publishLateMasks(std::byte* region);
 // timeout moves pending -> abandoned and returns false (unless tulip published in between).
 bool awaitLateMasks(std::byte* region, std::chrono::nanoseconds timeout);
 LateMaskState lateMaskState(const std::byte* region);
+
+// The head of a kKvPull batch's input [TAG_KV_PULL].
+struct KvPullDesc {
+  char source[64] = {};     // the exporting worker's ModelFacts.kv_export
+  int32_t source_pid = 0;   // its pid (Channel::workerPid): an export of another process is refused
+  uint32_t num_pairs = 0;   // (src, dst) pairs of the full pool
+  uint32_t num_window_pairs = 0;  // then of the window pool
+  uint32_t reserved = 0;
+};
+static_assert(sizeof(KvPullDesc) == 80);
 
 // Completion.cols of a step result that carries logprobs: the id plus one LlmTokenLogprobs,
 // in 4-byte words.

@@ -17,6 +17,8 @@
 //               [--max-model-len N] [--max-seqs 256] [--moe-weights auto|mxfp4|fp8|bf16]
 //               [--kv-window-blocks -1|0|N] (sliding layers' own pool: -1 auto, 0 none)
 //               [--attn-prefill sm90|mma] [--moe-prefill chunk|step|tiled]
+//               [--kv-export NAME] (prefill/decode disaggregation: the KV cache in
+//               /dev/shm/NAME for other workers' kv pulls; cpu, one rank)
 //               (KV cache: --kv-blocks, else --kv-cache-mb, else on a GPU that fraction of the
 //               device memory the model left free, on the cpu 256 MiB)
 //
@@ -130,6 +132,7 @@ struct LlmArgs {
   std::string gemm_prewarm = "on";  // on | off: GptOssModel::prewarmGemms at load
   std::string attn_prefill = "env";  // sm90 | mma | env (GARDEN_PAGED_ATTENTION, default sm90)
   std::string moe_prefill = "env";   // auto | chunk | step | tiled | env (GARDEN_MOE_PREFILL, default auto)
+  std::string kv_export;  // [TAG_KV_PULL] export the KV cache under this name (cpu)
 };
 
 // Flags of a model sharded over rank processes (--tp/--dp/--ep).
@@ -417,6 +420,7 @@ Result<Workload> loadLlm(const std::string& dir, rose::Backend& backend, int32_t
   ro.late_masks = f.late_masks == "on"    ? rose::LlmRunnerOptions::LateMasks::kOn
                   : f.late_masks == "off" ? rose::LlmRunnerOptions::LateMasks::kOff
                                           : rose::LlmRunnerOptions::LateMasks::kAuto;
+  ro.kv_export = f.kv_export;
   ASSIGN_OR_RETURN(auto runner, rose::LlmRunner::create(backend, *w.gpt_oss, ro));
   w.llm = runner.get();
   w.runner = std::move(runner);
@@ -494,6 +498,7 @@ Result<Workload> loadLlmSharded(const std::string& dir, rose::Backend& backend, 
   ro.max_seqs = f.max_seqs;
   ro.max_batch_tokens = max_batch_tokens;
   ro.eos_ids = std::move(eos);
+  ro.kv_pull = false;  // the ranks hold the cache [TAG_KV_PULL]
   ASSIGN_OR_RETURN(auto runner, rose::LlmRunner::create(backend, *w.step_model, ro));
   w.llm = runner.get();
   w.runner = std::move(runner);
@@ -667,7 +672,11 @@ int main(int argc, char** argv) {
            "weights in bf16 (default) or IEEE fp16 (cuda: 3 more significand bits at about the "
            "same speed; MXFP4 experts dequantized to fp16, every scale byte <= 128; not with "
            "--moe-weights fp8 or mxfp4-bf16). The residual stream, the router, softmax and "
-           "every accumulation stay f32 either way");
+           "every accumulation stay f32 either way")
+      .add("kv-export", &llm.kv_export,
+           "gpt-oss, prefill/decode disaggregation: keep the KV cache in /dev/shm/NAME so "
+           "another worker's kv pull batches can copy blocks out of it (announced to tulip; cpu "
+           "backend, one rank)");
   // gpt-oss over several ranks (docs/multi-gpu.md).
   RankArgs ranks;
   flags.add("tp", &ranks.parallel.tp, "gpt-oss: tensor-parallel ranks (attention heads, vocabulary)")
@@ -776,6 +785,11 @@ int main(int argc, char** argv) {
                    ">= 0\n");
       return 2;
     }
+  }
+  if (!llm.kv_export.empty() && (ranks.sharded() || device != "cpu")) {  // [TAG_KV_PULL]
+    std::fprintf(stderr, "rose: --kv-export needs --device cpu and one rank (the CUDA export is "
+                         "not wired yet)\n");
+    return 2;
   }
   // The cuda backend's kernel choices: GARDEN_* read once, here (backend.h CudaKernelOptions).
   rose::CudaKernelOptions kernels;

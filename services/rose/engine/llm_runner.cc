@@ -1,6 +1,7 @@
 #include "services/rose/engine/llm_runner.h"
 
 #include <simdjson.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -126,11 +127,19 @@ Result<std::unique_ptr<LlmRunner>> LlmRunner::create(Backend& backend, LlmStepMo
     }
   }
   std::unique_ptr<LlmRunner> r(new LlmRunner(backend, model, opts));
-  ASSIGN_OR_RETURN(
-      r->kv_, PagedKvCache::create(backend,
-                                   model.kvShape(opts.kv_num_blocks, opts.kv_block_size,
-                                                 opts.kv_num_blocks_window),
-                                   model.kvDType()));
+  const KvCacheShape shape =
+      model.kvShape(opts.kv_num_blocks, opts.kv_block_size, opts.kv_num_blocks_window);
+  if (!opts.kv_export.empty()) {  // [TAG_KV_PULL]
+    if (backend.name() != "cpu") {
+      return unimplemented("kv_export: exporting the KV cache is wired on the cpu backend only "
+                           "(the " + std::string(backend.name()) + " backend's IPC export is not)");
+    }
+    ASSIGN_OR_RETURN(r->export_, SharedKvPools::createNamed(opts.kv_export, shape,
+                                                            model.kvDType()));
+    ASSIGN_OR_RETURN(r->kv_, r->export_->cache());
+  } else {
+    ASSIGN_OR_RETURN(r->kv_, PagedKvCache::create(backend, shape, model.kvDType()));
+  }
   // (A sharded model's cache holds one dp group's share of the window ids.)
   if ((r->kv_->shape().num_blocks_window > 0) != (opts.kv_num_blocks_window > 0)) {
     return invalidArgument("kv_num_blocks_window: the model keeps no window pool (sliding layers "
@@ -204,6 +213,8 @@ shm::ModelFacts LlmRunner::facts() const {
   if (model_.supportsSamplerState()) f.llm_caps |= shm::kLlmCapSamplerState;
   if (model_.supportsTokenMask()) f.llm_caps |= shm::kLlmCapTokenMask;
   if (late_masks_) f.llm_caps |= shm::kLlmCapLateMask;
+  if (pullServed()) f.llm_caps |= shm::kLlmCapKvPull;  // [TAG_KV_PULL]
+  std::snprintf(f.kv_export, sizeof(f.kv_export), "%s", opts_.kv_export.c_str());
   std::snprintf(f.sampler, sizeof(f.sampler), "%.*s", static_cast<int>(backend_.name().size()),
                 backend_.name().data());
   return f;
@@ -221,11 +232,88 @@ LlmStep LlmRunner::stagedStep(uint32_t slot, const shm::BatchDesc& d) const {
                  words};
 }
 
+Result<const SharedKvPools*> LlmRunner::pullSource(const std::string& name, int32_t pid) {
+  for (auto& [n, pools] : pull_sources_) {
+    if (n != name) continue;
+    if (pools->pid() == pid) return pools.get();
+    // Re-created by another process (its worker restarted): open it again, after the copies
+    // still queued from the old mapping ran.
+    ASSIGN_OR_RETURN(auto fresh, SharedKvPools::openNamed(name, pid));
+    RETURN_IF_ERROR(backend_.synchronize());
+    pools = std::move(fresh);
+    return pools.get();
+  }
+  if (pull_sources_.size() >= kMaxPullSources) {
+    return resourceExhausted("kv pull: already reading " + std::to_string(kMaxPullSources) +
+                             " exports; '" + name + "' would be one more");
+  }
+  ASSIGN_OR_RETURN(auto pools, SharedKvPools::openNamed(name, pid));
+  if (opts_.kv_export == name && pools->pid() == static_cast<int32_t>(getpid())) {
+    return invalidArgument("kv pull: source " + name + " is this worker's own cache");
+  }
+  pull_sources_.emplace_back(name, std::move(pools));
+  return pull_sources_.back().second.get();
+}
+
+Result<OutputShape> LlmRunner::admitPull(const shm::BatchDesc& d,
+                                         std::span<const std::byte> input) {
+  if (!pullServed()) {
+    return invalidArgument("kv pull batches (kind 4) are not served by this worker (" +
+                           std::string(backend_.name()) +
+                           " backend or a sharded model: no kLlmCapKvPull)");
+  }
+  if (d.num_seqs != 0 || d.num_tokens != 0) {
+    return invalidArgument("kv pull: num_seqs and num_tokens must be 0");
+  }
+  if (d.flags != 0) return invalidArgument("flags " + std::to_string(d.flags) + ": none apply to a kv pull");
+  if (d.seqs_offset % shm::kLlmAlign != 0 ||
+      !arenaFits(d.seqs_offset, sizeof(shm::KvPullDesc), input.size())) {
+    return invalidArgument("kv pull: the KvPullDesc at seqs_offset " +
+                           std::to_string(d.seqs_offset) +
+                           " is misaligned or runs past the input arena (" +
+                           std::to_string(input.size()) + " bytes)");
+  }
+  shm::KvPullDesc pd;
+  std::memcpy(&pd, input.data() + d.seqs_offset, sizeof(pd));
+  const uint64_t entries = 2 * (uint64_t{pd.num_pairs} + pd.num_window_pairs);
+  if (entries != d.num_blocks) {
+    return invalidArgument("kv pull: num_blocks " + std::to_string(d.num_blocks) +
+                           " != 2 * (num_pairs " + std::to_string(pd.num_pairs) +
+                           " + num_window_pairs " + std::to_string(pd.num_window_pairs) + ")");
+  }
+  if (entries == 0) return invalidArgument("kv pull: no pairs");
+  if (d.blocks_offset % shm::kLlmAlign != 0 ||
+      !arenaFits(d.blocks_offset, entries * sizeof(int32_t), input.size())) {
+    return invalidArgument("kv pull: the pairs (offset " + std::to_string(d.blocks_offset) + ", " +
+                           std::to_string(entries * sizeof(int32_t)) +
+                           " bytes) are misaligned or run past the input arena");
+  }
+  if (pd.source[sizeof(pd.source) - 1] != '\0' || pd.source[0] == '\0') {
+    return invalidArgument("kv pull: source must be a non-empty, NUL-terminated name");
+  }
+  if (pd.source_pid <= 0) return invalidArgument("kv pull: source_pid must be positive");
+  Slot& s = slots_[d.slot];
+  s.pull_pairs.resize(entries);
+  std::memcpy(s.pull_pairs.data(), input.data() + d.blocks_offset, entries * sizeof(int32_t));
+  s.pull_full = 2 * size_t{pd.num_pairs};
+  ASSIGN_OR_RETURN(const SharedKvPools* src, pullSource(pd.source, pd.source_pid));
+  const std::span<const int32_t> all(s.pull_pairs);
+  RETURN_IF_ERROR(checkKvBlockPairs(src->view(), *kv_, all.first(s.pull_full),
+                                    all.subspan(s.pull_full)));
+  s.pull_source = src;
+  s.sampled = 0;
+  s.logprobs = false;
+  s.late = nullptr;
+  return OutputShape{0, 1, sizeof(int32_t)};
+}
+
 Result<OutputShape> LlmRunner::admit(const shm::BatchDesc& d, std::span<const std::byte> input) {
+  slots_[d.slot].pull_source = nullptr;
+  if (d.kind == shm::BatchKind::kKvPull) return admitPull(d, input);  // [TAG_KV_PULL]
   if (d.kind != shm::BatchKind::kGenerate) {
     return invalidArgument("batch kind " + std::to_string(static_cast<uint32_t>(d.kind)) +
                            ": this worker serves an llm (gpt-oss) and takes only generate "
-                           "batches (kind 3)");
+                           "batches (kind 3) and kv pulls (kind 4)");
   }
   if (d.num_seqs == 0) return invalidArgument("num_seqs is 0");
   if (d.num_seqs > static_cast<uint32_t>(opts_.max_seqs)) {
@@ -352,8 +440,19 @@ Result<OutputShape> LlmRunner::admit(const shm::BatchDesc& d, std::span<const st
 }
 
 Status LlmRunner::launch(const shm::BatchDesc& d, std::span<std::byte> output) {
-  LlmStep step = stagedStep(d.slot, d);
   Slot& slot = slots_[d.slot];
+  if (slot.pull_source != nullptr) {  // [TAG_KV_PULL]
+    const std::span<const int32_t> all(slot.pull_pairs);
+    static auto& pulled = metrics::Registry::global()
+                              .counter("rose_kv_pull_blocks_total",
+                                       "KV blocks copied into this worker's cache from another "
+                                       "worker's export (prefill/decode handoff)")
+                              .get();
+    pulled.inc(static_cast<double>(all.size() / 2));
+    return copyKvBlocks(backend_, slot.pull_source->view(), *kv_, all.first(slot.pull_full),
+                        all.subspan(slot.pull_full));
+  }
+  LlmStep step = stagedStep(d.slot, d);
   if (slot.late != nullptr) {  // [TAG_LATE_MASKS]
     std::byte* region = slot.late;
     uint32_t* dst = slot.masks.data();

@@ -13,6 +13,15 @@
 // once in create() and announced in ModelFacts; tulip owns the block ids, the runner only reads
 // and writes the blocks a step names.
 //
+// Prefill/decode disaggregation [TAG_KV_PULL] (docs/multi-gpu.md): with kv_export set the cache
+// lives in a named export (parallel/kv_handoff.h SharedKvPools::createNamed, announced as
+// ModelFacts.kv_export) that other workers may read; a BatchKind::kKvPull batch
+// (common/shm/llm_batch.h) copies blocks of another worker's export into this cache (admit()
+// opens the export once per name and exporter pid and checks the pairs; launch() enqueues the
+// copy) and completes with no rows once the copy is done. Both on the cpu backend so far (the
+// CUDA pieces — IPC handles, the block-copy kernel — exist in parallel/cuda but are not wired
+// here: kv_export is refused there and kLlmCapKvPull not announced).
+//
 // Threads: create() on the loading thread; everything else on the step thread (kvCache() also
 // after the loop stopped, or in tests between steps). The Backend and model must outlive the
 // runner.
@@ -21,6 +30,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/shm/channel.h"
@@ -30,6 +40,7 @@
 #include "services/rose/model/llm_step_model.h"
 #include "services/rose/ops/backend.h"
 #include "services/rose/ops/paged_kv_cache.h"
+#include "services/rose/parallel/kv_handoff.h"
 
 namespace garden::rose {
 
@@ -68,6 +79,12 @@ struct LlmRunnerOptions {
   // (to test an unverified backend through the mesh), kOff never.
   enum class LateMasks { kAuto, kOn, kOff };
   LateMasks late_masks = LateMasks::kAuto;
+  // [TAG_KV_PULL] Export the KV cache under this name (SharedKvPools::createNamed; empty: a
+  // private cache). cpu backend only.
+  std::string kv_export;
+  // [TAG_KV_PULL] Serve kKvPull batches (announced as kLlmCapKvPull; cpu backend only). A
+  // sharded model's cache lives in its ranks: false there.
+  bool kv_pull = true;
 };
 
 class LlmRunner final : public Runner {
@@ -110,7 +127,16 @@ class LlmRunner final : public Runner {
     uint32_t num_masks = 0;
     // The late-mask region in the slot's input arena (its ready word), or null [TAG_LATE_MASKS].
     std::byte* late = nullptr;
+    // [TAG_KV_PULL] The admitted pull: its source and pairs (full pool, then window pool).
+    const SharedKvPools* pull_source = nullptr;
+    std::vector<int32_t> pull_pairs;
+    size_t pull_full = 0;  // entries of pull_pairs that belong to the full pool
   };
+  // [TAG_KV_PULL] admit() of a kKvPull batch.
+  Result<OutputShape> admitPull(const shm::BatchDesc& d, std::span<const std::byte> input);
+  bool pullServed() const { return opts_.kv_pull && backend_.name() == "cpu"; }
+  // The export `name` of process `pid`, opened once (reopened when the pid changed).
+  Result<const SharedKvPools*> pullSource(const std::string& name, int32_t pid);
   LlmRunner(Backend& b, LlmStepModel& m, const LlmRunnerOptions& o)
       : backend_(b),
         model_(m),
@@ -126,7 +152,11 @@ class LlmRunner final : public Runner {
   LlmStepModel& model_;
   LlmRunnerOptions opts_;
   const bool late_masks_;  // announced and served [TAG_LATE_MASKS]
+  std::unique_ptr<SharedKvPools> export_;  // [TAG_KV_PULL] kv_'s memory when exported
   std::unique_ptr<PagedKvCache> kv_;
+  // [TAG_KV_PULL] Exports pulled from, by name (at most kMaxPullSources).
+  static constexpr size_t kMaxPullSources = 16;
+  std::vector<std::pair<std::string, std::unique_ptr<SharedKvPools>>> pull_sources_;
   int64_t max_step_blocks_ = 0;
   uint64_t output_bytes_ = 0;  // per slot, from bind()
   std::vector<Slot> slots_;

@@ -19,6 +19,8 @@ const char* batchKindName(shm::BatchKind k) {
       return "score";
     case shm::BatchKind::kGenerate:
       return "generate";
+    case shm::BatchKind::kKvPull:
+      return "kv_pull";
   }
   return "unknown";
 }

@@ -1,9 +1,13 @@
 #include "services/rose/parallel/kv_handoff.h"
 
+#include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cctype>
+#include <cerrno>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -11,39 +15,126 @@
 namespace garden::rose {
 namespace {
 
-int64_t blockBytes(const KvCacheShape& s, DType dtype) {
+int64_t blockBytesOf(const KvCacheShape& s, DType dtype) {
   return static_cast<int64_t>(s.block_size) * s.num_kv_heads * s.head_dim *
          static_cast<int64_t>(dtypeSize(dtype));
 }
 
+Status checkShape(const KvCacheShape& s) {
+  if (s.num_layers <= 0 || s.num_blocks <= 0 || s.block_size <= 0 || s.num_kv_heads <= 0 ||
+      s.head_dim <= 0 || s.num_blocks_window < 0 ||
+      (s.num_blocks_window > 0 && (s.num_layers > 64 || s.window_layers == 0))) {
+    return invalidArgument("kv pools: every dimension must be positive (a window pool needs "
+                           "window layers among at most 64)");
+  }
+  return okStatus();
+}
+
+// One pool's pairs: ids inside [0, src_blocks) and [0, dst_blocks), no destination twice.
+Status checkPairs(std::span<const int32_t> pairs, int32_t src_blocks, int32_t dst_blocks,
+                  const char* what) {
+  if (pairs.size() % 2 != 0) {
+    return invalidArgument(std::string("kv handoff: ") + what + "s must be (src, dst) pairs");
+  }
+  std::vector<bool> used(static_cast<size_t>(dst_blocks), false);
+  for (size_t i = 0; i < pairs.size() / 2; ++i) {
+    const int32_t s = pairs[2 * i], d = pairs[2 * i + 1];
+    const std::string at = std::string("kv handoff: ") + what + " " + std::to_string(i) + ": ";
+    if (s < 0 || s >= src_blocks) {
+      return invalidArgument(at + "source block " + std::to_string(s) + " outside [0, " +
+                             std::to_string(src_blocks) + ")");
+    }
+    if (d < 0 || d >= dst_blocks) {
+      return invalidArgument(at + "destination block " + std::to_string(d) + " outside [0, " +
+                             std::to_string(dst_blocks) + ")");
+    }
+    if (used[static_cast<size_t>(d)]) {
+      return invalidArgument(at + "destination block " + std::to_string(d) + " written twice");
+    }
+    used[static_cast<size_t>(d)] = true;
+  }
+  return okStatus();
+}
+
+// The header of a named export [TAG_KV_PULL]; the pools start at kDataOffset.
+constexpr uint64_t kExportMagic = 0x31584B4E44524747ULL;  // "GGRDNKX1" little-endian
+constexpr uint32_t kExportVersion = 1;
+constexpr size_t kDataOffset = 4096;
+struct ExportHeader {
+  uint64_t magic = 0;  // written last (release): a reader that sees it sees the rest
+  uint32_t version = 0;
+  int32_t pid = 0;
+  int32_t num_layers = 0, num_blocks = 0, block_size = 0, num_kv_heads = 0, head_dim = 0;
+  int32_t num_blocks_window = 0;
+  uint64_t window_layers = 0;
+  uint32_t dtype = 0;
+  uint32_t reserved = 0;
+  uint64_t pool_bytes = 0;
+};
+static_assert(sizeof(ExportHeader) <= kDataOffset);
+
+bool validExportName(const std::string& n) {
+  if (n.empty() || n.size() > 63 || n[0] == '.') return false;
+  for (char c : n) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-')) {
+      return false;
+    }
+  }
+  return true;
+}
+
+bool pidAlive(int32_t pid) { return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM); }
+
+// Reads a named export's header through `fd` (FAILED_PRECONDITION when it is not complete).
+Result<ExportHeader> readHeader(int fd, const std::string& name) {
+  struct stat st {};
+  if (fstat(fd, &st) != 0) return errnoStatus("fstat (kv export " + name + ")", errno);
+  if (static_cast<size_t>(st.st_size) < kDataOffset) {
+    return failedPrecondition("kv export " + name + " is not complete (" +
+                              std::to_string(st.st_size) + " bytes)");
+  }
+  void* m = mmap(nullptr, kDataOffset, PROT_READ, MAP_SHARED, fd, 0);
+  if (m == MAP_FAILED) return errnoStatus("mmap (kv export " + name + " header)", errno);
+  const auto* h = static_cast<const ExportHeader*>(m);
+  ExportHeader out;
+  const uint64_t magic = __atomic_load_n(&h->magic, __ATOMIC_ACQUIRE);
+  if (magic == kExportMagic) std::memcpy(&out, h, sizeof(out));
+  munmap(m, kDataOffset);
+  if (magic != kExportMagic) {
+    return failedPrecondition("kv export " + name + " is not complete or not a garden KV export");
+  }
+  if (out.version != kExportVersion) {
+    return invalidArgument("kv export " + name + ": version " + std::to_string(out.version) +
+                           ", expected " + std::to_string(kExportVersion));
+  }
+  return out;
+}
+
 }  // namespace
 
+int64_t KvPoolView::blockBytes() const { return blockBytesOf(shape, dtype); }
+
 KvPoolView kvPoolView(const PagedKvCache& cache) {
-  const KvCacheShape& s = cache.shape();
-  CHECK(s.num_blocks_window == 0);  // [TAG_KV_WINDOW_GROUP] one pool layout only
   KvPoolView v;
   v.k = static_cast<const std::byte*>(cache.keys(0).data);
   v.v = static_cast<const std::byte*>(cache.values(0).data);
-  v.layers = s.num_layers;
-  v.num_blocks = s.num_blocks;
-  v.block_bytes = blockBytes(s, cache.dtype());
+  v.shape = cache.shape();
   v.dtype = cache.dtype();
   return v;
 }
 
 Status checkKvBlockPairs(const KvPoolView& src, const PagedKvCache& dst,
-                         std::span<const int32_t> pairs) {
+                         std::span<const int32_t> pairs, std::span<const int32_t> window_pairs) {
+  const KvCacheShape& ss = src.shape;
   const KvCacheShape& ds = dst.shape();
-  if (ds.num_blocks_window != 0) {  // [TAG_KV_WINDOW_GROUP] not handed off yet
-    return invalidArgument("kv handoff: the destination cache has a window pool");
-  }
-  if (src.layers != ds.num_layers) {
-    return invalidArgument("kv handoff: layers " + std::to_string(src.layers) +
+  if (ss.num_layers != ds.num_layers) {
+    return invalidArgument("kv handoff: layers " + std::to_string(ss.num_layers) +
                            " (source) != " + std::to_string(ds.num_layers) + " (destination)");
   }
-  if (src.block_bytes != blockBytes(ds, dst.dtype())) {
-    return invalidArgument("kv handoff: block_bytes " + std::to_string(src.block_bytes) +
-                           " (source) != " + std::to_string(blockBytes(ds, dst.dtype())) +
+  const int64_t dst_bytes = blockBytesOf(ds, dst.dtype());
+  if (src.blockBytes() != dst_bytes) {
+    return invalidArgument("kv handoff: block_bytes " + std::to_string(src.blockBytes()) +
+                           " (source) != " + std::to_string(dst_bytes) +
                            " (destination): block size, kv heads, head dim and dtype must match");
   }
   if (src.dtype != dst.dtype()) {
@@ -51,48 +142,48 @@ Status checkKvBlockPairs(const KvPoolView& src, const PagedKvCache& dst,
                            " (source) != " + std::string(dtypeName(dst.dtype())) +
                            " (destination): both roses need the same --attn-dtype");
   }
-  if (pairs.size() % 2 != 0) return invalidArgument("kv handoff: pairs must be (src, dst) pairs");
-  std::vector<bool> used(static_cast<size_t>(ds.num_blocks), false);
-  for (size_t i = 0; i < pairs.size() / 2; ++i) {
-    const int32_t s = pairs[2 * i], d = pairs[2 * i + 1];
-    if (s < 0 || s >= src.num_blocks) {
-      return invalidArgument("kv handoff: pair " + std::to_string(i) + ": source block " +
-                             std::to_string(s) + " outside [0, " + std::to_string(src.num_blocks) +
-                             ")");
-    }
-    if (d < 0 || d >= ds.num_blocks) {
-      return invalidArgument("kv handoff: pair " + std::to_string(i) + ": destination block " +
-                             std::to_string(d) + " outside [0, " + std::to_string(ds.num_blocks) +
-                             ")");
-    }
-    if (used[static_cast<size_t>(d)]) {
-      return invalidArgument("kv handoff: pair " + std::to_string(i) + ": destination block " +
-                             std::to_string(d) + " written twice");
-    }
-    used[static_cast<size_t>(d)] = true;
+  const bool sw = ss.num_blocks_window > 0, dw = ds.num_blocks_window > 0;
+  if (sw != dw || (sw && ss.window_layers != ds.window_layers)) {
+    return invalidArgument(std::string("kv handoff: window pool: ") +
+                           (sw ? "the source has one" : "the source has none") + ", " +
+                           (dw ? "the destination has one" : "the destination has none") +
+                           (sw && dw ? " over other layers" : "") +
+                           ": both roses need the same --kv-window-blocks setting");
+  }
+  RETURN_IF_ERROR(checkPairs(pairs, ss.num_blocks, ds.num_blocks, "pair"));
+  if (!window_pairs.empty() && !sw) {
+    return invalidArgument("kv handoff: window pairs without a window pool");
+  }
+  if (sw) {
+    RETURN_IF_ERROR(checkPairs(window_pairs, ss.num_blocks_window, ds.num_blocks_window,
+                               "window pair"));
   }
   return okStatus();
 }
 
 Status copyKvBlocks(Backend& dst_backend, const KvPoolView& src, PagedKvCache& dst,
-                    std::span<const int32_t> pairs) {
+                    std::span<const int32_t> pairs, std::span<const int32_t> window_pairs) {
   if (dst_backend.name() != "cpu") {
     return unimplemented("kv handoff: host copy on the " + std::string(dst_backend.name()) +
                          " backend (CUDA: parallel/cuda copyKvBlocks)");
   }
-  RETURN_IF_ERROR(checkKvBlockPairs(src, dst, pairs));
+  RETURN_IF_ERROR(checkKvBlockPairs(src, dst, pairs, window_pairs));
   const KvPoolView d = kvPoolView(dst);
   auto* dk = const_cast<std::byte*>(d.k);
   auto* dv = const_cast<std::byte*>(d.v);
-  std::vector<int32_t> p(pairs.begin(), pairs.end());  // the caller's span may not live that long
-  const size_t bb = static_cast<size_t>(src.block_bytes);
-  dst_backend.launch([src, d, dk, dv, p = std::move(p), bb] {
-    for (int32_t l = 0; l < src.layers; ++l) {
-      const size_t src_layer = static_cast<size_t>(l) * static_cast<size_t>(src.num_blocks) * bb;
-      const size_t dst_layer = static_cast<size_t>(l) * static_cast<size_t>(d.num_blocks) * bb;
-      for (size_t i = 0; i + 1 < p.size(); i += 2) {
-        const size_t so = src_layer + static_cast<size_t>(p[i]) * bb;
-        const size_t dof = dst_layer + static_cast<size_t>(p[i + 1]) * bb;
+  // The caller's spans may not live that long.
+  std::vector<int32_t> p(pairs.begin(), pairs.end());
+  std::vector<int32_t> w(window_pairs.begin(), window_pairs.end());
+  const size_t bb = static_cast<size_t>(src.blockBytes());
+  const size_t es = dtypeSize(src.dtype);
+  dst_backend.launch([src, d, dk, dv, p = std::move(p), w = std::move(w), bb, es] {
+    for (int32_t l = 0; l < src.shape.num_layers; ++l) {
+      const std::vector<int32_t>& lp = src.shape.windowLayer(l) ? w : p;
+      const size_t src_layer = static_cast<size_t>(src.shape.layerOffset(l)) * es;
+      const size_t dst_layer = static_cast<size_t>(d.shape.layerOffset(l)) * es;
+      for (size_t i = 0; i + 1 < lp.size(); i += 2) {
+        const size_t so = src_layer + static_cast<size_t>(lp[i]) * bb;
+        const size_t dof = dst_layer + static_cast<size_t>(lp[i + 1]) * bb;
         std::memcpy(dk + dof, src.k + so, bb);
         std::memcpy(dv + dof, src.v + so, bb);
       }
@@ -103,13 +194,7 @@ Status copyKvBlocks(Backend& dst_backend, const KvPoolView& src, PagedKvCache& d
 
 Result<std::unique_ptr<SharedKvPools>> SharedKvPools::create(const KvCacheShape& shape,
                                                              DType dtype) {
-  if (shape.num_layers <= 0 || shape.num_blocks <= 0 || shape.block_size <= 0 ||
-      shape.num_kv_heads <= 0 || shape.head_dim <= 0) {
-    return invalidArgument("kv pools: every dimension must be positive");
-  }
-  if (shape.num_blocks_window != 0) {  // [TAG_KV_WINDOW_GROUP] not handed off yet
-    return invalidArgument("kv pools: the KV handoff does not carry a window pool");
-  }
+  RETURN_IF_ERROR(checkShape(shape));
   const size_t pool = PagedKvCache::poolBytes(shape, dtype);
   const int fd = memfd_create("garden-kv-pools", MFD_CLOEXEC);
   if (fd < 0) return errnoStatus("memfd_create (kv pools)", errno);
@@ -124,12 +209,14 @@ Result<std::unique_ptr<SharedKvPools>> SharedKvPools::create(const KvCacheShape&
     close(fd);
     return errnoStatus("mmap (kv pools)", err);
   }
+  auto* base = static_cast<std::byte*>(mem);
   return std::unique_ptr<SharedKvPools>(
-      new SharedKvPools(fd, static_cast<std::byte*>(mem), pool, shape, dtype, true));
+      new SharedKvPools(fd, base, 2 * pool, base, pool, shape, dtype, true));
 }
 
 Result<std::unique_ptr<SharedKvPools>> SharedKvPools::map(int fd, const KvCacheShape& shape,
                                                           DType dtype) {
+  RETURN_IF_ERROR(checkShape(shape));
   const size_t pool = PagedKvCache::poolBytes(shape, dtype);
   struct stat st {};
   if (fstat(fd, &st) != 0) return errnoStatus("fstat (kv pools)", errno);
@@ -145,13 +232,136 @@ Result<std::unique_ptr<SharedKvPools>> SharedKvPools::map(int fd, const KvCacheS
     close(own);
     return errnoStatus("mmap (kv pools)", err);
   }
+  auto* base = static_cast<std::byte*>(mem);
   return std::unique_ptr<SharedKvPools>(
-      new SharedKvPools(own, static_cast<std::byte*>(mem), pool, shape, dtype, false));
+      new SharedKvPools(own, base, 2 * pool, base, pool, shape, dtype, false));
+}
+
+Result<std::unique_ptr<SharedKvPools>> SharedKvPools::createNamed(const std::string& name,
+                                                                  const KvCacheShape& shape,
+                                                                  DType dtype) {
+  if (!validExportName(name)) {
+    return invalidArgument("kv export name '" + name +
+                           "': 1-63 characters of [A-Za-z0-9._-], not starting with '.'");
+  }
+  RETURN_IF_ERROR(checkShape(shape));
+  const std::string path = "/" + name;
+  int fd = shm_open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0 && errno == EEXIST) {
+    // A crashed exporter's segment is replaced; anything else under the name is left alone.
+    const int old = shm_open(path.c_str(), O_RDONLY | O_CLOEXEC, 0);
+    if (old < 0) return errnoStatus("shm_open (kv export " + name + ")", errno);
+    struct stat st {};
+    const bool mine = fstat(old, &st) == 0 && st.st_uid == geteuid();
+    auto h = readHeader(old, name);
+    close(old);
+    if (!mine) return failedPrecondition("kv export " + name + " exists and is another user's");
+    if (!h.isOk()) {
+      return failedPrecondition("kv export " + name + " exists and is not a garden KV export (" +
+                                h.status().message() + "); remove /dev/shm/" + name);
+    }
+    if (pidAlive(h->pid)) {
+      return failedPrecondition("kv export " + name + " is in use by pid " +
+                                std::to_string(h->pid));
+    }
+    shm_unlink(path.c_str());
+    fd = shm_open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  }
+  if (fd < 0) return errnoStatus("shm_open (kv export " + name + ")", errno);
+  const size_t pool = PagedKvCache::poolBytes(shape, dtype);
+  const size_t total = kDataOffset + 2 * pool;
+  auto fail = [&](const char* what) {
+    const int err = errno;
+    close(fd);
+    shm_unlink(path.c_str());
+    return errnoStatus(std::string(what) + " (kv export " + name + ")", err);
+  };
+  if (ftruncate(fd, static_cast<off_t>(total)) != 0) return fail("ftruncate");
+  void* mem = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (mem == MAP_FAILED) return fail("mmap");
+  auto* base = static_cast<std::byte*>(mem);
+  auto* h = reinterpret_cast<ExportHeader*>(base);
+  h->version = kExportVersion;
+  h->pid = static_cast<int32_t>(getpid());
+  h->num_layers = shape.num_layers;
+  h->num_blocks = shape.num_blocks;
+  h->block_size = shape.block_size;
+  h->num_kv_heads = shape.num_kv_heads;
+  h->head_dim = shape.head_dim;
+  h->num_blocks_window = shape.num_blocks_window;
+  h->window_layers = shape.window_layers;
+  h->dtype = static_cast<uint32_t>(dtype);
+  h->pool_bytes = pool;
+  __atomic_store_n(&h->magic, kExportMagic, __ATOMIC_RELEASE);
+  std::unique_ptr<SharedKvPools> p(new SharedKvPools(fd, base, total, base + kDataOffset, pool,
+                                                     shape, dtype, true));
+  p->pid_ = h->pid;
+  p->unlink_name_ = path;
+  return p;
+}
+
+Result<std::unique_ptr<SharedKvPools>> SharedKvPools::openNamed(const std::string& name,
+                                                                int32_t expected_pid) {
+  if (!validExportName(name)) {
+    return invalidArgument("kv export name '" + name +
+                           "': 1-63 characters of [A-Za-z0-9._-], not starting with '.'");
+  }
+  const std::string path = "/" + name;
+  const int fd = shm_open(path.c_str(), O_RDONLY | O_CLOEXEC, 0);
+  if (fd < 0) {
+    if (errno == ENOENT) return failedPrecondition("no kv export named " + name);
+    return errnoStatus("shm_open (kv export " + name + ")", errno);
+  }
+  auto h = readHeader(fd, name);
+  if (!h.isOk()) {
+    close(fd);
+    return h.status();
+  }
+  if (h->pid != expected_pid) {
+    close(fd);
+    return failedPrecondition("kv export " + name + " belongs to pid " + std::to_string(h->pid) +
+                              ", not " + std::to_string(expected_pid) +
+                              ": its worker was restarted and the blocks named are gone");
+  }
+  KvCacheShape s;
+  s.num_layers = h->num_layers;
+  s.num_blocks = h->num_blocks;
+  s.block_size = h->block_size;
+  s.num_kv_heads = h->num_kv_heads;
+  s.head_dim = h->head_dim;
+  s.num_blocks_window = h->num_blocks_window;
+  s.window_layers = h->window_layers;
+  const auto dtype = static_cast<DType>(h->dtype);
+  Status shape_ok = checkShape(s);
+  if (dtype != DType::kF32 && dtype != DType::kF16 && dtype != DType::kBF16) {
+    shape_ok = invalidArgument("dtype " + std::to_string(h->dtype));
+  }
+  const size_t pool = shape_ok.isOk() ? PagedKvCache::poolBytes(s, dtype) : 0;
+  struct stat st {};
+  if (!shape_ok.isOk() || pool != h->pool_bytes || fstat(fd, &st) != 0 ||
+      static_cast<size_t>(st.st_size) != kDataOffset + 2 * pool) {
+    close(fd);
+    return invalidArgument("kv export " + name + ": header and size disagree (" +
+                           std::to_string(st.st_size) + " bytes)");
+  }
+  const size_t total = kDataOffset + 2 * pool;
+  void* mem = mmap(nullptr, total, PROT_READ, MAP_SHARED, fd, 0);
+  if (mem == MAP_FAILED) {
+    const int err = errno;
+    close(fd);
+    return errnoStatus("mmap (kv export " + name + ")", err);
+  }
+  auto* base = static_cast<std::byte*>(mem);
+  std::unique_ptr<SharedKvPools> p(
+      new SharedKvPools(fd, base, total, base + kDataOffset, pool, s, dtype, false));
+  p->pid_ = h->pid;
+  return p;
 }
 
 SharedKvPools::~SharedKvPools() {
-  munmap(base_, 2 * pool_bytes_);
+  munmap(map_base_, map_bytes_);
   close(fd_);
+  if (!unlink_name_.empty()) shm_unlink(unlink_name_.c_str());
 }
 
 Result<std::unique_ptr<PagedKvCache>> SharedKvPools::cache() const {
@@ -163,9 +373,7 @@ KvPoolView SharedKvPools::view() const {
   KvPoolView v;
   v.k = base_;
   v.v = base_ + pool_bytes_;
-  v.layers = shape_.num_layers;
-  v.num_blocks = shape_.num_blocks;
-  v.block_bytes = blockBytes(shape_, dtype_);
+  v.shape = shape_;
   v.dtype = dtype_;
   return v;
 }

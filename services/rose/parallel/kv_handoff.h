@@ -11,12 +11,17 @@
 //   map     SharedKvPools::map: a read-only mapping of an exported pool pair (CUDA: IpcMapping);
 //   copy    copyKvBlocks: pairs checked on the host (INVALID_ARGUMENT naming the pair), then the
 //           block copies in order with the destination backend's queue (CUDA: one kernel).
-// Layout of a pool (paged_kv_cache.h): [layers][num_blocks][block_size][kv_heads][head_dim];
-// one block of one layer is block_bytes contiguous bytes. Source and destination must agree on
-// layers and block_bytes (same block size, kv heads, head dim, dtype); block ids differ.
+// Layout of a pool (paged_kv_cache.h): per layer [layerBlocks][block_size][kv_heads][head_dim];
+// one block of one layer is block_bytes contiguous bytes. With a window pool
+// [TAG_KV_WINDOW_GROUP] the window layers have num_blocks_window blocks and their own ids, so a
+// handoff carries two pair lists: the full pool's and the window pool's. Source and destination
+// must agree on layers, block bytes (block size, kv heads, head dim), dtype and which layers are
+// window layers; block counts and ids differ.
 //
-// Not here yet (see docs/multi-gpu.md): the protocol around it — a channel batch that asks a
-// decode worker to pull, its completion as the ack, and tulip's prefill and decode pools.
+// Named exports [TAG_KV_PULL] (SharedKvPools::createNamed / openNamed): the pools in a POSIX
+// shm segment /dev/shm/<name> behind a header (magic, version, exporter pid, shape, dtype), so a
+// worker started separately (rose --kv-export NAME) can be pulled from by name and pid — the
+// form rose's kKvPull batches use (common/shm/llm_batch.h).
 //
 // Threads: SharedKvPools is immutable after create/map; copyKvBlocks on the destination
 // backend's launching thread. The source blocks must not change until the copy completed.
@@ -25,6 +30,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 
 #include "common/status.h"
 #include "services/rose/ops/backend.h"
@@ -36,25 +42,28 @@ namespace garden::rose {
 struct KvPoolView {
   const std::byte* k = nullptr;
   const std::byte* v = nullptr;
-  int32_t layers = 0;
-  int32_t num_blocks = 0;
-  int64_t block_bytes = 0;
+  KvCacheShape shape;  // layers, blocks of each pool, block geometry, window layers
   // The element type; checkKvBlockPairs refuses a destination of another one (bf16 and fp16
-  // blocks have the same bytes [TAG_ATTN_F16]). Views built by hand for raw copies may leave it.
+  // blocks have the same bytes [TAG_ATTN_F16]).
   DType dtype = DType::kF32;
+  int64_t blockBytes() const;
 };
 KvPoolView kvPoolView(const PagedKvCache& cache);
 
-// pairs: [n, 2] flat (src block, dst block). INVALID_ARGUMENT naming the pair when an id is out
-// of range or a destination block repeats, or naming the field when layers / block_bytes differ.
+// pairs: [n, 2] flat (src block, dst block) of the full pool; window_pairs: the same for the
+// window pool (both sides must have one, with the same window layers; empty otherwise).
+// INVALID_ARGUMENT naming the pair ("pair 3: ..." / "window pair 1: ...") when an id is out of
+// range or a destination block repeats, or naming the field when layers, block bytes, dtype or
+// the window layers differ.
 Status checkKvBlockPairs(const KvPoolView& src, const PagedKvCache& dst,
-                         std::span<const int32_t> pairs);
+                         std::span<const int32_t> pairs,
+                         std::span<const int32_t> window_pairs = {});
 
-// Checks, then copies every pair's block of every layer, K and V, into `dst`, in order with
-// what `dst_backend` was asked to do before (cpu: on its queue, complete when synchronize()
-// returns). UNIMPLEMENTED on other backends (CUDA: parallel/cuda copyKvBlocks).
+// Checks, then copies every pair's block of every layer of its pool, K and V, into `dst`, in
+// order with what `dst_backend` was asked to do before (cpu: on its queue, complete when
+// synchronize() returns). UNIMPLEMENTED on other backends (CUDA: parallel/cuda copyKvBlocks).
 Status copyKvBlocks(Backend& dst_backend, const KvPoolView& src, PagedKvCache& dst,
-                    std::span<const int32_t> pairs);
+                    std::span<const int32_t> pairs, std::span<const int32_t> window_pairs = {});
 
 class SharedKvPools {
  public:
@@ -65,26 +74,54 @@ class SharedKvPools {
   // against the descriptor's size; INVALID_ARGUMENT otherwise).
   static Result<std::unique_ptr<SharedKvPools>> map(int fd, const KvCacheShape& shape,
                                                     DType dtype);
+  // [TAG_KV_PULL] Exporter: the pools in /dev/shm/<name> (name: 1-63 characters of [A-Za-z0-9._-]),
+  // created mode 0600 with this process's pid in the header; unlinked on destruction. A segment
+  // already under the name is replaced only when it is an export whose pid is no longer alive
+  // (a crashed exporter's); otherwise FAILED_PRECONDITION naming the pid or what it is.
+  static Result<std::unique_ptr<SharedKvPools>> createNamed(const std::string& name,
+                                                            const KvCacheShape& shape,
+                                                            DType dtype);
+  // Importer: maps /dev/shm/<name> read-only, shape and dtype from its header.
+  // FAILED_PRECONDITION when there is none, when it is not complete yet, or when its pid is not
+  // `expected_pid` (> 0; the export was re-created by another process: what the pull named is
+  // gone); INVALID_ARGUMENT for a malformed segment.
+  static Result<std::unique_ptr<SharedKvPools>> openNamed(const std::string& name,
+                                                          int32_t expected_pid);
   ~SharedKvPools();
   SharedKvPools(const SharedKvPools&) = delete;
   SharedKvPools& operator=(const SharedKvPools&) = delete;
 
   int fd() const { return fd_; }
+  const KvCacheShape& shape() const { return shape_; }
+  DType dtype() const { return dtype_; }
+  // Named exports: the exporter's pid (the importer reads it from the header); 0 otherwise.
+  int32_t pid() const { return pid_; }
   // Exporter only: a cache over the pools (the prefill side runs its model on it). The pools
   // must outlive it.
   Result<std::unique_ptr<PagedKvCache>> cache() const;
   KvPoolView view() const;
 
  private:
-  SharedKvPools(int fd, std::byte* base, size_t pool_bytes, const KvCacheShape& s, DType d,
-                bool writable)
-      : fd_(fd), base_(base), pool_bytes_(pool_bytes), shape_(s), dtype_(d), writable_(writable) {}
+  SharedKvPools(int fd, std::byte* map_base, size_t map_bytes, std::byte* pools, size_t pool_bytes,
+                const KvCacheShape& s, DType d, bool writable)
+      : fd_(fd),
+        map_base_(map_base),
+        map_bytes_(map_bytes),
+        base_(pools),
+        pool_bytes_(pool_bytes),
+        shape_(s),
+        dtype_(d),
+        writable_(writable) {}
   int fd_ = -1;
+  std::byte* map_base_ = nullptr;  // the whole mapping (a named export's header first)
+  size_t map_bytes_ = 0;
   std::byte* base_ = nullptr;  // K pool, then V pool
   size_t pool_bytes_ = 0;
   KvCacheShape shape_;
   DType dtype_ = DType::kF32;
   bool writable_ = false;
+  int32_t pid_ = 0;
+  std::string unlink_name_;  // a named export's exporter: removed on destruction
 };
 
 }  // namespace garden::rose
