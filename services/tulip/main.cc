@@ -30,6 +30,7 @@
 #include "common/metrics_http.h"
 #include "common/shm/llm_batch.h"
 #include "common/token_file.h"
+#include "services/tulip/llm/disagg.h"
 #include "services/tulip/llm/llm_scheduler.h"
 #include "services/tulip/sched/embed_scheduler.h"
 #include "services/tulip/server/tulip_service.h"
@@ -110,6 +111,8 @@ int main(int argc, char** argv) {
   uint32_t heartbeat_timeout_ms = 3000, drain_timeout_ms = 10000, step_timeout_ms = 60000;
   uint32_t progress_timeout_ms = 2500;
   std::vector<std::string> rose_extra;
+  bool disaggregate = false;  // [TAG_DISAGG]
+  std::vector<std::string> prefill_extra;
 
   Flags flags("tulip", "Garden scheduler: gRPC in, batches to a rose worker over shared memory");
   flags.add("host", &host,
@@ -130,6 +133,14 @@ int main(int argc, char** argv) {
       .add("rose-threads", &rose_threads, "CPU threads for rose's cpu backend (0 = rose's default)")
       .add("rose-arg", &rose_extra, "extra argument for rose (repeatable)")
       .add("attach", &attach, "attach to a rose started beside tulip (it creates --shm-name)")
+      .add("disaggregate", &disaggregate,
+           "LLM prefill/decode disaggregation: a second rose (the prefill worker, channel "
+           "<shm-name>-prefill, its KV cache exported with --kv-export) runs the prompts and "
+           "samples each first token; the main rose (decode) copies each sequence's KV blocks "
+           "from it and generates the rest. cpu backend for now; not with --attach")
+      .add("prefill-rose-arg", &prefill_extra,
+           "with --disaggregate: extra argument for the prefill rose only (repeatable; after "
+           "the --rose-arg ones)")
       .add("depth", &depth, "batches in flight (pipeline depth = channel slots)")
       .add("max-batch-tokens", &max_batch_tokens, "token budget of one batch")
       .add("max-batch-seqs", &max_batch_seqs, "sequence cap of one batch")
@@ -228,6 +239,14 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (!flags.wasSet("llm-async-steps")) llm_async_steps = depth >= 2;
+  if (disaggregate && attach) {  // [TAG_DISAGG]
+    std::fprintf(stderr, "tulip: --disaggregate starts both roses itself: not with --attach\n");
+    return 2;
+  }
+  if (!prefill_extra.empty() && !disaggregate) {
+    std::fprintf(stderr, "tulip: --prefill-rose-arg needs --disaggregate\n");
+    return 2;
+  }
   if (max_waiting_tokens == 0) max_waiting_tokens = queue_limit_tokens;
   std::unique_ptr<TokenFile> auth;
   if (!auth_token_file.empty()) {
@@ -330,10 +349,27 @@ int main(int argc, char** argv) {
     wopts.rose_args.push_back(std::to_string(rose_threads));
   }
   wopts.rose_args.insert(wopts.rose_args.end(), rose_extra.begin(), rose_extra.end());
+  // [TAG_DISAGG] The prefill worker: the same rose, its own channel, its KV cache exported.
+  ShmWorkerOptions popts = wopts;
+  if (disaggregate) {
+    popts.shm_name = shm_name + "-prefill";
+    const std::string export_name = shm_name.substr(shm_name[0] == '/' ? 1 : 0) + "-kv";
+    popts.rose_args.push_back("--kv-export");
+    popts.rose_args.push_back(export_name);
+    popts.rose_args.insert(popts.rose_args.end(), prefill_extra.begin(), prefill_extra.end());
+  }
   auto worker = ShmWorker::start(wopts);
   if (!worker.isOk()) {
     log::error("cannot start the rose worker", {{"error", worker.status()}});
     return 1;
+  }
+  Result<std::unique_ptr<ShmWorker>> pworker = std::unique_ptr<ShmWorker>();
+  if (disaggregate) {
+    pworker = ShmWorker::start(popts);
+    if (!pworker.isOk()) {
+      log::error("cannot start the prefill rose worker", {{"error", pworker.status()}});
+      return 1;
+    }
   }
 
   SchedulerOptions sopts;
@@ -361,6 +397,21 @@ int main(int argc, char** argv) {
     scheduler.poke();
     llm_scheduler.poke();
   });
+  // [TAG_DISAGG] The prefill side hands its sequences to llm_scheduler after their first token.
+  std::unique_ptr<LlmScheduler> prefill_scheduler;
+  std::unique_ptr<DisaggLlm> disagg;
+  if (disaggregate) {
+    LlmSchedulerOptions po = lopts;
+    po.handoff = true;
+    prefill_scheduler = std::make_unique<LlmScheduler>(**pworker, po);
+    (*pworker)->setOnChange([p = prefill_scheduler.get(), &llm_scheduler] {
+      p->poke();
+      llm_scheduler.poke();  // a restarted prefill worker: pulls from it fail, streams end
+    });
+    disagg = std::make_unique<DisaggLlm>(*prefill_scheduler, **pworker, llm_scheduler, **worker);
+  }
+  LlmFrontend& llm_frontend =
+      disagg ? static_cast<LlmFrontend&>(*disagg) : static_cast<LlmFrontend&>(llm_scheduler);
   // Whichever way main returns from here (a port it cannot listen on included), the schedulers
   // and then the worker stop — the normal shutdown's order — before the schedulers are destroyed:
   // the worker's thread calls back into both (ThreadSanitizer saw ~LlmScheduler race its poke()
@@ -369,12 +420,17 @@ int main(int argc, char** argv) {
     EmbedScheduler& embed;
     LlmScheduler& llm;
     ShmWorker& worker;
+    LlmScheduler* prefill;
+    ShmWorker* prefill_worker;
     ~StopOnReturn() {
       embed.stop();
+      if (prefill != nullptr) prefill->stop();
       llm.stop();
+      if (prefill_worker != nullptr) prefill_worker->stop();
       worker.stop();
     }
-  } stop_on_return{scheduler, llm_scheduler, **worker};
+  } stop_on_return{scheduler, llm_scheduler, **worker, prefill_scheduler.get(),
+                   disaggregate ? pworker->get() : nullptr};
 
   auto& reg = metrics::Registry::global();
   auto& g_ready = reg.gauge("tulip_worker_ready", "1 when the rose worker is ready").get();
@@ -383,7 +439,7 @@ int main(int argc, char** argv) {
   auto& g_qreqs = reg.gauge("tulip_queue_requests", "requests waiting to be batched").get();
   auto& g_inflight = reg.gauge("tulip_inflight_tokens", "tokens in batches on the worker").get();
 
-  TulipService service(scheduler, llm_scheduler, **worker,
+  TulipService service(scheduler, llm_frontend, **worker,
                       ServiceOptions{served_name, auth.get(), vocab});
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
@@ -408,7 +464,10 @@ int main(int argc, char** argv) {
   MetricsHttpServer metrics_http;
   if (metrics_port != 0) {
     Status st = metrics_http.start(host, static_cast<uint16_t>(metrics_port),
-                                   [&] { return (*worker)->ready(); });
+                                   [&] {
+                                     return (*worker)->ready() &&
+                                            (!disaggregate || (*pworker)->ready());
+                                   });
     if (!st.isOk()) {
       log::error("cannot serve metrics", {{"error", st}});
       return 1;
@@ -427,7 +486,7 @@ int main(int argc, char** argv) {
   std::thread watcher([&] {
     bool last = false;
     while (!stopping) {
-      bool ready = (*worker)->ready();
+      bool ready = (*worker)->ready() && (!disaggregate || (*pworker)->ready());
       if (ready != last) {
         health->SetServingStatus(ready);
         health->SetServingStatus("garden.v1.Tulip", ready);
@@ -437,7 +496,7 @@ int main(int argc, char** argv) {
       g_restarts.set(static_cast<double>((*worker)->restarts()));
       const auto f = (*worker)->facts();
       if (std::string(f.kind, strnlen(f.kind, sizeof(f.kind))) == "llm") {
-        auto s = llm_scheduler.stats();
+        auto s = llm_frontend.stats();
         g_qtokens.set(static_cast<double>(s.waiting_tokens));
         g_qreqs.set(static_cast<double>(s.waiting));
         g_inflight.set(static_cast<double>(s.inflight_tokens));
@@ -462,7 +521,9 @@ int main(int argc, char** argv) {
   server->Shutdown(std::chrono::system_clock::now() +
                    std::chrono::milliseconds(drain_timeout_ms));
   scheduler.stop();
+  if (prefill_scheduler) prefill_scheduler->stop();
   llm_scheduler.stop();
+  if (disaggregate) (*pworker)->stop();
   (*worker)->stop();
   metrics_http.stop();
   if (prewarm.joinable()) prewarm.join();

@@ -153,7 +153,7 @@ Status LlmScheduler::submit(std::shared_ptr<LlmRequest> req) {
     if (!id.isOk()) return id.status();
     // [TAG_LLM_CHOICES] One stream per choice, ids id .. id + n - 1, all delivered to `req`.
     for (uint32_t i = 0; i < std::max<uint32_t>(p.n, 1); ++i)
-      active_.emplace(*id + i, Active{req, now, 0});
+      active_.emplace(*id + i, Active{req, now, 0, i, p.n > 1});
     if (p.n > 1) {  // [TAG_STOP_CHOICE]
       if (++next_call_id_ == 0) ++next_call_id_;
       req->call_id = next_call_id_;
@@ -195,6 +195,155 @@ LlmStats LlmScheduler::stats() const {
   return core_.stats();
 }
 
+void LlmScheduler::setHandoff(std::function<void(LlmHandoff)> fn) {
+  std::lock_guard<std::mutex> l(mu_);
+  on_handoff_ = std::move(fn);
+}
+
+void LlmScheduler::releaseHandoff(SeqId prefill_id) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    core_.releaseHandoff(prefill_id);
+    publishMetrics();
+  }
+  cv_.notify_all();  // blocks came free: a waiting sequence may fit now
+}
+
+Status LlmScheduler::adopt(LlmHandoff h) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (stop_) return unavailable("tulip is shutting down");
+    adoptions_.push_back(std::move(h));
+  }
+  cv_.notify_all();
+  return okStatus();
+}
+
+bool LlmScheduler::ensureConfigured() {
+  if (!core_.needsConfigure()) return true;
+  // Rebuilt only once no sequence holds blocks of the old cache and no step is out.
+  if (!worker_.ready() || !inflight_.empty()) return false;
+  const shm::ModelFacts f = worker_.facts();
+  if (!core_.configure(llmWorkerLimits(f, worker_.inputBytes()))) return false;
+  log::info("kv cache ready", {{"blocks", f.kv_num_blocks},
+                               {"window_blocks", f.kv_num_blocks_window},
+                               {"window", f.kv_window},
+                               {"block_size", f.kv_block_size},
+                               {"block_groups", std::max<uint32_t>(1, f.kv_block_groups)},
+                               {"max_len", llmContextLength(f)},
+                               {"prefix_caching", core_.options().enable_prefix_caching},
+                               {"async_steps", core_.options().async_steps},
+                               {"handoff", core_.options().handoff}});
+  return true;
+}
+
+void LlmScheduler::endQueued(LlmHandoff& h, Status st, FinishReason why) {
+  GenerateEvent ev;
+  ev.index = h.seq.index;
+  ev.last = true;
+  ev.status = std::move(st);
+  ev.finish = ev.status.isOk() || why == FinishReason::kCancelled ? why : FinishReason::kNone;
+  ev.prompt_tokens = h.seq.prompt_len;
+  ev.cached_prompt_tokens = h.seq.cached_prompt;
+  ev.completion_tokens = h.seq.generated;
+  const int64_t now = shm::monotonicNowNs();
+  auto us = [](int64_t a, int64_t b) {
+    return b > a && a > 0 ? static_cast<uint64_t>((b - a) / 1000) : 0;
+  };
+  ev.queue_us = us(h.arrival_ns, h.seq.first_sched_ns);
+  ev.inference_us = us(h.seq.first_sched_ns, now);
+  ev.total_us = us(h.arrival_ns, now);
+  direct_.emplace_back(h.req, std::move(ev));
+  if (h.release) releases_.push_back(std::move(h.release));
+}
+
+bool LlmScheduler::startAdoption(std::unique_lock<std::mutex>& l) {
+  if (adoptions_.empty()) return false;
+  LlmHandoff& h = adoptions_.front();
+  const uint32_t bit = 1u << h.seq.index;
+  if (h.req->cancelled.load()) {
+    endQueued(h, cancelledError("request cancelled by the caller"), FinishReason::kCancelled);
+  } else if (h.req->stopped_choices.load() & bit) {
+    endQueued(h, okStatus(), FinishReason::kStop);
+  } else if (h.seq.params.deadline_ns > 0 && shm::monotonicNowNs() >= h.seq.params.deadline_ns) {
+    endQueued(h, deadlineExceeded("deadline expired after " +
+                                  std::to_string(h.seq.generated) + " generated tokens"),
+              FinishReason::kNone);
+  } else if (!worker_.ready()) {
+    endQueued(h, workerDown(worker_, "the decode worker is restarting"), FinishReason::kNone);
+  } else {
+    if (!ensureConfigured()) return false;
+    std::vector<int32_t> pairs, wpairs;
+    const int64_t now = shm::monotonicNowNs();
+    SeqHandoff state = h.seq;  // adopt() takes a copy: kept for a retry when no slot is free
+    Result<SeqId> id = core_.adopt(std::move(state), now, &pairs, &wpairs);
+    if (!id.isOk()) {
+      if (id.status().code() == StatusCode::kResourceExhausted) return false;  // after a step
+      endQueued(h, id.status(), FinishReason::kNone);
+      adoptions_.pop_front();
+      return true;
+    }
+    WorkBatch batch;
+    batch.kind = shm::BatchKind::kKvPull;
+    batch.kv_source = h.source;
+    batch.kv_source_pid = h.source_pid;
+    batch.kv_window_pairs = static_cast<uint32_t>(wpairs.size() / 2);
+    batch.block_ids = std::move(pairs);
+    batch.block_ids.insert(batch.block_ids.end(), wpairs.begin(), wpairs.end());
+    batch.request_id = h.seq.params.request_id;
+    const SeqId sid = *id;
+    l.unlock();
+    Status st = worker_.trySubmit(std::move(batch), [this, sid](const WorkResult& r) {
+      {
+        std::lock_guard<std::mutex> g(mu_);
+        auto it = pulls_.find(sid);
+        if (it != pulls_.end()) {
+          it->second.done = true;
+          it->second.status = r.status;
+        }
+      }
+      cv_.notify_all();
+    });
+    l.lock();
+    if (!st.isOk() && st.code() == StatusCode::kFailedPrecondition) {
+      core_.unadopt(sid);  // no free slot: the same handoff again after a completion
+      return false;
+    }
+    Pull p;
+    p.release = std::move(h.release);
+    if (!st.isOk()) {
+      p.done = true;
+      p.status = st;
+    }
+    pulls_.emplace(sid, std::move(p));
+    Active a{h.req, h.arrival_ns, h.last_token_ns, h.seq.index, false};
+    active_.emplace(sid, std::move(a));
+  }
+  adoptions_.pop_front();
+  return true;
+}
+
+void LlmScheduler::applyPulls(int64_t now) {
+  static auto& outcomes = metrics::Registry::global().counter(
+      "tulip_kv_handoffs_total",
+      "Sequences handed from the prefill worker to the decode worker (their KV blocks copied), "
+      "by outcome",
+      {"outcome"});
+  for (auto it = pulls_.begin(); it != pulls_.end();) {
+    if (!it->second.done) {
+      ++it;
+      continue;
+    }
+    if (!it->second.status.isOk()) {
+      log::warn("kv handoff failed", {{"error", it->second.status}});
+    }
+    outcomes.labels({it->second.status.isOk() ? "ok" : "error"}).inc();
+    core_.adopted(it->first, it->second.status, now);
+    if (it->second.release) releases_.push_back(std::move(it->second.release));
+    it = pulls_.erase(it);
+  }
+}
+
 void LlmScheduler::stop() {
   {
     std::lock_guard<std::mutex> l(mu_);
@@ -204,6 +353,7 @@ void LlmScheduler::stop() {
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
   Outbox out;
+  std::vector<std::function<void()>> releases;
   {
     std::lock_guard<std::mutex> l(mu_);
     const int64_t now = shm::monotonicNowNs();
@@ -215,10 +365,26 @@ void LlmScheduler::stop() {
       (void)f.late->deliver(f.plan.masks);
     }
     core_.cancelAll(cancelledError("tulip is shutting down"), now);
+    // [TAG_DISAGG] Handoffs still queued end too; copies in flight free their source blocks.
+    for (LlmHandoff& h : adoptions_)
+      endQueued(h, cancelledError("tulip is shutting down"), FinishReason::kCancelled);
+    adoptions_.clear();
+    for (auto& [id, p] : pulls_)
+      if (p.release) releases_.push_back(std::move(p.release));
+    pulls_.clear();
     out = collectEvents(now);
+    // Handed off but not handed over: end them here.
+    for (LlmHandoff& h : handoffs_) {
+      endQueued(h, cancelledError("tulip is shutting down"), FinishReason::kCancelled);
+    }
+    handoffs_.clear();
+    Outbox more = collectEvents(now);
+    for (auto& e : more) out.push_back(std::move(e));
+    releases.swap(releases_);
   }
   for (auto& [req, ev] : out)
     if (req->on_event) req->on_event(ev);
+  for (auto& r : releases) r();
 }
 
 void LlmScheduler::publishMetrics() {
@@ -299,8 +465,13 @@ void LlmScheduler::deliverLateMasks(int64_t now) {
 void LlmScheduler::watch(int64_t now) {
   for (SeqId id : stops_) core_.stop(id, now);  // [TAG_STOP_CHOICE]
   stops_.clear();
-  for (const auto& [id, a] : active_)
-    if (a.req->cancelled.load()) core_.cancel(id, now);
+  for (const auto& [id, a] : active_) {
+    if (a.req->cancelled.load()) {
+      core_.cancel(id, now);
+    } else if (a.req->stopped_choices.load() & (1u << a.index)) {  // [TAG_DISAGG]
+      core_.stop(id, now);
+    }
+  }
   core_.expire(now);
   // A worker that went down lost its KV cache, even with nothing running: its prefix cache
   // entries must not outlive it.
@@ -312,11 +483,32 @@ void LlmScheduler::watch(int64_t now) {
 
 LlmScheduler::Outbox LlmScheduler::collectEvents(int64_t now) {
   Outbox out;
+  out.swap(direct_);  // [TAG_DISAGG] handoffs that ended before adoption
   auto& m = LlmMetrics::get();
   for (SeqEvent& e : core_.takeEvents()) {
     auto it = active_.find(e.id);
     CHECK(it != active_.end());
     Active& a = it->second;
+    if (e.handoff) {  // [TAG_DISAGG] the stream goes on at the decode side
+      std::optional<SeqHandoff> seq = core_.takeHandoff(e.id);
+      CHECK(seq.has_value());
+      LlmHandoff h;
+      h.seq = std::move(*seq);
+      h.req = a.req;
+      h.arrival_ns = a.arrival_ns;
+      h.last_token_ns = a.last_token_ns;
+      h.source = worker_.facts().kv_export;
+      h.source_pid = worker_.pid();
+      h.release = [this, id = e.id] { releaseHandoff(id); };
+      handoffs_.push_back(std::move(h));
+      if (a.in_calls) {
+        auto c = calls_.find(a.req->call_id);
+        CHECK(c != calls_.end() && c->second.live > 0);
+        if (--c->second.live == 0) calls_.erase(c);
+      }
+      active_.erase(it);
+      continue;
+    }
     if (e.event.token >= 0) {
       if (a.last_token_ns == 0)
         m.ttft.observe((now - a.arrival_ns) / 1e9);
@@ -326,7 +518,7 @@ LlmScheduler::Outbox LlmScheduler::collectEvents(int64_t now) {
     }
     out.emplace_back(a.req, std::move(e.event));
     if (out.back().second.last) {
-      if (const uint64_t call = a.req->call_id; call != 0) {  // [TAG_STOP_CHOICE]
+      if (const uint64_t call = a.req->call_id; call != 0 && a.in_calls) {  // [TAG_STOP_CHOICE]
         auto c = calls_.find(call);
         CHECK(c != calls_.end() && c->second.live > 0);
         if (--c->second.live == 0) calls_.erase(c);
@@ -339,20 +531,7 @@ LlmScheduler::Outbox LlmScheduler::collectEvents(int64_t now) {
 
 LlmScheduler::Submitted LlmScheduler::submitStep(std::unique_lock<std::mutex>& l) {
   if (!worker_.ready() || !core_.hasWork()) return Submitted::kNone;
-  if (core_.needsConfigure()) {
-    // Rebuilt only once no sequence holds blocks of the old cache and no step is out.
-    if (!inflight_.empty()) return Submitted::kNone;
-    const shm::ModelFacts f = worker_.facts();
-    if (!core_.configure(llmWorkerLimits(f, worker_.inputBytes()))) return Submitted::kNone;
-    log::info("kv cache ready", {{"blocks", f.kv_num_blocks},
-                                 {"window_blocks", f.kv_num_blocks_window},
-                                 {"window", f.kv_window},
-                                 {"block_size", f.kv_block_size},
-                                 {"block_groups", std::max<uint32_t>(1, f.kv_block_groups)},
-                                 {"max_len", llmContextLength(f)},
-                                 {"prefix_caching", core_.options().enable_prefix_caching},
-                                 {"async_steps", core_.options().async_steps}});
-  }
+  if (!ensureConfigured()) return Submitted::kNone;
   StepPlan plan = core_.schedule(shm::monotonicNowNs());
   if (plan.empty()) return Submitted::kNone;
   LlmMetrics::get().step_tokens.observe(static_cast<double>(plan.num_tokens));
@@ -399,21 +578,44 @@ void LlmScheduler::loop() {
   while (true) {
     applyResults();
     const int64_t now = shm::monotonicNowNs();
+    applyPulls(now);  // [TAG_DISAGG]
     watch(now);
     Outbox out = collectEvents(now);
-    if (!out.empty()) {
+    if (!out.empty() || !handoffs_.empty() || !releases_.empty()) {
       publishMetrics();
+      std::vector<LlmHandoff> handoffs;
+      handoffs.swap(handoffs_);
+      std::vector<std::function<void()>> releases;
+      releases.swap(releases_);
+      auto handoff = on_handoff_;
       l.unlock();
+      // A first token's event before its handoff: the decode side streams after it.
       for (auto& [req, ev] : out)
         if (req->on_event) req->on_event(ev);
       out.clear();
+      for (LlmHandoff& h : handoffs) {
+        if (handoff) {
+          handoff(std::move(h));
+        } else {  // nowhere to go (a misconfigured pair): end it, free its blocks
+          GenerateEvent ev;
+          ev.index = h.seq.index;
+          ev.last = true;
+          ev.status = internalError("no decode worker to hand the sequence to");
+          if (h.req->on_event) h.req->on_event(ev);
+          h.release();
+        }
+      }
+      for (auto& r : releases) r();
       l.lock();
       continue;
     }
     if (stop_) break;
+    const bool adopted = startAdoption(l);  // [TAG_DISAGG]
     const Submitted sub = submitStep(l);
     // Planning may have ended a sequence (events) and a result may have come meanwhile.
-    if (sub == Submitted::kStep || core_.hasEvents() || resultReady() || !stops_.empty()) continue;
+    if (adopted || sub == Submitted::kStep || core_.hasEvents() || resultReady() ||
+        !stops_.empty() || !direct_.empty())
+      continue;
     cv_.wait_for(l, sub == Submitted::kNoSlot ? 5ms : 20ms);
   }
 }

@@ -46,7 +46,8 @@ LlmStepScheduler::LlmStepScheduler(LlmSchedulerOptions opts) : opts_(opts) {
 LlmStepScheduler::~LlmStepScheduler() = default;
 
 bool LlmStepScheduler::configure(const LlmWorkerLimits& limits) {
-  if (!running_.empty() || !in_flight_.empty()) return false;
+  // [TAG_DISAGG] Nor while a copy may still write into blocks of the old bookkeeping.
+  if (!running_.empty() || !in_flight_.empty() || adopting_ > 0) return false;
   if (limits.kv_num_blocks == 0 || limits.kv_block_size == 0) return false;
   const uint32_t groups = std::max<uint32_t>(1, limits.kv_block_groups);
   if (limits.kv_num_blocks % groups != 0) return false;
@@ -174,17 +175,173 @@ void LlmStepScheduler::finish(Seq& s, Status st, FinishReason why, int32_t token
   seqs_.erase(s.id);  // s dangles from here
 }
 
+// [TAG_DISAGG] A parked sequence's stream belongs to the decode side now; an adopting one ends
+// once its copy is done (its blocks may still be written).
+bool LlmStepScheduler::deferEnd(Seq& s, const Status& st, FinishReason why) {
+  if (s.parked) return true;
+  if (!s.adopting) return false;
+  if (s.end_reason == FinishReason::kNone && s.end_status.isOk()) {
+    s.end_status = st;
+    s.end_reason = why;
+  }
+  return true;
+}
+
 void LlmStepScheduler::cancel(SeqId id, int64_t now_ns) {
   auto it = seqs_.find(id);
   if (it == seqs_.end()) return;
-  finish(it->second, cancelledError("request cancelled by the caller"), FinishReason::kCancelled,
-         -1, now_ns);
+  const Status st = cancelledError("request cancelled by the caller");
+  if (deferEnd(it->second, st, FinishReason::kCancelled)) return;
+  finish(it->second, st, FinishReason::kCancelled, -1, now_ns);
 }
 
 void LlmStepScheduler::stop(SeqId id, int64_t now_ns) {
   auto it = seqs_.find(id);
   if (it == seqs_.end()) return;
+  if (deferEnd(it->second, okStatus(), FinishReason::kStop)) return;
   finish(it->second, okStatus(), FinishReason::kStop, -1, now_ns);
+}
+
+std::optional<SeqHandoff> LlmStepScheduler::takeHandoff(SeqId id) {
+  auto it = seqs_.find(id);
+  if (it == seqs_.end() || !it->second.parked) return std::nullopt;
+  Seq& s = it->second;
+  SeqHandoff h;
+  h.params = std::move(s.params);
+  h.tokens = std::move(s.tokens);
+  h.prompt_len = s.prompt_len;
+  h.generated = s.generated;
+  h.cached_prompt = s.cached_prompt;
+  h.index = s.index;
+  h.decoder = std::move(s.decoder);
+  h.arrival_ns = s.arrival_ns;
+  h.first_sched_ns = s.first_sched_ns;
+  const auto t = kv_->blockTable(id);
+  h.table.assign(t.begin(), t.end());
+  if (kvw_) {
+    const auto w = kvw_->blockTable(id);
+    h.window.assign(w.begin(), w.end());
+  }
+  return h;
+}
+
+void LlmStepScheduler::releaseHandoff(SeqId id) {
+  auto it = seqs_.find(id);
+  if (it == seqs_.end() || !it->second.parked) return;
+  releaseKv(id);
+  parked_.erase(std::find(parked_.begin(), parked_.end(), id));
+  seqs_.erase(it);
+}
+
+Result<SeqId> LlmStepScheduler::adopt(SeqHandoff h, int64_t now_ns, std::vector<int32_t>* pairs,
+                                      std::vector<int32_t>* window_pairs) {
+  (void)now_ns;
+  pairs->clear();
+  window_pairs->clear();
+  if (needsConfigure()) return unavailable("the decode worker's KV cache is not ready");
+  if (running_.size() + adopting_ >= max_running_) {
+    return resourceExhausted("the decode side's running set is full");
+  }
+  const uint64_t n = kv_->blocksFor(h.prompt_len);
+  if (h.prompt_len == 0 || h.tokens.size() <= h.prompt_len || h.table.size() < n ||
+      (kvw_ != nullptr) != !h.window.empty() || (kvw_ && h.window.size() < n) ||
+      h.tokens.size() >= limits_.context_len) {
+    return internalError("handoff: the prefill side's state does not fit this worker (tables "
+                         "of " + std::to_string(h.table.size()) + " and " +
+                         std::to_string(h.window.size()) + " blocks for " +
+                         std::to_string(h.prompt_len) + " prompt tokens)");
+  }
+  const SeqId id = next_id_++;
+  auto table = kv_->allocate(id, h.prompt_len, {}, -1);
+  if (!table) return resourceExhausted("the decode side has no free KV blocks");
+  for (uint64_t i = 0; i < n; ++i) {
+    pairs->push_back(h.table[i]);
+    pairs->push_back((*table)[i]);
+  }
+  if (kvw_) {  // [TAG_KV_WINDOW_GROUP] only the blocks the next query reads
+    if (!kvw_->allocate(id, h.prompt_len, {}, kv_->groupOf(id))) {
+      releaseKv(id);
+      pairs->clear();
+      return resourceExhausted("the decode side has no free window blocks");
+    }
+    kvw_->trim(id, h.prompt_len);
+    const auto wt = kvw_->blockTable(id);
+    for (uint64_t i = 0; i < n; ++i) {
+      if (wt[i] < 0) continue;
+      if (h.window[i] < 0) {
+        releaseKv(id);
+        pairs->clear();
+        window_pairs->clear();
+        return internalError("handoff: the prefill side dropped window block " +
+                             std::to_string(i) + " that the next query reads");
+      }
+      window_pairs->push_back(h.window[i]);
+      window_pairs->push_back(wt[i]);
+    }
+  }
+  Seq& s = seqs_[id];
+  s.id = id;
+  s.index = h.index;
+  s.params = std::move(h.params);
+  s.tokens = std::move(h.tokens);
+  s.prompt_len = h.prompt_len;
+  s.generated = h.generated;
+  s.cached_prompt = h.cached_prompt;
+  s.decoder = std::move(h.decoder);
+  s.arrival_ns = h.arrival_ns;
+  s.first_sched_ns = h.first_sched_ns;
+  s.admitted_once = true;
+  s.num_computed = h.prompt_len;
+  s.num_scheduled = h.prompt_len;
+  s.adopting = true;
+  ++adopting_;
+  return id;
+}
+
+void LlmStepScheduler::unadopt(SeqId id) {
+  auto it = seqs_.find(id);
+  if (it == seqs_.end() || !it->second.adopting) return;
+  releaseKv(id);
+  --adopting_;
+  seqs_.erase(it);
+}
+
+void LlmStepScheduler::adopted(SeqId id, const Status& copy, int64_t now_ns) {
+  auto it = seqs_.find(id);
+  if (it == seqs_.end() || !it->second.adopting) return;
+  Seq& s = it->second;
+  s.adopting = false;
+  --adopting_;
+  if (!copy.isOk()) {
+    finish(s, copy.code() == StatusCode::kUnavailable
+                  ? copy
+                  : internalError("handoff to the decode worker failed: " + copy.message()),
+           FinishReason::kNone, -1, now_ns);
+    return;
+  }
+  if (s.end_reason != FinishReason::kNone || !s.end_status.isOk()) {
+    finish(s, s.end_status, s.end_reason, -1, now_ns);
+    return;
+  }
+  if (s.params.deadline_ns > 0 && now_ns >= s.params.deadline_ns) {
+    finish(s, deadlineExceeded("deadline expired after " + std::to_string(s.generated) +
+                               " generated tokens"),
+           FinishReason::kNone, -1, now_ns);
+    return;
+  }
+  if (kv_lost_) {  // the decode worker went down meanwhile: the copy is gone with its cache
+    finish(s, unavailable("rose worker failed during the handoff"), FinishReason::kNone, -1,
+           now_ns);
+    return;
+  }
+  s.running = true;
+  if (needsSamplerState(s.params)) {
+    CHECK(!free_state_slots_.empty());  // one per running sequence
+    s.state_slot = free_state_slots_.back();
+    free_state_slots_.pop_back();
+    s.state_sent = false;
+  }
+  running_.push_back(id);
 }
 
 void LlmStepScheduler::expire(int64_t now_ns) {
@@ -220,7 +377,17 @@ void LlmStepScheduler::failAll(const Status& running_error, const Status& waitin
 void LlmStepScheduler::cancelAll(const Status& why, int64_t now_ns) {
   std::vector<SeqId> ids(running_.begin(), running_.end());
   ids.insert(ids.end(), waiting_.begin(), waiting_.end());
-  for (SeqId id : ids) finish(seqs_.at(id), why, FinishReason::kCancelled, -1, now_ns);
+  // [TAG_DISAGG] Adopting ones too (shutting down: no plan reuses their blocks).
+  for (const auto& [id, s] : seqs_)
+    if (s.adopting) ids.push_back(id);
+  for (SeqId id : ids) {
+    Seq& s = seqs_.at(id);
+    if (s.adopting) {
+      s.adopting = false;
+      --adopting_;
+    }
+    finish(s, why, FinishReason::kCancelled, -1, now_ns);
+  }
 }
 
 void LlmStepScheduler::releaseKv(SeqId id) {
@@ -292,6 +459,8 @@ bool LlmStepScheduler::lengthReached(const Seq& s) const {
 // flight), and if its first new token is a placeholder, that token's row in prev_step's ids.
 bool LlmStepScheduler::canContinue(const Seq& s, uint64_t prev_step, int32_t* prev_row) const {
   *prev_row = -1;
+  // [TAG_DISAGG] The prefill side plans nothing after a sequence's first token.
+  if (opts_.handoff && s.generated + s.pending >= 1) return false;
   if (s.pending == 0) return s.num_scheduled < s.length();
   // [TAG_TOKEN_MASK] Its next mask needs the pending token: only with late masks.
   if (s.decoder && !lateMasks()) return false;
@@ -697,6 +866,7 @@ void LlmStepScheduler::update(const StepPlan& plan, std::span<const int32_t> sam
     if (!d.sample) continue;
     const GenerateParams& p = s->params;
     const bool with_lp = p.sampling.logprobs >= 0 && lp != nullptr && lp->num_top >= 0;
+    bool ended = true;
     if ((!p.ignore_eos && contains(limits_.eos_ids, tok)) || contains(p.stop_token_ids, tok)) {
       finish(*s, okStatus(), FinishReason::kStop, tok, now_ns);
     } else if ((p.max_tokens > 0 && s->generated >= p.max_tokens) ||
@@ -708,12 +878,27 @@ void LlmStepScheduler::update(const StepPlan& plan, std::span<const int32_t> sam
       ev.event.index = s->index;
       ev.event.token = tok;
       events_.push_back(std::move(ev));
+      ended = false;
     }
     if (with_lp) {  // the event just formed (a token or the last one) carries it
       events_.back().event.has_logprobs = true;
       events_.back().event.logprobs = *lp;
     }
+    if (!ended && opts_.handoff) park(*s);  // [TAG_DISAGG]
   }
+}
+
+void LlmStepScheduler::park(Seq& s) {
+  CHECK(s.running && s.pending == 0);
+  running_.erase(std::find(running_.begin(), running_.end(), s.id));
+  releaseStateSlot(s);
+  s.running = false;
+  s.parked = true;
+  parked_.push_back(s.id);
+  SeqEvent h;
+  h.id = s.id;
+  h.handoff = true;
+  events_.push_back(std::move(h));
 }
 
 void LlmStepScheduler::stepFailed(const StepPlan& plan, const Status& error, int64_t now_ns) {

@@ -69,11 +69,26 @@
 // waiting follower counts no prompt tokens against max_waiting_tokens (its prompt is the
 // leader's); every choice counts as a sequence against max_num_seqs.
 //
+// Prefill/decode disaggregation [TAG_DISAGG] (docs/multi-gpu.md): a scheduler with
+// options.handoff (the prefill side) hands every sequence off once its first token is sampled —
+// unless that token ends it (eos, a stop token, max_tokens 1, the context) — instead of planning
+// its second one: update() streams the first token as usual, then parks the sequence (out of the
+// running set, its KV blocks kept) and emits a SeqEvent with handoff set; the driver takes the
+// sequence's state with takeHandoff() and frees the parked blocks with releaseHandoff() once
+// the decode side has copied them. The decode side adopt()s the state: blocks for the prompt's
+// KV are allocated (the window pool's trimmed to what the next query reads), the sequence waits
+// outside the queues while the driver copies the blocks (a kKvPull batch), and adopted() makes
+// it a running sequence whose next step computes the first token's KV and samples the second —
+// or ends it with the copy's error, or with a cancel / stop / deadline that came meanwhile
+// (blocks a copy is still writing are never handed out again before adopted()). From there it
+// is an ordinary sequence (a preemption recomputes its tokens on the decode side).
+//
 // Threads: not thread-safe; one owner (the driver calls it under its mutex).
 
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -108,6 +123,9 @@ struct LlmSchedulerOptions {
   // every other step (measured on the H200 at 64 constrained streams: the batch splits into two
   // alternating halves, inter-token latency 16.8 vs 9.4 ms unconstrained; [TAG_CONSTRAINED_SYNC]).
   bool constrained_overlap = false;
+  // [TAG_DISAGG] The prefill side of disaggregation: hand sequences off after their first
+  // token (see the header comment).
+  bool handoff = false;
   // Late masks [TAG_LATE_MASKS]: with async_steps and a worker that announces
   // shm::kLlmCapLateMask, constrained sequences are planned ahead like the others; the masks of
   // such a step are filled (fillLateMasks()) once the step before has returned and handed to the
@@ -178,9 +196,28 @@ struct StepPlan {
 };
 
 // An event of sequence `id`'s stream (see GenerateEvent: zero or more tokens, then one last).
+// handoff [TAG_DISAGG]: not a stream event — the sequence was parked for takeHandoff().
 struct SeqEvent {
   SeqId id = 0;
   GenerateEvent event;
+  bool handoff = false;
+};
+
+// A sequence leaving a prefill scheduler for a decode one [TAG_DISAGG].
+struct SeqHandoff {
+  GenerateParams params;        // the prompt moved into `tokens`
+  std::vector<int32_t> tokens;  // the prompt, then the generated token(s)
+  uint32_t prompt_len = 0;
+  uint32_t generated = 0;
+  uint32_t cached_prompt = 0;
+  uint32_t index = 0;  // the choice
+  std::shared_ptr<grammar::ConstrainedDecoder> decoder;  // advanced past the generated tokens
+  int64_t arrival_ns = 0;
+  int64_t first_sched_ns = 0;
+  // Its blocks on the prefill worker: KV of positions [0, prompt_len) (plus, with a window pool,
+  // the window table, -1 where dropped; empty without one).
+  std::vector<int32_t> table;
+  std::vector<int32_t> window;
 };
 
 struct LlmStats {
@@ -276,6 +313,28 @@ class LlmStepScheduler {
   // that the next schedule() forms it again. Blocks it allocated stay with their sequences.
   void retract(const StepPlan& plan);
 
+  // [TAG_DISAGG] Prefill side: the state of a sequence a handoff event named (nullopt for any
+  // other id); it stays parked, its blocks held, until releaseHandoff(id) (no-op for an id not
+  // parked).
+  std::optional<SeqHandoff> takeHandoff(SeqId id);
+  void releaseHandoff(SeqId id);
+  uint32_t parked() const { return static_cast<uint32_t>(parked_.size()); }
+  // [TAG_DISAGG] Decode side: takes `h` (tokens, counts and block tables of the prefill worker)
+  // with blocks for its prompt's KV. RESOURCE_EXHAUSTED (nothing changed) while the running set
+  // is full or blocks are short — try again after a step; UNAVAILABLE while configure() is
+  // needed. The sequence (id returned) waits outside the queues; `pairs` / `window_pairs` get
+  // the (prefill block, decode block) pairs to copy, window pairs only where both tables hold a
+  // block the next query reads (INTERNAL, nothing changed, when the prefill side dropped one).
+  Result<SeqId> adopt(SeqHandoff h, int64_t now_ns, std::vector<int32_t>* pairs,
+                      std::vector<int32_t>* window_pairs);
+  // The copy into an adopted sequence's blocks completed with `copy`: it runs from the next
+  // plan; or it ends (the copy's error; a cancel, stop or deadline that came meanwhile).
+  void adopted(SeqId id, const Status& copy, int64_t now_ns);
+  // Undoes adopt() (the copy never reached the worker): its blocks are free again and `id`
+  // unknown; the caller adopts the same state again later.
+  void unadopt(SeqId id);
+  uint32_t adopting() const { return adopting_; }
+
   // Events formed since the last call, in order.
   std::vector<SeqEvent> takeEvents();
   bool hasEvents() const { return !events_.empty(); }
@@ -314,6 +373,12 @@ class LlmStepScheduler {
     bool running = false;
     int32_t state_slot = -1;   // [TAG_LLM_SAMPLER_STATE] while running and needing one
     bool state_sent = false;   // its reload is in a plan of this admission
+    // [TAG_DISAGG] parked: handed off (prefill side), blocks held; adopting: its blocks are
+    // being copied in (decode side); end: what ends it once adopted() comes (none: OK status).
+    bool parked = false;
+    bool adopting = false;
+    FinishReason end_reason = FinishReason::kNone;
+    Status end_status;
     int64_t arrival_ns = 0;
     int64_t first_sched_ns = 0;
     // Structured outputs [TAG_TOKEN_MASK]: a constrained sequence is never planned ahead of its
@@ -358,6 +423,11 @@ class LlmStepScheduler {
   // `position` (a block boundary) reads before it.
   bool windowBlocksHeld(SeqId id, uint32_t position) const;
   void finish(Seq& s, Status st, FinishReason why, int32_t token, int64_t now_ns);
+  // [TAG_DISAGG] Parks running `s` for its handoff (update(), after its first token).
+  void park(Seq& s);
+  // [TAG_DISAGG] True when `s` is parked (nothing to end here) or adopting (recorded, ended by
+  // adopted()); false: end it now.
+  bool deferEnd(Seq& s, const Status& st, FinishReason why);
   void failRunning(const Status& st, int64_t now_ns);
   void releaseStateSlot(Seq& s);
   // Words of s's sampler-state reload (0 when it needs none or has sent it).
@@ -375,6 +445,8 @@ class LlmStepScheduler {
   std::vector<int32_t> free_state_slots_;  // [TAG_LLM_SAMPLER_STATE]
   std::deque<SeqId> waiting_;
   std::vector<SeqId> running_;  // admission order
+  std::vector<SeqId> parked_;   // [TAG_DISAGG] handed off, blocks held
+  uint32_t adopting_ = 0;       // [TAG_DISAGG] adopted, copy in flight
   uint64_t waiting_tokens_ = 0;
   std::deque<InFlight> in_flight_;
   std::vector<SeqEvent> events_;

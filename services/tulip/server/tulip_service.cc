@@ -218,7 +218,7 @@ void fillTimings(const EmbedJob& job, uint64_t total_us, v1::Timings* t) {
 // scheduler (the last event of every choice) are done with it.
 class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateChunk> {
  public:
-  GenerateReactor(LlmScheduler& sched, std::string request_id, uint32_t n)
+  GenerateReactor(LlmFrontend& sched, std::string request_id, uint32_t n)
       : sched_(sched),
         request_id_(std::move(request_id)),
         t0_(std::chrono::steady_clock::now()),
@@ -411,7 +411,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateChunk>
     if (refs_.fetch_sub(1) == 1) delete this;
   }
 
-  LlmScheduler& sched_;
+  LlmFrontend& sched_;
   const std::string request_id_;
   const std::chrono::steady_clock::time_point t0_;
   const uint32_t n_;  // choices (GenerateRequest.n)
@@ -432,7 +432,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateChunk>
 
 }  // namespace
 
-TulipService::TulipService(EmbedScheduler& scheduler, LlmScheduler& llm, Worker& worker,
+TulipService::TulipService(EmbedScheduler& scheduler, LlmFrontend& llm, Worker& worker,
                            ServiceOptions opts)
     : scheduler_(scheduler), llm_(llm), worker_(worker), opts_(std::move(opts)) {}
 

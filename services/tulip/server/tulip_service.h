@@ -38,7 +38,7 @@ struct ServiceOptions {
 
 class TulipService final : public garden::v1::Tulip::CallbackService {
  public:
-  TulipService(EmbedScheduler& scheduler, LlmScheduler& llm, Worker& worker, ServiceOptions opts);
+  TulipService(EmbedScheduler& scheduler, LlmFrontend& llm, Worker& worker, ServiceOptions opts);
 
   grpc::ServerUnaryReactor* Embed(grpc::CallbackServerContext* ctx,
                                   const garden::v1::EmbedRequest* req,
@@ -68,7 +68,7 @@ class TulipService final : public garden::v1::Tulip::CallbackService {
   grpc::Status authorize(const grpc::CallbackServerContext* ctx) const;
 
   EmbedScheduler& scheduler_;
-  LlmScheduler& llm_;
+  LlmFrontend& llm_;
   Worker& worker_;
   const ServiceOptions opts_;
   // Compiled grammars by grammar hash [TAG_TOKEN_MASK].

@@ -97,6 +97,7 @@ Status ShmWorker::trySubmit(WorkBatch batch, WorkDone done) {
   // so the analysis sees where it may be called; below the lock it reads last_failure_.
   if (!ready()) return workerDown(lastFailure());
   if (opts_.test_before_submit_lock) opts_.test_before_submit_lock();
+  if (batch.kind == shm::BatchKind::kKvPull) return submitPull(std::move(batch), std::move(done));
   const bool generate = batch.kind == shm::BatchKind::kGenerate;
   if (generate ? batch.llm_seqs.empty() : batch.seq_lens.empty())
     return invalidArgument("empty batch");
@@ -189,6 +190,49 @@ Status ShmWorker::trySubmit(WorkBatch batch, WorkDone done) {
       return deliverLateMasks(slot, id, off, words, masks);
     };
   }
+  return okStatus();
+}
+
+// [TAG_KV_PULL] A KvPullDesc at offset 0, the pairs after it (common/shm/llm_batch.h).
+Status ShmWorker::submitPull(WorkBatch batch, WorkDone done) {
+  const uint64_t entries = batch.block_ids.size();
+  if (entries == 0 || entries % 2 != 0 || batch.kv_window_pairs * 2ull > entries ||
+      batch.kv_source.empty() || batch.kv_source.size() >= sizeof(shm::KvPullDesc::source)) {
+    return invalidArgument("kv pull: pairs and a source name are required");
+  }
+  const uint64_t pairs_off = shm::llmAlignUp(sizeof(shm::KvPullDesc));
+  const uint64_t need = pairs_off + entries * sizeof(int32_t);
+  MutexLock l(mu_);
+  if (!channel_ || !ready()) return workerDown(last_failure_);
+  if (need > channel_->layout().input_bytes) {
+    return invalidArgument("kv pull of " + std::to_string(entries / 2) +
+                           " blocks does not fit the channel's input arena");
+  }
+  uint32_t slot = 0;
+  while (slot < slots_.size() && slots_[slot].busy) ++slot;
+  if (slot == slots_.size()) return failedPrecondition("no free slot");
+  auto arena = channel_->inputArena(slot);
+  shm::KvPullDesc pd;
+  std::memcpy(pd.source, batch.kv_source.data(), batch.kv_source.size());
+  pd.source_pid = batch.kv_source_pid;
+  pd.num_window_pairs = batch.kv_window_pairs;
+  pd.num_pairs = static_cast<uint32_t>(entries / 2) - batch.kv_window_pairs;
+  std::memcpy(arena.data(), &pd, sizeof(pd));
+  std::memcpy(arena.data() + pairs_off, batch.block_ids.data(), entries * sizeof(int32_t));
+  shm::BatchDesc d;
+  d.batch_id = next_batch_id_++;
+  d.slot = slot;
+  d.kind = shm::BatchKind::kKvPull;
+  d.seqs_offset = 0;
+  d.blocks_offset = pairs_off;
+  d.num_blocks = static_cast<uint32_t>(entries);
+  d.deadline_ns = batch.deadline_ns;
+  std::strncpy(d.request_id, batch.request_id.c_str(), sizeof(d.request_id) - 1);
+  if (!channel_->trySubmit(d)) {
+    return unavailable("rose's submission ring is full although slot " + std::to_string(slot) +
+                       " is free: the worker completes batches it has not taken; retry shortly");
+  }
+  slots_[slot] = Inflight{true, d.batch_id, std::move(done), shm::monotonicNowNs(), batch.kind};
   return okStatus();
 }
 

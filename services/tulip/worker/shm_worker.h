@@ -89,6 +89,7 @@ class ShmWorker final : public Worker {
   // Observability.
   uint64_t restarts() const { return restarts_.load(); }
   pid_t workerPid() const { return worker_pid_.load(); }
+  int32_t pid() const override { return static_cast<int32_t>(worker_pid_.load()); }
   // Takes mu_: never call it with mu_ held (a locked path reads last_failure_ itself).
   std::string lastFailure() const override EXCLUDES(mu_);
 
@@ -107,6 +108,8 @@ class ShmWorker final : public Worker {
     uint64_t tokens = 0;
   };
 
+  // trySubmit of a kKvPull batch [TAG_KV_PULL].
+  Status submitPull(WorkBatch batch, WorkDone done) EXCLUDES(mu_);
   // LateMasks::deliver of the step in `slot` [TAG_LATE_MASKS].
   bool deliverLateMasks(uint32_t slot, uint64_t batch_id, uint64_t offset, uint64_t words,
                         std::span<const uint32_t> masks) EXCLUDES(mu_);

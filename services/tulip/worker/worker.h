@@ -52,6 +52,12 @@ struct WorkBatch {
   int32_t score_no = -1;
   int64_t deadline_ns = 0;  // CLOCK_MONOTONIC, 0 = none
   std::string request_id;   // of the batch's first request, for rose's log line
+  // kKvPull [TAG_KV_PULL] (common/shm/llm_batch.h): copy blocks of the export `kv_source`
+  // (written by process kv_source_pid) into this worker's cache; block_ids holds the (src, dst)
+  // pairs, the full pool's first, then kv_window_pairs pairs of the window pool.
+  std::string kv_source;
+  int32_t kv_source_pid = 0;
+  uint32_t kv_window_pairs = 0;
 };
 
 // The batch's result. `rows` points into the worker's output arena and is valid only during the
@@ -90,6 +96,8 @@ class Worker {
   // Maximum batches in flight, and how many are in flight now.
   virtual uint32_t depth() const = 0;
   virtual uint32_t inflight() const = 0;
+  // The worker process's pid (0: unknown or not a process) [TAG_KV_PULL].
+  virtual int32_t pid() const { return 0; }
   // Capacity of one batch's input/output in the channel (tokens + sequences, output floats).
   virtual uint64_t maxBatchInts() const = 0;
   virtual uint64_t maxBatchFloats() const = 0;

@@ -88,6 +88,22 @@ class Sim {
     return *id;
   }
   SeqId id(char name) { return ids_.at(name); }
+  // [TAG_DISAGG] Decode side: adopts `h` as `name`; the pairs to copy (or the error).
+  Result<SeqId> adopt(char name, SeqHandoff h, std::vector<int32_t>* pairs,
+                      std::vector<int32_t>* window_pairs) {
+    auto id = s_.adopt(std::move(h), tick(), pairs, window_pairs);
+    if (id.isOk()) {
+      names_[*id] = name;
+      ids_[name] = *id;
+    }
+    check();
+    return id;
+  }
+  std::string adopted(char name, const Status& copy) {
+    s_.adopted(id(name), copy, tick());
+    check();
+    return events();
+  }
 
   // Plans the next step; its rendering, or "-" for none.
   std::string schedule() {
@@ -144,6 +160,7 @@ class Sim {
     std::string out;
     for (const SeqEvent& e : s_.takeEvents()) {
       std::string one(1, names_.at(e.id));
+      if (e.handoff) one += " handoff";  // [TAG_DISAGG]
       if (e.event.token >= 0) one += "=" + std::to_string(e.event.token);
       if (e.event.last) {
         if (!e.event.status.isOk())
@@ -177,7 +194,8 @@ class Sim {
     if (!kv) return;
     Status st = kv->checkInvariants();
     EXPECT_TRUE(st.isOk()) << st.toString();
-    EXPECT_EQ(kv->numSeqs(), s_.running().size());
+    // Parked (handed off) and adopting sequences hold blocks too [TAG_DISAGG].
+    EXPECT_EQ(kv->numSeqs(), s_.running().size() + s_.parked() + s_.adopting());
     for (SeqId id : s_.waiting()) EXPECT_FALSE(kv->hasSeq(id)) << "waiting seq holds blocks";
     for (SeqId id : s_.running()) {
       const auto& st2 = s_.seq(id);
@@ -1492,6 +1510,186 @@ TEST(StepScheduler, StrictToolCallBodiesCarryMasksAndFreeTextDoesNot) {
   }
   EXPECT_EQ(step(kMessage), V{});       // the header to functions.f is complete ...
   EXPECT_EQ(step(34), (V{30, 34}));     // ... so the next token is masked again
+}
+
+
+// ---- Prefill/decode disaggregation [TAG_DISAGG] ------------------------------------------------
+
+LlmSchedulerOptions prefillSide(bool two_steps) {
+  LlmSchedulerOptions o = two_steps ? async() : sync();
+  o.handoff = true;
+  return o;
+}
+
+// The prefill side streams the first token, then parks the sequence with its blocks: nothing
+// more is planned for it, a cancel reaching it is for the decode side, and its blocks are freed
+// (full ones into the prefix cache) only by releaseHandoff.
+TEST(StepSchedulerDisagg, PrefillSideHandsOffAfterTheFirstToken) {
+  for (bool two_steps : {false, true}) {
+    SCOPED_TRACE(two_steps ? "two steps in flight" : "one step");
+    Sim sim(prefillSide(two_steps), limits(8, 4, 32));
+    GenerateParams p = gp(range(10), 5);
+    p.sampling.temperature = 0.7f;
+    sim.add('A', p);
+    sim.add('B', gp(range(3, 40), 5));
+    ASSERT_EQ(sim.schedule(), "A@0+10* [0 1 2]; B@0+3* [3]");
+    EXPECT_EQ(sim.schedule(), "-");  // nothing after a first token, even planned ahead
+    EXPECT_EQ(sim.complete({20, 21}), "A=20, A handoff, B=21, B handoff");
+    EXPECT_EQ(sim.schedule(), "-");
+    EXPECT_EQ(sim.sched().parked(), 2u);
+    EXPECT_TRUE(sim.sched().running().empty());
+    EXPECT_EQ(sim.freeQueue(), "4 5 6 7");
+    EXPECT_EQ(sim.cancel('A'), "");  // its stream is the decode side's now
+    std::optional<SeqHandoff> h = sim.sched().takeHandoff(sim.id('A'));
+    ASSERT_TRUE(h.has_value());
+    EXPECT_EQ(h->tokens.size(), 11u);
+    EXPECT_EQ(h->tokens.back(), 20);
+    EXPECT_EQ(h->prompt_len, 10u);
+    EXPECT_EQ(h->generated, 1u);
+    EXPECT_EQ(h->params.max_tokens, 5u);
+    EXPECT_FLOAT_EQ(h->params.sampling.temperature, 0.7f);
+    EXPECT_EQ(h->table, (std::vector<int32_t>{0, 1, 2}));
+    EXPECT_TRUE(h->window.empty());
+    EXPECT_FALSE(sim.sched().takeHandoff(sim.id('A') + 100).has_value());
+    sim.sched().releaseHandoff(sim.id('A'));
+    sim.check();
+    // The two full prompt blocks are cached (at the back); the partly filled one is free first.
+    EXPECT_EQ(sim.freeQueue(), "2 4 5 6 7 1c 0c");
+    sim.sched().releaseHandoff(sim.id('B'));
+    sim.sched().releaseHandoff(sim.id('B'));  // twice: no-op
+    sim.check();
+    EXPECT_EQ(sim.sched().parked(), 0u);
+    EXPECT_EQ(sim.sched().stats().generated_tokens, 2u);
+  }
+}
+
+// A first token that ends the sequence (eos, a stop token, max_tokens 1) ends it on the prefill
+// side: no handoff.
+TEST(StepSchedulerDisagg, AFirstTokenThatEndsTheSequenceIsNoHandoff) {
+  Sim sim(prefillSide(false), limits(8, 4, 32));
+  sim.add('A', gp(range(4), 5));
+  sim.add('B', gp(range(4, 30), 1));
+  GenerateParams c = gp(range(4, 50), 5);
+  c.stop_token_ids = {99};
+  sim.add('C', c);
+  ASSERT_EQ(sim.schedule(), "A@0+4* [0]; B@0+4* [1]; C@0+4* [2]");
+  EXPECT_EQ(sim.complete({kEos, 7, 99}), "A=2 stop, B=7 length, C=99 stop");
+  EXPECT_EQ(sim.sched().parked(), 0u);
+  EXPECT_EQ(sim.freeQueue(), "3 4 5 6 7 0c 1c 2c");
+}
+
+SeqHandoff handoffOf(std::vector<int32_t> prompt, int32_t first, uint32_t max_tokens,
+                     std::vector<int32_t> table) {
+  SeqHandoff h;
+  h.params = gp({}, max_tokens);
+  h.tokens = std::move(prompt);
+  h.prompt_len = static_cast<uint32_t>(h.tokens.size());
+  h.tokens.push_back(first);
+  h.generated = 1;
+  h.cached_prompt = 4;
+  h.table = std::move(table);
+  h.arrival_ns = 1000;
+  h.first_sched_ns = 2000;
+  return h;
+}
+
+// The decode side takes a handed-off sequence: blocks for its prompt's KV (the pairs to copy),
+// nothing planned while the copy runs, then its first token at position prompt_len and the rest
+// of its stream; usage counts the prompt and every generated token (the first one included).
+TEST(StepSchedulerDisagg, DecodeSideAdoptsCopiesThenContinues) {
+  Sim sim(sync(), limits(8, 4, 32));
+  sim.add('X', gp(range(5, 60), 2));  // an ordinary request first: blocks 0 1
+  ASSERT_EQ(sim.schedule(), "X@0+5* [0 1]");
+  std::vector<int32_t> pairs, wpairs;
+  auto id = sim.adopt('A', handoffOf(range(10), 20, 4, {7, 3, 5}), &pairs, &wpairs);
+  ASSERT_TRUE(id.isOk()) << id.status().toString();
+  EXPECT_EQ(pairs, (std::vector<int32_t>{7, 2, 3, 3, 5, 4}));
+  EXPECT_TRUE(wpairs.empty());
+  EXPECT_EQ(sim.sched().adopting(), 1u);
+  EXPECT_EQ(sim.complete({30}), "X=30");
+  ASSERT_EQ(sim.schedule(), "X@5+1* [0 1]");  // A waits for its copy
+  EXPECT_EQ(sim.adopted('A', okStatus()), "");
+  EXPECT_EQ(sim.complete({31}), "X=31 length");
+  ASSERT_EQ(sim.schedule(), "A@10+1* [2 3 4]");
+  EXPECT_EQ(sim.tokens(), (std::vector<int32_t>{20}));
+  EXPECT_EQ(sim.complete({21}), "A=21");
+  ASSERT_EQ(sim.schedule(), "A@11+1* [2 3 4]");
+  EXPECT_EQ(sim.complete({22}), "A=22");
+  // X's partly filled block came free first (its full one stays cached).
+  ASSERT_EQ(sim.schedule(), "A@12+1* [2 3 4 1]");
+  EXPECT_EQ(sim.complete({23}), "A=23 length");
+  const GenerateEvent& last = sim.lastEvent('A');
+  EXPECT_EQ(last.prompt_tokens, 10u);
+  EXPECT_EQ(last.cached_prompt_tokens, 4u);
+  EXPECT_EQ(last.completion_tokens, 4u);
+  EXPECT_GT(last.total_us, 0u);
+  EXPECT_EQ(sim.sched().adopting(), 0u);
+}
+
+// Ends that come while the copy runs wait for it (its blocks may still be written), then end
+// the sequence; a failed copy ends it with the error; unadopt() undoes an adopt that never
+// reached the worker; a full running set or cache is RESOURCE_EXHAUSTED, changing nothing.
+TEST(StepSchedulerDisagg, EndsDuringTheCopyFailedCopiesAndNoRoom) {
+  Sim sim(sync(64, 2), limits(6, 4, 32));
+  std::vector<int32_t> pairs, wpairs;
+  ASSERT_TRUE(sim.adopt('A', handoffOf(range(6), 20, 8, {0, 1}), &pairs, &wpairs).isOk());
+  ASSERT_TRUE(sim.adopt('B', handoffOf(range(6), 21, 8, {2, 3}), &pairs, &wpairs).isOk());
+  // The running set (2) is full with the two adopting.
+  auto full = sim.sched().adopt(handoffOf(range(2), 22, 8, {4}), 0, &pairs, &wpairs);
+  EXPECT_EQ(full.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(sim.cancel('A'), "");
+  EXPECT_EQ(sim.stop('B'), "");
+  EXPECT_EQ(sim.freeQueue(), "4 5");
+  EXPECT_EQ(sim.adopted('A', okStatus()), "A cancelled");
+  EXPECT_EQ(sim.adopted('B', okStatus()), "B stop");
+  EXPECT_EQ(sim.lastEvent('B').completion_tokens, 1u);
+  ASSERT_TRUE(sim.adopt('C', handoffOf(range(6), 23, 8, {0, 1}), &pairs, &wpairs).isOk());
+  EXPECT_EQ(sim.adopted('C', unavailable("rose worker is restarting")), "C UNAVAILABLE");
+  ASSERT_TRUE(sim.adopt('D', handoffOf(range(6), 24, 8, {0, 1}), &pairs, &wpairs).isOk());
+  EXPECT_EQ(sim.adopted('D', invalidArgument("kv handoff: pair 0: ...")), "D INTERNAL");
+  EXPECT_NE(sim.lastEvent('D').status.message().find("handoff to the decode worker failed"),
+            std::string::npos);
+  // No blocks for 30 tokens (8 blocks) in a cache of 6.
+  auto big = sim.sched().adopt(handoffOf(range(30), 25, 8, {0, 1, 2, 3, 4, 5, 6, 7}), 0, &pairs,
+                               &wpairs);
+  EXPECT_EQ(big.status().code(), StatusCode::kResourceExhausted);
+  ASSERT_TRUE(sim.adopt('E', handoffOf(range(6), 26, 8, {0, 1}), &pairs, &wpairs).isOk());
+  sim.sched().unadopt(sim.id('E'));
+  sim.check();
+  EXPECT_EQ(sim.sched().adopting(), 0u);
+  EXPECT_EQ(sim.schedule(), "-");
+  EXPECT_EQ(sim.freeQueue().size(), std::string("x x x x x x").size());
+  // A deadline that passed during the copy.
+  SeqHandoff late = handoffOf(range(6), 27, 8, {0, 1});
+  late.params.deadline_ns = 1;
+  ASSERT_TRUE(sim.adopt('F', std::move(late), &pairs, &wpairs).isOk());
+  EXPECT_EQ(sim.adopted('F', okStatus()), "F DEADLINE_EXCEEDED");
+}
+
+// With a window pool the decode side copies only the window blocks the next query reads.
+TEST(StepSchedulerDisagg, WindowPoolsCopyWhatTheNextQueryReads) {
+  LlmWorkerLimits l = limits(16, 4, 64);
+  l.kv_num_blocks_window = 16;
+  l.kv_window = 8;
+  Sim sim(sync(), l);
+  SeqHandoff h = handoffOf(range(14), 20, 8, {9, 8, 7, 6});
+  h.window = {-1, 11, 12, 13};
+  std::vector<int32_t> pairs, wpairs;
+  ASSERT_TRUE(sim.adopt('A', h, &pairs, &wpairs).isOk());
+  EXPECT_EQ(pairs, (std::vector<int32_t>{9, 0, 8, 1, 7, 2, 6, 3}));
+  // Position 14's query reads keys 7..14: blocks 1..3 of the window table.
+  ASSERT_EQ(wpairs.size(), 6u);
+  EXPECT_EQ(wpairs[0], 11);
+  EXPECT_EQ(wpairs[2], 12);
+  EXPECT_EQ(wpairs[4], 13);
+  EXPECT_EQ(sim.adopted('A', okStatus()), "");
+  ASSERT_EQ(sim.schedule(), "A@14+1* [0 1 2 3]");
+  // The prefill side dropped a block the query reads: refused, nothing held.
+  SeqHandoff bad = handoffOf(range(14), 20, 8, {9, 8, 7, 6});
+  bad.window = {-1, -1, 12, 13};
+  auto r = sim.sched().adopt(std::move(bad), 0, &pairs, &wpairs);
+  EXPECT_EQ(r.status().code(), StatusCode::kInternal);
+  sim.check();
 }
 
 }  // namespace
