@@ -112,7 +112,7 @@ int main(int argc, char** argv) {
   uint32_t progress_timeout_ms = 2500;
   std::vector<std::string> rose_extra;
   bool disaggregate = false;  // [TAG_DISAGG]
-  std::vector<std::string> prefill_extra;
+  std::vector<std::string> prefill_extra, decode_extra;
 
   Flags flags("tulip", "Garden scheduler: gRPC in, batches to a rose worker over shared memory");
   flags.add("host", &host,
@@ -140,7 +140,9 @@ int main(int argc, char** argv) {
            "from it and generates the rest. cpu backend for now; not with --attach")
       .add("prefill-rose-arg", &prefill_extra,
            "with --disaggregate: extra argument for the prefill rose only (repeatable; after "
-           "the --rose-arg ones)")
+           "the --rose-arg ones; rose refuses a flag given twice)")
+      .add("decode-rose-arg", &decode_extra,
+           "with --disaggregate: extra argument for the decode (main) rose only (repeatable)")
       .add("depth", &depth, "batches in flight (pipeline depth = channel slots)")
       .add("max-batch-tokens", &max_batch_tokens, "token budget of one batch")
       .add("max-batch-seqs", &max_batch_seqs, "sequence cap of one batch")
@@ -243,8 +245,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "tulip: --disaggregate starts both roses itself: not with --attach\n");
     return 2;
   }
-  if (!prefill_extra.empty() && !disaggregate) {
-    std::fprintf(stderr, "tulip: --prefill-rose-arg needs --disaggregate\n");
+  if ((!prefill_extra.empty() || !decode_extra.empty()) && !disaggregate) {
+    std::fprintf(stderr, "tulip: --prefill-rose-arg and --decode-rose-arg need --disaggregate\n");
     return 2;
   }
   if (max_waiting_tokens == 0) max_waiting_tokens = queue_limit_tokens;
@@ -358,6 +360,7 @@ int main(int argc, char** argv) {
     popts.rose_args.push_back(export_name);
     popts.rose_args.insert(popts.rose_args.end(), prefill_extra.begin(), prefill_extra.end());
   }
+  wopts.rose_args.insert(wopts.rose_args.end(), decode_extra.begin(), decode_extra.end());
   auto worker = ShmWorker::start(wopts);
   if (!worker.isOk()) {
     log::error("cannot start the rose worker", {{"error", worker.status()}});

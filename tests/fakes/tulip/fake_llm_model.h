@@ -93,6 +93,25 @@ class FakeLlmEngine {
     previous_.clear();
   }
 
+  // [TAG_KV_PULL] Copies blocks (src, dst) of `src`'s cache into this one, as rose's kv pull
+  // does: INVALID_ARGUMENT for ids out of range (nothing copied).
+  Status copyBlocks(const FakeLlmEngine& src, std::span<const int32_t> pairs) {
+    if (src.block_size_ != block_size_ || pairs.size() % 2 != 0)
+      return invalidArgument("kv pull: block sizes differ or pairs are odd");
+    for (size_t i = 0; i < pairs.size(); i += 2) {
+      if (pairs[i] < 0 || uint32_t(pairs[i]) >= src.num_blocks_ || pairs[i + 1] < 0 ||
+          uint32_t(pairs[i + 1]) >= num_blocks_)
+        return invalidArgument("kv pull: pair " + std::to_string(i / 2) + " out of range");
+    }
+    for (size_t i = 0; i < pairs.size(); i += 2) {
+      for (uint32_t k = 0; k < block_size_; ++k) {
+        slots_[uint64_t(pairs[i + 1]) * block_size_ + k] =
+            src.slots_[uint64_t(pairs[i]) * block_size_ + k];
+      }
+    }
+    return okStatus();
+  }
+
  private:
   Result<std::vector<int32_t>> run(std::span<const llm::LlmStepSeq> seqs,
                                    std::span<const int32_t> tokens,

@@ -10,12 +10,17 @@
 // masks [TAG_LATE_MASKS] must have been delivered before completeNext() runs it (or refused:
 // abandon_late, as a rose that stopped waiting; the step then runs unmasked).
 //
+// Prefill/decode disaggregation [TAG_KV_PULL]: setKvExport() makes a worker's cache an export
+// other fake workers of the process can pull from (by name and pid); a worker with
+// kLlmCapKvPull takes kKvPull batches, held and run in order with its steps like rose does.
+//
 // Threads: trySubmit from the scheduler thread; complete*/accessors from the test thread;
 // LateMasks::deliver from the scheduler thread.
 
 #include <chrono>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -59,7 +64,10 @@ class FakeLlmWorker final : public Worker {
     std::lock_guard<std::mutex> l(mu_);
     if (!ready_) return workerDown(*this);
     if (held_.size() >= depth_) return failedPrecondition("no free slot");
-    if (batch.kind != shm::BatchKind::kGenerate) return invalidArgument("not a kGenerate batch");
+    const bool pull = batch.kind == shm::BatchKind::kKvPull &&
+                      (facts_.llm_caps & shm::kLlmCapKvPull) != 0;
+    if (batch.kind != shm::BatchKind::kGenerate && !pull)
+      return invalidArgument("not a kGenerate batch");
     const uint64_t id = ++next_id_;
     if (batch.late_masks) {
       batch.late_masks->deliver = [this, id](std::span<const uint32_t> masks) {
@@ -100,6 +108,9 @@ class FakeLlmWorker final : public Worker {
     std::vector<int32_t> ids;
     if (!fail.isOk()) {
       r.status = fail;
+    } else if (h.batch.kind == shm::BatchKind::kKvPull) {  // [TAG_KV_PULL]
+      r.status = pull(h.batch);
+      if (!r.status.isOk()) errors_.push_back(r.status.toString());
     } else {
       // The masks the draws honour: the step's own, or the late ones once delivered.
       const std::vector<uint32_t>& masks = h.batch.late_masks ? h.late : h.batch.masks;
@@ -118,7 +129,9 @@ class FakeLlmWorker final : public Worker {
           if (allowed(t)) return static_cast<int32_t>(t);
         return id;
       };
+      std::unique_lock<std::mutex> el(engine_mu_);
       auto res = engine_.step(h.batch.llm_seqs, h.batch.tokens, h.batch.block_ids, pick);
+      el.unlock();
       if (!res.isOk()) {
         r.status = res.status();
         errors_.push_back(res.status().toString());
@@ -155,6 +168,29 @@ class FakeLlmWorker final : public Worker {
     return true;
   }
 
+  // [TAG_KV_PULL] This worker's cache is the export `name` of process `pid`.
+  void setKvExport(const std::string& name, int32_t pid) {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      std::snprintf(facts_.kv_export, sizeof(facts_.kv_export), "%s", name.c_str());
+      pid_ = pid;
+    }
+    std::lock_guard<std::mutex> g(exportsMu());
+    exports()[name] = this;
+  }
+  ~FakeLlmWorker() override {
+    std::lock_guard<std::mutex> g(exportsMu());
+    for (auto it = exports().begin(); it != exports().end();) {
+      it = it->second == this ? exports().erase(it) : std::next(it);
+    }
+  }
+  int32_t pid() const override { return pid_; }
+  // Pulls run so far, and the blocks they copied.
+  uint64_t pulls() const {
+    std::lock_guard<std::mutex> l(mu_);
+    return pulls_;
+  }
+
   void setLlmCaps(uint32_t caps) {
     std::lock_guard<std::mutex> l(mu_);
     facts_.llm_caps = caps;
@@ -168,7 +204,10 @@ class FakeLlmWorker final : public Worker {
 
   void setReady(bool r) {
     ready_ = r;
-    if (!r) engine_.reset();  // a restarted worker has an empty cache
+    if (!r) {  // a restarted worker has an empty cache
+      std::lock_guard<std::mutex> el(engine_mu_);
+      engine_.reset();
+    }
     if (on_change_) on_change_();
   }
   // The worker went down for `reason` (what lastFailure() reports from now on).
@@ -196,6 +235,39 @@ class FakeLlmWorker final : public Worker {
     bool abandoned = false;
     std::vector<uint32_t> late;
   };
+  // [TAG_KV_PULL] The exports of this process, by name.
+  static std::mutex& exportsMu() {
+    static std::mutex m;
+    return m;
+  }
+  static std::map<std::string, FakeLlmWorker*>& exports() {
+    static std::map<std::string, FakeLlmWorker*> m;
+    return m;
+  }
+  Status pull(const WorkBatch& b) {
+    FakeLlmWorker* src = nullptr;
+    {
+      std::lock_guard<std::mutex> g(exportsMu());
+      auto it = exports().find(b.kv_source);
+      if (it != exports().end()) src = it->second;
+    }
+    if (src == nullptr) return failedPrecondition("no kv export named " + b.kv_source);
+    if (src->pid() != b.kv_source_pid) return failedPrecondition("kv export of another pid");
+    if (b.kv_window_pairs != 0) return invalidArgument("the fake has no window pool");
+    // The source's cache is read under its lock (its steps may run meanwhile on other blocks).
+    std::lock_guard<std::mutex> sl(src->engine_mu_);
+    std::lock_guard<std::mutex> dl(engine_mu_);
+    Status st = engine_.copyBlocks(src->engine_, b.block_ids);
+    if (st.isOk()) {
+      std::lock_guard<std::mutex> l(mu_);
+      ++pulls_;
+    }
+    return st;
+  }
+  int32_t pid_ = 0;
+  uint64_t pulls_ = 0;
+  // Guards engine_ against a pull reading it while this worker runs a step.
+  std::mutex engine_mu_;
   uint64_t next_id_ = 0;
   uint64_t late_delivered_ = 0;
   mutable std::mutex mu_;

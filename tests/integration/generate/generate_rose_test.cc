@@ -2,7 +2,10 @@
 // generator, cpu backend): every greedy stream — batched with others, prefilled in chunks under
 // a small token budget, served from the prefix cache, preempted on a tiny KV cache — equals rose's
 // own greedy continuation computed directly in this process (the same model, one sequence,
-// whole context recomputed per token, no paging tricks).
+// whole context recomputed per token, no paging tricks). The same with prefill/decode
+// disaggregation (tulip --disaggregate, [TAG_DISAGG]): a prefill rose runs the prompts and
+// samples the first token, the decode rose copies each sequence's KV blocks from the prefill
+// rose's export and generates the rest — the streams must not change.
 #include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
@@ -92,8 +95,10 @@ class GenerateRose : public ::testing::Test {
     return out;
   }
 
-  // window_blocks: rose's --kv-window-blocks (-1: its default, auto on the cpu).
-  void startTulip(int kv_blocks, int window_blocks = -1) {
+  // window_blocks: rose's --kv-window-blocks (-1: its default, auto on the cpu); disaggregate:
+  // tulip --disaggregate (two roses).
+  void startTulip(int kv_blocks, int window_blocks = -1, bool disaggregate = false,
+                  std::vector<std::string> extra = {}) {
     port_ = testing::freePort();
     metrics_port_ = testing::freePort();
     std::vector<std::string> argv =
@@ -103,13 +108,18 @@ class GenerateRose : public ::testing::Test {
         {"--max-batch-tokens", "16", "--max-num-seqs", "4", "--rose-threads", "1",
          // the preemption test pauses rose for a moment, steps in flight
          "--heartbeat-timeout-ms", "120000", "--progress-timeout-ms", "120000",
-         "--rose-arg=--kv-blocks", "--rose-arg=" + std::to_string(kv_blocks),
          "--rose-arg=--kv-block-size", "--rose-arg=" + std::to_string(kBlock),
          "--rose-arg=--max-model-len", "--rose-arg=128", "--rose-arg=--max-seqs", "--rose-arg=4"});
+    if (kv_blocks > 0) {  // else the extra arguments size each rose
+      argv.insert(argv.end(),
+                  {"--rose-arg=--kv-blocks", "--rose-arg=" + std::to_string(kv_blocks)});
+    }
     if (window_blocks >= 0) {
       argv.insert(argv.end(),
                   {"--rose-arg=--kv-window-blocks", "--rose-arg=" + std::to_string(window_blocks)});
     }
+    if (disaggregate) argv.push_back("--disaggregate");
+    argv.insert(argv.end(), extra.begin(), extra.end());
     tulip_ = std::make_unique<testing::Process>(
         argv, dir_->path() + "/tulip-" + std::to_string(port_) + ".log");
     auto t0 = std::chrono::steady_clock::now();
@@ -146,19 +156,29 @@ class GenerateRose : public ::testing::Test {
     std::vector<int32_t> tokens;
     v1::GenerateChunk last;
   };
-  Out generate(const std::vector<int32_t>& p, uint32_t n) {
+  // choices > 1: every choice's tokens appended in arrival order (greedy choices are equal, so
+  // the test compares per-choice streams through `per_choice`).
+  Out generate(const std::vector<int32_t>& p, uint32_t n, uint32_t choices = 1,
+               std::vector<std::vector<int32_t>>* per_choice = nullptr) {
     v1::GenerateRequest r;
     for (int32_t t : p) r.add_prompt_ids(t);
     r.set_max_tokens(n);
     r.set_ignore_eos(true);  // a random model may emit an eos id; the reference does not stop
+    if (choices > 1) r.set_n(choices);
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + 120s);
     auto reader = stub_->Generate(&ctx, r);
     Out out;
     v1::GenerateChunk c;
+    if (per_choice) per_choice->assign(choices, {});
     while (reader->Read(&c)) {
       out.tokens.insert(out.tokens.end(), c.token_ids().begin(), c.token_ids().end());
-      out.last = c;
+      if (per_choice && c.index() < choices) {
+        auto& v = (*per_choice)[c.index()];
+        v.insert(v.end(), c.token_ids().begin(), c.token_ids().end());
+      }
+      // With several choices: the last chunk of any choice (their counts are per choice).
+      if (!per_choice || c.finish_reason() != v1::FINISH_NONE) out.last = c;
     }
     out.status = reader->Finish();
     return out;
@@ -181,9 +201,13 @@ class GenerateRose : public ::testing::Test {
                c = prompt(22, 90000 + shift);
     const auto want_a = reference(a, 8), want_b = reference(b, 8), want_c = reference(c, 8);
     const std::vector<pid_t> kids = testing::childrenOf(tulip_->pid());
-    ASSERT_EQ(kids.size(), 1u);
-    testing::Paused paused(kids.front());
-    ASSERT_TRUE(paused.stopped());
+    ASSERT_EQ(kids.size(), disaggregated_ ? 2u : 1u);
+    // Every rose paused (with --disaggregate the prefill one too).
+    std::vector<std::unique_ptr<testing::Paused>> pauses;
+    for (pid_t k : kids) {
+      pauses.push_back(std::make_unique<testing::Paused>(k));
+      ASSERT_TRUE(pauses.back()->stopped());
+    }
     auto fa = std::async(std::launch::async, [&] { return generate(a, 8); });
     auto fb = std::async(std::launch::async, [&] { return generate(b, 8); });
     auto fc = std::async(std::launch::async, [&] { return generate(c, 8); });
@@ -191,7 +215,7 @@ class GenerateRose : public ::testing::Test {
       auto l = testing::tulipLoad(*stub_);
       return l && l->running_seqs() + l->waiting_seqs() == 3;
     });
-    paused.resume();
+    for (auto& p : pauses) p->resume();
     ASSERT_TRUE(all_held) << "tulip never held the three streams";
     auto oa = fa.get(), ob = fb.get(), oc = fc.get();
     ASSERT_TRUE(oa.status.ok()) << oa.status.error_message() << tulip_->log();
@@ -203,7 +227,13 @@ class GenerateRose : public ::testing::Test {
     EXPECT_GT(metric("tulip_llm_preemptions_total"), 0.0);
   }
 
+  // The labelled counter tulip_kv_handoffs_total{outcome="..."} (-1 when absent).
+  double handoffs(const std::string& outcome) {
+    return metric("tulip_kv_handoffs_total{outcome=\"" + outcome + "\"}");
+  }
+
   static testing::TempDir* dir_;
+  bool disaggregated_ = false;
   int port_ = 0, metrics_port_ = 0;
   std::unique_ptr<testing::Process> tulip_;
   std::unique_ptr<v1::Tulip::Stub> stub_;
@@ -278,6 +308,101 @@ TEST_F(GenerateRose, PreemptionOnATinyCacheStillGivesRosesContinuation) {
   v1::LoadResponse load;
   ASSERT_TRUE(stub_->Load(&ctx, v1::LoadRequest(), &load).ok());
   EXPECT_EQ(load.kv_free_blocks(), 9u);
+}
+
+// ---- Prefill/decode disaggregation [TAG_DISAGG] ------------------------------------------------
+
+// Two concurrent streams and a prefix-cache repeat through a prefill rose and a decode rose
+// (sliding layers in window pools on both, rose's cpu default): each stream equals rose's own
+// continuation; every sequence was handed over (one copy each), and once done every block of
+// both workers is free again.
+TEST_F(GenerateRose, DisaggregatedStreamsEqualRosesOwnContinuation) {
+  const auto a = prompt(20, 1000), b = prompt(27, 5000), c = prompt(9, 77);
+  const auto want_a = reference(a, 8), want_b = reference(b, 8), want_c = reference(c, 1);
+  disaggregated_ = true;
+  startTulip(64, -1, true);
+  EXPECT_EQ(testing::childrenOf(tulip_->pid()).size(), 2u) << "a prefill rose and a decode rose";
+  auto fa = std::async(std::launch::async, [&] { return generate(a, 8); });
+  auto fb = std::async(std::launch::async, [&] { return generate(b, 8); });
+  auto oa = fa.get(), ob = fb.get();
+  ASSERT_TRUE(oa.status.ok()) << oa.status.error_message() << tulip_->log();
+  ASSERT_TRUE(ob.status.ok()) << ob.status.error_message() << tulip_->log();
+  EXPECT_EQ(oa.tokens, want_a);
+  EXPECT_EQ(ob.tokens, want_b);
+  EXPECT_EQ(oa.last.finish_reason(), v1::FINISH_LENGTH);
+  EXPECT_EQ(oa.last.completion_tokens(), 8u);
+  EXPECT_EQ(oa.last.prompt_tokens(), 20u);
+  // The prefix cache lives on the prefill side: the repeat's full blocks come from it.
+  auto again = generate(a, 8);
+  ASSERT_TRUE(again.status.ok()) << again.status.error_message();
+  EXPECT_EQ(again.tokens, want_a);
+  EXPECT_EQ(again.last.cached_prompt_tokens(), 16u);
+  // One token: it ends on the prefill side (no handoff).
+  auto one = generate(c, 1);
+  ASSERT_TRUE(one.status.ok()) << one.status.error_message();
+  EXPECT_EQ(one.tokens, want_c);
+  EXPECT_EQ(handoffs("ok"), 3.0);
+  EXPECT_LE(handoffs("error"), 0.0);
+  // Both workers' blocks are free again (Load adds the two sides up: 64 each).
+  EXPECT_TRUE(testing::eventually(10s, [&] {
+    grpc::ClientContext ctx;
+    v1::LoadResponse load;
+    return stub_->Load(&ctx, v1::LoadRequest(), &load).ok() && load.kv_free_blocks() == 128u &&
+           load.running_seqs() == 0u;
+  }));
+}
+
+// Several choices (n = 3, greedy: all equal rose's continuation) are each handed over on their
+// own; three streams competing for a decode rose of 9 blocks (the prefill rose has 64) preempt
+// there (recomputed on the decode rose) and still equal rose's continuation.
+TEST_F(GenerateRose, DisaggregatedChoicesAndDecodeSidePreemption) {
+  disaggregated_ = true;
+  startTulip(0, -1, true,
+             {"--prefill-rose-arg=--kv-blocks", "--prefill-rose-arg=64",
+              "--decode-rose-arg=--kv-blocks", "--decode-rose-arg=9"});
+  const auto p = prompt(21, 4242);
+  const auto want = reference(p, 6);
+  std::vector<std::vector<int32_t>> per;
+  auto o = generate(p, 6, 3, &per);
+  ASSERT_TRUE(o.status.ok()) << o.status.error_message() << tulip_->log();
+  ASSERT_EQ(per.size(), 3u);
+  for (const auto& v : per) EXPECT_EQ(v, want);
+  EXPECT_EQ(handoffs("ok"), 3.0);
+  threeCompetingStreams(2);
+  EXPECT_EQ(handoffs("ok"), 6.0);
+}
+
+// A stream cancelled after its first token (the client goes away while the decode side runs it)
+// frees its blocks on both workers; the next request is served normally.
+TEST_F(GenerateRose, DisaggregatedCancelFreesBothSides) {
+  disaggregated_ = true;
+  startTulip(64, -1, true);
+  const auto p = prompt(12, 321);
+  {
+    v1::GenerateRequest r;
+    for (int32_t t : p) r.add_prompt_ids(t);
+    r.set_max_tokens(100);
+    r.set_ignore_eos(true);
+    grpc::ClientContext ctx;
+    auto reader = stub_->Generate(&ctx, r);
+    v1::GenerateChunk c;
+    int tokens = 0;
+    while (tokens < 2 && reader->Read(&c)) tokens += c.token_ids_size();
+    EXPECT_GE(tokens, 2);
+    ctx.TryCancel();
+    while (reader->Read(&c)) {
+    }
+    (void)reader->Finish();
+  }
+  EXPECT_TRUE(testing::eventually(20s, [&] {
+    grpc::ClientContext ctx;
+    v1::LoadResponse load;
+    return stub_->Load(&ctx, v1::LoadRequest(), &load).ok() && load.kv_free_blocks() == 128u &&
+           load.running_seqs() == 0u;
+  })) << tulip_->log();
+  auto o = generate(prompt(10, 55), 4);
+  ASSERT_TRUE(o.status.ok()) << o.status.error_message();
+  EXPECT_EQ(o.tokens, reference(prompt(10, 55), 4));
 }
 
 }  // namespace
