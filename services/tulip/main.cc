@@ -500,6 +500,7 @@ int main(int argc, char** argv) {
       const auto f = (*worker)->facts();
       if (std::string(f.kind, strnlen(f.kind, sizeof(f.kind))) == "llm") {
         auto s = llm_frontend.stats();
+        if (disagg) disagg->publishGauges();  // [TAG_DISAGG] the two sides' sums
         g_qtokens.set(static_cast<double>(s.waiting_tokens));
         g_qreqs.set(static_cast<double>(s.waiting));
         g_inflight.set(static_cast<double>(s.inflight_tokens));

@@ -13,6 +13,9 @@ DisaggLlm::DisaggLlm(LlmScheduler& prefill, Worker& prefill_worker, LlmScheduler
       prefill_worker_(prefill_worker),
       decode_(decode),
       decode_worker_(decode_worker) {
+  // The gauges are the pair's sums (publishGauges()), not whichever side published last.
+  prefill_.setPublishGauges(false);
+  decode_.setPublishGauges(false);
   prefill_.setHandoff([this](LlmHandoff h) {
     auto req = h.req;
     const uint32_t index = h.seq.index;
@@ -79,6 +82,8 @@ Status DisaggLlm::stopChoice(uint64_t call_id, uint32_t index) {
 }
 
 LlmStats DisaggLlm::stats() const { return addLlmStats(prefill_.stats(), decode_.stats()); }
+
+void DisaggLlm::publishGauges() const { publishLlmGauges(stats()); }
 
 LlmStats addLlmStats(const LlmStats& a, const LlmStats& b) {
   LlmStats s;

@@ -42,6 +42,9 @@ class DisaggLlm final : public LlmFrontend {
   // (also when that choice already ended).
   Status stopChoice(uint64_t call_id, uint32_t index) override;
   LlmStats stats() const override;
+  // Sets the LLM gauges to the two sides' sums (the schedulers leave them alone); the owner
+  // calls it periodically.
+  void publishGauges() const;
 
  private:
   LlmScheduler& prefill_;

@@ -387,9 +387,8 @@ void LlmScheduler::stop() {
   for (auto& r : releases) r();
 }
 
-void LlmScheduler::publishMetrics() {
+void publishLlmGauges(const LlmStats& s) {
   auto& m = LlmMetrics::get();
-  const LlmStats s = core_.stats();
   m.running.set(static_cast<double>(s.running));
   m.waiting.set(static_cast<double>(s.waiting));
   if (s.kv_total_blocks > 0) {
@@ -400,6 +399,17 @@ void LlmScheduler::publishMetrics() {
     m.kv_window_used.set(s.kv_window_used_blocks);
     m.kv_window_free.set(s.kv_window_free_blocks);
   }
+}
+
+void LlmScheduler::setPublishGauges(bool on) {
+  std::lock_guard<std::mutex> l(mu_);
+  publish_gauges_ = on;
+}
+
+void LlmScheduler::publishMetrics() {
+  auto& m = LlmMetrics::get();
+  const LlmStats s = core_.stats();
+  if (publish_gauges_) publishLlmGauges(s);
   // Counters grow by what the step scheduler counted since the last call.
   m.cache_hit_tokens.inc(
       static_cast<double>(s.cached_prompt_tokens - published_.cached_prompt_tokens));

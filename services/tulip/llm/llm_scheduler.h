@@ -65,6 +65,10 @@ struct LlmHandoff {
   std::function<void()> release;  // frees the parked blocks on the prefill side (any thread)
 };
 
+// The LLM gauges (tulip_llm_running_sequences, ..._waiting_..., tulip_kv_blocks_used/free, the
+// window pool's) from `s`.
+void publishLlmGauges(const LlmStats& s);
+
 class LlmScheduler final : public LlmFrontend {
  public:
   // async_steps takes effect only when worker.depth() >= 2.
@@ -90,6 +94,10 @@ class LlmScheduler final : public LlmFrontend {
   // scheduler thread with no lock held, after the sequence's first-token event. Set before the
   // first submit().
   void setHandoff(std::function<void(LlmHandoff)> fn);
+  // Whether publishMetrics sets the gauges (running, waiting, KV blocks) from this scheduler
+  // alone (default); off for the two schedulers of a disaggregated pair, whose sum the owner
+  // publishes (publishLlmGauges) [TAG_DISAGG]. Counters always add up.
+  void setPublishGauges(bool on);
   // Frees a handed-off sequence's parked blocks (any thread; no-op for an unknown id).
   void releaseHandoff(SeqId prefill_id);
   // [TAG_DISAGG] Decode side: queues `h`; the loop adopts it when the running set and the KV
@@ -179,6 +187,7 @@ class LlmScheduler final : public LlmFrontend {
   std::map<uint64_t, StepResult> results_;    // guarded by mu_: by step, not yet applied
   LlmStats published_;                        // guarded by mu_: counters already exported
   bool stop_ = false;                         // guarded by mu_
+  bool publish_gauges_ = true;                // guarded by mu_
   // [TAG_DISAGG]
   std::function<void(LlmHandoff)> on_handoff_;  // set before use
   std::vector<LlmHandoff> handoffs_;            // guarded by mu_: to hand over, outside the lock
