@@ -292,6 +292,8 @@ bool LlmScheduler::startAdoption(std::unique_lock<std::mutex>& l) {
     batch.block_ids.insert(batch.block_ids.end(), wpairs.begin(), wpairs.end());
     batch.request_id = h.seq.params.request_id;
     const SeqId sid = *id;
+    // Registered before the handover: the worker may complete the copy before trySubmit returns.
+    pulls_.emplace(sid, Pull{});
     l.unlock();
     Status st = worker_.trySubmit(std::move(batch), [this, sid](const WorkResult& r) {
       {
@@ -306,16 +308,16 @@ bool LlmScheduler::startAdoption(std::unique_lock<std::mutex>& l) {
     });
     l.lock();
     if (!st.isOk() && st.code() == StatusCode::kFailedPrecondition) {
+      pulls_.erase(sid);
       core_.unadopt(sid);  // no free slot: the same handoff again after a completion
       return false;
     }
-    Pull p;
+    Pull& p = pulls_.at(sid);
     p.release = std::move(h.release);
     if (!st.isOk()) {
       p.done = true;
       p.status = st;
     }
-    pulls_.emplace(sid, std::move(p));
     Active a{h.req, h.arrival_ns, h.last_token_ns, h.seq.index, false};
     active_.emplace(sid, std::move(a));
   }

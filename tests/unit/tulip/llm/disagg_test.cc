@@ -51,7 +51,10 @@ std::shared_ptr<Stream> start(LlmFrontend& s, GenerateParams p) {
   auto out = std::make_shared<Stream>();
   out->req = std::make_shared<LlmRequest>();
   out->req->params = std::move(p);
-  out->req->on_event = [o = out.get()](const GenerateEvent& ev) {
+  // Weak: a scheduler stopped after a failed test still ends its streams.
+  out->req->on_event = [w = std::weak_ptr<Stream>(out)](const GenerateEvent& ev) {
+    auto o = w.lock();
+    if (!o) return;
     std::lock_guard<std::mutex> l(o->mu);
     if (o->last.count(ev.index)) ++o->events_after_last;
     if (ev.token >= 0) o->tokens[ev.index].push_back(ev.token);
@@ -109,6 +112,19 @@ struct Rig {
     }
     return true;
   }
+  // For failure messages: both sides' counts.
+  std::string state() {
+    const LlmStats p = prefill->stats(), d = decode->stats();
+    auto one = [](const char* n, const LlmStats& s, FakeLlmWorker& w) {
+      return std::string(n) + ": running " + std::to_string(s.running) + " waiting " +
+             std::to_string(s.waiting) + " used blocks " + std::to_string(s.kv_used_blocks) +
+             " steps " + std::to_string(s.steps) + " inflight " + std::to_string(w.inflight()) +
+             " errors " + std::to_string(w.errors().size()) +
+             (w.errors().empty() ? "" : " (" + w.errors()[0] + ")");
+    };
+    return one("prefill", p, prefill_worker) + "; " + one("decode", d, decode_worker) +
+           "; pulls " + std::to_string(decode_worker.pulls());
+  }
   bool allFree() {
     const LlmStats p = prefill->stats(), d = decode->stats();
     return p.running == 0 && d.running == 0 && p.waiting == 0 && d.waiting == 0 &&
@@ -147,7 +163,7 @@ TEST_P(DisaggModes, ConcurrentStreamsEqualTheReference) {
     for (auto& s : streams)
       if (s->lasts() != 1) return false;
     return true;
-  })) << "streams did not end";
+  })) << "streams did not end: " << rig.state();
   int handed = 0;
   for (int i = 0; i < 24; ++i) {
     SCOPED_TRACE("stream " + std::to_string(i));
@@ -187,7 +203,7 @@ TEST_P(DisaggModes, DecodeSidePreemptionAndChoices) {
     for (size_t i = 0; i < streams.size(); ++i)
       if (streams[i]->lasts() != std::max<uint32_t>(ps[i].n, 1)) return false;
     return true;
-  })) << "streams did not end";
+  })) << "streams did not end: " << rig.state();
   for (size_t i = 0; i < streams.size(); ++i) {
     for (uint32_t c = 0; c < std::max<uint32_t>(ps[i].n, 1); ++c) {
       SCOPED_TRACE("stream " + std::to_string(i) + " choice " + std::to_string(c));
