@@ -203,7 +203,7 @@ Status ShmWorker::submitPull(WorkBatch batch, WorkDone done) {
   const uint64_t pairs_off = shm::llmAlignUp(sizeof(shm::KvPullDesc));
   const uint64_t need = pairs_off + entries * sizeof(int32_t);
   MutexLock l(mu_);
-  if (!channel_ || !ready()) return workerDown(last_failure_);
+  if (!channel_ || !ready()) return workerDown(last_failure_, "rose worker is restarting");
   if (need > channel_->layout().input_bytes) {
     return invalidArgument("kv pull of " + std::to_string(entries / 2) +
                            " blocks does not fit the channel's input arena");
