@@ -11,8 +11,10 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <signal.h>
 #include <unistd.h>
 
+#include <fstream>
 #include <future>
 #include <thread>
 
@@ -403,6 +405,98 @@ TEST_F(GenerateRose, DisaggregatedCancelFreesBothSides) {
   auto o = generate(prompt(10, 55), 4);
   ASSERT_TRUE(o.status.ok()) << o.status.error_message();
   EXPECT_EQ(o.tokens, reference(prompt(10, 55), 4));
+}
+
+// The rose of each side, told apart by the prefill one's --kv-export.
+std::pair<pid_t, pid_t> prefillAndDecodeRose(pid_t tulip) {
+  pid_t prefill = 0, decode = 0;
+  for (pid_t k : testing::childrenOf(tulip)) {
+    std::ifstream f("/proc/" + std::to_string(k) + "/cmdline");
+    std::string cmd((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    (cmd.find("--kv-export") != std::string::npos ? prefill : decode) = k;
+  }
+  return {prefill, decode};
+}
+
+// Killing the prefill rose leaves the sequences already handed over alone (their KV lives on the
+// decode rose now); killing the decode rose ends its streams UNAVAILABLE; after each restart
+// tulip serves again, the streams equal to rose's own continuation.
+TEST_F(GenerateRose, DisaggregatedWorkerKilledThenRecovers) {
+  disaggregated_ = true;
+  startTulip(64, -1, true);
+  const auto a = prompt(20, 2024);
+  const auto want_a = reference(a, 24);
+  auto [prefill, decode] = prefillAndDecodeRose(tulip_->pid());
+  ASSERT_GT(prefill, 0);
+  ASSERT_GT(decode, 0);
+  {
+    v1::GenerateRequest r;
+    for (int32_t t : a) r.add_prompt_ids(t);
+    r.set_max_tokens(24);
+    r.set_ignore_eos(true);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + 60s);
+    auto reader = stub_->Generate(&ctx, r);
+    std::vector<int32_t> got;
+    v1::GenerateChunk c;
+    // The decode rose paused once the stream has its second token: it is on the decode side.
+    std::unique_ptr<testing::Paused> paused;
+    while (reader->Read(&c)) {
+      got.insert(got.end(), c.token_ids().begin(), c.token_ids().end());
+      if (!paused && got.size() >= 2) {
+        paused = std::make_unique<testing::Paused>(decode);
+        ASSERT_TRUE(paused->stopped());
+        ASSERT_EQ(kill(prefill, SIGKILL), 0);
+        paused->resume();
+      }
+    }
+    const auto st = reader->Finish();
+    ASSERT_TRUE(st.ok()) << st.error_message() << tulip_->log();
+    EXPECT_EQ(got, want_a);
+  }
+  // The prefill rose comes back (a new pid, a new export): served again.
+  auto t0 = std::chrono::steady_clock::now();
+  Out o;
+  while (std::chrono::steady_clock::now() - t0 < 60s) {
+    o = generate(prompt(9, 31), 5);
+    if (o.status.ok()) break;
+    std::this_thread::sleep_for(100ms);
+  }
+  ASSERT_TRUE(o.status.ok()) << o.status.error_message() << tulip_->log();
+  EXPECT_EQ(o.tokens, reference(prompt(9, 31), 5));
+  std::tie(prefill, decode) = prefillAndDecodeRose(tulip_->pid());
+  {
+    v1::GenerateRequest r;
+    for (int32_t t : a) r.add_prompt_ids(t);
+    r.set_max_tokens(100);
+    r.set_ignore_eos(true);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + 60s);
+    auto reader = stub_->Generate(&ctx, r);
+    v1::GenerateChunk c;
+    size_t got = 0;
+    bool killed = false;
+    while (reader->Read(&c)) {
+      got += static_cast<size_t>(c.token_ids_size());
+      if (!killed && got >= 2) {
+        testing::Paused paused(decode);  // it cannot finish the stream before it dies
+        ASSERT_TRUE(paused.stopped());
+        ASSERT_EQ(kill(decode, SIGKILL), 0);
+        killed = true;
+      }
+    }
+    const auto st = reader->Finish();
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE) << st.error_message();
+    EXPECT_LT(got, 100u);
+  }
+  t0 = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - t0 < 60s) {
+    o = generate(prompt(11, 61), 5);
+    if (o.status.ok()) break;
+    std::this_thread::sleep_for(100ms);
+  }
+  ASSERT_TRUE(o.status.ok()) << o.status.error_message() << tulip_->log();
+  EXPECT_EQ(o.tokens, reference(prompt(11, 61), 5));
 }
 
 }  // namespace
