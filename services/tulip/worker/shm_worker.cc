@@ -173,16 +173,7 @@ Status ShmWorker::trySubmit(WorkBatch batch, WorkDone done) {
   } else {
     d.seqlens_offset = second_off;
   }
-  d.deadline_ns = batch.deadline_ns;
-  std::strncpy(d.request_id, batch.request_id.c_str(), sizeof(d.request_id) - 1);
-  // The ring has one entry per slot and this slot is free, so the push fails only when rose
-  // completed a batch it never took from the ring: a peer that broke the protocol. That is
-  // refused like a worker that is down (the slot stays free), never an abort of tulip.
-  if (!channel_->trySubmit(d)) {
-    return unavailable("rose's submission ring is full although slot " + std::to_string(slot) +
-                       " is free: the worker completes batches it has not taken; retry shortly");
-  }
-  slots_[slot] = Inflight{true, d.batch_id, std::move(done), shm::monotonicNowNs(), batch.kind};
+  RETURN_IF_ERROR(pushLocked(d, batch, std::move(done)));
   slots_[slot].tokens = batch.tokens.size();
   if (late) {
     batch.late_masks->deliver = [this, slot, id = d.batch_id, off = masks_off,
@@ -226,13 +217,20 @@ Status ShmWorker::submitPull(WorkBatch batch, WorkDone done) {
   d.seqs_offset = 0;
   d.blocks_offset = pairs_off;
   d.num_blocks = static_cast<uint32_t>(entries);
+  return pushLocked(d, batch, std::move(done));
+}
+
+Status ShmWorker::pushLocked(shm::BatchDesc& d, const WorkBatch& batch, WorkDone done) {
   d.deadline_ns = batch.deadline_ns;
   std::strncpy(d.request_id, batch.request_id.c_str(), sizeof(d.request_id) - 1);
+  // The ring has one entry per slot and this slot is free, so the push fails only when rose
+  // completed a batch it never took from the ring: a peer that broke the protocol. That is
+  // refused like a worker that is down (the slot stays free), never an abort of tulip.
   if (!channel_->trySubmit(d)) {
-    return unavailable("rose's submission ring is full although slot " + std::to_string(slot) +
+    return unavailable("rose's submission ring is full although slot " + std::to_string(d.slot) +
                        " is free: the worker completes batches it has not taken; retry shortly");
   }
-  slots_[slot] = Inflight{true, d.batch_id, std::move(done), shm::monotonicNowNs(), batch.kind};
+  slots_[d.slot] = Inflight{true, d.batch_id, std::move(done), shm::monotonicNowNs(), batch.kind};
   return okStatus();
 }
 

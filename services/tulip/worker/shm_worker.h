@@ -110,6 +110,8 @@ class ShmWorker final : public Worker {
 
   // trySubmit of a kKvPull batch [TAG_KV_PULL].
   Status submitPull(WorkBatch batch, WorkDone done) EXCLUDES(mu_);
+  // Stamps `d` (deadline, request id), pushes it and marks its slot busy with `done`.
+  Status pushLocked(shm::BatchDesc& d, const WorkBatch& batch, WorkDone done) REQUIRES(mu_);
   // LateMasks::deliver of the step in `slot` [TAG_LATE_MASKS].
   bool deliverLateMasks(uint32_t slot, uint64_t batch_id, uint64_t offset, uint64_t words,
                         std::span<const uint32_t> masks) EXCLUDES(mu_);
