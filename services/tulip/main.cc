@@ -245,6 +245,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "tulip: --disaggregate starts both roses itself: not with --attach\n");
     return 2;
   }
+  if (disaggregate && device != "cpu") {
+    std::fprintf(stderr, "tulip: --disaggregate runs on --device cpu for now (rose's CUDA KV "
+                         "export and copy are not wired yet)\n");
+    return 2;
+  }
   if ((!prefill_extra.empty() || !decode_extra.empty()) && !disaggregate) {
     std::fprintf(stderr, "tulip: --prefill-rose-arg and --decode-rose-arg need --disaggregate\n");
     return 2;
