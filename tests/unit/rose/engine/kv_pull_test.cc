@@ -180,7 +180,7 @@ std::vector<int32_t> runStep(Worker& w, uint32_t slot, const std::vector<Seq>& s
   shm::Completion c = w.submitAndWait(putStep(w, slot, seqs));
   EXPECT_EQ(c.status_code, 0) << c.message;
   std::vector<int32_t> out(c.rows);
-  std::memcpy(out.data(), w.channel->outputArena(slot).data(), out.size() * 4);
+  if (!out.empty()) std::memcpy(out.data(), w.channel->outputArena(slot).data(), out.size() * 4);
   return out;
 }
 
@@ -203,7 +203,7 @@ shm::BatchDesc putPull(Worker& w, uint32_t slot, const std::string& source, int3
   d.blocks_offset = shm::llmAlignUp(sizeof(pd));
   std::vector<int32_t> all = pairs;
   all.insert(all.end(), window_pairs.begin(), window_pairs.end());
-  std::memcpy(in.data() + d.blocks_offset, all.data(), all.size() * 4);
+  if (!all.empty()) std::memcpy(in.data() + d.blocks_offset, all.data(), all.size() * 4);
   d.num_blocks = static_cast<uint32_t>(all.size());
   return d;
 }
