@@ -11,8 +11,7 @@ int64_t kvSlot(std::span<const int32_t> block_table, int64_t pos, int32_t block_
          pos % block_size;
 }
 
-namespace {
-Status checkShape(const KvCacheShape& shape) {
+Status checkKvCacheShape(const KvCacheShape& shape) {
   if (shape.num_layers <= 0 || shape.num_blocks <= 0 || shape.block_size <= 0 ||
       shape.num_kv_heads <= 0 || shape.head_dim <= 0) {
     return invalidArgument(
@@ -28,11 +27,10 @@ Status checkShape(const KvCacheShape& shape) {
   }
   return okStatus();
 }
-}  // namespace
 
 Result<std::unique_ptr<PagedKvCache>> PagedKvCache::create(Backend& backend,
                                                            const KvCacheShape& shape, DType dtype) {
-  RETURN_IF_ERROR(checkShape(shape));
+  RETURN_IF_ERROR(checkKvCacheShape(shape));
   std::unique_ptr<PagedKvCache> c(new PagedKvCache());
   c->shape_ = shape;
   c->dtype_ = dtype;
@@ -44,7 +42,7 @@ Result<std::unique_ptr<PagedKvCache>> PagedKvCache::create(Backend& backend,
 
 Result<std::unique_ptr<PagedKvCache>> PagedKvCache::wrap(const KvCacheShape& shape, DType dtype,
                                                          void* k, void* v) {
-  RETURN_IF_ERROR(checkShape(shape));
+  RETURN_IF_ERROR(checkKvCacheShape(shape));
   if (k == nullptr || v == nullptr) return invalidArgument("kv cache: two pools are required");
   std::unique_ptr<PagedKvCache> c(new PagedKvCache());
   c->shape_ = shape;

@@ -64,6 +64,10 @@ struct KvCacheShape {
   }
 };
 
+// OK for a shape a cache can have: every dimension positive; a window pool with window layers
+// among at most 64 (INVALID_ARGUMENT naming what is wrong).
+Status checkKvCacheShape(const KvCacheShape& shape);
+
 // Blocks needed to hold `tokens` tokens.
 inline int64_t kvBlocksFor(int64_t tokens, int32_t block_size) {
   return (tokens + block_size - 1) / block_size;

@@ -20,16 +20,6 @@ int64_t blockBytesOf(const KvCacheShape& s, DType dtype) {
          static_cast<int64_t>(dtypeSize(dtype));
 }
 
-Status checkShape(const KvCacheShape& s) {
-  if (s.num_layers <= 0 || s.num_blocks <= 0 || s.block_size <= 0 || s.num_kv_heads <= 0 ||
-      s.head_dim <= 0 || s.num_blocks_window < 0 ||
-      (s.num_blocks_window > 0 && (s.num_layers > 64 || s.window_layers == 0))) {
-    return invalidArgument("kv pools: every dimension must be positive (a window pool needs "
-                           "window layers among at most 64)");
-  }
-  return okStatus();
-}
-
 // One pool's pairs: ids inside [0, src_blocks) and [0, dst_blocks), no destination twice.
 Status checkPairs(std::span<const int32_t> pairs, int32_t src_blocks, int32_t dst_blocks,
                   const char* what) {
@@ -81,6 +71,28 @@ bool validExportName(const std::string& n) {
     }
   }
   return true;
+}
+
+Status checkExportName(const std::string& name) {
+  if (validExportName(name)) return okStatus();
+  return invalidArgument("kv export name '" + name +
+                         "': 1-63 characters of [A-Za-z0-9._-], not starting with '.'");
+}
+
+// Sizes `fd` to `bytes` (grow) and maps it, writable or read-only. On failure closes `fd` and
+// returns the errno status naming `what`.
+Result<std::byte*> mapOrClose(int fd, size_t bytes, bool grow, bool writable,
+                              const std::string& what) {
+  const char* step = "ftruncate";
+  void* mem = MAP_FAILED;
+  if (!grow || ftruncate(fd, static_cast<off_t>(bytes)) == 0) {
+    step = "mmap";
+    mem = mmap(nullptr, bytes, writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd, 0);
+  }
+  if (mem != MAP_FAILED) return static_cast<std::byte*>(mem);
+  const int err = errno;
+  close(fd);
+  return errnoStatus(std::string(step) + " (" + what + ")", err);
 }
 
 bool pidAlive(int32_t pid) { return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM); }
@@ -194,29 +206,18 @@ Status copyKvBlocks(Backend& dst_backend, const KvPoolView& src, PagedKvCache& d
 
 Result<std::unique_ptr<SharedKvPools>> SharedKvPools::create(const KvCacheShape& shape,
                                                              DType dtype) {
-  RETURN_IF_ERROR(checkShape(shape));
+  RETURN_IF_ERROR(checkKvCacheShape(shape));
   const size_t pool = PagedKvCache::poolBytes(shape, dtype);
   const int fd = memfd_create("garden-kv-pools", MFD_CLOEXEC);
   if (fd < 0) return errnoStatus("memfd_create (kv pools)", errno);
-  if (ftruncate(fd, static_cast<off_t>(2 * pool)) != 0) {
-    const int err = errno;
-    close(fd);
-    return errnoStatus("ftruncate (kv pools)", err);
-  }
-  void* mem = mmap(nullptr, 2 * pool, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (mem == MAP_FAILED) {
-    const int err = errno;
-    close(fd);
-    return errnoStatus("mmap (kv pools)", err);
-  }
-  auto* base = static_cast<std::byte*>(mem);
+  ASSIGN_OR_RETURN(std::byte* base, mapOrClose(fd, 2 * pool, true, true, "kv pools"));
   return std::unique_ptr<SharedKvPools>(
       new SharedKvPools(fd, base, 2 * pool, base, pool, shape, dtype, true));
 }
 
 Result<std::unique_ptr<SharedKvPools>> SharedKvPools::map(int fd, const KvCacheShape& shape,
                                                           DType dtype) {
-  RETURN_IF_ERROR(checkShape(shape));
+  RETURN_IF_ERROR(checkKvCacheShape(shape));
   const size_t pool = PagedKvCache::poolBytes(shape, dtype);
   struct stat st {};
   if (fstat(fd, &st) != 0) return errnoStatus("fstat (kv pools)", errno);
@@ -226,13 +227,7 @@ Result<std::unique_ptr<SharedKvPools>> SharedKvPools::map(int fd, const KvCacheS
   }
   const int own = dup(fd);
   if (own < 0) return errnoStatus("dup (kv pools)", errno);
-  void* mem = mmap(nullptr, 2 * pool, PROT_READ, MAP_SHARED, own, 0);
-  if (mem == MAP_FAILED) {
-    const int err = errno;
-    close(own);
-    return errnoStatus("mmap (kv pools)", err);
-  }
-  auto* base = static_cast<std::byte*>(mem);
+  ASSIGN_OR_RETURN(std::byte* base, mapOrClose(own, 2 * pool, false, false, "kv pools"));
   return std::unique_ptr<SharedKvPools>(
       new SharedKvPools(own, base, 2 * pool, base, pool, shape, dtype, false));
 }
@@ -240,11 +235,8 @@ Result<std::unique_ptr<SharedKvPools>> SharedKvPools::map(int fd, const KvCacheS
 Result<std::unique_ptr<SharedKvPools>> SharedKvPools::createNamed(const std::string& name,
                                                                   const KvCacheShape& shape,
                                                                   DType dtype) {
-  if (!validExportName(name)) {
-    return invalidArgument("kv export name '" + name +
-                           "': 1-63 characters of [A-Za-z0-9._-], not starting with '.'");
-  }
-  RETURN_IF_ERROR(checkShape(shape));
+  RETURN_IF_ERROR(checkExportName(name));
+  RETURN_IF_ERROR(checkKvCacheShape(shape));
   const std::string path = "/" + name;
   int fd = shm_open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0 && errno == EEXIST) {
@@ -270,16 +262,12 @@ Result<std::unique_ptr<SharedKvPools>> SharedKvPools::createNamed(const std::str
   if (fd < 0) return errnoStatus("shm_open (kv export " + name + ")", errno);
   const size_t pool = PagedKvCache::poolBytes(shape, dtype);
   const size_t total = kDataOffset + 2 * pool;
-  auto fail = [&](const char* what) {
-    const int err = errno;
-    close(fd);
+  Result<std::byte*> mapped = mapOrClose(fd, total, true, true, "kv export " + name);
+  if (!mapped.isOk()) {
     shm_unlink(path.c_str());
-    return errnoStatus(std::string(what) + " (kv export " + name + ")", err);
-  };
-  if (ftruncate(fd, static_cast<off_t>(total)) != 0) return fail("ftruncate");
-  void* mem = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (mem == MAP_FAILED) return fail("mmap");
-  auto* base = static_cast<std::byte*>(mem);
+    return mapped.status();
+  }
+  std::byte* base = *mapped;
   auto* h = reinterpret_cast<ExportHeader*>(base);
   h->version = kExportVersion;
   h->pid = static_cast<int32_t>(getpid());
@@ -302,10 +290,7 @@ Result<std::unique_ptr<SharedKvPools>> SharedKvPools::createNamed(const std::str
 
 Result<std::unique_ptr<SharedKvPools>> SharedKvPools::openNamed(const std::string& name,
                                                                 int32_t expected_pid) {
-  if (!validExportName(name)) {
-    return invalidArgument("kv export name '" + name +
-                           "': 1-63 characters of [A-Za-z0-9._-], not starting with '.'");
-  }
+  RETURN_IF_ERROR(checkExportName(name));
   const std::string path = "/" + name;
   const int fd = shm_open(path.c_str(), O_RDONLY | O_CLOEXEC, 0);
   if (fd < 0) {
@@ -332,7 +317,7 @@ Result<std::unique_ptr<SharedKvPools>> SharedKvPools::openNamed(const std::strin
   s.num_blocks_window = h->num_blocks_window;
   s.window_layers = h->window_layers;
   const auto dtype = static_cast<DType>(h->dtype);
-  Status shape_ok = checkShape(s);
+  Status shape_ok = checkKvCacheShape(s);
   if (dtype != DType::kF32 && dtype != DType::kF16 && dtype != DType::kBF16) {
     shape_ok = invalidArgument("dtype " + std::to_string(h->dtype));
   }
@@ -345,13 +330,7 @@ Result<std::unique_ptr<SharedKvPools>> SharedKvPools::openNamed(const std::strin
                            std::to_string(st.st_size) + " bytes)");
   }
   const size_t total = kDataOffset + 2 * pool;
-  void* mem = mmap(nullptr, total, PROT_READ, MAP_SHARED, fd, 0);
-  if (mem == MAP_FAILED) {
-    const int err = errno;
-    close(fd);
-    return errnoStatus("mmap (kv export " + name + ")", err);
-  }
-  auto* base = static_cast<std::byte*>(mem);
+  ASSIGN_OR_RETURN(std::byte* base, mapOrClose(fd, total, false, false, "kv export " + name));
   std::unique_ptr<SharedKvPools> p(
       new SharedKvPools(fd, base, total, base + kDataOffset, pool, s, dtype, false));
   p->pid_ = h->pid;

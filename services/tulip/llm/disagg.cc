@@ -17,18 +17,13 @@ DisaggLlm::DisaggLlm(LlmScheduler& prefill, Worker& prefill_worker, LlmScheduler
   prefill_.setPublishGauges(false);
   decode_.setPublishGauges(false);
   prefill_.setHandoff([this](LlmHandoff h) {
-    auto req = h.req;
-    const uint32_t index = h.seq.index;
-    auto release = h.release;
-    Status st = decode_.adopt(std::move(h));
+    Status st = decode_.adopt(h);  // moves h into the decode side's queue when it takes it
     if (st.isOk()) return;
     // Shutting down: the stream ends here and the prefill side frees the blocks.
-    GenerateEvent ev;
-    ev.index = index;
-    ev.last = true;
-    ev.status = st;
-    if (req->on_event) req->on_event(ev);
-    if (release) release();
+    if (h.req->on_event) {
+      h.req->on_event(handoffLastEvent(h.seq, st, FinishReason::kNone, shm::monotonicNowNs()));
+    }
+    if (h.release) h.release();
   });
 }
 

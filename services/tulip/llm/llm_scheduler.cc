@@ -209,7 +209,7 @@ void LlmScheduler::releaseHandoff(SeqId prefill_id) {
   cv_.notify_all();  // blocks came free: a waiting sequence may fit now
 }
 
-Status LlmScheduler::adopt(LlmHandoff h) {
+Status LlmScheduler::adopt(LlmHandoff& h) {
   {
     std::lock_guard<std::mutex> l(mu_);
     if (stop_) return unavailable("tulip is shutting down");
@@ -238,22 +238,8 @@ bool LlmScheduler::ensureConfigured() {
 }
 
 void LlmScheduler::endQueued(LlmHandoff& h, Status st, FinishReason why) {
-  GenerateEvent ev;
-  ev.index = h.seq.index;
-  ev.last = true;
-  ev.status = std::move(st);
-  ev.finish = ev.status.isOk() || why == FinishReason::kCancelled ? why : FinishReason::kNone;
-  ev.prompt_tokens = h.seq.prompt_len;
-  ev.cached_prompt_tokens = h.seq.cached_prompt;
-  ev.completion_tokens = h.seq.generated;
-  const int64_t now = shm::monotonicNowNs();
-  auto us = [](int64_t a, int64_t b) {
-    return b > a && a > 0 ? static_cast<uint64_t>((b - a) / 1000) : 0;
-  };
-  ev.queue_us = us(h.arrival_ns, h.seq.first_sched_ns);
-  ev.inference_us = us(h.seq.first_sched_ns, now);
-  ev.total_us = us(h.arrival_ns, now);
-  direct_.emplace_back(h.req, std::move(ev));
+  direct_.emplace_back(h.req,
+                       handoffLastEvent(h.seq, std::move(st), why, shm::monotonicNowNs()));
   if (h.release) releases_.push_back(std::move(h.release));
 }
 
@@ -274,9 +260,7 @@ bool LlmScheduler::startAdoption(std::unique_lock<std::mutex>& l) {
   } else {
     if (!ensureConfigured()) return false;
     std::vector<int32_t> pairs, wpairs;
-    const int64_t now = shm::monotonicNowNs();
-    SeqHandoff state = h.seq;  // adopt() takes a copy: kept for a retry when no slot is free
-    Result<SeqId> id = core_.adopt(std::move(state), now, &pairs, &wpairs);
+    Result<SeqId> id = core_.adopt(h.seq, &pairs, &wpairs);
     if (!id.isOk()) {
       if (id.status().code() == StatusCode::kResourceExhausted) return false;  // after a step
       endQueued(h, id.status(), FinishReason::kNone);
@@ -290,7 +274,7 @@ bool LlmScheduler::startAdoption(std::unique_lock<std::mutex>& l) {
     batch.kv_window_pairs = static_cast<uint32_t>(wpairs.size() / 2);
     batch.block_ids = std::move(pairs);
     batch.block_ids.insert(batch.block_ids.end(), wpairs.begin(), wpairs.end());
-    batch.request_id = h.seq.params.request_id;
+    batch.request_id = core_.seq(*id).params.request_id;  // h.seq's moved into the sequence
     const SeqId sid = *id;
     // Registered before the handover: the worker may complete the copy before trySubmit returns.
     pulls_.emplace(sid, Pull{});
@@ -309,7 +293,7 @@ bool LlmScheduler::startAdoption(std::unique_lock<std::mutex>& l) {
     l.lock();
     if (!st.isOk() && st.code() == StatusCode::kFailedPrecondition) {
       pulls_.erase(sid);
-      core_.unadopt(sid);  // no free slot: the same handoff again after a completion
+      core_.unadopt(sid, &h.seq);  // no free slot: the same handoff again after a completion
       return false;
     }
     Pull& p = pulls_.at(sid);
@@ -609,11 +593,12 @@ void LlmScheduler::loop() {
         if (handoff) {
           handoff(std::move(h));
         } else {  // nowhere to go (a misconfigured pair): end it, free its blocks
-          GenerateEvent ev;
-          ev.index = h.seq.index;
-          ev.last = true;
-          ev.status = internalError("no decode worker to hand the sequence to");
-          if (h.req->on_event) h.req->on_event(ev);
+          if (h.req->on_event) {
+            h.req->on_event(handoffLastEvent(h.seq,
+                                             internalError("no decode worker to hand the "
+                                                           "sequence to"),
+                                             FinishReason::kNone, shm::monotonicNowNs()));
+          }
           h.release();
         }
       }

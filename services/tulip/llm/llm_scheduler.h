@@ -104,8 +104,9 @@ class LlmScheduler final : public LlmFrontend {
   // cache have room, copies its blocks from the prefill worker (a kKvPull batch), calls
   // h.release and then streams the rest of it to h.req like a request of its own. Every
   // adopted handoff's stream ends exactly once (also when the copy fails or the worker is down).
-  // UNAVAILABLE (nothing queued) after stop().
-  Status adopt(LlmHandoff h);
+  // Moves `h` into the queue. UNAVAILABLE after stop(): nothing queued, `h` left as it was (the
+  // caller ends it).
+  Status adopt(LlmHandoff& h);
   // Whether steps are planned ahead of their results (two in flight).
   bool asyncSteps() const { return core_.options().async_steps; }
   // Stops the loop; requests still there end CANCELLED.

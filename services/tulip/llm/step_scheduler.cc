@@ -17,7 +17,32 @@ bool contains(const std::vector<int32_t>& v, int32_t x) {
   return std::find(v.begin(), v.end(), x) != v.end();
 }
 
+// A stream's last event: `st` with `why` (kept for OK and cancellations), its counts and times.
+GenerateEvent lastEvent(uint32_t index, int32_t token, Status st, FinishReason why,
+                        uint32_t prompt_len, uint32_t cached_prompt, uint32_t generated,
+                        int64_t arrival_ns, int64_t first_sched_ns, int64_t now_ns) {
+  GenerateEvent ev;
+  ev.index = index;
+  ev.token = token;
+  ev.last = true;
+  ev.status = std::move(st);
+  ev.finish = ev.status.isOk() || why == FinishReason::kCancelled ? why : FinishReason::kNone;
+  ev.prompt_tokens = prompt_len;
+  ev.cached_prompt_tokens = cached_prompt;
+  ev.completion_tokens = generated;
+  ev.queue_us = first_sched_ns ? usBetween(arrival_ns, first_sched_ns)
+                               : usBetween(arrival_ns, now_ns);
+  ev.inference_us = usBetween(first_sched_ns, now_ns);
+  ev.total_us = usBetween(arrival_ns, now_ns);
+  return ev;
+}
+
 }  // namespace
+
+GenerateEvent handoffLastEvent(const SeqHandoff& h, Status st, FinishReason why, int64_t now_ns) {
+  return lastEvent(h.index, -1, std::move(st), why, h.prompt_len, h.cached_prompt, h.generated,
+                   h.arrival_ns, h.first_sched_ns, now_ns);
+}
 
 LlmWorkerLimits llmWorkerLimits(const shm::ModelFacts& f, uint64_t input_bytes) {
   LlmWorkerLimits l;
@@ -158,19 +183,8 @@ void LlmStepScheduler::finish(Seq& s, Status st, FinishReason why, int32_t token
   releaseKv(s.id);
   SeqEvent out;
   out.id = s.id;
-  GenerateEvent& ev = out.event;
-  ev.index = s.index;
-  ev.token = token;
-  ev.last = true;
-  ev.status = std::move(st);
-  ev.finish = ev.status.isOk() || why == FinishReason::kCancelled ? why : FinishReason::kNone;
-  ev.prompt_tokens = s.prompt_len;
-  ev.cached_prompt_tokens = s.cached_prompt;
-  ev.completion_tokens = s.generated;
-  ev.queue_us = s.first_sched_ns ? usBetween(s.arrival_ns, s.first_sched_ns)
-                                 : usBetween(s.arrival_ns, now_ns);
-  ev.inference_us = usBetween(s.first_sched_ns, now_ns);
-  ev.total_us = usBetween(s.arrival_ns, now_ns);
+  out.event = lastEvent(s.index, token, std::move(st), why, s.prompt_len, s.cached_prompt,
+                        s.generated, s.arrival_ns, s.first_sched_ns, now_ns);
   events_.push_back(std::move(out));
   seqs_.erase(s.id);  // s dangles from here
 }
@@ -233,9 +247,8 @@ void LlmStepScheduler::releaseHandoff(SeqId id) {
   seqs_.erase(it);
 }
 
-Result<SeqId> LlmStepScheduler::adopt(SeqHandoff h, int64_t now_ns, std::vector<int32_t>* pairs,
+Result<SeqId> LlmStepScheduler::adopt(SeqHandoff& h, std::vector<int32_t>* pairs,
                                       std::vector<int32_t>* window_pairs) {
-  (void)now_ns;
   pairs->clear();
   window_pairs->clear();
   if (needsConfigure()) return unavailable("the decode worker's KV cache is not ready");
@@ -298,9 +311,14 @@ Result<SeqId> LlmStepScheduler::adopt(SeqHandoff h, int64_t now_ns, std::vector<
   return id;
 }
 
-void LlmStepScheduler::unadopt(SeqId id) {
+void LlmStepScheduler::unadopt(SeqId id, SeqHandoff* back) {
   auto it = seqs_.find(id);
   if (it == seqs_.end() || !it->second.adopting) return;
+  if (back != nullptr) {
+    back->params = std::move(it->second.params);
+    back->tokens = std::move(it->second.tokens);
+    back->decoder = std::move(it->second.decoder);
+  }
   releaseKv(id);
   --adopting_;
   seqs_.erase(it);

@@ -220,6 +220,11 @@ struct SeqHandoff {
   std::vector<int32_t> window;
 };
 
+// The last event of a handed-off sequence that ends before a decode scheduler took it (a copy
+// never started: cancelled while queued, no decode side, shutting down): `st` (OK with `why`, or
+// the error), the counts and timing it had, up to `now_ns`.
+GenerateEvent handoffLastEvent(const SeqHandoff& h, Status st, FinishReason why, int64_t now_ns);
+
 struct LlmStats {
   uint32_t running = 0;
   uint32_t waiting = 0;
@@ -325,14 +330,17 @@ class LlmStepScheduler {
   // needed. The sequence (id returned) waits outside the queues; `pairs` / `window_pairs` get
   // the (prefill block, decode block) pairs to copy, window pairs only where both tables hold a
   // block the next query reads (INTERNAL, nothing changed, when the prefill side dropped one).
-  Result<SeqId> adopt(SeqHandoff h, int64_t now_ns, std::vector<int32_t>* pairs,
+  // On success h's params, tokens and decoder move into the sequence; on an error `h` is left
+  // as it was (the caller retries with it).
+  Result<SeqId> adopt(SeqHandoff& h, std::vector<int32_t>* pairs,
                       std::vector<int32_t>* window_pairs);
   // The copy into an adopted sequence's blocks completed with `copy`: it runs from the next
   // plan; or it ends (the copy's error; a cancel, stop or deadline that came meanwhile).
   void adopted(SeqId id, const Status& copy, int64_t now_ns);
-  // Undoes adopt() (the copy never reached the worker): its blocks are free again and `id`
-  // unknown; the caller adopts the same state again later.
-  void unadopt(SeqId id);
+  // Undoes adopt() (the copy never reached the worker): its blocks are free again, `id` unknown,
+  // and what adopt() moved out of the handoff goes back into `back` (when not null), so the
+  // caller can adopt the same state again later.
+  void unadopt(SeqId id, SeqHandoff* back = nullptr);
   uint32_t adopting() const { return adopting_; }
 
   // Events formed since the last call, in order.

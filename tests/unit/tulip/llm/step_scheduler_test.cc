@@ -91,7 +91,7 @@ class Sim {
   // [TAG_DISAGG] Decode side: adopts `h` as `name`; the pairs to copy (or the error).
   Result<SeqId> adopt(char name, SeqHandoff h, std::vector<int32_t>* pairs,
                       std::vector<int32_t>* window_pairs) {
-    auto id = s_.adopt(std::move(h), tick(), pairs, window_pairs);
+    auto id = s_.adopt(h, pairs, window_pairs);
     if (id.isOk()) {
       names_[*id] = name;
       ids_[name] = *id;
@@ -1635,7 +1635,8 @@ TEST(StepSchedulerDisagg, EndsDuringTheCopyFailedCopiesAndNoRoom) {
   ASSERT_TRUE(sim.adopt('A', handoffOf(range(6), 20, 8, {0, 1}), &pairs, &wpairs).isOk());
   ASSERT_TRUE(sim.adopt('B', handoffOf(range(6), 21, 8, {2, 3}), &pairs, &wpairs).isOk());
   // The running set (2) is full with the two adopting.
-  auto full = sim.sched().adopt(handoffOf(range(2), 22, 8, {4}), 0, &pairs, &wpairs);
+  SeqHandoff extra = handoffOf(range(2), 22, 8, {4});
+  auto full = sim.sched().adopt(extra, &pairs, &wpairs);
   EXPECT_EQ(full.status().code(), StatusCode::kResourceExhausted);
   EXPECT_EQ(sim.cancel('A'), "");
   EXPECT_EQ(sim.stop('B'), "");
@@ -1650,8 +1651,8 @@ TEST(StepSchedulerDisagg, EndsDuringTheCopyFailedCopiesAndNoRoom) {
   EXPECT_NE(sim.lastEvent('D').status.message().find("handoff to the decode worker failed"),
             std::string::npos);
   // No blocks for 30 tokens (8 blocks) in a cache of 6.
-  auto big = sim.sched().adopt(handoffOf(range(30), 25, 8, {0, 1, 2, 3, 4, 5, 6, 7}), 0, &pairs,
-                               &wpairs);
+  SeqHandoff too_big = handoffOf(range(30), 25, 8, {0, 1, 2, 3, 4, 5, 6, 7});
+  auto big = sim.sched().adopt(too_big, &pairs, &wpairs);
   EXPECT_EQ(big.status().code(), StatusCode::kResourceExhausted);
   ASSERT_TRUE(sim.adopt('E', handoffOf(range(6), 26, 8, {0, 1}), &pairs, &wpairs).isOk());
   sim.sched().unadopt(sim.id('E'));
@@ -1687,7 +1688,7 @@ TEST(StepSchedulerDisagg, WindowPoolsCopyWhatTheNextQueryReads) {
   // The prefill side dropped a block the query reads: refused, nothing held.
   SeqHandoff bad = handoffOf(range(14), 20, 8, {9, 8, 7, 6});
   bad.window = {-1, -1, 12, 13};
-  auto r = sim.sched().adopt(std::move(bad), 0, &pairs, &wpairs);
+  auto r = sim.sched().adopt(bad, &pairs, &wpairs);
   EXPECT_EQ(r.status().code(), StatusCode::kInternal);
   sim.check();
 }
