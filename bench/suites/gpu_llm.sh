@@ -223,6 +223,9 @@
 #             with 2 slices (needs mk20b): the model-level side of moegemm
 #   sass      the decode MoE kernels' instruction digest (cuobjdump: where the loads sit)
 #   ipc       gpu_ipc_test: two processes on the GPU, CUDA-IPC all-reduce and KV-block handoff
+#   disagg    [TAG_KV_PULL_CUDA] gpu_ipc_test (the named device export and the window-aware block
+#             copy between two processes), then gpu_disagg_test (tulip --disaggregate --device cuda,
+#             two roses on one GPU, against one rose)
 #   shard1gpu issue 19's CUDA ranks on one GPU: gpu_shard_test (the CUDA shard ops vs the CPU, then
 #             the sharded model on rank threads with staged collectives vs the single-GPU model,
 #             six layouts), compute-sanitizer memcheck over the shard ops, then gpu_ranks_test
@@ -402,6 +405,7 @@ for s in $STEPS; do
     sliceab) step sliceab sliceab.txt 200 bash -c "for s in 1 2; do echo \"== --moe-k-slices \$s\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode 1@8192,64@1024 --decode-steps 32 --max-batch-tokens 16384 --moe-k-slices \$s; done" ;;
     sass) step sass sass.txt 60 bash -c "cuobjdump -sass '$BIN/rose_llm_bench' > '$LOGS/rose_llm_bench.sass' 2>&1; python3 '$ROOT/bench/suites/sass_digest.py' '$LOGS/rose_llm_bench.sass' moeGemmMxDecodeKernel" ;;
     ipc) step ipc ipc.log 200 env NCCL_NVLS_ENABLE=0 "$BIN/gpu_ipc_test" ;;
+    disagg) step disagg disagg.log 400 bash -c "set -o pipefail; '$BIN/gpu_ipc_test' 2>&1 | grep -E 'rank|OK|FAILED|PASSED' | tail -12; mkdir -p /tmp/gbd/services/rose /tmp/gbd/services/tulip && ln -sf '$BIN/rose' /tmp/gbd/services/rose/rose && ln -sf '$BIN/tulip' /tmp/gbd/services/tulip/tulip && GARDEN_BUILD_DIR=/tmp/gbd '$BIN/gpu_disagg_test' 2>&1 | tail -40" ;;
     shard1gpu) step shard1gpu shard1gpu.log 400 bash -c "'$BIN/gpu_shard_test' 2>&1 | tail -40; compute-sanitizer --tool memcheck --error-exitcode 3 '$BIN/gpu_shard_test' --gtest_filter='GpuShardOps.*' 2>&1 | tail -4; mkdir -p /tmp/gbd/services/rose /tmp/gbd/services/tulip && ln -sf '$BIN/rose' /tmp/gbd/services/rose/rose && ln -sf '$BIN/tulip' /tmp/gbd/services/tulip/tulip && GARDEN_BUILD_DIR=/tmp/gbd '$BIN/gpu_ranks_test' 2>&1 | tail -30" ;;
     sm90) step sm90 sm90.log 240 bash -c "for v in sm90cpasync sm90basic sm90 'policy sm90'; do echo \"== GARDEN_SM90_TEST_ONLY=\$v\"; GARDEN_SM90_TEST_ONLY=\"\$v\" timeout 60 '$BIN/gpu_kernels_test' --gtest_filter='AttentionSm90.*' 2>&1 | tail -40; echo \"rc=\$?\"; done" ;;
     attnbench) step attnbench attnbench.txt 120 timeout 110 "$BIN/rose_kernel_bench" attention ;;

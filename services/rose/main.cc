@@ -8,7 +8,8 @@
 //     step per batch, a paged KV cache allocated at start), on the cpu reference ops or the cuda
 //     ones (MXFP4 experts resident unless --moe-weights bf16; fp8 adds an FP8 copy for prefill).
 //
-//   rose --model DIR --shm-name NAME [--device cpu|cuda] [--max-batch-tokens 8192] [--threads N]
+//   rose --model DIR --shm-name NAME [--device cpu|cuda] [--cuda-device N] [--max-batch-tokens 8192]
+//        [--threads N]
 //        [--create-shm --depth 4 --input-bytes N --output-bytes N]
 //   embedding:  [--pooling default|last|mean|cls] [--attention default|causal|bidirectional]
 //               [--cuda-graphs on|off] [--precapture SEQSxTOKENS,...]   (cuda backend: batches
@@ -18,7 +19,8 @@
 //               [--kv-window-blocks -1|0|N] (sliding layers' own pool: -1 auto, 0 none)
 //               [--attn-prefill sm90|mma] [--moe-prefill chunk|step|tiled]
 //               [--kv-export NAME] (prefill/decode disaggregation: the KV cache in
-//               /dev/shm/NAME for other workers' kv pulls; cpu, one rank)
+//               /dev/shm/NAME (cpu) or its CUDA IPC handles there (cuda) for other workers'
+//               kv pulls; one rank)
 //               (KV cache: --kv-blocks, else --kv-cache-mb, else on a GPU that fraction of the
 //               device memory the model left free, on the cpu 256 MiB)
 //
@@ -132,7 +134,7 @@ struct LlmArgs {
   std::string gemm_prewarm = "on";  // on | off: GptOssModel::prewarmGemms at load
   std::string attn_prefill = "env";  // sm90 | mma | env (GARDEN_PAGED_ATTENTION, default sm90)
   std::string moe_prefill = "env";   // auto | chunk | step | tiled | env (GARDEN_MOE_PREFILL, default auto)
-  std::string kv_export;  // [TAG_KV_PULL] export the KV cache under this name (cpu)
+  std::string kv_export;  // [TAG_KV_PULL] export the KV cache under this name
 };
 
 // Flags of a model sharded over rank processes (--tp/--dp/--ep).
@@ -591,6 +593,7 @@ int main(int argc, char** argv) {
   std::string metrics_host = "127.0.0.1";
   int64_t max_batch_tokens = 8192;
   int32_t threads = 0;
+  int32_t cuda_device = -1;  // -1: GPU 0 (a sharded rank: rank % visible GPUs)
   bool create_shm = false;
   uint32_t depth = 4;
   uint64_t input_bytes = 0, output_bytes = 0;
@@ -602,6 +605,10 @@ int main(int argc, char** argv) {
       .add("shm-name", &shm_name,
            "shared-memory channel name (tulip creates it unless --create-shm)")
       .add("device", &device, "backend: cpu or cuda")
+      .add("cuda-device", &cuda_device,
+           "cuda: the GPU to run on, an index among the visible ones (-1: GPU 0; a rank of a "
+           "sharded rose: rank % visible GPUs). E.g. a prefill rose on GPU 1 beside a decode "
+           "rose on GPU 0 (tulip --disaggregate)")
       .add("max-batch-tokens", &max_batch_tokens, "largest batch in tokens (sizes the workspace)")
       .add("threads", &threads, "cpu backend compute threads (0 = all cores)")
       .add("create-shm", &create_shm, "create the channel (sidecar mode: tulip attaches)")
@@ -674,9 +681,9 @@ int main(int argc, char** argv) {
            "--moe-weights fp8 or mxfp4-bf16). The residual stream, the router, softmax and "
            "every accumulation stay f32 either way")
       .add("kv-export", &llm.kv_export,
-           "gpt-oss, prefill/decode disaggregation: keep the KV cache in /dev/shm/NAME so "
-           "another worker's kv pull batches can copy blocks out of it (announced to tulip; cpu "
-           "backend, one rank)");
+           "gpt-oss, prefill/decode disaggregation: export the KV cache as /dev/shm/NAME (cpu: "
+           "the cache itself; cuda: its CUDA IPC handles) so another worker's kv pull batches "
+           "can copy blocks out of it (announced to tulip; one rank)");
   // gpt-oss over several ranks (docs/multi-gpu.md).
   RankArgs ranks;
   flags.add("tp", &ranks.parallel.tp, "gpt-oss: tensor-parallel ranks (attention heads, vocabulary)")
@@ -786,9 +793,8 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (!llm.kv_export.empty() && (ranks.sharded() || device != "cpu")) {  // [TAG_KV_PULL]
-    std::fprintf(stderr, "rose: --kv-export needs --device cpu and one rank (the CUDA export is "
-                         "not wired yet)\n");
+  if (!llm.kv_export.empty() && ranks.sharded()) {  // [TAG_KV_PULL]
+    std::fprintf(stderr, "rose: --kv-export needs one rank (a sharded cache lives in the ranks)\n");
     return 2;
   }
   // The cuda backend's kernel choices: GARDEN_* read once, here (backend.h CudaKernelOptions).
@@ -816,6 +822,10 @@ int main(int argc, char** argv) {
     }
   }
 
+  if (cuda_device < -1 || (cuda_device >= 0 && (device != "cuda" || ranks.sharded()))) {
+    std::fprintf(stderr, "rose: --cuda-device needs --device cuda and one rank (an index >= 0)\n");
+    return 2;
+  }
   rose::BackendOptions bo;
   bo.threads = threads;
   bo.max_batch_tokens = max_batch_tokens;
@@ -825,7 +835,9 @@ int main(int argc, char** argv) {
   // where the node has world GPUs; where it has fewer, ranks share GPUs (one GPU serving every
   // rank is how the sharded model is checked on a single-GPU host; --kv-blocks then sizes the
   // caches, since every rank would otherwise take its fraction of the same free memory).
-  if (device == "cuda" && ranks.sharded()) {
+  if (cuda_device >= 0) {
+    bo.device_index = cuda_device;  // out of range: makeBackend says so (exit 1)
+  } else if (device == "cuda" && ranks.sharded()) {
     const Result<int32_t> gpus = rose::cudaDeviceCount();
     if (gpus.isOk()) bo.device_index = ranks.rank % *gpus;
     // NCCL puts one rank of a communicator on one GPU.

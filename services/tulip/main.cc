@@ -137,7 +137,10 @@ int main(int argc, char** argv) {
            "LLM prefill/decode disaggregation: a second rose (the prefill worker, channel "
            "<shm-name>-prefill, its KV cache exported with --kv-export) runs the prompts and "
            "samples each first token; the main rose (decode) copies each sequence's KV blocks "
-           "from it and generates the rest. cpu backend for now; not with --attach")
+           "from it and generates the rest (cpu: through shared memory; cuda: CUDA IPC, one "
+           "kernel per handoff; size each side's KV cache with --prefill-rose-arg / "
+           "--decode-rose-arg, e.g. --kv-cache-mb, and put the prefill rose on another GPU with "
+           "--prefill-rose-arg=--cuda-device --prefill-rose-arg=1). Not with --attach")
       .add("prefill-rose-arg", &prefill_extra,
            "with --disaggregate: extra argument for the prefill rose only (repeatable; after "
            "the --rose-arg ones; rose refuses a flag given twice)")
@@ -243,11 +246,6 @@ int main(int argc, char** argv) {
   if (!flags.wasSet("llm-async-steps")) llm_async_steps = depth >= 2;
   if (disaggregate && attach) {  // [TAG_DISAGG]
     std::fprintf(stderr, "tulip: --disaggregate starts both roses itself: not with --attach\n");
-    return 2;
-  }
-  if (disaggregate && device != "cpu") {
-    std::fprintf(stderr, "tulip: --disaggregate runs on --device cpu for now (rose's CUDA KV "
-                         "export and copy are not wired yet)\n");
     return 2;
   }
   if ((!prefill_extra.empty() || !decode_extra.empty()) && !disaggregate) {

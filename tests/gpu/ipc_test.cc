@@ -6,9 +6,11 @@
 //     in place: 32 calls in a row with fresh data, so both parity halves and the epochs recycle)
 //     against a CPU sum in rank order — bit for bit, since the kernel adds in rank order with f32
 //     accumulation and rounds once (bf16), like the CPU reference — and the error word clean;
-//   - the KV-block handoff: rank 1 maps rank 0's paged K/V pools and copies 5 blocks of every
-//     layer into other block ids of its own pools; every copied byte equals rank 0's pattern and
-//     every other block keeps its sentinel; a bad pair is refused with INVALID_ARGUMENT.
+//   - the KV-block handoff as rose runs it [TAG_KV_PULL_CUDA]: rank 0 exports its paged cache (a
+//     window pool on two of five layers) by name with CUDA IPC handles, rank 1 opens and maps
+//     it and pulls 5 full-pool and 3 window-pool blocks into other block ids of a cache of other
+//     sizes; every copied byte equals rank 0's pattern and every other block keeps its sentinel;
+//     an unmapped export, a bad pair and a bad window pair are refused.
 // On one GPU the two ranks' kernels time-slice instead of running side by side, so the barriers
 // wait for the other context's slice: correct, slow, and no measure of speed.
 // Expected output: two "[rank r] all-reduce: 32 cases, 0 mismatches" lines, "[rank 1] kv handoff:
@@ -33,7 +35,10 @@
 #include <thread>
 #include <vector>
 
+#include "services/rose/ops/backend.h"
+#include "services/rose/ops/paged_kv_cache.h"
 #include "services/rose/parallel/cuda/ipc_comm.h"
+#include "services/rose/parallel/kv_handoff.h"
 
 extern char** environ;
 
@@ -170,96 +175,122 @@ int allReduceCases(int rank, IpcAllReduce& ar, cudaStream_t stream) {
   return mismatches == 0 ? 0 : 1;
 }
 
-int kvHandoff(int rank, const fs::path& dir, cudaStream_t stream) {
-  constexpr int kLayers = 3, kSrcBlocks = 10, kDstBlocks = 12;
-  constexpr int64_t kBlockBytes = 16 * 2 * 64 * 2;  // block 16 x 2 kv heads x head_dim 64, bf16
-  if (rank == 0) {
-    const size_t bytes = static_cast<size_t>(kLayers * kSrcBlocks * kBlockBytes);
-    std::vector<uint8_t> k(bytes), v(bytes);
-    for (int l = 0; l < kLayers; ++l) {
-      for (int b = 0; b < kSrcBlocks; ++b) {
-        for (int64_t o = 0; o < kBlockBytes; ++o) {
-          const size_t at = static_cast<size_t>((l * kSrcBlocks + b) * kBlockBytes + o);
-          k[at] = kvPattern(l, b, o, 0);
-          v[at] = kvPattern(l, b, o, 1);
-        }
-      }
+// [TAG_KV_PULL_CUDA] The handoff as rose runs it: rank 0's paged cache (a CudaBackend
+// allocation, a window pool on layers 1 and 3) exported by name with its IPC handles
+// (SharedKvPools::createNamedDevice), rank 1 opening it (openNamed + mapDevice) and pulling 5
+// full-pool and 3 window-pool blocks into other ids of a cache of other sizes
+// (copyKvBlocks -> CudaBackend::copyKvBlocks -> one kernel).
+KvCacheShape kvShape(int32_t blocks, int32_t window_blocks) {
+  KvCacheShape s;
+  s.num_layers = 5;
+  s.num_blocks = blocks;
+  s.block_size = 16;
+  s.num_kv_heads = 2;
+  s.head_dim = 64;
+  s.num_blocks_window = window_blocks;
+  s.window_layers = 0b01010;
+  return s;
+}
+
+// The bytes of each pool of `shape` (bf16): pattern(layer, block, offset) or a sentinel.
+template <typename F>
+std::vector<uint8_t> poolBytes(const KvCacheShape& shape, F&& byte_at) {
+  const int64_t bb = shape.block_size * shape.slotElements() * 2;
+  std::vector<uint8_t> out(PagedKvCache::poolBytes(shape, DType::kBF16));
+  size_t at = 0;
+  for (int32_t l = 0; l < shape.num_layers; ++l) {
+    for (int32_t b = 0; b < shape.layerBlocks(l); ++b) {
+      for (int64_t o = 0; o < bb; ++o) out[at++] = byte_at(l, b, o);
     }
-    void *dk = nullptr, *dv = nullptr;
-    CHILD_CHECK(cudaMalloc(&dk, bytes) == cudaSuccess && cudaMalloc(&dv, bytes) == cudaSuccess,
-                "cudaMalloc kv");
-    CHILD_CHECK(cudaMemcpy(dk, k.data(), bytes, cudaMemcpyHostToDevice) == cudaSuccess &&
-                    cudaMemcpy(dv, v.data(), bytes, cudaMemcpyHostToDevice) == cudaSuccess,
-                "upload kv");
-    auto hk = exportIpcHandle(dk);
-    auto hv = exportIpcHandle(dv);
-    CHILD_CHECK(hk.isOk() && hv.isOk(), "export kv handles");
-    IpcHandle both[2] = {hk.value(), hv.value()};
-    CHILD_CHECK(writeFileAtomic(dir / "kv.handles", both, sizeof(both)), "write kv handles");
+  }
+  return out;
+}
+
+int kvHandoff(int rank, const fs::path& dir, cudaStream_t) {
+  auto backend = makeBackend("cuda", BackendOptions{});
+  CHILD_CHECK(backend.isOk(), backend.status().toString().c_str());
+  Backend& be = **backend;
+  if (rank == 0) {
+    const KvCacheShape shape = kvShape(10, 6);
+    auto cache = PagedKvCache::create(be, shape, DType::kBF16);
+    CHILD_CHECK(cache.isOk(), cache.status().toString().c_str());
+    for (int is_v = 0; is_v < 2; ++is_v) {
+      const auto bytes =
+          poolBytes(shape, [&](int l, int b, int64_t o) { return kvPattern(l, b, o, is_v); });
+      const Tensor t = is_v ? (*cache)->values(0) : (*cache)->keys(0);
+      CHILD_CHECK(cudaMemcpy(t.data, bytes.data(), bytes.size(), cudaMemcpyHostToDevice) ==
+                      cudaSuccess,
+                  "upload kv");
+    }
+    auto k = be.exportPeerMemory((*cache)->keys(0).data);
+    auto v = be.exportPeerMemory((*cache)->values(0).data);
+    CHILD_CHECK(k.isOk() && v.isOk(), "export the pools");
+    const std::string name = "garden-ipc-test-" + std::to_string(getpid());
+    auto exp = SharedKvPools::createNamedDevice(name, shape, DType::kBF16, *k, *v);
+    CHILD_CHECK(exp.isOk(), exp.status().toString().c_str());
+    const std::string msg = name + " " + std::to_string(getpid());
+    CHILD_CHECK(writeFileAtomic(dir / "kv.export", msg.data(), msg.size()), "write kv.export");
     std::vector<char> done;
     CHILD_CHECK(waitForFile(dir / "kv.done", done), "rank 1 never finished the handoff");
-    cudaFree(dk);
-    cudaFree(dv);
     return 0;
   }
   std::vector<char> raw;
-  CHILD_CHECK(waitForFile(dir / "kv.handles", raw) && raw.size() == 2 * sizeof(IpcHandle),
-              "kv handles");
-  IpcHandle hs[2];
-  std::memcpy(hs, raw.data(), sizeof(hs));
-  auto mk = IpcMapping::open(hs[0]);
-  auto mv = IpcMapping::open(hs[1]);
-  CHILD_CHECK(mk.isOk() && mv.isOk(), "open kv handles");
-  const size_t bytes = static_cast<size_t>(kLayers * kDstBlocks * kBlockBytes);
-  void *dk = nullptr, *dv = nullptr;
-  CHILD_CHECK(cudaMalloc(&dk, bytes) == cudaSuccess && cudaMalloc(&dv, bytes) == cudaSuccess,
-              "cudaMalloc dst kv");
-  CHILD_CHECK(
-      cudaMemset(dk, 0xAB, bytes) == cudaSuccess && cudaMemset(dv, 0xAB, bytes) == cudaSuccess,
-      "sentinel");
-  KvPoolView src;
-  src.k = static_cast<const char*>(mk.value()->data());
-  src.v = static_cast<const char*>(mv.value()->data());
-  src.layers = kLayers;
-  src.num_blocks = kSrcBlocks;
-  src.block_bytes = kBlockBytes;
-  const std::vector<int32_t> pairs = {7, 0, 2, 11, 9, 5, 0, 3, 4, 4};  // (src, dst)
-  Status st =
-      copyKvBlocks(src, static_cast<char*>(dk), static_cast<char*>(dv), kDstBlocks, pairs, stream);
+  CHILD_CHECK(waitForFile(dir / "kv.export", raw), "kv.export");
+  std::istringstream in(std::string(raw.begin(), raw.end()));
+  std::string name;
+  int32_t pid = 0;
+  in >> name >> pid;
+  auto src = SharedKvPools::openNamed(name, pid);
+  CHILD_CHECK(src.isOk(), src.status().toString().c_str());
+  CHILD_CHECK((*src)->onDevice(), "a device export");
+  const KvCacheShape dshape = kvShape(9, 4);
+  auto dst = PagedKvCache::create(be, dshape, DType::kBF16);
+  CHILD_CHECK(dst.isOk(), dst.status().toString().c_str());
+  const Status unmapped = copyKvBlocks(be, (*src)->view(), **dst, std::vector<int32_t>{0, 0});
+  CHILD_CHECK(unmapped.code() == StatusCode::kFailedPrecondition, "an unmapped export copied");
+  const Status mapped = (*src)->mapDevice(be);
+  CHILD_CHECK(mapped.isOk(), mapped.toString().c_str());
+  const auto sentinel = poolBytes(dshape, [](int, int, int64_t) { return uint8_t{0xAB}; });
+  for (const Tensor& t : {(*dst)->keys(0), (*dst)->values(0)}) {
+    CHILD_CHECK(cudaMemcpy(t.data, sentinel.data(), sentinel.size(), cudaMemcpyHostToDevice) ==
+                    cudaSuccess,
+                "sentinel");
+  }
+  const std::vector<int32_t> pairs = {7, 0, 2, 8, 9, 5, 0, 3, 4, 4};  // (src, dst) full pool
+  const std::vector<int32_t> wpairs = {5, 0, 1, 3, 3, 2};              // window pool
+  Status st = copyKvBlocks(be, (*src)->view(), **dst, pairs, wpairs);
   CHILD_CHECK(st.isOk(), st.toString().c_str());
-  const std::vector<int32_t> bad = {1, 2, 3, 12};  // destination block 12 of 12
   const Status refused =
-      copyKvBlocks(src, static_cast<char*>(dk), static_cast<char*>(dv), kDstBlocks, bad, stream);
+      copyKvBlocks(be, (*src)->view(), **dst, std::vector<int32_t>{1, 2, 3, 9}, wpairs);
   CHILD_CHECK(refused.code() == StatusCode::kInvalidArgument, "bad pair not refused");
-  CHILD_CHECK(cudaStreamSynchronize(stream) == cudaSuccess, "sync kv");
-  std::vector<uint8_t> k(bytes), v(bytes);
-  CHILD_CHECK(cudaMemcpy(k.data(), dk, bytes, cudaMemcpyDeviceToHost) == cudaSuccess &&
-                  cudaMemcpy(v.data(), dv, bytes, cudaMemcpyDeviceToHost) == cudaSuccess,
-              "download kv");
-  std::vector<int> src_of(kDstBlocks, -1);
+  const Status refused_w =
+      copyKvBlocks(be, (*src)->view(), **dst, pairs, std::vector<int32_t>{6, 0});
+  CHILD_CHECK(refused_w.code() == StatusCode::kInvalidArgument, "bad window pair not refused");
+  CHILD_CHECK(be.synchronize().isOk(), "sync kv");
+  std::vector<int> src_of(9, -1), wsrc_of(4, -1);
   for (size_t i = 0; i < pairs.size(); i += 2) src_of[static_cast<size_t>(pairs[i + 1])] = pairs[i];
+  for (size_t i = 0; i < wpairs.size(); i += 2) {
+    wsrc_of[static_cast<size_t>(wpairs[i + 1])] = wpairs[i];
+  }
   int64_t wrong = 0, checked = 0;
-  for (int l = 0; l < kLayers; ++l) {
-    for (int b = 0; b < kDstBlocks; ++b) {
-      for (int64_t o = 0; o < kBlockBytes; ++o) {
-        const size_t at = static_cast<size_t>((l * kDstBlocks + b) * kBlockBytes + o);
-        const int s = src_of[static_cast<size_t>(b)];
-        const uint8_t wk = s >= 0 ? kvPattern(l, s, o, 0) : 0xAB;
-        const uint8_t wv = s >= 0 ? kvPattern(l, s, o, 1) : 0xAB;
-        wrong += (k[at] != wk) + (v[at] != wv);
-        checked += 2;
-      }
-    }
+  for (int is_v = 0; is_v < 2; ++is_v) {
+    const auto want = poolBytes(dshape, [&](int l, int b, int64_t o) {
+      const int s = dshape.windowLayer(l) ? wsrc_of[static_cast<size_t>(b)]
+                                          : src_of[static_cast<size_t>(b)];
+      return s >= 0 ? kvPattern(l, s, o, is_v) : uint8_t{0xAB};
+    });
+    std::vector<uint8_t> got(want.size());
+    const Tensor t = is_v ? (*dst)->values(0) : (*dst)->keys(0);
+    CHILD_CHECK(cudaMemcpy(got.data(), t.data, got.size(), cudaMemcpyDeviceToHost) == cudaSuccess,
+                "download kv");
+    for (size_t i = 0; i < want.size(); ++i) wrong += got[i] != want[i];
+    checked += static_cast<int64_t>(want.size());
   }
   std::printf(
-      "[rank 1] kv handoff: %d blocks x %d layers x K/V copied, %lld bytes checked, %lld "
-      "wrong bytes\n",
-      static_cast<int>(pairs.size() / 2), kLayers, static_cast<long long>(checked),
-      static_cast<long long>(wrong));
-  mk.value().reset();
-  mv.value().reset();
-  cudaFree(dk);
-  cudaFree(dv);
+      "[rank 1] kv handoff: 5 blocks (full pool) + 3 (window pool, layers 1 and 3) x 5 layers x "
+      "K/V pulled through the named device export, %lld bytes checked, %lld wrong bytes\n",
+      static_cast<long long>(checked), static_cast<long long>(wrong));
+  src->reset();  // unmapped before rank 0 may exit
   const char one = '1';
   CHILD_CHECK(writeFileAtomic(dir / "kv.done", &one, 1), "write kv.done");
   return wrong == 0 ? 0 : 1;

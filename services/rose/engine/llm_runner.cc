@@ -129,14 +129,16 @@ Result<std::unique_ptr<LlmRunner>> LlmRunner::create(Backend& backend, LlmStepMo
   std::unique_ptr<LlmRunner> r(new LlmRunner(backend, model, opts));
   const KvCacheShape shape =
       model.kvShape(opts.kv_num_blocks, opts.kv_block_size, opts.kv_num_blocks_window);
-  if (!opts.kv_export.empty()) {  // [TAG_KV_PULL]
-    if (backend.name() != "cpu") {
-      return unimplemented("kv_export: exporting the KV cache is wired on the cpu backend only "
-                           "(the " + std::string(backend.name()) + " backend's IPC export is not)");
-    }
+  if (!opts.kv_export.empty() && backend.name() == "cpu") {  // [TAG_KV_PULL]
     ASSIGN_OR_RETURN(r->export_, SharedKvPools::createNamed(opts.kv_export, shape,
                                                             model.kvDType()));
     ASSIGN_OR_RETURN(r->kv_, r->export_->cache());
+  } else if (!opts.kv_export.empty()) {  // [TAG_KV_PULL_CUDA] device memory, IPC handles
+    ASSIGN_OR_RETURN(r->kv_, PagedKvCache::create(backend, shape, model.kvDType()));
+    ASSIGN_OR_RETURN(const PeerMemoryHandle k, backend.exportPeerMemory(r->kv_->keys(0).data));
+    ASSIGN_OR_RETURN(const PeerMemoryHandle v, backend.exportPeerMemory(r->kv_->values(0).data));
+    ASSIGN_OR_RETURN(r->export_, SharedKvPools::createNamedDevice(opts.kv_export, shape,
+                                                                  model.kvDType(), k, v));
   } else {
     ASSIGN_OR_RETURN(r->kv_, PagedKvCache::create(backend, shape, model.kvDType()));
   }
@@ -232,6 +234,18 @@ LlmStep LlmRunner::stagedStep(uint32_t slot, const shm::BatchDesc& d) const {
                  words};
 }
 
+Status LlmRunner::mapPullSource(SharedKvPools& pools) {
+  const bool device = backend_.name() != "cpu";
+  if (pools.onDevice() != device) {
+    return failedPrecondition(std::string("kv pull: the export's cache is in ") +
+                              (pools.onDevice() ? "device" : "host") + " memory, this worker's " +
+                              (device ? "on the " + std::string(backend_.name()) + " device"
+                                      : "in host memory") +
+                              ": both workers need the same --device");
+  }
+  return device ? pools.mapDevice(backend_) : okStatus();
+}
+
 Result<const SharedKvPools*> LlmRunner::pullSource(const std::string& name, int32_t pid) {
   for (auto& [n, pools] : pull_sources_) {
     if (n != name) continue;
@@ -239,6 +253,7 @@ Result<const SharedKvPools*> LlmRunner::pullSource(const std::string& name, int3
     // Re-created by another process (its worker restarted): open it again, after the copies
     // still queued from the old mapping ran.
     ASSIGN_OR_RETURN(auto fresh, SharedKvPools::openNamed(name, pid));
+    RETURN_IF_ERROR(mapPullSource(*fresh));
     RETURN_IF_ERROR(backend_.synchronize());
     pools = std::move(fresh);
     return pools.get();
@@ -251,6 +266,7 @@ Result<const SharedKvPools*> LlmRunner::pullSource(const std::string& name, int3
   if (opts_.kv_export == name && pools->pid() == static_cast<int32_t>(getpid())) {
     return invalidArgument("kv pull: source " + name + " is this worker's own cache");
   }
+  RETURN_IF_ERROR(mapPullSource(*pools));
   pull_sources_.emplace_back(name, std::move(pools));
   return pull_sources_.back().second.get();
 }

@@ -18,9 +18,11 @@
 // ModelFacts.kv_export) that other workers may read; a BatchKind::kKvPull batch
 // (common/shm/llm_batch.h) copies blocks of another worker's export into this cache (admit()
 // opens the export once per name and exporter pid and checks the pairs; launch() enqueues the
-// copy) and completes with no rows once the copy is done. Both on the cpu backend so far (the
-// CUDA pieces — IPC handles, the block-copy kernel — exist in parallel/cuda but are not wired
-// here: kv_export is refused there and kLlmCapKvPull not announced).
+// copy) and completes with no rows once the copy is done. On the cpu backend the cache lives in
+// the shm segment; on cuda [TAG_KV_PULL_CUDA] it stays device memory, the segment carries its
+// CUDA IPC handles (SharedKvPools::createNamedDevice), the importer maps them once
+// (Backend::openPeerMemory) and the copy is one kernel (Backend::copyKvBlocks). Both workers
+// must be on the same kind of device (a pull across kinds is FAILED_PRECONDITION).
 //
 // Threads: create() on the loading thread; everything else on the step thread (kvCache() also
 // after the loop stopped, or in tests between steps). The Backend and model must outlive the
@@ -134,9 +136,14 @@ class LlmRunner final : public Runner {
   };
   // [TAG_KV_PULL] admit() of a kKvPull batch.
   Result<OutputShape> admitPull(const shm::BatchDesc& d, std::span<const std::byte> input);
-  bool pullServed() const { return opts_.kv_pull && backend_.name() == "cpu"; }
+  bool pullServed() const {
+    return opts_.kv_pull && (backend_.name() == "cpu" || backend_.name() == "cuda");
+  }
   // The export `name` of process `pid`, opened once (reopened when the pid changed).
   Result<const SharedKvPools*> pullSource(const std::string& name, int32_t pid);
+  // A just-opened export: refused when it lives on the other kind of memory; a device export
+  // is mapped through the backend [TAG_KV_PULL_CUDA].
+  Status mapPullSource(SharedKvPools& pools);
   LlmRunner(Backend& b, LlmStepModel& m, const LlmRunnerOptions& o)
       : backend_(b),
         model_(m),

@@ -44,6 +44,7 @@
 #include <functional>
 #include <initializer_list>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -124,6 +125,8 @@ class Buffer {
 
   void* data() const { return data_; }
   size_t bytes() const { return bytes_; }
+  // The backend that allocated it (nullptr: memory the caller owns, e.g. a wrapped mapping).
+  Backend* owner() const { return owner_; }
   inline void reset();
 
  private:
@@ -345,6 +348,40 @@ class GraphExecutor {
   virtual GraphExecStats graphStats() const = 0;
 };
 
+// [TAG_KV_PULL_CUDA] The bytes of a CUDA IPC memory handle (cudaIpcMemHandle_t is 64 bytes).
+struct PeerMemoryHandle {
+  std::array<unsigned char, 64> bytes{};
+};
+
+// [TAG_KV_PULL_CUDA] A copy of KV blocks from one paged cache into another (the layout of
+// ops/paged_kv_cache.h: K and V each one allocation, per layer [layer blocks][block bytes]; with
+// a window pool its layers hold `*_blocks_window` blocks, the others `*_blocks`). For every layer
+// l and pair i of its pool (window_pairs for a window layer, pairs otherwise; (src, dst) flat):
+// dst_k[l][dst] = src_k[l][src], the same for V. Both caches have the same layers, block bytes
+// and window layers; ids are in range and no destination repeats (the caller checks).
+struct KvBlockCopy {
+  const void* src_k = nullptr;
+  const void* src_v = nullptr;
+  void* dst_k = nullptr;
+  void* dst_v = nullptr;
+  int32_t layers = 0;
+  uint64_t window_layers = 0;  // bit l: layer l is in the window pool (0: no window pool)
+  int32_t src_blocks = 0, src_blocks_window = 0;
+  int32_t dst_blocks = 0, dst_blocks_window = 0;
+  int64_t block_bytes = 0;
+  std::span<const int32_t> pairs;
+  std::span<const int32_t> window_pairs;
+  bool windowLayer(int32_t l) const { return l < 64 && ((window_layers >> l) & 1u) != 0; }
+  // Offset of layer l in blocks of the source (src = true) or destination pool.
+  int64_t layerBlockOffset(int32_t l, bool src) const {
+    const int32_t full = src ? src_blocks : dst_blocks;
+    const int32_t win = src ? src_blocks_window : dst_blocks_window;
+    int64_t off = 0;
+    for (int32_t i = 0; i < l; ++i) off += windowLayer(i) ? win : full;
+    return off;
+  }
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -385,6 +422,27 @@ class Backend {
   // an event recorded later fires).
   virtual void copyToDevice(const Tensor& dst, const void* src, size_t bytes) = 0;
   virtual void copyToHost(void* dst, const Tensor& src, size_t bytes) = 0;
+
+  // ---- memory shared with other processes of this host [TAG_KV_PULL_CUDA] ----
+  // A handle another process may map (CUDA IPC); `base` must be the start of an allocation of
+  // this backend. UNIMPLEMENTED on backends whose memory is host memory (CPU: shared memory
+  // segments do that job, parallel/kv_handoff.h).
+  virtual Result<PeerMemoryHandle> exportPeerMemory(const void* base) {
+    return unimplemented(std::string("peer memory export on the ") + std::string(name()) +
+                         " backend");
+  }
+  // Maps another process's exported allocation (read and write) and returns its start; undone
+  // by closePeerMemory. A process cannot map its own export (CUDA refuses).
+  virtual Result<void*> openPeerMemory(const PeerMemoryHandle& handle) {
+    return unimplemented(std::string("peer memory on the ") + std::string(name()) + " backend");
+  }
+  virtual void closePeerMemory(void* mapped) {}
+  // Enqueued: copies KV blocks between two paged caches (KvBlockCopy says how). The pairs are
+  // the caller's checked ones (parallel/kv_handoff.h checkKvBlockPairs) and are read before the
+  // call returns. cpu: memcpy on its queue; cuda: one kernel.
+  virtual Status copyKvBlocks(const KvBlockCopy& copy) {
+    return unimplemented(std::string("kv block copy on the ") + std::string(name()) + " backend");
+  }
 
   // ---- step progress [TAG_STEP_PROGRESS] ----
   // The word this backend advances while its queue executes (nullptr: none, the default). Set

@@ -53,6 +53,10 @@ Result<std::unique_ptr<PagedKvCache>> PagedKvCache::wrap(const KvCacheShape& sha
   return c;
 }
 
+bool PagedKvCache::onDevice() const {
+  return k_.owner() != nullptr && k_.owner()->name() != "cpu";
+}
+
 Tensor PagedKvCache::layerView(const Buffer& b, int32_t layer) const {
   CHECK(layer >= 0 && layer < shape_.num_layers);
   auto* base = static_cast<std::byte*>(b.data()) +

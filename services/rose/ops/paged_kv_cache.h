@@ -94,6 +94,9 @@ class PagedKvCache {
   const KvCacheShape& shape() const { return shape_; }
   DType dtype() const { return dtype_; }
   size_t bytes() const { return k_.bytes() + v_.bytes(); }
+  // True when the pools are device memory (allocated by a backend other than cpu); a wrapped
+  // cache is host memory.
+  bool onDevice() const;
   // [layerBlocks(layer), block_size, num_kv_heads, head_dim] views of one layer.
   Tensor keys(int32_t layer) const { return layerView(k_, layer); }
   Tensor values(int32_t layer) const { return layerView(v_, layer); }

@@ -48,8 +48,10 @@ Status checkPairs(std::span<const int32_t> pairs, int32_t src_blocks, int32_t ds
 
 // The header of a named export [TAG_KV_PULL]; the pools start at kDataOffset.
 constexpr uint64_t kExportMagic = 0x31584B4E44524747ULL;  // "GGRDNKX1" little-endian
-constexpr uint32_t kExportVersion = 1;
+// Version 2: the location and the device pools' handles [TAG_KV_PULL_CUDA].
+constexpr uint32_t kExportVersion = 2;
 constexpr size_t kDataOffset = 4096;
+constexpr uint32_t kLocationHost = 0, kLocationDevice = 1;
 struct ExportHeader {
   uint64_t magic = 0;  // written last (release): a reader that sees it sees the rest
   uint32_t version = 0;
@@ -60,6 +62,11 @@ struct ExportHeader {
   uint32_t dtype = 0;
   uint32_t reserved = 0;
   uint64_t pool_bytes = 0;
+  // kLocationHost: the pools follow the header in the segment; kLocationDevice: they are device
+  // allocations of the exporter, mapped through the handles (the segment is the header only).
+  uint32_t location = kLocationHost;
+  uint32_t reserved2 = 0;
+  PeerMemoryHandle k_handle, v_handle;
 };
 static_assert(sizeof(ExportHeader) <= kDataOffset);
 
@@ -132,6 +139,7 @@ KvPoolView kvPoolView(const PagedKvCache& cache) {
   v.v = static_cast<const std::byte*>(cache.values(0).data);
   v.shape = cache.shape();
   v.dtype = cache.dtype();
+  v.device = cache.onDevice();
   return v;
 }
 
@@ -175,33 +183,34 @@ Status checkKvBlockPairs(const KvPoolView& src, const PagedKvCache& dst,
 
 Status copyKvBlocks(Backend& dst_backend, const KvPoolView& src, PagedKvCache& dst,
                     std::span<const int32_t> pairs, std::span<const int32_t> window_pairs) {
-  if (dst_backend.name() != "cpu") {
-    return unimplemented("kv handoff: host copy on the " + std::string(dst_backend.name()) +
-                         " backend (CUDA: parallel/cuda copyKvBlocks)");
+  const bool dst_device = dst_backend.name() != "cpu";
+  if (src.device != dst_device) {
+    return failedPrecondition(std::string("kv handoff: the source pools are in ") +
+                              (src.device ? "device" : "host") + " memory, this worker's cache " +
+                              (dst_device ? "on the " + std::string(dst_backend.name()) + " device"
+                                          : "in host memory") +
+                              ": both workers need the same --device");
+  }
+  if (src.k == nullptr || src.v == nullptr) {
+    return failedPrecondition("kv handoff: the source pools are not mapped");
   }
   RETURN_IF_ERROR(checkKvBlockPairs(src, dst, pairs, window_pairs));
   const KvPoolView d = kvPoolView(dst);
-  auto* dk = const_cast<std::byte*>(d.k);
-  auto* dv = const_cast<std::byte*>(d.v);
-  // The caller's spans may not live that long.
-  std::vector<int32_t> p(pairs.begin(), pairs.end());
-  std::vector<int32_t> w(window_pairs.begin(), window_pairs.end());
-  const size_t bb = static_cast<size_t>(src.blockBytes());
-  const size_t es = dtypeSize(src.dtype);
-  dst_backend.launch([src, d, dk, dv, p = std::move(p), w = std::move(w), bb, es] {
-    for (int32_t l = 0; l < src.shape.num_layers; ++l) {
-      const std::vector<int32_t>& lp = src.shape.windowLayer(l) ? w : p;
-      const size_t src_layer = static_cast<size_t>(src.shape.layerOffset(l)) * es;
-      const size_t dst_layer = static_cast<size_t>(d.shape.layerOffset(l)) * es;
-      for (size_t i = 0; i + 1 < lp.size(); i += 2) {
-        const size_t so = src_layer + static_cast<size_t>(lp[i]) * bb;
-        const size_t dof = dst_layer + static_cast<size_t>(lp[i + 1]) * bb;
-        std::memcpy(dk + dof, src.k + so, bb);
-        std::memcpy(dv + dof, src.v + so, bb);
-      }
-    }
-  });
-  return okStatus();
+  KvBlockCopy c;
+  c.src_k = src.k;
+  c.src_v = src.v;
+  c.dst_k = const_cast<std::byte*>(d.k);
+  c.dst_v = const_cast<std::byte*>(d.v);
+  c.layers = src.shape.num_layers;
+  c.window_layers = src.shape.num_blocks_window > 0 ? src.shape.window_layers : 0;
+  c.src_blocks = src.shape.num_blocks;
+  c.src_blocks_window = src.shape.num_blocks_window;
+  c.dst_blocks = d.shape.num_blocks;
+  c.dst_blocks_window = d.shape.num_blocks_window;
+  c.block_bytes = src.blockBytes();
+  c.pairs = pairs;
+  c.window_pairs = window_pairs;
+  return dst_backend.copyKvBlocks(c);
 }
 
 Result<std::unique_ptr<SharedKvPools>> SharedKvPools::create(const KvCacheShape& shape,
@@ -232,12 +241,10 @@ Result<std::unique_ptr<SharedKvPools>> SharedKvPools::map(int fd, const KvCacheS
       new SharedKvPools(own, base, 2 * pool, base, pool, shape, dtype, false));
 }
 
-Result<std::unique_ptr<SharedKvPools>> SharedKvPools::createNamed(const std::string& name,
-                                                                  const KvCacheShape& shape,
-                                                                  DType dtype) {
-  RETURN_IF_ERROR(checkExportName(name));
-  RETURN_IF_ERROR(checkKvCacheShape(shape));
-  const std::string path = "/" + name;
+namespace {
+
+// A new /dev/shm/<name> (0600, close-on-exec) for an export, replacing a crashed exporter's.
+Result<int> createExportSegment(const std::string& name, const std::string& path) {
   int fd = shm_open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0 && errno == EEXIST) {
     // A crashed exporter's segment is replaced; anything else under the name is left alone.
@@ -260,15 +267,10 @@ Result<std::unique_ptr<SharedKvPools>> SharedKvPools::createNamed(const std::str
     fd = shm_open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   }
   if (fd < 0) return errnoStatus("shm_open (kv export " + name + ")", errno);
-  const size_t pool = PagedKvCache::poolBytes(shape, dtype);
-  const size_t total = kDataOffset + 2 * pool;
-  Result<std::byte*> mapped = mapOrClose(fd, total, true, true, "kv export " + name);
-  if (!mapped.isOk()) {
-    shm_unlink(path.c_str());
-    return mapped.status();
-  }
-  std::byte* base = *mapped;
-  auto* h = reinterpret_cast<ExportHeader*>(base);
+  return fd;
+}
+
+void fillHeader(ExportHeader* h, const KvCacheShape& shape, DType dtype, size_t pool) {
   h->version = kExportVersion;
   h->pid = static_cast<int32_t>(getpid());
   h->num_layers = shape.num_layers;
@@ -280,11 +282,63 @@ Result<std::unique_ptr<SharedKvPools>> SharedKvPools::createNamed(const std::str
   h->window_layers = shape.window_layers;
   h->dtype = static_cast<uint32_t>(dtype);
   h->pool_bytes = pool;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<SharedKvPools>> SharedKvPools::createNamed(const std::string& name,
+                                                                  const KvCacheShape& shape,
+                                                                  DType dtype) {
+  RETURN_IF_ERROR(checkExportName(name));
+  RETURN_IF_ERROR(checkKvCacheShape(shape));
+  const std::string path = "/" + name;
+  ASSIGN_OR_RETURN(const int fd, createExportSegment(name, path));
+  const size_t pool = PagedKvCache::poolBytes(shape, dtype);
+  const size_t total = kDataOffset + 2 * pool;
+  Result<std::byte*> mapped = mapOrClose(fd, total, true, true, "kv export " + name);
+  if (!mapped.isOk()) {
+    shm_unlink(path.c_str());
+    return mapped.status();
+  }
+  std::byte* base = *mapped;
+  auto* h = reinterpret_cast<ExportHeader*>(base);
+  fillHeader(h, shape, dtype, pool);
+  h->location = kLocationHost;
   __atomic_store_n(&h->magic, kExportMagic, __ATOMIC_RELEASE);
   std::unique_ptr<SharedKvPools> p(new SharedKvPools(fd, base, total, base + kDataOffset, pool,
                                                      shape, dtype, true));
   p->pid_ = h->pid;
   p->unlink_name_ = path;
+  return p;
+}
+
+Result<std::unique_ptr<SharedKvPools>> SharedKvPools::createNamedDevice(
+    const std::string& name, const KvCacheShape& shape, DType dtype, const PeerMemoryHandle& k,
+    const PeerMemoryHandle& v) {
+  RETURN_IF_ERROR(checkExportName(name));
+  RETURN_IF_ERROR(checkKvCacheShape(shape));
+  const std::string path = "/" + name;
+  ASSIGN_OR_RETURN(const int fd, createExportSegment(name, path));
+  Result<std::byte*> mapped = mapOrClose(fd, kDataOffset, true, true, "kv export " + name);
+  if (!mapped.isOk()) {
+    shm_unlink(path.c_str());
+    return mapped.status();
+  }
+  std::byte* base = *mapped;
+  auto* h = reinterpret_cast<ExportHeader*>(base);
+  const size_t pool = PagedKvCache::poolBytes(shape, dtype);
+  fillHeader(h, shape, dtype, pool);
+  h->location = kLocationDevice;
+  h->k_handle = k;
+  h->v_handle = v;
+  __atomic_store_n(&h->magic, kExportMagic, __ATOMIC_RELEASE);
+  std::unique_ptr<SharedKvPools> p(
+      new SharedKvPools(fd, base, kDataOffset, nullptr, pool, shape, dtype, true));
+  p->pid_ = h->pid;
+  p->unlink_name_ = path;
+  p->device_ = true;
+  p->k_handle_ = k;
+  p->v_handle_ = v;
   return p;
 }
 
@@ -321,15 +375,30 @@ Result<std::unique_ptr<SharedKvPools>> SharedKvPools::openNamed(const std::strin
   if (dtype != DType::kF32 && dtype != DType::kF16 && dtype != DType::kBF16) {
     shape_ok = invalidArgument("dtype " + std::to_string(h->dtype));
   }
+  if (h->location != kLocationHost && h->location != kLocationDevice) {
+    shape_ok = invalidArgument("location " + std::to_string(h->location));
+  }
+  const bool device = h->location == kLocationDevice;
   const size_t pool = shape_ok.isOk() ? PagedKvCache::poolBytes(s, dtype) : 0;
+  // A device export's segment is the header only; a host export's holds the pools.
+  const size_t total = device ? kDataOffset : kDataOffset + 2 * pool;
   struct stat st {};
   if (!shape_ok.isOk() || pool != h->pool_bytes || fstat(fd, &st) != 0 ||
-      static_cast<size_t>(st.st_size) != kDataOffset + 2 * pool) {
+      static_cast<size_t>(st.st_size) != total) {
     close(fd);
     return invalidArgument("kv export " + name + ": header and size disagree (" +
                            std::to_string(st.st_size) + " bytes)");
   }
-  const size_t total = kDataOffset + 2 * pool;
+  if (device) {
+    close(fd);  // everything needed is in the header read above
+    std::unique_ptr<SharedKvPools> p(
+        new SharedKvPools(-1, nullptr, 0, nullptr, pool, s, dtype, false));
+    p->pid_ = h->pid;
+    p->device_ = true;
+    p->k_handle_ = h->k_handle;
+    p->v_handle_ = h->v_handle;
+    return p;
+  }
   ASSIGN_OR_RETURN(std::byte* base, mapOrClose(fd, total, false, false, "kv export " + name));
   std::unique_ptr<SharedKvPools> p(
       new SharedKvPools(fd, base, total, base + kDataOffset, pool, s, dtype, false));
@@ -337,23 +406,45 @@ Result<std::unique_ptr<SharedKvPools>> SharedKvPools::openNamed(const std::strin
   return p;
 }
 
+Status SharedKvPools::mapDevice(Backend& backend) {
+  if (!device_) return failedPrecondition("kv pools: a host export needs no device mapping");
+  if (writable_) return failedPrecondition("kv pools: the exporter uses its own cache");
+  if (mapped_by_ != nullptr) return okStatus();
+  ASSIGN_OR_RETURN(void* k, backend.openPeerMemory(k_handle_));
+  Result<void*> v = backend.openPeerMemory(v_handle_);
+  if (!v.isOk()) {
+    backend.closePeerMemory(k);
+    return v.status();
+  }
+  base_ = static_cast<std::byte*>(k);
+  v_base_ = static_cast<std::byte*>(*v);
+  mapped_by_ = &backend;
+  return okStatus();
+}
+
 SharedKvPools::~SharedKvPools() {
-  munmap(map_base_, map_bytes_);
-  close(fd_);
+  if (mapped_by_ != nullptr) {
+    mapped_by_->closePeerMemory(base_);
+    mapped_by_->closePeerMemory(v_base_);
+  }
+  if (map_base_ != nullptr) munmap(map_base_, map_bytes_);
+  if (fd_ >= 0) close(fd_);
   if (!unlink_name_.empty()) shm_unlink(unlink_name_.c_str());
 }
 
 Result<std::unique_ptr<PagedKvCache>> SharedKvPools::cache() const {
   if (!writable_) return failedPrecondition("kv pools: a mapped (imported) pair is read-only");
+  if (device_) return failedPrecondition("kv pools: a device export's cache is the exporter's own");
   return PagedKvCache::wrap(shape_, dtype_, base_, base_ + pool_bytes_);
 }
 
 KvPoolView SharedKvPools::view() const {
   KvPoolView v;
   v.k = base_;
-  v.v = base_ + pool_bytes_;
+  v.v = device_ ? v_base_ : (base_ == nullptr ? nullptr : base_ + pool_bytes_);
   v.shape = shape_;
   v.dtype = dtype_;
+  v.device = device_;
   return v;
 }
 

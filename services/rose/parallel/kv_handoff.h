@@ -2,15 +2,18 @@
 // KV-block handoff between rose processes of one host (prefill/decode disaggregation,
 // docs/multi-gpu.md): a prefill worker's paged KV cache is exported once, a decode worker maps it
 // once and copies a request's blocks (src block → dst block, every layer, K and V) into its own
-// cache, then acks; only then may the prefill side reuse those blocks. This file is the
-// host-memory implementation of that interface, the twin of the CUDA one in
-// parallel/cuda/ipc_comm.h (exportIpcHandle / IpcMapping / copyKvBlocks → launchKvBlockCopy):
-//   export  SharedKvPools::create: the K and V pools in a memfd (the cpu backend's cache is host
-//           memory; a cache built over the memfd, PagedKvCache::wrap, is what the prefill side
-//           runs), handed to the importer as a file descriptor (CUDA: the pools' IPC handles);
-//   map     SharedKvPools::map: a read-only mapping of an exported pool pair (CUDA: IpcMapping);
-//   copy    copyKvBlocks: pairs checked on the host (INVALID_ARGUMENT naming the pair), then the
-//           block copies in order with the destination backend's queue (CUDA: one kernel).
+// cache, then acks; only then may the prefill side reuse those blocks. Host memory (cpu backend)
+// and device memory (cuda backend, [TAG_KV_PULL_CUDA]) alike:
+//   export  host: SharedKvPools::create / createNamed: the K and V pools in a memfd or a shm
+//           segment (a cache built over them, PagedKvCache::wrap, is what the prefill side runs);
+//           device: createNamedDevice: the cache stays the backend's own allocation, the segment
+//           carries its two CUDA IPC handles (Backend::exportPeerMemory);
+//   map     host: SharedKvPools::map / openNamed (read-only mapping); device: openNamed then
+//           mapDevice (Backend::openPeerMemory);
+//   copy    copyKvBlocks: pairs checked on the host (INVALID_ARGUMENT naming the pair), then
+//           Backend::copyKvBlocks in order with the destination backend's queue (cpu: memcpy per
+//           block and layer; cuda: one kernel, ops/cuda/kv_block_copy.cuh, reading the peer's
+//           memory within one GPU or over NVLink).
 // Layout of a pool (paged_kv_cache.h): per layer [layerBlocks][block_size][kv_heads][head_dim];
 // one block of one layer is block_bytes contiguous bytes. With a window pool
 // [TAG_KV_WINDOW_GROUP] the window layers have num_blocks_window blocks and their own ids, so a
@@ -19,9 +22,10 @@
 // window layers; block counts and ids differ.
 //
 // Named exports [TAG_KV_PULL] (SharedKvPools::createNamed / openNamed): the pools in a POSIX
-// shm segment /dev/shm/<name> behind a header (magic, version, exporter pid, shape, dtype), so a
-// worker started separately (rose --kv-export NAME) can be pulled from by name and pid — the
-// form rose's kKvPull batches use (common/shm/llm_batch.h).
+// shm segment /dev/shm/<name> behind a header (magic, version, exporter pid, shape, dtype,
+// location; a device export's segment is the header with the pools' IPC handles), so a worker
+// started separately (rose --kv-export NAME) can be pulled from by name and pid — the form
+// rose's kKvPull batches use (common/shm/llm_batch.h).
 //
 // Threads: SharedKvPools is immutable after create/map; copyKvBlocks on the destination
 // backend's launching thread. The source blocks must not change until the copy completed.
@@ -46,6 +50,9 @@ struct KvPoolView {
   // The element type; checkKvBlockPairs refuses a destination of another one (bf16 and fp16
   // blocks have the same bytes [TAG_ATTN_F16]).
   DType dtype = DType::kF32;
+  // Device memory (a cuda cache, or a peer's mapped through CUDA IPC) rather than host memory;
+  // copyKvBlocks refuses a destination backend of the other kind.
+  bool device = false;
   int64_t blockBytes() const;
 };
 KvPoolView kvPoolView(const PagedKvCache& cache);
@@ -60,8 +67,9 @@ Status checkKvBlockPairs(const KvPoolView& src, const PagedKvCache& dst,
                          std::span<const int32_t> window_pairs = {});
 
 // Checks, then copies every pair's block of every layer of its pool, K and V, into `dst`, in
-// order with what `dst_backend` was asked to do before (cpu: on its queue, complete when
-// synchronize() returns). UNIMPLEMENTED on other backends (CUDA: parallel/cuda copyKvBlocks).
+// order with what `dst_backend` was asked to do before (Backend::copyKvBlocks: complete when
+// an event recorded after it fires / synchronize() returns). FAILED_PRECONDITION when `src` is
+// host memory and `dst_backend` a device one or the other way round, or when it is not mapped.
 Status copyKvBlocks(Backend& dst_backend, const KvPoolView& src, PagedKvCache& dst,
                     std::span<const int32_t> pairs, std::span<const int32_t> window_pairs = {});
 
@@ -81,7 +89,17 @@ class SharedKvPools {
   static Result<std::unique_ptr<SharedKvPools>> createNamed(const std::string& name,
                                                             const KvCacheShape& shape,
                                                             DType dtype);
-  // Importer: maps /dev/shm/<name> read-only, shape and dtype from its header.
+  // [TAG_KV_PULL_CUDA] Exporter of a cache in device memory: /dev/shm/<name> holds the header
+  // only, with `k` and `v`, the IPC handles of the cache's two pools (Backend::exportPeerMemory
+  // of its keys(0) / values(0)); the cache stays the caller's and must outlive this object.
+  // Names and replacement as createNamed.
+  static Result<std::unique_ptr<SharedKvPools>> createNamedDevice(const std::string& name,
+                                                                  const KvCacheShape& shape,
+                                                                  DType dtype,
+                                                                  const PeerMemoryHandle& k,
+                                                                  const PeerMemoryHandle& v);
+  // Importer: maps /dev/shm/<name> read-only, shape and dtype from its header (a device export:
+  // its handles; view() has no pools until mapDevice).
   // FAILED_PRECONDITION when there is none, when it is not complete yet, or when its pid is not
   // `expected_pid` (> 0; the export was re-created by another process: what the pull named is
   // gone); INVALID_ARGUMENT for a malformed segment.
@@ -90,6 +108,14 @@ class SharedKvPools {
   ~SharedKvPools();
   SharedKvPools(const SharedKvPools&) = delete;
   SharedKvPools& operator=(const SharedKvPools&) = delete;
+
+  // Importer of a device export: maps the two pools through `backend` (once; unmapped on
+  // destruction, through the same backend, which must outlive this object).
+  // FAILED_PRECONDITION for a host export or on the exporter's side.
+  Status mapDevice(Backend& backend);
+  bool onDevice() const { return device_; }
+  const PeerMemoryHandle& kHandle() const { return k_handle_; }
+  const PeerMemoryHandle& vHandle() const { return v_handle_; }
 
   int fd() const { return fd_; }
   const KvCacheShape& shape() const { return shape_; }
@@ -122,6 +148,12 @@ class SharedKvPools {
   bool writable_ = false;
   int32_t pid_ = 0;
   std::string unlink_name_;  // a named export's exporter: removed on destruction
+  // [TAG_KV_PULL_CUDA] A device export: the handles; the importer's mapping of them (base_ is
+  // the K pool, v_base_ the V pool) and the backend that mapped them.
+  bool device_ = false;
+  PeerMemoryHandle k_handle_, v_handle_;
+  std::byte* v_base_ = nullptr;
+  Backend* mapped_by_ = nullptr;
 };
 
 }  // namespace garden::rose

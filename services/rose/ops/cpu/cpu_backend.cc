@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <memory>
 #include <new>
 #include <thread>
 #include <vector>
@@ -195,6 +196,34 @@ class CpuBackend final : public Backend {
     syncIfForeign();
     CHECK(bytes <= src.bytes());
     std::memcpy(dst, src.data, bytes);
+  }
+
+  // [TAG_KV_PULL_CUDA] On the queue, after what was launched before; the pairs are copied (the
+  // caller's spans may not live that long).
+  Status copyKvBlocks(const KvBlockCopy& c) override {
+    if (c.block_bytes <= 0 || c.layers <= 0) return invalidArgument("kv block copy: empty geometry");
+    KvBlockCopy own = c;
+    auto p = std::make_shared<std::vector<int32_t>>(c.pairs.begin(), c.pairs.end());
+    auto w = std::make_shared<std::vector<int32_t>>(c.window_pairs.begin(), c.window_pairs.end());
+    launch([own, p, w] {
+      const auto bb = static_cast<size_t>(own.block_bytes);
+      const auto* sk = static_cast<const std::byte*>(own.src_k);
+      const auto* sv = static_cast<const std::byte*>(own.src_v);
+      auto* dk = static_cast<std::byte*>(own.dst_k);
+      auto* dv = static_cast<std::byte*>(own.dst_v);
+      for (int32_t l = 0; l < own.layers; ++l) {
+        const std::vector<int32_t>& lp = own.windowLayer(l) ? *w : *p;
+        const size_t src_layer = static_cast<size_t>(own.layerBlockOffset(l, true)) * bb;
+        const size_t dst_layer = static_cast<size_t>(own.layerBlockOffset(l, false)) * bb;
+        for (size_t i = 0; i + 1 < lp.size(); i += 2) {
+          const size_t so = src_layer + static_cast<size_t>(lp[i]) * bb;
+          const size_t dof = dst_layer + static_cast<size_t>(lp[i + 1]) * bb;
+          std::memcpy(dk + dof, sk + so, bb);
+          std::memcpy(dv + dof, sv + so, bb);
+        }
+      }
+    });
+    return okStatus();
   }
 
   // ---- step progress [TAG_STEP_PROGRESS] ----

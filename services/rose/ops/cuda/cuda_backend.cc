@@ -11,6 +11,7 @@
 #include "services/rose/ops/cuda/cuda_utils.h"
 #include "services/rose/ops/cuda/paged_attention_sm90.cuh"
 #include "services/rose/ops/cuda/embedding.cuh"
+#include "services/rose/ops/cuda/kv_block_copy.cuh"
 #include "services/rose/ops/cuda/moe_lt_gemm.h"
 #include "services/rose/ops/cuda/moe_router_f32.cuh"
 #include "services/rose/ops/cuda/pool.cuh"
@@ -98,6 +99,7 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const BackendOptions& o
 
 CudaBackend::~CudaBackend() {
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  if (kv_pairs_ != nullptr) cudaFree(kv_pairs_);
   graphs_.reset();
   gemm_.reset();
   for (auto& s : staged_) cudaEventDestroy(s.done);
@@ -172,6 +174,81 @@ Status CudaBackend::registerHostMemory(void* ptr, size_t bytes) {
 }
 
 void CudaBackend::unregisterHostMemory(void* ptr) { cudaHostUnregister(ptr); }
+
+// ---- peer memory and the KV block copy [TAG_KV_PULL_CUDA] ----
+
+Result<PeerMemoryHandle> CudaBackend::exportPeerMemory(const void* base) {
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+  cudaIpcMemHandle_t h;
+  CUDA_RETURN_IF_ERROR(cudaIpcGetMemHandle(&h, const_cast<void*>(base)));
+  static_assert(sizeof(h) <= sizeof(PeerMemoryHandle::bytes));
+  PeerMemoryHandle out;
+  std::memcpy(out.bytes.data(), &h, sizeof(h));
+  return out;
+}
+
+Result<void*> CudaBackend::openPeerMemory(const PeerMemoryHandle& handle) {
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+  cudaIpcMemHandle_t h;
+  std::memcpy(&h, handle.bytes.data(), sizeof(h));
+  void* p = nullptr;
+  // Another GPU's memory is reached over NVLink/PCIe once peer access is on (lazily).
+  CUDA_RETURN_IF_ERROR(cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess));
+  return p;
+}
+
+void CudaBackend::closePeerMemory(void* mapped) {
+  if (mapped != nullptr) (void)cudaIpcCloseMemHandle(mapped);
+}
+
+Status CudaBackend::copyKvBlocks(const KvBlockCopy& c) {
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+  const size_t entries = c.pairs.size() + c.window_pairs.size();
+  if (c.pairs.size() % 2 != 0 || c.window_pairs.size() % 2 != 0) {
+    return invalidArgument("kv block copy: pairs must be (src, dst) pairs");
+  }
+  if (entries == 0) return okStatus();
+  const size_t bytes = entries * sizeof(int32_t);
+  if (bytes > kv_pairs_bytes_) {
+    // Rare (the longest handoff so far grows it): the old buffer may still be read.
+    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    if (kv_pairs_ != nullptr) CUDA_RETURN_IF_ERROR(cudaFree(kv_pairs_));
+    kv_pairs_ = nullptr;
+    kv_pairs_bytes_ = 0;
+    const size_t want = std::max<size_t>(bytes, 64 << 10);
+    CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&kv_pairs_), want));
+    kv_pairs_bytes_ = want;
+  }
+  if (bytes > staging_bytes_ / 2) {
+    std::vector<int32_t> all(c.pairs.begin(), c.pairs.end());
+    all.insert(all.end(), c.window_pairs.begin(), c.window_pairs.end());
+    CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(kv_pairs_, all.data(), bytes, cudaMemcpyHostToDevice, stream_));
+    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  } else {
+    char* st = stage(bytes);
+    std::memcpy(st, c.pairs.data(), c.pairs.size() * sizeof(int32_t));
+    std::memcpy(st + c.pairs.size() * sizeof(int32_t), c.window_pairs.data(),
+                c.window_pairs.size() * sizeof(int32_t));
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(kv_pairs_, st, bytes, cudaMemcpyHostToDevice, stream_));
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(staged_.back().done, stream_));
+  }
+  KvCopyGeometry g;
+  g.layers = c.layers;
+  g.window_layers = c.window_layers;
+  g.src_blocks = c.src_blocks;
+  g.src_blocks_window = c.src_blocks_window;
+  g.dst_blocks = c.dst_blocks;
+  g.dst_blocks_window = c.dst_blocks_window;
+  g.block_bytes = c.block_bytes;
+  const auto n = static_cast<int32_t>(c.pairs.size() / 2);
+  const auto nw = static_cast<int32_t>(c.window_pairs.size() / 2);
+  CUDA_RETURN_IF_ERROR(launchKvBlockCopy(
+      static_cast<const char*>(c.src_k), static_cast<const char*>(c.src_v),
+      static_cast<char*>(c.dst_k), static_cast<char*>(c.dst_v), g, kv_pairs_, n,
+      nw > 0 ? kv_pairs_ + c.pairs.size() : nullptr, nw, stream_));
+  return okStatus();
+}
 
 void CudaBackend::launch(std::function<void()> work) {
   CUDA_CHECK(cudaSetDevice(device_));

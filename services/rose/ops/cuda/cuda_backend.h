@@ -39,6 +39,11 @@ class CudaBackend final : public Backend, public GraphExecutor {
   void unregisterHostMemory(void* ptr) override;
 
   void launch(std::function<void()> work) override;
+  // [TAG_KV_PULL_CUDA] CUDA IPC handles of this backend's allocations; the KV block copy kernel.
+  Result<PeerMemoryHandle> exportPeerMemory(const void* base) override;
+  Result<void*> openPeerMemory(const PeerMemoryHandle& handle) override;
+  void closePeerMemory(void* mapped) override;
+  Status copyKvBlocks(const KvBlockCopy& copy) override;
   Result<std::unique_ptr<Event>> createEvent() override;
   Status recordEvent(Event& event) override;
   Status synchronize() override;
@@ -120,6 +125,8 @@ class CudaBackend final : public Backend, public GraphExecutor {
   size_t staging_cursor_ = 0;
   std::deque<Staged> staged_;
   std::vector<cudaEvent_t> free_events_;
+  int32_t* kv_pairs_ = nullptr;  // [TAG_KV_PULL_CUDA] the last KV copy's pairs on the device
+  size_t kv_pairs_bytes_ = 0;
 };
 
 }  // namespace garden::rose::cuda

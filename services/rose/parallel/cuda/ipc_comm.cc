@@ -1,7 +1,6 @@
 #include "services/rose/parallel/cuda/ipc_comm.h"
 
 #include <cstring>
-#include <unordered_set>
 
 #include "services/rose/ops/cuda/cuda_utils.h"
 
@@ -93,31 +92,6 @@ Status IpcAllReduce::checkError() {
   uint32_t err = 0;
   CUDA_RETURN_IF_ERROR(cudaMemcpy(&err, args_.error, sizeof(err), cudaMemcpyDeviceToHost));
   if (err != 0) return internalError("ipc all-reduce: a barrier timed out (a peer rank is gone)");
-  return okStatus();
-}
-
-Status copyKvBlocks(const KvPoolView& src, char* dst_k, char* dst_v, int32_t dst_num_blocks,
-                    std::span<const int32_t> pairs, cudaStream_t stream) {
-  if (pairs.size() % 2 != 0) return invalidArgument("kv handoff: pairs must be (src, dst) pairs");
-  const int32_t n = static_cast<int32_t>(pairs.size() / 2);
-  std::unordered_set<int32_t> dsts;
-  for (int32_t i = 0; i < n; ++i) {
-    const int32_t s = pairs[static_cast<size_t>(2 * i)], d = pairs[static_cast<size_t>(2 * i + 1)];
-    if (s < 0 || s >= src.num_blocks || d < 0 || d >= dst_num_blocks || !dsts.insert(d).second) {
-      return invalidArgument("kv handoff: pair " + std::to_string(i) + " (" + std::to_string(s) +
-                             " -> " + std::to_string(d) +
-                             ") is outside the caches or repeats a destination block");
-    }
-  }
-  if (n == 0) return okStatus();
-  int32_t* d_pairs = nullptr;
-  CUDA_RETURN_IF_ERROR(
-      cudaMallocAsync(reinterpret_cast<void**>(&d_pairs), pairs.size() * sizeof(int32_t), stream));
-  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d_pairs, pairs.data(), pairs.size() * sizeof(int32_t),
-                                       cudaMemcpyHostToDevice, stream));
-  const cudaError_t e = launchKvBlockCopy(src, dst_k, dst_v, dst_num_blocks, d_pairs, n, stream);
-  CUDA_RETURN_IF_ERROR(cudaFreeAsync(d_pairs, stream));
-  CUDA_RETURN_IF_ERROR(e);
   return okStatus();
 }
 

@@ -1,7 +1,8 @@
 #pragma once
 // Host side of the CUDA IPC pieces (docs/multi-gpu.md): exporting and opening device allocations
-// across the rose processes of one node, the IPC all-reduce for small messages
-// (ipc_allreduce.cuh) and the KV-block handoff (kv_transfer.cuh).
+// across the rose processes of one node and the IPC all-reduce for small messages
+// (ipc_allreduce.cuh). (The KV-block handoff maps its peer through the backend:
+// Backend::openPeerMemory / copyKvBlocks, parallel/kv_handoff.h.)
 //
 // Handles travel as plain bytes (IpcHandle): rank 0's internal shared-memory segment in the
 // runtime, files in the GPU test. A process can NOT open its own handle (CUDA refuses), so a
@@ -18,7 +19,6 @@
 
 #include "common/status.h"
 #include "services/rose/parallel/cuda/ipc_allreduce.cuh"
-#include "services/rose/parallel/cuda/kv_transfer.cuh"
 
 namespace garden::rose::cuda {
 
@@ -70,12 +70,5 @@ class IpcAllReduce {
   IpcHandle handle_;
   std::vector<std::unique_ptr<IpcMapping>> peers_;
 };
-
-// KV handoff: copies blocks pairs[i] = (src block, dst block) of every layer from `src` (a
-// peer's cache mapped through IpcMapping, or any device memory) into this process's cache
-// dst_k/dst_v ([layers][dst_num_blocks] blocks of src.block_bytes). Block ids are checked on the
-// host (INVALID_ARGUMENT naming the pair); enqueued on `stream`.
-Status copyKvBlocks(const KvPoolView& src, char* dst_k, char* dst_v, int32_t dst_num_blocks,
-                    std::span<const int32_t> pairs, cudaStream_t stream);
 
 }  // namespace garden::rose::cuda

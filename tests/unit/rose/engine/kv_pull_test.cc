@@ -490,6 +490,59 @@ TEST(KvPull, ExportNamesAreNotStolenAndCrashedOnesAreReplaced) {
   shm_unlink(("/" + other).c_str());
 }
 
+// [TAG_KV_PULL_CUDA] A device export (what `rose --device cuda --kv-export` makes) is the header
+// only, with the pools' IPC handles: read back exactly by openNamed, its name kept from others
+// while it lives; a cpu worker refuses to pull from it (FAILED_PRECONDITION naming the memory),
+// copyKvBlocks refuses its unmapped view, and a cpu backend cannot map it (UNIMPLEMENTED). (The
+// CUDA side — mapping and copying — runs in tests/gpu/ipc_test.cc and gpu_disagg_test.)
+TEST(KvPull, DeviceExportsCarryTheirHandlesAndCpuWorkersRefuseThem) {
+  const std::string name = exportName("d");
+  PeerMemoryHandle k, v;
+  for (size_t i = 0; i < k.bytes.size(); ++i) {
+    k.bytes[i] = static_cast<unsigned char>(i * 7 + 1);
+    v.bytes[i] = static_cast<unsigned char>(255 - i);
+  }
+  // The fixture's cache shape at 16 blocks (so a pull's pairs pass the shape checks).
+  auto decode = startWorker("decode", 8, 0, "");
+  ASSERT_TRUE(decode);
+  const KvCacheShape want = decode->model->kvShape(16, kBlockSize, 0);
+  auto exp = SharedKvPools::createNamedDevice(name, want, decode->model->kvDType(), k, v);
+  ASSERT_TRUE(exp.isOk()) << exp.status().toString();
+  EXPECT_TRUE((*exp)->onDevice());
+  EXPECT_EQ(fs::file_size("/dev/shm/" + name), 4096u) << "the header only";
+  auto cache = (*exp)->cache();
+  EXPECT_EQ(cache.status().code(), StatusCode::kFailedPrecondition);
+  auto taken = SharedKvPools::createNamedDevice(name, want, decode->model->kvDType(), k, v);
+  EXPECT_EQ(taken.status().code(), StatusCode::kFailedPrecondition);
+  auto got = SharedKvPools::openNamed(name, getpid());
+  ASSERT_TRUE(got.isOk()) << got.status().toString();
+  EXPECT_TRUE((*got)->onDevice());
+  EXPECT_EQ((*got)->kHandle().bytes, k.bytes);
+  EXPECT_EQ((*got)->vHandle().bytes, v.bytes);
+  EXPECT_EQ((*got)->shape().num_blocks, 16);
+  EXPECT_EQ((*got)->shape().num_layers, want.num_layers);
+  EXPECT_EQ((*got)->dtype(), decode->model->kvDType());
+  EXPECT_EQ((*got)->view().k, nullptr);
+  EXPECT_TRUE((*got)->view().device);
+  auto own = PagedKvCache::create(*decode->backend, want, decode->model->kvDType());
+  ASSERT_TRUE(own.isOk());
+  const Status copy =
+      copyKvBlocks(*decode->backend, (*got)->view(), **own, std::vector<int32_t>{0, 0});
+  EXPECT_EQ(copy.code(), StatusCode::kFailedPrecondition) << copy.toString();
+  EXPECT_NE(copy.message().find("device memory"), std::string::npos) << copy.message();
+  EXPECT_EQ((*got)->mapDevice(*decode->backend).code(), StatusCode::kUnimplemented);
+  // Through the channel: the cpu worker's pull is refused, its cache untouched.
+  const auto before = cacheBytes(decode->runner->kvCache());
+  shm::Completion c = decode->submitAndWait(putPull(*decode, 0, name, getpid(), {3, 1}));
+  EXPECT_EQ(c.status_code, static_cast<int32_t>(StatusCode::kFailedPrecondition)) << c.message;
+  EXPECT_NE(std::string(c.message).find("the export's cache is in device memory"),
+            std::string::npos)
+      << c.message;
+  EXPECT_EQ(cacheBytes(decode->runner->kvCache()), before);
+  exp->reset();
+  EXPECT_FALSE(fs::exists("/dev/shm/" + name));
+}
+
 // Bad export names are refused before anything is created.
 TEST(KvPull, ExportNamesAreChecked) {
   for (const std::string& bad :
