@@ -30,6 +30,8 @@
 //              or the mma.sync kernel like decode
 //              (default sm90) [TAG_PAGED_ATTN_SM90]; --attn-sm90-min-tokens N moves the threshold.
 //   --attn-bench C@H,...: the attention op alone (see attnBench), then exit.
+//   --kv-copy L1,L2,... [--kv-copy-layers 24|36]: the prefill/decode handoff's KV block copy
+//              alone (see kvCopyBench), then exit.
 //   --moe-prefill auto|chunk|step|tiled: MXFP4 MoE work on the wgmma kernel (or dequantized per
 //              call into bf16 and run as per-expert cuBLASLt GEMMs [TAG_MOE_LT_BF16]) for whole
 //              steps of >= 64 rows per expert where the wgmma kernel runs every expert, else as
@@ -111,6 +113,7 @@
 #include "services/rose/model/gpt_oss.h"
 #include "services/rose/ops/llm_ops.h"
 #include "services/rose/ops/paged_kv_cache.h"
+#include "services/rose/parallel/kv_handoff.h"
 #include "services/rose/ops/cuda/cuda_backend.h"
 #include "services/rose/ops/cuda/gemm.h"
 #include "services/rose/ops/cuda/moe_lt_gemm.h"
@@ -634,6 +637,88 @@ int moeGemmBench(const std::string& list, bool fp8, const std::vector<int>& slic
 }
 
 
+// --kv-copy L1,L2,...: the prefill/decode handoff's KV copy alone [TAG_KV_PULL_CUDA]
+// (Backend::copyKvBlocks, the kernel of a kKvPull batch): one sequence of L tokens at gpt-oss's KV
+// shape (--kv-copy-layers 24 for 20b, 36 for 120b; 8 kv heads, head_dim 64, blocks of 16, bf16;
+// every other layer a window layer of 128 tokens in its own pool, which keeps only the 9 blocks
+// the next query can see), source blocks in order, destination ids shuffled, between two caches
+// of one process on one GPU (the decode rose reads the prefill rose's pools through CUDA IPC; on
+// one GPU that is the same memory). ms per copy (median of 9 after a warm-up, CUDA events) and
+// GB/s of bytes read (the same again are written).
+int kvCopyBench(const std::string& list, int32_t layers) {
+  BackendOptions bo;
+  auto be = makeBackend("cuda", bo);
+  if (!be.isOk()) {
+    std::fprintf(stderr, "%s\n", be.status().toString().c_str());
+    return 1;
+  }
+  Backend& backend = **be;
+  auto* cb = static_cast<cuda::CudaBackend*>(&backend);
+  std::vector<int64_t> lens;
+  for (const auto& x : split(list, ',')) lens.push_back(std::atoll(x.c_str()));
+  const int64_t lmax = *std::max_element(lens.begin(), lens.end());
+  constexpr int32_t kBs = 16, kWindowBlocks = 128 / kBs + 1;
+  KvCacheShape shape;
+  shape.num_layers = layers;
+  shape.num_blocks = static_cast<int32_t>(kvBlocksFor(lmax, kBs) + 16);
+  shape.block_size = kBs;
+  shape.num_kv_heads = 8;
+  shape.head_dim = 64;
+  shape.num_blocks_window = 4 * kWindowBlocks;
+  for (int32_t l = 0; l < layers && l < 64; l += 2) shape.window_layers |= uint64_t{1} << l;
+  auto src = PagedKvCache::create(backend, shape, DType::kBF16);
+  auto dst = PagedKvCache::create(backend, shape, DType::kBF16);
+  if (!src.isOk() || !dst.isOk()) {
+    std::fprintf(stderr, "kv caches: %s\n",
+                 (src.isOk() ? dst.status() : src.status()).toString().c_str());
+    return 1;
+  }
+  const int64_t block_bytes = int64_t{kBs} * 8 * 64 * 2;
+  std::mt19937 rng(3);
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  for (const int64_t len : lens) {
+    const int32_t nb = static_cast<int32_t>(kvBlocksFor(len, kBs));
+    const int32_t nw = std::min(nb, kWindowBlocks);
+    std::vector<int32_t> ids(static_cast<size_t>(shape.num_blocks));
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    std::vector<int32_t> pairs, wpairs;
+    for (int32_t b = 0; b < nb; ++b) pairs.insert(pairs.end(), {b, ids[static_cast<size_t>(b)]});
+    for (int32_t b = 0; b < nw; ++b) wpairs.insert(wpairs.end(), {b, (b * 7) % shape.num_blocks_window});
+    // (the window ids: 7 is coprime with 4 * 9, so they are distinct)
+    const KvPoolView view = kvPoolView(**src);
+    std::vector<float> ms;
+    for (int rep = 0; rep < 10; ++rep) {
+      cudaEventRecord(e0, cb->stream());
+      const Status st = copyKvBlocks(backend, view, **dst, pairs, wpairs);
+      cudaEventRecord(e1, cb->stream());
+      if (!st.isOk()) {
+        std::fprintf(stderr, "kv copy: %s\n", st.toString().c_str());
+        return 1;
+      }
+      cudaEventSynchronize(e1);
+      float t = 0;
+      cudaEventElapsedTime(&t, e0, e1);
+      if (rep > 0) ms.push_back(t);
+    }
+    std::sort(ms.begin(), ms.end());
+    const int32_t wl = shape.numWindowLayers();
+    const double bytes =
+        2.0 * block_bytes * (static_cast<double>(layers - wl) * nb + static_cast<double>(wl) * nw);
+    const double med = ms[ms.size() / 2];
+    std::printf("kv copy L=%6lld layers %d: %6d + %d window blocks, %8.1f MB read, %7.3f ms "
+                "(min %.3f), %6.0f GB/s read\n",
+                static_cast<long long>(len), layers, nb, nw, bytes / 1e6, med, ms.front(),
+                bytes / (med * 1e-3) / 1e9);
+    std::fflush(stdout);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return 0;
+}
+
 // --attn-bench C@H,...: gpt-oss-20b's attention op alone (64 q heads, 8 kv heads, head_dim 64,
 // sinks, KV blocks of 16 in shuffled order) for one sequence's prefill chunk of C tokens after H
 // cached ones, full causal and window 128, on the mma.sync kernel and the Hopper kernel
@@ -798,6 +883,8 @@ int main(int argc, char** argv) {
   bool fuse_cn = GptOssOptions{}.fuse_combine_norm;  // --fuse-combine-norm on|off: GptOssOptions::fuse_combine_norm
   int64_t kv_tokens = 0;  // --kv-tokens N: size the KV cache for at least N tokens
   std::string moe_list;   // --moe-gemm T1,T2,...: time the MoE experts op alone (no model)
+  std::string kv_copy_list;    // --kv-copy L1,L2,...: the KV handoff copy alone [TAG_KV_PULL_CUDA]
+  int32_t kv_copy_layers = 24;  // --kv-copy-layers N
   std::string k_slices = std::to_string(cuda::kMoeDefaultKSlices);  // --moe-k-slices N[,N...]
   std::string prefetch_list;  // --moe-prefetch N[,N...] [TAG_MOE_L2_PREFETCH]
   bool profile = false;  // one decode step of each --decode workload between profiler markers
@@ -846,6 +933,8 @@ int main(int argc, char** argv) {
     else if (a == "--moe-wide-min-avg") cuda::setMoeWideMinAvg(std::atoi(next().c_str()));
     else if (a == "--moe-wide") cuda::setMoeWideVariant(next() == "off" ? -1 : 0);
     else if (a == "--attn-bench") return attnBench(next());
+    else if (a == "--kv-copy") kv_copy_list = next();
+    else if (a == "--kv-copy-layers") kv_copy_layers = std::atoi(next().c_str());
     else if (a == "--attn-prefill") {
       const std::string v = next();
       if (v != "sm90" && v != "sm90basic" && v != "sm90c2" && v != "sm90c2s4" && v != "mma") {
@@ -908,6 +997,7 @@ int main(int argc, char** argv) {
   std::vector<int> prefetch;
   for (const auto& x : split(prefetch_list, ',')) prefetch.push_back(std::atoi(x.c_str()));
   if (!moe_list.empty()) return moeGemmBench(moe_list, moe == "fp8", slice_counts, prefetch);
+  if (!kv_copy_list.empty()) return kvCopyBench(kv_copy_list, kv_copy_layers);
   if (prefetch.size() > 1) {
     std::fprintf(stderr, "--moe-prefetch takes one distance without --moe-gemm\n");
     return 2;
