@@ -235,15 +235,8 @@ LlmStep LlmRunner::stagedStep(uint32_t slot, const shm::BatchDesc& d) const {
 }
 
 Status LlmRunner::mapPullSource(SharedKvPools& pools) {
-  const bool device = backend_.name() != "cpu";
-  if (pools.onDevice() != device) {
-    return failedPrecondition(std::string("kv pull: the export's cache is in ") +
-                              (pools.onDevice() ? "device" : "host") + " memory, this worker's " +
-                              (device ? "on the " + std::string(backend_.name()) + " device"
-                                      : "in host memory") +
-                              ": both workers need the same --device");
-  }
-  return device ? pools.mapDevice(backend_) : okStatus();
+  RETURN_IF_ERROR(checkKvPoolLocation(pools.onDevice(), backend_));
+  return pools.onDevice() ? pools.mapDevice(backend_) : okStatus();
 }
 
 Result<const SharedKvPools*> LlmRunner::pullSource(const std::string& name, int32_t pid) {

@@ -181,16 +181,19 @@ Status checkKvBlockPairs(const KvPoolView& src, const PagedKvCache& dst,
   return okStatus();
 }
 
+Status checkKvPoolLocation(bool src_device, const Backend& dst_backend) {
+  const bool dst_device = dst_backend.name() != "cpu";
+  if (src_device == dst_device) return okStatus();
+  return failedPrecondition(std::string("kv handoff: the source cache is in ") +
+                            (src_device ? "device" : "host") + " memory, this worker's " +
+                            (dst_device ? "on the " + std::string(dst_backend.name()) + " device"
+                                        : "in host memory") +
+                            ": both workers need the same --device");
+}
+
 Status copyKvBlocks(Backend& dst_backend, const KvPoolView& src, PagedKvCache& dst,
                     std::span<const int32_t> pairs, std::span<const int32_t> window_pairs) {
-  const bool dst_device = dst_backend.name() != "cpu";
-  if (src.device != dst_device) {
-    return failedPrecondition(std::string("kv handoff: the source pools are in ") +
-                              (src.device ? "device" : "host") + " memory, this worker's cache " +
-                              (dst_device ? "on the " + std::string(dst_backend.name()) + " device"
-                                          : "in host memory") +
-                              ": both workers need the same --device");
-  }
+  RETURN_IF_ERROR(checkKvPoolLocation(src.device, dst_backend));
   if (src.k == nullptr || src.v == nullptr) {
     return failedPrecondition("kv handoff: the source pools are not mapped");
   }
@@ -270,7 +273,40 @@ Result<int> createExportSegment(const std::string& name, const std::string& path
   return fd;
 }
 
-void fillHeader(ExportHeader* h, const KvCacheShape& shape, DType dtype, size_t pool) {
+}  // namespace
+
+Result<std::unique_ptr<SharedKvPools>> SharedKvPools::createNamed(const std::string& name,
+                                                                  const KvCacheShape& shape,
+                                                                  DType dtype) {
+  return createNamedAt(name, shape, dtype, nullptr, nullptr);
+}
+
+Result<std::unique_ptr<SharedKvPools>> SharedKvPools::createNamedDevice(
+    const std::string& name, const KvCacheShape& shape, DType dtype, const PeerMemoryHandle& k,
+    const PeerMemoryHandle& v) {
+  return createNamedAt(name, shape, dtype, &k, &v);
+}
+
+Result<std::unique_ptr<SharedKvPools>> SharedKvPools::createNamedAt(const std::string& name,
+                                                                    const KvCacheShape& shape,
+                                                                    DType dtype,
+                                                                    const PeerMemoryHandle* k,
+                                                                    const PeerMemoryHandle* v) {
+  RETURN_IF_ERROR(checkExportName(name));
+  RETURN_IF_ERROR(checkKvCacheShape(shape));
+  const bool device = k != nullptr;
+  const std::string path = "/" + name;
+  ASSIGN_OR_RETURN(const int fd, createExportSegment(name, path));
+  const size_t pool = PagedKvCache::poolBytes(shape, dtype);
+  // A device export's segment is the header only; a host export's holds the pools after it.
+  const size_t total = device ? kDataOffset : kDataOffset + 2 * pool;
+  Result<std::byte*> mapped = mapOrClose(fd, total, true, true, "kv export " + name);
+  if (!mapped.isOk()) {
+    shm_unlink(path.c_str());
+    return mapped.status();
+  }
+  std::byte* base = *mapped;
+  auto* h = reinterpret_cast<ExportHeader*>(base);
   h->version = kExportVersion;
   h->pid = static_cast<int32_t>(getpid());
   h->num_layers = shape.num_layers;
@@ -282,63 +318,21 @@ void fillHeader(ExportHeader* h, const KvCacheShape& shape, DType dtype, size_t 
   h->window_layers = shape.window_layers;
   h->dtype = static_cast<uint32_t>(dtype);
   h->pool_bytes = pool;
-}
-
-}  // namespace
-
-Result<std::unique_ptr<SharedKvPools>> SharedKvPools::createNamed(const std::string& name,
-                                                                  const KvCacheShape& shape,
-                                                                  DType dtype) {
-  RETURN_IF_ERROR(checkExportName(name));
-  RETURN_IF_ERROR(checkKvCacheShape(shape));
-  const std::string path = "/" + name;
-  ASSIGN_OR_RETURN(const int fd, createExportSegment(name, path));
-  const size_t pool = PagedKvCache::poolBytes(shape, dtype);
-  const size_t total = kDataOffset + 2 * pool;
-  Result<std::byte*> mapped = mapOrClose(fd, total, true, true, "kv export " + name);
-  if (!mapped.isOk()) {
-    shm_unlink(path.c_str());
-    return mapped.status();
+  h->location = device ? kLocationDevice : kLocationHost;
+  if (device) {
+    h->k_handle = *k;
+    h->v_handle = *v;
   }
-  std::byte* base = *mapped;
-  auto* h = reinterpret_cast<ExportHeader*>(base);
-  fillHeader(h, shape, dtype, pool);
-  h->location = kLocationHost;
   __atomic_store_n(&h->magic, kExportMagic, __ATOMIC_RELEASE);
-  std::unique_ptr<SharedKvPools> p(new SharedKvPools(fd, base, total, base + kDataOffset, pool,
-                                                     shape, dtype, true));
+  std::unique_ptr<SharedKvPools> p(new SharedKvPools(
+      fd, base, total, device ? nullptr : base + kDataOffset, pool, shape, dtype, true));
   p->pid_ = h->pid;
   p->unlink_name_ = path;
-  return p;
-}
-
-Result<std::unique_ptr<SharedKvPools>> SharedKvPools::createNamedDevice(
-    const std::string& name, const KvCacheShape& shape, DType dtype, const PeerMemoryHandle& k,
-    const PeerMemoryHandle& v) {
-  RETURN_IF_ERROR(checkExportName(name));
-  RETURN_IF_ERROR(checkKvCacheShape(shape));
-  const std::string path = "/" + name;
-  ASSIGN_OR_RETURN(const int fd, createExportSegment(name, path));
-  Result<std::byte*> mapped = mapOrClose(fd, kDataOffset, true, true, "kv export " + name);
-  if (!mapped.isOk()) {
-    shm_unlink(path.c_str());
-    return mapped.status();
+  if (device) {
+    p->device_ = true;
+    p->k_handle_ = *k;
+    p->v_handle_ = *v;
   }
-  std::byte* base = *mapped;
-  auto* h = reinterpret_cast<ExportHeader*>(base);
-  const size_t pool = PagedKvCache::poolBytes(shape, dtype);
-  fillHeader(h, shape, dtype, pool);
-  h->location = kLocationDevice;
-  h->k_handle = k;
-  h->v_handle = v;
-  __atomic_store_n(&h->magic, kExportMagic, __ATOMIC_RELEASE);
-  std::unique_ptr<SharedKvPools> p(
-      new SharedKvPools(fd, base, kDataOffset, nullptr, pool, shape, dtype, true));
-  p->pid_ = h->pid;
-  p->unlink_name_ = path;
-  p->device_ = true;
-  p->k_handle_ = k;
-  p->v_handle_ = v;
   return p;
 }
 

@@ -66,6 +66,10 @@ Status checkKvBlockPairs(const KvPoolView& src, const PagedKvCache& dst,
                          std::span<const int32_t> pairs,
                          std::span<const int32_t> window_pairs = {});
 
+// FAILED_PRECONDITION when a source cache in device memory (`src_device`) meets a destination
+// backend whose memory is host memory, or the other way round.
+Status checkKvPoolLocation(bool src_device, const Backend& dst_backend);
+
 // Checks, then copies every pair's block of every layer of its pool, K and V, into `dst`, in
 // order with what `dst_backend` was asked to do before (Backend::copyKvBlocks: complete when
 // an event recorded after it fires / synchronize() returns). FAILED_PRECONDITION when `src` is
@@ -128,6 +132,12 @@ class SharedKvPools {
   KvPoolView view() const;
 
  private:
+  // createNamed (k, v null) and createNamedDevice.
+  static Result<std::unique_ptr<SharedKvPools>> createNamedAt(const std::string& name,
+                                                              const KvCacheShape& shape,
+                                                              DType dtype,
+                                                              const PeerMemoryHandle* k,
+                                                              const PeerMemoryHandle* v);
   SharedKvPools(int fd, std::byte* map_base, size_t map_bytes, std::byte* pools, size_t pool_bytes,
                 const KvCacheShape& s, DType d, bool writable)
       : fd_(fd),

@@ -535,7 +535,7 @@ TEST(KvPull, DeviceExportsCarryTheirHandlesAndCpuWorkersRefuseThem) {
   const auto before = cacheBytes(decode->runner->kvCache());
   shm::Completion c = decode->submitAndWait(putPull(*decode, 0, name, getpid(), {3, 1}));
   EXPECT_EQ(c.status_code, static_cast<int32_t>(StatusCode::kFailedPrecondition)) << c.message;
-  EXPECT_NE(std::string(c.message).find("the export's cache is in device memory"),
+  EXPECT_NE(std::string(c.message).find("the source cache is in device memory"),
             std::string::npos)
       << c.message;
   EXPECT_EQ(cacheBytes(decode->runner->kvCache()), before);
