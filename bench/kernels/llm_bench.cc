@@ -14,7 +14,7 @@
 //                  [--moe-weights auto|mxfp4|fp8|mxfp4-bf16|bf16] [--fp8-min-tokens N]
 //                  [--cuda-graphs on|off] [--residual f32|bf16] [--router f32|bf16] [--norm-round once|twice] [--kv-tokens N] [--masks D]
 //                  [--dtype bfloat16|float16] [--attn-dtype D] [--moe-dtype D] [--head-dtype D]
-//                  [--moe-out f32|act] [--proj-out f32|f16]
+//                  [--moe-out f32|act] [--proj-out f32|f16|qkv|o]
 //                  [--profile] [--bar-dump DIR [--bar-prompts L1,L2,...]] [--moe-k-slices N]
 //                  [--fuse-combine-norm on|off] [--moe-wide on|off] [--moe-wide-min-avg N]
 //   --moe-wide off: block_m 64 MXFP4 tiles take the tiled kernel, not the wide one [TAG_MOE_WIDE];
@@ -879,6 +879,7 @@ int main(int argc, char** argv) {
   bool head_f16 = false;     // --head-dtype bfloat16|float16: GptOssOptions::head_f16 (--dtype: all three)
   bool moe_out_f32 = false;  // --moe-out f32|act: GptOssOptions::moe_out_f32
   bool proj_f32 = false;     // --proj-out f32|f16: GptOssOptions::proj_f32 [TAG_PROJ_F32]
+  bool proj_qkv = true, proj_o = true;  // --proj-out qkv / o: only that projection in f32
   // (--dtype float16: all five on, as rose's --dtype; a later --moe-out / --proj-out overrides)
   bool fuse_cn = GptOssOptions{}.fuse_combine_norm;  // --fuse-combine-norm on|off: GptOssOptions::fuse_combine_norm
   int64_t kv_tokens = 0;  // --kv-tokens N: size the KV cache for at least N tokens
@@ -915,7 +916,16 @@ int main(int argc, char** argv) {
     else if (a == "--moe-dtype") moe_f16 = next() == "float16";
     else if (a == "--head-dtype") head_f16 = next() == "float16";
     else if (a == "--moe-out") moe_out_f32 = next() == "f32";
-    else if (a == "--proj-out") proj_f32 = next() == "f32";
+    else if (a == "--proj-out") {
+      const std::string v = next();
+      if (v != "f32" && v != "f16" && v != "qkv" && v != "o") {
+        std::fprintf(stderr, "--proj-out: f32, f16, qkv or o\n");
+        return 2;
+      }
+      proj_f32 = v != "f16";
+      proj_qkv = v != "o";
+      proj_o = v != "qkv";
+    }
     else if (a == "--dtype") {
       GptOssOptions d;
       if (!applyGptOssDtype(next(), d)) {
@@ -1052,6 +1062,8 @@ int main(int argc, char** argv) {
   go.head_f16 = head_f16;
   go.moe_out_f32 = moe_out_f32;
   go.proj_f32 = proj_f32;
+  go.proj_f32_qkv = proj_qkv;
+  go.proj_f32_o = proj_o;
   if (!moeWeightsFromName(moe, &go.moe_weights)) {
     std::fprintf(stderr, "--moe-weights must be auto, mxfp4, fp8, mxfp4-bf16 or bf16\n");
     return 2;

@@ -408,10 +408,11 @@ Result<std::unique_ptr<GptOssModel>> GptOssModel::load(const std::string& dir, B
     ASSIGN_OR_RETURN(auto* kb, requireHfTensor(*ck, p + "self_attn.k_proj.bias", {hkv * d}));
     ASSIGN_OR_RETURN(auto* vb, requireHfTensor(*ck, p + "self_attn.v_proj.bias", {hkv * d}));
     // [TAG_PROJ_F32] f32 projections take f32 biases (cuBLASLt: the bias has D's type).
-    const DType pbt = opts.proj_f32 ? DType::kF32 : awt;
-    ASSIGN_OR_RETURN(L.qkv_bias, uploadStacked(b, pbt, {qb, kb, vb}));
+    ASSIGN_OR_RETURN(L.qkv_bias,
+                     uploadStacked(b, opts.qkvF32() ? DType::kF32 : awt, {qb, kb, vb}));
     ASSIGN_OR_RETURN(L.o, uploadOne(b, *ck, p + "self_attn.o_proj.weight", {h, hq * d}, awt));
-    ASSIGN_OR_RETURN(L.o_bias, uploadOne(b, *ck, p + "self_attn.o_proj.bias", {h}, pbt));
+    ASSIGN_OR_RETURN(L.o_bias, uploadOne(b, *ck, p + "self_attn.o_proj.bias", {h},
+                                         opts.oF32() ? DType::kF32 : awt));
     ASSIGN_OR_RETURN(L.sinks, uploadOne(b, *ck, p + "self_attn.sinks", {hq}, DType::kF32));
     ASSIGN_OR_RETURN(L.router, uploadOne(b, *ck, p + "mlp.router.weight", {ne, h}, wt));
     ASSIGN_OR_RETURN(L.router_bias, uploadOne(b, *ck, p + "mlp.router.bias", {ne}, wt));
@@ -869,12 +870,13 @@ Result<int64_t> GptOssModel::prewarmGemms() {
   // Every layer's projections have layer 0's shapes; the tuning is per shape, not per weight.
   const Layer& L = layers_[0];
   // The QKV / O-proj outputs [TAG_ATTN_F16] (f32 with proj_f32 [TAG_PROJ_F32]).
-  const DType act = opts_.proj_f32 ? DType::kF32 : attn_dtype_;
+  const DType qkv_out = opts_.qkvF32() ? DType::kF32 : attn_dtype_;
+  const DType o_out = opts_.oF32() ? DType::kF32 : attn_dtype_;
   int64_t runs = 0;
-  ASSIGN_OR_RETURN(int64_t r,
-                   backend_.prewarmLinear(L.qkv.view, L.qkv_bias.view, act, opts_.max_batch_tokens));
+  ASSIGN_OR_RETURN(int64_t r, backend_.prewarmLinear(L.qkv.view, L.qkv_bias.view, qkv_out,
+                                                     opts_.max_batch_tokens));
   runs += r;
-  ASSIGN_OR_RETURN(r, backend_.prewarmLinear(L.o.view, L.o_bias.view, act, opts_.max_batch_tokens));
+  ASSIGN_OR_RETURN(r, backend_.prewarmLinear(L.o.view, L.o_bias.view, o_out, opts_.max_batch_tokens));
   runs += r;
   if (!route_f32_) {
     ASSIGN_OR_RETURN(r, backend_.prewarmLinear(L.router.view, Tensor(), DType::kF32,
@@ -1149,9 +1151,9 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
     const Tensor qkv = qkv_buf_.view.rowSlice(0, t);
     // [TAG_PROJ_F32] QKV's f32 output, then O-proj's, in one buffer (each read before the next).
     const Tensor qkv32 =
-        opts_.proj_f32 ? Tensor(proj32_.view.data, DType::kF32, {t, qkv.cols()}) : Tensor();
+        opts_.qkvF32() ? Tensor(proj32_.view.data, DType::kF32, {t, qkv.cols()}) : Tensor();
     const Tensor o32 =
-        opts_.proj_f32 ? Tensor(proj32_.view.data, DType::kF32, {t, x.cols()}) : Tensor();
+        opts_.oF32() ? Tensor(proj32_.view.data, DType::kF32, {t, x.cols()}) : Tensor();
     const Tensor attn = attn_.view.rowSlice(0, t);
     const Tensor rl = router_logits_.view.rowSlice(0, t);
     const Tensor tk_ids = topk_ids_.view.rowSlice(0, t);
@@ -1175,9 +1177,9 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
       const int32_t li = static_cast<int32_t>(l);
       const bool in_window_pool = kv.shape().windowLayer(li);  // [TAG_KV_WINDOW_GROUP]
       // [TAG_PROJ_F32] With f32 projections, q/k/v are rounded once, after RoPE, into qkv.
-      b.linear(xa, L.qkv.view, L.qkv_bias.view, opts_.proj_f32 ? qkv32 : qkv);
+      b.linear(xa, L.qkv.view, L.qkv_bias.view, opts_.qkvF32() ? qkv32 : qkv);
       const Tensor& layer_slots = in_window_pool ? slots_w : slots;
-      if (opts_.proj_f32) {
+      if (opts_.qkvF32()) {
         ops_.ropeKvWriteF32In(qkv32, qkv, pos, rope_cos_.view, rope_sin_.view, layer_slots,
                               kv.keys(li), kv.values(li), rope);
       } else {
@@ -1189,7 +1191,7 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
       ops_.pagedAttention(qkv, kv.keys(li), kv.values(li), cu, pos,
                           in_window_pool ? tables_w : tables, L.sinks.view, attn, lp);
       // res += attn out; xm = norm(res). The O-proj output in f32 with proj_f32.
-      const Tensor ao = opts_.proj_f32 ? o32 : xa;
+      const Tensor ao = opts_.oF32() ? o32 : xa;
       b.linear(attn, L.o.view, L.o_bias.view, ao);
       b.rmsNorm(ao, res, L.post_norm.view, xm, norm);
       if (route_f32_) {  // [TAG_ROUTER_F32]: from the f32 stream, the norm folded in

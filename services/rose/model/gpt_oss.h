@@ -143,6 +143,12 @@ struct GptOssOptions {
   // output joins the f32 stream unrounded — the roundings a TF32 run does not make. Needs
   // attn_f16 (the f16-in / f32-out GEMM; A/B: rose_llm_bench --proj-out f16).
   bool proj_f32 = false;
+  // With proj_f32, which of the two write f32 (A/B of the real-shape bar: rose_llm_bench
+  // --proj-out qkv / o). Both by default.
+  bool proj_f32_qkv = true;
+  bool proj_f32_o = true;
+  bool qkvF32() const { return proj_f32 && proj_f32_qkv; }
+  bool oF32() const { return proj_f32 && proj_f32_o; }
 };
 
 // `rose --dtype` [TAG_ATTN_F16]: "bfloat16" leaves `o` as it is; "float16" sets attn_f16,
