@@ -31,6 +31,7 @@
 #include "garden/v1/garden.grpc.pb.h"
 #include "services/rose/tools/mkmodel_gpt_oss.h"
 #include "tests/integration/support/harness.h"
+#include "tests/integration/support/tulip_generate.h"
 #include "tests/support/gpt_oss_tiny.h"
 
 namespace garden {
@@ -45,12 +46,7 @@ std::vector<int32_t> prompt(int32_t n, int32_t start) {
   return v;
 }
 
-struct Stream {
-  grpc::Status status;
-  std::vector<int32_t> tokens;
-  std::vector<float> logprobs;  // the sampled token's
-  std::vector<float> margins;   // top-2 logprob margin per token
-};
+using Stream = testing::Top2Stream;
 
 class GpuDisagg : public ::testing::Test {
  protected:
@@ -92,27 +88,7 @@ class GpuDisagg : public ::testing::Test {
   }
 
   Stream generate(const std::vector<int32_t>& p, uint32_t n) {
-    v1::GenerateRequest r;
-    for (int32_t t : p) r.add_prompt_ids(t);
-    r.set_max_tokens(n);
-    r.set_ignore_eos(true);
-    r.mutable_sampling()->set_logprobs(true);
-    r.mutable_sampling()->set_top_logprobs(2);
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + 120s);
-    auto reader = stub_->Generate(&ctx, r);
-    Stream out;
-    v1::GenerateChunk c;
-    while (reader->Read(&c)) {
-      out.tokens.insert(out.tokens.end(), c.token_ids().begin(), c.token_ids().end());
-      for (const v1::TokenLogprobs& lp : c.logprobs()) {
-        out.logprobs.push_back(lp.logprob());
-        out.margins.push_back(lp.top_logprobs_size() >= 2 ? lp.top_logprobs(0) - lp.top_logprobs(1)
-                                                          : 0.f);
-      }
-    }
-    out.status = reader->Finish();
-    return out;
+    return testing::generateTop2(*stub_, p, n);
   }
 
   // Three streams one after another, then two concurrent ones.
@@ -135,23 +111,15 @@ class GpuDisagg : public ::testing::Test {
     return r;
   }
 
-  // `got` equals `want` up to `want`'s first near-tie (top-2 margin < 0.05); how many compared.
+  // `got` equals `want` up to `want`'s first near-tie (top-2 margin < 0.05, as on cuda elsewhere);
+  // how many were compared.
   static size_t expectSameUntilNearTie(const Stream& got, const Stream& want) {
-    size_t k = 0;
-    while (k < want.tokens.size() && k < want.margins.size() && want.margins[k] >= 0.05f) ++k;
-    for (size_t i = 0; i < k && i < got.tokens.size(); ++i) {
-      EXPECT_EQ(got.tokens[i], want.tokens[i]) << "token " << i << " (first near-tie at " << k
-                                               << ")";
-    }
     EXPECT_EQ(got.tokens.size(), want.tokens.size());
-    return k;
+    return testing::expectSameUntilNearTie(got, want, 0.05f);
   }
 
-  double metric(const std::string& name) {
-    auto r = testing::http(metrics_port_, "GET", "/metrics");
-    auto at = r.body.find("\n" + name + " ");
-    if (at == std::string::npos) return -1;
-    return std::stod(r.body.substr(at + name.size() + 2));
+  double metric(const std::string& series) {
+    return testing::metricValue(testing::http(metrics_port_, "GET", "/metrics").body, series);
   }
 
   bool allBlocksFree(uint32_t blocks) {

@@ -32,6 +32,7 @@
 #include "garden/v1/garden.grpc.pb.h"
 #include "services/rose/tools/mkmodel_gpt_oss.h"
 #include "tests/integration/support/harness.h"
+#include "tests/integration/support/tulip_generate.h"
 #include "tests/support/gpt_oss_tiny.h"
 
 namespace garden {
@@ -103,32 +104,10 @@ class DeviceRanks : public ::testing::Test {
     return c.empty() ? -1 : c[0];
   }
 
-  // A greedy stream and, per token, the top-2 logprob margin (= the logits' top-2 margin).
-  struct Stream {
-    std::vector<int32_t> tokens;
-    std::vector<float> margins;
-  };
+  using Stream = testing::Top2Stream;
   Stream generate(const std::vector<int32_t>& p, uint32_t n) {
-    v1::GenerateRequest r;
-    for (int32_t t : p) r.add_prompt_ids(t);
-    r.set_max_tokens(n);
-    r.set_ignore_eos(true);
-    r.mutable_sampling()->set_logprobs(true);
-    r.mutable_sampling()->set_top_logprobs(2);
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + 120s);
-    auto reader = stub_->Generate(&ctx, r);
-    Stream out;
-    v1::GenerateChunk c;
-    while (reader->Read(&c)) {
-      out.tokens.insert(out.tokens.end(), c.token_ids().begin(), c.token_ids().end());
-      for (const v1::TokenLogprobs& lp : c.logprobs()) {
-        out.margins.push_back(lp.top_logprobs_size() >= 2 ? lp.top_logprobs(0) - lp.top_logprobs(1)
-                                                          : 0.f);
-      }
-    }
-    const grpc::Status st = reader->Finish();
-    EXPECT_TRUE(st.ok()) << st.error_message();
+    Stream out = testing::generateTop2(*stub_, p, n);
+    EXPECT_TRUE(out.status.ok()) << out.status.error_message();
     return out;
   }
 
@@ -140,22 +119,10 @@ class DeviceRanks : public ::testing::Test {
   }
 
   // `got` equals `want` up to `want`'s first near-tie (top-2 margin below 0.05 on cuda, where bf16
-  // rounding alone may decide, as in gpu_llm_model_test; 1e-4 on the f32 cpu): the tokens before
-  // it (the streams may part there).
-  // Returns how many were compared.
+  // rounding alone may decide, as in gpu_llm_model_test; 1e-4 on the f32 cpu, where the sharded
+  // sums differ from one rank's by ~1e-6 relative). Returns how many were compared.
   static size_t expectSameUntilNearTie(const Stream& got, const Stream& want) {
-    // cpu: f32 throughout, the sharded sums differ from one rank's by ~1e-6 relative.
-    const float near_tie = device() == "cpu" ? 1e-4f : 0.05f;
-    size_t k = 0;
-    while (k < want.tokens.size() && k < want.margins.size() && want.margins[k] >= near_tie) ++k;
-    const size_t n = std::min(k + 1, want.tokens.size());  // the near-tie token itself may differ
-    EXPECT_GE(got.tokens.size(), n);
-    for (size_t i = 0; i < n && i < got.tokens.size(); ++i) {
-      if (i == k) break;
-      EXPECT_EQ(got.tokens[i], want.tokens[i])
-          << "token " << i << " (first near-tie at " << k << ")";
-    }
-    return k;
+    return testing::expectSameUntilNearTie(got, want, device() == "cpu" ? 1e-4f : 0.05f);
   }
 
   static testing::TempDir* dir_;
