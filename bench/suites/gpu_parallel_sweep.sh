@@ -14,7 +14,10 @@
 # BIN holds tulip, rose, ivy and loadgen. Environment:
 #   LAYOUTS      ';'-separated rose flag sets (default: the published EP sweep with TP = EP:
 #                "--ep 1;--tp 2 --ep 2;--tp 4 --ep 4;--tp 8 --ep 8"; "--ep 1" is one GPU). A layout
-#                needing more GPUs than are visible is skipped with a line saying so.
+#                needing more GPUs than are visible is skipped with a line saying so. A layout
+#                starting with "disagg" is prefill/decode disaggregation (tulip --disaggregate,
+#                the rest of the entry the flags of both roses): on cuda the prefill rose runs on
+#                GPU 1, the decode rose on GPU 0 (single-rank roses only; 2 GPUs).
 #   PREFILL      prompt lengths (default "8192 32768 65536 131072"); REPS (default 3)
 #   DECODE       B@C entries (default "1@8192 16@8192 64@8192 1@32768 16@32768 64@32768");
 #                OUT_DECODE output tokens per stream (default 256)
@@ -76,7 +79,15 @@ PY
 IFS=';' read -r -a layouts <<< "$LAYOUTS"
 for layout in "${layouts[@]}"; do
   layout=$(echo "$layout" | xargs)
-  n=$(world "$layout")
+  disagg=()
+  rflags=$layout
+  if [ "${layout%% *}" = disagg ]; then
+    rflags=${layout#disagg}
+    disagg=(--disaggregate)
+    [ "$DEVICE" = cuda ] && disagg+=(--prefill-rose-arg=--cuda-device --prefill-rose-arg=1)
+  fi
+  n=$(world "$rflags")
+  [ ${#disagg[@]} -gt 0 ] && n=$(( 2 * n ))
   tag=$(echo "${layout:-single}" | tr -d '-' | tr ' ' '_')
   if [ "$DEVICE" = cuda ] && [ "$n" -gt "$gpus" ]; then
     echo "layout '$layout': $n GPUs needed, $gpus visible: skipped"
@@ -86,13 +97,14 @@ for layout in "${layouts[@]}"; do
   dir="$OUT/$tag"
   mkdir -p "$dir"
   rose_args=()
-  for a in $layout ${ROSE_ARGS:-} --max-model-len "$MML" --max-seqs 64; do
+  for a in $rflags ${ROSE_ARGS:-} --max-model-len "$MML" --max-seqs 64; do
     rose_args+=(--rose-arg "$a")
   done
   "$BIN/tulip" --host 127.0.0.1 --port "$port" --metrics-port "$mport" --model "$MODEL" \
     --device "$DEVICE" --rose-bin "$BIN/rose" --shm-name "/garden-par-sweep-$tag" \
     --served-model-name gpt-oss-sweep --max-num-seqs 64 --max-batch-tokens "$MBT" \
-    --progress-timeout-ms 300000 --step-timeout-ms 300000 "${rose_args[@]}" ${TULIP_ARGS:-} \
+    --progress-timeout-ms 300000 --step-timeout-ms 300000 "${rose_args[@]}" "${disagg[@]}" \
+    ${TULIP_ARGS:-} \
     > "$dir/tulip.log" 2>&1 &
   tulip_pid=$!
   "$BIN/ivy" --host 127.0.0.1 --port "$hport" --tulip "127.0.0.1:$port" \
