@@ -247,5 +247,62 @@ TEST(KvHandoff, RefusesBadPairsAndShapes) {
   EXPECT_TRUE(backend->synchronize().isOk());
 }
 
+// [TAG_KV_PULL_CUDA] The copy through Backend::copyKvBlocks (the cpu backend's; the CUDA kernel
+// does the same per layer, tests/gpu/ipc_test.cc) with window pools on an irregular set of layers
+// (0, 2 and 3 of 5) and every pool of another size on each side: each layer's blocks come from its
+// own pool's pairs, at that layer's offset; every byte of every block is checked.
+TEST(KvHandoff, WindowLayersTakeTheirOwnPairsAtTheirOwnOffsets) {
+  auto backend = std::move(makeBackend("cpu", BackendOptions{1, 0, 64})).value();
+  KvCacheShape s{5, 7, 4, 2, 8};
+  s.num_blocks_window = 3;
+  s.window_layers = 0b01101;
+  KvCacheShape d = s;
+  d.num_blocks = 5;
+  d.num_blocks_window = 4;
+  auto pools = std::move(SharedKvPools::create(s, DType::kF32)).value();
+  auto dst = std::move(PagedKvCache::create(*backend, d, DType::kF32)).value();
+  const int64_t per_block = int64_t{4} * 2 * 8;  // floats of one block
+  // Source value of (layer, block, element, K/V); destination sentinel -3.
+  auto value = [&](int l, int b, int64_t e, int v) {
+    return static_cast<float>(((l * 31 + b) * 1000 + e) * (v ? -1 : 1));
+  };
+  for (int v = 0; v < 2; ++v) {
+    auto* src = reinterpret_cast<float*>(
+        const_cast<std::byte*>(v ? pools->view().v : pools->view().k));
+    for (int l = 0; l < s.num_layers; ++l) {
+      float* layer = src + s.layerOffset(l);
+      for (int b = 0; b < s.layerBlocks(l); ++b) {
+        for (int64_t e = 0; e < per_block; ++e) layer[b * per_block + e] = value(l, b, e, v);
+      }
+    }
+    const Tensor t = v ? dst->values(0) : dst->keys(0);
+    std::fill_n(static_cast<float*>(t.data), d.totalElements(), -3.f);
+  }
+  const std::vector<int32_t> pairs = {6, 0, 2, 4, 0, 2};  // full pool (layers 1, 4)
+  const std::vector<int32_t> window = {2, 3, 0, 1};       // window pool (layers 0, 2, 3)
+  ASSERT_TRUE(copyKvBlocks(*backend, pools->view(), *dst, pairs, window).isOk());
+  ASSERT_TRUE(backend->synchronize().isOk());
+  int64_t checked = 0;
+  for (int v = 0; v < 2; ++v) {
+    const Tensor t = v ? dst->values(0) : dst->keys(0);
+    const float* out = static_cast<const float*>(t.data);
+    for (int l = 0; l < d.num_layers; ++l) {
+      const std::vector<int32_t>& lp = d.windowLayer(l) ? window : pairs;
+      for (int b = 0; b < d.layerBlocks(l); ++b) {
+        int from = -1;
+        for (size_t i = 0; i < lp.size(); i += 2) {
+          if (lp[i + 1] == b) from = lp[i];
+        }
+        for (int64_t e = 0; e < per_block; ++e, ++checked) {
+          const float want = from < 0 ? -3.f : value(l, from, e, v);
+          ASSERT_EQ(out[d.layerOffset(l) + b * per_block + e], want)
+              << "layer " << l << " block " << b << " element " << e << (v ? " V" : " K");
+        }
+      }
+    }
+  }
+  EXPECT_EQ(checked, 2 * d.totalElements());
+}
+
 }  // namespace
 }  // namespace garden::rose
