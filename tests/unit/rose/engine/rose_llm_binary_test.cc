@@ -316,7 +316,9 @@ TEST_F(RoseLlmBinary, BadKvFlagsExitTwo) {
         std::vector<std::string>{"--kv-window-blocks=-2"},
         std::vector<std::string>{"--attn-prefill", "wgmma"},
         std::vector<std::string>{"--moe-prefill", "lt"},
-        std::vector<std::string>{"--attn-prefill", "sm90", "--kv-block-size", "12"}}) {
+        std::vector<std::string>{"--attn-prefill", "sm90", "--kv-block-size", "12"},
+        std::vector<std::string>{"--cuda-device", "0"},  // needs --device cuda
+        std::vector<std::string>{"--cuda-device=-2"}}) {
     std::vector<std::string> args = {roseBin(),    "--model", modelDir(),
                                      "--shm-name", name,      "--create-shm"};
     args.insert(args.end(), extra.begin(), extra.end());
