@@ -57,7 +57,9 @@
 // only after the source's last write to them completed). Refused with INVALID_ARGUMENT naming the
 // pair or field (an id out of range, a destination written twice, shapes or dtypes that differ),
 // FAILED_PRECONDITION when no export `source` of process source_pid exists (never made, or
-// re-created by a restarted worker: its blocks are gone). Nothing is copied when refused.
+// re-created by a restarted worker: its blocks are gone) or when it lives in the other kind of
+// memory (a cpu worker's host pools vs a cuda worker's device pools [TAG_KV_PULL_CUDA]). Nothing
+// is copied when refused.
 //
 // Threads: plain functions over caller-owned memory; the late-mask word is shared by the two
 // processes (atomic, futex).

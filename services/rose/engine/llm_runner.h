@@ -81,10 +81,11 @@ struct LlmRunnerOptions {
   // (to test an unverified backend through the mesh), kOff never.
   enum class LateMasks { kAuto, kOn, kOff };
   LateMasks late_masks = LateMasks::kAuto;
-  // [TAG_KV_PULL] Export the KV cache under this name (SharedKvPools::createNamed; empty: a
-  // private cache). cpu backend only.
+  // [TAG_KV_PULL] Export the KV cache under this name (cpu: SharedKvPools::createNamed, the cache
+  // in the segment; cuda: createNamedDevice, its IPC handles [TAG_KV_PULL_CUDA]; empty: a private
+  // cache).
   std::string kv_export;
-  // [TAG_KV_PULL] Serve kKvPull batches (announced as kLlmCapKvPull; cpu backend only). A
+  // [TAG_KV_PULL] Serve kKvPull batches (announced as kLlmCapKvPull; cpu and cuda backends). A
   // sharded model's cache lives in its ranks: false there.
   bool kv_pull = true;
 };
