@@ -138,17 +138,6 @@ class GpuDisagg : public ::testing::Test {
 };
 testing::TempDir* GpuDisagg::dir_ = nullptr;
 
-// The rose of each side, told apart by the prefill one's --kv-export.
-std::pair<pid_t, pid_t> prefillAndDecodeRose(pid_t tulip) {
-  pid_t prefill = 0, decode = 0;
-  for (pid_t k : testing::runningChildrenOf(tulip)) {
-    std::ifstream f("/proc/" + std::to_string(k) + "/cmdline");
-    std::string cmd((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    (cmd.find("--kv-export") != std::string::npos ? prefill : decode) = k;
-  }
-  return {prefill, decode};
-}
-
 TEST_F(GpuDisagg, StreamsEqualOneRoseAndThePrefillRoseMayDie) {
   startTulip(false);
   const Run want = streams();
@@ -156,7 +145,7 @@ TEST_F(GpuDisagg, StreamsEqualOneRoseAndThePrefillRoseMayDie) {
   tulip_.reset();
 
   startTulip(true);
-  auto [prefill, decode] = prefillAndDecodeRose(tulip_->pid());
+  auto [prefill, decode] = testing::prefillAndDecodeRose(tulip_->pid());
   ASSERT_GT(prefill, 0);
   ASSERT_GT(decode, 0);
   const Run got = streams();
@@ -209,7 +198,7 @@ TEST_F(GpuDisagg, StreamsEqualOneRoseAndThePrefillRoseMayDie) {
   ASSERT_TRUE(again.status.ok()) << again.status.error_message() << tulip_->log();
   EXPECT_EQ(again.tokens, want.alone[0].tokens);
   EXPECT_EQ(again.logprobs, want.alone[0].logprobs);
-  EXPECT_NE(prefillAndDecodeRose(tulip_->pid()).first, prefill) << "a new prefill rose";
+  EXPECT_NE(testing::prefillAndDecodeRose(tulip_->pid()).first, prefill) << "a new prefill rose";
 }
 
 }  // namespace

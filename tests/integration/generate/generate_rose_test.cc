@@ -407,17 +407,6 @@ TEST_F(GenerateRose, DisaggregatedCancelFreesBothSides) {
   EXPECT_EQ(o.tokens, reference(prompt(10, 55), 4));
 }
 
-// The rose of each side, told apart by the prefill one's --kv-export.
-std::pair<pid_t, pid_t> prefillAndDecodeRose(pid_t tulip) {
-  pid_t prefill = 0, decode = 0;
-  for (pid_t k : testing::childrenOf(tulip)) {
-    std::ifstream f("/proc/" + std::to_string(k) + "/cmdline");
-    std::string cmd((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    (cmd.find("--kv-export") != std::string::npos ? prefill : decode) = k;
-  }
-  return {prefill, decode};
-}
-
 // Killing the prefill rose leaves the sequences already handed over alone (their KV lives on the
 // decode rose now); killing the decode rose ends its streams UNAVAILABLE; after each restart
 // tulip serves again, the streams equal to rose's own continuation.
@@ -426,7 +415,7 @@ TEST_F(GenerateRose, DisaggregatedWorkerKilledThenRecovers) {
   startTulip(64, -1, true);
   const auto a = prompt(20, 2024);
   const auto want_a = reference(a, 24);
-  auto [prefill, decode] = prefillAndDecodeRose(tulip_->pid());
+  auto [prefill, decode] = testing::prefillAndDecodeRose(tulip_->pid());
   ASSERT_GT(prefill, 0);
   ASSERT_GT(decode, 0);
   {
@@ -464,7 +453,7 @@ TEST_F(GenerateRose, DisaggregatedWorkerKilledThenRecovers) {
   }
   ASSERT_TRUE(o.status.ok()) << o.status.error_message() << tulip_->log();
   EXPECT_EQ(o.tokens, reference(prompt(9, 31), 5));
-  std::tie(prefill, decode) = prefillAndDecodeRose(tulip_->pid());
+  std::tie(prefill, decode) = testing::prefillAndDecodeRose(tulip_->pid());
   {
     v1::GenerateRequest r;
     for (int32_t t : a) r.add_prompt_ids(t);

@@ -229,6 +229,16 @@ std::vector<pid_t> runningChildrenOf(pid_t pid) {
   return out;
 }
 
+std::pair<pid_t, pid_t> prefillAndDecodeRose(pid_t tulip) {
+  pid_t prefill = 0, decode = 0;
+  for (pid_t k : runningChildrenOf(tulip)) {
+    std::ifstream f("/proc/" + std::to_string(k) + "/cmdline");
+    std::string cmd((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    (cmd.find("--kv-export") != std::string::npos ? prefill : decode) = k;
+  }
+  return {prefill, decode};
+}
+
 HttpResponse http(int port, const std::string& method, const std::string& path,
                   const std::string& body, const std::map<std::string, std::string>& headers,
                   std::chrono::milliseconds timeout) {

@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace garden::testing {
@@ -99,6 +100,9 @@ std::vector<pid_t> childrenOf(pid_t pid);
 bool processRunning(pid_t pid);
 // The direct children of `pid` that are running (childrenOf filtered by processRunning).
 std::vector<pid_t> runningChildrenOf(pid_t pid);
+// tulip --disaggregate's two running roses (prefill, decode), told apart by the prefill one's
+// --kv-export on its command line; 0 for a side that is not running.
+std::pair<pid_t, pid_t> prefillAndDecodeRose(pid_t tulip);
 
 struct HttpResponse {
   int status = 0;                              // 0 = connection failed
