@@ -206,7 +206,7 @@ std::vector<uint8_t> poolBytes(const KvCacheShape& shape, F&& byte_at) {
   return out;
 }
 
-int kvHandoff(int rank, const fs::path& dir, cudaStream_t) {
+int kvHandoff(int rank, const fs::path& dir) {
   auto backend = makeBackend("cuda", BackendOptions{});
   CHILD_CHECK(backend.isOk(), backend.status().toString().c_str());
   Backend& be = **backend;
@@ -316,7 +316,7 @@ int runRank(int rank, const fs::path& dir) {
   const Status c = ar.value()->connect(all);
   CHILD_CHECK(c.isOk(), c.toString().c_str());
   int rc = allReduceCases(rank, *ar.value(), stream);
-  rc |= kvHandoff(rank, dir, stream);
+  rc |= kvHandoff(rank, dir);
   ar.value().reset();
   cudaStreamDestroy(stream);
   return rc;

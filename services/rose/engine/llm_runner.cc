@@ -267,9 +267,8 @@ Result<const SharedKvPools*> LlmRunner::pullSource(const std::string& name, int3
 Result<OutputShape> LlmRunner::admitPull(const shm::BatchDesc& d,
                                          std::span<const std::byte> input) {
   if (!pullServed()) {
-    return invalidArgument("kv pull batches (kind 4) are not served by this worker (" +
-                           std::string(backend_.name()) +
-                           " backend or a sharded model: no kLlmCapKvPull)");
+    return invalidArgument("kv pull batches (kind 4) are not served by this worker (a sharded "
+                           "model: its cache lives in the ranks; no kLlmCapKvPull)");
   }
   if (d.num_seqs != 0 || d.num_tokens != 0) {
     return invalidArgument("kv pull: num_seqs and num_tokens must be 0");

@@ -137,9 +137,7 @@ class LlmRunner final : public Runner {
   };
   // [TAG_KV_PULL] admit() of a kKvPull batch.
   Result<OutputShape> admitPull(const shm::BatchDesc& d, std::span<const std::byte> input);
-  bool pullServed() const {
-    return opts_.kv_pull && (backend_.name() == "cpu" || backend_.name() == "cuda");
-  }
+  bool pullServed() const { return opts_.kv_pull; }
   // The export `name` of process `pid`, opened once (reopened when the pid changed).
   Result<const SharedKvPools*> pullSource(const std::string& name, int32_t pid);
   // A just-opened export: refused when it lives on the other kind of memory; a device export

@@ -23,6 +23,7 @@
 #include "common/shm/channel.h"
 #include "garden/v1/garden.grpc.pb.h"
 #include "tests/integration/support/harness.h"
+#include "tests/integration/support/tulip_load.h"
 
 namespace garden {
 namespace {
@@ -55,12 +56,7 @@ class Liveness : public ::testing::Test {
         argv, dir_->path() + "/tulip-" + std::to_string(port_) + ".log");
     stub_ = v1::Tulip::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(port_),
                                                    grpc::InsecureChannelCredentials()));
-    ASSERT_TRUE(testing::eventually(120s, [&] {
-      grpc::ClientContext ctx;
-      ctx.set_deadline(std::chrono::system_clock::now() + 500ms);
-      v1::LoadResponse load;
-      return stub_->Load(&ctx, v1::LoadRequest(), &load).ok() && load.worker_ready();
-    })) << tulip_->log();
+    ASSERT_TRUE(testing::waitWorkerReady(*stub_, 120s)) << tulip_->log();
   }
 
   grpc::Status embed(int tokens, v1::EmbedResponse* resp) {

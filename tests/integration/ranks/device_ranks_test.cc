@@ -32,6 +32,7 @@
 #include "garden/v1/garden.grpc.pb.h"
 #include "services/rose/tools/mkmodel_gpt_oss.h"
 #include "tests/integration/support/harness.h"
+#include "tests/integration/support/tulip_load.h"
 #include "tests/integration/support/tulip_generate.h"
 #include "tests/support/gpt_oss_tiny.h"
 
@@ -90,13 +91,7 @@ class DeviceRanks : public ::testing::Test {
         argv, dir_->path() + "/tulip-" + std::to_string(port_) + ".log");
     stub_ = v1::Tulip::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(port_),
                                                    grpc::InsecureChannelCredentials()));
-    const bool ready = testing::eventually(180s, [&] {
-      grpc::ClientContext ctx;
-      ctx.set_deadline(std::chrono::system_clock::now() + 500ms);
-      v1::LoadResponse load;
-      return stub_->Load(&ctx, v1::LoadRequest(), &load).ok() && load.worker_ready();
-    });
-    ASSERT_TRUE(ready) << tulip_->log();
+    ASSERT_TRUE(testing::waitWorkerReady(*stub_, 180s)) << tulip_->log();
   }
 
   pid_t rosePid() {

@@ -28,6 +28,7 @@
 #include "services/rose/ops/paged_kv_cache.h"
 #include "services/rose/tools/mkmodel_gpt_oss.h"
 #include "tests/integration/support/harness.h"
+#include "tests/integration/support/tulip_load.h"
 
 namespace garden {
 namespace {
@@ -123,12 +124,7 @@ class Ranks : public ::testing::Test {
   }
 
   bool waitReady(std::chrono::milliseconds limit) {
-    return testing::eventually(limit, [&] {
-      grpc::ClientContext ctx;
-      ctx.set_deadline(std::chrono::system_clock::now() + 500ms);
-      v1::LoadResponse load;
-      return stub_->Load(&ctx, v1::LoadRequest(), &load).ok() && load.worker_ready();
-    });
+    return testing::waitWorkerReady(*stub_, limit);
   }
 
   // rose (rank 0, tulip's child) and its ranks (rose's children).

@@ -203,6 +203,7 @@ class CpuBackend final : public Backend {
   Status copyKvBlocks(const KvBlockCopy& c) override {
     if (c.block_bytes <= 0 || c.layers <= 0) return invalidArgument("kv block copy: empty geometry");
     KvBlockCopy own = c;
+    own.pairs = own.window_pairs = {};  // the caller's; the copies below are used instead
     auto p = std::make_shared<std::vector<int32_t>>(c.pairs.begin(), c.pairs.end());
     auto w = std::make_shared<std::vector<int32_t>>(c.window_pairs.begin(), c.window_pairs.end());
     launch([own, p, w] {
