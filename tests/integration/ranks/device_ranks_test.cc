@@ -42,11 +42,7 @@ namespace {
 using namespace std::chrono_literals;
 namespace v1 = garden::v1;
 
-std::vector<int32_t> prompt(int32_t n, int32_t start) {
-  std::vector<int32_t> v(static_cast<size_t>(n));
-  for (int32_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = (start + 7919 * i) % 199998;
-  return v;
-}
+constexpr auto prompt = testing::o200kPrompt;
 
 bool running(pid_t pid) { return testing::processRunning(pid); }
 

@@ -15,6 +15,13 @@
 
 namespace garden::testing {
 
+// `n` token ids spread over the o200k_harmony vocabulary (ids below 199,998), from `start`.
+inline std::vector<int32_t> o200kPrompt(int32_t n, int32_t start) {
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  for (int32_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = (start + 7919 * i) % 199998;
+  return v;
+}
+
 struct Top2Stream {
   grpc::Status status;
   std::vector<int32_t> tokens;
