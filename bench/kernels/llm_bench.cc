@@ -71,6 +71,8 @@
 //   --moe-prefetch N: the MXFP4 decode MoE kernel asks L2 for its weight tiles N K tiles beyond
 //              its register ring (cuda::setMoeL2Prefetch [TAG_MOE_L2_PREFETCH]; same bits; 0 off).
 //              With --moe-gemm, a list: the default decode shape at each distance.
+//   --moe-decode-variant N: the shape of the block_m 16 MXFP4 decode MoE kernel for every step
+//              (cuda::setMoeDecodeVariant; same bits; 0 the default).
 //   --moe-k-slices N: the decode-regime expert GEMMs sum K in N fixed slices (1..8; default 1,
 //              one chain) [TAG_MOE_K_SLICES]. With --moe-gemm, a list
 //              (e.g. 1,2,4,8): every count is timed.
@@ -448,7 +450,7 @@ std::optional<OpsBench> makeOpsBench(int64_t max_tokens, int32_t max_seqs, int64
 // random distinct experts each; kLayers weight copies are cycled so the weights come from HBM as
 // in a forward pass. For each K slice count [TAG_MOE_K_SLICES] the tiled kernel (its relative L2
 // difference from the one-chain sum printed) and each decode-kernel shape (setMoeDecodeVariant
-// 0..3, their bits compared with the tiled kernel's at the same slicing) are timed with CUDA
+// 0, 5, 1-3, their bits compared with the tiled kernel's at the same slicing) are timed with CUDA
 // events (median of 7 batches of 24 calls). Prints one line per (T, slices, kernel). With
 // --moe-weights fp8 also the FP8 experts (uploaded with the FP8 copy, every T forced onto it) and
 // their relative L2 difference from the MXFP4 tiled kernel. Always also the bf16 cuBLASLt path
@@ -942,6 +944,7 @@ int main(int argc, char** argv) {
     else if (a == "--moe-prefetch") prefetch_list = next();
     else if (a == "--moe-wide-min-avg") cuda::setMoeWideMinAvg(std::atoi(next().c_str()));
     else if (a == "--moe-wide") cuda::setMoeWideVariant(next() == "off" ? -1 : 0);
+    else if (a == "--moe-decode-variant") cuda::setMoeDecodeVariant(std::atoi(next().c_str()));
     else if (a == "--attn-bench") return attnBench(next());
     else if (a == "--kv-copy") kv_copy_list = next();
     else if (a == "--kv-copy-layers") kv_copy_layers = std::atoi(next().c_str());

@@ -6,6 +6,10 @@
 #   llmsel    gpu_llm_ops_test: the MoE and sampler cases only
 #   moeops    gpu_llm_ops_test: the router, route and MoE expert cases only
 #   decode20b rose_llm_bench decode 1@8192 and 64@1024 only (needs mk20b)
+#   decbops   gpu_llm_ops_test: every decode MoE kernel shape vs the tiled kernel, the MoE cases
+#   decbgemm  rose_llm_bench --moe-gemm at 1..96 tokens (DECB_TS), one K chain: every decode shape
+#   decb      decode 1@8192, 8@4096, 64@1024 (DECB_DECODE) per --moe-decode-variant in
+#             DECB_VARIANTS (default 0 1 5; needs mk20b)
 #   llmmodel  gpu_llm_model_test: tiny checkpoint end to end vs the CPU reference (writes the
 #             bf16-bar inputs to /tmp/llm_bar)
 #   hfbar     tests/gpu/hf_llm_bar.py: Hugging Face transformers (fp32, fp32+TF32, bf16) on the same
@@ -303,6 +307,9 @@ for s in $STEPS; do
   case $s in
     llmops) step llmops llm_ops.log 200 "$BIN/gpu_llm_ops_test" ;;
     moeops) step moeops moe_ops.log 200 "$BIN/gpu_llm_ops_test" --gtest_filter='*MoeRoute*:*MoeExperts*:*MoeAlign*' ;;
+    decbops) step decbops decb_ops.log 200 "$BIN/gpu_llm_ops_test" --gtest_filter='*MoeDecodeKernelShapes*:*MoeExperts*:*MoeKSlices*:*MoeWide*' ;;
+    decbgemm) step decbgemm decbgemm.txt 200 "$BIN/rose_llm_bench" --moe-gemm "${DECB_TS:-1,2,4,8,16,32,64,96}" --moe-k-slices 1 ;;
+    decb) step decb decb.txt 420 bash -c "for v in ${DECB_VARIANTS:-0 1 5}; do echo \"== --moe-decode-variant \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode ${DECB_DECODE:-1@8192,8@4096,64@1024} --decode-steps 32 --max-batch-tokens 16384 --moe-decode-variant \$v 2>&1 | grep -v 'gemm tuned'; done" ;;
     decode20b) step decode20b decode20b.txt 120 "$BIN/rose_llm_bench" --model /tmp/gptoss20b --prefill '' --decode 1@8192,64@1024 --decode-steps 32 --max-batch-tokens 16384 ;;
     llmsel) step llmsel llm_sel.log 200 "$BIN/gpu_llm_ops_test" --gtest_filter='*MoeExperts*:GpuFp8Moe.*:GpuLlmOps.SamplerState*:GpuLlmOps.SamplingFollowsTheCpuDistribution:GpuLlmOps.GreedyIsTheCpuArgmax' ;;
     llmmodel) mkdir -p /tmp/llm_bar; step llmmodel llm_model.log 240 env GARDEN_LLM_BAR_DIR=/tmp/llm_bar "$BIN/gpu_llm_model_test" ;;

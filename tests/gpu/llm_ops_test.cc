@@ -1352,6 +1352,59 @@ TEST_F(GpuLlmOps, MoeKSlicesKeepTheDecodeRegimeBitExact) {
   }
 }
 
+// Every shape of the decode kernel (setMoeDecodeVariant 0: the default, 1: depth 4 throughout,
+// 5: without the branch-free steady loop) gives the tiled kernel's bits (the same weights as bf16
+// dense experts) at every block_m 16 size (8- and 16-row token tiles, a tile's rows 1..16), at
+// K = 2880 and the tiny checkpoints' odd K (288: 4.5 K tiles, 160: 2.5), in one chain and in 2
+// and 3 K slices (clusters summing the slices).
+TEST_F(GpuLlmOps, MoeDecodeKernelShapesEqualTheTiledKernel) {
+  struct Shape {
+    int64_t h, inter, e;
+    int32_t k;
+  };
+  for (Shape sh : {Shape{2880, 2880, 32, 4}, Shape{288, 160, 8, 4}, Shape{160, 64, 3, 2}}) {
+    SCOPED_TRACE("H=" + std::to_string(sh.h) + " I=" + std::to_string(sh.inter));
+    constexpr int64_t kMaxT = 40;
+    reserve(kMaxT, 8, 8, 8, static_cast<int32_t>(sh.h), static_cast<int32_t>(sh.inter),
+            static_cast<int32_t>(sh.e), sh.k);
+    const RandomExperts ex = randomExperts(sh.e, sh.h, sh.inter);
+    const auto x = randomBf16(static_cast<size_t>(kMaxT * sh.h), rng_, -2.f, 2.f);
+    std::vector<int32_t> ids;
+    std::vector<float> wts;
+    for (int64_t i = 0; i < kMaxT; ++i) {
+      std::vector<int32_t> perm(static_cast<size_t>(sh.e));
+      std::iota(perm.begin(), perm.end(), 0);
+      std::shuffle(perm.begin(), perm.end(), rng_);
+      for (int32_t j = 0; j < sh.k; ++j) {
+        ids.push_back(perm[static_cast<size_t>(j)]);
+        wts.push_back(std::uniform_real_distribution<float>(0.1f, 0.4f)(rng_));
+      }
+    }
+    MoeExpertsParams p{static_cast<int32_t>(sh.e), sh.k, static_cast<int32_t>(sh.h),
+                       static_cast<int32_t>(sh.inter), 7.f, 1.702f};
+    auto run = [&](int64_t t, bool mxfp4) { return runExperts(ex, p, t, x, ids, wts, mxfp4); };
+    for (int slices : {1, 2, 3}) {
+      SCOPED_TRACE("slices " + std::to_string(slices));
+      cuda::setMoeKSlices(slices);
+      for (int64_t t : {int64_t{1}, int64_t{2}, int64_t{7}, int64_t{12}, int64_t{40}}) {
+        if (cuda::moeGemmBlockM(t * sh.k, static_cast<int32_t>(sh.e)) != 16) continue;
+        SCOPED_TRACE("T=" + std::to_string(t));
+        const auto tiled = run(t, false);
+        for (int v : {0, 1, 5}) {
+          SCOPED_TRACE("decode variant " + std::to_string(v));
+          cuda::setMoeDecodeVariant(v);
+          const auto got = run(t, true);
+          EXPECT_EQ(std::memcmp(tiled.data(), got.data(), tiled.size() * sizeof(float)), 0)
+              << "the decode kernel differs from the tiled kernel";
+        }
+        cuda::setMoeDecodeVariant(0);
+      }
+    }
+    cuda::setMoeKSlices(cuda::kMoeDefaultKSlices);
+  }
+  cuda::setMoeDecodeVariant(0);
+}
+
 // [TAG_MOE_WIDE] The wide kernel (MXFP4, block_m 64 tiles, weights as the mma A operand, token
 // rows streamed through shared memory) gives the bits of the tiled kernel: the same weights as
 // bf16 dense experts (always the tiled kernel) and the MXFP4 experts with the wide kernel off must
