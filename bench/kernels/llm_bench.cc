@@ -71,6 +71,9 @@
 //   --moe-prefetch N: the MXFP4 decode MoE kernel asks L2 for its weight tiles N K tiles beyond
 //              its register ring (cuda::setMoeL2Prefetch [TAG_MOE_L2_PREFETCH]; same bits; 0 off).
 //              With --moe-gemm, a list: the default decode shape at each distance.
+//   --pdl-gemv on|off: the M = 1 QKV / O-proj on the CUDA-core GEMV launched programmatically
+//              (CudaKernelOptions::pdl_gemv [TAG_PDL_GEMV], default off: the tuned cuBLASLt
+//              choice, or the GEMV timed beside it with --gemm-gemv on).
 //   --moe-decode-variant N: the shape of the block_m 16 MXFP4 decode MoE kernel for every step
 //              (cuda::setMoeDecodeVariant; same bits; 0 the default).
 //   --moe-k-slices N: the decode-regime expert GEMMs sum K in N fixed slices (1..8; default 1,
@@ -407,6 +410,7 @@ void applyLtFlags(BackendOptions& bo) {
   bo.cuda.moe_lt_wgmma = g_lt_flags.moe_lt_wgmma;
   bo.cuda.moe_wgmma_min_rows_per_expert = g_lt_flags.moe_wgmma_min_rows_per_expert;
   bo.cuda.router_mma = g_lt_flags.router_mma;
+  bo.cuda.pdl_gemv = g_lt_flags.pdl_gemv;
   bo.cuda.moe_wgmma_device_plan = g_lt_flags.moe_wgmma_device_plan;
 }
 
@@ -964,6 +968,7 @@ int main(int argc, char** argv) {
     else if (a == "--gemm-flush") cuda::GemmRunner::setReadFlush(next() == "read");
     else if (a == "--router-fused") cuda::setRouterFusedRoute(next() == "on");
     else if (a == "--router-mma") g_lt_flags.router_mma = next() == "on";
+    else if (a == "--pdl-gemv") g_lt_flags.pdl_gemv = next() == "on";
     else if (a == "--router-tiled-min") cuda::setRouterF32TiledMinTokens(std::atoll(next().c_str()));
     else if (a == "--router-tiled-rows") cuda::setRouterF32TiledRows(next() == "on");
     else if (a == "--router-tiled-tok") cuda::setRouterF32TiledTok(std::atoi(next().c_str()));

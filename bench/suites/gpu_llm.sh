@@ -6,6 +6,10 @@
 #   llmsel    gpu_llm_ops_test: the MoE and sampler cases only
 #   moeops    gpu_llm_ops_test: the router, route and MoE expert cases only
 #   decode20b rose_llm_bench decode 1@8192 and 64@1024 only (needs mk20b)
+#   pdltests  [TAG_PDL_GEMV] gpu_kernels_test's GEMV cases and gpu_llm_model_test's
+#             PdlGemvGivesTheSameBits (+ graphs == eager, combine-norm, batch independence)
+#   pdlab     decode 1@8192, 8@4096, 64@1024 (PDLAB_DECODE) per PDLAB_VARIANTS (default:
+#             --pdl-gemv on, the default, --gemm-gemv on), twice in turn (needs mk20b)
 #   decbops   gpu_llm_ops_test: every decode MoE kernel shape vs the tiled kernel, the MoE cases
 #   decbgemm  rose_llm_bench --moe-gemm at 1..96 tokens (DECB_TS), one K chain: every decode shape
 #   decb      decode 1@8192, 8@4096, 64@1024 (DECB_DECODE) per --moe-decode-variant in
@@ -310,6 +314,8 @@ for s in $STEPS; do
     decbops) step decbops decb_ops.log 200 "$BIN/gpu_llm_ops_test" --gtest_filter='*MoeDecodeKernelShapes*:*MoeExperts*:*MoeKSlices*:*MoeWide*' ;;
     decbgemm) step decbgemm decbgemm.txt 200 "$BIN/rose_llm_bench" --moe-gemm "${DECB_TS:-1,2,4,8,16,32,64,96}" --moe-k-slices 1 ;;
     decb) step decb decb.txt 420 bash -c "for v in ${DECB_VARIANTS:-0 1 5}; do echo \"== --moe-decode-variant \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode ${DECB_DECODE:-1@8192,8@4096,64@1024} --decode-steps 32 --max-batch-tokens 16384 --moe-decode-variant \$v 2>&1 | grep -v 'gemm tuned'; done" ;;
+    pdltests) step pdltests pdl_tests.log 300 bash -c "rc=0; '$BIN/gpu_kernels_test' --gtest_filter='*Gemv*' || rc=1; '$BIN/gpu_llm_model_test' --gtest_filter='*PdlGemv*:*DecodeGraphsEqualEager*:*CombineNormFusion*:*TokensDoNotDependOnTheBatch' || rc=1; exit \$rc" ;;
+    pdlab) step pdlab pdlab.txt 420 bash -c "for r in 1 2; do for v in ${PDLAB_VARIANTS:-'--pdl-gemv on' '' '--gemm-gemv on'}; do echo \"== [\$r] \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode ${PDLAB_DECODE:-1@8192,8@4096,64@1024} --decode-steps 32 --max-batch-tokens 16384 \$v 2>&1 | grep -v 'gemm tuned' | grep -vE '^(load|moe prefill)'; done; done" ;;
     decode20b) step decode20b decode20b.txt 120 "$BIN/rose_llm_bench" --model /tmp/gptoss20b --prefill '' --decode 1@8192,64@1024 --decode-steps 32 --max-batch-tokens 16384 ;;
     llmsel) step llmsel llm_sel.log 200 "$BIN/gpu_llm_ops_test" --gtest_filter='*MoeExperts*:GpuFp8Moe.*:GpuLlmOps.SamplerState*:GpuLlmOps.SamplingFollowsTheCpuDistribution:GpuLlmOps.GreedyIsTheCpuArgmax' ;;
     llmmodel) mkdir -p /tmp/llm_bar; step llmmodel llm_model.log 240 env GARDEN_LLM_BAR_DIR=/tmp/llm_bar "$BIN/gpu_llm_model_test" ;;

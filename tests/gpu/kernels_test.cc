@@ -479,6 +479,13 @@ TEST_F(GpuOps, GemvMatchesReferenceAndRowBitsIgnoreMAndShape) {
         if (first.empty()) first = got;
         EXPECT_EQ(0, std::memcmp(got.data(), first.data(), got.size() * sizeof(float)))
             << "the bits depend on M or on the shape";
+        // [TAG_PDL_GEMV] Launched programmatically: the same bits.
+        poison(gpu(), gy.view);
+        a.pdl = true;
+        ASSERT_TRUE(cuda::launchGemv(a, cb.stream()).isOk());
+        const auto pdl_all = download(gpu(), gy.view);
+        EXPECT_EQ(0, std::memcmp(pdl_all.data(), all.data(), all.size() * sizeof(float)))
+            << "the programmatic launch changed the output";
       }
     }
   }
@@ -521,6 +528,26 @@ TEST_F(GpuOps, LinearTimesTheGemvForSmallBuckets) {
   EXPECT_EQ(g.tunedShapes(), 3u);  // buckets 1, 4, 8
   std::cout << "[ gemv ] buckets won by the GEMV: " << g.gemvWins() << " of " << g.tunedShapes()
             << "\n";
+  // [TAG_PDL_GEMV] GEMV only (at M = 1), launched programmatically: bucket 1 takes a GEMV shape
+  // (cuBLASLt not timed), buckets 4 and 8 cuBLASLt alone; every bucket agrees with the CPU.
+  auto only = cuda::GemmRunner::create(size_t{32} << 20, true);
+  ASSERT_TRUE(only.isOk()) << only.status().toString();
+  cuda::GemmRunner& o = **only;
+  o.setSmallBuckets(true);
+  o.setGemvOnly(true);
+  o.setGemvPdl(true);
+  for (int64_t rows : {1, 4, 3, 8}) {
+    auto y = gy.view.rowSlice(0, rows);
+    poison(gpu(), y);
+    Status st = o.run(gx.view.as<__nv_bfloat16>(), gw.view.as<__nv_bfloat16>(), nullptr,
+                      y.as<__nv_bfloat16>(), rows, n, k, cb.stream());
+    ASSERT_TRUE(st.isOk()) << st.toString();
+    const auto v = download(gpu(), y);
+    std::vector<float> want(ref.begin(), ref.begin() + static_cast<std::ptrdiff_t>(rows * n));
+    expectClose(v, want, 1e-2 * mx, 1e-2, "gemv only, rows " + std::to_string(rows));
+  }
+  EXPECT_EQ(o.gemvWins(), 1u);
+  EXPECT_EQ(o.tunedShapes(), 3u);
 }
 
 TEST_F(GpuOps, LinearFirstSeenInsideACaptureIsUntimedAndCaptures) {

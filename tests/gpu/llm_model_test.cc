@@ -33,6 +33,7 @@
 #include "services/rose/model/gpt_oss.h"
 #include "services/rose/ops/cuda/cuda_backend.h"
 #include "services/rose/ops/cuda/gemm.h"
+#include "services/rose/ops/cuda/llm_ops_cuda.h"
 #include "services/rose/ops/cuda/moe_lt_gemm.h"
 #include "services/rose/ops/llm_ops.h"
 #include "services/rose/ops/paged_kv_cache.h"
@@ -76,6 +77,9 @@ bool fp16Everywhere() {
   return v != nullptr && std::string(v) == "float16";
 }
 
+// [TAG_PDL_GEMV] CudaKernelOptions::pdl_gemv of the backends load() makes.
+bool g_pdl_gemv = CudaKernelOptions{}.pdl_gemv;
+
 // `share`: load onto another runner's backend and ops (so both use the same GEMM algorithms).
 Runner load(const std::string& dir, const char* device, MoeWeightsMode moe,
             const Runner* share = nullptr, bool cuda_graphs = true,
@@ -94,6 +98,7 @@ Runner load(const std::string& dir, const char* device, MoeWeightsMode moe,
     // the process-global choice the first one set.
     bo.cuda.moe_prefill = moe_prefill;
     bo.cuda.moe_lt_wgmma = moe_lt_wgmma;  // [TAG_MOE_WGMMA]
+    bo.cuda.pdl_gemv = g_pdl_gemv;
     auto b = makeBackend(device, bo);
     EXPECT_TRUE(b.isOk()) << b.status().toString();
     r.backend = std::move(b).value();
@@ -299,16 +304,15 @@ class GpuGptOss : public ::testing::Test {
   // samples each sequence's first token), then 24 decode steps — logits back on even steps
   // (eager), ids only on odd ones (the graph path when the runners have graphs). Every step's ids
   // and logits must be equal bit for bit.
-  static void expectTwinStepsBitEqual(Runner& a, Runner& b, uint32_t seed) {
-    constexpr int kBatch = 3;
-    TwinBatch tw(kBatch, [seed](int i) { return prompt(700 + 41 * i, seed + i); });
+  static void expectTwinStepsBitEqual(Runner& a, Runner& b, uint32_t seed, int batch = 3) {
+    TwinBatch tw(batch, [seed](int i) { return prompt(700 + 41 * i, seed + i); });
     for (int it = 0; it < 2; ++it) {
       std::vector<std::vector<float>> la, lb;
       auto ta = step(a, tw.pa, 600, &la, true);
       auto tb = step(b, tw.pb, 600, &lb, true);
       ASSERT_EQ(ta, tb) << "prefill step " << it;
       ASSERT_EQ(la, lb) << "prefill step " << it;
-      ASSERT_EQ(ta.size(), it == 0 ? 0u : static_cast<size_t>(kBatch));
+      ASSERT_EQ(ta.size(), it == 0 ? 0u : static_cast<size_t>(batch));
       tw.append(ta, tb);
     }
     for (int it = 0; it < 24; ++it) {
@@ -688,6 +692,31 @@ TEST_F(GpuGptOss, CombineNormFusionIsBitExact) {
       EXPECT_GT(fused.model->graphSteps(), 0u);
     }
   }
+}
+
+// [TAG_PDL_GEMV] The one-token decode GEMV launched programmatically (scheduled while the norm or
+// the attention before it finishes, in graphs too) gives the bits of the same GEMV launched
+// plainly: prefill, eager decode steps (logits) and graphed ones (ids) of one sequence. Both sides
+// run the GEMV at M = 1 (setLlmGemvOnly), so only the launch differs; both must have run it.
+TEST_F(GpuGptOss, PdlGemvGivesTheSameBits) {
+  cuda::setLlmGemvOnly(true);
+  for (bool graphs : {false, true}) {
+    SCOPED_TRACE(graphs ? "graphs" : "eager");
+    g_pdl_gemv = false;
+    Runner plain = load(*dir_, "cuda", MoeWeightsMode::kAuto, nullptr, graphs);
+    g_pdl_gemv = true;
+    Runner pdl = load(*dir_, "cuda", MoeWeightsMode::kAuto, nullptr, graphs);
+    g_pdl_gemv = CudaKernelOptions{}.pdl_gemv;
+    ASSERT_FALSE(dynamic_cast<cuda::CudaBackend&>(*plain.backend).pdlGemv());
+    ASSERT_TRUE(dynamic_cast<cuda::CudaBackend&>(*pdl.backend).pdlGemv());
+    expectTwinStepsBitEqual(plain, pdl, 7300, /*batch=*/1);
+    EXPECT_GT(dynamic_cast<cuda::CudaBackend&>(*plain.backend).gemm().gemvWins(), 0u);
+    EXPECT_GT(dynamic_cast<cuda::CudaBackend&>(*pdl.backend).gemm().gemvWins(), 0u);
+    if (graphs) {
+      EXPECT_GT(pdl.model->graphSteps(), 0u);
+    }
+  }
+  cuda::setLlmGemvOnly(false);
 }
 
 TEST_F(GpuGptOss, Mxfp4AndBf16ExpertsGiveTheSameLogits) {

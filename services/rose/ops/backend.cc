@@ -73,6 +73,9 @@ Status cudaKernelOptionsFromEnv(CudaKernelOptions& opts) {
   int router_mma = opts.router_mma ? 1 : 0;
   RETURN_IF_ERROR(envChoice("GARDEN_ROUTER_MMA", {"0", "1"}, &router_mma));
   opts.router_mma = router_mma == 1;
+  int pdl_gemv = opts.pdl_gemv ? 1 : 0;
+  RETURN_IF_ERROR(envChoice("GARDEN_PDL_GEMV", {"0", "1"}, &pdl_gemv));
+  opts.pdl_gemv = pdl_gemv == 1;
   opts.moe_lt_streams = lt_streams + 1;
   opts.moe_lt_bias_epilogue = lt_epi == 1;
   opts.moe_lt_overlap_dequant = lt_overlap == 1;

@@ -241,6 +241,15 @@ struct CudaKernelOptions {
   // prefill 8k but slower at decode (b1@8k 3.03 vs 2.58 ms at 20b) and its f32 sums on the tensor
   // cores are ~8x further from f64 than the CUDA-core kernel's.
   bool router_mma = false;
+  // [TAG_PDL_GEMV] gpt-oss decode at one token: the QKV and O-proj GEMMs on the CUDA-core GEMV
+  // (ops/cuda/gemv.cuh; the only candidate of the M = 1 bucket) launched programmatically, in
+  // CUDA graphs too, so that it is scheduled while the norm or the attention before it finishes
+  // (ops/cuda/common.cuh). GARDEN_PDL_GEMV=0|1. Measured on an H100 (bench/results/
+  // gpu-llm-2026-12-05-s19, call 4): decode b1@8k 2.794 / 2.784 ms against 2.859 / 2.872 (-2.7 %),
+  // b8 / b64 unchanged. Off by default: a one-token step's QKV / O-proj then round differently
+  // from the same row in a larger step (cuBLASLt), so a sequence's greedy tokens can depend on
+  // whether it decodes alone (GpuGptOss.ChunkModeTokensDoNotDependOnTheBatch failed with it on).
+  bool pdl_gemv = false;
 };
 
 // The --moe-prefill / GARDEN_MOE_PREFILL names: auto, chunk, step (or its old name cublas), tiled.

@@ -29,6 +29,11 @@ using f16 = __half;
 // 1x512 2.37 -> 2.16 ms; inside CUDA graphs no gain (1x128 1.20 vs 1.23 ms), so captured launches
 // stay plain. Results are bit-identical either way.
 __device__ __forceinline__ void pdlWait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+// [TAG_PDL_GEMV] Lets the next kernel, when it was launched programmatically, be scheduled now (it
+// still waits for this grid's completion in its own pdlWait()); a no-op otherwise.
+__device__ __forceinline__ void pdlTrigger() {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
 
 // The cudaLaunchKernelEx configuration of a plain launch (no attributes yet).
 inline cudaLaunchConfig_t launchConfig(dim3 grid, dim3 block, size_t smem, cudaStream_t stream) {
@@ -48,6 +53,22 @@ cudaError_t launchPdl(bool pdl, void (*kernel)(KernelArgs...), dim3 grid, dim3 b
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
   if (pdl && cudaStreamIsCapturing(stream, &capturing) == cudaSuccess &&
       capturing == cudaStreamCaptureStatusNone) {
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+  }
+  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
+// [TAG_PDL_GEMV] A programmatic dependent launch when `pdl`, also while the stream is being captured
+// (the graph keeps it as a programmatic edge), for a kernel whose first statement is pdlWait().
+template <typename... KernelArgs, typename... Args>
+cudaError_t launchPdlAlways(bool pdl, void (*kernel)(KernelArgs...), dim3 grid, dim3 block,
+                            size_t smem, cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t cfg = launchConfig(grid, block, smem, stream);
+  cudaLaunchAttribute attr[1];
+  if (pdl) {
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;

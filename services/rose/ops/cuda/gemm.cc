@@ -193,6 +193,7 @@ Status GemmRunner::enqueueChoice(const Plan& p, const Choice& choice, int64_t m,
     auto a = customArgs<GemvArgs>(ops.x, ops.w, ops.bias, ops.y, m, n, k);
     a.rows = choice.gemv_rows;
     a.unroll = choice.gemv_unroll;
+    a.pdl = gemv_pdl_;
     return launchGemv(a, ops.stream);
   }
   if (choice.smallm_splits > 0) {
@@ -280,7 +281,7 @@ Result<GemmRunner::Choice> GemmRunner::chooseAlgo(Plan& exact, int64_t m, int64_
   }
   // The custom kernel (gemm_smallm.cuh), one candidate per (N tile, split count), after
   // cuBLASLt's.
-  const size_t num_lt = cands.size();
+  size_t num_lt = cands.size();
   if (smallm_ && ioOf(ops) == kIoBf16 && bucket <= kSmallMMaxRows) {
     SmallMConfig cfgs[8] = {};
     const int nc = smallMGemmCandidates(n, k, num_sms_, cfgs);
@@ -291,7 +292,8 @@ Result<GemmRunner::Choice> GemmRunner::chooseAlgo(Plan& exact, int64_t m, int64_
     }
   }
   // The GEMV (gemv.cuh) for the small buckets [TAG_GEMV], after those.
-  if (gemv_ && small_buckets_ && ioOf(ops) == kIoBf16 && bucket <= kGemvMaxRows) {
+  if ((gemv_ || (gemv_only_ && bucket == 1)) && small_buckets_ && ioOf(ops) == kIoBf16 && bucket <= kGemvMaxRows) {
+    const size_t before = cands.size();
     GemvShape shapes[4];
     const int ns = gemvShapes(bucket, shapes);
     for (int i = 0; i < ns; ++i) {
@@ -301,6 +303,12 @@ Result<GemmRunner::Choice> GemmRunner::chooseAlgo(Plan& exact, int64_t m, int64_
         c.gemv_unroll = shapes[i].unroll;
         cands.push_back(c);
       }
+    }
+    // [TAG_PDL_GEMV] The programmatic GEMV's gain is the overlap with the previous kernel, which
+    // this timing (no previous kernel) cannot see: its shapes are the only candidates at M = 1.
+    if (gemv_only_ && bucket == 1 && cands.size() > before) {
+      cands.erase(cands.begin(), cands.begin() + static_cast<std::ptrdiff_t>(before));
+      num_lt = 0;
     }
   }
   if (cands.size() == 1) return cands[0];

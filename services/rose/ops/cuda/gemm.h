@@ -105,6 +105,13 @@ class GemmRunner {
   // [TAG_GEMV] Also time the CUDA-core GEMV (gemv.cuh) as candidates for the small buckets (with
   // small buckets and tuning on; bf16 output only). Off by default: not yet run on a GPU.
   void setGemv(bool on) { gemv_ = on; }
+  // [TAG_PDL_GEMV] The GEMV shapes as the only candidates of the M = 1 bucket (the fastest shape by
+  // the same timing; cuBLASLt not timed): eager timing cannot see the overlap with the previous
+  // kernel that the programmatic GEMV buys. Only M = 1: at M = 8 the GEMV took 58 us against
+  // cuBLASLt's 20 (QKV, H100) and made decode b8 20 % slower. Set before the first call of a shape.
+  void setGemvOnly(bool on) { gemv_only_ = on; }
+  // [TAG_PDL_GEMV] The GEMV launched programmatically (GemvArgs::pdl). Same bits.
+  void setGemvPdl(bool on) { gemv_pdl_ = on; }
   size_t gemvWins() const { return gemv_wins_; }
   // [TAG_GEMM_READ_FLUSH] How the timing flushes L2 before each timed run: false (the default
   // until measured) a memset of the flush buffer, which leaves L2 full of dirty lines the timed
@@ -180,6 +187,8 @@ class GemmRunner {
   bool smallm_ = true;
   bool small_buckets_ = false;
   bool gemv_ = false;
+  bool gemv_only_ = false;
+  bool gemv_pdl_ = false;
   size_t gemv_wins_ = 0;
   int num_sms_ = 0;
   void* flush_ = nullptr;  // L2 flush buffer for timing (allocated on the first tuning)

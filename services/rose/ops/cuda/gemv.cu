@@ -30,6 +30,8 @@ __global__ void __launch_bounds__(kWarps * 32) gemvKernel(GemvArgs a) {
   const int lane = threadIdx.x & 31;
   const int64_t n0 = (static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32) * kR;
   if (n0 >= a.n) return;  // warp-uniform
+  pdlWait();  // [TAG_PDL_GEMV] x is the previous kernel's output (a no-op for a plain launch)
+  pdlTrigger();
   const int64_t chunks = a.k / 8;
   const uint4* w = reinterpret_cast<const uint4*>(a.w);
   const uint4* x = reinterpret_cast<const uint4*>(a.x);
@@ -90,21 +92,21 @@ template <int kM, int kR, int kU>
 Status launchShape(const GemvArgs& a, cudaStream_t stream) {
   const int64_t warps = (a.n + kR - 1) / kR;
   const dim3 grid(static_cast<unsigned>((warps + kWarps - 1) / kWarps));
-  gemvKernel<kM, kR, kU><<<grid, kWarps * 32, 0, stream>>>(a);
-  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  CUDA_RETURN_IF_ERROR(launchPdlAlways(a.pdl, gemvKernel<kM, kR, kU>, grid, dim3(kWarps * 32), 0, stream, a));
   return okStatus();
 }
 
 // The shapes gemvShapes() lists for these M, and only those.
+// Every shape listed for M <= 8 also runs any smaller M (the tuner's M/2 bit check runs a bucket's
+// shape at half its M).
 template <int kM>
 Status launchM(const GemvArgs& a, cudaStream_t stream) {
   if (a.rows == 2 && a.unroll == 4) return launchShape<kM, 2, 4>(a, stream);
   if (a.rows == 4 && a.unroll == 2) return launchShape<kM, 4, 2>(a, stream);
+  if (a.rows == 2 && a.unroll == 2) return launchShape<kM, 2, 2>(a, stream);
   if constexpr (kM <= 4) {
     if (a.rows == 4 && a.unroll == 4) return launchShape<kM, 4, 4>(a, stream);
     if (a.rows == 8 && a.unroll == 2) return launchShape<kM, 8, 2>(a, stream);
-  } else {
-    if (a.rows == 2 && a.unroll == 2) return launchShape<kM, 2, 2>(a, stream);
   }
   return invalidArgument("gemv: unsupported (rows, unroll) for this M");
 }
@@ -127,10 +129,14 @@ int gemvShapes(int64_t m, GemvShape (&out)[4]) {
 
 bool gemvSupported(int64_t m, int64_t n, int64_t k, int rows, int unroll) {
   if (m < 1 || m > kGemvMaxRows || n < 1 || k < 8 || k % 8 != 0) return false;
-  GemvShape s[4];
-  const int count = gemvShapes(m, s);
-  for (int i = 0; i < count; ++i) {
-    if (s[i].rows == rows && s[i].unroll == unroll) return true;
+  // launchM's shapes: those of M = 8 at every M, those of M <= 4 up to 4.
+  for (int64_t mm : {int64_t{8}, int64_t{4}}) {
+    if (mm == 4 && m > 4) break;
+    GemvShape s[4];
+    const int count = gemvShapes(mm, s);
+    for (int i = 0; i < count; ++i) {
+      if (s[i].rows == rows && s[i].unroll == unroll) return true;
+    }
   }
   return false;
 }

@@ -38,9 +38,14 @@ struct GemvArgs {
   int64_t m = 0, n = 0, k = 0;
   int rows = 4;    // output columns per warp: 2, 4 or 8
   int unroll = 2;  // 16-byte chunks per lane per step: 2 or 4
+  // [TAG_PDL_GEMV] Launched programmatically (CUDA graphs included): scheduled while the previous
+  // kernel finishes (the norm and the attention before a decode step's QKV / O-proj let it go
+  // from their first instruction), waiting for it before reading anything. Same arithmetic.
+  bool pdl = false;
 };
 
-// 1 <= m <= 8, n >= 1, k % 8 == 0, (rows, unroll) one of the shapes gemvShapes() lists.
+// 1 <= m <= 8, n >= 1, k % 8 == 0, (rows, unroll) one of the shapes gemvShapes() lists for
+// M = 8, or for M = 4 when m <= 4.
 bool gemvSupported(int64_t m, int64_t n, int64_t k, int rows, int unroll);
 struct GemvShape {
   int rows = 4;

@@ -1460,9 +1460,12 @@ namespace {
 bool g_llm_small_buckets = true;
 // [TAG_GEMV] Built, not yet run on a GPU (2026-12-03): off until GpuOps.Gemv* passes there.
 bool g_llm_gemv = false;
+bool g_llm_gemv_only = false;
 }  // namespace
+
 void setLlmGemmSmallBuckets(bool on) { g_llm_small_buckets = on; }
 void setLlmGemv(bool on) { g_llm_gemv = on; }
+void setLlmGemvOnly(bool on) { g_llm_gemv_only = on; }
 
 Result<std::unique_ptr<LlmOps>> createCudaLlmOps(Backend& backend) {
   auto* cb = dynamic_cast<CudaBackend*>(&backend);
@@ -1472,6 +1475,8 @@ Result<std::unique_ptr<LlmOps>> createCudaLlmOps(Backend& backend) {
   }
   cb->gemm().setSmallBuckets(g_llm_small_buckets);
   cb->gemm().setGemv(g_llm_gemv);
+  cb->gemm().setGemvOnly(g_llm_gemv_only || cb->pdlGemv());  // [TAG_PDL_GEMV]
+  cb->gemm().setGemvPdl(cb->pdlGemv());
   return std::unique_ptr<LlmOps>(std::make_unique<CudaLlmOps>(*cb));
 }
 

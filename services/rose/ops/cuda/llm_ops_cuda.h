@@ -35,5 +35,9 @@ void setLlmGemmSmallBuckets(bool on);
 // buckets (GemmRunner::setGemv). Off by default until GpuOps.Gemv* has passed on a GPU
 // (rose_llm_bench --gemm-gemv on).
 void setLlmGemv(bool on);
+// [TAG_PDL_GEMV] The GEMV as the only candidate of the M = 1 bucket (GemmRunner::setGemvOnly; on
+// whenever CudaKernelOptions::pdl_gemv is): tests compare the programmatic GEMV with the same
+// GEMV launched plainly.
+void setLlmGemvOnly(bool on);
 
 }  // namespace garden::rose::cuda

@@ -247,6 +247,7 @@ __device__ __forceinline__ void pagedAttnItem(const PagedAttentionArgs& a, const
 // when the launch is captured into a graph (counts != null). Same per-item work either way.
 template <int kD, int kG, typename T>
 __global__ void __launch_bounds__(kWarps * 32) pagedAttnKernel(PagedAttentionArgs a) {
+  pdlTrigger();  // [TAG_PDL_GEMV] the O-proj GEMV may be scheduled
   const int count = a.counts != nullptr ? a.counts[0] : a.num_work;
   for (int item = blockIdx.x; item < count; item += gridDim.x) {
     pagedAttnItem<kD, kG, T>(a, item, blockIdx.y);
@@ -340,6 +341,7 @@ __device__ __forceinline__ void pagedAttnCombineItem(const PagedAttentionArgs& a
 
 template <int kD, typename T>
 __global__ void __launch_bounds__(128) pagedAttnCombineKernel(PagedAttentionArgs a) {
+  pdlTrigger();  // [TAG_PDL_GEMV]
   const int count = a.counts != nullptr ? a.counts[1] : a.num_combine;
   for (int item = blockIdx.x; item < count; item += gridDim.x) pagedAttnCombineItem<kD, T>(a, item);
 }

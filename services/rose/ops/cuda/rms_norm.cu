@@ -87,6 +87,7 @@ __device__ __forceinline__ void loadX(const RmsNormArgs& a, int64_t row, int c, 
 template <int kChunks, bool kCombine>
 __global__ void rmsNormKernel(RmsNormArgs a) {
   pdlWait();                      // [TAG_PDL]
+  pdlTrigger();                   // [TAG_PDL_GEMV] a programmatic GEMV may be scheduled
   extern __shared__ float red[];  // [ty][tx / 32] partial sums
   const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
   const bool active = row < a.rows;
@@ -135,6 +136,7 @@ __global__ void rmsNormKernel(RmsNormArgs a) {
 template <bool kCombine>
 __global__ void rmsNormSplitKernel(RmsNormArgs a) {
   pdlWait();                     // [TAG_PDL]
+  pdlTrigger();                  // [TAG_PDL_GEMV]
   extern __shared__ float sm[];  // [groups][8][tx] values, then [tx / 32] warp sums, then rstd
   const int tx = blockDim.x, groups = blockDim.y;
   float* sv = sm;

@@ -19,7 +19,8 @@ const char* const kVars[] = {"GARDEN_ATTENTION_KERNEL", "GARDEN_GEMM_TUNE", "GAR
                              "GARDEN_PDL", "GARDEN_PAGED_ATTENTION", "GARDEN_MOE_PREFILL",
                              "GARDEN_MOE_LT_STREAMS", "GARDEN_MOE_LT_EPILOGUE",
                              "GARDEN_MOE_LT_OVERLAP", "GARDEN_MOE_LT_WGMMA",
-                             "GARDEN_ROUTER_MMA", "GARDEN_MOE_WGMMA_DEVICE_PLAN"};
+                             "GARDEN_ROUTER_MMA", "GARDEN_MOE_WGMMA_DEVICE_PLAN",
+                             "GARDEN_PDL_GEMV"};
 
 // Clears the variables for the test and restores what the process had.
 class KernelEnvTest : public ::testing::Test {
@@ -53,7 +54,8 @@ bool same(const CudaKernelOptions& a, const CudaKernelOptions& b) {
          a.moe_lt_streams == b.moe_lt_streams && a.moe_lt_bias_epilogue == b.moe_lt_bias_epilogue &&
          a.moe_lt_overlap_dequant == b.moe_lt_overlap_dequant && a.moe_lt_wgmma == b.moe_lt_wgmma &&
          a.moe_wgmma_min_rows_per_expert == b.moe_wgmma_min_rows_per_expert &&
-         a.router_mma == b.router_mma && a.moe_wgmma_device_plan == b.moe_wgmma_device_plan;
+         a.router_mma == b.router_mma && a.moe_wgmma_device_plan == b.moe_wgmma_device_plan &&
+         a.pdl_gemv == b.pdl_gemv;
 }
 
 TEST_F(KernelEnvTest, UnsetOrEmptyKeepsTheDefaults) {
@@ -73,6 +75,7 @@ TEST_F(KernelEnvTest, UnsetOrEmptyKeepsTheDefaults) {
   EXPECT_TRUE(o.moe_lt_wgmma);
   EXPECT_FALSE(o.router_mma);
   EXPECT_TRUE(o.moe_wgmma_device_plan);
+  EXPECT_FALSE(o.pdl_gemv);
   for (const char* v : kVars) setenv(v, "", 1);
   CudaKernelOptions e;
   ASSERT_TRUE(cudaKernelOptionsFromEnv(e).isOk());
@@ -155,6 +158,12 @@ TEST_F(KernelEnvTest, EachAcceptedValueIsRead) {
   setenv("GARDEN_MOE_WGMMA_DEVICE_PLAN", "0", 1);
   ASSERT_TRUE(cudaKernelOptionsFromEnv(o).isOk());
   EXPECT_FALSE(o.moe_wgmma_device_plan);
+  setenv("GARDEN_PDL_GEMV", "0", 1);
+  ASSERT_TRUE(cudaKernelOptionsFromEnv(o).isOk());
+  EXPECT_FALSE(o.pdl_gemv);
+  setenv("GARDEN_PDL_GEMV", "1", 1);
+  ASSERT_TRUE(cudaKernelOptionsFromEnv(o).isOk());
+  EXPECT_TRUE(o.pdl_gemv);
 }
 
 TEST_F(KernelEnvTest, OtherValuesAreRefusedByName) {
