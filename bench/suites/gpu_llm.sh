@@ -11,6 +11,7 @@
 #   pdlab     decode 1@8192, 8@4096, 64@1024 (PDLAB_DECODE) per PDLAB_VARIANTS (default:
 #             --pdl-gemv on, the default, --gemm-gemv on), twice in turn (needs mk20b)
 #   decbops   gpu_llm_ops_test: every decode MoE kernel shape vs the tiled kernel, the MoE cases
+#   decbshapes  gpu_llm_ops_test: the decode kernel shapes and K slices cases only
 #   decbgemm  rose_llm_bench --moe-gemm at 1..96 tokens (DECB_TS), one K chain: every decode shape
 #   decb      decode 1@8192, 8@4096, 64@1024 (DECB_DECODE) per --moe-decode-variant in
 #             DECB_VARIANTS (default 0 1 5; needs mk20b)
@@ -312,6 +313,7 @@ for s in $STEPS; do
     llmops) step llmops llm_ops.log 200 "$BIN/gpu_llm_ops_test" ;;
     moeops) step moeops moe_ops.log 200 "$BIN/gpu_llm_ops_test" --gtest_filter='*MoeRoute*:*MoeExperts*:*MoeAlign*' ;;
     decbops) step decbops decb_ops.log 200 "$BIN/gpu_llm_ops_test" --gtest_filter='*MoeDecodeKernelShapes*:*MoeExperts*:*MoeKSlices*:*MoeWide*' ;;
+    decbshapes) step decbshapes decb_shapes.log 120 "$BIN/gpu_llm_ops_test" --gtest_filter='*MoeDecodeKernelShapes*:*MoeKSlices*' ;;
     decbgemm) step decbgemm decbgemm.txt 200 "$BIN/rose_llm_bench" --moe-gemm "${DECB_TS:-1,2,4,8,16,32,64,96}" --moe-k-slices 1 ;;
     decb) step decb decb.txt 420 bash -c "for v in ${DECB_VARIANTS:-0 1 5}; do echo \"== --moe-decode-variant \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode ${DECB_DECODE:-1@8192,8@4096,64@1024} --decode-steps 32 --max-batch-tokens 16384 --moe-decode-variant \$v 2>&1 | grep -v 'gemm tuned'; done" ;;
     pdltests) step pdltests pdl_tests.log 300 bash -c "rc=0; '$BIN/gpu_kernels_test' --gtest_filter='*Gemv*' || rc=1; '$BIN/gpu_llm_model_test' --gtest_filter='*PdlGemv*:*DecodeGraphsEqualEager*:*CombineNormFusion*:*TokensDoNotDependOnTheBatch' || rc=1; exit \$rc" ;;

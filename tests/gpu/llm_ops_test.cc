@@ -105,6 +105,22 @@ class GpuLlmOps : public ::testing::Test {
   Backend& cpu() { return *be_.cpu; }
   Backend& gpu() { return *be_.gpu; }
 
+  // Top-k routing of t tokens over e experts: k distinct experts per token (a shuffle each), the
+  // weight of each choice from `weight()`, drawn right after its expert.
+  template <typename Weight>
+  void randomRouting(int64_t t, int64_t e, int32_t k, Weight&& weight, std::vector<int32_t>& ids,
+                     std::vector<float>& wts) {
+    for (int64_t i = 0; i < t; ++i) {
+      std::vector<int32_t> perm(static_cast<size_t>(e));
+      std::iota(perm.begin(), perm.end(), 0);
+      std::shuffle(perm.begin(), perm.end(), rng_);
+      for (int32_t j = 0; j < k; ++j) {
+        ids.push_back(perm[static_cast<size_t>(j)]);
+        wts.push_back(weight());
+      }
+    }
+  }
+
   // Random MXFP4 experts (codes uniform, scales around 1 / sqrt(in)) uploaded twice: resident
   // MXFP4 (mx1, mx2) and the same values dequantized as bf16 dense experts (dense), plus random
   // bf16 biases — for the tests that compare the MoE kernels with each other bit for bit.
@@ -1287,15 +1303,7 @@ TEST_F(GpuLlmOps, MoeKSlicesKeepTheDecodeRegimeBitExact) {
     const auto x = randomBf16(static_cast<size_t>(kMaxT * sh.h), rng_, -2.f, 2.f);
     std::vector<int32_t> ids;
     std::vector<float> wts;
-    for (int64_t i = 0; i < kMaxT; ++i) {
-      std::vector<int32_t> perm(static_cast<size_t>(sh.e));
-      std::iota(perm.begin(), perm.end(), 0);
-      std::shuffle(perm.begin(), perm.end(), rng_);
-      for (int32_t j = 0; j < sh.k; ++j) {
-        ids.push_back(perm[static_cast<size_t>(j)]);
-        wts.push_back(1.f / static_cast<float>(sh.k));
-      }
-    }
+    randomRouting(kMaxT, sh.e, sh.k, [&] { return 1.f / static_cast<float>(sh.k); }, ids, wts);
     MoeExpertsParams p{static_cast<int32_t>(sh.e), sh.k, static_cast<int32_t>(sh.h),
                        static_cast<int32_t>(sh.inter), 7.f, 1.702f};
     // The first t tokens through the MXFP4 (mx) or bf16 experts.
@@ -1371,15 +1379,8 @@ TEST_F(GpuLlmOps, MoeDecodeKernelShapesEqualTheTiledKernel) {
     const auto x = randomBf16(static_cast<size_t>(kMaxT * sh.h), rng_, -2.f, 2.f);
     std::vector<int32_t> ids;
     std::vector<float> wts;
-    for (int64_t i = 0; i < kMaxT; ++i) {
-      std::vector<int32_t> perm(static_cast<size_t>(sh.e));
-      std::iota(perm.begin(), perm.end(), 0);
-      std::shuffle(perm.begin(), perm.end(), rng_);
-      for (int32_t j = 0; j < sh.k; ++j) {
-        ids.push_back(perm[static_cast<size_t>(j)]);
-        wts.push_back(std::uniform_real_distribution<float>(0.1f, 0.4f)(rng_));
-      }
-    }
+    randomRouting(kMaxT, sh.e, sh.k,
+                  [&] { return std::uniform_real_distribution<float>(0.1f, 0.4f)(rng_); }, ids, wts);
     MoeExpertsParams p{static_cast<int32_t>(sh.e), sh.k, static_cast<int32_t>(sh.h),
                        static_cast<int32_t>(sh.inter), 7.f, 1.702f};
     auto run = [&](int64_t t, bool mxfp4) { return runExperts(ex, p, t, x, ids, wts, mxfp4); };

@@ -292,7 +292,8 @@ Result<GemmRunner::Choice> GemmRunner::chooseAlgo(Plan& exact, int64_t m, int64_
     }
   }
   // The GEMV (gemv.cuh) for the small buckets [TAG_GEMV], after those.
-  if ((gemv_ || (gemv_only_ && bucket == 1)) && small_buckets_ && ioOf(ops) == kIoBf16 && bucket <= kGemvMaxRows) {
+  if ((gemv_ || (gemv_only_ && bucket == 1)) && small_buckets_ && ioOf(ops) == kIoBf16 &&
+      bucket <= kGemvMaxRows) {
     const size_t before = cands.size();
     GemvShape shapes[4];
     const int ns = gemvShapes(bucket, shapes);

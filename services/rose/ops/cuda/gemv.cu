@@ -92,13 +92,13 @@ template <int kM, int kR, int kU>
 Status launchShape(const GemvArgs& a, cudaStream_t stream) {
   const int64_t warps = (a.n + kR - 1) / kR;
   const dim3 grid(static_cast<unsigned>((warps + kWarps - 1) / kWarps));
-  CUDA_RETURN_IF_ERROR(launchPdlAlways(a.pdl, gemvKernel<kM, kR, kU>, grid, dim3(kWarps * 32), 0, stream, a));
+  CUDA_RETURN_IF_ERROR(
+      launchPdlAlways(a.pdl, gemvKernel<kM, kR, kU>, grid, dim3(kWarps * 32), 0, stream, a));
   return okStatus();
 }
 
-// The shapes gemvShapes() lists for these M, and only those.
-// Every shape listed for M <= 8 also runs any smaller M (the tuner's M/2 bit check runs a bucket's
-// shape at half its M).
+// The shapes gemvShapes() lists for M = 8 at every M, and those it lists for M <= 4 up to 4: a
+// bucket's shape also runs at smaller M (the tuner's M/2 bit check runs it at half its M).
 template <int kM>
 Status launchM(const GemvArgs& a, cudaStream_t stream) {
   if (a.rows == 2 && a.unroll == 4) return launchShape<kM, 2, 4>(a, stream);
