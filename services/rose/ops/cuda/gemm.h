@@ -103,7 +103,8 @@ class GemmRunner {
   // call of a shape (a bucket already tuned keeps its choice).
   void setSmallBuckets(bool on) { small_buckets_ = on; }
   // [TAG_GEMV] Also time the CUDA-core GEMV (gemv.cuh) as candidates for the small buckets (with
-  // small buckets and tuning on; bf16 output only). Off by default: not yet run on a GPU.
+  // small buckets and tuning on; bf16 output only). Off by default: on the H200 it won no bucket
+  // (docs/gpt-oss-cuda.md [TAG_GEMV]).
   void setGemv(bool on) { gemv_ = on; }
   // [TAG_PDL_GEMV] The GEMV shapes as the only candidates of the M = 1 bucket (the fastest shape by
   // the same timing; cuBLASLt not timed): eager timing cannot see the overlap with the previous

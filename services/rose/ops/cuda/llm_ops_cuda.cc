@@ -1458,7 +1458,7 @@ class CudaLlmOps final : public LlmOps {
 
 namespace {
 bool g_llm_small_buckets = true;
-// [TAG_GEMV] Built, not yet run on a GPU (2026-12-03): off until GpuOps.Gemv* passes there.
+// [TAG_GEMV] Off: it won no bucket on the H200 (docs/gpt-oss-cuda.md).
 bool g_llm_gemv = false;
 bool g_llm_gemv_only = false;
 }  // namespace

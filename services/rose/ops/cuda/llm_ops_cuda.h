@@ -32,8 +32,8 @@ Result<std::unique_ptr<LlmOps>> createCudaLlmOps(Backend& backend);
 // Process-global, read by createCudaLlmOps (rose_llm_bench --gemm-small-buckets on|off).
 void setLlmGemmSmallBuckets(bool on);
 // [TAG_GEMV] Whether createCudaLlmOps lets the GemmRunner time the CUDA-core GEMV for the small
-// buckets (GemmRunner::setGemv). Off by default until GpuOps.Gemv* has passed on a GPU
-// (rose_llm_bench --gemm-gemv on).
+// buckets (GemmRunner::setGemv). Off by default: it won no bucket on the H200 (rose_llm_bench
+// --gemm-gemv on).
 void setLlmGemv(bool on);
 // [TAG_PDL_GEMV] The GEMV as the only candidate of the M = 1 bucket (GemmRunner::setGemvOnly; on
 // whenever CudaKernelOptions::pdl_gemv is): tests compare the programmatic GEMV with the same
