@@ -8,13 +8,12 @@
 #   decode20b rose_llm_bench decode 1@8192 and 64@1024 only (needs mk20b)
 #   pdltests  [TAG_PDL_GEMV] gpu_kernels_test's GEMV cases and gpu_llm_model_test's
 #             PdlGemvGivesTheSameBits (+ graphs == eager, combine-norm, batch independence)
-#   pdlab     decode 1@8192, 8@4096, 64@1024 (PDLAB_DECODE) per PDLAB_VARIANTS (default:
-#             --pdl-gemv on, the default, --gemm-gemv on), twice in turn (needs mk20b)
-#   decbops   gpu_llm_ops_test: every decode MoE kernel shape vs the tiled kernel, the MoE cases
-#   decbshapes  gpu_llm_ops_test: the decode kernel shapes and K slices cases only
+#   decab     decode 1@8192, 8@4096, 64@1024 (DECAB_DECODE) per rose_llm_bench flag set in
+#             DECAB_VARIANTS (default: --pdl-gemv on, the default, --gemm-gemv on; e.g.
+#             "'--moe-decode-variant 0' '--moe-decode-variant 5'"), DECAB_ROUNDS times in turn
+#             (default 2; needs mk20b)
+#   decbshapes  gpu_llm_ops_test: the decode MoE kernel shapes and K slices cases
 #   decbgemm  rose_llm_bench --moe-gemm at 1..96 tokens (DECB_TS), one K chain: every decode shape
-#   decb      decode 1@8192, 8@4096, 64@1024 (DECB_DECODE) per --moe-decode-variant in
-#             DECB_VARIANTS (default 0 1 5; needs mk20b)
 #   llmmodel  gpu_llm_model_test: tiny checkpoint end to end vs the CPU reference (writes the
 #             bf16-bar inputs to /tmp/llm_bar)
 #   hfbar     tests/gpu/hf_llm_bar.py: Hugging Face transformers (fp32, fp32+TF32, bf16) on the same
@@ -312,12 +311,10 @@ for s in $STEPS; do
   case $s in
     llmops) step llmops llm_ops.log 200 "$BIN/gpu_llm_ops_test" ;;
     moeops) step moeops moe_ops.log 200 "$BIN/gpu_llm_ops_test" --gtest_filter='*MoeRoute*:*MoeExperts*:*MoeAlign*' ;;
-    decbops) step decbops decb_ops.log 200 "$BIN/gpu_llm_ops_test" --gtest_filter='*MoeDecodeKernelShapes*:*MoeExperts*:*MoeKSlices*:*MoeWide*' ;;
     decbshapes) step decbshapes decb_shapes.log 120 "$BIN/gpu_llm_ops_test" --gtest_filter='*MoeDecodeKernelShapes*:*MoeKSlices*' ;;
     decbgemm) step decbgemm decbgemm.txt 200 "$BIN/rose_llm_bench" --moe-gemm "${DECB_TS:-1,2,4,8,16,32,64,96}" --moe-k-slices 1 ;;
-    decb) step decb decb.txt 420 bash -c "for v in ${DECB_VARIANTS:-0 1 5}; do echo \"== --moe-decode-variant \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode ${DECB_DECODE:-1@8192,8@4096,64@1024} --decode-steps 32 --max-batch-tokens 16384 --moe-decode-variant \$v 2>&1 | grep -v 'gemm tuned'; done" ;;
     pdltests) step pdltests pdl_tests.log 300 bash -c "rc=0; '$BIN/gpu_kernels_test' --gtest_filter='*Gemv*' || rc=1; '$BIN/gpu_llm_model_test' --gtest_filter='*PdlGemv*:*DecodeGraphsEqualEager*:*CombineNormFusion*:*TokensDoNotDependOnTheBatch' || rc=1; exit \$rc" ;;
-    pdlab) step pdlab pdlab.txt 420 bash -c "for r in 1 2; do for v in ${PDLAB_VARIANTS:-'--pdl-gemv on' '' '--gemm-gemv on'}; do echo \"== [\$r] \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode ${PDLAB_DECODE:-1@8192,8@4096,64@1024} --decode-steps 32 --max-batch-tokens 16384 \$v 2>&1 | grep -v 'gemm tuned' | grep -vE '^(load|moe prefill)'; done; done" ;;
+    decab) step decab decab.txt 420 bash -c "for r in \$(seq ${DECAB_ROUNDS:-2}); do for v in ${DECAB_VARIANTS:-'--pdl-gemv on' '' '--gemm-gemv on'}; do echo \"== [\$r] \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode ${DECAB_DECODE:-1@8192,8@4096,64@1024} --decode-steps 32 --max-batch-tokens 16384 \$v 2>&1 | grep -v 'gemm tuned' | grep -vE '^(load|moe prefill)'; done; done" ;;
     decode20b) step decode20b decode20b.txt 120 "$BIN/rose_llm_bench" --model /tmp/gptoss20b --prefill '' --decode 1@8192,64@1024 --decode-steps 32 --max-batch-tokens 16384 ;;
     llmsel) step llmsel llm_sel.log 200 "$BIN/gpu_llm_ops_test" --gtest_filter='*MoeExperts*:GpuFp8Moe.*:GpuLlmOps.SamplerState*:GpuLlmOps.SamplingFollowsTheCpuDistribution:GpuLlmOps.GreedyIsTheCpuArgmax' ;;
     llmmodel) mkdir -p /tmp/llm_bar; step llmmodel llm_model.log 240 env GARDEN_LLM_BAR_DIR=/tmp/llm_bar "$BIN/gpu_llm_model_test" ;;

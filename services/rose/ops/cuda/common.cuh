@@ -45,22 +45,6 @@ inline cudaLaunchConfig_t launchConfig(dim3 grid, dim3 block, size_t smem, cudaS
   return cfg;
 }
 
-template <typename... KernelArgs, typename... Args>
-cudaError_t launchPdl(bool pdl, void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem,
-                      cudaStream_t stream, Args&&... args) {
-  cudaLaunchConfig_t cfg = launchConfig(grid, block, smem, stream);
-  cudaLaunchAttribute attr[1];
-  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-  if (pdl && cudaStreamIsCapturing(stream, &capturing) == cudaSuccess &&
-      capturing == cudaStreamCaptureStatusNone) {
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-  }
-  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
-}
-
 // [TAG_PDL_GEMV] A programmatic dependent launch when `pdl`, also while the stream is being captured
 // (the graph keeps it as a programmatic edge), for a kernel whose first statement is pdlWait().
 template <typename... KernelArgs, typename... Args>
@@ -75,6 +59,16 @@ cudaError_t launchPdlAlways(bool pdl, void (*kernel)(KernelArgs...), dim3 grid, 
     cfg.numAttrs = 1;
   }
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
+// [TAG_PDL] launchPdlAlways for eager launches only: a captured launch stays plain.
+template <typename... KernelArgs, typename... Args>
+cudaError_t launchPdl(bool pdl, void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem,
+                      cudaStream_t stream, Args&&... args) {
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  const bool eager_pdl = pdl && cudaStreamIsCapturing(stream, &capturing) == cudaSuccess &&
+                         capturing == cudaStreamCaptureStatusNone;
+  return launchPdlAlways(eager_pdl, kernel, grid, block, smem, stream, std::forward<Args>(args)...);
 }
 
 // A launch in thread-block clusters of `cluster_x` CTAs along x (0: no cluster attribute, the

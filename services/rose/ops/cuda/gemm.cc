@@ -292,8 +292,9 @@ Result<GemmRunner::Choice> GemmRunner::chooseAlgo(Plan& exact, int64_t m, int64_
     }
   }
   // The GEMV (gemv.cuh) for the small buckets [TAG_GEMV], after those.
-  if ((gemv_ || (gemv_only_ && bucket == 1)) && small_buckets_ && ioOf(ops) == kIoBf16 &&
-      bucket <= kGemvMaxRows) {
+  // [TAG_PDL_GEMV] With gemv_only_, the M = 1 bucket times the GEMV shapes alone.
+  const bool gemv_alone = gemv_only_ && bucket == 1;
+  if ((gemv_ || gemv_alone) && small_buckets_ && ioOf(ops) == kIoBf16 && bucket <= kGemvMaxRows) {
     const size_t before = cands.size();
     GemvShape shapes[4];
     const int ns = gemvShapes(bucket, shapes);
@@ -305,9 +306,9 @@ Result<GemmRunner::Choice> GemmRunner::chooseAlgo(Plan& exact, int64_t m, int64_
         cands.push_back(c);
       }
     }
-    // [TAG_PDL_GEMV] The programmatic GEMV's gain is the overlap with the previous kernel, which
-    // this timing (no previous kernel) cannot see: its shapes are the only candidates at M = 1.
-    if (gemv_only_ && bucket == 1 && cands.size() > before) {
+    // The programmatic GEMV's gain is the overlap with the previous kernel, which this timing (no
+    // previous kernel) cannot see.
+    if (gemv_alone && cands.size() > before) {
       cands.erase(cands.begin(), cands.begin() + static_cast<std::ptrdiff_t>(before));
       num_lt = 0;
     }
