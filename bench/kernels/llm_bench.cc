@@ -53,6 +53,9 @@
 //              64; default: cuda::pagedAttnSplitKeysFor's rule) for the split-KV attention.
 //   --fuse-combine-norm on|off: each layer's MoE combine fused into the next RMSNorm
 //              (GptOssOptions::fuse_combine_norm [TAG_COMBINE_NORM]; same bits; default on).
+//   --profile-skip LIST: leave these op groups out of every forward pass (norm, qkv, rope, attn,
+//              oproj, router, moe, head; GptOssOptions::profile_skip): the step time against
+//              the full step is their cost inside the CUDA graph (the outputs are wrong).
 //   --gemm-flush read|write: how the GEMM tuner flushes L2 before each timed run (read: a read
 //              pass leaving clean lines; write: a memset, the default until measured)
 //              [TAG_GEMM_READ_FLUSH].
@@ -74,6 +77,8 @@
 //   --pdl-gemv on|off: the M = 1 QKV / O-proj on the CUDA-core GEMV launched programmatically
 //              (CudaKernelOptions::pdl_gemv [TAG_PDL_GEMV], default off: the tuned cuBLASLt
 //              choice, or the GEMV timed beside it with --gemm-gemv on).
+//   --pdl-graph on|off: rose's own gpt-oss kernels launched programmatically, in CUDA graphs too
+//              (CudaKernelOptions::pdl_graph [TAG_PDL_GRAPH]; same bits).
 //   --moe-decode-variant N: the shape of the block_m 16 MXFP4 decode MoE kernel for every step
 //              (cuda::setMoeDecodeVariant; same bits; 0 the default).
 //   --moe-k-slices N: the decode-regime expert GEMMs sum K in N fixed slices (1..8; default 1,
@@ -411,6 +416,7 @@ void applyLtFlags(BackendOptions& bo) {
   bo.cuda.moe_wgmma_min_rows_per_expert = g_lt_flags.moe_wgmma_min_rows_per_expert;
   bo.cuda.router_mma = g_lt_flags.router_mma;
   bo.cuda.pdl_gemv = g_lt_flags.pdl_gemv;
+  bo.cuda.pdl_graph = g_lt_flags.pdl_graph;
   bo.cuda.moe_wgmma_device_plan = g_lt_flags.moe_wgmma_device_plan;
 }
 
@@ -887,7 +893,8 @@ int main(int argc, char** argv) {
   bool proj_f32 = false;     // --proj-out f32|f16: GptOssOptions::proj_f32 [TAG_PROJ_F32]
   bool proj_qkv = true, proj_o = true;  // --proj-out qkv / o: only that projection in f32
   // (--dtype float16: all five on, as rose's --dtype; a later --moe-out / --proj-out overrides)
-  bool fuse_cn = GptOssOptions{}.fuse_combine_norm;  // --fuse-combine-norm on|off: GptOssOptions::fuse_combine_norm
+  bool fuse_cn = GptOssOptions{}.fuse_combine_norm;
+  uint32_t profile_skip = 0;  // --profile-skip norm,qkv,...: GptOssOptions::profile_skip  // --fuse-combine-norm on|off: GptOssOptions::fuse_combine_norm
   int64_t kv_tokens = 0;  // --kv-tokens N: size the KV cache for at least N tokens
   std::string moe_list;   // --moe-gemm T1,T2,...: time the MoE experts op alone (no model)
   std::string kv_copy_list;    // --kv-copy L1,L2,...: the KV handoff copy alone [TAG_KV_PULL_CUDA]
@@ -942,6 +949,20 @@ int main(int argc, char** argv) {
       moe_out_f32 = d.moe_out_f32, proj_f32 = d.proj_f32;
     } else if (a == "--norm-round") round_once = next() == "once";
     else if (a == "--fuse-combine-norm") fuse_cn = next() == "on";
+    else if (a == "--profile-skip") {
+      for (const auto& g : split(next(), ',')) {
+        using G = GptOssOptions;
+        const uint32_t bit = g == "norm" ? G::kSkipNorm : g == "qkv" ? G::kSkipQkv
+                           : g == "rope" ? G::kSkipRope : g == "attn" ? G::kSkipAttn
+                           : g == "oproj" ? G::kSkipOproj : g == "router" ? G::kSkipRouter
+                           : g == "moe" ? G::kSkipMoe : g == "head" ? G::kSkipHead : 0u;
+        if (bit == 0) {
+          std::fprintf(stderr, "--profile-skip: unknown group '%s'\n", g.c_str());
+          return 2;
+        }
+        profile_skip |= bit;
+      }
+    }
     else if (a == "--kv-tokens") kv_tokens = std::atoll(next().c_str());
     else if (a == "--moe-gemm") moe_list = next();
     else if (a == "--moe-k-slices") k_slices = next();
@@ -969,6 +990,7 @@ int main(int argc, char** argv) {
     else if (a == "--router-fused") cuda::setRouterFusedRoute(next() == "on");
     else if (a == "--router-mma") g_lt_flags.router_mma = next() == "on";
     else if (a == "--pdl-gemv") g_lt_flags.pdl_gemv = next() == "on";
+    else if (a == "--pdl-graph") g_lt_flags.pdl_graph = next() == "on";
     else if (a == "--router-tiled-min") cuda::setRouterF32TiledMinTokens(std::atoll(next().c_str()));
     else if (a == "--router-tiled-rows") cuda::setRouterF32TiledRows(next() == "on");
     else if (a == "--router-tiled-tok") cuda::setRouterF32TiledTok(std::atoi(next().c_str()));
@@ -1065,6 +1087,7 @@ int main(int argc, char** argv) {
   go.f32_router = f32_router;
   go.norm_round_once = round_once;
   go.fuse_combine_norm = fuse_cn;
+  go.profile_skip = profile_skip;
   go.attn_f16 = attn_f16;
   go.moe_f16 = moe_f16;
   go.head_f16 = head_f16;

@@ -8,6 +8,9 @@
 #   decode20b rose_llm_bench decode 1@8192 and 64@1024 only (needs mk20b)
 #   pdltests  [TAG_PDL_GEMV] gpu_kernels_test's GEMV cases and gpu_llm_model_test's
 #             PdlGemvGivesTheSameBits (+ graphs == eager, combine-norm, batch independence)
+#   pdlgraph  [TAG_PDL_GRAPH] gpu_llm_model_test's PdlGraphGivesTheSameBits, then with
+#             GARDEN_PDL_GRAPH=1 the whole gpu_llm_model_test, gpu_llm_ops_test and the embedding
+#             GPU tests (programmatic launches everywhere they apply)
 #   decab     decode 1@8192, 8@4096, 64@1024 (DECAB_DECODE) per rose_llm_bench flag set in
 #             DECAB_VARIANTS (default: --pdl-gemv on, the default, --gemm-gemv on; e.g.
 #             "'--moe-decode-variant 0' '--moe-decode-variant 5'"), DECAB_ROUNDS times in turn
@@ -314,6 +317,7 @@ for s in $STEPS; do
     decbshapes) step decbshapes decb_shapes.log 120 "$BIN/gpu_llm_ops_test" --gtest_filter='*MoeDecodeKernelShapes*:*MoeKSlices*' ;;
     decbgemm) step decbgemm decbgemm.txt 200 "$BIN/rose_llm_bench" --moe-gemm "${DECB_TS:-1,2,4,8,16,32,64,96}" --moe-k-slices 1 ;;
     pdltests) step pdltests pdl_tests.log 300 bash -c "rc=0; '$BIN/gpu_kernels_test' --gtest_filter='*Gemv*' || rc=1; '$BIN/gpu_llm_model_test' --gtest_filter='*PdlGemv*:*DecodeGraphsEqualEager*:*CombineNormFusion*:*TokensDoNotDependOnTheBatch' || rc=1; exit \$rc" ;;
+    pdlgraph) step pdlgraph pdl_graph.log 400 bash -c "rc=0; '$BIN/gpu_llm_model_test' --gtest_filter='*PdlGraph*' || rc=1; for t in gpu_llm_model_test gpu_llm_ops_test gpu_kernels_test gpu_graph_test gpu_model_graph_test; do [ -x '$BIN/'\$t ] || { echo \"== \$t not in the pack\"; continue; }; echo \"== GARDEN_PDL_GRAPH=1 \$t\"; GARDEN_PDL_GRAPH=1 '$BIN/'\$t --gtest_brief=1 || rc=1; done; exit \$rc" ;;
     decab) step decab decab.txt 420 bash -c "for r in \$(seq ${DECAB_ROUNDS:-2}); do for v in ${DECAB_VARIANTS:-'--pdl-gemv on' '' '--gemm-gemv on'}; do echo \"== [\$r] \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode ${DECAB_DECODE:-1@8192,8@4096,64@1024} --decode-steps 32 --max-batch-tokens 16384 \$v 2>&1 | grep -v 'gemm tuned' | grep -vE '^(load|moe prefill)'; done; done" ;;
     decode20b) step decode20b decode20b.txt 120 "$BIN/rose_llm_bench" --model /tmp/gptoss20b --prefill '' --decode 1@8192,64@1024 --decode-steps 32 --max-batch-tokens 16384 ;;
     llmsel) step llmsel llm_sel.log 200 "$BIN/gpu_llm_ops_test" --gtest_filter='*MoeExperts*:GpuFp8Moe.*:GpuLlmOps.SamplerState*:GpuLlmOps.SamplingFollowsTheCpuDistribution:GpuLlmOps.GreedyIsTheCpuArgmax' ;;

@@ -13,6 +13,10 @@ Backends makeBackends() {
   Backends b;
   BackendOptions opts;
   opts.threads = 4;
+  // The GARDEN_* kernel variables apply as in rose (e.g. GARDEN_PDL_GRAPH=1 runs every op test
+  // with programmatic launches); a bad value fails the test run.
+  const Status env = cudaKernelOptionsFromEnv(opts.cuda);
+  EXPECT_TRUE(env.isOk()) << env.toString();
   auto cpu = makeBackend("cpu", opts);
   EXPECT_TRUE(cpu.isOk()) << cpu.status().toString();
   auto gpu = makeBackend("cuda", opts);

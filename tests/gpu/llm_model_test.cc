@@ -79,6 +79,12 @@ bool fp16Everywhere() {
 
 // [TAG_PDL_GEMV] CudaKernelOptions::pdl_gemv of the backends load() makes.
 bool g_pdl_gemv = CudaKernelOptions{}.pdl_gemv;
+// [TAG_PDL_GRAPH] The default, or GARDEN_PDL_GRAPH when set (the whole suite with it on or off).
+bool pdlGraphDefault() {
+  CudaKernelOptions o;
+  return cudaKernelOptionsFromEnv(o).isOk() ? o.pdl_graph : CudaKernelOptions{}.pdl_graph;
+}
+bool g_pdl_graph = pdlGraphDefault();
 
 // `share`: load onto another runner's backend and ops (so both use the same GEMM algorithms).
 Runner load(const std::string& dir, const char* device, MoeWeightsMode moe,
@@ -99,6 +105,7 @@ Runner load(const std::string& dir, const char* device, MoeWeightsMode moe,
     bo.cuda.moe_prefill = moe_prefill;
     bo.cuda.moe_lt_wgmma = moe_lt_wgmma;  // [TAG_MOE_WGMMA]
     bo.cuda.pdl_gemv = g_pdl_gemv;
+    bo.cuda.pdl_graph = g_pdl_graph;
     auto b = makeBackend(device, bo);
     EXPECT_TRUE(b.isOk()) << b.status().toString();
     r.backend = std::move(b).value();
@@ -717,6 +724,28 @@ TEST_F(GpuGptOss, PdlGemvGivesTheSameBits) {
     }
   }
   cuda::setLlmGemvOnly(false);
+}
+
+// [TAG_PDL_GRAPH] rose's own kernels launched programmatically (each waits for the previous one in
+// its first statement; in graphs too) give the bits of plain launches: prefill, eager decode
+// steps (logits) and graphed ones (ids), one sequence and three.
+TEST_F(GpuGptOss, PdlGraphGivesTheSameBits) {
+  for (bool graphs : {false, true}) {
+    for (int batch : {1, 3}) {
+      SCOPED_TRACE(std::string(graphs ? "graphs" : "eager") + " batch " + std::to_string(batch));
+      g_pdl_graph = false;
+      Runner plain = load(*dir_, "cuda", MoeWeightsMode::kAuto, nullptr, graphs);
+      g_pdl_graph = true;
+      Runner pdl = load(*dir_, "cuda", MoeWeightsMode::kAuto, nullptr, graphs);
+      g_pdl_graph = pdlGraphDefault();
+      ASSERT_FALSE(dynamic_cast<cuda::CudaBackend&>(*plain.backend).pdlGraph());
+      ASSERT_TRUE(dynamic_cast<cuda::CudaBackend&>(*pdl.backend).pdlGraph());
+      expectTwinStepsBitEqual(plain, pdl, 7400 + static_cast<uint32_t>(batch), batch);
+      if (graphs) {
+        EXPECT_GT(pdl.model->graphSteps(), 0u);
+      }
+    }
+  }
 }
 
 TEST_F(GpuGptOss, Mxfp4AndBf16ExpertsGiveTheSameLogits) {

@@ -136,6 +136,8 @@ class ModelGraphTest : public ::testing::Test {
     writeCheckpoint(dir_.path, rng_);
     BackendOptions bo;
     bo.max_batch_tokens = 4096;
+    // The GARDEN_* kernel variables apply as in rose (e.g. GARDEN_PDL_GRAPH=1).
+    ASSERT_TRUE(cudaKernelOptionsFromEnv(bo.cuda).isOk());
     auto gpu = makeBackend("cuda", bo);
     ASSERT_TRUE(gpu.isOk()) << "no CUDA backend: " << gpu.status().toString();
     gpu_ = std::move(gpu).value();

@@ -1126,11 +1126,15 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
   if (moe_runs_.empty()) moe_runs_.push_back(MoeRun{0, t, false});  // one call for the step
   // [TAG_COMBINE_NORM] The combine left to the next norm (the next layer's input norm, or the
   // final one), which then reads the experts' rows instead of `moe`: one MoE call per layer only.
-  const bool fuse_cn =
-      opts_.fuse_combine_norm && ops_.supportsCombineNorm() && moe_runs_.size() <= 1;
+  // profile_skip: op groups left out (a benchmark's profile; wrong results).
+  const uint32_t skip = opts_.profile_skip;
+  auto keep = [skip](uint32_t group) { return (skip & group) == 0; };
+  const bool fuse_cn = opts_.fuse_combine_norm && ops_.supportsCombineNorm() &&
+                       moe_runs_.size() <= 1 && keep(GptOssOptions::kSkipMoe);
   mp.defer_combine = fuse_cn;
   auto combineNorm = [&](const Tensor& moe_out, const Tensor& res, const Tensor& w, const Tensor& out,
                          const RmsNormParams& np) {
+    if (!keep(GptOssOptions::kSkipNorm)) return;
     if (fuse_cn) {
       ops_.combineRmsNorm(res, w, out, np);
     } else {
@@ -1177,9 +1181,12 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
       const int32_t li = static_cast<int32_t>(l);
       const bool in_window_pool = kv.shape().windowLayer(li);  // [TAG_KV_WINDOW_GROUP]
       // [TAG_PROJ_F32] With f32 projections, q/k/v are rounded once, after RoPE, into qkv.
-      b.linear(xa, L.qkv.view, L.qkv_bias.view, opts_.qkvF32() ? qkv32 : qkv);
+      if (keep(GptOssOptions::kSkipQkv))
+        b.linear(xa, L.qkv.view, L.qkv_bias.view, opts_.qkvF32() ? qkv32 : qkv);
       const Tensor& layer_slots = in_window_pool ? slots_w : slots;
-      if (opts_.qkvF32()) {
+      if (!keep(GptOssOptions::kSkipRope)) {
+        // left out (profile)
+      } else if (opts_.qkvF32()) {
         ops_.ropeKvWriteF32In(qkv32, qkv, pos, rope_cos_.view, rope_sin_.view, layer_slots,
                               kv.keys(li), kv.values(li), rope);
       } else {
@@ -1188,13 +1195,16 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
       }
       PagedAttentionParams lp = ap;
       lp.sliding_window = config_.sliding[l] ? static_cast<int32_t>(c.sliding_window) : 0;
-      ops_.pagedAttention(qkv, kv.keys(li), kv.values(li), cu, pos,
-                          in_window_pool ? tables_w : tables, L.sinks.view, attn, lp);
+      if (keep(GptOssOptions::kSkipAttn))
+        ops_.pagedAttention(qkv, kv.keys(li), kv.values(li), cu, pos,
+                            in_window_pool ? tables_w : tables, L.sinks.view, attn, lp);
       // res += attn out; xm = norm(res). The O-proj output in f32 with proj_f32.
       const Tensor ao = opts_.oF32() ? o32 : xa;
-      b.linear(attn, L.o.view, L.o_bias.view, ao);
-      b.rmsNorm(ao, res, L.post_norm.view, xm, norm);
-      if (route_f32_) {  // [TAG_ROUTER_F32]: from the f32 stream, the norm folded in
+      if (keep(GptOssOptions::kSkipOproj)) b.linear(attn, L.o.view, L.o_bias.view, ao);
+      if (keep(GptOssOptions::kSkipNorm)) b.rmsNorm(ao, res, L.post_norm.view, xm, norm);
+      if (!keep(GptOssOptions::kSkipRouter)) {
+        // left out (profile)
+      } else if (route_f32_) {  // [TAG_ROUTER_F32]: from the f32 stream, the norm folded in
         ops_.moeRouteF32(res, L.router_f32t.view, L.router_bias.view, tk_ids, tk_w,
                          MoeRouteParams{mp.top_k, norm.eps});
       } else {
@@ -1202,6 +1212,7 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
         ops_.moeRoute(rl, L.router_bias.view, tk_ids, tk_w, MoeRouteParams{mp.top_k});
       }
       for (const MoeRun& run : moe_runs_) {
+        if (!keep(GptOssOptions::kSkipMoe)) break;
         MoeExpertsParams rp = mp;
         rp.lt = chunk_rows <= 0 ? MoeLtChoice::kBySize
                 : run.large     ? MoeLtChoice::kTake
@@ -1214,7 +1225,7 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
       b.markProgress();  // [TAG_STEP_PROGRESS]
     }
     combineNorm(moe, res, final_norm_.view, xf, norm);
-    if (n_rows == 0) return;
+    if (n_rows == 0 || !keep(GptOssOptions::kSkipHead)) return;
     const Tensor gathered = gathered_.view.rowSlice(0, n_rows);
     const Tensor logits = logits_.view.rowSlice(0, n_rows);
     ops_.gatherRows(xf, rows, gathered);

@@ -119,6 +119,12 @@ struct GptOssOptions {
   // 8.954 ms; GpuGptOss.CombineNormFusionIsBitExact passed); rose_llm_bench
   // --fuse-combine-norm off for the A/B.
   bool fuse_combine_norm = true;
+  // Profiling only (rose_llm_bench --profile-skip): op groups left out of every forward pass, so
+  // a step's time without them, against the full step, is their cost inside the CUDA graph. The
+  // results are wrong when any bit is set. Bits: kSkip* below.
+  uint32_t profile_skip = 0;
+  static constexpr uint32_t kSkipNorm = 1, kSkipQkv = 2, kSkipRope = 4, kSkipAttn = 8,
+                            kSkipOproj = 16, kSkipRouter = 32, kSkipMoe = 64, kSkipHead = 128;
   // [TAG_ATTN_F16] The attention block in IEEE fp16 instead of the backend's bf16: the QKV and
   // O-proj weights and biases, the attention-input norm's output, q/k/v, the KV cache, the
   // attention output and the O-proj output (10 significand bits instead of 7; the MoE side stays

@@ -250,6 +250,14 @@ struct CudaKernelOptions {
   // from the same row in a larger step (cuBLASLt), so a sequence's greedy tokens can depend on
   // whether it decodes alone (GpuGptOss.ChunkModeTokensDoNotDependOnTheBatch failed with it on).
   bool pdl_gemv = false;
+  // [TAG_PDL_GRAPH] The gpt-oss kernels of rose's own (RMSNorm, RoPE + KV write, paged attention
+  // and its combine, the f32 router, the route, the MoE align, the MoE GEMMs, the combine)
+  // launched programmatically, in CUDA graphs too: each waits for the previous kernel in its first
+  // statement and lets the next be scheduled early (the small ones at once, the MoE GEMMs when
+  // their products are done), so the launch latency of each kernel overlaps the tail of the one
+  // before; the router's weight loads are issued before its wait. Same bits.
+  // GARDEN_PDL_GRAPH=0|1.
+  bool pdl_graph = false;
 };
 
 // The --moe-prefill / GARDEN_MOE_PREFILL names: auto, chunk, step (or its old name cublas), tiled.

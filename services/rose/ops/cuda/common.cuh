@@ -72,21 +72,29 @@ cudaError_t launchPdl(bool pdl, void (*kernel)(KernelArgs...), dim3 grid, dim3 b
 }
 
 // A launch in thread-block clusters of `cluster_x` CTAs along x (0: no cluster attribute, the
-// hardware's implicit cluster of one). A refused launch (e.g. no room for a cluster) is cleared,
-// not left sticky for the next call.
+// hardware's implicit cluster of one), programmatic when `pdl` (as launchPdlAlways: the kernel's
+// first statement is pdlWait()). A refused launch (e.g. no room for a cluster) is cleared, not
+// left sticky for the next call.
 template <typename... KernelArgs, typename... Args>
 cudaError_t launchClustered(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem,
-                            cudaStream_t stream, unsigned cluster_x, Args&&... args) {
+                            cudaStream_t stream, unsigned cluster_x, bool pdl, Args&&... args) {
   cudaLaunchConfig_t cfg = launchConfig(grid, block, smem, stream);
-  cudaLaunchAttribute attr[1];
+  cudaLaunchAttribute attr[2];
+  unsigned n = 0;
   if (cluster_x > 0) {
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = cluster_x;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = cluster_x;
+    attr[n].val.clusterDim.y = 1;
+    attr[n].val.clusterDim.z = 1;
+    ++n;
   }
+  if (pdl) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  cfg.attrs = n > 0 ? attr : nullptr;
+  cfg.numAttrs = n;
   const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
   if (err != cudaSuccess) (void)cudaGetLastError();
   return err;

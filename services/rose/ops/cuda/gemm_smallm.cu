@@ -192,7 +192,7 @@ Status launch(const SmallMGemmArgs& a, cudaStream_t stream) {
   const cudaError_t err = launchClustered(
       smallMGemmKernel<kMT, kBN>,
       dim3(static_cast<unsigned>(a.splits), static_cast<unsigned>(a.n / kBN), 1),
-      dim3(kThreads, 1, 1), Cfg<kMT, kBN>::kSmem, stream, static_cast<unsigned>(a.splits), a.x,
+      dim3(kThreads, 1, 1), Cfg<kMT, kBN>::kSmem, stream, static_cast<unsigned>(a.splits), false, a.x,
       a.w, a.bias, a.y, static_cast<int>(a.m), static_cast<int>(a.n), static_cast<int>(a.k),
       a.splits);
   if (err != cudaSuccess) {

@@ -351,6 +351,7 @@ class CudaLlmOps final : public LlmOps {
     }
     require(plan != nullptr, "pagedAttention", "no plan for this sliding_window (planAttention)");
     PagedAttentionArgs a;
+    a.pdl = b_.pdlGraph();  // [TAG_PDL_GRAPH]
     a.f16 = f16;
     a.qkv = static_cast<const bf16*>(qkv.data);
     a.k_cache = static_cast<const bf16*>(k_cache.data);
@@ -403,6 +404,7 @@ class CudaLlmOps final : public LlmOps {
                 topk_weights.numel() == topk_ids.numel(),
             "moeRoute", "top-k shape mismatch");
     MoeRouteArgs a;
+    a.pdl = b_.pdlGraph();  // [TAG_PDL_GRAPH]
     a.logits = router_logits.as<float>();
     a.bias = bias.empty() ? nullptr : bias.as<bf16>();
     a.topk_ids = topk_ids.as<int32_t>();
@@ -434,6 +436,7 @@ class CudaLlmOps final : public LlmOps {
     require(topk_ids.numel() == t * p.top_k && topk_weights.numel() == topk_ids.numel(),
             "moeRouteF32", "top-k shape mismatch");
     RouterF32Args r;
+    r.pdl = b_.pdlGraph();  // [TAG_PDL_GRAPH]
     r.residual = residual.as<float>();
     r.wt = split ? nullptr : wt.as<float>();
     r.part = static_cast<float*>(router_part_.data());
@@ -442,6 +445,7 @@ class CudaLlmOps final : public LlmOps {
     r.hidden = lim_.hidden;
     r.num_experts = lim_.num_experts;
     MoeRouteArgs a;
+    a.pdl = b_.pdlGraph();  // [TAG_PDL_GRAPH]
     a.logits = r.part;
     a.bias = bias.empty() ? nullptr : bias.as<bf16>();
     a.topk_ids = topk_ids.as<int32_t>();
@@ -536,6 +540,7 @@ class CudaLlmOps final : public LlmOps {
       }
     };
     MoeGemmArgs g1;
+    g1.pdl = b_.pdlGraph();  // [TAG_PDL_GRAPH]
     g1.f16 = f16;
     g1.a = static_cast<const bf16*>(x.data);
     g1.a_rows = static_cast<const int32_t*>(row_token_.data());
@@ -575,6 +580,7 @@ class CudaLlmOps final : public LlmOps {
     checkOk(launchMoeGemm(g2, st), "moeExperts/down");
 
     MoeCombineArgs c;
+    c.pdl = b_.pdlGraph();  // [TAG_PDL_GRAPH]
     c.f16 = f16;
     c.out_f32 = out.dtype == DType::kF32;  // the combine kept in f32
     c.y = static_cast<const bf16*>(y_.data());
@@ -627,6 +633,7 @@ class CudaLlmOps final : public LlmOps {
     a.rows = c.num_tokens;
     a.hidden = c.hidden;
     a.eps = p.eps;
+    a.pdl_graph = b_.pdlGraph();  // [TAG_PDL_GRAPH]
     checkOk(launchRmsNorm(a, b_.stream(), b_.pdl()), "combineRmsNorm");
     deferred_valid_ = false;
   }
@@ -803,6 +810,7 @@ class CudaLlmOps final : public LlmOps {
   void alignExperts(const Tensor& topk_ids, int64_t t, const MoeExpertsParams& p, int32_t bm,
                     int64_t tiles, cudaStream_t st) {
     MoeAlignArgs al;
+    al.pdl = b_.pdlGraph();  // [TAG_PDL_GRAPH]
     al.topk_ids = topk_ids.as<int32_t>();
     al.row_token = static_cast<int32_t*>(row_token_.data());
     al.row_of = static_cast<int32_t*>(row_of_.data());
@@ -929,6 +937,7 @@ class CudaLlmOps final : public LlmOps {
     checkOk(launchMoeRowBias(rb, st), "moeExperts/down_bias");
 
     MoeCombineArgs c;
+    c.pdl = b_.pdlGraph();  // [TAG_PDL_GRAPH]
     c.f16 = f16;
     c.out_f32 = out.dtype == DType::kF32;
     c.y = rb.y;
@@ -1353,6 +1362,7 @@ class CudaLlmOps final : public LlmOps {
                 v_cache.numel() == k_cache.numel(),
             "ropeKvWrite", "cache shape mismatch");
     RopeKvArgs a;
+    a.pdl = b_.pdlGraph();  // [TAG_PDL_GRAPH]
     a.f16 = f16;
     a.qkv = static_cast<bf16*>(qkv.data);
     a.qkv_in = qkv_in == nullptr ? nullptr : qkv_in->as<float>();

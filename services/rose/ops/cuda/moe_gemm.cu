@@ -53,6 +53,7 @@ __global__ void __launch_bounds__(kWM * kWN * 32, kWM * kWN == 8 ? 2 : 1) moeGem
   T* s_bdq = reinterpret_cast<T*>(s_scales + kStages * kBN * 2);  // kMx: [kBN][kRowS]
   T* s_b = reinterpret_cast<T*>(rest);  // !kMx: [kStages][kBN][kRowS]
 
+  pdlWait();  // [TAG_PDL_GRAPH] the tiles (align) and A are the previous kernels' outputs
   const int tile = blockIdx.x;
   if (tile >= *a.num_tiles) return;
   const int e = a.tile_expert[tile];
@@ -188,6 +189,7 @@ __global__ void __launch_bounds__(kWM * kWN * 32, kWM * kWN == 8 ? 2 : 1) moeGem
     }
   }
   cpAsyncWait<0>();
+  pdlTrigger();  // [TAG_PDL_GRAPH] the products are done: the next kernel may be scheduled
 
   const int g8 = lane >> 2, t4 = lane & 3;
 #pragma unroll
@@ -246,8 +248,7 @@ Status launchInstance(const MoeGemmArgs& a, cudaStream_t stream) {
   }
   const dim3 grid(static_cast<unsigned>(a.max_tiles),
                   static_cast<unsigned>((a.n + kBN - 1) / kBN));
-  kernel<<<grid, kWM * kWN * 32, smem, stream>>>(a);
-  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  CUDA_RETURN_IF_ERROR(launchPdlAlways(a.pdl, kernel, grid, dim3(kWM * kWN * 32), smem, stream, a));
   return okStatus();
   }
 }
@@ -387,6 +388,7 @@ __global__ void __launch_bounds__(kRG * 32) moeGemmMxDecodeKernel(MoeGemmArgs a,
                                                                    int slices, int rows_staged) {
   static_assert(kTok == 8 || kTok == 16, "token tile is one or two n8 tiles");
   extern __shared__ __align__(16) unsigned char smem[];
+  pdlWait();  // [TAG_PDL_GRAPH] the tiles (align) and the rows are the previous kernels' outputs
   const int tile = blockIdx.y;
   // Uniform over a cluster (its CTAs share blockIdx.y): a whole cluster leaves together.
   if (tile >= *a.num_tiles) return;
@@ -518,6 +520,7 @@ __global__ void __launch_bounds__(kRG * 32) moeGemmMxDecodeKernel(MoeGemmArgs a,
     }
   }
 
+  pdlTrigger();  // [TAG_PDL_GRAPH] the products are done: the next kernel may be scheduled
   // The slices' sum, in slice order, on rank 0 (every warp of every CTA reaches both barriers).
   if (slices > 1) {
     cg::cluster_group cluster = cg::this_cluster();
@@ -574,7 +577,7 @@ Status launchDecode(const MoeGemmArgs& a, cudaStream_t stream) {
       kernel,
       dim3(static_cast<unsigned>(clusters * sl.count), static_cast<unsigned>(a.max_tiles), 1),
       dim3(kRG * 32, 1, 1), smem, stream,
-      sl.count > 1 ? static_cast<unsigned>(sl.count) : 0u, a, sl.len, sl.count, rows);
+      sl.count > 1 ? static_cast<unsigned>(sl.count) : 0u, a.pdl, a, sl.len, sl.count, rows);
   if (err != cudaSuccess) {
     return cudaStatus(err, "cudaLaunchKernelEx(moeGemmMxDecodeKernel)", __FILE__, __LINE__);
   }
@@ -671,6 +674,7 @@ __device__ __forceinline__ void moeWideLoop(const MoeGemmArgs& a, const MxWarpSt
     }
   }
   cpAsyncWait<0>();
+  pdlTrigger();  // [TAG_PDL_GRAPH] the products are done: the next kernel may be scheduled
   if (!act) return;
 #pragma unroll
   for (int nt = 0; nt < 2 * kPairs; ++nt)
@@ -699,6 +703,7 @@ __global__ void __launch_bounds__(kRG * 32, 16 / kRG) moeGemmMxWideKernel(MoeGem
   T* s_x = reinterpret_cast<T*>(smem);  // [kXStages][kM][kBK + 8]
   __shared__ int32_t s_src[kM];
   __shared__ int s_rows;  // 1 + the last real row of the tile (0: none)
+  pdlWait();  // [TAG_PDL_GRAPH] the tiles (align) and the rows are the previous kernels' outputs
   const int tile = blockIdx.y;
   if (tile >= *a.num_tiles) return;  // uniform over the CTA
   const int e = a.tile_expert[tile];
@@ -745,8 +750,7 @@ Status launchWide(const MoeGemmArgs& a, cudaStream_t stream) {
   }
   const int groups = (a.n + 15) / 16;
   const dim3 grid(static_cast<unsigned>((groups + kRG - 1) / kRG), static_cast<unsigned>(a.max_tiles));
-  kernel<<<grid, kRG * 32, smem, stream>>>(a);
-  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  CUDA_RETURN_IF_ERROR(launchPdlAlways(a.pdl, kernel, grid, dim3(kRG * 32), smem, stream, a));
   return okStatus();
 }
 

@@ -96,6 +96,11 @@ struct MoeGemmArgs {
   // [TAG_ATTN_F16] a, out, bias and dense weights hold IEEE fp16 bits; MXFP4 weights dequantize
   // to fp16 (every scale byte must be <= 128).
   bool f16 = false;
+  // [TAG_PDL_GRAPH] The MXFP4 / bf16 kernels launched programmatically (common.cuh
+  // launchPdlAlways), in CUDA graphs too: each waits for the previous kernel in its first
+  // statement and lets the next be scheduled once its products are done
+  // (CudaKernelOptions::pdl_graph).
+  bool pdl = false;
 };
 
 // The M tile for `assignments` rows over `num_experts` experts (the align step must use it).

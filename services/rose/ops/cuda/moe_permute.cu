@@ -25,6 +25,8 @@ __device__ __forceinline__ int alignExpertOf(const MoeAlignArgs& a, int i, int h
 // scan each: 91 us for an 8k-token step of gpt-oss-20b, ncu 2026-12-04.) A row's place is the
 // same: the expert's first row + the assignments of that expert before it.
 __global__ void __launch_bounds__(kAlignThreads) moeAlignKernel(MoeAlignArgs a) {
+  pdlWait();  // [TAG_PDL_GRAPH]
+  pdlTrigger();
   __shared__ int32_t counts[kMoeAlignMaxExperts];
   __shared__ int32_t offset[kMoeAlignMaxExperts];      // first permuted row of each expert
   __shared__ int32_t tile_first[kMoeAlignMaxExperts];  // first tile of each expert
@@ -102,6 +104,8 @@ __global__ void __launch_bounds__(kAlignThreads) moeAlignKernel(MoeAlignArgs a) 
 // lanes before it, i.e. (token, k) order); each expert's first lane owns its tiles, and an expert's
 // first tile is the sum of the tiles of the experts with smaller ids.
 __global__ void __launch_bounds__(32) moeAlignWarpKernel(MoeAlignArgs a) {
+  pdlWait();  // [TAG_PDL_GRAPH]
+  pdlTrigger();
   const int lane = threadIdx.x;
   const int n = static_cast<int>(a.num_tokens * a.top_k);
   int e = lane < n ? a.topk_ids[lane] : -1;
@@ -163,6 +167,8 @@ __device__ __forceinline__ void alignCountRange(const MoeAlignArgs& a, int lo, i
 
 __global__ void __launch_bounds__(kAlignMbThreads) moeAlignCountKernel(MoeAlignArgs a,
                                                                        int per_block) {
+  pdlWait();  // [TAG_PDL_GRAPH]
+  pdlTrigger();
   __shared__ int32_t wc[kAlignMbWarps][kMoeAlignMaxExperts];
   const int tid = threadIdx.x, warp = tid / 32;
   const int n = static_cast<int>(a.num_tokens * a.top_k), ne = a.num_experts;
@@ -181,6 +187,8 @@ __global__ void __launch_bounds__(kAlignMbThreads) moeAlignCountKernel(MoeAlignA
 
 __global__ void __launch_bounds__(kAlignMbThreads) moeAlignRankKernel(MoeAlignArgs a,
                                                                       int per_block) {
+  pdlWait();  // [TAG_PDL_GRAPH]
+  pdlTrigger();
   __shared__ int32_t wc[kAlignMbWarps][kMoeAlignMaxExperts];
   __shared__ int32_t counts[kMoeAlignMaxExperts];      // the expert's rows in the whole step
   __shared__ int32_t before[kMoeAlignMaxExperts];      // ... in the blocks before this one
@@ -287,6 +295,8 @@ constexpr int kCombineThreads = 128;
 
 template <typename T, typename O>
 __global__ void __launch_bounds__(kCombineThreads) moeCombineKernel(MoeCombineArgs a) {
+  pdlWait();  // [TAG_PDL_GRAPH]
+  pdlTrigger();
   const int64_t t = blockIdx.x;
   const int chunks = a.hidden / 8;
   const T* y = reinterpret_cast<const T*>(a.y);
@@ -317,7 +327,7 @@ Status launchMoeAlign(const MoeAlignArgs& a, cudaStream_t stream) {
     return invalidArgument("moe_align: more than 2^31 assignments in one step");
   const int64_t n = a.num_tokens * a.top_k;
   if (n <= 32) {
-    moeAlignWarpKernel<<<1, 32, 0, stream>>>(a);
+    CUDA_RETURN_IF_ERROR(launchPdlAlways(a.pdl, moeAlignWarpKernel, dim3(1), dim3(32), 0, stream, a));
   } else if (a.block_counts != nullptr && n >= kMoeAlignMultiBlockMin &&
              g_align_multiblock.load()) {
     // [TAG_MOE_ALIGN_MULTIBLOCK] per_block: a multiple of the block's threads, >= 1024, and at
@@ -325,12 +335,16 @@ Status launchMoeAlign(const MoeAlignArgs& a, cudaStream_t stream) {
     int64_t per = (n + kMoeAlignMaxBlocks - 1) / kMoeAlignMaxBlocks;
     per = std::max<int64_t>(1024, (per + kAlignMbThreads - 1) / kAlignMbThreads * kAlignMbThreads);
     const unsigned blocks = static_cast<unsigned>((n + per - 1) / per);
-    moeAlignCountKernel<<<blocks, kAlignMbThreads, 0, stream>>>(a, static_cast<int>(per));
-    moeAlignRankKernel<<<blocks, kAlignMbThreads, 0, stream>>>(a, static_cast<int>(per));
+    CUDA_RETURN_IF_ERROR(launchPdlAlways(a.pdl, moeAlignCountKernel, dim3(blocks),
+                                         dim3(kAlignMbThreads), 0, stream, a,
+                                         static_cast<int>(per)));
+    CUDA_RETURN_IF_ERROR(launchPdlAlways(a.pdl, moeAlignRankKernel, dim3(blocks),
+                                         dim3(kAlignMbThreads), 0, stream, a,
+                                         static_cast<int>(per)));
   } else {
-    moeAlignKernel<<<1, kAlignThreads, 0, stream>>>(a);
+    CUDA_RETURN_IF_ERROR(
+        launchPdlAlways(a.pdl, moeAlignKernel, dim3(1), dim3(kAlignThreads), 0, stream, a));
   }
-  CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return okStatus();
 }
 
@@ -350,16 +364,10 @@ Status launchMoeCombine(const MoeCombineArgs& a, cudaStream_t stream) {
     return invalidArgument("moe_combine: hidden must be a positive multiple of 8");
   if (a.num_tokens == 0) return okStatus();
   const unsigned grid = static_cast<unsigned>(a.num_tokens);
-  if (a.f16 && a.out_f32) {
-    moeCombineKernel<f16, float><<<grid, kCombineThreads, 0, stream>>>(a);
-  } else if (a.f16) {
-    moeCombineKernel<f16, f16><<<grid, kCombineThreads, 0, stream>>>(a);
-  } else if (a.out_f32) {
-    moeCombineKernel<bf16, float><<<grid, kCombineThreads, 0, stream>>>(a);
-  } else {
-    moeCombineKernel<bf16, bf16><<<grid, kCombineThreads, 0, stream>>>(a);
-  }
-  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  auto kernel = a.f16 ? (a.out_f32 ? moeCombineKernel<f16, float> : moeCombineKernel<f16, f16>)
+                      : (a.out_f32 ? moeCombineKernel<bf16, float> : moeCombineKernel<bf16, bf16>);
+  CUDA_RETURN_IF_ERROR(
+      launchPdlAlways(a.pdl, kernel, dim3(grid), dim3(kCombineThreads), 0, stream, a));
   return okStatus();
 }
 

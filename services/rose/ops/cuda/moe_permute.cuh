@@ -41,6 +41,9 @@ struct MoeAlignArgs {
   // (contents need no initialization): steps of >= kMoeAlignMultiBlockMin assignments then run
   // two multi-block kernels with the same output. nullptr: the one-block kernel.
   int32_t* block_counts = nullptr;
+  // [TAG_PDL_GRAPH] Launched programmatically (common.cuh launchPdlAlways), in CUDA graphs too:
+  // the kernels wait for the previous one in their first statement (CudaKernelOptions::pdl_graph).
+  bool pdl = false;
 };
 
 // Upper bound on M tiles (and so rows = tiles · block_m) for T·k assignments over E experts:
@@ -74,6 +77,9 @@ struct MoeCombineArgs {
   int32_t hidden = 0;  // multiple of 8
   bool f16 = false;    // y and out hold IEEE fp16 bits [TAG_ATTN_F16]
   bool out_f32 = false;  // out is float (not rounded): the MoE output kept in f32
+  // [TAG_PDL_GRAPH] Launched programmatically (common.cuh launchPdlAlways), in CUDA graphs too:
+  // the kernels wait for the previous one in their first statement (CudaKernelOptions::pdl_graph).
+  bool pdl = false;
 };
 
 Status launchMoeCombine(const MoeCombineArgs& a, cudaStream_t stream);

@@ -9,6 +9,8 @@ namespace {
 constexpr int kWarpsPerBlock = 8;
 
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) moeRouteKernel(MoeRouteArgs a) {
+  pdlWait();  // [TAG_PDL_GRAPH]
+  pdlTrigger();
   const int64_t t = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (t >= a.num_tokens) return;
   moeRouteToken(a, t, threadIdx.x & 31);
@@ -30,8 +32,8 @@ Status launchMoeRoute(const MoeRouteArgs& a, cudaStream_t stream) {
   RETURN_IF_ERROR(checkMoeRoute(a));
   if (a.num_tokens == 0) return okStatus();
   const dim3 grid(static_cast<unsigned>((a.num_tokens + kWarpsPerBlock - 1) / kWarpsPerBlock));
-  moeRouteKernel<<<grid, kWarpsPerBlock * 32, 0, stream>>>(a);
-  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  CUDA_RETURN_IF_ERROR(
+      launchPdlAlways(a.pdl, moeRouteKernel, grid, dim3(kWarpsPerBlock * 32), 0, stream, a));
   return okStatus();
 }
 

@@ -31,6 +31,9 @@ struct MoeRouteArgs {
   const float* ss = nullptr;
   int32_t hidden = 0;
   float eps = 0.f;
+  // [TAG_PDL_GRAPH] Launched programmatically (common.cuh launchPdlAlways), in CUDA graphs too:
+  // the kernel waits for the previous one in its first statement (CudaKernelOptions::pdl_graph).
+  bool pdl = false;
 };
 
 Status checkMoeRoute(const MoeRouteArgs& a);

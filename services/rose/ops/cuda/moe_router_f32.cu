@@ -37,15 +37,13 @@ __global__ void __launch_bounds__(kThreads) routerF32Kernel(RouterF32Args a) {
 
   // Every chunk of the slice is loaded into registers first (one memory latency per block, not
   // one per chunk: at decode the kernel is latency-bound), then staged and used chunk by chunk.
+  // The weights (constant) first: under a programmatic launch [TAG_PDL_GRAPH] their loads are in
+  // flight while the previous kernel finishes; the residual only after pdlWait().
   float4 xr[kChunks], wr[kChunks][2];
   int nc = (a.hidden - kbase + kChunk - 1) / kChunk;
   if (nc > kChunks) nc = kChunks;
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
-    const int k = kbase + c * kChunk + x_q * 4;
-    xr[c] = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (c < nc && x_row && k < a.hidden)
-      xr[c] = *reinterpret_cast<const float4*>(a.residual + (t0 + x_tok) * a.hidden + k);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int idx = tid + r * kThreads;
@@ -56,6 +54,15 @@ __global__ void __launch_bounds__(kThreads) routerF32Kernel(RouterF32Args a) {
         wr[c][r] = *reinterpret_cast<const float4*>(
             a.wt + static_cast<int64_t>(kk) * a.num_experts + e);
     }
+  }
+  pdlWait();
+  pdlTrigger();
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    const int k = kbase + c * kChunk + x_q * 4;
+    xr[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (c < nc && x_row && k < a.hidden)
+      xr[c] = *reinterpret_cast<const float4*>(a.residual + (t0 + x_tok) * a.hidden + k);
   }
 
   float acc[kTok];
@@ -177,6 +184,8 @@ __global__ void __launch_bounds__(tiledThreads<kTok>(), tiledMinBlocks<kTok>())
   float* xs = smem;               // [256 k][64 tok], or [64 tok][257] with kRows
   float* ws = smem + kXsFloats;   // [256 k][kTE]
   __shared__ float ssp[16][kTiledTok];          // sums-of-squares chains per (quarter, token)
+  pdlWait();  // [TAG_PDL_GRAPH]
+  pdlTrigger();
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kTiledTok;
   const int e0 = static_cast<int>(blockIdx.y) * kTE;
@@ -374,8 +383,9 @@ Status launchRouterTiled(const RouterF32Args& a, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((a.num_tokens + kTok - 1) / kTok),
                   static_cast<unsigned>((a.num_experts + kTE - 1) / kTE),
                   static_cast<unsigned>(routerF32Splits(a.hidden)));
-  routerF32TiledKernel<kTE, kRows, kTok><<<grid, tiledThreads<kTok>(), smem, stream>>>(a);
-  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  auto* kernel = routerF32TiledKernel<kTE, kRows, kTok>;
+  CUDA_RETURN_IF_ERROR(launchPdlAlways(a.pdl, kernel, grid,
+                                       dim3(tiledThreads<kTok>()), smem, stream, a));
   return okStatus();
 }
 
@@ -561,8 +571,7 @@ Status launchRouterF32Partials(const RouterF32Args& a, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((a.num_tokens + kTok - 1) / kTok),
                   static_cast<unsigned>((a.num_experts + kExp - 1) / kExp),
                   static_cast<unsigned>(routerF32Splits(a.hidden)));
-  routerF32Kernel<<<grid, kThreads, 0, stream>>>(a);
-  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  CUDA_RETURN_IF_ERROR(launchPdlAlways(a.pdl, routerF32Kernel, grid, dim3(kThreads), 0, stream, a));
   return okStatus();
 }
 

@@ -52,6 +52,10 @@ struct RouterF32Args {
   // hidden, num_tokens as above; bias, outputs, top_k, eps), checked by checkMoeRoute.
   unsigned int* route_counters = nullptr;
   MoeRouteArgs route;
+  // [TAG_PDL_GRAPH] The CUDA-core kernels launched programmatically (common.cuh
+  // launchPdlAlways), in CUDA graphs too: the router's weights are loaded before its pdlWait(),
+  // the residual after (CudaKernelOptions::pdl_graph).
+  bool pdl = false;
 };
 
 // The tensor-core router [TAG_ROUTER_MMA]: the same partials and sums of squares (same slices,

@@ -247,7 +247,8 @@ __device__ __forceinline__ void pagedAttnItem(const PagedAttentionArgs& a, const
 // when the launch is captured into a graph (counts != null). Same per-item work either way.
 template <int kD, int kG, typename T>
 __global__ void __launch_bounds__(kWarps * 32) pagedAttnKernel(PagedAttentionArgs a) {
-  pdlTrigger();  // [TAG_PDL_GEMV] the O-proj GEMV may be scheduled
+  pdlWait();     // [TAG_PDL_GRAPH] the rotated q and the cache writes are the previous kernel's
+  pdlTrigger();  // [TAG_PDL_GEMV] the combine or the O-proj GEMV may be scheduled
   const int count = a.counts != nullptr ? a.counts[0] : a.num_work;
   for (int item = blockIdx.x; item < count; item += gridDim.x) {
     pagedAttnItem<kD, kG, T>(a, item, blockIdx.y);
@@ -341,6 +342,7 @@ __device__ __forceinline__ void pagedAttnCombineItem(const PagedAttentionArgs& a
 
 template <int kD, typename T>
 __global__ void __launch_bounds__(128) pagedAttnCombineKernel(PagedAttentionArgs a) {
+  pdlWait();     // [TAG_PDL_GRAPH]
   pdlTrigger();  // [TAG_PDL_GEMV]
   const int count = a.counts != nullptr ? a.counts[1] : a.num_combine;
   for (int item = blockIdx.x; item < count; item += gridDim.x) pagedAttnCombineItem<kD, T>(a, item);
@@ -355,14 +357,16 @@ Status launchGroup(const PagedAttentionArgs& a, cudaStream_t stream) {
   const int32_t combine_grid = fixed ? a.grid_combine : a.num_combine;
   if (work_grid > 0) {
     const dim3 grid(static_cast<unsigned>(work_grid), static_cast<unsigned>(a.num_kv_heads));
-    pagedAttnKernel<kHeadDim, kG, T><<<grid, kWarps * 32, 0, stream>>>(a);
-    CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    auto* kernel = pagedAttnKernel<kHeadDim, kG, T>;
+    CUDA_RETURN_IF_ERROR(launchPdlAlways(a.pdl, kernel, grid,
+                                         dim3(kWarps * 32), 0, stream, a));
   }
   if (combine_grid > 0) {
     const dim3 grid(static_cast<unsigned>(combine_grid),
                     static_cast<unsigned>((a.num_q_heads + 3) / 4));
-    pagedAttnCombineKernel<kHeadDim, T><<<grid, 128, 0, stream>>>(a);
-    CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    auto* kernel = pagedAttnCombineKernel<kHeadDim, T>;
+    CUDA_RETURN_IF_ERROR(launchPdlAlways(a.pdl, kernel, grid,
+                                         dim3(128), 0, stream, a));
   }
   return okStatus();
 }

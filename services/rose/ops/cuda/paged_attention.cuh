@@ -130,6 +130,10 @@ struct PagedAttentionArgs {
   // [TAG_ATTN_F16] qkv, the caches and out hold IEEE fp16 (__half) bits instead of bf16: both
   // products on fp16 tensor cores (P rounded to fp16), the rest as with bf16.
   bool f16 = false;
+  // [TAG_PDL_GRAPH] The mma.sync work and combine kernels launched programmatically (common.cuh
+  // launchPdlAlways), in CUDA graphs too: each waits for the previous kernel in its first
+  // statement (CudaKernelOptions::pdl_graph). The Hopper kernel always launches plainly.
+  bool pdl = false;
 };
 
 // INVALID_ARGUMENT naming what the kernels do not support (head_dim != 64, a GQA group that is

@@ -224,8 +224,10 @@ Status launchRmsNorm(const RmsNormArgs& a, cudaStream_t stream, bool pdl) {
     // One row per block, one chunk per thread (same bits, see rmsNormSplitKernel).
     const size_t smem = sizeof(float) * (static_cast<size_t>(per_thread) * 8 * tx + tx / 32 + 1);
     auto kernel = combine ? rmsNormSplitKernel<true> : rmsNormSplitKernel<false>;
-    CUDA_RETURN_IF_ERROR(launchPdl(pdl, kernel, dim3(static_cast<unsigned>(a.rows)),
-                                   dim3(tx, per_thread), smem, stream, a));
+    CUDA_RETURN_IF_ERROR(a.pdl_graph ? launchPdlAlways(true, kernel, dim3(static_cast<unsigned>(a.rows)),
+                                                        dim3(tx, per_thread), smem, stream, a)
+                                     : launchPdl(pdl, kernel, dim3(static_cast<unsigned>(a.rows)),
+                                                 dim3(tx, per_thread), smem, stream, a));
     return okStatus();
   }
   const int ty = few ? 1 : std::max(1, 128 / tx);
@@ -240,8 +242,8 @@ Status launchRmsNorm(const RmsNormArgs& a, cudaStream_t stream, bool pdl) {
     case 4: kernel = combine ? rmsNormKernel<4, true> : rmsNormKernel<4, false>; break;
     default: return invalidArgument("rms_norm: unsupported hidden size");
   }
-  CUDA_RETURN_IF_ERROR(launchPdl(pdl, kernel, grid, block, smem, stream, a));
-  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  CUDA_RETURN_IF_ERROR(a.pdl_graph ? launchPdlAlways(true, kernel, grid, block, smem, stream, a)
+                                   : launchPdl(pdl, kernel, grid, block, smem, stream, a));
   return okStatus();
 }
 

@@ -50,6 +50,9 @@ struct RmsNormArgs {
   // MoE output in f32 (GptOssOptions::moe_out_f32).
   bool combine_f32 = false;
   bool x_f32 = false;
+  // [TAG_PDL_GRAPH] Launched programmatically in CUDA graphs too (launchRmsNorm's `pdl` covers
+  // eager launches only): CudaKernelOptions::pdl_graph.
+  bool pdl_graph = false;
 };
 
 // pdl: programmatic dependent launch for an eager launch (common.cuh [TAG_PDL]); the backend

@@ -26,6 +26,8 @@ __device__ __forceinline__ T* kvCacheRow(const RopeKvArgs& a, int64_t t, int h, 
 // qkv (rounded once) before the cache copy reads it back.
 template <typename T, bool kF32In>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) ropeKvKernel(RopeKvArgs a) {
+  pdlWait();  // [TAG_PDL_GRAPH]
+  pdlTrigger();
   const int lane = threadIdx.x & 31;
   const int heads = a.num_q_heads + 2 * a.num_kv_heads;
   const int64_t item = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
@@ -79,6 +81,8 @@ constexpr int kVecThreads = 256;
 
 template <typename T, bool kF32In>
 __global__ void __launch_bounds__(kVecThreads) ropeKvVecKernel(RopeKvArgs a, int units) {
+  pdlWait();  // [TAG_PDL_GRAPH]
+  pdlTrigger();
   const int heads = a.num_q_heads + 2 * a.num_kv_heads;
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * kVecThreads + threadIdx.x;
   if (idx >= a.num_tokens * heads * units) return;
@@ -165,7 +169,7 @@ Status checkRopeKv(const RopeKvArgs& a) {
 
 namespace {
 template <typename T, bool kF32In>
-void launchRopeKvAs(const RopeKvArgs& a, cudaStream_t stream) {
+cudaError_t launchRopeKvAs(const RopeKvArgs& a, cudaStream_t stream) {
   const int64_t heads = a.num_q_heads + 2 * a.num_kv_heads;
   if (a.head_dim % 8 == 0 && (a.rotary_dim / 2) % 8 == 0 && aligned16(a.qkv) &&
       aligned16(a.k_cache) && aligned16(a.v_cache) && (!kF32In || aligned16(a.qkv_in)) &&
@@ -173,11 +177,13 @@ void launchRopeKvAs(const RopeKvArgs& a, cudaStream_t stream) {
     const int units = a.rotary_dim / 16 + (a.head_dim - a.rotary_dim) / 8;
     const int64_t threads = a.num_tokens * heads * units;
     const unsigned blocks = static_cast<unsigned>((threads + kVecThreads - 1) / kVecThreads);
-    ropeKvVecKernel<T, kF32In><<<blocks, kVecThreads, 0, stream>>>(a, units);
+    return launchPdlAlways(a.pdl, ropeKvVecKernel<T, kF32In>, dim3(blocks), dim3(kVecThreads), 0,
+                           stream, a, units);
   } else {
     const int64_t items = a.num_tokens * heads;
     const dim3 grid(static_cast<unsigned>((items + kWarpsPerBlock - 1) / kWarpsPerBlock));
-    ropeKvKernel<T, kF32In><<<grid, kWarpsPerBlock * 32, 0, stream>>>(a);
+    return launchPdlAlways(a.pdl, ropeKvKernel<T, kF32In>, grid, dim3(kWarpsPerBlock * 32), 0,
+                           stream, a);
   }
 }
 }  // namespace
@@ -187,11 +193,12 @@ Status launchRopeKv(const RopeKvArgs& a, cudaStream_t stream) {
   if (a.num_tokens == 0) return okStatus();
   const bool f32_in = a.qkv_in != nullptr;
   if (a.f16) {
-    f32_in ? launchRopeKvAs<f16, true>(a, stream) : launchRopeKvAs<f16, false>(a, stream);
+    CUDA_RETURN_IF_ERROR((f32_in ? launchRopeKvAs<f16, true>(a, stream)
+                                 : launchRopeKvAs<f16, false>(a, stream)));
   } else {
-    f32_in ? launchRopeKvAs<bf16, true>(a, stream) : launchRopeKvAs<bf16, false>(a, stream);
+    CUDA_RETURN_IF_ERROR((f32_in ? launchRopeKvAs<bf16, true>(a, stream)
+                                 : launchRopeKvAs<bf16, false>(a, stream)));
   }
-  CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return okStatus();
 }
 

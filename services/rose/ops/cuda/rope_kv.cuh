@@ -41,6 +41,9 @@ struct RopeKvArgs {
   // QKV projection's f32 output), and every head is written to qkv as well as k/v to the caches,
   // rounded once (qkv's own contents are not read). 16-byte aligned for the vector kernel.
   const float* qkv_in = nullptr;
+  // [TAG_PDL_GRAPH] Launched programmatically (common.cuh launchPdlAlways), in CUDA graphs too:
+  // the kernel waits for the previous one in its first statement (CudaKernelOptions::pdl_graph).
+  bool pdl = false;
 };
 
 // The shape rules launchRopeKv enforces (INVALID_ARGUMENT naming the field otherwise).

@@ -20,7 +20,7 @@ const char* const kVars[] = {"GARDEN_ATTENTION_KERNEL", "GARDEN_GEMM_TUNE", "GAR
                              "GARDEN_MOE_LT_STREAMS", "GARDEN_MOE_LT_EPILOGUE",
                              "GARDEN_MOE_LT_OVERLAP", "GARDEN_MOE_LT_WGMMA",
                              "GARDEN_ROUTER_MMA", "GARDEN_MOE_WGMMA_DEVICE_PLAN",
-                             "GARDEN_PDL_GEMV"};
+                             "GARDEN_PDL_GEMV", "GARDEN_PDL_GRAPH"};
 
 // Clears the variables for the test and restores what the process had.
 class KernelEnvTest : public ::testing::Test {
@@ -164,6 +164,10 @@ TEST_F(KernelEnvTest, EachAcceptedValueIsRead) {
   setenv("GARDEN_PDL_GEMV", "1", 1);
   ASSERT_TRUE(cudaKernelOptionsFromEnv(o).isOk());
   EXPECT_TRUE(o.pdl_gemv);
+  const bool pdl_graph_default = CudaKernelOptions{}.pdl_graph;
+  setenv("GARDEN_PDL_GRAPH", pdl_graph_default ? "0" : "1", 1);
+  ASSERT_TRUE(cudaKernelOptionsFromEnv(o).isOk());
+  EXPECT_EQ(o.pdl_graph, !pdl_graph_default);
 }
 
 TEST_F(KernelEnvTest, OtherValuesAreRefusedByName) {
@@ -183,7 +187,7 @@ TEST_F(KernelEnvTest, OtherValuesAreRefusedByName) {
         Bad{"GARDEN_MOE_LT_STREAMS", "9", "1|2|3|4|5|6|7|8"},
         Bad{"GARDEN_MOE_LT_EPILOGUE", "on", "0|1"}, Bad{"GARDEN_MOE_LT_OVERLAP", "yes", "0|1"},
         Bad{"GARDEN_MOE_LT_WGMMA", "on", "0|1"}, Bad{"GARDEN_ROUTER_MMA", "mma", "0|1"},
-        Bad{"GARDEN_MOE_WGMMA_DEVICE_PLAN", "on", "0|1"}}) {
+        Bad{"GARDEN_MOE_WGMMA_DEVICE_PLAN", "on", "0|1"}, Bad{"GARDEN_PDL_GRAPH", "yes", "0|1"}}) {
     SCOPED_TRACE(std::string(b.var) + "=" + b.value);
     for (const char* v : kVars) unsetenv(v);
     setenv(b.var, b.value, 1);
