@@ -69,6 +69,8 @@
 //              [TAG_ROUTER_F32_TILED_TOK].
 //   --moe-align-multiblock on|off: large steps' MoE align on many blocks (default on; same
 //              output) [TAG_MOE_ALIGN_MULTIBLOCK].
+//   --route-align on|off: decode-sized steps' route and MoE align in one kernel (default on; same
+//              output) [TAG_ROUTE_ALIGN].
 //   --router-mma on|off: the f32 router on bf16 tensor cores with split operands (default off,
 //              CudaKernelOptions::router_mma [TAG_ROUTER_MMA]); off: the CUDA-core f32 kernel.
 //   --moe-prefetch N: the MXFP4 decode MoE kernel asks L2 for its weight tiles N K tiles beyond
@@ -995,6 +997,7 @@ int main(int argc, char** argv) {
     else if (a == "--router-tiled-rows") cuda::setRouterF32TiledRows(next() == "on");
     else if (a == "--router-tiled-tok") cuda::setRouterF32TiledTok(std::atoi(next().c_str()));
     else if (a == "--moe-align-multiblock") cuda::setMoeAlignMultiBlock(next() == "on");
+    else if (a == "--route-align") cuda::setLlmRouteAlign(next() == "on");
     else if (a == "--fp8-min-tokens") fp8_min_tokens = std::atoll(next().c_str());
     else if (a == "--moe-prefill") {
       if (!moePrefillFromName(next(), &moe_prefill)) {

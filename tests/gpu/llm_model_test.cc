@@ -311,11 +311,19 @@ class GpuGptOss : public ::testing::Test {
   // samples each sequence's first token), then 24 decode steps — logits back on even steps
   // (eager), ids only on odd ones (the graph path when the runners have graphs). Every step's ids
   // and logits must be equal bit for bit.
-  static void expectTwinStepsBitEqual(Runner& a, Runner& b, uint32_t seed, int batch = 3) {
+  // `before(second)`, when given, runs before each step of `a` (false) and of `b` (true): a
+  // process-global switch set per side.
+  static void expectTwinStepsBitEqual(Runner& a, Runner& b, uint32_t seed, int batch = 3,
+                                      const std::function<void(bool)>& before = {}) {
     TwinBatch tw(batch, [seed](int i) { return prompt(700 + 41 * i, seed + i); });
+    auto side = [&](bool second) {
+      if (before) before(second);
+    };
     for (int it = 0; it < 2; ++it) {
       std::vector<std::vector<float>> la, lb;
+      side(false);
       auto ta = step(a, tw.pa, 600, &la, true);
+      side(true);
       auto tb = step(b, tw.pb, 600, &lb, true);
       ASSERT_EQ(ta, tb) << "prefill step " << it;
       ASSERT_EQ(la, lb) << "prefill step " << it;
@@ -326,7 +334,9 @@ class GpuGptOss : public ::testing::Test {
       SCOPED_TRACE("decode " + std::to_string(it));
       const bool want = it % 2 == 0;
       std::vector<std::vector<float>> la, lb;
+      side(false);
       auto ta = step(a, tw.pa, 2048, want ? &la : nullptr, want);
+      side(true);
       auto tb = step(b, tw.pb, 2048, want ? &lb : nullptr, want);
       ASSERT_EQ(ta, tb);
       if (want) {
@@ -743,6 +753,40 @@ TEST_F(GpuGptOss, PdlGraphGivesTheSameBits) {
       expectTwinStepsBitEqual(plain, pdl, 7400 + static_cast<uint32_t>(batch), batch);
       if (graphs) {
         EXPECT_GT(pdl.model->graphSteps(), 0u);
+      }
+    }
+  }
+}
+
+// [TAG_ROUTE_ALIGN] The route and the MoE align in one kernel (decode-sized steps) give the bits
+// of the two kernels: prefill, eager decode steps (logits) and graphed ones (ids), one sequence
+// and three; the fused side must have skipped its aligns.
+TEST_F(GpuGptOss, RouteAlignFusionGivesTheSameBits) {
+  for (bool graphs : {false, true}) {
+    for (int batch : {1, 3}) {
+      SCOPED_TRACE(std::string(graphs ? "graphs" : "eager") + " batch " + std::to_string(batch));
+      Runner plain = load(*dir_, "cuda", MoeWeightsMode::kAuto, nullptr, graphs);
+      Runner fused = load(*dir_, "cuda", MoeWeightsMode::kAuto, nullptr, graphs);
+      // Skipped aligns counted per side: the counter's growth is the side's that just ran.
+      uint64_t last = cuda::llmRouteAlignUses(), plain_uses = 0, fused_uses = 0;
+      bool fused_ran = false;
+      auto account = [&] {
+        const uint64_t now = cuda::llmRouteAlignUses();
+        (fused_ran ? fused_uses : plain_uses) += now - last;
+        last = now;
+      };
+      expectTwinStepsBitEqual(plain, fused, 7500 + static_cast<uint32_t>(batch), batch,
+                              [&](bool second) {
+                                account();
+                                fused_ran = second;
+                                cuda::setLlmRouteAlign(second);
+                              });
+      account();
+      cuda::setLlmRouteAlign(true);
+      EXPECT_EQ(plain_uses, 0u);
+      EXPECT_GT(fused_uses, 0u);
+      if (graphs) {
+        EXPECT_GT(fused.model->graphSteps(), 0u);
       }
     }
   }

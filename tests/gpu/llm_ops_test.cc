@@ -1030,6 +1030,133 @@ TEST_F(GpuLlmOps, MoeAlignWarpPathEqualsTheBlockKernel) {
   EXPECT_GT(cases, 50);
 }
 
+// A device buffer of raw bytes for the kernel-level tests.
+struct DevBuf {
+  void* p = nullptr;
+  size_t bytes = 0;
+  explicit DevBuf(size_t b) : bytes(b) { EXPECT_EQ(cudaMalloc(&p, b), cudaSuccess); }
+  ~DevBuf() { cudaFree(p); }
+  template <typename T>
+  std::vector<T> get() const {
+    std::vector<T> v(bytes / sizeof(T));
+    EXPECT_EQ(cudaMemcpy(v.data(), p, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+    return v;
+  }
+  template <typename T>
+  void put(const std::vector<T>& v) {
+    ASSERT_EQ(v.size() * sizeof(T), bytes);
+    ASSERT_EQ(cudaMemcpy(p, v.data(), bytes, cudaMemcpyHostToDevice), cudaSuccess);
+  }
+};
+
+// [TAG_ROUTE_ALIGN] The route + align kernel of decode-sized steps writes exactly what the route
+// kernel and then the align kernel write: random logits (and the f32 router's slice partials with
+// sums of squares), 1..8 tokens, top-4 of 32 and 128 experts and top-8 of 32, with a bias, NaN
+// logits and ties; outputs poisoned alike first; twice in a row (nothing carried between launches).
+TEST_F(GpuLlmOps, MoeRouteAlignKernelEqualsRouteThenAlign) {
+  cudaStream_t st = dynamic_cast<cuda::CudaBackend&>(gpu()).stream();
+  int cases = 0;
+  struct Case { int32_t e, k, splits; };
+  for (Case c : {Case{32, 4, 0}, Case{32, 4, 12}, Case{128, 4, 0}, Case{128, 4, 12}, Case{32, 8, 12}}) {
+    for (int64_t t = 1; t <= cuda::kMoeRouteAlignMaxTokens && t * c.k <= 32; ++t) {
+      SCOPED_TRACE("E=" + std::to_string(c.e) + " k=" + std::to_string(c.k) + " splits=" +
+                   std::to_string(c.splits) + " T=" + std::to_string(t));
+      const int32_t s = std::max(1, c.splits);
+      std::normal_distribution<float> nd(0.f, 2.f);
+      std::vector<float> logits(static_cast<size_t>(s * t * c.e));
+      for (auto& x : logits) x = nd(rng_);
+      logits[static_cast<size_t>(rng_() % logits.size())] = std::nanf("");
+      logits[1] = logits[0];  // a tie
+      std::vector<float> ss(static_cast<size_t>(s * t));
+      for (auto& x : ss) x = std::fabs(nd(rng_)) * 100.f;
+      std::vector<uint16_t> bias(static_cast<size_t>(c.e));
+      for (auto& b : bias) b = f32ToBf16(nd(rng_) * 0.1f);
+      DevBuf dl(logits.size() * 4), dss(ss.size() * 4), db(bias.size() * 2);
+      dl.put(logits);
+      dss.put(ss);
+      db.put(bias);
+      const int64_t n = t * c.k;
+      const int32_t bm = 16;
+      const int32_t tiles = static_cast<int32_t>(cuda::moeAlignMaxTiles(n, c.e, bm));
+      std::vector<std::vector<int32_t>> ints[2];
+      std::vector<float> weights[2];
+      for (int which = 0; which < 2; ++which) {
+        for (int rep = 0; rep < 2; ++rep) {
+          DevBuf ids(static_cast<size_t>(n) * 4), w(static_cast<size_t>(n) * 4),
+              rt(static_cast<size_t>(tiles * bm) * 4), ro(static_cast<size_t>(n) * 4),
+              te(static_cast<size_t>(tiles) * 4), nt(4);
+          for (const DevBuf* d : {&ids, &w, &rt, &ro, &te, &nt})
+            ASSERT_EQ(cudaMemset(d->p, 0x5A, d->bytes), cudaSuccess);
+          cuda::MoeRouteArgs r;
+          r.logits = static_cast<const float*>(dl.p);
+          r.bias = static_cast<const __nv_bfloat16*>(db.p);
+          r.topk_ids = static_cast<int32_t*>(ids.p);
+          r.topk_weights = static_cast<float*>(w.p);
+          r.num_tokens = t;
+          r.num_experts = c.e;
+          r.top_k = c.k;
+          if (c.splits > 0) {
+            r.splits = c.splits;
+            r.ss = static_cast<const float*>(dss.p);
+            r.hidden = 2880;
+            r.eps = 1e-5f;
+          }
+          cuda::MoeAlignArgs a;
+          a.topk_ids = r.topk_ids;
+          a.row_token = static_cast<int32_t*>(rt.p);
+          a.row_of = static_cast<int32_t*>(ro.p);
+          a.tile_expert = static_cast<int32_t*>(te.p);
+          a.num_tiles = static_cast<int32_t*>(nt.p);
+          a.num_tokens = t;
+          a.top_k = c.k;
+          a.num_experts = c.e;
+          a.block_m = bm;
+          a.max_tiles = tiles;
+          if (which == 0) {
+            ASSERT_TRUE(cuda::launchMoeRoute(r, st).isOk());
+            ASSERT_TRUE(cuda::launchMoeAlign(a, st).isOk());
+          } else {
+            ASSERT_TRUE(cuda::launchMoeRouteAlign(r, a, st).isOk());
+          }
+          ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+          std::vector<std::vector<int32_t>> got = {ids.get<int32_t>(), rt.get<int32_t>(),
+                                                   ro.get<int32_t>(), te.get<int32_t>(),
+                                                   nt.get<int32_t>()};
+          std::vector<float> gw = w.get<float>();
+          if (rep == 0) {
+            ints[which] = got;
+            weights[which] = gw;
+          } else {
+            EXPECT_EQ(got, ints[which]) << "second launch";
+          }
+        }
+      }
+      EXPECT_EQ(ints[0][0], ints[1][0]) << "topk_ids";
+      ASSERT_EQ(weights[0].size(), weights[1].size());
+      EXPECT_EQ(std::memcmp(weights[0].data(), weights[1].data(), weights[0].size() * 4), 0)
+          << "topk_weights differ in bits";
+      EXPECT_EQ(ints[0][4], ints[1][4]) << "num_tiles";
+      EXPECT_EQ(ints[0][3], ints[1][3]) << "tile_expert";
+      EXPECT_EQ(ints[0][2], ints[1][2]) << "row_of";
+      EXPECT_EQ(ints[0][1], ints[1][1]) << "row_token";
+      ++cases;
+    }
+  }
+  EXPECT_EQ(cases, 8 + 8 + 8 + 8 + 4);
+  // Outside its sizes it refuses rather than launching.
+  cuda::MoeRouteArgs r;
+  r.num_tokens = 9;
+  r.num_experts = 32;
+  r.top_k = 2;
+  cuda::MoeAlignArgs a;
+  a.num_tokens = 9;
+  a.top_k = 2;
+  a.num_experts = 32;
+  a.block_m = 16;
+  a.max_tiles = 64;
+  EXPECT_EQ(cuda::launchMoeRouteAlign(r, a, st).code(), StatusCode::kInvalidArgument);
+}
+
 // [TAG_MOE_ALIGN_RANGES] The block kernel (steps above 32 assignments: prefill) against the CPU
 // statement of the layout: expert e's rows start at the sum of the padded row counts of the experts
 // before it, an assignment's row is its expert's start + the earlier assignments of its expert in

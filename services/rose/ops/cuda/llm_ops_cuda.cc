@@ -1,6 +1,7 @@
 #include "services/rose/ops/cuda/llm_ops_cuda.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -37,6 +38,10 @@ namespace {
 using bf16 = __nv_bfloat16;
 
 // Op contract violations are broken invariants (llm_ops.h): abort with the reason.
+// [TAG_ROUTE_ALIGN] setLlmRouteAlign (defined with the other process-global switches below).
+extern bool g_llm_route_align;
+extern std::atomic<uint64_t> g_llm_route_align_uses;
+
 void checkOk(const Status& s, const char* op) {
   if (s.isOk()) return;
   std::string m = std::string("cuda llm ops: ") + op + ": " + s.toString() + "\n";
@@ -412,7 +417,33 @@ class CudaLlmOps final : public LlmOps {
     a.num_tokens = router_logits.rows();
     a.num_experts = static_cast<int32_t>(router_logits.cols());
     a.top_k = p.top_k;
-    checkOk(launchMoeRoute(a, b_.stream()), "moeRoute");
+    routeMaybeAligned(a, "moeRoute");
+  }
+
+  // [TAG_ROUTE_ALIGN] The route, and for a decode-sized step the MoE align of its ids in the same
+  // kernel (recorded in pre_aligned_ for the moeExperts call that reads these ids).
+  void routeMaybeAligned(const MoeRouteArgs& a, const char* op) {
+    pre_aligned_.valid = false;
+    const int64_t n = a.num_tokens * a.top_k;
+    if (g_llm_route_align && reserved_ && a.num_tokens >= 1 &&
+        a.num_tokens <= kMoeRouteAlignMaxTokens && n <= 32 && a.num_experts == lim_.num_experts) {
+      PreAligned pa;
+      pa.ids = a.topk_ids;
+      pa.tokens = a.num_tokens;
+      pa.top_k = a.top_k;
+      pa.experts = a.num_experts;
+      // moeExperts recomputes its tile from the weights' format; at <= 32 assignments every
+      // format takes the same one (an override that differs makes it align again).
+      pa.block_m = moeGemmBlockM(n, a.num_experts, true);
+      pa.tiles = moeAlignMaxTiles(n, a.num_experts, pa.block_m);
+      const MoeAlignArgs al = alignArgs(a.topk_ids, a.num_tokens, a.top_k, a.num_experts,
+                                        pa.block_m, pa.tiles);
+      checkOk(launchMoeRouteAlign(a, al, b_.stream()), op);
+      pa.valid = true;
+      pre_aligned_ = pa;
+      return;
+    }
+    checkOk(launchMoeRoute(a, b_.stream()), op);
   }
 
   void moeRouteF32(const Tensor& residual, const Tensor& wt, const Tensor& bias,
@@ -467,17 +498,18 @@ class CudaLlmOps final : public LlmOps {
       m.hidden = lim_.hidden;
       m.num_experts = lim_.num_experts;
       checkOk(launchRouterMmaPartials(m, b_.stream()), "moeRouteF32");
-      checkOk(launchMoeRoute(a, b_.stream()), "moeRouteF32");
+      routeMaybeAligned(a, "moeRouteF32");
       return;
     }
     if (routerFusedRoute()) {  // [TAG_ROUTER_FUSED_ROUTE]: one kernel
+      pre_aligned_.valid = false;
       r.route_counters = static_cast<unsigned int*>(router_counters_.data());
       r.route = a;
       checkOk(launchRouterF32Partials(r, b_.stream()), "moeRouteF32");
       return;
     }
     checkOk(launchRouterF32Partials(r, b_.stream()), "moeRouteF32");
-    checkOk(launchMoeRoute(a, b_.stream()), "moeRouteF32");
+    routeMaybeAligned(a, "moeRouteF32");
   }
 
   void moeExperts(const Tensor& x, const Tensor& topk_ids, const Tensor& topk_weights,
@@ -807,22 +839,36 @@ class CudaLlmOps final : public LlmOps {
   // bias + SwiGLU + quantized -> per-expert down GEMMs -> down bias -> weighted combine.
   // The tokens' (expert, row) assignment in tiles of block_m rows (row_token_, row_of_,
   // tile_expert_, num_tiles_), shared by the MXFP4/bf16 and the FP8 expert paths.
+  // Skipped when the route already aligned these ids with this tile [TAG_ROUTE_ALIGN].
   void alignExperts(const Tensor& topk_ids, int64_t t, const MoeExpertsParams& p, int32_t bm,
                     int64_t tiles, cudaStream_t st) {
+    const PreAligned pa = pre_aligned_;
+    pre_aligned_.valid = false;  // one MoE call per route
+    if (pa.valid && pa.ids == topk_ids.as<int32_t>() && pa.tokens == t && pa.top_k == p.top_k &&
+        pa.experts == p.num_experts && pa.block_m == bm && pa.tiles == tiles) {
+      g_llm_route_align_uses.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
+    checkOk(launchMoeAlign(alignArgs(topk_ids.as<int32_t>(), t, p.top_k, p.num_experts, bm, tiles),
+                           st),
+            "moeExperts/align");
+  }
+  MoeAlignArgs alignArgs(const int32_t* ids, int64_t t, int32_t top_k, int32_t experts, int32_t bm,
+                         int64_t tiles) {
     MoeAlignArgs al;
     al.pdl = b_.pdlGraph();  // [TAG_PDL_GRAPH]
-    al.topk_ids = topk_ids.as<int32_t>();
+    al.topk_ids = ids;
     al.row_token = static_cast<int32_t*>(row_token_.data());
     al.row_of = static_cast<int32_t*>(row_of_.data());
     al.tile_expert = static_cast<int32_t*>(tile_expert_.data());
     al.num_tiles = static_cast<int32_t*>(num_tiles_.data());
     al.num_tokens = t;
-    al.top_k = p.top_k;
-    al.num_experts = p.num_experts;
+    al.top_k = top_k;
+    al.num_experts = experts;
     al.block_m = bm;
     al.max_tiles = static_cast<int32_t>(tiles);
     al.block_counts = static_cast<int32_t*>(align_counts_.data());  // [TAG_MOE_ALIGN_MULTIBLOCK]
-    checkOk(launchMoeAlign(al, st), "moeExperts/align");
+    return al;
   }
 
   // The expert-sorted matrix of a cuBLASLt path's step: its rows (host), and on the device each
@@ -1402,6 +1448,15 @@ class CudaLlmOps final : public LlmOps {
   CudaBackend& b_;
   MoeCombineArgs deferred_;      // [TAG_COMBINE_NORM] the combine moeExperts left to the norm
   bool deferred_valid_ = false;
+  // [TAG_ROUTE_ALIGN] What the last route aligned in its own kernel (the next alignExperts with
+  // the same ids and tile skips its launch).
+  struct PreAligned {
+    bool valid = false;
+    const int32_t* ids = nullptr;
+    int64_t tokens = 0, tiles = 0;
+    int32_t top_k = 0, experts = 0, block_m = 0;
+  };
+  PreAligned pre_aligned_;
   LlmOpsLimits lim_;
   bool reserved_ = false;
   int64_t max_work_ = 0, max_combine_ = 0, max_parts_ = 0, max_tiles_ = 0, max_rows_ = 0;
@@ -1470,11 +1525,15 @@ namespace {
 bool g_llm_small_buckets = true;
 // [TAG_GEMV] Off: it won no bucket on the H200 (docs/gpt-oss-cuda.md).
 bool g_llm_gemv = false;
+bool g_llm_route_align = true;
+std::atomic<uint64_t> g_llm_route_align_uses{0};
 bool g_llm_gemv_only = false;
 }  // namespace
 
 void setLlmGemmSmallBuckets(bool on) { g_llm_small_buckets = on; }
 void setLlmGemv(bool on) { g_llm_gemv = on; }
+void setLlmRouteAlign(bool on) { g_llm_route_align = on; }
+uint64_t llmRouteAlignUses() { return g_llm_route_align_uses.load(std::memory_order_relaxed); }
 void setLlmGemvOnly(bool on) { g_llm_gemv_only = on; }
 
 Result<std::unique_ptr<LlmOps>> createCudaLlmOps(Backend& backend) {

@@ -18,6 +18,7 @@
 //
 // Threads: as the backend (one launching thread).
 
+#include <cstdint>
 #include <memory>
 
 #include "common/status.h"
@@ -39,5 +40,11 @@ void setLlmGemv(bool on);
 // whenever CudaKernelOptions::pdl_gemv is): tests compare the programmatic GEMV with the same
 // GEMV launched plainly.
 void setLlmGemvOnly(bool on);
+// [TAG_ROUTE_ALIGN] Decode-sized steps (<= 8 tokens, <= 32 assignments) run the route and the MoE
+// align in one kernel (launchMoeRouteAlign; same outputs). On by default; rose_llm_bench
+// --route-align off for the A/B. Process-global, read at each route.
+void setLlmRouteAlign(bool on);
+// MoE calls so far (every CudaLlmOps of the process) whose align the route had done (tests).
+uint64_t llmRouteAlignUses();
 
 }  // namespace garden::rose::cuda

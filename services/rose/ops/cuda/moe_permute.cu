@@ -4,6 +4,7 @@
 #include "services/rose/ops/cuda/common.cuh"
 #include "services/rose/ops/cuda/cuda_utils.h"
 #include "services/rose/ops/cuda/moe_permute.cuh"
+#include "services/rose/ops/cuda/moe_route_device.cuh"
 
 namespace garden::rose::cuda {
 namespace {
@@ -103,10 +104,8 @@ __global__ void __launch_bounds__(kAlignThreads) moeAlignKernel(MoeAlignArgs a) 
 // Lane i holds assignment i; lanes of one expert find each other with __match_any_sync (rank = the
 // lanes before it, i.e. (token, k) order); each expert's first lane owns its tiles, and an expert's
 // first tile is the sum of the tiles of the experts with smaller ids.
-__global__ void __launch_bounds__(32) moeAlignWarpKernel(MoeAlignArgs a) {
-  pdlWait();  // [TAG_PDL_GRAPH]
-  pdlTrigger();
-  const int lane = threadIdx.x;
+__device__ __forceinline__ void alignWarp(const MoeAlignArgs& a) {
+  const int lane = threadIdx.x & 31;
   const int n = static_cast<int>(a.num_tokens * a.top_k);
   int e = lane < n ? a.topk_ids[lane] : -1;
   if (e >= a.num_experts) e = -1;
@@ -137,6 +136,25 @@ __global__ void __launch_bounds__(32) moeAlignWarpKernel(MoeAlignArgs a) {
       a.row_of[lane] = -1;
     }
   }
+}
+
+__global__ void __launch_bounds__(32) moeAlignWarpKernel(MoeAlignArgs a) {
+  pdlWait();  // [TAG_PDL_GRAPH]
+  pdlTrigger();
+  alignWarp(a);
+}
+
+// [TAG_ROUTE_ALIGN] The route of up to kMoeRouteAlignMaxTokens tokens (warp t: token t, as
+// moeRouteKernel) and then the one-warp align of its ids (warp 0, as moeAlignWarpKernel) in one
+// block: the ids are this block's own global writes, visible after the barrier.
+__global__ void __launch_bounds__(kMoeRouteAlignMaxTokens * 32)
+    moeRouteAlignKernel(MoeRouteArgs r, MoeAlignArgs a) {
+  pdlWait();  // [TAG_PDL_GRAPH]
+  pdlTrigger();
+  const int warp = threadIdx.x >> 5;
+  if (warp < r.num_tokens) moeRouteToken(r, warp, threadIdx.x & 31);
+  __syncthreads();
+  if (warp == 0) alignWarp(a);
 }
 
 // [TAG_MOE_ALIGN_MULTIBLOCK] Large steps on many blocks. Block b owns the contiguous assignments
@@ -349,6 +367,20 @@ Status launchMoeAlign(const MoeAlignArgs& a, cudaStream_t stream) {
 }
 
 void setMoeAlignMultiBlock(bool on) { g_align_multiblock.store(on); }
+
+Status launchMoeRouteAlign(const MoeRouteArgs& r, const MoeAlignArgs& a, cudaStream_t stream) {
+  RETURN_IF_ERROR(checkMoeRoute(r));
+  if (r.num_tokens < 1 || r.num_tokens > kMoeRouteAlignMaxTokens ||
+      r.num_tokens * r.top_k > 32 || a.num_tokens != r.num_tokens || a.top_k != r.top_k ||
+      a.topk_ids != r.topk_ids || a.num_experts != r.num_experts)
+    return invalidArgument(
+        "moe_route_align: 1..8 tokens, at most 32 assignments, the align reading the route's ids");
+  if (a.block_m <= 0 || a.max_tiles < moeAlignMaxTiles(r.num_tokens * r.top_k, a.num_experts, a.block_m))
+    return invalidArgument("moe_route_align: max_tiles below the bound for this step");
+  CUDA_RETURN_IF_ERROR(launchPdlAlways(r.pdl || a.pdl, moeRouteAlignKernel, dim3(1),
+                                       dim3(kMoeRouteAlignMaxTokens * 32), 0, stream, r, a));
+  return okStatus();
+}
 
 Status launchMoeAlignOneBlock(const MoeAlignArgs& a, cudaStream_t stream) {
   if (a.num_experts <= 0 || a.num_experts > kMoeAlignMaxExperts || a.top_k <= 0 ||

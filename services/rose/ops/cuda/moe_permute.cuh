@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "common/status.h"
+#include "services/rose/ops/cuda/moe_route.cuh"
 
 namespace garden::rose::cuda {
 
@@ -66,6 +67,13 @@ void setMoeAlignMultiBlock(bool on);
 Status launchMoeAlign(const MoeAlignArgs& a, cudaStream_t stream);
 // The 1024-thread kernel whatever the size (tests hold the one-warp path to its output).
 Status launchMoeAlignOneBlock(const MoeAlignArgs& a, cudaStream_t stream);
+
+// [TAG_ROUTE_ALIGN] launchMoeRoute(r) then launchMoeAlign(a) in one kernel for decode-sized
+// steps: 1..kMoeRouteAlignMaxTokens tokens and at most 32 assignments (the one-warp align), `a`
+// reading the route's ids (a.topk_ids == r.topk_ids; same tokens, top_k and experts). The same
+// outputs as the two kernels; one launch less per layer. Programmatic when r.pdl or a.pdl.
+inline constexpr int kMoeRouteAlignMaxTokens = 8;
+Status launchMoeRouteAlign(const MoeRouteArgs& r, const MoeAlignArgs& a, cudaStream_t stream);
 
 struct MoeCombineArgs {
   const __nv_bfloat16* y = nullptr;  // [rows, hidden] (permuted expert outputs)
