@@ -331,6 +331,8 @@ Result<std::unique_ptr<GptOssModel>> GptOssModel::load(const std::string& dir, B
         "be positive");
   }
   m->opts_ = opts;
+  // [TAG_CPU_ROW_INVARIANT] A sequence's tokens must not depend on its batch.
+  backend.setRowInvariantLinear(true);
   const ModelConfig& c = m->config_.base;
   m->max_model_len_ = opts.max_model_len > 0 ? opts.max_model_len
                                              : std::min<int64_t>(c.max_position_embeddings, 131072);

@@ -255,9 +255,12 @@ struct CudaKernelOptions {
   // launched programmatically, in CUDA graphs too: each waits for the previous kernel in its first
   // statement and lets the next be scheduled early (the small ones at once, the MoE GEMMs when
   // their products are done), so the launch latency of each kernel overlaps the tail of the one
-  // before; the router's weight loads are issued before its wait. Same bits.
+  // before; the router's weight loads are issued before its wait. Same bits. On since measured on
+  // an H100 (2026-12-05 s20, bench/results/gpu-llm-2026-12-05-s20; four rounds over two machine
+  // starts): decode b1@8k -0.6 to -2.6 %, b8@4k -0.4 to -1.5 %, b64@1k -0.7 to -1.0 %; the whole
+  // GPU LLM model / ops / kernel suites and the embedding model-graph test passed with it on.
   // GARDEN_PDL_GRAPH=0|1.
-  bool pdl_graph = false;
+  bool pdl_graph = true;
 };
 
 // The --moe-prefill / GARDEN_MOE_PREFILL names: auto, chunk, step (or its old name cublas), tiled.
@@ -499,6 +502,11 @@ class Backend {
   // CUDA backend with F16 x and w an F32 y may take an F32 bias (gpt-oss's projections kept in
   // f32 [TAG_PROJ_F32]).
   virtual void linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) = 0;
+  // [TAG_CPU_ROW_INVARIANT] From now on linear() gives each row of x the bits it gets alone,
+  // whatever the other rows (a model whose sampled tokens must not depend on the batch asks at
+  // load: gpt-oss). The cpu backend then multiplies in fixed 8-row groups (ops/cpu/gemm.h; slower
+  // for long prompts); the cuda backend's tuned GEMMs already keep a row's bits across row counts.
+  virtual void setRowInvariantLinear(bool on) { (void)on; }
   // Load time: makes linear() of this weight (and bias; y of `y_dtype`) ready for every row
   // count up to max_rows, so that no step later stalls on one-time work (the cuda backend times
   // its GEMM candidates once per M bucket: it runs every bucket now, on pseudo-random rows).

@@ -104,6 +104,9 @@ Result<std::unique_ptr<GptOssShard>> GptOssShard::load(const std::string& dir, B
                                                        ShardComms comms) {
   std::unique_ptr<GptOssShard> m(new GptOssShard(backend, ops, shard_ops));
   ASSIGN_OR_RETURN(m->config_, loadGptOssConfig(dir));
+  // [TAG_CPU_ROW_INVARIANT] As the unsharded model: a sequence's tokens must not depend on its
+  // batch (and one rank must give the unsharded model's bits).
+  backend.setRowInvariantLinear(true);
   if (opts.max_batch_tokens <= 0 || opts.max_seqs <= 0 || opts.max_logits_rows <= 0 ||
       opts.max_model_len < 0 || opts.min_block_size <= 0) {
     return invalidArgument(

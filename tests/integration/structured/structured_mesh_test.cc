@@ -198,23 +198,33 @@ TEST_F(StructuredMesh, StreamedContentValidates) {
   const std::string schema = grammar::testing::schemaCases()[8].schema;  // person_strict
   const std::string rf =
       R"({"type":"json_schema","json_schema":{"name":"person","schema":)" + schema + "}}";
-  auto r = post(chatBody(rf, 7, /*stream=*/true));
-  ASSERT_EQ(r.status, 200) << r.body;
+  // Whether one seed's answer ends within max_tokens depends on the machine's floating point (the
+  // CPU BLAS's kernels, see EveryAnswerValidatesAgainstItsSchema): seeds in turn until one
+  // finishes (on 2026-12-05's Intel VM seed 7 ran to the limit); every streamed answer must
+  // parse, and the finished one's content must validate.
   std::string content, finish;
-  size_t pos = 0;
-  simdjson::dom::parser p;
-  while ((pos = r.body.find("data: ", pos)) != std::string::npos) {
-    const size_t end = r.body.find("\n\n", pos);
-    const std::string data = r.body.substr(pos + 6, end - pos - 6);
-    pos = end;
-    if (data == "[DONE]") break;
-    simdjson::dom::element ev;
-    ASSERT_FALSE(p.parse(data).get(ev)) << data;
-    std::string_view s;
-    if (!ev["choices"].at(0)["delta"]["content"].get_string().get(s)) content += s;
-    if (!ev["choices"].at(0)["finish_reason"].get_string().get(s)) finish = std::string(s);
+  for (int seed = 7; seed < 7 + 8 && finish != "stop"; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    auto r = post(chatBody(rf, seed, /*stream=*/true));
+    ASSERT_EQ(r.status, 200) << r.body;
+    content.clear();
+    finish.clear();
+    size_t pos = 0;
+    simdjson::dom::parser p;
+    while ((pos = r.body.find("data: ", pos)) != std::string::npos) {
+      const size_t end = r.body.find("\n\n", pos);
+      const std::string data = r.body.substr(pos + 6, end - pos - 6);
+      pos = end;
+      if (data == "[DONE]") break;
+      simdjson::dom::element ev;
+      ASSERT_FALSE(p.parse(data).get(ev)) << data;
+      std::string_view s;
+      if (!ev["choices"].at(0)["delta"]["content"].get_string().get(s)) content += s;
+      if (!ev["choices"].at(0)["finish_reason"].get_string().get(s)) finish = std::string(s);
+    }
+    ASSERT_TRUE(finish == "stop" || finish == "length") << r.body;
   }
-  ASSERT_EQ(finish, "stop") << r.body;
+  ASSERT_EQ(finish, "stop") << "no streamed answer finished within max_tokens in 8 seeds";
   grammar::testing::SchemaValidator val(schema);
   EXPECT_EQ(val.validate(content), "") << content;
 }

@@ -317,7 +317,10 @@ class CpuBackend final : public Backend {
       bp = bias.as<float>();
     }
     parallelLinear(pool_, progress(), x.as<float>(), k, w.as<float>(), bp, y.as<float>(), n, t_rows,
-                   n, k);
+                   n, k, row_invariant_.load(std::memory_order_relaxed));
+  }
+  void setRowInvariantLinear(bool on) override {  // [TAG_CPU_ROW_INVARIANT]
+    row_invariant_.store(on, std::memory_order_relaxed);
   }
 
   void qkNormRope(const Tensor& qkv, const Tensor& q_weight, const Tensor& k_weight,
@@ -561,6 +564,7 @@ class CpuBackend final : public Backend {
   ThreadPool pool_;
   std::vector<std::vector<float>> scratch_;  // per pool worker (attention score tiles)
   std::vector<AttnTask> attn_tasks_;         // compute thread only
+  std::atomic<bool> row_invariant_{false};  // [TAG_CPU_ROW_INVARIANT] setRowInvariantLinear
   std::atomic<std::atomic<uint64_t>*> progress_{nullptr};  // [TAG_STEP_PROGRESS]
   long test_mark_delay_ms_ = 0;  // test-only knobs, see the constructor
   long test_hang_at_mark_ = 0;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <mutex>
+#include <vector>
 
 #include "common/status.h"
 
@@ -31,9 +32,32 @@ void sgemm(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t
               static_cast<blasint>(ldc));
 }
 
+void sgemmRowInvariant(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
+                       int64_t ldb, float* c, int64_t ldc) {
+  if (m <= 0 || n <= 0) return;
+  const int64_t full = m / kInvariantRows * kInvariantRows;
+  for (int64_t r0 = 0; r0 < full; r0 += kInvariantRows) {
+    sgemm(kInvariantRows, n, k, 1.f, a + r0 * lda, lda, b, ldb, /*b_transposed=*/true, 0.f,
+          c + r0 * ldc, ldc);
+  }
+  const int64_t rest = m - full;
+  if (rest == 0) return;
+  // The last rows among zero rows (per thread: callers run this on pool workers).
+  thread_local std::vector<float> sa, sc;
+  sa.assign(static_cast<size_t>(kInvariantRows * k), 0.f);
+  if (sc.size() < static_cast<size_t>(kInvariantRows * n)) sc.resize(static_cast<size_t>(kInvariantRows * n));
+  for (int64_t r = 0; r < rest; ++r) {
+    std::copy(a + (full + r) * lda, a + (full + r) * lda + k, sa.begin() + r * k);
+  }
+  sgemm(kInvariantRows, n, k, 1.f, sa.data(), k, b, ldb, /*b_transposed=*/true, 0.f, sc.data(), n);
+  for (int64_t r = 0; r < rest; ++r) {
+    std::copy(sc.begin() + r * n, sc.begin() + (r + 1) * n, c + (full + r) * ldc);
+  }
+}
+
 void parallelLinear(ThreadPool& pool, std::atomic<uint64_t>* progress, const float* x, int64_t ldx,
                     const float* w, const float* bias, float* y, int64_t ldy, int64_t t, int64_t n,
-                    int64_t k) {
+                    int64_t k, bool row_invariant) {
   if (t <= 0 || n <= 0) return;
   // Fixed block sizes, never the pool's size: every task's sgemm shape (and so every result bit)
   // depends only on the problem's shape, whatever --threads is.
@@ -47,8 +71,12 @@ void parallelLinear(ThreadPool& pool, std::atomic<uint64_t>* progress, const flo
     if (c0 >= n) return;
     const int64_t cols = std::min(col_width, n - c0);
     float* yt = y + r0 * ldy + c0;
-    sgemm(rows, cols, k, 1.f, x + r0 * ldx, ldx, w + c0 * k, k, /*b_transposed=*/true, 0.f, yt,
-          ldy);
+    if (row_invariant) {
+      sgemmRowInvariant(rows, cols, k, x + r0 * ldx, ldx, w + c0 * k, k, yt, ldy);
+    } else {
+      sgemm(rows, cols, k, 1.f, x + r0 * ldx, ldx, w + c0 * k, k, /*b_transposed=*/true, 0.f, yt,
+            ldy);
+    }
     if (bias != nullptr) {
       for (int64_t r = 0; r < rows; ++r) {
         float* row = yt + r * ldy;

@@ -37,10 +37,27 @@ void sgemm(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t
 // kLinearRowBlock rows by kLinearColBlock columns, one sgemm each, then `progress` advances. The
 // blocks are fixed, so the result does not depend on the pool's size (a step gives the same bits
 // whatever --threads is; tests compare a rose process with an in-process model bit for bit).
+// row_invariant: every sgemm through sgemmRowInvariant (below), so a row's bits also do not
+// depend on the other rows of the step.
 inline constexpr int64_t kLinearRowBlock = 256;
 inline constexpr int64_t kLinearColBlock = 256;
 void parallelLinear(ThreadPool& pool, std::atomic<uint64_t>* progress, const float* x, int64_t ldx,
                     const float* w, const float* bias, float* y, int64_t ldy, int64_t t, int64_t n,
-                    int64_t k);
+                    int64_t k, bool row_invariant = false);
+
+// [TAG_CPU_ROW_INVARIANT] c[m, n] (ldc) = a[m, k] (lda) · b[n, k]ᵀ (ldb), in sgemm calls of
+// exactly kInvariantRows rows (a last partial group is copied into zero-padded scratch, computed
+// there and copied out), so that every row's bits depend only on its own values and on (n, k):
+// never on m, nor on the row's place in the call, nor on the other rows. OpenBLAS does not give
+// that by itself: it picks kernels by the call's row count and a row's place in its micro-tile,
+// and measured on 2026-12-05 (OpenBLAS 0.3.21, DYNAMIC_ARCH) a row's bits differed between
+// m = 1, 2, 4 ... 256 on every core type tried (Prescott — the fallback this project's Intel VMs
+// get — Haswell, Zen, SkylakeX, Cooperlake), while every placement of a row in 8-row calls gave
+// the same bits on all of them (16-row calls did not on Haswell / Zen). gpt-oss on the CPU uses
+// it (Backend::setRowInvariantLinear): a sequence's sampled tokens must not depend on its batch.
+// Costs throughput: 8-row calls reach ~1/3 of 256-row calls' GFLOP/s on Haswell kernels.
+inline constexpr int64_t kInvariantRows = 8;
+void sgemmRowInvariant(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
+                       int64_t ldb, float* c, int64_t ldc);
 
 }  // namespace garden::rose::cpu

@@ -269,8 +269,10 @@ class CpuLlmOps final : public LlmOps {
           const int64_t t = c0 + pairs[r] / k;
           std::memcpy(xg + r * hdim, xp + t * hdim, sizeof(float) * static_cast<size_t>(hdim));
         }
-        sgemm(n, 2 * inter, hdim, 1.f, xg, hdim, w1p + ex * 2 * inter * hdim, hdim,
-              /*b_transposed=*/true, 0.f, h, 2 * inter);
+        // [TAG_CPU_ROW_INVARIANT] An expert's rows in fixed 8-row groups: a token's bits do not
+        // depend on how many others chose the same expert.
+        sgemmRowInvariant(n, 2 * inter, hdim, xg, hdim, w1p + ex * 2 * inter * hdim, hdim, h,
+                          2 * inter);
         for (int64_t r = 0; r < n; ++r) {
           float* hr = h + r * 2 * inter;
           float* ar = a + r * inter;
@@ -283,8 +285,7 @@ class CpuLlmOps final : public LlmOps {
             ar[c] = gate / (1.f + std::exp(-alpha * gate)) * (up + 1.f);
           }
         }
-        sgemm(n, hdim, inter, 1.f, a, inter, w2p + ex * hdim * inter, inter,
-              /*b_transposed=*/true, 0.f, y, hdim);
+        sgemmRowInvariant(n, hdim, inter, a, inter, w2p + ex * hdim * inter, inter, y, hdim);
         for (int64_t r = 0; r < n; ++r) {
           float* dst = moe_y_.data() + static_cast<int64_t>(pairs[r]) * hdim;
           const float* src = y + r * hdim;

@@ -3,10 +3,13 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -91,6 +94,42 @@ TEST_P(CpuOps, LinearMatchesNaive) {
     expectNear(get(Y->view), naive::linear(x, w, {}, t, n, k), 1e-4f, "linear");
     backend_->linear(X.view, W.view, B.view, Y->view);
     expectNear(get(Y->view), naive::linear(x, w, bias, t, n, k), 1e-4f, "linear+bias");
+  }
+}
+
+// [TAG_CPU_ROW_INVARIANT] With setRowInvariantLinear, a row's output bits are the ones it gets
+// alone, whatever the step's row count (1..300: partial 8-row groups, several 256-row blocks)
+// and whatever the other rows hold; the values stay the product (naive, 1e-4). (Without it this
+// does not hold on OpenBLAS: on the 2026-12-05 dev VM, a row alone and the same row among others
+// differed in bits.)
+TEST_P(CpuOps, RowInvariantLinearGivesEachRowItsBitsAlone) {
+  backend_->setRowInvariantLinear(true);
+  for (auto [n, k] : std::vector<std::array<int64_t, 2>>{{97, 64}, {300, 129}, {64, 2880}}) {
+    auto w = randomVec(static_cast<size_t>(n * k), rng_);
+    auto bias = randomVec(static_cast<size_t>(n), rng_);
+    auto W = put(w, {n, k});
+    auto B = put(bias, {n});
+    auto probe = randomVec(static_cast<size_t>(k), rng_);
+    auto P = put(probe, {1, k});
+    auto Y1 = backend_->allocateTensor(DType::kF32, {1, n});
+    ASSERT_TRUE(Y1.isOk());
+    backend_->linear(P.view, W.view, B.view, Y1->view);
+    const std::vector<float> alone = get(Y1->view);
+    expectNear(alone, naive::linear(probe, w, bias, 1, n, k), 1e-4f, "alone");
+    for (int64_t t : {2, 3, 7, 8, 9, 17, 64, 255, 300}) {
+      for (int64_t at : {int64_t{0}, t / 2, t - 1}) {
+        SCOPED_TRACE("n=" + std::to_string(n) + " k=" + std::to_string(k) + " t=" +
+                     std::to_string(t) + " row " + std::to_string(at));
+        auto x = randomVec(static_cast<size_t>(t * k), rng_);
+        std::copy(probe.begin(), probe.end(), x.begin() + at * k);
+        auto X = put(x, {t, k});
+        auto Y = backend_->allocateTensor(DType::kF32, {t, n});
+        ASSERT_TRUE(Y.isOk());
+        backend_->linear(X.view, W.view, B.view, Y->view);
+        const std::vector<float> y = get(Y->view);
+        ASSERT_EQ(std::memcmp(y.data() + at * n, alone.data(), alone.size() * sizeof(float)), 0);
+      }
+    }
   }
 }
 
