@@ -69,8 +69,8 @@
 //              [TAG_ROUTER_F32_TILED_TOK].
 //   --moe-align-multiblock on|off: large steps' MoE align on many blocks (default on; same
 //              output) [TAG_MOE_ALIGN_MULTIBLOCK].
-//   --route-align on|off: decode-sized steps' route and MoE align in one kernel (default on; same
-//              output) [TAG_ROUTE_ALIGN].
+//   --route-align on|off: decode-sized steps' route and MoE align in one kernel (default off: no
+//              gain measured; same output) [TAG_ROUTE_ALIGN].
 //   --router-mma on|off: the f32 router on bf16 tensor cores with split operands (default off,
 //              CudaKernelOptions::router_mma [TAG_ROUTER_MMA]); off: the CUDA-core f32 kernel.
 //   --moe-prefetch N: the MXFP4 decode MoE kernel asks L2 for its weight tiles N K tiles beyond

@@ -27,7 +27,9 @@ using f16 = __half;
 // is read early; only the launch latency and the previous kernel's tail overlap. Measured on the
 // H200 (bench/results/gpu-embed-2026-11-30-h200-s3/pdl): eager forward 1x128 1.54 -> 1.40 ms,
 // 1x512 2.37 -> 2.16 ms; inside CUDA graphs no gain (1x128 1.20 vs 1.23 ms), so captured launches
-// stay plain. Results are bit-identical either way.
+// stay plain — except those of launchPdlAlways: the gpt-oss kernels and the RMSNorm with
+// CudaKernelOptions::pdl_graph [TAG_PDL_GRAPH], whose predecessors trigger early (pdlTrigger).
+// Results are bit-identical either way.
 __device__ __forceinline__ void pdlWait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 // [TAG_PDL_GEMV] Lets the next kernel, when it was launched programmatically, be scheduled now (it
 // still waits for this grid's completion in its own pdlWait()); a no-op otherwise.

@@ -1525,7 +1525,7 @@ namespace {
 bool g_llm_small_buckets = true;
 // [TAG_GEMV] Off: it won no bucket on the H200 (docs/gpt-oss-cuda.md).
 bool g_llm_gemv = false;
-bool g_llm_route_align = true;
+bool g_llm_route_align = false;  // [TAG_ROUTE_ALIGN] measured without a gain (llm_ops_cuda.h)
 std::atomic<uint64_t> g_llm_route_align_uses{0};
 bool g_llm_gemv_only = false;
 }  // namespace

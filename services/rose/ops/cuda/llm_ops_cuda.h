@@ -41,8 +41,11 @@ void setLlmGemv(bool on);
 // GEMV launched plainly.
 void setLlmGemvOnly(bool on);
 // [TAG_ROUTE_ALIGN] Decode-sized steps (<= 8 tokens, <= 32 assignments) run the route and the MoE
-// align in one kernel (launchMoeRouteAlign; same outputs). On by default; rose_llm_bench
-// --route-align off for the A/B. Process-global, read at each route.
+// align in one kernel (launchMoeRouteAlign; same outputs). Off by default: measured on an H100
+// (2026-12-05 s20) it saved nothing (decode b1@8k 2.893 / 2.887 ms with it against 2.869 / 2.886
+// without; with PDL 2.841 / 2.818 against 2.789 / 2.812) — one launch less is not where a decode
+// layer's small kernels spend their time. rose_llm_bench --route-align on for the A/B.
+// Process-global, read at each route.
 void setLlmRouteAlign(bool on);
 // MoE calls so far (every CudaLlmOps of the process) whose align the route had done (tests).
 uint64_t llmRouteAlignUses();
