@@ -38,9 +38,10 @@ namespace {
 using bf16 = __nv_bfloat16;
 
 // Op contract violations are broken invariants (llm_ops.h): abort with the reason.
-// [TAG_ROUTE_ALIGN] setLlmRouteAlign (defined with the other process-global switches below).
-extern bool g_llm_route_align;
-extern std::atomic<uint64_t> g_llm_route_align_uses;
+// [TAG_ROUTE_ALIGN] cuda::setLlmRouteAlign's switch (measured without a gain: llm_ops_cuda.h) and
+// the count of aligns a route already did (cuda::llmRouteAlignUses).
+bool g_llm_route_align = false;
+std::atomic<uint64_t> g_llm_route_align_uses{0};
 
 void checkOk(const Status& s, const char* op) {
   if (s.isOk()) return;
@@ -1525,8 +1526,6 @@ namespace {
 bool g_llm_small_buckets = true;
 // [TAG_GEMV] Off: it won no bucket on the H200 (docs/gpt-oss-cuda.md).
 bool g_llm_gemv = false;
-bool g_llm_route_align = false;  // [TAG_ROUTE_ALIGN] measured without a gain (llm_ops_cuda.h)
-std::atomic<uint64_t> g_llm_route_align_uses{0};
 bool g_llm_gemv_only = false;
 }  // namespace
 

@@ -220,14 +220,17 @@ Status launchRmsNorm(const RmsNormArgs& a, cudaStream_t stream, bool pdl) {
   const int per_thread = (chunks + tx - 1) / tx;
   // Decode-like: one row per block. Prefill-like: fill 128..256-thread blocks with rows.
   const bool few = a.rows < 4 * smCount();
+  // Programmatic in graphs too with pdl_graph [TAG_PDL_GRAPH], else for eager launches per `pdl`.
+  auto launch = [&](void (*kernel)(RmsNormArgs), dim3 grid, dim3 block, size_t smem) {
+    return a.pdl_graph ? launchPdlAlways(true, kernel, grid, block, smem, stream, a)
+                       : launchPdl(pdl, kernel, grid, block, smem, stream, a);
+  };
   if (few && per_thread > 1 && tx * per_thread <= 1024) {
     // One row per block, one chunk per thread (same bits, see rmsNormSplitKernel).
     const size_t smem = sizeof(float) * (static_cast<size_t>(per_thread) * 8 * tx + tx / 32 + 1);
     auto kernel = combine ? rmsNormSplitKernel<true> : rmsNormSplitKernel<false>;
-    CUDA_RETURN_IF_ERROR(a.pdl_graph ? launchPdlAlways(true, kernel, dim3(static_cast<unsigned>(a.rows)),
-                                                        dim3(tx, per_thread), smem, stream, a)
-                                     : launchPdl(pdl, kernel, dim3(static_cast<unsigned>(a.rows)),
-                                                 dim3(tx, per_thread), smem, stream, a));
+    CUDA_RETURN_IF_ERROR(
+        launch(kernel, dim3(static_cast<unsigned>(a.rows)), dim3(tx, per_thread), smem));
     return okStatus();
   }
   const int ty = few ? 1 : std::max(1, 128 / tx);
@@ -242,8 +245,7 @@ Status launchRmsNorm(const RmsNormArgs& a, cudaStream_t stream, bool pdl) {
     case 4: kernel = combine ? rmsNormKernel<4, true> : rmsNormKernel<4, false>; break;
     default: return invalidArgument("rms_norm: unsupported hidden size");
   }
-  CUDA_RETURN_IF_ERROR(a.pdl_graph ? launchPdlAlways(true, kernel, grid, block, smem, stream, a)
-                                   : launchPdl(pdl, kernel, grid, block, smem, stream, a));
+  CUDA_RETURN_IF_ERROR(launch(kernel, grid, block, smem));
   return okStatus();
 }
 
