@@ -51,6 +51,8 @@
 //              device, no host wait per layer (default on) [TAG_MOE_WGMMA_DEVICE_PLAN].
 //   --attn-split-keys N: a decode token's keys are split into chunks of at least N (multiple of
 //              64; default: cuda::pagedAttnSplitKeysFor's rule) for the split-KV attention.
+//   --attn-decode-warps on|off: single-token (decode) attention items on the four-warp path
+//              [TAG_ATTN_DECODE_WARPS] (default on) or the two-stage one-warp path.
 //   --fuse-combine-norm on|off: each layer's MoE combine fused into the next RMSNorm
 //              (GptOssOptions::fuse_combine_norm [TAG_COMBINE_NORM]; same bits; default on).
 //   --profile-skip LIST: leave these op groups out of every forward pass (norm, qkv, rope, attn,
@@ -986,6 +988,7 @@ int main(int argc, char** argv) {
       attn_min_tokens = std::atoi(next().c_str());
     }
     else if (a == "--attn-split-keys") cuda::setPagedAttnSplitKeys(std::atoi(next().c_str()));
+    else if (a == "--attn-decode-warps") cuda::setPagedAttnDecodeWarps(next() == "on");
     else if (a == "--gemm-small-buckets") cuda::setLlmGemmSmallBuckets(next() == "on");
     else if (a == "--gemm-gemv") cuda::setLlmGemv(next() == "on");
     else if (a == "--gemm-flush") cuda::GemmRunner::setReadFlush(next() == "read");

@@ -301,6 +301,9 @@ struct AttnCase {
   int32_t sm90_stages = 2;
   int32_t sm90_consumers = 3;
   bool f16 = false;  // qkv, caches and out IEEE fp16 on the GPU [TAG_ATTN_F16]
+  // [TAG_ATTN_DECODE_WARPS] single-token items on the one-warp two-stage path instead of the
+  // four-warp one (the default).
+  bool one_warp = false;
 };
 
 struct AttnInputs {
@@ -395,6 +398,7 @@ class GpuPagedAttention : public GpuLlmOps,
   }
   void TearDown() override {
     rose::cuda::setPagedAttnSm90(rose::cuda::kPagedAttnSm90DefaultMinTokens, true);
+    rose::cuda::setPagedAttnDecodeWarps(true);
     GpuLlmOps::TearDown();
   }
 };
@@ -408,6 +412,7 @@ TEST_P(GpuPagedAttention, MatchesCpu) {
   auto ref = run(cpu(), *cops_, c, in);
   rose::cuda::setPagedAttnSm90(c.sm90_min, c.sm90_pipelined, c.sm90_stages, /*windows=*/true,
                                c.sm90_consumers);
+  rose::cuda::setPagedAttnDecodeWarps(!c.one_warp);
   auto got = run(gpu(), *gops_, c, in);
   if (c.sm90_min > 0) {
     auto fired = rose::cuda::pagedAttnSm90WatchdogFired();
@@ -499,6 +504,34 @@ std::vector<AttnCase> attnCases() {
     c.name = "f16 " + c.name;
     c.f16 = true;
     v.push_back(c);
+  }
+  // [TAG_ATTN_DECODE_WARPS] Single-token items around the tile (64 keys), warp (4 tiles) and
+  // split (256 / 512-key chunks, 4096) edges, windows whose bottom falls inside a tile, GQA groups
+  // 4 / 8 / 16 (16: both row halves real), block sizes 16-64, decodes batched with chunks (the
+  // single-token kernel running multi-token items too), fp16; each on the four-warp path (the
+  // default) and on the one-warp path it replaces.
+  std::vector<AttnCase> single{
+      {{1, 1, 1, 1, 1, 1, 1, 1, 1}, {0, 62, 63, 64, 127, 128, 191, 255, 256}, 0, true, 64, 8, 16,
+       "single: tile edges"},
+      {{1, 1, 1, 1, 1, 1, 1, 1}, {300, 511, 512, 700, 4094, 4095, 4096, 8191}, 0, true, 64, 8, 16,
+       "single: split edges"},
+      {{1, 1, 1, 1, 1, 1, 1}, {0, 100, 127, 128, 150, 191, 6000}, 128, true, 64, 8, 16,
+       "single: window 128"},
+      {{1, 1, 1, 1}, {37, 200, 999, 3000}, 100, false, 64, 8, 32, "single: window 100, block 32, no sinks"},
+      {{1, 1, 1}, {5, 300, 2000}, 0, true, 16, 1, 16, "single: group 16"},
+      {{1, 1, 1}, {9, 70, 1300}, 8, true, 16, 4, 64, "single: group 4, window 8, block 64"},
+      {{1, 17, 1, 64, 1}, {700, 5, 129, 0, 5000}, 0, true, 64, 8, 16, "single: with chunks"},
+      {{1, 17, 1, 64, 1}, {700, 5, 129, 0, 5000}, 128, true, 64, 8, 16, "single: with chunks, window 128"},
+  };
+  for (bool one_warp : {false, true}) {
+    for (bool f16 : {false, true}) {
+      for (AttnCase c : single) {
+        c.one_warp = one_warp;
+        c.f16 = f16;
+        c.name = std::string(f16 ? "f16 " : "") + (one_warp ? "one warp " : "") + c.name;
+        v.push_back(c);
+      }
+    }
   }
   return v;
 }

@@ -314,6 +314,7 @@ class CudaLlmOps final : public LlmOps {
       slot.num_work = static_cast<int32_t>(plan.work.size());
       slot.num_combine = static_cast<int32_t>(plan.combine.size());
       slot.num_sm90 = static_cast<int32_t>(plan.sm90.size());
+      for (const PagedAttnWork& w : plan.work) slot.has_single = slot.has_single || w.single != 0;
       plan.work.insert(plan.work.end(), plan.sm90.begin(), plan.sm90.end());  // one upload
       slot.work = static_cast<PagedAttnWork*>(work_.data()) + i * max_work_;
       slot.combine = static_cast<PagedAttnCombine*>(combine_.data()) + i * max_combine_;
@@ -373,6 +374,7 @@ class CudaLlmOps final : public LlmOps {
     a.part_ml = static_cast<float*>(part_ml_.data());
     a.num_work = plan->num_work;
     a.num_combine = plan->num_combine;
+    a.has_single = plan->has_single;
     a.sm90_work = plan->work + plan->num_work;
     a.num_sm90_work = plan->num_sm90;
     a.num_tokens = qkv.rows();  // the launcher checks the Hopper kernel can run (KV block size, GPU)
@@ -385,6 +387,7 @@ class CudaLlmOps final : public LlmOps {
                   plan->num_combine <= (can_split ? p.graph_seqs : 0),
               "pagedAttention", "the plan exceeds what graph_seqs allows");
       a.counts = plan->counts;
+      a.has_single = true;  // captured once, replayed with any decode plan
       a.grid_work = std::min<int32_t>(p.graph_seqs * per_seq, kGraphGridCap);
       a.grid_combine = can_split ? std::min<int32_t>(p.graph_seqs, kGraphGridCap) : 0;
     }
@@ -1440,6 +1443,7 @@ class CudaLlmOps final : public LlmOps {
     int32_t num_work = 0;
     int32_t num_combine = 0;
     int32_t num_sm90 = 0;       // Hopper items, stored after the num_work mma.sync items
+    bool has_single = false;    // some mma.sync item is single-token [TAG_ATTN_DECODE_WARPS]
     PagedAttnWork* work = nullptr;
     PagedAttnCombine* combine = nullptr;
     int32_t* counts = nullptr;  // device {num_work, num_combine}

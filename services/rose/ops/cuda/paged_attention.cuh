@@ -36,7 +36,10 @@ struct PagedAttnWork {
   int32_t key_begin = 0;
   int32_t key_end = 0;
   int32_t part = -1;
-  int32_t pad[3] = {0, 0, 0};
+  // 1: the item's sequence has one query token in the step (a decode token, split or not): the
+  // kernel may run it on the single-token path [TAG_ATTN_DECODE_WARPS].
+  int32_t single = 0;
+  int32_t pad[2] = {0, 0};
 };
 static_assert(sizeof(PagedAttnWork) == 32);
 
@@ -70,6 +73,14 @@ inline constexpr int32_t kPagedAttnSplitKeysLong = 256;
 inline constexpr int32_t kPagedAttnLongContext = 4096;
 inline constexpr int32_t kPagedAttnMaxSplits = 32;
 int32_t pagedAttnSplitKeysFor(int32_t keys);
+// [TAG_ATTN_DECODE_WARPS] Single-token items (decode) on the path whose four warps each take
+// every fourth key tile at once, merged in warp order (on by default; for GQA groups <= 16),
+// instead of one warp streaming the item's tiles through two shared stages. Process-global, for
+// A/B runs (rose_llm_bench --attn-decode-warps), set before a model is loaded: it changes the f32
+// rounding of a decode token's attention, never which keys it sees, and depends on nothing but
+// the token's own key range.
+void setPagedAttnDecodeWarps(bool on);
+bool pagedAttnDecodeWarps();
 // A fixed minimum chunk for every token instead (a multiple of 64, >= 64; 0: the rule above),
 // process-global: benchmarks only (rose_llm_bench --attn-split-keys), set before a model is
 // loaded. It changes how a decode token's keys are partitioned (f32 rounding of the combine),
@@ -108,6 +119,9 @@ struct PagedAttentionArgs {
   float* part_ml = nullptr;                // [num_parts, Hq, 2]: running max (log2 units), sum
   int32_t num_work = 0;
   int32_t num_combine = 0;
+  // Some item of work has `single` set (graph launches: always, they run decode steps): the work
+  // kernel gets the single-token path and its shared memory [TAG_ATTN_DECODE_WARPS].
+  bool has_single = false;
   // The Hopper kernel's items (paged_attention_sm90.cuh; eager launches only) and the rows of
   // qkv (its tensor map's extent).
   const PagedAttnWork* sm90_work = nullptr;
