@@ -8,6 +8,12 @@
 #   decode20b rose_llm_bench decode 1@8192 and 64@1024 only (needs mk20b)
 #   pdltests  [TAG_PDL_GEMV] gpu_kernels_test's GEMV cases and gpu_llm_model_test's
 #             PdlGemvGivesTheSameBits (+ graphs == eager, combine-norm, batch independence)
+#   attnwarps [TAG_ATTN_DECODE_WARPS] gpu_llm_ops_test's attention cases (the single-token cases on
+#             both paths), then compute-sanitizer memcheck over the decode cases of both paths
+#   f16speed  prefill 8k (median of 3) and decode 1@8192, 64@1024 with the default dtype and with
+#             --dtype float16 (needs mk20b)
+#   embpdl    a random Qwen3-Embedding-0.6B-shaped checkpoint, then rose_forward_bench with
+#             GARDEN_PDL_GRAPH=0 and =1 (the embedding graphs' programmatic RMSNorms)
 #   pdlgraph  [TAG_PDL_GRAPH] gpu_llm_model_test's PdlGraphGivesTheSameBits, then with
 #             GARDEN_PDL_GRAPH=1 the whole gpu_llm_model_test, gpu_llm_ops_test and the embedding
 #             GPU tests (programmatic launches everywhere they apply)
@@ -317,6 +323,9 @@ for s in $STEPS; do
     decbshapes) step decbshapes decb_shapes.log 120 "$BIN/gpu_llm_ops_test" --gtest_filter='*MoeDecodeKernelShapes*:*MoeKSlices*' ;;
     decbgemm) step decbgemm decbgemm.txt 200 "$BIN/rose_llm_bench" --moe-gemm "${DECB_TS:-1,2,4,8,16,32,64,96}" --moe-k-slices 1 ;;
     pdltests) step pdltests pdl_tests.log 300 bash -c "rc=0; '$BIN/gpu_kernels_test' --gtest_filter='*Gemv*' || rc=1; '$BIN/gpu_llm_model_test' --gtest_filter='*PdlGemv*:*DecodeGraphsEqualEager*:*CombineNormFusion*:*TokensDoNotDependOnTheBatch' || rc=1; exit \$rc" ;;
+    attnwarps) step attnwarps attn_warps.log 300 bash -c "'$BIN/gpu_llm_ops_test' --gtest_brief=1 --gtest_filter='*PagedAttention*' && compute-sanitizer --tool memcheck --error-exitcode 3 '$BIN/gpu_llm_ops_test' --gtest_brief=1 --gtest_filter='Cases/GpuPagedAttention.MatchesCpu/0:Cases/GpuPagedAttention.MatchesCpu/1:Cases/GpuPagedAttention.MatchesCpu/6?:Cases/GpuPagedAttention.MatchesCpu/70:Cases/GpuPagedAttention.MatchesCpu/71:Cases/GpuPagedAttention.MatchesCpu/8?'" ;;
+    f16speed) step f16speed f16speed.txt 300 bash -c "for v in '' '--dtype float16'; do echo \"== dtype flags: \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192 --prefill-reps 3 --decode 1@8192,64@1024 --decode-steps 32 --max-batch-tokens 16384 \$v 2>&1 | grep -v 'gemm tuned' | grep -vE '^moe prefill'; done" ;;
+    embpdl) step embpdl embpdl.txt 240 bash -c "python3 '$ROOT/bench/suites/make_random_qwen3.py' --out /tmp/q3emb > /dev/null && for v in 0 1; do echo \"== GARDEN_PDL_GRAPH=\$v\"; GARDEN_PDL_GRAPH=\$v '$BIN/rose_forward_bench' /tmp/q3emb --iters 20 2>&1 | grep -v 'gemm tuned'; done" ;;
     pdlgraph) step pdlgraph pdl_graph.log 400 bash -c "rc=0; '$BIN/gpu_llm_model_test' --gtest_filter='*PdlGraph*' || rc=1; for t in gpu_llm_model_test gpu_llm_ops_test gpu_kernels_test gpu_graph_test gpu_model_graph_test; do [ -x '$BIN/'\$t ] || { echo \"== \$t not in the pack\"; continue; }; echo \"== GARDEN_PDL_GRAPH=1 \$t\"; GARDEN_PDL_GRAPH=1 '$BIN/'\$t --gtest_brief=1 || rc=1; done; exit \$rc" ;;
     decab) step decab decab.txt 420 bash -c "for r in \$(seq ${DECAB_ROUNDS:-2}); do for v in ${DECAB_VARIANTS:-'--pdl-gemv on' '' '--gemm-gemv on'}; do echo \"== [\$r] \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode ${DECAB_DECODE:-1@8192,8@4096,64@1024} --decode-steps 32 --max-batch-tokens 16384 \$v 2>&1 | grep -v 'gemm tuned' | grep -vE '^(load|moe prefill)'; done; done" ;;
     decode20b) step decode20b decode20b.txt 120 "$BIN/rose_llm_bench" --model /tmp/gptoss20b --prefill '' --decode 1@8192,64@1024 --decode-steps 32 --max-batch-tokens 16384 ;;

@@ -73,6 +73,7 @@ class CudaLlmOps final : public LlmOps {
         l.top_k <= 0 || l.max_logits_rows <= 0)
       return invalidArgument("cuda llm ops: reserve: limits must be positive");
     lim_ = l;
+    RETURN_IF_ERROR(preparePagedAttention());  // [TAG_ATTN_DECODE_WARPS] before any capture
     // Attention plans: per window value, work items and combine entries (two windows).
     const int32_t group = l.num_q_heads / l.num_kv_heads;
     const int64_t per_block = pagedAttnTokensPerBlock(group);

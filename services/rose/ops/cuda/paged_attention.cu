@@ -577,6 +577,16 @@ bool isPow2UpTo64(int g) { return g >= 1 && g <= 64 && (g & (g - 1)) == 0; }
 
 bool g_decode_warps = true;  // [TAG_ATTN_DECODE_WARPS]
 
+// The single-token kernel's shared memory attribute, set once per instance (preparePagedAttention
+// calls it at load time, so that no attribute call happens while a graph is being captured).
+template <int kG, typename T>
+cudaError_t singleSmemAttr() {
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(pagedAttnKernel<kHeadDim, kG, T, kG <= 16>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmemSingle));
+  return attr;
+}
+
 template <int kG, typename T>
 Status launchGroup(const PagedAttentionArgs& a, cudaStream_t stream) {
   const bool fixed = a.counts != nullptr;  // graph launch: fixed grids, counts on the device
@@ -587,12 +597,9 @@ Status launchGroup(const PagedAttentionArgs& a, cudaStream_t stream) {
     bool single = false;
     if constexpr (kG <= 16) single = a.has_single && g_decode_warps;
     if (single) {
-      auto* kernel = pagedAttnKernel<kHeadDim, kG, T, kG <= 16>;
-      static const cudaError_t attr = cudaFuncSetAttribute(
-          kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmemSingle));
-      CUDA_RETURN_IF_ERROR(attr);
-      CUDA_RETURN_IF_ERROR(launchPdlAlways(a.pdl, kernel, grid, dim3(kWarps * 32), kSmemSingle,
-                                           stream, a));
+      CUDA_RETURN_IF_ERROR((singleSmemAttr<kG, T>()));
+      CUDA_RETURN_IF_ERROR(launchPdlAlways(a.pdl, pagedAttnKernel<kHeadDim, kG, T, kG <= 16>, grid,
+                                           dim3(kWarps * 32), kSmemSingle, stream, a));
     } else {
       auto* kernel = pagedAttnKernel<kHeadDim, kG, T, false>;
       CUDA_RETURN_IF_ERROR(launchPdlAlways(a.pdl, kernel, grid, dim3(kWarps * 32), kSmemItem,
@@ -750,6 +757,20 @@ Status launchMma(const PagedAttentionArgs& a, cudaStream_t stream) {
   return a.f16 ? launchMmaT<f16>(a, stream) : launchMmaT<bf16>(a, stream);
 }
 }  // namespace
+
+Status preparePagedAttention() {
+  CUDA_RETURN_IF_ERROR((singleSmemAttr<1, bf16>()));
+  CUDA_RETURN_IF_ERROR((singleSmemAttr<2, bf16>()));
+  CUDA_RETURN_IF_ERROR((singleSmemAttr<4, bf16>()));
+  CUDA_RETURN_IF_ERROR((singleSmemAttr<8, bf16>()));
+  CUDA_RETURN_IF_ERROR((singleSmemAttr<16, bf16>()));
+  CUDA_RETURN_IF_ERROR((singleSmemAttr<1, f16>()));
+  CUDA_RETURN_IF_ERROR((singleSmemAttr<2, f16>()));
+  CUDA_RETURN_IF_ERROR((singleSmemAttr<4, f16>()));
+  CUDA_RETURN_IF_ERROR((singleSmemAttr<8, f16>()));
+  CUDA_RETURN_IF_ERROR((singleSmemAttr<16, f16>()));
+  return okStatus();
+}
 
 Status launchPagedAttention(const PagedAttentionArgs& a, cudaStream_t stream) {
   RETURN_IF_ERROR(checkPagedAttention(a));

@@ -156,5 +156,8 @@ Status checkPagedAttention(const PagedAttentionArgs& a);
 // The attention kernel, then (num_combine > 0) the combine kernel, then (num_sm90_work > 0) the
 // Hopper kernel for the long chunks.
 Status launchPagedAttention(const PagedAttentionArgs& a, cudaStream_t stream);
+// Sets the work kernels' shared memory attributes (load time: LlmOps reserve), so that a launch
+// being captured into a graph makes no attribute call [TAG_ATTN_DECODE_WARPS].
+Status preparePagedAttention();
 
 }  // namespace garden::rose::cuda
