@@ -52,7 +52,10 @@
 //   --attn-split-keys N: a decode token's keys are split into chunks of at least N (multiple of
 //              64; default: cuda::pagedAttnSplitKeysFor's rule) for the split-KV attention.
 //   --attn-decode-warps on|off: single-token (decode) attention items on the four-warp path
-//              [TAG_ATTN_DECODE_WARPS] (default on) or the two-stage one-warp path.
+//              [TAG_ATTN_DECODE_WARPS] (default off: slower at batch 1) or the two-stage
+//              one-warp path.
+//   --attn-carveout PCT: the preferred shared-memory carveout of the RoPE, attention and combine
+//              kernels (A/B of the decode attention's shared memory).
 //   --fuse-combine-norm on|off: each layer's MoE combine fused into the next RMSNorm
 //              (GptOssOptions::fuse_combine_norm [TAG_COMBINE_NORM]; same bits; default on).
 //   --profile-skip LIST: leave these op groups out of every forward pass (norm, qkv, rope, attn,
@@ -136,6 +139,7 @@
 #include "services/rose/ops/cuda/moe_router_f32.cuh"
 #include "services/rose/ops/cuda/moe_permute.cuh"
 #include "services/rose/ops/cuda/paged_attention.cuh"
+#include "services/rose/ops/cuda/rope_kv.cuh"
 #include "services/rose/ops/cuda/paged_attention_sm90.cuh"
 
 namespace {
@@ -989,6 +993,13 @@ int main(int argc, char** argv) {
     }
     else if (a == "--attn-split-keys") cuda::setPagedAttnSplitKeys(std::atoi(next().c_str()));
     else if (a == "--attn-decode-warps") cuda::setPagedAttnDecodeWarps(next() == "on");
+    else if (a == "--attn-carveout") {
+      const int pct = std::atoi(next().c_str());
+      if (!cuda::setPagedAttnCarveout(pct).isOk() || !cuda::setRopeKvCarveout(pct).isOk()) {
+        std::fprintf(stderr, "--attn-carveout: the attribute was refused\n");
+        return 2;
+      }
+    }
     else if (a == "--gemm-small-buckets") cuda::setLlmGemmSmallBuckets(next() == "on");
     else if (a == "--gemm-gemv") cuda::setLlmGemv(next() == "on");
     else if (a == "--gemm-flush") cuda::GemmRunner::setReadFlush(next() == "read");

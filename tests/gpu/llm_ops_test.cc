@@ -301,9 +301,9 @@ struct AttnCase {
   int32_t sm90_stages = 2;
   int32_t sm90_consumers = 3;
   bool f16 = false;  // qkv, caches and out IEEE fp16 on the GPU [TAG_ATTN_F16]
-  // [TAG_ATTN_DECODE_WARPS] single-token items on the one-warp two-stage path instead of the
-  // four-warp one (the default).
-  bool one_warp = false;
+  // [TAG_ATTN_DECODE_WARPS] single-token items on the four-warp path (1), the one-warp
+  // two-stage path (0) or the default (-1).
+  int decode_warps = -1;
 };
 
 struct AttnInputs {
@@ -398,7 +398,7 @@ class GpuPagedAttention : public GpuLlmOps,
   }
   void TearDown() override {
     rose::cuda::setPagedAttnSm90(rose::cuda::kPagedAttnSm90DefaultMinTokens, true);
-    rose::cuda::setPagedAttnDecodeWarps(true);
+    rose::cuda::setPagedAttnDecodeWarps(rose::cuda::kPagedAttnDecodeWarpsDefault);
     GpuLlmOps::TearDown();
   }
 };
@@ -412,7 +412,7 @@ TEST_P(GpuPagedAttention, MatchesCpu) {
   auto ref = run(cpu(), *cops_, c, in);
   rose::cuda::setPagedAttnSm90(c.sm90_min, c.sm90_pipelined, c.sm90_stages, /*windows=*/true,
                                c.sm90_consumers);
-  rose::cuda::setPagedAttnDecodeWarps(!c.one_warp);
+  if (c.decode_warps >= 0) rose::cuda::setPagedAttnDecodeWarps(c.decode_warps == 1);
   auto got = run(gpu(), *gops_, c, in);
   if (c.sm90_min > 0) {
     auto fired = rose::cuda::pagedAttnSm90WatchdogFired();
@@ -508,8 +508,8 @@ std::vector<AttnCase> attnCases() {
   // [TAG_ATTN_DECODE_WARPS] Single-token items around the tile (64 keys), warp (4 tiles) and
   // split (256 / 512-key chunks, 4096) edges, windows whose bottom falls inside a tile, GQA groups
   // 4 / 8 / 16 (16: both row halves real), block sizes 16-64, decodes batched with chunks (the
-  // single-token kernel running multi-token items too), fp16; each on the four-warp path (the
-  // default) and on the one-warp path it replaces.
+  // single-token kernel running multi-token items too), fp16; each on the four-warp path and on
+  // the one-warp path (the default).
   std::vector<AttnCase> single{
       {{1, 1, 1, 1, 1, 1, 1, 1, 1}, {0, 62, 63, 64, 127, 128, 191, 255, 256}, 0, true, 64, 8, 16,
        "single: tile edges"},
@@ -526,7 +526,7 @@ std::vector<AttnCase> attnCases() {
   for (bool one_warp : {false, true}) {
     for (bool f16 : {false, true}) {
       for (AttnCase c : single) {
-        c.one_warp = one_warp;
+        c.decode_warps = one_warp ? 0 : 1;
         c.f16 = f16;
         c.name = std::string(f16 ? "f16 " : "") + (one_warp ? "one warp " : "") + c.name;
         v.push_back(c);

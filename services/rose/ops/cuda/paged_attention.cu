@@ -575,7 +575,7 @@ __global__ void __launch_bounds__(128) pagedAttnCombineKernel(PagedAttentionArgs
 
 bool isPow2UpTo64(int g) { return g >= 1 && g <= 64 && (g & (g - 1)) == 0; }
 
-bool g_decode_warps = true;  // [TAG_ATTN_DECODE_WARPS]
+bool g_decode_warps = kPagedAttnDecodeWarpsDefault;  // [TAG_ATTN_DECODE_WARPS]
 
 // The single-token kernel's shared memory attribute, set once per instance (preparePagedAttention
 // calls it at load time, so that no attribute call happens while a graph is being captured).
@@ -624,7 +624,6 @@ namespace {
 int32_t g_split_keys = 0;  // 0: pagedAttnSplitKeysFor's rule
 }  // namespace
 void setPagedAttnDecodeWarps(bool on) { g_decode_warps = on; }
-bool pagedAttnDecodeWarps() { return g_decode_warps; }
 void setPagedAttnSplitKeys(int32_t keys) {
   g_split_keys = keys <= 0 ? 0 : std::max<int32_t>(64, keys / 64 * 64);
 }
@@ -757,6 +756,19 @@ Status launchMma(const PagedAttentionArgs& a, cudaStream_t stream) {
   return a.f16 ? launchMmaT<f16>(a, stream) : launchMmaT<bf16>(a, stream);
 }
 }  // namespace
+
+Status setPagedAttnCarveout(int percent) {
+  const auto set = [percent](auto* kernel) {
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, percent);
+  };
+  CUDA_RETURN_IF_ERROR(set(pagedAttnKernel<kHeadDim, 8, bf16, true>));
+  CUDA_RETURN_IF_ERROR(set(pagedAttnKernel<kHeadDim, 8, bf16, false>));
+  CUDA_RETURN_IF_ERROR(set(pagedAttnKernel<kHeadDim, 8, f16, true>));
+  CUDA_RETURN_IF_ERROR(set(pagedAttnKernel<kHeadDim, 8, f16, false>));
+  CUDA_RETURN_IF_ERROR(set(pagedAttnCombineKernel<kHeadDim, bf16>));
+  CUDA_RETURN_IF_ERROR(set(pagedAttnCombineKernel<kHeadDim, f16>));
+  return okStatus();
+}
 
 Status preparePagedAttention() {
   CUDA_RETURN_IF_ERROR((singleSmemAttr<1, bf16>()));

@@ -74,13 +74,15 @@ inline constexpr int32_t kPagedAttnLongContext = 4096;
 inline constexpr int32_t kPagedAttnMaxSplits = 32;
 int32_t pagedAttnSplitKeysFor(int32_t keys);
 // [TAG_ATTN_DECODE_WARPS] Single-token items (decode) on the path whose four warps each take
-// every fourth key tile at once, merged in warp order (on by default; for GQA groups <= 16),
-// instead of one warp streaming the item's tiles through two shared stages. Process-global, for
-// A/B runs (rose_llm_bench --attn-decode-warps), set before a model is loaded: it changes the f32
-// rounding of a decode token's attention, never which keys it sees, and depends on nothing but
-// the token's own key range.
+// every fourth key tile at once, merged in warp order (GQA groups <= 16), instead of one warp
+// streaming the item's tiles through two shared stages. Off by default: measured slower at
+// batch 1 (H200, 2026-12-06: b1@8k 2.635 / 2.570 ms against 2.515 / 2.483; b8 and b64 within
+// noise; docs/gpt-oss-cuda.md). Process-global, for A/B runs (rose_llm_bench
+// --attn-decode-warps), set before a model is loaded: it changes the f32 rounding of a decode
+// token's attention, never which keys it sees, and depends on nothing but the token's own key
+// range.
+inline constexpr bool kPagedAttnDecodeWarpsDefault = false;
 void setPagedAttnDecodeWarps(bool on);
-bool pagedAttnDecodeWarps();
 // A fixed minimum chunk for every token instead (a multiple of 64, >= 64; 0: the rule above),
 // process-global: benchmarks only (rose_llm_bench --attn-split-keys), set before a model is
 // loaded. It changes how a decode token's keys are partitioned (f32 rounding of the combine),
@@ -159,5 +161,8 @@ Status launchPagedAttention(const PagedAttentionArgs& a, cudaStream_t stream);
 // Sets the work kernels' shared memory attributes (load time: LlmOps reserve), so that a launch
 // being captured into a graph makes no attribute call [TAG_ATTN_DECODE_WARPS].
 Status preparePagedAttention();
+// The gpt-oss (GQA 8) work and combine kernels' preferred shared-memory carveout (percent; -1 the
+// driver's choice): A/B runs only (rose_llm_bench --attn-carveout, with setRopeKvCarveout).
+Status setPagedAttnCarveout(int percent);
 
 }  // namespace garden::rose::cuda

@@ -188,6 +188,21 @@ cudaError_t launchRopeKvAs(const RopeKvArgs& a, cudaStream_t stream) {
 }
 }  // namespace
 
+Status setRopeKvCarveout(int percent) {
+  const auto set = [percent](auto* kernel) {
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, percent);
+  };
+  CUDA_RETURN_IF_ERROR(set(ropeKvVecKernel<bf16, false>));
+  CUDA_RETURN_IF_ERROR(set(ropeKvVecKernel<bf16, true>));
+  CUDA_RETURN_IF_ERROR(set(ropeKvVecKernel<f16, false>));
+  CUDA_RETURN_IF_ERROR(set(ropeKvVecKernel<f16, true>));
+  CUDA_RETURN_IF_ERROR(set(ropeKvKernel<bf16, false>));
+  CUDA_RETURN_IF_ERROR(set(ropeKvKernel<bf16, true>));
+  CUDA_RETURN_IF_ERROR(set(ropeKvKernel<f16, false>));
+  CUDA_RETURN_IF_ERROR(set(ropeKvKernel<f16, true>));
+  return okStatus();
+}
+
 Status launchRopeKv(const RopeKvArgs& a, cudaStream_t stream) {
   RETURN_IF_ERROR(checkRopeKv(a));
   if (a.num_tokens == 0) return okStatus();

@@ -49,5 +49,9 @@ struct RopeKvArgs {
 // The shape rules launchRopeKv enforces (INVALID_ARGUMENT naming the field otherwise).
 Status checkRopeKv(const RopeKvArgs& a);
 Status launchRopeKv(const RopeKvArgs& a, cudaStream_t stream);
+// The kernels' preferred shared-memory carveout (percent; -1 the driver's choice), for A/B runs
+// of the decode attention's shared memory [TAG_ATTN_DECODE_WARPS] (rose_llm_bench
+// --attn-carveout): neighbours in a programmatic chain share an SM only under one carveout.
+Status setRopeKvCarveout(int percent);
 
 }  // namespace garden::rose::cuda
