@@ -24,7 +24,9 @@ using f16 = __half;
 // scheduled while the previous kernel's last blocks still run, and each kernel's first statement
 // is pdlWait(), which blocks until the previous grid has completed and its writes are visible (a
 // no-op for a normal launch). So nothing
-// is read early; only the launch latency and the previous kernel's tail overlap. Measured on the
+// is read early (except by the opt-in four-warp decode attention [TAG_ATTN_DECODE_WARPS], which
+// reads the step's uploaded plan and the cache rows of earlier steps before its wait); only the
+// launch latency and the previous kernel's tail overlap. Measured on the
 // H200 (bench/results/gpu-embed-2026-11-30-h200-s3/pdl): eager forward 1x128 1.54 -> 1.40 ms,
 // 1x512 2.37 -> 2.16 ms; inside CUDA graphs no gain (1x128 1.20 vs 1.23 ms), so captured launches
 // stay plain — except those of launchPdlAlways: the gpt-oss kernels and the RMSNorm with
