@@ -507,7 +507,8 @@ std::vector<AttnCase> attnCases() {
   }
   // [TAG_ATTN_DECODE_WARPS] Single-token items around the tile (64 keys), warp (4 tiles) and
   // split (256 / 512-key chunks, 4096) edges, windows whose bottom falls inside a tile, GQA groups
-  // 4 / 8 / 16 (16: both row halves real), block sizes 16-64, decodes batched with chunks (the
+  // 4 / 8 / 16 (the four-warp kernel is built for group 8; the others take the one-warp path
+  // either way), block sizes 16-64, decodes batched with chunks (the
   // single-token kernel running multi-token items too), fp16; each on the four-warp path and on
   // the one-warp path (the default).
   std::vector<AttnCase> single{

@@ -579,10 +579,12 @@ bool g_decode_warps = kPagedAttnDecodeWarpsDefault;  // [TAG_ATTN_DECODE_WARPS]
 
 // The single-token kernel's shared memory attribute, set once per instance (preparePagedAttention
 // calls it at load time, so that no attribute call happens while a graph is being captured).
+constexpr int kSingleGroup = 8;  // the GQA group the single-token kernel is built for
+
 template <int kG, typename T>
 cudaError_t singleSmemAttr() {
   static const cudaError_t attr =
-      cudaFuncSetAttribute(pagedAttnKernel<kHeadDim, kG, T, kG <= 16>,
+      cudaFuncSetAttribute(pagedAttnKernel<kHeadDim, kG, T, true>,
                            cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmemSingle));
   return attr;
 }
@@ -594,16 +596,20 @@ Status launchGroup(const PagedAttentionArgs& a, cudaStream_t stream) {
   const int32_t combine_grid = fixed ? a.grid_combine : a.num_combine;
   if (work_grid > 0) {
     const dim3 grid(static_cast<unsigned>(work_grid), static_cast<unsigned>(a.num_kv_heads));
-    bool single = false;
-    if constexpr (kG <= 16) single = a.has_single && g_decode_warps;
-    if (single) {
-      CUDA_RETURN_IF_ERROR((singleSmemAttr<kG, T>()));
-      CUDA_RETURN_IF_ERROR(launchPdlAlways(a.pdl, pagedAttnKernel<kHeadDim, kG, T, kG <= 16>, grid,
-                                           dim3(kWarps * 32), kSmemSingle, stream, a));
-    } else {
-      auto* kernel = pagedAttnKernel<kHeadDim, kG, T, false>;
-      CUDA_RETURN_IF_ERROR(launchPdlAlways(a.pdl, kernel, grid, dim3(kWarps * 32), kSmemItem,
-                                           stream, a));
+    // The single-token kernel is instantiated for gpt-oss's group (8) only: off by default, it
+    // is an A/B knob, and each instance costs the CUDA build (ran on groups 4 and 16 too, s21).
+    bool launched = false;
+    if constexpr (kG == kSingleGroup) {
+      if (a.has_single && g_decode_warps) {
+        CUDA_RETURN_IF_ERROR((singleSmemAttr<kG, T>()));
+        CUDA_RETURN_IF_ERROR(launchPdlAlways(a.pdl, pagedAttnKernel<kHeadDim, kG, T, true>, grid,
+                                             dim3(kWarps * 32), kSmemSingle, stream, a));
+        launched = true;
+      }
+    }
+    if (!launched) {
+      CUDA_RETURN_IF_ERROR(launchPdlAlways(a.pdl, pagedAttnKernel<kHeadDim, kG, T, false>, grid,
+                                           dim3(kWarps * 32), kSmemItem, stream, a));
     }
   }
   if (combine_grid > 0) {
@@ -761,26 +767,18 @@ Status setPagedAttnCarveout(int percent) {
   const auto set = [percent](auto* kernel) {
     return cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, percent);
   };
-  CUDA_RETURN_IF_ERROR(set(pagedAttnKernel<kHeadDim, 8, bf16, true>));
-  CUDA_RETURN_IF_ERROR(set(pagedAttnKernel<kHeadDim, 8, bf16, false>));
-  CUDA_RETURN_IF_ERROR(set(pagedAttnKernel<kHeadDim, 8, f16, true>));
-  CUDA_RETURN_IF_ERROR(set(pagedAttnKernel<kHeadDim, 8, f16, false>));
+  CUDA_RETURN_IF_ERROR(set(pagedAttnKernel<kHeadDim, kSingleGroup, bf16, true>));
+  CUDA_RETURN_IF_ERROR(set(pagedAttnKernel<kHeadDim, kSingleGroup, bf16, false>));
+  CUDA_RETURN_IF_ERROR(set(pagedAttnKernel<kHeadDim, kSingleGroup, f16, true>));
+  CUDA_RETURN_IF_ERROR(set(pagedAttnKernel<kHeadDim, kSingleGroup, f16, false>));
   CUDA_RETURN_IF_ERROR(set(pagedAttnCombineKernel<kHeadDim, bf16>));
   CUDA_RETURN_IF_ERROR(set(pagedAttnCombineKernel<kHeadDim, f16>));
   return okStatus();
 }
 
 Status preparePagedAttention() {
-  CUDA_RETURN_IF_ERROR((singleSmemAttr<1, bf16>()));
-  CUDA_RETURN_IF_ERROR((singleSmemAttr<2, bf16>()));
-  CUDA_RETURN_IF_ERROR((singleSmemAttr<4, bf16>()));
-  CUDA_RETURN_IF_ERROR((singleSmemAttr<8, bf16>()));
-  CUDA_RETURN_IF_ERROR((singleSmemAttr<16, bf16>()));
-  CUDA_RETURN_IF_ERROR((singleSmemAttr<1, f16>()));
-  CUDA_RETURN_IF_ERROR((singleSmemAttr<2, f16>()));
-  CUDA_RETURN_IF_ERROR((singleSmemAttr<4, f16>()));
-  CUDA_RETURN_IF_ERROR((singleSmemAttr<8, f16>()));
-  CUDA_RETURN_IF_ERROR((singleSmemAttr<16, f16>()));
+  CUDA_RETURN_IF_ERROR((singleSmemAttr<kSingleGroup, bf16>()));
+  CUDA_RETURN_IF_ERROR((singleSmemAttr<kSingleGroup, f16>()));
   return okStatus();
 }
 

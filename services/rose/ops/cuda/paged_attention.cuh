@@ -74,7 +74,8 @@ inline constexpr int32_t kPagedAttnLongContext = 4096;
 inline constexpr int32_t kPagedAttnMaxSplits = 32;
 int32_t pagedAttnSplitKeysFor(int32_t keys);
 // [TAG_ATTN_DECODE_WARPS] Single-token items (decode) on the path whose four warps each take
-// every fourth key tile at once, merged in warp order (GQA groups <= 16), instead of one warp
+// every fourth key tile at once, merged in warp order (GQA group 8, gpt-oss's; other groups keep
+// the one-warp path), instead of one warp
 // streaming the item's tiles through two shared stages. Off by default: measured slower at
 // batch 1 (H200, 2026-12-06: b1@8k 2.635 / 2.570 ms against 2.515 / 2.483; b8 and b64 within
 // noise; docs/gpt-oss-cuda.md). Process-global, for A/B runs (rose_llm_bench
