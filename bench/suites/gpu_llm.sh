@@ -10,6 +10,9 @@
 #             PdlGemvGivesTheSameBits (+ graphs == eager, combine-norm, batch independence)
 #   attnwarps [TAG_ATTN_DECODE_WARPS] gpu_llm_ops_test's attention cases (the single-token cases on
 #             both paths), then compute-sanitizer memcheck over the decode cases of both paths
+#   attncarve decode 1@8192, 8@4096, 64@1024 with --attn-decode-warps on / off, each with the
+#             driver's shared-memory carveout and with --attn-carveout 100 (RoPE, attention and
+#             combine under one carveout), two rounds (needs mk20b) [TAG_ATTN_DECODE_WARPS]
 #   f16speed  prefill 8k (median of 3) and decode 1@8192, 64@1024 with the default dtype and with
 #             --dtype float16 (needs mk20b)
 #   embpdl    a random Qwen3-Embedding-0.6B-shaped checkpoint, then rose_forward_bench with
@@ -324,6 +327,7 @@ for s in $STEPS; do
     decbgemm) step decbgemm decbgemm.txt 200 "$BIN/rose_llm_bench" --moe-gemm "${DECB_TS:-1,2,4,8,16,32,64,96}" --moe-k-slices 1 ;;
     pdltests) step pdltests pdl_tests.log 300 bash -c "rc=0; '$BIN/gpu_kernels_test' --gtest_filter='*Gemv*' || rc=1; '$BIN/gpu_llm_model_test' --gtest_filter='*PdlGemv*:*DecodeGraphsEqualEager*:*CombineNormFusion*:*TokensDoNotDependOnTheBatch' || rc=1; exit \$rc" ;;
     attnwarps) step attnwarps attn_warps.log 300 bash -c "'$BIN/gpu_llm_ops_test' --gtest_brief=1 --gtest_filter='*PagedAttention*' && compute-sanitizer --tool memcheck --error-exitcode 3 '$BIN/gpu_llm_ops_test' --gtest_brief=1 --gtest_filter='Cases/GpuPagedAttention.MatchesCpu/0:Cases/GpuPagedAttention.MatchesCpu/1:Cases/GpuPagedAttention.MatchesCpu/6?:Cases/GpuPagedAttention.MatchesCpu/70:Cases/GpuPagedAttention.MatchesCpu/71:Cases/GpuPagedAttention.MatchesCpu/8?'" ;;
+    attncarve) step attncarve attncarve.txt 300 bash -c "for r in 1 2; do for v in '--attn-decode-warps on' '--attn-decode-warps off' '--attn-decode-warps on --attn-carveout 100' '--attn-decode-warps off --attn-carveout 100'; do echo \"== [\$r] \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode 1@8192,8@4096,64@1024 --decode-steps 32 --max-batch-tokens 16384 \$v 2>&1 | grep -v 'gemm tuned' | grep -vE '^(load|moe prefill)'; done; done" ;;
     f16speed) step f16speed f16speed.txt 300 bash -c "for v in '' '--dtype float16'; do echo \"== dtype flags: \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192 --prefill-reps 3 --decode 1@8192,64@1024 --decode-steps 32 --max-batch-tokens 16384 \$v 2>&1 | grep -v 'gemm tuned' | grep -vE '^moe prefill'; done" ;;
     embpdl) step embpdl embpdl.txt 240 bash -c "python3 '$ROOT/bench/suites/make_random_qwen3.py' --out /tmp/q3emb > /dev/null && for v in 0 1; do echo \"== GARDEN_PDL_GRAPH=\$v\"; GARDEN_PDL_GRAPH=\$v '$BIN/rose_forward_bench' /tmp/q3emb --iters 20 2>&1 | grep -v 'gemm tuned'; done" ;;
     pdlgraph) step pdlgraph pdl_graph.log 400 bash -c "rc=0; '$BIN/gpu_llm_model_test' --gtest_filter='*PdlGraph*' || rc=1; for t in gpu_llm_model_test gpu_llm_ops_test gpu_kernels_test gpu_graph_test gpu_model_graph_test; do [ -x '$BIN/'\$t ] || { echo \"== \$t not in the pack\"; continue; }; echo \"== GARDEN_PDL_GRAPH=1 \$t\"; GARDEN_PDL_GRAPH=1 '$BIN/'\$t --gtest_brief=1 || rc=1; done; exit \$rc" ;;
