@@ -110,6 +110,7 @@ class Sampler {
  private:
   std::vector<std::pair<float, int32_t>> cand_;
   std::vector<std::pair<int32_t, double>> dist_;
+  std::vector<uint64_t> order_, order_tmp_;  // [TAG_SAMPLER_RADIX] scratch of the draw order
   std::vector<float> w_;  // logits adjusted by a slot and/or a mask
 };
 
