@@ -224,13 +224,18 @@ const std::vector<std::pair<int32_t, double>>& Sampler::distribution(std::span<c
   // order, so they are placed there directly and only the others are sorted: the same order
   // as sorting all of them, at a fraction of the cost when a mask leaves few tokens (a full sort
   // of a 201k vocabulary per draw was most of the CPU backend's time on masked requests).
+  // A NaN logit (or 0 times an infinite 1/temperature) counts as −inf.
+  const auto z_of = [&](size_t i) {
+    const float z = logits[i] * inv_t;
+    return std::isnan(z) ? ninf : z;
+  };
   size_t nf = 0;
   for (size_t i = 0; i < v; ++i) {
-    const float z = std::isnan(logits[i]) ? ninf : logits[i] * inv_t;
+    const float z = z_of(i);
     if (z != ninf) cand_[nf++] = {z, static_cast<int32_t>(i)};
   }
   for (size_t i = 0, t = nf; i < v; ++i) {
-    if (std::isnan(logits[i]) || logits[i] * inv_t == ninf) cand_[t++] = {ninf, static_cast<int32_t>(i)};
+    if (z_of(i) == ninf) cand_[t++] = {ninf, static_cast<int32_t>(i)};
   }
   auto order = [](const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
     return a.first != b.first ? a.first > b.first : a.second < b.second;
@@ -251,7 +256,7 @@ const std::vector<std::pair<int32_t, double>>& Sampler::distribution(std::span<c
     radixDrawOrder(cand_, nf, id_bits, order_, order_tmp_);
     for (size_t i = 0; i < nf; ++i) {
       const size_t id = static_cast<size_t>(order_[i]);
-      cand_[i] = {logits[id] * inv_t, static_cast<int32_t>(id)};
+      cand_[i] = {z_of(id), static_cast<int32_t>(id)};
     }
   }
   if (p.min_p > 0.f && std::isfinite(cand_[0].first)) {
