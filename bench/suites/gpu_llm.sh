@@ -313,6 +313,12 @@ step() {  # step NAME LOG LIMIT CMD...
   echo "== $name rc=$rc ${dt}s"
   grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|ERROR SUMMARY|Failure|error|FAIL:|^\{" "$LOGS/$log" | head -25
 }
+# decodeab NAME LOG VARIANTS: decode 1@8192, 8@4096, 64@1024 (DECAB_DECODE) once per rose_llm_bench
+# flag set of VARIANTS (quoted words, e.g. "'--x on' ''"), DECAB_ROUNDS (default 2) rounds in turn
+# (needs mk20b): the decode A/B steps' common form.
+decodeab() {
+  step "$1" "$2" 420 bash -c "for r in \$(seq ${DECAB_ROUNDS:-2}); do for v in $3; do echo \"== [\$r] \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode ${DECAB_DECODE:-1@8192,8@4096,64@1024} --decode-steps 32 --max-batch-tokens 16384 \$v 2>&1 | grep -v 'gemm tuned' | grep -vE '^(load|moe prefill)'; done; done"
+}
 finish() {
   cp "$LOGS"/*.log "$LOGS"/*.txt "$OUT/" 2>/dev/null
   tar -czf "$OUT/llm_logs.tgz" -C "$LOGS" . 2>/dev/null
@@ -327,11 +333,11 @@ for s in $STEPS; do
     decbgemm) step decbgemm decbgemm.txt 200 "$BIN/rose_llm_bench" --moe-gemm "${DECB_TS:-1,2,4,8,16,32,64,96}" --moe-k-slices 1 ;;
     pdltests) step pdltests pdl_tests.log 300 bash -c "rc=0; '$BIN/gpu_kernels_test' --gtest_filter='*Gemv*' || rc=1; '$BIN/gpu_llm_model_test' --gtest_filter='*PdlGemv*:*DecodeGraphsEqualEager*:*CombineNormFusion*:*TokensDoNotDependOnTheBatch' || rc=1; exit \$rc" ;;
     attnwarps) step attnwarps attn_warps.log 300 bash -c "'$BIN/gpu_llm_ops_test' --gtest_brief=1 --gtest_filter='*PagedAttention*' && compute-sanitizer --tool memcheck --error-exitcode 3 '$BIN/gpu_llm_ops_test' --gtest_brief=1 --gtest_filter='Cases/GpuPagedAttention.MatchesCpu/0:Cases/GpuPagedAttention.MatchesCpu/1:Cases/GpuPagedAttention.MatchesCpu/6?:Cases/GpuPagedAttention.MatchesCpu/70:Cases/GpuPagedAttention.MatchesCpu/71:Cases/GpuPagedAttention.MatchesCpu/8?'" ;;
-    attncarve) step attncarve attncarve.txt 300 bash -c "for r in 1 2; do for v in '--attn-decode-warps on' '--attn-decode-warps off' '--attn-decode-warps on --attn-carveout 100' '--attn-decode-warps off --attn-carveout 100'; do echo \"== [\$r] \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode 1@8192,8@4096,64@1024 --decode-steps 32 --max-batch-tokens 16384 \$v 2>&1 | grep -v 'gemm tuned' | grep -vE '^(load|moe prefill)'; done; done" ;;
+    attncarve) decodeab attncarve attncarve.txt "'--attn-decode-warps on' '--attn-decode-warps off' '--attn-decode-warps on --attn-carveout 100' '--attn-decode-warps off --attn-carveout 100'" ;;
     f16speed) step f16speed f16speed.txt 300 bash -c "for v in '' '--dtype float16'; do echo \"== dtype flags: \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192 --prefill-reps 3 --decode 1@8192,64@1024 --decode-steps 32 --max-batch-tokens 16384 \$v 2>&1 | grep -v 'gemm tuned' | grep -vE '^moe prefill'; done" ;;
     embpdl) step embpdl embpdl.txt 240 bash -c "python3 '$ROOT/bench/suites/make_random_qwen3.py' --out /tmp/q3emb > /dev/null && for v in 0 1; do echo \"== GARDEN_PDL_GRAPH=\$v\"; GARDEN_PDL_GRAPH=\$v '$BIN/rose_forward_bench' /tmp/q3emb --iters 20 2>&1 | grep -v 'gemm tuned'; done" ;;
     pdlgraph) step pdlgraph pdl_graph.log 400 bash -c "rc=0; '$BIN/gpu_llm_model_test' --gtest_filter='*PdlGraph*' || rc=1; for t in gpu_llm_model_test gpu_llm_ops_test gpu_kernels_test gpu_graph_test gpu_model_graph_test; do [ -x '$BIN/'\$t ] || { echo \"== \$t not in the pack\"; continue; }; echo \"== GARDEN_PDL_GRAPH=1 \$t\"; GARDEN_PDL_GRAPH=1 '$BIN/'\$t --gtest_brief=1 || rc=1; done; exit \$rc" ;;
-    decab) step decab decab.txt 420 bash -c "for r in \$(seq ${DECAB_ROUNDS:-2}); do for v in ${DECAB_VARIANTS:-'--pdl-gemv on' '' '--gemm-gemv on'}; do echo \"== [\$r] \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode ${DECAB_DECODE:-1@8192,8@4096,64@1024} --decode-steps 32 --max-batch-tokens 16384 \$v 2>&1 | grep -v 'gemm tuned' | grep -vE '^(load|moe prefill)'; done; done" ;;
+    decab) decodeab decab decab.txt "${DECAB_VARIANTS:-'--pdl-gemv on' '' '--gemm-gemv on'}" ;;
     decode20b) step decode20b decode20b.txt 120 "$BIN/rose_llm_bench" --model /tmp/gptoss20b --prefill '' --decode 1@8192,64@1024 --decode-steps 32 --max-batch-tokens 16384 ;;
     llmsel) step llmsel llm_sel.log 200 "$BIN/gpu_llm_ops_test" --gtest_filter='*MoeExperts*:GpuFp8Moe.*:GpuLlmOps.SamplerState*:GpuLlmOps.SamplingFollowsTheCpuDistribution:GpuLlmOps.GreedyIsTheCpuArgmax' ;;
     llmmodel) mkdir -p /tmp/llm_bar; step llmmodel llm_model.log 240 env GARDEN_LLM_BAR_DIR=/tmp/llm_bar "$BIN/gpu_llm_model_test" ;;

@@ -229,14 +229,18 @@ const std::vector<std::pair<int32_t, double>>& Sampler::distribution(std::span<c
     const float z = logits[i] * inv_t;
     return std::isnan(z) ? ninf : z;
   };
-  size_t nf = 0;
+  // One pass: the others from the front, the −inf ones from the back (then reversed into id
+  // order).
+  size_t nf = 0, tail = v;
   for (size_t i = 0; i < v; ++i) {
     const float z = z_of(i);
-    if (z != ninf) cand_[nf++] = {z, static_cast<int32_t>(i)};
+    if (z != ninf) {
+      cand_[nf++] = {z, static_cast<int32_t>(i)};
+    } else {
+      cand_[--tail] = {ninf, static_cast<int32_t>(i)};
+    }
   }
-  for (size_t i = 0, t = nf; i < v; ++i) {
-    if (z_of(i) == ninf) cand_[t++] = {ninf, static_cast<int32_t>(i)};
-  }
+  std::reverse(cand_.begin() + static_cast<std::ptrdiff_t>(nf), cand_.end());
   auto order = [](const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
     return a.first != b.first ? a.first > b.first : a.second < b.second;
   };
