@@ -1166,6 +1166,7 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
     const Tensor tk_w = topk_w_.view.rowSlice(0, t);
     RmsNormParams norm{static_cast<float>(c.rms_norm_eps)};
     norm.round_normalized = !opts_.norm_round_once;
+    norm.programmatic_in_graphs = true;  // [TAG_PDL_GRAPH]
     // A stream wider than the activations starts from the embedding rows in x (res = x).
     const bool wide_res = res.dtype != x.dtype;
     b.embedding(embed_.view, ids_t, wide_res ? x : res);

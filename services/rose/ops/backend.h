@@ -290,6 +290,11 @@ struct RmsNormParams {
   // multiply (Hugging Face's Qwen3RMSNorm); false multiplies in f32 and rounds once (gpt-oss:
   // GptOssRMSNorm and the spec's "compute in float32, then cast").
   bool round_normalized = true;
+  // [TAG_PDL_GRAPH] Backends that launch kernels programmatically inside CUDA graphs
+  // (CudaKernelOptions::pdl_graph) do so for this norm: gpt-oss, whose other kernels wait
+  // programmatically too. The Qwen3 embedding graphs keep plain launches (their programmatic
+  // norms measured no gain, 1-3 % slower at one sequence: bench/results/gpu-llm-2026-12-06-s21).
+  bool programmatic_in_graphs = false;
 };
 
 // Per-head RMSNorm over head_dim (weight [head_dim]) then rotary embedding (NeoX "rotate half":

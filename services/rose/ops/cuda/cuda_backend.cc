@@ -368,7 +368,7 @@ void CudaBackend::rmsNorm(const Tensor& x, const Tensor& residual, const Tensor&
   a.rows = x.rows();
   a.hidden = x.cols();
   a.eps = p.eps;
-  a.pdl_graph = kernels_.pdl_graph;  // [TAG_PDL_GRAPH]
+  a.pdl_graph = kernels_.pdl_graph && p.programmatic_in_graphs;  // [TAG_PDL_GRAPH]
   checkOk(launchRmsNorm(a, stream_, kernels_.pdl), "rmsNorm");
 }
 

@@ -124,11 +124,14 @@ void setMoeBlockMOverride(int block_m);
 
 Status checkMoeGemm(const MoeGemmArgs& a);
 // Benchmarks only (rose_llm_bench --moe-gemm): which shape of the decode kernel block_m-16 MXFP4
-// launches take (0: the default, prefetch depth 8 at one token and 4 above; 1: depth 4; 2: half
-// the warps per CTA, depth 8; 3: half the warps, depth 4; 4: depth 8; 5: the default shapes
-// without the branch-free steady loop (every slot checked, as before 2026-12-03); -1: the tiled kernel, for
-// block_m 64 too, and moeGemmBlockM's pre-wide choice of block_m). Every shape gives the same
-// bits. Process-global; not for use while another thread launches.
+// launches take (0: the default, the bulk-fed weight ring [TAG_MOE_BULK] with 4 warps per CTA
+// where the K chain is one slice; 7: the same with 8 warps; 8: the bulk ring at one row per
+// expert only; 9: the register ring, prefetch depth 8 at one token and 4 above (the default
+// before the bulk ring, and 0's fallback over K slices); 1: depth 4; 2: half the warps per CTA,
+// depth 8; 3: half the warps, depth 4; 4: depth 8; 5: 9's shapes without the branch-free steady
+// loop (every slot checked, as before 2026-12-03); -1: the tiled kernel, for block_m 64 too, and
+// moeGemmBlockM's pre-wide choice of block_m). Every shape gives the same bits. Process-global;
+// not for use while another thread launches.
 void setMoeDecodeVariant(int variant);
 // The K slice count the CUDA LLM ops put in MoeGemmArgs::k_slices [TAG_MOE_K_SLICES]
 // (process-global, set before loading a model: it changes the model's numerics slightly;
