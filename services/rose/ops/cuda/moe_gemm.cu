@@ -726,16 +726,29 @@ __global__ void __launch_bounds__(kRG * 32) moeGemmMxBulkKernel(MoeGemmArgs a, i
 }
 
 // Sizes the ring so that the whole grid is resident at once (CTAs per SM from the grid and the
-// SM count; shared memory per SM 228 KB, 1 KB of it reserved per CTA) and as deep as that leaves
+// SM count; the device's shared memory per SM, less what it reserves per CTA) and as deep as that leaves
 // room for, between 4 tiles and all of K (kBulkMaxRing at most). A grid too large for one wave
 // keeps the 4-tile floor and runs in waves.
 template <typename T, int kRG, int kTok, MoeGemmEpilogue kEpi>
 Status launchBulk(const MoeGemmArgs& a, cudaStream_t stream) {
-  static int sms = 0;
-  if (sms == 0) CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  constexpr int kSmemPerSm = 228 * 1024, kReserved = 1024;
-  constexpr int kStatic = kRG * kBulkMaxRing * 8 + kTok * 4;
-  constexpr int kMaxDynamic = 227 * 1024 - kStatic;
+  auto kernel = moeGemmMxBulkKernel<T, kRG, kTok, kEpi>;
+  // Load time, not captured: the SM count, the opt-in limit per block less the kernel's static
+  // shared memory, and the attribute (once per instance).
+  static int sms = 0, max_dynamic = 0, static_bytes = 0, per_sm_bytes = 0, reserved = 0;
+  if (sms == 0) {
+    int optin = 0;
+    CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
+    CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&per_sm_bytes, cudaDevAttrMaxSharedMemoryPerMultiprocessor, 0));
+    CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, 0));
+    cudaFuncAttributes fa{};
+    CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&fa, kernel));
+    static_bytes = static_cast<int>(fa.sharedSizeBytes);
+    max_dynamic = optin - static_bytes;
+    CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_dynamic));
+  }
+  const int kSmemPerSm = per_sm_bytes, kReserved = reserved, kStatic = static_bytes,
+            kMaxDynamic = max_dynamic;
   const int kt_count = (a.k + kBK - 1) / kBK;
   const int rows = std::max(1, std::min(kTok, a.max_rows_per_expert));
   const int x_bytes = (rows * (kt_count * kBK + 8) * 2 + 127) / 128 * 128;
@@ -749,12 +762,6 @@ Status launchBulk(const MoeGemmArgs& a, cudaStream_t stream) {
   const size_t smem = static_cast<size_t>(x_bytes) + static_cast<size_t>(kRG) * ring * kBulkSlotBytes;
   if (smem > static_cast<size_t>(kMaxDynamic)) {
     return invalidArgument("moe_gemm: the bulk decode kernel's token rows do not fit in shared memory");
-  }
-  auto kernel = moeGemmMxBulkKernel<T, kRG, kTok, kEpi>;
-  static bool configured = false;  // one attribute call per instance (load time, not captured)
-  if (!configured) {
-    CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxDynamic));
-    configured = true;
   }
   const dim3 grid(static_cast<unsigned>(ctas_x), static_cast<unsigned>(a.max_tiles));
   CUDA_RETURN_IF_ERROR(launchPdlAlways(a.pdl, kernel, grid, dim3(kRG * 32), smem, stream, a, ring, rows));
