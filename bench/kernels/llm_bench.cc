@@ -575,7 +575,7 @@ int moeGemmBench(const std::string& list, bool fp8, const std::vector<int>& slic
       if (!prefetch.empty()) {  // --moe-prefetch: the default decode shape at each distance
         for (int pf : prefetch) runs.push_back({sl, Kind::kDecode, 0, pf});
       } else {
-        for (int v : {0, 7, 9, 5, 1, 2, 3}) runs.push_back({sl, Kind::kDecode, v});
+        for (int v : {0, 5, 1, 2, 3}) runs.push_back({sl, Kind::kDecode, v});
       }
       if (sl == 1) {
         for (int v : {0, 1, 2, 3}) runs.push_back({sl, Kind::kWide, v});

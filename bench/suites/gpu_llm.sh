@@ -24,9 +24,12 @@
 #             DECAB_VARIANTS (default: --pdl-gemv on, the default, --gemm-gemv on; e.g.
 #             "'--moe-decode-variant 0' '--moe-decode-variant 5'"), DECAB_ROUNDS times in turn
 #             (default 2; needs mk20b)
-#   moebulk   [TAG_MOE_BULK] gpu_llm_ops_test's decode / K-slice / expert / wide MoE cases (every
-#             decode kernel shape against the tiled kernel), then compute-sanitizer memcheck over
-#             the expert and K-slice cases (the default decode kernel, the bulk-fed ring)
+#   moedec    gpu_llm_ops_test's decode / K-slice / expert / wide MoE cases (every decode kernel
+#             shape against the tiled kernel), then compute-sanitizer memcheck over the expert and
+#             K-slice cases
+#   f16moe    [TAG_MOE_F16_OUT_SCALE] gpu_llm_ops_test's fp16 expert outputs past fp16's range (every
+#             expert kernel), the MoE op against the CPU (bf16 and fp16) and the wgmma cases, then
+#             the whole gpu_llm_model_test with GARDEN_TEST_GPTOSS_DTYPE=float16
 #   decbshapes  gpu_llm_ops_test: the decode MoE kernel shapes and K slices cases
 #   decbgemm  rose_llm_bench --moe-gemm at 1..96 tokens (DECB_TS), one K chain: every decode shape
 #   llmmodel  gpu_llm_model_test: tiny checkpoint end to end vs the CPU reference (writes the
@@ -332,7 +335,8 @@ for s in $STEPS; do
   case $s in
     llmops) step llmops llm_ops.log 200 "$BIN/gpu_llm_ops_test" ;;
     moeops) step moeops moe_ops.log 200 "$BIN/gpu_llm_ops_test" --gtest_filter='*MoeRoute*:*MoeExperts*:*MoeAlign*' ;;
-    moebulk) step moebulk moe_bulk.log 300 bash -c "'$BIN/gpu_llm_ops_test' --gtest_brief=1 --gtest_filter='*MoeDecodeKernelShapes*:*MoeKSlices*:*MoeExperts*:*MoeWide*' && compute-sanitizer --tool memcheck --error-exitcode 3 '$BIN/gpu_llm_ops_test' --gtest_brief=1 --gtest_filter='*MoeExperts*:*MoeKSlices*'" ;;
+    moedec) step moedec moe_dec.log 300 bash -c "'$BIN/gpu_llm_ops_test' --gtest_brief=1 --gtest_filter='*MoeDecodeKernelShapes*:*MoeKSlices*:*MoeExperts*:*MoeWide*' && compute-sanitizer --tool memcheck --error-exitcode 3 '$BIN/gpu_llm_ops_test' --gtest_brief=1 --gtest_filter='*MoeExperts*:*MoeKSlices*'" ;;
+    f16moe) step f16moe f16moe.log 300 bash -c "rc=0; '$BIN/gpu_llm_ops_test' --gtest_filter='*Fp16ExpertOutputs*:*MoeExpertsMatch*:GpuFp8Moe.Wgmma*' || rc=1; GARDEN_TEST_GPTOSS_DTYPE=float16 '$BIN/gpu_llm_model_test' --gtest_brief=1 || rc=1; exit \$rc" ;;
     decbshapes) step decbshapes decb_shapes.log 120 "$BIN/gpu_llm_ops_test" --gtest_filter='*MoeDecodeKernelShapes*:*MoeKSlices*' ;;
     decbgemm) step decbgemm decbgemm.txt 200 "$BIN/rose_llm_bench" --moe-gemm "${DECB_TS:-1,2,4,8,16,32,64,96}" --moe-k-slices 1 ;;
     pdltests) step pdltests pdl_tests.log 300 bash -c "rc=0; '$BIN/gpu_kernels_test' --gtest_filter='*Gemv*' || rc=1; '$BIN/gpu_llm_model_test' --gtest_filter='*PdlGemv*:*DecodeGraphsEqualEager*:*CombineNormFusion*:*TokensDoNotDependOnTheBatch' || rc=1; exit \$rc" ;;

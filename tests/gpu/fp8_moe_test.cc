@@ -41,6 +41,7 @@
 #include "services/rose/ops/cuda/cuda_backend.h"
 #include "services/rose/ops/cuda/fp8_act_quant.cuh"
 #include "services/rose/ops/cuda/fp8_block.h"
+#include "services/rose/ops/cuda/moe_gemm.cuh"
 #include "services/rose/ops/cuda/moe_lt_bf16.cuh"
 #include "services/rose/ops/cuda/moe_lt_gemm.h"
 #include "services/rose/ops/cuda/moe_wgmma.cuh"
@@ -209,14 +210,18 @@ class GpuFp8Moe : public ::testing::Test {
     DenseExperts dense;
     MoeExpertsParams p;
   };
+  // w1_scale / w2_scale > 0: every E8M0 scale byte of that projection (larger weights than the
+  // default ~1/sqrt(in)).
   void makeLayer(MoeLayer& l, int64_t h, int64_t in, int64_t e, int32_t k, int64_t tmax,
-                 ExpertCopy copy) {
+                 ExpertCopy copy, int w1_scale = 0, int w2_scale = 0) {
     l.h = h, l.in = in, l.e = e, l.k = k;
     reserve(std::max<int64_t>(tmax, 64), static_cast<int32_t>(h), static_cast<int32_t>(in),
             static_cast<int32_t>(e), k);
     std::vector<uint8_t>&c1 = l.c1, &s1 = l.s1, &c2 = l.c2, &s2 = l.s2;
     randomMx(rng_, e, 2 * in, h, c1, s1);
     randomMx(rng_, e, h, in, c2, s2);
+    if (w1_scale > 0) std::fill(s1.begin(), s1.end(), static_cast<uint8_t>(w1_scale));
+    if (w2_scale > 0) std::fill(s2.begin(), s2.end(), static_cast<uint8_t>(w2_scale));
     l.w1.resize(static_cast<size_t>(e * 2 * in * h));
     l.w2.resize(static_cast<size_t>(e * h * in));
     dequantizeMxfp4(c1.data(), s1.data(), e * 2 * in, h / 32, l.w1.data());
@@ -880,6 +885,87 @@ TEST_F(GpuFp8Moe, WgmmaExpertsMatchTheTiledKernels) {
     for (auto it = done.rbegin(); it != done.rend(); ++it)
       EXPECT_EQ(runGpu(l, it->first), it->second)
           << "device plan after a larger step, T=" << it->first.x.size() / static_cast<size_t>(sh.h);
+  }
+}
+
+// [TAG_MOE_F16_OUT_SCALE] With fp16 activations the experts' down-projection outputs are stored
+// times kMoeF16OutScale (2^-5) and the combine multiplies back, so an expert output past fp16's
+// 65,504 stays finite (real gpt-oss-120b experts are reported at ~±100,000). Down biases of
+// ±64,992 (fp16's largest values below 65,504) put about half of every expert's outputs past the
+// range; each kernel a fp16 step can take — the decode kernel (T = 1), the tiled kernel (T = 1,
+// decode variant -1), the wide kernel (T = 100, 700) and the wgmma kernel (T = 700) — must stay
+// finite and give the f32 reference to fp16 rounding, with the combine in f32 as gpt-oss keeps
+// it. Unscaled, the combine reads infinities.
+TEST_F(GpuFp8Moe, Fp16ExpertOutputsPastTheFp16RangeStayFinite) {
+  ASSERT_TRUE(cuda::moeWgmmaSupported()) << "the GPU tests run on an sm_90 device (the H200)";
+  constexpr int64_t kH = 2880, kI = 2880, kE = 32;
+  constexpr int32_t kK = 4;
+  MoeLayer l;
+  {
+    LtMinTokens scratch(INT64_MAX);
+    LtExec with_scratch(4, true, false);
+    // Weights that saturate the SwiGLU (|w1| <= 0.75: gate and up past the clamp for most
+    // channels) and |w2| <= 6, so an expert's products reach thousands.
+    makeLayer(l, kH, kI, kE, kK, 700, ExpertCopy::kNone, /*w1_scale=*/124, /*w2_scale=*/127);
+  }
+  ASSERT_TRUE(l.m1.isOk() && l.m2.isOk()) << l.m1.status().toString() << l.m2.status().toString();
+  for (size_t i = 0; i < l.b2.size(); ++i) l.b2[i] = (i % 3 == 0 ? -64992.f : 64992.f);
+  l.cb2 = upload(cpu(), DType::kF32, {kE, kH}, l.b2);
+  auto hb1 = upload(gpu(), DType::kF16, {kE, 2 * kI}, l.b1);
+  auto hb2 = upload(gpu(), DType::kF16, {kE, kH}, l.b2);
+  struct Run {
+    int64_t t;
+    int decode_variant;  // -1: the tiled kernel
+    bool wgmma;
+    const char* name;
+  };
+  for (const Run& run : {Run{1, 0, false, "decode kernel"}, Run{1, -1, false, "tiled kernel"},
+                         Run{100, 0, false, "wide kernel"}, Run{700, 0, false, "wide kernel"},
+                         Run{700, 0, true, "wgmma kernel"}}) {
+    SCOPED_TRACE(std::string(run.name) + ", T=" + std::to_string(run.t));
+    MoeStep st = makeStep(l, run.t);
+    auto hx = upload(gpu(), DType::kF16, {run.t, kH}, st.x);
+    auto hout = allocate(gpu(), DType::kF32, {run.t, kH});
+    poison(gpu(), hout.view);
+    const uint64_t wg0 = cuda::moeWgmmaSteps();
+    cuda::setMoeDecodeVariant(run.decode_variant);
+    {
+      LtMinTokens lt(run.wgmma ? 1 : 0);
+      LtExec ex(4, true, false, /*wgmma=*/run.wgmma);
+      gops_->moeExperts(hx.view, st.gid.view, st.gwt.view, *l.m1, hb1.view, *l.m2, hb2.view,
+                        hout.view, l.p);
+      ASSERT_TRUE(gpu().synchronize().isOk());
+    }
+    cuda::setMoeDecodeVariant(0);
+    EXPECT_EQ(cuda::moeWgmmaSteps() - wg0, run.wgmma ? 1u : 0u) << "not the kernel named";
+    const auto got = download(gpu(), hout.view);
+    // The biases' share (sum over k of weight x b2[expert]), taken out of both sides so the
+    // comparison measures the products, not the bias.
+    std::vector<float> got_p(got.size()), ref_p(got.size());
+    int64_t nonfinite = 0;
+    for (int64_t r = 0; r < run.t; ++r) {
+      for (int64_t n = 0; n < kH; ++n) {
+        double bias = 0;
+        for (int32_t j = 0; j < kK; ++j) {
+          const size_t a = static_cast<size_t>(r * kK + j);
+          bias += double(st.wts[a]) * l.b2[static_cast<size_t>(st.ids[a] * kH + n)];
+        }
+        const size_t i = static_cast<size_t>(r * kH + n);
+        nonfinite += std::isfinite(got[i]) ? 0 : 1;
+        got_p[i] = static_cast<float>(got[i] - bias);
+        ref_p[i] = static_cast<float>(st.ref[i] - bias);
+      }
+    }
+    ASSERT_EQ(nonfinite, 0) << "an expert output past fp16's range was lost";
+    // The combine is a convex sum of the experts' outputs (weights summing to 1): an output past
+    // 65,504 means an expert's output was past it.
+    double big = 0;
+    for (float v : st.ref) big = std::max(big, double(std::fabs(v)));
+    ASSERT_GT(big, 65504.0) << "no expert output past the fp16 range: the case tests nothing";
+    const double err = relL2(got_p, ref_p);
+    std::cout << "[ fp16 experts, outputs past 65504 ] " << run.name << " T=" << run.t
+              << ": products' rel_l2 vs f32 = " << err << " (largest |output| " << big << ")\n";
+    EXPECT_LT(err, 2e-2);
   }
 }
 

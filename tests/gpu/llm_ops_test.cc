@@ -1521,12 +1521,10 @@ TEST_F(GpuLlmOps, MoeKSlicesKeepTheDecodeRegimeBitExact) {
   }
 }
 
-// Every shape of the decode kernel (setMoeDecodeVariant 0: the default, the bulk-fed weight ring
-// [TAG_MOE_BULK]; 7: its 8-warp CTAs; 8: the bulk ring at one row per expert only; 9: the
-// register ring; 1: depth 4 throughout; 5: without the branch-free steady loop) gives the tiled
-// kernel's bits (the same weights as bf16 dense experts) at every block_m 16 size (8- and 16-row
-// token tiles, a tile's rows 1..16), at K = 2880 and the tiny checkpoints' odd K (288: 4.5 K
-// tiles, 160: 2.5), in one chain and in 2
+// Every shape of the decode kernel (setMoeDecodeVariant 0: the default, 1: depth 4 throughout,
+// 5: without the branch-free steady loop) gives the tiled kernel's bits (the same weights as bf16
+// dense experts) at every block_m 16 size (8- and 16-row token tiles, a tile's rows 1..16), at
+// K = 2880 and the tiny checkpoints' odd K (288: 4.5 K tiles, 160: 2.5), in one chain and in 2
 // and 3 K slices (clusters summing the slices).
 TEST_F(GpuLlmOps, MoeDecodeKernelShapesEqualTheTiledKernel) {
   struct Shape {
@@ -1554,7 +1552,7 @@ TEST_F(GpuLlmOps, MoeDecodeKernelShapesEqualTheTiledKernel) {
         if (cuda::moeGemmBlockM(t * sh.k, static_cast<int32_t>(sh.e)) != 16) continue;
         SCOPED_TRACE("T=" + std::to_string(t));
         const auto tiled = run(t, false);
-        for (int v : {0, 7, 8, 9, 1, 5}) {
+        for (int v : {0, 1, 5}) {
           SCOPED_TRACE("decode variant " + std::to_string(v));
           cuda::setMoeDecodeVariant(v);
           const auto got = run(t, true);

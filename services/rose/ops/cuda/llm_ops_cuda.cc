@@ -612,6 +612,7 @@ class CudaLlmOps final : public LlmOps {
     g2.n = p.hidden;
     g2.k = p.intermediate;
     g2.epilogue = MoeGemmEpilogue::kBias;
+    g2.out_scale = f16 ? kMoeF16OutScale : 1.f;  // [TAG_MOE_F16_OUT_SCALE]
     g2.row_valid = static_cast<const int32_t*>(row_token_.data());
     g2.mx_max_scale = w2.format == ExpertFormat::kMxfp4 ? w2.mx_max_scale : 255;
     checkOk(launchMoeGemm(g2, st), "moeExperts/down");
@@ -620,6 +621,7 @@ class CudaLlmOps final : public LlmOps {
     c.pdl = b_.pdlGraph();  // [TAG_PDL_GRAPH]
     c.f16 = f16;
     c.out_f32 = out.dtype == DType::kF32;  // the combine kept in f32
+    c.y_scale = f16 ? kMoeF16OutUnscale : 1.f;  // [TAG_MOE_F16_OUT_SCALE]
     c.y = static_cast<const bf16*>(y_.data());
     c.row_of = static_cast<const int32_t*>(row_of_.data());
     c.weights = topk_weights.as<float>();
@@ -659,6 +661,7 @@ class CudaLlmOps final : public LlmOps {
     a.combine_weights = c.weights;
     a.combine_top_k = c.top_k;
     a.combine_f16 = c.f16;  // [TAG_ATTN_F16]
+    a.combine_scale = c.y_scale;  // [TAG_MOE_F16_OUT_SCALE]
     a.combine_f32 = c.out_f32;
     const bool f32_res = residual.dtype == DType::kF32;
     a.residual = f32_res ? nullptr : residual.as<bf16>();
@@ -976,6 +979,9 @@ class CudaLlmOps final : public LlmOps {
   void downBiasAndCombine(const Tensor& b2, const ExpertRanges& r, int64_t t,
                           const Tensor& topk_weights, const Tensor& out,
                           const MoeExpertsParams& p, cudaStream_t st, bool f16) {
+    // [TAG_MOE_F16_OUT_SCALE] fp16 rows come from the wgmma kernel, bias added and scaled there;
+    // an unscaled bias added here would not match them.
+    require(!f16 || b2.empty(), "moeExperts", "fp16 expert rows take their bias in the GEMM");
     MoeRowBiasArgs rb;
     rb.y = static_cast<bf16*>(y_.data());
     rb.bias = b2.empty() ? nullptr : b2.as<bf16>();
@@ -991,6 +997,7 @@ class CudaLlmOps final : public LlmOps {
     c.pdl = b_.pdlGraph();  // [TAG_PDL_GRAPH]
     c.f16 = f16;
     c.out_f32 = out.dtype == DType::kF32;
+    c.y_scale = f16 ? kMoeF16OutUnscale : 1.f;  // [TAG_MOE_F16_OUT_SCALE]
     c.y = rb.y;
     c.row_of = static_cast<const int32_t*>(row_of_.data());
     c.weights = topk_weights.as<float>();
@@ -1197,6 +1204,7 @@ class CudaLlmOps final : public LlmOps {
     g2.n = p.hidden;
     g2.k = p.intermediate;
     g2.swiglu = false;
+    g2.out_scale = f16 ? kMoeF16OutScale : 1.f;  // [TAG_MOE_F16_OUT_SCALE]
     g2.max_scale = w2.mx_max_scale;
     checkOk(launchMoeWgmma(g2, st), "moeExperts/down_wgmma");
   }

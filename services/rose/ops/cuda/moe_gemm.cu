@@ -8,7 +8,6 @@
 #include "services/rose/ops/cuda/moe_gemm.cuh"
 #include "services/rose/ops/cuda/mxfp4_tiles.h"
 #include "services/rose/ops/cuda/mxfp4_unit.cuh"
-#include "services/rose/ops/cuda/sm90_ptx.cuh"
 
 namespace garden::rose::cuda {
 namespace {
@@ -218,8 +217,11 @@ __global__ void __launch_bounds__(kWM * kWN * 32, kWM * kWN == 8 ? 2 : 1) moeGem
         reinterpret_cast<T*>(a.out)[rb * half_n + col / 2] =
             fromF32<T>(clampedSwiglu(c[2] + b0, c[3] + b1, lim, alpha));
       } else {
-        *reinterpret_cast<uint32_t*>(reinterpret_cast<T*>(a.out) + ra * a.n + col) = pack16x2<T>(c[0] + b0, c[1] + b1);
-        *reinterpret_cast<uint32_t*>(reinterpret_cast<T*>(a.out) + rb * a.n + col) = pack16x2<T>(c[2] + b0, c[3] + b1);
+        const float os = a.out_scale;  // [TAG_MOE_F16_OUT_SCALE]
+        *reinterpret_cast<uint32_t*>(reinterpret_cast<T*>(a.out) + ra * a.n + col) =
+            pack16x2<T>((c[0] + b0) * os, (c[1] + b1) * os);
+        *reinterpret_cast<uint32_t*>(reinterpret_cast<T*>(a.out) + rb * a.n + col) =
+            pack16x2<T>((c[2] + b0) * os, (c[3] + b1) * os);
       }
     }
   }
@@ -351,8 +353,8 @@ __device__ __forceinline__ void storeMoeTile(const MoeGemmArgs& a, int e, int n_
       if (n < a.n) {
         const float bn =
             a.bias != nullptr ? toF32(reinterpret_cast<const T*>(a.bias)[static_cast<int64_t>(e) * a.n + n]) : 0.f;
-        reinterpret_cast<T*>(a.out)[tok0 * a.n + n] = fromF32<T>(v0 + bn);
-        reinterpret_cast<T*>(a.out)[(tok0 + 1) * a.n + n] = fromF32<T>(v1 + bn);
+        reinterpret_cast<T*>(a.out)[tok0 * a.n + n] = fromF32<T>((v0 + bn) * a.out_scale);
+        reinterpret_cast<T*>(a.out)[(tok0 + 1) * a.n + n] = fromF32<T>((v1 + bn) * a.out_scale);
       }
     }
   }
@@ -585,189 +587,6 @@ Status launchDecode(const MoeGemmArgs& a, cudaStream_t stream) {
   return okStatus();
 }
 
-// [TAG_MOE_BULK] The decode-shaped MXFP4 GEMM with its weight stream in shared memory: the same
-// warps, rows and K chain as moeGemmMxDecodeKernel (slices == 1), but each warp's 16-row group
-// is fed by bulk copies (cp.async.bulk, the TMA's 1-D form) of its 512 code bytes and 32 scale
-// bytes per K tile into a per-warp ring of `ring` slots in shared memory, each slot completing on
-// its own mbarrier. The register ring kept at most kDepth (8) tiles of a warp in flight, so at
-// T = 1 (5-11 warps per SM) the loads in flight bounded the stream at ~1.1-1.7 TB/s; the launcher
-// sizes the ring so that every CTA of the grid is resident at once and each holds as many K tiles
-// as fit — at gpt-oss-20b's T = 1 the down projection asks for all of its weights at its first
-// instruction and gate_up for ~70 % of them. Lane 0 of each warp issues its warp's copies and
-// refills a slot once every lane has dequantized it (the __syncwarp after the dequantization:
-// the words are in registers by then). Same loads of the same bytes, the same dequantization and
-// the same mmas in the same order: the bits of the decode kernel (and so of the tiled kernel).
-constexpr int kBulkMaxRing = 48;
-constexpr uint32_t kBulkSlotBytes = 512 + 32;  // one warp's codes + scales of one K tile
-__device__ unsigned int g_moe_bulk_watchdog = 0;
-
-__device__ __forceinline__ void bulkCopy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-      "l"(src), "r"(bytes), "r"(bar)
-      : "memory");
-}
-
-template <typename T, int kRG, int kTok, MoeGemmEpilogue kEpi>
-__global__ void __launch_bounds__(kRG * 32) moeGemmMxBulkKernel(MoeGemmArgs a, int ring, int rows_staged) {
-  static_assert(kTok == 8 || kTok == 16, "token tile is one or two n8 tiles");
-  extern __shared__ __align__(128) unsigned char smem[];
-  __shared__ __align__(8) uint64_t s_bar[kRG][kBulkMaxRing];
-  __shared__ int32_t s_src[kTok];
-  pdlWait();  // [TAG_PDL_GRAPH] the tiles (align) and the rows are the previous kernels' outputs
-  const int tile = blockIdx.y;
-  if (tile >= *a.num_tiles) return;  // uniform over the CTA
-  const int e = a.tile_expert[tile];
-  if (e < 0 || e >= a.num_experts) return;
-  const int kt_count = (a.k + kBK - 1) / kBK;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int m0 = tile * 16;
-  const int q = blockIdx.x * kRG + warp;  // this warp's 16-row group
-  const bool act = q * 16 < a.n;          // warp-uniform
-  const int g = lane >> 2, t = lane & 3;
-  const int row_s = kt_count * kBK + 8;  // smem row stride (bf16): an odd multiple of 16 bytes
-  const size_t x_bytes = (static_cast<size_t>(rows_staged) * row_s * 2 + 127) / 128 * 128;
-  T* s_x = reinterpret_cast<T*>(smem);
-  const uint32_t w_addr = smemAddr(smem + x_bytes) + static_cast<uint32_t>(warp * ring) * kBulkSlotBytes;
-  const uint32_t bar0 = smemAddr(&s_bar[warp][0]);
-  const int depth = min(ring, kt_count);
-
-  // The warp's weight stream: 512 code bytes and 32 scale bytes per K tile, K tiles kMxTileBytes
-  // (codes) and 256 bytes (scales) apart (mxfp4_tiles.h).
-  const int pack_tiles = (a.n + kPackN - 1) / kPackN;
-  const int64_t blk = (static_cast<int64_t>(e) * pack_tiles + q / 8) * kt_count;
-  const uint8_t* cg_w = a.codes + blk * kMxTileBytes + (q % 8) * 512;
-  const uint8_t* sg_w = a.scales + blk * 256 + (q % 8) * 32;
-  auto issue = [&](int kt, int slot) {
-    const uint32_t bar = bar0 + 8u * static_cast<uint32_t>(slot);
-    const uint32_t dst = w_addr + static_cast<uint32_t>(slot) * kBulkSlotBytes;
-    ptx90::mbarArriveExpectTx(bar, kBulkSlotBytes);
-    bulkCopy(dst, cg_w + static_cast<int64_t>(kt) * kMxTileBytes, 512, bar);
-    bulkCopy(dst + 512, sg_w + static_cast<int64_t>(kt) * 256, 32, bar);
-  };
-  if (act && lane == 0) {
-    for (int d = 0; d < depth; ++d) ptx90::mbarInit(bar0 + 8u * d, 1);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    for (int d = 0; d < depth; ++d) issue(d, d);
-  }
-
-  // Token rows (as the decode kernel): each row's source once, only the real rows copied.
-  const int32_t* rmap = a.a_rows != nullptr ? a.a_rows : a.row_valid;
-  if (tid < kTok) {
-    const int pr = m0 + tid;
-    s_src[tid] = a.a_rows != nullptr ? a.a_rows[pr] : (rmap == nullptr || rmap[pr] >= 0 ? pr : -1);
-  }
-  __syncthreads();  // also publishes the barriers' initialization to the warp's other lanes
-  const int width = kt_count * kBK;
-  int valid = 0;
-  for (int r = 0; r < rows_staged; ++r) {
-    const int src = s_src[r];
-    if (src < 0) continue;
-    ++valid;
-    for (int c = tid * 8; c < width; c += kRG * 32 * 8) {
-      const bool ok = c < a.k;
-      cpAsync16(s_x + r * row_s + c, reinterpret_cast<const T*>(a.a) + (ok ? static_cast<int64_t>(src) * a.k + c : 0), ok);
-    }
-  }
-  cpAsyncCommit();
-  cpAsyncWait<0>();
-  __syncthreads();
-  const bool two = kTok == 16 && valid > 8;  // uniform: the second n8 tile only with real rows
-
-  float acc[2][4];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
-  const int mi = lane >> 3, mr = lane & 7;
-  const int tok = min((kTok == 16 ? (mi >> 1) * 8 : 0) + mr, rows_staged - 1);
-  const T* xrow = s_x + tok * row_s + (mi & 1) * 8;
-
-  if (act) {
-    int slot = 0;
-    uint32_t phase = 0;
-    for (int kt = 0; kt < kt_count; ++kt) {
-      const uint32_t bar = bar0 + 8u * static_cast<uint32_t>(slot);
-      const uint32_t src = w_addr + static_cast<uint32_t>(slot) * kBulkSlotBytes;
-      ptx90::mbarWaitOrGiveUp(bar, phase, &g_moe_bulk_watchdog);
-      uint4 w;
-      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                   : "=r"(w.x), "=r"(w.y), "=r"(w.z), "=r"(w.w)
-                   : "r"(src + static_cast<uint32_t>(lane) * 16));
-      uint16_t sa16, sb16;
-      asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(sa16) : "r"(src + 512 + 2 * g));
-      asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(sb16) : "r"(src + 512 + 2 * (g + 8)));
-      uint32_t sf[2][2];
-      mxScaleFactors<T>(sa16, sb16, sf);
-      uint32_t af[4][4];
-#pragma unroll
-      for (int s = 0; s < 4; ++s) mxFragment<T>(w, s, sf, af[s]);
-      __syncwarp();  // every lane has its words: the slot may be refilled
-      if (lane == 0 && kt + ring < kt_count) issue(kt + ring, slot);
-      const T* xk = xrow + kt * kBK;
-#pragma unroll
-      for (int s = 0; s < 4; ++s) {
-        uint32_t b[4];
-        ldmatrixX4(b, xk + s * 16);
-        mma16<T>(acc[0], af[s], b[0], b[1]);
-        if (two) mma16<T>(acc[1], af[s], b[2], b[3]);
-      }
-      if (++slot == ring) {
-        slot = 0;
-        phase ^= 1u;
-      }
-    }
-  }
-  pdlTrigger();  // [TAG_PDL_GRAPH] the products are done: the next kernel may be scheduled
-  if (!act) return;
-#pragma unroll
-  for (int nt = 0; nt < 2; ++nt) {
-    if (nt == 1 && !two) break;
-    storeMoeTile<T, kEpi>(a, e, q * 16, g, m0 + nt * 8 + 2 * t, acc[nt]);
-  }
-}
-
-// Sizes the ring so that the whole grid is resident at once (CTAs per SM from the grid and the
-// SM count; the device's shared memory per SM, less what it reserves per CTA) and as deep as that leaves
-// room for, between 4 tiles and all of K (kBulkMaxRing at most). A grid too large for one wave
-// keeps the 4-tile floor and runs in waves.
-template <typename T, int kRG, int kTok, MoeGemmEpilogue kEpi>
-Status launchBulk(const MoeGemmArgs& a, cudaStream_t stream) {
-  auto kernel = moeGemmMxBulkKernel<T, kRG, kTok, kEpi>;
-  // Load time, not captured: the SM count, the opt-in limit per block less the kernel's static
-  // shared memory, and the attribute (once per instance).
-  static int sms = 0, max_dynamic = 0, static_bytes = 0, per_sm_bytes = 0, reserved = 0;
-  if (sms == 0) {
-    int optin = 0;
-    CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-    CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
-    CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&per_sm_bytes, cudaDevAttrMaxSharedMemoryPerMultiprocessor, 0));
-    CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, 0));
-    cudaFuncAttributes fa{};
-    CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&fa, kernel));
-    static_bytes = static_cast<int>(fa.sharedSizeBytes);
-    max_dynamic = optin - static_bytes;
-    CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_dynamic));
-  }
-  const int kSmemPerSm = per_sm_bytes, kReserved = reserved, kStatic = static_bytes,
-            kMaxDynamic = max_dynamic;
-  const int kt_count = (a.k + kBK - 1) / kBK;
-  const int rows = std::max(1, std::min(kTok, a.max_rows_per_expert));
-  const int x_bytes = (rows * (kt_count * kBK + 8) * 2 + 127) / 128 * 128;
-  const int groups = (a.n + 15) / 16;
-  const int ctas_x = (groups + kRG - 1) / kRG;
-  const int64_t ctas = static_cast<int64_t>(ctas_x) * a.max_tiles;
-  const int per_sm = static_cast<int>(std::max<int64_t>(1, (ctas + sms - 1) / sms));
-  const int budget = std::min(kMaxDynamic, kSmemPerSm / per_sm - kReserved - kStatic);
-  const int fit = (budget - x_bytes) / (kRG * static_cast<int>(kBulkSlotBytes));
-  const int ring = std::max(4, std::min({fit, kt_count, kBulkMaxRing}));
-  const size_t smem = static_cast<size_t>(x_bytes) + static_cast<size_t>(kRG) * ring * kBulkSlotBytes;
-  if (smem > static_cast<size_t>(kMaxDynamic)) {
-    return invalidArgument("moe_gemm: the bulk decode kernel's token rows do not fit in shared memory");
-  }
-  const dim3 grid(static_cast<unsigned>(ctas_x), static_cast<unsigned>(a.max_tiles));
-  CUDA_RETURN_IF_ERROR(launchPdlAlways(a.pdl, kernel, grid, dim3(kRG * 32), smem, stream, a, ring, rows));
-  return okStatus();
-}
-
 // The wide kernel's K loop for a tile whose real rows fill kPairs ldmatrix.x4 pairs of n8 token
 // tiles (a template argument: the loop over pairs is fully unrolled with no per-mma branch, so
 // the compiler interleaves the token fragment loads, the dequantization and the mmas; a runtime
@@ -967,24 +786,16 @@ Status launchWideVariant(const MoeGemmArgs& a, cudaStream_t stream) {
 template <typename T, MoeGemmEpilogue kEpi>
 Status launchDecodeVariant(const MoeGemmArgs& a, cudaStream_t stream) {
   const bool small = a.max_rows_per_expert <= 8;
-  const int v = g_decode_variant;
-  // [TAG_MOE_BULK] 0 (the default), 7, 8: the bulk-fed weight ring where the K chain is one
-  // slice (the register-ring shapes below otherwise, and for 8 above one row per expert).
-  if ((v == 0 || v == 7 || v == 8) && moeKSlicing((a.k + kBK - 1) / kBK, a.k_slices).count == 1 &&
-      (v != 8 || a.max_rows_per_expert <= 1)) {
-    if (v == 7) return small ? launchBulk<T, 8, 8, kEpi>(a, stream) : launchBulk<T, 8, 16, kEpi>(a, stream);
-    return small ? launchBulk<T, 4, 8, kEpi>(a, stream) : launchBulk<T, 4, 16, kEpi>(a, stream);
-  }
-  switch (v) {
+  switch (g_decode_variant) {
     case 1: return small ? launchDecode<T, 4, 8, 4, kEpi>(a, stream) : launchDecode<T, 8, 16, 4, kEpi>(a, stream);
     case 2: return small ? launchDecode<T, 2, 8, 8, kEpi>(a, stream) : launchDecode<T, 4, 16, 8, kEpi>(a, stream);
     case 3: return small ? launchDecode<T, 2, 8, 4, kEpi>(a, stream) : launchDecode<T, 4, 16, 4, kEpi>(a, stream);
     case 4: return small ? launchDecode<T, 4, 8, 8, kEpi>(a, stream) : launchDecode<T, 8, 16, 8, kEpi>(a, stream);
-    case 5:  // the register ring's default shapes with every slot checked (no steady loop)
+    case 5:  // the default shapes with every slot checked (no steady loop): the A/B of kSteady
       if (a.max_rows_per_expert <= 1) return launchDecode<T, 4, 8, 8, kEpi, false>(a, stream);
       return small ? launchDecode<T, 4, 8, 4, kEpi, false>(a, stream)
                    : launchDecode<T, 8, 16, 4, kEpi, false>(a, stream);
-    default:  // 9 (and 0/7/8 over K slices): the register ring, depth 8 for one token, 4 above
+    default:  // depth 8 for one token, depth 4 above
       if (a.max_rows_per_expert <= 1) return launchDecode<T, 4, 8, 8, kEpi>(a, stream);
       return small ? launchDecode<T, 4, 8, 4, kEpi>(a, stream) : launchDecode<T, 8, 16, 4, kEpi>(a, stream);
   }

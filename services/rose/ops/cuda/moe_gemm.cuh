@@ -85,6 +85,11 @@ struct MoeGemmArgs {
   // K tiles beyond its register ring (prefetch.global.L2: no register, no scoreboard), so more of
   // the weight stream is in flight than the ring holds. 0: off. Changes no arithmetic.
   int32_t l2_prefetch = 0;
+  // [TAG_MOE_F16_OUT_SCALE] The kBias epilogue (the down projection) multiplies its f32 sum, bias
+  // added, by this before its one rounding: an exact power of two, so only the range moves. fp16
+  // experts store their outputs times kMoeF16OutScale (outputs up to 2^5 x 65,504 stay finite)
+  // and the combine multiplies back (MoeCombineArgs::y_scale); 1 (bf16): as is.
+  float out_scale = 1.f;
   int32_t max_tiles = 0;
   int32_t block_m = 0;  // 16, 64 or 128 (moeGemmBlockM)
   int32_t num_experts = 0;
@@ -123,15 +128,19 @@ void setMoeWideVariant(int variant);
 void setMoeBlockMOverride(int block_m);
 
 Status checkMoeGemm(const MoeGemmArgs& a);
+// [TAG_MOE_F16_OUT_SCALE] The scale of fp16 experts' stored down-projection outputs (2^-5), and
+// its inverse for the combine. Real gpt-oss-120b experts are reported to output ~±100,000
+// (ROCm hip-ep PR 168), past fp16's 65,504; scaled, fp16 holds up to ~2.1M, and values below
+// 2^-9 lose precision to fp16's subnormals (an absolute error under 2^-20 added to an f32
+// residual of order 1 or more).
+inline constexpr float kMoeF16OutScale = 1.f / 32.f;
+inline constexpr float kMoeF16OutUnscale = 32.f;
 // Benchmarks only (rose_llm_bench --moe-gemm): which shape of the decode kernel block_m-16 MXFP4
-// launches take (0: the default, the bulk-fed weight ring [TAG_MOE_BULK] with 4 warps per CTA
-// where the K chain is one slice; 7: the same with 8 warps; 8: the bulk ring at one row per
-// expert only; 9: the register ring, prefetch depth 8 at one token and 4 above (the default
-// before the bulk ring, and 0's fallback over K slices); 1: depth 4; 2: half the warps per CTA,
-// depth 8; 3: half the warps, depth 4; 4: depth 8; 5: 9's shapes without the branch-free steady
-// loop (every slot checked, as before 2026-12-03); -1: the tiled kernel, for block_m 64 too, and
-// moeGemmBlockM's pre-wide choice of block_m). Every shape gives the same bits. Process-global;
-// not for use while another thread launches.
+// launches take (0: the default, prefetch depth 8 at one token and 4 above; 1: depth 4; 2: half
+// the warps per CTA, depth 8; 3: half the warps, depth 4; 4: depth 8; 5: the default shapes
+// without the branch-free steady loop (every slot checked, as before 2026-12-03); -1: the tiled kernel, for
+// block_m 64 too, and moeGemmBlockM's pre-wide choice of block_m). Every shape gives the same
+// bits. Process-global; not for use while another thread launches.
 void setMoeDecodeVariant(int variant);
 // The K slice count the CUDA LLM ops put in MoeGemmArgs::k_slices [TAG_MOE_K_SLICES]
 // (process-global, set before loading a model: it changes the model's numerics slightly;

@@ -85,6 +85,9 @@ struct MoeCombineArgs {
   int32_t hidden = 0;  // multiple of 8
   bool f16 = false;    // y and out hold IEEE fp16 bits [TAG_ATTN_F16]
   bool out_f32 = false;  // out is float (not rounded): the MoE output kept in f32
+  // [TAG_MOE_F16_OUT_SCALE] The weighted sum times this (exact: a power of two) before it is
+  // stored: the inverse of the scale the expert GEMMs stored y with (kMoeF16OutUnscale for fp16).
+  float y_scale = 1.f;
   // [TAG_PDL_GRAPH] Launched programmatically (common.cuh launchPdlAlways), in CUDA graphs too:
   // the kernels wait for the previous one in their first statement (CudaKernelOptions::pdl_graph).
   bool pdl = false;

@@ -206,7 +206,7 @@ __device__ __forceinline__ void consume(const MoeWgmmaArgs& a, const Block& b, i
       const int tok = (e >> 2) * 8 + 2 * t4 + (e & 1);
       const int row = warp * 16 + g + 8 * hr;
       stShared16b(epi + tok * kRowBytes + ((((row >> 3) ^ (tok & 7))) << 4) + (row & 7) * 2,
-                  fromF32<T>(acc[e] + bias[hr]));
+                  fromF32<T>((acc[e] + bias[hr]) * a.out_scale));
     }
     namedBarrierSync(1 + c, 128);
     for (int i = tid; i < kN * 8; i += 128) {

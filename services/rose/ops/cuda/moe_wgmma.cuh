@@ -47,6 +47,9 @@ struct MoeWgmmaArgs {
   float alpha = 1.702f;
   uint32_t max_scale = 255;  // the largest E8M0 byte: must be <= 128 (kMxfp4MaxDecodeScale)
   bool f16 = false;  // x, bias and out hold IEEE fp16 bits; weights dequantize to fp16 [TAG_ATTN_F16]
+  // [TAG_MOE_F16_OUT_SCALE] Plain (not swiglu) outputs: the f32 sum, bias added, times this
+  // before the rounding (MoeGemmArgs::out_scale).
+  float out_scale = 1.f;
 };
 
 // [TAG_MOE_WGMMA_DEVICE_PLAN] The token tiles planned on the device from the align's output, so

@@ -46,6 +46,8 @@ struct RmsNormArgs {
   bool x_f16 = false;
   bool out_f16 = false;
   bool combine_f16 = false;  // combine_y holds fp16 rows (rounded to fp16, as its combine's store)
+  // [TAG_MOE_F16_OUT_SCALE] The combine's sum times this before its rounding (MoeCombineArgs::y_scale).
+  float combine_scale = 1.f;
   // The combine kept in f32 (not rounded: as an f32 moe tensor holds it), and an f32 x: gpt-oss's
   // MoE output in f32 (GptOssOptions::moe_out_f32).
   bool combine_f32 = false;
