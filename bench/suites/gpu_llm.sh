@@ -27,6 +27,10 @@
 #   moedec    gpu_llm_ops_test's decode / K-slice / expert / wide MoE cases (every decode kernel
 #             shape against the tiled kernel), then compute-sanitizer memcheck over the expert and
 #             K-slice cases
+#   f16model  the whole gpu_llm_model_test with GARDEN_TEST_GPTOSS_DTYPE=float16, then its dtype,
+#             FP8 and bf16 cuBLASLt cases without it
+#   embcheck  gpu_model_graph_test (the embedding graphs: graphed == eager), then rose_forward_bench
+#             on a random Qwen3-Embedding-0.6B-shaped checkpoint (its RMSNorms plain in graphs)
 #   f16moe    [TAG_MOE_F16_OUT_SCALE] gpu_llm_ops_test's fp16 expert outputs past fp16's range (every
 #             expert kernel), the MoE op against the CPU (bf16 and fp16) and the wgmma cases, then
 #             the whole gpu_llm_model_test with GARDEN_TEST_GPTOSS_DTYPE=float16
@@ -336,6 +340,8 @@ for s in $STEPS; do
     llmops) step llmops llm_ops.log 200 "$BIN/gpu_llm_ops_test" ;;
     moeops) step moeops moe_ops.log 200 "$BIN/gpu_llm_ops_test" --gtest_filter='*MoeRoute*:*MoeExperts*:*MoeAlign*' ;;
     moedec) step moedec moe_dec.log 300 bash -c "'$BIN/gpu_llm_ops_test' --gtest_brief=1 --gtest_filter='*MoeDecodeKernelShapes*:*MoeKSlices*:*MoeExperts*:*MoeWide*' && compute-sanitizer --tool memcheck --error-exitcode 3 '$BIN/gpu_llm_ops_test' --gtest_brief=1 --gtest_filter='*MoeExperts*:*MoeKSlices*'" ;;
+    f16model) step f16model f16model.log 300 bash -c "rc=0; GARDEN_TEST_GPTOSS_DTYPE=float16 '$BIN/gpu_llm_model_test' --gtest_brief=1 || rc=1; '$BIN/gpu_llm_model_test' --gtest_brief=1 --gtest_filter='*Fp16Attention*:*Fp8ExpertsTrack*:*LtBf16Prefill*' || rc=1; exit \$rc" ;;
+    embcheck) step embcheck embcheck.txt 300 bash -c "rc=0; '$BIN/gpu_model_graph_test' --gtest_brief=1 || rc=1; python3 '$ROOT/bench/suites/make_random_qwen3.py' --out /tmp/q3emb > /dev/null && '$BIN/rose_forward_bench' /tmp/q3emb --iters 20 2>&1 | grep -v 'gemm tuned' || rc=1; exit \$rc" ;;
     f16moe) step f16moe f16moe.log 300 bash -c "rc=0; '$BIN/gpu_llm_ops_test' --gtest_filter='*Fp16ExpertOutputs*:*MoeExpertsMatch*:GpuFp8Moe.Wgmma*' || rc=1; GARDEN_TEST_GPTOSS_DTYPE=float16 '$BIN/gpu_llm_model_test' --gtest_brief=1 || rc=1; exit \$rc" ;;
     decbshapes) step decbshapes decb_shapes.log 120 "$BIN/gpu_llm_ops_test" --gtest_filter='*MoeDecodeKernelShapes*:*MoeKSlices*' ;;
     decbgemm) step decbgemm decbgemm.txt 200 "$BIN/rose_llm_bench" --moe-gemm "${DECB_TS:-1,2,4,8,16,32,64,96}" --moe-k-slices 1 ;;

@@ -69,7 +69,9 @@ struct Runner {
 // The 16-bit activation choices the fp16 tests compare [TAG_ATTN_F16]: bf16 (the default), the
 // attention block in fp16, every part in fp16 with 16-bit projection / MoE outputs, and rose's
 // --dtype float16 (the same with the QKV / O-proj / MoE outputs kept in f32 [TAG_PROJ_F32]).
-enum class F16 { kNone, kAttn, kAll16, kDtype };
+// kNone follows GARDEN_TEST_GPTOSS_DTYPE; kBf16 stays bf16 under it (the bf16 baseline, and the
+// tests of paths that run on bf16 activations only: the FP8 and bf16 cuBLASLt experts).
+enum class F16 { kNone, kAttn, kAll16, kDtype, kBf16 };
 
 // GARDEN_TEST_GPTOSS_DTYPE=float16 [TAG_ATTN_F16].
 bool fp16Everywhere() {
@@ -137,7 +139,7 @@ Runner load(const std::string& dir, const char* device, MoeWeightsMode moe,
   // everything rose's --dtype float16 sets (applyGptOssDtype), GARDEN_TEST_GPTOSS_MOE_OUT=f32 /
   // GARDEN_TEST_GPTOSS_PROJ=f32 add those f32 outputs alone.
   const bool cuda = std::string(device) == "cuda";
-  if (cuda && (f16 == F16::kDtype || fp16Everywhere())) {
+  if (cuda && (f16 == F16::kDtype || (f16 == F16::kNone && fp16Everywhere()))) {
     EXPECT_TRUE(applyGptOssDtype("float16", go));
   }
   if (cuda && f16 == F16::kAll16) go.attn_f16 = go.moe_f16 = go.head_f16 = true;
@@ -727,8 +729,15 @@ TEST_F(GpuGptOss, PdlGemvGivesTheSameBits) {
     ASSERT_FALSE(dynamic_cast<cuda::CudaBackend&>(*plain.backend).pdlGemv());
     ASSERT_TRUE(dynamic_cast<cuda::CudaBackend&>(*pdl.backend).pdlGemv());
     expectTwinStepsBitEqual(plain, pdl, 7300, /*batch=*/1);
-    EXPECT_GT(dynamic_cast<cuda::CudaBackend&>(*plain.backend).gemm().gemvWins(), 0u);
-    EXPECT_GT(dynamic_cast<cuda::CudaBackend&>(*pdl.backend).gemm().gemvWins(), 0u);
+    if (fp16Everywhere()) {
+      // The GEMV takes bf16 operands only (gemm.cc): with fp16 activations and f32 projection
+      // outputs both sides stay on cuBLASLt, and must still agree.
+      EXPECT_EQ(dynamic_cast<cuda::CudaBackend&>(*plain.backend).gemm().gemvWins(), 0u);
+      EXPECT_EQ(dynamic_cast<cuda::CudaBackend&>(*pdl.backend).gemm().gemvWins(), 0u);
+    } else {
+      EXPECT_GT(dynamic_cast<cuda::CudaBackend&>(*plain.backend).gemm().gemvWins(), 0u);
+      EXPECT_GT(dynamic_cast<cuda::CudaBackend&>(*pdl.backend).gemm().gemvWins(), 0u);
+    }
     if (graphs) {
       EXPECT_GT(pdl.model->graphSteps(), 0u);
     }
@@ -1015,7 +1024,7 @@ TEST_F(GpuGptOss, RoutedModelTeacherForcedAgainstTheCpu) {
 // the block, or a wrong conversion, fails the first); both are reported.
 TEST_F(GpuGptOss, Fp16AttentionTracksTheCpuCloserThanBf16) {
   const std::string dir = *dir_;
-  const TfStats b = teacherForced(dir, kPromptLengths, 0.05, "", F16::kNone);
+  const TfStats b = teacherForced(dir, kPromptLengths, 0.05, "", F16::kBf16);
   const TfStats h = teacherForced(dir, kPromptLengths, 0.05, "", F16::kAttn);
   const TfStats a = teacherForced(dir, kPromptLengths, 0.05, "", F16::kAll16);
   const TfStats f = teacherForced(dir, kPromptLengths, 0.05, "", F16::kDtype);
@@ -1054,8 +1063,11 @@ TEST_F(GpuGptOss, Fp16AttentionTracksTheCpuCloserThanBf16) {
 // a wrong layout, scale or range gives unrelated logits, cosine ~0). With the default threshold
 // only a prefill step of >= 1024 tokens takes the FP8 experts, the decode steps the MXFP4 kernels.
 TEST_F(GpuGptOss, Fp8ExpertsTrackTheMxfp4Path) {
-  Runner mx = load(*dir_, "cuda", MoeWeightsMode::kMxfp4, nullptr, /*cuda_graphs=*/false);
-  Runner f8 = load(*dir_, "cuda", MoeWeightsMode::kFp8, &mx, /*cuda_graphs=*/false);
+  // bf16 activations (the FP8 experts' only input), under GARDEN_TEST_GPTOSS_DTYPE too.
+  Runner mx = load(*dir_, "cuda", MoeWeightsMode::kMxfp4, nullptr, /*cuda_graphs=*/false, GptOssOptions{}.fuse_combine_norm,
+                   CudaKernelOptions::MoePrefill::kTiled, CudaKernelOptions{}.moe_lt_wgmma, F16::kBf16);
+  Runner f8 = load(*dir_, "cuda", MoeWeightsMode::kFp8, &mx, /*cuda_graphs=*/false, GptOssOptions{}.fuse_combine_norm,
+                   CudaKernelOptions::MoePrefill::kTiled, CudaKernelOptions{}.moe_lt_wgmma, F16::kBf16);
   ASSERT_TRUE(f8.model->fp8Experts());
   ASSERT_FALSE(mx.model->fp8Experts());
   std::cout << "[ fp8 model ] " << f8.model->fp8InexactWeights() << " of "
@@ -1125,14 +1137,17 @@ TEST_F(GpuGptOss, Fp8ExpertsTrackTheMxfp4Path) {
 TEST_F(GpuGptOss, LtBf16PrefillTracksTheTiledKernels) {
   // The first load creates the backend (which sets the threshold from its options: off); the
   // second shares it and uploads with the path switched on, so the bf16 scratch exists.
-  Runner base = load(*dir_, "cuda", MoeWeightsMode::kMxfp4, nullptr, /*cuda_graphs=*/false);
+  // bf16 activations (the cuBLASLt GEMMs' only input), under GARDEN_TEST_GPTOSS_DTYPE too.
+  Runner base = load(*dir_, "cuda", MoeWeightsMode::kMxfp4, nullptr, /*cuda_graphs=*/false, GptOssOptions{}.fuse_combine_norm,
+                   CudaKernelOptions::MoePrefill::kTiled, CudaKernelOptions{}.moe_lt_wgmma, F16::kBf16);
   cuda::setMoeLtBf16MinTokens(INT64_MAX);
   cuda::setMoeLtBf16MinRowsPerExpert(0);  // by tokens alone, whole steps (step mode)
   cuda::setMoeLtBf16PerChunk(false);
   CudaKernelOptions lt;
   lt.moe_lt_wgmma = false;  // the cuBLASLt GEMMs [TAG_MOE_WGMMA]: uploaded with their scratch
   cuda::applyMoeLt(lt);
-  Runner m = load(*dir_, "cuda", MoeWeightsMode::kMxfp4, &base, /*cuda_graphs=*/false);
+  Runner m = load(*dir_, "cuda", MoeWeightsMode::kMxfp4, &base, /*cuda_graphs=*/false, GptOssOptions{}.fuse_combine_norm,
+                   CudaKernelOptions::MoePrefill::kTiled, CudaKernelOptions{}.moe_lt_wgmma, F16::kBf16);
   std::vector<double> cosines;
   int positions = 0, agree = 0;
   for (int len : {5, 33, 129, 300, 1000}) {
