@@ -84,6 +84,9 @@
 //   --pdl-gemv on|off: the M = 1 QKV / O-proj on the CUDA-core GEMV launched programmatically
 //              (CudaKernelOptions::pdl_gemv [TAG_PDL_GEMV], default off: the tuned cuBLASLt
 //              choice, or the GEMV timed beside it with --gemm-gemv on).
+//   --gemm-row-invariant on|off: every M bucket of gpt-oss's dense GEMMs held to one reference
+//              algorithm's bits (CudaKernelOptions::gemm_row_invariant [TAG_GEMM_ROW_INVARIANT];
+//              default off until measured).
 //   --pdl-graph on|off: rose's own gpt-oss kernels launched programmatically, in CUDA graphs too
 //              (CudaKernelOptions::pdl_graph [TAG_PDL_GRAPH]; same bits).
 //   --moe-decode-variant N: the shape of the block_m 16 MXFP4 decode MoE kernel for every step
@@ -424,6 +427,7 @@ void applyLtFlags(BackendOptions& bo) {
   bo.cuda.moe_wgmma_min_rows_per_expert = g_lt_flags.moe_wgmma_min_rows_per_expert;
   bo.cuda.router_mma = g_lt_flags.router_mma;
   bo.cuda.pdl_gemv = g_lt_flags.pdl_gemv;
+  bo.cuda.gemm_row_invariant = g_lt_flags.gemm_row_invariant;  // [TAG_GEMM_ROW_INVARIANT]
   bo.cuda.pdl_graph = g_lt_flags.pdl_graph;
   bo.cuda.moe_wgmma_device_plan = g_lt_flags.moe_wgmma_device_plan;
 }
@@ -1006,6 +1010,7 @@ int main(int argc, char** argv) {
     else if (a == "--router-fused") cuda::setRouterFusedRoute(next() == "on");
     else if (a == "--router-mma") g_lt_flags.router_mma = next() == "on";
     else if (a == "--pdl-gemv") g_lt_flags.pdl_gemv = next() == "on";
+    else if (a == "--gemm-row-invariant") g_lt_flags.gemm_row_invariant = next() == "on";
     else if (a == "--pdl-graph") g_lt_flags.pdl_graph = next() == "on";
     else if (a == "--router-tiled-min") cuda::setRouterF32TiledMinTokens(std::atoll(next().c_str()));
     else if (a == "--router-tiled-rows") cuda::setRouterF32TiledRows(next() == "on");

@@ -27,7 +27,11 @@
 #   moedec    gpu_llm_ops_test's decode / K-slice / expert / wide MoE cases (every decode kernel
 #             shape against the tiled kernel), then compute-sanitizer memcheck over the expert and
 #             K-slice cases
-#   f16model  the whole gpu_llm_model_test with GARDEN_TEST_GPTOSS_DTYPE=float16, then its dtype,
+#   rowinv    [TAG_GEMM_ROW_INVARIANT] gpu_kernels_test's row-invariance and small-bucket cases, then
+#             the whole gpu_llm_model_test with GARDEN_GEMM_ROW_INVARIANT=1
+#   rowinvab  decode 1@8192, 8@4096, 64@1024 with --gemm-row-invariant on / off (needs mk20b)
+#   rowinvpf  prefill 8k / 32k (median of 3) with --gemm-row-invariant on / off (needs mk20b)
+#   f16suite  the whole gpu_llm_model_test with GARDEN_TEST_GPTOSS_DTYPE=float16, then its dtype,
 #             FP8 and bf16 cuBLASLt cases without it
 #   embcheck  gpu_model_graph_test (the embedding graphs: graphed == eager), then rose_forward_bench
 #             on a random Qwen3-Embedding-0.6B-shaped checkpoint (its RMSNorms plain in graphs)
@@ -50,7 +54,7 @@
 #             tokens; decode stays MXFP4) — compare its prefill lines with bench20b's
 #   bench20b_bf16res  prefill 8k and decode with the bf16 residual stream (GptOssOptions::f32_residual
 #             off): the speed side of the f32 stream
-#   routerab  the routed tiny model's teacher-forced agreement with the CPU (gpu_llm_model_test
+#   routeracc the routed tiny model's teacher-forced agreement with the CPU (gpu_llm_model_test
 #             RoutedModelTeacherForcedAgainstTheCpu + the no-routing test) per accuracy knob: the
 #             default (f32 router [TAG_ROUTER_F32], norm rounded once), the router on the bf16 row,
 #             the norm rounded twice, and both old settings (the previous default)
@@ -340,7 +344,10 @@ for s in $STEPS; do
     llmops) step llmops llm_ops.log 200 "$BIN/gpu_llm_ops_test" ;;
     moeops) step moeops moe_ops.log 200 "$BIN/gpu_llm_ops_test" --gtest_filter='*MoeRoute*:*MoeExperts*:*MoeAlign*' ;;
     moedec) step moedec moe_dec.log 300 bash -c "'$BIN/gpu_llm_ops_test' --gtest_brief=1 --gtest_filter='*MoeDecodeKernelShapes*:*MoeKSlices*:*MoeExperts*:*MoeWide*' && compute-sanitizer --tool memcheck --error-exitcode 3 '$BIN/gpu_llm_ops_test' --gtest_brief=1 --gtest_filter='*MoeExperts*:*MoeKSlices*'" ;;
-    f16model) step f16model f16model.log 300 bash -c "rc=0; GARDEN_TEST_GPTOSS_DTYPE=float16 '$BIN/gpu_llm_model_test' --gtest_brief=1 || rc=1; '$BIN/gpu_llm_model_test' --gtest_brief=1 --gtest_filter='*Fp16Attention*:*Fp8ExpertsTrack*:*LtBf16Prefill*' || rc=1; exit \$rc" ;;
+    rowinv) step rowinv rowinv.log 500 bash -c "rc=0; '$BIN/gpu_kernels_test' --gtest_filter='*RowInvariant*:*SmallBuckets*' || rc=1; GARDEN_GEMM_ROW_INVARIANT=1 '$BIN/gpu_llm_model_test' --gtest_brief=1 || rc=1; exit \$rc" ;;
+    rowinvab) decodeab rowinvab rowinvab.txt "'--gemm-row-invariant on' ''" ;;
+    rowinvpf) step rowinvpf rowinvpf.txt 300 bash -c "prefillab /tmp/gptoss20b --gemm-row-invariant on off" ;;
+    f16suite) step f16suite f16suite.log 300 bash -c "rc=0; GARDEN_TEST_GPTOSS_DTYPE=float16 '$BIN/gpu_llm_model_test' --gtest_brief=1 || rc=1; '$BIN/gpu_llm_model_test' --gtest_brief=1 --gtest_filter='*Fp16Attention*:*Fp8ExpertsTrack*:*LtBf16Prefill*' || rc=1; exit \$rc" ;;
     embcheck) step embcheck embcheck.txt 300 bash -c "rc=0; '$BIN/gpu_model_graph_test' --gtest_brief=1 || rc=1; python3 '$ROOT/bench/suites/make_random_qwen3.py' --out /tmp/q3emb > /dev/null && '$BIN/rose_forward_bench' /tmp/q3emb --iters 20 2>&1 | grep -v 'gemm tuned' || rc=1; exit \$rc" ;;
     f16moe) step f16moe f16moe.log 300 bash -c "rc=0; '$BIN/gpu_llm_ops_test' --gtest_filter='*Fp16ExpertOutputs*:*MoeExpertsMatch*:GpuFp8Moe.Wgmma*' || rc=1; GARDEN_TEST_GPTOSS_DTYPE=float16 '$BIN/gpu_llm_model_test' --gtest_brief=1 || rc=1; exit \$rc" ;;
     decbshapes) step decbshapes decb_shapes.log 120 "$BIN/gpu_llm_ops_test" --gtest_filter='*MoeDecodeKernelShapes*:*MoeKSlices*' ;;
@@ -470,7 +477,7 @@ for s in $STEPS; do
     bar20b) step bar20b bar20b.txt 400 bash -c "rm -rf /tmp/bar20b /tmp/bar20b_old && mkdir -p /tmp/bar20b /tmp/bar20b_old && '$BIN/rose_llm_bench' --model /tmp/gptoss20b --bar-dump /tmp/bar20b 2>&1 | grep -v 'gemm tuned' && '$BIN/rose_llm_bench' --model /tmp/gptoss20b --bar-dump /tmp/bar20b_old --router bf16 --norm-round twice 2>&1 | grep -v 'gemm tuned' && python3 '$ROOT/bench/suites/hf_llm_bar20b.py' /tmp/gptoss20b /tmp/bar20b /tmp/bar20b_old; rc=\$?; cp /tmp/bar20b/bar20b.json '$LOGS/' 2>/dev/null; exit \$rc" ;;
     bar2l) step bar2l bar2l.txt 300 bash -c "rm -rf /tmp/g2 /tmp/bar2l && mkdir -p /tmp/bar2l && python3 '$ROOT/bench/suites/make_random_gpt_oss.py' --out /tmp/g2 --layers 2 && '$BIN/rose_llm_bench' --model /tmp/g2 --bar-dump /tmp/bar2l 2>&1 | grep -v 'gemm tuned' && python3 '$ROOT/bench/suites/hf_llm_bar20b.py' /tmp/g2 /tmp/bar2l; rc=\$?; cp /tmp/bar2l/bar20b.json '$LOGS/bar2l.json' 2>/dev/null; exit \$rc" ;;
     ncudec) step ncudec ncudec.txt 200 bash -c "ncu --set full -k regex:moeGemmMxDecode -c 4 '$BIN/rose_llm_bench' --moe-gemm 1,64 2>&1 | grep -v 'gemm tuned' | tail -400" ;;
-    routerab) step routerab routerab.log 300 bash -c "for v in 'f32 once' 'bf16 once' 'f32 twice' 'bf16 twice'; do set -- \$v; echo \"== router \$1 norm-round \$2\"; GARDEN_TEST_GPTOSS_ROUTER=\$1 GARDEN_TEST_GPTOSS_NORM_ROUND=\$2 '$BIN/gpu_llm_model_test' --gtest_filter='*RoutedModelTeacherForcedAgainstTheCpu*:*TeacherForcedWithoutRoutingChoice*' 2>&1 | grep -E 'teacher-forced \] E|OK|FAILED|Failure|Expected|Which is'; done" ;;
+    routeracc) step routeracc routeracc.log 300 bash -c "for v in 'f32 once' 'bf16 once' 'f32 twice' 'bf16 twice'; do set -- \$v; echo \"== router \$1 norm-round \$2\"; GARDEN_TEST_GPTOSS_ROUTER=\$1 GARDEN_TEST_GPTOSS_NORM_ROUND=\$2 '$BIN/gpu_llm_model_test' --gtest_filter='*RoutedModelTeacherForcedAgainstTheCpu*:*TeacherForcedWithoutRoutingChoice*' 2>&1 | grep -E 'teacher-forced \] E|OK|FAILED|Failure|Expected|Which is'; done" ;;
     bench20b_router) step bench20b_router bench20b_router.txt 200 "$BIN/rose_llm_bench" --model /tmp/gptoss20b --prefill 8192 --decode 1@8192,64@1024 --decode-steps 32 --max-batch-tokens 16384 --router bf16 --json "$LOGS/bench20b_router.jsonl" ;;
     masks) step masks masks.txt 200 bash -c "'$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode 64@1024,1@8192 --decode-steps 32 --max-batch-tokens 16384 && '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode 64@1024,1@8192 --decode-steps 32 --max-batch-tokens 16384 --masks 0.05" ;;
     bench20b_bf16res) step bench20b_bf16res bench20b_bf16res.txt 200 "$BIN/rose_llm_bench" --model /tmp/gptoss20b --prefill 8192 --decode 1@8192,64@1024 --decode-steps 32 --max-batch-tokens 16384 --residual bf16 --json "$LOGS/bench20b_bf16res.jsonl" ;;

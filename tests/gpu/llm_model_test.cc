@@ -87,6 +87,14 @@ bool pdlGraphDefault() {
   return cudaKernelOptionsFromEnv(o).isOk() ? o.pdl_graph : CudaKernelOptions{}.pdl_graph;
 }
 bool g_pdl_graph = pdlGraphDefault();
+// [TAG_GEMM_ROW_INVARIANT] The default, or GARDEN_GEMM_ROW_INVARIANT when set (the whole suite with
+// the dense GEMMs held to one reference algorithm's bits).
+bool rowInvariantDefault() {
+  CudaKernelOptions o;
+  return cudaKernelOptionsFromEnv(o).isOk() ? o.gemm_row_invariant
+                                            : CudaKernelOptions{}.gemm_row_invariant;
+}
+const bool g_row_invariant = rowInvariantDefault();
 
 // `share`: load onto another runner's backend and ops (so both use the same GEMM algorithms).
 Runner load(const std::string& dir, const char* device, MoeWeightsMode moe,
@@ -108,6 +116,7 @@ Runner load(const std::string& dir, const char* device, MoeWeightsMode moe,
     bo.cuda.moe_lt_wgmma = moe_lt_wgmma;  // [TAG_MOE_WGMMA]
     bo.cuda.pdl_gemv = g_pdl_gemv;
     bo.cuda.pdl_graph = g_pdl_graph;
+    bo.cuda.gemm_row_invariant = g_row_invariant;
     auto b = makeBackend(device, bo);
     EXPECT_TRUE(b.isOk()) << b.status().toString();
     r.backend = std::move(b).value();

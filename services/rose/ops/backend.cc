@@ -76,6 +76,9 @@ Status cudaKernelOptionsFromEnv(CudaKernelOptions& opts) {
   int pdl_gemv = opts.pdl_gemv ? 1 : 0;
   RETURN_IF_ERROR(envChoice("GARDEN_PDL_GEMV", {"0", "1"}, &pdl_gemv));
   opts.pdl_gemv = pdl_gemv == 1;
+  int row_inv = opts.gemm_row_invariant ? 1 : 0;
+  RETURN_IF_ERROR(envChoice("GARDEN_GEMM_ROW_INVARIANT", {"0", "1"}, &row_inv));
+  opts.gemm_row_invariant = row_inv == 1;
   int pdl_graph = opts.pdl_graph ? 1 : 0;
   RETURN_IF_ERROR(envChoice("GARDEN_PDL_GRAPH", {"0", "1"}, &pdl_graph));
   opts.pdl_graph = pdl_graph == 1;

@@ -250,6 +250,14 @@ struct CudaKernelOptions {
   // from the same row in a larger step (cuBLASLt), so a sequence's greedy tokens can depend on
   // whether it decodes alone (GpuGptOss.ChunkModeTokensDoNotDependOnTheBatch failed with it on).
   bool pdl_gemv = false;
+  // [TAG_GEMM_ROW_INVARIANT] gpt-oss's dense GEMMs (QKV, O-proj, router, lm_head): every M bucket
+  // of a shape takes only algorithms that give a row the bits of one reference algorithm
+  // (GemmRunner::setRowInvariant), so a sequence's rows do not depend on how many rows its step
+  // has. Per-bucket tuning alone does not hold that at gpt-oss's shapes: the tuner picked split-K 3
+  // for the O-proj (2880 x 4096) at M = 1-4 and split-K 2 at M = 8 (H200 log,
+  // bench/results/gpu-llm-2026-12-03-h200-s4/call3-gemv-tuned.jsonl). Off until its GPU test and
+  // speed have run. GARDEN_GEMM_ROW_INVARIANT=0|1.
+  bool gemm_row_invariant = false;
   // [TAG_PDL_GRAPH] The gpt-oss kernels of rose's own (RMSNorm, RoPE + KV write, paged attention
   // and its combine, the f32 router, the route, the MoE align, the MoE GEMMs, the combine)
   // launched programmatically, in CUDA graphs too: each waits for the previous kernel in its first

@@ -230,6 +230,43 @@ Result<bool> GemmRunner::rowsIndependentOfM(const Plan& exact, const Choice& cho
   return std::memcmp(a.data(), b.data(), bytes) == 0;
 }
 
+Result<bool> GemmRunner::referenceAlgo(int64_t n, int64_t k, bool bias, int io,
+                                       cublasLtMatmulAlgo_t* out) {
+  const auto key = std::make_tuple(n, k, bias, io);
+  auto it = refs_.find(key);
+  if (it == refs_.end()) {
+    // The (N, K) algorithm of the untuned policy: the heuristic's pick at a reference M, split-K off.
+    constexpr int64_t kReferenceM = 2048;
+    Plan ref;
+    RETURN_IF_ERROR(makeLayouts(ref, kReferenceM, n, k, bias, io));
+    cublasLtMatmulAlgo_t algo{};
+    ASSIGN_OR_RETURN(const bool ok, pickAlgo(ref, &algo));
+    it = refs_.emplace(key, std::make_pair(ok, algo)).first;
+  }
+  if (it->second.first) *out = it->second.second;
+  return it->second.first;
+}
+
+// [TAG_GEMM_ROW_INVARIANT] `choice` into y and the reference into the flush buffer, both at M = m;
+// the first rows (at most kMaxCheckElems outputs) compared on the host.
+Result<bool> GemmRunner::matchesReference(const Plan& exact, const Choice& choice,
+                                          const cublasLtMatmulAlgo_t& ref, int64_t m, int64_t n,
+                                          int64_t k, const Operands& ops) {
+  const size_t elem = ops.f32_out ? sizeof(float) : sizeof(__nv_bfloat16);
+  const int64_t rows = std::max<int64_t>(1, std::min<int64_t>(m, kMaxCheckElems / n));
+  const size_t bytes = static_cast<size_t>(rows * n) * elem;
+  if (bytes > flush_bytes_) return internalError("gemm: reference check larger than the flush buffer");
+  RETURN_IF_ERROR(enqueueChoice(exact, choice, m, n, k, ops));
+  Operands part = ops;
+  part.y = flush_;
+  RETURN_IF_ERROR(enqueue(exact, ref, part));
+  std::vector<uint8_t> a(bytes), b(bytes);
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(a.data(), ops.y, bytes, cudaMemcpyDeviceToHost, ops.stream));
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(b.data(), flush_, bytes, cudaMemcpyDeviceToHost, ops.stream));
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(ops.stream));
+  return std::memcmp(a.data(), b.data(), bytes) == 0;
+}
+
 Result<GemmRunner::Choice> GemmRunner::chooseAlgo(Plan& exact, int64_t m, int64_t n, int64_t k,
                                                   const Operands& ops) {
   const bool bias = ops.bias != nullptr;
@@ -268,6 +305,22 @@ Result<GemmRunner::Choice> GemmRunner::chooseAlgo(Plan& exact, int64_t m, int64_
     if (!fits(exact, results[i].algo)) continue;
     cands.push_back(Choice{results[i].algo, 0, 0});
   }
+  // [TAG_GEMM_ROW_INVARIANT] The reference algorithm, a candidate itself (after cuBLASLt's).
+  cublasLtMatmulAlgo_t ref_algo{};
+  bool have_ref = false;
+  size_t ref_idx = SIZE_MAX;
+  if (row_invariant_) {
+    ASSIGN_OR_RETURN(const bool ok, referenceAlgo(n, k, bias, ioOf(ops), &ref_algo));
+    have_ref = ok && fits(exact, ref_algo);
+    if (have_ref) {
+      ref_idx = cands.size();
+      cands.push_back(Choice{ref_algo, 0, 0});
+    } else {
+      ++invariant_misses_;
+      log::warn("gemm: no reference algorithm for this M; rows may depend on the bucket",
+                {{"m", m}, {"n", n}, {"k", k}});
+    }
+  }
   if (cands.empty()) {
     return internalError("cuBLASLt: no bf16 algorithm for m=" + std::to_string(m) + " (bucket " +
                          std::to_string(bucket) + ") n=" + std::to_string(n) +
@@ -277,7 +330,7 @@ Result<GemmRunner::Choice> GemmRunner::chooseAlgo(Plan& exact, int64_t m, int64_
   CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(ops.stream, &cs));
   if (cs != cudaStreamCaptureStatusNone) {
     ++untimed_;  // never enqueue timing work (events, syncs) into a capture
-    return cands[0];
+    return have_ref ? cands[ref_idx] : cands[0];
   }
   // The custom kernel (gemm_smallm.cuh), one candidate per (N tile, split count), after
   // cuBLASLt's.
@@ -308,7 +361,7 @@ Result<GemmRunner::Choice> GemmRunner::chooseAlgo(Plan& exact, int64_t m, int64_
     }
     // The programmatic GEMV's gain is the overlap with the previous kernel, which this timing (no
     // previous kernel) cannot see.
-    if (gemv_alone && cands.size() > before) {
+    if (gemv_alone && cands.size() > before && !have_ref) {
       cands.erase(cands.begin(), cands.begin() + static_cast<std::ptrdiff_t>(before));
       num_lt = 0;
     }
@@ -359,6 +412,13 @@ Result<GemmRunner::Choice> GemmRunner::chooseAlgo(Plan& exact, int64_t m, int64_
   size_t best = cands.size();
   for (size_t c : order) {
     ASSIGN_OR_RETURN(const bool same, rowsIndependentOfM(exact, cands[c], m, n, k, ops));
+    if (same && have_ref && c != ref_idx) {  // [TAG_GEMM_ROW_INVARIANT]
+      ASSIGN_OR_RETURN(const bool as_ref, matchesReference(exact, cands[c], ref_algo, m, n, k, ops));
+      if (!as_ref) {
+        ++invariant_rejects_;
+        continue;
+      }
+    }
     if (same) {
       best = c;
       break;
@@ -366,6 +426,12 @@ Result<GemmRunner::Choice> GemmRunner::chooseAlgo(Plan& exact, int64_t m, int64_
     ++m_dependent_;
     log::warn("gemm candidate gives M-dependent rows; skipped",
               {{"m", m}, {"n", n}, {"k", k}, {"candidate", c}});
+  }
+  if (best == cands.size() && have_ref) {
+    // [TAG_GEMM_ROW_INVARIANT] The reference itself failed the M / 2 check: nothing can hold the
+    // rows to one algorithm's bits here; keep the reference (the other buckets' bits) and count it.
+    ++invariant_misses_;
+    best = ref_idx;
   }
   if (best == cands.size()) {
     return internalError("cuBLASLt: no usable candidate for m=" + std::to_string(m) +
@@ -418,7 +484,9 @@ Result<GemmRunner::Choice> GemmRunner::chooseAlgo(Plan& exact, int64_t m, int64_
                            {"smallm_tile_n", cands[best].smallm_tile_n},
                            {"splitk", splitk},
                            {"reduction", scheme},
-                           {"tile_id", tile}});
+                           {"tile_id", tile},
+                           {"row_invariant", row_invariant_ ? (best == ref_idx ? "reference" : "matches reference")
+                                                            : "off"}});
   return cands[best];
 }
 
@@ -438,10 +506,7 @@ Result<GemmRunner::Plan*> GemmRunner::plan(int64_t m, int64_t n, int64_t k, cons
       ASSIGN_OR_RETURN(algo, chooseAlgo(*p, m, n, k, ops));
     } else {
       // The (N, K) algorithm, chosen at the reference M.
-      constexpr int64_t kReferenceM = 2048;
-      Plan ref;
-      RETURN_IF_ERROR(makeLayouts(ref, kReferenceM, n, k, bias, ioOf(ops)));
-      ASSIGN_OR_RETURN(const bool ok, pickAlgo(ref, &algo.algo));
+      ASSIGN_OR_RETURN(const bool ok, referenceAlgo(n, k, bias, ioOf(ops), &algo.algo));
       if (!ok) {
         return internalError("cuBLASLt: no bf16 algorithm without split-K for n=" +
                              std::to_string(n) + " k=" + std::to_string(k));
@@ -469,6 +534,17 @@ Result<GemmRunner::Plan*> GemmRunner::plan(int64_t m, int64_t n, int64_t k, cons
     ++fallbacks_;
     p->smallm_splits = 0;
     p->gemv_rows = 0;
+    if (row_invariant_ && tune_) {  // [TAG_GEMM_ROW_INVARIANT] the reference, where it runs
+      cublasLtMatmulAlgo_t r{};
+      ASSIGN_OR_RETURN(const bool have, referenceAlgo(n, k, bias, ioOf(ops), &r));
+      if (have && fits(*p, r)) {
+        p->algo = r;
+        Plan* raw = p.get();
+        plans_.emplace(key, std::move(p));
+        return raw;
+      }
+      ++invariant_misses_;
+    }
     ASSIGN_OR_RETURN(const bool ok, pickAlgo(*p, &p->algo));
     if (!ok) {
       return internalError(

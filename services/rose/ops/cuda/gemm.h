@@ -111,6 +111,17 @@ class GemmRunner {
   // kernel that the programmatic GEMV buys. Only M = 1: at M = 8 the GEMV took 58 us against
   // cuBLASLt's 20 (QKV, H100) and made decode b8 20 % slower. Set before the first call of a shape.
   void setGemvOnly(bool on) { gemv_only_ = on; }
+  // [TAG_GEMM_ROW_INVARIANT] Rows independent of the bucket too: for each (N, K, bias, operand
+  // types) a reference algorithm — the untuned policy's, cuBLASLt's heuristic pick at M = 2048
+  // with split-K off — and every tuned bucket takes the fastest candidate (the reference among
+  // them) whose rows at the bucket's M equal the reference's bit for bit at that M; a bucket first
+  // seen while capturing takes the reference. So a row's bits depend on N, K and the operand
+  // types only, never on how many rows the call has (unless the reference cannot run some M:
+  // counted in invariantMisses()). Set before the first call of a shape.
+  void setRowInvariant(bool on) { row_invariant_ = on; }
+  bool rowInvariant() const { return row_invariant_; }
+  size_t invariantRejects() const { return invariant_rejects_; }  // candidates refused for it
+  size_t invariantMisses() const { return invariant_misses_; }    // buckets it could not hold
   // [TAG_PDL_GEMV] The GEMV launched programmatically (GemvArgs::pdl). Same bits.
   void setGemvPdl(bool on) { gemv_pdl_ = on; }
   size_t gemvWins() const { return gemv_wins_; }
@@ -173,6 +184,13 @@ class GemmRunner {
   // `exact` (whose shape is m x n x k), measured on `ops`.
   Result<Choice> chooseAlgo(Plan& exact, int64_t m, int64_t n, int64_t k, const Operands& ops);
   bool fits(const Plan& p, const cublasLtMatmulAlgo_t& algo) const;
+  // [TAG_GEMM_ROW_INVARIANT] The reference algorithm of a (N, K, bias, io) shape (cached); false
+  // when cuBLASLt has none without split-K.
+  Result<bool> referenceAlgo(int64_t n, int64_t k, bool bias, int io, cublasLtMatmulAlgo_t* out);
+  // Whether `choice` and the reference algorithm give the first rows of y the same bits at M = m.
+  Result<bool> matchesReference(const Plan& exact, const Choice& choice,
+                                const cublasLtMatmulAlgo_t& ref, int64_t m, int64_t n, int64_t k,
+                                const Operands& ops);
   // Whether `algo` computes the first rows of y with the same bits at M = m and M = m / 2.
   Result<bool> rowsIndependentOfM(const Plan& exact, const Choice& choice, int64_t m, int64_t n,
                                   int64_t k, const Operands& ops);
@@ -204,6 +222,10 @@ class GemmRunner {
   size_t untimed_ = 0;
   size_t m_dependent_ = 0;
   size_t smallm_wins_ = 0;
+  bool row_invariant_ = false;  // [TAG_GEMM_ROW_INVARIANT]
+  std::map<std::tuple<int64_t, int64_t, bool, int>, std::pair<bool, cublasLtMatmulAlgo_t>> refs_;
+  size_t invariant_rejects_ = 0;
+  size_t invariant_misses_ = 0;
 };
 
 }  // namespace garden::rose::cuda

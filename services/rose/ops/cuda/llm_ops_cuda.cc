@@ -1558,6 +1558,7 @@ Result<std::unique_ptr<LlmOps>> createCudaLlmOps(Backend& backend) {
   cb->gemm().setGemv(g_llm_gemv);
   cb->gemm().setGemvOnly(g_llm_gemv_only || cb->pdlGemv());  // [TAG_PDL_GEMV]
   cb->gemm().setGemvPdl(cb->pdlGemv());
+  cb->gemm().setRowInvariant(cb->gemmRowInvariant());  // [TAG_GEMM_ROW_INVARIANT]
   return std::unique_ptr<LlmOps>(std::make_unique<CudaLlmOps>(*cb));
 }
 

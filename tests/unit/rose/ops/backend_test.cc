@@ -20,7 +20,8 @@ const char* const kVars[] = {"GARDEN_ATTENTION_KERNEL", "GARDEN_GEMM_TUNE", "GAR
                              "GARDEN_MOE_LT_STREAMS", "GARDEN_MOE_LT_EPILOGUE",
                              "GARDEN_MOE_LT_OVERLAP", "GARDEN_MOE_LT_WGMMA",
                              "GARDEN_ROUTER_MMA", "GARDEN_MOE_WGMMA_DEVICE_PLAN",
-                             "GARDEN_PDL_GEMV", "GARDEN_PDL_GRAPH"};
+                             "GARDEN_PDL_GEMV", "GARDEN_PDL_GRAPH",
+                             "GARDEN_GEMM_ROW_INVARIANT"};
 
 // Clears the variables for the test and restores what the process had.
 class KernelEnvTest : public ::testing::Test {
@@ -55,7 +56,7 @@ bool same(const CudaKernelOptions& a, const CudaKernelOptions& b) {
          a.moe_lt_overlap_dequant == b.moe_lt_overlap_dequant && a.moe_lt_wgmma == b.moe_lt_wgmma &&
          a.moe_wgmma_min_rows_per_expert == b.moe_wgmma_min_rows_per_expert &&
          a.router_mma == b.router_mma && a.moe_wgmma_device_plan == b.moe_wgmma_device_plan &&
-         a.pdl_gemv == b.pdl_gemv;
+         a.pdl_gemv == b.pdl_gemv && a.gemm_row_invariant == b.gemm_row_invariant;
 }
 
 TEST_F(KernelEnvTest, UnsetOrEmptyKeepsTheDefaults) {
@@ -76,6 +77,7 @@ TEST_F(KernelEnvTest, UnsetOrEmptyKeepsTheDefaults) {
   EXPECT_FALSE(o.router_mma);
   EXPECT_TRUE(o.moe_wgmma_device_plan);
   EXPECT_FALSE(o.pdl_gemv);
+  EXPECT_FALSE(o.gemm_row_invariant);
   for (const char* v : kVars) setenv(v, "", 1);
   CudaKernelOptions e;
   ASSERT_TRUE(cudaKernelOptionsFromEnv(e).isOk());
@@ -168,6 +170,12 @@ TEST_F(KernelEnvTest, EachAcceptedValueIsRead) {
   setenv("GARDEN_PDL_GRAPH", pdl_graph_default ? "0" : "1", 1);
   ASSERT_TRUE(cudaKernelOptionsFromEnv(o).isOk());
   EXPECT_EQ(o.pdl_graph, !pdl_graph_default);
+  setenv("GARDEN_GEMM_ROW_INVARIANT", "1", 1);  // [TAG_GEMM_ROW_INVARIANT]
+  ASSERT_TRUE(cudaKernelOptionsFromEnv(o).isOk());
+  EXPECT_TRUE(o.gemm_row_invariant);
+  setenv("GARDEN_GEMM_ROW_INVARIANT", "0", 1);
+  ASSERT_TRUE(cudaKernelOptionsFromEnv(o).isOk());
+  EXPECT_FALSE(o.gemm_row_invariant);
 }
 
 TEST_F(KernelEnvTest, OtherValuesAreRefusedByName) {
@@ -187,7 +195,8 @@ TEST_F(KernelEnvTest, OtherValuesAreRefusedByName) {
         Bad{"GARDEN_MOE_LT_STREAMS", "9", "1|2|3|4|5|6|7|8"},
         Bad{"GARDEN_MOE_LT_EPILOGUE", "on", "0|1"}, Bad{"GARDEN_MOE_LT_OVERLAP", "yes", "0|1"},
         Bad{"GARDEN_MOE_LT_WGMMA", "on", "0|1"}, Bad{"GARDEN_ROUTER_MMA", "mma", "0|1"},
-        Bad{"GARDEN_MOE_WGMMA_DEVICE_PLAN", "on", "0|1"}, Bad{"GARDEN_PDL_GRAPH", "yes", "0|1"}}) {
+        Bad{"GARDEN_MOE_WGMMA_DEVICE_PLAN", "on", "0|1"}, Bad{"GARDEN_PDL_GRAPH", "yes", "0|1"},
+        Bad{"GARDEN_GEMM_ROW_INVARIANT", "on", "0|1"}}) {
     SCOPED_TRACE(std::string(b.var) + "=" + b.value);
     for (const char* v : kVars) unsetenv(v);
     setenv(b.var, b.value, 1);
