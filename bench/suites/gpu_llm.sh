@@ -27,7 +27,7 @@
 #   moedec    gpu_llm_ops_test's decode / K-slice / expert / wide MoE cases (every decode kernel
 #             shape against the tiled kernel), then compute-sanitizer memcheck over the expert and
 #             K-slice cases
-#   rowinv    [TAG_GEMM_ROW_INVARIANT] gpu_kernels_test's row-invariance and small-bucket cases, then
+#   rowinv    [TAG_GEMM_ROW_INVARIANT] gpu_kernels_test's row-invariance, small-bucket and K-chain kernel cases, then
 #             the whole gpu_llm_model_test with GARDEN_GEMM_ROW_INVARIANT=1
 #   rowinvab  decode 1@8192, 8@4096, 64@1024 with --gemm-row-invariant on / off (needs mk20b)
 #   rowinvpf  prefill 8k / 32k (median of 3) with --gemm-row-invariant on / off (needs mk20b)
@@ -344,7 +344,7 @@ for s in $STEPS; do
     llmops) step llmops llm_ops.log 200 "$BIN/gpu_llm_ops_test" ;;
     moeops) step moeops moe_ops.log 200 "$BIN/gpu_llm_ops_test" --gtest_filter='*MoeRoute*:*MoeExperts*:*MoeAlign*' ;;
     moedec) step moedec moe_dec.log 300 bash -c "'$BIN/gpu_llm_ops_test' --gtest_brief=1 --gtest_filter='*MoeDecodeKernelShapes*:*MoeKSlices*:*MoeExperts*:*MoeWide*' && compute-sanitizer --tool memcheck --error-exitcode 3 '$BIN/gpu_llm_ops_test' --gtest_brief=1 --gtest_filter='*MoeExperts*:*MoeKSlices*'" ;;
-    rowinv) step rowinv rowinv.log 500 bash -c "rc=0; '$BIN/gpu_kernels_test' --gtest_filter='*RowInvariant*:*SmallBuckets*' || rc=1; GARDEN_GEMM_ROW_INVARIANT=1 '$BIN/gpu_llm_model_test' --gtest_brief=1 || rc=1; exit \$rc" ;;
+    rowinv) step rowinv rowinv.log 500 bash -c "rc=0; '$BIN/gpu_kernels_test' --gtest_filter='*RowInvariant*:*SmallBuckets*:*ChainGemm*' || rc=1; GARDEN_GEMM_ROW_INVARIANT=1 '$BIN/gpu_llm_model_test' --gtest_brief=1 || rc=1; exit \$rc" ;;
     rowinvab) decodeab rowinvab rowinvab.txt "'--gemm-row-invariant on' ''" ;;
     rowinvpf) step rowinvpf rowinvpf.txt 300 bash -c "prefillab /tmp/gptoss20b --gemm-row-invariant on off" ;;
     f16suite) step f16suite f16suite.log 300 bash -c "rc=0; GARDEN_TEST_GPTOSS_DTYPE=float16 '$BIN/gpu_llm_model_test' --gtest_brief=1 || rc=1; '$BIN/gpu_llm_model_test' --gtest_brief=1 --gtest_filter='*Fp16Attention*:*Fp8ExpertsTrack*:*LtBf16Prefill*' || rc=1; exit \$rc" ;;

@@ -17,6 +17,7 @@
 
 #include "services/rose/ops/cuda/attention.cuh"
 #include "services/rose/ops/cuda/cuda_backend.h"
+#include "services/rose/ops/cuda/gemm_chain.cuh"
 #include "services/rose/ops/cuda/gemm_smallm.cuh"
 #include "services/rose/ops/cuda/gemv.cuh"
 #include "services/rose/ops/cuda/pool.cuh"
@@ -353,6 +354,74 @@ TEST_F(GpuOps, LinearRowBitsDependOnlyOnTheMBucket) {
   }
 }
 
+// [TAG_GEMM_CHAIN] The K-chain tensor-core kernel against the CPU (within bf16 rounding of the
+// output) at gpt-oss's QKV / O-proj shapes and small odd ones, M = 1 .. 16 (one and two n8 token
+// tiles), both ring depths; and a row's bits do not depend on M or the depth (one K chain per
+// output, the same for every shape) — the property that lets the tuner compare it with the
+// reference algorithm at one M for its whole bucket.
+TEST_F(GpuOps, ChainGemmMatchesCpuAndKeepsRowsAcrossM) {
+  struct Shape {
+    int64_t n, k;
+    bool bias;
+  };
+  auto& cb = static_cast<cuda::CudaBackend&>(gpu());
+  ASSERT_TRUE(cuda::prepareChainGemm().isOk());
+  constexpr int64_t kMaxM = 16;
+  for (Shape sh : {Shape{5120, 2880, true}, Shape{2880, 4096, true}, Shape{64, 128, false},
+                   Shape{48, 192, true}}) {
+    SCOPED_TRACE(shape({kMaxM, sh.n, sh.k}));
+    auto x = randomBf16(static_cast<size_t>(kMaxM * sh.k), rng_, -1.f, 1.f);
+    auto w = randomBf16(static_cast<size_t>(sh.n * sh.k), rng_, -0.03f, 0.03f);
+    auto b = randomBf16(static_cast<size_t>(sh.n), rng_, -0.5f, 0.5f);
+    auto gw = upload(gpu(), DType::kBF16, {sh.n, sh.k}, w);
+    auto gb = upload(gpu(), DType::kBF16, {sh.n}, b);
+    auto gx = upload(gpu(), DType::kBF16, {kMaxM, sh.k}, x);
+    auto gy = allocate(gpu(), DType::kBF16, {kMaxM, sh.n});
+    auto cx = upload(cpu(), DType::kF32, {kMaxM, sh.k}, x);
+    auto cw = upload(cpu(), DType::kF32, {sh.n, sh.k}, w);
+    auto cbias = upload(cpu(), DType::kF32, {sh.n}, b);
+    auto cy = allocate(cpu(), DType::kF32, {kMaxM, sh.n});
+    cpu().linear(cx.view, cw.view, sh.bias ? cbias.view : Tensor(), cy.view);
+    const auto ref = download(cpu(), cy.view);
+    std::vector<float> first;  // row 0 of the first run
+    for (int stages : {8, 16}) {
+      for (int64_t m : {1, 3, 8, 9, 16}) {
+        SCOPED_TRACE("M=" + std::to_string(m) + " stages " + std::to_string(stages));
+        ASSERT_TRUE(cuda::chainGemmSupported(m, sh.n, sh.k, stages));
+        auto y = gy.view.rowSlice(0, m);
+        poison(gpu(), gy.view);
+        cuda::ChainGemmArgs a;
+        a.x = gx.view.as<__nv_bfloat16>();
+        a.w = gw.view.as<__nv_bfloat16>();
+        a.bias = sh.bias ? gb.view.as<__nv_bfloat16>() : nullptr;
+        a.y = y.as<__nv_bfloat16>();
+        a.m = m;
+        a.n = sh.n;
+        a.k = sh.k;
+        a.stages = stages;
+        Status st = cuda::launchChainGemm(a, cb.stream());
+        ASSERT_TRUE(st.isOk()) << st.toString();
+        const auto got = download(gpu(), y);
+        std::vector<float> cref(ref.begin(), ref.begin() + static_cast<std::ptrdiff_t>(got.size()));
+        double mx = 0;
+        for (float v : cref) mx = std::max(mx, static_cast<double>(std::fabs(v)));
+        expectClose(got, cref, 1e-2 * mx, 1e-2, "chain gemm vs CPU");
+        // Rows past m untouched (poisoned): the full buffer's row m is still the poison.
+        if (m < kMaxM) {
+          const auto all = download(gpu(), gy.view);
+          EXPECT_TRUE(std::isnan(all[static_cast<size_t>(m * sh.n)]) ||
+                      std::fabs(all[static_cast<size_t>(m * sh.n)]) > 1e30)
+              << "a row past m was written";
+        }
+        const std::vector<float> row0(got.begin(), got.begin() + sh.n);
+        if (first.empty()) first = row0;
+        EXPECT_EQ(0, std::memcmp(first.data(), row0.data(), row0.size() * sizeof(float)))
+            << "row 0's bits depend on M or the ring depth";
+      }
+    }
+  }
+}
+
 // [TAG_GEMM_ROW_INVARIANT] With row invariance on, every M bucket of a shape gives a row the
 // reference algorithm's bits: the first rows at M = 1 .. 2048 (small buckets on, as the gpt-oss
 // ops run them) equal those of M = 2048 bit for bit, for gpt-oss's QKV (5120 x 2880, bias), O-proj
@@ -389,6 +458,7 @@ TEST_F(GpuOps, LinearRowInvariantGivesEveryBucketTheReferenceBits) {
       cuda::GemmRunner& g = **runner;
       g.setSmallBuckets(true);
       g.setRowInvariant(invariant);
+      g.setChainGemm(invariant);  // [TAG_GEMM_CHAIN] a candidate, kept only if its rows equal
       auto run = [&](int64_t rows) {
         auto y = gy.view.rowSlice(0, rows);
         poison(gpu(), y);
@@ -414,7 +484,9 @@ TEST_F(GpuOps, LinearRowInvariantGivesEveryBucketTheReferenceBits) {
           ++differing;
           which += " " + std::to_string(rows);
         }
-        if (invariant) EXPECT_TRUE(same) << "a row's bits depend on the bucket";
+        if (invariant) {
+          EXPECT_TRUE(same) << "a row's bits depend on the bucket";
+        }
         std::vector<float> cref(ref.begin(), ref.begin() + static_cast<std::ptrdiff_t>(got.size()));
         double mx = 0;
         for (float v : cref) mx = std::max(mx, static_cast<double>(std::fabs(v)));
@@ -427,7 +499,8 @@ TEST_F(GpuOps, LinearRowInvariantGivesEveryBucketTheReferenceBits) {
                 << (invariant ? " on" : " off") << ": " << differing
                 << " of 10 M differ from M = 2048 in their first rows" << (which.empty() ? "" : " (M =")
                 << which << (which.empty() ? "" : ")") << "; candidates refused for it "
-                << g.invariantRejects() << "\n";
+                << g.invariantRejects() << ", buckets won by the K-chain kernel " << g.chainWins()
+                << "\n";
     }
   }
 }

@@ -8,6 +8,7 @@
 
 #include "common/logging.h"
 #include "services/rose/ops/cuda/cuda_utils.h"
+#include "services/rose/ops/cuda/gemm_chain.cuh"
 #include "services/rose/ops/cuda/gemm_smallm.cuh"
 #include "services/rose/ops/cuda/gemv.cuh"
 #include "services/rose/ops/cuda/l2_flush.cuh"
@@ -196,6 +197,11 @@ Status GemmRunner::enqueueChoice(const Plan& p, const Choice& choice, int64_t m,
     a.pdl = gemv_pdl_;
     return launchGemv(a, ops.stream);
   }
+  if (choice.chain_stages > 0) {  // [TAG_GEMM_CHAIN]
+    auto a = customArgs<ChainGemmArgs>(ops.x, ops.w, ops.bias, ops.y, m, n, k);
+    a.stages = choice.chain_stages;
+    return launchChainGemm(a, ops.stream);
+  }
   if (choice.smallm_splits > 0) {
     auto a = customArgs<SmallMGemmArgs>(ops.x, ops.w, ops.bias, ops.y, m, n, k);
     a.splits = choice.smallm_splits;
@@ -214,7 +220,7 @@ Result<bool> GemmRunner::rowsIndependentOfM(const Plan& exact, const Choice& cho
   const size_t bytes = static_cast<size_t>(half * n) * elem;
   if (half < 1 || half * n > kMaxCheckElems || bytes > flush_bytes_) return true;
   Plan p;  // the M / 2 shape (cuBLASLt only; the custom kernels take M as an argument)
-  if (choice.smallm_splits == 0 && choice.gemv_rows == 0) {
+  if (choice.smallm_splits == 0 && choice.gemv_rows == 0 && choice.chain_stages == 0) {
     RETURN_IF_ERROR(makeLayouts(p, half, n, k, ops.bias != nullptr, ioOf(ops)));
     if (!fits(p, choice.algo)) return false;
   }
@@ -344,6 +350,17 @@ Result<GemmRunner::Choice> GemmRunner::chooseAlgo(Plan& exact, int64_t m, int64_
       }
     }
   }
+  // [TAG_GEMM_CHAIN] The K-chain kernel under row invariance (the reference check decides).
+  if (chain_ && have_ref && ioOf(ops) == kIoBf16 && bucket <= kChainMaxRows) {
+    RETURN_IF_ERROR(prepareChainGemm());  // not capturing here: the attribute is set outside
+    for (int stages : {8, 16}) {
+      if (chainGemmSupported(bucket, n, k, stages)) {
+        Choice c;
+        c.chain_stages = stages;
+        cands.push_back(c);
+      }
+    }
+  }
   // The GEMV (gemv.cuh) for the small buckets [TAG_GEMV], after those.
   // [TAG_PDL_GEMV] With gemv_only_, the M = 1 bucket times the GEMV shapes alone.
   const bool gemv_alone = gemv_only_ && bucket == 1;
@@ -451,12 +468,14 @@ Result<GemmRunner::Choice> GemmRunner::chooseAlgo(Plan& exact, int64_t m, int64_
   ++tuned_;
   const bool smallm_won = cands[best].smallm_splits > 0;
   const bool gemv_won = cands[best].gemv_rows > 0;
+  const bool chain_won = cands[best].chain_stages > 0;  // [TAG_GEMM_CHAIN]
+  if (chain_won) ++chain_wins_;
   if (smallm_won) ++smallm_wins_;
   if (gemv_won) ++gemv_wins_;
   int32_t splitk = 1, tile = 0;
   uint32_t scheme = 0;
   size_t written = 0;
-  if (!smallm_won && !gemv_won) {
+  if (!smallm_won && !gemv_won && !chain_won) {
     const cublasLtMatmulAlgo_t& a = cands[best].algo;
     cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme,
                                          sizeof(scheme), &written);
@@ -476,7 +495,8 @@ Result<GemmRunner::Choice> GemmRunner::chooseAlgo(Plan& exact, int64_t m, int64_
                            {"first_us", static_cast<double>(first_ms) * 1e3},
                            {"best_cublaslt_us", static_cast<double>(best_lt_ms) * 1e3},
                            {"best_gemv_us", static_cast<double>(best_gemv_ms) * 1e3},
-                           {"kernel", smallm_won ? "smallm" : gemv_won ? "gemv" : "cublaslt"},
+                           {"kernel", smallm_won ? "smallm" : gemv_won ? "gemv" : chain_won ? "chain" : "cublaslt"},
+                           {"chain_stages", cands[best].chain_stages},
                            {"smallm_candidates", cands.size() - num_lt},
                            {"gemv_rows", cands[best].gemv_rows},
                            {"gemv_unroll", cands[best].gemv_unroll},
@@ -519,9 +539,12 @@ Result<GemmRunner::Plan*> GemmRunner::plan(int64_t m, int64_t n, int64_t k, cons
   p->smallm_tile_n = ait->second.smallm_tile_n;
   p->gemv_rows = ait->second.gemv_rows;
   p->gemv_unroll = ait->second.gemv_unroll;
+  p->chain_stages = ait->second.chain_stages;  // [TAG_GEMM_CHAIN]
   // The custom kernel takes every M of its bucket (<= 256) for the (N, K) it was timed on.
   bool fit = false;
-  if (p->gemv_rows > 0) {
+  if (p->chain_stages > 0) {
+    fit = chainGemmSupported(m, n, k, p->chain_stages);
+  } else if (p->gemv_rows > 0) {
     fit = gemvSupported(m, n, k, p->gemv_rows, p->gemv_unroll);
   } else if (p->smallm_splits > 0) {
     fit = smallMGemmSupported(m, n, k, p->smallm_splits, p->smallm_tile_n);
@@ -534,6 +557,7 @@ Result<GemmRunner::Plan*> GemmRunner::plan(int64_t m, int64_t n, int64_t k, cons
     ++fallbacks_;
     p->smallm_splits = 0;
     p->gemv_rows = 0;
+    p->chain_stages = 0;
     if (row_invariant_ && tune_) {  // [TAG_GEMM_ROW_INVARIANT] the reference, where it runs
       cublasLtMatmulAlgo_t r{};
       ASSIGN_OR_RETURN(const bool have, referenceAlgo(n, k, bias, ioOf(ops), &r));
@@ -564,8 +588,8 @@ Status GemmRunner::run(const __nv_bfloat16* x, const __nv_bfloat16* w, const __n
   const Operands ops{x, w, bias, y, false, stream};
   ASSIGN_OR_RETURN(Plan * p, plan(m, n, k, ops));
   return enqueueChoice(
-      *p, Choice{p->algo, p->smallm_splits, p->smallm_tile_n, p->gemv_rows, p->gemv_unroll}, m, n,
-      k, ops);
+      *p, Choice{p->algo, p->smallm_splits, p->smallm_tile_n, p->gemv_rows, p->gemv_unroll, p->chain_stages},
+      m, n, k, ops);
 }
 
 Status GemmRunner::runCublasLt(const Operands& ops, int64_t m, int64_t n, int64_t k) {

@@ -119,6 +119,11 @@ class GemmRunner {
   // types only, never on how many rows the call has (unless the reference cannot run some M:
   // counted in invariantMisses()). Set before the first call of a shape.
   void setRowInvariant(bool on) { row_invariant_ = on; }
+  // [TAG_GEMM_CHAIN] Under row invariance, also time the K-chain tensor-core kernel
+  // (gemm_chain.cuh, bf16 in and out, M buckets <= 16) — kept only where its rows equal the
+  // reference's. Set before the first call of a shape.
+  void setChainGemm(bool on) { chain_ = on; }
+  size_t chainWins() const { return chain_wins_; }
   bool rowInvariant() const { return row_invariant_; }
   size_t invariantRejects() const { return invariant_rejects_; }  // candidates refused for it
   size_t invariantMisses() const { return invariant_misses_; }    // buckets it could not hold
@@ -148,6 +153,7 @@ class GemmRunner {
     int smallm_tile_n = 0;  // ... and this N tile
     int gemv_rows = 0;      // > 0: the GEMV (gemv.cuh) with these rows per warp
     int gemv_unroll = 0;    // ... and this unroll
+    int chain_stages = 0;   // > 0: the K-chain tensor-core kernel (gemm_chain.cuh), these stages
     Plan() = default;
     Plan(const Plan&) = delete;
     Plan& operator=(const Plan&) = delete;
@@ -172,6 +178,7 @@ class GemmRunner {
     int smallm_tile_n = 0;
     int gemv_rows = 0;  // > 0: the GEMV instead (gemv.cuh)
     int gemv_unroll = 0;
+    int chain_stages = 0;  // > 0: the K-chain kernel instead (gemm_chain.cuh) [TAG_GEMM_CHAIN]
   };
   GemmRunner() = default;
   Result<Plan*> plan(int64_t m, int64_t n, int64_t k, const Operands& ops);
@@ -223,6 +230,8 @@ class GemmRunner {
   size_t m_dependent_ = 0;
   size_t smallm_wins_ = 0;
   bool row_invariant_ = false;  // [TAG_GEMM_ROW_INVARIANT]
+  bool chain_ = false;          // [TAG_GEMM_CHAIN]
+  size_t chain_wins_ = 0;
   std::map<std::tuple<int64_t, int64_t, bool, int>, std::pair<bool, cublasLtMatmulAlgo_t>> refs_;
   size_t invariant_rejects_ = 0;
   size_t invariant_misses_ = 0;

@@ -1559,6 +1559,7 @@ Result<std::unique_ptr<LlmOps>> createCudaLlmOps(Backend& backend) {
   cb->gemm().setGemvOnly(g_llm_gemv_only || cb->pdlGemv());  // [TAG_PDL_GEMV]
   cb->gemm().setGemvPdl(cb->pdlGemv());
   cb->gemm().setRowInvariant(cb->gemmRowInvariant());  // [TAG_GEMM_ROW_INVARIANT]
+  cb->gemm().setChainGemm(cb->gemmRowInvariant());     // [TAG_GEMM_CHAIN]: refused unless equal
   return std::unique_ptr<LlmOps>(std::make_unique<CudaLlmOps>(*cb));
 }
 
