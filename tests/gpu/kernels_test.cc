@@ -482,7 +482,8 @@ TEST_F(GpuOps, LinearRowInvariantGivesEveryBucketTheReferenceBits) {
         const bool same = std::memcmp(got.data(), top.data(), got.size() * sizeof(float)) == 0;
         if (!same) {
           ++differing;
-          which += " " + std::to_string(rows);
+          which += ' ';
+          which += std::to_string(rows);
         }
         if (invariant) {
           EXPECT_TRUE(same) << "a row's bits depend on the bucket";
