@@ -47,6 +47,28 @@ class GpuOps : public ::testing::Test {
   Backend& cpu() { return *be_.cpu; }
   Backend& gpu() { return *be_.gpu; }
   DType act() { return gpu().activationDType(); }
+  // One linear layer's operands: x [m, k] in [-1, 1], w [n, k] in +-0.03, bias [n] in +-0.5 (drawn
+  // in that order), on the GPU as bf16 with a y of `ydt`, and the CPU's f32 y of the first
+  // `ref_rows` rows (with the bias when `bias`).
+  struct LinearCase {
+    OwnedTensor gx, gw, gb, gy;
+    std::vector<float> ref;
+  };
+  LinearCase linearCase(int64_t m, int64_t n, int64_t k, bool bias, DType ydt, int64_t ref_rows) {
+    auto x = randomBf16(static_cast<size_t>(m * k), rng_, -1.f, 1.f);
+    auto w = randomBf16(static_cast<size_t>(n * k), rng_, -0.03f, 0.03f);
+    auto b = randomBf16(static_cast<size_t>(n), rng_, -0.5f, 0.5f);
+    LinearCase c{upload(gpu(), act(), {m, k}, x), upload(gpu(), gpu().weightDType(), {n, k}, w),
+                 upload(gpu(), gpu().weightDType(), {n}, b), allocate(gpu(), ydt, {m, n}), {}};
+    auto cx = upload(cpu(), DType::kF32, {ref_rows, k},
+                     std::vector<float>(x.begin(), x.begin() + ref_rows * k));
+    auto cw = upload(cpu(), DType::kF32, {n, k}, w);
+    auto cbias = upload(cpu(), DType::kF32, {n}, b);
+    auto cy = allocate(cpu(), DType::kF32, {ref_rows, n});
+    cpu().linear(cx.view, cw.view, bias ? cbias.view : Tensor(), cy.view);
+    c.ref = download(cpu(), cy.view);
+    return c;
+  }
   Backends be_;
   std::mt19937 rng_;
 };
@@ -370,19 +392,9 @@ TEST_F(GpuOps, ChainGemmMatchesCpuAndKeepsRowsAcrossM) {
   for (Shape sh : {Shape{5120, 2880, true}, Shape{2880, 4096, true}, Shape{64, 128, false},
                    Shape{48, 192, true}}) {
     SCOPED_TRACE(shape({kMaxM, sh.n, sh.k}));
-    auto x = randomBf16(static_cast<size_t>(kMaxM * sh.k), rng_, -1.f, 1.f);
-    auto w = randomBf16(static_cast<size_t>(sh.n * sh.k), rng_, -0.03f, 0.03f);
-    auto b = randomBf16(static_cast<size_t>(sh.n), rng_, -0.5f, 0.5f);
-    auto gw = upload(gpu(), DType::kBF16, {sh.n, sh.k}, w);
-    auto gb = upload(gpu(), DType::kBF16, {sh.n}, b);
-    auto gx = upload(gpu(), DType::kBF16, {kMaxM, sh.k}, x);
-    auto gy = allocate(gpu(), DType::kBF16, {kMaxM, sh.n});
-    auto cx = upload(cpu(), DType::kF32, {kMaxM, sh.k}, x);
-    auto cw = upload(cpu(), DType::kF32, {sh.n, sh.k}, w);
-    auto cbias = upload(cpu(), DType::kF32, {sh.n}, b);
-    auto cy = allocate(cpu(), DType::kF32, {kMaxM, sh.n});
-    cpu().linear(cx.view, cw.view, sh.bias ? cbias.view : Tensor(), cy.view);
-    const auto ref = download(cpu(), cy.view);
+    LinearCase lc = linearCase(kMaxM, sh.n, sh.k, sh.bias, DType::kBF16, kMaxM);
+    const OwnedTensor &gx = lc.gx, &gw = lc.gw, &gb = lc.gb, &gy = lc.gy;
+    const auto& ref = lc.ref;
     std::vector<float> first;  // row 0 of the first run
     for (int stages : {8, 16}) {
       for (int64_t m : {1, 3, 8, 9, 16}) {
@@ -438,19 +450,10 @@ TEST_F(GpuOps, LinearRowInvariantGivesEveryBucketTheReferenceBits) {
   constexpr int64_t kRows = 3;  // rows compared
   for (Shape sh : {Shape{5120, 2880, false}, Shape{2880, 4096, false}, Shape{32768, 2880, true}}) {
     SCOPED_TRACE(shape({kMaxM, sh.n, sh.k}) + (sh.f32_out ? " f32 out" : " bf16 out, bias"));
-    auto x = randomBf16(static_cast<size_t>(kMaxM * sh.k), rng_, -1.f, 1.f);
-    auto w = randomBf16(static_cast<size_t>(sh.n * sh.k), rng_, -0.03f, 0.03f);
-    auto b = randomBf16(static_cast<size_t>(sh.n), rng_, -0.5f, 0.5f);
-    auto gw = upload(gpu(), DType::kBF16, {sh.n, sh.k}, w);
-    auto gb = upload(gpu(), DType::kBF16, {sh.n}, b);
-    auto gx = upload(gpu(), DType::kBF16, {kMaxM, sh.k}, x);
-    auto gy = allocate(gpu(), sh.f32_out ? DType::kF32 : DType::kBF16, {kMaxM, sh.n});
-    auto cx = upload(cpu(), DType::kF32, {kRows, sh.k}, std::vector<float>(x.begin(), x.begin() + kRows * sh.k));
-    auto cw = upload(cpu(), DType::kF32, {sh.n, sh.k}, w);
-    auto cbias = upload(cpu(), DType::kF32, {sh.n}, b);
-    auto cy = allocate(cpu(), DType::kF32, {kRows, sh.n});
-    cpu().linear(cx.view, cw.view, sh.f32_out ? Tensor() : cbias.view, cy.view);
-    const auto ref = download(cpu(), cy.view);
+    LinearCase lc = linearCase(kMaxM, sh.n, sh.k, !sh.f32_out,
+                               sh.f32_out ? DType::kF32 : DType::kBF16, kRows);
+    const OwnedTensor &gx = lc.gx, &gw = lc.gw, &gb = lc.gb, &gy = lc.gy;
+    const auto& ref = lc.ref;
     for (bool invariant : {true, false}) {
       SCOPED_TRACE(invariant ? "row invariant" : "per-bucket tuning");
       auto runner = cuda::GemmRunner::create(size_t{32} << 20, true);
@@ -585,19 +588,9 @@ TEST_F(GpuOps, GemvMatchesReferenceAndRowBitsIgnoreMAndShape) {
   for (Shape sh : {Shape{5120, 2880, true}, Shape{2880, 4096, true}, Shape{1001, 2888, false}}) {
     SCOPED_TRACE(shape({8, sh.n, sh.k}));
     const int64_t mmax = 8;
-    auto x = randomBf16(static_cast<size_t>(mmax * sh.k), rng_, -1.f, 1.f);
-    auto w = randomBf16(static_cast<size_t>(sh.n * sh.k), rng_, -0.03f, 0.03f);
-    auto b = randomBf16(static_cast<size_t>(sh.n), rng_, -0.5f, 0.5f);
-    auto gx = upload(gpu(), act(), {mmax, sh.k}, x);
-    auto gw = upload(gpu(), gpu().weightDType(), {sh.n, sh.k}, w);
-    auto gb = upload(gpu(), gpu().weightDType(), {sh.n}, b);
-    auto gy = allocate(gpu(), act(), {mmax, sh.n});
-    auto cx = upload(cpu(), DType::kF32, {mmax, sh.k}, x);
-    auto cw = upload(cpu(), DType::kF32, {sh.n, sh.k}, w);
-    auto cbias = upload(cpu(), DType::kF32, {sh.n}, b);
-    auto cy = allocate(cpu(), DType::kF32, {mmax, sh.n});
-    cpu().linear(cx.view, cw.view, sh.bias ? cbias.view : Tensor(), cy.view);
-    const auto ref = download(cpu(), cy.view);
+    LinearCase lc = linearCase(mmax, sh.n, sh.k, sh.bias, act(), mmax);
+    const OwnedTensor &gx = lc.gx, &gw = lc.gw, &gb = lc.gb, &gy = lc.gy;
+    const auto& ref = lc.ref;
     double mx = 0;
     for (float v : ref) mx = std::max(mx, static_cast<double>(std::fabs(v)));
     std::vector<float> first;  // M = 8, the first shape: the bits every other run must give

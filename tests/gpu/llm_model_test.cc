@@ -81,20 +81,17 @@ bool fp16Everywhere() {
 
 // [TAG_PDL_GEMV] CudaKernelOptions::pdl_gemv of the backends load() makes.
 bool g_pdl_gemv = CudaKernelOptions{}.pdl_gemv;
-// [TAG_PDL_GRAPH] The default, or GARDEN_PDL_GRAPH when set (the whole suite with it on or off).
-bool pdlGraphDefault() {
+// The kernel options as the environment sets them (the defaults where it sets nothing, or where
+// a value is refused).
+CudaKernelOptions envKernelOptions() {
   CudaKernelOptions o;
-  return cudaKernelOptionsFromEnv(o).isOk() ? o.pdl_graph : CudaKernelOptions{}.pdl_graph;
+  return cudaKernelOptionsFromEnv(o).isOk() ? o : CudaKernelOptions{};
 }
-bool g_pdl_graph = pdlGraphDefault();
+// [TAG_PDL_GRAPH] The default, or GARDEN_PDL_GRAPH when set (the whole suite with it on or off).
+bool g_pdl_graph = envKernelOptions().pdl_graph;
 // [TAG_GEMM_ROW_INVARIANT] The default, or GARDEN_GEMM_ROW_INVARIANT when set (the whole suite with
 // the dense GEMMs held to one reference algorithm's bits).
-bool rowInvariantDefault() {
-  CudaKernelOptions o;
-  return cudaKernelOptionsFromEnv(o).isOk() ? o.gemm_row_invariant
-                                            : CudaKernelOptions{}.gemm_row_invariant;
-}
-const bool g_row_invariant = rowInvariantDefault();
+const bool g_row_invariant = envKernelOptions().gemm_row_invariant;
 
 // `share`: load onto another runner's backend and ops (so both use the same GEMM algorithms).
 Runner load(const std::string& dir, const char* device, MoeWeightsMode moe,
@@ -765,7 +762,7 @@ TEST_F(GpuGptOss, PdlGraphGivesTheSameBits) {
       Runner plain = load(*dir_, "cuda", MoeWeightsMode::kAuto, nullptr, graphs);
       g_pdl_graph = true;
       Runner pdl = load(*dir_, "cuda", MoeWeightsMode::kAuto, nullptr, graphs);
-      g_pdl_graph = pdlGraphDefault();
+      g_pdl_graph = envKernelOptions().pdl_graph;
       ASSERT_FALSE(dynamic_cast<cuda::CudaBackend&>(*plain.backend).pdlGraph());
       ASSERT_TRUE(dynamic_cast<cuda::CudaBackend&>(*pdl.backend).pdlGraph());
       expectTwinStepsBitEqual(plain, pdl, 7400 + static_cast<uint32_t>(batch), batch);

@@ -250,7 +250,7 @@ struct CudaKernelOptions {
   // from the same row in a larger step (cuBLASLt), so a sequence's greedy tokens can depend on
   // whether it decodes alone (GpuGptOss.ChunkModeTokensDoNotDependOnTheBatch failed with it on).
   bool pdl_gemv = false;
-  // [TAG_GEMM_ROW_INVARIANT] gpt-oss's dense GEMMs (QKV, O-proj, router, lm_head): every M bucket
+  // [TAG_GEMM_ROW_INVARIANT] gpt-oss's dense GEMMs (QKV, O-proj, lm_head): every M bucket
   // of a shape takes only algorithms that give a row the bits of one reference algorithm
   // (GemmRunner::setRowInvariant), so a sequence's rows do not depend on how many rows its step
   // has. Per-bucket tuning alone does not hold that at gpt-oss's shapes: the tuner picked split-K 3

@@ -158,11 +158,13 @@ __device__ __forceinline__ f16 fromF32<f16>(float v) { return __float2half_rn(v)
 // One 8-wide chunk (elements c*8 .. c*8+7) of token t's MoE combine: sum over k of
 // weights[t, k] * y[row_of[t, k]] (row -1: none), in f32 in k order with fmaf, not rounded.
 // moeCombineKernel stores it as bf16; the fused norm [TAG_COMBINE_NORM] rounds it the same way.
-// T: y's element type (bf16, or fp16 with the MoE side in fp16 [TAG_ATTN_F16]).
+// T: y's element type (bf16, or fp16 with the MoE side in fp16 [TAG_ATTN_F16]). The sum is then
+// multiplied by `scale`, the inverse of the power of two the expert GEMMs stored y scaled by (1,
+// or kMoeF16OutUnscale for fp16 rows [TAG_MOE_F16_OUT_SCALE]): exact, only the range moves.
 template <typename T>
 __device__ __forceinline__ void moeCombineChunk(const T* y, const int32_t* row_of,
                                                 const float* weights, int top_k, int64_t hidden,
-                                                int64_t t, int c, float (&acc)[8]) {
+                                                int64_t t, int c, float scale, float (&acc)[8]) {
 #pragma unroll
   for (int j = 0; j < 8; ++j) acc[j] = 0.f;
   for (int k = 0; k < top_k; ++k) {
@@ -174,6 +176,8 @@ __device__ __forceinline__ void moeCombineChunk(const T* y, const int32_t* row_o
 #pragma unroll
     for (int j = 0; j < 8; ++j) acc[j] = fmaf(w, v[j], acc[j]);
   }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) acc[j] *= scale;
 }
 
 // gpt-oss's clamped SwiGLU of one (gate, up) pair (the spec's alpha 1.702, limit 7): the gate

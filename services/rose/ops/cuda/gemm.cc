@@ -228,6 +228,10 @@ Result<bool> GemmRunner::rowsIndependentOfM(const Plan& exact, const Choice& cho
   Operands part = ops;
   part.y = flush_;
   RETURN_IF_ERROR(enqueueChoice(p, choice, half, n, k, part));
+  return yMatchesFlush(ops, bytes);
+}
+
+Result<bool> GemmRunner::yMatchesFlush(const Operands& ops, size_t bytes) {
   std::vector<uint8_t> a(bytes), b(bytes);
   CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(a.data(), ops.y, bytes, cudaMemcpyDeviceToHost, ops.stream));
   CUDA_RETURN_IF_ERROR(
@@ -266,11 +270,7 @@ Result<bool> GemmRunner::matchesReference(const Plan& exact, const Choice& choic
   Operands part = ops;
   part.y = flush_;
   RETURN_IF_ERROR(enqueue(exact, ref, part));
-  std::vector<uint8_t> a(bytes), b(bytes);
-  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(a.data(), ops.y, bytes, cudaMemcpyDeviceToHost, ops.stream));
-  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(b.data(), flush_, bytes, cudaMemcpyDeviceToHost, ops.stream));
-  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(ops.stream));
-  return std::memcmp(a.data(), b.data(), bytes) == 0;
+  return yMatchesFlush(ops, bytes);
 }
 
 Result<GemmRunner::Choice> GemmRunner::chooseAlgo(Plan& exact, int64_t m, int64_t n, int64_t k,
@@ -558,18 +558,15 @@ Result<GemmRunner::Plan*> GemmRunner::plan(int64_t m, int64_t n, int64_t k, cons
     p->smallm_splits = 0;
     p->gemv_rows = 0;
     p->chain_stages = 0;
+    bool ok = false;
     if (row_invariant_ && tune_) {  // [TAG_GEMM_ROW_INVARIANT] the reference, where it runs
-      cublasLtMatmulAlgo_t r{};
-      ASSIGN_OR_RETURN(const bool have, referenceAlgo(n, k, bias, ioOf(ops), &r));
-      if (have && fits(*p, r)) {
-        p->algo = r;
-        Plan* raw = p.get();
-        plans_.emplace(key, std::move(p));
-        return raw;
-      }
-      ++invariant_misses_;
+      ASSIGN_OR_RETURN(const bool have, referenceAlgo(n, k, bias, ioOf(ops), &p->algo));
+      ok = have && fits(*p, p->algo);
+      if (!ok) ++invariant_misses_;
     }
-    ASSIGN_OR_RETURN(const bool ok, pickAlgo(*p, &p->algo));
+    if (!ok) {
+      ASSIGN_OR_RETURN(ok, pickAlgo(*p, &p->algo));
+    }
     if (!ok) {
       return internalError(
           "cuBLASLt: no bf16 algorithm without split-K for m=" + std::to_string(m) +

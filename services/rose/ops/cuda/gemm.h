@@ -124,7 +124,6 @@ class GemmRunner {
   // reference's. Set before the first call of a shape.
   void setChainGemm(bool on) { chain_ = on; }
   size_t chainWins() const { return chain_wins_; }
-  bool rowInvariant() const { return row_invariant_; }
   size_t invariantRejects() const { return invariant_rejects_; }  // candidates refused for it
   size_t invariantMisses() const { return invariant_misses_; }    // buckets it could not hold
   // [TAG_PDL_GEMV] The GEMV launched programmatically (GemvArgs::pdl). Same bits.
@@ -194,6 +193,9 @@ class GemmRunner {
   // [TAG_GEMM_ROW_INVARIANT] The reference algorithm of a (N, K, bias, io) shape (cached); false
   // when cuBLASLt has none without split-K.
   Result<bool> referenceAlgo(int64_t n, int64_t k, bool bias, int io, cublasLtMatmulAlgo_t* out);
+  // Whether the first `bytes` of ops.y equal those of the flush buffer (copied to the host after
+  // the stream's work): the comparison of both checks below.
+  Result<bool> yMatchesFlush(const Operands& ops, size_t bytes);
   // Whether `choice` and the reference algorithm give the first rows of y the same bits at M = m.
   Result<bool> matchesReference(const Plan& exact, const Choice& choice,
                                 const cublasLtMatmulAlgo_t& ref, int64_t m, int64_t n, int64_t k,

@@ -321,9 +321,7 @@ __global__ void __launch_bounds__(kCombineThreads) moeCombineKernel(MoeCombineAr
   O* out = reinterpret_cast<O*>(a.out);
   for (int c = threadIdx.x; c < chunks; c += kCombineThreads) {
     float acc[8];
-    moeCombineChunk(y, a.row_of, a.weights, a.top_k, a.hidden, t, c, acc);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) acc[j] *= a.y_scale;  // [TAG_MOE_F16_OUT_SCALE]
+    moeCombineChunk(y, a.row_of, a.weights, a.top_k, a.hidden, t, c, a.y_scale, acc);
     if constexpr (std::is_same_v<O, float>) {
       float4* p = reinterpret_cast<float4*>(out + t * a.hidden + c * 8);
       p[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);

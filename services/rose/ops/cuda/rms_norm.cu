@@ -71,15 +71,13 @@ __device__ __forceinline__ void loadX(const RmsNormArgs& a, int64_t row, int c, 
   float acc[8];
   if (a.combine_f16) {  // [TAG_ATTN_F16] fp16 expert rows, the combine rounded to fp16
     moeCombineChunk(reinterpret_cast<const cuda::f16*>(a.combine_y), a.combine_row_of,
-                    a.combine_weights, a.combine_top_k, a.hidden, row, c, acc);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) acc[j] *= a.combine_scale;  // [TAG_MOE_F16_OUT_SCALE]
+                    a.combine_weights, a.combine_top_k, a.hidden, row, c, a.combine_scale, acc);
 #pragma unroll
     for (int j = 0; j < 8; ++j) v[j] = a.combine_f32 ? acc[j] : roundOut(acc[j], true);
     return;
   }
   moeCombineChunk(a.combine_y, a.combine_row_of, a.combine_weights, a.combine_top_k, a.hidden,
-                  row, c, acc);
+                  row, c, a.combine_scale, acc);
 #pragma unroll
   for (int j = 0; j < 8; ++j) v[j] = a.combine_f32 ? acc[j] : roundBf16(acc[j]);
 }
