@@ -13,7 +13,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <functional>
 #include <map>
+#include <mutex>
 #include <thread>
 
 #include "common/shm/llm_batch.h"
@@ -73,6 +75,8 @@ struct Rig {
   std::unique_ptr<DisaggLlm> pair;
   std::atomic<bool> stop{false};
   std::atomic<bool> decode_paused{false};  // the decode worker runs nothing while set
+  std::mutex pause_mu;
+  std::function<bool()> pause_when;  // checked by the decode worker before each step: true pauses it
   std::thread pt, dt;
 
   Rig(uint32_t prefill_blocks, uint32_t decode_blocks, bool async, uint32_t seqs = 8)
@@ -87,8 +91,15 @@ struct Rig {
     prefill_worker.setOnChange([p = prefill.get()] { p->poke(); });
     decode_worker.setOnChange([d = decode.get()] { d->poke(); });
     pair = std::make_unique<DisaggLlm>(*prefill, prefill_worker, *decode, decode_worker);
-    auto run = [this](FakeLlmWorker& w, const std::atomic<bool>* paused) {
+    auto run = [this](FakeLlmWorker& w, std::atomic<bool>* paused) {
       while (!stop) {
+        if (paused != nullptr && !*paused) {
+          std::lock_guard<std::mutex> l(pause_mu);
+          if (pause_when && pause_when()) {
+            *paused = true;
+            pause_when = nullptr;
+          }
+        }
         if ((paused != nullptr && *paused) || !w.completeNext()) {
           std::this_thread::sleep_for(100us);
         }
@@ -103,6 +114,13 @@ struct Rig {
     stop = true;
     pt.join();
     dt.join();
+  }
+  // The decode worker pauses itself before the first step after which `pred` holds, so a test
+  // acts on a sequence at a known point however slow the machine is; resume with
+  // decode_paused = false.
+  void pauseDecodeWhen(std::function<bool()> pred) {
+    std::lock_guard<std::mutex> l(pause_mu);
+    pause_when = std::move(pred);
   }
   bool eventually(const std::function<bool()>& pred, std::chrono::milliseconds limit = 20s) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -190,15 +208,25 @@ TEST_P(DisaggModes, ConcurrentStreamsEqualTheReference) {
 // there, choices (n = 3) are handed over one by one; every stream still equals the reference.
 TEST_P(DisaggModes, DecodeSidePreemptionAndChoices) {
   Rig rig(256, 14, GetParam(), 4);
+  // Any two of these sequences at their full length (9-14 prompt tokens + 20) need 16 or more
+  // of the decode cache's 14 blocks. The decode worker holds still until two handed-over
+  // sequences wait for their copies, so at least two decode together and one must be
+  // preempted, however a loaded machine staggers the prefills (with the sequences arriving one
+  // by one, each could finish before the next came).
+  constexpr uint32_t kLen = 20;
   std::vector<std::shared_ptr<Stream>> streams;
   std::vector<GenerateParams> ps;
+  rig.decode_paused = true;
   for (int i = 0; i < 6; ++i) {
-    GenerateParams p = params(range(9 + i, 30 * i + 1), 12);
+    GenerateParams p = params(range(9 + i, 30 * i + 1), kLen);
     p.ignore_eos = true;
     if (i == 2) p.n = 3;
     ps.push_back(p);
     streams.push_back(start(*rig.pair, p));
   }
+  ASSERT_TRUE(rig.eventually([&] { return rig.decode_worker.inflight() >= 2; }))
+      << "no copies reached the decode side: " << rig.state();
+  rig.decode_paused = false;
   ASSERT_TRUE(rig.eventually([&] {
     for (size_t i = 0; i < streams.size(); ++i)
       if (streams[i]->lasts() != std::max<uint32_t>(ps[i].n, 1)) return false;
@@ -210,7 +238,7 @@ TEST_P(DisaggModes, DecodeSidePreemptionAndChoices) {
       llm::SamplingParams sp = ps[i].sampling;
       sp.seed += c;
       std::lock_guard<std::mutex> l(streams[i]->mu);
-      EXPECT_EQ(streams[i]->tokens[c], fakeReference(ps[i].prompt, 12, sp, kVocab));
+      EXPECT_EQ(streams[i]->tokens[c], fakeReference(ps[i].prompt, kLen, sp, kVocab));
       EXPECT_TRUE(streams[i]->last[c].status.isOk()) << streams[i]->last[c].status.toString();
     }
   }
@@ -226,10 +254,16 @@ TEST_P(DisaggModes, CancelAndStopChoiceReachEverySide) {
   Rig rig(128, 128, GetParam());
   GenerateParams p = params(range(10, 7), 200);
   p.ignore_eos = true;
-  // Decoding: cancel after a few tokens.
+  // Decoding: cancel after a few tokens. The decode worker holds still from the third token on
+  // until the cancel is in, so the sequence cannot reach its length first however loaded the
+  // machine is (CI's two cores once let it).
+  rig.decode_paused = true;
   auto a = start(*rig.pair, p);
-  ASSERT_TRUE(rig.eventually([&] { return a->count(0) >= 3; }));
+  rig.pauseDecodeWhen([a] { return a->count(0) >= 3; });
+  rig.decode_paused = false;
+  ASSERT_TRUE(rig.eventually([&] { return a->count(0) >= 3 && rig.decode_paused; }));
   rig.pair->cancel(a->req);
+  rig.decode_paused = false;
   ASSERT_TRUE(rig.eventually([&] { return a->lasts() == 1; }));
   // Handed over while the decode worker is paused (its copy waits): cancel, then resume.
   rig.decode_paused = true;
@@ -243,12 +277,16 @@ TEST_P(DisaggModes, CancelAndStopChoiceReachEverySide) {
   GenerateParams c = params(range(12, 900), 40);
   c.ignore_eos = true;
   c.n = 2;
+  rig.decode_paused = true;  // held again from choice 1's second token until it is stopped
   auto cs = start(*rig.pair, c);
   ASSERT_NE(cs->req->call_id, 0u);
-  ASSERT_TRUE(rig.eventually([&] { return cs->count(1) >= 2; }));
+  rig.pauseDecodeWhen([cs] { return cs->count(1) >= 2; });
+  rig.decode_paused = false;
+  ASSERT_TRUE(rig.eventually([&] { return cs->count(1) >= 2 && rig.decode_paused; }));
   EXPECT_TRUE(rig.pair->stopChoice(cs->req->call_id, 1).isOk());
   EXPECT_EQ(rig.pair->stopChoice(cs->req->call_id, 2).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(rig.pair->stopChoice(cs->req->call_id + 1, 0).code(), StatusCode::kNotFound);
+  rig.decode_paused = false;
   ASSERT_TRUE(rig.eventually([&] { return cs->lasts() == 2; }));
   {
     std::lock_guard<std::mutex> l(a->mu);
