@@ -101,6 +101,8 @@
 //              constrained path's cost. Needs a sampler that announces token masks.
 //   --profile: one decode step per workload between cudaProfilerStart/Stop, for
 //              ncu --profile-from-start off
+//   --batch-check B1,B2,... [--batch-check-prompt N]: instead of timing, whether one sequence's
+//              tokens and logits depend on the batch around it (batchCheck below)
 //   --bar-dump DIR [--bar-prompts 16,64,256,1024,2100]: instead of timing, the rose side of the
 //              real-shape accuracy bar (bench/suites/hf_llm_bar20b.py runs Hugging Face
 //              transformers in fp32 and fp32+TF32 on the same tokens): per prompt length L,
@@ -183,6 +185,7 @@ struct Bench {
     std::vector<int32_t> tokens;
     int32_t cached = 0;
     std::vector<int32_t> blocks;
+    bool logits = false;  // return the row it samples from (LogitsMode::kLast) into step's `logits`
   };
 
   void ensureBlocks(Seq& s, int32_t tokens) {
@@ -197,7 +200,8 @@ struct Bench {
   }
 
   // One step: each sequence computes min(pending, budget share) tokens; samples when done.
-  double step(std::vector<Seq*> seqs) {
+  // `logits`: room for the rows of the sampling sequences that set Seq::logits, in their order.
+  double step(std::vector<Seq*> seqs, float* logits = nullptr) {
     std::vector<LlmStepSeq> desc;
     std::vector<int32_t> toks, blocks;
     int64_t budget = max_batch_tokens;
@@ -216,6 +220,7 @@ struct Bench {
       d.block_offset = static_cast<int32_t>(blocks.size());
       d.num_blocks = static_cast<int32_t>(s->blocks.size());
       d.sample = n == pending ? 1 : 0;
+      if (d.sample && s->logits && logits != nullptr) d.logits = LogitsMode::kLast;
       if (d.sample && mask_density > 0) {
         int32_t k = 0;
         for (const LlmStepSeq& e : desc) k += e.mask_index > 0;
@@ -256,7 +261,7 @@ struct Bench {
     }
     const auto t0 = Clock::now();
     if (cb != nullptr) cudaEventRecord(span_ev[0], cb->stream());
-    backend->launch([&] { model->enqueueStep(st, *kv, nullptr, sampled.data()); });
+    backend->launch([&] { model->enqueueStep(st, *kv, logits, sampled.data()); });
     if (cb != nullptr) cudaEventRecord(span_ev[1], cb->stream());
     last_host_s = std::chrono::duration<double>(Clock::now() - t0).count();
     Status s = backend->synchronize();
@@ -404,14 +409,114 @@ int barDump(Bench& b, const std::string& dir, const std::string& list) {
         f.write(reinterpret_cast<const char*>(&v2), 4);
       }
     }
-    js += std::string(idx ? "," : "") + "{\"prompt_len\":" + std::to_string(len) + ",\"tokens\":[";
-    for (size_t i = 0; i < s.tokens.size(); ++i) js += (i ? "," : "") + std::to_string(s.tokens[i]);
+    if (idx > 0) js += ',';
+    js += "{\"prompt_len\":";
+    js += std::to_string(len);
+    js += ",\"tokens\":[";
+    for (size_t i = 0; i < s.tokens.size(); ++i) {
+      if (i > 0) js += ',';
+      js += std::to_string(s.tokens[i]);
+    }
     js += "]}";
     std::printf("bar dump: prompt %d tokens -> rose_top2_%d.bin\n", len, idx);
     ++idx;
   }
   std::ofstream(dir + "/seqs.json") << js << "]\n";
   return 0;
+}
+
+// --batch-check B1,B2,... [TAG_BATCH_CHECK]: does a sequence's output depend on what else is in
+// its batch, at the checkpoint's real shapes? One target sequence (a --batch-check-prompt token
+// random prompt, default 1000) is prefilled in one step and decoded greedily for --decode-steps
+// steps alone; then as the first of B sequences whose other prompts are random (40..1500
+// tokens): prefilled in the same step as the first chunks of the others, decoded beside their
+// prefill chunks and their decodes. Two passes each: ids only (decode steps on the CUDA-graph
+// path, as served) and with the target's logits row every step (eager). Prints, per B and
+// pass, how many of the target's tokens equal the alone run's and the first step whose logits
+// row differs in any bit (with the row's largest |difference| there). Exit 3 when any
+// differ, so the suite can tell; a tie broken differently shows as a token and a logits
+// difference at the same step.
+int batchCheck(Bench& b, const std::string& list, int prompt_len, int steps) {
+  const int64_t vocab = b.model->vocabSize();
+  std::mt19937 rng(20261206);
+  std::uniform_int_distribution<int32_t> tok(0, 199997);
+  std::uniform_int_distribution<int> len(40, 1500);
+  auto draw = [&](int n) {
+    std::vector<int32_t> t(static_cast<size_t>(n));
+    for (auto& x : t) x = tok(rng);
+    return t;
+  };
+  const std::vector<int32_t> target = draw(prompt_len);
+  struct Run {
+    std::vector<int32_t> ids;
+    std::vector<std::vector<float>> rows;
+  };
+  auto run = [&](const std::vector<std::vector<int32_t>>& others, bool logits) {
+    b.next_block = 0;
+    std::vector<Bench::Seq> seqs(1 + others.size());
+    seqs[0].tokens = target;
+    seqs[0].logits = logits;
+    for (size_t i = 0; i < others.size(); ++i) seqs[i + 1].tokens = others[i];
+    std::vector<Bench::Seq*> ptrs;
+    for (auto& q : seqs) ptrs.push_back(&q);
+    Run r;
+    std::vector<float> row(static_cast<size_t>(vocab));
+    // The prefill's token, then `steps` decode tokens.
+    while (static_cast<int>(r.ids.size()) < steps + 1) {
+      const size_t had = seqs[0].tokens.size();
+      b.step(ptrs, logits ? row.data() : nullptr);
+      if (seqs[0].tokens.size() > had) {
+        r.ids.push_back(seqs[0].tokens.back());
+        if (logits) r.rows.push_back(row);
+      }
+    }
+    return r;
+  };
+  const Run alone_ids = run({}, false), alone_rows = run({}, true);
+  bool all_equal = alone_ids.ids == alone_rows.ids;
+  std::printf("batch check: target prompt %d tokens, %d decode steps; alone, ids-only and "
+              "logits passes give %s tokens\n",
+              prompt_len, steps, all_equal ? "the same" : "DIFFERENT");
+  for (const auto& e : split(list, ',')) {
+    const int batch = std::atoi(e.c_str());
+    std::vector<std::vector<int32_t>> others;
+    for (int i = 1; i < batch; ++i) others.push_back(draw(len(rng)));
+    for (bool logits : {false, true}) {
+      const Run got = run(others, logits);
+      const Run& want = logits ? alone_rows : alone_ids;
+      size_t same = 0;
+      int first_token = -1;
+      for (size_t i = 0; i < want.ids.size(); ++i) {
+        if (got.ids[i] == want.ids[i]) {
+          ++same;
+        } else if (first_token < 0) {
+          first_token = static_cast<int>(i);
+        }
+      }
+      int first_row = -1;
+      double max_diff = 0;
+      for (size_t i = 0; logits && i < want.rows.size() && first_row < 0; ++i) {
+        if (std::memcmp(got.rows[i].data(), want.rows[i].data(),
+                        static_cast<size_t>(vocab) * sizeof(float)) != 0) {
+          first_row = static_cast<int>(i);
+          for (int64_t v = 0; v < vocab; ++v)
+            max_diff = std::max(max_diff, std::fabs(static_cast<double>(got.rows[i][v]) -
+                                                    want.rows[i][v]));
+        }
+      }
+      const bool equal = first_token < 0 && first_row < 0;
+      all_equal = all_equal && equal;
+      std::printf("batch check B=%d %s: tokens equal %zu/%zu (first differing step %d)", batch,
+                  logits ? "logits" : "ids", same, want.ids.size(), first_token);
+      if (logits)
+        std::printf(", logits rows equal bit for bit %s (first differing step %d, max |diff| "
+                    "%.3g there)",
+                    first_row < 0 ? "every step" : "NOT", first_row, max_diff);
+      std::printf("%s\n", equal ? "" : "  BATCH-DEPENDENT");
+      std::fflush(stdout);
+    }
+  }
+  return all_equal ? 0 : 3;
 }
 
 // A CUDA backend and its LLM ops reserved for gpt-oss-20b's shapes (hidden 2880, 32 experts,
@@ -917,6 +1022,8 @@ int main(int argc, char** argv) {
   int64_t fp8_min_tokens = 0;  // --fp8-min-tokens N: MoE steps of >= N tokens use the FP8 copy
   double mask_density = 0;  // --masks D
   std::string bar_dir, bar_prompts = "16,64,256,1024,2100";  // --bar-dump DIR, --bar-prompts
+  std::string batch_check;           // --batch-check B1,B2,... [TAG_BATCH_CHECK]
+  int batch_check_prompt = 1000;     // --batch-check-prompt N
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -1043,6 +1150,8 @@ int main(int argc, char** argv) {
     else if (a == "--masks") mask_density = std::atof(next().c_str());
     else if (a == "--bar-dump") bar_dir = next();
     else if (a == "--bar-prompts") bar_prompts = next();
+    else if (a == "--batch-check") batch_check = next();
+    else if (a == "--batch-check-prompt") batch_check_prompt = std::atoi(next().c_str());
     else {
       std::fprintf(stderr, "unknown flag %s\n", a.c_str());
       return 2;
@@ -1101,6 +1210,9 @@ int main(int argc, char** argv) {
   for (const auto& d : split(decode_list, ',')) {
     max_seqs = std::max<int32_t>(max_seqs, std::atoi(d.c_str()));
   }
+  for (const auto& d : split(batch_check, ',')) {
+    max_seqs = std::max<int32_t>(max_seqs, std::atoi(d.c_str()));
+  }
   go.max_seqs = max_seqs;
   go.max_logits_rows = max_seqs;
   go.max_model_len = 131072;
@@ -1146,6 +1258,15 @@ int main(int argc, char** argv) {
     const int64_t batch = std::atoll(bc[0].c_str()), ctx = std::atoll(bc[1].c_str());
     need_tokens = std::max<int64_t>(need_tokens, batch * (ctx + decode_steps + 2 * 16));
   }
+  for (const auto& d : split(batch_check, ',')) {  // the others' prompts are at most 1500 tokens
+    const int64_t batch = std::atoll(d.c_str());
+    if (batch < 1 || batch_check_prompt < 1 || batch_check_prompt > max_batch_tokens) {
+      std::fprintf(stderr, "--batch-check: batches >= 1, a prompt of 1..--max-batch-tokens\n");
+      return 2;
+    }
+    need_tokens = std::max<int64_t>(need_tokens, batch_check_prompt + (batch - 1) * 1500 +
+                                                     batch * (decode_steps + 2 * 16));
+  }
   need_tokens = std::max(need_tokens, kv_tokens);
   const int32_t blocks = static_cast<int32_t>((need_tokens + 15) / 16 + 64);
   auto kv = PagedKvCache::create(*b.backend, b.model->kvShape(blocks, 16), b.model->kvDType());
@@ -1185,6 +1306,7 @@ int main(int argc, char** argv) {
                 static_cast<long long>(cuda::moeFp8MinTokens()));
   }
   if (!bar_dir.empty()) return barDump(b, bar_dir, bar_prompts);
+  if (!batch_check.empty()) return batchCheck(b, batch_check, batch_check_prompt, decode_steps);
   std::ofstream json;
   if (!json_path.empty()) json.open(json_path);
   for (const auto& p : split(prefill_list, ',')) {

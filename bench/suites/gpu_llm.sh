@@ -31,6 +31,9 @@
 #             the whole gpu_llm_model_test with GARDEN_GEMM_ROW_INVARIANT=1
 #   rowinvab  decode 1@8192, 8@4096, 64@1024 with --gemm-row-invariant on / off (needs mk20b)
 #   rowinvpf  prefill 8k / 32k (median of 3) with --gemm-row-invariant on / off (needs mk20b)
+#   batchcheck  [TAG_BATCH_CHECK] rose_llm_bench --batch-check 8,64 on the 20b checkpoint: one
+#             sequence's tokens and logits alone and inside batches of 8 / 64, with
+#             --gemm-row-invariant on (the step's result) and off (reported) (needs mk20b)
 #   f16suite  the whole gpu_llm_model_test with GARDEN_TEST_GPTOSS_DTYPE=float16, then its dtype,
 #             FP8 and bf16 cuBLASLt cases without it
 #   embcheck  gpu_model_graph_test (the embedding graphs: graphed == eager), then rose_forward_bench
@@ -346,6 +349,7 @@ for s in $STEPS; do
     moedec) step moedec moe_dec.log 300 bash -c "'$BIN/gpu_llm_ops_test' --gtest_brief=1 --gtest_filter='*MoeDecodeKernelShapes*:*MoeKSlices*:*MoeExperts*:*MoeWide*' && compute-sanitizer --tool memcheck --error-exitcode 3 '$BIN/gpu_llm_ops_test' --gtest_brief=1 --gtest_filter='*MoeExperts*:*MoeKSlices*'" ;;
     rowinv) step rowinv rowinv.log 500 bash -c "rc=0; '$BIN/gpu_kernels_test' --gtest_filter='*RowInvariant*:*SmallBuckets*:*ChainGemm*' || rc=1; GARDEN_GEMM_ROW_INVARIANT=1 '$BIN/gpu_llm_model_test' --gtest_brief=1 || rc=1; exit \$rc" ;;
     rowinvab) decodeab rowinvab rowinvab.txt "'--gemm-row-invariant on' ''" ;;
+    batchcheck) step batchcheck batchcheck.txt 500 bash -c "rc=0; for v in on off; do echo \"== --gemm-row-invariant \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --batch-check 8,64 --decode-steps 32 --max-batch-tokens 16384 --gemm-row-invariant \$v > /tmp/bc.txt 2>&1; r=\$?; grep -v 'gemm tuned' /tmp/bc.txt; echo \"== exit \$r\"; if [ \$v = on ] && [ \$r -ne 0 ]; then rc=1; fi; done; exit \$rc" ;;
     rowinvpf) step rowinvpf rowinvpf.txt 300 bash -c "prefillab /tmp/gptoss20b --gemm-row-invariant on off" ;;
     f16suite) step f16suite f16suite.log 300 bash -c "rc=0; GARDEN_TEST_GPTOSS_DTYPE=float16 '$BIN/gpu_llm_model_test' --gtest_brief=1 || rc=1; '$BIN/gpu_llm_model_test' --gtest_brief=1 --gtest_filter='*Fp16Attention*:*Fp8ExpertsTrack*:*LtBf16Prefill*' || rc=1; exit \$rc" ;;
     embcheck) step embcheck embcheck.txt 300 bash -c "rc=0; '$BIN/gpu_model_graph_test' --gtest_brief=1 || rc=1; python3 '$ROOT/bench/suites/make_random_qwen3.py' --out /tmp/q3emb > /dev/null && '$BIN/rose_forward_bench' /tmp/q3emb --iters 20 2>&1 | grep -v 'gemm tuned' || rc=1; exit \$rc" ;;
