@@ -149,8 +149,13 @@ struct RankArgs {
   // collective staged through host memory) [TAG_STAGED_COMM].
   int64_t ipc_allreduce_bytes = 0;
   std::string nccl = "off";  // cuda ranks: NCCL for the collectives the IPC kernel does not take
-  rose::RankDeviceComm deviceComm() const {
-    return {static_cast<size_t>(ipc_allreduce_bytes), nccl == "on"};
+  // cuda ranks: all-to-alls through the CUDA IPC kernel, slots of this many bytes per source
+  // (0: none) [TAG_IPC_ALLTOALL]
+  int64_t ipc_alltoall_bytes = 0;
+  // max_batch_tokens: no rank sends another more rows than the step has tokens.
+  rose::RankDeviceComm deviceComm(int64_t max_batch_tokens) const {
+    return {static_cast<size_t>(ipc_allreduce_bytes), nccl == "on",
+            static_cast<size_t>(ipc_alltoall_bytes), max_batch_tokens};
   }
   bool sharded() const { return parallel.world() > 1 || rank > 0; }
 };
@@ -467,7 +472,7 @@ Result<Workload> loadLlmSharded(const std::string& dir, rose::Backend& backend, 
 
   ASSIGN_OR_RETURN(w.ops, rose::makeLlmOps(backend, threads));
   ASSIGN_OR_RETURN(w.shard_ops, rose::makeShardOps(backend));
-  w.comms = w.segment->communicators(0, &backend, ra.deviceComm());
+  w.comms = w.segment->communicators(0, &backend, ra.deviceComm(max_batch_tokens));
   ASSIGN_OR_RETURN(w.shard,
                    rose::GptOssShard::load(dir, backend, *w.ops, *w.shard_ops,
                                            gptOssOptions(max_batch_tokens, f), par, 0,
@@ -553,7 +558,7 @@ int runFollowerRank(const std::string& dir, const std::string& device, int32_t t
   auto shard_ops = rose::makeShardOps(**backend);
   if (!shard_ops.isOk()) return failed(shard_ops.status(), "cannot create the shard ops");
   rose::RankSegment::Comms comms =
-      s.communicators(ra.rank, backend->get(), ra.deviceComm());
+      s.communicators(ra.rank, backend->get(), ra.deviceComm(max_batch_tokens));
   auto shard = rose::GptOssShard::load(dir, **backend, **ops, **shard_ops,
                                        gptOssOptions(max_batch_tokens, f), par, ra.rank,
                                        comms.view());
@@ -703,6 +708,11 @@ int main(int argc, char** argv) {
            "cuda ranks: all-reduces of F32/BF16 up to this many bytes run as the CUDA IPC "
            "all-reduce on the GPU (a multiple of 16); 0 (default until measured): every "
            "collective is staged through host memory")
+      .add("rank-ipc-alltoall-bytes", &ranks.ipc_alltoall_bytes,
+           "cuda ranks: all-to-alls (the expert dispatch and its return) run as the CUDA IPC "
+           "all-to-all with per-row flags when --max-batch-tokens rows of theirs fit this many "
+           "bytes (a multiple of 16; each rank holds 2 x world such slots); 0 (default until "
+           "measured): NCCL or staged")
       .add("rank-nccl", &ranks.nccl,
            "on|off: cuda ranks use NCCL for all-reduces above --rank-ipc-allreduce-bytes, "
            "broadcasts, all-gathers and the expert all-to-all (one GPU per rank; NVLink "
@@ -779,6 +789,12 @@ int main(int argc, char** argv) {
     if (ranks.ipc_allreduce_bytes < 0 || ranks.ipc_allreduce_bytes % 16 != 0 ||
         (ranks.ipc_allreduce_bytes > 0 && device != "cuda")) {
       std::fprintf(stderr, "rose: --rank-ipc-allreduce-bytes must be a multiple of 16, and needs "
+                           "--device cuda\n");
+      return 2;
+    }
+    if (ranks.ipc_alltoall_bytes < 0 || ranks.ipc_alltoall_bytes % 16 != 0 ||
+        (ranks.ipc_alltoall_bytes > 0 && device != "cuda")) {
+      std::fprintf(stderr, "rose: --rank-ipc-alltoall-bytes must be a multiple of 16, and needs "
                            "--device cuda\n");
       return 2;
     }

@@ -13,7 +13,11 @@
 //     an unmapped export, a bad pair and a bad window pair are refused.
 // On one GPU the two ranks' kernels time-slice instead of running side by side, so the barriers
 // wait for the other context's slice: correct, slow, and no measure of speed.
-// Expected output: two "[rank r] all-reduce: 32 cases, 0 mismatches" lines, "[rank 1] kv handoff:
+//   - the all-to-all of rows [TAG_IPC_ALLTOALL]: 48 calls (batches of 6 back to back), rows of
+//     16 .. 11,520 bytes, 0 .. 64 rows per pair with self-sends; every byte against the sender's
+//     pattern, and nothing written past the rows;
+// Expected output: two "[rank r] all-reduce: 32 cases, 0 mismatches" lines, two "[rank r]
+// all-to-all: 48 calls, ... 0 wrong" lines, "[rank 1] kv handoff:
 // ... 0 wrong bytes", and the test passing.
 
 #include <cuda_bf16.h>
@@ -175,6 +179,100 @@ int allReduceCases(int rank, IpcAllReduce& ar, cudaStream_t stream) {
   return mismatches == 0 ? 0 : 1;
 }
 
+// [TAG_IPC_ALLTOALL] Rows rank `src` sends to rank `dst` in call k: 0..64 of them (some calls none
+// at all, some the slot's maximum), the same formula on both ranks, so each knows what it receives.
+int64_t a2aRows(int src, int dst, int k) {
+  if (k % 7 == 3) return 0;                    // a call that moves nothing still advances
+  if (k % 5 == 1 && src != dst) return 64;     // the slot's row limit
+  return (src * 7 + dst * 3 + k * 5) % 65;
+}
+uint8_t a2aByte(int src, int dst, int64_t row, int k, size_t offset) {
+  return static_cast<uint8_t>((src * 251 + dst * 241 + row * 13 + k * 29 + offset * 7 + 1) & 0xff);
+}
+
+// The all-to-all: 48 calls in batches of 6 enqueued back to back (no host wait between them, so a
+// call must wait for the peer's acknowledgement of the call two before it, whose half it reuses),
+// rows of 16, 48, 5,760 (gpt-oss-20b's bf16 hidden row) and 11,520 bytes (its f32 row), counts
+// 0..64 per pair including self-sends; every received byte checked, bytes past the rows keep
+// their poison; bad counts and row sizes refused.
+int allToAllCases(int rank, IpcAllToAll& a2a, cudaStream_t stream) {
+  constexpr int kBatch = 6, kCalls = 48;
+  const size_t row_sizes[] = {16, 5760, 48, 11520};
+  int64_t wrong = 0, checked = 0;
+  for (int b0 = 0; b0 < kCalls; b0 += kBatch) {
+    struct Call {
+      void* send = nullptr;
+      void* recv = nullptr;
+      size_t recv_bytes = 0, row_bytes = 0;
+      std::vector<int64_t> recv_rows;
+    };
+    std::vector<Call> calls(kBatch);
+    for (int j = 0; j < kBatch; ++j) {
+      const int k = b0 + j;
+      Call& c = calls[static_cast<size_t>(j)];
+      c.row_bytes = row_sizes[k % 4];
+      std::vector<int64_t> send_rows(kWorld);
+      c.recv_rows.assign(kWorld, 0);
+      int64_t ns = 0, nr = 0;
+      for (int q = 0; q < kWorld; ++q) {
+        send_rows[static_cast<size_t>(q)] = a2aRows(rank, q, k);
+        c.recv_rows[static_cast<size_t>(q)] = a2aRows(q, rank, k);
+        ns += send_rows[static_cast<size_t>(q)];
+        nr += c.recv_rows[static_cast<size_t>(q)];
+      }
+      std::vector<uint8_t> host(static_cast<size_t>(ns) * c.row_bytes);
+      size_t at = 0;
+      for (int q = 0; q < kWorld; ++q)
+        for (int64_t i = 0; i < send_rows[static_cast<size_t>(q)]; ++i)
+          for (size_t o = 0; o < c.row_bytes; ++o) host[at++] = a2aByte(rank, q, i, k, o);
+      c.recv_bytes = static_cast<size_t>(nr) * c.row_bytes;
+      CHILD_CHECK(cudaMalloc(&c.send, host.size() + 16) == cudaSuccess, "cudaMalloc send");
+      CHILD_CHECK(cudaMalloc(&c.recv, c.recv_bytes + 256) == cudaSuccess, "cudaMalloc recv");
+      CHILD_CHECK(cudaMemcpy(c.send, host.data(), host.size(), cudaMemcpyHostToDevice) ==
+                      cudaSuccess,
+                  "upload");
+      CHILD_CHECK(cudaMemset(c.recv, 0xEE, c.recv_bytes + 256) == cudaSuccess, "poison");
+    }
+    for (int j = 0; j < kBatch; ++j) {  // back to back on the stream
+      const int k = b0 + j;
+      Call& c = calls[static_cast<size_t>(j)];
+      std::vector<int64_t> send_rows(kWorld);
+      for (int q = 0; q < kWorld; ++q) send_rows[static_cast<size_t>(q)] = a2aRows(rank, q, k);
+      const Status st =
+          a2a.allToAllRows(c.send, send_rows, c.recv, c.recv_rows, c.row_bytes, stream);
+      CHILD_CHECK(st.isOk(), st.toString().c_str());
+    }
+    CHILD_CHECK(cudaStreamSynchronize(stream) == cudaSuccess, "sync");
+    for (int j = 0; j < kBatch; ++j) {
+      const int k = b0 + j;
+      Call& c = calls[static_cast<size_t>(j)];
+      std::vector<uint8_t> got(c.recv_bytes + 256);
+      CHILD_CHECK(cudaMemcpy(got.data(), c.recv, got.size(), cudaMemcpyDeviceToHost) == cudaSuccess,
+                  "download");
+      size_t at = 0;
+      for (int q = 0; q < kWorld; ++q)
+        for (int64_t i = 0; i < c.recv_rows[static_cast<size_t>(q)]; ++i)
+          for (size_t o = 0; o < c.row_bytes; ++o) wrong += got[at++] != a2aByte(q, rank, i, k, o);
+      for (size_t o = 0; o < 256; ++o) wrong += got[at++] != 0xEE;  // nothing past the rows
+      checked += static_cast<int64_t>(got.size());
+      cudaFree(c.send);
+      cudaFree(c.recv);
+    }
+  }
+  const std::vector<int64_t> too_many(kWorld, a2a.maxRows() + 1), one(kWorld, 1);
+  CHILD_CHECK(a2a.allToAllRows(nullptr, too_many, nullptr, one, 16, stream).code() ==
+                  StatusCode::kInvalidArgument,
+              "a count past max_rows was not refused");
+  CHILD_CHECK(a2a.allToAllRows(nullptr, one, nullptr, one, 8, stream).code() ==
+                  StatusCode::kInvalidArgument,
+              "8-byte rows were not refused");
+  const Status err = a2a.checkError();
+  CHILD_CHECK(err.isOk(), err.toString().c_str());
+  std::printf("[rank %d] all-to-all: %d calls, %lld bytes checked, %lld wrong\n", rank, kCalls,
+              static_cast<long long>(checked), static_cast<long long>(wrong));
+  return wrong == 0 ? 0 : 1;
+}
+
 // [TAG_KV_PULL_CUDA] The handoff as rose runs it: rank 0's paged cache (a CudaBackend
 // allocation, a window pool on layers 1 and 3) exported by name with its IPC handles
 // (SharedKvPools::createNamedDevice), rank 1 opening it (openNamed + mapDevice) and pulling 5
@@ -316,8 +414,26 @@ int runRank(int rank, const fs::path& dir) {
   const Status c = ar.value()->connect(all);
   CHILD_CHECK(c.isOk(), c.toString().c_str());
   int rc = allReduceCases(rank, *ar.value(), stream);
+  // [TAG_IPC_ALLTOALL] 64 rows of up to 11,520 bytes per source and call.
+  auto a2a = IpcAllToAll::create(rank, kWorld, 64, size_t{64} * 11520);
+  CHILD_CHECK(a2a.isOk(), a2a.status().toString().c_str());
+  const IpcHandle a2a_mine = a2a.value()->handle();
+  CHILD_CHECK(writeFileAtomic(dir / ("a2a." + std::to_string(rank)), &a2a_mine, sizeof(a2a_mine)),
+              "write a2a handle");
+  std::vector<IpcHandle> a2a_all(kWorld);
+  for (int r = 0; r < kWorld; ++r) {
+    std::vector<char> raw;
+    CHILD_CHECK(
+        waitForFile(dir / ("a2a." + std::to_string(r)), raw) && raw.size() == sizeof(IpcHandle),
+        "peer a2a handle");
+    std::memcpy(&a2a_all[static_cast<size_t>(r)], raw.data(), sizeof(IpcHandle));
+  }
+  const Status ca = a2a.value()->connect(a2a_all);
+  CHILD_CHECK(ca.isOk(), ca.toString().c_str());
+  rc |= allToAllCases(rank, *a2a.value(), stream);
   rc |= kvHandoff(rank, dir);
   ar.value().reset();
+  a2a.value().reset();
   cudaStreamDestroy(stream);
   return rc;
 }

@@ -72,6 +72,10 @@ struct RelayedStep {
 struct RankDeviceComm {
   size_t ipc_bytes = 0;  // all-reduces up to this size on the CUDA IPC kernel (0: none)
   bool nccl = false;     // NCCL for the rest (one GPU per rank)
+  // [TAG_IPC_ALLTOALL] All-to-alls on the CUDA IPC kernel: slots of this many bytes per source
+  // (0: none), for at most alltoall_rows rows per source and call (the step's token budget).
+  size_t ipc_alltoall_bytes = 0;
+  int64_t alltoall_rows = 0;
 };
 
 class RankSegment {

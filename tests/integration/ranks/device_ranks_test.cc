@@ -7,7 +7,8 @@
 //     rank on GPU 0 of a one-GPU host ([TAG_RANK_DEVICE]: rank % visible GPUs).
 // The GPU-path tiny random gpt-oss; `--tp 2 --ep 2` and `--dp 2 --ep 2` through --rose-arg (on
 // cuda also `--tp 2 --ep 2 --rank-ipc-allreduce-bytes 1048576`: the all-reduces on the CUDA IPC
-// kernel, parallel/cuda/ipc_rank_comm.h).
+// kernel, parallel/cuda/device_rank_comm.h; and `--dp 2 --ep 2 --rank-ipc-alltoall-bytes 294912`:
+// the expert all-to-alls on the CUDA IPC all-to-all [TAG_IPC_ALLTOALL]).
 // What must hold: tulip sees one worker with rank 0 and one more rank process; two concurrent
 // greedy streams equal what the unsharded rose (one process, same device) serves for the same
 // prompts (issue 19: TP/EP output equals TP1 greedy) up to the unsharded stream's first near-tie
@@ -135,6 +136,9 @@ TEST_F(DeviceRanks, StagedShardedRoseServesTheUnshardedTokens) {
   // cuda: also the all-reduces through the CUDA IPC kernel (the rest staged).
   if (device() == "cuda") {
     layouts.push_back({"--tp", "2", "--ep", "2", "--rank-ipc-allreduce-bytes", "1048576"});
+    // [TAG_IPC_ALLTOALL] dp 2: the expert dispatch and its return on the CUDA IPC all-to-all
+    // (256 rows of the hidden 288 in f32 fit 294,912 bytes; the logits rows do not: staged).
+    layouts.push_back({"--dp", "2", "--ep", "2", "--rank-ipc-alltoall-bytes", "294912"});
   }
   for (const std::vector<std::string>& layout : layouts) {
     std::string name;

@@ -28,8 +28,13 @@ void check(const Status& st) { CHECK_MSG(st.isOk(), st.toString().c_str()); }
 class DeviceRankComm final : public Communicator {
  public:
   DeviceRankComm(std::unique_ptr<Communicator> host, cuda::CudaBackend& b,
-                 std::unique_ptr<cuda::IpcAllReduce> ipc, NcclPtr nccl)
-      : staged_(std::move(host), b), backend_(b), ipc_(std::move(ipc)), nccl_(std::move(nccl)) {}
+                 std::unique_ptr<cuda::IpcAllReduce> ipc, std::unique_ptr<cuda::IpcAllToAll> a2a,
+                 NcclPtr nccl)
+      : staged_(std::move(host), b),
+        backend_(b),
+        ipc_(std::move(ipc)),
+        a2a_(std::move(a2a)),
+        nccl_(std::move(nccl)) {}
 
   int32_t rank() const override { return staged_.rank(); }
   int32_t size() const override { return staged_.size(); }
@@ -62,9 +67,12 @@ class DeviceRankComm final : public Communicator {
 
   void allToAllRows(const Tensor& send, std::span<const int64_t> send_rows, const Tensor& recv,
                     std::span<const int64_t> recv_rows) override {
+    const size_t rb = recv.ndim > 0 ? collectiveRowBytes(recv) : collectiveRowBytes(send);
+    if (a2a_ != nullptr && a2a_->fitsRows(rb)) {  // [TAG_IPC_ALLTOALL]
+      return check(a2a_->allToAllRows(send.data, send_rows, recv.data, recv_rows, rb, stream()));
+    }
 #if defined(GARDEN_HAVE_NCCL) && GARDEN_HAVE_NCCL
     if (nccl_ != nullptr) {
-      const size_t rb = recv.ndim > 0 ? collectiveRowBytes(recv) : collectiveRowBytes(send);
       const size_t n = send_rows.size();
       std::vector<size_t> so(n), sb(n), ro(n), rbytes(n);
       size_t s_at = 0, r_at = 0;
@@ -101,6 +109,7 @@ class DeviceRankComm final : public Communicator {
   StagedCommunicator staged_;
   cuda::CudaBackend& backend_;
   std::unique_ptr<cuda::IpcAllReduce> ipc_;
+  std::unique_ptr<cuda::IpcAllToAll> a2a_;
   NcclPtr nccl_;
 };
 
@@ -122,22 +131,35 @@ Result<std::unique_ptr<Communicator>> makeDeviceRankCommunicator(std::unique_ptr
   if (opts.ipc_bytes % 16 != 0) {
     return invalidArgument("the IPC all-reduce's capacity must be a multiple of 16");
   }
+  if (opts.ipc_alltoall_bytes % 16 != 0 || (opts.ipc_alltoall_bytes > 0 && opts.alltoall_rows < 1)) {
+    return invalidArgument(
+        "the IPC all-to-all's slot must be a multiple of 16 bytes, with a row bound >= 1");
+  }
   if (opts.nccl && !deviceCommHasNccl()) {
     return failedPrecondition("NCCL collectives asked for, but this rose was built without NCCL");
   }
   if (cudaSetDevice(cb->device()) != cudaSuccess) return internalError("cudaSetDevice failed");
   const int32_t n = host->size(), r = host->rank();
   std::unique_ptr<cuda::IpcAllReduce> ipc;
-  if (opts.ipc_bytes > 0) {
-    ASSIGN_OR_RETURN(ipc, cuda::IpcAllReduce::create(r, n, opts.ipc_bytes));
-    // Every member's handle, through the host collective (bytes).
+  // Every member's IPC handle, through the host collective (bytes).
+  auto handles = [&](const cuda::IpcHandle& own) {
     constexpr int64_t kHandle = sizeof(cuda::IpcHandle);
     std::vector<cuda::IpcHandle> all(static_cast<size_t>(n));
-    cuda::IpcHandle mine = ipc->handle();
+    cuda::IpcHandle mine = own;
     const std::vector<int64_t> ones(static_cast<size_t>(n), 1);
     host->allGatherRows(Tensor(&mine, DType::kU8, {1, kHandle}), ones,
                         Tensor(all.data(), DType::kU8, {n, kHandle}));
-    RETURN_IF_ERROR(ipc->connect(all));
+    return all;
+  };
+  if (opts.ipc_bytes > 0) {
+    ASSIGN_OR_RETURN(ipc, cuda::IpcAllReduce::create(r, n, opts.ipc_bytes));
+    RETURN_IF_ERROR(ipc->connect(handles(ipc->handle())));
+  }
+  std::unique_ptr<cuda::IpcAllToAll> a2a;
+  if (opts.ipc_alltoall_bytes > 0) {  // [TAG_IPC_ALLTOALL]
+    ASSIGN_OR_RETURN(a2a, cuda::IpcAllToAll::create(r, n, opts.alltoall_rows,
+                                                     opts.ipc_alltoall_bytes));
+    RETURN_IF_ERROR(a2a->connect(handles(a2a->handle())));
   }
   NcclPtr nccl;
 #if defined(GARDEN_HAVE_NCCL) && GARDEN_HAVE_NCCL
@@ -152,7 +174,8 @@ Result<std::unique_ptr<Communicator>> makeDeviceRankCommunicator(std::unique_ptr
   }
 #endif
   return std::unique_ptr<Communicator>(
-      std::make_unique<DeviceRankComm>(std::move(host), *cb, std::move(ipc), std::move(nccl)));
+      std::make_unique<DeviceRankComm>(std::move(host), *cb, std::move(ipc), std::move(a2a),
+                                       std::move(nccl)));
 }
 
 }  // namespace garden::rose

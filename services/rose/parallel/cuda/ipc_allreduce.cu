@@ -3,23 +3,14 @@
 #include <cuda_bf16.h>
 
 #include "services/rose/parallel/cuda/ipc_allreduce.cuh"
+#include "services/rose/parallel/cuda/ipc_sync.cuh"
 
 namespace garden::rose::cuda {
 namespace {
 
-__device__ __forceinline__ uint32_t ldAcquireSys(const uint32_t* p) {
-  uint32_t v;
-  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void stReleaseSys(uint32_t* p, uint32_t v) {
-  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-__device__ __forceinline__ uint64_t globalTimer() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
+using ipc_sync::globalTimer;
+using ipc_sync::ldAcquireSys;
+using ipc_sync::stReleaseSys;
 
 __device__ __forceinline__ uint32_t* flagPtr(char* buf, int phase, int block, int rank) {
   return reinterpret_cast<uint32_t*>(buf) + (phase * kIpcMaxBlocks + block) * kIpcMaxRanks + rank;

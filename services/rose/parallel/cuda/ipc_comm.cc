@@ -95,4 +95,91 @@ Status IpcAllReduce::checkError() {
   return okStatus();
 }
 
+Result<std::unique_ptr<IpcAllToAll>> IpcAllToAll::create(int rank, int world, int64_t max_rows,
+                                                         size_t slot_bytes, int blocks) {
+  if (world < 1 || world > kIpcMaxRanks || rank < 0 || rank >= world) {
+    return invalidArgument("ipc all-to-all: rank " + std::to_string(rank) + " of " +
+                           std::to_string(world) + " (at most " + std::to_string(kIpcMaxRanks) +
+                           " ranks)");
+  }
+  if (blocks < 1 || blocks > kIpcMaxBlocks || max_rows < 1 || slot_bytes == 0 ||
+      slot_bytes % 16 != 0) {
+    return invalidArgument(
+        "ipc all-to-all: blocks in [1, 32], max_rows >= 1, slot bytes a positive multiple of 16");
+  }
+  std::unique_ptr<IpcAllToAll> c(new IpcAllToAll());
+  c->blocks_ = blocks;
+  c->args_.rank = rank;
+  c->args_.world = world;
+  c->args_.max_rows = max_rows;
+  c->args_.slot_bytes = slot_bytes;
+  c->args_.data_offset = kA2aAckBytes + a2aFlagBytes(max_rows);
+  // One allocation: the buffer peers write into, then this rank's own words (epoch, error, done
+  // blocks) past it — peers never touch those.
+  const size_t bytes = a2aBufferBytes(world, max_rows, slot_bytes);
+  CUDA_RETURN_IF_ERROR(cudaMalloc(&c->own_, bytes + 16));
+  // acks and flags start at 0 (epochs count from 1); the data needs no clearing
+  CUDA_RETURN_IF_ERROR(cudaMemset(c->own_, 0, kA2aAckBytes + a2aFlagBytes(max_rows)));
+  c->args_.words = reinterpret_cast<uint32_t*>(static_cast<char*>(c->own_) + bytes);
+  CUDA_RETURN_IF_ERROR(cudaMemset(c->args_.words, 0, 16));
+  CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());  // zeroed before any peer may write into it
+  c->args_.bufs[rank] = static_cast<char*>(c->own_);
+  ASSIGN_OR_RETURN(c->handle_, exportIpcHandle(c->own_));
+  return c;
+}
+
+IpcAllToAll::~IpcAllToAll() {
+  peers_.clear();
+  if (own_ != nullptr) (void)cudaFree(own_);
+}
+
+Status IpcAllToAll::connect(std::span<const IpcHandle> handles) {
+  if (static_cast<int>(handles.size()) != args_.world) {
+    return invalidArgument("ipc all-to-all: connect needs one handle per rank");
+  }
+  for (int r = 0; r < args_.world; ++r) {
+    if (r == args_.rank) continue;  // CUDA cannot open a process's own handle
+    ASSIGN_OR_RETURN(auto m, IpcMapping::open(handles[static_cast<size_t>(r)]));
+    args_.bufs[r] = static_cast<char*>(m->data());
+    peers_.push_back(std::move(m));
+  }
+  return okStatus();
+}
+
+Status IpcAllToAll::allToAllRows(const void* send, std::span<const int64_t> send_rows, void* recv,
+                                 std::span<const int64_t> recv_rows, size_t row_bytes,
+                                 cudaStream_t stream) {
+  const int world = args_.world;
+  if (static_cast<int>(send_rows.size()) != world || static_cast<int>(recv_rows.size()) != world) {
+    return invalidArgument("ipc all-to-all: one send and one receive count per rank");
+  }
+  if (row_bytes == 0 || row_bytes % 16 != 0) {
+    return invalidArgument("ipc all-to-all: rows must be a positive multiple of 16 bytes");
+  }
+  A2aCounts counts;
+  for (int q = 0; q < world; ++q) {
+    if (args_.bufs[q] == nullptr) return failedPrecondition("ipc all-to-all: connect() first");
+    for (const int64_t n : {send_rows[static_cast<size_t>(q)], recv_rows[static_cast<size_t>(q)]}) {
+      if (n < 0 || n > args_.max_rows || static_cast<size_t>(n) * row_bytes > args_.slot_bytes) {
+        return invalidArgument("ipc all-to-all: " + std::to_string(n) + " rows of " +
+                               std::to_string(row_bytes) + " bytes exceed a slot of " +
+                               std::to_string(args_.max_rows) + " rows / " +
+                               std::to_string(args_.slot_bytes) + " bytes");
+      }
+    }
+    counts.send_rows[q] = send_rows[static_cast<size_t>(q)];
+    counts.recv_rows[q] = recv_rows[static_cast<size_t>(q)];
+  }
+  CUDA_RETURN_IF_ERROR(
+      launchIpcAllToAll(args_, send, recv, row_bytes, counts, blocks_, stream));
+  return okStatus();
+}
+
+Status IpcAllToAll::checkError() {
+  uint32_t err = 0;
+  CUDA_RETURN_IF_ERROR(cudaMemcpy(&err, args_.words + 1, sizeof(err), cudaMemcpyDeviceToHost));
+  if (err != 0) return internalError("ipc all-to-all: a wait timed out (a peer rank is gone)");
+  return okStatus();
+}
+
 }  // namespace garden::rose::cuda

@@ -457,7 +457,11 @@ TEST_F(RoseRanks, BadLayoutsFailAtStart) {
        {std::vector<std::string>{"--tp", "2", "--ep", "3"},
         std::vector<std::string>{"--tp", "0"},
         std::vector<std::string>{"--rank", "1"},
-        std::vector<std::string>{"--dp", "2", "--ep", "2", "--kv-blocks", "33"}}) {
+        std::vector<std::string>{"--dp", "2", "--ep", "2", "--kv-blocks", "33"},
+        // the CUDA IPC collectives on the cpu backend, or a slot size off 16 bytes
+        std::vector<std::string>{"--tp", "2", "--rank-ipc-allreduce-bytes", "1024"},
+        std::vector<std::string>{"--tp", "2", "--rank-ipc-alltoall-bytes", "1024"},
+        std::vector<std::string>{"--tp", "2", "--rank-ipc-alltoall-bytes", "-16"}}) {
     Worker bad = start(extra, false);
     ASSERT_GT(bad.pid, 0);
     st = garden::testing::waitChildExit(bad.pid, 30s);
