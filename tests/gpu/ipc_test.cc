@@ -394,42 +394,38 @@ int kvHandoff(int rank, const fs::path& dir) {
   return wrong == 0 ? 0 : 1;
 }
 
+// Each rank writes its handle to dir/<name>.<rank>, reads every rank's, and connects `c` (an
+// IpcAllReduce or IpcAllToAll) with them.
+template <typename Comm>
+int connectThroughFiles(int rank, const fs::path& dir, const std::string& name, Comm& c) {
+  const IpcHandle mine = c.handle();
+  CHILD_CHECK(writeFileAtomic(dir / (name + "." + std::to_string(rank)), &mine, sizeof(mine)),
+              "write handle");
+  std::vector<IpcHandle> all(kWorld);
+  for (int r = 0; r < kWorld; ++r) {
+    std::vector<char> raw;
+    CHILD_CHECK(waitForFile(dir / (name + "." + std::to_string(r)), raw) &&
+                    raw.size() == sizeof(IpcHandle),
+                "peer handle");
+    std::memcpy(&all[static_cast<size_t>(r)], raw.data(), sizeof(IpcHandle));
+  }
+  const Status st = c.connect(all);
+  CHILD_CHECK(st.isOk(), st.toString().c_str());
+  return 0;
+}
+
 int runRank(int rank, const fs::path& dir) {
   CHILD_CHECK(cudaSetDevice(0) == cudaSuccess, "cudaSetDevice");
   cudaStream_t stream;
   CHILD_CHECK(cudaStreamCreate(&stream) == cudaSuccess, "stream");
   auto ar = IpcAllReduce::create(rank, kWorld, size_t{4} << 20, 8);
   CHILD_CHECK(ar.isOk(), ar.status().toString().c_str());
-  const IpcHandle mine = ar.value()->handle();
-  CHILD_CHECK(writeFileAtomic(dir / ("ar." + std::to_string(rank)), &mine, sizeof(mine)),
-              "write handle");
-  std::vector<IpcHandle> all(kWorld);
-  for (int r = 0; r < kWorld; ++r) {
-    std::vector<char> raw;
-    CHILD_CHECK(
-        waitForFile(dir / ("ar." + std::to_string(r)), raw) && raw.size() == sizeof(IpcHandle),
-        "peer handle");
-    std::memcpy(&all[static_cast<size_t>(r)], raw.data(), sizeof(IpcHandle));
-  }
-  const Status c = ar.value()->connect(all);
-  CHILD_CHECK(c.isOk(), c.toString().c_str());
+  CHILD_CHECK(connectThroughFiles(rank, dir, "ar", *ar.value()) == 0, "connect the all-reduce");
   int rc = allReduceCases(rank, *ar.value(), stream);
   // [TAG_IPC_ALLTOALL] 64 rows of up to 11,520 bytes per source and call.
   auto a2a = IpcAllToAll::create(rank, kWorld, 64, size_t{64} * 11520);
   CHILD_CHECK(a2a.isOk(), a2a.status().toString().c_str());
-  const IpcHandle a2a_mine = a2a.value()->handle();
-  CHILD_CHECK(writeFileAtomic(dir / ("a2a." + std::to_string(rank)), &a2a_mine, sizeof(a2a_mine)),
-              "write a2a handle");
-  std::vector<IpcHandle> a2a_all(kWorld);
-  for (int r = 0; r < kWorld; ++r) {
-    std::vector<char> raw;
-    CHILD_CHECK(
-        waitForFile(dir / ("a2a." + std::to_string(r)), raw) && raw.size() == sizeof(IpcHandle),
-        "peer a2a handle");
-    std::memcpy(&a2a_all[static_cast<size_t>(r)], raw.data(), sizeof(IpcHandle));
-  }
-  const Status ca = a2a.value()->connect(a2a_all);
-  CHILD_CHECK(ca.isOk(), ca.toString().c_str());
+  CHILD_CHECK(connectThroughFiles(rank, dir, "a2a", *a2a.value()) == 0, "connect the all-to-all");
   rc |= allToAllCases(rank, *a2a.value(), stream);
   rc |= kvHandoff(rank, dir);
   ar.value().reset();

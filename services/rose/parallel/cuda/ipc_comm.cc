@@ -1,6 +1,7 @@
 #include "services/rose/parallel/cuda/ipc_comm.h"
 
 #include <cstring>
+#include <string>
 
 #include "services/rose/ops/cuda/cuda_utils.h"
 
@@ -25,6 +26,26 @@ Result<std::unique_ptr<IpcMapping>> IpcMapping::open(const IpcHandle& handle) {
 IpcMapping::~IpcMapping() {
   if (ptr_ != nullptr) (void)cudaIpcCloseMemHandle(ptr_);
 }
+
+namespace {
+
+// Maps every peer's buffer (all but `rank`'s: CUDA cannot open a process's own handle) into
+// bufs[], keeping the mappings in `peers`.
+Status openPeers(const char* what, int rank, int world, std::span<const IpcHandle> handles,
+                 char* (&bufs)[kIpcMaxRanks], std::vector<std::unique_ptr<IpcMapping>>& peers) {
+  if (static_cast<int>(handles.size()) != world) {
+    return invalidArgument(std::string(what) + ": connect needs one handle per rank");
+  }
+  for (int r = 0; r < world; ++r) {
+    if (r == rank) continue;
+    ASSIGN_OR_RETURN(auto m, IpcMapping::open(handles[static_cast<size_t>(r)]));
+    bufs[r] = static_cast<char*>(m->data());
+    peers.push_back(std::move(m));
+  }
+  return okStatus();
+}
+
+}  // namespace
 
 Result<std::unique_ptr<IpcAllReduce>> IpcAllReduce::create(int rank, int world, size_t capacity,
                                                            int blocks) {
@@ -61,16 +82,7 @@ IpcAllReduce::~IpcAllReduce() {
 }
 
 Status IpcAllReduce::connect(std::span<const IpcHandle> handles) {
-  if (static_cast<int>(handles.size()) != args_.world) {
-    return invalidArgument("ipc all-reduce: connect needs one handle per rank");
-  }
-  for (int r = 0; r < args_.world; ++r) {
-    if (r == args_.rank) continue;  // CUDA cannot open a process's own handle
-    ASSIGN_OR_RETURN(auto m, IpcMapping::open(handles[static_cast<size_t>(r)]));
-    args_.bufs[r] = static_cast<char*>(m->data());
-    peers_.push_back(std::move(m));
-  }
-  return okStatus();
+  return openPeers("ipc all-reduce", args_.rank, args_.world, handles, args_.bufs, peers_);
 }
 
 Status IpcAllReduce::allReduceSum(const void* in, void* out, int64_t n, IpcDType dtype,
@@ -134,16 +146,7 @@ IpcAllToAll::~IpcAllToAll() {
 }
 
 Status IpcAllToAll::connect(std::span<const IpcHandle> handles) {
-  if (static_cast<int>(handles.size()) != args_.world) {
-    return invalidArgument("ipc all-to-all: connect needs one handle per rank");
-  }
-  for (int r = 0; r < args_.world; ++r) {
-    if (r == args_.rank) continue;  // CUDA cannot open a process's own handle
-    ASSIGN_OR_RETURN(auto m, IpcMapping::open(handles[static_cast<size_t>(r)]));
-    args_.bufs[r] = static_cast<char*>(m->data());
-    peers_.push_back(std::move(m));
-  }
-  return okStatus();
+  return openPeers("ipc all-to-all", args_.rank, args_.world, handles, args_.bufs, peers_);
 }
 
 Status IpcAllToAll::allToAllRows(const void* send, std::span<const int64_t> send_rows, void* recv,
