@@ -191,11 +191,13 @@ RankSegment::Comms RankSegment::communicators(int32_t rank, Backend* backend,
     if (!staged) return comm_.communicator(group, member, backend);
     std::unique_ptr<Communicator> host = comm_.communicator(group, member, nullptr);
 #if defined(GARDEN_HAVE_CUDA) && GARDEN_HAVE_CUDA
-    if ((dev.ipc_bytes > 0 || dev.nccl || dev.ipc_alltoall_bytes > 0) &&
-        backend->name() == "cuda") {
+    // [TAG_IPC_ALLTOALL] Only the world runs all-to-alls (the expert dispatch): no slots for the
+    // tp groups.
+    const size_t a2a_bytes = group == 0 ? dev.ipc_alltoall_bytes : 0;
+    if ((dev.ipc_bytes > 0 || dev.nccl || a2a_bytes > 0) && backend->name() == "cuda") {
       auto d = makeDeviceRankCommunicator(
           std::move(host), *backend,
-          DeviceCommOptions{dev.ipc_bytes, dev.nccl, dev.ipc_alltoall_bytes, dev.alltoall_rows});
+          DeviceCommOptions{dev.ipc_bytes, dev.nccl, a2a_bytes, dev.alltoall_rows});
       CHECK_MSG(d.isOk(), d.status().toString().c_str());
       return std::move(d).value();
     }
