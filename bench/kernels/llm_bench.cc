@@ -438,15 +438,9 @@ int barDump(Bench& b, const std::string& dir, const std::string& list) {
 // difference at the same step.
 int batchCheck(Bench& b, const std::string& list, int prompt_len, int steps) {
   const int64_t vocab = b.model->vocabSize();
-  std::mt19937 rng(20261206);
-  std::uniform_int_distribution<int32_t> tok(0, 199997);
+  b.rng.seed(20261206);  // the same prompts on every run
   std::uniform_int_distribution<int> len(40, 1500);
-  auto draw = [&](int n) {
-    std::vector<int32_t> t(static_cast<size_t>(n));
-    for (auto& x : t) x = tok(rng);
-    return t;
-  };
-  const std::vector<int32_t> target = draw(prompt_len);
+  const std::vector<int32_t> target = b.randomTokens(prompt_len);
   struct Run {
     std::vector<int32_t> ids;
     std::vector<std::vector<float>> rows;
@@ -480,7 +474,7 @@ int batchCheck(Bench& b, const std::string& list, int prompt_len, int steps) {
   for (const auto& e : split(list, ',')) {
     const int batch = std::atoi(e.c_str());
     std::vector<std::vector<int32_t>> others;
-    for (int i = 1; i < batch; ++i) others.push_back(draw(len(rng)));
+    for (int i = 1; i < batch; ++i) others.push_back(b.randomTokens(len(b.rng)));
     for (bool logits : {false, true}) {
       const Run got = run(others, logits);
       const Run& want = logits ? alone_rows : alone_ids;

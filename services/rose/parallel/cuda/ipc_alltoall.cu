@@ -18,9 +18,10 @@ __device__ __forceinline__ uint32_t* flagOf(char* buf, int64_t max_rows, uint32_
   return reinterpret_cast<uint32_t*>(buf + kA2aAckBytes) +
          (static_cast<int64_t>(parity) * kIpcMaxRanks + src) * max_rows + row;
 }
-__device__ __forceinline__ char* slotOf(char* buf, const IpcAllToAllArgs& a, uint32_t parity,
-                                        int src) {
-  return buf + a.data_offset + (static_cast<size_t>(parity) * a.world + src) * a.slot_bytes;
+// data_offset: kA2aAckBytes + a2aFlagBytes(max_rows), where the slots start (from the launcher).
+__device__ __forceinline__ char* slotOf(char* buf, const IpcAllToAllArgs& a, size_t data_offset,
+                                        uint32_t parity, int src) {
+  return buf + data_offset + (static_cast<size_t>(parity) * a.world + src) * a.slot_bytes;
 }
 
 // Row w of a rank-ordered list with rows[q] rows for rank q: its rank and index within that rank's
@@ -49,7 +50,7 @@ __device__ bool waitFlag(const uint32_t* flag, uint32_t epoch, uint32_t* error) 
 
 __global__ void __launch_bounds__(kThreads)
     ipcAllToAllKernel(IpcAllToAllArgs a, const char* __restrict__ send, char* __restrict__ recv,
-                      size_t row_bytes, A2aCounts c) {
+                      size_t row_bytes, size_t data_offset, A2aCounts c) {
   __shared__ uint32_t s_epoch;
   __shared__ int64_t s_send[kIpcMaxRanks], s_recv[kIpcMaxRanks];  // indexed by rank (no spills)
   if (threadIdx.x == 0) s_epoch = a.words[0] + 1;
@@ -81,7 +82,8 @@ __global__ void __launch_bounds__(kThreads)
     int64_t i = 0, before = 0;
     const int q = locate(s_send, a.world, w, &i, &before);
     const uint4* src = reinterpret_cast<const uint4*>(send + (before + i) * row_bytes);
-    uint4* dst = reinterpret_cast<uint4*>(slotOf(a.bufs[q], a, parity, a.rank) + i * row_bytes);
+    char* slot = slotOf(a.bufs[q], a, data_offset, parity, a.rank);
+    uint4* dst = reinterpret_cast<uint4*>(slot + i * row_bytes);
     for (int64_t ch = lane; ch < chunks; ch += 32) dst[ch] = src[ch];
     __syncwarp();
     if (lane == 0) {
@@ -100,7 +102,8 @@ __global__ void __launch_bounds__(kThreads)
     ok = __shfl_sync(0xffffffffu, ok, 0);
     __syncwarp();  // lane 0's acquire orders the other lanes' loads below
     if (!ok) break;
-    const uint4* src = reinterpret_cast<const uint4*>(slotOf(own, a, parity, s) + i * row_bytes);
+    const char* slot = slotOf(own, a, data_offset, parity, s);
+    const uint4* src = reinterpret_cast<const uint4*>(slot + i * row_bytes);
     uint4* dst = reinterpret_cast<uint4*>(recv + (before + i) * row_bytes);
     for (int64_t ch = lane; ch < chunks; ch += 32) dst[ch] = __ldcg(src + ch);
   }
@@ -126,8 +129,7 @@ cudaError_t launchIpcAllToAll(const IpcAllToAllArgs& a, const void* send, void* 
                               cudaStream_t stream) {
   if (a.world < 1 || a.world > kIpcMaxRanks || a.rank < 0 || a.rank >= a.world || blocks < 1 ||
       blocks > kIpcMaxBlocks || a.words == nullptr || a.max_rows < 1 || a.slot_bytes % 16 != 0 ||
-      a.data_offset != kA2aAckBytes + a2aFlagBytes(a.max_rows) || row_bytes == 0 ||
-      row_bytes % 16 != 0) {
+      row_bytes == 0 || row_bytes % 16 != 0) {
     return cudaErrorInvalidValue;
   }
   for (int r = 0; r < a.world; ++r) {
@@ -139,8 +141,9 @@ cudaError_t launchIpcAllToAll(const IpcAllToAllArgs& a, const void* send, void* 
     }
   }
   // Launched even with no rows: the epoch advances and the acks go out on every rank alike.
-  ipcAllToAllKernel<<<blocks, kThreads, 0, stream>>>(a, static_cast<const char*>(send),
-                                                     static_cast<char*>(recv), row_bytes, counts);
+  ipcAllToAllKernel<<<blocks, kThreads, 0, stream>>>(
+      a, static_cast<const char*>(send), static_cast<char*>(recv), row_bytes,
+      kA2aAckBytes + a2aFlagBytes(a.max_rows), counts);
   return cudaGetLastError();
 }
 

@@ -53,7 +53,6 @@ struct IpcAllToAllArgs {
   uint32_t* words = nullptr;      // this rank's [0] epoch, [1] error, [2] done blocks
   int64_t max_rows = 0;           // rows per (source, call) the flags hold
   size_t slot_bytes = 0;          // bytes per (source, call) the data slots hold (16-byte multiple)
-  size_t data_offset = 0;         // kA2aAckBytes + a2aFlagBytes(max_rows): where the slots start
 };
 
 // One call's rows: row_bytes a multiple of 16; send holds send_rows[0] rows for rank 0, then

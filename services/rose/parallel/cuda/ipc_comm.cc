@@ -125,7 +125,6 @@ Result<std::unique_ptr<IpcAllToAll>> IpcAllToAll::create(int rank, int world, in
   c->args_.world = world;
   c->args_.max_rows = max_rows;
   c->args_.slot_bytes = slot_bytes;
-  c->args_.data_offset = kA2aAckBytes + a2aFlagBytes(max_rows);
   // One allocation: the buffer peers write into, then this rank's own words (epoch, error, done
   // blocks) past it — peers never touch those.
   const size_t bytes = a2aBufferBytes(world, max_rows, slot_bytes);
