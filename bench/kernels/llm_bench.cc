@@ -86,7 +86,7 @@
 //              choice, or the GEMV timed beside it with --gemm-gemv on).
 //   --gemm-row-invariant on|off: every M bucket of gpt-oss's dense GEMMs held to one reference
 //              algorithm's bits (CudaKernelOptions::gemm_row_invariant [TAG_GEMM_ROW_INVARIANT];
-//              default off until measured).
+//              on by default).
 //   --pdl-graph on|off: rose's own gpt-oss kernels launched programmatically, in CUDA graphs too
 //              (CudaKernelOptions::pdl_graph [TAG_PDL_GRAPH]; same bits).
 //   --moe-decode-variant N: the shape of the block_m 16 MXFP4 decode MoE kernel for every step

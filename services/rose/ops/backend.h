@@ -255,9 +255,15 @@ struct CudaKernelOptions {
   // (GemmRunner::setRowInvariant), so a sequence's rows do not depend on how many rows its step
   // has. Per-bucket tuning alone does not hold that at gpt-oss's shapes: the tuner picked split-K 3
   // for the O-proj (2880 x 4096) at M = 1-4 and split-K 2 at M = 8 (H200 log,
-  // bench/results/gpu-llm-2026-12-03-h200-s4/call3-gemv-tuned.jsonl). Off until its GPU test and
-  // speed have run. GARDEN_GEMM_ROW_INVARIANT=0|1.
-  bool gemm_row_invariant = false;
+  // bench/results/gpu-llm-2026-12-03-h200-s4/call3-gemv-tuned.jsonl; the H100 again on
+  // 2026-12-06: split-K 3 at M = 2 and 3, cuBLASLt's candidates within 1 % of each other, so the
+  // pick is timing noise). On by default since 2026-12-06 (s24, H100, bench/results/
+  // gpu-llm-2026-12-06-s24): with it every bucket of QKV, O-proj and an f32-output shape equals
+  // the reference (off: O-proj M = 2-4 differ), the model suite passes, and it costs nothing
+  // (b1@8k 2.739 / 2.738 ms against 2.799 / 2.834 off; b8, b64 and prefill 8k / 32k within
+  // noise): the K-chain kernel [TAG_GEMM_CHAIN] wins QKV's and O-proj's M = 1 buckets.
+  // GARDEN_GEMM_ROW_INVARIANT=0|1.
+  bool gemm_row_invariant = true;
   // [TAG_PDL_GRAPH] The gpt-oss kernels of rose's own (RMSNorm, RoPE + KV write, paged attention
   // and its combine, the f32 router, the route, the MoE align, the MoE GEMMs, the combine)
   // launched programmatically, in CUDA graphs too: each waits for the previous kernel in its first

@@ -77,7 +77,7 @@ TEST_F(KernelEnvTest, UnsetOrEmptyKeepsTheDefaults) {
   EXPECT_FALSE(o.router_mma);
   EXPECT_TRUE(o.moe_wgmma_device_plan);
   EXPECT_FALSE(o.pdl_gemv);
-  EXPECT_FALSE(o.gemm_row_invariant);
+  EXPECT_TRUE(o.gemm_row_invariant);
   for (const char* v : kVars) setenv(v, "", 1);
   CudaKernelOptions e;
   ASSERT_TRUE(cudaKernelOptionsFromEnv(e).isOk());
