@@ -87,6 +87,9 @@
 //   --gemm-row-invariant on|off: every M bucket of gpt-oss's dense GEMMs held to one reference
 //              algorithm's bits (CudaKernelOptions::gemm_row_invariant [TAG_GEMM_ROW_INVARIANT];
 //              on by default).
+//   --chain-pdl on|off: the K-chain GEMM kernel launched programmatically, its first weight
+//              tiles streamed before it waits for the previous kernel (CudaKernelOptions::chain_pdl
+//              [TAG_CHAIN_PDL]; default off until measured).
 //   --pdl-graph on|off: rose's own gpt-oss kernels launched programmatically, in CUDA graphs too
 //              (CudaKernelOptions::pdl_graph [TAG_PDL_GRAPH]; same bits).
 //   --moe-decode-variant N: the shape of the block_m 16 MXFP4 decode MoE kernel for every step
@@ -527,6 +530,7 @@ void applyLtFlags(BackendOptions& bo) {
   bo.cuda.router_mma = g_lt_flags.router_mma;
   bo.cuda.pdl_gemv = g_lt_flags.pdl_gemv;
   bo.cuda.gemm_row_invariant = g_lt_flags.gemm_row_invariant;  // [TAG_GEMM_ROW_INVARIANT]
+  bo.cuda.chain_pdl = g_lt_flags.chain_pdl;                    // [TAG_CHAIN_PDL]
   bo.cuda.pdl_graph = g_lt_flags.pdl_graph;
   bo.cuda.moe_wgmma_device_plan = g_lt_flags.moe_wgmma_device_plan;
 }
@@ -1112,6 +1116,7 @@ int main(int argc, char** argv) {
     else if (a == "--router-mma") g_lt_flags.router_mma = next() == "on";
     else if (a == "--pdl-gemv") g_lt_flags.pdl_gemv = next() == "on";
     else if (a == "--gemm-row-invariant") g_lt_flags.gemm_row_invariant = next() == "on";
+    else if (a == "--chain-pdl") g_lt_flags.chain_pdl = next() == "on";
     else if (a == "--pdl-graph") g_lt_flags.pdl_graph = next() == "on";
     else if (a == "--router-tiled-min") cuda::setRouterF32TiledMinTokens(std::atoll(next().c_str()));
     else if (a == "--router-tiled-rows") cuda::setRouterF32TiledRows(next() == "on");

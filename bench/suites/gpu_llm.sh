@@ -30,6 +30,10 @@
 #   rowinv    [TAG_GEMM_ROW_INVARIANT] gpu_kernels_test's row-invariance, small-bucket and K-chain kernel cases, then
 #             the whole gpu_llm_model_test with GARDEN_GEMM_ROW_INVARIANT=1
 #   rowinvab  decode 1@8192, 8@4096, 64@1024 with --gemm-row-invariant on / off (needs mk20b)
+#   chainpdl  [TAG_CHAIN_PDL] gpu_kernels_test's K-chain cases (the programmatic launch's bits, its
+#             input read after the previous kernel), the whole gpu_llm_model_test with
+#             GARDEN_CHAIN_PDL=1, then rose_llm_bench --batch-check 8,64 --chain-pdl on (needs mk20b)
+#   chainpdlab  decode 1@8192, 8@4096, 64@1024 with --chain-pdl on / off (needs mk20b)
 #   rowinvpf  prefill 8k / 32k (median of 3) with --gemm-row-invariant on / off (needs mk20b)
 #   batchcheck  [TAG_BATCH_CHECK] rose_llm_bench --batch-check 8,64 on the 20b checkpoint: one
 #             sequence's tokens and logits alone and inside batches of 8 / 64, with
@@ -349,6 +353,8 @@ for s in $STEPS; do
     moedec) step moedec moe_dec.log 300 bash -c "'$BIN/gpu_llm_ops_test' --gtest_brief=1 --gtest_filter='*MoeDecodeKernelShapes*:*MoeKSlices*:*MoeExperts*:*MoeWide*' && compute-sanitizer --tool memcheck --error-exitcode 3 '$BIN/gpu_llm_ops_test' --gtest_brief=1 --gtest_filter='*MoeExperts*:*MoeKSlices*'" ;;
     rowinv) step rowinv rowinv.log 500 bash -c "rc=0; '$BIN/gpu_kernels_test' --gtest_filter='*RowInvariant*:*SmallBuckets*:*ChainGemm*' || rc=1; GARDEN_GEMM_ROW_INVARIANT=1 '$BIN/gpu_llm_model_test' --gtest_brief=1 || rc=1; exit \$rc" ;;
     rowinvab) decodeab rowinvab rowinvab.txt "'--gemm-row-invariant on' ''" ;;
+    chainpdl) step chainpdl chainpdl.log 400 bash -c "rc=0; '$BIN/gpu_kernels_test' --gtest_filter='*Chain*' || rc=1; GARDEN_CHAIN_PDL=1 '$BIN/gpu_llm_model_test' --gtest_brief=1 || rc=1; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --batch-check 8,64 --decode-steps 32 --max-batch-tokens 16384 --chain-pdl on > /tmp/bcp.txt 2>&1 || rc=1; grep -v 'gemm tuned' /tmp/bcp.txt; exit \$rc" ;;
+    chainpdlab) decodeab chainpdlab chainpdlab.txt "'--chain-pdl on' ''" ;;
     batchcheck) step batchcheck batchcheck.txt 500 bash -c "rc=0; for v in on off; do echo \"== --gemm-row-invariant \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --batch-check 8,64 --decode-steps 32 --max-batch-tokens 16384 --gemm-row-invariant \$v > /tmp/bc.txt 2>&1; r=\$?; grep -v 'gemm tuned' /tmp/bc.txt; echo \"== exit \$r\"; if [ \$v = on ] && [ \$r -ne 0 ]; then rc=1; fi; done; exit \$rc" ;;
     rowinvpf) step rowinvpf rowinvpf.txt 300 bash -c "prefillab /tmp/gptoss20b --gemm-row-invariant on off" ;;
     f16suite) step f16suite f16suite.log 300 bash -c "rc=0; GARDEN_TEST_GPTOSS_DTYPE=float16 '$BIN/gpu_llm_model_test' --gtest_brief=1 || rc=1; '$BIN/gpu_llm_model_test' --gtest_brief=1 --gtest_filter='*Fp16Attention*:*Fp8ExpertsTrack*:*LtBf16Prefill*' || rc=1; exit \$rc" ;;

@@ -429,6 +429,80 @@ TEST_F(GpuOps, ChainGemmMatchesCpuAndKeepsRowsAcrossM) {
         if (first.empty()) first = row0;
         EXPECT_EQ(0, std::memcmp(first.data(), row0.data(), row0.size() * sizeof(float)))
             << "row 0's bits depend on M or the ring depth";
+        // [TAG_CHAIN_PDL] Launched programmatically: the same bits.
+        poison(gpu(), gy.view);
+        a.pdl = true;
+        st = cuda::launchChainGemm(a, cb.stream());
+        ASSERT_TRUE(st.isOk()) << st.toString();
+        const auto pdl_got = download(gpu(), y);
+        EXPECT_EQ(0, std::memcmp(pdl_got.data(), got.data(), got.size() * sizeof(float)))
+            << "the programmatic launch changed the output";
+      }
+    }
+  }
+}
+
+// [TAG_CHAIN_PDL] A programmatic K-chain launch streams weights before its wait but reads its
+// input only after the previous kernel is done: a chain GEMM (O-proj-shaped, itself programmatic,
+// so it lets the next one be scheduled at once) writes x2 right after x2 was poisoned (NaN bytes),
+// and a QKV-shaped chain GEMM launched programmatically behind it reads x2. 40 rounds (both ring
+// depths, M = 1 and 9) must each give the bits of the same pair run plainly with a
+// synchronization between them; a read before the wait would see NaN.
+TEST_F(GpuOps, ChainGemmPdlReadsItsInputAfterThePreviousKernel) {
+  auto& cb = static_cast<cuda::CudaBackend&>(gpu());
+  ASSERT_TRUE(cuda::prepareChainGemm().isOk());
+  const int64_t k1 = 4096, n1 = 2880, n2 = 5120, mmax = 9;
+  auto gx = upload(gpu(), DType::kBF16, {mmax, k1},
+                   randomBf16(static_cast<size_t>(mmax * k1), rng_, -1.f, 1.f));
+  auto gw1 = upload(gpu(), DType::kBF16, {n1, k1},
+                    randomBf16(static_cast<size_t>(n1 * k1), rng_, -0.03f, 0.03f));
+  auto gw2 = upload(gpu(), DType::kBF16, {n2, n1},
+                    randomBf16(static_cast<size_t>(n2 * n1), rng_, -0.03f, 0.03f));
+  auto gb2 = upload(gpu(), DType::kBF16, {n2}, randomBf16(static_cast<size_t>(n2), rng_, -0.5f, 0.5f));
+  auto gx2 = allocate(gpu(), DType::kBF16, {mmax, n1});
+  auto gy = allocate(gpu(), DType::kBF16, {mmax, n2});
+  auto pair = [&](int64_t m, int stages, bool pdl, bool sync_between) {
+    cuda::ChainGemmArgs a1;
+    a1.x = gx.view.as<__nv_bfloat16>();
+    a1.w = gw1.view.as<__nv_bfloat16>();
+    a1.y = gx2.view.as<__nv_bfloat16>();
+    a1.m = m;
+    a1.n = n1;
+    a1.k = k1;
+    a1.stages = stages;
+    a1.pdl = pdl;
+    cuda::ChainGemmArgs a2;
+    a2.x = gx2.view.as<__nv_bfloat16>();
+    a2.w = gw2.view.as<__nv_bfloat16>();
+    a2.bias = gb2.view.as<__nv_bfloat16>();
+    a2.y = gy.view.as<__nv_bfloat16>();
+    a2.m = m;
+    a2.n = n2;
+    a2.k = n1;
+    a2.stages = stages;
+    a2.pdl = pdl;
+    poison(gpu(), gx2.view);
+    poison(gpu(), gy.view);
+    Status st = cuda::launchChainGemm(a1, cb.stream());
+    if (st.isOk() && sync_between && cudaStreamSynchronize(cb.stream()) != cudaSuccess)
+      st = internalError("sync");
+    if (st.isOk()) st = cuda::launchChainGemm(a2, cb.stream());
+    EXPECT_TRUE(st.isOk()) << st.toString();
+    auto all = download(gpu(), gy.view);
+    all.resize(static_cast<size_t>(m * n2));
+    return all;
+  };
+  for (int64_t m : {1, 9}) {
+    for (int stages : {8, 16}) {
+      SCOPED_TRACE("M=" + std::to_string(m) + " stages " + std::to_string(stages));
+      const auto want = pair(m, stages, false, true);
+      size_t nan = 0;
+      for (float v : want) nan += std::isnan(v) ? 1 : 0;
+      ASSERT_EQ(nan, 0u) << "the plain pair left NaN: the check could not tell";
+      for (int round = 0; round < 10; ++round) {
+        const auto got = pair(m, stages, true, false);
+        ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)))
+            << "round " << round << ": the programmatic pair differs (an input read too early?)";
       }
     }
   }

@@ -79,6 +79,9 @@ Status cudaKernelOptionsFromEnv(CudaKernelOptions& opts) {
   int row_inv = opts.gemm_row_invariant ? 1 : 0;
   RETURN_IF_ERROR(envChoice("GARDEN_GEMM_ROW_INVARIANT", {"0", "1"}, &row_inv));
   opts.gemm_row_invariant = row_inv == 1;
+  int chain_pdl = opts.chain_pdl ? 1 : 0;  // [TAG_CHAIN_PDL]
+  RETURN_IF_ERROR(envChoice("GARDEN_CHAIN_PDL", {"0", "1"}, &chain_pdl));
+  opts.chain_pdl = chain_pdl == 1;
   int pdl_graph = opts.pdl_graph ? 1 : 0;
   RETURN_IF_ERROR(envChoice("GARDEN_PDL_GRAPH", {"0", "1"}, &pdl_graph));
   opts.pdl_graph = pdl_graph == 1;

@@ -264,6 +264,12 @@ struct CudaKernelOptions {
   // noise): the K-chain kernel [TAG_GEMM_CHAIN] wins QKV's and O-proj's M = 1 buckets.
   // GARDEN_GEMM_ROW_INVARIANT=0|1.
   bool gemm_row_invariant = true;
+  // [TAG_CHAIN_PDL] The K-chain GEMM kernel (gemm_chain.cuh; the M = 1 QKV and O-proj buckets it
+  // wins under row invariance) launched programmatically, in CUDA graphs too: it streams its first
+  // weight tiles before waiting for the previous kernel (the RMSNorm, the attention combine), so
+  // they overlap that kernel's tail and the launch. Same bits. Off until measured (rose_llm_bench
+  // --chain-pdl on|off; gpu_llm.sh chainpdl). GARDEN_CHAIN_PDL=0|1.
+  bool chain_pdl = false;
   // [TAG_PDL_GRAPH] The gpt-oss kernels of rose's own (RMSNorm, RoPE + KV write, paged attention
   // and its combine, the f32 router, the route, the MoE align, the MoE GEMMs, the combine)
   // launched programmatically, in CUDA graphs too: each waits for the previous kernel in its first

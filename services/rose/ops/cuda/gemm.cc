@@ -200,6 +200,7 @@ Status GemmRunner::enqueueChoice(const Plan& p, const Choice& choice, int64_t m,
   if (choice.chain_stages > 0) {  // [TAG_GEMM_CHAIN]
     auto a = customArgs<ChainGemmArgs>(ops.x, ops.w, ops.bias, ops.y, m, n, k);
     a.stages = choice.chain_stages;
+    a.pdl = chain_pdl_;  // [TAG_CHAIN_PDL]
     return launchChainGemm(a, ops.stream);
   }
   if (choice.smallm_splits > 0) {

@@ -123,6 +123,9 @@ class GemmRunner {
   // (gemm_chain.cuh, bf16 in and out, M buckets <= 16) — kept only where its rows equal the
   // reference's. Set before the first call of a shape.
   void setChainGemm(bool on) { chain_ = on; }
+  // [TAG_CHAIN_PDL] The K-chain kernel launched programmatically (ChainGemmArgs::pdl): its first
+  // weight tiles stream before it waits for the previous kernel. Same bits.
+  void setChainPdl(bool on) { chain_pdl_ = on; }
   size_t chainWins() const { return chain_wins_; }
   size_t invariantRejects() const { return invariant_rejects_; }  // candidates refused for it
   size_t invariantMisses() const { return invariant_misses_; }    // buckets it could not hold
@@ -233,6 +236,7 @@ class GemmRunner {
   size_t smallm_wins_ = 0;
   bool row_invariant_ = false;  // [TAG_GEMM_ROW_INVARIANT]
   bool chain_ = false;          // [TAG_GEMM_CHAIN]
+  bool chain_pdl_ = false;      // [TAG_CHAIN_PDL]
   size_t chain_wins_ = 0;
   std::map<std::tuple<int64_t, int64_t, bool, int>, std::pair<bool, cublasLtMatmulAlgo_t>> refs_;
   size_t invariant_rejects_ = 0;

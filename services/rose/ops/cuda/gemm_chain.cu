@@ -42,11 +42,17 @@ __global__ void __launch_bounds__(32) chainGemmKernel(ChainGemmArgs a, int rows_
   bf16* s_x = reinterpret_cast<bf16*>(smem);
   bf16* s_w = reinterpret_cast<bf16*>(smem + xBytes(rows_staged, a.k));
 
-  for (int r = 0; r < rows_staged; ++r) {
-    for (int64_t c = lane * 8; c < a.k; c += 32 * 8)
-      cpAsync16(s_x + r * row_s + c, a.x + static_cast<int64_t>(r) * a.k + c, true);
-  }
-  cpAsyncCommit();
+  auto stage_x = [&] {
+    for (int r = 0; r < rows_staged; ++r) {
+      for (int64_t c = lane * 8; c < a.k; c += 32 * 8)
+        cpAsync16(s_x + r * row_s + c, a.x + static_cast<int64_t>(r) * a.k + c, true);
+    }
+    cpAsyncCommit();
+  };
+  // [TAG_CHAIN_PDL] A plain launch stages the token rows first (the oldest cp.async group); a
+  // programmatic one streams its first weight tiles before griddepcontrol.wait (weights are never
+  // written by the kernel before it) and stages the rows, the previous kernel's output, after it.
+  if (!a.pdl) stage_x();
   const bf16* wbase = a.w + n0 * a.k;
   auto load = [&](int kt, int slot) {  // 16 rows x 8 chunks of 16 bytes: 4 per lane
     bf16* dst = s_w + slot * kTileElems;
@@ -63,7 +69,14 @@ __global__ void __launch_bounds__(32) chainGemmKernel(ChainGemmArgs a, int rows_
     if (s < kt_count) load(s, s);
     cpAsyncCommit();
   }
-  cpAsyncWait<kStages - 1>();  // the token rows are in (the oldest group)
+  if (a.pdl) {
+    pdlWait();
+    pdlTrigger();
+    stage_x();
+    cpAsyncWait<0>();  // the token rows are in (the newest group; the ring's tiles with them)
+  } else {
+    cpAsyncWait<kStages - 1>();  // the token rows are in (the oldest group)
+  }
   __syncwarp();
 
   float acc[2][4];
@@ -118,8 +131,9 @@ template <int kTok, int kStages>
 Status launchTok(const ChainGemmArgs& a, cudaStream_t stream) {
   const int rows = static_cast<int>(std::min<int64_t>(a.m, kTok));
   const size_t smem = chainSmem(rows, a.k, kStages);
-  chainGemmKernel<kTok, kStages><<<static_cast<unsigned>(a.n / 16), 32, smem, stream>>>(a, rows);
-  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  CUDA_RETURN_IF_ERROR(launchPdlAlways(a.pdl, chainGemmKernel<kTok, kStages>,
+                                       dim3(static_cast<unsigned>(a.n / 16)), dim3(32), smem,
+                                       stream, a, rows));
   return okStatus();
 }
 

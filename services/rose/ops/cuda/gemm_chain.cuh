@@ -34,6 +34,11 @@ struct ChainGemmArgs {
   __nv_bfloat16* y = nullptr;           // [m, n]; must not overlap x, w, bias
   int64_t m = 0, n = 0, k = 0;
   int stages = 8;  // K tiles of the per-warp weight ring: 8 or 16
+  // [TAG_CHAIN_PDL] A programmatic dependent launch (also inside CUDA graphs): the kernel streams
+  // its first weight tiles (stages - 1 of them) before griddepcontrol.wait, so they overlap the
+  // previous kernel's tail and the launch; x is read only after the wait. Same bits either way.
+  // x must be the only operand an earlier kernel in the stream may still be writing.
+  bool pdl = false;
 };
 
 // 1 <= m <= 16, n % 16 == 0, k % 64 == 0, stages 8 or 16, and the staged token rows fit the

@@ -1560,6 +1560,7 @@ Result<std::unique_ptr<LlmOps>> createCudaLlmOps(Backend& backend) {
   cb->gemm().setGemvPdl(cb->pdlGemv());
   cb->gemm().setRowInvariant(cb->gemmRowInvariant());  // [TAG_GEMM_ROW_INVARIANT]
   cb->gemm().setChainGemm(cb->gemmRowInvariant());     // [TAG_GEMM_CHAIN]: refused unless equal
+  cb->gemm().setChainPdl(cb->chainPdl());                // [TAG_CHAIN_PDL]
   return std::unique_ptr<LlmOps>(std::make_unique<CudaLlmOps>(*cb));
 }
 

@@ -21,7 +21,7 @@ const char* const kVars[] = {"GARDEN_ATTENTION_KERNEL", "GARDEN_GEMM_TUNE", "GAR
                              "GARDEN_MOE_LT_OVERLAP", "GARDEN_MOE_LT_WGMMA",
                              "GARDEN_ROUTER_MMA", "GARDEN_MOE_WGMMA_DEVICE_PLAN",
                              "GARDEN_PDL_GEMV", "GARDEN_PDL_GRAPH",
-                             "GARDEN_GEMM_ROW_INVARIANT"};
+                             "GARDEN_GEMM_ROW_INVARIANT", "GARDEN_CHAIN_PDL"};
 
 // Clears the variables for the test and restores what the process had.
 class KernelEnvTest : public ::testing::Test {
@@ -56,7 +56,8 @@ bool same(const CudaKernelOptions& a, const CudaKernelOptions& b) {
          a.moe_lt_overlap_dequant == b.moe_lt_overlap_dequant && a.moe_lt_wgmma == b.moe_lt_wgmma &&
          a.moe_wgmma_min_rows_per_expert == b.moe_wgmma_min_rows_per_expert &&
          a.router_mma == b.router_mma && a.moe_wgmma_device_plan == b.moe_wgmma_device_plan &&
-         a.pdl_gemv == b.pdl_gemv && a.gemm_row_invariant == b.gemm_row_invariant;
+         a.pdl_gemv == b.pdl_gemv && a.gemm_row_invariant == b.gemm_row_invariant &&
+         a.chain_pdl == b.chain_pdl;
 }
 
 TEST_F(KernelEnvTest, UnsetOrEmptyKeepsTheDefaults) {
@@ -78,6 +79,7 @@ TEST_F(KernelEnvTest, UnsetOrEmptyKeepsTheDefaults) {
   EXPECT_TRUE(o.moe_wgmma_device_plan);
   EXPECT_FALSE(o.pdl_gemv);
   EXPECT_TRUE(o.gemm_row_invariant);
+  EXPECT_FALSE(o.chain_pdl);
   for (const char* v : kVars) setenv(v, "", 1);
   CudaKernelOptions e;
   ASSERT_TRUE(cudaKernelOptionsFromEnv(e).isOk());
@@ -176,6 +178,9 @@ TEST_F(KernelEnvTest, EachAcceptedValueIsRead) {
   setenv("GARDEN_GEMM_ROW_INVARIANT", "0", 1);
   ASSERT_TRUE(cudaKernelOptionsFromEnv(o).isOk());
   EXPECT_FALSE(o.gemm_row_invariant);
+  setenv("GARDEN_CHAIN_PDL", "1", 1);  // [TAG_CHAIN_PDL]
+  ASSERT_TRUE(cudaKernelOptionsFromEnv(o).isOk());
+  EXPECT_TRUE(o.chain_pdl);
 }
 
 TEST_F(KernelEnvTest, OtherValuesAreRefusedByName) {
