@@ -461,26 +461,23 @@ TEST_F(GpuOps, ChainGemmPdlReadsItsInputAfterThePreviousKernel) {
   auto gb2 = upload(gpu(), DType::kBF16, {n2}, randomBf16(static_cast<size_t>(n2), rng_, -0.5f, 0.5f));
   auto gx2 = allocate(gpu(), DType::kBF16, {mmax, n1});
   auto gy = allocate(gpu(), DType::kBF16, {mmax, n2});
+  auto args = [](const OwnedTensor& x, const OwnedTensor& w, const OwnedTensor* bias,
+                 const OwnedTensor& y, int64_t m, int64_t n, int64_t k, int stages, bool pdl) {
+    cuda::ChainGemmArgs a;
+    a.x = x.view.as<__nv_bfloat16>();
+    a.w = w.view.as<__nv_bfloat16>();
+    a.bias = bias != nullptr ? bias->view.as<__nv_bfloat16>() : nullptr;
+    a.y = y.view.as<__nv_bfloat16>();
+    a.m = m;
+    a.n = n;
+    a.k = k;
+    a.stages = stages;
+    a.pdl = pdl;
+    return a;
+  };
   auto pair = [&](int64_t m, int stages, bool pdl, bool sync_between) {
-    cuda::ChainGemmArgs a1;
-    a1.x = gx.view.as<__nv_bfloat16>();
-    a1.w = gw1.view.as<__nv_bfloat16>();
-    a1.y = gx2.view.as<__nv_bfloat16>();
-    a1.m = m;
-    a1.n = n1;
-    a1.k = k1;
-    a1.stages = stages;
-    a1.pdl = pdl;
-    cuda::ChainGemmArgs a2;
-    a2.x = gx2.view.as<__nv_bfloat16>();
-    a2.w = gw2.view.as<__nv_bfloat16>();
-    a2.bias = gb2.view.as<__nv_bfloat16>();
-    a2.y = gy.view.as<__nv_bfloat16>();
-    a2.m = m;
-    a2.n = n2;
-    a2.k = n1;
-    a2.stages = stages;
-    a2.pdl = pdl;
+    const cuda::ChainGemmArgs a1 = args(gx, gw1, nullptr, gx2, m, n1, k1, stages, pdl);
+    const cuda::ChainGemmArgs a2 = args(gx2, gw2, &gb2, gy, m, n2, n1, stages, pdl);
     poison(gpu(), gx2.view);
     poison(gpu(), gy.view);
     Status st = cuda::launchChainGemm(a1, cb.stream());
