@@ -91,7 +91,7 @@
 //              on by default).
 //   --chain-pdl on|off: the K-chain GEMM kernel launched programmatically, its first weight
 //              tiles streamed before it waits for the previous kernel (CudaKernelOptions::chain_pdl
-//              [TAG_CHAIN_PDL]; default off until measured).
+//              [TAG_CHAIN_PDL]; on by default since s25).
 //   --pdl-graph on|off: rose's own gpt-oss kernels launched programmatically, in CUDA graphs too
 //              (CudaKernelOptions::pdl_graph [TAG_PDL_GRAPH]; same bits).
 //   --moe-decode-variant N: the shape of the block_m 16 MXFP4 decode MoE kernel for every step

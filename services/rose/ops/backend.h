@@ -276,9 +276,12 @@ struct CudaKernelOptions {
   // [TAG_CHAIN_PDL] The K-chain GEMM kernel (gemm_chain.cuh; the M = 1 QKV and O-proj buckets it
   // wins under row invariance) launched programmatically, in CUDA graphs too: it streams its first
   // weight tiles before waiting for the previous kernel (the RMSNorm, the attention combine), so
-  // they overlap that kernel's tail and the launch. Same bits. Off until measured (rose_llm_bench
-  // --chain-pdl on|off; gpu_llm.sh chainpdl). GARDEN_CHAIN_PDL=0|1.
-  bool chain_pdl = false;
+  // they overlap that kernel's tail and the launch. Same bits. On since measured on an H100
+  // (2026-12-06 s25, bench/results/gpu-llm-2026-12-06-s25): its kernel tests, the whole model
+  // suite with it on and --batch-check 8,64 (every logits row bit-equal) passed; decode b1@8k
+  // 2.702 / 2.708 ms against 2.730 / 2.743 off (-1.1 %), b8@4k and b64@1k within noise.
+  // rose_llm_bench --chain-pdl on|off; GARDEN_CHAIN_PDL=0|1.
+  bool chain_pdl = true;
   // [TAG_PDL_GRAPH] The gpt-oss kernels of rose's own (RMSNorm, RoPE + KV write, paged attention
   // and its combine, the f32 router, the route, the MoE align, the MoE GEMMs, the combine)
   // launched programmatically, in CUDA graphs too: each waits for the previous kernel in its first

@@ -80,7 +80,7 @@ TEST_F(KernelEnvTest, UnsetOrEmptyKeepsTheDefaults) {
   EXPECT_TRUE(o.moe_wgmma_device_plan);
   EXPECT_FALSE(o.pdl_gemv);
   EXPECT_TRUE(o.gemm_row_invariant);
-  EXPECT_FALSE(o.chain_pdl);
+  EXPECT_TRUE(o.chain_pdl);
   EXPECT_EQ(o.moe_wgmma_max_n, 256);
   for (const char* v : kVars) setenv(v, "", 1);
   CudaKernelOptions e;
@@ -180,7 +180,10 @@ TEST_F(KernelEnvTest, EachAcceptedValueIsRead) {
   setenv("GARDEN_GEMM_ROW_INVARIANT", "0", 1);
   ASSERT_TRUE(cudaKernelOptionsFromEnv(o).isOk());
   EXPECT_FALSE(o.gemm_row_invariant);
-  setenv("GARDEN_CHAIN_PDL", "1", 1);  // [TAG_CHAIN_PDL]
+  setenv("GARDEN_CHAIN_PDL", "0", 1);  // [TAG_CHAIN_PDL]
+  ASSERT_TRUE(cudaKernelOptionsFromEnv(o).isOk());
+  EXPECT_FALSE(o.chain_pdl);
+  setenv("GARDEN_CHAIN_PDL", "1", 1);
   ASSERT_TRUE(cudaKernelOptionsFromEnv(o).isOk());
   EXPECT_TRUE(o.chain_pdl);
   for (int n : {320, 272, 256}) {  // [TAG_MOE_WGMMA_WIDE_TILE]
