@@ -97,6 +97,7 @@
 #             128k with it on; needs mk20b / mk120b)
 #   wgncu     per-kernel times of an 8k 20b prefill with the wgmma kernel (ncu)
 #   wgncufull ncu --set full on the first two wgmma launches of an 8k 20b prefill (gate_up, down)
+#   wgncufull120b  the same at 120b (needs mk120b)
 #   wgcross   prefill with the chunk path from 1 row per expert (the wgmma kernel by default)
 #             against the tiled kernels: 20b 512..2048 tokens, 120b 2k..8k (the threshold)
 #   wgmem     compute-sanitizer memcheck over the wgmma op test
@@ -394,6 +395,7 @@ for s in $STEPS; do
     prefillab) step prefillab prefillab.txt 400 bash -c "for v in mma sm90 sm90c2; do echo \"== --attn-prefill \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192,32768,65536,131072 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --attn-prefill \$v 2>&1 | grep -v 'gemm tuned'; done" ;;
     prefilldef) step prefilldef prefilldef.txt 200 bash -c "'$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192,32768,65536,131072 --prefill-reps 3 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 2>&1 | grep -v 'gemm tuned'" ;;
     wgops) step wgops wg_ops.log 240 "$BIN/gpu_llm_ops_test" --gtest_filter="${WGOPS_FILTER:-GpuFp8Moe.WgmmaExperts*:GpuFp8Moe.LtBf16ExpertsMatch*}" ;;
+    wgncufull120b) step wgncufull120b wgncufull120b.txt 240 bash -c "ncu --set full -k regex:moeWgmma -c 2 '$BIN/rose_llm_bench' --model /dev/shm/gptoss120b --prefill 8192 --decode '' --max-batch-tokens 16384 --kv-tokens 40000 2>&1 | grep -v 'gemm tuned' | tail -260" ;;
     wgncufull) step wgncufull wgncufull.txt 240 bash -c "ncu --set full -k regex:moeWgmma -c 2 '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 2>&1 | grep -v 'gemm tuned' | tail -260" ;;
     wgcross) step wgcross wgcross.txt 300 bash -c "for m in '/tmp/gptoss20b 512,1024,1536,2048' '/dev/shm/gptoss120b 2048,4096,6144,8192'; do set -- \$m; for v in tiled chunk; do echo \"== \$1 --moe-prefill \$v\"; '$BIN/rose_llm_bench' --model \$1 --prefill \$2 --prefill-reps 3 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --moe-prefill \$v --moe-prefill-min-rows 1 2>&1 | grep -v 'gemm tuned'; done; done" ;;
     wgmodel) step wgmodel wg_model.log 240 "$BIN/gpu_llm_model_test" --gtest_filter='*Wgmma*:*ChunkMode*:*LtBf16Prefill*' ;;
