@@ -48,9 +48,7 @@
 //              experts instead (moe_wgmma.cuh) [TAG_MOE_WGMMA]; --moe-wgmma-min-rows N: with it,
 //              chunks of >= min(N, --moe-prefill-min-rows) rows per expert take the path
 //              (default 64); --moe-wgmma-device-plan on|off: its token tiles planned on the
-//              device, no host wait per layer (default on) [TAG_MOE_WGMMA_DEVICE_PLAN];
-//              --moe-wgmma-max-n N: an expert's last tile up to N rows, 256..320 by 16 (default
-//              256) [TAG_MOE_WGMMA_WIDE_TILE].
+//              device, no host wait per layer (default on) [TAG_MOE_WGMMA_DEVICE_PLAN].
 //   --attn-split-keys N: a decode token's keys are split into chunks of at least N (multiple of
 //              64; default: cuda::pagedAttnSplitKeysFor's rule) for the split-KV attention.
 //   --attn-decode-warps on|off: single-token (decode) attention items on the four-warp path
@@ -535,7 +533,6 @@ void applyLtFlags(BackendOptions& bo) {
   bo.cuda.chain_pdl = g_lt_flags.chain_pdl;                    // [TAG_CHAIN_PDL]
   bo.cuda.pdl_graph = g_lt_flags.pdl_graph;
   bo.cuda.moe_wgmma_device_plan = g_lt_flags.moe_wgmma_device_plan;
-  bo.cuda.moe_wgmma_max_n = g_lt_flags.moe_wgmma_max_n;  // [TAG_MOE_WGMMA_WIDE_TILE]
 }
 
 struct OpsBench {
@@ -1146,13 +1143,6 @@ int main(int argc, char** argv) {
       g_lt_flags.moe_lt_wgmma = next() == "on";
     } else if (a == "--moe-wgmma-device-plan") {
       g_lt_flags.moe_wgmma_device_plan = next() == "on";
-    } else if (a == "--moe-wgmma-max-n") {
-      g_lt_flags.moe_wgmma_max_n = std::atoi(next().c_str());
-      const int32_t n = g_lt_flags.moe_wgmma_max_n;
-      if (n < 256 || n > 320 || n % 16 != 0) {
-        std::fprintf(stderr, "--moe-wgmma-max-n %d: expected 256..320, a multiple of 16\n", n);
-        return 2;
-      }
     } else if (a == "--moe-wgmma-min-rows") {
       g_lt_flags.moe_wgmma_min_rows_per_expert = std::atoll(next().c_str());
     }

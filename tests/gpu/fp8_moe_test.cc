@@ -603,10 +603,8 @@ struct LtMinTokens {
 // defaults. The path's GEMMs are cuBLASLt's unless `wgmma` [TAG_MOE_WGMMA] (rose's default): an
 // upload in the scope of wgmma off gets the weight scratch the cuBLASLt GEMMs need.
 struct LtExec {
-  LtExec(int streams, bool epilogue, bool overlap, bool wgmma = false, bool device_plan = false,
-         int32_t wgmma_max_n = 256) {
+  LtExec(int streams, bool epilogue, bool overlap, bool wgmma = false, bool device_plan = false) {
     CudaKernelOptions o;
-    o.moe_wgmma_max_n = wgmma_max_n;  // [TAG_MOE_WGMMA_WIDE_TILE]
     o.moe_lt_streams = streams;
     o.moe_lt_bias_epilogue = epilogue;
     o.moe_lt_overlap_dequant = overlap;
@@ -816,13 +814,10 @@ TEST_F(GpuFp8Moe, LtBf16StreamsAndOverlapKeepTheBits) {
 // f32 sums over K tiles and k16 steps in the same order (wgmma's own order inside a k16 step is
 // mma.sync's: first measured on the H200, 2026-12-04 s10, every element equal), bias and SwiGLU on
 // the f32 sums, one rounding each; deterministic; over steps whose experts get tiles of every
-// kind (T = 1, 7: tiles of 16-32 rows; 128: ~16; 1,500: ~190 rows, one tile of 176-208; 2,300:
-// ~290 = 256 + a tile of ~30, or one wide tile; 3,000: ~375 = 256 + a tile of ~120) and a K and
-// N tail shape (H = 288: K tiles of 64 with a half tile, the down projection's last 128-row
-// weight tile mostly padding; T = 1,150: ~575 = 256 + 256 + ~64, or 256 + a wide tile). Each step
-// also runs with an expert's last tile up to 320 rows [TAG_MOE_WGMMA_WIDE_TILE] (the kernel's
-// n256 + n(N - 256) instances), host- and device-planned: the same bits. The cuBLASLt GEMMs (the
-// path with the kernel off) are printed beside it.
+// kind (T = 1, 7: tiles of 16-32 rows; 128: ~16; 1,500: ~190 rows, one tile of 176-208; 3,000:
+// ~375 = 256 + a tile of ~120) and a K and N tail shape (H = 288: K tiles of 64 with a half tile,
+// the down projection's last 128-row weight tile mostly padding). The cuBLASLt GEMMs (the path
+// with the kernel off) are printed beside it.
 TEST_F(GpuFp8Moe, WgmmaExpertsMatchTheTiledKernels) {
   ASSERT_TRUE(cuda::moeWgmmaSupported()) << "the GPU tests run on an sm_90 device (the H200)";
   struct Shape {
@@ -830,8 +825,8 @@ TEST_F(GpuFp8Moe, WgmmaExpertsMatchTheTiledKernels) {
     int32_t k;
     std::vector<int64_t> ts;
   };
-  for (const Shape& sh : {Shape{2880, 2880, 32, 4, {1, 7, 128, 1500, 2300, 3000}},
-                          Shape{288, 160, 8, 4, {1000, 1150, 4096}}}) {
+  for (const Shape& sh : {Shape{2880, 2880, 32, 4, {1, 7, 128, 1500, 3000}},
+                          Shape{288, 160, 8, 4, {1000, 4096}}}) {
     MoeLayer l;
     {
       LtMinTokens scratch(INT64_MAX);
@@ -847,7 +842,7 @@ TEST_F(GpuFp8Moe, WgmmaExpertsMatchTheTiledKernels) {
       const auto& ref = st.ref;
       const auto tiled = runGpu(l, st);
       const uint64_t lt0 = cuda::moeLtBf16Steps(), wg0 = cuda::moeWgmmaSteps();
-      std::vector<float> got, again, cublas, planned, wide, wide_planned;
+      std::vector<float> got, again, cublas, planned;
       {
         LtMinTokens on(1);
         {
@@ -859,37 +854,12 @@ TEST_F(GpuFp8Moe, WgmmaExpertsMatchTheTiledKernels) {
           LtExec wgd(4, true, false, /*wgmma=*/true, /*device_plan=*/true);
           planned = runGpu(l, st);
         }
-        {  // [TAG_MOE_WGMMA_WIDE_TILE] last tiles up to 320 rows, host and device plan
-          LtExec ww(4, true, false, /*wgmma=*/true, /*device_plan=*/false, /*wgmma_max_n=*/320);
-          wide = runGpu(l, st);
-          LtExec wwd(4, true, false, /*wgmma=*/true, /*device_plan=*/true, /*wgmma_max_n=*/320);
-          wide_planned = runGpu(l, st);
-        }
         LtExec lt(4, true, false);
         cublas = runGpu(l, st);
       }
-      EXPECT_EQ(cuda::moeLtBf16Steps(), lt0 + 6);
-      EXPECT_EQ(cuda::moeWgmmaSteps(), wg0 + 5) << "the wgmma kernel did not run (or ran while off)";
+      EXPECT_EQ(cuda::moeLtBf16Steps(), lt0 + 4);
+      EXPECT_EQ(cuda::moeWgmmaSteps(), wg0 + 3) << "the wgmma kernel did not run (or ran while off)";
       EXPECT_EQ(planned, got) << "the device plan's tiles gave other bits";
-      // The plans' tile counts for this routing (every expert padded to 16 rows, as the align
-      // does): the wide cut must have merged tiles where the case is meant to have them.
-      auto tileCount = [&](int32_t max_n) {
-        std::vector<int64_t> off(static_cast<size_t>(sh.e + 1), 0);
-        for (int32_t id : st.ids) ++off[static_cast<size_t>(id + 1)];
-        for (int64_t e = 0; e < sh.e; ++e)
-          off[static_cast<size_t>(e + 1)] = off[static_cast<size_t>(e)] + (off[static_cast<size_t>(e + 1)] + 15) / 16 * 16;
-        std::vector<cuda::MoeWgmmaTile> tl(static_cast<size_t>(off.back() / 16 + sh.e));
-        return cuda::moeWgmmaPlanTiles(off.data(), static_cast<int32_t>(sh.e), tl.data(),
-                                       static_cast<int64_t>(tl.size()), max_n);
-      };
-      const int64_t tiles256 = tileCount(256), tiles320 = tileCount(320);
-      std::cout << "[ wgmma experts ] T=" << t << ": token tiles " << tiles256 << " (256-row cut), "
-                << tiles320 << " (last tiles up to 320 rows)\n";
-      if (t == 2300 || t == 1150) {
-        EXPECT_LT(tiles320, tiles256) << "no wide last tile: nothing new tested";
-      }
-      EXPECT_EQ(wide, got) << "the wide last tiles gave other bits";
-      EXPECT_EQ(wide_planned, got) << "the device-planned wide last tiles gave other bits";
       auto fired = cuda::moeWgmmaWatchdogFired();
       ASSERT_TRUE(fired.isOk());
       EXPECT_FALSE(*fired) << "a pipeline wait gave up";
@@ -909,15 +879,12 @@ TEST_F(GpuFp8Moe, WgmmaExpertsMatchTheTiledKernels) {
       done.emplace_back(std::move(st), std::move(got));
     }
     // The device plan again, largest step first: rows and tiles a larger step left behind in the
-    // workspaces must not reach a smaller step's output (with both tile cuts).
+    // workspaces must not reach a smaller step's output.
     LtMinTokens on(1);
-    for (int32_t max_n : {256, 320}) {
-      LtExec wgd(4, true, false, /*wgmma=*/true, /*device_plan=*/true, max_n);
-      for (auto it = done.rbegin(); it != done.rend(); ++it)
-        EXPECT_EQ(runGpu(l, it->first), it->second)
-            << "device plan after a larger step, T=" << it->first.x.size() / static_cast<size_t>(sh.h)
-            << ", max_n " << max_n;
-    }
+    LtExec wgd(4, true, false, /*wgmma=*/true, /*device_plan=*/true);
+    for (auto it = done.rbegin(); it != done.rend(); ++it)
+      EXPECT_EQ(runGpu(l, it->first), it->second)
+          << "device plan after a larger step, T=" << it->first.x.size() / static_cast<size_t>(sh.h);
   }
 }
 

@@ -106,8 +106,8 @@ Runner load(const std::string& dir, const char* device, MoeWeightsMode moe,
   } else {
     BackendOptions bo;
     bo.threads = 8;
-    // The kernel choices the environment sets (GARDEN_CHAIN_PDL, GARDEN_MOE_WGMMA_MAX_N, ...: the
-    // whole suite with one of them on), then the ones these tests pin.
+    // The kernel choices the environment sets (GARDEN_CHAIN_PDL, GARDEN_PDL_GEMV, ...: the whole
+    // suite with one of them changed), then the ones these tests pin.
     bo.cuda = envKernelOptions();
     // [TAG_MOE_LT_BF16] The tests of the tiled kernels' properties pin them; the bf16 cuBLASLt
     // path (rose's default, per chunk) has its own tests below. A runner sharing a backend keeps

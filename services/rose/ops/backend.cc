@@ -70,12 +70,6 @@ Status cudaKernelOptionsFromEnv(CudaKernelOptions& opts) {
   int wg_plan = opts.moe_wgmma_device_plan ? 1 : 0;
   RETURN_IF_ERROR(envChoice("GARDEN_MOE_WGMMA_DEVICE_PLAN", {"0", "1"}, &wg_plan));
   opts.moe_wgmma_device_plan = wg_plan == 1;
-  // [TAG_MOE_WGMMA_WIDE_TILE] 256 + 16 i
-  int wg_max_n = opts.moe_wgmma_max_n >= 256 && opts.moe_wgmma_max_n <= 320 && opts.moe_wgmma_max_n % 16 == 0
-                     ? (opts.moe_wgmma_max_n - 256) / 16
-                     : 0;
-  RETURN_IF_ERROR(envChoice("GARDEN_MOE_WGMMA_MAX_N", {"256", "272", "288", "304", "320"}, &wg_max_n));
-  opts.moe_wgmma_max_n = 256 + 16 * wg_max_n;
   int router_mma = opts.router_mma ? 1 : 0;
   RETURN_IF_ERROR(envChoice("GARDEN_ROUTER_MMA", {"0", "1"}, &router_mma));
   opts.router_mma = router_mma == 1;

@@ -234,15 +234,6 @@ struct CudaKernelOptions {
   // 0.1208 vs 0.1212 s, 32k 0.6345 vs 0.6372; 120b 8k 0.2177 vs 0.2180), and it drops a
   // per-layer host wait; 0 keeps the host plan for A/B runs (gpu_llm.sh wgplanab).
   bool moe_wgmma_device_plan = true;
-  // [TAG_MOE_WGMMA_WIDE_TILE] The largest last token tile of an expert in the wgmma kernel
-  // (moe_wgmma_plan.h): experts are cut into 256-row tiles while more than this many rows are
-  // left, then one tile of the rest, so an expert of 257..N rows is one tile (the kernel's
-  // instances above 256 rows run an n256 and a second wgmma over the same dequantized weights)
-  // instead of 256 rows plus a remainder tile that pays a whole block's dequantization and fill
-  // for a few rows. 256 (the old cut) .. 320, a multiple of 16. Same bits either way. 256 until
-  // measured (rose_llm_bench --moe-wgmma-max-n; gpu_llm.sh wideab / wideab120b).
-  // GARDEN_MOE_WGMMA_MAX_N=256|272|288|304|320.
-  int32_t moe_wgmma_max_n = 256;
   // The f32 router [TAG_ROUTER_F32] on bf16 tensor cores [TAG_ROUTER_MMA] (every product exact
   // in f32 through split operands; ops/cuda/moe_router_f32.cuh RouterMmaArgs) instead of the
   // CUDA-core f32 kernel: GARDEN_ROUTER_MMA=0|1. Read when a model uploads its router weights (the

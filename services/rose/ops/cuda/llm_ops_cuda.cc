@@ -1139,7 +1139,6 @@ class CudaLlmOps final : public LlmOps {
     pl.tiles = static_cast<MoeWgmmaTile*>(wg_tiles_.data());
     pl.num_tiles = static_cast<int32_t*>(wg_count_.data());
     pl.cap = static_cast<int32_t>(cap);
-    pl.max_n = moeWgmmaMaxN();  // [TAG_MOE_WGMMA_WIDE_TILE]
     checkOk(launchMoeWgmmaDevicePlan(pl, st), "moeExperts/wgmma_plan");
     const ExpertRanges r{max_rows, static_cast<const int32_t*>(row_token_.data()),
                          static_cast<const int32_t*>(tile_expert_.data()), nullptr};
@@ -1158,8 +1157,7 @@ class CudaLlmOps final : public LlmOps {
                        const ExpertWeights& w1, const Tensor& b1, const ExpertWeights& w2,
                        const Tensor& b2, const Tensor& out, const MoeExpertsParams& p, bool f16) {
     cudaStream_t st = b_.stream();
-    const int64_t tiles = moeWgmmaPlanTiles(host_off_.data(), p.num_experts, host_wg_tiles_,
-                                            range_max_tiles_, moeWgmmaMaxN());
+    const int64_t tiles = moeWgmmaPlanTiles(host_off_.data(), p.num_experts, host_wg_tiles_, range_max_tiles_);
     require(tiles >= 0, "moeExperts", "wgmma token tiles exceed the workspace");
     // Pinned and rewritten only after the next layer's range wait, which follows this copy.
     CUDA_CHECK(cudaMemcpyAsync(wg_tiles_.data(), host_wg_tiles_, sizeof(MoeWgmmaTile) * static_cast<size_t>(tiles),

@@ -8,7 +8,6 @@
 #include "services/rose/ops/cuda/cuda_utils.h"
 #include "services/rose/ops/cuda/fp8_block.h"
 #include "services/rose/ops/cuda/gemm.h"
-#include "services/rose/ops/cuda/moe_wgmma_plan.h"
 
 namespace garden::rose::cuda {
 
@@ -40,7 +39,6 @@ std::atomic<bool> g_lt_wgmma{CudaKernelOptions{}.moe_lt_wgmma};
 std::atomic<int64_t> g_wgmma_min_rows{CudaKernelOptions{}.moe_wgmma_min_rows_per_expert};
 std::atomic<uint64_t> g_wgmma_steps{0};
 std::atomic<bool> g_wgmma_device_plan{CudaKernelOptions{}.moe_wgmma_device_plan};
-std::atomic<int32_t> g_wgmma_max_n{CudaKernelOptions{}.moe_wgmma_max_n};
 
 // The descriptor/shape cache key of a (type, bias epilogue) pair.
 int32_t typeKey(MoeLtType type, bool bias) { return static_cast<int32_t>(type) * 2 + (bias ? 1 : 0); }
@@ -53,11 +51,8 @@ void applyMoeLt(const CudaKernelOptions& opts) {
   g_lt_wgmma.store(opts.moe_lt_wgmma);
   g_wgmma_min_rows.store(std::max<int64_t>(1, opts.moe_wgmma_min_rows_per_expert));
   g_wgmma_device_plan.store(opts.moe_wgmma_device_plan);
-  // [TAG_MOE_WGMMA_WIDE_TILE] a bound the kernel has no instance for keeps the 256-row cut
-  g_wgmma_max_n.store(moeWgmmaValidMaxN(opts.moe_wgmma_max_n) ? opts.moe_wgmma_max_n : kMoeWgmmaMaxN);
 }
 bool moeWgmmaDevicePlan() { return g_wgmma_device_plan.load(); }
-int32_t moeWgmmaMaxN() { return g_wgmma_max_n.load(); }
 bool moeLtWgmma() { return g_lt_wgmma.load(); }
 int64_t moeWgmmaMinRowsPerExpert() { return g_wgmma_min_rows.load(); }
 int64_t moeLtMinRowsPerExpert(bool wgmma) {

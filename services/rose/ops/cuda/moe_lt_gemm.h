@@ -156,8 +156,6 @@ bool moeLtOverlapDequant();
 bool moeLtWgmma();
 // [TAG_MOE_WGMMA_DEVICE_PLAN] CudaKernelOptions::moe_wgmma_device_plan in force.
 bool moeWgmmaDevicePlan();
-// [TAG_MOE_WGMMA_WIDE_TILE] CudaKernelOptions::moe_wgmma_max_n in force (the tile plans' max_n).
-int32_t moeWgmmaMaxN();
 int64_t moeWgmmaMinRowsPerExpert();
 // The rows-per-expert floor of the path's calls (chunks or steps): the cuBLASLt GEMMs'
 // (moeLtBf16MinRowsPerExpert), or with the wgmma kernel running them the smaller of that and

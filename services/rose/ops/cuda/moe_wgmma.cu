@@ -10,16 +10,13 @@
 //     dequantizes them into 16 registers — exactly the four k16 steps' A fragments of its warp's
 //     16 rows (the packed layout is the mma A fragment layout, mxfp4_tiles.h; wgmma's register A
 //     is the same per warp) — and issues 4 wgmma m64nNk16 (A registers, B the token tile),
-//     N = tiles[t].n (16, 32, ..., 320: one instance each; above 256 one n256 wgmma and one of the
-//     rest over the same A registers [TAG_MOE_WGMMA_WIDE_TILE]), accumulating in f32. The two
-//     consumers' wgmmas share the tensor cores, so one's dequantization runs while the other's
-//     products do.
+//     N = tiles[t].n (16, 32, ..., 256: one instance each), accumulating in f32. The two consumers' wgmmas share the
+//     tensor cores, so one's dequantization runs while the other's products do.
 //   Epilogue per consumer: bias (+ clamped SwiGLU on (gate, up) pairs, a shuffle apart) on the
-//   f32 sums, bf16 into a swizzled shared-memory tile [tokens][channels] (over the token ring,
-//   once both consumers are past their last K tile), then 16-byte stores of the tile's real rows
-//   and channels.
+//   f32 sums, bf16 into a swizzled shared-memory tile [tokens][channels], then 16-byte stores of
+//   the tile's real rows and channels.
 // Registers: the producer gives its share up (setmaxnreg) to the consumers' accumulators (N / 2
-// per thread, 128 at N = 256, 160 at 320).
+// per thread, 128 at N = 256).
 
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -46,35 +43,27 @@ using namespace ptx90;  // NOLINT(build/namespaces): the PTX wrappers
 
 constexpr int kStages = 4;
 constexpr int kThreads = 384;
-constexpr int kMaxN = kMoeWgmmaMaxTileN;           // token rows per tile, at most (320)
+constexpr int kMaxN = 256;                          // token rows per tile, at most
 constexpr uint32_t kRowBytes = 128;                 // 64 bf16: one swizzled row
 constexpr uint32_t kBoxRows = 64;                   // rows per bulk tensor copy
-constexpr uint32_t kTokStage = kMaxN * kRowBytes;   // 40 KB
+constexpr uint32_t kTokStage = kMaxN * kRowBytes;   // 32 KB
 constexpr uint32_t kCodesStage = kMxTileBytes;      // 4 KiB
 constexpr uint32_t kScalesStage = kMxTileRows * 2;  // 256 B
-constexpr uint32_t kEpiBytes = kMaxN * kRowBytes;   // per consumer: [320 tokens][64 channels] bf16
+constexpr uint32_t kEpiBytes = kMaxN * kRowBytes;   // per consumer: [256 tokens][64 channels] bf16
 constexpr int kProducerRegs = 40;
 constexpr int kConsumerRegs = 232;
 static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 65536, "register file");
 
-// Shared memory, byte offsets from a 1024-aligned base. The epilogue tiles lie over the token ring
-// (kEpi = kTok): a consumer writes its tile only after both consumers' last wgmmas are done and
-// every bulk copy has landed (they waited on every stage), so nothing reads the ring any more.
-// (Before the 320-row tiles they had 64 KB of their own: 4 stages of 40 KB, the codes and two
-// 40 KB tiles would not fit the 227 KB an SM gives a block.)
+// Shared memory, byte offsets from a 1024-aligned base.
 struct Smem {
   static constexpr uint32_t kTok = 0;
   static constexpr uint32_t kCodes = kTok + kStages * kTokStage;
   static constexpr uint32_t kScales = kCodes + kStages * kCodesStage;
-  static constexpr uint32_t kEpi = kTok;
-  static constexpr uint32_t kBars = kScales + kStages * kScalesStage;  // full[kStages], empty[kStages]
-  static constexpr uint32_t kBytes = kBars + 16 * kStages + 1024;     // + alignment slack
+  static constexpr uint32_t kEpi = kScales + kStages * kScalesStage;
+  static constexpr uint32_t kBars = kEpi + 2 * kEpiBytes;       // full[kStages], empty[kStages]
+  static constexpr uint32_t kBytes = kBars + 16 * kStages + 1024;  // + alignment slack
 };
 static_assert(Smem::kTok % 1024 == 0 && kTokStage % 1024 == 0, "swizzle atoms");
-static_assert(2 * kEpiBytes <= kStages * kTokStage, "the epilogue tiles fit over the token ring");
-static_assert(Smem::kBytes <= 227 * 1024, "one block per SM");
-// The consumers' barrier before the epilogue (ids 1, 2: each consumer's own).
-constexpr int kConsumersBarrier = 3;
 
 __device__ unsigned int g_moe_wgmma_watchdog = 0;
 __device__ __forceinline__ void mbarWait(uint32_t bar, uint32_t parity) {
@@ -152,27 +141,7 @@ __device__ __forceinline__ uint32_t emptyBar(uint32_t base, int st) {
   return base + Smem::kBars + 8 * (kStages + st);
 }
 
-// One k16 step's wgmma m64 x kN x k16 over the accumulators acc (kN / 2 per thread): above 256
-// token rows [TAG_MOE_WGMMA_WIDE_TILE] as an n256 wgmma over tokens 0..255 (acc[0..127]) and one of
-// the rest over tokens 256.. (the token tile's rows 256.. lie 256 swizzled 128-byte rows, 32 KB,
-// further: whole 1024-byte swizzle atoms). Accumulator e of the wide tile keeps the layout of one
-// m64nNk16's (sm90::accRow / accCol): element e >= 128 is element e - 128 of the second wgmma,
-// token 8 ((e - 128) / 4) + ... + 256 = 8 (e / 4) + .... Each output's sum is the same chain of
-// k16 steps either way: the bits do not depend on the split.
-template <int kN, bool kHalf>
-__device__ __forceinline__ void wgmmaTile(float (&acc)[kN / 2], const uint32_t (&ra)[16], int s,
-                                          uint64_t desc) {
-  if constexpr (kN <= 256) {
-    wgmmaRSK<kN, kHalf>(acc, ra[4 * s], ra[4 * s + 1], ra[4 * s + 2], ra[4 * s + 3], desc);
-  } else {
-    wgmmaRSK<256, kHalf>(*reinterpret_cast<float(*)[128]>(&acc[0]), ra[4 * s], ra[4 * s + 1],
-                         ra[4 * s + 2], ra[4 * s + 3], desc);
-    wgmmaRSK<kN - 256, kHalf>(*reinterpret_cast<float(*)[(kN - 256) / 2]>(&acc[128]), ra[4 * s],
-                              ra[4 * s + 1], ra[4 * s + 2], ra[4 * s + 3],
-                              desc + ((256u * kRowBytes) >> 4));
-  }
-}
-
+// Consumer c (0, 1) of a block whose tile has N = kN token rows.
 // Consumer c (0, 1) of a block whose tile has N = kN token rows. Each K tile's wgmmas are
 // waited for before the next tile's dequantization writes the A registers again: the other
 // consumer's wgmmas keep the tensor cores busy meanwhile. (Two register sets with one tile's
@@ -204,7 +173,8 @@ __device__ __forceinline__ void consume(const MoeWgmmaArgs& a, const Block& b, i
     wgmmaFence();
 #pragma unroll
     for (int s = 0; s < 4; ++s) {
-      wgmmaTile<kN, std::is_same_v<T, __half>>(acc, ra, s,
+      wgmmaRSK<kN, std::is_same_v<T, __half>>(acc, ra[4 * s], ra[4 * s + 1], ra[4 * s + 2],
+                                               ra[4 * s + 3],
                                                desc0 + ((st * kTokStage + 32u * s) >> 4));
     }
     wgmmaCommit();
@@ -226,8 +196,6 @@ __device__ __forceinline__ void consume(const MoeWgmmaArgs& a, const Block& b, i
         bias[hr] = toF32(reinterpret_cast<const T*>(a.bias)[static_cast<int64_t>(b.tile.expert) * a.n + ch]);
     }
   }
-  // The epilogue tiles lie over the token ring: both consumers' wgmmas must be done reading it.
-  namedBarrierSync(kConsumersBarrier, 256);
   const uint32_t epi = b.base + Smem::kEpi + c * kEpiBytes;
   const int64_t row0 = b.tile.row0;
   if (!a.swiglu) {
@@ -359,10 +327,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     GARDEN_MOE_WGMMA_CASE(14)
     GARDEN_MOE_WGMMA_CASE(15)
     GARDEN_MOE_WGMMA_CASE(16)
-    GARDEN_MOE_WGMMA_CASE(17)  // [TAG_MOE_WGMMA_WIDE_TILE]: an expert's last tile of 257..320 rows
-    GARDEN_MOE_WGMMA_CASE(18)
-    GARDEN_MOE_WGMMA_CASE(19)
-    GARDEN_MOE_WGMMA_CASE(20)
 #undef GARDEN_MOE_WGMMA_CASE
     default:
       break;
@@ -445,7 +409,7 @@ __global__ void __launch_bounds__(1024) moeWgmmaPlanKernel(MoeWgmmaDevicePlanArg
       toff[e] = t;
       const int32_t rows = cnt[e] * a.block_m;
       r += rows;
-      t += moeWgmmaExpertTiles(rows, a.max_n);
+      t += moeWgmmaExpertTiles(rows);
     }
     roff[a.experts] = r;
     toff[a.experts] = t;
@@ -456,15 +420,14 @@ __global__ void __launch_bounds__(1024) moeWgmmaPlanKernel(MoeWgmmaDevicePlanArg
   for (int e = tid; e < a.experts; e += blockDim.x) {
     const int32_t rows = roff[e + 1] - roff[e];
     const int32_t tiles = toff[e + 1] - toff[e];
-    for (int32_t j = 0; j < tiles; ++j)
-      a.tiles[toff[e] + j] = moeWgmmaExpertTile(e, roff[e], rows, j, a.max_n);
+    for (int32_t j = 0; j < tiles; ++j) a.tiles[toff[e] + j] = moeWgmmaExpertTile(e, roff[e], rows, j);
   }
 }
 
 Status launchMoeWgmmaDevicePlan(const MoeWgmmaDevicePlanArgs& a, cudaStream_t stream) {
   if (a.tile_expert == nullptr || a.num_align_tiles == nullptr || a.tiles == nullptr ||
       a.num_tiles == nullptr || a.experts <= 0 || a.experts > kMoeWgmmaPlanMaxExperts ||
-      a.block_m <= 0 || a.max_align_tiles < 0 || a.cap <= 0 || !moeWgmmaValidMaxN(a.max_n)) {
+      a.block_m <= 0 || a.max_align_tiles < 0 || a.cap <= 0) {
     return invalidArgument("moe_wgmma plan: missing pointers or bad shape");
   }
   moeWgmmaPlanKernel<<<1, 1024, 0, stream>>>(a);

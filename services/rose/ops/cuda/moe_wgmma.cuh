@@ -65,7 +65,6 @@ struct MoeWgmmaDevicePlanArgs {
   MoeWgmmaTile* tiles = nullptr;             // device [cap]
   int32_t* num_tiles = nullptr;              // device [1]
   int32_t cap = 0;                           // moeWgmmaMaxTiles(align rows bound, busy experts)
-  int32_t max_n = kMoeWgmmaMaxN;             // the last tile's bound [TAG_MOE_WGMMA_WIDE_TILE]
 };
 Status launchMoeWgmmaDevicePlan(const MoeWgmmaDevicePlanArgs& a, cudaStream_t stream);
 

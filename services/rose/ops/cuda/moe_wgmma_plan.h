@@ -2,14 +2,11 @@
 // How the wgmma MXFP4 expert GEMM (moe_wgmma.cuh) [TAG_MOE_WGMMA] cuts a step's expert-sorted rows
 // into token tiles, as a plain function (no CUDA) so a CPU test checks it.
 //
-// Each expert's rows [off[e], off[e + 1]) are cut, in order, into tiles of 256 rows while more
-// than max_n are left, then one tile of the rest (max_n: 256, or up to kMoeWgmmaMaxTileN = 320
-// [TAG_MOE_WGMMA_WIDE_TILE]: an expert of 257..max_n rows is one tile instead of 256 + a small
-// remainder, which paid a whole block's dequantization and fill for a few rows). A tile's n (the
-// wgmma N of the kernel instance it runs, a multiple of 16 up to max_n) is its row count rounded up
-// to 16 — the align pads every expert to 16 rows, so no tile computes rows that are not the
-// expert's. Tiles never span two experts, and every row of every expert is in exactly one tile;
-// experts without rows get none.
+// Each expert's rows [off[e], off[e + 1]) are cut, in order, into tiles of 256 rows while at
+// least 256 are left, then one tile of the rest. A tile's n (the wgmma N of the kernel instance it
+// runs, a multiple of 16 up to 256) is its row count rounded up to 16 — the align pads every
+// expert to 16 rows, so no tile computes rows that are not the expert's. Tiles never span two
+// experts, and every row of every expert is in exactly one tile; experts without rows get none.
 // (Measured on the H200, 2026-12-04 s10, against sharing an expert's rows evenly — R = 1,040 as
 // 5 x 208 instead of 4 x 256 + 16: the even split was slower, 20b 8k prefill 0.1250 vs
 // 0.1213 s, 120b 0.2266 vs 0.2220: full 256-row tiles make fewer passes over the weights, and a
@@ -32,58 +29,45 @@ struct MoeWgmmaTile {
 #define GARDEN_WGMMA_PLAN_HD
 #endif
 
-inline constexpr int32_t kMoeWgmmaMaxN = 256;      // a full tile's rows
-inline constexpr int32_t kMoeWgmmaMaxTileN = 320;  // the kernel's widest instance
-// Whether max_n is a last-tile bound the kernel has instances for: 256..320, a multiple of 16.
-GARDEN_WGMMA_PLAN_HD inline constexpr bool moeWgmmaValidMaxN(int32_t max_n) {
-  return max_n >= kMoeWgmmaMaxN && max_n <= kMoeWgmmaMaxTileN && max_n % 16 == 0;
-}
+inline constexpr int32_t kMoeWgmmaMaxN = 256;
 GARDEN_WGMMA_PLAN_HD inline constexpr int32_t moeWgmmaTileN(int64_t rows) {
   return static_cast<int32_t>((rows + 15) / 16 * 16);
 }
 
-// The number of tiles of an expert with `rows` rows: 256-row tiles while more than max_n are
-// left, then one.
-GARDEN_WGMMA_PLAN_HD inline constexpr int32_t moeWgmmaExpertTiles(int32_t rows,
-                                                                 int32_t max_n = kMoeWgmmaMaxN) {
-  return rows <= 0       ? 0
-         : rows <= max_n ? 1
-                         : (rows - max_n + kMoeWgmmaMaxN - 1) / kMoeWgmmaMaxN + 1;
+// The number of tiles of an expert with `rows` rows.
+GARDEN_WGMMA_PLAN_HD inline constexpr int32_t moeWgmmaExpertTiles(int32_t rows) {
+  return (rows + kMoeWgmmaMaxN - 1) / kMoeWgmmaMaxN;
 }
 
 // Tile j of expert e whose rows start at r0 (rows in all): the host plan below and the device
 // plan (moe_wgmma.cuh launchMoeWgmmaDevicePlan [TAG_MOE_WGMMA_DEVICE_PLAN]) both cut with it.
 GARDEN_WGMMA_PLAN_HD inline MoeWgmmaTile moeWgmmaExpertTile(int32_t e, int32_t r0, int32_t rows,
-                                                            int32_t j,
-                                                            int32_t max_n = kMoeWgmmaMaxN) {
+                                                            int32_t j) {
   const int32_t first = j * kMoeWgmmaMaxN, left = rows - first;
-  const int32_t n = left <= max_n ? left : kMoeWgmmaMaxN;
+  const int32_t n = left < kMoeWgmmaMaxN ? left : kMoeWgmmaMaxN;
   return MoeWgmmaTile{e, r0 + first, n, moeWgmmaTileN(n)};
 }
 
 // Upper bound on the tiles of a step whose expert-sorted matrix has at most `max_rows` rows over
-// at most `busy` experts with rows: ceil(r / 256) <= floor(r / 256) + 1 per expert (a max_n above
-// 256 only merges tiles), and the floors add up to at most floor(max_rows / 256). (The device
-// plan's launches use it as their grid.)
+// at most `busy` experts with rows: ceil(r / 256) <= floor(r / 256) + 1 per expert, and the floors
+// add up to at most floor(max_rows / 256). (The device plan's launches use it as their grid.)
 inline constexpr int64_t moeWgmmaMaxTiles(int64_t max_rows, int64_t busy) {
   return max_rows / kMoeWgmmaMaxN + busy;
 }
 
 // Writes the tiles of experts 0 .. experts - 1 (off: [experts + 1], non-decreasing) into out
-// (capacity cap) and returns their count, or -1 when more than cap would be needed, an offset
-// does not fit int32 or max_n is not moeWgmmaValidMaxN.
-inline int64_t moeWgmmaPlanTiles(const int64_t* off, int32_t experts, MoeWgmmaTile* out, int64_t cap,
-                                 int32_t max_n = kMoeWgmmaMaxN) {
-  if (!moeWgmmaValidMaxN(max_n)) return -1;
+// (capacity cap) and returns their count, or -1 when more than cap would be needed or an offset
+// does not fit int32.
+inline int64_t moeWgmmaPlanTiles(const int64_t* off, int32_t experts, MoeWgmmaTile* out, int64_t cap) {
   int64_t count = 0;
   for (int32_t e = 0; e < experts; ++e) {
     const int64_t rows = off[e + 1] - off[e];
     if (rows < 0 || off[e + 1] > INT32_MAX) return -1;
-    const int32_t tiles = moeWgmmaExpertTiles(static_cast<int32_t>(rows), max_n);
+    const int32_t tiles = moeWgmmaExpertTiles(static_cast<int32_t>(rows));
     for (int32_t j = 0; j < tiles; ++j) {
       if (count >= cap) return -1;
       out[count++] =
-          moeWgmmaExpertTile(e, static_cast<int32_t>(off[e]), static_cast<int32_t>(rows), j, max_n);
+          moeWgmmaExpertTile(e, static_cast<int32_t>(off[e]), static_cast<int32_t>(rows), j);
     }
   }
   return count;
