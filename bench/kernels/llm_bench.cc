@@ -48,7 +48,9 @@
 //              experts instead (moe_wgmma.cuh) [TAG_MOE_WGMMA]; --moe-wgmma-min-rows N: with it,
 //              chunks of >= min(N, --moe-prefill-min-rows) rows per expert take the path
 //              (default 64); --moe-wgmma-device-plan on|off: its token tiles planned on the
-//              device, no host wait per layer (default on) [TAG_MOE_WGMMA_DEVICE_PLAN].
+//              device, no host wait per layer (default on) [TAG_MOE_WGMMA_DEVICE_PLAN];
+//              --moe-wgmma-smem-a on|off: its dequantized weights through shared memory, one K
+//              tile's wgmmas in flight (default off) [TAG_MOE_WGMMA_SMEM_A].
 //   --attn-split-keys N: a decode token's keys are split into chunks of at least N (multiple of
 //              64; default: cuda::pagedAttnSplitKeysFor's rule) for the split-KV attention.
 //   --attn-decode-warps on|off: single-token (decode) attention items on the four-warp path
@@ -533,6 +535,7 @@ void applyLtFlags(BackendOptions& bo) {
   bo.cuda.chain_pdl = g_lt_flags.chain_pdl;                    // [TAG_CHAIN_PDL]
   bo.cuda.pdl_graph = g_lt_flags.pdl_graph;
   bo.cuda.moe_wgmma_device_plan = g_lt_flags.moe_wgmma_device_plan;
+  bo.cuda.moe_wgmma_smem_a = g_lt_flags.moe_wgmma_smem_a;  // [TAG_MOE_WGMMA_SMEM_A]
 }
 
 struct OpsBench {
@@ -1143,6 +1146,8 @@ int main(int argc, char** argv) {
       g_lt_flags.moe_lt_wgmma = next() == "on";
     } else if (a == "--moe-wgmma-device-plan") {
       g_lt_flags.moe_wgmma_device_plan = next() == "on";
+    } else if (a == "--moe-wgmma-smem-a") {
+      g_lt_flags.moe_wgmma_smem_a = next() == "on";
     } else if (a == "--moe-wgmma-min-rows") {
       g_lt_flags.moe_wgmma_min_rows_per_expert = std::atoll(next().c_str());
     }

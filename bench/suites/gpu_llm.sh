@@ -35,6 +35,14 @@
 #             GARDEN_CHAIN_PDL=1, then rose_llm_bench --batch-check 8,64 --chain-pdl on (needs mk20b)
 #   chainpdlab  decode 1@8192, 8@4096, 64@1024 with --chain-pdl on / off (needs mk20b)
 #   rowinvpf  prefill 8k / 32k (median of 3) with --gemm-row-invariant on / off (needs mk20b)
+#   ssops     [TAG_MOE_WGMMA_SMEM_A] GpuFp8Moe.WgmmaExperts* (the shared-memory-A consumers' bits,
+#             host and device plan, against the tiled kernels), then the wgmma / batch model tests
+#             with GARDEN_MOE_WGMMA_SMEM_A=1
+#   ssmem     compute-sanitizer memcheck over GpuFp8Moe.WgmmaExperts* (both consumer forms)
+#   ssab      20b prefill 8k / 32k (median of 3) with --moe-wgmma-smem-a on / off (needs mk20b)
+#   ssab120b  the same at 120b, KV for 40k tokens (fits an H100; needs mk120b)
+#   ssncu120b ncu --set full on the first two wgmma launches of a 120b 8k prefill with
+#             --moe-wgmma-smem-a on (needs mk120b; wgncufull120b is the register form)
 #   batchcheck  [TAG_BATCH_CHECK] rose_llm_bench --batch-check 8,64 on the 20b checkpoint: one
 #             sequence's tokens and logits alone and inside batches of 8 / 64, with
 #             --gemm-row-invariant on (the step's result) and off (reported) (needs mk20b)
@@ -356,6 +364,11 @@ for s in $STEPS; do
     rowinvab) decodeab rowinvab rowinvab.txt "'--gemm-row-invariant on' ''" ;;
     chainpdl) step chainpdl chainpdl.log 400 bash -c "rc=0; '$BIN/gpu_kernels_test' --gtest_filter='*Chain*' || rc=1; GARDEN_CHAIN_PDL=1 '$BIN/gpu_llm_model_test' --gtest_brief=1 || rc=1; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --batch-check 8,64 --decode-steps 32 --max-batch-tokens 16384 --chain-pdl on > /tmp/bcp.txt 2>&1 || rc=1; grep -v 'gemm tuned' /tmp/bcp.txt; exit \$rc" ;;
     chainpdlab) decodeab chainpdlab chainpdlab.txt "'--chain-pdl on' ''" ;;
+    ssops) step ssops ssops.log 420 bash -c "rc=0; '$BIN/gpu_llm_ops_test' --gtest_filter='GpuFp8Moe.WgmmaExperts*' || rc=1; GARDEN_MOE_WGMMA_SMEM_A=1 '$BIN/gpu_llm_model_test' --gtest_brief=1 --gtest_filter='*Wgmma*:*AutoMode*:*ChunkMode*:*TokensDoNotDependOnTheBatch*' || rc=1; exit \$rc" ;;
+    ssmem) step ssmem ss_mem.log 300 compute-sanitizer --tool memcheck --error-exitcode 3 "$BIN/gpu_llm_ops_test" --gtest_brief=1 --gtest_filter='GpuFp8Moe.WgmmaExperts*' ;;
+    ssab) step ssab ssab.txt 300 prefillab /tmp/gptoss20b --moe-wgmma-smem-a on off ;;
+    ssab120b) step ssab120b ssab120b.txt 360 bash -c "for v in on off; do echo \"== --moe-wgmma-smem-a \$v\"; '$BIN/rose_llm_bench' --model /dev/shm/gptoss120b --prefill 8192,32768 --prefill-reps 3 --decode '' --max-batch-tokens 16384 --kv-tokens 40000 --moe-wgmma-smem-a \$v 2>&1 | grep -v 'gemm tuned'; done" ;;
+    ssncu120b) step ssncu120b ssncu120b.txt 240 bash -c "ncu --set full -k regex:moeWgmma -c 2 '$BIN/rose_llm_bench' --model /dev/shm/gptoss120b --prefill 8192 --decode '' --max-batch-tokens 16384 --kv-tokens 40000 --moe-wgmma-smem-a on 2>&1 | grep -v 'gemm tuned' | tail -260" ;;
     batchcheck) step batchcheck batchcheck.txt 500 bash -c "rc=0; for v in on off; do echo \"== --gemm-row-invariant \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --batch-check 8,64 --decode-steps 32 --max-batch-tokens 16384 --gemm-row-invariant \$v > /tmp/bc.txt 2>&1; r=\$?; grep -v 'gemm tuned' /tmp/bc.txt; echo \"== exit \$r\"; if [ \$v = on ] && [ \$r -ne 0 ]; then rc=1; fi; done; exit \$rc" ;;
     rowinvpf) step rowinvpf rowinvpf.txt 300 bash -c "prefillab /tmp/gptoss20b --gemm-row-invariant on off" ;;
     f16suite) step f16suite f16suite.log 300 bash -c "rc=0; GARDEN_TEST_GPTOSS_DTYPE=float16 '$BIN/gpu_llm_model_test' --gtest_brief=1 || rc=1; '$BIN/gpu_llm_model_test' --gtest_brief=1 --gtest_filter='*Fp16Attention*:*Fp8ExpertsTrack*:*LtBf16Prefill*' || rc=1; exit \$rc" ;;

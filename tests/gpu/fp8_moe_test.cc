@@ -603,8 +603,10 @@ struct LtMinTokens {
 // defaults. The path's GEMMs are cuBLASLt's unless `wgmma` [TAG_MOE_WGMMA] (rose's default): an
 // upload in the scope of wgmma off gets the weight scratch the cuBLASLt GEMMs need.
 struct LtExec {
-  LtExec(int streams, bool epilogue, bool overlap, bool wgmma = false, bool device_plan = false) {
+  LtExec(int streams, bool epilogue, bool overlap, bool wgmma = false, bool device_plan = false,
+         bool smem_a = false) {
     CudaKernelOptions o;
+    o.moe_wgmma_smem_a = smem_a;  // [TAG_MOE_WGMMA_SMEM_A]
     o.moe_lt_streams = streams;
     o.moe_lt_bias_epilogue = epilogue;
     o.moe_lt_overlap_dequant = overlap;
@@ -842,7 +844,7 @@ TEST_F(GpuFp8Moe, WgmmaExpertsMatchTheTiledKernels) {
       const auto& ref = st.ref;
       const auto tiled = runGpu(l, st);
       const uint64_t lt0 = cuda::moeLtBf16Steps(), wg0 = cuda::moeWgmmaSteps();
-      std::vector<float> got, again, cublas, planned;
+      std::vector<float> got, again, cublas, planned, smem_a, smem_a_planned;
       {
         LtMinTokens on(1);
         {
@@ -854,12 +856,20 @@ TEST_F(GpuFp8Moe, WgmmaExpertsMatchTheTiledKernels) {
           LtExec wgd(4, true, false, /*wgmma=*/true, /*device_plan=*/true);
           planned = runGpu(l, st);
         }
+        {  // [TAG_MOE_WGMMA_SMEM_A] the shared-memory-A consumers, host and device plan
+          LtExec ws(4, true, false, /*wgmma=*/true, /*device_plan=*/false, /*smem_a=*/true);
+          smem_a = runGpu(l, st);
+          LtExec wsd(4, true, false, /*wgmma=*/true, /*device_plan=*/true, /*smem_a=*/true);
+          smem_a_planned = runGpu(l, st);
+        }
         LtExec lt(4, true, false);
         cublas = runGpu(l, st);
       }
-      EXPECT_EQ(cuda::moeLtBf16Steps(), lt0 + 4);
-      EXPECT_EQ(cuda::moeWgmmaSteps(), wg0 + 3) << "the wgmma kernel did not run (or ran while off)";
+      EXPECT_EQ(cuda::moeLtBf16Steps(), lt0 + 6);
+      EXPECT_EQ(cuda::moeWgmmaSteps(), wg0 + 5) << "the wgmma kernel did not run (or ran while off)";
       EXPECT_EQ(planned, got) << "the device plan's tiles gave other bits";
+      EXPECT_EQ(smem_a, got) << "the shared-memory-A consumers gave other bits";
+      EXPECT_EQ(smem_a_planned, got) << "the shared-memory-A consumers (device plan) gave other bits";
       auto fired = cuda::moeWgmmaWatchdogFired();
       ASSERT_TRUE(fired.isOk());
       EXPECT_FALSE(*fired) << "a pipeline wait gave up";

@@ -70,6 +70,9 @@ Status cudaKernelOptionsFromEnv(CudaKernelOptions& opts) {
   int wg_plan = opts.moe_wgmma_device_plan ? 1 : 0;
   RETURN_IF_ERROR(envChoice("GARDEN_MOE_WGMMA_DEVICE_PLAN", {"0", "1"}, &wg_plan));
   opts.moe_wgmma_device_plan = wg_plan == 1;
+  int wg_smem_a = opts.moe_wgmma_smem_a ? 1 : 0;  // [TAG_MOE_WGMMA_SMEM_A]
+  RETURN_IF_ERROR(envChoice("GARDEN_MOE_WGMMA_SMEM_A", {"0", "1"}, &wg_smem_a));
+  opts.moe_wgmma_smem_a = wg_smem_a == 1;
   int router_mma = opts.router_mma ? 1 : 0;
   RETURN_IF_ERROR(envChoice("GARDEN_ROUTER_MMA", {"0", "1"}, &router_mma));
   opts.router_mma = router_mma == 1;

@@ -234,6 +234,13 @@ struct CudaKernelOptions {
   // 0.1208 vs 0.1212 s, 32k 0.6345 vs 0.6372; 120b 8k 0.2177 vs 0.2180), and it drops a
   // per-layer host wait; 0 keeps the host plan for A/B runs (gpu_llm.sh wgplanab).
   bool moe_wgmma_device_plan = true;
+  // [TAG_MOE_WGMMA_SMEM_A] The wgmma kernel's consumers store each K tile's dequantized weights to
+  // shared memory and issue shared-memory wgmmas, one K tile in flight while they dequantize the
+  // next (moe_wgmma.cu), instead of register-A wgmmas each waited for before the next
+  // dequantization: ncu (s25) put the register form's tensor pipe at 40 % busy at 120b 8k, the
+  // consumers' dequantization serialized with their own wgmmas. Same A values and k16 order.
+  // Off until run (GARDEN_MOE_WGMMA_SMEM_A=0|1, rose_llm_bench --moe-wgmma-smem-a on|off).
+  bool moe_wgmma_smem_a = false;
   // The f32 router [TAG_ROUTER_F32] on bf16 tensor cores [TAG_ROUTER_MMA] (every product exact
   // in f32 through split operands; ops/cuda/moe_router_f32.cuh RouterMmaArgs) instead of the
   // CUDA-core f32 kernel: GARDEN_ROUTER_MMA=0|1. Read when a model uploads its router weights (the

@@ -1175,6 +1175,7 @@ class CudaLlmOps final : public LlmOps {
                         const ExpertWeights& w1, const Tensor& b1, const ExpertWeights& w2,
                         const Tensor& b2, const MoeExpertsParams& p, cudaStream_t st, bool f16) {
     MoeWgmmaArgs g1;
+    g1.smem_a = moeWgmmaSmemA();  // [TAG_MOE_WGMMA_SMEM_A]
     g1.f16 = f16;
     g1.x = static_cast<const bf16*>(lt_x_.data());
     g1.x_rows = r.rows;

@@ -39,6 +39,7 @@ std::atomic<bool> g_lt_wgmma{CudaKernelOptions{}.moe_lt_wgmma};
 std::atomic<int64_t> g_wgmma_min_rows{CudaKernelOptions{}.moe_wgmma_min_rows_per_expert};
 std::atomic<uint64_t> g_wgmma_steps{0};
 std::atomic<bool> g_wgmma_device_plan{CudaKernelOptions{}.moe_wgmma_device_plan};
+std::atomic<bool> g_wgmma_smem_a{CudaKernelOptions{}.moe_wgmma_smem_a};
 
 // The descriptor/shape cache key of a (type, bias epilogue) pair.
 int32_t typeKey(MoeLtType type, bool bias) { return static_cast<int32_t>(type) * 2 + (bias ? 1 : 0); }
@@ -51,8 +52,10 @@ void applyMoeLt(const CudaKernelOptions& opts) {
   g_lt_wgmma.store(opts.moe_lt_wgmma);
   g_wgmma_min_rows.store(std::max<int64_t>(1, opts.moe_wgmma_min_rows_per_expert));
   g_wgmma_device_plan.store(opts.moe_wgmma_device_plan);
+  g_wgmma_smem_a.store(opts.moe_wgmma_smem_a);
 }
 bool moeWgmmaDevicePlan() { return g_wgmma_device_plan.load(); }
+bool moeWgmmaSmemA() { return g_wgmma_smem_a.load(); }
 bool moeLtWgmma() { return g_lt_wgmma.load(); }
 int64_t moeWgmmaMinRowsPerExpert() { return g_wgmma_min_rows.load(); }
 int64_t moeLtMinRowsPerExpert(bool wgmma) {

@@ -156,6 +156,8 @@ bool moeLtOverlapDequant();
 bool moeLtWgmma();
 // [TAG_MOE_WGMMA_DEVICE_PLAN] CudaKernelOptions::moe_wgmma_device_plan in force.
 bool moeWgmmaDevicePlan();
+// [TAG_MOE_WGMMA_SMEM_A] CudaKernelOptions::moe_wgmma_smem_a in force.
+bool moeWgmmaSmemA();
 int64_t moeWgmmaMinRowsPerExpert();
 // The rows-per-expert floor of the path's calls (chunks or steps): the cuBLASLt GEMMs'
 // (moeLtBf16MinRowsPerExpert), or with the wgmma kernel running them the smaller of that and

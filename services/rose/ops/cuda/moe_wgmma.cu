@@ -35,6 +35,7 @@
 #include "services/rose/ops/cuda/mxfp4_unit.cuh"
 #include "services/rose/ops/cuda/sm90_ptx.cuh"
 #include "services/rose/ops/cuda/sm90_wgmma_rs.cuh"
+#include "services/rose/ops/cuda/sm90_wgmma_ss.cuh"
 
 namespace garden::rose::cuda {
 namespace {
@@ -64,6 +65,28 @@ struct Smem {
   static constexpr uint32_t kBytes = kBars + 16 * kStages + 1024;  // + alignment slack
 };
 static_assert(Smem::kTok % 1024 == 0 && kTokStage % 1024 == 0, "swizzle atoms");
+
+// [TAG_MOE_WGMMA_SMEM_A] The shared-memory-A form: each consumer stores its dequantized 64 x 64
+// weight K tile into a ring of kAStages A tiles ([64 rows][64 k] bf16, 128-byte rows, 16-byte
+// chunk q at q ^ (row % 8): the token tile's K-major 128B-swizzle layout) and issues shared-memory
+// wgmmas, keeping one K tile's wgmmas in flight while it dequantizes the next. The epilogue tiles
+// lie over the token ring (both consumers pass kConsumersBarrier first: their last wgmmas are done
+// and every bulk copy has landed, since they waited on every stage).
+constexpr int kAStages = 3;
+constexpr uint32_t kAStageBytes = 64 * kRowBytes;  // 8 KB
+struct SmemSsA {
+  static constexpr uint32_t kTok = 0;
+  static constexpr uint32_t kCodes = kTok + kStages * kTokStage;
+  static constexpr uint32_t kScales = kCodes + kStages * kCodesStage;
+  static constexpr uint32_t kA = kScales + kStages * kScalesStage;  // [2 consumers][kAStages]
+  static constexpr uint32_t kEpi = kTok;
+  static constexpr uint32_t kBars = kA + 2 * kAStages * kAStageBytes;
+  static constexpr uint32_t kBytes = kBars + 16 * kStages + 1024;
+};
+static_assert(SmemSsA::kA % 1024 == 0, "A tiles on swizzle atoms");
+static_assert(2 * kEpiBytes <= kStages * kTokStage, "the epilogue tiles fit over the token ring");
+static_assert(SmemSsA::kBytes <= 227 * 1024, "one block per SM");
+constexpr int kConsumersBarrier = 3;  // named barrier of both consumers (1, 2: each its own)
 
 __device__ unsigned int g_moe_wgmma_watchdog = 0;
 __device__ __forceinline__ void mbarWait(uint32_t bar, uint32_t parity) {
@@ -130,60 +153,22 @@ __device__ __forceinline__ void dequantKt(uint32_t (&a)[16], uint4 raw, uint32_t
 
 struct Block {
   uint32_t base;  // 1024-aligned shared base
+  uint32_t bars;  // the mbarriers: full[kStages], empty[kStages]
   int nt;         // weight tile
   int kt_count;
   MoeWgmmaTile tile;
 };
-__device__ __forceinline__ uint32_t fullBar(uint32_t base, int st) {
-  return base + Smem::kBars + 8 * st;
-}
-__device__ __forceinline__ uint32_t emptyBar(uint32_t base, int st) {
-  return base + Smem::kBars + 8 * (kStages + st);
+__device__ __forceinline__ uint32_t fullBar(const Block& b, int st) { return b.bars + 8 * st; }
+__device__ __forceinline__ uint32_t emptyBar(const Block& b, int st) {
+  return b.bars + 8 * (kStages + st);
 }
 
-// Consumer c (0, 1) of a block whose tile has N = kN token rows.
-// Consumer c (0, 1) of a block whose tile has N = kN token rows. Each K tile's wgmmas are
-// waited for before the next tile's dequantization writes the A registers again: the other
-// consumer's wgmmas keep the tensor cores busy meanwhile. (Two register sets with one tile's
-// wgmmas left in flight were built and dropped: ptxas serializes such wgmmas, C7513, "non wgmma
-// instructions defining input registers of a wgmma between start and end of the pipeline
-// stage".)
+// Consumer c's epilogue from its accumulators (kN / 2 per thread) through the shared-memory tile
+// at epi (kEpiBytes).
 template <int kN, typename T>
-__device__ __forceinline__ void consume(const MoeWgmmaArgs& a, const Block& b, int c, int tid) {
+__device__ __forceinline__ void storeTile(const MoeWgmmaArgs& a, const Block& b, int c, int tid,
+                                          const float (&acc)[kN / 2], uint32_t epi) {
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-  const int grp = 4 * c + warp;
-  const bool leader = lane == 0;
-  float acc[kN / 2];
-#pragma unroll
-  for (int i = 0; i < kN / 2; ++i) acc[i] = 0.f;
-  uint32_t ra[16];
-  const uint32_t codes0 = b.base + Smem::kCodes + grp * 512 + lane * 16;
-  const uint32_t scales0 = b.base + Smem::kScales + (grp * 16 + g) * 2;
-  const uint64_t desc0 =
-      sm90::makeDescriptor(b.base + Smem::kTok, sm90::kKMajorLbo, sm90::kSwizzleAtomBytes);
-#pragma unroll 1
-  for (int kt = 0; kt < b.kt_count; ++kt) {
-    const int st = kt % kStages;
-    mbarWait(fullBar(b.base, st), (kt / kStages) & 1);
-    const uint4 raw = ldShared16(codes0 + st * kCodesStage);
-    const uint32_t s_lo = ldShared16b(scales0 + st * kScalesStage);       // row g: groups 2kt, 2kt+1
-    const uint32_t s_hi = ldShared16b(scales0 + st * kScalesStage + 16);  // row g + 8
-    dequantKt<T>(ra, raw, s_lo, s_hi);
-    fenceRegs(acc);
-    wgmmaFence();
-#pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      wgmmaRSK<kN, std::is_same_v<T, __half>>(acc, ra[4 * s], ra[4 * s + 1], ra[4 * s + 2],
-                                               ra[4 * s + 3],
-                                               desc0 + ((st * kTokStage + 32u * s) >> 4));
-    }
-    wgmmaCommit();
-    wgmmaWait<0>();
-    fenceRegs(acc);
-    fenceRegs(ra);
-    mbarArriveIf(emptyBar(b.base, st), leader);
-  }
-
   // Epilogue. Accumulator e: weight row (warp 16 + g + 8 hr) of this consumer, token column
   // 8 (e / 4) + 2 t4 + (e % 2), hr = (e / 2) % 2 (sm90::accRow / accCol).
   const int n_base = b.nt * kMxTileRows + 64 * c;  // this consumer's first weight row
@@ -196,7 +181,6 @@ __device__ __forceinline__ void consume(const MoeWgmmaArgs& a, const Block& b, i
         bias[hr] = toF32(reinterpret_cast<const T*>(a.bias)[static_cast<int64_t>(b.tile.expert) * a.n + ch]);
     }
   }
-  const uint32_t epi = b.base + Smem::kEpi + c * kEpiBytes;
   const int64_t row0 = b.tile.row0;
   if (!a.swiglu) {
     // [tokens][64 channels], 16-byte chunk q of token row r at chunk q ^ (r % 8).
@@ -248,17 +232,141 @@ __device__ __forceinline__ void consume(const MoeWgmmaArgs& a, const Block& b, i
   }
 }
 
+// Consumer c (0, 1) of a block whose tile has N = kN token rows. Each K tile's wgmmas are
+// waited for before the next tile's dequantization writes the A registers again: the other
+// consumer's wgmmas keep the tensor cores busy meanwhile. (Two register sets with one tile's
+// wgmmas left in flight were built and dropped: ptxas serializes such wgmmas, C7513, "non wgmma
+// instructions defining input registers of a wgmma between start and end of the pipeline
+// stage".)
+template <int kN, typename T>
+__device__ __forceinline__ void consume(const MoeWgmmaArgs& a, const Block& b, int c, int tid) {
+  const int warp = tid >> 5, lane = tid & 31, g = lane >> 2;
+  const int grp = 4 * c + warp;
+  const bool leader = lane == 0;
+  float acc[kN / 2];
+#pragma unroll
+  for (int i = 0; i < kN / 2; ++i) acc[i] = 0.f;
+  uint32_t ra[16];
+  const uint32_t codes0 = b.base + Smem::kCodes + grp * 512 + lane * 16;
+  const uint32_t scales0 = b.base + Smem::kScales + (grp * 16 + g) * 2;
+  const uint64_t desc0 =
+      sm90::makeDescriptor(b.base + Smem::kTok, sm90::kKMajorLbo, sm90::kSwizzleAtomBytes);
+#pragma unroll 1
+  for (int kt = 0; kt < b.kt_count; ++kt) {
+    const int st = kt % kStages;
+    mbarWait(fullBar(b, st), (kt / kStages) & 1);
+    const uint4 raw = ldShared16(codes0 + st * kCodesStage);
+    const uint32_t s_lo = ldShared16b(scales0 + st * kScalesStage);       // row g: groups 2kt, 2kt+1
+    const uint32_t s_hi = ldShared16b(scales0 + st * kScalesStage + 16);  // row g + 8
+    dequantKt<T>(ra, raw, s_lo, s_hi);
+    fenceRegs(acc);
+    wgmmaFence();
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      wgmmaRSK<kN, std::is_same_v<T, __half>>(acc, ra[4 * s], ra[4 * s + 1], ra[4 * s + 2],
+                                               ra[4 * s + 3],
+                                               desc0 + ((st * kTokStage + 32u * s) >> 4));
+    }
+    wgmmaCommit();
+    wgmmaWait<0>();
+    fenceRegs(acc);
+    fenceRegs(ra);
+    mbarArriveIf(emptyBar(b, st), leader);
+  }
+  storeTile<kN, T>(a, b, c, tid, acc, b.base + Smem::kEpi + c * kEpiBytes);
+}
+
+// st.shared.b32
+__device__ __forceinline__ void stShared32(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+// Orders this thread's generic-proxy shared-memory writes before the async proxy's reads
+// (the wgmmas that read the A tile).
+__device__ __forceinline__ void fenceProxyAsyncShared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// [TAG_MOE_WGMMA_SMEM_A] Consumer c with its A operand in shared memory (SmemSsA). Per K tile: the
+// same dequantization as consume() into 16 registers, stored to A stage kt % kAStages (lane
+// (g, t4) of warp w holds rows w 16 + g + 8 (j & 1), k = 16 s + 8 (j >> 1) + 2 t4 of register
+// 4 s + j: 16 conflict-free 32-bit stores), the consumer's named barrier, then the four k16
+// steps' shared-memory wgmmas; wgmmaWait<1> leaves them in flight while the next K tile is
+// dequantized, and the token stage of K tile kt - 1 is released once its wgmmas are done. A stage
+// is rewritten three K tiles after it was read: every warp passed the barrier of the K tile in
+// between after its wait for those wgmmas. Same A values and k16 order as the register form.
+template <int kN, typename T>
+__device__ __forceinline__ void consumeSmemA(const MoeWgmmaArgs& a, const Block& b, int c, int tid) {
+  constexpr bool kHalf = std::is_same_v<T, __half>;
+  const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+  const int grp = 4 * c + warp;
+  const bool leader = lane == 0;
+  float acc[kN / 2];
+#pragma unroll
+  for (int i = 0; i < kN / 2; ++i) acc[i] = 0.f;
+  uint32_t ra[16];
+  const uint32_t codes0 = b.base + SmemSsA::kCodes + grp * 512 + lane * 16;
+  const uint32_t scales0 = b.base + SmemSsA::kScales + (grp * 16 + g) * 2;
+  const uint64_t desc_b0 =
+      sm90::makeDescriptor(b.base + SmemSsA::kTok, sm90::kKMajorLbo, sm90::kSwizzleAtomBytes);
+  const uint32_t a_ring = b.base + SmemSsA::kA + c * kAStages * kAStageBytes;
+  const uint64_t desc_a0 = sm90::makeDescriptor(a_ring, sm90::kKMajorLbo, sm90::kSwizzleAtomBytes);
+  // This lane's byte offset of register j's pair in a stage, for k16 step 0 (chunk (j >> 1));
+  // step s adds 2 chunks: chunk (2 s + (j >> 1)) ^ g. Row r = warp 16 + g + 8 (j & 1): r % 8 = g.
+  const uint32_t row_lo = static_cast<uint32_t>(warp * 16 + g) * kRowBytes + 4u * t4;
+#pragma unroll 1
+  for (int kt = 0; kt < b.kt_count; ++kt) {
+    const int st = kt % kStages;
+    const int as = kt % kAStages;
+    mbarWait(fullBar(b, st), (kt / kStages) & 1);
+    const uint4 raw = ldShared16(codes0 + st * kCodesStage);
+    const uint32_t s_lo = ldShared16b(scales0 + st * kScalesStage);
+    const uint32_t s_hi = ldShared16b(scales0 + st * kScalesStage + 16);
+    dequantKt<T>(ra, raw, s_lo, s_hi);
+    const uint32_t abuf = a_ring + as * kAStageBytes + row_lo;
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const uint32_t chunk = static_cast<uint32_t>(2 * s + (j >> 1)) ^ static_cast<uint32_t>(g);
+        stShared32(abuf + (j & 1) * 8u * kRowBytes + (chunk << 4), ra[4 * s + j]);
+      }
+    }
+    fenceProxyAsyncShared();
+    namedBarrierSync(1 + c, 128);  // the whole 64-row A tile is stored
+    fenceRegs(acc);
+    wgmmaFence();
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      wgmmaSSK<kN, kHalf>(acc, desc_a0 + ((as * kAStageBytes + 32u * s) >> 4),
+                          desc_b0 + ((st * kTokStage + 32u * s) >> 4));
+    }
+    wgmmaCommit();
+    wgmmaWait<1>();  // K tile kt - 1's wgmmas are done; kt's stay in flight
+    fenceRegs(acc);
+    if (kt > 0) mbarArriveIf(emptyBar(b, (kt - 1) % kStages), leader);
+  }
+  wgmmaWait<0>();
+  fenceRegs(acc);
+  if (b.kt_count > 0) mbarArriveIf(emptyBar(b, (b.kt_count - 1) % kStages), leader);
+  // The epilogue tiles lie over the token ring: both consumers' wgmmas must be done reading it.
+  namedBarrierSync(kConsumersBarrier, 256);
+  storeTile<kN, T>(a, b, c, tid, acc, b.base + SmemSsA::kEpi + c * kEpiBytes);
+}
+
 // Block b runs work item b = tile * ntw + nt (the weight tiles of one token tile next to each
 // other). (A persistent version — one block per SM looping over items, the ring running on
 // across them so the next item's loads overlap the last one's epilogue — measured 1-3 % faster
 // on the H200 but made ptxas spill ~60 registers inside the main loops, which cost more: 20b 8k
 // prefill 0.1271 s against 0.1213 without the loop; 2026-12-04 s10.)
-template <typename T>
+// kSmemA: the shared-memory-A consumers and layout [TAG_MOE_WGMMA_SMEM_A].
+template <typename T, bool kSmemA>
 __global__ void __launch_bounds__(kThreads, 1)
     moeWgmmaKernel(const __grid_constant__ CUtensorMap x_map, MoeWgmmaArgs a) {
+  using L = std::conditional_t<kSmemA, SmemSsA, Smem>;
   extern __shared__ unsigned char smem_raw[];
   Block b;
   b.base = (smemAddr(smem_raw) + 1023u) & ~1023u;
+  b.bars = b.base + L::kBars;
   b.kt_count = (a.k + kMxTileK - 1) / kMxTileK;
   const int ntw = (a.n + kMxTileRows - 1) / kMxTileRows;
   // [TAG_MOE_WGMMA_DEVICE_PLAN] A grid sized by the bound: items past the plan's count leave.
@@ -269,8 +377,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      mbarInit(fullBar(b.base, s), 1);
-      mbarInit(emptyBar(b.base, s), 8);  // lane 0 of each consumer warp
+      mbarInit(fullBar(b, s), 1);
+      mbarInit(emptyBar(b, s), 8);  // lane 0 of each consumer warp
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -289,16 +397,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       const uint8_t* scales = a.scales + first * kScalesStage;
       for (int kt = 0; kt < b.kt_count; ++kt) {
         const int st = kt % kStages;
-        mbarWait(emptyBar(b.base, st), ((kt / kStages) & 1) ^ 1);  // first round: at once
-        const uint32_t full = fullBar(b.base, st);
+        mbarWait(emptyBar(b, st), ((kt / kStages) & 1) ^ 1);  // first round: at once
+        const uint32_t full = fullBar(b, st);
         mbarArriveExpectTx(full, bytes);
         for (int bx = 0; bx < boxes; ++bx) {
-          tmaLoad2d(b.base + Smem::kTok + st * kTokStage + bx * kBoxRows * kRowBytes, &x_map,
+          tmaLoad2d(b.base + L::kTok + st * kTokStage + bx * kBoxRows * kRowBytes, &x_map,
                     kt * kMxTileK, b.tile.row0 + bx * static_cast<int>(kBoxRows), full);
         }
-        bulkLoad(b.base + Smem::kCodes + st * kCodesStage,
+        bulkLoad(b.base + L::kCodes + st * kCodesStage,
                  codes + static_cast<int64_t>(kt) * kCodesStage, kCodesStage, full);
-        bulkLoad(b.base + Smem::kScales + st * kScalesStage,
+        bulkLoad(b.base + L::kScales + st * kScalesStage,
                  scales + static_cast<int64_t>(kt) * kScalesStage, kScalesStage, full);
       }
     }
@@ -307,9 +415,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
   const int c = wg - 1, tid = static_cast<int>(threadIdx.x) % 128;
   switch (b.tile.n >> 4) {
-#define GARDEN_MOE_WGMMA_CASE(i)   \
-  case i:                          \
-    consume<16 * i, T>(a, b, c, tid); \
+#define GARDEN_MOE_WGMMA_CASE(i)              \
+  case i:                                     \
+    if constexpr (kSmemA) {                   \
+      consumeSmemA<16 * i, T>(a, b, c, tid);  \
+    } else {                                  \
+      consume<16 * i, T>(a, b, c, tid);       \
+    }                                         \
     break;
     GARDEN_MOE_WGMMA_CASE(1)
     GARDEN_MOE_WGMMA_CASE(2)
@@ -366,21 +478,29 @@ Status launchMoeWgmma(const MoeWgmmaArgs& a, cudaStream_t stream) {
   static std::once_flag once;
   static cudaError_t configured = cudaSuccess;
   std::call_once(once, [] {
-    configured = cudaFuncSetAttribute(moeWgmmaKernel<__nv_bfloat16>,
-                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      static_cast<int>(Smem::kBytes));
-    if (configured == cudaSuccess) {
-      configured = cudaFuncSetAttribute(moeWgmmaKernel<__half>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(Smem::kBytes));
-    }
+    auto set = [](const void* f, uint32_t bytes) {
+      if (configured == cudaSuccess)
+        configured = cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(bytes));
+    };
+    set(reinterpret_cast<const void*>(moeWgmmaKernel<__nv_bfloat16, false>), Smem::kBytes);
+    set(reinterpret_cast<const void*>(moeWgmmaKernel<__half, false>), Smem::kBytes);
+    set(reinterpret_cast<const void*>(moeWgmmaKernel<__nv_bfloat16, true>), SmemSsA::kBytes);
+    set(reinterpret_cast<const void*>(moeWgmmaKernel<__half, true>), SmemSsA::kBytes);
   });
   CUDA_RETURN_IF_ERROR(configured);
   const int64_t items = static_cast<int64_t>(a.num_tiles) * ((a.n + kMxTileRows - 1) / kMxTileRows);
-  if (a.f16) {  // [TAG_ATTN_F16]
-    moeWgmmaKernel<__half><<<static_cast<unsigned>(items), kThreads, Smem::kBytes, stream>>>(map, a);
+  const unsigned grid = static_cast<unsigned>(items);
+  if (a.smem_a) {  // [TAG_MOE_WGMMA_SMEM_A]
+    if (a.f16) {
+      moeWgmmaKernel<__half, true><<<grid, kThreads, SmemSsA::kBytes, stream>>>(map, a);
+    } else {
+      moeWgmmaKernel<__nv_bfloat16, true><<<grid, kThreads, SmemSsA::kBytes, stream>>>(map, a);
+    }
+  } else if (a.f16) {  // [TAG_ATTN_F16]
+    moeWgmmaKernel<__half, false><<<grid, kThreads, Smem::kBytes, stream>>>(map, a);
   } else {
-    moeWgmmaKernel<__nv_bfloat16><<<static_cast<unsigned>(items), kThreads, Smem::kBytes, stream>>>(map, a);
+    moeWgmmaKernel<__nv_bfloat16, false><<<grid, kThreads, Smem::kBytes, stream>>>(map, a);
   }
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return okStatus();

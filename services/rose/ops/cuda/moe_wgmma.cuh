@@ -50,6 +50,9 @@ struct MoeWgmmaArgs {
   // [TAG_MOE_F16_OUT_SCALE] Plain (not swiglu) outputs: the f32 sum, bias added, times this
   // before the rounding (MoeGemmArgs::out_scale).
   float out_scale = 1.f;
+  // [TAG_MOE_WGMMA_SMEM_A] The consumers store the dequantized weights to shared memory and run
+  // shared-memory wgmmas, one K tile in flight while the next is dequantized (moeWgmmaSmemA()).
+  bool smem_a = false;
 };
 
 // [TAG_MOE_WGMMA_DEVICE_PLAN] The token tiles planned on the device from the align's output, so
