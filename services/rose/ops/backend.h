@@ -238,8 +238,11 @@ struct CudaKernelOptions {
   // shared memory and issue shared-memory wgmmas, one K tile in flight while they dequantize the
   // next (moe_wgmma.cu), instead of register-A wgmmas each waited for before the next
   // dequantization: ncu (s25) put the register form's tensor pipe at 40 % busy at 120b 8k, the
-  // consumers' dequantization serialized with their own wgmmas. Same A values and k16 order.
-  // Off until run (GARDEN_MOE_WGMMA_SMEM_A=0|1, rose_llm_bench --moe-wgmma-smem-a on|off).
+  // consumers' dequantization serialized with their own wgmmas. Same A values and k16 order (the
+  // bit test passed on an H100, s25). Off: slower on an H100 (20b prefill 8k 0.1335 vs 0.1260 s,
+  // 32k 0.6938 vs 0.6645): the added stores and barrier lengthen the consumers' instruction stream,
+  // which bounds the kernel. The base for a dequantization warpgroup of its own (docs).
+  // GARDEN_MOE_WGMMA_SMEM_A=0|1, rose_llm_bench --moe-wgmma-smem-a on|off.
   bool moe_wgmma_smem_a = false;
   // The f32 router [TAG_ROUTER_F32] on bf16 tensor cores [TAG_ROUTER_MMA] (every product exact
   // in f32 through split operands; ops/cuda/moe_router_f32.cuh RouterMmaArgs) instead of the
