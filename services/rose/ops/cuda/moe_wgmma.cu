@@ -295,7 +295,8 @@ __device__ __forceinline__ void fenceProxyAsyncShared() {
 // is rewritten three K tiles after it was read: every warp passed the barrier of the K tile in
 // between after its wait for those wgmmas. Same A values and k16 order as the register form.
 template <int kN, typename T>
-__device__ __forceinline__ void consumeSmemA(const MoeWgmmaArgs& a, const Block& b, int c, int tid) {
+__device__ __forceinline__ void consumeSmemA(const MoeWgmmaArgs& a, const Block& b, int c,
+                                             int tid) {
   constexpr bool kHalf = std::is_same_v<T, __half>;
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
   const int grp = 4 * c + warp;

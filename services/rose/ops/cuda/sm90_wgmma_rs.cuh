@@ -1,10 +1,10 @@
 #pragma once
-// wgmma m64nNk16 (bf16 or fp16 in, f32 accumulate) with A from registers and B a K-major shared-memory
-// descriptor (no transpose), for N = 16, 32, ..., 256: the MXFP4 expert GEMM of moe_wgmma.cu,
-// whose weights are dequantized into the A registers and whose token rows are B. (sm90_ptx.cuh's
-// wgmmaRS / wgmmaRS64 read B MN-major.) The accumulator operand lists are in sm90_wgmma_acc.cuh
-// (inline PTX takes no arrays); this file was written by a short generator and is kept as text.
-// Device code only.
+// wgmma m64nNk16 (bf16 or fp16 in, f32 accumulate) with A from registers and B a K-major
+// shared-memory descriptor (no transpose), for N = 16, 32, ..., 256: the MXFP4 expert GEMM of
+// moe_wgmma.cu, whose weights are dequantized into the A registers and whose token rows are B.
+// (sm90_ptx.cuh's wgmmaRS / wgmmaRS64 read B MN-major.) The accumulator operand lists are in
+// sm90_wgmma_acc.cuh (inline PTX takes no arrays); this file was written by a short generator and
+// is kept as text. Device code only.
 
 #include <cstdint>
 
@@ -25,12 +25,14 @@ __device__ __forceinline__ void wgmmaRSK(float (&d)[kN / 2], uint32_t a0, uint32
 #define GARDEN_WGMMA_RSK_SPECIALIZE(N, M)                                                       \
   template <>                                                                                  \
   __device__ __forceinline__ void wgmmaRSK<N, false>(float(&d)[M], uint32_t a0, uint32_t a1,   \
-                                                     uint32_t a2, uint32_t a3, uint64_t desc_b) { \
+                                                     uint32_t a2, uint32_t a3,                  \
+                                                     uint64_t desc_b) {                         \
     GARDEN_WGMMA_RSK_##N("bf16");                                                              \
   }                                                                                            \
   template <>                                                                                  \
   __device__ __forceinline__ void wgmmaRSK<N, true>(float(&d)[M], uint32_t a0, uint32_t a1,    \
-                                                    uint32_t a2, uint32_t a3, uint64_t desc_b) { \
+                                                    uint32_t a2, uint32_t a3,                   \
+                                                    uint64_t desc_b) {                          \
     GARDEN_WGMMA_RSK_##N("f16");                                                               \
   }
 
