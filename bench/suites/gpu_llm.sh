@@ -325,10 +325,18 @@ prefillab() {
   for v in "$@"; do
     echo "== $flag $v"
     "$BIN/rose_llm_bench" --model "$model" --prefill 8192,32768 --prefill-reps 3 --decode '' \
-      --max-batch-tokens 16384 --kv-tokens 140000 "$flag" "$v" 2>&1 | grep -v 'gemm tuned'
+      --max-batch-tokens 16384 --kv-tokens "${PREFILL_KV:-140000}" "$flag" "$v" 2>&1 | grep -v 'gemm tuned'
   done
 }
 export -f prefillab
+# ncuwg MODEL KV [FLAGS...]: ncu --set full on the first two wgmma MoE launches (gate_up, down) of
+# an 8k prefill.
+ncuwg() {
+  local model=$1 kv=$2; shift 2
+  ncu --set full -k regex:moeWgmma -c 2 "$BIN/rose_llm_bench" --model "$model" --prefill 8192 \
+    --decode '' --max-batch-tokens 16384 --kv-tokens "$kv" "$@" 2>&1 | grep -v 'gemm tuned' | tail -260
+}
+export -f ncuwg
 export BIN
 step() {  # step NAME LOG LIMIT CMD...
   local name=$1 log=$2 limit=$3; shift 3
@@ -367,8 +375,8 @@ for s in $STEPS; do
     ssops) step ssops ssops.log 420 bash -c "rc=0; '$BIN/gpu_llm_ops_test' --gtest_filter='GpuFp8Moe.WgmmaExperts*' || rc=1; GARDEN_MOE_WGMMA_SMEM_A=1 '$BIN/gpu_llm_model_test' --gtest_brief=1 --gtest_filter='*Wgmma*:*AutoMode*:*ChunkMode*:*TokensDoNotDependOnTheBatch*' || rc=1; exit \$rc" ;;
     ssmem) step ssmem ss_mem.log 300 compute-sanitizer --tool memcheck --error-exitcode 3 "$BIN/gpu_llm_ops_test" --gtest_brief=1 --gtest_filter='GpuFp8Moe.WgmmaExperts*' ;;
     ssab) step ssab ssab.txt 300 prefillab /tmp/gptoss20b --moe-wgmma-smem-a on off ;;
-    ssab120b) step ssab120b ssab120b.txt 360 bash -c "for v in on off; do echo \"== --moe-wgmma-smem-a \$v\"; '$BIN/rose_llm_bench' --model /dev/shm/gptoss120b --prefill 8192,32768 --prefill-reps 3 --decode '' --max-batch-tokens 16384 --kv-tokens 40000 --moe-wgmma-smem-a \$v 2>&1 | grep -v 'gemm tuned'; done" ;;
-    ssncu120b) step ssncu120b ssncu120b.txt 240 bash -c "ncu --set full -k regex:moeWgmma -c 2 '$BIN/rose_llm_bench' --model /dev/shm/gptoss120b --prefill 8192 --decode '' --max-batch-tokens 16384 --kv-tokens 40000 --moe-wgmma-smem-a on 2>&1 | grep -v 'gemm tuned' | tail -260" ;;
+    ssab120b) step ssab120b ssab120b.txt 360 bash -c "PREFILL_KV=40000 prefillab /dev/shm/gptoss120b --moe-wgmma-smem-a on off" ;;
+    ssncu120b) step ssncu120b ssncu120b.txt 240 ncuwg /dev/shm/gptoss120b 40000 --moe-wgmma-smem-a on ;;
     batchcheck) step batchcheck batchcheck.txt 500 bash -c "rc=0; for v in on off; do echo \"== --gemm-row-invariant \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --batch-check 8,64 --decode-steps 32 --max-batch-tokens 16384 --gemm-row-invariant \$v > /tmp/bc.txt 2>&1; r=\$?; grep -v 'gemm tuned' /tmp/bc.txt; echo \"== exit \$r\"; if [ \$v = on ] && [ \$r -ne 0 ]; then rc=1; fi; done; exit \$rc" ;;
     rowinvpf) step rowinvpf rowinvpf.txt 300 bash -c "prefillab /tmp/gptoss20b --gemm-row-invariant on off" ;;
     f16suite) step f16suite f16suite.log 300 bash -c "rc=0; GARDEN_TEST_GPTOSS_DTYPE=float16 '$BIN/gpu_llm_model_test' --gtest_brief=1 || rc=1; '$BIN/gpu_llm_model_test' --gtest_brief=1 --gtest_filter='*Fp16Attention*:*Fp8ExpertsTrack*:*LtBf16Prefill*' || rc=1; exit \$rc" ;;
@@ -397,8 +405,8 @@ for s in $STEPS; do
     prefillab) step prefillab prefillab.txt 400 bash -c "for v in mma sm90 sm90c2; do echo \"== --attn-prefill \$v\"; '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192,32768,65536,131072 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --attn-prefill \$v 2>&1 | grep -v 'gemm tuned'; done" ;;
     prefilldef) step prefilldef prefilldef.txt 200 bash -c "'$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192,32768,65536,131072 --prefill-reps 3 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 2>&1 | grep -v 'gemm tuned'" ;;
     wgops) step wgops wg_ops.log 240 "$BIN/gpu_llm_ops_test" --gtest_filter="${WGOPS_FILTER:-GpuFp8Moe.WgmmaExperts*:GpuFp8Moe.LtBf16ExpertsMatch*}" ;;
-    wgncufull120b) step wgncufull120b wgncufull120b.txt 240 bash -c "ncu --set full -k regex:moeWgmma -c 2 '$BIN/rose_llm_bench' --model /dev/shm/gptoss120b --prefill 8192 --decode '' --max-batch-tokens 16384 --kv-tokens 40000 2>&1 | grep -v 'gemm tuned' | tail -260" ;;
-    wgncufull) step wgncufull wgncufull.txt 240 bash -c "ncu --set full -k regex:moeWgmma -c 2 '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill 8192 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 2>&1 | grep -v 'gemm tuned' | tail -260" ;;
+    wgncufull120b) step wgncufull120b wgncufull120b.txt 240 ncuwg /dev/shm/gptoss120b 40000 ;;
+    wgncufull) step wgncufull wgncufull.txt 240 ncuwg /tmp/gptoss20b 140000 ;;
     wgcross) step wgcross wgcross.txt 300 bash -c "for m in '/tmp/gptoss20b 512,1024,1536,2048' '/dev/shm/gptoss120b 2048,4096,6144,8192'; do set -- \$m; for v in tiled chunk; do echo \"== \$1 --moe-prefill \$v\"; '$BIN/rose_llm_bench' --model \$1 --prefill \$2 --prefill-reps 3 --decode '' --max-batch-tokens 16384 --kv-tokens 140000 --moe-prefill \$v --moe-prefill-min-rows 1 2>&1 | grep -v 'gemm tuned'; done; done" ;;
     wgmodel) step wgmodel wg_model.log 240 "$BIN/gpu_llm_model_test" --gtest_filter='*Wgmma*:*ChunkMode*:*LtBf16Prefill*' ;;
     rowsab) step rowsab rowsab.txt 300 prefillab /tmp/gptoss20b --router-tiled-rows on off ;;

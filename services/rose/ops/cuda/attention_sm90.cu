@@ -124,7 +124,7 @@ __device__ __forceinline__ void cpAsyncTile(const AttentionArgs& a, uint32_t dst
     cpAsync16(dst + tileOffset(r, c), a.qkv + (valid ? tok : 0) * width + col + c, valid);
   }
   asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  fenceProxyAsyncShared();
 }
 
 template <bool kCausal, bool kPipelined, bool kTma>
@@ -242,7 +242,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const uint32_t dst = s_v + tileOffset(bad0 + i / kChunks, (i % kChunks) * 8);
       asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(dst), "r"(0) : "memory");
     }
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // visible to wgmma
+    fenceProxyAsyncShared();  // visible to wgmma
     namedBarrierSync(kVZeroBarrier, 256);
   }
 

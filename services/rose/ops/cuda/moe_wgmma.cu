@@ -115,6 +115,9 @@ __device__ __forceinline__ uint32_t ldShared16b(uint32_t addr) {
   asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(v) : "r"(addr));
   return v;
 }
+__device__ __forceinline__ void stShared32(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
 template <typename T>
 __device__ __forceinline__ void stShared16b(uint32_t addr, T v) {
   asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(addr), "h"(*reinterpret_cast<uint16_t*>(&v))
@@ -232,6 +235,31 @@ __device__ __forceinline__ void storeTile(const MoeWgmmaArgs& a, const Block& b,
   }
 }
 
+// A consumer lane's part of each K tile in layout L's rings: its warp's packed 16-row group
+// (4 c + warp) code unit and the scale pairs of its rows g and g + 8.
+template <typename L>
+struct ConsumerLane {
+  int warp, lane, g;
+  bool leader;  // lane 0: arrives on the stages' empty barriers for its warp
+  uint32_t codes0, scales0;
+  __device__ __forceinline__ ConsumerLane(const Block& b, int c, int tid)
+      : warp(tid >> 5), lane(tid & 31), g(lane >> 2), leader(lane == 0) {
+    const int grp = 4 * c + warp;
+    codes0 = b.base + L::kCodes + grp * 512 + lane * 16;
+    scales0 = b.base + L::kScales + (grp * 16 + g) * 2;
+  }
+  // Waits for K tile kt's stage and dequantizes this lane's 16 A registers of it.
+  template <typename T>
+  __device__ __forceinline__ void dequant(const Block& b, int kt, uint32_t (&ra)[16]) const {
+    const int st = kt % kStages;
+    mbarWait(fullBar(b, st), (kt / kStages) & 1);
+    const uint4 raw = ldShared16(codes0 + st * kCodesStage);
+    const uint32_t s_lo = ldShared16b(scales0 + st * kScalesStage);       // row g: groups 2kt, 2kt+1
+    const uint32_t s_hi = ldShared16b(scales0 + st * kScalesStage + 16);  // row g + 8
+    dequantKt<T>(ra, raw, s_lo, s_hi);
+  }
+};
+
 // Consumer c (0, 1) of a block whose tile has N = kN token rows. Each K tile's wgmmas are
 // waited for before the next tile's dequantization writes the A registers again: the other
 // consumer's wgmmas keep the tensor cores busy meanwhile. (Two register sets with one tile's
@@ -240,25 +268,17 @@ __device__ __forceinline__ void storeTile(const MoeWgmmaArgs& a, const Block& b,
 // stage".)
 template <int kN, typename T>
 __device__ __forceinline__ void consume(const MoeWgmmaArgs& a, const Block& b, int c, int tid) {
-  const int warp = tid >> 5, lane = tid & 31, g = lane >> 2;
-  const int grp = 4 * c + warp;
-  const bool leader = lane == 0;
+  const ConsumerLane<Smem> ln(b, c, tid);
   float acc[kN / 2];
 #pragma unroll
   for (int i = 0; i < kN / 2; ++i) acc[i] = 0.f;
   uint32_t ra[16];
-  const uint32_t codes0 = b.base + Smem::kCodes + grp * 512 + lane * 16;
-  const uint32_t scales0 = b.base + Smem::kScales + (grp * 16 + g) * 2;
   const uint64_t desc0 =
       sm90::makeDescriptor(b.base + Smem::kTok, sm90::kKMajorLbo, sm90::kSwizzleAtomBytes);
 #pragma unroll 1
   for (int kt = 0; kt < b.kt_count; ++kt) {
     const int st = kt % kStages;
-    mbarWait(fullBar(b, st), (kt / kStages) & 1);
-    const uint4 raw = ldShared16(codes0 + st * kCodesStage);
-    const uint32_t s_lo = ldShared16b(scales0 + st * kScalesStage);       // row g: groups 2kt, 2kt+1
-    const uint32_t s_hi = ldShared16b(scales0 + st * kScalesStage + 16);  // row g + 8
-    dequantKt<T>(ra, raw, s_lo, s_hi);
+    ln.dequant<T>(b, kt, ra);
     fenceRegs(acc);
     wgmmaFence();
 #pragma unroll
@@ -271,19 +291,9 @@ __device__ __forceinline__ void consume(const MoeWgmmaArgs& a, const Block& b, i
     wgmmaWait<0>();
     fenceRegs(acc);
     fenceRegs(ra);
-    mbarArriveIf(emptyBar(b, st), leader);
+    mbarArriveIf(emptyBar(b, st), ln.leader);
   }
   storeTile<kN, T>(a, b, c, tid, acc, b.base + Smem::kEpi + c * kEpiBytes);
-}
-
-// st.shared.b32
-__device__ __forceinline__ void stShared32(uint32_t addr, uint32_t v) {
-  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
-}
-// Orders this thread's generic-proxy shared-memory writes before the async proxy's reads
-// (the wgmmas that read the A tile).
-__device__ __forceinline__ void fenceProxyAsyncShared() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
 // [TAG_MOE_WGMMA_SMEM_A] Consumer c with its A operand in shared memory (SmemSsA). Per K tile: the
@@ -298,31 +308,24 @@ template <int kN, typename T>
 __device__ __forceinline__ void consumeSmemA(const MoeWgmmaArgs& a, const Block& b, int c,
                                              int tid) {
   constexpr bool kHalf = std::is_same_v<T, __half>;
-  const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-  const int grp = 4 * c + warp;
-  const bool leader = lane == 0;
+  const ConsumerLane<SmemSsA> ln(b, c, tid);
+  const int g = ln.g;
   float acc[kN / 2];
 #pragma unroll
   for (int i = 0; i < kN / 2; ++i) acc[i] = 0.f;
   uint32_t ra[16];
-  const uint32_t codes0 = b.base + SmemSsA::kCodes + grp * 512 + lane * 16;
-  const uint32_t scales0 = b.base + SmemSsA::kScales + (grp * 16 + g) * 2;
   const uint64_t desc_b0 =
       sm90::makeDescriptor(b.base + SmemSsA::kTok, sm90::kKMajorLbo, sm90::kSwizzleAtomBytes);
   const uint32_t a_ring = b.base + SmemSsA::kA + c * kAStages * kAStageBytes;
   const uint64_t desc_a0 = sm90::makeDescriptor(a_ring, sm90::kKMajorLbo, sm90::kSwizzleAtomBytes);
   // This lane's byte offset of register j's pair in a stage, for k16 step 0 (chunk (j >> 1));
   // step s adds 2 chunks: chunk (2 s + (j >> 1)) ^ g. Row r = warp 16 + g + 8 (j & 1): r % 8 = g.
-  const uint32_t row_lo = static_cast<uint32_t>(warp * 16 + g) * kRowBytes + 4u * t4;
+  const uint32_t row_lo = static_cast<uint32_t>(ln.warp * 16 + g) * kRowBytes + 4u * (ln.lane & 3);
 #pragma unroll 1
   for (int kt = 0; kt < b.kt_count; ++kt) {
     const int st = kt % kStages;
     const int as = kt % kAStages;
-    mbarWait(fullBar(b, st), (kt / kStages) & 1);
-    const uint4 raw = ldShared16(codes0 + st * kCodesStage);
-    const uint32_t s_lo = ldShared16b(scales0 + st * kScalesStage);
-    const uint32_t s_hi = ldShared16b(scales0 + st * kScalesStage + 16);
-    dequantKt<T>(ra, raw, s_lo, s_hi);
+    ln.dequant<T>(b, kt, ra);
     const uint32_t abuf = a_ring + as * kAStageBytes + row_lo;
 #pragma unroll
     for (int s = 0; s < 4; ++s) {
@@ -344,11 +347,11 @@ __device__ __forceinline__ void consumeSmemA(const MoeWgmmaArgs& a, const Block&
     wgmmaCommit();
     wgmmaWait<1>();  // K tile kt - 1's wgmmas are done; kt's stay in flight
     fenceRegs(acc);
-    if (kt > 0) mbarArriveIf(emptyBar(b, (kt - 1) % kStages), leader);
+    if (kt > 0) mbarArriveIf(emptyBar(b, (kt - 1) % kStages), ln.leader);
   }
   wgmmaWait<0>();
   fenceRegs(acc);
-  if (b.kt_count > 0) mbarArriveIf(emptyBar(b, (b.kt_count - 1) % kStages), leader);
+  if (b.kt_count > 0) mbarArriveIf(emptyBar(b, (b.kt_count - 1) % kStages), ln.leader);
   // The epilogue tiles lie over the token ring: both consumers' wgmmas must be done reading it.
   namedBarrierSync(kConsumersBarrier, 256);
   storeTile<kN, T>(a, b, c, tid, acc, b.base + SmemSsA::kEpi + c * kEpiBytes);

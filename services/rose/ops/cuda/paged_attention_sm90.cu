@@ -357,7 +357,7 @@ __global__ void __launch_bounds__(Shape<kC>::kThreads, 1)
       const uint32_t dst = s_v + sm90::tileOffset(good + i / kChunks, (i % kChunks) * 8);
       asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(dst), "r"(0) : "memory");
     }
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // visible to wgmma
+    fenceProxyAsyncShared();  // visible to wgmma
     namedBarrierSync(kVZeroBarrier, 128 * kC);
   }
 

@@ -91,6 +91,11 @@ __device__ __forceinline__ void namedBarrierSync(int id, int threads) {
 __device__ __forceinline__ void namedBarrierArrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+// Orders this thread's generic-proxy shared-memory writes before the async proxy's reads of them
+// (wgmma operands, bulk copies out).
+__device__ __forceinline__ void fenceProxyAsyncShared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
 __device__ __forceinline__ void wgmmaFence() {
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 }
