@@ -17,6 +17,9 @@
 //   the tile's real rows and channels.
 // Registers: the producer gives its share up (setmaxnreg) to the consumers' accumulators (N / 2
 // per thread, 128 at N = 256).
+// [TAG_MOE_WGMMA_SMEM_A] The other form (MoeWgmmaArgs::smem_a): warpgroup 0 dequantizes into
+// shared-memory A tiles and issues the bulk copies, the consumers run shared-memory wgmmas only
+// (SmemSsA, dequantWarp, consumeSmemA below).
 
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -66,22 +69,26 @@ struct Smem {
 };
 static_assert(Smem::kTok % 1024 == 0 && kTokStage % 1024 == 0, "swizzle atoms");
 
-// [TAG_MOE_WGMMA_SMEM_A] The shared-memory-A form: each consumer stores its dequantized 64 x 64
-// weight K tile into a ring of kAStages A tiles ([64 rows][64 k] bf16, 128-byte rows, 16-byte
-// chunk q at q ^ (row % 8): the token tile's K-major 128B-swizzle layout) and issues shared-memory
-// wgmmas, keeping one K tile's wgmmas in flight while it dequantizes the next. The epilogue tiles
-// lie over the token ring (both consumers pass kConsumersBarrier first: their last wgmmas are done
-// and every bulk copy has landed, since they waited on every stage).
-constexpr int kAStages = 3;
+// [TAG_MOE_WGMMA_SMEM_A] The dequantization-warpgroup form (3 warpgroups, no register moves):
+// warpgroup 0 dequantizes every K tile's 128 weight rows into a ring of kAStages A tiles per
+// consumer in shared memory ([64 rows][64 k] bf16, 128-byte rows, 16-byte chunk q at q ^ (row %
+// 8): the token tile's K-major 128B-swizzle layout), its warp 0 also issuing the bulk copies, and
+// the consumers (warpgroups 1, 2) issue only shared-memory wgmmas and waits. ptxas compiles every
+// warp under the launch bound's 65536 / threads registers whatever setmaxnreg says, so a fourth
+// warpgroup would leave the consumers 128 registers, too few for N = 256 (C7602). The epilogue
+// tiles lie over the token ring (both consumers pass kConsumersBarrier first: their last wgmmas
+// are done and every bulk copy has landed, since they waited on every stage).
+constexpr int kAStages = 4;
 constexpr uint32_t kAStageBytes = 64 * kRowBytes;  // 8 KB
 struct SmemSsA {
   static constexpr uint32_t kTok = 0;
   static constexpr uint32_t kCodes = kTok + kStages * kTokStage;
   static constexpr uint32_t kScales = kCodes + kStages * kCodesStage;
-  static constexpr uint32_t kA = kScales + kStages * kScalesStage;  // [2 consumers][kAStages]
+  static constexpr uint32_t kA = (kScales + kStages * kScalesStage + 1023u) & ~1023u;
   static constexpr uint32_t kEpi = kTok;
+  // full[kStages], empty[kStages], aFull[2][kAStages], aEmpty[2][kAStages]
   static constexpr uint32_t kBars = kA + 2 * kAStages * kAStageBytes;
-  static constexpr uint32_t kBytes = kBars + 16 * kStages + 1024;
+  static constexpr uint32_t kBytes = kBars + 16 * kStages + 32 * kAStages + 1024;
 };
 static_assert(SmemSsA::kA % 1024 == 0, "A tiles on swizzle atoms");
 static_assert(2 * kEpiBytes <= kStages * kTokStage, "the epilogue tiles fit over the token ring");
@@ -114,9 +121,6 @@ __device__ __forceinline__ uint32_t ldShared16b(uint32_t addr) {
   uint16_t v;
   asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(v) : "r"(addr));
   return v;
-}
-__device__ __forceinline__ void stShared32(uint32_t addr, uint32_t v) {
-  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
 template <typename T>
 __device__ __forceinline__ void stShared16b(uint32_t addr, T v) {
@@ -165,6 +169,42 @@ __device__ __forceinline__ uint32_t fullBar(const Block& b, int st) { return b.b
 __device__ __forceinline__ uint32_t emptyBar(const Block& b, int st) {
   return b.bars + 8 * (kStages + st);
 }
+
+// The bulk copies of one K tile into stage kt % kStages of layout L's ring, once the stage's
+// readers released it: the token tile's rows (whole 64-row boxes: a tile of n rows loads
+// ceil(n / 64) of them; the rows past n are not read by its wgmmas) and the weight tile's codes
+// and scales. One thread.
+template <typename L>
+struct Producer {
+  const CUtensorMap* map;
+  const uint8_t* codes;
+  const uint8_t* scales;
+  int boxes;
+  uint32_t bytes;
+  __device__ __forceinline__ Producer(const MoeWgmmaArgs& a, const Block& b, const CUtensorMap& m,
+                                      int ntw)
+      : map(&m) {
+    boxes = (b.tile.n + static_cast<int>(kBoxRows) - 1) / static_cast<int>(kBoxRows);
+    bytes = static_cast<uint32_t>(boxes) * kBoxRows * kRowBytes + kCodesStage + kScalesStage;
+    const int64_t first = (static_cast<int64_t>(b.tile.expert) * ntw + b.nt) * b.kt_count;
+    codes = a.codes + first * kCodesStage;
+    scales = a.scales + first * kScalesStage;
+  }
+  __device__ __forceinline__ void load(const Block& b, int kt) const {
+    const int st = kt % kStages;
+    mbarWait(emptyBar(b, st), ((kt / kStages) & 1) ^ 1);  // first round: at once
+    const uint32_t full = fullBar(b, st);
+    mbarArriveExpectTx(full, bytes);
+    for (int bx = 0; bx < boxes; ++bx) {
+      tmaLoad2d(b.base + L::kTok + st * kTokStage + bx * kBoxRows * kRowBytes, map,
+                kt * kMxTileK, b.tile.row0 + bx * static_cast<int>(kBoxRows), full);
+    }
+    bulkLoad(b.base + L::kCodes + st * kCodesStage, codes + static_cast<int64_t>(kt) * kCodesStage,
+             kCodesStage, full);
+    bulkLoad(b.base + L::kScales + st * kScalesStage,
+             scales + static_cast<int64_t>(kt) * kScalesStage, kScalesStage, full);
+  }
+};
 
 // Consumer c's epilogue from its accumulators (kN / 2 per thread) through the shared-memory tile
 // at epi (kEpiBytes).
@@ -235,9 +275,8 @@ __device__ __forceinline__ void storeTile(const MoeWgmmaArgs& a, const Block& b,
   }
 }
 
-// A consumer lane's part of each K tile in layout L's rings: its warp's packed 16-row group
+// A consumer lane's part of each K tile (register form): its warp's packed 16-row group
 // (4 c + warp) code unit and the scale pairs of its rows g and g + 8.
-template <typename L>
 struct ConsumerLane {
   int warp, lane, g;
   bool leader;  // lane 0: arrives on the stages' empty barriers for its warp
@@ -245,8 +284,8 @@ struct ConsumerLane {
   __device__ __forceinline__ ConsumerLane(const Block& b, int c, int tid)
       : warp(tid >> 5), lane(tid & 31), g(lane >> 2), leader(lane == 0) {
     const int grp = 4 * c + warp;
-    codes0 = b.base + L::kCodes + grp * 512 + lane * 16;
-    scales0 = b.base + L::kScales + (grp * 16 + g) * 2;
+    codes0 = b.base + Smem::kCodes + grp * 512 + lane * 16;
+    scales0 = b.base + Smem::kScales + (grp * 16 + g) * 2;
   }
   // Waits for K tile kt's stage and dequantizes this lane's 16 A registers of it.
   template <typename T>
@@ -268,7 +307,7 @@ struct ConsumerLane {
 // stage".)
 template <int kN, typename T>
 __device__ __forceinline__ void consume(const MoeWgmmaArgs& a, const Block& b, int c, int tid) {
-  const ConsumerLane<Smem> ln(b, c, tid);
+  const ConsumerLane ln(b, c, tid);
   float acc[kN / 2];
 #pragma unroll
   for (int i = 0; i < kN / 2; ++i) acc[i] = 0.f;
@@ -296,47 +335,105 @@ __device__ __forceinline__ void consume(const MoeWgmmaArgs& a, const Block& b, i
   storeTile<kN, T>(a, b, c, tid, acc, b.base + Smem::kEpi + c * kEpiBytes);
 }
 
-// [TAG_MOE_WGMMA_SMEM_A] Consumer c with its A operand in shared memory (SmemSsA). Per K tile: the
-// same dequantization as consume() into 16 registers, stored to A stage kt % kAStages (lane
-// (g, t4) of warp w holds rows w 16 + g + 8 (j & 1), k = 16 s + 8 (j >> 1) + 2 t4 of register
-// 4 s + j: 16 conflict-free 32-bit stores), the consumer's named barrier, then the four k16
-// steps' shared-memory wgmmas; wgmmaWait<1> leaves them in flight while the next K tile is
-// dequantized, and the token stage of K tile kt - 1 is released once its wgmmas are done. A stage
-// is rewritten three K tiles after it was read: every warp passed the barrier of the K tile in
-// between after its wait for those wgmmas. Same A values and k16 order as the register form.
+// [TAG_MOE_WGMMA_SMEM_A] The A ring's barriers (SmemSsA): consumer c's A stage `as` is full
+// (the 64 lanes of its two dequantization warps arrive) and empty (its 4 warps' lane 0).
+__device__ __forceinline__ uint32_t aFullBar(const Block& b, int c, int as) {
+  return b.bars + 8 * (2 * kStages + c * kAStages + as);
+}
+__device__ __forceinline__ uint32_t aEmptyBar(const Block& b, int c, int as) {
+  return b.bars + 8 * (2 * kStages + 2 * kAStages + c * kAStages + as);
+}
+
+// Four 8 x 8 b16 matrices to shared memory: lane 8 m + r gives the address of row r of matrix m,
+// register m holds matrix m's mma fragment (row lane / 4, columns 2 (lane % 4), + 1).
+__device__ __forceinline__ void stMatrix4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2,
+                                          uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+               "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
+}
+
+// [TAG_MOE_WGMMA_SMEM_A] Dequantization warp dw (0..3) of the 3-warpgroup form: packed 16-row
+// groups 2 dw and 2 dw + 1, i.e. rows 32 (dw % 2) .. + 31 of consumer dw / 2's A tiles. Per K
+// tile: the same 16 registers per group as the register form (dequantKt), then one stmatrix.x4
+// per k16 step and group: register 4 s + j of lane (g, t4) is row 16 u + g + 8 (j & 1), k =
+// 16 s + 8 (j >> 1) + 2 t4, so matrix j of step s is rows 16 u + 8 (j & 1) + 0..7 at chunk
+// 2 s + (j >> 1) (each 16-byte row one swizzled chunk: bank-conflict free). The codes' stage is
+// released once both groups are in registers; the A stage is filled after its previous reader's
+// wgmmas are done (aEmpty) and published with a proxy fence and an arrive per lane (aFull).
+// Lane 0 of warp 0 is also the producer: K tiles 0 .. kStages - 2 up front, then K tile
+// kt + kStages - 1 after A tile kt is published. That load waits for K tile kt - 1's stage, which
+// the consumers release once they have A tile kt and K tile kt - 1's wgmmas are done — never
+// waiting on this warp's own later work.
+template <typename T>
+__device__ __forceinline__ void dequantWarp(const Block& b, const Producer<SmemSsA>& pr, int dw,
+                                            int lane) {
+  const bool producer = dw == 0 && lane == 0;
+  if (producer) {
+    for (int kt = 0; kt < min(b.kt_count, kStages - 1); ++kt) pr.load(b, kt);
+  }
+  const int c = dw >> 1, g = lane >> 2;
+  const int grp0 = 2 * dw;
+  const uint32_t codes0 = b.base + SmemSsA::kCodes + grp0 * 512 + lane * 16;
+  const uint32_t scales0 = b.base + SmemSsA::kScales + (grp0 * 16 + g) * 2;
+  // This lane's stmatrix row: matrix m = lane / 8, row r = lane % 8 of group u: tile row
+  // 32 (dw % 2) + 16 u + 8 (m & 1) + r, chunk (2 s + (m >> 1)) ^ r.
+  const int m = lane >> 3, r = lane & 7;
+  const uint32_t a_ring = b.base + SmemSsA::kA + c * kAStages * kAStageBytes;
+  const uint32_t row_off = static_cast<uint32_t>(32 * (dw & 1) + 8 * (m & 1) + r) * kRowBytes;
+#pragma unroll 1
+  for (int kt = 0; kt < b.kt_count; ++kt) {
+    const int st = kt % kStages, as = kt % kAStages;
+    mbarWait(fullBar(b, st), (kt / kStages) & 1);
+    uint32_t ra[2][16];
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const uint4 raw = ldShared16(codes0 + u * 512 + st * kCodesStage);
+      const uint32_t sc = scales0 + u * 32 + st * kScalesStage;
+      dequantKt<T>(ra[u], raw, ldShared16b(sc), ldShared16b(sc + 16));
+    }
+    __syncwarp();
+    mbarArriveIf(emptyBar(b, st), lane == 0);
+    mbarWait(aEmptyBar(b, c, as), ((kt / kAStages) & 1) ^ 1);  // first round: at once
+    const uint32_t abuf = a_ring + as * kAStageBytes + row_off;
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        const uint32_t chunk = static_cast<uint32_t>(2 * s + (m >> 1)) ^ static_cast<uint32_t>(r);
+        stMatrix4(abuf + u * 16u * kRowBytes + (chunk << 4), ra[u][4 * s], ra[u][4 * s + 1],
+                  ra[u][4 * s + 2], ra[u][4 * s + 3]);
+      }
+    }
+    fenceProxyAsyncShared();
+    mbarArrive(aFullBar(b, c, as));
+    if (producer && kt + kStages - 1 < b.kt_count) pr.load(b, kt + kStages - 1);
+    __syncwarp();
+  }
+}
+
+// [TAG_MOE_WGMMA_SMEM_A] Consumer c of the 3-warpgroup form: per K tile it waits for the token
+// stage and its A stage, issues the four k16 steps' shared-memory wgmmas and leaves them in
+// flight (wgmmaWait<1>) while it waits for the next K tile; K tile kt - 1's token stage and A
+// stage are released once its wgmmas are done. Same A values and k16 order as the register form.
 template <int kN, typename T>
 __device__ __forceinline__ void consumeSmemA(const MoeWgmmaArgs& a, const Block& b, int c,
                                              int tid) {
   constexpr bool kHalf = std::is_same_v<T, __half>;
-  const ConsumerLane<SmemSsA> ln(b, c, tid);
-  const int g = ln.g;
+  const bool leader = (tid & 31) == 0;
   float acc[kN / 2];
 #pragma unroll
   for (int i = 0; i < kN / 2; ++i) acc[i] = 0.f;
-  uint32_t ra[16];
   const uint64_t desc_b0 =
       sm90::makeDescriptor(b.base + SmemSsA::kTok, sm90::kKMajorLbo, sm90::kSwizzleAtomBytes);
   const uint32_t a_ring = b.base + SmemSsA::kA + c * kAStages * kAStageBytes;
   const uint64_t desc_a0 = sm90::makeDescriptor(a_ring, sm90::kKMajorLbo, sm90::kSwizzleAtomBytes);
-  // This lane's byte offset of register j's pair in a stage, for k16 step 0 (chunk (j >> 1));
-  // step s adds 2 chunks: chunk (2 s + (j >> 1)) ^ g. Row r = warp 16 + g + 8 (j & 1): r % 8 = g.
-  const uint32_t row_lo = static_cast<uint32_t>(ln.warp * 16 + g) * kRowBytes + 4u * (ln.lane & 3);
 #pragma unroll 1
   for (int kt = 0; kt < b.kt_count; ++kt) {
     const int st = kt % kStages;
     const int as = kt % kAStages;
-    ln.dequant<T>(b, kt, ra);
-    const uint32_t abuf = a_ring + as * kAStageBytes + row_lo;
-#pragma unroll
-    for (int s = 0; s < 4; ++s) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const uint32_t chunk = static_cast<uint32_t>(2 * s + (j >> 1)) ^ static_cast<uint32_t>(g);
-        stShared32(abuf + (j & 1) * 8u * kRowBytes + (chunk << 4), ra[4 * s + j]);
-      }
-    }
-    fenceProxyAsyncShared();
-    namedBarrierSync(1 + c, 128);  // the whole 64-row A tile is stored
+    mbarWait(fullBar(b, st), (kt / kStages) & 1);
+    mbarWait(aFullBar(b, c, as), (kt / kAStages) & 1);
     fenceRegs(acc);
     wgmmaFence();
 #pragma unroll
@@ -347,11 +444,14 @@ __device__ __forceinline__ void consumeSmemA(const MoeWgmmaArgs& a, const Block&
     wgmmaCommit();
     wgmmaWait<1>();  // K tile kt - 1's wgmmas are done; kt's stay in flight
     fenceRegs(acc);
-    if (kt > 0) mbarArriveIf(emptyBar(b, (kt - 1) % kStages), ln.leader);
+    if (kt > 0) {
+      mbarArriveIf(emptyBar(b, (kt - 1) % kStages), leader);
+      mbarArriveIf(aEmptyBar(b, c, (kt - 1) % kAStages), leader);
+    }
   }
   wgmmaWait<0>();
   fenceRegs(acc);
-  if (b.kt_count > 0) mbarArriveIf(emptyBar(b, (b.kt_count - 1) % kStages), ln.leader);
+  if (b.kt_count > 0) mbarArriveIf(emptyBar(b, (b.kt_count - 1) % kStages), leader);
   // The epilogue tiles lie over the token ring: both consumers' wgmmas must be done reading it.
   namedBarrierSync(kConsumersBarrier, 256);
   storeTile<kN, T>(a, b, c, tid, acc, b.base + SmemSsA::kEpi + c * kEpiBytes);
@@ -382,41 +482,34 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       mbarInit(fullBar(b, s), 1);
-      mbarInit(emptyBar(b, s), 8);  // lane 0 of each consumer warp
+      // lane 0 of each consumer warp (and of each dequantization warp)
+      mbarInit(emptyBar(b, s), kSmemA ? 12 : 8);
+    }
+    if constexpr (kSmemA) {
+      for (int c = 0; c < 2; ++c) {
+        for (int s = 0; s < kAStages; ++s) {
+          mbarInit(aFullBar(b, c, s), 64);  // every lane of the consumer's 2 dequantization warps
+          mbarInit(aEmptyBar(b, c, s), 4);  // lane 0 of each of its warps
+        }
+      }
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
 
   if (wg == 0) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
-    if (threadIdx.x == 0) {
-      // Whole 64-row boxes: a tile of n rows loads ceil(n / 64) of them (the rows past n are
-      // not read by its wgmmas).
-      const int boxes = (b.tile.n + static_cast<int>(kBoxRows) - 1) / static_cast<int>(kBoxRows);
-      const uint32_t bytes =
-          static_cast<uint32_t>(boxes) * kBoxRows * kRowBytes + kCodesStage + kScalesStage;
-      const int64_t first = (static_cast<int64_t>(b.tile.expert) * ntw + b.nt) * b.kt_count;
-      const uint8_t* codes = a.codes + first * kCodesStage;
-      const uint8_t* scales = a.scales + first * kScalesStage;
-      for (int kt = 0; kt < b.kt_count; ++kt) {
-        const int st = kt % kStages;
-        mbarWait(emptyBar(b, st), ((kt / kStages) & 1) ^ 1);  // first round: at once
-        const uint32_t full = fullBar(b, st);
-        mbarArriveExpectTx(full, bytes);
-        for (int bx = 0; bx < boxes; ++bx) {
-          tmaLoad2d(b.base + L::kTok + st * kTokStage + bx * kBoxRows * kRowBytes, &x_map,
-                    kt * kMxTileK, b.tile.row0 + bx * static_cast<int>(kBoxRows), full);
-        }
-        bulkLoad(b.base + L::kCodes + st * kCodesStage,
-                 codes + static_cast<int64_t>(kt) * kCodesStage, kCodesStage, full);
-        bulkLoad(b.base + L::kScales + st * kScalesStage,
-                 scales + static_cast<int64_t>(kt) * kScalesStage, kScalesStage, full);
+    const Producer<L> pr(a, b, x_map, ntw);
+    if constexpr (kSmemA) {
+      dequantWarp<T>(b, pr, static_cast<int>(threadIdx.x) / 32, static_cast<int>(threadIdx.x) & 31);
+    } else {
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
+      if (threadIdx.x == 0) {
+        for (int kt = 0; kt < b.kt_count; ++kt) pr.load(b, kt);
       }
     }
     return;
   }
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
+  if constexpr (!kSmemA) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
   const int c = wg - 1, tid = static_cast<int>(threadIdx.x) % 128;
   switch (b.tile.n >> 4) {
 #define GARDEN_MOE_WGMMA_CASE(i)              \

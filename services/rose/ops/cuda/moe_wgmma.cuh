@@ -50,8 +50,8 @@ struct MoeWgmmaArgs {
   // [TAG_MOE_F16_OUT_SCALE] Plain (not swiglu) outputs: the f32 sum, bias added, times this
   // before the rounding (MoeGemmArgs::out_scale).
   float out_scale = 1.f;
-  // [TAG_MOE_WGMMA_SMEM_A] The consumers store the dequantized weights to shared memory and run
-  // shared-memory wgmmas, one K tile in flight while the next is dequantized (moeWgmmaSmemA()).
+  // [TAG_MOE_WGMMA_SMEM_A] A warpgroup of its own dequantizes the weights into shared memory and
+  // the consumers run shared-memory wgmmas only, one K tile in flight (moeWgmmaSmemA()).
   bool smem_a = false;
 };
 
