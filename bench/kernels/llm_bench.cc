@@ -49,8 +49,8 @@
 //              chunks of >= min(N, --moe-prefill-min-rows) rows per expert take the path
 //              (default 64); --moe-wgmma-device-plan on|off: its token tiles planned on the
 //              device, no host wait per layer (default on) [TAG_MOE_WGMMA_DEVICE_PLAN];
-//              --moe-wgmma-smem-a on|off: its dequantized weights through shared memory, one K
-//              tile's wgmmas in flight (default off) [TAG_MOE_WGMMA_SMEM_A].
+//              --moe-wgmma-smem-a on|off: its dequantized weights through shared memory, a
+//              dequantization warpgroup of its own (default off) [TAG_MOE_WGMMA_SMEM_A].
 //   --attn-split-keys N: a decode token's keys are split into chunks of at least N (multiple of
 //              64; default: cuda::pagedAttnSplitKeysFor's rule) for the split-KV attention.
 //   --attn-decode-warps on|off: single-token (decode) attention items on the four-warp path

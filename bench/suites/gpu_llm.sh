@@ -35,7 +35,7 @@
 #             GARDEN_CHAIN_PDL=1, then rose_llm_bench --batch-check 8,64 --chain-pdl on (needs mk20b)
 #   chainpdlab  decode 1@8192, 8@4096, 64@1024 with --chain-pdl on / off (needs mk20b)
 #   rowinvpf  prefill 8k / 32k (median of 3) with --gemm-row-invariant on / off (needs mk20b)
-#   ssops     [TAG_MOE_WGMMA_SMEM_A] GpuFp8Moe.WgmmaExperts* (the shared-memory-A consumers' bits,
+#   ssops     [TAG_MOE_WGMMA_SMEM_A] GpuFp8Moe.WgmmaExperts* (the shared-memory-A form's bits,
 #             host and device plan, against the tiled kernels), then the wgmma / batch model tests
 #             with GARDEN_MOE_WGMMA_SMEM_A=1
 #   ssmem     compute-sanitizer memcheck over GpuFp8Moe.WgmmaExperts* (both consumer forms)

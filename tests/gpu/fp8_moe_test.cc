@@ -856,7 +856,7 @@ TEST_F(GpuFp8Moe, WgmmaExpertsMatchTheTiledKernels) {
           LtExec wgd(4, true, false, /*wgmma=*/true, /*device_plan=*/true);
           planned = runGpu(l, st);
         }
-        {  // [TAG_MOE_WGMMA_SMEM_A] the shared-memory-A consumers, host and device plan
+        {  // [TAG_MOE_WGMMA_SMEM_A] the shared-memory-A form, host and device plan
           LtExec ws(4, true, false, /*wgmma=*/true, /*device_plan=*/false, /*smem_a=*/true);
           smem_a = runGpu(l, st);
           LtExec wsd(4, true, false, /*wgmma=*/true, /*device_plan=*/true, /*smem_a=*/true);
@@ -868,8 +868,8 @@ TEST_F(GpuFp8Moe, WgmmaExpertsMatchTheTiledKernels) {
       EXPECT_EQ(cuda::moeLtBf16Steps(), lt0 + 6);
       EXPECT_EQ(cuda::moeWgmmaSteps(), wg0 + 5) << "the wgmma kernel did not run (or ran while off)";
       EXPECT_EQ(planned, got) << "the device plan's tiles gave other bits";
-      EXPECT_EQ(smem_a, got) << "the shared-memory-A consumers gave other bits";
-      EXPECT_EQ(smem_a_planned, got) << "the shared-memory-A consumers (device plan) gave other bits";
+      EXPECT_EQ(smem_a, got) << "the shared-memory-A form gave other bits";
+      EXPECT_EQ(smem_a_planned, got) << "the shared-memory-A form (device plan) gave other bits";
       auto fired = cuda::moeWgmmaWatchdogFired();
       ASSERT_TRUE(fired.isOk());
       EXPECT_FALSE(*fired) << "a pipeline wait gave up";

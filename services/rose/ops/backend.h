@@ -234,14 +234,13 @@ struct CudaKernelOptions {
   // 0.1208 vs 0.1212 s, 32k 0.6345 vs 0.6372; 120b 8k 0.2177 vs 0.2180), and it drops a
   // per-layer host wait; 0 keeps the host plan for A/B runs (gpu_llm.sh wgplanab).
   bool moe_wgmma_device_plan = true;
-  // [TAG_MOE_WGMMA_SMEM_A] The wgmma kernel's consumers store each K tile's dequantized weights to
-  // shared memory and issue shared-memory wgmmas, one K tile in flight while they dequantize the
-  // next (moe_wgmma.cu), instead of register-A wgmmas each waited for before the next
-  // dequantization: ncu (s25) put the register form's tensor pipe at 40 % busy at 120b 8k, the
-  // consumers' dequantization serialized with their own wgmmas. Same A values and k16 order (the
-  // bit test passed on an H100, s25). Off: slower on an H100 (20b prefill 8k 0.1335 vs 0.1260 s,
-  // 32k 0.6938 vs 0.6645): the added stores and barrier lengthen the consumers' instruction stream,
-  // which bounds the kernel. The base for a dequantization warpgroup of its own (docs).
+  // [TAG_MOE_WGMMA_SMEM_A] The wgmma kernel with its A operand in shared memory: a warpgroup of
+  // its own dequantizes each K tile into shared-memory A tiles and the consumers issue only
+  // shared-memory wgmmas (moe_wgmma.cu). Same A values and k16 order as the register form (bits
+  // equal to the tiled kernels, H200 s26). Off: much slower on the H200 (s26: 20b prefill 8k
+  // 0.1704 vs 0.1192 s, 120b 8k 0.3161 vs 0.2142): one dequantizing warp per scheduler is a
+  // latency-bound chain the consumers wait for (docs/gpt-oss-cuda.md). The s25 form (consumers
+  // storing their own A tiles) was slower too.
   // GARDEN_MOE_WGMMA_SMEM_A=0|1, rose_llm_bench --moe-wgmma-smem-a on|off.
   bool moe_wgmma_smem_a = false;
   // The f32 router [TAG_ROUTER_F32] on bf16 tensor cores [TAG_ROUTER_MMA] (every product exact

@@ -462,7 +462,8 @@ __device__ __forceinline__ void consumeSmemA(const MoeWgmmaArgs& a, const Block&
 // across them so the next item's loads overlap the last one's epilogue — measured 1-3 % faster
 // on the H200 but made ptxas spill ~60 registers inside the main loops, which cost more: 20b 8k
 // prefill 0.1271 s against 0.1213 without the loop; 2026-12-04 s10.)
-// kSmemA: the shared-memory-A consumers and layout [TAG_MOE_WGMMA_SMEM_A].
+// kSmemA: the dequantization warpgroup, the shared-memory-A consumers and their layout
+// [TAG_MOE_WGMMA_SMEM_A].
 template <typename T, bool kSmemA>
 __global__ void __launch_bounds__(kThreads, 1)
     moeWgmmaKernel(const __grid_constant__ CUtensorMap x_map, MoeWgmmaArgs a) {
