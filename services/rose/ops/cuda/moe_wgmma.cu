@@ -275,23 +275,17 @@ __device__ __forceinline__ void storeTile(const MoeWgmmaArgs& a, const Block& b,
   }
 }
 
-// A consumer lane's part of each K tile (register form): its warp's packed 16-row group
-// (4 c + warp) code unit and the scale pairs of its rows g and g + 8.
-struct ConsumerLane {
-  int warp, lane, g;
-  bool leader;  // lane 0: arrives on the stages' empty barriers for its warp
+// A lane's share of packed 16-row group grp in each K tile's stage: its 16-byte code unit and
+// the scale pairs of its rows g and g + 8 (both layouts keep codes and scales at the same offsets).
+static_assert(Smem::kCodes == SmemSsA::kCodes && Smem::kScales == SmemSsA::kScales, "one layout");
+struct GroupLane {
   uint32_t codes0, scales0;
-  __device__ __forceinline__ ConsumerLane(const Block& b, int c, int tid)
-      : warp(tid >> 5), lane(tid & 31), g(lane >> 2), leader(lane == 0) {
-    const int grp = 4 * c + warp;
-    codes0 = b.base + Smem::kCodes + grp * 512 + lane * 16;
-    scales0 = b.base + Smem::kScales + (grp * 16 + g) * 2;
-  }
-  // Waits for K tile kt's stage and dequantizes this lane's 16 A registers of it.
+  __device__ __forceinline__ GroupLane(uint32_t base, int grp, int lane)
+      : codes0(base + Smem::kCodes + grp * 512 + lane * 16),
+        scales0(base + Smem::kScales + (grp * 16 + (lane >> 2)) * 2) {}
+  // This lane's 16 A registers of the K tile in stage st (dequantKt).
   template <typename T>
-  __device__ __forceinline__ void dequant(const Block& b, int kt, uint32_t (&ra)[16]) const {
-    const int st = kt % kStages;
-    mbarWait(fullBar(b, st), (kt / kStages) & 1);
+  __device__ __forceinline__ void dequant(int st, uint32_t (&ra)[16]) const {
     const uint4 raw = ldShared16(codes0 + st * kCodesStage);
     const uint32_t s_lo = ldShared16b(scales0 + st * kScalesStage);       // row g: groups 2kt, 2kt+1
     const uint32_t s_hi = ldShared16b(scales0 + st * kScalesStage + 16);  // row g + 8
@@ -307,7 +301,8 @@ struct ConsumerLane {
 // stage".)
 template <int kN, typename T>
 __device__ __forceinline__ void consume(const MoeWgmmaArgs& a, const Block& b, int c, int tid) {
-  const ConsumerLane ln(b, c, tid);
+  const GroupLane ln(b.base, 4 * c + (tid >> 5), tid & 31);  // warp w: group 4 c + w
+  const bool leader = (tid & 31) == 0;  // arrives on the stages' empty barriers for its warp
   float acc[kN / 2];
 #pragma unroll
   for (int i = 0; i < kN / 2; ++i) acc[i] = 0.f;
@@ -317,7 +312,8 @@ __device__ __forceinline__ void consume(const MoeWgmmaArgs& a, const Block& b, i
 #pragma unroll 1
   for (int kt = 0; kt < b.kt_count; ++kt) {
     const int st = kt % kStages;
-    ln.dequant<T>(b, kt, ra);
+    mbarWait(fullBar(b, st), (kt / kStages) & 1);
+    ln.dequant<T>(st, ra);
     fenceRegs(acc);
     wgmmaFence();
 #pragma unroll
@@ -330,7 +326,7 @@ __device__ __forceinline__ void consume(const MoeWgmmaArgs& a, const Block& b, i
     wgmmaWait<0>();
     fenceRegs(acc);
     fenceRegs(ra);
-    mbarArriveIf(emptyBar(b, st), ln.leader);
+    mbarArriveIf(emptyBar(b, st), leader);
   }
   storeTile<kN, T>(a, b, c, tid, acc, b.base + Smem::kEpi + c * kEpiBytes);
 }
@@ -372,10 +368,8 @@ __device__ __forceinline__ void dequantWarp(const Block& b, const Producer<SmemS
   if (producer) {
     for (int kt = 0; kt < min(b.kt_count, kStages - 1); ++kt) pr.load(b, kt);
   }
-  const int c = dw >> 1, g = lane >> 2;
-  const int grp0 = 2 * dw;
-  const uint32_t codes0 = b.base + SmemSsA::kCodes + grp0 * 512 + lane * 16;
-  const uint32_t scales0 = b.base + SmemSsA::kScales + (grp0 * 16 + g) * 2;
+  const int c = dw >> 1;
+  const GroupLane grp[2] = {GroupLane(b.base, 2 * dw, lane), GroupLane(b.base, 2 * dw + 1, lane)};
   // This lane's stmatrix row: matrix m = lane / 8, row r = lane % 8 of group u: tile row
   // 32 (dw % 2) + 16 u + 8 (m & 1) + r, chunk (2 s + (m >> 1)) ^ r.
   const int m = lane >> 3, r = lane & 7;
@@ -387,11 +381,7 @@ __device__ __forceinline__ void dequantWarp(const Block& b, const Producer<SmemS
     mbarWait(fullBar(b, st), (kt / kStages) & 1);
     uint32_t ra[2][16];
 #pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      const uint4 raw = ldShared16(codes0 + u * 512 + st * kCodesStage);
-      const uint32_t sc = scales0 + u * 32 + st * kScalesStage;
-      dequantKt<T>(ra[u], raw, ldShared16b(sc), ldShared16b(sc + 16));
-    }
+    for (int u = 0; u < 2; ++u) grp[u].dequant<T>(st, ra[u]);
     __syncwarp();
     mbarArriveIf(emptyBar(b, st), lane == 0);
     mbarWait(aEmptyBar(b, c, as), ((kt / kAStages) & 1) ^ 1);  // first round: at once
