@@ -7,8 +7,14 @@
 // end of a synchronize (what a batch costs the engine), median of --iters runs after warm-up.
 // Correctness: the graphed result must equal the eager one bit for bit, per shape and kernel.
 //
-//   rose_forward_bench MODEL_DIR [--iters N]
+//   rose_forward_bench MODEL_DIR [--iters N] [--weights-ab]
 // Prints one table; exit 0 when every comparison matched, 2 otherwise.
+//
+// --weights-ab [TAG_EMBED_FP8]: instead, the model loaded twice on one backend, bf16 and with
+// --weights fp8, both graphed (default kernels), timed side by side per shape (interleaved: bf16,
+// fp8, bf16, fp8 medians), with the worst per-sequence cosine of the fp8 embeddings to the bf16
+// ones and graphed == eager checked for the fp8 model. Exit 2 when a cosine is below 0.999 or a
+// graphed fp8 run differs from its eager run.
 
 #include <cuda_profiler_api.h>
 
@@ -19,6 +25,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -51,6 +58,88 @@ double timeMs(Backend& b, int iters, F&& f) {
   return medianMs(t);
 }
 
+// [TAG_EMBED_FP8] bf16 against fp8 weights (see the header comment).
+int weightsAb(const std::string& dir, int iters,
+              const std::vector<std::pair<int32_t, int32_t>>& shapes,
+              const garden::rose::CudaKernelOptions& kernels) {
+  using namespace garden::rose;
+  BackendOptions bo;
+  bo.max_batch_tokens = 8192;
+  bo.cuda = kernels;
+  auto backend = makeBackend("cuda", bo);
+  if (!backend.isOk()) {
+    std::fprintf(stderr, "%s\n", backend.status().toString().c_str());
+    return 1;
+  }
+  Backend& b = **backend;
+  std::unique_ptr<Qwen3Model> models[2];
+  for (int f = 0; f < 2; ++f) {
+    Qwen3Options mo;
+    mo.max_batch_tokens = 8192;
+    mo.pooling_override = PoolMode::kLast;
+    mo.load_lm_head = false;
+    mo.fp8_weights = f == 1;
+    auto m = Qwen3Model::load(dir, b, mo);
+    if (!m.isOk()) {
+      std::fprintf(stderr, "%s\n", m.status().toString().c_str());
+      return 1;
+    }
+    models[f] = std::move(m).value();
+  }
+  GraphExecutor* g = b.graphs();
+  if (g == nullptr) return 1;
+  const int64_t h = models[0]->hiddenSize();
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(models[0]->vocabSize()) - 1);
+  int bad = 0;
+  std::printf("# rose forward, bf16 vs --weights fp8, graphed (median of %d, ms, host wall)\n",
+              iters);
+  std::printf("%-10s %8s %10s %10s %8s %12s %s\n", "batch", "tokens", "bf16", "fp8", "speedup",
+              "min cosine", "fp8 graphed==eager");
+  for (const auto& [n, len] : shapes) {
+    std::vector<int32_t> ids(static_cast<size_t>(n) * len), lens(static_cast<size_t>(n), len);
+    for (auto& x : ids) x = tok(rng);
+    const BatchInput in{ids, lens};
+    std::vector<float> out[2], eager(static_cast<size_t>(n * h));
+    for (int f = 0; f < 2; ++f) {
+      out[f].resize(static_cast<size_t>(n * h));
+      for (int w = 0; w < 3; ++w)  // eager (tunes the GEMMs), capture, replay
+        if (!models[f]->enqueueEmbedGraphed(*g, in, PoolMode::kLast, true, out[f].data()).isOk())
+          return 1;
+      if (!b.synchronize().isOk()) return 1;
+    }
+    models[1]->enqueueEmbed(in, PoolMode::kLast, true, eager.data());
+    if (!b.synchronize().isOk()) return 1;
+    const bool same = std::memcmp(eager.data(), out[1].data(), eager.size() * sizeof(float)) == 0;
+    double worst = 1.0;
+    for (int32_t s = 0; s < n; ++s) {
+      double dot = 0, na = 0, nb = 0;
+      for (int64_t i = 0; i < h; ++i) {
+        const double a = out[0][static_cast<size_t>(s * h + i)], c = out[1][static_cast<size_t>(s * h + i)];
+        dot += a * c;
+        na += a * a;
+        nb += c * c;
+      }
+      worst = std::min(worst, dot / std::sqrt(na * nb));
+    }
+    std::vector<double> t[2];
+    for (int rep = 0; rep < 2; ++rep)
+      for (int f = 0; f < 2; ++f)
+        t[f].push_back(timeMs(b, iters, [&] {
+          (void)models[f]->enqueueEmbedGraphed(*g, in, PoolMode::kLast, true, out[f].data());
+        }));
+    const double tb = std::min(t[0][0], t[0][1]), tf = std::min(t[1][0], t[1][1]);
+    char batch[32];
+    std::snprintf(batch, sizeof(batch), "%dx%d", n, len);
+    std::printf("%-10s %8d %10.3f %10.3f %7.2fx %12.6f %s\n", batch, n * len, tb, tf, tb / tf,
+                worst, same ? "yes" : "NO");
+    if (!same || worst < 0.999) ++bad;
+  }
+  std::printf("# shapes failing (cosine < 0.999 or graphed != eager): %d; capture failures %llu\n",
+              bad, static_cast<unsigned long long>(g->graphStats().capture_failures));
+  return bad == 0 && g->graphStats().capture_failures == 0 ? 0 : 2;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -62,7 +151,18 @@ int main(int argc, char** argv) {
   }
   const std::string dir = argv[1];
   int iters = 30;
-  if (argc >= 4 && std::string(argv[2]) == "--iters") iters = std::max(3, std::atoi(argv[3]));
+  bool weights_ab = false;
+  for (int i = 2; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--iters" && i + 1 < argc) {
+      iters = std::max(3, std::atoi(argv[++i]));
+    } else if (a == "--weights-ab") {
+      weights_ab = true;
+    } else {
+      std::fprintf(stderr, "rose_forward_bench: unknown argument %s\n", a.c_str());
+      return 2;
+    }
+  }
   std::vector<std::pair<int32_t, int32_t>> shapes = {{1, 128}, {1, 512},  {1, 1024}, {1, 4096},
                                                      {5, 512}, {16, 512}, {8, 1024}, {2, 4096}};
   // GARDEN_FORWARD_SHAPES=1x128,1x4096 runs only those (profiling under ncu).
@@ -97,6 +197,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", st.toString().c_str());
     return 2;
   }
+  if (weights_ab) return weightsAb(dir, iters, shapes, kernels);
   // One backend (and graph cache) per attention policy: a captured graph keeps the kernels it
   // was captured with.
   for (int k = 0; k < 2; ++k) {

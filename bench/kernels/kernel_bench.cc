@@ -16,6 +16,10 @@
 //                  `rose_kernel_bench attention` runs only these
 //   gemm           M=8192: qkv 4096x1024, o 1024x2048, gate_up 6144x1024, down 1024x3072,
 //                  and 8192^3 (TFLOP/s)
+//   gemm_fp8       M=512,2048,8192,16384 on the four layer shapes: the bf16 runner (tuned) beside
+//                  FP8 e4m3 through cuBLASLt with block (128x128 / 1x128), outer-vector (per
+//                  channel / per token) and per-tensor scales; `rose_kernel_bench gemm_fp8` runs
+//                  only these
 //   gemm_smallm    M=1,64,128,256,512 on the same four shapes, weights cold (L2 flushed before each
 //                  timed launch, as GemmRunner's tuner times): the tuned runner with cuBLASLt only,
 //                  with the custom small-M kernel among its candidates, and the kernel directly in
@@ -26,6 +30,7 @@
 // (device copy, read+write) and 805 TFLOP/s (bf16 dense GEMM), measured on the GPU host
 // (GPU_HOST.md).
 
+#include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
@@ -43,6 +48,7 @@
 #include "services/rose/ops/cuda/attention.cuh"
 #include "services/rose/ops/cuda/attention_sm90.cuh"
 #include "services/rose/ops/cuda/embedding.cuh"
+#include "services/rose/ops/cuda/fp8_block.h"
 #include "services/rose/ops/cuda/gemm.h"
 #include "services/rose/ops/cuda/gemm_smallm.cuh"
 #include "services/rose/ops/cuda/pool.cuh"
@@ -551,6 +557,179 @@ void benchGemm(GemmRunner& g, int64_t m, int64_t n, int64_t k, const char* name,
   reportFlops(name, shape, timeIt(run, used, 30), 2.0 * m * n * k);
 }
 
+// [TAG_EMBED_FP8] FP8 e4m3 GEMMs on the Qwen3 layer shapes through cuBLASLt, three scalings side by
+// side with the bf16 runner: "block" (weights one f32 scale per 128x128 block, activations one per
+// row and 128 inputs: BLK128x128_32F / VEC128_32F, the recipe), "outer" (one scale per
+// output channel and one per token: OUTER_VEC_32F on both) and "tensor" (one scale each: SCALAR_32F,
+// the speed-of-light of FP8 on this cuBLASLt). Operands quantized on the host; a sampled check
+// against the f64 product of the dequantized operands before timing. Each of cuBLASLt's heuristic
+// candidates (up to 8) is timed; the best and the first are reported.
+enum class Fp8Scaling { kBlock, kOuter, kTensor };
+
+void benchGemmFp8(cublasLtHandle_t lt, int64_t m, int64_t n, int64_t k, const char* name,
+                  Fp8Scaling mode) {
+  const int64_t kb = fp8KBlocks(k), kb4 = fp8KBlocks4(k), nb = fp8RowBlocks(n);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  // Host operands: w ~ N(0, 0.03) (a trained projection's scale), x ~ N(0, 1) (a normed row).
+  std::vector<float> wf(static_cast<size_t>(n * k)), xf(static_cast<size_t>(m * k));
+  for (auto& v : wf) v = bf(0.03f * nd(g_rng));
+  for (auto& v : xf) v = bf(nd(g_rng));
+  // Scales and codes.
+  std::vector<float> ws, xs;
+  std::vector<uint8_t> wq(wf.size()), xq(xf.size());
+  auto wScale = [&](int64_t r, int64_t c) -> float& {
+    if (mode == Fp8Scaling::kBlock) return ws[static_cast<size_t>(fp8WeightScaleIndex(k, r / 128, c / 128))];
+    if (mode == Fp8Scaling::kOuter) return ws[static_cast<size_t>(r)];
+    return ws[0];
+  };
+  auto xScale = [&](int64_t r, int64_t c) -> float& {
+    if (mode == Fp8Scaling::kBlock) return xs[static_cast<size_t>(fp8ActScaleIndex(k, 0, m, r, c / 128))];
+    if (mode == Fp8Scaling::kOuter) return xs[static_cast<size_t>(r)];
+    return xs[0];
+  };
+  ws.assign(mode == Fp8Scaling::kBlock ? nb * kb4 : mode == Fp8Scaling::kOuter ? n : 1, 0.f);
+  xs.assign(mode == Fp8Scaling::kBlock ? m * kb : mode == Fp8Scaling::kOuter ? m : 1, 0.f);
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t c = 0; c < k; ++c) wScale(r, c) = std::max(wScale(r, c), std::fabs(wf[r * k + c]));
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t c = 0; c < k; ++c) xScale(r, c) = std::max(xScale(r, c), std::fabs(xf[r * k + c]));
+  for (auto& s : ws) s = s > 0 ? s / kFp8E4m3Max : 1.f;
+  for (auto& s : xs) s = s > 0 ? s / kFp8E4m3Max : 1.f;
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t c = 0; c < k; ++c) wq[r * k + c] = fp8E4m3FromFloat(wf[r * k + c] / wScale(r, c));
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t c = 0; c < k; ++c) xq[r * k + c] = fp8E4m3FromFloat(xf[r * k + c] / xScale(r, c));
+  const int sets = std::min(8, setsFor(m * k + m * n * 2 + n * k));
+  Dev w(wq.size()), wsd(ws.size() * 4 + 16);
+  CK(cudaMemcpy(w.p, wq.data(), wq.size(), cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(wsd.p, ws.data(), ws.size() * 4, cudaMemcpyHostToDevice));
+  std::vector<std::unique_ptr<Dev>> x, xsd, y;
+  for (int s = 0; s < sets; ++s) {
+    x.push_back(std::make_unique<Dev>(xq.size()));
+    xsd.push_back(std::make_unique<Dev>(xs.size() * 4 + 16));
+    y.push_back(std::make_unique<Dev>(m * n * 2));
+    CK(cudaMemcpy(x[s]->p, xq.data(), xq.size(), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(xsd[s]->p, xs.data(), xs.size() * 4, cudaMemcpyHostToDevice));
+  }
+  Dev work(size_t{32} << 20);
+  // cuBLASLt "TN": D [n x m] = op(A) W [n x k] . B X [k x m], column-major = row-major y[m][n].
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
+  auto LT = [](cublasStatus_t s, const char* what) {
+    if (s != CUBLAS_STATUS_SUCCESS) {
+      std::fprintf(stderr, "%s: cublas status %d\n", what, static_cast<int>(s));
+      std::exit(1);
+    }
+  };
+  LT(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc");
+  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "ta");
+  LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "tb");
+  const int32_t mode_a = mode == Fp8Scaling::kBlock   ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
+                         : mode == Fp8Scaling::kOuter ? CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F
+                                                      : CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+  const int32_t mode_b = mode == Fp8Scaling::kBlock   ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
+                         : mode == Fp8Scaling::kOuter ? CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F
+                                                      : CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+  LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode_a, sizeof mode_a),
+     "amode");
+  LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode_b, sizeof mode_b),
+     "bmode");
+  auto setScales = [&](int s) {
+    const void* sa = wsd.p;
+    const void* sb = xsd[s]->p;
+    LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa),
+       "sa");
+    LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb),
+       "sb");
+  };
+  LT(cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, k, n, k), "la");
+  LT(cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, k, m, k), "lb");
+  LT(cublasLtMatrixLayoutCreate(&ld, CUDA_R_16BF, n, m, n), "ld");
+  setScales(0);
+  cublasLtMatmulPreference_t pref = nullptr;
+  LT(cublasLtMatmulPreferenceCreate(&pref), "pref");
+  uint64_t wsb = work.bytes;
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb,
+                                       sizeof wsb);
+  cublasLtMatmulHeuristicResult_t res[8] = {};
+  int found = 0;
+  const cublasStatus_t hs =
+      cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, ld, ld, pref, 8, res, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  const char* mname = mode == Fp8Scaling::kBlock   ? "fp8 block"
+                      : mode == Fp8Scaling::kOuter ? "fp8 outer"
+                                                   : "fp8 tensor";
+  char shape[64];
+  std::snprintf(shape, sizeof(shape), "M=%ld N=%ld K=%ld %s", static_cast<long>(m),
+                static_cast<long>(n), static_cast<long>(k), mname);
+  if (hs != CUBLAS_STATUS_SUCCESS || found == 0) {
+    std::printf("%-14s %-34s no algorithm (status %d)\n", name, shape, static_cast<int>(hs));
+  } else {
+    const float alpha = 1.f, beta = 0.f;
+    double best = 1e9, first = 0;
+    int best_i = -1, checked = 0;
+    for (int i = 0; i < found; ++i) {
+      if (res[i].state != CUBLAS_STATUS_SUCCESS) continue;
+      auto run = [&](int s) {
+        setScales(s);
+        LT(cublasLtMatmul(lt, desc, &alpha, w.p, la, x[s]->p, lb, &beta, y[s]->p, ld, y[s]->p, ld,
+                          &res[i].algo, work.p, work.bytes, nullptr),
+           "matmul");
+      };
+      if (checked++ == 0) {  // the first candidate's numbers against the dequantized product
+        poison(*y[0]);
+        run(0);
+        CK(cudaDeviceSynchronize());
+        auto yf = readBf16(y[0]->p, m * n);
+        double err2 = 0, ref2 = 0, qerr2 = 0;
+        for (int t = 0; t < 64; ++t) {
+          const int64_t r = (t * 7919) % m, c = (t * 104729) % n;
+          double acc = 0, exact = 0;
+          for (int64_t kk = 0; kk < k; ++kk) {
+            acc += static_cast<double>(fp8E4m3ToFloat(wq[c * k + kk])) * wScale(c, kk) *
+                   fp8E4m3ToFloat(xq[r * k + kk]) * xScale(r, kk);
+            exact += static_cast<double>(wf[c * k + kk]) * xf[r * k + kk];
+          }
+          check("gemm_fp8", yf[r * n + c], acc, 1e-3, 1e-2);
+          err2 += (yf[r * n + c] - acc) * (yf[r * n + c] - acc);
+          qerr2 += (acc - exact) * (acc - exact);
+          ref2 += exact * exact;
+        }
+        std::printf("  %s %s: rel. L2 vs dequantized %.2e, quantized vs bf16 product %.2e\n", name,
+                    shape, std::sqrt(err2 / ref2), std::sqrt(qerr2 / ref2));
+      }
+      const double t = timeIt(run, sets, 30);
+      if (i == 0) first = t;
+      if (t < best) best = t, best_i = i;
+    }
+    reportFlops(name, shape, best, 2.0 * m * n * k);
+    std::printf("  (candidate %d of %d; the first %.1f us)\n", best_i, found, first * 1e6);
+  }
+  cublasLtMatrixLayoutDestroy(la);
+  cublasLtMatrixLayoutDestroy(lb);
+  cublasLtMatrixLayoutDestroy(ld);
+  cublasLtMatmulDescDestroy(desc);
+}
+
+void benchGemmFp8All() {
+  cublasLtHandle_t lt = nullptr;
+  if (cublasLtCreate(&lt) != CUBLAS_STATUS_SUCCESS) std::exit(1);
+  auto g = GemmRunner::create();
+  if (!g.isOk()) std::exit(1);
+  for (int64_t m : {512, 2048, 8192, 16384}) {
+    for (auto [n, k, name] : {std::tuple<int64_t, int64_t, const char*>{4096, 1024, "gemm_qkv"},
+                              {1024, 2048, "gemm_o"},
+                              {6144, 1024, "gemm_gate_up"},
+                              {1024, 3072, "gemm_down"}}) {
+      benchGemm(**g, m, n, k, name, " bf16 tuned");
+      for (Fp8Scaling s : {Fp8Scaling::kBlock, Fp8Scaling::kOuter, Fp8Scaling::kTensor})
+        benchGemmFp8(lt, m, n, k, name, s);
+    }
+  }
+  cublasLtDestroy(lt);
+}
+
 // Few tokens, weights cold: a 128 MB memset (over 2x the L2) before each timed launch.
 void benchSmallM() {
   Dev flush(size_t{128} << 20);
@@ -653,11 +832,18 @@ int main(int argc, char** argv) {
   const bool only_smallm = argc > 1 && std::strcmp(argv[1], "gemm_smallm") == 0;
   // `rose_kernel_bench attention` runs only the attention comparison.
   const bool only_attention = argc > 1 && std::strcmp(argv[1], "attention") == 0;
+  // `rose_kernel_bench gemm_fp8` runs only the FP8 scalings against the bf16 runner.
+  const bool only_fp8 = argc > 1 && std::strcmp(argv[1], "gemm_fp8") == 0;
   cudaDeviceProp prop{};
   CK(cudaGetDeviceProperties(&prop, 0));
   std::printf("# rose kernel bench on %s (%d SMs, L2 %d MB)\n", prop.name, prop.multiProcessorCount,
               prop.l2CacheSize >> 20);
   std::printf("%-14s %-34s %12s %16s\n", "kernel", "shape", "median", "rate");
+  if (only_fp8) {
+    benchGemmFp8All();
+    std::printf("# correctness checks failed: %d\n", g_failures);
+    return g_failures == 0 ? 0 : 2;
+  }
   if (only_smallm) {
     benchSmallM();
     std::printf("# correctness checks failed: %d\n", g_failures);

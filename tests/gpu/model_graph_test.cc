@@ -11,7 +11,9 @@
 //   - the graphed CUDA result agrees with the CPU fp32 reference (cosine);
 //   - the step loop running the EmbeddingRunner on the shm channel with --cuda-graphs on
 //     publishes exactly the eager results (and counts eager / capture / replay), with graphs off
-//     too; precapture through the runner.
+//     too; precapture through the runner;
+//   - [TAG_EMBED_FP8] with --weights fp8: embeddings within cosine 0.999 of the bf16 model's
+//     (lengths 1 to 4089, batches), graphed == eager bit for bit, batch independence.
 // Label `gpu`.
 
 #include <gtest/gtest.h>
@@ -336,6 +338,102 @@ TEST_F(ModelGraphTest, GraphedCudaAgreesWithCpuReference) {
 
 // The step loop on a real shm channel running the EmbeddingRunner, CUDA backend: what it
 // publishes equals the eager model pass.
+// [TAG_EMBED_FP8] The same checkpoint with --weights fp8 (the projections in FP8 e4m3, 128x128
+// block scales; inputs quantized per token and 128 inputs) beside the bf16 model on one backend.
+class ModelFp8Test : public ModelGraphTest {
+ protected:
+  void SetUp() override {
+    ModelGraphTest::SetUp();
+    if (HasFatalFailure()) return;
+    Qwen3Options mo;
+    mo.max_batch_tokens = 4096;
+    mo.pooling_override = PoolMode::kLast;
+    mo.fp8_weights = true;
+    auto m = Qwen3Model::load(dir_.path.string(), *gpu_, mo);
+    ASSERT_TRUE(m.isOk()) << m.status().toString();
+    fp8_ = std::move(m).value();
+  }
+  std::vector<float> fp8Eager(const Batch& b, PoolMode mode) {
+    std::vector<float> out(b.lens.size() * kHidden, std::nanf(""));
+    fp8_->enqueueEmbed(b.in(), mode, true, out.data());
+    EXPECT_TRUE(gpu_->synchronize().isOk());
+    return out;
+  }
+  std::vector<float> fp8Graphed(const Batch& b, PoolMode mode) {
+    std::vector<float> out(b.lens.size() * kHidden, std::nanf(""));
+    Status st = fp8_->enqueueEmbedGraphed(*gpu_->graphs(), b.in(), mode, true, out.data());
+    EXPECT_TRUE(st.isOk()) << st.toString();
+    EXPECT_TRUE(gpu_->synchronize().isOk());
+    return out;
+  }
+  std::unique_ptr<Qwen3Model> fp8_;
+};
+
+TEST_F(ModelFp8Test, EmbeddingsStayWithinCosine0999OfBf16) {
+  const std::vector<std::vector<int32_t>> shapes = {
+      {1}, {2, 3, 5}, {4000}, randomLens(rng_, 30, 100), {237, 1024, 2000}, {7, 4089}};
+  double worst = 1.0, max_diff = 0.0;
+  for (PoolMode mode : {PoolMode::kLast, PoolMode::kMean}) {
+    for (const auto& lens : shapes) {
+      Batch b = randomBatch(rng_, lens);
+      auto want = eager(b, mode, true);
+      auto got = fp8Eager(b, mode);
+      for (size_t s = 0; s < lens.size(); ++s) {
+        const double cos = rowCosine(got, want, static_cast<int64_t>(s), kHidden);
+        worst = std::min(worst, cos);
+        EXPECT_GE(cos, 0.999) << "sequence " << s << " of " << lens.size() << " (length "
+                              << lens[s] << "), mode " << static_cast<int>(mode);
+      }
+      for (size_t i = 0; i < got.size(); ++i)
+        max_diff = std::max(max_diff, std::fabs(static_cast<double>(got[i]) - want[i]));
+    }
+  }
+  EXPECT_GT(max_diff, 0.0) << "the fp8 model gave the bf16 model's bits: FP8 path not taken?";
+  std::printf("  fp8 vs bf16: worst cosine %.6f, max |diff| %.3g\n", worst, max_diff);
+}
+
+TEST_F(ModelFp8Test, GraphedRunsEqualEagerBitForBit) {
+  for (int rep = 0; rep < 6; ++rep) {
+    const int32_t n = std::uniform_int_distribution<int32_t>(1, 12)(rng_);
+    Batch b = randomBatch(rng_, randomLens(rng_, n, rep % 2 ? 300 : 40));
+    for (PoolMode mode : {PoolMode::kLast, PoolMode::kMean}) {
+      auto ref = fp8Eager(b, mode);
+      for (int run = 0; run < 3; ++run)  // eager, capture, replay
+        expectBitEqual(fp8Graphed(b, mode), ref,
+                       "batch " + std::to_string(rep) + " run " + std::to_string(run));
+    }
+  }
+}
+
+TEST_F(ModelFp8Test, SequenceEmbeddingDoesNotDependOnItsBatch) {
+  Batch target = randomBatch(rng_, {237});
+  auto alone = fp8Graphed(target, PoolMode::kLast);
+  for (int32_t others : {1, 5, 30}) {
+    Batch mix = randomBatch(rng_, randomLens(rng_, others, others > 5 ? 100 : 400));
+    const size_t at = std::uniform_int_distribution<size_t>(0, mix.lens.size())(rng_);
+    size_t tok_at = 0;
+    for (size_t s = 0; s < at; ++s) tok_at += static_cast<size_t>(mix.lens[s]);
+    mix.lens.insert(mix.lens.begin() + static_cast<std::ptrdiff_t>(at), target.lens[0]);
+    mix.ids.insert(mix.ids.begin() + static_cast<std::ptrdiff_t>(tok_at), target.ids.begin(),
+                   target.ids.end());
+    auto out = fp8Graphed(mix, PoolMode::kLast);
+    std::vector<float> row(out.begin() + static_cast<std::ptrdiff_t>(at * kHidden),
+                           out.begin() + static_cast<std::ptrdiff_t>((at + 1) * kHidden));
+    int64_t mix_tokens = 0;
+    for (int32_t l : mix.lens) mix_tokens += l;
+    const std::string what = "among " + std::to_string(others) + " others";
+    if (cuda::GemmRunner::algoBucket(graphTokensBucket(static_cast<uint32_t>(mix_tokens))) ==
+        cuda::GemmRunner::algoBucket(graphTokensBucket(237))) {
+      expectBitEqual(row, alone, what);
+    } else {
+      // Another bucket may run another cuBLASLt algorithm (f32 summation order), and a changed
+      // bf16 rounding can move an FP8 code of the next layer's input.
+      const double cos = rowCosine(row, alone, 0, kHidden);
+      EXPECT_GE(cos, 0.9999) << what;
+    }
+  }
+}
+
 class EngineGraphTest : public ModelGraphTest {
  protected:
   // The loop runs runner_ (replaced by each call: destroy the previous loop first).

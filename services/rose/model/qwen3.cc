@@ -84,6 +84,31 @@ Result<std::unique_ptr<Qwen3Model>> Qwen3Model::load(const std::string& dir, Bac
   const int64_t h = c.hidden_size, d = c.head_dim, hq = c.num_attention_heads,
                 hkv = c.num_key_value_heads, inter = c.intermediate_size, v = c.vocab_size;
 
+  m->fp8_ = opts.fp8_weights;
+  if (m->fp8_) {  // [TAG_EMBED_FP8]
+    if (!b.supportsFp8Linear())
+      return invalidArgument("--weights fp8: the " + std::string(b.name()) +
+                             " backend has no FP8 linear layers (use --device cuda)");
+    if (c.attention_bias)
+      return invalidArgument("--weights fp8: the checkpoint has attention biases (not supported "
+                             "with FP8 weights)");
+    if (h % 128 != 0 || (hq * d) % 128 != 0 || inter % 128 != 0)
+      return invalidArgument("--weights fp8: hidden_size, num_attention_heads * head_dim and "
+                             "intermediate_size must be multiples of 128 (got " +
+                             std::to_string(h) + ", " + std::to_string(hq * d) + ", " +
+                             std::to_string(inter) + ")");
+  }
+  // [TAG_EMBED_FP8] w quantized into a new FP8 weight; w freed once the quantization ran.
+  auto toFp8 = [&b](OwnedTensor& w, Fp8Weight& out) -> Status {
+    const int64_t n = w.view.rows(), k = w.view.cols();
+    ASSIGN_OR_RETURN(out.codes, b.allocateTensor(DType::kU8, {n, k}));
+    ASSIGN_OR_RETURN(out.scales, b.allocateTensor(DType::kF32, {(n + 127) / 128, (k / 128 + 3) / 4 * 4}));
+    b.quantizeFp8Weight(w.view, out.matrix());
+    RETURN_IF_ERROR(b.synchronize());
+    w = OwnedTensor{};
+    return okStatus();
+  };
+
   ASSIGN_OR_RETURN(m->embed_, uploadOne(b, *ck, "embed_tokens.weight", {v, h}));
   ASSIGN_OR_RETURN(m->final_norm_, uploadOne(b, *ck, "norm.weight", {h}));
   m->layers_.resize(static_cast<size_t>(c.num_hidden_layers));
@@ -112,6 +137,12 @@ Result<std::unique_ptr<Qwen3Model>> Qwen3Model::load(const std::string& dir, Bac
     ASSIGN_OR_RETURN(auto* u, requireTensor(*ck, p + "mlp.up_proj.weight", {inter, h}));
     ASSIGN_OR_RETURN(L.gate_up, uploadStacked(b, {g, u}));
     ASSIGN_OR_RETURN(L.down, uploadOne(b, *ck, p + "mlp.down_proj.weight", {h, inter}));
+    if (m->fp8_) {
+      RETURN_IF_ERROR(toFp8(L.qkv, L.qkv8));
+      RETURN_IF_ERROR(toFp8(L.o, L.o8));
+      RETURN_IF_ERROR(toFp8(L.gate_up, L.gate_up8));
+      RETURN_IF_ERROR(toFp8(L.down, L.down8));
+    }
   }
   // LM head: lm_head.weight unless tied (or absent: a bare Qwen3Model, use the embeddings only
   // when tied).
@@ -157,8 +188,10 @@ Result<std::unique_ptr<Qwen3Model>> Qwen3Model::load(const std::string& dir, Bac
     m->graph_seqs_ =
         static_cast<int32_t>(graphSeqsBucket(static_cast<uint32_t>(m->max_tokens_) + 1));
   }
-  const int64_t t = std::max(m->max_tokens_, m->graph_tokens_);
-  const int64_t ns = std::max<int64_t>(m->max_tokens_, m->graph_seqs_);
+  // [TAG_EMBED_FP8] FP8 GEMMs take a multiple of 4 rows: the eager path pads with one more
+  // sequence (enqueueBody).
+  const int64_t t = std::max((m->max_tokens_ + 3) / 4 * 4, m->graph_tokens_);
+  const int64_t ns = std::max<int64_t>(m->max_tokens_ + (m->fp8_ ? 1 : 0), m->graph_seqs_);
   const DType act = b.activationDType();
   ASSIGN_OR_RETURN(m->ids_, b.allocateTensor(DType::kI32, {t}));
   ASSIGN_OR_RETURN(m->positions_, b.allocateTensor(DType::kI32, {t}));
@@ -169,6 +202,11 @@ Result<std::unique_ptr<Qwen3Model>> Qwen3Model::load(const std::string& dir, Bac
   ASSIGN_OR_RETURN(m->attn_, b.allocateTensor(act, {t, hq * d}));
   ASSIGN_OR_RETURN(m->gate_up_buf_, b.allocateTensor(act, {t, 2 * inter}));
   ASSIGN_OR_RETURN(m->mlp_, b.allocateTensor(act, {t, inter}));
+  if (m->fp8_) {  // the widest GEMM input: hidden, q heads or intermediate
+    const int64_t kmax = std::max({h, hq * d, inter});
+    ASSIGN_OR_RETURN(m->fp8_codes_, b.allocateTensor(DType::kU8, {t, kmax}));
+    ASSIGN_OR_RETURN(m->fp8_scales_, b.allocateTensor(DType::kF32, {kmax / 128 * t}));
+  }
   ASSIGN_OR_RETURN(m->pooled_, b.allocateTensor(DType::kF32, {ns, h}));
   ASSIGN_OR_RETURN(m->scores_, b.allocateTensor(DType::kF32, {ns}));
   m->host_positions_.resize(static_cast<size_t>(t));
@@ -280,8 +318,17 @@ Tensor Qwen3Model::enqueueBody(const BatchInput& in) {
   const int64_t t = static_cast<int64_t>(in.tokens.size());
   const int32_t n_seq = static_cast<int32_t>(in.seqlens.size());
   CHECK(t > 0 && t <= max_tokens_ && n_seq > 0);
-  stageInputs(in, t, n_seq);
-  return enqueueLayers(t, n_seq, max_seqlen_);
+  // [TAG_EMBED_FP8] A multiple of 4 rows for the FP8 GEMMs: the spare tokens in one more sequence.
+  const int64_t tp = fp8_ ? (t + 3) / 4 * 4 : t;
+  const int32_t sp = n_seq + (tp > t ? 1 : 0);
+  stageInputs(in, tp, sp);
+  return enqueueLayers(tp, sp, max_seqlen_);
+}
+
+Fp8Matrix Qwen3Model::fp8Input(int64_t t, int64_t k) const {
+  CHECK(t * k <= fp8_codes_.view.numel() && k / 128 * t <= fp8_scales_.view.numel());
+  return {Tensor(fp8_codes_.view.data, DType::kU8, {t, k}),
+          Tensor(fp8_scales_.view.data, DType::kF32, {k / 128, t})};
 }
 
 Tensor Qwen3Model::enqueueLayers(int64_t t, int32_t n_seq, int32_t max_seqlen) {
@@ -314,6 +361,31 @@ Tensor Qwen3Model::enqueueLayers(int64_t t, int32_t n_seq, int32_t max_seqlen) {
   ap.causal = causal_;
 
   b.embedding(embed_.view, ids, res);
+  if (fp8_) {  // [TAG_EMBED_FP8] the same layers with the projections in FP8
+    const int64_t h = c.hidden_size, qd = c.num_attention_heads * c.head_dim;
+    const Fp8Matrix xh = fp8Input(t, h), xq = fp8Input(t, qd),
+                    xi = fp8Input(t, c.intermediate_size);
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      const Layer& L = layers_[l];
+      if (l == 0) {
+        b.rmsNormFp8(res, Tensor(), L.input_norm.view, xh, norm);
+      } else {
+        b.rmsNormFp8(x, res, L.input_norm.view, xh, norm);
+      }
+      b.linearFp8(xh, L.qkv8.matrix(), qkv);
+      b.qkNormRope(qkv, L.q_norm.view, L.k_norm.view, pos, rope_cos_.view, rope_sin_.view, qk);
+      b.attention(qkv, cu, attn, ap);
+      b.quantizeFp8(attn, xq);
+      b.linearFp8(xq, L.o8.matrix(), x);
+      b.rmsNormFp8(x, res, L.post_norm.view, xh, norm);
+      b.linearFp8(xh, L.gate_up8.matrix(), gate_up);
+      b.swigluFp8(gate_up, xi);
+      b.linearFp8(xi, L.down8.matrix(), x);
+      b.markProgress();
+    }
+    b.rmsNorm(x, res, final_norm_.view, x, norm);
+    return x;
+  }
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
     if (l == 0) {

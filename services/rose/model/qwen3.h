@@ -42,6 +42,13 @@ struct Qwen3Options {
   // When set, the pooling mode is this and modules.json / 1_Pooling are not read (so a model
   // whose files name a mode rose does not serve can still be served with an explicit one).
   std::optional<PoolMode> pooling_override;
+  // [TAG_EMBED_FP8] The four projections of every layer in FP8 e4m3 with 128x128 block scales,
+  // quantized at load (the bf16 copies freed), their inputs quantized per row and 128 inputs by
+  // the producing op (RMSNorm, SwiGLU; the attention output by a quantize op): Backend::linearFp8.
+  // Needs a backend with supportsFp8Linear() (cuda), no attention biases and the hidden, q and
+  // intermediate widths multiples of 128. The eager path pads the batch to a multiple of 4 tokens
+  // (a padding sequence, as the graph buckets do). rose --weights fp8.
+  bool fp8_weights = false;
 };
 
 // One batch, host side: token ids back to back, one length per sequence.
@@ -109,10 +116,18 @@ class Qwen3Model {
   bool graphsEnabled() const { return graph_tokens_ > 0; }
 
  private:
+  struct Fp8Weight {  // [TAG_EMBED_FP8] codes + block scales
+    OwnedTensor codes, scales;
+    Fp8Matrix matrix() const { return {codes.view, scales.view}; }
+  };
   struct Layer {
     OwnedTensor input_norm, post_norm, q_norm, k_norm;
     OwnedTensor qkv, qkv_bias, o, o_bias, gate_up, down;
+    Fp8Weight qkv8, o8, gate_up8, down8;  // with fp8_weights (the bf16 ones then empty)
   };
+  // [TAG_EMBED_FP8] The FP8 activation workspace as the input of a GEMM of `t` rows and `k`
+  // inputs.
+  Fp8Matrix fp8Input(int64_t t, int64_t k) const;
 
   Qwen3Model(Backend& b) : backend_(b) {}
   // Runs everything up to the final norm; returns the hidden-state view [T, H].
@@ -147,6 +162,8 @@ class Qwen3Model {
   std::vector<int32_t> host_positions_, host_cu_;
   std::vector<int32_t> host_pad_ids_;  // zeros: the padding sequence's token ids
   int32_t max_seqlen_ = 0;
+  bool fp8_ = false;                   // [TAG_EMBED_FP8] Qwen3Options::fp8_weights
+  OwnedTensor fp8_codes_, fp8_scales_;  // the FP8 activation workspace (one GEMM input at a time)
   int64_t graph_tokens_ = 0;  // padded-bucket capacity of the workspace (0: no graph path)
   int32_t graph_seqs_ = 0;
 };

@@ -120,6 +120,25 @@ Result<std::unique_ptr<Backend>> makeBackend(std::string_view device, const Back
                          "' (expected cpu or cuda)");
 }
 
+namespace {
+[[noreturn]] void fp8Unsupported(const char* op) {
+  std::fprintf(stderr, "Backend::%s: FP8 linear layers are not supported by this backend\n", op);
+  std::abort();
+}
+}  // namespace
+
+// [TAG_EMBED_FP8] Callers check supportsFp8Linear() first (Qwen3Model::load refuses otherwise).
+void Backend::quantizeFp8Weight(const Tensor&, const Fp8Matrix&) { fp8Unsupported("quantizeFp8Weight"); }
+void Backend::quantizeFp8(const Tensor&, const Fp8Matrix&) { fp8Unsupported("quantizeFp8"); }
+void Backend::rmsNormFp8(const Tensor&, const Tensor&, const Tensor&, const Fp8Matrix&,
+                         const RmsNormParams&) {
+  fp8Unsupported("rmsNormFp8");
+}
+void Backend::swigluFp8(const Tensor&, const Fp8Matrix&) { fp8Unsupported("swigluFp8"); }
+void Backend::linearFp8(const Fp8Matrix&, const Fp8Matrix&, const Tensor&) {
+  fp8Unsupported("linearFp8");
+}
+
 void LlmOps::stageSample(std::span<const SampleRow>) {
   std::fputs("LlmOps::stageSample: not supported by this backend's ops\n", stderr);
   std::abort();

@@ -351,6 +351,12 @@ struct AttentionParams {
   bool causal = true;      // false: bidirectional within each sequence
 };
 
+// [TAG_EMBED_FP8] An FP8 e4m3 matrix: codes and their f32 block scales (Backend::linearFp8).
+struct Fp8Matrix {
+  Tensor codes;   // U8 [R, C]
+  Tensor scales;  // F32, the layout of its role (Backend::supportsFp8Linear)
+};
+
 struct PoolParams {
   int32_t num_seqs = 0;
   PoolMode mode = PoolMode::kLast;
@@ -552,6 +558,28 @@ class Backend {
                                         int64_t max_rows) {
     return int64_t{0};
   }
+
+  // ---- [TAG_EMBED_FP8] FP8 e4m3 linear layers (Qwen3's --weights fp8) ----
+  // Only where supportsFp8Linear() (cuda); the defaults abort. An Fp8Matrix is U8 codes [R, C]
+  // (C a multiple of 128) with F32 scales in cuBLASLt's Hopper block-scaling layouts
+  // (ops/cuda/fp8_dense.cuh): a weight [N, K] one scale per 128x128 block, scales
+  // [ceil(N/128), K/128 rounded up to 4]; an activation [M, K] one per row and 128 inputs, scales
+  // [K/128, M] (the row fastest). Each block: scale = amax/448, code = e4m3(v * (448/amax)),
+  // round to nearest even, saturating; an all-zero block scale 1. Activation producers take the
+  // values their bf16 op would write (rounded) and quantize those.
+  virtual bool supportsFp8Linear() const { return false; }
+  // Load time: out = quantized w (weight dtype [N, K]).
+  virtual void quantizeFp8Weight(const Tensor& w, const Fp8Matrix& out);
+  // out = quantized x (activation dtype [M, K]).
+  virtual void quantizeFp8(const Tensor& x, const Fp8Matrix& out);
+  // rmsNorm() with its output quantized into `out` instead of written.
+  virtual void rmsNormFp8(const Tensor& x, const Tensor& residual, const Tensor& weight,
+                          const Fp8Matrix& out, const RmsNormParams& p);
+  // swiglu() with its output quantized into `out`.
+  virtual void swigluFp8(const Tensor& gate_up, const Fp8Matrix& out);
+  // y[M, N] (activation dtype) = x · wᵀ with both operands dequantized (f32 accumulation). M a
+  // multiple of 4.
+  virtual void linearFp8(const Fp8Matrix& x, const Fp8Matrix& w, const Tensor& y);
 
   // In place on qkv [T, (Hq + 2·Hkv)·D] (q heads, then k heads, then v heads per row):
   // per-head RMSNorm of q (q_weight [D]) and k (k_weight [D]), then RoPE with the position of

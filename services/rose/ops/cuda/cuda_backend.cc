@@ -11,6 +11,9 @@
 #include "services/rose/ops/cuda/cuda_utils.h"
 #include "services/rose/ops/cuda/paged_attention_sm90.cuh"
 #include "services/rose/ops/cuda/embedding.cuh"
+#include "services/rose/ops/cuda/fp8_block.h"
+#include "services/rose/ops/cuda/fp8_dense.cuh"
+#include "services/rose/ops/cuda/fp8_gemm.h"
 #include "services/rose/ops/cuda/kv_block_copy.cuh"
 #include "services/rose/ops/cuda/moe_lt_gemm.h"
 #include "services/rose/ops/cuda/moe_router_f32.cuh"
@@ -370,6 +373,103 @@ void CudaBackend::rmsNorm(const Tensor& x, const Tensor& residual, const Tensor&
   a.eps = p.eps;
   a.pdl_graph = kernels_.pdl_graph && p.programmatic_in_graphs;  // [TAG_PDL_GRAPH]
   checkOk(launchRmsNorm(a, stream_, kernels_.pdl), "rmsNorm");
+}
+
+// ---- [TAG_EMBED_FP8] ----
+namespace {
+// An activation Fp8Matrix of rows x cols: U8 codes [rows, cols], F32 scales [cols/128, rows].
+bool fp8Activation(const Fp8Matrix& m, int64_t rows, int64_t cols) {
+  return is(m.codes, DType::kU8) && is(m.scales, DType::kF32) && m.codes.rows() == rows &&
+         m.codes.cols() == cols && cols % kFp8Block == 0 && m.scales.numel() == cols / kFp8Block * rows;
+}
+}  // namespace
+
+void CudaBackend::quantizeFp8Weight(const Tensor& w, const Fp8Matrix& out) {
+  require(is(w, DType::kBF16) && is(out.codes, DType::kU8) && is(out.scales, DType::kF32),
+          "quantizeFp8Weight", "w BF16, codes U8, scales F32");
+  require(out.codes.rows() == w.rows() && out.codes.cols() == w.cols() && w.cols() % kFp8Block == 0 &&
+              out.scales.numel() == fp8WeightScalesPerExpert(w.rows(), w.cols()),
+          "quantizeFp8Weight", "shape mismatch (K a multiple of 128)");
+  Fp8WeightQuantArgs a;
+  a.w = w.as<bf16>();
+  a.codes = out.codes.as<uint8_t>();
+  a.scales = out.scales.as<float>();
+  a.n = w.rows();
+  a.k = w.cols();
+  checkOk(launchFp8WeightQuant(a, stream_), "quantizeFp8Weight");
+}
+
+void CudaBackend::quantizeFp8(const Tensor& x, const Fp8Matrix& out) {
+  require(is(x, DType::kBF16) && fp8Activation(out, x.rows(), x.cols()), "quantizeFp8",
+          "x BF16 [M, K], codes U8 [M, K], scales F32 [K/128, M] (K a multiple of 128)");
+  Fp8RowQuantArgs a;
+  a.x = x.as<bf16>();
+  a.codes = out.codes.as<uint8_t>();
+  a.scales = out.scales.as<float>();
+  a.rows = x.rows();
+  a.k = x.cols();
+  checkOk(launchFp8RowQuant(a, stream_, kernels_.pdl), "quantizeFp8");
+}
+
+void CudaBackend::rmsNormFp8(const Tensor& x, const Tensor& residual, const Tensor& weight,
+                             const Fp8Matrix& out, const RmsNormParams& p) {
+  require(is(x, DType::kBF16) && is(weight, DType::kBF16) &&
+              (residual.empty() || residual.dtype == DType::kBF16),
+          "rmsNormFp8", "x, weight and the residual must be BF16");
+  require(weight.numel() == x.cols() && fp8Activation(out, x.rows(), x.cols()) &&
+              (residual.empty() || (residual.rows() == x.rows() && residual.cols() == x.cols())),
+          "rmsNormFp8", "shape mismatch");
+  RmsNormArgs a;
+  a.x = x.as<bf16>();
+  a.residual = residual.empty() ? nullptr : residual.as<bf16>();
+  a.residual_init = p.residual_init;
+  a.round_normalized = p.round_normalized;
+  a.weight = weight.as<bf16>();
+  a.out_fp8 = out.codes.as<uint8_t>();
+  a.out_scales = out.scales.as<float>();
+  a.rows = x.rows();
+  a.hidden = x.cols();
+  a.eps = p.eps;
+  a.pdl_graph = kernels_.pdl_graph && p.programmatic_in_graphs;
+  checkOk(launchRmsNorm(a, stream_, kernels_.pdl), "rmsNormFp8");
+}
+
+void CudaBackend::swigluFp8(const Tensor& gate_up, const Fp8Matrix& out) {
+  require(is(gate_up, DType::kBF16) && gate_up.cols() % 2 == 0 &&
+              fp8Activation(out, gate_up.rows(), gate_up.cols() / 2),
+          "swigluFp8", "gate_up BF16 [T, 2I], out codes U8 [T, I] + scales F32 [I/128, T]");
+  SwigluArgs a;
+  a.gate_up = gate_up.as<bf16>();
+  a.out_fp8 = out.codes.as<uint8_t>();
+  a.out_scales = out.scales.as<float>();
+  a.num_tokens = gate_up.rows();
+  a.inter = gate_up.cols() / 2;
+  checkOk(launchSwiglu(a, stream_, kernels_.pdl), "swigluFp8");
+}
+
+void CudaBackend::linearFp8(const Fp8Matrix& x, const Fp8Matrix& w, const Tensor& y) {
+  const int64_t m = x.codes.rows(), n = w.codes.rows(), k = w.codes.cols();
+  require(fp8Activation(x, m, k) && is(w.codes, DType::kU8) && is(w.scales, DType::kF32) &&
+              w.scales.numel() == fp8WeightScalesPerExpert(n, k) && is(y, DType::kBF16) &&
+              y.rows() == m && y.cols() == n,
+          "linearFp8", "x [M, K] and w [N, K] FP8 with their scales, y BF16 [M, N]");
+  require(m % 4 == 0 && n % 4 == 0, "linearFp8", "M and N must be multiples of 4");
+  if (m == 0) return;
+  if (!fp8_gemm_) {
+    auto g = Fp8Gemm::create();
+    checkOk(g.status(), "linearFp8");
+    fp8_gemm_ = std::move(*g);
+  }
+  Fp8GemmArgs a;
+  a.x = x.codes.as<uint8_t>();
+  a.x_scales = x.scales.as<float>();
+  a.w = w.codes.as<uint8_t>();
+  a.w_scales = w.scales.as<float>();
+  a.y = y.as<bf16>();
+  a.m = m;
+  a.n = n;
+  a.k = k;
+  checkOk(fp8_gemm_->run(a, stream_), "linearFp8");
 }
 
 void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) {

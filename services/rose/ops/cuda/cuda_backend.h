@@ -18,6 +18,7 @@
 
 #include "services/rose/graph/graph_cache.h"
 #include "services/rose/ops/backend.h"
+#include "services/rose/ops/cuda/fp8_gemm.h"
 #include "services/rose/ops/cuda/gemm.h"
 
 namespace garden::rose::cuda {
@@ -65,6 +66,14 @@ class CudaBackend final : public Backend, public GraphExecutor {
   void swiglu(const Tensor& gate_up, const Tensor& out) override;
   void pool(const Tensor& hidden, const Tensor& cu_seqlens, const Tensor& out,
             const PoolParams& p) override;
+  // [TAG_EMBED_FP8] fp8_dense.cuh's quantization, fp8_gemm.h's GEMMs.
+  bool supportsFp8Linear() const override { return true; }
+  void quantizeFp8Weight(const Tensor& w, const Fp8Matrix& out) override;
+  void quantizeFp8(const Tensor& x, const Fp8Matrix& out) override;
+  void rmsNormFp8(const Tensor& x, const Tensor& residual, const Tensor& weight,
+                  const Fp8Matrix& out, const RmsNormParams& p) override;
+  void swigluFp8(const Tensor& gate_up, const Fp8Matrix& out) override;
+  void linearFp8(const Fp8Matrix& x, const Fp8Matrix& w, const Tensor& y) override;
   void score(const Tensor& hidden, const Tensor& cu_seqlens, const Tensor& head, const Tensor& out,
              const ScoreParams& p) override;
 
@@ -123,6 +132,7 @@ class CudaBackend final : public Backend, public GraphExecutor {
   CudaKernelOptions kernels_;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<GemmRunner> gemm_;
+  std::unique_ptr<Fp8Gemm> fp8_gemm_;  // [TAG_EMBED_FP8] created on first use
   std::unique_ptr<GraphCache> graphs_;
   char* staging_ = nullptr;  // pinned host ring
   size_t staging_bytes_ = 0;

@@ -2,6 +2,7 @@
 
 #include "services/rose/ops/cuda/common.cuh"
 #include "services/rose/ops/cuda/cuda_utils.h"
+#include "services/rose/ops/cuda/fp8_dense.cuh"
 #include "services/rose/ops/cuda/rms_norm.cuh"
 
 namespace garden::rose::cuda {
@@ -23,6 +24,18 @@ __device__ __forceinline__ void storeOut8(bf16* p, bool f16, const float (&v)[8]
     storeF32x8(p, v);
   }
 }
+// The 8 output values of chunk c of `row`: stored to out, or [TAG_EMBED_FP8] rounded as that
+// store would and quantized with the other 15 chunks of their 128-input block (the half-warp).
+__device__ __forceinline__ void storeRow8(const RmsNormArgs& a, int64_t row, int c, float (&v)[8]) {
+  if (a.out_fp8 != nullptr) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = roundBf16(v[i]);
+    fp8QuantizeHalfWarp(v, a.out_fp8 + row * a.hidden + c * 8, a.out_scales + (c / 16) * a.rows + row);
+    return;
+  }
+  storeOut8(a.out + row * a.hidden + c * 8, a.out_f16, v);
+}
+
 // The normalized value rounded to the output type (Qwen3RMSNorm's intermediate rounding).
 __device__ __forceinline__ float roundOut(float x, bool f16) {
   return f16 ? __half2float(__float2half_rn(x)) : roundBf16(x);
@@ -123,7 +136,7 @@ __global__ void rmsNormKernel(RmsNormArgs a) {
 #pragma unroll
       for (int i = 0; i < 8; ++i)
         v[k][i] = (a.round_normalized ? roundOut(v[k][i] * rstd, a.out_f16) : v[k][i] * rstd) * w[i];
-      storeOut8(a.out + off + c * 8, a.out_f16, v[k]);
+      storeRow8(a, row, c, v[k]);
     }
   }
 }
@@ -184,7 +197,7 @@ __global__ void rmsNormSplitKernel(RmsNormArgs a) {
 #pragma unroll
     for (int i = 0; i < 8; ++i)
       v[i] = (a.round_normalized ? roundOut(v[i] * rstd, a.out_f16) : v[i] * rstd) * w[i];
-    storeOut8(a.out + off + c * 8, a.out_f16, v);
+    storeRow8(a, blockIdx.x, c, v);
   }
 }
 
@@ -211,6 +224,11 @@ Status launchRmsNorm(const RmsNormArgs& a, cudaStream_t stream, bool pdl) {
           16 !=
       0)
     return invalidArgument("rms_norm: pointers must be 16-byte aligned");
+  if (a.out_fp8 != nullptr &&
+      (a.out_scales == nullptr || a.hidden % 128 != 0 || a.out_f16 || a.x_f16 || a.x_f32 ||
+       (reinterpret_cast<uintptr_t>(a.out_fp8) | reinterpret_cast<uintptr_t>(a.out_scales)) % 16 != 0))
+    return invalidArgument("rms_norm: an fp8 output needs scales, bf16 x, hidden a multiple of "
+                           "128 and 16-byte aligned pointers");
   const bool combine = a.combine_y != nullptr;  // [TAG_COMBINE_NORM]
   const int chunks = static_cast<int>(a.hidden / 8);
   // Threads per row from hidden alone (batch invariance): up to 4 chunks per thread, at most

@@ -52,6 +52,12 @@ struct RmsNormArgs {
   // MoE output in f32 (GptOssOptions::moe_out_f32).
   bool combine_f32 = false;
   bool x_f32 = false;
+  // [TAG_EMBED_FP8] Or the output as FP8 e4m3 codes [rows, hidden] + scales [hidden / 128, rows]
+  // (fp8_dense.cuh's activation layout; out then not written; bf16 x and out only, hidden a
+  // multiple of 128): the bf16 output's values quantized, so the bits equal this norm followed by
+  // launchFp8RowQuant.
+  uint8_t* out_fp8 = nullptr;
+  float* out_scales = nullptr;
   // [TAG_PDL_GRAPH] Launched programmatically in CUDA graphs too (launchRmsNorm's `pdl` covers
   // eager launches only): CudaKernelOptions::pdl_graph.
   bool pdl_graph = false;

@@ -2,6 +2,7 @@
 
 #include "services/rose/ops/cuda/common.cuh"
 #include "services/rose/ops/cuda/cuda_utils.h"
+#include "services/rose/ops/cuda/fp8_dense.cuh"
 #include "services/rose/ops/cuda/swiglu.cuh"
 
 namespace garden::rose::cuda {
@@ -21,6 +22,12 @@ __global__ void swigluKernel(SwigluArgs a) {
     loadF32x8(a.gate_up + row * 2 * a.inter + a.inter + c, up);
 #pragma unroll
     for (int k = 0; k < 8; ++k) gt[k] = roundBf16(gt[k] / (1.f + __expf(-gt[k]))) * up[k];
+    if (a.out_fp8 != nullptr) {  // [TAG_EMBED_FP8] 16 consecutive chunks (a half-warp) per block
+#pragma unroll
+      for (int k = 0; k < 8; ++k) gt[k] = roundBf16(gt[k]);
+      fp8QuantizeHalfWarp(gt, a.out_fp8 + row * a.inter + c, a.out_scales + (c / 128) * a.num_tokens + row);
+      continue;
+    }
     storeF32x8(a.out + row * a.inter + c, gt);
   }
 }
@@ -33,6 +40,11 @@ Status launchSwiglu(const SwigluArgs& a, cudaStream_t stream, bool pdl) {
     return invalidArgument("swiglu: inter must be a multiple of 8");
   if ((reinterpret_cast<uintptr_t>(a.gate_up) | reinterpret_cast<uintptr_t>(a.out)) % 16 != 0)
     return invalidArgument("swiglu: pointers must be 16-byte aligned");
+  if (a.out_fp8 != nullptr &&
+      (a.out_scales == nullptr || a.inter % 128 != 0 ||
+       (reinterpret_cast<uintptr_t>(a.out_fp8) | reinterpret_cast<uintptr_t>(a.out_scales)) % 16 != 0))
+    return invalidArgument("swiglu: an fp8 output needs scales, inter a multiple of 128 and "
+                           "16-byte aligned pointers");
   const int64_t total = a.num_tokens * (a.inter / 8);
   // Decode-like: 128-thread blocks, one chunk per thread. Prefill-like: 256-thread blocks, at most
   // 8 resident-block waves, grid-stride for the rest.

@@ -17,6 +17,11 @@ struct SwigluArgs {
   __nv_bfloat16* out = nullptr;            // [num_tokens, inter]
   int64_t num_tokens = 0;
   int64_t inter = 0;  // multiple of 8; pointers 16-byte aligned
+  // [TAG_EMBED_FP8] Or the output as FP8 e4m3 codes [num_tokens, inter] + scales [inter / 128,
+  // num_tokens] (fp8_dense.cuh's activation layout; out then not written; inter a multiple of
+  // 128): the bf16 output's values quantized, so the bits equal this op then launchFp8RowQuant.
+  uint8_t* out_fp8 = nullptr;
+  float* out_scales = nullptr;
 };
 
 // pdl: programmatic dependent launch for an eager launch (common.cuh [TAG_PDL]); the backend

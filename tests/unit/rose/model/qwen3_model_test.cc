@@ -111,6 +111,19 @@ TEST_F(Qwen3ModelTest, LoadsFixtureAndReportsItsShape) {
   EXPECT_FALSE((*m)->pooling().from_files);
 }
 
+// [TAG_EMBED_FP8] --weights fp8 needs FP8 linear layers (the cuda backend): a clear refusal on
+// the CPU, naming the flag. (The FP8 path itself: tests/gpu fp8_dense_test, model_graph_test.)
+TEST_F(Qwen3ModelTest, Fp8WeightsAreRefusedWhereTheBackendHasNoFp8Layers) {
+  ASSERT_FALSE(backend_->supportsFp8Linear());
+  Qwen3Options o;
+  o.fp8_weights = true;
+  auto m = load(fixtures(), o);
+  ASSERT_FALSE(m.isOk());
+  EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(m.status().message().find("--weights fp8"), std::string::npos) << m.status().toString();
+  EXPECT_NE(m.status().message().find("cpu"), std::string::npos) << m.status().toString();
+}
+
 TEST_F(Qwen3ModelTest, Bf16CheckpointEqualsF32OfTheSameRoundedWeights) {
   TempDir bf, f32;
   auto ts = fixtureTensors();

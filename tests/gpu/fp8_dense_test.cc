@@ -1,0 +1,294 @@
+// [TAG_EMBED_FP8] The FP8 dense-layer ops of the CUDA backend (ops/cuda/fp8_dense.cuh,
+// fp8_gemm.h) on fresh random inputs: the quantization kernels against a host computation of the
+// same rule bit for bit (codes and scales), the fused producers (RMSNorm, SwiGLU) against their
+// bf16 op followed by the quantize op bit for bit, and the GEMM against the f64 product of the
+// dequantized operands.
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "services/rose/ops/cuda/fp8_block.h"
+#include "services/rose/ops/cuda/gemm.h"
+#include "tests/gpu/gpu_test_util.h"
+
+namespace garden::rose::gputest {
+namespace {
+
+using cuda::fp8E4m3FromFloat;
+using cuda::fp8E4m3ToFloat;
+
+// The rule of fp8_dense.cuh on one block's values (already rounded as the op's bf16 output).
+void quantizeBlock(const std::vector<float>& v, std::vector<uint8_t>& codes, float& scale) {
+  float amax = 0.f;
+  for (float x : v) amax = std::max(amax, std::fabs(x));
+  scale = 1.f;
+  float inv = 0.f;
+  if (amax > 0.f) {
+    scale = amax / 448.f;
+    inv = 448.f / amax;
+  }
+  codes.resize(v.size());
+  for (size_t i = 0; i < v.size(); ++i) codes[i] = fp8E4m3FromFloat(v[i] * inv);
+}
+
+// Host activation quantization of x [rows, k]: codes [rows, k], scales [k/128, rows].
+void hostQuantRows(const std::vector<float>& x, int64_t rows, int64_t k, std::vector<uint8_t>& codes,
+                   std::vector<float>& scales) {
+  codes.assign(static_cast<size_t>(rows * k), 0);
+  scales.assign(static_cast<size_t>(k / 128 * rows), 0.f);
+  std::vector<float> blk(128);
+  std::vector<uint8_t> c;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t b = 0; b < k / 128; ++b) {
+      for (int i = 0; i < 128; ++i) blk[static_cast<size_t>(i)] = x[static_cast<size_t>(r * k + b * 128 + i)];
+      float s;
+      quantizeBlock(blk, c, s);
+      std::memcpy(&codes[static_cast<size_t>(r * k + b * 128)], c.data(), 128);
+      scales[static_cast<size_t>(b * rows + r)] = s;
+    }
+}
+
+std::vector<uint8_t> downloadBytes(Backend& b, const Tensor& t) {
+  std::vector<uint8_t> raw(t.bytes());
+  b.copyToHost(raw.data(), t, raw.size());
+  EXPECT_TRUE(b.synchronize().isOk());
+  return raw;
+}
+
+// EXPECTs equal bytes; reports how many differ and the first.
+void expectSameBytes(const std::vector<uint8_t>& got, const std::vector<uint8_t>& want,
+                     const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  size_t bad = 0, first = got.size();
+  for (size_t i = 0; i < got.size(); ++i)
+    if (got[i] != want[i]) {
+      if (first == got.size()) first = i;
+      ++bad;
+    }
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size() << " bytes differ (first at "
+                     << first << ": " << (first < got.size() ? int(got[first]) : -1) << " vs "
+                     << (first < got.size() ? int(want[first]) : -1) << ")";
+}
+void expectSameFloats(const std::vector<float>& got, const std::vector<float>& want,
+                      const std::string& what) {
+  std::vector<uint8_t> a(got.size() * 4), b(want.size() * 4);
+  std::memcpy(a.data(), got.data(), a.size());
+  std::memcpy(b.data(), want.data(), b.size());
+  expectSameBytes(a, b, what);
+}
+
+class GpuFp8Dense : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    be_ = makeBackends();
+    ASSERT_TRUE(be_.gpu);
+    ASSERT_TRUE(gpu().supportsFp8Linear());
+    rng_.seed(::testing::UnitTest::GetInstance()->random_seed() + 8128);
+  }
+  Backend& gpu() { return *be_.gpu; }
+  // An activation Fp8Matrix [rows, k] on the GPU, poisoned.
+  struct Act {
+    OwnedTensor codes, scales;
+    Fp8Matrix m() const { return {codes.view, scales.view}; }
+  };
+  Act act(int64_t rows, int64_t k) {
+    Act a{allocate(gpu(), DType::kU8, {rows, k}), allocate(gpu(), DType::kF32, {k / 128, rows})};
+    poison(gpu(), a.codes.view);
+    poison(gpu(), a.scales.view);
+    return a;
+  }
+  Backends be_;
+  std::mt19937 rng_;
+};
+
+TEST_F(GpuFp8Dense, WeightQuantizationMatchesTheHostRuleBitForBit) {
+  for (auto [n, k] : std::vector<std::pair<int64_t, int64_t>>{
+           {384, 1024}, {200, 256}, {1024, 3072}, {4, 128}, {130, 640}}) {
+    SCOPED_TRACE(std::to_string(n) + "x" + std::to_string(k));
+    auto w = randomBf16(static_cast<size_t>(n * k), rng_, -0.08f, 0.08f);
+    // One all-zero block, one block with a single large weight (the others round to zero or to
+    // subnormals), and exact zeros scattered elsewhere.
+    for (int64_t r = 0; r < std::min<int64_t>(n, 128); ++r)
+      for (int64_t c = 0; c < 128; ++c) w[static_cast<size_t>(r * k + c)] = 0.f;
+    if (k >= 256) w[static_cast<size_t>(128 + 1)] = 24.f;
+    for (size_t i = 7; i < w.size(); i += 61) w[i] = 0.f;
+    auto gw = upload(gpu(), DType::kBF16, {n, k}, w);
+    const int64_t nb = (n + 127) / 128, kb4 = cuda::fp8KBlocks4(k);
+    Act q{allocate(gpu(), DType::kU8, {n, k}), allocate(gpu(), DType::kF32, {nb, kb4})};
+    poison(gpu(), q.codes.view);
+    poison(gpu(), q.scales.view);
+    gpu().quantizeFp8Weight(gw.view, q.m());
+    std::vector<uint8_t> codes(static_cast<size_t>(n * k));
+    std::vector<float> scales(static_cast<size_t>(nb * kb4), 0.f);
+    std::vector<float> blk;
+    std::vector<uint8_t> c;
+    for (int64_t p = 0; p < nb; ++p)
+      for (int64_t b = 0; b < k / 128; ++b) {
+        blk.clear();
+        for (int64_t r = p * 128; r < std::min(n, p * 128 + 128); ++r)
+          for (int64_t j = 0; j < 128; ++j) blk.push_back(w[static_cast<size_t>(r * k + b * 128 + j)]);
+        float s;
+        quantizeBlock(blk, c, s);
+        size_t i = 0;
+        for (int64_t r = p * 128; r < std::min(n, p * 128 + 128); ++r)
+          for (int64_t j = 0; j < 128; ++j) codes[static_cast<size_t>(r * k + b * 128 + j)] = c[i++];
+        scales[static_cast<size_t>(cuda::fp8WeightScaleIndex(k, p, b))] = s;
+      }
+    expectSameBytes(downloadBytes(gpu(), q.codes.view), codes, "weight codes");
+    expectSameFloats(download(gpu(), q.scales.view), scales, "weight scales (padding 0)");
+  }
+}
+
+TEST_F(GpuFp8Dense, RowQuantizationMatchesTheHostRuleBitForBit) {
+  for (auto [rows, k] : std::vector<std::pair<int64_t, int64_t>>{
+           {1, 128}, {4, 1024}, {37, 2048}, {1000, 1024}, {3, 3072}}) {
+    SCOPED_TRACE(std::to_string(rows) + "x" + std::to_string(k));
+    auto x = randomBf16(static_cast<size_t>(rows * k), rng_, -3.f, 3.f);
+    for (int64_t c = 0; c < 128; ++c) x[static_cast<size_t>(c)] = 0.f;  // an all-zero block
+    if (rows > 2) x[static_cast<size_t>(2 * k + 5)] = 300.f;           // one outlier
+    auto gx = upload(gpu(), DType::kBF16, {rows, k}, x);
+    Act q = act(rows, k);
+    gpu().quantizeFp8(gx.view, q.m());
+    std::vector<uint8_t> codes;
+    std::vector<float> scales;
+    hostQuantRows(x, rows, k, codes, scales);
+    expectSameBytes(downloadBytes(gpu(), q.codes.view), codes, "codes");
+    expectSameFloats(download(gpu(), q.scales.view), scales, "scales");
+  }
+}
+
+// The fused producers equal their bf16 op followed by quantizeFp8, bit for bit (and the norm's
+// residual update equals the plain norm's).
+TEST_F(GpuFp8Dense, FusedRmsNormAndSwigluEqualTheOpThenQuantize) {
+  for (auto [t, h] : std::vector<std::pair<int64_t, int64_t>>{
+           {1, 1024}, {3, 2560}, {64, 1024}, {600, 1024}, {2000, 1024}, {5, 128}}) {
+    for (bool with_res : {false, true}) {
+      SCOPED_TRACE("norm " + std::to_string(t) + "x" + std::to_string(h) +
+                   (with_res ? " residual" : " plain"));
+      auto x = randomBf16(static_cast<size_t>(t * h), rng_, -2.f, 2.f);
+      auto r = randomBf16(static_cast<size_t>(t * h), rng_, -2.f, 2.f);
+      auto w = randomBf16(static_cast<size_t>(h), rng_, 0.5f, 1.5f);
+      auto gx = upload(gpu(), DType::kBF16, {t, h}, x);
+      auto gr1 = upload(gpu(), DType::kBF16, {t, h}, r);
+      auto gr2 = upload(gpu(), DType::kBF16, {t, h}, r);
+      auto gw = upload(gpu(), DType::kBF16, {h}, w);
+      auto out = allocate(gpu(), DType::kBF16, {t, h});
+      RmsNormParams p;
+      gpu().rmsNorm(gx.view, with_res ? gr1.view : Tensor(), gw.view, out.view, p);
+      Act ref = act(t, h), fused = act(t, h);
+      gpu().quantizeFp8(out.view, ref.m());
+      gpu().rmsNormFp8(gx.view, with_res ? gr2.view : Tensor(), gw.view, fused.m(), p);
+      expectSameBytes(downloadBytes(gpu(), fused.codes.view), downloadBytes(gpu(), ref.codes.view),
+                      "codes");
+      expectSameFloats(download(gpu(), fused.scales.view), download(gpu(), ref.scales.view),
+                       "scales");
+      if (with_res)
+        expectSameFloats(download(gpu(), gr2.view), download(gpu(), gr1.view), "residual");
+    }
+  }
+  for (auto [t, inter] : std::vector<std::pair<int64_t, int64_t>>{
+           {1, 3072}, {37, 384}, {3000, 3072}, {8, 128}}) {
+    SCOPED_TRACE("swiglu " + std::to_string(t) + "x" + std::to_string(inter));
+    auto gu = randomBf16(static_cast<size_t>(t * 2 * inter), rng_, -4.f, 4.f);
+    auto ggu = upload(gpu(), DType::kBF16, {t, 2 * inter}, gu);
+    auto out = allocate(gpu(), DType::kBF16, {t, inter});
+    gpu().swiglu(ggu.view, out.view);
+    Act ref = act(t, inter), fused = act(t, inter);
+    gpu().quantizeFp8(out.view, ref.m());
+    gpu().swigluFp8(ggu.view, fused.m());
+    expectSameBytes(downloadBytes(gpu(), fused.codes.view), downloadBytes(gpu(), ref.codes.view),
+                    "codes");
+    expectSameFloats(download(gpu(), fused.scales.view), download(gpu(), ref.scales.view), "scales");
+  }
+}
+
+// y = x · wᵀ on the quantized operands: within bf16 rounding of the f64 product of the
+// dequantized values, and ~3-5 % (relative L2) from the unquantized product, as e4m3's 3
+// mantissa bits on both operands give.
+TEST_F(GpuFp8Dense, LinearMatchesTheDequantizedProduct) {
+  for (auto [m, n, k] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+           {4, 1024, 1024}, {64, 4096, 1024}, {520, 1024, 3072}, {2048, 6144, 1024}, {12, 256, 512}}) {
+    SCOPED_TRACE(std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k));
+    auto x = randomBf16(static_cast<size_t>(m * k), rng_, -2.f, 2.f);
+    auto w = randomBf16(static_cast<size_t>(n * k), rng_, -0.05f, 0.05f);
+    auto gx = upload(gpu(), DType::kBF16, {m, k}, x);
+    auto gw = upload(gpu(), DType::kBF16, {n, k}, w);
+    const int64_t nb = (n + 127) / 128, kb4 = cuda::fp8KBlocks4(k);
+    Act wq{allocate(gpu(), DType::kU8, {n, k}), allocate(gpu(), DType::kF32, {nb, kb4})};
+    gpu().quantizeFp8Weight(gw.view, wq.m());
+    Act xq = act(m, k);
+    gpu().quantizeFp8(gx.view, xq.m());
+    auto y = allocate(gpu(), DType::kBF16, {m, n});
+    poison(gpu(), y.view);
+    gpu().linearFp8(xq.m(), wq.m(), y.view);
+    const auto yv = download(gpu(), y.view);
+    const auto xc = downloadBytes(gpu(), xq.codes.view), wc = downloadBytes(gpu(), wq.codes.view);
+    const auto xs = download(gpu(), xq.scales.view), ws = download(gpu(), wq.scales.view);
+    // Sampled rows (all for small m) x every column.
+    std::vector<int64_t> rows;
+    for (int64_t r = 0; r < m; r += std::max<int64_t>(1, m / 16)) rows.push_back(r);
+    rows.push_back(m - 1);
+    std::vector<float> got, ref;
+    double qerr2 = 0, exact2 = 0;
+    for (int64_t r : rows)
+      for (int64_t c = 0; c < n; ++c) {
+        double acc = 0, exact = 0;
+        for (int64_t j = 0; j < k; ++j) {
+          const double xv = fp8E4m3ToFloat(xc[static_cast<size_t>(r * k + j)]) *
+                            static_cast<double>(xs[static_cast<size_t>(j / 128 * m + r)]);
+          const double wv =
+              fp8E4m3ToFloat(wc[static_cast<size_t>(c * k + j)]) *
+              static_cast<double>(ws[static_cast<size_t>(cuda::fp8WeightScaleIndex(k, c / 128, j / 128))]);
+          acc += xv * wv;
+          exact += static_cast<double>(x[static_cast<size_t>(r * k + j)]) * w[static_cast<size_t>(c * k + j)];
+        }
+        got.push_back(yv[static_cast<size_t>(r * n + c)]);
+        ref.push_back(static_cast<float>(acc));
+        qerr2 += (acc - exact) * (acc - exact);
+        exact2 += exact * exact;
+      }
+    // bf16 output: 2^-8 relative, plus f32 summation order against the scale of the row.
+    expectClose(got, ref, 2e-3, 8e-3, "fp8 linear vs dequantized product");
+    const double qrel = std::sqrt(qerr2 / exact2);
+    EXPECT_GT(qrel, 0.005) << "quantization changed nothing: were the operands quantized?";
+    EXPECT_LT(qrel, 0.08) << "quantization error too large";
+    std::printf("  %ldx%ldx%ld: quantized vs unquantized product rel. L2 %.4f\n",
+                static_cast<long>(m), static_cast<long>(n), static_cast<long>(k), qrel);
+  }
+}
+
+// Rows of M's in one GEMM bucket (GemmRunner::algoBucket: 516 and 576) get the same bits: eager
+// (padded to 4 rows) and graphed (padded to the bucket) batches must agree.
+TEST_F(GpuFp8Dense, LinearRowsDoNotDependOnMInsideABucket) {
+  const int64_t n = 1024, k = 2048, m1 = 516, m2 = 576;
+  ASSERT_EQ(cuda::GemmRunner::algoBucket(m1), cuda::GemmRunner::algoBucket(m2));
+  auto x = randomBf16(static_cast<size_t>(m2 * k), rng_, -2.f, 2.f);
+  auto w = randomBf16(static_cast<size_t>(n * k), rng_, -0.05f, 0.05f);
+  auto gw = upload(gpu(), DType::kBF16, {n, k}, w);
+  Act wq{allocate(gpu(), DType::kU8, {n, k}), allocate(gpu(), DType::kF32, {n / 128, cuda::fp8KBlocks4(k)})};
+  gpu().quantizeFp8Weight(gw.view, wq.m());
+  std::vector<std::vector<float>> ys;
+  for (int64_t m : {m2, m1, m2}) {
+    std::vector<float> xm(x.begin(), x.begin() + m * k);
+    auto gx = upload(gpu(), DType::kBF16, {m, k}, xm);
+    Act xq = act(m, k);
+    gpu().quantizeFp8(gx.view, xq.m());
+    auto y = allocate(gpu(), DType::kBF16, {m, n});
+    gpu().linearFp8(xq.m(), wq.m(), y.view);
+    auto v = download(gpu(), y.view);
+    v.resize(static_cast<size_t>(m1 * n));
+    ys.push_back(v);
+  }
+  expectSameFloats(ys[1], ys[0], "rows 0..515 at M=516 vs M=576");
+  expectSameFloats(ys[2], ys[0], "M=576 twice");
+}
+
+}  // namespace
+}  // namespace garden::rose::gputest
