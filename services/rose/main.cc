@@ -14,7 +14,7 @@
 //   embedding:  [--pooling default|last|mean|cls] [--attention default|causal|bidirectional]
 //               [--cuda-graphs on|off] [--precapture SEQSxTOKENS,...]   (cuda backend: batches
 //               padded to (sequences, tokens) buckets and replayed as CUDA graphs)
-//               [--weights bf16|fp8]   (cuda: fp8 = the projections in FP8 e4m3 [TAG_EMBED_FP8])
+//               [--weights bf16|fp8|fp8-mlp]   (cuda: projections in FP8 e4m3 [TAG_EMBED_FP8])
 //   gpt-oss:    [--kv-block-size 16] [--kv-blocks N | --kv-cache-mb MB | --kv-cache-fraction 0.9]
 //               [--max-model-len N] [--max-seqs 256] [--moe-weights auto|mxfp4|fp8|bf16]
 //               [--kv-window-blocks -1|0|N] (sliding layers' own pool: -1 auto, 0 none)
@@ -115,7 +115,7 @@ class HangRankKnob {
 struct EmbeddingArgs {
   std::optional<rose::PoolMode> pooling;  // unset: from the model directory
   int causal = -1;                        // Qwen3Options::causal
-  bool fp8_weights = false;               // Qwen3Options::fp8_weights [TAG_EMBED_FP8]
+  uint32_t fp8_projections = 0;           // Qwen3Options::fp8_projections [TAG_EMBED_FP8]
   bool cuda_graphs = true;
   std::vector<std::pair<int32_t, int64_t>> precapture;
 };
@@ -263,7 +263,7 @@ Result<Workload> loadEmbedding(const std::string& dir, rose::Backend& backend,
   rose::Qwen3Options mo;
   mo.max_batch_tokens = max_batch_tokens;
   mo.causal = a.causal;
-  mo.fp8_weights = a.fp8_weights;
+  mo.fp8_projections = a.fp8_projections;
   mo.pooling_override = a.pooling;
   ASSIGN_OR_RETURN(w.qwen3, rose::Qwen3Model::load(dir, backend, mo));
   rose::EmbeddingRunnerOptions ro;
@@ -644,9 +644,10 @@ int main(int argc, char** argv) {
       .add("precapture", &precapture,
            "embedding: SEQSxTOKENS,...: graph buckets to capture at start (e.g. 1x512,64x8192)")
       .add("weights", &weights,
-           "embedding: bf16 (default) or fp8: the layers' projections in FP8 e4m3 with 128x128 "
-           "block scales, inputs quantized per token and 128 inputs (cuda only; higher "
-           "throughput, embeddings within cosine 0.999 of bf16 on the tests' inputs)");
+           "embedding: bf16 (default), fp8 (the layers' four projections in FP8 e4m3 with "
+           "128x128 block scales, inputs quantized per token and 128 inputs) or fp8-mlp (only "
+           "gate_up and down): cuda only, faster large batches at a small accuracy cost "
+           "(docs/embeddings-cuda.md)");
   // gpt-oss.
   LlmArgs llm;
   flags.add("kv-block-size", &llm.kv_block_size, "gpt-oss: tokens per KV cache block")
@@ -777,11 +778,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "rose: --attention must be default, causal or bidirectional\n");
     return 2;
   }
-  if (weights != "bf16" && weights != "fp8") {
-    std::fprintf(stderr, "rose: --weights must be bf16 or fp8\n");
+  if (!rose::fp8ProjectionsFromName(weights, &emb.fp8_projections)) {
+    std::fprintf(stderr, "rose: --weights must be bf16, fp8 or fp8-mlp\n");
     return 2;
   }
-  emb.fp8_weights = weights == "fp8";
   if (!validLlmArgs(llm)) return 2;
   {
     const rose::ParallelConfig& p = ranks.parallel;
@@ -996,7 +996,7 @@ int main(int argc, char** argv) {
                         {"layers", m.config().num_hidden_layers},
                         {"pooling", rose::poolModeName(m.pooling().mode)},
                         {"causal", m.causal()},
-                        {"weights", emb.fp8_weights ? "fp8" : "bf16"},
+                        {"weights", weights},
                         {"score_head", m.hasScoreHead()},
                         {"max_batch_tokens", max_batch_tokens},
                         {"cuda_graphs", w.embedding->graphs()},

@@ -1,6 +1,7 @@
 #include "services/rose/model/qwen3.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <string>
 
@@ -51,7 +52,27 @@ Result<OwnedTensor> uploadOne(Backend& b, const SafetensorsCheckpoint& ck, const
 
 }  // namespace
 
+bool fp8ProjectionsFromName(std::string_view name, uint32_t* out) {
+  if (name == "bf16") {
+    *out = 0;
+  } else if (name == "fp8") {
+    *out = kFp8All;
+  } else if (name == "fp8-mlp") {
+    *out = kFp8Mlp;
+  } else {
+    return false;
+  }
+  return true;
+}
+
 Qwen3Model::~Qwen3Model() = default;
+
+Qwen3Model::Qwen3Model(Backend& b) : backend_(b) {
+  // Graphs captured by one model are never replayed for another on the same backend (a bench or
+  // test holding two, e.g. bf16 and --weights fp8): the kind carries this model's number.
+  static std::atomic<uint32_t> next{1};
+  graph_id_ = next.fetch_add(1) & 0x0FFFFFFFu;
+}
 
 Result<std::unique_ptr<Qwen3Model>> Qwen3Model::load(const std::string& dir, Backend& backend,
                                                      const Qwen3Options& opts) {
@@ -84,14 +105,14 @@ Result<std::unique_ptr<Qwen3Model>> Qwen3Model::load(const std::string& dir, Bac
   const int64_t h = c.hidden_size, d = c.head_dim, hq = c.num_attention_heads,
                 hkv = c.num_key_value_heads, inter = c.intermediate_size, v = c.vocab_size;
 
-  m->fp8_ = opts.fp8_weights;
-  if (m->fp8_) {  // [TAG_EMBED_FP8]
+  m->fp8_ = opts.fp8_projections & kFp8All;
+  if (m->fp8_ != 0) {  // [TAG_EMBED_FP8]
     if (!b.supportsFp8Linear())
       return invalidArgument("--weights fp8: the " + std::string(b.name()) +
                              " backend has no FP8 linear layers (use --device cuda)");
-    if (c.attention_bias)
+    if (c.attention_bias && (m->fp8_ & (kFp8Qkv | kFp8O)) != 0)
       return invalidArgument("--weights fp8: the checkpoint has attention biases (not supported "
-                             "with FP8 weights)");
+                             "on FP8 projections; --weights fp8-mlp keeps them bf16)");
     if (h % 128 != 0 || (hq * d) % 128 != 0 || inter % 128 != 0)
       return invalidArgument("--weights fp8: hidden_size, num_attention_heads * head_dim and "
                              "intermediate_size must be multiples of 128 (got " +
@@ -137,12 +158,10 @@ Result<std::unique_ptr<Qwen3Model>> Qwen3Model::load(const std::string& dir, Bac
     ASSIGN_OR_RETURN(auto* u, requireTensor(*ck, p + "mlp.up_proj.weight", {inter, h}));
     ASSIGN_OR_RETURN(L.gate_up, uploadStacked(b, {g, u}));
     ASSIGN_OR_RETURN(L.down, uploadOne(b, *ck, p + "mlp.down_proj.weight", {h, inter}));
-    if (m->fp8_) {
-      RETURN_IF_ERROR(toFp8(L.qkv, L.qkv8));
-      RETURN_IF_ERROR(toFp8(L.o, L.o8));
-      RETURN_IF_ERROR(toFp8(L.gate_up, L.gate_up8));
-      RETURN_IF_ERROR(toFp8(L.down, L.down8));
-    }
+    if (m->fp8_ & kFp8Qkv) RETURN_IF_ERROR(toFp8(L.qkv, L.qkv8));
+    if (m->fp8_ & kFp8O) RETURN_IF_ERROR(toFp8(L.o, L.o8));
+    if (m->fp8_ & kFp8GateUp) RETURN_IF_ERROR(toFp8(L.gate_up, L.gate_up8));
+    if (m->fp8_ & kFp8Down) RETURN_IF_ERROR(toFp8(L.down, L.down8));
   }
   // LM head: lm_head.weight unless tied (or absent: a bare Qwen3Model, use the embeddings only
   // when tied).
@@ -191,7 +210,7 @@ Result<std::unique_ptr<Qwen3Model>> Qwen3Model::load(const std::string& dir, Bac
   // [TAG_EMBED_FP8] FP8 GEMMs take a multiple of 4 rows: the eager path pads with one more
   // sequence (enqueueBody).
   const int64_t t = std::max((m->max_tokens_ + 3) / 4 * 4, m->graph_tokens_);
-  const int64_t ns = std::max<int64_t>(m->max_tokens_ + (m->fp8_ ? 1 : 0), m->graph_seqs_);
+  const int64_t ns = std::max<int64_t>(m->max_tokens_ + (m->fp8_ != 0 ? 1 : 0), m->graph_seqs_);
   const DType act = b.activationDType();
   ASSIGN_OR_RETURN(m->ids_, b.allocateTensor(DType::kI32, {t}));
   ASSIGN_OR_RETURN(m->positions_, b.allocateTensor(DType::kI32, {t}));
@@ -202,7 +221,7 @@ Result<std::unique_ptr<Qwen3Model>> Qwen3Model::load(const std::string& dir, Bac
   ASSIGN_OR_RETURN(m->attn_, b.allocateTensor(act, {t, hq * d}));
   ASSIGN_OR_RETURN(m->gate_up_buf_, b.allocateTensor(act, {t, 2 * inter}));
   ASSIGN_OR_RETURN(m->mlp_, b.allocateTensor(act, {t, inter}));
-  if (m->fp8_) {  // the widest GEMM input: hidden, q heads or intermediate
+  if (m->fp8_ != 0) {  // the widest GEMM input: hidden, q heads or intermediate
     const int64_t kmax = std::max({h, hq * d, inter});
     ASSIGN_OR_RETURN(m->fp8_codes_, b.allocateTensor(DType::kU8, {t, kmax}));
     ASSIGN_OR_RETURN(m->fp8_scales_, b.allocateTensor(DType::kF32, {kmax / 128 * t}));
@@ -319,7 +338,7 @@ Tensor Qwen3Model::enqueueBody(const BatchInput& in) {
   const int32_t n_seq = static_cast<int32_t>(in.seqlens.size());
   CHECK(t > 0 && t <= max_tokens_ && n_seq > 0);
   // [TAG_EMBED_FP8] A multiple of 4 rows for the FP8 GEMMs: the spare tokens in one more sequence.
-  const int64_t tp = fp8_ ? (t + 3) / 4 * 4 : t;
+  const int64_t tp = fp8_ != 0 ? (t + 3) / 4 * 4 : t;
   const int32_t sp = n_seq + (tp > t ? 1 : 0);
   stageInputs(in, tp, sp);
   return enqueueLayers(tp, sp, max_seqlen_);
@@ -360,47 +379,51 @@ Tensor Qwen3Model::enqueueLayers(int64_t t, int32_t n_seq, int32_t max_seqlen) {
   ap.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   ap.causal = causal_;
 
-  b.embedding(embed_.view, ids, res);
-  if (fp8_) {  // [TAG_EMBED_FP8] the same layers with the projections in FP8
-    const int64_t h = c.hidden_size, qd = c.num_attention_heads * c.head_dim;
-    const Fp8Matrix xh = fp8Input(t, h), xq = fp8Input(t, qd),
-                    xi = fp8Input(t, c.intermediate_size);
-    for (size_t l = 0; l < layers_.size(); ++l) {
-      const Layer& L = layers_[l];
-      if (l == 0) {
-        b.rmsNormFp8(res, Tensor(), L.input_norm.view, xh, norm);
-      } else {
-        b.rmsNormFp8(x, res, L.input_norm.view, xh, norm);
-      }
-      b.linearFp8(xh, L.qkv8.matrix(), qkv);
-      b.qkNormRope(qkv, L.q_norm.view, L.k_norm.view, pos, rope_cos_.view, rope_sin_.view, qk);
-      b.attention(qkv, cu, attn, ap);
-      b.quantizeFp8(attn, xq);
-      b.linearFp8(xq, L.o8.matrix(), x);
-      b.rmsNormFp8(x, res, L.post_norm.view, xh, norm);
-      b.linearFp8(xh, L.gate_up8.matrix(), gate_up);
-      b.swigluFp8(gate_up, xi);
-      b.linearFp8(xi, L.down8.matrix(), x);
-      b.markProgress();
-    }
-    b.rmsNorm(x, res, final_norm_.view, x, norm);
-    return x;
+  // [TAG_EMBED_FP8] A projection in FP8 takes its input from the producing op as FP8 codes and
+  // scales (one workspace, consumed by the next GEMM before the next producer writes it).
+  const bool fq = (fp8_ & kFp8Qkv) != 0, fo = (fp8_ & kFp8O) != 0, fg = (fp8_ & kFp8GateUp) != 0,
+             fd = (fp8_ & kFp8Down) != 0;
+  Fp8Matrix xh, xq, xi;
+  if (fp8_ != 0) {
+    xh = fp8Input(t, c.hidden_size);
+    xq = fp8Input(t, c.num_attention_heads * c.head_dim);
+    xi = fp8Input(t, c.intermediate_size);
   }
+  b.embedding(embed_.view, ids, res);
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
-    if (l == 0) {
-      b.rmsNorm(res, Tensor(), L.input_norm.view, x, norm);
+    // res += mlp out (the first layer reads the embedding in res); x = norm(res)
+    const Tensor& norm_in = l == 0 ? res : x;
+    const Tensor norm_res = l == 0 ? Tensor() : res;
+    if (fq) {
+      b.rmsNormFp8(norm_in, norm_res, L.input_norm.view, xh, norm);
+      b.linearFp8(xh, L.qkv8.matrix(), qkv);
     } else {
-      b.rmsNorm(x, res, L.input_norm.view, x, norm);  // res += mlp out; x = norm(res)
+      b.rmsNorm(norm_in, norm_res, L.input_norm.view, x, norm);
+      b.linear(x, L.qkv.view, L.qkv_bias.view, qkv);
     }
-    b.linear(x, L.qkv.view, L.qkv_bias.view, qkv);
     b.qkNormRope(qkv, L.q_norm.view, L.k_norm.view, pos, rope_cos_.view, rope_sin_.view, qk);
     b.attention(qkv, cu, attn, ap);
-    b.linear(attn, L.o.view, L.o_bias.view, x);
-    b.rmsNorm(x, res, L.post_norm.view, x, norm);  // res += attn out; x = norm(res)
-    b.linear(x, L.gate_up.view, Tensor(), gate_up);
-    b.swiglu(gate_up, mlp);
-    b.linear(mlp, L.down.view, Tensor(), x);
+    if (fo) {
+      b.quantizeFp8(attn, xq);
+      b.linearFp8(xq, L.o8.matrix(), x);
+    } else {
+      b.linear(attn, L.o.view, L.o_bias.view, x);
+    }
+    if (fg) {  // res += attn out; x = norm(res)
+      b.rmsNormFp8(x, res, L.post_norm.view, xh, norm);
+      b.linearFp8(xh, L.gate_up8.matrix(), gate_up);
+    } else {
+      b.rmsNorm(x, res, L.post_norm.view, x, norm);
+      b.linear(x, L.gate_up.view, Tensor(), gate_up);
+    }
+    if (fd) {
+      b.swigluFp8(gate_up, xi);
+      b.linearFp8(xi, L.down8.matrix(), x);
+    } else {
+      b.swiglu(gate_up, mlp);
+      b.linear(mlp, L.down.view, Tensor(), x);
+    }
     b.markProgress();  // [TAG_STEP_PROGRESS]
   }
   b.rmsNorm(x, res, final_norm_.view, x, norm);
@@ -453,7 +476,7 @@ void Qwen3Model::enqueueHidden(const BatchInput& in, float* out) {
 }
 
 namespace {
-constexpr uint32_t kGraphEmbed = 1, kGraphScore = 2;  // GraphShapeKey::kind
+constexpr uint32_t kGraphEmbed = 1, kGraphScore = 2;  // GraphShapeKey::kind, low 4 bits
 }  // namespace
 
 Result<Qwen3Model::Bucket> Qwen3Model::bucketFor(int64_t tokens, int32_t seqs) const {
@@ -483,7 +506,7 @@ Status Qwen3Model::enqueueEmbedGraphed(GraphExecutor& g, const BatchInput& in, P
     PoolMode mode;
     bool normalize;
   } ctx{this, bk, mode, normalize};
-  const GraphShapeKey key{kGraphEmbed, static_cast<uint32_t>(bk.seqs),
+  const GraphShapeKey key{graphKind(kGraphEmbed), static_cast<uint32_t>(bk.seqs),
                           static_cast<uint32_t>(bk.tokens),
                           (static_cast<uint64_t>(mode) << 1) | (normalize ? 1u : 0u)};
   RETURN_IF_ERROR(g.run(key, [&ctx] {
@@ -509,7 +532,7 @@ Status Qwen3Model::enqueueScoreGraphed(GraphExecutor& g, const BatchInput& in,
     Bucket bk;
     ScoreRequest req;
   } ctx{this, bk, req};
-  const GraphShapeKey key{kGraphScore, static_cast<uint32_t>(bk.seqs),
+  const GraphShapeKey key{graphKind(kGraphScore), static_cast<uint32_t>(bk.seqs),
                           static_cast<uint32_t>(bk.tokens),
                           (static_cast<uint64_t>(static_cast<uint32_t>(req.yes_id)) << 32) |
                               static_cast<uint32_t>(req.no_id)};
@@ -545,7 +568,7 @@ Status Qwen3Model::precaptureEmbed(GraphExecutor& g, int32_t seqs, int64_t token
   const BatchInput in{ids, lens};
   ASSIGN_OR_RETURN(const Bucket bk, bucketFor(tokens, seqs));
   stageInputs(in, bk.tokens, bk.seqs);
-  const GraphShapeKey key{kGraphEmbed, static_cast<uint32_t>(bk.seqs),
+  const GraphShapeKey key{graphKind(kGraphEmbed), static_cast<uint32_t>(bk.seqs),
                           static_cast<uint32_t>(bk.tokens),
                           (static_cast<uint64_t>(mode) << 1) | (normalize ? 1u : 0u)};
   return g.precapture(key, [&] {

@@ -24,6 +24,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/model_config.h"
@@ -42,14 +43,22 @@ struct Qwen3Options {
   // When set, the pooling mode is this and modules.json / 1_Pooling are not read (so a model
   // whose files name a mode rose does not serve can still be served with an explicit one).
   std::optional<PoolMode> pooling_override;
-  // [TAG_EMBED_FP8] The four projections of every layer in FP8 e4m3 with 128x128 block scales,
-  // quantized at load (the bf16 copies freed), their inputs quantized per row and 128 inputs by
-  // the producing op (RMSNorm, SwiGLU; the attention output by a quantize op): Backend::linearFp8.
-  // Needs a backend with supportsFp8Linear() (cuda), no attention biases and the hidden, q and
-  // intermediate widths multiples of 128. The eager path pads the batch to a multiple of 4 tokens
-  // (a padding sequence, as the graph buckets do). rose --weights fp8.
-  bool fp8_weights = false;
+  // [TAG_EMBED_FP8] Which projections of every layer run in FP8 e4m3 (kFp8* bits; 0: none):
+  // their weights quantized at load with 128x128 block scales (the bf16 copies freed), their
+  // inputs quantized per row and 128 inputs by the producing op (RMSNorm, SwiGLU; the attention
+  // output by a quantize op): Backend::linearFp8. Needs a backend with supportsFp8Linear() (cuda),
+  // no bias on an FP8 projection, and the hidden, q and intermediate widths multiples of 128.
+  // The eager path pads the batch to a multiple of 4 tokens (a padding sequence, as the graph
+  // buckets do). rose --weights fp8 (all four) | fp8-mlp (gate_up and down).
+  uint32_t fp8_projections = 0;
 };
+
+// [TAG_EMBED_FP8] Qwen3Options::fp8_projections bits.
+inline constexpr uint32_t kFp8Qkv = 1, kFp8O = 2, kFp8GateUp = 4, kFp8Down = 8;
+inline constexpr uint32_t kFp8All = kFp8Qkv | kFp8O | kFp8GateUp | kFp8Down;
+inline constexpr uint32_t kFp8Mlp = kFp8GateUp | kFp8Down;
+// "bf16" 0, "fp8" all four, "fp8-mlp" gate_up + down; false for anything else.
+bool fp8ProjectionsFromName(std::string_view name, uint32_t* out);
 
 // One batch, host side: token ids back to back, one length per sequence.
 struct BatchInput {
@@ -123,13 +132,15 @@ class Qwen3Model {
   struct Layer {
     OwnedTensor input_norm, post_norm, q_norm, k_norm;
     OwnedTensor qkv, qkv_bias, o, o_bias, gate_up, down;
-    Fp8Weight qkv8, o8, gate_up8, down8;  // with fp8_weights (the bf16 ones then empty)
+    Fp8Weight qkv8, o8, gate_up8, down8;  // per fp8_projections (the bf16 ones then empty)
   };
   // [TAG_EMBED_FP8] The FP8 activation workspace as the input of a GEMM of `t` rows and `k`
   // inputs.
   Fp8Matrix fp8Input(int64_t t, int64_t k) const;
 
-  Qwen3Model(Backend& b) : backend_(b) {}
+  explicit Qwen3Model(Backend& b);
+  // GraphShapeKey::kind: what the graph computes (low 4 bits) and which model (graph_id_).
+  uint32_t graphKind(uint32_t what) const { return (graph_id_ << 4) | what; }
   // Runs everything up to the final norm; returns the hidden-state view [T, H].
   Tensor enqueueBody(const BatchInput& in);
   // enqueueBody's two halves: the host plan + copies of ids/positions/cu_seqlens, with the batch
@@ -162,7 +173,8 @@ class Qwen3Model {
   std::vector<int32_t> host_positions_, host_cu_;
   std::vector<int32_t> host_pad_ids_;  // zeros: the padding sequence's token ids
   int32_t max_seqlen_ = 0;
-  bool fp8_ = false;                   // [TAG_EMBED_FP8] Qwen3Options::fp8_weights
+  uint32_t fp8_ = 0;                   // [TAG_EMBED_FP8] Qwen3Options::fp8_projections
+  uint32_t graph_id_ = 0;              // this model's number in its graph keys
   OwnedTensor fp8_codes_, fp8_scales_;  // the FP8 activation workspace (one GEMM input at a time)
   int64_t graph_tokens_ = 0;  // padded-bucket capacity of the workspace (0: no graph path)
   int32_t graph_seqs_ = 0;

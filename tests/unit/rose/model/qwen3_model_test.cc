@@ -116,7 +116,7 @@ TEST_F(Qwen3ModelTest, LoadsFixtureAndReportsItsShape) {
 TEST_F(Qwen3ModelTest, Fp8WeightsAreRefusedWhereTheBackendHasNoFp8Layers) {
   ASSERT_FALSE(backend_->supportsFp8Linear());
   Qwen3Options o;
-  o.fp8_weights = true;
+  o.fp8_projections = kFp8All;
   auto m = load(fixtures(), o);
   ASSERT_FALSE(m.isOk());
   EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument);
