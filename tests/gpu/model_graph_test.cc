@@ -132,6 +132,17 @@ std::vector<int32_t> randomLens(std::mt19937& rng, int32_t n, int32_t max_len) {
   return v;
 }
 
+// Inserts `target` (one sequence) at a random sequence position of `mix`; returns the position.
+size_t insertSequence(Batch& mix, const Batch& target, std::mt19937& rng) {
+  const size_t at = std::uniform_int_distribution<size_t>(0, mix.lens.size())(rng);
+  size_t tok_at = 0;
+  for (size_t s = 0; s < at; ++s) tok_at += static_cast<size_t>(mix.lens[s]);
+  mix.lens.insert(mix.lens.begin() + static_cast<std::ptrdiff_t>(at), target.lens[0]);
+  mix.ids.insert(mix.ids.begin() + static_cast<std::ptrdiff_t>(tok_at), target.ids.begin(),
+                 target.ids.end());
+  return at;
+}
+
 class ModelGraphTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -249,13 +260,7 @@ TEST_F(ModelGraphTest, SequenceEmbeddingDoesNotDependOnItsBatch) {
       for (int rep = 0; rep < 2; ++rep) {
         // At most 237 + 3000 tokens: inside the model's 4096-token budget.
         Batch mix = randomBatch(rng_, randomLens(rng_, others, others > 5 ? 100 : 400));
-        // Insert the target at a random sequence position.
-        const size_t at = std::uniform_int_distribution<size_t>(0, mix.lens.size())(rng_);
-        size_t tok_at = 0;
-        for (size_t s = 0; s < at; ++s) tok_at += static_cast<size_t>(mix.lens[s]);
-        mix.lens.insert(mix.lens.begin() + static_cast<std::ptrdiff_t>(at), target.lens[0]);
-        mix.ids.insert(mix.ids.begin() + static_cast<std::ptrdiff_t>(tok_at), target.ids.begin(),
-                       target.ids.end());
+        const size_t at = insertSequence(mix, target, rng_);
         auto out = graphed(mix, mode, true);
         std::vector<float> row(out.begin() + static_cast<std::ptrdiff_t>(at * kHidden),
                                out.begin() + static_cast<std::ptrdiff_t>((at + 1) * kHidden));
@@ -424,12 +429,7 @@ TEST_F(ModelFp8Test, SequenceEmbeddingDoesNotDependOnItsBatch) {
   auto alone = run(*all_, target, PoolMode::kLast, true);
   for (int32_t others : {1, 5, 30}) {
     Batch mix = randomBatch(rng_, randomLens(rng_, others, others > 5 ? 100 : 400));
-    const size_t at = std::uniform_int_distribution<size_t>(0, mix.lens.size())(rng_);
-    size_t tok_at = 0;
-    for (size_t s = 0; s < at; ++s) tok_at += static_cast<size_t>(mix.lens[s]);
-    mix.lens.insert(mix.lens.begin() + static_cast<std::ptrdiff_t>(at), target.lens[0]);
-    mix.ids.insert(mix.ids.begin() + static_cast<std::ptrdiff_t>(tok_at), target.ids.begin(),
-                   target.ids.end());
+    const size_t at = insertSequence(mix, target, rng_);
     auto out = run(*all_, mix, PoolMode::kLast, true);
     std::vector<float> row(out.begin() + static_cast<std::ptrdiff_t>(at * kHidden),
                            out.begin() + static_cast<std::ptrdiff_t>((at + 1) * kHidden));

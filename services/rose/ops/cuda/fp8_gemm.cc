@@ -16,6 +16,22 @@ constexpr int kCandidates = 8, kWarmups = 2, kTimedReps = 5;
 constexpr size_t kFlushBytes = size_t{128} << 20;  // over twice the H200's L2
 }  // namespace
 
+Status setTnMatmulDesc(cublasLtMatmulDesc_t desc, bool block_scaled) {
+  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  LT_RETURN_IF_ERROR(
+      cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+  LT_RETURN_IF_ERROR(
+      cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  if (!block_scaled) return okStatus();
+  const int32_t mode_a = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+  const int32_t mode_b = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+  LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
+                                                    &mode_a, sizeof(mode_a)));
+  LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
+                                                    &mode_b, sizeof(mode_b)));
+  return okStatus();
+}
+
 Fp8Gemm::Desc::~Desc() {
   if (a != nullptr) cublasLtMatrixLayoutDestroy(a);
   if (desc != nullptr) cublasLtMatmulDescDestroy(desc);
@@ -50,17 +66,7 @@ Result<Fp8Gemm::Desc*> Fp8Gemm::desc(int64_t n, int64_t k) {
   if (it != descs_.end()) return it->second.get();
   auto d = std::make_unique<Desc>();
   LT_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&d->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-  LT_RETURN_IF_ERROR(
-      cublasLtMatmulDescSetAttribute(d->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
-  LT_RETURN_IF_ERROR(
-      cublasLtMatmulDescSetAttribute(d->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
-  const int32_t mode_a = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
-  const int32_t mode_b = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
-  LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(d->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
-                                                    &mode_a, sizeof(mode_a)));
-  LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(d->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
-                                                    &mode_b, sizeof(mode_b)));
+  RETURN_IF_ERROR(setTnMatmulDesc(d->desc, true));
   LT_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&d->a, CUDA_R_8F_E4M3, static_cast<uint64_t>(k),
                                                 static_cast<uint64_t>(n), k));
   Desc* raw = d.get();

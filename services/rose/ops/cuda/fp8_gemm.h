@@ -27,6 +27,11 @@
 
 namespace garden::rose::cuda {
 
+// The "TN" matmul attributes both FP8 paths set (A = weights transposed, B = activations) and,
+// with block_scaled, the Hopper block-scaling modes (A BLK128x128_32F, B VEC128_32F); shared by
+// Fp8Gemm and MoeLtGemm.
+Status setTnMatmulDesc(cublasLtMatmulDesc_t desc, bool block_scaled);
+
 struct Fp8GemmArgs {
   const uint8_t* x = nullptr;     // [m, k] e4m3
   const float* x_scales = nullptr;  // [k / 128, m]

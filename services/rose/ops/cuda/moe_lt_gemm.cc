@@ -7,6 +7,7 @@
 
 #include "services/rose/ops/cuda/cuda_utils.h"
 #include "services/rose/ops/cuda/fp8_block.h"
+#include "services/rose/ops/cuda/fp8_gemm.h"
 #include "services/rose/ops/cuda/gemm.h"
 
 namespace garden::rose::cuda {
@@ -149,19 +150,7 @@ Result<MoeLtGemm::Desc*> MoeLtGemm::desc(MoeLtType type, int64_t n, int64_t kp, 
   if (it != descs_.end()) return it->second.get();
   auto d = std::make_unique<Desc>();
   LT_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&d->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-  LT_RETURN_IF_ERROR(
-      cublasLtMatmulDescSetAttribute(d->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
-  LT_RETURN_IF_ERROR(
-      cublasLtMatmulDescSetAttribute(d->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
-  if (type == MoeLtType::kFp8Block) {
-    const int32_t mode_a = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
-    const int32_t mode_b = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
-    LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
-        d->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode_a, sizeof(mode_a)));
-    LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
-        d->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode_b, sizeof(mode_b)));
-  }
+  RETURN_IF_ERROR(setTnMatmulDesc(d->desc, type == MoeLtType::kFp8Block));
   if (bias) {  // [TAG_MOE_LT_EPILOGUE] the bias pointer is set per expert
     const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
     const cudaDataType_t bt = CUDA_R_16BF;
