@@ -7,6 +7,7 @@
 
 #include "common/safetensors.h"
 #include "services/rose/model/weights.h"
+#include "services/rose/ops/cuda/fp8_block.h"  // the FP8 weight scales' shape (plain C++)
 
 namespace garden::rose {
 namespace {
@@ -123,7 +124,8 @@ Result<std::unique_ptr<Qwen3Model>> Qwen3Model::load(const std::string& dir, Bac
   auto toFp8 = [&b](OwnedTensor& w, Fp8Weight& out) -> Status {
     const int64_t n = w.view.rows(), k = w.view.cols();
     ASSIGN_OR_RETURN(out.codes, b.allocateTensor(DType::kU8, {n, k}));
-    ASSIGN_OR_RETURN(out.scales, b.allocateTensor(DType::kF32, {(n + 127) / 128, (k / 128 + 3) / 4 * 4}));
+    ASSIGN_OR_RETURN(out.scales,
+                     b.allocateTensor(DType::kF32, {cuda::fp8RowBlocks(n), cuda::fp8KBlocks4(k)}));
     b.quantizeFp8Weight(w.view, out.matrix());
     RETURN_IF_ERROR(b.synchronize());
     w = OwnedTensor{};

@@ -47,11 +47,8 @@ __global__ void __launch_bounds__(kWarps * 32) fp8ActQuantKernel(Fp8ActQuantArgs
   }
   float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
   amax = warpMax(amax);
-  float scale = 1.f, inv = 0.f;
-  if (amax > 0.f) {
-    scale = __fdiv_rn(amax, kFp8E4m3Max);
-    inv = __fdiv_rn(kFp8E4m3Max, amax);
-  }
+  float inv;
+  const float scale = fp8BlockScale(amax, &inv);
   uint32_t packed = 0;
 #pragma unroll
   for (int j = 0; j < 4; ++j) {

@@ -57,6 +57,24 @@ GARDEN_FP8_HD constexpr int64_t fp8ActScaleIndex(int64_t k, int64_t r0, int64_t 
   return r0 * fp8KBlocks(k) + b * cnt + (r - r0);
 }
 
+// The block-scaling rule's dequantization scale (returned) and quantization multiplier (*inv) for
+// a block whose largest |value| is amax: amax / 448 and 448 / amax, each a correctly rounded f32
+// quotient; 1 and 0 for an all-zero block. Shared by the MoE activations (fp8_act_quant.cu) and the
+// dense FP8 operands (fp8_dense.cuh).
+GARDEN_FP8_HD inline float fp8BlockScale(float amax, float* inv) {
+  if (!(amax > 0.f)) {
+    *inv = 0.f;
+    return 1.f;
+  }
+#if defined(__CUDA_ARCH__)
+  *inv = __fdiv_rn(kFp8E4m3Max, amax);
+  return __fdiv_rn(amax, kFp8E4m3Max);
+#else
+  *inv = kFp8E4m3Max / amax;
+  return amax / kFp8E4m3Max;
+#endif
+}
+
 // e4m3 bits -> float (exact).
 GARDEN_FP8_HD inline float fp8E4m3ToFloat(uint8_t b) {
   const int e = (b >> 3) & 15, m = b & 7;

@@ -33,23 +33,14 @@ __global__ void __launch_bounds__(kWeightThreads) fp8WeightQuantKernel(Fp8Weight
   amax = 0.f;
 #pragma unroll
   for (int w = 0; w < kWeightThreads / 32; ++w) amax = fmaxf(amax, s_max[w]);
-  float s = 1.f, inv = 0.f;
-  if (amax > 0.f) {
-    s = __fdiv_rn(amax, 448.f);
-    inv = __fdiv_rn(448.f, amax);
-  }
+  float inv;
+  const float s = fp8BlockScale(amax, &inv);
   for (int r = threadIdx.x / 16; r < kFp8Block; r += kRowsPerPass) {
     const int64_t row = p * kFp8Block + r;
     if (row >= a.n) break;
     float v[8];
     loadF32x8(a.w + row * a.k + b * kFp8Block + col, v);
-    uint32_t w[2] = {0u, 0u};
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const uint32_t c = __nv_cvt_float_to_fp8(__fmul_rn(v[i], inv), __NV_SATFINITE, __NV_E4M3);
-      w[i / 4] |= c << (8 * (i % 4));
-    }
-    *reinterpret_cast<uint2*>(a.codes + row * a.k + b * kFp8Block + col) = make_uint2(w[0], w[1]);
+    *reinterpret_cast<uint2*>(a.codes + row * a.k + b * kFp8Block + col) = fp8Pack8(v, inv);
   }
   if (threadIdx.x == 0) {
     a.scales[fp8WeightScaleIndex(a.k, p, b)] = s;

@@ -7,8 +7,8 @@
 //            fastest (VEC128_32F; M a multiple of 4 for the GEMM, 16-byte aligned scale rows).
 // Each block (the 128 x 128 weight block, or a row's 128 inputs): amax = max |v|, scale =
 // amax / 448 and q = e4m3_rn_satfinite(v * (448 / amax)), both quotients f32 and correctly
-// rounded; an all-zero block has scale 1 and codes 0 (fp8_act_quant.cuh's rule). The CPU backend's
-// quantizeFp8* compute the same bits (cpu_backend.cc), which the GPU tests compare exactly.
+// rounded; an all-zero block has scale 1 and codes 0 (fp8_block.h's fp8BlockScale, the MoE
+// activations' rule). tests/gpu/fp8_dense_test.cc compares the bits with a host computation.
 // The fused producers (RMSNorm's and SwiGLU's fp8 outputs) use fp8QuantizeHalfWarp below.
 
 #include <cuda_bf16.h>
@@ -17,6 +17,8 @@
 #include <cstdint>
 
 #include "common/status.h"
+
+#include "services/rose/ops/cuda/fp8_block.h"
 
 #if defined(__CUDACC__)
 #include <cuda_fp8.h>
@@ -43,6 +45,17 @@ struct Fp8RowQuantArgs {
 Status launchFp8RowQuant(const Fp8RowQuantArgs& a, cudaStream_t stream, bool pdl = true);
 
 #if defined(__CUDACC__)
+// 8 values times `inv`, each rounded to e4m3 (nearest even, saturating), packed in order.
+__device__ __forceinline__ uint2 fp8Pack8(const float (&v)[8], float inv) {
+  uint32_t w[2] = {0u, 0u};
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const uint32_t c = __nv_cvt_float_to_fp8(__fmul_rn(v[i], inv), __NV_SATFINITE, __NV_E4M3);
+    w[i / 4] |= c << (8 * (i % 4));
+  }
+  return make_uint2(w[0], w[1]);
+}
+
 // One 128-input block of a row held by the 16 lanes of a half-warp, 8 consecutive values per lane
 // (lane l of the half: inputs 8l .. 8l+7 of the block). Every lane of the half-warp must call it
 // together. Writes this lane's 8 codes to q (8-byte aligned) and, from the half's first lane, the
@@ -55,18 +68,9 @@ __device__ __forceinline__ void fp8QuantizeHalfWarp(const float (&v)[8], uint8_t
   for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[i]));
 #pragma unroll
   for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(mask, amax, o));
-  float s = 1.f, inv = 0.f;
-  if (amax > 0.f) {
-    s = __fdiv_rn(amax, 448.f);
-    inv = __fdiv_rn(448.f, amax);
-  }
-  uint32_t w[2] = {0u, 0u};
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const uint32_t c = __nv_cvt_float_to_fp8(__fmul_rn(v[i], inv), __NV_SATFINITE, __NV_E4M3);
-    w[i / 4] |= c << (8 * (i % 4));
-  }
-  *reinterpret_cast<uint2*>(q) = make_uint2(w[0], w[1]);
+  float inv;
+  const float s = fp8BlockScale(amax, &inv);
+  *reinterpret_cast<uint2*>(q) = fp8Pack8(v, inv);
   if ((lane & 15u) == 0) *scale = s;
 }
 #endif

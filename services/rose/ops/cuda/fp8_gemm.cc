@@ -124,10 +124,7 @@ Result<cublasLtMatmulAlgo_t> Fp8Gemm::choose(Desc& d, Shape& s, const Fp8GemmArg
                          " K=" + std::to_string(a.k));
   cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
   CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &cap));
-  if (cap != cudaStreamCaptureStatusNone || cands.size() == 1) {
-    if (cap != cudaStreamCaptureStatusNone) ++untimed_;
-    return cands[0];
-  }
+  if (cap != cudaStreamCaptureStatusNone || cands.size() == 1) return cands[0];
   if (flush_ == nullptr) {
     CUDA_RETURN_IF_ERROR(cudaMalloc(&flush_, kFlushBytes));
     flush_bytes_ = kFlushBytes;
@@ -160,7 +157,6 @@ Result<cublasLtMatmulAlgo_t> Fp8Gemm::choose(Desc& d, Shape& s, const Fp8GemmArg
   if (best == cands.size())
     return internalError("cuBLASLt refused every FP8 candidate for N=" + std::to_string(a.n) +
                          " K=" + std::to_string(a.k));
-  ++tuned_;
   log::info("fp8 gemm tuned", {{"m", a.m},
                                {"bucket", GemmRunner::algoBucket(a.m)},
                                {"n", a.n},

@@ -49,8 +49,6 @@ class Fp8Gemm {
   Fp8Gemm& operator=(const Fp8Gemm&) = delete;
 
   Status run(const Fp8GemmArgs& a, cudaStream_t stream);
-  size_t tunedBuckets() const { return tuned_; }
-  size_t untimedInCapture() const { return untimed_; }
 
  private:
   struct Desc {  // one (n, k): the matmul descriptor and the weight layout
@@ -75,7 +73,6 @@ class Fp8Gemm {
   void* flush_ = nullptr;
   size_t flush_bytes_ = 0;
   cudaEvent_t events_[10] = {};
-  size_t tuned_ = 0, untimed_ = 0;
   std::map<std::tuple<int64_t, int64_t>, std::unique_ptr<Desc>> descs_;
   std::map<std::tuple<int64_t, int64_t, int64_t>, std::unique_ptr<Shape>> shapes_;
   std::map<std::tuple<int64_t, int64_t, int64_t>, cublasLtMatmulAlgo_t> algos_;  // (bucket, n, k)
