@@ -291,6 +291,9 @@
 #             change), gpu_model_graph_test (all, ModelFp8Test included), then a random
 #             Qwen3-Embedding-0.6B-shaped model: rose_forward_bench --weights-ab (bf16 vs fp8)
 #   embfp8m   embfp8 without gpu_kernels_test (the model tests and the forward A/B only)
+#   qkrope    [TAG_QK_ROPE_VEC] gpu_kernels_test's QK-norm + RoPE cases (both kernels vs the CPU,
+#             the 16-byte one's bits across token counts), rose_kernel_bench elementwise (both
+#             timed), then the 0.6B-shape forward with GARDEN_QK_ROPE=warp / vec, twice in turn
 #   gemmfp8   rose_kernel_bench gemm_fp8: the Qwen3 layer GEMMs in bf16 (tuned runner) beside FP8
 #             e4m3 with block, outer-vector and per-tensor scales [TAG_EMBED_FP8]
 #   prefill120b  120b prefill 8k/32k/64k/128k (issue 16's table; needs mk120b)
@@ -509,6 +512,7 @@ for s in $STEPS; do
     sm90) step sm90 sm90.log 240 bash -c "for v in sm90cpasync sm90basic sm90 'policy sm90'; do echo \"== GARDEN_SM90_TEST_ONLY=\$v\"; GARDEN_SM90_TEST_ONLY=\"\$v\" timeout 60 '$BIN/gpu_kernels_test' --gtest_filter='AttentionSm90.*' 2>&1 | tail -40; echo \"rc=\$?\"; done" ;;
     embfp8) step embfp8 embfp8.txt 480 bash -c "set -o pipefail; rc=0; '$BIN/gpu_kernels_test' --gtest_brief=1 2>&1 | grep -vE 'gemm tuned|launching|^  sm90|^  narrow|^  wide|^case ' || rc=1; '$BIN/gpu_model_graph_test' --gtest_brief=1 2>&1 | grep -v 'gemm tuned' || rc=1; python3 '$ROOT/bench/suites/make_random_qwen3.py' --out /tmp/q3emb > /dev/null && '$BIN/rose_forward_bench' /tmp/q3emb --iters 20 --weights-ab 2>&1 | grep -v 'gemm tuned' || rc=1; exit \$rc" ;;
     embfp8m) step embfp8m embfp8m.txt 300 bash -c "set -o pipefail; rc=0; '$BIN/gpu_model_graph_test' --gtest_brief=1 2>&1 | grep -v 'gemm tuned' || rc=1; python3 '$ROOT/bench/suites/make_random_qwen3.py' --out /tmp/q3emb > /dev/null && '$BIN/rose_forward_bench' /tmp/q3emb --iters 20 --weights-ab 2>&1 | grep -v 'gemm tuned' || rc=1; exit \$rc" ;;
+    qkrope) step qkrope qkrope.txt 240 bash -c "set -o pipefail; rc=0; '$BIN/gpu_kernels_test' --gtest_filter='*QkNormRope*' || rc=1; '$BIN/rose_kernel_bench' elementwise || rc=1; python3 '$ROOT/bench/suites/make_random_qwen3.py' --out /tmp/q3emb > /dev/null && for v in warp vec warp vec; do echo \"== GARDEN_QK_ROPE=\$v\"; GARDEN_QK_ROPE=\$v '$BIN/rose_forward_bench' /tmp/q3emb --iters 20 2>&1 | grep -v 'gemm tuned' || rc=1; done; exit \$rc" ;;
     gemmfp8) step gemmfp8 gemmfp8.txt 200 timeout 190 "$BIN/rose_kernel_bench" gemm_fp8 ;;
     attnbench) step attnbench attnbench.txt 120 timeout 110 "$BIN/rose_kernel_bench" attention ;;
     mk120b) step mk120b mk120b.log 300 bash -c "df -h /dev/shm /tmp; free -g; python3 '$ROOT/bench/suites/make_random_gpt_oss.py' --out /dev/shm/gptoss120b --shape 120b && du -sh /dev/shm/gptoss120b" ;;

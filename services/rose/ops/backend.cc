@@ -88,6 +88,9 @@ Status cudaKernelOptionsFromEnv(CudaKernelOptions& opts) {
   int pdl_graph = opts.pdl_graph ? 1 : 0;
   RETURN_IF_ERROR(envChoice("GARDEN_PDL_GRAPH", {"0", "1"}, &pdl_graph));
   opts.pdl_graph = pdl_graph == 1;
+  int qk_rope = opts.qk_rope_vec ? 0 : 1;  // [TAG_QK_ROPE_VEC]
+  RETURN_IF_ERROR(envChoice("GARDEN_QK_ROPE", {"vec", "warp"}, &qk_rope));
+  opts.qk_rope_vec = qk_rope == 0;
   opts.moe_lt_streams = lt_streams + 1;
   opts.moe_lt_bias_epilogue = lt_epi == 1;
   opts.moe_lt_overlap_dequant = lt_overlap == 1;

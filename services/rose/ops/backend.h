@@ -293,6 +293,11 @@ struct CudaKernelOptions {
   // GPU LLM model / ops / kernel suites and the embedding model-graph test passed with it on.
   // GARDEN_PDL_GRAPH=0|1.
   bool pdl_graph = true;
+  // [TAG_QK_ROPE_VEC] Qwen3's per-head QK-norm + RoPE on the 16-byte kernel (ops/cuda/
+  // qk_norm_rope.cu qkNormRopeVecKernel: 8 dims per lane, the rotate-half partner by shuffle, two
+  // passes of loads in flight) where it applies (full rotary or none), or the warp-per-head kernel.
+  // GARDEN_QK_ROPE=vec|warp.
+  bool qk_rope_vec = true;
 };
 
 // The --moe-prefill / GARDEN_MOE_PREFILL names: auto, chunk, step (or its old name cublas), tiled.
