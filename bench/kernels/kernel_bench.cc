@@ -264,10 +264,11 @@ void benchQkNormRope() {
     auto f = fillBf16(*q[s], -2, 2);
     if (s == 0) q0 = f;
   }
-  bool vec = true;  // [TAG_QK_ROPE_VEC] both kernels, each checked before it is timed
+  int variant = 0;  // [TAG_QK_ROPE_VEC] the warp kernel, then the 16-byte one with 1..3 passes
   auto run = [&](int s) {
     QkNormRopeArgs a;
-    a.vectorized = vec;
+    a.vectorized = variant > 0;
+    a.vec_iters = variant;
     a.qkv = q[s]->as<__nv_bfloat16>();
     a.q_weight = qw.as<__nv_bfloat16>();
     a.k_weight = kw.as<__nv_bfloat16>();
@@ -282,8 +283,8 @@ void benchQkNormRope() {
     a.max_pos = static_cast<int32_t>(maxpos);
     OK(launchQkNormRope(a, nullptr));
   };
-  for (bool v : {false, true}) {
-    vec = v;
+  for (int v : {0, 1, 2, 3}) {
+    variant = v;
     q0 = fillBf16(*q[0], -2, 2);
     run(0);
     auto of = readBf16(q[0]->p, t * width);
@@ -306,7 +307,8 @@ void benchQkNormRope() {
       }
     }
     // in place: read + write the q and k heads
-    reportBw(v ? "qk_norm_rope vec" : "qk_norm_rope warp", "T=8192 Hq=16 Hkv=8 D=128",
+    const char* names[] = {"qk_rope warp", "qk_rope vec1", "qk_rope vec2", "qk_rope vec3"};
+    reportBw(names[v], "T=8192 Hq=16 Hkv=8 D=128",
              timeIt(run, sets), 2.0 * t * (hq + hkv) * d * 2);
   }
 }

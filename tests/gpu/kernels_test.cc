@@ -1138,7 +1138,7 @@ TEST_F(GpuOps, QkNormRope) {
 
 // [TAG_QK_ROPE_VEC] Both kernels, launched directly: each matches the CPU reference; the 16-byte
 // kernel takes full rotary (or none) only, and a token's bits do not depend on how many tokens the
-// launch holds (its one-pass and two-pass forms).
+// launch holds or how many passes its warps make.
 TEST_F(GpuOps, QkNormRopeBothKernels) {
   auto& cb = static_cast<cuda::CudaBackend&>(gpu());
   struct S {
@@ -1195,8 +1195,9 @@ TEST_F(GpuOps, QkNormRopeBothKernels) {
       }
       const auto ref = download(cpu(), cq.view);
       auto gp = uploadI32(gpu(), {t}, pos);
-      for (bool vec : {true, false}) {
-        SCOPED_TRACE(vec ? "vectorized" : "warp");
+      for (int v : {0, 1, 3, -1}) {  // the 16-byte kernel by size, 1 and 3 passes; the warp kernel
+        const bool vec = v >= 0;
+        SCOPED_TRACE(vec ? "vectorized, passes " + std::to_string(v) : std::string("warp"));
         auto gq = upload(gpu(), DType::kBF16, {t, width}, qkv);
         cuda::QkNormRopeArgs a;
         a.qkv = gq.view.as<__nv_bfloat16>();
@@ -1213,6 +1214,7 @@ TEST_F(GpuOps, QkNormRopeBothKernels) {
         a.max_pos = s.rot > 0 ? static_cast<int32_t>(max_pos) : 0;
         a.apply_norm = s.norm;
         a.vectorized = vec;
+        a.vec_iters = std::max(v, 0);
         EXPECT_EQ(vec && (s.rot == s.d || s.rot == 0), cuda::qkNormRopeVectorized(a));
         ASSERT_TRUE(cuda::launchQkNormRope(a, cb.stream()).isOk());
         const auto got = download(gpu(), gq.view);

@@ -186,6 +186,8 @@ Status launchQkNormRope(const QkNormRopeArgs& a, cudaStream_t stream, bool pdl) 
     return invalidArgument("qk_norm_rope: head_dim must be 64 or 128");
   if (a.rotary_dim < 0 || a.rotary_dim % 2 != 0 || a.rotary_dim > a.head_dim)
     return invalidArgument("qk_norm_rope: rotary_dim must be even and <= head_dim");
+  if (a.vec_iters < 0 || a.vec_iters > 3)
+    return invalidArgument("qk_norm_rope: vec_iters must be 0 (auto) or 1..3");
   if (a.num_q_heads <= 0 || a.num_kv_heads <= 0)
     return invalidArgument("qk_norm_rope: head counts must be positive");
   if (a.rotary_dim > 0 && a.max_pos <= 0)
@@ -196,17 +198,22 @@ Status launchQkNormRope(const QkNormRopeArgs& a, cudaStream_t stream, bool pdl) 
   if (qkNormRopeVectorized(a)) {
     // Few tokens: one pass per warp (the most warps); otherwise two, their loads issued together.
     const bool few = a.num_tokens * heads < 64LL * smCount();
+    const int iters = a.vec_iters > 0 ? a.vec_iters : few ? 1 : 2;
     const int at_once = 32 / (a.head_dim / 8);
-    const int per_warp = at_once * (few ? 1 : 2);
+    const int per_warp = at_once * iters;
     const int64_t warps = a.num_tokens * ((heads + per_warp - 1) / per_warp);
     dim3 grid(static_cast<unsigned>((warps + kWarpsPerBlock - 1) / kWarpsPerBlock));
     dim3 block(kWarpsPerBlock * 32);
     if (a.head_dim == 128) {
-      CUDA_RETURN_IF_ERROR(few ? launchPdl(pdl, qkNormRopeVecKernel<128, 1>, grid, block, 0, stream, a)
-                               : launchPdl(pdl, qkNormRopeVecKernel<128, 2>, grid, block, 0, stream, a));
+      CUDA_RETURN_IF_ERROR(
+          iters == 1   ? launchPdl(pdl, qkNormRopeVecKernel<128, 1>, grid, block, 0, stream, a)
+          : iters == 2 ? launchPdl(pdl, qkNormRopeVecKernel<128, 2>, grid, block, 0, stream, a)
+                       : launchPdl(pdl, qkNormRopeVecKernel<128, 3>, grid, block, 0, stream, a));
     } else {
-      CUDA_RETURN_IF_ERROR(few ? launchPdl(pdl, qkNormRopeVecKernel<64, 1>, grid, block, 0, stream, a)
-                               : launchPdl(pdl, qkNormRopeVecKernel<64, 2>, grid, block, 0, stream, a));
+      CUDA_RETURN_IF_ERROR(
+          iters == 1   ? launchPdl(pdl, qkNormRopeVecKernel<64, 1>, grid, block, 0, stream, a)
+          : iters == 2 ? launchPdl(pdl, qkNormRopeVecKernel<64, 2>, grid, block, 0, stream, a)
+                       : launchPdl(pdl, qkNormRopeVecKernel<64, 3>, grid, block, 0, stream, a));
     }
     CUDA_RETURN_IF_ERROR(cudaGetLastError());
     return okStatus();

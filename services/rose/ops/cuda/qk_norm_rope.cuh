@@ -34,6 +34,9 @@ struct QkNormRopeArgs {
   // [TAG_QK_ROPE_VEC] the 16-byte kernel where it applies (qkNormRopeVectorized); false = the
   // warp-per-head kernel (CudaKernelOptions::qk_rope_vec, GARDEN_QK_ROPE=vec|warp).
   bool vectorized = true;
+  // Its passes of loads per warp (each 32 / (head_dim / 8) heads): 0 = by size (1 for few tokens,
+  // else 2); 1..3 forced (the kernel bench times each).
+  int32_t vec_iters = 0;
 };
 
 // Whether launchQkNormRope takes the 16-byte kernel for these arguments: asked for, full rotary or
