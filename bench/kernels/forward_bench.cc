@@ -7,7 +7,7 @@
 // end of a synchronize (what a batch costs the engine), median of --iters runs after warm-up.
 // Correctness: the graphed result must equal the eager one bit for bit, per shape and kernel.
 //
-//   rose_forward_bench MODEL_DIR [--iters N] [--weights-ab]
+//   rose_forward_bench MODEL_DIR [--iters N] [--weights-ab | --streams-ab]
 // Prints one table; exit 0 when every comparison matched, 2 otherwise.
 //
 // --weights-ab [TAG_EMBED_FP8]: instead, the model loaded three times (bf16, --weights fp8,
@@ -15,6 +15,8 @@
 // interleaved rounds, the better median of each), with the worst per-sequence cosine of the fp8
 // embeddings to the bf16 ones (reported, not judged) and graphed == eager checked for every model.
 // Exit 2 when a graphed run differs from its eager run.
+//
+// --streams-ab: one stream against two (streamsAb below): throughput with a second batch in flight.
 
 #include <cuda_profiler_api.h>
 
@@ -28,6 +30,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "services/rose/model/qwen3.h"
@@ -151,6 +154,89 @@ int weightsAb(const std::string& dir, int iters,
   return bad == 0 && capture_failures == 0 ? 0 : 2;
 }
 
+// --streams-ab: two backends (each its own stream, graph cache and GEMM tuning) with the same bf16
+// model; per shape, batches back to back on one of them (each waited for, as rose's step thread
+// does) against the same number spread over both, each driven by its own host thread. Whether
+// a second batch in flight on another stream overlaps the memory-bound kernels of one with the
+// GEMMs of the other enough to raise throughput. Outputs of the two backends compared (reported).
+int streamsAb(const std::string& dir, int iters,
+              const std::vector<std::pair<int32_t, int32_t>>& shapes,
+              const garden::rose::CudaKernelOptions& kernels) {
+  using namespace garden::rose;
+  std::unique_ptr<Backend> backends[2];
+  std::unique_ptr<Qwen3Model> models[2];
+  for (int f = 0; f < 2; ++f) {
+    BackendOptions bo;
+    bo.max_batch_tokens = 8192;
+    bo.cuda = kernels;
+    auto backend = makeBackend("cuda", bo);
+    if (!backend.isOk()) {
+      std::fprintf(stderr, "%s\n", backend.status().toString().c_str());
+      return 1;
+    }
+    backends[f] = std::move(backend).value();
+    Qwen3Options mo;
+    mo.max_batch_tokens = 8192;
+    mo.pooling_override = PoolMode::kLast;
+    mo.load_lm_head = false;
+    auto m = Qwen3Model::load(dir, *backends[f], mo);
+    if (!m.isOk()) {
+      std::fprintf(stderr, "%s\n", m.status().toString().c_str());
+      return 1;
+    }
+    models[f] = std::move(m).value();
+    if (backends[f]->graphs() == nullptr) return 1;
+  }
+  const int64_t h = models[0]->hiddenSize();
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(models[0]->vocabSize()) - 1);
+  std::printf("# rose forward, graphed: %d batches on one stream vs %d on each of two streams "
+              "(host threads), wall ms per batch (best of 3 rounds); emb/s\n",
+              2 * iters, iters);
+  std::printf("%-10s %10s %10s %10s %10s %8s %s\n", "batch", "1 stream", "2 streams", "emb/s 1",
+              "emb/s 2", "gain", "same bits");
+  for (const auto& [n, len] : shapes) {
+    std::vector<int32_t> ids(static_cast<size_t>(n) * len), lens(static_cast<size_t>(n), len);
+    for (auto& x : ids) x = tok(rng);
+    const BatchInput in{ids, lens};
+    std::vector<float> out[2];
+    for (int f = 0; f < 2; ++f) {
+      out[f].resize(static_cast<size_t>(n * h));
+      for (int w = 0; w < 3; ++w)  // eager (tunes the GEMMs), capture, replay
+        if (!models[f]->enqueueEmbedGraphed(*backends[f]->graphs(), in, PoolMode::kLast, true,
+                                            out[f].data()).isOk())
+          return 1;
+      if (!backends[f]->synchronize().isOk()) return 1;
+    }
+    const bool same = std::memcmp(out[0].data(), out[1].data(), out[0].size() * sizeof(float)) == 0;
+    auto run = [&](int f, int count) {
+      for (int i = 0; i < count; ++i) {
+        (void)models[f]->enqueueEmbedGraphed(*backends[f]->graphs(), in, PoolMode::kLast, true,
+                                             out[f].data());
+        if (!backends[f]->synchronize().isOk()) std::exit(1);
+      }
+    };
+    double one = 1e30, two = 1e30;
+    for (int rep = 0; rep < 3; ++rep) {
+      auto t0 = std::chrono::steady_clock::now();
+      run(0, 2 * iters);
+      one = std::min(one, std::chrono::duration<double, std::milli>(
+                              std::chrono::steady_clock::now() - t0).count() / (2 * iters));
+      t0 = std::chrono::steady_clock::now();
+      std::thread other([&] { run(1, iters); });
+      run(0, iters);
+      other.join();
+      two = std::min(two, std::chrono::duration<double, std::milli>(
+                              std::chrono::steady_clock::now() - t0).count() / (2 * iters));
+    }
+    char batch[32];
+    std::snprintf(batch, sizeof(batch), "%dx%d", n, len);
+    std::printf("%-10s %10.3f %10.3f %10.0f %10.0f %7.2fx %s\n", batch, one, two, n * 1000.0 / one,
+                n * 1000.0 / two, one / two, same ? "y" : "N");
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -162,13 +248,15 @@ int main(int argc, char** argv) {
   }
   const std::string dir = argv[1];
   int iters = 30;
-  bool weights_ab = false;
+  bool weights_ab = false, streams_ab = false;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--iters" && i + 1 < argc) {
       iters = std::max(3, std::atoi(argv[++i]));
     } else if (a == "--weights-ab") {
       weights_ab = true;
+    } else if (a == "--streams-ab") {
+      streams_ab = true;
     } else {
       std::fprintf(stderr, "rose_forward_bench: unknown argument %s\n", a.c_str());
       return 2;
@@ -209,6 +297,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (weights_ab) return weightsAb(dir, iters, shapes, kernels);
+  if (streams_ab) return streamsAb(dir, iters, shapes, kernels);
   // One backend (and graph cache) per attention policy: a captured graph keeps the kernels it
   // was captured with.
   for (int k = 0; k < 2; ++k) {
