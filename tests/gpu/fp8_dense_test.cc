@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "services/rose/ops/cuda/attention.cuh"
 #include "services/rose/ops/cuda/fp8_block.h"
 #include "services/rose/ops/cuda/gemm.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -207,6 +208,85 @@ TEST_F(GpuFp8Dense, FusedRmsNormAndSwigluEqualTheOpThenQuantize) {
                     "codes");
     expectSameFloats(download(gpu(), fused.scales.view), download(gpu(), ref.scales.view), "scales");
   }
+}
+
+// [TAG_ATTN_FP8_OUT] attentionFp8 (the Hopper kernel writing the O-proj's codes and scales from
+// its epilogue) equals attention() followed by quantizeFp8, bit for bit: varlen batches, causal
+// and bidirectional, lengths that end inside and on a 128-row tile, GQA 16:8 (Qwen3-0.6B) and
+// 8:1. Where the options fuse (the sm90 policy with GARDEN_ATTN_FP8_OUT on, the default), the
+// bf16 scratch must stay untouched.
+TEST_F(GpuFp8Dense, FusedAttentionOutputEqualsAttentionThenQuantize) {
+  CudaKernelOptions opts;
+  ASSERT_TRUE(cudaKernelOptionsFromEnv(opts).isOk());
+  const bool fused = opts.attention_sm90 && opts.attention_fp8_out;
+  struct C {
+    int32_t hq, hkv;
+    std::vector<int32_t> lens;
+  };
+  for (const C& c : std::vector<C>{{16, 8, {1}},
+                                   {16, 8, {17, 300, 1, 128}},
+                                   {16, 8, {1000}},
+                                   {8, 1, {129, 255, 64}},
+                                   {16, 8, {2049, 3}}}) {
+    for (bool causal : {true, false}) {
+      std::vector<int32_t> cu(c.lens.size() + 1, 0);
+      for (size_t i = 0; i < c.lens.size(); ++i) cu[i + 1] = cu[i] + c.lens[i];
+      const int64_t t = cu.back(), d = 128, width = (c.hq + 2 * c.hkv) * d;
+      SCOPED_TRACE("T=" + std::to_string(t) + " hq " + std::to_string(c.hq) + " hkv " +
+                   std::to_string(c.hkv) + (causal ? " causal" : " bidirectional"));
+      auto qkv = randomBf16(static_cast<size_t>(t * width), rng_, -2.f, 2.f);
+      auto gq = upload(gpu(), DType::kBF16, {t, width}, qkv);
+      auto gcu = uploadI32(gpu(), {static_cast<int64_t>(cu.size())}, cu);
+      AttentionParams p;
+      p.num_seqs = static_cast<int32_t>(c.lens.size());
+      p.num_q_heads = c.hq;
+      p.num_kv_heads = c.hkv;
+      p.head_dim = static_cast<int32_t>(d);
+      p.max_seqlen = *std::max_element(c.lens.begin(), c.lens.end());
+      p.scale = 1.f / std::sqrt(128.f);
+      p.causal = causal;
+      auto out = allocate(gpu(), DType::kBF16, {t, c.hq * d});
+      gpu().attention(gq.view, gcu.view, out.view, p);
+      Act ref = act(t, c.hq * d), got = act(t, c.hq * d);
+      gpu().quantizeFp8(out.view, ref.m());
+      auto scratch = allocate(gpu(), DType::kBF16, {t, c.hq * d});
+      poison(gpu(), scratch.view);
+      gpu().attentionFp8(gq.view, gcu.view, scratch.view, got.m(), p);
+      expectSameBytes(downloadBytes(gpu(), got.codes.view), downloadBytes(gpu(), ref.codes.view),
+                      "codes");
+      expectSameFloats(download(gpu(), got.scales.view), download(gpu(), ref.scales.view), "scales");
+      if (fused) {
+        const auto sc = downloadBytes(gpu(), scratch.view);
+        EXPECT_TRUE(std::all_of(sc.begin(), sc.end(), [](uint8_t b) { return b == 0xFF; }))
+            << "the fused path wrote the bf16 scratch";
+      }
+    }
+  }
+}
+
+// The mma.sync variants have no fp8 output: asked for one, they refuse (UNIMPLEMENTED, the
+// variant named) instead of writing bf16 where codes are expected.
+TEST_F(GpuFp8Dense, OnlyTheHopperAttentionWritesFp8) {
+  cuda::AttentionArgs a;
+  a.num_tokens = 4;
+  a.num_seqs = 1;
+  a.num_q_heads = 16;
+  a.num_kv_heads = 8;
+  a.head_dim = 128;
+  a.scale = 0.088f;
+  alignas(16) static uint8_t codes[16];
+  alignas(16) static float scales[4];
+  a.out_fp8 = codes;
+  a.out_scales = scales;
+  a.out_scale_rows = 4;
+  for (auto v : {cuda::AttentionVariant::kNarrow16, cuda::AttentionVariant::kNarrow64,
+                 cuda::AttentionVariant::kWide64, cuda::AttentionVariant::kWide128}) {
+    const Status st = cuda::checkAttentionVariant(a, v);
+    EXPECT_FALSE(st.isOk()) << cuda::attentionVariantName(v);
+    EXPECT_NE(st.toString().find(cuda::attentionVariantName(v)), std::string::npos) << st.toString();
+  }
+  a.out_scale_rows = 3;  // fewer scale rows than tokens
+  EXPECT_FALSE(cuda::checkAttentionVariant(a, cuda::AttentionVariant::kSm90).isOk());
 }
 
 // y = x · wᵀ on the quantized operands: within bf16 rounding of the f64 product of the

@@ -405,11 +405,11 @@ Tensor Qwen3Model::enqueueLayers(int64_t t, int32_t n_seq, int32_t max_seqlen) {
       b.linear(x, L.qkv.view, L.qkv_bias.view, qkv);
     }
     b.qkNormRope(qkv, L.q_norm.view, L.k_norm.view, pos, rope_cos_.view, rope_sin_.view, qk);
-    b.attention(qkv, cu, attn, ap);
-    if (fo) {
-      b.quantizeFp8(attn, xq);
+    if (fo) {  // [TAG_ATTN_FP8_OUT] the O-proj's operand straight from the attention
+      b.attentionFp8(qkv, cu, attn, xq, ap);
       b.linearFp8(xq, L.o8.matrix(), x);
     } else {
+      b.attention(qkv, cu, attn, ap);
       b.linear(attn, L.o.view, L.o_bias.view, x);
     }
     if (fg) {  // res += attn out; x = norm(res)

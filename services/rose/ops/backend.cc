@@ -88,6 +88,9 @@ Status cudaKernelOptionsFromEnv(CudaKernelOptions& opts) {
   int pdl_graph = opts.pdl_graph ? 1 : 0;
   RETURN_IF_ERROR(envChoice("GARDEN_PDL_GRAPH", {"0", "1"}, &pdl_graph));
   opts.pdl_graph = pdl_graph == 1;
+  int attn_fp8 = opts.attention_fp8_out ? 1 : 0;  // [TAG_ATTN_FP8_OUT]
+  RETURN_IF_ERROR(envChoice("GARDEN_ATTN_FP8_OUT", {"0", "1"}, &attn_fp8));
+  opts.attention_fp8_out = attn_fp8 == 1;
   int qk_rope = opts.qk_rope_vec ? 0 : 1;  // [TAG_QK_ROPE_VEC]
   RETURN_IF_ERROR(envChoice("GARDEN_QK_ROPE", {"vec", "warp"}, &qk_rope));
   opts.qk_rope_vec = qk_rope == 0;
@@ -138,6 +141,11 @@ void Backend::rmsNormFp8(const Tensor&, const Tensor&, const Tensor&, const Fp8M
   fp8Unsupported("rmsNormFp8");
 }
 void Backend::swigluFp8(const Tensor&, const Fp8Matrix&) { fp8Unsupported("swigluFp8"); }
+void Backend::attentionFp8(const Tensor& qkv, const Tensor& cu_seqlens, const Tensor& scratch,
+                           const Fp8Matrix& out, const AttentionParams& p) {
+  attention(qkv, cu_seqlens, scratch, p);
+  quantizeFp8(scratch, out);
+}
 void Backend::linearFp8(const Fp8Matrix&, const Fp8Matrix&, const Tensor&) {
   fp8Unsupported("linearFp8");
 }

@@ -298,6 +298,10 @@ struct CudaKernelOptions {
   // passes of loads in flight) where it applies (full rotary or none), or the warp-per-head kernel.
   // GARDEN_QK_ROPE=vec|warp.
   bool qk_rope_vec = true;
+  // [TAG_ATTN_FP8_OUT] With --weights fp8 (the O-proj in FP8), the Hopper attention writes the
+  // O-proj's e4m3 codes and scales from its epilogue instead of a bf16 output quantized by a
+  // kernel of its own (same bits). GARDEN_ATTN_FP8_OUT=0|1.
+  bool attention_fp8_out = true;
 };
 
 // The --moe-prefill / GARDEN_MOE_PREFILL names: auto, chunk, step (or its old name cublas), tiled.
@@ -582,6 +586,12 @@ class Backend {
                           const Fp8Matrix& out, const RmsNormParams& p);
   // swiglu() with its output quantized into `out`.
   virtual void swigluFp8(const Tensor& gate_up, const Fp8Matrix& out);
+  // attention() with its output quantized into `out` (the O-proj's operand, [T, Hq·D]): the same
+  // bits as attention() into `scratch` (activation dtype [T, Hq·D]) followed by quantizeFp8(),
+  // which is what the default does; cuda writes the codes from its Hopper kernel's epilogue
+  // instead [TAG_ATTN_FP8_OUT] and leaves `scratch` alone.
+  virtual void attentionFp8(const Tensor& qkv, const Tensor& cu_seqlens, const Tensor& scratch,
+                            const Fp8Matrix& out, const AttentionParams& p);
   // y[M, N] (activation dtype) = x · wᵀ with both operands dequantized (f32 accumulation). M a
   // multiple of 4.
   virtual void linearFp8(const Fp8Matrix& x, const Fp8Matrix& w, const Tensor& y);

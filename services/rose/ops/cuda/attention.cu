@@ -612,6 +612,7 @@ Status checkArgs(const AttentionArgs& a) {
   if (a.num_tokens > (1LL << 30)) return invalidArgument("attention: too many tokens");
   if ((reinterpret_cast<uintptr_t>(a.qkv) | reinterpret_cast<uintptr_t>(a.out)) % 16 != 0)
     return invalidArgument("attention: qkv and out must be 16-byte aligned");
+  if (a.out == nullptr && a.out_fp8 == nullptr) return invalidArgument("attention: no output");
   return okStatus();
 }
 
@@ -626,6 +627,11 @@ const char* attentionVariantName(AttentionVariant v) {
 
 Status checkAttentionVariant(const AttentionArgs& a, AttentionVariant v) {
   RETURN_IF_ERROR(checkArgs(a));
+  if (a.out_fp8 != nullptr && v != AttentionVariant::kSm90 && v != AttentionVariant::kSm90Basic &&
+      v != AttentionVariant::kSm90CpAsync) {
+    return unimplemented(std::string("attention: variant ") + attentionVariantName(v) +
+                         " has no fp8 output (the Hopper variants do)");
+  }
   switch (v) {
     case AttentionVariant::kNarrow16:
     case AttentionVariant::kNarrow64:

@@ -30,6 +30,13 @@ struct AttentionArgs {
   int32_t head_dim = 0;
   float scale = 0.f;
   bool causal = true;
+  // [TAG_ATTN_FP8_OUT] Instead of `out` (then unused): the output as the O-proj's e4m3 operand
+  // (fp8_dense.cuh): codes [num_tokens, Hq * 128] and one f32 scale per (token, q head) at
+  // out_scales[head * out_scale_rows + token]. The Hopper variants only (head_dim 128); the others
+  // refuse it.
+  uint8_t* out_fp8 = nullptr;
+  float* out_scales = nullptr;
+  int64_t out_scale_rows = 0;
 };
 
 // The variants one launch can run, named by their schedule. All compute bit-identical rows: the

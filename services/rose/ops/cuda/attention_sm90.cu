@@ -38,6 +38,7 @@
 #include "services/rose/ops/cuda/attention_sm90_layout.h"
 #include "services/rose/ops/cuda/common.cuh"
 #include "services/rose/ops/cuda/cuda_utils.h"
+#include "services/rose/ops/cuda/fp8_dense.cuh"
 #include "services/rose/ops/cuda/sm90_ptx.cuh"
 #include "services/rose/ops/cuda/sm90_softmax.cuh"
 
@@ -346,6 +347,42 @@ __global__ void __launch_bounds__(kThreads, 1)
     inv[r] = l[r] > 0.f ? 1.f / l[r] : 0.f;
   }
   const int64_t out_stride = static_cast<int64_t>(a.num_q_heads) * kHeadDim;
+  if (a.out_fp8 != nullptr) {
+    // [TAG_ATTN_FP8_OUT] A row's 128 head dims are one e4m3 block of the O-proj input: the 4
+    // lanes of a quad hold it (32 values each). The bf16 rounding of the plain store, then
+    // fp8_dense.cuh's rule (fp8BlockScale; scale at [qh][token], VEC128), so the bits equal the
+    // bf16 output quantized by launchFp8RowQuant. Every lane takes part in the quad shuffles.
+    uint8_t* q_base = a.out_fp8 + static_cast<int64_t>(start) * out_stride + qh * kHeadDim;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = row0 + accRow(tid, 2 * r);
+      float v[32], amax = 0.f;
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        v[2 * i] = roundBf16(o[4 * i + 2 * r] * inv[r]);
+        v[2 * i + 1] = roundBf16(o[4 * i + 2 * r + 1] * inv[r]);
+        amax = fmaxf(amax, fmaxf(fabsf(v[2 * i]), fabsf(v[2 * i + 1])));
+      }
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+      float qinv;
+      const float sc = fp8BlockScale(amax, &qinv);
+      if (row < len) {
+        uint16_t* dst = reinterpret_cast<uint16_t*>(q_base + static_cast<int64_t>(row) * out_stride +
+                                                    accCol(tid, 0));
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+          const uint32_t c0 =
+              __nv_cvt_float_to_fp8(__fmul_rn(v[2 * i], qinv), __NV_SATFINITE, __NV_E4M3);
+          const uint32_t c1 =
+              __nv_cvt_float_to_fp8(__fmul_rn(v[2 * i + 1], qinv), __NV_SATFINITE, __NV_E4M3);
+          dst[4 * i] = static_cast<uint16_t>(c0 | (c1 << 8));
+        }
+        if ((tid & 3) == 0) a.out_scales[qh * a.out_scale_rows + start + row] = sc;
+      }
+    }
+    return;
+  }
   __nv_bfloat16* o_base = a.out + static_cast<int64_t>(start) * out_stride + qh * kHeadDim;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -472,6 +509,13 @@ Status checkAttentionSm90(const AttentionArgs& a, const char* variant) {
   if (tensorMapEncoder() == nullptr) {
     return failedPrecondition("attention: variant " + name +
                               " needs cuTensorMapEncodeTiled (CUDA driver 12.0 or newer)");
+  }
+  if (a.out_fp8 != nullptr &&
+      (a.out_scales == nullptr || a.out_scale_rows < a.num_tokens ||
+       (reinterpret_cast<uintptr_t>(a.out_fp8) | reinterpret_cast<uintptr_t>(a.out_scales)) % 16 != 0)) {
+    return invalidArgument("attention: variant " + name +
+                           ": an fp8 output needs scales for every token and 16-byte aligned "
+                           "codes and scales");
   }
   return okStatus();
 }

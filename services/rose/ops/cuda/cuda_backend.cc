@@ -577,8 +577,16 @@ void CudaBackend::qkNormRope(const Tensor& qkv, const Tensor& q_weight, const Te
   checkOk(launchQkNormRope(a, stream_, kernels_.pdl), "qkNormRope");
 }
 
-void CudaBackend::attention(const Tensor& qkv, const Tensor& cu_seqlens, const Tensor& out,
-                            const AttentionParams& p) {
+namespace {
+AttentionPolicy attentionPolicy(const CudaKernelOptions& k) {
+  return k.attention_sm90 ? AttentionPolicy::kSm90
+         : k.attention_wide ? AttentionPolicy::kAuto
+                            : AttentionPolicy::kNarrow;
+}
+}  // namespace
+
+AttentionArgs CudaBackend::attentionArgs(const Tensor& qkv, const Tensor& cu_seqlens,
+                                         const Tensor& out, const AttentionParams& p) {
   require(is(qkv, DType::kBF16) && is(out, DType::kBF16) && is(cu_seqlens, DType::kI32),
           "attention", "qkv/out must be BF16, cu_seqlens I32");
   require(qkv.cols() == static_cast<int64_t>(p.num_q_heads + 2 * p.num_kv_heads) * p.head_dim,
@@ -598,10 +606,35 @@ void CudaBackend::attention(const Tensor& qkv, const Tensor& cu_seqlens, const T
   a.head_dim = p.head_dim;
   a.scale = p.scale;
   a.causal = p.causal;
-  const AttentionPolicy policy = kernels_.attention_sm90   ? AttentionPolicy::kSm90
-                                : kernels_.attention_wide ? AttentionPolicy::kAuto
-                                                          : AttentionPolicy::kNarrow;
-  checkOk(launchAttention(a, stream_, policy, kernels_.pdl), "attention");
+  return a;
+}
+
+void CudaBackend::attention(const Tensor& qkv, const Tensor& cu_seqlens, const Tensor& out,
+                            const AttentionParams& p) {
+  const AttentionArgs a = attentionArgs(qkv, cu_seqlens, out, p);
+  checkOk(launchAttention(a, stream_, attentionPolicy(kernels_), kernels_.pdl), "attention");
+}
+
+void CudaBackend::attentionFp8(const Tensor& qkv, const Tensor& cu_seqlens, const Tensor& scratch,
+                               const Fp8Matrix& out, const AttentionParams& p) {
+  AttentionArgs a = attentionArgs(qkv, cu_seqlens, scratch, p);
+  require(fp8Activation(out, qkv.rows(), scratch.cols()), "attentionFp8",
+          "out: codes U8 [T, Hq*head_dim], scales F32 [Hq*head_dim/128, T]");
+  if (kernels_.attention_fp8_out && a.num_tokens > 0 && a.num_seqs > 0) {
+    Result<AttentionVariant> v = selectAttentionVariant(a, attentionPolicy(kernels_), smCount());
+    checkOk(v.status(), "attentionFp8");
+    if (*v == AttentionVariant::kSm90 || *v == AttentionVariant::kSm90Basic ||
+        *v == AttentionVariant::kSm90CpAsync) {
+      a.out = nullptr;  // [TAG_ATTN_FP8_OUT] the codes and scales from the epilogue
+      a.out_fp8 = out.codes.as<uint8_t>();
+      a.out_scales = out.scales.as<float>();
+      a.out_scale_rows = out.codes.rows();
+      checkOk(launchAttentionVariant(a, stream_, *v, kernels_.pdl), "attentionFp8");
+      return;
+    }
+  }
+  checkOk(launchAttention(a, stream_, attentionPolicy(kernels_), kernels_.pdl), "attentionFp8");
+  quantizeFp8(scratch, out);
 }
 
 void CudaBackend::swiglu(const Tensor& gate_up, const Tensor& out) {

@@ -18,6 +18,7 @@
 
 #include "services/rose/graph/graph_cache.h"
 #include "services/rose/ops/backend.h"
+#include "services/rose/ops/cuda/attention.cuh"
 #include "services/rose/ops/cuda/fp8_gemm.h"
 #include "services/rose/ops/cuda/gemm.h"
 
@@ -73,6 +74,8 @@ class CudaBackend final : public Backend, public GraphExecutor {
   void rmsNormFp8(const Tensor& x, const Tensor& residual, const Tensor& weight,
                   const Fp8Matrix& out, const RmsNormParams& p) override;
   void swigluFp8(const Tensor& gate_up, const Fp8Matrix& out) override;
+  void attentionFp8(const Tensor& qkv, const Tensor& cu_seqlens, const Tensor& scratch,
+                    const Fp8Matrix& out, const AttentionParams& p) override;
   void linearFp8(const Fp8Matrix& x, const Fp8Matrix& w, const Tensor& y) override;
   void score(const Tensor& hidden, const Tensor& cu_seqlens, const Tensor& head, const Tensor& out,
              const ScoreParams& p) override;
@@ -123,6 +126,9 @@ class CudaBackend final : public Backend, public GraphExecutor {
   CudaBackend(int device, const CudaKernelOptions& kernels) : device_(device), kernels_(kernels) {}
   // Reserves `bytes` of the pinned staging ring, waiting for older copies that still read it.
   char* stage(size_t bytes);
+  // attention()'s arguments (shapes and dtypes checked) with its bf16 output `out`.
+  AttentionArgs attentionArgs(const Tensor& qkv, const Tensor& cu_seqlens, const Tensor& out,
+                              const AttentionParams& p);
 
   struct Staged {
     size_t begin = 0, end = 0;
