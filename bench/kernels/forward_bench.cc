@@ -61,6 +61,35 @@ double timeMs(Backend& b, int iters, F&& f) {
   return medianMs(t);
 }
 
+// A CUDA backend of its own (stream, graph cache, GEMM tuning) and the model loaded on it with
+// last-token pooling and the given FP8 projections; false (the error printed) on failure.
+bool loadOnOwnBackend(const std::string& dir, const garden::rose::CudaKernelOptions& kernels,
+                      uint32_t fp8_projections, std::unique_ptr<Backend>& backend,
+                      std::unique_ptr<Qwen3Model>& model) {
+  using namespace garden::rose;
+  BackendOptions bo;
+  bo.max_batch_tokens = 8192;
+  bo.cuda = kernels;
+  auto b = makeBackend("cuda", bo);
+  if (!b.isOk()) {
+    std::fprintf(stderr, "%s\n", b.status().toString().c_str());
+    return false;
+  }
+  backend = std::move(b).value();
+  Qwen3Options mo;
+  mo.max_batch_tokens = 8192;
+  mo.pooling_override = PoolMode::kLast;
+  mo.load_lm_head = false;
+  mo.fp8_projections = fp8_projections;
+  auto m = Qwen3Model::load(dir, *backend, mo);
+  if (!m.isOk()) {
+    std::fprintf(stderr, "%s\n", m.status().toString().c_str());
+    return false;
+  }
+  model = std::move(m).value();
+  return backend->graphs() != nullptr;
+}
+
 // [TAG_EMBED_FP8] bf16 against fp8 and fp8-mlp weights (see the header comment). One backend per
 // model (each with its own graph cache and GEMM tuning).
 int weightsAb(const std::string& dir, int iters,
@@ -71,29 +100,8 @@ int weightsAb(const std::string& dir, int iters,
   const uint32_t masks[kModels] = {0, kFp8All, kFp8Mlp};
   std::unique_ptr<Backend> backends[kModels];
   std::unique_ptr<Qwen3Model> models[kModels];
-  for (int f = 0; f < kModels; ++f) {
-    BackendOptions bo;
-    bo.max_batch_tokens = 8192;
-    bo.cuda = kernels;
-    auto backend = makeBackend("cuda", bo);
-    if (!backend.isOk()) {
-      std::fprintf(stderr, "%s\n", backend.status().toString().c_str());
-      return 1;
-    }
-    backends[f] = std::move(backend).value();
-    Qwen3Options mo;
-    mo.max_batch_tokens = 8192;
-    mo.pooling_override = PoolMode::kLast;
-    mo.load_lm_head = false;
-    mo.fp8_projections = masks[f];
-    auto m = Qwen3Model::load(dir, *backends[f], mo);
-    if (!m.isOk()) {
-      std::fprintf(stderr, "%s\n", m.status().toString().c_str());
-      return 1;
-    }
-    models[f] = std::move(m).value();
-    if (backends[f]->graphs() == nullptr) return 1;
-  }
+  for (int f = 0; f < kModels; ++f)
+    if (!loadOnOwnBackend(dir, kernels, masks[f], backends[f], models[f])) return 1;
   const int64_t h = models[0]->hiddenSize();
   std::mt19937 rng(7);
   std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(models[0]->vocabSize()) - 1);
@@ -165,28 +173,8 @@ int streamsAb(const std::string& dir, int iters,
   using namespace garden::rose;
   std::unique_ptr<Backend> backends[2];
   std::unique_ptr<Qwen3Model> models[2];
-  for (int f = 0; f < 2; ++f) {
-    BackendOptions bo;
-    bo.max_batch_tokens = 8192;
-    bo.cuda = kernels;
-    auto backend = makeBackend("cuda", bo);
-    if (!backend.isOk()) {
-      std::fprintf(stderr, "%s\n", backend.status().toString().c_str());
-      return 1;
-    }
-    backends[f] = std::move(backend).value();
-    Qwen3Options mo;
-    mo.max_batch_tokens = 8192;
-    mo.pooling_override = PoolMode::kLast;
-    mo.load_lm_head = false;
-    auto m = Qwen3Model::load(dir, *backends[f], mo);
-    if (!m.isOk()) {
-      std::fprintf(stderr, "%s\n", m.status().toString().c_str());
-      return 1;
-    }
-    models[f] = std::move(m).value();
-    if (backends[f]->graphs() == nullptr) return 1;
-  }
+  for (int f = 0; f < 2; ++f)
+    if (!loadOnOwnBackend(dir, kernels, 0, backends[f], models[f])) return 1;
   const int64_t h = models[0]->hiddenSize();
   std::mt19937 rng(11);
   std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(models[0]->vocabSize()) - 1);

@@ -1080,13 +1080,24 @@ std::pair<std::vector<float>, std::vector<float>> ropeTables(int64_t max_pos, in
   return {c, s};
 }
 
+// A QK-norm + RoPE shape: q heads, kv heads, head_dim, rotary_dim; per-head norm or rope only.
+struct QkRopeCase {
+  int32_t hq, hkv, d, rot;
+  bool norm;
+  QkNormRopeParams params() const {
+    QkNormRopeParams p;
+    p.num_q_heads = hq;
+    p.num_kv_heads = hkv;
+    p.head_dim = d;
+    p.rotary_dim = rot;
+    p.apply_norm = norm;
+    return p;
+  }
+};
+
 TEST_F(GpuOps, QkNormRope) {
-  struct S {
-    int32_t hq, hkv, d, rot;
-    bool norm;
-  };
   const int64_t max_pos = 4096;
-  for (S s : std::vector<S>{{16, 8, 128, 128, true},
+  for (QkRopeCase s : std::vector<QkRopeCase>{{16, 8, 128, 128, true},
                             {16, 8, 128, 64, true},
                             {4, 4, 64, 64, true},
                             {8, 2, 128, 128, false},
@@ -1115,12 +1126,7 @@ TEST_F(GpuOps, QkNormRope) {
       auto gc = upload(gpu(), DType::kF32, {max_pos, half}, c);
       auto cs = upload(cpu(), DType::kF32, {max_pos, half}, sn);
       auto gs = upload(gpu(), DType::kF32, {max_pos, half}, sn);
-      QkNormRopeParams p;
-      p.num_q_heads = s.hq;
-      p.num_kv_heads = s.hkv;
-      p.head_dim = s.d;
-      p.rotary_dim = s.rot;
-      p.apply_norm = s.norm;
+      const QkNormRopeParams p = s.params();
       if (s.rot == 0) {
         // rotary_dim 0: the tables are not read; pass empty views to the CPU as well as the GPU.
         QkNormRopeParams p0 = p;
@@ -1141,12 +1147,8 @@ TEST_F(GpuOps, QkNormRope) {
 // launch holds or how many passes its warps make.
 TEST_F(GpuOps, QkNormRopeBothKernels) {
   auto& cb = static_cast<cuda::CudaBackend&>(gpu());
-  struct S {
-    int32_t hq, hkv, d, rot;
-    bool norm;
-  };
   const int64_t max_pos = 40960;
-  for (S s : std::vector<S>{{16, 8, 128, 128, true},
+  for (QkRopeCase s : std::vector<QkRopeCase>{{16, 8, 128, 128, true},
                             {4, 4, 64, 64, true},
                             {8, 2, 128, 128, false},
                             {3, 1, 128, 0, true},
@@ -1181,12 +1183,7 @@ TEST_F(GpuOps, QkNormRopeBothKernels) {
       }
       auto cq = upload(cpu(), DType::kF32, {t, width}, qkv);
       auto cp = uploadI32(cpu(), {t}, pos);
-      QkNormRopeParams p;
-      p.num_q_heads = s.hq;
-      p.num_kv_heads = s.hkv;
-      p.head_dim = s.d;
-      p.rotary_dim = s.rot;
-      p.apply_norm = s.norm;
+      const QkNormRopeParams p = s.params();
       if (s.rot == 0) {
         cpu().qkNormRope(cq.view, cqw.view, ckw.view, cp.view, cc.view.reshaped({max_pos, 0}),
                          cs.view.reshaped({max_pos, 0}), p);
