@@ -3,7 +3,7 @@
 // Workloads (Qwen3-Embedding-0.6B shapes, 8192-token batches unless noted):
 //   embedding      T=8192 H=1024 gather                         (TB/s)
 //   rms_norm_add   T=8192 H=1024, residual add fused            (TB/s)
-//   qk_norm_rope   T=8192 Hq=16 Hkv=8 D=128, the warp-per-head and the 16-byte kernel (TB/s)
+//   qk_norm_rope   T=8192 Hq=16 Hkv=8 D=128                     (TB/s)
 //   swiglu         T=8192 I=3072                                (TB/s)
 //                  `rose_kernel_bench elementwise` runs only these four
 //   pool_mean      block and cluster per sequence, H=1024, L2: 16x512, 1x4096, 100x512 (TB/s)
@@ -264,11 +264,8 @@ void benchQkNormRope() {
     auto f = fillBf16(*q[s], -2, 2);
     if (s == 0) q0 = f;
   }
-  int variant = 0;  // [TAG_QK_ROPE_VEC] the warp kernel, then the 16-byte one with 1..3 passes
   auto run = [&](int s) {
     QkNormRopeArgs a;
-    a.vectorized = variant > 0;
-    a.vec_iters = variant;
     a.qkv = q[s]->as<__nv_bfloat16>();
     a.q_weight = qw.as<__nv_bfloat16>();
     a.k_weight = kw.as<__nv_bfloat16>();
@@ -283,34 +280,29 @@ void benchQkNormRope() {
     a.max_pos = static_cast<int32_t>(maxpos);
     OK(launchQkNormRope(a, nullptr));
   };
-  for (int v : {0, 1, 2, 3}) {
-    variant = v;
-    q0 = fillBf16(*q[0], -2, 2);
-    run(0);
-    auto of = readBf16(q[0]->p, t * width);
-    for (int64_t tok : {int64_t{3}, int64_t{700}}) {
-      for (int h : {5, 17}) {  // a q head and a k head
-        const float* x = &q0[tok * width + h * d];
-        const std::vector<float>& wf = h < hq ? qwf : kwf;
-        double ss = 0;
-        for (int i = 0; i < d; ++i) ss += x[i] * x[i];
-        const double inv = 1 / std::sqrt(ss / d + 1e-6);
-        std::vector<double> n(d);
-        for (int i = 0; i < d; ++i) n[i] = x[i] * inv * wf[i];
-        const int p = hp[tok];
-        for (int i = 0; i < 64; i += 7) {
-          check("qk_norm_rope", of[tok * width + h * d + i],
-                n[i] * cs[p * 64 + i] - n[i + 64] * sn[p * 64 + i], 3e-2, 3e-2);
-          check("qk_norm_rope", of[tok * width + h * d + i + 64],
-                n[i + 64] * cs[p * 64 + i] + n[i] * sn[p * 64 + i], 3e-2, 3e-2);
-        }
+  run(0);
+  auto of = readBf16(q[0]->p, t * width);
+  for (int64_t tok : {int64_t{3}, int64_t{700}}) {
+    for (int h : {5, 17}) {  // a q head and a k head
+      const float* x = &q0[tok * width + h * d];
+      const std::vector<float>& wf = h < hq ? qwf : kwf;
+      double ss = 0;
+      for (int i = 0; i < d; ++i) ss += x[i] * x[i];
+      const double inv = 1 / std::sqrt(ss / d + 1e-6);
+      std::vector<double> n(d);
+      for (int i = 0; i < d; ++i) n[i] = x[i] * inv * wf[i];
+      const int p = hp[tok];
+      for (int i = 0; i < 64; i += 7) {
+        check("qk_norm_rope", of[tok * width + h * d + i],
+              n[i] * cs[p * 64 + i] - n[i + 64] * sn[p * 64 + i], 3e-2, 3e-2);
+        check("qk_norm_rope", of[tok * width + h * d + i + 64],
+              n[i + 64] * cs[p * 64 + i] + n[i] * sn[p * 64 + i], 3e-2, 3e-2);
       }
     }
-    // in place: read + write the q and k heads
-    const char* names[] = {"qk_rope warp", "qk_rope vec1", "qk_rope vec2", "qk_rope vec3"};
-    reportBw(names[v], "T=8192 Hq=16 Hkv=8 D=128",
-             timeIt(run, sets), 2.0 * t * (hq + hkv) * d * 2);
   }
+  // in place: read + write the q and k heads
+  reportBw("qk_norm_rope", "T=8192 Hq=16 Hkv=8 D=128", timeIt(run, sets),
+           2.0 * t * (hq + hkv) * d * 2);
 }
 
 void benchSwiglu() {
@@ -848,8 +840,8 @@ int main(int argc, char** argv) {
   const bool only_attention = argc > 1 && std::strcmp(argv[1], "attention") == 0;
   // `rose_kernel_bench gemm_fp8` runs only the FP8 scalings against the bf16 runner.
   const bool only_fp8 = argc > 1 && std::strcmp(argv[1], "gemm_fp8") == 0;
-  // `rose_kernel_bench elementwise` runs only the embedding gather, RMSNorm, QK-norm + RoPE (both
-  // kernels) and SwiGLU.
+  // `rose_kernel_bench elementwise` runs only the embedding gather, RMSNorm, QK-norm + RoPE and
+  // SwiGLU.
   const bool only_elementwise = argc > 1 && std::strcmp(argv[1], "elementwise") == 0;
   cudaDeviceProp prop{};
   CK(cudaGetDeviceProperties(&prop, 0));

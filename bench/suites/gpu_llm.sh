@@ -291,9 +291,6 @@
 #             change), gpu_model_graph_test (all, ModelFp8Test included), then a random
 #             Qwen3-Embedding-0.6B-shaped model: rose_forward_bench --weights-ab (bf16 vs fp8)
 #   embfp8m   embfp8 without gpu_kernels_test (the model tests and the forward A/B only)
-#   qkrope    [TAG_QK_ROPE_VEC] gpu_kernels_test's QK-norm + RoPE cases (both kernels vs the CPU,
-#             the 16-byte one's bits across token counts), rose_kernel_bench elementwise (both
-#             timed), then the 0.6B-shape forward with GARDEN_QK_ROPE=warp / vec
 #   attnfp8ab [TAG_ATTN_FP8_OUT] rose_forward_bench --weights-ab with GARDEN_ATTN_FP8_OUT=0 / 1
 #             (the O-proj operand quantized by its own kernel / from the attention's epilogue)
 #   embstreams  rose_forward_bench --streams-ab: embedding batches on one stream vs two (a
@@ -518,7 +515,6 @@ for s in $STEPS; do
     sm90) step sm90 sm90.log 240 bash -c "for v in sm90cpasync sm90basic sm90 'policy sm90'; do echo \"== GARDEN_SM90_TEST_ONLY=\$v\"; GARDEN_SM90_TEST_ONLY=\"\$v\" timeout 60 '$BIN/gpu_kernels_test' --gtest_filter='AttentionSm90.*' 2>&1 | tail -40; echo \"rc=\$?\"; done" ;;
     embfp8) step embfp8 embfp8.txt 480 bash -c "set -o pipefail; rc=0; '$BIN/gpu_kernels_test' --gtest_brief=1 2>&1 | grep -vE 'gemm tuned|launching|^  sm90|^  narrow|^  wide|^case ' || rc=1; '$BIN/gpu_model_graph_test' --gtest_brief=1 2>&1 | grep -v 'gemm tuned' || rc=1; python3 '$ROOT/bench/suites/make_random_qwen3.py' --out /tmp/q3emb > /dev/null && '$BIN/rose_forward_bench' /tmp/q3emb --iters 20 --weights-ab 2>&1 | grep -v 'gemm tuned' || rc=1; exit \$rc" ;;
     embfp8m) step embfp8m embfp8m.txt 300 bash -c "set -o pipefail; rc=0; '$BIN/gpu_model_graph_test' --gtest_brief=1 2>&1 | grep -v 'gemm tuned' || rc=1; python3 '$ROOT/bench/suites/make_random_qwen3.py' --out /tmp/q3emb > /dev/null && '$BIN/rose_forward_bench' /tmp/q3emb --iters 20 --weights-ab 2>&1 | grep -v 'gemm tuned' || rc=1; exit \$rc" ;;
-    qkrope) step qkrope qkrope.txt 240 bash -c "set -o pipefail; rc=0; '$BIN/gpu_kernels_test' --gtest_filter='*QkNormRope*' || rc=1; '$BIN/rose_kernel_bench' elementwise || rc=1; python3 '$ROOT/bench/suites/make_random_qwen3.py' --out /tmp/q3emb > /dev/null && for v in warp vec; do echo \"== GARDEN_QK_ROPE=\$v\"; GARDEN_FORWARD_SHAPES=1x128,1x512,16x512,8x1024,2x4096 GARDEN_QK_ROPE=\$v '$BIN/rose_forward_bench' /tmp/q3emb --iters 20 2>&1 | grep -v 'gemm tuned' || rc=1; done; exit \$rc" ;;
     attnfp8ab) step attnfp8ab attnfp8ab.txt 240 bash -c "set -o pipefail; rc=0; python3 '$ROOT/bench/suites/make_random_qwen3.py' --out /tmp/q3emb > /dev/null && for v in 0 1; do echo \"== GARDEN_ATTN_FP8_OUT=\$v\"; GARDEN_FORWARD_SHAPES=1x512,16x512,8x1024,2x4096 GARDEN_ATTN_FP8_OUT=\$v '$BIN/rose_forward_bench' /tmp/q3emb --iters 20 --weights-ab 2>&1 | grep -v 'gemm tuned' || rc=1; done; exit \$rc" ;;
     embstreams) step embstreams embstreams.txt 200 bash -c "set -o pipefail; python3 '$ROOT/bench/suites/make_random_qwen3.py' --out /tmp/q3emb > /dev/null && GARDEN_FORWARD_SHAPES=16x512,8x1024,2x4096,1x512,4x128 '$BIN/rose_forward_bench' /tmp/q3emb --iters 10 --streams-ab 2>&1 | grep -v 'gemm tuned'" ;;
     embprof) step embprof embprof.txt 200 bash -c "bash '$ROOT/bench/suites/gpu_profile.sh' '$BIN' '$LOGS/embprof' 16x512 1x128 2>&1 | grep -v 'gemm tuned'" ;;

@@ -21,7 +21,6 @@
 #include "services/rose/ops/cuda/gemm_smallm.cuh"
 #include "services/rose/ops/cuda/gemv.cuh"
 #include "services/rose/ops/cuda/pool.cuh"
-#include "services/rose/ops/cuda/qk_norm_rope.cuh"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace garden::rose::gputest {
@@ -1080,24 +1079,13 @@ std::pair<std::vector<float>, std::vector<float>> ropeTables(int64_t max_pos, in
   return {c, s};
 }
 
-// A QK-norm + RoPE shape: q heads, kv heads, head_dim, rotary_dim; per-head norm or rope only.
-struct QkRopeCase {
-  int32_t hq, hkv, d, rot;
-  bool norm;
-  QkNormRopeParams params() const {
-    QkNormRopeParams p;
-    p.num_q_heads = hq;
-    p.num_kv_heads = hkv;
-    p.head_dim = d;
-    p.rotary_dim = rot;
-    p.apply_norm = norm;
-    return p;
-  }
-};
-
 TEST_F(GpuOps, QkNormRope) {
+  struct S {
+    int32_t hq, hkv, d, rot;
+    bool norm;
+  };
   const int64_t max_pos = 4096;
-  for (QkRopeCase s : std::vector<QkRopeCase>{{16, 8, 128, 128, true},
+  for (S s : std::vector<S>{{16, 8, 128, 128, true},
                             {16, 8, 128, 64, true},
                             {4, 4, 64, 64, true},
                             {8, 2, 128, 128, false},
@@ -1126,7 +1114,12 @@ TEST_F(GpuOps, QkNormRope) {
       auto gc = upload(gpu(), DType::kF32, {max_pos, half}, c);
       auto cs = upload(cpu(), DType::kF32, {max_pos, half}, sn);
       auto gs = upload(gpu(), DType::kF32, {max_pos, half}, sn);
-      const QkNormRopeParams p = s.params();
+      QkNormRopeParams p;
+      p.num_q_heads = s.hq;
+      p.num_kv_heads = s.hkv;
+      p.head_dim = s.d;
+      p.rotary_dim = s.rot;
+      p.apply_norm = s.norm;
       if (s.rot == 0) {
         // rotary_dim 0: the tables are not read; pass empty views to the CPU as well as the GPU.
         QkNormRopeParams p0 = p;
@@ -1138,96 +1131,6 @@ TEST_F(GpuOps, QkNormRope) {
         gpu().qkNormRope(gq.view, gqw.view, gkw.view, gp.view, gc.view, gs.view, p);
       }
       expectClose(download(gpu(), gq.view), download(cpu(), cq.view), 3e-2, 2e-2, "qk_norm_rope");
-    }
-  }
-}
-
-// [TAG_QK_ROPE_VEC] Both kernels, launched directly: each matches the CPU reference; the 16-byte
-// kernel takes full rotary (or none) only, and a token's bits do not depend on how many tokens the
-// launch holds or how many passes its warps make.
-TEST_F(GpuOps, QkNormRopeBothKernels) {
-  auto& cb = static_cast<cuda::CudaBackend&>(gpu());
-  const int64_t max_pos = 40960;
-  for (QkRopeCase s : std::vector<QkRopeCase>{{16, 8, 128, 128, true},
-                            {4, 4, 64, 64, true},
-                            {8, 2, 128, 128, false},
-                            {3, 1, 128, 0, true},
-                            {5, 3, 64, 64, true},
-                            {16, 8, 128, 64, true}}) {
-    const int64_t width = static_cast<int64_t>(s.hq + 2 * s.hkv) * s.d;
-    const int64_t rot = std::max<int64_t>(s.rot, 2);
-    auto [c, sn] = ropeTables(max_pos, rot, 1e6);
-    const int64_t half = rot / 2;
-    auto gc = upload(gpu(), DType::kF32, {max_pos, half}, c);
-    auto gs = upload(gpu(), DType::kF32, {max_pos, half}, sn);
-    auto cc = upload(cpu(), DType::kF32, {max_pos, half}, c);
-    auto cs = upload(cpu(), DType::kF32, {max_pos, half}, sn);
-    auto qw = randomBf16(static_cast<size_t>(s.d), rng_, 0.5f, 1.5f);
-    auto kw = randomBf16(static_cast<size_t>(s.d), rng_, 0.5f, 1.5f);
-    auto gqw = upload(gpu(), DType::kBF16, {s.d}, qw);
-    auto gkw = upload(gpu(), DType::kBF16, {s.d}, kw);
-    auto cqw = upload(cpu(), DType::kF32, {s.d}, qw);
-    auto ckw = upload(cpu(), DType::kF32, {s.d}, kw);
-    std::vector<float> first_row;  // token 0 after the vectorized kernel, at the first T
-    std::vector<float> first_qkv;  // and its input
-    int32_t first_pos = 0;
-    for (int64_t t : {1, 7, 1000, 8192}) {
-      SCOPED_TRACE(shape({t, s.hq, s.hkv, s.d, s.rot}) + (s.norm ? " norm" : " rope-only"));
-      auto qkv = randomBf16(static_cast<size_t>(t * width), rng_, -3.f, 3.f);
-      std::vector<int32_t> pos(static_cast<size_t>(t));
-      std::uniform_int_distribution<int32_t> pd(0, static_cast<int32_t>(max_pos) - 1);
-      for (auto& p : pos) p = pd(rng_);
-      if (!first_row.empty()) {  // token 0 as in the first launch
-        std::copy(first_qkv.begin(), first_qkv.end(), qkv.begin());
-        pos[0] = first_pos;
-      }
-      auto cq = upload(cpu(), DType::kF32, {t, width}, qkv);
-      auto cp = uploadI32(cpu(), {t}, pos);
-      const QkNormRopeParams p = s.params();
-      if (s.rot == 0) {
-        cpu().qkNormRope(cq.view, cqw.view, ckw.view, cp.view, cc.view.reshaped({max_pos, 0}),
-                         cs.view.reshaped({max_pos, 0}), p);
-      } else {
-        cpu().qkNormRope(cq.view, cqw.view, ckw.view, cp.view, cc.view, cs.view, p);
-      }
-      const auto ref = download(cpu(), cq.view);
-      auto gp = uploadI32(gpu(), {t}, pos);
-      for (int v : {0, 1, 3, -1}) {  // the 16-byte kernel by size, 1 and 3 passes; the warp kernel
-        const bool vec = v >= 0;
-        SCOPED_TRACE(vec ? "vectorized, passes " + std::to_string(v) : std::string("warp"));
-        auto gq = upload(gpu(), DType::kBF16, {t, width}, qkv);
-        cuda::QkNormRopeArgs a;
-        a.qkv = gq.view.as<__nv_bfloat16>();
-        a.q_weight = gqw.view.as<__nv_bfloat16>();
-        a.k_weight = gkw.view.as<__nv_bfloat16>();
-        a.positions = gp.view.as<int32_t>();
-        a.cos = s.rot > 0 ? gc.view.as<float>() : nullptr;
-        a.sin = s.rot > 0 ? gs.view.as<float>() : nullptr;
-        a.num_tokens = t;
-        a.num_q_heads = s.hq;
-        a.num_kv_heads = s.hkv;
-        a.head_dim = s.d;
-        a.rotary_dim = s.rot;
-        a.max_pos = s.rot > 0 ? static_cast<int32_t>(max_pos) : 0;
-        a.apply_norm = s.norm;
-        a.vectorized = vec;
-        a.vec_iters = std::max(v, 0);
-        EXPECT_EQ(vec && (s.rot == s.d || s.rot == 0), cuda::qkNormRopeVectorized(a));
-        ASSERT_TRUE(cuda::launchQkNormRope(a, cb.stream()).isOk());
-        const auto got = download(gpu(), gq.view);
-        expectClose(got, ref, 3e-2, 2e-2, "qk_norm_rope");
-        if (vec) {
-          const std::vector<float> row0(got.begin(), got.begin() + width);
-          if (first_row.empty()) {
-            first_row = row0;
-            first_qkv.assign(qkv.begin(), qkv.begin() + width);
-            first_pos = pos[0];
-          } else {
-            EXPECT_EQ(0, std::memcmp(first_row.data(), row0.data(), row0.size() * sizeof(float)))
-                << "token 0's bits depend on the launch's token count";
-          }
-        }
-      }
     }
   }
 }

@@ -91,9 +91,6 @@ Status cudaKernelOptionsFromEnv(CudaKernelOptions& opts) {
   int attn_fp8 = opts.attention_fp8_out ? 1 : 0;  // [TAG_ATTN_FP8_OUT]
   RETURN_IF_ERROR(envChoice("GARDEN_ATTN_FP8_OUT", {"0", "1"}, &attn_fp8));
   opts.attention_fp8_out = attn_fp8 == 1;
-  int qk_rope = opts.qk_rope_vec ? 0 : 1;  // [TAG_QK_ROPE_VEC]
-  RETURN_IF_ERROR(envChoice("GARDEN_QK_ROPE", {"vec", "warp"}, &qk_rope));
-  opts.qk_rope_vec = qk_rope == 0;
   opts.moe_lt_streams = lt_streams + 1;
   opts.moe_lt_bias_epilogue = lt_epi == 1;
   opts.moe_lt_overlap_dequant = lt_overlap == 1;

@@ -293,11 +293,6 @@ struct CudaKernelOptions {
   // GPU LLM model / ops / kernel suites and the embedding model-graph test passed with it on.
   // GARDEN_PDL_GRAPH=0|1.
   bool pdl_graph = true;
-  // [TAG_QK_ROPE_VEC] Qwen3's per-head QK-norm + RoPE on the 16-byte kernel (ops/cuda/
-  // qk_norm_rope.cu qkNormRopeVecKernel: 8 dims per lane, the rotate-half partner by shuffle, two
-  // passes of loads in flight) where it applies (full rotary or none), or the warp-per-head kernel.
-  // GARDEN_QK_ROPE=vec|warp.
-  bool qk_rope_vec = true;
   // [TAG_ATTN_FP8_OUT] With --weights fp8 (the O-proj in FP8), the Hopper attention writes the
   // O-proj's e4m3 codes and scales from its epilogue instead of a bf16 output quantized by a
   // kernel of its own (same bits). GARDEN_ATTN_FP8_OUT=0|1.

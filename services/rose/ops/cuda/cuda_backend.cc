@@ -573,7 +573,6 @@ void CudaBackend::qkNormRope(const Tensor& qkv, const Tensor& q_weight, const Te
   a.max_pos = p.rotary_dim > 0 ? static_cast<int32_t>(cos.rows()) : 0;
   a.eps = p.eps;
   a.apply_norm = p.apply_norm;
-  a.vectorized = kernels_.qk_rope_vec;
   checkOk(launchQkNormRope(a, stream_, kernels_.pdl), "qkNormRope");
 }
 

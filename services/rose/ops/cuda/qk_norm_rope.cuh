@@ -31,17 +31,7 @@ struct QkNormRopeArgs {
   int32_t max_pos = 0;
   float eps = 1e-6f;
   bool apply_norm = true;
-  // [TAG_QK_ROPE_VEC] the 16-byte kernel where it applies (qkNormRopeVectorized); false = the
-  // warp-per-head kernel (CudaKernelOptions::qk_rope_vec, GARDEN_QK_ROPE=vec|warp).
-  bool vectorized = true;
-  // Its passes of loads per warp (each 32 / (head_dim / 8) heads): 0 = by size (1 for few tokens,
-  // else 2); 1..3 forced (the kernel bench times each).
-  int32_t vec_iters = 0;
 };
-
-// Whether launchQkNormRope takes the 16-byte kernel for these arguments: asked for, full rotary or
-// none, 16-byte aligned qkv / tables / weights.
-bool qkNormRopeVectorized(const QkNormRopeArgs& a);
 
 // pdl: programmatic dependent launch for an eager launch (common.cuh [TAG_PDL]); the backend
 // passes its CudaKernelOptions::pdl.
