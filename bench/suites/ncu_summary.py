@@ -21,7 +21,10 @@ end = next((i for i in range(1, len(rows)) if rows[i][0] == first), len(rows))
 one = rows[:end]
 fam = defaultdict(lambda: [0.0, 0])
 for name, ns in one:
-    key = re.sub(r"<.*", "", name.split("(")[0]).strip()
+    # "void garden::<unnamed>::swigluKernel(garden::SwigluArgs)" -> "garden::swigluKernel"
+    # (anonymous namespaces are spelled "<unnamed>" or "(anonymous namespace)").
+    key = name.replace("<unnamed>::", "").replace("(anonymous namespace)::", "")
+    key = re.sub(r"<.*", "", key.split("(")[0]).replace("void ", "").strip()
     if "gemm" in name.lower() or "cutlass" in name.lower() or name.startswith("sm90_") or "xmma" in name:
         key = "GEMM (cuBLASLt): " + key[:40]
     fam[key][0] += ns
