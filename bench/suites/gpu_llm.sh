@@ -295,6 +295,8 @@
 #             (the O-proj operand quantized by its own kernel / from the attention's epilogue)
 #   embstreams  rose_forward_bench --streams-ab: embedding batches on one stream vs two (a
 #             second batch in flight), 16x512 / 8x1024 / 2x4096 / 1x512 / 4x128
+#   elemncu   ncu (speed of light, memory, occupancy, warp stalls) on the first launch each of
+#             QK-norm + RoPE, SwiGLU and RMSNorm in rose_kernel_bench elementwise (8192 tokens)
 #   embprof   bench/suites/gpu_profile.sh at 16x512 and 1x128: the embedding forward's kernels
 #             (ncu durations of the second eager pass) summed by family
 #   gemmfp8   rose_kernel_bench gemm_fp8: the Qwen3 layer GEMMs in bf16 (tuned runner) beside FP8
@@ -517,6 +519,7 @@ for s in $STEPS; do
     embfp8m) step embfp8m embfp8m.txt 300 bash -c "set -o pipefail; rc=0; '$BIN/gpu_model_graph_test' --gtest_brief=1 2>&1 | grep -v 'gemm tuned' || rc=1; python3 '$ROOT/bench/suites/make_random_qwen3.py' --out /tmp/q3emb > /dev/null && '$BIN/rose_forward_bench' /tmp/q3emb --iters 20 --weights-ab 2>&1 | grep -v 'gemm tuned' || rc=1; exit \$rc" ;;
     attnfp8ab) step attnfp8ab attnfp8ab.txt 240 bash -c "set -o pipefail; rc=0; python3 '$ROOT/bench/suites/make_random_qwen3.py' --out /tmp/q3emb > /dev/null && for v in 0 1; do echo \"== GARDEN_ATTN_FP8_OUT=\$v\"; GARDEN_FORWARD_SHAPES=1x512,16x512,8x1024,2x4096 GARDEN_ATTN_FP8_OUT=\$v '$BIN/rose_forward_bench' /tmp/q3emb --iters 20 --weights-ab 2>&1 | grep -v 'gemm tuned' || rc=1; done; exit \$rc" ;;
     embstreams) step embstreams embstreams.txt 200 bash -c "set -o pipefail; python3 '$ROOT/bench/suites/make_random_qwen3.py' --out /tmp/q3emb > /dev/null && GARDEN_FORWARD_SHAPES=16x512,8x1024,2x4096,1x512,4x128 '$BIN/rose_forward_bench' /tmp/q3emb --iters 10 --streams-ab 2>&1 | grep -v 'gemm tuned'" ;;
+    elemncu) step elemncu elemncu.txt 200 ncu -k regex:'qkNormRope|swiglu|rmsNorm' -c 3 --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats "$BIN/rose_kernel_bench" elementwise ;;
     embprof) step embprof embprof.txt 200 bash -c "bash '$ROOT/bench/suites/gpu_profile.sh' '$BIN' '$LOGS/embprof' 16x512 1x128 2>&1 | grep -v 'gemm tuned'" ;;
     gemmfp8) step gemmfp8 gemmfp8.txt 200 timeout 190 "$BIN/rose_kernel_bench" gemm_fp8 ;;
     attnbench) step attnbench attnbench.txt 120 timeout 110 "$BIN/rose_kernel_bench" attention ;;
