@@ -4,8 +4,9 @@
 //   embedding      T=8192 H=1024 gather                         (TB/s)
 //   rms_norm_add   T=8192 H=1024, residual add fused            (TB/s)
 //   qk_norm_rope   T=8192 Hq=16 Hkv=8 D=128                     (TB/s)
+//   qk_rows_copy2d the same bytes (q and k of each row) copied by cudaMemcpy2DAsync (TB/s)
 //   swiglu         T=8192 I=3072                                (TB/s)
-//                  `rose_kernel_bench elementwise` runs only these four
+//                  `rose_kernel_bench elementwise` runs only these
 //   pool_mean      block and cluster per sequence, H=1024, L2: 16x512, 1x4096, 100x512 (TB/s)
 //   pool_last      same shapes, L2                              (TB/s of the rows read)
 //   attention      the size policy (auto), the narrow-only policy, the sm90 policy, and each
@@ -318,6 +319,16 @@ void benchQkNormRope() {
   }
   // in place: read + write the q and k heads
   reportBw("qk_norm_rope", "T=8192 Hq=16 Hkv=8 D=128", timeIt(run, sets),
+           2.0 * t * (hq + hkv) * d * 2);
+  // The same bytes moved by the copy engine: the q and k part of every row (6 of its 8 KB) into
+  // another buffer of the same layout (cudaMemcpy2DAsync) - what this access pattern costs
+  // without any kernel of ours.
+  Dev other(t * width * 2);
+  auto copy = [&](int s) {
+    CK(cudaMemcpy2DAsync(other.p, width * 2, q[s]->p, width * 2, (hq + hkv) * d * 2, t,
+                         cudaMemcpyDeviceToDevice));
+  };
+  reportBw("qk_rows_copy2d", "T=8192 (Hq+Hkv)*D of each row", timeIt(copy, sets),
            2.0 * t * (hq + hkv) * d * 2);
 }
 
