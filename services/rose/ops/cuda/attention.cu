@@ -626,8 +626,7 @@ const char* attentionVariantName(AttentionVariant v) {
 
 Status checkAttentionVariant(const AttentionArgs& a, AttentionVariant v) {
   RETURN_IF_ERROR(checkArgs(a));
-  if (a.out_fp8 != nullptr && v != AttentionVariant::kSm90 && v != AttentionVariant::kSm90Basic &&
-      v != AttentionVariant::kSm90CpAsync) {
+  if (a.out_fp8 != nullptr && !attentionVariantIsSm90(v)) {
     return unimplemented(std::string("attention: variant ") + attentionVariantName(v) +
                          " has no fp8 output (the Hopper variants do)");
   }

@@ -71,6 +71,11 @@ enum class AttentionVariant : int32_t {
   kSm90CpAsync = 7,
 };
 const char* attentionVariantName(AttentionVariant v);  // "narrow16", ..., "sm90", "sm90basic", "sm90cpasync"
+// The Hopper variants: the ones that can write an fp8 output (AttentionArgs::out_fp8).
+constexpr bool attentionVariantIsSm90(AttentionVariant v) {
+  return v == AttentionVariant::kSm90 || v == AttentionVariant::kSm90Basic ||
+         v == AttentionVariant::kSm90CpAsync;
+}
 
 // Which variants the size policy may pick (rose: GARDEN_ATTENTION_KERNEL=auto|narrow|sm90, read
 // into CudaKernelOptions at start-up).

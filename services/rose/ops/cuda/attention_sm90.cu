@@ -371,13 +371,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         uint16_t* dst = reinterpret_cast<uint16_t*>(q_base + static_cast<int64_t>(row) * out_stride +
                                                     accCol(tid, 0));
 #pragma unroll
-        for (int i = 0; i < 16; ++i) {
-          const uint32_t c0 =
-              __nv_cvt_float_to_fp8(__fmul_rn(v[2 * i], qinv), __NV_SATFINITE, __NV_E4M3);
-          const uint32_t c1 =
-              __nv_cvt_float_to_fp8(__fmul_rn(v[2 * i + 1], qinv), __NV_SATFINITE, __NV_E4M3);
-          dst[4 * i] = static_cast<uint16_t>(c0 | (c1 << 8));
-        }
+        for (int i = 0; i < 16; ++i)
+          dst[4 * i] = static_cast<uint16_t>(fp8Code(v[2 * i], qinv) | (fp8Code(v[2 * i + 1], qinv) << 8));
         if ((tid & 3) == 0) a.out_scales[qh * a.out_scale_rows + start + row] = sc;
       }
     }

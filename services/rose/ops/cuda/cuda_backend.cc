@@ -619,20 +619,18 @@ void CudaBackend::attentionFp8(const Tensor& qkv, const Tensor& cu_seqlens, cons
   AttentionArgs a = attentionArgs(qkv, cu_seqlens, scratch, p);
   require(fp8Activation(out, qkv.rows(), scratch.cols()), "attentionFp8",
           "out: codes U8 [T, Hq*head_dim], scales F32 [Hq*head_dim/128, T]");
-  if (kernels_.attention_fp8_out && a.num_tokens > 0 && a.num_seqs > 0) {
-    Result<AttentionVariant> v = selectAttentionVariant(a, attentionPolicy(kernels_), smCount());
-    checkOk(v.status(), "attentionFp8");
-    if (*v == AttentionVariant::kSm90 || *v == AttentionVariant::kSm90Basic ||
-        *v == AttentionVariant::kSm90CpAsync) {
-      a.out = nullptr;  // [TAG_ATTN_FP8_OUT] the codes and scales from the epilogue
-      a.out_fp8 = out.codes.as<uint8_t>();
-      a.out_scales = out.scales.as<float>();
-      a.out_scale_rows = out.codes.rows();
-      checkOk(launchAttentionVariant(a, stream_, *v, kernels_.pdl), "attentionFp8");
-      return;
-    }
+  // One selection for both outcomes (launchAttention would select again).
+  Result<AttentionVariant> v = selectAttentionVariant(a, attentionPolicy(kernels_), smCount());
+  checkOk(v.status(), "attentionFp8");
+  if (kernels_.attention_fp8_out && attentionVariantIsSm90(*v)) {
+    a.out = nullptr;  // [TAG_ATTN_FP8_OUT] the codes and scales from the epilogue
+    a.out_fp8 = out.codes.as<uint8_t>();
+    a.out_scales = out.scales.as<float>();
+    a.out_scale_rows = out.codes.rows();
+    checkOk(launchAttentionVariant(a, stream_, *v, kernels_.pdl), "attentionFp8");
+    return;
   }
-  checkOk(launchAttention(a, stream_, attentionPolicy(kernels_), kernels_.pdl), "attentionFp8");
+  checkOk(launchAttentionVariant(a, stream_, *v, kernels_.pdl), "attentionFp8");
   quantizeFp8(scratch, out);
 }
 

@@ -4,6 +4,7 @@
 #include "services/rose/ops/cuda/cuda_utils.h"
 #include "services/rose/ops/cuda/fp8_act_quant.cuh"
 #include "services/rose/ops/cuda/fp8_block.h"
+#include "services/rose/ops/cuda/fp8_dense.cuh"
 
 namespace garden::rose::cuda {
 namespace {
@@ -52,8 +53,7 @@ __global__ void __launch_bounds__(kWarps * 32) fp8ActQuantKernel(Fp8ActQuantArgs
   uint32_t packed = 0;
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    const uint32_t q = __nv_cvt_float_to_fp8(__fmul_rn(v[j], inv), __NV_SATFINITE, __NV_E4M3);
-    packed |= q << (8 * j);
+    packed |= fp8Code(v[j], inv) << (8 * j);
   }
   *reinterpret_cast<uint32_t*>(a.q + r * kp + c) = packed;  // c < kp always
   if (lane == 0) a.scales[fp8ActScaleIndex(a.k, r0, cnt, r, b)] = scale;

@@ -45,14 +45,16 @@ struct Fp8RowQuantArgs {
 Status launchFp8RowQuant(const Fp8RowQuantArgs& a, cudaStream_t stream, bool pdl = true);
 
 #if defined(__CUDACC__)
-// 8 values times `inv`, each rounded to e4m3 (nearest even, saturating), packed in order.
+// One value times `inv` (fp8BlockScale's multiplier), rounded to e4m3: nearest even, saturating.
+__device__ __forceinline__ uint32_t fp8Code(float v, float inv) {
+  return __nv_cvt_float_to_fp8(__fmul_rn(v, inv), __NV_SATFINITE, __NV_E4M3);
+}
+
+// 8 values as fp8Code, packed in order.
 __device__ __forceinline__ uint2 fp8Pack8(const float (&v)[8], float inv) {
   uint32_t w[2] = {0u, 0u};
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const uint32_t c = __nv_cvt_float_to_fp8(__fmul_rn(v[i], inv), __NV_SATFINITE, __NV_E4M3);
-    w[i / 4] |= c << (8 * (i % 4));
-  }
+  for (int i = 0; i < 8; ++i) w[i / 4] |= fp8Code(v[i], inv) << (8 * (i % 4));
   return make_uint2(w[0], w[1]);
 }
 
