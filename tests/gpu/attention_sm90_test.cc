@@ -55,12 +55,6 @@ struct Case {
   float range = 2.f;  // inputs uniform in [-range, range)
 };
 
-std::vector<int32_t> cumulative(const std::vector<int32_t>& lens) {
-  std::vector<int32_t> cu(lens.size() + 1, 0);
-  for (size_t i = 0; i < lens.size(); ++i) cu[i + 1] = cu[i] + lens[i];
-  return cu;
-}
-
 std::string describe(const Case& c) {
   std::ostringstream s;
   s << "Hq" << c.hq << " Hkv" << c.hkv << (c.causal ? " causal" : " bidir") << " range " << c.range

@@ -229,8 +229,7 @@ TEST_F(GpuFp8Dense, FusedAttentionOutputEqualsAttentionThenQuantize) {
                                    {8, 1, {129, 255, 64}},
                                    {16, 8, {2049, 3}}}) {
     for (bool causal : {true, false}) {
-      std::vector<int32_t> cu(c.lens.size() + 1, 0);
-      for (size_t i = 0; i < c.lens.size(); ++i) cu[i + 1] = cu[i] + c.lens[i];
+      const std::vector<int32_t> cu = cumulative(c.lens);
       const int64_t t = cu.back(), d = 128, width = (c.hq + 2 * c.hkv) * d;
       SCOPED_TRACE("T=" + std::to_string(t) + " hq " + std::to_string(c.hq) + " hkv " +
                    std::to_string(c.hkv) + (causal ? " causal" : " bidirectional"));

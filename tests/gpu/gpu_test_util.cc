@@ -189,4 +189,10 @@ double expectSameWithinBf16(const float* got, const float* want, int64_t cols, d
   return cs;
 }
 
+std::vector<int32_t> cumulative(const std::vector<int32_t>& lens) {
+  std::vector<int32_t> cu(lens.size() + 1, 0);
+  for (size_t i = 0; i < lens.size(); ++i) cu[i + 1] = cu[i] + lens[i];
+  return cu;
+}
+
 }  // namespace garden::rose::gputest

@@ -38,6 +38,8 @@ OwnedTensor allocate(Backend& b, DType dtype, std::initializer_list<int64_t> dim
 void poison(Backend& b, const Tensor& t);
 // Synchronizes and returns the tensor's values as float.
 std::vector<float> download(Backend& b, const Tensor& t);
+// Sequence lengths -> cu_seqlens: [0, l0, l0 + l1, ...] (size lens + 1).
+std::vector<int32_t> cumulative(const std::vector<int32_t>& lens);
 
 // Dense (unquantized) expert weights over borrowed views, as the MoE ops take them: `w1` the
 // gate/up projection [experts, 2 * inter, hidden], `w2` the down projection [experts, hidden,

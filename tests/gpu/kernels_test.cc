@@ -1141,12 +1141,6 @@ struct AttnCase {
   std::vector<int32_t> lens;
 };
 
-std::vector<int32_t> cumulative(const std::vector<int32_t>& lens) {
-  std::vector<int32_t> cu(lens.size() + 1, 0);
-  for (size_t i = 0; i < lens.size(); ++i) cu[i + 1] = cu[i] + lens[i];
-  return cu;
-}
-
 TEST_F(GpuOps, VarlenAttentionBothTileSizes) {
   std::vector<AttnCase> cases;
   for (bool causal : {true, false}) {
