@@ -28,6 +28,7 @@
 
 #include "services/rose/ops/cuda/attention.cuh"
 #include "services/rose/ops/cuda/cuda_backend.h"
+#include "services/rose/ops/cuda/qk_norm_rope.cuh"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace garden::rose::gputest {
@@ -385,6 +386,227 @@ TEST_F(AttentionSm90, RowDoesNotDependOnBatch) {
   }
 }
 
+// [TAG_ATTN_QROPE] The Hopper variants norming and roping the q heads themselves (raw q in qkv,
+// AttentionArgs::q_norm; the k heads by qk_norm_rope with first_head = Hq) give the same bits as
+// qk_norm_rope over every head then attention: bf16 and fp8 outputs, causal and bidirectional,
+// tile edges, positions past the cos/sin table (clamped), GQA 16:8 and 8:1. The kernel leaves qkv
+// alone; the k-only pass leaves q raw and transforms k exactly as the full pass.
+TEST_F(AttentionSm90, FusedQNormRopeEqualsTheSeparatePass) {
+  struct C {
+    int32_t hq, hkv;
+    std::vector<int32_t> lens;
+    int32_t pos_offset;  // added to every position (past max_pos: clamped)
+  };
+  constexpr int32_t kMaxPos = 4200;
+  std::vector<float> cos_t(static_cast<size_t>(kMaxPos) * 64), sin_t(cos_t.size());
+  for (int32_t p = 0; p < kMaxPos; ++p) {
+    for (int i = 0; i < 64; ++i) {
+      const double f = static_cast<double>(p) / std::pow(1e6, 2.0 * i / 128.0);
+      cos_t[static_cast<size_t>(p) * 64 + i] = static_cast<float>(std::cos(f));
+      sin_t[static_cast<size_t>(p) * 64 + i] = static_cast<float>(std::sin(f));
+    }
+  }
+  auto gcos = upload(gpu(), DType::kF32, {kMaxPos, 64}, cos_t);
+  auto gsin = upload(gpu(), DType::kF32, {kMaxPos, 64}, sin_t);
+  auto wq = randomBf16(128, rng_, 0.5f, 1.5f), wk = randomBf16(128, rng_, 0.5f, 1.5f);
+  auto gwq = upload(gpu(), DType::kBF16, {128}, wq);
+  auto gwk = upload(gpu(), DType::kBF16, {128}, wk);
+  int cases = 0;
+  for (const C& c : std::vector<C>{{16, 8, {1}, 0},
+                                   {16, 8, {127, 128, 129, 5}, 0},
+                                   {16, 8, {1000, 77}, 0},
+                                   {8, 1, {300, 1, 64}, 0},
+                                   {16, 8, {4097}, 0},
+                                   {16, 8, {200, 33}, 4100}}) {
+    const auto cu = cumulative(c.lens);
+    const int64_t t = cu.back(), width = static_cast<int64_t>(c.hq + 2 * c.hkv) * 128;
+    std::vector<int32_t> pos;
+    for (int32_t l : c.lens)
+      for (int32_t i = 0; i < l; ++i) pos.push_back(i + c.pos_offset);
+    auto raw = randomBf16(static_cast<size_t>(t * width), rng_, -3.f, 3.f);
+    auto gpos = uploadI32(gpu(), {t}, pos);
+    auto gcu = uploadI32(gpu(), {static_cast<int64_t>(cu.size())}, cu);
+    auto full = upload(gpu(), DType::kBF16, {t, width}, raw);   // every head transformed
+    auto konly = upload(gpu(), DType::kBF16, {t, width}, raw);  // k only; q raw
+    cuda::QkNormRopeArgs r;
+    r.q_weight = gwq.view.as<__nv_bfloat16>();
+    r.k_weight = gwk.view.as<__nv_bfloat16>();
+    r.positions = gpos.view.as<int32_t>();
+    r.cos = gcos.view.as<float>();
+    r.sin = gsin.view.as<float>();
+    r.num_tokens = t;
+    r.num_q_heads = c.hq;
+    r.num_kv_heads = c.hkv;
+    r.head_dim = 128;
+    r.rotary_dim = 128;
+    r.max_pos = kMaxPos;
+    r.eps = 1e-6f;
+    r.qkv = full.view.as<__nv_bfloat16>();
+    ASSERT_TRUE(cuda::launchQkNormRope(r, cb().stream()).isOk());
+    r.qkv = konly.view.as<__nv_bfloat16>();
+    r.first_head = c.hq;
+    ASSERT_TRUE(cuda::launchQkNormRope(r, cb().stream()).isOk());
+    const auto full_h = download(gpu(), full.view), konly_h = download(gpu(), konly.view);
+    int64_t q_changed = 0, kv_differ = 0;
+    for (int64_t i = 0; i < t * width; ++i) {
+      const bool is_q = i % width < static_cast<int64_t>(c.hq) * 128;
+      const size_t k = static_cast<size_t>(i);
+      if (is_q && std::memcmp(&konly_h[k], &raw[k], sizeof(float)) != 0) ++q_changed;
+      if (!is_q && std::memcmp(&konly_h[k], &full_h[k], sizeof(float)) != 0) ++kv_differ;
+    }
+    EXPECT_EQ(q_changed, 0) << "the k-only pass wrote q heads";
+    EXPECT_EQ(kv_differ, 0) << "the k-only pass and the full pass differ on k/v";
+    for (bool causal : {true, false}) {
+      SCOPED_TRACE(describe(Case{c.hq, c.hkv, causal, c.lens}) + " pos+" +
+                   std::to_string(c.pos_offset));
+      ++cases;
+      for (cuda::AttentionVariant v : {cuda::AttentionVariant::kSm90,
+                                       cuda::AttentionVariant::kSm90Basic,
+                                       cuda::AttentionVariant::kSm90CpAsync}) {
+        for (bool fp8 : {false, true}) {
+          if (fp8 && v != cuda::AttentionVariant::kSm90) continue;
+          auto run = [&](const OwnedTensor& qkv, bool fused) {
+            auto out = allocate(gpu(), DType::kBF16, {t, c.hq * 128});
+            auto codes = allocate(gpu(), DType::kU8, {t, c.hq * 128});
+            auto scales = allocate(gpu(), DType::kF32, {c.hq, t});
+            poison(gpu(), out.view);
+            poison(gpu(), codes.view);
+            poison(gpu(), scales.view);
+            cuda::AttentionArgs a;
+            a.qkv = qkv.view.as<__nv_bfloat16>();
+            a.cu_seqlens = gcu.view.as<int32_t>();
+            a.num_tokens = t;
+            a.num_seqs = static_cast<int32_t>(c.lens.size());
+            a.num_q_heads = c.hq;
+            a.num_kv_heads = c.hkv;
+            a.head_dim = 128;
+            a.scale = 1.f / std::sqrt(128.f);
+            a.causal = causal;
+            if (fp8) {
+              a.out_fp8 = codes.view.as<uint8_t>();
+              a.out_scales = scales.view.as<float>();
+              a.out_scale_rows = t;
+            } else {
+              a.out = out.view.as<__nv_bfloat16>();
+            }
+            if (fused) {
+              a.q_norm = gwq.view.as<__nv_bfloat16>();
+              a.positions = gpos.view.as<int32_t>();
+              a.rope_cos = gcos.view.as<float>();
+              a.rope_sin = gsin.view.as<float>();
+              a.rope_max_pos = kMaxPos;
+              a.q_eps = 1e-6f;
+            }
+            const Status s = cuda::launchAttentionVariant(a, cb().stream(), v);
+            EXPECT_TRUE(s.isOk()) << s.toString();
+            auto fired = cuda::attentionSm90WatchdogFired();
+            EXPECT_TRUE(fired.isOk() && !*fired) << "watchdog";
+            if (!fp8) return download(gpu(), out.view);
+            auto r = download(gpu(), scales.view);  // then the codes, 4 to a float
+            auto c8 = download(gpu(), Tensor(codes.view.data, DType::kF32, {t * c.hq * 32}));
+            r.insert(r.end(), c8.begin(), c8.end());
+            return r;
+          };
+          const auto want = run(full, false);
+          const auto got = run(konly, true);
+          ASSERT_EQ(want.size(), got.size());
+          int64_t bad = 0, first = -1;
+          for (size_t i = 0; i < want.size(); ++i) {
+            if (std::memcmp(&want[i], &got[i], sizeof(float)) != 0) {
+              if (first < 0) first = static_cast<int64_t>(i);
+              ++bad;
+            }
+          }
+          EXPECT_EQ(bad, 0) << cuda::attentionVariantName(v) << (fp8 ? " fp8" : " bf16")
+                            << ": " << bad << " of " << want.size()
+                            << " values differ; first at " << first << ": got "
+                            << (first >= 0 ? got[static_cast<size_t>(first)] : 0.f) << " want "
+                            << (first >= 0 ? want[static_cast<size_t>(first)] : 0.f);
+          if (!fp8) {
+            EXPECT_TRUE(
+                std::all_of(got.begin(), got.end(), [](float x) { return std::isfinite(x); }))
+                << cuda::attentionVariantName(v) << ": non-finite output";
+          }
+        }
+      }
+    }
+  }
+  std::printf("%d fused q norm + rope cases compared\n", cases);
+}
+
+// [TAG_ATTN_QROPE] Backend::qkNormRopeAttention through a backend that fuses (sm90 policy,
+// attention_q_rope on) equals the base class's two-op path, bf16 and fp8 outputs.
+TEST_F(AttentionSm90, BackendQNormRopeAttentionFusedEqualsTwoOps) {
+  BackendOptions opts;
+  ASSERT_TRUE(cudaKernelOptionsFromEnv(opts.cuda).isOk());
+  opts.cuda.attention_sm90 = true;
+  opts.cuda.attention_q_rope = true;
+  auto made = makeBackend("cuda", opts);
+  ASSERT_TRUE(made.isOk()) << made.status().toString();
+  Backend& g = **made;
+  const int32_t hq = 16, hkv = 8;
+  const std::vector<int32_t> lens = {513, 1, 128, 77};
+  const auto cu = cumulative(lens);
+  const int64_t t = cu.back(), width = (hq + 2 * hkv) * 128;
+  std::vector<int32_t> pos;
+  for (int32_t l : lens)
+    for (int32_t i = 0; i < l; ++i) pos.push_back(i);
+  std::vector<float> cos_t(1024 * 64), sin_t(1024 * 64);
+  for (int p = 0; p < 1024; ++p)
+    for (int i = 0; i < 64; ++i) {
+      const double f = p / std::pow(1e6, 2.0 * i / 128.0);
+      cos_t[static_cast<size_t>(p) * 64 + i] = static_cast<float>(std::cos(f));
+      sin_t[static_cast<size_t>(p) * 64 + i] = static_cast<float>(std::sin(f));
+    }
+  auto raw = randomBf16(static_cast<size_t>(t * width), rng_, -3.f, 3.f);
+  auto gcos = upload(g, DType::kF32, {1024, 64}, cos_t);
+  auto gsin = upload(g, DType::kF32, {1024, 64}, sin_t);
+  auto gwq = upload(g, DType::kBF16, {128}, randomBf16(128, rng_, 0.5f, 1.5f));
+  auto gwk = upload(g, DType::kBF16, {128}, randomBf16(128, rng_, 0.5f, 1.5f));
+  auto gpos = uploadI32(g, {t}, pos);
+  auto gcu = uploadI32(g, {static_cast<int64_t>(cu.size())}, cu);
+  QkNormRopeParams qk;
+  qk.num_q_heads = hq;
+  qk.num_kv_heads = hkv;
+  qk.head_dim = 128;
+  qk.rotary_dim = 128;
+  AttentionParams p;
+  p.num_seqs = static_cast<int32_t>(lens.size());
+  p.num_q_heads = hq;
+  p.num_kv_heads = hkv;
+  p.head_dim = 128;
+  p.max_seqlen = 513;
+  p.scale = 1.f / std::sqrt(128.f);
+  for (bool fp8 : {false, true}) {
+    auto run = [&](bool fused) {
+      auto qkv = upload(g, DType::kBF16, {t, width}, raw);
+      auto out = allocate(g, DType::kBF16, {t, hq * 128});
+      auto codes = allocate(g, DType::kU8, {t, hq * 128});
+      auto scales = allocate(g, DType::kF32, {hq, t});
+      poison(g, codes.view);
+      poison(g, scales.view);
+      Fp8Matrix m{codes.view, scales.view};
+      if (fused) {
+        g.qkNormRopeAttention(qkv.view, gwq.view, gwk.view, gpos.view, gcos.view, gsin.view, qk,
+                              gcu.view, out.view, fp8 ? &m : nullptr, p);
+      } else {
+        g.Backend::qkNormRopeAttention(qkv.view, gwq.view, gwk.view, gpos.view, gcos.view,
+                                       gsin.view, qk, gcu.view, out.view, fp8 ? &m : nullptr, p);
+      }
+      std::vector<float> r = fp8 ? download(g, scales.view) : download(g, out.view);
+      if (fp8) {
+        auto c8 = download(g, Tensor(codes.view.data, DType::kF32, {t * hq * 128 / 4}));
+        r.insert(r.end(), c8.begin(), c8.end());
+      }
+      return r;
+    };
+    const auto want = run(false), got = run(true);
+    ASSERT_EQ(want.size(), got.size());
+    EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)))
+        << (fp8 ? "fp8" : "bf16") << ": the fused path differs from the two ops";
+  }
+}
+
 TEST_F(AttentionSm90, PolicyAndRefusals) {
   cuda::AttentionArgs a;
   a.num_tokens = 1;
@@ -422,6 +644,22 @@ TEST_F(AttentionSm90, PolicyAndRefusals) {
   a.head_dim = 128;
   a.scale = 0.f;
   EXPECT_FALSE(cuda::checkAttentionVariant(a, cuda::AttentionVariant::kSm90).isOk());
+  // [TAG_ATTN_QROPE] q_norm: the mma.sync variants refuse it by name; the Hopper ones need the
+  // positions and the cos/sin table.
+  a.scale = 0.088f;
+  const __nv_bfloat16* fake = reinterpret_cast<const __nv_bfloat16*>(uintptr_t{256});
+  a.q_norm = fake;
+  for (auto v : {cuda::AttentionVariant::kNarrow64, cuda::AttentionVariant::kWide64}) {
+    const Status s = cuda::checkAttentionVariant(a, v);
+    EXPECT_FALSE(s.isOk());
+    EXPECT_NE(s.message().find("q_norm"), std::string::npos) << s.toString();
+  }
+  EXPECT_FALSE(cuda::checkAttentionVariant(a, cuda::AttentionVariant::kSm90).isOk());
+  a.positions = reinterpret_cast<const int32_t*>(uintptr_t{512});
+  a.rope_cos = a.rope_sin = reinterpret_cast<const float*>(uintptr_t{1024});
+  a.rope_max_pos = 10;
+  EXPECT_TRUE(cuda::checkAttentionVariant(a, cuda::AttentionVariant::kSm90).isOk());
+  a.q_norm = nullptr;
   EXPECT_STREQ(cuda::attentionVariantName(cuda::AttentionVariant::kSm90Basic), "sm90basic");
   EXPECT_STREQ(cuda::attentionVariantName(cuda::AttentionVariant::kSm90CpAsync), "sm90cpasync");
 }
