@@ -138,11 +138,50 @@ __device__ __forceinline__ void cpAsyncTile(const AttentionArgs& a, uint32_t dst
 // dims 4g .. 4g+3 and its butterfly adds lanes 16 apart first (dims d and d + 64: both here),
 // then 8, 4, 2 apart (chunks 4, 2, 1 apart: here too), then 1 apart (tid ^ 1). Rows past the
 // sequence are left as copied (not stored; a row's softmax reads only its own scores).
-__device__ __forceinline__ void normRopeQRows(const AttentionArgs& a, uint32_t s_q, int w,
-                                              int tid, int start, int q0, int len) {
+// Two phases: the row's cos/sin and the norm weights are loaded (qRopeLoad) before the consumer
+// waits for the Q tile, so their latency hides behind the copy; qRopeApply transforms the tile.
+struct QRopeIn {
+  float cs[8][4], sn[8][4];  // bf16-rounded cos / sin of dims 8i + 4j + e
+  uint2 w0[8], w1[8];        // the norm weights of those dims in half 0 / half 1 (bf16 x 4)
+  bool live;
+};
+
+__device__ __forceinline__ void qRopeLoad(const AttentionArgs& a, QRopeIn& in, int w, int tid,
+                                          int start, int q0, int len) {
   const int r = w * kWarpgroupRows + tid / 2;  // tile row
   const int j = tid & 1;
-  const bool live = q0 + r < len;  // the same for tid and tid ^ 1
+  in.live = q0 + r < len;  // the same for tid and tid ^ 1
+  int pos = 0;
+  if (in.live) pos = min(max(a.positions[static_cast<int64_t>(start) + q0 + r], 0), a.rope_max_pos - 1);
+  const float* cos_row = a.rope_cos + static_cast<int64_t>(pos) * (kHeadDim / 2);
+  const float* sin_row = a.rope_sin + static_cast<int64_t>(pos) * (kHeadDim / 2);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int d = 8 * i + 4 * j;  // first of the 4 dims in half 0; d + 64 in half 1
+    const float4 c4 = __ldg(reinterpret_cast<const float4*>(cos_row + d));
+    const float4 s4 = __ldg(reinterpret_cast<const float4*>(sin_row + d));
+    in.cs[i][0] = roundBf16(c4.x); in.cs[i][1] = roundBf16(c4.y);
+    in.cs[i][2] = roundBf16(c4.z); in.cs[i][3] = roundBf16(c4.w);
+    in.sn[i][0] = roundBf16(s4.x); in.sn[i][1] = roundBf16(s4.y);
+    in.sn[i][2] = roundBf16(s4.z); in.sn[i][3] = roundBf16(s4.w);
+    in.w0[i] = __ldg(reinterpret_cast<const uint2*>(a.q_norm + d));
+    in.w1[i] = __ldg(reinterpret_cast<const uint2*>(a.q_norm + kHalfCols + d));
+  }
+}
+
+__device__ __forceinline__ void bf16x4ToFloat(uint2 v, float (&f)[4]) {
+  const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v.x));
+  const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v.y));
+  f[0] = lo.x;
+  f[1] = lo.y;
+  f[2] = hi.x;
+  f[3] = hi.y;
+}
+
+__device__ __forceinline__ void qRopeApply(const AttentionArgs& a, const QRopeIn& in,
+                                           uint32_t s_q, int w, int tid) {
+  const int r = w * kWarpgroupRows + tid / 2;
+  const int j = tid & 1;
   uint2 raw[2][8];
   float ps[2][8];
 #pragma unroll
@@ -153,14 +192,13 @@ __device__ __forceinline__ void normRopeQRows(const AttentionArgs& a, uint32_t s
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       raw[h][i] = make_uint2(0u, 0u);
-      if (live) {
+      if (in.live) {
         asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n"
                      : "=r"(raw[h][i].x), "=r"(raw[h][i].y)
                      : "r"(s_q + h * kHalfBytes + off));
       }
-      const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw[h][i].x));
-      const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw[h][i].y));
-      const float x[4] = {lo.x, lo.y, hi.x, hi.y};
+      float x[4];
+      bf16x4ToFloat(raw[h][i], x);
       ps[h][i] = qkPartialSumSquares(x, 4);
     }
   }
@@ -173,48 +211,22 @@ __device__ __forceinline__ void normRopeQRows(const AttentionArgs& a, uint32_t s
 #pragma unroll
   for (int i = 0; i < 2; ++i) b[i] = b[i] + b[i + 2];
   float ss = b[0] + b[1];
-  ss = ss + __shfl_xor_sync(0xffffffffu, ss, 1);
-  if (!live) return;
+  ss = ss + __shfl_xor_sync(0xffffffffu, ss, 1);  // every lane: rows live or not
+  if (!in.live) return;
   const float rstd = qkRstd<kHeadDim>(ss, a.q_eps);
-  const int64_t tok = static_cast<int64_t>(start) + q0 + r;
-  const int pos = min(max(a.positions[tok], 0), a.rope_max_pos - 1);
-  const float* cos_row = a.rope_cos + static_cast<int64_t>(pos) * (kHeadDim / 2);
-  const float* sin_row = a.rope_sin + static_cast<int64_t>(pos) * (kHeadDim / 2);
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
-    const int d = 8 * i + 4 * j;  // first of the 4 dims in half 0; d + 64 in half 1
-    const float4 c4 = *reinterpret_cast<const float4*>(cos_row + d);
-    const float4 s4 = *reinterpret_cast<const float4*>(sin_row + d);
-    const float cs[4] = {roundBf16(c4.x), roundBf16(c4.y), roundBf16(c4.z), roundBf16(c4.w)};
-    const float sn[4] = {roundBf16(s4.x), roundBf16(s4.y), roundBf16(s4.z), roundBf16(s4.w)};
-    const uint2 w0 = *reinterpret_cast<const uint2*>(a.q_norm + d);
-    const uint2 w1 = *reinterpret_cast<const uint2*>(a.q_norm + kHalfCols + d);
-    float x0[4], x1[4], wt0[4], wt1[4];
-    {
-      float2 t = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw[0][i].x));
-      x0[0] = t.x; x0[1] = t.y;
-      t = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw[0][i].y));
-      x0[2] = t.x; x0[3] = t.y;
-      t = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw[1][i].x));
-      x1[0] = t.x; x1[1] = t.y;
-      t = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw[1][i].y));
-      x1[2] = t.x; x1[3] = t.y;
-      t = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w0.x));
-      wt0[0] = t.x; wt0[1] = t.y;
-      t = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w0.y));
-      wt0[2] = t.x; wt0[3] = t.y;
-      t = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w1.x));
-      wt1[0] = t.x; wt1[1] = t.y;
-      t = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w1.y));
-      wt1[2] = t.x; wt1[3] = t.y;
-    }
-    float y0[4], y1[4];
+    float x0[4], x1[4], wt0[4], wt1[4], y0[4], y1[4];
+    bf16x4ToFloat(raw[0][i], x0);
+    bf16x4ToFloat(raw[1][i], x1);
+    bf16x4ToFloat(in.w0[i], wt0);
+    bf16x4ToFloat(in.w1[i], wt1);
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const float n0 = qkNormValue(x0[e], rstd, wt0[e]);
       const float n1 = qkNormValue(x1[e], rstd, wt1[e]);
-      y0[e] = qkRopeValue(n0, -n1, cs[e], sn[e]);
-      y1[e] = qkRopeValue(n1, n0, cs[e], sn[e]);
+      y0[e] = qkRopeValue(n0, -n1, in.cs[i][e], in.sn[i][e]);
+      y1[e] = qkRopeValue(n1, n0, in.cs[i][e], in.sn[i][e]);
     }
     const uint32_t off = static_cast<uint32_t>(r) * kRowBytes +
                          ((static_cast<uint32_t>(i) ^ (static_cast<uint32_t>(r) & 7u)) * 16) +
@@ -333,6 +345,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint64_t v_desc0 = makeDescriptor(s_v, kMnMajorLbo, kMnMajorSbo);
   constexpr uint64_t kStageStep = kTileBytes >> 4;  // descriptor start address per stage
 
+  // [TAG_ATTN_QROPE] This thread's cos/sin and norm weights, in flight while the copies land.
+  QRopeIn qr;
+  if (a.q_norm != nullptr) qRopeLoad(a, qr, w, tid, start, q0, len);
+
   // The first tile processed (stage 0) may run past the sequence: zero its V rows from len on.
   const int first_key0 = (n_tiles - 1) * kBlockN;
   if (first_key0 + kBlockN > len) {  // block-uniform
@@ -347,11 +363,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     namedBarrierSync(kVZeroBarrier, 256);
   }
 
-  mbarWait(bar_q, 0);
   if (a.q_norm != nullptr) {  // [TAG_ATTN_QROPE] block-uniform
-    normRopeQRows(a, s_q, w, tid, start, q0, len);
+    mbarWait(bar_q, 0);
+    qRopeApply(a, qr, s_q, w, tid);
     fenceProxyAsyncShared();  // the generic-proxy writes, visible to wgmma
     namedBarrierSync(kQRopeBarrier + w, 128);
+  } else {
+    mbarWait(bar_q, 0);
   }
   float o[64], s[64], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, alpha[2];
   uint32_t p[32];
