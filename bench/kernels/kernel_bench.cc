@@ -4,7 +4,6 @@
 //   embedding      T=8192 H=1024 gather                         (TB/s)
 //   rms_norm_add   T=8192 H=1024, residual add fused            (TB/s)
 //   qk_norm_rope   T=8192 Hq=16 Hkv=8 D=128                     (TB/s)
-//   qk_norm_rope_k the k heads only (first_head = Hq: the fused-q attention's pass) (TB/s)
 //   qk_rows_copy2d the same bytes (q and k of each row) copied by cudaMemcpy2DAsync (TB/s)
 //   swiglu         T=8192 I=3072                                (TB/s)
 //                  `rose_kernel_bench elementwise` runs only these
@@ -282,10 +281,8 @@ void benchQkNormRope() {
     auto f = fillBf16(*q[s], -2, 2);
     if (s == 0) q0 = f;
   }
-  int32_t first_head = 0;
   auto run = [&](int s) {
     QkNormRopeArgs a;
-    a.first_head = first_head;
     a.qkv = q[s]->as<__nv_bfloat16>();
     a.q_weight = qw.as<__nv_bfloat16>();
     a.k_weight = kw.as<__nv_bfloat16>();
@@ -323,11 +320,6 @@ void benchQkNormRope() {
   // in place: read + write the q and k heads
   reportBw("qk_norm_rope", "T=8192 Hq=16 Hkv=8 D=128", timeIt(run, sets),
            2.0 * t * (hq + hkv) * d * 2);
-  // [TAG_ATTN_QROPE] The k heads only (the Hopper attention norms + ropes q itself).
-  first_head = hq;
-  reportBw("qk_norm_rope_k", "T=8192 Hkv=8 D=128 (first_head = Hq)", timeIt(run, sets),
-           2.0 * t * hkv * d * 2);
-  first_head = 0;
   // The same bytes moved by the copy engine: the q and k part of every row (6 of its 8 KB) into
   // another buffer of the same layout (cudaMemcpy2DAsync) - what this access pattern costs
   // without any kernel of ours.

@@ -293,15 +293,10 @@
 #   embfp8m   embfp8 without gpu_kernels_test (the model tests and the forward A/B only)
 #   attnfp8ab [TAG_ATTN_FP8_OUT] rose_forward_bench --weights-ab with GARDEN_ATTN_FP8_OUT=0 / 1
 #             (the O-proj operand quantized by its own kernel / from the attention's epilogue)
-#   qrope     [TAG_ATTN_QROPE] [TAG_MLP_CHUNK] gpu_kernels_test AttentionSm90.* + GpuOps.QkNormRope*
-#             + the fused fp8 attention output, the model suite with GARDEN_ATTN_QROPE=1 and
-#             GARDEN_EMBED_MLP_CHUNK=1000, then rose_forward_bench --ab: base / qrope (q's norm +
-#             RoPE inside the attention) / mlpN (the MLP over N-token chunks) side by side, bf16
-#             and fp8
 #   embstreams  rose_forward_bench --streams-ab: embedding batches on one stream vs two (a
 #             second batch in flight), 16x512 / 8x1024 / 2x4096 / 1x512 / 4x128
 #   elem      rose_kernel_bench elementwise: the elementwise kernels' bandwidth at 8192 tokens
-#             (QK-norm + RoPE all heads / k heads only, its bytes by the copy engine, SwiGLU, RMSNorm)
+#             (QK-norm + RoPE, its bytes by the copy engine, SwiGLU, RMSNorm)
 #   elemncu   ncu (speed of light, memory, occupancy, warp stalls) on the first launch each of
 #             QK-norm + RoPE, SwiGLU and RMSNorm in rose_kernel_bench elementwise (8192 tokens)
 #   embprof   bench/suites/gpu_profile.sh at 16x512 and 1x128: the embedding forward's kernels
@@ -525,7 +520,6 @@ for s in $STEPS; do
     embfp8) step embfp8 embfp8.txt 480 bash -c "set -o pipefail; rc=0; '$BIN/gpu_kernels_test' --gtest_brief=1 2>&1 | grep -vE 'gemm tuned|launching|^  sm90|^  narrow|^  wide|^case ' || rc=1; '$BIN/gpu_model_graph_test' --gtest_brief=1 2>&1 | grep -v 'gemm tuned' || rc=1; python3 '$ROOT/bench/suites/make_random_qwen3.py' --out /tmp/q3emb > /dev/null && '$BIN/rose_forward_bench' /tmp/q3emb --iters 20 --weights-ab 2>&1 | grep -v 'gemm tuned' || rc=1; exit \$rc" ;;
     embfp8m) step embfp8m embfp8m.txt 300 bash -c "set -o pipefail; rc=0; '$BIN/gpu_model_graph_test' --gtest_brief=1 2>&1 | grep -v 'gemm tuned' || rc=1; python3 '$ROOT/bench/suites/make_random_qwen3.py' --out /tmp/q3emb > /dev/null && '$BIN/rose_forward_bench' /tmp/q3emb --iters 20 --weights-ab 2>&1 | grep -v 'gemm tuned' || rc=1; exit \$rc" ;;
     attnfp8ab) step attnfp8ab attnfp8ab.txt 240 bash -c "set -o pipefail; rc=0; python3 '$ROOT/bench/suites/make_random_qwen3.py' --out /tmp/q3emb > /dev/null && for v in 0 1; do echo \"== GARDEN_ATTN_FP8_OUT=\$v\"; GARDEN_FORWARD_SHAPES=1x512,16x512,8x1024,2x4096 GARDEN_ATTN_FP8_OUT=\$v '$BIN/rose_forward_bench' /tmp/q3emb --iters 20 --weights-ab 2>&1 | grep -v 'gemm tuned' || rc=1; done; exit \$rc" ;;
-    qrope) step qrope qrope.txt 540 bash -c "set -o pipefail; rc=0; '$BIN/gpu_kernels_test' --gtest_brief=1 --gtest_filter='AttentionSm90.*:GpuOps.QkNormRope*:GpuFp8Dense.FusedAttention*' 2>&1 | grep -vE 'gemm tuned|launching|^  sm90|^  narrow|^  wide|^case ' || rc=1; echo '== model suite, GARDEN_ATTN_QROPE=1 GARDEN_EMBED_MLP_CHUNK=1000'; GARDEN_ATTN_QROPE=1 GARDEN_EMBED_MLP_CHUNK=1000 '$BIN/gpu_model_graph_test' --gtest_brief=1 2>&1 | grep -v 'gemm tuned' || rc=1; python3 '$ROOT/bench/suites/make_random_qwen3.py' --out /tmp/q3emb > /dev/null && GARDEN_FORWARD_SHAPES=1x128,1x512,16x512,8x1024,2x4096 '$BIN/rose_forward_bench' /tmp/q3emb --iters 20 --ab base,qrope,mlp1024,mlp2048,mlp4096,qrope+mlp2048 2>&1 | grep -v 'gemm tuned' || rc=1; GARDEN_FORWARD_SHAPES=16x512,2x4096 '$BIN/rose_forward_bench' /tmp/q3emb --iters 20 --ab fp8,fp8+qrope,fp8mlp,fp8mlp+qrope 2>&1 | grep -v 'gemm tuned' || rc=1; exit \$rc" ;;
     embstreams) step embstreams embstreams.txt 200 bash -c "set -o pipefail; python3 '$ROOT/bench/suites/make_random_qwen3.py' --out /tmp/q3emb > /dev/null && GARDEN_FORWARD_SHAPES=16x512,8x1024,2x4096,1x512,4x128 '$BIN/rose_forward_bench' /tmp/q3emb --iters 10 --streams-ab 2>&1 | grep -v 'gemm tuned'" ;;
     elem) step elem elem.txt 120 timeout 110 "$BIN/rose_kernel_bench" elementwise ;;
     elemncu) step elemncu elemncu.txt 240 bash -c "for k in qkNormRopeKernel swigluKernel rmsNormKernel; do echo \"== \$k\"; ncu -k regex:\$k -c 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats '$BIN/rose_kernel_bench' elementwise 2>&1 | grep -vE '^(embedding|rms_norm_add|qk_norm_rope|swiglu) '; done" ;;

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <cstdlib>
 #include <string>
 
 #include "common/safetensors.h"
@@ -108,18 +107,6 @@ Result<std::unique_ptr<Qwen3Model>> Qwen3Model::load(const std::string& dir, Bac
                 hkv = c.num_key_value_heads, inter = c.intermediate_size, v = c.vocab_size;
 
   m->fp8_ = opts.fp8_projections & kFp8All;
-  m->mlp_chunk_ = opts.mlp_chunk_rows;  // [TAG_MLP_CHUNK]
-  if (m->mlp_chunk_ < 0) {
-    m->mlp_chunk_ = 0;
-    if (const char* env = std::getenv("GARDEN_EMBED_MLP_CHUNK"); env != nullptr && *env != 0) {
-      char* end = nullptr;
-      const long long v = std::strtoll(env, &end, 10);
-      if (*end != 0 || v < 0)
-        return invalidArgument(std::string("GARDEN_EMBED_MLP_CHUNK='") + env +
-                               "': a token count >= 0 (0: whole batch)");
-      m->mlp_chunk_ = v;
-    }
-  }
   if (m->fp8_ != 0) {  // [TAG_EMBED_FP8]
     if (!b.supportsFp8Linear())
       return invalidArgument("--weights fp8: the " + std::string(b.name()) +
@@ -417,36 +404,24 @@ Tensor Qwen3Model::enqueueLayers(int64_t t, int32_t n_seq, int32_t max_seqlen) {
       b.rmsNorm(norm_in, norm_res, L.input_norm.view, x, norm);
       b.linear(x, L.qkv.view, L.qkv_bias.view, qkv);
     }
-    // [TAG_ATTN_QROPE] q's norm + RoPE may happen inside the attention (cuda, Hopper).
-    // [TAG_ATTN_FP8_OUT] With the O-proj in FP8, its operand straight from the attention.
-    b.qkNormRopeAttention(qkv, L.q_norm.view, L.k_norm.view, pos, rope_cos_.view, rope_sin_.view,
-                          qk, cu, attn, fo ? &xq : nullptr, ap);
-    if (fo) {
+    b.qkNormRope(qkv, L.q_norm.view, L.k_norm.view, pos, rope_cos_.view, rope_sin_.view, qk);
+    if (fo) {  // [TAG_ATTN_FP8_OUT] the O-proj's operand straight from the attention
+      b.attentionFp8(qkv, cu, attn, xq, ap);
       b.linearFp8(xq, L.o8.matrix(), x);
     } else {
+      b.attention(qkv, cu, attn, ap);
       b.linear(attn, L.o.view, L.o_bias.view, x);
     }
-    const bool chunked = !fg && !fd && mlp_chunk_ > 0 && t > mlp_chunk_;  // [TAG_MLP_CHUNK]
     if (fg) {  // res += attn out; x = norm(res)
       b.rmsNormFp8(x, res, L.post_norm.view, xh, norm);
       b.linearFp8(xh, L.gate_up8.matrix(), gate_up);
     } else {
       b.rmsNorm(x, res, L.post_norm.view, x, norm);
-      if (!chunked) b.linear(x, L.gate_up.view, Tensor(), gate_up);
+      b.linear(x, L.gate_up.view, Tensor(), gate_up);
     }
     if (fd) {
       b.swigluFp8(gate_up, xi);
       b.linearFp8(xi, L.down8.matrix(), x);
-    } else if (chunked) {
-      // [TAG_MLP_CHUNK] gate_up + SwiGLU + down per row chunk: the chunk's down output lands on
-      // the rows of x its gate_up already read.
-      for (int64_t r0 = 0; r0 < t; r0 += mlp_chunk_) {
-        const int64_t n = std::min(mlp_chunk_, t - r0);
-        const Tensor xs = x.rowSlice(r0, n), gu = gate_up.rowSlice(0, n), ms = mlp.rowSlice(0, n);
-        b.linear(xs, L.gate_up.view, Tensor(), gu);
-        b.swiglu(gu, ms);
-        b.linear(ms, L.down.view, Tensor(), xs);
-      }
     } else {
       b.swiglu(gate_up, mlp);
       b.linear(mlp, L.down.view, Tensor(), x);

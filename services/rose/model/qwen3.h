@@ -51,12 +51,6 @@ struct Qwen3Options {
   // The eager path pads the batch to a multiple of 4 tokens (a padding sequence, as the graph
   // buckets do). rose --weights fp8 (all four) | fp8-mlp (gate_up and down).
   uint32_t fp8_projections = 0;
-  // [TAG_MLP_CHUNK] > 0: the bf16 MLP (gate_up GEMM, SwiGLU, down GEMM) runs over row chunks of
-  // at most this many tokens, reusing one chunk-sized gate_up buffer, so the 2I-wide intermediate
-  // of a chunk can stay in L2 between the GEMM that writes it and the SwiGLU that reads it
-  // (at 8192 tokens it is 100 MB, past the 50-60 MB L2). 0: the whole batch at once. -1: from
-  // GARDEN_EMBED_MLP_CHUNK (unset: 0). Projections in FP8 are never chunked.
-  int64_t mlp_chunk_rows = -1;
 };
 
 // [TAG_EMBED_FP8] Qwen3Options::fp8_projections bits.
@@ -179,7 +173,6 @@ class Qwen3Model {
   std::vector<int32_t> host_positions_, host_cu_;
   std::vector<int32_t> host_pad_ids_;  // zeros: the padding sequence's token ids
   int32_t max_seqlen_ = 0;
-  int64_t mlp_chunk_ = 0;              // [TAG_MLP_CHUNK] Qwen3Options::mlp_chunk_rows resolved
   uint32_t fp8_ = 0;                   // [TAG_EMBED_FP8] Qwen3Options::fp8_projections
   uint32_t graph_id_ = 0;              // this model's number in its graph keys
   OwnedTensor fp8_codes_, fp8_scales_;  // the FP8 activation workspace (one GEMM input at a time)

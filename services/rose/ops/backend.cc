@@ -91,9 +91,6 @@ Status cudaKernelOptionsFromEnv(CudaKernelOptions& opts) {
   int attn_fp8 = opts.attention_fp8_out ? 1 : 0;  // [TAG_ATTN_FP8_OUT]
   RETURN_IF_ERROR(envChoice("GARDEN_ATTN_FP8_OUT", {"0", "1"}, &attn_fp8));
   opts.attention_fp8_out = attn_fp8 == 1;
-  int attn_qrope = opts.attention_q_rope ? 1 : 0;  // [TAG_ATTN_QROPE]
-  RETURN_IF_ERROR(envChoice("GARDEN_ATTN_QROPE", {"0", "1"}, &attn_qrope));
-  opts.attention_q_rope = attn_qrope == 1;
   opts.moe_lt_streams = lt_streams + 1;
   opts.moe_lt_bias_epilogue = lt_epi == 1;
   opts.moe_lt_overlap_dequant = lt_overlap == 1;
@@ -145,19 +142,6 @@ void Backend::attentionFp8(const Tensor& qkv, const Tensor& cu_seqlens, const Te
                            const Fp8Matrix& out, const AttentionParams& p) {
   attention(qkv, cu_seqlens, scratch, p);
   quantizeFp8(scratch, out);
-}
-void Backend::qkNormRopeAttention(const Tensor& qkv, const Tensor& q_weight,
-                                  const Tensor& k_weight, const Tensor& positions,
-                                  const Tensor& cos, const Tensor& sin,
-                                  const QkNormRopeParams& qk, const Tensor& cu_seqlens,
-                                  const Tensor& out, const Fp8Matrix* out8,
-                                  const AttentionParams& p) {
-  qkNormRope(qkv, q_weight, k_weight, positions, cos, sin, qk);
-  if (out8 != nullptr) {
-    attentionFp8(qkv, cu_seqlens, out, *out8, p);
-  } else {
-    attention(qkv, cu_seqlens, out, p);
-  }
 }
 void Backend::linearFp8(const Fp8Matrix&, const Fp8Matrix&, const Tensor&) {
   fp8Unsupported("linearFp8");

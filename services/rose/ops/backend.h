@@ -297,10 +297,6 @@ struct CudaKernelOptions {
   // O-proj's e4m3 codes and scales from its epilogue instead of a bf16 output quantized by a
   // kernel of its own (same bits). GARDEN_ATTN_FP8_OUT=0|1.
   bool attention_fp8_out = true;
-  // [TAG_ATTN_QROPE] Backend::qkNormRopeAttention with a Hopper attention variant: the attention
-  // kernel norms and ropes the q heads as they land in shared memory (same bits), and the separate
-  // qk_norm_rope pass covers the k heads only (a third of its bytes). GARDEN_ATTN_QROPE=0|1.
-  bool attention_q_rope = false;
 };
 
 // The --moe-prefill / GARDEN_MOE_PREFILL names: auto, chunk, step (or its old name cublas), tiled.
@@ -591,17 +587,6 @@ class Backend {
   // instead [TAG_ATTN_FP8_OUT] and leaves `scratch` alone.
   virtual void attentionFp8(const Tensor& qkv, const Tensor& cu_seqlens, const Tensor& scratch,
                             const Fp8Matrix& out, const AttentionParams& p);
-  // qkNormRope() then attention() into `out` (or, when out8 is given, attentionFp8() with `out`
-  // as its scratch): what the default does. A backend may fuse the two ([TAG_ATTN_QROPE]: cuda's
-  // Hopper attention norms and ropes the q heads itself as it loads them) with the same result
-  // bits; afterwards the q heads of qkv hold their raw or their transformed values (unspecified:
-  // do not read them), the k and v heads are as after qkNormRope().
-  virtual void qkNormRopeAttention(const Tensor& qkv, const Tensor& q_weight,
-                                   const Tensor& k_weight, const Tensor& positions,
-                                   const Tensor& cos, const Tensor& sin,
-                                   const QkNormRopeParams& qk, const Tensor& cu_seqlens,
-                                   const Tensor& out, const Fp8Matrix* out8,
-                                   const AttentionParams& p);
   // y[M, N] (activation dtype) = x · wᵀ with both operands dequantized (f32 accumulation). M a
   // multiple of 4.
   virtual void linearFp8(const Fp8Matrix& x, const Fp8Matrix& w, const Tensor& y);

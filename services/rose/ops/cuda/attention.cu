@@ -630,10 +630,6 @@ Status checkAttentionVariant(const AttentionArgs& a, AttentionVariant v) {
     return unimplemented(std::string("attention: variant ") + attentionVariantName(v) +
                          " has no fp8 output (the Hopper variants do)");
   }
-  if (a.q_norm != nullptr && !attentionVariantIsSm90(v)) {
-    return unimplemented(std::string("attention: variant ") + attentionVariantName(v) +
-                         " does not norm + rope q itself (q_norm; the Hopper variants do)");
-  }
   switch (v) {
     case AttentionVariant::kNarrow16:
     case AttentionVariant::kNarrow64:

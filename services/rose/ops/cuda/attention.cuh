@@ -37,18 +37,6 @@ struct AttentionArgs {
   uint8_t* out_fp8 = nullptr;
   float* out_scales = nullptr;
   int64_t out_scale_rows = 0;
-  // [TAG_ATTN_QROPE] When q_norm != nullptr (Hopper variants only; the others refuse it): the q
-  // heads in qkv are raw projections and the kernel applies qk_norm_rope.cuh's per-head RMSNorm
-  // (weight q_norm [128], eps q_eps) and RoPE (rotary_dim 128: cos/sin [rope_max_pos, 64] at
-  // positions[token], clamped) to each Q tile as it lands in shared memory, with that kernel's
-  // arithmetic, so the result equals qk_norm_rope then attention bit for bit. qkv is not written:
-  // the k heads still need launchQkNormRope (QkNormRopeArgs::first_head = Hq).
-  const __nv_bfloat16* q_norm = nullptr;
-  const int32_t* positions = nullptr;  // [num_tokens]
-  const float* rope_cos = nullptr;
-  const float* rope_sin = nullptr;
-  int32_t rope_max_pos = 0;
-  float q_eps = 1e-6f;
 };
 
 // The variants one launch can run, named by their schedule. All compute bit-identical rows: the
@@ -83,8 +71,7 @@ enum class AttentionVariant : int32_t {
   kSm90CpAsync = 7,
 };
 const char* attentionVariantName(AttentionVariant v);  // "narrow16", ..., "sm90", "sm90basic", "sm90cpasync"
-// The Hopper variants: the ones that can write an fp8 output (AttentionArgs::out_fp8) and norm +
-// rope the q heads themselves (AttentionArgs::q_norm).
+// The Hopper variants: the ones that can write an fp8 output (AttentionArgs::out_fp8).
 constexpr bool attentionVariantIsSm90(AttentionVariant v) {
   return v == AttentionVariant::kSm90 || v == AttentionVariant::kSm90Basic ||
          v == AttentionVariant::kSm90CpAsync;

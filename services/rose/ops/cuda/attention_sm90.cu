@@ -39,7 +39,6 @@
 #include "services/rose/ops/cuda/common.cuh"
 #include "services/rose/ops/cuda/cuda_utils.h"
 #include "services/rose/ops/cuda/fp8_dense.cuh"
-#include "services/rose/ops/cuda/qk_norm_rope_math.cuh"
 #include "services/rose/ops/cuda/sm90_ptx.cuh"
 #include "services/rose/ops/cuda/sm90_softmax.cuh"
 
@@ -59,7 +58,6 @@ constexpr int kProducerRegsCpAsync = 40;
 constexpr int kConsumerRegsCpAsync = 232;
 constexpr int kSchedBarrier = 1;     // named barriers 1, 2: the consumers' turns (0: __syncthreads)
 constexpr int kVZeroBarrier = 3;     // both consumers, after zeroing V rows past the sequence
-constexpr int kQRopeBarrier = 4;     // 4, 5: one consumer, after its Q rows are normed + roped
 
 // PTX wrappers (mbarrier, bulk tensor copy, named barriers, wgmma): sm90_ptx.cuh.
 
@@ -128,116 +126,6 @@ __device__ __forceinline__ void cpAsyncTile(const AttentionArgs& a, uint32_t dst
   }
   asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
   fenceProxyAsyncShared();
-}
-
-// [TAG_ATTN_QROPE] qk_norm_rope's per-head RMSNorm + RoPE (rotary_dim 128) of consumer w's 64 Q
-// rows, in shared memory after the copy landed, with that kernel's arithmetic and summation
-// order, so the bits equal qk_norm_rope then attention. Thread tid takes tile row w*64 + tid/2
-// and, of every 8-column chunk of both halves, the 4 columns from 4 (tid & 1): dims d and d + 64
-// (a rotate-half pair) sit at the same offset of the two halves. The warp kernel's lane g holds
-// dims 4g .. 4g+3 and its butterfly adds lanes 16 apart first (dims d and d + 64: both here),
-// then 8, 4, 2 apart (chunks 4, 2, 1 apart: here too), then 1 apart (tid ^ 1). Rows past the
-// sequence are left as copied (not stored; a row's softmax reads only its own scores).
-// Two phases: the row's cos/sin and the norm weights are loaded (qRopeLoad) before the consumer
-// waits for the Q tile, so their latency hides behind the copy; qRopeApply transforms the tile.
-struct QRopeIn {
-  float cs[8][4], sn[8][4];  // bf16-rounded cos / sin of dims 8i + 4j + e
-  uint2 w0[8], w1[8];        // the norm weights of those dims in half 0 / half 1 (bf16 x 4)
-  bool live;
-};
-
-__device__ __forceinline__ void qRopeLoad(const AttentionArgs& a, QRopeIn& in, int w, int tid,
-                                          int start, int q0, int len) {
-  const int r = w * kWarpgroupRows + tid / 2;  // tile row
-  const int j = tid & 1;
-  in.live = q0 + r < len;  // the same for tid and tid ^ 1
-  int pos = 0;
-  if (in.live) pos = min(max(a.positions[static_cast<int64_t>(start) + q0 + r], 0), a.rope_max_pos - 1);
-  const float* cos_row = a.rope_cos + static_cast<int64_t>(pos) * (kHeadDim / 2);
-  const float* sin_row = a.rope_sin + static_cast<int64_t>(pos) * (kHeadDim / 2);
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const int d = 8 * i + 4 * j;  // first of the 4 dims in half 0; d + 64 in half 1
-    const float4 c4 = __ldg(reinterpret_cast<const float4*>(cos_row + d));
-    const float4 s4 = __ldg(reinterpret_cast<const float4*>(sin_row + d));
-    in.cs[i][0] = roundBf16(c4.x); in.cs[i][1] = roundBf16(c4.y);
-    in.cs[i][2] = roundBf16(c4.z); in.cs[i][3] = roundBf16(c4.w);
-    in.sn[i][0] = roundBf16(s4.x); in.sn[i][1] = roundBf16(s4.y);
-    in.sn[i][2] = roundBf16(s4.z); in.sn[i][3] = roundBf16(s4.w);
-    in.w0[i] = __ldg(reinterpret_cast<const uint2*>(a.q_norm + d));
-    in.w1[i] = __ldg(reinterpret_cast<const uint2*>(a.q_norm + kHalfCols + d));
-  }
-}
-
-__device__ __forceinline__ void bf16x4ToFloat(uint2 v, float (&f)[4]) {
-  const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v.x));
-  const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v.y));
-  f[0] = lo.x;
-  f[1] = lo.y;
-  f[2] = hi.x;
-  f[3] = hi.y;
-}
-
-__device__ __forceinline__ void qRopeApply(const AttentionArgs& a, const QRopeIn& in,
-                                           uint32_t s_q, int w, int tid) {
-  const int r = w * kWarpgroupRows + tid / 2;
-  const int j = tid & 1;
-  uint2 raw[2][8];
-  float ps[2][8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const uint32_t off = static_cast<uint32_t>(r) * kRowBytes +
-                         ((static_cast<uint32_t>(i) ^ (static_cast<uint32_t>(r) & 7u)) * 16) +
-                         static_cast<uint32_t>(j) * 8;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      raw[h][i] = make_uint2(0u, 0u);
-      if (in.live) {
-        asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n"
-                     : "=r"(raw[h][i].x), "=r"(raw[h][i].y)
-                     : "r"(s_q + h * kHalfBytes + off));
-      }
-      float x[4];
-      bf16x4ToFloat(raw[h][i], x);
-      ps[h][i] = qkPartialSumSquares(x, 4);
-    }
-  }
-  // The butterfly's levels: 16 lanes apart (the halves), 8, 4, 2 (chunks i ^ 4, 2, 1), 1 (j).
-  float b[8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) b[i] = ps[0][i] + ps[1][i];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) b[i] = b[i] + b[i + 4];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) b[i] = b[i] + b[i + 2];
-  float ss = b[0] + b[1];
-  ss = ss + __shfl_xor_sync(0xffffffffu, ss, 1);  // every lane: rows live or not
-  if (!in.live) return;
-  const float rstd = qkRstd<kHeadDim>(ss, a.q_eps);
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    float x0[4], x1[4], wt0[4], wt1[4], y0[4], y1[4];
-    bf16x4ToFloat(raw[0][i], x0);
-    bf16x4ToFloat(raw[1][i], x1);
-    bf16x4ToFloat(in.w0[i], wt0);
-    bf16x4ToFloat(in.w1[i], wt1);
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float n0 = qkNormValue(x0[e], rstd, wt0[e]);
-      const float n1 = qkNormValue(x1[e], rstd, wt1[e]);
-      y0[e] = qkRopeValue(n0, -n1, in.cs[i][e], in.sn[i][e]);
-      y1[e] = qkRopeValue(n1, n0, in.cs[i][e], in.sn[i][e]);
-    }
-    const uint32_t off = static_cast<uint32_t>(r) * kRowBytes +
-                         ((static_cast<uint32_t>(i) ^ (static_cast<uint32_t>(r) & 7u)) * 16) +
-                         static_cast<uint32_t>(j) * 8;
-    asm volatile("st.shared.v2.u32 [%0], {%1, %2};\n" ::"r"(s_q + off),
-                 "r"(packBf16x2(y0[0], y0[1])), "r"(packBf16x2(y0[2], y0[3]))
-                 : "memory");
-    asm volatile("st.shared.v2.u32 [%0], {%1, %2};\n" ::"r"(s_q + kHalfBytes + off),
-                 "r"(packBf16x2(y1[0], y1[1])), "r"(packBf16x2(y1[2], y1[3]))
-                 : "memory");
-  }
 }
 
 template <bool kCausal, bool kPipelined, bool kTma>
@@ -345,10 +233,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint64_t v_desc0 = makeDescriptor(s_v, kMnMajorLbo, kMnMajorSbo);
   constexpr uint64_t kStageStep = kTileBytes >> 4;  // descriptor start address per stage
 
-  // [TAG_ATTN_QROPE] This thread's cos/sin and norm weights, in flight while the copies land.
-  QRopeIn qr;
-  if (a.q_norm != nullptr) qRopeLoad(a, qr, w, tid, start, q0, len);
-
   // The first tile processed (stage 0) may run past the sequence: zero its V rows from len on.
   const int first_key0 = (n_tiles - 1) * kBlockN;
   if (first_key0 + kBlockN > len) {  // block-uniform
@@ -363,18 +247,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     namedBarrierSync(kVZeroBarrier, 256);
   }
 
-  if (a.q_norm != nullptr) {  // [TAG_ATTN_QROPE] block-uniform
-    mbarWait(bar_q, 0);
-    qRopeApply(a, qr, s_q, w, tid);
-    fenceProxyAsyncShared();  // the generic-proxy writes, visible to wgmma
-    namedBarrierSync(kQRopeBarrier + w, 128);
-  } else {
-    mbarWait(bar_q, 0);
-  }
   float o[64], s[64], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, alpha[2];
   uint32_t p[32];
 #pragma unroll
   for (int i = 0; i < 64; ++i) o[i] = s[i] = 0.f;
+  mbarWait(bar_q, 0);
 
   if constexpr (kPipelined) {
     if (w == 1) namedBarrierArrive(kSchedBarrier, 256);  // consumer 0 takes the first turn
@@ -627,15 +504,6 @@ Status checkAttentionSm90(const AttentionArgs& a, const char* variant) {
   if (tensorMapEncoder() == nullptr) {
     return failedPrecondition("attention: variant " + name +
                               " needs cuTensorMapEncodeTiled (CUDA driver 12.0 or newer)");
-  }
-  if (a.q_norm != nullptr &&
-      (a.positions == nullptr || a.rope_cos == nullptr || a.rope_sin == nullptr ||
-       a.rope_max_pos <= 0 ||
-       (reinterpret_cast<uintptr_t>(a.q_norm) | reinterpret_cast<uintptr_t>(a.rope_cos) |
-        reinterpret_cast<uintptr_t>(a.rope_sin)) % 16 != 0)) {
-    return invalidArgument("attention: variant " + name +
-                           ": q_norm needs positions and a non-empty cos/sin table (16-byte "
-                           "aligned, as q_norm)");
   }
   if (a.out_fp8 != nullptr &&
       (a.out_scales == nullptr || a.out_scale_rows < a.num_tokens ||

@@ -543,14 +543,6 @@ Result<int64_t> CudaBackend::prewarmLinear(const Tensor& w, const Tensor& bias, 
 void CudaBackend::qkNormRope(const Tensor& qkv, const Tensor& q_weight, const Tensor& k_weight,
                              const Tensor& positions, const Tensor& cos, const Tensor& sin,
                              const QkNormRopeParams& p) {
-  const QkNormRopeArgs a = qkNormRopeArgs(qkv, q_weight, k_weight, positions, cos, sin, p);
-  checkOk(launchQkNormRope(a, stream_, kernels_.pdl), "qkNormRope");
-}
-
-QkNormRopeArgs CudaBackend::qkNormRopeArgs(const Tensor& qkv, const Tensor& q_weight,
-                                           const Tensor& k_weight, const Tensor& positions,
-                                           const Tensor& cos, const Tensor& sin,
-                                           const QkNormRopeParams& p) {
   require(is(qkv, DType::kBF16) && is(positions, DType::kI32), "qkNormRope",
           "qkv must be BF16, positions I32");
   require(qkv.cols() == static_cast<int64_t>(p.num_q_heads + 2 * p.num_kv_heads) * p.head_dim,
@@ -581,7 +573,7 @@ QkNormRopeArgs CudaBackend::qkNormRopeArgs(const Tensor& qkv, const Tensor& q_we
   a.max_pos = p.rotary_dim > 0 ? static_cast<int32_t>(cos.rows()) : 0;
   a.eps = p.eps;
   a.apply_norm = p.apply_norm;
-  return a;
+  checkOk(launchQkNormRope(a, stream_, kernels_.pdl), "qkNormRope");
 }
 
 namespace {
@@ -640,44 +632,6 @@ void CudaBackend::attentionFp8(const Tensor& qkv, const Tensor& cu_seqlens, cons
   }
   checkOk(launchAttentionVariant(a, stream_, *v, kernels_.pdl), "attentionFp8");
   quantizeFp8(scratch, out);
-}
-
-void CudaBackend::qkNormRopeAttention(const Tensor& qkv, const Tensor& q_weight,
-                                      const Tensor& k_weight, const Tensor& positions,
-                                      const Tensor& cos, const Tensor& sin,
-                                      const QkNormRopeParams& qk, const Tensor& cu_seqlens,
-                                      const Tensor& out, const Fp8Matrix* out8,
-                                      const AttentionParams& p) {
-  QkNormRopeArgs r = qkNormRopeArgs(qkv, q_weight, k_weight, positions, cos, sin, qk);
-  AttentionArgs a = attentionArgs(qkv, cu_seqlens, out, p);
-  if (out8 != nullptr) {
-    require(fp8Activation(*out8, qkv.rows(), out.cols()), "qkNormRopeAttention",
-            "out8: codes U8 [T, Hq*head_dim], scales F32 [Hq*head_dim/128, T]");
-  }
-  // [TAG_ATTN_QROPE] One variant selection for every outcome.
-  Result<AttentionVariant> v = selectAttentionVariant(a, attentionPolicy(kernels_), smCount());
-  checkOk(v.status(), "qkNormRopeAttention");
-  const bool fuse = kernels_.attention_q_rope && attentionVariantIsSm90(*v) && qk.apply_norm &&
-                    qk.head_dim == 128 && qk.rotary_dim == qk.head_dim &&
-                    qk.num_q_heads == p.num_q_heads && qk.num_kv_heads == p.num_kv_heads;
-  if (fuse) {
-    r.first_head = qk.num_q_heads;  // the k heads; q is the attention's
-    a.q_norm = r.q_weight;
-    a.positions = r.positions;
-    a.rope_cos = r.cos;
-    a.rope_sin = r.sin;
-    a.rope_max_pos = r.max_pos;
-    a.q_eps = r.eps;
-  }
-  checkOk(launchQkNormRope(r, stream_, kernels_.pdl), "qkNormRopeAttention");
-  if (out8 != nullptr && kernels_.attention_fp8_out && attentionVariantIsSm90(*v)) {
-    a.out = nullptr;  // [TAG_ATTN_FP8_OUT] the codes and scales from the epilogue
-    a.out_fp8 = out8->codes.as<uint8_t>();
-    a.out_scales = out8->scales.as<float>();
-    a.out_scale_rows = out8->codes.rows();
-  }
-  checkOk(launchAttentionVariant(a, stream_, *v, kernels_.pdl), "qkNormRopeAttention");
-  if (out8 != nullptr && a.out_fp8 == nullptr) quantizeFp8(out, *out8);
 }
 
 void CudaBackend::swiglu(const Tensor& gate_up, const Tensor& out) {

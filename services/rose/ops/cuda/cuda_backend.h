@@ -21,7 +21,6 @@
 #include "services/rose/ops/cuda/attention.cuh"
 #include "services/rose/ops/cuda/fp8_gemm.h"
 #include "services/rose/ops/cuda/gemm.h"
-#include "services/rose/ops/cuda/qk_norm_rope.cuh"
 
 namespace garden::rose::cuda {
 
@@ -77,10 +76,6 @@ class CudaBackend final : public Backend, public GraphExecutor {
   void swigluFp8(const Tensor& gate_up, const Fp8Matrix& out) override;
   void attentionFp8(const Tensor& qkv, const Tensor& cu_seqlens, const Tensor& scratch,
                     const Fp8Matrix& out, const AttentionParams& p) override;
-  void qkNormRopeAttention(const Tensor& qkv, const Tensor& q_weight, const Tensor& k_weight,
-                           const Tensor& positions, const Tensor& cos, const Tensor& sin,
-                           const QkNormRopeParams& qk, const Tensor& cu_seqlens, const Tensor& out,
-                           const Fp8Matrix* out8, const AttentionParams& p) override;
   void linearFp8(const Fp8Matrix& x, const Fp8Matrix& w, const Tensor& y) override;
   void score(const Tensor& hidden, const Tensor& cu_seqlens, const Tensor& head, const Tensor& out,
              const ScoreParams& p) override;
@@ -132,9 +127,6 @@ class CudaBackend final : public Backend, public GraphExecutor {
   // Reserves `bytes` of the pinned staging ring, waiting for older copies that still read it.
   char* stage(size_t bytes);
   // attention()'s arguments (shapes and dtypes checked) with its bf16 output `out`.
-  QkNormRopeArgs qkNormRopeArgs(const Tensor& qkv, const Tensor& q_weight, const Tensor& k_weight,
-                                const Tensor& positions, const Tensor& cos, const Tensor& sin,
-                                const QkNormRopeParams& p);
   AttentionArgs attentionArgs(const Tensor& qkv, const Tensor& cu_seqlens, const Tensor& out,
                               const AttentionParams& p);
 

@@ -3,7 +3,6 @@
 #include "services/rose/ops/cuda/common.cuh"
 #include "services/rose/ops/cuda/cuda_utils.h"
 #include "services/rose/ops/cuda/qk_norm_rope.cuh"
-#include "services/rose/ops/cuda/qk_norm_rope_math.cuh"
 
 namespace garden::rose::cuda {
 namespace {
@@ -11,8 +10,7 @@ namespace {
 constexpr int kWarpsPerBlock = 4;
 
 // Lane l holds dims [l*kE, l*kE + kE) of a head (kE = head_dim / 32). Warp w of the grid handles
-// token w / groups and heads [first_head + g*heads_per_warp, ...) of the token's Hq + Hkv q/k
-// heads.
+// token w / groups and heads [g*heads_per_warp, ...) of the token's Hq + Hkv q/k heads.
 template <int kD>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     qkNormRopeKernel(QkNormRopeArgs a, int heads_per_warp) {
@@ -23,11 +21,11 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x & 31;
   const int heads = a.num_q_heads + a.num_kv_heads;
-  const int groups = (heads - a.first_head + heads_per_warp - 1) / heads_per_warp;
+  const int groups = (heads + heads_per_warp - 1) / heads_per_warp;
   const int64_t gw = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp;
   const int64_t t = gw / groups;
   if (t >= a.num_tokens) return;
-  const int h_begin = a.first_head + static_cast<int>(gw % groups) * heads_per_warp;
+  const int h_begin = static_cast<int>(gw % groups) * heads_per_warp;
   const int h_end = min(heads, h_begin + heads_per_warp);
   const int half = a.rotary_dim / 2;
   const int pos = min(max(a.positions[t], 0), a.max_pos - 1);
@@ -57,10 +55,14 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
       x[e + 1] = f.y;
     }
     if (a.apply_norm) {
-      const float ss = warpSum(qkPartialSumSquares(x, kE));
-      const float rstd = qkRstd<kD>(ss, a.eps);
+      float ss = 0.f;
 #pragma unroll
-      for (int e = 0; e < kE; ++e) x[e] = qkNormValue(x[e], rstd, __bfloat162float(w[lane * kE + e]));
+      for (int e = 0; e < kE; ++e) ss += x[e] * x[e];
+      ss = warpSum(ss);
+      const float rstd = rsqrtf(ss / static_cast<float>(kD) + a.eps);
+#pragma unroll
+      for (int e = 0; e < kE; ++e)
+        x[e] = roundBf16(roundBf16(x[e] * rstd) * __bfloat162float(w[lane * kE + e]));
     }
 #pragma unroll
     for (int e = 0; e < kE; ++e) buf[lane * kE + e] = x[e];
@@ -72,7 +74,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
       if (d < a.rotary_dim) {
         const float partner = d < half ? -buf[d + half] : buf[d - half];
         // q*cos + rotate_half(q)*sin, each product and the sum rounded to bf16 as in HF.
-        y[e] = qkRopeValue(x[e], partner, cs[e], sn[e]);
+        y[e] = roundBf16(x[e] * cs[e]) + roundBf16(partner * sn[e]);
       } else {
         y[e] = x[e];
       }
@@ -98,9 +100,7 @@ Status launchQkNormRope(const QkNormRopeArgs& a, cudaStream_t stream, bool pdl) 
     return invalidArgument("qk_norm_rope: empty cos/sin table");
   if (reinterpret_cast<uintptr_t>(a.qkv) % 4 != 0)
     return invalidArgument("qk_norm_rope: qkv must be 4-byte aligned");
-  if (a.first_head != 0 && a.first_head != a.num_q_heads)
-    return invalidArgument("qk_norm_rope: first_head must be 0 or num_q_heads");
-  const int heads = a.num_q_heads + a.num_kv_heads - a.first_head;
+  const int heads = a.num_q_heads + a.num_kv_heads;
   // Decode-like (few tokens): one head per warp for parallelism. Prefill-like: 4 heads per warp,
   // cos/sin loads amortized over them.
   const bool few = a.num_tokens * heads < 64LL * smCount();

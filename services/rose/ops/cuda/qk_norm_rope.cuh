@@ -31,9 +31,6 @@ struct QkNormRopeArgs {
   int32_t max_pos = 0;
   float eps = 1e-6f;
   bool apply_norm = true;
-  // 0: every q and k head. num_q_heads: the k heads only, for the Hopper attention that norms and
-  // ropes q itself ([TAG_ATTN_QROPE], AttentionArgs::q_norm).
-  int32_t first_head = 0;
 };
 
 // pdl: programmatic dependent launch for an eager launch (common.cuh [TAG_PDL]); the backend

@@ -174,32 +174,6 @@ TEST_F(Qwen3ModelTest, BatchedEqualsEachSequenceAlone) {
   }
 }
 
-// [TAG_MLP_CHUNK] The MLP over row chunks (3 tokens: chunks that cut sequences, a short last one)
-// gives the whole-batch embeddings; GARDEN_EMBED_MLP_CHUNK sets the default and a bad value is
-// refused by name.
-TEST_F(Qwen3ModelTest, MlpChunksEqualTheWholeBatch) {
-  auto whole = load(fixtures());
-  Qwen3Options o;
-  o.mlp_chunk_rows = 3;
-  auto chunked = load(fixtures(), o);
-  ASSERT_TRUE(whole.isOk() && chunked.isOk());
-  const std::vector<int32_t> toks = {10, 20, 30, 40, 50, 60, 70, 80, 90, 11, 12};
-  const std::vector<int32_t> lens = {1, 4, 6};
-  auto a = embed(**whole, toks, lens), b = embed(**chunked, toks, lens);
-  for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], 1e-6f) << i;
-  setenv("GARDEN_EMBED_MLP_CHUNK", "2", 1);
-  auto from_env = load(fixtures());
-  ASSERT_TRUE(from_env.isOk());
-  auto c = embed(**from_env, toks, lens);
-  for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], c[i], 1e-6f) << i;
-  setenv("GARDEN_EMBED_MLP_CHUNK", "lots", 1);
-  auto bad = load(fixtures());
-  unsetenv("GARDEN_EMBED_MLP_CHUNK");
-  ASSERT_FALSE(bad.isOk());
-  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(bad.status().message().find("GARDEN_EMBED_MLP_CHUNK"), std::string::npos);
-}
-
 // [TAG_STEP_PROGRESS] A forward pass marks every layer on the backend's progress counter.
 TEST_F(Qwen3ModelTest, ForwardMarksProgressPerLayer) {
   auto m = load(fixtures());

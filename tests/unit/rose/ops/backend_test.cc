@@ -22,8 +22,7 @@ const char* const kVars[] = {"GARDEN_ATTENTION_KERNEL", "GARDEN_GEMM_TUNE", "GAR
                              "GARDEN_ROUTER_MMA", "GARDEN_MOE_WGMMA_DEVICE_PLAN",
                              "GARDEN_PDL_GEMV", "GARDEN_PDL_GRAPH",
                              "GARDEN_GEMM_ROW_INVARIANT", "GARDEN_CHAIN_PDL",
-                             "GARDEN_MOE_WGMMA_SMEM_A", "GARDEN_ATTN_FP8_OUT",
-                             "GARDEN_ATTN_QROPE"};
+                             "GARDEN_MOE_WGMMA_SMEM_A", "GARDEN_ATTN_FP8_OUT"};
 
 // Clears the variables for the test and restores what the process had.
 class KernelEnvTest : public ::testing::Test {
@@ -60,7 +59,7 @@ bool same(const CudaKernelOptions& a, const CudaKernelOptions& b) {
          a.router_mma == b.router_mma && a.moe_wgmma_device_plan == b.moe_wgmma_device_plan &&
          a.pdl_gemv == b.pdl_gemv && a.gemm_row_invariant == b.gemm_row_invariant &&
          a.chain_pdl == b.chain_pdl && a.moe_wgmma_smem_a == b.moe_wgmma_smem_a &&
-         a.attention_fp8_out == b.attention_fp8_out && a.attention_q_rope == b.attention_q_rope;
+         a.attention_fp8_out == b.attention_fp8_out;
 }
 
 TEST_F(KernelEnvTest, UnsetOrEmptyKeepsTheDefaults) {
@@ -85,7 +84,6 @@ TEST_F(KernelEnvTest, UnsetOrEmptyKeepsTheDefaults) {
   EXPECT_TRUE(o.chain_pdl);
   EXPECT_FALSE(o.moe_wgmma_smem_a);
   EXPECT_TRUE(o.attention_fp8_out);
-  EXPECT_FALSE(o.attention_q_rope);
   for (const char* v : kVars) setenv(v, "", 1);
   CudaKernelOptions e;
   ASSERT_TRUE(cudaKernelOptionsFromEnv(e).isOk());
@@ -199,12 +197,6 @@ TEST_F(KernelEnvTest, EachAcceptedValueIsRead) {
   setenv("GARDEN_ATTN_FP8_OUT", "1", 1);
   ASSERT_TRUE(cudaKernelOptionsFromEnv(o).isOk());
   EXPECT_TRUE(o.attention_fp8_out);
-  setenv("GARDEN_ATTN_QROPE", "1", 1);  // [TAG_ATTN_QROPE]
-  ASSERT_TRUE(cudaKernelOptionsFromEnv(o).isOk());
-  EXPECT_TRUE(o.attention_q_rope);
-  setenv("GARDEN_ATTN_QROPE", "0", 1);
-  ASSERT_TRUE(cudaKernelOptionsFromEnv(o).isOk());
-  EXPECT_FALSE(o.attention_q_rope);
 }
 
 TEST_F(KernelEnvTest, OtherValuesAreRefusedByName) {
@@ -226,7 +218,7 @@ TEST_F(KernelEnvTest, OtherValuesAreRefusedByName) {
         Bad{"GARDEN_MOE_LT_WGMMA", "on", "0|1"}, Bad{"GARDEN_ROUTER_MMA", "mma", "0|1"},
         Bad{"GARDEN_MOE_WGMMA_DEVICE_PLAN", "on", "0|1"}, Bad{"GARDEN_PDL_GRAPH", "yes", "0|1"},
         Bad{"GARDEN_GEMM_ROW_INVARIANT", "on", "0|1"}, Bad{"GARDEN_MOE_WGMMA_SMEM_A", "yes", "0|1"},
-        Bad{"GARDEN_ATTN_FP8_OUT", "on", "0|1"}, Bad{"GARDEN_ATTN_QROPE", "yes", "0|1"}}) {
+        Bad{"GARDEN_ATTN_FP8_OUT", "on", "0|1"}}) {
     SCOPED_TRACE(std::string(b.var) + "=" + b.value);
     for (const char* v : kVars) unsetenv(v);
     setenv(b.var, b.value, 1);
