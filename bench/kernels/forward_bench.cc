@@ -7,7 +7,7 @@
 // end of a synchronize (what a batch costs the engine), median of --iters runs after warm-up.
 // Correctness: the graphed result must equal the eager one bit for bit, per shape and kernel.
 //
-//   rose_forward_bench MODEL_DIR [--iters N] [--weights-ab | --streams-ab]
+//   rose_forward_bench MODEL_DIR [--iters N] [--weights-ab | --ab SPEC | --streams-ab]
 // Prints one table; exit 0 when every comparison matched, 2 otherwise.
 //
 // --weights-ab [TAG_EMBED_FP8]: instead, the model loaded three times (bf16, --weights fp8,
@@ -15,6 +15,9 @@
 // interleaved rounds, the better median of each), with the worst per-sequence cosine of the fp8
 // embeddings to the bf16 ones (reported, not judged) and graphed == eager checked for every model.
 // Exit 2 when a graphed run differs from its eager run.
+//
+// --ab SPEC: the same side by side for any variants (parseVariants below), e.g.
+// --ab qklegacy,base,qkpair4 ([TAG_QK_ROPE_PAIR]); --weights-ab is --ab base,fp8,fp8mlp.
 //
 // --streams-ab: one stream against two (streamsAb below): throughput with a second batch in flight.
 
@@ -90,35 +93,89 @@ bool loadOnOwnBackend(const std::string& dir, const garden::rose::CudaKernelOpti
   return backend->graphs() != nullptr;
 }
 
-// [TAG_EMBED_FP8] bf16 against fp8 and fp8-mlp weights (see the header comment). One backend per
-// model (each with its own graph cache and GEMM tuning).
-int weightsAb(const std::string& dir, int iters,
-              const std::vector<std::pair<int32_t, int32_t>>& shapes,
-              const garden::rose::CudaKernelOptions& kernels) {
+// One model of an A/B: its name, kernel options and FP8 projections.
+struct Variant {
+  std::string name;
+  garden::rose::CudaKernelOptions kernels;
+  uint32_t fp8 = 0;
+};
+
+// --ab SPEC: comma-separated variants, each '+'-joined settings over the environment's kernel
+// options: base, fp8, fp8mlp, qkauto / qklegacy / qkpair1 / qkpair2 / qkpair4 / qkpair8
+// ([TAG_QK_ROPE_PAIR] CudaKernelOptions::qk_rope_variant 0 / -1 / 1 / 2 / 4 / 8). E.g.
+// qklegacy,base,qkpair4,fp8+qklegacy. Empty on a bad name.
+std::vector<Variant> parseVariants(const std::string& spec,
+                                   const garden::rose::CudaKernelOptions& kernels) {
   using namespace garden::rose;
-  constexpr int kModels = 3;
-  const uint32_t masks[kModels] = {0, kFp8All, kFp8Mlp};
-  std::unique_ptr<Backend> backends[kModels];
-  std::unique_ptr<Qwen3Model> models[kModels];
-  for (int f = 0; f < kModels; ++f)
-    if (!loadOnOwnBackend(dir, kernels, masks[f], backends[f], models[f])) return 1;
+  std::vector<Variant> out;
+  for (size_t pos = 0; pos <= spec.size();) {
+    size_t end = spec.find(',', pos);
+    if (end == std::string::npos) end = spec.size();
+    Variant v;
+    v.name = spec.substr(pos, end - pos);
+    v.kernels = kernels;
+    for (size_t p = 0; p <= v.name.size();) {
+      size_t e = v.name.find('+', p);
+      if (e == std::string::npos) e = v.name.size();
+      const std::string w = v.name.substr(p, e - p);
+      if (w == "base") {
+      } else if (w == "fp8") {
+        v.fp8 = kFp8All;
+      } else if (w == "fp8mlp") {
+        v.fp8 = kFp8Mlp;
+      } else if (w == "qkauto") {
+        v.kernels.qk_rope_variant = 0;
+      } else if (w == "qklegacy") {
+        v.kernels.qk_rope_variant = -1;
+      } else if (w == "qkpair1" || w == "qkpair2" || w == "qkpair4" || w == "qkpair8") {
+        v.kernels.qk_rope_variant = w.back() - '0';
+      } else {
+        std::fprintf(stderr, "rose_forward_bench --ab: unknown setting '%s'\n", w.c_str());
+        return {};
+      }
+      p = e + 1;
+    }
+    out.push_back(v);
+    pos = end + 1;
+  }
+  return out;
+}
+
+// [TAG_EMBED_FP8] --weights-ab (bf16 against fp8 and fp8-mlp) and --ab: the variants' models,
+// one backend each (its own graph cache and GEMM tuning), graphed, timed side by side per shape
+// (two interleaved rounds, the better median of each), with the worst per-sequence cosine of each
+// variant's embeddings to the first one's (reported, not judged) and graphed == eager checked for
+// every model. Exit 2 when a graphed run differs from its eager run.
+int variantsAb(const std::string& dir, int iters,
+               const std::vector<std::pair<int32_t, int32_t>>& shapes,
+               const std::vector<Variant>& vs) {
+  using namespace garden::rose;
+  const size_t k = vs.size();
+  std::vector<std::unique_ptr<Backend>> backends(k);
+  std::vector<std::unique_ptr<Qwen3Model>> models(k);
+  for (size_t f = 0; f < k; ++f)
+    if (!loadOnOwnBackend(dir, vs[f].kernels, vs[f].fp8, backends[f], models[f]))
+      return 1;
   const int64_t h = models[0]->hiddenSize();
   std::mt19937 rng(7);
   std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(models[0]->vocabSize()) - 1);
   int bad = 0;
   uint64_t capture_failures = 0;
-  std::printf("# rose forward, bf16 vs --weights fp8 / fp8-mlp, graphed (best of 2 medians of %d, "
-              "ms, host wall); min cosine over the batch's sequences to bf16; graphed == eager\n",
+  std::printf("# rose forward A/B, graphed (best of 2 medians of %d, ms, host wall); x = first "
+              "variant's time / this one's; cos = min over the batch's sequences to the first "
+              "variant; graphed == eager per variant\n",
               iters);
-  std::printf("%-10s %8s %9s %9s %9s %8s %8s %10s %10s %s\n", "batch", "tokens", "bf16", "fp8",
-              "fp8-mlp", "x fp8", "x mlp", "cos fp8", "cos mlp", "graphed==eager");
+  std::printf("%-10s %7s", "batch", "tokens");
+  for (const Variant& v : vs) std::printf(" | %-14s %7s %9s", v.name.c_str(), "x", "cos");
+  std::printf(" | graphed==eager\n");
   for (const auto& [n, len] : shapes) {
     std::vector<int32_t> ids(static_cast<size_t>(n) * len), lens(static_cast<size_t>(n), len);
     for (auto& x : ids) x = tok(rng);
     const BatchInput in{ids, lens};
-    std::vector<float> out[kModels], eager(static_cast<size_t>(n * h));
+    std::vector<std::vector<float>> out(k);
+    std::vector<float> eager(static_cast<size_t>(n * h));
     std::string same;
-    for (int f = 0; f < kModels; ++f) {
+    for (size_t f = 0; f < k; ++f) {
       Backend& b = *backends[f];
       out[f].resize(static_cast<size_t>(n * h));
       for (int w = 0; w < 3; ++w)  // eager (tunes the GEMMs), capture, replay
@@ -130,8 +187,8 @@ int weightsAb(const std::string& dir, int iters,
       same += eq ? "y" : "N";
       if (!eq) ++bad;
     }
-    double worst[kModels] = {1.0, 1.0, 1.0};
-    for (int f = 1; f < kModels; ++f)
+    std::vector<double> worst(k, 1.0), t(k, 1e30);
+    for (size_t f = 1; f < k; ++f)
       for (int32_t s = 0; s < n; ++s) {
         double dot = 0, na = 0, nb = 0;
         for (int64_t i = 0; i < h; ++i) {
@@ -143,9 +200,8 @@ int weightsAb(const std::string& dir, int iters,
         }
         worst[f] = std::min(worst[f], dot / std::sqrt(na * nb));
       }
-    double t[kModels] = {1e30, 1e30, 1e30};
     for (int rep = 0; rep < 2; ++rep)
-      for (int f = 0; f < kModels; ++f) {
+      for (size_t f = 0; f < k; ++f) {
         Backend& b = *backends[f];
         t[f] = std::min(t[f], timeMs(b, iters, [&] {
           (void)models[f]->enqueueEmbedGraphed(*b.graphs(), in, PoolMode::kLast, true, out[f].data());
@@ -153,10 +209,11 @@ int weightsAb(const std::string& dir, int iters,
       }
     char batch[32];
     std::snprintf(batch, sizeof(batch), "%dx%d", n, len);
-    std::printf("%-10s %8d %9.3f %9.3f %9.3f %7.2fx %7.2fx %10.6f %10.6f %s\n", batch, n * len,
-                t[0], t[1], t[2], t[0] / t[1], t[0] / t[2], worst[1], worst[2], same.c_str());
+    std::printf("%-10s %7d", batch, n * len);
+    for (size_t f = 0; f < k; ++f) std::printf(" | %14.3f %6.3fx %9.6f", t[f], t[0] / t[f], worst[f]);
+    std::printf(" | %s\n", same.c_str());
   }
-  for (int f = 0; f < kModels; ++f) capture_failures += backends[f]->graphs()->graphStats().capture_failures;
+  for (size_t f = 0; f < k; ++f) capture_failures += backends[f]->graphs()->graphStats().capture_failures;
   std::printf("# graphed != eager: %d; capture failures %llu\n", bad,
               static_cast<unsigned long long>(capture_failures));
   return bad == 0 && capture_failures == 0 ? 0 : 2;
@@ -237,6 +294,7 @@ int main(int argc, char** argv) {
   const std::string dir = argv[1];
   int iters = 30;
   bool weights_ab = false, streams_ab = false;
+  std::string ab_spec;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--iters" && i + 1 < argc) {
@@ -245,6 +303,8 @@ int main(int argc, char** argv) {
       weights_ab = true;
     } else if (a == "--streams-ab") {
       streams_ab = true;
+    } else if (a == "--ab" && i + 1 < argc) {
+      ab_spec = argv[++i];
     } else {
       std::fprintf(stderr, "rose_forward_bench: unknown argument %s\n", a.c_str());
       return 2;
@@ -284,7 +344,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", st.toString().c_str());
     return 2;
   }
-  if (weights_ab) return weightsAb(dir, iters, shapes, kernels);
+  if (weights_ab) ab_spec = "base,fp8,fp8mlp";
+  if (!ab_spec.empty()) {
+    const std::vector<Variant> vs = parseVariants(ab_spec, kernels);
+    if (vs.empty()) return 2;
+    return variantsAb(dir, iters, shapes, vs);
+  }
   if (streams_ab) return streamsAb(dir, iters, shapes, kernels);
   // One backend (and graph cache) per attention policy: a captured graph keeps the kernels it
   // was captured with.

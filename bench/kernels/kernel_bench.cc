@@ -281,45 +281,66 @@ void benchQkNormRope() {
     auto f = fillBf16(*q[s], -2, 2);
     if (s == 0) q0 = f;
   }
-  auto run = [&](int s) {
+  // The kernels the launcher can pick [TAG_QK_ROPE_PAIR]: -1 legacy, 0 by size, 1/2/4/8 the pair
+  // kernel with that many heads per warp; each checked on fresh inputs, then timed.
+  std::vector<__nv_bfloat16> fresh(q0.size());
+  for (size_t i = 0; i < q0.size(); ++i) fresh[i] = __float2bfloat16(q0[i]);
+  auto launch = [&](void* qkv, int64_t tokens, int32_t variant) {
     QkNormRopeArgs a;
-    a.qkv = q[s]->as<__nv_bfloat16>();
+    a.qkv = static_cast<__nv_bfloat16*>(qkv);
     a.q_weight = qw.as<__nv_bfloat16>();
     a.k_weight = kw.as<__nv_bfloat16>();
     a.positions = pos.as<int32_t>();
     a.cos = dc.as<float>();
     a.sin = ds.as<float>();
-    a.num_tokens = t;
+    a.num_tokens = tokens;
     a.num_q_heads = hq;
     a.num_kv_heads = hkv;
     a.head_dim = d;
     a.rotary_dim = d;
     a.max_pos = static_cast<int32_t>(maxpos);
+    a.variant = variant;
     OK(launchQkNormRope(a, nullptr));
   };
-  run(0);
-  auto of = readBf16(q[0]->p, t * width);
-  for (int64_t tok : {int64_t{3}, int64_t{700}}) {
-    for (int h : {5, 17}) {  // a q head and a k head
-      const float* x = &q0[tok * width + h * d];
-      const std::vector<float>& wf = h < hq ? qwf : kwf;
-      double ss = 0;
-      for (int i = 0; i < d; ++i) ss += x[i] * x[i];
-      const double inv = 1 / std::sqrt(ss / d + 1e-6);
-      std::vector<double> n(d);
-      for (int i = 0; i < d; ++i) n[i] = x[i] * inv * wf[i];
-      const int p = hp[tok];
-      for (int i = 0; i < 64; i += 7) {
-        check("qk_norm_rope", of[tok * width + h * d + i],
-              n[i] * cs[p * 64 + i] - n[i + 64] * sn[p * 64 + i], 3e-2, 3e-2);
-        check("qk_norm_rope", of[tok * width + h * d + i + 64],
-              n[i + 64] * cs[p * 64 + i] + n[i] * sn[p * 64 + i], 3e-2, 3e-2);
+  const std::string names[] = {"legacy", "auto", "pair1", "pair2", "pair4", "pair8"};
+  const int32_t variants[] = {-1, 0, 1, 2, 4, 8};
+  for (int vi = 0; vi < 6; ++vi) {
+    const int32_t variant = variants[vi];
+    CK(cudaMemcpy(q[0]->p, fresh.data(), fresh.size() * 2, cudaMemcpyHostToDevice));
+    launch(q[0]->p, t, variant);
+    auto of = readBf16(q[0]->p, t * width);
+    for (int64_t tok : {int64_t{3}, int64_t{700}, t - 1}) {
+      for (int h : {0, 5, 15, 16, 17, 23}) {  // q heads and k heads, the group edges
+        const float* x = &q0[tok * width + h * d];
+        const std::vector<float>& wf = h < hq ? qwf : kwf;
+        double ss = 0;
+        for (int i = 0; i < d; ++i) ss += x[i] * x[i];
+        const double inv = 1 / std::sqrt(ss / d + 1e-6);
+        std::vector<double> n(d);
+        for (int i = 0; i < d; ++i) n[i] = x[i] * inv * wf[i];
+        const int p = hp[tok];
+        for (int i = 0; i < 64; i += 7) {
+          check("qk_norm_rope", of[tok * width + h * d + i],
+                n[i] * cs[p * 64 + i] - n[i + 64] * sn[p * 64 + i], 3e-2, 3e-2);
+          check("qk_norm_rope", of[tok * width + h * d + i + 64],
+                n[i + 64] * cs[p * 64 + i] + n[i] * sn[p * 64 + i], 3e-2, 3e-2);
+        }
       }
     }
+    // in place: read + write the q and k heads
+    reportBw("qk_norm_rope", "T=8192 Hq=16 Hkv=8 D=128 " + names[vi],
+             timeIt([&](int s) { launch(q[s]->p, t, variant); }, sets),
+             2.0 * t * (hq + hkv) * d * 2);
   }
-  // in place: read + write the q and k heads
-  reportBw("qk_norm_rope", "T=8192 Hq=16 Hkv=8 D=128", timeIt(run, sets),
-           2.0 * t * (hq + hkv) * d * 2);
+  // Few tokens (the 1x128 forward's shape; L2-resident, as after the QKV GEMM): per-launch time.
+  for (int64_t tokens : {int64_t{128}, int64_t{512}}) {
+    for (int vi = 0; vi < 6; ++vi) {
+      reportBw("qk_norm_rope",
+               "T=" + std::to_string(tokens) + " Hq=16 Hkv=8 D=128 " + names[vi],
+               timeIt([&](int) { launch(q[0]->p, tokens, variants[vi]); }, 1),
+               2.0 * tokens * (hq + hkv) * d * 2);
+    }
+  }
   // The same bytes moved by the copy engine: the q and k part of every row (6 of its 8 KB) into
   // another buffer of the same layout (cudaMemcpy2DAsync) - what this access pattern costs
   // without any kernel of ours.

@@ -21,6 +21,7 @@
 #include "services/rose/ops/cuda/gemm_smallm.cuh"
 #include "services/rose/ops/cuda/gemv.cuh"
 #include "services/rose/ops/cuda/pool.cuh"
+#include "services/rose/ops/cuda/qk_norm_rope.cuh"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace garden::rose::gputest {
@@ -1130,9 +1131,53 @@ TEST_F(GpuOps, QkNormRope) {
         cpu().qkNormRope(cq.view, cqw.view, ckw.view, cp.view, cc.view, cs.view, p);
         gpu().qkNormRope(gq.view, gqw.view, gkw.view, gp.view, gc.view, gs.view, p);
       }
-      expectClose(download(gpu(), gq.view), download(cpu(), cq.view), 3e-2, 2e-2, "qk_norm_rope");
+      const std::vector<float> ref = download(cpu(), cq.view);
+      expectClose(download(gpu(), gq.view), ref, 3e-2, 2e-2, "qk_norm_rope");
+      // [TAG_QK_ROPE_PAIR] every kernel the launcher can pick, on fresh copies of the input: each
+      // as close to the reference as the backend's; the pair kernel's values do not depend on
+      // how many heads a warp takes (bit-equal across 1, 2, 4 and 8).
+      std::vector<float> pair_bits;
+      for (int32_t variant : {-1, 1, 2, 4, 8}) {
+        SCOPED_TRACE("variant " + std::to_string(variant));
+        auto gv = upload(gpu(), act(), {t, width}, qkv);
+        cuda::QkNormRopeArgs a;
+        a.qkv = gv.view.as<__nv_bfloat16>();
+        a.q_weight = s.norm ? gqw.view.as<__nv_bfloat16>() : nullptr;
+        a.k_weight = s.norm ? gkw.view.as<__nv_bfloat16>() : nullptr;
+        a.positions = gp.view.as<int32_t>();
+        a.cos = s.rot > 0 ? gc.view.as<float>() : nullptr;
+        a.sin = s.rot > 0 ? gs.view.as<float>() : nullptr;
+        a.num_tokens = t;
+        a.num_q_heads = s.hq;
+        a.num_kv_heads = s.hkv;
+        a.head_dim = s.d;
+        a.rotary_dim = s.rot;
+        a.max_pos = s.rot > 0 ? static_cast<int32_t>(max_pos) : 0;
+        a.apply_norm = s.norm;
+        a.variant = variant;
+        ASSERT_TRUE(cuda::launchQkNormRope(a, nullptr, false).isOk());
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const std::vector<float> got = download(gpu(), gv.view);
+        expectClose(got, ref, 3e-2, 2e-2, "qk_norm_rope variant");
+        if (variant > 0 && s.rot == s.d) {
+          if (pair_bits.empty()) {
+            pair_bits = got;
+          } else {
+            ASSERT_EQ(got.size(), pair_bits.size());
+            for (size_t i = 0; i < got.size(); ++i)
+              ASSERT_EQ(std::memcmp(&got[i], &pair_bits[i], sizeof(float)), 0) << "element " << i;
+          }
+        }
+      }
     }
   }
+  cuda::QkNormRopeArgs bad;
+  bad.num_tokens = 1;
+  bad.num_q_heads = bad.num_kv_heads = 1;
+  bad.head_dim = bad.rotary_dim = 128;
+  bad.max_pos = 1;
+  bad.variant = 3;
+  EXPECT_FALSE(cuda::launchQkNormRope(bad, nullptr, false).isOk());
 }
 
 struct AttnCase {

@@ -91,6 +91,13 @@ Status cudaKernelOptionsFromEnv(CudaKernelOptions& opts) {
   int attn_fp8 = opts.attention_fp8_out ? 1 : 0;  // [TAG_ATTN_FP8_OUT]
   RETURN_IF_ERROR(envChoice("GARDEN_ATTN_FP8_OUT", {"0", "1"}, &attn_fp8));
   opts.attention_fp8_out = attn_fp8 == 1;
+  static constexpr int32_t kQkRope[] = {0, -1, 1, 2, 4, 8};  // [TAG_QK_ROPE_PAIR]
+  int qk_rope = 0;
+  for (int i = 0; i < 6; ++i)
+    if (kQkRope[i] == opts.qk_rope_variant) qk_rope = i;
+  RETURN_IF_ERROR(envChoice("GARDEN_QK_ROPE", {"auto", "legacy", "pair1", "pair2", "pair4", "pair8"},
+                            &qk_rope));
+  opts.qk_rope_variant = kQkRope[qk_rope];
   opts.moe_lt_streams = lt_streams + 1;
   opts.moe_lt_bias_epilogue = lt_epi == 1;
   opts.moe_lt_overlap_dequant = lt_overlap == 1;

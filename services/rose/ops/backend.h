@@ -297,6 +297,10 @@ struct CudaKernelOptions {
   // O-proj's e4m3 codes and scales from its epilogue instead of a bf16 output quantized by a
   // kernel of its own (same bits). GARDEN_ATTN_FP8_OUT=0|1.
   bool attention_fp8_out = true;
+  // [TAG_QK_ROPE_PAIR] The Qwen3 q/k RMSNorm + RoPE kernel (ops/cuda/qk_norm_rope.cuh
+  // QkNormRopeArgs::variant): 0 = by size, -1 = the legacy kernel, 1 / 2 / 4 / 8 = the pair
+  // kernel with that many heads per warp. GARDEN_QK_ROPE=auto|legacy|pair1|pair2|pair4|pair8.
+  int32_t qk_rope_variant = 0;
 };
 
 // The --moe-prefill / GARDEN_MOE_PREFILL names: auto, chunk, step (or its old name cublas), tiled.

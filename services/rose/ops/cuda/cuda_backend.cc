@@ -573,6 +573,7 @@ void CudaBackend::qkNormRope(const Tensor& qkv, const Tensor& q_weight, const Te
   a.max_pos = p.rotary_dim > 0 ? static_cast<int32_t>(cos.rows()) : 0;
   a.eps = p.eps;
   a.apply_norm = p.apply_norm;
+  a.variant = kernels_.qk_rope_variant;
   checkOk(launchQkNormRope(a, stream_, kernels_.pdl), "qkNormRope");
 }
 

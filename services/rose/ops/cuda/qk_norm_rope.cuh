@@ -31,6 +31,10 @@ struct QkNormRopeArgs {
   int32_t max_pos = 0;
   float eps = 1e-6f;
   bool apply_norm = true;
+  // Which kernel [TAG_QK_ROPE_PAIR]: 0 = by size (the pair kernel where rotary_dim == head_dim,
+  // 2 or 8 heads per warp), -1 = the legacy kernel, 1 / 2 / 4 / 8 = the pair kernel with that
+  // many heads per warp (partial rotary always takes the legacy kernel).
+  int32_t variant = 0;
 };
 
 // pdl: programmatic dependent launch for an eager launch (common.cuh [TAG_PDL]); the backend

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace garden::rose {
@@ -22,7 +23,8 @@ const char* const kVars[] = {"GARDEN_ATTENTION_KERNEL", "GARDEN_GEMM_TUNE", "GAR
                              "GARDEN_ROUTER_MMA", "GARDEN_MOE_WGMMA_DEVICE_PLAN",
                              "GARDEN_PDL_GEMV", "GARDEN_PDL_GRAPH",
                              "GARDEN_GEMM_ROW_INVARIANT", "GARDEN_CHAIN_PDL",
-                             "GARDEN_MOE_WGMMA_SMEM_A", "GARDEN_ATTN_FP8_OUT"};
+                             "GARDEN_MOE_WGMMA_SMEM_A", "GARDEN_ATTN_FP8_OUT",
+                             "GARDEN_QK_ROPE"};
 
 // Clears the variables for the test and restores what the process had.
 class KernelEnvTest : public ::testing::Test {
@@ -197,6 +199,16 @@ TEST_F(KernelEnvTest, EachAcceptedValueIsRead) {
   setenv("GARDEN_ATTN_FP8_OUT", "1", 1);
   ASSERT_TRUE(cudaKernelOptionsFromEnv(o).isOk());
   EXPECT_TRUE(o.attention_fp8_out);
+  for (auto [name, variant] : {std::pair<const char*, int32_t>{"legacy", -1}, {"pair1", 1},
+                               {"pair2", 2}, {"pair4", 4}, {"pair8", 8}, {"auto", 0}}) {
+    setenv("GARDEN_QK_ROPE", name, 1);  // [TAG_QK_ROPE_PAIR]
+    ASSERT_TRUE(cudaKernelOptionsFromEnv(o).isOk());
+    EXPECT_EQ(o.qk_rope_variant, variant) << name;
+  }
+  unsetenv("GARDEN_QK_ROPE");
+  o.qk_rope_variant = 4;  // unset: kept as it was
+  ASSERT_TRUE(cudaKernelOptionsFromEnv(o).isOk());
+  EXPECT_EQ(o.qk_rope_variant, 4);
 }
 
 TEST_F(KernelEnvTest, OtherValuesAreRefusedByName) {
@@ -218,7 +230,8 @@ TEST_F(KernelEnvTest, OtherValuesAreRefusedByName) {
         Bad{"GARDEN_MOE_LT_WGMMA", "on", "0|1"}, Bad{"GARDEN_ROUTER_MMA", "mma", "0|1"},
         Bad{"GARDEN_MOE_WGMMA_DEVICE_PLAN", "on", "0|1"}, Bad{"GARDEN_PDL_GRAPH", "yes", "0|1"},
         Bad{"GARDEN_GEMM_ROW_INVARIANT", "on", "0|1"}, Bad{"GARDEN_MOE_WGMMA_SMEM_A", "yes", "0|1"},
-        Bad{"GARDEN_ATTN_FP8_OUT", "on", "0|1"}}) {
+        Bad{"GARDEN_ATTN_FP8_OUT", "on", "0|1"},
+        Bad{"GARDEN_QK_ROPE", "pair3", "auto|legacy|pair1|pair2|pair4|pair8"}}) {
     SCOPED_TRACE(std::string(b.var) + "=" + b.value);
     for (const char* v : kVars) unsetenv(v);
     setenv(b.var, b.value, 1);
