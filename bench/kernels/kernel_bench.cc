@@ -251,6 +251,41 @@ void benchRmsNorm() {
       check("rms_norm", of[row * h + i], v[i] * inv * wf[i], 2e-2, 2e-2);
   }
   reportBw("rms_norm_add", "T=8192 H=1024", timeIt(run, sets), 4.0 * t * h * 2);
+  // [TAG_RMS_FEW_PLAIN] Few rows (one L2-resident launch each, the 1x128 / 1x512 forward's
+  // norms): the split kernel (split_below_rows -1) against one warp-wide row per block with the
+  // weight loaded early (0); each checked on fresh inputs first.
+  std::vector<__nv_bfloat16> xb(x0.size()), rb(r0.size());
+  for (size_t i = 0; i < x0.size(); ++i) xb[i] = __float2bfloat16(x0[i]);
+  for (size_t i = 0; i < r0.size(); ++i) rb[i] = __float2bfloat16(r0[i]);
+  for (int64_t rows : {int64_t{128}, int64_t{512}}) {
+    for (int32_t split : {-1, 0}) {
+      auto few = [&] {
+        RmsNormArgs a{x[0]->as<__nv_bfloat16>(), r[0]->as<__nv_bfloat16>(), w.as<__nv_bfloat16>(),
+                      o[0]->as<__nv_bfloat16>(), rows, h, 1e-6f};
+        a.split_below_rows = split;
+        OK(launchRmsNorm(a, nullptr));
+      };
+      CK(cudaMemcpy(x[0]->p, xb.data(), rows * h * 2, cudaMemcpyHostToDevice));
+      CK(cudaMemcpy(r[0]->p, rb.data(), rows * h * 2, cudaMemcpyHostToDevice));
+      poison(*o[0]);
+      few();
+      auto fo = readBf16(o[0]->p, rows * h);
+      for (int64_t row : {int64_t{0}, rows / 3, rows - 1}) {
+        double ss = 0;
+        std::vector<float> v(h);
+        for (int64_t i = 0; i < h; ++i) {
+          v[i] = bf(x0[row * h + i] + r0[row * h + i]);
+          ss += v[i] * v[i];
+        }
+        const double inv = 1 / std::sqrt(ss / h + 1e-6);
+        for (int64_t i = 0; i < h; i += 13)
+          check("rms_norm few", fo[row * h + i], v[i] * inv * wf[i], 2e-2, 2e-2);
+      }
+      reportBw("rms_norm_add",
+               "T=" + std::to_string(rows) + " H=1024 " + (split < 0 ? "split" : "plain-early"),
+               timeIt([&](int) { few(); }, 1), 4.0 * rows * h * 2);
+    }
+  }
 }
 
 void benchQkNormRope() {

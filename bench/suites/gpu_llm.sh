@@ -296,6 +296,10 @@
 #   embstreams  rose_forward_bench --streams-ab: embedding batches on one stream vs two (a
 #             second batch in flight), 16x512 / 8x1024 / 2x4096 / 1x512 / 4x128
 #   elem      rose_kernel_bench elementwise: the elementwise kernels' bandwidth at 8192 tokens
+#             (QK-norm + RoPE: every variant, also at 512 and 128 tokens)
+#   qkab      [TAG_QK_ROPE_PAIR] the forward with the legacy QK-norm + RoPE kernel beside the
+#             pair kernel (auto, 4 and 2 heads per warp) and the legacy one again (the noise),
+#             rose_forward_bench --ab on a random Qwen3-Embedding-0.6B-shaped checkpoint
 #             (QK-norm + RoPE, its bytes by the copy engine, SwiGLU, RMSNorm)
 #   elemncu   ncu (speed of light, memory, occupancy, warp stalls) on the first launch each of
 #             QK-norm + RoPE, SwiGLU and RMSNorm in rose_kernel_bench elementwise (8192 tokens)
@@ -521,7 +525,8 @@ for s in $STEPS; do
     embfp8m) step embfp8m embfp8m.txt 300 bash -c "set -o pipefail; rc=0; '$BIN/gpu_model_graph_test' --gtest_brief=1 2>&1 | grep -v 'gemm tuned' || rc=1; python3 '$ROOT/bench/suites/make_random_qwen3.py' --out /tmp/q3emb > /dev/null && '$BIN/rose_forward_bench' /tmp/q3emb --iters 20 --weights-ab 2>&1 | grep -v 'gemm tuned' || rc=1; exit \$rc" ;;
     attnfp8ab) step attnfp8ab attnfp8ab.txt 240 bash -c "set -o pipefail; rc=0; python3 '$ROOT/bench/suites/make_random_qwen3.py' --out /tmp/q3emb > /dev/null && for v in 0 1; do echo \"== GARDEN_ATTN_FP8_OUT=\$v\"; GARDEN_FORWARD_SHAPES=1x512,16x512,8x1024,2x4096 GARDEN_ATTN_FP8_OUT=\$v '$BIN/rose_forward_bench' /tmp/q3emb --iters 20 --weights-ab 2>&1 | grep -v 'gemm tuned' || rc=1; done; exit \$rc" ;;
     embstreams) step embstreams embstreams.txt 200 bash -c "set -o pipefail; python3 '$ROOT/bench/suites/make_random_qwen3.py' --out /tmp/q3emb > /dev/null && GARDEN_FORWARD_SHAPES=16x512,8x1024,2x4096,1x512,4x128 '$BIN/rose_forward_bench' /tmp/q3emb --iters 10 --streams-ab 2>&1 | grep -v 'gemm tuned'" ;;
-    elem) step elem elem.txt 120 timeout 110 "$BIN/rose_kernel_bench" elementwise ;;
+    elem) step elem elem.txt 150 timeout 140 "$BIN/rose_kernel_bench" elementwise ;;
+    qkab) step qkab qkab.txt 240 bash -c "python3 '$ROOT/bench/suites/make_random_qwen3.py' --out /tmp/q3emb > /dev/null && GARDEN_FORWARD_SHAPES=1x128,1x512,16x512,8x1024,2x4096 '$BIN/rose_forward_bench' /tmp/q3emb --iters 20 --ab qklegacy,qkauto,qkpair4,qkpair2,qklegacy 2>&1 | grep -v 'gemm tuned'" ;;
     elemncu) step elemncu elemncu.txt 240 bash -c "for k in qkNormRopeKernel swigluKernel rmsNormKernel; do echo \"== \$k\"; ncu -k regex:\$k -c 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats '$BIN/rose_kernel_bench' elementwise 2>&1 | grep -vE '^(embedding|rms_norm_add|qk_norm_rope|swiglu) '; done" ;;
     embprof) step embprof embprof.txt 200 bash -c "bash '$ROOT/bench/suites/gpu_profile.sh' '$BIN' '$LOGS/embprof' 16x512 1x128 2>&1 | grep -v 'gemm tuned'" ;;
     gemmfp8) step gemmfp8 gemmfp8.txt 200 timeout 190 "$BIN/rose_kernel_bench" gemm_fp8 ;;

@@ -98,6 +98,12 @@ Status cudaKernelOptionsFromEnv(CudaKernelOptions& opts) {
   RETURN_IF_ERROR(envChoice("GARDEN_QK_ROPE", {"auto", "legacy", "pair1", "pair2", "pair4", "pair8"},
                             &qk_rope));
   opts.qk_rope_variant = kQkRope[qk_rope];
+  static constexpr int32_t kRmsSplit[] = {-1, 0, 16, 64, 256};  // [TAG_RMS_FEW_PLAIN]
+  int rms_split = 0;
+  for (int i = 0; i < 5; ++i)
+    if (kRmsSplit[i] == opts.rms_split_below_rows) rms_split = i;
+  RETURN_IF_ERROR(envChoice("GARDEN_RMS_SPLIT_ROWS", {"auto", "0", "16", "64", "256"}, &rms_split));
+  opts.rms_split_below_rows = kRmsSplit[rms_split];
   opts.moe_lt_streams = lt_streams + 1;
   opts.moe_lt_bias_epilogue = lt_epi == 1;
   opts.moe_lt_overlap_dequant = lt_overlap == 1;
