@@ -236,20 +236,24 @@ void benchRmsNorm() {
                   1e-6f};
     OK(launchRmsNorm(a, nullptr));
   };
+  // out's rows against the host's norm of x0 + r0, every step-th value.
+  auto checkRows = [&](const char* name, const std::vector<float>& of,
+                       std::initializer_list<int64_t> rows, int64_t step) {
+    for (int64_t row : rows) {
+      double ss = 0;
+      std::vector<float> v(h);
+      for (int64_t i = 0; i < h; ++i) {
+        v[i] = bf(x0[row * h + i] + r0[row * h + i]);
+        ss += v[i] * v[i];
+      }
+      const double inv = 1 / std::sqrt(ss / h + 1e-6);
+      for (int64_t i = 0; i < h; i += step)
+        check(name, of[row * h + i], v[i] * inv * wf[i], 2e-2, 2e-2);
+    }
+  };
   poison(*o[0]);
   run(0);
-  auto of = readBf16(o[0]->p, t * h);
-  for (int64_t row : {int64_t{0}, int64_t{4097}, t - 1}) {
-    double ss = 0;
-    std::vector<float> v(h);
-    for (int64_t i = 0; i < h; ++i) {
-      v[i] = bf(x0[row * h + i] + r0[row * h + i]);
-      ss += v[i] * v[i];
-    }
-    const double inv = 1 / std::sqrt(ss / h + 1e-6);
-    for (int64_t i = 0; i < h; i += 31)
-      check("rms_norm", of[row * h + i], v[i] * inv * wf[i], 2e-2, 2e-2);
-  }
+  checkRows("rms_norm", readBf16(o[0]->p, t * h), {0, 4097, t - 1}, 31);
   reportBw("rms_norm_add", "T=8192 H=1024", timeIt(run, sets), 4.0 * t * h * 2);
   // [TAG_RMS_FEW_PLAIN] Few rows (one L2-resident launch each, the 1x128 / 1x512 forward's
   // norms): the split kernel (split_below_rows -1) against one warp-wide row per block with the
@@ -269,18 +273,7 @@ void benchRmsNorm() {
       CK(cudaMemcpy(r[0]->p, rb.data(), rows * h * 2, cudaMemcpyHostToDevice));
       poison(*o[0]);
       few();
-      auto fo = readBf16(o[0]->p, rows * h);
-      for (int64_t row : {int64_t{0}, rows / 3, rows - 1}) {
-        double ss = 0;
-        std::vector<float> v(h);
-        for (int64_t i = 0; i < h; ++i) {
-          v[i] = bf(x0[row * h + i] + r0[row * h + i]);
-          ss += v[i] * v[i];
-        }
-        const double inv = 1 / std::sqrt(ss / h + 1e-6);
-        for (int64_t i = 0; i < h; i += 13)
-          check("rms_norm few", fo[row * h + i], v[i] * inv * wf[i], 2e-2, 2e-2);
-      }
+      checkRows("rms_norm few", readBf16(o[0]->p, rows * h), {0, rows / 3, rows - 1}, 13);
       reportBw("rms_norm_add",
                "T=" + std::to_string(rows) + " H=1024 " + (split < 0 ? "split" : "plain-early"),
                timeIt([&](int) { few(); }, 1), 4.0 * rows * h * 2);

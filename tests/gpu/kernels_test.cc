@@ -175,14 +175,22 @@ TEST_F(GpuOps, RmsNormRowDoesNotDependOnRowCount) {
       auto r = randomBf16(static_cast<size_t>(t * h), rng_, -2.f, 2.f);
       auto w = randomBf16(static_cast<size_t>(h), rng_, 0.5f, 1.5f);
       auto gw = upload(gpu(), gpu().weightDType(), {h}, w);
+      // The first `rows` rows of x and r uploaded, and a poisoned output.
+      struct Io {
+        OwnedTensor x, r, out;
+      };
+      auto inputs = [&](int64_t rows) {
+        const auto len = static_cast<std::ptrdiff_t>(rows * h);
+        Io io{upload(gpu(), act(), {rows, h}, std::vector<float>(x.begin(), x.begin() + len)),
+              upload(gpu(), gpu().residualDType(), {rows, h},
+                     std::vector<float>(r.begin(), r.begin() + len)),
+              allocate(gpu(), act(), {rows, h})};
+        poison(gpu(), io.out.view);
+        return io;
+      };
       std::vector<float> outs[2], ress[2];
       for (int64_t rows : {t, few}) {
-        const auto len = static_cast<std::ptrdiff_t>(rows * h);
-        auto gx = upload(gpu(), act(), {rows, h}, std::vector<float>(x.begin(), x.begin() + len));
-        auto gr = upload(gpu(), gpu().residualDType(), {rows, h},
-                         std::vector<float>(r.begin(), r.begin() + len));
-        auto go = allocate(gpu(), act(), {rows, h});
-        poison(gpu(), go.view);
+        auto [gx, gr, go] = inputs(rows);
         gpu().rmsNorm(gx.view, with_res ? gr.view : Tensor(), gw.view, go.view, {});
         outs[rows == few] = download(gpu(), go.view);
         ress[rows == few] = download(gpu(), gr.view);
@@ -197,12 +205,7 @@ TEST_F(GpuOps, RmsNormRowDoesNotDependOnRowCount) {
         for (int64_t rows : {int64_t{1}, int64_t{63}, int64_t{64}, few}) {
           SCOPED_TRACE("split_below_rows " + std::to_string(split) + ", " + std::to_string(rows) +
                        " rows");
-          const auto len = static_cast<std::ptrdiff_t>(rows * h);
-          auto gx = upload(gpu(), act(), {rows, h}, std::vector<float>(x.begin(), x.begin() + len));
-          auto gr = upload(gpu(), gpu().residualDType(), {rows, h},
-                           std::vector<float>(r.begin(), r.begin() + len));
-          auto go = allocate(gpu(), act(), {rows, h});
-          poison(gpu(), go.view);
+          auto [gx, gr, go] = inputs(rows);
           cuda::RmsNormArgs a;
           a.x = gx.view.as<__nv_bfloat16>();
           if (with_res && gr.view.dtype == DType::kF32) {
