@@ -250,7 +250,8 @@ Status launchRmsNorm(const RmsNormArgs& a, cudaStream_t stream, bool pdl) {
   // Decode-like: one row per block. Prefill-like: fill 128..256-thread blocks with rows.
   const bool few = a.rows < 4 * smCount();
   // [TAG_RMS_FEW_PLAIN] Which few-row kernel: the split one below split_below_rows rows (-1: all
-  // few rows), else one warp-wide row per block with the weight loaded early.
+  // few rows), else one warp-wide row per block with the weight loaded early (-1: where the split
+  // kernel does not apply, the plain one as before).
   const bool split = a.split_below_rows < 0 ? few : a.rows < a.split_below_rows;
   // Programmatic in graphs too with pdl_graph [TAG_PDL_GRAPH], else for eager launches per `pdl`.
   auto launch = [&](void (*kernel)(RmsNormArgs), dim3 grid, dim3 block, size_t smem) {
@@ -270,7 +271,7 @@ Status launchRmsNorm(const RmsNormArgs& a, cudaStream_t stream, bool pdl) {
   dim3 grid(static_cast<unsigned>((a.rows + ty - 1) / ty));
   const size_t smem = sizeof(float) * static_cast<size_t>(ty * (tx / 32));
   void (*kernel)(RmsNormArgs) = nullptr;
-  if (few) {  // [TAG_RMS_FEW_PLAIN] the weight loaded with x
+  if (few && a.split_below_rows >= 0) {  // [TAG_RMS_FEW_PLAIN] the weight loaded with x
     switch (per_thread) {
       case 1: kernel = combine ? rmsNormKernel<1, true, true> : rmsNormKernel<1, false, true>; break;
       case 2: kernel = combine ? rmsNormKernel<2, true, true> : rmsNormKernel<2, false, true>; break;
