@@ -223,7 +223,9 @@ TEST_F(GpuOps, RmsNormRowDoesNotDependOnRowCount) {
           const size_t m = static_cast<size_t>(rows * h);
           const std::vector<float> o = download(gpu(), go.view), rr = download(gpu(), gr.view);
           EXPECT_EQ(0, std::memcmp(outs[0].data(), o.data(), m * sizeof(float)));
-          if (with_res) EXPECT_EQ(0, std::memcmp(ress[0].data(), rr.data(), m * sizeof(float)));
+          if (with_res) {
+            EXPECT_EQ(0, std::memcmp(ress[0].data(), rr.data(), m * sizeof(float)));
+          }
         }
       }
     }
