@@ -112,6 +112,12 @@ std::vector<float> fillBf16(const Dev& d, float lo, float hi) {
   CK(cudaMemcpy(d.p, h.data(), n * 2, cudaMemcpyHostToDevice));
   return f;
 }
+// Host values (bf16-representable, as fillBf16 returns them) back as bf16, to re-upload.
+std::vector<__nv_bfloat16> toBf16(const std::vector<float>& f) {
+  std::vector<__nv_bfloat16> h(f.size());
+  for (size_t i = 0; i < f.size(); ++i) h[i] = __float2bfloat16(f[i]);
+  return h;
+}
 std::vector<float> readBf16(const void* p, size_t n) {
   std::vector<__nv_bfloat16> h(n);
   CK(cudaMemcpy(h.data(), p, n * 2, cudaMemcpyDeviceToHost));
@@ -258,9 +264,7 @@ void benchRmsNorm() {
   // [TAG_RMS_FEW_PLAIN] Few rows (one L2-resident launch each, the 1x128 / 1x512 forward's
   // norms): the split kernel (split_below_rows -1) against one warp-wide row per block with the
   // weight loaded early (0); each checked on fresh inputs first.
-  std::vector<__nv_bfloat16> xb(x0.size()), rb(r0.size());
-  for (size_t i = 0; i < x0.size(); ++i) xb[i] = __float2bfloat16(x0[i]);
-  for (size_t i = 0; i < r0.size(); ++i) rb[i] = __float2bfloat16(r0[i]);
+  const std::vector<__nv_bfloat16> xb = toBf16(x0), rb = toBf16(r0);
   for (int64_t rows : {int64_t{128}, int64_t{512}}) {
     for (int32_t split : {-1, 0}) {
       auto few = [&] {
@@ -311,8 +315,7 @@ void benchQkNormRope() {
   }
   // The kernels the launcher can pick [TAG_QK_ROPE_PAIR]: -1 legacy, 0 by size, 1/2/4/8 the pair
   // kernel with that many heads per warp; each checked on fresh inputs, then timed.
-  std::vector<__nv_bfloat16> fresh(q0.size());
-  for (size_t i = 0; i < q0.size(); ++i) fresh[i] = __float2bfloat16(q0[i]);
+  const std::vector<__nv_bfloat16> fresh = toBf16(q0);
   auto launch = [&](void* qkv, int64_t tokens, int32_t variant) {
     QkNormRopeArgs a;
     a.qkv = static_cast<__nv_bfloat16*>(qkv);

@@ -30,6 +30,19 @@ Status envChoice(const char* name, std::initializer_list<const char*> accepted, 
   return invalidArgument(std::string(name) + "='" + v + "': expected " + list);
 }
 
+// envChoice over named integer values: *value becomes values[i] for the accepted name i (kept
+// when the variable is unset; a value not in the table reads as the first name's).
+template <size_t N>
+Status envChoiceValue(const char* name, std::initializer_list<const char*> accepted,
+                      const int32_t (&values)[N], int32_t* value) {
+  int i = 0;
+  for (size_t k = 0; k < N; ++k)
+    if (values[k] == *value) i = static_cast<int>(k);
+  RETURN_IF_ERROR(envChoice(name, accepted, &i));
+  *value = values[i];
+  return okStatus();
+}
+
 }  // namespace
 
 bool moePrefillFromName(std::string_view name, CudaKernelOptions::MoePrefill* out) {
@@ -92,18 +105,12 @@ Status cudaKernelOptionsFromEnv(CudaKernelOptions& opts) {
   RETURN_IF_ERROR(envChoice("GARDEN_ATTN_FP8_OUT", {"0", "1"}, &attn_fp8));
   opts.attention_fp8_out = attn_fp8 == 1;
   static constexpr int32_t kQkRope[] = {0, -1, 1, 2, 4, 8};  // [TAG_QK_ROPE_PAIR]
-  int qk_rope = 0;
-  for (int i = 0; i < 6; ++i)
-    if (kQkRope[i] == opts.qk_rope_variant) qk_rope = i;
-  RETURN_IF_ERROR(envChoice("GARDEN_QK_ROPE", {"auto", "legacy", "pair1", "pair2", "pair4", "pair8"},
-                            &qk_rope));
-  opts.qk_rope_variant = kQkRope[qk_rope];
+  RETURN_IF_ERROR(envChoiceValue("GARDEN_QK_ROPE",
+                                 {"auto", "legacy", "pair1", "pair2", "pair4", "pair8"}, kQkRope,
+                                 &opts.qk_rope_variant));
   static constexpr int32_t kRmsSplit[] = {-1, 0, 16, 64, 256};  // [TAG_RMS_FEW_PLAIN]
-  int rms_split = 0;
-  for (int i = 0; i < 5; ++i)
-    if (kRmsSplit[i] == opts.rms_split_below_rows) rms_split = i;
-  RETURN_IF_ERROR(envChoice("GARDEN_RMS_SPLIT_ROWS", {"auto", "0", "16", "64", "256"}, &rms_split));
-  opts.rms_split_below_rows = kRmsSplit[rms_split];
+  RETURN_IF_ERROR(envChoiceValue("GARDEN_RMS_SPLIT_ROWS", {"auto", "0", "16", "64", "256"},
+                                 kRmsSplit, &opts.rms_split_below_rows));
   opts.moe_lt_streams = lt_streams + 1;
   opts.moe_lt_bias_epilogue = lt_epi == 1;
   opts.moe_lt_overlap_dequant = lt_overlap == 1;

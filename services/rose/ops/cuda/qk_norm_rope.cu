@@ -141,8 +141,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     cs[e] = roundBf16(a.cos[tab + e]);
     sn[e] = roundBf16(a.sin[tab + e]);
   }
-  float wq_lo[kP], wq_hi[kP], wk_lo[kP], wk_hi[kP];
   if (a.apply_norm) {
+    float wq_lo[kP], wq_hi[kP], wk_lo[kP], wk_hi[kP];
 #pragma unroll
     for (int e = 0; e < kP; ++e) {
       wq_lo[e] = __bfloat162float(a.q_weight[lane * kP + e]);
@@ -150,8 +150,6 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
       wk_lo[e] = __bfloat162float(a.k_weight[lane * kP + e]);
       wk_hi[e] = __bfloat162float(a.k_weight[kHalf + lane * kP + e]);
     }
-  }
-  if (a.apply_norm) {
     float ss[kH];
 #pragma unroll
     for (int i = 0; i < kH; ++i) {

@@ -210,6 +210,19 @@ __global__ void rmsNormSplitKernel(RmsNormArgs a) {
   }
 }
 
+// rmsNormKernel for 1..4 chunks per thread (null for more).
+template <bool kEarlyWeight>
+void (*plainKernel(int per_thread, bool combine))(RmsNormArgs) {
+  constexpr bool e = kEarlyWeight;
+  switch (per_thread) {
+    case 1: return combine ? rmsNormKernel<1, true, e> : rmsNormKernel<1, false, e>;
+    case 2: return combine ? rmsNormKernel<2, true, e> : rmsNormKernel<2, false, e>;
+    case 3: return combine ? rmsNormKernel<3, true, e> : rmsNormKernel<3, false, e>;
+    case 4: return combine ? rmsNormKernel<4, true, e> : rmsNormKernel<4, false, e>;
+    default: return nullptr;
+  }
+}
+
 }  // namespace
 
 Status launchRmsNorm(const RmsNormArgs& a, cudaStream_t stream, bool pdl) {
@@ -270,24 +283,11 @@ Status launchRmsNorm(const RmsNormArgs& a, cudaStream_t stream, bool pdl) {
   dim3 block(tx, ty);
   dim3 grid(static_cast<unsigned>((a.rows + ty - 1) / ty));
   const size_t smem = sizeof(float) * static_cast<size_t>(ty * (tx / 32));
-  void (*kernel)(RmsNormArgs) = nullptr;
-  if (few && a.split_below_rows >= 0) {  // [TAG_RMS_FEW_PLAIN] the weight loaded with x
-    switch (per_thread) {
-      case 1: kernel = combine ? rmsNormKernel<1, true, true> : rmsNormKernel<1, false, true>; break;
-      case 2: kernel = combine ? rmsNormKernel<2, true, true> : rmsNormKernel<2, false, true>; break;
-      case 3: kernel = combine ? rmsNormKernel<3, true, true> : rmsNormKernel<3, false, true>; break;
-      case 4: kernel = combine ? rmsNormKernel<4, true, true> : rmsNormKernel<4, false, true>; break;
-      default: return invalidArgument("rms_norm: unsupported hidden size");
-    }
-  } else {
-    switch (per_thread) {
-      case 1: kernel = combine ? rmsNormKernel<1, true> : rmsNormKernel<1, false>; break;
-      case 2: kernel = combine ? rmsNormKernel<2, true> : rmsNormKernel<2, false>; break;
-      case 3: kernel = combine ? rmsNormKernel<3, true> : rmsNormKernel<3, false>; break;
-      case 4: kernel = combine ? rmsNormKernel<4, true> : rmsNormKernel<4, false>; break;
-      default: return invalidArgument("rms_norm: unsupported hidden size");
-    }
-  }
+  // [TAG_RMS_FEW_PLAIN] the weight loaded with x where the plain kernel was asked for few rows.
+  void (*kernel)(RmsNormArgs) = few && a.split_below_rows >= 0
+                                    ? plainKernel<true>(per_thread, combine)
+                                    : plainKernel<false>(per_thread, combine);
+  if (kernel == nullptr) return invalidArgument("rms_norm: unsupported hidden size");
   CUDA_RETURN_IF_ERROR(launch(kernel, grid, block, smem));
   return okStatus();
 }
