@@ -331,6 +331,10 @@
 #             concurrent streams (TTFT, inter-token p50/p99, output tokens/s; needs mk20b)
 #   prof      ncu over one decode step (1@8192) and one 8k prefill: time per kernel, summed by name
 #             (bench/suites/ncu_summary.py)
+#   gemmwgab  [TAG_GEMM_WG] the Hopper GEMM's GPU tests (GpuWgGemm.*), then the embedding forward
+#             with it among the tuned GEMM candidates (gemmwg; gemmwgpdl: launched programmatically)
+#             against cuBLASLt alone (gemmlt) at 1x128 ... 16x512; the tuning lines (per bucket:
+#             best_us, best_cublaslt_us, best_wg_us, the winner) in wg_tuned.txt
 #     bench/suites/gpu_llm.sh GPUBIN OUT [steps...]
 # Prints one summary line per step last; writes logs to OUT (and OUT/llm_logs.tgz).
 set -uo pipefail
@@ -530,6 +534,7 @@ for s in $STEPS; do
     embfp8m) step embfp8m embfp8m.txt 300 bash -c "set -o pipefail; rc=0; '$BIN/gpu_model_graph_test' --gtest_brief=1 2>&1 | grep -v 'gemm tuned' || rc=1; python3 '$ROOT/bench/suites/make_random_qwen3.py' --out /tmp/q3emb > /dev/null && '$BIN/rose_forward_bench' /tmp/q3emb --iters 20 --weights-ab 2>&1 | grep -v 'gemm tuned' || rc=1; exit \$rc" ;;
     attnfp8ab) step attnfp8ab attnfp8ab.txt 240 bash -c "set -o pipefail; rc=0; python3 '$ROOT/bench/suites/make_random_qwen3.py' --out /tmp/q3emb > /dev/null && for v in 0 1; do echo \"== GARDEN_ATTN_FP8_OUT=\$v\"; GARDEN_FORWARD_SHAPES=1x512,16x512,8x1024,2x4096 GARDEN_ATTN_FP8_OUT=\$v '$BIN/rose_forward_bench' /tmp/q3emb --iters 20 --weights-ab 2>&1 | grep -v 'gemm tuned' || rc=1; done; exit \$rc" ;;
     embstreams) step embstreams embstreams.txt 200 bash -c "set -o pipefail; python3 '$ROOT/bench/suites/make_random_qwen3.py' --out /tmp/q3emb > /dev/null && GARDEN_FORWARD_SHAPES=16x512,8x1024,2x4096,1x512,4x128 '$BIN/rose_forward_bench' /tmp/q3emb --iters 10 --streams-ab 2>&1 | grep -v 'gemm tuned'" ;;
+    gemmwgab) step gemmwgab gemmwgab.txt 360 bash -c "rc=0; '$BIN/gpu_kernels_test' --gtest_brief=1 --gtest_filter='GpuWgGemm.*' 2>&1 | grep -v 'gemm tuned' || rc=1; python3 '$ROOT/bench/suites/make_random_qwen3.py' --out /tmp/q3emb > /dev/null && GARDEN_FORWARD_SHAPES=${WGAB_SHAPES:-1x128,1x256,1x512,4x128,16x512} '$BIN/rose_forward_bench' /tmp/q3emb --iters 20 --ab gemmlt,gemmwg,gemmwgpdl,gemmlt > /tmp/wgab.txt 2>&1 || rc=1; grep 'gemm tuned' /tmp/wgab.txt > '$LOGS/wg_tuned.txt'; grep -v 'gemm tuned' /tmp/wgab.txt; exit \$rc" ;;
     elem) step elem elem.txt 150 timeout 140 "$BIN/rose_kernel_bench" elementwise ;;
     rmsab) step rmsab rmsab.txt 300 bash -c "rc=0; '$BIN/gpu_kernels_test' --gtest_brief=1 --gtest_filter='*RmsNorm*' || rc=1; python3 '$ROOT/bench/suites/make_random_qwen3.py' --out /tmp/q3emb > /dev/null && GARDEN_FORWARD_SHAPES=1x128,1x256,1x512,4x128 '$BIN/rose_forward_bench' /tmp/q3emb --iters 20 --ab rmssplit,rmsplain,rms64,rmssplit 2>&1 | grep -v 'gemm tuned' || rc=1; if [ -d /tmp/gptoss20b ]; then for r in 1 2; do for v in auto 0; do echo \"== [\$r] GARDEN_RMS_SPLIT_ROWS=\$v\"; GARDEN_RMS_SPLIT_ROWS=\$v '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode 1@8192,8@4096,64@1024 --decode-steps 32 --max-batch-tokens 16384 2>&1 | grep -E '^decode'; done; done; fi; exit \$rc" ;;
     qkab) step qkab qkab.txt 240 bash -c "python3 '$ROOT/bench/suites/make_random_qwen3.py' --out /tmp/q3emb > /dev/null && GARDEN_FORWARD_SHAPES=1x128,1x512,16x512,8x1024,2x4096 '$BIN/rose_forward_bench' /tmp/q3emb --iters 20 --ab qklegacy,qkauto,qkpair4,qkpair2,qklegacy 2>&1 | grep -v 'gemm tuned'" ;;

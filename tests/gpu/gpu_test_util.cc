@@ -195,4 +195,29 @@ std::vector<int32_t> cumulative(const std::vector<int32_t>& lens) {
   return cu;
 }
 
+// Two bf16 results of the same GEMM row computed with different f32 summation orders (another
+// algorithm, split-K): each value within 2 bf16 ulps (2 * 2^-7 relative) of the other, plus a
+// small absolute floor for values near zero where cancellation makes relative bounds meaningless.
+void expectWithinBf16Rounding(const std::vector<float>& got, const std::vector<float>& want,
+                              const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double mx = 0;
+  for (float v : want) mx = std::max(mx, static_cast<double>(std::fabs(v)));
+  size_t bad = 0, differ = 0, worst_at = 0;
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double a = got[i], b = want[i], d = std::fabs(a - b);
+    if (std::memcmp(&got[i], &want[i], sizeof(float)) != 0) ++differ;
+    const double tol = 2.0 * std::ldexp(std::max(std::fabs(a), std::fabs(b)), -7) + 1e-4 * mx;
+    if (!(d <= tol)) {
+      if (bad++ == 0 || d > worst) worst_at = i;
+      worst = std::max(worst, d);
+    }
+  }
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size()
+                     << " values beyond 2 bf16 ulps (worst |diff| " << worst << " at " << worst_at
+                     << ": " << got[worst_at] << " vs " << want[worst_at] << ")";
+  std::cout << what << ": " << differ << " of " << got.size() << " values not bit-identical\n";
+}
+
 }  // namespace garden::rose::gputest

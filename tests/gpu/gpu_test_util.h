@@ -70,6 +70,10 @@ struct CloseStats {
 CloseStats compare(const std::vector<float>& got, const std::vector<float>& ref, double atol,
                    double rtol);
 // EXPECTs every element within atol + rtol*|ref| and finite; prints the worst one otherwise.
+// Two bf16 results of the same GEMM row computed with different f32 summation orders (another
+// algorithm, split-K): each value within 2 bf16 ulps of the other, plus a small absolute floor.
+void expectWithinBf16Rounding(const std::vector<float>& got, const std::vector<float>& want,
+                              const std::string& what);
 void expectClose(const std::vector<float>& got, const std::vector<float>& ref, double atol,
                  double rtol, const std::string& what);
 // The gap between a logits row's two largest values (a greedy choice below some margin is a

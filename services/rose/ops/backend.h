@@ -182,6 +182,10 @@ struct CudaKernelOptions {
   // (GARDEN_GEMM_SMALLM=1; off: it lost at every M >= 64 bucket on the H200).
   bool gemm_tune = true;
   bool gemm_smallm = false;
+  // [TAG_GEMM_WG] With tuning, also time the Hopper weight-streaming GEMM (ops/cuda/gemm_wg.cuh:
+  // wgmma + TMA, split-K in a cluster) for M buckets <= 512 on sm_90 devices: 0 off, 1 on, 2 on
+  // and launched programmatically. GARDEN_GEMM_WG=0|1|pdl. Off until an A/B on the GPU says.
+  int32_t gemm_wg = 0;
   // Programmatic dependent launch of eager kernel launches (ops/cuda/common.cuh [TAG_PDL]):
   // GARDEN_PDL=0|1.
   bool pdl = true;

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "common/logging.h"
 #include "services/rose/ops/cuda/attention.cuh"
 #include "services/rose/ops/cuda/cuda_utils.h"
 #include "services/rose/ops/cuda/paged_attention_sm90.cuh"
@@ -14,6 +15,7 @@
 #include "services/rose/ops/cuda/fp8_block.h"
 #include "services/rose/ops/cuda/fp8_dense.cuh"
 #include "services/rose/ops/cuda/fp8_gemm.h"
+#include "services/rose/ops/cuda/gemm_wg.cuh"
 #include "services/rose/ops/cuda/kv_block_copy.cuh"
 #include "services/rose/ops/cuda/moe_lt_gemm.h"
 #include "services/rose/ops/cuda/moe_router_f32.cuh"
@@ -93,6 +95,13 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const BackendOptions& o
   CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&b->stream_, cudaStreamNonBlocking));
   ASSIGN_OR_RETURN(
       b->gemm_, GemmRunner::create(size_t{32} << 20, opts.cuda.gemm_tune, opts.cuda.gemm_smallm));
+  if (opts.cuda.gemm_wg > 0) {  // [TAG_GEMM_WG]
+    if (wgGemmAvailable()) {
+      RETURN_IF_ERROR(b->gemm_->setWgGemm(true, opts.cuda.gemm_wg == 2));
+    } else {
+      log::warn("GARDEN_GEMM_WG: the Hopper GEMM needs an sm_90 device; not used");
+    }
+  }
   b->graphs_ = std::make_unique<GraphCache>(b->stream_);
   CUDA_RETURN_IF_ERROR(
       cudaHostAlloc(reinterpret_cast<void**>(&b->staging_), kStagingBytes, cudaHostAllocDefault));

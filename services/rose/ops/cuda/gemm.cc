@@ -10,6 +10,7 @@
 #include "services/rose/ops/cuda/cuda_utils.h"
 #include "services/rose/ops/cuda/gemm_chain.cuh"
 #include "services/rose/ops/cuda/gemm_smallm.cuh"
+#include "services/rose/ops/cuda/gemm_wg.cuh"
 #include "services/rose/ops/cuda/gemv.cuh"
 #include "services/rose/ops/cuda/l2_flush.cuh"
 
@@ -203,6 +204,14 @@ Status GemmRunner::enqueueChoice(const Plan& p, const Choice& choice, int64_t m,
     a.pdl = chain_pdl_;  // [TAG_CHAIN_PDL]
     return launchChainGemm(a, ops.stream);
   }
+  if (choice.wg_splits > 0) {  // [TAG_GEMM_WG]
+    auto a = customArgs<WgGemmArgs>(ops.x, ops.w, ops.bias, ops.y, m, n, k);
+    a.splits = choice.wg_splits;
+    a.warpgroups = choice.wg_warpgroups;
+    a.tok_tile = choice.wg_tok_tile;
+    a.pdl = wg_pdl_;
+    return launchWgGemm(a, ops.stream);
+  }
   if (choice.smallm_splits > 0) {
     auto a = customArgs<SmallMGemmArgs>(ops.x, ops.w, ops.bias, ops.y, m, n, k);
     a.splits = choice.smallm_splits;
@@ -221,7 +230,7 @@ Result<bool> GemmRunner::rowsIndependentOfM(const Plan& exact, const Choice& cho
   const size_t bytes = static_cast<size_t>(half * n) * elem;
   if (half < 1 || half * n > kMaxCheckElems || bytes > flush_bytes_) return true;
   Plan p;  // the M / 2 shape (cuBLASLt only; the custom kernels take M as an argument)
-  if (choice.smallm_splits == 0 && choice.gemv_rows == 0 && choice.chain_stages == 0) {
+  if (!choice.custom()) {
     RETURN_IF_ERROR(makeLayouts(p, half, n, k, ops.bias != nullptr, ioOf(ops)));
     if (!fits(p, choice.algo)) return false;
   }
@@ -364,6 +373,19 @@ Result<GemmRunner::Choice> GemmRunner::chooseAlgo(Plan& exact, int64_t m, int64_
       }
     }
   }
+  // [TAG_GEMM_WG] The Hopper weight-streaming kernel, one candidate per (split count, consumer
+  // warpgroups) wgGemmCandidates offers for the bucket.
+  if (wg_ && ioOf(ops) == kIoBf16 && bucket <= kWgGemmMaxRows) {
+    WgGemmConfig cfgs[8] = {};
+    const int nc = wgGemmCandidates(bucket, n, k, num_sms_, cfgs);
+    for (int i = 0; i < nc; ++i) {
+      Choice c;
+      c.wg_splits = cfgs[i].splits;
+      c.wg_warpgroups = cfgs[i].warpgroups;
+      c.wg_tok_tile = cfgs[i].tok_tile;
+      cands.push_back(c);
+    }
+  }
   // The GEMV (gemv.cuh) for the small buckets [TAG_GEMV], after those.
   // [TAG_PDL_GEMV] With gemv_only_, the M = 1 bucket times the GEMV shapes alone.
   const bool gemv_alone = gemv_only_ && bucket == 1;
@@ -462,6 +484,11 @@ Result<GemmRunner::Choice> GemmRunner::chooseAlgo(Plan& exact, int64_t m, int64_
   for (size_t c = 0; c < num_lt; ++c) {
     if (avg_ms[c] >= 0.f && (best_lt_ms < 0.f || avg_ms[c] < best_lt_ms)) best_lt_ms = avg_ms[c];
   }
+  float best_wg_ms = -1.f;  // the fastest Hopper-kernel candidate [TAG_GEMM_WG], for the log
+  for (size_t c = num_lt; c < cands.size(); ++c) {
+    if (cands[c].wg_splits > 0 && avg_ms[c] >= 0.f && (best_wg_ms < 0.f || avg_ms[c] < best_wg_ms))
+      best_wg_ms = avg_ms[c];
+  }
   float best_gemv_ms = -1.f;  // the fastest GEMV candidate [TAG_GEMV], for the log
   for (size_t c = num_lt; c < cands.size(); ++c) {
     if (cands[c].gemv_rows > 0 && avg_ms[c] >= 0.f &&
@@ -472,13 +499,15 @@ Result<GemmRunner::Choice> GemmRunner::chooseAlgo(Plan& exact, int64_t m, int64_
   const bool smallm_won = cands[best].smallm_splits > 0;
   const bool gemv_won = cands[best].gemv_rows > 0;
   const bool chain_won = cands[best].chain_stages > 0;  // [TAG_GEMM_CHAIN]
+  const bool wg_won = cands[best].wg_splits > 0;        // [TAG_GEMM_WG]
   if (chain_won) ++chain_wins_;
+  if (wg_won) ++wg_wins_;
   if (smallm_won) ++smallm_wins_;
   if (gemv_won) ++gemv_wins_;
   int32_t splitk = 1, tile = 0;
   uint32_t scheme = 0;
   size_t written = 0;
-  if (!smallm_won && !gemv_won && !chain_won) {
+  if (!cands[best].custom()) {
     const cublasLtMatmulAlgo_t& a = cands[best].algo;
     cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme,
                                          sizeof(scheme), &written);
@@ -498,7 +527,14 @@ Result<GemmRunner::Choice> GemmRunner::chooseAlgo(Plan& exact, int64_t m, int64_
                            {"first_us", static_cast<double>(first_ms) * 1e3},
                            {"best_cublaslt_us", static_cast<double>(best_lt_ms) * 1e3},
                            {"best_gemv_us", static_cast<double>(best_gemv_ms) * 1e3},
-                           {"kernel", smallm_won ? "smallm" : gemv_won ? "gemv" : chain_won ? "chain" : "cublaslt"},
+                           {"best_wg_us", static_cast<double>(best_wg_ms) * 1e3},
+                           {"kernel", smallm_won ? "smallm"
+                                      : gemv_won ? "gemv"
+                                      : chain_won ? "chain"
+                                      : wg_won    ? "wg"
+                                                  : "cublaslt"},
+                           {"wg_splits", cands[best].wg_splits},
+                           {"wg_warpgroups", cands[best].wg_warpgroups},
                            {"chain_stages", cands[best].chain_stages},
                            {"smallm_candidates", cands.size() - num_lt},
                            {"gemv_rows", cands[best].gemv_rows},
@@ -543,9 +579,14 @@ Result<GemmRunner::Plan*> GemmRunner::plan(int64_t m, int64_t n, int64_t k, cons
   p->gemv_rows = ait->second.gemv_rows;
   p->gemv_unroll = ait->second.gemv_unroll;
   p->chain_stages = ait->second.chain_stages;  // [TAG_GEMM_CHAIN]
+  p->wg_splits = ait->second.wg_splits;        // [TAG_GEMM_WG]
+  p->wg_warpgroups = ait->second.wg_warpgroups;
+  p->wg_tok_tile = ait->second.wg_tok_tile;
   // The custom kernel takes every M of its bucket (<= 256) for the (N, K) it was timed on.
   bool fit = false;
-  if (p->chain_stages > 0) {
+  if (p->wg_splits > 0) {
+    fit = wgGemmSupported(m, n, k, WgGemmConfig{p->wg_splits, p->wg_warpgroups, p->wg_tok_tile});
+  } else if (p->chain_stages > 0) {
     fit = chainGemmSupported(m, n, k, p->chain_stages);
   } else if (p->gemv_rows > 0) {
     fit = gemvSupported(m, n, k, p->gemv_rows, p->gemv_unroll);
@@ -561,6 +602,7 @@ Result<GemmRunner::Plan*> GemmRunner::plan(int64_t m, int64_t n, int64_t k, cons
     p->smallm_splits = 0;
     p->gemv_rows = 0;
     p->chain_stages = 0;
+    p->wg_splits = 0;
     bool ok = false;
     if (row_invariant_ && tune_) {  // [TAG_GEMM_ROW_INVARIANT] the reference, where it runs
       ASSIGN_OR_RETURN(const bool have, referenceAlgo(n, k, bias, ioOf(ops), &p->algo));
@@ -587,9 +629,31 @@ Status GemmRunner::run(const __nv_bfloat16* x, const __nv_bfloat16* w, const __n
   if (m < 0 || n <= 0 || k <= 0) return invalidArgument("gemm: bad shape");
   const Operands ops{x, w, bias, y, false, stream};
   ASSIGN_OR_RETURN(Plan * p, plan(m, n, k, ops));
-  return enqueueChoice(
-      *p, Choice{p->algo, p->smallm_splits, p->smallm_tile_n, p->gemv_rows, p->gemv_unroll, p->chain_stages},
-      m, n, k, ops);
+  return enqueueChoice(*p, choiceOf(*p), m, n, k, ops);
+}
+
+GemmRunner::Choice GemmRunner::choiceOf(const Plan& p) {
+  Choice c;
+  c.algo = p.algo;
+  c.smallm_splits = p.smallm_splits;
+  c.smallm_tile_n = p.smallm_tile_n;
+  c.gemv_rows = p.gemv_rows;
+  c.gemv_unroll = p.gemv_unroll;
+  c.chain_stages = p.chain_stages;
+  c.wg_splits = p.wg_splits;
+  c.wg_warpgroups = p.wg_warpgroups;
+  c.wg_tok_tile = p.wg_tok_tile;
+  return c;
+}
+
+Status GemmRunner::setWgGemm(bool on, bool pdl) {
+  if (on) {
+    RETURN_IF_ERROR(prepareWgGemm());  // outside any capture: the kernels' smem limits
+    if (num_sms_ == 0) num_sms_ = smCount();
+  }
+  wg_ = on && tune_;
+  wg_pdl_ = pdl;
+  return okStatus();
 }
 
 Status GemmRunner::runCublasLt(const Operands& ops, int64_t m, int64_t n, int64_t k) {

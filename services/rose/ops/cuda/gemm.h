@@ -127,6 +127,13 @@ class GemmRunner {
   // weight tiles stream before it waits for the previous kernel. Same bits.
   void setChainPdl(bool on) { chain_pdl_ = on; }
   size_t chainWins() const { return chain_wins_; }
+  // [TAG_GEMM_WG] Also time the Hopper weight-streaming kernel (gemm_wg.cuh: wgmma + TMA, split-K
+  // in a cluster) as candidates for the M buckets <= kWgGemmMaxRows (bf16 in and out; an sm_90
+  // device), held to the same M / 2 bit check; `pdl`: launched programmatically (its first weight
+  // tiles stream before it waits for the previous kernel; same bits). Set before the first call
+  // of a shape. Off by default until measured (rose: GARDEN_GEMM_WG=0|1|pdl).
+  Status setWgGemm(bool on, bool pdl);
+  size_t wgWins() const { return wg_wins_; }
   size_t invariantRejects() const { return invariant_rejects_; }  // candidates refused for it
   size_t invariantMisses() const { return invariant_misses_; }    // buckets it could not hold
   // [TAG_PDL_GEMV] The GEMV launched programmatically (GemvArgs::pdl). Same bits.
@@ -156,6 +163,9 @@ class GemmRunner {
     int gemv_rows = 0;      // > 0: the GEMV (gemv.cuh) with these rows per warp
     int gemv_unroll = 0;    // ... and this unroll
     int chain_stages = 0;   // > 0: the K-chain tensor-core kernel (gemm_chain.cuh), these stages
+    int wg_splits = 0;      // > 0: the Hopper kernel (gemm_wg.cuh) with this split count [TAG_GEMM_WG]
+    int wg_warpgroups = 0;  // ... consumer warpgroups
+    int wg_tok_tile = 0;    // ... and token tile
     Plan() = default;
     Plan(const Plan&) = delete;
     Plan& operator=(const Plan&) = delete;
@@ -181,7 +191,15 @@ class GemmRunner {
     int gemv_rows = 0;  // > 0: the GEMV instead (gemv.cuh)
     int gemv_unroll = 0;
     int chain_stages = 0;  // > 0: the K-chain kernel instead (gemm_chain.cuh) [TAG_GEMM_CHAIN]
+    int wg_splits = 0;     // > 0: the Hopper kernel instead (gemm_wg.cuh) [TAG_GEMM_WG]
+    int wg_warpgroups = 0;
+    int wg_tok_tile = 0;
+    // Any of the custom kernels (not a cuBLASLt algorithm).
+    bool custom() const {
+      return smallm_splits > 0 || gemv_rows > 0 || chain_stages > 0 || wg_splits > 0;
+    }
   };
+  static Choice choiceOf(const Plan& p);
   GemmRunner() = default;
   Result<Plan*> plan(int64_t m, int64_t n, int64_t k, const Operands& ops);
   // Shape checks, plan, cuBLASLt's choice only (runF32, runF16, runF16F32).
@@ -238,6 +256,9 @@ class GemmRunner {
   bool chain_ = false;          // [TAG_GEMM_CHAIN]
   bool chain_pdl_ = false;      // [TAG_CHAIN_PDL]
   size_t chain_wins_ = 0;
+  bool wg_ = false;      // [TAG_GEMM_WG]
+  bool wg_pdl_ = false;
+  size_t wg_wins_ = 0;
   std::map<std::tuple<int64_t, int64_t, bool, int>, std::pair<bool, cublasLtMatmulAlgo_t>> refs_;
   size_t invariant_rejects_ = 0;
   size_t invariant_misses_ = 0;
