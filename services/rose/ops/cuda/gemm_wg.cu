@@ -128,7 +128,8 @@ __global__ void __launch_bounds__(Cfg<kWG, kT>::kThreads, 1)
       wgmmaCommit();
       wgmmaWait<1>();  // the previous stage's wgmmas are done reading it
       fenceRegs(acc);
-      if (kt > 0 && lane == 0) mbarArrive(empty((kt - 1) % C::kStages));
+      // Predicated, not branched: the warp stays converged for the next .aligned wgmma.
+      mbarArriveIf(empty((kt + C::kStages - 1) % C::kStages), kt > 0 && lane == 0);
     }
     wgmmaWait<0>();
     fenceRegs(acc);
@@ -245,7 +246,7 @@ int wgGemmCandidates(int64_t bucket_m, int64_t n, int64_t k, int num_sms, WgGemm
       const WgGemmConfig c{s, wgs, tile};
       if (!wgGemmSupported(bucket_m, n, k, c)) continue;
       const int64_t ctas = n / (64 * wgs) * s * tok_tiles;
-      if (k / s < 2 * kWgGemmTileK || 2 * ctas < num_sms || ctas > 2 * int64_t{num_sms}) continue;
+      if (k / s < 2 * kWgGemmTileK || 4 * ctas < num_sms || ctas > 2 * int64_t{num_sms}) continue;
       out[count++] = c;
     }
   }

@@ -61,7 +61,7 @@ bool wgGemmSupported(int64_t m, int64_t n, int64_t k, const WgGemmConfig& c);
 // The token tile for an M bucket: 64 up to 64 rows, 128 up to 128, 256 above.
 int wgGemmTokTile(int64_t bucket_m);
 // The configurations worth timing for an M bucket of (n, k) on `num_sms` SMs: CTAs between
-// num_sms / 2 and 2 * num_sms, at least two K stages per split; returns how many were written.
+// num_sms / 4 and 2 * num_sms, at least two K stages per split; returns how many were written.
 int wgGemmCandidates(int64_t bucket_m, int64_t n, int64_t k, int num_sms, WgGemmConfig (&out)[8]);
 
 // An sm_90 device and the tensor-map encoder are there.
