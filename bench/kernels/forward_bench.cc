@@ -102,8 +102,7 @@ struct Variant {
 
 // --ab SPEC: comma-separated variants, each '+'-joined settings over the environment's kernel
 // options: base, fp8, fp8mlp, qkauto / qklegacy / qkpair1 / qkpair2 / qkpair4 / qkpair8
-// ([TAG_QK_ROPE_PAIR] CudaKernelOptions::qk_rope_variant 0 / -1 / 1 / 2 / 4 / 8), rmssplit /
-// rmsplain / rms64 ([TAG_RMS_FEW_PLAIN] rms_split_below_rows -1 / 0 / 64), gemmlt / gemmwg /
+// ([TAG_QK_ROPE_PAIR] CudaKernelOptions::qk_rope_variant 0 / -1 / 1 / 2 / 4 / 8), gemmlt / gemmwg /
 // gemmwgpdl ([TAG_GEMM_WG] gemm_wg 0 / 1 / 2: the Hopper GEMM among the tuned candidates). E.g.
 // qklegacy,base,qkpair4,fp8+qklegacy. Empty on a bad name.
 std::vector<Variant> parseVariants(const std::string& spec,
@@ -131,12 +130,6 @@ std::vector<Variant> parseVariants(const std::string& spec,
         v.kernels.qk_rope_variant = -1;
       } else if (w == "qkpair1" || w == "qkpair2" || w == "qkpair4" || w == "qkpair8") {
         v.kernels.qk_rope_variant = w.back() - '0';
-      } else if (w == "rmssplit") {
-        v.kernels.rms_split_below_rows = -1;
-      } else if (w == "rmsplain") {
-        v.kernels.rms_split_below_rows = 0;
-      } else if (w == "rms64") {
-        v.kernels.rms_split_below_rows = 64;
       } else if (w == "gemmlt") {
         v.kernels.gemm_wg = 0;
       } else if (w == "gemmwg") {

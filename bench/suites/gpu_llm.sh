@@ -296,12 +296,7 @@
 #   embstreams  rose_forward_bench --streams-ab: embedding batches on one stream vs two (a
 #             second batch in flight), 16x512 / 8x1024 / 2x4096 / 1x512 / 4x128
 #   elem      rose_kernel_bench elementwise: the elementwise kernels' bandwidth at 8192 tokens
-#             (QK-norm + RoPE: every variant, also at 512 and 128 tokens)
-#   rmsab     [TAG_RMS_FEW_PLAIN] gpu_kernels_test's RMSNorm cases (every few-row kernel choice bit-equal
-#             to the many-row kernel), then the embedding forward at 128-512 tokens with
-#             rmssplit / rmsplain / rms64 / rmssplit (rose_forward_bench --ab) and, when mk20b
-#             ran, gpt-oss decode b1@8k, b8@4k, b64@1k with GARDEN_RMS_SPLIT_ROWS=auto / 0,
-#             two rounds (rose_kernel_bench elementwise times both kernels at 128 / 512 rows)
+#             (QK-norm + RoPE: every variant, also at 512 and 128 tokens; RMSNorm also at 128 / 512 rows)
 #   qkab      [TAG_QK_ROPE_PAIR] the forward with the legacy QK-norm + RoPE kernel beside the
 #             pair kernel (auto, 4 and 2 heads per warp) and the legacy one again (the noise),
 #             rose_forward_bench --ab on a random Qwen3-Embedding-0.6B-shaped checkpoint
@@ -536,7 +531,6 @@ for s in $STEPS; do
     embstreams) step embstreams embstreams.txt 200 bash -c "set -o pipefail; python3 '$ROOT/bench/suites/make_random_qwen3.py' --out /tmp/q3emb > /dev/null && GARDEN_FORWARD_SHAPES=16x512,8x1024,2x4096,1x512,4x128 '$BIN/rose_forward_bench' /tmp/q3emb --iters 10 --streams-ab 2>&1 | grep -v 'gemm tuned'" ;;
     gemmwgab) step gemmwgab gemmwgab.txt 360 bash -c "rc=0; '$BIN/gpu_kernels_test' --gtest_brief=1 --gtest_filter='GpuWgGemm.*' 2>&1 | grep -v 'gemm tuned' || rc=1; python3 '$ROOT/bench/suites/make_random_qwen3.py' --out /tmp/q3emb > /dev/null && GARDEN_FORWARD_SHAPES=${WGAB_SHAPES:-1x128,1x256,1x512,4x128,16x512} '$BIN/rose_forward_bench' /tmp/q3emb --iters 20 --ab gemmlt,gemmwg,gemmwgpdl,gemmlt > /tmp/wgab.txt 2>&1 || rc=1; grep 'gemm tuned' /tmp/wgab.txt > '$LOGS/wg_tuned.txt'; grep -v 'gemm tuned' /tmp/wgab.txt; exit \$rc" ;;
     elem) step elem elem.txt 150 timeout 140 "$BIN/rose_kernel_bench" elementwise ;;
-    rmsab) step rmsab rmsab.txt 300 bash -c "rc=0; '$BIN/gpu_kernels_test' --gtest_brief=1 --gtest_filter='*RmsNorm*' || rc=1; python3 '$ROOT/bench/suites/make_random_qwen3.py' --out /tmp/q3emb > /dev/null && GARDEN_FORWARD_SHAPES=1x128,1x256,1x512,4x128 '$BIN/rose_forward_bench' /tmp/q3emb --iters 20 --ab rmssplit,rmsplain,rms64,rmssplit 2>&1 | grep -v 'gemm tuned' || rc=1; if [ -d /tmp/gptoss20b ]; then for r in 1 2; do for v in auto 0; do echo \"== [\$r] GARDEN_RMS_SPLIT_ROWS=\$v\"; GARDEN_RMS_SPLIT_ROWS=\$v '$BIN/rose_llm_bench' --model /tmp/gptoss20b --prefill '' --decode 1@8192,8@4096,64@1024 --decode-steps 32 --max-batch-tokens 16384 2>&1 | grep -E '^decode'; done; done; fi; exit \$rc" ;;
     qkab) step qkab qkab.txt 240 bash -c "python3 '$ROOT/bench/suites/make_random_qwen3.py' --out /tmp/q3emb > /dev/null && GARDEN_FORWARD_SHAPES=1x128,1x512,16x512,8x1024,2x4096 '$BIN/rose_forward_bench' /tmp/q3emb --iters 20 --ab qklegacy,qkauto,qkpair4,qkpair2,qklegacy 2>&1 | grep -v 'gemm tuned'" ;;
     elemncu) step elemncu elemncu.txt 240 bash -c "for k in qkNormRopeKernel swigluKernel rmsNormKernel; do echo \"== \$k\"; ncu -k regex:\$k -c 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats '$BIN/rose_kernel_bench' elementwise 2>&1 | grep -vE '^(embedding|rms_norm_add|qk_norm_rope|swiglu) '; done" ;;
     embprof) step embprof embprof.txt 200 bash -c "bash '$ROOT/bench/suites/gpu_profile.sh' '$BIN' '$LOGS/embprof' 16x512 1x128 2>&1 | grep -v 'gemm tuned'" ;;

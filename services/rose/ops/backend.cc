@@ -110,9 +110,6 @@ Status cudaKernelOptionsFromEnv(CudaKernelOptions& opts) {
                                  &opts.qk_rope_variant));
   static constexpr int32_t kGemmWg[] = {0, 1, 2};  // [TAG_GEMM_WG]
   RETURN_IF_ERROR(envChoiceValue("GARDEN_GEMM_WG", {"0", "1", "pdl"}, kGemmWg, &opts.gemm_wg));
-  static constexpr int32_t kRmsSplit[] = {-1, 0, 16, 64, 256};  // [TAG_RMS_FEW_PLAIN]
-  RETURN_IF_ERROR(envChoiceValue("GARDEN_RMS_SPLIT_ROWS", {"auto", "0", "16", "64", "256"},
-                                 kRmsSplit, &opts.rms_split_below_rows));
   opts.moe_lt_streams = lt_streams + 1;
   opts.moe_lt_bias_epilogue = lt_epi == 1;
   opts.moe_lt_overlap_dequant = lt_overlap == 1;

@@ -305,11 +305,6 @@ struct CudaKernelOptions {
   // QkNormRopeArgs::variant): 0 = by size, -1 = the legacy kernel, 1 / 2 / 4 / 8 = the pair
   // kernel with that many heads per warp. GARDEN_QK_ROPE=auto|legacy|pair1|pair2|pair4|pair8.
   int32_t qk_rope_variant = 0;
-  // [TAG_RMS_FEW_PLAIN] RMSNorms of few rows (< 4 per SM) below this many rows take the split
-  // kernel, the rest of them one warp-wide row per block with the weight loaded early
-  // (ops/cuda/rms_norm.cuh RmsNormArgs::split_below_rows; same bits); -1: the split kernel for
-  // all few rows. GARDEN_RMS_SPLIT_ROWS=auto (-1)|0|16|64|256.
-  int32_t rms_split_below_rows = -1;
 };
 
 // The --moe-prefill / GARDEN_MOE_PREFILL names: auto, chunk, step (or its old name cublas), tiled.

@@ -381,7 +381,6 @@ void CudaBackend::rmsNorm(const Tensor& x, const Tensor& residual, const Tensor&
   a.hidden = x.cols();
   a.eps = p.eps;
   a.pdl_graph = kernels_.pdl_graph && p.programmatic_in_graphs;  // [TAG_PDL_GRAPH]
-  a.split_below_rows = kernels_.rms_split_below_rows;            // [TAG_RMS_FEW_PLAIN]
   checkOk(launchRmsNorm(a, stream_, kernels_.pdl), "rmsNorm");
 }
 
@@ -441,7 +440,6 @@ void CudaBackend::rmsNormFp8(const Tensor& x, const Tensor& residual, const Tens
   a.hidden = x.cols();
   a.eps = p.eps;
   a.pdl_graph = kernels_.pdl_graph && p.programmatic_in_graphs;
-  a.split_below_rows = kernels_.rms_split_below_rows;  // [TAG_RMS_FEW_PLAIN]
   checkOk(launchRmsNorm(a, stream_, kernels_.pdl), "rmsNormFp8");
 }
 

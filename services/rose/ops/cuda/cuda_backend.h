@@ -113,7 +113,6 @@ class CudaBackend final : public Backend, public GraphExecutor {
   bool gemmRowInvariant() const { return kernels_.gemm_row_invariant; }  // [TAG_GEMM_ROW_INVARIANT]
   bool chainPdl() const { return kernels_.chain_pdl; }  // [TAG_CHAIN_PDL]
   bool pdlGraph() const { return kernels_.pdl_graph; }  // [TAG_PDL_GRAPH]
-  int32_t rmsSplitBelowRows() const { return kernels_.rms_split_below_rows; }  // [TAG_RMS_FEW_PLAIN]
   // Runs `body` (which enqueues ops of this backend only, see [TAG_GRAPH_BODY]) through the graph
   // cache: eager on first sight of `key`, captured on the second, replayed after.
   Status runGraph(const GraphKey& key, const std::function<void()>& body);

@@ -674,7 +674,6 @@ class CudaLlmOps final : public LlmOps {
     a.hidden = c.hidden;
     a.eps = p.eps;
     a.pdl_graph = b_.pdlGraph();  // [TAG_PDL_GRAPH]
-    a.split_below_rows = b_.rmsSplitBelowRows();  // [TAG_RMS_FEW_PLAIN]
     checkOk(launchRmsNorm(a, b_.stream(), b_.pdl()), "combineRmsNorm");
     deferred_valid_ = false;
   }

@@ -96,10 +96,8 @@ __device__ __forceinline__ void loadX(const RmsNormArgs& a, int64_t row, int c, 
 }
 
 // blockDim = (tx threads per row, ty rows per block); tx is a multiple of 32 and depends only on
-// hidden. Each thread keeps kChunks 8-wide chunks of its row in registers. kEarlyWeight
-// [TAG_RMS_FEW_PLAIN] (few rows, one row per block): the weight chunks are loaded with x, before
-// the reduction, instead of after it (one dependent round trip less; more registers). Same bits.
-template <int kChunks, bool kCombine, bool kEarlyWeight = false>
+// hidden. Each thread keeps kChunks 8-wide chunks of its row in registers.
+template <int kChunks, bool kCombine>
 __global__ void rmsNormKernel(RmsNormArgs a) {
   pdlWait();                      // [TAG_PDL]
   pdlTrigger();                   // [TAG_PDL_GEMV] a programmatic GEMV may be scheduled
@@ -109,13 +107,11 @@ __global__ void rmsNormKernel(RmsNormArgs a) {
   const int chunks = static_cast<int>(a.hidden / 8);
   const int64_t off = active ? row * a.hidden : 0;
   float v[kChunks][8];
-  float wt[kEarlyWeight ? kChunks : 1][8];
   float ss = 0.f;
 #pragma unroll
   for (int k = 0; k < kChunks; ++k) {
     const int c = threadIdx.x + k * blockDim.x;
     if (active && c < chunks) {
-      if constexpr (kEarlyWeight) loadF32x8(a.weight + c * 8, wt[k]);
       loadX<kCombine>(a, row, c, v[k]);
       addResidual(a, off + c * 8, v[k]);
 #pragma unroll
@@ -136,12 +132,7 @@ __global__ void rmsNormKernel(RmsNormArgs a) {
     const int c = threadIdx.x + k * blockDim.x;
     if (active && c < chunks) {
       float w[8];
-      if constexpr (kEarlyWeight) {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) w[i] = wt[k][i];
-      } else {
-        loadF32x8(a.weight + c * 8, w);
-      }
+      loadF32x8(a.weight + c * 8, w);
 #pragma unroll
       for (int i = 0; i < 8; ++i)
         v[k][i] = (a.round_normalized ? roundOut(v[k][i] * rstd, a.out_f16) : v[k][i] * rstd) * w[i];
@@ -210,19 +201,6 @@ __global__ void rmsNormSplitKernel(RmsNormArgs a) {
   }
 }
 
-// rmsNormKernel for 1..4 chunks per thread (null for more).
-template <bool kEarlyWeight>
-void (*plainKernel(int per_thread, bool combine))(RmsNormArgs) {
-  constexpr bool e = kEarlyWeight;
-  switch (per_thread) {
-    case 1: return combine ? rmsNormKernel<1, true, e> : rmsNormKernel<1, false, e>;
-    case 2: return combine ? rmsNormKernel<2, true, e> : rmsNormKernel<2, false, e>;
-    case 3: return combine ? rmsNormKernel<3, true, e> : rmsNormKernel<3, false, e>;
-    case 4: return combine ? rmsNormKernel<4, true, e> : rmsNormKernel<4, false, e>;
-    default: return nullptr;
-  }
-}
-
 }  // namespace
 
 Status launchRmsNorm(const RmsNormArgs& a, cudaStream_t stream, bool pdl) {
@@ -258,20 +236,14 @@ Status launchRmsNorm(const RmsNormArgs& a, cudaStream_t stream, bool pdl) {
   int tx = std::max(32, ((chunks + 3) / 4 + 31) / 32 * 32);
   tx = std::min(tx, 1024);
   const int per_thread = (chunks + tx - 1) / tx;
-  if (a.split_below_rows < -1)
-    return invalidArgument("rms_norm: split_below_rows must be -1 (by size) or >= 0");
   // Decode-like: one row per block. Prefill-like: fill 128..256-thread blocks with rows.
   const bool few = a.rows < 4 * smCount();
-  // [TAG_RMS_FEW_PLAIN] Which few-row kernel: the split one below split_below_rows rows (-1: all
-  // few rows), else one warp-wide row per block with the weight loaded early (-1: where the split
-  // kernel does not apply, the plain one as before).
-  const bool split = a.split_below_rows < 0 ? few : a.rows < a.split_below_rows;
   // Programmatic in graphs too with pdl_graph [TAG_PDL_GRAPH], else for eager launches per `pdl`.
   auto launch = [&](void (*kernel)(RmsNormArgs), dim3 grid, dim3 block, size_t smem) {
     return a.pdl_graph ? launchPdlAlways(true, kernel, grid, block, smem, stream, a)
                        : launchPdl(pdl, kernel, grid, block, smem, stream, a);
   };
-  if (few && split && per_thread > 1 && tx * per_thread <= 1024) {
+  if (few && per_thread > 1 && tx * per_thread <= 1024) {
     // One row per block, one chunk per thread (same bits, see rmsNormSplitKernel).
     const size_t smem = sizeof(float) * (static_cast<size_t>(per_thread) * 8 * tx + tx / 32 + 1);
     auto kernel = combine ? rmsNormSplitKernel<true> : rmsNormSplitKernel<false>;
@@ -283,11 +255,14 @@ Status launchRmsNorm(const RmsNormArgs& a, cudaStream_t stream, bool pdl) {
   dim3 block(tx, ty);
   dim3 grid(static_cast<unsigned>((a.rows + ty - 1) / ty));
   const size_t smem = sizeof(float) * static_cast<size_t>(ty * (tx / 32));
-  // [TAG_RMS_FEW_PLAIN] the weight loaded with x where the plain kernel was asked for few rows.
-  void (*kernel)(RmsNormArgs) = few && a.split_below_rows >= 0
-                                    ? plainKernel<true>(per_thread, combine)
-                                    : plainKernel<false>(per_thread, combine);
-  if (kernel == nullptr) return invalidArgument("rms_norm: unsupported hidden size");
+  void (*kernel)(RmsNormArgs) = nullptr;
+  switch (per_thread) {
+    case 1: kernel = combine ? rmsNormKernel<1, true> : rmsNormKernel<1, false>; break;
+    case 2: kernel = combine ? rmsNormKernel<2, true> : rmsNormKernel<2, false>; break;
+    case 3: kernel = combine ? rmsNormKernel<3, true> : rmsNormKernel<3, false>; break;
+    case 4: kernel = combine ? rmsNormKernel<4, true> : rmsNormKernel<4, false>; break;
+    default: return invalidArgument("rms_norm: unsupported hidden size");
+  }
   CUDA_RETURN_IF_ERROR(launch(kernel, grid, block, smem));
   return okStatus();
 }

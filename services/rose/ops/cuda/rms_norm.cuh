@@ -61,11 +61,6 @@ struct RmsNormArgs {
   // [TAG_PDL_GRAPH] Launched programmatically in CUDA graphs too (launchRmsNorm's `pdl` covers
   // eager launches only): CudaKernelOptions::pdl_graph.
   bool pdl_graph = false;
-  // [TAG_RMS_FEW_PLAIN] Few rows (< 4 per SM, one row per block) below this many take the split
-  // kernel (one 8-wide chunk per thread, the row staged in shared memory), the others one
-  // warp-wide row per block with the weight loaded along with x; -1: the split kernel for all few
-  // rows. Both give the same bits.
-  int32_t split_below_rows = -1;
 };
 
 // pdl: programmatic dependent launch for an eager launch (common.cuh [TAG_PDL]); the backend

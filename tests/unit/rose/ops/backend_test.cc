@@ -24,7 +24,7 @@ const char* const kVars[] = {"GARDEN_ATTENTION_KERNEL", "GARDEN_GEMM_TUNE", "GAR
                              "GARDEN_PDL_GEMV", "GARDEN_PDL_GRAPH",
                              "GARDEN_GEMM_ROW_INVARIANT", "GARDEN_CHAIN_PDL",
                              "GARDEN_MOE_WGMMA_SMEM_A", "GARDEN_ATTN_FP8_OUT",
-                             "GARDEN_QK_ROPE", "GARDEN_RMS_SPLIT_ROWS", "GARDEN_GEMM_WG"};
+                             "GARDEN_QK_ROPE", "GARDEN_GEMM_WG"};
 
 // Clears the variables for the test and restores what the process had.
 class KernelEnvTest : public ::testing::Test {
@@ -206,13 +206,6 @@ TEST_F(KernelEnvTest, EachAcceptedValueIsRead) {
     EXPECT_EQ(o.qk_rope_variant, variant) << name;
   }
   unsetenv("GARDEN_QK_ROPE");
-  for (auto [name, rows] : {std::pair<const char*, int32_t>{"0", 0}, {"16", 16}, {"64", 64},
-                            {"256", 256}, {"auto", -1}}) {
-    setenv("GARDEN_RMS_SPLIT_ROWS", name, 1);  // [TAG_RMS_FEW_PLAIN]
-    ASSERT_TRUE(cudaKernelOptionsFromEnv(o).isOk());
-    EXPECT_EQ(o.rms_split_below_rows, rows) << name;
-  }
-  unsetenv("GARDEN_RMS_SPLIT_ROWS");
   EXPECT_EQ(CudaKernelOptions{}.gemm_wg, 0);  // [TAG_GEMM_WG] off until measured
   for (auto [name, wg] : {std::pair<const char*, int32_t>{"1", 1}, {"pdl", 2}, {"0", 0}}) {
     setenv("GARDEN_GEMM_WG", name, 1);
@@ -246,7 +239,6 @@ TEST_F(KernelEnvTest, OtherValuesAreRefusedByName) {
         Bad{"GARDEN_GEMM_ROW_INVARIANT", "on", "0|1"}, Bad{"GARDEN_MOE_WGMMA_SMEM_A", "yes", "0|1"},
         Bad{"GARDEN_ATTN_FP8_OUT", "on", "0|1"},
         Bad{"GARDEN_QK_ROPE", "pair3", "auto|legacy|pair1|pair2|pair4|pair8"},
-        Bad{"GARDEN_RMS_SPLIT_ROWS", "32", "auto|0|16|64|256"},
         Bad{"GARDEN_GEMM_WG", "on", "0|1|pdl"}}) {
     SCOPED_TRACE(std::string(b.var) + "=" + b.value);
     for (const char* v : kVars) unsetenv(v);
