@@ -1,5 +1,7 @@
 #include "tests/gpu/gpu_test_util.h"
 
+#include <cuda_runtime_api.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -218,6 +220,31 @@ void expectWithinBf16Rounding(const std::vector<float>& got, const std::vector<f
                      << " values beyond 2 bf16 ulps (worst |diff| " << worst << " at " << worst_at
                      << ": " << got[worst_at] << " vs " << want[worst_at] << ")";
   std::cout << what << ": " << differ << " of " << got.size() << " values not bit-identical\n";
+}
+
+// y[i, j] = sum_k x[i, k] w[j, k] in f32 (8 interleaved partial sums), no bias.
+std::vector<float> hostLinear(const std::vector<float>& x, const std::vector<float>& w, int64_t m,
+                              int64_t n, int64_t k) {
+  std::vector<float> y(static_cast<size_t>(m * n));
+  for (int64_t i = 0; i < m; ++i) {
+    const float* xr = x.data() + i * k;
+    for (int64_t j = 0; j < n; ++j) {
+      const float* wr = w.data() + j * k;
+      float p[8] = {};
+      for (int64_t kk = 0; kk < k; kk += 8) {
+        for (int l = 0; l < 8; ++l) p[l] += xr[kk + l] * wr[kk + l];
+      }
+      y[static_cast<size_t>(i * n + j)] =
+          ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
+    }
+  }
+  return y;
+}
+
+int deviceSms() {
+  int sms = 0;
+  EXPECT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  return sms;
 }
 
 }  // namespace garden::rose::gputest

@@ -70,6 +70,12 @@ struct CloseStats {
 CloseStats compare(const std::vector<float>& got, const std::vector<float>& ref, double atol,
                    double rtol);
 // EXPECTs every element within atol + rtol*|ref| and finite; prints the worst one otherwise.
+// Host reference of a linear layer: y[i, j] = sum_k x[i, k] w[j, k] in f32 (8 interleaved partial
+// sums), no bias; x [m, k], w [n, k] row-major.
+std::vector<float> hostLinear(const std::vector<float>& x, const std::vector<float>& w, int64_t m,
+                              int64_t n, int64_t k);
+// Multiprocessors of device 0.
+int deviceSms();
 // Two bf16 results of the same GEMM row computed with different f32 summation orders (another
 // algorithm, split-K): each value within 2 bf16 ulps of the other, plus a small absolute floor.
 void expectWithinBf16Rounding(const std::vector<float>& got, const std::vector<float>& want,

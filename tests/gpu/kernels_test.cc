@@ -836,31 +836,6 @@ struct SmallMShape {
 };
 const SmallMShape kQwen3Linears[] = {{4096, 1024}, {1024, 2048}, {6144, 1024}, {1024, 3072}};
 
-// Host reference: y[i, j] = sum_k x[i, k] w[j, k] in f32 (8 interleaved partial sums), no bias.
-std::vector<float> hostLinear(const std::vector<float>& x, const std::vector<float>& w, int64_t m,
-                              int64_t n, int64_t k) {
-  std::vector<float> y(static_cast<size_t>(m * n));
-  for (int64_t i = 0; i < m; ++i) {
-    const float* xr = x.data() + i * k;
-    for (int64_t j = 0; j < n; ++j) {
-      const float* wr = w.data() + j * k;
-      float p[8] = {};
-      for (int64_t kk = 0; kk < k; kk += 8) {
-        for (int l = 0; l < 8; ++l) p[l] += xr[kk + l] * wr[kk + l];
-      }
-      y[static_cast<size_t>(i * n + j)] =
-          ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
-    }
-  }
-  return y;
-}
-
-int deviceSms() {
-  int sms = 0;
-  EXPECT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
-  return sms;
-}
-
 Status launchSmallM(const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& y,
                     int64_t m, cuda::SmallMConfig cfg, cudaStream_t s) {
   cuda::SmallMGemmArgs a;
