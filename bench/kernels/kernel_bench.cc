@@ -54,6 +54,7 @@
 #include "services/rose/ops/cuda/fp8_block.h"
 #include "services/rose/ops/cuda/gemm.h"
 #include "services/rose/ops/cuda/gemm_smallm.cuh"
+#include "services/rose/ops/cuda/gemm_wg.cuh"
 #include "services/rose/ops/cuda/pool.cuh"
 #include "services/rose/ops/cuda/qk_norm_rope.cuh"
 #include "services/rose/ops/cuda/rms_norm.cuh"
@@ -812,47 +813,82 @@ void benchGemmFp8All() {
 }
 
 // Few tokens, weights cold: a 128 MB memset (over 2x the L2) before each timed launch.
+// The few-token GEMMs side by side on Qwen3-0.6B's linears: GemmRunner with cuBLASLt alone, with
+// the small-M kernel and with the Hopper kernel [TAG_GEMM_WG] among the candidates, and each
+// custom configuration launched directly; each checked on fresh inputs first. Two times per row:
+// "cold", one launch after an L2-clearing memset (the tuner's view), and "chain", the per-GEMM
+// time of 32 launches back to back in a CUDA graph over enough copies of the weights that they
+// stream from HBM (a forward's view: launch latency hidden, weights cold).
 void benchSmallM() {
   Dev flush(size_t{128} << 20);
   cudaEvent_t e0 = nullptr, e1 = nullptr;
   CK(cudaEventCreate(&e0));
   CK(cudaEventCreate(&e1));
-  auto timeCold = [&](const std::function<void()>& run) {
+  cudaStream_t s = nullptr;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  // run(copy, stream): one GEMM reading weight copy `copy`.
+  using Run = std::function<void(int, cudaStream_t)>;
+  auto timeCold = [&](const Run& run) {
     constexpr int kReps = 25;
-    for (int i = 0; i < 3; ++i) run();
+    for (int i = 0; i < 3; ++i) run(0, s);
     std::vector<float> ms(kReps);
     for (int r = 0; r < kReps; ++r) {
-      CK(cudaMemsetAsync(flush.p, r & 0xff, flush.bytes));
-      CK(cudaEventRecord(e0));
-      run();
-      CK(cudaEventRecord(e1));
+      CK(cudaMemsetAsync(flush.p, r & 0xff, flush.bytes, s));
+      CK(cudaEventRecord(e0, s));
+      run(0, s);
+      CK(cudaEventRecord(e1, s));
       CK(cudaEventSynchronize(e1));
       CK(cudaEventElapsedTime(&ms[r], e0, e1));
     }
     std::sort(ms.begin(), ms.end());
     return ms[kReps / 2] * 1e-3;
   };
+  auto timeChain = [&](const Run& run, int copies) {
+    constexpr int kChain = 32, kReps = 7;
+    for (int c = 0; c < copies; ++c) run(c, s);  // outside the capture: tuning, smem limits
+    CK(cudaStreamSynchronize(s));
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < kChain; ++i) run(i % copies, s);
+    cudaGraph_t graph = nullptr;
+    CK(cudaStreamEndCapture(s, &graph));
+    cudaGraphExec_t exec = nullptr;
+    CK(cudaGraphInstantiate(&exec, graph, 0));
+    CK(cudaGraphDestroy(graph));
+    CK(cudaGraphLaunch(exec, s));
+    std::vector<float> ms(kReps);
+    for (int r = 0; r < kReps; ++r) {
+      CK(cudaEventRecord(e0, s));
+      CK(cudaGraphLaunch(exec, s));
+      CK(cudaEventRecord(e1, s));
+      CK(cudaEventSynchronize(e1));
+      CK(cudaEventElapsedTime(&ms[r], e0, e1));
+    }
+    CK(cudaGraphExecDestroy(exec));
+    std::sort(ms.begin(), ms.end());
+    return ms[kReps / 2] * 1e-3 / kChain;
+  };
   auto lt = GemmRunner::create(size_t{32} << 20, true, 0);
-  auto all = GemmRunner::create(size_t{32} << 20, true, 1);
-  if (!lt.isOk() || !all.isOk()) std::exit(1);
+  auto sm = GemmRunner::create(size_t{32} << 20, true, 1);
+  auto wg = GemmRunner::create(size_t{32} << 20, true, 0);
+  if (!lt.isOk() || !sm.isOk() || !wg.isOk()) std::exit(1);
+  const bool have_wg = wgGemmAvailable();
+  if (have_wg) OK((*wg)->setWgGemm(true, false));
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  std::printf("%-28s %-30s %9s %9s %8s\n", "gemm", "shape", "cold us", "chain us", "GB/s");
   for (int64_t m : {1, 64, 128, 256, 512}) {
     for (auto [n, k, name] : {std::tuple<int64_t, int64_t, const char*>{4096, 1024, "qkv"},
                               {1024, 2048, "o"},
                               {6144, 1024, "gate_up"},
                               {1024, 3072, "down"}}) {
-      Dev w(n * k * 2), x(m * k * 2), y(m * n * 2);
-      auto wf = fillBf16(w, -0.05f, 0.05f);
+      const size_t wbytes = static_cast<size_t>(n * k * 2);
+      const int copies = static_cast<int>(std::min<size_t>(16, (size_t{96} << 20) / wbytes + 1));
+      std::vector<std::unique_ptr<Dev>> ws;
+      for (int c = 0; c < copies; ++c) ws.push_back(std::make_unique<Dev>(wbytes));
+      Dev x(m * k * 2), y(m * n * 2);
+      auto wf = fillBf16(*ws[0], -0.05f, 0.05f);
+      for (int c = 1; c < copies; ++c) CK(cudaMemcpy(ws[c]->p, ws[0]->p, wbytes, cudaMemcpyDeviceToDevice));
       auto xf = fillBf16(x, -1, 1);
-      const double wbytes = static_cast<double>(n * k * 2);
-      auto line = [&](const char* what, double sec) {
-        char shape[64];
-        std::snprintf(shape, sizeof(shape), "%s M=%ld N=%ld K=%ld", name, static_cast<long>(m),
-                      static_cast<long>(n), static_cast<long>(k));
-        std::printf("%-22s %-30s %9.2f us %8.1f GB/s\n", what, shape, sec * 1e6,
-                    wbytes / sec / 1e9);
-      };
       auto verify = [&](const char* what) {
         auto yf = readBf16(y.p, m * n);
         for (auto [i, j] : std::vector<std::pair<int64_t, int64_t>>{
@@ -864,42 +900,84 @@ void benchSmallM() {
           check(what, yf[i * n + j], acc, 2e-3 + 1e-2 * std::fabs(acc), 1e-2);
         }
       };
-      for (auto [runner, what] :
-           {std::pair<GemmRunner*, const char*>{lt->get(), "runner cublaslt-only"},
-            {all->get(), "runner +smallm"}}) {
-        auto run = [&, runner = runner] {
-          OK(runner->run(x.as<__nv_bfloat16>(), w.as<__nv_bfloat16>(), nullptr,
-                         y.as<__nv_bfloat16>(), m, n, k, nullptr));
-        };
+      // Checked (the first copy), then timed both ways.
+      auto measure = [&](const char* what, const Run& run) {
         poison(y);
-        run();
+        run(0, nullptr);
+        CK(cudaDeviceSynchronize());
         verify(what);
-        line(what, timeCold(run));
+        const double cold = timeCold(run), chain = timeChain(run, copies);
+        char shape[64];
+        std::snprintf(shape, sizeof(shape), "%s M=%ld N=%ld K=%ld", name, static_cast<long>(m),
+                      static_cast<long>(n), static_cast<long>(k));
+        std::printf("%-28s %-30s %9.2f %9.2f %8.1f\n", what, shape, cold * 1e6, chain * 1e6,
+                    static_cast<double>(wbytes) / chain / 1e9);
+      };
+      for (auto [runner, what] : {std::pair<GemmRunner*, const char*>{lt->get(), "runner cublaslt-only"},
+                                  {sm->get(), "runner +smallm"},
+                                  {wg->get(), "runner +wg"}}) {
+        if (runner == wg->get() && !have_wg) continue;
+        measure(what, [&, runner = runner](int c, cudaStream_t st) {
+          OK(runner->run(x.as<__nv_bfloat16>(), ws[c]->as<__nv_bfloat16>(), nullptr,
+                         y.as<__nv_bfloat16>(), m, n, k, st));
+        });
       }
       SmallMConfig cfgs[8] = {};
       const int nc = m <= kSmallMMaxRows ? smallMGemmCandidates(n, k, sms, cfgs) : 0;
       for (int i = 0; i < nc; ++i) {
-        SmallMGemmArgs a;
-        a.x = x.as<__nv_bfloat16>();
-        a.w = w.as<__nv_bfloat16>();
-        a.y = y.as<__nv_bfloat16>();
-        a.m = m;
-        a.n = n;
-        a.k = k;
-        a.splits = cfgs[i].splits;
-        a.tile_n = cfgs[i].tile_n;
-        auto run = [&] { OK(launchSmallMGemm(a, nullptr)); };
-        char what[32];
+        char what[40];
         std::snprintf(what, sizeof(what), "smallm tile%d split%d", cfgs[i].tile_n, cfgs[i].splits);
-        poison(y);
-        run();
-        verify(what);
-        line(what, timeCold(run));
+        measure(what, [&, cfg = cfgs[i]](int c, cudaStream_t st) {
+          SmallMGemmArgs a;
+          a.x = x.as<__nv_bfloat16>();
+          a.w = ws[c]->as<__nv_bfloat16>();
+          a.y = y.as<__nv_bfloat16>();
+          a.m = m;
+          a.n = n;
+          a.k = k;
+          a.splits = cfg.splits;
+          a.tile_n = cfg.tile_n;
+          OK(launchSmallMGemm(a, st));
+        });
+      }
+      // [TAG_GEMM_WG] every configuration the tuner would time for this M, plain and programmatic.
+      WgGemmConfig wcfgs[8] = {};
+      const int nw = have_wg && m >= 64 && m <= kWgGemmMaxRows
+                         ? wgGemmCandidates(GemmRunner::algoBucket(m), n, k, sms, wcfgs)
+                         : 0;
+      for (int i = 0; i < nw; ++i) {
+        for (bool pdl : {false, true}) {
+          char what[48];
+          std::snprintf(what, sizeof(what), "wg s%d wg%d t%d%s", wcfgs[i].splits,
+                        wcfgs[i].warpgroups, wcfgs[i].tok_tile, pdl ? " pdl" : "");
+          measure(what, [&, cfg = wcfgs[i], pdl = pdl](int c, cudaStream_t st) {
+            WgGemmArgs a;
+            a.x = x.as<__nv_bfloat16>();
+            a.w = ws[c]->as<__nv_bfloat16>();
+            a.y = y.as<__nv_bfloat16>();
+            a.m = m;
+            a.n = n;
+            a.k = k;
+            a.splits = cfg.splits;
+            a.warpgroups = cfg.warpgroups;
+            a.tok_tile = cfg.tok_tile;
+            a.pdl = pdl;
+            OK(launchWgGemm(a, st));
+          });
+        }
       }
     }
   }
-  std::printf("# small-M kernel won %zu of %zu tuned buckets\n", (*all)->smallMWins(),
-              (*all)->tunedShapes());
+  std::printf("# small-M kernel won %zu of %zu tuned buckets; the Hopper kernel %zu of %zu\n",
+              (*sm)->smallMWins(), (*sm)->tunedShapes(), (*wg)->wgWins(), (*wg)->tunedShapes());
+  if (have_wg) {
+    auto fired = wgGemmWatchdogFired();
+    if (!fired.isOk() || *fired) {
+      std::printf("FAIL gemm_wg watchdog fired\n");
+      ++g_failures;
+    }
+  }
+  CK(cudaStreamDestroy(s));
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
 }
@@ -909,7 +987,8 @@ void benchSmallM() {
 
 int main(int argc, char** argv) {
   using namespace garden::rose::cuda;
-  // `rose_kernel_bench gemm_smallm` runs only the few-token GEMM comparison.
+  // `rose_kernel_bench gemm_smallm` runs only the few-token GEMM comparison (cuBLASLt, the small-M
+  // kernel, the Hopper kernel).
   const bool only_smallm = argc > 1 && std::strcmp(argv[1], "gemm_smallm") == 0;
   // `rose_kernel_bench attention` runs only the attention comparison.
   const bool only_attention = argc > 1 && std::strcmp(argv[1], "attention") == 0;
