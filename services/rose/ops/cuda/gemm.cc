@@ -480,21 +480,17 @@ Result<GemmRunner::Choice> GemmRunner::chooseAlgo(Plan& exact, int64_t m, int64_
                          " n=" + std::to_string(n) + " k=" + std::to_string(k));
   }
   const float best_ms = avg_ms[best], first_ms = avg_ms[0];
-  float best_lt_ms = -1.f;  // the fastest cuBLASLt candidate that launched
-  for (size_t c = 0; c < num_lt; ++c) {
-    if (avg_ms[c] >= 0.f && (best_lt_ms < 0.f || avg_ms[c] < best_lt_ms)) best_lt_ms = avg_ms[c];
-  }
-  float best_wg_ms = -1.f;  // the fastest Hopper-kernel candidate [TAG_GEMM_WG], for the log
-  for (size_t c = num_lt; c < cands.size(); ++c) {
-    if (cands[c].wg_splits > 0 && avg_ms[c] >= 0.f && (best_wg_ms < 0.f || avg_ms[c] < best_wg_ms))
-      best_wg_ms = avg_ms[c];
-  }
-  float best_gemv_ms = -1.f;  // the fastest GEMV candidate [TAG_GEMV], for the log
-  for (size_t c = num_lt; c < cands.size(); ++c) {
-    if (cands[c].gemv_rows > 0 && avg_ms[c] >= 0.f &&
-        (best_gemv_ms < 0.f || avg_ms[c] < best_gemv_ms))
-      best_gemv_ms = avg_ms[c];
-  }
+  // The fastest launched candidate among those `pick` selects (-1: none), for the log.
+  auto fastest = [&](auto pick) {
+    float best_ms = -1.f;
+    for (size_t c = 0; c < cands.size(); ++c) {
+      if (pick(c) && avg_ms[c] >= 0.f && (best_ms < 0.f || avg_ms[c] < best_ms)) best_ms = avg_ms[c];
+    }
+    return best_ms;
+  };
+  const float best_lt_ms = fastest([&](size_t c) { return c < num_lt; });
+  const float best_wg_ms = fastest([&](size_t c) { return cands[c].wg_splits > 0; });  // [TAG_GEMM_WG]
+  const float best_gemv_ms = fastest([&](size_t c) { return cands[c].gemv_rows > 0; });  // [TAG_GEMV]
   ++tuned_;
   const bool smallm_won = cands[best].smallm_splits > 0;
   const bool gemv_won = cands[best].gemv_rows > 0;
@@ -573,44 +569,35 @@ Result<GemmRunner::Plan*> GemmRunner::plan(int64_t m, int64_t n, int64_t k, cons
     }
     ait = algos_.emplace(akey, algo).first;
   }
-  p->algo = ait->second.algo;
-  p->smallm_splits = ait->second.smallm_splits;
-  p->smallm_tile_n = ait->second.smallm_tile_n;
-  p->gemv_rows = ait->second.gemv_rows;
-  p->gemv_unroll = ait->second.gemv_unroll;
-  p->chain_stages = ait->second.chain_stages;  // [TAG_GEMM_CHAIN]
-  p->wg_splits = ait->second.wg_splits;        // [TAG_GEMM_WG]
-  p->wg_warpgroups = ait->second.wg_warpgroups;
-  p->wg_tok_tile = ait->second.wg_tok_tile;
-  // The custom kernel takes every M of its bucket (<= 256) for the (N, K) it was timed on.
+  p->choice = ait->second;
+  const Choice& ch = p->choice;
+  // A custom kernel takes every M of its bucket for the (N, K) it was timed on.
   bool fit = false;
-  if (p->wg_splits > 0) {
-    fit = wgGemmSupported(m, n, k, WgGemmConfig{p->wg_splits, p->wg_warpgroups, p->wg_tok_tile});
-  } else if (p->chain_stages > 0) {
-    fit = chainGemmSupported(m, n, k, p->chain_stages);
-  } else if (p->gemv_rows > 0) {
-    fit = gemvSupported(m, n, k, p->gemv_rows, p->gemv_unroll);
-  } else if (p->smallm_splits > 0) {
-    fit = smallMGemmSupported(m, n, k, p->smallm_splits, p->smallm_tile_n);
+  if (ch.wg_splits > 0) {
+    fit = wgGemmSupported(m, n, k, WgGemmConfig{ch.wg_splits, ch.wg_warpgroups, ch.wg_tok_tile});
+  } else if (ch.chain_stages > 0) {
+    fit = chainGemmSupported(m, n, k, ch.chain_stages);
+  } else if (ch.gemv_rows > 0) {
+    fit = gemvSupported(m, n, k, ch.gemv_rows, ch.gemv_unroll);
+  } else if (ch.smallm_splits > 0) {
+    fit = smallMGemmSupported(m, n, k, ch.smallm_splits, ch.smallm_tile_n);
   } else if (tune_) {
-    fit = fits(*p, p->algo);
+    fit = fits(*p, ch.algo);
   } else {
-    fit = fitNoSplitK(handle_, p->desc, p->a, p->b, p->c, &p->algo, workspace_bytes_);
+    fit = fitNoSplitK(handle_, p->desc, p->a, p->b, p->c, &p->choice.algo, workspace_bytes_);
   }
   if (!fit) {
     ++fallbacks_;
-    p->smallm_splits = 0;
-    p->gemv_rows = 0;
-    p->chain_stages = 0;
-    p->wg_splits = 0;
+    p->choice = Choice{p->choice.algo};  // cuBLASLt, no custom kernel
+    cublasLtMatmulAlgo_t& algo = p->choice.algo;
     bool ok = false;
     if (row_invariant_ && tune_) {  // [TAG_GEMM_ROW_INVARIANT] the reference, where it runs
-      ASSIGN_OR_RETURN(const bool have, referenceAlgo(n, k, bias, ioOf(ops), &p->algo));
-      ok = have && fits(*p, p->algo);
+      ASSIGN_OR_RETURN(const bool have, referenceAlgo(n, k, bias, ioOf(ops), &algo));
+      ok = have && fits(*p, algo);
       if (!ok) ++invariant_misses_;
     }
     if (!ok) {
-      ASSIGN_OR_RETURN(ok, pickAlgo(*p, &p->algo));
+      ASSIGN_OR_RETURN(ok, pickAlgo(*p, &algo));
     }
     if (!ok) {
       return internalError(
@@ -629,21 +616,7 @@ Status GemmRunner::run(const __nv_bfloat16* x, const __nv_bfloat16* w, const __n
   if (m < 0 || n <= 0 || k <= 0) return invalidArgument("gemm: bad shape");
   const Operands ops{x, w, bias, y, false, stream};
   ASSIGN_OR_RETURN(Plan * p, plan(m, n, k, ops));
-  return enqueueChoice(*p, choiceOf(*p), m, n, k, ops);
-}
-
-GemmRunner::Choice GemmRunner::choiceOf(const Plan& p) {
-  Choice c;
-  c.algo = p.algo;
-  c.smallm_splits = p.smallm_splits;
-  c.smallm_tile_n = p.smallm_tile_n;
-  c.gemv_rows = p.gemv_rows;
-  c.gemv_unroll = p.gemv_unroll;
-  c.chain_stages = p.chain_stages;
-  c.wg_splits = p.wg_splits;
-  c.wg_warpgroups = p.wg_warpgroups;
-  c.wg_tok_tile = p.wg_tok_tile;
-  return c;
+  return enqueueChoice(*p, p->choice, m, n, k, ops);
 }
 
 Status GemmRunner::setWgGemm(bool on, bool pdl) {
@@ -660,7 +633,7 @@ Status GemmRunner::runCublasLt(const Operands& ops, int64_t m, int64_t n, int64_
   if (m == 0) return okStatus();
   if (m < 0 || n <= 0 || k <= 0) return invalidArgument("gemm: bad shape");
   ASSIGN_OR_RETURN(Plan * p, plan(m, n, k, ops));
-  return enqueueChoice(*p, Choice{p->algo, 0, 0}, m, n, k, ops);
+  return enqueueChoice(*p, Choice{p->choice.algo}, m, n, k, ops);
 }
 
 // The fp16 operand pointers carry fp16 bits; only cuBLASLt reads them (ioOf: no custom kernel).

@@ -154,18 +154,27 @@ class GemmRunner {
   size_t smallMWins() const { return smallm_wins_; }  // tuned buckets won by the custom kernel
 
  private:
+  // One tuning choice: a cuBLASLt algorithm, or one of the custom kernels (the first field of
+  // its group > 0).
+  struct Choice {
+    cublasLtMatmulAlgo_t algo{};
+    int smallm_splits = 0;  // > 0: the small-M kernel (gemm_smallm.cuh), this split count
+    int smallm_tile_n = 0;  // ... and this N tile
+    int gemv_rows = 0;      // > 0: the GEMV (gemv.cuh), these rows per warp
+    int gemv_unroll = 0;    // ... and this unroll
+    int chain_stages = 0;   // > 0: the K-chain kernel (gemm_chain.cuh) [TAG_GEMM_CHAIN]
+    int wg_splits = 0;      // > 0: the Hopper kernel (gemm_wg.cuh) [TAG_GEMM_WG], this split count
+    int wg_warpgroups = 0;  // ... consumer warpgroups
+    int wg_tok_tile = 0;    // ... and token tile
+    // Any of the custom kernels (not a cuBLASLt algorithm).
+    bool custom() const {
+      return smallm_splits > 0 || gemv_rows > 0 || chain_stages > 0 || wg_splits > 0;
+    }
+  };
   struct Plan {  // owns its descriptors
     cublasLtMatmulDesc_t desc = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
-    cublasLtMatmulAlgo_t algo{};
-    int smallm_splits = 0;  // > 0: the custom kernel with this split count instead of `algo`
-    int smallm_tile_n = 0;  // ... and this N tile
-    int gemv_rows = 0;      // > 0: the GEMV (gemv.cuh) with these rows per warp
-    int gemv_unroll = 0;    // ... and this unroll
-    int chain_stages = 0;   // > 0: the K-chain tensor-core kernel (gemm_chain.cuh), these stages
-    int wg_splits = 0;      // > 0: the Hopper kernel (gemm_wg.cuh) with this split count [TAG_GEMM_WG]
-    int wg_warpgroups = 0;  // ... consumer warpgroups
-    int wg_tok_tile = 0;    // ... and token tile
+    Choice choice;  // what runs this shape (its bucket's tuned choice, or a fallback)
     Plan() = default;
     Plan(const Plan&) = delete;
     Plan& operator=(const Plan&) = delete;
@@ -183,23 +192,6 @@ class GemmRunner {
   static int ioOf(const Operands& o) {
     return o.f32_out ? (o.f16 ? kIoF16F32Out : kIoF32Out) : o.f16 ? kIoF16 : kIoBf16;
   }
-  // One tuning choice: a cuBLASLt algorithm, or (smallm_splits > 0) the custom kernel.
-  struct Choice {
-    cublasLtMatmulAlgo_t algo{};
-    int smallm_splits = 0;
-    int smallm_tile_n = 0;
-    int gemv_rows = 0;  // > 0: the GEMV instead (gemv.cuh)
-    int gemv_unroll = 0;
-    int chain_stages = 0;  // > 0: the K-chain kernel instead (gemm_chain.cuh) [TAG_GEMM_CHAIN]
-    int wg_splits = 0;     // > 0: the Hopper kernel instead (gemm_wg.cuh) [TAG_GEMM_WG]
-    int wg_warpgroups = 0;
-    int wg_tok_tile = 0;
-    // Any of the custom kernels (not a cuBLASLt algorithm).
-    bool custom() const {
-      return smallm_splits > 0 || gemv_rows > 0 || chain_stages > 0 || wg_splits > 0;
-    }
-  };
-  static Choice choiceOf(const Plan& p);
   GemmRunner() = default;
   Result<Plan*> plan(int64_t m, int64_t n, int64_t k, const Operands& ops);
   // Shape checks, plan, cuBLASLt's choice only (runF32, runF16, runF16F32).
