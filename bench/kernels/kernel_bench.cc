@@ -55,6 +55,7 @@
 #include "services/rose/ops/cuda/gemm.h"
 #include "services/rose/ops/cuda/gemm_smallm.cuh"
 #include "services/rose/ops/cuda/gemm_wg.cuh"
+#include "services/rose/ops/cuda/l2_prefetch.cuh"
 #include "services/rose/ops/cuda/pool.cuh"
 #include "services/rose/ops/cuda/qk_norm_rope.cuh"
 #include "services/rose/ops/cuda/rms_norm.cuh"
@@ -843,12 +844,29 @@ void benchSmallM() {
     std::sort(ms.begin(), ms.end());
     return ms[kReps / 2] * 1e-3;
   };
-  auto timeChain = [&](const Run& run, int copies) {
+  // [TAG_L2_PREFETCH] With `pf`, before each launch a side branch prefetches the next launch's
+  // weight copy into L2 (as the forward does), joined one launch later.
+  cudaStream_t side = nullptr;
+  CK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+  cudaEvent_t fork = nullptr, done = nullptr;
+  CK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+  CK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+  auto timeChain = [&](const Run& run, int copies, const Run* pf = nullptr) {
     constexpr int kChain = 32, kReps = 7;
     for (int c = 0; c < copies; ++c) run(c, s);  // outside the capture: tuning, smem limits
     CK(cudaStreamSynchronize(s));
     CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    for (int i = 0; i < kChain; ++i) run(i % copies, s);
+    for (int i = 0; i < kChain; ++i) {
+      if (pf != nullptr) {
+        if (i > 0) CK(cudaStreamWaitEvent(s, done, 0));
+        CK(cudaEventRecord(fork, s));
+        CK(cudaStreamWaitEvent(side, fork, 0));
+        (*pf)((i + 1) % copies, side);
+        CK(cudaEventRecord(done, side));
+      }
+      run(i % copies, s);
+    }
+    if (pf != nullptr) CK(cudaStreamWaitEvent(s, done, 0));
     cudaGraph_t graph = nullptr;
     CK(cudaStreamEndCapture(s, &graph));
     cudaGraphExec_t exec = nullptr;
@@ -875,7 +893,10 @@ void benchSmallM() {
   if (have_wg) OK((*wg)->setWgGemm(true, false));
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  std::printf("%-28s %-30s %9s %9s %8s\n", "gemm", "shape", "cold us", "chain us", "GB/s");
+  std::printf("# hot: the chain over one weight copy (L2-resident); chain+pf: the chain with the\n"
+              "# next copy prefetched into L2 beside each launch [TAG_L2_PREFETCH] (runners only)\n");
+  std::printf("%-28s %-30s %9s %9s %8s %9s %9s\n", "gemm", "shape", "cold us", "chain us", "GB/s",
+              "hot us", "chain+pf");
   for (int64_t m : {1, 64, 128, 256, 512}) {
     for (auto [n, k, name] : {std::tuple<int64_t, int64_t, const char*>{4096, 1024, "qkv"},
                               {1024, 2048, "o"},
@@ -901,17 +922,21 @@ void benchSmallM() {
         }
       };
       // Checked (the first copy), then timed both ways.
-      auto measure = [&](const char* what, const Run& run) {
+      const Run prefetch = [&](int c, cudaStream_t st) { OK(launchL2Prefetch(ws[c]->p, wbytes, st)); };
+      auto measure = [&](const char* what, const Run& run, bool with_pf = false) {
         poison(y);
         run(0, nullptr);
         CK(cudaDeviceSynchronize());
         verify(what);
-        const double cold = timeCold(run), chain = timeChain(run, copies);
+        const double cold = timeCold(run), chain = timeChain(run, copies),
+                     hot = timeChain(run, 1),
+                     chain_pf = with_pf ? timeChain(run, copies, &prefetch) : 0.0;
         char shape[64];
         std::snprintf(shape, sizeof(shape), "%s M=%ld N=%ld K=%ld", name, static_cast<long>(m),
                       static_cast<long>(n), static_cast<long>(k));
-        std::printf("%-28s %-30s %9.2f %9.2f %8.1f\n", what, shape, cold * 1e6, chain * 1e6,
-                    static_cast<double>(wbytes) / chain / 1e9);
+        std::printf("%-28s %-30s %9.2f %9.2f %8.1f %9.2f %9.2f\n", what, shape, cold * 1e6,
+                    chain * 1e6, static_cast<double>(wbytes) / chain / 1e9, hot * 1e6,
+                    chain_pf * 1e6);
       };
       for (auto [runner, what] : {std::pair<GemmRunner*, const char*>{lt->get(), "runner cublaslt-only"},
                                   {sm->get(), "runner +smallm"},
@@ -920,7 +945,7 @@ void benchSmallM() {
         measure(what, [&, runner = runner](int c, cudaStream_t st) {
           OK(runner->run(x.as<__nv_bfloat16>(), ws[c]->as<__nv_bfloat16>(), nullptr,
                          y.as<__nv_bfloat16>(), m, n, k, st));
-        });
+        }, true);
       }
       SmallMConfig cfgs[8] = {};
       const int nc = m <= kSmallMMaxRows ? smallMGemmCandidates(n, k, sms, cfgs) : 0;
@@ -978,6 +1003,9 @@ void benchSmallM() {
     }
   }
   CK(cudaStreamDestroy(s));
+  CK(cudaStreamDestroy(side));
+  cudaEventDestroy(fork);
+  cudaEventDestroy(done);
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
 }

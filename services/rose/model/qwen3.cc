@@ -346,6 +346,16 @@ Tensor Qwen3Model::enqueueBody(const BatchInput& in) {
   return enqueueLayers(tp, sp, max_seqlen_);
 }
 
+Tensor Qwen3Model::gemmWeight(size_t g) const {
+  const Layer& L = layers_[g / 4];
+  switch (g % 4) {
+    case 0: return (fp8_ & kFp8Qkv) != 0 ? L.qkv8.matrix().codes : L.qkv.view;
+    case 1: return (fp8_ & kFp8O) != 0 ? L.o8.matrix().codes : L.o.view;
+    case 2: return (fp8_ & kFp8GateUp) != 0 ? L.gate_up8.matrix().codes : L.gate_up.view;
+    default: return (fp8_ & kFp8Down) != 0 ? L.down8.matrix().codes : L.down.view;
+  }
+}
+
 Fp8Matrix Qwen3Model::fp8Input(int64_t t, int64_t k) const {
   CHECK(t * k <= fp8_codes_.view.numel() && k / 128 * t <= fp8_scales_.view.numel());
   return {Tensor(fp8_codes_.view.data, DType::kU8, {t, k}),
@@ -391,6 +401,17 @@ Tensor Qwen3Model::enqueueLayers(int64_t t, int32_t n_seq, int32_t max_seqlen) {
     xq = fp8Input(t, c.num_attention_heads * c.head_dim);
     xi = fp8Input(t, c.intermediate_size);
   }
+  // [TAG_L2_PREFETCH] Before GEMM g is enqueued, GEMM g + pf's weights start toward L2 (the
+  // first pf before the embedding), so the few-token GEMMs read them from L2 instead of HBM.
+  const int32_t pf = b.weightPrefetchDistance(t);
+  const size_t n_gemm = 4 * layers_.size();
+  size_t g = 0;  // the next GEMM
+  auto beforeGemm = [&] {
+    if (pf > 0 && g + pf < n_gemm) b.prefetchWeights(gemmWeight(g + pf));
+    ++g;
+  };
+  for (size_t i = 0; pf > 0 && i < static_cast<size_t>(pf) && i < n_gemm; ++i)
+    b.prefetchWeights(gemmWeight(i));
   b.embedding(embed_.view, ids, res);
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
@@ -399,36 +420,45 @@ Tensor Qwen3Model::enqueueLayers(int64_t t, int32_t n_seq, int32_t max_seqlen) {
     const Tensor norm_res = l == 0 ? Tensor() : res;
     if (fq) {
       b.rmsNormFp8(norm_in, norm_res, L.input_norm.view, xh, norm);
+      beforeGemm();
       b.linearFp8(xh, L.qkv8.matrix(), qkv);
     } else {
       b.rmsNorm(norm_in, norm_res, L.input_norm.view, x, norm);
+      beforeGemm();
       b.linear(x, L.qkv.view, L.qkv_bias.view, qkv);
     }
     b.qkNormRope(qkv, L.q_norm.view, L.k_norm.view, pos, rope_cos_.view, rope_sin_.view, qk);
     if (fo) {  // [TAG_ATTN_FP8_OUT] the O-proj's operand straight from the attention
       b.attentionFp8(qkv, cu, attn, xq, ap);
+      beforeGemm();
       b.linearFp8(xq, L.o8.matrix(), x);
     } else {
       b.attention(qkv, cu, attn, ap);
+      beforeGemm();
       b.linear(attn, L.o.view, L.o_bias.view, x);
     }
     if (fg) {  // res += attn out; x = norm(res)
       b.rmsNormFp8(x, res, L.post_norm.view, xh, norm);
+      beforeGemm();
       b.linearFp8(xh, L.gate_up8.matrix(), gate_up);
     } else {
       b.rmsNorm(x, res, L.post_norm.view, x, norm);
+      beforeGemm();
       b.linear(x, L.gate_up.view, Tensor(), gate_up);
     }
     if (fd) {
       b.swigluFp8(gate_up, xi);
+      beforeGemm();
       b.linearFp8(xi, L.down8.matrix(), x);
     } else {
       b.swiglu(gate_up, mlp);
+      beforeGemm();
       b.linear(mlp, L.down.view, Tensor(), x);
     }
     b.markProgress();  // [TAG_STEP_PROGRESS]
   }
   b.rmsNorm(x, res, final_norm_.view, x, norm);
+  b.joinPrefetches();  // a captured graph ends with every branch joined
   return x;
 }
 

@@ -1,0 +1,44 @@
+// [TAG_L2_PREFETCH] (l2_prefetch.cuh says what and why).
+#include "services/rose/ops/cuda/l2_prefetch.cuh"
+
+#include <cstdint>
+
+#include "services/rose/ops/cuda/cuda_utils.h"
+
+namespace garden::rose::cuda {
+namespace {
+
+// Warp w covers chunks w, w + warps, ... of [base, base + bytes); each lane issues its own.
+__global__ void l2PrefetchKernel(uintptr_t base, size_t bytes) {
+  const size_t chunks = (bytes + kL2PrefetchChunk - 1) / kL2PrefetchChunk;
+  const size_t stride = static_cast<size_t>(gridDim.x) * 32;
+  for (size_t c = static_cast<size_t>(blockIdx.x) * 32 + threadIdx.x; c < chunks; c += stride) {
+    const size_t off = c * kL2PrefetchChunk;
+    const size_t left = bytes - off;
+    const uint32_t size = static_cast<uint32_t>(left < kL2PrefetchChunk ? left : kL2PrefetchChunk);
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + off), "r"(size)
+                 : "memory");
+  }
+}
+
+}  // namespace
+
+int l2PrefetchBlocks(size_t bytes) {
+  const size_t per = size_t{256} * 1024;
+  const size_t b = (bytes + per - 1) / per;
+  return b < 1 ? 1 : b > 64 ? 64 : static_cast<int>(b);
+}
+
+Status launchL2Prefetch(const void* p, size_t bytes, cudaStream_t stream) {
+  if (bytes == 0 || p == nullptr) return okStatus();
+  // 16-byte bounds: a bulk prefetch takes a 16-byte aligned address and a multiple of 16 bytes;
+  // the widened range stays inside the allocation's granule.
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(p) & ~uintptr_t{15};
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + bytes + 15) & ~uintptr_t{15};
+  const size_t n = end - begin;
+  l2PrefetchKernel<<<static_cast<unsigned>(l2PrefetchBlocks(n)), 32, 0, stream>>>(begin, n);
+  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return okStatus();
+}
+
+}  // namespace garden::rose::cuda
