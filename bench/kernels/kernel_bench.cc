@@ -893,10 +893,11 @@ void benchSmallM() {
   if (have_wg) OK((*wg)->setWgGemm(true, false));
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  std::printf("# hot: the chain over one weight copy (L2-resident); chain+pf: the chain with the\n"
-              "# next copy prefetched into L2 beside each launch [TAG_L2_PREFETCH] (runners only)\n");
-  std::printf("%-28s %-30s %9s %9s %8s %9s %9s\n", "gemm", "shape", "cold us", "chain us", "GB/s",
-              "hot us", "chain+pf");
+  std::printf("# hot: the chain over one weight copy (L2-resident); chain+pf / chain+pfl: the chain\n"
+              "# with the next copy prefetched into L2 beside each launch by bulk hints / by loads\n"
+              "# [TAG_L2_PREFETCH] (runners only)\n");
+  std::printf("%-28s %-30s %9s %9s %8s %9s %9s %9s\n", "gemm", "shape", "cold us", "chain us",
+              "GB/s", "hot us", "chain+pf", "chain+pfl");
   for (int64_t m : {1, 64, 128, 256, 512}) {
     for (auto [n, k, name] : {std::tuple<int64_t, int64_t, const char*>{4096, 1024, "qkv"},
                               {1024, 2048, "o"},
@@ -923,6 +924,9 @@ void benchSmallM() {
       };
       // Checked (the first copy), then timed both ways.
       const Run prefetch = [&](int c, cudaStream_t st) { OK(launchL2Prefetch(ws[c]->p, wbytes, st)); };
+      const Run prefetch_loads = [&](int c, cudaStream_t st) {
+        OK(launchL2Prefetch(ws[c]->p, wbytes, st, L2PrefetchKind::kLoad));
+      };
       auto measure = [&](const char* what, const Run& run, bool with_pf = false) {
         poison(y);
         run(0, nullptr);
@@ -930,13 +934,14 @@ void benchSmallM() {
         verify(what);
         const double cold = timeCold(run), chain = timeChain(run, copies),
                      hot = timeChain(run, 1),
-                     chain_pf = with_pf ? timeChain(run, copies, &prefetch) : 0.0;
+                     chain_pf = with_pf ? timeChain(run, copies, &prefetch) : 0.0,
+                     chain_pfl = with_pf ? timeChain(run, copies, &prefetch_loads) : 0.0;
         char shape[64];
         std::snprintf(shape, sizeof(shape), "%s M=%ld N=%ld K=%ld", name, static_cast<long>(m),
                       static_cast<long>(n), static_cast<long>(k));
-        std::printf("%-28s %-30s %9.2f %9.2f %8.1f %9.2f %9.2f\n", what, shape, cold * 1e6,
+        std::printf("%-28s %-30s %9.2f %9.2f %8.1f %9.2f %9.2f %9.2f\n", what, shape, cold * 1e6,
                     chain * 1e6, static_cast<double>(wbytes) / chain / 1e9, hot * 1e6,
-                    chain_pf * 1e6);
+                    chain_pf * 1e6, chain_pfl * 1e6);
       };
       for (auto [runner, what] : {std::pair<GemmRunner*, const char*>{lt->get(), "runner cublaslt-only"},
                                   {sm->get(), "runner +smallm"},

@@ -242,9 +242,9 @@ TEST_F(GpuOps, RmsNormOutAliasesX) {
   expectClose(download(gpu(), gx.view), download(cpu(), cx.view), 2e-2, 2e-2, "rms_norm in place");
 }
 
-// [TAG_L2_PREFETCH] The prefetch kernel at odd addresses and sizes (the range widened to 16-byte
-// bounds, the last chunk short, 1 to 64 warps): it runs without a fault and leaves the bytes as
-// they were.
+// [TAG_L2_PREFETCH] Both prefetch kernels (bulk hints, loads) at odd addresses and sizes (the range
+// widened to 16-byte bounds, the last chunk or line short, 1 to 64 warps; the allocation's last
+// bytes): they run without a fault and leave the bytes as they were.
 TEST_F(GpuOps, L2PrefetchAtOddBoundsLeavesDataAlone) {
   EXPECT_EQ(cuda::l2PrefetchBlocks(1), 1);
   EXPECT_EQ(cuda::l2PrefetchBlocks(size_t{256} * 1024 + 1), 2);
@@ -259,8 +259,12 @@ TEST_F(GpuOps, L2PrefetchAtOddBoundsLeavesDataAlone) {
   for (const auto& [off, bytes] : std::vector<std::pair<size_t, size_t>>{
            {0, 1}, {1, 1}, {3, 17}, {15, 16}, {16, cuda::kL2PrefetchChunk + 1}, {7, (size_t{1} << 20) + 3},
            {4096, size_t{20} << 20}, {n - 5, 5}, {0, n}}) {
-    ASSERT_TRUE(cuda::launchL2Prefetch(d + off, bytes, nullptr).isOk()) << off << "+" << bytes;
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << off << "+" << bytes;
+    for (auto kind : {cuda::L2PrefetchKind::kBulk, cuda::L2PrefetchKind::kLoad}) {
+      ASSERT_TRUE(cuda::launchL2Prefetch(d + off, bytes, nullptr, kind).isOk())
+          << off << "+" << bytes << " kind " << static_cast<int>(kind);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess)
+          << off << "+" << bytes << " kind " << static_cast<int>(kind);
+    }
   }
   EXPECT_TRUE(cuda::launchL2Prefetch(d, 0, nullptr).isOk());
   EXPECT_TRUE(cuda::launchL2Prefetch(nullptr, 64, nullptr).isOk());

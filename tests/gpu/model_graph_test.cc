@@ -317,17 +317,18 @@ TEST_F(ModelGraphTest, PrecaptureMakesTheFirstBatchAReplay) {
   EXPECT_FALSE(model_->precaptureEmbed(*gpu_->graphs(), 1, 5000, PoolMode::kLast, true).isOk());
 }
 
-// [TAG_L2_PREFETCH] Weight prefetches (a side branch of the stream, 1 or 2 GEMMs ahead) change no
-// bit: eager and graphed forwards (eager -> capture -> replay) with prefetch distance 1 and 2
-// equal a backend without prefetches, and every capture succeeds (the branch is joined). The
+// [TAG_L2_PREFETCH] Weight prefetches (a side branch of the stream, 1 or 2 GEMMs ahead, bulk hints
+// or loads) change no bit: eager and graphed forwards (eager -> capture -> replay) with prefetch
+// distance 1 and 2 (and 1 by loads) equal a backend without prefetches, and every capture succeeds (the branch is joined). The
 // backends take cuBLASLt's heuristic algorithm (no tuning), so all three run the same GEMMs.
 TEST_F(ModelGraphTest, WeightPrefetchChangesNoBitsAndCaptures) {
-  auto load = [&](int32_t distance, std::unique_ptr<Backend>& backend,
+  auto load = [&](int32_t distance, bool loads, std::unique_ptr<Backend>& backend,
                   std::unique_ptr<Qwen3Model>& model) {
     BackendOptions bo;
     bo.max_batch_tokens = 4096;
     bo.cuda.gemm_tune = false;
     bo.cuda.l2_prefetch = distance;
+    bo.cuda.l2_prefetch_loads = loads;
     bo.cuda.l2_prefetch_max_tokens = 4096;
     auto gpu = makeBackend("cuda", bo);
     ASSERT_TRUE(gpu.isOk()) << gpu.status().toString();
@@ -341,12 +342,13 @@ TEST_F(ModelGraphTest, WeightPrefetchChangesNoBitsAndCaptures) {
     ASSERT_TRUE(m.isOk()) << m.status().toString();
     model = std::move(m).value();
   };
-  std::unique_ptr<Backend> b0, b1, b2;
-  std::unique_ptr<Qwen3Model> m0, m1, m2;
-  load(0, b0, m0);
-  load(1, b1, m1);
-  load(2, b2, m2);
-  ASSERT_TRUE(m0 && m1 && m2);
+  std::unique_ptr<Backend> b0, b1, b2, b3;
+  std::unique_ptr<Qwen3Model> m0, m1, m2, m3;
+  load(0, false, b0, m0);
+  load(1, false, b1, m1);
+  load(2, false, b2, m2);
+  load(1, true, b3, m3);  // the load kind
+  ASSERT_TRUE(m0 && m1 && m2 && m3);
   auto run = [](Backend& b, Qwen3Model& m, const Batch& batch, bool graphed) {
     std::vector<float> out(batch.lens.size() * kHidden, std::nanf(""));
     if (graphed) {
@@ -368,11 +370,13 @@ TEST_F(ModelGraphTest, WeightPrefetchChangesNoBitsAndCaptures) {
       expectBitEqual(run(*b0, *m0, batch, true), want, "no prefetch graphed, " + what);
       expectBitEqual(run(*b1, *m1, batch, true), want, "distance 1 graphed, " + what);
       expectBitEqual(run(*b2, *m2, batch, true), want, "distance 2 graphed, " + what);
+      expectBitEqual(run(*b3, *m3, batch, true), want, "distance 1 loads graphed, " + what);
     }
     expectBitEqual(run(*b1, *m1, batch, false), want, "distance 1 eager, " + what);
     expectBitEqual(run(*b2, *m2, batch, false), want, "distance 2 eager, " + what);
+    expectBitEqual(run(*b3, *m3, batch, false), want, "distance 1 loads eager, " + what);
   }
-  for (Backend* b : {b0.get(), b1.get(), b2.get()}) {
+  for (Backend* b : {b0.get(), b1.get(), b2.get(), b3.get()}) {
     const GraphExecStats st = b->graphs()->graphStats();
     EXPECT_EQ(st.capture_failures, 0u);
     EXPECT_EQ(st.captures, 5u);

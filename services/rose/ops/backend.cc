@@ -132,6 +132,9 @@ Status cudaKernelOptionsFromEnv(CudaKernelOptions& opts) {
                                  &opts.l2_prefetch));
   RETURN_IF_ERROR(envInt("GARDEN_L2_PREFETCH_MAX_TOKENS", 0, int64_t{1} << 30,
                          &opts.l2_prefetch_max_tokens));
+  int pf_loads = opts.l2_prefetch_loads ? 1 : 0;
+  RETURN_IF_ERROR(envChoice("GARDEN_L2_PREFETCH_KIND", {"bulk", "load"}, &pf_loads));
+  opts.l2_prefetch_loads = pf_loads == 1;
   opts.moe_lt_streams = lt_streams + 1;
   opts.moe_lt_bias_epilogue = lt_epi == 1;
   opts.moe_lt_overlap_dequant = lt_overlap == 1;

@@ -190,8 +190,11 @@ struct CudaKernelOptions {
   // weights into L2 from a side branch, this many GEMMs ahead (ops/cuda/l2_prefetch.cuh): 0 off,
   // 1 or 2. GARDEN_L2_PREFETCH=0|1|2, GARDEN_L2_PREFETCH_MAX_TOKENS=N. Off until an A/B on the
   // GPU says.
+  // GARDEN_L2_PREFETCH_KIND=bulk|load: how the lines are requested (l2_prefetch.cuh
+  // L2PrefetchKind: bulk prefetch hints, or loads that wait for the lines; false = bulk).
   int32_t l2_prefetch = 0;
   int64_t l2_prefetch_max_tokens = 2048;
+  bool l2_prefetch_loads = false;
   // Programmatic dependent launch of eager kernel launches (ops/cuda/common.cuh [TAG_PDL]):
   // GARDEN_PDL=0|1.
   bool pdl = true;

@@ -676,7 +676,10 @@ void CudaBackend::prefetchWeights(const Tensor& w) {
   joinPrefetches();
   CUDA_CHECK(cudaEventRecord(prefetch_fork_, stream_));
   CUDA_CHECK(cudaStreamWaitEvent(prefetch_stream_, prefetch_fork_, 0));
-  checkOk(launchL2Prefetch(w.data, w.bytes(), prefetch_stream_), "prefetchWeights");
+  checkOk(launchL2Prefetch(w.data, w.bytes(), prefetch_stream_,
+                           kernels_.l2_prefetch_loads ? L2PrefetchKind::kLoad
+                                                      : L2PrefetchKind::kBulk),
+          "prefetchWeights");
   CUDA_CHECK(cudaEventRecord(prefetch_done_, prefetch_stream_));
   prefetch_pending_ = true;
 }

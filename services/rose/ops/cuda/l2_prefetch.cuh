@@ -19,7 +19,15 @@ inline constexpr size_t kL2PrefetchChunk = 16 * 1024;
 // requests leave from many SMs' copy engines at once.
 int l2PrefetchBlocks(size_t bytes);
 
-// Prefetches [p, p + bytes) into L2 (the range widened to 16-byte bounds). bytes == 0: nothing.
-Status launchL2Prefetch(const void* p, size_t bytes, cudaStream_t stream);
+// How the lines are requested: kBulk, cp.async.bulk.prefetch.L2 of 16 KB per lane (a hint the
+// copy engine carries out after the warp has moved on; the kernel ends at once); kLoad, one
+// 4-byte load per 256 bytes with the .L2::256B prefetch size (the lines surely land, the warps
+// wait for them: the kernel lasts about one HBM round trip per 16 loads in flight).
+enum class L2PrefetchKind { kBulk = 0, kLoad = 1 };
+
+// Prefetches [p, p + bytes) into L2 (the range widened to 16-byte bounds; kLoad: to 256-byte
+// lines, never reading past the widened range). bytes == 0: nothing.
+Status launchL2Prefetch(const void* p, size_t bytes, cudaStream_t stream,
+                        L2PrefetchKind kind = L2PrefetchKind::kBulk);
 
 }  // namespace garden::rose::cuda

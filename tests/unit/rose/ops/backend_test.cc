@@ -25,7 +25,7 @@ const char* const kVars[] = {"GARDEN_ATTENTION_KERNEL", "GARDEN_GEMM_TUNE", "GAR
                              "GARDEN_GEMM_ROW_INVARIANT", "GARDEN_CHAIN_PDL",
                              "GARDEN_MOE_WGMMA_SMEM_A", "GARDEN_ATTN_FP8_OUT",
                              "GARDEN_QK_ROPE", "GARDEN_GEMM_WG", "GARDEN_L2_PREFETCH",
-                             "GARDEN_L2_PREFETCH_MAX_TOKENS"};
+                             "GARDEN_L2_PREFETCH_MAX_TOKENS", "GARDEN_L2_PREFETCH_KIND"};
 
 // Clears the variables for the test and restores what the process had.
 class KernelEnvTest : public ::testing::Test {
@@ -64,7 +64,8 @@ bool same(const CudaKernelOptions& a, const CudaKernelOptions& b) {
          a.chain_pdl == b.chain_pdl && a.moe_wgmma_smem_a == b.moe_wgmma_smem_a &&
          a.attention_fp8_out == b.attention_fp8_out && a.qk_rope_variant == b.qk_rope_variant &&
          a.gemm_wg == b.gemm_wg && a.l2_prefetch == b.l2_prefetch &&
-         a.l2_prefetch_max_tokens == b.l2_prefetch_max_tokens;
+         a.l2_prefetch_max_tokens == b.l2_prefetch_max_tokens &&
+         a.l2_prefetch_loads == b.l2_prefetch_loads;
 }
 
 TEST_F(KernelEnvTest, UnsetOrEmptyKeepsTheDefaults) {
@@ -230,6 +231,13 @@ TEST_F(KernelEnvTest, EachAcceptedValueIsRead) {
     EXPECT_EQ(o.l2_prefetch_max_tokens, n) << name;
   }
   unsetenv("GARDEN_L2_PREFETCH_MAX_TOKENS");
+  EXPECT_FALSE(CudaKernelOptions{}.l2_prefetch_loads);
+  for (auto [name, loads] : {std::pair<const char*, bool>{"load", true}, {"bulk", false}}) {
+    setenv("GARDEN_L2_PREFETCH_KIND", name, 1);
+    ASSERT_TRUE(cudaKernelOptionsFromEnv(o).isOk());
+    EXPECT_EQ(o.l2_prefetch_loads, loads) << name;
+  }
+  unsetenv("GARDEN_L2_PREFETCH_KIND");
   o.qk_rope_variant = 4;  // unset: kept as it was
   ASSERT_TRUE(cudaKernelOptionsFromEnv(o).isOk());
   EXPECT_EQ(o.qk_rope_variant, 4);
@@ -259,7 +267,8 @@ TEST_F(KernelEnvTest, OtherValuesAreRefusedByName) {
         Bad{"GARDEN_GEMM_WG", "on", "0|1|pdl"}, Bad{"GARDEN_L2_PREFETCH", "3", "0|1|2"},
         Bad{"GARDEN_L2_PREFETCH_MAX_TOKENS", "-1", "[0, 1073741824]"},
         Bad{"GARDEN_L2_PREFETCH_MAX_TOKENS", "12k", "[0, 1073741824]"},
-        Bad{"GARDEN_L2_PREFETCH_MAX_TOKENS", "1073741825", "[0, 1073741824]"}}) {
+        Bad{"GARDEN_L2_PREFETCH_MAX_TOKENS", "1073741825", "[0, 1073741824]"},
+        Bad{"GARDEN_L2_PREFETCH_KIND", "tma", "bulk|load"}}) {
     SCOPED_TRACE(std::string(b.var) + "=" + b.value);
     for (const char* v : kVars) unsetenv(v);
     setenv(b.var, b.value, 1);
