@@ -21,26 +21,35 @@ __global__ void l2PrefetchKernel(uintptr_t base, size_t bytes) {
   }
 }
 
-// Thread i of the grid loads one word of lines i, i + threads, ... (256-byte lines of
-// [base, base + bytes), base 16-byte aligned): the load at the line's start, or at the range's
-// start for a partial first line. The words are folded and written back only if the fold equals
-// a value no data is tested for (so the loads stay), into a scratch word of the kernel's own.
+// The load kind: thread t of the grid loads one word of each of lines t, t + threads, ...
+// (kLoadLinesPerThread of them; 256-byte lines of [base, base + bytes), base 16-byte aligned), at
+// the line's start, or at the range's start for a partial first line. All its loads are issued
+// before any is used. The words are folded and written back only if the fold equals a value no
+// data is tested for (so the loads stay), into a scratch word of the kernel's own.
+constexpr size_t kLoadLine = 256;
+constexpr int kLoadLinesPerThread = 16;
+constexpr int kLoadThreads = 128;
 __device__ unsigned int g_l2_prefetch_sink = 0;
 
 __global__ void l2PrefetchLoadKernel(uintptr_t base, size_t bytes) {
-  constexpr size_t kLine = 256;
-  const uintptr_t first = base & ~uintptr_t{kLine - 1};
-  const size_t lines = (base + bytes - first + kLine - 1) / kLine;
-  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
-  unsigned int fold = 0;
-  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < lines;
-       i += stride) {
-    uintptr_t a = first + i * kLine;
-    if (a < base) a = base;
-    unsigned int v;
-    asm volatile("ld.global.L2::256B.b32 %0, [%1];" : "=r"(v) : "l"(a) : "memory");
-    fold ^= v;
+  const uintptr_t first = base & ~uintptr_t{kLoadLine - 1};
+  const size_t lines = (base + bytes - first + kLoadLine - 1) / kLoadLine;
+  const size_t threads = static_cast<size_t>(gridDim.x) * blockDim.x;
+  const size_t t = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  unsigned int v[kLoadLinesPerThread];
+#pragma unroll
+  for (int j = 0; j < kLoadLinesPerThread; ++j) {
+    const size_t i = t + static_cast<size_t>(j) * threads;
+    v[j] = 0;
+    if (i < lines) {
+      uintptr_t a = first + i * kLoadLine;
+      if (a < base) a = base;
+      asm("ld.global.L2::256B.b32 %0, [%1];" : "=r"(v[j]) : "l"(a));
+    }
   }
+  unsigned int fold = 0;
+#pragma unroll
+  for (int j = 0; j < kLoadLinesPerThread; ++j) fold ^= v[j];
   if (fold == 0x6A09E667u) g_l2_prefetch_sink = fold;
 }
 
@@ -60,10 +69,12 @@ Status launchL2Prefetch(const void* p, size_t bytes, cudaStream_t stream, L2Pref
   const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + bytes + 15) & ~uintptr_t{15};
   const size_t n = end - begin;
   if (kind == L2PrefetchKind::kLoad) {
-    // 16 lines (4 KB) per thread, 128 threads a block: 512 KB a block.
-    const size_t per_block = size_t{512} * 1024;
-    const unsigned blocks = static_cast<unsigned>((n + per_block - 1) / per_block);
-    l2PrefetchLoadKernel<<<blocks, 128, 0, stream>>>(begin, n);
+    // Enough threads for kLoadLinesPerThread lines each (the lines counted as the kernel does).
+    const uintptr_t first = begin & ~uintptr_t{kLoadLine - 1};
+    const size_t lines = (end - first + kLoadLine - 1) / kLoadLine;
+    const size_t per_block = size_t{kLoadThreads} * kLoadLinesPerThread;
+    const unsigned blocks = static_cast<unsigned>((lines + per_block - 1) / per_block);
+    l2PrefetchLoadKernel<<<blocks, kLoadThreads, 0, stream>>>(begin, n);
   } else {
     l2PrefetchKernel<<<static_cast<unsigned>(l2PrefetchBlocks(n)), 32, 0, stream>>>(begin, n);
   }
