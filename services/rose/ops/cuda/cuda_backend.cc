@@ -104,6 +104,14 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const BackendOptions& o
     }
   }
   b->graphs_ = std::make_unique<GraphCache>(b->stream_);
+  {  // [TAG_L2_PREFETCH] made here, never while a graph is being captured
+    int least = 0, greatest = 0;
+    CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    CUDA_RETURN_IF_ERROR(
+        cudaStreamCreateWithPriority(&b->prefetch_stream_, cudaStreamNonBlocking, greatest));
+    CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&b->prefetch_fork_, cudaEventDisableTiming));
+    CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&b->prefetch_done_, cudaEventDisableTiming));
+  }
   CUDA_RETURN_IF_ERROR(
       cudaHostAlloc(reinterpret_cast<void**>(&b->staging_), kStagingBytes, cudaHostAllocDefault));
   b->staging_bytes_ = kStagingBytes;
@@ -121,9 +129,9 @@ CudaBackend::~CudaBackend() {
   if (prefetch_stream_ != nullptr) {
     cudaStreamSynchronize(prefetch_stream_);
     cudaStreamDestroy(prefetch_stream_);
-    cudaEventDestroy(prefetch_fork_);
-    cudaEventDestroy(prefetch_done_);
   }
+  if (prefetch_fork_ != nullptr) cudaEventDestroy(prefetch_fork_);
+  if (prefetch_done_ != nullptr) cudaEventDestroy(prefetch_done_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
 
@@ -665,13 +673,6 @@ void CudaBackend::swiglu(const Tensor& gate_up, const Tensor& out) {
 
 void CudaBackend::prefetchWeights(const Tensor& w) {
   if (w.empty() || w.bytes() == 0) return;
-  if (prefetch_stream_ == nullptr) {
-    int least = 0, greatest = 0;
-    CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-    CUDA_CHECK(cudaStreamCreateWithPriority(&prefetch_stream_, cudaStreamNonBlocking, greatest));
-    CUDA_CHECK(cudaEventCreateWithFlags(&prefetch_fork_, cudaEventDisableTiming));
-    CUDA_CHECK(cudaEventCreateWithFlags(&prefetch_done_, cudaEventDisableTiming));
-  }
   // The previous prefetch joins here, so at most one branch is open at a time.
   joinPrefetches();
   CUDA_CHECK(cudaEventRecord(prefetch_fork_, stream_));

@@ -152,7 +152,7 @@ class CudaBackend final : public Backend, public GraphExecutor {
   size_t staging_cursor_ = 0;
   std::deque<Staged> staged_;
   std::vector<cudaEvent_t> free_events_;
-  // [TAG_L2_PREFETCH] created on the first prefetch; pending: a prefetch not yet joined.
+  // [TAG_L2_PREFETCH] made by create(); pending: a prefetch not yet joined.
   cudaStream_t prefetch_stream_ = nullptr;
   cudaEvent_t prefetch_fork_ = nullptr, prefetch_done_ = nullptr;
   bool prefetch_pending_ = false;
