@@ -6,6 +6,7 @@
 #include <string>
 
 #include "common/safetensors.h"
+#include "services/rose/model/weight_prefetch.h"
 #include "services/rose/model/weights.h"
 #include "services/rose/ops/cuda/fp8_block.h"  // the FP8 weight scales' shape (plain C++)
 
@@ -401,17 +402,9 @@ Tensor Qwen3Model::enqueueLayers(int64_t t, int32_t n_seq, int32_t max_seqlen) {
     xq = fp8Input(t, c.num_attention_heads * c.head_dim);
     xi = fp8Input(t, c.intermediate_size);
   }
-  // [TAG_L2_PREFETCH] Before GEMM g is enqueued, GEMM g + pf's weights start toward L2 (the
-  // first pf before the embedding), so the few-token GEMMs read them from L2 instead of HBM.
-  const int32_t pf = b.weightPrefetchDistance(t);
-  const size_t n_gemm = 4 * layers_.size();
-  size_t g = 0;  // the next GEMM
-  auto beforeGemm = [&] {
-    if (pf > 0 && g + pf < n_gemm) b.prefetchWeights(gemmWeight(g + pf));
-    ++g;
-  };
-  for (size_t i = 0; pf > 0 && i < static_cast<size_t>(pf) && i < n_gemm; ++i)
-    b.prefetchWeights(gemmWeight(i));
+  // [TAG_L2_PREFETCH] The few-token GEMMs read weights prefetched into L2 (weight_prefetch.h).
+  WeightPrefetchSchedule pf(b, t, 4 * layers_.size(), [this](size_t g) { return gemmWeight(g); });
+  pf.start();
   b.embedding(embed_.view, ids, res);
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
@@ -420,45 +413,45 @@ Tensor Qwen3Model::enqueueLayers(int64_t t, int32_t n_seq, int32_t max_seqlen) {
     const Tensor norm_res = l == 0 ? Tensor() : res;
     if (fq) {
       b.rmsNormFp8(norm_in, norm_res, L.input_norm.view, xh, norm);
-      beforeGemm();
+      pf.beforeGemm();
       b.linearFp8(xh, L.qkv8.matrix(), qkv);
     } else {
       b.rmsNorm(norm_in, norm_res, L.input_norm.view, x, norm);
-      beforeGemm();
+      pf.beforeGemm();
       b.linear(x, L.qkv.view, L.qkv_bias.view, qkv);
     }
     b.qkNormRope(qkv, L.q_norm.view, L.k_norm.view, pos, rope_cos_.view, rope_sin_.view, qk);
     if (fo) {  // [TAG_ATTN_FP8_OUT] the O-proj's operand straight from the attention
       b.attentionFp8(qkv, cu, attn, xq, ap);
-      beforeGemm();
+      pf.beforeGemm();
       b.linearFp8(xq, L.o8.matrix(), x);
     } else {
       b.attention(qkv, cu, attn, ap);
-      beforeGemm();
+      pf.beforeGemm();
       b.linear(attn, L.o.view, L.o_bias.view, x);
     }
     if (fg) {  // res += attn out; x = norm(res)
       b.rmsNormFp8(x, res, L.post_norm.view, xh, norm);
-      beforeGemm();
+      pf.beforeGemm();
       b.linearFp8(xh, L.gate_up8.matrix(), gate_up);
     } else {
       b.rmsNorm(x, res, L.post_norm.view, x, norm);
-      beforeGemm();
+      pf.beforeGemm();
       b.linear(x, L.gate_up.view, Tensor(), gate_up);
     }
     if (fd) {
       b.swigluFp8(gate_up, xi);
-      beforeGemm();
+      pf.beforeGemm();
       b.linearFp8(xi, L.down8.matrix(), x);
     } else {
       b.swiglu(gate_up, mlp);
-      beforeGemm();
+      pf.beforeGemm();
       b.linear(mlp, L.down.view, Tensor(), x);
     }
     b.markProgress();  // [TAG_STEP_PROGRESS]
   }
   b.rmsNorm(x, res, final_norm_.view, x, norm);
-  b.joinPrefetches();  // a captured graph ends with every branch joined
+  pf.finish();
   return x;
 }
 

@@ -187,11 +187,11 @@ struct CudaKernelOptions {
   // and launched programmatically. GARDEN_GEMM_WG=0|1|pdl. Off until an A/B on the GPU says.
   int32_t gemm_wg = 0;
   // [TAG_L2_PREFETCH] Forwards of at most l2_prefetch_max_tokens tokens prefetch each GEMM's
-  // weights into L2 from a side branch, this many GEMMs ahead (ops/cuda/l2_prefetch.cuh): 0 off,
-  // 1 or 2. GARDEN_L2_PREFETCH=0|1|2, GARDEN_L2_PREFETCH_MAX_TOKENS=N. Off until an A/B on the
+  // weights into L2 from a side branch, this many GEMMs ahead (ops/cuda/l2_prefetch.cuh,
+  // model/weight_prefetch.h): 0 off, 1 or 2; l2_prefetch_loads: by loads that wait for the lines
+  // instead of bulk prefetch hints (L2PrefetchKind). GARDEN_L2_PREFETCH=0|1|2,
+  // GARDEN_L2_PREFETCH_MAX_TOKENS=N, GARDEN_L2_PREFETCH_KIND=bulk|load. Off until an A/B on the
   // GPU says.
-  // GARDEN_L2_PREFETCH_KIND=bulk|load: how the lines are requested (l2_prefetch.cuh
-  // L2PrefetchKind: bulk prefetch hints, or loads that wait for the lines; false = bulk).
   int32_t l2_prefetch = 0;
   int64_t l2_prefetch_max_tokens = 2048;
   bool l2_prefetch_loads = false;
