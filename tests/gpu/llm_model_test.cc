@@ -989,7 +989,10 @@ TfStats teacherForced(const std::string& dir, const std::vector<int>& lengths, d
     if (!dump.empty()) {
       seqs_json += std::string(pi ? "," : "") + "{\"prompt_len\":" + std::to_string(len) +
                    ",\"tokens\":[";
-      for (size_t i = 0; i < all.size(); ++i) seqs_json += (i ? "," : "") + std::to_string(all[i]);
+      for (size_t i = 0; i < all.size(); ++i) {
+        if (i) seqs_json += ',';
+        seqs_json += std::to_string(all[i]);
+      }
       seqs_json += "]}";
       for (const char* which : {"cpu", "gpu"}) {
         const auto& rows = std::string(which) == "cpu" ? lc : lp;
