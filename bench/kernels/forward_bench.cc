@@ -103,9 +103,7 @@ struct Variant {
 // --ab SPEC: comma-separated variants, each '+'-joined settings over the environment's kernel
 // options: base, fp8, fp8mlp, qkauto / qklegacy / qkpair1 / qkpair2 / qkpair4 / qkpair8
 // ([TAG_QK_ROPE_PAIR] CudaKernelOptions::qk_rope_variant 0 / -1 / 1 / 2 / 4 / 8), gemmlt / gemmwg /
-// gemmwgpdl ([TAG_GEMM_WG] gemm_wg 0 / 1 / 2: the Hopper GEMM among the tuned candidates), pf0 /
-// pf1 / pf2 ([TAG_L2_PREFETCH] l2_prefetch 0 / 1 / 2 at every token count), pfbulk / pfload (its
-// kind: bulk prefetch hints or loads). E.g.
+// gemmwgpdl ([TAG_GEMM_WG] gemm_wg 0 / 1 / 2: the Hopper GEMM among the tuned candidates). E.g.
 // qklegacy,base,qkpair4,fp8+qklegacy. Empty on a bad name.
 std::vector<Variant> parseVariants(const std::string& spec,
                                    const garden::rose::CudaKernelOptions& kernels) {
@@ -138,11 +136,6 @@ std::vector<Variant> parseVariants(const std::string& spec,
         v.kernels.gemm_wg = 1;
       } else if (w == "gemmwgpdl") {
         v.kernels.gemm_wg = 2;
-      } else if (w == "pf0" || w == "pf1" || w == "pf2") {
-        v.kernels.l2_prefetch = w.back() - '0';
-        v.kernels.l2_prefetch_max_tokens = int64_t{1} << 30;
-      } else if (w == "pfbulk" || w == "pfload") {
-        v.kernels.l2_prefetch_loads = w == "pfload";
       } else {
         std::fprintf(stderr, "rose_forward_bench --ab: unknown setting '%s'\n", w.c_str());
         return {};

@@ -55,7 +55,6 @@
 #include "services/rose/ops/cuda/gemm.h"
 #include "services/rose/ops/cuda/gemm_smallm.cuh"
 #include "services/rose/ops/cuda/gemm_wg.cuh"
-#include "services/rose/ops/cuda/l2_prefetch.cuh"
 #include "services/rose/ops/cuda/pool.cuh"
 #include "services/rose/ops/cuda/qk_norm_rope.cuh"
 #include "services/rose/ops/cuda/rms_norm.cuh"
@@ -816,10 +815,11 @@ void benchGemmFp8All() {
 // Few tokens, weights cold: a 128 MB memset (over 2x the L2) before each timed launch.
 // The few-token GEMMs side by side on Qwen3-0.6B's linears: GemmRunner with cuBLASLt alone, with
 // the small-M kernel and with the Hopper kernel [TAG_GEMM_WG] among the candidates, and each
-// custom configuration launched directly; each checked on fresh inputs first. Two times per row:
+// custom configuration launched directly; each checked on fresh inputs first. Three times per row:
 // "cold", one launch after an L2-clearing memset (the tuner's view), and "chain", the per-GEMM
 // time of 32 launches back to back in a CUDA graph over enough copies of the weights that they
-// stream from HBM (a forward's view: launch latency hidden, weights cold).
+// stream from HBM (a forward's view: launch latency hidden, weights cold), and "hot", the same chain
+// over one copy that stays in L2 (the ceiling of any prefetch into L2).
 void benchSmallM() {
   Dev flush(size_t{128} << 20);
   cudaEvent_t e0 = nullptr, e1 = nullptr;
@@ -844,29 +844,12 @@ void benchSmallM() {
     std::sort(ms.begin(), ms.end());
     return ms[kReps / 2] * 1e-3;
   };
-  // [TAG_L2_PREFETCH] With `pf`, before each launch a side branch prefetches the next launch's
-  // weight copy into L2 (as the forward does), joined one launch later.
-  cudaStream_t side = nullptr;
-  CK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
-  cudaEvent_t fork = nullptr, done = nullptr;
-  CK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
-  CK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
-  auto timeChain = [&](const Run& run, int copies, const Run* pf = nullptr) {
+  auto timeChain = [&](const Run& run, int copies) {
     constexpr int kChain = 32, kReps = 7;
     for (int c = 0; c < copies; ++c) run(c, s);  // outside the capture: tuning, smem limits
     CK(cudaStreamSynchronize(s));
     CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    for (int i = 0; i < kChain; ++i) {
-      if (pf != nullptr) {
-        if (i > 0) CK(cudaStreamWaitEvent(s, done, 0));
-        CK(cudaEventRecord(fork, s));
-        CK(cudaStreamWaitEvent(side, fork, 0));
-        (*pf)((i + 1) % copies, side);
-        CK(cudaEventRecord(done, side));
-      }
-      run(i % copies, s);
-    }
-    if (pf != nullptr) CK(cudaStreamWaitEvent(s, done, 0));
+    for (int i = 0; i < kChain; ++i) run(i % copies, s);
     cudaGraph_t graph = nullptr;
     CK(cudaStreamEndCapture(s, &graph));
     cudaGraphExec_t exec = nullptr;
@@ -893,11 +876,9 @@ void benchSmallM() {
   if (have_wg) OK((*wg)->setWgGemm(true, false));
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  std::printf("# hot: the chain over one weight copy (L2-resident); chain+pf / chain+pfl: the chain\n"
-              "# with the next copy prefetched into L2 beside each launch by bulk hints / by loads\n"
-              "# [TAG_L2_PREFETCH] (runners only)\n");
-  std::printf("%-28s %-30s %9s %9s %8s %9s %9s %9s\n", "gemm", "shape", "cold us", "chain us",
-              "GB/s", "hot us", "chain+pf", "chain+pfl");
+  std::printf("# hot: the chain over one weight copy, L2-resident (what any prefetch into L2 could reach)\n");
+  std::printf("%-28s %-30s %9s %9s %8s %9s\n", "gemm", "shape", "cold us", "chain us", "GB/s",
+              "hot us");
   for (int64_t m : {1, 64, 128, 256, 512}) {
     for (auto [n, k, name] : {std::tuple<int64_t, int64_t, const char*>{4096, 1024, "qkv"},
                               {1024, 2048, "o"},
@@ -923,25 +904,17 @@ void benchSmallM() {
         }
       };
       // Checked (the first copy), then timed both ways.
-      const Run prefetch = [&](int c, cudaStream_t st) { OK(launchL2Prefetch(ws[c]->p, wbytes, st)); };
-      const Run prefetch_loads = [&](int c, cudaStream_t st) {
-        OK(launchL2Prefetch(ws[c]->p, wbytes, st, L2PrefetchKind::kLoad));
-      };
-      auto measure = [&](const char* what, const Run& run, bool with_pf = false) {
+      auto measure = [&](const char* what, const Run& run) {
         poison(y);
         run(0, nullptr);
         CK(cudaDeviceSynchronize());
         verify(what);
-        const double cold = timeCold(run), chain = timeChain(run, copies),
-                     hot = timeChain(run, 1),
-                     chain_pf = with_pf ? timeChain(run, copies, &prefetch) : 0.0,
-                     chain_pfl = with_pf ? timeChain(run, copies, &prefetch_loads) : 0.0;
+        const double cold = timeCold(run), chain = timeChain(run, copies), hot = timeChain(run, 1);
         char shape[64];
         std::snprintf(shape, sizeof(shape), "%s M=%ld N=%ld K=%ld", name, static_cast<long>(m),
                       static_cast<long>(n), static_cast<long>(k));
-        std::printf("%-28s %-30s %9.2f %9.2f %8.1f %9.2f %9.2f %9.2f\n", what, shape, cold * 1e6,
-                    chain * 1e6, static_cast<double>(wbytes) / chain / 1e9, hot * 1e6,
-                    chain_pf * 1e6, chain_pfl * 1e6);
+        std::printf("%-28s %-30s %9.2f %9.2f %8.1f %9.2f\n", what, shape, cold * 1e6, chain * 1e6,
+                    static_cast<double>(wbytes) / chain / 1e9, hot * 1e6);
       };
       for (auto [runner, what] : {std::pair<GemmRunner*, const char*>{lt->get(), "runner cublaslt-only"},
                                   {sm->get(), "runner +smallm"},
@@ -950,7 +923,7 @@ void benchSmallM() {
         measure(what, [&, runner = runner](int c, cudaStream_t st) {
           OK(runner->run(x.as<__nv_bfloat16>(), ws[c]->as<__nv_bfloat16>(), nullptr,
                          y.as<__nv_bfloat16>(), m, n, k, st));
-        }, true);
+        });
       }
       SmallMConfig cfgs[8] = {};
       const int nc = m <= kSmallMMaxRows ? smallMGemmCandidates(n, k, sms, cfgs) : 0;
@@ -1008,9 +981,6 @@ void benchSmallM() {
     }
   }
   CK(cudaStreamDestroy(s));
-  CK(cudaStreamDestroy(side));
-  cudaEventDestroy(fork);
-  cudaEventDestroy(done);
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
 }

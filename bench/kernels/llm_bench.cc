@@ -89,9 +89,6 @@
 //   --gemm-row-invariant on|off: every M bucket of gpt-oss's dense GEMMs held to one reference
 //              algorithm's bits (CudaKernelOptions::gemm_row_invariant [TAG_GEMM_ROW_INVARIANT];
 //              on by default).
-//   --l2-prefetch 0|1|2: [TAG_L2_PREFETCH] steps of at most 2048 tokens prefetch the dense
-//     projections' weights (qkv, o) into L2 that many projections ahead (default 0)
-//   --l2-prefetch-kind bulk|load: how (CudaKernelOptions::l2_prefetch_loads; default bulk)
 //   --chain-pdl on|off: the K-chain GEMM kernel launched programmatically, its first weight
 //              tiles streamed before it waits for the previous kernel (CudaKernelOptions::chain_pdl
 //              [TAG_CHAIN_PDL]; on by default since s25).
@@ -537,8 +534,6 @@ void applyLtFlags(BackendOptions& bo) {
   bo.cuda.gemm_row_invariant = g_lt_flags.gemm_row_invariant;  // [TAG_GEMM_ROW_INVARIANT]
   bo.cuda.chain_pdl = g_lt_flags.chain_pdl;                    // [TAG_CHAIN_PDL]
   bo.cuda.pdl_graph = g_lt_flags.pdl_graph;
-  bo.cuda.l2_prefetch = g_lt_flags.l2_prefetch;  // [TAG_L2_PREFETCH]
-  bo.cuda.l2_prefetch_loads = g_lt_flags.l2_prefetch_loads;
   bo.cuda.moe_wgmma_device_plan = g_lt_flags.moe_wgmma_device_plan;
   bo.cuda.moe_wgmma_smem_a = g_lt_flags.moe_wgmma_smem_a;  // [TAG_MOE_WGMMA_SMEM_A]
 }
@@ -1125,8 +1120,6 @@ int main(int argc, char** argv) {
     else if (a == "--pdl-gemv") g_lt_flags.pdl_gemv = next() == "on";
     else if (a == "--gemm-row-invariant") g_lt_flags.gemm_row_invariant = next() == "on";
     else if (a == "--chain-pdl") g_lt_flags.chain_pdl = next() == "on";
-    else if (a == "--l2-prefetch") g_lt_flags.l2_prefetch = std::atoi(next().c_str());
-    else if (a == "--l2-prefetch-kind") g_lt_flags.l2_prefetch_loads = next() == "load";
     else if (a == "--pdl-graph") g_lt_flags.pdl_graph = next() == "on";
     else if (a == "--router-tiled-min") cuda::setRouterF32TiledMinTokens(std::atoll(next().c_str()));
     else if (a == "--router-tiled-rows") cuda::setRouterF32TiledRows(next() == "on");

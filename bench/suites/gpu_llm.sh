@@ -330,16 +330,11 @@
 #             with it among the tuned GEMM candidates (gemmwg; gemmwgpdl: launched programmatically)
 #             against cuBLASLt alone (gemmlt) at 1x128 ... 16x512; the tuning lines (per bucket:
 #             best_us, best_cublaslt_us, best_wg_us, the winner) in wg_tuned.txt
-#   pfab      [TAG_L2_PREFETCH] the weight-prefetch tests (GpuOps.L2Prefetch*, *WeightPrefetch*), then
-#             the embedding forward without prefetch (pf0) against prefetch 1 and 2 GEMMs ahead
-#             (pf1, pf2; pf1+pfload: by loads) at every token count, 1x128 ... 2x4096
-#   pfllm     [TAG_L2_PREFETCH] gpt-oss: GpuGptOss.WeightPrefetch* (tiny model), then gpt-oss-20b
-#             decode b1@8k, b8@4k, b64@1k with --l2-prefetch 0 / 1 / 2 / 1 by loads, two rounds (decodeab;
-#             needs mk20b first)
 #   gemmsmall rose_kernel_bench gemm_smallm: the few-token GEMMs on Qwen3-0.6B's linears at M = 1 ... 512,
 #             cuBLASLt alone / + the small-M kernel / + the Hopper kernel as tuned runners and every
 #             custom configuration directly, cold (one launch after an L2 flush) and chained (32
-#             launches in a graph over weight copies streaming from HBM)
+#             launches in a graph over weight copies streaming from HBM) and hot (the same chain over one
+#             L2-resident copy)
 #     bench/suites/gpu_llm.sh GPUBIN OUT [steps...]
 # Prints one summary line per step last; writes logs to OUT (and OUT/llm_logs.tgz).
 set -uo pipefail
@@ -540,8 +535,6 @@ for s in $STEPS; do
     attnfp8ab) step attnfp8ab attnfp8ab.txt 240 bash -c "set -o pipefail; rc=0; python3 '$ROOT/bench/suites/make_random_qwen3.py' --out /tmp/q3emb > /dev/null && for v in 0 1; do echo \"== GARDEN_ATTN_FP8_OUT=\$v\"; GARDEN_FORWARD_SHAPES=1x512,16x512,8x1024,2x4096 GARDEN_ATTN_FP8_OUT=\$v '$BIN/rose_forward_bench' /tmp/q3emb --iters 20 --weights-ab 2>&1 | grep -v 'gemm tuned' || rc=1; done; exit \$rc" ;;
     embstreams) step embstreams embstreams.txt 200 bash -c "set -o pipefail; python3 '$ROOT/bench/suites/make_random_qwen3.py' --out /tmp/q3emb > /dev/null && GARDEN_FORWARD_SHAPES=16x512,8x1024,2x4096,1x512,4x128 '$BIN/rose_forward_bench' /tmp/q3emb --iters 10 --streams-ab 2>&1 | grep -v 'gemm tuned'" ;;
     gemmwgab) step gemmwgab gemmwgab.txt 360 bash -c "rc=0; '$BIN/gpu_kernels_test' --gtest_brief=1 --gtest_filter='GpuWgGemm.*' 2>&1 | grep -v 'gemm tuned' || rc=1; python3 '$ROOT/bench/suites/make_random_qwen3.py' --out /tmp/q3emb > /dev/null && GARDEN_FORWARD_SHAPES=${WGAB_SHAPES:-1x128,1x256,1x512,4x128,16x512} '$BIN/rose_forward_bench' /tmp/q3emb --iters 20 --ab gemmlt,gemmwg,gemmwgpdl,gemmlt > /tmp/wgab.txt 2>&1 || rc=1; grep 'gemm tuned' /tmp/wgab.txt > '$LOGS/wg_tuned.txt'; grep -v 'gemm tuned' /tmp/wgab.txt; exit \$rc" ;;
-    pfab) step pfab pfab.txt 300 bash -c "set -o pipefail; rc=0; '$BIN/gpu_kernels_test' --gtest_brief=1 --gtest_filter='GpuOps.L2Prefetch*' 2>&1 | grep -v 'gemm tuned' || rc=1; '$BIN/gpu_model_graph_test' --gtest_brief=1 --gtest_filter='*WeightPrefetch*' 2>&1 | grep -v 'gemm tuned' || rc=1; python3 '$ROOT/bench/suites/make_random_qwen3.py' --out /tmp/q3emb > /dev/null && GARDEN_FORWARD_SHAPES=${PFAB_SHAPES:-1x128,1x256,1x512,4x128,16x512,8x1024,2x4096} '$BIN/rose_forward_bench' /tmp/q3emb --iters 20 --ab pf0,pf1,pf2,pf1+pfload,pf0 2>&1 | grep -v 'gemm tuned' || rc=1; exit \$rc" ;;
-    pfllm) step pfllm pfllm.txt 200 bash -c "'$BIN/gpu_llm_model_test' --gtest_brief=1 --gtest_filter='*WeightPrefetch*' 2>&1 | grep -v 'gemm tuned'"; decodeab pfdec pfdec.txt "'--l2-prefetch 0' '--l2-prefetch 1' '--l2-prefetch 2' '--l2-prefetch 1 --l2-prefetch-kind load'" ;;
     gemmsmall) step gemmsmall gemmsmall.txt 300 bash -c "'$BIN/rose_kernel_bench' gemm_smallm 2>&1 | grep -v 'gemm tuned'" ;;
     elem) step elem elem.txt 150 timeout 140 "$BIN/rose_kernel_bench" elementwise ;;
     qkab) step qkab qkab.txt 240 bash -c "python3 '$ROOT/bench/suites/make_random_qwen3.py' --out /tmp/q3emb > /dev/null && GARDEN_FORWARD_SHAPES=1x128,1x512,16x512,8x1024,2x4096 '$BIN/rose_forward_bench' /tmp/q3emb --iters 20 --ab qklegacy,qkauto,qkpair4,qkpair2,qklegacy 2>&1 | grep -v 'gemm tuned'" ;;

@@ -20,7 +20,6 @@
 #include "services/rose/ops/cuda/gemm_chain.cuh"
 #include "services/rose/ops/cuda/gemm_smallm.cuh"
 #include "services/rose/ops/cuda/gemv.cuh"
-#include "services/rose/ops/cuda/l2_prefetch.cuh"
 #include "services/rose/ops/cuda/pool.cuh"
 #include "services/rose/ops/cuda/qk_norm_rope.cuh"
 #include "services/rose/ops/cuda/rms_norm.cuh"
@@ -240,38 +239,6 @@ TEST_F(GpuOps, RmsNormOutAliasesX) {
   cpu().rmsNorm(cx.view, Tensor(), cw.view, cx.view, {});
   gpu().rmsNorm(gx.view, Tensor(), gw.view, gx.view, {});
   expectClose(download(gpu(), gx.view), download(cpu(), cx.view), 2e-2, 2e-2, "rms_norm in place");
-}
-
-// [TAG_L2_PREFETCH] Both prefetch kernels (bulk hints, loads) at odd addresses and sizes (the range
-// widened to 16-byte bounds, the last chunk or line short, 1 to 64 warps; the allocation's last
-// bytes): they run without a fault and leave the bytes as they were.
-TEST_F(GpuOps, L2PrefetchAtOddBoundsLeavesDataAlone) {
-  EXPECT_EQ(cuda::l2PrefetchBlocks(1), 1);
-  EXPECT_EQ(cuda::l2PrefetchBlocks(size_t{256} * 1024 + 1), 2);
-  EXPECT_EQ(cuda::l2PrefetchBlocks(size_t{1} << 30), 64);
-  const size_t n = (size_t{20} << 20) + 4096;
-  std::vector<unsigned char> host(n);
-  std::mt19937 rng(5);
-  for (auto& v : host) v = static_cast<unsigned char>(rng());
-  unsigned char* d = nullptr;
-  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&d), n), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(d, host.data(), n, cudaMemcpyHostToDevice), cudaSuccess);
-  for (const auto& [off, bytes] : std::vector<std::pair<size_t, size_t>>{
-           {0, 1}, {1, 1}, {3, 17}, {15, 16}, {16, cuda::kL2PrefetchChunk + 1}, {7, (size_t{1} << 20) + 3},
-           {4096, size_t{20} << 20}, {n - 5, 5}, {0, n}}) {
-    for (auto kind : {cuda::L2PrefetchKind::kBulk, cuda::L2PrefetchKind::kLoad}) {
-      ASSERT_TRUE(cuda::launchL2Prefetch(d + off, bytes, nullptr, kind).isOk())
-          << off << "+" << bytes << " kind " << static_cast<int>(kind);
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess)
-          << off << "+" << bytes << " kind " << static_cast<int>(kind);
-    }
-  }
-  EXPECT_TRUE(cuda::launchL2Prefetch(d, 0, nullptr).isOk());
-  EXPECT_TRUE(cuda::launchL2Prefetch(nullptr, 64, nullptr).isOk());
-  std::vector<unsigned char> back(n);
-  ASSERT_EQ(cudaMemcpy(back.data(), d, n, cudaMemcpyDeviceToHost), cudaSuccess);
-  EXPECT_EQ(std::memcmp(back.data(), host.data(), n), 0);
-  cudaFree(d);
 }
 
 TEST_F(GpuOps, LinearMatchesReference) {

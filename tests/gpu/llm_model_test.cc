@@ -89,8 +89,6 @@ CudaKernelOptions envKernelOptions() {
 }
 // [TAG_PDL_GRAPH] The default, or GARDEN_PDL_GRAPH when set (the whole suite with it on or off).
 bool g_pdl_graph = envKernelOptions().pdl_graph;
-// [TAG_L2_PREFETCH] The default, or GARDEN_L2_PREFETCH when set.
-int32_t g_l2_prefetch = envKernelOptions().l2_prefetch;
 // [TAG_GEMM_ROW_INVARIANT] The default, or GARDEN_GEMM_ROW_INVARIANT when set (the whole suite with
 // the dense GEMMs held to one reference algorithm's bits).
 const bool g_row_invariant = envKernelOptions().gemm_row_invariant;
@@ -118,7 +116,6 @@ Runner load(const std::string& dir, const char* device, MoeWeightsMode moe,
     bo.cuda.moe_lt_wgmma = moe_lt_wgmma;  // [TAG_MOE_WGMMA]
     bo.cuda.pdl_gemv = g_pdl_gemv;
     bo.cuda.pdl_graph = g_pdl_graph;
-    bo.cuda.l2_prefetch = g_l2_prefetch;
     bo.cuda.gemm_row_invariant = g_row_invariant;
     auto b = makeBackend(device, bo);
     EXPECT_TRUE(b.isOk()) << b.status().toString();
@@ -774,34 +771,6 @@ TEST_F(GpuGptOss, PdlGraphGivesTheSameBits) {
       expectTwinStepsBitEqual(plain, pdl, 7400 + static_cast<uint32_t>(batch), batch);
       if (graphs) {
         EXPECT_GT(pdl.model->graphSteps(), 0u);
-      }
-    }
-  }
-}
-
-// [TAG_L2_PREFETCH] Prefetching the dense projections' weights 1 or 2 projections ahead (a side
-// branch of the stream, captured into the decode graphs) gives the bits of no prefetch: prefill,
-// eager decode steps (logits) and graphed ones (ids), one sequence and three.
-TEST_F(GpuGptOss, WeightPrefetchGivesTheSameBits) {
-  for (int32_t distance : {1, 2}) {
-    for (bool graphs : {false, true}) {
-      for (int batch : {1, 3}) {
-        char trace[64];
-        std::snprintf(trace, sizeof(trace), "%s batch %d distance %d", graphs ? "graphs" : "eager",
-                      batch, static_cast<int>(distance));
-        SCOPED_TRACE(trace);
-        g_l2_prefetch = 0;
-        Runner plain = load(*dir_, "cuda", MoeWeightsMode::kAuto, nullptr, graphs);
-        g_l2_prefetch = distance;
-        Runner pf = load(*dir_, "cuda", MoeWeightsMode::kAuto, nullptr, graphs);
-        g_l2_prefetch = envKernelOptions().l2_prefetch;
-        ASSERT_EQ(plain.backend->weightPrefetchDistance(1), 0);
-        ASSERT_EQ(pf.backend->weightPrefetchDistance(1), distance);
-        expectTwinStepsBitEqual(plain, pf, 7500 + static_cast<uint32_t>(batch), batch);
-        if (graphs) {
-          EXPECT_GT(pf.model->graphSteps(), 0u);
-          EXPECT_EQ(pf.backend->graphs()->graphStats().capture_failures, 0u);
-        }
       }
     }
   }

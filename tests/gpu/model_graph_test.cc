@@ -12,7 +12,6 @@
 //   - the step loop running the EmbeddingRunner on the shm channel with --cuda-graphs on
 //     publishes exactly the eager results (and counts eager / capture / replay), with graphs off
 //     too; precapture through the runner;
-//   - [TAG_L2_PREFETCH] weight prefetches change no bit, eager or graphed, and capture cleanly;
 //   - [TAG_EMBED_FP8] with --weights fp8 / fp8-mlp: embeddings against the bf16 model's (lengths
 //     1 to 4089, batches; guards at cosine 0.995 / 0.9975, below issue 17's 0.999 which neither
 //     meets), graphed == eager bit for bit, batch
@@ -315,73 +314,6 @@ TEST_F(ModelGraphTest, PrecaptureMakesTheFirstBatchAReplay) {
   // Bad precapture requests are refused with a reason.
   EXPECT_FALSE(model_->precaptureEmbed(*gpu_->graphs(), 5, 4, PoolMode::kLast, true).isOk());
   EXPECT_FALSE(model_->precaptureEmbed(*gpu_->graphs(), 1, 5000, PoolMode::kLast, true).isOk());
-}
-
-// [TAG_L2_PREFETCH] Weight prefetches (a side branch of the stream, 1 or 2 GEMMs ahead, bulk hints
-// or loads) change no bit: eager and graphed forwards (eager -> capture -> replay) with prefetch
-// distance 1 and 2 (and 1 by loads) equal a backend without prefetches, and every capture succeeds (the branch is joined). The
-// backends take cuBLASLt's heuristic algorithm (no tuning), so all three run the same GEMMs.
-TEST_F(ModelGraphTest, WeightPrefetchChangesNoBitsAndCaptures) {
-  auto load = [&](int32_t distance, bool loads, std::unique_ptr<Backend>& backend,
-                  std::unique_ptr<Qwen3Model>& model) {
-    BackendOptions bo;
-    bo.max_batch_tokens = 4096;
-    bo.cuda.gemm_tune = false;
-    bo.cuda.l2_prefetch = distance;
-    bo.cuda.l2_prefetch_loads = loads;
-    bo.cuda.l2_prefetch_max_tokens = 4096;
-    auto gpu = makeBackend("cuda", bo);
-    ASSERT_TRUE(gpu.isOk()) << gpu.status().toString();
-    backend = std::move(gpu).value();
-    EXPECT_EQ(backend->weightPrefetchDistance(4096), distance);
-    EXPECT_EQ(backend->weightPrefetchDistance(4097), 0);
-    Qwen3Options mo;
-    mo.max_batch_tokens = 4096;
-    mo.pooling_override = PoolMode::kLast;
-    auto m = Qwen3Model::load(dir_.path.string(), *backend, mo);
-    ASSERT_TRUE(m.isOk()) << m.status().toString();
-    model = std::move(m).value();
-  };
-  std::unique_ptr<Backend> b0, b1, b2, b3;
-  std::unique_ptr<Qwen3Model> m0, m1, m2, m3;
-  load(0, false, b0, m0);
-  load(1, false, b1, m1);
-  load(2, false, b2, m2);
-  load(1, true, b3, m3);  // the load kind
-  ASSERT_TRUE(m0 && m1 && m2 && m3);
-  auto run = [](Backend& b, Qwen3Model& m, const Batch& batch, bool graphed) {
-    std::vector<float> out(batch.lens.size() * kHidden, std::nanf(""));
-    if (graphed) {
-      Status st = m.enqueueEmbedGraphed(*b.graphs(), batch.in(), PoolMode::kMean, false, out.data());
-      EXPECT_TRUE(st.isOk()) << st.toString();
-    } else {
-      m.enqueueEmbed(batch.in(), PoolMode::kMean, false, out.data());
-    }
-    EXPECT_TRUE(b.synchronize().isOk());
-    return out;
-  };
-  for (const std::vector<int32_t>& lens : std::vector<std::vector<int32_t>>{
-           {1}, {100}, {300, 5, 77}, {1000, 999, 1}, {2048, 2000}}) {
-    const Batch batch = randomBatch(rng_, lens);
-    const std::string what = std::to_string(lens.size()) + " sequences, first " +
-                             std::to_string(lens[0]) + " tokens";
-    const auto want = run(*b0, *m0, batch, false);
-    for (int rep = 0; rep < 3; ++rep) {  // eager, capture, replay of the bucket
-      expectBitEqual(run(*b0, *m0, batch, true), want, "no prefetch graphed, " + what);
-      expectBitEqual(run(*b1, *m1, batch, true), want, "distance 1 graphed, " + what);
-      expectBitEqual(run(*b2, *m2, batch, true), want, "distance 2 graphed, " + what);
-      expectBitEqual(run(*b3, *m3, batch, true), want, "distance 1 loads graphed, " + what);
-    }
-    expectBitEqual(run(*b1, *m1, batch, false), want, "distance 1 eager, " + what);
-    expectBitEqual(run(*b2, *m2, batch, false), want, "distance 2 eager, " + what);
-    expectBitEqual(run(*b3, *m3, batch, false), want, "distance 1 loads eager, " + what);
-  }
-  for (Backend* b : {b0.get(), b1.get(), b2.get(), b3.get()}) {
-    const GraphExecStats st = b->graphs()->graphStats();
-    EXPECT_EQ(st.capture_failures, 0u);
-    EXPECT_EQ(st.captures, 5u);
-    EXPECT_EQ(st.replays, 5u);
-  }
 }
 
 TEST_F(ModelGraphTest, GraphedCudaAgreesWithCpuReference) {

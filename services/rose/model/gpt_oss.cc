@@ -11,7 +11,6 @@
 #include <utility>
 
 #include "common/safetensors.h"
-#include "services/rose/model/weight_prefetch.h"
 #include "services/rose/model/weights.h"
 #include "services/rose/model/mxfp4.h"
 #include "services/rose/ops/router_split.h"
@@ -1170,12 +1169,6 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
     norm.programmatic_in_graphs = true;  // [TAG_PDL_GRAPH]
     // A stream wider than the activations starts from the embedding rows in x (res = x).
     const bool wide_res = res.dtype != x.dtype;
-    // [TAG_L2_PREFETCH] The dense projections (qkv, o of each layer) read weights prefetched into
-    // L2 (weight_prefetch.h); the MoE's experts are known only on the device, so not theirs.
-    WeightPrefetchSchedule pf(b, t, 2 * layers_.size(), [this](size_t g) {
-      return g % 2 == 0 ? layers_[g / 2].qkv.view : layers_[g / 2].o.view;
-    });
-    pf.start();
     b.embedding(embed_.view, ids_t, wide_res ? x : res);
     for (size_t l = 0; l < layers_.size(); ++l) {
       const Layer& L = layers_[l];
@@ -1191,7 +1184,6 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
       const int32_t li = static_cast<int32_t>(l);
       const bool in_window_pool = kv.shape().windowLayer(li);  // [TAG_KV_WINDOW_GROUP]
       // [TAG_PROJ_F32] With f32 projections, q/k/v are rounded once, after RoPE, into qkv.
-      pf.beforeGemm();
       if (keep(GptOssOptions::kSkipQkv))
         b.linear(xa, L.qkv.view, L.qkv_bias.view, opts_.qkvF32() ? qkv32 : qkv);
       const Tensor& layer_slots = in_window_pool ? slots_w : slots;
@@ -1211,7 +1203,6 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
                             in_window_pool ? tables_w : tables, L.sinks.view, attn, lp);
       // res += attn out; xm = norm(res). The O-proj output in f32 with proj_f32.
       const Tensor ao = opts_.oF32() ? o32 : xa;
-      pf.beforeGemm();
       if (keep(GptOssOptions::kSkipOproj)) b.linear(attn, L.o.view, L.o_bias.view, ao);
       if (keep(GptOssOptions::kSkipNorm)) b.rmsNorm(ao, res, L.post_norm.view, xm, norm);
       if (!keep(GptOssOptions::kSkipRouter)) {
@@ -1237,7 +1228,6 @@ void GptOssModel::enqueueStep(const LlmStep& step, PagedKvCache& kv, float* logi
       b.markProgress();  // [TAG_STEP_PROGRESS]
     }
     combineNorm(moe, res, final_norm_.view, xf, norm);
-    pf.finish();
     if (n_rows == 0 || !keep(GptOssOptions::kSkipHead)) return;
     const Tensor gathered = gathered_.view.rowSlice(0, n_rows);
     const Tensor logits = logits_.view.rowSlice(0, n_rows);

@@ -6,7 +6,6 @@
 #include <string>
 
 #include "common/safetensors.h"
-#include "services/rose/model/weight_prefetch.h"
 #include "services/rose/model/weights.h"
 #include "services/rose/ops/cuda/fp8_block.h"  // the FP8 weight scales' shape (plain C++)
 
@@ -347,16 +346,6 @@ Tensor Qwen3Model::enqueueBody(const BatchInput& in) {
   return enqueueLayers(tp, sp, max_seqlen_);
 }
 
-Tensor Qwen3Model::gemmWeight(size_t g) const {
-  const Layer& L = layers_[g / 4];
-  switch (g % 4) {
-    case 0: return (fp8_ & kFp8Qkv) != 0 ? L.qkv8.matrix().codes : L.qkv.view;
-    case 1: return (fp8_ & kFp8O) != 0 ? L.o8.matrix().codes : L.o.view;
-    case 2: return (fp8_ & kFp8GateUp) != 0 ? L.gate_up8.matrix().codes : L.gate_up.view;
-    default: return (fp8_ & kFp8Down) != 0 ? L.down8.matrix().codes : L.down.view;
-  }
-}
-
 Fp8Matrix Qwen3Model::fp8Input(int64_t t, int64_t k) const {
   CHECK(t * k <= fp8_codes_.view.numel() && k / 128 * t <= fp8_scales_.view.numel());
   return {Tensor(fp8_codes_.view.data, DType::kU8, {t, k}),
@@ -402,9 +391,6 @@ Tensor Qwen3Model::enqueueLayers(int64_t t, int32_t n_seq, int32_t max_seqlen) {
     xq = fp8Input(t, c.num_attention_heads * c.head_dim);
     xi = fp8Input(t, c.intermediate_size);
   }
-  // [TAG_L2_PREFETCH] The few-token GEMMs read weights prefetched into L2 (weight_prefetch.h).
-  WeightPrefetchSchedule pf(b, t, 4 * layers_.size(), [this](size_t g) { return gemmWeight(g); });
-  pf.start();
   b.embedding(embed_.view, ids, res);
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
@@ -413,45 +399,36 @@ Tensor Qwen3Model::enqueueLayers(int64_t t, int32_t n_seq, int32_t max_seqlen) {
     const Tensor norm_res = l == 0 ? Tensor() : res;
     if (fq) {
       b.rmsNormFp8(norm_in, norm_res, L.input_norm.view, xh, norm);
-      pf.beforeGemm();
       b.linearFp8(xh, L.qkv8.matrix(), qkv);
     } else {
       b.rmsNorm(norm_in, norm_res, L.input_norm.view, x, norm);
-      pf.beforeGemm();
       b.linear(x, L.qkv.view, L.qkv_bias.view, qkv);
     }
     b.qkNormRope(qkv, L.q_norm.view, L.k_norm.view, pos, rope_cos_.view, rope_sin_.view, qk);
     if (fo) {  // [TAG_ATTN_FP8_OUT] the O-proj's operand straight from the attention
       b.attentionFp8(qkv, cu, attn, xq, ap);
-      pf.beforeGemm();
       b.linearFp8(xq, L.o8.matrix(), x);
     } else {
       b.attention(qkv, cu, attn, ap);
-      pf.beforeGemm();
       b.linear(attn, L.o.view, L.o_bias.view, x);
     }
     if (fg) {  // res += attn out; x = norm(res)
       b.rmsNormFp8(x, res, L.post_norm.view, xh, norm);
-      pf.beforeGemm();
       b.linearFp8(xh, L.gate_up8.matrix(), gate_up);
     } else {
       b.rmsNorm(x, res, L.post_norm.view, x, norm);
-      pf.beforeGemm();
       b.linear(x, L.gate_up.view, Tensor(), gate_up);
     }
     if (fd) {
       b.swigluFp8(gate_up, xi);
-      pf.beforeGemm();
       b.linearFp8(xi, L.down8.matrix(), x);
     } else {
       b.swiglu(gate_up, mlp);
-      pf.beforeGemm();
       b.linear(mlp, L.down.view, Tensor(), x);
     }
     b.markProgress();  // [TAG_STEP_PROGRESS]
   }
   b.rmsNorm(x, res, final_norm_.view, x, norm);
-  pf.finish();
   return x;
 }
 

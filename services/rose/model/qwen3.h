@@ -137,9 +137,6 @@ class Qwen3Model {
   // [TAG_EMBED_FP8] The FP8 activation workspace as the input of a GEMM of `t` rows and `k`
   // inputs.
   Fp8Matrix fp8Input(int64_t t, int64_t k) const;
-  // [TAG_L2_PREFETCH] The weight of the forward's GEMM g: layer g / 4's qkv, o, gate_up, down
-  // (the FP8 codes where that projection is FP8).
-  Tensor gemmWeight(size_t g) const;
 
   explicit Qwen3Model(Backend& b);
   // GraphShapeKey::kind: what the graph computes (low 4 bits) and which model (graph_id_).

@@ -1,7 +1,5 @@
 #include "services/rose/ops/backend.h"
 
-#include <cerrno>
-#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -42,21 +40,6 @@ Status envChoiceValue(const char* name, std::initializer_list<const char*> accep
     if (values[k] == *value) i = static_cast<int>(k);
   RETURN_IF_ERROR(envChoice(name, accepted, &i));
   *value = values[i];
-  return okStatus();
-}
-
-// A set, non-empty GARDEN_* variable holding a whole number in [lo, hi]: *out = it.
-Status envInt(const char* name, int64_t lo, int64_t hi, int64_t* out) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return okStatus();
-  char* end = nullptr;
-  errno = 0;
-  const long long x = std::strtoll(v, &end, 10);
-  if (errno != 0 || end == v || *end != '\0' || x < lo || x > hi) {
-    return invalidArgument(std::string(name) + "='" + v + "': expected a whole number in [" +
-                           std::to_string(lo) + ", " + std::to_string(hi) + "]");
-  }
-  *out = x;
   return okStatus();
 }
 
@@ -127,14 +110,6 @@ Status cudaKernelOptionsFromEnv(CudaKernelOptions& opts) {
                                  &opts.qk_rope_variant));
   static constexpr int32_t kGemmWg[] = {0, 1, 2};  // [TAG_GEMM_WG]
   RETURN_IF_ERROR(envChoiceValue("GARDEN_GEMM_WG", {"0", "1", "pdl"}, kGemmWg, &opts.gemm_wg));
-  static constexpr int32_t kL2Prefetch[] = {0, 1, 2};  // [TAG_L2_PREFETCH]
-  RETURN_IF_ERROR(envChoiceValue("GARDEN_L2_PREFETCH", {"0", "1", "2"}, kL2Prefetch,
-                                 &opts.l2_prefetch));
-  RETURN_IF_ERROR(envInt("GARDEN_L2_PREFETCH_MAX_TOKENS", 0, int64_t{1} << 30,
-                         &opts.l2_prefetch_max_tokens));
-  int pf_loads = opts.l2_prefetch_loads ? 1 : 0;
-  RETURN_IF_ERROR(envChoice("GARDEN_L2_PREFETCH_KIND", {"bulk", "load"}, &pf_loads));
-  opts.l2_prefetch_loads = pf_loads == 1;
   opts.moe_lt_streams = lt_streams + 1;
   opts.moe_lt_bias_epilogue = lt_epi == 1;
   opts.moe_lt_overlap_dequant = lt_overlap == 1;

@@ -186,15 +186,6 @@ struct CudaKernelOptions {
   // wgmma + TMA, split-K in a cluster) for M buckets <= 512 on sm_90 devices: 0 off, 1 on, 2 on
   // and launched programmatically. GARDEN_GEMM_WG=0|1|pdl. Off until an A/B on the GPU says.
   int32_t gemm_wg = 0;
-  // [TAG_L2_PREFETCH] Forwards of at most l2_prefetch_max_tokens tokens prefetch each GEMM's
-  // weights into L2 from a side branch, this many GEMMs ahead (ops/cuda/l2_prefetch.cuh,
-  // model/weight_prefetch.h): 0 off, 1 or 2; l2_prefetch_loads: by loads that wait for the lines
-  // instead of bulk prefetch hints (L2PrefetchKind). GARDEN_L2_PREFETCH=0|1|2,
-  // GARDEN_L2_PREFETCH_MAX_TOKENS=N, GARDEN_L2_PREFETCH_KIND=bulk|load. Off until an A/B on the
-  // GPU says.
-  int32_t l2_prefetch = 0;
-  int64_t l2_prefetch_max_tokens = 2048;
-  bool l2_prefetch_loads = false;
   // Programmatic dependent launch of eager kernel launches (ops/cuda/common.cuh [TAG_PDL]):
   // GARDEN_PDL=0|1.
   bool pdl = true;
@@ -546,18 +537,6 @@ class Backend {
   // synchronization with the launching thread; valid inside a captured CUDA graph (it is replayed
   // with the graph). The default is a no-op (a backend that does not report progress).
   virtual void markProgress() {}
-
-  // ---- weight prefetch [TAG_L2_PREFETCH] ----
-  // How many GEMMs ahead a forward of `tokens` tokens should prefetch its weights (0: none, the
-  // default). A hint: prefetches change no result.
-  virtual int32_t weightPrefetchDistance(int64_t tokens) const { return 0; }
-  // Enqueued like an op: from this point of the queue, w's bytes are fetched toward the device's
-  // cache beside the ops that follow (which do not wait for it). Valid inside a captured graph;
-  // a capture must end with joinPrefetches(). The default does nothing.
-  virtual void prefetchWeights(const Tensor& w) { (void)w; }
-  // The queue's later ops wait for the prefetches issued so far (already done by then, in
-  // practice); needed before a captured graph ends. The default does nothing.
-  virtual void joinPrefetches() {}
 
   // ---- ops (enqueued) ----
   // out[t, :] = table[ids[t], :]. ids I32 [T] (< rows(table), checked by the caller), table

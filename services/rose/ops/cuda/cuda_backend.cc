@@ -17,7 +17,6 @@
 #include "services/rose/ops/cuda/fp8_gemm.h"
 #include "services/rose/ops/cuda/gemm_wg.cuh"
 #include "services/rose/ops/cuda/kv_block_copy.cuh"
-#include "services/rose/ops/cuda/l2_prefetch.cuh"
 #include "services/rose/ops/cuda/moe_lt_gemm.h"
 #include "services/rose/ops/cuda/moe_router_f32.cuh"
 #include "services/rose/ops/cuda/pool.cuh"
@@ -104,14 +103,6 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const BackendOptions& o
     }
   }
   b->graphs_ = std::make_unique<GraphCache>(b->stream_);
-  {  // [TAG_L2_PREFETCH] made here, never while a graph is being captured
-    int least = 0, greatest = 0;
-    CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-    CUDA_RETURN_IF_ERROR(
-        cudaStreamCreateWithPriority(&b->prefetch_stream_, cudaStreamNonBlocking, greatest));
-    CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&b->prefetch_fork_, cudaEventDisableTiming));
-    CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&b->prefetch_done_, cudaEventDisableTiming));
-  }
   CUDA_RETURN_IF_ERROR(
       cudaHostAlloc(reinterpret_cast<void**>(&b->staging_), kStagingBytes, cudaHostAllocDefault));
   b->staging_bytes_ = kStagingBytes;
@@ -126,12 +117,6 @@ CudaBackend::~CudaBackend() {
   for (auto& s : staged_) cudaEventDestroy(s.done);
   for (auto e : free_events_) cudaEventDestroy(e);
   if (staging_ != nullptr) cudaFreeHost(staging_);
-  if (prefetch_stream_ != nullptr) {
-    cudaStreamSynchronize(prefetch_stream_);
-    cudaStreamDestroy(prefetch_stream_);
-  }
-  if (prefetch_fork_ != nullptr) cudaEventDestroy(prefetch_fork_);
-  if (prefetch_done_ != nullptr) cudaEventDestroy(prefetch_done_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
 
@@ -669,26 +654,6 @@ void CudaBackend::swiglu(const Tensor& gate_up, const Tensor& out) {
   a.num_tokens = out.rows();
   a.inter = out.cols();
   checkOk(launchSwiglu(a, stream_, kernels_.pdl), "swiglu");
-}
-
-void CudaBackend::prefetchWeights(const Tensor& w) {
-  if (w.empty() || w.bytes() == 0) return;
-  // The previous prefetch joins here, so at most one branch is open at a time.
-  joinPrefetches();
-  CUDA_CHECK(cudaEventRecord(prefetch_fork_, stream_));
-  CUDA_CHECK(cudaStreamWaitEvent(prefetch_stream_, prefetch_fork_, 0));
-  checkOk(launchL2Prefetch(w.data, w.bytes(), prefetch_stream_,
-                           kernels_.l2_prefetch_loads ? L2PrefetchKind::kLoad
-                                                      : L2PrefetchKind::kBulk),
-          "prefetchWeights");
-  CUDA_CHECK(cudaEventRecord(prefetch_done_, prefetch_stream_));
-  prefetch_pending_ = true;
-}
-
-void CudaBackend::joinPrefetches() {
-  if (!prefetch_pending_) return;
-  CUDA_CHECK(cudaStreamWaitEvent(stream_, prefetch_done_, 0));
-  prefetch_pending_ = false;
 }
 
 void CudaBackend::pool(const Tensor& hidden, const Tensor& cu_seqlens, const Tensor& out,

@@ -65,13 +65,6 @@ class CudaBackend final : public Backend, public GraphExecutor {
   void attention(const Tensor& qkv, const Tensor& cu_seqlens, const Tensor& out,
                  const AttentionParams& p) override;
   void swiglu(const Tensor& gate_up, const Tensor& out) override;
-  // [TAG_L2_PREFETCH] ops/cuda/l2_prefetch.cuh on a side stream forked from stream_ (an event
-  // each way, so a capture records it as a branch of the graph).
-  int32_t weightPrefetchDistance(int64_t tokens) const override {
-    return tokens <= kernels_.l2_prefetch_max_tokens ? kernels_.l2_prefetch : 0;
-  }
-  void prefetchWeights(const Tensor& w) override;
-  void joinPrefetches() override;
   void pool(const Tensor& hidden, const Tensor& cu_seqlens, const Tensor& out,
             const PoolParams& p) override;
   // [TAG_EMBED_FP8] fp8_dense.cuh's quantization, fp8_gemm.h's GEMMs.
@@ -152,10 +145,6 @@ class CudaBackend final : public Backend, public GraphExecutor {
   size_t staging_cursor_ = 0;
   std::deque<Staged> staged_;
   std::vector<cudaEvent_t> free_events_;
-  // [TAG_L2_PREFETCH] made by create(); pending: a prefetch not yet joined.
-  cudaStream_t prefetch_stream_ = nullptr;
-  cudaEvent_t prefetch_fork_ = nullptr, prefetch_done_ = nullptr;
-  bool prefetch_pending_ = false;
   int32_t* kv_pairs_ = nullptr;  // [TAG_KV_PULL_CUDA] the last KV copy's pairs on the device
   size_t kv_pairs_bytes_ = 0;
 };

@@ -24,8 +24,7 @@ const char* const kVars[] = {"GARDEN_ATTENTION_KERNEL", "GARDEN_GEMM_TUNE", "GAR
                              "GARDEN_PDL_GEMV", "GARDEN_PDL_GRAPH",
                              "GARDEN_GEMM_ROW_INVARIANT", "GARDEN_CHAIN_PDL",
                              "GARDEN_MOE_WGMMA_SMEM_A", "GARDEN_ATTN_FP8_OUT",
-                             "GARDEN_QK_ROPE", "GARDEN_GEMM_WG", "GARDEN_L2_PREFETCH",
-                             "GARDEN_L2_PREFETCH_MAX_TOKENS", "GARDEN_L2_PREFETCH_KIND"};
+                             "GARDEN_QK_ROPE", "GARDEN_GEMM_WG"};
 
 // Clears the variables for the test and restores what the process had.
 class KernelEnvTest : public ::testing::Test {
@@ -62,10 +61,7 @@ bool same(const CudaKernelOptions& a, const CudaKernelOptions& b) {
          a.router_mma == b.router_mma && a.moe_wgmma_device_plan == b.moe_wgmma_device_plan &&
          a.pdl_gemv == b.pdl_gemv && a.gemm_row_invariant == b.gemm_row_invariant &&
          a.chain_pdl == b.chain_pdl && a.moe_wgmma_smem_a == b.moe_wgmma_smem_a &&
-         a.attention_fp8_out == b.attention_fp8_out && a.qk_rope_variant == b.qk_rope_variant &&
-         a.gemm_wg == b.gemm_wg && a.l2_prefetch == b.l2_prefetch &&
-         a.l2_prefetch_max_tokens == b.l2_prefetch_max_tokens &&
-         a.l2_prefetch_loads == b.l2_prefetch_loads;
+         a.attention_fp8_out == b.attention_fp8_out;
 }
 
 TEST_F(KernelEnvTest, UnsetOrEmptyKeepsTheDefaults) {
@@ -217,27 +213,6 @@ TEST_F(KernelEnvTest, EachAcceptedValueIsRead) {
     EXPECT_EQ(o.gemm_wg, wg) << name;
   }
   unsetenv("GARDEN_GEMM_WG");
-  EXPECT_EQ(CudaKernelOptions{}.l2_prefetch, 0);  // [TAG_L2_PREFETCH] off until measured
-  for (auto [name, d] : {std::pair<const char*, int32_t>{"1", 1}, {"2", 2}, {"0", 0}}) {
-    setenv("GARDEN_L2_PREFETCH", name, 1);
-    ASSERT_TRUE(cudaKernelOptionsFromEnv(o).isOk());
-    EXPECT_EQ(o.l2_prefetch, d) << name;
-  }
-  unsetenv("GARDEN_L2_PREFETCH");
-  for (auto [name, n] : {std::pair<const char*, int64_t>{"0", 0}, {"512", 512},
-                         {"1073741824", int64_t{1} << 30}}) {
-    setenv("GARDEN_L2_PREFETCH_MAX_TOKENS", name, 1);
-    ASSERT_TRUE(cudaKernelOptionsFromEnv(o).isOk());
-    EXPECT_EQ(o.l2_prefetch_max_tokens, n) << name;
-  }
-  unsetenv("GARDEN_L2_PREFETCH_MAX_TOKENS");
-  EXPECT_FALSE(CudaKernelOptions{}.l2_prefetch_loads);
-  for (auto [name, loads] : {std::pair<const char*, bool>{"load", true}, {"bulk", false}}) {
-    setenv("GARDEN_L2_PREFETCH_KIND", name, 1);
-    ASSERT_TRUE(cudaKernelOptionsFromEnv(o).isOk());
-    EXPECT_EQ(o.l2_prefetch_loads, loads) << name;
-  }
-  unsetenv("GARDEN_L2_PREFETCH_KIND");
   o.qk_rope_variant = 4;  // unset: kept as it was
   ASSERT_TRUE(cudaKernelOptionsFromEnv(o).isOk());
   EXPECT_EQ(o.qk_rope_variant, 4);
@@ -264,11 +239,7 @@ TEST_F(KernelEnvTest, OtherValuesAreRefusedByName) {
         Bad{"GARDEN_GEMM_ROW_INVARIANT", "on", "0|1"}, Bad{"GARDEN_MOE_WGMMA_SMEM_A", "yes", "0|1"},
         Bad{"GARDEN_ATTN_FP8_OUT", "on", "0|1"},
         Bad{"GARDEN_QK_ROPE", "pair3", "auto|legacy|pair1|pair2|pair4|pair8"},
-        Bad{"GARDEN_GEMM_WG", "on", "0|1|pdl"}, Bad{"GARDEN_L2_PREFETCH", "3", "0|1|2"},
-        Bad{"GARDEN_L2_PREFETCH_MAX_TOKENS", "-1", "[0, 1073741824]"},
-        Bad{"GARDEN_L2_PREFETCH_MAX_TOKENS", "12k", "[0, 1073741824]"},
-        Bad{"GARDEN_L2_PREFETCH_MAX_TOKENS", "1073741825", "[0, 1073741824]"},
-        Bad{"GARDEN_L2_PREFETCH_KIND", "tma", "bulk|load"}}) {
+        Bad{"GARDEN_GEMM_WG", "on", "0|1|pdl"}}) {
     SCOPED_TRACE(std::string(b.var) + "=" + b.value);
     for (const char* v : kVars) unsetenv(v);
     setenv(b.var, b.value, 1);
