@@ -103,7 +103,8 @@ struct Variant {
 // --ab SPEC: comma-separated variants, each '+'-joined settings over the environment's kernel
 // options: base, fp8, fp8mlp, qkauto / qklegacy / qkpair1 / qkpair2 / qkpair4 / qkpair8
 // ([TAG_QK_ROPE_PAIR] CudaKernelOptions::qk_rope_variant 0 / -1 / 1 / 2 / 4 / 8), gemmlt / gemmwg /
-// gemmwgpdl ([TAG_GEMM_WG] gemm_wg 0 / 1 / 2: the Hopper GEMM among the tuned candidates). E.g.
+// gemmwgpdl ([TAG_GEMM_WG] gemm_wg 0 / 1 / 2: the Hopper GEMM among the tuned candidates),
+// tunecold / tunechain ([TAG_GEMM_TUNE_CHAIN] gemm_tune_chain: how the tuner times). E.g.
 // qklegacy,base,qkpair4,fp8+qklegacy. Empty on a bad name.
 std::vector<Variant> parseVariants(const std::string& spec,
                                    const garden::rose::CudaKernelOptions& kernels) {
@@ -136,6 +137,10 @@ std::vector<Variant> parseVariants(const std::string& spec,
         v.kernels.gemm_wg = 1;
       } else if (w == "gemmwgpdl") {
         v.kernels.gemm_wg = 2;
+      } else if (w == "tunechain") {
+        v.kernels.gemm_tune_chain = true;
+      } else if (w == "tunecold") {
+        v.kernels.gemm_tune_chain = false;
       } else {
         std::fprintf(stderr, "rose_forward_bench --ab: unknown setting '%s'\n", w.c_str());
         return {};

@@ -335,6 +335,10 @@
 #             custom configuration directly, cold (one launch after an L2 flush) and chained (32
 #             launches in a graph over weight copies streaming from HBM) and hot (the same chain over one
 #             L2-resident copy)
+#   tuneab    [TAG_GEMM_TUNE_CHAIN] the embedding GPU tests (gpu_kernels_test's Linear / GEMM cases,
+#             gpu_model_graph_test) with GARDEN_GEMM_TUNE_VIEW=chain GARDEN_GEMM_WG=pdl, then the
+#             embedding forward A/B gemmlt, gemmwgpdl, gemmlt+tunechain, gemmwgpdl+tunechain, gemmlt
+#             at 1x128 ... 2x4096 (TUNEAB_SHAPES); the tuning lines in tune_tuned.txt
 #     bench/suites/gpu_llm.sh GPUBIN OUT [steps...]
 # Prints one summary line per step last; writes logs to OUT (and OUT/llm_logs.tgz).
 set -uo pipefail
@@ -535,6 +539,7 @@ for s in $STEPS; do
     attnfp8ab) step attnfp8ab attnfp8ab.txt 240 bash -c "set -o pipefail; rc=0; python3 '$ROOT/bench/suites/make_random_qwen3.py' --out /tmp/q3emb > /dev/null && for v in 0 1; do echo \"== GARDEN_ATTN_FP8_OUT=\$v\"; GARDEN_FORWARD_SHAPES=1x512,16x512,8x1024,2x4096 GARDEN_ATTN_FP8_OUT=\$v '$BIN/rose_forward_bench' /tmp/q3emb --iters 20 --weights-ab 2>&1 | grep -v 'gemm tuned' || rc=1; done; exit \$rc" ;;
     embstreams) step embstreams embstreams.txt 200 bash -c "set -o pipefail; python3 '$ROOT/bench/suites/make_random_qwen3.py' --out /tmp/q3emb > /dev/null && GARDEN_FORWARD_SHAPES=16x512,8x1024,2x4096,1x512,4x128 '$BIN/rose_forward_bench' /tmp/q3emb --iters 10 --streams-ab 2>&1 | grep -v 'gemm tuned'" ;;
     gemmwgab) step gemmwgab gemmwgab.txt 360 bash -c "rc=0; '$BIN/gpu_kernels_test' --gtest_brief=1 --gtest_filter='GpuWgGemm.*' 2>&1 | grep -v 'gemm tuned' || rc=1; python3 '$ROOT/bench/suites/make_random_qwen3.py' --out /tmp/q3emb > /dev/null && GARDEN_FORWARD_SHAPES=${WGAB_SHAPES:-1x128,1x256,1x512,4x128,16x512} '$BIN/rose_forward_bench' /tmp/q3emb --iters 20 --ab gemmlt,gemmwg,gemmwgpdl,gemmlt > /tmp/wgab.txt 2>&1 || rc=1; grep 'gemm tuned' /tmp/wgab.txt > '$LOGS/wg_tuned.txt'; grep -v 'gemm tuned' /tmp/wgab.txt; exit \$rc" ;;
+    tuneab) step tuneab tuneab.txt 360 bash -c "rc=0; GARDEN_GEMM_TUNE_VIEW=chain GARDEN_GEMM_WG=pdl '$BIN/gpu_kernels_test' --gtest_brief=1 --gtest_filter='GpuOps.Linear*:GpuWgGemm.*' 2>&1 | grep -v 'gemm tuned' || rc=1; GARDEN_GEMM_TUNE_VIEW=chain GARDEN_GEMM_WG=pdl '$BIN/gpu_model_graph_test' --gtest_brief=1 2>&1 | grep -v 'gemm tuned' || rc=1; python3 '$ROOT/bench/suites/make_random_qwen3.py' --out /tmp/q3emb > /dev/null && GARDEN_FORWARD_SHAPES=${TUNEAB_SHAPES:-1x128,1x256,1x512,4x128,16x512,2x4096} '$BIN/rose_forward_bench' /tmp/q3emb --iters 20 --ab gemmlt,gemmwgpdl,gemmlt+tunechain,gemmwgpdl+tunechain,gemmlt > /tmp/tuneab.txt 2>&1 || rc=1; grep 'gemm tuned' /tmp/tuneab.txt > '$LOGS/tune_tuned.txt'; grep -v 'gemm tuned' /tmp/tuneab.txt; exit \$rc" ;;
     gemmsmall) step gemmsmall gemmsmall.txt 300 bash -c "'$BIN/rose_kernel_bench' gemm_smallm 2>&1 | grep -v 'gemm tuned'" ;;
     elem) step elem elem.txt 150 timeout 140 "$BIN/rose_kernel_bench" elementwise ;;
     qkab) step qkab qkab.txt 240 bash -c "python3 '$ROOT/bench/suites/make_random_qwen3.py' --out /tmp/q3emb > /dev/null && GARDEN_FORWARD_SHAPES=1x128,1x512,16x512,8x1024,2x4096 '$BIN/rose_forward_bench' /tmp/q3emb --iters 20 --ab qklegacy,qkauto,qkpair4,qkpair2,qklegacy 2>&1 | grep -v 'gemm tuned'" ;;

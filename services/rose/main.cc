@@ -39,7 +39,7 @@
 // GARDEN_MOE_LT_WGMMA=0|1, GARDEN_ROUTER_MMA=0|1, GARDEN_PDL_GEMV=0|1, GARDEN_PDL_GRAPH=0|1,
 // GARDEN_MOE_WGMMA_DEVICE_PLAN=0|1, GARDEN_MOE_WGMMA_SMEM_A=0|1, GARDEN_GEMM_ROW_INVARIANT=0|1,
 // GARDEN_CHAIN_PDL=0|1, GARDEN_ATTN_FP8_OUT=0|1, GARDEN_QK_ROPE=auto|legacy|pair1|pair2|pair4|pair8,
-// GARDEN_GEMM_WG=0|1|pdl
+// GARDEN_GEMM_WG=0|1|pdl, GARDEN_GEMM_TUNE_VIEW=cold|chain
 // (services/rose/ops/backend.h CudaKernelOptions).
 //
 // Exit codes: 0 clean stop, 1 startup failure (the channel's state is kFailed when it was

@@ -110,6 +110,9 @@ Status cudaKernelOptionsFromEnv(CudaKernelOptions& opts) {
                                  &opts.qk_rope_variant));
   static constexpr int32_t kGemmWg[] = {0, 1, 2};  // [TAG_GEMM_WG]
   RETURN_IF_ERROR(envChoiceValue("GARDEN_GEMM_WG", {"0", "1", "pdl"}, kGemmWg, &opts.gemm_wg));
+  int tune_chain = opts.gemm_tune_chain ? 1 : 0;  // [TAG_GEMM_TUNE_CHAIN]
+  RETURN_IF_ERROR(envChoice("GARDEN_GEMM_TUNE_VIEW", {"cold", "chain"}, &tune_chain));
+  opts.gemm_tune_chain = tune_chain == 1;
   opts.moe_lt_streams = lt_streams + 1;
   opts.moe_lt_bias_epilogue = lt_epi == 1;
   opts.moe_lt_overlap_dequant = lt_overlap == 1;

@@ -186,6 +186,10 @@ struct CudaKernelOptions {
   // wgmma + TMA, split-K in a cluster) for M buckets <= 512 on sm_90 devices: 0 off, 1 on, 2 on
   // and launched programmatically. GARDEN_GEMM_WG=0|1|pdl. Off until an A/B on the GPU says.
   int32_t gemm_wg = 0;
+  // [TAG_GEMM_TUNE_CHAIN] With tuning, time each candidate as 8 launches back to back (the
+  // per-launch mean) instead of one launch after an L2 flush: GARDEN_GEMM_TUNE_VIEW=cold|chain.
+  // Off until an A/B on the GPU says (ops/cuda/gemm.h GemmRunner::setTuneChain).
+  bool gemm_tune_chain = false;
   // Programmatic dependent launch of eager kernel launches (ops/cuda/common.cuh [TAG_PDL]):
   // GARDEN_PDL=0|1.
   bool pdl = true;

@@ -95,6 +95,7 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const BackendOptions& o
   CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&b->stream_, cudaStreamNonBlocking));
   ASSIGN_OR_RETURN(
       b->gemm_, GemmRunner::create(size_t{32} << 20, opts.cuda.gemm_tune, opts.cuda.gemm_smallm));
+  b->gemm_->setTuneChain(opts.cuda.gemm_tune_chain);  // [TAG_GEMM_TUNE_CHAIN]
   if (opts.cuda.gemm_wg > 0) {  // [TAG_GEMM_WG]
     if (wgGemmAvailable()) {
       RETURN_IF_ERROR(b->gemm_->setWgGemm(true, opts.cuda.gemm_wg == 2));

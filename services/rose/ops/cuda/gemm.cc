@@ -430,7 +430,8 @@ Result<GemmRunner::Choice> GemmRunner::chooseAlgo(Plan& exact, int64_t m, int64_
         CUDA_RETURN_IF_ERROR(cudaMemsetAsync(flush_, r & 0xff, flush_bytes_, ops.stream));
       }
       CUDA_RETURN_IF_ERROR(cudaEventRecord(events_[2 * r], ops.stream));
-      ok = enqueueChoice(exact, cands[c], m, n, k, ops).isOk();
+      const int launches = tune_chain_ ? kChainLaunches : 1;  // [TAG_GEMM_TUNE_CHAIN]
+      for (int l = 0; l < launches && ok; ++l) ok = enqueueChoice(exact, cands[c], m, n, k, ops).isOk();
       CUDA_RETURN_IF_ERROR(cudaEventRecord(events_[2 * r + 1], ops.stream));
     }
     CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(ops.stream));
@@ -441,7 +442,7 @@ Result<GemmRunner::Choice> GemmRunner::chooseAlgo(Plan& exact, int64_t m, int64_
       CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, events_[2 * r], events_[2 * r + 1]));
       total += ms;
     }
-    avg_ms[c] = total / kTimedReps;
+    avg_ms[c] = total / (kTimedReps * (tune_chain_ ? kChainLaunches : 1));
   }
   // Fastest first; the winner must give a row the same bits at another M (half of this one), so
   // that graphed (padded M) and eager runs of a bucket agree bit for bit.

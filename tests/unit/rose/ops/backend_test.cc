@@ -24,7 +24,7 @@ const char* const kVars[] = {"GARDEN_ATTENTION_KERNEL", "GARDEN_GEMM_TUNE", "GAR
                              "GARDEN_PDL_GEMV", "GARDEN_PDL_GRAPH",
                              "GARDEN_GEMM_ROW_INVARIANT", "GARDEN_CHAIN_PDL",
                              "GARDEN_MOE_WGMMA_SMEM_A", "GARDEN_ATTN_FP8_OUT",
-                             "GARDEN_QK_ROPE", "GARDEN_GEMM_WG"};
+                             "GARDEN_QK_ROPE", "GARDEN_GEMM_WG", "GARDEN_GEMM_TUNE_VIEW"};
 
 // Clears the variables for the test and restores what the process had.
 class KernelEnvTest : public ::testing::Test {
@@ -61,7 +61,8 @@ bool same(const CudaKernelOptions& a, const CudaKernelOptions& b) {
          a.router_mma == b.router_mma && a.moe_wgmma_device_plan == b.moe_wgmma_device_plan &&
          a.pdl_gemv == b.pdl_gemv && a.gemm_row_invariant == b.gemm_row_invariant &&
          a.chain_pdl == b.chain_pdl && a.moe_wgmma_smem_a == b.moe_wgmma_smem_a &&
-         a.attention_fp8_out == b.attention_fp8_out;
+         a.attention_fp8_out == b.attention_fp8_out && a.qk_rope_variant == b.qk_rope_variant &&
+         a.gemm_wg == b.gemm_wg && a.gemm_tune_chain == b.gemm_tune_chain;
 }
 
 TEST_F(KernelEnvTest, UnsetOrEmptyKeepsTheDefaults) {
@@ -213,6 +214,13 @@ TEST_F(KernelEnvTest, EachAcceptedValueIsRead) {
     EXPECT_EQ(o.gemm_wg, wg) << name;
   }
   unsetenv("GARDEN_GEMM_WG");
+  EXPECT_FALSE(CudaKernelOptions{}.gemm_tune_chain);  // [TAG_GEMM_TUNE_CHAIN] off until measured
+  for (auto [name, chain] : {std::pair<const char*, bool>{"chain", true}, {"cold", false}}) {
+    setenv("GARDEN_GEMM_TUNE_VIEW", name, 1);
+    ASSERT_TRUE(cudaKernelOptionsFromEnv(o).isOk());
+    EXPECT_EQ(o.gemm_tune_chain, chain) << name;
+  }
+  unsetenv("GARDEN_GEMM_TUNE_VIEW");
   o.qk_rope_variant = 4;  // unset: kept as it was
   ASSERT_TRUE(cudaKernelOptionsFromEnv(o).isOk());
   EXPECT_EQ(o.qk_rope_variant, 4);
@@ -239,7 +247,8 @@ TEST_F(KernelEnvTest, OtherValuesAreRefusedByName) {
         Bad{"GARDEN_GEMM_ROW_INVARIANT", "on", "0|1"}, Bad{"GARDEN_MOE_WGMMA_SMEM_A", "yes", "0|1"},
         Bad{"GARDEN_ATTN_FP8_OUT", "on", "0|1"},
         Bad{"GARDEN_QK_ROPE", "pair3", "auto|legacy|pair1|pair2|pair4|pair8"},
-        Bad{"GARDEN_GEMM_WG", "on", "0|1|pdl"}}) {
+        Bad{"GARDEN_GEMM_WG", "on", "0|1|pdl"},
+        Bad{"GARDEN_GEMM_TUNE_VIEW", "hot", "cold|chain"}}) {
     SCOPED_TRACE(std::string(b.var) + "=" + b.value);
     for (const char* v : kVars) unsetenv(v);
     setenv(b.var, b.value, 1);
