@@ -431,7 +431,9 @@ Result<GemmRunner::Choice> GemmRunner::chooseAlgo(Plan& exact, int64_t m, int64_
       }
       CUDA_RETURN_IF_ERROR(cudaEventRecord(events_[2 * r], ops.stream));
       const int launches = tune_chain_ ? kChainLaunches : 1;  // [TAG_GEMM_TUNE_CHAIN]
-      for (int l = 0; l < launches && ok; ++l) ok = enqueueChoice(exact, cands[c], m, n, k, ops).isOk();
+      for (int l = 0; l < launches && ok; ++l) {
+        ok = enqueueChoice(exact, cands[c], m, n, k, ops).isOk();
+      }
       CUDA_RETURN_IF_ERROR(cudaEventRecord(events_[2 * r + 1], ops.stream));
     }
     CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(ops.stream));
