@@ -27,6 +27,7 @@ namespace {
 bool g_read_flush = false;  // [TAG_GEMM_READ_FLUSH]
 constexpr int kCandidates = 16;
 constexpr int kWarmups = 2;
+constexpr int kChainLaunches = 8;  // timed launches per rep in the chain view [TAG_GEMM_TUNE_CHAIN]
 // Larger than the H200's 50 MB L2, so a timed GEMM reads its weights from HBM as in a forward.
 constexpr size_t kFlushBytes = size_t{80} << 20;
 // The M-independence check of a winner compares at most this many outputs (on the host).
@@ -418,6 +419,7 @@ Result<GemmRunner::Choice> GemmRunner::chooseAlgo(Plan& exact, int64_t m, int64_
     if (e == nullptr) CUDA_RETURN_IF_ERROR(cudaEventCreate(&e));
   }
   std::vector<float> avg_ms(cands.size(), -1.f);  // < 0: the candidate failed to launch
+  const int launches = tune_chain_ ? kChainLaunches : 1;  // per timed rep [TAG_GEMM_TUNE_CHAIN]
   for (size_t c = 0; c < cands.size(); ++c) {
     bool ok = true;
     for (int r = 0; r < kWarmups && ok; ++r) {
@@ -430,7 +432,6 @@ Result<GemmRunner::Choice> GemmRunner::chooseAlgo(Plan& exact, int64_t m, int64_
         CUDA_RETURN_IF_ERROR(cudaMemsetAsync(flush_, r & 0xff, flush_bytes_, ops.stream));
       }
       CUDA_RETURN_IF_ERROR(cudaEventRecord(events_[2 * r], ops.stream));
-      const int launches = tune_chain_ ? kChainLaunches : 1;  // [TAG_GEMM_TUNE_CHAIN]
       for (int l = 0; l < launches && ok; ++l) {
         ok = enqueueChoice(exact, cands[c], m, n, k, ops).isOk();
       }
@@ -444,7 +445,7 @@ Result<GemmRunner::Choice> GemmRunner::chooseAlgo(Plan& exact, int64_t m, int64_
       CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, events_[2 * r], events_[2 * r + 1]));
       total += ms;
     }
-    avg_ms[c] = total / (kTimedReps * (tune_chain_ ? kChainLaunches : 1));
+    avg_ms[c] = total / (kTimedReps * launches);
   }
   // Fastest first; the winner must give a row the same bits at another M (half of this one), so
   // that graphed (padded M) and eager runs of a bucket agree bit for bit.

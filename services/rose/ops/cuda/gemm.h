@@ -145,15 +145,14 @@ class GemmRunner {
   // Process-global, read when a bucket is tuned (rose_llm_bench --gemm-flush read|write).
   static void setReadFlush(bool on);
   // [TAG_GEMM_TUNE_CHAIN] How a candidate is timed: false (the default) one launch after the L2
-  // flush ("cold", the tuner's view until now); true kChainLaunches launches back to back after
-  // one flush, the per-launch mean ("chain": a launch's fixed cost and its overlap with the
-  // kernel before it, programmatic launches included, count as in a graphed forward; the weights
-  // come from HBM for the first launch and from L2 after). rose_kernel_bench gemm_smallm's graphed
-  // chain had the programmatic Hopper GEMM ahead of cuBLASLt on the N = 1024 linears at 64-128
-  // rows, which the cold view never picks (bench/results/gpu-embed-2026-12-07-s33).
+  // flush ("cold", the tuner's view until now); true 8 launches (gemm.cc kChainLaunches) back to
+  // back after one flush, the per-launch mean ("chain": a launch's fixed cost and its overlap
+  // with the kernel before it, programmatic launches included, count as in a graphed forward;
+  // the weights come from HBM for the first launch and from L2 after). rose_kernel_bench
+  // gemm_smallm's graphed chain had the programmatic Hopper GEMM ahead of cuBLASLt on the
+  // N = 1024 linears at 64-128 rows, which the cold view never picks
+  // (bench/results/gpu-embed-2026-12-07-s33).
   void setTuneChain(bool on) { tune_chain_ = on; }
-  bool tuneChain() const { return tune_chain_; }
-  static constexpr int kChainLaunches = 8;
   int64_t bucketOf(int64_t m) const;
 
   bool tuning() const { return tune_; }
